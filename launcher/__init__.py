@@ -1,0 +1,6 @@
+"""xl.launcher — see DESIGN.md for its role."""
+
+if __name__ != "xl.launcher":  # pragma: no cover - guards the double-import trap of this layout
+    raise ImportError(
+        f"this folder is the package 'xl.launcher'; import it as 'xl.launcher', not '{__name__}'"
+    )

@@ -1,0 +1,6 @@
+"""xl.tui — see DESIGN.md for its role."""
+
+if __name__ != "xl.tui":  # pragma: no cover - guards the double-import trap of this layout
+    raise ImportError(
+        f"this folder is the package 'xl.tui'; import it as 'xl.tui', not '{__name__}'"
+    )

@@ -1,0 +1,3 @@
+from xl.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""The ``xl`` command: dispatches to one module per subcommand.
+
+Each subcommand lives in the package that owns it and exposes ``main(argv) -> int``. Modules are
+imported only when their command runs, so ``xl gpus`` never pays for Textual and ``xl doctor``
+never pays for the launcher.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from xl._version import __version__
+from xl.cliutil import EXIT_USAGE, UsageError
+
+# name -> (module, one-line help). Only commands that work are listed.
+COMMANDS: dict[str, tuple[str, str]] = {
+}
+
+# `xl` alone opens the app once the TUI exists.
+DEFAULT_COMMAND: str | None = None
+
+
+def _usage() -> str:
+    width = max((len(n) for n in COMMANDS), default=0)
+    lines = [
+        "usage: xl [--version] [--help] <command> [ARGS...]",
+        "",
+        "Diagnose, launch and watch multi-GPU PyTorch training.",
+        "",
+        "commands:",
+    ]
+    lines += [f"  {name.ljust(width)}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run 'xl <command> --help' for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        if DEFAULT_COMMAND is None:
+            print(_usage())
+            return 0
+        args = [DEFAULT_COMMAND]
+    head = args[0]
+    if head in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if head in ("-V", "--version"):
+        print(f"xl {__version__}")
+        return 0
+    if head not in COMMANDS:
+        known = ", ".join(COMMANDS) or "none yet"
+        sys.stderr.write(f"xl: unknown command {head!r} (commands: {known}; see 'xl --help')\n")
+        return EXIT_USAGE
+    module = importlib.import_module(COMMANDS[head][0])
+    try:
+        return int(module.main(args[1:]) or 0)
+    except UsageError as exc:
+        sys.stderr.write(f"xl {head}: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `xl gpus | head`: the reader left; that is not an error worth a traceback.
+        try:
+            sys.stdout = None  # type: ignore[assignment]
+        except Exception:
+            pass
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
