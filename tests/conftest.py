@@ -1,0 +1,64 @@
+"""Shared fixtures: the simulated NVML driver (see tests/support/simnvml.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+import simnvml as _sim
+
+
+@pytest.fixture(scope="session")
+def _simnvml_builds(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Sequence[str]], Path]:
+    """Builds the library once per variant (set of missing functions) per test session."""
+    cache: dict[frozenset[str], Path] = {}
+
+    def get(missing: Sequence[str]) -> Path:
+        key = frozenset(missing)
+        if key not in cache:
+            if not _sim.have_gcc():
+                pytest.skip(
+                    "gcc not found: the simulated NVML driver (tests/support/simnvml.c) "
+                    "is compiled with gcc; install gcc to run the GPU tests"
+                )
+            cache[key] = _sim.build(tmp_path_factory.mktemp("simnvml-lib"), missing=sorted(key))
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture
+def simnvml(
+    _simnvml_builds: Callable[[Sequence[str]], Path], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., _sim.SimNVML]:
+    """Factory: ``sim = simnvml(gpus=8)``; ``simnvml(gpus=[...], init_error="driver_not_loaded",
+    missing=("nvmlDeviceGetMemoryInfo_v2",))``. Merge ``sim.env`` into a subprocess's environment,
+    or use ``with sim.in_process():`` for this interpreter. ``sim.update(...)`` changes it live."""
+
+    def make(
+        gpus: int | Sequence[_sim.SimGPU] = 1,
+        *,
+        init_error: str | int | None = None,
+        missing: Sequence[str] = (),
+        driver_version: str = "550.54.15",
+        cuda_version: int = 12040,
+    ) -> _sim.SimNVML:
+        lib = _simnvml_builds(missing)
+        conf_dir = tmp_path_factory.mktemp("simnvml-conf")
+        return _sim.SimNVML(
+            lib,
+            conf_dir / "simnvml.conf",
+            gpus,
+            init_error=init_error,
+            driver_version=driver_version,
+            cuda_version=cuda_version,
+        )
+
+    return make
+
+
+@pytest.fixture
+def simnvml_gpu() -> type[_sim.SimGPU]:
+    """``simnvml_gpu(model="H100", util_gpu=50, processes=[SimProcess(pid, 1024)])``."""
+    return _sim.SimGPU
