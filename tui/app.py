@@ -1,0 +1,202 @@
+"""The xl Textual app: GPUs (home), Doctor, Launch, Runs, and the Monitor of one run.
+
+``main(argv)`` is the bare ``xl`` command; ``run_monitor(run_dir)`` opens the Monitor alone (for
+``xl attach`` / ``xl demo`` / ``xl launch`` in a terminal). Both build the app with ``build_app``.
+The data sources (NVML inventory, doctor, launcher, run reader) are methods of the app, imported
+only when first used so the app starts fast and each screen pays only for what it shows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+
+from xl.cliutil import ArgumentParser
+from xl.tui import fmt
+from xl.tui.runview import FINISHED
+from xl.tui.selection import DeviceSelection
+
+
+class XLApp(App[None]):
+    CSS_PATH = "xl.tcss"
+    TITLE = "xl"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("1", "screen('_default')", "GPUs"),
+        Binding("2", "screen('doctor')", "Doctor"),
+        Binding("3", "screen('launch')", "Launch"),
+        Binding("4", "screen('runs')", "Runs"),
+        Binding("question_mark,f1", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        *,
+        monitor_run_dir: Path | None = None,
+        attach_only: bool = True,
+        clock: fmt.Clock | None = None,
+        poll_interval: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.monitor_run_dir = Path(monitor_run_dir) if monitor_run_dir is not None else None
+        # Monitor-only: `xl attach` shows one run and nothing else.
+        self.attach_only = attach_only and self.monitor_run_dir is not None
+        self.clock: fmt.Clock = clock or fmt.default_clock
+        self.poll_interval = poll_interval
+        self.selection = DeviceSelection()
+        self.inventory: Any = None  # the GPUs screen's latest snapshot (Launch validates against it)
+        self.run_outcome: str | None = None  # status of the last monitored run when the app ended
+        if not self.attach_only:
+            from xl.tui.screens.doctor import DoctorScreen
+            from xl.tui.screens.launch import LaunchScreen
+            from xl.tui.screens.runs import RunsScreen
+
+            self.add_mode("doctor", DoctorScreen)
+            self.add_mode("launch", lambda: LaunchScreen(self.selection))
+            self.add_mode("runs", RunsScreen)
+
+    def get_default_screen(self) -> Screen:
+        if self.attach_only:
+            from xl.tui.screens.monitor import MonitorScreen
+
+            assert self.monitor_run_dir is not None
+            return MonitorScreen(self.monitor_run_dir, standalone=True, interval=self.poll_interval)
+        from xl.tui.screens.gpus import GPUsScreen
+
+        return GPUsScreen(self.selection, interval=self.poll_interval)
+
+    def on_mount(self) -> None:
+        if os.environ.get("NO_COLOR"):
+            # Textual already strips colour under NO_COLOR; the ANSI theme keeps the contrast.
+            self.theme = "textual-ansi"
+        if self.monitor_run_dir is not None and not self.attach_only:
+            self.open_monitor(self.monitor_run_dir)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return not (action == "screen" and self.attach_only)
+
+    # -- navigation --------------------------------------------------------------------------
+
+    def action_screen(self, mode: str) -> None:
+        self.switch_mode(mode)
+
+    def action_help(self) -> None:
+        from xl.tui.screens.help import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def open_monitor(self, run_dir: Path | str) -> None:
+        from xl.tui.screens.monitor import MonitorScreen
+
+        self.push_screen(MonitorScreen(Path(run_dir), standalone=False, interval=self.poll_interval))
+
+    def detach(self, run_dir: Path, status: str | None) -> None:
+        self.run_outcome = status
+        if status in FINISHED:
+            self.exit(return_code=0)
+            return
+        self.exit(
+            return_code=0,
+            message=f"Detached: run {run_dir.name} keeps running. Reopen it with: xl attach {run_dir.name}",
+        )
+
+    async def action_quit(self) -> None:
+        from xl.tui.screens.monitor import MonitorScreen
+
+        screen = self.screen
+        if isinstance(screen, MonitorScreen):
+            self.run_outcome = screen.status
+            if screen.status not in FINISHED:
+                screen.action_detach()
+                return
+        self.exit(return_code=0)
+
+    # -- data sources (each imported on first use; tests may override) ------------------------
+
+    def inventory_source(self) -> Any:
+        from xl.nvml import inventory
+
+        return inventory(processes=True)
+
+    def doctor_source(self) -> Any:
+        from xl.doctor.run import run_doctor
+
+        return run_doctor()
+
+    def plan_source(self, spec: Any) -> Any:
+        from xl.launcher.plan import build_plan
+
+        inv = self.inventory
+        if inv is None:
+            inv = self.inventory = self.inventory_source()
+        return build_plan(spec, inv)
+
+    def start_source(self, spec: Any) -> Any:
+        from xl.launcher.runs import start_run
+
+        return start_run(spec)
+
+    def runs_source(self) -> list[Any]:
+        from xl.launcher.runs import list_runs
+
+        return list_runs()
+
+    def resolve_source(self, run: str) -> Path:
+        from xl.launcher.runs import resolve_run
+
+        return resolve_run(run)
+
+    def reader_source(self, run_dir: Path) -> Any:
+        from xl.launcher.reader import RunReader
+
+        return RunReader(run_dir)
+
+    def stop_source(self, run_dir: Path) -> None:
+        from xl.launcher.runs import stop_run
+
+        stop_run(run_dir)
+
+
+def build_app(**kwargs: Any) -> XLApp:
+    """The one factory the CLI and the tests use."""
+    return XLApp(**kwargs)
+
+
+def _exit_code(app: XLApp, attach_only: bool) -> int:
+    code = app.return_code or 0
+    if code:
+        return code
+    # `xl launch` (not --detach) exits 1 when the run it watched failed (DESIGN.md exit codes).
+    if not attach_only and app.run_outcome == "failed":
+        return 1
+    return 0
+
+
+def run_monitor(run_dir: Path, *, attach_only: bool = True) -> int:
+    """Open the Monitor on ``run_dir``; returns the exit code the calling command should use.
+
+    ``attach_only=True`` shows that run alone (``xl attach``); ``False`` opens it over the full
+    app (``xl launch`` / ``xl demo``), where escape leads to the other screens.
+    """
+    app = build_app(monitor_run_dir=Path(run_dir), attach_only=attach_only)
+    app.run()
+    return _exit_code(app, attach_only)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = ArgumentParser(
+        prog="xl",
+        description="The xl app: GPUs and device picker, doctor, launch, live monitor, runs.",
+    )
+    parser.parse_args(list(argv or []))
+    app = build_app()
+    app.run()
+    return app.return_code or 0

@@ -1,0 +1,85 @@
+"""Small text formatters shared by the screens (durations, sizes, meters, states)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from rich.text import Text
+
+# Tests and snapshots replace this to get a fixed "now" (deterministic elapsed / last seen).
+Clock = Callable[[], float]
+default_clock: Clock = time.time
+
+STATE_STYLE = {
+    "running": "green",
+    "straggler": "yellow",
+    "stalled": "bold yellow",
+    "exited": "dim",
+    "stopped": "dim",
+    "failed": "bold red",
+    "succeeded": "green",
+}
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or seconds < 0 or math.isnan(seconds):
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def ago(t: float | None, now: float) -> str:
+    if t is None:
+        return "-"
+    return duration(max(0.0, now - t)) + " ago"
+
+
+def mib(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 1024:
+        return f"{value / 1024:.1f}G"
+    return f"{value:.0f}M"
+
+
+def number(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+        return f"{value:.3g}"
+    return f"{value:.{digits}g}"
+
+
+def meter(fraction: float | None, width: int = 10, label: str = "") -> Text:
+    """A bar like ``████▌     42%`` that stays readable without colour (NO_COLOR)."""
+    if fraction is None:
+        return Text("-".ljust(width) + (f" {label}" if label else ""), style="dim")
+    f = min(1.0, max(0.0, fraction))
+    eighths = round(f * width * 8)
+    full, rest = divmod(eighths, 8)
+    bar = "█" * full + (" ▏▎▍▌▋▊▉"[rest] if rest else "")
+    style = "green" if f < 0.7 else ("yellow" if f < 0.9 else "red")
+    text = Text(bar.ljust(width), style=style)
+    if label:
+        text.append(f" {label}")
+    return text
+
+
+def state(name: str | None) -> Text:
+    name = name or "-"
+    return Text(name, style=STATE_STYLE.get(name, ""))

@@ -1,0 +1,120 @@
+"""What the Monitor derives from a RunView (the reader's snapshot): times, progress, ETA, series.
+
+Pure functions over the reader's objects, so the screen only renders.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+FINISHED = ("succeeded", "failed", "stopped")
+
+
+def run_field(run: Mapping[str, Any], *names: str) -> Any:
+    for name in names:
+        value = run.get(name)
+        if value is not None:
+            return value
+    spec = run.get("spec")
+    if isinstance(spec, Mapping):
+        for name in names:
+            if spec.get(name) is not None:
+                return spec[name]
+    return None
+
+
+def started_at(run: Mapping[str, Any]) -> float | None:
+    return run_field(run, "started_at", "start_time", "started", "t_start")
+
+
+def ended_at(run: Mapping[str, Any]) -> float | None:
+    return run_field(run, "ended_at", "end_time", "ended", "t_end")
+
+
+def elapsed(run: Mapping[str, Any], now: float) -> float | None:
+    start = started_at(run)
+    if start is None:
+        return None
+    end = ended_at(run)
+    return (end if end is not None else now) - start
+
+
+def world_size(run: Mapping[str, Any], ranks: Mapping[int, Any]) -> int:
+    value = run_field(run, "world_size")
+    if isinstance(value, int):
+        return value
+    listed = run.get("ranks")
+    return max(len(ranks), len(listed) if isinstance(listed, list) else 0)
+
+
+def devices_text(run: Mapping[str, Any]) -> str:
+    devices = run.get("devices") or []
+    if not devices:
+        return "CPU"
+    parts = []
+    for d in devices:
+        if isinstance(d, Mapping):
+            parts.append(f"{d.get('index')}:{d.get('name', '?')}")
+        else:
+            parts.append(str(d))
+    return ", ".join(parts)
+
+
+def history(rv: Any, which: str) -> list[tuple[float, float]]:
+    """(t, value) points of ``loss`` or ``samples_per_s`` for one rank."""
+    names = {
+        "loss": ("loss_history", "history_loss", "loss_series"),
+        "samples_per_s": ("samples_history", "throughput_history", "history_samples_per_s", "samples_per_s_history"),
+    }[which]
+    for name in names:
+        value = getattr(rv, name, None)
+        if value is not None:
+            return [(float(t), float(v)) for t, v in value if v is not None]
+    hist = getattr(rv, "history", None)
+    if isinstance(hist, Mapping) and which in hist:
+        return [(float(t), float(v)) for t, v in hist[which] if v is not None]
+    return []
+
+
+@dataclass
+class Progress:
+    step: int
+    total: int
+    eta_s: float | None
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.step / self.total) if self.total else 0.0
+
+
+class ProgressTracker:
+    """Steps done (the slowest rank's) and an ETA from the recent rate of progress."""
+
+    WINDOW_S = 60.0
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, int]] = deque(maxlen=240)
+
+    def update(self, ranks: Mapping[int, Any], now: float, finished: bool) -> Progress | None:
+        totals = [rv.total_steps for rv in ranks.values() if getattr(rv, "total_steps", None)]
+        steps = [rv.step for rv in ranks.values() if getattr(rv, "step", None) is not None]
+        if not totals or not steps:
+            return None
+        total = int(statistics.median(totals))
+        step = int(min(steps))
+        if finished:
+            return Progress(step, total, None)
+        if not self.samples or self.samples[-1][1] != step:
+            self.samples.append((now, step))
+        while len(self.samples) > 2 and now - self.samples[0][0] > self.WINDOW_S:
+            self.samples.popleft()
+        eta = None
+        if len(self.samples) >= 2:
+            (t0, s0), (t1, s1) = self.samples[0], self.samples[-1]
+            if s1 > s0 and t1 > t0:
+                eta = (total - step) / ((s1 - s0) / (t1 - t0))
+        return Progress(step, total, eta)

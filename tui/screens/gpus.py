@@ -1,0 +1,171 @@
+"""GPUs (home): the live device table, utilization history and the device picker."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Header, Static
+
+from xl.tui.selection import DeviceSelection, selection_warnings
+from xl.tui.widgets.gpu_history import GPUHistory
+from xl.tui.widgets.gpu_table import GPUTable
+
+NO_GPU_TEXT = """[b]No NVIDIA GPU is visible on this machine.[/b]
+{reason}
+
+What still works here:
+  • [b]Launch[/b] (3): runs train on CPU, one process per rank, with the gloo backend.
+  • [b]Doctor[/b] (2): checks the CUDA toolkit, nvcc, the host compiler, torch and the environment.
+  • [b]Runs[/b] (4): past and running runs, and their monitor.
+"""
+
+
+def _reason(inv: Any) -> str:
+    err = getattr(getattr(inv, "driver", None), "error", None)
+    return f"NVML says: {err}" if err else "NVML reports no GPUs."
+
+
+class GPUsScreen(Screen):
+    """The machine's GPUs, live (1 s), and which of them the next run uses, in which order."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("space", "toggle", "Use/skip"),
+        Binding("shift+up,K", "move(-1)", "Earlier"),
+        Binding("shift+down,J", "move(1)", "Later"),
+        Binding("c", "clear", "Clear"),
+        Binding("L", "launch", "Launch with these"),
+    ]
+
+    class Polled(Message):
+        def __init__(self, inventory: Any, error: str | None) -> None:
+            super().__init__()
+            self.inventory = inventory
+            self.error = error
+
+    def __init__(self, selection: DeviceSelection, *, interval: float = 1.0) -> None:
+        super().__init__(id="gpus")
+        self.selection = selection
+        self.interval = interval
+        self.gpus: tuple[Any, ...] = ()
+        self._active = True
+        self._polls = 0
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with Vertical(id="gpu-main"):
+            yield GPUTable(id="gpu-table")
+            with Horizontal(id="gpu-lower"):
+                yield GPUHistory(id="gpu-history")
+                with Vertical(id="pick-panel"):
+                    yield Static("", id="cvd")
+                    yield Static("", id="pick-warnings")
+                    with Horizontal(id="pick-buttons"):
+                        yield Button("Use/skip", id="btn-toggle")
+                        yield Button("▲", id="btn-up", tooltip="Earlier in the order")
+                        yield Button("▼", id="btn-down", tooltip="Later in the order")
+                        yield Button("Launch…", id="btn-launch", variant="primary")
+        yield Static("Reading the GPUs…", id="no-gpu")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = "xl — GPUs"
+        self.query_one("#gpu-main").display = False
+        self._poll()
+
+    def on_screen_suspend(self) -> None:
+        # Nobody sees the table: stop polling NVML until the screen comes back.
+        self._active = False
+
+    def on_screen_resume(self) -> None:
+        if not self._active:
+            self._active = True
+            self._poll()
+
+    @work(thread=True, exclusive=True, group="gpus-poll")
+    def _poll(self) -> None:
+        try:
+            inv = self.app.inventory_source()  # type: ignore[attr-defined]
+            self.post_message(self.Polled(inv, None))
+        except Exception as exc:  # NVML wrappers never raise; this is a missing module or a bug
+            self.post_message(self.Polled(None, f"{type(exc).__name__}: {exc}"))
+
+    def on_gpus_screen_polled(self, message: Polled) -> None:
+        self._polls += 1
+        inv = message.inventory
+        self.app.inventory = inv  # type: ignore[attr-defined]
+        self.gpus = tuple(getattr(inv, "gpus", ()) or ())
+        main = self.query_one("#gpu-main")
+        panel = self.query_one("#no-gpu", Static)
+        if not self.gpus:
+            main.display = False
+            panel.display = True
+            reason = message.error or _reason(inv)
+            panel.update(NO_GPU_TEXT.format(reason=reason))
+        else:
+            panel.display = False
+            main.display = True
+            self.selection.prune(g.index for g in self.gpus)
+            self.query_one(GPUTable).update_gpus(self.gpus, self.selection.order)
+            self.query_one(GPUHistory).update_gpus(self.gpus)
+            self._show_selection()
+        if self._active:
+            self.set_timer(self.interval, self._poll)
+
+    def _show_selection(self) -> None:
+        spec = self.selection.gpus_spec
+        if spec:
+            text = f"CUDA_VISIBLE_DEVICES=[b]{spec}[/b]  (CUDA_DEVICE_ORDER=PCI_BUS_ID)\n"
+            text += "  ".join(f"LOCAL_RANK {k} → GPU {i}" for k, i in enumerate(self.selection.order))
+        else:
+            text = "No GPU picked: the launch uses every GPU.\nspace/enter/click a row to pick GPUs; shift+↑/↓ to order them."
+        self.query_one("#cvd", Static).update(text)
+        warnings = selection_warnings(self.gpus, self.selection.order)
+        self.query_one("#pick-warnings", Static).update("\n".join(f"⚠ {w}" for w in warnings))
+        self.query_one(GPUTable).update_gpus(self.gpus, self.selection.order)
+
+    def _cursor(self) -> int | None:
+        return self.query_one(GPUTable).cursor_index()
+
+    def on_gpu_table_toggled(self, message: GPUTable.Toggled) -> None:
+        self.selection.toggle(message.index)
+        self._show_selection()
+
+    def action_toggle(self) -> None:
+        index = self._cursor()
+        if index is not None:
+            self.selection.toggle(index)
+            self._show_selection()
+
+    def action_move(self, delta: int) -> None:
+        index = self._cursor()
+        if index is not None and self.selection.move(index, delta):
+            self._show_selection()
+
+    def action_clear(self) -> None:
+        self.selection.order.clear()
+        self._show_selection()
+
+    def action_launch(self) -> None:
+        self.app.switch_mode("launch")
+
+    @on(Button.Pressed, "#btn-toggle")
+    def _btn_toggle(self) -> None:
+        self.action_toggle()
+
+    @on(Button.Pressed, "#btn-up")
+    def _btn_up(self) -> None:
+        self.action_move(-1)
+
+    @on(Button.Pressed, "#btn-down")
+    def _btn_down(self) -> None:
+        self.action_move(1)
+
+    @on(Button.Pressed, "#btn-launch")
+    def _btn_launch(self) -> None:
+        self.action_launch()

@@ -1,0 +1,175 @@
+"""Launch: a form for one run, validated as it is typed, with the equivalent `xl launch` command."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Button, Collapsible, Footer, Header, Input, Label, Select, Static
+
+from xl.cliutil import UsageError
+from xl.tui import settings
+from xl.tui.launchform import MIXED_PRECISION, LaunchForm, command, to_spec
+from xl.tui.selection import DeviceSelection
+
+TEXT_FIELDS = ("target", "args", "gpus", "nproc", "nnodes", "node_rank", "rdzv", "env", "name")
+
+
+class LaunchScreen(Screen):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("ctrl+r", "launch", "Launch", priority=True),
+        Binding("ctrl+y", "copy", "Copy command", priority=True),
+    ]
+
+    class Started(Message):
+        def __init__(self, run_dir: Any, error: str | None) -> None:
+            super().__init__()
+            self.run_dir = run_dir
+            self.error = error
+
+    def __init__(self, selection: DeviceSelection) -> None:
+        super().__init__(id="launch")
+        self.selection = selection
+        self.valid = False
+        self._filling = False
+        self._launching = False
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with VerticalScroll(id="launch-form"):
+            yield from self._row("Script", "target", "train.py   or   -m package.module")
+            yield from self._row("Args", "args", "--epochs 3 --lr 1e-4")
+            yield from self._row("GPUs", "gpus", "from the GPUs screen, e.g. 2,0 (empty: all)")
+            yield from self._row("Processes/node", "nproc", "one per GPU")
+            with Horizontal(classes="form-row"):
+                yield Label("Mixed precision", classes="form-label")
+                yield Select([(m, m) for m in MIXED_PRECISION], value="no", allow_blank=False, id="mixed_precision")
+            yield from self._row("Env", "env", "KEY=VALUE KEY2=VALUE2")
+            yield from self._row("Name", "name", "optional run name")
+            with Collapsible(title="Nodes and rendezvous (multi-node)", collapsed=True, id="advanced"):
+                yield from self._row("Nodes", "nnodes", "1")
+                yield from self._row("Node rank", "node_rank", "0")
+                yield from self._row("Rendezvous", "rdzv", "HOST:PORT of node 0")
+            yield Static("", id="launch-validation")
+            yield Label("Equivalent command (ctrl+y copies):", classes="form-note")
+            yield Static("", id="launch-command")
+            yield Button("Launch (ctrl+r)", id="btn-launch", variant="primary")
+        yield Footer()
+
+    def _row(self, label: str, field: str, placeholder: str) -> ComposeResult:
+        with Horizontal(classes="form-row"):
+            yield Label(label, classes="form-label")
+            yield Input(placeholder=placeholder, id=field)
+
+    def on_mount(self) -> None:
+        self.title = "xl — Launch"
+        last = settings.last_target()
+        saved = settings.recall(last) if last else None
+        self.fill(LaunchForm.from_dict(saved) if saved else LaunchForm())
+
+    def on_screen_resume(self) -> None:
+        # The GPUs screen's current pick wins over what was remembered.
+        if self.selection.order:
+            self.query_one("#gpus", Input).value = self.selection.gpus_spec
+        self.validate()
+
+    def fill(self, form: LaunchForm) -> None:
+        self._filling = True
+        try:
+            for name in TEXT_FIELDS:
+                self.query_one(f"#{name}", Input).value = getattr(form, name)
+            self.query_one("#mixed_precision", Select).value = form.mixed_precision
+            if self.selection.order:
+                self.query_one("#gpus", Input).value = self.selection.gpus_spec
+        finally:
+            self._filling = False
+        self.validate()
+
+    def form(self) -> LaunchForm:
+        values = {name: self.query_one(f"#{name}", Input).value for name in TEXT_FIELDS}
+        mp = self.query_one("#mixed_precision", Select).value
+        return LaunchForm(mixed_precision=str(mp) if isinstance(mp, str) else "no", **values)
+
+    def validate(self) -> bool:
+        form = self.form()
+        argv = command(form)
+        self.query_one("#launch-command", Static).update(Text(shlex.join(argv), style="bold"))
+        out = self.query_one("#launch-validation", Static)
+        try:
+            spec = to_spec(form)
+            plan = self.app.plan_source(spec)  # type: ignore[attr-defined]
+        except UsageError as exc:
+            self.valid = False
+            out.update(Text(f"✗ {exc}", style="bold red"))
+            out.set_class(True, "invalid")
+            return False
+        except ImportError as exc:
+            self.valid = False
+            out.update(Text(f"✗ the launcher is not available: {exc}", style="bold red"))
+            return False
+        self.valid = True
+        out.set_class(False, "invalid")
+        env = getattr(plan, "env", {}) or {}
+        cvd = env.get("CUDA_VISIBLE_DEVICES")
+        where = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd else "CPU (gloo)"
+        nproc = getattr(plan, "nproc", spec.nproc)
+        out.update(Text(f"✓ ready: {nproc} process(es) per node on {where}", style="green"))
+        return True
+
+    @on(Input.Changed)
+    @on(Select.Changed)
+    def _changed(self) -> None:
+        if not self._filling:
+            self.validate()
+
+    @on(Input.Changed, "#target")
+    def _target_changed(self, event: Input.Changed) -> None:
+        # Typing a script that was launched before brings back its last settings.
+        if self._filling:
+            return
+        saved = settings.recall(event.value.strip())
+        if saved:
+            form = LaunchForm.from_dict(saved)
+            form.target = event.value
+            self.fill(form)
+
+    def action_copy(self) -> None:
+        argv = command(self.form())
+        self.app.copy_to_clipboard(shlex.join(argv))
+        self.notify("Command copied to the clipboard (OSC 52)")
+
+    @on(Button.Pressed, "#btn-launch")
+    def action_launch(self) -> None:
+        if self._launching or not self.validate():
+            if not self.valid:
+                self.notify("Fix the form first: see the red line above", severity="error")
+            return
+        form = self.form()
+        spec = to_spec(form)
+        self._launching = True
+        self._start(spec, form)
+
+    @work(thread=True, exclusive=True, group="launch")
+    def _start(self, spec: Any, form: LaunchForm) -> None:
+        try:
+            handle = self.app.start_source(spec)  # type: ignore[attr-defined]
+            settings.remember(form.key, form.to_dict())
+            self.post_message(self.Started(handle.run_dir, None))
+        except UsageError as exc:
+            self.post_message(self.Started(None, str(exc)))
+        except OSError as exc:
+            self.post_message(self.Started(None, f"could not start the run: {exc}"))
+
+    def on_launch_screen_started(self, message: Started) -> None:
+        self._launching = False
+        if message.error:
+            self.notify(message.error, severity="error", timeout=8)
+            return
+        self.app.open_monitor(message.run_dir)  # type: ignore[attr-defined]

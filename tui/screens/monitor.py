@@ -1,0 +1,263 @@
+"""Monitor: one run, live or finished, read from its run directory through the RunReader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Label, ProgressBar, Static
+
+from xl.tui import fmt
+from xl.tui.runview import (
+    FINISHED,
+    ProgressTracker,
+    devices_text,
+    elapsed,
+    history,
+    run_field,
+    world_size,
+)
+from xl.tui.screens.confirm import ConfirmScreen
+from xl.tui.widgets.charts import MetricChart
+from xl.tui.widgets.rank_log import RankLog
+from xl.tui.widgets.rank_table import RankTable
+
+LOG_TAIL = 400  # lines shown when switching to a rank; older output stays in the run dir
+
+
+class MonitorScreen(Screen):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("s", "stop", "Stop run"),
+        Binding("d", "detach", "Detach"),
+        Binding("c", "charts", "Charts"),
+        Binding("left_square_bracket", "rank(-1)", "Prev rank"),
+        Binding("right_square_bracket", "rank(1)", "Next rank"),
+        Binding("escape", "back", "Back"),
+    ]
+
+    class Polled(Message):
+        """One poll's result; floods collapse to the newest one."""
+
+        def __init__(self, view: Any, log_rank: int | None, log_lines: list[str] | None, error: str | None) -> None:
+            super().__init__()
+            self.view = view
+            self.log_rank = log_rank
+            self.log_lines = log_lines
+            self.error = error
+
+    def __init__(self, run_dir: Path, *, standalone: bool, interval: float = 1.0) -> None:
+        super().__init__(classes="monitor")
+        self.run_dir = Path(run_dir)
+        self.standalone = standalone
+        self.interval = interval
+        self.reader: Any = None
+        self.view: Any = None
+        self.status: str | None = None
+        self.tracker = ProgressTracker()
+        self._log_rank: int | None = None
+        self._log_needs_reset = True
+        self._stopping = False
+        self.polls = 0
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield Static("Opening the run…", id="run-header")
+        yield Static("", id="failure-banner")
+        with Horizontal(id="progress-row"):
+            yield ProgressBar(total=100, show_eta=False, id="progress")
+            yield Label("", id="eta")
+        with Horizontal(id="monitor-main"):
+            yield RankTable(id="rank-table")
+            with Vertical(id="charts"):
+                yield MetricChart("loss", id="chart-loss")
+                yield MetricChart("samples/s", id="chart-sps")
+        yield Label("Log", id="log-title")
+        yield RankLog(id="rank-log")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = f"xl — {self.run_dir.name}"
+        self.query_one("#failure-banner").display = False
+        self.query_one("#progress-row").display = False
+        self._poll()
+
+    @property
+    def clock(self) -> fmt.Clock:
+        return getattr(self.app, "clock", fmt.default_clock)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop" and self.status in FINISHED:
+            return None  # greyed out: nothing left to stop
+        return not (action == "back" and self.standalone)
+
+    # -- polling -----------------------------------------------------------------------------
+
+    @work(thread=True, exclusive=True, group="monitor-poll")
+    def _poll(self) -> None:
+        try:
+            if self.reader is None:
+                self.reader = self.app.reader_source(self.run_dir)  # type: ignore[attr-defined]
+            view = self.reader.poll()
+            rank = self._log_rank
+            lines: list[str] | None = None
+            if rank is not None:
+                if self._log_needs_reset:
+                    self._log_needs_reset = False
+                    lines = list(self.reader.read_log(rank, LOG_TAIL))
+                    self.post_message(self.Polled(view, rank, lines, None))
+                    return
+                lines = list(self.reader.new_log_lines(rank))
+            self.post_message(self.Polled(view, rank, lines, None))
+        except Exception as exc:  # a run dir that vanished or a reader bug: say so, keep the UI
+            self.post_message(self.Polled(None, None, None, f"{type(exc).__name__}: {exc}"))
+
+    def on_monitor_screen_polled(self, message: Polled) -> None:
+        self.polls += 1
+        if message.view is not None:
+            self.view = message.view
+            self._render_view(message.view)
+            if self._log_rank is None:
+                table = self.query_one(RankTable)
+                if table.current_rank is not None:
+                    self._choose_rank(table.current_rank)
+        elif message.error:
+            self.query_one("#run-header", Static).update(Text(f"Cannot read {self.run_dir}: {message.error}", style="bold red"))
+        log = self.query_one(RankLog)
+        if message.log_lines is not None and message.log_rank == self._log_rank:
+            if log.rank != message.log_rank:
+                log.show(message.log_rank, message.log_lines)
+            else:
+                log.follow(message.log_lines)
+        # A finished run changes no more: poll rarely (the run could be re-read, never resumed).
+        delay = self.interval if self.status not in FINISHED else self.interval * 5
+        self.set_timer(delay, self._poll)
+
+    def _render_view(self, view: Any) -> None:
+        run = getattr(view, "run", {}) or {}
+        ranks = getattr(view, "ranks", {}) or {}
+        now = self.clock()
+        self.status = str(run_field(run, "status") or "unknown")
+        name = run_field(run, "name") or self.run_dir.name
+        header = Text()
+        header.append(f"{name}", style="bold")
+        header.append(f"  [{run_field(run, 'run_id') or self.run_dir.name}]  ", style="dim")
+        header.append(self.status, style=fmt.STATE_STYLE.get(self.status, "bold"))
+        header.append(f"   elapsed {fmt.duration(elapsed(run, now))}")
+        header.append(f"   world size {world_size(run, ranks)}")
+        header.append(f"   devices {devices_text(run)}")
+        self.query_one("#run-header", Static).update(header)
+        self._render_failure(run, getattr(view, "events", []) or [])
+        self._render_progress(ranks, now)
+        table = self.query_one(RankTable)
+        table.update_ranks(ranks, now)
+        charts = self.query_one("#charts")
+        if charts.display:
+            t0 = run_field(run, "started_at") or min(
+                (pts[0][0] for rv in ranks.values() if (pts := history(rv, "loss"))), default=now
+            )
+            self.query_one("#chart-loss", MetricChart).set_series(
+                {r: history(rv, "loss") for r, rv in ranks.items()}, t0=t0, highlight=self._log_rank
+            )
+            self.query_one("#chart-sps", MetricChart).set_series(
+                {r: history(rv, "samples_per_s") for r, rv in ranks.items()}, t0=t0, highlight=self._log_rank
+            )
+
+    def _render_failure(self, run: dict, events: list[dict]) -> None:
+        banner = self.query_one("#failure-banner", Static)
+        failure = run.get("failure")
+        if not failure:
+            for event in reversed(events):
+                if event.get("kind") == "failure":
+                    failure = {"rank": event.get("rank"), "message": event.get("message")}
+                    break
+        if not failure:
+            banner.display = False
+            return
+        text = Text()
+        rank = failure.get("rank")
+        text.append(f"✗ Run failed: rank {rank} failed first", style="bold")
+        if failure.get("exit_code") is not None:
+            text.append(f" (exit code {failure['exit_code']})")
+        text.append("\n")
+        trace = failure.get("traceback") or failure.get("message") or ""
+        lines = str(trace).strip().splitlines()
+        if len(lines) > 8:
+            lines = ["…", *lines[-8:]]  # the end of a traceback says what happened
+        text.append("\n".join(lines))
+        banner.update(text)
+        banner.display = True
+
+    def _render_progress(self, ranks: dict, now: float) -> None:
+        progress = self.tracker.update(ranks, now, self.status in FINISHED)
+        row = self.query_one("#progress-row")
+        if progress is None:
+            row.display = False
+            return
+        row.display = True
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=progress.total, progress=progress.step)
+        eta = "" if progress.eta_s is None else f"  ETA {fmt.duration(progress.eta_s)}"
+        self.query_one("#eta", Label).update(f"step {progress.step}/{progress.total}{eta}")
+
+    # -- ranks and log -----------------------------------------------------------------------
+
+    def on_rank_table_rank_chosen(self, message: RankTable.RankChosen) -> None:
+        self._choose_rank(message.rank)
+
+    def _choose_rank(self, rank: int) -> None:
+        if rank == self._log_rank:
+            return
+        self._log_rank = rank
+        self._log_needs_reset = True
+        self.query_one("#log-title", Label).update(f"Log — rank {rank} (following)")
+        if self.view is not None:
+            self._poll()
+
+    def action_rank(self, delta: int) -> None:
+        table = self.query_one(RankTable)
+        if table.row_count:
+            table.move_cursor(row=(table.cursor_row + delta) % table.row_count)
+
+    def action_charts(self) -> None:
+        charts = self.query_one("#charts")
+        charts.display = not charts.display
+        if charts.display and self.view is not None:
+            self._render_view(self.view)
+
+    # -- stop / detach -----------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        if self.status in FINISHED or self._stopping:
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._stopping = True
+                self.notify("Stopping the run: ranks get SIGTERM, then SIGKILL after a grace period")
+                self._stop()
+
+        self.app.push_screen(
+            ConfirmScreen(f"Stop run {self.run_dir.name}? Every rank is terminated.", yes="Stop"),
+            answered,
+        )
+
+    @work(thread=True, exclusive=True, group="monitor-stop")
+    def _stop(self) -> None:
+        try:
+            self.app.stop_source(self.run_dir)  # type: ignore[attr-defined]
+        except Exception as exc:  # show why it could not stop rather than dying
+            self.app.call_from_thread(self.notify, f"Could not stop the run: {exc}", severity="error")
+
+    def action_detach(self) -> None:
+        self.app.detach(self.run_dir, self.status)  # type: ignore[attr-defined]
+
+    def action_back(self) -> None:
+        if not self.standalone:
+            self.app.pop_screen()

@@ -1,0 +1,141 @@
+"""Runs: every run in the run store, newest first; enter opens one in the Monitor."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Static
+
+from xl.tui import fmt
+
+COLUMNS = (("status", "Status"), ("start", "Started"), ("dur", "Duration"), ("world", "Ranks"), ("name", "Name"), ("id", "Run id"))
+
+
+def _field(info: Any, *names: str) -> Any:
+    for name in names:
+        value = info.get(name) if isinstance(info, dict) else getattr(info, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def run_cells(info: Any, now: float) -> dict[str, Any]:
+    start = _field(info, "started_at", "start_time", "started")
+    end = _field(info, "ended_at", "end_time", "ended")
+    status = str(_field(info, "status") or "?")
+    return {
+        "status": fmt.state(status),
+        "start": time.strftime("%Y-%m-%d %H:%M", time.localtime(start)) if start else "-",
+        "dur": fmt.duration(((end or now) - start) if start else None),
+        "world": str(_field(info, "world_size", "nproc") or "-"),
+        "name": str(_field(info, "name") or "-"),
+        "id": str(_field(info, "run_id", "id")),
+    }
+
+
+class RunsScreen(Screen):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "open", "Open"), Binding("r", "refresh", "Refresh")]
+
+    class Listed(Message):
+        bubble = False
+
+        def __init__(self, runs: list[Any], error: str | None) -> None:
+            super().__init__()
+            self.runs = runs
+            self.error = error
+
+    def __init__(self, *, interval: float = 2.0) -> None:
+        super().__init__(id="runs")
+        self.interval = interval
+        self.runs: dict[str, Any] = {}
+        self._cells: dict[str, dict[str, Any]] = {}
+        self._active = True
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield Static("", id="runs-summary")
+        yield DataTable(id="runs-table", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.title = "xl — Runs"
+        table = self.query_one(DataTable)
+        for key, label in COLUMNS:
+            table.add_column(label, key=key)
+        self._list()
+
+    def on_screen_suspend(self) -> None:
+        self._active = False
+
+    def on_screen_resume(self) -> None:
+        if not self._active:
+            self._active = True
+            self._list()
+
+    def action_refresh(self) -> None:
+        self._list()
+
+    @work(thread=True, exclusive=True, group="runs-list")
+    def _list(self) -> None:
+        try:
+            self.post_message(self.Listed(list(self.app.runs_source()), None))  # type: ignore[attr-defined]
+        except Exception as exc:  # a broken run store should be reported, not crash the app
+            self.post_message(self.Listed([], f"{type(exc).__name__}: {exc}"))
+
+    def on_runs_screen_listed(self, message: Listed) -> None:
+        now = self.app.clock()  # type: ignore[attr-defined]
+        table = self.query_one(DataTable)
+        summary = self.query_one("#runs-summary", Static)
+        if message.error:
+            summary.update(f"Cannot list runs: {message.error}")
+        else:
+            running = sum(1 for r in message.runs if _field(r, "status") == "running")
+            summary.update(
+                f"{len(message.runs)} runs, {running} running.  enter: open in the monitor"
+                if message.runs
+                else "No runs yet: start one from Launch (3) or with `xl launch`."
+            )
+        ordered = sorted(message.runs, key=lambda r: _field(r, "started_at", "start_time") or 0, reverse=True)
+        keys = [str(_field(r, "run_id", "id")) for r in ordered]
+        if keys != list(self._cells):
+            # New or removed runs change the order; rebuild the (short) list only then.
+            table.clear()
+            self._cells = {}
+        for key, info in zip(keys, ordered, strict=True):
+            self.runs[key] = info
+            cells = run_cells(info, now)
+            old = self._cells.get(key)
+            if old is None:
+                table.add_row(*(cells[c] for c, _ in COLUMNS), key=key)
+            else:
+                for col, value in cells.items():
+                    if old[col] != value:
+                        table.update_cell(key, col, value)
+            self._cells[key] = cells
+        if self._active:
+            self.set_timer(self.interval, self._list)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self._open(event.row_key.value)
+
+    def action_open(self) -> None:
+        table = self.query_one(DataTable)
+        if table.row_count:
+            row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+            self._open(row_key.value)
+
+    def _open(self, key: str | None) -> None:
+        info = self.runs.get(key or "")
+        if info is None:
+            return
+        run_dir = _field(info, "run_dir", "path")
+        if run_dir is None:
+            run_dir = self.app.resolve_source(key)  # type: ignore[attr-defined]
+        self.app.open_monitor(run_dir)  # type: ignore[attr-defined]

@@ -1,0 +1,88 @@
+"""The device picker's model: which GPUs the person chose, in which order, and what that means.
+
+Pure (no Textual) so the GPUs screen, the Launch screen and the tests share one definition of
+the resulting ``CUDA_VISIBLE_DEVICES`` and of the warnings shown beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# A GPU this busy (or with this much memory taken by others) is flagged before launching on it.
+BUSY_UTIL_PCT = 20
+BUSY_MEM_FRACTION = 0.10
+
+
+@dataclass
+class DeviceSelection:
+    """Chosen GPU indices (nvidia-smi numbering) in launch order: LOCAL_RANK k uses ``order[k]``."""
+
+    order: list[int] = field(default_factory=list)
+
+    def toggle(self, index: int) -> None:
+        if index in self.order:
+            self.order.remove(index)
+        else:
+            self.order.append(index)
+
+    def move(self, index: int, delta: int) -> bool:
+        """Move a chosen device earlier (delta < 0) or later; False when it cannot move."""
+        if index not in self.order:
+            return False
+        pos = self.order.index(index)
+        new = pos + delta
+        if not 0 <= new < len(self.order):
+            return False
+        self.order.insert(new, self.order.pop(pos))
+        return True
+
+    def position(self, index: int) -> int | None:
+        return self.order.index(index) if index in self.order else None
+
+    def prune(self, present: Iterable[int]) -> None:
+        """Forget devices that disappeared from the inventory."""
+        keep = set(present)
+        self.order = [i for i in self.order if i in keep]
+
+    @property
+    def gpus_spec(self) -> str:
+        """The ``--gpus`` value (and ``CUDA_VISIBLE_DEVICES``) for this selection; "" when empty."""
+        return ",".join(str(i) for i in self.order)
+
+
+def selection_warnings(gpus: Sequence[Any], order: Sequence[int]) -> list[str]:
+    """What a person should know before launching on these devices (one line each)."""
+    by_index = {g.index: g for g in gpus}
+    chosen = [by_index[i] for i in order if i in by_index]
+    out: list[str] = []
+    names = sorted({g.name for g in chosen})
+    if len(names) > 1:
+        out.append(
+            "mixed models (" + ", ".join(names) + "): the slowest GPU sets the pace of every rank"
+        )
+    for g in chosen:
+        if getattr(g, "lost", False):
+            out.append(f"GPU {g.index} is lost (fell off the bus): a run on it will fail")
+            continue
+        if getattr(g, "mig_mode", None):
+            out.append(
+                f"GPU {g.index} has MIG enabled: PyTorch sees only one MIG slice of it; "
+                f"disable MIG (nvidia-smi -i {g.index} -mig 0) for training"
+            )
+        procs = [p for p in getattr(g, "processes", ()) or ()]
+        mem_used = g.memory_used_mib or 0.0
+        mem_total = g.memory_total_mib or 0.0
+        busy_mem = mem_total > 0 and mem_used / mem_total >= BUSY_MEM_FRACTION
+        busy_util = (g.util_gpu or 0) >= BUSY_UTIL_PCT
+        if procs or busy_mem or busy_util:
+            what = []
+            if procs:
+                what.append(f"{len(procs)} process{'es' if len(procs) != 1 else ''}")
+            if g.util_gpu is not None and busy_util:
+                what.append(f"{g.util_gpu}% busy")
+            if busy_mem:
+                what.append(f"{mem_used / 1024:.1f} GiB used")
+            out.append(f"GPU {g.index} is busy ({', '.join(what)}): ranks will share it")
+    return out

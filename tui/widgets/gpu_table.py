@@ -1,0 +1,118 @@
+"""The live GPU table of the home screen: one keyed row per GPU, cells updated in place."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.text import Text
+from textual.message import Message
+from textual.widgets import DataTable
+
+from xl.tui import fmt
+
+COLUMNS = (
+    ("sel", "Use"),
+    ("gpu", "GPU"),
+    ("name", "Model"),
+    ("util", "Util"),
+    ("mem", "Memory"),
+    ("temp", "Temp"),
+    ("power", "Power"),
+    ("procs", "Processes (pid:rank)"),
+)
+
+
+def _procs(gpu: Any) -> str:
+    parts = []
+    for p in getattr(gpu, "processes", ()) or ():
+        tag = f"{p.pid}"
+        if getattr(p, "rank", None) is not None:
+            tag += f":r{p.rank}"
+        parts.append(tag)
+    if len(parts) > 4:
+        parts = [*parts[:4], f"+{len(parts) - 4}"]
+    return " ".join(parts) or "-"
+
+
+def gpu_cells(gpu: Any, position: int | None) -> dict[str, Any]:
+    if getattr(gpu, "lost", False):
+        lost = Text("lost", style="bold red")
+        return {
+            "sel": Text(f"[{position + 1}]" if position is not None else "[ ]"),
+            "gpu": str(gpu.index),
+            "name": gpu.name,
+            "util": lost,
+            "mem": lost,
+            "temp": "-",
+            "power": "-",
+            "procs": "-",
+        }
+    total = gpu.memory_total_mib
+    used = gpu.memory_used_mib
+    mem_frac = used / total if used is not None and total else None
+    util = gpu.util_gpu
+    name = gpu.name + (" (MIG)" if getattr(gpu, "mig_mode", None) else "")
+    power = "-"
+    if gpu.power_w is not None:
+        power = f"{gpu.power_w:.0f}W"
+        if gpu.power_limit_w:
+            power += f"/{gpu.power_limit_w:.0f}"
+    return {
+        "sel": Text(f"[{position + 1}]", style="bold reverse") if position is not None else Text("[ ]", style="dim"),
+        "gpu": str(gpu.index),
+        "name": name,
+        "util": fmt.meter(None if util is None else util / 100, 8, "-" if util is None else f"{util:3d}%"),
+        "mem": fmt.meter(mem_frac, 8, f"{fmt.mib(used)}/{fmt.mib(total)}"),
+        "temp": "-" if gpu.temperature_c is None else f"{gpu.temperature_c}C",
+        "power": power,
+        "procs": _procs(gpu),
+    }
+
+
+class GPUTable(DataTable):
+    """Rows keyed by GPU index; space/enter/click toggles, shift+up/down reorders."""
+
+    class Toggled(Message):
+        """The person asked to (de)select the GPU under the cursor."""
+
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.index = index
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self._cells: dict[str, dict[str, Any]] = {}
+
+    def on_mount(self) -> None:
+        for key, label in COLUMNS:
+            self.add_column(label, key=key)
+
+    def update_gpus(self, gpus: Sequence[Any], order: Sequence[int]) -> None:
+        present = {str(g.index) for g in gpus}
+        for key in [k for k in self._cells if k not in present]:
+            self.remove_row(key)
+            del self._cells[key]
+        for gpu in gpus:
+            key = str(gpu.index)
+            pos = order.index(gpu.index) if gpu.index in order else None
+            cells = gpu_cells(gpu, pos)
+            old = self._cells.get(key)
+            if old is None:
+                self.add_row(*(cells[c] for c, _ in COLUMNS), key=key)
+            else:
+                for col, value in cells.items():
+                    if old.get(col) != value:
+                        self.update_cell(key, col, value, update_width=col in ("procs", "name"))
+            self._cells[key] = cells
+
+    def cursor_index(self) -> int | None:
+        if not self.row_count:
+            return None
+        row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        return int(row_key.value) if row_key.value is not None else None
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        if event.row_key.value is not None:
+            self.post_message(self.Toggled(int(event.row_key.value)))

@@ -1,0 +1,94 @@
+"""The Monitor's per-rank table: one keyed row per rank, only changed cells are redrawn."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from textual.message import Message
+from textual.widgets import DataTable
+
+from xl.tui import fmt
+
+COLUMNS = (
+    ("rank", "Rank"),
+    ("node", "Node"),
+    ("gpu", "GPU"),
+    ("util", "Util"),
+    ("mem", "Memory"),
+    ("step", "Step"),
+    ("sps", "Samples/s"),
+    ("loss", "Loss"),
+    ("seen", "Last seen"),
+    ("state", "State"),
+)
+
+
+def rank_cells(rv: Any, now: float) -> dict[str, Any]:
+    util = getattr(rv, "gpu_util", None)
+    used = getattr(rv, "gpu_mem_used_mib", None)
+    total = getattr(rv, "gpu_mem_total_mib", None)
+    if used is None and getattr(rv, "rss_mib", None) is not None:
+        mem = f"{fmt.mib(rv.rss_mib)} rss"
+    else:
+        mem = fmt.meter(used / total if used is not None and total else None, 6, fmt.mib(used))
+    step = getattr(rv, "step", None)
+    total_steps = getattr(rv, "total_steps", None)
+    gpu = getattr(rv, "gpu", None)
+    return {
+        "rank": str(rv.rank),
+        "node": str(getattr(rv, "node", None) or "-"),
+        "gpu": "cpu" if gpu is None else str(gpu),
+        "util": fmt.meter(None if util is None else util / 100, 6, "-" if util is None else f"{util:.0f}%"),
+        "mem": mem,
+        "step": "-" if step is None else (f"{step}/{total_steps}" if total_steps else str(step)),
+        "sps": fmt.number(getattr(rv, "samples_per_s", None), 3),
+        "loss": fmt.number(getattr(rv, "loss", None)),
+        "seen": fmt.ago(getattr(rv, "last_seen", None), now),
+        "state": fmt.state(getattr(rv, "state", None)),
+    }
+
+
+class RankTable(DataTable):
+    class RankChosen(Message):
+        """The cursor moved to another rank (its log and charts follow)."""
+
+        def __init__(self, rank: int) -> None:
+            super().__init__()
+            self.rank = rank
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self._cells: dict[int, dict[str, Any]] = {}
+
+    def on_mount(self) -> None:
+        for key, label in COLUMNS:
+            self.add_column(label, key=key)
+
+    def update_ranks(self, ranks: Mapping[int, Any], now: float) -> None:
+        for rank in sorted(ranks):
+            cells = rank_cells(ranks[rank], now)
+            old = self._cells.get(rank)
+            if old is None:
+                self.add_row(*(cells[c] for c, _ in COLUMNS), key=str(rank))
+            else:
+                for col, value in cells.items():
+                    if old[col] != value:
+                        self.update_cell(str(rank), col, value, update_width=col in ("step", "node"))
+            self._cells[rank] = cells
+
+    @property
+    def current_rank(self) -> int | None:
+        if not self.row_count:
+            return None
+        row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        return int(row_key.value) if row_key.value is not None else None
+
+    def show_rank(self, rank: int) -> None:
+        if rank in self._cells:
+            self.move_cursor(row=self.get_row_index(str(rank)))
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        if event.row_key.value is not None:
+            self.post_message(self.RankChosen(int(event.row_key.value)))
