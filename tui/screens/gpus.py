@@ -132,7 +132,8 @@ class GPUsScreen(Screen):
     def _cursor(self) -> int | None:
         return self.query_one(GPUTable).cursor_index()
 
-    def on_gpu_table_toggled(self, message: GPUTable.Toggled) -> None:
+    @on(GPUTable.Toggled)
+    def _toggled(self, message: GPUTable.Toggled) -> None:
         self.selection.toggle(message.index)
         self._show_selection()
 

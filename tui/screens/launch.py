@@ -40,6 +40,12 @@ class LaunchScreen(Screen):
         self.valid = False
         self._filling = False
         self._launching = False
+        last = settings.last_target()
+        saved = settings.recall(last) if last else None
+        self.initial = LaunchForm.from_dict(saved) if saved else LaunchForm()
+        self._loaded_key = self.initial.key  # whose remembered settings the form holds
+        if selection.order:
+            self.initial.gpus = selection.gpus_spec
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -50,7 +56,12 @@ class LaunchScreen(Screen):
             yield from self._row("Processes/node", "nproc", "one per GPU")
             with Horizontal(classes="form-row"):
                 yield Label("Mixed precision", classes="form-label")
-                yield Select([(m, m) for m in MIXED_PRECISION], value="no", allow_blank=False, id="mixed_precision")
+                yield Select(
+                    [(m, m) for m in MIXED_PRECISION],
+                    value=self.initial.mixed_precision if self.initial.mixed_precision in MIXED_PRECISION else "no",
+                    allow_blank=False,
+                    id="mixed_precision",
+                )
             yield from self._row("Env", "env", "KEY=VALUE KEY2=VALUE2")
             yield from self._row("Name", "name", "optional run name")
             with Collapsible(title="Nodes and rendezvous (multi-node)", collapsed=True, id="advanced"):
@@ -66,19 +77,17 @@ class LaunchScreen(Screen):
     def _row(self, label: str, field: str, placeholder: str) -> ComposeResult:
         with Horizontal(classes="form-row"):
             yield Label(label, classes="form-label")
-            yield Input(placeholder=placeholder, id=field)
+            yield Input(getattr(self.initial, field), placeholder=placeholder, id=field)
 
     def on_mount(self) -> None:
         self.title = "xl — Launch"
-        last = settings.last_target()
-        saved = settings.recall(last) if last else None
-        self.fill(LaunchForm.from_dict(saved) if saved else LaunchForm())
+        self.validate()
 
     def on_screen_resume(self) -> None:
         # The GPUs screen's current pick wins over what was remembered.
-        if self.selection.order:
+        if self.selection.order and self.is_mounted:
             self.query_one("#gpus", Input).value = self.selection.gpus_spec
-        self.validate()
+            self.validate()
 
     def fill(self, form: LaunchForm) -> None:
         self._filling = True
@@ -134,8 +143,10 @@ class LaunchScreen(Screen):
         # Typing a script that was launched before brings back its last settings.
         if self._filling:
             return
-        saved = settings.recall(event.value.strip())
+        key = event.value.strip()
+        saved = settings.recall(key) if key != self._loaded_key else None
         if saved:
+            self._loaded_key = key
             form = LaunchForm.from_dict(saved)
             form.target = event.value
             self.fill(form)

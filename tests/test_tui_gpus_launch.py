@@ -1,0 +1,169 @@
+"""GPUs and Launch screens: pick and order devices -> CUDA_VISIBLE_DEVICES -> the launch plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from simnvml import SimGPU, SimProcess
+from textual.widgets import Input, Static
+
+from xl.launcher.plan import build_plan
+from xl.tui import settings
+from xl.tui.app import build_app
+from xl.tui.launchform import LaunchForm, command, to_spec
+
+SIZE = (120, 40)
+
+
+async def until(pilot, predicate, what: str, tries: int = 200) -> None:
+    """Let the app run until ``predicate()`` holds (workers and timers need event-loop turns)."""
+    for _ in range(tries):
+        if predicate():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+def text_of(app, selector: str) -> str:
+    return str(app.screen.query_one(selector, Static).render())
+
+
+@pytest.fixture
+def four_gpus(simnvml):
+    # GPU 0 busy with a foreign process, GPU 2 a different model with MIG on.
+    sim = simnvml(
+        gpus=[
+            SimGPU(util_gpu=55, memory_used_mib=30_000, processes=[SimProcess(4242, 30_000)]),
+            SimGPU(),
+            SimGPU(model="H100", mig=1),
+            SimGPU(),
+        ]
+    )
+    with sim.in_process():
+        yield sim
+
+
+@pytest.fixture(autouse=True)
+def _config_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XL_HOME", str(tmp_path / "xlhome"))
+
+
+async def test_pick_and_reorder_gpus_sets_visible_devices_and_plan(four_gpus, tmp_path, monkeypatch):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    app = build_app(poll_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.screen.query_one("#gpu-table").row_count == 4, "4 GPU rows")
+        # Pick GPU 0 then GPU 2 (keyboard), then move GPU 2 first.
+        await pilot.press("space", "down", "down", "space", "shift+up")
+        assert app.selection.order == [2, 0]
+        preview = text_of(app, "#cvd")
+        assert "CUDA_VISIBLE_DEVICES=2,0" in preview
+        assert "LOCAL_RANK 0 → GPU 2" in preview
+        warnings = text_of(app, "#pick-warnings")
+        assert "mixed models" in warnings
+        assert "GPU 2 has MIG enabled" in warnings
+        assert "GPU 0 is busy" in warnings
+        assert "GPU 1" not in warnings
+
+        # The mouse: a click on a row moves the cursor there, a second click toggles it.
+        await pilot.click("#gpu-table", offset=(10, 1))  # GPU 0's row (row 0 is the header)
+        assert app.screen.query_one("#gpu-table").cursor_row == 0
+        await pilot.pause()
+        await pilot.click("#gpu-table", offset=(10, 1))
+        await pilot.pause()
+        assert app.selection.order == [2]
+        await pilot.click("#btn-toggle")  # buttons act on the row under the cursor
+        assert app.selection.order == [2, 0]
+        await pilot.pause(0.3)  # a button ignores clicks while it shows being pressed
+        await pilot.click("#btn-up")
+        assert app.selection.order == [0, 2]
+        await pilot.press("shift+down")
+        assert app.selection.order == [2, 0]
+
+        # The selection feeds Launch, whose plan carries exactly that order.
+        await pilot.press("L")
+        await until(pilot, lambda: app.screen.id == "launch", "launch screen")
+        assert app.screen.query_one("#gpus", Input).value == "2,0"
+        app.screen.query_one("#target", Input).value = "train.py"
+        await until(pilot, lambda: "ready" in text_of(app, "#launch-validation"), "valid form: " + text_of(app, "#launch-validation"))
+        assert "CUDA_VISIBLE_DEVICES=2,0" in text_of(app, "#launch-validation")
+        assert "2 process(es)" in text_of(app, "#launch-validation")
+        form = app.screen.form()
+        plan = build_plan(to_spec(form), app.inventory)
+        assert plan.env["CUDA_VISIBLE_DEVICES"] == "2,0"
+        assert plan.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert [g.index for g in plan.devices] == [2, 0]
+        assert text_of(app, "#launch-command") == "xl launch --gpus 2,0 -- train.py"
+
+
+async def test_launch_form_validates_inline_and_remembers_settings(four_gpus, tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    settings.remember("train.py", LaunchForm(target="train.py", args="--lr 3e-4", nproc="2", gpus="1,3").to_dict())
+    app = build_app(poll_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3")
+        await until(pilot, lambda: app.screen.id == "launch", "launch screen")
+        screen = app.screen
+        # The last script's settings come back.
+        assert screen.query_one("#target", Input).value == "train.py"
+        assert screen.query_one("#args", Input).value == "--lr 3e-4"
+        assert screen.query_one("#gpus", Input).value == "1,3"
+
+        async def verdict(field: str, value: str) -> str:
+            screen.query_one(f"#{field}", Input).value = value
+            await pilot.pause()
+            return text_of(app, "#launch-validation")
+
+        assert "whole number" in await verdict("nproc", "two")
+        assert "more than the 2 GPU(s) chosen" in await verdict("nproc", "3")
+        assert "ready" in await verdict("nproc", "2")
+        assert "KEY=VALUE" in await verdict("env", "NCCL_DEBUG")
+        assert "ready" in await verdict("env", "NCCL_DEBUG=INFO")
+        assert "no such" in (await verdict("target", "missing.py")).lower() or "not found" in text_of(app, "#launch-validation").lower()
+        assert "ready" in await verdict("target", "train.py")
+        assert "--rdzv" in await verdict("nnodes", "2")
+        assert "ready" in await verdict("rdzv", "10.0.0.1:29500")
+        assert screen.valid
+        shown = text_of(app, "#launch-command")
+        assert shown == (
+            "xl launch --gpus 1,3 --nproc 2 --nnodes 2 --rdzv 10.0.0.1:29500 "
+            "--env NCCL_DEBUG=INFO -- train.py --lr 3e-4"
+        )
+
+
+def test_command_and_spec_agree_for_modules() -> None:
+    form = LaunchForm(target="-m pkg.train", args="--x 'a b'", gpus="0", mixed_precision="bf16", env="A=1 B='x y'")
+    spec = to_spec(form)
+    assert (spec.script, spec.module, spec.args) == (None, "pkg.train", ["--x", "a b"])
+    assert spec.env == {"A": "1", "B": "x y"}
+    assert command(form) == [
+        "xl", "launch", "--gpus", "0", "--mixed-precision", "bf16", "--env", "A=1", "--env", "B=x y",
+        "-m", "pkg.train", "--x", "a b",
+    ]
+
+
+async def test_no_gpu_panel_says_what_still_works(simnvml):
+    sim = simnvml(gpus=0, init_error="driver_not_loaded")
+    with sim.in_process():
+        app = build_app(poll_interval=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: "No NVIDIA GPU" in text_of(app, "#no-gpu"), "no-GPU panel")
+            panel = text_of(app, "#no-gpu")
+            assert "CPU" in panel and "Doctor" in panel
+            assert not app.screen.query_one("#gpu-main").display
+
+
+def test_settings_file_is_written_atomically_and_survives_garbage(tmp_path) -> None:
+    path = Path(tmp_path / "config" / "launch.json")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    assert settings.recall("x.py") is None  # a corrupt file is ignored, not fatal
+    settings.remember("x.py", {"target": "x.py", "nproc": "4"})
+    assert settings.recall("x.py") == {"target": "x.py", "nproc": "4"}
+    assert settings.last_target() == "x.py"
+    assert [p.name for p in path.parent.iterdir()] == ["launch.json"]
