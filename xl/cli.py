@@ -16,6 +16,7 @@ from xl.cliutil import EXIT_USAGE, UsageError
 
 # name -> (module, one-line help). Only commands that work are listed.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "doctor": ("xl.doctor.cli", "check this machine for distributed training; print each fix"),
 }
 
 # `xl` alone opens the app once the TUI exists.

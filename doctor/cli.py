@@ -1,0 +1,65 @@
+"""`xl doctor [--json] [--strict] [--python PY]`: can this machine build and run distributed training?"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from xl.cliutil import ArgumentParser, UsageError
+
+
+def _python_arg(value: str) -> str:
+    if os.sep not in value:
+        from .probes import which
+
+        found = which(value, os.environ.get("PATH"))
+        if found is None:
+            raise UsageError(f"--python {value}: not found on PATH (give the path to a Python interpreter)")
+        return found
+    if not os.path.isfile(value):
+        raise UsageError(f"--python {value}: no such file (give the path to a Python interpreter)")
+    if not os.access(value, os.X_OK):
+        raise UsageError(f"--python {value}: not executable (give the path to a Python interpreter)")
+    return value
+
+
+def _color_terminal() -> bool:
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return bool(os.environ.get("FORCE_COLOR")) and not os.environ.get("NO_COLOR")
+    return sys.stdout.isatty() or bool(os.environ.get("FORCE_COLOR"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = ArgumentParser(
+        prog="xl doctor",
+        description="Check the driver, GPUs, CUDA toolkits, compiler, torch and environment for "
+        "distributed training; print each problem with its fix.",
+    )
+    ap.add_argument("--json", action="store_true", help="one JSON object on stdout (see DESIGN.md)")
+    ap.add_argument("--strict", action="store_true", help="exit 1 on warnings and errors too")
+    ap.add_argument("--python", metavar="PY", help="inspect torch in this interpreter (default: this one)")
+    args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    python = _python_arg(args.python) if args.python else None
+
+    from .run import run_doctor
+
+    report = run_doctor(python)
+    # Text may carry U+FFFD from undecodable environment bytes; never die on a narrow locale.
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="replace")
+    if args.json:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    elif _color_terminal():
+        from rich.console import Console
+
+        from .render import render_report
+
+        Console(highlight=False).print(render_report(report, args.strict))
+    else:
+        from .render import render_plain
+
+        sys.stdout.write(render_plain(report, args.strict))
+    sys.stdout.flush()
+    return report.exit_code(args.strict)

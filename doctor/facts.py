@@ -1,0 +1,183 @@
+"""What the probes saw: plain records, so every check is a pure function of them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+_NVCC_RELEASE = re.compile(r"release (\d+)\.(\d+)")
+_NVCC_FULL = re.compile(r"\bV(\d+\.\d+\.\d+)")
+
+
+def vtuple(version: str | None) -> tuple[int, ...]:
+    """'12.4.131' -> (12, 4, 131); anything unparsable -> ()."""
+    if not version:
+        return ()
+    out = []
+    for part in version.split("."):
+        m = re.match(r"\d+", part)
+        if not m:
+            break
+        out.append(int(m.group()))
+    return tuple(out)
+
+
+def major_minor(version: str | None) -> str | None:
+    t = vtuple(version)
+    return f"{t[0]}.{t[1]}" if len(t) >= 2 else None
+
+
+@dataclass
+class CmdResult:
+    """One subprocess, already finished (or killed)."""
+
+    argv: list[str]
+    stdout: str = ""
+    stderr: str = ""
+    returncode: int | None = None
+    problem: str | None = None  # why the output can't be trusted: not found, timed out, exit N
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    def first_line(self) -> str:
+        text = (self.stdout or self.stderr).strip()
+        return text.splitlines()[0][:120] if text else ""
+
+
+def parse_nvcc_version(text: str) -> tuple[str | None, str | None]:
+    """nvcc --version -> ('13.0', '13.0.88'); (None, None) when it isn't nvcc's format."""
+    m = _NVCC_RELEASE.search(text)
+    if not m:
+        return None, None
+    full = _NVCC_FULL.search(text)
+    return f"{m.group(1)}.{m.group(2)}", (full.group(1) if full else None)
+
+
+@dataclass
+class Toolkit:
+    root: str  # as first found (may be a symlink such as /usr/local/cuda)
+    real: str  # realpath: the identity of the install
+    found_by: list[str] = field(default_factory=list)  # /usr/local/cuda*, CUDA_HOME, PATH, ...
+    aliases: list[str] = field(default_factory=list)
+    version: str | None = None  # full version, e.g. 12.4.1 or 13.0.88
+    version_from: str | None = None  # version.json | version.txt | dist-info | pip | nvcc
+    nvcc: str | None = None  # bin/nvcc when present
+    nvcc_run: CmdResult | None = None
+    host_config: str | None = None
+    gcc_max: int | None = None  # from include/crt/host_config.h
+    gcc_min: int | None = None
+    clang_max: int | None = None
+    clang_min: int | None = None
+    has_headers: bool = False  # include/cuda_runtime.h
+    cudart: list[str] = field(default_factory=list)  # libcudart.so.N sonames it ships
+    lib_dirs: list[str] = field(default_factory=list)  # realpaths of its library folders
+    problem: str | None = None  # unreadable folder and the like
+
+    @property
+    def short(self) -> str | None:
+        return major_minor(self.version)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "real": self.real,
+            "version": self.version,
+            "version_from": self.version_from,
+            "found_by": self.found_by,
+            "nvcc": self.nvcc,
+            "host_config": self.host_config,
+            "gcc_max": self.gcc_max,
+            "clang_max": self.clang_max,
+            "cudart": self.cudart,
+            "problem": self.problem,
+        }
+
+
+@dataclass
+class Compiler:
+    path: str  # what nvcc will run
+    source: str  # NVCC_CCBIN | CUDAHOSTCXX | CC | CXX | c++ | gcc
+    kind: str | None = None  # gcc | clang | None (unknown)
+    version: str | None = None
+    run: CmdResult | None = None
+    problem: str | None = None
+
+    @property
+    def major(self) -> int | None:
+        t = vtuple(self.version)
+        return t[0] if t else None
+
+
+@dataclass
+class TorchInfo:
+    python: str
+    found: bool = False
+    version: str | None = None
+    cuda: str | None = None
+    hip: str | None = None
+    location: str | None = None
+    nccl: str | None = None  # NCCL version available to torch
+    nccl_from: str | None = None
+    bin_dir: str | None = None  # the interpreter's scripts folder (where pip puts ninja)
+    pip_toolkits: list[tuple[str, str]] = field(default_factory=list)  # (root, version)
+    problem: str | None = None  # the probe could not answer
+
+
+@dataclass
+class LdEntry:
+    path: str
+    real: str = ""
+    exists: bool = True
+    is_dir: bool = True
+    problem: str | None = None  # unreadable
+    cudart: list[str] = field(default_factory=list)  # sonames, e.g. libcudart.so.12
+    nccl: list[str] = field(default_factory=list)
+    cudnn: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Facts:
+    env: dict[str, str]
+    python: str
+    driver: Any = None  # xl.nvml.Driver
+    gpus: tuple[Any, ...] = ()  # xl.nvml.GPU
+    nvml_problem: str | None = None  # the inventory itself could not be taken
+    path_nvcc: str | None = None
+    path_nvcc_run: CmdResult | None = None
+    cuda_home: str | None = None  # as torch resolves it
+    cuda_home_from: str | None = None  # CUDA_HOME | CUDA_PATH | nvcc on PATH | /usr/local/cuda
+    cuda_home_nvcc_run: CmdResult | None = None
+    cuda_home_dir: Toolkit | None = None  # the CUDA_HOME folder itself, as found (no dedup)
+    home_toolkit: str | None = None  # real root of the toolkit CUDA_HOME's nvcc belongs to
+    path_toolkit: str | None = None  # real root of the toolkit PATH's nvcc belongs to
+    toolkits: list[Toolkit] = field(default_factory=list)
+    compiler: Compiler | None = None
+    other_compilers: list[tuple[str, str, int]] = field(default_factory=list)  # (path, kind, major)
+    torch: TorchInfo | None = None
+    ld_entries: list[LdEntry] = field(default_factory=list)
+    ldconfig: dict[str, list[str]] = field(default_factory=dict)  # soname -> paths
+    ldconfig_problem: str | None = None
+    shm_total: int | None = None
+    shm_free: int | None = None
+    shm_problem: str | None = None
+    ninja: str | None = None
+    ninja_run: CmdResult | None = None
+    ninja_in_bin: str | None = None  # ninja beside the --python interpreter when not on PATH
+    net_ifaces: list[str] | None = None
+    ib_devices: list[str] | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    def toolkit_at(self, path: str | None) -> Toolkit | None:
+        """The toolkit whose root (or an alias of it) is `path`."""
+        if not path:
+            return None
+        import os
+
+        try:
+            real = os.path.realpath(path)
+        except (OSError, ValueError):
+            return None
+        return next((t for t in self.toolkits if t.real == real), None)

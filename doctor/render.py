@@ -1,0 +1,67 @@
+"""The report for people: Rich when stdout is a colour terminal, plain text otherwise."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .report import AREAS, Report
+
+if TYPE_CHECKING:  # Rich is imported only when a terminal report is drawn
+    from rich.console import RenderableType
+
+GLYPH = {"ok": "✔", "warn": "▲", "fail": "✘", "skip": "–", "error": "?"}
+STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "error": "magenta"}
+LABEL = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip", "error": "ERROR"}
+
+
+def _areas(report: Report) -> list[tuple[str, list[Any]]]:
+    order = list(AREAS) + sorted({c.area for c in report.checks} - set(AREAS))
+    return [(a, [c for c in report.checks if c.area == a]) for a in order if any(c.area == a for c in report.checks)]
+
+
+def summary_line(report: Report, strict: bool = False) -> str:
+    verdict = {
+        "fail": "problems found",
+        "error": "some checks could not run",
+        "warn": "usable, with warnings",
+    }.get(report.status, "ready")
+    return f"{report.summary()} — {verdict} (exit {report.exit_code(strict)})"
+
+
+def render_plain(report: Report, strict: bool = False) -> str:
+    """Text with no colour codes: for pipes, logs, NO_COLOR and TERM=dumb."""
+    lines: list[str] = []
+    for area, checks in _areas(report):
+        lines.append(area)
+        for c in checks:
+            lines.append(f"  {LABEL[c.status]:<5}  {c.title}: {c.detail}")
+            if c.fix and c.status != "ok":
+                lines.append(f"         fix: {c.fix}")
+        lines.append("")
+    lines.append(summary_line(report, strict))
+    return "\n".join(lines) + "\n"
+
+
+def render_report(report: Report, strict: bool = False) -> RenderableType:
+    """A Rich renderable grouped by area: glyph, title, detail, fix; the summary line last."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = []
+    for area, checks in _areas(report):
+        parts.append(Text(area, style="bold underline"))
+        table = Table.grid(padding=(0, 1))
+        table.add_column(width=1, no_wrap=True)
+        table.add_column(no_wrap=True, style="bold")
+        table.add_column(ratio=1)
+        for c in checks:
+            body = Text(c.detail)
+            if c.fix and c.status != "ok":
+                body.append("\n→ ", style="cyan")
+                body.append(c.fix, style="cyan")
+            table.add_row(Text(GLYPH[c.status], style=STYLE[c.status]), c.title, body)
+        parts.append(table)
+        parts.append(Text(""))
+    parts.append(Text(summary_line(report, strict), style=STYLE.get(report.status, "")))
+    return Group(*parts)

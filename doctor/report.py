@@ -1,0 +1,129 @@
+"""The doctor's verdict as plain data: what the CLI prints, the JSON holds and the TUI renders."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+# Worst last: the report's status is the worst of its checks. `error` (the check itself could
+# not run) ranks below `fail` because a found problem is more certain than an unknown.
+STATUSES = ("ok", "skip", "warn", "error", "fail")
+_RANK = {s: i for i, s in enumerate(STATUSES)}
+
+# DESIGN.md's stable ids, in the order they are reported.
+CHECK_IDS = (
+    "driver",
+    "gpus",
+    "cuda_home",
+    "nvcc",
+    "toolkits",
+    "torch",
+    "torch_cuda_match",
+    "driver_cuda",
+    "host_compiler",
+    "ld_library_path",
+    "cuda_visible_devices",
+    "cuda_device_order",
+    "shm",
+    "nccl",
+    "ninja",
+    "arch_list",
+)
+
+AREAS = ("Driver & GPUs", "CUDA toolkit", "PyTorch", "Devices", "System")
+
+
+def clean_text(value: str) -> str:
+    """Make text printable: environment bytes that were not UTF-8 arrive as lone surrogates."""
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        try:
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "replace").decode("utf-8")
+
+
+def clean(value: Any) -> Any:
+    """clean_text over a JSON-like tree."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(str(k)): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def worst(statuses: Iterable[str]) -> str:
+    return max(statuses, key=lambda s: _RANK.get(s, 0), default="ok")
+
+
+@dataclass
+class Check:
+    id: str
+    status: str  # ok | warn | fail | skip | error
+    title: str
+    detail: str  # one line
+    fix: str = ""  # what to type or change; empty when there is nothing to do
+    area: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in _RANK:
+            raise ValueError(f"unknown check status {self.status!r}")
+        self.title = clean_text(self.title)
+        self.detail = " ".join(clean_text(self.detail).split())
+        self.fix = " ".join(clean_text(self.fix).split())
+        self.data = clean(self.data)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "status": self.status,
+            "title": self.title,
+            "detail": self.detail,
+            "fix": self.fix,
+        }
+        if self.data:
+            out["data"] = self.data
+        return out
+
+
+@dataclass
+class Report:
+    checks: list[Check]
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # GPU.to_json() of each GPU found
+    facts: dict[str, Any] = field(default_factory=dict)  # what the probes saw (secrets redacted)
+
+    @property
+    def status(self) -> str:
+        return worst(c.status for c in self.checks)
+
+    def get(self, check_id: str) -> Check | None:
+        return next((c for c in self.checks if c.id == check_id), None)
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(STATUSES, 0)
+        for c in self.checks:
+            out[c.status] += 1
+        return out
+
+    def exit_code(self, strict: bool = False) -> int:
+        bad = {"fail", "warn", "error"} if strict else {"fail"}
+        return 1 if any(c.status in bad for c in self.checks) else 0
+
+    def summary(self) -> str:
+        counts = self.counts()
+        parts = [f"{n} {s}" for s, n in counts.items() if n]
+        return f"{len(self.checks)} checks: " + ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "checks": [c.to_json() for c in self.checks],
+            "gpus": clean(self.gpus),
+            **{k: clean(v) for k, v in self.facts.items() if k not in ("status", "checks", "gpus")},
+        }

@@ -1,0 +1,212 @@
+"""run_doctor: probes in parallel -> Facts -> checks -> Report. Never raises."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from typing import Any
+
+from . import probes
+from .checks import AREA_OF, TITLES, run_checks
+from .facts import CmdResult, Compiler, Facts, TorchInfo, parse_nvcc_version
+from .report import CHECK_IDS, Check, Report
+
+SECRET_NAME = re.compile(r"token|key|passw|secret|credential|auth", re.IGNORECASE)
+
+# Variables worth showing in the report's facts (the rest of the environment is not ours to print).
+_RELEVANT = re.compile(
+    r"^(CUDA_\w+|NCCL_\w+|TORCH_\w+|NVCC_\w+|CUDAHOSTCXX|CC|CXX|LD_LIBRARY_PATH|PATH|CONDA_PREFIX"
+    r"|DS_\w+|PYTORCH_\w+|NVIDIA_\w+|MASTER_ADDR|MASTER_PORT|OMP_NUM_THREADS)$"
+)
+
+
+def redacted_env(env: dict[str, str]) -> dict[str, str]:
+    return {
+        k: ("<redacted>" if SECRET_NAME.search(k) else v)
+        for k, v in sorted(env.items())
+        if _RELEVANT.match(k)
+    }
+
+
+def _secret_values(env: dict[str, str]) -> list[str]:
+    return sorted(
+        {v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= 4}, key=len, reverse=True
+    )
+
+
+def _scrub(value: Any, secrets: list[str]) -> Any:
+    if isinstance(value, str):
+        for s in secrets:
+            if s in value:
+                value = value.replace(s, "<redacted>")
+        return value
+    if isinstance(value, dict):
+        return {k: _scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_scrub(v, secrets) for v in value]
+    return value
+
+
+def collect(python: str | None = None) -> Facts:
+    """Run every probe (subprocesses and NVML on threads, file reads meanwhile) into Facts."""
+    t0 = time.perf_counter()
+    python = python or sys.executable
+    env = probes.env_snapshot()
+    real_env = os.environ  # undecoded values (surrogate-escaped) still name real files
+    facts = Facts(env=env, python=python)
+    par = probes.Parallel()
+    par.start("nvml", probes.probe_inventory)
+    par.start("torch", lambda: probes.probe_torch(python))
+
+    path_value = real_env.get("PATH")
+    facts.path_nvcc = probes.which("nvcc", path_value)
+    facts.cuda_home, facts.cuda_home_from = probes.resolve_cuda_home(real_env, facts.path_nvcc)
+    running: dict[str, str] = {}  # realpath of an nvcc -> job name
+
+    def run_nvcc(path: str, job: str) -> str:
+        real = os.path.realpath(path)
+        if real in running:
+            return running[real]
+        running[real] = job
+        par.start(job, lambda: probes.run_cmd([path, "--version"]))
+        return job
+
+    path_job = run_nvcc(facts.path_nvcc, "nvcc:path") if facts.path_nvcc else None
+    home_job = None
+    if facts.cuda_home:
+        home_nvcc = os.path.join(facts.cuda_home, "bin", "nvcc")
+        if os.path.isfile(home_nvcc):
+            home_job = run_nvcc(home_nvcc, "nvcc:home")
+    comp_path, comp_src = probes.pick_compiler(real_env)
+    if comp_path:
+        par.start("cc:version", lambda: probes.run_cmd([comp_path, "--version"]))
+        par.start("cc:dump", lambda: probes.run_cmd([comp_path, "-dumpfullversion"]))
+    facts.ninja = probes.which("ninja", path_value)
+    if facts.ninja:
+        ninja = facts.ninja
+        par.start("ninja", lambda: probes.run_cmd([ninja, "--version"]))
+    ldconfig = probes.find_ldconfig(real_env)
+    if ldconfig:
+        par.start("ldconfig", lambda: probes.run_cmd([ldconfig, "-p"]))
+
+    # File-only probes on this thread while the subprocesses run.
+    facts.toolkits = probes.discover_toolkits(real_env, facts.path_nvcc, facts.cuda_home)
+    tk_jobs = {}
+    for i, tk in enumerate(facts.toolkits):
+        if tk.version is None and tk.nvcc and tk.problem is None:
+            tk_jobs[i] = run_nvcc(tk.nvcc, f"nvcc:tk{i}")
+    if facts.cuda_home:
+        facts.cuda_home_dir = probes.inspect_toolkit(facts.cuda_home, facts.cuda_home_from or "CUDA_HOME")
+        if facts.cuda_home_dir.nvcc:
+            facts.home_toolkit = probes.toolkit_root_of_nvcc(facts.cuda_home_dir.nvcc)
+        elif facts.cuda_home_dir.problem is None:
+            facts.home_toolkit = os.path.realpath(facts.cuda_home)
+    if facts.path_nvcc:
+        facts.path_toolkit = probes.toolkit_root_of_nvcc(facts.path_nvcc)
+    facts.ld_entries = probes.scan_ld_library_path(real_env.get("LD_LIBRARY_PATH"))
+    facts.shm_total, facts.shm_free, facts.shm_problem = probes.shm_size()
+    facts.other_compilers = probes.other_compilers(path_value)
+    net = probes._listdir("/sys/class/net")
+    facts.net_ifaces = net or None
+    facts.ib_devices = probes._listdir("/sys/class/infiniband")
+
+    def result(job: str) -> Any:
+        value, error, ms = par.result(job)
+        facts.timings_ms[job] = round(ms, 1)
+        if error is not None:
+            return CmdResult(argv=[job], problem=error) if job.startswith(("nvcc", "cc", "ninja", "ldconfig")) else error
+        return value
+
+    if path_job:
+        facts.path_nvcc_run = result(path_job)
+    if home_job:
+        facts.cuda_home_nvcc_run = result(home_job)
+    for i, job in tk_jobs.items():
+        tk = facts.toolkits[i]
+        tk.nvcc_run = result(job)
+        if tk.nvcc_run is not None and tk.nvcc_run.ok:
+            short, full = parse_nvcc_version(tk.nvcc_run.stdout)
+            if short:
+                tk.version, tk.version_from = full or short, "nvcc"
+    if comp_path:
+        comp = Compiler(path=comp_path, source=comp_src)
+        vr, dr = result("cc:version"), result("cc:dump")
+        facts.compiler = probes.classify_compiler(comp, vr, dr)
+    if facts.ninja:
+        facts.ninja_run = result("ninja")
+    if ldconfig:
+        run = result("ldconfig")
+        if run.ok:
+            facts.ldconfig = probes.parse_ldconfig(run.stdout)
+        else:
+            facts.ldconfig_problem = run.problem
+
+    torch = result("torch")
+    facts.torch = torch if isinstance(torch, TorchInfo) else TorchInfo(python=python, problem=str(torch))
+    known = {t.real for t in facts.toolkits}
+    for root, version in facts.torch.pip_toolkits:
+        tk = probes.inspect_toolkit(root, "pip (nvidia-cuda-nvcc)")
+        if tk.real in known:
+            continue
+        if tk.version is None:
+            tk.version, tk.version_from = version, "pip"
+        facts.toolkits.append(tk)
+    if not facts.ninja and facts.torch.bin_dir:
+        cand = os.path.join(facts.torch.bin_dir, "ninja")
+        if os.path.isfile(cand):
+            facts.ninja_in_bin = cand
+
+    inv = result("nvml")
+    if hasattr(inv, "driver"):
+        facts.driver = inv.driver
+        facts.gpus = tuple(inv.gpus)
+    else:
+        facts.nvml_problem = str(inv or "no answer")
+    facts.timings_ms["total"] = round((time.perf_counter() - t0) * 1000, 1)
+    return facts
+
+
+def _facts_json(f: Facts) -> dict[str, Any]:
+    t = f.torch
+    c = f.compiler
+    return {
+        "driver": f.driver.to_json() if f.driver is not None else {"error": f.nvml_problem},
+        "python": t.python if t is not None else f.python,
+        "torch": None if t is None else {
+            "found": t.found, "version": t.version, "cuda": t.cuda, "hip": t.hip,
+            "location": t.location, "nccl": t.nccl, "problem": t.problem,
+        },
+        "cuda_home": {"path": f.cuda_home, "from": f.cuda_home_from},
+        "nvcc": {"path": f.path_nvcc, "output": f.path_nvcc_run.first_line() if f.path_nvcc_run else None},
+        "toolkits": [tk.to_json() for tk in f.toolkits],
+        "compiler": None if c is None else {"path": c.path, "source": c.source, "kind": c.kind, "version": c.version},
+        "env": redacted_env(f.env),
+        "timings_ms": f.timings_ms,
+    }
+
+
+def build_report(f: Facts) -> Report:
+    checks = run_checks(f)
+    secrets = _secret_values(f.env)
+    for c in checks:
+        c.detail, c.fix, c.title = _scrub(c.detail, secrets), _scrub(c.fix, secrets), _scrub(c.title, secrets)
+        c.data = _scrub(c.data, secrets)
+        # A secret-looking variable's value never leaves the process, even inside data.
+    gpus = [g.to_json() for g in f.gpus] if f.gpus else []
+    return Report(checks=checks, gpus=gpus, facts=_scrub(_facts_json(f), secrets))
+
+
+def run_doctor(python: str | None = None) -> Report:
+    """The whole diagnosis. Never raises: a probe bug becomes `error` checks, not a traceback."""
+    try:
+        return build_report(collect(python))
+    except Exception as exc:
+        why = f"the doctor could not collect facts: {type(exc).__name__}: {exc}"
+        return Report(
+            checks=[
+                Check(cid, "error", TITLES[cid], why, "please report this as an xl bug", AREA_OF[cid])
+                for cid in CHECK_IDS
+            ]
+        )
