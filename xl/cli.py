@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 # `xl` alone opens the app once the TUI exists.
-DEFAULT_COMMAND: str | None = None
+DEFAULT_COMMAND: str | None = "ui"
 
 
 def _usage() -> str:
