@@ -17,6 +17,7 @@ from xl.cliutil import EXIT_USAGE, UsageError
 # name -> (module, one-line help). Only commands that work are listed.
 COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("xl.doctor.cli", "check this machine for distributed training; print each fix"),
+    "gpus": ("xl.gpus", "one-shot GPU inventory: memory, utilization, processes (--json)"),
     "ui": ("xl.tui.app", "the app: GPUs, doctor, launch, live monitor, runs (also plain `xl`)"),
 }
 
