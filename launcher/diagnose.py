@@ -1,0 +1,293 @@
+"""Diagnoses from the live metrics: stalled ranks, NaN/inf loss, GPU memory, stragglers.
+
+Fed by the collector (train records, xl.watch waits), the log parser and the sampler; ``tick()``
+runs at 1 Hz and emits events (``stalled``, ``straggler``, ``recovered``, ``nan_loss``,
+``gpu_mem_high``) through the supervisor's ``emit_event``.
+
+Stragglers. In synchronous data parallel training every rank has the same step time: they all
+wait at the gradient all-reduce. What differs is how long each rank waits there. ``xl.watch``
+reports, per step, the time from "bucket ready on this rank" to "all-reduce done": the slow
+rank (the culprit) arrives last and waits least, the others (victims) wait for it. So the
+straggler is the rank whose wait is smallest while the others' is large, sustained over a
+window; the waiting ranks are never named. Without wait data (ranks not synchronised, or no
+xl.watch) step times are compared directly: >= 1.2x the median.
+
+Thresholds can be overridden through the environment (tests use short ones):
+``XL_STALL_MIN_S`` (30), ``XL_STALL_FACTOR`` (10), ``XL_STRAGGLER_WINDOW_S`` (10),
+``XL_STRAGGLER_SUSTAIN`` (5 ticks), ``XL_STRAGGLER_MIN_WAIT_S`` (0.02), ``XL_GPU_MEM_HIGH`` (0.95).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        value = float(env.get(name, ""))
+    except ValueError:
+        return default
+    return value if math.isfinite(value) and value > 0 else default
+
+
+@dataclass
+class Thresholds:
+    stall_min_s: float = 30.0
+    stall_factor: float = 10.0
+    straggler_window_s: float = 10.0
+    straggler_sustain: int = 5
+    straggler_min_wait_s: float = 0.02
+    straggler_wait_ratio: float = 0.5
+    step_time_ratio: float = 1.2
+    gpu_mem_high: float = 0.95
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Thresholds:
+        env = os.environ if env is None else env
+        d = cls()
+        return cls(
+            stall_min_s=_env_float(env, "XL_STALL_MIN_S", d.stall_min_s),
+            stall_factor=_env_float(env, "XL_STALL_FACTOR", d.stall_factor),
+            straggler_window_s=_env_float(env, "XL_STRAGGLER_WINDOW_S", d.straggler_window_s),
+            straggler_sustain=int(_env_float(env, "XL_STRAGGLER_SUSTAIN", d.straggler_sustain)),
+            straggler_min_wait_s=_env_float(env, "XL_STRAGGLER_MIN_WAIT_S", d.straggler_min_wait_s),
+            gpu_mem_high=_env_float(env, "XL_GPU_MEM_HIGH", d.gpu_mem_high),
+        )
+
+
+@dataclass
+class _Rank:
+    last_step: float | None = None
+    last_step_t: float | None = None
+    last_progress_t: float | None = None
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    waits: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
+    alive: bool = True
+    stalled: bool = False
+    straggler: bool = False
+    straggle_votes: int = 0
+    clear_votes: int = 0
+    nan_reported: bool = False
+    mem_high: bool = False
+
+
+def _is_loss_key(key: str) -> bool:
+    return key == "loss" or key.endswith("_loss") or key.startswith("loss")
+
+
+class Diagnoser:
+    def __init__(self, emit: Emit, thresholds: Thresholds | None = None) -> None:
+        self._emit = emit
+        self.th = thresholds or Thresholds.from_env()
+        self._ranks: dict[int, _Rank] = {}
+        self._lock = threading.Lock()
+
+    def _rank(self, rank: int) -> _Rank:
+        st = self._ranks.get(rank)
+        if st is None:
+            st = self._ranks[rank] = _Rank()
+        return st
+
+    def _event(self, kind: str, rank: int | None, message: str, **extra: Any) -> None:
+        event = {"t": time.time(), "kind": kind, "rank": rank, "message": message, **extra}
+        try:
+            self._emit(event)
+        except Exception:  # the supervisor's event sink failing must not stop diagnosis
+            pass
+
+    # -- inputs -------------------------------------------------------------------------------
+
+    def ingest(self, rank: int, records: list[dict[str, Any]]) -> None:
+        with self._lock:
+            st = self._rank(rank)
+            for rec in records:
+                if rec.get("kind") == "sys":
+                    self._ingest_sys(rank, st, rec)
+                else:
+                    self._ingest_train(rank, st, rec)
+
+    def _ingest_train(self, rank: int, st: _Rank, rec: dict[str, Any]) -> None:
+        t = float(rec.get("t") or time.time())
+        raw_step = rec.get("step")
+        step: float | None = None
+        if isinstance(raw_step, (int, float)) and not isinstance(raw_step, bool):
+            step = raw_step
+        if step is not None:
+            if st.last_step is None or step != st.last_step:
+                if st.last_step is not None and st.last_step_t is not None and step > st.last_step:
+                    dt = (t - st.last_step_t) / (step - st.last_step)
+                    if dt >= 0:
+                        st.step_times.append(dt)
+                st.last_step, st.last_step_t = step, t
+                self._progress(rank, st, t, step)
+        else:
+            self._progress(rank, st, t, None)
+        nonfinite = rec.get("nonfinite")
+        if not isinstance(nonfinite, dict):
+            return
+        bad = [k for k in nonfinite if _is_loss_key(k)]
+        if bad and not st.nan_reported:
+            st.nan_reported = True
+            key = bad[0]
+            at = f" at step {step}" if step is not None else ""
+            self._event(
+                "nan_loss",
+                rank,
+                f"rank {rank}: {key} is {nonfinite[key]}{at}",
+                step=step,
+                key=key,
+            )
+
+    def _progress(self, rank: int, st: _Rank, t: float, step: Any) -> None:
+        st.last_progress_t = t if st.last_progress_t is None else max(st.last_progress_t, t)
+        if st.stalled:
+            st.stalled = False
+            at = f" (step {step})" if step is not None else ""
+            self._event("recovered", rank, f"rank {rank} made progress again{at}", of="stalled")
+
+    def _ingest_sys(self, rank: int, st: _Rank, rec: dict[str, Any]) -> None:
+        wait = rec.get("comm_wait_s")
+        if isinstance(wait, (int, float)):
+            st.waits.append((float(rec.get("t") or time.time()), float(wait)))
+        used, total = rec.get("gpu_mem_used_mib"), rec.get("gpu_mem_total_mib")
+        if isinstance(used, (int, float)) and isinstance(total, (int, float)) and total > 0:
+            frac = used / total
+            if frac > self.th.gpu_mem_high and not st.mem_high:
+                st.mem_high = True
+                gpu = rec.get("gpu")
+                self._event(
+                    "gpu_mem_high",
+                    rank,
+                    f"rank {rank}: GPU {gpu} memory at {frac:.0%} ({used:.0f} of {total:.0f} MiB)",
+                    gpu=gpu,
+                    fraction=round(frac, 4),
+                )
+            elif frac < self.th.gpu_mem_high - 0.05:
+                st.mem_high = False
+
+    def set_alive(self, rank: int, alive: bool) -> None:
+        with self._lock:
+            st = self._rank(rank)
+            st.alive = alive
+
+    # -- the 1 Hz pass ------------------------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._lock:
+            self._check_stalls(now)
+            self._check_stragglers(now)
+
+    def _check_stalls(self, now: float) -> None:
+        for rank, st in sorted(self._ranks.items()):
+            if not st.alive or st.stalled or st.last_progress_t is None:
+                continue
+            limit = self.th.stall_min_s
+            if st.step_times:
+                limit = max(limit, self.th.stall_factor * statistics.median(st.step_times))
+            idle = now - st.last_progress_t
+            if idle > limit:
+                st.stalled = True
+                at = f" after step {st.last_step:g}" if st.last_step is not None else ""
+                self._event(
+                    "stalled",
+                    rank,
+                    f"rank {rank} made no progress for {idle:.0f} s{at}",
+                    idle_s=round(idle, 1),
+                    step=st.last_step,
+                )
+
+    def _check_stragglers(self, now: float) -> None:
+        since = now - self.th.straggler_window_s
+        waits: dict[int, float] = {}
+        for rank, st in self._ranks.items():
+            recent = [w for t, w in st.waits if t >= since]
+            if st.alive and recent:
+                waits[rank] = statistics.fmean(recent)
+        if len(waits) >= 2:
+            self._vote_by_wait(waits)
+            return
+        steps: dict[int, float] = {}
+        for rank, st in self._ranks.items():
+            if st.alive and not st.stalled and len(st.step_times) >= 3:
+                steps[rank] = statistics.median(list(st.step_times)[-20:])
+        if len(steps) >= 2:
+            self._vote_by_step_time(steps)
+
+    def _vote_by_wait(self, waits: dict[int, float]) -> None:
+        culprit = min(waits, key=lambda r: waits[r])
+        others = [w for r, w in waits.items() if r != culprit]
+        victims_wait = statistics.median(others)
+        suspect = (
+            victims_wait >= self.th.straggler_min_wait_s
+            and waits[culprit] <= self.th.straggler_wait_ratio * victims_wait
+        )
+        for rank in waits:
+            is_it = suspect and rank == culprit
+            self._vote(
+                rank,
+                is_it,
+                lambda r=rank: (  # type: ignore[misc]
+                    f"rank {r} is the straggler: it waits {waits[r] * 1000:.0f} ms per step at "
+                    f"the all-reduce while the other ranks wait {victims_wait * 1000:.0f} ms for it"
+                ),
+                method="collective_wait",
+                wait_s=round(waits[rank], 4),
+                victims=[r for r in waits if r != rank],
+                victims_wait_s=round(victims_wait, 4),
+            )
+
+    def _vote_by_step_time(self, steps: dict[int, float]) -> None:
+        median = statistics.median_low(list(steps.values()))
+        for rank, step_s in steps.items():
+            is_it = median > 0 and step_s >= self.th.step_time_ratio * median
+            self._vote(
+                rank,
+                is_it,
+                lambda r=rank, s=step_s: (  # type: ignore[misc]
+                    f"rank {r} is the straggler: {s * 1000:.0f} ms per step vs a median of "
+                    f"{median * 1000:.0f} ms ({s / median:.1f}x)"
+                ),
+                method="step_time",
+                step_s=round(step_s, 4),
+                median_step_s=round(median, 4),
+            )
+
+    def _vote(self, rank: int, is_it: bool, message: Callable[[], str], **extra: Any) -> None:
+        st = self._rank(rank)
+        if is_it:
+            st.clear_votes = 0
+            st.straggle_votes += 1
+            if not st.straggler and st.straggle_votes >= self.th.straggler_sustain:
+                st.straggler = True
+                self._event("straggler", rank, message(), **extra)
+        else:
+            st.straggle_votes = 0
+            if st.straggler:
+                st.clear_votes += 1
+                if st.clear_votes >= self.th.straggler_sustain:
+                    st.straggler = False
+                    st.clear_votes = 0
+                    self._event(
+                        "recovered", rank, f"rank {rank} is no longer a straggler", of="straggler"
+                    )
+
+    def state(self) -> dict[int, str]:
+        with self._lock:
+            out = {}
+            for rank, st in self._ranks.items():
+                if st.stalled:
+                    out[rank] = "stalled"
+                elif st.straggler:
+                    out[rank] = "straggler"
+            return out

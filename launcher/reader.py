@@ -1,0 +1,329 @@
+"""The view side of a run: an incremental tail of its run directory.
+
+    r = RunReader(run_dir)
+    view = r.poll()          # RunView: run.json, per-rank RankView, events
+    r.read_log(rank, 100)    # last lines of a rank's log
+    r.new_log_lines(rank)    # lines appended since the previous call
+
+Each ``poll()`` reads only what was appended since the previous one (run.json is re-read when it
+changes), so polling at a few Hz costs next to nothing even for long runs. Readers never write
+to the run directory: the TUI, ``xl attach`` and the ``--no-tui`` view all use this.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HISTORY = 600
+# On first open of a huge metrics file, only its tail is read: the view needs recent values.
+MAX_INITIAL_BYTES = 64 << 20
+_MAX_EVENTS = 5000
+
+
+@dataclass
+class RankView:
+    rank: int
+    node: int | None = None
+    gpu: Any = None
+    pid: int | None = None
+    state: str = "running"  # running|straggler|stalled|exited|failed|stopped
+    step: float | None = None
+    total_steps: float | None = None
+    loss: float | None = None
+    lr: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    steps_per_s: float | None = None
+    gpu_util: float | None = None
+    gpu_mem_used_mib: float | None = None
+    gpu_mem_total_mib: float | None = None
+    rss_mib: float | None = None
+    cpu_pct: float | None = None
+    comm_wait_s: float | None = None
+    last_seen: float | None = None
+    exit_code: int | None = None
+    diagnosis: str | None = None  # the message of the stalled/straggler event in force
+    loss_history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    samples_history: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY)
+    )
+    gpu_util_history: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY)
+    )
+    _steps: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64), repr=False)
+    _flag: str | None = field(default=None, repr=False)
+
+    @property
+    def progress(self) -> float | None:
+        if self.step is None or not self.total_steps:
+            return None
+        return max(0.0, min(1.0, self.step / self.total_steps))
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds to total_steps at the recent step rate (None when unknown)."""
+        if self.step is None or not self.total_steps or len(self._steps) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._steps[0], self._steps[-1]
+        if t1 <= t0 or s1 <= s0:
+            return None
+        rate = (s1 - s0) / (t1 - t0)
+        return max(0.0, (self.total_steps - self.step) / rate)
+
+
+@dataclass
+class RunView:
+    run: dict[str, Any]
+    ranks: dict[int, RankView]
+    events: list[dict[str, Any]]
+    new_events: list[dict[str, Any]]
+    collector: dict[str, Any] | None = None
+
+    @property
+    def status(self) -> str:
+        return str(self.run.get("status") or "unknown")
+
+    @property
+    def run_id(self) -> str | None:
+        value = self.run.get("run_id") or self.run.get("id")
+        return str(value) if value else None
+
+
+class _Tail:
+    """Complete lines appended to a file since the last call (survives truncation)."""
+
+    def __init__(self, path: Path, initial_cap: int | None = None) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+        self._first = True
+        self._cap = initial_cap
+
+    def read(self) -> list[bytes]:
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return []
+        if size < self.offset:  # replaced or truncated: start over
+            self.offset, self.partial = 0, b""
+        if size == self.offset:
+            return []
+        skip_first = False
+        if self._first and self._cap is not None and size > self._cap:
+            self.offset = size - self._cap
+            skip_first = True
+        self._first = False
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(size - self.offset)
+        except OSError:
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        if skip_first and lines:
+            lines.pop(0)
+        return lines
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+class RunReader:
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self._metrics = _Tail(self.run_dir / "metrics.jsonl", MAX_INITIAL_BYTES)
+        self._events = _Tail(self.run_dir / "events.jsonl")
+        self._run: dict[str, Any] = {}
+        self._run_mtime: int | None = None
+        self._collector_mtime: int | None = None
+        self._collector: dict[str, Any] | None = None
+        self._ranks: dict[int, RankView] = {}
+        self._event_list: list[dict[str, Any]] = []
+        self._log_tails: dict[int, _Tail] = {}
+
+    def _rank(self, rank: int) -> RankView:
+        view = self._ranks.get(rank)
+        if view is None:
+            view = self._ranks[rank] = RankView(rank)
+        return view
+
+    @staticmethod
+    def _read_json(path: Path, last_mtime: int | None) -> tuple[dict[str, Any] | None, int | None]:
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return None, last_mtime
+        if mtime == last_mtime:
+            return None, last_mtime
+        try:
+            obj = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None, last_mtime  # mid-replace on some filesystems; next poll gets it
+        return (obj if isinstance(obj, dict) else None), mtime
+
+    def poll(self) -> RunView:
+        run, self._run_mtime = self._read_json(self.run_dir / "run.json", self._run_mtime)
+        if run is not None:
+            self._run = run
+        status, self._collector_mtime = self._read_json(
+            self.run_dir / "collector.json", self._collector_mtime
+        )
+        if status is not None:
+            self._collector = status
+        for line in self._metrics.read():
+            self._apply_metric(line)
+        new_events: list[dict[str, Any]] = []
+        for line in self._events.read():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                new_events.append(event)
+                self._apply_event(event)
+        self._event_list.extend(new_events)
+        if len(self._event_list) > _MAX_EVENTS:
+            del self._event_list[: len(self._event_list) - _MAX_EVENTS]
+        self._apply_run()
+        return RunView(
+            run=self._run,
+            ranks=dict(sorted(self._ranks.items())),
+            events=list(self._event_list),
+            new_events=new_events,
+            collector=self._collector,
+        )
+
+    def _apply_metric(self, line: bytes) -> None:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(rec, dict):
+            return
+        rank = rec.get("rank")
+        t = _num(rec.get("t"))
+        if not isinstance(rank, int) or t is None:
+            return
+        view = self._rank(rank)
+        view.last_seen = t if view.last_seen is None else max(view.last_seen, t)
+        if rec.get("kind") == "sys":
+            for key in ("gpu_util", "gpu_mem_used_mib", "gpu_mem_total_mib", "rss_mib", "cpu_pct"):
+                if key in rec:
+                    setattr(view, key, _num(rec[key]))
+            if "comm_wait_s" in rec:
+                view.comm_wait_s = _num(rec["comm_wait_s"])
+            if "gpu" in rec:
+                view.gpu = rec["gpu"]
+            if isinstance(rec.get("pid"), int) and view.pid is None:
+                view.pid = rec["pid"]
+            if view.gpu_util is not None and "gpu_util" in rec:
+                view.gpu_util_history.append((t, view.gpu_util))
+            return
+        step = _num(rec.get("step"))
+        if step is not None:
+            view.step = step
+            if not view._steps or step > view._steps[-1][1]:
+                view._steps.append((t, step))
+            elif step < view._steps[-1][1]:  # a new run phase restarted the count
+                view._steps.clear()
+                view._steps.append((t, step))
+        total = _num(rec.get("total_steps"))
+        if total is not None:
+            view.total_steps = total
+        if "loss" in rec:
+            loss = _num(rec["loss"])
+            nonfinite = rec.get("nonfinite")
+            if loss is None and isinstance(nonfinite, dict) and "loss" in nonfinite:
+                view.loss = float(nonfinite["loss"])  # nan / inf: shown as such
+            else:
+                view.loss = loss
+                if loss is not None:
+                    view.loss_history.append((t, loss))
+        for key in ("lr", "learning_rate"):
+            if key in rec:
+                view.lr = _num(rec[key])
+        if "samples_per_s" in rec:
+            view.samples_per_s = _num(rec["samples_per_s"])
+            if view.samples_per_s is not None:
+                view.samples_history.append((t, view.samples_per_s))
+        if "tokens_per_s" in rec:
+            view.tokens_per_s = _num(rec["tokens_per_s"])
+        if "steps_per_s" in rec:
+            view.steps_per_s = _num(rec["steps_per_s"])
+
+    def _apply_event(self, event: dict[str, Any]) -> None:
+        rank = event.get("rank")
+        if not isinstance(rank, int):
+            return
+        kind = event.get("kind")
+        view = self._rank(rank)
+        if kind in ("stalled", "straggler"):
+            # stalled outranks straggler: a hung rank is the bigger news
+            if kind == "stalled" or view._flag != "stalled":
+                view._flag = kind
+                view.diagnosis = str(event.get("message") or kind)
+        elif kind == "recovered" and event.get("of") == view._flag:
+            view._flag = None
+            view.diagnosis = None
+
+    def _apply_run(self) -> None:
+        stopped = self._run.get("status") == "stopped"
+        for info in self._run.get("ranks") or ():
+            if not isinstance(info, dict) or not isinstance(info.get("rank"), int):
+                continue
+            view = self._rank(info["rank"])
+            for key in ("node", "gpu", "pid"):
+                if info.get(key) is not None:
+                    setattr(view, key, info[key])
+            code = info.get("exit_code")
+            view.exit_code = code if isinstance(code, int) else None
+        for view in self._ranks.values():
+            if view.exit_code is not None:
+                if view.exit_code == 0:
+                    view.state = "exited"
+                else:
+                    view.state = "stopped" if stopped else "failed"
+            elif stopped:
+                view.state = "stopped"
+            else:
+                view.state = view._flag or "running"
+
+    # -- logs -------------------------------------------------------------------------------
+
+    def log_path(self, rank: int) -> Path:
+        return self.run_dir / "logs" / f"rank-{rank}.log"
+
+    def read_log(self, rank: int, max_lines: int = 200) -> list[str]:
+        """The last ``max_lines`` lines of a rank's log (reads at most the last 1 MiB)."""
+        path = self.log_path(rank)
+        try:
+            size = os.stat(path).st_size
+            with open(path, "rb") as fh:
+                start = max(0, size - (1 << 20))
+                fh.seek(start)
+                data = fh.read()
+        except OSError:
+            return []
+        lines = data.decode("utf-8", errors="replace").splitlines()
+        if start > 0 and lines:
+            lines = lines[1:]
+        return lines[-max_lines:] if max_lines > 0 else []
+
+    def new_log_lines(self, rank: int) -> list[str]:
+        """Lines appended to a rank's log since the previous call (the first call: all)."""
+        tail = self._log_tails.get(rank)
+        if tail is None:
+            tail = self._log_tails[rank] = _Tail(self.log_path(rank), 1 << 20)
+        return [line.decode("utf-8", errors="replace") for line in tail.read()]
