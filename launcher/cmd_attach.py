@@ -1,0 +1,32 @@
+"""``xl attach RUN``: watch an existing run; leaving the view (Ctrl-C) leaves the run going."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+from xl.cliutil import ArgumentParser
+
+from .runs import resolve_run, wait_for_end
+from .watch import watch
+
+
+def main(argv: Sequence[str]) -> int:
+    p = ArgumentParser(prog="xl attach", description="Show a run live; exits with its outcome.")
+    p.add_argument("run", metavar="RUN", help="run id, unique prefix, or 'last'")
+    ns = p.parse_args(list(argv))
+    run_dir = resolve_run(ns.run)
+    last = [time.monotonic()]
+
+    def on_tick() -> None:
+        # A supervisor killed outright cannot finish its run.json: notice and clean up.
+        if time.monotonic() - last[0] > 1.0:
+            last[0] = time.monotonic()
+            wait_for_end(run_dir, 0.0)
+
+    try:
+        return watch(run_dir, on_tick=on_tick)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\nxl: detached; {run_dir.name} goes on ('xl stop {run_dir.name}' stops it)\n")
+        return 130

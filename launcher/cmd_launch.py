@@ -1,0 +1,199 @@
+"""``xl launch [OPTIONS] [--] SCRIPT [ARGS...]`` (or ``-m MODULE``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from xl.cliutil import EXIT_USAGE, ArgumentParser, UsageError
+
+from .plan import MIXED_PRECISION, Plan, build_plan, parse_env_pairs
+from .spec import LaunchSpec
+
+# Options that take a value; everything after the script (or -m MODULE) belongs to the script.
+_VALUE_OPTS = {"--gpus", "--nproc", "--nnodes", "--node-rank", "--rdzv", "--mixed-precision", "--env", "--name"}
+_CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _parser(prog: str = "xl launch") -> ArgumentParser:
+    p = ArgumentParser(
+        prog=prog,
+        usage=f"{prog} [OPTIONS] [--] SCRIPT [ARGS...]  |  {prog} [OPTIONS] -m MODULE [ARGS...]",
+        description="Launch a distributed PyTorch run on torchrun, supervised by xl. "
+        "The run goes on when the terminal closes; 'xl attach RUN' reopens it.",
+    )
+    p.add_argument("--gpus", help="0,2 | GPU-<uuid>,... | all | auto:N (order = LOCAL_RANK order)")
+    p.add_argument("--nproc", type=int, help="processes on this node (default: one per GPU, 1 on CPU)")
+    p.add_argument("--nnodes", type=int, help="number of nodes (default 1)")
+    p.add_argument("--node-rank", type=int, help="this node's rank (multi-node)")
+    p.add_argument("--rdzv", metavar="HOST:PORT", help="node 0's address (multi-node)")
+    p.add_argument("--mixed-precision", choices=MIXED_PRECISION, help="sets ACCELERATE_MIXED_PRECISION")
+    p.add_argument("--env", action="append", default=[], metavar="K=V", help="extra variable (repeatable)")
+    p.add_argument("--name", help="a name for the run")
+    p.add_argument(
+        "--accelerate-config",
+        nargs="?",
+        const="",
+        metavar="PATH",
+        help="take settings from an Accelerate config (default $HF_HOME/accelerate/default_config.yaml)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the command and variables; start nothing")
+    p.add_argument("--json", action="store_true", help="with --dry-run: {\"argv\": [...], \"env\": {...}}")
+    p.add_argument("--detach", action="store_true", help="start the run and return at once")
+    p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
+    return p
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], str | None, str | None, list[str]]:
+    """(xl options, script, module, script args): xl's options stop at the script or -m MODULE."""
+    opts: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            rest = list(argv[i + 1 :])
+            if not rest:
+                raise UsageError("nothing to run after '--'; give a training script")
+            return opts, rest[0], None, rest[1:]
+        if tok in ("-m", "--module"):
+            if i + 1 >= len(argv):
+                raise UsageError("-m needs a module name (e.g. -m pkg.train)")
+            return opts, None, argv[i + 1], list(argv[i + 2 :])
+        if tok.startswith("-") and tok != "-":
+            opts.append(tok)
+            name = tok.split("=", 1)[0]
+            if "=" not in tok and i + 1 < len(argv):
+                nxt = argv[i + 1]
+                if name in _VALUE_OPTS or (name == "--accelerate-config" and nxt.endswith(_CONFIG_SUFFIXES)):
+                    opts.append(nxt)
+                    i += 1
+            i += 1
+            continue
+        return opts, tok, None, list(argv[i + 1 :])
+    return opts, None, None, []
+
+
+def spec_from_args(ns: argparse.Namespace, script: str | None, module: str | None, args: list[str]) -> LaunchSpec:
+    spec = LaunchSpec(script=script, module=module, args=args, cwd=os.getcwd())
+    if ns.accelerate_config is not None:
+        from .accelconf import default_path, read_settings
+
+        path = Path(ns.accelerate_config).expanduser() if ns.accelerate_config else default_path()
+        acc = read_settings(path)
+        # The config fills in; flags given beside it win.
+        spec.gpus, spec.nproc, spec.mixed_precision = acc.gpus, acc.nproc, acc.mixed_precision
+        spec.nnodes = acc.nnodes or 1
+        spec.node_rank = acc.node_rank or 0
+        spec.rdzv = acc.rdzv
+    if ns.gpus is not None:
+        spec.gpus = ns.gpus
+    if ns.nproc is not None:
+        spec.nproc = ns.nproc
+    if ns.nnodes is not None:
+        spec.nnodes = ns.nnodes
+    if ns.node_rank is not None:
+        spec.node_rank = ns.node_rank
+    if ns.rdzv is not None:
+        spec.rdzv = ns.rdzv
+    if ns.mixed_precision is not None:
+        spec.mixed_precision = ns.mixed_precision
+    if spec.mixed_precision == "False":  # YAML 1.1 reads an unquoted `no` as false
+        spec.mixed_precision = "no"
+    spec.env = parse_env_pairs(ns.env)
+    spec.name = ns.name
+    return spec
+
+
+def inventory() -> Any:
+    from xl.nvml import inventory as _inventory
+
+    return _inventory(processes=False)
+
+
+def print_dry_run(plan: Plan, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(plan.to_json(), indent=2))
+        return
+    print("# xl launch --dry-run: nothing was started. xl would run, in " + plan.cwd + ":")
+    for key, value in plan.env.items():
+        print(f"{key}={shlex.quote(value)} \\")
+    print(shlex.join(plan.argv))
+    if plan.devices:
+        for k, g in enumerate(plan.devices[: plan.nproc]):
+            print(f"# LOCAL_RANK {k} -> GPU {g.index} {g.name} ({g.uuid})")
+    else:
+        print(f"# {plan.nproc} CPU rank(s) (gloo): no GPU chosen")
+    print("# each rank also gets XL_RUN_ID, XL_RUN_DIR, XL_COLLECTOR and XL_TOKEN from the supervisor")
+
+
+def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None) -> int:
+    """Watch a run this process started; Ctrl-C stops it (a second Ctrl-C leaves it stopping)."""
+    from .runs import stop_run, wait_for_end
+    from .watch import watch
+
+    stopping = False
+
+    def on_sigint(_signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        if stopping:
+            raise KeyboardInterrupt
+        stopping = True
+        sys.stderr.write(f"\nxl: stopping {run_dir.name} (Ctrl-C again leaves it stopping in the background)\n")
+        stop_run(run_dir)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    checked = [time.monotonic()]
+
+    def on_tick() -> None:
+        # Reap the supervisor; if it vanished without finishing the run, clean up after it.
+        if proc is not None and proc.poll() is not None and time.monotonic() - checked[0] > 1.0:
+            checked[0] = time.monotonic()
+            wait_for_end(run_dir, 0.5)
+
+    try:
+        return watch(run_dir, plain=plain, on_tick=on_tick)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"xl: left {run_dir.name} stopping; 'xl runs' shows its status\n")
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def launch(spec: LaunchSpec, *, detach: bool, plain: bool | None, plan: Plan | None = None) -> int:
+    from .runs import start_run
+
+    handle = start_run(spec, plan)
+    if detach:
+        print(handle.run_id)
+        sys.stderr.write(
+            f"xl: started {handle.run_id} in the background; 'xl attach {handle.run_id}' to watch, "
+            f"'xl stop {handle.run_id}' to stop\n"
+        )
+        return 0
+    return run_foreground(handle.run_dir, handle.proc, plain=plain)
+
+
+def main(argv: Sequence[str]) -> int:
+    opts, script, module, args = split_argv(argv)
+    ns = _parser().parse_args(opts)
+    if script is None and module is None:
+        sys.stderr.write("xl launch: give a training script (xl launch train.py) or -m MODULE (see 'xl launch --help')\n")
+        return EXIT_USAGE
+    if ns.json and not ns.dry_run:
+        raise UsageError("--json only goes with --dry-run")
+    spec = spec_from_args(ns, script, module, args)
+    plan = build_plan(spec, inventory())
+    if ns.dry_run:
+        print_dry_run(plan, ns.json)
+        return 0
+    # --no-tui and a terminal: the Rich live table; not a terminal: plain lines. (The Textual
+    # monitor takes over terminals without --no-tui once it is wired in.)
+    return launch(spec, detach=ns.detach, plain=None, plan=plan)

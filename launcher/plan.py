@@ -1,0 +1,199 @@
+"""LaunchSpec + GPU inventory -> the exact torchrun command and the variables xl sets (pure).
+
+Nothing here starts a process or touches NVML: the caller passes the inventory, so `--dry-run`,
+the supervisor and the tests all see the same plan.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from xl.cliutil import UsageError
+
+from .spec import LaunchSpec
+
+if TYPE_CHECKING:
+    from xl.nvml import GPU, Inventory
+
+ENTRY_MODULE = "xl.launcher.entry"
+MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass
+class Plan:
+    argv: list[str]
+    env: dict[str, str]
+    devices: list[GPU] = field(default_factory=list)
+    nproc: int = 1
+    cwd: str = "."
+
+    def to_json(self) -> dict[str, Any]:
+        """What `--dry-run --json` prints: the command and only the variables xl sets."""
+        return {"argv": list(self.argv), "env": dict(self.env)}
+
+
+def _usable(gpus: Sequence[GPU]) -> list[GPU]:
+    return [g for g in gpus if not g.lost]
+
+
+def _describe(gpus: Sequence[GPU]) -> str:
+    if not gpus:
+        return "this machine has no GPU"
+    return "this machine has GPUs " + ", ".join(str(g.index) for g in gpus)
+
+
+def _default_devices(gpus: Sequence[GPU], env: Mapping[str, str]) -> list[GPU]:
+    """No --gpus: the GPUs the current CUDA_VISIBLE_DEVICES shows (all when it is unset)."""
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        return _usable(gpus)
+    from xl.devices import resolve_visible_devices
+
+    vis = resolve_visible_devices(list(gpus), env)
+    if vis.problems:
+        raise UsageError(
+            f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r} in your environment: "
+            f"{vis.problems[0]}; fix or unset it, or pass --gpus"
+        )
+    return [g for g in vis.devices if not g.lost]
+
+
+def select_devices(
+    spec_gpus: str | None, gpus: Sequence[GPU], env: Mapping[str, str] | None = None
+) -> list[GPU]:
+    """The chosen GPUs in the order ranks get them (LOCAL_RANK k -> k-th GPU)."""
+    env = os.environ if env is None else env
+    if spec_gpus is None:
+        return _default_devices(gpus, env)
+    text = spec_gpus.strip()
+    if not text:
+        raise UsageError("--gpus is empty; give indices like 0,1, UUIDs, 'all' or 'auto:N'")
+    if text == "all":
+        every = _usable(gpus)
+        if not every:
+            raise UsageError("--gpus all: no GPU found here (drop --gpus to run on CPU)")
+        return every
+    if text.startswith("auto:"):
+        count = text[5:]
+        if not count.isdigit() or int(count) < 1:
+            raise UsageError(f"--gpus {text}: N in auto:N must be a whole number >= 1")
+        n = int(count)
+        usable = _usable(gpus)
+        if n > len(usable):
+            raise UsageError(f"--gpus {text}: only {len(usable)} usable GPU(s) here ({_describe(usable)})")
+        # Most free memory first, then least busy; unknown figures rank last.
+        ranked = sorted(
+            usable,
+            key=lambda g: (
+                -(g.memory_free_mib if g.memory_free_mib is not None else -1.0),
+                g.util_gpu if g.util_gpu is not None else 101,
+                g.index,
+            ),
+        )
+        # The picked set is handed out in nvidia-smi order, so rank k's GPU is predictable.
+        return sorted(ranked[:n], key=lambda g: g.index)
+    from xl.devices import find_gpu
+
+    chosen: list[GPU] = []
+    for token in (t.strip() for t in text.split(",")):
+        if not token:
+            raise UsageError(f"--gpus {text!r} has an empty entry; write e.g. 0,1")
+        gpu = find_gpu(list(gpus), token)
+        if gpu is None:
+            raise UsageError(f"unknown GPU {token!r} in --gpus ({_describe(gpus)}; 'xl gpus' lists them)")
+        if gpu.lost:
+            raise UsageError(f"GPU {gpu.index} in --gpus is lost (fell off the bus); choose another")
+        if any(g.index == gpu.index for g in chosen):
+            raise UsageError(f"GPU {gpu.index} appears twice in --gpus {text!r}; list each GPU once")
+        chosen.append(gpu)
+    return chosen
+
+
+def parse_env_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not _ENV_NAME.match(key):
+            raise UsageError(f"--env {pair!r} is not NAME=VALUE (e.g. --env NCCL_DEBUG=INFO)")
+        out[key] = value
+    return out
+
+
+def _check_target(spec: LaunchSpec, cwd: str) -> None:
+    if (spec.script is None) == (spec.module is None):
+        raise UsageError("give a training script (xl launch train.py) or a module (-m pkg.mod)")
+    if spec.script is not None:
+        path = spec.script if os.path.isabs(spec.script) else os.path.join(cwd, spec.script)
+        if not os.path.isfile(path):
+            raise UsageError(f"no such script: {spec.script} (check the path, or use -m MODULE)")
+        if not os.access(path, os.R_OK):
+            raise UsageError(f"cannot read script {spec.script} (check its permissions)")
+    else:
+        top = str(spec.module).split(".")[0]
+        # Only the top-level name: find_spec on a dotted name would import its parents (torch...).
+        found = top and (os.path.isdir(os.path.join(cwd, top)) or os.path.isfile(os.path.join(cwd, top + ".py")))
+        if not found and importlib.util.find_spec(top) is None:
+            raise UsageError(f"no module named {top!r} (check -m {spec.module} and your environment)")
+
+
+def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, str] | None = None) -> Plan:
+    """The torchrun command for ``spec`` on this machine; UsageError on bad input."""
+    env = os.environ if env is None else env
+    cwd = spec.cwd or os.getcwd()
+    _check_target(spec, cwd)
+    gpus = list(inventory.gpus) if inventory is not None else []
+    devices = select_devices(spec.gpus, gpus, env)
+    if spec.nproc is not None and spec.nproc < 1:
+        raise UsageError(f"--nproc must be at least 1 (got {spec.nproc})")
+    nproc = spec.nproc if spec.nproc is not None else max(1, len(devices))
+    if devices and nproc > len(devices):
+        chosen = ",".join(str(g.index) for g in devices)
+        raise UsageError(
+            f"--nproc {nproc} is more than the {len(devices)} GPU(s) chosen ({chosen}); "
+            "choose more GPUs with --gpus or fewer processes"
+        )
+    if spec.nnodes < 1:
+        raise UsageError(f"--nnodes must be at least 1 (got {spec.nnodes})")
+    if not 0 <= spec.node_rank < spec.nnodes:
+        raise UsageError(f"--node-rank {spec.node_rank} must be in 0..{spec.nnodes - 1}")
+    if spec.mixed_precision is not None and spec.mixed_precision not in MIXED_PRECISION:
+        raise UsageError(f"--mixed-precision {spec.mixed_precision!r}: use one of {', '.join(MIXED_PRECISION)}")
+
+    python = spec.python or sys.executable
+    argv = [python, "-m", "torch.distributed.run", "--nnodes", str(spec.nnodes), "--nproc-per-node", str(nproc)]
+    if spec.nnodes == 1 and spec.rdzv is None:
+        # torchrun's --standalone: a c10d store on a port the OS picks, so nothing can be busy.
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", "xl"]
+    else:
+        if not spec.rdzv:
+            raise UsageError("--nnodes > 1 needs --rdzv HOST:PORT (the address of node 0)")
+        host, sep, port = spec.rdzv.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"--rdzv {spec.rdzv!r} is not HOST:PORT (e.g. --rdzv 10.0.0.1:29500)")
+        # Static rendezvous: node ranks are the ones people gave, as accelerate does.
+        argv += ["--node-rank", str(spec.node_rank), "--master-addr", host, "--master-port", port]
+    argv += ["--max-restarts", "0", "-m", ENTRY_MODULE]
+    if spec.script is not None:
+        argv.append(spec.script)
+    else:
+        argv += ["-m", str(spec.module)]
+    argv += list(spec.args)
+
+    plan_env: dict[str, str] = {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        # Empty hides every GPU: a CPU run stays a CPU run whatever the shell had set.
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g.index) for g in devices),
+    }
+    if spec.mixed_precision is not None:
+        plan_env["ACCELERATE_MIXED_PRECISION"] = spec.mixed_precision
+    for key, value in spec.env.items():
+        if not _ENV_NAME.match(key):
+            raise UsageError(f"--env {key}={value}: {key!r} is not a valid variable name")
+        plan_env[key] = value
+    return Plan(argv=argv, env=plan_env, devices=devices, nproc=nproc, cwd=cwd)

@@ -1,0 +1,683 @@
+"""The process that owns a run: ``python -m xl.launcher.supervisor RUN_DIR``.
+
+Started by ``start_run`` in its own session with stdin from /dev/null, so neither Ctrl-C in the
+launching terminal nor the terminal closing reaches it. It runs torchrun as its child and:
+
+- receives every rank's stdout/stderr on a Unix socket (the rank's entry point connects to it) and
+  writes it to ``logs/rank-<r>.log`` line by line, passing each line to telemetry;
+- learns rank PIDs, exit codes and tracebacks from ``ranks/rank-<r>.json`` (written by the entry
+  point) and keeps ``run.json`` and ``events.jsonl`` current;
+- on the first failing rank records the root cause and stops the others; on SIGTERM/SIGINT
+  (``xl stop``, Ctrl-C in ``xl launch``) stops every rank: SIGTERM, then SIGKILL after the grace
+  period (``XL_STOP_GRACE`` seconds, default 10);
+- is a child subreaper, so ranks orphaned by a killed torchrun become its children: it still
+  ends them and collects their exit codes.
+
+run.json (replaced atomically on every change)::
+
+    run_id, name, status (running|succeeded|failed|stopped), spec, argv, env (what xl set), cwd,
+    devices [{index, uuid, name}], nnodes, node_rank, nproc_per_node, world_size, host,
+    started_at, ended_at (unix s), supervisor_pid, torchrun_pid, torchrun_exit_code, grace_s,
+    stop_requested_at, ranks [{rank, local_rank, node, pid, gpu, gpu_uuid, state, exit_code,
+    started_at, ended_at}], failure {rank, exit_code, traceback, error, message} | null
+
+Rank ``state``: starting|running|exited|failed|stopped. ``exit_code`` < 0 means killed by that signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import re
+import secrets
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xl.fsutil import write_json_atomic
+
+from . import procs
+
+DEFAULT_GRACE_S = 10.0
+_PR_SET_CHILD_SUBREAPER = 36
+_TICK_S = 0.1
+
+
+def grace_from_env() -> float:
+    try:
+        return max(0.0, float(os.environ.get("XL_STOP_GRACE", DEFAULT_GRACE_S)))
+    except ValueError:
+        return DEFAULT_GRACE_S
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def describe_exit(rank: int, code: int | None) -> str:
+    if code is None:
+        return f"rank {rank} ended (exit code unknown)"
+    if code < 0:
+        return f"rank {rank} was terminated ({_signal_name(code)})"
+    return f"rank {rank} exited with code {code}"
+
+
+@dataclass
+class RankState:
+    rank: int
+    local_rank: int
+    node: str
+    gpu: int | None
+    gpu_uuid: str | None
+    pid: int | None = None
+    state: str = "starting"
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    traceback: str | None = None
+    error: str | None = None
+    record_mtime: float = 0.0
+    signalled: int | None = None  # the last signal xl sent it
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "node": self.node,
+            "pid": self.pid,
+            "gpu": self.gpu,
+            "gpu_uuid": self.gpu_uuid,
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+        }
+
+    @property
+    def done(self) -> bool:
+        return self.state in ("exited", "failed", "stopped")
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    rank: int | None = None
+    head: bytes = b""
+    partial: bytes = b""
+
+
+@dataclass
+class _Stop:
+    reason: str  # "requested" | "failure" | "torchrun_died"
+    since: float
+    killed: bool = False
+    extra: list[int] = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.run: dict[str, Any] = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        self.run_id: str = self.run["run_id"]
+        self.grace = float(self.run.get("grace_s") or grace_from_env())
+        self.ranks: dict[int, RankState] = {}
+        self.by_pid: dict[int, int] = {}
+        self.conns: dict[int, _Conn] = {}
+        self.log_fds: dict[int, int] = {}
+        self.events_lock = threading.Lock()
+        self.sel = selectors.DefaultSelector()
+        self.torchrun: subprocess.Popen[bytes] | None = None
+        self.torchrun_code: int | None = None
+        self.stop: _Stop | None = None
+        self.stop_signal: str | None = None
+        self.failure: dict[str, Any] | None = None
+        self.telemetry: Any = None
+        self.token = secrets.token_hex(16)
+        self.reparented: dict[int, int] = {}
+        self._init_ranks()
+
+    # ---------------------------------------------------------------- records
+    def _init_ranks(self) -> None:
+        nproc = int(self.run["nproc_per_node"])
+        node_rank = int(self.run.get("node_rank") or 0)
+        devices = self.run.get("devices") or []
+        host = str(self.run.get("host") or socket.gethostname())
+        for local in range(nproc):
+            rank = node_rank * nproc + local
+            dev = devices[local] if local < len(devices) else None
+            self.ranks[rank] = RankState(
+                rank=rank,
+                local_rank=local,
+                node=host,
+                gpu=dev["index"] if dev else None,
+                gpu_uuid=dev["uuid"] if dev else None,
+            )
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """Append one event line; called from telemetry threads too."""
+        event.setdefault("t", time.time())
+        event.setdefault("rank", None)
+        line = json.dumps(event, default=str) + "\n"
+        with self.events_lock, open(self.run_dir / "events.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(line)
+
+    def save(self) -> None:
+        self.run["ranks"] = [r.to_json() for r in sorted(self.ranks.values(), key=lambda r: r.rank)]
+        self.run["failure"] = self.failure
+        write_json_atomic(self.run_dir / "run.json", self.run)
+
+    def _rank_dicts(self) -> list[dict[str, Any]]:
+        return [r.to_json() for r in sorted(self.ranks.values(), key=lambda r: r.rank)]
+
+    def _telemetry(self, method: str, *args: Any) -> Any:
+        if self.telemetry is None:
+            return None
+        try:
+            return getattr(self.telemetry, method)(*args)
+        except Exception as exc:  # telemetry must never take the run down with it
+            print(f"xl supervisor: telemetry.{method} failed: {exc!r}", file=sys.stderr, flush=True)
+            return None
+
+    # ---------------------------------------------------------------- startup
+    def _listen(self) -> str:
+        path = str(self.run_dir / "sup.sock")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if len(path.encode()) < 100:
+            address, bind_to = path, path
+        else:
+            # Deep run dirs exceed the 108-byte socket path limit: use Linux's abstract namespace.
+            address = f"@xl-{self.run_id}-{secrets.token_hex(4)}"
+            bind_to = "\0" + address[1:]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        sock.bind(bind_to)
+        sock.listen(256)
+        sock.setblocking(False)
+        self.sel.register(sock, selectors.EVENT_READ, "listen")
+        self.listener = sock
+        return address
+
+    def _start_telemetry(self) -> dict[str, str]:
+        try:
+            from .telemetry import Telemetry
+        except ImportError:  # until launcher/telemetry.py lands
+            return {"XL_TOKEN": self.token}
+        try:
+            self.telemetry = Telemetry(self.run_dir, token=self.token, emit_event=self.emit)
+            env = dict(self.telemetry.start())
+        except Exception as exc:
+            print(f"xl supervisor: telemetry did not start: {exc!r}", file=sys.stderr, flush=True)
+            self.telemetry = None
+            return {"XL_TOKEN": self.token}
+        env.setdefault("XL_TOKEN", self.token)
+        return env
+
+    def _install_signals(self) -> None:
+        rfd, wfd = os.pipe()
+        os.set_blocking(rfd, False)
+        os.set_blocking(wfd, False)
+        signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        self.sel.register(rfd, selectors.EVENT_READ, "wake")
+        self.wake_fd = rfd
+
+        def on_stop(signum: int, _frame: Any) -> None:
+            self.stop_signal = signal.Signals(signum).name
+
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the loop
+
+    def _subreaper(self) -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # not Linux: orphans go to init; they are still found by XL_RUN_ID
+
+    def start(self) -> None:
+        self._subreaper()
+        self._install_signals()
+        address = self._listen()
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        (self.run_dir / "ranks").mkdir(exist_ok=True)
+        env = dict(os.environ)
+        env.update(self.run.get("env") or {})
+        env.update(self._start_telemetry())
+        env.update({"XL_RUN_ID": self.run_id, "XL_RUN_DIR": str(self.run_dir), "XL_LOGSOCK": address})
+        with open(self.run_dir / "logs" / "torchrun.log", "ab") as log:
+            self.torchrun = subprocess.Popen(
+                self.run["argv"],
+                cwd=self.run.get("cwd") or None,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+            )
+        self.run.update(
+            status="running",
+            supervisor_pid=os.getpid(),
+            supervisor_started_at=procs.create_time(os.getpid()),
+            torchrun_pid=self.torchrun.pid,
+            started_at=self.run.get("started_at") or time.time(),
+            grace_s=self.grace,
+        )
+        self.save()
+        devices = self.run.get("devices") or []
+        where = "GPUs " + ",".join(str(d["index"]) for d in devices) if devices else "CPU"
+        self.emit({"kind": "run_started", "message": f"started {len(self.ranks)} ranks on {where}"})
+        self._telemetry("set_ranks", self._rank_dicts())
+
+    # ---------------------------------------------------------------- the loop
+    def run_loop(self) -> None:
+        while True:
+            timeout = _TICK_S
+            for key, _ in self.sel.select(timeout):
+                if key.data == "listen":
+                    self._accept()
+                elif key.data == "wake":
+                    with contextlib.suppress(OSError):
+                        os.read(self.wake_fd, 512)
+                else:
+                    self._read(key.fileobj)  # type: ignore[arg-type]
+            self._reap()
+            changed = self._scan_records()
+            changed |= self._check_alive()
+            if self.stop_signal and self.stop is None:
+                self.emit({"kind": "stop_requested", "message": f"stop requested ({self.stop_signal})"})
+                self.run["stop_requested_at"] = time.time()
+                self._begin_stop("requested")
+                changed = True
+            if self.torchrun_code is not None and self.stop is None and not self._all_done():
+                # torchrun is gone but ranks are not: it was killed. End them.
+                self._torchrun_died()
+                changed = True
+            self._advance_stop()
+            if changed:
+                self.save()
+            if self.torchrun_code is not None and self._all_done():
+                self._drain()
+                if not self._leftovers():
+                    return
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            sock.setblocking(False)
+            conn = _Conn(sock)
+            self.conns[sock.fileno()] = conn
+            self.sel.register(sock, selectors.EVENT_READ, "conn")
+
+    def _read(self, sock: socket.socket) -> None:
+        conn = self.conns.get(sock.fileno())
+        if conn is None:
+            return
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        if conn.rank is None:
+            conn.head += data
+            if b"\n" not in conn.head:
+                if len(conn.head) > 4096:
+                    self._close(conn)
+                return
+            line, _, data = conn.head.partition(b"\n")
+            try:
+                hello = json.loads(line)
+                if hello.get("token") != self.token:
+                    raise ValueError("bad token")
+                conn.rank = int(hello["rank"])
+            except (ValueError, KeyError, TypeError):
+                self._close(conn)
+                return
+            self._learn_pid(conn.rank, int(hello.get("pid") or 0))
+            if not data:
+                return
+        self._write_log(conn, data)
+
+    def _write_log(self, conn: _Conn, data: bytes) -> None:
+        rank = int(conn.rank)  # type: ignore[arg-type]
+        fd = self.log_fds.get(rank)
+        if fd is None:
+            fd = os.open(self.run_dir / "logs" / f"rank-{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self.log_fds[rank] = fd
+        os.write(fd, data)
+        if self.telemetry is None:
+            return
+        # tqdm redraws with \r: each redraw is a line for the parser.
+        chunk = (conn.partial + data).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *lines, conn.partial = chunk.split(b"\n")
+        if len(conn.partial) > 65536:
+            lines.append(conn.partial)
+            conn.partial = b""
+        for line in lines:
+            self._telemetry("feed_log_line", rank, line.decode("utf-8", "replace"))
+
+    def _close(self, conn: _Conn) -> None:
+        if conn.partial and conn.rank is not None:
+            self._telemetry("feed_log_line", conn.rank, conn.partial.decode("utf-8", "replace"))
+        conn.partial = b""
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(conn.sock)
+        self.conns.pop(conn.sock.fileno(), None)
+        conn.sock.close()
+
+    def _drain(self) -> None:
+        # Output still queued in sockets of ranks that have exited.
+        for conn in list(self.conns.values()):
+            while True:
+                try:
+                    data = conn.sock.recv(65536)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    data = b""
+                if not data:
+                    self._close(conn)
+                    break
+                if conn.rank is not None:
+                    self._write_log(conn, data)
+                else:
+                    break
+
+    def _learn_pid(self, rank: int, pid: int) -> bool:
+        st = self.ranks.get(rank)
+        if st is None or pid <= 0 or st.pid == pid:
+            return False
+        st.pid = pid
+        self.by_pid[pid] = rank
+        if st.state == "starting":
+            st.state = "running"
+            st.started_at = st.started_at or time.time()
+            gpu = f", GPU {st.gpu}" if st.gpu is not None else ""
+            self.emit({"kind": "rank_started", "rank": rank, "pid": pid, "message": f"rank {rank} started (pid {pid}{gpu})"})
+            self._telemetry("set_ranks", self._rank_dicts())
+            self.save()
+            if self.stop is not None:
+                # Started while everything is being stopped: it gets the same treatment.
+                self._signal(st, signal.SIGKILL if self.stop.killed else signal.SIGTERM)
+        return True
+
+    def _scan_records(self) -> bool:
+        changed = False
+        folder = self.run_dir / "ranks"
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return False
+        for name in names:
+            if not (name.startswith("rank-") and name.endswith(".json")):
+                continue
+            path = folder / name
+            try:
+                mtime = path.stat().st_mtime
+                rank = int(name[5:-5])
+            except (OSError, ValueError):
+                continue
+            st = self.ranks.get(rank)
+            if st is None or mtime == st.record_mtime:
+                continue
+            try:
+                rec = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            st.record_mtime = mtime
+            if rec.get("pid"):
+                changed |= self._learn_pid(rank, int(rec["pid"]))
+            st.started_at = rec.get("started_at") or st.started_at
+            if "exit_code" in rec and not st.done:
+                st.traceback = rec.get("traceback")
+                st.error = rec.get("error")
+                self._rank_ended(st, int(rec["exit_code"]), rec.get("ended_at"))
+                changed = True
+        return changed
+
+    def _rank_ended(self, st: RankState, code: int | None, when: float | None = None) -> None:
+        st.exit_code = code
+        st.ended_at = when or time.time()
+        if code == 0:
+            st.state = "exited"
+        elif st.signalled is not None or (self.stop is not None and code is not None and code < 0):
+            st.state = "stopped"
+        else:
+            st.state = "failed"
+        self.emit({"kind": "rank_exited", "rank": st.rank, "exit_code": code, "message": describe_exit(st.rank, code)})
+        self._telemetry("set_ranks", self._rank_dicts())
+        if st.state == "failed" and self.failure is None and self.stop is None:
+            self._record_failure(st)
+
+    def _record_failure(self, st: RankState) -> None:
+        what = st.error or (describe_exit(st.rank, st.exit_code) if st.exit_code is not None else "died")
+        message = f"rank {st.rank} failed first: {what}"
+        self.failure = {
+            "rank": st.rank,
+            "exit_code": st.exit_code,
+            "traceback": st.traceback,
+            "error": st.error,
+            "message": message,
+        }
+        self.emit({"kind": "failure", "rank": st.rank, "exit_code": st.exit_code, "message": message})
+        self._begin_stop("failure")
+
+    def _check_alive(self) -> bool:
+        changed = False
+        for st in self.ranks.values():
+            if st.pid is None or st.done:
+                continue
+            if st.pid in self.reparented:
+                self._rank_ended(st, self.reparented.pop(st.pid))
+                changed = True
+                continue
+            if procs.alive(st.pid):
+                continue
+            # Gone without an exit record: killed by a signal (or os._exit).
+            self._scan_records()
+            if st.done:
+                changed = True
+                continue
+            code = -st.signalled if st.signalled is not None else None
+            self._rank_ended(st, code)
+            changed = True
+        return changed
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                return
+            if pid == 0:
+                return
+            code = os.waitstatus_to_exitcode(status)
+            if self.torchrun is not None and pid == self.torchrun.pid:
+                self.torchrun_code = code
+                self.torchrun.returncode = code
+                self.run["torchrun_exit_code"] = code
+            elif pid in self.by_pid:
+                self.reparented[pid] = code
+
+    # ---------------------------------------------------------------- stopping
+    def _signal(self, st: RankState, sig: int) -> None:
+        if st.pid is None or st.done:
+            return
+        st.signalled = int(sig)
+        procs.signal_rank(st.pid, sig)
+
+    def _begin_stop(self, reason: str) -> None:
+        if self.stop is not None:
+            return
+        self.stop = _Stop(reason=reason, since=time.monotonic())
+        if reason == "requested" and self.torchrun is not None and self.torchrun_code is None:
+            procs.signal_pid(self.torchrun.pid, signal.SIGTERM)
+        for st in self.ranks.values():
+            if not st.done:
+                self._signal(st, signal.SIGTERM)
+        # Ranks that never reported (e.g. still importing) are found by their environment.
+        self.stop.extra = procs.find_run_pids(self.run_id, exclude=self._known_pids())
+        for pid in self.stop.extra:
+            procs.signal_rank(pid, signal.SIGTERM)
+
+    def _known_pids(self) -> set[int]:
+        pids = {st.pid for st in self.ranks.values() if st.pid}
+        if self.torchrun is not None:
+            pids.add(self.torchrun.pid)
+        return {p for p in pids if p is not None}
+
+    def _advance_stop(self) -> None:
+        if self.stop is None or self.stop.killed:
+            return
+        if time.monotonic() - self.stop.since < self.grace:
+            return
+        self.stop.killed = True
+        for st in self.ranks.values():
+            if not st.done and st.pid is not None and procs.alive(st.pid):
+                self._signal(st, signal.SIGKILL)
+        procs.kill_all(self.stop.extra + procs.find_run_pids(self.run_id, exclude=self._known_pids()))
+        if self.torchrun is not None and self.torchrun_code is None:
+            procs.signal_pid(self.torchrun.pid, signal.SIGKILL)
+
+    def _torchrun_died(self) -> None:
+        code = self.torchrun_code
+        desc = _signal_name(code) if code is not None and code < 0 else f"code {code}"
+        message = f"torchrun ended ({desc}) while ranks were running"
+        self.failure = {"rank": None, "exit_code": code, "traceback": None, "error": None, "message": message}
+        self.emit({"kind": "failure", "rank": None, "exit_code": code, "message": message})
+        self._begin_stop("torchrun_died")
+
+    def _all_done(self) -> bool:
+        for st in self.ranks.values():
+            if st.done:
+                continue
+            if st.pid is None:
+                # Never started (torchrun failed before spawning it): nothing to wait for.
+                if self.torchrun_code is not None:
+                    st.state = "failed" if self.stop is None else "stopped"
+                    continue
+                return False
+            if procs.alive(st.pid):
+                return False
+        return True
+
+    def _leftovers(self) -> bool:
+        """Kill any process still carrying this run's id; True while some remain."""
+        pids = procs.find_run_pids(self.run_id)
+        if not pids:
+            return False
+        if self.stop is None:
+            self._begin_stop("requested" if self.stop_signal else "torchrun_died")
+            return True
+        if self.stop.killed:
+            procs.kill_all(pids)
+        return True
+
+    # ---------------------------------------------------------------- the end
+    def _fill_from_torchrun_log(self) -> None:
+        """Exit codes of ranks killed by a signal, from torchrun's own failure summary."""
+        if all(st.exit_code is not None for st in self.ranks.values()):
+            return
+        try:
+            text = (self.run_dir / "logs" / "torchrun.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return
+        found = {
+            int(m.group(1)): int(m.group(2))
+            for m in re.finditer(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", text)
+        }
+        root = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", text, re.S)
+        for rank, code in found.items():
+            st = self.ranks.get(rank)
+            if st is not None and st.exit_code is None:
+                st.exit_code = code
+        if self.failure is not None and self.failure.get("exit_code") is None and self.failure.get("rank") is not None:
+            rank = int(root.group(1)) if root else int(self.failure["rank"])
+            st = self.ranks.get(rank)
+            if st is not None:
+                self.failure.update(rank=rank, exit_code=st.exit_code, message=f"rank {rank} failed first: {describe_exit(rank, st.exit_code)}")
+
+    def finish(self) -> str:
+        self._fill_from_torchrun_log()
+        if self.stop is not None and self.stop.reason == "requested":
+            status = "stopped"
+        elif self.failure is not None:
+            status = "failed"
+        elif self.torchrun_code == 0 and all(st.exit_code in (0, None) for st in self.ranks.values()):
+            status = "succeeded"
+        else:
+            status = "failed"
+            bad = [st for st in self.ranks.values() if st.exit_code not in (0, None)]
+            first = min(bad, key=lambda s: s.ended_at or 0.0) if bad else None
+            self.failure = {
+                "rank": first.rank if first else None,
+                "exit_code": first.exit_code if first else self.torchrun_code,
+                "traceback": first.traceback if first else None,
+                "error": first.error if first else None,
+                "message": f"torchrun exited with code {self.torchrun_code} (see logs/torchrun.log)",
+            }
+        for st in self.ranks.values():
+            if not st.done:
+                st.state = "stopped" if status == "stopped" else "failed"
+        self._telemetry("stop")
+        for fd in self.log_fds.values():
+            os.close(fd)
+        self.run.update(status=status, ended_at=time.time())
+        self.save()
+        self.emit({"kind": "run_ended", "status": status, "message": f"run {status}"})
+        with contextlib.suppress(OSError):
+            self.listener.close()
+            os.unlink(self.run_dir / "sup.sock")
+        return status
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m xl.launcher.supervisor RUN_DIR", file=sys.stderr)
+        return 2
+    sup = Supervisor(Path(argv[0]))
+    try:
+        sup.start()
+        sup.run_loop()
+    except BaseException as exc:
+        # A bug here must not leave ranks behind nor a run that says "running" forever.
+        import traceback
+
+        traceback.print_exc()
+        with contextlib.suppress(Exception):
+            procs.kill_all(procs.find_run_pids(sup.run_id))
+            if sup.torchrun is not None:
+                procs.signal_pid(sup.torchrun.pid, signal.SIGKILL)
+            sup.failure = sup.failure or {"rank": None, "exit_code": None, "traceback": None, "error": None, "message": f"supervisor error: {exc!r}"}
+        status = sup.finish()
+        return 0 if status == "succeeded" else 1
+    status = sup.finish()
+    return 0 if status == "succeeded" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,297 @@
+"""Watch a run without the TUI: a Rich live table on a terminal, plain lines otherwise.
+
+The view only reads the run dir (it never owns the run), so `xl launch --no-tui` and
+`xl attach` show the same thing, and closing the view leaves the run going.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from .runs import FINAL, read_run
+
+POLL_S = 0.05
+RENDER_S = 0.25
+
+
+@dataclass
+class RankLine:
+    """What the view knows of one rank."""
+
+    rank: int
+    state: str = "starting"
+    pid: int | None = None
+    gpu: int | None = None
+    exit_code: int | None = None
+    last_line: str = ""
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    gpu_util: float | None = None
+    gpu_mem_used_mib: float | None = None
+    gpu_mem_total_mib: float | None = None
+    diagnosis: str | None = None
+
+
+class _Tail:
+    """New complete lines of a growing file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[str]:
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return []
+        if size < self.offset:
+            self.offset, self.partial = 0, b""
+        if size == self.offset:
+            return []
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read(size - self.offset)
+        self.offset += len(data)
+        data = self.partial + data
+        *lines, self.partial = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        return [ln.decode("utf-8", "replace") for ln in lines]
+
+
+@dataclass
+class RunState:
+    """The view's model of a run, fed by polling its directory."""
+
+    run_dir: Path
+    run: dict[str, Any] = field(default_factory=dict)
+    ranks: dict[int, RankLine] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    new_events: list[dict[str, Any]] = field(default_factory=list)
+    new_lines: list[tuple[int, str]] = field(default_factory=list)
+    _run_mtime: float = 0.0
+    _tails: dict[str, _Tail] = field(default_factory=dict)
+
+    def _tail(self, name: str) -> _Tail:
+        if name not in self._tails:
+            self._tails[name] = _Tail(self.run_dir / name)
+        return self._tails[name]
+
+    @property
+    def status(self) -> str:
+        return str(self.run.get("status") or "starting")
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+    def poll_status(self) -> bool:
+        """Re-read run.json when it changed; True when it did."""
+        try:
+            mtime = os.stat(self.run_dir / "run.json").st_mtime_ns
+        except OSError:
+            return False
+        if mtime == self._run_mtime:
+            return False
+        run = read_run(self.run_dir)
+        if not run:
+            return False
+        self._run_mtime = mtime
+        self.run = run
+        for r in run.get("ranks") or []:
+            line = self.ranks.setdefault(int(r["rank"]), RankLine(int(r["rank"])))
+            line.pid, line.gpu, line.exit_code = r.get("pid"), r.get("gpu"), r.get("exit_code")
+            line.state = r.get("state") or line.state
+        return True
+
+    def poll(self) -> None:
+        self.poll_status()
+        self.new_events = []
+        for text in self._tail("events.jsonl").read():
+            try:
+                ev = json.loads(text)
+            except ValueError:
+                continue
+            self.events.append(ev)
+            self.new_events.append(ev)
+            if ev.get("kind") in ("stalled", "straggler", "nan_loss", "gpu_mem_high") and ev.get("rank") is not None:
+                self.ranks.setdefault(int(ev["rank"]), RankLine(int(ev["rank"]))).diagnosis = ev.get("kind")
+        self.new_lines = []
+        for rank in sorted(self.ranks):
+            for text in self._tail(f"logs/rank-{rank}.log").read():
+                self.new_lines.append((rank, text))
+                if text.strip():
+                    self.ranks[rank].last_line = text.strip()
+        for text in self._tail("metrics.jsonl").read():
+            self._metric(text)
+
+    def _metric(self, text: str) -> None:
+        try:
+            m = json.loads(text)
+            rank = int(m["rank"])
+        except (ValueError, KeyError, TypeError):
+            return
+        line = self.ranks.setdefault(rank, RankLine(rank))
+        keys = ("step", "total_steps", "loss", "samples_per_s") if m.get("kind") == "train" else (
+            "gpu_util", "gpu_mem_used_mib", "gpu_mem_total_mib")
+        for key in keys:
+            if isinstance(m.get(key), (int, float)):
+                setattr(line, key, m[key])
+
+    def elapsed(self) -> float:
+        start = self.run.get("started_at") or time.time()
+        end = self.run.get("ended_at") or time.time()
+        return max(0.0, float(end) - float(start))
+
+
+def exit_code_for(status: str) -> int:
+    return 0 if status == "succeeded" else 1
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _summary(state: RunState) -> str:
+    run = state.run
+    text = f"run {run.get('run_id', state.run_dir.name)} {state.status} after {state.elapsed():.1f}s"
+    failure = run.get("failure")
+    if state.status == "failed" and failure:
+        text += f": {failure.get('message') or ''}"
+    return text
+
+
+# ---------------------------------------------------------------------------------- plain lines
+def _plain_event(ev: dict[str, Any]) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(float(ev.get("t") or time.time())))
+    return f"{stamp} xl: {ev.get('message') or ev.get('kind')}"
+
+
+def watch_plain(state: RunState, out: TextIO, on_tick: Any = None) -> int:
+    print(f"xl: run {state.run_dir.name} ({state.run_dir}); 'xl attach {state.run_dir.name}' reopens it", file=out, flush=True)
+    while True:
+        final_seen = state.final
+        state.poll()
+        for ev in state.new_events:
+            print(_plain_event(ev), file=out)
+        for rank, text in state.new_lines:
+            print(f"[rank {rank}] {text}", file=out)
+        out.flush()
+        if final_seen or (state.final and not state.new_lines and not state.new_events):
+            break
+        if on_tick is not None:
+            on_tick()
+        time.sleep(POLL_S)
+    failure = state.run.get("failure") or {}
+    if state.status == "failed" and failure.get("traceback"):
+        print(f"xl: traceback of rank {failure.get('rank')}:\n{failure['traceback']}", file=out)
+    print(f"xl: {_summary(state)}", file=out, flush=True)
+    return exit_code_for(state.status)
+
+
+# ---------------------------------------------------------------------------------- Rich live view
+_STATE_STYLE = {
+    "running": "green",
+    "starting": "dim",
+    "exited": "cyan",
+    "failed": "bold red",
+    "stopped": "yellow",
+    "stalled": "bold yellow",
+    "straggler": "yellow",
+}
+
+
+def render(state: RunState) -> Any:
+    """The live view as a Rich renderable (rank table + recent events)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    run = state.run
+    title = f"{run.get('name') or ''}  [b]{run.get('run_id', state.run_dir.name)}[/b]  {state.status}  {state.elapsed():.0f}s"
+    table = Table(title=title, title_justify="left", expand=True, show_lines=False)
+    for col, kw in (
+        ("rank", {"justify": "right"}),
+        ("state", {}),
+        ("pid", {"justify": "right"}),
+        ("GPU", {"justify": "right"}),
+        ("step", {"justify": "right"}),
+        ("samples/s", {"justify": "right"}),
+        ("loss", {"justify": "right"}),
+        ("util", {"justify": "right"}),
+        ("mem", {"justify": "right"}),
+        ("last log line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"}),
+    ):
+        table.add_column(col, **kw)
+    for rank in sorted(state.ranks):
+        r = state.ranks[rank]
+        shown = r.diagnosis if r.state == "running" and r.diagnosis else r.state
+        if r.exit_code not in (None, 0):
+            shown = f"{shown} ({r.exit_code})"
+        step = "" if r.step is None else (f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step))
+        mem = ""
+        if r.gpu_mem_used_mib is not None:
+            mem = f"{r.gpu_mem_used_mib / 1024:.1f}G"
+            if r.gpu_mem_total_mib:
+                mem += f"/{r.gpu_mem_total_mib / 1024:.0f}G"
+        table.add_row(
+            str(rank),
+            Text(shown, style=_STATE_STYLE.get(r.diagnosis if shown == r.diagnosis else r.state, "")),
+            "" if r.pid is None else str(r.pid),
+            "cpu" if r.gpu is None else str(r.gpu),
+            step,
+            _fmt(r.samples_per_s, ".1f"),
+            _fmt(r.loss, ".4g"),
+            "" if r.gpu_util is None else f"{r.gpu_util:.0f}%",
+            mem,
+            Text(r.last_line),
+        )
+    parts: list[Any] = [table]
+    for ev in state.events[-5:]:
+        parts.append(Text(_plain_event(ev), style="red" if ev.get("kind") == "failure" else "dim"))
+    return Group(*parts)
+
+
+def watch_live(state: RunState, on_tick: Any = None) -> int:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.panel import Panel
+
+    console = Console()
+    last = 0.0
+    state.poll()
+    with Live(render(state), console=console, auto_refresh=False, transient=False) as live:
+        while True:
+            changed = state.poll_status()
+            now = time.monotonic()
+            if changed or now - last >= RENDER_S or state.final:
+                state.poll()
+                live.update(render(state), refresh=True)
+                last = now
+            if state.final:
+                break
+            if on_tick is not None:
+                on_tick()
+            time.sleep(POLL_S)
+    failure = state.run.get("failure") or {}
+    if state.status == "failed" and failure.get("traceback"):
+        console.print(Panel(failure["traceback"], title=f"rank {failure.get('rank')} traceback", border_style="red"))
+    console.print(_summary(state), style="green" if state.status == "succeeded" else "red", highlight=False)
+    return exit_code_for(state.status)
+
+
+def watch(run_dir: Path, *, plain: bool | None = None, on_tick: Any = None) -> int:
+    """Show ``run_dir`` until it ends; returns 0 succeeded, 1 failed or stopped."""
+    state = RunState(run_dir)
+    if plain is None:
+        plain = not sys.stdout.isatty()
+    if plain:
+        return watch_plain(state, sys.stdout, on_tick)
+    return watch_live(state, on_tick)
