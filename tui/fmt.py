@@ -20,6 +20,7 @@ STATE_STYLE = {
     "stopped": "dim",
     "failed": "bold red",
     "succeeded": "green",
+    "orphaned": "magenta",
 }
 
 

@@ -6,7 +6,6 @@ Pure functions over the reader's objects, so the screen only renders.
 from __future__ import annotations
 
 import statistics
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -91,30 +90,15 @@ class Progress:
         return min(1.0, self.step / self.total) if self.total else 0.0
 
 
-class ProgressTracker:
-    """Steps done (the slowest rank's) and an ETA from the recent rate of progress."""
-
-    WINDOW_S = 60.0
-
-    def __init__(self) -> None:
-        self.samples: deque[tuple[float, int]] = deque(maxlen=240)
-
-    def update(self, ranks: Mapping[int, Any], now: float, finished: bool) -> Progress | None:
-        totals = [rv.total_steps for rv in ranks.values() if getattr(rv, "total_steps", None)]
-        steps = [rv.step for rv in ranks.values() if getattr(rv, "step", None) is not None]
-        if not totals or not steps:
-            return None
-        total = int(statistics.median(totals))
-        step = int(min(steps))
-        if finished:
-            return Progress(step, total, None)
-        if not self.samples or self.samples[-1][1] != step:
-            self.samples.append((now, step))
-        while len(self.samples) > 2 and now - self.samples[0][0] > self.WINDOW_S:
-            self.samples.popleft()
-        eta = None
-        if len(self.samples) >= 2:
-            (t0, s0), (t1, s1) = self.samples[0], self.samples[-1]
-            if s1 > s0 and t1 > t0:
-                eta = (total - step) / ((s1 - s0) / (t1 - t0))
-        return Progress(step, total, eta)
+def progress(ranks: Mapping[int, Any], finished: bool) -> Progress | None:
+    """The run's progress is its slowest rank's; so is its ETA (None when unknown)."""
+    totals = [rv.total_steps for rv in ranks.values() if getattr(rv, "total_steps", None)]
+    steps = [rv.step for rv in ranks.values() if getattr(rv, "step", None) is not None]
+    if not totals or not steps:
+        return None
+    total = int(statistics.median(totals))
+    step = int(min(steps))
+    if finished:
+        return Progress(step, total, None)
+    etas = [e for rv in ranks.values() if (e := getattr(rv, "eta_s", None)) is not None]
+    return Progress(step, total, max(etas) if etas else None)

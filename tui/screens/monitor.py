@@ -17,10 +17,10 @@ from textual.widgets import Footer, Header, Label, ProgressBar, Static
 from xl.tui import fmt
 from xl.tui.runview import (
     FINISHED,
-    ProgressTracker,
     devices_text,
     elapsed,
     history,
+    progress,
     run_field,
     world_size,
 )
@@ -60,9 +60,9 @@ class MonitorScreen(Screen):
         self.reader: Any = None
         self.view: Any = None
         self.status: str | None = None
-        self.tracker = ProgressTracker()
         self._log_rank: int | None = None
         self._log_needs_reset = True
+        self._tailed: set[int] = set()
         self._stopping = False
         self.polls = 0
 
@@ -110,7 +110,13 @@ class MonitorScreen(Screen):
             if rank is not None:
                 if self._log_needs_reset:
                     self._log_needs_reset = False
-                    lines = list(self.reader.read_log(rank, LOG_TAIL))
+                    # new_log_lines returns everything on its first call for a rank: that is the
+                    # backlog. Coming back to a rank, skip what it missed and show the tail.
+                    fresh = self.reader.new_log_lines(rank)
+                    if rank in self._tailed:
+                        fresh = self.reader.read_log(rank, LOG_TAIL)
+                    self._tailed.add(rank)
+                    lines = list(fresh)[-LOG_TAIL:]
                     self.post_message(self.Polled(view, rank, lines, None))
                     return
                 lines = list(self.reader.new_log_lines(rank))
@@ -195,16 +201,16 @@ class MonitorScreen(Screen):
         banner.display = True
 
     def _render_progress(self, ranks: dict, now: float) -> None:
-        progress = self.tracker.update(ranks, now, self.status in FINISHED)
+        prog = progress(ranks, self.status in FINISHED)
         row = self.query_one("#progress-row")
-        if progress is None:
+        if prog is None:
             row.display = False
             return
         row.display = True
         bar = self.query_one("#progress", ProgressBar)
-        bar.update(total=progress.total, progress=progress.step)
-        eta = "" if progress.eta_s is None else f"  ETA {fmt.duration(progress.eta_s)}"
-        self.query_one("#eta", Label).update(f"step {progress.step}/{progress.total}{eta}")
+        bar.update(total=prog.total, progress=prog.step)
+        eta = "" if prog.eta_s is None else f"  ETA {fmt.duration(prog.eta_s)}"
+        self.query_one("#eta", Label).update(f"step {prog.step}/{prog.total}{eta}")
 
     # -- ranks and log -----------------------------------------------------------------------
 

@@ -29,8 +29,12 @@ def run_cells(info: Any, now: float) -> dict[str, Any]:
     start = _field(info, "started_at", "start_time", "started")
     end = _field(info, "ended_at", "end_time", "ended")
     status = str(_field(info, "status") or "?")
+    cell = fmt.state(status)
+    if status == "running" and _field(info, "supervisor_alive") is False:
+        # run.json says running but its supervisor is gone (machine rebooted, kill -9).
+        cell = fmt.state("orphaned")
     return {
-        "status": fmt.state(status),
+        "status": cell,
         "start": time.strftime("%Y-%m-%d %H:%M", time.localtime(start)) if start else "-",
         "dur": fmt.duration(((end or now) - start) if start else None),
         "world": str(_field(info, "world_size", "nproc") or "-"),

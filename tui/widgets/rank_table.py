@@ -41,7 +41,7 @@ def rank_cells(rv: Any, now: float) -> dict[str, Any]:
         "gpu": "cpu" if gpu is None else str(gpu),
         "util": fmt.meter(None if util is None else util / 100, 6, "-" if util is None else f"{util:.0f}%"),
         "mem": mem,
-        "step": "-" if step is None else (f"{step}/{total_steps}" if total_steps else str(step)),
+        "step": "-" if step is None else (f"{step:.0f}/{total_steps:.0f}" if total_steps else f"{step:.0f}"),
         "sps": fmt.number(getattr(rv, "samples_per_s", None), 3),
         "loss": fmt.number(getattr(rv, "loss", None)),
         "seen": fmt.ago(getattr(rv, "last_seen", None), now),
