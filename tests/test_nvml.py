@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -120,6 +122,25 @@ def test_old_driver_missing_functions(simnvml):
         assert sorted((p.pid, p.used_mib) for p in g.processes) == [(77, 300.0), (78, 10.0)]
         assert g.mig_mode is None and g.error is None
         assert g.util_gpu == 0 and g.compute_capability == "8.0"
+
+
+def test_new_driver_without_the_deprecated_temperature_call(simnvml):
+    sim = simnvml(gpus=[SimGPU(temperature_c=71)], missing=("nvmlDeviceGetTemperature",))
+    with sim.in_process():
+        (g,) = nvml.inventory().gpus
+    assert g.temperature_c == 71 and g.error is None
+
+
+def test_utilization_that_changes_over_time(simnvml):
+    sim = simnvml(gpus=[SimGPU(util_seq=(10, 90), util_seq_ms=20)])
+    seen = set()
+    with sim.in_process():
+        for _ in range(500):  # wall-clock steps: poll until both values have shown
+            seen.add(nvml.inventory().gpus[0].util_gpu)
+            if seen == {10, 90}:
+                break
+            time.sleep(0.005)
+    assert seen == {10, 90}
 
 
 @pytest.mark.parametrize(
@@ -310,3 +331,23 @@ def test_subprocess_sees_the_simulated_driver_and_live_updates(simnvml):
             p.kill()
             p.wait(timeout=10)
     assert not psutil.pid_exists(p.pid)
+
+
+@pytest.mark.e2e
+def test_simnvml_command_line_sets_up_a_shell(tmp_path):
+    """What the README shows: eval the printed exports, then xl sees the simulated GPUs."""
+    import simnvml
+
+    if not simnvml.have_gcc():
+        pytest.skip("gcc not found: the simulated NVML driver is compiled with gcc")
+    script = (
+        f'eval "$({sys.executable} {simnvml.__file__} --gpus 3 --model H100 --dir {tmp_path})" '
+        f"&& {sys.executable} -m xl gpus --json"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "XL_SIMNVML_CONFIG"}
+    out = subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    gpus = json.loads(out.stdout)["gpus"]
+    assert [g["name"] for g in gpus] == ["NVIDIA H100 80GB HBM3"] * 3

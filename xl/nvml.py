@@ -346,6 +346,9 @@ class _Sweep:
             total, used, free = mem.total / MIB, mem.used / MIB, mem.free / MIB
         util = self.query(nv.nvmlDeviceGetUtilizationRates, h)
         temp = self.query(nv.nvmlDeviceGetTemperature, h, 0)  # 0 = NVML_TEMPERATURE_GPU
+        if temp is None and self.last_code == _FUNCTION_NOT_FOUND:
+            # nvmlDeviceGetTemperature is deprecated; drivers after CUDA 13 may drop it.
+            temp = self.query(nv.nvmlDeviceGetTemperatureV, h, 0)
         power = self.query(nv.nvmlDeviceGetPowerUsage, h)
         limit = self.query(nv.nvmlDeviceGetEnforcedPowerLimit, h)
         mig = self.query(nv.nvmlDeviceGetMigMode, h)
