@@ -127,6 +127,23 @@ def test_order_differs_only_when_models_differ():
     assert resolve_visible_devices(MIXED, {}).device_order == "FASTEST_FIRST"
 
 
+@pytest.mark.parametrize(
+    ("value", "invalid"),
+    [
+        ("0,1", False),
+        ("", False),
+        ("-1", False),
+        ("0,7", True),
+        ("1,1", True),
+        ("GPU-aa", True),
+        ("0,-1", True),
+        ("1gpu2", False),
+    ],
+)
+def test_invalid_flags_what_cuda_rejects(value, invalid):
+    assert resolve_visible_devices(SAME, {"CUDA_VISIBLE_DEVICES": value}).invalid is invalid
+
+
 def test_ignored_and_duplicates_are_listed():
     vis = resolve_visible_devices(SAME, {"CUDA_VISIBLE_DEVICES": "0,9,1,2"})
     assert vis.ignored == ("1", "2")

@@ -35,6 +35,9 @@ class Visibility:
     ignored: tuple[str, ...] = ()  # entries CUDA ignores (after the first invalid one)
     mig_ids: tuple[str, ...] = ()  # MIG instances selected (not resolvable to GPUs here)
     duplicates: tuple[str, ...] = ()  # entries given twice (which empties the list)
+    # An entry CUDA rejects (it stops there) or a duplicate: the variable is wrong, whereas the
+    # other problems are facts worth knowing (orders differ, "" hides all on purpose, ...).
+    invalid: bool = False
 
 
 def _uuid_key(uuid: str) -> str:
@@ -131,6 +134,7 @@ def resolve_visible_devices(gpus: Sequence[GPU], env: Mapping[str, str]) -> Visi
 
     entries = raw.split(",")
     chosen: list[GPU] = []
+    invalid = False
     mig: list[str] = []
     ignored: tuple[str, ...] = ()
     dupes: list[str] = []
@@ -183,6 +187,7 @@ def resolve_visible_devices(gpus: Sequence[GPU], env: Mapping[str, str]) -> Visi
             if not why and pos > 0:
                 why = f"{entry.strip()!r} ends the list"
             if why:
+                invalid = True
                 rest = f", ignoring {','.join(ignored)!r}" if ignored else ""
                 problems.append(f"CUDA_VISIBLE_DEVICES: {why}; CUDA stops there{rest}")
             break
@@ -227,4 +232,5 @@ def resolve_visible_devices(gpus: Sequence[GPU], env: Mapping[str, str]) -> Visi
         ignored=ignored,
         mig_ids=tuple(mig),
         duplicates=tuple(dupes),
+        invalid=invalid or bool(dupes),
     )
