@@ -299,6 +299,10 @@ class _Sweep:
             # pynvml's unversioned wrappers raise this when the driver lacks the new symbol.
             self.last_code = _FUNCTION_NOT_FOUND
             return None
+        except Exception as exc:  # e.g. undecodable bytes: lose this value, not the row
+            self.last_code = -1
+            self.errors.append(f"{getattr(fn, '__name__', 'nvml')}: {type(exc).__name__}: {exc}")
+            return None
 
     def gpu(self, state: _State, index: int, *, processes: bool) -> GPU:
         nv = self.nv
