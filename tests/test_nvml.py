@@ -286,6 +286,35 @@ def test_concurrent_callers_get_consistent_results(simnvml):
     assert len({tuple(g.uuid for g in r.gpus) for r in results}) == 1
 
 
+def test_struct_layouts_match_pynvml(simnvml):
+    import ctypes
+
+    import pynvml
+
+    lib = ctypes.CDLL(str(simnvml(gpus=1).library_path))
+    lib.simnvml_sizeof.restype = ctypes.c_size_t
+    pairs = {
+        "nvmlPciInfo_t": pynvml.nvmlPciInfo_t,
+        "nvmlMemory_t": pynvml.c_nvmlMemory_t,
+        "nvmlMemory_v2_t": pynvml.c_nvmlMemory_v2_t,
+        "nvmlUtilization_t": pynvml.c_nvmlUtilization_t,
+        "nvmlProcessInfo_v2_t": pynvml.c_nvmlProcessInfo_v3_t,
+        "nvmlTemperature_v1_t": pynvml.c_nvmlTemperature_v1_t,
+        "nvmlBAR1Memory_t": pynvml.c_nvmlBAR1Memory_t,
+    }
+    for name, struct in pairs.items():
+        assert lib.simnvml_sizeof(name.encode()) == ctypes.sizeof(struct), name
+
+
+def test_many_processes_read_through_pynvml_arrays(simnvml):
+    procs = [SimProcess(1000 + i, 10.0 * (i + 1), graphics=i % 3 == 0) for i in range(12)]
+    with simnvml(gpus=[SimGPU(), SimGPU(processes=procs)]).in_process():
+        inv = nvml.inventory()
+    assert inv.gpus[0].processes == ()
+    got = sorted((p.pid, p.used_mib) for p in inv.gpus[1].processes)
+    assert got == [(1000 + i, 10.0 * (i + 1)) for i in range(12)]
+
+
 def test_lost_code_constant_matches_pynvml():
     import pynvml
 

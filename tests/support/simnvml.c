@@ -864,3 +864,16 @@ PROC_FN(nvmlDeviceGetGraphicsRunningProcesses_v2, gprocs, ngprocs, 0)
 #ifndef SIM_NO_nvmlDeviceGetGraphicsRunningProcesses_v3
 PROC_FN(nvmlDeviceGetGraphicsRunningProcesses_v3, gprocs, ngprocs, 0)
 #endif
+
+/* ---- for the tests: the layouts this file uses, to compare with pynvml's ctypes ---------- */
+
+EXPORT size_t simnvml_sizeof(const char *name) {
+    if (!strcmp(name, "nvmlPciInfo_t")) return sizeof(nvmlPciInfo_t);
+    if (!strcmp(name, "nvmlMemory_t")) return sizeof(nvmlMemory_t);
+    if (!strcmp(name, "nvmlMemory_v2_t")) return sizeof(nvmlMemory_v2_t);
+    if (!strcmp(name, "nvmlUtilization_t")) return sizeof(nvmlUtilization_t);
+    if (!strcmp(name, "nvmlProcessInfo_v2_t")) return sizeof(nvmlProcessInfo_v2_t);
+    if (!strcmp(name, "nvmlTemperature_v1_t")) return sizeof(nvmlTemperature_v1_t);
+    if (!strcmp(name, "nvmlBAR1Memory_t")) return sizeof(nvmlBAR1Memory_t);
+    return 0;
+}
