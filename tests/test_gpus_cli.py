@@ -202,3 +202,9 @@ def test_terminal_gets_a_rich_table_and_no_color_gets_plain(simnvml):
     plain_out = _run_in_terminal(XL, clean_env(NO_COLOR="1", **sim.env))
     assert "\x1b[" not in plain_out and "│" not in plain_out
     assert re.search(r"^\s*1\s+NVIDIA L4\s+GPU-", plain_out, re.M)
+
+
+def test_force_color_gets_the_table_in_a_pipe(simnvml):
+    sim = simnvml(gpus=2)
+    out = run(XL, clean_env(FORCE_COLOR="1", **sim.env))
+    assert out.returncode == 0 and "\x1b[" in out.stdout and "│" in out.stdout

@@ -1,8 +1,8 @@
 """``xl gpus [--json]``: a one-shot GPU inventory.
 
-A Rich table when stdout is a terminal; plain aligned text when it is not (pipes, files, CI) or
-when NO_COLOR / TERM=dumb ask for it; ``--json`` for programs. No NVIDIA driver is a valid setup
-(CPU training), so it says so and exits 0.
+A Rich table when stdout is a terminal (or FORCE_COLOR is set); plain aligned text when it is
+not (pipes, files, CI) or when NO_COLOR / TERM=dumb ask for it; ``--json`` for programs. No
+NVIDIA driver is a valid setup (CPU training), so it says so and exits 0.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def render_rich(inv: Inventory) -> Any:
 def _wants_rich() -> bool:
     if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False
-    return sys.stdout.isatty()
+    return bool(os.environ.get("FORCE_COLOR")) or sys.stdout.isatty()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
