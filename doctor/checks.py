@@ -137,7 +137,7 @@ def check_gpus(f: Facts) -> Check:
     models = ", ".join(f"{n}x {name}" for name, n in names.items())
     data = {"count": len(f.gpus), "models": dict(names), "lost": [g.index for g in lost]}
     if lost:
-        which = ", ".join(f"GPU {g.index} ({g.pci_bus_id})" for g in lost)
+        which = ", ".join(f"GPU {g.index}" + (f" ({g.pci_bus_id})" if g.pci_bus_id else "") for g in lost)
         return Check("gpus", "fail", title, f"{which} lost (stopped answering the driver); working: {models or 'none'}",
                      "check `dmesg` for Xid errors, then `sudo nvidia-smi -r -i <index>` or reboot", A_GPU, data)
     errors = [g for g in f.gpus if getattr(g, "error", None)]
@@ -168,7 +168,9 @@ def check_cuda_home(f: Facts) -> Check:
                          fix, A_CUDA, data)
         return Check("cuda_home", "skip", title, "no CUDA toolkit anywhere (only needed to build CUDA extensions)", "", A_CUDA, data)
     d = f.cuda_home_dir
-    best = _in_use_toolkit(f) or next((t for t in f.toolkits if t.nvcc and not t.problem), None)
+    best = _in_use_toolkit(f)
+    if best is None or not best.version or best.problem:
+        best = next((t for t in f.toolkits if t.nvcc and t.version and not t.problem), None)
     alt = _export_toolkit(best) if best is not None and best.real != os.path.realpath(home) else ""
     if d is None or d.problem:
         why = d.problem if d is not None and d.problem else f"{home} is not readable"
@@ -230,13 +232,17 @@ def check_nvcc(f: Facts) -> Check:
 
 
 def _ld_toolkit(f: Facts) -> tuple[Toolkit | None, str | None]:
-    """The toolkit whose libcudart LD_LIBRARY_PATH selects first, and that soname."""
+    """The toolkit whose libcudart LD_LIBRARY_PATH selects first, and that soname. The loader
+    looks for the major the toolkit in use (or torch) needs; any libcudart counts otherwise."""
+    tk = _in_use_toolkit(f)
+    want = vtuple(tk.version)[:1] if tk is not None else vtuple(_torch_cuda(f))[:1]
     for e in f.ld_entries:
-        if e.cudart:
+        names = [s for s in e.cudart if vtuple(s.rsplit(".so.", 1)[-1])[:1] == want] if want else e.cudart
+        if names:
             for tk in f.toolkits:
                 if e.real in tk.lib_dirs:
-                    return tk, e.cudart[-1]
-            return None, e.cudart[-1]
+                    return tk, names[-1]
+            return None, names[-1]
     return None, None
 
 
@@ -279,11 +285,13 @@ def check_toolkits(f: Facts) -> Check:
     if broken and not usable:
         return Check("toolkits", "fail", title, f"{broken[0].root}: {broken[0].problem}",
                      "fix the folder's permissions or point CUDA_HOME elsewhere", A_CUDA, data)
-    unknown = [t for t in usable if t.version is None and t.nvcc_run is not None and not t.nvcc_run.ok]
+    unknown = [t for t in usable if t.version is None and t.nvcc]
     if unknown:
         t = unknown[0]
-        return Check("toolkits", "error", title, f"{t.root}: version unknown, {t.nvcc_run.problem if t.nvcc_run else ''}; found: {listing}",
-                     f"run `{t.nvcc} --version` by hand", A_CUDA, data)
+        run = t.nvcc_run
+        why = run.problem if run is not None and run.problem else f"`{t.nvcc} --version` printed no 'release X.Y'"
+        return Check("toolkits", "error", title, f"{t.root}: version unknown, {why}; found: {listing}",
+                     f"run `{t.nvcc} --version` by hand; remove or repair this toolkit", A_CUDA, data)
     return Check("toolkits", "ok", title, f"{listing}; {sel}", "", A_CUDA, data)
 
 
@@ -448,6 +456,9 @@ def check_ld_library_path(f: Facts) -> Check:
     missing = [e.path for e in f.ld_entries if e.path and not e.exists]
     if missing:
         problems.append(f"missing {', '.join(missing[:3])}")
+    files = [e.path for e in f.ld_entries if e.exists and not e.is_dir]
+    if files:
+        problems.append(f"not a folder: {', '.join(files[:3])}")
     unreadable = [e.path for e in f.ld_entries if e.problem]
     if unreadable:
         problems.append(f"unreadable {', '.join(unreadable[:3])}")
@@ -467,7 +478,9 @@ def check_ld_library_path(f: Facts) -> Check:
                 problems.append(f"{e.path}/{same[0]} shadows the toolkit's ({tk.root if tk else '?'})")
     if not problems:
         return Check("ld_library_path", "ok", title, f"{len(f.ld_entries)} entries, no conflicting CUDA libraries", "", A_CUDA, data)
-    keep = [e.path for e in f.ld_entries if e.path and e.exists and not any(s for s in e.cudart if e.real not in (tk.lib_dirs if tk else []))]
+    lib_dirs = tk.lib_dirs if tk is not None else []
+    keep = [e.path for e in f.ld_entries if e.path and e.exists and e.is_dir and not e.problem
+            and (not e.cudart or e.real in lib_dirs)]
     if tk is not None and tk.lib_dirs and not any(e.real in tk.lib_dirs for e in f.ld_entries):
         keep.insert(0, f"{tk.root}/lib64")
     fixes.append(f"export LD_LIBRARY_PATH={':'.join(dict.fromkeys(keep))}" if keep else "unset LD_LIBRARY_PATH")
@@ -504,16 +517,17 @@ def check_cuda_visible_devices(f: Facts) -> Check:
                          "use indices or UUIDs from `nvidia-smi -L`, e.g. CUDA_VISIBLE_DEVICES=0,1", A_DEV, data)
         return Check("cuda_visible_devices", "skip", title, f"{value!r}; no driver to check the entries against", "", A_DEV, data)
     vis = _resolve_visible(f)
-    devices = list(getattr(vis, "devices", ()))
-    problems = list(getattr(vis, "problems", ()))
+    devices = list(vis.devices)
+    # Visibility also reports CUDA_DEVICE_ORDER problems; those belong to the next check.
+    problems = [p for p in vis.problems if p.startswith(("CUDA_VISIBLE_DEVICES", "entry "))]
     data["devices"] = [g.index for g in devices]
-    if problems or getattr(vis, "hides_all", False):
-        detail = "; ".join(problems) if problems else "hides every GPU"
-        status = "fail" if problems else "warn"
+    if problems:
+        fatal = bool(vis.duplicates) or any("CUDA stops there" in p for p in problems)
+        status = "fail" if fatal else "warn"
         keep = ",".join(str(g.index) for g in devices) or ",".join(str(g.index) for g in gpus)
-        return Check("cuda_visible_devices", status, title, f"{value!r}: {detail}",
-                     f"export CUDA_VISIBLE_DEVICES={keep} (indices from `nvidia-smi -L`)" if keep else "unset CUDA_VISIBLE_DEVICES",
-                     A_DEV, data)
+        fix = (f"export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={keep} (indices from `nvidia-smi -L`)"
+               if keep else "unset CUDA_VISIBLE_DEVICES")
+        return Check("cuda_visible_devices", status, title, "; ".join(problems), fix, A_DEV, data)
     shown = ", ".join(f"{g.index}" for g in devices)
     return Check("cuda_visible_devices", "ok", title, f"{value!r}: CUDA sees nvidia-smi GPU(s) {shown}", "", A_DEV, data)
 
@@ -531,7 +545,7 @@ def check_cuda_device_order(f: Facts) -> Check:
     if value == "PCI_BUS_ID":
         return Check("cuda_device_order", "ok", title, "PCI_BUS_ID: CUDA's indices match nvidia-smi's", "", A_DEV, data)
     kinds = {(g.name, g.compute_capability) for g in gpus}
-    if len(kinds) > 1:
+    if len(kinds) > 1 or _resolve_visible(f).order_differs:
         models = ", ".join(sorted({g.name for g in gpus}))
         return Check("cuda_device_order", "warn", title,
                      f"{value or 'unset'} (FASTEST_FIRST) with different GPUs ({models}): CUDA's device indices differ from nvidia-smi's",
@@ -550,12 +564,12 @@ def _size(n: int) -> str:
 
 
 def check_shm(f: Facts) -> Check:
-    title = "shared memory (/dev/shm)"
+    title = "shared memory"
     if f.shm_total is None:
-        return Check("shm", "warn", title, f"can't read /dev/shm: {f.shm_problem}",
+        return Check("shm", "warn", title, f"can't read the shared memory mount: {f.shm_problem}",
                      "mount a tmpfs at /dev/shm (docker: --shm-size=16g or --ipc=host)", A_SYS)
     data = {"total_bytes": f.shm_total, "free_bytes": f.shm_free}
-    detail = f"{_size(f.shm_total)} (free {_size(f.shm_free or 0)})"
+    detail = f"{f.shm_path}: {_size(f.shm_total)} (free {_size(f.shm_free or 0)})"
     if f.shm_total < SHM_MIN:
         return Check("shm", "warn", title, f"{detail}: under 512 MiB, NCCL and DataLoader workers fail with bus errors",
                      "docker run --shm-size=16g (or --ipc=host); Kubernetes: an emptyDir with medium: Memory at /dev/shm", A_SYS, data)
@@ -728,7 +742,7 @@ TITLES = {
     "torch_cuda_match": "torch's CUDA vs the toolkit", "driver_cuda": "driver vs torch's CUDA",
     "host_compiler": "host compiler for nvcc", "ld_library_path": "LD_LIBRARY_PATH",
     "cuda_visible_devices": "CUDA_VISIBLE_DEVICES", "cuda_device_order": "CUDA_DEVICE_ORDER",
-    "shm": "shared memory (/dev/shm)", "nccl": "NCCL", "ninja": "ninja", "arch_list": "TORCH_CUDA_ARCH_LIST",
+    "shm": "shared memory", "nccl": "NCCL", "ninja": "ninja", "arch_list": "TORCH_CUDA_ARCH_LIST",
 }
 
 

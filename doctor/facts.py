@@ -160,6 +160,7 @@ class Facts:
     ld_entries: list[LdEntry] = field(default_factory=list)
     ldconfig: dict[str, list[str]] = field(default_factory=dict)  # soname -> paths
     ldconfig_problem: str | None = None
+    shm_path: str = "/dev/shm"
     shm_total: int | None = None
     shm_free: int | None = None
     shm_problem: str | None = None

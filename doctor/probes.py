@@ -26,8 +26,14 @@ CMD_TIMEOUT = 2.5  # seconds; the issue allows at most 3
 OUTPUT_CAP = 256 * 1024
 
 
-def run_cmd(argv: list[str], timeout: float = CMD_TIMEOUT, env: Mapping[str, str] | None = None) -> CmdResult:
-    """Run argv; never raises. The whole process group dies on timeout or runaway output."""
+def run_cmd(
+    argv: list[str],
+    timeout: float = CMD_TIMEOUT,
+    env: Mapping[str, str] | None = None,
+    label: str | None = None,
+) -> CmdResult:
+    """Run argv; never raises. The whole process group dies on timeout or runaway output.
+    `label` names the command in messages (default: the program's name and its arguments)."""
     result = CmdResult(argv=list(argv))
     try:
         proc = subprocess.Popen(
@@ -90,14 +96,14 @@ def run_cmd(argv: list[str], timeout: float = CMD_TIMEOUT, env: Mapping[str, str
     result.stdout = bytes(bufs[out_fd][:OUTPUT_CAP]).decode("utf-8", "replace")
     result.stderr = bytes(bufs[err_fd][:OUTPUT_CAP]).decode("utf-8", "replace")
     result.returncode = proc.returncode
-    name = os.path.basename(argv[0])
+    name = label or " ".join([os.path.basename(argv[0]), *argv[1:]])
     if timed_out:
-        result.problem = f"`{name} {' '.join(argv[1:])}` did not answer within {timeout:g} s"
+        result.problem = f"`{name}` did not answer within {timeout:g} s"
     elif overflow:
-        result.problem = f"`{name} {' '.join(argv[1:])}` printed more than {OUTPUT_CAP // 1024} KiB"
+        result.problem = f"`{name}` printed more than {OUTPUT_CAP // 1024} KiB"
     elif proc.returncode != 0:
         line = result.first_line() or "no output"
-        result.problem = f"`{name} {' '.join(argv[1:])}` exited with {proc.returncode}: {line}"
+        result.problem = f"`{name}` exited with {proc.returncode}: {line}"
     return result
 
 
@@ -494,13 +500,15 @@ if spec is not None and spec.origin:
             out["version"] = md.version("torch")
         except Exception:
             pass
+    def version_of(n):
+        return n[: -len(".dist-info")].split("-", 1)[1]
     for n in dists(site, "nvidia_nccl_cu"):
-        out["nccl"] = n.split("-")[1].rsplit(".dist-info", 1)[0]
-        out["nccl_from"] = n
+        out["nccl"] = version_of(n)
+        out["nccl_from"] = n[: -len(".dist-info")].split("-", 1)[0].replace("_", "-")
     nvd = os.path.join(site, "nvidia")
     pip_tk = []
     for n in dists(site, "nvidia_cuda_nvcc"):
-        ver = n.split("-")[1].rsplit(".dist-info", 1)[0]
+        ver = version_of(n)
         for sub in ("cuda_nvcc", "cu13", "cu12", "cu14"):
             if os.path.isfile(os.path.join(nvd, sub, "bin", "nvcc")):
                 pip_tk.append((os.path.join(nvd, sub), ver))
@@ -511,7 +519,7 @@ print(json.dumps(out))
 
 def probe_torch(python: str) -> TorchInfo:
     info = TorchInfo(python=python)
-    res = run_cmd([python, "-c", TORCH_PROBE], timeout=CMD_TIMEOUT)
+    res = run_cmd([python, "-c", TORCH_PROBE], timeout=CMD_TIMEOUT, label=f"{os.path.basename(python)} -c <torch probe>")
     if not res.ok:
         info.problem = res.problem
         return info

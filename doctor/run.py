@@ -106,7 +106,9 @@ def collect(python: str | None = None) -> Facts:
     if facts.path_nvcc:
         facts.path_toolkit = probes.toolkit_root_of_nvcc(facts.path_nvcc)
     facts.ld_entries = probes.scan_ld_library_path(real_env.get("LD_LIBRARY_PATH"))
-    facts.shm_total, facts.shm_free, facts.shm_problem = probes.shm_size()
+    # XL_DOCTOR_SHM: check another mount (containers that bind shared memory elsewhere; tests).
+    facts.shm_path = real_env.get("XL_DOCTOR_SHM") or "/dev/shm"
+    facts.shm_total, facts.shm_free, facts.shm_problem = probes.shm_size(facts.shm_path)
     facts.other_compilers = probes.other_compilers(path_value)
     net = probes._listdir("/sys/class/net")
     facts.net_ifaces = net or None

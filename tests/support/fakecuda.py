@@ -1,0 +1,264 @@
+"""Scenario sandboxes for `xl doctor`: fake CUDA toolkits, compilers, torch installs and tools.
+
+Everything lives under one temporary folder and is selected only through the environment the
+test passes to the `xl doctor` process, so the machine itself is never touched::
+
+    box = Sandbox(tmp_path)
+    tk = box.toolkit("cuda-12.4", "12.4.131", gcc_max=13)
+    box.compiler("c++", "gcc", "12.3.0")
+    site = box.torch("2.4.0+cu124", cuda="12.4", nccl="2.20.5")
+    env = box.env(PATH=[tk / "bin"], CUDA_HOME=tk, PYTHONPATH=site)
+    report = run_doctor_json(env)
+
+Fake tools are /bin/sh scripts that only use shell builtins, so a PATH holding nothing but the
+sandbox's folders still runs them. The nvcc outputs follow the real `nvcc --version` format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import stat
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+# (Built on ..., build id) for the nvcc versions the tests use; the format is nvcc's own.
+NVCC_BUILDS: dict[str, tuple[str, str]] = {
+    "11.4.48": ("Wed_Jun__2_19:15:15_PDT_2021", "30033411"),
+    "11.8.89": ("Wed_Sep_21_10:33:58_PDT_2022", "31833905"),
+    "12.1.105": ("Mon_Apr__3_17:16:06_PDT_2023", "32688072"),
+    "12.4.131": ("Thu_Mar_28_02:18:24_PDT_2024", "34097967"),
+    "12.6.77": ("Wed_Aug_14_10:10:22_PDT_2024", "34714021"),
+    "12.8.93": ("Fri_Feb_21_20:23:50_PST_2025", "35583870"),
+    "13.0.88": ("Wed_Aug_20_01:58:59_PM_PDT_2025", "36424714"),
+}
+
+
+def nvcc_output(full: str) -> str:
+    major, minor = full.split(".")[:2]
+    built, build = NVCC_BUILDS.get(full, ("Mon_Jan__1_00:00:00_PST_2024", "00000000"))
+    return (
+        "nvcc: NVIDIA (R) Cuda compiler driver\n"
+        "Copyright (c) 2005-2025 NVIDIA Corporation\n"
+        f"Built on {built}\n"
+        f"Cuda compilation tools, release {major}.{minor}, V{full}\n"
+        f"Build cuda_{major}.{minor}.r{major}.{minor}/compiler.{build}_0\n"
+    )
+
+
+def host_config(gcc_max: int, clang_max: int) -> str:
+    """The part of include/crt/host_config.h that carries the compiler limits (real layout)."""
+    return (
+        "#if defined(__GNUC__)\n\n"
+        f"#if __GNUC__ > {gcc_max}\n\n"
+        f"#error -- unsupported GNU version! gcc versions later than {gcc_max} are not supported! "
+        "The nvcc flag '-allow-unsupported-compiler' can be used to override this version check\n\n"
+        f"#endif /* __GNUC__ > {gcc_max} */\n\n"
+        "#if defined(__clang__) && !defined(__ibmxl_vrm__) && !defined(__ICC) && !defined(__HORIZON__)\n\n"
+        f"#if (__clang_major__ >= {clang_max + 1}) || (__clang_major__ < 3) || ((__clang_major__ == 3) &&  (__clang_minor__ < 3))\n"
+        f"#error -- unsupported clang version! clang version must be less than {clang_max + 1} and greater than 3.2 .\n"
+        "#endif\n\n#endif\n\n#endif /* __GNUC__ */\n"
+    )
+
+
+def _sh(lines: str) -> str:
+    return "#!/bin/sh\n" + lines
+
+
+def _heredoc(text: str) -> str:
+    return f"cat_() {{ while IFS= read -r l; do printf '%s\\n' \"$l\"; done; }}\ncat_ <<'XLEOF'\n{text}XLEOF\n"
+
+
+class Sandbox:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.bin = self.root / "bin"
+        self.bin.mkdir(parents=True, exist_ok=True)
+        # A number no other process on the machine has in its command line: the hang marker.
+        self.marker = f"{29 + random.random():.6f}"
+
+    # -- files -----------------------------------------------------------------------------------
+
+    def script(self, path: Path, body: str) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(_sh(body))
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        return path
+
+    def nvcc_script(self, path: Path, full: str | None, behaviour: str = "ok") -> Path:
+        if behaviour == "hang":
+            # The shell waits on a child that holds the pipe: only a group kill ends both.
+            return self.script(path, f"/bin/sleep {self.marker}\n")
+        if behaviour == "garbage":
+            return self.script(path, "printf '\\377\\376garbage \\200\\201 no version here\\n'\n")
+        if behaviour == "fail":
+            return self.script(path, "printf 'nvcc fatal : broken install\\n' >&2\nexit 3\n")
+        assert full is not None
+        return self.script(path, _heredoc(nvcc_output(full)))
+
+    def toolkit(
+        self,
+        name: str,
+        full: str | None,
+        *,
+        version_file: str | None = "json",  # json | txt | None
+        nvcc: str | None = "ok",  # ok | hang | garbage | fail | None (no bin/nvcc)
+        gcc_max: int | None = None,
+        clang_max: int | None = None,
+        cudart: int | None = -1,  # -1: the toolkit's major; None: no libcudart
+        headers: bool = True,
+    ) -> Path:
+        root = self.root / name
+        (root / "bin").mkdir(parents=True, exist_ok=True)
+        if full and version_file == "json":
+            (root / "version.json").write_text(
+                json.dumps({"cuda": {"name": "CUDA SDK", "version": full}, "cuda_nvcc": {"version": full}})
+            )
+        elif full and version_file == "txt":
+            (root / "version.txt").write_text(f"CUDA Version {full}\n")
+        if nvcc is not None:
+            self.nvcc_script(root / "bin" / "nvcc", full, nvcc)
+        if gcc_max is not None:
+            inc = root / "include" / "crt"
+            inc.mkdir(parents=True, exist_ok=True)
+            (inc / "host_config.h").write_text(host_config(gcc_max, clang_max or 17))
+        if headers:
+            (root / "include").mkdir(exist_ok=True)
+            (root / "include" / "cuda_runtime.h").write_text("/* fake */\n")
+        if cudart is not None:
+            major = int(full.split(".")[0]) if cudart == -1 and full else cudart
+            lib = root / "lib64"
+            lib.mkdir(exist_ok=True)
+            (lib / f"libcudart.so.{major}").write_bytes(b"\x7fELF fake")
+            (lib / "libcudart.so").write_bytes(b"\x7fELF fake")
+        return root
+
+    def compiler(self, name: str, kind: str, version: str, *, where: Path | None = None, behaviour: str = "ok") -> Path:
+        """A compiler answering --version and -dumpfullversion the way gcc/clang do."""
+        path = (where or self.bin) / name
+        if behaviour == "hang":
+            return self.script(path, f"/bin/sleep {self.marker}\n")
+        if behaviour == "garbage":
+            return self.script(path, "printf '\\001\\002\\377 what\\n'\n")
+        if kind == "gcc":
+            banner = (
+                f"{name} (GCC) {version}\nCopyright (C) 2023 Free Software Foundation, Inc.\n"
+                "This is free software; see the source for copying conditions.\n"
+            )
+        else:
+            banner = f"clang version {version}\nTarget: x86_64-pc-linux-gnu\nThread model: posix\n"
+        body = (
+            f"if [ \"$1\" = -dumpfullversion ]; then printf '%s\\n' '{version}'; exit 0; fi\n"
+            'if [ "$1" = --version ]; then\n' + _heredoc(banner) + "exit 0\nfi\nexit 1\n"
+        )
+        return self.script(path, body)
+
+    def tool(self, name: str, output: str) -> Path:
+        return self.script(self.bin / name, _heredoc(output))
+
+    def torch(
+        self,
+        version: str,
+        *,
+        cuda: str | None,
+        nccl: str | None = None,
+        pip_nvcc: str | None = None,
+        name: str = "site",
+    ) -> Path:
+        """A torch install that explodes if imported: the doctor must read it, not import it."""
+        site = self.root / name
+        pkg = site / "torch"
+        pkg.mkdir(parents=True, exist_ok=True)
+        (pkg / "__init__.py").write_text("raise RuntimeError('xl doctor imported torch')\n")
+        (pkg / "version.py").write_text(
+            "from typing import Optional\n\n"
+            "__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip']\n"
+            f"__version__ = {version!r}\n"
+            "debug = False\n"
+            f"cuda: Optional[str] = {cuda!r}\n"
+            "git_version = 'cf30153c4c131c8164ee7798e5022d810682e2cb'\n"
+            "hip: Optional[str] = None\n"
+        )
+        dist = site / f"torch-{version}.dist-info"
+        dist.mkdir(exist_ok=True)
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        if nccl:
+            d = site / f"nvidia_nccl_cu{(cuda or '12').split('.')[0]}-{nccl}.dist-info"
+            d.mkdir(exist_ok=True)
+            (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nvidia-nccl\nVersion: {nccl}\n")
+        if pip_nvcc:
+            d = site / f"nvidia_cuda_nvcc_cu{pip_nvcc.split('.')[0]}-{pip_nvcc}.dist-info"
+            d.mkdir(exist_ok=True)
+            self.nvcc_script(site / "nvidia" / "cuda_nvcc" / "bin" / "nvcc", pip_nvcc)
+        return site
+
+    def lib_dir(self, name: str, *, cudart: Sequence[int] = (), nccl: bool = False) -> Path:
+        d = self.root / name
+        d.mkdir(parents=True, exist_ok=True)
+        for major in cudart:
+            (d / f"libcudart.so.{major}").write_bytes(b"\x7fELF fake")
+        if nccl:
+            (d / "libnccl.so.2").write_bytes(b"\x7fELF fake")
+        return d
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def env(self, *, PATH: Sequence[Path | str] = (), extra: Mapping[str, str] | None = None, **values: Any) -> dict[str, str]:
+        """A clean environment: only what the scenario sets, plus HOME and a tidy locale."""
+        env = {
+            "HOME": str(self.root),
+            "LANG": "C.UTF-8",
+            "PATH": os.pathsep.join([*(str(p) for p in PATH), str(self.bin)]),
+        }
+        for key, value in values.items():
+            if value is not None:
+                env[key] = str(value)
+        env.update(extra or {})
+        return env
+
+    def leftovers(self) -> list[psutil.Process]:
+        """Processes still running one of this sandbox's hanging tools."""
+        out = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if self.marker in " ".join(p.info["cmdline"] or []):
+                    out.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return out
+
+
+def run_doctor(env: Mapping[str, str] | Mapping[bytes, bytes], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """The real `xl doctor` as a new process."""
+    return subprocess.run(
+        [sys.executable, "-m", "xl", "doctor", *args],
+        env=env,  # type: ignore[arg-type]
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=timeout,
+    )
+
+
+def run_doctor_json(env: Mapping[str, str] | Mapping[bytes, bytes], *args: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    proc = run_doctor(env, "--json", *args)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError as exc:
+        raise AssertionError(f"not JSON (exit {proc.returncode}): {proc.stdout[:400]!r} {proc.stderr[:400]!r}") from exc
+    return data, proc
+
+
+def by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["id"]: c for c in report["checks"]}
+
+
+def statuses(report: dict[str, Any]) -> dict[str, str]:
+    return {c["id"]: c["status"] for c in report["checks"]}
