@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import struct
-from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 VERSION = 1
@@ -42,14 +41,22 @@ class FrameError(ValueError):
         self.reason = reason
 
 
-@dataclass
 class Header:
-    token: str
-    rank: int
-    pid: int
-    seq: int
-    dropped: int
-    cuda: dict[str, float] | None
+    # A plain class, not a dataclass: importing dataclasses would add milliseconds to
+    # ``import xl.client`` in every rank.
+    __slots__ = ("cuda", "dropped", "pid", "rank", "seq", "token")
+
+    def __init__(
+        self,
+        token: str,
+        rank: int,
+        pid: int,
+        seq: int,
+        dropped: int,
+        cuda: dict[str, float] | None,
+    ) -> None:
+        self.token, self.rank, self.pid, self.seq = token, rank, pid, seq
+        self.dropped, self.cuda = dropped, cuda
 
 
 def encode_frame(payload: bytes) -> bytes:
