@@ -16,12 +16,16 @@ def _python_arg(value: str) -> str:
 
         found = which(value, os.environ.get("PATH"))
         if found is None:
-            raise UsageError(f"--python {value}: not found on PATH (give the path to a Python interpreter)")
+            raise UsageError(
+                f"--python {value}: not found on PATH (give the path to a Python interpreter)"
+            )
         return found
     if not os.path.isfile(value):
         raise UsageError(f"--python {value}: no such file (give the path to a Python interpreter)")
     if not os.access(value, os.X_OK):
-        raise UsageError(f"--python {value}: not executable (give the path to a Python interpreter)")
+        raise UsageError(
+            f"--python {value}: not executable (give the path to a Python interpreter)"
+        )
     return value
 
 
@@ -39,7 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout (see DESIGN.md)")
     ap.add_argument("--strict", action="store_true", help="exit 1 on warnings and errors too")
-    ap.add_argument("--python", metavar="PY", help="inspect torch in this interpreter (default: this one)")
+    ap.add_argument(
+        "--python", metavar="PY", help="inspect torch in this interpreter (default: this one)"
+    )
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     python = _python_arg(args.python) if args.python else None
 

@@ -135,7 +135,9 @@ class Parallel:
         thread.start()
         self._jobs[name] = (thread, box)
 
-    def result(self, name: str, timeout: float = CMD_TIMEOUT + 1.5) -> tuple[Any, str | None, float]:
+    def result(
+        self, name: str, timeout: float = CMD_TIMEOUT + 1.5
+    ) -> tuple[Any, str | None, float]:
         thread, box = self._jobs[name]
         thread.join(timeout)
         if thread.is_alive():
@@ -214,7 +216,9 @@ def toolkit_root_of_nvcc(nvcc: str) -> str:
     return os.path.dirname(os.path.dirname(follow_nvcc(nvcc)))
 
 
-def resolve_cuda_home(env: Mapping[str, str], path_nvcc: str | None) -> tuple[str | None, str | None]:
+def resolve_cuda_home(
+    env: Mapping[str, str], path_nvcc: str | None
+) -> tuple[str | None, str | None]:
     """CUDA_HOME exactly as torch.utils.cpp_extension._find_cuda_home resolves it on Linux."""
     if env.get("CUDA_HOME"):
         return env["CUDA_HOME"], "CUDA_HOME"
@@ -253,7 +257,9 @@ def inspect_toolkit(root: str, found_by: str) -> Toolkit:
     if text is not None:
         try:
             data = json.loads(text)
-            ver = (data.get("cuda") or {}).get("version") or (data.get("cuda_nvcc") or {}).get("version")
+            ver = (data.get("cuda") or {}).get("version") or (data.get("cuda_nvcc") or {}).get(
+                "version"
+            )
             if isinstance(ver, str):
                 tk.version, tk.version_from = ver, "version.json"
         except (ValueError, AttributeError):
@@ -288,7 +294,9 @@ def inspect_toolkit(root: str, found_by: str) -> Toolkit:
     return tk
 
 
-def discover_toolkits(env: Mapping[str, str], path_nvcc: str | None, cuda_home: str | None) -> list[Toolkit]:
+def discover_toolkits(
+    env: Mapping[str, str], path_nvcc: str | None, cuda_home: str | None
+) -> list[Toolkit]:
     """Every toolkit we can see, deduplicated by real path, with where each was found."""
     cands: list[tuple[str, str]] = []
     for base, label in (("/usr/local", "/usr/local/cuda*"), ("/opt", "/opt/cuda*")):
@@ -519,7 +527,11 @@ print(json.dumps(out))
 
 def probe_torch(python: str) -> TorchInfo:
     info = TorchInfo(python=python)
-    res = run_cmd([python, "-c", TORCH_PROBE], timeout=CMD_TIMEOUT, label=f"{os.path.basename(python)} -c <torch probe>")
+    res = run_cmd(
+        [python, "-c", TORCH_PROBE],
+        timeout=CMD_TIMEOUT,
+        label=f"{os.path.basename(python)} -c <torch probe>",
+    )
     if not res.ok:
         info.problem = res.problem
         return info
@@ -527,7 +539,9 @@ def probe_torch(python: str) -> TorchInfo:
     try:
         data = json.loads(lines[-1])
     except (ValueError, IndexError):
-        info.problem = f"{python} printed something that is not the probe's answer: {res.first_line()!r}"
+        info.problem = (
+            f"{python} printed something that is not the probe's answer: {res.first_line()!r}"
+        )
         return info
     info.python = data.get("python") or python
     info.bin_dir = data.get("bin_dir")
@@ -537,7 +551,9 @@ def probe_torch(python: str) -> TorchInfo:
     for key in ("version", "cuda", "hip", "nccl", "nccl_from"):
         value = data.get(key)
         setattr(info, key, value if isinstance(value, str) else None)
-    info.pip_toolkits = [tuple(x) for x in data.get("pip_toolkits") or [] if isinstance(x, list) and len(x) == 2]
+    info.pip_toolkits = [
+        tuple(x) for x in data.get("pip_toolkits") or [] if isinstance(x, list) and len(x) == 2
+    ]
     return info
 
 
@@ -551,7 +567,8 @@ def env_snapshot() -> dict[str, str]:
     """The environment as text: bytes that aren't UTF-8 become U+FFFD instead of breaking output."""
     try:
         return {
-            k.decode("utf-8", "replace"): v.decode("utf-8", "replace") for k, v in os.environb.items()
+            k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
+            for k, v in os.environb.items()
         }
     except AttributeError:  # pragma: no cover - platforms without environb
         return dict(os.environ)

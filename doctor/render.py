@@ -16,7 +16,11 @@ LABEL = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip", "error": "E
 
 def _areas(report: Report) -> list[tuple[str, list[Any]]]:
     order = list(AREAS) + sorted({c.area for c in report.checks} - set(AREAS))
-    return [(a, [c for c in report.checks if c.area == a]) for a in order if any(c.area == a for c in report.checks)]
+    return [
+        (a, [c for c in report.checks if c.area == a])
+        for a in order
+        if any(c.area == a for c in report.checks)
+    ]
 
 
 def summary_line(report: Report, strict: bool = False) -> str:

@@ -98,7 +98,9 @@ def collect(python: str | None = None) -> Facts:
         if tk.version is None and tk.nvcc and tk.problem is None:
             tk_jobs[i] = run_nvcc(tk.nvcc, f"nvcc:tk{i}")
     if facts.cuda_home:
-        facts.cuda_home_dir = probes.inspect_toolkit(facts.cuda_home, facts.cuda_home_from or "CUDA_HOME")
+        facts.cuda_home_dir = probes.inspect_toolkit(
+            facts.cuda_home, facts.cuda_home_from or "CUDA_HOME"
+        )
         if facts.cuda_home_dir.nvcc:
             facts.home_toolkit = probes.toolkit_root_of_nvcc(facts.cuda_home_dir.nvcc)
         elif facts.cuda_home_dir.problem is None:
@@ -118,7 +120,11 @@ def collect(python: str | None = None) -> Facts:
         value, error, ms = par.result(job)
         facts.timings_ms[job] = round(ms, 1)
         if error is not None:
-            return CmdResult(argv=[job], problem=error) if job.startswith(("nvcc", "cc", "ninja", "ldconfig")) else error
+            return (
+                CmdResult(argv=[job], problem=error)
+                if job.startswith(("nvcc", "cc", "ninja", "ldconfig"))
+                else error
+            )
         return value
 
     if path_job:
@@ -146,7 +152,9 @@ def collect(python: str | None = None) -> Facts:
             facts.ldconfig_problem = run.problem
 
     torch = result("torch")
-    facts.torch = torch if isinstance(torch, TorchInfo) else TorchInfo(python=python, problem=str(torch))
+    facts.torch = (
+        torch if isinstance(torch, TorchInfo) else TorchInfo(python=python, problem=str(torch))
+    )
     known = {t.real for t in facts.toolkits}
     for root, version in facts.torch.pip_toolkits:
         tk = probes.inspect_toolkit(root, "pip (nvidia-cuda-nvcc)")
@@ -176,14 +184,26 @@ def _facts_json(f: Facts) -> dict[str, Any]:
     return {
         "driver": f.driver.to_json() if f.driver is not None else {"error": f.nvml_problem},
         "python": t.python if t is not None else f.python,
-        "torch": None if t is None else {
-            "found": t.found, "version": t.version, "cuda": t.cuda, "hip": t.hip,
-            "location": t.location, "nccl": t.nccl, "problem": t.problem,
+        "torch": None
+        if t is None
+        else {
+            "found": t.found,
+            "version": t.version,
+            "cuda": t.cuda,
+            "hip": t.hip,
+            "location": t.location,
+            "nccl": t.nccl,
+            "problem": t.problem,
         },
         "cuda_home": {"path": f.cuda_home, "from": f.cuda_home_from},
-        "nvcc": {"path": f.path_nvcc, "output": f.path_nvcc_run.first_line() if f.path_nvcc_run else None},
+        "nvcc": {
+            "path": f.path_nvcc,
+            "output": f.path_nvcc_run.first_line() if f.path_nvcc_run else None,
+        },
         "toolkits": [tk.to_json() for tk in f.toolkits],
-        "compiler": None if c is None else {"path": c.path, "source": c.source, "kind": c.kind, "version": c.version},
+        "compiler": None
+        if c is None
+        else {"path": c.path, "source": c.source, "kind": c.kind, "version": c.version},
         "env": redacted_env(f.env),
         "timings_ms": f.timings_ms,
     }
@@ -193,7 +213,11 @@ def build_report(f: Facts) -> Report:
     checks = run_checks(f)
     secrets = _secret_values(f.env)
     for c in checks:
-        c.detail, c.fix, c.title = _scrub(c.detail, secrets), _scrub(c.fix, secrets), _scrub(c.title, secrets)
+        c.detail, c.fix, c.title = (
+            _scrub(c.detail, secrets),
+            _scrub(c.fix, secrets),
+            _scrub(c.title, secrets),
+        )
         c.data = _scrub(c.data, secrets)
         # A secret-looking variable's value never leaves the process, even inside data.
     gpus = [g.to_json() for g in f.gpus] if f.gpus else []
@@ -208,7 +232,9 @@ def run_doctor(python: str | None = None) -> Report:
         why = f"the doctor could not collect facts: {type(exc).__name__}: {exc}"
         return Report(
             checks=[
-                Check(cid, "error", TITLES[cid], why, "please report this as an xl bug", AREA_OF[cid])
+                Check(
+                    cid, "error", TITLES[cid], why, "please report this as an xl bug", AREA_OF[cid]
+                )
                 for cid in CHECK_IDS
             ]
         )

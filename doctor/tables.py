@@ -104,7 +104,11 @@ def deepspeed_verdict(toolkit: str, torch_cuda: str, skip_check: bool) -> str:
     a, b = ".".join(map(str, tk)), ".".join(map(str, tc))
     if tk == tc:
         return "DeepSpeed accepts it"
-    allowed = tk[0] == tc[0] and a in DEEPSPEED_MINOR_OK.get(tk[0], ()) and b in DEEPSPEED_MINOR_OK.get(tk[0], ())
+    allowed = (
+        tk[0] == tc[0]
+        and a in DEEPSPEED_MINOR_OK.get(tk[0], ())
+        and b in DEEPSPEED_MINOR_OK.get(tk[0], ())
+    )
     if allowed:
         return f"DeepSpeed accepts it ({a} and {b} are both on its CUDA {tk[0]} allow-list)"
     if skip_check:
@@ -118,17 +122,36 @@ def deepspeed_verdict(toolkit: str, torch_cuda: str, skip_check: bool) -> str:
 
 # Oldest driver branch that supports each CUDA minor (NVIDIA's CUDA release notes, Linux).
 DRIVER_FOR_CUDA: dict[str, str] = {
-    "11.0": "450.36.06", "11.1": "455.23.05", "11.2": "460.27.03", "11.3": "465.19.01",
-    "11.4": "470.42.01", "11.5": "495.29.05", "11.6": "510.39.01", "11.7": "515.43.04",
-    "11.8": "520.61.05", "12.0": "525.60.13", "12.1": "530.30.02", "12.2": "535.54.03",
-    "12.3": "545.23.06", "12.4": "550.54.14", "12.5": "555.42.02", "12.6": "560.28.03",
-    "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06",
+    "11.0": "450.36.06",
+    "11.1": "455.23.05",
+    "11.2": "460.27.03",
+    "11.3": "465.19.01",
+    "11.4": "470.42.01",
+    "11.5": "495.29.05",
+    "11.6": "510.39.01",
+    "11.7": "515.43.04",
+    "11.8": "520.61.05",
+    "12.0": "525.60.13",
+    "12.1": "530.30.02",
+    "12.2": "535.54.03",
+    "12.3": "545.23.06",
+    "12.4": "550.54.14",
+    "12.5": "555.42.02",
+    "12.6": "560.28.03",
+    "12.8": "570.26",
+    "12.9": "575.51.03",
+    "13.0": "580.65.06",
 }
 
 # CUDA builds of torch wheels on download.pytorch.org (tag -> CUDA).
 TORCH_WHEEL_TAGS: tuple[tuple[str, str], ...] = (
-    ("cu118", "11.8"), ("cu121", "12.1"), ("cu124", "12.4"), ("cu126", "12.6"),
-    ("cu128", "12.8"), ("cu129", "12.9"), ("cu130", "13.0"),
+    ("cu118", "11.8"),
+    ("cu121", "12.1"),
+    ("cu124", "12.4"),
+    ("cu126", "12.6"),
+    ("cu128", "12.8"),
+    ("cu129", "12.9"),
+    ("cu130", "13.0"),
 )
 
 

@@ -16,9 +16,22 @@ from simnvml import SimGPU
 pytestmark = pytest.mark.e2e
 
 ALL_IDS = [
-    "driver", "gpus", "cuda_home", "nvcc", "toolkits", "torch", "torch_cuda_match", "driver_cuda",
-    "host_compiler", "ld_library_path", "cuda_visible_devices", "cuda_device_order", "shm", "nccl",
-    "ninja", "arch_list",
+    "driver",
+    "gpus",
+    "cuda_home",
+    "nvcc",
+    "toolkits",
+    "torch",
+    "torch_cuda_match",
+    "driver_cuda",
+    "host_compiler",
+    "ld_library_path",
+    "cuda_visible_devices",
+    "cuda_device_order",
+    "shm",
+    "nccl",
+    "ninja",
+    "arch_list",
 ]
 
 
@@ -36,7 +49,11 @@ def _complete(report: dict) -> None:
 
 
 def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
-    sim = simnvml(gpus=[SimGPU(model="A100"), SimGPU(model="A100")], driver_version="550.54.15", cuda_version=12040)
+    sim = simnvml(
+        gpus=[SimGPU(model="A100"), SimGPU(model="A100")],
+        driver_version="550.54.15",
+        cuda_version=12040,
+    )
     box = Sandbox(tmp_path)
     tk = box.toolkit("cuda-12.4", "12.4.131", gcc_max=13, clang_max=17)
     box.compiler("c++", "gcc", "12.3.0")
@@ -63,7 +80,10 @@ def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
     assert "2x NVIDIA A100-SXM4-80GB" in checks["gpus"]["detail"]
     assert "12.4" in checks["nvcc"]["detail"]
     assert "NCCL 2.20.5 (nvidia-nccl-cu12)" in checks["nccl"]["detail"]
-    assert "gcc 12.3.0" in checks["host_compiler"]["detail"] and "<= 13" in checks["host_compiler"]["detail"]
+    assert (
+        "gcc 12.3.0" in checks["host_compiler"]["detail"]
+        and "<= 13" in checks["host_compiler"]["detail"]
+    )
     assert checks["host_compiler"]["data"]["limit_from"].endswith("host_config.h")
     assert checks["cuda_visible_devices"]["data"]["devices"] == [1, 0]
     assert [g["index"] for g in report["gpus"]] == [0, 1]
@@ -111,11 +131,17 @@ def test_broken_gpu_box_fails_with_fixes(tmp_path: Path, simnvml) -> None:
     # CUDA_HOME unset: torch takes the folder above `which nvcc`.
     assert st["cuda_home"] == "ok" and checks["cuda_home"]["data"]["cuda_home"] == str(tk)
     assert st["torch_cuda_match"] == "fail"
-    assert "11.8" in checks["torch_cuda_match"]["detail"] and "12.4" in checks["torch_cuda_match"]["detail"]
+    assert (
+        "11.8" in checks["torch_cuda_match"]["detail"]
+        and "12.4" in checks["torch_cuda_match"]["detail"]
+    )
     assert "DeepSpeed refuses" in checks["torch_cuda_match"]["detail"]
     assert "cu118" in checks["torch_cuda_match"]["fix"]  # no 12.4 toolkit here: the wheel for 11.8
     assert st["driver_cuda"] == "fail" and "12.2" in checks["driver_cuda"]["detail"]
-    assert "insufficient" in checks["driver_cuda"]["detail"] and "550.54.14" in checks["driver_cuda"]["fix"]
+    assert (
+        "insufficient" in checks["driver_cuda"]["detail"]
+        and "550.54.14" in checks["driver_cuda"]["fix"]
+    )
     assert st["host_compiler"] == "fail" and "<= 11" in checks["host_compiler"]["detail"]
     assert f"NVCC_CCBIN={box.bin / 'g++-11'}" in checks["host_compiler"]["fix"]
     ld = checks["ld_library_path"]
@@ -123,7 +149,9 @@ def test_broken_gpu_box_fails_with_fixes(tmp_path: Path, simnvml) -> None:
     assert "empty entry" in ld["detail"] and "/nonexistent/lib" in ld["detail"]
     assert "libcudart.so.12" in ld["detail"] and "shadows" in ld["detail"]
     assert str(stray) not in ld["fix"] and "/nonexistent/lib" not in ld["fix"]
-    assert st["cuda_visible_devices"] == "fail" and "twice" in checks["cuda_visible_devices"]["detail"]
+    assert (
+        st["cuda_visible_devices"] == "fail" and "twice" in checks["cuda_visible_devices"]["detail"]
+    )
     assert st["cuda_device_order"] == "warn" and "PCI_BUS_ID" in checks["cuda_device_order"]["fix"]
     assert st["arch_list"] == "fail" and "8.0" in checks["arch_list"]["detail"]
     assert "8.0" in checks["arch_list"]["fix"] and "7.5" in checks["arch_list"]["fix"]
@@ -167,16 +195,25 @@ def test_minor_mismatch_disagreeing_toolkits_and_driver_not_loaded(tmp_path: Pat
     assert f"CUDA_HOME={tk121}" not in tcm["fix"]  # 12.1 exists but was not found: not on any path
     assert st["driver_cuda"] == "skip"
     assert st["host_compiler"] == "fail" and "clang 18.1.8" in checks["host_compiler"]["detail"]
-    assert st["cuda_device_order"] == "warn" and "SLOWEST_FIRST" in checks["cuda_device_order"]["detail"]
+    assert (
+        st["cuda_device_order"] == "warn"
+        and "SLOWEST_FIRST" in checks["cuda_device_order"]["detail"]
+    )
     assert st["nccl"] == "warn" and "TORCH_NCCL_BLOCKING_WAIT" in checks["nccl"]["fix"]
     assert proc.returncode == 1
 
 
 @pytest.mark.parametrize(
     ("init_error", "status", "words"),
-    [("version_mismatch", "fail", "reboot"), ("no_permission", "fail", "video"), ("unknown", "error", "nvidia-smi")],
+    [
+        ("version_mismatch", "fail", "reboot"),
+        ("no_permission", "fail", "video"),
+        ("unknown", "error", "nvidia-smi"),
+    ],
 )
-def test_each_nvml_init_failure_is_named(tmp_path: Path, simnvml, init_error: str, status: str, words: str) -> None:
+def test_each_nvml_init_failure_is_named(
+    tmp_path: Path, simnvml, init_error: str, status: str, words: str
+) -> None:
     sim = simnvml(gpus=1, init_error=init_error)
     box = Sandbox(tmp_path)
     env = box.env(PATH=["/usr/bin"], **sim.env)
@@ -188,7 +225,11 @@ def test_each_nvml_init_failure_is_named(tmp_path: Path, simnvml, init_error: st
 
 
 def test_cpu_torch_on_gpu_box_and_consumer_nccl_trap(tmp_path: Path, simnvml) -> None:
-    sim = simnvml(gpus=[SimGPU(model="RTX4090"), SimGPU(model="RTX4090")], driver_version="535.104.05", cuda_version=12020)
+    sim = simnvml(
+        gpus=[SimGPU(model="RTX4090"), SimGPU(model="RTX4090")],
+        driver_version="535.104.05",
+        cuda_version=12020,
+    )
     box = Sandbox(tmp_path)
     tk = box.toolkit("cuda-12.4", "12.4.131", gcc_max=13)
     env = box.env(
@@ -206,7 +247,9 @@ def test_cpu_torch_on_gpu_box_and_consumer_nccl_trap(tmp_path: Path, simnvml) ->
     assert st["torch"] == "fail" and "CPU-only" in checks["torch"]["detail"]
     assert "download.pytorch.org/whl/cu121" in checks["torch"]["fix"]
     assert st["nccl"] == "warn" and "NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1" in checks["nccl"]["fix"]
-    assert st["cuda_visible_devices"] == "warn" and "empty" in checks["cuda_visible_devices"]["detail"]
+    assert (
+        st["cuda_visible_devices"] == "warn" and "empty" in checks["cuda_visible_devices"]["detail"]
+    )
     assert st["cuda_device_order"] == "ok"  # identical GPUs
     assert st["host_compiler"] == "warn"  # no compiler at all on this PATH
     assert st["arch_list"] == "fail" and "leaves out 8.9" in checks["arch_list"]["detail"]
@@ -223,11 +266,14 @@ def test_unbreakable_hangs_garbage_and_bad_bytes(tmp_path: Path) -> None:
     hang_py = box.script(tmp_path / "py" / "python", f"/bin/sleep {box.marker}\n")
     not_a_dir = tmp_path / "file.so"
     not_a_dir.write_text("x")
-    env = {k.encode(): v.encode() for k, v in box.env(
-        CUDA_HOME=tmp_path / "nowhere",
-        CONDA_PREFIX=conda,
-        LD_LIBRARY_PATH=f"{not_a_dir}:/nonexistent",
-    ).items()}
+    env = {
+        k.encode(): v.encode()
+        for k, v in box.env(
+            CUDA_HOME=tmp_path / "nowhere",
+            CONDA_PREFIX=conda,
+            LD_LIBRARY_PATH=f"{not_a_dir}:/nonexistent",
+        ).items()
+    }
     env[b"WEIRD_\xff"] = b"\xfe\xff not utf-8"
     env[b"TORCH_CUDA_ARCH_LIST"] = b"8.0;\xff\xfe"
     env[b"NCCL_DEBUG"] = b"TRACE"
@@ -253,7 +299,11 @@ def test_real_machine(tmp_path: Path) -> None:
     """This box: CUDA 13.0 toolkit, gcc 12, no driver, CPU torch 2.13.0 in the venv."""
     if not Path("/usr/local/cuda-13.0/bin/nvcc").exists():
         pytest.skip("not the project's reference machine (no /usr/local/cuda-13.0)")
-    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES")
+    }
     report, proc = run_doctor_json(env)
     _complete(report)
     st = statuses(report)
@@ -262,14 +312,23 @@ def test_real_machine(tmp_path: Path) -> None:
     assert checks["driver"]["data"]["error_kind"] == "library_not_found"
     assert st["nvcc"] == "ok" and "13.0" in checks["nvcc"]["detail"]
     assert st["host_compiler"] == "ok" and "gcc 12" in checks["host_compiler"]["detail"]
-    assert st["torch"] == "ok" and "2.13.0" in checks["torch"]["detail"] and "CPU-only" in checks["torch"]["detail"]
-    assert any(t["real"] == "/usr/local/cuda-13.0" and t["version"].startswith("13.0") for t in report["toolkits"])
+    assert (
+        st["torch"] == "ok"
+        and "2.13.0" in checks["torch"]["detail"]
+        and "CPU-only" in checks["torch"]["detail"]
+    )
+    assert any(
+        t["real"] == "/usr/local/cuda-13.0" and t["version"].startswith("13.0")
+        for t in report["toolkits"]
+    )
     assert report["torch"]["location"].startswith(str(Path(sys.executable).parent.parent))
     assert proc.returncode == 0  # no driver is a valid CPU setup
     strict = run_doctor(env, "--json", "--strict")
     assert strict.returncode == (1 if report["status"] in ("warn", "error") else 0)
     plain = run_doctor({**env, "NO_COLOR": "1"})
-    assert "\x1b[" not in plain.stdout and plain.stdout.rstrip().splitlines()[-1].startswith("16 checks:")
+    assert "\x1b[" not in plain.stdout and plain.stdout.rstrip().splitlines()[-1].startswith(
+        "16 checks:"
+    )
     assert "Traceback" not in plain.stderr
 
 

@@ -118,7 +118,9 @@ class Sandbox:
         (root / "bin").mkdir(parents=True, exist_ok=True)
         if full and version_file == "json":
             (root / "version.json").write_text(
-                json.dumps({"cuda": {"name": "CUDA SDK", "version": full}, "cuda_nvcc": {"version": full}})
+                json.dumps(
+                    {"cuda": {"name": "CUDA SDK", "version": full}, "cuda_nvcc": {"version": full}}
+                )
             )
         elif full and version_file == "txt":
             (root / "version.txt").write_text(f"CUDA Version {full}\n")
@@ -139,7 +141,15 @@ class Sandbox:
             (lib / "libcudart.so").write_bytes(b"\x7fELF fake")
         return root
 
-    def compiler(self, name: str, kind: str, version: str, *, where: Path | None = None, behaviour: str = "ok") -> Path:
+    def compiler(
+        self,
+        name: str,
+        kind: str,
+        version: str,
+        *,
+        where: Path | None = None,
+        behaviour: str = "ok",
+    ) -> Path:
         """A compiler answering --version and -dumpfullversion the way gcc/clang do."""
         path = (where or self.bin) / name
         if behaviour == "hang":
@@ -191,7 +201,9 @@ class Sandbox:
         if nccl:
             d = site / f"nvidia_nccl_cu{(cuda or '12').split('.')[0]}-{nccl}.dist-info"
             d.mkdir(exist_ok=True)
-            (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nvidia-nccl\nVersion: {nccl}\n")
+            (d / "METADATA").write_text(
+                f"Metadata-Version: 2.1\nName: nvidia-nccl\nVersion: {nccl}\n"
+            )
         if pip_nvcc:
             d = site / f"nvidia_cuda_nvcc_cu{pip_nvcc.split('.')[0]}-{pip_nvcc}.dist-info"
             d.mkdir(exist_ok=True)
@@ -209,7 +221,13 @@ class Sandbox:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def env(self, *, PATH: Sequence[Path | str] = (), extra: Mapping[str, str] | None = None, **values: Any) -> dict[str, str]:
+    def env(
+        self,
+        *,
+        PATH: Sequence[Path | str] = (),
+        extra: Mapping[str, str] | None = None,
+        **values: Any,
+    ) -> dict[str, str]:
         """A clean environment: only what the scenario sets, plus HOME and a tidy locale."""
         env = {
             "HOME": str(self.root),
@@ -234,7 +252,9 @@ class Sandbox:
         return out
 
 
-def run_doctor(env: Mapping[str, str] | Mapping[bytes, bytes], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_doctor(
+    env: Mapping[str, str] | Mapping[bytes, bytes], *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """The real `xl doctor` as a new process."""
     return subprocess.run(
         [sys.executable, "-m", "xl", "doctor", *args],
@@ -246,13 +266,17 @@ def run_doctor(env: Mapping[str, str] | Mapping[bytes, bytes], *args: str, timeo
     )
 
 
-def run_doctor_json(env: Mapping[str, str] | Mapping[bytes, bytes], *args: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+def run_doctor_json(
+    env: Mapping[str, str] | Mapping[bytes, bytes], *args: str
+) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
     proc = run_doctor(env, "--json", *args)
     assert "Traceback" not in proc.stderr, proc.stderr
     try:
         data = json.loads(proc.stdout)
     except ValueError as exc:
-        raise AssertionError(f"not JSON (exit {proc.returncode}): {proc.stdout[:400]!r} {proc.stderr[:400]!r}") from exc
+        raise AssertionError(
+            f"not JSON (exit {proc.returncode}): {proc.stdout[:400]!r} {proc.stderr[:400]!r}"
+        ) from exc
     return data, proc
 
 

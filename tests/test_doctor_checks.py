@@ -1,0 +1,390 @@
+"""The doctor's table-heavy decisions, as pure functions over hand-built facts; the report object,
+its rendering, and the bounded subprocess runner."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from fakecuda import host_config, nvcc_output
+
+from xl.doctor import checks, probes, run
+from xl.doctor.facts import (
+    CmdResult,
+    Compiler,
+    Facts,
+    LdEntry,
+    Toolkit,
+    TorchInfo,
+    parse_nvcc_version,
+)
+from xl.doctor.render import render_plain, render_report
+from xl.doctor.report import Check, Report
+from xl.doctor.tables import compiler_max_from_table, deepspeed_verdict, parse_host_config
+from xl.nvml import GPU, Driver
+
+
+def gpu(index: int, name: str = "NVIDIA A100-SXM4-80GB", cc: str = "8.0") -> GPU:
+    return GPU(
+        index,
+        f"GPU-{index:08d}",
+        name,
+        f"00000000:{index + 7:02X}:00.0",
+        81920.0,
+        0.0,
+        81920.0,
+        0,
+        0,
+        30,
+        60.0,
+        400.0,
+        cc,
+        False,
+    )
+
+
+def facts(**kw) -> Facts:
+    base = {"env": {}, "python": sys.executable, "driver": Driver("550.54.15", "12.4")}
+    base.update(kw)
+    return Facts(**base)
+
+
+def toolkit(
+    root: str, version: str, *, gcc_max: int | None = None, lib: str | None = None
+) -> Toolkit:
+    return Toolkit(
+        root=root,
+        real=root,
+        version=version,
+        nvcc=f"{root}/bin/nvcc",
+        gcc_max=gcc_max,
+        host_config=f"{root}/include/crt/host_config.h" if gcc_max else None,
+        lib_dirs=[lib] if lib else [],
+        has_headers=True,
+    )
+
+
+def cuda_torch(cuda: str = "12.4") -> TorchInfo:
+    return TorchInfo(
+        python=sys.executable,
+        found=True,
+        version=f"2.4.0+cu{cuda.replace('.', '')}",
+        cuda=cuda,
+        location="/site/torch",
+    )
+
+
+# -- tables ------------------------------------------------------------------------------------
+
+
+def test_host_config_limits_are_read_from_the_header() -> None:
+    assert parse_host_config(host_config(13, 17)) == (None, 13, None, 17)
+    real = Path("/usr/local/cuda/include/crt/host_config.h")
+    if real.exists():  # the machine's CUDA 13.0: gcc <= 15, clang <= 20
+        assert parse_host_config(real.read_text(errors="replace"))[1::2] == (15, 20)
+    old = "#if __GNUC__ < 6 || __GNUC__ > 9\n#error -- unsupported GNU version! gcc versions later than 9\n"
+    assert parse_host_config(old)[:2] == (6, 9)
+
+
+@pytest.mark.parametrize(
+    ("cuda", "gcc"),
+    [
+        ("11.0.3", 9),
+        ("11.4.48", 10),
+        ("11.4.0", 10),
+        ("11.4.100", 11),
+        ("11.8.89", 11),
+        ("12.3.2", 12),
+        ("12.4.1", 13),
+        ("12.6.77", 13),
+        ("12.8.61", 14),
+        ("12.9", 14),
+        ("13.0.88", 15),
+        ("13.2", 15),
+        ("12.7", None),
+        ("14.0", None),
+    ],
+)
+def test_gcc_table_is_nvidias_not_torchs(cuda: str, gcc: int | None) -> None:
+    assert compiler_max_from_table("gcc", cuda) == gcc
+
+
+def test_deepspeed_allow_lists() -> None:
+    assert "accepts" in deepspeed_verdict("12.4", "12.1", False)
+    assert "accepts" in deepspeed_verdict("12.9", "12.8", False)
+    assert "refuses" in deepspeed_verdict("12.7", "12.4", False)
+    assert "no minor mismatch for CUDA 13" in deepspeed_verdict("13.1", "13.0", False)
+    assert "DS_SKIP_CUDA_CHECK=1 makes it only warn" in deepspeed_verdict("13.1", "13.0", True)
+    assert "major" in deepspeed_verdict("11.8", "12.4", False)
+
+
+def test_nvcc_output_parsing() -> None:
+    assert parse_nvcc_version(nvcc_output("12.4.131")) == ("12.4", "12.4.131")
+    assert parse_nvcc_version("garbage \ufffd") == (None, None)
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def test_gcc14_with_cuda_12_8_is_fine_and_gcc15_gets_the_older_compiler() -> None:
+    tk = toolkit("/opt/cuda-12.8", "12.8.61")  # no host_config.h: the table decides
+    run_ok = CmdResult(["nvcc"], stdout=nvcc_output("12.8.93"))
+    base = {
+        "cuda_home": tk.root,
+        "cuda_home_from": "CUDA_HOME",
+        "home_toolkit": tk.root,
+        "toolkits": [tk],
+        "cuda_home_nvcc_run": run_ok,
+    }
+    ok = checks.check_host_compiler(
+        facts(**base, compiler=Compiler("/usr/bin/c++", "c++", "gcc", "14.2.0"))
+    )
+    assert ok.status == "ok" and "<= 14" in ok.detail
+    bad = checks.check_host_compiler(
+        facts(
+            **base,
+            compiler=Compiler("/usr/bin/c++", "c++", "gcc", "15.1.0"),
+            other_compilers=[
+                ("/usr/bin/g++-13", "gcc", 13),
+                ("/usr/bin/g++-14", "gcc", 14),
+                ("/usr/bin/g++-15", "gcc", 15),
+            ],
+        )
+    )
+    assert bad.status == "fail" and "support table" in bad.detail
+    assert bad.fix == "export NVCC_CCBIN=/usr/bin/g++-14 CC=/usr/bin/gcc-14 CXX=/usr/bin/g++-14"
+
+
+def test_minor_mismatch_points_at_the_matching_toolkit() -> None:
+    home = toolkit("/usr/local/cuda-12.6", "12.6.77")
+    match = toolkit("/usr/local/cuda-12.4", "12.4.1")
+    f = facts(
+        torch=cuda_torch("12.4"),
+        cuda_home=home.root,
+        cuda_home_from="CUDA_HOME",
+        home_toolkit=home.root,
+        toolkits=[home, match],
+        cuda_home_nvcc_run=CmdResult(["nvcc"], stdout=nvcc_output("12.6.77")),
+    )
+    c = checks.check_torch_cuda_match(f)
+    assert c.status == "warn" and "DeepSpeed accepts" in c.detail
+    assert c.fix == "export CUDA_HOME=/usr/local/cuda-12.4 PATH=/usr/local/cuda-12.4/bin:$PATH"
+    f13 = facts(
+        torch=cuda_torch("13.0"),
+        cuda_home="/c",
+        home_toolkit="/c",
+        toolkits=[toolkit("/c", "13.1.1")],
+        env={"DS_SKIP_CUDA_CHECK": "1"},
+    )
+    c13 = checks.check_torch_cuda_match(f13)
+    assert (
+        c13.status == "warn" and "DS_SKIP_CUDA_CHECK=1" in c13.detail and "toolkit 13.0" in c13.fix
+    )
+
+
+def test_driver_cuda() -> None:
+    assert checks.check_driver_cuda(facts(torch=cuda_torch("12.4"))).status == "ok"
+    low = checks.check_driver_cuda(
+        facts(torch=cuda_torch("12.8"), driver=Driver("550.54.15", "12.4"))
+    )
+    assert (
+        low.status == "fail"
+        and "12.4" in low.detail
+        and "12.8" in low.detail
+        and "570.26" in low.fix
+    )
+    assert (
+        checks.check_driver_cuda(
+            facts(torch=cuda_torch("12.8"), driver=Driver(None, None, "x", "library_not_found"))
+        ).status
+        == "skip"
+    )
+
+
+def test_shm_under_512_mib_warns() -> None:
+    assert checks.check_shm(facts(shm_total=64 << 20, shm_free=60 << 20)).status == "warn"
+    assert "--shm-size" in checks.check_shm(facts(shm_total=64 << 20, shm_free=0)).fix
+    assert checks.check_shm(facts(shm_total=8 << 30, shm_free=8 << 30)).status == "ok"
+
+
+def test_gpus_mixed_models_and_lost() -> None:
+    mixed = checks.check_gpus(facts(gpus=(gpu(0), gpu(1, "Tesla T4", "7.5"))))
+    assert mixed.status == "warn" and "1x Tesla T4" in mixed.detail
+    assert checks.check_gpus(facts(gpus=(gpu(0), gpu(1)))).status == "ok"
+    assert checks.check_gpus(facts(driver=Driver("550", "12.4"), gpus=())).status == "warn"
+
+
+@pytest.mark.parametrize(
+    ("value", "caps", "nvcc", "status"),
+    [
+        ("8.0+PTX", ["9.0"], None, "warn"),
+        ("Ampere", ["8.6"], None, "ok"),
+        ("8.0;9.0a", ["9.0"], None, "ok"),
+        ("7.0;8.0", ["8.0"], "13.0.88", "fail"),
+        ("7.0;8.0", ["8.0"], "12.4.131", "ok"),
+        ("sm_80", ["8.0"], None, "fail"),
+        ("8.0", [], None, "ok"),
+    ],
+)
+def test_arch_list(value: str, caps: list[str], nvcc: str | None, status: str) -> None:
+    f = facts(
+        env={"TORCH_CUDA_ARCH_LIST": value}, gpus=tuple(gpu(i, cc=c) for i, c in enumerate(caps))
+    )
+    if nvcc:
+        f.cuda_home, f.cuda_home_nvcc_run = "/c", CmdResult(["nvcc"], stdout=nvcc_output(nvcc))
+    assert checks.check_arch_list(f).status == status
+
+
+def test_ld_library_path_shadowing_and_other_versions() -> None:
+    tk = toolkit("/usr/local/cuda-12.4", "12.4.1", lib="/usr/local/cuda-12.4/lib64")
+    base = {"toolkits": [tk], "home_toolkit": tk.root, "env": {"LD_LIBRARY_PATH": "x"}}
+    shadow = facts(
+        **base,
+        ld_entries=[
+            LdEntry("/old", "/old", cudart=["libcudart.so.12"]),
+            LdEntry(tk.lib_dirs[0], tk.lib_dirs[0], cudart=["libcudart.so.12"]),
+        ],
+    )
+    c = checks.check_ld_library_path(shadow)
+    assert (
+        c.status == "fail"
+        and "shadows" in c.detail
+        and c.fix == f"export LD_LIBRARY_PATH={tk.lib_dirs[0]}"
+    )
+    other = facts(**base, ld_entries=[LdEntry("/cuda11", "/cuda11", cudart=["libcudart.so.11.0"])])
+    c = checks.check_ld_library_path(other)
+    assert c.status == "warn" and "CUDA 12.4" in c.detail
+    clean = facts(
+        **base, ld_entries=[LdEntry(tk.lib_dirs[0], tk.lib_dirs[0], cudart=["libcudart.so.12"])]
+    )
+    assert checks.check_ld_library_path(clean).status == "ok"
+
+
+def test_nccl_traps() -> None:
+    boxes = (gpu(0), gpu(1))
+    f = facts(
+        gpus=boxes,
+        torch=cuda_torch(),
+        env={"NCCL_P2P_DISABLE": "1", "NCCL_ASYNC_ERROR_HANDLING": "1"},
+    )
+    c = checks.check_nccl(f)
+    assert (
+        c.status == "warn" and "NVLink" in c.detail and "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in c.fix
+    )
+    assert (
+        checks.check_nccl(
+            facts(
+                gpus=boxes,
+                torch=cuda_torch(),
+                env={"NCCL_SOCKET_IFNAME": "^docker,lo"},
+                net_ifaces=["lo"],
+            )
+        ).status
+        == "ok"
+    )
+    assert (
+        checks.check_nccl(
+            facts(
+                gpus=boxes,
+                torch=cuda_torch(),
+                env={"NCCL_SOCKET_IFNAME": "=eth"},
+                net_ifaces=["eth0"],
+            )
+        ).status
+        == "warn"
+    )
+
+
+def test_a_check_that_raises_becomes_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(f: Facts) -> Check:
+        raise KeyError("x")
+
+    monkeypatch.setattr(checks, "CHECKS", (("shm", boom),))
+    (c,) = checks.run_checks(facts())
+    assert c.status == "error" and "KeyError" in c.detail
+
+
+def test_run_doctor_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(run, "collect", lambda python=None: 1 / 0)
+    report = run.run_doctor()
+    assert len(report.checks) == 16 and report.status == "error" and report.exit_code() == 0
+    assert report.exit_code(strict=True) == 1
+
+
+# -- report and rendering ------------------------------------------------------------------------
+
+
+def _report() -> Report:
+    return Report(
+        [
+            Check("driver", "skip", "NVIDIA driver", "no driver", "install it", "Driver & GPUs"),
+            Check("nvcc", "ok", "nvcc", "CUDA 13.0 at /x\udcff", "", "CUDA toolkit"),
+            Check("shm", "warn", "shared memory", "64 MiB", "docker run --shm-size=16g", "System"),
+        ]
+    )
+
+
+def test_report_status_exit_codes_and_json() -> None:
+    r = _report()
+    assert r.status == "warn" and r.exit_code() == 0 and r.exit_code(strict=True) == 1
+    r.checks.append(Check("torch", "fail", "PyTorch", "CPU-only", "pip install", "PyTorch"))
+    assert r.status == "fail" and r.exit_code() == 1
+    data = r.to_json()
+    assert list(data)[:3] == ["status", "checks", "gpus"]
+    assert set(data["checks"][0]) == {"id", "status", "title", "detail", "fix"}
+    assert data["checks"][1]["detail"].endswith("\ufffd")  # undecodable bytes are shown, not fatal
+    with pytest.raises(ValueError):
+        Check("x", "bad", "t", "d")
+
+
+def test_plain_and_rich_rendering() -> None:
+    text = render_plain(_report())
+    lines = text.rstrip().splitlines()
+    assert (
+        lines[0] == "Driver & GPUs" and "WARN" in text and "fix: docker run --shm-size=16g" in text
+    )
+    assert lines[-1].startswith("3 checks: 1 ok, 1 skip, 1 warn") and "\x1b" not in text
+    from rich.console import Console
+
+    buf = io.StringIO()
+    Console(file=buf, width=120, force_terminal=True, color_system="standard").print(
+        render_report(_report())
+    )
+    out = buf.getvalue()
+    assert "\x1b[" in out
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    assert "shared memory" in plain and "→ docker run --shm-size=16g" in plain and "▲" in plain
+    assert plain.rstrip().splitlines()[-1].startswith("3 checks")
+
+
+# -- the bounded runner ---------------------------------------------------------------------------
+
+
+def test_run_cmd_kills_the_whole_group_on_timeout(tmp_path: Path) -> None:
+    marker = "27.314159"
+    script = tmp_path / "hang"
+    script.write_text(f"#!/bin/sh\n/bin/sleep {marker}\n")
+    script.chmod(0o755)
+    res = probes.run_cmd([str(script)], timeout=0.5)
+    assert res.problem and "did not answer within 0.5 s" in res.problem
+    left = [
+        p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])
+    ]
+    assert left == []
+
+
+def test_run_cmd_missing_garbage_and_runaway(tmp_path: Path) -> None:
+    assert "not found" in (probes.run_cmd([str(tmp_path / "nope")]).problem or "")
+    noexec = tmp_path / "noexec"
+    noexec.write_text("x")
+    assert probes.run_cmd([str(noexec)]).problem
+    res = probes.run_cmd(["/bin/sh", "-c", "printf '\\377\\376ok'"])
+    assert res.ok and res.stdout == "\ufffd\ufffdok"
+    if os.path.exists("/usr/bin/yes"):
+        big = probes.run_cmd(["/usr/bin/yes"], timeout=2)
+        assert big.problem and "more than" in big.problem
