@@ -170,7 +170,7 @@ def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None) -> int:
 def launch(spec: LaunchSpec, *, detach: bool, plain: bool | None, plan: Plan | None = None) -> int:
     from .runs import start_run
 
-    handle = start_run(spec, plan)
+    handle = start_run(spec, plan, fork=True)
     if detach:
         print(handle.run_id)
         sys.stderr.write(

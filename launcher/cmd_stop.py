@@ -7,8 +7,7 @@ from collections.abc import Sequence
 
 from xl.cliutil import ArgumentParser
 
-from .runs import read_run, resolve_run, stop_run, wait_for_end
-from .supervisor import grace_from_env
+from .runs import grace_from_env, read_run, resolve_run, stop_run, wait_for_end
 
 
 def main(argv: Sequence[str]) -> int:

@@ -24,7 +24,8 @@ from typing import Any, NoReturn
 
 from xl.fsutil import write_json_atomic
 
-_SKIP_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__ or "")}
+# Frames of this module and of runpy (a frozen module on 3.11+: "<frozen runpy>").
+_SKIP_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__ or ""), "<frozen runpy>"}
 
 
 def _int_env(name: str) -> int | None:
@@ -64,7 +65,9 @@ def _fallback_log(run_dir: str, rank: int) -> None:
 
 def _user_tb(tb: TracebackType | None) -> TracebackType | None:
     # Drop this module's and runpy's frames: the traceback starts in the user's code.
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in _SKIP_FILES:
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in _SKIP_FILES or os.path.abspath(tb.tb_frame.f_code.co_filename) in _SKIP_FILES
+    ):
         tb = tb.tb_next
     return tb
 

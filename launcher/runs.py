@@ -26,9 +26,37 @@ from xl.fsutil import write_json_atomic
 from . import procs
 from .plan import Plan, build_plan
 from .spec import LaunchSpec
-from .supervisor import grace_from_env
+
+DEFAULT_GRACE_S = 10.0
 
 FINAL = ("succeeded", "failed", "stopped")
+
+
+def grace_from_env() -> float:
+    """Seconds between SIGTERM and SIGKILL when a run stops (``XL_STOP_GRACE``, default 10)."""
+    try:
+        return max(0.0, float(os.environ.get("XL_STOP_GRACE", DEFAULT_GRACE_S)))
+    except ValueError:
+        return DEFAULT_GRACE_S
+
+
+class ForkedSupervisor:
+    """The Popen-like handle of a supervisor started by fork (poll() reaps it)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = 0
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 @dataclass
@@ -36,7 +64,7 @@ class RunHandle:
     run_id: str
     run_dir: Path
     pid: int
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | ForkedSupervisor | None = None
 
 
 @dataclass
@@ -115,8 +143,51 @@ def supervisor_alive(run: dict[str, Any]) -> bool:
     return procs.same_process(int(pid), run.get("supervisor_started_at"))
 
 
-def start_run(spec: LaunchSpec, plan: Plan | None = None) -> RunHandle:
-    """Create the run dir, spawn its detached supervisor and return at once."""
+def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
+    """Start the supervisor as a forked copy of this (single-threaded) process.
+
+    Saves a Python start and the imports (~0.1 s of a launch). Only for callers without threads:
+    the child of a threaded process may inherit a held lock.
+    """
+    from xl import nvml
+
+    nvml.shutdown()  # the child opens its own NVML handle; never share the driver's fds
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return ForkedSupervisor(pid)
+    code = 1
+    try:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        os.chdir(run_dir)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        sys.argv = [sys.executable, "-m", "xl.launcher.supervisor", str(run_dir)]
+        from .supervisor import main as supervisor_main
+
+        code = supervisor_main([str(run_dir)])
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def start_run(spec: LaunchSpec, plan: Plan | None = None, *, fork: bool = False) -> RunHandle:
+    """Create the run dir, spawn its detached supervisor and return at once.
+
+    ``fork=True`` (the ``xl launch`` command) forks the supervisor instead of starting a new
+    interpreter; threaded callers (the TUI) keep the default.
+    """
     spec.cwd = spec.cwd or os.getcwd()
     if plan is None:
         plan = build_plan(spec, _inventory())
@@ -150,6 +221,9 @@ def start_run(spec: LaunchSpec, plan: Plan | None = None) -> RunHandle:
     write_json_atomic(run_dir / "run.json", run)
     (run_dir / "events.jsonl").touch()
     (run_dir / "metrics.jsonl").touch()
+    if fork:
+        forked = _fork_supervisor(run_dir)
+        return RunHandle(run_id=run_id, run_dir=run_dir, pid=forked.pid, proc=forked)
     with open(run_dir / "supervisor.log", "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "xl.launcher.supervisor", str(run_dir)],

@@ -47,17 +47,15 @@ from typing import Any
 from xl.fsutil import write_json_atomic
 
 from . import procs
+from .runs import grace_from_env
 
-DEFAULT_GRACE_S = 10.0
 _PR_SET_CHILD_SUBREAPER = 36
 _TICK_S = 0.1
 
 
-def grace_from_env() -> float:
-    try:
-        return max(0.0, float(os.environ.get("XL_STOP_GRACE", DEFAULT_GRACE_S)))
-    except ValueError:
-        return DEFAULT_GRACE_S
+def _debug(what: str) -> None:
+    if os.environ.get("XL_DEBUG_TIMING"):
+        print(f"{time.time():.3f} {what}", file=sys.stderr, flush=True)
 
 
 def _signal_name(code: int) -> str:
@@ -211,10 +209,8 @@ class Supervisor:
         return address
 
     def _start_telemetry(self) -> dict[str, str]:
-        try:
-            from .telemetry import Telemetry
-        except ImportError:  # until launcher/telemetry.py lands
-            return {"XL_TOKEN": self.token}
+        from .telemetry import Telemetry
+
         try:
             self.telemetry = Telemetry(self.run_dir, token=self.token, emit_event=self.emit)
             env = dict(self.telemetry.start())
@@ -249,6 +245,7 @@ class Supervisor:
             pass  # not Linux: orphans go to init; they are still found by XL_RUN_ID
 
     def start(self) -> None:
+        _debug("supervisor start")
         self._subreaper()
         self._install_signals()
         address = self._listen()
@@ -256,7 +253,9 @@ class Supervisor:
         (self.run_dir / "ranks").mkdir(exist_ok=True)
         env = dict(os.environ)
         env.update(self.run.get("env") or {})
+        _debug("before telemetry")
         env.update(self._start_telemetry())
+        _debug("after telemetry")
         env.update({"XL_RUN_ID": self.run_id, "XL_RUN_DIR": str(self.run_dir), "XL_LOGSOCK": address})
         with open(self.run_dir / "logs" / "torchrun.log", "ab") as log:
             self.torchrun = subprocess.Popen(
@@ -310,6 +309,7 @@ class Supervisor:
             if changed:
                 self.save()
             if self.torchrun_code is not None and self._all_done():
+                _debug("torchrun done")
                 self._drain()
                 if not self._leftovers():
                     return
@@ -643,7 +643,9 @@ class Supervisor:
         for st in self.ranks.values():
             if not st.done:
                 st.state = "stopped" if status == "stopped" else "failed"
+        _debug("finish start")
         self._telemetry("stop")
+        _debug("telemetry stopped")
         for fd in self.log_fds.values():
             os.close(fd)
         self.run.update(status=status, ended_at=time.time())

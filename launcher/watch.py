@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from .runs import FINAL, read_run
 
-POLL_S = 0.05
+POLL_S = 0.02
 RENDER_S = 0.25
 
 

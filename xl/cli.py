@@ -19,6 +19,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("xl.doctor.cli", "check this machine for distributed training; print each fix"),
     "gpus": ("xl.gpus", "one-shot GPU inventory: memory, utilization, processes (--json)"),
     "ui": ("xl.tui.app", "the app: GPUs, doctor, launch, live monitor, runs (also plain `xl`)"),
+    "launch": ("xl.launcher.cmd_launch", "launch a supervised torchrun run (--gpus, --nproc, --dry-run, ...)"),
+    "runs": ("xl.launcher.cmd_runs", "list runs and their status (--json)"),
+    "logs": ("xl.launcher.cmd_logs", "print a run's per-rank logs (--rank R, -f)"),
+    "stop": ("xl.launcher.cmd_stop", "stop a run: every rank ends, none is left behind"),
+    "attach": ("xl.launcher.cmd_attach", "watch an existing run live"),
 }
 
 # `xl` alone opens the app once the TUI exists.

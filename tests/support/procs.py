@@ -1,0 +1,148 @@
+"""Helpers for tests that start real runs: run `xl`, wait for a run, find its processes.
+
+A run's processes are found the way a person would check for orphans: every process whose
+environment carries the run's ``XL_RUN_ID`` (torchrun and every rank, whatever their parent),
+plus the supervisor recorded in run.json. Exit codes are never trusted for this.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+
+T = TypeVar("T")
+XL = [sys.executable, "-m", "xl"]
+
+
+def xl_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment for an `xl` subprocess: XL_HOME in a tmp dir, a short stop grace."""
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.update({"XL_HOME": str(home), "XL_STOP_GRACE": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(extra)
+    return env
+
+
+def xl(args: Sequence[str], env: Mapping[str, str], *, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*XL, *args], env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def wait_for(predicate: Callable[[], T], *, timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def only_run(home: Path) -> Path:
+    runs = [p for p in (home / "runs").iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def run_json(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def wait_run(home: Path, *, timeout: float = 60) -> Path:
+    """The run dir of the only run under ``home`` once it exists."""
+    return wait_for(lambda: (home / "runs").is_dir() and next((home / "runs").iterdir(), None), timeout=timeout, what="the run dir")
+
+
+def wait_ranks_running(run_dir: Path, n: int, *, timeout: float = 60) -> dict[str, Any]:
+    """run.json once ``n`` ranks have reported their PIDs and the script printed 'ready'."""
+
+    def ready() -> dict[str, Any] | None:
+        run = run_json(run_dir)
+        ranks = run.get("ranks") or []
+        if len([r for r in ranks if r.get("pid")]) < n:
+            return None
+        for r in range(n):
+            log = run_dir / "logs" / f"rank-{r}.log"
+            if not log.exists() or "ready" not in log.read_text(errors="replace"):
+                return None
+        return run
+
+    return wait_for(ready, timeout=timeout, what=f"{n} ranks to start")
+
+
+def wait_final(run_dir: Path, *, timeout: float = 60) -> dict[str, Any]:
+    return wait_for(
+        lambda: (r := run_json(run_dir)).get("status") in ("succeeded", "failed", "stopped") and r,
+        timeout=timeout,
+        what="the run to end",
+    )
+
+
+def run_processes(run_dir: Path) -> list[psutil.Process]:
+    """Live processes of a run: XL_RUN_ID in their environment, or its recorded supervisor."""
+    run = run_json(run_dir)
+    run_id = run.get("run_id") or run_dir.name
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid == os.getpid() or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.environ().get("XL_RUN_ID") == run_id:
+                found[proc.pid] = proc
+        except (psutil.Error, OSError):
+            continue
+    pids = [run.get("supervisor_pid"), run.get("torchrun_pid")]
+    pids += [r.get("pid") for r in run.get("ranks") or []]
+    for pid in pids:
+        if not pid or pid in found:
+            continue
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() <= time.time():
+                found[pid] = proc
+        except psutil.Error:
+            continue
+    return list(found.values())
+
+
+def describe(procs: Sequence[psutil.Process]) -> str:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid}: {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            out.append(f"{p.pid}: (gone)")
+    return "; ".join(out)
+
+
+def wait_no_processes(run_dir: Path, *, timeout: float) -> None:
+    """Fail unless every process of the run is gone within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    left = run_processes(run_dir)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = run_processes(run_dir)
+    assert not left, f"processes of the run still alive after {timeout}s: {describe(left)}"
+
+
+def kill_run(run_dir: Path) -> None:
+    """Test cleanup: SIGKILL whatever is left of a run (a failing test must not leak it)."""
+    for proc in run_processes(run_dir):
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
