@@ -254,7 +254,7 @@ def test_attach_shows_a_running_run_until_it_ends(tmp_path: Path) -> None:
         attached = xl(["attach", "last"], env, timeout=60)
         assert attached.returncode == 0, attached.stderr
         assert "[rank 0] bye" in attached.stdout and "succeeded" in attached.stdout
-        wait_for(lambda: not run_json(run_dir).get("status") == "running", timeout=10, what="the end")
+        wait_for(lambda: run_json(run_dir).get("status") != "running", timeout=10, what="the end")
         wait_no_processes(run_dir, timeout=GRACE + 2)
     finally:
         kill_run(run_dir)
