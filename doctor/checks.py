@@ -210,7 +210,7 @@ def check_gpus(f: Facts) -> Check:
 
 
 def check_cuda_home(f: Facts) -> Check:
-    title = "CUDA_HOME (as torch resolves it)"
+    title = "CUDA_HOME"
     home, src = f.cuda_home, f.cuda_home_from
     data: dict[str, Any] = {"cuda_home": home, "from": src}
     if not home:
@@ -309,7 +309,9 @@ def check_cuda_home(f: Facts) -> Check:
             data,
         )
     ver = f" (CUDA {home_short})" if home_short else ""
-    return Check("cuda_home", "ok", title, f"{home}{ver}, from {src}", "", A_CUDA, data)
+    return Check(
+        "cuda_home", "ok", title, f"{home}{ver}, from {src}, as torch resolves it", "", A_CUDA, data
+    )
 
 
 def check_nvcc(f: Facts) -> Check:
@@ -559,7 +561,7 @@ def check_torch(f: Facts) -> Check:
 
 
 def check_torch_cuda_match(f: Facts) -> Check:
-    title = "torch's CUDA vs the toolkit"
+    title = "torch CUDA vs nvcc"
     tc = _torch_cuda(f)
     if not tc:
         return Check(
@@ -615,7 +617,7 @@ def check_torch_cuda_match(f: Facts) -> Check:
 
 
 def check_driver_cuda(f: Facts) -> Check:
-    title = "driver vs torch's CUDA"
+    title = "driver vs torch CUDA"
     tc = _torch_cuda(f)
     d = f.driver
     if not tc:
@@ -652,7 +654,7 @@ def check_driver_cuda(f: Facts) -> Check:
 
 
 def check_host_compiler(f: Facts) -> Check:
-    title = "host compiler for nvcc"
+    title = "host compiler"
     c = f.compiler
     tk = _in_use_toolkit(f)
     cuda_ver, _ = home_cuda(f)
@@ -1341,13 +1343,13 @@ AREA_OF = {
 TITLES = {
     "driver": "NVIDIA driver",
     "gpus": "GPUs",
-    "cuda_home": "CUDA_HOME (as torch resolves it)",
+    "cuda_home": "CUDA_HOME",
     "nvcc": "nvcc",
     "toolkits": "CUDA toolkits",
     "torch": "PyTorch",
-    "torch_cuda_match": "torch's CUDA vs the toolkit",
-    "driver_cuda": "driver vs torch's CUDA",
-    "host_compiler": "host compiler for nvcc",
+    "torch_cuda_match": "torch CUDA vs nvcc",
+    "driver_cuda": "driver vs torch CUDA",
+    "host_compiler": "host compiler",
     "ld_library_path": "LD_LIBRARY_PATH",
     "cuda_visible_devices": "CUDA_VISIBLE_DEVICES",
     "cuda_device_order": "CUDA_DEVICE_ORDER",

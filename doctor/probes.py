@@ -428,6 +428,16 @@ def pick_compiler(env: Mapping[str, str]) -> tuple[str | None, str]:
         if value:
             # torch passes `-ccbin $CC`; values may carry flags ("ccache g++"): the last word runs.
             word = value.split()[-1] if " " in value else value
+            if _is_dir(word):  # `-ccbin DIR` makes nvcc run the compiler inside DIR
+                inner = next(
+                    (
+                        os.path.join(word, n)
+                        for n in ("g++", "c++", "gcc", "clang++")
+                        if _is_file(os.path.join(word, n))
+                    ),
+                    None,
+                )
+                return inner or word, var
             if os.sep in word:
                 return word, var
             return which(word, path_value) or word, var

@@ -53,11 +53,13 @@ def render_report(report: Report, strict: bool = False) -> RenderableType:
     from rich.text import Text
 
     parts: list[Any] = []
+    # One title width for every area, so the details line up down the whole report.
+    title_w = max((len(c.title) for c in report.checks), default=10)
     for area, checks in _areas(report):
         parts.append(Text(area, style="bold underline"))
         table = Table.grid(padding=(0, 1))
         table.add_column(width=1, no_wrap=True)
-        table.add_column(no_wrap=True, style="bold")
+        table.add_column(width=title_w, no_wrap=True, style="bold")
         table.add_column(ratio=1)
         for c in checks:
             body = Text(c.detail)

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from fakecuda import Sandbox, by_id, run_doctor, run_doctor_json, statuses
 from simnvml import SimGPU
@@ -35,6 +36,20 @@ ALL_IDS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _no_leftovers(tmp_path: Path):
+    """Nothing the doctor started from a sandbox outlives the test (scanned, not trusted)."""
+    yield
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if str(tmp_path) in " ".join(p.info["cmdline"] or []):
+                left.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    assert left == [], left
+
+
 def _complete(report: dict) -> None:
     """The report always has every check, each with the contract's fields."""
     assert [c["id"] for c in report["checks"]] == ALL_IDS
@@ -58,7 +73,7 @@ def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
     tk = box.toolkit("cuda-12.4", "12.4.131", gcc_max=13, clang_max=17)
     box.compiler("c++", "gcc", "12.3.0")
     box.tool("ninja", "1.11.1\n")
-    site = box.torch("2.4.0+cu124", cuda="12.4", nccl="2.20.5")
+    site = box.torch("2.4.0+cu124", cuda="12.4", nccl="2.20.5", pip_nvcc="12.4.131")
     env = box.env(
         PATH=[tk / "bin"],
         CUDA_HOME=tk,
@@ -87,6 +102,8 @@ def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
     assert checks["host_compiler"]["data"]["limit_from"].endswith("host_config.h")
     assert checks["cuda_visible_devices"]["data"]["devices"] == [1, 0]
     assert [g["index"] for g in report["gpus"]] == [0, 1]
+    pip_tk = [t for t in report["toolkits"] if "pip (nvidia-cuda-nvcc)" in t["found_by"]]
+    assert [(t["root"], t["version"]) for t in pip_tk] == [(str(site / "nvidia" / "cuda_nvcc"), "12.4.131")]
     # Secret-looking variables never leave the process, in any mode.
     assert "hf_topsecretvalue123" not in proc.stdout and "hunter2hunter2" not in proc.stdout
     text = run_doctor(env)
@@ -165,7 +182,7 @@ def test_minor_mismatch_disagreeing_toolkits_and_driver_not_loaded(tmp_path: Pat
     sim = simnvml(gpus=2, init_error="driver_not_loaded")
     box = Sandbox(tmp_path)
     tk124 = box.toolkit("cuda-12.4", "12.4.131", gcc_max=13)
-    tk126 = box.toolkit("cuda-12.6", "12.6.77", gcc_max=13)
+    tk126 = box.toolkit("cuda-12.6", "12.6.77", gcc_max=13, version_file=None)  # nvcc tells
     tk121 = box.toolkit("cuda-12.1", "12.1.105", gcc_max=12)
     box.compiler("c++", "clang", "18.1.8")
     site = box.torch("2.3.1+cu121", cuda="12.1", nccl="2.18.1")
@@ -175,6 +192,7 @@ def test_minor_mismatch_disagreeing_toolkits_and_driver_not_loaded(tmp_path: Pat
         PYTHONPATH=site,
         LD_LIBRARY_PATH=str(sim.library_dir),
         XL_SIMNVML_CONFIG=sim.env["XL_SIMNVML_CONFIG"],
+        CONDA_PREFIX=tk121,
         CUDA_DEVICE_ORDER="SLOWEST_FIRST",
         NCCL_BLOCKING_WAIT="1",
     )
@@ -190,9 +208,11 @@ def test_minor_mismatch_disagreeing_toolkits_and_driver_not_loaded(tmp_path: Pat
     assert checks["toolkits"]["data"]["selected"] == {"PATH": str(tk126), "CUDA_HOME": str(tk124)}
     found = {t["root"]: t["version"] for t in checks["toolkits"]["data"]["toolkits"]}
     assert found[str(tk124)] == "12.4.131" and found[str(tk126)] == "12.6.77"
+    assert next(t for t in report["toolkits"] if t["root"] == str(tk126))["version_from"] == "nvcc"
     tcm = checks["torch_cuda_match"]
     assert st["torch_cuda_match"] == "warn" and "DeepSpeed accepts" in tcm["detail"]
-    assert f"CUDA_HOME={tk121}" not in tcm["fix"]  # 12.1 exists but was not found: not on any path
+    assert tcm["fix"] == f"export CUDA_HOME={tk121} PATH={tk121}/bin:$PATH"  # conda's 12.1 matches torch
+    assert "$CONDA_PREFIX" in next(t for t in report["toolkits"] if t["root"] == str(tk121))["found_by"]
     assert st["driver_cuda"] == "skip"
     assert st["host_compiler"] == "fail" and "clang 18.1.8" in checks["host_compiler"]["detail"]
     assert (
@@ -330,6 +350,18 @@ def test_real_machine(tmp_path: Path) -> None:
         "16 checks:"
     )
     assert "Traceback" not in plain.stderr
+
+
+def test_python_without_torch(tmp_path: Path) -> None:
+    other = "/usr/bin/python3"
+    if not os.path.exists(other) or os.path.realpath(other) == os.path.realpath(sys.executable):
+        pytest.skip("no second interpreter at /usr/bin/python3")
+    report, proc = run_doctor_json(Sandbox(tmp_path).env(PATH=["/usr/bin"]), "--python", other)
+    torch = by_id(report)["torch"]
+    if torch["status"] == "ok":
+        pytest.skip("/usr/bin/python3 has torch installed")
+    assert torch["status"] == "fail" and "not installed" in torch["detail"]
+    assert torch["fix"].startswith(f"{other} -m pip install torch") and proc.returncode == 1
 
 
 def test_bad_usage_is_one_line_exit_2(tmp_path: Path) -> None:
