@@ -243,7 +243,8 @@ def check_cuda_home(f: Facts) -> Check:
     best = _in_use_toolkit(f)
     if best is None or not best.version or best.problem:
         best = next((t for t in f.toolkits if t.nvcc and t.version and not t.problem), None)
-    alt = _export_toolkit(best) if best is not None and best.real != os.path.realpath(home) else ""
+    home_real = d.real if d is not None else home
+    alt = _export_toolkit(best) if best is not None and best.real != home_real else ""
     if d is None or d.problem:
         why = d.problem if d is not None and d.problem else f"{home} is not readable"
         fix = alt or (f"unset {src}" if src in ("CUDA_HOME", "CUDA_PATH") else "")

@@ -172,13 +172,7 @@ class Facts:
     timings_ms: dict[str, float] = field(default_factory=dict)
 
     def toolkit_at(self, path: str | None) -> Toolkit | None:
-        """The toolkit whose root (or an alias of it) is `path`."""
+        """The toolkit whose real path, root or an alias is `path` (the probes resolved them)."""
         if not path:
             return None
-        import os
-
-        try:
-            real = os.path.realpath(path)
-        except (OSError, ValueError):
-            return None
-        return next((t for t in self.toolkits if t.real == real), None)
+        return next((t for t in self.toolkits if path in (t.real, t.root, *t.aliases)), None)

@@ -300,6 +300,12 @@ def test_nccl_traps() -> None:
     )
 
 
+def test_ninja_beside_the_interpreter_but_not_on_path() -> None:
+    c = checks.check_ninja(facts(ninja_in_bin="/venv/bin/ninja"))
+    assert c.status == "warn" and c.fix == "export PATH=/venv/bin:$PATH"
+    assert checks.check_ninja(facts()).fix.endswith("-m pip install ninja")
+
+
 def test_a_check_that_raises_becomes_error(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(f: Facts) -> Check:
         raise KeyError("x")

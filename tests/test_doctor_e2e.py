@@ -295,6 +295,8 @@ def test_unbreakable_hangs_garbage_and_bad_bytes(tmp_path: Path) -> None:
         ).items()
     }
     env[b"WEIRD_\xff"] = b"\xfe\xff not utf-8"
+    env[b"PATH"] += b":/nonexistent/\xff\xfe"
+    env[b"LD_LIBRARY_PATH"] += b":/gone/\xff"
     env[b"TORCH_CUDA_ARCH_LIST"] = b"8.0;\xff\xfe"
     env[b"NCCL_DEBUG"] = b"TRACE"
     report, proc = run_doctor_json(env, "--python", str(hang_py))
@@ -309,7 +311,7 @@ def test_unbreakable_hangs_garbage_and_bad_bytes(tmp_path: Path) -> None:
     assert st["torch"] == "error" and "did not answer" in checks["torch"]["detail"]
     assert st["toolkits"] == "error" and str(conda) in checks["toolkits"]["detail"]
     assert st["arch_list"] == "fail" and "\ufffd" in checks["arch_list"]["detail"]
-    assert st["ld_library_path"] == "warn"
+    assert st["ld_library_path"] == "warn" and "/gone/\ufffd" in checks["ld_library_path"]["detail"]
     assert st["nccl"] == "warn" and "TRACE" in checks["nccl"]["detail"]
     assert proc.returncode == 1
     assert box.leftovers() == []  # the hanging tools' children were killed with them
