@@ -75,6 +75,7 @@ class Collector:
         self.frames = 0
         self.records = 0
         self.peers: dict[int, PeerInfo] = {}
+        self.train_ranks: set[int] = set()
         self._lock = threading.Lock()
         self._sel = selectors.DefaultSelector()
         self._listener = self._bind(host, port)
@@ -268,6 +269,8 @@ class Collector:
             peer = PeerInfo(header.rank, header.pid, time.time())
             self.peers[header.rank] = peer
         peer.last_seen = time.time()
+        if header.train:
+            self.train_ranks.add(header.rank)
         if header.cuda is not None:
             peer.cuda = header.cuda
         if header.dropped > peer.dropped:

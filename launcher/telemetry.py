@@ -146,7 +146,9 @@ class Telemetry:
                 self.diagnoser.set_alive(rank, not exited)
 
     def feed_log_line(self, rank: int, line: str) -> None:
-        if rank in self._client_ranks or self.writer is None:
+        if self.writer is None or rank in self._client_ranks:
+            return
+        if self.collector is not None and rank in self.collector.train_ranks:
             return
         found = parse_line(line)
         if found is None:

@@ -7,7 +7,8 @@ one ``json.loads`` and then copies the client's bytes instead of re-encoding the
 what lets one core store >100k records/s).
 
 Header: ``{"v": 1, "token": str, "rank": int, "pid": int, "seq": int, "dropped": int}``
-plus optional ``"cuda": {...}`` (torch's CUDA memory counters of the rank).
+plus optional ``"cuda": {...}`` (torch's CUDA memory counters of the rank) and ``"train": true``
+(the rank reports its own train metrics). A frame may hold no records (a hello).
 
 This module is imported by ``xl.client`` inside every rank, so it must stay tiny: stdlib only.
 """
@@ -44,7 +45,7 @@ class FrameError(ValueError):
 class Header:
     # A plain class, not a dataclass: importing dataclasses would add milliseconds to
     # ``import xl.client`` in every rank.
-    __slots__ = ("cuda", "dropped", "pid", "rank", "seq", "token")
+    __slots__ = ("cuda", "dropped", "pid", "rank", "seq", "token", "train")
 
     def __init__(
         self,
@@ -54,9 +55,13 @@ class Header:
         seq: int,
         dropped: int,
         cuda: dict[str, float] | None,
+        train: bool = False,
     ) -> None:
         self.token, self.rank, self.pid, self.seq = token, rank, pid, seq
         self.dropped, self.cuda = dropped, cuda
+        # True once the rank sends its own train metrics (xl.log or an integration): its
+        # printed log dicts are then not parsed a second time.
+        self.train = train
 
 
 def encode_frame(payload: bytes) -> bytes:
@@ -104,7 +109,7 @@ def parse_header(raw: bytes) -> Header:
         raise FrameError("bad_header")
     assert isinstance(token, str) and isinstance(rank, int) and isinstance(pid, int)
     assert isinstance(seq, int) and isinstance(dropped, int)
-    return Header(token, rank, pid, seq, dropped, cuda)
+    return Header(token, rank, pid, seq, dropped, cuda, obj.get("train") is True)
 
 
 def parse_record(line: bytes, rank: int) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from xl.launcher import wire
 
-__all__ = ["active", "flush", "log", "watch"]
+__all__ = ["active", "announce", "flush", "log", "watch"]
 
 MAX_QUEUE = 100_000
 INTERVAL_S = 0.1
@@ -74,6 +74,7 @@ class _Sender:
         self.queue: deque[tuple[float, dict[str, Any]]] = deque()
         self.waits: deque[tuple[float, float]] = deque(maxlen=100_000)
         self.dropped = 0
+        self.owns_train = False
         self.seq = 0
         self.sock: socket.socket | None = None
         self.next_connect = 0.0
@@ -136,6 +137,7 @@ class _Sender:
 
     def _record(self, t: float, scalars: dict[str, Any]) -> bytes | None:
         rec: dict[str, Any] = {"t": round(t, 6), "rank": self.rank, "kind": "train"}
+        self.owns_train = True
         nonfinite: dict[str, str] | None = None
         for key, raw in scalars.items():
             value = _scalar(raw)
@@ -199,6 +201,8 @@ class _Sender:
         self.sock = sock
         self.backoff = 0.2
         self.ack_buf = b""
+        if self.owns_train:
+            self._send_frame([], False)  # hello: the collector learns this rank logs itself
         if self.replay is None and self.spool is not None and os.path.exists(self.spool):
             # Claim what was spooled while disconnected; the rename makes replay and the
             # supervisor's own spool ingestion mutually exclusive.
@@ -232,21 +236,27 @@ class _Sender:
                 if not from_replay:
                     self._spool(chunk)
                 continue
-            self.seq += 1
-            header: dict[str, Any] = {
-                "v": wire.VERSION,
-                "token": self.token,
-                "rank": self.rank,
-                "pid": self.pid,
-                "seq": self.seq,
-                "dropped": self.dropped,
-            }
-            frame = wire.encode_batch(header, chunk)
-            self.unacked.append((self.seq, chunk, from_replay))
-            try:
-                self.sock.sendall(frame)
-            except OSError:
-                self._disconnect()
+            self._send_frame(chunk, from_replay)
+
+    def _send_frame(self, chunk: list[bytes], from_replay: bool) -> None:
+        assert self.sock is not None
+        self.seq += 1
+        header: dict[str, Any] = {
+            "v": wire.VERSION,
+            "token": self.token,
+            "rank": self.rank,
+            "pid": self.pid,
+            "seq": self.seq,
+            "dropped": self.dropped,
+        }
+        if self.owns_train:
+            header["train"] = True
+        frame = wire.encode_batch(header, chunk)
+        self.unacked.append((self.seq, chunk, from_replay))
+        try:
+            self.sock.sendall(frame)
+        except OSError:
+            self._disconnect()
 
     def _read_acks(self, *, wait: float = 0.0) -> None:
         sock = self.sock
@@ -444,6 +454,15 @@ def _make_log(sender: _Sender) -> Any:
             sender.dropped += 1
 
     return log
+
+
+def announce() -> None:
+    """Say this rank reports its own train metrics (integrations call it before training), so
+    the supervisor does not also parse the metrics the rank prints."""
+    sender = _sender
+    if sender is not None:
+        sender.owns_train = True
+        sender.wake.set()
 
 
 def flush(timeout: float = 5.0) -> bool:

@@ -1,0 +1,66 @@
+"""HF Trainer on a tiny GPT-2 built from a config (random weights, synthetic data, nothing
+downloaded). Run it under xl (``xl launch --nproc 2 examples/hf_trainer.py``) or torchrun.
+
+    --no-callback   leave XLCallback out: xl then reads the log dicts the Trainer prints
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+
+class Synthetic(torch.utils.data.Dataset):
+    def __init__(self, n: int, seq: int, vocab: int) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (n, seq), generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--no-callback", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    config = GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=1, n_head=2)
+    model = GPT2LMHeadModel(config)
+    callbacks = []
+    if not args.no_callback:
+        from xl.integrations.transformers import XLCallback
+
+        callbacks.append(XLCallback())
+    out = os.environ.get("XL_RUN_DIR") or tempfile.mkdtemp(prefix="xl-hf-")
+    targs = TrainingArguments(
+        output_dir=os.path.join(out, "hf-output"),
+        max_steps=args.steps,
+        per_device_train_batch_size=args.batch,
+        logging_steps=2,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        ddp_backend="gloo",
+        dataloader_num_workers=0,
+        learning_rate=1e-3,
+    )
+    trainer = Trainer(
+        model=model,
+        args=targs,
+        train_dataset=Synthetic(args.steps * args.batch * 2, 16, config.vocab_size),
+        callbacks=callbacks,
+    )
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main()
