@@ -179,8 +179,11 @@ def _read_text(path: str, limit: int = 1 << 20) -> str | None:
 
 
 def which(name: str, path_value: str | None) -> str | None:
-    """shutil.which without its import cost and with unreadable PATH entries tolerated."""
-    for entry in (path_value or "").split(os.pathsep):
+    """shutil.which without its import cost and with unreadable PATH entries tolerated. An unset
+    PATH means the system default, as for exec and shutil.which; an empty one means nothing."""
+    if path_value is None:
+        path_value = os.defpath
+    for entry in path_value.split(os.pathsep):
         if not entry:
             continue
         cand = os.path.join(entry, name)
@@ -408,7 +411,7 @@ def other_compilers(path_value: str | None) -> list[tuple[str, str, int]]:
     """Versioned compilers on PATH (g++-12, clang++-17, ...): candidates for NVCC_CCBIN."""
     seen: set[str] = set()
     out: list[tuple[str, str, int]] = []
-    for entry in (path_value or "").split(os.pathsep):
+    for entry in (os.defpath if path_value is None else path_value).split(os.pathsep):
         if not entry or entry in seen:
             continue
         seen.add(entry)
