@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -10,7 +11,29 @@ from pathlib import Path
 from xl.cliutil import ArgumentParser, UsageError
 
 from .runs import FINAL, read_run, resolve_run
-from .watch import _Tail
+
+
+class _Tail:
+    """New complete lines of a growing file; ``partial`` holds a last line without newline."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[str]:
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return []
+        if size <= self.offset:
+            return []
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read(size - self.offset)
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        return [ln.decode("utf-8", "replace") for ln in lines]
 
 
 def _ranks(run_dir: Path, run: dict) -> list[int]:

@@ -6,15 +6,14 @@ The view only reads the run dir (it never owns the run), so `xl launch --no-tui`
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .runs import FINAL, read_run
+from .reader import RunReader
+from .runs import FINAL
 
 POLL_S = 0.02
 RENDER_S = 0.25
@@ -22,53 +21,29 @@ RENDER_S = 0.25
 
 @dataclass
 class RankLine:
-    """What the view knows of one rank."""
+    """What the view shows of one rank."""
 
     rank: int
     state: str = "starting"
     pid: int | None = None
-    gpu: int | None = None
+    gpu: Any = None
     exit_code: int | None = None
     last_line: str = ""
-    step: int | None = None
-    total_steps: int | None = None
+    step: float | None = None
+    total_steps: float | None = None
     loss: float | None = None
     samples_per_s: float | None = None
     gpu_util: float | None = None
     gpu_mem_used_mib: float | None = None
     gpu_mem_total_mib: float | None = None
+    cpu_pct: float | None = None
+    rss_mib: float | None = None
     diagnosis: str | None = None
-
-
-class _Tail:
-    """New complete lines of a growing file."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def read(self) -> list[str]:
-        try:
-            size = os.path.getsize(self.path)
-        except OSError:
-            return []
-        if size < self.offset:
-            self.offset, self.partial = 0, b""
-        if size == self.offset:
-            return []
-        with open(self.path, "rb") as fh:
-            fh.seek(self.offset)
-            data = fh.read(size - self.offset)
-        self.offset += len(data)
-        data = self.partial + data
-        *lines, self.partial = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
-        return [ln.decode("utf-8", "replace") for ln in lines]
 
 
 @dataclass
 class RunState:
-    """The view's model of a run, fed by polling its directory."""
+    """The view's model of a run: telemetry's RunReader plus each rank's last log line."""
 
     run_dir: Path
     run: dict[str, Any] = field(default_factory=dict)
@@ -76,13 +51,10 @@ class RunState:
     events: list[dict[str, Any]] = field(default_factory=list)
     new_events: list[dict[str, Any]] = field(default_factory=list)
     new_lines: list[tuple[int, str]] = field(default_factory=list)
-    _run_mtime: float = 0.0
-    _tails: dict[str, _Tail] = field(default_factory=dict)
+    reader: RunReader | None = None
 
-    def _tail(self, name: str) -> _Tail:
-        if name not in self._tails:
-            self._tails[name] = _Tail(self.run_dir / name)
-        return self._tails[name]
+    def __post_init__(self) -> None:
+        self.reader = RunReader(self.run_dir)
 
     @property
     def status(self) -> str:
@@ -92,58 +64,29 @@ class RunState:
     def final(self) -> bool:
         return self.status in FINAL
 
-    def poll_status(self) -> bool:
-        """Re-read run.json when it changed; True when it did."""
-        try:
-            mtime = os.stat(self.run_dir / "run.json").st_mtime_ns
-        except OSError:
-            return False
-        if mtime == self._run_mtime:
-            return False
-        run = read_run(self.run_dir)
-        if not run:
-            return False
-        self._run_mtime = mtime
-        self.run = run
-        for r in run.get("ranks") or []:
-            line = self.ranks.setdefault(int(r["rank"]), RankLine(int(r["rank"])))
-            line.pid, line.gpu, line.exit_code = r.get("pid"), r.get("gpu"), r.get("exit_code")
-            line.state = r.get("state") or line.state
-        return True
-
     def poll(self) -> None:
-        self.poll_status()
-        self.new_events = []
-        for text in self._tail("events.jsonl").read():
-            try:
-                ev = json.loads(text)
-            except ValueError:
-                continue
-            self.events.append(ev)
-            self.new_events.append(ev)
-            if ev.get("kind") in ("stalled", "straggler", "nan_loss", "gpu_mem_high") and ev.get("rank") is not None:
-                self.ranks.setdefault(int(ev["rank"]), RankLine(int(ev["rank"]))).diagnosis = ev.get("kind")
+        assert self.reader is not None
+        view = self.reader.poll()
+        self.run = view.run or self.run
+        self.events = view.events[-50:]
+        self.new_events = view.new_events
+        recorded = {int(r["rank"]): r for r in self.run.get("ranks") or [] if isinstance(r.get("rank"), int)}
+        for rank, rv in view.ranks.items():
+            line = self.ranks.setdefault(rank, RankLine(rank))
+            for key in ("pid", "gpu", "exit_code", "step", "total_steps", "loss", "samples_per_s",
+                        "gpu_util", "gpu_mem_used_mib", "gpu_mem_total_mib", "cpu_pct", "rss_mib", "diagnosis"):
+                setattr(line, key, getattr(rv, key))
+            # The supervisor's own word on a rank (e.g. "stopped" after another failed) wins;
+            # the reader's diagnosis (straggler, stalled) shows while it runs.
+            rec_state = (recorded.get(rank) or {}).get("state")
+            line.state = rv.state if rec_state in (None, "running") else rec_state
         self.new_lines = []
         for rank in sorted(self.ranks):
-            for text in self._tail(f"logs/rank-{rank}.log").read():
+            for text in self.reader.new_log_lines(rank):
+                text = text.rsplit("\r", 1)[-1]  # a tqdm redraw: its latest state
                 self.new_lines.append((rank, text))
                 if text.strip():
                     self.ranks[rank].last_line = text.strip()
-        for text in self._tail("metrics.jsonl").read():
-            self._metric(text)
-
-    def _metric(self, text: str) -> None:
-        try:
-            m = json.loads(text)
-            rank = int(m["rank"])
-        except (ValueError, KeyError, TypeError):
-            return
-        line = self.ranks.setdefault(rank, RankLine(rank))
-        keys = ("step", "total_steps", "loss", "samples_per_s") if m.get("kind") == "train" else (
-            "gpu_util", "gpu_mem_used_mib", "gpu_mem_total_mib")
-        for key in keys:
-            if isinstance(m.get(key), (int, float)):
-                setattr(line, key, m[key])
 
     def elapsed(self) -> float:
         start = self.run.get("started_at") or time.time()
@@ -232,26 +175,31 @@ def render(state: RunState) -> Any:
         table.add_column(col, **kw)
     for rank in sorted(state.ranks):
         r = state.ranks[rank]
-        shown = r.diagnosis if r.state == "running" and r.diagnosis else r.state
+        shown = r.state
         if r.exit_code not in (None, 0):
             shown = f"{shown} ({r.exit_code})"
-        step = "" if r.step is None else (f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step))
-        mem = ""
+        step = "" if r.step is None else f"{r.step:.0f}" + (f"/{r.total_steps:.0f}" if r.total_steps else "")
+        # GPU figures where there is a GPU; the process's CPU and RSS for CPU ranks.
+        mem, util = "", "" if r.gpu_util is None else f"{r.gpu_util:.0f}%"
         if r.gpu_mem_used_mib is not None:
             mem = f"{r.gpu_mem_used_mib / 1024:.1f}G"
             if r.gpu_mem_total_mib:
                 mem += f"/{r.gpu_mem_total_mib / 1024:.0f}G"
+        elif r.gpu is None and r.rss_mib is not None:
+            mem = f"{r.rss_mib / 1024:.1f}G rss"
+        if r.gpu is None and r.cpu_pct is not None:
+            util = f"{r.cpu_pct:.0f}% cpu"
         table.add_row(
             str(rank),
-            Text(shown, style=_STATE_STYLE.get(r.diagnosis if shown == r.diagnosis else r.state, "")),
+            Text(shown, style=_STATE_STYLE.get(r.state, "")),
             "" if r.pid is None else str(r.pid),
             "cpu" if r.gpu is None else str(r.gpu),
             step,
             _fmt(r.samples_per_s, ".1f"),
             _fmt(r.loss, ".4g"),
-            "" if r.gpu_util is None else f"{r.gpu_util:.0f}%",
+            util,
             mem,
-            Text(r.last_line),
+            Text(r.diagnosis or r.last_line, style="yellow" if r.diagnosis else ""),
         )
     parts: list[Any] = [table]
     for ev in state.events[-5:]:
@@ -269,10 +217,9 @@ def watch_live(state: RunState, on_tick: Any = None) -> int:
     state.poll()
     with Live(render(state), console=console, auto_refresh=False, transient=False) as live:
         while True:
-            changed = state.poll_status()
+            state.poll()
             now = time.monotonic()
-            if changed or now - last >= RENDER_S or state.final:
-                state.poll()
+            if state.new_events or now - last >= RENDER_S or state.final:
                 live.update(render(state), refresh=True)
                 last = now
             if state.final:

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("xl.launcher.cmd_logs", "print a run's per-rank logs (--rank R, -f)"),
     "stop": ("xl.launcher.cmd_stop", "stop a run: every rank ends, none is left behind"),
     "attach": ("xl.launcher.cmd_attach", "watch an existing run live"),
+    "demo": ("xl.launcher.cmd_demo", "train a small bundled model on this machine's devices and watch it"),
 }
 
 # `xl` alone opens the app once the TUI exists.

@@ -1,0 +1,103 @@
+"""xl's demo job: a small DDP model on synthetic data, about 90 seconds by default.
+
+    xl demo                                   # one rank per GPU, or 2 CPU ranks
+    xl launch --nproc 2 examples/train.py --seconds 30
+    python examples/train.py                  # one process, no torchrun
+
+CUDA + NCCL where there are GPUs, CPU + gloo otherwise. The target is a fixed random "teacher"
+network, so the loss really falls. Each step logs loss and throughput with ``xl.log`` (a no-op
+outside an xl run) and every 20th step prints a line for the logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import xl
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seconds", type=float, default=90.0, help="about how long to train (sets the step count)")
+    p.add_argument("--steps", type=int, default=0, help="exact number of steps (overrides --seconds)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--lr", type=float, default=3e-3)
+    return p.parse_args()
+
+
+def model_for(width: int, n_in: int = 128, n_out: int = 10) -> nn.Module:
+    return nn.Sequential(nn.Linear(n_in, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, n_out))
+
+
+def main() -> None:
+    args = parse_args()
+    distributed = "RANK" in os.environ
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank = int(os.environ.get("RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if distributed:
+        dist.init_process_group(backend)
+    world = dist.get_world_size() if distributed else 1
+
+    torch.manual_seed(0)  # the same teacher and starting weights on every rank
+    teacher = model_for(64).to(device).eval()
+    model = model_for(args.width).to(device)
+    if distributed:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        xl.watch(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    gen = torch.Generator(device=device).manual_seed(1000 + rank)  # each rank its own data
+    print(f"rank {rank}/{world} on {device} ({backend}), {sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
+
+    def step() -> float:
+        x = torch.randn(args.batch_size, 128, device=device, generator=gen)
+        with torch.no_grad():
+            y = teacher(x).argmax(dim=1)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return float(loss.detach())
+
+    # Size the run from a few timed steps on rank 0, so every rank runs the same step count.
+    warmup = 5
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    per_step = (time.perf_counter() - t0) / warmup
+    total = args.steps or max(warmup + 20, int(args.seconds / max(per_step, 1e-4)))
+    if distributed:
+        agreed = torch.tensor([total], device=device)
+        dist.broadcast(agreed, src=0)
+        total = int(agreed.item())
+    print(f"rank {rank}: {total} steps (~{per_step * 1000:.1f} ms each)", flush=True)
+
+    last = time.perf_counter()
+    for i in range(warmup + 1, total + 1):
+        loss = step()
+        now = time.perf_counter()
+        xl.log(step=i, loss=loss, samples=args.batch_size, total_steps=total)
+        if i % 20 == 0 or i == total:
+            print(f"rank {rank} step {i}/{total} loss {loss:.4f} {args.batch_size / (now - last):.0f} samples/s", flush=True)
+        last = now
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    print(f"rank {rank}: done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
