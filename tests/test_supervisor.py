@@ -251,9 +251,14 @@ def test_attach_shows_a_running_run_until_it_ends(tmp_path: Path) -> None:
     run_dir = home / "runs" / started.stdout.strip()
     try:
         wait_ranks_running(run_dir, 2)
+        follow = subprocess.Popen([*XL, "logs", "last", "-f"], env=env, stdout=subprocess.PIPE, text=True)
         attached = xl(["attach", "last"], env, timeout=60)
         assert attached.returncode == 0, attached.stderr
         assert "[rank 0] bye" in attached.stdout and "succeeded" in attached.stdout
+        # `xl logs -f` followed both ranks to the end of the run, then returned by itself.
+        out, _ = follow.communicate(timeout=30)
+        assert follow.returncode == 0
+        assert sorted(out.splitlines()) == ["[rank 0] bye", "[rank 0] ready", "[rank 1] bye", "[rank 1] ready"]
         wait_for(lambda: run_json(run_dir).get("status") != "running", timeout=10, what="the end")
         wait_no_processes(run_dir, timeout=GRACE + 2)
     finally:
