@@ -9,9 +9,8 @@ import re
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
-from fakecuda import host_config, nvcc_output
+from fakecuda import host_config, nvcc_output, survivors
 
 from xl.doctor import checks, probes, run
 from xl.doctor.facts import (
@@ -378,10 +377,7 @@ def test_run_cmd_kills_the_whole_group_on_timeout(tmp_path: Path) -> None:
     script.chmod(0o755)
     res = probes.run_cmd([str(script)], timeout=0.5)
     assert res.problem and "did not answer within 0.5 s" in res.problem
-    left = [
-        p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])
-    ]
-    assert left == []
+    assert survivors(marker) == []
 
 
 def test_run_cmd_missing_garbage_and_runaway(tmp_path: Path) -> None:

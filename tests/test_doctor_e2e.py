@@ -9,9 +9,8 @@ import os
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
-from fakecuda import Sandbox, by_id, run_doctor, run_doctor_json, statuses
+from fakecuda import Sandbox, by_id, run_doctor, run_doctor_json, statuses, survivors
 from simnvml import SimGPU
 
 pytestmark = pytest.mark.e2e
@@ -40,14 +39,7 @@ ALL_IDS = [
 def _no_leftovers(tmp_path: Path):
     """Nothing the doctor started from a sandbox outlives the test (scanned, not trusted)."""
     yield
-    left = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if str(tmp_path) in " ".join(p.info["cmdline"] or []):
-                left.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    assert left == [], left
+    assert survivors(str(tmp_path)) == []
 
 
 def _complete(report: dict) -> None:
@@ -103,7 +95,9 @@ def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
     assert checks["cuda_visible_devices"]["data"]["devices"] == [1, 0]
     assert [g["index"] for g in report["gpus"]] == [0, 1]
     pip_tk = [t for t in report["toolkits"] if "pip (nvidia-cuda-nvcc)" in t["found_by"]]
-    assert [(t["root"], t["version"]) for t in pip_tk] == [(str(site / "nvidia" / "cuda_nvcc"), "12.4.131")]
+    assert [(t["root"], t["version"]) for t in pip_tk] == [
+        (str(site / "nvidia" / "cuda_nvcc"), "12.4.131")
+    ]
     # Secret-looking variables never leave the process, in any mode.
     assert "hf_topsecretvalue123" not in proc.stdout and "hunter2hunter2" not in proc.stdout
     text = run_doctor(env)
@@ -211,8 +205,13 @@ def test_minor_mismatch_disagreeing_toolkits_and_driver_not_loaded(tmp_path: Pat
     assert next(t for t in report["toolkits"] if t["root"] == str(tk126))["version_from"] == "nvcc"
     tcm = checks["torch_cuda_match"]
     assert st["torch_cuda_match"] == "warn" and "DeepSpeed accepts" in tcm["detail"]
-    assert tcm["fix"] == f"export CUDA_HOME={tk121} PATH={tk121}/bin:$PATH"  # conda's 12.1 matches torch
-    assert "$CONDA_PREFIX" in next(t for t in report["toolkits"] if t["root"] == str(tk121))["found_by"]
+    assert (
+        tcm["fix"] == f"export CUDA_HOME={tk121} PATH={tk121}/bin:$PATH"
+    )  # conda's 12.1 matches torch
+    assert (
+        "$CONDA_PREFIX"
+        in next(t for t in report["toolkits"] if t["root"] == str(tk121))["found_by"]
+    )
     assert st["driver_cuda"] == "skip"
     assert st["host_compiler"] == "fail" and "clang 18.1.8" in checks["host_compiler"]["detail"]
     assert (

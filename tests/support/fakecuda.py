@@ -242,14 +242,28 @@ class Sandbox:
 
     def leftovers(self) -> list[psutil.Process]:
         """Processes still running one of this sandbox's hanging tools."""
-        out = []
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                if self.marker in " ".join(p.info["cmdline"] or []):
-                    out.append(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        return out
+        return survivors(self.marker)
+
+
+def survivors(needle: str, grace: float = 5.0) -> list[psutil.Process]:
+    """Live processes whose command line holds `needle`. A process already sent SIGKILL may take
+    a moment to be reaped on a busy machine, so each gets `grace` seconds to disappear first."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.pid != os.getpid() and needle in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    _, alive = psutil.wait_procs(found, timeout=grace) if found else ([], [])
+    out = []
+    for p in alive:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return out
 
 
 def run_doctor(
