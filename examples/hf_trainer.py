@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from typing import Any
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -35,7 +36,7 @@ def main() -> None:
     torch.set_num_threads(1)
     config = GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=1, n_head=2)
     model = GPT2LMHeadModel(config)
-    callbacks = []
+    callbacks: list[Any] = []
     if not args.no_callback:
         from xl.integrations.transformers import XLCallback
 

@@ -72,6 +72,10 @@ class _Sender:
             else None
         )
         self.queue: deque[tuple[float, dict[str, Any]]] = deque()
+        try:  # overridable so tests can make the queue overflow on purpose
+            self.max_queue = max(1, int(env.get("XL_LOG_QUEUE", MAX_QUEUE)))
+        except ValueError:
+            self.max_queue = MAX_QUEUE
         self.waits: deque[tuple[float, float]] = deque(maxlen=100_000)
         self.dropped = 0
         self.owns_train = False
@@ -445,10 +449,11 @@ def _make_log(sender: _Sender) -> Any:
     queue = sender.queue
     append = queue.append
     now = time.time
+    limit = sender.max_queue
 
     def log(**scalars: Any) -> None:
         """Record scalars for this rank (e.g. ``step``, ``loss``, ``samples``); returns at once."""
-        if len(queue) < MAX_QUEUE:
+        if len(queue) < limit:
             append((now(), scalars))
         else:
             sender.dropped += 1

@@ -1,0 +1,132 @@
+"""xl.log / xl.flush as a training script sees them: real rank processes, a real collector."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from xltele import rank_env
+
+from xl.launcher.reader import RunReader
+from xl.launcher.telemetry import Telemetry, spool_path
+
+
+def _rank(code: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=rank_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def _strict(path: Path) -> list[dict]:
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"non-strict JSON constant {name} in {path.name}")
+
+    return [
+        json.loads(line, parse_constant=no_constants)
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+
+
+def test_outside_a_run_log_is_a_no_op_without_threads_or_sockets() -> None:
+    code = (
+        "import sys, threading, xl\n"
+        "for i in range(1000):\n"
+        "    xl.log(step=i, loss=0.5, samples=8)\n"
+        "print(xl.watch('not a model'), xl.flush(), threading.active_count(),\n"
+        "      'socket' in sys.modules and 'xl.launcher.collector' in sys.modules)\n"
+    )
+    out = _rank(code, {}).stdout.split()
+    assert out == ["not", "a", "model", "True", "1", "False"]
+
+
+@pytest.mark.e2e
+def test_every_record_stored_with_tensors_rates_and_nonfinite_loss(tmp_path: Path) -> None:
+    events: list[dict] = []
+    tel = Telemetry(tmp_path, token="tok", emit_event=events.append, inventory=False)
+    env = tel.start()
+    code = (
+        "import math, time, torch, xl\n"
+        "for i in range(1, 401):\n"
+        "    loss = torch.tensor(float('nan') if i == 300 else 1.0 / i)\n"
+        "    xl.log(step=i, loss=loss, lr=torch.tensor(0.1), samples=32, tokens=4096,"
+        " rank='user rank', note='x' * 1000)\n"
+        "    if i % 100 == 0:\n"
+        "        time.sleep(0.05)\n"
+    )
+    try:
+        _rank(code, {**env, "XL_RUN_DIR": str(tmp_path), "RANK": "3", "LOCAL_RANK": "1"})
+    finally:
+        tel.stop()
+    train = [r for r in _strict(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
+    assert sorted(r["step"] for r in train) == list(range(1, 401))
+    assert {r["rank"] for r in train} == {3}
+    by_step = {r["step"]: r for r in train}
+    assert by_step[4]["loss"] == pytest.approx(0.25)
+    assert by_step[4]["lr"] == pytest.approx(0.1)
+    # A scalar named like a reserved field is kept under another name, never overwriting it.
+    assert by_step[4]["user_rank"] == "user rank"
+    assert len(by_step[4]["note"]) == 256
+    # Rates come from consecutive records; the first record has nothing to compare with.
+    assert "samples_per_s" not in by_step[1]
+    assert all(by_step[i]["samples_per_s"] > 0 for i in range(2, 401))
+    assert by_step[50]["tokens_per_s"] == pytest.approx(by_step[50]["samples_per_s"] * 128)
+    assert by_step[300]["loss"] is None and by_step[300]["nonfinite"] == {"loss": "nan"}
+    nan_events = [e for e in events if e["kind"] == "nan_loss"]
+    assert len(nan_events) == 1 and nan_events[0]["rank"] == 3 and nan_events[0]["step"] == 300
+    view = RunReader(tmp_path).poll()
+    assert view.ranks[3].step == 400
+    assert view.ranks[3].loss == pytest.approx(1 / 400)
+
+
+@pytest.mark.e2e
+def test_unreachable_collector_spools_and_the_supervisor_stores_it(tmp_path: Path) -> None:
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nobody listens here once the socket closes
+    code = (
+        "import os, xl\nfor i in range(1, 301):\n    xl.log(step=i, loss=1.0)\nprint(os.getpid())\n"
+    )
+    env = {"XL_COLLECTOR": f"127.0.0.1:{port}", "XL_TOKEN": "tok", "XL_RUN_DIR": str(tmp_path)}
+    pid = int(_rank(code, {**env, "RANK": "1"}).stdout.split()[-1])
+    assert spool_path(tmp_path, 1, pid).exists()
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    # A (re)started supervisor stores what the dead rank spooled, exactly once.
+    tel = Telemetry(tmp_path, token="tok", inventory=False)
+    tel.start()
+    tel.stop()
+    tel = Telemetry(tmp_path, token="tok", inventory=False)
+    tel.start()
+    tel.stop()
+    steps = [r["step"] for r in _strict(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
+    assert sorted(steps) == list(range(1, 301))
+    assert not list((tmp_path / "spool").iterdir())
+
+
+@pytest.mark.e2e
+def test_a_full_queue_drops_are_counted_and_reported(tmp_path: Path) -> None:
+    events: list[dict] = []
+    tel = Telemetry(tmp_path, token="tok", emit_event=events.append, inventory=False)
+    env = tel.start()
+    code = "import xl\nfor i in range(20000):\n    xl.log(step=i)\n"
+    try:
+        _rank(code, {**env, "XL_RUN_DIR": str(tmp_path), "XL_LOG_QUEUE": "50", "RANK": "0"})
+    finally:
+        tel.stop()
+    stored = [r for r in _strict(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
+    dropped = sum(e["count"] for e in events if e["kind"] == "dropped")
+    assert dropped > 0, "a 50-slot queue fed 20000 calls in a tight loop must overflow"
+    assert len(stored) + dropped == 20000
+    assert all(
+        e["rank"] == 0 and "dropped" in e["message"] for e in events if e["kind"] == "dropped"
+    )

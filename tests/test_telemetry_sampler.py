@@ -1,0 +1,104 @@
+"""The 1 Hz sampler against the simulated NVML driver and real processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+from xltele import assert_gone, rank_env
+
+from xl.launcher.diagnose import Diagnoser
+from xl.launcher.sampler import Sampler
+
+
+def _sleeper(env: dict[str, str] | None = None) -> subprocess.Popen:
+    code = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "time.sleep(60)\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], env=rank_env(env))
+
+
+def _wait_for_child(pid: int) -> None:
+    # Each sleeper starts one child: the rank's process tree has two processes.
+    deadline = time.monotonic() + 30
+    while not psutil.Process(pid).children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_each_rank_gets_its_gpu_and_process_tree(simnvml, simnvml_gpu) -> None:
+    procs = [_sleeper(), _sleeper(), _sleeper({"LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "3,0"})]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(30)
+    try:
+        # Rank 0 holds a context on GPU 1 (NVML's process list says so); rank 1 is nowhere in
+        # the lists but the launcher assigned it GPU 2; rank 2 is found from its own
+        # LOCAL_RANK and CUDA_VISIBLE_DEVICES.
+        sim = simnvml(
+            gpus=[
+                simnvml_gpu(model="A100", util_gpu=11, memory_used_mib=1000),
+                simnvml_gpu(model="A100", util_gpu=22, memory_used_mib=2000),
+                simnvml_gpu(model="A100", util_gpu=33, memory_used_mib=40000),
+                simnvml_gpu(model="A100", util_gpu=44),
+            ]
+        )
+        sim.add_process(1, procs[0].pid, 2048)
+        ranks = [
+            {"rank": 0, "local_rank": 0, "node": 0, "pid": procs[0].pid, "gpu": None},
+            {"rank": 1, "local_rank": 1, "node": 0, "pid": procs[1].pid, "gpu": 2},
+            {"rank": 2, "local_rank": 1, "node": 0, "pid": procs[2].pid, "gpu": None},
+            {"rank": 3, "local_rank": 3, "node": 0, "pid": dead.pid, "gpu": 3},
+        ]
+        for p in procs:
+            _wait_for_child(p.pid)
+        events: list[dict] = []
+        diag = Diagnoser(events.append)
+        with sim.in_process():
+            sampler = Sampler()
+            sampler.sample(ranks)
+            total = sim.gpus[2].resolved(2).memory_total_mib
+            sim.update(2, memory_used_mib=total * 0.97)
+            records, gone = sampler.sample(ranks, cuda={1: {"cuda_alloc_mib": 512.0}})
+        for rec in records:
+            diag.ingest(rec["rank"], [rec])
+    finally:
+        for p in procs:
+            for kid in psutil.Process(p.pid).children(recursive=True):
+                kid.kill()
+            p.kill()
+            p.wait(10)
+    by_rank = {r["rank"]: r for r in records}
+    assert gone == [3] and set(by_rank) == {0, 1, 2}
+    assert (by_rank[0]["gpu"], by_rank[0]["gpu_util"], by_rank[0]["proc_gpu_mem_mib"]) == (
+        1,
+        22,
+        2048,
+    )
+    assert (by_rank[1]["gpu"], by_rank[1]["gpu_util"]) == (2, 33)
+    assert (by_rank[2]["gpu"], by_rank[2]["gpu_util"]) == (0, 11)
+    assert by_rank[1]["cuda_alloc_mib"] == 512.0
+    for rec in records:
+        assert rec["kind"] == "sys" and rec["nproc"] == 2 and rec["rss_mib"] > 5
+        assert rec["gpu_mem_total_mib"] > 0
+    high = [e for e in events if e["kind"] == "gpu_mem_high"]
+    assert [e["rank"] for e in high] == [1] and "97%" in high[0]["message"]
+    assert_gone({p.pid for p in procs})
+
+
+def test_without_nvml_the_process_figures_remain(simnvml) -> None:
+    proc = _sleeper()
+    try:
+        sim = simnvml(gpus=2, init_error="driver_not_loaded")
+        with sim.in_process():
+            records, gone = Sampler().sample([{"rank": 0, "pid": proc.pid, "gpu": 0}])
+    finally:
+        for kid in psutil.Process(proc.pid).children(recursive=True):
+            kid.kill()
+        proc.kill()
+        proc.wait(10)
+    assert gone == [] and len(records) == 1
+    assert records[0]["rss_mib"] > 5 and "gpu_util" not in records[0]
+    assert_gone({proc.pid})
