@@ -67,7 +67,7 @@ def test_collector_stopped_and_restarted_mid_run_loses_nothing(tmp_path: Path) -
         tel = Telemetry(tmp_path, token="tok", inventory=False)
         restarted = tel.start()
         assert restarted["XL_COLLECTOR"] == env["XL_COLLECTOR"], "the port ranks know is rebound"
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
     finally:
         if proc.poll() is None:
@@ -139,7 +139,7 @@ def test_fuzzed_collector_keeps_every_real_record_and_counts_rejects(tmp_path: P
                 bad.close()
         for sock in socks:
             sock.close()
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         # Still alive and serving after all that: one more good frame is stored.
         with socket.create_connection((host, int(port)), timeout=10) as sock:
