@@ -78,9 +78,13 @@ def _in_use_toolkit(f: Facts) -> Toolkit | None:
 
 
 def _toolkit_with(f: Facts, cuda: str) -> Toolkit | None:
-    """An installed toolkit of exactly this major.minor (prefer a versioned folder name)."""
+    """An installed toolkit of exactly this major.minor, complete ones (headers, e.g. not pip's
+    nvcc-only wheel) first, then those whose folder names the version (cuda-12.4 over cuda)."""
     want = major_minor(cuda)
+    if want is None:
+        return None
     matches = [t for t in f.toolkits if t.short == want and t.problem is None and t.nvcc]
+    matches.sort(key=lambda t: (not t.has_headers, want not in os.path.basename(t.root)))
     return matches[0] if matches else None
 
 
@@ -276,6 +280,16 @@ def check_cuda_home(f: Facts) -> Check:
             title,
             f"{home}/bin/nvcc: {run.problem}",
             alt or "reinstall the toolkit's nvcc",
+            A_CUDA,
+            data,
+        )
+    if run is not None and home_short is None:
+        return Check(
+            "cuda_home",
+            "error",
+            title,
+            f"{home}/bin/nvcc --version printed no 'release X.Y' (first line: {run.first_line()!r})",
+            alt or "check that this is NVIDIA's nvcc; reinstall the toolkit",
             A_CUDA,
             data,
         )
@@ -705,7 +719,11 @@ def check_host_compiler(f: Facts) -> Check:
         lo, hi = (tk.gcc_min, tk.gcc_max) if kind == "gcc" else (tk.clang_min, tk.clang_max)
         src = tk.host_config
     if hi is None:
-        hi = compiler_max_from_table(kind, cuda_ver)
+        # The full version matters: 11.4.0 (nvcc V11.4.48) accepts gcc 10, 11.4.1 gcc 11.
+        full = _nvcc_versions(f, "home")[1] or _nvcc_versions(f, "path")[1]
+        if major_minor(full) != major_minor(cuda_ver):
+            full = tk.version if tk is not None and tk.short == major_minor(cuda_ver) else cuda_ver
+        hi = compiler_max_from_table(kind, full)
         src = f"NVIDIA's support table for CUDA {major_minor(cuda_ver)}" if hi is not None else ""
     data.update({"max_major": hi, "min_major": lo, "limit_from": src, "cuda": cuda_ver})
     label = f"{kind} {c.version} ({c.path}, from {c.source})"

@@ -159,6 +159,19 @@ def test_gcc14_with_cuda_12_8_is_fine_and_gcc15_gets_the_older_compiler() -> Non
     assert bad.fix == "export NVCC_CCBIN=/usr/bin/g++-14 CC=/usr/bin/gcc-14 CXX=/usr/bin/g++-14"
 
 
+@pytest.mark.parametrize(("nvcc", "status"), [("11.4.48", "fail"), ("11.4.100", "ok")])
+def test_cuda_11_4_0_and_11_4_1_differ_by_nvcc_build(nvcc: str, status: str) -> None:
+    tk = toolkit("/opt/cuda-11.4", "11.4")
+    f = facts(
+        cuda_home=tk.root,
+        home_toolkit=tk.root,
+        toolkits=[tk],
+        cuda_home_nvcc_run=CmdResult(["nvcc"], stdout=nvcc_output(nvcc)),
+        compiler=Compiler("/usr/bin/c++", "c++", "gcc", "11.3.0"),
+    )
+    assert checks.check_host_compiler(f).status == status
+
+
 def test_minor_mismatch_points_at_the_matching_toolkit() -> None:
     home = toolkit("/usr/local/cuda-12.6", "12.6.77")
     match = toolkit("/usr/local/cuda-12.4", "12.4.1")
