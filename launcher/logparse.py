@@ -17,11 +17,12 @@ import re
 from typing import Any
 
 _DICT = re.compile(r"\{'[A-Za-z_][\w/.-]*': .*\}")
-_TQDM = re.compile(
-    r"(?P<n>\d+)/(?P<total>\d+|\?)\s*\[[^\]]*?(?:,\s*(?P<rate>[\d.]+)\s*(?P<unit>[A-Za-z]+)/s"
-    r"|,\s*(?P<inv>[\d.]+)\s*s/(?P<unit2>[A-Za-z]+))?[^\]]*\]"
-)
-# Keys HF uses for the step-level scalars, mapped to the names xl shows.
+_TQDM = re.compile(r"(?P<n>\d+)/(?P<total>\d+|\?)\s*\[(?P<inside>[^\]]*)\]")
+_RATE = re.compile(r"(?P<rate>[\d.]+)\s*(?P<unit>[A-Za-z]+)/s\b")
+_INV_RATE = re.compile(r"(?P<inv>[\d.]+)\s*s/(?P<unit>[A-Za-z]+)\b")
+# PrinterCallback prints raw floats, so a NaN loss appears as a bare ``nan`` token, which
+# ast.literal_eval rejects; quote those tokens first.
+_BARE = re.compile(r"(?<=: )(-?inf|nan)(?=[,}])")
 _RENAME = {"learning_rate": "lr", "train_loss": "loss"}
 _STEP_KEYS = ("step", "global_step")
 
@@ -44,7 +45,7 @@ def parse_hf_dict(text: str) -> dict[str, Any] | None:
     if match is None:
         return None
     try:
-        obj = ast.literal_eval(match.group(0))
+        obj = ast.literal_eval(_BARE.sub(r"'\1'", match.group(0)))
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return None
     if not isinstance(obj, dict):
@@ -86,13 +87,18 @@ def parse_tqdm(text: str) -> dict[str, Any] | None:
         out: dict[str, Any] = {"step": int(match.group("n"))}
         if match.group("total") not in (None, "?"):
             out["total_steps"] = int(match.group("total"))
-        if match.group("rate"):
-            unit = match.group("unit")
-            out["steps_per_s" if unit == "it" else f"{unit}_per_s"] = float(match.group("rate"))
-        elif match.group("inv"):
-            inv = float(match.group("inv"))
-            if inv > 0:
-                out["steps_per_s"] = round(1.0 / inv, 6)
+        inside = match.group("inside")
+        rate = _RATE.search(inside)
+        inv = _INV_RATE.search(inside) if rate is None else None
+        try:
+            if rate is not None:
+                unit = rate.group("unit")
+                key = "steps_per_s" if unit == "it" else f"{unit}_per_s"
+                out[key] = float(rate.group("rate"))
+            elif inv is not None and float(inv.group("inv")) > 0:
+                out["steps_per_s"] = round(1.0 / float(inv.group("inv")), 6)
+        except ValueError:  # "1.2.3it/s" is not a number
+            pass
         return out
     return None
 
