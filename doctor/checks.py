@@ -787,6 +787,16 @@ def check_ld_library_path(f: Facts) -> Check:
             f"; the ldconfig cache resolves libcudart.so.{want[0]} to {cache[0]}" if cache else ""
         )
         return Check("ld_library_path", "ok", title, f"unset{extra}", "", A_CUDA, data)
+    if value == "":
+        return Check(
+            "ld_library_path",
+            "ok",
+            title,
+            "set but empty (the loader ignores it)",
+            "",
+            A_CUDA,
+            data,
+        )
     problems: list[str] = []
     fixes: list[str] = []
     empties = [i for i, e in enumerate(f.ld_entries) if e.path == ""]
@@ -801,7 +811,6 @@ def check_ld_library_path(f: Facts) -> Check:
     unreadable = [e.path for e in f.ld_entries if e.problem]
     if unreadable:
         problems.append(f"unreadable {', '.join(unreadable[:3])}")
-    fail = False
     if want:
         tk_dirs = set(tk.lib_dirs) if tk is not None else set()
         tk_pos = next((i for i, e in enumerate(f.ld_entries) if e.real in tk_dirs), None)
@@ -815,7 +824,7 @@ def check_ld_library_path(f: Facts) -> Check:
                     f"{e.path} holds {', '.join(other)} but the toolkit in use is CUDA {tk.short if tk else '?'}"
                 )
             if same and (tk_pos is None or i < tk_pos):
-                fail = True
+                # Same soname, maybe another minor: the loader takes this one, not the toolkit's.
                 problems.append(
                     f"{e.path}/{same[0]} shadows the toolkit's ({tk.root if tk else '?'})"
                 )
@@ -848,7 +857,7 @@ def check_ld_library_path(f: Facts) -> Check:
     )
     return Check(
         "ld_library_path",
-        "fail" if fail else "warn",
+        "warn",
         title,
         "; ".join(problems),
         fixes[0],
