@@ -530,9 +530,12 @@ if spec is not None and spec.origin:
     pip_tk = []
     for n in dists(site, "nvidia_cuda_nvcc"):
         ver = version_of(n)
-        for sub in ("cuda_nvcc", "cu13", "cu12", "cu14"):
+        # nvidia-cuda-nvcc-cu12 installs nvidia/cuda_nvcc; the 13.x wheels install nvidia/cu13
+        subs = ["cuda_nvcc"] if "_cu" in n.split("-")[0] else ["cu" + ver.split(".")[0], "cuda_nvcc"]
+        for sub in subs:
             if os.path.isfile(os.path.join(nvd, sub, "bin", "nvcc")):
                 pip_tk.append((os.path.join(nvd, sub), ver))
+                break
     out["pip_toolkits"] = pip_tk
 print(json.dumps(out))
 """

@@ -32,7 +32,10 @@ def redacted_env(env: dict[str, str]) -> dict[str, str]:
 
 def _secret_values(env: dict[str, str]) -> list[str]:
     return sorted(
-        {v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= 4}, key=len, reverse=True
+        # Short values ("1", "true") are flags, not secrets, and would garble every message.
+        {v for k, v in env.items() if SECRET_NAME.search(k) and len(v) >= 6},
+        key=len,
+        reverse=True,
     )
 
 
