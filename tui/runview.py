@@ -51,16 +51,16 @@ def world_size(run: Mapping[str, Any], ranks: Mapping[int, Any]) -> int:
 
 
 def devices_text(run: Mapping[str, Any]) -> str:
-    devices = run.get("devices") or []
+    """``GPU 1,0 (NVIDIA A100-SXM4-80GB)``: indices in launch order, each model named once."""
+    devices = [d for d in run.get("devices") or [] if isinstance(d, Mapping)]
     if not devices:
         return "CPU"
-    parts = []
+    names: list[str] = []
     for d in devices:
-        if isinstance(d, Mapping):
-            parts.append(f"{d.get('index')}:{d.get('name', '?')}")
-        else:
-            parts.append(str(d))
-    return ", ".join(parts)
+        name = str(d.get("name") or "?")
+        if name not in names:
+            names.append(name)
+    return f"GPU {','.join(str(d.get('index')) for d in devices)} ({', '.join(names)})"
 
 
 def history(rv: Any, which: str) -> list[tuple[float, float]]:

@@ -29,6 +29,7 @@ from xl.tui.widgets.charts import MetricChart
 from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
 
+CHARTS_MIN_HEIGHT = 32
 LOG_TAIL = 400  # lines shown when switching to a rank; older output stays in the run dir
 
 
@@ -73,19 +74,22 @@ class MonitorScreen(Screen):
         with Horizontal(id="progress-row"):
             yield ProgressBar(total=100, show_eta=False, id="progress")
             yield Label("", id="eta")
-        with Horizontal(id="monitor-main"):
-            yield RankTable(id="rank-table")
+        yield RankTable(id="rank-table")
+        with Horizontal(id="monitor-lower"):
             with Vertical(id="charts"):
                 yield MetricChart("loss", id="chart-loss")
                 yield MetricChart("samples/s", id="chart-sps")
-        yield Label("Log", id="log-title")
-        yield RankLog(id="rank-log")
+            with Vertical(id="log-pane"):
+                yield Label("Log", id="log-title")
+                yield RankLog(id="rank-log")
         yield Footer()
 
     def on_mount(self) -> None:
         self.title = f"xl — {self.run_dir.name}"
         self.query_one("#failure-banner").display = False
         self.query_one("#progress-row").display = False
+        # Charts need room; on a small terminal (80x24) they start hidden and `c` shows them.
+        self.query_one("#charts").display = self.app.size.height >= CHARTS_MIN_HEIGHT
         self._poll()
 
     @property
@@ -194,8 +198,9 @@ class MonitorScreen(Screen):
         text.append("\n")
         trace = failure.get("traceback") or failure.get("message") or ""
         lines = str(trace).strip().splitlines()
-        if len(lines) > 8:
-            lines = ["…", *lines[-8:]]  # the end of a traceback says what happened
+        keep = 6 if self.app.size.height >= CHARTS_MIN_HEIGHT else 3
+        if len(lines) > keep:
+            lines = ["…", *lines[-keep:]]  # the end of a traceback says what happened
         text.append("\n".join(lines))
         banner.update(text)
         banner.display = True

@@ -54,8 +54,7 @@ class MetricChart(PlotextPlot):
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
-        plt.title(self.title)
-        plt.xlabel("seconds")
+        plt.title(f"{self.title} (x: seconds since start)")
         drawn = {r: p for r, p in series.items() if p}
         if not drawn:
             plt.title(f"{self.title}: no data yet")

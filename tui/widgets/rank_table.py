@@ -10,17 +10,18 @@ from textual.widgets import DataTable
 
 from xl.tui import fmt
 
+# What matters most comes first: on an 80-column terminal the right end is scrolled off.
 COLUMNS = (
     ("rank", "Rank"),
-    ("node", "Node"),
-    ("gpu", "GPU"),
+    ("state", "State"),
+    ("step", "Step"),
+    ("loss", "Loss"),
+    ("sps", "Samples/s"),
     ("util", "Util"),
     ("mem", "Memory"),
-    ("step", "Step"),
-    ("sps", "Samples/s"),
-    ("loss", "Loss"),
+    ("node", "Node"),
+    ("gpu", "GPU"),
     ("seen", "Last seen"),
-    ("state", "State"),
 )
 
 
@@ -31,7 +32,7 @@ def rank_cells(rv: Any, now: float) -> dict[str, Any]:
     if used is None and getattr(rv, "rss_mib", None) is not None:
         mem = f"{fmt.mib(rv.rss_mib)} rss"
     else:
-        mem = fmt.meter(used / total if used is not None and total else None, 6, fmt.mib(used))
+        mem = fmt.meter(used / total if used is not None and total else None, 4, fmt.mib(used))
     step = getattr(rv, "step", None)
     total_steps = getattr(rv, "total_steps", None)
     gpu = getattr(rv, "gpu", None)
@@ -39,7 +40,7 @@ def rank_cells(rv: Any, now: float) -> dict[str, Any]:
         "rank": str(rv.rank),
         "node": str(getattr(rv, "node", None) or "-"),
         "gpu": "cpu" if gpu is None else str(gpu),
-        "util": fmt.meter(None if util is None else util / 100, 6, "-" if util is None else f"{util:.0f}%"),
+        "util": fmt.meter(None if util is None else util / 100, 4, "-" if util is None else f"{util:3.0f}%"),
         "mem": mem,
         "step": "-" if step is None else (f"{step:.0f}/{total_steps:.0f}" if total_steps else f"{step:.0f}"),
         "sps": fmt.number(getattr(rv, "samples_per_s", None), 3),
