@@ -531,7 +531,8 @@ if spec is not None and spec.origin:
     for n in dists(site, "nvidia_cuda_nvcc"):
         ver = version_of(n)
         # nvidia-cuda-nvcc-cu12 installs nvidia/cuda_nvcc; the 13.x wheels install nvidia/cu13
-        subs = ["cuda_nvcc"] if "_cu" in n.split("-")[0] else ["cu" + ver.split(".")[0], "cuda_nvcc"]
+        tag = n.split("-")[0].rsplit("_", 1)[-1]
+        subs = ["cuda_nvcc"] if tag[:2] == "cu" and tag[2:].isdigit() else ["cu" + ver.split(".")[0], "cuda_nvcc"]
         for sub in subs:
             if os.path.isfile(os.path.join(nvd, sub, "bin", "nvcc")):
                 pip_tk.append((os.path.join(nvd, sub), ver))

@@ -179,7 +179,7 @@ def test_minor_mismatch_disagreeing_toolkits_and_driver_not_loaded(tmp_path: Pat
     tk126 = box.toolkit("cuda-12.6", "12.6.77", gcc_max=13, version_file=None)  # nvcc tells
     tk121 = box.toolkit("cuda-12.1", "12.1.105", gcc_max=12)
     box.compiler("c++", "clang", "18.1.8")
-    site = box.torch("2.3.1+cu121", cuda="12.1", nccl="2.18.1")
+    site = box.torch("2.3.1+cu121", cuda="12.1", nccl="2.18.1", pip_nvcc="13.0.88")
     env = box.env(
         PATH=[tk126 / "bin"],
         CUDA_HOME=tk124,
@@ -203,6 +203,8 @@ def test_minor_mismatch_disagreeing_toolkits_and_driver_not_loaded(tmp_path: Pat
     found = {t["root"]: t["version"] for t in checks["toolkits"]["data"]["toolkits"]}
     assert found[str(tk124)] == "12.4.131" and found[str(tk126)] == "12.6.77"
     assert next(t for t in report["toolkits"] if t["root"] == str(tk126))["version_from"] == "nvcc"
+    pip13 = str(site / "nvidia" / "cu13")
+    assert found[pip13] == "13.0.88"
     tcm = checks["torch_cuda_match"]
     assert st["torch_cuda_match"] == "warn" and "DeepSpeed accepts" in tcm["detail"]
     assert (

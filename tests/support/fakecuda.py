@@ -205,9 +205,15 @@ class Sandbox:
                 f"Metadata-Version: 2.1\nName: nvidia-nccl\nVersion: {nccl}\n"
             )
         if pip_nvcc:
-            d = site / f"nvidia_cuda_nvcc_cu{pip_nvcc.split('.')[0]}-{pip_nvcc}.dist-info"
+            # The wheels' real layouts: nvidia-cuda-nvcc-cu12 -> nvidia/cuda_nvcc,
+            # nvidia-cuda-nvcc 13.x -> nvidia/cu13.
+            major = pip_nvcc.split(".")[0]
+            if int(major) >= 13:
+                d, sub = site / f"nvidia_cuda_nvcc-{pip_nvcc}.dist-info", f"cu{major}"
+            else:
+                d, sub = site / f"nvidia_cuda_nvcc_cu{major}-{pip_nvcc}.dist-info", "cuda_nvcc"
             d.mkdir(exist_ok=True)
-            self.nvcc_script(site / "nvidia" / "cuda_nvcc" / "bin" / "nvcc", pip_nvcc)
+            self.nvcc_script(site / "nvidia" / sub / "bin" / "nvcc", pip_nvcc)
         return site
 
     def lib_dir(self, name: str, *, cudart: Sequence[int] = (), nccl: bool = False) -> Path:
