@@ -167,3 +167,36 @@ def test_settings_file_is_written_atomically_and_survives_garbage(tmp_path) -> N
     assert settings.recall("x.py") == {"target": "x.py", "nproc": "4"}
     assert settings.last_target() == "x.py"
     assert [p.name for p in path.parent.iterdir()] == ["launch.json"]
+
+
+@pytest.mark.e2e
+def test_shown_command_is_what_xl_launch_plans(simnvml, tmp_path) -> None:
+    """The command the form shows, run through the real `xl launch --dry-run`, plans the same."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    sim = simnvml(gpus=4)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    form = LaunchForm(
+        target="train.py", args="--lr 3e-4 --name 'a b'", gpus="3,1", nproc="2",
+        mixed_precision="bf16", env="NCCL_DEBUG=INFO", name="t1",
+    )
+    argv = command(form)
+    assert argv[:2] == ["xl", "launch"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "xl", *argv[1:2], "--dry-run", "--json", *argv[2:]],
+        cwd=tmp_path, env={**os.environ, **sim.env}, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)
+    spec = to_spec(form)
+    spec.cwd = str(tmp_path)
+    with sim.in_process():
+        from xl.nvml import inventory
+
+        plan = build_plan(spec, inventory(), env={**os.environ, **sim.env})
+    assert shown["argv"][1:] == plan.argv[1:]
+    assert shown["env"] == plan.env
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "3,1"

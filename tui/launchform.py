@@ -12,7 +12,7 @@ from typing import Any
 
 from xl.cliutil import UsageError
 
-MIXED_PRECISION = ("no", "fp16", "bf16")
+MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 
 
 @dataclass
@@ -101,7 +101,8 @@ def to_spec(form: LaunchForm) -> Any:
         nnodes=_int(form.nnodes or "1", "nodes", minimum=1),
         node_rank=_int(form.node_rank or "0", "node rank", minimum=0),
         rdzv=form.rdzv.strip() or None,
-        mixed_precision=form.mixed_precision,
+        # "no" is the launcher's default: leave it unset, as `xl launch` without the flag does.
+        mixed_precision=None if form.mixed_precision == "no" else form.mixed_precision,
         env=parse_env(form.env),
         name=form.name.strip() or None,
     )
