@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -372,3 +373,18 @@ def test_bad_usage_is_one_line_exit_2(tmp_path: Path) -> None:
         proc = run_doctor(os.environ, *args)
         assert proc.returncode == 2
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_json_mode_stays_lean(tmp_path: Path) -> None:
+    """--json never pays for Rich, Textual or torch: the doctor's speed budget depends on it."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "xl", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=Sandbox(tmp_path).env(PATH=["/usr/bin"]),
+    )
+    json.loads(proc.stdout)
+    loaded = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
+    assert "xl" in loaded
+    assert not loaded & {"rich", "textual", "torch"}, loaded & {"rich", "textual", "torch"}
