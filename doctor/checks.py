@@ -927,6 +927,19 @@ def check_cuda_visible_devices(f: Facts) -> Check:
     devices = list(vis.devices)
     # Visibility also reports CUDA_DEVICE_ORDER problems; those belong to the next check.
     problems = [p for p in vis.problems if p.startswith(("CUDA_VISIBLE_DEVICES", "entry "))]
+    # Selecting MIG instances is a valid setup; say so without calling it a problem.
+    problems = [p for p in problems if "MIG instances" not in p]
+    if vis.mig_ids and not problems:
+        return Check(
+            "cuda_visible_devices",
+            "ok",
+            title,
+            f"{value!r}: {len(vis.mig_ids)} MIG instance(s)"
+            + (f" and GPU(s) {', '.join(str(g.index) for g in devices)}" if devices else ""),
+            "",
+            A_DEV,
+            data,
+        )
     data["devices"] = [g.index for g in devices]
     if problems:
         fatal = bool(vis.duplicates) or any("CUDA stops there" in p for p in problems)

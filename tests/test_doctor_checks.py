@@ -312,6 +312,29 @@ def test_nccl_traps() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("env", "status", "devices"),
+    [
+        ({"CUDA_VISIBLE_DEVICES": "GPU-00000001"}, "ok", [1]),
+        ({"CUDA_VISIBLE_DEVICES": "MIG-9a1b2c3d-0000-0000-0000-000000000000"}, "ok", None),
+        ({"CUDA_VISIBLE_DEVICES": "0,7", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, "fail", [0]),
+        ({"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, "ok", [0]),
+        ({"CUDA_VISIBLE_DEVICES": "0"}, "warn", [1]),  # FASTEST_FIRST: CUDA's 0 is the H100
+    ],
+)
+def test_cuda_visible_devices(env: dict[str, str], status: str, devices: list[int] | None) -> None:
+    f = facts(
+        env=env,
+        gpus=(gpu(0, "NVIDIA A100-SXM4-80GB", "8.0"), gpu(1, "NVIDIA H100 80GB HBM3", "9.0")),
+    )
+    c = checks.check_cuda_visible_devices(f)
+    assert c.status == status, c
+    if devices is not None:
+        assert c.data["devices"] == devices
+    if status != "ok":
+        assert "CUDA_VISIBLE_DEVICES=" in c.fix
+
+
 def test_ninja_beside_the_interpreter_but_not_on_path() -> None:
     c = checks.check_ninja(facts(ninja_in_bin="/venv/bin/ninja"))
     assert c.status == "warn" and c.fix == "export PATH=/venv/bin:$PATH"
