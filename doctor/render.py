@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .report import AREAS, Report
+from .report import Report
 
 if TYPE_CHECKING:  # Rich is imported only when a terminal report is drawn
     from rich.console import RenderableType
@@ -12,15 +12,6 @@ if TYPE_CHECKING:  # Rich is imported only when a terminal report is drawn
 GLYPH = {"ok": "✔", "warn": "▲", "fail": "✘", "skip": "–", "error": "?"}
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "error": "magenta"}
 LABEL = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip", "error": "ERROR"}
-
-
-def _areas(report: Report) -> list[tuple[str, list[Any]]]:
-    order = list(AREAS) + sorted({c.area for c in report.checks} - set(AREAS))
-    return [
-        (a, [c for c in report.checks if c.area == a])
-        for a in order
-        if any(c.area == a for c in report.checks)
-    ]
 
 
 def summary_line(report: Report, strict: bool = False) -> str:
@@ -35,7 +26,7 @@ def summary_line(report: Report, strict: bool = False) -> str:
 def render_plain(report: Report, strict: bool = False) -> str:
     """Text with no colour codes: for pipes, logs, NO_COLOR and TERM=dumb."""
     lines: list[str] = []
-    for area, checks in _areas(report):
+    for area, checks in report.by_area():
         lines.append(area)
         for c in checks:
             lines.append(f"  {LABEL[c.status]:<5}  {c.title}: {c.detail}")
@@ -55,7 +46,7 @@ def render_report(report: Report, strict: bool = False) -> RenderableType:
     parts: list[Any] = []
     # One title width for every area, so the details line up down the whole report.
     title_w = max((len(c.title) for c in report.checks), default=10)
-    for area, checks in _areas(report):
+    for area, checks in report.by_area():
         parts.append(Text(area, style="bold underline"))
         table = Table.grid(padding=(0, 1))
         table.add_column(width=1, no_wrap=True)

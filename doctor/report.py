@@ -102,6 +102,12 @@ class Report:
     def status(self) -> str:
         return worst(c.status for c in self.checks)
 
+    def by_area(self) -> list[tuple[str, list[Check]]]:
+        """The checks grouped by area, areas in AREAS order (what every renderer shows)."""
+        order = list(AREAS) + sorted({c.area for c in self.checks} - set(AREAS))
+        groups = [(a, [c for c in self.checks if c.area == a]) for a in order]
+        return [(a, cs) for a, cs in groups if cs]
+
     def get(self, check_id: str) -> Check | None:
         return next((c for c in self.checks if c.id == check_id), None)
 

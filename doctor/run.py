@@ -184,7 +184,10 @@ def collect(python: str | None = None) -> Facts:
 def _facts_json(f: Facts) -> dict[str, Any]:
     t = f.torch
     c = f.compiler
+    from xl._version import __version__
+
     return {
+        "xl_version": __version__,
         "driver": f.driver.to_json() if f.driver is not None else {"error": f.nvml_problem},
         "python": t.python if t is not None else f.python,
         "torch": None
