@@ -1,0 +1,209 @@
+"""The collector under load: many ranks at 20 Hz, then a flood to find its ceiling.
+
+    .venv/bin/python bench/bench_collector.py [--ranks 256] [--hz 20] [--seconds 30]
+
+Ranks are simulated by worker processes, each holding many connections and sending what the
+real client sends (a frame every 0.1 s carrying the records logged since the last one, with
+the run token, reading acks). The collector is the real one (Telemetry) in this process; its
+thread's CPU time comes from /proc via psutil. Phase 2 ("flood") sends pre-encoded 100-record
+frames as fast as the workers can to measure records stored per collector CPU-second.
+Goals: 0 drops at 256 x 20 Hz; >= 100k records/s on one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+TOKEN = "bench-token"
+
+
+def worker(addr: str, first_rank: int, nranks: int, hz: float, seconds: float, flood: bool) -> None:
+    from xl.launcher import wire
+
+    host, port = addr.rsplit(":", 1)
+    socks = [socket.create_connection((host, int(port))) for _ in range(nranks)]
+    sent = 0
+    seqs = [0] * nranks
+    steps = [0] * nranks
+
+    def frame(i: int, n: int) -> bytes:
+        rank = first_rank + i
+        now = time.time()
+        lines = []
+        for _ in range(n):
+            steps[i] += 1
+            rec = {
+                "t": now,
+                "rank": rank,
+                "kind": "train",
+                "step": steps[i],
+                "loss": 0.5,
+                "lr": 1e-4,
+                "samples": 32,
+                "samples_per_s": 640.0,
+            }
+            lines.append(wire.dumps_record(rec))
+        seqs[i] += 1
+        header = {
+            "v": 1,
+            "token": TOKEN,
+            "rank": rank,
+            "pid": os.getpid(),
+            "seq": seqs[i],
+            "dropped": 0,
+        }
+        return wire.encode_batch(header, lines)
+
+    def drain_acks() -> None:
+        for s in socks:
+            try:
+                while s.recv(65536, socket.MSG_DONTWAIT):
+                    pass
+            except (BlockingIOError, InterruptedError):
+                pass
+
+    end = time.monotonic() + seconds
+    if flood:
+        while time.monotonic() < end:
+            for i, s in enumerate(socks):
+                s.sendall(frame(i, 100))
+                sent += 100
+            drain_acks()
+    else:
+        per_tick = hz / 10.0  # records each rank logs per 0.1 s tick
+        carry = [0.0] * nranks
+        tick = time.monotonic()
+        while tick < end:
+            for i, s in enumerate(socks):
+                carry[i] += per_tick
+                n = int(carry[i])
+                if n:
+                    carry[i] -= n
+                    s.sendall(frame(i, n))
+                    sent += n
+            drain_acks()
+            tick += 0.1
+            time.sleep(max(0.0, tick - time.monotonic()))
+    for s in socks:
+        s.close()
+    print(json.dumps({"sent": sent}), flush=True)
+
+
+def phase(addr: str, ranks: int, hz: float, seconds: float, flood: bool, workers: int) -> int:
+    per = -(-ranks // workers)
+    procs = []
+    for w in range(workers):
+        first = w * per
+        n = min(per, ranks - first)
+        if n <= 0:
+            break
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    addr,
+                    str(first),
+                    str(n),
+                    str(hz),
+                    str(seconds),
+                    "1" if flood else "0",
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    sent = 0
+    for p in procs:
+        out, _ = p.communicate(timeout=seconds + 120)
+        sent += json.loads(out.strip().splitlines()[-1])["sent"]
+    return sent
+
+
+def thread_cpu(native_id: int) -> float:
+    for th in psutil.Process().threads():
+        if th.id == native_id:
+            return th.user_time + th.system_time
+    return 0.0
+
+
+def count_train(path: Path) -> int:
+    with open(path, "rb") as fh:
+        return sum(1 for line in fh if b'"kind":"train"' in line)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        a = sys.argv[2:]
+        worker(a[0], int(a[1]), int(a[2]), float(a[3]), float(a[4]), a[5] == "1")
+        return 0
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", type=int, default=256)
+    ap.add_argument("--hz", type=float, default=20)
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--flood-seconds", type=float, default=10)
+    ap.add_argument("--workers", type=int, default=4)
+    args = ap.parse_args()
+
+    from xl.launcher.telemetry import Telemetry
+
+    run_dir = Path(tempfile.mkdtemp(prefix="xl-bench-collector-"))
+    tel = Telemetry(run_dir, token=TOKEN, inventory=False)
+    addr = tel.start()["XL_COLLECTOR"]
+    assert tel.collector is not None and tel.collector._thread is not None
+    tid = tel.collector._thread.native_id or threading.get_native_id()
+
+    results = {}
+    for name, flood, seconds in (
+        ("steady", False, args.seconds),
+        ("flood", True, args.flood_seconds),
+    ):
+        before_rec = tel.collector.records
+        cpu0, wall0 = thread_cpu(tid), time.monotonic()
+        sent = phase(addr, args.ranks, args.hz, seconds, flood, args.workers)
+        # let the collector finish what is in flight
+        deadline = time.monotonic() + 30
+        while tel.collector.records - before_rec < sent and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cpu, wall = thread_cpu(tid) - cpu0, time.monotonic() - wall0
+        stored = tel.collector.records - before_rec
+        results[name] = (sent, stored, cpu, wall)
+    tel.stop()
+    on_disk = count_train(run_dir / "metrics.jsonl")
+    rejects = json.loads((run_dir / "collector.json").read_text())["rejects"]
+
+    sent, stored, cpu, wall = results["steady"]
+    print(f"steady: {args.ranks} ranks x {args.hz:g} Hz for {args.seconds:g} s")
+    print(f"  records sent {sent}, stored {stored} ({stored / wall:,.0f}/s), drops {sent - stored}")
+    print(
+        f"  collector thread CPU {cpu:.2f} s over {wall:.1f} s = {100 * cpu / wall:.1f}% of one core"
+    )
+    sent_f, stored_f, cpu_f, wall_f = results["flood"]
+    capacity = stored_f / cpu_f if cpu_f else float("inf")
+    print(f"flood: {args.ranks} connections sending 100-record frames for {args.flood_seconds:g} s")
+    print(
+        f"  records sent {sent_f}, stored {stored_f} ({stored_f / wall_f:,.0f}/s wall), drops {sent_f - stored_f}"
+    )
+    print(f"  collector CPU {cpu_f:.2f} s -> {capacity:,.0f} records per CPU-second (one core)")
+    print(f"on disk: {on_disk} train lines (expected {sent + sent_f}); rejects: {rejects or 0}")
+    print(f"goal 0 drops at {args.ranks} x {args.hz:g} Hz: {'met' if sent == stored else 'MISSED'}")
+    print(
+        f"goal >= 100k records/s on one core: {'met' if capacity >= 100_000 else 'MISSED'} ({capacity:,.0f})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
