@@ -143,6 +143,7 @@ class Supervisor:
         self.stop_signal: str | None = None
         self.failure: dict[str, Any] | None = None
         self.telemetry: Any = None
+        self.telemetry_stopped = False
         self.token = secrets.token_hex(16)
         self.reparented: dict[int, int] = {}
         self._init_ranks()
@@ -308,6 +309,10 @@ class Supervisor:
             self._advance_stop()
             if changed:
                 self.save()
+            if self.telemetry is not None and not self.telemetry_stopped and self._ranks_gone():
+                # Every rank process is gone, so nothing can log any more: flush telemetry now,
+                # while torchrun tears down (~0.5 s), not after it.
+                self._stop_telemetry()
             if self.torchrun_code is not None and self._all_done():
                 _debug("torchrun done")
                 self._drain()
@@ -598,6 +603,14 @@ class Supervisor:
         return True
 
     # ---------------------------------------------------------------- the end
+    def _ranks_gone(self) -> bool:
+        return all(st.done and (st.pid is None or not procs.alive(st.pid)) for st in self.ranks.values())
+
+    def _stop_telemetry(self) -> None:
+        if not self.telemetry_stopped:
+            self.telemetry_stopped = True
+            self._telemetry("stop")
+
     def _fill_from_torchrun_log(self) -> None:
         """Exit codes of ranks killed by a signal, from torchrun's own failure summary."""
         if all(st.exit_code is not None for st in self.ranks.values()):
@@ -644,7 +657,7 @@ class Supervisor:
             if not st.done:
                 st.state = "stopped" if status == "stopped" else "failed"
         _debug("finish start")
-        self._telemetry("stop")
+        self._stop_telemetry()
         _debug("telemetry stopped")
         for fd in self.log_fds.values():
             os.close(fd)
