@@ -833,7 +833,7 @@ def check_ld_library_path(f: Facts) -> Check:
             "ld_library_path",
             "ok",
             title,
-            f"{len(f.ld_entries)} entries, no conflicting CUDA libraries",
+            f"{len(f.ld_entries)} {'entry' if len(f.ld_entries) == 1 else 'entries'}, no conflicting CUDA libraries",
             "",
             A_CUDA,
             data,
@@ -1307,7 +1307,9 @@ def check_arch_list(f: Facts) -> Check:
             jit.append(cap)
         else:
             missing.append(cap)
-    want = ";".join(dict.fromkeys([*(f"{a[0]}.{a[1]}" for a in archs), *caps]))
+    # Keep what the person wrote (names, +PTX) and add what is missing.
+    written = [t for t in re.split(r"[;\s,]+", value.strip()) if t]
+    want = ";".join(dict.fromkeys([*written, *(c for c in caps if c in missing or c in jit)]))
     if missing:
         names = ", ".join(
             f"{cap} ({next(g.name for g in gpus if g.compute_capability == cap)})"

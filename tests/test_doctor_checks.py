@@ -249,7 +249,10 @@ def test_arch_list(value: str, caps: list[str], nvcc: str | None, status: str) -
     )
     if nvcc:
         f.cuda_home, f.cuda_home_nvcc_run = "/c", CmdResult(["nvcc"], stdout=nvcc_output(nvcc))
-    assert checks.check_arch_list(f).status == status
+    c = checks.check_arch_list(f)
+    assert c.status == status
+    if status == "warn":
+        assert c.fix == f'export TORCH_CUDA_ARCH_LIST="{value};{caps[0]}"'  # as written, plus the GPU
 
 
 def test_ld_library_path_shadowing_and_other_versions() -> None:
