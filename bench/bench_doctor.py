@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
         d_times.append(t)
         t, proc = _time(anchor)
         if proc.returncode != 0:
-            print(f"collect_env failed: {proc.stderr.decode(errors='replace')[-300:]}", file=sys.stderr)
+            print(
+                f"collect_env failed: {proc.stderr.decode(errors='replace')[-300:]}",
+                file=sys.stderr,
+            )
             return 1
         a_times.append(t)
     d, a = statistics.median(d_times), statistics.median(a_times)

@@ -381,6 +381,10 @@ def test_json_mode_stays_lean(tmp_path: Path) -> None:
         env=Sandbox(tmp_path).env(PATH=["/usr/bin"]),
     )
     json.loads(proc.stdout)
-    loaded = {line.split("|")[-1].strip().split(".")[0] for line in proc.stderr.splitlines() if "|" in line}
+    loaded = {
+        line.split("|")[-1].strip().split(".")[0]
+        for line in proc.stderr.splitlines()
+        if "|" in line
+    }
     assert "xl" in loaded
     assert not loaded & {"rich", "textual", "torch"}, loaded & {"rich", "textual", "torch"}
