@@ -530,9 +530,12 @@ class Supervisor:
 
     # ---------------------------------------------------------------- stopping
     def _signal(self, st: RankState, sig: int) -> None:
-        if st.pid is None or st.done:
+        # A rank that reported its exit may still hang in teardown (e.g. a stuck NCCL
+        # destructor): it is signalled too; only its recorded outcome stays as it was.
+        if st.pid is None or not procs.alive(st.pid):
             return
-        st.signalled = int(sig)
+        if not st.done:
+            st.signalled = int(sig)
         procs.signal_rank(st.pid, sig)
 
     def _begin_stop(self, reason: str) -> None:
@@ -542,8 +545,7 @@ class Supervisor:
         if reason == "requested" and self.torchrun is not None and self.torchrun_code is None:
             procs.signal_pid(self.torchrun.pid, signal.SIGTERM)
         for st in self.ranks.values():
-            if not st.done:
-                self._signal(st, signal.SIGTERM)
+            self._signal(st, signal.SIGTERM)
         # Ranks that never reported (e.g. still importing) are found by their environment.
         self.stop.extra = procs.find_run_pids(self.run_id, exclude=self._known_pids())
         for pid in self.stop.extra:
@@ -562,8 +564,7 @@ class Supervisor:
             return
         self.stop.killed = True
         for st in self.ranks.values():
-            if not st.done and st.pid is not None and procs.alive(st.pid):
-                self._signal(st, signal.SIGKILL)
+            self._signal(st, signal.SIGKILL)
         procs.kill_all(self.stop.extra + procs.find_run_pids(self.run_id, exclude=self._known_pids()))
         if self.torchrun is not None and self.torchrun_code is None:
             procs.signal_pid(self.torchrun.pid, signal.SIGKILL)
@@ -634,6 +635,14 @@ class Supervisor:
             if st is not None:
                 self.failure.update(rank=rank, exit_code=st.exit_code, message=f"rank {rank} failed first: {describe_exit(rank, st.exit_code)}")
 
+    def _torchrun_tail(self, lines: int = 25) -> str | None:
+        try:
+            text = (self.run_dir / "logs" / "torchrun.log").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+        tail = [ln for ln in text.splitlines() if ln.strip()][-lines:]
+        return "\n".join(tail) or None
+
     def finish(self) -> str:
         self._fill_from_torchrun_log()
         if self.stop is not None and self.stop.reason == "requested":
@@ -649,7 +658,8 @@ class Supervisor:
             self.failure = {
                 "rank": first.rank if first else None,
                 "exit_code": first.exit_code if first else self.torchrun_code,
-                "traceback": first.traceback if first else None,
+                # No rank to blame (e.g. torchrun could not start them): torchrun's own last words.
+                "traceback": first.traceback if first else self._torchrun_tail(),
                 "error": first.error if first else None,
                 "message": f"torchrun exited with code {self.torchrun_code} (see logs/torchrun.log)",
             }

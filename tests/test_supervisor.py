@@ -43,7 +43,7 @@ time.sleep(120)
 """
 
 FAILER = """
-import os, time
+import os, threading, time
 rank = int(os.environ["RANK"])
 print("ready", flush=True)
 
@@ -52,6 +52,9 @@ def explode():
 
 if rank == 1:
     time.sleep(0.3)
+    # A non-daemon thread keeps the failed process alive after its exception (as a stuck
+    # NCCL teardown does): it must be ended too.
+    threading.Thread(target=time.sleep, args=(120,)).start()
     explode()
 time.sleep(120)
 """
