@@ -99,6 +99,16 @@ def test_mixed_precision_env_and_module(work: Path, simnvml) -> None:
     assert out["argv"][-5:] == ["-m", "xl.launcher.entry", "-m", "json.tool", "--sort-keys"]
 
 
+def test_multi_node_uses_the_given_node_rank_and_address(work: Path, simnvml) -> None:
+    out = _dry(work, _env(work, simnvml(gpus=2)), "--nnodes", "2", "--node-rank", "1",
+               "--rdzv", "10.0.0.1:29400", "train.py")
+    argv = out["argv"]
+    assert argv[argv.index("--nnodes") + 1] == "2"
+    assert argv[argv.index("--node-rank") + 1] == "1"
+    assert (argv[argv.index("--master-addr") + 1], argv[argv.index("--master-port") + 1]) == ("10.0.0.1", "29400")
+    assert "--rdzv-endpoint" not in argv
+
+
 ACCEL = """compute_environment: LOCAL_MACHINE
 debug: false
 distributed_type: MULTI_GPU
@@ -161,6 +171,8 @@ def _bad(work: Path, env: dict[str, str], *args: str) -> str:
         (["--env", "NOEQUALS", "train.py"], "--env 'NOEQUALS' is not NAME=VALUE"),
         (["--gpus", "auto:9", "train.py"], "only 4 usable GPU(s)"),
         (["--nnodes", "2", "train.py"], "--nnodes > 1 needs --rdzv"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv", "h:1", "train.py"], "--node-rank 2 must be in 0..1"),
+        (["--nnodes", "2", "--rdzv", "nohost", "train.py"], "is not HOST:PORT"),
         (["--gpus", "0"], "give a training script"),
         (["--accelerate-config", "nope.yaml", "train.py"], "no Accelerate config at nope.yaml"),
     ],
