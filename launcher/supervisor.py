@@ -50,6 +50,7 @@ from . import procs
 from .runs import grace_from_env
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NAME = 15
 _TICK_S = 0.1
 
 
@@ -242,6 +243,8 @@ class Supervisor:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            # Forked from `xl launch`, it would show up as another `xl launch` in top/ps -e.
+            libc.prctl(_PR_SET_NAME, b"xl-supervisor", 0, 0, 0)
         except (OSError, AttributeError):
             pass  # not Linux: orphans go to init; they are still found by XL_RUN_ID
 
