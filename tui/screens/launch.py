@@ -9,7 +9,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Collapsible, Footer, Header, Input, Label, Select, Static
@@ -68,10 +68,12 @@ class LaunchScreen(Screen):
                 yield from self._row("Nodes", "nnodes", "1")
                 yield from self._row("Node rank", "node_rank", "0")
                 yield from self._row("Rendezvous", "rdzv", "HOST:PORT of node 0")
+        # Outside the scrolling form: the verdict and the command stay visible at 80x24.
+        with Vertical(id="launch-summary"):
             yield Static("", id="launch-validation")
-            yield Label("Equivalent command (ctrl+y copies):", classes="form-note")
-            yield Static("", id="launch-command")
-            yield Button("Launch (ctrl+r)", id="btn-launch", variant="primary")
+            with Horizontal(id="launch-command-row"):
+                yield Static("", id="launch-command")
+                yield Button("Launch", id="btn-launch", variant="primary")
         yield Footer()
 
     def _row(self, label: str, field: str, placeholder: str) -> ComposeResult:
@@ -81,6 +83,7 @@ class LaunchScreen(Screen):
 
     def on_mount(self) -> None:
         self.title = "xl — Launch"
+        self.query_one("#launch-command", Static).border_title = "equivalent command (ctrl+y copies)"
         self.validate()
 
     def on_screen_resume(self) -> None:
