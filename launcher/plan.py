@@ -56,11 +56,15 @@ def _default_devices(gpus: Sequence[GPU], env: Mapping[str, str]) -> list[GPU]:
     from xl.devices import resolve_visible_devices
 
     vis = resolve_visible_devices(list(gpus), env)
-    if vis.problems:
+    if vis.invalid:
+        # Only a wrong variable stops the launch; other problems (orders differ, ...) are facts
+        # the plan fixes anyway by setting CUDA_DEVICE_ORDER=PCI_BUS_ID.
+        problem = next((p for p in vis.problems if "CUDA_VISIBLE_DEVICES" in p), vis.problems[0] if vis.problems else "")
         raise UsageError(
-            f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r} in your environment: "
-            f"{vis.problems[0]}; fix or unset it, or pass --gpus"
+            f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r} in your environment is wrong "
+            f"({problem}); fix or unset it, or pass --gpus"
         )
+    # An empty CUDA_VISIBLE_DEVICES hides every GPU on purpose: a CPU run.
     return [g for g in vis.devices if not g.lost]
 
 

@@ -85,6 +85,16 @@ def test_default_is_every_gpu_or_one_cpu_rank(work: Path, simnvml) -> None:
     assert cpu["argv"][cpu["argv"].index("--nproc-per-node") + 1] == "1"
 
 
+def test_default_follows_the_shells_cuda_visible_devices(work: Path, simnvml) -> None:
+    sim = simnvml(gpus=4)
+    out = _dry(work, _env(work, sim, CUDA_VISIBLE_DEVICES="3,1", CUDA_DEVICE_ORDER="PCI_BUS_ID"), "train.py")
+    assert out["env"]["CUDA_VISIBLE_DEVICES"] == "3,1"
+    hidden = _dry(work, _env(work, sim, CUDA_VISIBLE_DEVICES=""), "train.py")
+    assert hidden["env"]["CUDA_VISIBLE_DEVICES"] == ""  # hidden on purpose: a CPU run
+    line = _bad(work, _env(work, sim, CUDA_VISIBLE_DEVICES="0,9"), "train.py")
+    assert "CUDA_VISIBLE_DEVICES='0,9' in your environment is wrong" in line
+
+
 def test_mixed_precision_env_and_module(work: Path, simnvml) -> None:
     env = _env(work, simnvml(gpus=2))
     out = _dry(work, env, "--gpus", "1", "--mixed-precision", "bf16", "--env", "NCCL_DEBUG=INFO",
