@@ -130,3 +130,32 @@ def test_a_full_queue_drops_are_counted_and_reported(tmp_path: Path) -> None:
     assert all(
         e["rank"] == 0 and "dropped" in e["message"] for e in events if e["kind"] == "dropped"
     )
+
+
+@pytest.mark.e2e
+def test_a_forked_child_logs_on_its_own_and_nothing_is_sent_twice(tmp_path: Path) -> None:
+    tel = Telemetry(tmp_path, token="tok", inventory=False)
+    env = tel.start()
+    code = (
+        "import os, xl\n"
+        "log = xl.log\n"
+        "for i in range(100):\n"
+        "    log(step=i, who=0)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    for i in range(100, 150):\n"
+        "        log(step=i, who=1)\n"
+        "    ok = xl.flush(10)\n"
+        "    os._exit(0 if ok else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "assert status == 0, status\n"
+        "for i in range(150, 200):\n"
+        "    log(step=i, who=0)\n"
+    )
+    try:
+        _rank(code, {**env, "XL_RUN_DIR": str(tmp_path), "RANK": "0"})
+    finally:
+        tel.stop()
+    train = [r for r in _strict(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
+    assert sorted(r["step"] for r in train) == list(range(200))
+    assert {r["step"] for r in train if r["who"] == 1} == set(range(100, 150))

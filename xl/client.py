@@ -94,6 +94,30 @@ class _Sender:
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="xl-log", daemon=True)
 
+    def reset_after_fork(self) -> None:
+        self.queue.clear()
+        self.waits.clear()
+        self.pid = os.getpid()
+        if self.spool is not None:
+            self.spool = os.path.join(
+                os.path.dirname(self.spool), f"rank-{self.rank}-{self.pid}.jsonl"
+            )
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.close()  # the parent's connection; the child must not write to it
+        self.sock = None
+        self.unacked.clear()
+        self.replay, self.replay_sent = None, 0
+        self.dropped = 0
+        self.seq = 0
+        self.owns_train = False
+        self.last_rate_t = {}
+        self.io_lock = threading.Lock()
+        self.wake = threading.Event()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="xl-log", daemon=True)
+        self.thread.start()
+
     # -- the background loop ----------------------------------------------------------------
 
     def _run(self) -> None:
@@ -114,7 +138,9 @@ class _Sender:
             sys_line = self._sys_line()
             if sys_line is not None:
                 lines.append(sys_line)
-        if self.sock is None and now >= self.next_connect:
+        # Connect only with something to say: a forked worker that never logs opens nothing.
+        wants = lines or self.unacked or self.owns_train or self.replay is not None
+        if self.sock is None and wants and now >= self.next_connect:
             self._connect()
         if self.sock is not None:
             self._read_acks()
@@ -169,9 +195,13 @@ class _Sender:
         if nonfinite:
             rec["nonfinite"] = nonfinite
         try:
-            return wire.dumps_record(rec)
+            line = wire.dumps_record(rec)
         except (TypeError, ValueError):
+            line = b""
+        if not line or len(line) > wire.MAX_RECORD:
+            self.dropped += 1  # counted, so the run's events say so
             return None
+        return line
 
     def _sys_line(self) -> bytes | None:
         rec: dict[str, Any] = {"t": round(time.time(), 6), "rank": self.rank, "kind": "sys"}
@@ -415,12 +445,11 @@ def _cuda_counters(device: int) -> dict[str, float]:
 
 
 def _chunks(lines: list[bytes]) -> list[list[bytes]]:
+    # Records over the collector's per-record cap were already cut out by _record.
     chunks: list[list[bytes]] = []
     current: list[bytes] = []
     size = 0
     for line in lines:
-        if len(line) > wire.MAX_RECORD:
-            continue
         if current and size + len(line) + 1 > FRAME_BUDGET:
             chunks.append(current)
             current, size = [], 0
@@ -532,21 +561,14 @@ def _start() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # A forked child (e.g. a DataLoader worker) gets its own queue, connection and spool.
-    global _sender, log
-    if _sender is None:
+    # A forked child (e.g. a DataLoader worker) keeps the same queue object (``log`` closures
+    # already handed out append to it) but gets its own thread, connection, spool and counters;
+    # whatever the parent had queued belongs to the parent.
+    sender = _sender
+    if sender is None:
         return
-    _sender = None
-    log = _noop_log
     with contextlib.suppress(Exception):
-        _start()
-        _rebind()
-
-
-def _rebind() -> None:
-    xl = sys.modules.get("xl")
-    if xl is not None and "log" in vars(xl):
-        xl.log = log  # type: ignore[attr-defined]
+        sender.reset_after_fork()
 
 
 def _at_exit() -> None:
