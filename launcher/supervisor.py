@@ -145,6 +145,7 @@ class Supervisor:
         self.failure: dict[str, Any] | None = None
         self.telemetry: Any = None
         self.telemetry_stopped = False
+        self.dirty = False  # run.json needs rewriting
         self.token = secrets.token_hex(16)
         self.reparented: dict[int, int] = {}
         self._init_ranks()
@@ -175,6 +176,7 @@ class Supervisor:
             fh.write(line)
 
     def save(self) -> None:
+        self.dirty = False
         self.run["ranks"] = [r.to_json() for r in sorted(self.ranks.values(), key=lambda r: r.rank)]
         self.run["failure"] = self.failure
         write_json_atomic(self.run_dir / "run.json", self.run)
@@ -298,19 +300,17 @@ class Supervisor:
                 else:
                     self._read(key.fileobj)  # type: ignore[arg-type]
             self._reap()
-            changed = self._scan_records()
-            changed |= self._check_alive()
+            self._scan_records()
+            self._check_alive()
             if self.stop_signal and self.stop is None:
                 self.emit({"kind": "stop_requested", "message": f"stop requested ({self.stop_signal})"})
                 self.run["stop_requested_at"] = time.time()
                 self._begin_stop("requested")
-                changed = True
             if self.torchrun_code is not None and self.stop is None and not self._all_done():
                 # torchrun is gone but ranks are not: it was killed. End them.
                 self._torchrun_died()
-                changed = True
             self._advance_stop()
-            if changed:
+            if self.dirty:
                 self.save()
             if self.telemetry is not None and not self.telemetry_stopped and self._ranks_gone():
                 # Every rank process is gone, so nothing can log any more: flush telemetry now,
@@ -423,19 +423,18 @@ class Supervisor:
             gpu = f", GPU {st.gpu}" if st.gpu is not None else ""
             self.emit({"kind": "rank_started", "rank": rank, "pid": pid, "message": f"rank {rank} started (pid {pid}{gpu})"})
             self._telemetry("set_ranks", self._rank_dicts())
-            self.save()
+            self.dirty = True
             if self.stop is not None:
                 # Started while everything is being stopped: it gets the same treatment.
                 self._signal(st, signal.SIGKILL if self.stop.killed else signal.SIGTERM)
         return True
 
-    def _scan_records(self) -> bool:
-        changed = False
+    def _scan_records(self) -> None:
         folder = self.run_dir / "ranks"
         try:
             names = os.listdir(folder)
         except OSError:
-            return False
+            return
         for name in names:
             if not (name.startswith("rank-") and name.endswith(".json")):
                 continue
@@ -454,16 +453,15 @@ class Supervisor:
                 continue
             st.record_mtime = mtime
             if rec.get("pid"):
-                changed |= self._learn_pid(rank, int(rec["pid"]))
+                self._learn_pid(rank, int(rec["pid"]))
             st.started_at = rec.get("started_at") or st.started_at
             if "exit_code" in rec and not st.done:
                 st.traceback = rec.get("traceback")
                 st.error = rec.get("error")
                 self._rank_ended(st, int(rec["exit_code"]), rec.get("ended_at"))
-                changed = True
-        return changed
 
     def _rank_ended(self, st: RankState, code: int | None, when: float | None = None) -> None:
+        self.dirty = True
         st.exit_code = code
         st.ended_at = when or time.time()
         if code == 0:
@@ -490,26 +488,19 @@ class Supervisor:
         self.emit({"kind": "failure", "rank": st.rank, "exit_code": st.exit_code, "message": message})
         self._begin_stop("failure")
 
-    def _check_alive(self) -> bool:
-        changed = False
+    def _check_alive(self) -> None:
         for st in self.ranks.values():
             if st.pid is None or st.done:
                 continue
             if st.pid in self.reparented:
                 self._rank_ended(st, self.reparented.pop(st.pid))
-                changed = True
                 continue
             if procs.alive(st.pid):
                 continue
             # Gone without an exit record: killed by a signal (or os._exit).
             self._scan_records()
-            if st.done:
-                changed = True
-                continue
-            code = -st.signalled if st.signalled is not None else None
-            self._rank_ended(st, code)
-            changed = True
-        return changed
+            if not st.done:
+                self._rank_ended(st, -st.signalled if st.signalled is not None else None)
 
     def _reap(self) -> None:
         while True:
@@ -544,6 +535,7 @@ class Supervisor:
     def _begin_stop(self, reason: str) -> None:
         if self.stop is not None:
             return
+        self.dirty = True
         self.stop = _Stop(reason=reason, since=time.monotonic())
         if reason == "requested" and self.torchrun is not None and self.torchrun_code is None:
             procs.signal_pid(self.torchrun.pid, signal.SIGTERM)
