@@ -70,7 +70,7 @@ def describe_exit(rank: int, code: int | None) -> str:
     if code is None:
         return f"rank {rank} ended (exit code unknown)"
     if code < 0:
-        return f"rank {rank} was terminated ({_signal_name(code)})"
+        return f"rank {rank} was killed by {_signal_name(code)}"
     return f"rank {rank} exited with code {code}"
 
 
@@ -619,16 +619,26 @@ class Supervisor:
             int(m.group(1)): int(m.group(2))
             for m in re.finditer(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", text)
         }
-        root = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", text, re.S)
         for rank, code in found.items():
             st = self.ranks.get(rank)
             if st is not None and st.exit_code is None:
                 st.exit_code = code
-        if self.failure is not None and self.failure.get("exit_code") is None and self.failure.get("rank") is not None:
-            rank = int(root.group(1)) if root else int(self.failure["rank"])
-            st = self.ranks.get(rank)
-            if st is not None:
-                self.failure.update(rank=rank, exit_code=st.exit_code, message=f"rank {rank} failed first: {describe_exit(rank, st.exit_code)}")
+        # torchrun's own "Root Cause" is the first failure *it* observed, often a rank it had
+        # just terminated itself; the supervisor's order is kept. Only when the blamed rank
+        # turns out to have died of a stop signal is another rank's real failure preferred.
+        if self.failure is None or self.failure.get("exit_code") is not None or self.failure.get("rank") is None:
+            return
+        blamed = self.ranks[int(self.failure["rank"])]
+        stop_codes = (-signal.SIGTERM, -signal.SIGKILL)
+        real = [st for st in self.ranks.values() if st.exit_code not in (None, 0, *stop_codes)]
+        if blamed.exit_code in stop_codes and real:
+            blamed.state = "stopped"
+            blamed = min(real, key=lambda st: st.ended_at or 0.0)
+            blamed.state = "failed"
+        message = f"rank {blamed.rank} failed first: {describe_exit(blamed.rank, blamed.exit_code)}"
+        self.failure.update(rank=blamed.rank, exit_code=blamed.exit_code, message=message)
+        # The first failure event lacked the signal (or named a rank torchrun had terminated).
+        self.emit({"kind": "failure", "rank": blamed.rank, "exit_code": blamed.exit_code, "message": message})
 
     def _torchrun_tail(self, lines: int = 25) -> str | None:
         try:

@@ -161,6 +161,31 @@ def test_failing_rank_without_record_is_root_cause_with_traceback(tmp_path: Path
         kill_run(run_dir)
 
 
+def test_rank_killed_by_a_signal_is_named_with_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    script = _script(tmp_path, "segv.py", """
+        import os, signal, time
+        print("ready", flush=True)
+        if os.environ["RANK"] == "1":
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        time.sleep(120)
+    """)
+    proc = xl(["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90)
+    run_dir = wait_run(home)
+    try:
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        run = run_json(run_dir)
+        assert run["status"] == "failed"
+        assert (run["failure"]["rank"], run["failure"]["exit_code"]) == (1, -signal.SIGSEGV)
+        assert "SIGSEGV" in run["failure"]["message"]
+        ranks = {r["rank"]: (r["state"], r["exit_code"]) for r in run["ranks"]}
+        assert ranks == {0: ("stopped", -signal.SIGTERM), 1: ("failed", -signal.SIGSEGV)}
+        wait_no_processes(run_dir, timeout=GRACE + 2)
+    finally:
+        kill_run(run_dir)
+
+
 def test_ctrl_c_stops_every_rank_even_one_ignoring_sigterm(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = _script(tmp_path, "sleep.py", SLEEPER)
