@@ -6,7 +6,7 @@ Pure functions over the reader's objects, so the screen only renders.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,20 +63,10 @@ def devices_text(run: Mapping[str, Any]) -> str:
     return f"GPU {','.join(str(d.get('index')) for d in devices)} ({', '.join(names)})"
 
 
-def history(rv: Any, which: str) -> list[tuple[float, float]]:
-    """(t, value) points of ``loss`` or ``samples_per_s`` for one rank."""
-    names = {
-        "loss": ("loss_history", "history_loss", "loss_series"),
-        "samples_per_s": ("samples_history", "throughput_history", "history_samples_per_s", "samples_per_s_history"),
-    }[which]
-    for name in names:
-        value = getattr(rv, name, None)
-        if value is not None:
-            return [(float(t), float(v)) for t, v in value if v is not None]
-    hist = getattr(rv, "history", None)
-    if isinstance(hist, Mapping) and which in hist:
-        return [(float(t), float(v)) for t, v in hist[which] if v is not None]
-    return []
+def history(rv: Any, which: str) -> Sequence[tuple[float, float]]:
+    """(t, value) points of ``loss`` or ``samples_per_s`` for one rank (the reader's own deque)."""
+    name = {"loss": "loss_history", "samples_per_s": "samples_history"}[which]
+    return getattr(rv, name, None) or ()
 
 
 @dataclass

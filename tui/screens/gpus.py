@@ -35,7 +35,7 @@ class GPUsScreen(Screen):
     """The machine's GPUs, live (1 s), and which of them the next run uses, in which order."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("space", "toggle", "Use/skip"),
+        Binding("space", "pick", "Use/skip"),
         Binding("shift+up,K", "move(-1)", "Earlier"),
         Binding("shift+down,J", "move(1)", "Later"),
         Binding("c", "clear", "Clear"),
@@ -137,7 +137,7 @@ class GPUsScreen(Screen):
         self.selection.toggle(message.index)
         self._show_selection()
 
-    def action_toggle(self) -> None:
+    def action_pick(self) -> None:
         index = self._cursor()
         if index is not None:
             self.selection.toggle(index)
@@ -157,7 +157,7 @@ class GPUsScreen(Screen):
 
     @on(Button.Pressed, "#btn-toggle")
     def _btn_toggle(self) -> None:
-        self.action_toggle()
+        self.action_pick()
 
     @on(Button.Pressed, "#btn-up")
     def _btn_up(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Mapping, Sequence
 
 from textual_plotext import PlotextPlot
@@ -10,6 +11,9 @@ from textual_plotext import PlotextPlot
 # Past this many ranks, per-rank lines become an unreadable tangle: draw the spread instead.
 BAND_THRESHOLD = 8
 BINS = 60
+# Wide runs: redraw at most this often, from each rank's most recent points only.
+WIDE_MIN_INTERVAL_S = 5.0
+WIDE_POINTS_PER_RANK = 150
 
 Series = Mapping[int, Sequence[tuple[float, float]]]
 
@@ -42,6 +46,7 @@ class MetricChart(PlotextPlot):
         super().__init__(**kwargs)
         self.title = title
         self._signature: tuple | None = None
+        self._drawn_at = 0.0
 
     def set_series(self, series: Series, *, t0: float, highlight: int | None = None) -> None:
         signature = (
@@ -50,12 +55,19 @@ class MetricChart(PlotextPlot):
         )
         if signature == self._signature:
             return
+        wide = len(series) > BAND_THRESHOLD
+        now = time.monotonic()
+        if wide and self._signature is not None and now - self._drawn_at < WIDE_MIN_INTERVAL_S:
+            return
         self._signature = signature
+        self._drawn_at = now
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()
         plt.title(f"{self.title} (x: seconds since start)")
         drawn = {r: p for r, p in series.items() if p}
+        if wide:
+            drawn = {r: list(p)[-WIDE_POINTS_PER_RANK:] for r, p in drawn.items()}
         if not drawn:
             plt.title(f"{self.title}: no data yet")
         elif len(drawn) > BAND_THRESHOLD:

@@ -11,17 +11,19 @@ from textual.widgets import DataTable
 from xl.tui import fmt
 
 # What matters most comes first: on an 80-column terminal the right end is scrolled off.
+# Fixed widths: a cell that outgrows its column is cut, but no update ever triggers a re-layout
+# (with 64 ranks changing every second, re-measuring columns was the Monitor's biggest cost).
 COLUMNS = (
-    ("rank", "Rank"),
-    ("state", "State"),
-    ("step", "Step"),
-    ("loss", "Loss"),
-    ("sps", "Samples/s"),
-    ("util", "Util"),
-    ("mem", "Memory"),
-    ("node", "Node"),
-    ("gpu", "GPU"),
-    ("seen", "Last seen"),
+    ("rank", "Rank", 4),
+    ("state", "State", 9),
+    ("step", "Step", 13),
+    ("loss", "Loss", 8),
+    ("sps", "Samples/s", 9),
+    ("util", "Util", 9),
+    ("mem", "Memory", 11),
+    ("node", "Node", 10),
+    ("gpu", "GPU", 4),
+    ("seen", "Last seen", 12),
 )
 
 
@@ -63,19 +65,19 @@ class RankTable(DataTable):
         self._cells: dict[int, dict[str, Any]] = {}
 
     def on_mount(self) -> None:
-        for key, label in COLUMNS:
-            self.add_column(label, key=key)
+        for key, label, width in COLUMNS:
+            self.add_column(label, key=key, width=width)
 
     def update_ranks(self, ranks: Mapping[int, Any], now: float) -> None:
         for rank in sorted(ranks):
             cells = rank_cells(ranks[rank], now)
             old = self._cells.get(rank)
             if old is None:
-                self.add_row(*(cells[c] for c, _ in COLUMNS), key=str(rank))
+                self.add_row(*(cells[c] for c, _, _ in COLUMNS), key=str(rank))
             else:
                 for col, value in cells.items():
                     if old[col] != value:
-                        self.update_cell(str(rank), col, value, update_width=col in ("step", "node"))
+                        self.update_cell(str(rank), col, value)
             self._cells[rank] = cells
 
     @property
