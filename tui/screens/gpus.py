@@ -55,6 +55,7 @@ class GPUsScreen(Screen):
         self.gpus: tuple[Any, ...] = ()
         self._active = True
         self._polls = 0
+        self._shown: tuple[str, str] | None = None
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -111,7 +112,6 @@ class GPUsScreen(Screen):
             panel.display = False
             main.display = True
             self.selection.prune(g.index for g in self.gpus)
-            self.query_one(GPUTable).update_gpus(self.gpus, self.selection.order)
             self.query_one(GPUHistory).update_gpus(self.gpus)
             self._show_selection()
         if self._active:
@@ -124,9 +124,12 @@ class GPUsScreen(Screen):
             text += "  ".join(f"LOCAL_RANK {k} → GPU {i}" for k, i in enumerate(self.selection.order))
         else:
             text = "No GPU picked: the launch uses every GPU.\nspace/enter/click a row to pick GPUs; shift+↑/↓ to order them."
-        self.query_one("#cvd", Static).update(text)
-        warnings = selection_warnings(self.gpus, self.selection.order)
-        self.query_one("#pick-warnings", Static).update("\n".join(f"⚠ {w}" for w in warnings))
+        warnings = "\n".join(f"⚠ {w}" for w in selection_warnings(self.gpus, self.selection.order))
+        # Only touch the panel when its text changes: an update re-lays out these auto-height boxes.
+        if (text, warnings) != self._shown:
+            self._shown = (text, warnings)
+            self.query_one("#cvd", Static).update(text)
+            self.query_one("#pick-warnings", Static).update(warnings)
         self.query_one(GPUTable).update_gpus(self.gpus, self.selection.order)
 
     def _cursor(self) -> int | None:
