@@ -72,6 +72,8 @@ class _Rank:
     last_progress_t: float | None = None
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     waits: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
+    # Latest xl.watch report: (when, seconds the oldest all-reduce bucket has been pending).
+    pending: tuple[float, float] | None = None
     alive: bool = True
     stalled: bool = False
     straggler: bool = False
@@ -159,6 +161,9 @@ class Diagnoser:
         wait = rec.get("comm_wait_s")
         if isinstance(wait, (int, float)):
             st.waits.append((float(rec.get("t") or time.time()), float(wait)))
+        pending = rec.get("comm_pending_s")
+        if isinstance(pending, (int, float)):
+            st.pending = (float(rec.get("t") or time.time()), float(pending))
         used, total = rec.get("gpu_mem_used_mib"), rec.get("gpu_mem_total_mib")
         if isinstance(used, (int, float)) and isinstance(total, (int, float)) and total > 0:
             frac = used / total
@@ -188,7 +193,18 @@ class Diagnoser:
             self._check_stalls(now)
             self._check_stragglers(now)
 
+    def _waiting_at_collective(self, now: float) -> dict[int, float]:
+        """Ranks (watched by xl.watch) stuck in an all-reduce right now, and for how long."""
+        out = {}
+        for rank, st in self._ranks.items():
+            if st.alive and st.pending is not None:
+                t, pending = st.pending
+                if now - t <= 5.0 and pending >= 1.0:
+                    out[rank] = pending + (now - t)
+        return out
+
     def _check_stalls(self, now: float) -> None:
+        waiting: dict[int, float] | None = None
         for rank, st in sorted(self._ranks.items()):
             if not st.alive or st.stalled or st.last_progress_t is None:
                 continue
@@ -196,16 +212,29 @@ class Diagnoser:
             if st.step_times:
                 limit = max(limit, self.th.stall_factor * statistics.median(st.step_times))
             idle = now - st.last_progress_t
-            if idle > limit:
-                st.stalled = True
-                at = f" after step {st.last_step:g}" if st.last_step is not None else ""
-                self._event(
-                    "stalled",
-                    rank,
-                    f"rank {rank} made no progress for {idle:.0f} s{at}",
-                    idle_s=round(idle, 1),
-                    step=st.last_step,
+            if idle <= limit:
+                continue
+            st.stalled = True
+            if waiting is None:
+                waiting = self._waiting_at_collective(now)
+            at = f" after step {st.last_step:g}" if st.last_step is not None else ""
+            message = f"rank {rank} made no progress for {idle:.0f} s{at}"
+            extra: dict[str, Any] = {"idle_s": round(idle, 1), "step": st.last_step}
+            if rank in waiting:
+                # A victim of a hang: it sits in the all-reduce waiting for someone else.
+                message += f": waiting {waiting[rank]:.0f} s at the all-reduce for another rank"
+                extra["waiting_s"] = round(waiting[rank], 1)
+            elif waiting and st.pending is not None:
+                # Watched, not in the all-reduce, while others wait there: the one holding up.
+                others = sorted(waiting)
+                names = ", ".join(str(r) for r in others)
+                message += (
+                    f" and is not in the all-reduce where rank{'s' if len(others) > 1 else ''} "
+                    f"{names} wait{'' if len(others) > 1 else 's'} for it: "
+                    f"rank {rank} is holding them up"
                 )
+                extra["holding_up"] = others
+            self._event("stalled", rank, message, **extra)
 
     def _check_stragglers(self, now: float) -> None:
         since = now - self.th.straggler_window_s

@@ -91,6 +91,7 @@ def test_each_rank_gets_its_gpu_and_process_tree(simnvml, simnvml_gpu) -> None:
 def test_without_nvml_the_process_figures_remain(simnvml) -> None:
     proc = _sleeper()
     try:
+        _wait_for_child(proc.pid)
         sim = simnvml(gpus=2, init_error="driver_not_loaded")
         with sim.in_process():
             records, gone = Sampler().sample([{"rank": 0, "pid": proc.pid, "gpu": 0}])
@@ -100,5 +101,6 @@ def test_without_nvml_the_process_figures_remain(simnvml) -> None:
         proc.kill()
         proc.wait(10)
     assert gone == [] and len(records) == 1
-    assert records[0]["rss_mib"] > 5 and "gpu_util" not in records[0]
+    assert records[0]["rss_mib"] > 5 and records[0]["nproc"] == 2
+    assert "gpu_util" not in records[0]
     assert_gone({proc.pid})

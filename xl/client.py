@@ -77,6 +77,12 @@ class _Sender:
         except ValueError:
             self.max_queue = MAX_QUEUE
         self.waits: deque[tuple[float, float]] = deque(maxlen=100_000)
+        # xl.watch state: buckets handed to the all-reduce and not done yet, and since when
+        # (perf_counter) the oldest of them waits. A hung rank's peers show a growing wait.
+        self.watching = False
+        self.pending_lock = threading.Lock()
+        self.pending_count = 0
+        self.pending_since: float | None = None
         self.dropped = 0
         self.owns_train = False
         self.seq = 0
@@ -97,6 +103,8 @@ class _Sender:
     def reset_after_fork(self) -> None:
         self.queue.clear()
         self.waits.clear()
+        self.watching = False
+        self.pending_count, self.pending_since = 0, None
         self.pid = os.getpid()
         if self.spool is not None:
             self.spool = os.path.join(
@@ -216,6 +224,9 @@ class _Sender:
             rec["comm_wait_s"] = round(sum(steps) / len(steps), 6)
             rec["comm_wait_max_s"] = round(max(steps), 6)
             rec["comm_steps"] = len(steps)
+        if self.watching:
+            since = self.pending_since
+            rec["comm_pending_s"] = round(time.perf_counter() - since, 3) if since else 0.0
         rec.update(_cuda_counters(self.local_rank))
         if len(rec) == 3:
             return None
@@ -527,15 +538,25 @@ def watch(model: Any, process_group: Any = None) -> Any:
     waits = sender.waits
     clock = time.perf_counter
     step_total = [0.0]
+    lock = sender.pending_lock
 
     # No annotations: DDP inspects the hook's signature and rejects foreign ones.
     def timed_allreduce(state, bucket):  # type: ignore[no-untyped-def]
         ready = clock()
         last = bucket.is_last()
+        with lock:
+            if sender.pending_count == 0:
+                sender.pending_since = ready
+            sender.pending_count += 1
         fut = default_hooks.allreduce_hook(state, bucket)
 
         def done(f):  # type: ignore[no-untyped-def]
-            step_total[0] += clock() - ready
+            end = clock()
+            with lock:
+                sender.pending_count -= 1
+                if sender.pending_count <= 0:
+                    sender.pending_count, sender.pending_since = 0, None
+            step_total[0] += end - ready
             if last:
                 waits.append((time.time(), step_total[0]))
                 step_total[0] = 0.0
@@ -546,7 +567,8 @@ def watch(model: Any, process_group: Any = None) -> Any:
     try:
         model.register_comm_hook(process_group, timed_allreduce)
     except Exception:  # e.g. a hook is already registered: training goes on unwatched
-        pass
+        return model
+    sender.watching = True
     return model
 
 

@@ -2,6 +2,7 @@
 
 --slow-rank R --slow-s S : rank R sleeps S seconds more than the others each step (straggler)
 --quiet-rank R --quiet-after K : rank R stops calling xl.log after step K (keeps training)
+--hang-rank R --hang-at K : rank R hangs before step K (its peers wait in the all-reduce)
 --watch : xl.watch(model)
 --no-xl : never touch xl (plain baseline)
 """
@@ -26,6 +27,8 @@ def main() -> None:
     ap.add_argument("--quiet-rank", type=int, default=-1)
     ap.add_argument("--quiet-after", type=int, default=0)
     ap.add_argument("--step-sleep", type=float, default=0.0)
+    ap.add_argument("--hang-rank", type=int, default=-1)
+    ap.add_argument("--hang-at", type=int, default=0)
     ap.add_argument("--watch", action="store_true")
     ap.add_argument("--no-xl", action="store_true")
     args = ap.parse_args()
@@ -46,6 +49,9 @@ def main() -> None:
     for step in range(args.steps):
         x = torch.randn(args.batch, 32, generator=gen)
         y = x.sum(dim=1, keepdim=True)
+        if rank == args.hang_rank and step + 1 == args.hang_at:
+            print(f"rank {rank} hangs before step {step + 1}", flush=True)
+            time.sleep(3600)  # its peers block in the next all-reduce
         if args.step_sleep:
             time.sleep(args.step_sleep)
         if rank == args.slow_rank:
