@@ -167,6 +167,9 @@ def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
         os.dup2(log, 2)
         os.close(null)
         os.close(log)
+        # Nothing of the launching process may stay open here (a caller's pipe would not see
+        # EOF until the run ends).
+        os.closerange(3, 1 << 16)
         os.chdir(run_dir)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)

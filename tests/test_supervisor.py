@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -288,6 +289,29 @@ def test_attach_shows_a_running_run_until_it_ends(tmp_path: Path) -> None:
         assert follow.returncode == 0
         assert sorted(out.splitlines()) == ["[rank 0] bye", "[rank 0] ready", "[rank 1] bye", "[rank 1] ready"]
         wait_for(lambda: run_json(run_dir).get("status") != "running", timeout=10, what="the end")
+        wait_no_processes(run_dir, timeout=GRACE + 2)
+    finally:
+        kill_run(run_dir)
+
+
+def test_start_run_api_spawns_a_detached_supervisor(tmp_path: Path) -> None:
+    """The library path the TUI uses (a fresh interpreter, no fork) runs a whole run too."""
+    home = tmp_path / "home"
+    script = _script(tmp_path, "short.py", "print('hello', flush=True)\n")
+    code = (
+        "import sys; from xl.launcher.runs import start_run; from xl.launcher.spec import LaunchSpec\n"
+        f"h = start_run(LaunchSpec(script={str(script)!r}, nproc=2))\n"
+        "print(h.run_id, h.pid)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=xl_env(home), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    run_id, pid = proc.stdout.split()
+    run_dir = home / "runs" / run_id
+    try:
+        run = wait_final(run_dir, timeout=60)
+        assert run["status"] == "succeeded" and run["supervisor_pid"] == int(pid)
+        assert [r["exit_code"] for r in run["ranks"]] == [0, 0]
+        assert (run_dir / "logs" / "rank-1.log").read_text() == "hello\n"
         wait_no_processes(run_dir, timeout=GRACE + 2)
     finally:
         kill_run(run_dir)
