@@ -22,6 +22,12 @@ run.json (replaced atomically on every change)::
     started_at, ended_at}], failure {rank, exit_code, traceback, error, message} | null
 
 Rank ``state``: starting|running|exited|failed|stopped. ``exit_code`` < 0 means killed by that signal.
+``failure.rank`` is null when no rank is to blame (torchrun itself died or could not start them).
+
+events.jsonl kinds written here: run_started, rank_started (pid), rank_exited (exit_code), failure
+(exit_code), stop_requested, run_ended (status); telemetry adds its diagnoses through ``emit``.
+Also in the run dir: ranks/rank-<r>.json (what the entry point reports), logs/torchrun.log
+(torchrun's own output), supervisor.log, sup.sock (the log socket, while running).
 """
 
 from __future__ import annotations
