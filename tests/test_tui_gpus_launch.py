@@ -200,3 +200,11 @@ def test_shown_command_is_what_xl_launch_plans(simnvml, tmp_path) -> None:
     assert shown["argv"][1:] == plan.argv[1:]
     assert shown["env"] == plan.env
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "3,1"
+
+
+async def test_no_color_starts_with_the_plain_terminal_theme(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    app = build_app(poll_interval=0.2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.screen.query_one("#no-gpu").display or app.screen.query_one("#gpu-main").display, "first poll")
+        assert app.theme == "ansi-dark"

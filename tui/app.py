@@ -73,9 +73,9 @@ class XLApp(App[None]):
         return GPUsScreen(self.selection, interval=self.poll_interval)
 
     def on_mount(self) -> None:
-        if os.environ.get("NO_COLOR"):
+        if os.environ.get("NO_COLOR") and "ansi-dark" in self.available_themes:
             # Textual already strips colour under NO_COLOR; the ANSI theme keeps the contrast.
-            self.theme = "textual-ansi"
+            self.theme = "ansi-dark"
         if self.monitor_run_dir is not None and not self.attach_only:
             self.open_monitor(self.monitor_run_dir)
 
