@@ -55,13 +55,18 @@ def test_a_hung_rank_is_named_stalled_and_holding_up_the_rank_waiting_for_it(
 def test_hf_trainer_with_xlcallback_logs_every_rank(tmp_path: Path) -> None:
     run = torchrun(tmp_path / "run", REPO / "examples" / "hf_trainer.py", ["--steps", "8"])
     assert run.returncode == 0, run.output[-2000:]
+    losses = {}
     for rank in (0, 1):
         train = run.train(rank)
         assert max(r["step"] for r in train) == 8
-        assert any(isinstance(r.get("loss"), float) for r in train)
+        # each rank's own loss at every step (they see different batches), plus HF's average
+        losses[rank] = [r["loss"] for r in train if "loss" in r]
+        assert len(losses[rank]) == 8 and all(isinstance(v, float) for v in losses[rank])
+        assert any(isinstance(r.get("hf_loss"), float) for r in train)
         assert any("lr" in r and "grad_norm" in r for r in train)
         assert any(r.get("samples_per_s", 0) > 0 for r in train)
         assert all(r.get("source") != "log" for r in train), "printed dicts must not double up"
+    assert losses[0] != losses[1]
     assert _sys_ranks(run) == {0, 1}
 
 

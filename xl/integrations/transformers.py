@@ -1,9 +1,11 @@
 """HF Trainer integration: ``Trainer(..., callbacks=[XLCallback()])``.
 
-Logs from **every** rank (HF's own reporters log rank 0 only): step, samples (so samples/s),
-total_steps (progress, ETA) and epoch at each optimizer step, and at each Trainer log the
-scalars it reports (loss, learning rate as ``lr``, grad_norm, ...). The loss HF reports is
-already averaged over ranks; step timing and throughput are this rank's own.
+Logs from **every** rank (HF's own reporters log rank 0 only), at each optimizer step: the step,
+this rank's own loss (read from the model's output by a forward hook, so it is the rank's
+last micro-batch loss, not HF's all-rank average; the tensor is read off the training thread),
+samples (hence samples/s), total_steps (progress, ETA) and epoch; at each Trainer log, the
+scalars it reports (learning rate as ``lr``, grad_norm, ...; HF's averaged loss as
+``hf_loss`` when the per-rank loss is available, else as ``loss``).
 
 Without this callback the supervisor still reads the log dicts rank 0 prints.
 """
@@ -23,22 +25,44 @@ _RENAME = {"learning_rate": "lr"}
 _SKIP = {"total_flos", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
 
 
+def _output_loss(output: Any) -> Any:
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    if loss is None or getattr(loss, "ndim", None) != 0:
+        return None
+    return loss.detach()
+
+
 class XLCallback(TrainerCallback):
     def __init__(self) -> None:
         self._samples = 0
-        self._world = 1
+        self._loss: Any = None
+        self._hook: Any = None
         client.announce()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        world = max(1, int(getattr(args, "world_size", 1) or 1))
         per_device = getattr(args, "per_device_train_batch_size", 0) or 0
         accum = getattr(args, "gradient_accumulation_steps", 1) or 1
         # samples this rank processes per optimizer step
         self._samples = int(per_device * accum) if per_device else 0
-        self._world = world
+        model = kwargs.get("model")
+        if model is not None and self._hook is None and hasattr(model, "register_forward_hook"):
+            try:
+                self._hook = model.register_forward_hook(self._capture)
+            except Exception:  # an exotic model: HF's averaged loss still gets logged
+                self._hook = None
+
+    def _capture(self, module: Any, inputs: Any, output: Any) -> None:
+        if module.training:
+            loss = _output_loss(output)
+            if loss is not None:
+                self._loss = loss
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         scalars: dict[str, Any] = {"step": state.global_step}
+        if self._loss is not None:
+            scalars["loss"] = self._loss
         if self._samples:
             scalars["samples"] = self._samples
         if state.max_steps and state.max_steps > 0:
@@ -58,9 +82,15 @@ class XLCallback(TrainerCallback):
                 continue
             if isinstance(value, float) and math.isnan(value) and key != "loss":
                 continue
-            scalars[_RENAME.get(key, key)] = value
+            name = _RENAME.get(key, key)
+            if name == "loss" and self._loss is not None:
+                name = "hf_loss"
+            scalars[name] = value
         if scalars:
             xl.log(step=state.global_step, **scalars)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
         xl.flush(timeout=2.0)
