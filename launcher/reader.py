@@ -46,6 +46,8 @@ class RankView:
     rss_mib: float | None = None
     cpu_pct: float | None = None
     comm_wait_s: float | None = None
+    cuda_alloc_mib: float | None = None  # torch's own counters, from ranks that use CUDA
+    cuda_reserved_mib: float | None = None
     last_seen: float | None = None
     exit_code: int | None = None
     diagnosis: str | None = None  # the message of the stalled/straggler event in force
@@ -219,7 +221,15 @@ class RunReader:
         view = self._rank(rank)
         view.last_seen = t if view.last_seen is None else max(view.last_seen, t)
         if rec.get("kind") == "sys":
-            for key in ("gpu_util", "gpu_mem_used_mib", "gpu_mem_total_mib", "rss_mib", "cpu_pct"):
+            for key in (
+                "gpu_util",
+                "gpu_mem_used_mib",
+                "gpu_mem_total_mib",
+                "rss_mib",
+                "cpu_pct",
+                "cuda_alloc_mib",
+                "cuda_reserved_mib",
+            ):
                 if key in rec:
                     setattr(view, key, _num(rec[key]))
             if "comm_wait_s" in rec:
