@@ -77,6 +77,9 @@ def test_collector_stopped_and_restarted_mid_run_loses_nothing(tmp_path: Path) -
     steps = _train_steps(tmp_path, 0)
     assert stopped_at < 600
     assert sorted(steps) == list(range(1, 601)), "every record logged is stored exactly once"
+    # The live rank replayed its own spool on reconnect (the supervisor had nothing left over).
+    assert json.loads((tmp_path / "collector.json").read_text())["spooled_records"] == 0
+    assert not list((tmp_path / "spool").glob("*"))
     assert_gone({proc.pid})
 
 
