@@ -263,6 +263,10 @@ class Supervisor:
         address = self._listen()
         (self.run_dir / "logs").mkdir(exist_ok=True)
         (self.run_dir / "ranks").mkdir(exist_ok=True)
+        devices = self.run.get("devices") or []
+        where = "GPUs " + ",".join(str(d["index"]) for d in devices) if devices else "CPU"
+        # First, before telemetry can add any diagnosis of its own.
+        self.emit({"kind": "run_started", "message": f"starting {len(self.ranks)} ranks on {where}"})
         env = dict(os.environ)
         env.update(self.run.get("env") or {})
         _debug("before telemetry")
@@ -288,9 +292,6 @@ class Supervisor:
             grace_s=self.grace,
         )
         self.save()
-        devices = self.run.get("devices") or []
-        where = "GPUs " + ",".join(str(d["index"]) for d in devices) if devices else "CPU"
-        self.emit({"kind": "run_started", "message": f"started {len(self.ranks)} ranks on {where}"})
         self._telemetry("set_ranks", self._rank_dicts())
 
     # ---------------------------------------------------------------- the loop

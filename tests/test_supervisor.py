@@ -123,8 +123,8 @@ def test_run_succeeds_with_separate_rank_logs_and_busy_port_29500(tmp_path: Path
             assert env["LOCAL_RANK"] == str(rank) and env["WORLD_SIZE"] == "2" and env["FOO"] == "bar"
             assert json.loads(next(ln for ln in lines if ln.startswith("args "))[5:]) == ["--x", "1"]
         kinds = [json.loads(ln)["kind"] for ln in (run_dir / "events.jsonl").read_text().splitlines()]
-        assert kinds[0] == "run_started" and kinds[-1] == "run_ended"
-        assert kinds.count("rank_started") == 2 and kinds.count("rank_exited") == 2
+        assert kinds[0] == "run_started" and kinds[-1] == "run_ended", kinds
+        assert kinds.count("rank_started") == 2 and kinds.count("rank_exited") == 2, kinds
         # The plain view shows each rank's lines, prefixed, and the outcome.
         assert "[rank 1] out rank=1 line=2" in proc.stdout
         assert "succeeded" in proc.stdout.splitlines()[-1]
