@@ -1,6 +1,6 @@
 """Training overhead of full monitoring: the example's step time under `xl launch` vs torchrun.
 
-    .venv/bin/python bench/bench_overhead.py [--steps 1500] [--pairs 3]
+    .venv/bin/python bench/bench_overhead.py [--steps 800] [--pairs 4]
 
 Both sides run examples/train.py (2 CPU ranks, DDP) through a tiny driver that timestamps each
 ``xl.log`` call (one per step) and reports each rank's median step time. Under plain torchrun
@@ -89,7 +89,7 @@ def run_once(mode: str, driver: Path, steps: int, tmp: Path, n: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--pairs", type=int, default=4)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="xl-bench-overhead-") as tmp_s:

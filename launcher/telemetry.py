@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -54,6 +55,7 @@ class Telemetry:
         emit_event: Callable[[dict[str, Any]], None] | None = None,
         host: str = "127.0.0.1",
         port: int | None = None,
+        advertise: str | None = None,
         sample_interval: float = 1.0,
         inventory: Callable[[], Any] | bool | None = True,
     ) -> None:
@@ -63,6 +65,9 @@ class Telemetry:
         self._events_lock = threading.Lock()
         self.host = host
         self._port = port
+        # What ranks dial. Loopback by default; a multi-node run binds a routable or wildcard
+        # address and advertises this node's name (ranks elsewhere cannot dial 0.0.0.0).
+        self._advertise = advertise
         self._interval = sample_interval
         self._inventory = inventory
         self._ranks: list[dict[str, Any]] = []
@@ -134,7 +139,12 @@ class Telemetry:
         self.ingest_spool()
         self._thread = threading.Thread(target=self._loop, name="xl-sampler", daemon=True)
         self._thread.start()
-        return {"XL_COLLECTOR": collector.address, "XL_TOKEN": self.token}
+        host = self._advertise
+        if host is None:
+            host = socket.getfqdn() if collector.host in ("0.0.0.0", "::", "") else collector.host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return {"XL_COLLECTOR": f"{host}:{collector.port}", "XL_TOKEN": self.token}
 
     def set_ranks(self, ranks: list[dict[str, Any]]) -> None:
         with self._ranks_lock:
