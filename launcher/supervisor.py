@@ -152,6 +152,7 @@ class Supervisor:
         self.telemetry: Any = None
         self.telemetry_stopped = False
         self.dirty = False  # run.json needs rewriting
+        self.write_errors: set[str] = set()
         self.token = secrets.token_hex(16)
         self.reparented: dict[int, int] = {}
         self._init_ranks()
@@ -178,14 +179,27 @@ class Supervisor:
         event.setdefault("t", time.time())
         event.setdefault("rank", None)
         line = json.dumps(event, default=str) + "\n"
-        with self.events_lock, open(self.run_dir / "events.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(line)
+        try:
+            with self.events_lock, open(self.run_dir / "events.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(line)
+        except OSError as exc:
+            self._write_failed("events.jsonl", exc)
 
     def save(self) -> None:
         self.dirty = False
         self.run["ranks"] = [r.to_json() for r in sorted(self.ranks.values(), key=lambda r: r.rank)]
         self.run["failure"] = self.failure
-        write_json_atomic(self.run_dir / "run.json", self.run)
+        try:
+            write_json_atomic(self.run_dir / "run.json", self.run)
+        except OSError as exc:
+            self.dirty = True  # the previous run.json stays whole; retried next turn
+            self._write_failed("run.json", exc)
+
+    def _write_failed(self, what: str, exc: OSError) -> None:
+        # A full disk must not end the training: say it once and carry on.
+        if what not in self.write_errors:
+            self.write_errors.add(what)
+            print(f"xl supervisor: cannot write {what}: {exc}", file=sys.stderr, flush=True)
 
     def _rank_dicts(self) -> list[dict[str, Any]]:
         return [r.to_json() for r in sorted(self.ranks.values(), key=lambda r: r.rank)]
@@ -376,10 +390,13 @@ class Supervisor:
     def _write_log(self, conn: _Conn, data: bytes) -> None:
         rank = int(conn.rank)  # type: ignore[arg-type]
         fd = self.log_fds.get(rank)
-        if fd is None:
-            fd = os.open(self.run_dir / "logs" / f"rank-{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self.log_fds[rank] = fd
-        os.write(fd, data)
+        try:
+            if fd is None:
+                fd = os.open(self.run_dir / "logs" / f"rank-{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self.log_fds[rank] = fd
+            os.write(fd, data)
+        except OSError as exc:
+            self._write_failed(f"logs/rank-{rank}.log", exc)
         if self.telemetry is None:
             return
         # tqdm redraws with \r: each redraw is a line for the parser.
