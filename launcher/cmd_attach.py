@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from xl.cliutil import ArgumentParser
 
-from .runs import resolve_run, wait_for_end
+from .runs import abandon_if_supervisor_gone, resolve_run
 from .watch import watch
 
 
@@ -23,7 +23,7 @@ def main(argv: Sequence[str]) -> int:
         # A supervisor killed outright cannot finish its run.json: notice and clean up.
         if time.monotonic() - last[0] > 1.0:
             last[0] = time.monotonic()
-            wait_for_end(run_dir, 0.0)
+            abandon_if_supervisor_gone(run_dir)
 
     try:
         return watch(run_dir, on_tick=on_tick)

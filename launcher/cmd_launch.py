@@ -137,7 +137,7 @@ def print_dry_run(plan: Plan, as_json: bool) -> None:
 
 def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None) -> int:
     """Watch a run this process started; Ctrl-C stops it (a second Ctrl-C leaves it stopping)."""
-    from .runs import stop_run, wait_for_end
+    from .runs import abandon_if_supervisor_gone, stop_run
     from .watch import watch
 
     stopping = False
@@ -155,9 +155,9 @@ def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None) -> int:
 
     def on_tick() -> None:
         # Reap the supervisor; if it vanished without finishing the run, clean up after it.
-        if proc is not None and proc.poll() is not None and time.monotonic() - checked[0] > 1.0:
+        if proc is not None and proc.poll() is not None and time.monotonic() - checked[0] > 0.5:
             checked[0] = time.monotonic()
-            wait_for_end(run_dir, 0.5)
+            abandon_if_supervisor_gone(run_dir, exited=True)
 
     try:
         return watch(run_dir, plain=plain, on_tick=on_tick)

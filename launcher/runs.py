@@ -298,8 +298,12 @@ def _append_event(run_dir: Path, event: dict[str, Any]) -> None:
         fh.write(json.dumps(event) + "\n")
 
 
-def _cleanup_orphaned(run_dir: Path, run: dict[str, Any], grace: float) -> None:
-    """The supervisor is gone (killed): end what is left of the run and record it as stopped."""
+def _cleanup_orphaned(run_dir: Path, run: dict[str, Any], grace: float, status: str = "stopped") -> None:
+    """The supervisor is gone: end what is left of the run and record ``status``.
+
+    "stopped" when someone asked to stop it; "failed" when a viewer finds the supervisor died
+    on its own (killed, OOM) with the run unfinished.
+    """
     run_id = str(run.get("run_id") or run_dir.name)
     pids = procs.find_run_pids(run_id)
     for pid in pids:
@@ -311,9 +315,27 @@ def _cleanup_orphaned(run_dir: Path, run: dict[str, Any], grace: float) -> None:
     procs.kill_all(procs.find_run_pids(run_id))
     fresh = read_run(run_dir) or run
     if fresh.get("status") == "running":
-        fresh.update(status="stopped", ended_at=time.time())
+        message = f"run {status} (its supervisor was gone; see supervisor.log)"
+        fresh.update(status=status, ended_at=time.time())
+        if status == "failed" and not fresh.get("failure"):
+            fresh["failure"] = {"rank": None, "exit_code": None, "traceback": None, "error": None, "message": message}
         write_json_atomic(run_dir / "run.json", fresh)
-        _append_event(run_dir, {"kind": "run_ended", "status": "stopped", "message": "run stopped (its supervisor was gone)"})
+        _append_event(run_dir, {"kind": "run_ended", "status": status, "message": message})
+
+
+def abandon_if_supervisor_gone(run_dir: Path, *, exited: bool = False) -> bool:
+    """For viewers: when the run's supervisor is gone but the run never finished, end the run
+    as failed; True if that happened. ``exited``: the caller saw its supervisor child exit
+    (covers a supervisor that died before writing its PID)."""
+    run = read_run(run_dir)
+    if run.get("status") != "running":
+        return False
+    if run.get("supervisor_pid") and supervisor_alive(run):
+        return False
+    if not run.get("supervisor_pid") and not exited:
+        return False  # still starting
+    _cleanup_orphaned(run_dir, run, 0.0, status="failed")
+    return True
 
 
 def stop_run(run_dir: Path) -> None:

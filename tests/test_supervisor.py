@@ -249,6 +249,25 @@ def test_sigkill_to_torchrun_leaves_no_rank(tmp_path: Path) -> None:
         kill_run(run_dir)
 
 
+def test_supervisor_killed_outright_the_view_ends_the_run(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    script = _script(tmp_path, "sleep.py", SLEEPER)
+    proc = _popen_launch(["--nproc", "2", str(script)], xl_env(home), tmp_path)
+    run_dir = wait_run(home)
+    try:
+        run = wait_ranks_running(run_dir, 2)
+        os.kill(run["supervisor_pid"], signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 1, out + err
+        run = run_json(run_dir)
+        assert run["status"] == "failed" and "supervisor was gone" in run["failure"]["message"]
+        wait_no_processes(run_dir, timeout=GRACE + 2)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+        kill_run(run_dir)
+
+
 def test_sighup_to_foreground_launch_leaves_the_run_going(tmp_path: Path) -> None:
     home = tmp_path / "home"
     pkg = tmp_path / "mypkg"
