@@ -54,6 +54,16 @@ def test_gpu_order_as_written_is_the_rank_order(work: Path, simnvml) -> None:
     assert not (work / "home").exists()  # a dry run starts nothing and writes nothing
 
 
+def test_dry_run_for_people_shows_command_variables_and_devices(work: Path, simnvml) -> None:
+    proc = xl(["launch", "--dry-run", "--gpus", "1,0", "train.py"], _env(work, simnvml(gpus=2)), cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID \\" in lines and "CUDA_VISIBLE_DEVICES=1,0 \\" in lines
+    assert any(ln.startswith(sys.executable) and ln.endswith("-m xl.launcher.entry train.py") for ln in lines)
+    assert f"# LOCAL_RANK 0 -> GPU 1 NVIDIA A100-SXM4-80GB ({default_uuid(1)})" in lines
+    assert not (work / "home").exists()
+
+
 def test_uuids_and_prefixes_select_gpus(work: Path, simnvml) -> None:
     env = _env(work, simnvml(gpus=4))
     out = _dry(work, env, "--gpus", f"{default_uuid(3)},{default_uuid(1)[:12]}", "train.py")
