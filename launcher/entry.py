@@ -145,9 +145,11 @@ def main(argv: list[str]) -> int:
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
+        error = None
         if code != 0 and exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
-        record.write(exit_code=code, traceback=None, ended_at=time.time())
+            print(exc.code, file=sys.stderr)  # what Python prints for sys.exit("message")
+            error = f"SystemExit: {exc.code}"
+        record.write(exit_code=code, traceback=None, error=error, ended_at=time.time())
         return code
     except BaseException as exc:
         tb = _user_tb(exc.__traceback__)
