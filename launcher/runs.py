@@ -195,9 +195,15 @@ def start_run(spec: LaunchSpec, plan: Plan | None = None, *, fork: bool = False)
     if plan is None:
         plan = build_plan(spec, _inventory())
     root = _runs_root(create=True)
-    run_id = new_run_id(spec)
-    run_dir = root / run_id
-    (run_dir / "logs").mkdir(parents=True)
+    while True:  # two launches in the same second with the same name: another suffix
+        run_id = new_run_id(spec)
+        run_dir = root / run_id
+        try:
+            run_dir.mkdir()
+            break
+        except FileExistsError:
+            continue
+    (run_dir / "logs").mkdir()
     (run_dir / "ranks").mkdir()
     run = {
         "run_id": run_id,
