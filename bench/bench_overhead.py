@@ -27,9 +27,11 @@ DRIVER = r"""
 import json, os, runpy, sys, time
 import xl
 stamps = []
+cpu = []
 real_log = xl.log
 def timed_log(**kw):
     stamps.append(time.perf_counter())
+    cpu.append(time.process_time())  # every thread of the rank: training, sender, hooks
     real_log(**kw)
 xl.log = timed_log
 sys.argv = [sys.argv[1], *sys.argv[2:]]
@@ -37,9 +39,11 @@ try:
     runpy.run_path(sys.argv[0], run_name="__main__")
 finally:
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
+    cpus = [b - a for a, b in zip(cpu, cpu[1:])]
     out = os.environ["BENCH_OUT"]
     with open(os.path.join(out, f"rank-{os.environ.get('RANK', '0')}-{os.getpid()}.json"), "w") as fh:
         json.dump({"median_step_s": statistics.median(steps) if steps else None,
+                   "cpu_per_step_s": (cpu[-1] - cpu[0]) / len(cpus) if cpus else None,
                    "steps": len(steps)}, fh)
 """.replace("import json, os", "import json, os, statistics")
 
@@ -50,7 +54,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_once(mode: str, driver: Path, steps: int, tmp: Path, n: int) -> float:
+def run_once(mode: str, driver: Path, steps: int, tmp: Path, n: int) -> tuple[float, float]:
     out = tmp / f"{mode}-{n}"
     out.mkdir()
     env = dict(os.environ, BENCH_OUT=str(out), XL_HOME=str(tmp / "home"), OMP_NUM_THREADS="1")
@@ -81,10 +85,13 @@ def run_once(mode: str, driver: Path, steps: int, tmp: Path, n: int) -> float:
     )
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
-    medians = [json.loads(p.read_text())["median_step_s"] for p in out.glob("rank-*.json")]
-    if len(medians) != 2:
-        raise SystemExit(f"{mode}: expected 2 rank reports, got {len(medians)}")
-    return statistics.mean(medians)
+    reports = [json.loads(p.read_text()) for p in out.glob("rank-*.json")]
+    if len(reports) != 2:
+        raise SystemExit(f"{mode}: expected 2 rank reports, got {len(reports)}")
+    return (
+        statistics.mean(r["median_step_s"] for r in reports),
+        statistics.mean(r["cpu_per_step_s"] for r in reports),
+    )
 
 
 def main() -> int:
@@ -97,12 +104,19 @@ def main() -> int:
         driver = tmp / "driver.py"
         driver.write_text(DRIVER)
         results: dict[str, list[float]] = {"torchrun": [], "xl": []}
+        cpu: dict[str, list[float]] = {"torchrun": [], "xl": []}
         for n in range(args.pairs):
             # A B B A ...: a load trend on the machine favours neither side.
             order = ("torchrun", "xl") if n % 2 == 0 else ("xl", "torchrun")
             for mode in order:
-                results[mode].append(run_once(mode, driver, args.steps, tmp, n))
-                print(f"  {mode:8} run {n + 1}: {results[mode][-1] * 1000:.3f} ms/step", flush=True)
+                wall, cpu_s = run_once(mode, driver, args.steps, tmp, n)
+                results[mode].append(wall)
+                cpu[mode].append(cpu_s)
+                print(
+                    f"  {mode:8} run {n + 1}: {wall * 1000:.3f} ms/step, "
+                    f"rank CPU {cpu_s * 1000:.3f} ms/step",
+                    flush=True,
+                )
         base = statistics.median(results["torchrun"])
         xl_s = statistics.median(results["xl"])
         overhead = (xl_s / base - 1) * 100

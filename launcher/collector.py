@@ -31,6 +31,9 @@ from xl.launcher.metrics import MetricsWriter
 ACK = struct.Struct(">Q")
 # How long stop() keeps reading what peers already sent before closing their sockets.
 DRAIN_S = 0.3
+# Each connection may buffer up to one frame before its token is checked; capping the number
+# of connections caps that memory (a 4096-GPU job is 4096 ranks).
+MAX_CONNECTIONS = 8192
 
 
 @dataclass
@@ -124,8 +127,12 @@ class Collector:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._tick(0.2)
-                self.writer.maybe_flush()
+                try:
+                    self._tick(0.2)
+                    self.writer.maybe_flush()
+                except Exception:  # e.g. the disk is full: count it and keep serving
+                    self.rejects["write_error"] += 1
+                    time.sleep(0.2)
             self._drain()
         finally:
             for key in list(self._sel.get_map().values()):
@@ -172,6 +179,10 @@ class Collector:
                 return
             except OSError:
                 return
+            if len(self._sel.get_map()) >= MAX_CONNECTIONS:
+                self.rejects["too_many_connections"] += 1
+                sock.close()
+                continue
             sock.setblocking(False)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
