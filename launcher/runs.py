@@ -171,8 +171,10 @@ def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
         # EOF until the run ends).
         os.closerange(3, 1 << 16)
         os.chdir(run_dir)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        # As a fresh interpreter has it: a peer that vanished is an EPIPE error, not a death.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         sys.argv = [sys.executable, "-m", "xl.launcher.supervisor", str(run_dir)]
         from .supervisor import main as supervisor_main
 
