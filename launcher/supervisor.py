@@ -527,6 +527,8 @@ class Supervisor:
                 self._rank_ended(st, -st.signalled if st.signalled is not None else None)
 
     def _reap(self) -> None:
+        # waitpid(-1): torchrun, and ranks orphaned to this subreaper. Nothing else in the
+        # supervisor (telemetry included) may start child processes: they would be reaped here.
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
