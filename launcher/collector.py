@@ -31,6 +31,7 @@ from xl.launcher.metrics import MetricsWriter
 ACK = struct.Struct(">Q")
 # How long stop() keeps reading what peers already sent before closing their sockets.
 DRAIN_S = 0.3
+GOODBYE_S = 0.5
 # Each connection may buffer up to one frame before its token is checked; capping the number
 # of connections caps that memory (a 4096-GPU job is 4096 ranks).
 MAX_CONNECTIONS = 8192
@@ -150,6 +151,42 @@ class Collector:
         while time.monotonic() < deadline:
             if not self._tick(0.05):
                 break
+        self._goodbye()
+
+    def _goodbye(self) -> None:
+        """Close peers so that the acks already sent reach them.
+
+        Closing a socket with unread input makes the kernel send a reset, and a reset can
+        discard the acks still waiting in the peer's receive queue; the peer would then resend
+        frames already stored. So: send what is pending, half-close (FIN after the acks), and
+        discard input until the peer closes too (or a short grace ends). Frames arriving now are
+        not acked, so their senders keep them.
+        """
+        conns = [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                if conn.out:
+                    conn.sock.setblocking(True)
+                    conn.sock.settimeout(0.2)
+                    conn.sock.sendall(conn.out)
+                    conn.sock.setblocking(False)
+                conn.sock.shutdown(socket.SHUT_WR)
+        open_conns = {conn.sock.fileno(): conn for conn in conns}
+        deadline = time.monotonic() + GOODBYE_S
+        while open_conns and time.monotonic() < deadline:
+            for key, _mask in self._sel.select(0.05):
+                conn = key.data
+                if not isinstance(conn, _Conn):
+                    continue
+                try:
+                    data = conn.sock.recv(1 << 16)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    data = b""
+                if not data:
+                    open_conns.pop(conn.sock.fileno(), None)
+                    self._close(conn)
 
     def _tick(self, timeout: float) -> int:
         events = self._sel.select(timeout)
