@@ -130,6 +130,16 @@ def main() -> int:
         print(
             f"overhead       : {overhead:+.2f}%  (goal <= 1%: {'met' if overhead <= 1 else 'MISSED'})"
         )
+        cpu_base, cpu_xl = statistics.median(cpu["torchrun"]), statistics.median(cpu["xl"])
+        print(
+            f"rank CPU/step  : torchrun {cpu_base * 1000:.3f} ms, xl {cpu_xl * 1000:.3f} ms "
+            f"({(cpu_xl / cpu_base - 1) * 100:+.2f}%; all threads of a rank: training, "
+            "xl.log's sender, xl.watch's hook)"
+        )
+        print(
+            "note: on a shared 2-core machine run-to-run noise is several %; compare the"
+            " per-run lines, and treat a single ratio with care"
+        )
     return 0
 
 
