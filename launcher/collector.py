@@ -59,7 +59,9 @@ class Collector:
     """Receive frames on ``host:port`` and append good records through ``writer``.
 
     ``on_records(rank, records)`` gets the parsed records of each frame (for diagnoses);
-    ``on_dropped(rank, count)`` is called when a client reports records it had to drop.
+    ``on_dropped(rank, count, reason)`` is called when a client reports records it had to drop
+    (reason ``queue_full``) and when an authenticated rank sends records that fail validation
+    (reason: the reject counter), so a rank's lost records always reach the run's events.
     """
 
     def __init__(
@@ -70,7 +72,7 @@ class Collector:
         host: str = "127.0.0.1",
         port: int = 0,
         on_records: Callable[[int, list[dict[str, Any]]], None] | None = None,
-        on_dropped: Callable[[int, int], None] | None = None,
+        on_dropped: Callable[[int, int, str], None] | None = None,
     ) -> None:
         self.writer = writer
         self._token = token.encode()
@@ -310,6 +312,9 @@ class Collector:
                 rec = wire.parse_record(line, header.rank)
             except wire.FrameError as exc:
                 self.rejects[exc.reason] += 1
+                if self._on_dropped is not None:
+                    with contextlib.suppress(Exception):
+                        self._on_dropped(header.rank, 1, exc.reason)
                 continue
             lines.append(line)
             good.append(rec)
@@ -332,7 +337,7 @@ class Collector:
             peer.dropped = header.dropped
             if self._on_dropped is not None:
                 with contextlib.suppress(Exception):
-                    self._on_dropped(header.rank, delta)
+                    self._on_dropped(header.rank, delta, "queue_full")
         if good and self._on_records is not None:
             try:
                 self._on_records(header.rank, good)

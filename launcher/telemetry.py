@@ -75,7 +75,8 @@ class Telemetry:
         # Ranks whose train metrics come from xl.log: their printed dicts are not parsed again.
         self._client_ranks: set[int] = set()
         self._tqdm_last: dict[int, int] = {}
-        self._dropped_pending: dict[int, int] = {}
+        self._dropped_pending: dict[tuple[int, str], int] = {}
+        self._dropped_lock = threading.Lock()
         self._dropped_last_emit = 0.0
         self.writer: MetricsWriter | None = None
         self.collector: Collector | None = None
@@ -202,23 +203,33 @@ class Telemetry:
             self._client_ranks.add(rank)
         self.diagnoser.ingest(rank, records)
 
-    def _on_dropped(self, rank: int, count: int) -> None:
-        self._dropped_pending[rank] = self._dropped_pending.get(rank, 0) + count
+    def _on_dropped(self, rank: int, count: int, reason: str = "queue_full") -> None:
+        with self._dropped_lock:
+            key = (rank, reason)
+            self._dropped_pending[key] = self._dropped_pending.get(key, 0) + count
 
     def _flush_dropped(self, force: bool = False) -> None:
+        # One event per rank and reason at most every 5 s: a flood of drops is one line.
         now = time.time()
-        if not self._dropped_pending or (not force and now - self._dropped_last_emit < 5):
-            return
-        pending, self._dropped_pending = self._dropped_pending, {}
-        self._dropped_last_emit = now
-        for rank, count in sorted(pending.items()):
+        with self._dropped_lock:
+            if not self._dropped_pending or (not force and now - self._dropped_last_emit < 5):
+                return
+            pending, self._dropped_pending = self._dropped_pending, {}
+            self._dropped_last_emit = now
+        for (rank, reason), count in sorted(pending.items()):
+            why = (
+                "its xl.log queue was full"
+                if reason == "queue_full"
+                else f"the collector rejected them: {reason}"
+            )
             self._emit(
                 {
                     "t": now,
                     "kind": "dropped",
                     "rank": rank,
-                    "message": f"rank {rank} dropped {count} records (its xl.log queue was full)",
+                    "message": f"rank {rank} dropped {count} records ({why})",
                     "count": count,
+                    "reason": reason,
                 }
             )
 

@@ -165,4 +165,9 @@ def test_fuzzed_collector_keeps_every_real_record_and_counts_rejects(tmp_path: P
     assert rejects["rank_mismatch"] > 500 and rejects["bad_json"] > 500
     assert sum(rejects.values()) >= sent
     assert "internal_error" not in rejects
+    # Bad records under a valid token are a client bug, not noise: they reach the events.
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    dropped = [e for e in events if e["kind"] == "dropped"]
+    assert {e["rank"] for e in dropped} == {7}
+    assert {"rank_mismatch", "bad_json", "bad_kind"} <= {e["reason"] for e in dropped}
     assert_gone({proc.pid})

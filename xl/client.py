@@ -37,9 +37,10 @@ MAX_QUEUE = 100_000
 INTERVAL_S = 0.1
 SYS_INTERVAL_S = 1.0
 EXIT_WAIT_S = 2.0
-MAX_UNACKED = 256
-# Frames are cut well under the collector's cap so one batch never trips it.
-FRAME_BUDGET = wire.MAX_FRAME // 2
+MAX_UNACKED = 64
+# Frames are cut well under the collector's cap so one batch never trips it; with at most
+# MAX_UNACKED frames in flight, unacked data stays under 16 MiB.
+FRAME_BUDGET = wire.MAX_FRAME // 4
 _ACK_SIZE = 8
 
 
