@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from xl.cliutil import ArgumentParser
 
@@ -12,11 +13,15 @@ from .runs import abandon_if_supervisor_gone, resolve_run
 from .watch import watch
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], viewer: Callable[[Path], int] | None = None) -> int:
     p = ArgumentParser(prog="xl attach", description="Show a run live; exits with its outcome.")
     p.add_argument("run", metavar="RUN", help="run id, unique prefix, or 'last'")
+    p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
     ns = p.parse_args(list(argv))
     run_dir = resolve_run(ns.run)
+    if viewer is not None and not ns.no_tui:
+        abandon_if_supervisor_gone(run_dir)
+        return viewer(run_dir)
     last = [time.monotonic()]
 
     def on_tick() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from xl.cliutil import ArgumentParser, UsageError
 
-from .cmd_launch import inventory, launch
+from .cmd_launch import Viewer, inventory, launch
 from .plan import build_plan
 from .spec import LaunchSpec
 
@@ -23,7 +23,7 @@ def demo_script() -> Path:
     return path
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     p = ArgumentParser(
         prog="xl demo",
         description="Train a small model on synthetic data (one rank per GPU, or 2 CPU ranks) and watch it.",
@@ -44,4 +44,6 @@ def main(argv: Sequence[str]) -> int:
         cwd=os.getcwd(),
     )
     plan = build_plan(spec, inv)
-    return launch(spec, detach=ns.detach, plain=None, plan=plan)
+    return launch(
+        spec, detach=ns.detach, plain=None, plan=plan, viewer=None if ns.no_tui else viewer
+    )

@@ -10,7 +10,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +168,20 @@ def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None) -> int:
         signal.signal(signal.SIGINT, previous)
 
 
-def launch(spec: LaunchSpec, *, detach: bool, plain: bool | None, plan: Plan | None = None) -> int:
+# Opens a view on a run this process started: (run_dir, supervisor process) -> exit code.
+# The Textual monitor is passed in from outside (xl.monitor_cmds) because xl.launcher never
+# imports the UI.
+Viewer = Callable[[Path, Any], int]
+
+
+def launch(
+    spec: LaunchSpec,
+    *,
+    detach: bool,
+    plain: bool | None,
+    plan: Plan | None = None,
+    viewer: Viewer | None = None,
+) -> int:
     from .runs import start_run
 
     handle = start_run(spec, plan, fork=True)
@@ -179,7 +192,10 @@ def launch(spec: LaunchSpec, *, detach: bool, plain: bool | None, plan: Plan | N
             f"'xl stop {handle.run_id}' to stop\n"
         )
         return 0
-    code = run_foreground(handle.run_dir, handle.proc, plain=plain)
+    if viewer is not None:
+        code = viewer(handle.run_dir, handle.proc)
+    else:
+        code = run_foreground(handle.run_dir, handle.proc, plain=plain)
     # The view holds nothing worth tearing down; skipping interpreter cleanup returns the
     # prompt sooner (it counts in the launch overhead bench).
     with contextlib.suppress(OSError):
@@ -188,7 +204,7 @@ def launch(spec: LaunchSpec, *, detach: bool, plain: bool | None, plan: Plan | N
     os._exit(code)
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     opts, script, module, args = split_argv(argv)
     ns = _parser().parse_args(opts)
     if script is None and module is None:
@@ -201,6 +217,6 @@ def main(argv: Sequence[str]) -> int:
     if ns.dry_run:
         print_dry_run(plan, ns.json)
         return 0
-    # --no-tui and a terminal: the Rich live table; not a terminal: plain lines. (The Textual
-    # monitor takes over terminals without --no-tui once it is wired in.)
-    return launch(spec, detach=ns.detach, plain=None, plan=plan)
+    # A terminal gets the Textual monitor (the viewer) unless --no-tui; --no-tui on a terminal
+    # gets the Rich live table; anything else plain lines.
+    return launch(spec, detach=ns.detach, plain=None, plan=plan, viewer=None if ns.no_tui else viewer)

@@ -17,7 +17,6 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MONITOR = "import sys; from pathlib import Path; from xl.tui.app import run_monitor; sys.exit(run_monitor(Path(sys.argv[1])))"
 
 pytestmark = [
     pytest.mark.e2e,
@@ -90,29 +89,20 @@ def run_processes(run_id: str) -> list[psutil.Process]:
     return found
 
 
-def test_monitor_detach_attach_stop_in_tmux(tmp_path):
+def test_demo_detach_attach_stop_in_tmux(tmp_path):
     env = {
         **os.environ,
         "XL_HOME": str(tmp_path / "xlhome"),
         "XL_CONFIG_HOME": str(tmp_path / "config"),
         "TERM": "xterm-256color",
     }
-    launched = subprocess.run(
-        [sys.executable, "-m", "xl", "launch", "--detach", "--nproc", "2", "--name", "e2e", "--",
-         str(ROOT / "examples" / "train.py"), "--seconds", "240"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-    )
-    assert launched.returncode == 0, launched.stderr
-    runs = json.loads(subprocess.run(
-        [sys.executable, "-m", "xl", "runs", "--json"], env=env, capture_output=True, text=True, timeout=60,
-    ).stdout)
-    run = runs[-1] if isinstance(runs, list) else runs["runs"][-1]
-    run_id = run["run_id"]
-    run_dir = Path(env["XL_HOME"]) / "runs" / run_id
     tmux = Tmux()
     pass_env = {k: env[k] for k in ("XL_HOME", "XL_CONFIG_HOME", "TERM", "PATH")}
+    run_dir: Path | None = None
     try:
-        tmux.start("w1", [sys.executable, "-c", MONITOR, str(run_dir)], pass_env)
+        # The README's main job, in a real terminal: `xl demo` launches and opens the monitor.
+        tmux.start("w1", [sys.executable, "-m", "xl", "demo", "--seconds", "240"], pass_env)
+        run_dir = wait_for(lambda: _only_run(Path(env["XL_HOME"])), "the demo run directory", timeout=60)
         first = wait_for(
             lambda: (r := rank_rows(tmux.screen("w1"))) and len(r) == 2 and all(v[1] > 0 for v in r.values()) and r,
             "both ranks with a step", timeout=120,
@@ -132,7 +122,7 @@ def test_monitor_detach_attach_stop_in_tmux(tmp_path):
         steps_at_detach = max(v[1] for v in later.values())
 
         # Attach again: the same run, further along.
-        tmux.start("w2", [sys.executable, "-c", MONITOR, str(run_dir)], pass_env)
+        tmux.start("w2", [sys.executable, "-m", "xl", "attach", "last"], pass_env)
         wait_for(
             lambda: (r := rank_rows(tmux.screen("w2"))) and len(r) == 2 and min(v[1] for v in r.values()) > steps_at_detach,
             "re-attached monitor shows progress",
@@ -148,8 +138,14 @@ def test_monitor_detach_attach_stop_in_tmux(tmp_path):
         wait_for(lambda: not rank_rows(tmux.screen("w2")), "app closed")
     finally:
         tmux.kill()
-        if json.loads((run_dir / "run.json").read_text())["status"] == "running":
+        if run_dir is not None and json.loads((run_dir / "run.json").read_text())["status"] == "running":
             # The test failed midway: end the run the supported way before checking processes.
-            subprocess.run([sys.executable, "-m", "xl", "stop", run_id], env=env, capture_output=True, timeout=60)
+            subprocess.run([sys.executable, "-m", "xl", "stop", run_dir.name], env=env, capture_output=True, timeout=60)
     # No rank, torchrun or supervisor of this run survives it.
-    wait_for(lambda: not run_processes(run_id), "no process of the run left", timeout=30)
+    assert run_dir is not None
+    wait_for(lambda: not run_processes(run_dir.name), "no process of the run left", timeout=30)
+
+
+def _only_run(xl_home: Path) -> Path | None:
+    runs = sorted(p for p in (xl_home / "runs").glob("*") if (p / "run.json").is_file())
+    return runs[0] if runs else None

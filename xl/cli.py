@@ -14,17 +14,18 @@ from collections.abc import Sequence
 from xl._version import __version__
 from xl.cliutil import EXIT_USAGE, UsageError
 
-# name -> (module, one-line help). Only commands that work are listed.
+# name -> ("module[:function]", one-line help); the function defaults to main(argv) -> int.
+# Only commands that work are listed.
 COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("xl.doctor.cli", "check this machine for distributed training; print each fix"),
     "gpus": ("xl.gpus", "one-shot GPU inventory: memory, utilization, processes (--json)"),
     "ui": ("xl.tui.app", "the app: GPUs, doctor, launch, live monitor, runs (also plain `xl`)"),
-    "launch": ("xl.launcher.cmd_launch", "launch a supervised torchrun run (--gpus, --nproc, --dry-run, ...)"),
+    "launch": ("xl.monitor_cmds:launch_main", "launch a supervised torchrun run (--gpus, --nproc, --dry-run, ...)"),
     "runs": ("xl.launcher.cmd_runs", "list runs and their status (--json)"),
     "logs": ("xl.launcher.cmd_logs", "print a run's per-rank logs (--rank R, -f)"),
     "stop": ("xl.launcher.cmd_stop", "stop a run: every rank ends, none is left behind"),
-    "attach": ("xl.launcher.cmd_attach", "watch an existing run live"),
-    "demo": ("xl.launcher.cmd_demo", "train a small bundled model on this machine's devices and watch it"),
+    "attach": ("xl.monitor_cmds:attach_main", "watch an existing run live"),
+    "demo": ("xl.monitor_cmds:demo_main", "train a small bundled model on this machine's devices and watch it"),
 }
 
 # `xl` alone opens the app once the TUI exists.
@@ -63,9 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         known = ", ".join(COMMANDS) or "none yet"
         sys.stderr.write(f"xl: unknown command {head!r} (commands: {known}; see 'xl --help')\n")
         return EXIT_USAGE
-    module = importlib.import_module(COMMANDS[head][0])
+    module_name, _, func_name = COMMANDS[head][0].partition(":")
+    entry = getattr(importlib.import_module(module_name), func_name or "main")
     try:
-        return int(module.main(args[1:]) or 0)
+        return int(entry(args[1:]) or 0)
     except UsageError as exc:
         sys.stderr.write(f"xl {head}: {exc}\n")
         return EXIT_USAGE
