@@ -18,8 +18,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 BATCH = 200
 PAUSE_S = 0.004  # ~50k calls/s: far above any training loop, below the sender's drain rate
@@ -74,7 +75,9 @@ def main() -> int:
     results.append(
         describe(
             "xl.log outside a run (no-op)",
-            per_call_ns(lambda i: client._noop_log(step=i, loss=loss, lr=lr, grad_norm=gnorm), args.calls),
+            per_call_ns(
+                lambda i: client._noop_log(step=i, loss=loss, lr=lr, grad_norm=gnorm), args.calls
+            ),
         )
     )
     import torch
@@ -83,14 +86,17 @@ def main() -> int:
     results.append(
         describe(
             "xl.log with a 0-d tensor loss",
-            per_call_ns(lambda i: xl.log(step=i, loss=t_loss, lr=lr, grad_norm=gnorm), args.calls // 4),
+            per_call_ns(
+                lambda i: xl.log(step=i, loss=t_loss, lr=lr, grad_norm=gnorm), args.calls // 4
+            ),
         )
     )
     ok = xl.flush(30)
     dropped = client._sender.dropped if client._sender else -1
     tel.stop()
     stored = sum(
-        1 for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        1
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
         if json.loads(line)["kind"] == "train"
     )
     expected = args.calls // BATCH * BATCH + args.calls // 4 // BATCH * BATCH
@@ -114,20 +120,28 @@ def main() -> int:
     with open(run_dir / "print.log", "w") as fh:
 
         def hf_print(i: int) -> None:
-            print({"loss": loss, "grad_norm": gnorm, "learning_rate": lr, "epoch": i / 1000}, file=fh)
+            print(
+                {"loss": loss, "grad_norm": gnorm, "learning_rate": lr, "epoch": i / 1000}, file=fh
+            )
 
-        results.append(describe("print(HF log dict) to a file", per_call_ns(hf_print, args.calls // 4)))
+        results.append(
+            describe("print(HF log dict) to a file", per_call_ns(hf_print, args.calls // 4))
+        )
 
     base = results[0]["median_us"]
     print(f"{'':36} {'median':>10} {'p90':>10} {'vs xl.log':>10}")
     for r in results:
-        print(f"{r['name']:36} {r['median_us']:8.3f}us {r['p90_us']:8.3f}us {r['median_us'] / base:9.1f}x")
+        print(
+            f"{r['name']:36} {r['median_us']:8.3f}us {r['p90_us']:8.3f}us {r['median_us'] / base:9.1f}x"
+        )
     print(f"stored {stored} of {expected} records (flush ok: {ok}, dropped: {dropped})")
     goal_abs = base <= 2.0
     tb_ratio = next((r["median_us"] / base for r in results if "SummaryWriter" in r["name"]), None)
     print(f"goal <= 2 us median: {'met' if goal_abs else 'MISSED'} ({base:.3f} us)")
     if tb_ratio is not None:
-        print(f"goal >= 20x cheaper than add_scalar x4: {'met' if tb_ratio >= 20 else 'MISSED'} ({tb_ratio:.0f}x)")
+        print(
+            f"goal >= 20x cheaper than add_scalar x4: {'met' if tb_ratio >= 20 else 'MISSED'} ({tb_ratio:.0f}x)"
+        )
     return 0
 
 
