@@ -9,22 +9,31 @@ from pathlib import Path
 
 import psutil
 import pytest
-from xltele import rank_env
+from xltele import assert_gone, rank_env
 
 from xl.launcher.reader import RunReader
 from xl.launcher.telemetry import Telemetry, spool_path
 
 
 def _rank(code: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
+    """Run a rank-like script; afterwards neither it nor anything it printed as a pid lives."""
+    proc = subprocess.Popen(
         [sys.executable, "-c", code],
         env=rank_env(env),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
     )
-    assert proc.returncode == 0, proc.stderr
-    return proc
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, err
+    pids = {proc.pid} | {int(w[4:]) for w in out.split() if w.startswith("pid=")}
+    assert_gone(pids)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _strict(path: Path) -> list[dict]:
@@ -142,6 +151,7 @@ def test_a_forked_child_logs_on_its_own_and_nothing_is_sent_twice(tmp_path: Path
         "for i in range(100):\n"
         "    log(step=i, who=0)\n"
         "pid = os.fork()\n"
+        "print(f'pid={pid}' if pid else '', flush=True)\n"
         "if pid == 0:\n"
         "    for i in range(100, 150):\n"
         "        log(step=i, who=1)\n"
