@@ -52,6 +52,7 @@ def test_outside_a_run_log_is_a_no_op_without_threads_or_sockets() -> None:
         "import sys, threading, xl\n"
         "for i in range(1000):\n"
         "    xl.log(step=i, loss=0.5, samples=8)\n"
+        "    xl.log({'loss': 0.5}, 'junk')\n"
         "print(xl.watch('not a model'), xl.flush(), threading.active_count(),\n"
         "      'socket' in sys.modules and 'xl.launcher.collector' in sys.modules)\n"
     )
@@ -68,8 +69,8 @@ def test_every_record_stored_with_tensors_rates_and_nonfinite_loss(tmp_path: Pat
         "import math, time, torch, xl\n"
         "for i in range(1, 401):\n"
         "    loss = torch.tensor(float('nan') if i == 300 else 1.0 / i)\n"
-        "    xl.log(step=i, loss=loss, lr=torch.tensor(0.1), samples=32, tokens=4096,"
-        " rank='user rank', note='x' * 1000)\n"
+        "    xl.log({'lr': torch.tensor(0.1), 'loss': 99.0}, step=i, loss=loss, samples=32,"
+        " tokens=4096, rank='user rank', note='x' * 1000, bad=[1, 2])\n"
         "    if i % 100 == 0:\n"
         "        time.sleep(0.05)\n"
     )
@@ -86,6 +87,7 @@ def test_every_record_stored_with_tensors_rates_and_nonfinite_loss(tmp_path: Pat
     # A scalar named like a reserved field is kept under another name, never overwriting it.
     assert by_step[4]["user_rank"] == "user rank"
     assert len(by_step[4]["note"]) == 256
+    assert "bad" not in by_step[4]  # not a scalar: left out, the rest of the record kept
     # Rates come from consecutive records; the first record has nothing to compare with.
     assert "samples_per_s" not in by_step[1]
     assert all(by_step[i]["samples_per_s"] > 0 for i in range(2, 401))

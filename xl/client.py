@@ -482,8 +482,18 @@ def active() -> bool:
     return _sender is not None
 
 
-def _noop_log(**scalars: Any) -> None:
+def _noop_log(*args: Any, **scalars: Any) -> None:
     return None
+
+
+def _positional(args: tuple[Any, ...], scalars: dict[str, Any]) -> dict[str, Any]:
+    # xl.log({"loss": x}) (the wandb.log habit) works too: dicts are merged, keywords win.
+    merged: dict[str, Any] = {}
+    for arg in args:
+        if isinstance(arg, dict):
+            merged.update((k, v) for k, v in arg.items() if isinstance(k, str))
+    merged.update(scalars)
+    return merged
 
 
 def _make_log(sender: _Sender) -> Any:
@@ -492,8 +502,10 @@ def _make_log(sender: _Sender) -> Any:
     now = time.time
     limit = sender.max_queue
 
-    def log(**scalars: Any) -> None:
+    def log(*args: Any, **scalars: Any) -> None:
         """Record scalars for this rank (e.g. ``step``, ``loss``, ``samples``); returns at once."""
+        if args:
+            scalars = _positional(args, scalars)
         if len(queue) < limit:
             append((now(), scalars))
         else:
