@@ -8,6 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey, RowKey
 
 from xl.tui import fmt
 
@@ -21,6 +22,14 @@ COLUMNS = (
     ("power", "Power"),
     ("procs", "Processes (pid:rank)"),
 )
+
+
+# Columns that grow to fit a longer value; the others keep the width their first value gave them.
+WIDENING = frozenset({"procs", "name"})
+
+# DataTable's private render caches, keyed by row (see _set_cells). Checked once: should a Textual
+# release rename them, the table falls back to update_cell (correct, only slower).
+_CACHES = ("_data", "_row_renderable_cache", "_cell_render_cache", "_row_render_cache", "_line_cache")
 
 
 def _procs(gpu: Any) -> str:
@@ -83,6 +92,7 @@ class GPUTable(DataTable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self._cells: dict[str, dict[str, Any]] = {}
+        self._fast = all(hasattr(self, name) for name in _CACHES)
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
@@ -101,10 +111,41 @@ class GPUTable(DataTable):
             if old is None:
                 self.add_row(*(cells[c] for c, _ in COLUMNS), key=key)
             else:
-                for col, value in cells.items():
-                    if old.get(col) != value:
-                        self.update_cell(key, col, value, update_width=col in ("procs", "name"))
+                changed = {col: value for col, value in cells.items() if old.get(col) != value}
+                if changed:
+                    self._set_cells(key, changed)
             self._cells[key] = cells
+
+    def _set_cells(self, key: str, changed: dict[str, Any]) -> None:
+        """Put new values in one row's cells and repaint just that row.
+
+        DataTable.update_cell bumps a table-wide counter that voids every cached cell and repaints
+        the whole table: at one poll a second that was most of the GPUs screen's CPU. Here only the
+        changed cells' cache entries go and only the row's line is repainted.
+        """
+        if not self._fast or any(col in WIDENING for col in changed):
+            for col, value in changed.items():
+                self.update_cell(key, col, value, update_width=col in WIDENING)
+            return
+        row_key = RowKey(key)
+        row = self._data[row_key]
+        columns = set()
+        for col, value in changed.items():
+            column_key = ColumnKey(col)
+            row[column_key] = value
+            columns.add(column_key)
+        row_index = self.get_row_index(row_key)
+        renderables = self._row_renderable_cache
+        renderables.discard((self._update_count, row_index))
+        cells = self._cell_render_cache
+        for cache_key in [k for k in cells.keys() if k[0] == row_key and k[1] in columns]:
+            cells.discard(cache_key)
+        rows = self._row_render_cache
+        for cache_key in [k for k in rows.keys() if k[0] == row_key]:
+            rows.discard(cache_key)
+        # Keyed by screen line, not by row: cheap to rebuild from the row cache kept above.
+        self._line_cache.clear()
+        self.refresh_row(row_index)
 
     def cursor_index(self) -> int | None:
         if not self.row_count:
