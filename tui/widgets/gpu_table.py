@@ -138,11 +138,12 @@ class GPUTable(DataTable):
         renderables = self._row_renderable_cache
         renderables.discard((self._update_count, row_index))
         cells = self._cell_render_cache
-        for cache_key in [k for k in cells.keys() if k[0] == row_key and k[1] in columns]:
-            cells.discard(cache_key)
+        # An LRUCache has keys() but no __iter__.
+        for cell_key in [k for k in cells.keys() if k[0] == row_key and k[1] in columns]:  # noqa: SIM118
+            cells.discard(cell_key)
         rows = self._row_render_cache
-        for cache_key in [k for k in rows.keys() if k[0] == row_key]:
-            rows.discard(cache_key)
+        for row_cache_key in [k for k in rows.keys() if k[0] == row_key]:  # noqa: SIM118
+            rows.discard(row_cache_key)
         # Keyed by screen line, not by row: cheap to rebuild from the row cache kept above.
         self._line_cache.clear()
         self.refresh_row(row_index)
