@@ -49,8 +49,8 @@ def main() -> None:
         logging_steps=2,
         save_strategy="no",
         report_to=[],
-        use_cpu=True,
-        ddp_backend="gloo",
+        use_cpu=not torch.cuda.is_available(),
+        ddp_backend=None if torch.cuda.is_available() else "gloo",
         dataloader_num_workers=0,
         learning_rate=1e-3,
     )
