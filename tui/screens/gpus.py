@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, ClassVar
 
 from textual import on, work
@@ -11,6 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Static
+from textual.worker import get_current_worker
 
 from xl.tui.selection import DeviceSelection, selection_warnings
 from xl.tui.widgets.gpu_history import GPUHistory
@@ -56,6 +58,9 @@ class GPUsScreen(Screen):
         self._active = True
         self._polls = 0
         self._shown: tuple[str, str] | None = None
+        self._stopped = False
+        self._no_gpu_text = ""
+        self._wake = threading.Event()
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -77,7 +82,11 @@ class GPUsScreen(Screen):
     def on_mount(self) -> None:
         self.title = "xl — GPUs"
         self.query_one("#gpu-main").display = False
-        self._poll()
+        self._poller()
+
+    def on_unmount(self) -> None:
+        self._stopped = True
+        self._wake.set()
 
     def on_screen_suspend(self) -> None:
         # Nobody sees the table: stop polling NVML until the screen comes back.
@@ -86,15 +95,23 @@ class GPUsScreen(Screen):
     def on_screen_resume(self) -> None:
         if not self._active:
             self._active = True
-            self._poll()
+            self._wake.set()
 
     @work(thread=True, exclusive=True, group="gpus-poll")
-    def _poll(self) -> None:
-        try:
-            inv = self.app.inventory_source()  # type: ignore[attr-defined]
-            self.post_message(self.Polled(inv, None))
-        except Exception as exc:  # NVML wrappers never raise; this is a missing module or a bug
-            self.post_message(self.Polled(None, f"{type(exc).__name__}: {exc}"))
+    def _poller(self) -> None:
+        # One thread for the screen's life, not a worker per poll: a worker costs a thread-pool job
+        # and a few state messages each time, which at 1 Hz is a visible part of an idle screen.
+        worker = get_current_worker()
+        while not (self._stopped or worker.is_cancelled):
+            if self._active:
+                try:
+                    message = self.Polled(self.app.inventory_source(), None)  # type: ignore[attr-defined]
+                except Exception as exc:  # NVML wrappers never raise; this is a missing module or a bug
+                    message = self.Polled(None, f"{type(exc).__name__}: {exc}")
+                self.post_message(message)
+            # Suspended: sleep until resumed (or unmounted) instead of waking every interval.
+            self._wake.wait(self.interval if self._active else None)
+            self._wake.clear()
 
     def on_gpus_screen_polled(self, message: Polled) -> None:
         self._polls += 1
@@ -106,16 +123,16 @@ class GPUsScreen(Screen):
         if not self.gpus:
             main.display = False
             panel.display = True
-            reason = message.error or _reason(inv)
-            panel.update(NO_GPU_TEXT.format(reason=reason))
+            text = NO_GPU_TEXT.format(reason=message.error or _reason(inv))
+            if text != self._no_gpu_text:
+                self._no_gpu_text = text
+                panel.update(text)
         else:
             panel.display = False
             main.display = True
             self.selection.prune(g.index for g in self.gpus)
             self.query_one(GPUHistory).update_gpus(self.gpus)
             self._show_selection()
-        if self._active:
-            self.set_timer(self.interval, self._poll)
 
     def _show_selection(self) -> None:
         spec = self.selection.gpus_spec

@@ -92,6 +92,7 @@ class GPUTable(DataTable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self._cells: dict[str, dict[str, Any]] = {}
+        self._shown: dict[str, tuple[Any, int | None]] = {}
         self._fast = all(hasattr(self, name) for name in _CACHES)
 
     def on_mount(self) -> None:
@@ -103,9 +104,13 @@ class GPUTable(DataTable):
         for key in [k for k in self._cells if k not in present]:
             self.remove_row(key)
             del self._cells[key]
+            self._shown.pop(key, None)
         for gpu in gpus:
             key = str(gpu.index)
             pos = order.index(gpu.index) if gpu.index in order else None
+            if self._shown.get(key) == (gpu, pos):
+                continue  # same record, same place in the order: the row already shows it
+            self._shown[key] = (gpu, pos)
             cells = gpu_cells(gpu, pos)
             old = self._cells.get(key)
             if old is None:
