@@ -13,6 +13,7 @@ Goals: 0 drops at 256 x 20 Hz; >= 100k records/s on one core.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -95,7 +96,16 @@ def worker(addr: str, first_rank: int, nranks: int, hz: float, seconds: float, f
             drain_acks()
             tick += 0.1
             time.sleep(max(0.0, tick - time.monotonic()))
+    # Close like the real client: half-close, read the remaining acks until the collector
+    # closes. Closing with unread acks would reset the connection, and a reset discards what
+    # the collector has not read yet.
     for s in socks:
+        s.shutdown(socket.SHUT_WR)
+    for s in socks:
+        s.settimeout(30)
+        with contextlib.suppress(OSError):
+            while s.recv(65536):
+                pass
         s.close()
     print(json.dumps({"sent": sent}), flush=True)
 

@@ -8,7 +8,8 @@ what lets one core store >100k records/s).
 
 Header: ``{"v": 1, "token": str, "rank": int, "pid": int, "seq": int, "dropped": int}``
 plus optional ``"cuda": {...}`` (torch's CUDA memory counters of the rank) and ``"train": true``
-(the rank reports its own train metrics). A frame may hold no records (a hello).
+(the rank reports its own train metrics) and ``"ack": true`` (ack this frame at once; acks are
+otherwise batched). A frame may hold no records (a hello, or a flush's ping).
 
 This module is imported by ``xl.client`` inside every rank, so it must stay tiny: stdlib only.
 """
@@ -50,7 +51,7 @@ class FrameError(ValueError):
 class Header:
     # A plain class, not a dataclass: importing dataclasses would add milliseconds to
     # ``import xl.client`` in every rank.
-    __slots__ = ("cuda", "dropped", "pid", "rank", "seq", "token", "train")
+    __slots__ = ("ack_now", "cuda", "dropped", "pid", "rank", "seq", "token", "train")
 
     def __init__(
         self,
@@ -61,12 +62,16 @@ class Header:
         dropped: int,
         cuda: dict[str, float] | None,
         train: bool = False,
+        ack_now: bool = False,
     ) -> None:
         self.token, self.rank, self.pid, self.seq = token, rank, pid, seq
         self.dropped, self.cuda = dropped, cuda
         # True once the rank sends its own train metrics (xl.log or an integration): its
         # printed log dicts are then not parsed a second time.
         self.train = train
+        # The sender is flushing (xl.flush, exit) and waits for this ack: send it at once
+        # instead of batching it with later ones.
+        self.ack_now = ack_now
 
 
 def encode_frame(payload: bytes) -> bytes:
@@ -114,7 +119,9 @@ def parse_header(raw: bytes) -> Header:
         raise FrameError("bad_header")
     assert isinstance(token, str) and isinstance(rank, int) and isinstance(pid, int)
     assert isinstance(seq, int) and isinstance(dropped, int)
-    return Header(token, rank, pid, seq, dropped, cuda, obj.get("train") is True)
+    return Header(
+        token, rank, pid, seq, dropped, cuda, obj.get("train") is True, obj.get("ack") is True
+    )
 
 
 def parse_record(line: bytes, rank: int) -> dict[str, Any]:

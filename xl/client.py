@@ -99,6 +99,7 @@ class _Sender:
         self.io_lock = threading.Lock()
         self.wake = threading.Event()
         self.stopping = False
+        self.flushing = False
         self.thread = threading.Thread(target=self._run, name="xl-log", daemon=True)
 
     def reset_after_fork(self) -> None:
@@ -297,6 +298,8 @@ class _Sender:
         }
         if self.owns_train:
             header["train"] = True
+        if self.flushing:
+            header["ack"] = True
         frame = wire.encode_batch(header, chunk)
         self.unacked.append((self.seq, chunk, from_replay))
         try:
@@ -382,8 +385,12 @@ class _Sender:
         if not self.io_lock.acquire(timeout=max(0.0, timeout)):
             return False
         try:
+            self.flushing = True  # frames sent now ask for their ack at once
             self.last_sys = 0.0  # include the last comm waits / CUDA counters
+            sent_before = self.seq
             self.pump()
+            if self.sock is not None and self.unacked and self.seq == sent_before:
+                self._send_frame([], False)  # a ping: acks everything before it
             while (self.unacked or self.replay is not None) and self.sock is not None:
                 if time.monotonic() >= deadline:
                     break
@@ -393,6 +400,7 @@ class _Sender:
             done = not self.unacked and not self.queue
             return done
         finally:
+            self.flushing = False
             self.io_lock.release()
 
     def shutdown(self, timeout: float) -> None:
