@@ -142,6 +142,68 @@ def phase(addr: str, ranks: int, hz: float, seconds: float, flood: bool, workers
     return sent
 
 
+class AsyncioCollector:
+    """The alternative design, for comparison only: an asyncio Protocol server in a thread
+    doing the same work per frame (framing, header, token, records, append, cumulative ack)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        import asyncio
+
+        from xl.launcher import wire
+        from xl.launcher.collector import ACK, Collector
+        from xl.launcher.diagnose import Diagnoser
+        from xl.launcher.metrics import MetricsWriter
+
+        self.writer = MetricsWriter(run_dir)
+        self.records = 0
+        # The same per-frame work as the real collector (validation, diagnoses, peers): only
+        # the I/O layer differs. This Collector is never started; only its _frame is used.
+        diag = Diagnoser(lambda e: None)
+        self.col = Collector(self.writer, TOKEN, on_records=diag.ingest)
+        frame = self.col._frame
+        self.loop = asyncio.new_event_loop()
+        outer = self
+
+        class Proto(asyncio.Protocol):
+            def connection_made(self, transport):  # type: ignore[no-untyped-def]
+                self.t = transport
+                self.buf = bytearray()
+
+            def data_received(self, data: bytes) -> None:
+                buf = self.buf
+                buf += data
+                pos, lines, last = 0, [], None
+                while len(buf) - pos >= 4:
+                    (n,) = wire.HEADER.unpack_from(buf, pos)
+                    if len(buf) - pos - 4 < n:
+                        break
+                    payload = bytes(buf[pos + 4 : pos + 4 + n])
+                    pos += 4 + n
+                    before = len(lines)
+                    seq = frame(payload, lines)
+                    outer.records += len(lines) - before
+                    if seq is not None:
+                        last = seq[0]
+                del buf[:pos]
+                if lines:
+                    outer.writer.write_lines(lines)
+                if last is not None:
+                    self.t.write(ACK.pack(last))
+
+        async def serve() -> None:
+            self.server = await self.loop.create_server(Proto, "127.0.0.1", 0)
+
+        self.loop.run_until_complete(serve())
+        self.port = self.server.sockets[0].getsockname()[1]
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.writer.close()
+
+
 def thread_cpu(native_id: int) -> float:
     for th in psutil.Process().threads():
         if th.id == native_id:
@@ -165,6 +227,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--flood-seconds", type=float, default=10)
     ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument(
+        "--compare-asyncio",
+        action="store_true",
+        help="also flood an asyncio Protocol server doing the same work",
+    )
     args = ap.parse_args()
 
     from xl.launcher.telemetry import Telemetry
@@ -212,6 +279,24 @@ def main() -> int:
     print(
         f"goal >= 100k records/s on one core: {'met' if capacity >= 100_000 else 'MISSED'} ({capacity:,.0f})"
     )
+    if args.compare_asyncio:
+        ac = AsyncioCollector(Path(tempfile.mkdtemp(prefix="xl-bench-asyncio-")))
+        atid = ac.thread.native_id or 0
+        cpu0 = thread_cpu(atid)
+        sent_a = phase(
+            f"127.0.0.1:{ac.port}", args.ranks, args.hz, args.flood_seconds, True, args.workers
+        )
+        deadline = time.monotonic() + 30
+        while ac.records < sent_a and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cpu_a = thread_cpu(atid) - cpu0
+        ac.stop()
+        cap_a = ac.records / cpu_a if cpu_a else float("inf")
+        print(
+            f"asyncio Protocol server, same flood: stored {ac.records} of {sent_a}, "
+            f"{cap_a:,.0f} records per CPU-second; selectors collector / asyncio = "
+            f"{capacity / cap_a:.2f}x"
+        )
     return 0
 
 
