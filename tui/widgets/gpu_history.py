@@ -1,23 +1,28 @@
-"""Per-GPU utilization history: one sparkline per GPU, fed a sample each poll."""
+"""Per-GPU utilization history: one sparkline per GPU, fed a sample each poll.
+
+One line-API widget draws every GPU's label and sparkline. It used to be a row of Label + Sparkline
+widgets per GPU; each poll then re-rendered 8 sparklines through Rich plus every container under
+them, which was most of the GPUs screen's CPU. Same picture, a fraction of the work.
+"""
 
 from __future__ import annotations
 
 import functools
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.color import Color
 from rich.segment import Segment
 from rich.style import Style
-from textual.app import ComposeResult
-from textual.containers import Horizontal, VerticalScroll
+from textual.geometry import Size
 from textual.renderables._blend_colors import blend_colors
+from textual.scroll_view import ScrollView
 from textual.strip import Strip
-from textual.widgets import Label, Sparkline
 
 HISTORY = 60  # samples kept per GPU: one minute at the 1 s poll
 BARS = "▁▂▃▄▅▆▇█"
+LABEL_WIDTH = 7  # "GPU 12 "
 
 
 @functools.lru_cache(maxsize=32)
@@ -45,8 +50,9 @@ def _layout(n: int, width: int) -> tuple[tuple[tuple[int, int], ...], tuple[tupl
     return tuple(bounds), tuple((b, c) for b, c in runs)
 
 
-def _bar_cells(data: Sequence[float], width: int) -> list[tuple[str, float, int]]:
+def _bar_cells(samples: Sequence[float], width: int) -> list[tuple[str, float, int]]:
     """(bar, height ratio, columns) runs across the width: max per bucket, scaled min..max."""
+    data = list(samples)
     n = len(data)
     if n == 0:
         return [("▁", 0.0, width)]
@@ -67,94 +73,88 @@ def _bar_cells(data: Sequence[float], width: int) -> list[tuple[str, float, int]
     return cells
 
 
-class UtilSparkline(Sparkline):
-    """A Sparkline that draws its one line straight into a cached Strip.
+class GPUHistory(ScrollView):
+    """Utilization over the last minute for every GPU, newest on the right.
 
-    The stock widget renders through Rich (a Style and a colour blend per column, then Textual's
-    generic renderable path) every time its data changes: with eight of them at one sample a second
-    that was half of the GPUs screen's CPU. The picture is identical; a line is rebuilt only when
-    its columns change, and colours are blended once per distinct height.
+    Each line is "GPU <i>" and a sparkline drawn like Textual's Sparkline (max per bucket, scaled
+    between the window's min and max, colours blended from the two component classes below). A
+    line is repainted only when the columns it draws change.
     """
 
-    def __init__(self, data: Sequence[float], **kwargs: Any) -> None:
-        super().__init__(data, summary_function=max, **kwargs)
-        self._drawn: tuple[Any, Strip] | None = None
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"sparkline--max-color", "sparkline--min-color"}
+    DEFAULT_CSS = """
+    GPUHistory {
+        overflow-x: hidden;
+        overflow-y: auto;
+    }
+    GPUHistory > .sparkline--max-color {
+        color: $primary;
+    }
+    GPUHistory > .sparkline--min-color {
+        color: $primary 30%;
+    }
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._order: list[int] = []
+        self.samples: dict[int, deque[float]] = {}
+        self._drawn: dict[int, tuple[Any, Strip]] = {}
         self._styles: dict[float, Style] = {}
         self._styles_key: Any = None
+
+    def update_gpus(self, gpus: Sequence[Any]) -> None:
+        order = [g.index for g in gpus]
+        for gpu in gpus:
+            samples = self.samples.get(gpu.index)
+            if samples is None:
+                samples = self.samples[gpu.index] = deque([0.0] * HISTORY, maxlen=HISTORY)
+            samples.append(float(gpu.util_gpu or 0))
+        if order != self._order:
+            for index in set(self.samples) - set(order):
+                del self.samples[index]
+                self._drawn.pop(index, None)
+            self._order = order
+            self.virtual_size = Size(self.size.width, len(order))
+            self.refresh()
+            return
+        width = self.size.width - LABEL_WIDTH
+        for y, index in enumerate(order):
+            drawn = self._drawn.get(index)
+            if drawn is None or drawn[0][0] != width or drawn[0][-1] != tuple(_bar_cells(self.samples[index], width)):
+                self.refresh_line(y)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         base = self.visual_style.rich_style
-        if y != 0 or width <= 0:
+        line = y + self.scroll_offset.y
+        if not 0 <= line < len(self._order) or width <= 0:
             return Strip.blank(width, base)
+        index = self._order[line]
         _, background = self.background_colors
         low = (background + self.get_component_styles("sparkline--min-color").color).rich_color
         high = (background + self.get_component_styles("sparkline--max-color").color).rich_color
-        cells = _bar_cells(list(self.data or ()), width)
-        key = (width, base, low, high, tuple(cells))
-        if self._drawn is not None and self._drawn[0] == key:
-            return self._drawn[1]
+        spark_width = max(0, width - LABEL_WIDTH)
+        cells = tuple(_bar_cells(self.samples[index], spark_width)) if spark_width else ()
+        key = (spark_width, base, low, high, cells)
+        drawn = self._drawn.get(index)
+        if drawn is not None and drawn[0] == key:
+            return drawn[1]
         if self._styles_key != (base, low, high) or len(self._styles) > 4096:
             self._styles_key = (base, low, high)
             self._styles = {}
-        segments = []
+        label = f"GPU {index}"[:LABEL_WIDTH]
+        # Label then blank, as the label widget of old drew it (the blank has no foreground).
+        segments = [Segment(label, base), Segment(" " * (LABEL_WIDTH - len(label)), Style(bgcolor=base.bgcolor))]
         for bar, ratio, columns in cells:
             style = self._styles.get(ratio)
             if style is None:
-                style = self._styles[ratio] = base + Style.from_color(self._blend(low, high, ratio))
+                style = self._styles[ratio] = base + Style.from_color(_blend(low, high, ratio))
             segments.append(Segment(bar * columns, style))
         strip = Strip(segments, width)
-        self._drawn = (key, strip)
+        self._drawn[index] = (key, strip)
         return strip
 
-    def set_samples(self, samples: Sequence[float]) -> None:
-        """New data; repainted only if the line it draws is not the one on screen."""
-        data = list(samples)
-        drawn = self._drawn
-        if drawn is not None and drawn[0][0] == self.size.width and drawn[0][-1] == tuple(_bar_cells(data, drawn[0][0])):
-            self.set_reactive(Sparkline.data, data)
-        else:
-            self.data = data
 
-    @staticmethod
-    def _blend(low: Color, high: Color, ratio: float) -> Color:
-        return blend_colors(low, high, ratio)
-
-
-class GPUHistoryRow(Horizontal):
-    def __init__(self, index: int) -> None:
-        super().__init__(id=f"hist-{index}", classes="hist-row")
-        self.index = index
-        self.samples: deque[float] = deque([0.0] * HISTORY, maxlen=HISTORY)
-        self.line = UtilSparkline(list(self.samples))
-
-    def compose(self) -> ComposeResult:
-        yield Label(f"GPU {self.index}", classes="hist-label")
-        self.line.data = list(self.samples)
-        yield self.line
-
-    def push(self, util: int | None) -> None:
-        self.samples.append(float(util or 0))
-        self.line.set_samples(self.samples)
-
-
-class GPUHistory(VerticalScroll):
-    """Utilization over the last minute for every GPU, newest on the right."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._rows: dict[int, GPUHistoryRow] = {}
-
-    def update_gpus(self, gpus: Sequence[Any]) -> None:
-        rows = dict(self._rows)
-        for gpu in gpus:
-            row = rows.pop(gpu.index, None)
-            if row is None:
-                row = self._rows[gpu.index] = GPUHistoryRow(gpu.index)
-                self.mount(row)
-                row.samples.append(float(gpu.util_gpu or 0))
-            else:
-                row.push(gpu.util_gpu)
-        for index, stale in rows.items():
-            del self._rows[index]
-            stale.remove()
+def _blend(low: Color, high: Color, ratio: float) -> Color:
+    return blend_colors(low, high, ratio)
