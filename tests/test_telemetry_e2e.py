@@ -65,6 +65,12 @@ def test_hf_trainer_with_xlcallback_logs_every_rank(tmp_path: Path) -> None:
         assert any(isinstance(r.get("hf_loss"), float) for r in train)
         assert any("lr" in r and "grad_norm" in r for r in train)
         assert any(r.get("samples_per_s", 0) > 0 for r in train)
+        # batch 4 x 16 tokens per step: tokens/s is 16x samples/s
+        rated = [r for r in train if "tokens_per_s" in r]
+        assert rated and all(r["tokens"] == 64 for r in rated)
+        assert all(
+            r["tokens_per_s"] == pytest.approx(16 * r["samples_per_s"], rel=1e-3) for r in rated
+        )
         assert all(r.get("source") != "log" for r in train), "printed dicts must not double up"
     assert losses[0] != losses[1]
     assert _sys_ranks(run) == {0, 1}

@@ -3,7 +3,8 @@
 Logs from **every** rank (HF's own reporters log rank 0 only), at each optimizer step: the step,
 this rank's own loss (read from the model's output by a forward hook, so it is the rank's
 last micro-batch loss, not HF's all-rank average; the tensor is read off the training thread),
-samples (hence samples/s), total_steps (progress, ETA) and epoch; at each Trainer log, the
+samples (hence samples/s), tokens (``input_ids`` elements, padding included, hence tokens/s),
+total_steps (progress, ETA) and epoch; at each Trainer log, the
 scalars it reports (learning rate as ``lr``, grad_norm, ...; HF's averaged loss as
 ``hf_loss`` when the per-rank loss is available, else as ``loss``).
 
@@ -38,6 +39,7 @@ class XLCallback(TrainerCallback):
     def __init__(self) -> None:
         self._samples = 0
         self._loss: Any = None
+        self._tokens = 0
         self._hook: Any = None
         client.announce()
 
@@ -49,15 +51,20 @@ class XLCallback(TrainerCallback):
         model = kwargs.get("model")
         if model is not None and self._hook is None and hasattr(model, "register_forward_hook"):
             try:
-                self._hook = model.register_forward_hook(self._capture)
+                self._hook = model.register_forward_hook(self._capture, with_kwargs=True)
             except Exception:  # an exotic model: HF's averaged loss still gets logged
                 self._hook = None
 
-    def _capture(self, module: Any, inputs: Any, output: Any) -> None:
-        if module.training:
-            loss = _output_loss(output)
-            if loss is not None:
-                self._loss = loss
+    def _capture(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        if not module.training:
+            return
+        loss = _output_loss(output)
+        if loss is not None:
+            self._loss = loss
+        ids = kwargs.get("input_ids") if isinstance(kwargs, dict) else None
+        if ids is not None and hasattr(ids, "numel"):
+            # numel() reads the shape, never the device: padding included, no sync.
+            self._tokens += int(ids.numel())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         scalars: dict[str, Any] = {"step": state.global_step}
@@ -65,6 +72,9 @@ class XLCallback(TrainerCallback):
             scalars["loss"] = self._loss
         if self._samples:
             scalars["samples"] = self._samples
+        if self._tokens:
+            scalars["tokens"] = self._tokens
+            self._tokens = 0
         if state.max_steps and state.max_steps > 0:
             scalars["total_steps"] = state.max_steps
         if state.epoch is not None:
