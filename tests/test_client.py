@@ -171,3 +171,31 @@ def test_a_forked_child_logs_on_its_own_and_nothing_is_sent_twice(tmp_path: Path
     train = [r for r in _strict(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
     assert sorted(r["step"] for r in train) == list(range(200))
     assert {r["step"] for r in train if r["who"] == 1} == set(range(100, 150))
+
+
+@pytest.mark.e2e
+def test_odd_values_never_raise_and_what_can_be_stored_is(tmp_path: Path) -> None:
+    tel = Telemetry(tmp_path, token="tok", inventory=False)
+    env = tel.start()
+    code = (
+        "import numpy as np, xl\n"
+        "class Broken:\n"
+        "    ndim = 0\n"
+        "    def item(self):\n"
+        "        raise RuntimeError('device lost')\n"
+        "xl.log(step=1, a=np.float32(0.5), b=np.int64(7), c=np.array(2.5), broken=Broken(),\n"
+        "       flag=True, none=None, big=2**70, vec=np.zeros(3), obj=object())\n"
+        "xl.log(step=2, **{f'k{i}': i for i in range(200)})\n"
+        "xl.log(step=3, **{'x' * 500: 1.0})\n"
+    )
+    try:
+        _rank(code, {**env, "XL_RUN_DIR": str(tmp_path), "RANK": "0"})
+    finally:
+        tel.stop()
+    by_step = {r["step"]: r for r in _strict(tmp_path / "metrics.jsonl") if r["kind"] == "train"}
+    first = by_step[1]
+    assert (first["a"], first["b"], first["c"]) == (0.5, 7, 2.5)
+    assert (first["flag"], first["none"], first["big"]) == (True, None, 2**70)
+    assert not {"broken", "vec", "obj"} & set(first)
+    assert 40 <= len(by_step[2]) <= 64  # capped, not rejected
+    assert by_step[3]["x" * 64] == 1.0
