@@ -290,6 +290,9 @@ class RunReader:
 
     def _apply_run(self) -> None:
         stopped = self._run.get("status") == "stopped"
+        failure = self._run.get("failure")
+        culprit = failure.get("rank") if isinstance(failure, dict) else None
+        ended: dict[int, str] = {}  # the supervisor's own verdict per rank, when it gave one
         for info in self._run.get("ranks") or ():
             if not isinstance(info, dict) or not isinstance(info.get("rank"), int):
                 continue
@@ -299,12 +302,20 @@ class RunReader:
                     setattr(view, key, info[key])
             code = info.get("exit_code")
             view.exit_code = code if isinstance(code, int) else None
+            if info.get("state") in ("exited", "failed", "stopped"):
+                ended[view.rank] = info["state"]
         for view in self._ranks.values():
             if view.exit_code is not None:
                 if view.exit_code == 0:
                     view.state = "exited"
+                elif view.rank in ended:
+                    view.state = ended[view.rank]
+                elif stopped or (isinstance(culprit, int) and view.rank != culprit):
+                    # A rank the supervisor ended because another one failed was stopped;
+                    # only the root cause failed.
+                    view.state = "stopped"
                 else:
-                    view.state = "stopped" if stopped else "failed"
+                    view.state = "failed"
             elif stopped:
                 view.state = "stopped"
             else:

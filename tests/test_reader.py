@@ -125,3 +125,21 @@ def test_garbage_lines_are_skipped(tmp_path: Path) -> None:
     _append(tmp_path / "events.jsonl", raw="{broken\n")
     view = RunReader(tmp_path).poll()
     assert list(view.ranks) == [0] and view.ranks[0].step == 5 and view.events == []
+
+
+def test_only_the_root_cause_rank_is_failed(tmp_path: Path) -> None:
+    # The supervisor ends the other ranks when one fails: they were stopped, not failed.
+    write_json_atomic(
+        tmp_path / "run.json",
+        {
+            "status": "failed",
+            "ranks": [
+                {"rank": 0, "node": "n", "pid": 1, "gpu": None, "exit_code": -15},
+                {"rank": 1, "node": "n", "pid": 2, "gpu": None, "exit_code": 1},
+                {"rank": 2, "node": "n", "pid": 3, "gpu": None, "exit_code": -9, "state": "stopped"},
+            ],
+            "failure": {"rank": 1, "exit_code": 1, "traceback": "Traceback ..."},
+        },
+    )
+    view = RunReader(tmp_path).poll()
+    assert {r: v.state for r, v in view.ranks.items()} == {0: "stopped", 1: "failed", 2: "stopped"}
