@@ -16,6 +16,8 @@ from typing import Any
 
 import psutil
 
+from xl.procenv import read_environ
+
 MIB = 1024 * 1024
 
 
@@ -36,17 +38,7 @@ def _load_inventory() -> Callable[[], Any] | None:
 
 
 def _read_environ(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return {}
-    env: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
-    return env
+    return read_environ(pid)
 
 
 def _gpu_key(gpu: Any) -> tuple[int | None, str | None]:

@@ -450,17 +450,9 @@ def _empty_gpu(index: int, *, error: str) -> GPU:
 
 
 def _read_environ(pid: int) -> dict[str, str]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return {}
-    out: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key in (b"RANK", b"LOCAL_RANK", b"XL_RUN_ID"):
-            out[key.decode()] = value.decode(errors="replace")
-    return out
+    from xl.procenv import read_environ
+
+    return read_environ(pid, ("RANK", "LOCAL_RANK", "XL_RUN_ID"))
 
 
 def _read_comm(pid: int) -> str | None:
