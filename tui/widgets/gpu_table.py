@@ -105,6 +105,7 @@ class GPUTable(DataTable):
             self.remove_row(key)
             del self._cells[key]
             self._shown.pop(key, None)
+        pending: dict[str, dict[str, Any]] = {}
         for gpu in gpus:
             key = str(gpu.index)
             pos = order.index(gpu.index) if gpu.index in order else None
@@ -118,40 +119,45 @@ class GPUTable(DataTable):
             else:
                 changed = {col: value for col, value in cells.items() if old.get(col) != value}
                 if changed:
-                    self._set_cells(key, changed)
+                    pending[key] = changed
             self._cells[key] = cells
+        if pending:
+            self._set_cells(pending)
 
-    def _set_cells(self, key: str, changed: dict[str, Any]) -> None:
-        """Put new values in one row's cells and repaint just that row.
+    def _set_cells(self, pending: dict[str, dict[str, Any]]) -> None:
+        """Put new values in some rows' cells and repaint just those rows.
 
         DataTable.update_cell bumps a table-wide counter that voids every cached cell and repaints
         the whole table: at one poll a second that was most of the GPUs screen's CPU. Here only the
-        changed cells' cache entries go and only the row's line is repainted.
+        changed cells' cache entries go and only the changed rows' lines are repainted.
         """
-        if not self._fast or any(col in WIDENING for col in changed):
-            for col, value in changed.items():
-                self.update_cell(key, col, value, update_width=col in WIDENING)
+        if not self._fast or any(col in WIDENING for changed in pending.values() for col in changed):
+            for key, changed in pending.items():
+                for col, value in changed.items():
+                    self.update_cell(key, col, value, update_width=col in WIDENING)
             return
-        row_key = RowKey(key)
-        row = self._data[row_key]
-        columns = set()
-        for col, value in changed.items():
-            column_key = ColumnKey(col)
-            row[column_key] = value
-            columns.add(column_key)
-        row_index = self.get_row_index(row_key)
-        renderables = self._row_renderable_cache
-        renderables.discard((self._update_count, row_index))
+        stale_cells = set()
+        stale_rows = set()
+        for key, changed in pending.items():
+            row_key = RowKey(key)
+            row = self._data[row_key]
+            for col, value in changed.items():
+                column_key = ColumnKey(col)
+                row[column_key] = value
+                stale_cells.add((row_key, column_key))
+            stale_rows.add(row_key)
+            self._row_renderable_cache.discard((self._update_count, self.get_row_index(row_key)))
         cells = self._cell_render_cache
         # An LRUCache has keys() but no __iter__.
-        for cell_key in [k for k in cells.keys() if k[0] == row_key and k[1] in columns]:  # noqa: SIM118
+        for cell_key in [k for k in cells.keys() if (k[0], k[1]) in stale_cells]:  # noqa: SIM118
             cells.discard(cell_key)
         rows = self._row_render_cache
-        for row_cache_key in [k for k in rows.keys() if k[0] == row_key]:  # noqa: SIM118
+        for row_cache_key in [k for k in rows.keys() if k[0] in stale_rows]:  # noqa: SIM118
             rows.discard(row_cache_key)
         # Keyed by screen line, not by row: cheap to rebuild from the row cache kept above.
         self._line_cache.clear()
-        self.refresh_row(row_index)
+        for row_key in stale_rows:
+            self.refresh_row(self.get_row_index(row_key))
 
     def cursor_index(self) -> int | None:
         if not self.row_count:
