@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.text import Text
+from textual.cache import LRUCache
 from textual.message import Message
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowKey
@@ -30,6 +31,14 @@ WIDENING = frozenset({"procs", "name"})
 # DataTable's private render caches, keyed by row (see _set_cells). Checked once: should a Textual
 # release rename them, the table falls back to update_cell (correct, only slower).
 _CACHES = ("_data", "_row_renderable_cache", "_cell_render_cache", "_row_render_cache", "_line_cache")
+
+
+def _value_key(value: Any) -> Any:
+    """A hashable stand-in for a cell value (rich Text is mutable, so not hashable)."""
+    if isinstance(value, Text):
+        spans = tuple((sp.start, sp.end, str(sp.style)) for sp in value.spans)
+        return (value.plain, str(value.style), spans, value.justify, value.no_wrap, value.overflow)
+    return ("str", str(value))
 
 
 def _procs(gpu: Any) -> str:
@@ -94,6 +103,8 @@ class GPUTable(DataTable):
         self._cells: dict[str, dict[str, Any]] = {}
         self._shown: dict[str, tuple[Any, int | None]] = {}
         self._fast = all(hasattr(self, name) for name in _CACHES)
+        # Rendered cells by value: utilization and memory keep coming back to values already drawn.
+        self._by_value: LRUCache[tuple[Any, ...], Any] = LRUCache(4096)
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
@@ -158,6 +169,55 @@ class GPUTable(DataTable):
         self._line_cache.clear()
         for row_key in stale_rows:
             self.refresh_row(self.get_row_index(row_key))
+
+    def _render_cell(
+        self,
+        row_index: int,
+        column_index: int,
+        base_style: Any,
+        width: int,
+        cursor: bool = False,
+        hover: bool = False,
+    ) -> Any:
+        # A changed cell is rendered through Rich (Styled(Padding(Text))) which is the costly part
+        # of repainting a row; the same value in the same place and style renders the same lines.
+        if row_index < 0 or column_index < 0 or not self._fast:
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        row_key = self._row_locations.get_key(row_index)
+        column_key = self._column_locations.get_key(column_index)
+        if row_key is None or column_key is None:
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        value = self._data[row_key][column_key]
+        memo_key = (
+            row_index,
+            column_index,
+            _value_key(value),
+            base_style,
+            width,
+            cursor,
+            hover,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+            self.cell_padding,
+        )
+        lines = self._by_value.get(memo_key)
+        if lines is None:
+            lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+            self._by_value.set(memo_key, lines)
+        return lines
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._forget_renders()
+
+    def _clear_caches(self) -> None:
+        super()._clear_caches()
+        self._forget_renders()
+
+    def _forget_renders(self) -> None:
+        by_value = getattr(self, "_by_value", None)  # DataTable.__init__ may clear before ours exists
+        if by_value is not None:
+            by_value.clear()
 
     def cursor_index(self) -> int | None:
         if not self.row_count:
