@@ -102,6 +102,12 @@ class GPUHistory(ScrollView):
         self._drawn: dict[int, tuple[Any, Strip]] = {}
         self._styles: dict[float, Style] = {}
         self._styles_key: Any = None
+        self._colors: tuple[Color, Color] | None = None  # sparkline ends; reset on a style change
+        self._fresh: dict[int, tuple[int, tuple[Any, ...]]] = {}
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._colors = None
 
     def update_gpus(self, gpus: Sequence[Any]) -> None:
         order = [g.index for g in gpus]
@@ -114,14 +120,17 @@ class GPUHistory(ScrollView):
             for index in set(self.samples) - set(order):
                 del self.samples[index]
                 self._drawn.pop(index, None)
+                self._fresh.pop(index, None)
             self._order = order
             self.virtual_size = Size(self.size.width, len(order))
             self.refresh()
             return
-        width = self.size.width - LABEL_WIDTH
+        width = max(0, self.size.width - LABEL_WIDTH)
         for y, index in enumerate(order):
+            cells = tuple(_bar_cells(self.samples[index], width)) if width else ()
+            self._fresh[index] = (width, cells)  # render_line reuses it
             drawn = self._drawn.get(index)
-            if drawn is None or drawn[0][0] != width or drawn[0][-1] != tuple(_bar_cells(self.samples[index], width)):
+            if drawn is None or drawn[0][0] != width or drawn[0][-1] != cells:
                 self.refresh_line(y)
 
     def render_line(self, y: int) -> Strip:
@@ -131,11 +140,18 @@ class GPUHistory(ScrollView):
         if not 0 <= line < len(self._order) or width <= 0:
             return Strip.blank(width, base)
         index = self._order[line]
-        _, background = self.background_colors
-        low = (background + self.get_component_styles("sparkline--min-color").color).rich_color
-        high = (background + self.get_component_styles("sparkline--max-color").color).rich_color
+        if self._colors is None:
+            _, background = self.background_colors
+            low = (background + self.get_component_styles("sparkline--min-color").color).rich_color
+            high = (background + self.get_component_styles("sparkline--max-color").color).rich_color
+            self._colors = (low, high)
+        low, high = self._colors
         spark_width = max(0, width - LABEL_WIDTH)
-        cells = tuple(_bar_cells(self.samples[index], spark_width)) if spark_width else ()
+        fresh = self._fresh.pop(index, None)
+        if fresh is not None and fresh[0] == spark_width:
+            cells = fresh[1]
+        else:
+            cells = tuple(_bar_cells(self.samples[index], spark_width)) if spark_width else ()
         key = (spark_width, base, low, high, cells)
         drawn = self._drawn.get(index)
         if drawn is not None and drawn[0] == key:
