@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rich.style import Style
 from rich.text import Text
 from textual.cache import LRUCache
+from textual.geometry import Region
 from textual.message import Message
+from textual.strip import Strip
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowKey
 
@@ -105,6 +108,7 @@ class GPUTable(DataTable):
         self._fast = all(hasattr(self, name) for name in _CACHES)
         # Rendered cells by value: utilization and memory keep coming back to values already drawn.
         self._by_value: LRUCache[tuple[Any, ...], Any] = LRUCache(4096)
+        self._paint_style: Style | None = None
 
     def on_mount(self) -> None:
         for key, label in COLUMNS:
@@ -205,6 +209,20 @@ class GPUTable(DataTable):
             lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
             self._by_value.set(memo_key, lines)
         return lines
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # DataTable asks for rich_style once per line and DOMNode computes it afresh each time by
+        # walking every ancestor: compute it once per paint instead.
+        self._paint_style = super().rich_style
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._paint_style = None
+
+    @property
+    def rich_style(self) -> Style:
+        style = getattr(self, "_paint_style", None)
+        return style if style is not None else super().rich_style
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
