@@ -165,7 +165,10 @@ def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, 
     if spec.nnodes < 1:
         raise UsageError(f"--nnodes must be at least 1 (got {spec.nnodes})")
     if not 0 <= spec.node_rank < spec.nnodes:
-        raise UsageError(f"--node-rank {spec.node_rank} must be in 0..{spec.nnodes - 1}")
+        raise UsageError(
+            f"--node-rank {spec.node_rank} must be in 0..{spec.nnodes - 1} "
+            f"(--nnodes {spec.nnodes}; give each node its own rank, 0 on the node at --rdzv)"
+        )
     if spec.mixed_precision is not None and spec.mixed_precision not in MIXED_PRECISION:
         raise UsageError(f"--mixed-precision {spec.mixed_precision!r}: use one of {', '.join(MIXED_PRECISION)}")
 
@@ -177,9 +180,14 @@ def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, 
     else:
         if not spec.rdzv:
             raise UsageError("--nnodes > 1 needs --rdzv HOST:PORT (the address of node 0)")
-        host, sep, port = spec.rdzv.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise UsageError(f"--rdzv {spec.rdzv!r} is not HOST:PORT (e.g. --rdzv 10.0.0.1:29500)")
+        host, sep, port = spec.rdzv.strip().rpartition(":")
+        bracketed = host.startswith("[") and host.endswith("]")
+        if bracketed:
+            host = host[1:-1]  # [IPv6]:PORT; torchrun wants the bare address
+        if not sep or not host or not port.isdigit() or (":" in host and not bracketed):
+            raise UsageError(f"--rdzv {spec.rdzv!r} is not HOST:PORT (e.g. --rdzv 10.0.0.1:29500 or [fd00::1]:29500)")
+        if not 0 < int(port) < 65536:
+            raise UsageError(f"--rdzv {spec.rdzv!r}: port {port} is out of range; use 1-65535 (e.g. 29500)")
         # Static rendezvous: node ranks are the ones people gave, as accelerate does.
         argv += ["--node-rank", str(spec.node_rank), "--master-addr", host, "--master-port", port]
     argv += ["--max-restarts", "0", "-m", ENTRY_MODULE]

@@ -155,6 +155,8 @@ class Supervisor:
         self.write_errors: set[str] = set()
         self.token = secrets.token_hex(16)
         self.reparented: dict[int, int] = {}
+        self.barrier_since: float | None = None  # multi-node: when torchrun outlived its ranks
+        self.barrier_ended = False  # xl ended torchrun stuck at its exit barrier
         self._init_ranks()
 
     # ---------------------------------------------------------------- records
@@ -331,6 +333,7 @@ class Supervisor:
                 # torchrun is gone but ranks are not: it was killed. End them.
                 self._torchrun_died()
             self._advance_stop()
+            self._end_exit_barrier()
             if self.dirty:
                 self.save()
             if self.telemetry is not None and not self.telemetry_stopped and self._ranks_gone():
@@ -590,6 +593,36 @@ class Supervisor:
         if self.torchrun is not None and self.torchrun_code is None:
             procs.signal_pid(self.torchrun.pid, signal.SIGKILL)
 
+    def _end_exit_barrier(self) -> None:
+        """Multi-node: a torchrun whose ranks have all ended waits at its exit barrier for every
+        other node's torchrun (up to 300 s), and the torchrun of a node that failed never comes.
+        This node's ranks are done, so its run is over: after the grace, end torchrun; the
+        ranks' exit codes decide the status. Under static rendezvous nothing of the other nodes
+        needs it any more (their torchrun just logs that its own exit barrier failed)."""
+        if int(self.run.get("nnodes") or 1) < 2 or self.stop is not None or self.torchrun is None:
+            return
+        if self.torchrun_code is not None or not self._ranks_gone():
+            self.barrier_since = None
+            return
+        now = time.monotonic()
+        if self.barrier_since is None:
+            self.barrier_since = now
+            return
+        # Not less than 2 s: on success the other nodes arrive within torchrun's monitor tick.
+        wait = max(self.grace, 2.0)
+        if not self.barrier_ended and now - self.barrier_since >= wait:
+            self.barrier_ended = True
+            self.emit({
+                "kind": "exit_barrier",
+                "message": f"this node's ranks are done but torchrun still waited for the other nodes after {wait:g}s "
+                "(one failed or was stopped?); ending it",
+            })
+            procs.signal_pid(self.torchrun.pid, signal.SIGTERM)
+        elif self.barrier_ended and now - self.barrier_since >= wait + 1.0:
+            # Its SIGTERM handler only runs once the store call it blocks in returns; it has
+            # no rank left to tear down, so SIGKILL loses nothing.
+            procs.signal_pid(self.torchrun.pid, signal.SIGKILL)
+
     def _torchrun_died(self) -> None:
         code = self.torchrun_code
         desc = _signal_name(code) if code is not None and code < 0 else f"code {code}"
@@ -680,7 +713,9 @@ class Supervisor:
             status = "stopped"
         elif self.failure is not None:
             status = "failed"
-        elif self.torchrun_code == 0 and all(st.exit_code in (0, None) for st in self.ranks.values()):
+        elif (self.torchrun_code == 0 or self.barrier_ended) and all(
+            st.exit_code in (0, None) for st in self.ranks.values()
+        ):
             status = "succeeded"
         else:
             status = "failed"
