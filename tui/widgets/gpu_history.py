@@ -126,12 +126,16 @@ class GPUHistory(ScrollView):
             self.refresh()
             return
         width = max(0, self.size.width - LABEL_WIDTH)
+        changed = []
         for y, index in enumerate(order):
             cells = tuple(_bar_cells(self.samples[index], width)) if width else ()
             self._fresh[index] = (width, cells)  # render_line reuses it
             drawn = self._drawn.get(index)
             if drawn is None or drawn[0][0] != width or drawn[0][-1] != cells:
-                self.refresh_line(y)
+                changed.append(y)
+        if changed:
+            # One region for all changed lines; unchanged ones between them come from the cache.
+            self.refresh_lines(changed[0], changed[-1] - changed[0] + 1)
 
     def render_line(self, y: int) -> Strip:
         width = self.size.width

@@ -171,8 +171,12 @@ class GPUTable(DataTable):
             rows.discard(row_cache_key)
         # Keyed by screen line, not by row: cheap to rebuild from the row cache kept above.
         self._line_cache.clear()
-        for row_key in stale_rows:
-            self.refresh_row(self.get_row_index(row_key))
+        # One repaint region from the first to the last changed row (rows between them come from
+        # the row cache): a refresh per row costs more than the rows it spares.
+        indexes = [self.get_row_index(row_key) for row_key in stale_rows]
+        top = self._get_row_region(min(indexes))
+        bottom = self._get_row_region(max(indexes))
+        self._refresh_region(Region.union(top, bottom))
 
     def _render_cell(
         self,
