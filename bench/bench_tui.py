@@ -6,7 +6,9 @@ In one run, each in its own tmux server (a real terminal, 200x50):
   1. xl's Monitor on a run of 64 simulated ranks logging at 10 Hz (a writer process appends to
      the run dir's metrics.jsonl) — CPU % of the app process;
   2. xl's GPUs screen on 8 simulated GPUs (polls NVML every 1 s) — CPU %;
-  3. nvitop on the same 8 simulated GPUs, at 1 s like xl — CPU % (the anchor).
+  3. nvitop on the same 8 simulated GPUs, at 1 s like xl — CPU % (the anchor), measured over the
+     same window as 2 (both run at once), so load from elsewhere hits both alike;
+  4. the floor: the same app and widgets on the same GPUs, polling once — what Textual itself costs.
 Then, headless in this process: the time to apply one Monitor refresh (reader poll + table,
 header, charts update) for the 64-rank run. Prints the figures and their ratios to nvitop.
 Goal (issue 6): <= 15 % of one core, and no more than nvitop.
@@ -48,37 +50,58 @@ while True:
 """
 
 
-def tmux_cpu(name: str, argv: list[str], env: dict[str, str], warmup: float, seconds: float, match: str) -> float:
-    """CPU % of one core used by the process whose command line contains ``match``."""
-    sock = f"xl-bench-{uuid.uuid4().hex[:8]}"
-    cmd = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
-    exports = " ".join(f"{k}='{v}'" for k, v in env.items())
-    subprocess.run(["tmux", "-L", sock, "new-session", "-d", "-s", name, "-x", "200", "-y", "50",
-                    f"env {exports} {cmd}"], check=True, timeout=20)
-    try:
+class Pane:
+    """One program in its own tmux server (a real terminal, 200x50)."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], match: str) -> None:
+        self.name = name
+        self.sock = f"xl-bench-{uuid.uuid4().hex[:8]}"
+        cmd = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
+        exports = " ".join(f"{k}='{v}'" for k, v in env.items())
+        subprocess.run(["tmux", "-L", self.sock, "new-session", "-d", "-s", name, "-x", "200", "-y", "50",
+                        f"env {exports} {cmd}"], check=True, timeout=20)
         deadline = time.monotonic() + 30
-        proc = None
-        while proc is None and time.monotonic() < deadline:
+        self.proc: psutil.Process | None = None
+        while self.proc is None and time.monotonic() < deadline:
             for p in psutil.process_iter(["cmdline"]):
                 if match in " ".join(p.info["cmdline"] or []) and "tmux" not in (p.info["cmdline"] or [""])[0]:
-                    proc = p
+                    self.proc = p
                     break
             time.sleep(0.2)
-        if proc is None:
+        if self.proc is None:
+            self.close()
             raise RuntimeError(f"{name} did not start")
-        time.sleep(warmup)
-        t0 = proc.cpu_times()
-        w0 = time.monotonic()
-        time.sleep(seconds)
-        t1 = proc.cpu_times()
-        wall = time.monotonic() - w0
-        screen = subprocess.run(["tmux", "-L", sock, "capture-pane", "-p", "-t", name],
-                                capture_output=True, text=True, timeout=20).stdout
-        if not screen.strip():
-            raise RuntimeError(f"{name} shows nothing")
-        return 100.0 * ((t1.user - t0.user) + (t1.system - t0.system)) / wall
+
+    def screen(self) -> str:
+        return subprocess.run(["tmux", "-L", self.sock, "capture-pane", "-p", "-t", self.name],
+                              capture_output=True, text=True, timeout=20).stdout
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.sock, "kill-server"], capture_output=True, timeout=20)
+
+
+def measure(panes: list[Pane], warmup: float, seconds: float) -> list[float]:
+    """CPU % of one core of each pane's program, over the same window (same load on the machine)."""
+    time.sleep(warmup)
+    procs = [p.proc for p in panes if p.proc is not None]
+    t0 = [p.cpu_times() for p in procs]
+    w0 = time.monotonic()
+    time.sleep(seconds)
+    t1 = [p.cpu_times() for p in procs]
+    wall = time.monotonic() - w0
+    for pane in panes:
+        if not pane.screen().strip():
+            raise RuntimeError(f"{pane.name} shows nothing")
+    return [100.0 * ((b.user - a.user) + (b.system - a.system)) / wall for a, b in zip(t0, t1, strict=True)]
+
+
+def tmux_cpu(name: str, argv: list[str], env: dict[str, str], warmup: float, seconds: float, match: str) -> float:
+    """CPU % of one core used by the process whose command line contains ``match``."""
+    pane = Pane(name, argv, env, match)
+    try:
+        return measure([pane], warmup, seconds)[0]
     finally:
-        subprocess.run(["tmux", "-L", sock, "kill-server"], capture_output=True, timeout=20)
+        pane.close()
 
 
 async def refresh_time(run_dir: Path, rounds: int = 30) -> tuple[float, float]:
@@ -128,14 +151,26 @@ def main() -> int:
         py = sys.executable
         monitor_cpu = tmux_cpu("monitor", [py, "-c", f"from xl.tui.app import run_monitor; run_monitor({str(run_dir)!r})  # xl-bench-monitor"],
                                env, args.warmup, args.seconds, "xl-bench-monitor")
-        gpus_cpu = tmux_cpu("gpus", [py, "-c", "from xl.tui.app import main; main([])  # xl-bench-gpus"],
-                            env, args.warmup, args.seconds, "xl-bench-gpus")
+        # The floor: the same app and widgets showing the same GPUs, but polling only once.
+        floor_cpu = tmux_cpu("floor", [py, "-c", "from xl.tui.app import build_app; build_app(poll_interval=1e6).run()  # xl-bench-floor"],
+                             env, args.warmup, args.seconds, "xl-bench-floor")
+        # xl's GPUs screen and nvitop side by side over the same window: whatever else loads the
+        # machine loads both, so their ratio holds still from run to run.
         nvitop = shutil.which("nvitop") or str(Path(sys.executable).with_name("nvitop"))
+        panes = [Pane("gpus", [py, "-c", "from xl.tui.app import main; main([])  # xl-bench-gpus"], env, "xl-bench-gpus")]
+        nvitop_cpu: float | None = None
         try:
-            nvitop_cpu: float | None = tmux_cpu("nvitop", [nvitop, "--interval", "1"], env, args.warmup, args.seconds, "nvitop")
-        except RuntimeError as exc:
-            print(f"nvitop could not run here: {exc}")
-            nvitop_cpu = None
+            try:
+                panes.append(Pane("nvitop", [nvitop, "--interval", "1"], env, "nvitop"))
+            except RuntimeError as exc:
+                print(f"nvitop could not run here: {exc}")
+            cpus = measure(panes, args.warmup, args.seconds)
+        finally:
+            for pane in panes:
+                pane.close()
+        gpus_cpu = cpus[0]
+        if len(cpus) > 1:
+            nvitop_cpu = cpus[1]
         poll_s, apply_s = asyncio.run(refresh_time(run_dir))
     finally:
         if writer is not None:
@@ -144,9 +179,10 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"xl Monitor, 64 ranks at 10 Hz : {monitor_cpu:5.1f} % of one core")
-    print(f"xl GPUs screen, 8 GPUs (1 s)  : {gpus_cpu:5.1f} % of one core")
+    print(f"xl GPUs screen, 8 GPUs (1 s)  : {gpus_cpu:5.2f} % of one core")
+    print(f"  floor: same app, no polling : {floor_cpu:5.2f} % of one core")
     if nvitop_cpu is not None:
-        print(f"nvitop, 8 GPUs (1 s)          : {nvitop_cpu:5.1f} % of one core   (anchor)")
+        print(f"nvitop, 8 GPUs (1 s)          : {nvitop_cpu:5.2f} % of one core   (anchor, same window as xl GPUs)")
         if nvitop_cpu > 0:
             print(f"ratio xl GPUs / nvitop        : {gpus_cpu / nvitop_cpu:5.2f}")
             print(f"ratio xl Monitor / nvitop     : {monitor_cpu / nvitop_cpu:5.2f}")
