@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from xl.fsutil import write_json_atomic
+from xl.procenv import read_environ
 
 from . import procs
 from .runs import grace_from_env
@@ -385,6 +386,7 @@ class Supervisor:
             except (ValueError, KeyError, TypeError):
                 self._close(conn)
                 return
+            self._slot(conn.rank, int(hello.get("pid") or 0))
             self._learn_pid(conn.rank, int(hello.get("pid") or 0))
             if not data:
                 return
@@ -438,6 +440,40 @@ class Supervisor:
                 else:
                     break
 
+    def _slot(self, rank: int, pid: int, local_rank: int | None = None) -> RankState | None:
+        """The RankState of global ``rank``, from the first word of that rank.
+
+        Ranks start as guesses, node_rank * nproc + local_rank, right only when every node runs
+        the same number of processes (torch numbers ranks node after node, so nodes with
+        different GPU counts shift them). A rank's LOCAL_RANK (its record, else its environment)
+        names its slot, which then takes the rank torch gave it; WORLD_SIZE fixes world_size."""
+        st = self.ranks.get(rank)
+        if int(self.run.get("nnodes") or 1) < 2 or (st is not None and st.pid is not None):
+            return st
+        env = read_environ(pid, ("LOCAL_RANK", "WORLD_SIZE")) if pid > 0 else {}
+        if local_rank is None and env.get("LOCAL_RANK", "").isdigit():
+            local_rank = int(env["LOCAL_RANK"])
+        if env.get("WORLD_SIZE", "").isdigit() and int(env["WORLD_SIZE"]) != self.run.get("world_size"):
+            self.run["world_size"] = int(env["WORLD_SIZE"])
+            self.dirty = True
+        mine = next((s for s in self.ranks.values() if s.local_rank == local_rank), None)
+        if mine is None:
+            return st  # LOCAL_RANK unknown: keep the guess
+        if mine.rank == rank:
+            return mine
+        if mine.pid is not None:
+            return None  # that slot already belongs to another rank
+        # Swap keys with whatever guess held ``rank``; that one is fixed when its own rank reports.
+        other = self.ranks.pop(rank, None)
+        del self.ranks[mine.rank]
+        if other is not None:
+            other.rank = mine.rank
+            self.ranks[other.rank] = other
+        mine.rank = rank
+        self.ranks[rank] = mine
+        self.dirty = True
+        return mine
+
     def _learn_pid(self, rank: int, pid: int) -> bool:
         st = self.ranks.get(rank)
         if st is None or pid <= 0 or st.pid == pid:
@@ -472,11 +508,15 @@ class Supervisor:
             except (OSError, ValueError):
                 continue
             st = self.ranks.get(rank)
-            if st is None or mtime == st.record_mtime:
+            if st is not None and mtime == st.record_mtime:
                 continue
             try:
                 rec = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError):
+                continue
+            local = rec.get("local_rank")
+            st = self._slot(rank, int(rec.get("pid") or 0), local if isinstance(local, int) else None)
+            if st is None:
                 continue
             st.record_mtime = mtime
             if rec.get("pid"):

@@ -33,15 +33,15 @@ import torch
 import torch.distributed as dist
 import xl
 
-rank = int(os.environ["RANK"])
-assert os.environ["WORLD_SIZE"] == "2", "WORLD_SIZE=" + os.environ["WORLD_SIZE"]
+rank, world = int(os.environ["RANK"]), int(os.environ.get("MN_WORLD", "2"))
+assert int(os.environ["WORLD_SIZE"]) == world, "WORLD_SIZE=" + os.environ["WORLD_SIZE"]
 dist.init_process_group("gloo")
-assert dist.get_rank() == rank and dist.get_world_size() == 2
+assert dist.get_rank() == rank and dist.get_world_size() == world
 mode = os.environ.get("MN_MODE", "")
 fail = os.environ.get("MN_FAIL_RANK") == str(rank)
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
-assert total.item() == 3.0, total
+assert total.item() == world * (world + 1) / 2, total
 print(f"rank {rank} of {dist.get_world_size()} node {os.environ['GROUP_RANK']}: all_reduce sum {total.item():g}", flush=True)
 for step in range(1000 if mode == "loop" else 3):
     if fail and mode == "mid" and step == 1:
@@ -68,14 +68,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_nodes(tmp_path: Path, homes: tuple[Path, Path], **extra: str) -> list[subprocess.Popen[str]]:
+def _start_nodes(
+    tmp_path: Path, homes: tuple[Path, Path], nprocs: tuple[int, int] = (1, 1), **extra: str
+) -> list[subprocess.Popen[str]]:
     """Both nodes' `xl launch`, as two people would type them on two machines."""
     script = tmp_path / "mn.py"
     script.write_text(SCRIPT)
     rdzv = f"127.0.0.1:{_free_port()}"
     procs = []
     for node, home in enumerate(homes):
-        argv = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv, "--nproc", "1", "mn.py"]
+        argv = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv, "--nproc", str(nprocs[node]), "mn.py"]
         procs.append(
             subprocess.Popen(argv, env=xl_env(home, **extra), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         )
@@ -170,25 +172,27 @@ def test_rank_failing_on_node_1_ends_node_0(tmp_path: Path, mode: str) -> None:
 
 
 def test_ctrl_c_on_node_0_ends_both_nodes(tmp_path: Path) -> None:
+    """Node 1 runs 2 processes, node 0 one: torch numbers them 0 | 1, 2 (not node_rank * nproc)."""
     homes = (tmp_path / "node0", tmp_path / "node1")
-    procs = _start_nodes(tmp_path, homes, MN_MODE="loop")
+    procs = _start_nodes(tmp_path, homes, (1, 2), MN_MODE="loop", MN_WORLD="3")
     try:
 
         def both_training() -> bool:
-            logs = [h / "runs" for h in homes]
-            if not all(d.is_dir() and any(d.iterdir()) for d in logs):
+            if not all((h / "runs").is_dir() and any((h / "runs").iterdir()) for h in homes):
                 return False
-            return all(
-                "ready" in p.read_text(errors="replace") if (p := only_run(h) / "logs" / f"rank-{n}.log").exists() else False
-                for n, h in enumerate(homes)
-            )
+            logs = [only_run(homes[0]) / "logs" / "rank-0.log"]
+            logs += [only_run(homes[1]) / "logs" / f"rank-{r}.log" for r in (1, 2)]
+            return all(p.exists() and "ready" in p.read_text(errors="replace") for p in logs)
 
         wait_for(both_training, timeout=60, what="both nodes to train")
+        run1 = run_json(only_run(homes[1]))
+        assert run1["world_size"] == 3
+        assert [(r["rank"], r["local_rank"], r["state"]) for r in run1["ranks"]] == [(1, 0, "running"), (2, 1, "running")]
         procs[0].send_signal(signal.SIGINT)  # Ctrl-C in node 0's terminal
         results = _finish(procs, timeout=30)
         run0, run1 = (run_json(only_run(h)) for h in homes)
         assert run0["status"] == "stopped", results[0][1][-3000:]
-        assert run0["ranks"][0]["state"] == "stopped"
+        assert [(r["rank"], r["state"]) for r in run0["ranks"]] == [(0, "stopped")]
         # Node 1's rank loses its peer at the next all_reduce: its run ends too, on its own.
         assert run1["status"] in ("failed", "stopped") and results[1][0] != 0, results[1][1][-3000:]
         # Grace is 1 s (xl_env): everything of both nodes is gone a few seconds later.
