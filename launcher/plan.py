@@ -184,7 +184,7 @@ def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, 
         bracketed = host.startswith("[") and host.endswith("]")
         if bracketed:
             host = host[1:-1]  # [IPv6]:PORT; torchrun wants the bare address
-        if not sep or not host or not port.isdigit() or (":" in host and not bracketed):
+        if not sep or not host or not (port.isascii() and port.isdigit()) or (":" in host and not bracketed):
             raise UsageError(f"--rdzv {spec.rdzv!r} is not HOST:PORT (e.g. --rdzv 10.0.0.1:29500 or [fd00::1]:29500)")
         if not 0 < int(port) < 65536:
             raise UsageError(f"--rdzv {spec.rdzv!r}: port {port} is out of range; use 1-65535 (e.g. 29500)")

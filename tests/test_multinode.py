@@ -213,6 +213,7 @@ def test_ctrl_c_on_node_0_ends_both_nodes(tmp_path: Path) -> None:
         (["--rdzv", "127.0.0.1:"], "is not HOST:PORT"),
         (["--rdzv", "127.0.0.1:70000"], "port 70000 is out of range; use 1-65535"),
         (["--rdzv", "127.0.0.1:0"], "port 0 is out of range"),
+        (["--rdzv", "::1:29500"], "is not HOST:PORT (e.g. --rdzv 10.0.0.1:29500 or [fd00::1]:29500)"),
         (["--node-rank", "2", "--rdzv", "127.0.0.1:29500"], "--node-rank 2 must be in 0..1"),
     ],
 )
@@ -226,3 +227,19 @@ def test_bad_rendezvous_is_one_line_and_exit_2(tmp_path: Path, args: list[str], 
     assert proc.stdout == ""
     # Nothing was started.
     assert not (home / "runs").is_dir() or not any((home / "runs").iterdir())
+
+
+def test_rdzv_in_the_plan_is_static_rendezvous_at_node_0(tmp_path: Path) -> None:
+    """torchrun's static rendezvous: this node's rank as given, node 0's address as master
+    (an IPv6 address written [ADDR]:PORT reaches torchrun bare)."""
+    (tmp_path / "mn.py").write_text(SCRIPT)
+    args = ["launch", "--dry-run", "--json", "--nnodes", "2", "--node-rank", "1", "--rdzv", "[::1]:29511", "mn.py"]
+    proc = xl(args, xl_env(tmp_path / "home"), cwd=tmp_path, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    argv = json.loads(proc.stdout)["argv"]
+    def opt(name: str) -> str:
+        return str(argv[argv.index(name) + 1])
+
+    assert opt("--nnodes") == "2" and opt("--node-rank") == "1"
+    assert (opt("--master-addr"), opt("--master-port")) == ("::1", "29511")
+    assert "--rdzv-endpoint" not in argv and "--rdzv-backend" not in argv
