@@ -1,6 +1,6 @@
 """Training overhead of full monitoring: the example's step time under `xl launch` vs torchrun.
 
-    .venv/bin/python bench/bench_overhead.py [--pairs 10] [--steps 1200] [--skip 150]
+    .venv/bin/python bench/bench_overhead.py [--pairs 8] [--steps 1000] [--skip 150] [--ab-steps 1500]
 
 Both sides run examples/train.py (2 CPU ranks, DDP, a fixed ``--steps``, so identical work)
 through a tiny driver that timestamps each ``xl.log`` call (one per step) inside the rank.
@@ -19,10 +19,16 @@ Why it is built this way (a shared 2-core machine swings whole-run medians by +-
   each rank (all threads; its main thread alone, which is the training's critical path; xl's
   sender thread), and of every process of the launch tree (viewer, supervisor, torchrun's
   agent, ranks) over the same steady window.
+- One more `xl launch` runs two replicas of the example's model side by side in each rank, one
+  watched by xl (comm hook, xl.log) and one as plain DDP, alternating step by step: neighbouring
+  steps share the machine's load, so the median per-step ratio gives the rank's own share of the
+  overhead to within a few tenths of a percent even on a busy machine.
+- The benched processes run at niceness -10 (when allowed) so other load yields to them.
 - Not pinned with taskset: with 2 ranks on 2 cores every placement shares a core with the
   supervisor anyway, and pinning would change what is measured rather than the noise.
-Verdict on the goal (<= 1% slower): met if the CI's upper end is <= +1%, missed if its lower end
-is above +1%, otherwise not resolved at this machine's noise (run with more --pairs).
+Verdict on the goal (<= 1% slower): met if the whole-run CI's upper end is <= +1%; missed if the
+lower end of either CI is above +1% (what the rank alone adds is a lower bound: the supervisor's
+and the view's CPU come on top); otherwise not resolved at this machine's noise (more --pairs).
 """
 
 from __future__ import annotations
@@ -123,6 +129,92 @@ finally:
         json.dump(rep, fh)
 """
 
+# Runs inside each rank of one `xl launch`: two replicas of the example's model under DDP on
+# the same process group, one as the example has it under xl (xl.watch's comm hook, xl.log
+# every step), one as under plain torchrun (DDP's built-in all-reduce, no xl.log). Their steps
+# alternate (A B B A ...), so each pair of neighbouring steps sees the same machine load, and
+# the per-pair ratio isolates what monitoring adds to the rank's critical path. Work per step
+# is train.py's own (model_for, batch, AdamW, loss), imported from the example.
+AB_DRIVER = r"""
+import json, os, runpy, sys, time
+import torch, torch.distributed as dist
+from torch import nn
+import xl
+
+from xl import client
+assert client.active(), "the A/B driver must run under xl launch"
+ex = runpy.run_path(sys.argv[1], run_name="bench")
+steps, width, batch = int(sys.argv[2]), int(sys.argv[3]), 64
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+teacher = ex["model_for"](64).eval()
+gen = torch.Generator().manual_seed(1000 + rank)
+
+def replica(watched):
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(ex["model_for"](width))
+    if watched:
+        xl.watch(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
+
+sides = {"xl": replica(True), "plain": replica(False)}
+
+def step(side, i):
+    model, opt = sides[side]
+    x = torch.randn(batch, 128, generator=gen)
+    with torch.no_grad():
+        y = teacher(x).argmax(dim=1)
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    value = float(loss.detach())
+    if side == "xl":
+        xl.log(step=i, loss=value, samples=batch, total_steps=steps)
+
+times = {"xl": [], "plain": []}
+clock = time.perf_counter
+for i in range(steps):
+    order = ("xl", "plain") if i % 2 == 0 else ("plain", "xl")
+    for side in order:
+        dist.barrier()  # both ranks start the step together: the time is this step's alone
+        t0 = clock()
+        step(side, i)
+        times[side].append(clock() - t0)
+skip = int(os.environ["BENCH_SKIP"])
+with open(os.path.join(os.environ["BENCH_OUT"], f"ab-rank-{rank}.json"), "w") as fh:
+    json.dump({k: v[skip:] for k, v in times.items()}, fh)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def run_interleaved(driver: Path, args: argparse.Namespace, tmp: Path) -> list[float]:
+    """One `xl launch` with both variants alternating step by step; xl/plain per step pair."""
+    out = tmp / "ab"
+    out.mkdir()
+    env = dict(os.environ, BENCH_OUT=str(out), BENCH_SKIP=str(args.skip), XL_HOME=str(tmp / "home"))
+    env["OMP_NUM_THREADS"] = "1"
+    for key in ("XL_COLLECTOR", "XL_TOKEN", "XL_RUN_DIR", "XL_RUN_ID", "CUDA_VISIBLE_DEVICES"):
+        env.pop(key, None)
+    argv = [sys.executable, "-m", "xl", "launch", "--nproc", "2", "--no-tui", "--"]
+    argv += [str(driver), str(REPO / "examples" / "train.py"), str(args.ab_steps), "256"]
+    proc = subprocess.run(
+        argv, env=env, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300
+    )
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"interleaved run failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}"
+        )
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("ab-rank-*.json"))]
+    if len(reports) != 2:
+        raise SystemExit(f"interleaved run: expected 2 rank reports, got {len(reports)}")
+    # A step ends when the slower rank ends it (the all-reduce waits for both): take the max.
+    xl_t = [max(a, b) for a, b in zip(reports[0]["xl"], reports[1]["xl"], strict=True)]
+    plain_t = [max(a, b) for a, b in zip(reports[0]["plain"], reports[1]["plain"], strict=True)]
+    return [a / b for a, b in zip(xl_t, plain_t, strict=True)]
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -217,10 +309,10 @@ def pct(ratio: float) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--pairs", type=int, default=10, help="A/B pairs of runs (each pair is one ratio)"
+        "--pairs", type=int, default=8, help="A/B pairs of runs (each pair is one ratio)"
     )
     ap.add_argument(
-        "--steps", type=int, default=1200, help="steps per run (identical on both sides)"
+        "--steps", type=int, default=1000, help="steps per run (identical on both sides)"
     )
     ap.add_argument("--skip", type=int, default=150, help="warm-up steps left out of every number")
     ap.add_argument(
@@ -228,15 +320,36 @@ def main() -> int:
         action="store_true",
         help="also run xl with xl.watch off (a third run per pair) to tell the comm hook's cost apart",
     )
+    ap.add_argument(
+        "--ab-steps",
+        type=int,
+        default=1500,
+        help="steps per variant in the step-interleaved run (0: leave it out)",
+    )
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=-10,
+        help="niceness of every benched process (default -10: other load on the machine yields)",
+    )
     args = ap.parse_args()
+    if args.nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, args.nice)
+        except OSError as exc:
+            print(
+                f"note: could not set niceness {args.nice} ({exc}); other load adds noise",
+                file=sys.stderr,
+            )
     if args.pairs < 2 or args.skip < 1 or args.steps < args.skip + 50:
         ap.error("need --pairs >= 2, --skip >= 1 and --steps >= --skip + 50")
     with tempfile.TemporaryDirectory(prefix="xl-bench-overhead-") as tmp_s:
         tmp = Path(tmp_s)
         driver = tmp / "driver.py"
         driver.write_text(DRIVER)
+        rows: dict[str, list[dict[str, float]]] = {}
         modes = ["torchrun", "xl", *(["xl-nowatch"] if args.unwatched else [])]
-        rows: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+        rows.update({m: [] for m in modes})
         for n in range(args.pairs):
             # A B, then B A: a load trend across the pair favours neither side.
             for mode in modes if n % 2 == 0 else modes[::-1]:
@@ -253,11 +366,18 @@ def main() -> int:
                 ),
                 flush=True,
             )
-    report(rows, args)
+        ab: list[float] = []
+        if args.ab_steps:
+            ab_driver = tmp / "ab_driver.py"
+            ab_driver.write_text(AB_DRIVER)
+            ab = run_interleaved(ab_driver, args, tmp)
+    report(rows, ab, args)
     return 0
 
 
-def report(rows: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
+def report(
+    rows: dict[str, list[dict[str, float]]], ab: list[float], args: argparse.Namespace
+) -> None:
     base, mon = rows["torchrun"], rows["xl"]
 
     def paired(
@@ -311,13 +431,27 @@ def report(rows: dict[str, list[dict[str, float]]], args: argparse.Namespace) ->
         f"(machine has {os.cpu_count()} cores; the ranks use "
         f"{2 * med(base, 'process_cpu_per_step_s') / step * 100:.0f}% of one core between them)"
     )
+    ab_lo = 0.0
+    if ab:
+        ab_m, (ab_lo, ab_hi) = statistics.median(ab), median_ci(ab)
+        print(
+            f"step-interleaved, one xl run ({len(ab)} step pairs, xl.watch + xl.log vs DDP built-in):\n"
+            f"  rank step {pct(ab_m)} [IQR {pct(quantile(ab, 0.25))}, {pct(quantile(ab, 0.75))}], "
+            f"95% CI [{pct(ab_lo)}, {pct(ab_hi)}]  (the rank's own share only: the supervisor's and"
+            " the view's CPU load both variants alike here)"
+        )
     m, _, _, lo, hi = paired("mean_step_s")
     if hi <= 1.01:
-        verdict = f"MET: step time overhead {pct(m)}, 95% CI upper end {pct(hi)} <= +1%"
+        verdict = f"MET: whole-run step time {pct(m)}, 95% CI upper end {pct(hi)} <= +1%"
     elif lo > 1.01:
-        verdict = f"MISSED: step time overhead {pct(m)}, 95% CI lower end {pct(lo)} > +1%"
+        verdict = f"MISSED: whole-run step time {pct(m)}, 95% CI lower end {pct(lo)} > +1%"
+    elif ab_lo > 1.01:
+        verdict = (
+            f"MISSED: the rank alone adds {pct(statistics.median(ab))} (95% CI lower end {pct(ab_lo)} > +1%);"
+            f" whole-run {pct(m)}, CI [{pct(lo)}, {pct(hi)}] too wide to say more"
+        )
     else:
-        verdict = f"NOT RESOLVED: step time overhead {pct(m)}, 95% CI [{pct(lo)}, {pct(hi)}] straddles +1%"
+        verdict = f"NOT RESOLVED: whole-run step time {pct(m)}, 95% CI [{pct(lo)}, {pct(hi)}] straddles +1%"
     print(f"goal <= 1% slower: {verdict}")
 
 
