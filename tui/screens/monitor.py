@@ -66,6 +66,8 @@ class MonitorScreen(Screen):
         self._tailed: set[int] = set()
         self._stopping = False
         self.polls = 0
+        # selector -> (text key, width, cell length, wrapped height) of what _set_text showed last
+        self._texts: dict[str, tuple[Any, int, int, int]] = {}
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -138,7 +140,7 @@ class MonitorScreen(Screen):
                 if table.current_rank is not None:
                     self._choose_rank(table.current_rank)
         elif message.error:
-            self.query_one("#run-header", Static).update(Text(f"Cannot read {self.run_dir}: {message.error}", style="bold red"))
+            self._set_text("#run-header", Text(f"Cannot read {self.run_dir}: {message.error}", style="bold red"))
         log = self.query_one(RankLog)
         if message.log_lines is not None and message.log_rank == self._log_rank:
             if log.rank != message.log_rank:
@@ -162,7 +164,7 @@ class MonitorScreen(Screen):
         header.append(f"   elapsed {fmt.duration(elapsed(run, now))}")
         header.append(f"   world size {world_size(run, ranks)}")
         header.append(f"   devices {devices_text(run)}")
-        self.query_one("#run-header", Static).update(header)
+        self._set_text("#run-header", header)
         self._render_failure(run, getattr(view, "events", []) or [])
         self._render_progress(ranks, now)
         table = self.query_one(RankTable)
@@ -215,7 +217,25 @@ class MonitorScreen(Screen):
         bar = self.query_one("#progress", ProgressBar)
         bar.update(total=prog.total, progress=prog.step)
         eta = "" if prog.eta_s is None else f"  ETA {fmt.duration(prog.eta_s)}"
-        self.query_one("#eta", Label).update(f"step {prog.step}/{prog.total}{eta}")
+        self._set_text("#eta", Text(f"step {prog.step}/{prog.total}{eta}"))
+
+    def _set_text(self, selector: str, text: Text) -> None:
+        """Show ``text`` in a Static/Label, re-laying out the screen only if its size can change.
+
+        Static.update re-lays out the whole screen by default, and then every widget repaints: with
+        the header's elapsed time changing every second, that was most of a Monitor refresh. A text
+        of the same width and wrapped height occupies the same box, so a repaint is enough.
+        """
+        widget = self.query_one(selector, Static)
+        width = widget.size.width
+        key = (text.plain, tuple(text.spans), str(text.style))
+        shown = self._texts.get(selector)
+        if shown is not None and shown[0] == key and shown[1] == width:
+            return
+        height = len(text.wrap(self.app.console, width)) if width > 0 else 0
+        layout = shown is None or shown[1] != width or shown[2] != text.cell_len or shown[3] != height
+        self._texts[selector] = (key, width, text.cell_len, height)
+        widget.update(text, layout=layout)
 
     # -- ranks and log -----------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.style import Style
 from rich.text import Text
@@ -91,53 +91,21 @@ def gpu_cells(gpu: Any, position: int | None) -> dict[str, Any]:
     }
 
 
-class GPUTable(DataTable):
-    """Rows keyed by GPU index; space/enter/click toggles, shift+up/down reorders."""
+class LiveTable(DataTable):
+    """A DataTable for values that change every poll: only changed cells are re-rendered.
 
-    class Toggled(Message):
-        """The person asked to (de)select the GPU under the cursor."""
+    Shared by the GPUs table and the Monitor's rank table. Columns named in ``widening`` grow to
+    fit a longer value (through update_cell); the others keep their width.
+    """
 
-        def __init__(self, index: int) -> None:
-            super().__init__()
-            self.index = index
+    widening: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self._cells: dict[str, dict[str, Any]] = {}
-        self._shown: dict[str, tuple[Any, int | None]] = {}
+        super().__init__(**kwargs)
         self._fast = all(hasattr(self, name) for name in _CACHES)
-        # Rendered cells by value: utilization and memory keep coming back to values already drawn.
+        # Rendered cells by value: utilization, memory, states keep coming back to values drawn before.
         self._by_value: LRUCache[tuple[Any, ...], Any] = LRUCache(4096)
         self._paint_style: Style | None = None
-
-    def on_mount(self) -> None:
-        for key, label in COLUMNS:
-            self.add_column(label, key=key)
-
-    def update_gpus(self, gpus: Sequence[Any], order: Sequence[int]) -> None:
-        present = {str(g.index) for g in gpus}
-        for key in [k for k in self._cells if k not in present]:
-            self.remove_row(key)
-            del self._cells[key]
-            self._shown.pop(key, None)
-        pending: dict[str, dict[str, Any]] = {}
-        for gpu in gpus:
-            key = str(gpu.index)
-            pos = order.index(gpu.index) if gpu.index in order else None
-            if self._shown.get(key) == (gpu, pos):
-                continue  # same record, same place in the order: the row already shows it
-            self._shown[key] = (gpu, pos)
-            cells = gpu_cells(gpu, pos)
-            old = self._cells.get(key)
-            if old is None:
-                self.add_row(*(cells[c] for c, _ in COLUMNS), key=key)
-            else:
-                changed = {col: value for col, value in cells.items() if old.get(col) != value}
-                if changed:
-                    pending[key] = changed
-            self._cells[key] = cells
-        if pending:
-            self._set_cells(pending)
 
     def _set_cells(self, pending: dict[str, dict[str, Any]]) -> None:
         """Put new values in some rows' cells and repaint just those rows.
@@ -145,11 +113,13 @@ class GPUTable(DataTable):
         DataTable.update_cell bumps a table-wide counter that voids every cached cell and repaints
         the whole table: at one poll a second that was most of the GPUs screen's CPU. Here only the
         changed cells' cache entries go and only the changed rows' lines are repainted.
+        ``pending`` maps row key -> {column key: new value}.
         """
-        if not self._fast or any(col in WIDENING for changed in pending.values() for col in changed):
+        widening = self.widening
+        if not self._fast or any(col in widening for changed in pending.values() for col in changed):
             for key, changed in pending.items():
                 for col, value in changed.items():
-                    self.update_cell(key, col, value, update_width=col in WIDENING)
+                    self.update_cell(key, col, value, update_width=col in widening)
             return
         stale_cells = set()
         stale_rows = set()
@@ -240,6 +210,53 @@ class GPUTable(DataTable):
         by_value = getattr(self, "_by_value", None)  # DataTable.__init__ may clear before ours exists
         if by_value is not None:
             by_value.clear()
+
+
+class GPUTable(LiveTable):
+    """Rows keyed by GPU index; space/enter/click toggles, shift+up/down reorders."""
+
+    widening = WIDENING
+
+    class Toggled(Message):
+        """The person asked to (de)select the GPU under the cursor."""
+
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.index = index
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self._cells: dict[str, dict[str, Any]] = {}
+        self._shown: dict[str, tuple[Any, int | None]] = {}
+
+    def on_mount(self) -> None:
+        for key, label in COLUMNS:
+            self.add_column(label, key=key)
+
+    def update_gpus(self, gpus: Sequence[Any], order: Sequence[int]) -> None:
+        present = {str(g.index) for g in gpus}
+        for key in [k for k in self._cells if k not in present]:
+            self.remove_row(key)
+            del self._cells[key]
+            self._shown.pop(key, None)
+        pending: dict[str, dict[str, Any]] = {}
+        for gpu in gpus:
+            key = str(gpu.index)
+            pos = order.index(gpu.index) if gpu.index in order else None
+            if self._shown.get(key) == (gpu, pos):
+                continue  # same record, same place in the order: the row already shows it
+            self._shown[key] = (gpu, pos)
+            cells = gpu_cells(gpu, pos)
+            old = self._cells.get(key)
+            if old is None:
+                self.add_row(*(cells[c] for c, _ in COLUMNS), key=key)
+            else:
+                changed = {col: value for col, value in cells.items() if old.get(col) != value}
+                if changed:
+                    pending[key] = changed
+            self._cells[key] = cells
+        if pending:
+            self._set_cells(pending)
 
     def cursor_index(self) -> int | None:
         if not self.row_count:

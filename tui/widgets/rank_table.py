@@ -1,4 +1,4 @@
-"""The Monitor's per-rank table: one keyed row per rank, only changed cells are redrawn."""
+"""The Monitor's per-rank table: one keyed row per rank, only changed cells are re-rendered."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from xl.tui import fmt
+from xl.tui.widgets.gpu_table import LiveTable
 
 # What matters most comes first: on an 80-column terminal the right end is scrolled off.
 # Fixed widths: a cell that outgrows its column is cut, but no update ever triggers a re-layout
@@ -52,7 +53,7 @@ def rank_cells(rv: Any, now: float) -> dict[str, Any]:
     }
 
 
-class RankTable(DataTable):
+class RankTable(LiveTable):
     class RankChosen(Message):
         """The cursor moved to another rank (its log and charts follow)."""
 
@@ -69,16 +70,20 @@ class RankTable(DataTable):
             self.add_column(label, key=key, width=width)
 
     def update_ranks(self, ranks: Mapping[int, Any], now: float) -> None:
+        pending: dict[str, dict[str, Any]] = {}
         for rank in sorted(ranks):
             cells = rank_cells(ranks[rank], now)
             old = self._cells.get(rank)
             if old is None:
                 self.add_row(*(cells[c] for c, _, _ in COLUMNS), key=str(rank))
             else:
-                for col, value in cells.items():
-                    if old[col] != value:
-                        self.update_cell(str(rank), col, value)
+                changed = {col: value for col, value in cells.items() if old[col] != value}
+                if changed:
+                    pending[str(rank)] = changed
             self._cells[rank] = cells
+        if pending:
+            # Only the changed cells are re-rendered, and only the changed rows repainted.
+            self._set_cells(pending)
 
     @property
     def current_rank(self) -> int | None:
