@@ -36,6 +36,9 @@ def main() -> None:
         accelerator.log(
             {"loss": loss.detach(), "samples": args.batch, "total_steps": args.steps}, step=step
         )
+    # Leave together (end_training also tears the process group down): a rank that exits while
+    # its peer still talks to it over gloo can be aborted.
+    accelerator.wait_for_everyone()
     accelerator.end_training()
 
 

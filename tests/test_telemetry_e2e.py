@@ -78,7 +78,7 @@ def test_hf_trainer_with_xlcallback_logs_every_rank(tmp_path: Path) -> None:
 
 def test_accelerate_tracker(tmp_path: Path) -> None:
     run = torchrun(tmp_path / "run", REPO / "examples" / "accelerate_train.py", ["--steps", "8"])
-    assert run.returncode == 0, run.output[-2000:]
+    assert run.returncode == 0, run.output[-8000:]
     train = run.train(0)
     assert [r["step"] for r in train] == list(range(1, 9))
     assert all(isinstance(r["loss"], float) for r in train)
