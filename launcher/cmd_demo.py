@@ -14,12 +14,12 @@ from .spec import LaunchSpec
 
 
 def demo_script() -> Path:
-    """examples/train.py of this checkout (xl is installed editable from the repo)."""
-    import xl
+    """The bundled examples/train.py, shipped as ``xl.examples`` (checkout or wheel alike)."""
+    from importlib.resources import files
 
-    path = Path(xl.__file__).resolve().parent.parent / "examples" / "train.py"
+    path = Path(str(files("xl.examples").joinpath("train.py")))
     if not path.is_file():
-        raise UsageError(f"the demo script is missing ({path}); run from an xl checkout")
+        raise UsageError(f"the demo script is missing ({path}); reinstall xl (pip install -e .)")
     return path
 
 
