@@ -97,6 +97,9 @@ class RunInfo:
 
 def _runs_root(create: bool) -> Path:
     root = paths.runs_dir()
+    home = root.parent
+    if home.exists() and not home.is_dir():
+        raise UsageError(f"XL_HOME {home} is a file, not a folder; set XL_HOME to a writable folder")
     try:
         if create:
             root.mkdir(parents=True, exist_ok=True)

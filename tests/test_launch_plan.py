@@ -207,7 +207,11 @@ def test_unreadable_xl_home_is_one_line(work: Path) -> None:
     blocker = work / "file"
     blocker.write_text("")
     line = _bad(work, xl_env(blocker), "train.py")
-    assert "set XL_HOME to a writable folder" in line
+    assert "set XL_HOME to a writable folder" in line and "is a file" in line
+    for cmd in (["runs"], ["logs", "last"], ["attach", "last"], ["stop", "last"]):
+        proc = xl(cmd, xl_env(blocker), cwd=work)  # not "no runs yet": XL_HOME itself is wrong
+        assert proc.returncode == 2 and "is a file, not a folder" in proc.stderr, (cmd, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1
     if os.geteuid() != 0:  # root reads anything
         locked = work / "locked"
         locked.mkdir(mode=0o000)
