@@ -217,6 +217,20 @@ def check_cuda_home(f: Facts) -> Check:
     title = "CUDA_HOME"
     home, src = f.cuda_home, f.cuda_home_from
     data: dict[str, Any] = {"cuda_home": home, "from": src}
+    if home == "":
+        # torch's `CUDA_HOME or CUDA_PATH` returns an empty CUDA_PATH as is and stops looking.
+        best = _in_use_toolkit(f) or next(
+            (t for t in f.toolkits if t.nvcc and t.version and not t.problem), None
+        )
+        return Check(
+            "cuda_home",
+            "fail" if _torch_cuda(f) else "warn",
+            title,
+            f"{src} is set but empty: torch takes CUDA_HOME='' and looks for nvcc at the relative path bin/nvcc, so CUDA extension builds fail",
+            f"unset {src}" + (f"; {_export_toolkit(best)}" if best is not None else ""),
+            A_CUDA,
+            data,
+        )
     if not home:
         if _torch_cuda(f):
             tk = _toolkit_with(f, _torch_cuda(f) or "")
@@ -681,8 +695,8 @@ def check_host_compiler(f: Facts) -> Check:
                 "host_compiler",
                 "warn",
                 title,
-                "no C++ compiler found (c++, gcc): nvcc can't compile anything",
-                "install one: sudo apt install g++ (or point NVCC_CCBIN at a compiler)",
+                "no host compiler for nvcc: no `gcc` on PATH, and neither CC nor NVCC_CCBIN names one",
+                "install one: sudo apt install g++ (or point NVCC_CCBIN and CC at a compiler)",
                 A_CUDA,
             )
         return Check("host_compiler", "skip", title, "no compiler and no nvcc", "", A_CUDA)
@@ -746,14 +760,21 @@ def check_host_compiler(f: Facts) -> Check:
         cxx = [x for x in cands if "++" in os.path.basename(x[0])]
         pick = (cxx or cands)[0] if cands else None
         if pick is not None:
-            cc = pick[0].replace("g++", "gcc").replace("clang++", "clang")
+            # CC too: torch's builder passes `-ccbin $CC`, which beats NVCC_CCBIN.
+            folder, name = os.path.split(pick[0])
+            c_name = name.replace("g++", "gcc").replace("clang++", "clang")
+            paired = [x[0] for x in f.other_compilers if x[0] == os.path.join(folder, c_name)]
+            cc = paired[0] if paired else pick[0]
             fix = f"export NVCC_CCBIN={pick[0]} CC={cc} CXX={pick[0]}"
         else:
             fix = (
                 f"install {kind} {hi} (e.g. sudo apt install g++-{hi}) and export NVCC_CCBIN=/usr/bin/g++-{hi} CC=/usr/bin/gcc-{hi} CXX=/usr/bin/g++-{hi}"
                 if kind == "gcc"
-                else f"install clang {hi} and export NVCC_CCBIN=/usr/bin/clang++-{hi}"
+                else f"install clang {hi} and export NVCC_CCBIN=/usr/bin/clang++-{hi} CC=/usr/bin/clang-{hi} CXX=/usr/bin/clang++-{hi}"
             )
+        if c.source == "NVCC_APPEND_FLAGS":
+            # Its -ccbin comes last on nvcc's command line and beats every variable.
+            fix = f"remove -ccbin from NVCC_APPEND_FLAGS; {fix}"
         bound = f"<= {hi}" if major > hi else f">= {lo}"
         return Check(
             "host_compiler",
@@ -781,6 +802,8 @@ def check_ld_library_path(f: Facts) -> Check:
     tk = _in_use_toolkit(f)
     want = vtuple(tk.version)[:1] if tk is not None and tk.version else ()
     data: dict[str, Any] = {"entries": [e.path for e in f.ld_entries], "ldconfig": f.ldconfig}
+    if f.ldconfig_problem:
+        data["ldconfig_problem"] = f.ldconfig_problem
     cache = f.ldconfig.get(f"libcudart.so.{want[0]}") if want else None
     if value is None:
         extra = (
@@ -802,7 +825,11 @@ def check_ld_library_path(f: Facts) -> Check:
     empties = [i for i, e in enumerate(f.ld_entries) if e.path == ""]
     if empties:
         problems.append("an empty entry (a stray ':' means the current directory)")
-    missing = [e.path for e in f.ld_entries if e.path and not e.exists]
+    missing = [
+        e.path + (f" ({e.why})" if e.why and e.why != "does not exist" else "")
+        for e in f.ld_entries
+        if e.path and not e.exists
+    ]
     if missing:
         problems.append(f"missing {', '.join(missing[:3])}")
     files = [e.path for e in f.ld_entries if e.exists and not e.is_dir]
@@ -829,11 +856,14 @@ def check_ld_library_path(f: Facts) -> Check:
                     f"{e.path}/{same[0]} shadows the toolkit's ({tk.root if tk else '?'})"
                 )
     if not problems:
+        extra = ""
+        if cache and not any(f"libcudart.so.{want[0]}" in e.cudart for e in f.ld_entries):
+            extra = f"; the ldconfig cache resolves libcudart.so.{want[0]} to {cache[0]}"
         return Check(
             "ld_library_path",
             "ok",
             title,
-            f"{len(f.ld_entries)} {'entry' if len(f.ld_entries) == 1 else 'entries'}, no conflicting CUDA libraries",
+            f"{len(f.ld_entries)} {'entry' if len(f.ld_entries) == 1 else 'entries'}, no conflicting CUDA libraries{extra}",
             "",
             A_CUDA,
             data,

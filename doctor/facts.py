@@ -99,7 +99,8 @@ class Toolkit:
 @dataclass
 class Compiler:
     path: str  # what nvcc will run
-    source: str  # NVCC_CCBIN | CUDAHOSTCXX | CC | CXX | c++ | gcc
+    # NVCC_APPEND_FLAGS | CC | NVCC_PREPEND_FLAGS | NVCC_CCBIN | gcc (see probes.pick_compiler)
+    source: str
     kind: str | None = None  # gcc | clang | None (unknown)
     version: str | None = None
     run: CmdResult | None = None
@@ -133,6 +134,7 @@ class LdEntry:
     exists: bool = True
     is_dir: bool = True
     problem: str | None = None  # unreadable
+    why: str | None = None  # why a missing or non-folder entry is one (dangling symlink, ...)
     cudart: list[str] = field(default_factory=list)  # sonames, e.g. libcudart.so.12
     nccl: list[str] = field(default_factory=list)
     cudnn: list[str] = field(default_factory=list)

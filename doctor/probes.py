@@ -8,12 +8,15 @@ decoded with errors="replace", and every folder read tolerates missing or unread
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 import selectors
 import signal
+import stat
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -171,11 +174,56 @@ def _listdir(path: str) -> list[str]:
 
 
 def _read_text(path: str, limit: int = 1 << 20) -> str | None:
+    """A regular file's text, or None. Anything else is refused without blocking: opening a FIFO
+    (a `version.json` made by mkfifo) for reading waits for a writer forever, and a device such
+    as /dev/zero never ends, so the file is opened non-blocking and checked before reading."""
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
             return fh.read(limit).decode("utf-8", "replace")
     except (OSError, ValueError):
         return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def why_not_a_folder(path: str) -> str:
+    """Why `path` can't be used as a folder, in words (for a path that is not one)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "does not exist"
+    except NotADirectoryError:
+        return "does not exist (a part of the path is a file, not a folder)"
+    except (OSError, ValueError) as exc:
+        return f"can't be read: {getattr(exc, 'strerror', None) or exc}"
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return f"is a dangling symlink (to {target}, which does not exist)"
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return f"is a symlink loop (to {target})"
+            return f"is a symlink to {target}, which can't be read: {exc.strerror or exc}"
+    if stat.S_ISREG(st.st_mode):
+        return "is a file, not a folder"
+    if stat.S_ISFIFO(st.st_mode):
+        return "is a named pipe (FIFO), not a folder"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder but can't be read"
+    return "is not a folder"
 
 
 def which(name: str, path_value: str | None) -> str | None:
@@ -220,18 +268,25 @@ def toolkit_root_of_nvcc(nvcc: str) -> str:
 
 
 def resolve_cuda_home(
-    env: Mapping[str, str], path_nvcc: str | None
+    env: Mapping[str, str], path_nvcc: str | None, default: str = "/usr/local/cuda"
 ) -> tuple[str | None, str | None]:
-    """CUDA_HOME exactly as torch.utils.cpp_extension._find_cuda_home resolves it on Linux."""
-    if env.get("CUDA_HOME"):
-        return env["CUDA_HOME"], "CUDA_HOME"
-    if env.get("CUDA_PATH"):
-        return env["CUDA_PATH"], "CUDA_PATH"
-    # (torch's `or` chain treats an empty value as unset, as above)
+    """CUDA_HOME exactly as torch.utils.cpp_extension._find_cuda_home resolves it on Linux:
+
+        cuda_home = os.environ.get('CUDA_HOME') or os.environ.get('CUDA_PATH')
+        if cuda_home is None: the folder above shutil.which('nvcc') (not resolved), else
+                              /usr/local/cuda when it exists (a dangling link does not)
+
+    The `or` chain skips an empty CUDA_HOME, but a CUDA_PATH that is set and empty comes back as
+    "" and stops the search: torch then looks for nvcc at the relative path bin/nvcc. That case
+    returns ("", "CUDA_PATH") so the check can say so.
+    """
+    home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if home is not None:
+        return home, "CUDA_HOME" if env.get("CUDA_HOME") else "CUDA_PATH"
     if path_nvcc:
         return os.path.dirname(os.path.dirname(path_nvcc)), "nvcc on PATH"
-    if os.path.exists("/usr/local/cuda"):
-        return "/usr/local/cuda", "/usr/local/cuda"
+    if os.path.exists(default):
+        return default, default
     return None, None
 
 
@@ -248,7 +303,7 @@ def inspect_toolkit(root: str, found_by: str) -> Toolkit:
         real = root
     tk = Toolkit(root=root, real=real, found_by=[found_by])
     if not _is_dir(real):
-        tk.problem = f"{root} does not exist or is not a folder"
+        tk.problem = f"{root} {why_not_a_folder(root)}"
         return tk
     if not os.access(real, os.R_OK | os.X_OK):
         tk.problem = f"{root} is not readable"
@@ -297,6 +352,26 @@ def inspect_toolkit(root: str, found_by: str) -> Toolkit:
     return tk
 
 
+def toolkit_root_of_libdir(entry: str) -> str | None:
+    """The toolkit a library folder belongs to (ROOT/lib64, ROOT/lib or
+    ROOT/targets/<arch>/lib, as written or once resolved), when ROOT looks like one."""
+    if not entry or not _is_dir(entry):
+        return None
+    roots: list[str] = []
+    for path in dict.fromkeys((os.path.normpath(entry), os.path.realpath(entry))):
+        parent = os.path.dirname(path)
+        if os.path.basename(path) in ("lib64", "lib"):
+            roots.append(parent)
+            if os.path.basename(os.path.dirname(parent)) == "targets":
+                roots.append(os.path.dirname(os.path.dirname(parent)))
+    for root in roots:
+        if any(
+            _is_file(os.path.join(root, n)) for n in ("bin/nvcc", "version.json", "version.txt")
+        ):
+            return root
+    return None
+
+
 def discover_toolkits(
     env: Mapping[str, str], path_nvcc: str | None, cuda_home: str | None
 ) -> list[Toolkit]:
@@ -319,6 +394,12 @@ def discover_toolkits(
     for entry in (env.get("PATH") or "").split(os.pathsep):
         if entry and _is_file(os.path.join(entry, "nvcc")):
             cands.append((toolkit_root_of_nvcc(os.path.join(entry, "nvcc")), "PATH"))
+    # A toolkit's library folder on LD_LIBRARY_PATH (cuda-12.1/lib64 and the like) names a toolkit
+    # too: without it, which toolkit LD_LIBRARY_PATH selects could not be told.
+    for entry in (env.get("LD_LIBRARY_PATH") or "").split(os.pathsep):
+        lib_root = toolkit_root_of_libdir(entry)
+        if lib_root is not None:
+            cands.append((lib_root, "LD_LIBRARY_PATH"))
     if env.get("CONDA_PREFIX"):
         prefix = env["CONDA_PREFIX"]
         if _is_file(os.path.join(prefix, "bin", "nvcc")):
@@ -357,8 +438,10 @@ def scan_ld_library_path(value: str | None) -> list[LdEntry]:
             continue
         if not os.path.exists(raw):
             entry.exists = False
+            entry.why = why_not_a_folder(raw)
         elif not _is_dir(raw):
             entry.is_dir = False
+            entry.why = why_not_a_folder(raw)
         else:
             try:
                 names = os.listdir(raw)
@@ -377,16 +460,27 @@ def scan_ld_library_path(value: str | None) -> list[LdEntry]:
     return entries
 
 
-_LDCONFIG_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)")
+_LDCONFIG_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(.+?)\s*$")
 _LD_INTEREST = ("libcudart.so", "libnccl.so", "libcuda.so", "libnvidia-ml.so", "libcudnn.so")
+# The ABI word ldconfig prints for 64-bit libraries ("libc6,x86-64", "libc6,AArch64", ...).
+_LD_64BIT = ("x86-64", "AArch64", "64bit", "IA-64")
 
 
-def parse_ldconfig(text: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
+def parse_ldconfig(text: str, bits64: bool = sys.maxsize > 2**32) -> dict[str, list[str]]:
+    """`ldconfig -p` -> {soname: [paths in cache order]} for the CUDA libraries. A 64-bit
+    process can't load the 32-bit copies (the driver's i386 libcuda.so.1, say), so those are
+    left out; when no line carries a 64-bit ABI word (another architecture), all are kept."""
+    rows: list[tuple[str, bool, str]] = []
     for line in text.splitlines():
         m = _LDCONFIG_LINE.match(line)
         if m and m.group(1).startswith(_LD_INTEREST):
-            out.setdefault(m.group(1), []).append(m.group(3))
+            flags = [f.strip() for f in m.group(2).split(",")]
+            rows.append((m.group(1), any(f in _LD_64BIT for f in flags), m.group(3)))
+    if bits64 and any(is64 for _, is64, _ in rows):
+        rows = [r for r in rows if r[1]]
+    out: dict[str, list[str]] = {}
+    for name, _, path in rows:
+        out.setdefault(name, []).append(path)
     return out
 
 
@@ -423,32 +517,56 @@ def other_compilers(path_value: str | None) -> list[tuple[str, str, int]]:
     return out
 
 
+def _ccbin_in_flags(value: str) -> str | None:
+    """The last `-ccbin X` / `--compiler-bindir X` (or `=X`) in an NVCC_*_FLAGS value."""
+    words = value.split()
+    found = None
+    for i, word in enumerate(words):
+        for opt in ("-ccbin", "--compiler-bindir"):
+            if word == opt and i + 1 < len(words):
+                found = words[i + 1]
+            elif word.startswith(opt + "="):
+                found = word[len(opt) + 1 :]
+    return found
+
+
 def pick_compiler(env: Mapping[str, str]) -> tuple[str | None, str]:
-    """The host compiler nvcc will run, in the order nvcc and torch's builder pick it."""
+    """The host compiler nvcc runs when torch's extension builder (and so DeepSpeed's op builder)
+    calls it, and the variable that chose it.
+
+    Checked against nvcc 13.0 (`nvcc --dryrun`) and torch 2.13's torch/utils/cpp_extension.py:
+    - nvcc reads no CC, CXX or CUDAHOSTCXX. Without `-ccbin` it takes NVCC_CCBIN, and without
+      that it runs `gcc` from PATH (not `c++`).
+    - A `-ccbin` on nvcc's command line beats NVCC_CCBIN, and when several are given the last one
+      wins. The command line is NVCC_PREPEND_FLAGS, then the caller's flags, then
+      NVCC_APPEND_FLAGS.
+    - torch's builder (setup.py BuildExtension and JIT `load`) adds `-ccbin $CC` when CC is set;
+      it never passes CXX to nvcc (CXX compiles the .cpp files).
+    - CUDAHOSTCXX is CMake's (the default of CMAKE_CUDA_HOST_COMPILER): torch's builder and
+      plain nvcc ignore it, so it does not pick the compiler here.
+    - `-ccbin DIR` / NVCC_CCBIN=DIR makes nvcc run DIR/gcc; a bare name is looked up on PATH.
+    """
     path_value = env.get("PATH")
-    for var in ("NVCC_CCBIN", "CUDAHOSTCXX", "CC", "CXX"):
-        value = (env.get(var) or "").strip()
-        if value:
-            # torch passes `-ccbin $CC`; values may carry flags ("ccache g++"): the last word runs.
-            word = value.split()[-1] if " " in value else value
-            if _is_dir(word):  # `-ccbin DIR` makes nvcc run the compiler inside DIR
-                inner = next(
-                    (
-                        os.path.join(word, n)
-                        for n in ("g++", "c++", "gcc", "clang++")
-                        if _is_file(os.path.join(word, n))
-                    ),
-                    None,
-                )
-                return inner or word, var
-            if os.sep in word:
-                return word, var
-            return which(word, path_value) or word, var
-    for name in ("c++", "gcc"):
-        found = which(name, path_value)
-        if found:
-            return found, name
-    return None, "c++"
+    order: list[tuple[str, str | None]] = [
+        ("NVCC_APPEND_FLAGS", _ccbin_in_flags(env.get("NVCC_APPEND_FLAGS") or "")),
+        ("CC", (env.get("CC") or "").strip() or None),
+        ("NVCC_PREPEND_FLAGS", _ccbin_in_flags(env.get("NVCC_PREPEND_FLAGS") or "")),
+        ("NVCC_CCBIN", (env.get("NVCC_CCBIN") or "").strip() or None),
+    ]
+    for var, value in order:
+        if not value:
+            continue
+        # Values may carry a launcher ("ccache gcc"): the last word is the compiler.
+        word = value.split()[-1]
+        if _is_dir(word):
+            return os.path.join(word, "gcc"), var
+        if os.sep in word:
+            return word, var
+        return which(word, path_value) or word, var
+    found = which("gcc", path_value)
+    if found:
+        return found, "gcc"
+    return None, "gcc"
 
 
 def classify_compiler(comp: Compiler, version_run: CmdResult, dump_run: CmdResult) -> Compiler:
@@ -496,6 +614,9 @@ if spec is not None and spec.origin:
     out["location"] = d
     vals = {}
     try:
+        vp = os.path.join(d, "version.py")
+        if os.path.exists(vp) and not os.path.isfile(vp):  # open() on a FIFO blocks forever
+            raise OSError("not a regular file")
         with open(os.path.join(d, "version.py"), "rb") as fh:
             tree = ast.parse(fh.read().decode("utf-8", "replace"))
         for node in tree.body:

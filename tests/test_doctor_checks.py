@@ -141,22 +141,36 @@ def test_gcc14_with_cuda_12_8_is_fine_and_gcc15_gets_the_older_compiler() -> Non
         "cuda_home_nvcc_run": run_ok,
     }
     ok = checks.check_host_compiler(
-        facts(**base, compiler=Compiler("/usr/bin/c++", "c++", "gcc", "14.2.0"))
+        facts(**base, compiler=Compiler("/usr/bin/gcc", "gcc", "gcc", "14.2.0"))
     )
     assert ok.status == "ok" and "<= 14" in ok.detail
     bad = checks.check_host_compiler(
         facts(
             **base,
-            compiler=Compiler("/usr/bin/c++", "c++", "gcc", "15.1.0"),
+            compiler=Compiler("/usr/bin/gcc", "gcc", "gcc", "15.1.0"),
             other_compilers=[
                 ("/usr/bin/g++-13", "gcc", 13),
                 ("/usr/bin/g++-14", "gcc", 14),
+                ("/usr/bin/gcc-14", "gcc", 14),
                 ("/usr/bin/g++-15", "gcc", 15),
             ],
         )
     )
     assert bad.status == "fail" and "support table" in bad.detail
     assert bad.fix == "export NVCC_CCBIN=/usr/bin/g++-14 CC=/usr/bin/gcc-14 CXX=/usr/bin/g++-14"
+    # Only g++-14 installed: CC names it too (torch passes `-ccbin $CC`; a missing gcc-14 would
+    # break every build), and a folder named like a compiler is left alone.
+    only_cxx = checks.check_host_compiler(
+        facts(
+            **base,
+            compiler=Compiler("/usr/bin/gcc", "gcc", "gcc", "15.1.0"),
+            other_compilers=[("/opt/g++-tools/bin/g++-14", "gcc", 14)],
+        )
+    )
+    assert only_cxx.fix == (
+        "export NVCC_CCBIN=/opt/g++-tools/bin/g++-14 CC=/opt/g++-tools/bin/g++-14"
+        " CXX=/opt/g++-tools/bin/g++-14"
+    )
 
 
 @pytest.mark.parametrize(("nvcc", "status"), [("11.4.48", "fail"), ("11.4.100", "ok")])
@@ -167,7 +181,7 @@ def test_cuda_11_4_0_and_11_4_1_differ_by_nvcc_build(nvcc: str, status: str) -> 
         home_toolkit=tk.root,
         toolkits=[tk],
         cuda_home_nvcc_run=CmdResult(["nvcc"], stdout=nvcc_output(nvcc)),
-        compiler=Compiler("/usr/bin/c++", "c++", "gcc", "11.3.0"),
+        compiler=Compiler("/usr/bin/gcc", "gcc", "gcc", "11.3.0"),
     )
     assert checks.check_host_compiler(f).status == status
 

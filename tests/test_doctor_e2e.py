@@ -6,34 +6,25 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from fakecuda import Sandbox, by_id, run_doctor, run_doctor_json, statuses, survivors
+from fakecuda import (
+    ALL_IDS,
+    Sandbox,
+    by_id,
+    run_doctor,
+    run_doctor_json,
+    statuses,
+    survivors,
+)
+from fakecuda import assert_complete as _complete
 from simnvml import SimGPU
 
 pytestmark = pytest.mark.e2e
-
-ALL_IDS = [
-    "driver",
-    "gpus",
-    "cuda_home",
-    "nvcc",
-    "toolkits",
-    "torch",
-    "torch_cuda_match",
-    "driver_cuda",
-    "host_compiler",
-    "ld_library_path",
-    "cuda_visible_devices",
-    "cuda_device_order",
-    "shm",
-    "nccl",
-    "ninja",
-    "arch_list",
-]
 
 
 @pytest.fixture(autouse=True)
@@ -41,19 +32,6 @@ def _no_leftovers(tmp_path: Path):
     """Nothing the doctor started from a sandbox outlives the test (scanned, not trusted)."""
     yield
     assert survivors(str(tmp_path)) == []
-
-
-def _complete(report: dict) -> None:
-    """The report always has every check, each with the contract's fields."""
-    assert [c["id"] for c in report["checks"]] == ALL_IDS
-    for c in report["checks"]:
-        assert c["status"] in ("ok", "warn", "fail", "skip", "error"), c
-        assert c["title"] and c["detail"], c
-        assert "\n" not in c["detail"], c
-        if c["status"] in ("warn", "fail"):
-            assert c["fix"], c
-    order = ["ok", "skip", "warn", "error", "fail"]
-    assert report["status"] == max((c["status"] for c in report["checks"]), key=order.index)
 
 
 def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
@@ -64,7 +42,7 @@ def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
     )
     box = Sandbox(tmp_path)
     tk = box.toolkit("cuda-12.4", "12.4.131", gcc_max=13, clang_max=17)
-    box.compiler("c++", "gcc", "12.3.0")
+    box.compiler("gcc", "gcc", "12.3.0")
     box.tool("ninja", "1.11.1\n")
     site = box.torch("2.4.0+cu124", cuda="12.4", nccl="2.20.5", pip_nvcc="12.4.131")
     env = box.env(
@@ -116,7 +94,7 @@ def test_broken_gpu_box_fails_with_fixes(tmp_path: Path, simnvml) -> None:
     )
     box = Sandbox(tmp_path)
     tk = box.toolkit("cuda-11.8", "11.8.89", version_file="txt", gcc_max=11)
-    box.compiler("c++", "gcc", "13.2.0")
+    box.compiler("gcc", "gcc", "13.2.0")
     box.compiler("g++-11", "gcc", "11.4.0")
     box.compiler("gcc-11", "gcc", "11.4.0")
     site = box.torch("2.4.0+cu124", cuda="12.4", nccl="2.20.5")
@@ -177,7 +155,7 @@ def test_minor_mismatch_disagreeing_toolkits_and_driver_not_loaded(tmp_path: Pat
     tk124 = box.toolkit("cuda-12.4", "12.4.131", gcc_max=13)
     tk126 = box.toolkit("cuda-12.6", "12.6.77", gcc_max=13, version_file=None)  # nvcc tells
     tk121 = box.toolkit("cuda-12.1", "12.1.105", gcc_max=12)
-    box.compiler("c++", "clang", "18.1.8")
+    clang = box.compiler("clang", "clang", "18.1.8")  # torch passes `-ccbin $CC` to nvcc
     site = box.torch("2.3.1+cu121", cuda="12.1", nccl="2.18.1", pip_nvcc="13.0.88")
     env = box.env(
         PATH=[tk126 / "bin"],
@@ -186,6 +164,7 @@ def test_minor_mismatch_disagreeing_toolkits_and_driver_not_loaded(tmp_path: Pat
         LD_LIBRARY_PATH=str(sim.library_dir),
         XL_SIMNVML_CONFIG=sim.env["XL_SIMNVML_CONFIG"],
         CONDA_PREFIX=tk121,
+        CC=clang,
         CUDA_DEVICE_ORDER="SLOWEST_FIRST",
         NCCL_BLOCKING_WAIT="1",
     )
@@ -280,7 +259,7 @@ def test_cpu_torch_on_gpu_box_and_consumer_nccl_trap(tmp_path: Path, simnvml) ->
 def test_unbreakable_hangs_garbage_and_bad_bytes(tmp_path: Path) -> None:
     box = Sandbox(tmp_path)
     box.nvcc_script(box.bin / "nvcc", None, "hang")
-    box.compiler("c++", "gcc", "0", behaviour="garbage")
+    box.compiler("gcc", "gcc", "0", behaviour="garbage")
     conda = tmp_path / "conda"
     box.nvcc_script(conda / "bin" / "nvcc", None, "garbage")
     hang_py = box.script(tmp_path / "py" / "python", f"/bin/sleep {box.marker}\n")
@@ -332,6 +311,22 @@ def test_real_machine(tmp_path: Path) -> None:
     assert checks["driver"]["data"]["error_kind"] == "library_not_found"
     assert st["nvcc"] == "ok" and "13.0" in checks["nvcc"]["detail"]
     assert st["host_compiler"] == "ok" and "gcc 12" in checks["host_compiler"]["detail"]
+    assert checks["host_compiler"]["data"]["source"] == "gcc"  # nvcc's default: gcc on PATH
+    # LD_LIBRARY_PATH unset: the loader's answer is the ldconfig cache's (read here by hand).
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    cache = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=30).stdout
+    cudart13 = [
+        line.rsplit("=> ", 1)[1].strip()
+        for line in cache.splitlines()
+        if line.strip().startswith("libcudart.so.13 ") and "x86-64" in line
+    ]
+    ld = checks["ld_library_path"]
+    assert st["ld_library_path"] == "ok"
+    assert ld["detail"] == (
+        f"unset; the ldconfig cache resolves libcudart.so.13 to {cudart13[0]}"
+        if cudart13
+        else "unset"
+    )
     assert (
         st["torch"] == "ok"
         and "2.13.0" in checks["torch"]["detail"]
@@ -381,10 +376,8 @@ def test_json_mode_stays_lean(tmp_path: Path) -> None:
         env=Sandbox(tmp_path).env(PATH=["/usr/bin"]),
     )
     json.loads(proc.stdout)
-    loaded = {
-        line.split("|")[-1].strip().split(".")[0]
-        for line in proc.stderr.splitlines()
-        if "|" in line
-    }
-    assert "xl" in loaded
+    modules = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    loaded = {m.split(".")[0] for m in modules}
+    assert "xl.doctor.run" in modules
     assert not loaded & {"rich", "textual", "torch"}, loaded & {"rich", "textual", "torch"}
+    assert not {m for m in modules if m == "xl.tui" or m.startswith("xl.tui.")}
