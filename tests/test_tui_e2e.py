@@ -38,8 +38,9 @@ class Tmux:
     def start(self, name: str, command: list[str], env: dict[str, str]) -> None:
         shell = " ".join(_quote(a) for a in command)
         exports = " ".join(f"{k}={_quote(v)}" for k, v in env.items())
-        # The trailing sleep keeps the pane readable after the app exits (its exit message).
-        self.run("new-session", "-d", "-s", name, "-x", "120", "-y", "40", f"env {exports} {shell}; sleep 60")
+        # The trailing sleep keeps the pane readable after the app exits (its exit message and
+        # the command's exit code, which the test checks).
+        self.run("new-session", "-d", "-s", name, "-x", "120", "-y", "40", f"env {exports} {shell}; echo xl-exit=$?; sleep 60")
 
     def screen(self, name: str) -> str:
         return self.run("capture-pane", "-p", "-t", name)
@@ -118,6 +119,7 @@ def test_demo_detach_attach_stop_in_tmux(tmp_path):
         # Detach: the app ends, the run goes on.
         tmux.keys("w1", "d")
         wait_for(lambda: "Detached" in tmux.screen("w1"), "detach message")
+        wait_for(lambda: "xl-exit=0" in tmux.screen("w1"), "`xl demo` exits 0 when detached from a running run")
         assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
         steps_at_detach = max(v[1] for v in later.values())
 
@@ -136,6 +138,8 @@ def test_demo_detach_attach_stop_in_tmux(tmp_path):
         wait_for(lambda: "stopped" in tmux.screen("w2").split("\n", 3)[1], "header says stopped")
         tmux.keys("w2", "q")
         wait_for(lambda: not rank_rows(tmux.screen("w2")), "app closed")
+        # Like the plain view: a stopped run is not a success.
+        wait_for(lambda: "xl-exit=1" in tmux.screen("w2"), "`xl attach` of a stopped run exits 1")
     finally:
         tmux.kill()
         if run_dir is not None and json.loads((run_dir / "run.json").read_text())["status"] == "running":

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,6 +148,52 @@ def test_command_and_spec_agree_for_modules() -> None:
         "xl", "launch", "--gpus", "0", "--mixed-precision", "bf16", "--env", "A=1", "--env", "B=x y",
         "-m", "pkg.train", "--x", "a b",
     ]
+
+
+async def test_gpus_table_names_the_rank_of_a_process(simnvml):
+    """A GPU's process that is a rank (RANK/LOCAL_RANK/XL_RUN_ID in its /proc/PID/environ) shows
+    its rank next to its PID; another process shows its PID alone."""
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "XL_RUN_ID")}
+    rank = subprocess.Popen(sleeper, env={**base, "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "XL_RUN_ID": "20260530-ranks"})
+    other = subprocess.Popen(sleeper, env=base)
+    try:
+        sim = simnvml(
+            gpus=[
+                SimGPU(),
+                SimGPU(util_gpu=80, memory_used_mib=30_000, processes=[SimProcess(rank.pid, 20_000), SimProcess(other.pid, 500)]),
+            ]
+        )
+        with sim.in_process():
+            app = build_app(poll_interval=0.2)
+            async with app.run_test(size=SIZE) as pilot:
+                table = app.screen.query_one("#gpu-table")
+                await until(pilot, lambda: table.row_count == 2, "2 GPU rows")
+                procs = str(table.get_cell("1", "procs"))
+                assert procs.split() == [f"{rank.pid}:r3", str(other.pid)]
+                assert str(table.get_cell("0", "procs")) == "-"
+                assert "pid:rank" in str(table.ordered_columns[-1].label)  # the header says how to read it
+    finally:
+        for proc in (rank, other):
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+async def test_number_keys_move_between_every_screen_and_back_to_gpus(four_gpus):
+    """1-4 reach every screen from every screen; `1` used to crash the app from the others
+    (Textual cannot switch back to its built-in default mode)."""
+    app = build_app(poll_interval=0.2)
+    app.doctor_source = lambda: None  # the Doctor screen's content is not the point here
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.screen.query_one("#gpu-table").row_count == 4, "4 GPU rows")
+        gpus = app.screen
+        for key, screen_id in [("2", "doctor"), ("1", "gpus"), ("3", "launch"), ("1", "gpus"), ("4", "runs"),
+                               ("1", "gpus"), ("4", "runs"), ("3", "launch"), ("2", "doctor"), ("1", "gpus")]:
+            await pilot.press(key)
+            await until(pilot, lambda screen_id=screen_id: app.screen.id == screen_id, f"{key} -> {screen_id}")
+        assert app.is_running
+        assert app.screen is gpus  # the same GPUs screen, with its selection and history
+        await until(pilot, lambda: app.screen.query_one("#gpu-table").row_count == 4, "the table still there")
 
 
 async def test_no_gpu_panel_says_what_still_works(simnvml):

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import runfixtures
 from textual.widgets import DataTable, Static
 
-from xl.tui.app import build_app
+from xl.tui.app import build_app, exit_code
 from xl.tui.screens.monitor import MonitorScreen
 from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
@@ -50,7 +52,7 @@ async def test_runs_lists_runs_and_opens_one_in_the_monitor(xl_home):
         await pilot.press("4")
         await until(pilot, lambda: app.screen.id == "runs", "runs screen")
         table = app.screen.query_one("#runs-table", DataTable)
-        await until(pilot, lambda: table.row_count == 4, "4 runs listed")
+        await until(pilot, lambda: table.row_count == 5, "5 runs listed")
         assert cell(table, "20260530-failed", "status") == "failed"
         assert cell(table, "20260530-healthy", "status") == "succeeded"
         # run.json says running, but no supervisor is alive: the list says so.
@@ -123,7 +125,8 @@ async def test_monitor_failed_run_shows_root_cause_and_traceback(xl_home):
         assert "torch.OutOfMemoryError: CUDA out of memory" in text
         assert cell(table, "1", "state") == "failed"
         await pilot.press("q")
-    assert app.return_code == 0  # attach: looking at a failed run is not a failure
+    # `xl attach` of a failed run exits 1, as the plain view does.
+    assert exit_code(app) == 1
 
 
 async def test_monitor_handles_64_ranks(xl_home):
@@ -135,3 +138,170 @@ async def test_monitor_handles_64_ranks(xl_home):
         await pilot.press("left_square_bracket")  # wraps to the last rank
         log = app.screen.query_one(RankLog)
         await until(pilot, lambda: log.rank == 63, "rank 63 log")
+
+
+def _set_status(run_dir: Path, status: str) -> None:
+    run = json.loads((run_dir / "run.json").read_text())
+    run["status"] = status
+    (run_dir / "run.json").write_text(json.dumps(run))
+
+
+@pytest.mark.parametrize(
+    ("run", "status", "key", "code"),
+    [
+        ("20260530-healthy", None, "q", 0),  # succeeded
+        ("20260530-failed", None, "q", 1),  # failed
+        ("20260530-healthy", "stopped", "q", 1),  # stopped from the monitor or `xl stop`
+        ("20260530-straggler", None, "d", 0),  # detached from a run still going
+        ("20260530-straggler", None, "q", 0),  # q on a running run detaches too
+    ],
+)
+@pytest.mark.parametrize("attach_only", [True, False], ids=["attach", "launch"])
+async def test_monitor_exit_code_is_the_runs_outcome(xl_home, capsys, run, status, key, code, attach_only):
+    """`xl attach` / `xl launch` / `xl demo` through the monitor exit like the plain view:
+    0 succeeded, 1 failed or stopped, 0 when the person detaches from a run still going."""
+    run_dir = xl_home / run
+    if status:
+        _set_status(run_dir, status)
+    app = build_app(monitor_run_dir=run_dir, attach_only=attach_only, clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "monitor")
+        table = app.screen.query_one(RankTable)
+        await until(pilot, lambda: table.row_count == 2, "two ranks")
+        await pilot.press(key)
+        await until(pilot, lambda: not app.is_running, "the app ended")
+    assert exit_code(app) == code
+    if run == "20260530-straggler":
+        assert "keeps running" in capsys.readouterr().err  # the detach message names the way back
+
+
+async def test_launch_exit_code_when_left_from_another_screen(xl_home):
+    """`xl launch`: leaving the monitor for the other screens and quitting there still exits
+    with the launched run's outcome (read from run.json), not with whatever screen was last."""
+    app = build_app(monitor_run_dir=xl_home / "20260530-failed", attach_only=False, clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "monitor")
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen.id == "gpus", "back on the GPUs screen")
+        await pilot.press("4")
+        await until(pilot, lambda: app.screen.id == "runs", "runs screen")
+        runs = app.screen.query_one("#runs-table", DataTable)
+        await until(pilot, lambda: runs.row_count == 5, "5 runs listed")
+        # Another run opened and left with q does not decide the exit code.
+        runs.move_cursor(row=runs.get_row_index("20260530-healthy"))
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "the other run's monitor")
+        await pilot.press("q")
+        await until(pilot, lambda: not app.is_running, "the app ended")
+    assert exit_code(app) == 1
+
+
+def _column(table: DataTable, col: str) -> list[str]:
+    return [str(table.get_cell_at((r, table.get_column_index(col)))) for r in range(table.row_count)]
+
+
+async def test_monitor_groups_ranks_by_node(xl_home):
+    """Two nodes: node first, rows by node (in rank order, not name order) then rank, each
+    node's first row naming it; the header says how many nodes. One node: as before."""
+    app = build_app(monitor_run_dir=xl_home / "20260530-twonode", clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(RankTable)
+        await until(pilot, lambda: table.row_count == 8, "eight ranks")
+        assert table.grouped
+        assert [c.key.value for c in table.ordered_columns][:2] == ["node", "rank"]
+        # trn-b12 holds ranks 0-3: it comes first although "trn-a07" sorts before it.
+        assert _column(table, "node") == ["trn-b12"] * 4 + ["trn-a07"] * 4
+        assert _column(table, "rank") == [str(r) for r in range(8)]
+        firsts = [r for r in range(8) if "bold" in str(table.get_cell_at((r, 0)).spans)]
+        assert firsts == [0, 4]  # one label per node block
+        assert "world size 8 on 2 nodes" in text_of(app, "#run-header")
+        await until(pilot, lambda: cell(table, "5", "state") == "straggler", "the straggler on node 2")
+
+    app = build_app(monitor_run_dir=xl_home / "20260530-straggler", clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(RankTable)
+        await until(pilot, lambda: table.row_count == 2, "two ranks")
+        assert not table.grouped
+        assert table.ordered_columns[0].key.value == "rank"
+        assert "nodes" not in text_of(app, "#run-header")
+
+
+async def test_monitor_regroups_when_the_second_nodes_ranks_arrive(xl_home):
+    """Node 1's ranks reach node 0's run dir later than node 0's own: the table starts as one
+    node's, then groups, keeping the rank the person was looking at."""
+    run_dir = xl_home / "20260530-twonode"
+    run = json.loads((run_dir / "run.json").read_text())
+    full = run["ranks"]
+    run["ranks"] = full[:4]
+    (run_dir / "run.json").write_text(json.dumps(run))
+    # Only node 0's ranks have logged so far.
+    later = {}
+    for name in ("metrics.jsonl", "events.jsonl"):
+        lines = (run_dir / name).read_text().splitlines()
+        later[name] = "".join(ln + "\n" for ln in lines if (json.loads(ln)["rank"] or 0) >= 4)
+        (run_dir / name).write_text("".join(ln + "\n" for ln in lines if (json.loads(ln)["rank"] or 0) < 4))
+    app = build_app(monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(RankTable)
+        await until(pilot, lambda: table.row_count == 4, "node 0's four ranks")
+        assert not table.grouped
+        await pilot.press("right_square_bracket", "right_square_bracket")
+        await until(pilot, lambda: table.current_rank == 2, "rank 2 chosen")
+        run["ranks"] = [full[4], full[6], *full[:4], full[5], full[7]]  # as they arrived
+        (run_dir / "run.json").write_text(json.dumps(run))
+        for name, text in later.items():
+            with (run_dir / name).open("a") as fh:
+                fh.write(text)
+        await until(pilot, lambda: table.row_count == 8 and table.grouped, "grouped by node")
+        assert _column(table, "rank") == [str(r) for r in range(8)]
+        assert _column(table, "node") == ["trn-b12"] * 4 + ["trn-a07"] * 4
+        assert table.current_rank == 2
+        assert app.screen.query_one(RankLog).rank == 2
+
+
+async def test_monitor_polls_once_per_interval_however_often_the_rank_changes(xl_home):
+    """Switching rank reads the new rank's log at once, but must not start another poll loop:
+    each switch used to add one, so after a few switches the Monitor read the run many times a
+    second (CPU a person would notice on a big run)."""
+    interval = 0.2
+    app = build_app(monitor_run_dir=xl_home / "20260530-straggler", clock=lambda: NOW, poll_interval=interval)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        table = screen.query_one(RankTable)
+        await until(pilot, lambda: table.row_count == 2, "two ranks")
+        log = screen.query_one(RankLog)
+        for _ in range(3):
+            for key, rank in (("right_square_bracket", 1), ("left_square_bracket", 0)):
+                await pilot.press(key)
+                await until(pilot, lambda rank=rank: log.rank == rank, f"rank {rank} log")
+        start, t0 = screen.polls, time.monotonic()
+        await pilot.pause(2.0)
+        rate = (screen.polls - start) / (time.monotonic() - t0)
+        assert rate <= 1.5 / interval, f"{rate:.1f} polls/s with a {interval}s interval"
+
+
+async def test_runs_list_refreshes_once_per_interval_however_often_r_is_pressed(xl_home):
+    app = build_app(clock=lambda: NOW, poll_interval=0.2)
+    listings: list[float] = []
+    source = app.runs_source
+
+    def counted():
+        listings.append(time.monotonic())
+        return source()
+
+    app.runs_source = counted
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        await until(pilot, lambda: app.screen.id == "runs", "runs screen")
+        screen = app.screen
+        screen.interval = 0.2
+        for _ in range(5):
+            await pilot.press("r")
+            await pilot.pause(0.05)
+        await pilot.press("1", "4")  # away and back
+        await until(pilot, lambda: app.screen.id == "runs", "runs screen again")
+        start = len(listings)
+        t0 = time.monotonic()
+        await pilot.pause(2.0)
+        rate = (len(listings) - start) / (time.monotonic() - t0)
+        assert rate <= 1.5 / screen.interval, f"{rate:.1f} listings/s with a {screen.interval}s interval"

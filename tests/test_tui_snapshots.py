@@ -68,6 +68,7 @@ async def _monitor_ready(pilot, ranks: int) -> None:
         ("20260530-straggler", 2, (120, 40)),
         ("20260530-failed", 2, (80, 24)),
         ("20260530-wide", 64, (200, 50)),
+        ("20260530-twonode", 8, (120, 32)),
     ],
 )
 def test_monitor(snap_compare, _env, run, ranks, size):
@@ -130,10 +131,70 @@ def test_runs(snap_compare, simnvml):
     async def ready(pilot):
         app = pilot.app
         await pilot.press("4")
-        await until(pilot, lambda: app.screen.id == "runs" and app.screen.query_one("#runs-table").row_count == 4)
+        await until(pilot, lambda: app.screen.id == "runs" and app.screen.query_one("#runs-table").row_count == 5)
+        # Column widths follow the rows a moment later: snapshot the laid-out table.
+        await until(pilot, lambda: app.screen.query_one("#runs-table").ordered_columns[-1].content_width >= len("20260530-straggler"))
 
     with sim.in_process():
         assert snap_compare(build_app(clock=lambda: NOW, poll_interval=SLOW), terminal_size=(120, 24), run_before=ready)
+
+
+def test_one_stylesheet():
+    """The app's look lives in tui/xl.tcss (its CSS_PATH): no widget or screen carries styles of
+    its own (DEFAULT_CSS / CSS), so one file says how everything looks. The snapshots above check
+    the result (the GPU history's colours come from there)."""
+    tui = Path(__file__).resolve().parent.parent / "tui"
+    assert sorted(p.name for p in tui.glob("*.tcss")) == ["xl.tcss"]
+    offenders = [
+        str(p.relative_to(tui))
+        for p in tui.rglob("*.py")
+        if any(line.lstrip().startswith(("DEFAULT_CSS", "CSS =", "CSS:")) for line in p.read_text().splitlines())
+    ]
+    assert offenders == []
+
+
+def doctor_report():
+    """A fixed doctor Report: one check of each status, with fixes, as on a half-set-up box."""
+    from xl.doctor.report import Check, Report
+
+    def check(id_, status, title, detail, fix="", area=""):
+        return Check(id=id_, status=status, title=title, detail=detail, fix=fix, area=area)
+
+    return Report(
+        checks=[
+            check("driver", "ok", "NVIDIA driver", "driver 550.54.15, supports CUDA up to 12.4"),
+            check("gpus", "ok", "GPUs", "4 x NVIDIA A100-SXM4-80GB"),
+            check("cuda_home", "ok", "CUDA_HOME", "/usr/local/cuda-12.4 (same as the nvcc on PATH)"),
+            check("nvcc", "ok", "nvcc", "nvcc 12.4 at /usr/local/cuda-12.4/bin/nvcc"),
+            check(
+                "torch_cuda_match", "fail", "torch CUDA vs nvcc",
+                "torch 2.5.1 was built for CUDA 11.8 but nvcc is 12.4: extensions will not build",
+                fix="pip install torch --index-url https://download.pytorch.org/whl/cu124",
+            ),
+            check(
+                "host_compiler", "warn", "Host compiler",
+                "gcc 14.1 is newer than nvcc 12.4 supports (up to gcc 13)",
+                fix="export CXX=g++-13 NVCC_PREPEND_FLAGS='-ccbin g++-13'",
+            ),
+            check("nccl", "error", "NCCL", "the probe timed out after 2.0 s", fix="run `xl doctor` again"),
+            check("shm", "ok", "/dev/shm", "64.0 GiB free"),
+            check("ninja", "skip", "ninja", "not needed: no JIT extension builds configured"),
+        ],
+    )
+
+
+def test_doctor(snap_compare, simnvml):
+    sim = simnvml(gpus=1)
+    app = build_app(poll_interval=SLOW)
+    app.doctor_source = doctor_report  # fixed data, not this machine's
+
+    async def ready(pilot):
+        await pilot.press("2")
+        await until(pilot, lambda: app.screen.id == "doctor" and app.screen.query_one("#doctor-table").row_count == 9)
+        await pilot.press("down", "down")  # the chosen check (the warning) shows its detail and fix
+
+    with sim.in_process():
+        assert snap_compare(app, terminal_size=(120, 30), run_before=ready)
 
 
 def test_help(snap_compare, _env):

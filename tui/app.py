@@ -26,9 +26,13 @@ from xl.tui.selection import DeviceSelection
 class XLApp(App[None]):
     CSS_PATH = "xl.tcss"
     TITLE = "xl"
+    # The GPUs screen is a mode like the others, so `1` can switch back to it (Textual's own
+    # "_default" mode cannot be switched to once left). `xl attach` adds no modes: it starts on
+    # get_default_screen(), the Monitor.
+    DEFAULT_MODE = "gpus"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("1", "screen('_default')", "GPUs"),
+        Binding("1", "screen('gpus')", "GPUs"),
         Binding("2", "screen('doctor')", "Doctor"),
         Binding("3", "screen('launch')", "Launch"),
         Binding("4", "screen('runs')", "Runs"),
@@ -52,12 +56,16 @@ class XLApp(App[None]):
         self.poll_interval = poll_interval
         self.selection = DeviceSelection()
         self.inventory: Any = None  # the GPUs screen's latest snapshot (Launch validates against it)
-        self.run_outcome: str | None = None  # status of the last monitored run when the app ended
+        # Status of the run the app was opened on (monitor_run_dir) as its Monitor last showed it
+        # when the person left; exit_code() turns it into the command's exit code.
+        self.run_outcome: str | None = None
         if not self.attach_only:
             from xl.tui.screens.doctor import DoctorScreen
+            from xl.tui.screens.gpus import GPUsScreen
             from xl.tui.screens.launch import LaunchScreen
             from xl.tui.screens.runs import RunsScreen
 
+            self.add_mode("gpus", lambda: GPUsScreen(self.selection, interval=self.poll_interval))
             self.add_mode("doctor", DoctorScreen)
             self.add_mode("launch", lambda: LaunchScreen(self.selection))
             self.add_mode("runs", RunsScreen)
@@ -98,8 +106,13 @@ class XLApp(App[None]):
 
         self.push_screen(MonitorScreen(Path(run_dir), standalone=False, interval=self.poll_interval))
 
+    def _left(self, run_dir: Path, status: str | None) -> None:
+        # Only the run the command is about decides its exit code, not one opened from Runs.
+        if run_dir == self.monitor_run_dir:
+            self.run_outcome = status
+
     def detach(self, run_dir: Path, status: str | None) -> None:
-        self.run_outcome = status
+        self._left(run_dir, status)
         if status in FINISHED:
             self.exit(return_code=0)
             return
@@ -113,7 +126,7 @@ class XLApp(App[None]):
 
         screen = self.screen
         if isinstance(screen, MonitorScreen):
-            self.run_outcome = screen.status
+            self._left(screen.run_dir, screen.status)
             if screen.status not in FINISHED:
                 screen.action_detach()
                 return
@@ -170,13 +183,25 @@ def build_app(**kwargs: Any) -> XLApp:
     return XLApp(**kwargs)
 
 
-def _exit_code(app: XLApp, attach_only: bool) -> int:
-    code = app.return_code or 0
-    if code:
-        return code
-    # `xl launch` (not --detach) exits 1 when the run it watched failed (DESIGN.md exit codes).
-    if not attach_only and app.run_outcome == "failed":
-        return 1
+def exit_code(app: XLApp) -> int:
+    """The exit code of `xl launch` / `xl demo` / `xl attach` after the monitor closes.
+
+    The same as the plain view's (launcher.watch): 0 the run succeeded, 1 it failed or was
+    stopped (DESIGN.md: "1 the run failed (launch without --detach)"); 0 when the person detached
+    from a run that is still going. The outcome is what the Monitor showed when the person left;
+    if they left from another screen, run.json says it.
+    """
+    if app.return_code:
+        return app.return_code
+    if app.monitor_run_dir is None:
+        return 0
+    status = app.run_outcome
+    if status is None:
+        from xl.launcher.runs import read_run
+
+        status = read_run(app.monitor_run_dir).get("status")
+    if status in FINISHED:
+        return 0 if status == "succeeded" else 1
     return 0
 
 
@@ -188,7 +213,7 @@ def run_monitor(run_dir: Path, *, attach_only: bool = True) -> int:
     """
     app = build_app(monitor_run_dir=Path(run_dir), attach_only=attach_only)
     app.run()
-    return _exit_code(app, attach_only)
+    return exit_code(app)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -50,6 +50,22 @@ def world_size(run: Mapping[str, Any], ranks: Mapping[int, Any]) -> int:
     return max(len(ranks), len(listed) if isinstance(listed, list) else 0)
 
 
+def node_of(rv: Any) -> str | None:
+    """The node a rank runs on, as run.json names it (a host name or a node rank)."""
+    node = getattr(rv, "node", None)
+    return None if node is None or node == "" else str(node)
+
+
+def node_order(ranks: Mapping[int, Any]) -> list[str]:
+    """The run's nodes, in the order of their lowest rank (node 0 first, as torch numbers ranks)."""
+    first: dict[str, int] = {}
+    for rank, rv in ranks.items():
+        node = node_of(rv)
+        if node is not None and (node not in first or rank < first[node]):
+            first[node] = rank
+    return sorted(first, key=first.__getitem__)
+
+
 def devices_text(run: Mapping[str, Any]) -> str:
     """``GPU 1,0 (NVIDIA A100-SXM4-80GB)``: indices in launch order, each model named once."""
     devices = [d for d in run.get("devices") or [] if isinstance(d, Mapping)]

@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 T0 = 1_780_000_000.0  # a fixed, plausible unix time for recorded fixtures
-KINDS = ("healthy", "straggler", "failed", "wide")
+KINDS = ("healthy", "straggler", "failed", "wide", "twonode")
+# twonode: 2 nodes x 4 ranks, node 0 named after node 1 in sort order (the table must follow
+# ranks, not names) and a straggler on node 1.
+TWONODE_HOSTS = ("trn-b12", "trn-a07")
 
 TRACEBACK = """Traceback (most recent call last):
   File "/home/ada/train.py", line 88, in <module>
@@ -39,18 +42,18 @@ def _gpu(i: int) -> dict[str, Any]:
 
 
 def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None) -> Path:
-    """Write one run directory of ``kind`` (healthy|straggler|failed|wide) under ``root``."""
+    """Write one run directory of ``kind`` (healthy|straggler|failed|wide|twonode) under ``root``."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}")
-    world = 64 if kind == "wide" else 2
-    nodes = 8 if kind == "wide" else 1
+    world = {"wide": 64, "twonode": 8}.get(kind, 2)
+    nodes = {"wide": 8, "twonode": 2}.get(kind, 1)
     per_node = world // nodes
-    steps = {"healthy": 100, "straggler": 60, "failed": 30, "wide": 40}[kind]
+    steps = {"healthy": 100, "straggler": 60, "failed": 30, "wide": 40, "twonode": 50}[kind]
     total_steps = 100 if kind != "failed" else 1000
     run_id = run_id or f"20260530-{kind}"
     run_dir = root / run_id
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    status = {"healthy": "succeeded", "straggler": "running", "failed": "failed", "wide": "running"}[kind]
+    status = {"healthy": "succeeded", "straggler": "running", "failed": "failed", "wide": "running", "twonode": "running"}[kind]
     end = t0 + steps + 2 if status in ("succeeded", "failed") else None
 
     metrics: list[dict[str, Any]] = []
@@ -61,18 +64,19 @@ def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None
     for r in range(world):
         node = r // per_node
         local = r % per_node
+        host = TWONODE_HOSTS[node] if kind == "twonode" else f"node{node}" if nodes > 1 else "localhost"
         ranks.append(
             {
                 "rank": r,
                 "local_rank": local,
-                "node": f"node{node}" if nodes > 1 else "localhost",
+                "node": host,
                 "pid": 40_000 + r,
                 "gpu": local if kind != "healthy" else [1, 0][r],
                 "exit_code": None,
             }
         )
         events.append({"t": t0 + 0.5, "kind": "rank_started", "rank": r, "message": f"rank {r} started"})
-    slow_rank = 1 if kind == "straggler" else None
+    slow_rank = {"straggler": 1, "twonode": 5}.get(kind)
     for r in range(world):
         # A straggler takes 1.6x as long per step; a 64-rank run spreads ranks a little.
         pace = 1.6 if r == slow_rank else (1.0 + (r % 7) * 0.01)
@@ -111,13 +115,13 @@ def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None
         (run_dir / "logs" / f"rank-{r}.log").write_text("\n".join(log_lines) + "\n", encoding="utf-8")
     metrics.sort(key=lambda m: m["t"])
 
-    if kind == "straggler":
+    if slow_rank is not None:
         events.append(
             {
                 "t": t0 + 30,
                 "kind": "straggler",
-                "rank": 1,
-                "message": "rank 1 is 1.6x slower than the median (37% less GPU utilization)",
+                "rank": slow_rank,
+                "message": f"rank {slow_rank} is 1.6x slower than the median (37% less GPU utilization)",
             }
         )
     failure = None
@@ -147,7 +151,7 @@ def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None
         devices = [_gpu(1), _gpu(0)]
     run = {
         "run_id": run_id,
-        "name": {"healthy": "bert-finetune", "straggler": "gpt2-ddp", "failed": "llama-oom", "wide": "wide-64"}[kind],
+        "name": {"healthy": "bert-finetune", "straggler": "gpt2-ddp", "failed": "llama-oom", "wide": "wide-64", "twonode": "gpt2-2node"}[kind],
         "status": status,
         "started_at": t0,
         "ended_at": end,

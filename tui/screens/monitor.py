@@ -12,6 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Header, Label, ProgressBar, Static
 
 from xl.tui import fmt
@@ -20,6 +21,7 @@ from xl.tui.runview import (
     devices_text,
     elapsed,
     history,
+    node_order,
     progress,
     run_field,
     world_size,
@@ -68,6 +70,7 @@ class MonitorScreen(Screen):
         self.polls = 0
         # selector -> (text key, width, cell length, wrapped height) of what _set_text showed last
         self._texts: dict[str, tuple[Any, int, int, int]] = {}
+        self._next_poll: Timer | None = None  # the one pending poll (see on_monitor_screen_polled)
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -149,7 +152,11 @@ class MonitorScreen(Screen):
                 log.follow(message.log_lines)
         # A finished run changes no more: poll rarely (the run could be re-read, never resumed).
         delay = self.interval if self.status not in FINISHED else self.interval * 5
-        self.set_timer(delay, self._poll)
+        # One poll loop: an extra poll (a rank switch asks for one at once) replaces the pending
+        # timer instead of starting a second loop beside it.
+        if self._next_poll is not None:
+            self._next_poll.stop()
+        self._next_poll = self.set_timer(delay, self._poll)
 
     def _render_view(self, view: Any) -> None:
         run = getattr(view, "run", {}) or {}
@@ -163,6 +170,9 @@ class MonitorScreen(Screen):
         header.append(self.status, style=fmt.STATE_STYLE.get(self.status, "bold"))
         header.append(f"   elapsed {fmt.duration(elapsed(run, now))}")
         header.append(f"   world size {world_size(run, ranks)}")
+        nodes = len(node_order(ranks))
+        if nodes > 1:
+            header.append(f" on {nodes} nodes")
         header.append(f"   devices {devices_text(run)}")
         self._set_text("#run-header", header)
         self._render_failure(run, getattr(view, "events", []) or [])

@@ -10,6 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Static
 
 from xl.tui import fmt
@@ -60,6 +61,7 @@ class RunsScreen(Screen):
         self.runs: dict[str, Any] = {}
         self._cells: dict[str, dict[str, Any]] = {}
         self._active = True
+        self._next_list: Timer | None = None  # the one pending refresh (see on_runs_screen_listed)
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -122,8 +124,13 @@ class RunsScreen(Screen):
                     if old[col] != value:
                         table.update_cell(key, col, value)
             self._cells[key] = cells
+        # One refresh loop: `r` or coming back to the screen lists at once and replaces the
+        # pending timer rather than starting another loop beside it.
+        if self._next_list is not None:
+            self._next_list.stop()
+            self._next_list = None
         if self._active:
-            self.set_timer(self.interval, self._list)
+            self._next_list = self.set_timer(self.interval, self._list)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()

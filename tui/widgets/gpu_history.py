@@ -81,19 +81,8 @@ class GPUHistory(ScrollView):
     line is repainted only when the columns it draws change.
     """
 
+    # Styled in the app's stylesheet (tui/xl.tcss), like every other widget of the app.
     COMPONENT_CLASSES: ClassVar[set[str]] = {"sparkline--max-color", "sparkline--min-color"}
-    DEFAULT_CSS = """
-    GPUHistory {
-        overflow-x: hidden;
-        overflow-y: auto;
-    }
-    GPUHistory > .sparkline--max-color {
-        color: $primary;
-    }
-    GPUHistory > .sparkline--min-color {
-        color: $primary 30%;
-    }
-    """
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

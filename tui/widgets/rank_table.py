@@ -1,14 +1,21 @@
-"""The Monitor's per-rank table: one keyed row per rank, only changed cells are re-rendered."""
+"""The Monitor's per-rank table: one keyed row per rank, only changed cells are re-rendered.
+
+A run on more than one node is grouped by node: the Node column comes first, rows are ordered by
+node (nodes in the order of their lowest rank, as torch numbers them) then rank, and each node's
+first row names it in bold (the rest in dim), so 4 nodes x 16 ranks read as four blocks.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from rich.text import Text
 from textual.message import Message
 from textual.widgets import DataTable
 
 from xl.tui import fmt
+from xl.tui.runview import node_of, node_order
 from xl.tui.widgets.gpu_table import LiveTable
 
 # What matters most comes first: on an 80-column terminal the right end is scrolled off.
@@ -26,6 +33,9 @@ COLUMNS = (
     ("gpu", "GPU", 4),
     ("seen", "Last seen", 12),
 )
+# Grouped by node: the node first (as wide as the longest name, within NODE_WIDTH), then these.
+AFTER_NODE = tuple(c for c in COLUMNS if c[0] != "node")
+NODE_WIDTH = (4, 24)
 
 
 def rank_cells(rv: Any, now: float) -> dict[str, Any]:
@@ -41,7 +51,7 @@ def rank_cells(rv: Any, now: float) -> dict[str, Any]:
     gpu = getattr(rv, "gpu", None)
     return {
         "rank": str(rv.rank),
-        "node": str(getattr(rv, "node", None) or "-"),
+        "node": node_of(rv) or "-",
         "gpu": "cpu" if gpu is None else str(gpu),
         "util": fmt.meter(None if util is None else util / 100, 4, "-" if util is None else f"{util:3.0f}%"),
         "mem": mem,
@@ -64,18 +74,62 @@ class RankTable(LiveTable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self._cells: dict[int, dict[str, Any]] = {}
+        self._columns: tuple[tuple[str, str, int], ...] = COLUMNS
+        self._rows: list[int] = []  # ranks in row order
+
+    @property
+    def grouped(self) -> bool:
+        """True when the table groups ranks by node (the run spans more than one node)."""
+        return self._columns is not COLUMNS
 
     def on_mount(self) -> None:
-        for key, label, width in COLUMNS:
+        self._add_columns(COLUMNS)
+
+    def _add_columns(self, columns: tuple[tuple[str, str, int], ...]) -> None:
+        self._columns = columns
+        for key, label, width in columns:
             self.add_column(label, key=key, width=width)
 
+    def _layout(self, nodes: list[str]) -> tuple[tuple[str, str, int], ...]:
+        if len(nodes) < 2:
+            return COLUMNS
+        width = min(max(NODE_WIDTH[0], *(len(n) for n in nodes)), NODE_WIDTH[1])
+        if self.grouped and self._columns[0][2] >= width:
+            return self._columns  # a shorter new name fits: no need to rebuild
+        return (("node", "Node", width), *AFTER_NODE)
+
     def update_ranks(self, ranks: Mapping[int, Any], now: float) -> None:
+        nodes = node_order(ranks)
+        columns = self._layout(nodes)
+        keep = None
+        if columns != self._columns:
+            # A second node appeared (or a longer node name): lay the table out again, once.
+            keep = self.current_rank
+            self.clear(columns=True)
+            self._cells = {}
+            self._rows = []
+            self._add_columns(columns)
+        grouped = self.grouped
+        if grouped:
+            place = {node: i for i, node in enumerate(nodes)}
+            order = sorted(ranks, key=lambda r: (place.get(node_of(ranks[r]) or "", len(place)), r))
+            firsts: dict[str | None, int] = {}
+            for r in order:
+                firsts.setdefault(node_of(ranks[r]), r)
+        else:
+            order = sorted(ranks)
         pending: dict[str, dict[str, Any]] = {}
-        for rank in sorted(ranks):
+        for rank in order:
             cells = rank_cells(ranks[rank], now)
+            if grouped:
+                node = node_of(ranks[rank])
+                # Rich Text equality ignores the base style: the bold one carries a span instead.
+                first = node is not None and firsts.get(node) == rank
+                cells["node"] = Text.assemble((node or "-", "bold")) if first else Text(node or "-", style="dim")
             old = self._cells.get(rank)
             if old is None:
-                self.add_row(*(cells[c] for c, _, _ in COLUMNS), key=str(rank))
+                self.add_row(*(cells[c] for c, _, _ in self._columns), key=str(rank))
+                self._rows.append(rank)
             else:
                 changed = {col: value for col, value in cells.items() if old[col] != value}
                 if changed:
@@ -84,6 +138,15 @@ class RankTable(LiveTable):
         if pending:
             # Only the changed cells are re-rendered, and only the changed rows repainted.
             self._set_cells(pending)
+        if self._rows != order:
+            # A rank reported after higher ones, or on an earlier node: put the rows in place.
+            if keep is None:
+                keep = self.current_rank
+            where = {r: i for i, r in enumerate(order)}
+            self.sort("rank", key=lambda cell: where.get(int(str(cell)), len(where)))
+            self._rows = order
+        if keep is not None:
+            self.show_rank(keep)
 
     @property
     def current_rank(self) -> int | None:

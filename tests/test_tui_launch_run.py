@@ -1,0 +1,98 @@
+"""Launch -> Monitor with a real run: the form starts torchrun on CPU, the Monitor opens on the new
+run and shows its ranks logging; stopping it from the Monitor leaves no process behind."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from procs import kill_run, run_json, wait_no_processes
+from textual.widgets import Input, Static
+
+from xl.tui.app import build_app
+from xl.tui.screens.monitor import MonitorScreen
+from xl.tui.widgets.rank_table import RankTable
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+GRACE = 1.0  # XL_STOP_GRACE: SIGTERM to SIGKILL
+
+SCRIPT = """\
+import time
+
+import xl
+
+print("ready", flush=True)
+for step in range(1, 1200):  # ~2 minutes unless stopped
+    xl.log(step=step, loss=1.0 / step, samples=8)
+    time.sleep(0.1)
+"""
+
+
+async def until(pilot, predicate, what: str, timeout: float = 60.0) -> None:
+    """Let the app run until ``predicate()`` holds; real processes need seconds, not turns."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError(f"never happened within {timeout}s: {what}")
+
+
+def text_of(app, selector: str) -> str:
+    return str(app.screen.query_one(selector, Static).render())
+
+
+async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(simnvml, tmp_path, monkeypatch):
+    home = tmp_path / "xlhome"
+    monkeypatch.setenv("XL_HOME", str(home))
+    monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XL_STOP_GRACE", str(GRACE))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.py").write_text(SCRIPT)
+    sim = simnvml(gpus=0, init_error="driver_not_loaded")  # no GPU: CPU ranks, whatever this machine has
+    run_dir: Path | None = None
+    try:
+        with sim.in_process():
+            app = build_app(poll_interval=0.25)
+            async with app.run_test(size=(120, 40)) as pilot:
+                await pilot.press("3")
+                await until(pilot, lambda: app.screen.id == "launch", "launch screen")
+                app.screen.query_one("#target", Input).value = "tiny.py"
+                app.screen.query_one("#nproc", Input).value = "2"
+                app.screen.query_one("#name", Input).value = "tiny-cpu"
+                await until(pilot, lambda: "ready" in text_of(app, "#launch-validation"), "a valid form")
+                assert "2 process(es) per node on CPU" in text_of(app, "#launch-validation")
+                await pilot.press("ctrl+r")
+
+                await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "the Monitor opens")
+                monitor = app.screen
+                run_dir = monitor.run_dir
+                assert run_dir.parent == home / "runs"
+                assert run_json(run_dir)["name"] == "tiny-cpu"
+                assert run_json(run_dir)["spec"]["nproc"] == 2
+                table = monitor.query_one(RankTable)
+                await until(pilot, lambda: table.row_count == 2, "both ranks listed")
+                await until(
+                    pilot,
+                    lambda: all(str(table.get_cell(str(r), "step")) not in ("-", "") for r in (0, 1)),
+                    "both ranks logging steps",
+                )
+                header = text_of(app, "#run-header")
+                assert "tiny-cpu" in header and "running" in header and "world size 2" in header
+                assert {str(table.get_cell(str(r), "state")) for r in (0, 1)} == {"running"}
+
+                # Stop it from the Monitor, answering the question.
+                await pilot.press("s")
+                await until(pilot, lambda: app.screen.id == "confirm", "the confirmation")
+                await pilot.press("y")
+                await until(pilot, lambda: run_json(run_dir).get("status") == "stopped", "the run stopped", timeout=30)
+                await until(pilot, lambda: "stopped" in text_of(app, "#run-header"), "the header says stopped")
+                await pilot.press("q")
+                await until(pilot, lambda: not app.is_running, "the app ended", timeout=10)
+        wait_no_processes(run_dir, timeout=GRACE + 10)
+    finally:
+        if run_dir is not None:
+            kill_run(run_dir)
