@@ -20,7 +20,7 @@ from .plan import MIXED_PRECISION, Plan, build_plan, parse_env_pairs
 from .spec import LaunchSpec
 
 # Options that take a value; everything after the script (or -m MODULE) belongs to the script.
-_VALUE_OPTS = {"--gpus", "--nproc", "--nnodes", "--node-rank", "--rdzv", "--mixed-precision", "--env", "--name"}
+_VALUE_OPTS = {"--gpus", "--nproc", "--nnodes", "--node-rank", "--rdzv", "--mixed-precision", "--env", "--name", "--run-id"}
 _CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -50,11 +50,24 @@ def _parser(prog: str = "xl launch") -> ArgumentParser:
     p.add_argument("--json", action="store_true", help="with --dry-run: {\"argv\": [...], \"env\": {...}}")
     p.add_argument("--detach", action="store_true", help="start the run and return at once")
     p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
+    p.add_argument(
+        "--slurm",
+        action="store_true",
+        help="inside a Slurm allocation: one xl agent per node with srun, rendezvous on the first node",
+    )
+    # Internal, for the tasks `--slurm` starts: node rank from SLURM_NODEID, the run id chosen by
+    # the launcher (node 0's run is RUN_ID, node k's RUN_ID-nodeK).
+    p.add_argument("--slurm-node", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--run-id", help=argparse.SUPPRESS)
     return p
 
 
-def split_argv(argv: Sequence[str]) -> tuple[list[str], str | None, str | None, list[str]]:
-    """(xl options, script, module, script args): xl's options stop at the script or -m MODULE."""
+def split_argv(
+    argv: Sequence[str], value_opts: set[str] | frozenset[str] = frozenset()
+) -> tuple[list[str], str | None, str | None, list[str]]:
+    """(xl options, script, module, script args): xl's options stop at the script or -m MODULE.
+
+    ``value_opts``: more options that take a value (`xl sbatch`'s)."""
     opts: list[str] = []
     i = 0
     while i < len(argv):
@@ -73,7 +86,7 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], str | None, str | None, 
             name = tok.split("=", 1)[0]
             if "=" not in tok and i + 1 < len(argv):
                 nxt = argv[i + 1]
-                if name in _VALUE_OPTS or (name == "--accelerate-config" and nxt.endswith(_CONFIG_SUFFIXES)):
+                if name in _VALUE_OPTS or name in value_opts or (name == "--accelerate-config" and nxt.endswith(_CONFIG_SUFFIXES)):
                     opts.append(nxt)
                     i += 1
             i += 1
@@ -135,8 +148,13 @@ def print_dry_run(plan: Plan, as_json: bool) -> None:
     print("# each rank also gets XL_RUN_ID, XL_RUN_DIR, XL_COLLECTOR and XL_TOKEN from the supervisor")
 
 
-def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None) -> int:
-    """Watch a run this process started; Ctrl-C stops it (a second Ctrl-C leaves it stopping)."""
+def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None, slurm_node: bool = False, lines: bool = True) -> int:
+    """Watch a run this process started; Ctrl-C stops it (a second Ctrl-C leaves it stopping).
+
+    ``slurm_node``: a task of an srun step, which Slurm ends with SIGINT, SIGTERM and, KillWait
+    later, SIGKILL: every one of them stops the run and the task waits for it, so the step ends
+    when the run has. ``lines=False`` shows events and the outcome only (nodes other than 0).
+    """
     from .runs import abandon_if_supervisor_gone, stop_run
     from .watch import watch
 
@@ -145,12 +163,16 @@ def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None) -> int:
     def on_sigint(_signum: int, _frame: Any) -> None:
         nonlocal stopping
         if stopping:
+            if slurm_node:
+                return
             raise KeyboardInterrupt
         stopping = True
-        sys.stderr.write(f"\nxl: stopping {run_dir.name} (Ctrl-C again leaves it stopping in the background)\n")
+        how = "" if slurm_node else " (Ctrl-C again leaves it stopping in the background)"
+        sys.stderr.write(f"\nxl: stopping {run_dir.name}{how}\n")
         stop_run(run_dir)
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if slurm_node else (signal.SIGINT,)
+    previous = {s: signal.signal(s, on_sigint) for s in signals}
     checked = [time.monotonic()]
 
     def on_tick() -> None:
@@ -160,12 +182,13 @@ def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None) -> int:
             abandon_if_supervisor_gone(run_dir, exited=True)
 
     try:
-        return watch(run_dir, plain=plain, on_tick=on_tick)
+        return watch(run_dir, plain=plain, on_tick=on_tick, lines=lines)
     except KeyboardInterrupt:
         sys.stderr.write(f"xl: left {run_dir.name} stopping; 'xl runs' shows its status\n")
         return 130
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 # Opens a view on a run this process started: (run_dir, supervisor process) -> exit code.
@@ -181,10 +204,12 @@ def launch(
     plain: bool | None,
     plan: Plan | None = None,
     viewer: Viewer | None = None,
+    run_id: str | None = None,
+    slurm_node: bool = False,
 ) -> int:
     from .runs import start_run
 
-    handle = start_run(spec, plan, fork=True)
+    handle = start_run(spec, plan, fork=True, run_id=run_id)
     if detach:
         print(handle.run_id)
         sys.stderr.write(
@@ -195,7 +220,10 @@ def launch(
     if viewer is not None:
         code = viewer(handle.run_dir, handle.proc)
     else:
-        code = run_foreground(handle.run_dir, handle.proc, plain=plain)
+        # Under --slurm, node 0's view speaks for the run (it gathers every node); the other
+        # nodes say only what happens to them.
+        lines = not slurm_node or spec.node_rank == 0
+        code = run_foreground(handle.run_dir, handle.proc, plain=plain, slurm_node=slurm_node, lines=lines)
     # The view holds nothing worth tearing down; skipping interpreter cleanup returns the
     # prompt sooner (it counts in the launch overhead bench).
     with contextlib.suppress(OSError):
@@ -212,11 +240,41 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
         return EXIT_USAGE
     if ns.json and not ns.dry_run:
         raise UsageError("--json only goes with --dry-run")
+    if ns.slurm:
+        from .cmd_slurm import launch_slurm
+
+        return launch_slurm(ns, script, module, args, viewer)
+    run_id = None
+    if ns.slurm_node:
+        from .cmd_slurm import node_rank_from_env
+
+        ns.node_rank = node_rank_from_env()
+        if ns.run_id:
+            run_id = ns.run_id if ns.node_rank == 0 else f"{ns.run_id}-node{ns.node_rank}"
+    elif ns.run_id:
+        raise UsageError("--run-id is for the tasks `xl launch --slurm` starts")
     spec = spec_from_args(ns, script, module, args)
     plan = build_plan(spec, inventory())
     if ns.dry_run:
         print_dry_run(plan, ns.json)
         return 0
+    if spec.nnodes > 1:
+        from .nodelink import prepare_launch
+
+        # Node 0 prints the command for the other nodes, with the run's token (stderr: stdout
+        # stays the run id under --detach). Tasks of --slurm are all started already.
+        join = prepare_launch(spec, os.environ)
+        if join and not getattr(ns, "slurm_node", False):
+            sys.stderr.write(join)
+            sys.stderr.flush()
     # A terminal gets the Textual monitor (the viewer) unless --no-tui; --no-tui on a terminal
     # gets the Rich live table; anything else plain lines.
-    return launch(spec, detach=ns.detach, plain=None, plan=plan, viewer=None if ns.no_tui else viewer)
+    return launch(
+        spec,
+        detach=ns.detach,
+        plain=None,
+        plan=plan,
+        viewer=None if ns.no_tui else viewer,
+        run_id=run_id,
+        slurm_node=ns.slurm_node,
+    )

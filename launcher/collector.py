@@ -13,12 +13,17 @@ re-synchronised.
 
 After a frame's good records are appended, the collector acks the frame's sequence number so
 the client can forget it; unacked frames are resent or spooled by the client (nothing lost).
+
+On node 0 of a multi-node run it also takes node frames from the other nodes' supervisors
+(xl.launcher.nodelink): their sampled records are stored here like a rank's, the rest goes to
+``on_node`` for the supervisor, and ``stop_nodes`` tells every node to end its part of the run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import json
 import selectors
 import socket
 import struct
@@ -29,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from xl.launcher import wire
+from xl.launcher import nodelink, wire
 from xl.launcher.metrics import MetricsWriter
 
 ACK = struct.Struct(">Q")
@@ -55,6 +60,8 @@ class _Conn:
     writing: bool = False
     ack_seq: int | None = None  # the latest seq stored and not yet acked
     ack_frames: int = 0
+    node: int | None = None  # a node link (multi-node), once its first frame is in
+    stop_sent: bool = False
 
 
 @dataclass
@@ -84,13 +91,20 @@ class Collector:
         port: int = 0,
         on_records: Callable[[int, list[dict[str, Any]]], None] | None = None,
         on_dropped: Callable[[int, int, str], None] | None = None,
+        on_node: Callable[[int, str, list[dict[str, Any]]], None] | None = None,
+        on_node_closed: Callable[[int], None] | None = None,
     ) -> None:
         self.writer = writer
         self._token = token.encode()
         self._on_records = on_records
         self._on_dropped = on_dropped
+        self._on_node = on_node
+        self._on_node_closed = on_node_closed
         self.rejects: Counter[str] = Counter()
         self.frames = 0
+        self.node_frames = 0
+        self._node_seq: dict[tuple[int, int], int] = {}
+        self._node_stop: dict[str, Any] | None = None
         self.records = 0
         self.peers: dict[int, PeerInfo] = {}
         self.train_ranks: set[int] = set()
@@ -145,6 +159,8 @@ class Collector:
                 try:
                     self._tick(ACK_DELAY_S / 2 if self._ack_due else 0.2)
                     self._send_due_acks(time.monotonic())
+                    if self._node_stop is not None:
+                        self._deliver_stop()
                     self.writer.maybe_flush()
                 except Exception:  # e.g. the disk is full: count it and keep serving
                     self.rejects["write_error"] += 1
@@ -260,6 +276,10 @@ class Collector:
             self._sel.unregister(conn.sock)
         with contextlib.suppress(OSError):
             conn.sock.close()
+        if conn.node is not None and self._on_node_closed is not None:
+            node, conn.node = conn.node, None
+            with contextlib.suppress(Exception):
+                self._on_node_closed(node)
 
     def _read(self, conn: _Conn) -> None:
         try:
@@ -289,7 +309,7 @@ class Collector:
                 break
             payload = bytes(buf[pos + 4 : pos + 4 + length])
             pos += 4 + length
-            seq = self._frame(payload, lines)
+            seq = self._frame(payload, lines, conn)
             if seq is not None:
                 acks.append(seq[0])
                 ack_now = ack_now or seq[1]
@@ -330,10 +350,11 @@ class Collector:
             with contextlib.suppress(Exception):
                 self._sel.modify(conn.sock, want, conn)
 
-    def _frame(self, payload: bytes, lines: list[bytes]) -> tuple[int, bool] | None:
+    def _frame(self, payload: bytes, lines: list[bytes], conn: _Conn | None = None) -> tuple[int, bool] | None:
         """Validate one frame; append its good record lines to ``lines``.
 
-        Returns (seq, ack at once) for a frame to ack, None for a rejected one."""
+        Returns (seq, ack at once) for a rank's frame to ack, None for a rejected one or a node
+        frame (answered here)."""
         head, body = wire.split_payload(payload)
         try:
             header = wire.parse_header(head)
@@ -342,6 +363,12 @@ class Collector:
             return None
         if not hmac.compare_digest(header.token.encode(), self._token):
             self.rejects["bad_token"] += 1
+            return None
+        if isinstance(header, wire.NodeHeader):
+            if conn is not None and self._on_node is not None:
+                self._node_frame(conn, header, body, lines)
+            else:
+                self.rejects["unexpected_node"] += 1
             return None
         self.frames += 1
         good: list[dict[str, Any]] = []
@@ -382,10 +409,66 @@ class Collector:
             except Exception:  # a diagnosis bug must not cost the peer its connection
                 self.rejects["internal_error"] += 1
 
+    # -- node links (multi-node, node 0) ----------------------------------------------------
+
+    def _node_frame(self, conn: _Conn, header: wire.NodeHeader, body: list[bytes], lines: list[bytes]) -> None:
+        conn.node = header.node
+        key = (header.node, header.pid)
+        # A frame resent after a reconnect that was stored already is only acked again.
+        if header.seq > self._node_seq.get(key, 0):
+            self._node_seq[key] = header.seq
+            self.node_frames += 1
+            msgs: list[dict[str, Any]] = []
+            for raw in body:
+                try:
+                    msg = nodelink.check_message(json.loads(raw))
+                    if msg["type"] == "rec":
+                        line = msg["line"].encode()
+                        rec = wire.parse_record(line, msg["rank"])
+                        lines.append(line)
+                        self.records += 1
+                        if self._on_records is not None:
+                            self._on_records(msg["rank"], [rec])
+                        continue
+                except wire.FrameError as exc:
+                    self.rejects[exc.reason] += 1
+                    continue
+                except (ValueError, UnicodeError):
+                    self.rejects["bad_json"] += 1
+                    continue
+                msgs.append(msg)
+            assert self._on_node is not None
+            try:
+                self._on_node(header.node, header.host, msgs)
+            except Exception:
+                self.rejects["internal_error"] += 1
+        conn.out += nodelink.reply({"ack": header.seq})
+        if self._node_stop is not None and not conn.stop_sent:
+            conn.stop_sent = True
+            conn.out += nodelink.reply({"stop": self._node_stop})
+        self._flush_out(conn)
+
+    def stop_nodes(self, stop: dict[str, Any]) -> None:
+        """Tell every node (connected now or later) to end its part of the run; any thread."""
+        if self._node_stop is not None:
+            return
+        self._node_stop = stop
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"n")
+
+    def _deliver_stop(self) -> None:
+        for key in list(self._sel.get_map().values()):
+            conn = key.data
+            if isinstance(conn, _Conn) and conn.node is not None and not conn.stop_sent:
+                conn.stop_sent = True
+                conn.out += nodelink.reply({"stop": self._node_stop})
+                self._flush_out(conn)
+
     def stats(self) -> dict[str, Any]:
         return {
             "address": self.address,
             "frames": self.frames,
             "records": self.records,
+            "node_frames": self.node_frames,
             "rejects": dict(self.rejects),
         }

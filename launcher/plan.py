@@ -146,6 +146,19 @@ def _check_target(spec: LaunchSpec, cwd: str) -> None:
             raise UsageError(f"no module named {top!r} (check -m {spec.module} and your environment)")
 
 
+def parse_rdzv(rdzv: str) -> tuple[str, int]:
+    """``--rdzv HOST:PORT`` -> (host, port); an IPv6 address written [ADDR]:PORT comes back bare."""
+    host, sep, port = rdzv.strip().rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]  # [IPv6]:PORT; torchrun wants the bare address
+    if not sep or not host or not (port.isascii() and port.isdigit()) or (":" in host and not bracketed):
+        raise UsageError(f"--rdzv {rdzv!r} is not HOST:PORT (e.g. --rdzv 10.0.0.1:29500 or [fd00::1]:29500)")
+    if not 0 < int(port) < 65536:
+        raise UsageError(f"--rdzv {rdzv!r}: port {port} is out of range; use 1-65535 (e.g. 29500)")
+    return host, int(port)
+
+
 def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, str] | None = None) -> Plan:
     """The torchrun command for ``spec`` on this machine; UsageError on bad input."""
     env = os.environ if env is None else env
@@ -180,16 +193,9 @@ def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, 
     else:
         if not spec.rdzv:
             raise UsageError("--nnodes > 1 needs --rdzv HOST:PORT (the address of node 0)")
-        host, sep, port = spec.rdzv.strip().rpartition(":")
-        bracketed = host.startswith("[") and host.endswith("]")
-        if bracketed:
-            host = host[1:-1]  # [IPv6]:PORT; torchrun wants the bare address
-        if not sep or not host or not (port.isascii() and port.isdigit()) or (":" in host and not bracketed):
-            raise UsageError(f"--rdzv {spec.rdzv!r} is not HOST:PORT (e.g. --rdzv 10.0.0.1:29500 or [fd00::1]:29500)")
-        if not 0 < int(port) < 65536:
-            raise UsageError(f"--rdzv {spec.rdzv!r}: port {port} is out of range; use 1-65535 (e.g. 29500)")
+        host, port = parse_rdzv(spec.rdzv)
         # Static rendezvous: node ranks are the ones people gave, as accelerate does.
-        argv += ["--node-rank", str(spec.node_rank), "--master-addr", host, "--master-port", port]
+        argv += ["--node-rank", str(spec.node_rank), "--master-addr", host, "--master-port", str(port)]
     argv += ["--max-restarts", "0", "-m", ENTRY_MODULE]
     if spec.script is not None:
         argv.append(spec.script)

@@ -190,7 +190,7 @@ def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
         os._exit(code)
 
 
-def start_run(spec: LaunchSpec, plan: Plan | None = None, *, fork: bool = False) -> RunHandle:
+def start_run(spec: LaunchSpec, plan: Plan | None = None, *, fork: bool = False, run_id: str | None = None) -> RunHandle:
     """Create the run dir, spawn its detached supervisor and return at once.
 
     ``fork=True`` (the ``xl launch`` command) forks the supervisor instead of starting a new
@@ -200,12 +200,20 @@ def start_run(spec: LaunchSpec, plan: Plan | None = None, *, fork: bool = False)
     if plan is None:
         plan = build_plan(spec, _inventory())
     root = _runs_root(create=True)
-    while True:  # two launches in the same second with the same name: another suffix
-        run_id = new_run_id(spec)
+    if run_id is not None:  # chosen by `xl launch --slurm` for every node at once
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", run_id):
+            raise UsageError(f"run id {run_id!r} may hold only letters, digits, '_', '.' and '-'")
         run_dir = root / run_id
         try:
             run_dir.mkdir()
-            break
+        except FileExistsError:
+            raise UsageError(f"a run {run_id} exists already in {root}") from None
+    while run_id is None:  # two launches in the same second with the same name: another suffix
+        candidate = new_run_id(spec)
+        run_dir = root / candidate
+        try:
+            run_dir.mkdir()
+            run_id = candidate
         except FileExistsError:
             continue
     (run_dir / "logs").mkdir()

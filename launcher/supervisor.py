@@ -18,8 +18,9 @@ run.json (replaced atomically on every change)::
     run_id, name, status (running|succeeded|failed|stopped), spec, argv, env (what xl set), cwd,
     devices [{index, uuid, name}], nnodes, node_rank, nproc_per_node, world_size, host,
     started_at, ended_at (unix s), supervisor_pid, torchrun_pid, torchrun_exit_code, grace_s,
-    stop_requested_at, ranks [{rank, local_rank, node, pid, gpu, gpu_uuid, state, exit_code,
-    started_at, ended_at}], failure {rank, exit_code, traceback, error, message} | null
+    stop_requested_at, ranks [{rank, local_rank, node, node_rank, pid, gpu, gpu_uuid, state,
+    exit_code, started_at, ended_at}], failure {rank, exit_code, traceback, error, message, node,
+    node_rank} | null
 
 Rank ``state``: starting|running|exited|failed|stopped. ``exit_code`` < 0 means killed by that signal.
 ``failure.rank`` is null when no rank is to blame (torchrun itself died or could not start them).
@@ -28,6 +29,13 @@ events.jsonl kinds written here: run_started, rank_started (pid), rank_exited (e
 (exit_code), stop_requested, run_ended (status); telemetry adds its diagnoses through ``emit``.
 Also in the run dir: ranks/rank-<r>.json (what the entry point reports), logs/torchrun.log
 (torchrun's own output), supervisor.log, sup.sock (the log socket, while running).
+
+Several nodes (xl.launcher.nodelink): node 0's collector listens where every node can reach it
+and its run dir becomes the run's one view. Every other node keeps its own run dir and also
+sends node 0 its ranks, their output, lifecycle events, sampled metrics and its failure; node 0
+adds them (``ranks`` of every node, ``node_rank`` on each), ends its part when another node fails
+or is lost, tells the others to end theirs, and waits for their ends before finishing.
+``failure`` then also names ``node`` (host) and ``node_rank``.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import ctypes
 import errno
 import json
 import os
+import queue
 import re
 import secrets
 import selectors
@@ -50,15 +59,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xl.cliutil import UsageError
 from xl.fsutil import write_json_atomic
 from xl.procenv import read_environ
 
-from . import procs
+from . import nodelink, procs
 from .runs import grace_from_env
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
 _TICK_S = 0.1
+# Node 0 of a multi-node run: a node whose link closed without its end is lost after this long
+# (a supervisor that restarts its connection comes back well within it); one that went silent,
+# after XL_NODE_TIMEOUT seconds; after its own ranks are done node 0 waits for the other nodes'
+# ends up to the stop grace plus this.
+_NODE_CLOSED_S = 2.0
+_NODE_TIMEOUT_S = 30.0
+_NODE_END_WAIT_S = 10.0
+_LINK_CLOSE_S = 3.0
 
 
 def _debug(what: str) -> None:
@@ -88,6 +106,7 @@ class RankState:
     node: str
     gpu: int | None
     gpu_uuid: str | None
+    node_rank: int = 0
     pid: int | None = None
     state: str = "starting"
     exit_code: int | None = None
@@ -96,6 +115,8 @@ class RankState:
     traceback: str | None = None
     error: str | None = None
     record_mtime: float = 0.0
+    alive_at: float | None = None  # the last time it was seen running
+    vanished: bool = False  # ended without an exit record (killed)
     signalled: int | None = None  # the last signal xl sent it
 
     def to_json(self) -> dict[str, Any]:
@@ -103,6 +124,7 @@ class RankState:
             "rank": self.rank,
             "local_rank": self.local_rank,
             "node": self.node,
+            "node_rank": self.node_rank,
             "pid": self.pid,
             "gpu": self.gpu,
             "gpu_uuid": self.gpu_uuid,
@@ -133,6 +155,27 @@ class _Stop:
     extra: list[int] = field(default_factory=list)
 
 
+@dataclass
+class _RemoteNode:
+    """Node 0's view of another node, from what its link sent."""
+
+    node: int
+    host: str = ""
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    seen: float = 0.0  # monotonic
+    closed_at: float | None = None  # monotonic; its link closed without its end
+    status: str | None = None  # its run ended with this
+    lost: bool = False
+    partial: dict[int, bytes] = field(default_factory=dict)
+
+
+def _node_timeout() -> float:
+    try:
+        return max(2.0, float(os.environ.get("XL_NODE_TIMEOUT", _NODE_TIMEOUT_S)))
+    except ValueError:
+        return _NODE_TIMEOUT_S
+
+
 class Supervisor:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -158,7 +201,46 @@ class Supervisor:
         self.reparented: dict[int, int] = {}
         self.barrier_since: float | None = None  # multi-node: when torchrun outlived its ranks
         self.barrier_ended = False  # xl ended torchrun stuck at its exit barrier
+        self.nnodes = int(self.run.get("nnodes") or 1)
+        self.node_rank = int(self.run.get("node_rank") or 0)
+        self.host = str(self.run.get("host") or socket.gethostname())
+        self.failure_at: float | None = None  # when the root cause happened (any node's clock)
+        self.failure_remote = False  # another node's failure, adopted: not sent back
+        # Multi-node: node 0's collector address (every node), this node's link to it (nodes
+        # > 0), and node 0's view of the others, fed by the collector thread through the inbox.
+        self.hub: tuple[str, int] | None = None
+        self.link: nodelink.NodeLink | None = None
+        self.inbox: queue.SimpleQueue[tuple[int, str, list[dict[str, Any]] | None, float]] = queue.SimpleQueue()
+        self.nodes: dict[int, _RemoteNode] = {}
+        self.node_timeout = _node_timeout()
+        self.local_done_at: float | None = None
+        self.nodes_waited = False
+        self._multi_node_setup()
         self._init_ranks()
+
+    def _multi_node_setup(self) -> None:
+        if self.nnodes < 2:
+            return
+        try:
+            self.hub = nodelink.hub_address(str((self.run.get("spec") or {}).get("rdzv") or ""), os.environ)
+        except UsageError as exc:
+            print(f"xl supervisor: no view of the other nodes: {exc}", file=sys.stderr, flush=True)
+            return
+        token = os.environ.get(nodelink.TOKEN_VAR)
+        if nodelink.valid_token(token):
+            self.token = str(token)
+        elif self.node_rank > 0:
+            print(
+                f"xl supervisor: no valid {nodelink.TOKEN_VAR}: this node's records stay here only",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.hub = None
+
+    @property
+    def is_hub(self) -> bool:
+        """Node 0 of a multi-node run that gathers the other nodes."""
+        return self.hub is not None and self.node_rank == 0
 
     # ---------------------------------------------------------------- records
     def _init_ranks(self) -> None:
@@ -175,6 +257,7 @@ class Supervisor:
                 node=host,
                 gpu=dev["index"] if dev else None,
                 gpu_uuid=dev["uuid"] if dev else None,
+                node_rank=node_rank,
             )
 
     def emit(self, event: dict[str, Any]) -> None:
@@ -187,10 +270,16 @@ class Supervisor:
                 fh.write(line)
         except OSError as exc:
             self._write_failed("events.jsonl", exc)
+        if self.link is not None and event.get("kind") in nodelink.FORWARDED_EVENTS:
+            self.link.send({"type": "event", "event": event})
 
     def save(self) -> None:
         self.dirty = False
-        self.run["ranks"] = [r.to_json() for r in sorted(self.ranks.values(), key=lambda r: r.rank)]
+        local = [r.to_json() for r in sorted(self.ranks.values(), key=lambda r: r.rank)]
+        if self.link is not None:
+            self.link.send({"type": "ranks", "ranks": local})
+        remote = [r for node in self.nodes.values() for r in node.ranks]
+        self.run["ranks"] = sorted(local + remote, key=lambda r: int(r.get("rank") or 0))
         self.run["failure"] = self.failure
         try:
             write_json_atomic(self.run_dir / "run.json", self.run)
@@ -205,7 +294,9 @@ class Supervisor:
             print(f"xl supervisor: cannot write {what}: {exc}", file=sys.stderr, flush=True)
 
     def _rank_dicts(self) -> list[dict[str, Any]]:
-        return [r.to_json() for r in sorted(self.ranks.values(), key=lambda r: r.rank)]
+        """Every rank for telemetry; other nodes' ranks are flagged ``remote`` (not sampled here)."""
+        local = [r.to_json() for r in sorted(self.ranks.values(), key=lambda r: r.rank)]
+        return local + [{**r, "remote": True} for node in self.nodes.values() for r in node.ranks]
 
     def _telemetry(self, method: str, *args: Any) -> Any:
         if self.telemetry is None:
@@ -238,8 +329,21 @@ class Supervisor:
     def _start_telemetry(self) -> dict[str, str]:
         from .telemetry import Telemetry
 
+        where: dict[str, Any] = {}
+        if self.is_hub:
+            assert self.hub is not None
+            host, port = self.hub
+            where = {
+                "host": nodelink.listen_host(host),
+                "port": port,
+                "advertise": host,
+                "on_node": lambda node, name, msgs: self.inbox.put((node, name, msgs, time.time())),
+                "on_node_closed": lambda node: self.inbox.put((node, "", None, time.time())),
+            }
+        elif self.hub is not None:
+            where = {"forward": self._forward_records}
         try:
-            self.telemetry = Telemetry(self.run_dir, token=self.token, emit_event=self.emit)
+            self.telemetry = Telemetry(self.run_dir, token=self.token, emit_event=self.emit, **where)
             env = dict(self.telemetry.start())
         except Exception as exc:
             print(f"xl supervisor: telemetry did not start: {exc!r}", file=sys.stderr, flush=True)
@@ -273,10 +377,20 @@ class Supervisor:
         except (OSError, AttributeError):
             pass  # not Linux: orphans go to init; they are still found by XL_RUN_ID
 
+    def _forward_records(self, records: list[dict[str, Any]]) -> None:
+        from .metrics import dumps_line
+
+        if self.link is not None:
+            for rec in records:
+                self.link.send({"type": "rec", "rank": rec["rank"], "line": dumps_line(rec).decode()})
+
     def start(self) -> None:
         _debug("supervisor start")
         self._subreaper()
         self._install_signals()
+        if self.hub is not None and self.node_rank > 0:
+            self.link = nodelink.NodeLink(*self.hub, self.token, self.node_rank, self.host)
+            self.link.start()
         address = self._listen()
         (self.run_dir / "logs").mkdir(exist_ok=True)
         (self.run_dir / "ranks").mkdir(exist_ok=True)
@@ -288,6 +402,9 @@ class Supervisor:
         env.update(self.run.get("env") or {})
         _debug("before telemetry")
         env.update(self._start_telemetry())
+        if self.hub is not None and self.node_rank > 0:
+            # This node's ranks send their xl.log frames straight to node 0's collector.
+            env["XL_COLLECTOR"] = nodelink.format_address(*self.hub)
         _debug("after telemetry")
         env.update({"XL_RUN_ID": self.run_id, "XL_RUN_DIR": str(self.run_dir), "XL_LOGSOCK": address})
         with open(self.run_dir / "logs" / "torchrun.log", "ab") as log:
@@ -326,6 +443,11 @@ class Supervisor:
             self._reap()
             self._scan_records()
             self._check_alive()
+            if self.is_hub:
+                self._node_inbox()
+                self._check_nodes()
+            elif self.link is not None:
+                self._node_commands()
             if self.stop_signal and self.stop is None:
                 self.emit({"kind": "stop_requested", "message": f"stop requested ({self.stop_signal})"})
                 self.run["stop_requested_at"] = time.time()
@@ -337,14 +459,14 @@ class Supervisor:
             self._end_exit_barrier()
             if self.dirty:
                 self.save()
-            if self.telemetry is not None and not self.telemetry_stopped and self._ranks_gone():
+            if self.telemetry is not None and not self.telemetry_stopped and self._ranks_gone() and not self._nodes_pending():
                 # Every rank process is gone, so nothing can log any more: flush telemetry now,
                 # while torchrun tears down (~0.5 s), not after it.
                 self._stop_telemetry()
             if self.torchrun_code is not None and self._all_done():
                 _debug("torchrun done")
                 self._drain()
-                if not self._leftovers():
+                if not self._leftovers() and not self._nodes_pending():
                     return
 
     def _accept(self) -> None:
@@ -394,6 +516,12 @@ class Supervisor:
 
     def _write_log(self, conn: _Conn, data: bytes) -> None:
         rank = int(conn.rank)  # type: ignore[arg-type]
+        conn.partial = self._append_log(rank, data, conn.partial)
+        if self.link is not None:
+            self.link.send_log(rank, data)
+
+    def _append_log(self, rank: int, data: bytes, partial: bytes) -> bytes:
+        """Append to logs/rank-<rank>.log and parse whole lines; returns the unfinished line."""
         fd = self.log_fds.get(rank)
         try:
             if fd is None:
@@ -403,15 +531,16 @@ class Supervisor:
         except OSError as exc:
             self._write_failed(f"logs/rank-{rank}.log", exc)
         if self.telemetry is None:
-            return
+            return b""
         # tqdm redraws with \r: each redraw is a line for the parser.
-        chunk = (conn.partial + data).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        *lines, conn.partial = chunk.split(b"\n")
-        if len(conn.partial) > 65536:
-            lines.append(conn.partial)
-            conn.partial = b""
+        chunk = (partial + data).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *lines, partial = chunk.split(b"\n")
+        if len(partial) > 65536:
+            lines.append(partial)
+            partial = b""
         for line in lines:
             self._telemetry("feed_log_line", rank, line.decode("utf-8", "replace"))
+        return partial
 
     def _close(self, conn: _Conn) -> None:
         if conn.partial and conn.rank is not None:
@@ -542,16 +671,30 @@ class Supervisor:
         if st.state == "failed" and self.failure is None and self.stop is None:
             self._record_failure(st)
 
+    def _local_failure(self, rank: int | None, exit_code: int | None, traceback: str | None, error: str | None, message: str) -> dict[str, Any]:
+        return {
+            "rank": rank,
+            "exit_code": exit_code,
+            "traceback": traceback,
+            "error": error,
+            "message": message,
+            "node": self.host,
+            "node_rank": self.node_rank,
+        }
+
+    def _set_failure(self, failure: dict[str, Any], at: float) -> None:
+        self.failure, self.failure_at = failure, at
+        self.dirty = True
+        if self.link is not None and not self.failure_remote:
+            self.link.send({"type": "failure", "failure": failure, "at": at})
+
     def _record_failure(self, st: RankState) -> None:
         what = st.error or (describe_exit(st.rank, st.exit_code) if st.exit_code is not None else "died")
         message = f"rank {st.rank} failed first: {what}"
-        self.failure = {
-            "rank": st.rank,
-            "exit_code": st.exit_code,
-            "traceback": st.traceback,
-            "error": st.error,
-            "message": message,
-        }
+        # When it happened, to compare with other nodes' failures: a killed rank died between
+        # the last time it was seen running and now.
+        at = (st.alive_at if st.vanished else None) or st.ended_at or time.time()
+        self._set_failure(self._local_failure(st.rank, st.exit_code, st.traceback, st.error, message), at)
         self.emit({"kind": "failure", "rank": st.rank, "exit_code": st.exit_code, "message": message})
         self._begin_stop("failure")
 
@@ -563,10 +706,12 @@ class Supervisor:
                 self._rank_ended(st, self.reparented.pop(st.pid))
                 continue
             if procs.alive(st.pid):
+                st.alive_at = time.time()
                 continue
             # Gone without an exit record: killed by a signal (or os._exit).
             self._scan_records()
             if not st.done:
+                st.vanished = True
                 self._rank_ended(st, -st.signalled if st.signalled is not None else None)
 
     def _reap(self) -> None:
@@ -614,6 +759,10 @@ class Supervisor:
         self.stop.extra = procs.find_run_pids(self.run_id, exclude=self._known_pids())
         for pid in self.stop.extra:
             procs.signal_rank(pid, signal.SIGTERM)
+        if self.is_hub:
+            # Collectives of the other nodes may wait for these ranks for many minutes: end them.
+            why = "requested" if reason == "requested" else "failure"
+            self._telemetry("stop_nodes", {"reason": why, "failure": self.failure})
 
     def _known_pids(self) -> set[int]:
         pids = {st.pid for st in self.ranks.values() if st.pid}
@@ -667,7 +816,7 @@ class Supervisor:
         code = self.torchrun_code
         desc = _signal_name(code) if code is not None and code < 0 else f"code {code}"
         message = f"torchrun ended ({desc}) while ranks were running"
-        self.failure = {"rank": None, "exit_code": code, "traceback": None, "error": None, "message": message}
+        self._set_failure(self._local_failure(None, code, None, None, message), time.time())
         self.emit({"kind": "failure", "rank": None, "exit_code": code, "message": message})
         self._begin_stop("torchrun_died")
 
@@ -727,6 +876,8 @@ class Supervisor:
         # turns out to have died of a stop signal is another rank's real failure preferred.
         if self.failure is None or self.failure.get("exit_code") is not None or self.failure.get("rank") is None:
             return
+        if self.failure.get("node_rank", self.node_rank) != self.node_rank or int(self.failure["rank"]) not in self.ranks:
+            return  # another node's rank: that node explained it
         blamed = self.ranks[int(self.failure["rank"])]
         stop_codes = (-signal.SIGTERM, -signal.SIGKILL)
         real = [st for st in self.ranks.values() if st.exit_code not in (None, 0, *stop_codes)]
@@ -761,17 +912,22 @@ class Supervisor:
             status = "failed"
             bad = [st for st in self.ranks.values() if st.exit_code not in (0, None)]
             first = min(bad, key=lambda s: s.ended_at or 0.0) if bad else None
-            self.failure = {
-                "rank": first.rank if first else None,
-                "exit_code": first.exit_code if first else self.torchrun_code,
+            self.failure = self._local_failure(
+                first.rank if first else None,
+                first.exit_code if first else self.torchrun_code,
                 # No rank to blame (e.g. torchrun could not start them): torchrun's own last words.
-                "traceback": first.traceback if first else self._torchrun_tail(),
-                "error": first.error if first else None,
-                "message": f"torchrun exited with code {self.torchrun_code} (see logs/torchrun.log)",
-            }
+                first.traceback if first else self._torchrun_tail(),
+                first.error if first else None,
+                f"torchrun exited with code {self.torchrun_code} (see logs/torchrun.log)",
+            )
+            self.failure_at = (first.ended_at if first else None) or time.time()
         for st in self.ranks.values():
             if not st.done:
                 st.state = "stopped" if status == "stopped" else "failed"
+        for node in self.nodes.values():
+            for info in node.ranks:
+                if node.lost and info.get("state") not in ("exited", "failed", "stopped"):
+                    info["state"] = "failed"
         _debug("finish start")
         self._stop_telemetry()
         _debug("telemetry stopped")
@@ -780,10 +936,180 @@ class Supervisor:
         self.run.update(status=status, ended_at=time.time())
         self.save()
         self.emit({"kind": "run_ended", "status": status, "message": f"run {status}"})
+        if self.link is not None:
+            failure = None if self.failure_remote else self.failure
+            self.link.send({"type": "end", "status": status, "failure": failure, "at": self.failure_at or time.time()})
+            if not self.link.close(_LINK_CLOSE_S):
+                print("xl supervisor: node 0 did not take this node's last records; they are here", file=sys.stderr, flush=True)
         with contextlib.suppress(OSError):
             self.listener.close()
             os.unlink(self.run_dir / "sup.sock")
         return status
+
+    # ---------------------------------------------------------------- other nodes (node 0)
+    def _node_inbox(self) -> None:
+        """What the other nodes' links sent since the last turn (the collector thread queues it)."""
+        while True:
+            try:
+                node, host, msgs, when = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            remote = self.nodes.get(node)
+            if remote is None:
+                remote = self.nodes[node] = _RemoteNode(node, seen=time.monotonic())
+            if msgs is None:  # its link closed
+                if remote.status is None and not remote.lost:
+                    remote.closed_at = time.monotonic() - max(0.0, time.time() - when)
+                continue
+            remote.host = host or remote.host
+            remote.seen, remote.closed_at = time.monotonic(), None
+            for msg in msgs:
+                try:
+                    self._node_message(remote, msg)
+                except (KeyError, TypeError, ValueError) as exc:  # checked by the collector; belt and braces
+                    print(f"xl supervisor: node {node} sent {msg.get('type')!r} xl cannot use: {exc!r}", file=sys.stderr, flush=True)
+
+    def _node_message(self, remote: _RemoteNode, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == "log":
+            rank = int(msg["rank"])
+            data = str(msg["data"]).encode("utf-8", "surrogateescape")
+            remote.partial[rank] = self._append_log(rank, data, remote.partial.get(rank, b""))
+        elif kind == "ranks":
+            remote.ranks = [
+                {**info, "node": info.get("node") or remote.host, "node_rank": remote.node} for info in msg["ranks"]
+            ]
+            self.dirty = True
+            self._telemetry("set_ranks", self._rank_dicts())
+        elif kind == "event":
+            event = dict(msg["event"])
+            # The run's own run_started/run_ended are node 0's; another node's are its part's.
+            event["kind"] = {"run_started": "node_started", "run_ended": "node_ended"}.get(event["kind"], event["kind"])
+            event.update(node=remote.host, node_rank=remote.node)
+            event["message"] = f"node {remote.node}: {event.get('message') or event['kind']}"
+            self.emit(event)
+            if event["kind"] == "stop_requested" and self.stop is None:
+                # Someone stopped that node: its collectives are gone, so is the run.
+                self.run["stop_requested_at"] = time.time()
+                self._begin_stop("requested")
+        elif kind == "failure":
+            self._node_failure(remote, msg["failure"], float(msg["at"]))
+        elif kind == "end":
+            remote.status = str(msg["status"])
+            if msg.get("failure") and remote.status == "failed":
+                self._node_failure(remote, msg["failure"], float(msg["at"]))
+            self.dirty = True
+
+    def _node_failure(self, remote: _RemoteNode, failure: dict[str, Any], at: float) -> None:
+        """Another node's root cause becomes the run's when it came first."""
+        if failure.get("node_rank", remote.node) != remote.node:
+            return  # a failure node 0 told it about, coming back
+        if self.stop is not None and self.stop.reason == "requested":
+            return
+        where = f"node {remote.node} ({failure.get('node') or remote.host})"
+        current = self.failure
+        if current is not None and current.get("node_rank") == remote.node and current.get("rank") is not None:
+            # That node's root cause already, completed by its last word (e.g. the signal that
+            # killed the rank, read from its torchrun's summary at its end).
+            for key in ("rank", "exit_code", "traceback", "error"):
+                current[key] = failure.get(key) if failure.get(key) is not None else current.get(key)
+            current["message"] = f"{where}: {failure.get('message') or 'failed'}"
+            self.dirty = True
+            return
+        if current is not None and (self.failure_at is None or at >= self.failure_at):
+            return
+        adopted = {
+            "rank": failure.get("rank"),
+            "exit_code": failure.get("exit_code"),
+            "traceback": failure.get("traceback"),
+            "error": failure.get("error"),
+            "message": f"{where}: {failure.get('message') or 'failed'}",
+            "node": failure.get("node") or remote.host,
+            "node_rank": remote.node,
+        }
+        self._set_failure(adopted, at)
+        self.emit({
+            "kind": "failure",
+            "rank": adopted["rank"],
+            "exit_code": adopted["exit_code"],
+            "node": adopted["node"],
+            "node_rank": remote.node,
+            "message": adopted["message"],
+        })
+        self._begin_stop("failure")
+
+    def _check_nodes(self) -> None:
+        """A node whose link closed without its end, or that went silent, is lost: the run is over."""
+        now = time.monotonic()
+        for remote in self.nodes.values():
+            if remote.status is not None or remote.lost:
+                continue
+            closed = remote.closed_at is not None and now - remote.closed_at > _NODE_CLOSED_S
+            if not closed and now - remote.seen <= self.node_timeout:
+                continue
+            remote.lost = True
+            since = remote.closed_at if remote.closed_at is not None else remote.seen
+            running = [int(r["rank"]) for r in remote.ranks if r.get("state") in ("starting", "running")]
+            how = "its supervisor's connection closed" if closed else f"nothing came from it for {self.node_timeout:g}s"
+            ranks = f" with rank(s) {', '.join(map(str, running))} running" if running else ""
+            message = f"node {remote.node} ({remote.host or '?'}) was lost{ranks}: {how} (killed, or its machine went down)"
+            self.emit({"kind": "node_lost", "node": remote.host, "node_rank": remote.node, "message": message})
+            failure = {
+                "rank": None,
+                "exit_code": None,
+                "traceback": None,
+                "error": None,
+                "message": message,
+                "node": remote.host,
+                "node_rank": remote.node,
+            }
+            self._node_failure(remote, failure, time.time() - (now - since))
+            self.dirty = True
+
+    def _nodes_pending(self) -> bool:
+        """Node 0, its own ranks done: True while it still waits for another node's end."""
+        if not self.is_hub or self.nodes_waited:
+            return False
+        now = time.monotonic()
+        if self.local_done_at is None:
+            self.local_done_at = now
+        waiting = [
+            n for n in range(1, self.nnodes) if not ((r := self.nodes.get(n)) is not None and (r.status is not None or r.lost))
+        ]
+        if not waiting:
+            return False
+        if now - self.local_done_at < self.grace + _NODE_END_WAIT_S:
+            return True
+        self.nodes_waited = True
+        names = ", ".join(map(str, waiting))
+        self.emit({
+            "kind": "nodes_unfinished",
+            "message": f"node(s) {names} had not reported the end of their part after "
+            f"{self.grace + _NODE_END_WAIT_S:g}s; their own run dirs have the rest",
+        })
+        return False
+
+    # ---------------------------------------------------------------- node 0's word (nodes > 0)
+    def _node_commands(self) -> None:
+        assert self.link is not None
+        for cmd in self.link.commands():
+            stop = cmd.get("stop")
+            if not isinstance(stop, dict) or self.stop is not None:
+                continue
+            if stop.get("reason") == "requested":
+                self.emit({"kind": "stop_requested", "message": "node 0 stopped the run"})
+                self.run["stop_requested_at"] = time.time()
+                self._begin_stop("requested")
+                continue
+            given = stop.get("failure")
+            failure: dict[str, Any] = given if isinstance(given, dict) else {}
+            if self.failure is None:
+                node = failure.get("node_rank")
+                message = f"the run failed on node {node if node is not None else '?'}: {failure.get('message') or 'see node 0'}"
+                self.failure_remote = True
+                self._set_failure({**failure, "message": message}, time.time())
+                self.emit({"kind": "failure", "rank": failure.get("rank"), "message": message})
+            self._begin_stop("failure")
 
 
 def main(argv: list[str]) -> int:
@@ -803,7 +1129,7 @@ def main(argv: list[str]) -> int:
             procs.kill_all(procs.find_run_pids(sup.run_id))
             if sup.torchrun is not None:
                 procs.signal_pid(sup.torchrun.pid, signal.SIGKILL)
-            sup.failure = sup.failure or {"rank": None, "exit_code": None, "traceback": None, "error": None, "message": f"supervisor error: {exc!r}"}
+            sup.failure = sup.failure or sup._local_failure(None, None, None, None, f"supervisor error: {exc!r}")
         status = sup.finish()
         return 0 if status == "succeeded" else 1
     status = sup.finish()

@@ -2,7 +2,7 @@
 
     t = Telemetry(run_dir, token=token, emit_event=fn)
     env = t.start()           # {"XL_COLLECTOR": "127.0.0.1:<port>", "XL_TOKEN": token}
-    t.set_ranks(ranks)        # [{"rank", "local_rank", "node", "pid", "gpu"}, ...]
+    t.set_ranks(ranks)        # [{"rank", "local_rank", "node", "pid", "gpu", "remote"?}, ...]
     t.feed_log_line(rank, line)
     t.stop()
 
@@ -58,6 +58,9 @@ class Telemetry:
         advertise: str | None = None,
         sample_interval: float = 1.0,
         inventory: Callable[[], Any] | bool | None = True,
+        on_node: Callable[[int, str, list[dict[str, Any]]], None] | None = None,
+        on_node_closed: Callable[[int], None] | None = None,
+        forward: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.token = token
@@ -70,6 +73,11 @@ class Telemetry:
         self._advertise = advertise
         self._interval = sample_interval
         self._inventory = inventory
+        # Multi-node: node 0 takes the other nodes' links (on_node*); another node hands what it
+        # samples to ``forward`` (its link to node 0).
+        self._on_node = on_node
+        self._on_node_closed = on_node_closed
+        self._forward = forward
         self._ranks: list[dict[str, Any]] = []
         self._ranks_lock = threading.Lock()
         # Ranks whose train metrics come from xl.log: their printed dicts are not parsed again.
@@ -119,10 +127,12 @@ class Telemetry:
                 port=port,
                 on_records=self._on_records,
                 on_dropped=self._on_dropped,
+                on_node=self._on_node,
+                on_node_closed=self._on_node_closed,
             )
         except OSError:
-            if not port:
-                raise
+            if not port or self._port is not None:
+                raise  # a port others must dial (multi-node) is not swapped for another
             # The old port is taken by someone else: ranks started from now on get the new one.
             collector = Collector(
                 self.writer,
@@ -131,6 +141,8 @@ class Telemetry:
                 port=0,
                 on_records=self._on_records,
                 on_dropped=self._on_dropped,
+                on_node=self._on_node,
+                on_node_closed=self._on_node_closed,
             )
         self.collector = collector
         collector.start()
@@ -182,6 +194,11 @@ class Telemetry:
         except ValueError:
             return
         self.diagnoser.ingest(rank, [rec])
+
+    def stop_nodes(self, stop: dict[str, Any]) -> None:
+        """Node 0: tell every other node to end its part of the run."""
+        if self.collector is not None:
+            self.collector.stop_nodes(stop)
 
     def stop(self) -> None:
         self._stop.set()
@@ -237,13 +254,14 @@ class Telemetry:
         with self._ranks_lock:
             ranks = [dict(r) for r in self._ranks]
         known = {r.get("rank") for r in ranks if isinstance(r.get("pid"), int)}
-        # Ranks the launcher has not reported yet are still sampled from the pid they sent.
-        if self.collector is not None:
+        # Ranks the launcher has not reported yet are still sampled from the pid they sent;
+        # not on node 0 of a multi-node run, where a peer's pid may be another machine's.
+        if self.collector is not None and self._on_node is None:
             for rank, peer in list(self.collector.peers.items()):
                 if rank not in known:
                     ranks = [r for r in ranks if r.get("rank") != rank]
                     ranks.append({"rank": rank, "pid": peer.pid})
-        return [r for r in ranks if r.get("exit_code") is None]
+        return [r for r in ranks if r.get("exit_code") is None and not r.get("remote")]
 
     def _loop(self) -> None:
         next_status = time.monotonic() + 5
@@ -267,6 +285,8 @@ class Telemetry:
             self.writer.write_lines([dumps_line(r) for r in records])
             for rec in records:
                 self.diagnoser.ingest(rec["rank"], [rec])
+            if self._forward is not None:
+                self._forward(records)
         for rank in dead:
             self.diagnoser.set_alive(rank, False)
         self.diagnoser.tick()

@@ -117,14 +117,14 @@ def _plain_event(ev: dict[str, Any]) -> str:
     return f"{stamp} xl: {ev.get('message') or ev.get('kind')}"
 
 
-def watch_plain(state: RunState, out: TextIO, on_tick: Any = None) -> int:
+def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool = True) -> int:
     print(f"xl: run {state.run_dir.name} ({state.run_dir}); 'xl attach {state.run_dir.name}' reopens it", file=out, flush=True)
     while True:
         final_seen = state.final
         state.poll()
         for ev in state.new_events:
             print(_plain_event(ev), file=out)
-        for rank, text in state.new_lines:
+        for rank, text in state.new_lines if lines else ():
             print(f"[rank {rank}] {text}", file=out)
         out.flush()
         if final_seen or (state.final and not state.new_lines and not state.new_events):
@@ -132,11 +132,32 @@ def watch_plain(state: RunState, out: TextIO, on_tick: Any = None) -> int:
         if on_tick is not None:
             on_tick()
         time.sleep(POLL_S)
+    # Where no live table can redraw (a pipe, a file, CI's log), the table comes once, at the end:
+    # every rank's state, pid, GPU, exit code and last figures, plain and aligned.
+    print(render_text(state, width=max(100, _width(out))), file=out, end="")
     failure = state.run.get("failure") or {}
     if state.status == "failed" and failure.get("traceback"):
         print(f"xl: traceback of rank {failure.get('rank')}:\n{failure['traceback']}", file=out)
     print(f"xl: {_summary(state)}", file=out, flush=True)
     return exit_code_for(state.status)
+
+
+def _width(out: TextIO) -> int:
+    import shutil
+
+    return shutil.get_terminal_size((120, 24)).columns if out.isatty() else 120
+
+
+def render_text(state: RunState, width: int = 120) -> str:
+    """The rank table as plain ASCII text (no colour, no control codes): for pipes and log files."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
+    console.print(render(state, events=False, ascii_only=True))
+    return buf.getvalue()
 
 
 # ---------------------------------------------------------------------------------- Rich live view
@@ -151,15 +172,22 @@ _STATE_STYLE = {
 }
 
 
-def render(state: RunState) -> Any:
+def render(state: RunState, *, events: bool = True, ascii_only: bool = False) -> Any:
     """The live view as a Rich renderable (rank table + recent events)."""
+    from rich import box
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
     run = state.run
     title = f"{run.get('name') or ''}  [b]{run.get('run_id', state.run_dir.name)}[/b]  {state.status}  {state.elapsed():.0f}s"
-    table = Table(title=title, title_justify="left", expand=True, show_lines=False)
+    table = Table(
+        title=title,
+        title_justify="left",
+        expand=True,
+        show_lines=False,
+        box=box.ASCII if ascii_only else box.HEAVY_HEAD,
+    )
     for col, kw in (
         ("rank", {"justify": "right"}),
         ("state", {}),
@@ -202,7 +230,7 @@ def render(state: RunState) -> Any:
             Text(r.diagnosis or r.last_line, style="yellow" if r.diagnosis else ""),
         )
     parts: list[Any] = [table]
-    for ev in state.events[-5:]:
+    for ev in state.events[-5:] if events else []:
         parts.append(Text(_plain_event(ev), style="red" if ev.get("kind") == "failure" else "dim"))
     return Group(*parts)
 
@@ -234,11 +262,13 @@ def watch_live(state: RunState, on_tick: Any = None) -> int:
     return exit_code_for(state.status)
 
 
-def watch(run_dir: Path, *, plain: bool | None = None, on_tick: Any = None) -> int:
-    """Show ``run_dir`` until it ends; returns 0 succeeded, 1 failed or stopped."""
+def watch(run_dir: Path, *, plain: bool | None = None, on_tick: Any = None, lines: bool = True) -> int:
+    """Show ``run_dir`` until it ends; returns 0 succeeded, 1 failed or stopped.
+
+    ``lines=False``: events and the outcome only, no rank output (plain view)."""
     state = RunState(run_dir)
     if plain is None:
         plain = not sys.stdout.isatty()
-    if plain:
-        return watch_plain(state, sys.stdout, on_tick)
+    if plain or not lines:
+        return watch_plain(state, sys.stdout, on_tick, lines)
     return watch_live(state, on_tick)

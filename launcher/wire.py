@@ -11,6 +11,10 @@ plus optional ``"cuda": {...}`` (torch's CUDA memory counters of the rank) and `
 (the rank reports its own train metrics) and ``"ack": true`` (ack this frame at once; acks are
 otherwise batched). A frame may hold no records (a hello, or a flush's ping).
 
+Multi-node runs also carry node frames: the supervisor of node N > 0 sends its ranks' log lines,
+lifecycle, failures and sampled records to node 0's collector. Their header has ``"node": N``
+(and ``"host"``) instead of ``"rank"``; see xl.launcher.nodelink for their body lines.
+
 This module is imported by ``xl.client`` inside every rank, so it must stay tiny: stdlib only.
 """
 
@@ -94,7 +98,16 @@ def _is_int(value: Any) -> TypeGuard[int]:
     return type(value) is int
 
 
-def parse_header(raw: bytes) -> Header:
+class NodeHeader:
+    """The header of a node frame (node N > 0's supervisor -> node 0's collector)."""
+
+    __slots__ = ("host", "node", "pid", "seq", "token")
+
+    def __init__(self, token: str, node: int, pid: int, seq: int, host: str) -> None:
+        self.token, self.node, self.pid, self.seq, self.host = token, node, pid, seq, host
+
+
+def parse_header(raw: bytes) -> Header | NodeHeader:
     try:
         obj = _decode(raw.decode())
     except (ValueError, UnicodeDecodeError) as exc:
@@ -103,6 +116,10 @@ def parse_header(raw: bytes) -> Header:
         raise FrameError("bad_header")
     if obj.get("v") != VERSION:
         raise FrameError("bad_version")
+    if type(obj.get("token")) is not str:
+        raise FrameError("no_token")
+    if "node" in obj:
+        return _node_header(obj)
     token, rank, pid, seq = obj.get("token"), obj.get("rank"), obj.get("pid"), obj.get("seq")
     dropped = obj.get("dropped", 0)
     if not (type(token) is str and _is_int(rank) and _is_int(pid) and _is_int(seq)):
@@ -122,6 +139,15 @@ def parse_header(raw: bytes) -> Header:
     return Header(
         token, rank, pid, seq, dropped, cuda, obj.get("train") is True, obj.get("ack") is True
     )
+
+
+def _node_header(obj: dict[str, Any]) -> NodeHeader:
+    token, node, pid, seq, host = obj["token"], obj.get("node"), obj.get("pid"), obj.get("seq"), obj.get("host", "")
+    if not (_is_int(node) and _is_int(pid) and _is_int(seq) and type(host) is str):
+        raise FrameError("bad_header")
+    if not 0 < node <= 1 << 16 or len(host) > MAX_STR:
+        raise FrameError("bad_header")
+    return NodeHeader(token, node, pid, seq, host)
 
 
 def parse_record(line: bytes, rank: int) -> dict[str, Any]:

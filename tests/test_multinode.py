@@ -1,26 +1,35 @@
 """Multi-node for real, on one machine: two `xl launch --nnodes 2 --node-rank 0|1 --rdzv ...`
 "nodes" on localhost, one CPU/gloo rank each, rendezvous at node 0's torchrun.
 
-What a person sees: both launches train one world of 2 (global ranks 0 and 1), each node's run
-records its own rank and metrics; a rank failing on one node is explained there and ends the other
-node's run instead of leaving it hanging; Ctrl-C on one node leaves no process of either behind.
+What a person sees: both launches train one world of 2 (global ranks 0 and 1); node 0's run dir
+is the one view of the run (every rank's logs, metrics, lifecycle, failure), each node keeps its
+own records too; a rank failing or a node dying anywhere ends the run on every node and node 0
+names the node and rank; Ctrl-C on one node leaves no process of either behind. The nodes share
+the run's token as Slurm passes it (XL_TOKEN in both environments) or as node 0 prints it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import signal
 import socket
+import struct
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from procs import (
     XL,
     kill_run,
     only_run,
     run_json,
+    run_processes,
     wait_for,
     wait_no_processes,
     xl,
@@ -43,15 +52,15 @@ total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 assert total.item() == world * (world + 1) / 2, total
 print(f"rank {rank} of {dist.get_world_size()} node {os.environ['GROUP_RANK']}: all_reduce sum {total.item():g}", flush=True)
-for step in range(1000 if mode == "loop" else 3):
+pause = float(os.environ.get("MN_PAUSE", "0.05" if mode == "loop" else "0"))
+for step in range(int(os.environ.get("MN_STEPS", "1000" if mode == "loop" else "3"))):
     if fail and mode == "mid" and step == 1:
         raise RuntimeError(f"boom on rank {rank}")
     dist.all_reduce(torch.ones(1))
     xl.log(step=step, loss=1.0 / (step + 1), samples=4)
     if step == 0:
         print("ready", flush=True)
-    if mode == "loop":
-        time.sleep(0.05)
+    time.sleep(pause)
 dist.barrier()
 dist.destroy_process_group()
 if fail and mode == "late":
@@ -60,26 +69,43 @@ print("done", flush=True)
 '''
 
 pytestmark = pytest.mark.e2e
+TOKEN = "test-token-0123456789abcdef"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` whose next one (node 0's collector: rdzv port + 1) is free too."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port < 65535:
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port + 1))
+                except OSError:
+                    continue
+            return port
+    raise AssertionError("no pair of free ports")
 
 
 def _start_nodes(
-    tmp_path: Path, homes: tuple[Path, Path], nprocs: tuple[int, int] = (1, 1), **extra: str
+    tmp_path: Path,
+    homes: tuple[Path, Path],
+    nprocs: tuple[int, int] = (1, 1),
+    host: str = "127.0.0.1",
+    per_node: tuple[dict[str, str], dict[str, str]] = ({}, {}),
+    **extra: str,
 ) -> list[subprocess.Popen[str]]:
-    """Both nodes' `xl launch`, as two people would type them on two machines."""
+    """Both nodes' `xl launch` at once, with the same XL_TOKEN, as `srun` starts them."""
     script = tmp_path / "mn.py"
     script.write_text(SCRIPT)
-    rdzv = f"127.0.0.1:{_free_port()}"
+    rdzv = f"{host}:{_free_port(host)}"
     procs = []
     for node, home in enumerate(homes):
         argv = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv, "--nproc", str(nprocs[node]), "mn.py"]
+        env = xl_env(home, XL_TOKEN=TOKEN, **extra, **per_node[node])
         procs.append(
-            subprocess.Popen(argv, env=xl_env(home, **extra), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         )
     return procs
 
@@ -110,10 +136,32 @@ def _train(run_dir: Path) -> list[dict[str, Any]]:
     return [m for m in map(json.loads, lines) if m["kind"] == "train"]
 
 
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
 def _cleanup(homes: tuple[Path, Path]) -> None:
     for home in set(homes):
         for d in (home / "runs").iterdir() if (home / "runs").is_dir() else ():
             kill_run(d)
+
+
+def _assert_one_view(run0: Path, nodes: dict[int, int]) -> None:
+    """Node 0's run dir holds every rank ({rank: node_rank}) of a run that trained 3 steps."""
+    run = run_json(run0)
+    assert {r["rank"]: r["node_rank"] for r in run["ranks"]} == nodes, run["ranks"]
+    assert all(r["node"] == socket.gethostname() and r["exit_code"] == 0 for r in run["ranks"]), run["ranks"]
+    for rank in nodes:
+        log = (run0 / "logs" / f"rank-{rank}.log").read_text()
+        assert f"rank {rank} of {len(nodes)}" in log and "done" in log, log
+        steps = sorted(m["step"] for m in _train(run0) if m["rank"] == rank)
+        assert steps == [0, 1, 2], (rank, steps)
+    events = _events(run0)
+    for rank, node in nodes.items():
+        assert any(e["kind"] == "rank_started" and e["rank"] == rank and e.get("node_rank", 0) == node for e in events)
+        assert any(e["kind"] == "rank_exited" and e["rank"] == rank and e["exit_code"] == 0 for e in events)
+    assert events[0]["kind"] == "run_started" and events[-1]["kind"] == "run_ended", [e["kind"] for e in events]
+    assert any(e["kind"] == "node_ended" and e["node_rank"] == 1 for e in events)
 
 
 def test_two_nodes_on_localhost_form_one_world(tmp_path: Path) -> None:
@@ -124,30 +172,38 @@ def test_two_nodes_on_localhost_form_one_world(tmp_path: Path) -> None:
         results = _finish(_start_nodes(tmp_path, homes))
         for code, out in results:
             assert code == 0, out[-3000:]
-        for node, run_dir in enumerate(_runs(homes)):
+        # The token came from the environment (as srun passes it): node 0 does not print it back.
+        assert TOKEN not in results[0][1] and "XL_TOKEN=\"$XL_TOKEN\" xl launch" in results[0][1]
+        run0, run1 = _runs(homes)
+        for node, run_dir in enumerate((run0, run1)):
             run = run_json(run_dir)
             assert run["status"] == "succeeded" and run["nnodes"] == 2 and run["world_size"] == 2
-            [rank] = run["ranks"]
-            assert (rank["rank"], rank["local_rank"], rank["node"]) == (node, 0, socket.gethostname())
-            assert rank["state"] == "exited" and rank["exit_code"] == 0
+            mine = next(r for r in run["ranks"] if r["node_rank"] == node)
+            assert (mine["rank"], mine["local_rank"], mine["node"]) == (node, 0, socket.gethostname())
+            assert mine["state"] == "exited" and mine["exit_code"] == 0
             log = (run_dir / "logs" / f"rank-{node}.log").read_text()
             assert f"rank {node} of 2 node {node}: all_reduce sum 3" in log and "done" in log
-            # This node's metrics hold its own rank's steps, nothing of the other node's.
-            train = _train(run_dir)
-            assert {m["rank"] for m in train} == {node}
-            by_step = {m["step"]: m for m in train}
-            assert sorted(by_step) == [0, 1, 2] and len(train) == 3
-            assert by_step[2]["loss"] == pytest.approx(1 / 3)
             wait_no_processes(run_dir, timeout=5)
+        # Node 0 is the one view: both ranks' logs, metrics, lifecycle.
+        _assert_one_view(run0, {0: 0, 1: 1})
+        by_step = {m["step"]: m for m in _train(run0) if m["rank"] == 1}
+        assert by_step[2]["loss"] == pytest.approx(1 / 3)
+        # Node 1 still keeps its own rank only; its xl.log metrics went to node 0.
+        assert [r["rank"] for r in run_json(run1)["ranks"]] == [1]
+        assert not (run1 / "logs" / "rank-0.log").exists()
+        assert json.loads((run0 / "collector.json").read_text())["node_frames"] > 0
+        assert json.loads((run1 / "collector.json").read_text())["host"] == "127.0.0.1"
     finally:
         _cleanup(homes)
 
 
 @pytest.mark.parametrize("mode", ["mid", "late"])
 def test_rank_failing_on_node_1_ends_node_0(tmp_path: Path, mode: str) -> None:
-    """mid: rank 1 raises while rank 0 waits in an all_reduce. late: rank 1 raises after the last
-    collective, so rank 0 succeeds and its torchrun waits at its exit barrier for node 1's torchrun,
-    which never comes (torch alone would hold node 0's run for 300 s)."""
+    """mid: rank 1 raises while rank 0 waits in an all_reduce (rank 0 then fails too, of gloo's
+    error: node 0 still blames rank 1, which failed first). late: rank 1 raises after the last
+    collective, so rank 0 succeeds and its torchrun waits at its exit barrier for node 1's
+    torchrun, which never comes (torch alone would hold node 0's run for 300 s): node 0 learns of
+    the failure from node 1 and ends its part."""
     homes = (tmp_path / "node0", tmp_path / "node1")
     try:
         results = _finish(_start_nodes(tmp_path, homes, MN_MODE=mode, MN_FAIL_RANK="1"))
@@ -159,14 +215,17 @@ def test_rank_failing_on_node_1_ends_node_0(tmp_path: Path, mode: str) -> None:
         [rank1] = run1["ranks"]
         assert rank1["rank"] == 1 and rank1["state"] == "failed" and rank1["exit_code"] == 1
         assert "boom on rank 1" in results[1][1]
-        if mode == "mid":
-            # Rank 0 learns it from gloo (the peer closed the connection) and fails on its own.
-            assert results[0][0] == 1 and run0["status"] in ("failed", "stopped"), results[0][1][-3000:]
-        else:
-            assert results[0][0] == 0 and run0["status"] == "succeeded", results[0][1][-3000:]
-            events = [json.loads(line) for line in (only_run(homes[0]) / "events.jsonl").read_text().splitlines()]
-            assert any(e["kind"] == "exit_barrier" for e in events)
-        assert run0["ranks"][0]["rank"] == 0
+        # Node 0's run failed, and names node 1's rank 1 with its traceback.
+        assert results[0][0] == 1 and run0["status"] == "failed", results[0][1][-3000:]
+        failure = run0["failure"]
+        assert (failure["rank"], failure["node_rank"], failure["node"]) == (1, 1, socket.gethostname()), failure
+        assert failure["exit_code"] == 1 and failure["message"].startswith("node 1 (")
+        assert f"RuntimeError: {'late ' if mode == 'late' else ''}boom on rank 1" in failure["traceback"]
+        assert "boom on rank 1" in (only_run(homes[0]) / "logs" / "rank-1.log").read_text()
+        states = {r["rank"]: (r["node_rank"], r["state"]) for r in run0["ranks"]}
+        assert states[1] == (1, "failed") and states[0][0] == 0, states
+        if mode == "late":
+            assert states[0][1] == "exited"
         for home in homes:
             wait_no_processes(only_run(home), timeout=5)
     finally:
@@ -194,8 +253,10 @@ def test_ctrl_c_on_node_0_ends_both_nodes(tmp_path: Path) -> None:
         results = _finish(procs, timeout=30)
         run0, run1 = (run_json(only_run(h)) for h in homes)
         assert run0["status"] == "stopped", results[0][1][-3000:]
-        assert [(r["rank"], r["state"]) for r in run0["ranks"]] == [(0, "stopped")]
-        # Node 1's rank loses its peer at the next all_reduce: its run ends too, on its own.
+        # Node 0 lists the three ranks of both nodes; its own was stopped.
+        assert [(r["rank"], r["node_rank"]) for r in run0["ranks"]] == [(0, 0), (1, 1), (2, 1)]
+        assert run0["ranks"][0]["state"] == "stopped"
+        # Node 0 tells node 1 to stop (its rank would also lose its peer at the next all_reduce).
         assert run1["status"] in ("failed", "stopped") and results[1][0] != 0, results[1][1][-3000:]
         # Grace is 1 s (xl_env): everything of both nodes is gone a few seconds later.
         for home in homes:
@@ -245,3 +306,270 @@ def test_rdzv_in_the_plan_is_static_rendezvous_at_node_0(tmp_path: Path) -> None
     assert opt("--nnodes") == "2" and opt("--node-rank") == "1"
     assert (opt("--master-addr"), opt("--master-port")) == ("::1", "29511")
     assert "--rdzv-endpoint" not in argv and "--rdzv-backend" not in argv
+
+
+def _read_lines(stream: Any, into: list[str]) -> threading.Thread:
+    def pump() -> None:
+        for line in stream:
+            into.append(line)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_node_1_joins_with_the_command_node_0_printed(tmp_path: Path) -> None:
+    """Node 0 alone makes the token and prints the exact command for node 1; a person runs it
+    there. The token is in that command and nowhere else: not in either run dir, not in any
+    process's command line."""
+    (tmp_path / "mn.py").write_text(SCRIPT)
+    homes = (tmp_path / "node0", tmp_path / "node1")
+    rdzv = f"127.0.0.1:{_free_port()}"
+    env0 = xl_env(homes[0], MN_STEPS="3", MN_PAUSE="0.3")
+    env0.pop("XL_TOKEN", None)
+    argv0 = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", "0", "--rdzv", rdzv, "--nproc", "1", "mn.py"]
+    with open(tmp_path / "node0.out", "w") as out0:
+        node0 = subprocess.Popen(argv0, env=env0, cwd=tmp_path, stdout=out0, stderr=subprocess.PIPE, text=True)
+    err0: list[str] = []
+    reader = _read_lines(node0.stderr, err0)
+    node1: subprocess.Popen[str] | None = None
+    try:
+        line = wait_for(lambda: next((ln for ln in err0 if "xl launch" in ln), None), timeout=30, what="node 0's command")
+        assert any(f"on the other node, in {tmp_path}, run:" in ln for ln in err0), err0
+        words = shlex.split(line)
+        # VAR=value assignments, then the command.
+        assigns = dict(w.split("=", 1) for w in words[: words.index("xl")])
+        token = assigns["XL_TOKEN"]
+        assert len(token) >= 32 and set(assigns) == {"XL_TOKEN"}, assigns
+        argv = words[words.index("xl") :]
+        assert argv == ["xl", "launch", "--nnodes", "2", "--node-rank", "1", "--rdzv", rdzv, "--nproc", "1", "mn.py"]
+        env1 = xl_env(homes[1], MN_STEPS="3", MN_PAUSE="0.3", **assigns)
+        node1 = subprocess.Popen([*XL, *argv[1:], "--no-tui"], env=env1, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        def training() -> bool:
+            return all((h / "runs").is_dir() and any((h / "runs").iterdir()) for h in homes) and all(
+                "ready" in p.read_text(errors="replace")
+                for p in (only_run(homes[0]) / "logs" / "rank-0.log", only_run(homes[1]) / "logs" / "rank-1.log")
+                if p.exists()
+            ) and (only_run(homes[1]) / "logs" / "rank-1.log").exists()
+
+        wait_for(training, timeout=60, what="both nodes to train")
+        running = run_processes(only_run(homes[0])) + run_processes(only_run(homes[1]))
+        assert running
+        for proc in running:
+            try:
+                assert token not in " ".join(proc.cmdline()), proc.cmdline()
+            except psutil.Error:
+                continue
+        out1, _ = node1.communicate(timeout=60)
+        assert node1.returncode == 0, out1[-3000:]
+        assert node0.wait(timeout=60) == 0, (tmp_path / "node0.out").read_text()[-3000:]
+        reader.join(timeout=10)
+        run0, run1 = only_run(homes[0]), only_run(homes[1])
+        _assert_one_view(run0, {0: 0, 1: 1})
+        for run_dir in (run0, run1):
+            for path in run_dir.rglob("*"):
+                if path.is_file():
+                    assert token.encode() not in path.read_bytes(), path
+            wait_no_processes(run_dir, timeout=5)
+        assert token not in out1 and token not in (tmp_path / "node0.out").read_text()
+        assert sum(token in ln for ln in err0) == 1
+    finally:
+        for p in (node0, node1):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.communicate()
+        _cleanup(homes)
+
+
+@pytest.mark.parametrize("victim", ["supervisor", "rank"])
+def test_a_dead_node_or_rank_on_node_1_ends_the_run_on_both(tmp_path: Path, victim: str) -> None:
+    """SIGKILL node 1's supervisor (the node is gone for node 0) or its rank, mid-run: both nodes
+    end, node 0 names node 1 (and the rank), nothing of either is left."""
+    homes = (tmp_path / "node0", tmp_path / "node1")
+    procs = _start_nodes(tmp_path, homes, MN_MODE="loop")
+    try:
+
+        def both_training() -> bool:
+            if not all((h / "runs").is_dir() and any((h / "runs").iterdir()) for h in homes):
+                return False
+            logs = [only_run(homes[0]) / "logs" / "rank-0.log", only_run(homes[1]) / "logs" / "rank-1.log"]
+            return all(p.exists() and "ready" in p.read_text(errors="replace") for p in logs)
+
+        wait_for(both_training, timeout=60, what="both nodes to train")
+        run1 = wait_for(lambda: (r := run_json(only_run(homes[1])))["ranks"][0]["pid"] and r, timeout=10, what="rank 1's pid")
+        pid = run1["supervisor_pid"] if victim == "supervisor" else run1["ranks"][0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        results = _finish(procs, timeout=60)
+        run0 = run_json(only_run(homes[0]))
+        assert results[0][0] == 1 and run0["status"] == "failed", results[0][1][-3000:]
+        assert results[1][0] != 0 and run_json(only_run(homes[1]))["status"] in ("failed", "stopped"), results[1][1][-3000:]
+        failure = run0["failure"]
+        assert failure["node_rank"] == 1 and failure["node"] == socket.gethostname(), failure
+        if victim == "supervisor":
+            assert failure["rank"] is None and "was lost with rank(s) 1 running" in failure["message"], failure
+            assert any(e["kind"] == "node_lost" and e["node_rank"] == 1 for e in _events(only_run(homes[0])))
+        else:
+            assert failure["rank"] == 1 and failure["exit_code"] == -signal.SIGKILL, failure
+            assert "rank 1 was killed by SIGKILL" in failure["message"], failure
+        for home in homes:
+            wait_no_processes(only_run(home), timeout=10)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        _cleanup(homes)
+
+
+def _routable_ipv4() -> str | None:
+    for name, addrs in psutil.net_if_addrs().items():
+        for addr in addrs:
+            if addr.family == socket.AF_INET and not addr.address.startswith("127.") and name != "lo":
+                return str(addr.address)
+    return None
+
+
+def test_collector_on_a_routable_address_takes_only_frames_with_the_token(tmp_path: Path) -> None:
+    """A run spanning nodes: node 0's collector listens on the --rdzv address (not loopback).
+    Frames without the token or with a wrong one (a rank's or a node's) are refused and counted;
+    the real ranks are unaffected."""
+    host = _routable_ipv4()
+    if host is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to bind node 0's collector to")
+    homes = (tmp_path / "node0", tmp_path / "node1")
+    procs = _start_nodes(tmp_path, homes, host=host, MN_STEPS="3", MN_PAUSE="1.5")
+    try:
+        run0 = wait_for(lambda: (homes[0] / "runs").is_dir() and next((homes[0] / "runs").iterdir(), None), timeout=30, what="node 0's run")
+        status = wait_for(lambda: (run0 / "collector.json").exists() and json.loads((run0 / "collector.json").read_text()), timeout=30, what="collector.json")
+        assert status["host"] == host
+        port = int(status["port"])
+        rec = {"t": time.time(), "rank": 0, "kind": "train", "step": 4242}
+        line = json.dumps(rec).encode()
+        base = {"v": 1, "rank": 0, "pid": 1, "seq": 1, "dropped": 0}
+        node = {"v": 1, "node": 1, "host": "intruder", "pid": 1, "seq": 1}
+        log = json.dumps({"type": "log", "rank": 0, "data": "INJECTED\n"}).encode()
+        frames = [
+            (base, line),  # no token
+            ({**base, "token": "wrong-token-0123456789"}, line),
+            ({**base, "token": TOKEN[:-1] + "X"}, line),
+            ({**node, "token": "wrong-token-0123456789"}, log),
+        ]
+        for header, body in frames:
+            with socket.create_connection((host, port), timeout=10) as sock:
+                payload = json.dumps(header).encode() + b"\n" + body
+                sock.sendall(struct.pack(">I", len(payload)) + payload)
+                sock.settimeout(0.5)
+                try:
+                    reply = sock.recv(8)
+                except TimeoutError:
+                    reply = b""
+                assert reply == b"", reply  # no ack, no answer
+        results = _finish(procs, timeout=60)
+        for code, out in results:
+            assert code == 0, out[-3000:]
+        rejects = json.loads((run0 / "collector.json").read_text())["rejects"]
+        assert rejects.get("no_token") == 1 and rejects.get("bad_token") == 3, rejects
+        _assert_one_view(run0, {0: 0, 1: 1})
+        assert 4242 not in {m["step"] for m in _train(run0)}
+        assert "INJECTED" not in (run0 / "logs" / "rank-0.log").read_text()
+        for home in homes:
+            wait_no_processes(only_run(home), timeout=5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        _cleanup(homes)
+
+
+@pytest.mark.parametrize(
+    ("node_rank", "env", "says"),
+    [
+        ("1", {}, "--node-rank 1 needs XL_TOKEN, the run's token: run the command node 0's 'xl launch' printed"),
+        ("1", {"XL_TOKEN": "short"}, "XL_TOKEN must be 16-256 letters, digits or -_.~+/="),
+        ("0", {"XL_COLLECTOR_PORT": "http"}, "XL_COLLECTOR_PORT='http' is not a port; use 1-65535, the same on every node"),
+        ("0", {"RDZV_PORT": "65535"}, "--rdzv port 65535 leaves no port for node 0's collector"),
+    ],
+)
+def test_bad_node_contract_is_one_line_and_exit_2(tmp_path: Path, node_rank: str, env: dict[str, str], says: str) -> None:
+    (tmp_path / "mn.py").write_text(SCRIPT)
+    home = tmp_path / "home"
+    port = env.pop("RDZV_PORT", "29511")
+    base = xl_env(home, **env)
+    if "XL_TOKEN" not in env:
+        base.pop("XL_TOKEN", None)
+    args = ["launch", "--no-tui", "--nnodes", "2", "--node-rank", node_rank, "--rdzv", f"127.0.0.1:{port}", "mn.py"]
+    proc = xl(args, base, cwd=tmp_path, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xl launch: ") and says in lines[0], proc.stderr
+    assert not (home / "runs").is_dir() or not any((home / "runs").iterdir())
+
+
+def test_node_link_to_node_0_collector_and_back(tmp_path: Path) -> None:
+    """The link of a node > 0, against node 0's real collector (no training): messages arrive in
+    order, sampled records are stored, the stop reaches the node; bad messages are refused."""
+    from xl.launcher import nodelink
+    from xl.launcher.telemetry import Telemetry
+
+    got: list[tuple[int, str, dict[str, Any]]] = []
+    tel = Telemetry(tmp_path, token=TOKEN, inventory=False, on_node=lambda n, h, msgs: got.extend((n, h, m) for m in msgs))
+    env = tel.start()
+    host, port = env["XL_COLLECTOR"].rsplit(":", 1)
+    link = nodelink.NodeLink(host, int(port), TOKEN, 1, "node-b")
+    try:
+        link.start()
+        link.send_log(1, b"hello \xff world\n")
+        rec = {"t": time.time(), "rank": 1, "kind": "sys", "rss_mib": 12.5}
+        link.send({"type": "rec", "rank": 1, "line": json.dumps(rec)})
+        link.send({"type": "event", "event": {"kind": "rank_started", "rank": 1, "message": "rank 1 started"}})
+        link.send({"type": "event", "event": {"kind": "stalled", "rank": 1}})  # not a forwarded kind
+        link.send({"type": "ranks", "ranks": [{"rank": "one"}]})
+        wait_for(lambda: len(got) >= 2, timeout=10, what="the link's messages")
+        assert [(n, h, m["type"]) for n, h, m in got] == [(1, "node-b", "log"), (1, "node-b", "event")]
+        assert got[0][2]["data"].encode("utf-8", "surrogateescape") == b"hello \xff world\n"
+        tel.stop_nodes({"reason": "failure", "failure": {"rank": 0, "node_rank": 0, "message": "boom"}})
+        [cmd] = wait_for(link.commands, timeout=10, what="node 0's stop")
+        assert cmd["stop"]["failure"]["message"] == "boom"
+        assert link.close(5.0)
+    finally:
+        link.close(0.1)
+        tel.stop()
+    status = json.loads((tmp_path / "collector.json").read_text())
+    assert status["rejects"] == {"bad_kind": 1, "bad_rank": 1}, status
+    assert [json.loads(x)["rss_mib"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [12.5]
+
+
+def test_node_link_never_blocks_when_node_0_is_unreachable() -> None:
+    from xl.launcher import nodelink
+
+    link = nodelink.NodeLink("127.0.0.1", _free_port(), TOKEN, 1, "node-b")
+    link.start()
+    start = time.monotonic()
+    for i in range(1000):
+        link.send_log(1, f"line {i}\n".encode())
+    assert time.monotonic() - start < 1.0
+    assert link.close(0.5) is False  # nothing acked; the node keeps its own records
+    assert time.monotonic() - start < 5.0
+
+
+def test_node_1_trains_on_when_node_0_cannot_be_reached(tmp_path: Path) -> None:
+    """Node 1 dials the wrong collector port: the run still trains and succeeds, node 1 keeps its
+    own full records (its rank spooled its metrics), and node 0 says it never heard from node 1."""
+    homes = (tmp_path / "node0", tmp_path / "node1")
+    nowhere = str(_free_port())
+    try:
+        results = _finish(_start_nodes(tmp_path, homes, per_node=({}, {"XL_COLLECTOR_PORT": nowhere})), timeout=90)
+        for code, out in results:
+            assert code == 0, out[-3000:]
+        run0, run1 = only_run(homes[0]), only_run(homes[1])
+        assert sorted(m["step"] for m in _train(run1) if m["rank"] == 1) == [0, 1, 2]
+        assert "done" in (run1 / "logs" / "rank-1.log").read_text()
+        assert [r["rank"] for r in run_json(run0)["ranks"]] == [0]
+        assert any(e["kind"] == "nodes_unfinished" for e in _events(run0))
+        assert "cannot connect yet" in (run1 / "supervisor.log").read_text()
+        for home in homes:
+            wait_no_processes(only_run(home), timeout=5)
+    finally:
+        _cleanup(homes)

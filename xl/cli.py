@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gpus": ("xl.gpus", "one-shot GPU inventory: memory, utilization, processes (--json)"),
     "ui": ("xl.tui.app", "the app: GPUs, doctor, launch, live monitor, runs (also plain `xl`)"),
     "launch": ("xl.monitor_cmds:launch_main", "launch a supervised torchrun run (--gpus, --nproc, --dry-run, ...)"),
+    "sbatch": ("xl.launcher.cmd_slurm:sbatch_main", "print a Slurm batch script that runs `xl launch --slurm` (> job.sh)"),
     "runs": ("xl.launcher.cmd_runs", "list runs and their status (--json)"),
     "logs": ("xl.launcher.cmd_logs", "print a run's per-rank logs (--rank R, -f)"),
     "stop": ("xl.launcher.cmd_stop", "stop a run: every rank ends, none is left behind"),
