@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from .reader import RunReader
 from .runs import FINAL
 
-POLL_S = 0.02
+POLL_S = 0.1  # new lines 10 times a second: prompt for a person, cheap beside the ranks
 RENDER_S = 0.25
 
 
