@@ -10,6 +10,7 @@ the run's token as Slurm passes it (XL_TOKEN in both environments) or as node 0 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -19,6 +20,7 @@ import struct
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +142,14 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
-def _cleanup(homes: tuple[Path, Path]) -> None:
+def _cleanup(homes: tuple[Path, Path], procs: Sequence[subprocess.Popen[str]] = ()) -> None:
+    """Test cleanup: kill what a failing test left (launch processes, then each run's)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        # a supervisor forked from it may hold its pipes: never wait on them for long
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.communicate(timeout=10)
     for home in set(homes):
         for d in (home / "runs").iterdir() if (home / "runs").is_dir() else ():
             kill_run(d)
@@ -262,11 +271,7 @@ def test_ctrl_c_on_node_0_ends_both_nodes(tmp_path: Path) -> None:
         for home in homes:
             wait_no_processes(only_run(home), timeout=5)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-        _cleanup(homes)
+        _cleanup(homes, procs)
 
 
 @pytest.mark.parametrize(
@@ -415,11 +420,7 @@ def test_a_dead_node_or_rank_on_node_1_ends_the_run_on_both(tmp_path: Path, vict
         for home in homes:
             wait_no_processes(only_run(home), timeout=10)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-        _cleanup(homes)
+        _cleanup(homes, procs)
 
 
 def _routable_ipv4() -> str | None:
@@ -476,11 +477,7 @@ def test_collector_on_a_routable_address_takes_only_frames_with_the_token(tmp_pa
         for home in homes:
             wait_no_processes(only_run(home), timeout=5)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-        _cleanup(homes)
+        _cleanup(homes, procs)
 
 
 @pytest.mark.parametrize(
