@@ -27,7 +27,9 @@ What issue 6 asks, in one run:
      the GPUs screen paused under the Monitor, as the product has it (so the difference to 1 is
      what polling 8 GPUs underneath costs: NVML, the hidden table and history, and the repaints
      of the Monitor they cause — Textual repaints the screen on top for every change to the one
-     below it), and the floor (the app on the same GPUs polling only once: Textual idle).
+     below it), the floor (the app on the same GPUs polling only once: Textual idle), and like
+     for like: the app's GPUs screen alone against nvitop, both doing nvitop's whole job (8 GPUs
+     polled every second), in that same window.
 
 (An earlier version timed the Monitor's refresh headless under Pilot in this process; Pilot's
 pause forces a full layout and repaint each time, so that figure said more about Pilot than about
@@ -41,6 +43,7 @@ change of a few tenths of a percent.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -264,15 +267,25 @@ def bench(seconds: float, warmup: float) -> int:
         # What the app did during the window (its records only grow).
         window = {k: v[len(start.get(k, [])):] for k, v in end.items()}
 
-        # 4: context, both in a second shared window.
+        # 4: context, in a second shared window.
         context = [
             Pane("monitor", [py, me, "--app", str(run_dir), str(tmp / "monitor-stats.json"), "monitor", "xl-bench-monitor"],
                  env, "xl-bench-monitor"),
             Pane("floor", [py, "-c", "from xl.tui.app import build_app; build_app(poll_interval=1e6).run()  # xl-bench-floor"],
                  env, "xl-bench-floor"),
+            # Like for like: the app's GPUs screen alone, nvitop's whole job (8 GPUs at 1 s).
+            Pane("gpus", [py, "-c", "from xl.tui.app import build_app; build_app(poll_interval=1.0).run()  # xl-bench-gpus"],
+                 env, "xl-bench-gpus"),
         ]
+        gpus_cpu: float | None = None
+        nvitop2_cpu: float | None = None
         try:
-            (monitor_cpu, floor_cpu), _ = measure(context, warmup, seconds)
+            with contextlib.suppress(RuntimeError):
+                context.append(Pane("nvitop", [nvitop, "--interval", "1"], env, "nvitop"))
+            context_cpus, _ = measure(context, warmup, seconds)
+            monitor_cpu, floor_cpu, gpus_cpu = context_cpus[:3]
+            if len(context_cpus) > 3:
+                nvitop2_cpu = context_cpus[3]
         finally:
             for pane in context:
                 pane.close()
@@ -295,9 +308,15 @@ def bench(seconds: float, warmup: float) -> int:
     print(f"  reader poll (worker thread)          : {_ms(window.get('reader_poll', []))}")
     print(f"  Monitor apply + repaint, 64 ranks    : {_ms(window.get('monitor_apply', []))}")
     print(f"  GPUs screen apply, 8 GPUs            : {_ms(window.get('gpus_apply', []))}")
-    print("context, a second window shared by these two:")
+    print("context, a second window shared by these four:")
     print(f"  the same app, GPUs screen paused under the Monitor (as shipped) : {monitor_cpu:5.1f} % of one core")
     print(f"  floor: the app on the same GPUs, polling once                   : {floor_cpu:5.2f} % of one core")
+    if gpus_cpu is not None:
+        print(f"  like for like: the app's GPUs screen alone, 8 GPUs at 1 s       : {gpus_cpu:5.2f} % of one core")
+    if nvitop2_cpu is not None:
+        print(f"  nvitop, the same 8 GPUs, same window                            : {nvitop2_cpu:5.2f} % of one core")
+        if nvitop2_cpu > 0 and gpus_cpu is not None:
+            print(f"  ratio GPUs screen / nvitop (the same job)                       : {gpus_cpu / nvitop2_cpu:5.2f}")
     if monitor_polls == 0 or gpu_polls == 0:
         print("WARNING: the app did not do both jobs during the window; the CPU figure means little")
     within = app_cpu <= GOAL_PCT
