@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .facts import Facts, Toolkit, major_minor, parse_nvcc_version, vtuple
@@ -146,6 +146,13 @@ def check_driver(f: Facts) -> Check:
     )
 
 
+def _one_model_fix(gpus: Sequence[Any], names: Counter[str]) -> str:
+    """The exact --gpus of the most numerous model (the first one listed on a tie)."""
+    model = max(names, key=lambda n: names[n])
+    indices = ",".join(str(g.index) for g in gpus if g.name == model and not getattr(g, "lost", False))
+    return f"train on one model: xl launch --gpus {indices} ...  (the {names[model]}x {model})"
+
+
 def check_gpus(f: Facts) -> Check:
     title = "GPUs"
     d = f.driver
@@ -191,7 +198,7 @@ def check_gpus(f: Facts) -> Check:
             "warn",
             title,
             f"mixed models: {models}; DDP runs every rank at the slowest GPU's pace",
-            "train on one model: xl launch --gpus <indices of the same model>",
+            _one_model_fix(f.gpus, names),
             A_GPU,
             data,
         )

@@ -241,6 +241,9 @@ def test_shm_under_512_mib_warns() -> None:
 def test_gpus_mixed_models_and_lost() -> None:
     mixed = checks.check_gpus(facts(gpus=(gpu(0), gpu(1, "Tesla T4", "7.5"))))
     assert mixed.status == "warn" and "1x Tesla T4" in mixed.detail
+    # the fix names the exact devices of the most numerous model
+    three = checks.check_gpus(facts(gpus=(gpu(0, "Tesla T4", "7.5"), gpu(1), gpu(2, "Tesla T4", "7.5"), gpu(3, "Tesla T4", "7.5"))))
+    assert "xl launch --gpus 0,2,3 " in three.fix and "3x Tesla T4" in three.fix
     assert checks.check_gpus(facts(gpus=(gpu(0), gpu(1)))).status == "ok"
     assert checks.check_gpus(facts(driver=Driver("550", "12.4"), gpus=())).status == "warn"
 
