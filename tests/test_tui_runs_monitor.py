@@ -305,3 +305,13 @@ async def test_runs_list_refreshes_once_per_interval_however_often_r_is_pressed(
         await pilot.pause(2.0)
         rate = (len(listings) - start) / (time.monotonic() - t0)
         assert rate <= 1.5 / screen.interval, f"{rate:.1f} listings/s with a {screen.interval}s interval"
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(None, "-"), (3.214, "3.21"), (532.4, "532"), (999.9, "1k"), (12400.0, "12.4k"), (1234567.0, "1.23M")],
+)
+def test_throughput_reads_as_k_and_m_not_exponents(value: float | None, shown: str) -> None:
+    from xl.tui import fmt
+
+    assert fmt.rate(value) == shown

@@ -66,6 +66,16 @@ def number(value: float | None, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
+def rate(value: float | None) -> str:
+    """A throughput for a narrow column: 532, 12.4k, 1.2M (never 1.24e+04)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale * 0.9995:  # what would print as 1e+03 is 1k
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
 def meter(fraction: float | None, width: int = 10, label: str = "") -> Text:
     """A bar like ``████▌     42%`` that stays readable without colour (NO_COLOR)."""
     if fraction is None:

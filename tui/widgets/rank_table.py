@@ -56,7 +56,7 @@ def rank_cells(rv: Any, now: float) -> dict[str, Any]:
         "util": fmt.meter(None if util is None else util / 100, 4, "-" if util is None else f"{util:3.0f}%"),
         "mem": mem,
         "step": "-" if step is None else (f"{step:.0f}/{total_steps:.0f}" if total_steps else f"{step:.0f}"),
-        "sps": fmt.number(getattr(rv, "samples_per_s", None), 3),
+        "sps": fmt.rate(getattr(rv, "samples_per_s", None)),
         "loss": fmt.number(getattr(rv, "loss", None)),
         "seen": fmt.ago(getattr(rv, "last_seen", None), now),
         "state": fmt.state(getattr(rv, "state", None)),
