@@ -132,7 +132,7 @@ def inventory() -> Any:
     return _inventory(processes=False)
 
 
-def print_dry_run(plan: Plan, as_json: bool) -> None:
+def print_dry_run(plan: Plan, as_json: bool, spec: LaunchSpec | None = None) -> None:
     if as_json:
         print(json.dumps(plan.to_json(), indent=2))
         return
@@ -140,6 +140,13 @@ def print_dry_run(plan: Plan, as_json: bool) -> None:
     for key, value in plan.env.items():
         print(f"{key}={shlex.quote(value)} \\")
     print(shlex.join(plan.argv))
+    if spec is not None and spec.nnodes > 1:
+        print(
+            f"# xl node {spec.node_rank} of {spec.nnodes} (node 0 gathers every node); torch numbers "
+            "nodes and global ranks in the order nodes join the c10d rendezvous"
+        )
+        if not os.environ.get("XL_TOKEN"):
+            print("# --rdzv-id: the real run's comes from the run's token (XL_TOKEN), which node 0 makes")
     if plan.devices:
         for k, g in enumerate(plan.devices[: plan.nproc]):
             print(f"# LOCAL_RANK {k} -> GPU {g.index} {g.name} ({g.uuid})")
@@ -254,9 +261,10 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     elif ns.run_id:
         raise UsageError("--run-id is for the tasks `xl launch --slurm` starts")
     spec = spec_from_args(ns, script, module, args)
-    plan = build_plan(spec, inventory())
+    inv = inventory()
+    plan = build_plan(spec, inv)
     if ns.dry_run:
-        print_dry_run(plan, ns.json)
+        print_dry_run(plan, ns.json, spec)
         return 0
     if spec.nnodes > 1:
         from .nodelink import prepare_launch
@@ -264,6 +272,8 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
         # Node 0 prints the command for the other nodes, with the run's token (stderr: stdout
         # stays the run id under --detach). Tasks of --slurm are all started already.
         join = prepare_launch(spec, os.environ)
+        # Node 0 may just have made the token, which the rendezvous id derives from.
+        plan = build_plan(spec, inv)
         if join and not getattr(ns, "slurm_node", False):
             sys.stderr.write(join)
             sys.stderr.flush()

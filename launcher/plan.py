@@ -1,11 +1,17 @@
 """LaunchSpec + GPU inventory -> the exact torchrun command and the variables xl sets (pure).
 
+One node: c10d on 127.0.0.1 port 0 (like torchrun's --standalone). Several nodes: c10d at the
+--rdzv endpoint, store served by node 0, with an id every node derives alike (see rdzv_id);
+torch then numbers nodes in arrival order, so global ranks are what each rank's RANK says, not
+node_rank * nproc.
+
 Nothing here starts a process or touches NVML: the caller passes the inventory, so `--dry-run`,
 the supervisor and the tests all see the same plan.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
@@ -159,6 +165,20 @@ def parse_rdzv(rdzv: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def rdzv_id(host: str, port: int, env: Mapping[str, str]) -> str:
+    """The c10d rendezvous id, the same on every node of a run with no input from the person.
+
+    With the run's token (XL_TOKEN: node 0 makes it before its plan, every other node is given
+    it) the id is a short hash of it: each run gets its own id even when runs reuse an endpoint
+    one after another, so a late or stale agent of another run never joins this one, and the
+    token stays secret (12 hex digits of its SHA-256 on the command line). Without one (a dry
+    run on node 0) it falls back to the endpoint."""
+    token = env.get("XL_TOKEN", "")
+    if token:
+        return "xl-" + hashlib.sha256(token.encode()).hexdigest()[:12]
+    return "xl-" + re.sub(r"[^A-Za-z0-9.-]", "-", f"{host}-{port}")
+
+
 def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, str] | None = None) -> Plan:
     """The torchrun command for ``spec`` on this machine; UsageError on bad input."""
     env = os.environ if env is None else env
@@ -194,8 +214,15 @@ def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, 
         if not spec.rdzv:
             raise UsageError("--nnodes > 1 needs --rdzv HOST:PORT (the address of node 0)")
         host, port = parse_rdzv(spec.rdzv)
-        # Static rendezvous: node ranks are the ones people gave, as accelerate does.
-        argv += ["--node-rank", str(spec.node_rank), "--master-addr", host, "--master-port", str(port)]
+        # c10d rendezvous at node 0's address. torch ignores --node-rank under c10d and numbers
+        # nodes (GROUP_RANK, hence RANK) in arrival order, so it is not passed: xl keeps
+        # --node-rank as its own node identity (node 0 is the hub gathering every node) and
+        # learns each rank's global rank from the rank itself. Node 0, which runs on the --rdzv
+        # host, serves the store (is_host): torch's guess from the hostname fails when the
+        # address given is not what the hostname resolves to (hosts files, several interfaces).
+        endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id(host, port, env)]
+        argv += ["--rdzv-conf", f"is_host={1 if spec.node_rank == 0 else 0}"]
     argv += ["--max-restarts", "0", "-m", ENTRY_MODULE]
     if spec.script is not None:
         argv.append(spec.script)

@@ -572,9 +572,9 @@ class Supervisor:
     def _slot(self, rank: int, pid: int, local_rank: int | None = None) -> RankState | None:
         """The RankState of global ``rank``, from the first word of that rank.
 
-        Ranks start as guesses, node_rank * nproc + local_rank, right only when every node runs
-        the same number of processes (torch numbers ranks node after node, so nodes with
-        different GPU counts shift them). A rank's LOCAL_RANK (its record, else its environment)
+        Ranks start as guesses, node_rank * nproc + local_rank, often wrong: under c10d torch
+        numbers nodes in the order they join (GROUP_RANK, not xl's node_rank) and ranks node after
+        node, so arrival order and nodes with different GPU counts shift them. A rank's LOCAL_RANK (its record, else its environment)
         names its slot, which then takes the rank torch gave it; WORLD_SIZE fixes world_size."""
         st = self.ranks.get(rank)
         if int(self.run.get("nnodes") or 1) < 2 or (st is not None and st.pid is not None):
@@ -786,8 +786,8 @@ class Supervisor:
         """Multi-node: a torchrun whose ranks have all ended waits at its exit barrier for every
         other node's torchrun (up to 300 s), and the torchrun of a node that failed never comes.
         This node's ranks are done, so its run is over: after the grace, end torchrun; the
-        ranks' exit codes decide the status. Under static rendezvous nothing of the other nodes
-        needs it any more (their torchrun just logs that its own exit barrier failed)."""
+        ranks' exit codes decide the status. Nothing of the other nodes needs it any more (their
+        torchrun just logs that its own exit barrier failed, or that the c10d store it used is gone)."""
         if int(self.run.get("nnodes") or 1) < 2 or self.stop is not None or self.torchrun is None:
             return
         if self.torchrun_code is not None or not self._ranks_gone():

@@ -119,14 +119,20 @@ def test_mixed_precision_env_and_module(work: Path, simnvml) -> None:
     assert out["argv"][-5:] == ["-m", "xl.launcher.entry", "-m", "json.tool", "--sort-keys"]
 
 
-def test_multi_node_uses_the_given_node_rank_and_address(work: Path, simnvml) -> None:
-    out = _dry(work, _env(work, simnvml(gpus=2)), "--nnodes", "2", "--node-rank", "1",
+def test_multi_node_uses_c10d_rendezvous_at_the_given_address(work: Path, simnvml) -> None:
+    out = _dry(work, _env(work, simnvml(gpus=2), XL_TOKEN="t" * 32), "--nnodes", "2", "--node-rank", "1",
                "--rdzv", "10.0.0.1:29400", "train.py")
     argv = out["argv"]
     assert argv[argv.index("--nnodes") + 1] == "2"
-    assert argv[argv.index("--node-rank") + 1] == "1"
-    assert (argv[argv.index("--master-addr") + 1], argv[argv.index("--master-port") + 1]) == ("10.0.0.1", "29400")
-    assert "--rdzv-endpoint" not in argv
+    assert argv[argv.index("--nproc-per-node") + 1] == "2"
+    assert argv[argv.index("--rdzv-backend") + 1] == "c10d"
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.1:29400"
+    rdzv_id = argv[argv.index("--rdzv-id") + 1]
+    assert rdzv_id.startswith("xl-") and len(rdzv_id) == 15 and "t" * 32 not in " ".join(argv)
+    assert argv[argv.index("--max-restarts") + 1] == "0"
+    assert argv[argv.index("--rdzv-conf") + 1] == "is_host=0"  # node 0 serves the store
+    # torch ignores --node-rank under c10d; xl keeps it as its own node identity.
+    assert not {"--node-rank", "--master-addr", "--master-port"} & set(argv)
 
 
 ACCEL = """compute_environment: LOCAL_MACHINE

@@ -250,7 +250,11 @@ def test_slurm_node_takes_its_rank_from_slurm_nodeid(work: Path) -> None:
     proc = xl(base, _env(work, SLURM_NODEID="1"), cwd=work)
     assert proc.returncode == 0, proc.stderr
     argv = json.loads(proc.stdout)["argv"]
-    assert argv[argv.index("--node-rank") + 1] == "1" and argv[argv.index("--master-addr") + 1] == "10.0.0.1"
+    assert argv[argv.index("--rdzv-backend") + 1] == "c10d" and argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.1:21000"
+    # xl's node rank (not torch's: c10d numbers nodes as they join) is SLURM_NODEID's.
+    text = xl([a for a in base if a != "--json"], _env(work, SLURM_NODEID="1"), cwd=work)
+    assert "# xl node 1 of 2 " in text.stdout, text.stdout
+    _one_line(xl(base, _env(work, SLURM_NODEID="2"), cwd=work), "xl launch: ", "--node-rank 2 must be in 0..1")
     _one_line(xl(base, _env(work), cwd=work), "xl launch: ", "--slurm-node is for tasks srun starts")
 
 
@@ -507,15 +511,19 @@ def _check_two_node_run(home: Path, output: str) -> dict[int, Path]:
     assert sorted(runs) == [0, 1], output[-3000:]
     node0 = runs[0].name
     assert runs[1].name == f"{node0}-node1"
+    # c10d numbers nodes as they join: global rank 0 may be on either Slurm node. xl's node
+    # rank is SLURM_NODEID, and node 0 lists each rank with it.
+    layout = {r["rank"]: r["node_rank"] for r in run_json(runs[0])["ranks"]}
+    assert sorted(layout) == [0, 1] and sorted(layout.values()) == [0, 1], layout
     for node, run_dir in runs.items():
         run = run_json(run_dir)
         assert run["status"] == "succeeded" and run["world_size"] == 2 and run["nnodes"] == 2, output[-3000:]
         # Node 0's run is the view of the whole run: every node's ranks and logs.
-        ranks = [0, 1] if node == 0 else [node]
+        ranks = [0, 1] if node == 0 else [r for r, n in layout.items() if n == node]
         assert [(r["rank"], r["exit_code"]) for r in run["ranks"]] == [(r, 0) for r in ranks]
         for rank in ranks:
             log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
-            assert f"rank {rank} of 2 on slurm node {rank}: sum 3" in log and "done" in log
+            assert f"rank {rank} of 2 on slurm node {layout[rank]}: sum 3" in log and "done" in log
     # One view in the output: node 0's, with every rank once; node 1 only says how it ended.
     assert output.count("[rank 0] done") == 1 and output.count("[rank 1] done") == 1, output[-3000:]
     return runs
@@ -561,9 +569,10 @@ def test_real_ctrl_c_stops_every_node(tmp_path: Path, cluster: dict[str, str]) -
     try:
 
         def training() -> bool:
+            # Node 0's run dir gets both ranks' logs, node 1's its own (whichever rank it is).
             runs = _node_runs(home)
             return sorted(runs) == [0, 1] and all(
-                (d / "logs" / f"rank-{n}.log").exists() and "ready" in (d / "logs" / f"rank-{n}.log").read_text()
+                len(logs := list((d / "logs").glob("rank-*.log"))) == 2 - n and all("ready" in p.read_text() for p in logs)
                 for n, d in runs.items()
             )
 
@@ -589,6 +598,6 @@ def test_real_ctrl_c_stops_every_node(tmp_path: Path, cluster: dict[str, str]) -
     # and fail on its own (as in tests/test_multinode.py): either way it ended, nothing hangs.
     run0, run1 = run_json(runs[0]), run_json(runs[1])
     assert run0["status"] == "stopped", output[-3000:]
-    assert [(r["rank"], r["state"]) for r in run0["ranks"] if r["rank"] == 0] == [(0, "stopped")]
+    assert [r["state"] for r in run0["ranks"] if r["node_rank"] == 0] == ["stopped"], run0["ranks"]
     assert run1["status"] in ("stopped", "failed"), output[-3000:]
     _assert_nothing_left(runs, env)
