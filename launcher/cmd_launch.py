@@ -198,10 +198,11 @@ def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None, slurm_node: 
             signal.signal(s, handler)
 
 
-# Opens a view on a run this process started: (run_dir, supervisor process) -> exit code.
+# Opens a view on a run this process started: (run_dir, supervisor process, notice=) -> exit
+# code; ``notice`` is what the person must still do (node 0's command for the other nodes).
 # The Textual monitor is passed in from outside (xl.monitor_cmds) because xl.launcher never
 # imports the UI.
-Viewer = Callable[[Path, Any], int]
+Viewer = Callable[..., int]
 
 
 def launch(
@@ -213,6 +214,7 @@ def launch(
     viewer: Viewer | None = None,
     run_id: str | None = None,
     slurm_node: bool = False,
+    notice: str | None = None,
 ) -> int:
     from .runs import start_run
 
@@ -225,7 +227,8 @@ def launch(
         )
         return 0
     if viewer is not None:
-        code = viewer(handle.run_dir, handle.proc)
+        # The full-screen monitor covers what was printed before it: it shows the notice itself.
+        code = viewer(handle.run_dir, handle.proc, notice=notice) if notice else viewer(handle.run_dir, handle.proc)
     else:
         # Under --slurm, node 0's view speaks for the run (it gathers every node); the other
         # nodes say only what happens to them.
@@ -266,6 +269,7 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     if ns.dry_run:
         print_dry_run(plan, ns.json, spec)
         return 0
+    join: str | None = None
     if spec.nnodes > 1:
         from .nodelink import prepare_launch
 
@@ -287,4 +291,5 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
         viewer=None if ns.no_tui else viewer,
         run_id=run_id,
         slurm_node=ns.slurm_node,
+        notice=join.strip() if spec.nnodes > 1 and join and not ns.slurm_node else None,
     )

@@ -315,3 +315,25 @@ def test_throughput_reads_as_k_and_m_not_exponents(value: float | None, shown: s
     from xl.tui import fmt
 
     assert fmt.rate(value) == shown
+
+
+async def test_node_0_shows_the_command_for_the_other_nodes_until_they_join(xl_home):
+    """`xl launch --nnodes 2 --node-rank 0` in a terminal: the full-screen monitor would cover
+    the printed command, so the monitor shows it until every node's ranks are there."""
+    run_dir = xl_home / "20260530-twonode"
+    run_file = run_dir / "run.json"
+    run = json.loads(run_file.read_text())
+    both = run["ranks"]
+    first_node = both[0]["node"]
+    run["ranks"] = [r for r in both if r["node"] == first_node]
+    run_file.write_text(json.dumps(run))
+    join = "xl: this is node 0 of 2; on the other node, in /work, run:\n  XL_TOKEN=abc xl launch --nnodes 2 --node-rank 1 ..."
+    app = build_app(monitor_run_dir=run_dir, attach_only=False, clock=lambda: NOW, poll_interval=0.2, notice=join)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "monitor opened")
+        banner = app.screen.query_one("#notice-banner", Static)
+        await until(pilot, lambda: app.screen.polls >= 2, "two polls")
+        assert banner.display and "--node-rank 1" in str(banner.render())
+        run["ranks"] = both  # node 1's ranks arrive
+        run_file.write_text(json.dumps(run))
+        await until(pilot, lambda: not banner.display, "the notice goes once node 1 joined")

@@ -47,8 +47,10 @@ class XLApp(App[None]):
         attach_only: bool = True,
         clock: fmt.Clock | None = None,
         poll_interval: float = 1.0,
+        notice: str | None = None,
     ) -> None:
         super().__init__()
+        self.monitor_notice = notice  # shown on the Monitor of monitor_run_dir (see MonitorScreen)
         self.monitor_run_dir = Path(monitor_run_dir) if monitor_run_dir is not None else None
         # Monitor-only: `xl attach` shows one run and nothing else.
         self.attach_only = attach_only and self.monitor_run_dir is not None
@@ -75,7 +77,9 @@ class XLApp(App[None]):
             from xl.tui.screens.monitor import MonitorScreen
 
             assert self.monitor_run_dir is not None
-            return MonitorScreen(self.monitor_run_dir, standalone=True, interval=self.poll_interval)
+            return MonitorScreen(
+                self.monitor_run_dir, standalone=True, interval=self.poll_interval, notice=self.monitor_notice
+            )
         from xl.tui.screens.gpus import GPUsScreen
 
         return GPUsScreen(self.selection, interval=self.poll_interval)
@@ -104,7 +108,9 @@ class XLApp(App[None]):
     def open_monitor(self, run_dir: Path | str) -> None:
         from xl.tui.screens.monitor import MonitorScreen
 
-        self.push_screen(MonitorScreen(Path(run_dir), standalone=False, interval=self.poll_interval))
+        run_dir = Path(run_dir)
+        notice = self.monitor_notice if run_dir == self.monitor_run_dir else None
+        self.push_screen(MonitorScreen(run_dir, standalone=False, interval=self.poll_interval, notice=notice))
 
     def _left(self, run_dir: Path, status: str | None) -> None:
         # Only the run the command is about decides its exit code, not one opened from Runs.
@@ -205,13 +211,13 @@ def exit_code(app: XLApp) -> int:
     return 0
 
 
-def run_monitor(run_dir: Path, *, attach_only: bool = True) -> int:
+def run_monitor(run_dir: Path, *, attach_only: bool = True, notice: str | None = None) -> int:
     """Open the Monitor on ``run_dir``; returns the exit code the calling command should use.
 
     ``attach_only=True`` shows that run alone (``xl attach``); ``False`` opens it over the full
     app (``xl launch`` / ``xl demo``), where escape leads to the other screens.
     """
-    app = build_app(monitor_run_dir=Path(run_dir), attach_only=attach_only)
+    app = build_app(monitor_run_dir=Path(run_dir), attach_only=attach_only, notice=notice)
     app.run()
     return exit_code(app)
 

@@ -23,11 +23,11 @@ def _interactive() -> bool:
         return False
 
 
-def _monitor_own_run(run_dir: Path, _proc: Any) -> int:
+def _monitor_own_run(run_dir: Path, _proc: Any, notice: str | None = None) -> int:
     # Imported here: Textual costs ~150 ms and only terminals need it.
     from xl.tui.app import run_monitor
 
-    return run_monitor(run_dir, attach_only=False)
+    return run_monitor(run_dir, attach_only=False, notice=notice)
 
 
 def _monitor_attached(run_dir: Path) -> int:

@@ -35,6 +35,13 @@ CHARTS_MIN_HEIGHT = 32
 LOG_TAIL = 400  # lines shown when switching to a rank; older output stays in the run dir
 
 
+def _all_nodes_joined(run: dict[str, Any]) -> bool:
+    """Every node of a multi-node run has a rank with a pid in node 0's run.json."""
+    nnodes = int(run.get("nnodes") or 1)
+    joined = {r.get("node_rank", r.get("node")) for r in run.get("ranks") or [] if r.get("pid")}
+    return len(joined) >= nnodes
+
+
 class MonitorScreen(Screen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("s", "stop", "Stop run"),
@@ -55,8 +62,13 @@ class MonitorScreen(Screen):
             self.log_lines = log_lines
             self.error = error
 
-    def __init__(self, run_dir: Path, *, standalone: bool, interval: float = 1.0) -> None:
+    def __init__(
+        self, run_dir: Path, *, standalone: bool, interval: float = 1.0, notice: str | None = None
+    ) -> None:
         super().__init__(classes="monitor")
+        # What the person must still do for the run, e.g. node 0's command for the other nodes
+        # (it carries the run's token, so it lives in memory only); shown until every node joined.
+        self._notice = notice
         self.run_dir = Path(run_dir)
         self.standalone = standalone
         self.interval = interval
@@ -76,6 +88,7 @@ class MonitorScreen(Screen):
         yield Header(show_clock=False)
         yield Static("Opening the run…", id="run-header")
         yield Static("", id="failure-banner")
+        yield Static(self._notice or "", id="notice-banner")
         with Horizontal(id="progress-row"):
             yield ProgressBar(total=100, show_eta=False, id="progress")
             yield Label("", id="eta")
@@ -92,6 +105,7 @@ class MonitorScreen(Screen):
     def on_mount(self) -> None:
         self.title = f"xl — {self.run_dir.name}"
         self.query_one("#failure-banner").display = False
+        self.query_one("#notice-banner").display = self._notice is not None
         self.query_one("#progress-row").display = False
         # Charts need room; on a small terminal (80x24) they start hidden and `c` shows them.
         self.query_one("#charts").display = self.app.size.height >= CHARTS_MIN_HEIGHT
@@ -163,6 +177,9 @@ class MonitorScreen(Screen):
         ranks = getattr(view, "ranks", {}) or {}
         now = self.clock()
         self.status = str(run_field(run, "status") or "unknown")
+        if self._notice is not None and (self.status in FINISHED or _all_nodes_joined(run)):
+            self._notice = None
+            self.query_one("#notice-banner").display = False
         name = run_field(run, "name") or self.run_dir.name
         header = Text()
         header.append(f"{name}", style="bold")
