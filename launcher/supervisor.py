@@ -671,6 +671,19 @@ class Supervisor:
         if st.state == "failed" and self.failure is None and self.stop is None:
             self._record_failure(st)
 
+    def _log_tail(self, rank: int, lines: int = 15, limit: int = 8192) -> str | None:
+        """The end of logs/rank-<rank>.log (what this supervisor has written of it so far)."""
+        path = self.run_dir / "logs" / f"rank-{rank}.log"
+        try:
+            with path.open("rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - limit))
+                data = fh.read()
+        except OSError:
+            return None
+        text = data.decode("utf-8", "replace").splitlines()[-lines:]
+        return "\n".join(text) + "\n" if text else None
+
     def _local_failure(self, rank: int | None, exit_code: int | None, traceback: str | None, error: str | None, message: str) -> dict[str, Any]:
         return {
             "rank": rank,
@@ -691,10 +704,18 @@ class Supervisor:
     def _record_failure(self, st: RankState) -> None:
         what = st.error or (describe_exit(st.rank, st.exit_code) if st.exit_code is not None else "died")
         message = f"rank {st.rank} failed first: {what}"
+        traceback = st.traceback
+        if traceback is None and st.error is None:
+            # No Python exception to show (sys.exit(2) from argparse, os._exit, a C++ abort):
+            # the rank's last words are the best explanation there is.
+            traceback = self._log_tail(st.rank)
+            last = traceback.strip().splitlines()[-1].strip() if traceback and traceback.strip() else ""
+            if last:
+                message += f": {last[:200]}"
         # When it happened, to compare with other nodes' failures: a killed rank died between
         # the last time it was seen running and now.
         at = (st.alive_at if st.vanished else None) or st.ended_at or time.time()
-        self._set_failure(self._local_failure(st.rank, st.exit_code, st.traceback, st.error, message), at)
+        self._set_failure(self._local_failure(st.rank, st.exit_code, traceback, st.error, message), at)
         self.emit({"kind": "failure", "rank": st.rank, "exit_code": st.exit_code, "message": message})
         self._begin_stop("failure")
 

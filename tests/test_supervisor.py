@@ -163,6 +163,31 @@ def test_failing_rank_without_record_is_root_cause_with_traceback(tmp_path: Path
         kill_run(run_dir)
 
 
+EXITER = """
+import os, sys, time
+if os.environ["RANK"] == "1":
+    print("train.py: error: unrecognized arguments: --lr-warmup", file=sys.stderr, flush=True)
+    sys.exit(2)  # argparse's way out: no Python traceback to show
+time.sleep(60)
+"""
+
+
+def test_rank_exiting_without_a_traceback_is_explained_by_its_last_lines(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    script = _script(tmp_path, "exiter.py", EXITER)
+    proc = xl(["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90)
+    run_dir = wait_run(home)
+    try:
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        failure = run_json(run_dir)["failure"]
+        assert failure["rank"] == 1 and failure["exit_code"] == 2
+        assert failure["message"].endswith("error: unrecognized arguments: --lr-warmup")
+        assert "unrecognized arguments: --lr-warmup" in failure["traceback"]
+        wait_no_processes(run_dir, timeout=GRACE + 2)
+    finally:
+        kill_run(run_dir)
+
+
 def test_rank_killed_by_a_signal_is_named_with_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = _script(tmp_path, "segv.py", """
