@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
+from pilotwait import until
 from textual.widgets import DataTable, Static
 
 from xl.tui.app import build_app
 
 ORDER = ["fail", "error", "warn", "ok", "skip"]
-
-
-async def until(pilot, predicate, what: str, tries: int = 300) -> None:
-    for _ in range(tries):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"never happened: {what}")
 
 
 async def test_doctor_lists_checks_worst_first_and_shows_the_fix(simnvml, monkeypatch, tmp_path):

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pilotwait import until
 from simnvml import SimGPU, SimProcess
 from textual.widgets import Input, Static
 
@@ -17,15 +18,6 @@ from xl.tui.app import build_app
 from xl.tui.launchform import LaunchForm, command, to_spec
 
 SIZE = (120, 40)
-
-
-async def until(pilot, predicate, what: str, tries: int = 200) -> None:
-    """Let the app run until ``predicate()`` holds (workers and timers need event-loop turns)."""
-    for _ in range(tries):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"never happened: {what}")
 
 
 def text_of(app, selector: str) -> str:

@@ -3,10 +3,10 @@ run and shows its ranks logging; stopping it from the Monitor leaves no process 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
+from pilotwait import until
 from procs import kill_run, run_json, wait_no_processes
 from textual.widgets import Input, Static
 
@@ -28,16 +28,6 @@ for step in range(1, 1200):  # ~2 minutes unless stopped
     xl.log(step=step, loss=1.0 / step, samples=8)
     time.sleep(0.1)
 """
-
-
-async def until(pilot, predicate, what: str, timeout: float = 60.0) -> None:
-    """Let the app run until ``predicate()`` holds; real processes need seconds, not turns."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError(f"never happened within {timeout}s: {what}")
 
 
 def text_of(app, selector: str) -> str:
@@ -67,18 +57,19 @@ async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(s
                 assert "2 process(es) per node on CPU" in text_of(app, "#launch-validation")
                 await pilot.press("ctrl+r")
 
-                await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "the Monitor opens")
+                await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "the Monitor opens", timeout=60)
                 monitor = app.screen
                 run_dir = monitor.run_dir
                 assert run_dir.parent == home / "runs"
                 assert run_json(run_dir)["name"] == "tiny-cpu"
                 assert run_json(run_dir)["spec"]["nproc"] == 2
                 table = monitor.query_one(RankTable)
-                await until(pilot, lambda: table.row_count == 2, "both ranks listed")
+                await until(pilot, lambda: table.row_count == 2, "both ranks listed", timeout=60)
                 await until(
                     pilot,
                     lambda: all(str(table.get_cell(str(r), "step")) not in ("-", "") for r in (0, 1)),
                     "both ranks logging steps",
+                    timeout=60,
                 )
                 header = text_of(app, "#run-header")
                 assert "tiny-cpu" in header and "running" in header and "world size 2" in header

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import runfixtures
+from pilotwait import until
 from textual.widgets import DataTable, Static
 
 from xl.tui.app import build_app, exit_code
@@ -19,14 +20,6 @@ from xl.tui.widgets.rank_table import RankTable
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 SIZE = (120, 40)
 NOW = runfixtures.T0 + 130  # a fixed "now": stable elapsed and last-seen values
-
-
-async def until(pilot, predicate, what: str, tries: int = 200) -> None:
-    for _ in range(tries):
-        if predicate():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError(f"never happened: {what}")
 
 
 def text_of(app, selector: str) -> str:
