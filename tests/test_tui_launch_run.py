@@ -87,3 +87,78 @@ async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(s
     finally:
         if run_dir is not None:
             kill_run(run_dir)
+
+
+async def test_node_0_from_the_form_shows_the_join_command_until_node_1_joins(simnvml, tmp_path, monkeypatch):
+    """Nodes 2, node rank 0 in the form: the Monitor shows the exact command for node 1 (with the
+    run's token, which stays out of run.json and out of the app's environment); node 1 started
+    with it joins, the notice goes, and stopping node 0 from the Monitor ends both nodes."""
+    import os
+    import re
+    import shlex
+    import socket
+    import subprocess
+
+    from procs import XL, xl_env
+
+    home, home1 = tmp_path / "xlhome", tmp_path / "node1"
+    monkeypatch.setenv("XL_HOME", str(home))
+    monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XL_STOP_GRACE", str(GRACE))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("XL_TOKEN", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.py").write_text(SCRIPT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sim = simnvml(gpus=0, init_error="driver_not_loaded")
+    run_dir: Path | None = None
+    node1: subprocess.Popen[str] | None = None
+    try:
+        with sim.in_process():
+            app = build_app(poll_interval=0.25)
+            async with app.run_test(size=(160, 40)) as pilot:
+                await pilot.press("3")
+                await until(pilot, lambda: app.screen.id == "launch", "launch screen")
+                for field, value in (("target", "tiny.py"), ("nproc", "1"), ("nnodes", "2"), ("node_rank", "0"), ("rdzv", f"127.0.0.1:{port}")):
+                    app.screen.query_one(f"#{field}", Input).value = value
+                await until(pilot, lambda: "ready" in text_of(app, "#launch-validation"), "a valid form")
+                await pilot.press("ctrl+r")
+                await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "the Monitor opens", timeout=60)
+                run_dir = app.screen.run_dir
+                banner = app.screen.query_one("#notice-banner", Static)
+                notice = str(banner.render())
+                assert banner.display and "--node-rank 1" in notice, notice
+                token = re.search(r"XL_TOKEN=(\S+)", notice).group(1)
+                assert "XL_TOKEN" not in os.environ
+                assert token not in (run_dir / "run.json").read_text()
+
+                # Node 1, as a person would start it from the notice.
+                args = shlex.split(notice[notice.index("xl launch") + len("xl launch"):].splitlines()[0])
+                node1 = subprocess.Popen(
+                    [*XL, "launch", "--no-tui", *args], env=xl_env(home1, XL_TOKEN=token), cwd=tmp_path,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                )
+                await until(pilot, lambda: not banner.display, "the notice goes once node 1 joined", timeout=90)
+                table = app.screen.query_one(RankTable)
+                await until(pilot, lambda: table.row_count == 2, "both nodes' ranks on node 0", timeout=60)
+
+                await pilot.press("s")
+                await until(pilot, lambda: app.screen.id == "confirm", "the confirmation")
+                await pilot.press("y")
+                await until(pilot, lambda: run_json(run_dir).get("status") == "stopped", "node 0 stopped", timeout=30)
+                await pilot.press("q")
+                await until(pilot, lambda: not app.is_running, "the app ended", timeout=10)
+        out, _ = node1.communicate(timeout=60)
+        assert node1.returncode != 0, out  # node 1's run ended with node 0's
+        wait_no_processes(run_dir, timeout=GRACE + 10)
+        for d in (home1 / "runs").iterdir():
+            wait_no_processes(d, timeout=GRACE + 10)
+    finally:
+        if node1 is not None and node1.poll() is None:
+            node1.kill()
+            node1.communicate(timeout=10)
+        for d in [run_dir, *((home1 / "runs").iterdir() if (home1 / "runs").is_dir() else [])]:
+            if d is not None:
+                kill_run(d)

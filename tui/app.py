@@ -9,6 +9,7 @@ only when first used so the app starts fast and each screen pays only for what i
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -105,11 +106,12 @@ class XLApp(App[None]):
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
-    def open_monitor(self, run_dir: Path | str) -> None:
+    def open_monitor(self, run_dir: Path | str, notice: str | None = None) -> None:
         from xl.tui.screens.monitor import MonitorScreen
 
         run_dir = Path(run_dir)
-        notice = self.monitor_notice if run_dir == self.monitor_run_dir else None
+        if notice is None and run_dir == self.monitor_run_dir:
+            notice = self.monitor_notice
         self.push_screen(MonitorScreen(run_dir, standalone=False, interval=self.poll_interval, notice=notice))
 
     def _left(self, run_dir: Path, status: str | None) -> None:
@@ -158,10 +160,30 @@ class XLApp(App[None]):
             inv = self.inventory = self.inventory_source()
         return build_plan(spec, inv)
 
-    def start_source(self, spec: Any) -> Any:
+    def start_source(self, spec: Any) -> tuple[Any, str | None]:
+        """Start ``spec``'s run: (its handle, what the person must still do, or None).
+
+        Node 0 of a multi-node run gets the run's token made here and handed to its supervisor
+        through the environment (never a command line, never run.json), and the notice is the
+        command for the other nodes, which the Monitor shows until they have joined.
+        """
         from xl.launcher.runs import start_run
 
-        return start_run(spec)
+        if int(getattr(spec, "nnodes", 1) or 1) < 2:
+            return start_run(spec), None
+        from xl.launcher.nodelink import TOKEN_VAR, prepare_launch
+
+        with _LAUNCH_ENV:
+            before = os.environ.get(TOKEN_VAR)
+            try:
+                join = prepare_launch(spec, os.environ)
+                return start_run(spec), join.strip() if join else None
+            finally:
+                # The app's later runs get tokens of their own.
+                if before is None:
+                    os.environ.pop(TOKEN_VAR, None)
+                else:
+                    os.environ[TOKEN_VAR] = before
 
     def runs_source(self) -> list[Any]:
         from xl.launcher.runs import list_runs
@@ -182,6 +204,10 @@ class XLApp(App[None]):
         from xl.launcher.runs import stop_run
 
         stop_run(run_dir)
+
+
+# The token of a multi-node launch passes through os.environ to the supervisor it starts.
+_LAUNCH_ENV = threading.Lock()
 
 
 def build_app(**kwargs: Any) -> XLApp:

@@ -29,10 +29,11 @@ class LaunchScreen(Screen):
     ]
 
     class Started(Message):
-        def __init__(self, run_dir: Any, error: str | None) -> None:
+        def __init__(self, run_dir: Any, error: str | None, notice: str | None = None) -> None:
             super().__init__()
             self.run_dir = run_dir
             self.error = error
+            self.notice = notice
 
     def __init__(self, selection: DeviceSelection) -> None:
         super().__init__(id="launch")
@@ -173,9 +174,9 @@ class LaunchScreen(Screen):
     @work(thread=True, exclusive=True, group="launch")
     def _start(self, spec: Any, form: LaunchForm) -> None:
         try:
-            handle = self.app.start_source(spec)  # type: ignore[attr-defined]
+            handle, notice = self.app.start_source(spec)  # type: ignore[attr-defined]
             settings.remember(form.key, form.to_dict())
-            self.post_message(self.Started(handle.run_dir, None))
+            self.post_message(self.Started(handle.run_dir, None, notice))
         except UsageError as exc:
             self.post_message(self.Started(None, str(exc)))
         except OSError as exc:
@@ -186,4 +187,4 @@ class LaunchScreen(Screen):
         if message.error:
             self.notify(message.error, severity="error", timeout=8)
             return
-        self.app.open_monitor(message.run_dir)  # type: ignore[attr-defined]
+        self.app.open_monitor(message.run_dir, message.notice)  # type: ignore[attr-defined]
