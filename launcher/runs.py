@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,7 @@ def _runs_root(create: bool) -> Path:
     root = paths.runs_dir()
     home = root.parent
     if home.exists() and not home.is_dir():
-        raise UsageError(f"XL_HOME {home} is a file, not a folder; set XL_HOME to a writable folder")
+        raise UsageError(f"{home} is a file, not a folder; set XL_HOME to a writable folder")
     try:
         if create:
             root.mkdir(parents=True, exist_ok=True)
@@ -190,15 +191,25 @@ def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
         os._exit(code)
 
 
-def start_run(spec: LaunchSpec, plan: Plan | None = None, *, fork: bool = False, run_id: str | None = None) -> RunHandle:
+def start_run(
+    spec: LaunchSpec,
+    plan: Plan | None = None,
+    *,
+    fork: bool = False,
+    run_id: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> RunHandle:
     """Create the run dir, spawn its detached supervisor and return at once.
 
     ``fork=True`` (the ``xl launch`` command) forks the supervisor instead of starting a new
-    interpreter; threaded callers (the TUI) keep the default.
+    interpreter; threaded callers (the TUI) keep the default, and may give the supervisor an
+    ``env`` of its own (e.g. a multi-node run's XL_TOKEN) instead of this process's.
     """
+    if fork and env is not None:
+        raise ValueError("a forked supervisor has this process's environment")
     spec.cwd = spec.cwd or os.getcwd()
     if plan is None:
-        plan = build_plan(spec, _inventory())
+        plan = build_plan(spec, _inventory(), env)
     root = _runs_root(create=True)
     if run_id is not None:  # chosen by `xl launch --slurm` for every node at once
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", run_id):
@@ -255,6 +266,7 @@ def start_run(spec: LaunchSpec, plan: Plan | None = None, *, fork: bool = False,
             start_new_session=True,  # setsid: no terminal, no Ctrl-C, no SIGHUP from the shell
             close_fds=True,
             cwd=str(run_dir),
+            env=None if env is None else dict(env),
         )
     return RunHandle(run_id=run_id, run_dir=run_dir, pid=proc.pid, proc=proc)
 

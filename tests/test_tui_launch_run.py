@@ -3,11 +3,15 @@ run and shows its ranks logging; stopping it from the Monitor leaves no process 
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 from pilotwait import until
-from procs import kill_run, run_json, wait_no_processes
+from procs import XL, kill_run, rdzv_port, run_json, wait_no_processes, xl_env
 from textual.widgets import Input, Static
 
 from xl.tui.app import build_app
@@ -34,14 +38,21 @@ def text_of(app, selector: str) -> str:
     return str(app.screen.query_one(selector, Static).render())
 
 
-async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(simnvml, tmp_path, monkeypatch):
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """XL_HOME and the config in tmp_path, a short stop grace, tiny.py in the working folder."""
     home = tmp_path / "xlhome"
     monkeypatch.setenv("XL_HOME", str(home))
     monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XL_STOP_GRACE", str(GRACE))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("XL_TOKEN", raising=False)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny.py").write_text(SCRIPT)
+    return home
+
+
+async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(simnvml, home):
     sim = simnvml(gpus=0, init_error="driver_not_loaded")  # no GPU: CPU ranks, whatever this machine has
     run_dir: Path | None = None
     try:
@@ -89,30 +100,13 @@ async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(s
             kill_run(run_dir)
 
 
-async def test_node_0_from_the_form_shows_the_join_command_until_node_1_joins(simnvml, tmp_path, monkeypatch):
+async def test_node_0_from_the_form_shows_the_join_command_until_node_1_joins(simnvml, home, tmp_path):
     """Nodes 2, node rank 0 in the form: the Monitor shows the exact command for node 1 (with the
     run's token, which stays out of run.json and out of the app's environment); node 1 started
     with it joins, the notice goes, and stopping node 0 from the Monitor ends both nodes."""
-    import os
-    import re
-    import shlex
-    import socket
-    import subprocess
-
-    from procs import XL, xl_env
-
-    home, home1 = tmp_path / "xlhome", tmp_path / "node1"
-    monkeypatch.setenv("XL_HOME", str(home))
-    monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("XL_STOP_GRACE", str(GRACE))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("XL_TOKEN", raising=False)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "tiny.py").write_text(SCRIPT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    sim = simnvml(gpus=0, init_error="driver_not_loaded")
+    home1 = tmp_path / "node1"
+    port = rdzv_port()
+    sim = simnvml(gpus=0, init_error="driver_not_loaded")  # CPU ranks
     run_dir: Path | None = None
     node1: subprocess.Popen[str] | None = None
     try:

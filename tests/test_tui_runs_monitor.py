@@ -320,13 +320,49 @@ async def test_node_0_shows_the_command_for_the_other_nodes_until_they_join(xl_h
     first_node = both[0]["node"]
     run["ranks"] = [r for r in both if r["node"] == first_node]
     run_file.write_text(json.dumps(run))
-    join = "xl: this is node 0 of 2; on the other node, in /work, run:\n  XL_TOKEN=abc xl launch --nnodes 2 --node-rank 1 ..."
+    # Script arguments in [brackets] (Hydra overrides) must show as typed, not as markup.
+    join = "xl: this is node 0 of 2; on the other node, in /work, run:\n  XL_TOKEN=abc xl launch --nnodes 2 --node-rank 1 train.py layers=[0,1] tag=[/]"
     app = build_app(monitor_run_dir=run_dir, attach_only=False, clock=lambda: NOW, poll_interval=0.2, notice=join)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "monitor opened")
         banner = app.screen.query_one("#notice-banner", Static)
         await until(pilot, lambda: app.screen.polls >= 2, "two polls")
-        assert banner.display and "--node-rank 1" in str(banner.render())
+        assert banner.display and "--node-rank 1 train.py layers=[0,1] tag=[/]" in str(banner.render())
         run["ranks"] = both  # node 1's ranks arrive
         run_file.write_text(json.dumps(run))
         await until(pilot, lambda: not banner.display, "the notice goes once node 1 joined")
+
+
+async def test_switching_ranks_never_reads_the_run_from_two_threads_at_once(xl_home):
+    """A rank switch asks for a poll at once; while one runs, it waits for it (the reader keeps
+    file offsets: two threads in it at once would lose or repeat log lines)."""
+    import threading
+
+    from xl.launcher.reader import RunReader
+
+    inside, overlaps, calls = [0], [0], [0]
+    lock = threading.Lock()
+
+    class SlowReader(RunReader):
+        def poll(self, *args, **kwargs):
+            with lock:
+                inside[0] += 1
+                calls[0] += 1
+                overlaps[0] += inside[0] > 1
+            time.sleep(0.1)  # widen the window a second poll would need
+            try:
+                return super().poll(*args, **kwargs)
+            finally:
+                with lock:
+                    inside[0] -= 1
+
+    app = build_app(monitor_run_dir=xl_home / "20260530-wide", clock=lambda: NOW, poll_interval=0.2)
+    app.reader_source = SlowReader  # type: ignore[method-assign]
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(RankTable)
+        await until(pilot, lambda: table.row_count == 64, "64 ranks")
+        for _ in range(20):
+            await pilot.press("]")
+            await pilot.pause(0.03)
+        await until(pilot, lambda: app.screen.query_one(RankLog).rank == table.current_rank, "the log follows the last rank chosen")
+    assert calls[0] > 3 and overlaps[0] == 0, (calls[0], overlaps[0])

@@ -9,7 +9,6 @@ only when first used so the app starts fast and each screen pays only for what i
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -171,19 +170,13 @@ class XLApp(App[None]):
 
         if int(getattr(spec, "nnodes", 1) or 1) < 2:
             return start_run(spec), None
-        from xl.launcher.nodelink import TOKEN_VAR, prepare_launch
+        from xl.launcher.nodelink import prepare_launch
 
-        with _LAUNCH_ENV:
-            before = os.environ.get(TOKEN_VAR)
-            try:
-                join = prepare_launch(spec, os.environ)
-                return start_run(spec), join.strip() if join else None
-            finally:
-                # The app's later runs get tokens of their own.
-                if before is None:
-                    os.environ.pop(TOKEN_VAR, None)
-                else:
-                    os.environ[TOKEN_VAR] = before
+        # The token goes to this run's supervisor only, never into the app's own environment
+        # (its later runs, the doctor's probes).
+        env = dict(os.environ)
+        join = prepare_launch(spec, env)
+        return start_run(spec, env=env), join.strip() if join else None
 
     def runs_source(self) -> list[Any]:
         from xl.launcher.runs import list_runs
@@ -204,10 +197,6 @@ class XLApp(App[None]):
         from xl.launcher.runs import stop_run
 
         stop_run(run_dir)
-
-
-# The token of a multi-node launch passes through os.environ to the supervisor it starts.
-_LAUNCH_ENV = threading.Lock()
 
 
 def build_app(**kwargs: Any) -> XLApp:

@@ -146,3 +146,21 @@ def kill_run(run_dir: Path) -> None:
             proc.kill()
         except psutil.Error:
             pass
+
+
+def rdzv_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` whose next one (node 0's collector: rdzv port + 1) is free too."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port < 65535:
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port + 1))
+                except OSError:
+                    continue
+            return port
+    raise AssertionError("no pair of free ports")

@@ -83,12 +83,17 @@ class MonitorScreen(Screen):
         # selector -> (text key, width, cell length, wrapped height) of what _set_text showed last
         self._texts: dict[str, tuple[Any, int, int, int]] = {}
         self._next_poll: Timer | None = None  # the one pending poll (see on_monitor_screen_polled)
+        # One reader, one thread at a time: a poll asked for while one runs (a rank switch) is
+        # made right after it, never beside it (the reader's file offsets are not shared safely).
+        self._polling = False
+        self._poll_soon = False
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         yield Static("Opening the run…", id="run-header")
         yield Static("", id="failure-banner")
-        yield Static(self._notice or "", id="notice-banner")
+        # Text, not markup: a command with [brackets] must show (and copy) as it is.
+        yield Static(Text(self._notice or ""), id="notice-banner")
         with Horizontal(id="progress-row"):
             yield ProgressBar(total=100, show_eta=False, id="progress")
             yield Label("", id="eta")
@@ -109,7 +114,7 @@ class MonitorScreen(Screen):
         self.query_one("#progress-row").display = False
         # Charts need room; on a small terminal (80x24) they start hidden and `c` shows them.
         self.query_one("#charts").display = self.app.size.height >= CHARTS_MIN_HEIGHT
-        self._poll()
+        self._request_poll()
 
     @property
     def clock(self) -> fmt.Clock:
@@ -121,6 +126,16 @@ class MonitorScreen(Screen):
         return not (action == "back" and self.standalone)
 
     # -- polling -----------------------------------------------------------------------------
+
+    def _request_poll(self) -> None:
+        if self._polling:
+            self._poll_soon = True
+            return
+        if self._next_poll is not None:
+            self._next_poll.stop()
+            self._next_poll = None
+        self._polling = True
+        self._poll()
 
     @work(thread=True, exclusive=True, group="monitor-poll")
     def _poll(self) -> None:
@@ -148,6 +163,7 @@ class MonitorScreen(Screen):
             self.post_message(self.Polled(None, None, None, f"{type(exc).__name__}: {exc}"))
 
     def on_monitor_screen_polled(self, message: Polled) -> None:
+        self._polling = False
         self.polls += 1
         if message.view is not None:
             self.view = message.view
@@ -166,11 +182,15 @@ class MonitorScreen(Screen):
                 log.follow(message.log_lines)
         # A finished run changes no more: poll rarely (the run could be re-read, never resumed).
         delay = self.interval if self.status not in FINISHED else self.interval * 5
-        # One poll loop: an extra poll (a rank switch asks for one at once) replaces the pending
-        # timer instead of starting a second loop beside it.
+        # One poll loop: the next poll replaces any pending timer instead of starting a second loop.
         if self._next_poll is not None:
             self._next_poll.stop()
-        self._next_poll = self.set_timer(delay, self._poll)
+            self._next_poll = None
+        if self._poll_soon:  # asked for during this poll (a rank switch): now
+            self._poll_soon = False
+            self.call_later(self._request_poll)
+        else:
+            self._next_poll = self.set_timer(delay, self._request_poll)
 
     def _render_view(self, view: Any) -> None:
         run = getattr(view, "run", {}) or {}
@@ -276,7 +296,7 @@ class MonitorScreen(Screen):
         self._log_needs_reset = True
         self.query_one("#log-title", Label).update(f"Log — rank {rank} (following)")
         if self.view is not None:
-            self._poll()
+            self._request_poll()
 
     def action_rank(self, delta: int) -> None:
         table = self.query_one(RankTable)
