@@ -147,9 +147,10 @@ def check_driver(f: Facts) -> Check:
 
 
 def _one_model_fix(gpus: Sequence[Any], names: Counter[str]) -> str:
-    """The exact --gpus of the most numerous model (the first one listed on a tie)."""
+    """The exact --gpus of the most numerous model (the first one listed on a tie); called only
+    when no GPU is lost."""
     model = max(names, key=lambda n: names[n])
-    indices = ",".join(str(g.index) for g in gpus if g.name == model and not getattr(g, "lost", False))
+    indices = ",".join(str(g.index) for g in gpus if g.name == model)
     return f"train on one model: xl launch --gpus {indices} ...  (the {names[model]}x {model})"
 
 

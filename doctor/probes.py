@@ -617,7 +617,7 @@ if spec is not None and spec.origin:
         vp = os.path.join(d, "version.py")
         if os.path.exists(vp) and not os.path.isfile(vp):  # open() on a FIFO blocks forever
             raise OSError("not a regular file")
-        with open(os.path.join(d, "version.py"), "rb") as fh:
+        with open(vp, "rb") as fh:
             tree = ast.parse(fh.read().decode("utf-8", "replace"))
         for node in tree.body:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []

@@ -253,7 +253,7 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     if ns.slurm:
         from .cmd_slurm import launch_slurm
 
-        return launch_slurm(ns, script, module, args, viewer)
+        return launch_slurm(ns, script, module, args)
     run_id = None
     if ns.slurm_node:
         from .cmd_slurm import node_rank_from_env

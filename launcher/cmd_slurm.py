@@ -24,8 +24,9 @@ from typing import Any
 from xl.cliutil import EXIT_USAGE, UsageError
 
 from . import slurm
-from .cmd_launch import Viewer, _parser, spec_from_args, split_argv
-from .plan import _check_target
+from .cmd_launch import _parser, spec_from_args, split_argv
+from .nodelink import format_address
+from .plan import _check_target, parse_rdzv
 
 _SBATCH_VALUE_OPTS = {
     "--nodes", "-N", "--gpus-per-node", "--cpus-per-task", "-c", "--mem", "--time", "-t",
@@ -83,8 +84,7 @@ def _rdzv(alloc: slurm.Allocation, env: Any) -> str:
             with socket.socket() as s:
                 s.bind(("", 0))
                 port = int(s.getsockname()[1])
-    host = slurm.node_address(first)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return format_address(slurm.node_address(first), port)
 
 
 def _print_dry_run(argv: list[str], env: dict[str, str], alloc: slurm.Allocation, rdzv: str, run_id: str, as_json: bool) -> None:
@@ -129,13 +129,19 @@ def _run_srun(argv: list[str], env: dict[str, str], job_id: str, name: str, run_
     sent: list[str] = []
 
     def escalate(signum: int, _frame: Any) -> None:
-        step = slurm.find_step(job_id, name)
+        signame = signal.Signals(signum).name
         if not sent:
-            sys.stderr.write(f"\nxl: stopping the run on every node ({signal.Signals(signum).name} again cancels step {step or name} at once)\n")
-            if _stop_here(run_id) or (step and slurm.signal_step(step, "INT")):
-                sent.append("INT")
+            sent.append("INT")
+            sys.stderr.write(f"\nxl: stopping the run on every node ({signame} again cancels step {name} at once)\n")
+            if _stop_here(run_id):
                 return
-        if len(sent) <= 1 and step and slurm.signal_step(step, None):
+            step = slurm.find_step(job_id, name)
+            if not (step and slurm.signal_step(step, "INT")):
+                # Never srun's kill on a first signal: it would leave every node's run without its end.
+                sys.stderr.write(f"xl: step {name} not found in squeue (yet); {signame} again ends srun\n")
+            return
+        step = slurm.find_step(job_id, name) if len(sent) <= 1 else None
+        if step and slurm.signal_step(step, None):
             sent.append("cancel")
             return
         sent.append("kill")
@@ -157,13 +163,16 @@ def _run_srun(argv: list[str], env: dict[str, str], job_id: str, name: str, run_
     return 0 if code == 0 else 1
 
 
-def launch_slurm(ns: argparse.Namespace, script: str | None, module: str | None, args: list[str], viewer: Viewer | None = None) -> int:
-    """`xl launch --slurm`: check, then run (or print) the srun step over the allocation."""
-    del viewer  # the view is node 0's, streamed through srun (see the module docstring)
+def launch_slurm(ns: argparse.Namespace, script: str | None, module: str | None, args: list[str]) -> int:
+    """`xl launch --slurm`: check, then run (or print) the srun step over the allocation.
+
+    The view is node 0's, streamed through srun (see the module docstring)."""
     if ns.detach:
         raise UsageError("--detach does not go with --slurm: the srun step is the run; for a run that outlives this shell use `xl sbatch`")
     if ns.node_rank is not None:
         raise UsageError("--node-rank does not go with --slurm: each node takes its rank from Slurm")
+    if ns.rdzv:
+        parse_rdzv(ns.rdzv)
     alloc = slurm.allocation_from_env()
     if alloc is None:
         raise UsageError(slurm.NOT_IN_ALLOCATION)
@@ -249,6 +258,8 @@ def sbatch_main(argv: Sequence[str]) -> int:
         _no_newline("--sbatch", extra)
         if not extra.startswith("-"):
             raise UsageError(f"--sbatch {extra!r}: give an sbatch option as written, e.g. --sbatch=--qos=high")
+    if ns.rdzv:
+        parse_rdzv(ns.rdzv)
     _check_spec(ns, script, module, args)
     if any("\n" in a or "\r" in a for a in [str(script or module), *args]):
         raise UsageError("the script and its arguments must be one line each in a batch script")

@@ -140,7 +140,6 @@ class Allocation:
     nodes: list[str]
     gpus_per_node: int | None = None
     cpus_per_node: int | None = None
-    ntasks_per_node: int | None = None
 
     @property
     def nnodes(self) -> int:
@@ -184,7 +183,6 @@ def allocation_from_env(env: Mapping[str, str] | None = None, run: Runner = _run
         nodes=nodes,
         gpus_per_node=_count(env.get("SLURM_GPUS_ON_NODE")) or _count(env.get("SLURM_GPUS_PER_NODE")),
         cpus_per_node=_min_cpus(env.get("SLURM_JOB_CPUS_PER_NODE")) or _count(env.get("SLURM_CPUS_ON_NODE")),
-        ntasks_per_node=_count(env.get("SLURM_NTASKS_PER_NODE")),
     )
 
 
@@ -245,8 +243,10 @@ def srun_argv(alloc: Allocation, task: Sequence[str], name: str, srun: str = "sr
         f"--nodes={n}",
         f"--ntasks={n}",
         "--ntasks-per-node=1",
-        # A task that fails ends the others (their ranks would otherwise wait for it).
-        "--kill-on-bad-exit=1",
+        # Never Slurm's kill (explicit, to override a cluster's default): a node whose xl exits 1
+        # has told node 0 already, and xl's node link ends the run on every node; killing the
+        # step would take node 0's supervisor with it while it records the failure.
+        "--kill-on-bad-exit=0",
         # torchrun starts the ranks; binding the one task to a core would pin them all to it.
         "--cpu-bind=none",
         # XL_TOKEN and the caller's variables (PATH, XL_HOME, venv) reach every node.

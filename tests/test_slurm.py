@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil
 import pytest
-from procs import XL, describe, run_json, run_processes, wait_for, xl, xl_env
+from procs import XL, kill_run, run_json, run_processes, wait_for, wait_no_processes, xl, xl_env
 
 from xl.cliutil import UsageError
 from xl.launcher import slurm
@@ -106,7 +106,6 @@ def _fake_alloc_env(**extra: str) -> dict[str, str]:
         "SLURM_JOB_NUM_NODES": "3",
         "SLURM_GPUS_ON_NODE": "4",
         "SLURM_JOB_CPUS_PER_NODE": "64(x2),32",
-        "SLURM_NTASKS_PER_NODE": "1",
     }
     env.update(extra)
     return env
@@ -116,7 +115,7 @@ def test_allocation_from_env() -> None:
     alloc = slurm.allocation_from_env(_fake_alloc_env(), lambda _argv: None)
     assert alloc is not None
     assert (alloc.job_id, alloc.nodes, alloc.nnodes) == ("4242", ["gpu07", "gpu08", "gpu10"], 3)
-    assert (alloc.gpus_per_node, alloc.cpus_per_node, alloc.ntasks_per_node) == (4, 32, 1)
+    assert (alloc.gpus_per_node, alloc.cpus_per_node) == (4, 32)
     # SLURM_GPUS_PER_NODE may carry a type; the old variable names still work.
     env = {"SLURM_JOBID": "7", "SLURM_NODELIST": "n1", "SLURM_NNODES": "1", "SLURM_GPUS_PER_NODE": "a100:8"}
     alloc = slurm.allocation_from_env(env, lambda _argv: None)
@@ -137,7 +136,7 @@ def test_srun_runs_one_xl_per_node_with_the_whole_node() -> None:
     ]  # fmt: skip
     argv = slurm.srun_argv(alloc, task, slurm.step_name("RID"))
     assert argv[: -len(task)] == [
-        "srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        "srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
         "--cpu-bind=none", "--export=ALL", "--mem=0", "--job-name=xl-RID",
         "--cpus-per-task=32", "--gpus-per-node=4",
     ]  # fmt: skip
@@ -165,6 +164,33 @@ def test_step_is_found_by_name_and_signalled() -> None:
     assert calls[-2:] == [["scancel", "--signal=INT", "4242.1"], ["scancel", "4242.1"]]
 
 
+def test_first_ctrl_c_never_kills_srun_when_no_step_is_found(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """No run of node 0 here and squeue shows no step yet: the first signal says so and leaves
+    srun alone; the next one (still no step to scancel) ends srun."""
+    import threading
+
+    from xl.launcher import cmd_slurm
+
+    asked: list[str] = []
+    monkeypatch.setattr(cmd_slurm, "_stop_here", lambda run_id: asked.append("stop_here") or False)
+    monkeypatch.setattr(slurm, "find_step", lambda job_id, name, run=None: asked.append("find_step") or None)
+    alive_after_first: list[bool] = []
+
+    def interrupt() -> None:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+        alive_after_first.append(all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in psutil.Process().children()))
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    code = cmd_slurm._run_srun([sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ), "4242", "xl-RID", "RID")
+    assert code == 130 and alive_after_first == [True]
+    assert asked == ["stop_here", "find_step", "find_step"]  # _stop_here first, squeue after it
+    err = capsys.readouterr().err
+    assert "stopping the run on every node" in err and "step xl-RID not found in squeue" in err
+
+
 # --------------------------------------------------------------------------------- real `xl`
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
@@ -172,10 +198,14 @@ def work(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _env(work: Path, **extra: str) -> dict[str, str]:
+def _env(work: Path, *, stub_scontrol: bool = True, **extra: str) -> dict[str, str]:
+    """xl's environment for a test, with none of this shell's SLURM* variables."""
     env = xl_env(work / "home")
     for key in [k for k in env if k.startswith("SLURM")]:
         del env[key]
+    if not stub_scontrol:
+        env.update(extra)
+        return env
     # An scontrol that fails at once (a real one, with no cluster to ask, retries for a minute):
     # xl's own parser and the node names answer.
     stub = work / "stub-bin"
@@ -208,6 +238,8 @@ def test_launch_slurm_outside_an_allocation_is_one_line_and_exit_2(work: Path) -
         (["--nnodes", "2"], "--nnodes 2: this allocation has 3 node(s) (gpu[07-08],gpu10)"),
         (["--nproc", "0"], "--nproc must be at least 1"),
         (["--env", "nope"], "--env 'nope' is not NAME=VALUE"),
+        (["--rdzv", "nohost"], "--rdzv 'nohost' is not HOST:PORT"),
+        (["--rdzv", "h:70000"], "port 70000 is out of range"),
     ],
 )
 def test_launch_slurm_bad_input(work: Path, args: list[str], says: str) -> None:
@@ -225,7 +257,7 @@ def test_launch_slurm_dry_run_json_in_a_fake_allocation(work: Path) -> None:
     # The token travels in the environment (srun --export=ALL), shown redacted, never in argv.
     assert out["env"] == {"XL_TOKEN": "<redacted>"}
     argv = out["argv"]
-    assert argv[0] == "srun" and "--export=ALL" in argv and "--kill-on-bad-exit=1" in argv
+    assert argv[0] == "srun" and "--export=ALL" in argv and "--kill-on-bad-exit=0" in argv
     assert argv[1:4] == ["--nodes=3", "--ntasks=3", "--ntasks-per-node=1"]
     start = argv.index(sys.executable)
     assert argv[start : start + 4] == [sys.executable, "-m", "xl", "launch"]
@@ -296,6 +328,7 @@ def test_sbatch_help_and_bad_input(work: Path) -> None:
     _one_line(xl(["sbatch", "--nnodes", "2", "train.py"], _env(work), cwd=work), "xl sbatch: ", "--nnodes does not go with xl sbatch (use --nodes)")
     _one_line(xl(["sbatch", "missing.py"], _env(work), cwd=work), "xl sbatch: ", "no such script: missing.py")
     _one_line(xl(["sbatch", "--sbatch", "qos", "train.py"], _env(work), cwd=work), "xl sbatch: ", "give an sbatch option as written")
+    _one_line(xl(["sbatch", "--rdzv", "nohost", "train.py"], _env(work), cwd=work), "xl sbatch: ", "--rdzv 'nohost' is not HOST:PORT")
 
 
 # A stand-in srun: runs the task once per node on this machine with the node's SLURM_NODEID, as
@@ -311,7 +344,7 @@ token = os.environ.get("XL_TOKEN", "")
 with open(os.environ["FAKE_SRUN_REPORT"], "w") as fh:
     json.dump({"opts": opts, "task": args, "token_len": len(token), "token_in_argv": bool(token) and token in " ".join(sys.argv)}, fh)
 procs = [subprocess.Popen(args, env={**os.environ, "SLURM_NODEID": str(k), "SLURM_PROCID": str(k)}) for k in range(n)]
-sys.exit(max(p.wait() for p in procs))
+sys.exit(max(p.wait(timeout=120) for p in procs))
 '''
 
 
@@ -331,18 +364,23 @@ def test_launch_slurm_runs_the_srun_task_for_real(tmp_path: Path) -> None:
     )
     env = _env(tmp_path, SLURM_JOB_ID="99", SLURM_JOB_NODELIST="localhost", SLURM_JOB_NUM_NODES="1", FAKE_SRUN_REPORT=str(tmp_path / "report.json"))
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
-    proc = xl(["launch", "--slurm", "--nproc", "2", "t.py"], env, cwd=tmp_path, timeout=90)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["token_len"] == 32 and not report["token_in_argv"]
-    run_id = report["task"][report["task"].index("--run-id") + 1]
-    run_dir = tmp_path / "home" / "runs" / run_id  # node 0's run is the id the launcher chose
-    run = run_json(run_dir)
-    assert run["status"] == "succeeded" and run["world_size"] == 2 and run["node_rank"] == 0
-    assert sorted(r["rank"] for r in run["ranks"]) == [0, 1]
-    assert "rank 0 of 2 node 0" in (run_dir / "logs" / "rank-0.log").read_text()
-    assert f"node 0's run is {run_id}" in proc.stderr
-    assert not run_processes(run_dir)
+    runs = tmp_path / "home" / "runs"
+    try:
+        proc = xl(["launch", "--slurm", "--nproc", "2", "t.py"], env, cwd=tmp_path, timeout=90)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        report = json.loads((tmp_path / "report.json").read_text())
+        assert report["token_len"] == 32 and not report["token_in_argv"]
+        run_id = report["task"][report["task"].index("--run-id") + 1]
+        run_dir = runs / run_id  # node 0's run is the id the launcher chose
+        run = run_json(run_dir)
+        assert run["status"] == "succeeded" and run["world_size"] == 2 and run["node_rank"] == 0
+        assert sorted(r["rank"] for r in run["ranks"]) == [0, 1]
+        assert "rank 0 of 2 node 0" in (run_dir / "logs" / "rank-0.log").read_text()
+        assert f"node 0's run is {run_id}" in proc.stderr
+        assert not run_processes(run_dir)
+    finally:
+        for d in runs.iterdir() if runs.is_dir() else ():
+            kill_run(d)
 
 
 # --------------------------------------------------------------------------------- real Slurm
@@ -468,17 +506,15 @@ for step in range(int(os.environ.get("MN_STEPS", "3"))):
     time.sleep(float(os.environ.get("MN_SLEEP", "0")))
 dist.barrier()
 dist.destroy_process_group()
+if os.environ.get("MN_FAIL_NODE") == os.environ["SLURM_NODEID"]:
+    raise RuntimeError(f"late boom on rank {rank}")
 print("done", flush=True)
 '''
 
 
 def _slurm_env(tmp_path: Path, cluster: dict[str, str], **extra: str) -> dict[str, str]:
-    env = xl_env(tmp_path / "home")
-    for key in [k for k in env if k.startswith("SLURM")]:
-        del env[key]
-    env.update(cluster)
-    env.update(extra)
-    return env
+    # The real scontrol: the cluster answers it (NodeAddr, hostnames).
+    return _env(tmp_path, stub_scontrol=False, **cluster, **extra)
 
 
 def _node_runs(home: Path) -> dict[int, Path]:
@@ -491,13 +527,9 @@ def _node_runs(home: Path) -> dict[int, Path]:
     return runs
 
 
-def _left_behind(runs: dict[int, Path]) -> list[Any]:
-    return [p for d in runs.values() for p in run_processes(d)]
-
-
 def _assert_nothing_left(runs: dict[int, Path], env: dict[str, str]) -> None:
-    wait_for(lambda: not _left_behind(runs), timeout=15, what="no process of the run left")
-    assert not _left_behind(runs), describe(_left_behind(runs))
+    for run_dir in runs.values():
+        wait_no_processes(run_dir, timeout=15)
 
     def no_jobs() -> bool:
         out = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True, timeout=10).stdout
@@ -601,3 +633,32 @@ def test_real_ctrl_c_stops_every_node(tmp_path: Path, cluster: dict[str, str]) -
     assert [r["state"] for r in run0["ranks"] if r["node_rank"] == 0] == ["stopped"], run0["ranks"]
     assert run1["status"] in ("stopped", "failed"), output[-3000:]
     _assert_nothing_left(runs, env)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_real_rank_failing_on_node_1_fails_node_0(tmp_path: Path, cluster: dict[str, str]) -> None:
+    """Node 1's rank raises after the last collective: node 1's xl exits 1 once it has told node
+    0, and Slurm must not kill the step for it (--kill-on-bad-exit=0): node 0's run records the
+    failure, naming node 1 and its rank, and every process ends."""
+    (tmp_path / "mn.py").write_text(MN_SCRIPT)
+    env = _slurm_env(tmp_path, cluster, MN_FAIL_NODE="1")
+    argv = ["salloc", "-N2", *XL, "launch", "--slurm", "--nproc", "1", "--no-tui", "mn.py"]
+    home = tmp_path / "home"
+    try:
+        proc = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 1, output[-3000:]
+        runs = _node_runs(home)
+        assert sorted(runs) == [0, 1], output[-3000:]
+        [r1] = [r["rank"] for r in run_json(runs[1])["ranks"]]
+        run0 = wait_for(lambda: (r := run_json(runs[0])).get("status") != "running" and r, timeout=30, what="node 0's run to end")
+        assert run0["status"] == "failed", output[-3000:]
+        failure = run0["failure"]
+        assert (failure["rank"], failure["node_rank"]) == (r1, 1), failure
+        assert failure["message"].startswith("node 1 (") and f"late boom on rank {r1}" in failure["traceback"], failure
+        assert run_json(runs[1])["status"] == "failed"
+        _assert_nothing_left(runs, env)
+    finally:
+        for d in _node_runs(home).values():
+            kill_run(d)
