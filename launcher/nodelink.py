@@ -64,7 +64,9 @@ MESSAGE_TYPES = frozenset({"ranks", "log", "event", "failure", "end", "rec"})
 _FINAL = ("succeeded", "failed", "stopped")
 MAX_RANKS = 1 << 16
 MAX_LOG_CHUNK = 16 << 10
-_MAX_TEXT = 64 << 10
+_MAX_TEXT = 64 << 10  # a traceback
+_MAX_FIELD_TEXT = 4096  # any other text of an event, rank or failure
+_CLIPPED = "[...]"
 _MAX_FIELDS = 32
 _RANK_LIMIT = 1 << 20
 
@@ -235,7 +237,7 @@ def _check_value(value: Any, max_text: int) -> None:
         raise wire.FrameError("bad_value")
 
 
-def _check_fields(obj: Any, *, max_text: int = 4096, text_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
+def _check_fields(obj: Any, *, max_text: int = _MAX_FIELD_TEXT, text_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
     """A flat dict of scalars (strings capped), as events, ranks and failures are."""
     if type(obj) is not dict or len(obj) > _MAX_FIELDS:
         raise wire.FrameError("bad_node_message")
@@ -295,6 +297,21 @@ def check_message(obj: Any) -> dict[str, Any]:
     return obj
 
 
+def clip_failure(failure: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``failure`` within what node 0 takes (check_message): the head of long texts
+    (message, error), the tail of the traceback (where the exception is)."""
+    out = dict(failure)
+    for key, value in failure.items():
+        if type(value) is not str:
+            continue
+        if key == "traceback":
+            if len(value) > _MAX_TEXT:
+                out[key] = _CLIPPED + value[len(value) - (_MAX_TEXT - len(_CLIPPED)) :]
+        elif len(value) > _MAX_FIELD_TEXT:
+            out[key] = value[: _MAX_FIELD_TEXT - len(_CLIPPED)] + _CLIPPED
+    return out
+
+
 def reply(obj: dict[str, Any]) -> bytes:
     return wire.encode_frame(json.dumps(obj, separators=(",", ":")).encode())
 
@@ -327,8 +344,7 @@ class NodeLink:
         self._wake = threading.Event()
         self._closing = False
         self._deadline = math.inf
-        self.dropped = 0
-        self.connected_once = False
+        self.dropped = 0  # messages not queued (too much waiting, or closing): said in close()
         self._said: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="xl-nodelink", daemon=True)
 
@@ -336,6 +352,10 @@ class NodeLink:
         self._thread.start()
 
     def send(self, msg: dict[str, Any]) -> None:
+        if msg.get("type") in ("failure", "end") and isinstance(msg.get("failure"), dict):
+            # Too long a text would have node 0 reject the whole message (a load_state_dict
+            # error easily is).
+            msg = {**msg, "failure": clip_failure(msg["failure"])}
         try:
             line = json.dumps(msg, separators=(",", ":"), default=str, allow_nan=False).encode()
         except (TypeError, ValueError):
@@ -369,7 +389,10 @@ class NodeLink:
             self._thread.join(timeout + 1.0)
         with self._lock:
             done = not self._pending and not self._unacked
+            dropped = self.dropped
         self._disconnect()
+        if dropped:
+            self._say(f"{dropped} message(s) of this node were dropped (too much waiting to be sent); they are in its own run dir")
         return done
 
     # -- the thread ---------------------------------------------------------------------------
@@ -423,7 +446,6 @@ class NodeLink:
             self._backoff = min(self._backoff * 2, 2.0)
             return False
         self._sock, self._inbuf, self._backoff = sock, b"", 0.2
-        self.connected_once = True
         # Whatever node 0 had not acked goes again; it drops the frames it already has.
         with self._lock:
             resend = [frame for _, frame in self._unacked]
@@ -472,9 +494,9 @@ class NodeLink:
     def _read(self) -> None:
         assert self._sock is not None
         try:
+            # Readable: returns at once (EINTR is retried by Python; a timeout socket never
+            # raises BlockingIOError).
             data = self._sock.recv(1 << 16)
-        except (BlockingIOError, InterruptedError):
-            return
         except OSError:
             data = b""
         if not data:

@@ -91,6 +91,24 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
+def _tail(path: Path, lines: int, limit: int, skip_blank: bool = False) -> list[str]:
+    """The last ``lines`` lines of the file within its last ``limit`` bytes ([] when unreadable)."""
+    try:
+        with path.open("rb") as fh:
+            start = max(0, fh.seek(0, os.SEEK_END) - limit)
+            fh.seek(start)
+            data = fh.read(limit)
+    except OSError:
+        return []
+    rest = data.partition(b"\n")[2]
+    if start > 0 and rest.strip():
+        data = rest  # without the first line, cut by the seek
+    text = data.decode("utf-8", "replace").splitlines()
+    if skip_blank:
+        text = [ln for ln in text if ln.strip()]
+    return text[-lines:]
+
+
 def describe_exit(rank: int, code: int | None) -> str:
     if code is None:
         return f"rank {rank} ended (exit code unknown)"
@@ -206,6 +224,8 @@ class Supervisor:
         self.host = str(self.run.get("host") or socket.gethostname())
         self.failure_at: float | None = None  # when the root cause happened (any node's clock)
         self.failure_remote = False  # another node's failure, adopted: not sent back
+        self.nodes_told = False  # node 0: the other nodes were told to stop
+        self.last_words: dict[int, str] = {}  # a failed rank's last log line, when no traceback
         # Multi-node: node 0's collector address (every node), this node's link to it (nodes
         # > 0), and node 0's view of the others, fed by the collector thread through the inbox.
         self.hub: tuple[str, int] | None = None
@@ -551,10 +571,15 @@ class Supervisor:
         self.conns.pop(conn.sock.fileno(), None)
         conn.sock.close()
 
-    def _drain(self) -> None:
-        # Output still queued in sockets of ranks that have exited.
+    def _drain(self, rank: int | None = None) -> None:
+        """Output still queued in sockets of ranks that have exited (of ``rank`` only, when
+        given). Never blocks: the sockets are non-blocking; a rank's is read up to 16 MiB (a
+        child process of a dead rank may still hold it and write)."""
         for conn in list(self.conns.values()):
-            while True:
+            if rank is not None and conn.rank != rank:
+                continue
+            budget = 16 << 20
+            while budget > 0:
                 try:
                     data = conn.sock.recv(65536)
                 except (BlockingIOError, InterruptedError):
@@ -566,6 +591,7 @@ class Supervisor:
                     break
                 if conn.rank is not None:
                     self._write_log(conn, data)
+                    budget -= len(data)
                 else:
                     break
 
@@ -673,16 +699,8 @@ class Supervisor:
 
     def _log_tail(self, rank: int, lines: int = 15, limit: int = 8192) -> str | None:
         """The end of logs/rank-<rank>.log (what this supervisor has written of it so far)."""
-        path = self.run_dir / "logs" / f"rank-{rank}.log"
-        try:
-            with path.open("rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(0, fh.tell() - limit))
-                data = fh.read()
-        except OSError:
-            return None
-        text = data.decode("utf-8", "replace").splitlines()[-lines:]
-        return "\n".join(text) + "\n" if text else None
+        tail = _tail(self.run_dir / "logs" / f"rank-{rank}.log", lines, limit)
+        return "\n".join(tail) + "\n" if tail else None
 
     def _local_failure(self, rank: int | None, exit_code: int | None, traceback: str | None, error: str | None, message: str) -> dict[str, Any]:
         return {
@@ -707,11 +725,14 @@ class Supervisor:
         traceback = st.traceback
         if traceback is None and st.error is None:
             # No Python exception to show (sys.exit(2) from argparse, os._exit, a C++ abort):
-            # the rank's last words are the best explanation there is.
+            # the rank's last words are the best explanation there is; they may still wait in
+            # its socket.
+            self._drain(st.rank)
             traceback = self._log_tail(st.rank)
             last = traceback.strip().splitlines()[-1].strip() if traceback and traceback.strip() else ""
             if last:
                 message += f": {last[:200]}"
+                self.last_words[st.rank] = last[:200]
         # When it happened, to compare with other nodes' failures: a killed rank died between
         # the last time it was seen running and now.
         at = (st.alive_at if st.vanished else None) or st.ended_at or time.time()
@@ -769,6 +790,7 @@ class Supervisor:
 
     def _begin_stop(self, reason: str) -> None:
         if self.stop is not None:
+            self._stop_nodes()  # a failure found while stopping for no reason to tell
             return
         self.dirty = True
         self.stop = _Stop(reason=reason, since=time.monotonic())
@@ -780,10 +802,21 @@ class Supervisor:
         self.stop.extra = procs.find_run_pids(self.run_id, exclude=self._known_pids())
         for pid in self.stop.extra:
             procs.signal_rank(pid, signal.SIGTERM)
-        if self.is_hub:
-            # Collectives of the other nodes may wait for these ranks for many minutes: end them.
-            why = "requested" if reason == "requested" else "failure"
-            self._telemetry("stop_nodes", {"reason": why, "failure": self.failure})
+        self._stop_nodes()
+
+    def _stop_nodes(self) -> None:
+        """Node 0: collectives of the other nodes may wait for this node's ranks for many
+        minutes: end them, when the stop was asked for or the run failed. A stray process left
+        after a clean finish is no reason to fail the other nodes."""
+        if not self.is_hub or self.nodes_told or self.stop is None:
+            return
+        if self.stop.reason != "requested" and self.failure is None:
+            return
+        self.nodes_told = True
+        why = "requested" if self.stop.reason == "requested" else "failure"
+        # A copy: the collector thread serializes it while _node_failure may complete ours.
+        failure = dict(self.failure) if self.failure is not None else None
+        self._telemetry("stop_nodes", {"reason": why, "failure": failure})
 
     def _known_pids(self) -> set[int]:
         pids = {st.pid for st in self.ranks.values() if st.pid}
@@ -907,16 +940,14 @@ class Supervisor:
             blamed = min(real, key=lambda st: st.ended_at or 0.0)
             blamed.state = "failed"
         message = f"rank {blamed.rank} failed first: {describe_exit(blamed.rank, blamed.exit_code)}"
+        if blamed.rank in self.last_words:
+            message += f": {self.last_words[blamed.rank]}"
         self.failure.update(rank=blamed.rank, exit_code=blamed.exit_code, message=message)
         # The first failure event lacked the signal (or named a rank torchrun had terminated).
         self.emit({"kind": "failure", "rank": blamed.rank, "exit_code": blamed.exit_code, "message": message})
 
     def _torchrun_tail(self, lines: int = 25) -> str | None:
-        try:
-            text = (self.run_dir / "logs" / "torchrun.log").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return None
-        tail = [ln for ln in text.splitlines() if ln.strip()][-lines:]
+        tail = _tail(self.run_dir / "logs" / "torchrun.log", lines, 32768, skip_blank=True)
         return "\n".join(tail) or None
 
     def finish(self) -> str:

@@ -36,6 +36,7 @@ from procs import (
     XL,
     kill_run,
     only_run,
+    rdzv_port,
     run_json,
     run_processes,
     wait_for,
@@ -80,22 +81,6 @@ pytestmark = pytest.mark.e2e
 TOKEN = "test-token-0123456789abcdef"
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` whose next one (node 0's collector: rdzv port + 1) is free too."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-        if port < 65535:
-            with socket.socket() as s:
-                try:
-                    s.bind((host, port + 1))
-                except OSError:
-                    continue
-            return port
-    raise AssertionError("no pair of free ports")
-
-
 def _start_nodes(
     tmp_path: Path,
     homes: tuple[Path, Path],
@@ -107,7 +92,7 @@ def _start_nodes(
     """Both nodes' `xl launch` at once, with the same XL_TOKEN, as `srun` starts them."""
     script = tmp_path / "mn.py"
     script.write_text(SCRIPT)
-    rdzv = f"{host}:{_free_port(host)}"
+    rdzv = f"{host}:{rdzv_port(host)}"
     procs = []
     for node, home in enumerate(homes):
         argv = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv, "--nproc", str(nprocs[node]), "mn.py"]
@@ -125,7 +110,11 @@ def _finish(procs: list[subprocess.Popen[str]], timeout: float = 45) -> list[tup
             stdout, stderr = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             p.kill()
-            stdout, stderr = p.communicate()
+            try:
+                # a supervisor forked from it may hold its pipes: never wait on them for long
+                stdout, stderr = p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                stdout, stderr = "", "(killed after the timeout; its output could not be read)"
         out.append((p.returncode, stdout + stderr))
     return out
 
@@ -394,7 +383,7 @@ def test_node_1_joins_with_the_command_node_0_printed(tmp_path: Path) -> None:
     process's command line."""
     (tmp_path / "mn.py").write_text(SCRIPT)
     homes = (tmp_path / "node0", tmp_path / "node1")
-    rdzv = f"127.0.0.1:{_free_port()}"
+    rdzv = f"127.0.0.1:{rdzv_port()}"
     env0 = xl_env(homes[0], MN_STEPS="3", MN_PAUSE="0.3")
     env0.pop("XL_TOKEN", None)
     argv0 = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", "0", "--rdzv", rdzv, "--nproc", "1", "mn.py"]
@@ -443,11 +432,7 @@ def test_node_1_joins_with_the_command_node_0_printed(tmp_path: Path) -> None:
         assert token not in out1 and token not in (tmp_path / "node0.out").read_text()
         assert sum(token in ln for ln in err0) == 1
     finally:
-        for p in (node0, node1):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.communicate()
-        _cleanup(homes)
+        _cleanup(homes, [p for p in (node0, node1) if p is not None])
 
 
 @pytest.mark.parametrize("victim", ["supervisor", "rank"])
@@ -601,10 +586,48 @@ def test_node_link_to_node_0_collector_and_back(tmp_path: Path) -> None:
     assert [json.loads(x)["rss_mib"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [12.5]
 
 
+def test_node_link_clips_a_long_failure_so_node_0_takes_it(tmp_path: Path) -> None:
+    """A load_state_dict error easily exceeds node 0's caps (4096 characters for the error and
+    message, 64 KiB for the traceback): the link clips it, keeping the head of the error and
+    message and the tail of the traceback, and node 0 takes both the failure and the end."""
+    from xl.launcher import nodelink
+    from xl.launcher.telemetry import Telemetry
+
+    error = "RuntimeError: Error(s) in loading state_dict: " + "Missing key(s): 'layer.weight', " * 2000
+    traceback = "Traceback (most recent call last):\n" + '  File "train.py", line 1, in <module>\n' * 5000 + error + "\n"
+    failure = {"rank": 1, "exit_code": 1, "traceback": traceback, "error": error, "message": f"rank 1 failed first: {error}", "node": "node-b", "node_rank": 1}
+    got: list[dict[str, Any]] = []
+    tel = Telemetry(tmp_path, token=TOKEN, inventory=False, on_node=lambda n, h, msgs: got.extend(msgs))
+    env = tel.start()
+    host, port = env["XL_COLLECTOR"].rsplit(":", 1)
+    link = nodelink.NodeLink(host, int(port), TOKEN, 1, "node-b")
+    try:
+        link.start()
+        link.send({"type": "failure", "failure": failure, "at": time.time()})
+        link.send({"type": "end", "status": "failed", "failure": failure, "at": time.time()})
+        wait_for(lambda: len(got) >= 2, timeout=10, what="the failure and the end at node 0")
+        assert link.close(5.0)
+    finally:
+        link.close(0.1)
+        tel.stop()
+    assert [m["type"] for m in got] == ["failure", "end"]
+    for msg in got:
+        sent = msg["failure"]
+        assert len(sent["error"]) <= 4096 and error.startswith(sent["error"].removesuffix("[...]"))
+        assert len(sent["message"]) <= 4096 and sent["message"].startswith("rank 1 failed first: RuntimeError: Error(s)")
+        assert len(sent["traceback"]) <= 64 << 10 and sent["traceback"].endswith(error[-1000:] + "\n")
+        assert {k: v for k, v in sent.items() if k not in ("error", "message", "traceback")} == {
+            "rank": 1, "exit_code": 1, "node": "node-b", "node_rank": 1,
+        }
+    assert len(failure["error"]) == len(error)  # the node's own copy is whole
+    status = json.loads((tmp_path / "collector.json").read_text())
+    assert not status["rejects"], status
+
+
 def test_node_link_never_blocks_when_node_0_is_unreachable() -> None:
     from xl.launcher import nodelink
 
-    link = nodelink.NodeLink("127.0.0.1", _free_port(), TOKEN, 1, "node-b")
+    link = nodelink.NodeLink("127.0.0.1", rdzv_port(), TOKEN, 1, "node-b")
     link.start()
     start = time.monotonic()
     for i in range(1000):
@@ -618,7 +641,7 @@ def test_node_1_trains_on_when_node_0_cannot_be_reached(tmp_path: Path) -> None:
     """Node 1 dials the wrong collector port: the run still trains and succeeds, node 1 keeps its
     own full records (its rank spooled its metrics), and node 0 says it never heard from node 1."""
     homes = (tmp_path / "node0", tmp_path / "node1")
-    nowhere = str(_free_port())
+    nowhere = str(rdzv_port())
     try:
         results = _finish(_start_nodes(tmp_path, homes, per_node=({}, {"XL_COLLECTOR_PORT": nowhere})), timeout=90)
         for code, out in results:
