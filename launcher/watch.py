@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from .reader import RunReader
 from .runs import FINAL
 
-POLL_S = 0.1  # new lines 10 times a second: prompt for a person, cheap beside the ranks
+POLL_S = 0.05  # new lines 20 times a second: prompt for a person and for the run's end, cheap beside the ranks
 RENDER_S = 0.25
 
 
