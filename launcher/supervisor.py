@@ -688,7 +688,12 @@ class Supervisor:
         st.ended_at = when or time.time()
         if code == 0:
             st.state = "exited"
-        elif st.signalled is not None or (self.stop is not None and code is not None and code < 0):
+        elif st.signalled is not None or (
+            self.stop is not None
+            # Ended while a stop was under way: by its signal, without a code we could read (torchrun
+            # reaped it), or, on a requested stop, by losing a peer that was stopped first.
+            and (code is None or code < 0 or self.stop.reason == "requested")
+        ):
             st.state = "stopped"
         else:
             st.state = "failed"
