@@ -51,8 +51,14 @@ def rank_process():
     """A real process that looks like rank 5 of an xl run."""
     env = {**os.environ, "RANK": "5", "LOCAL_RANK": "1", "XL_RUN_ID": "r-42"}
     child = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)"], env=env, stdin=subprocess.DEVNULL
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(120)"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
     )
+    # Until it has exec'd, the child's /proc/PID/environ is still a copy of this process's.
+    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
     yield child.pid
     child.kill()
     child.wait(timeout=10)

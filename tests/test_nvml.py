@@ -230,11 +230,15 @@ def test_processes_false_skips_them(simnvml):
 def test_rank_process_read_from_proc_environ(simnvml):
     env = {**os.environ, "RANK": "3", "LOCAL_RANK": "1", "XL_RUN_ID": "run-abc"}
     child = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"],
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
         env=env,
         stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
+        # Until it has exec'd, the child's /proc/PID/environ is still this process's.
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         gpu = SimGPU(processes=[SimProcess(child.pid, 4096.0), SimProcess(os.getpid(), 1.0)])
         with simnvml(gpus=[gpu]).in_process():
             (g,) = nvml.inventory().gpus

@@ -145,11 +145,14 @@ def test_command_and_spec_agree_for_modules() -> None:
 async def test_gpus_table_names_the_rank_of_a_process(simnvml):
     """A GPU's process that is a rank (RANK/LOCAL_RANK/XL_RUN_ID in its /proc/PID/environ) shows
     its rank next to its PID; another process shows its PID alone."""
-    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    sleeper = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"]
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "XL_RUN_ID")}
-    rank = subprocess.Popen(sleeper, env={**base, "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "XL_RUN_ID": "20260530-ranks"})
-    other = subprocess.Popen(sleeper, env=base)
+    ranked = {**base, "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "XL_RUN_ID": "20260530-ranks"}
+    rank = subprocess.Popen(sleeper, env=ranked, stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen(sleeper, env=base, stdout=subprocess.PIPE, text=True)
     try:
+        for proc in (rank, other):  # exec'd: /proc/PID/environ is now theirs, not a copy of ours
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         sim = simnvml(
             gpus=[
                 SimGPU(),
