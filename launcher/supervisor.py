@@ -71,8 +71,9 @@ _PR_SET_NAME = 15
 _TICK_S = 0.1
 # Node 0 of a multi-node run: a node whose link closed without its end is lost after this long
 # (a supervisor that restarts its connection comes back well within it); one that went silent,
-# after XL_NODE_TIMEOUT seconds; after its own ranks are done node 0 waits for the other nodes'
-# ends up to the stop grace plus this.
+# after XL_NODE_TIMEOUT seconds. After its own ranks are done node 0 waits for every other
+# node's end: without limit while that node is heard from with ranks running (under c10d global
+# rank 0 may well be there, finishing last), else up to the stop grace plus this.
 _NODE_CLOSED_S = 2.0
 _NODE_TIMEOUT_S = 30.0
 _NODE_END_WAIT_S = 10.0
@@ -185,6 +186,12 @@ class _RemoteNode:
     status: str | None = None  # its run ended with this
     lost: bool = False
     partial: dict[int, bytes] = field(default_factory=dict)
+    idle_since: float | None = None  # monotonic; when node 0 learnt that none of its ranks runs
+
+    @property
+    def busy(self) -> bool:
+        """Heard from (not lost), its part not ended, and some rank of it starting or running."""
+        return self.status is None and not self.lost and self.idle_since is None
 
 
 def _node_timeout() -> float:
@@ -849,7 +856,10 @@ class Supervisor:
         torchrun just logs that its own exit barrier failed, or that the c10d store it used is gone)."""
         if int(self.run.get("nnodes") or 1) < 2 or self.stop is not None or self.torchrun is None:
             return
-        if self.torchrun_code is not None or not self._ranks_gone():
+        # Node 0's torchrun serves the c10d store: ending it while another node's ranks work on
+        # (they may finish well after these, e.g. saving a checkpoint) has that node's torchrun
+        # lose its store and kill them. Its barrier is ended only once no node is busy.
+        if self.torchrun_code is not None or not self._ranks_gone() or self._nodes_busy():
             self.barrier_since = None
             return
         now = time.monotonic()
@@ -1013,6 +1023,7 @@ class Supervisor:
                 return
             remote = self.nodes.get(node)
             if remote is None:
+                # Until its ranks are known, a node that is heard from counts as busy.
                 remote = self.nodes[node] = _RemoteNode(node, seen=time.monotonic())
             if msgs is None:  # its link closed
                 if remote.status is None and not remote.lost:
@@ -1036,6 +1047,11 @@ class Supervisor:
             remote.ranks = [
                 {**info, "node": info.get("node") or remote.host, "node_rank": remote.node} for info in msg["ranks"]
             ]
+            running = any(r.get("state") in ("starting", "running") for r in remote.ranks)
+            if running:
+                remote.idle_since = None
+            elif remote.idle_since is None:
+                remote.idle_since = time.monotonic()
             self.dirty = True
             self._telemetry("set_ranks", self._rank_dicts())
         elif kind == "event":
@@ -1123,8 +1139,17 @@ class Supervisor:
             self._node_failure(remote, failure, time.time() - (now - since))
             self.dirty = True
 
+    def _nodes_busy(self) -> bool:
+        """Node 0: another node is heard from and still has ranks running."""
+        return self.is_hub and any(remote.busy for remote in self.nodes.values())
+
     def _nodes_pending(self) -> bool:
-        """Node 0, its own ranks done: True while it still waits for another node's end."""
+        """Node 0, its own ranks done: True while it still waits for another node's end.
+
+        A node that is heard from (its heartbeat: _check_nodes declares it lost once that
+        stops) and has ranks running is waited for as long as that lasts; a node whose ranks
+        are done, or that was never heard from, for the stop grace plus _NODE_END_WAIT_S since
+        node 0 knew (its end follows its ranks' within its own exit barrier's grace)."""
         if not self.is_hub or self.nodes_waited:
             return False
         now = time.monotonic()
@@ -1135,14 +1160,20 @@ class Supervisor:
         ]
         if not waiting:
             return False
-        if now - self.local_done_at < self.grace + _NODE_END_WAIT_S:
-            return True
+        limit = self.grace + _NODE_END_WAIT_S
+        for n in waiting:
+            remote = self.nodes.get(n)
+            if remote is not None and remote.busy:
+                return True
+            since = max(self.local_done_at, remote.idle_since or 0.0) if remote is not None else self.local_done_at
+            if now - since < limit:
+                return True
         self.nodes_waited = True
         names = ", ".join(map(str, waiting))
         self.emit({
             "kind": "nodes_unfinished",
-            "message": f"node(s) {names} had not reported the end of their part after "
-            f"{self.grace + _NODE_END_WAIT_S:g}s; their own run dirs have the rest",
+            "message": f"node(s) {names} had not reported the end of their part {limit:g}s after their ranks "
+            "were done (or without a word from them); their own run dirs have the rest",
         })
         return False
 

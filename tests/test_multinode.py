@@ -74,6 +74,10 @@ dist.barrier()
 dist.destroy_process_group()
 if fail and mode == "late":
     raise RuntimeError(f"late boom on rank {rank}")
+tail = float(os.environ.get("MN_TAIL", "0"))  # work after the last collective (a checkpoint save)
+if tail:
+    print(f"tail {tail:g}s", flush=True)
+    time.sleep(tail)
 print("done", flush=True)
 '''
 
@@ -635,6 +639,42 @@ def test_node_link_never_blocks_when_node_0_is_unreachable() -> None:
     assert time.monotonic() - start < 1.0
     assert link.close(0.5) is False  # nothing acked; the node keeps its own records
     assert time.monotonic() - start < 5.0
+
+
+@pytest.mark.parametrize("late", [1, 0])
+def test_the_node_whose_ranks_finish_later_is_waited_for(tmp_path: Path, late: int) -> None:
+    """Under c10d global rank 0 may be on node 1, and one node's ranks may legitimately work on
+    after the last collective (saving a checkpoint) well past the stop grace + 10 s. late=1:
+    node 0 waits for node 1 as long as node 1 heartbeats with ranks running, keeps its collector
+    (and its torchrun, which serves node 1's c10d store) up for node 1's last words, and ends
+    with node 1's end, not before. late=0: node 1 ends its part when its ranks are done; node 0's
+    ranks are not cut by it."""
+    homes = (tmp_path / "node0", tmp_path / "node1")
+    tail = 16.0  # grace (1 s in xl_env) + 10 s + some
+    per_node: list[dict[str, str]] = [{}, {}]
+    per_node[late] = {"MN_TAIL": str(tail)}
+    procs = _start_nodes(tmp_path, homes, per_node=(per_node[0], per_node[1]))
+    try:
+        results = _finish(procs, timeout=90)
+        for code, out in results:
+            assert code == 0, out[-3000:]
+        run0, run1 = only_run(homes[0]), only_run(homes[1])
+        for run_dir in (run0, run1):
+            assert run_json(run_dir)["status"] == "succeeded", run_json(run_dir)
+        [r1] = _own_ranks((run0, run1)[late])
+        # Node 0 has the late rank's last words, node 1's end, and did not give up on it.
+        log = (run0 / "logs" / f"rank-{r1}.log").read_text()
+        assert f"tail {tail:g}s" in log and "done" in log, log
+        events = _events(run0)
+        assert not any(e["kind"] in ("nodes_unfinished", "node_lost") for e in events), events
+        ended = next(e for e in events if e["kind"] == "node_ended" and e["node_rank"] == 1)
+        assert events[-1]["kind"] == "run_ended" and events[-1]["t"] >= ended["t"]
+        assert run_json(run0)["ended_at"] >= ended["t"]
+        _assert_one_view(run0, run1, {0: 1, 1: 1})
+        for home in homes:
+            wait_no_processes(only_run(home), timeout=5)
+    finally:
+        _cleanup(homes, procs)
 
 
 def test_node_1_trains_on_when_node_0_cannot_be_reached(tmp_path: Path) -> None:
