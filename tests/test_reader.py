@@ -136,10 +136,108 @@ def test_only_the_root_cause_rank_is_failed(tmp_path: Path) -> None:
             "ranks": [
                 {"rank": 0, "node": "n", "pid": 1, "gpu": None, "exit_code": -15},
                 {"rank": 1, "node": "n", "pid": 2, "gpu": None, "exit_code": 1},
-                {"rank": 2, "node": "n", "pid": 3, "gpu": None, "exit_code": -9, "state": "stopped"},
+                {
+                    "rank": 2,
+                    "node": "n",
+                    "pid": 3,
+                    "gpu": None,
+                    "exit_code": -9,
+                    "state": "stopped",
+                },
             ],
             "failure": {"rank": 1, "exit_code": 1, "traceback": "Traceback ..."},
         },
     )
     view = RunReader(tmp_path).poll()
     assert {r: v.state for r, v in view.ranks.items()} == {0: "stopped", 1: "failed", 2: "stopped"}
+
+
+def test_each_line_parses_as_json_loads_would(tmp_path: Path) -> None:
+    # One poll's lines are decoded together; a bad line must cost only itself, and a line must
+    # be one JSON document (json.loads' verdict) to count.
+    metrics = tmp_path / "metrics.jsonl"
+    _append(metrics, _train(1.0, 0, 1, loss=3.0))
+    with open(metrics, "ab") as fh:
+        # not UTF-8, surrounding whitespace, a BOM, a torn write, two documents, not ASCII:
+        fh.write(b'{"t": 2.0, "rank": 0, "kind": "train", "step": 2, "note": "\xff"}\n')
+        fh.write(b'  {"t": 3.0, "rank": 0, "kind": "train", "step": 3, "loss": 2.0}\r\n')
+        fh.write(b'\xef\xbb\xbf{"t": 3.5, "rank": 1, "kind": "train", "step": 7}\n')
+        fh.write(b'{"t": 4.0, "rank": 0, "kind": "tr{"t": 4.1, "rank": 0, "step": 9}\n')
+        fh.write(b'{"t": 5.0, "rank": 0, "step": 10}, {"t": 5.1, "rank": 0, "step": 11}\n')
+        fh.write(b'{"t": 6.0, "rank": 0, "step": 12}{"t": 6.1, "rank": 0, "step": 13}\n')
+        fh.write(b'{"t": 7.0, "rank": 2, "kind": "train", "step": 1, "unit": "\xc2\xb5s"}\n')
+    view = RunReader(tmp_path).poll()
+    assert sorted(view.ranks) == [0, 1, 2]
+    r0 = view.ranks[0]
+    assert (r0.step, r0.loss, r0.last_seen) == (3, 2.0, 3.0)
+    assert list(r0.loss_history) == [(1.0, 3.0), (3.0, 2.0)]
+    assert view.ranks[1].step == 7 and view.ranks[2].last_seen == 7.0
+
+
+def test_events_skip_bad_lines(tmp_path: Path) -> None:
+    with open(tmp_path / "events.jsonl", "wb") as fh:
+        fh.write(b'{"t": 1, "kind": "a", "rank": null}\n\xff\xfe\n[1]\n{"t": 2, "kind": "b"}\n')
+    view = RunReader(tmp_path).poll()
+    assert [e["kind"] for e in view.events] == ["a", "b"]
+
+
+def test_fields_follow_the_latest_line_that_has_them(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    reader = RunReader(tmp_path)
+    _append(
+        metrics,
+        _train(10.0, 0, 1, lr=0.1, tokens_per_s=900.0, steps_per_s=2.0, total_steps=100),
+        _train(11.0, 0, 2, learning_rate=0.05),  # HF's name for lr
+        _train(9.0, 0, 3),  # late and out of order: last_seen does not go back
+        {"t": 11.5, "rank": 0, "kind": "sys", "gpu": 3, "pid": 77, "comm_wait_s": 0.25},
+        {"t": 11.6, "rank": 0, "kind": "sys", "pid": 78, "gpu_util": None, "rss_mib": 10},
+        {"t": 11.7, "rank": 0, "kind": "sys", "gpu_util": 40, "gpu_mem_used_mib": True},
+    )
+    r0 = reader.poll().ranks[0]
+    assert (r0.lr, r0.tokens_per_s, r0.steps_per_s, r0.total_steps) == (0.05, 900.0, 2.0, 100)
+    assert (r0.step, r0.last_seen) == (3, 11.7)
+    assert (r0.gpu, r0.pid, r0.comm_wait_s, r0.rss_mib) == (3, 77, 0.25, 10)
+    assert (r0.gpu_util, r0.gpu_mem_used_mib) == (40, None)
+    assert list(r0.gpu_util_history) == [(11.7, 40)]
+    # A line that carries a key with a bad value clears the field; one without the key keeps it.
+    _append(metrics, _train(12.0, 0, 4, lr="x", tokens_per_s=float("nan")), _train(13.0, 0, 5))
+    r0 = reader.poll().ranks[0]
+    assert (r0.lr, r0.tokens_per_s, r0.steps_per_s) == (None, None, 2.0)
+
+
+def test_histories_and_eta_across_polls(tmp_path: Path) -> None:
+    from xl.launcher.reader import HISTORY
+
+    metrics = tmp_path / "metrics.jsonl"
+    reader = RunReader(tmp_path)
+    _append(
+        metrics,
+        *(
+            _train(float(i), 0, i, loss=1.0 / (i + 1), samples_per_s=float(i), total_steps=10_000)
+            for i in range(10)
+        ),
+    )
+    r0 = reader.poll().ranks[0]
+    assert r0.eta_s == pytest.approx(10_000 - 9)  # 1 step/s
+    # The next poll continues the same histories and rate; they keep the last HISTORY points.
+    _append(
+        metrics,
+        *(
+            _train(10.0 + i / 2, 0, 10 + i, loss=0.5, samples_per_s=None if i == 3 else 7.0)
+            for i in range(HISTORY)
+        ),
+    )
+    r0 = reader.poll().ranks[0]
+    last_t = 10.0 + (HISTORY - 1) / 2
+    assert len(r0.loss_history) == HISTORY and r0.loss_history[-1] == (last_t, 0.5)
+    assert r0.loss_history[0] == (10.0, 0.5)
+    assert len(r0.samples_history) == HISTORY
+    assert r0.samples_history[0] == (9.0, 9.0) and r0.samples_history[-1] == (last_t, 7.0)
+    assert r0.samples_per_s == 7.0
+    assert r0.eta_s == pytest.approx((10_000 - (10 + HISTORY - 1)) / 2)  # 2 steps/s
+    # A restarted count (a new phase) forgets the old rate: no ETA until it has two points.
+    _append(metrics, _train(last_t + 1, 0, 0))
+    r0 = reader.poll().ranks[0]
+    assert r0.step == 0 and r0.eta_s is None
+    _append(metrics, _train(last_t + 5, 0, 4))
+    assert reader.poll().ranks[0].eta_s == pytest.approx((10_000 - 4) / 1)
