@@ -78,13 +78,13 @@ async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(s
                 await until(pilot, lambda: table.row_count == 2, "both ranks listed", timeout=60)
                 await until(
                     pilot,
-                    lambda: all(str(table.get_cell(str(r), "step")) not in ("-", "") for r in (0, 1)),
+                    lambda: all(str(table.cell(r, "step")) not in ("-", "") for r in (0, 1)),
                     "both ranks logging steps",
                     timeout=60,
                 )
                 header = text_of(app, "#run-header")
                 assert "tiny-cpu" in header and "running" in header and "world size 2" in header
-                assert {str(table.get_cell(str(r), "state")) for r in (0, 1)} == {"running"}
+                assert {str(table.cell(r, "state")) for r in (0, 1)} == {"running"}
 
                 # Stop it from the Monitor, answering the question.
                 await pilot.press("s")

@@ -35,7 +35,9 @@ def xl_home(tmp_path, monkeypatch) -> Path:
     return runs
 
 
-def cell(table: DataTable, row: str, col: str) -> str:
+def cell(table: DataTable | RankTable, row: str, col: str) -> str:
+    if isinstance(table, RankTable):
+        return str(table.cell(int(row), col))
     return str(table.get_cell(row, col))
 
 
@@ -133,6 +135,41 @@ async def test_monitor_handles_64_ranks(xl_home):
         await until(pilot, lambda: log.rank == 63, "rank 63 log")
 
 
+def _shown_ranks(table: RankTable) -> list[int]:
+    """The ranks whose rows are on screen now, top to bottom, read from the drawn lines."""
+    lines = ["".join(s.text for s in table.render_line(y)) for y in range(1, table.scrollable_content_region.height)]
+    col = table.column_keys.index("rank")
+    return [int(line.split()[col]) for line in lines if line.strip()]
+
+
+async def test_rank_table_keys_and_mouse_keep_the_chosen_rank_on_screen(xl_home):
+    """64 ranks in a table that shows about 14: the keys move the chosen rank, the table scrolls
+    to keep it in view, the header stays, a click picks the rank under the mouse; the log follows."""
+    app = build_app(monitor_run_dir=xl_home / "20260530-wide", clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=(100, 36)) as pilot:
+        table = app.screen.query_one(RankTable)
+        log = app.screen.query_one(RankLog)
+        await until(pilot, lambda: table.row_count == 64 and len(_shown_ranks(table)) > 5, "64 ranks shown")
+        table.focus()
+        assert _shown_ranks(table)[0] == 0
+        await pilot.press("end")
+        await until(pilot, lambda: log.rank == 63, "rank 63 log")
+        assert _shown_ranks(table)[-1] == 63
+        assert "Rank" in "".join(s.text for s in table.render_line(0))  # the header stays on top
+        await pilot.press("home", "down", "down", "pagedown")
+        page = table.scrollable_content_region.height - 1  # rows on screen, less the header
+        await until(pilot, lambda: table.current_rank == 2 + page, f"rank {2 + page}")
+        assert 2 + page in _shown_ranks(table)
+        # Scrolled down: a click on the fourth row (line 0 is the header) picks its rank.
+        shown = _shown_ranks(table)
+        assert shown[0] > 0
+        await pilot.click(RankTable, offset=(10, 4))
+        await until(pilot, lambda: log.rank == shown[3], f"rank {shown[3]} log after the click")
+        assert table.current_rank == shown[3]
+        await pilot.press("home")
+        assert _shown_ranks(table)[0] == 0
+
+
 def _set_status(run_dir: Path, status: str) -> None:
     run = json.loads((run_dir / "run.json").read_text())
     run["status"] = status
@@ -189,8 +226,8 @@ async def test_launch_exit_code_when_left_from_another_screen(xl_home):
     assert exit_code(app) == 1
 
 
-def _column(table: DataTable, col: str) -> list[str]:
-    return [str(table.get_cell_at((r, table.get_column_index(col)))) for r in range(table.row_count)]
+def _column(table: RankTable, col: str) -> list[str]:
+    return [str(value) for value in table.column(col)]
 
 
 async def test_monitor_groups_ranks_by_node(xl_home):
@@ -201,11 +238,11 @@ async def test_monitor_groups_ranks_by_node(xl_home):
         table = app.screen.query_one(RankTable)
         await until(pilot, lambda: table.row_count == 8, "eight ranks")
         assert table.grouped
-        assert [c.key.value for c in table.ordered_columns][:2] == ["node", "rank"]
+        assert table.column_keys[:2] == ["node", "rank"]
         # trn-b12 holds ranks 0-3: it comes first although "trn-a07" sorts before it.
         assert _column(table, "node") == ["trn-b12"] * 4 + ["trn-a07"] * 4
         assert _column(table, "rank") == [str(r) for r in range(8)]
-        firsts = [r for r in range(8) if "bold" in str(table.get_cell_at((r, 0)).spans)]
+        firsts = [r for r, node in enumerate(table.column("node")) if "bold" in str(node.style)]
         assert firsts == [0, 4]  # one label per node block
         assert "world size 8 on 2 nodes" in text_of(app, "#run-header")
         await until(pilot, lambda: cell(table, "5", "state") == "straggler", "the straggler on node 2")
@@ -215,7 +252,7 @@ async def test_monitor_groups_ranks_by_node(xl_home):
         table = app.screen.query_one(RankTable)
         await until(pilot, lambda: table.row_count == 2, "two ranks")
         assert not table.grouped
-        assert table.ordered_columns[0].key.value == "rank"
+        assert table.column_keys[0] == "rank"
         assert "nodes" not in text_of(app, "#run-header")
 
 

@@ -1,26 +1,39 @@
-"""The Monitor's per-rank table: one keyed row per rank, only changed cells are re-rendered.
+"""The Monitor's per-rank table: one line per rank, drawn through Textual's line API.
 
 A run on more than one node is grouped by node: the Node column comes first, rows are ordered by
 node (nodes in the order of their lowest rank, as torch numbers them) then rank, and each node's
 first row names it in bold (the rest in dim), so 4 nodes x 16 ranks read as four blocks.
+
+Why not a DataTable: with 64 ranks nearly every visible cell changes each second, and DataTable
+renders each changed cell through Rich (Styled(Padding(Text))) and reassembles its rows; that was
+the biggest share of the Monitor's CPU (bench/bench_tui.py). Here a cell value becomes segments
+once (values such as states, meters and "0s ago" recur, so most come from a cache), a row is its
+cells' segments under the row's style, and only rows whose cells changed are repainted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
+from rich.cells import cell_len, set_cell_size
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.cache import LRUCache
+from textual.geometry import Size
 from textual.message import Message
-from textual.widgets import DataTable
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
 
 from xl.tui import fmt
 from xl.tui.runview import node_of, node_order
-from xl.tui.widgets.gpu_table import LiveTable
 
 # What matters most comes first: on an 80-column terminal the right end is scrolled off.
-# Fixed widths: a cell that outgrows its column is cut, but no update ever triggers a re-layout
-# (with 64 ranks changing every second, re-measuring columns was the Monitor's biggest cost).
+# Fixed widths: a value that outgrows its column is cut with an ellipsis, and no update ever
+# changes the table's layout.
 COLUMNS = (
     ("rank", "Rank", 4),
     ("state", "State", 9),
@@ -36,6 +49,9 @@ COLUMNS = (
 # Grouped by node: the node first (as wide as the longest name, within NODE_WIDTH), then these.
 AFTER_NODE = tuple(c for c in COLUMNS if c[0] != "node")
 NODE_WIDTH = (4, 24)
+PADDING = 1  # blank columns either side of each cell
+
+Columns = tuple[tuple[str, str, int], ...]
 
 
 def rank_cells(rv: Any, now: float) -> dict[str, Any]:
@@ -63,7 +79,32 @@ def rank_cells(rv: Any, now: float) -> dict[str, Any]:
     }
 
 
-class RankTable(LiveTable):
+def _value_key(value: Any) -> Any:
+    """A hashable stand-in for a cell value (rich Text is mutable, so not hashable)."""
+    if isinstance(value, Text):
+        spans = tuple((sp.start, sp.end, str(sp.style)) for sp in value.spans)
+        return (value.plain, str(value.style), spans)
+    return str(value)
+
+
+class RankTable(ScrollView, can_focus=True):
+    """Ranks as rows under a header that stays put; the cursor row is the rank being followed.
+
+    Keys move the cursor (up/down, page up/down, home/end), left/right scroll a table wider than
+    the terminal, a click picks a row. Moving to another rank posts RankChosen.
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up", "cursor(-1)", "Up", show=False),
+        Binding("down", "cursor(1)", "Down", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home", "edge(0)", "First rank", show=False),
+        Binding("end", "edge(1)", "Last rank", show=False),
+    ]
+    # Styled in the app's stylesheet (tui/xl.tcss), like every other widget of the app.
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"rank-table--header", "rank-table--cursor", "rank-table--even-row"}
+
     class RankChosen(Message):
         """The cursor moved to another rank (its log and charts follow)."""
 
@@ -72,43 +113,119 @@ class RankTable(LiveTable):
             self.rank = rank
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
-        self._cells: dict[int, dict[str, Any]] = {}
-        self._columns: tuple[tuple[str, str, int], ...] = COLUMNS
+        super().__init__(**kwargs)
+        self._columns: Columns = COLUMNS
         self._rows: list[int] = []  # ranks in row order
+        self._index: dict[int, int] = {}  # rank -> row
+        self._cells: dict[int, dict[str, Any]] = {}
+        self._keys: dict[int, dict[str, Any]] = {}  # rank -> column -> value key (for comparing)
+        self._version: dict[int, int] = {}  # rank -> bumped whenever one of its cells changes
+        self._strips: dict[int, tuple[Any, Strip]] = {}  # rank -> (what it was drawn from, line)
+        self._segments: LRUCache[tuple[Any, int], list[Segment]] = LRUCache(4096)
+        self._header: tuple[Any, Strip] | None = None
+        self._row_styles: dict[str, tuple[Style, Style]] | None = None
+        self.cursor_row = 0
+        self._chosen: int | None = None  # the rank RankChosen last named
+
+    # -- what the Monitor and tests use ------------------------------------------------------
 
     @property
     def grouped(self) -> bool:
         """True when the table groups ranks by node (the run spans more than one node)."""
         return self._columns is not COLUMNS
 
-    def on_mount(self) -> None:
-        self._add_columns(COLUMNS)
+    @property
+    def row_count(self) -> int:
+        return len(self._rows)
 
-    def _add_columns(self, columns: tuple[tuple[str, str, int], ...]) -> None:
-        self._columns = columns
-        for key, label, width in columns:
-            self.add_column(label, key=key, width=width)
+    @property
+    def column_keys(self) -> list[str]:
+        return [key for key, _, _ in self._columns]
 
-    def _layout(self, nodes: list[str]) -> tuple[tuple[str, str, int], ...]:
+    @property
+    def current_rank(self) -> int | None:
+        return self._rows[self.cursor_row] if self._rows else None
+
+    def cell(self, rank: int, column: str) -> Any:
+        """What the row of ``rank`` shows in ``column`` (a str or a rich Text)."""
+        return self._cells[rank][column]
+
+    def column(self, column: str) -> list[Any]:
+        """Every row's value in ``column``, top to bottom."""
+        return [self._cells[rank][column] for rank in self._rows]
+
+    def show_rank(self, rank: int) -> None:
+        if rank in self._index:
+            self.move_cursor(self._index[rank])
+
+    def move_cursor(self, row: int) -> None:
+        if not self._rows:
+            return
+        row = max(0, min(row, len(self._rows) - 1))
+        old = self.cursor_row
+        self.cursor_row = row
+        if old != row:
+            for moved in (old, row):
+                if moved < len(self._rows):
+                    self.refresh_lines(moved + 1)
+        self._scroll_to_cursor()
+        self._announce()
+
+    # -- keys and mouse ----------------------------------------------------------------------
+
+    def action_cursor(self, delta: int) -> None:
+        self.move_cursor(self.cursor_row + delta)
+
+    def action_page(self, direction: int) -> None:
+        self.move_cursor(self.cursor_row + direction * max(1, self._visible_rows()))
+
+    def action_edge(self, end: int) -> None:
+        self.move_cursor(len(self._rows) - 1 if end else 0)
+
+    def on_click(self, event: events.Click) -> None:
+        if event.y >= 1:  # the header is line 0
+            row = self.scroll_offset.y + event.y - 1
+            if row < len(self._rows):
+                self.move_cursor(row)
+
+    def _visible_rows(self) -> int:
+        return self.scrollable_content_region.height - 1
+
+    def _scroll_to_cursor(self) -> None:
+        top = self.scroll_offset.y
+        visible = self._visible_rows()
+        if visible <= 0:
+            return
+        if self.cursor_row < top:
+            self.scroll_to(y=self.cursor_row, animate=False)
+        elif self.cursor_row >= top + visible:
+            self.scroll_to(y=self.cursor_row - visible + 1, animate=False)
+
+    def _announce(self) -> None:
+        rank = self.current_rank
+        if rank is not None and rank != self._chosen:
+            self._chosen = rank
+            self.post_message(self.RankChosen(rank))
+
+    # -- updates -----------------------------------------------------------------------------
+
+    def _layout(self, nodes: list[str]) -> Columns:
         if len(nodes) < 2:
             return COLUMNS
         width = min(max(NODE_WIDTH[0], *(len(n) for n in nodes)), NODE_WIDTH[1])
         if self.grouped and self._columns[0][2] >= width:
-            return self._columns  # a shorter new name fits: no need to rebuild
+            return self._columns  # a shorter new name fits: no need to lay out again
         return (("node", "Node", width), *AFTER_NODE)
 
     def update_ranks(self, ranks: Mapping[int, Any], now: float) -> None:
         nodes = node_order(ranks)
         columns = self._layout(nodes)
-        keep = None
-        if columns != self._columns:
-            # A second node appeared (or a longer node name): lay the table out again, once.
-            keep = self.current_rank
-            self.clear(columns=True)
-            self._cells = {}
-            self._rows = []
-            self._add_columns(columns)
+        relayout = columns != self._columns
+        if relayout:
+            # A second node appeared (or a longer node name): every line is drawn again, once.
+            self._columns = columns
+            self._strips.clear()
+            self._header = None
         grouped = self.grouped
         if grouped:
             place = {node: i for i, node in enumerate(nodes)}
@@ -118,48 +235,140 @@ class RankTable(LiveTable):
                 firsts.setdefault(node_of(ranks[r]), r)
         else:
             order = sorted(ranks)
-        pending: dict[str, dict[str, Any]] = {}
+        changed: list[int] = []
         for rank in order:
             cells = rank_cells(ranks[rank], now)
             if grouped:
                 node = node_of(ranks[rank])
-                # Rich Text equality ignores the base style: the bold one carries a span instead.
                 first = node is not None and firsts.get(node) == rank
-                cells["node"] = Text.assemble((node or "-", "bold")) if first else Text(node or "-", style="dim")
-            old = self._cells.get(rank)
-            if old is None:
-                self.add_row(*(cells[c] for c, _, _ in self._columns), key=str(rank))
-                self._rows.append(rank)
-            else:
-                changed = {col: value for col, value in cells.items() if old[col] != value}
-                if changed:
-                    pending[str(rank)] = changed
-            self._cells[rank] = cells
-        if pending:
-            # Only the changed cells are re-rendered, and only the changed rows repainted.
-            self._set_cells(pending)
-        if self._rows != order:
-            # A rank reported after higher ones, or on an earlier node: put the rows in place.
-            if keep is None:
-                keep = self.current_rank
-            where = {r: i for i, r in enumerate(order)}
-            self.sort("rank", key=lambda cell: where.get(int(str(cell)), len(where)))
+                cells["node"] = Text(node or "-", style="bold" if first else "dim")
+            keys = {col: _value_key(value) for col, value in cells.items()}
+            if keys != self._keys.get(rank):
+                self._cells[rank] = cells
+                self._keys[rank] = keys
+                self._version[rank] = self._version.get(rank, 0) + 1
+                changed.append(rank)
+        if order != self._rows:
+            # New ranks, or ranks on an earlier node reported late: rows in place, cursor kept.
+            keep = self.current_rank
             self._rows = order
-        if keep is not None:
-            self.show_rank(keep)
+            self._index = {rank: i for i, rank in enumerate(order)}
+            self.cursor_row = self._index.get(keep, 0) if keep is not None else 0
+            self._resize()
+            self.refresh()
+            self._scroll_to_cursor()
+            self._announce()
+            return
+        if relayout:
+            self._resize()
+            self.refresh()
+            return
+        if changed:
+            # One repaint from the first to the last changed row that is on screen (unchanged
+            # rows between them come from the line cache): cheaper than a refresh per row.
+            rows = sorted(self._index[rank] for rank in changed)
+            top = max(rows[0], self.scroll_offset.y)
+            bottom = min(rows[-1], self.scroll_offset.y + self._visible_rows() - 1)
+            if bottom >= top:
+                self.refresh_lines(top + 1, bottom - top + 1)
 
-    @property
-    def current_rank(self) -> int | None:
-        if not self.row_count:
-            return None
-        row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
-        return int(row_key.value) if row_key.value is not None else None
+    def _resize(self) -> None:
+        width = sum(w + 2 * PADDING for _, _, w in self._columns)
+        self.virtual_size = Size(width, len(self._rows) + 1)
 
-    def show_rank(self, rank: int) -> None:
-        if rank in self._cells:
-            self.move_cursor(row=self.get_row_index(str(rank)))
+    # -- drawing -----------------------------------------------------------------------------
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        event.stop()
-        if event.row_key.value is not None:
-            self.post_message(self.RankChosen(int(event.row_key.value)))
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._row_styles = None
+        self._strips.clear()
+        self._header = None
+
+    def on_focus(self) -> None:
+        self._restyle()
+
+    def on_blur(self) -> None:
+        self._restyle()
+
+    def _restyle(self) -> None:
+        # The cursor's style depends on focus (see xl.tcss).
+        self._row_styles = None
+        self._strips.clear()
+        self.refresh()
+
+    def _styles_for(self, row: int) -> tuple[Style, Style]:
+        """(style under the cells, style over them) for a row: zebra, or the cursor's."""
+        if self._row_styles is None:
+            base = self.visual_style.rich_style
+            cursor = self.get_component_rich_style("rank-table--cursor")
+            # As DataTable does by default: the cursor's colour wins over the cell's own.
+            over = Style.from_color(cursor.color) if cursor.color else Style.null()
+            self._row_styles = {
+                "odd": (base, Style.null()),
+                "even": (base + self.get_component_rich_style("rank-table--even-row"), Style.null()),
+                "cursor": (base + cursor, over),
+            }
+        kind = "cursor" if row == self.cursor_row else ("even" if row % 2 else "odd")
+        return self._row_styles[kind]
+
+    def _cell_segments(self, value: Any, width: int) -> list[Segment]:
+        key = (_value_key(value), width)
+        segments = self._segments.get(key)
+        if segments is None:
+            if isinstance(value, Text):
+                text = value.copy()
+                text.truncate(width, overflow="ellipsis", pad=True)
+                segments = [s for s in text.render(self.app.console, end="") if s.text]
+            else:  # most cells: plain text, one unstyled segment
+                plain = str(value)
+                if cell_len(plain) > width:
+                    plain = set_cell_size(plain, width - 1) + "…"
+                segments = [Segment(set_cell_size(plain, width))]
+            self._segments.set(key, segments)
+        return segments
+
+    def _row_strip(self, row: int, width: int) -> Strip:
+        rank = self._rows[row]
+        under, over = self._styles_for(row)
+        key = (self._version.get(rank), under, width)
+        drawn = self._strips.get(rank)
+        if drawn is not None and drawn[0] == key:
+            return drawn[1]
+        cells = self._cells[rank]
+        pad = " " * PADDING
+        segments: list[Segment] = []
+        for col, _, col_width in self._columns:
+            segments.append(Segment(pad, under))
+            for seg in self._cell_segments(cells[col], col_width):
+                segments.append(Segment(seg.text, under + seg.style + over if seg.style else under + over))
+            segments.append(Segment(pad, under))
+        used = self.virtual_size.width
+        if width > used:
+            segments.append(Segment(" " * (width - used), under))
+        strip = Strip(segments, max(width, used))
+        self._strips[rank] = (key, strip)
+        return strip
+
+    def _header_strip(self, width: int) -> Strip:
+        style = self.visual_style.rich_style + self.get_component_rich_style("rank-table--header")
+        key = (self._columns, style, width)
+        if self._header is not None and self._header[0] == key:
+            return self._header[1]
+        pad = " " * PADDING
+        text = "".join(f"{pad}{label[:w].ljust(w)}{pad}" for _, label, w in self._columns)
+        strip = Strip([Segment(text.ljust(width), style)])
+        self._header = (key, strip)
+        return strip
+
+    def render_line(self, y: int) -> Strip:
+        width = self.scrollable_content_region.width
+        scroll_x, scroll_y = self.scroll_offset
+        base = self.visual_style.rich_style
+        if y == 0:
+            strip = self._header_strip(width + scroll_x)
+        else:
+            row = scroll_y + y - 1
+            if not 0 <= row < len(self._rows):
+                return Strip.blank(width, base)
+            strip = self._row_strip(row, width + scroll_x)
+        return strip.crop_extend(scroll_x, scroll_x + width, base)
