@@ -69,9 +69,13 @@ def rank_cells(rv: Any, now: float) -> dict[str, Any]:
         "rank": str(rv.rank),
         "node": node_of(rv) or "-",
         "gpu": "cpu" if gpu is None else str(gpu),
-        "util": fmt.meter(None if util is None else util / 100, 4, "-" if util is None else f"{util:3.0f}%"),
+        "util": fmt.meter(
+            None if util is None else util / 100, 4, "-" if util is None else f"{util:3.0f}%"
+        ),
         "mem": mem,
-        "step": "-" if step is None else (f"{step:.0f}/{total_steps:.0f}" if total_steps else f"{step:.0f}"),
+        "step": "-"
+        if step is None
+        else (f"{step:.0f}/{total_steps:.0f}" if total_steps else f"{step:.0f}"),
         "sps": fmt.rate(getattr(rv, "samples_per_s", None)),
         "loss": fmt.number(getattr(rv, "loss", None)),
         "seen": fmt.ago(getattr(rv, "last_seen", None), now),
@@ -103,7 +107,11 @@ class RankTable(ScrollView, can_focus=True):
         Binding("end", "edge(1)", "Last rank", show=False),
     ]
     # Styled in the app's stylesheet (tui/xl.tcss), like every other widget of the app.
-    COMPONENT_CLASSES: ClassVar[set[str]] = {"rank-table--header", "rank-table--cursor", "rank-table--even-row"}
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "rank-table--header",
+        "rank-table--cursor",
+        "rank-table--even-row",
+    }
 
     class RankChosen(Message):
         """The cursor moved to another rank (its log and charts follow)."""
@@ -305,7 +313,10 @@ class RankTable(ScrollView, can_focus=True):
             over = Style.from_color(cursor.color) if cursor.color else Style.null()
             self._row_styles = {
                 "odd": (base, Style.null()),
-                "even": (base + self.get_component_rich_style("rank-table--even-row"), Style.null()),
+                "even": (
+                    base + self.get_component_rich_style("rank-table--even-row"),
+                    Style.null(),
+                ),
                 "cursor": (base + cursor, over),
             }
         kind = "cursor" if row == self.cursor_row else ("even" if row % 2 else "odd")
@@ -340,7 +351,9 @@ class RankTable(ScrollView, can_focus=True):
         for col, _, col_width in self._columns:
             segments.append(Segment(pad, under))
             for seg in self._cell_segments(cells[col], col_width):
-                segments.append(Segment(seg.text, under + seg.style + over if seg.style else under + over))
+                segments.append(
+                    Segment(seg.text, under + seg.style + over if seg.style else under + over)
+                )
             segments.append(Segment(pad, under))
         used = self.virtual_size.width
         if width > used:
