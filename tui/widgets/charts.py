@@ -251,11 +251,11 @@ class MetricChart(Widget):
             ]
             run_text = ""
             run_colour: str | None = row[0][1] if row else None
-            for char, colour in row:
-                if colour != run_colour and char != " ":
+            for char, cell_colour in row:
+                if cell_colour != run_colour and char != " ":
                     if run_text:
                         segments.append(Segment(run_text, _style(styles, base, run_colour)))
-                    run_text, run_colour = "", colour
+                    run_text, run_colour = "", cell_colour
                 run_text += char
             if run_text:
                 segments.append(Segment(run_text, _style(styles, base, run_colour)))
