@@ -17,6 +17,10 @@ the client can forget it; unacked frames are resent or spooled by the client (no
 On node 0 of a multi-node run it also takes node frames from the other nodes' supervisors
 (xl.launcher.nodelink): their sampled records are stored here like a rank's, the rest goes to
 ``on_node`` for the supervisor, and ``stop_nodes`` tells every node to end its part of the run.
+
+A connection that has not sent one valid frame within ``idle_s`` (IDLE_S) of opening is closed
+and counted as ``idle``: it holds a connection slot and up to a frame of buffer, so a peer that
+connects and says nothing (or trickles a frame) must not keep them.
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ ACK_EVERY = 16
 # Each connection may buffer up to one frame before its token is checked; capping the number
 # of connections caps that memory (a 4096-GPU job is 4096 ranks).
 MAX_CONNECTIONS = 8192
+# A connection with no valid frame this long after it opened is closed. Ranks send their first
+# frame as soon as they connect, node links a heartbeat every nodelink.HEARTBEAT_S (1 s).
+IDLE_S = 30.0
 
 
 @dataclass
@@ -62,6 +69,8 @@ class _Conn:
     ack_frames: int = 0
     node: int | None = None  # a node link (multi-node), once its first frame is in
     stop_sent: bool = False
+    opened: float = field(default_factory=time.monotonic)
+    valid: bool = False  # it sent a frame with the run's token
 
 
 @dataclass
@@ -93,8 +102,10 @@ class Collector:
         on_dropped: Callable[[int, int, str], None] | None = None,
         on_node: Callable[[int, str, list[dict[str, Any]]], None] | None = None,
         on_node_closed: Callable[[int], None] | None = None,
+        idle_s: float = IDLE_S,
     ) -> None:
         self.writer = writer
+        self.idle_s = idle_s  # read on every check: tests shorten it on a running collector
         self._token = token.encode()
         self._on_records = on_records
         self._on_dropped = on_dropped
@@ -115,6 +126,8 @@ class Collector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ack_due: dict[int, tuple[float, _Conn]] = {}
+        self._fresh: dict[int, _Conn] = {}  # connections with no valid frame yet, by id
+        self._next_idle_check = 0.0
         # A socketpair wakes the loop at once on stop() instead of waiting for its timeout.
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -159,6 +172,7 @@ class Collector:
                 try:
                     self._tick(ACK_DELAY_S / 2 if self._ack_due else 0.2)
                     self._send_due_acks(time.monotonic())
+                    self._close_idle(time.monotonic())
                     if self._node_stop is not None:
                         self._deliver_stop()
                     self.writer.maybe_flush()
@@ -189,6 +203,14 @@ class Collector:
             if all_ or now - since >= ACK_DELAY_S:
                 self._ack(conn)
                 self._ack_due.pop(key, None)
+
+    def _close_idle(self, now: float) -> None:
+        if not self._fresh or now < self._next_idle_check:
+            return
+        self._next_idle_check = now + min(1.0, self.idle_s / 4)
+        for conn in [c for c in self._fresh.values() if now - c.opened >= self.idle_s]:
+            self.rejects["idle"] += 1
+            self._close(conn)
 
     def _ack(self, conn: _Conn) -> None:
         if conn.ack_seq is None:
@@ -268,10 +290,13 @@ class Collector:
             sock.setblocking(False)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sel.register(sock, selectors.EVENT_READ, _Conn(sock))
+            conn = _Conn(sock)
+            self._fresh[id(conn)] = conn
+            self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _close(self, conn: _Conn) -> None:
         self._ack_due.pop(id(conn), None)
+        self._fresh.pop(id(conn), None)
         with contextlib.suppress(Exception):
             self._sel.unregister(conn.sock)
         with contextlib.suppress(OSError):
@@ -364,6 +389,9 @@ class Collector:
         if not hmac.compare_digest(header.token.encode(), self._token):
             self.rejects["bad_token"] += 1
             return None
+        if conn is not None and not conn.valid:
+            conn.valid = True
+            self._fresh.pop(id(conn), None)
         if isinstance(header, wire.NodeHeader):
             if conn is not None and self._on_node is not None:
                 self._node_frame(conn, header, body, lines)

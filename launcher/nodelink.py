@@ -70,6 +70,9 @@ _CLIPPED = "[...]"
 _MAX_FIELDS = 32
 _RANK_LIMIT = 1 << 20
 
+# Node 0 closes a connection that sent no valid frame within collector.IDLE_S (30 s) of opening,
+# and declares a node lost after XL_NODE_TIMEOUT (>= 2 s) without a frame: a link's first
+# heartbeat comes HEARTBEAT_S after it connects, and one every HEARTBEAT_S after that.
 HEARTBEAT_S = 1.0
 _CONNECT_TIMEOUT_S = 2.0
 _IO_TIMEOUT_S = 5.0

@@ -171,3 +171,74 @@ def test_fuzzed_collector_keeps_every_real_record_and_counts_rejects(tmp_path: P
     assert {e["rank"] for e in dropped} == {7}
     assert {"rank_mismatch", "bad_json", "bad_kind"} <= {e["reason"] for e in dropped}
     assert_gone({proc.pid})
+
+
+# A peer that connects and then says nothing valid: it prints what it got once the collector
+# hangs up (or "open" when it is still connected after the wait it is given).
+SILENT_PEER = (
+    "import socket, struct, sys\n"
+    "host, port, mode, wait = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])\n"
+    "sock = socket.create_connection((host, port), timeout=wait)\n"
+    "if mode == 'partial':\n"
+    "    sock.sendall(struct.pack('>I', 1000) + b'{\"v\": 1')  # a frame that never completes\n"
+    "elif mode == 'bad_token':\n"
+    "    body = b'{\"v\":1,\"token\":\"wrong-token\",\"rank\":0,\"pid\":1,\"seq\":1,\"dropped\":0}'\n"
+    "    sock.sendall(struct.pack('>I', len(body)) + body)\n"
+    "print('connected', flush=True)\n"
+    "try:\n"
+    "    print('closed' if sock.recv(100) == b'' else 'data', flush=True)\n"
+    "except TimeoutError:\n"
+    "    print('open', flush=True)\n"
+)
+
+
+@pytest.mark.e2e
+def test_connections_that_send_nothing_valid_are_closed_after_the_idle_timeout(tmp_path: Path) -> None:
+    """A peer that connects and says nothing, trickles a frame that never completes, or sends only
+    frames with a wrong token is cut after the collector's idle timeout (IDLE_S, 30 s; shortened
+    here) and counted as ``idle``. A real rank that logs rarely and a real node link (heartbeat
+    every HEARTBEAT_S, well within IDLE_S) are never cut."""
+    from xl.launcher import collector, nodelink
+
+    assert nodelink.HEARTBEAT_S * 10 <= collector.IDLE_S  # a link's first frame comes long before
+    closed: list[int] = []
+    tel = Telemetry(tmp_path, token="tok-0123456789abcdef", inventory=False, on_node=lambda *_: None, on_node_closed=closed.append)
+    env = {**tel.start(), "XL_RUN_DIR": str(tmp_path), "RANK": "0"}
+    assert tel.collector is not None and tel.collector.idle_s == collector.IDLE_S == 30.0
+    idle = nodelink.HEARTBEAT_S + 1.5  # a link's first heartbeat is due HEARTBEAT_S after it connects
+    tel.collector.idle_s = idle
+    host, port = env["XL_COLLECTOR"].rsplit(":", 1)
+    peers = {
+        mode: subprocess.Popen(
+            [sys.executable, "-c", SILENT_PEER, host, port, mode, str(idle + 10)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for mode in ("silent", "partial", "bad_token")
+    }
+    rank = _start_rank(env, 6, 1.0)  # one record a second: quiet, but valid from the first frame
+    link = nodelink.NodeLink(host, int(port), "tok-0123456789abcdef", 1, "node-b")
+    link.start()
+    try:
+        start = time.monotonic()
+        for mode, proc in peers.items():
+            out, err = proc.communicate(timeout=idle + 20)
+            assert out.split() == ["connected", "closed"], (mode, out, err)
+        took = time.monotonic() - start
+        assert idle - 0.5 <= took <= idle + 5, took
+        _out, err = rank.communicate(timeout=60)
+        assert rank.returncode == 0, err
+        assert not closed  # the link stayed connected throughout
+        assert link.close(5.0)
+    finally:
+        for proc in [*peers.values(), rank]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        link.close(0.1)
+        tel.stop()
+    rejects = json.loads((tmp_path / "collector.json").read_text())["rejects"]
+    assert rejects == {"idle": 3, "bad_token": 1}, rejects
+    assert sorted(_train_steps(tmp_path, 0)) == [1, 2, 3, 4, 5, 6]
+    assert_gone({p.pid for p in [*peers.values(), rank]})
