@@ -17,6 +17,10 @@ the client can forget it; unacked frames are resent or spooled by the client (no
 On node 0 of a multi-node run it also takes node frames from the other nodes' supervisors
 (xl.launcher.nodelink): their sampled records are stored here like a rank's, the rest goes to
 ``on_node`` for the supervisor, and ``stop_nodes`` tells every node to end its part of the run.
+A node frame with a wrong token (a node started with a mistyped XL_TOKEN) is refused like any
+other, and also answered, once per connection, with ``{"error": "bad_token"}`` so that node can
+say why and stop; ``on_node`` gets ``[{"type": "refused", ...}]`` for it. The answer says nothing
+of the real token. A rank's frame with a wrong token gets no answer (its client reads acks only).
 
 A connection that has not sent one valid frame within ``idle_s`` (IDLE_S) of opening is closed
 and counted as ``idle``: it holds a connection slot and up to a frame of buffer, so a peer that
@@ -69,8 +73,10 @@ class _Conn:
     ack_frames: int = 0
     node: int | None = None  # a node link (multi-node), once its first frame is in
     stop_sent: bool = False
+    peer: str = ""
     opened: float = field(default_factory=time.monotonic)
     valid: bool = False  # it sent a frame with the run's token
+    refused: bool = False  # told it has a wrong token
 
 
 @dataclass
@@ -278,7 +284,7 @@ class Collector:
     def _accept(self) -> None:
         for _ in range(64):
             try:
-                sock, _addr = self._listener.accept()
+                sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -290,7 +296,7 @@ class Collector:
             sock.setblocking(False)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock)
+            conn = _Conn(sock, peer=nodelink.format_address(str(addr[0]), int(addr[1])) if addr else "")
             self._fresh[id(conn)] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
@@ -388,6 +394,8 @@ class Collector:
             return None
         if not hmac.compare_digest(header.token.encode(), self._token):
             self.rejects["bad_token"] += 1
+            if isinstance(header, wire.NodeHeader) and conn is not None:
+                self._refuse(conn, header)
             return None
         if conn is not None and not conn.valid:
             conn.valid = True
@@ -475,6 +483,21 @@ class Collector:
             conn.stop_sent = True
             conn.out += nodelink.reply({"stop": self._node_stop})
         self._flush_out(conn)
+
+    def _refuse(self, conn: _Conn, header: wire.NodeHeader) -> None:
+        """Tell a node link its token is wrong (once per connection): it stops and says so. Node
+        0 records the attempt and waits on for the right node."""
+        if conn.refused:
+            return
+        conn.refused = True
+        conn.out += nodelink.reply({"error": "bad_token"})
+        self._flush_out(conn)
+        if self._on_node is not None:
+            refused = {"type": "refused", "reason": "bad_token", "peer": conn.peer}
+            try:
+                self._on_node(header.node, header.host, [refused])
+            except Exception:
+                self.rejects["internal_error"] += 1
 
     def stop_nodes(self, stop: dict[str, Any]) -> None:
         """Tell every node (connected now or later) to end its part of the run; any thread."""

@@ -24,7 +24,10 @@ A node frame is a wire frame whose header names the node instead of a rank
 A frame without body lines, every second, is the heartbeat. Node 0 answers each frame with a
 reply frame ``{"ack": seq}`` (same length prefix) and tells every node ``{"stop": {"reason",
 "failure"}}`` when the run ends anywhere. Frames are resent after a reconnect until acked; node
-0 drops the ones it already has (by seq).
+0 drops the ones it already has (by seq). A frame whose token is not the run's is answered
+``{"error": "bad_token"}`` (nothing else, nothing of the real token): the link then stops for
+good and ``commands()`` returns ``{"refused": "bad_token"}``, for the supervisor to say so and
+end this node's part (retrying with the same token could never succeed).
 """
 
 from __future__ import annotations
@@ -348,6 +351,7 @@ class NodeLink:
         self._closing = False
         self._deadline = math.inf
         self.dropped = 0  # messages not queued (too much waiting, or closing): said in close()
+        self.refused: str | None = None  # node 0 refused this link (its reason): it stopped
         self._said: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="xl-nodelink", daemon=True)
 
@@ -364,6 +368,8 @@ class NodeLink:
         except (TypeError, ValueError):
             return
         with self._lock:
+            if self.refused is not None:
+                return  # node 0 takes nothing from this node; its own run dir has it all
             if self._closing or self._pending_bytes + len(line) > _MAX_PENDING:
                 self.dropped += 1
                 return
@@ -391,7 +397,7 @@ class NodeLink:
         if self._thread.is_alive():
             self._thread.join(timeout + 1.0)
         with self._lock:
-            done = not self._pending and not self._unacked
+            done = self.refused is None and not self._pending and not self._unacked
             dropped = self.dropped
         self._disconnect()
         if dropped:
@@ -409,7 +415,9 @@ class NodeLink:
         while True:
             with self._lock:
                 idle = not self._pending and not self._unacked
-                if self._closing and (idle or time.monotonic() >= self._deadline):
+                if self.refused is not None or (self._closing and (idle or time.monotonic() >= self._deadline)):
+                    if self.refused is not None:
+                        self._disconnect()
                     return
             try:
                 self._step()
@@ -527,5 +535,17 @@ class NodeLink:
                         self._unacked.popleft()
                 elif isinstance(msg.get("stop"), dict):
                     self._commands.append(msg)
+                elif msg.get("error") == "bad_token":
+                    self._refuse("bad_token")
+                    break
         self._inbuf = buf
+
+    def _refuse(self, reason: str) -> None:
+        """Node 0 refused this node (lock held): stop sending for good, tell the supervisor."""
+        self.refused = reason
+        self._commands.append({"refused": reason})
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._unacked.clear()
+        self._say("refused this node's XL_TOKEN (not the run's token); the link stops")
 

@@ -78,6 +78,9 @@ _NODE_CLOSED_S = 2.0
 _NODE_TIMEOUT_S = 30.0
 _NODE_END_WAIT_S = 10.0
 _LINK_CLOSE_S = 3.0
+# Node 0 records at most this many refused joins (a wrong XL_TOKEN), one per node, host and
+# address: a peer cannot fill events.jsonl with them (collector.json counts every one).
+_MAX_REFUSED_EVENTS = 16
 
 
 def _debug(what: str) -> None:
@@ -242,6 +245,7 @@ class Supervisor:
         self.node_timeout = _node_timeout()
         self.local_done_at: float | None = None
         self.nodes_waited = False
+        self.refused_seen: set[tuple[int, str, str]] = set()  # node 0: refused joins recorded
         self._multi_node_setup()
         self._init_ranks()
 
@@ -1021,6 +1025,9 @@ class Supervisor:
                 node, host, msgs, when = self.inbox.get_nowait()
             except queue.Empty:
                 return
+            if msgs and msgs[0].get("type") == "refused":
+                self._node_refused(node, host, msgs[0])  # not a node of this run: no _RemoteNode
+                continue
             remote = self.nodes.get(node)
             if remote is None:
                 # Until its ranks are known, a node that is heard from counts as busy.
@@ -1036,6 +1043,23 @@ class Supervisor:
                     self._node_message(remote, msg)
                 except (KeyError, TypeError, ValueError) as exc:  # checked by the collector; belt and braces
                     print(f"xl supervisor: node {node} sent {msg.get('type')!r} xl cannot use: {exc!r}", file=sys.stderr, flush=True)
+
+    def _node_refused(self, node: int, host: str, refused: dict[str, Any]) -> None:
+        """A node with a wrong XL_TOKEN tried to join: say so; the run waits on for the right one."""
+        peer = str(refused.get("peer") or "")
+        key = (node, host, peer)
+        if key in self.refused_seen or len(self.refused_seen) >= _MAX_REFUSED_EVENTS:
+            return
+        self.refused_seen.add(key)
+        where = f"host {host or '?'}" + (f", from {peer}" if peer else "")
+        self.emit({
+            "kind": "node_refused",
+            "node": host,
+            "node_rank": node,
+            "peer": peer,
+            "message": f"a node {node} ({where}) tried to join with a wrong {nodelink.TOKEN_VAR} and was refused; "
+            "waiting on for this run's nodes: start them with the exact command this node printed",
+        })
 
     def _node_message(self, remote: _RemoteNode, msg: dict[str, Any]) -> None:
         kind = msg["type"]
@@ -1181,6 +1205,9 @@ class Supervisor:
     def _node_commands(self) -> None:
         assert self.link is not None
         for cmd in self.link.commands():
+            if cmd.get("refused"):
+                self._token_refused()
+                continue
             stop = cmd.get("stop")
             if not isinstance(stop, dict) or self.stop is not None:
                 continue
@@ -1198,6 +1225,25 @@ class Supervisor:
                 self._set_failure({**failure, "message": message}, time.time())
                 self.emit({"kind": "failure", "rank": failure.get("rank"), "message": message})
             self._begin_stop("failure")
+
+
+    def _token_refused(self) -> None:
+        """Node 0 refused this node's XL_TOKEN: this node can never join the run (its torchrun
+        even waits in a rendezvous of its own: the id comes from the token). End its part at once
+        with one line that says what is wrong and how to fix it. No failure event: the view
+        prints the run's failure as its last line, and once is enough."""
+        assert self.hub is not None
+        message = (
+            f"node 0 ({nodelink.format_address(*self.hub)}) refused this node's {nodelink.TOKEN_VAR}: it is not "
+            f"the run's token; on this node, run the exact command node 0's 'xl launch' printed (with its {nodelink.TOKEN_VAR}=...)"
+        )
+        if self.failure is None:
+            self.failure_remote = True  # nothing goes to node 0 any more
+            self._set_failure(self._local_failure(None, None, None, None, message), time.time())
+        if self.torchrun is not None and self.torchrun_code is None:
+            # Its rendezvous would wait for nodes that never come: end it now, not after the grace.
+            procs.signal_pid(self.torchrun.pid, signal.SIGTERM)
+        self._begin_stop("failure")
 
 
 def main(argv: list[str]) -> int:

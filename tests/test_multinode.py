@@ -439,6 +439,55 @@ def test_node_1_joins_with_the_command_node_0_printed(tmp_path: Path) -> None:
         _cleanup(homes, [p for p in (node0, node1) if p is not None])
 
 
+def test_node_with_a_wrong_token_is_told_and_node_0_waits_for_the_right_one(tmp_path: Path) -> None:
+    """Node 1 started with a mistyped XL_TOKEN: node 0's collector answers its link that the
+    token is wrong (nothing more), node 1's `xl launch` says so in one line with the fix and
+    exits 1 with nothing of it left; node 0 records the attempt, says it, and waits on: the node
+    started right afterwards joins and the run succeeds."""
+    (tmp_path / "mn.py").write_text(SCRIPT)
+    homes = (tmp_path / "node0", tmp_path / "node1-wrong", tmp_path / "node1")
+    rdzv = f"127.0.0.1:{rdzv_port()}"
+
+    def argv(node: int) -> list[str]:
+        return ["launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv, "--nproc", "1", "mn.py"]
+
+    wrong_token = TOKEN[:-1] + "X"
+    with open(tmp_path / "node0.out", "w") as out0:
+        env0 = xl_env(homes[0], XL_TOKEN=TOKEN, MN_STEPS="3")
+        node0 = subprocess.Popen([*XL, *argv(0)], env=env0, cwd=tmp_path, stdout=out0, stderr=subprocess.STDOUT, text=True)
+    try:
+        run0 = wait_for(lambda: (homes[0] / "runs").is_dir() and next((homes[0] / "runs").iterdir(), None), timeout=30, what="node 0's run")
+        start = time.monotonic()
+        wrong = xl(argv(1), xl_env(homes[1], XL_TOKEN=wrong_token, MN_STEPS="3"), cwd=tmp_path, timeout=45)
+        took = time.monotonic() - start
+        out = wrong.stdout + wrong.stderr
+        assert wrong.returncode == 1, out[-3000:]
+        said = [ln for ln in out.splitlines() if "refused" in ln]
+        assert len(said) == 1, out
+        assert "node 0 (127.0.0.1:" in said[0] and "refused this node's XL_TOKEN: it is not the run's token" in said[0]
+        assert "run the exact command node 0's 'xl launch' printed" in said[0], said
+        assert "Traceback" not in out and TOKEN not in out, out
+        assert took < 20, (took, out)
+        run_wrong = only_run(homes[1])
+        assert run_json(run_wrong)["status"] == "failed"
+        wait_no_processes(run_wrong, timeout=5)
+        # Node 0 says a node with a wrong token tried to join, and waits on for the right one.
+        [refused] = [e for e in _events(run0) if e["kind"] == "node_refused"]
+        assert refused["node_rank"] == 1 and "wrong XL_TOKEN" in refused["message"], refused
+        assert node0.poll() is None and run_json(run0)["status"] == "running"
+        assert not any(e["kind"] in ("node_lost", "failure") for e in _events(run0))
+        right = xl(argv(1), xl_env(homes[2], XL_TOKEN=TOKEN, MN_STEPS="3"), cwd=tmp_path, timeout=60)
+        assert right.returncode == 0, (right.stdout + right.stderr)[-3000:]
+        assert node0.wait(timeout=60) == 0, (tmp_path / "node0.out").read_text()[-3000:]
+        assert "tried to join with a wrong XL_TOKEN and was refused" in (tmp_path / "node0.out").read_text()
+        _assert_one_view(run0, only_run(homes[2]), {0: 1, 1: 1})
+        assert json.loads((run0 / "collector.json").read_text())["rejects"].get("bad_token", 0) >= 1
+        for home in homes:
+            wait_no_processes(only_run(home), timeout=5)
+    finally:
+        _cleanup(homes, [node0])
+
+
 @pytest.mark.parametrize("victim", ["supervisor", "rank"])
 def test_a_dead_node_or_rank_on_node_1_ends_the_run_on_both(tmp_path: Path, victim: str) -> None:
     """SIGKILL node 1's supervisor (the node is gone for node 0) or its rank, mid-run: both nodes
@@ -486,7 +535,7 @@ def _routable_ipv4() -> str | None:
 def test_collector_on_a_routable_address_takes_only_frames_with_the_token(tmp_path: Path) -> None:
     """A run spanning nodes: node 0's collector listens on the --rdzv address (not loopback).
     Frames without the token or with a wrong one (a rank's or a node's) are refused and counted;
-    the real ranks are unaffected."""
+    a node's is answered that its token is wrong, and nothing more; the real ranks are unaffected."""
     host = _routable_ipv4()
     if host is None:
         pytest.skip("this machine has no non-loopback IPv4 address to bind node 0's collector to")
@@ -502,27 +551,33 @@ def test_collector_on_a_routable_address_takes_only_frames_with_the_token(tmp_pa
         base = {"v": 1, "rank": 0, "pid": 1, "seq": 1, "dropped": 0}
         node = {"v": 1, "node": 1, "host": "intruder", "pid": 1, "seq": 1}
         log = json.dumps({"type": "log", "rank": 0, "data": "INJECTED\n"}).encode()
+        refused = b'{"error":"bad_token"}'
         frames = [
-            (base, line),  # no token
-            ({**base, "token": "wrong-token-0123456789"}, line),
-            ({**base, "token": TOKEN[:-1] + "X"}, line),
-            ({**node, "token": "wrong-token-0123456789"}, log),
+            (base, line, b""),  # no token: no ack, no answer
+            ({**base, "token": "wrong-token-0123456789"}, line, b""),
+            ({**base, "token": TOKEN[:-1] + "X"}, line, b""),
+            # A node's link is told, the same whatever the token it gave.
+            ({**node, "token": "wrong-token-0123456789"}, log, struct.pack(">I", len(refused)) + refused),
+            ({**node, "token": TOKEN[:-1] + "X"}, log, struct.pack(">I", len(refused)) + refused),
         ]
-        for header, body in frames:
+        for header, body, expected in frames:
             with socket.create_connection((host, port), timeout=10) as sock:
                 payload = json.dumps(header).encode() + b"\n" + body
                 sock.sendall(struct.pack(">I", len(payload)) + payload)
                 sock.settimeout(0.5)
-                try:
-                    reply = sock.recv(8)
-                except TimeoutError:
-                    reply = b""
-                assert reply == b"", reply  # no ack, no answer
+                reply = b""
+                with contextlib.suppress(TimeoutError):
+                    while chunk := sock.recv(4096):
+                        reply += chunk
+                assert reply == expected, reply
         results = _finish(procs, timeout=60)
         for code, out in results:
             assert code == 0, out[-3000:]
         rejects = json.loads((run0 / "collector.json").read_text())["rejects"]
-        assert rejects.get("no_token") == 1 and rejects.get("bad_token") == 3, rejects
+        assert rejects.get("no_token") == 1 and rejects.get("bad_token") == 4, rejects
+        # Node 0 says so, once per node link that tried, and carried on.
+        refused = [e for e in _events(run0) if e["kind"] == "node_refused"]
+        assert len(refused) == 2 and {e["node"] for e in refused} == {"intruder"}, refused
         _assert_one_view(run0, only_run(homes[1]), {0: 1, 1: 1})
         assert 4242 not in {m["step"] for m in _train(run0)}
         assert not any("INJECTED" in p.read_text() for p in (run0 / "logs").glob("rank-*.log"))
