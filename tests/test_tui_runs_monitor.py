@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -78,7 +79,7 @@ async def test_monitor_healthy_run(xl_home):
         assert cell(table, "1", "gpu") == "0"
         assert cell(table, "0", "state") == "exited"
         assert not screen.query_one("#failure-banner").display
-        assert "step 100/100" in str(screen.query_one("#eta").render())
+        assert "100%  step 100/100" in str(screen.query_one("#progress").render())
         # The log follows the highlighted rank; ] switches rank.
         log = screen.query_one(RankLog)
         await until(pilot, lambda: log.rank == 0 and log.line_count > 0, "rank 0 log")
@@ -105,7 +106,10 @@ async def test_monitor_straggler_run_names_the_slow_rank(xl_home):
         await until(pilot, lambda: cell(table, "1", "state") == "straggler", "rank 1 straggler")
         assert cell(table, "0", "state") != "straggler"
         assert int(cell(table, "0", "step").split("/")[0]) > int(cell(table, "1", "step").split("/")[0])
-        assert app.screen.query_one("#progress-row").display
+        progress = app.screen.query_one("#progress")
+        assert progress.display
+        # The slowest rank's step is the run's: rank 1 at 37 of 100, its ETA from its rate.
+        assert re.search(r"█+\S?\s+37%  step 37/100  ETA \d", str(progress.render()))
 
 
 async def test_monitor_failed_run_shows_root_cause_and_traceback(xl_home):

@@ -76,15 +76,19 @@ def rate(value: float | None) -> str:
     return f"{value:.3g}"
 
 
-def meter(fraction: float | None, width: int = 10, label: str = "") -> Text:
-    """A bar like ``████▌     42%`` that stays readable without colour (NO_COLOR)."""
+def meter(fraction: float | None, width: int = 10, label: str = "", style: str | None = None) -> Text:
+    """A bar like ``████▌     42%`` that stays readable without colour (NO_COLOR).
+
+    Coloured by how full it is (green, yellow past 70%, red past 90%) unless ``style`` is given.
+    """
     if fraction is None:
         return Text("-".ljust(width) + (f" {label}" if label else ""), style="dim")
     f = min(1.0, max(0.0, fraction))
     eighths = round(f * width * 8)
     full, rest = divmod(eighths, 8)
     bar = "█" * full + (" ▏▎▍▌▋▊▉"[rest] if rest else "")
-    style = "green" if f < 0.7 else ("yellow" if f < 0.9 else "red")
+    if style is None:
+        style = "green" if f < 0.7 else ("yellow" if f < 0.9 else "red")
     text = Text(bar.ljust(width), style=style)
     if label:
         text.append(f" {label}")

@@ -13,7 +13,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import Footer, Header, Label, ProgressBar, Static
+from textual.widgets import Footer, Header, Label, Static
 
 from xl.tui import fmt
 from xl.tui.runview import (
@@ -32,6 +32,7 @@ from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
 
 CHARTS_MIN_HEIGHT = 32
+PROGRESS_WIDTH = 32  # cells of the progress bar
 LOG_TAIL = 400  # lines shown when switching to a rank; older output stays in the run dir
 
 
@@ -94,9 +95,7 @@ class MonitorScreen(Screen):
         yield Static("", id="failure-banner")
         # Text, not markup: a command with [brackets] must show (and copy) as it is.
         yield Static(Text(self._notice or ""), id="notice-banner")
-        with Horizontal(id="progress-row"):
-            yield ProgressBar(total=100, show_eta=False, id="progress")
-            yield Label("", id="eta")
+        yield Static("", id="progress")
         yield RankTable(id="rank-table")
         with Horizontal(id="monitor-lower"):
             with Vertical(id="charts"):
@@ -111,7 +110,7 @@ class MonitorScreen(Screen):
         self.title = f"xl — {self.run_dir.name}"
         self.query_one("#failure-banner").display = False
         self.query_one("#notice-banner").display = self._notice is not None
-        self.query_one("#progress-row").display = False
+        self.query_one("#progress").display = False
         # Charts need room; on a small terminal (80x24) they start hidden and `c` shows them.
         self.query_one("#charts").display = self.app.size.height >= CHARTS_MIN_HEIGHT
         self._request_poll()
@@ -255,16 +254,22 @@ class MonitorScreen(Screen):
         banner.display = True
 
     def _render_progress(self, ranks: dict, now: float) -> None:
+        """One line: a bar (readable without colour, as the table's meters), steps and ETA.
+
+        A Static, not Textual's ProgressBar: that one repaints itself on a timer of its own every
+        second, between the Monitor's refreshes, which cost as much as the line is worth.
+        """
         prog = progress(ranks, self.status in FINISHED)
-        row = self.query_one("#progress-row")
+        line = self.query_one("#progress")
         if prog is None:
-            row.display = False
+            line.display = False
             return
-        row.display = True
-        bar = self.query_one("#progress", ProgressBar)
-        bar.update(total=prog.total, progress=prog.step)
-        eta = "" if prog.eta_s is None else f"  ETA {fmt.duration(prog.eta_s)}"
-        self._set_text("#eta", Text(f"step {prog.step}/{prog.total}{eta}"))
+        line.display = True
+        text = fmt.meter(prog.fraction, PROGRESS_WIDTH, f"{prog.fraction:4.0%}", style="cyan")
+        text.append(f"  step {prog.step}/{prog.total}")
+        if prog.eta_s is not None:
+            text.append(f"  ETA {fmt.duration(prog.eta_s)}")
+        self._set_text("#progress", text)
 
     def _set_text(self, selector: str, text: Text) -> None:
         """Show ``text`` in a Static/Label, re-laying out the screen only if its size can change.

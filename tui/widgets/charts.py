@@ -25,9 +25,9 @@ from textual.widget import Widget
 # Past this many ranks, per-rank lines become an unreadable tangle: draw the spread instead.
 BAND_THRESHOLD = 8
 BINS = 60
-# Wide runs: redraw at most this often, from each rank's most recent points only.
+# Wide runs: redraw at most this often, from about this many points of each rank.
 WIDE_MIN_INTERVAL_S = 5.0
-WIDE_POINTS_PER_RANK = 150
+WIDE_POINTS_PER_RANK = BINS
 # Line colours: ranks in turn; for bands, max / median / min and the rank being followed.
 PALETTE = ("cyan", "magenta", "yellow", "green", "blue", "red", "bright_cyan", "bright_magenta")
 BAND_COLORS = {"max": "red", "median": "cyan", "min": "green"}
@@ -181,19 +181,21 @@ class MetricChart(Widget):
         self._drawn_at = now
         drawn = {r: list(p) for r, p in series.items() if p}
         if wide:
-            drawn = {r: p[-WIDE_POINTS_PER_RANK:] for r, p in drawn.items()}
+            # The bands need a few points per bin, not every point: evenly spaced ones over each
+            # rank's whole history keep the window and bound the work (64 ranks x 600 points).
+            drawn = {r: p[:: max(1, len(p) // WIDE_POINTS_PER_RANK)] for r, p in drawn.items()}
         lines: list[Line] = []
         if len(drawn) > BAND_THRESHOLD:
             xs, lo, mid, hi = bands(drawn)
             xs = [x - t0 for x in xs]
             for label, values in (("max", hi), ("median", mid), ("min", lo)):
                 lines.append((label, BAND_COLORS[label], list(zip(xs, values, strict=True))))
-            if highlight in drawn:
+            if highlight in drawn:  # the followed rank: every point
                 lines.append(
                     (
                         f"rank {highlight}",
                         HIGHLIGHT_COLOR,
-                        [(t - t0, v) for t, v in drawn[highlight]],
+                        [(t - t0, v) for t, v in series[highlight]],
                     )
                 )
         else:
