@@ -1171,7 +1171,8 @@ class Supervisor:
         """Node 0, its own ranks done: True while it still waits for another node's end.
 
         A node that is heard from (its heartbeat: _check_nodes declares it lost once that
-        stops) and has ranks running is waited for as long as that lasts; a node whose ranks
+        stops) and has ranks running is waited for as long as that lasts, unless the run is
+        being stopped (it was told to stop too: its own grace ends its ranks); a node whose ranks
         are done, or that was never heard from, for the stop grace plus _NODE_END_WAIT_S since
         node 0 knew (its end follows its ranks' within its own exit barrier's grace)."""
         if not self.is_hub or self.nodes_waited:
@@ -1187,7 +1188,7 @@ class Supervisor:
         limit = self.grace + _NODE_END_WAIT_S
         for n in waiting:
             remote = self.nodes.get(n)
-            if remote is not None and remote.busy:
+            if remote is not None and remote.busy and self.stop is None:
                 return True
             since = max(self.local_done_at, remote.idle_since or 0.0) if remote is not None else self.local_done_at
             if now - since < limit:

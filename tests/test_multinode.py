@@ -732,6 +732,44 @@ def test_the_node_whose_ranks_finish_later_is_waited_for(tmp_path: Path, late: i
         _cleanup(homes, procs)
 
 
+def test_node_0_gives_up_on_a_late_node_only_when_its_heartbeat_is_lost(tmp_path: Path) -> None:
+    """Node 0's ranks are done and node 1's work on; node 1 then goes silent without its
+    connection closing (its supervisor frozen, as a hung machine would be): node 0 declares it
+    lost after XL_NODE_TIMEOUT of silence, names it with its running rank, and ends."""
+    homes = (tmp_path / "node0", tmp_path / "node1")
+    procs = _start_nodes(tmp_path, homes, per_node=({"XL_NODE_TIMEOUT": "3"}, {"MN_TAIL": "120"}))
+    frozen: int | None = None
+    try:
+        run1 = wait_for(lambda: (homes[1] / "runs").is_dir() and next((homes[1] / "runs").iterdir(), None), timeout=30, what="node 1's run")
+        wait_for(lambda: _logs_say(run1, 1, "tail 120s"), timeout=60, what="node 1's rank to work on after the last collective")
+        run0 = only_run(homes[0])
+        wait_for(lambda: (r := run_json(run0)).get("ranks") and any(x["state"] == "exited" for x in r["ranks"]), timeout=30, what="node 0's rank to end")
+        frozen = int(run_json(run1)["supervisor_pid"])
+        os.kill(frozen, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        code0, out0 = _finish(procs[:1], timeout=45)[0]
+        assert code0 == 1, out0[-3000:]
+        assert time.monotonic() - stopped_at < 20
+        run = run_json(run0)
+        [r1] = [r["rank"] for r in run["ranks"] if r["node_rank"] == 1]
+        assert run["status"] == "failed" and run["failure"]["node_rank"] == 1, run["failure"]
+        assert f"was lost with rank(s) {r1} running: nothing came from it for 3s" in run["failure"]["message"], run["failure"]
+        assert not any(e["kind"] == "nodes_unfinished" for e in _events(run0))
+        wait_no_processes(run0, timeout=10)
+        # Node 1 thawed and stopped: nothing of it is left either.
+        os.kill(frozen, signal.SIGCONT)
+        os.kill(frozen, signal.SIGTERM)
+        frozen = None
+        code1, out1 = _finish(procs[1:], timeout=30)[0]
+        assert code1 != 0, out1[-3000:]
+        wait_no_processes(run1, timeout=10)
+    finally:
+        if frozen is not None:
+            with contextlib.suppress(OSError):
+                os.kill(frozen, signal.SIGCONT)
+        _cleanup(homes, procs)
+
+
 def test_node_1_trains_on_when_node_0_cannot_be_reached(tmp_path: Path) -> None:
     """Node 1 dials the wrong collector port: the run still trains and succeeds, node 1 keeps its
     own full records (its rank spooled its metrics), and node 0 says it never heard from node 1."""
