@@ -312,7 +312,9 @@ class MonitorScreen(Screen):
         charts = self.query_one("#charts")
         charts.display = not charts.display
         if charts.display and self.view is not None:
-            self._render_view(self.view)
+            # A fresh poll draws them: the last view's RankViews may be mid-update by a poll
+            # running right now in the worker thread, so they are only read once it is done.
+            self._request_poll()
 
     # -- stop / detach -----------------------------------------------------------------------
 

@@ -54,32 +54,44 @@ PADDING = 1  # blank columns either side of each cell
 Columns = tuple[tuple[str, str, int], ...]
 
 
-def rank_cells(rv: Any, now: float) -> dict[str, Any]:
-    util = getattr(rv, "gpu_util", None)
-    used = getattr(rv, "gpu_mem_used_mib", None)
-    total = getattr(rv, "gpu_mem_total_mib", None)
-    if used is None and getattr(rv, "rss_mib", None) is not None:
-        mem = f"{fmt.mib(rv.rss_mib)} rss"
+def rank_values(rv: Any, now: float) -> tuple[Any, ...]:
+    """What a rank's row shows, as plain values: cheap to compare, and a snapshot (the reader
+    goes on updating its RankView objects while the table draws)."""
+    return (
+        rv.rank,
+        getattr(rv, "state", None),
+        getattr(rv, "step", None),
+        getattr(rv, "total_steps", None),
+        getattr(rv, "loss", None),
+        getattr(rv, "samples_per_s", None),
+        getattr(rv, "gpu_util", None),
+        getattr(rv, "gpu_mem_used_mib", None),
+        getattr(rv, "gpu_mem_total_mib", None),
+        getattr(rv, "rss_mib", None),
+        getattr(rv, "gpu", None),
+        node_of(rv),
+        fmt.ago(getattr(rv, "last_seen", None), now),
+    )
+
+
+def format_cells(values: tuple[Any, ...]) -> dict[str, Any]:
+    """The row's cells (str or rich Text) from rank_values."""
+    rank, state, step, total_steps, loss, sps, util, used, total, rss, gpu, node, seen = values
+    if used is None and rss is not None:
+        mem: Any = f"{fmt.mib(rss)} rss"
     else:
         mem = fmt.meter(used / total if used is not None and total else None, 4, fmt.mib(used))
-    step = getattr(rv, "step", None)
-    total_steps = getattr(rv, "total_steps", None)
-    gpu = getattr(rv, "gpu", None)
     return {
-        "rank": str(rv.rank),
-        "node": node_of(rv) or "-",
+        "rank": str(rank),
+        "node": node or "-",
         "gpu": "cpu" if gpu is None else str(gpu),
-        "util": fmt.meter(
-            None if util is None else util / 100, 4, "-" if util is None else f"{util:3.0f}%"
-        ),
+        "util": fmt.meter(None if util is None else util / 100, 4, "-" if util is None else f"{util:3.0f}%"),
         "mem": mem,
-        "step": "-"
-        if step is None
-        else (f"{step:.0f}/{total_steps:.0f}" if total_steps else f"{step:.0f}"),
-        "sps": fmt.rate(getattr(rv, "samples_per_s", None)),
-        "loss": fmt.number(getattr(rv, "loss", None)),
-        "seen": fmt.ago(getattr(rv, "last_seen", None), now),
-        "state": fmt.state(getattr(rv, "state", None)),
+        "step": "-" if step is None else (f"{step:.0f}/{total_steps:.0f}" if total_steps else f"{step:.0f}"),
+        "sps": fmt.rate(sps),
+        "loss": fmt.number(loss),
+        "seen": seen,
+        "state": fmt.state(state),
     }
 
 
@@ -125,8 +137,8 @@ class RankTable(ScrollView, can_focus=True):
         self._columns: Columns = COLUMNS
         self._rows: list[int] = []  # ranks in row order
         self._index: dict[int, int] = {}  # rank -> row
-        self._cells: dict[int, dict[str, Any]] = {}
-        self._keys: dict[int, dict[str, Any]] = {}  # rank -> column -> value key (for comparing)
+        self._values: dict[int, tuple[tuple[Any, ...], bool]] = {}  # rank -> (rank_values, first of its node)
+        self._cells: dict[int, dict[str, Any]] = {}  # rank -> formatted cells, once drawn
         self._version: dict[int, int] = {}  # rank -> bumped whenever one of its cells changes
         self._strips: dict[int, tuple[Any, Strip]] = {}  # rank -> (what it was drawn from, line)
         self._segments: LRUCache[tuple[Any, int], list[Segment]] = LRUCache(4096)
@@ -156,11 +168,20 @@ class RankTable(ScrollView, can_focus=True):
 
     def cell(self, rank: int, column: str) -> Any:
         """What the row of ``rank`` shows in ``column`` (a str or a rich Text)."""
-        return self._cells[rank][column]
+        return self._cells_of(rank)[column]
 
     def column(self, column: str) -> list[Any]:
         """Every row's value in ``column``, top to bottom."""
-        return [self._cells[rank][column] for rank in self._rows]
+        return [self._cells_of(rank)[column] for rank in self._rows]
+
+    def _cells_of(self, rank: int) -> dict[str, Any]:
+        cells = self._cells.get(rank)
+        if cells is None:
+            values, first = self._values[rank]
+            cells = self._cells[rank] = format_cells(values)
+            if self.grouped:
+                cells["node"] = Text(cells["node"], style="bold" if first else "dim")
+        return cells
 
     def show_rank(self, rank: int) -> None:
         if rank in self._index:
@@ -232,6 +253,7 @@ class RankTable(ScrollView, can_focus=True):
         if relayout:
             # A second node appeared (or a longer node name): every line is drawn again, once.
             self._columns = columns
+            self._cells.clear()
             self._strips.clear()
             self._header = None
         grouped = self.grouped
@@ -245,15 +267,15 @@ class RankTable(ScrollView, can_focus=True):
             order = sorted(ranks)
         changed: list[int] = []
         for rank in order:
-            cells = rank_cells(ranks[rank], now)
-            if grouped:
-                node = node_of(ranks[rank])
-                first = node is not None and firsts.get(node) == rank
-                cells["node"] = Text(node or "-", style="bold" if first else "dim")
-            keys = {col: _value_key(value) for col, value in cells.items()}
-            if keys != self._keys.get(rank):
-                self._cells[rank] = cells
-                self._keys[rank] = keys
+            values = rank_values(ranks[rank], now)
+            # Grouped, the node's first row names it in bold, the others in dim.
+            node = node_of(ranks[rank])
+            row = (values, grouped and node is not None and firsts.get(node) == rank)
+            if row != self._values.get(rank):
+                # Formatted when the row is drawn or asked for: off-screen rows of a wide run
+                # cost a comparison per refresh, not a formatting.
+                self._values[rank] = row
+                self._cells.pop(rank, None)
                 self._version[rank] = self._version.get(rank, 0) + 1
                 changed.append(rank)
         if order != self._rows:
@@ -345,7 +367,7 @@ class RankTable(ScrollView, can_focus=True):
         drawn = self._strips.get(rank)
         if drawn is not None and drawn[0] == key:
             return drawn[1]
-        cells = self._cells[rank]
+        cells = self._cells_of(rank)
         pad = " " * PADDING
         segments: list[Segment] = []
         for col, _, col_width in self._columns:
