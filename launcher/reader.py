@@ -16,6 +16,7 @@ import json
 import math
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,11 @@ def _num(value: Any) -> float | None:
 
 
 _DECODER = json.JSONDecoder()
+_fast_loads: Callable[[bytes], Any] | None
+try:
+    from orjson import loads as _fast_loads
+except ImportError:  # an install without it reads the same, only slower
+    _fast_loads = None
 # The figures a sys line may carry, each copied to the RankView attribute of the same name.
 _SYS_KEYS = (
     "gpu_util",
@@ -161,6 +167,30 @@ _SYS_KEYS = (
 
 def _decode_lines(lines: list[bytes]) -> list[Any]:
     """The value of each line that is JSON, as ``json.loads(line)`` gives it; other lines skipped.
+
+    orjson, when installed (it is a dependency), parses a line ~4x faster than the json module;
+    a line it refuses (NaN, a BOM, a lone surrogate, an overflowing number, or not JSON at all)
+    gets the json module's verdict. The one difference: an integer beyond 64 bits comes back
+    from orjson as a float.
+    """
+    if not lines:
+        return []
+    if _fast_loads is None:
+        return _decode_lines_json(lines)
+    values = []
+    for line in lines:
+        try:
+            values.append(_fast_loads(line))
+        except ValueError:
+            try:
+                values.append(json.loads(line))
+            except ValueError:
+                pass
+    return values
+
+
+def _decode_lines_json(lines: list[bytes]) -> list[Any]:
+    """_decode_lines with the json module alone.
 
     A poll's lines are decoded to text in one go and each parsed with ``raw_decode``: that skips
     json.loads' per-line work (encoding detection, a decode, two whitespace scans), ~40% of the

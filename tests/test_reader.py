@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from xl.fsutil import write_json_atomic
+from xl.launcher import reader
 from xl.launcher.reader import RunReader
 
 
@@ -152,9 +153,19 @@ def test_only_the_root_cause_rank_is_failed(tmp_path: Path) -> None:
     assert {r: v.state for r, v in view.ranks.items()} == {0: "stopped", 1: "failed", 2: "stopped"}
 
 
-def test_each_line_parses_as_json_loads_would(tmp_path: Path) -> None:
-    # One poll's lines are decoded together; a bad line must cost only itself, and a line must
-    # be one JSON document (json.loads' verdict) to count.
+@pytest.fixture(params=["orjson", "json"])
+def decoder(request, monkeypatch) -> str:
+    """Each test that takes it runs with orjson's fast path and with the json module alone."""
+    if request.param == "json":
+        monkeypatch.setattr(reader, "_fast_loads", None)
+    else:
+        assert reader._fast_loads is not None, "orjson is a dependency: the fast path must be there"
+    return request.param
+
+
+def test_each_line_parses_as_json_loads_would(tmp_path: Path, decoder: str) -> None:
+    # A bad line must cost only itself, and a line must be one JSON document (json.loads'
+    # verdict) to count, whichever decoder reads it.
     metrics = tmp_path / "metrics.jsonl"
     _append(metrics, _train(1.0, 0, 1, loss=3.0))
     with open(metrics, "ab") as fh:
@@ -166,15 +177,18 @@ def test_each_line_parses_as_json_loads_would(tmp_path: Path) -> None:
         fh.write(b'{"t": 5.0, "rank": 0, "step": 10}, {"t": 5.1, "rank": 0, "step": 11}\n')
         fh.write(b'{"t": 6.0, "rank": 0, "step": 12}{"t": 6.1, "rank": 0, "step": 13}\n')
         fh.write(b'{"t": 7.0, "rank": 2, "kind": "train", "step": 1, "unit": "\xc2\xb5s"}\n')
+        # NaN and a lone surrogate: json.loads takes both (orjson does not).
+        fh.write(b'{"t": 8.0, "rank": 3, "kind": "train", "step": 4, "loss": NaN, "n": "\\ud800"}\n')
     view = RunReader(tmp_path).poll()
-    assert sorted(view.ranks) == [0, 1, 2]
+    assert sorted(view.ranks) == [0, 1, 2, 3]
     r0 = view.ranks[0]
     assert (r0.step, r0.loss, r0.last_seen) == (3, 2.0, 3.0)
     assert list(r0.loss_history) == [(1.0, 3.0), (3.0, 2.0)]
     assert view.ranks[1].step == 7 and view.ranks[2].last_seen == 7.0
+    assert view.ranks[3].step == 4 and view.ranks[3].loss is None
 
 
-def test_events_skip_bad_lines(tmp_path: Path) -> None:
+def test_events_skip_bad_lines(tmp_path: Path, decoder: str) -> None:
     with open(tmp_path / "events.jsonl", "wb") as fh:
         fh.write(b'{"t": 1, "kind": "a", "rank": null}\n\xff\xfe\n[1]\n{"t": 2, "kind": "b"}\n')
     view = RunReader(tmp_path).poll()
