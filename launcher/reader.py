@@ -30,7 +30,8 @@ _MAX_EVENTS = 5000
 @dataclass
 class RankView:
     rank: int
-    node: int | None = None
+    node: str | None = None  # the host, as run.json names it
+    node_rank: int | None = None  # xl's node rank: tells apart two nodes on one host
     gpu: Any = None
     pid: int | None = None
     state: str = "running"  # running|straggler|stalled|exited|failed|stopped
@@ -371,7 +372,7 @@ class RunReader:
             if not isinstance(info, dict) or not isinstance(info.get("rank"), int):
                 continue
             view = self._rank(info["rank"])
-            for key in ("node", "gpu", "pid"):
+            for key in ("node", "node_rank", "gpu", "pid"):
                 if info.get(key) is not None:
                     setattr(view, key, info[key])
             code = info.get("exit_code")

@@ -260,6 +260,24 @@ async def test_monitor_groups_ranks_by_node(xl_home):
         assert "nodes" not in text_of(app, "#run-header")
 
 
+async def test_monitor_tells_apart_two_nodes_on_one_host(xl_home):
+    """Two xl nodes started on one machine (as the README's try-it-on-one-box does): run.json
+    names the same host for all ranks, and only the node rank differs. They are two groups."""
+    run_dir = xl_home / "20260530-twonode"
+    run = json.loads((run_dir / "run.json").read_text())
+    for info in run["ranks"]:
+        info["node_rank"] = 0 if info["node"] == "trn-b12" else 1
+        info["node"] = "box"
+    (run_dir / "run.json").write_text(json.dumps(run))
+    app = build_app(monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.screen.query_one(RankTable)
+        await until(pilot, lambda: table.row_count == 8 and table.grouped, "grouped by node")
+        assert _column(table, "node") == ["box #0"] * 4 + ["box #1"] * 4
+        assert _column(table, "rank") == [str(r) for r in range(8)]
+        assert "world size 8 on 2 nodes" in text_of(app, "#run-header")
+
+
 async def test_monitor_regroups_when_the_second_nodes_ranks_arrive(xl_home):
     """Node 1's ranks reach node 0's run dir later than node 0's own: the table starts as one
     node's, then groups, keeping the rank the person was looking at."""

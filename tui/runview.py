@@ -51,16 +51,39 @@ def world_size(run: Mapping[str, Any], ranks: Mapping[int, Any]) -> int:
 
 
 def node_of(rv: Any) -> str | None:
-    """The node a rank runs on, as run.json names it (a host name or a node rank)."""
+    """The host a rank runs on, as run.json names it."""
     node = getattr(rv, "node", None)
     return None if node is None or node == "" else str(node)
 
 
-def node_order(ranks: Mapping[int, Any]) -> list[str]:
-    """The run's nodes, in the order of their lowest rank (node 0 first, as torch numbers ranks)."""
-    first: dict[str, int] = {}
+def node_labels(ranks: Mapping[int, Any]) -> dict[int, str | None]:
+    """Each rank's node as the Monitor shows it: its host, or "host #k" (k the node rank) when
+    two of the run's nodes share a host, e.g. two xl nodes started on one machine. Nodes are
+    told apart by xl's node rank where run.json has it, else by host."""
+    keys: dict[int, Any] = {}
+    hosts: dict[str, set[Any]] = {}
     for rank, rv in ranks.items():
-        node = node_of(rv)
+        node_rank = getattr(rv, "node_rank", None)
+        host = node_of(rv)
+        keys[rank] = node_rank if isinstance(node_rank, int) else host
+        if host is not None:
+            hosts.setdefault(host, set()).add(keys[rank])
+    labels: dict[int, str | None] = {}
+    for rank, rv in ranks.items():
+        host = node_of(rv)
+        if host is None:
+            labels[rank] = None if keys[rank] is None else f"node {keys[rank]}"
+        elif len(hosts[host]) > 1:
+            labels[rank] = f"{host} #{keys[rank]}"
+        else:
+            labels[rank] = host
+    return labels
+
+
+def node_order(labels: Mapping[int, str | None]) -> list[str]:
+    """The run's nodes (node_labels), in the order of their lowest rank (as torch numbers ranks)."""
+    first: dict[str, int] = {}
+    for rank, node in labels.items():
         if node is not None and (node not in first or rank < first[node]):
             first[node] = rank
     return sorted(first, key=first.__getitem__)

@@ -21,6 +21,7 @@ from xl.tui.runview import (
     devices_text,
     elapsed,
     history,
+    node_labels,
     node_order,
     progress,
     run_field,
@@ -206,7 +207,7 @@ class MonitorScreen(Screen):
         header.append(self.status, style=fmt.STATE_STYLE.get(self.status, "bold"))
         header.append(f"   elapsed {fmt.duration(elapsed(run, now))}")
         header.append(f"   world size {world_size(run, ranks)}")
-        nodes = len(node_order(ranks))
+        nodes = len(node_order(node_labels(ranks)))
         if nodes > 1:
             header.append(f" on {nodes} nodes")
         header.append(f"   devices {devices_text(run)}")

@@ -29,7 +29,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from xl.tui import fmt
-from xl.tui.runview import node_of, node_order
+from xl.tui.runview import node_labels, node_order
 
 # What matters most comes first: on an 80-column terminal the right end is scrolled off.
 # Fixed widths: a value that outgrows its column is cut with an ellipsis, and no update ever
@@ -54,7 +54,7 @@ PADDING = 1  # blank columns either side of each cell
 Columns = tuple[tuple[str, str, int], ...]
 
 
-def rank_values(rv: Any, now: float) -> tuple[Any, ...]:
+def rank_values(rv: Any, now: float, node: str | None) -> tuple[Any, ...]:
     """What a rank's row shows, as plain values: cheap to compare, and a snapshot (the reader
     goes on updating its RankView objects while the table draws)."""
     return (
@@ -69,7 +69,7 @@ def rank_values(rv: Any, now: float) -> tuple[Any, ...]:
         getattr(rv, "gpu_mem_total_mib", None),
         getattr(rv, "rss_mib", None),
         getattr(rv, "gpu", None),
-        node_of(rv),
+        node,
         fmt.ago(getattr(rv, "last_seen", None), now),
     )
 
@@ -251,7 +251,8 @@ class RankTable(ScrollView, can_focus=True):
         return (("node", "Node", width), *AFTER_NODE)
 
     def update_ranks(self, ranks: Mapping[int, Any], now: float) -> None:
-        nodes = node_order(ranks)
+        labels = node_labels(ranks)
+        nodes = node_order(labels)
         columns = self._layout(nodes)
         relayout = columns != self._columns
         if relayout:
@@ -263,17 +264,17 @@ class RankTable(ScrollView, can_focus=True):
         grouped = self.grouped
         if grouped:
             place = {node: i for i, node in enumerate(nodes)}
-            order = sorted(ranks, key=lambda r: (place.get(node_of(ranks[r]) or "", len(place)), r))
+            order = sorted(ranks, key=lambda r: (place.get(labels[r] or "", len(place)), r))
             firsts: dict[str | None, int] = {}
             for r in order:
-                firsts.setdefault(node_of(ranks[r]), r)
+                firsts.setdefault(labels[r], r)
         else:
             order = sorted(ranks)
         changed: list[int] = []
         for rank in order:
-            values = rank_values(ranks[rank], now)
+            node = labels[rank]
+            values = rank_values(ranks[rank], now, node)
             # Grouped, the node's first row names it in bold, the others in dim.
-            node = node_of(ranks[rank])
             row = (values, grouped and node is not None and firsts.get(node) == rank)
             if row != self._values.get(rank):
                 # Formatted when the row is drawn or asked for: off-screen rows of a wide run
