@@ -392,6 +392,43 @@ async def test_node_0_shows_the_command_for_the_other_nodes_until_they_join(xl_h
         await until(pilot, lambda: not banner.display, "the notice goes once node 1 joined")
 
 
+async def test_the_join_command_comes_back_with_the_monitor_until_the_nodes_joined(xl_home):
+    """A multi-node run started from the Launch form: leaving its Monitor and opening the run
+    again from Runs shows the command for the other nodes again, until they have joined."""
+    run_dir = xl_home / "20260530-twonode"
+    run_file = run_dir / "run.json"
+    run = json.loads(run_file.read_text())
+    both = run["ranks"]
+    run["ranks"] = [r for r in both if r["node"] == both[0]["node"]]
+    run_file.write_text(json.dumps(run))
+    join = "xl: this is node 0 of 2; on the other node run:\n  XL_TOKEN=abc xl launch --nnodes 2 --node-rank 1 train.py"
+    app = build_app(clock=lambda: NOW, poll_interval=0.2)
+
+    async def reopen() -> Static:
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, MonitorScreen), "the Monitor left")
+        await pilot.press("4")
+        await until(pilot, lambda: app.screen.id == "runs" and len(app.screen.query("#runs-table")), "runs screen")
+        runs = app.screen.query_one("#runs-table", DataTable)
+        await until(pilot, lambda: runs.row_count == 5, "the runs listed")
+        runs.move_cursor(row=runs.get_row_index(run_dir.name))
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "the Monitor again")
+        await until(pilot, lambda: app.screen.polls >= 1, "a poll")
+        return app.screen.query_one("#notice-banner", Static)
+
+    async with app.run_test(size=SIZE) as pilot:
+        app.open_monitor(run_dir, join)  # as the Launch form does
+        await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "monitor opened")
+        banner = await reopen()
+        assert banner.display and "--node-rank 1 train.py" in str(banner.render())
+        run["ranks"] = both  # node 1's ranks arrive
+        run_file.write_text(json.dumps(run))
+        await until(pilot, lambda: not banner.display, "the notice goes once node 1 joined")
+        banner = await reopen()
+        assert not banner.display
+
+
 async def test_switching_ranks_never_reads_the_run_from_two_threads_at_once(xl_home):
     """A rank switch asks for a poll at once; while one runs, it waits for it (the reader keeps
     file offsets: two threads in it at once would lose or repeat log lines)."""

@@ -51,8 +51,13 @@ class XLApp(App[None]):
         notice: str | None = None,
     ) -> None:
         super().__init__()
-        self.monitor_notice = notice  # shown on the Monitor of monitor_run_dir (see MonitorScreen)
         self.monitor_run_dir = Path(monitor_run_dir) if monitor_run_dir is not None else None
+        # What a person must still do for a run (node 0's command for the other nodes), by run
+        # dir: shown on every Monitor of that run until the Monitor sees it done. In memory only
+        # (the command carries the run's token).
+        self.notices: dict[Path, str] = {}
+        if notice is not None and self.monitor_run_dir is not None:
+            self.notices[self.monitor_run_dir] = notice
         # Monitor-only: `xl attach` shows one run and nothing else.
         self.attach_only = attach_only and self.monitor_run_dir is not None
         self.clock: fmt.Clock = clock or fmt.default_clock
@@ -79,7 +84,7 @@ class XLApp(App[None]):
 
             assert self.monitor_run_dir is not None
             return MonitorScreen(
-                self.monitor_run_dir, standalone=True, interval=self.poll_interval, notice=self.monitor_notice
+                self.monitor_run_dir, standalone=True, interval=self.poll_interval, notice=self.notices.get(self.monitor_run_dir)
             )
         from xl.tui.screens.gpus import GPUsScreen
 
@@ -111,8 +116,9 @@ class XLApp(App[None]):
         from xl.tui.screens.monitor import MonitorScreen
 
         run_dir = Path(run_dir)
-        if notice is None and run_dir == self.monitor_run_dir:
-            notice = self.monitor_notice
+        if notice is not None:
+            self.notices[run_dir] = notice
+        notice = self.notices.get(run_dir)
         self.push_screen(MonitorScreen(run_dir, standalone=False, interval=self.poll_interval, notice=notice))
 
     def _left(self, run_dir: Path, status: str | None) -> None:

@@ -199,6 +199,7 @@ class MonitorScreen(Screen):
         self.status = str(run_field(run, "status") or "unknown")
         if self._notice is not None and (self.status in FINISHED or _all_nodes_joined(run)):
             self._notice = None
+            self.app.notices.pop(self.run_dir, None)  # type: ignore[attr-defined]
             self.query_one("#notice-banner").display = False
         name = run_field(run, "name") or self.run_dir.name
         header = Text()
