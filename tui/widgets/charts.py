@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -42,23 +41,34 @@ Line = tuple[str, str, list[tuple[float, float]]]  # label, colour, points
 def bands(
     series: Series, bins: int = BINS
 ) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Bucket every rank's points by time; per bucket the min, median and max (x, lo, mid, hi)."""
-    points = [(t, v) for pts in series.values() for t, v in pts if math.isfinite(v)]
-    if not points:
+    """Bucket every rank's points by time; per bucket the min, median and max (x, lo, mid, hi).
+
+    Each rank's points are in time order (as the reader keeps them), so the time span comes from
+    their ends; non-finite values are left out.
+    """
+    spans = [(pts[0][0], pts[-1][0]) for pts in series.values() if pts]
+    if not spans:
         return [], [], [], []
-    t_lo = min(t for t, _ in points)
-    t_hi = max(t for t, _ in points)
+    t_lo = min(lo for lo, _ in spans)
+    t_hi = max(hi for _, hi in spans)
     width = (t_hi - t_lo) / bins or 1.0
-    buckets: dict[int, list[float]] = {}
-    for t, v in points:
-        buckets.setdefault(min(bins - 1, int((t - t_lo) / width)), []).append(v)
+    buckets: list[list[float]] = [[] for _ in range(bins)]
+    last = bins - 1
+    for pts in series.values():
+        for t, v in pts:
+            if v - v == 0:  # finite: NaN and inf fail this
+                b = int((t - t_lo) / width)
+                buckets[b if 0 <= b <= last else (last if b > last else 0)].append(v)
     xs, lo, mid, hi = [], [], [], []
-    for b in sorted(buckets):
-        vals = buckets[b]
+    for b, vals in enumerate(buckets):
+        if not vals:
+            continue
+        vals.sort()
+        n = len(vals)
         xs.append(t_lo + (b + 0.5) * width)
-        lo.append(min(vals))
-        mid.append(statistics.median(vals))
-        hi.append(max(vals))
+        lo.append(vals[0])
+        mid.append(vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2)
+        hi.append(vals[-1])
     return xs, lo, mid, hi
 
 
@@ -121,11 +131,6 @@ def plot(
     bits = [[0] * width for _ in range(height)]
     colours: list[list[str | None]] = [[None] * width for _ in range(height)]
 
-    def dot(px: int, py: int, colour: str) -> None:
-        cx, cy = px >> 1, py >> 2
-        bits[cy][cx] |= _DOTS[px & 1][py & 3]
-        colours[cy][cx] = colour  # later lines draw over earlier ones
-
     for _, colour, pts in lines:
         pts = _thin(
             [(x, y) for x, y in pts if math.isfinite(y) and math.isfinite(x)], x_min, x_span, dots_w
@@ -138,11 +143,17 @@ def plot(
             for x, y in pts
         ]
         if len(mapped) == 1:
-            dot(*mapped[0], colour)
+            mapped.append(mapped[0])
+        # Straight lines between neighbours, a dot per step (later lines draw over earlier ones).
         for (x0, y0), (x1, y1) in itertools.pairwise(mapped):
-            steps = max(abs(x1 - x0), abs(y1 - y0), 1)
+            dx, dy = x1 - x0, y1 - y0
+            steps = max(abs(dx), abs(dy), 1)
             for s in range(steps + 1):
-                dot(x0 + (x1 - x0) * s // steps, y0 + (y1 - y0) * s // steps, colour)
+                px = x0 + dx * s // steps
+                py = y0 + dy * s // steps
+                row = py >> 2
+                bits[row][px >> 1] |= _DOTS[px & 1][py & 3]
+                colours[row][px >> 1] = colour
     rows = [
         [(chr(0x2800 + b) if b else " ", c) for b, c in zip(brow, crow, strict=True)]
         for brow, crow in zip(bits, colours, strict=True)
