@@ -48,4 +48,9 @@ class XLTracker(GeneralTracker):
             xl.log(**scalars)
 
     def finish(self) -> None:
-        xl.flush(timeout=2.0)
+        # Nothing to wait for here: the client sends what is left when the process exits (and
+        # spools it if it cannot). Accelerate calls finish on the main process only, just before
+        # it destroys the process group; a flush here held rank 0 back while the other ranks
+        # tore down gloo and left, and gloo could then abort one of them ("terminate called
+        # without an active exception"), failing a run that had trained fine.
+        return
