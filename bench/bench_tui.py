@@ -163,15 +163,23 @@ class Pane:
         exports = " ".join(f"{k}='{v}'" for k, v in env.items())
         subprocess.run(["tmux", "-L", self.sock, "new-session", "-d", "-s", name, "-x", "200", "-y", "50",
                         f"env {exports} {cmd}"], check=True, timeout=20)
+        # The program is found from the pane's own pid (tmux's pane_pid: the shell that execs
+        # it, or its parent), never by name across the machine: a stray process of an earlier
+        # run with the same name must not be measured instead.
         deadline = time.monotonic() + 30
         self.proc: psutil.Process | None = None
         while self.proc is None and time.monotonic() < deadline:
-            for p in psutil.process_iter(["cmdline"]):
-                cmdline = p.info["cmdline"] or [""]
-                if match in " ".join(cmdline) and "tmux" not in cmdline[0] and not cmdline[0].endswith("env"):
-                    self.proc = p
-                    break
-            time.sleep(0.2)
+            out = subprocess.run(["tmux", "-L", self.sock, "list-panes", "-t", name, "-F", "#{pane_pid}"],
+                                 capture_output=True, text=True, timeout=20).stdout.split()
+            with contextlib.suppress(psutil.Error, ValueError, IndexError):
+                root = psutil.Process(int(out[0]))
+                for p in (root, *root.children(recursive=True)):
+                    cmdline = p.cmdline() or [""]
+                    if match in " ".join(cmdline) and not cmdline[0].endswith(("sh", "env")):
+                        self.proc = p
+                        break
+            if self.proc is None:
+                time.sleep(0.2)
         if self.proc is None:
             self.close()
             raise RuntimeError(f"{name} did not start")
