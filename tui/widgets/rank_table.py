@@ -85,9 +85,13 @@ def format_cells(values: tuple[Any, ...]) -> dict[str, Any]:
         "rank": str(rank),
         "node": node or "-",
         "gpu": "cpu" if gpu is None else str(gpu),
-        "util": fmt.meter(None if util is None else util / 100, 4, "-" if util is None else f"{util:3.0f}%"),
+        "util": fmt.meter(
+            None if util is None else util / 100, 4, "-" if util is None else f"{util:3.0f}%"
+        ),
         "mem": mem,
-        "step": "-" if step is None else (f"{step:.0f}/{total_steps:.0f}" if total_steps else f"{step:.0f}"),
+        "step": "-"
+        if step is None
+        else (f"{step:.0f}/{total_steps:.0f}" if total_steps else f"{step:.0f}"),
         "sps": fmt.rate(sps),
         "loss": fmt.number(loss),
         "seen": seen,
@@ -141,11 +145,14 @@ class RankTable(ScrollView, can_focus=True):
         self._columns: Columns = COLUMNS
         self._rows: list[int] = []  # ranks in row order
         self._index: dict[int, int] = {}  # rank -> row
-        self._values: dict[int, tuple[tuple[Any, ...], bool]] = {}  # rank -> (rank_values, first of its node)
+        self._values: dict[
+            int, tuple[tuple[Any, ...], bool]
+        ] = {}  # rank -> (rank_values, first of its node)
         self._cells: dict[int, dict[str, Any]] = {}  # rank -> formatted cells, once drawn
+        self._cell_keys: dict[int, dict[str, Any]] = {}  # rank -> column -> _value_key of its cell
         self._version: dict[int, int] = {}  # rank -> bumped whenever one of its cells changes
         self._strips: dict[int, tuple[Any, Strip]] = {}  # rank -> (what it was drawn from, line)
-        self._segments: LRUCache[tuple[Any, int], list[Segment]] = LRUCache(4096)
+        self._segments: LRUCache[tuple[Any, ...], list[Segment]] = LRUCache(4096)
         self._header: tuple[Any, Strip] | None = None
         self._row_styles: dict[str, tuple[Style, Style]] | None = None
         self.cursor_row = 0
@@ -185,6 +192,7 @@ class RankTable(ScrollView, can_focus=True):
             cells = self._cells[rank] = format_cells(values)
             if self.grouped:
                 cells["node"] = Text(cells["node"], style="bold" if first else "dim")
+            self._cell_keys[rank] = {col: _value_key(value) for col, value in cells.items()}
         return cells
 
     def show_rank(self, rank: int) -> None:
@@ -349,20 +357,40 @@ class RankTable(ScrollView, can_focus=True):
         kind = "cursor" if row == self.cursor_row else ("even" if row % 2 else "odd")
         return self._row_styles[kind]
 
-    def _cell_segments(self, value: Any, width: int) -> list[Segment]:
-        key = (_value_key(value), width)
-        segments = self._segments.get(key)
+    def _cell_segments(
+        self, value: Any, key: Any, width: int, under: Style, over: Style
+    ) -> list[Segment]:
+        """A cell as drawn in a row: padding, then its text cut or padded to ``width``, in the
+        row's style under the cell's own and the cursor's colour over both."""
+        cache_key = (key, width, under, over)
+        segments = self._segments.get(cache_key)
         if segments is None:
+            pad = " " * PADDING
             if isinstance(value, Text):
                 text = value.copy()
                 text.truncate(width, overflow="ellipsis", pad=True)
-                segments = [s for s in text.render(self.app.console, end="") if s.text]
-            else:  # most cells: plain text, one unstyled segment
+                segments = [Segment(pad, under)]
+                for seg in text.render(self.app.console, end=""):
+                    if seg.text:
+                        segments.append(
+                            Segment(
+                                seg.text, under + seg.style + over if seg.style else under + over
+                            )
+                        )
+                segments.append(Segment(pad, under))
+            else:  # most cells: plain text, one segment
                 plain = str(value)
                 if cell_len(plain) > width:
                     plain = set_cell_size(plain, width - 1) + "…"
-                segments = [Segment(set_cell_size(plain, width))]
-            self._segments.set(key, segments)
+                if over:
+                    segments = [
+                        Segment(pad, under),
+                        Segment(set_cell_size(plain, width), under + over),
+                        Segment(pad, under),
+                    ]
+                else:
+                    segments = [Segment(f"{pad}{set_cell_size(plain, width)}{pad}", under)]
+            self._segments.set(cache_key, segments)
         return segments
 
     def _row_strip(self, row: int, width: int) -> Strip:
@@ -373,15 +401,10 @@ class RankTable(ScrollView, can_focus=True):
         if drawn is not None and drawn[0] == key:
             return drawn[1]
         cells = self._cells_of(rank)
-        pad = " " * PADDING
+        keys = self._cell_keys[rank]
         segments: list[Segment] = []
         for col, _, col_width in self._columns:
-            segments.append(Segment(pad, under))
-            for seg in self._cell_segments(cells[col], col_width):
-                segments.append(
-                    Segment(seg.text, under + seg.style + over if seg.style else under + over)
-                )
-            segments.append(Segment(pad, under))
+            segments += self._cell_segments(cells[col], keys[col], col_width, under, over)
         used = self.virtual_size.width
         if width > used:
             segments.append(Segment(" " * (width - used), under))
