@@ -107,10 +107,6 @@ def _value_key(value: Any) -> Any:
     return str(value)
 
 
-def _merge(segments: list[Segment]) -> list[Segment]:
-    return list(Segment.simplify(segments))
-
-
 class RankTable(ScrollView, can_focus=True):
     """Ranks as rows under a header that stays put; the cursor row is the rank being followed.
 
@@ -402,15 +398,25 @@ class RankTable(ScrollView, can_focus=True):
             return drawn[1]
         cells = self._cells_of(rank)
         keys = self._cell_keys[rank]
+        # Neighbouring text in the row's own style becomes one segment (a third as many for the
+        # compositor and the terminal writer, on every line of every refresh).
         segments: list[Segment] = []
+        run: list[str] = []
         for col, _, col_width in self._columns:
-            segments += self._cell_segments(cells[col], keys[col], col_width, under, over)
+            for seg in self._cell_segments(cells[col], keys[col], col_width, under, over):
+                if seg.style is under:
+                    run.append(seg.text)
+                    continue
+                if run:
+                    segments.append(Segment("".join(run), under))
+                    run = []
+                segments.append(seg)
         used = self.virtual_size.width
         if width > used:
-            segments.append(Segment(" " * (width - used), under))
-        # Neighbouring cells in the row's own style become one segment: a third as many for the
-        # compositor and the terminal writer to handle, on every line of every refresh.
-        strip = Strip(_merge(segments), max(width, used))
+            run.append(" " * (width - used))
+        if run:
+            segments.append(Segment("".join(run), under))
+        strip = Strip(segments, max(width, used))
         self._strips[rank] = (key, strip)
         return strip
 
