@@ -208,7 +208,8 @@ class MonitorScreen(Screen):
         header.append(self.status, style=fmt.STATE_STYLE.get(self.status, "bold"))
         header.append(f"   elapsed {fmt.duration(elapsed(run, now))}")
         header.append(f"   world size {world_size(run, ranks)}")
-        nodes = len(node_order(node_labels(ranks)))
+        labels = node_labels(ranks)
+        nodes = len(node_order(labels))
         if nodes > 1:
             header.append(f" on {nodes} nodes")
         header.append(f"   devices {devices_text(run)}")
@@ -216,7 +217,7 @@ class MonitorScreen(Screen):
         self._render_failure(run, getattr(view, "events", []) or [])
         self._render_progress(ranks, now)
         table = self.query_one(RankTable)
-        table.update_ranks(ranks, now)
+        table.update_ranks(ranks, now, labels)
         charts = self.query_one("#charts")
         if charts.display:
             t0 = run_field(run, "started_at") or min(

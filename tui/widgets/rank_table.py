@@ -254,8 +254,13 @@ class RankTable(ScrollView, can_focus=True):
             return self._columns  # a shorter new name fits: no need to lay out again
         return (("node", "Node", width), *AFTER_NODE)
 
-    def update_ranks(self, ranks: Mapping[int, Any], now: float) -> None:
-        labels = node_labels(ranks)
+    def update_ranks(
+        self, ranks: Mapping[int, Any], now: float, labels: Mapping[int, str | None] | None = None
+    ) -> None:
+        """Show ``ranks`` (the reader's RankViews) as of ``now``; ``labels`` are their node_labels
+        when the caller has them already."""
+        if labels is None:
+            labels = node_labels(ranks)
         nodes = node_order(labels)
         columns = self._layout(nodes)
         relayout = columns != self._columns
