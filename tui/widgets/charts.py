@@ -109,15 +109,12 @@ def _thin(
     return kept
 
 
-def plot(
-    lines: Sequence[Line], width: int, height: int
-) -> tuple[list[list[tuple[str, str | None]]], tuple[float, float, float, float]] | None:
-    """Braille cells for ``lines`` in a ``width`` x ``height`` area: rows of (char, colour), and
-    the (x_min, x_max, y_min, y_max) drawn. None when there is nothing finite to draw."""
+def extent(lines: Sequence[Line]) -> tuple[float, float, float, float] | None:
+    """(x_min, x_max, y_min, y_max) of the finite points; a flat line gets room above and below."""
     finite = [
         (x, y) for _, _, pts in lines for x, y in pts if math.isfinite(y) and math.isfinite(x)
     ]
-    if not finite or width <= 0 or height <= 0:
+    if not finite:
         return None
     x_min = min(x for x, _ in finite)
     x_max = max(x for x, _ in finite)
@@ -126,6 +123,18 @@ def plot(
     if y_max == y_min:  # a flat line sits mid-height
         pad = abs(y_min) * 0.1 or 1.0
         y_min, y_max = y_min - pad, y_max + pad
+    return x_min, x_max, y_min, y_max
+
+
+def plot(
+    lines: Sequence[Line], width: int, height: int
+) -> tuple[list[list[tuple[str, str | None]]], tuple[float, float, float, float]] | None:
+    """Braille cells for ``lines`` in a ``width`` x ``height`` area: rows of (char, colour), and
+    the (x_min, x_max, y_min, y_max) drawn. None when there is nothing finite to draw."""
+    bounds = extent(lines)
+    if bounds is None or width <= 0 or height <= 0:
+        return None
+    x_min, x_max, y_min, y_max = bounds
     dots_w, dots_h = width * 2, height * 4
     x_span, y_span = x_max - x_min, y_max - y_min
     bits = [[0] * width for _ in range(height)]
@@ -243,12 +252,11 @@ class MetricChart(Widget):
         strips = [Strip(title)]
         if height < 3:
             return strips
-        # The y labels' width depends on the range, which depends on the plot: two passes.
         rows_h = height - 2
-        guess = plot(self._lines, max(1, width - 8), rows_h)
-        if guess is None:
+        bounds = extent(self._lines)
+        if bounds is None:
             return [Strip([*title, Segment("  (no finite values)", dim)])]
-        _, (_, _, y_min, y_max) = guess
+        _, _, y_min, y_max = bounds
         labels = {0: tick(y_max), rows_h - 1: tick(y_min)}
         if rows_h >= 5:
             labels[(rows_h - 1) // 2] = tick((y_min + y_max) / 2)
