@@ -234,6 +234,7 @@ class RunReader:
         self._collector: dict[str, Any] | None = None
         self._ranks: dict[int, RankView] = {}
         self._event_list: list[dict[str, Any]] = []
+        self._applied: tuple[int | None, int] | None = None  # (run.json mtime, ranks) last applied
         self._log_tails: dict[int, _Tail] = {}
 
     def _rank(self, rank: int) -> RankView:
@@ -274,7 +275,12 @@ class RunReader:
         self._event_list.extend(new_events)
         if len(self._event_list) > _MAX_EVENTS:
             del self._event_list[: len(self._event_list) - _MAX_EVENTS]
-        self._apply_run()
+        # Rank states follow run.json, the events and which ranks exist: with none of them new,
+        # they are what the last poll made them.
+        applied = (self._run_mtime, len(self._ranks))
+        if new_events or applied != self._applied:
+            self._apply_run()
+            self._applied = applied
         return RunView(
             run=self._run,
             ranks=dict(sorted(self._ranks.items())),
