@@ -17,6 +17,7 @@ from textual.widgets import Input, Static
 from xl.tui.app import build_app
 from xl.tui.screens.monitor import MonitorScreen
 from xl.tui.widgets.rank_table import RankTable
+from xl.tui.widgets.text_lines import TextLines
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -35,7 +36,8 @@ for step in range(1, 1200):  # ~2 minutes unless stopped
 
 
 def text_of(app, selector: str) -> str:
-    return str(app.screen.query_one(selector, Static).render())
+    widget = app.screen.query_one(selector)
+    return widget.text.plain if isinstance(widget, TextLines) else str(widget.render())
 
 
 @pytest.fixture

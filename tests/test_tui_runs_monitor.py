@@ -17,6 +17,7 @@ from xl.tui.app import build_app, exit_code
 from xl.tui.screens.monitor import MonitorScreen
 from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
+from xl.tui.widgets.text_lines import TextLines
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 SIZE = (120, 40)
@@ -24,7 +25,8 @@ NOW = runfixtures.T0 + 130  # a fixed "now": stable elapsed and last-seen values
 
 
 def text_of(app, selector: str) -> str:
-    return str(app.screen.query_one(selector, Static).render())
+    widget = app.screen.query_one(selector)
+    return widget.text.plain if isinstance(widget, TextLines) else str(widget.render())
 
 
 @pytest.fixture
@@ -79,7 +81,7 @@ async def test_monitor_healthy_run(xl_home):
         assert cell(table, "1", "gpu") == "0"
         assert cell(table, "0", "state") == "exited"
         assert not screen.query_one("#failure-banner").display
-        assert "100%  step 100/100" in str(screen.query_one("#progress").render())
+        assert "100%  step 100/100" in text_of(app, "#progress")
         # The log follows the highlighted rank; ] switches rank.
         log = screen.query_one(RankLog)
         await until(pilot, lambda: log.rank == 0 and log.line_count > 0, "rank 0 log")
@@ -106,10 +108,14 @@ async def test_monitor_straggler_run_names_the_slow_rank(xl_home):
         await until(pilot, lambda: cell(table, "1", "state") == "straggler", "rank 1 straggler")
         assert cell(table, "0", "state") != "straggler"
         assert int(cell(table, "0", "step").split("/")[0]) > int(cell(table, "1", "step").split("/")[0])
+        # The state reads in its colour (the row is drawn from segments, not a DataTable).
+        row = table.render_line(1 + table.column("rank").index("1"))
+        straggler = [seg for seg in row if "straggler" in seg.text]
+        assert straggler and straggler[0].style.color.name == "yellow", row
         progress = app.screen.query_one("#progress")
         assert progress.display
         # The slowest rank's step is the run's: rank 1 at 37 of 100, its ETA from its rate.
-        assert re.search(r"█+\S?\s+37%  step 37/100  ETA \d", str(progress.render()))
+        assert re.search(r"█+\S?\s+37%  step 37/100  ETA \d", progress.text.plain)
 
 
 async def test_monitor_failed_run_shows_root_cause_and_traceback(xl_home):

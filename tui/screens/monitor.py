@@ -31,6 +31,7 @@ from xl.tui.screens.confirm import ConfirmScreen
 from xl.tui.widgets.charts import MetricChart
 from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
+from xl.tui.widgets.text_lines import TextLines
 
 CHARTS_MIN_HEIGHT = 32
 PROGRESS_WIDTH = 32  # cells of the progress bar
@@ -82,8 +83,6 @@ class MonitorScreen(Screen):
         self._tailed: set[int] = set()
         self._stopping = False
         self.polls = 0
-        # selector -> (text key, width, cell length, wrapped height) of what _set_text showed last
-        self._texts: dict[str, tuple[Any, int, int, int]] = {}
         self._next_poll: Timer | None = None  # the one pending poll (see on_monitor_screen_polled)
         # One reader, one thread at a time: a poll asked for while one runs (a rank switch) is
         # made right after it, never beside it (the reader's file offsets are not shared safely).
@@ -92,11 +91,11 @@ class MonitorScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
-        yield Static("Opening the run…", id="run-header")
+        yield TextLines("Opening the run…", id="run-header")
         yield Static("", id="failure-banner")
         # Text, not markup: a command with [brackets] must show (and copy) as it is.
         yield Static(Text(self._notice or ""), id="notice-banner")
-        yield Static("", id="progress")
+        yield TextLines("", id="progress")
         yield RankTable(id="rank-table")
         with Horizontal(id="monitor-lower"):
             with Vertical(id="charts"):
@@ -275,22 +274,7 @@ class MonitorScreen(Screen):
         self._set_text("#progress", text)
 
     def _set_text(self, selector: str, text: Text) -> None:
-        """Show ``text`` in a Static/Label, re-laying out the screen only if its size can change.
-
-        Static.update re-lays out the whole screen by default, and then every widget repaints: with
-        the header's elapsed time changing every second, that was most of a Monitor refresh. A text
-        of the same width and wrapped height occupies the same box, so a repaint is enough.
-        """
-        widget = self.query_one(selector, Static)
-        width = widget.size.width
-        key = (text.plain, tuple(text.spans), str(text.style))
-        shown = self._texts.get(selector)
-        if shown is not None and shown[0] == key and shown[1] == width:
-            return
-        height = len(text.wrap(self.app.console, width)) if width > 0 else 0
-        layout = shown is None or shown[1] != width or shown[2] != text.cell_len or shown[3] != height
-        self._texts[selector] = (key, width, text.cell_len, height)
-        widget.update(text, layout=layout)
+        self.query_one(selector, TextLines).update(text)
 
     # -- ranks and log -----------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from textual.strip import Strip
 
 from xl.tui import fmt
 from xl.tui.runview import node_labels, node_order
+from xl.tui.widgets.text_lines import text_segments
 
 # What matters most comes first: on an 80-column terminal the right end is scrolled off.
 # Fixed widths: a value that outgrows its column is cut with an ellipsis, and no update ever
@@ -371,7 +372,7 @@ class RankTable(ScrollView, can_focus=True):
                 text = value.copy()
                 text.truncate(width, overflow="ellipsis", pad=True)
                 segments = [Segment(pad, under)]
-                for seg in text.render(self.app.console, end=""):
+                for seg in text_segments(text, self.app.console):
                     if seg.text:
                         segments.append(
                             Segment(
