@@ -19,11 +19,7 @@ from textual.widget import Widget
 
 
 class TextLines(Widget):
-    DEFAULT_CSS = """
-    TextLines {
-        height: auto;
-    }
-    """
+    """Styled in tui/xl.tcss (``height: auto``: as many lines as the text wraps to)."""
 
     def __init__(self, text: Text | str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
