@@ -261,7 +261,8 @@ class MetricChart(Widget):
         if rows_h >= 5:
             labels[(rows_h - 1) // 2] = tick((y_min + y_max) / 2)
         axis_w = max(len(t) for t in labels.values()) + 1
-        drawn = plot(self._lines, max(1, width - axis_w - 1), rows_h)
+        # One blank column on the right: the plot never touches what is beside it.
+        drawn = plot(self._lines, max(1, width - axis_w - 2), rows_h)
         assert drawn is not None
         rows, (x_min, x_max, _, _) = drawn
         styles: dict[str | None, Style] = {}
