@@ -16,15 +16,68 @@ import json
 import math
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HISTORY = 600
+HISTORY = 600  # points kept per series and rank, spread over the whole run
 # On first open of a huge metrics file, only its tail is read: the view needs recent values.
 MAX_INITIAL_BYTES = 64 << 20
 _MAX_EVENTS = 5000
+
+
+class History:
+    """A rank's (t, value) points over the whole run, at most ``cap`` of them.
+
+    A deque of the last N points shows only the last few seconds of a rank that logs a hundred
+    times a second. Here, whenever the kept points reach ``cap``, every other one goes and from
+    then on only every 2nd (then 4th, ...) new point is kept: the points stay evenly spread from
+    the first to the newest, which is always there (the view shows the latest value).
+    """
+
+    __slots__ = ("_cap", "_kept", "_latest", "_skip", "_stride")
+
+    def __init__(self, cap: int = HISTORY) -> None:
+        self._cap = max(2, cap)
+        self._kept: list[tuple[float, float]] = []
+        self._latest: tuple[float, float] | None = None  # newest point, when not kept
+        self._stride = 1
+        self._skip = 0
+
+    def append(self, point: tuple[float, float]) -> None:
+        self._skip += 1
+        if self._skip < self._stride:
+            self._latest = point
+            return
+        self._skip = 0
+        self._latest = None
+        self._kept.append(point)
+        if len(self._kept) >= self._cap:
+            del self._kept[1::2]
+            if self._kept[-1] is not point:
+                # It went with the others: it stays shown until a newer one comes, and the next
+                # point kept is one new stride after the last one kept.
+                self._latest = point
+                self._skip = self._stride
+            self._stride *= 2
+
+    def _points(self) -> list[tuple[float, float]]:
+        return self._kept if self._latest is None else [*self._kept, self._latest]
+
+    def __len__(self) -> int:
+        return len(self._kept) + (self._latest is not None)
+
+    def __iter__(self) -> Iterator[tuple[float, float]]:
+        return iter(self._points())
+
+    def __getitem__(self, index: int) -> tuple[float, float]:
+        if index == -1 and self._latest is not None:
+            return self._latest
+        return self._points()[index]
+
+    def __repr__(self) -> str:
+        return f"History({self._points()!r})"
 
 
 @dataclass
@@ -53,13 +106,9 @@ class RankView:
     last_seen: float | None = None
     exit_code: int | None = None
     diagnosis: str | None = None  # the message of the stalled/straggler event in force
-    loss_history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HISTORY))
-    samples_history: deque[tuple[float, float]] = field(
-        default_factory=lambda: deque(maxlen=HISTORY)
-    )
-    gpu_util_history: deque[tuple[float, float]] = field(
-        default_factory=lambda: deque(maxlen=HISTORY)
-    )
+    loss_history: History = field(default_factory=History)
+    samples_history: History = field(default_factory=History)
+    gpu_util_history: History = field(default_factory=History)
     _steps: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64), repr=False)
     _flag: str | None = field(default=None, repr=False)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -233,7 +234,8 @@ def test_histories_and_eta_across_polls(tmp_path: Path) -> None:
     )
     r0 = reader.poll().ranks[0]
     assert r0.eta_s == pytest.approx(10_000 - 9)  # 1 step/s
-    # The next poll continues the same histories and rate; they keep the last HISTORY points.
+    # The next poll continues the same histories and rate; they keep at most HISTORY points,
+    # spread from the run's first point to its newest.
     _append(
         metrics,
         *(
@@ -243,10 +245,12 @@ def test_histories_and_eta_across_polls(tmp_path: Path) -> None:
     )
     r0 = reader.poll().ranks[0]
     last_t = 10.0 + (HISTORY - 1) / 2
-    assert len(r0.loss_history) == HISTORY and r0.loss_history[-1] == (last_t, 0.5)
-    assert r0.loss_history[0] == (10.0, 0.5)
-    assert len(r0.samples_history) == HISTORY
-    assert r0.samples_history[0] == (9.0, 9.0) and r0.samples_history[-1] == (last_t, 7.0)
+    assert HISTORY // 2 < len(r0.loss_history) <= HISTORY
+    assert r0.loss_history[0] == (0.0, 1.0) and r0.loss_history[-1] == (last_t, 0.5)
+    times = [t for t, _ in r0.loss_history]
+    assert times == sorted(times)
+    assert HISTORY // 2 < len(r0.samples_history) <= HISTORY
+    assert r0.samples_history[0] == (0.0, 0.0) and r0.samples_history[-1] == (last_t, 7.0)
     assert r0.samples_per_s == 7.0
     assert r0.eta_s == pytest.approx((10_000 - (10 + HISTORY - 1)) / 2)  # 2 steps/s
     # A restarted count (a new phase) forgets the old rate: no ETA until it has two points.
@@ -255,3 +259,20 @@ def test_histories_and_eta_across_polls(tmp_path: Path) -> None:
     assert r0.step == 0 and r0.eta_s is None
     _append(metrics, _train(last_t + 5, 0, 4))
     assert reader.poll().ranks[0].eta_s == pytest.approx((10_000 - 4) / 1)
+
+
+def test_history_spans_the_whole_run_in_at_most_cap_points() -> None:
+    """A rank logging 100 times a second for 100 s: the chart still covers the whole run (a
+    deque of the last points would show the last 6 s), evenly, with the newest point last."""
+    from xl.launcher.reader import History
+
+    history = History(cap=600)
+    for i in range(10_000):
+        history.append((i / 100, float(i)))
+        assert len(history) <= 600
+        assert history[-1] == (i / 100, float(i))
+    points = list(history)
+    assert points[0] == (0.0, 0.0) and points[-1] == (99.99, 9999.0)
+    assert len(points) > 300
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(points[:-1])]
+    assert max(gaps) <= min(gaps) * 1.01  # evenly spread (the newest may sit closer)
