@@ -36,7 +36,7 @@ WIDENING = frozenset({"procs", "name"})
 _CACHES = ("_data", "_row_renderable_cache", "_cell_render_cache", "_row_render_cache", "_line_cache")
 
 
-def _value_key(value: Any) -> Any:
+def value_key(value: Any) -> Any:
     """A hashable stand-in for a cell value (rich Text is mutable, so not hashable)."""
     if isinstance(value, Text):
         spans = tuple((sp.start, sp.end, str(sp.style)) for sp in value.spans)
@@ -169,7 +169,7 @@ class LiveTable(DataTable):
         memo_key = (
             row_index,
             column_index,
-            _value_key(value),
+            value_key(value),
             base_style,
             width,
             cursor,

@@ -30,6 +30,7 @@ from textual.strip import Strip
 
 from xl.tui import fmt
 from xl.tui.runview import node_labels, node_order
+from xl.tui.widgets.gpu_table import value_key
 from xl.tui.widgets.text_lines import text_segments
 
 # What matters most comes first: on an 80-column terminal the right end is scrolled off.
@@ -100,14 +101,6 @@ def format_cells(values: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
-def _value_key(value: Any) -> Any:
-    """A hashable stand-in for a cell value (rich Text is mutable, so not hashable)."""
-    if isinstance(value, Text):
-        spans = tuple((sp.start, sp.end, str(sp.style)) for sp in value.spans)
-        return (value.plain, str(value.style), spans)
-    return str(value)
-
-
 class RankTable(ScrollView, can_focus=True):
     """Ranks as rows under a header that stays put; the cursor row is the rank being followed.
 
@@ -142,11 +135,10 @@ class RankTable(ScrollView, can_focus=True):
         self._columns: Columns = COLUMNS
         self._rows: list[int] = []  # ranks in row order
         self._index: dict[int, int] = {}  # rank -> row
-        self._values: dict[
-            int, tuple[tuple[Any, ...], bool]
-        ] = {}  # rank -> (rank_values, first of its node)
+        # rank -> (rank_values, whether it is the first row of its node)
+        self._values: dict[int, tuple[tuple[Any, ...], bool]] = {}
         self._cells: dict[int, dict[str, Any]] = {}  # rank -> formatted cells, once drawn
-        self._cell_keys: dict[int, dict[str, Any]] = {}  # rank -> column -> _value_key of its cell
+        self._cell_keys: dict[int, dict[str, Any]] = {}  # rank -> column -> value_key of its cell
         self._version: dict[int, int] = {}  # rank -> bumped whenever one of its cells changes
         self._strips: dict[int, tuple[Any, Strip]] = {}  # rank -> (what it was drawn from, line)
         self._segments: LRUCache[tuple[Any, ...], list[Segment]] = LRUCache(4096)
@@ -189,7 +181,7 @@ class RankTable(ScrollView, can_focus=True):
             cells = self._cells[rank] = format_cells(values)
             if self.grouped:
                 cells["node"] = Text(cells["node"], style="bold" if first else "dim")
-            self._cell_keys[rank] = {col: _value_key(value) for col, value in cells.items()}
+            self._cell_keys[rank] = {col: value_key(value) for col, value in cells.items()}
         return cells
 
     def show_rank(self, rank: int) -> None:
