@@ -257,7 +257,7 @@ class MetricChart(Widget):
         if bounds is None:
             return [Strip([*title, Segment("  (no finite values)", dim)])]
         _, _, y_min, y_max = bounds
-        labels = {0: tick(y_max), rows_h - 1: tick(y_min)}
+        labels = {rows_h - 1: tick(y_min), 0: tick(y_max)}  # one row: the max names it
         if rows_h >= 5:
             labels[(rows_h - 1) // 2] = tick((y_min + y_max) / 2)
         axis_w = max(len(t) for t in labels.values()) + 1
