@@ -153,3 +153,51 @@ def test_demo_detach_attach_stop_in_tmux(tmp_path):
 def _only_run(xl_home: Path) -> Path | None:
     runs = sorted(p for p in (xl_home / "runs").glob("*") if (p / "run.json").is_file())
     return runs[0] if runs else None
+
+
+def _wakeups(pid: int) -> dict[int, int]:
+    """Voluntary context switches (times a thread slept and woke) of each of a process's threads."""
+    counts = {}
+    for thread in psutil.Process(pid).threads():
+        status = Path(f"/proc/{pid}/task/{thread.id}/status").read_text()
+        counts[thread.id] = int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
+    return counts
+
+
+def test_app_idle_sleeps_and_keys_still_work_in_tmux(tmp_path):
+    """The app's input thread sleeps until a key comes (tui/driver.py) instead of waking ten times
+    a second, and keys still arrive: a lone Escape (which the key parser turns into a key only
+    after a short wait), a key sequence (F1), and q."""
+    env = {"XL_HOME": str(tmp_path / "xlhome"), "XL_CONFIG_HOME": str(tmp_path / "config"),
+           "TERM": "xterm-256color", "PATH": os.environ["PATH"]}
+    tmux = Tmux()
+    marker = f"xl-idle-{uuid.uuid4().hex[:8]}"
+    try:
+        tmux.start("w", [sys.executable, "-c", f"import sys; from xl.cli import main; sys.exit(main([]))  # {marker}"], env)
+        wait_for(lambda: "xl — GPUs" in tmux.screen("w"), "the GPUs screen")
+        # The app itself, not the pane's shell (whose command line holds the marker too).
+        app = wait_for(lambda: next((p for p in psutil.process_iter(["cmdline"])
+                                     if (p.info["cmdline"] or [""])[0] == sys.executable and marker in p.info["cmdline"][-1]), None),
+                       "the app's process")
+
+        before = _wakeups(app.pid)
+        time.sleep(3)
+        after = _wakeups(app.pid)
+        woke = {tid: after[tid] - before.get(tid, 0) for tid in after}
+        # Textual's own driver: its input thread alone wakes ~30 times in 3 s. Now every thread
+        # sleeps until its own work (the screen's 1 s refresh) is due.
+        assert max(woke.values()) <= 12, woke
+
+        tmux.keys("w", "?")
+        wait_for(lambda: "this help" in tmux.screen("w"), "the help screen")
+        tmux.keys("w", "Escape")
+        wait_for(lambda: "this help" not in tmux.screen("w"), "a lone Escape closes the help")
+        tmux.keys("w", "F1")
+        wait_for(lambda: "this help" in tmux.screen("w"), "F1 (an escape sequence) opens the help")
+        tmux.keys("w", "Escape")
+        wait_for(lambda: "this help" not in tmux.screen("w"), "Escape closes it again")
+        tmux.keys("w", "q")
+        wait_for(lambda: "xl-exit=0" in tmux.screen("w"), "q ends the app with exit code 0")
+        wait_for(lambda: not app.is_running(), "the app's process gone", timeout=10)
+    finally:
+        tmux.kill()

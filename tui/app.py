@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.driver import Driver
 from textual.screen import Screen
 
 from xl.cliutil import ArgumentParser
@@ -40,6 +41,17 @@ class XLApp(App[None]):
         Binding("question_mark,f1", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
+
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's driver for this terminal, except that on Linux the input thread sleeps until
+        there is input (tui/driver.py) instead of waking ten times a second. A driver named in
+        TEXTUAL_DRIVER is used as is."""
+        driver_class = super().get_driver_class()
+        if driver_class.__module__ == "textual.drivers.linux_driver" and not os.environ.get("TEXTUAL_DRIVER"):
+            from xl.tui.driver import QuietLinuxDriver
+
+            return QuietLinuxDriver
+        return driver_class
 
     def __init__(
         self,
