@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -94,7 +95,7 @@ APP_MARK = "xl-bench-app"
 def run_app(run_dir: Path, stats: Path, mode: str) -> int:
     """The xl app on ``run_dir``'s Monitor; with ``mode`` "both" the GPUs screen keeps polling
     underneath ("monitor": paused there, as in the product). Writes what it did (polls applied,
-    apply times) to ``stats`` every second."""
+    apply times) to ``stats`` when sent SIGUSR1 (dump_stats)."""
 
     from xl.launcher.reader import RunReader
     from xl.tui.app import build_app
@@ -126,7 +127,6 @@ def run_app(run_dir: Path, stats: Path, mode: str) -> int:
         # Until the repaint that shows it is done.
         def done() -> None:
             record["monitor_apply"].append(time.perf_counter() - t)
-            save()
 
         self.call_after_refresh(done)
 
@@ -138,22 +138,17 @@ def run_app(run_dir: Path, stats: Path, mode: str) -> int:
         t = time.perf_counter()
         gpus_polled(self, message)
         record["gpus_apply"].append(time.perf_counter() - t)
-        save()
 
     GPUsScreen.on_gpus_screen_polled = timed_gpus  # type: ignore[method-assign]
 
-    saved = [0.0]
-
-    def save() -> None:
-        # At most once a second, from the refreshes themselves: a thread of the bench's own
-        # waking up in the app process would be counted as the app's CPU.
-        now = time.monotonic()
-        if now - saved[0] < 1.0:
-            return
-        saved[0] = now
+    def save(*_: Any) -> None:
+        # Only when the bench asks, at a window's edges: writing the growing record every second
+        # (or a thread of the bench's own waking up) would be counted as the app's CPU.
         tmp = stats.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         tmp.replace(stats)
+
+    signal.signal(signal.SIGUSR1, save)
 
     build_app(monitor_run_dir=run_dir, attach_only=False).run()
     return 0
@@ -219,11 +214,18 @@ def measure(panes: list[Pane], warmup: float, seconds: float, at_start: Any = No
     return cpus, wall
 
 
-def read_stats(path: Path) -> dict[str, list[float]]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+def dump_stats(pane: Pane, path: Path) -> dict[str, list[float]]:
+    """What the app in ``pane`` has recorded so far: asks it (SIGUSR1) to write ``path``."""
+    path.unlink(missing_ok=True)
+    if pane.proc is not None:
+        with contextlib.suppress(psutil.Error):
+            pane.proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            return json.loads(path.read_text())
+        time.sleep(0.05)
+    return {}
 
 
 def _ms(values: list[float]) -> str:
@@ -271,10 +273,9 @@ def bench(seconds: float, warmup: float, windows: int) -> int:
             per_window: list[list[float]] = []
             for i in range(windows):
                 cpus, wall = measure(panes, warmup if i == 0 else 0.0, seconds,
-                                     at_start=(lambda: start.update(read_stats(stats))) if i == 0 else None)
+                                     at_start=(lambda: start.update(dump_stats(panes[0], stats))) if i == 0 else None)
                 per_window.append(cpus)
-            time.sleep(1.2)  # the app writes its figures once a second
-            end = read_stats(stats)
+            end = dump_stats(panes[0], stats)
         finally:
             for pane in panes:
                 pane.close()
@@ -305,8 +306,7 @@ def bench(seconds: float, warmup: float, windows: int) -> int:
                 context.append(Pane("nvitop", [nvitop, "--interval", "1"], env, "nvitop"))
             context_cpus, _ = measure(context, warmup, seconds)
             both_cpu, floor_cpu, gpus_cpu = context_cpus[:3]
-            time.sleep(1.2)  # the app writes its figures once a second
-            both = read_stats(both_stats)
+            both = dump_stats(context[0], both_stats)
             if len(context_cpus) > 3:
                 nvitop2_cpu = context_cpus[3]
         finally:
