@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -12,8 +13,8 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
-from textual.timer import Timer
 from textual.widgets import Footer, Header, Label, Static
+from textual.worker import get_current_worker
 
 from xl.tui import fmt
 from xl.tui.runview import (
@@ -83,11 +84,13 @@ class MonitorScreen(Screen):
         self._tailed: set[int] = set()
         self._stopping = False
         self.polls = 0
-        self._next_poll: Timer | None = None  # the one pending poll (see on_monitor_screen_polled)
-        # One reader, one thread at a time: a poll asked for while one runs (a rank switch) is
-        # made right after it, never beside it (the reader's file offsets are not shared safely).
-        self._polling = False
-        self._poll_soon = False
+        # One thread polls the reader for the screen's life (_poller): the reader's file offsets
+        # and RankViews are its alone while it polls, and a poll starts only once the last one has
+        # been shown (_shown). _wake cuts the wait short: a rank switch polls at once.
+        self._wake = threading.Event()
+        self._shown = threading.Event()
+        self._stopped = False
+        self._delay = interval
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -113,7 +116,12 @@ class MonitorScreen(Screen):
         self.query_one("#progress").display = False
         # Charts need room; on a small terminal (80x24) they start hidden and `c` shows them.
         self.query_one("#charts").display = self.app.size.height >= CHARTS_MIN_HEIGHT
-        self._request_poll()
+        self._poller()
+
+    def on_unmount(self) -> None:
+        self._stopped = True
+        self._shown.set()
+        self._wake.set()
 
     @property
     def clock(self) -> fmt.Clock:
@@ -127,17 +135,31 @@ class MonitorScreen(Screen):
     # -- polling -----------------------------------------------------------------------------
 
     def _request_poll(self) -> None:
-        if self._polling:
-            self._poll_soon = True
-            return
-        if self._next_poll is not None:
-            self._next_poll.stop()
-            self._next_poll = None
-        self._polling = True
-        self._poll()
+        """Poll now rather than at the end of the interval; a poll running now is followed by
+        another at once, never joined by a second thread."""
+        self._wake.set()
 
     @work(thread=True, exclusive=True, group="monitor-poll")
-    def _poll(self) -> None:
+    def _poller(self) -> None:
+        # One thread for the screen's life, as on the GPUs screen: a worker and a timer per poll
+        # cost a thread-pool job, a timer task and a few state messages each second.
+        worker = get_current_worker()
+
+        def ended() -> bool:
+            return self._stopped or worker.is_cancelled
+
+        while not ended():
+            self._shown.clear()  # before the check below: on_unmount sets it after _stopped
+            if ended() or not self.post_message(self._poll_once()):
+                return
+            # The main thread is done with this view before the reader moves on.
+            while not self._shown.wait(1.0):
+                if ended():
+                    return
+            self._wake.wait(self._delay)
+            self._wake.clear()
+
+    def _poll_once(self) -> Polled:
         try:
             if self.reader is None:
                 self.reader = self.app.reader_source(self.run_dir)  # type: ignore[attr-defined]
@@ -154,15 +176,19 @@ class MonitorScreen(Screen):
                         fresh = self.reader.read_log(rank, LOG_TAIL)
                     self._tailed.add(rank)
                     lines = list(fresh)[-LOG_TAIL:]
-                    self.post_message(self.Polled(view, rank, lines, None))
-                    return
-                lines = list(self.reader.new_log_lines(rank))
-            self.post_message(self.Polled(view, rank, lines, None))
+                else:
+                    lines = list(self.reader.new_log_lines(rank))
+            return self.Polled(view, rank, lines, None)
         except Exception as exc:  # a run dir that vanished or a reader bug: say so, keep the UI
-            self.post_message(self.Polled(None, None, None, f"{type(exc).__name__}: {exc}"))
+            return self.Polled(None, None, None, f"{type(exc).__name__}: {exc}")
 
     def on_monitor_screen_polled(self, message: Polled) -> None:
-        self._polling = False
+        try:
+            self._show(message)
+        finally:
+            self._shown.set()
+
+    def _show(self, message: Polled) -> None:
         self.polls += 1
         if message.view is not None:
             self.view = message.view
@@ -180,16 +206,7 @@ class MonitorScreen(Screen):
             else:
                 log.follow(message.log_lines)
         # A finished run changes no more: poll rarely (the run could be re-read, never resumed).
-        delay = self.interval if self.status not in FINISHED else self.interval * 5
-        # One poll loop: the next poll replaces any pending timer instead of starting a second loop.
-        if self._next_poll is not None:
-            self._next_poll.stop()
-            self._next_poll = None
-        if self._poll_soon:  # asked for during this poll (a rank switch): now
-            self._poll_soon = False
-            self.call_later(self._request_poll)
-        else:
-            self._next_poll = self.set_timer(delay, self._request_poll)
+        self._delay = self.interval if self.status not in FINISHED else self.interval * 5
 
     def _render_view(self, view: Any) -> None:
         run = getattr(view, "run", {}) or {}
