@@ -339,13 +339,20 @@ class RunReader:
         )
 
     def _apply_metrics(self, records: list[Any]) -> None:
+        # The per-record hot path (640 records a second on a 64-rank run): a finite float, what
+        # nearly every figure is, is taken without a call to _num; anything else goes through it.
         ranks = self._ranks
+        isfinite = math.isfinite
         for rec in records:
-            if not isinstance(rec, dict):
+            if type(rec) is not dict and not isinstance(rec, dict):
                 continue
             rank = rec.get("rank")
-            t = _num(rec.get("t"))
-            if not isinstance(rank, int) or t is None:
+            t = rec.get("t")
+            if type(t) is not float or not isfinite(t):
+                t = _num(t)
+                if t is None:
+                    continue
+            if type(rank) is not int:  # JSON's ints are exactly int; `true` is not rank 1
                 continue
             view = ranks.get(rank)
             if view is None:
@@ -356,7 +363,9 @@ class RunReader:
                 self._apply_sys(view, t, rec)
                 continue
             if "step" in rec:
-                step = _num(rec["step"])
+                step = rec["step"]
+                if type(step) is not int and (type(step) is not float or not isfinite(step)):
+                    step = _num(step)
                 if step is not None:
                     view.step = step
                     steps = view._steps
@@ -370,20 +379,28 @@ class RunReader:
                 if total is not None:
                     view.total_steps = total
             if "loss" in rec:
-                loss = _num(rec["loss"])
-                nonfinite = rec.get("nonfinite")
-                if loss is None and isinstance(nonfinite, dict) and "loss" in nonfinite:
-                    view.loss = float(nonfinite["loss"])  # nan / inf: shown as such
-                else:
+                loss = rec["loss"]
+                if type(loss) is float and isfinite(loss):
                     view.loss = loss
-                    if loss is not None:
-                        view.loss_history.append((t, loss))
+                    view.loss_history.append((t, loss))
+                else:
+                    loss = _num(loss)
+                    nonfinite = rec.get("nonfinite")
+                    if loss is None and isinstance(nonfinite, dict) and "loss" in nonfinite:
+                        view.loss = float(nonfinite["loss"])  # nan / inf: shown as such
+                    else:
+                        view.loss = loss
+                        if loss is not None:
+                            view.loss_history.append((t, loss))
             if "lr" in rec:
                 view.lr = _num(rec["lr"])
             if "learning_rate" in rec:
                 view.lr = _num(rec["learning_rate"])
             if "samples_per_s" in rec:
-                samples = view.samples_per_s = _num(rec["samples_per_s"])
+                samples = rec["samples_per_s"]
+                if type(samples) is not float or not isfinite(samples):
+                    samples = _num(samples)
+                view.samples_per_s = samples
                 if samples is not None:
                     view.samples_history.append((t, samples))
             if "tokens_per_s" in rec:

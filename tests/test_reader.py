@@ -276,3 +276,25 @@ def test_history_spans_the_whole_run_in_at_most_cap_points() -> None:
     assert len(points) > 300
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(points[:-1])]
     assert max(gaps) <= min(gaps) * 1.01  # evenly spread (the newest may sit closer)
+
+
+def test_only_finite_numbers_are_taken_as_figures(tmp_path: Path, decoder: str) -> None:
+    """Booleans, strings, NaN and infinities are not figures: a line whose time is one is
+    skipped, a figure that is one clears the field and adds no chart point."""
+    metrics = tmp_path / "metrics.jsonl"
+    _append(metrics, _train(1.0, 0, 1, loss=2.0, samples_per_s=10.0))
+    _append(
+        metrics,
+        raw='{"t": NaN, "rank": 0, "step": 50, "loss": 0.1}\n'
+        '{"t": true, "rank": 0, "step": 51, "loss": 0.1}\n'
+        '{"t": 2.0, "rank": true, "step": 52}\n'
+        '{"t": 3.0, "rank": 0, "step": true, "loss": Infinity, "samples_per_s": "fast"}\n'
+        '{"t": 4.0, "rank": 0, "step": 2.5, "loss": 3, "samples_per_s": -Infinity}\n',
+    )
+    view = RunReader(tmp_path).poll()
+    assert sorted(view.ranks) == [0]  # `true` is no rank (it used to read as rank 1)
+    r0 = view.ranks[0]
+    assert r0.last_seen == 4.0  # the NaN and `true` times were skipped
+    assert r0.step == 2.5  # `true` is not a step, 2.5 is
+    assert r0.loss == 3 and list(r0.loss_history) == [(1.0, 2.0), (4.0, 3)]
+    assert r0.samples_per_s is None and list(r0.samples_history) == [(1.0, 10.0)]
