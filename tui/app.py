@@ -48,8 +48,10 @@ class XLApp(App[None]):
         TEXTUAL_DRIVER is used as is."""
         driver_class = super().get_driver_class()
         if driver_class.__module__ == "textual.drivers.linux_driver" and not os.environ.get("TEXTUAL_DRIVER"):
-            from xl.tui.driver import QuietLinuxDriver
-
+            try:
+                from xl.tui.driver import QuietLinuxDriver
+            except ImportError:  # a Textual whose internals moved: its own driver still works
+                return driver_class
             return QuietLinuxDriver
         return driver_class
 

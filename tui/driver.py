@@ -7,7 +7,9 @@ waits on the terminal and on a pipe instead: the pipe is written when the app as
 stop, and the wait is bounded only while the parser has a timeout pending (the moment a lone
 Escape becomes a key), so it wakes when there is something to do and not otherwise.
 
-Everything else, and every other platform, is Textual's own driver.
+Everything else, and every other platform, is Textual's own driver. It leans on a few of
+Textual's internals (the key parser, the driver's input loop); a Textual without them fails this
+module's import, and the app then uses Textual's driver as it is (XLApp.get_driver_class).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from typing import Any
 from textual._time import get_time
 from textual._xterm_parser import XTermParser
 from textual.drivers.linux_driver import LinuxDriver
+
+if not all(hasattr(LinuxDriver, name) for name in ("run_input_thread", "process_message", "close")):
+    raise ImportError("this Textual's LinuxDriver has no input loop to replace")
 
 # Textual's own poll: how often the thread looks for a parser timeout when it cannot tell when
 # the next one is due (a Textual whose parser no longer keeps `_timeout_time`).
