@@ -5,13 +5,17 @@ a y axis on the left and the x axis (seconds since the run started) at the botto
 a plotext plot: building one took ~15 ms (plotext's canvas, then its ANSI output parsed back into
 Rich text), for every chart at every refresh where data changed, which made the charts the
 costliest part of the Monitor. This one draws the same picture from at most two points per dot
-column in well under a millisecond, and only when its data or size changed.
+column in well under a millisecond, and only when its data or size changed. Wide runs redraw
+every few seconds, so the drawing itself is kept lean too: the finite points and the bounds are
+worked out once per draw (for the axis and the plot alike), the plot is a flat list of cells
+turned straight into runs of text, and a step of at most one dot (most of them) is drawn without
+the stepping.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
+import operator
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -33,6 +37,10 @@ BAND_COLORS = {"max": "red", "median": "cyan", "min": "green"}
 HIGHLIGHT_COLOR = "bright_white"
 # Braille dot bits by (x, y) inside a cell of 2 x 4 dots.
 _DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
+# The character for each combination of dots: a blank cell is a space.
+_CHARS = [" ", *(chr(0x2800 + bits) for bits in range(1, 256))]
+_X = operator.itemgetter(0)
+_Y = operator.itemgetter(1)
 
 Series = Mapping[int, Sequence[tuple[float, float]]]
 Line = tuple[str, str, list[tuple[float, float]]]  # label, colour, points
@@ -90,40 +98,99 @@ def _thin(
     picture (spikes included) from far fewer lines."""
     if len(points) <= 4 * columns or not x_span:
         return points
+    cols = [int((x - x0) / x_span * (columns - 1)) for x, _ in points]
+    ys = list(map(_Y, points))
     kept: list[tuple[float, float]] = []
-    group: list[tuple[float, float]] = []
-    column = None
-    for point in [*points, (math.inf, 0.0)]:  # the sentinel closes the last column
-        col = int((point[0] - x0) / x_span * (columns - 1)) if math.isfinite(point[0]) else None
-        if col != column and group:
-            chosen = {
-                0,
-                len(group) - 1,
-                group.index(min(group, key=lambda p: p[1])),
-                group.index(max(group, key=lambda p: p[1])),
-            }
-            kept.extend(group[i] for i in sorted(chosen))
-            group = []
-        column = col
-        group.append(point)
+    start = 0
+    for end in range(1, len(points) + 1):
+        if end < len(points) and cols[end] == cols[start]:
+            continue
+        group = ys[start:end]
+        # The first of equal lows (highs): list.index and min/max all take the first.
+        chosen = {start, end - 1, start + group.index(min(group)), start + group.index(max(group))}
+        kept.extend(points[i] for i in sorted(chosen))
+        start = end
     return kept
 
 
-def extent(lines: Sequence[Line]) -> tuple[float, float, float, float] | None:
-    """(x_min, x_max, y_min, y_max) of the finite points; a flat line gets room above and below."""
-    finite = [
-        (x, y) for _, _, pts in lines for x, y in pts if math.isfinite(y) and math.isfinite(x)
+def _finite(lines: Sequence[Line]) -> list[tuple[str, list[tuple[float, float]]]]:
+    """Each line's colour and its points with both coordinates finite."""
+    isfinite = math.isfinite
+    return [
+        (colour, [(x, y) for x, y in pts if isfinite(y) and isfinite(x)])
+        for _, colour, pts in lines
     ]
-    if not finite:
+
+
+def _extent(
+    finite: list[tuple[str, list[tuple[float, float]]]],
+) -> tuple[float, float, float, float] | None:
+    """``extent`` of points already made finite."""
+    drawn = [pts for _, pts in finite if pts]
+    if not drawn:
         return None
-    x_min = min(x for x, _ in finite)
-    x_max = max(x for x, _ in finite)
-    y_min = min(y for _, y in finite)
-    y_max = max(y for _, y in finite)
+    # Per line then across lines: min and max still return the first of equal values.
+    x_min = min(min(map(_X, pts)) for pts in drawn)
+    x_max = max(max(map(_X, pts)) for pts in drawn)
+    y_min = min(min(map(_Y, pts)) for pts in drawn)
+    y_max = max(max(map(_Y, pts)) for pts in drawn)
     if y_max == y_min:  # a flat line sits mid-height
         pad = abs(y_min) * 0.1 or 1.0
         y_min, y_max = y_min - pad, y_max + pad
     return x_min, x_max, y_min, y_max
+
+
+def extent(lines: Sequence[Line]) -> tuple[float, float, float, float] | None:
+    """(x_min, x_max, y_min, y_max) of the finite points; a flat line gets room above and below."""
+    return _extent(_finite(lines))
+
+
+def _canvas(
+    finite: list[tuple[str, list[tuple[float, float]]]],
+    bounds: tuple[float, float, float, float],
+    width: int,
+    height: int,
+) -> tuple[list[int], list[str | None]]:
+    """The dot bits and colour of each cell, row after row (index ``row * width + column``)."""
+    x_min, x_max, y_min, y_max = bounds
+    dots_w, dots_h = width * 2, height * 4
+    x_span, y_span = x_max - x_min, y_max - y_min
+    x_last, y_last = dots_w - 1, dots_h - 1
+    bits = [0] * (width * height)
+    colours: list[str | None] = [None] * (width * height)
+
+    for colour, pts in finite:
+        if not pts:
+            continue
+        pts = _thin(pts, x_min, x_span, dots_w)
+        mapped = [
+            (
+                round((x - x_min) / x_span * x_last) if x_span else 0,
+                y_last - round((y - y_min) / y_span * y_last),
+            )
+            for x, y in pts
+        ]
+        # Straight lines between neighbours, a dot per step (later lines draw over earlier ones).
+        # Each step ends where the next starts, so a step draws its end but not its start; most
+        # steps are at most a dot long, and those (with the first point, a step of none) skip the
+        # stepping.
+        x0, y0 = mapped[0]
+        for x1, y1 in mapped:
+            dx, dy = x1 - x0, y1 - y0
+            steps = max(abs(dx), abs(dy))
+            if steps <= 1:
+                cell = (y1 >> 2) * width + (x1 >> 1)
+                bits[cell] |= _DOTS[x1 & 1][y1 & 3]
+                colours[cell] = colour
+            else:
+                for s in range(1, steps + 1):
+                    px = x0 + dx * s // steps
+                    py = y0 + dy * s // steps
+                    cell = (py >> 2) * width + (px >> 1)
+                    bits[cell] |= _DOTS[px & 1][py & 3]
+                    colours[cell] = colour
+            x0, y0 = x1, y1
+    return bits, colours
 
 
 def plot(
@@ -131,43 +198,16 @@ def plot(
 ) -> tuple[list[list[tuple[str, str | None]]], tuple[float, float, float, float]] | None:
     """Braille cells for ``lines`` in a ``width`` x ``height`` area: rows of (char, colour), and
     the (x_min, x_max, y_min, y_max) drawn. None when there is nothing finite to draw."""
-    bounds = extent(lines)
+    finite = _finite(lines)
+    bounds = _extent(finite)
     if bounds is None or width <= 0 or height <= 0:
         return None
-    x_min, x_max, y_min, y_max = bounds
-    dots_w, dots_h = width * 2, height * 4
-    x_span, y_span = x_max - x_min, y_max - y_min
-    bits = [[0] * width for _ in range(height)]
-    colours: list[list[str | None]] = [[None] * width for _ in range(height)]
-
-    for _, colour, pts in lines:
-        pts = _thin(
-            [(x, y) for x, y in pts if math.isfinite(y) and math.isfinite(x)], x_min, x_span, dots_w
-        )
-        mapped = [
-            (
-                round((x - x_min) / x_span * (dots_w - 1)) if x_span else 0,
-                dots_h - 1 - round((y - y_min) / y_span * (dots_h - 1)),
-            )
-            for x, y in pts
-        ]
-        if len(mapped) == 1:
-            mapped.append(mapped[0])
-        # Straight lines between neighbours, a dot per step (later lines draw over earlier ones).
-        for (x0, y0), (x1, y1) in itertools.pairwise(mapped):
-            dx, dy = x1 - x0, y1 - y0
-            steps = max(abs(dx), abs(dy), 1)
-            for s in range(steps + 1):
-                px = x0 + dx * s // steps
-                py = y0 + dy * s // steps
-                row = py >> 2
-                bits[row][px >> 1] |= _DOTS[px & 1][py & 3]
-                colours[row][px >> 1] = colour
+    bits, colours = _canvas(finite, bounds, width, height)
     rows = [
-        [(chr(0x2800 + b) if b else " ", c) for b, c in zip(brow, crow, strict=True)]
-        for brow, crow in zip(bits, colours, strict=True)
+        [(_CHARS[b], c) for b, c in zip(bits[i : i + width], colours[i : i + width], strict=True)]
+        for i in range(0, width * height, width)
     ]
-    return rows, (x_min, x_max, y_min, y_max)
+    return rows, bounds
 
 
 class MetricChart(Widget):
@@ -242,51 +282,56 @@ class MetricChart(Widget):
         return Strip.blank(width, base)
 
     def _draw(self, width: int, height: int) -> list[Strip]:
-        base = self.visual_style.rich_style
-        dim = base + Style(dim=True)
-        title = [Segment(f" {self.title} ", base + Style(bold=True))]
-        if not self._lines:
-            return [Strip([*title, Segment("(no data yet)", dim)])]
-        for label, colour, _ in self._lines:
-            title += [Segment(" ━ ", base + Style(color=colour)), Segment(label, base)]
-        strips = [Strip(title)]
-        if height < 3:
-            return strips
-        rows_h = height - 2
-        bounds = extent(self._lines)
-        if bounds is None:
-            return [Strip([*title, Segment("  (no finite values)", dim)])]
-        _, _, y_min, y_max = bounds
-        labels = {rows_h - 1: tick(y_min), 0: tick(y_max)}  # one row: the max names it
-        if rows_h >= 5:
-            labels[(rows_h - 1) // 2] = tick((y_min + y_max) / 2)
-        axis_w = max(len(t) for t in labels.values()) + 1
-        # One blank column on the right: the plot never touches what is beside it.
-        drawn = plot(self._lines, max(1, width - axis_w - 2), rows_h)
-        assert drawn is not None
-        rows, (x_min, x_max, _, _) = drawn
-        styles: dict[str | None, Style] = {}
-        for i, row in enumerate(rows):
-            segments = [
-                Segment(labels.get(i, "").rjust(axis_w - 1) + " ", dim),
-                Segment("│" if i else "┐", dim),
-            ]
-            run_text = ""
-            run_colour: str | None = row[0][1] if row else None
-            for char, cell_colour in row:
-                if cell_colour != run_colour and char != " ":
-                    if run_text:
-                        segments.append(Segment(run_text, _style(styles, base, run_colour)))
-                    run_text, run_colour = "", cell_colour
-                run_text += char
-            if run_text:
-                segments.append(Segment(run_text, _style(styles, base, run_colour)))
-            strips.append(Strip(segments))
-        plot_w = len(rows[0]) if rows else 0
-        left, right = f"{x_min:.0f}s", f"{x_max:.0f}s"
-        axis = " " * axis_w + "└" + left + " " * max(1, plot_w - len(left) - len(right)) + right
-        strips.append(Strip([Segment(axis, dim)]))
+        return draw(self.title, self._lines, self.visual_style.rich_style, width, height)
+
+
+def draw(title: str, lines: Sequence[Line], base: Style, width: int, height: int) -> list[Strip]:
+    """The chart's rows: the title with the legend, the plot beside its y axis, the x axis."""
+    dim = base + Style(dim=True)
+    heading = [Segment(f" {title} ", base + Style(bold=True))]
+    if not lines:
+        return [Strip([*heading, Segment("(no data yet)", dim)])]
+    for label, colour, _ in lines:
+        heading += [Segment(" ━ ", base + Style(color=colour)), Segment(label, base)]
+    strips = [Strip(heading)]
+    if height < 3:
         return strips
+    rows_h = height - 2
+    finite = _finite(lines)
+    bounds = _extent(finite)
+    if bounds is None:
+        return [Strip([*heading, Segment("  (no finite values)", dim)])]
+    x_min, x_max, y_min, y_max = bounds
+    labels = {rows_h - 1: tick(y_min), 0: tick(y_max)}  # one row: the max names it
+    if rows_h >= 5:
+        labels[(rows_h - 1) // 2] = tick((y_min + y_max) / 2)
+    axis_w = max(len(t) for t in labels.values()) + 1
+    # One blank column on the right: the plot never touches what is beside it.
+    plot_w = max(1, width - axis_w - 2)
+    bits, colours = _canvas(finite, bounds, plot_w, rows_h)
+    styles: dict[str | None, Style] = {}
+    for i, start in enumerate(range(0, plot_w * rows_h, plot_w)):
+        row_bits = bits[start : start + plot_w]
+        text = "".join([_CHARS[b] for b in row_bits])
+        segments = [
+            Segment(labels.get(i, "").rjust(axis_w - 1) + " ", dim),
+            Segment("│" if i else "┐", dim),
+        ]
+        # A run of one colour goes on over the blanks after it, up to a dot of another colour.
+        run_start, run_colour = 0, colours[start]
+        for column, b in enumerate(row_bits):
+            if b and colours[start + column] != run_colour:
+                if column > run_start:
+                    segments.append(
+                        Segment(text[run_start:column], _style(styles, base, run_colour))
+                    )
+                run_start, run_colour = column, colours[start + column]
+        segments.append(Segment(text[run_start:], _style(styles, base, run_colour)))
+        strips.append(Strip(segments))
+    left, right = f"{x_min:.0f}s", f"{x_max:.0f}s"
+    axis = " " * axis_w + "└" + left + " " * max(1, plot_w - len(left) - len(right)) + right
+    strips.append(Strip([Segment(axis, dim)]))
+    return strips
 
 
 def _style(cache: dict[str | None, Style], base: Style, colour: str | None) -> Style:
