@@ -468,3 +468,22 @@ async def test_switching_ranks_never_reads_the_run_from_two_threads_at_once(xl_h
             await pilot.pause(0.03)
         await until(pilot, lambda: app.screen.query_one(RankLog).rank == table.current_rank, "the log follows the last rank chosen")
     assert calls[0] > 3 and overlaps[0] == 0, (calls[0], overlaps[0])
+
+
+async def test_stop_greys_out_in_the_footer_when_the_run_ends(xl_home):
+    """The footer's "Stop run" follows the run: live, it can be pressed; once the run has ended
+    (seen by a poll, with no key pressed in between) it is greyed out."""
+    from textual.widgets._footer import FooterKey
+
+    run_dir = xl_home / "20260530-straggler"  # running
+    app = build_app(monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+
+        def stop_key() -> FooterKey | None:
+            return next((k for k in screen.query(FooterKey) if k.action == "stop"), None)
+
+        await until(pilot, lambda: screen.status == "running" and stop_key() is not None, "the footer of a live run")
+        assert not stop_key().has_class("-disabled")
+        _set_status(run_dir, "succeeded")
+        await until(pilot, lambda: (k := stop_key()) is not None and k.has_class("-disabled"), "Stop run greyed out")

@@ -56,9 +56,19 @@ def _monitor(run: str, runs: Path):
 
 
 async def _monitor_ready(pilot, ranks: int) -> None:
+    from textual.widgets._footer import FooterKey
+
+    from xl.tui.runview import FINISHED
+
     app = pilot.app
     await until(pilot, lambda: app.screen.query_one(RankTable).row_count == ranks)
     await until(pilot, lambda: app.screen.query_one(RankLog).line_count > 0)
+
+    def footer_follows_status() -> bool:  # "Stop run" greyed out once the run is over
+        keys = [k for k in app.screen.query(FooterKey) if k.action == "stop"]
+        return bool(keys) and keys[0].has_class("-disabled") == (app.screen.status in FINISHED)
+
+    await until(pilot, footer_follows_status)
 
 
 @pytest.mark.parametrize(

@@ -212,7 +212,10 @@ class MonitorScreen(Screen):
         run = getattr(view, "run", {}) or {}
         ranks = getattr(view, "ranks", {}) or {}
         now = self.clock()
-        self.status = str(run_field(run, "status") or "unknown")
+        status = str(run_field(run, "status") or "unknown")
+        if status != self.status:
+            self.status = status
+            self.refresh_bindings()  # the footer greys out "Stop run" once the run is over
         if self._notice is not None and (self.status in FINISHED or _all_nodes_joined(run)):
             self._notice = None
             self.app.notices.pop(self.run_dir, None)  # type: ignore[attr-defined]
