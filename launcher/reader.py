@@ -202,6 +202,7 @@ try:
     from orjson import loads as _fast_loads
 except ImportError:  # an install without it reads the same, only slower
     _fast_loads = None
+_NONFINITE = ("nan", "inf", "-inf")  # how xl.log names a non-finite figure
 # The figures a sys line may carry, each copied to the RankView attribute of the same name.
 _SYS_KEYS = (
     "gpu_util",
@@ -380,18 +381,15 @@ class RunReader:
                     view.total_steps = total
             if "loss" in rec:
                 loss = rec["loss"]
-                if type(loss) is float and isfinite(loss):
+                if type(loss) is not float or not isfinite(loss):
+                    loss = _num(loss)
+                if loss is not None:
                     view.loss = loss
                     view.loss_history.append((t, loss))
-                else:
-                    loss = _num(loss)
+                else:  # xl.log writes a nan / inf loss as null plus "nonfinite": shown as such
                     nonfinite = rec.get("nonfinite")
-                    if loss is None and isinstance(nonfinite, dict) and "loss" in nonfinite:
-                        view.loss = float(nonfinite["loss"])  # nan / inf: shown as such
-                    else:
-                        view.loss = loss
-                        if loss is not None:
-                            view.loss_history.append((t, loss))
+                    named = nonfinite.get("loss") if isinstance(nonfinite, dict) else None
+                    view.loss = float(named) if named in _NONFINITE else None
             if "lr" in rec:
                 view.lr = _num(rec["lr"])
             if "learning_rate" in rec:

@@ -62,8 +62,14 @@ def test_poll_reads_only_new_complete_lines(tmp_path: Path) -> None:
 
 def test_nonfinite_loss_is_shown_as_nan(tmp_path: Path) -> None:
     _append(tmp_path / "metrics.jsonl", _train(1.0, 0, 1, loss=None, nonfinite={"loss": "nan"}))
-    loss = RunReader(tmp_path).poll().ranks[0].loss
+    reader = RunReader(tmp_path)
+    loss = reader.poll().ranks[0].loss
     assert loss is not None and loss != loss
+    _append(tmp_path / "metrics.jsonl", _train(2.0, 1, 1, loss=None, nonfinite={"loss": "-inf"}))
+    assert reader.poll().ranks[1].loss == float("-inf")
+    # A malformed marker is no figure, and does not break the poll.
+    _append(tmp_path / "metrics.jsonl", _train(3.0, 0, 2, loss=None, nonfinite={"loss": "abc"}))
+    assert reader.poll().ranks[0].loss is None
 
 
 def test_rank_states_from_run_json_and_diagnoses(tmp_path: Path) -> None:
