@@ -90,7 +90,6 @@ class MonitorScreen(Screen):
         self._wake = threading.Event()
         self._shown = threading.Event()
         self._stopped = False
-        self._delay = interval
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -159,6 +158,11 @@ class MonitorScreen(Screen):
             self._wake.wait(self._delay)
             self._wake.clear()
 
+    @property
+    def _delay(self) -> float:
+        # A finished run changes no more: poll rarely (the run could be re-read, never resumed).
+        return self.interval if self.status not in FINISHED else self.interval * 5
+
     def _poll_once(self) -> Polled:
         try:
             if self.reader is None:
@@ -205,8 +209,6 @@ class MonitorScreen(Screen):
                 log.show(message.log_rank, message.log_lines)
             else:
                 log.follow(message.log_lines)
-        # A finished run changes no more: poll rarely (the run could be re-read, never resumed).
-        self._delay = self.interval if self.status not in FINISHED else self.interval * 5
 
     def _render_view(self, view: Any) -> None:
         run = getattr(view, "run", {}) or {}
