@@ -30,7 +30,7 @@ TOKEN = "bench-token"
 
 
 def worker(addr: str, first_rank: int, nranks: int, hz: float, seconds: float, flood: bool) -> None:
-    from xl.launcher import wire
+    from xl import wire
 
     host, port = addr.rsplit(":", 1)
     socks = [socket.create_connection((host, int(port))) for _ in range(nranks)]
@@ -149,10 +149,10 @@ class AsyncioCollector:
     def __init__(self, run_dir: Path) -> None:
         import asyncio
 
-        from xl.launcher import wire
-        from xl.launcher.collector import ACK, Collector
-        from xl.launcher.diagnose import Diagnoser
-        from xl.launcher.metrics import MetricsWriter
+        from xl import wire
+        from xl.launcher.rundir.metrics import MetricsWriter
+        from xl.launcher.telemetry.collector import ACK, Collector
+        from xl.launcher.telemetry.diagnose import Diagnoser
 
         self.writer = MetricsWriter(run_dir)
         self.records = 0
@@ -234,7 +234,7 @@ def main() -> int:
     )
     args = ap.parse_args()
 
-    from xl.launcher.telemetry import Telemetry
+    from xl.launcher.telemetry.service import Telemetry
 
     run_dir = Path(tempfile.mkdtemp(prefix="xl-bench-collector-"))
     tel = Telemetry(run_dir, token=TOKEN, inventory=False)

@@ -1,9 +1,9 @@
-"""Cost of one full GPU inventory sweep (8 simulated GPUs): xl.nvml vs nvitop's API.
+"""Cost of one full GPU inventory sweep (8 simulated GPUs): xl.gpu.nvml vs nvitop's API.
 
 Both run in their own subprocess against the same simulated libnvidia-ml (tests/support/simnvml.c,
 built with gcc), loaded by the real nvidia-ml-py through LD_LIBRARY_PATH, in the same run:
 
-    xl:     xl.nvml.inventory()                      (all fields + processes)
+    xl:     xl.gpu.nvml.inventory()                      (all fields + processes)
     nvitop: Device.all() + as_snapshot() + processes() for every device
 
 Prints the median per sweep of each, and the ratio xl / nvitop (goal: <= 1.0). Also the cold
@@ -32,7 +32,7 @@ def child(kind: str, sweeps: int) -> None:
     """Runs in the subprocess: time the sweeps, print JSON."""
     t0 = time.perf_counter()
     if kind == "xl":
-        from xl import nvml
+        from xl.gpu import nvml
 
         def sweep() -> int:
             inv = nvml.inventory()

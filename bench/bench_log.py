@@ -55,7 +55,7 @@ def main() -> int:
     args = ap.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="xl-bench-log-"))
 
-    from xl.launcher.telemetry import Telemetry
+    from xl.launcher.telemetry.service import Telemetry
 
     tel = Telemetry(run_dir, token="bench", inventory=False)
     env = tel.start()

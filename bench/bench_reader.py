@@ -15,7 +15,7 @@ the whole poll costs no more than decoding the lines one json.loads at a time).
 
 Prints the median and 90th percentile per-poll CPU time (time.process_time) and wall time, for
 the reader and the anchor, and the ratio of the medians. ``--against PATH`` times another copy
-of reader.py too (e.g. ``git show HEAD~1:launcher/reader.py > /tmp/old.py``), in the same run.
+of reader.py too (e.g. ``git show HEAD~1:launcher/rundir/reader.py > /tmp/old.py``), in the same run.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def main() -> int:
 
     t0 = time.time() - 60
     chunks = [chunk(s, t0 + 100) for s in range(args.seconds)]
-    readers = {"poll": ROOT / "launcher" / "reader.py"}
+    readers = {"poll": ROOT / "launcher" / "rundir" / "reader.py"}
     if args.against:
         readers[f"poll ({args.against})"] = args.against
     makers: dict[str, Callable[[Path], Any]] = {"json.loads": lambda d: Anchor(d / "metrics.jsonl")}

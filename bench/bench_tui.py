@@ -97,7 +97,7 @@ def run_app(run_dir: Path, stats: Path, mode: str) -> int:
     underneath ("monitor": paused there, as in the product). Writes what it did (polls applied,
     apply times) to ``stats`` when sent SIGUSR1 (dump_stats)."""
 
-    from xl.launcher.reader import RunReader
+    from xl.launcher.rundir.reader import RunReader
     from xl.tui.app import build_app
     from xl.tui.screens.gpus import GPUsScreen
     from xl.tui.screens.monitor import MonitorScreen

@@ -8,9 +8,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .facts import Facts, Toolkit, major_minor, parse_nvcc_version, vtuple
-from .report import Check
-from .tables import (
+from xl.doctor.facts import Facts, Toolkit, major_minor, parse_nvcc_version, vtuple
+from xl.doctor.report import Check
+from xl.doctor.tables import (
     ARCH_NAMES,
     DRIVER_FOR_CUDA,
     NVCC_ARCH_RANGE,
@@ -808,7 +808,7 @@ def check_ld_library_path(f: Facts) -> Check:
     title = "LD_LIBRARY_PATH"
     value = f.env.get("LD_LIBRARY_PATH")
     tk = _in_use_toolkit(f)
-    want = vtuple(tk.version)[:1] if tk is not None and tk.version else ()
+    want: tuple[int, ...] = vtuple(tk.version)[:1] if tk is not None and tk.version else ()
     data: dict[str, Any] = {"entries": [e.path for e in f.ld_entries], "ldconfig": f.ldconfig}
     if f.ldconfig_problem:
         data["ldconfig_problem"] = f.ldconfig_problem
@@ -909,7 +909,7 @@ def check_ld_library_path(f: Facts) -> Check:
 
 
 def _resolve_visible(f: Facts) -> Any:
-    from xl.devices import resolve_visible_devices
+    from xl.gpu.devices import resolve_visible_devices
 
     return resolve_visible_devices(list(f.gpus), f.env)
 

@@ -7,12 +7,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from xl.cliutil import ArgumentParser, UsageError
+from xl.errors import ArgumentParser, UsageError
 
 
 def _python_arg(value: str) -> str:
     if os.sep not in value:
-        from .probes import which
+        from xl.doctor.probes import which
 
         found = which(value, os.environ.get("PATH"))
         if found is None:
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     python = _python_arg(args.python) if args.python else None
 
-    from .run import run_doctor
+    from xl.doctor.run import run_doctor
 
     report = run_doctor(python)
     # Text may carry U+FFFD from undecodable environment bytes; never die on a narrow locale.
@@ -60,11 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif _color_terminal():
         from rich.console import Console
 
-        from .render import render_report
+        from xl.doctor.render import render_report
 
         Console(highlight=False).print(render_report(report, args.strict))
     else:
-        from .render import render_plain
+        from xl.doctor.render import render_plain
 
         sys.stdout.write(render_plain(report, args.strict))
     sys.stdout.flush()

@@ -144,8 +144,8 @@ class LdEntry:
 class Facts:
     env: dict[str, str]
     python: str
-    driver: Any = None  # xl.nvml.Driver
-    gpus: tuple[Any, ...] = ()  # xl.nvml.GPU
+    driver: Any = None  # xl.gpu.nvml.Driver
+    gpus: tuple[Any, ...] = ()  # xl.gpu.nvml.GPU
     nvml_problem: str | None = None  # the inventory itself could not be taken
     path_nvcc: str | None = None
     path_nvcc_run: CmdResult | None = None

@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .facts import CmdResult, Compiler, LdEntry, Toolkit, TorchInfo
-from .tables import parse_host_config
+from xl.doctor.facts import CmdResult, Compiler, LdEntry, Toolkit, TorchInfo
+from xl.doctor.tables import parse_host_config
 
 CMD_TIMEOUT = 2.5  # seconds; the issue allows at most 3
 OUTPUT_CAP = 256 * 1024
@@ -696,7 +696,7 @@ def probe_torch(python: str) -> TorchInfo:
 
 
 def probe_inventory() -> Any:
-    from xl import nvml
+    from xl.gpu import nvml
 
     return nvml.inventory(processes=False)
 

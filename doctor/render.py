@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .report import Report
+from xl.doctor.report import Report
 
 if TYPE_CHECKING:  # Rich is imported only when a terminal report is drawn
     from rich.console import RenderableType

@@ -8,10 +8,10 @@ import sys
 import time
 from typing import Any
 
-from . import probes
-from .checks import AREA_OF, TITLES, run_checks
-from .facts import CmdResult, Compiler, Facts, TorchInfo, parse_nvcc_version
-from .report import CHECK_IDS, Check, Report
+from xl.doctor import probes
+from xl.doctor.checks import AREA_OF, TITLES, run_checks
+from xl.doctor.facts import CmdResult, Compiler, Facts, TorchInfo, parse_nvcc_version
+from xl.doctor.report import CHECK_IDS, Check, Report
 
 SECRET_NAME = re.compile(r"token|key|passw|secret|credential|auth", re.IGNORECASE)
 

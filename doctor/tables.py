@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from .facts import vtuple
+from xl.doctor.facts import vtuple
 
 # Highest gcc major each nvcc accepts (NVIDIA's installation guides). Keys are inclusive
 # (low, high) version ranges over (major, minor, patch). Not torch's table: it has been wrong

@@ -20,12 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from xl.cliutil import UsageError
-
-from .spec import LaunchSpec
+from xl.errors import UsageError
+from xl.launcher.spec import LaunchSpec
 
 if TYPE_CHECKING:
-    from xl.nvml import GPU, Inventory
+    from xl.gpu.nvml import GPU, Inventory
 
 ENTRY_MODULE = "xl.launcher.entry"
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
@@ -59,7 +58,7 @@ def _default_devices(gpus: Sequence[GPU], env: Mapping[str, str]) -> list[GPU]:
     """No --gpus: the GPUs the current CUDA_VISIBLE_DEVICES shows (all when it is unset)."""
     if "CUDA_VISIBLE_DEVICES" not in env:
         return _usable(gpus)
-    from xl.devices import resolve_visible_devices
+    from xl.gpu.devices import resolve_visible_devices
 
     vis = resolve_visible_devices(list(gpus), env)
     if vis.invalid:
@@ -108,7 +107,7 @@ def select_devices(
         )
         # The picked set is handed out in nvidia-smi order, so rank k's GPU is predictable.
         return sorted(ranked[:n], key=lambda g: g.index)
-    from xl.devices import find_gpu
+    from xl.gpu.devices import find_gpu
 
     chosen: list[GPU] = []
     for token in (t.strip() for t in text.split(",")):

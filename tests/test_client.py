@@ -11,8 +11,8 @@ import psutil
 import pytest
 from xltele import assert_gone, rank_env
 
-from xl.launcher.reader import RunReader
-from xl.launcher.telemetry import Telemetry, spool_path
+from xl.launcher.rundir.reader import RunReader
+from xl.launcher.telemetry.service import Telemetry, spool_path
 
 
 def _rank(code: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
@@ -54,7 +54,7 @@ def test_outside_a_run_log_is_a_no_op_without_threads_or_sockets() -> None:
         "    xl.log(step=i, loss=0.5, samples=8)\n"
         "    xl.log({'loss': 0.5}, 'junk')\n"
         "print(xl.watch('not a model'), xl.flush(), threading.active_count(),\n"
-        "      'socket' in sys.modules and 'xl.launcher.collector' in sys.modules)\n"
+        "      'socket' in sys.modules and 'xl.launcher.telemetry.collector' in sys.modules)\n"
     )
     out = _rank(code, {}).stdout.split()
     assert out == ["not", "a", "model", "True", "1", "False"]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from xltele import assert_gone, rank_env
 
-from xl.launcher import wire
-from xl.launcher.telemetry import Telemetry
+from xl import wire
+from xl.launcher.telemetry.service import Telemetry
 
 # A real rank: logs N records, one every few ms, then exits (flushing at exit).
 RANK_CODE = (
@@ -198,7 +198,8 @@ def test_connections_that_send_nothing_valid_are_closed_after_the_idle_timeout(t
     frames with a wrong token is cut after the collector's idle timeout (IDLE_S, 30 s; shortened
     here) and counted as ``idle``. A real rank that logs rarely and a real node link (heartbeat
     every HEARTBEAT_S, well within IDLE_S) are never cut."""
-    from xl.launcher import collector, nodelink
+    from xl.launcher.multinode import nodelink
+    from xl.launcher.telemetry import collector
 
     assert nodelink.HEARTBEAT_S * 10 <= collector.IDLE_S  # a link's first frame comes long before
     closed: list[int] = []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from xl.devices import find_gpu, resolve_visible_devices
-from xl.nvml import GPU
+from xl.gpu.devices import find_gpu, resolve_visible_devices
+from xl.gpu.nvml import GPU
 
 UUIDS = (
     "GPU-aa11f00d-0000-4000-8000-000000000000",

@@ -25,7 +25,7 @@ from xl.doctor.facts import (
 from xl.doctor.render import render_plain, render_report
 from xl.doctor.report import Check, Report
 from xl.doctor.tables import compiler_max_from_table, deepspeed_verdict, parse_host_config
-from xl.nvml import GPU, Driver
+from xl.gpu.nvml import GPU, Driver
 
 
 def gpu(index: int, name: str = "NVIDIA A100-SXM4-80GB", cc: str = "8.0") -> GPU:

@@ -15,7 +15,7 @@ import pytest
 from procs import xl, xl_env
 from simnvml import SimGPU, default_uuid
 
-from xl.launcher.accelconf import parse_flat_yaml
+from xl.launcher.cli.accelconf import parse_flat_yaml
 
 SCRIPT = "print('hi')\n"
 

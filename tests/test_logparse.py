@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from xl.launcher.logparse import parse_line
+from xl.launcher.telemetry.logparse import parse_line
 
 
 def test_printer_callback_dict() -> None:

@@ -614,8 +614,8 @@ def test_bad_node_contract_is_one_line_and_exit_2(tmp_path: Path, node_rank: str
 def test_node_link_to_node_0_collector_and_back(tmp_path: Path) -> None:
     """The link of a node > 0, against node 0's real collector (no training): messages arrive in
     order, sampled records are stored, the stop reaches the node; bad messages are refused."""
-    from xl.launcher import nodelink
-    from xl.launcher.telemetry import Telemetry
+    from xl.launcher.multinode import nodelink
+    from xl.launcher.telemetry.service import Telemetry
 
     got: list[tuple[int, str, dict[str, Any]]] = []
     tel = Telemetry(tmp_path, token=TOKEN, inventory=False, on_node=lambda n, h, msgs: got.extend((n, h, m) for m in msgs))
@@ -649,8 +649,8 @@ def test_node_link_clips_a_long_failure_so_node_0_takes_it(tmp_path: Path) -> No
     """A load_state_dict error easily exceeds node 0's caps (4096 characters for the error and
     message, 64 KiB for the traceback): the link clips it, keeping the head of the error and
     message and the tail of the traceback, and node 0 takes both the failure and the end."""
-    from xl.launcher import nodelink
-    from xl.launcher.telemetry import Telemetry
+    from xl.launcher.multinode import nodelink
+    from xl.launcher.telemetry.service import Telemetry
 
     error = "RuntimeError: Error(s) in loading state_dict: " + "Missing key(s): 'layer.weight', " * 2000
     traceback = "Traceback (most recent call last):\n" + '  File "train.py", line 1, in <module>\n' * 5000 + error + "\n"
@@ -684,7 +684,7 @@ def test_node_link_clips_a_long_failure_so_node_0_takes_it(tmp_path: Path) -> No
 
 
 def test_node_link_never_blocks_when_node_0_is_unreachable() -> None:
-    from xl.launcher import nodelink
+    from xl.launcher.multinode import nodelink
 
     link = nodelink.NodeLink("127.0.0.1", rdzv_port(), TOKEN, 1, "node-b")
     link.start()

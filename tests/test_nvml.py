@@ -1,4 +1,4 @@
-"""xl.nvml against the simulated driver, through the real nvidia-ml-py."""
+"""xl.gpu.nvml against the simulated driver, through the real nvidia-ml-py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import psutil
 import pytest
 from simnvml import GPU_IS_LOST, MODELS, NO_PERMISSION, NOT_SUPPORTED, SimGPU, SimProcess
 
-from xl import nvml
+from xl.gpu import nvml
 
 # Functions drivers older than ~R510 do not have.
 OLD_DRIVER = (
@@ -328,7 +328,7 @@ def test_lost_code_constant_matches_pynvml():
 
 @pytest.mark.e2e
 def test_import_is_cheap_and_lazy():
-    code = "import sys, xl.nvml; print('pynvml' in sys.modules, 'rich' in sys.modules)"
+    code = "import sys, xl.gpu.nvml; print('pynvml' in sys.modules, 'rich' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
@@ -339,7 +339,7 @@ def test_import_is_cheap_and_lazy():
 def test_subprocess_sees_the_simulated_driver_and_live_updates(simnvml):
     sim = simnvml(gpus=2)
     code = (
-        "import sys, time, xl.nvml as n\n"
+        "import sys, time, xl.gpu.nvml as n\n"
         "print(n.inventory().gpus[1].util_gpu, flush=True)\n"
         "sys.stdin.readline()\n"
         "print(n.inventory().gpus[1].util_gpu, flush=True)\n"

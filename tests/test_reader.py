@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from xl.fsutil import write_json_atomic
-from xl.launcher import reader
-from xl.launcher.reader import RunReader
+from xl.atomic import write_json_atomic
+from xl.launcher.rundir import reader
+from xl.launcher.rundir.reader import RunReader
 
 
 def _append(path: Path, *objs: dict, raw: str = "") -> None:
@@ -227,7 +227,7 @@ def test_fields_follow_the_latest_line_that_has_them(tmp_path: Path) -> None:
 
 
 def test_histories_and_eta_across_polls(tmp_path: Path) -> None:
-    from xl.launcher.reader import HISTORY
+    from xl.launcher.rundir.reader import HISTORY
 
     metrics = tmp_path / "metrics.jsonl"
     reader = RunReader(tmp_path)
@@ -270,7 +270,7 @@ def test_histories_and_eta_across_polls(tmp_path: Path) -> None:
 def test_history_spans_the_whole_run_in_at_most_cap_points() -> None:
     """A rank logging 100 times a second for 100 s: the chart still covers the whole run (a
     deque of the last points would show the last 6 s), evenly, with the newest point last."""
-    from xl.launcher.reader import History
+    from xl.launcher.rundir.reader import History
 
     history = History(cap=600)
     for i in range(10_000):

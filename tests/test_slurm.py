@@ -35,8 +35,8 @@ import psutil
 import pytest
 from procs import XL, kill_run, run_json, run_processes, wait_for, wait_no_processes, xl, xl_env
 
-from xl.cliutil import UsageError
-from xl.launcher import slurm
+from xl.errors import UsageError
+from xl.launcher.multinode import slurm
 
 # --------------------------------------------------------------------------------- nodelists
 NODELISTS = [
@@ -169,7 +169,7 @@ def test_first_ctrl_c_never_kills_srun_when_no_step_is_found(monkeypatch: pytest
     srun alone; the next one (still no step to scancel) ends srun."""
     import threading
 
-    from xl.launcher import cmd_slurm
+    from xl.launcher.cli import sbatch as cmd_slurm
 
     asked: list[str] = []
     monkeypatch.setattr(cmd_slurm, "_stop_here", lambda run_id: asked.append("stop_here") or False)

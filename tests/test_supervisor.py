@@ -348,7 +348,7 @@ def test_start_run_api_spawns_a_detached_supervisor(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = _script(tmp_path, "short.py", "print('hello', flush=True)\n")
     code = (
-        "import sys; from xl.launcher.runs import start_run; from xl.launcher.spec import LaunchSpec\n"
+        "import sys; from xl.launcher.control import start_run; from xl.launcher.spec import LaunchSpec\n"
         f"h = start_run(LaunchSpec(script={str(script)!r}, nproc=2))\n"
         "print(h.run_id, h.pid)\n"
     )

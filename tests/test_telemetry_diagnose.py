@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xl.launcher.diagnose import Diagnoser, Thresholds
+from xl.launcher.telemetry.diagnose import Diagnoser, Thresholds
 
 TH = Thresholds(stall_min_s=30, straggler_window_s=10, straggler_sustain=3)
 

@@ -9,8 +9,8 @@ import time
 import psutil
 from xltele import assert_gone, rank_env
 
-from xl.launcher.diagnose import Diagnoser
-from xl.launcher.sampler import Sampler
+from xl.launcher.telemetry.diagnose import Diagnoser
+from xl.launcher.telemetry.sampler import Sampler
 
 
 def _sleeper(env: dict[str, str] | None = None) -> subprocess.Popen:

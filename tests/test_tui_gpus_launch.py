@@ -238,7 +238,7 @@ def test_shown_command_is_what_xl_launch_plans(simnvml, tmp_path) -> None:
     spec = to_spec(form)
     spec.cwd = str(tmp_path)
     with sim.in_process():
-        from xl.nvml import inventory
+        from xl.gpu.nvml import inventory
 
         plan = build_plan(spec, inventory(), env={**os.environ, **sim.env})
     assert shown["argv"][1:] == plan.argv[1:]

@@ -440,7 +440,7 @@ async def test_switching_ranks_never_reads_the_run_from_two_threads_at_once(xl_h
     file offsets: two threads in it at once would lose or repeat log lines)."""
     import threading
 
-    from xl.launcher.reader import RunReader
+    from xl.launcher.rundir.reader import RunReader
 
     inside, overlaps, calls = [0], [0], [0]
     lock = threading.Lock()

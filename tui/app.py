@@ -19,7 +19,7 @@ from textual.binding import Binding, BindingType
 from textual.driver import Driver
 from textual.screen import Screen
 
-from xl.cliutil import ArgumentParser
+from xl.errors import ArgumentParser
 from xl.tui import fmt
 from xl.tui.runview import FINISHED
 from xl.tui.selection import DeviceSelection
@@ -164,7 +164,7 @@ class XLApp(App[None]):
     # -- data sources (each imported on first use; tests may override) ------------------------
 
     def inventory_source(self) -> Any:
-        from xl.nvml import inventory
+        from xl.gpu.nvml import inventory
 
         return inventory(processes=True)
 
@@ -188,11 +188,11 @@ class XLApp(App[None]):
         through the environment (never a command line, never run.json), and the notice is the
         command for the other nodes, which the Monitor shows until they have joined.
         """
-        from xl.launcher.runs import start_run
+        from xl.launcher.control import start_run
 
         if int(getattr(spec, "nnodes", 1) or 1) < 2:
             return start_run(spec), None
-        from xl.launcher.nodelink import prepare_launch
+        from xl.launcher.multinode.nodelink import prepare_launch
 
         # The token goes to this run's supervisor only, never into the app's own environment
         # (its later runs, the doctor's probes).
@@ -201,22 +201,22 @@ class XLApp(App[None]):
         return start_run(spec, env=env), join.strip() if join else None
 
     def runs_source(self) -> list[Any]:
-        from xl.launcher.runs import list_runs
+        from xl.launcher.control import list_runs
 
         return list_runs()
 
     def resolve_source(self, run: str) -> Path:
-        from xl.launcher.runs import resolve_run
+        from xl.launcher.control import resolve_run
 
         return resolve_run(run)
 
     def reader_source(self, run_dir: Path) -> Any:
-        from xl.launcher.reader import RunReader
+        from xl.launcher.rundir.reader import RunReader
 
         return RunReader(run_dir)
 
     def stop_source(self, run_dir: Path) -> None:
-        from xl.launcher.runs import stop_run
+        from xl.launcher.control import stop_run
 
         stop_run(run_dir)
 
@@ -249,7 +249,7 @@ def exit_code(app: XLApp) -> int:
         return 0
     status = app.run_outcome
     if status is None:
-        from xl.launcher.runs import read_run
+        from xl.launcher.control import read_run
 
         status = read_run(app.monitor_run_dir).get("status")
     if status in FINISHED:

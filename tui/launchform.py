@@ -10,7 +10,7 @@ import shlex
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from xl.cliutil import UsageError
+from xl.errors import UsageError
 
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 

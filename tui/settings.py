@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from xl.fsutil import write_json_atomic
+from xl.atomic import write_json_atomic
 from xl.paths import config_dir
 
 FILE_NAME = "launch.json"

@@ -12,21 +12,21 @@ import sys
 from collections.abc import Sequence
 
 from xl._version import __version__
-from xl.cliutil import EXIT_USAGE, UsageError
+from xl.errors import EXIT_USAGE, UsageError
 
 # name -> ("module[:function]", one-line help); the function defaults to main(argv) -> int.
 # Only commands that work are listed.
 COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("xl.doctor.cli", "check this machine for distributed training; print each fix"),
-    "gpus": ("xl.gpus", "one-shot GPU inventory: memory, utilization, processes (--json)"),
+    "gpus": ("xl.gpu.cli", "one-shot GPU inventory: memory, utilization, processes (--json)"),
     "ui": ("xl.tui.app", "the app: GPUs, doctor, launch, live monitor, runs (also plain `xl`)"),
-    "launch": ("xl.monitor_cmds:launch_main", "launch a supervised torchrun run (--gpus, --nproc, --dry-run, ...)"),
-    "sbatch": ("xl.launcher.cmd_slurm:sbatch_main", "print a Slurm batch script that runs `xl launch --slurm` (> job.sh)"),
-    "runs": ("xl.launcher.cmd_runs", "list runs and their status (--json)"),
-    "logs": ("xl.launcher.cmd_logs", "print a run's per-rank logs (--rank R, -f)"),
-    "stop": ("xl.launcher.cmd_stop", "stop a run: every rank ends, none is left behind"),
-    "attach": ("xl.monitor_cmds:attach_main", "watch an existing run live"),
-    "demo": ("xl.monitor_cmds:demo_main", "train a small bundled model on this machine's devices and watch it"),
+    "launch": ("xl.tui.commands:launch_main", "launch a supervised torchrun run (--gpus, --nproc, --dry-run, ...)"),
+    "sbatch": ("xl.launcher.cli.sbatch:sbatch_main", "print a Slurm batch script that runs `xl launch --slurm` (> job.sh)"),
+    "runs": ("xl.launcher.cli.runs", "list runs and their status (--json)"),
+    "logs": ("xl.launcher.cli.logs", "print a run's per-rank logs (--rank R, -f)"),
+    "stop": ("xl.launcher.cli.stop", "stop a run: every rank ends, none is left behind"),
+    "attach": ("xl.tui.commands:attach_main", "watch an existing run live"),
+    "demo": ("xl.tui.commands:demo_main", "train a small bundled model on this machine's devices and watch it"),
 }
 
 # `xl` alone opens the app once the TUI exists.

@@ -29,7 +29,7 @@ import time
 from collections import deque
 from typing import Any
 
-from xl.launcher import wire
+from xl import wire
 
 __all__ = ["active", "announce", "flush", "log", "watch"]
 

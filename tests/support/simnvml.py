@@ -1,7 +1,7 @@
 """Simulated NVIDIA driver for tests and demos: builds simnvml.c and writes its configuration.
 
 The real nvidia-ml-py loads the built ``libnvidia-ml.so.1`` through ``LD_LIBRARY_PATH``, so every
-layer above it (pynvml, xl.nvml, nvitop) runs its real code paths against GPUs that do not exist.
+layer above it (pynvml, xl.gpu.nvml, nvitop) runs its real code paths against GPUs that do not exist.
 
 In tests use the ``simnvml`` fixture (tests/conftest.py)::
 
@@ -11,7 +11,7 @@ In tests use the ``simnvml`` fixture (tests/conftest.py)::
     sim.update(0, util_gpu=90)                              # live: processes see it at their next call
     sim.add_process(0, pid, used_mib=1024)
     with sim.in_process():                                  # pynvml in this interpreter uses it
-        inv = xl.nvml.inventory()
+        inv = xl.gpu.nvml.inventory()
 
 By hand (the README shows this)::
 
@@ -350,10 +350,10 @@ class SimNVML:
 
     @contextlib.contextmanager
     def in_process(self) -> Iterator[None]:
-        """Point this interpreter's pynvml (and xl.nvml) at this simulated driver for a while."""
+        """Point this interpreter's pynvml (and xl.gpu.nvml) at this simulated driver for a while."""
         import pynvml
 
-        from xl import nvml
+        from xl.gpu import nvml
 
         old_env = os.environ.get(CONFIG_ENV)
         old_lib = pynvml.nvmlLib

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from xl.launcher.telemetry import Telemetry
+from xl.launcher.telemetry.service import Telemetry
 
 SUPPORT = Path(__file__).resolve().parent
 REPO = SUPPORT.parent.parent

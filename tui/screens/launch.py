@@ -14,7 +14,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Collapsible, Footer, Header, Input, Label, Select, Static
 
-from xl.cliutil import UsageError
+from xl.errors import UsageError
 from xl.tui import settings
 from xl.tui.launchform import MIXED_PRECISION, LaunchForm, command, to_spec
 from xl.tui.selection import DeviceSelection

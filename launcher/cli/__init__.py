@@ -1,0 +1,1 @@
+"""One module per launcher command (launch, sbatch, runs, logs, stop, attach, demo)."""

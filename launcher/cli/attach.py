@@ -1,0 +1,36 @@
+"""``xl attach RUN``: watch an existing run; leaving the view (Ctrl-C) leaves the run going."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from xl.errors import ArgumentParser
+from xl.launcher.cli.view import watch
+from xl.launcher.control import abandon_if_supervisor_gone, resolve_run
+
+
+def main(argv: Sequence[str], viewer: Callable[[Path], int] | None = None) -> int:
+    p = ArgumentParser(prog="xl attach", description="Show a run live; exits with its outcome.")
+    p.add_argument("run", metavar="RUN", help="run id, unique prefix, or 'last'")
+    p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
+    ns = p.parse_args(list(argv))
+    run_dir = resolve_run(ns.run)
+    if viewer is not None and not ns.no_tui:
+        abandon_if_supervisor_gone(run_dir)
+        return viewer(run_dir)
+    last = [time.monotonic()]
+
+    def on_tick() -> None:
+        # A supervisor killed outright cannot finish its run.json: notice and clean up.
+        if time.monotonic() - last[0] > 1.0:
+            last[0] = time.monotonic()
+            abandon_if_supervisor_gone(run_dir)
+
+    try:
+        return watch(run_dir, on_tick=on_tick)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\nxl: detached; {run_dir.name} goes on ('xl stop {run_dir.name}' stops it)\n")
+        return 130

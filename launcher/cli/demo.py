@@ -1,0 +1,48 @@
+"""``xl demo``: launch the bundled example on this machine's devices and watch it live."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from xl.errors import ArgumentParser, UsageError
+from xl.launcher.cli.launch import Viewer, inventory, launch
+from xl.launcher.plan import build_plan
+from xl.launcher.spec import LaunchSpec
+
+
+def demo_script() -> Path:
+    """The bundled examples/train.py, shipped as ``xl.examples`` (checkout or wheel alike)."""
+    from importlib.resources import files
+
+    path = Path(str(files("xl.examples").joinpath("train.py")))
+    if not path.is_file():
+        raise UsageError(f"the demo script is missing ({path}); reinstall xl (pip install -e .)")
+    return path
+
+
+def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
+    p = ArgumentParser(
+        prog="xl demo",
+        description="Train a small model on synthetic data (one rank per GPU, or 2 CPU ranks) and watch it.",
+    )
+    p.add_argument("--seconds", type=float, default=90.0, help="about how long to train (default 90)")
+    p.add_argument("--nproc", type=int, help="ranks (default: one per GPU, 2 on CPU)")
+    p.add_argument("--detach", action="store_true", help="start it and return at once")
+    p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
+    ns = p.parse_args(list(argv))
+    inv = inventory()
+    usable = [g for g in inv.gpus if not g.lost]
+    spec = LaunchSpec(
+        script=str(demo_script()),
+        args=["--seconds", str(ns.seconds)],
+        gpus="all" if usable and "CUDA_VISIBLE_DEVICES" not in os.environ else None,
+        nproc=ns.nproc if ns.nproc is not None else (None if usable else 2),
+        name="demo",
+        cwd=os.getcwd(),
+    )
+    plan = build_plan(spec, inv)
+    return launch(
+        spec, detach=ns.detach, plain=None, plan=plan, viewer=None if ns.no_tui else viewer
+    )

@@ -1,0 +1,57 @@
+"""``xl runs [--json]``: every run under XL_HOME, newest last."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+from xl.errors import ArgumentParser
+from xl.launcher.control import RunInfo, list_runs
+
+
+def _duration(info: RunInfo) -> str:
+    if info.started_at is None:
+        return ""
+    end = info.ended_at or time.time()
+    s = int(max(0.0, end - info.started_at))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _status(info: RunInfo) -> str:
+    if info.status == "running" and not info.supervisor_alive:
+        return "running (supervisor gone; 'xl stop' cleans up)"
+    return info.status
+
+
+def main(argv: Sequence[str]) -> int:
+    p = ArgumentParser(prog="xl runs", description="List runs (newest last).")
+    p.add_argument("--json", action="store_true", help="one JSON array of runs")
+    ns = p.parse_args(list(argv))
+    runs = list_runs()
+    if ns.json:
+        print(json.dumps([r.to_json() for r in runs], indent=2))
+        return 0
+    if not runs:
+        print("no runs yet; start one with 'xl launch SCRIPT' or 'xl demo'")
+        return 0
+    rows = []
+    for r in runs:
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else ""
+        devices = ",".join(str(d.get("index")) for d in r.devices) or "cpu"
+        rows.append((r.run_id, _status(r), str(r.world_size), devices, started, _duration(r), r.target))
+    header = ("RUN", "STATUS", "RANKS", "GPUS", "STARTED", "TIME", "SCRIPT")
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*header, box=None, pad_edge=False)
+        for row in rows:
+            table.add_row(*row)
+        Console().print(table)
+        return 0
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    for row in (header, *rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0

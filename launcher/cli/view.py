@@ -1,0 +1,274 @@
+"""Watch a run without the TUI: a Rich live table on a terminal, plain lines otherwise.
+
+The view only reads the run dir (it never owns the run), so `xl launch --no-tui` and
+`xl attach` show the same thing, and closing the view leaves the run going.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from xl.launcher.control import FINAL
+from xl.launcher.rundir.reader import RunReader
+
+POLL_S = 0.05  # new lines 20 times a second: prompt for a person and for the run's end, cheap beside the ranks
+RENDER_S = 0.25
+
+
+@dataclass
+class RankLine:
+    """What the view shows of one rank."""
+
+    rank: int
+    state: str = "starting"
+    pid: int | None = None
+    gpu: Any = None
+    exit_code: int | None = None
+    last_line: str = ""
+    step: float | None = None
+    total_steps: float | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    gpu_util: float | None = None
+    gpu_mem_used_mib: float | None = None
+    gpu_mem_total_mib: float | None = None
+    cpu_pct: float | None = None
+    rss_mib: float | None = None
+    diagnosis: str | None = None
+
+
+@dataclass
+class RunState:
+    """The view's model of a run: telemetry's RunReader plus each rank's last log line."""
+
+    run_dir: Path
+    run: dict[str, Any] = field(default_factory=dict)
+    ranks: dict[int, RankLine] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    new_events: list[dict[str, Any]] = field(default_factory=list)
+    new_lines: list[tuple[int, str]] = field(default_factory=list)
+    reader: RunReader | None = None
+
+    def __post_init__(self) -> None:
+        self.reader = RunReader(self.run_dir)
+
+    @property
+    def status(self) -> str:
+        return str(self.run.get("status") or "starting")
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+    def poll(self) -> None:
+        assert self.reader is not None
+        view = self.reader.poll()
+        self.run = view.run or self.run
+        self.events = view.events[-50:]
+        self.new_events = view.new_events
+        recorded = {int(r["rank"]): r for r in self.run.get("ranks") or [] if isinstance(r.get("rank"), int)}
+        for rank, rv in view.ranks.items():
+            line = self.ranks.setdefault(rank, RankLine(rank))
+            for key in ("pid", "gpu", "exit_code", "step", "total_steps", "loss", "samples_per_s",
+                        "gpu_util", "gpu_mem_used_mib", "gpu_mem_total_mib", "cpu_pct", "rss_mib", "diagnosis"):
+                setattr(line, key, getattr(rv, key))
+            # The supervisor's own word on a rank (e.g. "stopped" after another failed) wins;
+            # the reader's diagnosis (straggler, stalled) shows while it runs.
+            rec_state = (recorded.get(rank) or {}).get("state")
+            line.state = rv.state if rec_state in (None, "running") else rec_state
+        self.new_lines = []
+        for rank in sorted(self.ranks):
+            for text in self.reader.new_log_lines(rank):
+                text = text.rsplit("\r", 1)[-1]  # a tqdm redraw: its latest state
+                self.new_lines.append((rank, text))
+                if text.strip():
+                    self.ranks[rank].last_line = text.strip()
+
+    def elapsed(self) -> float:
+        start = self.run.get("started_at") or time.time()
+        end = self.run.get("ended_at") or time.time()
+        return max(0.0, float(end) - float(start))
+
+
+def exit_code_for(status: str) -> int:
+    return 0 if status == "succeeded" else 1
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _summary(state: RunState) -> str:
+    run = state.run
+    text = f"run {run.get('run_id', state.run_dir.name)} {state.status} after {state.elapsed():.1f}s"
+    failure = run.get("failure")
+    if state.status == "failed" and failure:
+        text += f": {failure.get('message') or ''}"
+    return text
+
+
+# ---------------------------------------------------------------------------------- plain lines
+def _plain_event(ev: dict[str, Any]) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(float(ev.get("t") or time.time())))
+    return f"{stamp} xl: {ev.get('message') or ev.get('kind')}"
+
+
+def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool = True) -> int:
+    print(f"xl: run {state.run_dir.name} ({state.run_dir}); 'xl attach {state.run_dir.name}' reopens it", file=out, flush=True)
+    while True:
+        final_seen = state.final
+        state.poll()
+        for ev in state.new_events:
+            print(_plain_event(ev), file=out)
+        for rank, text in state.new_lines if lines else ():
+            print(f"[rank {rank}] {text}", file=out)
+        out.flush()
+        if final_seen or (state.final and not state.new_lines and not state.new_events):
+            break
+        if on_tick is not None:
+            on_tick()
+        time.sleep(POLL_S)
+    # Where no live table can redraw (a pipe, a file, CI's log), the table comes once, at the end:
+    # every rank's state, pid, GPU, exit code and last figures, plain and aligned.
+    print(render_text(state, width=max(100, _width(out))), file=out, end="")
+    failure = state.run.get("failure") or {}
+    if state.status == "failed" and failure.get("traceback"):
+        print(f"xl: traceback of rank {failure.get('rank')}:\n{failure['traceback']}", file=out)
+    print(f"xl: {_summary(state)}", file=out, flush=True)
+    return exit_code_for(state.status)
+
+
+def _width(out: TextIO) -> int:
+    import shutil
+
+    return shutil.get_terminal_size((120, 24)).columns if out.isatty() else 120
+
+
+def render_text(state: RunState, width: int = 120) -> str:
+    """The rank table as plain ASCII text (no colour, no control codes): for pipes and log files."""
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
+    console.print(render(state, events=False, ascii_only=True))
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------- Rich live view
+_STATE_STYLE = {
+    "running": "green",
+    "starting": "dim",
+    "exited": "cyan",
+    "failed": "bold red",
+    "stopped": "yellow",
+    "stalled": "bold yellow",
+    "straggler": "yellow",
+}
+
+
+def render(state: RunState, *, events: bool = True, ascii_only: bool = False) -> Any:
+    """The live view as a Rich renderable (rank table + recent events)."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    run = state.run
+    title = f"{run.get('name') or ''}  [b]{run.get('run_id', state.run_dir.name)}[/b]  {state.status}  {state.elapsed():.0f}s"
+    table = Table(
+        title=title,
+        title_justify="left",
+        expand=True,
+        show_lines=False,
+        box=box.ASCII if ascii_only else box.HEAVY_HEAD,
+    )
+    for col, kw in (
+        ("rank", {"justify": "right"}),
+        ("state", {}),
+        ("pid", {"justify": "right"}),
+        ("GPU", {"justify": "right"}),
+        ("step", {"justify": "right"}),
+        ("samples/s", {"justify": "right"}),
+        ("loss", {"justify": "right"}),
+        ("util", {"justify": "right"}),
+        ("mem", {"justify": "right"}),
+        ("last log line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"}),
+    ):
+        table.add_column(col, **kw)
+    for rank in sorted(state.ranks):
+        r = state.ranks[rank]
+        shown = r.state
+        if r.exit_code not in (None, 0):
+            shown = f"{shown} ({r.exit_code})"
+        step = "" if r.step is None else f"{r.step:.0f}" + (f"/{r.total_steps:.0f}" if r.total_steps else "")
+        # GPU figures where there is a GPU; the process's CPU and RSS for CPU ranks.
+        mem, util = "", "" if r.gpu_util is None else f"{r.gpu_util:.0f}%"
+        if r.gpu_mem_used_mib is not None:
+            mem = f"{r.gpu_mem_used_mib / 1024:.1f}G"
+            if r.gpu_mem_total_mib:
+                mem += f"/{r.gpu_mem_total_mib / 1024:.0f}G"
+        elif r.gpu is None and r.rss_mib is not None:
+            mem = f"{r.rss_mib / 1024:.1f}G rss"
+        if r.gpu is None and r.cpu_pct is not None:
+            util = f"{r.cpu_pct:.0f}% cpu"
+        table.add_row(
+            str(rank),
+            Text(shown, style=_STATE_STYLE.get(r.state, "")),
+            "" if r.pid is None else str(r.pid),
+            "cpu" if r.gpu is None else str(r.gpu),
+            step,
+            _fmt(r.samples_per_s, ".1f"),
+            _fmt(r.loss, ".4g"),
+            util,
+            mem,
+            Text(r.diagnosis or r.last_line, style="yellow" if r.diagnosis else ""),
+        )
+    parts: list[Any] = [table]
+    for ev in state.events[-5:] if events else []:
+        parts.append(Text(_plain_event(ev), style="red" if ev.get("kind") == "failure" else "dim"))
+    return Group(*parts)
+
+
+def watch_live(state: RunState, on_tick: Any = None) -> int:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.panel import Panel
+
+    console = Console()
+    last = 0.0
+    state.poll()
+    with Live(render(state), console=console, auto_refresh=False, transient=False) as live:
+        while True:
+            state.poll()
+            now = time.monotonic()
+            if state.new_events or now - last >= RENDER_S or state.final:
+                live.update(render(state), refresh=True)
+                last = now
+            if state.final:
+                break
+            if on_tick is not None:
+                on_tick()
+            time.sleep(POLL_S)
+    failure = state.run.get("failure") or {}
+    if state.status == "failed" and failure.get("traceback"):
+        console.print(Panel(failure["traceback"], title=f"rank {failure.get('rank')} traceback", border_style="red"))
+    console.print(_summary(state), style="green" if state.status == "succeeded" else "red", highlight=False)
+    return exit_code_for(state.status)
+
+
+def watch(run_dir: Path, *, plain: bool | None = None, on_tick: Any = None, lines: bool = True) -> int:
+    """Show ``run_dir`` until it ends; returns 0 succeeded, 1 failed or stopped.
+
+    ``lines=False``: events and the outcome only, no rank output (plain view)."""
+    state = RunState(run_dir)
+    if plain is None:
+        plain = not sys.stdout.isatty()
+    if plain or not lines:
+        return watch_plain(state, sys.stdout, on_tick, lines)
+    return watch_live(state, on_tick)

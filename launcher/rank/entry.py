@@ -1,0 +1,186 @@
+"""The first code every rank runs: ``python -m xl.launcher.entry (SCRIPT | -m MODULE) ARGS...``.
+
+torchrun starts this instead of the user's script. It
+- sends the rank's stdout and stderr (file descriptors 1 and 2, so C libraries too) to the
+  supervisor over a Unix socket, which writes them line by line to logs/rank-<r>.log;
+- writes ranks/rank-<r>.json in the run dir: the PID when the rank starts, and the exit code and
+  Python traceback when it ends, so a failure is explained without ``@record`` in the script;
+- then runs the script (or module) as ``__main__``, exactly as ``python`` would.
+
+It runs inside every rank before user code, so it stays small: stdlib only, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import socket
+import sys
+import time
+import traceback
+from types import TracebackType
+from typing import Any, NoReturn
+
+from xl.atomic import write_json_atomic
+
+# Frames of this module and of runpy (a frozen module on 3.11+: "<frozen runpy>").
+# xl's own frames are cut from a rank's traceback: this module, the ``xl.launcher.entry`` file that
+# torchrun runs (its argv path is a contract) and runpy.
+_SKIP_FILES = {
+    os.path.abspath(__file__),
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "entry.py"),
+    os.path.abspath(runpy.__file__ or ""),
+    "<frozen runpy>",
+}
+
+
+def _int_env(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value is not None and value.lstrip("-").isdigit() else None
+
+
+def _connect_output(address: str, rank: int, token: str) -> bool:
+    """Point fds 1 and 2 at the supervisor's log socket; False when it cannot be reached."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect("\0" + address[1:] if address.startswith("@") else address)
+        header = json.dumps({"rank": rank, "pid": os.getpid(), "token": token}) + "\n"
+        sock.sendall(header.encode())
+    except OSError:
+        sock.close()
+        return False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(sock.fileno(), 1)
+    os.dup2(sock.fileno(), 2)
+    sock.close()
+    return True
+
+
+def _fallback_log(run_dir: str, rank: int) -> None:
+    # No supervisor to talk to (e.g. run by hand): append straight to the rank's log file.
+    try:
+        os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+        fd = os.open(os.path.join(run_dir, "logs", f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _user_tb(tb: TracebackType | None) -> TracebackType | None:
+    # Drop this module's and runpy's frames: the traceback starts in the user's code.
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename in _SKIP_FILES or os.path.abspath(tb.tb_frame.f_code.co_filename) in _SKIP_FILES
+    ):
+        tb = tb.tb_next
+    return tb
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, bool):
+        return int(code)
+    if isinstance(code, int):
+        return code & 0xFF if code >= 0 else code
+    return 1
+
+
+def _write_elastic_error(text: str, message: str) -> None:
+    # The same file torchrun's @record writes, so torchrun's own failure summary shows the traceback.
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": message, "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
+    try:
+        write_json_atomic(path, data)
+    except OSError:
+        pass
+
+
+class _Record:
+    def __init__(self, run_dir: str | None, rank: int) -> None:
+        self.path = os.path.join(run_dir, "ranks", f"rank-{rank}.json") if run_dir else None
+        self.data: dict[str, Any] = {
+            "rank": rank,
+            "local_rank": _int_env("LOCAL_RANK"),
+            "node": _int_env("GROUP_RANK"),
+            "pid": os.getpid(),
+            "started_at": time.time(),
+        }
+
+    def write(self, **fields: Any) -> None:
+        if self.path is None:
+            return
+        self.data.update(fields)
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            write_json_atomic(self.path, self.data)
+        except OSError:
+            pass
+
+
+def _usage() -> NoReturn:
+    sys.stderr.write("usage: python -m xl.launcher.entry (SCRIPT | -m MODULE) [ARGS...]\n")
+    raise SystemExit(2)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or (argv[0] == "-m" and len(argv) < 2):
+        _usage()
+    rank = _int_env("RANK") or 0
+    run_dir = os.environ.get("XL_RUN_DIR")
+    address = os.environ.get("XL_LOGSOCK")
+    if address and not _connect_output(address, rank, os.environ.get("XL_TOKEN", "")) and run_dir:
+        _fallback_log(run_dir, rank)
+    record = _Record(run_dir, rank)
+    record.write()
+
+    code = 0
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            script = argv[0]
+            sys.argv = [script, *argv[1:]]
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        error = None
+        if code != 0 and exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)  # what Python prints for sys.exit("message")
+            error = f"SystemExit: {exc.code}"
+        record.write(exit_code=code, traceback=None, error=error, ended_at=time.time())
+        return code
+    except BaseException as exc:
+        tb = _user_tb(exc.__traceback__)
+        text = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip("\n")
+        sys.stderr.write(text + "\n")
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        record.write(exit_code=code, traceback=text, error=last, ended_at=time.time())
+        _write_elastic_error(text, last)
+        return code
+    record.write(exit_code=0, traceback=None, ended_at=time.time())
+    return code
+
+
+def run() -> None:
+    """Run as a rank's main program (``python -m xl.launcher.entry``): exits with the script's code."""
+    status = main(sys.argv[1:])
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:
+        pass
+    raise SystemExit(status)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,28 @@
+"""events.jsonl: lifecycle and diagnoses, one JSON object a line (DESIGN.md, "Run directory").
+
+The one place an event line is made and appended, for the supervisor, its telemetry and the
+viewers that end an orphaned run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+EVENTS_FILE = "events.jsonl"
+
+
+def event_line(event: dict[str, Any]) -> str:
+    """``event`` as its line, with ``t`` (now) and ``rank`` (None) filled in when missing."""
+    event.setdefault("t", time.time())
+    event.setdefault("rank", None)
+    return json.dumps(event, default=str) + "\n"
+
+
+def append_event(run_dir: Path, event: dict[str, Any]) -> None:
+    """Append one event to ``run_dir``'s events.jsonl (OSError when it cannot be written)."""
+    line = event_line(event)
+    with open(run_dir / EVENTS_FILE, "a", encoding="utf-8") as fh:
+        fh.write(line)

@@ -1,0 +1,150 @@
+"""run.json's one owner: the typed run record, its status, and the only code that reads or writes it.
+
+run.json is a contract (DESIGN.md, "Run directory"): other tools read it, so the record keeps every
+key it was given, known or not, in the order it was given, and replaces the file atomically on
+every change. Everything else asks this module: what the status is, whether it is final, what exit
+code it means.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from xl.atomic import write_json_atomic
+
+RUN_FILE = "run.json"
+
+
+class RunStatus(str, Enum):
+    """A run's ``status`` in run.json."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def final(self) -> bool:
+        return self is not RunStatus.RUNNING
+
+    @property
+    def exit_code(self) -> int:
+        """What a command that watched the run to this status exits with (0 only on success)."""
+        return 0 if self is RunStatus.SUCCEEDED else 1
+
+
+FINAL: frozenset[str] = frozenset(s.value for s in RunStatus if s.final)
+
+
+def is_final(status: object) -> bool:
+    """True when ``status`` (a run.json value, possibly garbage) says the run is over."""
+    return status in FINAL
+
+
+def exit_code_for(status: object) -> int:
+    """The exit code of a command that watched a run to ``status``."""
+    return 0 if status == RunStatus.SUCCEEDED.value else 1
+
+
+@dataclass
+class RunRecord:
+    """run.json, typed where xl relies on a field; every other key is carried as it was."""
+
+    run_id: str
+    status: str = RunStatus.RUNNING.value
+    data: dict[str, Any] = field(default_factory=dict)
+
+    # ---------------------------------------------------------------- reading
+    def get(self, key: str, default: Any = None) -> Any:
+        if key == "run_id":
+            return self.run_id
+        if key == "status":
+            return self.status
+        return self.data.get(key, default)
+
+    @property
+    def final(self) -> bool:
+        return is_final(self.status)
+
+    @property
+    def ranks(self) -> list[dict[str, Any]]:
+        ranks = self.data.get("ranks")
+        return [r for r in ranks if isinstance(r, dict)] if isinstance(ranks, list) else []
+
+    @property
+    def failure(self) -> dict[str, Any] | None:
+        failure = self.data.get("failure")
+        return failure if isinstance(failure, dict) else None
+
+    @property
+    def supervisor_pid(self) -> int | None:
+        pid = self.data.get("supervisor_pid")
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+    # ---------------------------------------------------------------- changing
+    def update(self, **fields: Any) -> None:
+        for key, value in fields.items():
+            if key == "run_id":
+                self.run_id = str(value)
+            elif key == "status":
+                self.status = RunStatus(value).value
+            else:
+                self.data[key] = value
+
+    def end(self, status: RunStatus | str, at: float | None = None) -> None:
+        """Mark the run over: its final status and end time."""
+        status = RunStatus(status)
+        if not status.final:
+            raise ValueError(f"{status.value!r} is not a final status")
+        self.status = status.value
+        self.data["ended_at"] = time.time() if at is None else at
+
+    # ---------------------------------------------------------------- JSON
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"run_id": self.run_id}
+        # Keep the keys in the order the run was created with: run_id first, then as given.
+        for key, value in self.data.items():
+            out[key] = value
+            if key == "name" and "status" not in out:
+                out["status"] = self.status
+        out.setdefault("status", self.status)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], fallback_id: str = "") -> RunRecord:
+        rest = {k: v for k, v in data.items() if k not in ("run_id", "status")}
+        status = data.get("status")
+        return cls(
+            run_id=str(data.get("run_id") or fallback_id),
+            status=status if isinstance(status, str) else "unknown",
+            data=rest,
+        )
+
+
+def run_file(run_dir: Path) -> Path:
+    return run_dir / RUN_FILE
+
+
+def read_json(run_dir: Path) -> dict[str, Any]:
+    """run.json of ``run_dir`` as a plain dict ({} while it cannot be read)."""
+    try:
+        data = json.loads(run_file(run_dir).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load(run_dir: Path) -> RunRecord | None:
+    """The record of ``run_dir``; None while run.json is missing or unreadable."""
+    data = read_json(run_dir)
+    return RunRecord.from_json(data, run_dir.name) if data else None
+
+
+def save(run_dir: Path, record: RunRecord) -> None:
+    """Replace run.json atomically (a reader sees the old file or the new one, never half)."""
+    write_json_atomic(run_file(run_dir), record.to_json())

@@ -1,0 +1,202 @@
+"""The 1 Hz sampler: per rank, its GPU (NVML) and its process tree (psutil) -> ``sys`` lines.
+
+Ranks that never call ``xl.log`` still get these. A rank's GPU is found from NVML's process
+list first (the rank's pid or one of its children holds a context there); failing that, from
+the GPU the launcher assigned (``gpu`` in set_ranks), and failing that from the rank's own
+LOCAL_RANK and CUDA_VISIBLE_DEVICES (read from /proc/<pid>/environ).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from xl.proc import read_environ
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class _Proc:
+    pid: int
+    proc: psutil.Process
+    children: dict[int, psutil.Process] = field(default_factory=dict)
+    env: dict[str, str] | None = None
+
+
+def _load_inventory() -> Callable[[], Any] | None:
+    try:
+        from xl.gpu import nvml
+    except Exception:  # the GPU module is optional here: CPU runs need none of it
+        return None
+    return lambda: nvml.inventory(processes=True)
+
+
+def _read_environ(pid: int) -> dict[str, str]:
+    return read_environ(pid)
+
+
+def _gpu_key(gpu: Any) -> tuple[int | None, str | None]:
+    if isinstance(gpu, int):
+        return gpu, None
+    if isinstance(gpu, str):
+        if gpu.isdigit():
+            return int(gpu), None
+        return None, gpu
+    if isinstance(gpu, Mapping):
+        idx = gpu.get("index")
+        return (idx if isinstance(idx, int) else None), gpu.get("uuid")
+    return None, None
+
+
+class Sampler:
+    def __init__(self, inventory: Callable[[], Any] | bool | None = True) -> None:
+        if inventory is True:
+            self._inventory: Callable[[], Any] | None = _load_inventory()
+        else:
+            self._inventory = inventory or None
+        self._procs: dict[int, _Proc] = {}
+        self.nvml_error: str | None = None
+
+    def _proc(self, pid: int) -> _Proc | None:
+        entry = self._procs.get(pid)
+        if entry is None:
+            try:
+                proc = psutil.Process(pid)
+                proc.cpu_percent(None)  # primes the counter; the next call gives a real figure
+            except (psutil.Error, OSError):
+                return None
+            entry = self._procs[pid] = _Proc(pid, proc)
+        return entry
+
+    def _process_figures(self, entry: _Proc) -> dict[str, Any] | None:
+        try:
+            with entry.proc.oneshot():
+                rss = entry.proc.memory_info().rss
+                cpu = entry.proc.cpu_percent(None)
+            kids = entry.proc.children(recursive=True)
+        except (psutil.Error, OSError):
+            return None
+        alive: dict[int, psutil.Process] = {}
+        for kid in kids:
+            known = entry.children.get(kid.pid)
+            if known is None:
+                with contextlib.suppress(psutil.Error, OSError):
+                    kid.cpu_percent(None)
+                known = kid
+            alive[kid.pid] = known
+            try:
+                rss += known.memory_info().rss
+                cpu += known.cpu_percent(None)
+            except (psutil.Error, OSError):
+                continue
+        entry.children = alive
+        return {"rss_mib": round(rss / MIB, 1), "cpu_pct": round(cpu, 1), "nproc": 1 + len(alive)}
+
+    def sample(
+        self, ranks: list[dict[str, Any]], cuda: Mapping[int, Mapping[str, float]] | None = None
+    ) -> tuple[list[dict[str, Any]], list[int]]:
+        """One pass: a ``sys`` record per rank with a live pid, and the ranks found dead."""
+        now = time.time()
+        gpus: tuple[Any, ...] = ()
+        if self._inventory is not None and ranks:
+            try:
+                inv = self._inventory()
+                gpus = tuple(getattr(inv, "gpus", ()) or ())
+                self.nvml_error = getattr(getattr(inv, "driver", None), "error", None)
+            except Exception as exc:  # NVML trouble degrades to "no GPU figures"
+                self.nvml_error = str(exc)
+                gpus = ()
+        by_pid: dict[int, tuple[Any, Any]] = {}
+        for gpu in gpus:
+            for gp in getattr(gpu, "processes", ()) or ():
+                by_pid[gp.pid] = (gpu, gp)
+        records: list[dict[str, Any]] = []
+        dead: list[int] = []
+        live_pids: set[int] = set()
+        for info in ranks:
+            rank, pid = info.get("rank"), info.get("pid")
+            if not isinstance(rank, int) or not isinstance(pid, int):
+                continue
+            entry = self._proc(pid)
+            figures = self._process_figures(entry) if entry is not None else None
+            if figures is None:
+                dead.append(rank)
+                self._procs.pop(pid, None)
+                continue
+            live_pids.add(pid)
+            rec: dict[str, Any] = {"t": round(now, 3), "rank": rank, "kind": "sys", "pid": pid}
+            rec.update(figures)
+            if gpus:
+                self._gpu_figures(rec, info, entry, gpus, by_pid)  # type: ignore[arg-type]
+            counters = (cuda or {}).get(rank)
+            if counters:
+                for key, value in counters.items():
+                    if isinstance(value, (int, float)):
+                        rec[key] = value
+            records.append(rec)
+        for pid in list(self._procs):
+            if pid not in live_pids:
+                del self._procs[pid]
+        return records, dead
+
+    def _gpu_figures(
+        self,
+        rec: dict[str, Any],
+        info: Mapping[str, Any],
+        entry: _Proc,
+        gpus: tuple[Any, ...],
+        by_pid: Mapping[int, tuple[Any, Any]],
+    ) -> None:
+        gpu = None
+        proc_mem = None
+        for pid in (entry.pid, *entry.children):
+            if pid in by_pid:
+                gpu, gp = by_pid[pid]
+                proc_mem = gp.used_mib
+                break
+        if gpu is None:
+            gpu = self._assigned_gpu(info, entry, gpus)
+        if gpu is None:
+            return
+        rec["gpu"] = gpu.index
+        rec["gpu_util"] = gpu.util_gpu
+        rec["gpu_mem_used_mib"] = gpu.memory_used_mib
+        rec["gpu_mem_total_mib"] = gpu.memory_total_mib
+        if proc_mem is not None:
+            rec["proc_gpu_mem_mib"] = proc_mem
+
+    def _assigned_gpu(self, info: Mapping[str, Any], entry: _Proc, gpus: tuple[Any, ...]) -> Any:
+        index, uuid = _gpu_key(info.get("gpu"))
+        for gpu in gpus:
+            if (index is not None and gpu.index == index) or (uuid and gpu.uuid == uuid):
+                return gpu
+        if entry.env is None:
+            entry.env = _read_environ(entry.pid)
+        env = entry.env
+        try:
+            local = int(env.get("LOCAL_RANK", info.get("local_rank", "")))
+        except (TypeError, ValueError):
+            return None
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            return gpus[local] if 0 <= local < len(gpus) else None
+        try:
+            from xl.gpu.devices import resolve_visible_devices
+
+            devices = resolve_visible_devices(gpus, env).devices
+        except Exception:
+            devices = ()
+            for token in (t.strip() for t in visible.split(",") if t.strip()):
+                match = next(
+                    (g for g in gpus if str(g.index) == token or g.uuid.startswith(token)), None
+                )
+                if match is None:
+                    break
+                devices += (match,)
+        return devices[local] if 0 <= local < len(devices) else None

@@ -1,0 +1,353 @@
+"""The supervisor's side of telemetry, behind one small façade.
+
+    t = Telemetry(run_dir, token=token, emit_event=fn)
+    env = t.start()           # {"XL_COLLECTOR": "127.0.0.1:<port>", "XL_TOKEN": token}
+    t.set_ranks(ranks)        # [{"rank", "local_rank", "node", "pid", "gpu", "remote"?}, ...]
+    t.feed_log_line(rank, line)
+    t.stop()
+
+It owns the collector thread (rank frames -> metrics.jsonl), a 1 Hz thread that samples every
+rank's GPU and process and runs the diagnoses, the log parser, and the spool: records a rank
+wrote to ``<run_dir>/spool/`` while no collector was reachable are stored once that rank is
+gone (a live rank replays its own spool when it reconnects).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from xl import wire
+from xl.atomic import write_json_atomic
+from xl.launcher.rundir.metrics import MetricsWriter, dumps_line
+from xl.launcher.telemetry.collector import Collector
+from xl.launcher.telemetry.diagnose import Diagnoser
+from xl.launcher.telemetry.logparse import parse_line
+from xl.launcher.telemetry.sampler import Sampler
+
+STATUS_FILE = "collector.json"
+EVENTS_FILE = "events.jsonl"
+SPOOL_DIR = "spool"
+_SPOOL_NAME = re.compile(r"^rank-(\d+)-(\d+)\.jsonl(?:\.replay)?$")
+
+
+def spool_path(run_dir: str | os.PathLike[str], rank: int, pid: int) -> Path:
+    """Where a rank process spools records while the collector is unreachable."""
+    return Path(run_dir) / SPOOL_DIR / f"rank-{rank}-{pid}.jsonl"
+
+
+class Telemetry:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        token: str,
+        emit_event: Callable[[dict[str, Any]], None] | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        advertise: str | None = None,
+        sample_interval: float = 1.0,
+        inventory: Callable[[], Any] | bool | None = True,
+        on_node: Callable[[int, str, list[dict[str, Any]]], None] | None = None,
+        on_node_closed: Callable[[int], None] | None = None,
+        forward: Callable[[list[dict[str, Any]]], None] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.token = token
+        self._emit_external = emit_event
+        self._events_lock = threading.Lock()
+        self.host = host
+        self._port = port
+        # What ranks dial. Loopback by default; a multi-node run binds a routable or wildcard
+        # address and advertises this node's name (ranks elsewhere cannot dial 0.0.0.0).
+        self._advertise = advertise
+        self._interval = sample_interval
+        self._inventory = inventory
+        # Multi-node: node 0 takes the other nodes' links (on_node*); another node hands what it
+        # samples to ``forward`` (its link to node 0).
+        self._on_node = on_node
+        self._on_node_closed = on_node_closed
+        self._forward = forward
+        self._ranks: list[dict[str, Any]] = []
+        self._ranks_lock = threading.Lock()
+        # Ranks whose train metrics come from xl.log: their printed dicts are not parsed again.
+        self._client_ranks: set[int] = set()
+        self._tqdm_last: dict[int, int] = {}
+        self._dropped_pending: dict[tuple[int, str], int] = {}
+        self._dropped_lock = threading.Lock()
+        self._dropped_last_emit = 0.0
+        self.writer: MetricsWriter | None = None
+        self.collector: Collector | None = None
+        self.diagnoser = Diagnoser(self._emit)
+        self.sampler: Sampler | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.spooled_records = 0
+
+    # -- events ---------------------------------------------------------------------------
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        if self._emit_external is not None:
+            self._emit_external(event)
+            return
+        # Standalone use (tests, tools): append to events.jsonl ourselves.
+        line = json.dumps(event, separators=(",", ":"), default=str) + "\n"
+        with self._events_lock, open(self.run_dir / EVENTS_FILE, "a", encoding="utf-8") as fh:
+            fh.write(line)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def _previous_port(self) -> int:
+        try:
+            status = json.loads((self.run_dir / STATUS_FILE).read_text())
+            port = int(status.get("port", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return 0
+        return port if 0 < port < 65536 else 0
+
+    def start(self) -> dict[str, str]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = MetricsWriter(self.run_dir)
+        port = self._port if self._port is not None else self._previous_port()
+        try:
+            collector = Collector(
+                self.writer,
+                self.token,
+                host=self.host,
+                port=port,
+                on_records=self._on_records,
+                on_dropped=self._on_dropped,
+                on_node=self._on_node,
+                on_node_closed=self._on_node_closed,
+            )
+        except OSError:
+            if not port or self._port is not None:
+                raise  # a port others must dial (multi-node) is not swapped for another
+            # The old port is taken by someone else: ranks started from now on get the new one.
+            collector = Collector(
+                self.writer,
+                self.token,
+                host=self.host,
+                port=0,
+                on_records=self._on_records,
+                on_dropped=self._on_dropped,
+                on_node=self._on_node,
+                on_node_closed=self._on_node_closed,
+            )
+        self.collector = collector
+        collector.start()
+        self.sampler = Sampler(self._inventory)
+        self._write_status()
+        # A restarted supervisor stores what dead ranks left in the spool.
+        self.ingest_spool()
+        self._thread = threading.Thread(target=self._loop, name="xl-sampler", daemon=True)
+        self._thread.start()
+        host = self._advertise
+        if host is None:
+            host = socket.getfqdn() if collector.host in ("0.0.0.0", "::", "") else collector.host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return {"XL_COLLECTOR": f"{host}:{collector.port}", "XL_TOKEN": self.token}
+
+    def set_ranks(self, ranks: list[dict[str, Any]]) -> None:
+        with self._ranks_lock:
+            self._ranks = [dict(r) for r in ranks]
+        for info in ranks:
+            rank = info.get("rank")
+            if isinstance(rank, int):
+                exited = info.get("exit_code") is not None
+                self.diagnoser.set_alive(rank, not exited)
+
+    def feed_log_line(self, rank: int, line: str) -> None:
+        if self.writer is None or rank in self._client_ranks:
+            return
+        if self.collector is not None and rank in self.collector.train_ranks:
+            return
+        found = parse_line(line)
+        if found is None:
+            return
+        if found.pop("summary", False):
+            return
+        if "loss" not in found and "lr" not in found:
+            # tqdm: one record per new step, not one per redraw.
+            step = found.get("step")
+            if step is not None and self._tqdm_last.get(rank) == step:
+                return
+            if step is not None:
+                self._tqdm_last[rank] = step
+        rec: dict[str, Any] = {"t": round(time.time(), 3), "rank": rank, "kind": "train"}
+        for key, value in found.items():
+            rec.setdefault(key if key not in wire.RESERVED else f"user_{key}", value)
+        rec["source"] = "log"
+        try:
+            self.writer.write_lines([dumps_line(rec)])
+        except ValueError:
+            return
+        self.diagnoser.ingest(rank, [rec])
+
+    def stop_nodes(self, stop: dict[str, Any]) -> None:
+        """Node 0: tell every other node to end its part of the run."""
+        if self.collector is not None:
+            self.collector.stop_nodes(stop)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        if self.collector is not None:
+            self.collector.stop()
+        self.ingest_spool()
+        self._flush_dropped(force=True)
+        self._write_status()
+        if self.writer is not None:
+            self.writer.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _on_records(self, rank: int, records: list[dict[str, Any]]) -> None:
+        if rank not in self._client_ranks and any(r.get("kind") == "train" for r in records):
+            self._client_ranks.add(rank)
+        self.diagnoser.ingest(rank, records)
+
+    def _on_dropped(self, rank: int, count: int, reason: str = "queue_full") -> None:
+        with self._dropped_lock:
+            key = (rank, reason)
+            self._dropped_pending[key] = self._dropped_pending.get(key, 0) + count
+
+    def _flush_dropped(self, force: bool = False) -> None:
+        # One event per rank and reason at most every 5 s: a flood of drops is one line.
+        now = time.time()
+        with self._dropped_lock:
+            if not self._dropped_pending or (not force and now - self._dropped_last_emit < 5):
+                return
+            pending, self._dropped_pending = self._dropped_pending, {}
+            self._dropped_last_emit = now
+        for (rank, reason), count in sorted(pending.items()):
+            why = (
+                "its xl.log queue was full"
+                if reason == "queue_full"
+                else f"the collector rejected them: {reason}"
+            )
+            self._emit(
+                {
+                    "t": now,
+                    "kind": "dropped",
+                    "rank": rank,
+                    "message": f"rank {rank} dropped {count} records ({why})",
+                    "count": count,
+                    "reason": reason,
+                }
+            )
+
+    def _rank_list(self) -> list[dict[str, Any]]:
+        with self._ranks_lock:
+            ranks = [dict(r) for r in self._ranks]
+        known = {r.get("rank") for r in ranks if isinstance(r.get("pid"), int)}
+        # Ranks the launcher has not reported yet are still sampled from the pid they sent;
+        # not on node 0 of a multi-node run, where a peer's pid may be another machine's.
+        if self.collector is not None and self._on_node is None:
+            for rank, peer in list(self.collector.peers.items()):
+                if rank not in known:
+                    ranks = [r for r in ranks if r.get("rank") != rank]
+                    ranks.append({"rank": rank, "pid": peer.pid})
+        return [r for r in ranks if r.get("exit_code") is None and not r.get("remote")]
+
+    def _loop(self) -> None:
+        next_status = time.monotonic() + 5
+        while not self._stop.wait(self._interval):
+            try:
+                self._sample_once()
+            except Exception:  # sampling trouble must never take the supervisor down
+                pass
+            if time.monotonic() >= next_status:
+                next_status = time.monotonic() + 5
+                with contextlib.suppress(Exception):
+                    self._write_status()
+
+    def _sample_once(self) -> None:
+        assert self.sampler is not None and self.writer is not None
+        cuda = {}
+        if self.collector is not None:
+            cuda = {r: p.cuda for r, p in list(self.collector.peers.items()) if p.cuda}
+        records, dead = self.sampler.sample(self._rank_list(), cuda)
+        if records:
+            self.writer.write_lines([dumps_line(r) for r in records])
+            for rec in records:
+                self.diagnoser.ingest(rec["rank"], [rec])
+            if self._forward is not None:
+                self._forward(records)
+        for rank in dead:
+            self.diagnoser.set_alive(rank, False)
+        self.diagnoser.tick()
+        self._flush_dropped()
+        self.writer.maybe_flush()
+
+    def _write_status(self) -> None:
+        if self.collector is None:
+            return
+        status = {
+            "host": self.collector.host,
+            "port": self.collector.port,
+            "supervisor_pid": os.getpid(),
+            "updated": time.time(),
+            **self.collector.stats(),
+            "spooled_records": self.spooled_records,
+        }
+        write_json_atomic(self.run_dir / STATUS_FILE, status)
+
+    def ingest_spool(self) -> int:
+        """Store the spool files of rank processes that are gone; returns records stored."""
+        folder = self.run_dir / SPOOL_DIR
+        if self.writer is None or not folder.is_dir():
+            return 0
+        stored = 0
+        for path in sorted(folder.iterdir()):
+            match = _SPOOL_NAME.match(path.name)
+            if match is None:
+                continue
+            rank, pid = int(match.group(1)), int(match.group(2))
+            if pid != os.getpid() and psutil.pid_exists(pid) and not self._is_zombie(pid):
+                continue  # a live rank replays its own spool on reconnect
+            claimed = path.with_name(path.name + f".ingest-{os.getpid()}")
+            try:
+                os.rename(path, claimed)
+                raw = claimed.read_bytes()
+            except OSError:
+                continue
+            lines: list[bytes] = []
+            good: list[dict[str, Any]] = []
+            for line in raw.split(b"\n"):
+                if not line.strip():
+                    continue
+                try:
+                    good.append(wire.parse_record(line, rank))
+                except wire.FrameError:
+                    continue  # a torn last line from a killed rank
+                lines.append(line)
+            self.writer.write_lines(lines)
+            self.writer.flush()
+            if good:
+                self.diagnoser.ingest(rank, good)
+            stored += len(lines)
+            with contextlib.suppress(OSError):
+                claimed.unlink()
+        self.spooled_records += stored
+        return stored
+
+    @staticmethod
+    def _is_zombie(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return True

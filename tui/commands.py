@@ -1,0 +1,54 @@
+"""`xl launch`, `xl demo` and `xl attach` with the Textual monitor on a terminal.
+
+The launcher owns these commands but never imports the UI (DESIGN.md boundaries); this module
+joins the two: on an interactive terminal it hands the launcher a viewer that opens the monitor,
+anywhere else (pipes, CI, TERM=dumb) the launcher's own Rich/plain view runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _interactive() -> bool:
+    if os.environ.get("TERM", "") in ("", "dumb"):
+        return False
+    try:
+        return sys.stdin.isatty() and sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _monitor_own_run(run_dir: Path, _proc: Any, notice: str | None = None) -> int:
+    # Imported here: Textual costs ~150 ms and only terminals need it.
+    from xl.tui.app import run_monitor
+
+    return run_monitor(run_dir, attach_only=False, notice=notice)
+
+
+def _monitor_attached(run_dir: Path) -> int:
+    from xl.tui.app import run_monitor
+
+    return run_monitor(run_dir, attach_only=True)
+
+
+def launch_main(argv: Sequence[str]) -> int:
+    from xl.launcher.cli import launch as cmd_launch
+
+    return cmd_launch.main(argv, viewer=_monitor_own_run if _interactive() else None)
+
+
+def demo_main(argv: Sequence[str]) -> int:
+    from xl.launcher.cli import demo as cmd_demo
+
+    return cmd_demo.main(argv, viewer=_monitor_own_run if _interactive() else None)
+
+
+def attach_main(argv: Sequence[str]) -> int:
+    from xl.launcher.cli import attach as cmd_attach
+
+    return cmd_attach.main(argv, viewer=_monitor_attached if _interactive() else None)

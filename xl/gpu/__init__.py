@@ -1,0 +1,1 @@
+"""GPUs: the NVML choke point (``nvml``), CUDA_VISIBLE_DEVICES resolution (``devices``), ``xl gpus``."""

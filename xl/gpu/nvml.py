@@ -1,0 +1,538 @@
+"""GPU inventory over NVML (nvidia-ml-py), never raising.
+
+Every NVML call goes through one choke point (``_Sweep.query``): a function the driver does not
+have (FunctionNotFound, old drivers) or a value the GPU does not report (NotSupported) becomes
+``None`` and the rest of the row still shows; GPU_IS_LOST marks the GPU lost; a failing nvmlInit
+becomes ``Driver(error=..., error_kind=...)`` with a message a person can act on.
+
+NVML stays initialised between calls (the TUI and the run sampler poll at 1 Hz) and the fields
+that never change while the driver is loaded (name, UUID, PCI bus id, compute capability) are
+cached per device. pynvml is imported lazily: ``import xl.gpu.nvml`` costs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+MIB = 1024 * 1024
+
+# nvmlReturn_t values (nvml.h); kept here so importing this module never imports pynvml.
+_NO_PERMISSION = 4
+_NOT_SUPPORTED = 3
+_UNINITIALIZED = 1
+_DRIVER_NOT_LOADED = 9
+_LIBRARY_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_GPU_IS_LOST = 15
+_LIB_RM_VERSION_MISMATCH = 18
+_NO_DATA = 21
+_ARGUMENT_VERSION_MISMATCH = 25
+_NVML_MEMORY_V2 = 0x02000028
+
+# "Not available" rather than a problem worth showing: the value simply is not there.
+_NOT_AVAILABLE = frozenset(
+    {_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _NO_DATA, _ARGUMENT_VERSION_MISMATCH}
+)
+
+LOST_MESSAGE = (
+    "GPU is lost (NVML_ERROR_GPU_IS_LOST): it stopped answering the driver; "
+    "check `dmesg` for Xid errors, then reset the GPU (nvidia-smi -r) or reboot"
+)
+
+
+@dataclass(frozen=True)
+class GPUProcess:
+    pid: int
+    used_mib: float | None
+    name: str | None
+    rank: int | None
+    local_rank: int | None
+    run_id: str | None  # XL_RUN_ID of the run the process belongs to, when readable
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "used_mib": self.used_mib,
+            "name": self.name,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "run_id": self.run_id,
+        }
+
+
+@dataclass(frozen=True)
+class GPU:
+    index: int  # NVML / nvidia-smi index (PCI bus order)
+    uuid: str  # "GPU-..."; "" when the GPU is lost before it could be read
+    name: str
+    pci_bus_id: str  # "00000000:07:00.0" as nvidia-smi prints it
+    memory_total_mib: float | None
+    memory_used_mib: float | None
+    memory_free_mib: float | None
+    util_gpu: int | None
+    util_mem: int | None
+    temperature_c: int | None
+    power_w: float | None
+    power_limit_w: float | None
+    compute_capability: str | None  # "8.0"
+    mig_mode: bool | None
+    processes: tuple[GPUProcess, ...] = ()
+    lost: bool = False
+    error: str | None = None  # why values are missing, beyond "not supported here"
+    memory_reserved_mib: float | None = None  # the driver's own share (v2 memory struct only)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "name": self.name,
+            "pci_bus_id": self.pci_bus_id,
+            "memory": {
+                "total_mib": self.memory_total_mib,
+                "used_mib": self.memory_used_mib,
+                "free_mib": self.memory_free_mib,
+                "reserved_mib": self.memory_reserved_mib,
+            },
+            "utilization": {"gpu": self.util_gpu, "memory": self.util_mem},
+            "temperature_c": self.temperature_c,
+            "power_w": self.power_w,
+            "power_limit_w": self.power_limit_w,
+            "compute_capability": self.compute_capability,
+            "mig_mode": self.mig_mode,
+            "processes": [p.to_json() for p in self.processes],
+            "lost": self.lost,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class Driver:
+    version: str | None  # "550.54.15"
+    cuda_version: str | None  # the highest CUDA the driver supports, "12.4"
+    error: str | None = None  # why NVML cannot be used, for a person
+    error_kind: str | None = (
+        None  # library_not_found|driver_not_loaded|version_mismatch|no_permission|other
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "cuda_version": self.cuda_version,
+            "error": self.error,
+            "error_kind": self.error_kind,
+        }
+
+
+@dataclass(frozen=True)
+class Inventory:
+    driver: Driver
+    gpus: tuple[GPU, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"driver": self.driver.to_json(), "gpus": [g.to_json() for g in self.gpus]}
+
+
+# ---------------------------------------------------------------------------------------------
+# State shared by every caller in the process
+
+
+@dataclass
+class _Static:
+    """What never changes while the driver stays loaded."""
+
+    handle: Any
+    uuid: str
+    name: str
+    pci_bus_id: str
+    compute_capability: str | None
+
+
+class _State:
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self.static: dict[int, _Static] = {}
+        # Features this driver lacks: learnt once, so later sweeps skip the failing call.
+        self.memory_v2 = True
+        self.procs_v3 = True
+        self.count: int | None = None
+
+
+_lock = threading.RLock()
+_state: _State | None = None
+
+
+class _Lost(Exception):
+    pass
+
+
+class _Uninitialized(Exception):
+    """Someone else in the process shut NVML down under us (pynvml refcounts globally)."""
+
+
+def _nvml_code(exc: BaseException) -> int | None:
+    return getattr(exc, "value", None)
+
+
+def _cuda_version_str(v: int | None) -> str | None:
+    if not v:
+        return None
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def _init_failure(exc: BaseException) -> Driver:
+    code = _nvml_code(exc)
+    raw = str(exc)
+    if code == _LIBRARY_NOT_FOUND:
+        msg = (
+            "no NVIDIA driver: libnvidia-ml.so.1 was not found, so this machine has no NVIDIA "
+            "driver installed (CPU-only training still works)"
+        )
+        kind = "library_not_found"
+    elif code == _DRIVER_NOT_LOADED:
+        msg = (
+            "the NVIDIA driver is installed but not loaded (NVML: Driver Not Loaded); "
+            "load it with `sudo modprobe nvidia` or reboot"
+        )
+        kind = "driver_not_loaded"
+    elif code == _LIB_RM_VERSION_MISMATCH:
+        msg = (
+            "NVIDIA driver/library version mismatch: the running kernel module is not the "
+            "version of the installed libnvidia-ml (usually after a driver upgrade); reboot, "
+            "or unload and reload the nvidia kernel modules"
+        )
+        kind = "version_mismatch"
+    elif code == _NO_PERMISSION:
+        msg = (
+            "no permission to use the NVIDIA driver (NVML: Insufficient Permissions); check "
+            "the permissions of /dev/nvidia* (your user may need to be in the video group)"
+        )
+        kind = "no_permission"
+    else:
+        msg = f"NVML could not be initialised: {raw}"
+        kind = "other"
+    return Driver(version=None, cuda_version=None, error=msg, error_kind=kind)
+
+
+def _ensure_init() -> _State | Driver:
+    """The live state, or a Driver describing why NVML cannot be used. Lock held."""
+    global _state
+    if _state is not None:
+        return _state
+    try:
+        import pynvml
+    except ImportError:
+        return Driver(
+            None,
+            None,
+            error="nvidia-ml-py is not installed: `pip install nvidia-ml-py` to read GPUs",
+            error_kind="other",
+        )
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return _init_failure(exc)
+    except OSError as exc:  # a broken libnvidia-ml that dlopen rejects
+        return Driver(None, None, error=f"cannot load libnvidia-ml: {exc}", error_kind="other")
+    version = _plain(pynvml.nvmlSystemGetDriverVersion)
+    cuda = _plain(pynvml.nvmlSystemGetCudaDriverVersion_v2)
+    if cuda is None:
+        cuda = _plain(pynvml.nvmlSystemGetCudaDriverVersion)
+    _state = _State(Driver(version=version, cuda_version=_cuda_version_str(cuda)))
+    return _state
+
+
+def _plain(fn: Callable[..., T], *args: Any) -> T | None:
+    """A call whose failure just means "not available" (used outside a GPU row)."""
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def shutdown() -> None:
+    """Release NVML and forget every cached value (tests; a driver reload)."""
+    global _state
+    with _lock:
+        if _state is None:
+            return
+        _state = None
+        try:
+            import pynvml
+
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+# ---------------------------------------------------------------------------------------------
+# One sweep over the GPUs
+
+
+class _Sweep:
+    def __init__(self, pynvml: Any) -> None:
+        self.nv = pynvml
+        self.errors: list[str] = []
+        self.last_code = 0  # NVML code of the last failed query (0: it worked)
+
+    def query(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """The choke point: a value, or None when the GPU/driver does not provide it."""
+        nv = self.nv
+        self.last_code = 0
+        try:
+            return fn(*args)
+        except nv.NVMLError as exc:
+            code = self.last_code = _nvml_code(exc) or 0
+            if code == _GPU_IS_LOST:
+                raise _Lost from None
+            if code == _UNINITIALIZED:
+                raise _Uninitialized from None
+            if code not in _NOT_AVAILABLE:
+                self.errors.append(f"{getattr(fn, '__name__', 'nvml')}: {exc}")
+            return None
+        except nv.NVMLLibraryMismatchError:
+            # pynvml's unversioned wrappers raise this when the driver lacks the new symbol.
+            self.last_code = _FUNCTION_NOT_FOUND
+            return None
+        except Exception as exc:  # e.g. undecodable bytes: lose this value, not the row
+            self.last_code = -1
+            self.errors.append(f"{getattr(fn, '__name__', 'nvml')}: {type(exc).__name__}: {exc}")
+            return None
+
+    def gpu(self, state: _State, index: int, *, processes: bool) -> GPU:
+        nv = self.nv
+        self.errors = []
+        static = state.static.get(index)
+        try:
+            if static is None:
+                handle = self.query(nv.nvmlDeviceGetHandleByIndex, index)
+                if handle is None:
+                    raise RuntimeError(self.errors[-1] if self.errors else "no handle")
+                pci = self.query(nv.nvmlDeviceGetPciInfo, handle)
+                cc = self.query(nv.nvmlDeviceGetCudaComputeCapability, handle)
+                static = _Static(
+                    handle=handle,
+                    uuid=self.query(nv.nvmlDeviceGetUUID, handle) or "",
+                    name=self.query(nv.nvmlDeviceGetName, handle) or "",
+                    pci_bus_id=_decode(pci.busId) if pci is not None else "",
+                    compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
+                )
+                # Cache only a complete read: a GPU that failed half-way is asked again.
+                if static.uuid and static.name and static.pci_bus_id:
+                    state.static[index] = static
+            return self._dynamic(state, index, static, processes=processes)
+        except _Lost:
+            # Keep what was read before: a lost GPU is still named by its UUID in the table.
+            return _lost_gpu(index, static)
+        except RuntimeError as exc:
+            return _empty_gpu(index, error=f"cannot open GPU {index}: {exc}")
+
+    def _dynamic(self, state: _State, index: int, s: _Static, *, processes: bool) -> GPU:
+        nv = self.nv
+        h = s.handle
+        total = used = free = reserved = None
+        mem = None
+        if state.memory_v2:
+            # v2 reports the driver's reserved memory apart; v1 counts it as used.
+            mem = self.query(nv.nvmlDeviceGetMemoryInfo, h, _NVML_MEMORY_V2)
+            if mem is None and self.last_code == _FUNCTION_NOT_FOUND:
+                state.memory_v2 = False  # an older driver: v1 from now on
+            elif mem is not None:
+                reserved = mem.reserved / MIB
+        if mem is None:
+            mem = self.query(nv.nvmlDeviceGetMemoryInfo, h)
+        if mem is not None:
+            total, used, free = mem.total / MIB, mem.used / MIB, mem.free / MIB
+        util = self.query(nv.nvmlDeviceGetUtilizationRates, h)
+        temp = self.query(nv.nvmlDeviceGetTemperature, h, 0)  # 0 = NVML_TEMPERATURE_GPU
+        if temp is None and self.last_code == _FUNCTION_NOT_FOUND:
+            # nvmlDeviceGetTemperature is deprecated; drivers after CUDA 13 may drop it.
+            temp = self.query(nv.nvmlDeviceGetTemperatureV, h, 0)
+        power = self.query(nv.nvmlDeviceGetPowerUsage, h)
+        limit = self.query(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+        mig = self.query(nv.nvmlDeviceGetMigMode, h)
+        procs = self._processes(state, h) if processes else ()
+        return GPU(
+            index=index,
+            uuid=s.uuid,
+            name=s.name,
+            pci_bus_id=s.pci_bus_id,
+            memory_total_mib=total,
+            memory_used_mib=used,
+            memory_free_mib=free,
+            util_gpu=util.gpu if util is not None else None,
+            util_mem=util.memory if util is not None else None,
+            temperature_c=temp,
+            power_w=power / 1000.0 if power is not None else None,
+            power_limit_w=limit / 1000.0 if limit is not None else None,
+            compute_capability=s.compute_capability,
+            mig_mode=bool(mig[0]) if mig is not None else None,
+            processes=procs,
+            lost=False,
+            error="; ".join(self.errors) or None,
+            memory_reserved_mib=reserved,
+        )
+
+    def _processes(self, state: _State, h: Any) -> tuple[GPUProcess, ...]:
+        nv = self.nv
+        compute = graphics = None
+        if state.procs_v3:
+            compute = self.query(nv.nvmlDeviceGetComputeRunningProcesses_v3, h)
+            if compute is None and self.last_code == _FUNCTION_NOT_FOUND:
+                state.procs_v3 = False  # drivers before 510 have only _v2
+            else:
+                graphics = self.query(nv.nvmlDeviceGetGraphicsRunningProcesses_v3, h)
+        if not state.procs_v3:
+            compute = self.query(nv.nvmlDeviceGetComputeRunningProcesses_v2, h)
+            graphics = self.query(nv.nvmlDeviceGetGraphicsRunningProcesses_v2, h)
+        # A process with CUDA and graphics contexts shows in both lists: one row per pid.
+        used: dict[int, float | None] = {}
+        for p in [*(compute or ()), *(graphics or ())]:
+            mib = p.usedGpuMemory / MIB if p.usedGpuMemory is not None else None
+            if p.pid not in used or (mib is not None and (used[p.pid] or 0) < mib):
+                used[p.pid] = mib
+        return tuple(_process(pid, mib) for pid, mib in used.items())
+
+
+def _decode(v: bytes | str) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else v
+
+
+def _lost_gpu(index: int, s: _Static | None) -> GPU:
+    return GPU(
+        index=index,
+        uuid=s.uuid if s else "",
+        name=s.name if s else "",
+        pci_bus_id=s.pci_bus_id if s else "",
+        memory_total_mib=None,
+        memory_used_mib=None,
+        memory_free_mib=None,
+        util_gpu=None,
+        util_mem=None,
+        temperature_c=None,
+        power_w=None,
+        power_limit_w=None,
+        compute_capability=s.compute_capability if s else None,
+        mig_mode=None,
+        processes=(),
+        lost=True,
+        error=LOST_MESSAGE,
+    )
+
+
+def _empty_gpu(index: int, *, error: str) -> GPU:
+    return GPU(
+        index=index,
+        uuid="",
+        name="",
+        pci_bus_id="",
+        memory_total_mib=None,
+        memory_used_mib=None,
+        memory_free_mib=None,
+        util_gpu=None,
+        util_mem=None,
+        temperature_c=None,
+        power_w=None,
+        power_limit_w=None,
+        compute_capability=None,
+        mig_mode=None,
+        error=error,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes: who they are (from /proc; a process of another user is simply not readable)
+
+
+def _read_environ(pid: int) -> dict[str, str]:
+    from xl.proc import read_environ
+
+    return read_environ(pid, ("RANK", "LOCAL_RANK", "XL_RUN_ID"))
+
+
+def _read_comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _int_or_none(v: str | None) -> int | None:
+    if v is None:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        return None
+
+
+def _process(pid: int, used_mib: float | None) -> GPUProcess:
+    env = _read_environ(pid) if os.name == "posix" else {}
+    return GPUProcess(
+        pid=pid,
+        used_mib=used_mib,
+        name=_read_comm(pid),
+        rank=_int_or_none(env.get("RANK")),
+        local_rank=_int_or_none(env.get("LOCAL_RANK")),
+        run_id=env.get("XL_RUN_ID"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry point
+
+
+def inventory(*, processes: bool = True) -> Inventory:
+    """Every GPU in nvidia-smi order with its current figures. Never raises; thread-safe."""
+    global _state
+    with _lock:
+        for _attempt in range(2):
+            got = _ensure_init()
+            if isinstance(got, Driver):
+                return Inventory(driver=got, gpus=())
+            try:
+                return _sweep(got, processes=processes)
+            except _Uninitialized:
+                _state = None  # initialise again, once
+            except Exception as exc:  # a bug or a driver gone mad: say so, never crash a caller
+                return Inventory(
+                    driver=Driver(
+                        got.driver.version,
+                        got.driver.cuda_version,
+                        error=f"reading the GPUs failed: {type(exc).__name__}: {exc}",
+                        error_kind="other",
+                    )
+                )
+        return Inventory(
+            driver=Driver(None, None, error="NVML keeps shutting down", error_kind="other")
+        )
+
+
+def _sweep(state: _State, *, processes: bool) -> Inventory:
+    import pynvml
+
+    sweep = _Sweep(pynvml)
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+    except pynvml.NVMLError as exc:
+        if _nvml_code(exc) == _UNINITIALIZED:
+            raise _Uninitialized from None
+        return Inventory(
+            driver=Driver(
+                state.driver.version,
+                state.driver.cuda_version,
+                error=f"cannot count the GPUs: {exc}",
+                error_kind="other",
+            )
+        )
+    if state.count is not None and count != state.count:
+        state.static.clear()  # GPUs came or went (driver reload, reconfigured): re-read all
+    state.count = count
+    gpus = tuple(sweep.gpu(state, i, processes=processes) for i in range(count))
+    return Inventory(driver=state.driver, gpus=gpus)
