@@ -26,12 +26,17 @@ from pathlib import Path
 
 import psutil
 
+from xl import wire
+from xl.launcher.rundir.metrics import MetricsWriter
+from xl.launcher.telemetry.collector import Collector
+from xl.launcher.telemetry.diagnose import Diagnoser
+from xl.launcher.telemetry.server import ACK
+from xl.launcher.telemetry.service import Telemetry
+
 TOKEN = "bench-token"
 
 
 def worker(addr: str, first_rank: int, nranks: int, hz: float, seconds: float, flood: bool) -> None:
-    from xl import wire
-
     host, port = addr.rsplit(":", 1)
     socks = [socket.create_connection((host, int(port))) for _ in range(nranks)]
     sent = 0
@@ -147,12 +152,7 @@ class AsyncioCollector:
     doing the same work per frame (framing, header, token, records, append, cumulative ack)."""
 
     def __init__(self, run_dir: Path) -> None:
-        import asyncio
-
-        from xl import wire
-        from xl.launcher.rundir.metrics import MetricsWriter
-        from xl.launcher.telemetry.collector import ACK, Collector
-        from xl.launcher.telemetry.diagnose import Diagnoser
+        import asyncio  # noqa: PLC0415 - only --compare-asyncio uses it
 
         self.writer = MetricsWriter(run_dir)
         self.records = 0
@@ -233,9 +233,6 @@ def main() -> int:
         help="also flood an asyncio Protocol server doing the same work",
     )
     args = ap.parse_args()
-
-    from xl.launcher.telemetry.service import Telemetry
-
     run_dir = Path(tempfile.mkdtemp(prefix="xl-bench-collector-"))
     tel = Telemetry(run_dir, token=TOKEN, inventory=False)
     addr = tel.start()["XL_COLLECTOR"]

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from xl.launcher.telemetry.service import Telemetry
+
 BATCH = 200
 PAUSE_S = 0.004  # ~50k calls/s: far above any training loop, below the sender's drain rate
 
@@ -54,14 +56,11 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=200_000)
     args = ap.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="xl-bench-log-"))
-
-    from xl.launcher.telemetry.service import Telemetry
-
     tel = Telemetry(run_dir, token="bench", inventory=False)
     env = tel.start()
     os.environ.update(env, XL_RUN_DIR=str(run_dir), RANK="0", XL_LOG_QUEUE="1000000")
-    import xl
-    from xl import client
+    import xl  # noqa: PLC0415 - the client reads XL_COLLECTOR on import: only once the run's env is set
+    from xl import client  # noqa: PLC0415 - as above: after the run's env is set
 
     results = []
     loss, lr, gnorm = 0.5, 1e-4, 1.25
@@ -80,7 +79,7 @@ def main() -> int:
             ),
         )
     )
-    import torch
+    import torch  # noqa: PLC0415 - only the tensor case needs it; the no-op figures come first
 
     t_loss = torch.tensor(0.5)
     results.append(
@@ -102,7 +101,7 @@ def main() -> int:
     expected = args.calls // BATCH * BATCH + args.calls // 4 // BATCH * BATCH
 
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional (bench extra)
     except Exception as exc:  # tensorboard is in the bench extra
         print(f"SummaryWriter unavailable ({exc}); install the bench extra", file=sys.stderr)
         SummaryWriter = None  # type: ignore[assignment,misc]

@@ -1,8 +1,10 @@
 """Training overhead of full monitoring: the example's step time under `xl launch` vs torchrun.
 
     .venv/bin/python bench/bench_overhead.py [--pairs 8] [--steps 1000] [--skip 150] [--ab-steps 1500]
+    .venv/bin/python bench/bench_overhead.py --gpu [--json OUT.json]   # on a GPU machine
 
-Both sides run examples/train.py (2 CPU ranks, DDP, a fixed ``--steps``, so identical work)
+Both sides run examples/train.py (2 CPU ranks, DDP, a fixed ``--steps``, so identical work; with
+``--gpu`` one rank per visible GPU on NCCL and a GPU-bound width and batch)
 through a tiny driver that timestamps each ``xl.log`` call (one per step) inside the rank.
 Under plain torchrun ``xl.log``/``xl.watch`` are no-ops; under ``xl launch --no-tui``
 everything is on: the client and its sender thread, xl.watch's comm hook, the collector, the
@@ -45,165 +47,36 @@ import sys
 import tempfile
 from pathlib import Path
 
+from overhead_ranks import AB_DRIVER, DRIVER  # bench/ is sys.path[0] when run as a script
+
 REPO = Path(__file__).resolve().parent.parent
 
-# Runs inside each rank. It wraps xl.log (train.py looks it up on every call) to stamp the
-# end of each step; at step ``skip`` and at the last step it reads CPU times, so every CPU
-# number covers exactly the steady window of the step times.
-DRIVER = r"""
-import json, os, runpy, statistics, sys, time
-import psutil
-import xl
-
-SKIP = int(os.environ["BENCH_SKIP"])
-BENCH_PID = int(os.environ["BENCH_PID"])
-stamps = []
-snaps = {}
-
-def tree():
-    # The launch tree: the ancestor of this rank that the bench started, and all below it.
-    me = psutil.Process()
-    chain = [me]
-    while chain[-1].ppid() not in (BENCH_PID, 0, 1):
-        chain.append(chain[-1].parent())
-    root = chain[-1]
-    roles = {me.pid: "rank"}
-    names = ["torchrun agent", "xl supervisor", "xl launch (view)"]
-    for proc, name in zip(chain[1:], names):
-        roles[proc.pid] = name
-    out = {}
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-        except psutil.Error:
-            continue
-        role = roles.get(proc.pid)
-        if role is None:
-            role = "rank" if proc.ppid() == chain[1].pid else "other"
-        out[f"{role}:{proc.pid}"] = t.user + t.system
-    return out
-
-def sender_cpu():
-    sender = getattr(sys.modules.get("xl.client"), "_sender", None)
-    if sender is None or sender.thread.native_id is None:
-        return 0.0
-    for th in psutil.Process().threads():
-        if th.id == sender.thread.native_id:
-            return th.user_time + th.system_time
-    return 0.0
-
-def snap():
-    return {"process": time.process_time(), "main": time.thread_time(), "sender": sender_cpu(),
-            "tree": tree() if os.environ.get("RANK", "0") == "0" else {}}
-
-real_log = xl.log
-def timed_log(*a, **kw):
-    stamps.append(time.perf_counter())
-    if len(stamps) == SKIP:
-        snaps["start"] = snap()
-    elif kw.get("step") is not None and kw.get("step") == kw.get("total_steps"):
-        snaps["end"] = snap()
-    real_log(*a, **kw)
-
-xl.log = timed_log
-if os.environ.get("BENCH_NO_WATCH"):
-    xl.watch = lambda model, *a, **k: model
-sys.argv = [sys.argv[1], *sys.argv[2:]]
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-finally:
-    end = snaps.get("end") or snap()
-    steady = stamps[SKIP - 1:]
-    steps = [b - a for a, b in zip(steady, steady[1:])]
-    start = snaps.get("start")
-    n = len(steps)
-    rep = {"steps": n, "median_step_s": statistics.median(steps) if steps else None,
-           "mean_step_s": (steady[-1] - steady[0]) / n if n else None}
-    if start and n:
-        for key in ("process", "main", "sender"):
-            rep[f"{key}_cpu_per_step_s"] = (end[key] - start[key]) / n
-        rep["tree_cpu_per_step_s"] = {
-            k: (v - start["tree"].get(k, 0.0)) / n for k, v in end["tree"].items()
-        }
-    path = os.path.join(os.environ["BENCH_OUT"], f"rank-{os.environ.get('RANK', '0')}-{os.getpid()}.json")
-    with open(path, "w") as fh:
-        json.dump(rep, fh)
-"""
-
-# Runs inside each rank of one `xl launch`: two replicas of the example's model under DDP on
-# the same process group, one as the example has it under xl (xl.watch's comm hook, xl.log
-# every step), one as under plain torchrun (DDP's built-in all-reduce, no xl.log). Their steps
-# alternate (A B B A ...), so each pair of neighbouring steps sees the same machine load, and
-# the per-pair ratio isolates what monitoring adds to the rank's critical path. Work per step
-# is train.py's own (model_for, batch, AdamW, loss), imported from the example.
-AB_DRIVER = r"""
-import json, os, runpy, sys, time
-import torch, torch.distributed as dist
-from torch import nn
-import xl
-
-from xl import client
-assert client.active(), "the A/B driver must run under xl launch"
-ex = runpy.run_path(sys.argv[1], run_name="bench")
-steps, width, batch = int(sys.argv[2]), int(sys.argv[3]), 64
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(0)
-teacher = ex["model_for"](64).eval()
-gen = torch.Generator().manual_seed(1000 + rank)
-
-def replica(watched):
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(ex["model_for"](width))
-    if watched:
-        xl.watch(model)
-    return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
-
-sides = {"xl": replica(True), "plain": replica(False)}
-
-def step(side, i):
-    model, opt = sides[side]
-    x = torch.randn(batch, 128, generator=gen)
-    with torch.no_grad():
-        y = teacher(x).argmax(dim=1)
-    loss = nn.functional.cross_entropy(model(x), y)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    value = float(loss.detach())
-    if side == "xl":
-        xl.log(step=i, loss=value, samples=batch, total_steps=steps)
-
-times = {"xl": [], "plain": []}
-clock = time.perf_counter
-for i in range(steps):
-    order = ("xl", "plain") if i % 2 == 0 else ("plain", "xl")
-    for side in order:
-        dist.barrier()  # both ranks start the step together: the time is this step's alone
-        t0 = clock()
-        step(side, i)
-        times[side].append(clock() - t0)
-skip = int(os.environ["BENCH_SKIP"])
-with open(os.path.join(os.environ["BENCH_OUT"], f"ab-rank-{rank}.json"), "w") as fh:
-    json.dump({k: v[skip:] for k, v in times.items()}, fh)
-dist.barrier()
-dist.destroy_process_group()
-"""
-
-
 AB_BLOCK = 10
+
+
+def bench_env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
+    """This environment for a benched launch: no variables of an outer run, every GPU in
+    nvidia-smi order (xl sets that order itself; torchrun gets the same)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+    for key in ("XL_COLLECTOR", "XL_TOKEN", "XL_RUN_DIR", "XL_RUN_ID", "CUDA_VISIBLE_DEVICES"):
+        env.pop(key, None)
+    if args.gpu:
+        env.update(BENCH_GPU="1", CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    return env
+
+
+def xl_launch(args: argparse.Namespace) -> list[str]:
+    where = ["--gpus", "all"] if args.gpu else ["--nproc", str(args.nproc)]
+    return [sys.executable, "-m", "xl", "launch", *where, "--no-tui", "--"]
 
 
 def run_interleaved(driver: Path, args: argparse.Namespace, tmp: Path) -> list[float]:
     """One `xl launch` with both variants alternating step by step; xl/plain per block of pairs."""
     out = tmp / "ab"
     out.mkdir()
-    env = dict(os.environ, BENCH_OUT=str(out), BENCH_SKIP=str(args.skip), XL_HOME=str(tmp / "home"))
-    env["OMP_NUM_THREADS"] = "1"
-    for key in ("XL_COLLECTOR", "XL_TOKEN", "XL_RUN_DIR", "XL_RUN_ID", "CUDA_VISIBLE_DEVICES"):
-        env.pop(key, None)
-    argv = [sys.executable, "-m", "xl", "launch", "--nproc", "2", "--no-tui", "--"]
-    argv += [str(driver), str(REPO / "examples" / "train.py"), str(args.ab_steps), "256"]
+    env = bench_env(args, BENCH_OUT=str(out), BENCH_SKIP=str(args.skip), XL_HOME=str(tmp / "home"))
+    argv = [*xl_launch(args), str(driver), str(REPO / "examples" / "train.py")]
+    argv += [str(args.ab_steps), str(args.width), str(args.batch_size)]
     proc = subprocess.run(
         argv, env=env, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300
     )
@@ -212,11 +85,11 @@ def run_interleaved(driver: Path, args: argparse.Namespace, tmp: Path) -> list[f
             f"interleaved run failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}"
         )
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("ab-rank-*.json"))]
-    if len(reports) != 2:
-        raise SystemExit(f"interleaved run: expected 2 rank reports, got {len(reports)}")
-    # A step ends when the slower rank ends it (the all-reduce waits for both): take the max.
-    xl_t = [max(a, b) for a, b in zip(reports[0]["xl"], reports[1]["xl"], strict=True)]
-    plain_t = [max(a, b) for a, b in zip(reports[0]["plain"], reports[1]["plain"], strict=True)]
+    if len(reports) != args.nproc:
+        raise SystemExit(f"interleaved run: expected {args.nproc} rank reports, got {len(reports)}")
+    # A step ends when the slowest rank ends it (the all-reduce waits for all): take the max.
+    xl_t = [max(t) for t in zip(*(r["xl"] for r in reports), strict=True)]
+    plain_t = [max(t) for t in zip(*(r["plain"] for r in reports), strict=True)]
     # Single steps jitter by +-25% here; blocks of AB_BLOCK neighbouring pairs (~0.1 s) keep the
     # pairing local while averaging that jitter out: one ratio of sums per block.
     return [
@@ -237,46 +110,37 @@ def run_once(
     """One launch; returns per-step numbers for the steady window (rank means)."""
     out = tmp / f"{mode}-{n}"
     out.mkdir()
-    env = dict(
-        os.environ,
+    env = bench_env(
+        args,
         BENCH_OUT=str(out),
         BENCH_SKIP=str(args.skip),
         BENCH_PID=str(os.getpid()),
         XL_HOME=str(tmp / "home"),
-        OMP_NUM_THREADS="1",
     )
     if mode == "xl-nowatch":
         env["BENCH_NO_WATCH"] = "1"
-    for key in ("XL_COLLECTOR", "XL_TOKEN", "XL_RUN_DIR", "XL_RUN_ID", "CUDA_VISIBLE_DEVICES"):
-        env.pop(key, None)
-    script = [
-        str(driver),
-        str(REPO / "examples" / "train.py"),
-        "--steps",
-        str(args.steps),
-        "--width",
-        "256",
-    ]
+    script = [str(driver), str(REPO / "examples" / "train.py"), "--steps", str(args.steps)]
+    script += ["--width", str(args.width), "--batch-size", str(args.batch_size)]
     if mode == "torchrun":
         argv = [
             sys.executable,
             "-m",
             "torch.distributed.run",
-            "--nproc-per-node=2",
+            f"--nproc-per-node={args.nproc}",
             "--master-addr=127.0.0.1",
             f"--master-port={free_port()}",
             *script,
         ]
     else:
-        argv = [sys.executable, "-m", "xl", "launch", "--nproc", "2", "--no-tui", "--", *script]
+        argv = [*xl_launch(args), *script]
     proc = subprocess.run(
         argv, env=env, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300
     )
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
     reports = [json.loads(p.read_text()) for p in out.glob("rank-*.json")]
-    if len(reports) != 2 or any("main_cpu_per_step_s" not in r for r in reports):
-        raise SystemExit(f"{mode}: expected 2 complete rank reports, got {reports}")
+    if len(reports) != args.nproc or any("main_cpu_per_step_s" not in r for r in reports):
+        raise SystemExit(f"{mode}: expected {args.nproc} complete rank reports, got {reports}")
     row = {
         key: statistics.mean(r[key] for r in reports)
         for key in (
@@ -321,6 +185,12 @@ def main() -> int:
         "--pairs", type=int, default=8, help="A/B pairs of runs (each pair is one ratio)"
     )
     ap.add_argument(
+        "--gpu", action="store_true", help="one rank per visible GPU (NCCL), a GPU-bound model"
+    )
+    ap.add_argument("--width", type=int, help="model width (default 256; 4096 with --gpu)")
+    ap.add_argument("--batch-size", type=int, help="batch per rank (default 64; 4096 with --gpu)")
+    ap.add_argument("--json", metavar="PATH", help="also write the figures and verdict here")
+    ap.add_argument(
         "--steps", type=int, default=1000, help="steps per run (identical on both sides)"
     )
     ap.add_argument("--skip", type=int, default=150, help="warm-up steps left out of every number")
@@ -352,6 +222,16 @@ def main() -> int:
             )
     if args.pairs < 2 or args.skip < 1 or args.steps < args.skip + 50:
         ap.error("need --pairs >= 2, --skip >= 1 and --steps >= --skip + 50")
+    args.width = args.width or (4096 if args.gpu else 256)
+    args.batch_size = args.batch_size or (4096 if args.gpu else 64)
+    args.nproc = 2
+    if args.gpu:
+        from xl.gpu.nvml import inventory  # noqa: PLC0415 - only --gpu needs NVML
+
+        args.nproc = len(inventory(processes=False).gpus)
+        if args.nproc == 0:
+            print("bench_overhead: --gpu but NVML sees no GPU on this machine", file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory(prefix="xl-bench-overhead-") as tmp_s:
         tmp = Path(tmp_s)
         driver = tmp / "driver.py"
@@ -380,13 +260,16 @@ def main() -> int:
             ab_driver = tmp / "ab_driver.py"
             ab_driver.write_text(AB_DRIVER)
             ab = run_interleaved(ab_driver, args, tmp)
-    report(rows, ab, args)
+    summary = report(rows, ab, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 
 
 def report(
     rows: dict[str, list[dict[str, float]]], ab: list[float], args: argparse.Namespace
-) -> None:
+) -> dict[str, object]:
+    """Print the figures; return the headline ones (what --json writes)."""
     base, mon = rows["torchrun"], rows["xl"]
 
     def paired(
@@ -438,9 +321,9 @@ def report(
     print(
         f"  extra CPU of monitoring: {extra * 1e3:.3f} ms per step = {extra / step * 100:.1f}% of one core "
         f"(machine has {os.cpu_count()} cores; the ranks use "
-        f"{2 * med(base, 'process_cpu_per_step_s') / step * 100:.0f}% of one core between them)"
+        f"{args.nproc * med(base, 'process_cpu_per_step_s') / step * 100:.0f}% of one core between them)"
     )
-    ab_lo = 0.0
+    ab_lo = ab_hi = 0.0
     if ab:
         ab_m, (ab_lo, ab_hi) = statistics.median(ab), median_ci(ab)
         print(
@@ -463,6 +346,19 @@ def report(
     else:
         verdict = f"NOT RESOLVED: whole-run step time {pct(m)}, 95% CI [{pct(lo)}, {pct(hi)}] straddles +1%"
     print(f"goal <= 1% slower: {verdict}")
+    return {
+        "mode": "gpu" if args.gpu else "cpu",
+        "ranks": args.nproc,
+        "pairs": args.pairs,
+        "steps": args.steps,
+        "step_ms_torchrun": med(base, "mean_step_s") * 1e3,
+        "step_ms_xl": med(mon, "mean_step_s") * 1e3,
+        "overhead_pct": (m - 1) * 100,
+        "overhead_ci95_pct": [(lo - 1) * 100, (hi - 1) * 100],
+        "interleaved_pct": (statistics.median(ab) - 1) * 100 if ab else None,
+        "interleaved_ci95_pct": [(ab_lo - 1) * 100, (ab_hi - 1) * 100] if ab else None,
+        "verdict": verdict,
+    }
 
 
 if __name__ == "__main__":

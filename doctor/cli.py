@@ -7,13 +7,14 @@ import os
 import sys
 from collections.abc import Sequence
 
+from xl.doctor.probes.files import which
+from xl.doctor.render import render_plain, render_report
+from xl.doctor.run import run_doctor
 from xl.errors import ArgumentParser, UsageError
 
 
 def _python_arg(value: str) -> str:
     if os.sep not in value:
-        from xl.doctor.probes import which
-
         found = which(value, os.environ.get("PATH"))
         if found is None:
             raise UsageError(
@@ -48,9 +49,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     python = _python_arg(args.python) if args.python else None
-
-    from xl.doctor.run import run_doctor
-
     report = run_doctor(python)
     # Text may carry U+FFFD from undecodable environment bytes; never die on a narrow locale.
     if hasattr(sys.stdout, "reconfigure"):
@@ -58,14 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     elif _color_terminal():
-        from rich.console import Console
-
-        from xl.doctor.render import render_report
+        from rich.console import Console  # noqa: PLC0415 - Rich costs ~45 ms; only a colour terminal needs it
 
         Console(highlight=False).print(render_report(report, args.strict))
     else:
-        from xl.doctor.render import render_plain
-
         sys.stdout.write(render_plain(report, args.strict))
     sys.stdout.flush()
     return report.exit_code(args.strict)

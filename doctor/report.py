@@ -11,28 +11,6 @@ from typing import Any
 STATUSES = ("ok", "skip", "warn", "error", "fail")
 _RANK = {s: i for i, s in enumerate(STATUSES)}
 
-# DESIGN.md's stable ids, in the order they are reported.
-CHECK_IDS = (
-    "driver",
-    "gpus",
-    "cuda_home",
-    "nvcc",
-    "toolkits",
-    "torch",
-    "torch_cuda_match",
-    "driver_cuda",
-    "host_compiler",
-    "ld_library_path",
-    "cuda_visible_devices",
-    "cuda_device_order",
-    "shm",
-    "nccl",
-    "ninja",
-    "arch_list",
-)
-
-AREAS = ("Driver & GPUs", "CUDA toolkit", "PyTorch", "Devices", "System")
-
 
 def clean_text(value: str) -> str:
     """Make text printable: environment bytes that were not UTF-8 arrive as lone surrogates."""
@@ -103,10 +81,10 @@ class Report:
         return worst(c.status for c in self.checks)
 
     def by_area(self) -> list[tuple[str, list[Check]]]:
-        """The checks grouped by area, areas in AREAS order (what every renderer shows)."""
-        order = list(AREAS) + sorted({c.area for c in self.checks} - set(AREAS))
-        groups = [(a, [c for c in self.checks if c.area == a]) for a in order]
-        return [(a, cs) for a, cs in groups if cs]
+        """The checks grouped by area (what every renderer shows). Areas come in the order of
+        their first check, so the registry's order (xl.doctor.checks.CHECKS) sets both."""
+        order = dict.fromkeys(c.area for c in self.checks)
+        return [(a, [c for c in self.checks if c.area == a]) for a in order]
 
     def get(self, check_id: str) -> Check | None:
         return next((c for c in self.checks if c.id == check_id), None)

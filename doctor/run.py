@@ -8,10 +8,13 @@ import sys
 import time
 from typing import Any
 
-from xl.doctor import probes
-from xl.doctor.checks import AREA_OF, TITLES, run_checks
+from xl._version import __version__
+from xl.doctor.checks import all_errored, run_checks
 from xl.doctor.facts import CmdResult, Compiler, Facts, TorchInfo, parse_nvcc_version
-from xl.doctor.report import CHECK_IDS, Check, Report
+from xl.doctor.probes import compilers, files, libraries, system, toolkits
+from xl.doctor.probes.commands import Parallel, run_cmd
+from xl.doctor.probes.pytorch import probe_torch
+from xl.doctor.report import Report
 
 SECRET_NAME = re.compile(r"token|key|passw|secret|credential|auth", re.IGNORECASE)
 
@@ -56,16 +59,16 @@ def collect(python: str | None = None) -> Facts:
     """Run every probe (subprocesses and NVML on threads, file reads meanwhile) into Facts."""
     t0 = time.perf_counter()
     python = python or sys.executable
-    env = probes.env_snapshot()
+    env = system.env_snapshot()
     real_env = os.environ  # undecoded values (surrogate-escaped) still name real files
     facts = Facts(env=env, python=python)
-    par = probes.Parallel()
-    par.start("nvml", probes.probe_inventory)
-    par.start("torch", lambda: probes.probe_torch(python))
+    par = Parallel()
+    par.start("nvml", system.probe_inventory)
+    par.start("torch", lambda: probe_torch(python))
 
     path_value = real_env.get("PATH")
-    facts.path_nvcc = probes.which("nvcc", path_value)
-    facts.cuda_home, facts.cuda_home_from = probes.resolve_cuda_home(real_env, facts.path_nvcc)
+    facts.path_nvcc = files.which("nvcc", path_value)
+    facts.cuda_home, facts.cuda_home_from = toolkits.resolve_cuda_home(real_env, facts.path_nvcc)
     running: dict[str, str] = {}  # realpath of an nvcc -> job name
 
     def run_nvcc(path: str, job: str) -> str:
@@ -73,7 +76,7 @@ def collect(python: str | None = None) -> Facts:
         if real in running:
             return running[real]
         running[real] = job
-        par.start(job, lambda: probes.run_cmd([path, "--version"]))
+        par.start(job, lambda: run_cmd([path, "--version"]))
         return job
 
     path_job = run_nvcc(facts.path_nvcc, "nvcc:path") if facts.path_nvcc else None
@@ -82,42 +85,42 @@ def collect(python: str | None = None) -> Facts:
         home_nvcc = os.path.join(facts.cuda_home, "bin", "nvcc")
         if os.path.isfile(home_nvcc):
             home_job = run_nvcc(home_nvcc, "nvcc:home")
-    comp_path, comp_src = probes.pick_compiler(real_env)
+    comp_path, comp_src = compilers.pick_compiler(real_env)
     if comp_path:
-        par.start("cc:version", lambda: probes.run_cmd([comp_path, "--version"]))
-        par.start("cc:dump", lambda: probes.run_cmd([comp_path, "-dumpfullversion"]))
-    facts.ninja = probes.which("ninja", path_value)
+        par.start("cc:version", lambda: run_cmd([comp_path, "--version"]))
+        par.start("cc:dump", lambda: run_cmd([comp_path, "-dumpfullversion"]))
+    facts.ninja = files.which("ninja", path_value)
     if facts.ninja:
         ninja = facts.ninja
-        par.start("ninja", lambda: probes.run_cmd([ninja, "--version"]))
-    ldconfig = probes.find_ldconfig(real_env)
+        par.start("ninja", lambda: run_cmd([ninja, "--version"]))
+    ldconfig = libraries.find_ldconfig(real_env)
     if ldconfig:
-        par.start("ldconfig", lambda: probes.run_cmd([ldconfig, "-p"]))
+        par.start("ldconfig", lambda: run_cmd([ldconfig, "-p"]))
 
     # File-only probes on this thread while the subprocesses run.
-    facts.toolkits = probes.discover_toolkits(real_env, facts.path_nvcc, facts.cuda_home)
+    facts.toolkits = toolkits.discover_toolkits(real_env, facts.path_nvcc, facts.cuda_home)
     tk_jobs = {}
     for i, tk in enumerate(facts.toolkits):
         if tk.version is None and tk.nvcc and tk.problem is None:
             tk_jobs[i] = run_nvcc(tk.nvcc, f"nvcc:tk{i}")
     if facts.cuda_home:
-        facts.cuda_home_dir = probes.inspect_toolkit(
+        facts.cuda_home_dir = toolkits.inspect_toolkit(
             facts.cuda_home, facts.cuda_home_from or "CUDA_HOME"
         )
         if facts.cuda_home_dir.nvcc:
-            facts.home_toolkit = probes.toolkit_root_of_nvcc(facts.cuda_home_dir.nvcc)
+            facts.home_toolkit = toolkits.toolkit_root_of_nvcc(facts.cuda_home_dir.nvcc)
         elif facts.cuda_home_dir.problem is None:
             facts.home_toolkit = os.path.realpath(facts.cuda_home)
     if facts.path_nvcc:
-        facts.path_toolkit = probes.toolkit_root_of_nvcc(facts.path_nvcc)
-    facts.ld_entries = probes.scan_ld_library_path(real_env.get("LD_LIBRARY_PATH"))
+        facts.path_toolkit = toolkits.toolkit_root_of_nvcc(facts.path_nvcc)
+    facts.ld_entries = libraries.scan_ld_library_path(real_env.get("LD_LIBRARY_PATH"))
     # XL_DOCTOR_SHM: check another mount (containers that bind shared memory elsewhere; tests).
     facts.shm_path = real_env.get("XL_DOCTOR_SHM") or "/dev/shm"
-    facts.shm_total, facts.shm_free, facts.shm_problem = probes.shm_size(facts.shm_path)
-    facts.other_compilers = probes.other_compilers(path_value)
-    net = probes._listdir("/sys/class/net")
+    facts.shm_total, facts.shm_free, facts.shm_problem = system.shm_size(facts.shm_path)
+    facts.other_compilers = compilers.other_compilers(path_value)
+    net = system.net_interfaces()
     facts.net_ifaces = net or None
-    facts.ib_devices = probes._listdir("/sys/class/infiniband")
+    facts.ib_devices = system.infiniband_devices()
 
     def result(job: str) -> Any:
         value, error, ms = par.result(job)
@@ -144,13 +147,13 @@ def collect(python: str | None = None) -> Facts:
     if comp_path:
         comp = Compiler(path=comp_path, source=comp_src)
         vr, dr = result("cc:version"), result("cc:dump")
-        facts.compiler = probes.classify_compiler(comp, vr, dr)
+        facts.compiler = compilers.classify_compiler(comp, vr, dr)
     if facts.ninja:
         facts.ninja_run = result("ninja")
     if ldconfig:
         run = result("ldconfig")
         if run.ok:
-            facts.ldconfig = probes.parse_ldconfig(run.stdout)
+            facts.ldconfig = libraries.parse_ldconfig(run.stdout)
         else:
             facts.ldconfig_problem = run.problem
 
@@ -160,7 +163,7 @@ def collect(python: str | None = None) -> Facts:
     )
     known = {t.real for t in facts.toolkits}
     for root, version in facts.torch.pip_toolkits:
-        tk = probes.inspect_toolkit(root, "pip (nvidia-cuda-nvcc)")
+        tk = toolkits.inspect_toolkit(root, "pip (nvidia-cuda-nvcc)")
         if tk.real in known:
             continue
         if tk.version is None:
@@ -184,8 +187,6 @@ def collect(python: str | None = None) -> Facts:
 def _facts_json(f: Facts) -> dict[str, Any]:
     t = f.torch
     c = f.compiler
-    from xl._version import __version__
-
     return {
         "xl_version": __version__,
         "driver": f.driver.to_json() if f.driver is not None else {"error": f.nvml_problem},
@@ -236,11 +237,4 @@ def run_doctor(python: str | None = None) -> Report:
         return build_report(collect(python))
     except Exception as exc:
         why = f"the doctor could not collect facts: {type(exc).__name__}: {exc}"
-        return Report(
-            checks=[
-                Check(
-                    cid, "error", TITLES[cid], why, "please report this as an xl bug", AREA_OF[cid]
-                )
-                for cid in CHECK_IDS
-            ]
-        )
+        return Report(checks=all_errored(why, fix="please report this as an xl bug"))

@@ -38,7 +38,7 @@ def main() -> None:
     model = GPT2LMHeadModel(config)
     callbacks: list[Any] = []
     if not args.no_callback:
-        from xl.integrations.transformers import XLCallback
+        from xl.integrations.transformers import XLCallback  # noqa: PLC0415 - only with the callback
 
         callbacks.append(XLCallback())
     out = os.environ.get("XL_RUN_DIR") or tempfile.mkdtemp(prefix="xl-hf-")

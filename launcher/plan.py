@@ -21,14 +21,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from xl.errors import UsageError
-from xl.launcher.spec import LaunchSpec
+from xl.gpu.devices import find_gpu, resolve_visible_devices
+from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, valid_env_name
 
 if TYPE_CHECKING:
     from xl.gpu.nvml import GPU, Inventory
 
 ENTRY_MODULE = "xl.launcher.entry"
-MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass
@@ -58,8 +57,6 @@ def _default_devices(gpus: Sequence[GPU], env: Mapping[str, str]) -> list[GPU]:
     """No --gpus: the GPUs the current CUDA_VISIBLE_DEVICES shows (all when it is unset)."""
     if "CUDA_VISIBLE_DEVICES" not in env:
         return _usable(gpus)
-    from xl.gpu.devices import resolve_visible_devices
-
     vis = resolve_visible_devices(list(gpus), env)
     if vis.invalid:
         # Only a wrong variable stops the launch; other problems (orders differ, ...) are facts
@@ -107,8 +104,6 @@ def select_devices(
         )
         # The picked set is handed out in nvidia-smi order, so rank k's GPU is predictable.
         return sorted(ranked[:n], key=lambda g: g.index)
-    from xl.gpu.devices import find_gpu
-
     chosen: list[GPU] = []
     for token in (t.strip() for t in text.split(",")):
         if not token:
@@ -124,17 +119,9 @@ def select_devices(
     return chosen
 
 
-def parse_env_pairs(pairs: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not _ENV_NAME.match(key):
-            raise UsageError(f"--env {pair!r} is not NAME=VALUE (e.g. --env NCCL_DEBUG=INFO)")
-        out[key] = value
-    return out
-
-
-def _check_target(spec: LaunchSpec, cwd: str) -> None:
+def check_target(spec: LaunchSpec, cwd: str) -> None:
+    """The script or module exists here: checked before any process starts (and by `xl sbatch`
+    on the login node, before a job waits in the queue for a typo)."""
     if (spec.script is None) == (spec.module is None):
         raise UsageError("give a training script (xl launch train.py) or a module (-m pkg.mod)")
     if spec.script is not None:
@@ -149,6 +136,11 @@ def _check_target(spec: LaunchSpec, cwd: str) -> None:
         found = top and (os.path.isdir(os.path.join(cwd, top)) or os.path.isfile(os.path.join(cwd, top + ".py")))
         if not found and importlib.util.find_spec(top) is None:
             raise UsageError(f"no module named {top!r} (check -m {spec.module} and your environment)")
+
+
+def check_nproc(nproc: int | None) -> None:
+    if nproc is not None and nproc < 1:
+        raise UsageError(f"--nproc must be at least 1 (got {nproc})")
 
 
 def parse_rdzv(rdzv: str) -> tuple[str, int]:
@@ -182,11 +174,10 @@ def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, 
     """The torchrun command for ``spec`` on this machine; UsageError on bad input."""
     env = os.environ if env is None else env
     cwd = spec.cwd or os.getcwd()
-    _check_target(spec, cwd)
+    check_target(spec, cwd)
     gpus = list(inventory.gpus) if inventory is not None else []
     devices = select_devices(spec.gpus, gpus, env)
-    if spec.nproc is not None and spec.nproc < 1:
-        raise UsageError(f"--nproc must be at least 1 (got {spec.nproc})")
+    check_nproc(spec.nproc)
     nproc = spec.nproc if spec.nproc is not None else max(1, len(devices))
     if devices and nproc > len(devices):
         chosen = ",".join(str(g.index) for g in devices)
@@ -237,7 +228,7 @@ def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, 
     if spec.mixed_precision is not None:
         plan_env["ACCELERATE_MIXED_PRECISION"] = spec.mixed_precision
     for key, value in spec.env.items():
-        if not _ENV_NAME.match(key):
+        if not valid_env_name(key):
             raise UsageError(f"--env {key}={value}: {key!r} is not a valid variable name")
         plan_env[key] = value
     return Plan(argv=argv, env=plan_env, devices=devices, nproc=nproc, cwd=cwd)

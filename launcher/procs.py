@@ -13,6 +13,8 @@ from collections.abc import Iterable
 
 import psutil
 
+from xl.launcher.rundir.record import RunRecord
+
 
 def _environ_has(pid: int, needle: bytes) -> bool:
     try:
@@ -60,6 +62,13 @@ def same_process(pid: int, create_time: float | None) -> bool:
         return abs(psutil.Process(pid).create_time() - create_time) < 1.0
     except psutil.Error:
         return False
+
+
+def supervisor_alive(record: RunRecord) -> bool:
+    """The run's supervisor, as run.json names it, is still running (never another process
+    that got its PID since)."""
+    pid = record.supervisor_pid
+    return pid is not None and same_process(pid, record.supervisor_started_at)
 
 
 def create_time(pid: int) -> float | None:

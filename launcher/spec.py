@@ -1,9 +1,25 @@
-"""What a person asked to launch: the input of the plan, stored verbatim in run.json."""
+"""What a person asked to launch, and the one place its `xl launch` command line is written.
+
+LaunchSpec is the input of the plan, stored verbatim in run.json. ``spec_to_argv`` is its
+inverse: the launch form's command, node 0's command for the other nodes, the Slurm step and the
+Slurm batch script all write a spec back as `xl launch` arguments through it, so what a person
+copies, what another node runs and what `xl launch` parses cannot drift apart (tests/
+test_spec_argv.py parses it back to the same spec). The vocabulary both directions share (the
+mixed-precision choices, the ``--env`` rule) is defined here too.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from xl.errors import UsageError
+
+# Accelerate's choices; --mixed-precision sets ACCELERATE_MIXED_PRECISION to one of them.
+MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass
@@ -41,3 +57,67 @@ class LaunchSpec:
     def target(self) -> str:
         """What runs, for people: the script path or ``-m module``."""
         return self.script if self.script is not None else f"-m {self.module}"
+
+
+def valid_env_name(name: str) -> bool:
+    """A name a shell and torchrun's children take as a variable (``NCCL_DEBUG``, ``_X1``)."""
+    return _ENV_NAME.match(name) is not None
+
+
+def env_pair(word: str) -> tuple[str, str] | None:
+    """``NAME=VALUE`` -> (name, value), split at the first ``=`` (values may hold more, and
+    spaces); None when ``word`` is not one. The one rule for --env and the form's Env field."""
+    key, sep, value = word.partition("=")
+    if not sep or not valid_env_name(key):
+        return None
+    return key, value
+
+
+def parse_env_pairs(pairs: Iterable[str]) -> dict[str, str]:
+    """``--env`` values -> the spec's env (a later pair for a name wins); UsageError on a bad one."""
+    out: dict[str, str] = {}
+    for word in pairs:
+        pair = env_pair(word)
+        if pair is None:
+            raise UsageError(f"--env {word!r} is not NAME=VALUE (e.g. --env NCCL_DEBUG=INFO)")
+        out[pair[0]] = pair[1]
+    return out
+
+
+def _option(flag: str, value: str) -> list[str]:
+    # A value that starts with '-' would read as an option to argparse; the = form cannot.
+    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
+
+
+def spec_to_argv(spec: LaunchSpec, options: Sequence[str] = ()) -> list[str]:
+    """The `xl launch` arguments (what follows ``xl launch``) that parse back to ``spec``.
+
+    Defaults are left out (one node, node rank 0, mixed precision unset), so a command reads as a
+    person would write it. ``options``: more `xl launch` options that are not part of a spec
+    (``--no-tui``, ``--accelerate-config``), placed before the script. The script always comes
+    after ``--``, so a script named like an option still runs; its arguments follow it as given.
+    ``cwd`` and ``python`` are not options: a command runs where, and with the xl, it is typed.
+    """
+    argv: list[str] = []
+    if spec.gpus is not None:
+        argv += _option("--gpus", spec.gpus)
+    if spec.nproc is not None:
+        argv += ["--nproc", str(spec.nproc)]
+    if spec.nnodes != 1:
+        argv += ["--nnodes", str(spec.nnodes)]
+    if spec.node_rank != 0:
+        argv += ["--node-rank", str(spec.node_rank)]
+    if spec.rdzv is not None:
+        argv += _option("--rdzv", spec.rdzv)
+    if spec.mixed_precision is not None:
+        argv += ["--mixed-precision", spec.mixed_precision]
+    for key, value in spec.env.items():
+        argv += ["--env", f"{key}={value}"]
+    if spec.name is not None:
+        argv += _option("--name", spec.name)
+    argv += options
+    if spec.module is not None:
+        argv += ["-m", spec.module]
+    elif spec.script is not None:
+        argv += ["--", spec.script]
+    return argv + list(spec.args)

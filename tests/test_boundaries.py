@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -116,9 +117,7 @@ def test_import_xl_stays_cheap() -> None:
     assert best is not None and best < 100_000, f"import xl took {best / 1000:.1f} ms"
 
 
-def test_repo_folders_are_not_importable_as_top_level_packages(tmp_path) -> None:
-    from pathlib import Path
-
+def test_repo_folders_are_not_importable_as_top_level_packages() -> None:
     root = Path(__file__).resolve().parent.parent
     for name in ("doctor", "launcher", "tui"):
         proc = subprocess.run(

@@ -16,6 +16,8 @@ import pytest
 from xltele import assert_gone, rank_env
 
 from xl import wire
+from xl.launcher.multinode import nodelink
+from xl.launcher.telemetry import collector
 from xl.launcher.telemetry.service import Telemetry
 
 # A real rank: logs N records, one every few ms, then exits (flushing at exit).
@@ -198,9 +200,6 @@ def test_connections_that_send_nothing_valid_are_closed_after_the_idle_timeout(t
     frames with a wrong token is cut after the collector's idle timeout (IDLE_S, 30 s; shortened
     here) and counted as ``idle``. A real rank that logs rarely and a real node link (heartbeat
     every HEARTBEAT_S, well within IDLE_S) are never cut."""
-    from xl.launcher.multinode import nodelink
-    from xl.launcher.telemetry import collector
-
     assert nodelink.HEARTBEAT_S * 10 <= collector.IDLE_S  # a link's first frame comes long before
     closed: list[int] = []
     tel = Telemetry(tmp_path, token="tok-0123456789abcdef", inventory=False, on_node=lambda *_: None, on_node_closed=closed.append)

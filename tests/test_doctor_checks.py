@@ -11,8 +11,16 @@ from pathlib import Path
 
 import pytest
 from fakecuda import host_config, nvcc_output, survivors
+from rich.console import Console
 
-from xl.doctor import checks, probes, run
+from xl.doctor import checks, run
+from xl.doctor.checks.build import check_arch_list, check_host_compiler, check_ninja
+from xl.doctor.checks.common import Finding
+from xl.doctor.checks.devices import check_cuda_visible_devices
+from xl.doctor.checks.gpu import check_gpus
+from xl.doctor.checks.pytorch import check_driver_cuda, check_torch_cuda_match
+from xl.doctor.checks.system import check_nccl, check_shm
+from xl.doctor.checks.toolkit import check_ld_library_path
 from xl.doctor.facts import (
     CmdResult,
     Compiler,
@@ -22,6 +30,7 @@ from xl.doctor.facts import (
     TorchInfo,
     parse_nvcc_version,
 )
+from xl.doctor.probes import commands
 from xl.doctor.render import render_plain, render_report
 from xl.doctor.report import Check, Report
 from xl.doctor.tables import compiler_max_from_table, deepspeed_verdict, parse_host_config
@@ -140,11 +149,11 @@ def test_gcc14_with_cuda_12_8_is_fine_and_gcc15_gets_the_older_compiler() -> Non
         "toolkits": [tk],
         "cuda_home_nvcc_run": run_ok,
     }
-    ok = checks.check_host_compiler(
+    ok = check_host_compiler(
         facts(**base, compiler=Compiler("/usr/bin/gcc", "gcc", "gcc", "14.2.0"))
     )
     assert ok.status == "ok" and "<= 14" in ok.detail
-    bad = checks.check_host_compiler(
+    bad = check_host_compiler(
         facts(
             **base,
             compiler=Compiler("/usr/bin/gcc", "gcc", "gcc", "15.1.0"),
@@ -160,7 +169,7 @@ def test_gcc14_with_cuda_12_8_is_fine_and_gcc15_gets_the_older_compiler() -> Non
     assert bad.fix == "export NVCC_CCBIN=/usr/bin/g++-14 CC=/usr/bin/gcc-14 CXX=/usr/bin/g++-14"
     # Only g++-14 installed: CC names it too (torch passes `-ccbin $CC`; a missing gcc-14 would
     # break every build), and a folder named like a compiler is left alone.
-    only_cxx = checks.check_host_compiler(
+    only_cxx = check_host_compiler(
         facts(
             **base,
             compiler=Compiler("/usr/bin/gcc", "gcc", "gcc", "15.1.0"),
@@ -183,7 +192,7 @@ def test_cuda_11_4_0_and_11_4_1_differ_by_nvcc_build(nvcc: str, status: str) -> 
         cuda_home_nvcc_run=CmdResult(["nvcc"], stdout=nvcc_output(nvcc)),
         compiler=Compiler("/usr/bin/gcc", "gcc", "gcc", "11.3.0"),
     )
-    assert checks.check_host_compiler(f).status == status
+    assert check_host_compiler(f).status == status
 
 
 def test_minor_mismatch_points_at_the_matching_toolkit() -> None:
@@ -197,7 +206,7 @@ def test_minor_mismatch_points_at_the_matching_toolkit() -> None:
         toolkits=[home, match],
         cuda_home_nvcc_run=CmdResult(["nvcc"], stdout=nvcc_output("12.6.77")),
     )
-    c = checks.check_torch_cuda_match(f)
+    c = check_torch_cuda_match(f)
     assert c.status == "warn" and "DeepSpeed accepts" in c.detail
     assert c.fix == "export CUDA_HOME=/usr/local/cuda-12.4 PATH=/usr/local/cuda-12.4/bin:$PATH"
     f13 = facts(
@@ -207,15 +216,15 @@ def test_minor_mismatch_points_at_the_matching_toolkit() -> None:
         toolkits=[toolkit("/c", "13.1.1")],
         env={"DS_SKIP_CUDA_CHECK": "1"},
     )
-    c13 = checks.check_torch_cuda_match(f13)
+    c13 = check_torch_cuda_match(f13)
     assert (
         c13.status == "warn" and "DS_SKIP_CUDA_CHECK=1" in c13.detail and "toolkit 13.0" in c13.fix
     )
 
 
 def test_driver_cuda() -> None:
-    assert checks.check_driver_cuda(facts(torch=cuda_torch("12.4"))).status == "ok"
-    low = checks.check_driver_cuda(
+    assert check_driver_cuda(facts(torch=cuda_torch("12.4"))).status == "ok"
+    low = check_driver_cuda(
         facts(torch=cuda_torch("12.8"), driver=Driver("550.54.15", "12.4"))
     )
     assert (
@@ -225,7 +234,7 @@ def test_driver_cuda() -> None:
         and "570.26" in low.fix
     )
     assert (
-        checks.check_driver_cuda(
+        check_driver_cuda(
             facts(torch=cuda_torch("12.8"), driver=Driver(None, None, "x", "library_not_found"))
         ).status
         == "skip"
@@ -233,19 +242,19 @@ def test_driver_cuda() -> None:
 
 
 def test_shm_under_512_mib_warns() -> None:
-    assert checks.check_shm(facts(shm_total=64 << 20, shm_free=60 << 20)).status == "warn"
-    assert "--shm-size" in checks.check_shm(facts(shm_total=64 << 20, shm_free=0)).fix
-    assert checks.check_shm(facts(shm_total=8 << 30, shm_free=8 << 30)).status == "ok"
+    assert check_shm(facts(shm_total=64 << 20, shm_free=60 << 20)).status == "warn"
+    assert "--shm-size" in check_shm(facts(shm_total=64 << 20, shm_free=0)).fix
+    assert check_shm(facts(shm_total=8 << 30, shm_free=8 << 30)).status == "ok"
 
 
 def test_gpus_mixed_models_and_lost() -> None:
-    mixed = checks.check_gpus(facts(gpus=(gpu(0), gpu(1, "Tesla T4", "7.5"))))
+    mixed = check_gpus(facts(gpus=(gpu(0), gpu(1, "Tesla T4", "7.5"))))
     assert mixed.status == "warn" and "1x Tesla T4" in mixed.detail
     # the fix names the exact devices of the most numerous model
-    three = checks.check_gpus(facts(gpus=(gpu(0, "Tesla T4", "7.5"), gpu(1), gpu(2, "Tesla T4", "7.5"), gpu(3, "Tesla T4", "7.5"))))
+    three = check_gpus(facts(gpus=(gpu(0, "Tesla T4", "7.5"), gpu(1), gpu(2, "Tesla T4", "7.5"), gpu(3, "Tesla T4", "7.5"))))
     assert "xl launch --gpus 0,2,3 " in three.fix and "3x Tesla T4" in three.fix
-    assert checks.check_gpus(facts(gpus=(gpu(0), gpu(1)))).status == "ok"
-    assert checks.check_gpus(facts(driver=Driver("550", "12.4"), gpus=())).status == "warn"
+    assert check_gpus(facts(gpus=(gpu(0), gpu(1)))).status == "ok"
+    assert check_gpus(facts(driver=Driver("550", "12.4"), gpus=())).status == "warn"
 
 
 @pytest.mark.parametrize(
@@ -266,7 +275,7 @@ def test_arch_list(value: str, caps: list[str], nvcc: str | None, status: str) -
     )
     if nvcc:
         f.cuda_home, f.cuda_home_nvcc_run = "/c", CmdResult(["nvcc"], stdout=nvcc_output(nvcc))
-    c = checks.check_arch_list(f)
+    c = check_arch_list(f)
     assert c.status == status
     if status == "warn":  # the fix keeps what was written and adds the GPU
         assert c.fix == f'export TORCH_CUDA_ARCH_LIST="{value};{caps[0]}"'
@@ -282,19 +291,19 @@ def test_ld_library_path_shadowing_and_other_versions() -> None:
             LdEntry(tk.lib_dirs[0], tk.lib_dirs[0], cudart=["libcudart.so.12"]),
         ],
     )
-    c = checks.check_ld_library_path(shadow)
+    c = check_ld_library_path(shadow)
     assert (
         c.status == "warn"
         and "shadows" in c.detail
         and c.fix == f"export LD_LIBRARY_PATH={tk.lib_dirs[0]}"
     )
     other = facts(**base, ld_entries=[LdEntry("/cuda11", "/cuda11", cudart=["libcudart.so.11.0"])])
-    c = checks.check_ld_library_path(other)
+    c = check_ld_library_path(other)
     assert c.status == "warn" and "CUDA 12.4" in c.detail
     clean = facts(
         **base, ld_entries=[LdEntry(tk.lib_dirs[0], tk.lib_dirs[0], cudart=["libcudart.so.12"])]
     )
-    assert checks.check_ld_library_path(clean).status == "ok"
+    assert check_ld_library_path(clean).status == "ok"
 
 
 def test_nccl_traps() -> None:
@@ -304,12 +313,12 @@ def test_nccl_traps() -> None:
         torch=cuda_torch(),
         env={"NCCL_P2P_DISABLE": "1", "NCCL_ASYNC_ERROR_HANDLING": "1"},
     )
-    c = checks.check_nccl(f)
+    c = check_nccl(f)
     assert (
         c.status == "warn" and "NVLink" in c.detail and "TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in c.fix
     )
     assert (
-        checks.check_nccl(
+        check_nccl(
             facts(
                 gpus=boxes,
                 torch=cuda_torch(),
@@ -320,7 +329,7 @@ def test_nccl_traps() -> None:
         == "ok"
     )
     assert (
-        checks.check_nccl(
+        check_nccl(
             facts(
                 gpus=boxes,
                 torch=cuda_torch(),
@@ -347,7 +356,7 @@ def test_cuda_visible_devices(env: dict[str, str], status: str, devices: list[in
         env=env,
         gpus=(gpu(0, "NVIDIA A100-SXM4-80GB", "8.0"), gpu(1, "NVIDIA H100 80GB HBM3", "9.0")),
     )
-    c = checks.check_cuda_visible_devices(f)
+    c = check_cuda_visible_devices(f)
     assert c.status == status, c
     if devices is not None:
         assert c.data["devices"] == devices
@@ -356,25 +365,56 @@ def test_cuda_visible_devices(env: dict[str, str], status: str, devices: list[in
 
 
 def test_ninja_beside_the_interpreter_but_not_on_path() -> None:
-    c = checks.check_ninja(facts(ninja_in_bin="/venv/bin/ninja"))
+    c = check_ninja(facts(ninja_in_bin="/venv/bin/ninja"))
     assert c.status == "warn" and c.fix == "export PATH=/venv/bin:$PATH"
-    assert checks.check_ninja(facts()).fix.endswith("-m pip install ninja")
+    assert check_ninja(facts()).fix.endswith("-m pip install ninja")
 
 
 def test_a_check_that_raises_becomes_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(f: Facts) -> Check:
+    def boom(f: Facts) -> Finding:
         raise KeyError("x")
 
-    monkeypatch.setattr(checks, "CHECKS", (("shm", boom),))
+    spec = checks.CheckSpec("shm", "shared memory", "System", boom)
+    monkeypatch.setattr(checks, "CHECKS", (spec,))
     (c,) = checks.run_checks(facts())
-    assert c.status == "error" and "KeyError" in c.detail
+    assert (c.id, c.status, c.title, c.area) == ("shm", "error", "shared memory", "System")
+    assert "KeyError" in c.detail and "report this as an xl bug" in c.fix
 
 
 def test_run_doctor_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(run, "collect", lambda python=None: 1 / 0)
     report = run.run_doctor()
+    assert [c.id for c in report.checks] == [spec.id for spec in checks.CHECKS]
     assert len(report.checks) == 16 and report.status == "error" and report.exit_code() == 0
     assert report.exit_code(strict=True) == 1
+
+
+def test_the_registry_names_every_check_once_and_orders_the_areas() -> None:
+    """The report lists checks in the registry's order under its titles, grouped by area in the
+    order DESIGN.md shows them."""
+    ids = [spec.id for spec in checks.CHECKS]
+    titles = [spec.title for spec in checks.CHECKS]
+    assert len(set(ids)) == len(ids) == 16 and len(set(titles)) == len(titles)
+    report = Report(checks.run_checks(facts()))
+    assert [(c.id, c.title, c.area) for c in report.checks] == [
+        (spec.id, spec.title, spec.area) for spec in checks.CHECKS
+    ]
+    assert [area for area, _ in report.by_area()] == [
+        "Driver & GPUs",
+        "CUDA toolkit",
+        "PyTorch",
+        "Devices",
+        "System",
+    ]
+    toolkit_titles = [c.title for c in dict(report.by_area())["CUDA toolkit"]]
+    assert toolkit_titles == [
+        "CUDA_HOME",
+        "nvcc",
+        "CUDA toolkits",
+        "host compiler",
+        "LD_LIBRARY_PATH",
+        "ninja",
+    ]
 
 
 # -- report and rendering ------------------------------------------------------------------------
@@ -383,9 +423,29 @@ def test_run_doctor_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
 def _report() -> Report:
     return Report(
         [
-            Check("driver", "skip", "NVIDIA driver", "no driver", "install it", "Driver & GPUs"),
-            Check("nvcc", "ok", "nvcc", "CUDA 13.0 at /x\udcff", "", "CUDA toolkit"),
-            Check("shm", "warn", "shared memory", "64 MiB", "docker run --shm-size=16g", "System"),
+            Check(
+                id="driver",
+                status="skip",
+                title="NVIDIA driver",
+                detail="no driver",
+                fix="install it",
+                area="Driver & GPUs",
+            ),
+            Check(
+                id="nvcc",
+                status="ok",
+                title="nvcc",
+                detail="CUDA 13.0 at /x\udcff",
+                area="CUDA toolkit",
+            ),
+            Check(
+                id="shm",
+                status="warn",
+                title="shared memory",
+                detail="64 MiB",
+                fix="docker run --shm-size=16g",
+                area="System",
+            ),
         ]
     )
 
@@ -393,14 +453,23 @@ def _report() -> Report:
 def test_report_status_exit_codes_and_json() -> None:
     r = _report()
     assert r.status == "warn" and r.exit_code() == 0 and r.exit_code(strict=True) == 1
-    r.checks.append(Check("torch", "fail", "PyTorch", "CPU-only", "pip install", "PyTorch"))
+    r.checks.append(
+        Check(
+            id="torch",
+            status="fail",
+            title="PyTorch",
+            detail="CPU-only",
+            fix="pip install",
+            area="PyTorch",
+        )
+    )
     assert r.status == "fail" and r.exit_code() == 1
     data = r.to_json()
     assert list(data)[:3] == ["status", "checks", "gpus"]
     assert set(data["checks"][0]) == {"id", "status", "title", "detail", "fix"}
     assert data["checks"][1]["detail"].endswith("\ufffd")  # undecodable bytes are shown, not fatal
     with pytest.raises(ValueError):
-        Check("x", "bad", "t", "d")
+        Check(id="x", status="bad", title="t", detail="d")
 
 
 def test_plain_and_rich_rendering() -> None:
@@ -410,7 +479,6 @@ def test_plain_and_rich_rendering() -> None:
         lines[0] == "Driver & GPUs" and "WARN" in text and "fix: docker run --shm-size=16g" in text
     )
     assert lines[-1].startswith("3 checks: 1 ok, 1 skip, 1 warn") and "\x1b" not in text
-    from rich.console import Console
 
     buf = io.StringIO()
     Console(file=buf, width=120, force_terminal=True, color_system="standard").print(
@@ -431,18 +499,18 @@ def test_run_cmd_kills_the_whole_group_on_timeout(tmp_path: Path) -> None:
     script = tmp_path / "hang"
     script.write_text(f"#!/bin/sh\n/bin/sleep {marker}\n")
     script.chmod(0o755)
-    res = probes.run_cmd([str(script)], timeout=0.5)
+    res = commands.run_cmd([str(script)], timeout=0.5)
     assert res.problem and "did not answer within 0.5 s" in res.problem
     assert survivors(marker) == []
 
 
 def test_run_cmd_missing_garbage_and_runaway(tmp_path: Path) -> None:
-    assert "not found" in (probes.run_cmd([str(tmp_path / "nope")]).problem or "")
+    assert "not found" in (commands.run_cmd([str(tmp_path / "nope")]).problem or "")
     noexec = tmp_path / "noexec"
     noexec.write_text("x")
-    assert probes.run_cmd([str(noexec)]).problem
-    res = probes.run_cmd(["/bin/sh", "-c", "printf '\\377\\376ok'"])
+    assert commands.run_cmd([str(noexec)]).problem
+    res = commands.run_cmd(["/bin/sh", "-c", "printf '\\377\\376ok'"])
     assert res.ok and res.stdout == "\ufffd\ufffdok"
     if os.path.exists("/usr/bin/yes"):
-        big = probes.run_cmd(["/usr/bin/yes"], timeout=2)
+        big = commands.run_cmd(["/usr/bin/yes"], timeout=2)
         assert big.problem and "more than" in big.problem

@@ -17,6 +17,7 @@ the run's token as Slurm passes it (XL_TOKEN in both environments) or as node 0 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shlex
@@ -44,6 +45,9 @@ from procs import (
     xl,
     xl_env,
 )
+
+from xl.launcher.multinode import nodelink
+from xl.launcher.telemetry.service import Telemetry
 
 SCRIPT = '''
 import os, time
@@ -336,8 +340,6 @@ def test_rdzv_in_the_plan_is_c10d_rendezvous_at_node_0(tmp_path: Path) -> None:
     """torchrun's c10d rendezvous at node 0's address (IPv6 stays bracketed, as torch parses it),
     no --node-rank (torch ignores it under c10d), node 0 hosting the store, an id every node of the run derives alike from
     the run's token without showing it, another id for another run on the same endpoint."""
-    import hashlib
-
     (tmp_path / "mn.py").write_text(SCRIPT)
 
     def plan(node: str, **env: str) -> list[str]:
@@ -405,7 +407,7 @@ def test_node_1_joins_with_the_command_node_0_printed(tmp_path: Path) -> None:
         token = assigns["XL_TOKEN"]
         assert len(token) >= 32 and set(assigns) == {"XL_TOKEN"}, assigns
         argv = words[words.index("xl") :]
-        assert argv == ["xl", "launch", "--nnodes", "2", "--node-rank", "1", "--rdzv", rdzv, "--nproc", "1", "mn.py"]
+        assert argv == ["xl", "launch", "--nproc", "1", "--nnodes", "2", "--node-rank", "1", "--rdzv", rdzv, "--", "mn.py"]
         env1 = xl_env(homes[1], MN_STEPS="3", MN_PAUSE="0.3", **assigns)
         node1 = subprocess.Popen([*XL, *argv[1:], "--no-tui"], env=env1, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -614,9 +616,6 @@ def test_bad_node_contract_is_one_line_and_exit_2(tmp_path: Path, node_rank: str
 def test_node_link_to_node_0_collector_and_back(tmp_path: Path) -> None:
     """The link of a node > 0, against node 0's real collector (no training): messages arrive in
     order, sampled records are stored, the stop reaches the node; bad messages are refused."""
-    from xl.launcher.multinode import nodelink
-    from xl.launcher.telemetry.service import Telemetry
-
     got: list[tuple[int, str, dict[str, Any]]] = []
     tel = Telemetry(tmp_path, token=TOKEN, inventory=False, on_node=lambda n, h, msgs: got.extend((n, h, m) for m in msgs))
     env = tel.start()
@@ -649,9 +648,6 @@ def test_node_link_clips_a_long_failure_so_node_0_takes_it(tmp_path: Path) -> No
     """A load_state_dict error easily exceeds node 0's caps (4096 characters for the error and
     message, 64 KiB for the traceback): the link clips it, keeping the head of the error and
     message and the tail of the traceback, and node 0 takes both the failure and the end."""
-    from xl.launcher.multinode import nodelink
-    from xl.launcher.telemetry.service import Telemetry
-
     error = "RuntimeError: Error(s) in loading state_dict: " + "Missing key(s): 'layer.weight', " * 2000
     traceback = "Traceback (most recent call last):\n" + '  File "train.py", line 1, in <module>\n' * 5000 + error + "\n"
     failure = {"rank": 1, "exit_code": 1, "traceback": traceback, "error": error, "message": f"rank 1 failed first: {error}", "node": "node-b", "node_rank": 1}
@@ -684,8 +680,6 @@ def test_node_link_clips_a_long_failure_so_node_0_takes_it(tmp_path: Path) -> No
 
 
 def test_node_link_never_blocks_when_node_0_is_unreachable() -> None:
-    from xl.launcher.multinode import nodelink
-
     link = nodelink.NodeLink("127.0.0.1", rdzv_port(), TOKEN, 1, "node-b")
     link.start()
     start = time.monotonic()

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 
 import psutil
+import pynvml
 import pytest
+import simnvml
 from simnvml import GPU_IS_LOST, MODELS, NO_PERMISSION, NOT_SUPPORTED, SimGPU, SimProcess
 
 from xl.gpu import nvml
+from xl.gpu.processes import identify, local_pids
+from xl.proc import parse_nspid
 
 # Functions drivers older than ~R510 do not have.
 OLD_DRIVER = (
@@ -262,8 +270,6 @@ def test_process_that_is_gone_still_listed_without_identity(simnvml):
 
 
 def test_survives_nvml_shut_down_behind_its_back(simnvml):
-    import pynvml
-
     with simnvml(gpus=2).in_process():
         assert len(nvml.inventory().gpus) == 2
         pynvml.nvmlShutdown()  # another library in the process released its reference
@@ -291,10 +297,6 @@ def test_concurrent_callers_get_consistent_results(simnvml):
 
 
 def test_struct_layouts_match_pynvml(simnvml):
-    import ctypes
-
-    import pynvml
-
     lib = ctypes.CDLL(str(simnvml(gpus=1).library_path))
     lib.simnvml_sizeof.restype = ctypes.c_size_t
     pairs = {
@@ -320,8 +322,6 @@ def test_many_processes_read_through_pynvml_arrays(simnvml):
 
 
 def test_lost_code_constant_matches_pynvml():
-    import pynvml
-
     assert GPU_IS_LOST == pynvml.NVML_ERROR_GPU_IS_LOST
     assert pynvml.nvmlMemory_v2 == nvml._NVML_MEMORY_V2
 
@@ -369,8 +369,6 @@ def test_subprocess_sees_the_simulated_driver_and_live_updates(simnvml):
 @pytest.mark.e2e
 def test_simnvml_command_line_sets_up_a_shell(tmp_path):
     """What the README shows: eval the printed exports, then xl sees the simulated GPUs."""
-    import simnvml
-
     if not simnvml.have_gcc():
         pytest.skip("gcc not found: the simulated NVML driver is compiled with gcc")
     script = (
@@ -384,3 +382,122 @@ def test_simnvml_command_line_sets_up_a_shell(tmp_path):
     assert out.returncode == 0, out.stderr
     gpus = json.loads(out.stdout)["gpus"]
     assert [g["name"] for g in gpus] == ["NVIDIA H100 80GB HBM3"] * 3
+
+
+# ---------------------------------------------------------------------------------------------
+# PIDs from another PID namespace (ranks in a container, xl outside it): mapped through NSpid
+
+
+def _fake_proc(root, pid, nspid, *, fds=(), env=None, comm="python3"):
+    """One process in a fabricated /proc tree: status (NSpid), fd links, environ, comm."""
+    d = root / str(pid)
+    (d / "fd").mkdir(parents=True)
+    levels = "\t".join(str(p) for p in (pid, *nspid))
+    (d / "status").write_text(f"Name:\t{comm}\nPid:\t{pid}\nNSpid:\t{levels}\nPPid:\t1\n")
+    for i, target in enumerate(fds, start=3):
+        os.symlink(target, d / "fd" / str(i))
+    env = env or {}
+    (d / "environ").write_bytes(b"".join(f"{k}={v}\0".encode() for k, v in env.items()))
+    (d / "comm").write_text(comm + "\n")
+
+
+def test_parse_nspid():
+    assert parse_nspid("Name:\tpython\nNSpid:\t4242\t17\t3\nPPid:\t1\n") == (4242, 17, 3)
+    assert parse_nspid("Name:\tpython\nNSpid:\t88\n") == (88,)
+    assert parse_nspid("Name:\told kernel\nPid:\t5\n") == ()
+
+
+def test_foreign_pids_map_through_nspid_in_a_fabricated_proc(tmp_path):
+    rank_env = {"RANK": "2", "LOCAL_RANK": "0", "XL_RUN_ID": "run-ns"}
+    # Container A's pid 7 is 100 here and holds a GPU; container B's pid 7 (200) holds none.
+    _fake_proc(tmp_path, 100, (7,), fds=("/dev/nvidiactl", "/dev/nvidia0"), env=rank_env)
+    _fake_proc(tmp_path, 200, (7,), fds=("/dev/null",))
+    # pid 9 in two containers, both on a GPU: no way to tell, so not guessed.
+    _fake_proc(tmp_path, 300, (9,), fds=("/dev/nvidia1",))
+    _fake_proc(tmp_path, 400, (9,), fds=("/dev/nvidia1",))
+    # 50 exists here and holds a GPU: taken as it is, though a container also has a pid 50.
+    _fake_proc(tmp_path, 50, (), fds=("/dev/nvidia0",))
+    _fake_proc(tmp_path, 500, (50,), fds=("/dev/nvidia0",))
+    # 60 exists here without a GPU (a kernel thread, say); container pid 60 is the real user.
+    _fake_proc(tmp_path, 60, (), fds=())
+    _fake_proc(tmp_path, 600, (1, 60), fds=("/dev/nvidia2",))  # two levels deep
+    got = local_pids([7, 9, 50, 60, 12], proc=str(tmp_path))
+    assert got == {7: 100, 9: 9, 50: 50, 60: 600, 12: 12}
+    (p,) = identify({7: 2048.0}, proc=str(tmp_path))
+    assert (p.pid, p.used_mib, p.name, p.rank, p.local_rank, p.run_id) == (
+        100,
+        2048.0,
+        "python3",
+        2,
+        0,
+        "run-ns",
+    )
+
+
+INNER_NS = r"""
+import os, subprocess, sys
+# PID 1 of a fresh PID namespace (with its own /proc): the next PID is chosen, then the "rank".
+with open("/proc/sys/kernel/ns_last_pid", "w") as fh:
+    fh.write(str(int(sys.argv[1]) - 1))
+env = {**os.environ, "RANK": "5", "LOCAL_RANK": "1", "XL_RUN_ID": "run-in-container"}
+code = "import os, time; print(os.getpid(), flush=True); time.sleep(60)"
+subprocess.run([sys.executable, "-c", code], env=env, timeout=90)
+"""
+
+
+def _free_pid_here() -> int:
+    with open("/proc/sys/kernel/pid_max") as fh:
+        top = int(fh.read())
+    return next(p for p in range(top - 500, top - 10) if not os.path.exists(f"/proc/{p}"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PID namespaces are Linux's")
+@pytest.mark.parametrize("where", ["absent here", "taken here by a process without a GPU"])
+def test_rank_in_another_pid_namespace_is_labelled(simnvml, where):
+    """A real child in a new PID namespace (unshare, as root): NVML reports its inner PID."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) not found: cannot make a PID namespace here")
+    inner_pid = _free_pid_here() if where == "absent here" else os.getpid()
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", INNER_NS]
+    ns = subprocess.Popen(
+        [*argv, str(inner_pid)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # one process group: killed whole at the end
+    )
+    try:
+        assert ns.stdout is not None
+        line = ns.stdout.readline().strip()
+        if not line:
+            ns.wait(timeout=10)
+            assert ns.stderr is not None
+            pytest.skip(
+                "cannot create a PID namespace here (needs root or user namespaces): "
+                + ns.stderr.read().strip()[-300:]
+            )
+        assert int(line) == inner_pid
+        # The "rank" as this namespace numbers it: the innermost process, running `code`.
+        tree = psutil.Process(ns.pid).children(recursive=True)
+        (rank_here,) = [c.pid for c in tree if c.cmdline()[-1].startswith("import os, time")]
+        sim = simnvml(gpus=[SimGPU(processes=[SimProcess(inner_pid, 3000.0)])])
+        with sim.in_process():
+            (p,) = nvml.inventory().gpus[0].processes
+        assert p.pid == rank_here != inner_pid
+        assert (p.rank, p.local_rank, p.run_id, p.used_mib) == (5, 1, "run-in-container", 3000.0)
+        # And `xl gpus --json` in another process says the same.
+        out = subprocess.run(
+            [sys.executable, "-m", "xl", "gpus", "--json"],
+            env={**os.environ, **sim.env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        (row,) = json.loads(out.stdout)["gpus"][0]["processes"]
+        assert (row["pid"], row["rank"], row["run_id"]) == (rank_here, 5, "run-in-container")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(ns.pid, signal.SIGKILL)
+        ns.wait(timeout=10)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from xl.atomic import write_json_atomic
-from xl.launcher.rundir import reader
-from xl.launcher.rundir.reader import RunReader
+from xl.launcher.rundir import jsonl
+from xl.launcher.rundir.reader import HISTORY, History, RunReader
 
 
 def _append(path: Path, *objs: dict, raw: str = "") -> None:
@@ -112,6 +112,20 @@ def test_rank_states_from_run_json_and_diagnoses(tmp_path: Path) -> None:
     assert [v.state for v in reader.poll().ranks.values()] == ["exited", "stopped", "stopped"]
 
 
+def test_a_damaged_run_json_keeps_the_last_good_one_in_view(tmp_path: Path) -> None:
+    """A copy caught half-written (or broken by hand) never blanks the Monitor's header."""
+    reader = RunReader(tmp_path)
+    assert reader.poll().status == "unknown" and reader.poll().run_id is None  # not written yet
+    write_json_atomic(tmp_path / "run.json", {"run_id": "r1", "status": "running", "ranks": []})
+    assert reader.poll().status == "running"
+    (tmp_path / "run.json").write_text('{"run_id": "r1", "status": "succ')
+    view = reader.poll()
+    assert view.run_id == "r1" and view.status == "running"
+    write_json_atomic(tmp_path / "run.json", {"run_id": "r1", "status": "succeeded", "ranks": []})
+    view = reader.poll()
+    assert view.status == "succeeded" and view.record.final and view.record.exit_code == 0
+
+
 def test_logs_tail_and_new_lines(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -164,9 +178,9 @@ def test_only_the_root_cause_rank_is_failed(tmp_path: Path) -> None:
 def decoder(request, monkeypatch) -> str:
     """Each test that takes it runs with orjson's fast path and with the json module alone."""
     if request.param == "json":
-        monkeypatch.setattr(reader, "_fast_loads", None)
+        monkeypatch.setattr(jsonl, "_fast_loads", None)
     else:
-        assert reader._fast_loads is not None, "orjson is a dependency: the fast path must be there"
+        assert jsonl._fast_loads is not None, "orjson is a dependency: the fast path must be there"
     return request.param
 
 
@@ -227,7 +241,6 @@ def test_fields_follow_the_latest_line_that_has_them(tmp_path: Path) -> None:
 
 
 def test_histories_and_eta_across_polls(tmp_path: Path) -> None:
-    from xl.launcher.rundir.reader import HISTORY
 
     metrics = tmp_path / "metrics.jsonl"
     reader = RunReader(tmp_path)
@@ -270,7 +283,6 @@ def test_histories_and_eta_across_polls(tmp_path: Path) -> None:
 def test_history_spans_the_whole_run_in_at_most_cap_points() -> None:
     """A rank logging 100 times a second for 100 s: the chart still covers the whole run (a
     deque of the last points would show the last 6 s), evenly, with the newest point last."""
-    from xl.launcher.rundir.reader import History
 
     history = History(cap=600)
     for i in range(10_000):

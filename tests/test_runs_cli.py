@@ -88,3 +88,27 @@ def test_a_run_whose_supervisor_died_is_cleaned_up(home: Path) -> None:
     assert stop.returncode == 0, stop.stderr
     assert run_json(run_dir)["status"] == "stopped"
     assert json.loads((run_dir / "events.jsonl").read_text().splitlines()[-1])["kind"] == "run_ended"
+
+
+def test_a_run_folder_with_a_damaged_run_json_is_left_out(home: Path) -> None:
+    """A half-copied or hand-broken run.json never breaks `xl runs` or hides the other runs."""
+    bad = home / "runs" / "20260530-140000-bad-dddd"
+    bad.mkdir()
+    (bad / "run.json").write_text('{"run_id": "20260530-140000-bad-dddd", "status": "runn')
+    proc = xl(["runs", "--json"], xl_env(home))
+    assert proc.returncode == 0, proc.stderr
+    assert [r["run_id"] for r in json.loads(proc.stdout)] == [
+        "20260530-120000-bert-aaaa",
+        "20260530-121000-llama-bbbb",
+    ]
+    assert "no run matches" in _one_line_exit_2(xl(["logs", "20260530-14"], xl_env(home)))
+
+
+def test_logs_prints_a_last_line_still_without_its_newline(home: Path) -> None:
+    log = home / "runs" / "20260530-121000-llama-bbbb" / "logs" / "rank-0.log"
+    with log.open("a") as fh:
+        fh.write("epoch 3 ... 41%")  # a progress bar mid-line when the rank died
+    proc = xl(["logs", "last", "--rank", "0"], xl_env(home))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith("epoch 3 ... 41%\n")
+    assert proc.stdout == log.read_text() + "\n"

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ import pytest
 from procs import XL, kill_run, run_json, run_processes, wait_for, wait_no_processes, xl, xl_env
 
 from xl.errors import UsageError
+from xl.launcher.cli import sbatch as cmd_slurm
 from xl.launcher.multinode import slurm
 
 # --------------------------------------------------------------------------------- nodelists
@@ -129,7 +131,7 @@ def test_allocation_from_env() -> None:
 def test_srun_runs_one_xl_per_node_with_the_whole_node() -> None:
     alloc = slurm.allocation_from_env(_fake_alloc_env(), lambda _argv: None)
     assert alloc is not None
-    task = slurm.node_argv(alloc, "gpu07:21000", "RID", ["--nproc", "4"], slurm.target_argv("t.py", None, ["--lr", "1"]), xl=["XL"])
+    task = slurm.node_argv(alloc, "gpu07:21000", "RID", ["--nproc", "4", "--", "t.py", "--lr", "1"], xl=["XL"])
     assert task == [
         "XL", "launch", "--slurm-node", "--nnodes", "3", "--rdzv", "gpu07:21000", "--run-id", "RID",
         "--no-tui", "--nproc", "4", "--", "t.py", "--lr", "1",
@@ -141,7 +143,6 @@ def test_srun_runs_one_xl_per_node_with_the_whole_node() -> None:
         "--cpus-per-task=32", "--gpus-per-node=4",
     ]  # fmt: skip
     assert argv[-len(task) :] == task
-    assert slurm.target_argv(None, "pkg.train", ["x"]) == ["-m", "pkg.train", "x"]
 
 
 def test_rendezvous_port_is_the_jobs_own() -> None:
@@ -167,9 +168,6 @@ def test_step_is_found_by_name_and_signalled() -> None:
 def test_first_ctrl_c_never_kills_srun_when_no_step_is_found(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """No run of node 0 here and squeue shows no step yet: the first signal says so and leaves
     srun alone; the next one (still no step to scancel) ends srun."""
-    import threading
-
-    from xl.launcher.cli import sbatch as cmd_slurm
 
     asked: list[str] = []
     monkeypatch.setattr(cmd_slurm, "_stop_here", lambda run_id: asked.append("stop_here") or False)

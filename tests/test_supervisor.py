@@ -2,12 +2,16 @@
 
 Every test checks that no process of the run is left (psutil scan by XL_RUN_ID and the recorded
 PIDs), not just exit codes. XL_STOP_GRACE=1 keeps stops short.
+
+The tests at the end drive the supervisor's parts directly (its state is values: a rank's phase,
+the stop, the root cause), with plain processes standing in for ranks and no torchrun.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -30,7 +34,16 @@ from procs import (
     xl_env,
 )
 
-pytestmark = pytest.mark.e2e
+from xl.launcher.rundir import record as run_record
+from xl.launcher.rundir.record import RunStatus
+from xl.launcher.supervisor.failure import RootCause
+from xl.launcher.supervisor.journal import Journal
+from xl.launcher.supervisor.logsink import LogSink
+from xl.launcher.supervisor.loop import Supervisor
+from xl.launcher.supervisor.ranks import Ranks
+from xl.launcher.supervisor.stopping import StopReason, grace_from_env
+
+e2e = pytest.mark.e2e  # the tests with real torchrun; the state tests at the end run none
 GRACE = 1.0
 
 SLEEPER = """
@@ -87,6 +100,7 @@ def _popen_launch(args: list[str], env: dict[str, str], cwd: Path) -> subprocess
     )
 
 
+@e2e
 def test_run_succeeds_with_separate_rank_logs_and_busy_port_29500(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = _script(tmp_path, "report.py", REPORTER)
@@ -134,6 +148,7 @@ def test_run_succeeds_with_separate_rank_logs_and_busy_port_29500(tmp_path: Path
         kill_run(run_dir)
 
 
+@e2e
 def test_failing_rank_without_record_is_root_cause_with_traceback(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = _script(tmp_path, "fail.py", FAILER)
@@ -172,6 +187,7 @@ time.sleep(60)
 """
 
 
+@e2e
 def test_rank_exiting_without_a_traceback_is_explained_by_its_last_lines(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = _script(tmp_path, "exiter.py", EXITER)
@@ -188,6 +204,7 @@ def test_rank_exiting_without_a_traceback_is_explained_by_its_last_lines(tmp_pat
         kill_run(run_dir)
 
 
+@e2e
 def test_rank_killed_by_a_signal_is_named_with_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = _script(tmp_path, "segv.py", """
@@ -213,6 +230,7 @@ def test_rank_killed_by_a_signal_is_named_with_it(tmp_path: Path) -> None:
         kill_run(run_dir)
 
 
+@e2e
 def test_ctrl_c_stops_every_rank_even_one_ignoring_sigterm(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = _script(tmp_path, "sleep.py", SLEEPER)
@@ -239,6 +257,7 @@ def test_ctrl_c_stops_every_rank_even_one_ignoring_sigterm(tmp_path: Path) -> No
         kill_run(run_dir)
 
 
+@e2e
 def test_xl_stop_ends_a_detached_run(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = xl_env(home)
@@ -261,6 +280,7 @@ def test_xl_stop_ends_a_detached_run(tmp_path: Path) -> None:
         kill_run(run_dir)
 
 
+@e2e
 def test_sigkill_to_torchrun_leaves_no_rank(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = _script(tmp_path, "sleep.py", SLEEPER)
@@ -279,6 +299,7 @@ def test_sigkill_to_torchrun_leaves_no_rank(tmp_path: Path) -> None:
         kill_run(run_dir)
 
 
+@e2e
 def test_supervisor_killed_outright_the_view_ends_the_run(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = _script(tmp_path, "sleep.py", SLEEPER)
@@ -298,6 +319,7 @@ def test_supervisor_killed_outright_the_view_ends_the_run(tmp_path: Path) -> Non
         kill_run(run_dir)
 
 
+@e2e
 def test_sighup_to_foreground_launch_leaves_the_run_going(tmp_path: Path) -> None:
     home = tmp_path / "home"
     pkg = tmp_path / "mypkg"
@@ -321,6 +343,7 @@ def test_sighup_to_foreground_launch_leaves_the_run_going(tmp_path: Path) -> Non
         kill_run(run_dir)
 
 
+@e2e
 def test_attach_shows_a_running_run_until_it_ends(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = xl_env(home)
@@ -343,6 +366,7 @@ def test_attach_shows_a_running_run_until_it_ends(tmp_path: Path) -> None:
         kill_run(run_dir)
 
 
+@e2e
 def test_start_run_api_spawns_a_detached_supervisor(tmp_path: Path) -> None:
     """The library path the TUI uses (a fresh interpreter, no fork) runs a whole run too."""
     home = tmp_path / "home"
@@ -364,3 +388,199 @@ def test_start_run_api_spawns_a_detached_supervisor(tmp_path: Path) -> None:
         wait_no_processes(run_dir, timeout=GRACE + 2)
     finally:
         kill_run(run_dir)
+
+
+# ---------------------------------------------------------------- the parts, without torchrun
+
+
+def _unit_run_dir(tmp_path: Path, nproc: int = 2, grace: float = 0.3) -> Path:
+    """A run dir as start_run leaves it, for a supervisor that is never started."""
+    run_dir = tmp_path / "run"
+    (run_dir / "ranks").mkdir(parents=True)
+    (run_dir / "logs").mkdir()
+    record = {
+        "run_id": f"unit-{os.getpid()}-{time.monotonic_ns()}",
+        "name": "unit",
+        "status": "running",
+        "nnodes": 1,
+        "node_rank": 0,
+        "nproc_per_node": nproc,
+        "world_size": nproc,
+        "host": "here",
+        "ended_at": None,
+        "grace_s": grace,
+        "ranks": [],
+        "failure": None,
+    }
+    (run_dir / "run.json").write_text(json.dumps(record))
+    return run_dir
+
+
+def _fake_rank(ignore_term: bool = False) -> subprocess.Popen[str]:
+    """A process that sleeps like a rank at work, in its own session as torchrun starts ranks."""
+    body = "import signal, time\n"
+    if ignore_term:
+        body += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    body += "print('ready', flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", body], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _events(run_dir: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
+    run_dir = _unit_run_dir(tmp_path, grace=0.3)
+    sup = Supervisor(run_dir)
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    failed.wait(10)
+    stubborn = _fake_rank(ignore_term=True)
+    try:
+        sup.ranks.hello(0, failed.pid)
+        sup.ranks.hello(1, stubborn.pid)
+        tb = "Traceback (most recent call last):\nValueError: boom\n"
+        (run_dir / "ranks" / "rank-0.json").write_text(
+            json.dumps({"pid": failed.pid, "local_rank": 0, "exit_code": 3, "traceback": tb, "ended_at": time.time()})
+        )
+        sup.ranks.scan_records()
+        assert sup.stopping.state is not None and sup.stopping.state.reason is StopReason.FAILURE
+        time.sleep(0.1)
+        sup.stopping.advance()
+        assert stubborn.poll() is None  # SIGTERM ignored, and the grace is not over
+        time.sleep(0.3)
+        sup.stopping.advance()
+        assert stubborn.wait(5) == -signal.SIGKILL
+        sup.ranks.check_alive()
+        status = sup.finish()
+    finally:
+        _end(stubborn)
+    assert status is RunStatus.FAILED and status.exit_code == 1
+    run = run_json(run_dir)
+    assert run["status"] == "failed" and run["ended_at"] is not None
+    assert run["failure"] == {
+        "rank": 0,
+        "exit_code": 3,
+        "traceback": tb,
+        "error": None,
+        "message": "rank 0 failed first: rank 0 exited with code 3",
+        "node": "here",
+        "node_rank": 0,
+    }
+    assert [(r["rank"], r["state"], r["exit_code"]) for r in run["ranks"]] == [(0, "failed", 3), (1, "stopped", -9)]
+    events = _events(run_dir)
+    assert [e["kind"] for e in events] == ["rank_started", "rank_started", "rank_exited", "failure", "rank_exited", "run_ended"]
+    assert events[-1]["status"] == "failed" and events[-1]["message"] == "run failed"
+    assert events[4]["message"] == "rank 1 was killed by SIGKILL"
+
+
+def test_a_requested_stop_ends_every_rank_as_stopped(tmp_path: Path) -> None:
+    run_dir = _unit_run_dir(tmp_path)
+    sup = Supervisor(run_dir)
+    ranks = [_fake_rank(), _fake_rank()]
+    try:
+        for rank, proc in enumerate(ranks):
+            sup.ranks.hello(rank, proc.pid)
+        sup.stopping.begin(StopReason.REQUESTED)
+        assert [proc.wait(5) for proc in ranks] == [-signal.SIGTERM, -signal.SIGTERM]
+        sup.ranks.check_alive()
+        status = sup.finish()
+    finally:
+        for proc in ranks:
+            _end(proc)
+    assert status is RunStatus.STOPPED and status.exit_code == 1
+    run = run_json(run_dir)
+    assert run["status"] == "stopped" and run["failure"] is None
+    assert [(r["state"], r["exit_code"]) for r in run["ranks"]] == [("stopped", -15), ("stopped", -15)]
+
+
+def test_torchrun_summary_names_the_rank_that_really_failed(tmp_path: Path) -> None:
+    """The rank blamed first was killed by the stop (SIGTERM in torchrun's summary): the rank
+    that died of its own signal is the cause, and a new failure event says so."""
+    run_dir = _unit_run_dir(tmp_path)
+    record = run_record.load(run_dir)
+    assert record is not None
+    journal = Journal(run_dir, record)
+    ranks = Ranks(run_dir, record, lambda st: None, lambda st, code, when: None, journal.changed)
+    cause = RootCause(run_dir, "here", 0, journal)
+    for st in ranks:
+        st.pid, st.ended_at = 1000 + st.rank, 100.0 + st.rank
+    cause.set(cause.local(0, None, None, None, "rank 0 failed first: died"), 100.0)
+    (run_dir / "logs" / "torchrun.log").write_text(
+        "Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 1001)\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 1000)\n"
+    )
+    cause.fill_from_torchrun_log(ranks, journal.emit)
+    assert cause.failure is not None
+    assert (cause.failure.rank, cause.failure.exit_code) == (1, -6)
+    assert cause.failure.message == "rank 1 failed first: rank 1 was killed by SIGABRT"
+    assert [(st.state.value, st.exit_code) for st in ranks] == [("stopped", -15), ("failed", -6)]
+    assert _events(run_dir)[-1]["rank"] == 1
+
+
+def test_no_rank_started_the_failure_quotes_torchrun(tmp_path: Path) -> None:
+    run_dir = _unit_run_dir(tmp_path)
+    sup = Supervisor(run_dir)
+    (run_dir / "logs" / "torchrun.log").write_text("\nusage: torchrun ...\n\ntorchrun: error: bad --nnodes\n")
+    sup.torchrun.code = 2
+    assert sup.ranks.all_done(sup.torchrun.code, stopping=False)
+    status = sup.finish()
+    assert status is RunStatus.FAILED
+    run = run_json(run_dir)
+    assert run["failure"]["rank"] is None and run["failure"]["exit_code"] == 2
+    assert run["failure"]["traceback"] == "usage: torchrun ...\ntorchrun: error: bad --nnodes"
+    assert run["failure"]["message"] == "torchrun exited with code 2 (see logs/torchrun.log)"
+    assert [r["state"] for r in run["ranks"]] == ["failed", "failed"]
+
+
+def test_log_sink_writes_each_rank_its_own_log_and_refuses_a_wrong_token(tmp_path: Path) -> None:
+    run_dir = _unit_run_dir(tmp_path)
+    sel = selectors.DefaultSelector()
+    hellos: list[tuple[int, int]] = []
+    lines: list[tuple[int, str]] = []
+    sink = LogSink(run_dir, "unit", "right-token", sel, lambda rank, pid: hellos.append((rank, pid)), lambda what, exc: None)
+    sink.on_line = lambda rank, line: lines.append((rank, line))
+    address = sink.listen()
+    good, bad = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+    try:
+        good.connect(address)
+        bad.connect(address)
+        good.sendall(b'{"rank": 1, "pid": 42, "token": "right-token"}\nepoch 1\n 10%|#\r 20%|##\rhalf a li')
+        bad.sendall(b'{"rank": 0, "pid": 43, "token": "wrong"}\nnot mine\n')
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(lines) < 3:
+            for key, _ in sel.select(0.1):
+                key.data()
+        good.sendall(b"ne\n")
+        good.close()
+        while time.monotonic() < deadline and sink.conns:
+            for key, _ in sel.select(0.1):
+                key.data()
+    finally:
+        good.close()
+        bad.close()
+        sink.close_logs()
+        sink.close()
+    assert hellos == [(1, 42)]
+    assert (run_dir / "logs" / "rank-1.log").read_bytes() == b"epoch 1\n 10%|#\r 20%|##\rhalf a line\n"
+    assert not (run_dir / "logs" / "rank-0.log").exists()
+    assert lines == [(1, "epoch 1"), (1, " 10%|#"), (1, " 20%|##"), (1, "half a line")]
+    assert not (run_dir / "sup.sock").exists()
+
+
+@pytest.mark.parametrize(("value", "grace"), [(None, 10.0), ("2.5", 2.5), ("-3", 0.0), ("soon", 10.0)])
+def test_stop_grace_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str | None, grace: float) -> None:
+    if value is None:
+        monkeypatch.delenv("XL_STOP_GRACE", raising=False)
+    else:
+        monkeypatch.setenv("XL_STOP_GRACE", value)
+    assert grace_from_env() == grace
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,9 +13,12 @@ from pilotwait import until
 from simnvml import SimGPU, SimProcess
 from textual.widgets import Input, Static
 
+from xl.doctor.report import Report
+from xl.gpu.nvml import inventory
 from xl.launcher.plan import build_plan
 from xl.tui import settings
 from xl.tui.app import build_app
+from xl.tui.backend import LocalBackend
 from xl.tui.launchform import LaunchForm, command, to_spec
 
 SIZE = (120, 40)
@@ -88,7 +92,7 @@ async def test_pick_and_reorder_gpus_sets_visible_devices_and_plan(four_gpus, tm
         assert "CUDA_VISIBLE_DEVICES=2,0" in text_of(app, "#launch-validation")
         assert "2 process(es)" in text_of(app, "#launch-validation")
         form = app.screen.form()
-        plan = build_plan(to_spec(form), app.inventory)
+        plan = app.backend.plan(to_spec(form))  # planned against the GPUs the screen showed
         assert plan.env["CUDA_VISIBLE_DEVICES"] == "2,0"
         assert plan.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
         assert [g.index for g in plan.devices] == [2, 0]
@@ -177,8 +181,11 @@ async def test_gpus_table_names_the_rank_of_a_process(simnvml):
 async def test_number_keys_move_between_every_screen_and_back_to_gpus(four_gpus):
     """1-4 reach every screen from every screen; `1` used to crash the app from the others
     (Textual cannot switch back to its built-in default mode)."""
-    app = build_app(poll_interval=0.2)
-    app.doctor_source = lambda: None  # the Doctor screen's content is not the point here
+    class NoChecks(LocalBackend):
+        def doctor_report(self) -> Report:
+            return Report(checks=[])  # the Doctor screen's content is not the point here
+
+    app = build_app(NoChecks(), poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.screen.query_one("#gpu-table").row_count == 4, "4 GPU rows")
         gpus = app.screen
@@ -216,11 +223,6 @@ def test_settings_file_is_written_atomically_and_survives_garbage(tmp_path) -> N
 @pytest.mark.e2e
 def test_shown_command_is_what_xl_launch_plans(simnvml, tmp_path) -> None:
     """The command the form shows, run through the real `xl launch --dry-run`, plans the same."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     sim = simnvml(gpus=4)
     (tmp_path / "train.py").write_text("print('hi')\n")
     form = LaunchForm(
@@ -238,8 +240,6 @@ def test_shown_command_is_what_xl_launch_plans(simnvml, tmp_path) -> None:
     spec = to_spec(form)
     spec.cwd = str(tmp_path)
     with sim.in_process():
-        from xl.gpu.nvml import inventory
-
         plan = build_plan(spec, inventory(), env={**os.environ, **sim.env})
     assert shown["argv"][1:] == plan.argv[1:]
     assert shown["env"] == plan.env

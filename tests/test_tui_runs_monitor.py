@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -12,8 +13,12 @@ import pytest
 import runfixtures
 from pilotwait import until
 from textual.widgets import DataTable, Static
+from textual.widgets._footer import FooterKey
 
+from xl.launcher.rundir.reader import RunReader
+from xl.tui import fmt
 from xl.tui.app import build_app, exit_code
+from xl.tui.backend import LocalBackend
 from xl.tui.screens.monitor import MonitorScreen
 from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
@@ -339,15 +344,14 @@ async def test_monitor_polls_once_per_interval_however_often_the_rank_changes(xl
 
 
 async def test_runs_list_refreshes_once_per_interval_however_often_r_is_pressed(xl_home):
-    app = build_app(clock=lambda: NOW, poll_interval=0.2)
     listings: list[float] = []
-    source = app.runs_source
 
-    def counted():
-        listings.append(time.monotonic())
-        return source()
+    class Counted(LocalBackend):
+        def runs(self):
+            listings.append(time.monotonic())
+            return super().runs()
 
-    app.runs_source = counted
+    app = build_app(Counted(), clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("4")
         await until(pilot, lambda: app.screen.id == "runs", "runs screen")
@@ -370,8 +374,6 @@ async def test_runs_list_refreshes_once_per_interval_however_often_r_is_pressed(
     [(None, "-"), (3.214, "3.21"), (532.4, "532"), (999.9, "1k"), (12400.0, "12.4k"), (1234567.0, "1.23M")],
 )
 def test_throughput_reads_as_k_and_m_not_exponents(value: float | None, shown: str) -> None:
-    from xl.tui import fmt
-
     assert fmt.rate(value) == shown
 
 
@@ -438,10 +440,6 @@ async def test_the_join_command_comes_back_with_the_monitor_until_the_nodes_join
 async def test_switching_ranks_never_reads_the_run_from_two_threads_at_once(xl_home):
     """A rank switch asks for a poll at once; while one runs, it waits for it (the reader keeps
     file offsets: two threads in it at once would lose or repeat log lines)."""
-    import threading
-
-    from xl.launcher.rundir.reader import RunReader
-
     inside, overlaps, calls = [0], [0], [0]
     lock = threading.Lock()
 
@@ -458,8 +456,11 @@ async def test_switching_ranks_never_reads_the_run_from_two_threads_at_once(xl_h
                 with lock:
                     inside[0] -= 1
 
-    app = build_app(monitor_run_dir=xl_home / "20260530-wide", clock=lambda: NOW, poll_interval=0.2)
-    app.reader_source = SlowReader  # type: ignore[method-assign]
+    class Slow(LocalBackend):
+        def reader(self, run_dir: Path) -> RunReader:
+            return SlowReader(run_dir)
+
+    app = build_app(Slow(), monitor_run_dir=xl_home / "20260530-wide", clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one(RankTable)
         await until(pilot, lambda: table.row_count == 64, "64 ranks")
@@ -473,8 +474,6 @@ async def test_switching_ranks_never_reads_the_run_from_two_threads_at_once(xl_h
 async def test_stop_greys_out_in_the_footer_when_the_run_ends(xl_home):
     """The footer's "Stop run" follows the run: live, it can be pressed; once the run has ended
     (seen by a poll, with no key pressed in between) it is greyed out."""
-    from textual.widgets._footer import FooterKey
-
     run_dir = xl_home / "20260530-straggler"  # running
     app = build_app(monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:

@@ -15,8 +15,12 @@ import runfixtures
 from simnvml import SimGPU, SimProcess
 from textual.css.query import NoMatches
 from textual.widgets import Input
+from textual.widgets._footer import FooterKey
 
+from xl.doctor.report import Check, Report
 from xl.tui.app import build_app
+from xl.tui.backend import LocalBackend
+from xl.tui.runview import FINISHED
 from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
 
@@ -56,10 +60,6 @@ def _monitor(run: str, runs: Path):
 
 
 async def _monitor_ready(pilot, ranks: int) -> None:
-    from textual.widgets._footer import FooterKey
-
-    from xl.tui.runview import FINISHED
-
     app = pilot.app
     await until(pilot, lambda: app.screen.query_one(RankTable).row_count == ranks)
     await until(pilot, lambda: app.screen.query_one(RankLog).line_count > 0)
@@ -165,8 +165,6 @@ def test_one_stylesheet():
 
 def doctor_report():
     """A fixed doctor Report: one check of each status, with fixes, as on a half-set-up box."""
-    from xl.doctor.report import Check, Report
-
     def check(id_, status, title, detail, fix="", area=""):
         return Check(id=id_, status=status, title=title, detail=detail, fix=fix, area=area)
 
@@ -195,8 +193,11 @@ def doctor_report():
 
 def test_doctor(snap_compare, simnvml):
     sim = simnvml(gpus=1)
-    app = build_app(poll_interval=SLOW)
-    app.doctor_source = doctor_report  # fixed data, not this machine's
+    class FixedDoctor(LocalBackend):
+        def doctor_report(self):
+            return doctor_report()  # fixed data, not this machine's
+
+    app = build_app(FixedDoctor(), poll_interval=SLOW)
 
     async def ready(pilot):
         await pilot.press("2")

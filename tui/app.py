@@ -2,8 +2,9 @@
 
 ``main(argv)`` is the bare ``xl`` command; ``run_monitor(run_dir)`` opens the Monitor alone (for
 ``xl attach`` / ``xl demo`` / ``xl launch`` in a terminal). Both build the app with ``build_app``.
-The data sources (NVML inventory, doctor, launcher, run reader) are methods of the app, imported
-only when first used so the app starts fast and each screen pays only for what it shows.
+The app reaches GPUs, the doctor, the launcher and the run store only through its ``backend``
+(tui/backend.py): ``LocalBackend`` for people, a fake for tests. Screens are imported when first
+shown, so ``xl attach`` pays only for the Monitor.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import gc
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import App
 from textual.binding import Binding, BindingType
@@ -21,8 +22,12 @@ from textual.screen import Screen
 
 from xl.errors import ArgumentParser
 from xl.tui import fmt
+from xl.tui.backend import Backend, LocalBackend
 from xl.tui.runview import FINISHED
 from xl.tui.selection import DeviceSelection
+
+if TYPE_CHECKING:
+    from xl.tui.screens.monitor import MonitorScreen
 
 
 class XLApp(App[None]):
@@ -49,7 +54,7 @@ class XLApp(App[None]):
         driver_class = super().get_driver_class()
         if driver_class.__module__ == "textual.drivers.linux_driver" and not os.environ.get("TEXTUAL_DRIVER"):
             try:
-                from xl.tui.driver import QuietLinuxDriver
+                from xl.tui.driver import QuietLinuxDriver  # noqa: PLC0415 - Linux only; may fail (below)
             except ImportError:  # a Textual whose internals moved: its own driver still works
                 return driver_class
             return QuietLinuxDriver
@@ -57,6 +62,7 @@ class XLApp(App[None]):
 
     def __init__(
         self,
+        backend: Backend,
         *,
         monitor_run_dir: Path | None = None,
         attach_only: bool = True,
@@ -65,6 +71,7 @@ class XLApp(App[None]):
         notice: str | None = None,
     ) -> None:
         super().__init__()
+        self.backend = backend
         self.monitor_run_dir = Path(monitor_run_dir) if monitor_run_dir is not None else None
         # What a person must still do for a run (node 0's command for the other nodes), by run
         # dir: shown on every Monitor of that run until the Monitor sees it done. In memory only
@@ -77,15 +84,14 @@ class XLApp(App[None]):
         self.clock: fmt.Clock = clock or fmt.default_clock
         self.poll_interval = poll_interval
         self.selection = DeviceSelection()
-        self.inventory: Any = None  # the GPUs screen's latest snapshot (Launch validates against it)
         # Status of the run the app was opened on (monitor_run_dir) as its Monitor last showed it
         # when the person left; exit_code() turns it into the command's exit code.
         self.run_outcome: str | None = None
         if not self.attach_only:
-            from xl.tui.screens.doctor import DoctorScreen
-            from xl.tui.screens.gpus import GPUsScreen
-            from xl.tui.screens.launch import LaunchScreen
-            from xl.tui.screens.runs import RunsScreen
+            from xl.tui.screens.doctor import DoctorScreen  # noqa: PLC0415 - not for `xl attach`
+            from xl.tui.screens.gpus import GPUsScreen  # noqa: PLC0415 - not for `xl attach`
+            from xl.tui.screens.launch import LaunchScreen  # noqa: PLC0415 - not for `xl attach`
+            from xl.tui.screens.runs import RunsScreen  # noqa: PLC0415 - not for `xl attach`
 
             self.add_mode("gpus", lambda: GPUsScreen(self.selection, interval=self.poll_interval))
             self.add_mode("doctor", DoctorScreen)
@@ -94,13 +100,13 @@ class XLApp(App[None]):
 
     def get_default_screen(self) -> Screen:
         if self.attach_only:
-            from xl.tui.screens.monitor import MonitorScreen
+            from xl.tui.screens.monitor import MonitorScreen  # noqa: PLC0415 - only once a run is shown
 
             assert self.monitor_run_dir is not None
             return MonitorScreen(
                 self.monitor_run_dir, standalone=True, interval=self.poll_interval, notice=self.notices.get(self.monitor_run_dir)
             )
-        from xl.tui.screens.gpus import GPUsScreen
+        from xl.tui.screens.gpus import GPUsScreen  # noqa: PLC0415 - not for `xl attach`
 
         return GPUsScreen(self.selection, interval=self.poll_interval)
 
@@ -121,13 +127,13 @@ class XLApp(App[None]):
         self.switch_mode(mode)
 
     def action_help(self) -> None:
-        from xl.tui.screens.help import HelpScreen
+        from xl.tui.screens.help import HelpScreen  # noqa: PLC0415 - Markdown loads only for help
 
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
     def open_monitor(self, run_dir: Path | str, notice: str | None = None) -> None:
-        from xl.tui.screens.monitor import MonitorScreen
+        from xl.tui.screens.monitor import MonitorScreen  # noqa: PLC0415 - only once a run is shown
 
         run_dir = Path(run_dir)
         if notice is not None:
@@ -150,8 +156,12 @@ class XLApp(App[None]):
             message=f"Detached: run {run_dir.name} keeps running. Reopen it with: xl attach {run_dir.name}",
         )
 
+    def on_monitor_screen_notice_done(self, message: MonitorScreen.NoticeDone) -> None:
+        # Every node joined or the run ended: the next Monitor of that run shows no notice.
+        self.notices.pop(message.run_dir, None)
+
     async def action_quit(self) -> None:
-        from xl.tui.screens.monitor import MonitorScreen
+        from xl.tui.screens.monitor import MonitorScreen  # noqa: PLC0415 - only once a run is shown
 
         screen = self.screen
         if isinstance(screen, MonitorScreen):
@@ -160,65 +170,6 @@ class XLApp(App[None]):
                 screen.action_detach()
                 return
         self.exit(return_code=0)
-
-    # -- data sources (each imported on first use; tests may override) ------------------------
-
-    def inventory_source(self) -> Any:
-        from xl.gpu.nvml import inventory
-
-        return inventory(processes=True)
-
-    def doctor_source(self) -> Any:
-        from xl.doctor.run import run_doctor
-
-        return run_doctor()
-
-    def plan_source(self, spec: Any) -> Any:
-        from xl.launcher.plan import build_plan
-
-        inv = self.inventory
-        if inv is None:
-            inv = self.inventory = self.inventory_source()
-        return build_plan(spec, inv)
-
-    def start_source(self, spec: Any) -> tuple[Any, str | None]:
-        """Start ``spec``'s run: (its handle, what the person must still do, or None).
-
-        Node 0 of a multi-node run gets the run's token made here and handed to its supervisor
-        through the environment (never a command line, never run.json), and the notice is the
-        command for the other nodes, which the Monitor shows until they have joined.
-        """
-        from xl.launcher.control import start_run
-
-        if int(getattr(spec, "nnodes", 1) or 1) < 2:
-            return start_run(spec), None
-        from xl.launcher.multinode.nodelink import prepare_launch
-
-        # The token goes to this run's supervisor only, never into the app's own environment
-        # (its later runs, the doctor's probes).
-        env = dict(os.environ)
-        join = prepare_launch(spec, env)
-        return start_run(spec, env=env), join.strip() if join else None
-
-    def runs_source(self) -> list[Any]:
-        from xl.launcher.control import list_runs
-
-        return list_runs()
-
-    def resolve_source(self, run: str) -> Path:
-        from xl.launcher.control import resolve_run
-
-        return resolve_run(run)
-
-    def reader_source(self, run_dir: Path) -> Any:
-        from xl.launcher.rundir.reader import RunReader
-
-        return RunReader(run_dir)
-
-    def stop_source(self, run_dir: Path) -> None:
-        from xl.launcher.control import stop_run
-
-        stop_run(run_dir)
 
 
 def _freeze_startup_objects() -> None:
@@ -230,9 +181,9 @@ def _freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def build_app(**kwargs: Any) -> XLApp:
-    """The one factory the CLI and the tests use."""
-    return XLApp(**kwargs)
+def build_app(backend: Backend | None = None, **kwargs: Any) -> XLApp:
+    """The one factory the CLI and the tests use: this machine's backend unless one is given."""
+    return XLApp(backend if backend is not None else LocalBackend(), **kwargs)
 
 
 def exit_code(app: XLApp) -> int:
@@ -249,9 +200,7 @@ def exit_code(app: XLApp) -> int:
         return 0
     status = app.run_outcome
     if status is None:
-        from xl.launcher.control import read_run
-
-        status = read_run(app.monitor_run_dir).get("status")
+        status = app.backend.run_status(app.monitor_run_dir)
     if status in FINISHED:
         return 0 if status == "succeeded" else 1
     return 0

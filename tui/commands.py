@@ -24,31 +24,30 @@ def _interactive() -> bool:
 
 
 def _monitor_own_run(run_dir: Path, _proc: Any, notice: str | None = None) -> int:
-    # Imported here: Textual costs ~150 ms and only terminals need it.
-    from xl.tui.app import run_monitor
+    from xl.tui.app import run_monitor  # noqa: PLC0415 - Textual costs ~150 ms; only terminals need it
 
     return run_monitor(run_dir, attach_only=False, notice=notice)
 
 
 def _monitor_attached(run_dir: Path) -> int:
-    from xl.tui.app import run_monitor
+    from xl.tui.app import run_monitor  # noqa: PLC0415 - Textual costs ~150 ms; only terminals need it
 
     return run_monitor(run_dir, attach_only=True)
 
 
 def launch_main(argv: Sequence[str]) -> int:
-    from xl.launcher.cli import launch as cmd_launch
+    from xl.launcher.cli import launch as cmd_launch  # noqa: PLC0415 - `xl` loads only the command it runs
 
     return cmd_launch.main(argv, viewer=_monitor_own_run if _interactive() else None)
 
 
 def demo_main(argv: Sequence[str]) -> int:
-    from xl.launcher.cli import demo as cmd_demo
+    from xl.launcher.cli import demo as cmd_demo  # noqa: PLC0415 - `xl` loads only the command it runs
 
     return cmd_demo.main(argv, viewer=_monitor_own_run if _interactive() else None)
 
 
 def attach_main(argv: Sequence[str]) -> int:
-    from xl.launcher.cli import attach as cmd_attach
+    from xl.launcher.cli import attach as cmd_attach  # noqa: PLC0415 - `xl` loads only the command it runs
 
     return cmd_attach.main(argv, viewer=_monitor_attached if _interactive() else None)

@@ -1,7 +1,9 @@
 """The Launch form as plain data: its values, the LaunchSpec they mean, the equivalent command.
 
 Kept free of Textual so the tests can check that the command shown is the one `xl launch` parses
-to the same plan.
+to the same plan: the command is the spec written back by spec_to_argv, the writer every `xl
+launch` command line xl shows goes through, and the form shares `xl launch`'s vocabulary (the
+mixed-precision choices, the --env rule) from xl.launcher.spec.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from xl.errors import UsageError
+from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, env_pair, spec_to_argv
 
-MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+__all__ = ["MIXED_PRECISION", "LaunchForm", "command", "parse_env", "parse_target", "to_spec"]
 
 
 @dataclass
@@ -74,67 +77,59 @@ def parse_target(target: str) -> tuple[str | None, str | None]:
 
 
 def parse_env(value: str) -> dict[str, str]:
+    """The Env field's ``KEY=VALUE`` words, by `xl launch --env`'s rule."""
     env: dict[str, str] = {}
     for word in _words(value, "env"):
-        key, sep, val = word.partition("=")
-        if not sep or not key:
-            raise UsageError(f"env entries are KEY=VALUE, got {word!r}")
-        env[key] = val
+        pair = env_pair(word)
+        if pair is None:
+            raise UsageError(f"env entries are KEY=VALUE with KEY a variable name, got {word!r}")
+        env[pair[0]] = pair[1]
     return env
 
 
-def to_spec(form: LaunchForm) -> Any:
-    """The LaunchSpec these values mean; UsageError (one line) when they mean nothing valid."""
-    from xl.launcher.spec import LaunchSpec  # the launcher is only needed once someone launches
-
-    script, module = parse_target(form.target)
-    # Blank: the launcher's default (one process per chosen GPU, 1 on CPU).
-    nproc = _int(form.nproc, "processes per node", minimum=1) if form.nproc.strip() else None
-    if form.mixed_precision not in MIXED_PRECISION:
+def _mixed_precision(value: str) -> str | None:
+    if value not in MIXED_PRECISION:
         raise UsageError(f"mixed precision is one of {', '.join(MIXED_PRECISION)}")
+    # "no" is the launcher's default: leave it unset, as `xl launch` without the flag does.
+    return None if value == "no" else value
+
+
+def _read(form: LaunchForm, *, lenient: bool) -> LaunchSpec:
+    """The spec of ``form``. ``lenient``: a field that does not read (yet) keeps its default
+    instead of raising, for the command shown while the person types."""
+
+    def read(parse: Any, default: Any) -> Any:
+        if not lenient:
+            return parse()
+        try:
+            return parse()
+        except UsageError:
+            return default
+
+    script, module = read(lambda: parse_target(form.target), (None, None))
+    # Blank: the launcher's default (one process per chosen GPU, 1 on CPU).
+    nproc = read(lambda: _int(form.nproc, "processes per node", minimum=1) if form.nproc.strip() else None, None)
     return LaunchSpec(
         script=script,
         module=module,
-        args=_words(form.args, "args"),
+        mixed_precision=read(lambda: _mixed_precision(form.mixed_precision), None),
+        args=read(lambda: _words(form.args, "args"), []),
         gpus=form.gpus.strip() or None,
         nproc=nproc,
-        nnodes=_int(form.nnodes or "1", "nodes", minimum=1),
-        node_rank=_int(form.node_rank or "0", "node rank", minimum=0),
+        nnodes=read(lambda: _int(form.nnodes or "1", "nodes", minimum=1), 1),
+        node_rank=read(lambda: _int(form.node_rank or "0", "node rank", minimum=0), 0),
         rdzv=form.rdzv.strip() or None,
-        # "no" is the launcher's default: leave it unset, as `xl launch` without the flag does.
-        mixed_precision=None if form.mixed_precision == "no" else form.mixed_precision,
-        env=parse_env(form.env),
+        env=read(lambda: parse_env(form.env), {}),
         name=form.name.strip() or None,
     )
 
 
+def to_spec(form: LaunchForm) -> LaunchSpec:
+    """The LaunchSpec these values mean; UsageError (one line) when they mean nothing valid."""
+    return _read(form, lenient=False)
+
+
 def command(form: LaunchForm) -> list[str]:
-    """The `xl launch ...` argv equivalent to the form (what the person can paste in a shell)."""
-    argv = ["xl", "launch"]
-    if form.gpus.strip():
-        argv += ["--gpus", form.gpus.strip()]
-    if form.nproc.strip():
-        argv += ["--nproc", form.nproc.strip()]
-    if form.nnodes.strip() not in ("", "1"):
-        argv += ["--nnodes", form.nnodes.strip()]
-    if form.node_rank.strip() not in ("", "0"):
-        argv += ["--node-rank", form.node_rank.strip()]
-    if form.rdzv.strip():
-        argv += ["--rdzv", form.rdzv.strip()]
-    if form.mixed_precision != "no":
-        argv += ["--mixed-precision", form.mixed_precision]
-    try:
-        env_words = shlex.split(form.env)
-        target = shlex.split(form.target)
-        args = shlex.split(form.args)
-    except ValueError:
-        return argv
-    for word in env_words:
-        argv += ["--env", word]
-    if form.name.strip():
-        argv += ["--name", form.name.strip()]
-    if target[:1] == ["-m"]:
-        argv += target + args
-    else:
-        argv += ["--", *target, *args]
-    return argv
+    """The `xl launch ...` argv equivalent to the form (what the person can paste in a shell);
+    while a field does not read yet, the command leaves it out (the validation line says why)."""
+    return ["xl", "launch", *spec_to_argv(_read(form, lenient=True))]

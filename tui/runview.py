@@ -1,6 +1,7 @@
 """What the Monitor derives from a RunView (the reader's snapshot): times, progress, ETA, series.
 
-Pure functions over the reader's objects, so the screen only renders.
+Pure functions over the reader's objects, so the screen only renders. run.json's fields are read
+through its one owner, xl.launcher.rundir.record (a pure data module: no process, no I/O here).
 """
 
 from __future__ import annotations
@@ -10,44 +11,42 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-FINISHED = ("succeeded", "failed", "stopped")
+from xl.launcher.rundir.record import FINAL, RunRecord
+
+# The record's own set of final statuses, under the name the screens use.
+FINISHED = FINAL
 
 
-def run_field(run: Mapping[str, Any], *names: str) -> Any:
-    for name in names:
-        value = run.get(name)
-        if value is not None:
-            return value
-    spec = run.get("spec")
-    if isinstance(spec, Mapping):
-        for name in names:
-            if spec.get(name) is not None:
-                return spec[name]
-    return None
+def _record(run: Mapping[str, Any] | RunRecord) -> RunRecord:
+    return run if isinstance(run, RunRecord) else RunRecord.from_json(dict(run))
 
 
-def started_at(run: Mapping[str, Any]) -> float | None:
-    return run_field(run, "started_at", "start_time", "started", "t_start")
+def run_field(run: Mapping[str, Any] | RunRecord, *names: str) -> Any:
+    """The first of run.json's ``names`` that is set (None when none is)."""
+    rec = _record(run)
+    return next((v for v in map(rec.get, names) if v is not None), None)
 
 
-def ended_at(run: Mapping[str, Any]) -> float | None:
-    return run_field(run, "ended_at", "end_time", "ended", "t_end")
+def started_at(run: Mapping[str, Any] | RunRecord) -> float | None:
+    return _record(run).started_at
 
 
-def elapsed(run: Mapping[str, Any], now: float) -> float | None:
-    start = started_at(run)
-    if start is None:
+def ended_at(run: Mapping[str, Any] | RunRecord) -> float | None:
+    return _record(run).ended_at
+
+
+def elapsed(run: Mapping[str, Any] | RunRecord, now: float) -> float | None:
+    rec = _record(run)
+    if rec.started_at is None:
         return None
-    end = ended_at(run)
-    return (end if end is not None else now) - start
+    return (rec.ended_at if rec.ended_at is not None else now) - rec.started_at
 
 
-def world_size(run: Mapping[str, Any], ranks: Mapping[int, Any]) -> int:
-    value = run_field(run, "world_size")
-    if isinstance(value, int):
-        return value
-    listed = run.get("ranks")
-    return max(len(ranks), len(listed) if isinstance(listed, list) else 0)
+def world_size(run: Mapping[str, Any] | RunRecord, ranks: Mapping[int, Any]) -> int:
+    rec = _record(run)
+    if rec.world_size is not None:
+        return rec.world_size
+    return max(len(ranks), len(rec.ranks))
 
 
 def node_of(rv: Any) -> str | None:
@@ -89,9 +88,9 @@ def node_order(labels: Mapping[int, str | None]) -> list[str]:
     return sorted(first, key=first.__getitem__)
 
 
-def devices_text(run: Mapping[str, Any]) -> str:
+def devices_text(run: Mapping[str, Any] | RunRecord) -> str:
     """``GPU 1,0 (NVIDIA A100-SXM4-80GB)``: indices in launch order, each model named once."""
-    devices = [d for d in run.get("devices") or [] if isinstance(d, Mapping)]
+    devices = _record(run).devices
     if not devices:
         return "CPU"
     names: list[str] = []

@@ -22,7 +22,7 @@ __all__ = ["__version__", "log", "watch"]
 def __getattr__(name: str) -> Any:
     # The client (and its background thread) is only loaded when a script first uses it.
     if name in ("log", "watch", "flush"):
-        from xl import client
+        from xl import client  # noqa: PLC0415 - starts the sender thread; `import xl` must stay cheap
 
         value = getattr(client, name)
         globals()[name] = value

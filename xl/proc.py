@@ -1,15 +1,24 @@
-"""Another process's environment, read from /proc (how xl tells which process is which rank)."""
+"""Readers of /proc: another process's environment, name, PID namespaces and open devices.
+
+How xl tells which process is which rank (its RANK / LOCAL_RANK / XL_RUN_ID), and how a PID
+that another PID namespace reported (NVML inside or beside a container) is found here. Every
+reader takes the /proc root so tests can hand it a fabricated tree; none raises: a process of
+another user, or one that just exited, reads as "unknown".
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection
 
+PROC = "/proc"
 
-def read_environ(pid: int, keys: Collection[str] | None = None) -> dict[str, str]:
+
+def read_environ(pid: int, keys: Collection[str] | None = None, proc: str = PROC) -> dict[str, str]:
     """``/proc/PID/environ`` as a dict (only ``keys`` when given); {} when it can't be read,
     e.g. a process of another user or one that just exited."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
+        with open(f"{proc}/{pid}/environ", "rb") as fh:
             raw = fh.read()
     except OSError:
         return {}
@@ -20,3 +29,66 @@ def read_environ(pid: int, keys: Collection[str] | None = None) -> dict[str, str
         if sep and (wanted is None or key in wanted):
             env[key.decode(errors="replace")] = value.decode(errors="replace")
     return env
+
+
+def read_comm(pid: int, proc: str = PROC) -> str | None:
+    """The process's short name (``/proc/PID/comm``), None when unreadable."""
+    try:
+        with open(f"{proc}/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def parse_nspid(status: str) -> tuple[int, ...]:
+    """The ``NSpid:`` line of a /proc/PID/status text: the process's PID in each PID namespace,
+    from the one /proc belongs to (first) down to its own (last); () when absent (kernel < 4.1)."""
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            try:
+                return tuple(int(v) for v in line[6:].split())
+            except ValueError:
+                return ()
+    return ()
+
+
+def nspid_index(proc: str = PROC) -> dict[int, list[int]]:
+    """PID in an inner namespace -> the PIDs here of the processes that have it there.
+
+    Only processes living in a nested namespace appear (NSpid with more than one level). One scan
+    of /proc; several containers each have their own PID 1, hence lists.
+    """
+    index: dict[int, list[int]] = {}
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return index
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/status", encoding="utf-8", errors="replace") as fh:
+                levels = parse_nspid(fh.read())
+        except OSError:
+            continue
+        for inner in levels[1:]:
+            index.setdefault(inner, []).append(levels[0])
+    return index
+
+
+def has_open(pid: int, prefix: str, proc: str = PROC) -> bool | None:
+    """Whether the process has a file under ``prefix`` open (e.g. "/dev/nvidia"); None when its
+    descriptors cannot be read (another user's process without privileges, or gone)."""
+    fd_dir = f"{proc}/{pid}/fd"
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return None
+    # Devices are opened early (CUDA opens /dev/nvidiactl at init): low numbers first stops soon.
+    for fd in sorted(fds, key=lambda s: int(s) if s.isdigit() else 0):
+        try:
+            if os.readlink(f"{fd_dir}/{fd}").startswith(prefix):
+                return True
+        except OSError:
+            continue
+    return False

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from typing import Any, TypeGuard
 
@@ -37,6 +38,14 @@ MAX_STR = 256
 # Keys every metrics.jsonl line owns; a scalar with one of these names is renamed by the client.
 RESERVED = frozenset({"t", "rank", "kind"})
 KINDS = ("train", "sys")
+# Lines a rank could not send wait in the run dir; a live rank replays its own file on
+# reconnect, the supervisor stores the files of ranks that are gone.
+SPOOL_DIR = "spool"
+
+
+def spool_file(run_dir: str, rank: int, pid: int) -> str:
+    """The spool file of rank process ``pid`` (named here, for the client and the supervisor)."""
+    return os.path.join(run_dir, SPOOL_DIR, f"rank-{rank}-{pid}.jsonl")
 
 
 # One decoder, called directly: json.loads re-detects the encoding of bytes on every call,

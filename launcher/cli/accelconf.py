@@ -75,7 +75,7 @@ def load_config(path: Path) -> dict[str, Any]:
         data = json.loads(text)  # `accelerate config default` may write JSON
     except ValueError:
         try:
-            import yaml
+            import yaml  # noqa: PLC0415 - PyYAML is optional (not a dependency); the flat reader stands in
         except ImportError:
             data = parse_flat_yaml(text)
         else:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from xl.errors import ArgumentParser
 from xl.launcher.cli.view import watch
-from xl.launcher.control import abandon_if_supervisor_gone, resolve_run
+from xl.launcher.control import abandon_if_supervisor_gone
+from xl.launcher.rundir.store import resolve_run
 
 
 def main(argv: Sequence[str], viewer: Callable[[Path], int] | None = None) -> int:

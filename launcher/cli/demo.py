@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from importlib.resources import files
 from pathlib import Path
 
 from xl.errors import ArgumentParser, UsageError
@@ -14,8 +15,6 @@ from xl.launcher.spec import LaunchSpec
 
 def demo_script() -> Path:
     """The bundled examples/train.py, shipped as ``xl.examples`` (checkout or wheel alike)."""
-    from importlib.resources import files
-
     path = Path(str(files("xl.examples").joinpath("train.py")))
     if not path.is_file():
         raise UsageError(f"the demo script is missing ({path}); reinstall xl (pip install -e .)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -14,120 +13,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from xl.errors import EXIT_USAGE, ArgumentParser, UsageError
-from xl.launcher.plan import MIXED_PRECISION, Plan, build_plan, parse_env_pairs
+from xl.errors import EXIT_USAGE, UsageError
+from xl.gpu.nvml import inventory as _inventory
+from xl.launcher.cli.options import launch_parser, spec_from_args, split_argv, value_options
+from xl.launcher.cli.sbatch import launch_slurm
+from xl.launcher.multinode.join import prepare_launch
+from xl.launcher.multinode.slurm import node_rank_from_env
+from xl.launcher.plan import Plan, build_plan
 from xl.launcher.spec import LaunchSpec
-
-# Options that take a value; everything after the script (or -m MODULE) belongs to the script.
-_VALUE_OPTS = {"--gpus", "--nproc", "--nnodes", "--node-rank", "--rdzv", "--mixed-precision", "--env", "--name", "--run-id"}
-_CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
-
-
-def _parser(prog: str = "xl launch") -> ArgumentParser:
-    p = ArgumentParser(
-        prog=prog,
-        usage=f"{prog} [OPTIONS] [--] SCRIPT [ARGS...]  |  {prog} [OPTIONS] -m MODULE [ARGS...]",
-        description="Launch a distributed PyTorch run on torchrun, supervised by xl. "
-        "The run goes on when the terminal closes; 'xl attach RUN' reopens it.",
-    )
-    p.add_argument("--gpus", help="0,2 | GPU-<uuid>,... | all | auto:N (order = LOCAL_RANK order)")
-    p.add_argument("--nproc", type=int, help="processes on this node (default: one per GPU, 1 on CPU)")
-    p.add_argument("--nnodes", type=int, help="number of nodes (default 1)")
-    p.add_argument("--node-rank", type=int, help="this node's rank (multi-node)")
-    p.add_argument("--rdzv", metavar="HOST:PORT", help="node 0's address (multi-node)")
-    p.add_argument("--mixed-precision", choices=MIXED_PRECISION, help="sets ACCELERATE_MIXED_PRECISION")
-    p.add_argument("--env", action="append", default=[], metavar="K=V", help="extra variable (repeatable)")
-    p.add_argument("--name", help="a name for the run")
-    p.add_argument(
-        "--accelerate-config",
-        nargs="?",
-        const="",
-        metavar="PATH",
-        help="take settings from an Accelerate config (default $HF_HOME/accelerate/default_config.yaml)",
-    )
-    p.add_argument("--dry-run", action="store_true", help="print the command and variables; start nothing")
-    p.add_argument("--json", action="store_true", help="with --dry-run: {\"argv\": [...], \"env\": {...}}")
-    p.add_argument("--detach", action="store_true", help="start the run and return at once")
-    p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
-    p.add_argument(
-        "--slurm",
-        action="store_true",
-        help="inside a Slurm allocation: one xl agent per node with srun, rendezvous on the first node",
-    )
-    # Internal, for the tasks `--slurm` starts: node rank from SLURM_NODEID, the run id chosen by
-    # the launcher (node 0's run is RUN_ID, node k's RUN_ID-nodeK).
-    p.add_argument("--slurm-node", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--run-id", help=argparse.SUPPRESS)
-    return p
-
-
-def split_argv(
-    argv: Sequence[str], value_opts: set[str] | frozenset[str] = frozenset()
-) -> tuple[list[str], str | None, str | None, list[str]]:
-    """(xl options, script, module, script args): xl's options stop at the script or -m MODULE.
-
-    ``value_opts``: more options that take a value (`xl sbatch`'s)."""
-    opts: list[str] = []
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        if tok == "--":
-            rest = list(argv[i + 1 :])
-            if not rest:
-                raise UsageError("nothing to run after '--'; give a training script")
-            return opts, rest[0], None, rest[1:]
-        if tok in ("-m", "--module"):
-            if i + 1 >= len(argv):
-                raise UsageError("-m needs a module name (e.g. -m pkg.train)")
-            return opts, None, argv[i + 1], list(argv[i + 2 :])
-        if tok.startswith("-") and tok != "-":
-            opts.append(tok)
-            name = tok.split("=", 1)[0]
-            if "=" not in tok and i + 1 < len(argv):
-                nxt = argv[i + 1]
-                if name in _VALUE_OPTS or name in value_opts or (name == "--accelerate-config" and nxt.endswith(_CONFIG_SUFFIXES)):
-                    opts.append(nxt)
-                    i += 1
-            i += 1
-            continue
-        return opts, tok, None, list(argv[i + 1 :])
-    return opts, None, None, []
-
-
-def spec_from_args(ns: argparse.Namespace, script: str | None, module: str | None, args: list[str]) -> LaunchSpec:
-    spec = LaunchSpec(script=script, module=module, args=args, cwd=os.getcwd())
-    if ns.accelerate_config is not None:
-        from xl.launcher.cli.accelconf import default_path, read_settings
-
-        path = Path(ns.accelerate_config).expanduser() if ns.accelerate_config else default_path()
-        acc = read_settings(path)
-        # The config fills in; flags given beside it win.
-        spec.gpus, spec.nproc, spec.mixed_precision = acc.gpus, acc.nproc, acc.mixed_precision
-        spec.nnodes = acc.nnodes or 1
-        spec.node_rank = acc.node_rank or 0
-        spec.rdzv = acc.rdzv
-    if ns.gpus is not None:
-        spec.gpus = ns.gpus
-    if ns.nproc is not None:
-        spec.nproc = ns.nproc
-    if ns.nnodes is not None:
-        spec.nnodes = ns.nnodes
-    if ns.node_rank is not None:
-        spec.node_rank = ns.node_rank
-    if ns.rdzv is not None:
-        spec.rdzv = ns.rdzv
-    if ns.mixed_precision is not None:
-        spec.mixed_precision = ns.mixed_precision
-    if spec.mixed_precision == "False":  # YAML 1.1 reads an unquoted `no` as false
-        spec.mixed_precision = "no"
-    spec.env = parse_env_pairs(ns.env)
-    spec.name = ns.name
-    return spec
 
 
 def inventory() -> Any:
-    from xl.gpu.nvml import inventory as _inventory
-
     return _inventory(processes=False)
 
 
@@ -161,8 +57,8 @@ def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None, slurm_node: 
     later, SIGKILL: every one of them stops the run and the task waits for it, so the step ends
     when the run has. ``lines=False`` shows events and the outcome only (nodes other than 0).
     """
-    from xl.launcher.cli.view import watch
-    from xl.launcher.control import abandon_if_supervisor_gone, stop_run
+    from xl.launcher.cli.view import watch  # noqa: PLC0415 - the run reader; --dry-run and --detach never watch
+    from xl.launcher.control import abandon_if_supervisor_gone, stop_run  # noqa: PLC0415 - see launch()
 
     stopping = False
 
@@ -215,7 +111,8 @@ def launch(
     slurm_node: bool = False,
     notice: str | None = None,
 ) -> int:
-    from xl.launcher.control import start_run
+    # control loads psutil and the supervisor's stopping code (~50 ms) that --dry-run never needs.
+    from xl.launcher.control import start_run  # noqa: PLC0415 - only a run that starts needs it
 
     handle = start_run(spec, plan, fork=True, run_id=run_id)
     if detach:
@@ -242,21 +139,18 @@ def launch(
 
 
 def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
-    opts, script, module, args = split_argv(argv)
-    ns = _parser().parse_args(opts)
+    parser = launch_parser()
+    opts, script, module, args = split_argv(argv, value_options(parser))
+    ns = parser.parse_args(opts)
     if script is None and module is None:
         sys.stderr.write("xl launch: give a training script (xl launch train.py) or -m MODULE (see 'xl launch --help')\n")
         return EXIT_USAGE
     if ns.json and not ns.dry_run:
         raise UsageError("--json only goes with --dry-run")
     if ns.slurm:
-        from xl.launcher.cli.sbatch import launch_slurm
-
         return launch_slurm(ns, script, module, args)
     run_id = None
     if ns.slurm_node:
-        from xl.launcher.cli.sbatch import node_rank_from_env
-
         ns.node_rank = node_rank_from_env()
         if ns.run_id:
             run_id = ns.run_id if ns.node_rank == 0 else f"{ns.run_id}-node{ns.node_rank}"
@@ -270,14 +164,12 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
         return 0
     join: str | None = None
     if spec.nnodes > 1:
-        from xl.launcher.multinode.nodelink import prepare_launch
-
         # Node 0 prints the command for the other nodes, with the run's token (stderr: stdout
         # stays the run id under --detach). Tasks of --slurm are all started already.
         join = prepare_launch(spec, os.environ)
         # Node 0 may just have made the token, which the rendezvous id derives from.
         plan = build_plan(spec, inv)
-        if join and not getattr(ns, "slurm_node", False):
+        if join and not ns.slurm_node:
             sys.stderr.write(join)
             sys.stderr.flush()
     # A terminal gets the Textual monitor (the viewer) unless --no-tui; --no-tui on a terminal

@@ -8,7 +8,8 @@ import time
 from collections.abc import Sequence
 
 from xl.errors import ArgumentParser
-from xl.launcher.control import RunInfo, list_runs
+from xl.launcher.rundir.record import RunStatus
+from xl.launcher.rundir.store import RunInfo, list_runs
 
 
 def _duration(info: RunInfo) -> str:
@@ -20,7 +21,7 @@ def _duration(info: RunInfo) -> str:
 
 
 def _status(info: RunInfo) -> str:
-    if info.status == "running" and not info.supervisor_alive:
+    if info.status == RunStatus.RUNNING and not info.supervisor_alive:
         return "running (supervisor gone; 'xl stop' cleans up)"
     return info.status
 
@@ -43,8 +44,8 @@ def main(argv: Sequence[str]) -> int:
         rows.append((r.run_id, _status(r), str(r.world_size), devices, started, _duration(r), r.target))
     header = ("RUN", "STATUS", "RANKS", "GPUS", "STARTED", "TIME", "SCRIPT")
     if sys.stdout.isatty():
-        from rich.console import Console
-        from rich.table import Table
+        from rich.console import Console  # noqa: PLC0415 - Rich loads only for a terminal; a pipe gets plain columns
+        from rich.table import Table  # noqa: PLC0415 - as above
 
         table = Table(*header, box=None, pad_edge=False)
         for row in rows:

@@ -19,49 +19,47 @@ import socket
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+from xl import paths
 from xl.errors import EXIT_USAGE, UsageError
-from xl.launcher.cli.launch import _parser, spec_from_args, split_argv
+from xl.launcher.cli.options import launch_parser, spec_from_args, split_argv, value_options
 from xl.launcher.multinode import slurm
-from xl.launcher.multinode.nodelink import format_address
-from xl.launcher.plan import _check_target, parse_rdzv
-
-_SBATCH_VALUE_OPTS = {
-    "--nodes", "-N", "--gpus-per-node", "--cpus-per-task", "-c", "--mem", "--time", "-t",
-    "--partition", "-p", "--account", "-A", "--job-name", "-J", "--output", "-o", "--sbatch",
-}  # fmt: skip
+from xl.launcher.multinode.join import format_address
+from xl.launcher.plan import check_nproc, check_target, parse_rdzv
+from xl.launcher.rundir.record import read_json
+from xl.launcher.spec import LaunchSpec, spec_to_argv
 
 
-def launch_opts(ns: argparse.Namespace) -> list[str]:
-    """The options each node's `xl launch` gets, rebuilt from what the person gave."""
-    out: list[str] = []
-    for flag, value in (("--gpus", ns.gpus), ("--nproc", ns.nproc), ("--mixed-precision", ns.mixed_precision), ("--name", ns.name)):
-        if value is not None:
-            out += [flag, str(value)]
-    for pair in ns.env:
-        out += ["--env", pair]
+def node_launch_argv(
+    ns: argparse.Namespace,
+    script: str | None,
+    module: str | None,
+    args: list[str],
+    *,
+    rdzv: str | None = None,
+    no_tui: bool = False,
+) -> list[str]:
+    """The `xl launch` arguments each node's xl gets: the run as the person gave it.
+
+    The Accelerate config is passed on, not read here: each node reads its own. The nodes, node
+    ranks and (unless given, ``rdzv``) the rendezvous come from Slurm."""
+    spec = replace(spec_from_args(ns, script, module, args, read_config=False), nnodes=1, node_rank=0, rdzv=rdzv)
+    options: list[str] = []
     if ns.accelerate_config is not None:
         # The bare flag means "the default config"; the = form keeps it from taking the script.
-        out.append(f"--accelerate-config={ns.accelerate_config}" if ns.accelerate_config else "--accelerate-config")
-    return out
+        options.append(f"--accelerate-config={ns.accelerate_config}" if ns.accelerate_config else "--accelerate-config")
+    if no_tui:
+        options.append("--no-tui")
+    return spec_to_argv(spec, options)
 
 
 def _check_spec(ns: argparse.Namespace, script: str | None, module: str | None, args: list[str]) -> None:
     """What can be checked before any node is asked: the target, --env pairs, --nproc."""
     spec = spec_from_args(ns, script, module, args)
-    _check_target(spec, spec.cwd or os.getcwd())
-    if spec.nproc is not None and spec.nproc < 1:
-        raise UsageError(f"--nproc must be at least 1 (got {spec.nproc})")
-
-
-def node_rank_from_env(env: Any = None) -> int:
-    """`--slurm-node`: this task's node rank, as srun numbered it."""
-    env = os.environ if env is None else env
-    value = env.get("SLURM_NODEID", "")
-    if not (value.isascii() and value.isdigit()):
-        raise UsageError("--slurm-node is for tasks srun starts (SLURM_NODEID is not set); use --slurm")
-    return int(value)
+    check_target(spec, spec.cwd or os.getcwd())
+    check_nproc(spec.nproc)
 
 
 def _port_free(port: int) -> bool:
@@ -102,11 +100,10 @@ def _print_dry_run(argv: list[str], env: dict[str, str], alloc: slurm.Allocation
 def _stop_here(run_id: str) -> bool:
     """`xl stop` node 0's run when it runs on this machine (the batch script's node): its
     supervisor stops every rank and tells the other nodes, as for any xl run."""
-    from xl import paths
-    from xl.launcher.control import read_run, stop_run
+    from xl.launcher.control import stop_run  # noqa: PLC0415 - psutil and the stopping code, for a Ctrl-C only
 
     run_dir = paths.runs_dir() / run_id
-    run = read_run(run_dir)
+    run = read_json(run_dir)
     if run.get("status") != "running" or run.get("host") != socket.gethostname():
         return False
     stop_run(run_dir)
@@ -180,12 +177,12 @@ def launch_slurm(ns: argparse.Namespace, script: str | None, module: str | None,
             "drop --nnodes (xl uses every node) or allocate the number you want"
         )
     _check_spec(ns, script, module, args)
-    from xl.launcher.control import new_run_id
-    from xl.launcher.spec import LaunchSpec
+    # The store lists runs with psutil (~50 ms): `xl sbatch` and bad input never need it.
+    from xl.launcher.rundir.store import new_run_id  # noqa: PLC0415 - only a --slurm run names one
 
     rdzv = ns.rdzv or _rdzv(alloc, os.environ)
     run_id = new_run_id(LaunchSpec(script=script, module=module, name=ns.name))
-    task = slurm.node_argv(alloc, rdzv, run_id, launch_opts(ns), slurm.target_argv(script, module, args))
+    task = slurm.node_argv(alloc, rdzv, run_id, node_launch_argv(ns, script, module, args))
     name = slurm.step_name(run_id)
     argv = slurm.srun_argv(alloc, task, name)
     xl_env = {"XL_TOKEN": secrets.token_hex(16)}
@@ -204,7 +201,7 @@ def launch_slurm(ns: argparse.Namespace, script: str | None, module: str | None,
 
 # ------------------------------------------------------------------------------------ xl sbatch
 def _sbatch_parser() -> argparse.ArgumentParser:
-    p = _parser("xl sbatch")
+    p = launch_parser("xl sbatch")
     p.usage = "xl sbatch [SBATCH OPTIONS] [XL LAUNCH OPTIONS] [--] SCRIPT [ARGS...] > job.sh"
     p.description = (
         "Print a Slurm batch script that runs `xl launch --slurm` over the allocation: one xl agent "
@@ -231,8 +228,9 @@ def _no_newline(name: str, value: Any) -> None:
 
 
 def sbatch_main(argv: Sequence[str]) -> int:
-    opts, script, module, args = split_argv(argv, value_opts=_SBATCH_VALUE_OPTS)
-    ns = _sbatch_parser().parse_args(opts)
+    parser = _sbatch_parser()
+    opts, script, module, args = split_argv(argv, value_options(parser))
+    ns = parser.parse_args(opts)
     if script is None and module is None:
         sys.stderr.write("xl sbatch: give a training script (xl sbatch --nodes 2 train.py > job.sh) or -m MODULE (see 'xl sbatch --help')\n")
         return EXIT_USAGE
@@ -261,11 +259,6 @@ def sbatch_main(argv: Sequence[str]) -> int:
     _check_spec(ns, script, module, args)
     if any("\n" in a or "\r" in a for a in [str(script or module), *args]):
         raise UsageError("the script and its arguments must be one line each in a batch script")
-    launch = launch_opts(ns)
-    if ns.rdzv:
-        launch += ["--rdzv", ns.rdzv]
-    if ns.no_tui:
-        launch.append("--no-tui")
     batch = slurm.BatchOptions(
         nodes=ns.nodes,
         gpus_per_node=ns.gpus_per_node,
@@ -279,5 +272,6 @@ def sbatch_main(argv: Sequence[str]) -> int:
         exclusive=ns.exclusive,
         extra=tuple(ns.sbatch),
     )
-    sys.stdout.write(slurm.batch_script(batch, [*launch, *slurm.target_argv(script, module, args)], os.getcwd()))
+    launch = node_launch_argv(ns, script, module, args, rdzv=ns.rdzv or None, no_tui=ns.no_tui)
+    sys.stdout.write(slurm.batch_script(batch, launch, os.getcwd()))
     return 0

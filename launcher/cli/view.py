@@ -6,14 +6,16 @@ The view only reads the run dir (it never owns the run), so `xl launch --no-tui`
 
 from __future__ import annotations
 
+import io
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from xl.launcher.control import FINAL
 from xl.launcher.rundir.reader import RunReader
+from xl.launcher.rundir.record import RunRecord, RunStatus
 
 POLL_S = 0.05  # new lines 20 times a second: prompt for a person and for the run's end, cheap beside the ranks
 RENDER_S = 0.25
@@ -47,6 +49,7 @@ class RunState:
 
     run_dir: Path
     run: dict[str, Any] = field(default_factory=dict)
+    record: RunRecord | None = None  # run.json once it was read
     ranks: dict[int, RankLine] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     new_events: list[dict[str, Any]] = field(default_factory=list)
@@ -58,19 +61,27 @@ class RunState:
 
     @property
     def status(self) -> str:
-        return str(self.run.get("status") or "starting")
+        return "starting" if self.record is None else self.record.status
 
     @property
     def final(self) -> bool:
-        return self.status in FINAL
+        return self.record is not None and self.record.final
+
+    @property
+    def exit_code(self) -> int:
+        """0 when the run succeeded, else 1 (failed, stopped, or the view was left early)."""
+        return 1 if self.record is None else self.record.exit_code
 
     def poll(self) -> None:
         assert self.reader is not None
         view = self.reader.poll()
-        self.run = view.run or self.run
+        if view.run and view.run is not self.run:
+            self.run = view.run
+            self.record = RunRecord.from_json(view.run, self.run_dir.name)
         self.events = view.events[-50:]
         self.new_events = view.new_events
-        recorded = {int(r["rank"]): r for r in self.run.get("ranks") or [] if isinstance(r.get("rank"), int)}
+        ranks = self.record.ranks if self.record else []
+        recorded = {r["rank"]: r for r in ranks if isinstance(r.get("rank"), int)}
         for rank, rv in view.ranks.items():
             line = self.ranks.setdefault(rank, RankLine(rank))
             for key in ("pid", "gpu", "exit_code", "step", "total_steps", "loss", "samples_per_s",
@@ -89,13 +100,22 @@ class RunState:
                     self.ranks[rank].last_line = text.strip()
 
     def elapsed(self) -> float:
-        start = self.run.get("started_at") or time.time()
-        end = self.run.get("ended_at") or time.time()
-        return max(0.0, float(end) - float(start))
+        rec = self.record
+        start = (rec.started_at if rec else None) or time.time()
+        end = (rec.ended_at if rec else None) or time.time()
+        return max(0.0, end - start)
 
+    @property
+    def failure(self) -> dict[str, Any]:
+        """run.json's failure when the run failed, else {}."""
+        rec = self.record
+        if rec is None or rec.status != RunStatus.FAILED:
+            return {}
+        return rec.failure or {}
 
-def exit_code_for(status: str) -> int:
-    return 0 if status == "succeeded" else 1
+    @property
+    def title(self) -> str:
+        return self.record.run_id if self.record else self.run_dir.name
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -103,11 +123,9 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def _summary(state: RunState) -> str:
-    run = state.run
-    text = f"run {run.get('run_id', state.run_dir.name)} {state.status} after {state.elapsed():.1f}s"
-    failure = run.get("failure")
-    if state.status == "failed" and failure:
-        text += f": {failure.get('message') or ''}"
+    text = f"run {state.title} {state.status} after {state.elapsed():.1f}s"
+    if state.failure:
+        text += f": {state.failure.get('message') or ''}"
     return text
 
 
@@ -135,24 +153,20 @@ def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool =
     # Where no live table can redraw (a pipe, a file, CI's log), the table comes once, at the end:
     # every rank's state, pid, GPU, exit code and last figures, plain and aligned.
     print(render_text(state, width=max(100, _width(out))), file=out, end="")
-    failure = state.run.get("failure") or {}
-    if state.status == "failed" and failure.get("traceback"):
+    failure = state.failure
+    if failure.get("traceback"):
         print(f"xl: traceback of rank {failure.get('rank')}:\n{failure['traceback']}", file=out)
     print(f"xl: {_summary(state)}", file=out, flush=True)
-    return exit_code_for(state.status)
+    return state.exit_code
 
 
 def _width(out: TextIO) -> int:
-    import shutil
-
     return shutil.get_terminal_size((120, 24)).columns if out.isatty() else 120
 
 
 def render_text(state: RunState, width: int = 120) -> str:
     """The rank table as plain ASCII text (no colour, no control codes): for pipes and log files."""
-    import io
-
-    from rich.console import Console
+    from rich.console import Console  # noqa: PLC0415 - Rich costs ~40 ms; `xl launch --detach` never draws
 
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
@@ -174,13 +188,13 @@ _STATE_STYLE = {
 
 def render(state: RunState, *, events: bool = True, ascii_only: bool = False) -> Any:
     """The live view as a Rich renderable (rank table + recent events)."""
-    from rich import box
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+    from rich import box  # noqa: PLC0415 - Rich costs ~40 ms; `xl launch --detach` never draws
+    from rich.console import Group  # noqa: PLC0415 - as above
+    from rich.table import Table  # noqa: PLC0415 - as above
+    from rich.text import Text  # noqa: PLC0415 - as above
 
-    run = state.run
-    title = f"{run.get('name') or ''}  [b]{run.get('run_id', state.run_dir.name)}[/b]  {state.status}  {state.elapsed():.0f}s"
+    name = (state.record.name if state.record else None) or ""
+    title = f"{name}  [b]{state.title}[/b]  {state.status}  {state.elapsed():.0f}s"
     table = Table(
         title=title,
         title_justify="left",
@@ -236,9 +250,9 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False) ->
 
 
 def watch_live(state: RunState, on_tick: Any = None) -> int:
-    from rich.console import Console
-    from rich.live import Live
-    from rich.panel import Panel
+    from rich.console import Console  # noqa: PLC0415 - Rich costs ~40 ms; `xl launch --detach` never draws
+    from rich.live import Live  # noqa: PLC0415 - as above
+    from rich.panel import Panel  # noqa: PLC0415 - as above
 
     console = Console()
     last = 0.0
@@ -255,11 +269,11 @@ def watch_live(state: RunState, on_tick: Any = None) -> int:
             if on_tick is not None:
                 on_tick()
             time.sleep(POLL_S)
-    failure = state.run.get("failure") or {}
-    if state.status == "failed" and failure.get("traceback"):
+    failure = state.failure
+    if failure.get("traceback"):
         console.print(Panel(failure["traceback"], title=f"rank {failure.get('rank')} traceback", border_style="red"))
-    console.print(_summary(state), style="green" if state.status == "succeeded" else "red", highlight=False)
-    return exit_code_for(state.status)
+    console.print(_summary(state), style="red" if state.exit_code else "green", highlight=False)
+    return state.exit_code
 
 
 def watch(run_dir: Path, *, plain: bool | None = None, on_tick: Any = None, lines: bool = True) -> int:

@@ -1,25 +1,9 @@
-"""How the nodes of a multi-node run reach node 0, so node 0's run dir is the one view of the run.
+"""The node link: how the supervisor of a node other than 0 sends what it records to node 0.
 
-The contract (README, "Several nodes"):
-
-- ``XL_TOKEN``: the run's secret, the same on every node. Node 0 takes it from its environment
-  when set (Slurm passes one to every node), else makes one and prints the command to run on the
-  other nodes with it. Every other node needs it.
-- ``XL_COLLECTOR_PORT``: the port of node 0's collector, the same on every node; default: the
-  ``--rdzv`` port + 1. Node 0's collector listens on the ``--rdzv`` host at that port; the ranks
-  of every node send their ``xl.log`` frames there, and the supervisor of every other node sends
-  what it records over one connection, a :class:`NodeLink`.
-
-A node frame is a wire frame whose header names the node instead of a rank
-(``{"v", "token", "node", "host", "pid", "seq"}``); each body line is one JSON object with a
-``type``:
-
-    ranks    {"ranks": [...]}                 its ranks as in its run.json
-    log      {"rank", "data"}                 a rank's output (text; undecodable bytes escaped)
-    event    {"event": {...}}                 a lifecycle event (rank_started, rank_exited, ...)
-    failure  {"failure": {...}, "at": t}      its root cause, and when it happened
-    end      {"status", "failure", "at"}      its run ended
-    rec      {"rank", "line"}                 a metrics.jsonl line it sampled
+Node 0's collector listens where every node can reach it (xl.launcher.multinode.join says
+where, and with which token); each other node's supervisor keeps one connection there, a
+:class:`NodeLink`, and sends node frames whose body lines xl.launcher.multinode.protocol
+defines and node 0 checks.
 
 A frame without body lines, every second, is the heartbeat. Node 0 answers each frame with a
 reply frame ``{"ack": seq}`` (same length prefix) and tells every node ``{"stop": {"reason",
@@ -33,44 +17,20 @@ end this node's part (retrying with the same token could never succeed).
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import math
 import os
-import re
-import secrets
 import select
 import socket
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from xl import wire
-from xl.errors import UsageError
-from xl.launcher.plan import parse_rdzv
-from xl.launcher.spec import LaunchSpec
-
-TOKEN_VAR = "XL_TOKEN"
-PORT_VAR = "XL_COLLECTOR_PORT"
-_TOKEN = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")
-
-# Events of another node that node 0 records too; the rest (its diagnoses) node 0 makes itself
-# from the metrics it receives.
-FORWARDED_EVENTS = frozenset(
-    {"run_started", "rank_started", "rank_exited", "stop_requested", "run_ended", "exit_barrier"}
-)
-MESSAGE_TYPES = frozenset({"ranks", "log", "event", "failure", "end", "rec"})
-_FINAL = ("succeeded", "failed", "stopped")
-MAX_RANKS = 1 << 16
-MAX_LOG_CHUNK = 16 << 10
-_MAX_TEXT = 64 << 10  # a traceback
-_MAX_FIELD_TEXT = 4096  # any other text of an event, rank or failure
-_CLIPPED = "[...]"
-_MAX_FIELDS = 32
-_RANK_LIMIT = 1 << 20
+from xl.launcher.multinode.join import format_address
+from xl.launcher.multinode.protocol import MAX_LOG_CHUNK, clip_failure
 
 # Node 0 closes a connection that sent no valid frame within collector.IDLE_S (30 s) of opening,
 # and declares a node lost after XL_NODE_TIMEOUT (>= 2 s) without a frame: a link's first
@@ -81,247 +41,6 @@ _IO_TIMEOUT_S = 5.0
 _MAX_PENDING = 64 << 20  # bytes waiting to be sent before new messages are dropped
 _MAX_UNACKED = 64
 _FRAME_BUDGET = wire.MAX_FRAME // 4
-
-
-# ------------------------------------------------------------------ the contract
-
-
-def format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def hub_address(rdzv: str, env: Mapping[str, str]) -> tuple[str, int]:
-    """(host, port) of node 0's collector: the --rdzv host, XL_COLLECTOR_PORT or rdzv port + 1."""
-    host, port = parse_rdzv(rdzv)
-    raw = env.get(PORT_VAR, "").strip()
-    if raw:
-        if not (raw.isascii() and raw.isdigit() and 0 < int(raw) < 65536):
-            raise UsageError(f"{PORT_VAR}={raw!r} is not a port; use 1-65535, the same on every node")
-        return host, int(raw)
-    if port + 1 > 65535:
-        raise UsageError(
-            f"--rdzv port {port} leaves no port for node 0's collector (it uses the next one); "
-            f"set {PORT_VAR} to a free port, the same on every node"
-        )
-    return host, port + 1
-
-
-def valid_token(token: str | None) -> bool:
-    return bool(token) and _TOKEN.match(token or "") is not None
-
-
-def token_from_env(env: Mapping[str, str], node_rank: int) -> str | None:
-    """The run's token from XL_TOKEN; None on node 0 when unset (it makes one)."""
-    token = env.get(TOKEN_VAR, "")
-    if not token:
-        if node_rank > 0:
-            raise UsageError(
-                f"--node-rank {node_rank} needs {TOKEN_VAR}, the run's token: run the command node 0's "
-                f"'xl launch' printed (or give every node the same {TOKEN_VAR})"
-            )
-        return None
-    if not valid_token(token):
-        raise UsageError(
-            f"{TOKEN_VAR} must be 16-256 letters, digits or -_.~+/= (e.g. from 'openssl rand -hex 16')"
-        )
-    return token
-
-
-def listen_host(host: str) -> str:
-    """Where node 0's collector binds: the --rdzv host, or every address when that name is a
-    loopback alias here (hosts files map the machine's own name to 127.0.1.1), which the other
-    nodes could not reach. Frames still need the token."""
-    try:
-        ipaddress.ip_address(host)
-        return host  # an address written out is taken as it is
-    except ValueError:
-        pass
-    try:
-        addr = str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
-    except (OSError, IndexError):
-        return host
-    if host != "localhost" and ipaddress.ip_address(addr.split("%")[0]).is_loopback:
-        return "::" if ":" in addr else "0.0.0.0"
-    return host
-
-
-def check_listen(host: str, port: int) -> None:
-    """Node 0: fail early, with the fix, when its collector could not listen where nodes dial."""
-    host = listen_host(host)
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise UsageError(f"--rdzv host {host!r} does not resolve here ({exc.strerror or exc})") from None
-    family, _, _, _, addr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-    except OSError as exc:
-        raise UsageError(
-            f"node 0 cannot listen on {format_address(host, port)} for the run's collector "
-            f"({exc.strerror or exc}); run node 0 on the --rdzv host, or set {PORT_VAR} to a free "
-            "port, the same on every node"
-        ) from None
-    finally:
-        sock.close()
-
-
-def join_command(spec: LaunchSpec, node_rank: int, token: str | None, port_env: str | None) -> str:
-    """The command for another node; ``token`` None: the token came from the environment."""
-    assigns = [f"{TOKEN_VAR}={_quote(token)}" if token else f'{TOKEN_VAR}="${TOKEN_VAR}"']
-    if port_env:
-        assigns.append(f"{PORT_VAR}={_quote(port_env)}")
-    argv = ["xl", "launch", "--nnodes", str(spec.nnodes), "--node-rank", str(node_rank), "--rdzv", str(spec.rdzv)]
-    if spec.gpus is not None:
-        argv += ["--gpus", spec.gpus]
-    if spec.nproc is not None:
-        argv += ["--nproc", str(spec.nproc)]
-    if spec.mixed_precision is not None:
-        argv += ["--mixed-precision", spec.mixed_precision]
-    for key, value in spec.env.items():
-        argv += ["--env", f"{key}={value}"]
-    if spec.name:
-        argv += ["--name", spec.name]
-    if spec.script is not None:
-        argv += (["--"] if spec.script.startswith("-") else []) + [spec.script]
-    else:
-        argv += ["-m", str(spec.module)]
-    argv += list(spec.args)
-    return " ".join([*assigns, *map(_quote, argv)])
-
-
-def join_text(spec: LaunchSpec, token: str | None, port_env: str | None) -> str:
-    """What node 0's `xl launch` prints for the person starting the other nodes."""
-    where = spec.cwd or os.getcwd()
-    if spec.nnodes == 2:
-        head = f"xl: this is node 0 of 2; on the other node, in {where}, run:"
-    else:
-        head = (
-            f"xl: this is node 0 of {spec.nnodes}; on each other node, in {where}, run this "
-            f"with that node's --node-rank (1 to {spec.nnodes - 1}):"
-        )
-    tail = "" if token else f"\n  (with the same {TOKEN_VAR} as this node)"
-    return f"{head}\n  {join_command(spec, 1, token, port_env)}{tail}\n"
-
-
-def prepare_launch(spec: LaunchSpec, env: MutableMapping[str, str]) -> str | None:
-    """`xl launch` of a multi-node run, before anything starts: check the contract (UsageError),
-    put the run's token in ``env`` for the supervisor, and return what node 0 prints."""
-    host, port = hub_address(spec.rdzv or "", env)
-    given = token_from_env(env, spec.node_rank)
-    if spec.node_rank > 0:
-        return None
-    check_listen(host, port)
-    token = given or secrets.token_hex(16)
-    # The supervisor (forked from this process, or started by it) reads it from there; it never
-    # goes to run.json nor to a command line.
-    env[TOKEN_VAR] = token
-    # A token the person gave is not printed back (it may be in a batch job's log).
-    return join_text(spec, None if given else token, env.get(PORT_VAR))
-
-
-def _quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
-
-
-# ------------------------------------------------------------------ node 0: checking messages
-
-
-def _check_value(value: Any, max_text: int) -> None:
-    kind = type(value)
-    if kind is float:
-        if not math.isfinite(value):
-            raise wire.FrameError("bad_value")
-    elif kind is str:
-        if len(value) > max_text:
-            raise wire.FrameError("bad_value")
-    elif not (value is None or kind is int or kind is bool):
-        raise wire.FrameError("bad_value")
-
-
-def _check_fields(obj: Any, *, max_text: int = _MAX_FIELD_TEXT, text_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """A flat dict of scalars (strings capped), as events, ranks and failures are."""
-    if type(obj) is not dict or len(obj) > _MAX_FIELDS:
-        raise wire.FrameError("bad_node_message")
-    for key, value in obj.items():
-        if type(key) is not str or len(key) > wire.MAX_KEY_LEN:
-            raise wire.FrameError("bad_key")
-        _check_value(value, _MAX_TEXT if key in text_keys else max_text)
-    return obj
-
-
-def _rank(value: Any) -> int:
-    if type(value) is not int or not 0 <= value < _RANK_LIMIT:
-        raise wire.FrameError("bad_rank")
-    return int(value)
-
-
-def _time(value: Any) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value):
-        raise wire.FrameError("bad_time")
-    return float(value)
-
-
-def check_message(obj: Any) -> dict[str, Any]:
-    """Validate one body line of a node frame (already JSON-decoded); FrameError when bad."""
-    if type(obj) is not dict or obj.get("type") not in MESSAGE_TYPES:
-        raise wire.FrameError("bad_node_message")
-    kind = obj["type"]
-    if kind == "log":
-        _rank(obj.get("rank"))
-        data = obj.get("data")
-        if type(data) is not str or len(data) > MAX_LOG_CHUNK:
-            raise wire.FrameError("bad_value")
-    elif kind == "rec":
-        _rank(obj.get("rank"))
-        line = obj.get("line")
-        if type(line) is not str or len(line) > wire.MAX_RECORD:
-            raise wire.FrameError("record_too_large")
-    elif kind == "event":
-        event = _check_fields(obj.get("event"))
-        if event.get("kind") not in FORWARDED_EVENTS:
-            raise wire.FrameError("bad_kind")
-    elif kind == "ranks":
-        ranks = obj.get("ranks")
-        if type(ranks) is not list or len(ranks) > MAX_RANKS:
-            raise wire.FrameError("bad_node_message")
-        for info in ranks:
-            _rank(_check_fields(info).get("rank"))
-    elif kind == "failure":
-        _check_fields(obj.get("failure"), text_keys=frozenset({"traceback"}))
-        _time(obj.get("at"))
-    else:  # end
-        if obj.get("status") not in _FINAL:
-            raise wire.FrameError("bad_value")
-        if obj.get("failure") is not None:
-            _check_fields(obj["failure"], text_keys=frozenset({"traceback"}))
-        _time(obj.get("at"))
-    return obj
-
-
-def clip_failure(failure: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``failure`` within what node 0 takes (check_message): the head of long texts
-    (message, error), the tail of the traceback (where the exception is)."""
-    out = dict(failure)
-    for key, value in failure.items():
-        if type(value) is not str:
-            continue
-        if key == "traceback":
-            if len(value) > _MAX_TEXT:
-                out[key] = _CLIPPED + value[len(value) - (_MAX_TEXT - len(_CLIPPED)) :]
-        elif len(value) > _MAX_FIELD_TEXT:
-            out[key] = value[: _MAX_FIELD_TEXT - len(_CLIPPED)] + _CLIPPED
-    return out
-
-
-def reply(obj: dict[str, Any]) -> bytes:
-    return wire.encode_frame(json.dumps(obj, separators=(",", ":")).encode())
-
-
-# ------------------------------------------------------------------ nodes > 0: the link
 
 
 class NodeLink:
@@ -547,4 +266,3 @@ class NodeLink:
         self._pending_bytes = 0
         self._unacked.clear()
         self._say("refused this node's XL_TOKEN (not the run's token); the link stops")
-

@@ -186,6 +186,15 @@ def allocation_from_env(env: Mapping[str, str] | None = None, run: Runner = _run
     )
 
 
+def node_rank_from_env(env: Mapping[str, str] | None = None) -> int:
+    """`--slurm-node`: this task's node rank, as srun numbered it."""
+    env = os.environ if env is None else env
+    value = env.get("SLURM_NODEID", "")
+    if not (value.isascii() and value.isdigit()):
+        raise UsageError("--slurm-node is for tasks srun starts (SLURM_NODEID is not set); use --slurm")
+    return int(value)
+
+
 def rdzv_port(job_id: str) -> int:
     """The same port for every node of a job, derived from the job id (no node has to be asked)."""
     digits = re.sub(r"\D", "", job_id) or "0"
@@ -198,15 +207,10 @@ def xl_command() -> list[str]:
     return [os.path.abspath(sys.executable), "-m", "xl"]
 
 
-def node_argv(
-    alloc: Allocation,
-    rdzv: str,
-    run_id: str,
-    launch_opts: Sequence[str],
-    target: Sequence[str],
-    xl: Sequence[str] | None = None,
-) -> list[str]:
-    """What each srun task runs: one node's `xl launch`, its node rank from its own SLURM_NODEID."""
+def node_argv(alloc: Allocation, rdzv: str, run_id: str, launch_argv: Sequence[str], xl: Sequence[str] | None = None) -> list[str]:
+    """What each srun task runs: one node's `xl launch`, its node rank from its own SLURM_NODEID.
+
+    ``launch_argv``: the run's own `xl launch` arguments (xl.launcher.spec.spec_to_argv)."""
     return [
         *(xl or xl_command()),
         "launch",
@@ -218,16 +222,8 @@ def node_argv(
         "--run-id",
         run_id,
         "--no-tui",
-        *launch_opts,
-        *target,
+        *launch_argv,
     ]
-
-
-def target_argv(script: str | None, module: str | None, args: Sequence[str]) -> list[str]:
-    """The end of an `xl launch` command line: ``-- SCRIPT ARGS`` or ``-m MODULE ARGS``."""
-    if module is not None:
-        return ["-m", module, *args]
-    return ["--", str(script), *args]
 
 
 def step_name(run_id: str) -> str:

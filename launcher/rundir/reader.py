@@ -12,14 +12,19 @@ to the run directory: the TUI, ``xl attach`` and the ``--no-tui`` view all use t
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from xl.launcher.rundir.events import EVENTS_FILE
+from xl.launcher.rundir.jsonl import decode_lines
+from xl.launcher.rundir.metrics import METRICS_FILE
+from xl.launcher.rundir.record import RunRecord, RunStatus, read_object, run_file
+from xl.launcher.rundir.tail import Tail
 
 HISTORY = 600  # points kept per series and rank, spread over the whole run
 # On first open of a huge metrics file, only its tail is read: the view needs recent values.
@@ -139,52 +144,17 @@ class RunView:
     collector: dict[str, Any] | None = None
 
     @property
+    def record(self) -> RunRecord:
+        """run.json as the typed record (an empty one, status "unknown", before it is read)."""
+        return RunRecord.from_json(self.run)
+
+    @property
     def status(self) -> str:
-        return str(self.run.get("status") or "unknown")
+        return self.record.status
 
     @property
     def run_id(self) -> str | None:
-        value = self.run.get("run_id") or self.run.get("id")
-        return str(value) if value else None
-
-
-class _Tail:
-    """Complete lines appended to a file since the last call (survives truncation)."""
-
-    def __init__(self, path: Path, initial_cap: int | None = None) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-        self._first = True
-        self._cap = initial_cap
-
-    def read(self) -> list[bytes]:
-        try:
-            size = os.stat(self.path).st_size
-        except OSError:
-            return []
-        if size < self.offset:  # replaced or truncated: start over
-            self.offset, self.partial = 0, b""
-        if size == self.offset:
-            return []
-        skip_first = False
-        if self._first and self._cap is not None and size > self._cap:
-            self.offset = size - self._cap
-            skip_first = True
-        self._first = False
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read(size - self.offset)
-        except OSError:
-            return []
-        self.offset += len(data)
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
-        if skip_first and lines:
-            lines.pop(0)
-        return lines
+        return self.record.run_id or None
 
 
 def _num(value: Any) -> float | None:
@@ -196,12 +166,6 @@ def _num(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-_DECODER = json.JSONDecoder()
-_fast_loads: Callable[[bytes], Any] | None
-try:
-    from orjson import loads as _fast_loads
-except ImportError:  # an install without it reads the same, only slower
-    _fast_loads = None
 _NONFINITE = ("nan", "inf", "-inf")  # how xl.log names a non-finite figure
 # The figures a sys line may carry, each copied to the RankView attribute of the same name.
 _SYS_KEYS = (
@@ -216,76 +180,20 @@ _SYS_KEYS = (
 )
 
 
-def _decode_lines(lines: list[bytes]) -> list[Any]:
-    """The value of each line that is JSON, as ``json.loads(line)`` gives it; other lines skipped.
-
-    orjson, when installed (it is a dependency), parses a line ~4x faster than the json module;
-    a line it refuses (NaN, a BOM, a lone surrogate, an overflowing number, or not JSON at all)
-    gets the json module's verdict. The one difference: an integer beyond 64 bits comes back
-    from orjson as a float.
-    """
-    if not lines:
-        return []
-    if _fast_loads is None:
-        return _decode_lines_json(lines)
-    values = []
-    for line in lines:
-        try:
-            values.append(_fast_loads(line))
-        except ValueError:
-            try:
-                values.append(json.loads(line))
-            except ValueError:
-                pass
-    return values
-
-
-def _decode_lines_json(lines: list[bytes]) -> list[Any]:
-    """_decode_lines with the json module alone.
-
-    A poll's lines are decoded to text in one go and each parsed with ``raw_decode``: that skips
-    json.loads' per-line work (encoding detection, a decode, two whitespace scans), ~40% of the
-    cost of decoding a poll's metrics. A line that is not exactly one JSON document that way
-    (surrounding whitespace, a BOM, a torn write, bytes that are not UTF-8) gets json.loads' own
-    verdict, so the result is the same as calling json.loads on every line.
-    """
-    if not lines:
-        return []
-    try:
-        texts = b"\n".join(lines).decode("utf-8", "surrogatepass").split("\n")
-    except UnicodeDecodeError:
-        texts = [""] * len(lines)  # "" never parses: every line goes to json.loads alone
-    raw_decode = _DECODER.raw_decode
-    values = []
-    for text, line in zip(texts, lines, strict=True):
-        try:
-            value, end = raw_decode(text)
-        except ValueError:
-            pass
-        else:
-            if end == len(text):
-                values.append(value)
-                continue
-        try:
-            values.append(json.loads(line))
-        except ValueError:
-            pass
-    return values
-
-
 class RunReader:
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.run_dir = Path(run_dir)
-        self._metrics = _Tail(self.run_dir / "metrics.jsonl", MAX_INITIAL_BYTES)
-        self._events = _Tail(self.run_dir / "events.jsonl")
+        self._metrics = Tail(self.run_dir / METRICS_FILE, MAX_INITIAL_BYTES)
+        self._events = Tail(self.run_dir / EVENTS_FILE)
         self._run: dict[str, Any] = {}
+        self._record = RunRecord.from_json({})
         self._run_mtime: int | None = None
         self._collector_mtime: int | None = None
         self._collector: dict[str, Any] | None = None
         self._ranks: dict[int, RankView] = {}
         self._event_list: list[dict[str, Any]] = []
         self._applied: tuple[int | None, int] | None = None  # (run.json mtime, ranks) last applied
-        self._log_tails: dict[int, _Tail] = {}
+        self._log_tails: dict[int, Tail] = {}
 
     def _rank(self, rank: int) -> RankView:
         view = self._ranks.get(rank)
@@ -301,24 +209,23 @@ class RunReader:
             return None, last_mtime
         if mtime == last_mtime:
             return None, last_mtime
-        try:
-            obj = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None, last_mtime  # mid-replace on some filesystems; next poll gets it
-        return (obj if isinstance(obj, dict) else None), mtime
+        obj = read_object(path)
+        # None: mid-replace on some filesystems; the next poll reads it again.
+        return obj, (mtime if obj is not None else last_mtime)
 
     def poll(self) -> RunView:
-        run, self._run_mtime = self._read_json(self.run_dir / "run.json", self._run_mtime)
+        run, self._run_mtime = self._read_json(run_file(self.run_dir), self._run_mtime)
         if run is not None:
             self._run = run
+            self._record = RunRecord.from_json(run, self.run_dir.name)
         status, self._collector_mtime = self._read_json(
             self.run_dir / "collector.json", self._collector_mtime
         )
         if status is not None:
             self._collector = status
-        self._apply_metrics(_decode_lines(self._metrics.read()))
+        self._apply_metrics(decode_lines(self._metrics.read()))
         new_events: list[dict[str, Any]] = []
-        for event in _decode_lines(self._events.read()):
+        for event in decode_lines(self._events.read()):
             if isinstance(event, dict):
                 new_events.append(event)
                 self._apply_event(event)
@@ -434,12 +341,11 @@ class RunReader:
             view.diagnosis = None
 
     def _apply_run(self) -> None:
-        stopped = self._run.get("status") == "stopped"
-        failure = self._run.get("failure")
-        culprit = failure.get("rank") if isinstance(failure, dict) else None
+        stopped = self._record.status == RunStatus.STOPPED
+        culprit = (self._record.failure or {}).get("rank")
         ended: dict[int, str] = {}  # the supervisor's own verdict per rank, when it gave one
-        for info in self._run.get("ranks") or ():
-            if not isinstance(info, dict) or not isinstance(info.get("rank"), int):
+        for info in self._record.ranks:
+            if not isinstance(info.get("rank"), int):
                 continue
             view = self._rank(info["rank"])
             for key in ("node", "node_rank", "gpu", "pid"):
@@ -491,5 +397,5 @@ class RunReader:
         """Lines appended to a rank's log since the previous call (the first call: all)."""
         tail = self._log_tails.get(rank)
         if tail is None:
-            tail = self._log_tails[rank] = _Tail(self.log_path(rank), 1 << 20)
+            tail = self._log_tails[rank] = Tail(self.log_path(rank), 1 << 20)
         return [line.decode("utf-8", errors="replace") for line in tail.read()]

@@ -35,7 +35,7 @@ class RunStatus(str, Enum):
     @property
     def exit_code(self) -> int:
         """What a command that watched the run to this status exits with (0 only on success)."""
-        return 0 if self is RunStatus.SUCCEEDED else 1
+        return exit_code_for(self.value)
 
 
 FINAL: frozenset[str] = frozenset(s.value for s in RunStatus if s.final)
@@ -43,7 +43,7 @@ FINAL: frozenset[str] = frozenset(s.value for s in RunStatus if s.final)
 
 def is_final(status: object) -> bool:
     """True when ``status`` (a run.json value, possibly garbage) says the run is over."""
-    return status in FINAL
+    return isinstance(status, str) and status in FINAL
 
 
 def exit_code_for(status: object) -> int:
@@ -58,6 +58,9 @@ class RunRecord:
     run_id: str
     status: str = RunStatus.RUNNING.value
     data: dict[str, Any] = field(default_factory=dict)
+    # The key order of the run.json this record was read from: another tool's keys, and ours,
+    # are written back where they were (new keys go last).
+    _keys: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
     # ---------------------------------------------------------------- reading
     def get(self, key: str, default: Any = None) -> Any:
@@ -70,6 +73,44 @@ class RunRecord:
     @property
     def final(self) -> bool:
         return is_final(self.status)
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code_for(self.status)
+
+    @property
+    def name(self) -> str | None:
+        name = self.data.get("name")
+        return None if name is None else str(name)
+
+    @property
+    def started_at(self) -> float | None:
+        return _number(self.data.get("started_at"))
+
+    @property
+    def ended_at(self) -> float | None:
+        return _number(self.data.get("ended_at"))
+
+    @property
+    def world_size(self) -> int | None:
+        size = self.data.get("world_size")
+        return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        spec = self.data.get("spec")
+        return spec if isinstance(spec, dict) else {}
+
+    @property
+    def devices(self) -> list[dict[str, Any]]:
+        devices = self.data.get("devices")
+        return [d for d in devices if isinstance(d, dict)] if isinstance(devices, list) else []
+
+    @property
+    def grace_s(self) -> float | None:
+        """The stop grace the run was started with (None: not recorded, use the default)."""
+        grace = _number(self.data.get("grace_s"))
+        return grace if grace else None
 
     @property
     def ranks(self) -> list[dict[str, Any]]:
@@ -85,6 +126,11 @@ class RunRecord:
     def supervisor_pid(self) -> int | None:
         pid = self.data.get("supervisor_pid")
         return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+    @property
+    def supervisor_started_at(self) -> float | None:
+        """The supervisor process's create time, which tells it from a later process with its PID."""
+        return _number(self.data.get("supervisor_started_at"))
 
     # ---------------------------------------------------------------- changing
     def update(self, **fields: Any) -> None:
@@ -106,37 +152,54 @@ class RunRecord:
 
     # ---------------------------------------------------------------- JSON
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"run_id": self.run_id}
-        # Keep the keys in the order the run was created with: run_id first, then as given.
+        fresh: dict[str, Any] = {"run_id": self.run_id}
+        # A new record's order: run_id, then the keys as given, with status after name.
         for key, value in self.data.items():
-            out[key] = value
-            if key == "name" and "status" not in out:
-                out["status"] = self.status
-        out.setdefault("status", self.status)
+            fresh[key] = value
+            if key == "name" and "status" not in fresh:
+                fresh["status"] = self.status
+        fresh.setdefault("status", self.status)
+        if not self._keys:
+            return fresh
+        # A loaded record's order: the file's, keys it did not have after them.
+        out: dict[str, Any] = dict.fromkeys(k for k in self._keys if k in fresh)
+        out.update(fresh)
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any], fallback_id: str = "") -> RunRecord:
         rest = {k: v for k, v in data.items() if k not in ("run_id", "status")}
         status = data.get("status")
-        return cls(
+        record = cls(
             run_id=str(data.get("run_id") or fallback_id),
-            status=status if isinstance(status, str) else "unknown",
+            status=status if isinstance(status, str) and status else "unknown",
             data=rest,
         )
+        record._keys = tuple(data)
+        return record
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def run_file(run_dir: Path) -> Path:
     return run_dir / RUN_FILE
 
 
+def read_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object file of the run dir (run.json, collector.json); None while it is missing,
+    damaged or not an object (a reader tries again on its next poll)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_json(run_dir: Path) -> dict[str, Any]:
     """run.json of ``run_dir`` as a plain dict ({} while it cannot be read)."""
-    try:
-        data = json.loads(run_file(run_dir).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_object(run_file(run_dir)) or {}
 
 
 def load(run_dir: Path) -> RunRecord | None:

@@ -1,5 +1,21 @@
-"""The process that owns a run: ``python -m xl.launcher.supervisor RUN_DIR`` (see ``loop``).
+"""The process that owns a run: ``python -m xl.launcher.supervisor RUN_DIR``.
 
 The module path is a contract (it appears in ``ps`` and in the tests): this package keeps it, and
-``__main__`` starts the loop.
+``__main__`` starts the loop. Started by ``start_run`` in its own session with stdin from
+/dev/null, so neither Ctrl-C in the launching terminal nor the terminal closing reaches it. It
+names itself ``xl-supervisor`` and runs torchrun as its child. One module a job:
+
+- ``loop``: the Supervisor (start, a short loop, finish) and what a rank's start or end means;
+- ``ranks``: who is who (rank records ``ranks/rank-<r>.json``, hellos, pids), how each ended,
+  reaping (it is a child subreaper: ranks orphaned by a killed torchrun become its children);
+- ``logsink``: every rank's stdout/stderr on a Unix socket, into ``logs/rank-<r>.log``;
+- ``failure``: the root cause, the first failing rank and why;
+- ``stopping``: SIGTERM to every rank, SIGKILL after the grace (``XL_STOP_GRACE``, default 10);
+- ``hub`` (node 0 of several) and ``follower`` (every other node): the multi-node view;
+- ``journal``: run.json (through ``xl.launcher.rundir.record``) and events.jsonl;
+- ``telemetry_port``: the guarded door to telemetry.
+
+Several nodes (xl.launcher.multinode.nodelink): node 0's collector listens where every node can
+reach it and its run dir becomes the run's one view; every other node keeps its own run dir and
+also sends node 0 its ranks, output, lifecycle events, metrics and failure (see ``hub``).
 """

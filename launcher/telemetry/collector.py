@@ -1,18 +1,10 @@
 """The collector: one thread in the supervisor that receives every rank's ``xl.log`` frames.
 
-A single ``selectors`` loop over non-blocking TCP sockets. An asyncio Protocol server doing the
-same per-frame work stores about as many records per CPU-second (0.9-1.05x of each other in
-``bench/bench_collector.py --compare-asyncio``), so the simpler design won: no event loop in
-the supervisor, and a stop that drains and says goodbye in plain code. pyzmq is not installed
-here and would add a compiled dependency to every rank for no measured gain.
-
-Every frame is validated (size cap, header types, token, every record); a bad frame or record
-is dropped and counted under its reason, and nothing a peer sends can stop the loop. A peer
-whose length prefix is over the cap is disconnected: after that its byte stream cannot be
-re-synchronised.
-
-After a frame's good records are appended, the collector acks the frame's sequence number so
-the client can forget it; unacked frames are resent or spooled by the client (nothing lost).
+Its sockets are ``xl.launcher.telemetry.server``'s; this module decides what a frame means.
+Every frame is validated (header types, token, every record); a bad frame or record is dropped
+and counted under its reason. After a frame's good records are appended, the collector acks the
+frame's sequence number so the client can forget it; unacked frames are resent or spooled by the
+client (nothing lost).
 
 On node 0 of a multi-node run it also takes node frames from the other nodes' supervisors
 (xl.launcher.multinode.nodelink): their sampled records are stored here like a rank's, the rest goes to
@@ -21,10 +13,6 @@ A node frame with a wrong token (a node started with a mistyped XL_TOKEN) is ref
 other, and also answered, once per connection, with ``{"error": "bad_token"}`` so that node can
 say why and stop; ``on_node`` gets ``[{"type": "refused", ...}]`` for it. The answer says nothing
 of the real token. A rank's frame with a wrong token gets no answer (its client reads acks only).
-
-A connection that has not sent one valid frame within ``idle_s`` (IDLE_S) of opening is closed
-and counted as ``idle``: it holds a connection slot and up to a frame of buffer, so a peer that
-connects and says nothing (or trickles a frame) must not keep them.
 """
 
 from __future__ import annotations
@@ -32,52 +20,17 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
-import selectors
-import socket
-import struct
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from xl import wire
-from xl.launcher.multinode import nodelink
+from xl.launcher.multinode.protocol import check_message, reply
 from xl.launcher.rundir.metrics import MetricsWriter
+from xl.launcher.telemetry.server import ACK, IDLE_S, Conn, FrameServer
 
-ACK = struct.Struct(">Q")
-# How long stop() keeps reading what peers already sent before closing their sockets.
-DRAIN_S = 0.3
-GOODBYE_S = 0.5
-# Acks are cumulative, so they are batched: one per connection every ACK_DELAY_S or every
-# ACK_EVERY frames, unless the sender asks for one at once (flushing). A send() per frame was
-# the largest single cost of the collector at 256 ranks.
-ACK_DELAY_S = 0.25
-ACK_EVERY = 16
-# Each connection may buffer up to one frame before its token is checked; capping the number
-# of connections caps that memory (a 4096-GPU job is 4096 ranks).
-MAX_CONNECTIONS = 8192
-# A connection with no valid frame this long after it opened is closed. Ranks send their first
-# frame as soon as they connect, node links a heartbeat every nodelink.HEARTBEAT_S (1 s).
-IDLE_S = 30.0
-
-
-@dataclass
-class _Conn:
-    sock: socket.socket
-    buf: bytearray = field(default_factory=bytearray)
-    rank: int | None = None
-    out: bytearray = field(default_factory=bytearray)
-    writing: bool = False
-    ack_seq: int | None = None  # the latest seq stored and not yet acked
-    ack_frames: int = 0
-    node: int | None = None  # a node link (multi-node), once its first frame is in
-    stop_sent: bool = False
-    peer: str = ""
-    opened: float = field(default_factory=time.monotonic)
-    valid: bool = False  # it sent a frame with the run's token
-    refused: bool = False  # told it has a wrong token
+__all__ = ["ACK", "IDLE_S", "Collector", "PeerInfo"]
 
 
 @dataclass
@@ -89,7 +42,7 @@ class PeerInfo:
     cuda: dict[str, float] | None = None
 
 
-class Collector:
+class Collector(FrameServer):
     """Receive frames on ``host:port`` and append good records through ``writer``.
 
     ``on_records(rank, records)`` gets the parsed records of each frame (for diagnoses);
@@ -111,14 +64,12 @@ class Collector:
         on_node_closed: Callable[[int], None] | None = None,
         idle_s: float = IDLE_S,
     ) -> None:
-        self.writer = writer
-        self.idle_s = idle_s  # read on every check: tests shorten it on a running collector
+        super().__init__(writer, host, port, idle_s)
         self._token = token.encode()
         self._on_records = on_records
         self._on_dropped = on_dropped
         self._on_node = on_node
         self._on_node_closed = on_node_closed
-        self.rejects: Counter[str] = Counter()
         self.frames = 0
         self.node_frames = 0
         self._node_seq: dict[tuple[int, int], int] = {}
@@ -126,263 +77,21 @@ class Collector:
         self.records = 0
         self.peers: dict[int, PeerInfo] = {}
         self.train_ranks: set[int] = set()
-        self._lock = threading.Lock()
-        self._sel = selectors.DefaultSelector()
-        self._listener = self._bind(host, port)
-        self.host, self.port = self._listener.getsockname()[:2]
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._ack_due: dict[int, tuple[float, _Conn]] = {}
-        self._fresh: dict[int, _Conn] = {}  # connections with no valid frame yet, by id
-        self._next_idle_check = 0.0
-        # A socketpair wakes the loop at once on stop() instead of waiting for its timeout.
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
 
-    @staticmethod
-    def _bind(host: str, port: int) -> socket.socket:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        # A restarted supervisor rebinds the port its ranks already know (TIME_WAIT allowed).
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            sock.close()
-            raise
-        sock.listen(1024)
-        sock.setblocking(False)
-        return sock
+    def stats(self) -> dict[str, Any]:
+        return {
+            "address": self.address,
+            "frames": self.frames,
+            "records": self.records,
+            "node_frames": self.node_frames,
+            "rejects": dict(self.rejects),
+        }
 
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
+    # -- rank frames ------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._sel.register(self._listener, selectors.EVENT_READ, None)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._thread = threading.Thread(target=self._run, name="xl-collector", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x")
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self.writer.flush()
-
-    # -- the loop ---------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                try:
-                    self._tick(ACK_DELAY_S / 2 if self._ack_due else 0.2)
-                    self._send_due_acks(time.monotonic())
-                    self._close_idle(time.monotonic())
-                    if self._node_stop is not None:
-                        self._deliver_stop()
-                    self.writer.maybe_flush()
-                except Exception:  # e.g. the disk is full: count it and keep serving
-                    self.rejects["write_error"] += 1
-                    time.sleep(0.2)
-            self._drain()
-        finally:
-            for key in list(self._sel.get_map().values()):
-                with contextlib.suppress(Exception):
-                    key.fileobj.close()  # type: ignore[union-attr]
-            self._sel.close()
-            self._wake_w.close()
-
-    def _drain(self) -> None:
-        # Peers may have sent frames just before stop(): read them so nothing in flight is lost.
-        with contextlib.suppress(Exception):
-            self._sel.unregister(self._listener)
-        self._listener.close()
-        deadline = time.monotonic() + DRAIN_S
-        while time.monotonic() < deadline:
-            if not self._tick(0.05):
-                break
-        self._goodbye()
-
-    def _send_due_acks(self, now: float, *, all_: bool = False) -> None:
-        for key, (since, conn) in list(self._ack_due.items()):
-            if all_ or now - since >= ACK_DELAY_S:
-                self._ack(conn)
-                self._ack_due.pop(key, None)
-
-    def _close_idle(self, now: float) -> None:
-        if not self._fresh or now < self._next_idle_check:
-            return
-        self._next_idle_check = now + min(1.0, self.idle_s / 4)
-        for conn in [c for c in self._fresh.values() if now - c.opened >= self.idle_s]:
-            self.rejects["idle"] += 1
-            self._close(conn)
-
-    def _ack(self, conn: _Conn) -> None:
-        if conn.ack_seq is None:
-            return
-        conn.out += ACK.pack(conn.ack_seq)
-        conn.ack_seq, conn.ack_frames = None, 0
-        self._flush_out(conn)
-
-    def _goodbye(self) -> None:
-        """Close peers so that the acks already sent reach them.
-
-        Closing a socket with unread input makes the kernel send a reset, and a reset can
-        discard the acks still waiting in the peer's receive queue; the peer would then resend
-        frames already stored. So: send what is pending, half-close (FIN after the acks), and
-        discard input until the peer closes too (or a short grace ends). Frames arriving now are
-        not acked, so their senders keep them.
-        """
-        self._send_due_acks(time.monotonic(), all_=True)
-        conns = [k.data for k in self._sel.get_map().values() if isinstance(k.data, _Conn)]
-        for conn in conns:
-            with contextlib.suppress(OSError):
-                if conn.out:
-                    conn.sock.setblocking(True)
-                    conn.sock.settimeout(0.2)
-                    conn.sock.sendall(conn.out)
-                    conn.sock.setblocking(False)
-                conn.sock.shutdown(socket.SHUT_WR)
-        open_conns = {conn.sock.fileno(): conn for conn in conns}
-        deadline = time.monotonic() + GOODBYE_S
-        while open_conns and time.monotonic() < deadline:
-            for key, _mask in self._sel.select(0.05):
-                conn = key.data
-                if not isinstance(conn, _Conn):
-                    continue
-                try:
-                    data = conn.sock.recv(1 << 16)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    data = b""
-                if not data:
-                    open_conns.pop(conn.sock.fileno(), None)
-                    self._close(conn)
-
-    def _tick(self, timeout: float) -> int:
-        events = self._sel.select(timeout)
-        for key, mask in events:
-            try:
-                if key.data is None:
-                    self._accept()
-                elif key.data == "wake":
-                    with contextlib.suppress(OSError):
-                        self._wake_r.recv(64)
-                else:
-                    if mask & selectors.EVENT_READ:
-                        self._read(key.data)
-                    if mask & selectors.EVENT_WRITE:
-                        self._flush_out(key.data)
-            except Exception:  # a peer must never be able to stop the collector
-                self.rejects["internal_error"] += 1
-                if isinstance(key.data, _Conn):
-                    self._close(key.data)
-        return len(events)
-
-    def _accept(self) -> None:
-        for _ in range(64):
-            try:
-                sock, addr = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return
-            if len(self._sel.get_map()) >= MAX_CONNECTIONS:
-                self.rejects["too_many_connections"] += 1
-                sock.close()
-                continue
-            sock.setblocking(False)
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, peer=nodelink.format_address(str(addr[0]), int(addr[1])) if addr else "")
-            self._fresh[id(conn)] = conn
-            self._sel.register(sock, selectors.EVENT_READ, conn)
-
-    def _close(self, conn: _Conn) -> None:
-        self._ack_due.pop(id(conn), None)
-        self._fresh.pop(id(conn), None)
-        with contextlib.suppress(Exception):
-            self._sel.unregister(conn.sock)
-        with contextlib.suppress(OSError):
-            conn.sock.close()
-        if conn.node is not None and self._on_node_closed is not None:
-            node, conn.node = conn.node, None
-            with contextlib.suppress(Exception):
-                self._on_node_closed(node)
-
-    def _read(self, conn: _Conn) -> None:
-        try:
-            data = conn.sock.recv(1 << 20)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._close(conn)
-            return
-        if not data:
-            self._close(conn)
-            return
-        buf = conn.buf
-        buf += data
-        pos = 0
-        size = len(buf)
-        lines: list[bytes] = []
-        acks: list[int] = []
-        ack_now = False
-        while size - pos >= 4:
-            (length,) = wire.HEADER.unpack_from(buf, pos)
-            if length > wire.MAX_FRAME or length == 0:
-                self.rejects["oversized" if length else "empty"] += 1
-                self._close(conn)
-                return
-            if size - pos - 4 < length:
-                break
-            payload = bytes(buf[pos + 4 : pos + 4 + length])
-            pos += 4 + length
-            seq = self._frame(payload, lines, conn)
-            if seq is not None:
-                acks.append(seq[0])
-                ack_now = ack_now or seq[1]
-        if pos:
-            del buf[:pos]
-        if len(buf) > wire.MAX_FRAME + 4:  # cannot happen with a valid prefix; belt and braces
-            self.rejects["oversized"] += 1
-            self._close(conn)
-            return
-        if lines:
-            self.writer.write_lines(lines)
-        if acks:
-            # Acked only after the lines are handed to the writer (above).
-            conn.ack_seq = acks[-1]
-            conn.ack_frames += len(acks)
-            if ack_now or conn.ack_frames >= ACK_EVERY:
-                self._ack(conn)
-                self._ack_due.pop(id(conn), None)
-            elif id(conn) not in self._ack_due:
-                self._ack_due[id(conn)] = (time.monotonic(), conn)
-
-    def _flush_out(self, conn: _Conn) -> None:
-        if conn.out:
-            try:
-                sent = conn.sock.send(conn.out)
-                del conn.out[:sent]
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError:
-                self._close(conn)
-                return
-        # Only touch the selector when the need to write changes: that is rare, and an
-        # epoll_ctl per frame was a fifth of the collector's time at 256 ranks.
-        writing = bool(conn.out)
-        if writing != conn.writing:
-            conn.writing = writing
-            want = selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0)
-            with contextlib.suppress(Exception):
-                self._sel.modify(conn.sock, want, conn)
-
-    def _frame(self, payload: bytes, lines: list[bytes], conn: _Conn | None = None) -> tuple[int, bool] | None:
+    def _frame(
+        self, payload: bytes, lines: list[bytes], conn: Conn | None = None
+    ) -> tuple[int, bool] | None:
         """Validate one frame; append its good record lines to ``lines``.
 
         Returns (seq, ack at once) for a rank's frame to ack, None for a rejected one or a node
@@ -399,8 +108,7 @@ class Collector:
                 self._refuse(conn, header)
             return None
         if conn is not None and not conn.valid:
-            conn.valid = True
-            self._fresh.pop(id(conn), None)
+            self._mark_valid(conn)
         if isinstance(header, wire.NodeHeader):
             if conn is not None and self._on_node is not None:
                 self._node_frame(conn, header, body, lines)
@@ -448,7 +156,9 @@ class Collector:
 
     # -- node links (multi-node, node 0) ----------------------------------------------------
 
-    def _node_frame(self, conn: _Conn, header: wire.NodeHeader, body: list[bytes], lines: list[bytes]) -> None:
+    def _node_frame(
+        self, conn: Conn, header: wire.NodeHeader, body: list[bytes], lines: list[bytes]
+    ) -> None:
         conn.node = header.node
         key = (header.node, header.pid)
         # A frame resent after a reconnect that was stored already is only acked again.
@@ -458,7 +168,7 @@ class Collector:
             msgs: list[dict[str, Any]] = []
             for raw in body:
                 try:
-                    msg = nodelink.check_message(json.loads(raw))
+                    msg = check_message(json.loads(raw))
                     if msg["type"] == "rec":
                         line = msg["line"].encode()
                         rec = wire.parse_record(line, msg["rank"])
@@ -479,19 +189,19 @@ class Collector:
                 self._on_node(header.node, header.host, msgs)
             except Exception:
                 self.rejects["internal_error"] += 1
-        conn.out += nodelink.reply({"ack": header.seq})
+        conn.out += reply({"ack": header.seq})
         if self._node_stop is not None and not conn.stop_sent:
             conn.stop_sent = True
-            conn.out += nodelink.reply({"stop": self._node_stop})
+            conn.out += reply({"stop": self._node_stop})
         self._flush_out(conn)
 
-    def _refuse(self, conn: _Conn, header: wire.NodeHeader) -> None:
+    def _refuse(self, conn: Conn, header: wire.NodeHeader) -> None:
         """Tell a node link its token is wrong (once per connection): it stops and says so. Node
         0 records the attempt and waits on for the right node."""
         if conn.refused:
             return
         conn.refused = True
-        conn.out += nodelink.reply({"error": "bad_token"})
+        conn.out += reply({"error": "bad_token"})
         self._flush_out(conn)
         if self._on_node is not None:
             refused = {"type": "refused", "reason": "bad_token", "peer": conn.peer}
@@ -505,22 +215,21 @@ class Collector:
         if self._node_stop is not None:
             return
         self._node_stop = stop
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"n")
+        self._wake(b"n")
+
+    def _tick_done(self) -> None:
+        if self._node_stop is not None:
+            self._deliver_stop()
 
     def _deliver_stop(self) -> None:
-        for key in list(self._sel.get_map().values()):
-            conn = key.data
-            if isinstance(conn, _Conn) and conn.node is not None and not conn.stop_sent:
+        for conn in self._conns():
+            if conn.node is not None and not conn.stop_sent:
                 conn.stop_sent = True
-                conn.out += nodelink.reply({"stop": self._node_stop})
+                conn.out += reply({"stop": self._node_stop})
                 self._flush_out(conn)
 
-    def stats(self) -> dict[str, Any]:
-        return {
-            "address": self.address,
-            "frames": self.frames,
-            "records": self.records,
-            "node_frames": self.node_frames,
-            "rejects": dict(self.rejects),
-        }
+    def _closed(self, conn: Conn) -> None:
+        if conn.node is not None and self._on_node_closed is not None:
+            node, conn.node = conn.node, None
+            with contextlib.suppress(Exception):
+                self._on_node_closed(node)

@@ -16,6 +16,8 @@ from typing import Any
 
 import psutil
 
+from xl.gpu import nvml
+from xl.gpu.devices import resolve_visible_devices
 from xl.proc import read_environ
 
 MIB = 1024 * 1024
@@ -29,12 +31,9 @@ class _Proc:
     env: dict[str, str] | None = None
 
 
-def _load_inventory() -> Callable[[], Any] | None:
-    try:
-        from xl.gpu import nvml
-    except Exception:  # the GPU module is optional here: CPU runs need none of it
-        return None
-    return lambda: nvml.inventory(processes=True)
+def _nvml_inventory() -> Any:
+    # nvml loads the driver library on the first call, not on import: CPU runs pay nothing.
+    return nvml.inventory(processes=True)
 
 
 def _read_environ(pid: int) -> dict[str, str]:
@@ -57,7 +56,7 @@ def _gpu_key(gpu: Any) -> tuple[int | None, str | None]:
 class Sampler:
     def __init__(self, inventory: Callable[[], Any] | bool | None = True) -> None:
         if inventory is True:
-            self._inventory: Callable[[], Any] | None = _load_inventory()
+            self._inventory: Callable[[], Any] | None = _nvml_inventory
         else:
             self._inventory = inventory or None
         self._procs: dict[int, _Proc] = {}
@@ -187,8 +186,6 @@ class Sampler:
         if visible is None:
             return gpus[local] if 0 <= local < len(gpus) else None
         try:
-            from xl.gpu.devices import resolve_visible_devices
-
             devices = resolve_visible_devices(gpus, env).devices
         except Exception:
             devices = ()

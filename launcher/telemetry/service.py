@@ -7,7 +7,7 @@
     t.stop()
 
 It owns the collector thread (rank frames -> metrics.jsonl), a 1 Hz thread that samples every
-rank's GPU and process and runs the diagnoses, the log parser, and the spool: records a rank
+rank's GPU and process and runs the diagnoses, the log parser, and the spool (``spool``): records a rank
 wrote to ``<run_dir>/spool/`` while no collector was reachable are stored once that rank is
 gone (a live rank replays its own spool when it reconnects).
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import socket
 import threading
 import time
@@ -25,25 +24,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from xl import wire
 from xl.atomic import write_json_atomic
+from xl.launcher.rundir.events import append_event
 from xl.launcher.rundir.metrics import MetricsWriter, dumps_line
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser
 from xl.launcher.telemetry.logparse import parse_line
 from xl.launcher.telemetry.sampler import Sampler
+from xl.launcher.telemetry.spool import ingest_spool
 
 STATUS_FILE = "collector.json"
-EVENTS_FILE = "events.jsonl"
-SPOOL_DIR = "spool"
-_SPOOL_NAME = re.compile(r"^rank-(\d+)-(\d+)\.jsonl(?:\.replay)?$")
-
-
-def spool_path(run_dir: str | os.PathLike[str], rank: int, pid: int) -> Path:
-    """Where a rank process spools records while the collector is unreachable."""
-    return Path(run_dir) / SPOOL_DIR / f"rank-{rank}-{pid}.jsonl"
 
 
 class Telemetry:
@@ -101,9 +92,8 @@ class Telemetry:
             self._emit_external(event)
             return
         # Standalone use (tests, tools): append to events.jsonl ourselves.
-        line = json.dumps(event, separators=(",", ":"), default=str) + "\n"
-        with self._events_lock, open(self.run_dir / EVENTS_FILE, "a", encoding="utf-8") as fh:
-            fh.write(line)
+        with self._events_lock:
+            append_event(self.run_dir, event)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -115,35 +105,30 @@ class Telemetry:
             return 0
         return port if 0 < port < 65536 else 0
 
+    def _collector(self, port: int) -> Collector:
+        assert self.writer is not None
+        return Collector(
+            self.writer,
+            self.token,
+            host=self.host,
+            port=port,
+            on_records=self._on_records,
+            on_dropped=self._on_dropped,
+            on_node=self._on_node,
+            on_node_closed=self._on_node_closed,
+        )
+
     def start(self) -> dict[str, str]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.writer = MetricsWriter(self.run_dir)
         port = self._port if self._port is not None else self._previous_port()
         try:
-            collector = Collector(
-                self.writer,
-                self.token,
-                host=self.host,
-                port=port,
-                on_records=self._on_records,
-                on_dropped=self._on_dropped,
-                on_node=self._on_node,
-                on_node_closed=self._on_node_closed,
-            )
+            collector = self._collector(port)
         except OSError:
             if not port or self._port is not None:
                 raise  # a port others must dial (multi-node) is not swapped for another
             # The old port is taken by someone else: ranks started from now on get the new one.
-            collector = Collector(
-                self.writer,
-                self.token,
-                host=self.host,
-                port=0,
-                on_records=self._on_records,
-                on_dropped=self._on_dropped,
-                on_node=self._on_node,
-                on_node_closed=self._on_node_closed,
-            )
+            collector = self._collector(0)
         self.collector = collector
         collector.start()
         self.sampler = Sampler(self._inventory)
@@ -308,46 +293,8 @@ class Telemetry:
 
     def ingest_spool(self) -> int:
         """Store the spool files of rank processes that are gone; returns records stored."""
-        folder = self.run_dir / SPOOL_DIR
-        if self.writer is None or not folder.is_dir():
+        if self.writer is None:
             return 0
-        stored = 0
-        for path in sorted(folder.iterdir()):
-            match = _SPOOL_NAME.match(path.name)
-            if match is None:
-                continue
-            rank, pid = int(match.group(1)), int(match.group(2))
-            if pid != os.getpid() and psutil.pid_exists(pid) and not self._is_zombie(pid):
-                continue  # a live rank replays its own spool on reconnect
-            claimed = path.with_name(path.name + f".ingest-{os.getpid()}")
-            try:
-                os.rename(path, claimed)
-                raw = claimed.read_bytes()
-            except OSError:
-                continue
-            lines: list[bytes] = []
-            good: list[dict[str, Any]] = []
-            for line in raw.split(b"\n"):
-                if not line.strip():
-                    continue
-                try:
-                    good.append(wire.parse_record(line, rank))
-                except wire.FrameError:
-                    continue  # a torn last line from a killed rank
-                lines.append(line)
-            self.writer.write_lines(lines)
-            self.writer.flush()
-            if good:
-                self.diagnoser.ingest(rank, good)
-            stored += len(lines)
-            with contextlib.suppress(OSError):
-                claimed.unlink()
+        stored = ingest_spool(self.run_dir, self.writer, self.diagnoser.ingest)
         self.spooled_records += stored
         return stored
-
-    @staticmethod
-    def _is_zombie(pid: int) -> bool:
-        try:
-            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return True

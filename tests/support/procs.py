@@ -150,7 +150,7 @@ def kill_run(run_dir: Path) -> None:
 
 def rdzv_port(host: str = "127.0.0.1") -> int:
     """A port free on ``host`` whose next one (node 0's collector: rdzv port + 1) is free too."""
-    import socket
+    import socket  # noqa: PLC0415 - kept beside its one user
 
     for _ in range(50):
         with socket.socket() as s:

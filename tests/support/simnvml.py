@@ -351,9 +351,9 @@ class SimNVML:
     @contextlib.contextmanager
     def in_process(self) -> Iterator[None]:
         """Point this interpreter's pynvml (and xl.gpu.nvml) at this simulated driver for a while."""
-        import pynvml
+        import pynvml  # noqa: PLC0415 - tests that build only the library never load it
 
-        from xl.gpu import nvml
+        from xl.gpu import nvml  # noqa: PLC0415 - as above
 
         old_env = os.environ.get(CONFIG_ENV)
         old_lib = pynvml.nvmlLib

@@ -40,7 +40,7 @@ def main() -> None:
         nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
     )
     if not args.no_xl:
-        import xl
+        import xl  # noqa: PLC0415 - --no-xl runs must never load it (the baseline)
 
         if args.watch:
             xl.watch(model)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual import work
@@ -10,19 +10,23 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, LoadingIndicator, Static
+
+from xl.tui.screens.base import XLScreen
+
+if TYPE_CHECKING:
+    from xl.doctor.report import Report
 
 ORDER = ("fail", "error", "warn", "ok", "skip")  # worst first: what needs attention on top
 STYLE = {"fail": "bold red", "error": "bold magenta", "warn": "yellow", "ok": "green", "skip": "dim"}
 LABEL = {"fail": "FAIL", "error": "ERROR", "warn": "WARN", "ok": "ok", "skip": "skip"}
 
 
-class DoctorScreen(Screen):
+class DoctorScreen(XLScreen):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("r", "rerun", "Re-run")]
 
     class Done(Message):
-        def __init__(self, report: Any, error: str | None) -> None:
+        def __init__(self, report: Report | None, error: str | None) -> None:
             super().__init__()
             self.report = report
             self.error = error
@@ -56,7 +60,7 @@ class DoctorScreen(Screen):
     @work(thread=True, exclusive=True, group="doctor")
     def _run(self) -> None:
         try:
-            report = self.app.doctor_source()  # type: ignore[attr-defined]
+            report = self.backend.doctor_report()
             self.post_message(self.Done(report, None))
         except Exception as exc:  # run_doctor never raises; this is a missing module or a bug
             self.post_message(self.Done(None, f"the doctor could not run: {type(exc).__name__}: {exc}"))

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import gc
 import threading
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Static
 from textual.worker import get_current_worker
 
+from xl.tui.screens.base import XLScreen
 from xl.tui.selection import DeviceSelection, selection_warnings
 from xl.tui.widgets.gpu_history import GPUHistory
 from xl.tui.widgets.gpu_table import GPUTable
+
+if TYPE_CHECKING:
+    from xl.gpu.nvml import Inventory
 
 NO_GPU_TEXT = """[b]No NVIDIA GPU is visible on this machine.[/b]
 {reason}
@@ -29,7 +32,7 @@ What still works here:
 """
 
 
-def _reason(inv: Any) -> str:
+def _reason(inv: Inventory | None) -> str:
     err = getattr(getattr(inv, "driver", None), "error", None)
     return f"NVML says: {err}" if err else "NVML reports no GPUs."
 
@@ -41,7 +44,7 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
-class GPUsScreen(Screen):
+class GPUsScreen(XLScreen):
     """The machine's GPUs, live (1 s), and which of them the next run uses, in which order."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -53,7 +56,7 @@ class GPUsScreen(Screen):
     ]
 
     class Polled(Message):
-        def __init__(self, inventory: Any, error: str | None) -> None:
+        def __init__(self, inventory: Inventory | None, error: str | None) -> None:
             super().__init__()
             self.inventory = inventory
             self.error = error
@@ -113,7 +116,7 @@ class GPUsScreen(Screen):
         while not (self._stopped or worker.is_cancelled):
             if self._active:
                 try:
-                    message = self.Polled(self.app.inventory_source(), None)  # type: ignore[attr-defined]
+                    message = self.Polled(self.backend.inventory(), None)
                 except Exception as exc:  # NVML wrappers never raise; this is a missing module or a bug
                     message = self.Polled(None, f"{type(exc).__name__}: {exc}")
                 self.post_message(message)
@@ -124,7 +127,6 @@ class GPUsScreen(Screen):
     def on_gpus_screen_polled(self, message: Polled) -> None:
         self._polls += 1
         inv = message.inventory
-        self.app.inventory = inv  # type: ignore[attr-defined]
         self.gpus = tuple(getattr(inv, "gpus", ()) or ())
         main = self.query_one("#gpu-main")
         panel = self.query_one("#no-gpu", Static)

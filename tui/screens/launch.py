@@ -11,18 +11,18 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import Button, Collapsible, Footer, Header, Input, Label, Select, Static
 
 from xl.errors import UsageError
 from xl.tui import settings
 from xl.tui.launchform import MIXED_PRECISION, LaunchForm, command, to_spec
+from xl.tui.screens.base import XLScreen
 from xl.tui.selection import DeviceSelection
 
 TEXT_FIELDS = ("target", "args", "gpus", "nproc", "nnodes", "node_rank", "rdzv", "env", "name")
 
 
-class LaunchScreen(Screen):
+class LaunchScreen(XLScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+r", "launch", "Launch", priority=True),
         Binding("ctrl+y", "copy", "Copy command", priority=True),
@@ -117,7 +117,7 @@ class LaunchScreen(Screen):
         out = self.query_one("#launch-validation", Static)
         try:
             spec = to_spec(form)
-            plan = self.app.plan_source(spec)  # type: ignore[attr-defined]
+            plan = self.backend.plan(spec)
         except UsageError as exc:
             self.valid = False
             out.update(Text(f"✗ {exc}", style="bold red"))
@@ -174,7 +174,7 @@ class LaunchScreen(Screen):
     @work(thread=True, exclusive=True, group="launch")
     def _start(self, spec: Any, form: LaunchForm) -> None:
         try:
-            handle, notice = self.app.start_source(spec)  # type: ignore[attr-defined]
+            handle, notice = self.backend.start(spec)
             settings.remember(form.key, form.to_dict())
             self.post_message(self.Started(handle.run_dir, None, notice))
         except UsageError as exc:
@@ -187,4 +187,4 @@ class LaunchScreen(Screen):
         if message.error:
             self.notify(message.error, severity="error", timeout=8)
             return
-        self.app.open_monitor(message.run_dir, message.notice)  # type: ignore[attr-defined]
+        self.xl.open_monitor(message.run_dir, message.notice)

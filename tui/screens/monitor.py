@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual import work
@@ -12,13 +13,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.screen import Screen
 from textual.widgets import Footer, Header, Label, Static
 from textual.worker import get_current_worker
 
 from xl.tui import fmt
 from xl.tui.runview import (
     FINISHED,
+    Progress,
     devices_text,
     elapsed,
     history,
@@ -28,11 +29,15 @@ from xl.tui.runview import (
     run_field,
     world_size,
 )
+from xl.tui.screens.base import XLScreen
 from xl.tui.screens.confirm import ConfirmScreen
 from xl.tui.widgets.charts import MetricChart
 from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
 from xl.tui.widgets.text_lines import TextLines
+
+if TYPE_CHECKING:
+    from xl.launcher.rundir.reader import RunReader, RunView
 
 CHARTS_MIN_HEIGHT = 32
 PROGRESS_WIDTH = 32  # cells of the progress bar
@@ -46,7 +51,56 @@ def _all_nodes_joined(run: dict[str, Any]) -> bool:
     return len(joined) >= nnodes
 
 
-class MonitorScreen(Screen):
+def header_text(run: dict[str, Any], ranks: Mapping[int, Any], nodes: int, dir_name: str, now: float) -> Text:
+    """The Monitor's first line: the run's name, id and status, elapsed time, world size, nodes
+    (when more than one) and devices."""
+    status = str(run_field(run, "status") or "unknown")
+    header = Text()
+    header.append(f"{run_field(run, 'name') or dir_name}", style="bold")
+    header.append(f"  [{run_field(run, 'run_id') or dir_name}]  ", style="dim")
+    header.append(status, style=fmt.STATE_STYLE.get(status, "bold"))
+    header.append(f"   elapsed {fmt.duration(elapsed(run, now))}")
+    header.append(f"   world size {world_size(run, ranks)}")
+    if nodes > 1:
+        header.append(f" on {nodes} nodes")
+    header.append(f"   devices {devices_text(run)}")
+    return header
+
+
+def failure_text(run: dict[str, Any], events: list[dict[str, Any]], keep: int) -> Text | None:
+    """The failure banner: the rank that failed first and the last ``keep`` lines of its
+    traceback (run.json's root cause, else the latest failure event); None while none failed."""
+    failure = run.get("failure")
+    if not failure:
+        for event in reversed(events):
+            if event.get("kind") == "failure":
+                failure = {"rank": event.get("rank"), "message": event.get("message")}
+                break
+    if not failure:
+        return None
+    text = Text()
+    text.append(f"✗ Run failed: rank {failure.get('rank')} failed first", style="bold")
+    if failure.get("exit_code") is not None:
+        text.append(f" (exit code {failure['exit_code']})")
+    text.append("\n")
+    trace = failure.get("traceback") or failure.get("message") or ""
+    lines = str(trace).strip().splitlines()
+    if len(lines) > keep:
+        lines = ["…", *lines[-keep:]]  # the end of a traceback says what happened
+    text.append("\n".join(lines))
+    return text
+
+
+def progress_text(prog: Progress) -> Text:
+    """One line: a bar (readable without colour, as the table's meters), steps and ETA."""
+    text = fmt.meter(prog.fraction, PROGRESS_WIDTH, f"{prog.fraction:4.0%}", style="cyan")
+    text.append(f"  step {prog.step}/{prog.total}")
+    if prog.eta_s is not None:
+        text.append(f"  ETA {fmt.duration(prog.eta_s)}")
+    return text
+
+
+class MonitorScreen(XLScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("s", "stop", "Stop run"),
         Binding("d", "detach", "Detach"),
@@ -59,12 +113,20 @@ class MonitorScreen(Screen):
     class Polled(Message):
         """One poll's result; floods collapse to the newest one."""
 
-        def __init__(self, view: Any, log_rank: int | None, log_lines: list[str] | None, error: str | None) -> None:
+        def __init__(self, view: RunView | None, log_rank: int | None, log_lines: list[str] | None, error: str | None) -> None:
             super().__init__()
             self.view = view
             self.log_rank = log_rank
             self.log_lines = log_lines
             self.error = error
+
+    class NoticeDone(Message):
+        """The run's notice is done with (every node joined, or the run ended): the app forgets it,
+        so no later Monitor of the run shows it again."""
+
+        def __init__(self, run_dir: Path) -> None:
+            super().__init__()
+            self.run_dir = run_dir
 
     def __init__(
         self, run_dir: Path, *, standalone: bool, interval: float = 1.0, notice: str | None = None
@@ -76,8 +138,8 @@ class MonitorScreen(Screen):
         self.run_dir = Path(run_dir)
         self.standalone = standalone
         self.interval = interval
-        self.reader: Any = None
-        self.view: Any = None
+        self.reader: RunReader | None = None
+        self.view: RunView | None = None
         self.status: str | None = None
         self._log_rank: int | None = None
         self._log_needs_reset = True
@@ -124,7 +186,7 @@ class MonitorScreen(Screen):
 
     @property
     def clock(self) -> fmt.Clock:
-        return getattr(self.app, "clock", fmt.default_clock)
+        return self.xl.clock
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop" and self.status in FINISHED:
@@ -166,8 +228,9 @@ class MonitorScreen(Screen):
     def _poll_once(self) -> Polled:
         try:
             if self.reader is None:
-                self.reader = self.app.reader_source(self.run_dir)  # type: ignore[attr-defined]
-            view = self.reader.poll()
+                self.reader = self.backend.reader(self.run_dir)
+            reader = self.reader
+            view = reader.poll()
             rank = self._log_rank
             lines: list[str] | None = None
             if rank is not None:
@@ -175,13 +238,13 @@ class MonitorScreen(Screen):
                     self._log_needs_reset = False
                     # new_log_lines returns everything on its first call for a rank: that is the
                     # backlog. Coming back to a rank, skip what it missed and show the tail.
-                    fresh = self.reader.new_log_lines(rank)
+                    fresh = reader.new_log_lines(rank)
                     if rank in self._tailed:
-                        fresh = self.reader.read_log(rank, LOG_TAIL)
+                        fresh = reader.read_log(rank, LOG_TAIL)
                     self._tailed.add(rank)
                     lines = list(fresh)[-LOG_TAIL:]
                 else:
-                    lines = list(self.reader.new_log_lines(rank))
+                    lines = list(reader.new_log_lines(rank))
             return self.Polled(view, rank, lines, None)
         except Exception as exc:  # a run dir that vanished or a reader bug: say so, keep the UI
             return self.Polled(None, None, None, f"{type(exc).__name__}: {exc}")
@@ -204,9 +267,10 @@ class MonitorScreen(Screen):
         elif message.error:
             self._set_text("#run-header", Text(f"Cannot read {self.run_dir}: {message.error}", style="bold red"))
         log = self.query_one(RankLog)
-        if message.log_lines is not None and message.log_rank == self._log_rank:
-            if log.rank != message.log_rank:
-                log.show(message.log_rank, message.log_lines)
+        rank = message.log_rank
+        if message.log_lines is not None and rank is not None and rank == self._log_rank:
+            if log.rank != rank:
+                log.show(rank, message.log_lines)
             else:
                 log.follow(message.log_lines)
 
@@ -220,21 +284,10 @@ class MonitorScreen(Screen):
             self.refresh_bindings()  # the footer greys out "Stop run" once the run is over
         if self._notice is not None and (self.status in FINISHED or _all_nodes_joined(run)):
             self._notice = None
-            self.app.notices.pop(self.run_dir, None)  # type: ignore[attr-defined]
+            self.post_message(self.NoticeDone(self.run_dir))
             self.query_one("#notice-banner").display = False
-        name = run_field(run, "name") or self.run_dir.name
-        header = Text()
-        header.append(f"{name}", style="bold")
-        header.append(f"  [{run_field(run, 'run_id') or self.run_dir.name}]  ", style="dim")
-        header.append(self.status, style=fmt.STATE_STYLE.get(self.status, "bold"))
-        header.append(f"   elapsed {fmt.duration(elapsed(run, now))}")
-        header.append(f"   world size {world_size(run, ranks)}")
         labels = node_labels(ranks)
-        nodes = len(node_order(labels))
-        if nodes > 1:
-            header.append(f" on {nodes} nodes")
-        header.append(f"   devices {devices_text(run)}")
-        self._set_text("#run-header", header)
+        self._set_text("#run-header", header_text(run, ranks, len(node_order(labels)), self.run_dir.name, now))
         self._render_failure(run, getattr(view, "events", []) or [])
         self._render_progress(ranks, now)
         table = self.query_one(RankTable)
@@ -251,49 +304,20 @@ class MonitorScreen(Screen):
                 {r: history(rv, "samples_per_s") for r, rv in ranks.items()}, t0=t0, highlight=self._log_rank
             )
 
-    def _render_failure(self, run: dict, events: list[dict]) -> None:
+    def _render_failure(self, run: dict[str, Any], events: list[dict[str, Any]]) -> None:
         banner = self.query_one("#failure-banner", Static)
-        failure = run.get("failure")
-        if not failure:
-            for event in reversed(events):
-                if event.get("kind") == "failure":
-                    failure = {"rank": event.get("rank"), "message": event.get("message")}
-                    break
-        if not failure:
-            banner.display = False
-            return
-        text = Text()
-        rank = failure.get("rank")
-        text.append(f"✗ Run failed: rank {rank} failed first", style="bold")
-        if failure.get("exit_code") is not None:
-            text.append(f" (exit code {failure['exit_code']})")
-        text.append("\n")
-        trace = failure.get("traceback") or failure.get("message") or ""
-        lines = str(trace).strip().splitlines()
-        keep = 6 if self.app.size.height >= CHARTS_MIN_HEIGHT else 3
-        if len(lines) > keep:
-            lines = ["…", *lines[-keep:]]  # the end of a traceback says what happened
-        text.append("\n".join(lines))
-        banner.update(text)
-        banner.display = True
+        text = failure_text(run, events, keep=6 if self.app.size.height >= CHARTS_MIN_HEIGHT else 3)
+        banner.display = text is not None
+        if text is not None:
+            banner.update(text)
 
     def _render_progress(self, ranks: dict, now: float) -> None:
-        """One line: a bar (readable without colour, as the table's meters), steps and ETA.
-
-        A Static, not Textual's ProgressBar: that one repaints itself on a timer of its own every
-        second, between the Monitor's refreshes, which cost as much as the line is worth.
-        """
+        """A line of text, not Textual's ProgressBar: that one repaints itself on a timer of its
+        own every second, between the Monitor's refreshes, which cost as much as the line is worth."""
         prog = progress(ranks, self.status in FINISHED)
-        line = self.query_one("#progress")
-        if prog is None:
-            line.display = False
-            return
-        line.display = True
-        text = fmt.meter(prog.fraction, PROGRESS_WIDTH, f"{prog.fraction:4.0%}", style="cyan")
-        text.append(f"  step {prog.step}/{prog.total}")
-        if prog.eta_s is not None:
-            text.append(f"  ETA {fmt.duration(prog.eta_s)}")
-        self._set_text("#progress", text)
+        self.query_one("#progress").display = prog is not None
+        if prog is not None:
+            self._set_text("#progress", progress_text(prog))
 
     def _set_text(self, selector: str, text: Text) -> None:
         self.query_one(selector, TextLines).update(text)
@@ -345,12 +369,12 @@ class MonitorScreen(Screen):
     @work(thread=True, exclusive=True, group="monitor-stop")
     def _stop(self) -> None:
         try:
-            self.app.stop_source(self.run_dir)  # type: ignore[attr-defined]
+            self.backend.stop(self.run_dir)
         except Exception as exc:  # show why it could not stop rather than dying
             self.app.call_from_thread(self.notify, f"Could not stop the run: {exc}", severity="error")
 
     def action_detach(self) -> None:
-        self.app.detach(self.run_dir, self.status)  # type: ignore[attr-defined]
+        self.xl.detach(self.run_dir, self.status)
 
     def action_back(self) -> None:
         if not self.standalone:

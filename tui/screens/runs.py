@@ -9,11 +9,11 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.message import Message
-from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Static
 
 from xl.tui import fmt
+from xl.tui.screens.base import XLScreen
 
 COLUMNS = (("status", "Status"), ("start", "Started"), ("dur", "Duration"), ("world", "Ranks"), ("name", "Name"), ("id", "Run id"))
 
@@ -44,7 +44,7 @@ def run_cells(info: Any, now: float) -> dict[str, Any]:
     }
 
 
-class RunsScreen(Screen):
+class RunsScreen(XLScreen):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "open", "Open"), Binding("r", "refresh", "Refresh")]
 
     class Listed(Message):
@@ -90,12 +90,12 @@ class RunsScreen(Screen):
     @work(thread=True, exclusive=True, group="runs-list")
     def _list(self) -> None:
         try:
-            self.post_message(self.Listed(list(self.app.runs_source()), None))  # type: ignore[attr-defined]
+            self.post_message(self.Listed(list(self.backend.runs()), None))
         except Exception as exc:  # a broken run store should be reported, not crash the app
             self.post_message(self.Listed([], f"{type(exc).__name__}: {exc}"))
 
     def on_runs_screen_listed(self, message: Listed) -> None:
-        now = self.app.clock()  # type: ignore[attr-defined]
+        now = self.xl.clock()
         table = self.query_one(DataTable)
         summary = self.query_one("#runs-summary", Static)
         if message.error:
@@ -143,10 +143,9 @@ class RunsScreen(Screen):
             self._open(row_key.value)
 
     def _open(self, key: str | None) -> None:
-        info = self.runs.get(key or "")
-        if info is None:
+        if not key or (info := self.runs.get(key)) is None:
             return
         run_dir = _field(info, "run_dir", "path")
         if run_dir is None:
-            run_dir = self.app.resolve_source(key)  # type: ignore[attr-defined]
-        self.app.open_monitor(run_dir)  # type: ignore[attr-defined]
+            run_dir = self.backend.resolve(key)
+        self.xl.open_monitor(run_dir)

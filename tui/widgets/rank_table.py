@@ -7,16 +7,15 @@ first row names it in bold (the rest in dim), so 4 nodes x 16 ranks read as four
 Why not a DataTable: with 64 ranks nearly every visible cell changes each second, and DataTable
 renders each changed cell through Rich (Styled(Padding(Text))) and reassembles its rows; that was
 the biggest share of the Monitor's CPU (bench/bench_tui.py). Here a cell value becomes segments
-once (values such as states, meters and "0s ago" recur, so most come from a cache), a row is its
-cells' segments under the row's style, and only rows whose cells changed are repainted.
+once (rank_cells.py; values such as states, meters and "0s ago" recur, so most come from a cache),
+a row is its cells' segments under the row's style, and only rows whose cells changed are repainted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
-from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -28,10 +27,9 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from xl.tui import fmt
 from xl.tui.runview import node_labels, node_order
 from xl.tui.widgets.gpu_table import value_key
-from xl.tui.widgets.text_lines import text_segments
+from xl.tui.widgets.rank_cells import PADDING, cell_segments, format_cells, join_row, rank_values
 
 # What matters most comes first: on an 80-column terminal the right end is scrolled off.
 # Fixed widths: a value that outgrows its column is cut with an ellipsis, and no update ever
@@ -51,54 +49,23 @@ COLUMNS = (
 # Grouped by node: the node first (as wide as the longest name, within NODE_WIDTH), then these.
 AFTER_NODE = tuple(c for c in COLUMNS if c[0] != "node")
 NODE_WIDTH = (4, 24)
-PADDING = 1  # blank columns either side of each cell
 
 Columns = tuple[tuple[str, str, int], ...]
 
 
-def rank_values(rv: Any, now: float, node: str | None) -> tuple[Any, ...]:
-    """What a rank's row shows, as plain values: cheap to compare, and a snapshot (the reader
-    goes on updating its RankView objects while the table draws)."""
-    return (
-        rv.rank,
-        getattr(rv, "state", None),
-        getattr(rv, "step", None),
-        getattr(rv, "total_steps", None),
-        getattr(rv, "loss", None),
-        getattr(rv, "samples_per_s", None),
-        getattr(rv, "gpu_util", None),
-        getattr(rv, "gpu_mem_used_mib", None),
-        getattr(rv, "gpu_mem_total_mib", None),
-        getattr(rv, "rss_mib", None),
-        getattr(rv, "gpu", None),
-        node,
-        fmt.ago(getattr(rv, "last_seen", None), now),
-    )
-
-
-def format_cells(values: tuple[Any, ...]) -> dict[str, Any]:
-    """The row's cells (str or rich Text) from rank_values."""
-    rank, state, step, total_steps, loss, sps, util, used, total, rss, gpu, node, seen = values
-    if used is None and rss is not None:
-        mem: Any = f"{fmt.mib(rss)} rss"
-    else:
-        mem = fmt.meter(used / total if used is not None and total else None, 4, fmt.mib(used))
-    return {
-        "rank": str(rank),
-        "node": node or "-",
-        "gpu": "cpu" if gpu is None else str(gpu),
-        "util": fmt.meter(
-            None if util is None else util / 100, 4, "-" if util is None else f"{util:3.0f}%"
-        ),
-        "mem": mem,
-        "step": "-"
-        if step is None
-        else (f"{step:.0f}/{total_steps:.0f}" if total_steps else f"{step:.0f}"),
-        "sps": fmt.rate(sps),
-        "loss": fmt.number(loss),
-        "seen": seen,
-        "state": fmt.state(state),
-    }
+def row_order(
+    ranks: Iterable[int], labels: Mapping[int, str | None], nodes: list[str], grouped: bool
+) -> tuple[list[int], dict[str | None, int]]:
+    """Ranks in row order, and each node's first rank: grouped, by node (in ``nodes`` order)
+    then rank; otherwise by rank alone."""
+    if not grouped:
+        return sorted(ranks), {}
+    place = {node: i for i, node in enumerate(nodes)}
+    order = sorted(ranks, key=lambda r: (place.get(labels[r] or "", len(place)), r))
+    firsts: dict[str | None, int] = {}
+    for r in order:
+        firsts.setdefault(labels[r], r)
+    return order, firsts
 
 
 class RankTable(ScrollView, can_focus=True):
@@ -264,14 +231,7 @@ class RankTable(ScrollView, can_focus=True):
             self._strips.clear()
             self._header = None
         grouped = self.grouped
-        if grouped:
-            place = {node: i for i, node in enumerate(nodes)}
-            order = sorted(ranks, key=lambda r: (place.get(labels[r] or "", len(place)), r))
-            firsts: dict[str | None, int] = {}
-            for r in order:
-                firsts.setdefault(labels[r], r)
-        else:
-            order = sorted(ranks)
+        order, firsts = row_order(ranks, labels, nodes, grouped)
         changed: list[int] = []
         for rank in order:
             node = labels[rank]
@@ -359,31 +319,7 @@ class RankTable(ScrollView, can_focus=True):
         cache_key = (key, width, under, over)
         segments = self._segments.get(cache_key)
         if segments is None:
-            pad = " " * PADDING
-            if isinstance(value, Text):
-                text = value.copy()
-                text.truncate(width, overflow="ellipsis", pad=True)
-                segments = [Segment(pad, under)]
-                for seg in text_segments(text, self.app.console):
-                    if seg.text:
-                        segments.append(
-                            Segment(
-                                seg.text, under + seg.style + over if seg.style else under + over
-                            )
-                        )
-                segments.append(Segment(pad, under))
-            else:  # most cells: plain text, one segment
-                plain = str(value)
-                if cell_len(plain) > width:
-                    plain = set_cell_size(plain, width - 1) + "…"
-                if over:
-                    segments = [
-                        Segment(pad, under),
-                        Segment(set_cell_size(plain, width), under + over),
-                        Segment(pad, under),
-                    ]
-                else:
-                    segments = [Segment(f"{pad}{set_cell_size(plain, width)}{pad}", under)]
+            segments = cell_segments(value, width, under, over, self.app.console)
             self._segments.set(cache_key, segments)
         return segments
 
@@ -396,25 +332,9 @@ class RankTable(ScrollView, can_focus=True):
             return drawn[1]
         cells = self._cells_of(rank)
         keys = self._cell_keys[rank]
-        # Neighbouring text in the row's own style becomes one segment (a third as many for the
-        # compositor and the terminal writer, on every line of every refresh).
-        segments: list[Segment] = []
-        run: list[str] = []
-        for col, _, col_width in self._columns:
-            for seg in self._cell_segments(cells[col], keys[col], col_width, under, over):
-                if seg.style is under:
-                    run.append(seg.text)
-                    continue
-                if run:
-                    segments.append(Segment("".join(run), under))
-                    run = []
-                segments.append(seg)
         used = self.virtual_size.width
-        if width > used:
-            run.append(" " * (width - used))
-        if run:
-            segments.append(Segment("".join(run), under))
-        strip = Strip(segments, max(width, used))
+        drawn_cells = (self._cell_segments(cells[col], keys[col], w, under, over) for col, _, w in self._columns)
+        strip = Strip(join_row(drawn_cells, under, width - used), max(width, used))
         self._strips[rank] = (key, strip)
         return strip
 

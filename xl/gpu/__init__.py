@@ -1,1 +1,2 @@
-"""GPUs: the NVML choke point (``nvml``), CUDA_VISIBLE_DEVICES resolution (``devices``), ``xl gpus``."""
+"""GPUs: the NVML choke point (``nvml``) and the records it returns (``records``), who each GPU
+process is (``processes``), CUDA_VISIBLE_DEVICES resolution (``devices``), ``xl gpus`` (``cli``)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from xl.gpu.nvml import GPU
+from xl.gpu.records import GPU
 
 PCI_BUS_ID = "PCI_BUS_ID"
 FASTEST_FIRST = "FASTEST_FIRST"

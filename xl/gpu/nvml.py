@@ -8,19 +8,33 @@ becomes ``Driver(error=..., error_kind=...)`` with a message a person can act on
 NVML stays initialised between calls (the TUI and the run sampler poll at 1 Hz) and the fields
 that never change while the driver is loaded (name, UUID, PCI bus id, compute capability) are
 cached per device. pynvml is imported lazily: ``import xl.gpu.nvml`` costs nothing.
+
+The records live in ``xl.gpu.records`` (re-exported here, where callers have always found them);
+who each process is, in ``xl.gpu.processes``.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-T = TypeVar("T")
+from xl.gpu.processes import identify
+from xl.gpu.records import GPU, LOST_MESSAGE, MIB, Driver, GPUProcess, Inventory, empty_gpu
 
-MIB = 1024 * 1024
+__all__ = [
+    "GPU",
+    "LOST_MESSAGE",
+    "MIB",
+    "Driver",
+    "GPUProcess",
+    "Inventory",
+    "inventory",
+    "shutdown",
+]
+
+T = TypeVar("T")
 
 # nvmlReturn_t values (nvml.h); kept here so importing this module never imports pynvml.
 _NO_PERMISSION = 4
@@ -39,103 +53,6 @@ _NVML_MEMORY_V2 = 0x02000028
 _NOT_AVAILABLE = frozenset(
     {_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _NO_DATA, _ARGUMENT_VERSION_MISMATCH}
 )
-
-LOST_MESSAGE = (
-    "GPU is lost (NVML_ERROR_GPU_IS_LOST): it stopped answering the driver; "
-    "check `dmesg` for Xid errors, then reset the GPU (nvidia-smi -r) or reboot"
-)
-
-
-@dataclass(frozen=True)
-class GPUProcess:
-    pid: int
-    used_mib: float | None
-    name: str | None
-    rank: int | None
-    local_rank: int | None
-    run_id: str | None  # XL_RUN_ID of the run the process belongs to, when readable
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "used_mib": self.used_mib,
-            "name": self.name,
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "run_id": self.run_id,
-        }
-
-
-@dataclass(frozen=True)
-class GPU:
-    index: int  # NVML / nvidia-smi index (PCI bus order)
-    uuid: str  # "GPU-..."; "" when the GPU is lost before it could be read
-    name: str
-    pci_bus_id: str  # "00000000:07:00.0" as nvidia-smi prints it
-    memory_total_mib: float | None
-    memory_used_mib: float | None
-    memory_free_mib: float | None
-    util_gpu: int | None
-    util_mem: int | None
-    temperature_c: int | None
-    power_w: float | None
-    power_limit_w: float | None
-    compute_capability: str | None  # "8.0"
-    mig_mode: bool | None
-    processes: tuple[GPUProcess, ...] = ()
-    lost: bool = False
-    error: str | None = None  # why values are missing, beyond "not supported here"
-    memory_reserved_mib: float | None = None  # the driver's own share (v2 memory struct only)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "uuid": self.uuid,
-            "name": self.name,
-            "pci_bus_id": self.pci_bus_id,
-            "memory": {
-                "total_mib": self.memory_total_mib,
-                "used_mib": self.memory_used_mib,
-                "free_mib": self.memory_free_mib,
-                "reserved_mib": self.memory_reserved_mib,
-            },
-            "utilization": {"gpu": self.util_gpu, "memory": self.util_mem},
-            "temperature_c": self.temperature_c,
-            "power_w": self.power_w,
-            "power_limit_w": self.power_limit_w,
-            "compute_capability": self.compute_capability,
-            "mig_mode": self.mig_mode,
-            "processes": [p.to_json() for p in self.processes],
-            "lost": self.lost,
-            "error": self.error,
-        }
-
-
-@dataclass(frozen=True)
-class Driver:
-    version: str | None  # "550.54.15"
-    cuda_version: str | None  # the highest CUDA the driver supports, "12.4"
-    error: str | None = None  # why NVML cannot be used, for a person
-    error_kind: str | None = (
-        None  # library_not_found|driver_not_loaded|version_mismatch|no_permission|other
-    )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "cuda_version": self.cuda_version,
-            "error": self.error,
-            "error_kind": self.error_kind,
-        }
-
-
-@dataclass(frozen=True)
-class Inventory:
-    driver: Driver
-    gpus: tuple[GPU, ...] = field(default_factory=tuple)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"driver": self.driver.to_json(), "gpus": [g.to_json() for g in self.gpus]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +142,7 @@ def _ensure_init() -> _State | Driver:
     if _state is not None:
         return _state
     try:
-        import pynvml
+        import pynvml  # noqa: PLC0415 - pynvml loads libnvidia-ml; `import xl.gpu.nvml` stays free
     except ImportError:
         return Driver(
             None,
@@ -263,7 +180,7 @@ def shutdown() -> None:
             return
         _state = None
         try:
-            import pynvml
+            import pynvml  # noqa: PLC0415 - pynvml loads libnvidia-ml; `import xl.gpu.nvml` stays free
 
             pynvml.nvmlShutdown()
         except Exception:
@@ -330,7 +247,7 @@ class _Sweep:
             # Keep what was read before: a lost GPU is still named by its UUID in the table.
             return _lost_gpu(index, static)
         except RuntimeError as exc:
-            return _empty_gpu(index, error=f"cannot open GPU {index}: {exc}")
+            return empty_gpu(index, error=f"cannot open GPU {index}: {exc}")
 
     def _dynamic(self, state: _State, index: int, s: _Static, *, processes: bool) -> GPU:
         nv = self.nv
@@ -396,7 +313,7 @@ class _Sweep:
             mib = p.usedGpuMemory / MIB if p.usedGpuMemory is not None else None
             if p.pid not in used or (mib is not None and (used[p.pid] or 0) < mib):
                 used[p.pid] = mib
-        return tuple(_process(pid, mib) for pid, mib in used.items())
+        return identify(used)
 
 
 def _decode(v: bytes | str) -> str:
@@ -404,83 +321,16 @@ def _decode(v: bytes | str) -> str:
 
 
 def _lost_gpu(index: int, s: _Static | None) -> GPU:
-    return GPU(
-        index=index,
-        uuid=s.uuid if s else "",
-        name=s.name if s else "",
-        pci_bus_id=s.pci_bus_id if s else "",
-        memory_total_mib=None,
-        memory_used_mib=None,
-        memory_free_mib=None,
-        util_gpu=None,
-        util_mem=None,
-        temperature_c=None,
-        power_w=None,
-        power_limit_w=None,
-        compute_capability=s.compute_capability if s else None,
-        mig_mode=None,
-        processes=(),
-        lost=True,
+    if s is None:
+        return empty_gpu(index, error=LOST_MESSAGE, lost=True)
+    return empty_gpu(
+        index,
         error=LOST_MESSAGE,
-    )
-
-
-def _empty_gpu(index: int, *, error: str) -> GPU:
-    return GPU(
-        index=index,
-        uuid="",
-        name="",
-        pci_bus_id="",
-        memory_total_mib=None,
-        memory_used_mib=None,
-        memory_free_mib=None,
-        util_gpu=None,
-        util_mem=None,
-        temperature_c=None,
-        power_w=None,
-        power_limit_w=None,
-        compute_capability=None,
-        mig_mode=None,
-        error=error,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Processes: who they are (from /proc; a process of another user is simply not readable)
-
-
-def _read_environ(pid: int) -> dict[str, str]:
-    from xl.proc import read_environ
-
-    return read_environ(pid, ("RANK", "LOCAL_RANK", "XL_RUN_ID"))
-
-
-def _read_comm(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
-def _int_or_none(v: str | None) -> int | None:
-    if v is None:
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        return None
-
-
-def _process(pid: int, used_mib: float | None) -> GPUProcess:
-    env = _read_environ(pid) if os.name == "posix" else {}
-    return GPUProcess(
-        pid=pid,
-        used_mib=used_mib,
-        name=_read_comm(pid),
-        rank=_int_or_none(env.get("RANK")),
-        local_rank=_int_or_none(env.get("LOCAL_RANK")),
-        run_id=env.get("XL_RUN_ID"),
+        uuid=s.uuid,
+        name=s.name,
+        pci_bus_id=s.pci_bus_id,
+        compute_capability=s.compute_capability,
+        lost=True,
     )
 
 
@@ -515,7 +365,7 @@ def inventory(*, processes: bool = True) -> Inventory:
 
 
 def _sweep(state: _State, *, processes: bool) -> Inventory:
-    import pynvml
+    import pynvml  # noqa: PLC0415 - pynvml loads libnvidia-ml; `import xl.gpu.nvml` stays free
 
     sweep = _Sweep(pynvml)
     try:

@@ -1,0 +1,124 @@
+"""What every check shares: the Finding a check returns, and views over the facts that several
+areas need (the toolkit in use, torch's CUDA, the nvcc versions, the fix that selects a toolkit).
+
+A check decides only status, detail, fix and data; its id, title and area come from the registry
+(xl.doctor.checks), so they are written once."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from xl.doctor.facts import Facts, Toolkit, major_minor, parse_nvcc_version
+
+
+@dataclass
+class Finding:
+    """One check's verdict before the registry names it (see xl.doctor.report.Check)."""
+
+    status: str  # ok | warn | fail | skip | error
+    detail: str  # one line
+    fix: str = ""  # what to type or change; empty when there is nothing to do
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def ok(detail: str, *, data: dict[str, Any] | None = None) -> Finding:
+    return Finding(status="ok", detail=detail, data=data or {})
+
+
+def skip(detail: str, *, fix: str = "", data: dict[str, Any] | None = None) -> Finding:
+    return Finding(status="skip", detail=detail, fix=fix, data=data or {})
+
+
+def warn(detail: str, *, fix: str, data: dict[str, Any] | None = None) -> Finding:
+    return Finding(status="warn", detail=detail, fix=fix, data=data or {})
+
+
+def fail(detail: str, *, fix: str, data: dict[str, Any] | None = None) -> Finding:
+    return Finding(status="fail", detail=detail, fix=fix, data=data or {})
+
+
+def error(detail: str, *, fix: str, data: dict[str, Any] | None = None) -> Finding:
+    """The check could not decide (a probe failed): less certain than a found problem."""
+    return Finding(status="error", detail=detail, fix=fix, data=data or {})
+
+
+# ---------------------------------------------------------------------------------------------
+# views over the facts
+
+
+def working_gpus(f: Facts) -> list[Any]:
+    return [g for g in f.gpus if not getattr(g, "lost", False)]
+
+
+def torch_cuda(f: Facts) -> str | None:
+    """The CUDA version torch was built with; None for a CPU or ROCm build or no torch."""
+    t = f.torch
+    return t.cuda if t is not None and t.found and t.cuda else None
+
+
+def torch_label(f: Facts) -> str:
+    t = f.torch
+    return f"torch {t.version}" if t is not None and t.version else "torch"
+
+
+def torch_version(f: Facts) -> str | None:
+    return f.torch.version if f.torch is not None else None
+
+
+def python_of(f: Facts) -> str:
+    """The interpreter under test, as the torch probe reported it (what fixes name)."""
+    return f.torch.python if f.torch is not None and f.torch.python else f.python
+
+
+def nvcc_versions(f: Facts, which: str) -> tuple[str | None, str | None]:
+    """(major.minor, full) of the nvcc on PATH (`which="path"`) or in CUDA_HOME ("home")."""
+    run = f.path_nvcc_run if which == "path" else f.cuda_home_nvcc_run
+    if run is None or not run.ok:
+        return None, None
+    return parse_nvcc_version(run.stdout + run.stderr)
+
+
+def home_cuda(f: Facts) -> tuple[str | None, str]:
+    """The toolkit version torch's extension builder would use (CUDA_HOME's nvcc), and its source."""
+    short, _ = nvcc_versions(f, "home")
+    if short:
+        return short, f"{f.cuda_home}/bin/nvcc"
+    tk = f.toolkit_at(f.home_toolkit) if f.home_toolkit else None
+    if tk is not None and tk.short:
+        return tk.short, tk.root
+    short, _ = nvcc_versions(f, "path")
+    if short and f.cuda_home is None:
+        return short, f.path_nvcc or "nvcc"
+    return None, ""
+
+
+def in_use_toolkit(f: Facts) -> Toolkit | None:
+    """The toolkit builds use: CUDA_HOME's, else the one `nvcc` on PATH belongs to."""
+    for real in (f.home_toolkit, f.path_toolkit):
+        tk = f.toolkit_at(real) if real else None
+        if tk is not None:
+            return tk
+    return None
+
+
+def usable_toolkit(f: Facts) -> Toolkit | None:
+    """The first toolkit with an nvcc and a known version, for fixes that must name one."""
+    return next((t for t in f.toolkits if t.nvcc and t.version and not t.problem), None)
+
+
+def toolkit_with(f: Facts, cuda: str) -> Toolkit | None:
+    """An installed toolkit of exactly this major.minor, complete ones (headers, e.g. not pip's
+    nvcc-only wheel) first, then those whose folder names the version (cuda-12.4 over cuda)."""
+    want = major_minor(cuda)
+    if want is None:
+        return None
+    matches = [t for t in f.toolkits if t.short == want and t.problem is None and t.nvcc]
+    matches.sort(key=lambda t: (not t.has_headers, want not in os.path.basename(t.root)))
+    return matches[0] if matches else None
+
+
+def export_toolkit(tk: Toolkit) -> str:
+    """The shell line that makes both torch's builder and `nvcc` on PATH use this toolkit."""
+    return f"export CUDA_HOME={tk.root} PATH={tk.root}/bin:$PATH"

@@ -1,0 +1,99 @@
+"""Driver & GPUs: does the NVIDIA driver answer, and are the GPUs it lists usable together?"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from xl.doctor.checks.common import Finding, error, fail, ok, skip, torch_cuda, warn
+from xl.doctor.facts import Facts
+
+_DRIVER_FIXES = {
+    "driver_not_loaded": "sudo modprobe nvidia (or reboot); `dmesg | grep -i nvidia` says why it did not load",
+    "version_mismatch": "reboot, or unload and reload the kernel module: sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia",
+    "no_permission": "add yourself to the group that owns /dev/nvidia* (often `video`): sudo usermod -aG video $USER, then log in again",
+}
+
+
+def check_driver(f: Facts) -> Finding:
+    d = f.driver
+    if d is None:
+        return error(
+            f"could not query NVML: {f.nvml_problem or 'no answer'}",
+            fix="run `nvidia-smi` to see whether the driver answers",
+        )
+    if d.error:
+        kind = d.error_kind or "other"
+        data = {"error_kind": kind}
+        if kind == "library_not_found":
+            # No driver is a valid CPU setup; it only matters when torch wants CUDA.
+            return Finding(
+                status="warn" if torch_cuda(f) else "skip",
+                detail=d.error,
+                fix="install the NVIDIA driver to train on GPUs (CPU training with gloo works without one)",
+                data=data,
+            )
+        return Finding(
+            status="error" if kind == "other" else "fail",
+            detail=d.error,
+            fix=_DRIVER_FIXES.get(kind, "run `nvidia-smi`; reinstall the driver if it fails too"),
+            data=data,
+        )
+    cuda = f" supports CUDA up to {d.cuda_version}" if d.cuda_version else ""
+    return ok(
+        f"driver {d.version or '?'}{cuda}",
+        data={"version": d.version, "cuda_version": d.cuda_version},
+    )
+
+
+def _one_model_fix(gpus: Sequence[Any], names: Counter[str]) -> str:
+    """The exact --gpus of the most numerous model (the first one listed on a tie); called only
+    when no GPU is lost."""
+    model = max(names, key=lambda n: names[n])
+    indices = ",".join(str(g.index) for g in gpus if g.name == model)
+    return f"train on one model: xl launch --gpus {indices} ...  (the {names[model]}x {model})"
+
+
+def check_gpus(f: Facts) -> Finding:
+    d = f.driver
+    if d is None or d.error:
+        return skip(
+            "no GPUs can be listed without a working NVIDIA driver",
+            fix="see the driver check"
+            if d is not None and d.error_kind != "library_not_found"
+            else "",
+        )
+    if not f.gpus:
+        return warn(
+            "the driver is loaded but reports no GPUs",
+            fix="check `nvidia-smi`; in a container pass the GPUs in (docker run --gpus all)",
+        )
+    lost = [g for g in f.gpus if getattr(g, "lost", False)]
+    names = Counter(g.name for g in f.gpus if not getattr(g, "lost", False))
+    models = ", ".join(f"{n}x {name}" for name, n in names.items())
+    data = {"count": len(f.gpus), "models": dict(names), "lost": [g.index for g in lost]}
+    if lost:
+        which = ", ".join(
+            f"GPU {g.index}" + (f" ({g.pci_bus_id})" if g.pci_bus_id else "") for g in lost
+        )
+        return fail(
+            f"{which} lost (stopped answering the driver); working: {models or 'none'}",
+            fix="check `dmesg` for Xid errors, then `sudo nvidia-smi -r -i <index>` or reboot",
+            data=data,
+        )
+    errors = [g for g in f.gpus if getattr(g, "error", None)]
+    if len(names) > 1:
+        return warn(
+            f"mixed models: {models}; DDP runs every rank at the slowest GPU's pace",
+            fix=_one_model_fix(f.gpus, names),
+            data=data,
+        )
+    if errors:
+        g = errors[0]
+        return warn(
+            f"{models}; GPU {g.index}: {g.error}",
+            fix=f"run `nvidia-smi -q -i {g.index}` to see the GPU's state",
+            data=data,
+        )
+    return ok(models, data=data)

@@ -1,0 +1,148 @@
+"""System: shared memory for NCCL and DataLoader workers, and NCCL_* settings known to hang,
+slow down or break training."""
+
+from __future__ import annotations
+
+import re
+
+from xl.doctor.checks.common import Finding, ok, skip, torch_cuda, warn, working_gpus
+from xl.doctor.facts import Facts, vtuple
+
+MIB = 1024 * 1024
+SHM_MIN = 512 * MIB
+
+_DATACENTER = re.compile(r"\b(A100|H100|H200|B200|A800|H800|V100)\b")
+
+
+def _size(n: int) -> str:
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.1f} GiB"
+    return f"{n / MIB:.0f} MiB"
+
+
+def check_shm(f: Facts) -> Finding:
+    if f.shm_total is None:
+        return warn(
+            f"can't read the shared memory mount: {f.shm_problem}",
+            fix="mount a tmpfs at /dev/shm (docker: --shm-size=16g or --ipc=host)",
+        )
+    data = {"total_bytes": f.shm_total, "free_bytes": f.shm_free}
+    detail = f"{f.shm_path}: {_size(f.shm_total)} (free {_size(f.shm_free or 0)})"
+    if f.shm_total < SHM_MIN:
+        return warn(
+            f"{detail}: under 512 MiB, NCCL and DataLoader workers fail with bus errors",
+            fix="docker run --shm-size=16g (or --ipc=host); Kubernetes: an emptyDir with medium: Memory at /dev/shm",
+            data=data,
+        )
+    return ok(detail, data=data)
+
+
+def _socket_ifname_trap(f: Facts) -> tuple[str, str] | None:
+    """NCCL_SOCKET_IFNAME that selects no interface here (prefixes, `=` exact, `^` exclude)."""
+    ifname = f.env.get("NCCL_SOCKET_IFNAME")
+    if not ifname or f.net_ifaces is None:
+        return None
+    spec = ifname.strip()
+    exclude = spec.startswith("^")
+    spec = spec.lstrip("^")
+    exact = spec.startswith("=")
+    names = [n for n in spec.lstrip("=").split(",") if n]
+    hit = [i for i in f.net_ifaces if any((i == n) if exact else i.startswith(n) for n in names)]
+    if exclude or hit:
+        return None
+    return (
+        f"NCCL_SOCKET_IFNAME={ifname} matches no interface here ({', '.join(sorted(f.net_ifaces))})",
+        "set NCCL_SOCKET_IFNAME to an interface from `ip -br link` (e.g. the one that holds MASTER_ADDR's route)",
+    )
+
+
+def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
+    """(what is wrong, its fix) for each NCCL setting known to hang, slow or break training."""
+    env = f.env
+    gpus = working_gpus(f)
+    traps: list[tuple[str, str]] = []
+    consumer = [g for g in gpus if "RTX 40" in g.name]
+    driver = f.driver.version if f.driver is not None and not f.driver.error else None
+    datacenter = [g for g in gpus if _DATACENTER.search(g.name)]
+    p2p_off = env.get("NCCL_P2P_DISABLE") == "1"
+    if (
+        len(consumer) > 1
+        and driver
+        and vtuple(driver) < (550, 40, 7)
+        and not (p2p_off and env.get("NCCL_IB_DISABLE") == "1")
+    ):
+        traps.append(
+            (
+                f"{len(consumer)} RTX 40xx GPUs with driver {driver}: P2P/IB between them hangs or corrupts",
+                "export NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1 (or upgrade the driver to 550.40.07+)",
+            )
+        )
+    if p2p_off and len(datacenter) > 1:
+        traps.append(
+            (
+                "NCCL_P2P_DISABLE=1 on NVLink-class GPUs: all GPU traffic goes through host memory",
+                "unset NCCL_P2P_DISABLE",
+            )
+        )
+    if env.get("NCCL_IB_DISABLE") == "1" and f.ib_devices:
+        traps.append(
+            (
+                f"NCCL_IB_DISABLE=1 but InfiniBand is present ({', '.join(f.ib_devices[:2])}): multi-node traffic falls back to TCP",
+                "unset NCCL_IB_DISABLE",
+            )
+        )
+    if env.get("NCCL_SHM_DISABLE") == "1":
+        traps.append(
+            (
+                "NCCL_SHM_DISABLE=1: intra-node traffic can't use shared memory",
+                "unset NCCL_SHM_DISABLE",
+            )
+        )
+    for old in ("NCCL_BLOCKING_WAIT", "NCCL_ASYNC_ERROR_HANDLING"):
+        if old in env:
+            traps.append(
+                (
+                    f"{old} is the old name; torch reads TORCH_{old} now",
+                    f"export TORCH_{old}={env[old]}; unset {old}",
+                )
+            )
+    if (env.get("NCCL_DEBUG") or "").upper() == "TRACE":
+        traps.append(
+            (
+                "NCCL_DEBUG=TRACE logs every call and slows training",
+                "export NCCL_DEBUG=WARN (or INFO while debugging)",
+            )
+        )
+    ifname_trap = _socket_ifname_trap(f)
+    if ifname_trap is not None:
+        traps.append(ifname_trap)
+    shadow = next((e for e in f.ld_entries if e.nccl), None)
+    if shadow is not None and torch_cuda(f) and f.torch is not None and f.torch.nccl:
+        traps.append(
+            (
+                f"{shadow.path}/{shadow.nccl[0]} shadows torch's own NCCL {f.torch.nccl} (undefined-symbol errors, hangs)",
+                f"remove {shadow.path} from LD_LIBRARY_PATH",
+            )
+        )
+    return traps
+
+
+def check_nccl(f: Facts) -> Finding:
+    traps = _nccl_traps(f)
+    t = f.torch
+    data = {
+        "version": t.nccl if t is not None else None,
+        "variables": {k: v for k, v in f.env.items() if k.startswith("NCCL_")},
+    }
+    if traps:
+        return warn("; ".join(d for d, _ in traps), fix="; ".join(fx for _, fx in traps), data=data)
+    if not torch_cuda(f):
+        return skip(
+            "torch has no CUDA build, so no NCCL (ranks use gloo); no NCCL_* traps set", data=data
+        )
+    if t is not None and t.nccl:
+        return ok(f"NCCL {t.nccl} ({t.nccl_from}); no NCCL_* traps set", data=data)
+    return ok(
+        "torch's NCCL is built in (no separate nvidia-nccl package); no NCCL_* traps set",
+        data=data,
+    )

@@ -1,0 +1,322 @@
+"""CUDA toolkit: CUDA_HOME as torch resolves it, `nvcc` on PATH, the toolkits installed and which
+one PATH, CUDA_HOME and LD_LIBRARY_PATH each select, and the loader's path to the CUDA runtime."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from xl.doctor.checks.common import (
+    Finding,
+    error,
+    export_toolkit,
+    fail,
+    in_use_toolkit,
+    nvcc_versions,
+    ok,
+    skip,
+    toolkit_with,
+    torch_cuda,
+    usable_toolkit,
+    warn,
+)
+from xl.doctor.facts import Facts, Toolkit, parse_nvcc_version, vtuple
+
+
+def _cuda_home_unresolved(f: Facts, data: dict[str, Any]) -> Finding:
+    """CUDA_HOME is empty or nothing names a toolkit at all."""
+    src = f.cuda_home_from
+    tc = torch_cuda(f)
+    if f.cuda_home == "":
+        # torch's `CUDA_HOME or CUDA_PATH` returns an empty CUDA_PATH as is and stops looking.
+        best = in_use_toolkit(f) or usable_toolkit(f)
+        return Finding(
+            status="fail" if tc else "warn",
+            detail=f"{src} is set but empty: torch takes CUDA_HOME='' and looks for nvcc at the relative path bin/nvcc, so CUDA extension builds fail",
+            fix=f"unset {src}" + (f"; {export_toolkit(best)}" if best is not None else ""),
+            data=data,
+        )
+    if tc:
+        tk = toolkit_with(f, tc)
+        return warn(
+            "unresolved (no CUDA_HOME, CUDA_PATH, nvcc on PATH or /usr/local/cuda): CUDA extension builds fail",
+            fix=export_toolkit(tk)
+            if tk
+            else f"install CUDA toolkit {tc} and export CUDA_HOME=/usr/local/cuda-{tc}",
+            data=data,
+        )
+    return skip("no CUDA toolkit anywhere (only needed to build CUDA extensions)", data=data)
+
+
+def check_cuda_home(f: Facts) -> Finding:
+    home, src = f.cuda_home, f.cuda_home_from
+    data: dict[str, Any] = {"cuda_home": home, "from": src}
+    if not home:
+        return _cuda_home_unresolved(f, data)
+    d = f.cuda_home_dir
+    best = in_use_toolkit(f)
+    if best is None or not best.version or best.problem:
+        best = usable_toolkit(f)
+    home_real = d.real if d is not None else home
+    alt = export_toolkit(best) if best is not None and best.real != home_real else ""
+    if d is None or d.problem:
+        why = d.problem if d is not None and d.problem else f"{home} is not readable"
+        fix = alt or (f"unset {src}" if src in ("CUDA_HOME", "CUDA_PATH") else "")
+        return fail(
+            f"{src}={home}: {why}", fix=fix or f"point {src} at an installed toolkit", data=data
+        )
+    if d.nvcc is None:
+        return fail(
+            f'{home} (from {src}) has no bin/nvcc: torch raises "nvcc not found" on every CUDA extension build',
+            fix=alt or "install the CUDA toolkit there or point CUDA_HOME at one",
+            data=data,
+        )
+    home_short, home_full = nvcc_versions(f, "home")
+    run = f.cuda_home_nvcc_run
+    if run is not None and not run.ok:
+        return error(
+            f"{home}/bin/nvcc: {run.problem}", fix=alt or "reinstall the toolkit's nvcc", data=data
+        )
+    if run is not None and home_short is None:
+        return error(
+            f"{home}/bin/nvcc --version printed no 'release X.Y' (first line: {run.first_line()!r})",
+            fix=alt or "check that this is NVIDIA's nvcc; reinstall the toolkit",
+            data=data,
+        )
+    data["nvcc_version"] = home_full or home_short
+    if not d.has_headers:
+        where = f"the folder above {f.path_nvcc}" if src == "nvcc on PATH" else src
+        target = f.home_toolkit and f.toolkit_at(f.home_toolkit)
+        lead = f"; its nvcc leads to {target.root}" if target and target.real != d.real else ""
+        fix = (
+            export_toolkit(target)
+            if target and target.real != d.real and target.has_headers
+            else alt
+        )
+        return warn(
+            f"{home} ({where}) has no include/cuda_runtime.h{lead}: extension builds won't find CUDA headers and libraries",
+            fix=fix or "point CUDA_HOME at a complete toolkit",
+            data=data,
+        )
+    path_short, _ = nvcc_versions(f, "path")
+    if path_short and home_short and path_short != home_short:
+        return warn(
+            f"{home} has nvcc {home_short} but `nvcc` on PATH is {path_short} ({f.path_nvcc}): torch builds with {home_short}",
+            fix=f"export PATH={home}/bin:$PATH (or point CUDA_HOME at the {path_short} toolkit)",
+            data=data,
+        )
+    ver = f" (CUDA {home_short})" if home_short else ""
+    return ok(f"{home}{ver}, from {src}, as torch resolves it", data=data)
+
+
+def _nvcc_not_on_path(f: Facts) -> Finding:
+    home_nvcc = f.cuda_home_dir.nvcc if f.cuda_home_dir is not None else None
+    if home_nvcc:
+        short, _ = nvcc_versions(f, "home")
+        return warn(
+            f"not on PATH; CUDA_HOME has {home_nvcc}" + (f" ({short})" if short else ""),
+            fix=f"export PATH={os.path.dirname(home_nvcc)}:$PATH",
+        )
+    tk = next((t for t in f.toolkits if t.nvcc and not t.problem), None)
+    if tk is not None:
+        return warn(f"not on PATH, but {tk.nvcc} exists", fix=export_toolkit(tk))
+    if torch_cuda(f):
+        return warn(
+            "no nvcc anywhere: CUDA extensions (DeepSpeed ops, JIT kernels) can't be built",
+            fix=f"install the CUDA {torch_cuda(f)} toolkit (nvcc), e.g. from developer.nvidia.com/cuda-downloads",
+        )
+    return skip("no nvcc (only needed to build CUDA extensions)")
+
+
+def check_nvcc(f: Facts) -> Finding:
+    if f.path_nvcc is None:
+        return _nvcc_not_on_path(f)
+    run = f.path_nvcc_run
+    if run is None or not run.ok:
+        why = run.problem if run is not None else "was not run"
+        return error(
+            f"{f.path_nvcc}: {why}",
+            fix="run `nvcc --version` by hand; reinstall the toolkit if it fails",
+        )
+    short, full = parse_nvcc_version(run.stdout + run.stderr)
+    if short is None:
+        return error(
+            f"{f.path_nvcc} --version printed no 'release X.Y' (first line: {run.first_line()!r})",
+            fix="check that this file is NVIDIA's nvcc (`file $(which nvcc)`)",
+        )
+    return ok(
+        f"CUDA {short} (V{full or short}) at {f.path_nvcc}",
+        data={"path": f.path_nvcc, "version": full or short},
+    )
+
+
+def _ld_toolkit(f: Facts) -> tuple[Toolkit | None, str | None]:
+    """The toolkit whose libcudart LD_LIBRARY_PATH selects first, and that soname. The loader
+    looks for the major the toolkit in use (or torch) needs; any libcudart counts otherwise."""
+    tk = in_use_toolkit(f)
+    want = vtuple(tk.version)[:1] if tk is not None else vtuple(torch_cuda(f))[:1]
+    for e in f.ld_entries:
+        names = (
+            [s for s in e.cudart if vtuple(s.rsplit(".so.", 1)[-1])[:1] == want]
+            if want
+            else e.cudart
+        )
+        if names:
+            for tk in f.toolkits:
+                if e.real in tk.lib_dirs:
+                    return tk, names[-1]
+            return None, names[-1]
+    return None, None
+
+
+def check_toolkits(f: Facts) -> Finding:
+    usable = [t for t in f.toolkits if not t.problem]
+    data: dict[str, Any] = {"toolkits": [t.to_json() for t in f.toolkits]}
+    tc = torch_cuda(f)
+    if not f.toolkits:
+        return Finding(
+            status="warn" if tc else "skip",
+            detail="none found (/usr/local/cuda*, /opt/cuda*, CUDA_HOME, CUDA_PATH, PATH, $CONDA_PREFIX, pip)",
+            fix=f"install CUDA toolkit {tc} to build extensions" if tc else "",
+            data=data,
+        )
+    listing = "; ".join(f"{t.root} {t.version or '?'}" for t in f.toolkits)
+    selected: dict[str, str] = {}
+    path_tk = f.toolkit_at(f.path_toolkit) if f.path_toolkit else None
+    home_tk = f.toolkit_at(f.home_toolkit) if f.home_toolkit else None
+    ld_tk, ld_soname = _ld_toolkit(f)
+    if path_tk:
+        selected["PATH"] = path_tk.root
+    if home_tk:
+        selected["CUDA_HOME"] = home_tk.root
+    if ld_tk:
+        selected["LD_LIBRARY_PATH"] = ld_tk.root
+    data["selected"] = selected
+    versions: dict[str, str | None] = {}
+    for k, v in selected.items():
+        found = f.toolkit_at(v)
+        versions[k] = found.short if found is not None else None
+    if ld_soname and not ld_tk:
+        versions["LD_LIBRARY_PATH"] = ld_soname.rsplit(".", 1)[-1]
+    sel = ", ".join(f"{k} -> {v}" for k, v in selected.items()) or "nothing selects one"
+    broken = [t for t in f.toolkits if t.problem]
+    distinct_mm = {v for v in versions.values() if v and "." in v}
+    majors = {v.split(".")[0] for v in versions.values() if v}
+    if len(distinct_mm) > 1 or len(majors) > 1:
+        pairs = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+        target = home_tk or path_tk
+        fix = (
+            export_toolkit(target) + f" LD_LIBRARY_PATH={target.root}/lib64:$LD_LIBRARY_PATH"
+            if target
+            else ""
+        )
+        return warn(
+            f"they disagree: {pairs} (found: {listing})",
+            fix=fix or "make PATH, CUDA_HOME and LD_LIBRARY_PATH name the same toolkit",
+            data=data,
+        )
+    if broken and not usable:
+        return fail(
+            f"{broken[0].root}: {broken[0].problem}",
+            fix="fix the folder's permissions or point CUDA_HOME elsewhere",
+            data=data,
+        )
+    unknown = [t for t in usable if t.version is None and t.nvcc]
+    if unknown:
+        t = unknown[0]
+        run = t.nvcc_run
+        why = (
+            run.problem
+            if run is not None and run.problem
+            else f"`{t.nvcc} --version` printed no 'release X.Y'"
+        )
+        return error(
+            f"{t.root}: version unknown, {why}; found: {listing}",
+            fix=f"run `{t.nvcc} --version` by hand; remove or repair this toolkit",
+            data=data,
+        )
+    return ok(f"{listing}; {sel}", data=data)
+
+
+def _ld_problems(f: Facts, tk: Toolkit | None, want: tuple[int, ...]) -> list[str]:
+    """What is wrong with LD_LIBRARY_PATH's entries: bad folders, and CUDA runtimes of another
+    major or ahead of the toolkit's own (the loader takes the first match)."""
+    problems: list[str] = []
+    if any(e.path == "" for e in f.ld_entries):
+        problems.append("an empty entry (a stray ':' means the current directory)")
+    missing = [
+        e.path + (f" ({e.why})" if e.why and e.why != "does not exist" else "")
+        for e in f.ld_entries
+        if e.path and not e.exists
+    ]
+    if missing:
+        problems.append(f"missing {', '.join(missing[:3])}")
+    files = [e.path for e in f.ld_entries if e.exists and not e.is_dir]
+    if files:
+        problems.append(f"not a folder: {', '.join(files[:3])}")
+    unreadable = [e.path for e in f.ld_entries if e.problem]
+    if unreadable:
+        problems.append(f"unreadable {', '.join(unreadable[:3])}")
+    if not want:
+        return problems
+    tk_dirs = set(tk.lib_dirs) if tk is not None else set()
+    tk_pos = next((i for i, e in enumerate(f.ld_entries) if e.real in tk_dirs), None)
+    for i, e in enumerate(f.ld_entries):
+        if e.real in tk_dirs:
+            continue
+        other = [s for s in e.cudart if vtuple(s.rsplit(".so.", 1)[-1])[:1] != want]
+        same = [s for s in e.cudart if vtuple(s.rsplit(".so.", 1)[-1])[:1] == want]
+        if other:
+            problems.append(
+                f"{e.path} holds {', '.join(other)} but the toolkit in use is CUDA {tk.short if tk else '?'}"
+            )
+        if same and (tk_pos is None or i < tk_pos):
+            # Same soname, maybe another minor: the loader takes this one, not the toolkit's.
+            problems.append(f"{e.path}/{same[0]} shadows the toolkit's ({tk.root if tk else '?'})")
+    return problems
+
+
+def check_ld_library_path(f: Facts) -> Finding:
+    value = f.env.get("LD_LIBRARY_PATH")
+    tk = in_use_toolkit(f)
+    want: tuple[int, ...] = vtuple(tk.version)[:1] if tk is not None and tk.version else ()
+    data: dict[str, Any] = {"entries": [e.path for e in f.ld_entries], "ldconfig": f.ldconfig}
+    if f.ldconfig_problem:
+        data["ldconfig_problem"] = f.ldconfig_problem
+    cache = f.ldconfig.get(f"libcudart.so.{want[0]}") if want else None
+    if value is None:
+        extra = (
+            f"; the ldconfig cache resolves libcudart.so.{want[0]} to {cache[0]}" if cache else ""
+        )
+        return ok(f"unset{extra}", data=data)
+    if value == "":
+        return ok("set but empty (the loader ignores it)", data=data)
+    problems = _ld_problems(f, tk, want)
+    if not problems:
+        extra = ""
+        if cache and not any(f"libcudart.so.{want[0]}" in e.cudart for e in f.ld_entries):
+            extra = f"; the ldconfig cache resolves libcudart.so.{want[0]} to {cache[0]}"
+        n = len(f.ld_entries)
+        return ok(
+            f"{n} {'entry' if n == 1 else 'entries'}, no conflicting CUDA libraries{extra}",
+            data=data,
+        )
+    lib_dirs = tk.lib_dirs if tk is not None else []
+    keep = [
+        e.path
+        for e in f.ld_entries
+        if e.path
+        and e.exists
+        and e.is_dir
+        and not e.problem
+        and (not e.cudart or e.real in lib_dirs)
+    ]
+    if tk is not None and tk.lib_dirs and not any(e.real in tk.lib_dirs for e in f.ld_entries):
+        keep.insert(0, f"{tk.root}/lib64")
+    return warn(
+        "; ".join(problems),
+        fix=f"export LD_LIBRARY_PATH={':'.join(dict.fromkeys(keep))}"
+        if keep
+        else "unset LD_LIBRARY_PATH",
+        data=data,
+    )

@@ -1,0 +1,79 @@
+"""Which CUDA libraries the dynamic loader would find: LD_LIBRARY_PATH's folders and the
+ldconfig cache."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+
+from xl.doctor.facts import LdEntry
+from xl.doctor.probes.files import is_dir, is_file, which, why_not_a_folder
+
+# The runtime's soname; its major is what a binary built against a toolkit asks the loader for.
+CUDART = re.compile(r"^libcudart\.so\.(\d+)$")
+
+
+def scan_ld_library_path(value: str | None) -> list[LdEntry]:
+    entries: list[LdEntry] = []
+    if value is None:
+        return entries
+    for raw in value.split(":"):
+        entry = LdEntry(path=raw, real=os.path.realpath(raw) if raw else "")
+        if raw == "":
+            entry.exists = False
+            entries.append(entry)
+            continue
+        if not os.path.exists(raw):
+            entry.exists = False
+            entry.why = why_not_a_folder(raw)
+        elif not is_dir(raw):
+            entry.is_dir = False
+            entry.why = why_not_a_folder(raw)
+        else:
+            try:
+                names = os.listdir(raw)
+            except OSError as exc:
+                entry.problem = exc.strerror or str(exc)
+                names = []
+            for name in names:
+                if CUDART.match(name):
+                    entry.cudart.append(name)
+                elif name.startswith("libnccl.so"):
+                    entry.nccl.append(name)
+                elif name.startswith("libcudnn.so"):
+                    entry.cudnn.append(name)
+            entry.cudart.sort()
+        entries.append(entry)
+    return entries
+
+
+_LDCONFIG_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(.+?)\s*$")
+_LD_INTEREST = ("libcudart.so", "libnccl.so", "libcuda.so", "libnvidia-ml.so", "libcudnn.so")
+# The ABI word ldconfig prints for 64-bit libraries ("libc6,x86-64", "libc6,AArch64", ...).
+_LD_64BIT = ("x86-64", "AArch64", "64bit", "IA-64")
+
+
+def parse_ldconfig(text: str, bits64: bool = sys.maxsize > 2**32) -> dict[str, list[str]]:
+    """`ldconfig -p` -> {soname: [paths in cache order]} for the CUDA libraries. A 64-bit
+    process can't load the 32-bit copies (the driver's i386 libcuda.so.1, say), so those are
+    left out; when no line carries a 64-bit ABI word (another architecture), all are kept."""
+    rows: list[tuple[str, bool, str]] = []
+    for line in text.splitlines():
+        m = _LDCONFIG_LINE.match(line)
+        if m and m.group(1).startswith(_LD_INTEREST):
+            flags = [f.strip() for f in m.group(2).split(",")]
+            rows.append((m.group(1), any(f in _LD_64BIT for f in flags), m.group(3)))
+    if bits64 and any(is64 for _, is64, _ in rows):
+        rows = [r for r in rows if r[1]]
+    out: dict[str, list[str]] = {}
+    for name, _, path in rows:
+        out.setdefault(name, []).append(path)
+    return out
+
+
+def find_ldconfig(env: Mapping[str, str]) -> str | None:
+    return which("ldconfig", env.get("PATH")) or next(
+        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if is_file(p)), None
+    )

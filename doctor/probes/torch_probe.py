@@ -1,0 +1,118 @@
+"""The torch probe: a stdlib-only script run inside the interpreter given by `xl doctor --python`.
+
+That interpreter may not have xl installed, so this file imports nothing but the standard library
+and the doctor runs its source with `python -c` (xl.doctor.probes.pytorch). It finds torch without
+importing it (find_spec does not execute torch/__init__.py), reads torch/version.py as literals,
+and prints one JSON object: python, bin_dir, location, version, cuda, hip, nccl, nccl_from,
+pip_toolkits and, when something went wrong, problem. Importing this module does nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import sys
+from typing import Any
+
+
+def dists(site: str, prefix: str) -> list[str]:
+    """The .dist-info folders in `site` whose names start with `prefix`, sorted."""
+    try:
+        return sorted(
+            n for n in os.listdir(site) if n.startswith(prefix) and n.endswith(".dist-info")
+        )
+    except OSError:
+        return []
+
+
+def version_of(dist_info: str) -> str:
+    return dist_info[: -len(".dist-info")].split("-", 1)[1]
+
+
+def read_literals(path: str) -> dict[str, Any]:
+    """The module-level `NAME = <literal>` assignments of a Python file, without running it."""
+    if os.path.exists(path) and not os.path.isfile(path):  # open() on a FIFO blocks forever
+        raise OSError("not a regular file")
+    with open(path, "rb") as fh:
+        tree = ast.parse(fh.read().decode("utf-8", "replace"))
+    vals: dict[str, Any] = {}
+    for node in tree.body:
+        targets: list[ast.expr]
+        value: ast.expr | None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign):
+            targets, value = [node.target], node.value
+        else:
+            continue
+        for t in targets:
+            if isinstance(t, ast.Name) and value is not None:
+                try:
+                    vals[t.id] = ast.literal_eval(value)
+                except Exception:
+                    pass
+    return vals
+
+
+def pip_toolkits(site: str) -> list[tuple[str, str]]:
+    """(root, version) of each CUDA toolkit installed as a pip wheel (nvidia-cuda-nvcc-*)."""
+    nvd = os.path.join(site, "nvidia")
+    found: list[tuple[str, str]] = []
+    for n in dists(site, "nvidia_cuda_nvcc"):
+        ver = version_of(n)
+        # nvidia-cuda-nvcc-cu12 installs nvidia/cuda_nvcc; the 13.x wheels install nvidia/cu13
+        tag = n.split("-")[0].rsplit("_", 1)[-1]
+        subs = (
+            ["cuda_nvcc"]
+            if tag[:2] == "cu" and tag[2:].isdigit()
+            else ["cu" + ver.split(".")[0], "cuda_nvcc"]
+        )
+        for sub in subs:
+            if os.path.isfile(os.path.join(nvd, sub, "bin", "nvcc")):
+                found.append((os.path.join(nvd, sub), ver))
+                break
+    return found
+
+
+def probe() -> dict[str, Any]:
+    out: dict[str, Any] = {"python": sys.executable, "bin_dir": os.path.dirname(sys.executable)}
+    try:
+        spec = importlib.util.find_spec("torch")
+    except Exception as e:
+        spec = None
+        out["problem"] = f"finding torch failed: {e}"
+    if spec is None or not spec.origin:
+        return out
+    d = os.path.dirname(spec.origin)
+    out["location"] = d
+    vals: dict[str, Any] = {}
+    version_py = os.path.join(d, "version.py")
+    try:
+        vals = read_literals(version_py)
+    except Exception as e:
+        out["problem"] = f"can't read {version_py}: {e}"
+    out["version"] = vals.get("__version__")
+    out["cuda"] = vals.get("cuda")
+    out["hip"] = vals.get("hip")
+    site = os.path.dirname(d)
+    td = dists(site, "torch-")
+    if td and not out.get("version"):
+        out["version"] = td[-1][len("torch-") : -len(".dist-info")]
+    elif not td and not out.get("version"):
+        try:
+            import importlib.metadata as md  # noqa: PLC0415 - needed only when no torch-*.dist-info names the version
+
+            out["version"] = md.version("torch")
+        except Exception:
+            pass
+    for n in dists(site, "nvidia_nccl_cu"):
+        out["nccl"] = version_of(n)
+        out["nccl_from"] = n[: -len(".dist-info")].split("-", 1)[0].replace("_", "-")
+    out["pip_toolkits"] = pip_toolkits(site)
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe()))

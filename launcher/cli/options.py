@@ -1,0 +1,154 @@
+"""The one option parser of `xl launch`, shared by `xl launch`, `xl launch --slurm`, `xl sbatch`.
+
+What `xl launch` takes is defined here once: the options (with torchrun's spellings accepted,
+unlisted), where xl's options stop and the script's begin, and how the options become a
+LaunchSpec. `xl sbatch` adds its #SBATCH options to the same parser; the launch form and the
+commands xl writes for other nodes go through xl.launcher.spec.spec_to_argv, whose output this
+module parses back to the same spec (tests/test_spec_argv.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from xl.errors import ArgumentParser, UsageError
+from xl.launcher.cli.accelconf import default_path, read_settings
+from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, parse_env_pairs
+
+# `--accelerate-config` takes a value only when one is given: the next word is its PATH only when
+# it names a config file, else it is the script (`xl launch --accelerate-config train.py`).
+_CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+# torchrun's own spellings of xl's options (DESIGN.md, "Commands"): accepted, not listed in
+# --help, so a torchrun command line works with `torchrun` replaced by `xl launch`.
+_TORCHRUN_SPELLINGS = {
+    "nproc": ("--nproc-per-node", "--nproc_per_node"),
+    "node_rank": ("--node_rank",),
+    "rdzv": ("--rdzv-endpoint", "--rdzv_endpoint"),
+}
+
+
+def launch_parser(prog: str = "xl launch") -> ArgumentParser:
+    """Every option of `xl launch` (and, with ``prog``, the base of `xl sbatch`'s parser)."""
+    p = ArgumentParser(
+        prog=prog,
+        usage=f"{prog} [OPTIONS] [--] SCRIPT [ARGS...]  |  {prog} [OPTIONS] -m MODULE [ARGS...]",
+        description="Launch a distributed PyTorch run on torchrun, supervised by xl. "
+        "The run goes on when the terminal closes; 'xl attach RUN' reopens it.",
+    )
+    p.add_argument("--gpus", help="0,2 | GPU-<uuid>,... | all | auto:N (order = LOCAL_RANK order)")
+    p.add_argument("--nproc", type=int, help="processes on this node (default: one per GPU, 1 on CPU)")
+    p.add_argument("--nnodes", type=int, help="number of nodes (default 1)")
+    p.add_argument("--node-rank", type=int, help="this node's rank (multi-node)")
+    p.add_argument("--rdzv", metavar="HOST:PORT", help="node 0's address (multi-node)")
+    p.add_argument("--mixed-precision", choices=MIXED_PRECISION, help="sets ACCELERATE_MIXED_PRECISION")
+    p.add_argument("--env", action="append", default=[], metavar="K=V", help="extra variable (repeatable)")
+    p.add_argument("--name", help="a name for the run")
+    p.add_argument(
+        "--accelerate-config",
+        nargs="?",
+        const="",
+        metavar="PATH",
+        help="take settings from an Accelerate config (default $HF_HOME/accelerate/default_config.yaml)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the command and variables; start nothing")
+    p.add_argument("--json", action="store_true", help="with --dry-run: {\"argv\": [...], \"env\": {...}}")
+    p.add_argument("--detach", action="store_true", help="start the run and return at once")
+    p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
+    p.add_argument(
+        "--slurm",
+        action="store_true",
+        help="inside a Slurm allocation: one xl agent per node with srun, rendezvous on the first node",
+    )
+    # Internal, for the tasks `--slurm` starts: node rank from SLURM_NODEID, the run id chosen by
+    # the launcher (node 0's run is RUN_ID, node k's RUN_ID-nodeK).
+    p.add_argument("--slurm-node", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--run-id", help=argparse.SUPPRESS)
+    for dest, spellings in _TORCHRUN_SPELLINGS.items():
+        kind = str if dest == "rdzv" else int
+        p.add_argument(*spellings, dest=dest, type=kind, default=None, help=argparse.SUPPRESS)
+    # torchrun's one-node rendezvous, which is what xl does on one node anyway.
+    p.add_argument("--standalone", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def value_options(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """The option strings of ``parser`` that always take a value (``--gpus 0``)."""
+    return frozenset(
+        flag
+        for action in parser._actions  # argparse keeps no public list of a parser's options
+        if action.nargs is None or (isinstance(action.nargs, int) and action.nargs > 0)
+        for flag in action.option_strings
+    )
+
+
+def split_argv(
+    argv: Sequence[str], value_opts: frozenset[str]
+) -> tuple[list[str], str | None, str | None, list[str]]:
+    """(xl options, script, module, script args): xl's options stop at the script or -m MODULE.
+
+    ``value_opts``: the options that take a value (value_options of the command's parser), whose
+    value is never mistaken for the script."""
+    opts: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            rest = list(argv[i + 1 :])
+            if not rest:
+                raise UsageError("nothing to run after '--'; give a training script")
+            return opts, rest[0], None, rest[1:]
+        if tok in ("-m", "--module"):
+            if i + 1 >= len(argv):
+                raise UsageError("-m needs a module name (e.g. -m pkg.train)")
+            return opts, None, argv[i + 1], list(argv[i + 2 :])
+        if tok.startswith("-") and tok != "-":
+            opts.append(tok)
+            name = tok.split("=", 1)[0]
+            if "=" not in tok and i + 1 < len(argv):
+                nxt = argv[i + 1]
+                if name in value_opts or (name == "--accelerate-config" and nxt.endswith(_CONFIG_SUFFIXES)):
+                    opts.append(nxt)
+                    i += 1
+            i += 1
+            continue
+        return opts, tok, None, list(argv[i + 1 :])
+    return opts, None, None, []
+
+
+def spec_from_args(
+    ns: argparse.Namespace, script: str | None, module: str | None, args: list[str], *, read_config: bool = True
+) -> LaunchSpec:
+    """The LaunchSpec the parsed options mean, in this directory.
+
+    ``read_config=False``: the options as written, without the Accelerate config's settings
+    (Slurm passes --accelerate-config on for each node to read its own)."""
+    spec = LaunchSpec(script=script, module=module, args=args, cwd=os.getcwd())
+    if read_config and ns.accelerate_config is not None:
+        path = Path(ns.accelerate_config).expanduser() if ns.accelerate_config else default_path()
+        acc = read_settings(path)
+        # The config fills in; flags given beside it win.
+        spec.gpus, spec.nproc, spec.mixed_precision = acc.gpus, acc.nproc, acc.mixed_precision
+        spec.nnodes = acc.nnodes or 1
+        spec.node_rank = acc.node_rank or 0
+        spec.rdzv = acc.rdzv
+    given = {k: getattr(ns, k) for k in ("gpus", "nproc", "nnodes", "node_rank", "rdzv", "mixed_precision")}
+    spec = replace(spec, **{k: v for k, v in given.items() if v is not None})
+    if spec.mixed_precision == "False":  # YAML 1.1 reads an unquoted `no` as false
+        spec.mixed_precision = "no"
+    if ns.standalone and (spec.nnodes != 1 or spec.rdzv is not None):
+        raise UsageError("--standalone is a one-node run; drop it, or --nnodes and --rdzv")
+    spec.env = parse_env_pairs(ns.env)
+    spec.name = ns.name
+    return spec
+
+
+def spec_from_argv(argv: Sequence[str]) -> LaunchSpec:
+    """What `xl launch ARGV` would run, as a spec (the inverse of spec_to_argv)."""
+    parser = launch_parser()
+    opts, script, module, args = split_argv(argv, value_options(parser))
+    return spec_from_args(parser.parse_args(opts), script, module, args)

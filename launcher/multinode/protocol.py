@@ -1,0 +1,132 @@
+"""What a node frame may carry: node 0 checks every message of another node before it records it.
+
+A node frame is a wire frame whose header names the node instead of a rank
+(``{"v", "token", "node", "host", "pid", "seq"}``); each body line is one JSON object with a
+``type``:
+
+    ranks    {"ranks": [...]}                 its ranks as in its run.json
+    log      {"rank", "data"}                 a rank's output (text; undecodable bytes escaped)
+    event    {"event": {...}}                 a lifecycle event (rank_started, rank_exited, ...)
+    failure  {"failure": {...}, "at": t}      its root cause, and when it happened
+    end      {"status", "failure", "at"}      its run ended
+    rec      {"rank", "line"}                 a metrics.jsonl line it sampled
+
+Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"error":
+"bad_token"}``). The sending side is xl.launcher.multinode.nodelink; the receiving side is the
+collector (xl.launcher.telemetry.collector), which calls check_message on every body line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from xl import wire
+from xl.launcher.rundir.record import is_final
+
+# Events of another node that node 0 records too; the rest (its diagnoses) node 0 makes itself
+# from the metrics it receives.
+FORWARDED_EVENTS = frozenset(
+    {"run_started", "rank_started", "rank_exited", "stop_requested", "run_ended", "exit_barrier"}
+)
+MESSAGE_TYPES = frozenset({"ranks", "log", "event", "failure", "end", "rec"})
+MAX_RANKS = 1 << 16
+MAX_LOG_CHUNK = 16 << 10
+_MAX_TEXT = 64 << 10  # a traceback
+_MAX_FIELD_TEXT = 4096  # any other text of an event, rank or failure
+_CLIPPED = "[...]"
+_MAX_FIELDS = 32
+_RANK_LIMIT = 1 << 20
+
+
+def _check_value(value: Any, max_text: int) -> None:
+    kind = type(value)
+    if kind is float:
+        if not math.isfinite(value):
+            raise wire.FrameError("bad_value")
+    elif kind is str:
+        if len(value) > max_text:
+            raise wire.FrameError("bad_value")
+    elif not (value is None or kind is int or kind is bool):
+        raise wire.FrameError("bad_value")
+
+
+def _check_fields(obj: Any, *, max_text: int = _MAX_FIELD_TEXT, text_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A flat dict of scalars (strings capped), as events, ranks and failures are."""
+    if type(obj) is not dict or len(obj) > _MAX_FIELDS:
+        raise wire.FrameError("bad_node_message")
+    for key, value in obj.items():
+        if type(key) is not str or len(key) > wire.MAX_KEY_LEN:
+            raise wire.FrameError("bad_key")
+        _check_value(value, _MAX_TEXT if key in text_keys else max_text)
+    return obj
+
+
+def _rank(value: Any) -> int:
+    if type(value) is not int or not 0 <= value < _RANK_LIMIT:
+        raise wire.FrameError("bad_rank")
+    return int(value)
+
+
+def _time(value: Any) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise wire.FrameError("bad_time")
+    return float(value)
+
+
+def check_message(obj: Any) -> dict[str, Any]:
+    """Validate one body line of a node frame (already JSON-decoded); FrameError when bad."""
+    if type(obj) is not dict or obj.get("type") not in MESSAGE_TYPES:
+        raise wire.FrameError("bad_node_message")
+    kind = obj["type"]
+    if kind == "log":
+        _rank(obj.get("rank"))
+        data = obj.get("data")
+        if type(data) is not str or len(data) > MAX_LOG_CHUNK:
+            raise wire.FrameError("bad_value")
+    elif kind == "rec":
+        _rank(obj.get("rank"))
+        line = obj.get("line")
+        if type(line) is not str or len(line) > wire.MAX_RECORD:
+            raise wire.FrameError("record_too_large")
+    elif kind == "event":
+        event = _check_fields(obj.get("event"))
+        if event.get("kind") not in FORWARDED_EVENTS:
+            raise wire.FrameError("bad_kind")
+    elif kind == "ranks":
+        ranks = obj.get("ranks")
+        if type(ranks) is not list or len(ranks) > MAX_RANKS:
+            raise wire.FrameError("bad_node_message")
+        for info in ranks:
+            _rank(_check_fields(info).get("rank"))
+    elif kind == "failure":
+        _check_fields(obj.get("failure"), text_keys=frozenset({"traceback"}))
+        _time(obj.get("at"))
+    else:  # end
+        status = obj.get("status")
+        if type(status) is not str or not is_final(status):  # a list would not even hash
+            raise wire.FrameError("bad_value")
+        if obj.get("failure") is not None:
+            _check_fields(obj["failure"], text_keys=frozenset({"traceback"}))
+        _time(obj.get("at"))
+    return obj
+
+
+def clip_failure(failure: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``failure`` within what node 0 takes (check_message): the head of long texts
+    (message, error), the tail of the traceback (where the exception is)."""
+    out = dict(failure)
+    for key, value in failure.items():
+        if type(value) is not str:
+            continue
+        if key == "traceback":
+            if len(value) > _MAX_TEXT:
+                out[key] = _CLIPPED + value[len(value) - (_MAX_TEXT - len(_CLIPPED)) :]
+        elif len(value) > _MAX_FIELD_TEXT:
+            out[key] = value[: _MAX_FIELD_TEXT - len(_CLIPPED)] + _CLIPPED
+    return out
+
+
+def reply(obj: dict[str, Any]) -> bytes:
+    return wire.encode_frame(json.dumps(obj, separators=(",", ":")).encode())

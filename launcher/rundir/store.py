@@ -1,0 +1,138 @@
+"""The run store: where runs live, their ids, and finding them (`xl runs`, RUN arguments).
+
+Runs live in ``$XL_HOME/runs/<run-id>/``. The store only reads: a run's directory is written by
+its supervisor (and by xl.launcher.control when the supervisor is gone).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xl import paths
+from xl.errors import UsageError
+from xl.launcher import procs
+from xl.launcher.rundir import record
+from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.spec import LaunchSpec
+
+
+@dataclass
+class RunInfo:
+    """One line of `xl runs` (and of its --json array: the keys of ``to_json`` are a contract)."""
+
+    run_id: str
+    run_dir: Path
+    name: str | None
+    status: str
+    target: str
+    started_at: float | None
+    ended_at: float | None
+    world_size: int
+    devices: list[dict[str, Any]]
+    supervisor_alive: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "run_dir": str(self.run_dir),
+            "name": self.name,
+            "status": self.status,
+            "target": self.target,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "world_size": self.world_size,
+            "devices": self.devices,
+            "supervisor_alive": self.supervisor_alive,
+        }
+
+    @classmethod
+    def of(cls, run_dir: Path, rec: RunRecord) -> RunInfo:
+        spec = rec.spec
+        target = spec.get("script") or (f"-m {spec['module']}" if spec.get("module") else "?")
+        return cls(
+            run_id=rec.run_id,
+            run_dir=run_dir,
+            name=rec.name,
+            status=rec.status,
+            target=str(target),
+            started_at=rec.started_at,
+            ended_at=rec.ended_at,
+            world_size=rec.world_size or len(rec.ranks),
+            devices=rec.devices,
+            # Only a running run has a supervisor worth asking about (a PID check per run).
+            supervisor_alive=rec.status == RunStatus.RUNNING and procs.supervisor_alive(rec),
+        )
+
+
+def runs_root(create: bool) -> Path:
+    """``$XL_HOME/runs``; with ``create``, made and proven writable. UsageError (one line, with
+    the fix) when XL_HOME cannot hold runs."""
+    root = paths.runs_dir()
+    home = root.parent
+    if home.exists() and not home.is_dir():
+        raise UsageError(f"{home} is a file, not a folder; set XL_HOME to a writable folder")
+    try:
+        if create:
+            root.mkdir(parents=True, exist_ok=True)
+            probe = root / f".probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        elif root.exists():
+            os.listdir(root)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot use {root} for runs ({exc.strerror}); set XL_HOME to a writable folder"
+        ) from None
+    return root
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")[:32] or "run"
+
+
+def new_run_id(spec: LaunchSpec) -> str:
+    """``<date>-<time>-<name>-<4 hex>``: sorts by start, says what ran, and two launches in
+    one second rarely collide (start_run retries when they do)."""
+    base = spec.name or (Path(spec.script).stem if spec.script else str(spec.module).rsplit(".", 1)[-1])
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(base)}-{secrets.token_hex(2)}"
+
+
+def list_runs() -> list[RunInfo]:
+    """Every run under XL_HOME, oldest first (a folder without a readable run.json is skipped)."""
+    root = runs_root(create=False)
+    if not root.is_dir():
+        return []
+    out = []
+    for entry in os.scandir(root):
+        if entry.is_dir() and not entry.name.startswith("."):
+            run_dir = Path(entry.path)
+            rec = record.load(run_dir)
+            if rec is not None:
+                out.append(RunInfo.of(run_dir, rec))
+    out.sort(key=lambda r: (r.started_at or 0.0, r.run_id))
+    return out
+
+
+def resolve_run(token: str) -> Path:
+    """A run dir from a run id, a unique prefix of one, or ``last``."""
+    runs = list_runs()
+    if not runs:
+        raise UsageError(f"no runs under {paths.runs_dir()} yet (start one with 'xl launch')")
+    if token == "last":
+        return runs[-1].run_dir
+    exact = [r for r in runs if r.run_id == token]
+    if exact:
+        return exact[0].run_dir
+    matches = [r for r in runs if r.run_id.startswith(token)]
+    if len(matches) == 1:
+        return matches[0].run_dir
+    if not matches:
+        raise UsageError(f"no run matches {token!r} (see 'xl runs')")
+    names = ", ".join(r.run_id for r in matches[:3])
+    raise UsageError(f"{token!r} matches {len(matches)} runs ({names}...); give more of the id")

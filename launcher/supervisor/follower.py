@@ -1,0 +1,72 @@
+"""A node > 0 of a multi-node run: what node 0 tells it over the link.
+
+Node 0 stops the others when the run is stopped or fails anywhere (its failure comes along and
+becomes this node's too), and refuses a node whose XL_TOKEN is not the run's.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+from xl.launcher.multinode import nodelink
+from xl.launcher.multinode.join import TOKEN_VAR, format_address
+from xl.launcher.supervisor.failure import Failure, RootCause
+from xl.launcher.supervisor.journal import Journal
+from xl.launcher.supervisor.ranks import Torchrun
+from xl.launcher.supervisor.stopping import Stopping, StopReason
+
+
+class Follower:
+    def __init__(
+        self,
+        hub: tuple[str, int],
+        link: nodelink.NodeLink,
+        journal: Journal,
+        cause: RootCause,
+        stopping: Stopping,
+        torchrun: Torchrun,
+    ) -> None:
+        self.hub, self.link = hub, link
+        self.journal, self.cause, self.stopping, self.torchrun = journal, cause, stopping, torchrun
+
+    def poll(self) -> None:
+        """Node 0's commands since the last turn."""
+        for cmd in self.link.commands():
+            if cmd.get("refused"):
+                self._token_refused()
+                continue
+            stop = cmd.get("stop")
+            if not isinstance(stop, dict) or self.stopping.state is not None:
+                continue
+            if stop.get("reason") == StopReason.REQUESTED.value:
+                self.journal.emit({"kind": "stop_requested", "message": "node 0 stopped the run"})
+                self.journal.record.update(stop_requested_at=time.time())
+                self.stopping.begin(StopReason.REQUESTED)
+                continue
+            given = stop.get("failure")
+            failure: dict[str, Any] = given if isinstance(given, dict) else {}
+            if self.cause.failure is None:
+                node = failure.get("node_rank")
+                message = f"the run failed on node {node if node is not None else '?'}: {failure.get('message') or 'see node 0'}"
+                self.cause.remote = True
+                self.cause.set(Failure.from_json({**failure, "message": message}), time.time())
+                self.journal.emit({"kind": "failure", "rank": failure.get("rank"), "message": message})
+            self.stopping.begin(StopReason.FAILURE)
+
+    def _token_refused(self) -> None:
+        """Node 0 refused this node's XL_TOKEN: this node can never join the run (its torchrun
+        even waits in a rendezvous of its own: the id comes from the token). End its part at once
+        with one line that says what is wrong and how to fix it. No failure event: the view
+        prints the run's failure as its last line, and once is enough."""
+        message = (
+            f"node 0 ({format_address(*self.hub)}) refused this node's {TOKEN_VAR}: it is not "
+            f"the run's token; on this node, run the exact command node 0's 'xl launch' printed (with its {TOKEN_VAR}=...)"
+        )
+        if self.cause.failure is None:
+            self.cause.remote = True  # nothing goes to node 0 any more
+            self.cause.set(self.cause.local(None, None, None, None, message), time.time())
+        # Its rendezvous would wait for nodes that never come: end it now, not after the grace.
+        self.torchrun.signal(signal.SIGTERM)
+        self.stopping.begin(StopReason.FAILURE)

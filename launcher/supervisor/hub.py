@@ -1,0 +1,341 @@
+"""Node 0 of a multi-node run: its view of the other nodes (xl.launcher.multinode.nodelink).
+
+Node 0's collector listens where every node can reach it and node 0's run dir becomes the run's
+one view. Every other node keeps its own run dir and also sends node 0 its ranks, their output,
+lifecycle events, sampled metrics and its failure; node 0 adds them (``ranks`` of every node,
+``node_rank`` on each), ends its part when another node fails or is lost, tells the others to
+end theirs, and waits for their ends before finishing.
+
+The collector's thread puts what arrives in ``inbox``; the supervisor's loop takes it out each
+turn (``poll``), so the state here is only ever touched by the loop.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from xl.errors import UsageError
+from xl.launcher.multinode.join import TOKEN_VAR, hub_address, listen_host, valid_token
+from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.supervisor.failure import Failure, RootCause
+from xl.launcher.supervisor.journal import Journal, say
+from xl.launcher.supervisor.logsink import LogSink
+from xl.launcher.supervisor.ranks import DONE_STATES, LIVE_STATES, RankPhase
+from xl.launcher.supervisor.stopping import Stopping, StopReason
+
+# A node whose link closed without its end is lost after this long (a supervisor that restarts
+# its connection comes back well within it); one that went silent, after XL_NODE_TIMEOUT
+# seconds. After its own ranks are done node 0 waits for every other node's end: without limit
+# while that node is heard from with ranks running (under c10d global rank 0 may well be there,
+# finishing last), else up to the stop grace plus _NODE_END_WAIT_S.
+_NODE_CLOSED_S = 2.0
+_NODE_TIMEOUT_S = 30.0
+_NODE_END_WAIT_S = 10.0
+# Node 0 records at most this many refused joins (a wrong XL_TOKEN), one per node, host and
+# address: a peer cannot fill events.jsonl with them (collector.json counts every one).
+_MAX_REFUSED_EVENTS = 16
+
+Inbox = queue.SimpleQueue[tuple[int, str, list[dict[str, Any]] | None, float]]
+
+
+def node_timeout() -> float:
+    try:
+        return max(2.0, float(os.environ.get("XL_NODE_TIMEOUT", _NODE_TIMEOUT_S)))
+    except ValueError:
+        return _NODE_TIMEOUT_S
+
+
+def resolve_hub(record: RunRecord, token: str) -> tuple[tuple[str, int] | None, str]:
+    """Node 0's collector address (None: single node, or no view of the others) and the token.
+
+    Every node of a run shares its XL_TOKEN; a node > 0 without a valid one keeps its records
+    here only."""
+    if int(record.get("nnodes") or 1) < 2:
+        return None, token
+    try:
+        hub = hub_address(str((record.get("spec") or {}).get("rdzv") or ""), os.environ)
+    except UsageError as exc:
+        say(f"no view of the other nodes: {exc}")
+        return None, token
+    given = os.environ.get(TOKEN_VAR)
+    if valid_token(given):
+        return hub, str(given)
+    if int(record.get("node_rank") or 0) > 0:
+        say(f"no valid {TOKEN_VAR}: this node's records stay here only")
+        return None, token
+    return hub, token
+
+
+@dataclass
+class RemoteNode:
+    """Node 0's view of another node, from what its link sent."""
+
+    node: int
+    host: str = ""
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    seen: float = 0.0  # monotonic
+    closed_at: float | None = None  # monotonic; its link closed without its end
+    status: str | None = None  # its run ended with this
+    lost: bool = False
+    partial: dict[int, bytes] = field(default_factory=dict)
+    idle_since: float | None = None  # monotonic; when node 0 learnt that none of its ranks runs
+
+    @property
+    def busy(self) -> bool:
+        """Heard from (not lost), its part not ended, and some rank of it starting or running."""
+        return self.status is None and not self.lost and self.idle_since is None
+
+    @property
+    def over(self) -> bool:
+        return self.status is not None or self.lost
+
+
+class Hub:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        nnodes: int,
+        journal: Journal,
+        cause: RootCause,
+        stopping: Stopping,
+        sink: LogSink,
+        on_ranks: Callable[[], None],
+        stop_nodes: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.address = address
+        self.nnodes = nnodes
+        self.journal, self.cause, self.stopping, self.sink = journal, cause, stopping, sink
+        self.on_ranks = on_ranks  # the set of ranks changed (telemetry samples the local ones)
+        self.stop_nodes = stop_nodes  # telemetry's collector tells every node to stop
+        self.nodes: dict[int, RemoteNode] = {}
+        self.inbox: Inbox = queue.SimpleQueue()
+        self.timeout = node_timeout()
+        self.local_done_at: float | None = None
+        self.waited = False  # gave up waiting for some node's end
+        self.told = False  # the other nodes were told to stop
+        self.refused_seen: set[tuple[int, str, str]] = set()
+
+    def collector_hooks(self) -> dict[str, Any]:
+        """Where telemetry's collector listens, and how it hands over what nodes send."""
+        host, port = self.address
+        return {
+            "host": listen_host(host),
+            "port": port,
+            "advertise": host,
+            "on_node": lambda node, name, msgs: self.inbox.put((node, name, msgs, time.time())),
+            "on_node_closed": lambda node: self.inbox.put((node, "", None, time.time())),
+        }
+
+    def remote_ranks(self) -> list[dict[str, Any]]:
+        return [r for node in self.nodes.values() for r in node.ranks]
+
+    # ---------------------------------------------------------------- what came in
+    def poll(self) -> None:
+        """What the other nodes' links sent since the last turn (the collector thread queues it)."""
+        while True:
+            try:
+                node, host, msgs, when = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if msgs and msgs[0].get("type") == "refused":
+                self._refused(node, host, msgs[0])  # not a node of this run: no RemoteNode
+                continue
+            remote = self.nodes.get(node)
+            if remote is None:
+                # Until its ranks are known, a node that is heard from counts as busy.
+                remote = self.nodes[node] = RemoteNode(node, seen=time.monotonic())
+            if msgs is None:  # its link closed
+                if not remote.over:
+                    remote.closed_at = time.monotonic() - max(0.0, time.time() - when)
+                continue
+            remote.host = host or remote.host
+            remote.seen, remote.closed_at = time.monotonic(), None
+            for msg in msgs:
+                try:
+                    self._message(remote, msg)
+                except (KeyError, TypeError, ValueError) as exc:  # checked by the collector; belt and braces
+                    say(f"node {node} sent {msg.get('type')!r} xl cannot use: {exc!r}")
+
+    def _refused(self, node: int, host: str, refused: dict[str, Any]) -> None:
+        """A node with a wrong XL_TOKEN tried to join: say so; the run waits on for the right one."""
+        peer = str(refused.get("peer") or "")
+        key = (node, host, peer)
+        if key in self.refused_seen or len(self.refused_seen) >= _MAX_REFUSED_EVENTS:
+            return
+        self.refused_seen.add(key)
+        where = f"host {host or '?'}" + (f", from {peer}" if peer else "")
+        self.journal.emit({
+            "kind": "node_refused",
+            "node": host,
+            "node_rank": node,
+            "peer": peer,
+            "message": f"a node {node} ({where}) tried to join with a wrong {TOKEN_VAR} and was refused; "
+            "waiting on for this run's nodes: start them with the exact command this node printed",
+        })
+
+    def _message(self, remote: RemoteNode, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == "log":
+            rank = int(msg["rank"])
+            data = str(msg["data"]).encode("utf-8", "surrogateescape")
+            remote.partial[rank] = self.sink.append(rank, data, remote.partial.get(rank, b""))
+        elif kind == "ranks":
+            remote.ranks = [
+                {**info, "node": info.get("node") or remote.host, "node_rank": remote.node} for info in msg["ranks"]
+            ]
+            if any(r.get("state") in LIVE_STATES for r in remote.ranks):
+                remote.idle_since = None
+            elif remote.idle_since is None:
+                remote.idle_since = time.monotonic()
+            self.journal.changed()
+            self.on_ranks()
+        elif kind == "event":
+            event = dict(msg["event"])
+            # The run's own run_started/run_ended are node 0's; another node's are its part's.
+            event["kind"] = {"run_started": "node_started", "run_ended": "node_ended"}.get(event["kind"], event["kind"])
+            event.update(node=remote.host, node_rank=remote.node)
+            event["message"] = f"node {remote.node}: {event.get('message') or event['kind']}"
+            self.journal.emit(event)
+            if event["kind"] == "stop_requested" and self.stopping.state is None:
+                # Someone stopped that node: its collectives are gone, so is the run.
+                self.journal.record.update(stop_requested_at=time.time())
+                self.stopping.begin(StopReason.REQUESTED)
+        elif kind == "failure":
+            self._failure(remote, msg["failure"], float(msg["at"]))
+        elif kind == "end":
+            remote.status = str(msg["status"])
+            if msg.get("failure") and remote.status == RunStatus.FAILED.value:
+                self._failure(remote, msg["failure"], float(msg["at"]))
+            self.journal.changed()
+
+    def _failure(self, remote: RemoteNode, failure: dict[str, Any], at: float) -> None:
+        """Another node's root cause becomes the run's when it came first."""
+        if failure.get("node_rank", remote.node) != remote.node:
+            return  # a failure node 0 told it about, coming back
+        if self.stopping.requested:
+            return
+        where = f"node {remote.node} ({failure.get('node') or remote.host})"
+        message = f"{where}: {failure.get('message') or 'failed'}"
+        current = self.cause.failure
+        if current is not None and current.node_rank == remote.node and current.rank is not None:
+            # That node's root cause already, completed by its last word (e.g. the signal that
+            # killed the rank, read from its torchrun's summary at its end).
+            for key in ("rank", "exit_code", "traceback", "error"):
+                if failure.get(key) is not None:
+                    setattr(current, key, failure[key])
+            current.message = message
+            self.journal.changed()
+            return
+        if current is not None and (self.cause.at is None or at >= self.cause.at):
+            return
+        adopted = Failure(
+            rank=failure.get("rank"),
+            exit_code=failure.get("exit_code"),
+            traceback=failure.get("traceback"),
+            error=failure.get("error"),
+            message=message,
+            node=failure.get("node") or remote.host,
+            node_rank=remote.node,
+        )
+        self.cause.set(adopted, at)
+        self.journal.emit({
+            "kind": "failure",
+            "rank": adopted.rank,
+            "exit_code": adopted.exit_code,
+            "node": adopted.node,
+            "node_rank": remote.node,
+            "message": adopted.message,
+        })
+        self.stopping.begin(StopReason.FAILURE)
+
+    # ---------------------------------------------------------------- each turn
+    def check_nodes(self) -> None:
+        """A node whose link closed without its end, or that went silent, is lost: the run is over."""
+        now = time.monotonic()
+        for remote in self.nodes.values():
+            if remote.over:
+                continue
+            closed = remote.closed_at is not None and now - remote.closed_at > _NODE_CLOSED_S
+            if not closed and now - remote.seen <= self.timeout:
+                continue
+            remote.lost = True
+            since = remote.closed_at if remote.closed_at is not None else remote.seen
+            running = [int(r["rank"]) for r in remote.ranks if r.get("state") in LIVE_STATES]
+            how = "its supervisor's connection closed" if closed else f"nothing came from it for {self.timeout:g}s"
+            ranks = f" with rank(s) {', '.join(map(str, running))} running" if running else ""
+            message = f"node {remote.node} ({remote.host or '?'}) was lost{ranks}: {how} (killed, or its machine went down)"
+            self.journal.emit({"kind": "node_lost", "node": remote.host, "node_rank": remote.node, "message": message})
+            failure = {
+                "rank": None,
+                "exit_code": None,
+                "traceback": None,
+                "error": None,
+                "message": message,
+                "node": remote.host,
+                "node_rank": remote.node,
+            }
+            self._failure(remote, failure, time.time() - (now - since))
+            self.journal.changed()
+
+    def busy(self) -> bool:
+        """Another node is heard from and still has ranks running."""
+        return any(remote.busy for remote in self.nodes.values())
+
+    def pending(self) -> bool:
+        """Node 0, its own ranks done: True while it still waits for another node's end.
+
+        A node that is heard from (its heartbeat: check_nodes declares it lost once that
+        stops) and has ranks running is waited for as long as that lasts, unless the run is
+        being stopped (it was told to stop too: its own grace ends its ranks); a node whose ranks
+        are done, or that was never heard from, for the stop grace plus _NODE_END_WAIT_S since
+        node 0 knew (its end follows its ranks' within its own exit barrier's grace)."""
+        if self.waited:
+            return False
+        now = time.monotonic()
+        if self.local_done_at is None:
+            self.local_done_at = now
+        waiting = [n for n in range(1, self.nnodes) if not ((r := self.nodes.get(n)) is not None and r.over)]
+        if not waiting:
+            return False
+        limit = self.stopping.grace + _NODE_END_WAIT_S
+        for n in waiting:
+            remote = self.nodes.get(n)
+            if remote is not None and remote.busy and self.stopping.state is None:
+                return True
+            since = max(self.local_done_at, remote.idle_since or 0.0) if remote is not None else self.local_done_at
+            if now - since < limit:
+                return True
+        self.waited = True
+        names = ", ".join(map(str, waiting))
+        self.journal.emit({
+            "kind": "nodes_unfinished",
+            "message": f"node(s) {names} had not reported the end of their part {limit:g}s after their ranks "
+            "were done (or without a word from them); their own run dirs have the rest",
+        })
+        return False
+
+    def tell_nodes(self) -> None:
+        """Collectives of the other nodes may wait for this node's ranks for many minutes: end
+        them, when the stop was asked for or the run failed. A stray process left after a clean
+        finish is no reason to fail the other nodes."""
+        stop = self.stopping.state
+        if self.told or stop is None:
+            return
+        if stop.reason is not StopReason.REQUESTED and self.cause.failure is None:
+            return
+        self.told = True
+        why = StopReason.REQUESTED.value if stop.reason is StopReason.REQUESTED else StopReason.FAILURE.value
+        # A copy: the collector thread serializes it while _failure may complete ours.
+        self.stop_nodes({"reason": why, "failure": self.cause.to_json()})
+
+    def settle(self) -> None:
+        """At the end: the running ranks of a lost node failed with it."""
+        for node in self.nodes.values():
+            for info in node.ranks:
+                if node.lost and info.get("state") not in DONE_STATES:
+                    info["state"] = RankPhase.FAILED.value

@@ -1,0 +1,364 @@
+"""This node's ranks: which process is which rank, how each one ended, and reaping.
+
+A rank tells the supervisor who it is twice: the hello on the log socket (rank and pid) and its
+record ``ranks/rank-<r>.json`` (written by the entry point: pid, local_rank, started_at, and at the
+end exit_code, traceback, error). A rank killed by a signal writes no end: it is found gone by
+its pid, or reaped here when torchrun died first and it was orphaned to this subreaper.
+
+``Ranks`` only keeps the table; what a start or an end means for the run (events, the root
+cause, the stop) is the supervisor's, told through ``on_started`` / ``on_ended``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from xl.launcher import procs
+from xl.launcher.rundir.record import RunRecord
+from xl.proc import read_environ
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NAME = 15
+RECORDS_DIR = "ranks"
+
+
+class RankPhase(str, Enum):
+    """A rank's ``state`` in run.json."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    EXITED = "exited"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def done(self) -> bool:
+        return self in (RankPhase.EXITED, RankPhase.FAILED, RankPhase.STOPPED)
+
+
+DONE_STATES = frozenset(p.value for p in RankPhase if p.done)
+LIVE_STATES = frozenset({RankPhase.STARTING.value, RankPhase.RUNNING.value})
+
+
+def signal_name(code: int) -> str:
+    """The signal a negative exit code stands for (``SIGKILL`` for -9)."""
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def describe_exit(rank: int, code: int | None) -> str:
+    if code is None:
+        return f"rank {rank} ended (exit code unknown)"
+    if code < 0:
+        return f"rank {rank} was killed by {signal_name(code)}"
+    return f"rank {rank} exited with code {code}"
+
+
+@dataclass
+class RankState:
+    rank: int
+    local_rank: int
+    node: str
+    gpu: int | None
+    gpu_uuid: str | None
+    node_rank: int = 0
+    pid: int | None = None
+    state: RankPhase = RankPhase.STARTING
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    traceback: str | None = None
+    error: str | None = None
+    record_mtime: float = 0.0
+    alive_at: float | None = None  # the last time it was seen running
+    vanished: bool = False  # ended without an exit record (killed)
+    signalled: int | None = None  # the last signal xl sent it
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "node": self.node,
+            "node_rank": self.node_rank,
+            "pid": self.pid,
+            "gpu": self.gpu,
+            "gpu_uuid": self.gpu_uuid,
+            "state": self.state.value,
+            "exit_code": self.exit_code,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+        }
+
+    @property
+    def done(self) -> bool:
+        return self.state.done
+
+    @property
+    def gone(self) -> bool:
+        """Ended and no process of it left (a rank may report its end and hang in teardown)."""
+        return self.done and (self.pid is None or not procs.alive(self.pid))
+
+    def end(self, code: int | None, when: float | None, stopped: bool) -> None:
+        """Its outcome: exited on 0, else stopped when xl's stop explains it, else failed."""
+        self.exit_code = code
+        self.ended_at = when or time.time()
+        if code == 0:
+            self.state = RankPhase.EXITED
+        elif stopped:
+            self.state = RankPhase.STOPPED
+        else:
+            self.state = RankPhase.FAILED
+
+    def signal(self, sig: int) -> None:
+        # A rank that reported its exit may still hang in teardown (e.g. a stuck NCCL
+        # destructor): it is signalled too; only its recorded outcome stays as it was.
+        if self.pid is None or not procs.alive(self.pid):
+            return
+        if not self.done:
+            self.signalled = int(sig)
+        procs.signal_rank(self.pid, sig)
+
+
+@dataclass
+class Torchrun:
+    """torchrun, the supervisor's child: its process and, once reaped, its exit code."""
+
+    proc: subprocess.Popen[bytes] | None = None
+    code: int | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.code is None
+
+    def signal(self, sig: int) -> None:
+        """Signal it while it runs (after its end the pid may be another process's)."""
+        if self.proc is not None and self.code is None:
+            procs.signal_pid(self.proc.pid, sig)
+
+
+def become_subreaper() -> None:
+    """Orphaned ranks (torchrun killed) become this process's children; and name it in ps."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        # Forked from `xl launch`, it would show up as another `xl launch` in top/ps -e.
+        libc.prctl(_PR_SET_NAME, b"xl-supervisor", 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: orphans go to init; they are still found by XL_RUN_ID
+
+
+class Ranks:
+    """The table of this node's ranks, kept from their hellos, records, pids and exit statuses."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        record: RunRecord,
+        on_started: Callable[[RankState], None],
+        on_ended: Callable[[RankState, int | None, float | None], None],
+        on_changed: Callable[[], None],
+    ) -> None:
+        self.run_dir = run_dir
+        self.record = record
+        self.on_started, self.on_ended, self.on_changed = on_started, on_ended, on_changed
+        self.by_rank: dict[int, RankState] = {}
+        self.by_pid: dict[int, int] = {}
+        self.reparented: dict[int, int] = {}  # pid -> exit code of a rank this process reaped
+        self.multi_node = int(record.get("nnodes") or 1) >= 2
+        nproc = int(record.get("nproc_per_node"))
+        node_rank = int(record.get("node_rank") or 0)
+        devices = record.get("devices") or []
+        host = str(record.get("host") or socket.gethostname())
+        for local in range(nproc):
+            rank = node_rank * nproc + local
+            dev = devices[local] if local < len(devices) else None
+            self.by_rank[rank] = RankState(
+                rank=rank,
+                local_rank=local,
+                node=host,
+                gpu=dev["index"] if dev else None,
+                gpu_uuid=dev["uuid"] if dev else None,
+                node_rank=node_rank,
+            )
+
+    def __iter__(self) -> Iterator[RankState]:
+        return iter(self.by_rank.values())
+
+    def __len__(self) -> int:
+        return len(self.by_rank)
+
+    def get(self, rank: int) -> RankState | None:
+        return self.by_rank.get(rank)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [r.to_json() for r in sorted(self.by_rank.values(), key=lambda r: r.rank)]
+
+    def known_pids(self) -> set[int]:
+        return {st.pid for st in self if st.pid}
+
+    def gone(self) -> bool:
+        return all(st.gone for st in self)
+
+    # ---------------------------------------------------------------- who is who
+    def hello(self, rank: int, pid: int) -> None:
+        """A rank's first word on the log socket."""
+        self.slot(rank, pid)
+        self.learn_pid(rank, pid)
+
+    def slot(self, rank: int, pid: int, local_rank: int | None = None) -> RankState | None:
+        """The RankState of global ``rank``, from the first word of that rank.
+
+        Ranks start as guesses, node_rank * nproc + local_rank, often wrong: under c10d torch
+        numbers nodes in the order they join (GROUP_RANK, not xl's node_rank) and ranks node after
+        node, so arrival order and nodes with different GPU counts shift them. A rank's LOCAL_RANK (its record, else its environment)
+        names its slot, which then takes the rank torch gave it; WORLD_SIZE fixes world_size."""
+        st = self.by_rank.get(rank)
+        if not self.multi_node or (st is not None and st.pid is not None):
+            return st
+        env = read_environ(pid, ("LOCAL_RANK", "WORLD_SIZE")) if pid > 0 else {}
+        if local_rank is None and env.get("LOCAL_RANK", "").isdigit():
+            local_rank = int(env["LOCAL_RANK"])
+        if env.get("WORLD_SIZE", "").isdigit() and int(env["WORLD_SIZE"]) != self.record.get("world_size"):
+            self.record.update(world_size=int(env["WORLD_SIZE"]))
+            self.on_changed()
+        mine = next((s for s in self if s.local_rank == local_rank), None)
+        if mine is None:
+            return st  # LOCAL_RANK unknown: keep the guess
+        if mine.rank == rank:
+            return mine
+        if mine.pid is not None:
+            return None  # that slot already belongs to another rank
+        # Swap keys with whatever guess held ``rank``; that one is fixed when its own rank reports.
+        other = self.by_rank.pop(rank, None)
+        del self.by_rank[mine.rank]
+        if other is not None:
+            other.rank = mine.rank
+            self.by_rank[other.rank] = other
+        mine.rank = rank
+        self.by_rank[rank] = mine
+        self.on_changed()
+        return mine
+
+    def learn_pid(self, rank: int, pid: int) -> None:
+        st = self.by_rank.get(rank)
+        if st is None or pid <= 0 or st.pid == pid:
+            return
+        st.pid = pid
+        self.by_pid[pid] = rank
+        if st.state is RankPhase.STARTING:
+            st.state = RankPhase.RUNNING
+            st.started_at = st.started_at or time.time()
+            self.on_started(st)
+
+    # ---------------------------------------------------------------- how they end
+    def scan_records(self) -> None:
+        """Read the rank records that changed since the last look."""
+        folder = self.run_dir / RECORDS_DIR
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return
+        for name in names:
+            if not (name.startswith("rank-") and name.endswith(".json")):
+                continue
+            path = folder / name
+            try:
+                mtime = path.stat().st_mtime
+                rank = int(name[5:-5])
+            except (OSError, ValueError):
+                continue
+            st = self.by_rank.get(rank)
+            if st is not None and mtime == st.record_mtime:
+                continue
+            try:
+                rec = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            local = rec.get("local_rank")
+            st = self.slot(rank, int(rec.get("pid") or 0), local if isinstance(local, int) else None)
+            if st is None:
+                continue
+            st.record_mtime = mtime
+            if rec.get("pid"):
+                self.learn_pid(rank, int(rec["pid"]))
+            st.started_at = rec.get("started_at") or st.started_at
+            if "exit_code" in rec and not st.done:
+                st.traceback = rec.get("traceback")
+                st.error = rec.get("error")
+                self.on_ended(st, int(rec["exit_code"]), rec.get("ended_at"))
+
+    def check_alive(self) -> None:
+        """Ranks gone without an exit record: killed by a signal (or os._exit)."""
+        for st in self:
+            if st.pid is None or st.done:
+                continue
+            if st.pid in self.reparented:
+                self.on_ended(st, self.reparented.pop(st.pid), None)
+                continue
+            if procs.alive(st.pid):
+                st.alive_at = time.time()
+                continue
+            self.scan_records()
+            if not st.done:
+                st.vanished = True
+                self.on_ended(st, -st.signalled if st.signalled is not None else None, None)
+
+    def reap(self, torchrun: Torchrun) -> bool:
+        """Collect ended children; True when torchrun was one of them.
+
+        waitpid(-1): torchrun, and ranks orphaned to this subreaper. Nothing else in the
+        supervisor (telemetry included) may start child processes: they would be reaped here."""
+        torchrun_ended = False
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return torchrun_ended
+            except OSError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                return torchrun_ended
+            if pid == 0:
+                return torchrun_ended
+            code = os.waitstatus_to_exitcode(status)
+            if torchrun.proc is not None and pid == torchrun.proc.pid:
+                torchrun.code = torchrun.proc.returncode = code
+                torchrun_ended = True
+            elif pid in self.by_pid:
+                self.reparented[pid] = code
+
+    def all_done(self, torchrun_code: int | None, stopping: bool) -> bool:
+        """Every rank ended; one torchrun never started (it is gone) counts as failed or stopped."""
+        for st in self:
+            if st.done:
+                continue
+            if st.pid is None:
+                # Never started (torchrun failed before spawning it): nothing to wait for.
+                if torchrun_code is not None:
+                    st.state = RankPhase.STOPPED if stopping else RankPhase.FAILED
+                    continue
+                return False
+            if procs.alive(st.pid):
+                return False
+        return True
+
+    def settle(self, stopped: bool) -> None:
+        """At the end: a rank still without an outcome was stopped, or failed with the run."""
+        for st in self:
+            if not st.done:
+                st.state = RankPhase.STOPPED if stopped else RankPhase.FAILED
+

@@ -1,0 +1,188 @@
+"""Stopping a run: why it stops, the grace between SIGTERM and SIGKILL, and the signals that ask.
+
+A stop is a value (``Stop``: its reason, when it began, whether the grace ran out); ``Stopping``
+moves it on: SIGTERM to every rank at once (and to processes of the run that never reported,
+found by XL_RUN_ID in their environment), SIGKILL to whatever is left after the grace.
+``xl stop`` and Ctrl-C reach the supervisor as SIGTERM / SIGINT (``StopSignals``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from xl.launcher import procs
+from xl.launcher.supervisor.ranks import Ranks, RankState, Torchrun
+
+DEFAULT_GRACE_S = 10.0
+
+
+def grace_from_env() -> float:
+    """Seconds between SIGTERM and SIGKILL when a run stops (``XL_STOP_GRACE``, default 10)."""
+    try:
+        return max(0.0, float(os.environ.get("XL_STOP_GRACE", DEFAULT_GRACE_S)))
+    except ValueError:
+        return DEFAULT_GRACE_S
+
+
+class StopReason(str, Enum):
+    REQUESTED = "requested"  # xl stop, Ctrl-C, or another node stopped
+    FAILURE = "failure"  # a rank (here or on another node) failed first
+    TORCHRUN_DIED = "torchrun_died"  # torchrun ended with ranks running, or left processes
+
+
+@dataclass
+class Stop:
+    reason: StopReason
+    since: float  # monotonic
+    killed: bool = False  # the grace ran out: SIGKILL was sent
+    extra: list[int] = field(default_factory=list)  # processes of the run that never reported
+
+    def explains(self, code: int | None) -> bool:
+        """A rank ending with ``code`` during this stop was stopped: by its signal, without a
+        code xl could read (torchrun reaped it), or, on a requested stop, by losing a peer
+        that was stopped first."""
+        return code is None or code < 0 or self.reason is StopReason.REQUESTED
+
+
+class StopSignals:
+    """SIGTERM / SIGINT ask for a stop (``requested`` names the signal); SIGHUP is ignored;
+    every signal wakes the loop's select through a pipe."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self.wake_fd = -1
+
+    def install(self, sel: selectors.BaseSelector) -> None:
+        rfd, wfd = os.pipe()
+        os.set_blocking(rfd, False)
+        os.set_blocking(wfd, False)
+        signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        sel.register(rfd, selectors.EVENT_READ, self.drain)
+        self.wake_fd = rfd
+
+        def on_stop(signum: int, _frame: Any) -> None:
+            self.requested = signal.Signals(signum).name
+
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the loop
+
+    def drain(self) -> None:
+        with contextlib.suppress(OSError):
+            os.read(self.wake_fd, 512)
+
+
+class Stopping:
+    """The run's stop, from its first SIGTERM to the last SIGKILL; also ends a torchrun stuck
+    at the multi-node exit barrier after its ranks are done."""
+
+    def __init__(self, run_id: str, grace: float, ranks: Ranks, torchrun: Torchrun, on_changed: Callable[[], None]) -> None:
+        self.run_id = run_id
+        self.grace = grace
+        self.ranks = ranks
+        self.torchrun = torchrun
+        self.on_changed = on_changed
+        # Node 0 of several: tells the other nodes on every begin (see Hub.tell_nodes).
+        self.tell_nodes: Callable[[], None] = lambda: None
+        self.state: Stop | None = None
+        self.barrier_since: float | None = None  # multi-node: when torchrun outlived its ranks
+        self.barrier_ended = False  # xl ended torchrun stuck at its exit barrier
+
+    @property
+    def requested(self) -> bool:
+        return self.state is not None and self.state.reason is StopReason.REQUESTED
+
+    def begin(self, reason: StopReason) -> None:
+        if self.state is not None:
+            self.tell_nodes()  # a failure found while stopping for no reason to tell
+            return
+        self.on_changed()
+        self.state = Stop(reason=reason, since=time.monotonic())
+        if reason is StopReason.REQUESTED:
+            self.torchrun.signal(signal.SIGTERM)
+        for st in self.ranks:
+            st.signal(signal.SIGTERM)
+        # Ranks that never reported (e.g. still importing) are found by their environment.
+        self.state.extra = procs.find_run_pids(self.run_id, exclude=self._known_pids())
+        for pid in self.state.extra:
+            procs.signal_rank(pid, signal.SIGTERM)
+        self.tell_nodes()
+
+    def catch_up(self, st: RankState) -> None:
+        """A rank that started while everything is being stopped gets the same treatment."""
+        if self.state is not None:
+            st.signal(signal.SIGKILL if self.state.killed else signal.SIGTERM)
+
+    def advance(self) -> None:
+        """SIGKILL for everything left once the grace has passed."""
+        if self.state is None or self.state.killed:
+            return
+        if time.monotonic() - self.state.since < self.grace:
+            return
+        self.state.killed = True
+        for st in self.ranks:
+            st.signal(signal.SIGKILL)
+        procs.kill_all(self.state.extra + procs.find_run_pids(self.run_id, exclude=self._known_pids()))
+        self.torchrun.signal(signal.SIGKILL)
+
+    def leftovers(self, signalled: bool) -> bool:
+        """Kill any process still carrying this run's id; True while some remain."""
+        pids = procs.find_run_pids(self.run_id)
+        if not pids:
+            return False
+        if self.state is None:
+            self.begin(StopReason.REQUESTED if signalled else StopReason.TORCHRUN_DIED)
+            return True
+        if self.state.killed:
+            procs.kill_all(pids)
+        return True
+
+    def end_exit_barrier(self, nodes_busy: bool, emit: Callable[[dict[str, Any]], None]) -> None:
+        """Multi-node: a torchrun whose ranks have all ended waits at its exit barrier for every
+        other node's torchrun (up to 300 s), and the torchrun of a node that failed never comes.
+        This node's ranks are done, so its run is over: after the grace, end torchrun; the
+        ranks' exit codes decide the status. Nothing of the other nodes needs it any more (their
+        torchrun just logs that its own exit barrier failed, or that the c10d store it used is gone).
+
+        Node 0's torchrun serves the c10d store: ending it while another node's ranks work on
+        (they may finish well after these, e.g. saving a checkpoint) has that node's torchrun
+        lose its store and kill them. Its barrier is ended only once no node is busy
+        (``nodes_busy``)."""
+        if not self.ranks.multi_node or self.state is not None or self.torchrun.proc is None:
+            return
+        if self.torchrun.code is not None or not self.ranks.gone() or nodes_busy:
+            self.barrier_since = None
+            return
+        now = time.monotonic()
+        if self.barrier_since is None:
+            self.barrier_since = now
+            return
+        # Not less than 2 s: on success the other nodes arrive within torchrun's monitor tick.
+        wait = max(self.grace, 2.0)
+        if not self.barrier_ended and now - self.barrier_since >= wait:
+            self.barrier_ended = True
+            emit({
+                "kind": "exit_barrier",
+                "message": f"this node's ranks are done but torchrun still waited for the other nodes after {wait:g}s "
+                "(one failed or was stopped?); ending it",
+            })
+            self.torchrun.signal(signal.SIGTERM)
+        elif self.barrier_ended and now - self.barrier_since >= wait + 1.0:
+            # Its SIGTERM handler only runs once the store call it blocks in returns; it has
+            # no rank left to tear down, so SIGKILL loses nothing.
+            self.torchrun.signal(signal.SIGKILL)
+
+    def _known_pids(self) -> set[int]:
+        pids = self.ranks.known_pids()
+        if self.torchrun.proc is not None:
+            pids.add(self.torchrun.proc.pid)
+        return pids

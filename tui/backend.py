@@ -1,0 +1,134 @@
+"""The app's one door to the domain: GPUs, the doctor, the launcher and the run directories.
+
+Screens never import xl.gpu, xl.doctor or xl.launcher; they ask the app's ``Backend``. The app is
+built with ``LocalBackend`` (this machine) by ``xl.tui.app.build_app``; tests hand it a fake, as
+harlequin's app knows its database only through an adapter. Every method may block (NVML, files,
+subprocesses), so screens call them from thread workers, never on the event loop.
+
+This module is Textual-free: the domain's modules load inside the methods, the first time each is
+used, so the app starts fast and each screen pays only for what it shows.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from xl.doctor.report import Report
+    from xl.gpu.nvml import Inventory
+    from xl.launcher.control import RunHandle
+    from xl.launcher.plan import Plan
+    from xl.launcher.rundir.reader import RunReader
+    from xl.launcher.rundir.store import RunInfo
+    from xl.launcher.spec import LaunchSpec
+
+
+class Backend(Protocol):
+    """What the app needs from the domain, and nothing more."""
+
+    def inventory(self) -> Inventory:
+        """This machine's GPUs now, with their processes (never raises for NVML's failures: the
+        inventory says what went wrong)."""
+        ...
+
+    def doctor_report(self) -> Report:
+        """Every doctor check, run now (seconds: it probes the toolkit and torch)."""
+        ...
+
+    def plan(self, spec: LaunchSpec) -> Plan:
+        """What ``xl launch`` would run for ``spec`` on the GPUs last seen; UsageError when the
+        spec cannot run here."""
+        ...
+
+    def start(self, spec: LaunchSpec) -> tuple[RunHandle, str | None]:
+        """Start ``spec``'s run: its handle, and what the person must still do (node 0's command
+        for the other nodes of a multi-node run) or None."""
+        ...
+
+    def runs(self) -> list[RunInfo]:
+        """Every run in the run store."""
+        ...
+
+    def resolve(self, run: str) -> Path:
+        """The run directory of a run id, a unique prefix of one, or a path."""
+        ...
+
+    def reader(self, run_dir: Path) -> RunReader:
+        """A reader of ``run_dir`` that follows it incrementally (one per Monitor)."""
+        ...
+
+    def run_status(self, run_dir: Path) -> str | None:
+        """The status run.json holds now (None while it cannot be read)."""
+        ...
+
+    def stop(self, run_dir: Path) -> None:
+        """Stop the run: SIGTERM to every rank, SIGKILL after the grace period."""
+        ...
+
+
+class LocalBackend:
+    """The real backend: this machine's NVML, doctor, launcher and run store."""
+
+    def __init__(self) -> None:
+        # The latest inventory read (the GPUs screen polls every second): Launch validates its
+        # form against what the person sees, without an NVML sweep per key pressed.
+        self._inventory: Inventory | None = None
+
+    def inventory(self) -> Inventory:
+        from xl.gpu.nvml import inventory  # noqa: PLC0415 - NVML loads only once GPUs are asked for
+
+        self._inventory = inventory(processes=True)
+        return self._inventory
+
+    def doctor_report(self) -> Report:
+        from xl.doctor.run import run_doctor  # noqa: PLC0415 - the doctor's checks load only for its screen
+
+        return run_doctor()
+
+    def plan(self, spec: LaunchSpec) -> Plan:
+        from xl.launcher.plan import build_plan  # noqa: PLC0415 - the launcher loads only for the Launch screen
+
+        return build_plan(spec, self._inventory if self._inventory is not None else self.inventory())
+
+    def start(self, spec: LaunchSpec) -> tuple[RunHandle, str | None]:
+        """Node 0 of a multi-node run gets the run's token made here and handed to its supervisor
+        through the environment (never a command line, never run.json)."""
+        from xl.launcher.control import start_run  # noqa: PLC0415 - the launcher loads only once a run starts
+
+        if spec.nnodes < 2:
+            return start_run(spec), None
+        from xl.launcher.multinode.join import prepare_launch  # noqa: PLC0415 - multi-node runs only
+
+        # The token goes to this run's supervisor only, never into the app's own environment
+        # (its later runs, the doctor's probes).
+        env = dict(os.environ)
+        join = prepare_launch(spec, env)
+        return start_run(spec, env=env), join.strip() if join else None
+
+    def runs(self) -> list[RunInfo]:
+        from xl.launcher.rundir.store import list_runs  # noqa: PLC0415 - the launcher loads only for the Runs screen
+
+        return list_runs()
+
+    def resolve(self, run: str) -> Path:
+        from xl.launcher.rundir.store import resolve_run  # noqa: PLC0415 - the launcher loads only for the Runs screen
+
+        return resolve_run(run)
+
+    def reader(self, run_dir: Path) -> RunReader:
+        from xl.launcher.rundir.reader import RunReader  # noqa: PLC0415 - loads only for the Monitor
+
+        return RunReader(run_dir)
+
+    def run_status(self, run_dir: Path) -> str | None:
+        from xl.launcher.rundir.record import read_json  # noqa: PLC0415 - read once, as the app exits
+
+        status = read_json(run_dir).get("status")
+        return str(status) if status is not None else None
+
+    def stop(self, run_dir: Path) -> None:
+        from xl.launcher.control import stop_run  # noqa: PLC0415 - the launcher loads only once a run is stopped
+
+        stop_run(run_dir)

@@ -1,0 +1,110 @@
+"""What a rank's row in the Monitor's table shows: its values, its cells, and their segments.
+
+Pure functions of a rank's data and the row's styles, so the widget (rank_table.py) only decides
+which rows to draw and when; a value that recurs (a state, a meter, "0s ago") is drawn once and
+then comes from the widget's cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rich.cells import cell_len, set_cell_size
+from rich.console import Console
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+
+from xl.tui import fmt
+from xl.tui.widgets.text_lines import text_segments
+
+PADDING = 1  # blank columns either side of each cell
+
+
+def rank_values(rv: Any, now: float, node: str | None) -> tuple[Any, ...]:
+    """What a rank's row shows, as plain values: cheap to compare, and a snapshot (the reader
+    goes on updating its RankView objects while the table draws)."""
+    return (
+        rv.rank,
+        getattr(rv, "state", None),
+        getattr(rv, "step", None),
+        getattr(rv, "total_steps", None),
+        getattr(rv, "loss", None),
+        getattr(rv, "samples_per_s", None),
+        getattr(rv, "gpu_util", None),
+        getattr(rv, "gpu_mem_used_mib", None),
+        getattr(rv, "gpu_mem_total_mib", None),
+        getattr(rv, "rss_mib", None),
+        getattr(rv, "gpu", None),
+        node,
+        fmt.ago(getattr(rv, "last_seen", None), now),
+    )
+
+
+def format_cells(values: tuple[Any, ...]) -> dict[str, Any]:
+    """The row's cells (str or rich Text) from rank_values."""
+    rank, state, step, total_steps, loss, sps, util, used, total, rss, gpu, node, seen = values
+    if used is None and rss is not None:
+        mem: Any = f"{fmt.mib(rss)} rss"
+    else:
+        mem = fmt.meter(used / total if used is not None and total else None, 4, fmt.mib(used))
+    return {
+        "rank": str(rank),
+        "node": node or "-",
+        "gpu": "cpu" if gpu is None else str(gpu),
+        "util": fmt.meter(
+            None if util is None else util / 100, 4, "-" if util is None else f"{util:3.0f}%"
+        ),
+        "mem": mem,
+        "step": "-"
+        if step is None
+        else (f"{step:.0f}/{total_steps:.0f}" if total_steps else f"{step:.0f}"),
+        "sps": fmt.rate(sps),
+        "loss": fmt.number(loss),
+        "seen": seen,
+        "state": fmt.state(state),
+    }
+
+
+def cell_segments(value: Any, width: int, under: Style, over: Style, console: Console) -> list[Segment]:
+    """A cell as drawn in a row: padding, then its text cut or padded to ``width``, in the row's
+    style under the cell's own and the cursor's colour over both."""
+    pad = " " * PADDING
+    if isinstance(value, Text):
+        text = value.copy()
+        text.truncate(width, overflow="ellipsis", pad=True)
+        segments = [Segment(pad, under)]
+        for seg in text_segments(text, console):
+            if seg.text:
+                segments.append(Segment(seg.text, under + seg.style + over if seg.style else under + over))
+        segments.append(Segment(pad, under))
+        return segments
+    plain = str(value)  # most cells: plain text, one segment
+    if cell_len(plain) > width:
+        plain = set_cell_size(plain, width - 1) + "…"
+    if over:
+        return [Segment(pad, under), Segment(set_cell_size(plain, width), under + over), Segment(pad, under)]
+    return [Segment(f"{pad}{set_cell_size(plain, width)}{pad}", under)]
+
+
+def join_row(cells: Iterable[list[Segment]], under: Style, fill: int) -> list[Segment]:
+    """A row's segments from its cells', plus ``fill`` blank columns. Neighbouring text in the
+    row's own style becomes one segment (a third as many for the compositor and the terminal
+    writer, on every line of every refresh)."""
+    segments: list[Segment] = []
+    run: list[str] = []
+    for cell in cells:
+        for seg in cell:
+            if seg.style is under:
+                run.append(seg.text)
+                continue
+            if run:
+                segments.append(Segment("".join(run), under))
+                run = []
+            segments.append(seg)
+    if fill > 0:
+        run.append(" " * fill)
+    if run:
+        segments.append(Segment("".join(run), under))
+    return segments

@@ -1,0 +1,117 @@
+"""What one ``xl.log`` call becomes: the metrics.jsonl line the collector stores byte for byte.
+
+This runs on the sender thread, never on the training thread: 0-d tensors are read here with
+``.item()``, so logging never waits for the device. torch is never imported: tensors are
+recognised by their ``item``/``ndim`` attributes, and CUDA counters are read only when the
+script has imported torch itself.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+from xl import wire
+
+# (count key, rate key): ``samples=`` is what was processed since the previous call that gave it.
+_RATES = (("samples", "samples_per_s"), ("tokens", "tokens_per_s"))
+
+
+class _Skip:
+    """A value that cannot be stored: its key is left out of the record."""
+
+
+SKIP: Any = _Skip()
+
+
+def scalar(value: Any) -> Any:
+    """The JSON scalar stored for ``value``, or SKIP; never raises (the script's objects may)."""
+    kind = type(value)
+    if kind is float or kind is int or kind is bool or value is None:
+        return value
+    if kind is str:
+        return value[: wire.MAX_STR]
+    if isinstance(value, (int, float)):  # numpy scalars, IntEnum, ...
+        return float(value) if isinstance(value, float) else int(value)
+    item = getattr(value, "item", None)
+    if item is not None and getattr(value, "ndim", 0) == 0:
+        # A 0-d tensor / ndarray: read here, off the training thread.
+        try:
+            out = item()
+        except Exception:
+            return SKIP
+        if isinstance(out, bool):
+            return out
+        if isinstance(out, (int, float)):
+            return out
+    return SKIP
+
+
+def train_line(
+    t: float, scalars: dict[str, Any], rank: int, last_rate_t: dict[str, float]
+) -> bytes | None:
+    """One queued call as a ``train`` line, or None when it cannot be sent (the caller counts
+    it as dropped). ``last_rate_t`` holds when each count was last given, for the rates."""
+    rec: dict[str, Any] = {"t": round(t, 6), "rank": rank, "kind": "train"}
+    nonfinite: dict[str, str] | None = None
+    for key, raw in scalars.items():
+        value = scalar(raw)
+        if value is SKIP:
+            continue
+        if key in wire.RESERVED:
+            key = f"user_{key}"
+        if len(key) > wire.MAX_KEY_LEN:
+            key = key[: wire.MAX_KEY_LEN]
+        if type(value) is float and not math.isfinite(value):
+            # Strict JSON has no NaN: the value is null and the reason travels beside it.
+            nonfinite = nonfinite or {}
+            nonfinite[key] = "nan" if value != value else ("inf" if value > 0 else "-inf")
+            value = None
+        rec[key] = value
+        if len(rec) >= wire.MAX_KEYS - 4:
+            break
+    for count_key, rate_key in _RATES:
+        count = rec.get(count_key)
+        if isinstance(count, (int, float)) and not isinstance(count, bool):
+            prev = last_rate_t.get(count_key)
+            last_rate_t[count_key] = t
+            if prev is not None and t > prev:
+                rec[rate_key] = round(count / (t - prev), 3)
+    if nonfinite:
+        rec["nonfinite"] = nonfinite
+    try:
+        line = wire.dumps_record(rec)
+    except (TypeError, ValueError):
+        return None
+    if not line or len(line) > wire.MAX_RECORD:
+        return None
+    return line
+
+
+def sys_line(t: float, rank: int, fields: dict[str, float]) -> bytes | None:
+    """A ``sys`` line of the figures only the rank knows; None when it knows none."""
+    if not fields:
+        return None
+    return wire.dumps_record({"t": round(t, 6), "rank": rank, "kind": "sys", **fields})
+
+
+def cuda_counters(device: int) -> dict[str, float]:
+    """torch's CUDA memory counters for this rank's device, when the script uses CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    try:
+        cuda = torch.cuda
+        if not cuda.is_initialized():
+            return {}
+        if device >= cuda.device_count():
+            device = 0
+        mib = 1024.0 * 1024.0
+        return {
+            "cuda_alloc_mib": round(cuda.memory_allocated(device) / mib, 1),
+            "cuda_reserved_mib": round(cuda.memory_reserved(device) / mib, 1),
+            "cuda_max_alloc_mib": round(cuda.max_memory_allocated(device) / mib, 1),
+        }
+    except Exception:
+        return {}
