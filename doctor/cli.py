@@ -1,4 +1,4 @@
-"""`xl doctor [--json] [--strict] [--python PY]`: can this machine build and run distributed training?"""
+"""`xl doctor [--json] [--strict] [--python PY] [--build]`: can this machine build and run distributed training?"""
 
 from __future__ import annotations
 
@@ -40,16 +40,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = ArgumentParser(
         prog="xl doctor",
         description="Check the driver, GPUs, CUDA toolkits, compiler, torch and environment for "
-        "distributed training; print each problem with its fix.",
+        "distributed training; print each problem with its fix. Each check is ok, warn, fail, "
+        "skip (does not apply here) or error (the check itself could not run).",
+        epilog="exit status: 0 when no check fails, 1 when one does (--strict: or warns or "
+        "errors), 2 on bad usage.",
     )
-    ap.add_argument("--json", action="store_true", help="one JSON object on stdout (see DESIGN.md)")
+    ap.add_argument(
+        "--json",
+        action="store_true",
+        help='one JSON object on stdout: {"status", "checks": [{"id", "status", "title", '
+        '"detail", "fix", "data"?}...], "gpus", ...}; status is the worst check\'s',
+    )
     ap.add_argument("--strict", action="store_true", help="exit 1 on warnings and errors too")
     ap.add_argument(
         "--python", metavar="PY", help="inspect torch in this interpreter (default: this one)"
     )
+    ap.add_argument(
+        "--build",
+        action="store_true",
+        help="also compile a tiny CUDA extension the way torch's extension builder would (same "
+        "nvcc, host compiler, include folders and arch flags) and report it as the `build` "
+        "check; takes the compile's time (a few seconds)",
+    )
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     python = _python_arg(args.python) if args.python else None
-    report = run_doctor(python)
+    report = run_doctor(python, build=args.build)
     # Text may carry U+FFFD from undecodable environment bytes; never die on a narrow locale.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")

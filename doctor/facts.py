@@ -72,6 +72,8 @@ class Toolkit:
     clang_max: int | None = None
     clang_min: int | None = None
     has_headers: bool = False  # include/cuda_runtime.h
+    # where cuda_runtime.h is when not in include/ (conda-forge: targets/x86_64-linux/include)
+    target_include: str | None = None
     cudart: list[str] = field(default_factory=list)  # libcudart.so.N sonames it ships
     lib_dirs: list[str] = field(default_factory=list)  # realpaths of its library folders
     problem: str | None = None  # unreadable folder and the like
@@ -105,6 +107,7 @@ class Compiler:
     version: str | None = None
     run: CmdResult | None = None
     problem: str | None = None
+    missing: bool = False  # the variable names a compiler that does not exist
 
     @property
     def major(self) -> int | None:
@@ -124,6 +127,9 @@ class TorchInfo:
     nccl_from: str | None = None
     bin_dir: str | None = None  # the interpreter's scripts folder (where pip puts ninja)
     pip_toolkits: list[tuple[str, str]] = field(default_factory=list)  # (root, version)
+    pip_ptxas: list[str] = field(default_factory=list)  # nvcc wheels with ptxas but no nvcc
+    # CUDA libraries torch loads from its nvidia/ wheels: (soname, version, folder)
+    pip_libs: list[tuple[str, str, str]] = field(default_factory=list)
     problem: str | None = None  # the probe could not answer
 
 
@@ -138,6 +144,7 @@ class LdEntry:
     cudart: list[str] = field(default_factory=list)  # sonames, e.g. libcudart.so.12
     nccl: list[str] = field(default_factory=list)
     cudnn: list[str] = field(default_factory=list)
+    cuda_libs: dict[str, str | None] = field(default_factory=dict)  # soname -> full version
 
 
 @dataclass
@@ -172,6 +179,11 @@ class Facts:
     net_ifaces: list[str] | None = None
     ib_devices: list[str] | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    build: Any = None  # xl.doctor.probes.compile.BuildResult, with --build only
+    # Set by the registry: every check's status for other facts, so a fix is tried before it is
+    # printed (xl.doctor.checks.common.first_safe); what_if marks such hypothetical facts.
+    recheck: Any = None
+    what_if: bool = False
 
     def toolkit_at(self, path: str | None) -> Toolkit | None:
         """The toolkit whose real path, root or an alias is `path` (the probes resolved them)."""

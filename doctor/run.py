@@ -13,6 +13,7 @@ from xl.doctor.checks import all_errored, run_checks
 from xl.doctor.facts import CmdResult, Compiler, Facts, TorchInfo, parse_nvcc_version
 from xl.doctor.probes import compilers, files, libraries, system, toolkits
 from xl.doctor.probes.commands import Parallel, run_cmd
+from xl.doctor.probes.compile import run_build
 from xl.doctor.probes.pytorch import probe_torch
 from xl.doctor.report import Report
 
@@ -20,7 +21,7 @@ SECRET_NAME = re.compile(r"token|key|passw|secret|credential|auth", re.IGNORECAS
 
 # Variables worth showing in the report's facts (the rest of the environment is not ours to print).
 _RELEVANT = re.compile(
-    r"^(CUDA_\w+|NCCL_\w+|TORCH_\w+|NVCC_\w+|CUDAHOSTCXX|CC|CXX|LD_LIBRARY_PATH|PATH|CONDA_PREFIX"
+    r"^(CUDA_\w+|NCCL_\w+|TORCH_\w+|NVCC_\w+|CUDAHOSTCXX|CC|CXX|CPATH|LD_LIBRARY_PATH|PATH|CONDA_PREFIX"
     r"|DS_\w+|PYTORCH_\w+|NVIDIA_\w+|MASTER_ADDR|MASTER_PORT|OMP_NUM_THREADS)$"
 )
 
@@ -145,7 +146,7 @@ def collect(python: str | None = None) -> Facts:
             if short:
                 tk.version, tk.version_from = full or short, "nvcc"
     if comp_path:
-        comp = Compiler(path=comp_path, source=comp_src)
+        comp = Compiler(path=comp_path, source=comp_src, missing=not files.is_file(comp_path))
         vr, dr = result("cc:version"), result("cc:dump")
         facts.compiler = compilers.classify_compiler(comp, vr, dr)
     if facts.ninja:
@@ -231,10 +232,16 @@ def build_report(f: Facts) -> Report:
     return Report(checks=checks, gpus=gpus, facts=_scrub(_facts_json(f), secrets))
 
 
-def run_doctor(python: str | None = None) -> Report:
-    """The whole diagnosis. Never raises: a probe bug becomes `error` checks, not a traceback."""
+def run_doctor(python: str | None = None, build: bool = False) -> Report:
+    """The whole diagnosis. Never raises: a probe bug becomes `error` checks, not a traceback.
+    `build` adds the `build` check: a real compile, so it takes the compiler's time."""
     try:
-        return build_report(collect(python))
+        facts = collect(python)
+        if build:
+            t0 = time.perf_counter()
+            facts.build = run_build(facts)
+            facts.timings_ms["build"] = round((time.perf_counter() - t0) * 1000, 1)
+        return build_report(facts)
     except Exception as exc:
         why = f"the doctor could not collect facts: {type(exc).__name__}: {exc}"
         return Report(checks=all_errored(why, fix="please report this as an xl bug"))

@@ -143,42 +143,6 @@ DRIVER_FOR_CUDA: dict[str, str] = {
     "13.0": "580.65.06",
 }
 
-# CUDA builds of torch wheels on download.pytorch.org (tag -> CUDA).
-TORCH_WHEEL_TAGS: tuple[tuple[str, str], ...] = (
-    ("cu118", "11.8"),
-    ("cu121", "12.1"),
-    ("cu124", "12.4"),
-    ("cu126", "12.6"),
-    ("cu128", "12.8"),
-    ("cu129", "12.9"),
-    ("cu130", "13.0"),
-)
-
-
-def wheel_tag_for(cuda: str | None, *, at_most: bool = False) -> str | None:
-    """The wheel tag for exactly `cuda` (or, with at_most, the newest one not above it)."""
-    want = vtuple(cuda)[:2]
-    if len(want) < 2:
-        return None
-    best = None
-    for tag, ver in TORCH_WHEEL_TAGS:
-        v = vtuple(ver)
-        if v == want:
-            return tag
-        if at_most and v <= want:
-            best = tag
-    return best
-
-
-def torch_install_fix(tag: str, python: str, version: str | None = None) -> str:
-    base = (version or "").split("+")[0]
-    spec = f"torch=={base}" if base else "torch"
-    return (
-        f"{python} -m pip install --force-reinstall {spec} "
-        f"--index-url https://download.pytorch.org/whl/{tag}"
-    )
-
-
 # Lowest and highest compute capability each nvcc major can build for.
 NVCC_ARCH_RANGE: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {
     11: ((3, 5), (9, 0)),
@@ -186,15 +150,19 @@ NVCC_ARCH_RANGE: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {
     13: ((7, 5), (12, 1)),
 }
 
-# Architecture names torch accepts in TORCH_CUDA_ARCH_LIST.
-ARCH_NAMES: dict[str, tuple[str, ...]] = {
-    "kepler": ("3.5", "3.7"),
-    "maxwell": ("5.0", "5.2"),
-    "pascal": ("6.0", "6.1"),
-    "volta": ("7.0",),
-    "turing": ("7.5",),
-    "ampere": ("8.0", "8.6"),
-    "ada": ("8.9",),
-    "hopper": ("9.0",),
-    "blackwell": ("10.0", "12.0"),
+# torch's own compiler table (torch/utils/cpp_extension.py 2.13, CUDA_GCC_VERSIONS /
+# CUDA_CLANG_VERSIONS): the first major it refuses for each nvcc. It applies on top of nvcc's
+# host_config.h check to binary builds of torch, unless TORCH_DONT_CHECK_COMPILER_ABI is set,
+# and -allow-unsupported-compiler does not switch it off.
+_TORCH_GCC = (("11.0", 10), ("11.1", 11), ("11.2", 11), ("11.3", 11), ("11.4", 12), ("11.5", 12),
+              ("11.6", 12), ("11.7", 12), ("12.0", 13), ("12.1", 13), ("12.2", 13), ("12.3", 14),
+              ("12.4", 14), ("12.5", 14), ("12.6", 14), ("12.7", 14), ("12.8", 15), ("12.9", 15),
+              ("13.0", 16))  # fmt: skip
+_TORCH_CLANG = (("11.1", 11), ("11.2", 12), ("11.3", 12), ("11.4", 13), ("11.5", 13), ("11.6", 14),
+                ("11.7", 14), ("12.0", 15), ("12.1", 15), ("12.2", 16), ("12.3", 16), ("12.4", 17),
+                ("12.5", 18), ("12.6", 18), ("12.7", 19), ("12.8", 19), ("12.9", 19),
+                ("13.0", 21))  # fmt: skip
+TORCH_COMPILER_REFUSES: dict[str, dict[str, int]] = {
+    "gcc": dict(_TORCH_GCC),
+    "clang": dict(_TORCH_CLANG),
 }

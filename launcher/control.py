@@ -7,6 +7,7 @@ supervisor is alive only the supervisor changes the run dir; this module writes 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -23,15 +24,17 @@ from xl.errors import UsageError
 from xl.gpu import nvml
 from xl.launcher import procs
 from xl.launcher.plan import Plan, build_plan
-from xl.launcher.rundir import record
-from xl.launcher.rundir.events import EVENTS_FILE, append_event
+from xl.launcher.rundir import record, settle
+from xl.launcher.rundir.events import EVENTS_FILE
 from xl.launcher.rundir.metrics import METRICS_FILE
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.rundir.store import new_run_id, runs_root
 from xl.launcher.spec import LaunchSpec
 from xl.launcher.supervisor.stopping import grace_from_env
+from xl.proc import hide_values, set_cmdline
 
 _STARTING_S = 5.0  # how long `xl stop` waits for a just-launched supervisor to write its PID
+STOPPED_WAIT_S = 15.0  # beyond the grace: a supervisor's own ending (events, run.json, torchrun)
 
 
 class ForkedSupervisor:
@@ -70,14 +73,18 @@ def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
     nvml.shutdown()  # the child opens its own NVML handle; never share the driver's fds
     sys.stdout.flush()
     sys.stderr.flush()
+    # `xl launch --env KEY=SECRET`: neither this process nor its fork may show the value in ps.
+    set_cmdline(hide_values(_own_cmdline(), "--env"))
     pid = os.fork()
     if pid:
         return ForkedSupervisor(pid)
     code = 1
     try:
         os.setsid()
+        # A fork keeps `xl launch`'s argv: show what this process is instead.
+        set_cmdline([os.path.basename(sys.executable), "-m", "xl.launcher.supervisor", str(run_dir)])
         null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        log = os.open(run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
@@ -95,10 +102,21 @@ def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
         from xl.launcher.supervisor.loop import main as supervisor_main  # noqa: PLC0415 - only the forked child runs the supervisor; `xl stop`/`xl attach` must not load it
 
         code = supervisor_main([str(run_dir)])
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.write(2, f"xl supervisor: crashed: {exc!r}\n".encode("utf-8", "replace"))
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
     finally:
         os._exit(code)
+
+
+def _own_cmdline() -> list[str]:
+    try:
+        with open("/proc/self/cmdline", "rb") as fh:
+            return [a.decode("utf-8", "replace") for a in fh.read().rstrip(b"\0").split(b"\0")]
+    except OSError:
+        return list(sys.argv)
 
 
 def _make_run_dir(spec: LaunchSpec, run_id: str | None) -> Path:
@@ -110,14 +128,14 @@ def _make_run_dir(spec: LaunchSpec, run_id: str | None) -> Path:
             raise UsageError(f"run id {run_id!r} may hold only letters, digits, '_', '.' and '-'")
         run_dir = root / run_id
         try:
-            run_dir.mkdir()
+            run_dir.mkdir(mode=0o700)
         except FileExistsError:
             raise UsageError(f"a run {run_id} exists already in {root}") from None
         return run_dir
     while True:  # two launches in the same second with the same name: another suffix
         run_dir = root / new_run_id(spec)
         try:
-            run_dir.mkdir()
+            run_dir.mkdir(mode=0o700)
             return run_dir
         except FileExistsError:
             continue
@@ -172,15 +190,16 @@ def start_run(
         plan = build_plan(spec, nvml.inventory(processes=False), env)
     run_dir = _make_run_dir(spec, run_id)
     run_id = run_dir.name
-    (run_dir / "logs").mkdir()
-    (run_dir / "ranks").mkdir()
+    (run_dir / "logs").mkdir(mode=0o700)
+    (run_dir / "ranks").mkdir(mode=0o700)
     record.save(run_dir, _new_record(run_id, spec, plan))
-    (run_dir / EVENTS_FILE).touch()
-    (run_dir / METRICS_FILE).touch()
+    (run_dir / EVENTS_FILE).touch(mode=0o600)
+    (run_dir / METRICS_FILE).touch(mode=0o600)
     if fork:
         forked = _fork_supervisor(run_dir)
         return RunHandle(run_id=run_id, run_dir=run_dir, pid=forked.pid, proc=forked)
-    with open(run_dir / "supervisor.log", "ab") as log:
+    log_fd = os.open(run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with open(log_fd, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "xl.launcher.supervisor", str(run_dir)],
             stdin=subprocess.DEVNULL,
@@ -199,35 +218,46 @@ def grace_for(rec: RunRecord) -> float:
     return rec.grace_s or grace_from_env()
 
 
-def _end_orphaned(run_dir: Path, rec: RunRecord, grace: float, status: RunStatus) -> None:
-    """The supervisor is gone: end what is left of the run and record ``status``.
+def run_pids(rec: RunRecord) -> list[int]:
+    """The run's live processes: XL_RUN_ID in their environment, and the descendants of its
+    supervisor (never a pid only named in a file: ranks' pids are checked by their environment)."""
+    pids = set(procs.find_run_pids(rec.run_id))
+    sup = rec.supervisor_pid
+    if sup is not None and procs.supervisor_alive(rec):
+        pids.update(procs.descendants(sup))
+        pids.discard(sup)
+    return sorted(pids)
 
-    STOPPED when someone asked to stop it; FAILED when a viewer finds the supervisor died on
-    its own (killed, OOM) with the run unfinished.
-    """
-    pids = procs.find_run_pids(rec.run_id)
+
+def _end_orphaned(run_dir: Path, rec: RunRecord, grace: float, *, stopped: bool) -> None:
+    """Nobody supervises the run (its supervisor is gone or frozen): end its processes (SIGTERM,
+    SIGKILL after ``grace``), then make the record true from what the ranks left."""
+    # Training that had ended before this stop keeps the outcome its ranks recorded.
+    stopped = stopped and not settle.all_ranks_ended(run_dir, rec)
+    pids = run_pids(rec)
+    if rec.supervisor_pid is not None and procs.supervisor_alive(rec):
+        # Frozen: it must not wake up later and act on a run that is over.
+        procs.signal_pid(rec.supervisor_pid, signal.SIGKILL)
+    _terminate(pids, rec.run_id, grace)
+    settle.settle(run_dir, stopped=stopped)
+
+
+def _terminate(pids: list[int], run_id: str, grace: float) -> None:
+    """SIGTERM to ``pids``; SIGKILL to what is left of them, and of the run, after ``grace``."""
     for pid in pids:
         procs.signal_rank(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         time.sleep(0.05)
         pids = [p for p in pids if procs.alive(p)]
-    procs.kill_all(procs.find_run_pids(rec.run_id))
-    fresh = record.load(run_dir) or rec
-    if fresh.status != RunStatus.RUNNING:
-        return  # it ended between the checks (or is not ours to end)
-    message = f"run {status.value} (its supervisor was gone; see supervisor.log)"
-    fresh.end(status)
-    if status is RunStatus.FAILED and not fresh.failure:
-        fresh.update(failure={"rank": None, "exit_code": None, "traceback": None, "error": None, "message": message})
-    record.save(run_dir, fresh)
-    append_event(run_dir, {"kind": "run_ended", "status": status.value, "message": message})
+    procs.kill_all(pids + procs.find_run_pids(run_id))
 
 
 def abandon_if_supervisor_gone(run_dir: Path, *, exited: bool = False) -> bool:
-    """For viewers: when the run's supervisor is gone but the run never finished, end the run
-    as failed; True if that happened. ``exited``: the caller saw its supervisor child exit
-    (covers a supervisor that died before writing its PID)."""
+    """For viewers: when the run's supervisor is gone, its training goes on; once nothing of it
+    is left, the record is made true from what the ranks left. True if that happened.
+    ``exited``: the caller saw its supervisor child exit (covers a supervisor that died before
+    writing its PID)."""
     rec = record.load(run_dir)
     if rec is None or rec.status != RunStatus.RUNNING:
         return False
@@ -235,12 +265,14 @@ def abandon_if_supervisor_gone(run_dir: Path, *, exited: bool = False) -> bool:
         return False
     if rec.supervisor_pid is None and not exited:
         return False  # still starting
-    _end_orphaned(run_dir, rec, 0.0, RunStatus.FAILED)
-    return True
+    if procs.find_run_pids(rec.run_id):
+        return False  # training outlives its supervisor
+    return settle.settle(run_dir, stopped=False) is not None
 
 
 def stop_run(run_dir: Path) -> None:
-    """Ask the run's supervisor to stop it (SIGTERM to every rank, SIGKILL after the grace)."""
+    """Stop the run: its supervisor does (SIGTERM to every rank, SIGKILL after the grace); when
+    it is gone or frozen, this process does it and records the run stopped."""
     rec = record.load(run_dir)
     deadline = time.monotonic() + _STARTING_S
     while rec is not None and rec.status == RunStatus.RUNNING and rec.supervisor_pid is None:
@@ -249,31 +281,53 @@ def stop_run(run_dir: Path) -> None:
         # Just launched: the supervisor writes its PID as its first act.
         time.sleep(0.05)
         rec = record.load(run_dir) or rec
-    if rec is None or rec.status != RunStatus.RUNNING:
+    if rec is None:
+        stop_unreadable(run_dir)
         return
-    if rec.supervisor_pid is not None and procs.supervisor_alive(rec):
-        procs.signal_pid(rec.supervisor_pid, signal.SIGTERM)
+    if rec.status != RunStatus.RUNNING:
         return
-    _end_orphaned(run_dir, rec, grace_for(rec), RunStatus.STOPPED)
+    sup = rec.supervisor_pid
+    if sup is not None and procs.supervisor_alive(rec) and not procs.frozen(sup):
+        procs.signal_pid(sup, signal.SIGTERM)
+        return
+    _end_orphaned(run_dir, rec, grace_for(rec), stopped=True)
+
+
+def stop_unreadable(run_dir: Path) -> None:
+    """A run whose run.json is damaged or gone: its supervisor (found by its cwd) stops it; when
+    there is none, or it is frozen, every process carrying the run's id is ended here."""
+    run_id = run_dir.name
+    sup = procs.find_supervisor(str(run_dir))
+    if sup is not None and not procs.frozen(sup):
+        procs.signal_pid(sup, signal.SIGTERM)
+        deadline = time.monotonic() + grace_from_env() + STOPPED_WAIT_S
+        while procs.alive(sup) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if sup is not None:
+        procs.signal_pid(sup, signal.SIGKILL)  # frozen, or never done: it must not wake up later
+    _terminate(procs.find_run_pids(run_id), run_id, grace_from_env())
 
 
 def wait_for_end(run_dir: Path, timeout: float) -> RunRecord | None:
     """Poll run.json until the run is over or ``timeout`` passes; returns the last record
     (None while run.json cannot be read).
 
-    A supervisor that died without finishing (SIGKILL, OOM killer) leaves "running" behind:
-    then what is left of the run is ended here and the run recorded as stopped.
+    A supervisor that died or froze without finishing (SIGKILL, OOM killer, SIGSTOP) cannot
+    end the run: then what is left of it is ended here and the run recorded as stopped; one
+    that is alive but never ends it within ``timeout`` (a stuck disk) is ended the same way.
     """
     deadline = time.monotonic() + timeout
     while True:
         rec = record.load(run_dir)
         if rec is not None and rec.final:
             return rec
-        if rec is not None and rec.supervisor_pid is not None and not procs.supervisor_alive(rec):
-            rec = record.load(run_dir) or rec  # it may have finished between the two reads
-            if not rec.final:
-                _end_orphaned(run_dir, rec, 0.0, RunStatus.STOPPED)
-            return record.load(run_dir)
+        if rec is not None and rec.supervisor_pid is not None:
+            sup_gone = not procs.supervisor_alive(rec)
+            if sup_gone or procs.frozen(rec.supervisor_pid) or time.monotonic() >= deadline:
+                rec = record.load(run_dir) or rec  # it may have finished between the two reads
+                if not rec.final:
+                    _end_orphaned(run_dir, rec, 0.0 if sup_gone else grace_for(rec), stopped=True)
+                return record.load(run_dir)
         if time.monotonic() >= deadline:
             return rec
         time.sleep(0.05)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from xl.errors import UsageError
-from xl.gpu.devices import find_gpu, resolve_visible_devices
+from xl.gpu.devices import find_gpu, judge_visible_devices
 from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, valid_env_name
 
 if TYPE_CHECKING:
@@ -37,6 +37,9 @@ class Plan:
     devices: list[GPU] = field(default_factory=list)
     nproc: int = 1
     cwd: str = "."
+    # Worth saying before the run starts, not worth stopping it (a CUDA_VISIBLE_DEVICES the
+    # doctor warns about, GPUs of different models): `xl launch` prints them on stderr.
+    warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """What `--dry-run --json` prints: the command and only the variables xl sets."""
@@ -53,46 +56,63 @@ def _describe(gpus: Sequence[GPU]) -> str:
     return "this machine has GPUs " + ", ".join(str(g.index) for g in gpus)
 
 
-def _default_devices(gpus: Sequence[GPU], env: Mapping[str, str]) -> list[GPU]:
-    """No --gpus: the GPUs the current CUDA_VISIBLE_DEVICES shows (all when it is unset)."""
+def _default_devices(
+    gpus: Sequence[GPU], env: Mapping[str, str], have_driver: bool, gpus_from: str | None, warnings: list[str]
+) -> list[GPU]:
+    """No --gpus: the GPUs the current CUDA_VISIBLE_DEVICES shows (all when it is unset).
+
+    The variable is judged as `xl doctor` judges it (xl.gpu.devices.judge_visible_devices): a
+    ``fail`` there stops the launch, a ``warn`` is said and the launch goes on."""
     if "CUDA_VISIBLE_DEVICES" not in env:
         return _usable(gpus)
-    vis = resolve_visible_devices(list(gpus), env)
-    if vis.invalid:
-        # Only a wrong variable stops the launch; other problems (orders differ, ...) are facts
-        # the plan fixes anyway by setting CUDA_DEVICE_ORDER=PCI_BUS_ID.
-        problem = next((p for p in vis.problems if "CUDA_VISIBLE_DEVICES" in p), vis.problems[0] if vis.problems else "")
+    verdict = judge_visible_devices(list(gpus), env, have_driver=have_driver)
+    if verdict.status == "fail":
+        other = f", or pass {gpus_from}" if gpus_from else ""
         raise UsageError(
             f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r} in your environment is wrong "
-            f"({problem}); fix or unset it, or pass --gpus"
+            f"({verdict.detail}); fix: {verdict.fix}{other}"
         )
-    # An empty CUDA_VISIBLE_DEVICES hides every GPU on purpose: a CPU run.
-    return [g for g in vis.devices if not g.lost]
+    if verdict.status == "warn":
+        warnings.append(f"CUDA_VISIBLE_DEVICES {verdict.detail} (xl doctor says the same; fix: {verdict.fix})")
+    # An empty CUDA_VISIBLE_DEVICES (or -1) hides every GPU on purpose: a CPU run.
+    return list(verdict.devices)
 
 
 def select_devices(
-    spec_gpus: str | None, gpus: Sequence[GPU], env: Mapping[str, str] | None = None
+    spec_gpus: str | None,
+    gpus: Sequence[GPU],
+    env: Mapping[str, str] | None = None,
+    *,
+    have_driver: bool = True,
+    gpus_from: str | None = "--gpus",
+    warnings: list[str] | None = None,
 ) -> list[GPU]:
-    """The chosen GPUs in the order ranks get them (LOCAL_RANK k -> k-th GPU)."""
+    """The chosen GPUs in the order ranks get them (LOCAL_RANK k -> k-th GPU).
+
+    ``gpus_from``: where ``spec_gpus`` came from, as errors name it (``--gpus``, or an
+    Accelerate config's ``gpu_ids``); None for a command with no --gpus (`xl demo`).
+    ``warnings`` collects what is worth saying but does not stop the launch."""
     env = os.environ if env is None else env
+    warnings = [] if warnings is None else warnings
     if spec_gpus is None:
-        return _default_devices(gpus, env)
+        return _default_devices(gpus, env, have_driver, gpus_from, warnings)
+    src = gpus_from or "--gpus"
     text = spec_gpus.strip()
     if not text:
-        raise UsageError("--gpus is empty; give indices like 0,1, UUIDs, 'all' or 'auto:N'")
+        raise UsageError(f"{src} is empty; give indices like 0,1, UUIDs, 'all' or 'auto:N'")
     if text == "all":
         every = _usable(gpus)
         if not every:
-            raise UsageError("--gpus all: no GPU found here (drop --gpus to run on CPU)")
+            raise UsageError(f"{src} all: no GPU found here (drop it to run on CPU)")
         return every
     if text.startswith("auto:"):
         count = text[5:]
         if not count.isdigit() or int(count) < 1:
-            raise UsageError(f"--gpus {text}: N in auto:N must be a whole number >= 1")
+            raise UsageError(f"{src} {text}: N in auto:N must be a whole number >= 1")
         n = int(count)
         usable = _usable(gpus)
         if n > len(usable):
-            raise UsageError(f"--gpus {text}: only {len(usable)} usable GPU(s) here ({_describe(usable)})")
+            raise UsageError(f"{src} {text}: only {len(usable)} usable GPU(s) here ({_describe(usable)})")
         # Most free memory first, then least busy; unknown figures rank last.
         ranked = sorted(
             usable,
@@ -107,14 +127,14 @@ def select_devices(
     chosen: list[GPU] = []
     for token in (t.strip() for t in text.split(",")):
         if not token:
-            raise UsageError(f"--gpus {text!r} has an empty entry; write e.g. 0,1")
+            raise UsageError(f"{src} {text!r} has an empty entry; write e.g. 0,1")
         gpu = find_gpu(list(gpus), token)
         if gpu is None:
-            raise UsageError(f"unknown GPU {token!r} in --gpus ({_describe(gpus)}; 'xl gpus' lists them)")
+            raise UsageError(f"unknown GPU {token!r} in {src} ({_describe(gpus)}; 'xl gpus' lists them)")
         if gpu.lost:
-            raise UsageError(f"GPU {gpu.index} in --gpus is lost (fell off the bus); choose another")
+            raise UsageError(f"GPU {gpu.index} in {src} is lost (fell off the bus); choose another")
         if any(g.index == gpu.index for g in chosen):
-            raise UsageError(f"GPU {gpu.index} appears twice in --gpus {text!r}; list each GPU once")
+            raise UsageError(f"GPU {gpu.index} appears twice in {src} {text!r}; list each GPU once")
         chosen.append(gpu)
     return chosen
 
@@ -126,6 +146,11 @@ def check_target(spec: LaunchSpec, cwd: str) -> None:
         raise UsageError("give a training script (xl launch train.py) or a module (-m pkg.mod)")
     if spec.script is not None:
         path = spec.script if os.path.isabs(spec.script) else os.path.join(cwd, spec.script)
+        if os.path.isdir(path):
+            raise UsageError(
+                f"{spec.script} is a directory, not a script; give the training script in it "
+                f"(e.g. {os.path.join(spec.script, 'train.py')}) or run a package with -m NAME"
+            )
         if not os.path.isfile(path):
             raise UsageError(f"no such script: {spec.script} (check the path, or use -m MODULE)")
         if not os.access(path, os.R_OK):
@@ -170,21 +195,56 @@ def rdzv_id(host: str, port: int, env: Mapping[str, str]) -> str:
     return "xl-" + re.sub(r"[^A-Za-z0-9.-]", "-", f"{host}-{port}")
 
 
-def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, str] | None = None) -> Plan:
-    """The torchrun command for ``spec`` on this machine; UsageError on bad input."""
+def _mixed_models(devices: Sequence[GPU]) -> str | None:
+    """The warning for a run over GPUs of different models (the doctor's `gpus` check and the
+    app's picker say the same): every step waits for the slowest."""
+    counts: dict[str, int] = {}
+    for g in devices:
+        counts[g.name or "?"] = counts.get(g.name or "?", 0) + 1
+    if len(counts) < 2:
+        return None
+    models = ", ".join(f"{n} x{c}" for n, c in counts.items())
+    return (
+        f"the run's GPUs are of different models ({models}): every step waits for the slowest; "
+        "choose alike GPUs with --gpus (xl gpus lists them)"
+    )
+
+
+def build_plan(
+    spec: LaunchSpec,
+    inventory: Inventory | None,
+    env: Mapping[str, str] | None = None,
+    *,
+    gpus_from: str | None = "--gpus",
+) -> Plan:
+    """The torchrun command for ``spec`` on this machine; UsageError on bad input.
+
+    ``gpus_from``: what errors about ``spec.gpus`` blame (see select_devices).
+
+    With fewer processes than GPUs chosen, the run gets the first ``nproc`` of them in the
+    order chosen (``--gpus`` as written; without it nvidia-smi order, or CUDA_VISIBLE_DEVICES's
+    order): only those are exposed to the ranks and recorded as the run's devices."""
     env = os.environ if env is None else env
     cwd = spec.cwd or os.getcwd()
     check_target(spec, cwd)
     gpus = list(inventory.gpus) if inventory is not None else []
-    devices = select_devices(spec.gpus, gpus, env)
+    have_driver = inventory is not None and not inventory.driver.error
+    warnings: list[str] = []
+    devices = select_devices(spec.gpus, gpus, env, have_driver=have_driver, gpus_from=gpus_from, warnings=warnings)
     check_nproc(spec.nproc)
     nproc = spec.nproc if spec.nproc is not None else max(1, len(devices))
     if devices and nproc > len(devices):
         chosen = ",".join(str(g.index) for g in devices)
         raise UsageError(
             f"--nproc {nproc} is more than the {len(devices)} GPU(s) chosen ({chosen}); "
-            "choose more GPUs with --gpus or fewer processes"
+            f"choose more GPUs with {gpus_from or '--gpus'} or fewer processes"
         )
+    devices = devices[:nproc]
+    mixed = _mixed_models(devices)
+    if mixed:
+        warnings.append(mixed)
+    if spec.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be 0 or more (got {spec.max_restarts})")
     if spec.nnodes < 1:
         raise UsageError(f"--nnodes must be at least 1 (got {spec.nnodes})")
     if not 0 <= spec.node_rank < spec.nnodes:
@@ -213,7 +273,7 @@ def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, 
         endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id(host, port, env)]
         argv += ["--rdzv-conf", f"is_host={1 if spec.node_rank == 0 else 0}"]
-    argv += ["--max-restarts", "0", "-m", ENTRY_MODULE]
+    argv += ["--max-restarts", str(spec.max_restarts), "-m", ENTRY_MODULE]
     if spec.script is not None:
         argv.append(spec.script)
     else:
@@ -231,4 +291,4 @@ def build_plan(spec: LaunchSpec, inventory: Inventory | None, env: Mapping[str, 
         if not valid_env_name(key):
             raise UsageError(f"--env {key}={value}: {key!r} is not a valid variable name")
         plan_env[key] = value
-    return Plan(argv=argv, env=plan_env, devices=devices, nproc=nproc, cwd=cwd)
+    return Plan(argv=argv, env=plan_env, devices=devices, nproc=nproc, cwd=cwd, warnings=warnings)

@@ -102,3 +102,43 @@ def signal_pid(pid: int, sig: int) -> None:
 def kill_all(pids: Iterable[int]) -> None:
     for pid in pids:
         signal_rank(pid, signal.SIGKILL)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (the supervisor is a subreaper: a rank's child that left
+    the rank's session or cleared its environment is still one of them)."""
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True) if alive(p.pid)]
+    except psutil.Error:
+        return []
+
+
+def frozen(pid: int) -> bool:
+    """``pid`` is stopped (SIGSTOP, a debugger): it will not act on a signal until resumed."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False
+
+
+def is_run_process(pid: int, run_id: str) -> bool:
+    """``pid`` carries ``XL_RUN_ID=<run_id>`` (a process of another user cannot be read: False)."""
+    return _environ_has(pid, b"\0XL_RUN_ID=" + run_id.encode() + b"\0")
+
+
+def find_supervisor(run_dir: str) -> int | None:
+    """The live supervisor of ``run_dir`` found without run.json: it works in its run dir
+    (cwd, "... (deleted)" once the folder is gone) and runs ``xl.launcher.supervisor``."""
+    want = os.path.realpath(run_dir)
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/cwd") not in (want, want + " (deleted)"):
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                if b"xl.launcher.supervisor" in fh.read() and alive(int(name)):
+                    return int(name)
+        except OSError:
+            continue
+    return None

@@ -44,6 +44,7 @@ class LaunchSpec:
     name: str | None = None
     cwd: str | None = None
     python: str | None = None
+    max_restarts: int = 0  # torchrun's --max-restarts: restarts of every rank after a failure
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,7 +97,8 @@ def spec_to_argv(spec: LaunchSpec, options: Sequence[str] = ()) -> list[str]:
     person would write it. ``options``: more `xl launch` options that are not part of a spec
     (``--no-tui``, ``--accelerate-config``), placed before the script. The script always comes
     after ``--``, so a script named like an option still runs; its arguments follow it as given.
-    ``cwd`` and ``python`` are not options: a command runs where, and with the xl, it is typed.
+    ``cwd`` is not an option: a command runs where it is typed; ``python`` is ``--python`` when
+    set (None: the ranks run under the interpreter xl runs from).
     """
     argv: list[str] = []
     if spec.gpus is not None:
@@ -111,10 +113,14 @@ def spec_to_argv(spec: LaunchSpec, options: Sequence[str] = ()) -> list[str]:
         argv += _option("--rdzv", spec.rdzv)
     if spec.mixed_precision is not None:
         argv += ["--mixed-precision", spec.mixed_precision]
+    if spec.max_restarts:
+        argv += ["--max-restarts", str(spec.max_restarts)]
     for key, value in spec.env.items():
         argv += ["--env", f"{key}={value}"]
     if spec.name is not None:
         argv += _option("--name", spec.name)
+    if spec.python is not None:
+        argv += _option("--python", spec.python)
     argv += options
     if spec.module is not None:
         argv += ["-m", spec.module]

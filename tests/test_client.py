@@ -130,15 +130,20 @@ def test_a_full_queue_drops_are_counted_and_reported(tmp_path: Path) -> None:
     events: list[dict] = []
     tel = Telemetry(tmp_path, token="tok", emit_event=events.append, inventory=False)
     env = tel.start()
-    code = "import xl\nfor i in range(20000):\n    xl.log(step=i)\n"
+    # flush() says True while everything was stored, and False once anything was dropped.
+    code = (
+        "import xl\nxl.log(step=-1)\nprint('first', xl.flush(10))\n"
+        "for i in range(20000):\n    xl.log(step=i)\nprint('after drops', xl.flush(10))\n"
+    )
     try:
-        _rank(code, {**env, "XL_RUN_DIR": str(tmp_path), "XL_LOG_QUEUE": "50", "RANK": "0"})
+        out = _rank(code, {**env, "XL_RUN_DIR": str(tmp_path), "XL_LOG_QUEUE": "50", "RANK": "0"}).stdout
     finally:
         tel.stop()
+    assert "first True" in out and "after drops False" in out, out
     stored = [r for r in _strict(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
     dropped = sum(e["count"] for e in events if e["kind"] == "dropped")
     assert dropped > 0, "a 50-slot queue fed 20000 calls in a tight loop must overflow"
-    assert len(stored) + dropped == 20000
+    assert len(stored) + dropped == 20001
     assert all(
         e["rank"] == 0 and "dropped" in e["message"] for e in events if e["kind"] == "dropped"
     )

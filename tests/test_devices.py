@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from xl.gpu.devices import find_gpu, resolve_visible_devices
+from xl.gpu.devices import find_gpu, judge_visible_devices, resolve_visible_devices
 from xl.gpu.nvml import GPU
 
 UUIDS = (
@@ -192,3 +192,25 @@ LOST = GPU(
 def test_find_gpu(token, expected):
     found = find_gpu([*SAME, LOST], token)
     assert (found.index if found else None) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "have_driver", "gpus", "status", "devices"),
+    [
+        (None, False, [], "skip", []),
+        ("0", False, [], "skip", []),  # no driver: nothing to match; a CPU run, not an error
+        ("0,1", False, [], "skip", []),
+        ("banana", False, [], "warn", []),
+        ("-1", False, [], "skip", []),  # hides every GPU; there is none anyway
+        ("-1", True, SAME, "warn", []),  # the common way to hide GPUs: said, and a CPU run
+        ("", True, SAME, "warn", []),
+        ("0,9", True, SAME, "fail", [0]),
+        ("1,1", True, SAME, "fail", []),
+        ("2,0", True, SAME, "ok", [2, 0]),
+    ],
+)
+def test_one_verdict_for_doctor_and_launch(value, have_driver, gpus, status, devices):
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if value is None else {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": value}
+    verdict = judge_visible_devices(gpus, env, have_driver=have_driver)
+    assert (verdict.status, [g.index for g in verdict.devices]) == (status, devices), verdict
+    assert (verdict.fix is None) == (status in ("ok", "skip")), verdict

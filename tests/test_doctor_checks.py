@@ -14,7 +14,8 @@ from fakecuda import host_config, nvcc_output, survivors
 from rich.console import Console
 
 from xl.doctor import checks, run
-from xl.doctor.checks.build import check_arch_list, check_host_compiler, check_ninja
+from xl.doctor.checks.archs import check_arch_list
+from xl.doctor.checks.build import check_host_compiler, check_ninja
 from xl.doctor.checks.common import Finding
 from xl.doctor.checks.devices import check_cuda_visible_devices
 from xl.doctor.checks.gpu import check_gpus
@@ -224,15 +225,21 @@ def test_minor_mismatch_points_at_the_matching_toolkit() -> None:
 
 def test_driver_cuda() -> None:
     assert check_driver_cuda(facts(torch=cuda_torch("12.4"))).status == "ok"
-    low = check_driver_cuda(
-        facts(torch=cuda_torch("12.8"), driver=Driver("550.54.15", "12.4"))
+    # Same major, newer minor: NVIDIA's minor-version compatibility runs it (driver >= 525 for
+    # 12.x), without PTX JIT: a warning with that reason, not "driver too old".
+    low = check_driver_cuda(facts(torch=cuda_torch("12.8"), driver=Driver("550.54.15", "12.4")))
+    assert low.status == "warn" and "minor-version compatibility" in low.detail
+    assert "12.4" in low.detail and "12.8" in low.detail and "570.26" in low.fix
+    assert "PTX" in low.detail and low.data["minor_version_compatibility"] is True
+    # 13.x needs a 580 driver for that; another major is a failure.
+    thirteen = check_driver_cuda(
+        facts(torch=cuda_torch("13.0"), driver=Driver("580.65.06", "13.0"))
     )
-    assert (
-        low.status == "fail"
-        and "12.4" in low.detail
-        and "12.8" in low.detail
-        and "570.26" in low.fix
+    assert thirteen.status == "ok"
+    other_major = check_driver_cuda(
+        facts(torch=cuda_torch("12.4"), driver=Driver("520.61.05", "11.8"))
     )
+    assert other_major.status == "fail" and "insufficient" in other_major.detail
     assert (
         check_driver_cuda(
             facts(torch=cuda_torch("12.8"), driver=Driver(None, None, "x", "library_not_found"))
@@ -251,7 +258,16 @@ def test_gpus_mixed_models_and_lost() -> None:
     mixed = check_gpus(facts(gpus=(gpu(0), gpu(1, "Tesla T4", "7.5"))))
     assert mixed.status == "warn" and "1x Tesla T4" in mixed.detail
     # the fix names the exact devices of the most numerous model
-    three = check_gpus(facts(gpus=(gpu(0, "Tesla T4", "7.5"), gpu(1), gpu(2, "Tesla T4", "7.5"), gpu(3, "Tesla T4", "7.5"))))
+    three = check_gpus(
+        facts(
+            gpus=(
+                gpu(0, "Tesla T4", "7.5"),
+                gpu(1),
+                gpu(2, "Tesla T4", "7.5"),
+                gpu(3, "Tesla T4", "7.5"),
+            )
+        )
+    )
     assert "xl launch --gpus 0,2,3 " in three.fix and "3x Tesla T4" in three.fix
     assert check_gpus(facts(gpus=(gpu(0), gpu(1)))).status == "ok"
     assert check_gpus(facts(driver=Driver("550", "12.4"), gpus=())).status == "warn"

@@ -89,8 +89,9 @@ def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
 def test_broken_gpu_box_fails_with_fixes(tmp_path: Path, simnvml) -> None:
     sim = simnvml(
         gpus=[SimGPU(model="A100"), SimGPU(model="T4"), SimGPU(model="A100", lost=1)],
-        driver_version="535.54.03",
-        cuda_version=12020,
+        # CUDA 11.8 driver, torch for 12.4: another major, so no minor-version compatibility.
+        driver_version="520.61.05",
+        cuda_version=11080,
     )
     box = Sandbox(tmp_path)
     tk = box.toolkit("cuda-11.8", "11.8.89", version_file="txt", gcc_max=11)
@@ -125,7 +126,7 @@ def test_broken_gpu_box_fails_with_fixes(tmp_path: Path, simnvml) -> None:
     )
     assert "DeepSpeed refuses" in checks["torch_cuda_match"]["detail"]
     assert "cu118" in checks["torch_cuda_match"]["fix"]  # no 12.4 toolkit here: the wheel for 11.8
-    assert st["driver_cuda"] == "fail" and "12.2" in checks["driver_cuda"]["detail"]
+    assert st["driver_cuda"] == "fail" and "11.8" in checks["driver_cuda"]["detail"]
     assert (
         "insufficient" in checks["driver_cuda"]["detail"]
         and "550.54.14" in checks["driver_cuda"]["fix"]
@@ -142,7 +143,9 @@ def test_broken_gpu_box_fails_with_fixes(tmp_path: Path, simnvml) -> None:
     )
     assert st["cuda_device_order"] == "warn" and "PCI_BUS_ID" in checks["cuda_device_order"]["fix"]
     assert st["arch_list"] == "fail" and "8.0" in checks["arch_list"]["detail"]
-    assert "8.0" in checks["arch_list"]["fix"] and "7.5" in checks["arch_list"]["fix"]
+    # A 7.0 cubin runs on the T4 (7.5: same major, higher minor); only the A100 is left out.
+    assert checks["arch_list"]["fix"] == 'export TORCH_CUDA_ARCH_LIST="7.0;8.0"'
+    assert "7.5" not in checks["arch_list"]["detail"]
     assert st["nccl"] == "warn" and "nosuchnic0" in checks["nccl"]["detail"]
     assert "libnccl.so.2" in checks["nccl"]["detail"]
     assert st["ninja"] == "warn" and "pip install ninja" in checks["ninja"]["fix"]
@@ -236,7 +239,7 @@ def test_cpu_torch_on_gpu_box_and_consumer_nccl_trap(tmp_path: Path, simnvml) ->
         CUDA_HOME=tk,
         LD_LIBRARY_PATH=str(sim.library_dir),
         XL_SIMNVML_CONFIG=sim.env["XL_SIMNVML_CONFIG"],
-        TORCH_CUDA_ARCH_LIST="7.0;8.0",
+        TORCH_CUDA_ARCH_LIST="7.0;7.5",
         CUDA_VISIBLE_DEVICES="",
     )
     report, proc = run_doctor_json(env)  # torch: this venv's CPU build
@@ -244,7 +247,10 @@ def test_cpu_torch_on_gpu_box_and_consumer_nccl_trap(tmp_path: Path, simnvml) ->
     st = statuses(report)
     checks = by_id(report)
     assert st["torch"] == "fail" and "CPU-only" in checks["torch"]["detail"]
-    assert "download.pytorch.org/whl/cu121" in checks["torch"]["fix"]
+    # The newest wheel the 12.2 driver runs fully: torch's last release on cu121 (2.13 never was).
+    assert (
+        "torch==2.5.1 --index-url https://download.pytorch.org/whl/cu121" in checks["torch"]["fix"]
+    )
     assert st["nccl"] == "warn" and "NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1" in checks["nccl"]["fix"]
     assert (
         st["cuda_visible_devices"] == "warn" and "empty" in checks["cuda_visible_devices"]["detail"]
@@ -252,7 +258,7 @@ def test_cpu_torch_on_gpu_box_and_consumer_nccl_trap(tmp_path: Path, simnvml) ->
     assert st["cuda_device_order"] == "ok"  # identical GPUs
     assert st["host_compiler"] == "warn"  # no compiler at all on this PATH
     assert st["arch_list"] == "fail" and "leaves out 8.9" in checks["arch_list"]["detail"]
-    assert checks["arch_list"]["fix"] == 'export TORCH_CUDA_ARCH_LIST="7.0;8.0;8.9"'
+    assert checks["arch_list"]["fix"] == 'export TORCH_CUDA_ARCH_LIST="7.0;7.5;8.9"'
     assert proc.returncode == 1
 
 

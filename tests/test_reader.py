@@ -316,3 +316,26 @@ def test_only_finite_numbers_are_taken_as_figures(tmp_path: Path, decoder: str) 
     assert r0.step == 2.5  # `true` is not a step, 2.5 is
     assert r0.loss == 3 and list(r0.loss_history) == [(1.0, 2.0), (4.0, 3)]
     assert r0.samples_per_s is None and list(r0.samples_history) == [(1.0, 10.0)]
+
+
+def test_a_hang_s_victims_read_as_waiting_and_its_culprit_as_stalled(tmp_path: Path) -> None:
+    """The culprit of a hang is stalled; the ranks that wait for it in a collective are not
+    stalled in their own right: they read "waiting" until the culprit moves again."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"run_id": "run", "status": "running", "ranks": [
+        {"rank": 0, "state": "running"}, {"rank": 1, "state": "running"}]}))
+    (run / "metrics.jsonl").write_text("")
+    events = [
+        {"t": 1.0, "kind": "stalled", "rank": 1, "message": "rank 1 is in astray at hang.py:25"},
+        {"t": 1.0, "kind": "stalled", "rank": 0, "waiting_on": [1], "message": "rank 0 waits in all_reduce #4 for rank 1"},
+    ]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    reader = RunReader(run)
+    view = reader.poll()
+    assert (view.ranks[0].state, view.ranks[1].state) == ("waiting", "stalled")
+    with open(run / "events.jsonl", "a") as fh:
+        fh.write(json.dumps({"t": 2.0, "kind": "recovered", "rank": 1, "of": "stalled"}) + "\n")
+        fh.write(json.dumps({"t": 2.0, "kind": "recovered", "rank": 0, "of": "stalled"}) + "\n")
+    view = reader.poll()
+    assert (view.ranks[0].state, view.ranks[1].state) == ("running", "running")

@@ -323,7 +323,7 @@ def test_sbatch_help_and_bad_input(work: Path) -> None:
     assert "sbatch" in xl(["--help"], _env(work)).stdout
     _one_line(xl(["sbatch", "--nodes", "0", "train.py"], _env(work), cwd=work), "xl sbatch: ", "--nodes must be at least 1")
     _one_line(xl(["sbatch", "--time", "1 h", "train.py"], _env(work), cwd=work), "xl sbatch: ", "cannot be empty or hold spaces")
-    _one_line(xl(["sbatch", "--nnodes", "2", "train.py"], _env(work), cwd=work), "xl sbatch: ", "--nnodes does not go with xl sbatch (use --nodes)")
+    _one_line(xl(["sbatch", "--nnodes", "2", "train.py"], _env(work), cwd=work), "xl sbatch: ", "unknown option --nnodes; did you mean --nodes?")
     _one_line(xl(["sbatch", "missing.py"], _env(work), cwd=work), "xl sbatch: ", "no such script: missing.py")
     _one_line(xl(["sbatch", "--sbatch", "qos", "train.py"], _env(work), cwd=work), "xl sbatch: ", "give an sbatch option as written")
     _one_line(xl(["sbatch", "--rdzv", "nohost", "train.py"], _env(work), cwd=work), "xl sbatch: ", "--rdzv 'nohost' is not HOST:PORT")

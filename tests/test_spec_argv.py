@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import shlex
+import sys
 from dataclasses import replace
 
 import pytest
@@ -56,6 +57,7 @@ SPECS = {
     "mixed_precision_no": LaunchSpec(script="t.py", mixed_precision="no"),
     "multinode_node0": LaunchSpec(script="t.py", nnodes=2, rdzv="10.0.0.1:29500", nproc=4),
     "multinode_node3_ipv6": LaunchSpec(script="t.py", nnodes=4, node_rank=3, rdzv="[fd00::1]:29500"),
+    "another_python": LaunchSpec(script="t.py", python=sys.executable),
     "everything": LaunchSpec(
         module="a.b",
         args=["x", "--y=1"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import runfixtures
@@ -39,6 +40,7 @@ class FakeBackend:
         self.run_dir = run_dir
         self.started: list[LaunchSpec] = []
         self.stopped: list[Path] = []
+        self.asked_stacks: list[int] = []
 
     def inventory(self) -> Inventory:
         return Inventory(Driver(None, None, error="the fake backend has no driver"))
@@ -69,6 +71,16 @@ class FakeBackend:
 
     def stop(self, run_dir: Path) -> None:
         self.stopped.append(run_dir)
+
+    def stacks(self, run_dir: Path, rank: int) -> dict[str, Any]:
+        self.asked_stacks.append(rank)
+        frames = [{"file": "train.py", "line": 41, "function": "load_batch"}]
+        return {
+            "run_id": run_dir.name,
+            "t": NOW,
+            "ranks": [{"rank": rank, "node": "here", "pid": 4242, "threads": [{"name": "MainThread", "frames": frames}], "collectives": []}],
+            "verdict": {"ranks": [rank], "message": f"the others wait for rank {rank}"},
+        }
 
 
 @pytest.fixture
@@ -145,3 +157,22 @@ async def test_exit_code_asks_the_backend_when_left_from_another_screen(fake):
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, "the app ended")
     assert exit_code(app) == 1
+
+
+async def test_a_hang_shows_its_verdict_and_k_opens_the_chosen_rank_s_stacks(fake):
+    with open(fake.run_dir / "events.jsonl", "a", encoding="utf-8") as fh:
+        hang = {"t": NOW - 5, "kind": "hang", "rank": None, "ranks": [1], "stacks": "stacks/1.json",
+                "message": "ranks 0,2,3 wait in all_reduce #12 for rank 1, in load_batch at data.py:88"}
+        fh.write(json.dumps(hang) + "\n")
+    app = build_app(fake, monitor_run_dir=fake.run_dir, attach_only=True, clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.status == "running", "monitor")
+        banner = app.screen.query_one("#verdict-banner")
+        await until(pilot, lambda: banner.display and "for rank 1, in load_batch at data.py:88" in str(banner.render()), "the verdict banner")
+        await pilot.press("k")
+        await until(pilot, lambda: app.screen.id == "stacks", "the stacks screen")
+        text = app.screen.query_one("#stacks-text")
+        await until(pilot, lambda: "train.py:41 in load_batch" in str(text.render()), "the rank's frames")
+        assert fake.asked_stacks and fake.asked_stacks[0] == app.screen_stack[-2].query_one("#rank-table").current_rank
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "back to the monitor")

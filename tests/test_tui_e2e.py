@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tmuxterm import Tmux, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,48 +26,8 @@ pytestmark = [
 ]
 
 
-class Tmux:
-    """One private tmux server (its own -L socket) so tests never touch a person's sessions."""
-
-    def __init__(self) -> None:
-        self.socket = f"xl-test-{uuid.uuid4().hex[:8]}"
-
-    def run(self, *args: str) -> str:
-        proc = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=20)
-        return proc.stdout
-
-    def start(self, name: str, command: list[str], env: dict[str, str]) -> None:
-        shell = " ".join(_quote(a) for a in command)
-        exports = " ".join(f"{k}={_quote(v)}" for k, v in env.items())
-        # The trailing sleep keeps the pane readable after the app exits (its exit message and
-        # the command's exit code, which the test checks).
-        self.run("new-session", "-d", "-s", name, "-x", "120", "-y", "40", f"env {exports} {shell}; echo xl-exit=$?; sleep 60")
-
-    def screen(self, name: str) -> str:
-        return self.run("capture-pane", "-p", "-t", name)
-
-    def keys(self, name: str, *keys: str) -> None:
-        self.run("send-keys", "-t", name, *keys)
-
-    def kill(self) -> None:
-        subprocess.run(["tmux", "-L", self.socket, "kill-server"], capture_output=True, timeout=20)
-
-
-def _quote(s: str) -> str:
-    return "'" + s.replace("'", "'\\''") + "'"
-
-
-def wait_for(predicate, what: str, timeout: float = 90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for: {what}")
-
-
-ROW = re.compile(r"^\s*(\d+)\s+(running|straggler|stalled|exited|failed|stopped)\s+(\d+)(?:/\d+)?\s+(\S+)")
+# Rank, GPU ("cpu" for CPU ranks), state, step, loss.
+ROW = re.compile(r"^\s*(\d+)\s+(?:cpu|\d+)\s+(running|straggler|stalled|exited|failed|stopped)\s+(\d+)(?:/\d+)?\s+(\S+)")
 
 
 def rank_rows(screen: str) -> dict[int, tuple[str, int, str]]:

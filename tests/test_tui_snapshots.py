@@ -143,7 +143,7 @@ def test_runs(snap_compare, simnvml):
         await pilot.press("4")
         await until(pilot, lambda: app.screen.id == "runs" and app.screen.query_one("#runs-table").row_count == 5)
         # Column widths follow the rows a moment later: snapshot the laid-out table.
-        await until(pilot, lambda: app.screen.query_one("#runs-table").ordered_columns[-1].content_width >= len("20260530-straggler"))
+        await until(pilot, lambda: app.screen.query_one("#runs-table").ordered_columns[1].content_width >= len("20260530-straggler"))
 
     with sim.in_process():
         assert snap_compare(build_app(clock=lambda: NOW, poll_interval=SLOW), terminal_size=(120, 24), run_before=ready)

@@ -11,23 +11,35 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from rich.console import RenderableType
+from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
 from textual.driver import Driver
 from textual.screen import Screen
 
-from xl.errors import ArgumentParser
+from xl.errors import EXIT_USAGE, ArgumentParser
 from xl.tui import fmt
 from xl.tui.backend import Backend, LocalBackend
 from xl.tui.runview import FINISHED
 from xl.tui.selection import DeviceSelection
+from xl.tui.terminal import NOT_A_TERMINAL, interactive
 
 if TYPE_CHECKING:
     from xl.tui.screens.monitor import MonitorScreen
+
+# After Ctrl-C in `xl launch` / `xl demo`: how long the app waits for the run to end (the
+# supervisor's SIGTERM grace, then SIGKILL) before it closes and leaves the run stopping.
+STOP_WAIT_S = 60.0
+# The screen keys, one group in the footer ("1234 Screens") so `? Help` and `q Quit` fit at 80 columns.
+SCREENS = Binding.Group("Screens", compact=True)
 
 
 class XLApp(App[None]):
@@ -39,12 +51,15 @@ class XLApp(App[None]):
     DEFAULT_MODE = "gpus"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("1", "screen('gpus')", "GPUs"),
-        Binding("2", "screen('doctor')", "Doctor"),
-        Binding("3", "screen('launch')", "Launch"),
-        Binding("4", "screen('runs')", "Runs"),
+        Binding("1", "screen('gpus')", "GPUs", group=SCREENS),
+        Binding("2", "screen('doctor')", "Doctor", group=SCREENS),
+        Binding("3", "screen('launch')", "Launch", group=SCREENS),
+        Binding("4", "screen('runs')", "Runs", group=SCREENS),
         Binding("question_mark,f1", "help", "Help"),
         Binding("q", "quit", "Quit"),
+        # Priority: a form field would take it for "copy" and Textual's own binding only says
+        # "press ctrl+q"; people press Ctrl-C to end what they started (action_interrupt).
+        Binding("ctrl+c", "interrupt", "Quit", show=False, priority=True),
     ]
 
     def get_driver_class(self) -> type[Driver]:
@@ -83,7 +98,16 @@ class XLApp(App[None]):
         self.attach_only = attach_only and self.monitor_run_dir is not None
         self.clock: fmt.Clock = clock or fmt.default_clock
         self.poll_interval = poll_interval
+        # The one GPU selection: the picker and the Launch form's GPUs field both edit it. It
+        # starts as the last launch's, so both show what the next launch would use.
         self.selection = DeviceSelection()
+        if not self.attach_only:
+            from xl.tui import settings  # noqa: PLC0415 - the launch memory; not for `xl attach`
+
+            self.selection.set_spec(settings.last_gpus())
+        self._interrupted = False
+        # Set when the app closes before the stopped run ended: the thread waiting for it quits.
+        self._leave = threading.Event()
         # Status of the run the app was opened on (monitor_run_dir) as its Monitor last showed it
         # when the person left; exit_code() turns it into the command's exit code.
         self.run_outcome: str | None = None
@@ -141,6 +165,17 @@ class XLApp(App[None]):
         notice = self.notices.get(run_dir)
         self.push_screen(MonitorScreen(run_dir, standalone=False, interval=self.poll_interval, notice=notice))
 
+    @property
+    def owns_run(self) -> bool:
+        """The app was opened by `xl launch` / `xl demo` on the run they started (not `xl attach`,
+        not the bare app): Ctrl-C stops that run, `d` on its Monitor closes the app."""
+        return self.monitor_run_dir is not None and not self.attach_only
+
+    def closes_on_detach(self, run_dir: Path) -> bool:
+        """Leaving this run's Monitor with `d` ends the app: the run the command is about. Any
+        other Monitor (opened from Runs or Launch) just goes back, as escape does."""
+        return run_dir == self.monitor_run_dir
+
     def _left(self, run_dir: Path, status: str | None) -> None:
         # Only the run the command is about decides its exit code, not one opened from Runs.
         if run_dir == self.monitor_run_dir:
@@ -167,9 +202,54 @@ class XLApp(App[None]):
         if isinstance(screen, MonitorScreen):
             self._left(screen.run_dir, screen.status)
             if screen.status not in FINISHED:
-                screen.action_detach()
+                self.detach(screen.run_dir, screen.status)
                 return
         self.exit(return_code=0)
+
+    def exit(self, result: None = None, return_code: int = 0, message: RenderableType | None = None) -> None:
+        self._leave.set()  # however the app closes, nothing waits on a run that is stopping
+        super().exit(result, return_code, message)
+
+    async def action_interrupt(self) -> None:
+        """Ctrl-C. In `xl launch` / `xl demo`: stop the run they started, as torchrun and the
+        plain view do, and close once it has ended (exit 1, like the plain view); a second
+        Ctrl-C closes at once and leaves it stopping. Everywhere else: the same as `q`."""
+        run_dir = self.monitor_run_dir
+        if not self.owns_run or run_dir is None:
+            await self.action_quit()
+            return
+        if self._interrupted:
+            self.exit(return_code=130, message=f"Left run {run_dir.name} stopping; `xl runs` shows its status.")
+            return
+        self._interrupted = True
+        self.notify(f"Stopping run {run_dir.name}: Ctrl-C again leaves it stopping in the background", timeout=30)
+        self._stop_own_run(run_dir)
+
+    @work(thread=True, exclusive=True, group="interrupt")
+    def _stop_own_run(self, run_dir: Path) -> None:
+        try:
+            self.backend.stop(run_dir)
+        except Exception as exc:  # say why, and let Ctrl-C try again
+            self.call_from_thread(self._stop_failed, f"Could not stop the run: {exc}")
+            return
+        deadline = time.monotonic() + STOP_WAIT_S
+        status = self.backend.run_status(run_dir)
+        while status not in FINISHED and time.monotonic() < deadline:
+            if self._leave.wait(0.2):
+                return  # the app closed: it must not wait for this thread
+            status = self.backend.run_status(run_dir)
+        self.call_from_thread(self._stopped_own_run, run_dir, status)
+
+    def _stop_failed(self, message: str) -> None:
+        self._interrupted = False
+        self.notify(message, severity="error")
+
+    def _stopped_own_run(self, run_dir: Path, status: str | None) -> None:
+        if status not in FINISHED:
+            self.exit(return_code=130, message=f"Left run {run_dir.name} stopping; `xl runs` shows its status.")
+            return
+        self.run_outcome = status
+        self.exit(return_code=0, message=f"Run {run_dir.name} {status}.")
 
 
 def _freeze_startup_objects() -> None:
@@ -223,6 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="The xl app: GPUs and device picker, doctor, launch, live monitor, runs.",
     )
     parser.parse_args(list(argv or []))
+    if not interactive():
+        # Textual would write escape codes into the file or pipe and wait for keys that never come.
+        sys.stderr.write(NOT_A_TERMINAL + "\n")
+        return EXIT_USAGE
     app = build_app()
     app.run()
     return app.return_code or 0

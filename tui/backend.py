@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from xl.doctor.report import Report
@@ -65,6 +65,11 @@ class Backend(Protocol):
 
     def stop(self, run_dir: Path) -> None:
         """Stop the run: SIGTERM to every rank, SIGKILL after the grace period."""
+        ...
+
+    def stacks(self, run_dir: Path, rank: int) -> dict[str, Any]:
+        """Ask ``rank`` of the running run where it is now: DESIGN.md's stacks document (raises
+        with a one-line message when the run is not running)."""
         ...
 
 
@@ -132,3 +137,8 @@ class LocalBackend:
         from xl.launcher.control import stop_run  # noqa: PLC0415 - the launcher loads only once a run is stopped
 
         stop_run(run_dir)
+
+    def stacks(self, run_dir: Path, rank: int) -> dict[str, Any]:
+        from xl.launcher.telemetry.stacks import run_document  # noqa: PLC0415 - loads only when stacks are asked for
+
+        return run_document(run_dir, rank)

@@ -7,20 +7,11 @@ anywhere else (pipes, CI, TERM=dumb) the launcher's own Rich/plain view runs.
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-
-def _interactive() -> bool:
-    if os.environ.get("TERM", "") in ("", "dumb"):
-        return False
-    try:
-        return sys.stdin.isatty() and sys.stdout.isatty()
-    except (AttributeError, ValueError):
-        return False
+from xl.tui.terminal import interactive as _interactive
 
 
 def _monitor_own_run(run_dir: Path, _proc: Any, notice: str | None = None) -> int:

@@ -16,6 +16,7 @@ STATE_STYLE = {
     "running": "green",
     "straggler": "yellow",
     "stalled": "bold yellow",
+    "waiting": "yellow",
     "exited": "dim",
     "stopped": "dim",
     "failed": "bold red",

@@ -17,11 +17,30 @@ BUSY_MEM_FRACTION = 0.10
 
 @dataclass
 class DeviceSelection:
-    """Chosen GPU indices (nvidia-smi numbering) in launch order: LOCAL_RANK k uses ``order[k]``."""
+    """Chosen GPU indices (nvidia-smi numbering) in launch order: LOCAL_RANK k uses ``order[k]``.
+
+    The app holds one: the GPUs picker and the Launch form's GPUs field both edit it, so they
+    always show the same choice. ``other`` is a ``--gpus`` value typed in the form that is not a
+    list of indices (``auto:4``, ``all``, UUIDs): the picker shows it, and a pick replaces it.
+    """
 
     order: list[int] = field(default_factory=list)
+    other: str = ""
+
+    def set_spec(self, spec: str | None) -> None:
+        """Take a ``--gpus`` value (the form's field, a remembered launch); "" or None: every GPU."""
+        spec = (spec or "").strip()
+        words = [w.strip() for w in spec.split(",")]
+        if spec and all(w.isdigit() for w in words) and len(set(words)) == len(words):
+            self.order, self.other = [int(w) for w in words], ""
+        else:
+            self.order, self.other = [], spec
+
+    def clear(self) -> None:
+        self.order, self.other = [], ""
 
     def toggle(self, index: int) -> None:
+        self.other = ""
         if index in self.order:
             self.order.remove(index)
         else:
@@ -48,8 +67,9 @@ class DeviceSelection:
 
     @property
     def gpus_spec(self) -> str:
-        """The ``--gpus`` value (and ``CUDA_VISIBLE_DEVICES``) for this selection; "" when empty."""
-        return ",".join(str(i) for i in self.order)
+        """The ``--gpus`` value for this selection (for picks, also ``CUDA_VISIBLE_DEVICES``);
+        "" when empty: the launcher's default, every GPU."""
+        return self.other or ",".join(str(i) for i in self.order)
 
 
 def selection_warnings(gpus: Sequence[Any], order: Sequence[int]) -> list[str]:

@@ -92,3 +92,48 @@ def has_open(pid: int, prefix: str, proc: str = PROC) -> bool | None:
         except OSError:
             continue
     return False
+
+
+def set_cmdline(args: list[str], proc: str = PROC) -> bool:
+    """Replace what ``ps`` shows as this process's command line (``/proc/self/cmdline``).
+
+    The kernel reads it from the argv area of this process's own memory (``arg_start`` to
+    ``arg_end``, fields 48-49 of /proc/self/stat); writing there, as setproctitle does, changes
+    it in place. The new line is cut to the old one's length and the rest zeroed: nothing of the
+    old arguments (e.g. a secret given with --env) stays readable. False when it could not."""
+    import ctypes  # noqa: PLC0415 - only the forked supervisor and `xl launch` need it; `import xl` stays light
+
+    try:
+        with open(f"{proc}/self/stat", "rb") as fh:
+            stat = fh.read()
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        start, end = int(fields[45]), int(fields[46])  # fields 48, 49 counted from pid = 1
+    except (OSError, ValueError, IndexError):
+        return False
+    size = end - start
+    if size <= 0:
+        return False
+    raw = b"\0".join(a.encode("utf-8", "replace") for a in args)[: size - 1]
+    try:
+        ctypes.memmove(start, raw.ljust(size, b"\0"), size)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def hide_values(args: list[str], flag: str) -> list[str]:
+    """``args`` with the value of every ``flag K=V`` / ``flag=K=V`` shown as ``K=***``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in args:
+        if hide_next:
+            out.append(arg.partition("=")[0] + "=***")
+            hide_next = False
+        elif arg == flag:
+            out.append(arg)
+            hide_next = True
+        elif arg.startswith(flag + "="):
+            out.append(flag + "=" + arg[len(flag) + 1 :].partition("=")[0] + "=***")
+        else:
+            out.append(arg)
+    return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from xl.doctor.checks import build, devices, gpu, pytorch, system, toolkit
+from xl.doctor.checks import archs, build, devices, gpu, proof, pytorch, system, toolkit
 from xl.doctor.checks.common import Finding, error
 from xl.doctor.facts import Facts
 from xl.doctor.report import Check
@@ -45,6 +45,9 @@ class CheckSpec:
         )
 
 
+# Only with `xl doctor --build`: it compiles, so it is not in the fast default set.
+BUILD = CheckSpec("build", "build proof", "Build", lambda f: proof.check_build(f, []))
+
 CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("driver", "NVIDIA driver", DRIVER_GPUS, gpu.check_driver),
     CheckSpec("gpus", "GPUs", DRIVER_GPUS, gpu.check_gpus),
@@ -63,12 +66,25 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("shm", "shared memory", SYSTEM, system.check_shm),
     CheckSpec("nccl", "NCCL", SYSTEM, system.check_nccl),
     CheckSpec("ninja", "ninja", TOOLKIT, build.check_ninja),
-    CheckSpec("arch_list", "TORCH_CUDA_ARCH_LIST", PYTORCH, build.check_arch_list),
+    CheckSpec("arch_list", "TORCH_CUDA_ARCH_LIST", PYTORCH, archs.check_arch_list),
 )
 
 
+def _statuses(f: Facts) -> dict[str, str]:
+    """Every check's status for these facts: how a fix is tried before it is printed."""
+    out: dict[str, str] = {}
+    for spec in CHECKS:
+        try:
+            out[spec.id] = spec.run(f).status
+        except Exception:
+            out[spec.id] = "error"
+    return out
+
+
 def run_checks(f: Facts) -> list[Check]:
-    """Every check, in CHECKS' order; a check that raises becomes `error`, never a traceback."""
+    """Every check, in CHECKS' order; a check that raises becomes `error`, never a traceback.
+    With --build (f.build set) the `build` proof comes last and has the final word."""
+    f.recheck = _statuses
     out: list[Check] = []
     for spec in CHECKS:
         try:
@@ -77,6 +93,8 @@ def run_checks(f: Facts) -> list[Check]:
             why = f"the check itself failed: {type(exc).__name__}: {exc}"
             fix = "please report this as an xl bug (run `xl doctor --json` and attach the output)"
             out.append(spec.check(error(why, fix=fix)))
+    if f.build is not None:
+        out.append(BUILD.check(proof.check_build(f, out)))
     return out
 
 

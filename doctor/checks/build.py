@@ -1,10 +1,8 @@
-"""Building CUDA extensions: the host compiler nvcc accepts, ninja for torch's builder, and the
-architectures TORCH_CUDA_ARCH_LIST builds for."""
+"""Building CUDA extensions: the host compiler nvcc accepts, and ninja for torch's builder."""
 
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from xl.doctor.checks.common import (
@@ -18,10 +16,9 @@ from xl.doctor.checks.common import (
     python_of,
     skip,
     warn,
-    working_gpus,
 )
-from xl.doctor.facts import Compiler, Facts, Toolkit, major_minor, vtuple
-from xl.doctor.tables import ARCH_NAMES, NVCC_ARCH_RANGE, compiler_max_from_table
+from xl.doctor.facts import Compiler, Facts, Toolkit, major_minor
+from xl.doctor.tables import TORCH_COMPILER_REFUSES, compiler_max_from_table
 
 
 def _compiler_limits(
@@ -69,6 +66,75 @@ def _compiler_fix(f: Facts, c: Compiler, kind: str, lo: int | None, hi: int) -> 
     return fix
 
 
+_VAR_FIX = {
+    "CC": "unset CC",
+    "NVCC_CCBIN": "unset NVCC_CCBIN",
+    "NVCC_APPEND_FLAGS": "remove -ccbin from NVCC_APPEND_FLAGS",
+    "NVCC_PREPEND_FLAGS": "remove -ccbin from NVCC_PREPEND_FLAGS",
+}
+_ALLOW = ("-allow-unsupported-compiler", "--allow-unsupported-compiler")
+
+
+def _var_fix(f: Facts, c: Compiler) -> str:
+    """Stop the variable naming a broken compiler; name an installed one when there is one."""
+    fix = _VAR_FIX.get(c.source, f"unset {c.source}")
+    gccs = sorted(
+        (x for x in f.other_compilers if x[1] == "gcc" and "++" not in os.path.basename(x[0])),
+        key=lambda x: -x[2],
+    )
+    if c.source == "CC" and gccs:
+        fix += f" (or export CC={gccs[0][0]})"
+    return fix
+
+
+def _allow_flag(f: Facts) -> str | None:
+    """The NVCC_*_FLAGS variable that holds -allow-unsupported-compiler, if one does."""
+    for var in ("NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS"):
+        if any(w in _ALLOW for w in (f.env.get(var) or "").split()):
+            return var
+    return None
+
+
+def _allowed_unsupported(
+    f: Facts,
+    c: Compiler,
+    label: str,
+    kind: str,
+    cuda_ver: str,
+    limits: tuple[int | None, int],
+    var: str,
+    data: dict[str, Any],
+) -> Finding:
+    """Outside host_config.h's range with nvcc's check switched off: nvcc builds, but torch's own
+    table (binary builds, unless TORCH_DONT_CHECK_COMPILER_ABI) may still refuse it."""
+    lo, hi = limits
+    data["allow_unsupported_compiler"] = var
+    mm = major_minor(cuda_ver) or ""
+    refuses = TORCH_COMPILER_REFUSES.get(kind, {}).get(mm)
+    t = f.torch
+    binary = t is not None and t.found and bool(t.cuda) and "+git" not in (t.version or "")
+    off = (f.env.get("TORCH_DONT_CHECK_COMPILER_ABI") or "").upper() in (
+        "ON",
+        "1",
+        "YES",
+        "TRUE",
+        "Y",
+    )
+    if binary and not off and refuses is not None and (c.major or 0) >= refuses:
+        return fail(
+            f"{label}: -allow-unsupported-compiler in {var} switches off nvcc's own check, but torch's builder "
+            f"still refuses {kind} >= {refuses} for CUDA {mm} (its compiler table)",
+            fix=f"{_compiler_fix(f, c, kind, lo, hi)} (or keep this compiler: export TORCH_DONT_CHECK_COMPILER_ABI=1)",
+            data=data,
+        )
+    return warn(
+        f"{label} is past what nvcc {mm} supports ({kind} <= {hi}); -allow-unsupported-compiler in {var} lets it "
+        "build, unsupported by NVIDIA (builds may fail or miscompile)",
+        fix=_compiler_fix(f, c, kind, lo, hi),
+        data=data,
+    )
+
+
 def check_host_compiler(f: Facts) -> Finding:
     c = f.compiler
     tk = in_use_toolkit(f)
@@ -88,10 +154,19 @@ def check_host_compiler(f: Facts) -> Finding:
         "kind": c.kind,
         "version": c.version,
     }
+    if c.missing and c.source != "gcc":
+        # A definite failure, not an unknown: nvcc gets `-ccbin <this>` and can't run it.
+        how = "torch's builder passes `-ccbin $CC` to nvcc" if c.source == "CC" else "nvcc takes it"
+        return fail(
+            f"{c.source} names {c.path}, which does not exist: {how}, and every CUDA build stops there",
+            fix=_var_fix(f, c),
+            data=data,
+        )
     if c.problem:
         return error(
             f"{c.path} (from {c.source}): {c.problem}",
-            fix=f"check `{c.path} --version`; point NVCC_CCBIN at a working gcc/g++",
+            fix=f"check `{c.path} --version`; "
+            + (_var_fix(f, c) if c.source != "gcc" else "point NVCC_CCBIN at a working gcc/g++"),
             data=data,
         )
     if not cuda_ver:
@@ -109,6 +184,9 @@ def check_host_compiler(f: Facts) -> Finding:
     major = c.major or 0
     if major > hi or (lo is not None and major < lo):
         bound = f"<= {hi}" if major > hi else f">= {lo}"
+        allowed = _allow_flag(f)
+        if allowed:
+            return _allowed_unsupported(f, c, label, kind, cuda_ver, (lo, hi), allowed, data)
         return fail(
             f"{label} is outside what nvcc {major_minor(cuda_ver)} accepts ({kind} {bound}, from {src})",
             fix=_compiler_fix(f, c, kind, lo, hi),
@@ -136,111 +214,3 @@ def check_ninja(f: Facts) -> Finding:
         "not found: JIT extension builds (DeepSpeed ops, torch.utils.cpp_extension.load) fail",
         fix=f"{python_of(f)} -m pip install ninja",
     )
-
-
-_ARCH_TOKEN = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
-_ARCH_SEP = re.compile(r"[;\s,]+")
-
-
-def _parse_arch_list(value: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[str]]:
-    """(architectures, those with +PTX, tokens that are not one), names such as Ampere expanded."""
-    archs: list[tuple[int, int]] = []
-    ptx: list[tuple[int, int]] = []
-    bad: list[str] = []
-    for tok in _ARCH_SEP.split(value.strip()):
-        if not tok:
-            continue
-        named = ARCH_NAMES.get(tok.lower().replace("+ptx", ""))
-        items = (
-            [n + ("+PTX" if tok.lower().endswith("+ptx") else "") for n in named]
-            if named
-            else [tok]
-        )
-        for item in items:
-            m = _ARCH_TOKEN.match(item)
-            if not m:
-                bad.append(tok)
-                continue
-            cc = (int(m.group(1)), int(m.group(2)))
-            archs.append(cc)
-            if m.group(4):
-                ptx.append(cc)
-    return archs, ptx, bad
-
-
-def _export_arch_list(value: str) -> str:
-    return f'export TORCH_CUDA_ARCH_LIST="{value}"'
-
-
-def _arch_coverage(
-    caps: list[str], archs: list[tuple[int, int]], ptx: list[tuple[int, int]]
-) -> tuple[list[str], list[str]]:
-    """The GPUs' capabilities with no kernels at all, and those covered only by PTX (JIT)."""
-    missing: list[str] = []
-    jit: list[str] = []
-    for cap in caps:
-        parts = (*vtuple(cap), 0, 0)
-        cc = (parts[0], parts[1])
-        if cc in archs:
-            continue
-        if any(p[0] == cc[0] and p <= cc for p in ptx) or any(p < cc for p in ptx):
-            jit.append(cap)
-        else:
-            missing.append(cap)
-    return missing, jit
-
-
-def check_arch_list(f: Facts) -> Finding:
-    value = f.env.get("TORCH_CUDA_ARCH_LIST")
-    gpus = working_gpus(f)
-    caps = sorted({g.compute_capability for g in gpus if g.compute_capability})
-    if value is None or not value.strip():
-        if caps:
-            return ok(f"unset: builds target the GPUs present ({', '.join(caps)})")
-        return skip("unset, and no GPUs here to build for")
-    archs, ptx, bad = _parse_arch_list(value)
-    data = {"value": value, "gpus": caps}
-    if bad:
-        return fail(
-            f"{value!r}: {bad[0]!r} is not an architecture (like 8.0, 9.0a or 8.6+PTX)",
-            fix=_export_arch_list(";".join(caps) or "8.0;9.0"),
-            data=data,
-        )
-    tk_ver, _ = home_cuda(f)
-    nv = vtuple(tk_ver)[:1]
-    if nv and nv[0] in NVCC_ARCH_RANGE:
-        lo = NVCC_ARCH_RANGE[nv[0]][0]
-        unsupported = sorted({a for a in archs if a < lo})
-        if unsupported:
-            keep = [a for a in dict.fromkeys(archs) if a >= lo]
-            s = ", ".join(f"{a[0]}.{a[1]}" for a in unsupported)
-            return fail(
-                f"nvcc {major_minor(tk_ver)} can't build for {s} (its oldest is {lo[0]}.{lo[1]})",
-                fix=_export_arch_list(
-                    ";".join(f"{a[0]}.{a[1]}" for a in keep) or f"{lo[0]}.{lo[1]}"
-                ),
-                data=data,
-            )
-    if not caps:
-        return ok(f"{value!r} (no GPUs here to compare with)", data=data)
-    missing, jit = _arch_coverage(caps, archs, ptx)
-    # Keep what the person wrote (names, +PTX) and add what is missing.
-    written = [t for t in _ARCH_SEP.split(value.strip()) if t]
-    want = ";".join(dict.fromkeys([*written, *(c for c in caps if c in missing or c in jit)]))
-    if missing:
-        names = ", ".join(
-            f"{cap} ({next(g.name for g in gpus if g.compute_capability == cap)})"
-            for cap in missing
-        )
-        return fail(
-            f'{value!r} leaves out {names}: kernels built now fail with "no kernel image is available"',
-            fix=_export_arch_list(want),
-            data=data,
-        )
-    if jit:
-        return warn(
-            f"{value!r} covers {', '.join(jit)} only through PTX (JIT at first start, slower)",
-            fix=_export_arch_list(want),
-            data=data,
-        )
-    return ok(f"{value!r} covers every GPU here ({', '.join(caps)})", data=data)

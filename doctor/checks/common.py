@@ -7,10 +7,20 @@ A check decides only status, detail, fix and data; its id, title and area come f
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from xl.doctor.facts import Facts, Toolkit, major_minor, parse_nvcc_version
+from xl.doctor.facts import (
+    CmdResult,
+    Facts,
+    Toolkit,
+    TorchInfo,
+    major_minor,
+    parse_nvcc_version,
+    vtuple,
+)
+from xl.doctor.wheels import NEWEST_KNOWN, TAG_CUDA, base_version, install_command, version_for
 
 
 @dataclass
@@ -122,3 +132,98 @@ def toolkit_with(f: Facts, cuda: str) -> Toolkit | None:
 def export_toolkit(tk: Toolkit) -> str:
     """The shell line that makes both torch's builder and `nvcc` on PATH use this toolkit."""
     return f"export CUDA_HOME={tk.root} PATH={tk.root}/bin:$PATH"
+
+
+# ---------------------------------------------------------------------------------------------
+# fixes tried before they are printed
+
+Apply = Callable[[Facts], Facts]
+
+
+def first_safe(f: Facts, check_id: str, candidates: Sequence[tuple[str, Apply]]) -> str | None:
+    """The first candidate fix that, applied to the facts, clears this check's failure and makes
+    no other check fail that did not fail before; None when none does. On hypothetical facts
+    (a fix being tried) the first candidate stands, so trying never recurses."""
+    if not candidates:
+        return None
+    if f.what_if or f.recheck is None:
+        return candidates[0][0]
+    before = f.recheck(replace(f, what_if=True))
+    for text, apply in candidates:
+        after = f.recheck(apply(f))
+        if after.get(check_id) == "fail":
+            continue
+        if any(s == "fail" and before.get(k) != "fail" for k, s in after.items() if k != check_id):
+            continue
+        return text
+    return None
+
+
+def with_torch(tag: str, version: str | None) -> Apply:
+    """The facts after installing torch `version` (None: the index's newest) from `tag`."""
+
+    def apply(f: Facts) -> Facts:
+        base = version or base_version(torch_version(f)) or NEWEST_KNOWN
+        t = f.torch if f.torch is not None else TorchInfo(python=f.python)
+        new = replace(t, found=True, cuda=TAG_CUDA[tag], version=f"{base}+{tag}", problem=None)
+        return replace(f, torch=new, what_if=True)
+
+    return apply
+
+
+def torch_fix(f: Facts, check_id: str, tags: Sequence[str]) -> str | None:
+    """The first `pip install torch ... --index-url .../<tag>` among `tags` that is published
+    (wheels.py) and breaks no other check."""
+    py = python_of(f)
+    cands = []
+    for tag in tags:
+        pin = version_for(tag, torch_version(f))
+        cands.append((install_command(py, tag, torch_version(f)), with_torch(tag, pin)))
+    return first_safe(f, check_id, cands)
+
+
+def with_toolkit(tk: Toolkit) -> Apply:
+    """The facts after `export_toolkit(tk)`: CUDA_HOME and PATH's nvcc are this toolkit's."""
+
+    def apply(f: Facts) -> Facts:
+        run = tk.nvcc_run
+        if run is None or not run.ok:
+            mm = major_minor(tk.version) or "?"
+            line = f"Cuda compilation tools, release {mm}, V{tk.version}"
+            run = CmdResult(argv=[tk.nvcc or "nvcc", "--version"], stdout=line)
+        return replace(
+            f,
+            env={**f.env, "CUDA_HOME": tk.root},
+            cuda_home=tk.root,
+            cuda_home_from="CUDA_HOME",
+            cuda_home_dir=tk,
+            home_toolkit=tk.real,
+            path_toolkit=tk.real,
+            path_nvcc=tk.nvcc,
+            path_nvcc_run=run,
+            cuda_home_nvcc_run=run,
+            what_if=True,
+        )
+
+    return apply
+
+
+def toolkit_choices(f: Facts, exclude: str | None = None) -> list[Toolkit]:
+    """Usable toolkits a fix may point at, best first: torch's CUDA exactly, then its major
+    (another major makes torch's builder refuse), complete ones (headers) before others, the
+    one in use before the rest. `exclude` is a real path to leave out (the one that failed)."""
+    tc = major_minor(torch_cuda(f))
+    in_use = in_use_toolkit(f)
+
+    def rank(t: Toolkit) -> tuple[int, bool, bool]:
+        same_major = vtuple(t.short)[:1] == vtuple(tc)[:1]
+        match = 0 if t.short == tc else 1 if same_major else 2
+        return (match if tc else 0, not t.has_headers, t is not in_use)
+
+    usable = [t for t in f.toolkits if t.nvcc and t.version and not t.problem and t.real != exclude]
+    return sorted(usable, key=rank)
+
+
+def toolkit_fix(f: Facts, check_id: str, tks: Sequence[Toolkit]) -> str | None:
+    """The first `export CUDA_HOME=... PATH=...` among these toolkits that breaks no other check."""
+    return first_safe(f, check_id, [(export_toolkit(tk), with_toolkit(tk)) for tk in tks])

@@ -3,16 +3,13 @@ nvidia-smi's (CUDA_DEVICE_ORDER)."""
 
 from __future__ import annotations
 
-import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xl.doctor.checks.common import Finding, ok, skip, warn, working_gpus
 from xl.doctor.facts import Facts
 
 if TYPE_CHECKING:
     from xl.gpu.devices import Visibility
-
-_DEVICE_TOKEN = re.compile(r"\s*(\d+|(GPU|MIG)-[0-9A-Za-z-]+)\s*")
 
 
 def _resolve_visible(f: Facts) -> Visibility:
@@ -23,62 +20,14 @@ def _resolve_visible(f: Facts) -> Visibility:
     return resolve_visible_devices(list(f.gpus), f.env)
 
 
-def _visible_without_driver(value: str, data: dict[str, Any]) -> Finding:
-    """Only the syntax of the entries can be judged: there is no GPU list to match them to."""
-    bad = [tok for tok in value.split(",") if not _DEVICE_TOKEN.fullmatch(tok)]
-    if bad:
-        return warn(
-            f"{value!r}: {bad[0]!r} is neither an index nor a GPU-/MIG- UUID",
-            fix="use indices or UUIDs from `nvidia-smi -L`, e.g. CUDA_VISIBLE_DEVICES=0,1",
-            data=data,
-        )
-    return skip(f"{value!r}; no driver to check the entries against", data=data)
-
-
 def check_cuda_visible_devices(f: Facts) -> Finding:
-    value = f.env.get("CUDA_VISIBLE_DEVICES")
-    gpus = list(f.gpus)
+    """The verdict `xl launch` acts on too (xl.gpu.devices.judge_visible_devices): what the
+    doctor calls fail stops a launch, warn is said at launch, ok and skip pass silently."""
+    from xl.gpu.devices import judge_visible_devices  # noqa: PLC0415 - keeps xl.gpu off the startup path
+
     have_driver = f.driver is not None and not f.driver.error
-    if value is None:
-        if have_driver:
-            return ok(f"unset: all {len(gpus)} GPU(s) visible")
-        return skip("unset")
-    data: dict[str, Any] = {"value": value}
-    if value.strip() == "":
-        return Finding(
-            status="warn" if gpus or not have_driver else "ok",
-            detail="set but empty: CUDA sees no GPU at all (torch.cuda.is_available() is False)",
-            fix="unset CUDA_VISIBLE_DEVICES (or list the GPUs to use, e.g. 0,1)",
-            data=data,
-        )
-    if not have_driver:
-        return _visible_without_driver(value, data)
-    vis = _resolve_visible(f)
-    devices = list(vis.devices)
-    # Visibility also reports CUDA_DEVICE_ORDER problems; those belong to the next check.
-    problems = [p for p in vis.problems if p.startswith(("CUDA_VISIBLE_DEVICES", "entry "))]
-    # Selecting MIG instances is a valid setup; say so without calling it a problem.
-    problems = [p for p in problems if "MIG instances" not in p]
-    if vis.mig_ids and not problems:
-        return ok(
-            f"{value!r}: {len(vis.mig_ids)} MIG instance(s)"
-            + (f" and GPU(s) {', '.join(str(g.index) for g in devices)}" if devices else ""),
-            data=data,
-        )
-    data["devices"] = [g.index for g in devices]
-    if problems:
-        fatal = bool(vis.duplicates) or any("CUDA stops there" in p for p in problems)
-        keep = ",".join(str(g.index) for g in devices) or ",".join(str(g.index) for g in gpus)
-        return Finding(
-            status="fail" if fatal else "warn",
-            detail="; ".join(problems),
-            fix=f"export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={keep} (indices from `nvidia-smi -L`)"
-            if keep
-            else "unset CUDA_VISIBLE_DEVICES",
-            data=data,
-        )
-    shown = ", ".join(f"{g.index}" for g in devices)
-    return ok(f"{value!r}: CUDA sees nvidia-smi GPU(s) {shown}", data=data)
+    v = judge_visible_devices(list(f.gpus), f.env, have_driver=have_driver)
+    return Finding(status=v.status, detail=v.detail, fix=v.fix or "", data=dict(v.data))
 
 
 def check_cuda_device_order(f: Facts) -> Finding:

@@ -1,26 +1,79 @@
-"""PyTorch: is torch installed and built for this machine, does its CUDA match the toolkit that
-builds extensions, and does the driver run it?"""
+"""PyTorch: is torch installed and built for this machine (its CUDA and the GPU architectures its
+wheel carries), does its CUDA match the toolkit that builds extensions, and does the driver run it?"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from xl.doctor.archs import parse_arch_list, runs_on
 from xl.doctor.checks.common import (
     Finding,
     error,
-    export_toolkit,
     fail,
     home_cuda,
     ok,
     python_of,
     skip,
+    toolkit_fix,
     toolkit_with,
     torch_cuda,
+    torch_fix,
     torch_label,
-    torch_version,
     warn,
     working_gpus,
 )
 from xl.doctor.facts import Facts, major_minor, vtuple
-from xl.doctor.tables import DRIVER_FOR_CUDA, deepspeed_verdict, torch_install_fix, wheel_tag_for
+from xl.doctor.tables import DRIVER_FOR_CUDA, deepspeed_verdict
+from xl.doctor.wheels import TAG_CUDA, WHEEL_ARCHS, tag_of, tags_by_cuda
+
+# NVIDIA's minor-version compatibility: a driver of this branch or newer runs any minor of the
+# same CUDA major (without PTX JIT of the newer minor's PTX).
+MINOR_COMPAT_DRIVER: dict[int, int] = {11: 450, 12: 525, 13: 580}
+
+
+def _driver_cuda(f: Facts) -> str | None:
+    d = f.driver
+    return d.cuda_version if d is not None and not d.error and d.cuda_version else None
+
+
+def _wheel_tag(f: Facts) -> str | None:
+    """The CUDA tag of a torch wheel from PyTorch's builds (version `+cuNNN`, or the nvidia/
+    libraries a PyPI wheel brings): whose architecture list wheels.WHEEL_ARCHS knows. A conda
+    or source build carries other architectures and is not judged."""
+    t = f.torch
+    tag = tag_of(t.cuda) if t is not None else None
+    if t is None or tag is None or tag not in WHEEL_ARCHS:
+        return None
+    local = (t.version or "").partition("+")[2]
+    if local:
+        return tag if local == tag else None
+    return tag if t.pip_libs else None
+
+
+def _no_kernel(tag: str, caps: list[str]) -> list[str]:
+    """The capabilities a wheel of this tag has neither a cubin nor PTX for."""
+    al = parse_arch_list(WHEEL_ARCHS[tag])
+    return [c for c in caps if runs_on(c, al.cc(), al.ptx()) == "none"]
+
+
+def _wheel_tags(f: Facts, caps: list[str]) -> list[str]:
+    """Tags worth installing from: every GPU has kernels in them; the driver runs them fully
+    (newest first), then through minor-version compatibility (oldest first)."""
+    cover = [t for t in tags_by_cuda() if not _no_kernel(t, caps)]
+    dc = vtuple(_driver_cuda(f))[:2]
+    if not dc:
+        return cover[::-1]
+    full = [t for t in cover if vtuple(TAG_CUDA[t]) <= dc]
+    compat = [t for t in cover if vtuple(TAG_CUDA[t]) > dc and vtuple(TAG_CUDA[t])[0] == dc[0]]
+    return full[::-1] + compat
+
+
+def _gpu_names(f: Facts, caps: list[str]) -> str:
+    gpus = working_gpus(f)
+    return ", ".join(
+        f"{next(g.name for g in gpus if g.compute_capability == c)} (sm_{c.replace('.', '')})"
+        for c in caps
+    )
 
 
 def check_torch(f: Facts) -> Finding:
@@ -33,13 +86,19 @@ def check_torch(f: Facts) -> Finding:
             fix=f"run `{py} -c 'import torch; print(torch.__version__)'` to see the error",
         )
     gpus = working_gpus(f)
-    data = {"python": t.python, "version": t.version, "cuda": t.cuda, "location": t.location}
+    caps = sorted({g.compute_capability for g in gpus if g.compute_capability})
+    data: dict[str, Any] = {
+        "python": t.python,
+        "version": t.version,
+        "cuda": t.cuda,
+        "location": t.location,
+    }
     if not t.found:
-        driver_cuda = f.driver.cuda_version if f.driver is not None and not f.driver.error else None
-        tag = wheel_tag_for(driver_cuda, at_most=True) if driver_cuda else "cpu"
+        fix = torch_fix(f, "torch", _wheel_tags(f, caps) if gpus else [])
         return fail(
             f"torch is not installed in {py}",
-            fix=f"{py} -m pip install torch --index-url https://download.pytorch.org/whl/{tag or 'cpu'}",
+            fix=fix
+            or f"{py} -m pip install torch --index-url https://download.pytorch.org/whl/cpu",
             data=data,
         )
     if t.problem:
@@ -51,16 +110,28 @@ def check_torch(f: Facts) -> Finding:
     if t.hip:
         return ok(f"torch {t.version} (ROCm {t.hip} build)", data=data)
     if t.cuda:
+        tag = _wheel_tag(f)
+        missing = _no_kernel(tag, caps) if tag else []
+        if tag:
+            data["archs"] = WHEEL_ARCHS[tag]
+        if missing:
+            fix = torch_fix(f, "torch", _wheel_tags(f, caps))
+            return fail(
+                f"torch {t.version} carries kernels for {WHEEL_ARCHS[tag or '']} only; "
+                f'{_gpu_names(f, missing)} gets "no kernel image is available for execution on the device" at the first kernel',
+                fix=fix
+                or "no published torch wheel has kernels for this GPU and runs on this driver: upgrade the NVIDIA driver",
+                data=data,
+            )
         return ok(f"torch {t.version}, built with CUDA {t.cuda}", data=data)
     if not gpus:
         return ok(
             f"torch {t.version} (CPU-only build; fine with no GPUs, ranks use gloo)", data=data
         )
-    driver_cuda = f.driver.cuda_version if f.driver is not None else None
-    tag = wheel_tag_for(driver_cuda, at_most=True) or "cu126"
+    fix = torch_fix(f, "torch", _wheel_tags(f, caps))
     return fail(
         f"torch {t.version} is a CPU-only build but this machine has {len(gpus)} GPU(s): training can't use them",
-        fix=torch_install_fix(tag, py, t.version),
+        fix=fix or "upgrade the NVIDIA driver, then install a CUDA build of torch",
         data=data,
     )
 
@@ -81,13 +152,13 @@ def check_torch_cuda_match(f: Facts) -> Finding:
     if a == b:
         return ok(f"both CUDA {major_minor(tc)}", data=data)
     match = toolkit_with(f, tc)
-    tag = wheel_tag_for(tk_ver)
-    if match is not None:
-        fix = export_toolkit(match)
-    elif tag:
-        fix = f"install toolkit {major_minor(tc)}, or a torch built for {major_minor(tk_ver)}: {torch_install_fix(tag, python_of(f), torch_version(f))}"
-    else:
-        fix = f"install CUDA toolkit {major_minor(tc)} and export CUDA_HOME to it"
+    tag = tag_of(tk_ver)
+    fix = toolkit_fix(f, "torch_cuda_match", [match]) if match is not None else None
+    if fix is None and tag:
+        wheel = torch_fix(f, "torch_cuda_match", [tag])
+        if wheel:
+            fix = f"install toolkit {major_minor(tc)}, or a torch built for {major_minor(tk_ver)}: {wheel}"
+    fix = fix or f"install CUDA toolkit {major_minor(tc)} and export CUDA_HOME to it"
     mismatch = f"nvcc is CUDA {major_minor(tk_ver)} but {torch_label(f)} was built with {tc}"
     if a[0] != b[0]:
         return fail(
@@ -103,18 +174,34 @@ def check_driver_cuda(f: Facts) -> Finding:
     d = f.driver
     if not tc:
         return skip("torch has no CUDA build")
-    if d is None or d.error or not d.cuda_version:
+    dc = _driver_cuda(f)
+    if d is None or dc is None:
         return skip("no NVIDIA driver to compare with")
-    data = {"driver_cuda": d.cuda_version, "torch_cuda": tc, "driver": d.version}
-    if vtuple(d.cuda_version)[:2] >= vtuple(tc)[:2]:
-        return ok(f"driver supports CUDA {d.cuda_version} >= torch's {tc}", data=data)
+    data: dict[str, Any] = {"driver_cuda": dc, "torch_cuda": tc, "driver": d.version}
+    if vtuple(dc)[:2] >= vtuple(tc)[:2]:
+        return ok(f"driver supports CUDA {dc} >= torch's {tc}", data=data)
     need = DRIVER_FOR_CUDA.get(major_minor(tc) or "")
-    tag = wheel_tag_for(d.cuda_version, at_most=True)
-    fix = f"upgrade the NVIDIA driver to {need} or newer" if need else "upgrade the NVIDIA driver"
-    if tag:
-        fix += f", or install a torch built for CUDA <= {d.cuda_version}: {torch_install_fix(tag, python_of(f), torch_version(f))}"
+    major = vtuple(tc)[0]
+    floor = MINOR_COMPAT_DRIVER.get(major)
+    branch = vtuple(d.version)[:1]
+    upgrade = (
+        f"upgrade the NVIDIA driver to {need} or newer" if need else "upgrade the NVIDIA driver"
+    )
+    caps = sorted({g.compute_capability for g in working_gpus(f) if g.compute_capability})
+    full = [t for t in _wheel_tags(f, caps) if vtuple(TAG_CUDA[t])[:2] <= vtuple(dc)[:2]]
+    wheel = torch_fix(f, "driver_cuda", full)
+    fix = upgrade + (f", or install a torch built for CUDA <= {dc}: {wheel}" if wheel else "")
+    if vtuple(dc)[0] == major and floor is not None and branch and branch[0] >= floor:
+        data["minor_version_compatibility"] = True
+        return warn(
+            f"driver {d.version} supports CUDA up to {dc}; torch's {tc} runs through NVIDIA's minor-version "
+            f"compatibility (CUDA {major}.x from driver {floor}), without PTX JIT: Triton kernels and "
+            "torch.compile may fail (CUDA_ERROR_UNSUPPORTED_PTX_VERSION)",
+            fix=fix,
+            data=data,
+        )
     return fail(
-        f'driver {d.version} supports CUDA up to {d.cuda_version} but torch needs {tc}: "CUDA driver version is insufficient"',
+        f'driver {d.version} supports CUDA up to {dc} but torch needs {tc}: "CUDA driver version is insufficient"',
         fix=fix,
         data=data,
     )

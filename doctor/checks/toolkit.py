@@ -15,12 +15,15 @@ from xl.doctor.checks.common import (
     nvcc_versions,
     ok,
     skip,
+    toolkit_choices,
+    toolkit_fix,
     toolkit_with,
     torch_cuda,
+    torch_label,
     usable_toolkit,
     warn,
 )
-from xl.doctor.facts import Facts, Toolkit, parse_nvcc_version, vtuple
+from xl.doctor.facts import Facts, LdEntry, Toolkit, parse_nvcc_version, vtuple
 
 
 def _cuda_home_unresolved(f: Facts, data: dict[str, Any]) -> Finding:
@@ -48,17 +51,34 @@ def _cuda_home_unresolved(f: Facts, data: dict[str, Any]) -> Finding:
     return skip("no CUDA toolkit anywhere (only needed to build CUDA extensions)", data=data)
 
 
+def _target_headers(f: Facts, inc: str, data: dict[str, Any]) -> Finding:
+    """conda-forge's layout: the headers live in targets/<arch>/include. nvcc finds them (its
+    nvcc.profile adds the folder) but the host compiler, given torch's -I$CUDA_HOME/include,
+    does not, unless CPATH or CUDA_INC_PATH names the folder."""
+    data["include"] = inc
+    named = [v for v in ("CPATH", "CUDA_INC_PATH") if inc in (f.env.get(v) or "").split(":")]
+    if named:
+        return ok(
+            f"{f.cuda_home} (from {f.cuda_home_from}); headers in {inc}, found through {named[0]}",
+            data=data,
+        )
+    return warn(
+        f"{f.cuda_home} keeps its headers in {inc} (conda-forge's layout): nvcc finds them, but the "
+        "C++ files of an extension include <cuda_runtime_api.h> through -I$CUDA_HOME/include and fail",
+        fix=f"export CPATH={inc}${{CPATH:+:$CPATH}}",
+        data=data,
+    )
+
+
 def check_cuda_home(f: Facts) -> Finding:
     home, src = f.cuda_home, f.cuda_home_from
     data: dict[str, Any] = {"cuda_home": home, "from": src}
     if not home:
         return _cuda_home_unresolved(f, data)
     d = f.cuda_home_dir
-    best = in_use_toolkit(f)
-    if best is None or not best.version or best.problem:
-        best = usable_toolkit(f)
     home_real = d.real if d is not None else home
-    alt = export_toolkit(best) if best is not None and best.real != home_real else ""
+    # A toolkit that breaks no other check (another major than torch's CUDA would).
+    alt = toolkit_fix(f, "cuda_home", toolkit_choices(f, exclude=home_real)) or ""
     if d is None or d.problem:
         why = d.problem if d is not None and d.problem else f"{home} is not readable"
         fix = alt or (f"unset {src}" if src in ("CUDA_HOME", "CUDA_PATH") else "")
@@ -84,6 +104,8 @@ def check_cuda_home(f: Facts) -> Finding:
             data=data,
         )
     data["nvcc_version"] = home_full or home_short
+    if not d.has_headers and d.target_include:
+        return _target_headers(f, d.target_include, data)
     if not d.has_headers:
         where = f"the folder above {f.path_nvcc}" if src == "nvcc on PATH" else src
         target = f.home_toolkit and f.toolkit_at(f.home_toolkit)
@@ -117,9 +139,11 @@ def _nvcc_not_on_path(f: Facts) -> Finding:
             f"not on PATH; CUDA_HOME has {home_nvcc}" + (f" ({short})" if short else ""),
             fix=f"export PATH={os.path.dirname(home_nvcc)}:$PATH",
         )
-    tk = next((t for t in f.toolkits if t.nvcc and not t.problem), None)
-    if tk is not None:
-        return warn(f"not on PATH, but {tk.nvcc} exists", fix=export_toolkit(tk))
+    choices = toolkit_choices(f)
+    fix = toolkit_fix(f, "nvcc", choices)
+    tk = next((t for t in choices if fix == export_toolkit(t)), None)
+    if tk is not None and fix:
+        return warn(f"not on PATH, but {tk.nvcc} exists", fix=fix)
     if torch_cuda(f):
         return warn(
             "no nvcc anywhere: CUDA extensions (DeepSpeed ops, JIT kernels) can't be built",
@@ -276,6 +300,30 @@ def _ld_problems(f: Facts, tk: Toolkit | None, want: tuple[int, ...]) -> list[st
     return problems
 
 
+def _shadowed_torch_libs(f: Facts) -> list[tuple[LdEntry, str, str, str]]:
+    """(entry, soname, its version, torch's version) for each CUDA library on LD_LIBRARY_PATH
+    older than the one a pip torch brings in nvidia/: the loader takes LD_LIBRARY_PATH's first
+    (torch's wheels find theirs through RUNPATH, which comes after). A version that can't be
+    told (no versioned file name, no known toolkit) is not judged."""
+    t = f.torch
+    if not torch_cuda(f) or t is None or not t.pip_libs:
+        return []
+    ours = {soname: ver for soname, ver, _ in t.pip_libs}
+    own = {os.path.realpath(folder) for _, _, folder in t.pip_libs}
+    out = []
+    for e in f.ld_entries:
+        if not e.exists or not e.is_dir or e.real in own:
+            continue
+        tk = next((x for x in f.toolkits if e.real in x.lib_dirs), None)
+        for soname, full in sorted(e.cuda_libs.items()):
+            # Only these carry the toolkit's own version; cuBLAS, cuSPARSE, ... have their own.
+            tracks = soname.startswith(("libcudart.", "libnvJitLink.", "libnvrtc."))
+            theirs = full or (tk.version if tk is not None and tracks else None)
+            if soname in ours and theirs and vtuple(theirs)[:2] < vtuple(ours[soname])[:2]:
+                out.append((e, soname, theirs, ours[soname]))
+    return out
+
+
 def check_ld_library_path(f: Facts) -> Finding:
     value = f.env.get("LD_LIBRARY_PATH")
     tk = in_use_toolkit(f)
@@ -291,6 +339,17 @@ def check_ld_library_path(f: Facts) -> Finding:
         return ok(f"unset{extra}", data=data)
     if value == "":
         return ok("set but empty (the loader ignores it)", data=data)
+    shadows = _shadowed_torch_libs(f)
+    if shadows:
+        bad = {e.path for e, *_ in shadows}
+        keep = [e.path for e in f.ld_entries if e.path and e.path not in bad]
+        e, soname, theirs, ours = shadows[0]
+        return fail(
+            f"{e.path}/{soname} ({theirs}) comes before the {soname} {ours} that {torch_label(f)} loads from its "
+            'nvidia/ wheels: importing torch fails with `undefined symbol` (e.g. "__nvJitLink..." from libcusparse)',
+            fix=f"export LD_LIBRARY_PATH={':'.join(keep)}" if keep else "unset LD_LIBRARY_PATH",
+            data={**data, "shadowed": [[x.path, n, a, b] for x, n, a, b in shadows]},
+        )
     problems = _ld_problems(f, tk, want)
     if not problems:
         extra = ""

@@ -13,6 +13,12 @@ from xl.doctor.probes.files import is_dir, is_file, which, why_not_a_folder
 
 # The runtime's soname; its major is what a binary built against a toolkit asks the loader for.
 CUDART = re.compile(r"^libcudart\.so\.(\d+)$")
+# The libraries torch's pip wheels bring (see torch_probe.PIP_LIB), with the full version a
+# toolkit's real file names carry (libnvJitLink.so.12.1.105).
+CUDA_LIB = re.compile(
+    r"^(lib(?:cudart|nvJitLink|cublas|cublasLt|cusparse|cusolver|cufft|curand|nvrtc)\.so\.\d+)"
+    r"(?:\.(\d+(?:\.\d+){0,3}))?$"
+)
 
 
 def scan_ld_library_path(value: str | None) -> list[LdEntry]:
@@ -38,6 +44,14 @@ def scan_ld_library_path(value: str | None) -> list[LdEntry]:
                 entry.problem = exc.strerror or str(exc)
                 names = []
             for name in names:
+                lib = CUDA_LIB.match(name)
+                if lib:
+                    soname = lib.group(1)
+                    # libcusparse.so.12.1.0.106 -> 12.1.0.106
+                    rest = lib.group(2)
+                    full = f"{soname.rsplit('.', 1)[1]}.{rest}" if rest else None
+                    if full or soname not in entry.cuda_libs:
+                        entry.cuda_libs[soname] = full
                 if CUDART.match(name):
                     entry.cudart.append(name)
                 elif name.startswith("libnccl.so"):

@@ -47,6 +47,12 @@ def probe_torch(python: str) -> TorchInfo:
     for key in ("version", "cuda", "hip", "nccl", "nccl_from"):
         value = data.get(key)
         setattr(info, key, value if isinstance(value, str) else None)
+    info.pip_ptxas = [x for x in data.get("pip_ptxas") or [] if isinstance(x, str)]
+    info.pip_libs = [
+        (str(x[0]), str(x[1]), str(x[2]))
+        for x in data.get("pip_libs") or []
+        if isinstance(x, list) and len(x) == 3
+    ]
     info.pip_toolkits = [
         tuple(x) for x in data.get("pip_toolkits") or [] if isinstance(x, list) and len(x) == 2
     ]

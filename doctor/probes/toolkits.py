@@ -113,6 +113,20 @@ def inspect_toolkit(root: str, found_by: str) -> Toolkit:
         tk.host_config = hc
         tk.gcc_min, tk.gcc_max, tk.clang_min, tk.clang_max = parse_host_config(text)
     tk.has_headers = is_file(os.path.join(real, "include", "cuda_runtime.h"))
+    if not tk.has_headers:
+        # conda-forge's layout: headers only under targets/<arch>/include, which nvcc finds
+        # through its nvcc.profile but the host compiler (and torch's -I$CUDA_HOME/include) not.
+        for arch in ("x86_64-linux", "sbsa-linux"):
+            inc = os.path.join(root, "targets", arch, "include")
+            if is_file(os.path.join(inc, "cuda_runtime.h")):
+                tk.target_include = inc
+                break
+    if tk.host_config is None and tk.target_include:
+        hc = os.path.join(tk.target_include, "crt", "host_config.h")
+        text = read_text(hc)
+        if text is not None:
+            tk.host_config = hc
+            tk.gcc_min, tk.gcc_max, tk.clang_min, tk.clang_max = parse_host_config(text)
     for sub in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib")):
         libdir = os.path.join(real, sub)
         if is_dir(libdir):

@@ -13,6 +13,7 @@ import ast
 import importlib.util
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -76,6 +77,62 @@ def pip_toolkits(site: str) -> list[tuple[str, str]]:
     return found
 
 
+def pip_ptxas(site: str) -> list[str]:
+    """nvidia-cuda-nvcc wheels that hold ptxas but no nvcc (what Triton needs): not toolkits."""
+    nvd = os.path.join(site, "nvidia")
+    return [
+        os.path.join(nvd, sub)
+        for sub in ("cuda_nvcc", "cu13")
+        if os.path.isfile(os.path.join(nvd, sub, "bin", "ptxas"))
+        and not os.path.isfile(os.path.join(nvd, sub, "bin", "nvcc"))
+    ]
+
+
+# The CUDA libraries torch loads from its nvidia/ wheels, by soname, and the wheel that ships
+# each (nvidia/<package>/lib for CUDA 12 wheels, nvidia/cu13/lib for CUDA 13 ones).
+PIP_LIB = re.compile(
+    r"^lib(cudart|nvJitLink|cublas|cublasLt|cusparse|cusolver|cufft|curand|nvrtc)\.so\.\d+$"
+)
+_LIB_PACKAGE = {
+    "cudart": "cuda_runtime",
+    "nvJitLink": "nvjitlink",
+    "cublas": "cublas",
+    "cublasLt": "cublas",
+    "cusparse": "cusparse",
+    "cusolver": "cusolver",
+    "cufft": "cufft",
+    "curand": "curand",
+    "nvrtc": "cuda_nvrtc",
+}
+
+
+def pip_libs(site: str) -> list[tuple[str, str, str]]:
+    """(soname, wheel version, folder) of each CUDA library in the nvidia/ wheels."""
+    versions: dict[str, str] = {}
+    for n in dists(site, "nvidia_"):
+        name = n.split("-")[0][len("nvidia_") :]
+        name = re.sub(r"_cu\d+$", "", name)
+        versions[name] = version_of(n)
+    nvd = os.path.join(site, "nvidia")
+    out: list[tuple[str, str, str]] = []
+    try:
+        subs = sorted(os.listdir(nvd))
+    except OSError:
+        return out
+    for sub in subs:
+        lib = os.path.join(nvd, sub, "lib")
+        try:
+            names = sorted(os.listdir(lib))
+        except OSError:
+            continue
+        for name in names:
+            m = PIP_LIB.match(name)
+            ver = versions.get(_LIB_PACKAGE[m.group(1)]) if m else None
+            if m and ver:
+                out.append((name, ver, lib))
+    return out
+
+
 def probe() -> dict[str, Any]:
     out: dict[str, Any] = {"python": sys.executable, "bin_dir": os.path.dirname(sys.executable)}
     try:
@@ -111,6 +168,8 @@ def probe() -> dict[str, Any]:
         out["nccl"] = version_of(n)
         out["nccl_from"] = n[: -len(".dist-info")].split("-", 1)[0].replace("_", "-")
     out["pip_toolkits"] = pip_toolkits(site)
+    out["pip_ptxas"] = pip_ptxas(site)
+    out["pip_libs"] = pip_libs(site)
     return out
 
 

@@ -8,8 +8,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from xl.errors import ArgumentParser
+from xl.launcher.cli.logs import main as follow_logs
 from xl.launcher.cli.view import watch
 from xl.launcher.control import abandon_if_supervisor_gone
+from xl.launcher.rundir import record
 from xl.launcher.rundir.store import resolve_run
 
 
@@ -19,6 +21,11 @@ def main(argv: Sequence[str], viewer: Callable[[Path], int] | None = None) -> in
     p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
     ns = p.parse_args(list(argv))
     run_dir = resolve_run(ns.run)
+    if record.load(run_dir) is None:
+        # Nothing to show but its output: follow it until no process of the run is left.
+        follow_logs([run_dir.name, "-f"])
+        sys.stderr.write(f"xl: {run_dir.name}'s run.json is unreadable; its output is above ('xl stop {run_dir.name}' ends it)\n")
+        return 1
     if viewer is not None and not ns.no_tui:
         abandon_if_supervisor_gone(run_dir)
         return viewer(run_dir)

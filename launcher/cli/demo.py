@@ -8,7 +8,8 @@ from importlib.resources import files
 from pathlib import Path
 
 from xl.errors import ArgumentParser, UsageError
-from xl.launcher.cli.launch import Viewer, inventory, launch
+from xl.launcher.cli.launch import Viewer, inventory, launch, say_warnings
+from xl.launcher.cli.options import positive_seconds
 from xl.launcher.plan import build_plan
 from xl.launcher.spec import LaunchSpec
 
@@ -26,7 +27,7 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
         prog="xl demo",
         description="Train a small model on synthetic data (one rank per GPU, or 2 CPU ranks) and watch it.",
     )
-    p.add_argument("--seconds", type=float, default=90.0, help="about how long to train (default 90)")
+    p.add_argument("--seconds", type=positive_seconds, default=90.0, help="about how long to train (default 90)")
     p.add_argument("--nproc", type=int, help="ranks (default: one per GPU, 2 on CPU)")
     p.add_argument("--detach", action="store_true", help="start it and return at once")
     p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
@@ -41,7 +42,9 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
         name="demo",
         cwd=os.getcwd(),
     )
-    plan = build_plan(spec, inv)
+    # `xl demo` has no --gpus: a wrong CUDA_VISIBLE_DEVICES gets the doctor's fix only.
+    plan = build_plan(spec, inv, gpus_from=None)
+    say_warnings(plan)
     return launch(
         spec, detach=ns.detach, plain=None, plan=plan, viewer=None if ns.no_tui else viewer
     )

@@ -15,7 +15,14 @@ from typing import Any
 
 from xl.errors import EXIT_USAGE, UsageError
 from xl.gpu.nvml import inventory as _inventory
-from xl.launcher.cli.options import launch_parser, spec_from_args, split_argv, value_options
+from xl.launcher.cli.interpreter import ranks_pythonpath
+from xl.launcher.cli.options import (
+    check_options,
+    launch_parser,
+    spec_from_args,
+    split_argv,
+    value_options,
+)
 from xl.launcher.cli.sbatch import launch_slurm
 from xl.launcher.multinode.join import prepare_launch
 from xl.launcher.multinode.slurm import node_rank_from_env
@@ -25,6 +32,23 @@ from xl.launcher.spec import LaunchSpec
 
 def inventory() -> Any:
     return _inventory(processes=False)
+
+
+def with_interpreter(plan: Plan, spec: LaunchSpec, *, dry_run: bool = False) -> Plan:
+    """Under --python, torchrun and the ranks find xl's stdlib-only rank code on PYTHONPATH
+    (xl.launcher.cli.interpreter), whether or not that environment has xl."""
+    if spec.python:
+        existing = spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+        plan.env["PYTHONPATH"] = ranks_pythonpath(existing, create=not dry_run)
+    return plan
+
+
+def say_warnings(plan: Plan) -> None:
+    """What the plan found worth saying (the doctor's warnings that touch this run): stderr,
+    before the monitor covers the screen."""
+    for line in plan.warnings:
+        sys.stderr.write(f"xl: warning: {line}\n")
+    sys.stderr.flush()
 
 
 def print_dry_run(plan: Plan, as_json: bool, spec: LaunchSpec | None = None) -> None:
@@ -141,6 +165,7 @@ def launch(
 def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     parser = launch_parser()
     opts, script, module, args = split_argv(argv, value_options(parser))
+    check_options(parser, opts)
     ns = parser.parse_args(opts)
     if script is None and module is None:
         sys.stderr.write("xl launch: give a training script (xl launch train.py) or -m MODULE (see 'xl launch --help')\n")
@@ -157,8 +182,11 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     elif ns.run_id:
         raise UsageError("--run-id is for the tasks `xl launch --slurm` starts")
     spec = spec_from_args(ns, script, module, args)
+    # GPUs the Accelerate config chose are the config's mistake when they are wrong, not --gpus's.
+    gpus_from = "gpu_ids in the Accelerate config" if ns.accelerate_config is not None and ns.gpus is None else "--gpus"
     inv = inventory()
-    plan = build_plan(spec, inv)
+    plan = with_interpreter(build_plan(spec, inv, gpus_from=gpus_from), spec, dry_run=ns.dry_run)
+    say_warnings(plan)
     if ns.dry_run:
         print_dry_run(plan, ns.json, spec)
         return 0
@@ -168,7 +196,7 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
         # stays the run id under --detach). Tasks of --slurm are all started already.
         join = prepare_launch(spec, os.environ)
         # Node 0 may just have made the token, which the rendezvous id derives from.
-        plan = build_plan(spec, inv)
+        plan = with_interpreter(build_plan(spec, inv, gpus_from=gpus_from), spec)
         if join and not ns.slurm_node:
             sys.stderr.write(join)
             sys.stderr.flush()

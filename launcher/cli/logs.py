@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from xl.errors import ArgumentParser, UsageError
+from xl.launcher import procs
 from xl.launcher.rundir import record
 from xl.launcher.rundir.store import resolve_run
 from xl.launcher.rundir.tail import Tail
@@ -43,7 +44,8 @@ def main(argv: Sequence[str]) -> int:
     out = sys.stdout
     while True:
         rec = record.load(run_dir)
-        done = rec is not None and rec.final
+        # A run whose run.json is damaged is over once no process carries its id.
+        done = rec.final if rec is not None else not procs.find_run_pids(run_dir.name)
         for rank, tail in tails.items():
             for raw in tail.read():
                 line = raw.decode("utf-8", "replace")

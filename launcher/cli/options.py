@@ -10,6 +10,8 @@ module parses back to the same spec (tests/test_spec_argv.py).
 from __future__ import annotations
 
 import argparse
+import difflib
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import replace
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from xl.errors import ArgumentParser, UsageError
 from xl.launcher.cli.accelconf import default_path, read_settings
+from xl.launcher.cli.interpreter import resolve_python
 from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, parse_env_pairs
 
 # `--accelerate-config` takes a value only when one is given: the next word is its PATH only when
@@ -29,21 +32,77 @@ _TORCHRUN_SPELLINGS = {
     "nproc": ("--nproc-per-node", "--nproc_per_node"),
     "node_rank": ("--node_rank",),
     "rdzv": ("--rdzv-endpoint", "--rdzv_endpoint"),
+    "master_addr": ("--master-addr", "--master_addr"),
+    "master_port": ("--master-port", "--master_port"),
+    "max_restarts": ("--max-restarts", "--max_restarts"),
 }
+_INT_DESTS = ("nproc", "node_rank", "master_port", "max_restarts")
+
+# torchrun options xl does not take, and what to do instead: one line each, so a torchrun
+# command line that needs one says so instead of "unrecognized arguments".
+_TORCHRUN_NOT_TAKEN = {
+    "--rdzv-backend": "xl always uses the c10d rendezvous; drop it",
+    "--rdzv-id": "xl derives the rendezvous id from the run's token; drop it",
+    "--rdzv-conf": "xl sets the c10d options itself; drop it",
+    "--rdzv-timeout": "xl sets no rendezvous timeout; drop it",
+    "--monitor-interval": "xl's supervisor watches the ranks; drop it",
+    "--start-method": "xl starts ranks as torchrun's default (spawn) does; drop it",
+    "--role": "drop it",
+    "--log-dir": "xl writes each rank's output to its run dir (xl logs RUN --rank R); drop it",
+    "--logs-specs": "xl writes each rank's output to its run dir (xl logs RUN --rank R); drop it",
+    "--redirects": "xl captures every rank's output (xl logs RUN --rank R); drop it",
+    "--tee": "xl captures every rank's output (xl logs RUN --rank R); drop it",
+    "--local-ranks-filter": "every rank's output is in its run dir (xl logs RUN --rank R); drop it",
+    "--local-addr": "drop it (xl uses the address the rendezvous sees)",
+    "--no-python": "xl runs a Python script or -m MODULE; give the script",
+    "--no_python": "xl runs a Python script or -m MODULE; give the script",
+    "--run-path": "give the script's path as the script",
+    "--run_path": "give the script's path as the script",
+    "--omp-num-threads": "set it with --env OMP_NUM_THREADS=N",
+    "--signals-to-handle": "xl stops runs itself (xl stop RUN); drop it",
+    "--numa-binding": "drop it",
+    "--local_addr": "drop it (xl uses the address the rendezvous sees)",
+}
+for _name in [n for n in _TORCHRUN_NOT_TAKEN if "-" in n[2:]]:
+    _TORCHRUN_NOT_TAKEN.setdefault("--" + _name[2:].replace("-", "_"), _TORCHRUN_NOT_TAKEN[_name])
+# Short forms torchrun takes for two of them.
+_TORCHRUN_NOT_TAKEN.update({"-r": _TORCHRUN_NOT_TAKEN["--redirects"], "-t": _TORCHRUN_NOT_TAKEN["--tee"]})
+
+# xl takes --max-restarts into the plan (torchrun's --max-restarts), but the supervisor still
+# ends the whole run at the first failed rank, so a restart would never happen: until it keeps
+# the run through a restart and records each attempt, only 0 is accepted.
+RESTARTS_SUPPORTED = False
 
 
-def launch_parser(prog: str = "xl launch") -> ArgumentParser:
-    """Every option of `xl launch` (and, with ``prog``, the base of `xl sbatch`'s parser)."""
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 (`xl demo --seconds`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (e.g. 60)") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0 (e.g. 60)")
+    return value
+
+
+def launch_parser(prog: str = "xl launch", *, sbatch: bool = False) -> ArgumentParser:
+    """Every option of `xl launch`; ``sbatch``: the base of `xl sbatch`'s parser, without what
+    a batch script cannot take (--detach, --dry-run, --json, --slurm, --nnodes, --node-rank: the
+    job is detached, is the Slurm launch, and takes its nodes from --nodes)."""
     p = ArgumentParser(
         prog=prog,
+        allow_abbrev=False,  # split_argv must know every option: `--gpu 2` would make 2 the script
         usage=f"{prog} [OPTIONS] [--] SCRIPT [ARGS...]  |  {prog} [OPTIONS] -m MODULE [ARGS...]",
         description="Launch a distributed PyTorch run on torchrun, supervised by xl. "
         "The run goes on when the terminal closes; 'xl attach RUN' reopens it.",
+        epilog="torchrun's spellings work too (--nproc-per-node, --standalone, --rdzv-endpoint, "
+        "--master-addr/--master-port, --max-restarts 0): replace `torchrun` with `xl launch`.",
     )
     p.add_argument("--gpus", help="0,2 | GPU-<uuid>,... | all | auto:N (order = LOCAL_RANK order)")
-    p.add_argument("--nproc", type=int, help="processes on this node (default: one per GPU, 1 on CPU)")
-    p.add_argument("--nnodes", type=int, help="number of nodes (default 1)")
-    p.add_argument("--node-rank", type=int, help="this node's rank (multi-node)")
+    p.add_argument("--nproc", type=int, help="processes on this node (default: one per GPU, 1 on CPU; fewer: the first N GPUs chosen)")
+    if not sbatch:
+        p.add_argument("--nnodes", type=int, help="number of nodes (default 1)")
+        p.add_argument("--node-rank", type=int, help="this node's rank (multi-node)")
     p.add_argument("--rdzv", metavar="HOST:PORT", help="node 0's address (multi-node)")
     p.add_argument("--mixed-precision", choices=MIXED_PRECISION, help="sets ACCELERATE_MIXED_PRECISION")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="extra variable (repeatable)")
@@ -55,21 +114,30 @@ def launch_parser(prog: str = "xl launch") -> ArgumentParser:
         metavar="PATH",
         help="take settings from an Accelerate config (default $HF_HOME/accelerate/default_config.yaml)",
     )
-    p.add_argument("--dry-run", action="store_true", help="print the command and variables; start nothing")
-    p.add_argument("--json", action="store_true", help="with --dry-run: {\"argv\": [...], \"env\": {...}}")
-    p.add_argument("--detach", action="store_true", help="start the run and return at once")
-    p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
     p.add_argument(
-        "--slurm",
-        action="store_true",
-        help="inside a Slurm allocation: one xl agent per node with srun, rendezvous on the first node",
+        "--python",
+        metavar="PY",
+        help="run the ranks under this interpreter (another environment's; it needs torch, not xl)",
     )
+    if not sbatch:
+        p.add_argument("--dry-run", action="store_true", help="print the command and variables; start nothing")
+        p.add_argument("--json", action="store_true", help="with --dry-run: {\"argv\": [...], \"env\": {...}}")
+        p.add_argument("--detach", action="store_true", help="start the run and return at once")
+    p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
+    if not sbatch:
+        p.add_argument(
+            "--slurm",
+            action="store_true",
+            help="inside a Slurm allocation: one xl agent per node with srun, rendezvous on the first node",
+        )
     # Internal, for the tasks `--slurm` starts: node rank from SLURM_NODEID, the run id chosen by
     # the launcher (node 0's run is RUN_ID, node k's RUN_ID-nodeK).
     p.add_argument("--slurm-node", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--run-id", help=argparse.SUPPRESS)
     for dest, spellings in _TORCHRUN_SPELLINGS.items():
-        kind = str if dest == "rdzv" else int
+        if sbatch and dest == "node_rank":
+            continue
+        kind = int if dest in _INT_DESTS else str
         p.add_argument(*spellings, dest=dest, type=kind, default=None, help=argparse.SUPPRESS)
     # torchrun's one-node rendezvous, which is what xl does on one node anyway.
     p.add_argument("--standalone", action="store_true", help=argparse.SUPPRESS)
@@ -84,6 +152,28 @@ def value_options(parser: argparse.ArgumentParser) -> frozenset[str]:
         if action.nargs is None or (isinstance(action.nargs, int) and action.nargs > 0)
         for flag in action.option_strings
     )
+
+
+def check_options(parser: argparse.ArgumentParser, opts: Sequence[str]) -> None:
+    """Every option in ``opts`` is one ``parser`` takes; else one line: a torchrun option xl
+    does not take says what to do instead, a near miss (``--gpu``) gets "did you mean"."""
+    known = parser._option_string_actions  # argparse keeps no public map of a parser's options
+    takes_value = value_options(parser)
+    skip = False
+    for tok in opts:
+        if skip or not tok.startswith("-") or tok == "-":
+            skip = False
+            continue  # the value of the option before it (split_argv put it there), or a stray word
+        name = tok.split("=", 1)[0]
+        skip = name in takes_value and "=" not in tok
+        if name in known or (not name.startswith("--") and name[:2] in known):
+            continue  # `-N4`: a short option with its value attached
+        if name in _TORCHRUN_NOT_TAKEN:
+            raise UsageError(f"torchrun's {name} is not taken here: {_TORCHRUN_NOT_TAKEN[name]}")
+        public = [o for o, a in known.items() if a.help != argparse.SUPPRESS and o.startswith("--")]
+        close = difflib.get_close_matches(name, public, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f" (see '{parser.prog} --help')"
+        raise UsageError(f"unknown option {name}{hint}")
 
 
 def split_argv(
@@ -120,6 +210,19 @@ def split_argv(
     return opts, None, None, []
 
 
+def _master_rdzv(ns: argparse.Namespace) -> str | None:
+    """torchrun's --master-addr / --master-port as xl's --rdzv HOST:PORT (torchrun's defaults
+    for the one not given: 127.0.0.1, 29500)."""
+    addr, port = getattr(ns, "master_addr", None), getattr(ns, "master_port", None)
+    if addr is None and port is None:
+        return None
+    if getattr(ns, "rdzv", None):
+        raise UsageError("give --rdzv HOST:PORT (or --rdzv-endpoint) or --master-addr/--master-port, not both")
+    host = addr or "127.0.0.1"
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"{host}:{port if port is not None else 29500}"
+
+
 def spec_from_args(
     ns: argparse.Namespace, script: str | None, module: str | None, args: list[str], *, read_config: bool = True
 ) -> LaunchSpec:
@@ -136,10 +239,19 @@ def spec_from_args(
         spec.nnodes = acc.nnodes or 1
         spec.node_rank = acc.node_rank or 0
         spec.rdzv = acc.rdzv
-    given = {k: getattr(ns, k) for k in ("gpus", "nproc", "nnodes", "node_rank", "rdzv", "mixed_precision")}
+    keys = ("gpus", "nproc", "nnodes", "node_rank", "rdzv", "mixed_precision", "max_restarts", "python")
+    given = {k: getattr(ns, k, None) for k in keys}
+    given["rdzv"] = given["rdzv"] or _master_rdzv(ns)
+    if given["python"] is not None:
+        given["python"] = resolve_python(given["python"])
     spec = replace(spec, **{k: v for k, v in given.items() if v is not None})
     if spec.mixed_precision == "False":  # YAML 1.1 reads an unquoted `no` as false
         spec.mixed_precision = "no"
+    if spec.max_restarts and not RESTARTS_SUPPORTED:
+        raise UsageError(
+            f"--max-restarts {spec.max_restarts}: xl does not restart ranks yet (the run ends at the first "
+            "failed rank, which it names); drop --max-restarts, or use torchrun itself for elastic restarts"
+        )
     if ns.standalone and (spec.nnodes != 1 or spec.rdzv is not None):
         raise UsageError("--standalone is a one-node run; drop it, or --nnodes and --rdzv")
     spec.env = parse_env_pairs(ns.env)
@@ -151,4 +263,5 @@ def spec_from_argv(argv: Sequence[str]) -> LaunchSpec:
     """What `xl launch ARGV` would run, as a spec (the inverse of spec_to_argv)."""
     parser = launch_parser()
     opts, script, module, args = split_argv(argv, value_options(parser))
+    check_options(parser, opts)
     return spec_from_args(parser.parse_args(opts), script, module, args)

@@ -1,4 +1,5 @@
-"""``xl runs [--json]``: every run under XL_HOME, newest last."""
+"""``xl runs [--json]``: every run under XL_HOME, newest first as in the app's Runs screen
+(``--json``: the store's order, oldest first, as scripts have read it)."""
 
 from __future__ import annotations
 
@@ -9,25 +10,27 @@ from collections.abc import Sequence
 
 from xl.errors import ArgumentParser
 from xl.launcher.rundir.record import RunStatus
-from xl.launcher.rundir.store import RunInfo, list_runs
+from xl.launcher.rundir.store import UNREADABLE, RunInfo, list_runs
 
 
 def _duration(info: RunInfo) -> str:
-    if info.started_at is None:
-        return ""
+    if info.started_at is None or info.status == UNREADABLE:
+        return ""  # a damaged run.json tells neither its start nor its end
     end = info.ended_at or time.time()
     s = int(max(0.0, end - info.started_at))
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 def _status(info: RunInfo) -> str:
+    if info.status == UNREADABLE:
+        return "unreadable (run.json damaged)"
     if info.status == RunStatus.RUNNING and not info.supervisor_alive:
         return "running (supervisor gone; 'xl stop' cleans up)"
     return info.status
 
 
 def main(argv: Sequence[str]) -> int:
-    p = ArgumentParser(prog="xl runs", description="List runs (newest last).")
+    p = ArgumentParser(prog="xl runs", description="List runs, newest first (as the app's Runs screen).")
     p.add_argument("--json", action="store_true", help="one JSON array of runs")
     ns = p.parse_args(list(argv))
     runs = list_runs()
@@ -38,11 +41,14 @@ def main(argv: Sequence[str]) -> int:
         print("no runs yet; start one with 'xl launch SCRIPT' or 'xl demo'")
         return 0
     rows = []
-    for r in runs:
+    # The app's order (tui/screens/runs.py): newest start first; a stable sort keeps the
+    # store's order among equal starts, as the app's does.
+    for r in sorted(runs, key=lambda r: r.started_at or 0, reverse=True):
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else ""
-        devices = ",".join(str(d.get("index")) for d in r.devices) or "cpu"
-        rows.append((r.run_id, _status(r), str(r.world_size), devices, started, _duration(r), r.target))
-    header = ("RUN", "STATUS", "RANKS", "GPUS", "STARTED", "TIME", "SCRIPT")
+        devices = ",".join(str(d.get("index")) for d in (r.devices or [])) or ("cpu" if r.world_size else "")
+        ranks = str(r.world_size) if r.world_size else ""
+        rows.append((r.run_id, r.name or "", _status(r), ranks, devices, started, _duration(r), r.target))
+    header = ("RUN", "NAME", "STATUS", "RANKS", "GPUS", "STARTED", "TIME", "SCRIPT")
     if sys.stdout.isatty():
         from rich.console import Console  # noqa: PLC0415 - Rich loads only for a terminal; a pipe gets plain columns
         from rich.table import Table  # noqa: PLC0415 - as above

@@ -24,7 +24,13 @@ from typing import Any
 
 from xl import paths
 from xl.errors import EXIT_USAGE, UsageError
-from xl.launcher.cli.options import launch_parser, spec_from_args, split_argv, value_options
+from xl.launcher.cli.options import (
+    check_options,
+    launch_parser,
+    spec_from_args,
+    split_argv,
+    value_options,
+)
 from xl.launcher.multinode import slurm
 from xl.launcher.multinode.join import format_address
 from xl.launcher.plan import check_nproc, check_target, parse_rdzv
@@ -201,8 +207,9 @@ def launch_slurm(ns: argparse.Namespace, script: str | None, module: str | None,
 
 # ------------------------------------------------------------------------------------ xl sbatch
 def _sbatch_parser() -> argparse.ArgumentParser:
-    p = launch_parser("xl sbatch")
+    p = launch_parser("xl sbatch", sbatch=True)
     p.usage = "xl sbatch [SBATCH OPTIONS] [XL LAUNCH OPTIONS] [--] SCRIPT [ARGS...] > job.sh"
+    p.epilog = "torchrun's spellings of the launch options work too (--nproc-per-node, --rdzv-endpoint, ...)."
     p.description = (
         "Print a Slurm batch script that runs `xl launch --slurm` over the allocation: one xl agent "
         "per node, rendezvous on the first node. Submit it with `sbatch job.sh`."
@@ -230,14 +237,11 @@ def _no_newline(name: str, value: Any) -> None:
 def sbatch_main(argv: Sequence[str]) -> int:
     parser = _sbatch_parser()
     opts, script, module, args = split_argv(argv, value_options(parser))
+    check_options(parser, opts)
     ns = parser.parse_args(opts)
     if script is None and module is None:
         sys.stderr.write("xl sbatch: give a training script (xl sbatch --nodes 2 train.py > job.sh) or -m MODULE (see 'xl sbatch --help')\n")
         return EXIT_USAGE
-    for flag, given in (("--dry-run", ns.dry_run), ("--json", ns.json), ("--detach", ns.detach), ("--node-rank", ns.node_rank is not None), ("--nnodes", ns.nnodes is not None), ("--slurm", ns.slurm)):
-        if given:
-            hint = " (use --nodes)" if flag == "--nnodes" else ""
-            raise UsageError(f"{flag} does not go with xl sbatch{hint}")
     if ns.nodes < 1:
         raise UsageError(f"--nodes must be at least 1 (got {ns.nodes})")
     for name in ("gpus_per_node", "cpus_per_task"):
@@ -254,9 +258,17 @@ def sbatch_main(argv: Sequence[str]) -> int:
         _no_newline("--sbatch", extra)
         if not extra.startswith("-"):
             raise UsageError(f"--sbatch {extra!r}: give an sbatch option as written, e.g. --sbatch=--qos=high")
+    slurm.check_batch_values(ns.time, ns.mem)
     if ns.rdzv:
         parse_rdzv(ns.rdzv)
     _check_spec(ns, script, module, args)
+    spec = spec_from_args(ns, script, module, args)
+    slurm.check_gpus_fit(spec.gpus, spec.nproc, ns.gpus_per_node)
+    if ns.gpus_per_node is not None and ns.cpus_per_task is None:
+        sys.stderr.write(
+            f"xl sbatch: warning: --gpus-per-node {ns.gpus_per_node} without -c/--cpus-per-task: many clusters "
+            "give the one task per node 1 CPU for every rank and data loader; add e.g. -c 64\n"
+        )
     if any("\n" in a or "\r" in a for a in [str(script or module), *args]):
         raise UsageError("the script and its arguments must be one line each in a batch script")
     batch = slurm.BatchOptions(

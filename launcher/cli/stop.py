@@ -5,26 +5,40 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from xl.errors import ArgumentParser
-from xl.launcher.control import grace_for, stop_run, wait_for_end
+from xl import paths
+from xl.errors import ArgumentParser, UsageError
+from xl.launcher import procs
+from xl.launcher.control import STOPPED_WAIT_S, grace_for, stop_run, stop_unreadable, wait_for_end
 from xl.launcher.rundir import record
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.rundir.store import resolve_run
-
-_STOPPED_WAIT_S = 15.0  # beyond the grace: the supervisor's own ending (events, run.json, torchrun)
 
 
 def main(argv: Sequence[str]) -> int:
     p = ArgumentParser(prog="xl stop", description="Stop a run: every rank ends, none is left behind.")
     p.add_argument("run", metavar="RUN", help="run id, unique prefix, or 'last'")
     ns = p.parse_args(list(argv))
-    run_dir = resolve_run(ns.run)
+    try:
+        run_dir = resolve_run(ns.run)
+    except UsageError:
+        # A run whose folder was deleted still has processes carrying its id: end them.
+        if not procs.find_run_pids(ns.run):
+            raise
+        stop_unreadable(paths.runs_dir() / ns.run)
+        print(f"{ns.run} stopped (its run folder is gone)")
+        return 0
     rec = record.load(run_dir)
-    if rec is None or rec.status != RunStatus.RUNNING:
-        print(f"{run_dir.name} already {rec.status if rec else 'ended'}")
+    if rec is None:
+        # Its run.json is damaged or gone: its processes are still found by the run's id.
+        stop_unreadable(run_dir)
+        rec = record.load(run_dir)  # its supervisor, if it had one, rewrote it as it ended
+        print(f"{run_dir.name} {rec.status}" if rec is not None else f"{run_dir.name} stopped (its run.json is unreadable)")
+        return 0
+    if rec.status != RunStatus.RUNNING:
+        print(f"{run_dir.name} already {rec.status}")
         return 0
     stop_run(run_dir)
-    rec = wait_for_end(run_dir, grace_for(rec) + _STOPPED_WAIT_S) or rec
+    rec = wait_for_end(run_dir, grace_for(rec) + STOPPED_WAIT_S) or rec
     if not rec.final:
         sys.stderr.write(f"xl stop: {run_dir.name} is still stopping; see 'xl runs'\n")
         return 1

@@ -55,6 +55,7 @@ class RunState:
     new_events: list[dict[str, Any]] = field(default_factory=list)
     new_lines: list[tuple[int, str]] = field(default_factory=list)
     reader: RunReader | None = None
+    verdict: str | None = None  # the latest hang's verdict, while some rank is still stalled
 
     def __post_init__(self) -> None:
         self.reader = RunReader(self.run_dir)
@@ -91,6 +92,7 @@ class RunState:
             # the reader's diagnosis (straggler, stalled) shows while it runs.
             rec_state = (recorded.get(rank) or {}).get("state")
             line.state = rv.state if rec_state in (None, "running") else rec_state
+        self._follow_verdict()
         self.new_lines = []
         for rank in sorted(self.ranks):
             for text in self.reader.new_log_lines(rank):
@@ -98,6 +100,15 @@ class RunState:
                 self.new_lines.append((rank, text))
                 if text.strip():
                     self.ranks[rank].last_line = text.strip()
+
+    def _follow_verdict(self) -> None:
+        moved = False
+        for ev in self.new_events:
+            if ev.get("kind") == "hang":
+                self.verdict, moved = str(ev.get("message") or ""), False
+            moved = moved or (ev.get("kind") == "recovered" and ev.get("of") == "stalled")
+        if self.final or (moved and not any(r.state == "stalled" for r in self.ranks.values())):
+            self.verdict = None  # the hang is over: the ranks moved again, or the run ended
 
     def elapsed(self) -> float:
         rec = self.record
@@ -132,7 +143,10 @@ def _summary(state: RunState) -> str:
 # ---------------------------------------------------------------------------------- plain lines
 def _plain_event(ev: dict[str, Any]) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(float(ev.get("t") or time.time())))
-    return f"{stamp} xl: {ev.get('message') or ev.get('kind')}"
+    text = f"{stamp} xl: {ev.get('message') or ev.get('kind')}"
+    if ev.get("kind") == "hang":
+        text = f"{stamp} xl: hang: {ev.get('message')} (every rank's stack: {ev.get('stacks')})"
+    return text
 
 
 def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool = True) -> int:
@@ -182,6 +196,7 @@ _STATE_STYLE = {
     "failed": "bold red",
     "stopped": "yellow",
     "stalled": "bold yellow",
+    "waiting": "yellow",  # in a collective, for the stalled rank a hang's verdict names
     "straggler": "yellow",
 }
 
@@ -241,12 +256,22 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False) ->
             _fmt(r.loss, ".4g"),
             util,
             mem,
-            Text(r.diagnosis or r.last_line, style="yellow" if r.diagnosis else ""),
+            _last_line(r, Text),
         )
     parts: list[Any] = [table]
+    if state.verdict:
+        parts.append(Text(f"hang: {state.verdict}", style="bold yellow"))
     for ev in state.events[-5:] if events else []:
         parts.append(Text(_plain_event(ev), style="red" if ev.get("kind") == "failure" else "dim"))
     return Group(*parts)
+
+
+def _last_line(r: RankLine, text: Any) -> Any:
+    """What the rank last printed, first; xl's diagnosis of it after, never in its place."""
+    out = text(r.last_line)
+    if r.diagnosis:
+        out.append(("  " if r.last_line else "") + f"xl: {r.diagnosis}", style="yellow")
+    return out
 
 
 def watch_live(state: RunState, on_tick: Any = None) -> int:

@@ -325,3 +325,48 @@ def batch_script(opts: BatchOptions, launch_argv: Sequence[str], cwd: str, xl: S
         "",
     ]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------- what a batch script can run
+# sbatch's --time forms (man sbatch): M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, and no limit.
+_TIME = re.compile(r"^(\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite)$", re.IGNORECASE)
+# sbatch's --mem: a whole number, in megabytes unless K, M, G or T follows (0: all of the node's).
+_MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
+
+
+def check_batch_values(time: str | None, mem: str | None) -> None:
+    """--time and --mem as sbatch reads them, so a typo fails here, not after the queue."""
+    if time is not None and not _TIME.match(time):
+        raise UsageError(f"--time {time!r} is not a Slurm time; write e.g. 04:00:00 (H:M:S), 90 (minutes) or 1-12:00:00")
+    if mem is not None and not _MEM.match(mem):
+        raise UsageError(f"--mem {mem!r} is not a Slurm memory size; write e.g. 200G, 64000 (MB) or 0 (all of it)")
+
+
+def _gpu_count(gpus: str) -> int | None:
+    """How many GPUs a --gpus value names (None: every GPU, a count known only on the node)."""
+    text = gpus.strip()
+    if text == "all":
+        return None
+    if text.startswith("auto:"):
+        return int(text[5:]) if text[5:].isdigit() else None
+    return len([t for t in text.split(",") if t.strip()])
+
+
+def check_gpus_fit(gpus: str | None, nproc: int | None, gpus_per_node: int | None) -> None:
+    """A batch script whose ranks cannot all get a GPU on any node is refused on the login node."""
+    named = _gpu_count(gpus) if gpus is not None else None
+    if nproc is not None and named is not None and nproc > named:
+        raise UsageError(
+            f"--nproc {nproc} is more than the {named} GPU(s) in --gpus {gpus}; give as many GPUs as processes"
+        )
+    if gpus_per_node is not None:
+        if nproc is not None and nproc > gpus_per_node:
+            raise UsageError(
+                f"--nproc {nproc} is more than --gpus-per-node {gpus_per_node}: each rank needs its own GPU; "
+                f"use --nproc {gpus_per_node} or ask for more GPUs"
+            )
+        if named is not None and named > gpus_per_node:
+            raise UsageError(
+                f"--gpus {gpus} names {named} GPU(s) but --gpus-per-node is {gpus_per_node}; "
+                "ask for as many GPUs as --gpus names"
+            )

@@ -1,8 +1,9 @@
 """The first code every rank runs: ``python -m xl.launcher.entry (SCRIPT | -m MODULE) ARGS...``.
 
 torchrun starts this instead of the user's script. It
-- sends the rank's stdout and stderr (file descriptors 1 and 2, so C libraries too) to the
-  supervisor over a Unix socket, which writes them line by line to logs/rank-<r>.log;
+- sends the rank's stdout and stderr (file descriptors 1 and 2, so C libraries too) through a
+  relay process of its own to logs/rank-<r>.log (``relay``): nothing the rank prints waits on
+  the supervisor, which only reads the file;
 - writes ranks/rank-<r>.json in the run dir: the PID when the rank starts, and the exit code and
   Python traceback when it ends, so a failure is explained without ``@record`` in the script;
 - then runs the script (or module) as ``__main__``, exactly as ``python`` would.
@@ -12,10 +13,8 @@ It runs inside every rank before user code, so it stays small: stdlib only, no t
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
-import socket
 import sys
 import time
 import traceback
@@ -23,6 +22,8 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 from xl.atomic import write_json_atomic
+from xl.launcher.rank import relay
+from xl.launcher.rank.stacks import install as install_stacks
 
 # Frames of this module and of runpy (a frozen module on 3.11+: "<frozen runpy>").
 # xl's own frames are cut from a rank's traceback: this module, the ``xl.launcher.entry`` file that
@@ -35,39 +36,12 @@ _SKIP_FILES = {
 }
 
 
+_relay_pid: int | None = None  # the process writing this rank's log (``relay``)
+
+
 def _int_env(name: str) -> int | None:
     value = os.environ.get(name)
     return int(value) if value is not None and value.lstrip("-").isdigit() else None
-
-
-def _connect_output(address: str, rank: int, token: str) -> bool:
-    """Point fds 1 and 2 at the supervisor's log socket; False when it cannot be reached."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect("\0" + address[1:] if address.startswith("@") else address)
-        header = json.dumps({"rank": rank, "pid": os.getpid(), "token": token}) + "\n"
-        sock.sendall(header.encode())
-    except OSError:
-        sock.close()
-        return False
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(sock.fileno(), 1)
-    os.dup2(sock.fileno(), 2)
-    sock.close()
-    return True
-
-
-def _fallback_log(run_dir: str, rank: int) -> None:
-    # No supervisor to talk to (e.g. run by hand): append straight to the rank's log file.
-    try:
-        os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-        fd = os.open(os.path.join(run_dir, "logs", f"rank-{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError:
-        return
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
 
 
 def _user_tb(tb: TracebackType | None) -> TracebackType | None:
@@ -118,10 +92,62 @@ class _Record:
             return
         self.data.update(fields)
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
             write_json_atomic(self.path, self.data)
         except OSError:
             pass
+
+
+def _supervisor_gone(run_dir: str) -> bool:
+    """The run's supervisor (XL_SUPERVISOR_PID) is gone: no such process, a zombie, or another
+    process that got its pid (the supervisor works in the run dir: its cwd tells it)."""
+    pid = _int_env("XL_SUPERVISOR_PID")
+    if not pid:
+        return False
+    try:
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return not _running(pid)  # gone, or another user's process that got the pid
+    return not _running(pid) or os.path.realpath(cwd) != os.path.realpath(run_dir)
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (ended, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
+
+
+def _settle_if_orphaned(run_dir: str | None) -> None:
+    """The last rank to end while the supervisor is gone makes run.json true (from every rank's
+    record and the spooled metrics): nobody else may be left to do it."""
+    if not run_dir or not _supervisor_gone(run_dir):
+        return
+    try:
+        from pathlib import Path  # noqa: PLC0415 - only when the supervisor died; ranks start light
+
+        from xl.launcher.rundir import record, settle  # noqa: PLC0415 - only when the supervisor died
+
+        rec = record.load(Path(run_dir))
+        if rec is None or rec.final or not settle.all_ranks_ended(Path(run_dir), rec):
+            return
+        left = settle.rank_records(Path(run_dir))
+        last = max(left, key=lambda r: (left[r].get("ended_at") or 0.0, r))
+        if last != (_int_env("RANK") or 0):
+            return  # the rank that ended last settles, once the others are gone
+        client = sys.modules.get("xl.client")
+        if client is not None:
+            client.close()  # what xl.log could not send goes to the spool now, to be merged
+        others = [int(d["pid"]) for r, d in left.items() if r != last and isinstance(d.get("pid"), int)]
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(_running(pid) for pid in others):
+            time.sleep(0.02)
+        settle.settle(Path(run_dir), stopped=False)
+    except Exception:  # the rank's own outcome is already recorded; never fail it here
+        pass
 
 
 def _usage() -> NoReturn:
@@ -134,11 +160,12 @@ def main(argv: list[str]) -> int:
         _usage()
     rank = _int_env("RANK") or 0
     run_dir = os.environ.get("XL_RUN_DIR")
-    address = os.environ.get("XL_LOGSOCK")
-    if address and not _connect_output(address, rank, os.environ.get("XL_TOKEN", "")) and run_dir:
-        _fallback_log(run_dir, rank)
+    global _relay_pid
+    if run_dir:
+        _relay_pid = relay.start(os.path.join(run_dir, "logs", f"rank-{rank}.log"))
     record = _Record(run_dir, rank)
     record.write()
+    install_stacks(run_dir, rank)  # `xl stacks` and hang captures ask the rank where it is
 
     code = 0
     try:
@@ -179,6 +206,9 @@ def run() -> None:
         sys.stderr.flush()
     except OSError:
         pass
+    if _relay_pid is not None:
+        relay.finish(_relay_pid)
+    _settle_if_orphaned(os.environ.get("XL_RUN_DIR"))
     raise SystemExit(status)
 
 

@@ -21,17 +21,25 @@ def dumps_line(record: dict[str, Any]) -> bytes:
     return json.dumps(record, separators=(",", ":"), allow_nan=False).encode()
 
 
+# Lines the disk refused wait in memory up to this much (the newest kept) and are written once
+# it takes them again: a full disk loses metrics only past this, and never stops the run.
+PENDING_CAP = 64 << 20
+
+
 class MetricsWriter:
     def __init__(self, run_dir: str | os.PathLike[str], *, flush_interval: float = 0.25) -> None:
         self.path = Path(run_dir) / METRICS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Append mode: a restarted supervisor continues the same file, nothing earlier is lost.
-        self._fh = open(self.path, "ab", buffering=1 << 20)  # noqa: SIM115 - closed in close()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self._buf = bytearray()
         self._lock = threading.Lock()
         self._flush_interval = flush_interval
         self._last_flush = time.monotonic()
         self._closed = False
         self.lines_written = 0
+        self.bytes_lost = 0  # cut from the waiting lines while the disk refused them
+        self.error: OSError | None = None  # the last write failure, None once writes succeed
 
     def write_lines(self, lines: list[bytes]) -> None:
         if not lines:
@@ -39,8 +47,15 @@ class MetricsWriter:
         with self._lock:
             if self._closed:
                 return
-            self._fh.write(b"\n".join(lines) + b"\n")
+            self._buf += b"\n".join(lines) + b"\n"
             self.lines_written += len(lines)
+            if len(self._buf) > PENDING_CAP:
+                # Keep whole lines: cut at the first newline past the excess.
+                cut = self._buf.find(b"\n", len(self._buf) - PENDING_CAP) + 1
+                self.bytes_lost += cut
+                del self._buf[:cut]
+            if len(self._buf) >= 1 << 20 and self.error is None:
+                self._write()
 
     def write(self, record: dict[str, Any]) -> None:
         self.write_lines([dumps_line(record)])
@@ -50,20 +65,31 @@ class MetricsWriter:
         if now - self._last_flush >= self._flush_interval:
             self.flush()
 
+    def _write(self) -> None:
+        """Write what waits (under the lock). A short write (the disk filled mid-line) leaves
+        the rest waiting: only this writer appends, so the line is completed later."""
+        try:
+            while self._buf:
+                n = os.write(self._fd, self._buf)
+                del self._buf[:n]
+            self.error = None
+        except OSError as exc:
+            self.error = exc
+
     def flush(self) -> None:
         with self._lock:
             if not self._closed:
-                self._fh.flush()
+                self._write()
             self._last_flush = time.monotonic()
 
     def close(self) -> None:
         with self._lock:
             if self._closed:
                 return
-            self._fh.flush()
+            self._write()
             try:
-                os.fsync(self._fh.fileno())
+                os.fsync(self._fd)
             except OSError:
                 pass
-            self._fh.close()
+            os.close(self._fd)
             self._closed = True

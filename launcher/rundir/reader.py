@@ -332,11 +332,13 @@ class RunReader:
         kind = event.get("kind")
         view = self._rank(rank)
         if kind in ("stalled", "straggler"):
-            # stalled outranks straggler: a hung rank is the bigger news
-            if kind == "stalled" or view._flag != "stalled":
-                view._flag = kind
+            # stalled outranks straggler: a hung rank is the bigger news. A rank that waits in a
+            # collective for the culprit of a hang (``waiting_on``) is its victim: "waiting".
+            flag = "waiting" if kind == "stalled" and event.get("waiting_on") else kind
+            if kind == "stalled" or view._flag not in ("stalled", "waiting"):
+                view._flag = flag
                 view.diagnosis = str(event.get("message") or kind)
-        elif kind == "recovered" and event.get("of") == view._flag:
+        elif kind == "recovered" and (event.get("of") == view._flag or (view._flag == "waiting" and event.get("of") == "stalled")):
             view._flag = None
             view.diagnosis = None
 

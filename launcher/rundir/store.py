@@ -17,7 +17,7 @@ from typing import Any
 from xl import paths
 from xl.errors import UsageError
 from xl.launcher import procs
-from xl.launcher.rundir import record
+from xl.launcher.rundir import record, settle
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.spec import LaunchSpec
 
@@ -103,8 +103,34 @@ def new_run_id(spec: LaunchSpec) -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(base)}-{secrets.token_hex(2)}"
 
 
+UNREADABLE = "unreadable"
+
+
+def _unreadable(run_dir: Path) -> RunInfo:
+    """A run whose run.json is damaged or missing: still listed, stoppable, readable by id."""
+    try:
+        started: float | None = time.mktime(time.strptime(run_dir.name[:15], "%Y%m%d-%H%M%S"))
+    except ValueError:
+        try:
+            started = run_dir.stat().st_mtime
+        except OSError:
+            started = None
+    return RunInfo(run_dir.name, run_dir, None, UNREADABLE, "?", started, None, 0, [], False)
+
+
+def _settled_if_abandoned(run_dir: Path, rec: RunRecord) -> RunRecord:
+    """A running run whose supervisor is gone and no process of which is left: its record is
+    made true now, from what its ranks left (xl.launcher.rundir.settle)."""
+    if rec.status != RunStatus.RUNNING or rec.supervisor_pid is None or procs.supervisor_alive(rec):
+        return rec
+    if procs.find_run_pids(rec.run_id):
+        return rec  # its training goes on without it
+    return settle.settle(run_dir, stopped=False) or record.load(run_dir) or rec
+
+
 def list_runs() -> list[RunInfo]:
-    """Every run under XL_HOME, oldest first (a folder without a readable run.json is skipped)."""
+    """Every run under XL_HOME, oldest first; a folder whose run.json is damaged or missing is
+    listed with status "unreadable"."""
     root = runs_root(create=False)
     if not root.is_dir():
         return []
@@ -113,8 +139,7 @@ def list_runs() -> list[RunInfo]:
         if entry.is_dir() and not entry.name.startswith("."):
             run_dir = Path(entry.path)
             rec = record.load(run_dir)
-            if rec is not None:
-                out.append(RunInfo.of(run_dir, rec))
+            out.append(_unreadable(run_dir) if rec is None else RunInfo.of(run_dir, _settled_if_abandoned(run_dir, rec)))
     out.sort(key=lambda r: (r.started_at or 0.0, r.run_id))
     return out
 

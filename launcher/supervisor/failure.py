@@ -108,8 +108,8 @@ class RootCause:
         traceback = st.traceback
         if traceback is None and st.error is None:
             # No Python exception to show (sys.exit(2) from argparse, os._exit, a C++ abort):
-            # the rank's last words are the best explanation there is; they may still wait in
-            # its socket.
+            # the rank's last words are the best explanation there is (its log, as its relay
+            # wrote it).
             drain(st.rank)
             traceback = self._log_tail(st.rank)
             last = traceback.strip().splitlines()[-1].strip() if traceback and traceback.strip() else ""

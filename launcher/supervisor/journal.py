@@ -8,7 +8,6 @@ the next turn. A full disk must not end the training: each kind of write failure
 
 from __future__ import annotations
 
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,13 @@ from xl.launcher.multinode.protocol import FORWARDED_EVENTS
 from xl.launcher.rundir import record as run_record
 from xl.launcher.rundir.events import EVENTS_FILE, append_event
 from xl.launcher.rundir.record import RunRecord
+from xl.launcher.supervisor.guard import crash_line
 
 
 def say(what: str) -> None:
-    """One line in supervisor.log (the supervisor's stderr)."""
-    print(f"xl supervisor: {what}", file=sys.stderr, flush=True)
+    """One line in supervisor.log (the supervisor's stderr); a full disk loses the line, never
+    the supervisor."""
+    crash_line(what)
 
 
 class Journal:

@@ -1,36 +1,27 @@
-"""The rank-output socket: every rank's stdout/stderr, into ``logs/rank-<r>.log`` line by line.
+"""Rank output: ``logs/rank-<r>.log``, read as it grows and parsed line by line.
 
-Each rank's entry point connects to the Unix socket ``sup.sock`` (its path is given to ranks as
-XL_LOGSOCK), says who it is in a first JSON line (rank, pid, the run's token) and then sends its
-raw output. Bytes go to the rank's log file as they come; whole lines are handed on (telemetry
-parses them), a rank's own node > 0 copy goes to node 0 through ``forward``.
+Each rank writes its own log through a relay process of its own (``xl.launcher.rank.relay``):
+nothing a rank prints goes through the supervisor, so a frozen, killed or disk-starved
+supervisor never blocks nor ends training. The supervisor reads every local rank's file as it
+grows (``tail``, once a tick, a bounded amount): whole lines are handed on (telemetry parses
+them), and a node > 0 sends its ranks' output to node 0 through ``forward``. Node 0 of several
+also writes the other nodes' ranks' output here (``append``); those files are not read back.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import secrets
-import selectors
-import socket
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-SOCKET_FILE = "sup.sock"
 LOGS_DIR = "logs"
-_MAX_HELLO = 4096
 _MAX_LINE = 65536
+_TICK_BUDGET = 1 << 20  # per file and tick: a flood of output cannot stall the loop
 _DRAIN_BUDGET = 16 << 20
-
-
-@dataclass
-class _Conn:
-    sock: socket.socket
-    rank: int | None = None
-    head: bytes = b""
-    partial: bytes = b""
+_RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
+_SCAN_EVERY = 10  # ticks between looks for new log files
 
 
 def log_path(run_dir: Path, rank: int) -> Path:
@@ -38,112 +29,80 @@ def log_path(run_dir: Path, rank: int) -> Path:
 
 
 class LogSink:
-    """The listening socket, its connections and the open rank log files.
+    """The rank log files: read (local ranks) or written (other nodes' ranks, on node 0).
 
-    Registers its sockets in the loop's selector with a callable as data: the loop calls it when
-    the socket is ready. ``on_line`` (None: nobody parses) gets each whole line; a tqdm redraw
-    (\\r) counts as a line."""
+    ``on_line`` (None: nobody parses) gets each whole line; a tqdm redraw (\\r) counts as a line."""
 
-    def __init__(
-        self,
-        run_dir: Path,
-        run_id: str,
-        token: str,
-        sel: selectors.BaseSelector,
-        on_hello: Callable[[int, int], None],
-        write_failed: Callable[[str, OSError], None],
-    ) -> None:
+    def __init__(self, run_dir: Path, write_failed: Callable[[str, OSError], None]) -> None:
         self.run_dir = run_dir
-        self.run_id = run_id
-        self.token = token
-        self.sel = sel
-        self.on_hello = on_hello
         self.write_failed = write_failed
         self.on_line: Callable[[int, str], None] | None = None
         self.forward: Callable[[int, bytes], None] | None = None
-        self.conns: dict[int, _Conn] = {}
-        self.log_fds: dict[int, int] = {}
-        self.listener: socket.socket | None = None
+        self.read_fds: dict[int, int] = {}  # local ranks' logs, open for reading
+        self.partial: dict[int, bytes] = {}
+        self.log_fds: dict[int, int] = {}  # other nodes' ranks' logs, written here
+        self._ticks = 0
 
-    def listen(self) -> str:
-        """Open the socket; returns the address ranks connect to (XL_LOGSOCK)."""
-        path = str(self.run_dir / SOCKET_FILE)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        if len(path.encode()) < 100:
-            address, bind_to = path, path
-        else:
-            # Deep run dirs exceed the 108-byte socket path limit: use Linux's abstract namespace.
-            address = f"@xl-{self.run_id}-{secrets.token_hex(4)}"
-            bind_to = "\0" + address[1:]
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        sock.bind(bind_to)
-        sock.listen(256)
-        sock.setblocking(False)
-        self.sel.register(sock, selectors.EVENT_READ, self.accept)
-        self.listener = sock
-        return address
+    # ---------------------------------------------------------------- local ranks: read
+    def tail(self, budget: int = _TICK_BUDGET) -> None:
+        """Read what every local rank's log gained since the last look."""
+        if self._ticks % _SCAN_EVERY == 0:
+            self._open_new()
+        self._ticks += 1
+        for rank in list(self.read_fds):
+            self._read(rank, budget)
 
-    def accept(self) -> None:
-        assert self.listener is not None
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            sock.setblocking(False)
-            conn = _Conn(sock)
-            self.conns[sock.fileno()] = conn
-            self.sel.register(sock, selectors.EVENT_READ, lambda conn=conn: self.read(conn))
+    def drain(self, rank: int | None = None) -> None:
+        """Everything written so far (by ``rank`` only, when given), up to 16 MiB a file."""
+        self._open_new()
+        for r in list(self.read_fds):
+            if rank is None or r == rank:
+                self._read(r, _DRAIN_BUDGET)
 
-    def read(self, conn: _Conn) -> None:
+    def _open_new(self) -> None:
         try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
+            names = os.listdir(self.run_dir / LOGS_DIR)
         except OSError:
-            data = b""
-        if not data:
-            self._close(conn)
             return
-        if conn.rank is None:
-            conn.head += data
-            if b"\n" not in conn.head:
-                if len(conn.head) > _MAX_HELLO:
-                    self._close(conn)
-                return
-            line, _, data = conn.head.partition(b"\n")
+        for name in names:
+            match = _RANK_LOG.match(name)
+            if match is None:
+                continue
+            rank = int(match.group(1))
+            if rank in self.read_fds or rank in self.log_fds:
+                continue
+            with contextlib.suppress(OSError):
+                self.read_fds[rank] = os.open(self.run_dir / LOGS_DIR / name, os.O_RDONLY | os.O_CLOEXEC)
+
+    def _read(self, rank: int, budget: int) -> None:
+        fd = self.read_fds[rank]
+        while budget > 0:
             try:
-                hello = json.loads(line)
-                if hello.get("token") != self.token:
-                    raise ValueError("bad token")
-                conn.rank = int(hello["rank"])
-            except (ValueError, KeyError, TypeError):
-                self._close(conn)
+                data = os.read(fd, min(budget, 1 << 16))
+            except OSError:
                 return
-            self.on_hello(conn.rank, int(hello.get("pid") or 0))
             if not data:
                 return
-        self._write(conn, data)
+            budget -= len(data)
+            self.partial[rank] = self._lines(rank, data, self.partial.get(rank, b""))
+            if self.forward is not None:
+                self.forward(rank, data)
 
-    def _write(self, conn: _Conn, data: bytes) -> None:
-        rank = int(conn.rank)  # type: ignore[arg-type]
-        conn.partial = self.append(rank, data, conn.partial)
-        if self.forward is not None:
-            self.forward(rank, data)
-
+    # ---------------------------------------------------------------- other nodes' ranks: write
     def append(self, rank: int, data: bytes, partial: bytes) -> bytes:
-        """Append to logs/rank-<rank>.log and hand on whole lines; returns the unfinished line.
-
-        Also node 0's way in for other nodes' output (their ``partial`` is kept by the hub)."""
+        """Append another node's rank output to logs/rank-<rank>.log and hand on whole lines;
+        returns the unfinished line (kept by the hub)."""
         fd = self.log_fds.get(rank)
         try:
             if fd is None:
-                fd = os.open(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                fd = os.open(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
                 self.log_fds[rank] = fd
             os.write(fd, data)
         except OSError as exc:
             self.write_failed(f"logs/rank-{rank}.log", exc)
+        return self._lines(rank, data, partial)
+
+    def _lines(self, rank: int, data: bytes, partial: bytes) -> bytes:
         if self.on_line is None:
             return b""
         # tqdm redraws with \r: each redraw is a line for the parser.
@@ -156,46 +115,21 @@ class LogSink:
             self.on_line(rank, line.decode("utf-8", "replace"))
         return partial
 
-    def _close(self, conn: _Conn) -> None:
-        if conn.partial and conn.rank is not None and self.on_line is not None:
-            self.on_line(conn.rank, conn.partial.decode("utf-8", "replace"))
-        conn.partial = b""
-        with contextlib.suppress(KeyError, ValueError):
-            self.sel.unregister(conn.sock)
-        self.conns.pop(conn.sock.fileno(), None)
-        conn.sock.close()
-
-    def drain(self, rank: int | None = None) -> None:
-        """Output still queued in sockets of ranks that have exited (of ``rank`` only, when
-        given). Never blocks: the sockets are non-blocking; a rank's is read up to 16 MiB (a
-        child process of a dead rank may still hold it and write)."""
-        for conn in list(self.conns.values()):
-            if rank is not None and conn.rank != rank:
-                continue
-            budget = _DRAIN_BUDGET
-            while budget > 0:
-                try:
-                    data = conn.sock.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    data = b""
-                if not data:
-                    self._close(conn)
-                    break
-                if conn.rank is not None:
-                    self._write(conn, data)
-                    budget -= len(data)
-                else:
-                    break
-
+    # ---------------------------------------------------------------- the end
     def close_logs(self) -> None:
-        for fd in self.log_fds.values():
-            os.close(fd)
+        """Read what is left, hand on unfinished last lines, close every file."""
+        self.drain()
+        if self.on_line is not None:
+            for rank, rest in self.partial.items():
+                if rest:
+                    self.on_line(rank, rest.decode("utf-8", "replace"))
+        self.partial.clear()
+        self.close_all()
 
-    def close(self) -> None:
-        """Stop listening and remove the socket file (connections end with the ranks)."""
-        with contextlib.suppress(OSError):
-            if self.listener is not None:
-                self.listener.close()
-            os.unlink(self.run_dir / SOCKET_FILE)
+    def close_all(self) -> None:
+        """The crash path: close every file without reading (frees descriptors, needs none)."""
+        for fd in [*self.read_fds.values(), *self.log_fds.values()]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.read_fds.clear()
+        self.log_fds.clear()

@@ -14,7 +14,8 @@ Rank ``state``: starting|running|exited|failed|stopped. ``exit_code`` < 0 means 
 events.jsonl kinds written here: run_started, rank_started (pid), rank_exited (exit_code), failure
 (exit_code), stop_requested, run_ended (status); telemetry adds its diagnoses through ``emit``.
 Also in the run dir: ranks/rank-<r>.json (what the entry point reports), logs/torchrun.log
-(torchrun's own output), supervisor.log, sup.sock (the log socket, while running).
+(torchrun's own output), supervisor.log. Rank output is written by each rank's own relay and only
+read here (``LogSink``): training never waits on the supervisor.
 
 Each job is a collaborator: ``Ranks`` (who is who, how each ended), ``LogSink`` (rank output),
 ``RootCause`` (the failure), ``Stopping`` (the stop), ``Hub`` / ``Follower`` (other nodes),
@@ -44,6 +45,7 @@ from xl.launcher.rundir import record as run_record
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.supervisor.failure import TORCHRUN_LOG, RootCause
 from xl.launcher.supervisor.follower import Follower
+from xl.launcher.supervisor.guard import crash_line, private_umask, raise_fd_limit
 from xl.launcher.supervisor.hub import Hub, resolve_hub
 from xl.launcher.supervisor.journal import Journal, say
 from xl.launcher.supervisor.logsink import LOGS_DIR, LogSink
@@ -54,7 +56,7 @@ from xl.launcher.supervisor.ranks import (
     RankState,
     Torchrun,
     become_subreaper,
-    describe_exit,
+    describe_end,
 )
 from xl.launcher.supervisor.stopping import Stopping, StopReason, StopSignals, grace_from_env
 from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
@@ -70,6 +72,8 @@ def _debug(what: str) -> None:
 
 class Supervisor:
     def __init__(self, run_dir: Path) -> None:
+        raise_fd_limit()  # before the collector sizes its connection cap
+        self.user_umask = private_umask()
         record = run_record.load(run_dir)
         if record is None:
             raise FileNotFoundError(f"no readable {run_record.RUN_FILE} in {run_dir}")
@@ -86,7 +90,7 @@ class Supervisor:
         self.port = TelemetryPort()
         self.journal = Journal(run_dir, record)
         self.ranks = Ranks(run_dir, record, self._rank_started, self._rank_ended, self.journal.changed)
-        self.sink = LogSink(run_dir, self.run_id, self.token, self.sel, self.ranks.hello, self.journal.write_failed)
+        self.sink = LogSink(run_dir, self.journal.write_failed)
         self.sink.forward = self.journal.send_log
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
         self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun, self.journal.changed)
@@ -115,9 +119,8 @@ class Supervisor:
             link.start()
             self.journal.link = link
             self.follower = Follower(self.hub_address, link, self.journal, self.cause, self.stopping, self.torchrun)
-        address = self.sink.listen()
-        (self.run_dir / LOGS_DIR).mkdir(exist_ok=True)
-        (self.run_dir / RECORDS_DIR).mkdir(exist_ok=True)
+        (self.run_dir / LOGS_DIR).mkdir(mode=0o700, exist_ok=True)
+        (self.run_dir / RECORDS_DIR).mkdir(mode=0o700, exist_ok=True)
         devices = self.record.get("devices") or []
         where = "GPUs " + ",".join(str(d["index"]) for d in devices) if devices else "CPU"
         # First, before telemetry can add any diagnosis of its own.
@@ -130,7 +133,7 @@ class Supervisor:
             # This node's ranks send their xl.log frames straight to node 0's collector.
             env["XL_COLLECTOR"] = format_address(*self.follower.hub)
         _debug("after telemetry")
-        env.update({"XL_RUN_ID": self.run_id, "XL_RUN_DIR": str(self.run_dir), "XL_LOGSOCK": address})
+        env.update({"XL_RUN_ID": self.run_id, "XL_RUN_DIR": str(self.run_dir), "XL_SUPERVISOR_PID": str(os.getpid())})
         with open(self.run_dir / LOGS_DIR / TORCHRUN_LOG, "ab") as log:
             self.torchrun.proc = subprocess.Popen(
                 self.record.get("argv"),
@@ -140,6 +143,7 @@ class Supervisor:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 close_fds=True,
+                umask=self.user_umask,  # the run dir is private; the training's own files are not
             )
         self.record.update(
             status=RunStatus.RUNNING,
@@ -167,7 +171,8 @@ class Supervisor:
     def run_loop(self) -> None:
         while True:
             for key, _ in self.sel.select(_TICK_S):
-                key.data()  # the log sink's accept / read, or the signal pipe's drain
+                key.data()  # the signal pipe's drain
+            self.sink.tail()
             self._turn()
             if self.torchrun.code is not None and self._all_done():
                 _debug("torchrun done")
@@ -221,7 +226,7 @@ class Supervisor:
         self.journal.changed()
         stop = self.stopping.state
         st.end(code, when, stopped=st.signalled is not None or (stop is not None and stop.explains(code)))
-        self.journal.emit({"kind": "rank_exited", "rank": st.rank, "exit_code": code, "message": describe_exit(st.rank, code)})
+        self.journal.emit({"kind": "rank_exited", "rank": st.rank, "exit_code": code, "message": describe_end(st)})
         self._ranks_changed()
         if st.state is RankPhase.FAILED and self.cause.failure is None and self.stopping.state is None:
             failure = self.cause.blame_rank(st, self.sink.drain)
@@ -241,7 +246,12 @@ class Supervisor:
 
     # ---------------------------------------------------------------- the end
     def abort(self, exc: BaseException) -> None:
-        """A bug here must not leave ranks behind nor a run that says "running" forever."""
+        """A bug here must not leave ranks behind nor a run that says "running" forever.
+
+        Descriptors go first (out of them may be why it crashed): the rest needs a few."""
+        self.sink.close_all()
+        with contextlib.suppress(Exception):
+            self.port.stop()
         procs.kill_all(procs.find_run_pids(self.run_id))
         if self.torchrun.proc is not None:
             procs.signal_pid(self.torchrun.proc.pid, signal.SIGKILL)
@@ -267,7 +277,6 @@ class Supervisor:
             link.send({"type": "end", "status": status.value, "failure": failure, "at": self.cause.at or time.time()})
             if not link.close(_LINK_CLOSE_S):
                 say("node 0 did not take this node's last records; they are here")
-        self.sink.close()
         return status
 
 
@@ -280,7 +289,9 @@ def main(argv: list[str]) -> int:
         sup.start()
         sup.run_loop()
     except BaseException as exc:
-        traceback.print_exc()
+        crash_line(f"crashed: {exc!r}; ending the run")
         with contextlib.suppress(Exception):
             sup.abort(exc)
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
     return sup.finish().exit_code

@@ -1,8 +1,9 @@
 """This node's ranks: which process is which rank, how each one ended, and reaping.
 
-A rank tells the supervisor who it is twice: the hello on the log socket (rank and pid) and its
-record ``ranks/rank-<r>.json`` (written by the entry point: pid, local_rank, started_at, and at the
-end exit_code, traceback, error). A rank killed by a signal writes no end: it is found gone by
+A rank tells the supervisor who it is in its record ``ranks/rank-<r>.json`` (written by the entry
+point: pid, local_rank, started_at, and at the end exit_code, traceback, error). A pid is only
+taken from a process that carries this run's XL_RUN_ID: a file cannot make the supervisor signal
+another process. A rank killed by a signal writes no end: it is found gone by
 its pid, or reaped here when torchrun died first and it was orphaned to this subreaper.
 
 ``Ranks`` only keeps the table; what a start or an end means for the run (events, the root
@@ -66,6 +67,15 @@ def describe_exit(rank: int, code: int | None) -> str:
     if code < 0:
         return f"rank {rank} was killed by {signal_name(code)}"
     return f"rank {rank} exited with code {code}"
+
+
+def describe_end(st: RankState) -> str:
+    """A rank's end as the rank table shows it: a rank xl stopped reads "stopped (-15)", not
+    "exit code unknown" (its exit code may come later, from torchrun)."""
+    if st.state is RankPhase.STOPPED:
+        code = st.exit_code if st.exit_code is not None else (-st.signalled if st.signalled else None)
+        return f"rank {st.rank} stopped" + (f" ({code})" if code is not None else "")
+    return describe_exit(st.rank, st.exit_code)
 
 
 @dataclass
@@ -162,7 +172,7 @@ def become_subreaper() -> None:
 
 
 class Ranks:
-    """The table of this node's ranks, kept from their hellos, records, pids and exit statuses."""
+    """The table of this node's ranks, kept from their records, pids and exit statuses."""
 
     def __init__(
         self,
@@ -215,7 +225,7 @@ class Ranks:
 
     # ---------------------------------------------------------------- who is who
     def hello(self, rank: int, pid: int) -> None:
-        """A rank's first word on the log socket."""
+        """A rank's first word, from a source already trusted (its checked record, a test)."""
         self.slot(rank, pid)
         self.learn_pid(rank, pid)
 
@@ -293,8 +303,9 @@ class Ranks:
             if st is None:
                 continue
             st.record_mtime = mtime
-            if rec.get("pid"):
-                self.learn_pid(rank, int(rec["pid"]))
+            pid = int(rec.get("pid") or 0)
+            if pid and (procs.is_run_process(pid, self.record.run_id) or not procs.alive(pid)):
+                self.learn_pid(rank, pid)
             st.started_at = rec.get("started_at") or st.started_at
             if "exit_code" in rec and not st.done:
                 st.traceback = rec.get("traceback")

@@ -111,8 +111,9 @@ class Stopping:
             self.torchrun.signal(signal.SIGTERM)
         for st in self.ranks:
             st.signal(signal.SIGTERM)
-        # Ranks that never reported (e.g. still importing) are found by their environment.
-        self.state.extra = procs.find_run_pids(self.run_id, exclude=self._known_pids())
+        # Ranks that never reported (e.g. still importing) are found by their environment, and
+        # what left a rank's session or environment as this subreaper's descendant.
+        self.state.extra = self._unknown_pids()
         for pid in self.state.extra:
             procs.signal_rank(pid, signal.SIGTERM)
         self.tell_nodes()
@@ -131,12 +132,13 @@ class Stopping:
         self.state.killed = True
         for st in self.ranks:
             st.signal(signal.SIGKILL)
-        procs.kill_all(self.state.extra + procs.find_run_pids(self.run_id, exclude=self._known_pids()))
+        procs.kill_all(self.state.extra + self._unknown_pids())
         self.torchrun.signal(signal.SIGKILL)
 
     def leftovers(self, signalled: bool) -> bool:
-        """Kill any process still carrying this run's id; True while some remain."""
-        pids = procs.find_run_pids(self.run_id)
+        """Kill any process still carrying this run's id, or descending from this supervisor;
+        True while some remain."""
+        pids = sorted(set(procs.find_run_pids(self.run_id)) | set(procs.descendants(os.getpid())))
         if not pids:
             return False
         if self.state is None:
@@ -180,6 +182,11 @@ class Stopping:
             # Its SIGTERM handler only runs once the store call it blocks in returns; it has
             # no rank left to tear down, so SIGKILL loses nothing.
             self.torchrun.signal(signal.SIGKILL)
+
+    def _unknown_pids(self) -> list[int]:
+        known = self._known_pids()
+        found = set(procs.find_run_pids(self.run_id, exclude=known)) | set(procs.descendants(os.getpid()))
+        return sorted(found - known)
 
     def _known_pids(self) -> set[int]:
         pids = self.ranks.known_pids()

@@ -87,6 +87,13 @@ class Collector(FrameServer):
             "rejects": dict(self.rejects),
         }
 
+    def _token_ok(self, head: bytes) -> bool:
+        try:
+            header = wire.parse_header(head)
+        except wire.FrameError:
+            return False
+        return hmac.compare_digest(header.token.encode(), self._token)
+
     # -- rank frames ------------------------------------------------------------------------
 
     def _frame(

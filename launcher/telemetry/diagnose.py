@@ -2,7 +2,8 @@
 
 Fed by the collector (train records, xl.watch waits), the log parser and the sampler; ``tick()``
 runs at 1 Hz and emits events (``stalled``, ``straggler``, ``recovered``, ``nan_loss``,
-``gpu_mem_high``) through the supervisor's ``emit_event``.
+``gpu_mem_high``) through the supervisor's ``emit_event``; ``stalled`` ones go through
+``on_stall`` when given (``hang.HangCapture``: it asks every rank where it is first).
 
 Stragglers. In synchronous data parallel training every rank has the same step time: they all
 wait at the gradient all-reduce. What differs is how long each rank waits there. ``xl.watch``
@@ -88,8 +89,15 @@ def _is_loss_key(key: str) -> bool:
 
 
 class Diagnoser:
-    def __init__(self, emit: Emit, thresholds: Thresholds | None = None) -> None:
+    def __init__(
+        self,
+        emit: Emit,
+        thresholds: Thresholds | None = None,
+        on_stall: Callable[[list[dict[str, Any]]], None] | None = None,
+    ) -> None:
         self._emit = emit
+        # Stalled events go here instead when set: a hang capture words them with the stacks.
+        self._on_stall = on_stall
         self.th = thresholds or Thresholds.from_env()
         self._ranks: dict[int, _Rank] = {}
         self._lock = threading.Lock()
@@ -101,7 +109,9 @@ class Diagnoser:
         return st
 
     def _event(self, kind: str, rank: int | None, message: str, **extra: Any) -> None:
-        event = {"t": time.time(), "kind": kind, "rank": rank, "message": message, **extra}
+        self._send({"t": time.time(), "kind": kind, "rank": rank, "message": message, **extra})
+
+    def _send(self, event: dict[str, Any]) -> None:
         try:
             self._emit(event)
         except Exception:  # the supervisor's event sink failing must not stop diagnosis
@@ -205,6 +215,7 @@ class Diagnoser:
 
     def _check_stalls(self, now: float) -> None:
         waiting: dict[int, float] | None = None
+        stalled: list[dict[str, Any]] = []
         for rank, st in sorted(self._ranks.items()):
             if not st.alive or st.stalled or st.last_progress_t is None:
                 continue
@@ -234,7 +245,12 @@ class Diagnoser:
                     f"rank {rank} is holding them up"
                 )
                 extra["holding_up"] = others
-            self._event("stalled", rank, message, **extra)
+            stalled.append({"t": time.time(), "kind": "stalled", "rank": rank, "message": message, **extra})
+        if stalled and self._on_stall is not None:
+            self._on_stall(stalled)
+            return
+        for event in stalled:
+            self._send(event)
 
     def _check_stragglers(self, now: float) -> None:
         since = now - self.th.straggler_window_s
@@ -310,6 +326,10 @@ class Diagnoser:
                     self._event(
                         "recovered", rank, f"rank {rank} is no longer a straggler", of="straggler"
                     )
+
+    def any_stalled(self) -> bool:
+        with self._lock:
+            return any(st.stalled for st in self._ranks.values())
 
     def state(self) -> dict[int, str]:
         with self._lock:

@@ -18,6 +18,7 @@ that connects and says nothing (or trickles a frame) must not keep them.
 from __future__ import annotations
 
 import contextlib
+import resource
 import selectors
 import socket
 import struct
@@ -42,9 +43,26 @@ ACK_EVERY = 16
 # Each connection may buffer up to one frame before its token is checked; capping the number
 # of connections caps that memory (a 4096-GPU job is 4096 ranks).
 MAX_CONNECTIONS = 8192
+# Until a connection has proven the token, it reads in small pieces, and a frame announced over
+# UNPROVEN_FRAME is only read on once its header (the first line) carries the token: a stranger
+# costs at most about this much memory, not a whole frame.
+UNPROVEN_FRAME = 64 << 10
+_UNPROVEN_RECV = 64 << 10
+# Descriptors kept free for everything else the supervisor opens (files, /proc, the crash path):
+# a quarter of the limit, at most FD_RESERVE.
+FD_RESERVE = 256
 # A connection with no valid frame this long after it opened is closed. Ranks send their first
 # frame as soon as they connect, node links a heartbeat every nodelink.HEARTBEAT_S (1 s).
 IDLE_S = 30.0
+
+
+def connection_cap() -> int:
+    """Connections allowed at once: MAX_CONNECTIONS, or fewer so that FD_RESERVE descriptors
+    stay free under the process's limit (see ``raise_fd_limit``)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(8, min(MAX_CONNECTIONS, soft - min(FD_RESERVE, soft // 4)))
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -98,6 +116,7 @@ class FrameServer:
         # A socketpair wakes the loop at once on stop() instead of waiting for its timeout.
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        self.max_connections = connection_cap()
 
     # -- what a subclass decides ------------------------------------------------------------
 
@@ -106,6 +125,10 @@ class FrameServer:
     ) -> tuple[int, bool] | None:
         """Handle one frame; append the record lines to store to ``lines``. Returns (seq, ack
         at once) for a frame to ack, None for one rejected or answered another way."""
+        raise NotImplementedError
+
+    def _token_ok(self, head: bytes) -> bool:
+        """Whether a frame's header line carries the run's token (read before a large frame)."""
         raise NotImplementedError
 
     def _closed(self, conn: Conn) -> None:
@@ -237,7 +260,7 @@ class FrameServer:
                 return
             except OSError:
                 return
-            if len(self._sel.get_map()) >= MAX_CONNECTIONS:
+            if len(self._sel.get_map()) >= self.max_connections:
                 self.rejects["too_many_connections"] += 1
                 sock.close()
                 continue
@@ -271,9 +294,23 @@ class FrameServer:
             conn.sock.close()
         self._closed(conn)
 
+    def _unproven_ok(self, conn: Conn) -> bool:
+        """A connection without a valid frame yet: False when it must be closed (it announced
+        a large frame whose header is not the run's, or no header line in UNPROVEN_FRAME)."""
+        buf = conn.buf
+        if len(buf) < 4 or wire.HEADER.unpack_from(buf, 0)[0] <= UNPROVEN_FRAME:
+            return True
+        nl = buf.find(b"\n", 4, 4 + UNPROVEN_FRAME)
+        if nl < 0:
+            return len(buf) < 4 + UNPROVEN_FRAME
+        if self._token_ok(bytes(buf[4:nl])):
+            self._mark_valid(conn)
+            return True
+        return False
+
     def _read(self, conn: Conn) -> None:
         try:
-            data = conn.sock.recv(1 << 20)
+            data = conn.sock.recv(1 << 20 if conn.valid else _UNPROVEN_RECV)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -284,6 +321,10 @@ class FrameServer:
             return
         buf = conn.buf
         buf += data
+        if not conn.valid and not self._unproven_ok(conn):
+            self.rejects["unproven"] += 1
+            self._close(conn)
+            return
         pos = 0
         size = len(buf)
         lines: list[bytes] = []

@@ -30,6 +30,7 @@ from xl.launcher.rundir.events import append_event
 from xl.launcher.rundir.metrics import MetricsWriter, dumps_line
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser
+from xl.launcher.telemetry.hang import HangCapture
 from xl.launcher.telemetry.logparse import parse_line
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
@@ -79,7 +80,9 @@ class Telemetry:
         self._dropped_last_emit = 0.0
         self.writer: MetricsWriter | None = None
         self.collector: Collector | None = None
-        self.diagnoser = Diagnoser(self._emit)
+        # A stall starts one capture of every rank's stacks, which names the culprit (hang.py).
+        self.hang = HangCapture(self.run_dir, self._emit, self._hang_ranks)
+        self.diagnoser = Diagnoser(self._emit, on_stall=self.hang.on_stall)
         self.sampler: Sampler | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -190,6 +193,7 @@ class Telemetry:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self.hang.join(timeout=10)  # its events go out before the supervisor closes the run
         if self.collector is not None:
             self.collector.stop()
         self.ingest_spool()
@@ -248,6 +252,12 @@ class Telemetry:
                     ranks.append({"rank": rank, "pid": peer.pid})
         return [r for r in ranks if r.get("exit_code") is None and not r.get("remote")]
 
+    def _hang_ranks(self) -> list[dict[str, Any]]:
+        """This node's live ranks, and other nodes' (listed in the capture as asked there)."""
+        with self._ranks_lock:
+            far = [dict(r) for r in self._ranks if r.get("remote") and r.get("exit_code") is None]
+        return self._rank_list() + far
+
     def _loop(self) -> None:
         next_status = time.monotonic() + 5
         while not self._stop.wait(self._interval):
@@ -275,6 +285,8 @@ class Telemetry:
         for rank in dead:
             self.diagnoser.set_alive(rank, False)
         self.diagnoser.tick()
+        if not self.diagnoser.any_stalled():
+            self.hang.over()
         self._flush_dropped()
         self.writer.maybe_flush()
 

@@ -25,27 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from golden import golden_entry
 
 import xl
 
 pytestmark = pytest.mark.e2e
 
-FIXTURES = Path(__file__).parent / "fixtures"
-RECORD = os.environ.get("XL_CONTRACTS_RECORD") == "1"
 XL = [sys.executable, "-m", "xl"]
 
-
-def _golden_entry(name: str, key: str, actual: Any) -> None:
-    path = FIXTURES / name
-    data = json.loads(path.read_text()) if path.exists() else {}
-    if RECORD:
-        data[key] = actual
-        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        return
-    assert key in data, f"{path} has no {key!r}: record it with XL_CONTRACTS_RECORD=1"
-    assert actual == data[key], (
-        f"contract {name}[{key}] changed (XL_CONTRACTS_RECORD=1 re-records it)"
-    )
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -147,7 +134,7 @@ def test_command_list(home: Path) -> None:
     assert {"doctor", "gpus", "launch", "sbatch", "runs", "attach", "stop", "logs", "demo"} <= set(
         commands
     )
-    _golden_entry("cli.json", "commands", commands)
+    golden_entry("cli.json", "commands", commands)
 
 
 def test_every_command_s_options(home: Path) -> None:
@@ -162,7 +149,7 @@ def test_every_command_s_options(home: Path) -> None:
         assert proc.stderr == "" and proc.stdout.startswith("usage: xl"), command
         parsed[command] = _parse_help(proc.stdout)
         assert "--help" in parsed[command]["options"], command
-    _golden_entry("cli.json", "options", parsed)
+    golden_entry("cli.json", "options", parsed)
 
 
 def _one_line_usage_error(proc: subprocess.CompletedProcess[str], who: str) -> None:
@@ -178,7 +165,7 @@ def test_unknown_flag_is_bad_usage_for_every_command(home: Path) -> None:
     commands = _commands(home)
     # RUN given too, so the flag (not the missing RUN) is what is wrong.
     argvs = {
-        c: [c, "--no-such-flag", *(["somerun"] if c in ("logs", "stop", "attach") else [])]
+        c: [c, "--no-such-flag", *(["somerun"] if c in ("logs", "stop", "attach", "stacks") else [])]
         for c in commands
     }
     with ThreadPoolExecutor(4) as pool:

@@ -20,7 +20,6 @@ Re-record the fixture on purpose (a contract change) with ``XL_CONTRACTS_RECORD=
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -30,11 +29,10 @@ from typing import Any
 
 import pytest
 import simnvml as _sim
+from golden import golden_entry
 
 pytestmark = pytest.mark.e2e
 
-FIXTURES = Path(__file__).parent / "fixtures"
-RECORD = os.environ.get("XL_CONTRACTS_RECORD") == "1"
 XL = [sys.executable, "-m", "xl"]
 
 # DESIGN.md's table, in its order (`build` runs only with --build).
@@ -81,18 +79,6 @@ SETUPS: dict[str, tuple[str, dict[str, str]]] = {
     ),
 }
 
-
-def _golden_entry(name: str, key: str, actual: Any) -> None:
-    path = FIXTURES / name
-    data = json.loads(path.read_text()) if path.exists() else {}
-    if RECORD:
-        data[key] = actual
-        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        return
-    assert key in data, f"{path} has no {key!r}: record it with XL_CONTRACTS_RECORD=1"
-    assert actual == data[key], (
-        f"contract {name}[{key}] changed (XL_CONTRACTS_RECORD=1 re-records it)"
-    )
 
 
 def _driver_env(simnvml: Callable[..., Any], setup: str) -> dict[str, str]:
@@ -175,14 +161,14 @@ def test_doctor_json(setup: str, simnvml: Callable[..., Any], tmp_path: Path) ->
         assert statuses["driver"] in ("skip", "warn") and statuses["gpus"] in ("skip", "warn")
     if SETUPS[setup][0] in ("none", "driver_not_loaded"):
         assert doc["gpus"] == [] and doc["driver"]["error"]
-    _golden_entry("doctor.json", "top_level_keys", sorted(doc))
+    golden_entry("doctor.json", "top_level_keys", sorted(doc))
     why_not = _like_the_development_machines()
     if why_not is None and doc["torch"].get("cuda") is not None:
         why_not = "torch here is a CUDA build (the statuses were recorded with a CPU build)"
     if why_not:
         pytest.skip(f"statuses recorded on another kind of machine: {why_not}")
     pinned = {k: v for k, v in statuses.items() if k not in MACHINE_DEPENDENT}
-    _golden_entry("doctor.json", f"statuses_{setup}", {"checks": pinned, "exit": proc.returncode})
+    golden_entry("doctor.json", f"statuses_{setup}", {"checks": pinned, "exit": proc.returncode})
 
 
 def test_doctor_human_output_has_no_traceback(simnvml: Callable[..., Any], tmp_path: Path) -> None:

@@ -17,30 +17,16 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import simnvml as _sim
+from golden import golden_entry
 
 pytestmark = pytest.mark.e2e
 
-FIXTURES = Path(__file__).parent / "fixtures"
-RECORD = os.environ.get("XL_CONTRACTS_RECORD") == "1"
 XL = [sys.executable, "-m", "xl"]
 
-
-def _golden_entry(name: str, key: str, actual: Any) -> None:
-    path = FIXTURES / name
-    data = json.loads(path.read_text()) if path.exists() else {}
-    if RECORD:
-        data[key] = actual
-        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        return
-    assert key in data, f"{path} has no {key!r}: record it with XL_CONTRACTS_RECORD=1"
-    assert actual == data[key], (
-        f"contract {name}[{key}] changed (XL_CONTRACTS_RECORD=1 re-records it)"
-    )
 
 
 def _gpus(sim_env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -100,7 +86,7 @@ def test_gpus_json_keys(
         0,
         "contract-run",
     )
-    _golden_entry(
+    golden_entry(
         "gpus_keys.json",
         "keys",
         {
@@ -130,7 +116,7 @@ def test_gpus_json_when_nvml_cannot_be_used(simnvml: Callable[..., Any], init_er
     driver = doc["driver"]
     assert isinstance(driver["error"], str) and driver["error"]
     assert driver["version"] is None and driver["cuda_version"] is None
-    _golden_entry(
+    golden_entry(
         "gpus_keys.json",
         f"no_driver_{init_error}",
         {"top": sorted(doc), "driver": sorted(driver), "error_kind": driver["error_kind"]},

@@ -26,11 +26,10 @@ from typing import Any
 
 import pytest
 import simnvml as _sim
+from golden import golden_entry
 
 pytestmark = pytest.mark.e2e
 
-FIXTURES = Path(__file__).parent / "fixtures"
-RECORD = os.environ.get("XL_CONTRACTS_RECORD") == "1"
 XL = [sys.executable, "-m", "xl"]
 UUID = _sim.default_uuid
 
@@ -104,18 +103,6 @@ CASES: dict[str, tuple[list[str], str, dict[str, str]]] = {
 }
 
 
-def _golden_entry(name: str, key: str, actual: Any) -> None:
-    path = FIXTURES / name
-    data = json.loads(path.read_text()) if path.exists() else {}
-    if RECORD:
-        data[key] = actual
-        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        return
-    assert key in data, f"{path} has no {key!r}: record it with XL_CONTRACTS_RECORD=1"
-    assert actual == data[key], (
-        f"contract {name}[{key}] changed (XL_CONTRACTS_RECORD=1 re-records it)"
-    )
-
 
 def _env(extra: dict[str, str], sim_env: dict[str, str]) -> dict[str, str]:
     env = {
@@ -187,7 +174,7 @@ def test_dry_run_json(case: str, simnvml: Callable[..., Any], workdir: Path) -> 
     token = extra.get("XL_TOKEN")
     if token:
         assert token not in proc.stdout
-    _golden_entry("dry_run.json", case, _normalised(doc))
+    golden_entry("dry_run.json", case, _normalised(doc))
 
 
 def test_multinode_rendezvous_id_is_derived_from_the_token(

@@ -34,26 +34,15 @@ from typing import Any
 
 import pytest
 import simnvml as _sim
+from golden import FIXTURES, golden
 from procs import kill_run, run_json, run_processes, wait_for, wait_ranks_running
 
 pytestmark = pytest.mark.e2e
 
-FIXTURES = Path(__file__).parent / "fixtures"
 PROBE = FIXTURES / "rank_probe.py"
-RECORD = os.environ.get("XL_CONTRACTS_RECORD") == "1"
 GPU_FIGURES = {"gpu", "gpu_util", "gpu_mem_used_mib", "gpu_mem_total_mib"}
 XL = [sys.executable, "-m", "xl"]
 
-
-def golden(name: str, actual: Any) -> None:
-    """Compare ``actual`` with fixtures/<name> (JSON); XL_CONTRACTS_RECORD=1 rewrites it."""
-    path = FIXTURES / name
-    if RECORD:
-        path.write_text(json.dumps(actual, indent=2, sort_keys=True) + "\n")
-        return
-    assert path.exists(), f"{path} is missing: record it with XL_CONTRACTS_RECORD=1"
-    expected = json.loads(path.read_text())
-    assert actual == expected, f"contract {name} changed (XL_CONTRACTS_RECORD=1 re-records it)"
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:

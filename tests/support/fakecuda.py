@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -67,6 +69,16 @@ def host_config(gcc_max: int, clang_max: int) -> str:
     )
 
 
+# soname stem -> the pip package that ships it (nvidia-<package>-cu12)
+PIP_PACKAGES = {
+    "cudart": "cuda_runtime",
+    "nvJitLink": "nvjitlink",
+    "cublas": "cublas",
+    "cublasLt": "cublas",
+    "cusparse": "cusparse",
+}
+
+
 def _sh(lines: str) -> str:
     return "#!/bin/sh\n" + lines
 
@@ -112,7 +124,7 @@ class Sandbox:
         gcc_max: int | None = None,
         clang_max: int | None = None,
         cudart: int | None = -1,  # -1: the toolkit's major; None: no libcudart
-        headers: bool = True,
+        headers: bool | str = True,  # True | False | "conda"
     ) -> Path:
         root = self.root / name
         (root / "bin").mkdir(parents=True, exist_ok=True)
@@ -130,7 +142,13 @@ class Sandbox:
             inc = root / "include" / "crt"
             inc.mkdir(parents=True, exist_ok=True)
             (inc / "host_config.h").write_text(host_config(gcc_max, clang_max or 17))
-        if headers:
+        if headers == "conda":
+            # conda-forge's layout: the headers only under targets/x86_64-linux/include.
+            inc = root / "targets" / "x86_64-linux" / "include"
+            inc.mkdir(parents=True, exist_ok=True)
+            (inc / "cuda_runtime.h").write_text("/* fake */\n")
+            (root / "include").mkdir(exist_ok=True)
+        elif headers:
             (root / "include").mkdir(exist_ok=True)
             (root / "include" / "cuda_runtime.h").write_text("/* fake */\n")
         if cudart is not None:
@@ -180,6 +198,8 @@ class Sandbox:
         nccl: str | None = None,
         pip_nvcc: str | None = None,
         name: str = "site",
+        pip_libs: Mapping[str, str] | None = None,
+        pip_ptxas: str | None = None,
     ) -> Path:
         """A torch install that explodes if imported: the doctor must read it, not import it."""
         site = self.root / name
@@ -214,6 +234,23 @@ class Sandbox:
                 d, sub = site / f"nvidia_cuda_nvcc_cu{major}-{pip_nvcc}.dist-info", "cuda_nvcc"
             d.mkdir(exist_ok=True)
             self.nvcc_script(site / "nvidia" / sub / "bin" / "nvcc", pip_nvcc)
+        if pip_ptxas:
+            # nvidia-cuda-nvcc-cu12 as Triton pulls it in: ptxas, no nvcc.
+            major = pip_ptxas.split(".")[0]
+            (site / f"nvidia_cuda_nvcc_cu{major}-{pip_ptxas}.dist-info").mkdir(exist_ok=True)
+            self.script(site / "nvidia" / "cuda_nvcc" / "bin" / "ptxas", "exit 0\n")
+        for soname, ver in (pip_libs or {}).items():
+            # The CUDA libraries a pip torch loads: nvidia/<package>/lib for CUDA 12 wheels
+            # (nvidia_<package>_cu12-<v>.dist-info), nvidia/cu13/lib for 13 (nvidia_<package>-<v>).
+            package = PIP_PACKAGES[soname.split(".so")[0][3:]]
+            major = ver.split(".")[0]
+            if int(major) >= 13:
+                lib, wheel = site / "nvidia" / f"cu{major}" / "lib", f"nvidia_{package}-{ver}"
+            else:
+                lib, wheel = site / "nvidia" / package / "lib", f"nvidia_{package}_cu{major}-{ver}"
+            lib.mkdir(parents=True, exist_ok=True)
+            (lib / soname).write_bytes(b"\x7fELF fake")
+            (site / f"{wheel}.dist-info").mkdir(exist_ok=True)
         return site
 
     def ldconfig(self, libs: Mapping[str, str | Path]) -> Path:
@@ -230,9 +267,21 @@ class Sandbox:
         )
         return self.tool("ldconfig", "\n".join(lines) + "\n")
 
-    def lib_dir(self, name: str, *, cudart: Sequence[int] = (), nccl: bool = False) -> Path:
+    def lib_dir(
+        self,
+        name: str,
+        *,
+        cudart: Sequence[int] = (),
+        nccl: bool = False,
+        libs: Mapping[str, str] | None = None,
+    ) -> Path:
+        """A library folder; `libs` maps sonames to the full version their real file carries
+        (libnvJitLink.so.12 -> libnvJitLink.so.12.1.105), as a toolkit's lib64 holds them."""
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
+        for soname, full in (libs or {}).items():
+            (d / f"{soname}.{full.split('.', 1)[1]}").write_bytes(b"\x7fELF fake")
+            (d / soname).write_bytes(b"\x7fELF fake")
         for major in cudart:
             (d / f"libcudart.so.{major}").write_bytes(b"\x7fELF fake")
         if nccl:
@@ -311,6 +360,8 @@ def run_doctor_json(
         raise AssertionError(
             f"not JSON (exit {proc.returncode}): {proc.stdout[:400]!r} {proc.stderr[:400]!r}"
         ) from exc
+    # Every fix any test sees: a published wheel, a path that exists (issue 15).
+    assert_fixes_sound(data)
     return data, proc
 
 
@@ -353,3 +404,73 @@ def by_id(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def statuses(report: dict[str, Any]) -> dict[str, str]:
     return {c["id"]: c["status"] for c in report["checks"]}
+
+
+# -- fixes: each one a real published wheel or a real path, and applying it breaks nothing -------
+
+_PIP_FIX = re.compile(
+    r"(\S+) -m pip install --force-reinstall torch(?:==(\S+))? "
+    r"--index-url https://download\.pytorch\.org/whl/(cu\d+)"
+)
+_ASSIGN = re.compile(r"([A-Z_]+)=([^\s)]+)")
+
+
+def fix_command(fix: str) -> str:
+    """The command of a fix: up to the first '; ' or ' (' (the rest is an alternative)."""
+    return re.split(r"; | \(|, or ", fix, maxsplit=1)[0].strip()
+
+
+def assert_fixes_sound(report: dict[str, Any]) -> None:
+    """Every torch wheel a fix names was published, and every path it exports exists."""
+    from xl.doctor.wheels import PUBLISHED, TAG_CUDA  # noqa: PLC0415 - tests only
+
+    for c in report["checks"]:
+        for m in _PIP_FIX.finditer(c["fix"]):
+            assert m.group(3) in TAG_CUDA, c
+            if m.group(2):
+                assert (m.group(2), m.group(3)) in PUBLISHED, f"unpublished wheel in {c}"
+        cmd = fix_command(c["fix"])
+        if cmd.startswith("export "):  # not "install gcc 13 and export ..."
+            for var, value in _ASSIGN.findall(cmd):
+                if var in ("CUDA_HOME", "NVCC_CCBIN", "CC", "CXX"):
+                    assert os.path.exists(value), f"{var}={value} does not exist: {c}"
+
+
+def apply_fix(box: Sandbox, env: Mapping[str, str], fix: str) -> dict[str, str]:
+    """The environment after a person ran the fix: exports and unsets applied (with $VAR and
+    ${VAR:+:$VAR} expanded), a pip install of torch replaced by that wheel, faked."""
+    from xl.doctor.wheels import NEWEST_KNOWN, TAG_CUDA  # noqa: PLC0415 - tests only
+
+    out = dict(env)
+    cmd = fix_command(fix)
+    m = _PIP_FIX.search(cmd)
+    if m:
+        version, tag = m.group(2) or NEWEST_KNOWN, m.group(3)
+        site = box.torch(f"{version}+{tag}", cuda=TAG_CUDA[tag], name=f"site-{tag}-{version}")
+        out["PYTHONPATH"] = str(site)
+        return out
+    if cmd.startswith("unset "):
+        for var in cmd.split()[1:]:
+            out.pop(var, None)
+        return out
+    assert cmd.startswith("export "), f"not a command a test can apply: {fix!r}"
+    for word in shlex.split(cmd)[1:]:
+        var, _, value = word.partition("=")
+        old = out.get(var, "")
+        value = re.sub(r"\$\{(\w+):\+:\$\1\}", (":" + old) if old else "", value)
+        out[var] = value.replace(f"${var}", old)
+    return out
+
+
+def assert_fix_works(box: Sandbox, env: Mapping[str, str], check_id: str, *args: str) -> None:
+    """Run the doctor, apply `check_id`'s fix, run it again: that check no longer fails and no
+    other check fails that did not fail before."""
+    before, _ = run_doctor_json(env, *args)
+    assert_fixes_sound(before)
+    fix = by_id(before)[check_id]["fix"]
+    after, _ = run_doctor_json(apply_fix(box, env, fix), *args)
+    assert_fixes_sound(after)
+    was, now = statuses(before), statuses(after)
+    assert now[check_id] != "fail", (fix, by_id(after)[check_id])
+    broken = [k for k, s in now.items() if s == "fail" and was.get(k) != "fail"]
+    assert not broken, (fix, [by_id(after)[k] for k in broken])

@@ -23,6 +23,7 @@ LABEL = {"fail": "FAIL", "error": "ERROR", "warn": "WARN", "ok": "ok", "skip": "
 
 
 class DoctorScreen(XLScreen):
+    AUTO_FOCUS = "#doctor-table"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("r", "rerun", "Re-run")]
 
     class Done(Message):

@@ -6,6 +6,7 @@ import gc
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from rich.markup import escape
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -32,6 +33,9 @@ What still works here:
 """
 
 
+ORDER = Binding.Group("Order", compact=True)
+
+
 def _reason(inv: Inventory | None) -> str:
     err = getattr(getattr(inv, "driver", None), "error", None)
     return f"NVML says: {err}" if err else "NVML reports no GPUs."
@@ -47,12 +51,15 @@ def _freeze_heap() -> None:
 class GPUsScreen(XLScreen):
     """The machine's GPUs, live (1 s), and which of them the next run uses, in which order."""
 
+    AUTO_FOCUS = "#gpu-table"
+
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("space", "pick", "Use/skip"),
-        Binding("shift+up,K", "move(-1)", "Earlier"),
-        Binding("shift+down,J", "move(1)", "Later"),
+        # One footer entry for both ("⇧↑⇧↓ Order"): the footer must fit 80 columns.
+        Binding("shift+up,K", "move(-1)", "Earlier", key_display="⇧↑", group=ORDER),
+        Binding("shift+down,J", "move(1)", "Later", key_display="⇧↓", group=ORDER),
         Binding("c", "clear", "Clear"),
-        Binding("L", "launch", "Launch with these"),
+        Binding("L", "launch", "Launch…"),
     ]
 
     class Polled(Message):
@@ -104,6 +111,8 @@ class GPUsScreen(XLScreen):
         self._active = False
 
     def on_screen_resume(self) -> None:
+        if self.gpus:  # Launch's GPUs field may have changed the selection: show it now
+            self._show_selection()
         if not self._active:
             self._active = True
             self._wake.set()
@@ -140,6 +149,8 @@ class GPUsScreen(XLScreen):
         else:
             panel.display = False
             main.display = True
+            if self.focused is None:  # hidden until the first poll, so not focused when the screen opened
+                self.query_one(GPUTable).focus()
             self.selection.prune(g.index for g in self.gpus)
             self.query_one(GPUHistory).update_gpus(self.gpus)
             self._show_selection()
@@ -148,7 +159,10 @@ class GPUsScreen(XLScreen):
 
     def _show_selection(self) -> None:
         spec = self.selection.gpus_spec
-        if spec:
+        if self.selection.other:
+            # Typed in Launch's GPUs field and not a list of indices: the launcher resolves it.
+            text = f"The launch uses [b]--gpus {escape(spec)}[/b] (set in Launch).\nspace/enter/click a row to pick GPUs instead."
+        elif spec:
             text = f"CUDA_VISIBLE_DEVICES=[b]{spec}[/b]  (CUDA_DEVICE_ORDER=PCI_BUS_ID)\n"
             text += "  ".join(f"LOCAL_RANK {k} → GPU {i}" for k, i in enumerate(self.selection.order))
         else:
@@ -181,7 +195,7 @@ class GPUsScreen(XLScreen):
             self._show_selection()
 
     def action_clear(self) -> None:
-        self.selection.order.clear()
+        self.selection.clear()
         self._show_selection()
 
     def action_launch(self) -> None:

@@ -23,9 +23,12 @@ TEXT_FIELDS = ("target", "args", "gpus", "nproc", "nnodes", "node_rank", "rdzv",
 
 
 class LaunchScreen(XLScreen):
+    # Opens in its first field, ready to type; esc leaves a field so the screen keys work again.
+    AUTO_FOCUS = "#target"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+r", "launch", "Launch", priority=True),
-        Binding("ctrl+y", "copy", "Copy command", priority=True),
+        Binding("ctrl+y", "copy", "Copy", priority=True),
+        Binding("escape", "leave_field", "Leave field"),
     ]
 
     class Started(Message):
@@ -45,8 +48,8 @@ class LaunchScreen(XLScreen):
         saved = settings.recall(last) if last else None
         self.initial = LaunchForm.from_dict(saved) if saved else LaunchForm()
         self._loaded_key = self.initial.key  # whose remembered settings the form holds
-        if selection.order:
-            self.initial.gpus = selection.gpus_spec
+        # The app's one GPU selection (the last launch's at start, then the picker's) fills the field.
+        self.initial.gpus = selection.gpus_spec
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -87,10 +90,30 @@ class LaunchScreen(XLScreen):
         self.query_one("#launch-command", Static).border_title = "equivalent command (ctrl+y copies)"
         self.validate()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "leave_field":
+            return isinstance(self.focused, (Input, Select))  # shown in the footer only in a field
+        return True
+
+    def action_leave_field(self) -> None:
+        # The form (not a field) holds the focus: keys reach the screen, tab goes back in.
+        self.query_one("#launch-form").focus()
+
+    def on_descendant_focus(self) -> None:
+        self.refresh_bindings()  # "esc Leave field" comes and goes with the field
+
+    def on_descendant_blur(self) -> None:
+        self.refresh_bindings()
+
     def on_screen_resume(self) -> None:
-        # The GPUs screen's current pick wins over what was remembered.
-        if self.selection.order and self.is_mounted:
-            self.query_one("#gpus", Input).value = self.selection.gpus_spec
+        # The GPUs screen may have changed the selection (picked, reordered, cleared).
+        field = self.query_one("#gpus", Input)
+        if field.value.strip() != self.selection.gpus_spec:
+            self._filling = True
+            try:
+                field.value = self.selection.gpus_spec
+            finally:
+                self._filling = False
             self.validate()
 
     def fill(self, form: LaunchForm) -> None:
@@ -99,8 +122,11 @@ class LaunchScreen(XLScreen):
             for name in TEXT_FIELDS:
                 self.query_one(f"#{name}", Input).value = getattr(form, name)
             self.query_one("#mixed_precision", Select).value = form.mixed_precision
-            if self.selection.order:
+            # One selection: a recalled script's GPUs apply only when nothing is chosen now.
+            if self.selection.gpus_spec:
                 self.query_one("#gpus", Input).value = self.selection.gpus_spec
+            else:
+                self.selection.set_spec(form.gpus)
         finally:
             self._filling = False
         self.validate()
@@ -141,6 +167,12 @@ class LaunchScreen(XLScreen):
     def _changed(self) -> None:
         if not self._filling:
             self.validate()
+
+    @on(Input.Changed, "#gpus")
+    def _gpus_changed(self, event: Input.Changed) -> None:
+        # Typed here, picked on the GPUs screen: the same selection.
+        if not self._filling:
+            self.selection.set_spec(event.value)
 
     @on(Input.Changed, "#target")
     def _target_changed(self, event: Input.Changed) -> None:
@@ -187,4 +219,6 @@ class LaunchScreen(XLScreen):
         if message.error:
             self.notify(message.error, severity="error", timeout=8)
             return
+        # Back from the Monitor, no field has the focus: the screen keys (1-4, q) work at once.
+        self.action_leave_field()
         self.xl.open_monitor(message.run_dir, message.notice)

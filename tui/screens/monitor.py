@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
-from textual import work
+from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
@@ -31,14 +31,17 @@ from xl.tui.runview import (
 )
 from xl.tui.screens.base import XLScreen
 from xl.tui.screens.confirm import ConfirmScreen
+from xl.tui.screens.stacks import StacksScreen
 from xl.tui.widgets.charts import MetricChart
 from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
 from xl.tui.widgets.text_lines import TextLines
+from xl.tui.widgets.verdict import VerdictBanner
 
 if TYPE_CHECKING:
     from xl.launcher.rundir.reader import RunReader, RunView
 
+RANK_KEYS = Binding.Group("Rank", compact=True)
 CHARTS_MIN_HEIGHT = 32
 PROGRESS_WIDTH = 32  # cells of the progress bar
 LOG_TAIL = 400  # lines shown when switching to a rank; older output stays in the run dir
@@ -51,9 +54,9 @@ def _all_nodes_joined(run: dict[str, Any]) -> bool:
     return len(joined) >= nnodes
 
 
-def header_text(run: dict[str, Any], ranks: Mapping[int, Any], nodes: int, dir_name: str, now: float) -> Text:
-    """The Monitor's first line: the run's name, id and status, elapsed time, world size, nodes
-    (when more than one) and devices."""
+def header_text(run: dict[str, Any], ranks: Mapping[int, Any], nodes: list[str], dir_name: str, now: float) -> Text:
+    """The Monitor's first line: the run's name, id and status, elapsed time, world size, its
+    node (the number of nodes when more than one) and devices."""
     status = str(run_field(run, "status") or "unknown")
     header = Text()
     header.append(f"{run_field(run, 'name') or dir_name}", style="bold")
@@ -61,8 +64,10 @@ def header_text(run: dict[str, Any], ranks: Mapping[int, Any], nodes: int, dir_n
     header.append(status, style=fmt.STATE_STYLE.get(status, "bold"))
     header.append(f"   elapsed {fmt.duration(elapsed(run, now))}")
     header.append(f"   world size {world_size(run, ranks)}")
-    if nodes > 1:
-        header.append(f" on {nodes} nodes")
+    if len(nodes) > 1:
+        header.append(f" on {len(nodes)} nodes")
+    elif nodes:
+        header.append(f" on {nodes[0]}")  # the rank table has no Node column for one node
     header.append(f"   devices {devices_text(run)}")
     return header
 
@@ -100,13 +105,28 @@ def progress_text(prog: Progress) -> Text:
     return text
 
 
+def _log_lines(reader: RunReader, rank: int, reset: bool, tailed: set[int]) -> list[str]:
+    """The lines of ``rank``'s log the Monitor has not shown yet; after a switch (``reset``),
+    the backlog: everything on a first visit, the tail when coming back to a rank."""
+    if not reset:
+        return list(reader.new_log_lines(rank))
+    fresh = reader.new_log_lines(rank)  # everything, on a rank's first call: its backlog
+    if rank in tailed:
+        fresh = reader.read_log(rank, LOG_TAIL)  # skip what it missed while not shown
+    tailed.add(rank)
+    return list(fresh)[-LOG_TAIL:]
+
+
 class MonitorScreen(XLScreen):
+    AUTO_FOCUS = "#rank-table"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("s", "stop", "Stop run"),
         Binding("d", "detach", "Detach"),
         Binding("c", "charts", "Charts"),
-        Binding("left_square_bracket", "rank(-1)", "Prev rank"),
-        Binding("right_square_bracket", "rank(1)", "Next rank"),
+        Binding("k", "stacks", "Stacks", show=False),  # the hang banner and Help name it; the footer is full at 80 columns
+        # One footer entry for both ("[] Rank"): with `? Help` and `q Quit` it fits 80 columns.
+        Binding("left_square_bracket", "rank(-1)", "Prev rank", group=RANK_KEYS),
+        Binding("right_square_bracket", "rank(1)", "Next rank", group=RANK_KEYS),
         Binding("escape", "back", "Back"),
     ]
 
@@ -152,11 +172,13 @@ class MonitorScreen(XLScreen):
         self._wake = threading.Event()
         self._shown = threading.Event()
         self._stopped = False
+        self._charts_chosen = False  # `c` pressed: the charts stay as the person left them
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
         yield TextLines("Opening the run…", id="run-header")
         yield Static("", id="failure-banner")
+        yield VerdictBanner(id="verdict-banner")
         # Text, not markup: a command with [brackets] must show (and copy) as it is.
         yield Static(Text(self._notice or ""), id="notice-banner")
         yield TextLines("", id="progress")
@@ -176,8 +198,16 @@ class MonitorScreen(XLScreen):
         self.query_one("#notice-banner").display = self._notice is not None
         self.query_one("#progress").display = False
         # Charts need room; on a small terminal (80x24) they start hidden and `c` shows them.
-        self.query_one("#charts").display = self.app.size.height >= CHARTS_MIN_HEIGHT
+        self._fit_charts(self.app.size.height)
         self._poller()
+
+    def on_resize(self, event: events.Resize) -> None:
+        # Opened small then the terminal grew (or shrank): the charts follow, until `c` decides.
+        if not self._charts_chosen and (event.size.height >= CHARTS_MIN_HEIGHT) != self.query_one("#charts").display:
+            self.action_charts(chosen=False)
+
+    def _fit_charts(self, height: int) -> None:
+        self.query_one("#charts").display = height >= CHARTS_MIN_HEIGHT
 
     def on_unmount(self) -> None:
         self._stopped = True
@@ -232,19 +262,8 @@ class MonitorScreen(XLScreen):
             reader = self.reader
             view = reader.poll()
             rank = self._log_rank
-            lines: list[str] | None = None
-            if rank is not None:
-                if self._log_needs_reset:
-                    self._log_needs_reset = False
-                    # new_log_lines returns everything on its first call for a rank: that is the
-                    # backlog. Coming back to a rank, skip what it missed and show the tail.
-                    fresh = reader.new_log_lines(rank)
-                    if rank in self._tailed:
-                        fresh = reader.read_log(rank, LOG_TAIL)
-                    self._tailed.add(rank)
-                    lines = list(fresh)[-LOG_TAIL:]
-                else:
-                    lines = list(reader.new_log_lines(rank))
+            lines = None if rank is None else _log_lines(reader, rank, self._log_needs_reset, self._tailed)
+            self._log_needs_reset = self._log_needs_reset and rank is None
             return self.Polled(view, rank, lines, None)
         except Exception as exc:  # a run dir that vanished or a reader bug: say so, keep the UI
             return self.Polled(None, None, None, f"{type(exc).__name__}: {exc}")
@@ -287,8 +306,8 @@ class MonitorScreen(XLScreen):
             self.post_message(self.NoticeDone(self.run_dir))
             self.query_one("#notice-banner").display = False
         labels = node_labels(ranks)
-        self._set_text("#run-header", header_text(run, ranks, len(node_order(labels)), self.run_dir.name, now))
-        self._render_failure(run, getattr(view, "events", []) or [])
+        self._set_text("#run-header", header_text(run, ranks, node_order(labels), self.run_dir.name, now))
+        self._render_banners(run, getattr(view, "events", []) or [])
         self._render_progress(ranks, now)
         table = self.query_one(RankTable)
         table.update_ranks(ranks, now, labels)
@@ -304,12 +323,13 @@ class MonitorScreen(XLScreen):
                 {r: history(rv, "samples_per_s") for r, rv in ranks.items()}, t0=t0, highlight=self._log_rank
             )
 
-    def _render_failure(self, run: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    def _render_banners(self, run: dict[str, Any], events: list[dict[str, Any]]) -> None:
         banner = self.query_one("#failure-banner", Static)
         text = failure_text(run, events, keep=6 if self.app.size.height >= CHARTS_MIN_HEIGHT else 3)
         banner.display = text is not None
         if text is not None:
             banner.update(text)
+        self.query_one(VerdictBanner).show(events, final=self.status in FINISHED)
 
     def _render_progress(self, ranks: dict, now: float) -> None:
         """A line of text, not Textual's ProgressBar: that one repaints itself on a timer of its
@@ -341,13 +361,19 @@ class MonitorScreen(XLScreen):
         if table.row_count:
             table.move_cursor(row=(table.cursor_row + delta) % table.row_count)
 
-    def action_charts(self) -> None:
+    def action_charts(self, chosen: bool = True) -> None:
+        self._charts_chosen = self._charts_chosen or chosen
         charts = self.query_one("#charts")
         charts.display = not charts.display
         if charts.display and self.view is not None:
             # A fresh poll draws them: the last view's RankViews may be mid-update by a poll
             # running right now in the worker thread, so they are only read once it is done.
             self._request_poll()
+
+    def action_stacks(self) -> None:
+        rank = self.query_one(RankTable).current_rank
+        if rank is not None and self.status not in FINISHED:
+            self.app.push_screen(StacksScreen(rank, lambda: self.backend.stacks(self.run_dir, rank)))
 
     # -- stop / detach -----------------------------------------------------------------------
 
@@ -374,7 +400,11 @@ class MonitorScreen(XLScreen):
             self.app.call_from_thread(self.notify, f"Could not stop the run: {exc}", severity="error")
 
     def action_detach(self) -> None:
-        self.xl.detach(self.run_dir, self.status)
+        if self.standalone or self.xl.closes_on_detach(self.run_dir):
+            self.xl.detach(self.run_dir, self.status)
+            return
+        # A run opened inside the app: it keeps running and the app goes back, as escape does.
+        self.action_back()
 
     def action_back(self) -> None:
         if not self.standalone:

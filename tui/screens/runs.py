@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, ClassVar
 
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -15,7 +16,14 @@ from textual.widgets import DataTable, Footer, Header, Static
 from xl.tui import fmt
 from xl.tui.screens.base import XLScreen
 
-COLUMNS = (("status", "Status"), ("start", "Started"), ("dur", "Duration"), ("world", "Ranks"), ("name", "Name"), ("id", "Run id"))
+# The id (what `xl attach` takes) right after the status, the free-length name last: at 80
+# columns a long name is what gets cut, never the id.
+COLUMNS = (("status", "Status"), ("id", "Run id"), ("start", "Started"), ("dur", "Duration"), ("world", "Ranks"), ("name", "Name"))
+
+
+# Room for values a running run's row grows into between rebuilds ("59s" -> "1h02m", "running"
+# -> "succeeded").
+MIN_WIDTH = {"status": 9, "dur": 7}
 
 
 def _field(info: Any, *names: str) -> Any:
@@ -45,6 +53,7 @@ def run_cells(info: Any, now: float) -> dict[str, Any]:
 
 
 class RunsScreen(XLScreen):
+    AUTO_FOCUS = "#runs-table"
     BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "open", "Open"), Binding("r", "refresh", "Refresh")]
 
     class Listed(Message):
@@ -71,9 +80,6 @@ class RunsScreen(XLScreen):
 
     def on_mount(self) -> None:
         self.title = "xl — Runs"
-        table = self.query_one(DataTable)
-        for key, label in COLUMNS:
-            table.add_column(label, key=key)
         self._list()
 
     def on_screen_suspend(self) -> None:
@@ -109,13 +115,19 @@ class RunsScreen(XLScreen):
             )
         ordered = sorted(message.runs, key=lambda r: _field(r, "started_at", "start_time") or 0, reverse=True)
         keys = [str(_field(r, "run_id", "id")) for r in ordered]
+        rows = [run_cells(info, now) for info in ordered]
         if keys != list(self._cells):
-            # New or removed runs change the order; rebuild the (short) list only then.
-            table.clear()
+            # New or removed runs change the order; rebuild the (short) list only then, with
+            # columns as wide as their longest value. (Left to DataTable, the widths followed the
+            # rows only once the table next went idle, and in a terminal that could be never:
+            # run ids stayed cut to their label's width, "202605".)
+            table.clear(columns=True)
+            for col, label in COLUMNS:
+                width = max([len(label), MIN_WIDTH.get(col, 0), *(Text(str(r[col])).cell_len for r in rows)])
+                table.add_column(label, key=col, width=width)
             self._cells = {}
-        for key, info in zip(keys, ordered, strict=True):
+        for key, info, cells in zip(keys, ordered, rows, strict=True):
             self.runs[key] = info
-            cells = run_cells(info, now)
             old = self._cells.get(key)
             if old is None:
                 table.add_row(*(cells[c] for c, _ in COLUMNS), key=key)

@@ -26,6 +26,10 @@ COLUMNS = (
     ("power", "Power"),
     ("procs", "Processes (pid:rank)"),
 )
+# Narrower than this, the table drops Temp and Power and draws shorter names and meters, so the
+# processes column (which rank runs where) still shows at 80 columns.
+FULL_WIDTH = 110
+COMPACT_COLUMNS = tuple(c for c in COLUMNS if c[0] not in ("temp", "power"))
 
 
 # Columns that grow to fit a longer value; the others keep the width their first value gave them.
@@ -56,7 +60,9 @@ def _procs(gpu: Any) -> str:
     return " ".join(parts) or "-"
 
 
-def gpu_cells(gpu: Any, position: int | None) -> dict[str, Any]:
+def gpu_cells(gpu: Any, position: int | None, compact: bool = False) -> dict[str, Any]:
+    """A GPU's row; ``compact``: the model without "NVIDIA " and half-width meters."""
+    bar = 4 if compact else 8
     if getattr(gpu, "lost", False):
         lost = Text("lost", style="bold red")
         return {
@@ -73,7 +79,8 @@ def gpu_cells(gpu: Any, position: int | None) -> dict[str, Any]:
     used = gpu.memory_used_mib
     mem_frac = used / total if used is not None and total else None
     util = gpu.util_gpu
-    name = gpu.name + (" (MIG)" if getattr(gpu, "mig_mode", None) else "")
+    name = gpu.name.removeprefix("NVIDIA ") if compact else gpu.name
+    name += " (MIG)" if getattr(gpu, "mig_mode", None) else ""
     power = "-"
     if gpu.power_w is not None:
         power = f"{gpu.power_w:.0f}W"
@@ -83,8 +90,8 @@ def gpu_cells(gpu: Any, position: int | None) -> dict[str, Any]:
         "sel": Text(f"[{position + 1}]", style="bold reverse") if position is not None else Text("[ ]", style="dim"),
         "gpu": str(gpu.index),
         "name": name,
-        "util": fmt.meter(None if util is None else util / 100, 8, "-" if util is None else f"{util:3d}%"),
-        "mem": fmt.meter(mem_frac, 8, f"{fmt.mib(used)}/{fmt.mib(total)}"),
+        "util": fmt.meter(None if util is None else util / 100, bar, "-" if util is None else f"{util:3d}%"),
+        "mem": fmt.meter(mem_frac, bar, f"{fmt.mib(used)}/{fmt.mib(total)}"),
         "temp": "-" if gpu.temperature_c is None else f"{gpu.temperature_c}C",
         "power": power,
         "procs": _procs(gpu),
@@ -228,12 +235,35 @@ class GPUTable(LiveTable):
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self._cells: dict[str, dict[str, Any]] = {}
         self._shown: dict[str, tuple[Any, int | None]] = {}
+        self.compact = False
+        self._last: tuple[Sequence[Any], Sequence[int]] = ((), ())
+
+    @property
+    def columns_shown(self) -> tuple[tuple[str, str], ...]:
+        return COMPACT_COLUMNS if self.compact else COLUMNS
 
     def on_mount(self) -> None:
-        for key, label in COLUMNS:
+        for key, label in self.columns_shown:
             self.add_column(label, key=key)
 
+    def on_resize(self) -> None:
+        compact = self.size.width < FULL_WIDTH
+        if compact == self.compact:
+            return
+        # Another set of columns: rebuild the table (a resize, not a poll; rare).
+        self.compact = compact
+        cursor = self.cursor_row
+        self.clear(columns=True)
+        self._cells.clear()
+        self._shown.clear()
+        for key, label in self.columns_shown:
+            self.add_column(label, key=key)
+        self.update_gpus(*self._last)
+        if self.row_count:
+            self.move_cursor(row=min(cursor, self.row_count - 1))
+
     def update_gpus(self, gpus: Sequence[Any], order: Sequence[int]) -> None:
+        self._last = (gpus, list(order))
         present = {str(g.index) for g in gpus}
         for key in [k for k in self._cells if k not in present]:
             self.remove_row(key)
@@ -246,10 +276,12 @@ class GPUTable(LiveTable):
             if self._shown.get(key) == (gpu, pos):
                 continue  # same record, same place in the order: the row already shows it
             self._shown[key] = (gpu, pos)
-            cells = gpu_cells(gpu, pos)
+            cells = gpu_cells(gpu, pos, self.compact)
+            if self.compact:
+                cells = {c: cells[c] for c, _ in COMPACT_COLUMNS}
             old = self._cells.get(key)
             if old is None:
-                self.add_row(*(cells[c] for c, _ in COLUMNS), key=key)
+                self.add_row(*(cells[c] for c, _ in self.columns_shown), key=key)
             else:
                 changed = {col: value for col, value in cells.items() if old.get(col) != value}
                 if changed:

@@ -31,23 +31,23 @@ from xl.tui.runview import node_labels, node_order
 from xl.tui.widgets.gpu_table import value_key
 from xl.tui.widgets.rank_cells import PADDING, cell_segments, format_cells, join_row, rank_values
 
-# What matters most comes first: on an 80-column terminal the right end is scrolled off.
-# Fixed widths: a value that outgrows its column is cut with an ellipsis, and no update ever
-# changes the table's layout.
+# What matters most comes first: on an 80-column terminal everything up to Memory shows (80
+# columns with their padding) and the right end is scrolled off. Fixed widths: a value that
+# outgrows its column is cut with an ellipsis, and no update ever changes the table's layout.
+# One node: no Node column (the same host on every row; the Monitor's header names it).
 COLUMNS = (
     ("rank", "Rank", 4),
+    ("gpu", "GPU", 3),
     ("state", "State", 9),
-    ("step", "Step", 13),
+    ("step", "Step", 11),
     ("loss", "Loss", 8),
     ("sps", "Samples/s", 9),
     ("util", "Util", 9),
     ("mem", "Memory", 11),
-    ("node", "Node", 10),
-    ("gpu", "GPU", 4),
     ("seen", "Last seen", 12),
 )
 # Grouped by node: the node first (as wide as the longest name, within NODE_WIDTH), then these.
-AFTER_NODE = tuple(c for c in COLUMNS if c[0] != "node")
+AFTER_NODE = COLUMNS
 NODE_WIDTH = (4, 24)
 
 Columns = tuple[tuple[str, str, int], ...]

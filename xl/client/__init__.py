@@ -119,11 +119,15 @@ def _after_fork_in_child() -> None:
         sender.reset_after_fork()
 
 
-def _at_exit() -> None:
+def close() -> None:
+    """Send what was logged (bounded wait), spool what could not be sent; the rank's end."""
     sender = _sender
     if sender is not None:
         with contextlib.suppress(Exception):
             sender.shutdown(EXIT_WAIT_S)
+
+
+_at_exit = close
 
 
 log: Any = _noop_log

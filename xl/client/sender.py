@@ -292,7 +292,9 @@ class Sender:
                 self._read_acks(wait=max(0.01, min(0.5, deadline - time.monotonic())))
                 if self.spool.replay is not None and self.sock is not None:
                     self._send_replay()
-            return not self.unacked and not self.queue
+            # Stored means acked: nothing unacked, queued or waiting in the spool, and nothing
+            # ever dropped (a dropped record is one logged and never stored).
+            return not self.unacked and not self.queue and not self.spool.pending() and not self.dropped
         finally:
             self.flushing = False
             self.io_lock.release()

@@ -34,12 +34,16 @@ class Spool:
         if self.path is None:
             return False
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with open(self.path, "ab") as fh:
+            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+            with open(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as fh:
                 fh.write(b"\n".join(lines) + b"\n")
         except OSError:
             return False
         return True
+
+    def pending(self) -> bool:
+        """Lines wait here, not yet stored (spooled, or claimed and not all acked)."""
+        return self.replay is not None or (self.path is not None and os.path.exists(self.path))
 
     def claim(self) -> None:
         """On a new connection: take what was spooled while disconnected, to replay it."""

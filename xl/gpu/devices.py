@@ -15,8 +15,10 @@ what CUDA does, as PyTorch models it in ``torch.cuda._parse_visible_devices``:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from xl.gpu.records import GPU
 
@@ -234,3 +236,78 @@ def resolve_visible_devices(gpus: Sequence[GPU], env: Mapping[str, str]) -> Visi
         duplicates=tuple(dupes),
         invalid=invalid or bool(dupes),
     )
+
+
+# --------------------------------------------------------------------------- the one verdict
+# `xl doctor` (check cuda_visible_devices) and `xl launch` / `xl demo` (the devices a run gets
+# when no --gpus is given) judge CUDA_VISIBLE_DEVICES with this one function, so the doctor's
+# status is what a launch does: ok / skip = go on silently, warn = go on and say it, fail = stop.
+_DEVICE_TOKEN = re.compile(r"\s*(\d+|(GPU|MIG)-[0-9A-Za-z-]+)\s*")
+# The values people write to hide every GPU on purpose ("-1" is the common one).
+_HIDE_ALL = ("", "-1")
+
+
+@dataclass(frozen=True)
+class VisibleVerdict:
+    status: str  # ok | warn | fail | skip (the doctor's statuses)
+    detail: str
+    fix: str | None
+    devices: tuple[GPU, ...]  # what CUDA sees (cuda:k is devices[k]); empty: a CPU run
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def judge_visible_devices(gpus: Sequence[GPU], env: Mapping[str, str], *, have_driver: bool) -> VisibleVerdict:
+    """How CUDA_VISIBLE_DEVICES in ``env`` stands on a machine with ``gpus`` (one inventory).
+
+    With no driver nothing can be matched: the entries' syntax is all there is to judge, and a
+    run there is a CPU run whatever the variable says, so nothing is a ``fail``."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    usable = [g for g in gpus if not g.lost]
+    if value is None:
+        if have_driver:
+            return VisibleVerdict("ok", f"unset: all {len(gpus)} GPU(s) visible", None, tuple(usable))
+        return VisibleVerdict("skip", "unset", None, ())
+    data: dict[str, Any] = {"value": value}
+    if value.strip() in _HIDE_ALL:
+        shown = repr(value) if value.strip() else "set but empty"
+        if not usable:
+            return VisibleVerdict("skip", f"{shown}: hides every GPU; there is none here anyway", None, (), data)
+        return VisibleVerdict(
+            "warn",
+            f"{shown}: CUDA sees no GPU at all (torch.cuda.is_available() is False)",
+            "unset CUDA_VISIBLE_DEVICES (or list the GPUs to use, e.g. export CUDA_VISIBLE_DEVICES=0,1)",
+            (),
+            data,
+        )
+    if not have_driver:
+        bad = [tok for tok in value.split(",") if not _DEVICE_TOKEN.fullmatch(tok)]
+        if bad:
+            return VisibleVerdict(
+                "warn",
+                f"{value!r}: {bad[0]!r} is neither an index nor a GPU-/MIG- UUID",
+                "use indices or UUIDs from `nvidia-smi -L`, e.g. export CUDA_VISIBLE_DEVICES=0,1",
+                (),
+                data,
+            )
+        return VisibleVerdict("skip", f"{value!r}; no driver to check the entries against", None, (), data)
+    vis = resolve_visible_devices(gpus, env)
+    devices = tuple(g for g in vis.devices if not g.lost)
+    # Visibility also reports CUDA_DEVICE_ORDER problems; those belong to the order check.
+    problems = [p for p in vis.problems if p.startswith(("CUDA_VISIBLE_DEVICES", "entry "))]
+    # Selecting MIG instances is a valid setup; say so without calling it a problem.
+    problems = [p for p in problems if "MIG instances" not in p]
+    if vis.mig_ids and not problems:
+        also = f" and GPU(s) {', '.join(str(g.index) for g in devices)}" if devices else ""
+        return VisibleVerdict("ok", f"{value!r}: {len(vis.mig_ids)} MIG instance(s){also}", None, devices, data)
+    data["devices"] = [g.index for g in devices]
+    if problems:
+        fatal = bool(vis.duplicates) or any("CUDA stops there" in p for p in problems)
+        keep = ",".join(str(g.index) for g in devices) or ",".join(str(g.index) for g in gpus)
+        fix = (
+            f"export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={keep} (indices from `nvidia-smi -L`)"
+            if keep
+            else "unset CUDA_VISIBLE_DEVICES"
+        )
+        return VisibleVerdict("fail" if fatal else "warn", "; ".join(problems), fix, devices, data)
+    shown = ", ".join(f"{g.index}" for g in devices)
+    return VisibleVerdict("ok", f"{value!r}: CUDA sees nvidia-smi GPU(s) {shown}", None, devices, data)

@@ -17,6 +17,11 @@ LOST_MESSAGE = (
 )
 
 
+def whole_mib(value: float | None) -> int | None:
+    """Memory for `xl gpus --json`: whole MiB, as nvidia-smi prints them (floored)."""
+    return None if value is None else int(value)
+
+
 @dataclass(frozen=True)
 class GPUProcess:
     pid: int  # as this PID namespace numbers it (mapped through NSpid when NVML's is another's)
@@ -29,7 +34,7 @@ class GPUProcess:
     def to_json(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
-            "used_mib": self.used_mib,
+            "used_mib": whole_mib(self.used_mib),
             "name": self.name,
             "rank": self.rank,
             "local_rank": self.local_rank,
@@ -65,10 +70,10 @@ class GPU:
             "name": self.name,
             "pci_bus_id": self.pci_bus_id,
             "memory": {
-                "total_mib": self.memory_total_mib,
-                "used_mib": self.memory_used_mib,
-                "free_mib": self.memory_free_mib,
-                "reserved_mib": self.memory_reserved_mib,
+                "total_mib": whole_mib(self.memory_total_mib),
+                "used_mib": whole_mib(self.memory_used_mib),
+                "free_mib": whole_mib(self.memory_free_mib),
+                "reserved_mib": whole_mib(self.memory_reserved_mib),
             },
             "utilization": {"gpu": self.util_gpu, "memory": self.util_mem},
             "temperature_c": self.temperature_c,

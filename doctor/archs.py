@@ -1,0 +1,113 @@
+"""GPU architectures as torch reads them: TORCH_CUDA_ARCH_LIST parsed exactly as
+torch.utils.cpp_extension._get_cuda_arch_flags parses it (torch 2.13), the -gencode flags it
+turns into, and which compiled architectures a GPU can run.
+
+torch's rules, kept here to the letter because a build follows them, not what a person meant:
+- unset, empty or exactly "native": the visible GPUs' capabilities (each clamped to the newest
+  sm_ torch itself was built for), sorted, the last one with +PTX; with no GPU at all torch
+  stops with `IndexError: list index out of range`;
+- otherwise spaces become ';', then each name is replaced by its architectures with plain string
+  replacement, in the order below (so "Ampere+Tegra" before "Ampere"; names are case-sensitive);
+  the result is split on ';' only: a comma, an empty item (a stray ';') or an unknown token makes
+  torch raise `ValueError: Unknown CUDA arch (...) or GPU not supported`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# torch 2.13's named_arches, in its order (combined names first).
+NAMED_ARCHES: tuple[tuple[str, str], ...] = (
+    ("Kepler+Tesla", "3.7"),
+    ("Kepler", "3.5+PTX"),
+    ("Maxwell+Tegra", "5.3"),
+    ("Maxwell", "5.0;5.2+PTX"),
+    ("Pascal", "6.0;6.1+PTX"),
+    ("Volta+Tegra", "7.2"),
+    ("Volta", "7.0+PTX"),
+    ("Turing", "7.5+PTX"),
+    ("Ampere+Tegra", "8.7"),
+    ("Ampere", "8.0;8.6+PTX"),
+    ("Ada", "8.9+PTX"),
+    ("Hopper", "9.0+PTX"),
+    ("Blackwell+Tegra", "11.0"),
+    ("Blackwell", "10.0;10.3;12.0;12.1+PTX"),
+)
+SUPPORTED_ARCHES: tuple[str, ...] = (
+    "3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0", "8.6",
+    "8.7", "8.9", "9.0", "9.0a", "10.0", "10.0a", "11.0", "11.0a", "10.3", "10.3a", "12.0",
+    "12.0a", "12.1", "12.1a",
+)  # fmt: skip
+VALID = frozenset((*SUPPORTED_ARCHES, *(a + "+PTX" for a in SUPPORTED_ARCHES)))
+
+
+@dataclass
+class ArchList:
+    """What torch makes of TORCH_CUDA_ARCH_LIST (or of the GPUs when it is unset)."""
+
+    items: list[str] = field(default_factory=list)  # e.g. ["8.0", "8.6+PTX"]
+    bad: str | None = None  # the first item torch rejects ('' for an empty item)
+    from_gpus: bool = False  # unset / "native": taken from the visible GPUs
+    no_gpu: bool = False  # from_gpus with no GPU: torch's IndexError
+
+    def cc(self) -> list[tuple[int, int]]:
+        """The (major, minor) of every item that builds a cubin."""
+        return [_cc(a) for a in self.items]
+
+    def ptx(self) -> list[tuple[int, int]]:
+        return [_cc(a) for a in self.items if a.endswith("+PTX")]
+
+    def flags(self) -> list[str]:
+        """-gencode flags exactly as torch emits them (sorted, deduplicated)."""
+        out = []
+        for arch in self.items:
+            num = arch.split("+")[0].replace(".", "")
+            out.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+            if arch.endswith("+PTX"):
+                out.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+        return sorted(set(out))
+
+
+def _cc(arch: str) -> tuple[int, int]:
+    major, minor = arch.split("+")[0].split(".")
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def parse_arch_list(
+    value: str | None, caps: Sequence[str] = (), torch_max: tuple[int, int] | None = None
+) -> ArchList:
+    """torch's reading of TORCH_CUDA_ARCH_LIST; `caps` are the visible GPUs' capabilities and
+    `torch_max` the newest sm_ torch was built for (the clamp), both used only when unset."""
+    if not value or value == "native":
+        archs: list[str] = []
+        for cap in caps:
+            cc = _cc(cap)
+            if torch_max is not None:
+                cc = min(torch_max, cc)
+            arch = f"{cc[0]}.{cc[1]}"
+            if arch not in archs:
+                archs.append(arch)
+        archs.sort()
+        if not archs:
+            return ArchList(from_gpus=True, no_gpu=True)
+        archs[-1] += "+PTX"
+        return ArchList(items=archs, from_gpus=True)
+    text = value.replace(" ", ";")
+    for name, archival in NAMED_ARCHES:
+        text = text.replace(name, archival)
+    items = text.split(";")
+    bad = next((a for a in items if a not in VALID), None)
+    return ArchList(items=[a for a in items if a in VALID], bad=bad)
+
+
+def runs_on(cap: str, cubins: Sequence[tuple[int, int]], ptx: Sequence[tuple[int, int]]) -> str:
+    """How a GPU of capability `cap` runs code built for these architectures: "cubin" (a binary
+    of its major and a minor not above its own), "ptx" (JIT from PTX of an older or equal
+    architecture), or "none" ("no kernel image is available for execution on the device")."""
+    cc = _cc(cap)
+    if any(c[0] == cc[0] and c[1] <= cc[1] for c in cubins):
+        return "cubin"
+    if any(p <= cc for p in ptx):
+        return "ptx"
+    return "none"

@@ -1,0 +1,78 @@
+"""``xl stacks RUN [--rank R] [--json]``: where every live rank is, and who the others wait for.
+
+Asks each rank of the run on this node (``xl.launcher.telemetry.stacks``): its threads' Python stacks
+and its collectives from PyTorch's Flight Recorder. Prints ranks grouped by where they are, the
+verdict, then each group's stack once. ``--json`` prints the stacks document of DESIGN.md.
+Exit 0 with stacks, 1 when the run is not running, 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from xl.errors import EXIT_FAILED, ArgumentParser, UsageError
+from xl.launcher.rundir import record
+from xl.launcher.rundir.record import RunStatus
+from xl.launcher.rundir.store import resolve_run
+from xl.launcher.telemetry import stacks as capture
+from xl.launcher.telemetry import verdict
+
+_OWN_FILES = ("/launcher/rank/stacks.py", "/xl/client/sender.py")
+_FRAMES_SHOWN = 12  # innermost frames of a group's main thread in the text output
+
+
+def _own_thread(thread: dict[str, Any]) -> bool:
+    """xl's own threads in the rank (log sender, the stacks door): never the news."""
+    files = [str(f.get("file")) for f in thread.get("frames") or []]
+    return str(thread.get("name")).startswith("xl-") or any(f.endswith(_OWN_FILES) for f in files)
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The text `xl stacks` prints: groups, the verdict, then one stack per group."""
+    entries = doc.get("ranks") or []
+    lines = verdict.group_lines(entries)
+    v = doc.get("verdict") or {}
+    lines += ["", f"verdict: {v.get('message') or 'nothing to say'}"]
+    by_rank = {e.get("rank"): e for e in entries}
+    for ranks, label in verdict.groups(entries):
+        entry = by_rank.get(ranks[0]) or {}
+        if entry.get("error"):
+            continue
+        many = len(ranks) > 1
+        lines += ["", f"rank{'s' if many else ''} {verdict.ranges(ranks)} ({label}):"]
+        if entry.get("note"):
+            lines.append(f"  ({entry['note']})")
+        for thread in entry.get("threads") or []:
+            if _own_thread(thread):
+                continue
+            frames = thread.get("frames") or []
+            lines.append(f"  thread {thread.get('name')}:")
+            if len(frames) > _FRAMES_SHOWN:
+                lines.append(f"    ... {len(frames) - _FRAMES_SHOWN} outer frames")
+            for f in frames[-_FRAMES_SHOWN:]:
+                lines.append(f"    {f.get('file')}:{f.get('line')} in {f.get('function')}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> int:
+    p = ArgumentParser(prog="xl stacks", description="Every live rank's stacks and collective state, and the verdict.")
+    p.add_argument("run", metavar="RUN", help="run id, unique prefix, or 'last'")
+    p.add_argument("--rank", type=int, help="only this rank")
+    p.add_argument("--json", action="store_true", help="print the stacks document (JSON)")
+    ns = p.parse_args(list(argv))
+    run_dir: Path = resolve_run(ns.run)
+    rec = record.load(run_dir)
+    known = sorted(r["rank"] for r in rec.ranks if isinstance(r.get("rank"), int)) if rec else []
+    if ns.rank is not None and rec is not None and rec.status == RunStatus.RUNNING and ns.rank not in known:
+        raise UsageError(f"run {run_dir.name} has no rank {ns.rank} (ranks: {', '.join(map(str, known)) or 'none yet'})")
+    try:
+        doc = capture.run_document(run_dir, ns.rank)
+    except capture.NotRunning as exc:
+        sys.stderr.write(f"xl stacks: {exc}\n")
+        return EXIT_FAILED
+    print(json.dumps(doc, indent=1) if ns.json else render(doc))
+    return 0

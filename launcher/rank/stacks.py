@@ -1,0 +1,167 @@
+"""Inside every rank: say where it is when asked, at no cost while nobody asks.
+
+``install(run_dir, rank)`` runs before user code (from the rank entry). It sets up two doors, and
+nothing in the rank polls:
+
+- a daemon thread blocked in ``accept()`` on an abstract Unix socket named for the rank's pid. A
+  requester of the same user (checked with SO_PEERCRED) that connects gets one JSON answer: every thread's Python stack (``sys._current_frames``)
+  and the rank's collectives from PyTorch's Flight Recorder (when torch is loaded). It needs the GIL
+  for a moment, which it gets while the main thread waits inside gloo/NCCL or runs Python.
+- ``faulthandler`` registered on a real-time signal: the C-level handler writes every thread's
+  stack to ``ranks/rank-<r>.stacks.txt`` without taking the GIL, so a rank whose C code holds the
+  GIL (a regex with catastrophic backtracking, a C extension spinning) still tells where it is.
+
+``ranks/rank-<r>.stacks.json`` says both doors are open (pid, signal, socket, main thread id);
+requesters read it before they signal, so a process without the handler is never sent the signal
+(whose default action would end it). Stdlib only; torch is used only if the script imported it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from types import FrameType
+from typing import IO, Any
+
+from xl.atomic import write_json_atomic
+
+# A real-time signal: training code and its frameworks use SIGUSR1/2 (Lightning's requeue, ...).
+SIGNAL = signal.SIGRTMIN + 6
+FR_BUFFER = "2000"  # Flight Recorder entries kept per process group: tiny, and enough to see the last ops
+MAX_FRAMES = 200
+MAX_COLLECTIVES = 8  # per process group: the newest only, the state of the hang is at the end
+
+_state: dict[str, Any] = {}  # keeps the faulthandler file and the socket alive for the rank's life
+
+
+def socket_name(pid: int) -> str:
+    """The abstract Unix socket a rank with this pid answers on (the same on both sides)."""
+    return f"\0xl-stacks-{pid}"
+
+
+def info_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, "ranks", f"rank-{rank}.stacks.json")
+
+
+def text_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, "ranks", f"rank-{rank}.stacks.txt")
+
+
+def _frames(frame: FrameType | None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    while frame is not None and len(out) < MAX_FRAMES:
+        code = frame.f_code
+        out.append({"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name})
+        frame = frame.f_back
+    out.reverse()  # innermost last, as the document wants
+    return out
+
+
+def threads() -> list[dict[str, Any]]:
+    """Every thread's stack but this door's own, the main thread first."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    main = threading.main_thread().ident
+    found = sorted(sys._current_frames().items(), key=lambda kv: kv[0] != main)
+    return [
+        {"name": names.get(ident, f"Thread {ident:#x}"), "frames": _frames(frame)}
+        for ident, frame in found
+        if ident != me
+    ]
+
+
+def collectives() -> tuple[list[dict[str, Any]], str | None]:
+    """The Flight Recorder's newest entries per process group, and why there are none if so."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return [], "torch is not loaded in this rank"
+    try:
+        dump = torch._C._distributed_c10d._dump_fr_trace_json
+    except AttributeError:
+        return [], f"torch {getattr(torch, '__version__', '?')} has no Flight Recorder JSON dump: stacks only"
+    try:
+        entries = json.loads(dump(True, False)).get("entries") or []
+    except Exception as exc:  # a torch error must never reach the rank's own code
+        return [], f"Flight Recorder dump failed: {exc}"
+    per_pg: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        if e.get("is_p2p"):
+            continue
+        pg = e.get("process_group") or [e.get("pg_id"), ""]
+        name = str(pg[1] or pg[0]) if isinstance(pg, list) and pg else str(pg)
+        op = str(e.get("profiling_name") or "?").split(":")[-1]
+        state = "completed" if e.get("retired") or e.get("state") == "completed" else str(e.get("state") or "?")
+        per_pg.setdefault(name, []).append({"pg": name, "seq": e.get("collective_seq_id"), "op": op, "state": state})
+    out: list[dict[str, Any]] = []
+    for rows in per_pg.values():
+        rows.sort(key=lambda r: r["seq"] if isinstance(r["seq"], int) else -1)
+        out.extend(rows[-MAX_COLLECTIVES:])
+    return out, None
+
+
+def answer() -> dict[str, Any]:
+    """What the socket door sends: this rank's threads and collectives."""
+    colls, why = collectives()
+    doc: dict[str, Any] = {"pid": os.getpid(), "threads": threads(), "collectives": colls}
+    if why:
+        doc["collectives_note"] = why
+    return doc
+
+
+def _same_user(conn: socket.socket) -> bool:
+    # An abstract socket has no file permissions: the kernel's word on the caller's uid is the lock.
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1] in (os.getuid(), 0)
+
+
+def _serve(server: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        with contextlib.suppress(Exception), conn:
+            if _same_user(conn):
+                conn.settimeout(5)
+                conn.sendall(json.dumps(answer()).encode())
+
+
+def install(run_dir: str | None, rank: int) -> bool:
+    """Open both doors for this rank; False (and the rank runs on untouched) when it cannot."""
+    if not run_dir or _state:
+        return False
+    # Gloo and NCCL record into the Flight Recorder only with a buffer; set before torch starts.
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER)
+    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", FR_BUFFER)
+    try:
+        os.makedirs(os.path.join(run_dir, "ranks"), exist_ok=True)
+        fd = os.open(text_path(run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        out: IO[str] = open(fd, "a")  # noqa: SIM115 - open for the rank's life; private like the run dir
+        faulthandler.register(SIGNAL, file=out, all_threads=True, chain=False)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(socket_name(os.getpid()))
+        server.listen(8)
+    except (OSError, ValueError, RuntimeError):
+        return False
+    _state.update(file=out, server=server)
+    threading.Thread(target=_serve, args=(server,), name="xl-stacks", daemon=True).start()
+    info = {
+        "pid": os.getpid(),
+        "signal": int(SIGNAL),
+        "socket": socket_name(os.getpid())[1:],
+        "main_thread": threading.main_thread().ident,
+        "since": time.time(),
+    }
+    try:
+        write_json_atomic(info_path(run_dir, rank), info)
+    except OSError:
+        return False
+    return True

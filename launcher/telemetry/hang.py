@@ -1,0 +1,111 @@
+"""Once a stall is diagnosed: capture every rank's stacks once and say who holds up whom.
+
+The diagnoser hands its ``stalled`` events here instead of emitting them (``Diagnoser(on_stall=)``).
+The first stall of a hang starts one capture on a thread of its own (the sampler never waits on
+it); it writes ``stacks/<t>.json`` and one ``hang`` event naming the culprit(s), then the held
+``stalled`` events go out reworded: a culprit's says where it is, a victim's says what it waits in
+and for whom (``waiting_on``), so the two no longer read alike. Stalls that come later in the same
+hang reuse its verdict. With no usable stacks (ranks not started by xl's entry), the events go out
+unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from xl.launcher.telemetry import stacks as capture
+from xl.launcher.telemetry.verdict import position, ranges, where
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+class HangCapture:
+    def __init__(self, run_dir: Path, emit: Emit, ranks: Callable[[], list[dict[str, Any]]], timeout: float = capture.TIMEOUT_S) -> None:
+        self.run_dir = run_dir
+        self._emit = emit
+        self._ranks = ranks
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._held: list[dict[str, Any]] = []
+        self._state = "idle"  # idle -> busy (capturing) -> done (this hang's verdict is in)
+        self.doc: dict[str, Any] | None = None  # this hang's document, once captured
+        self._thread: threading.Thread | None = None
+
+    def on_stall(self, events: list[dict[str, Any]]) -> None:
+        """The diagnoser's stalled events: held until the hang's stacks are in, then sent."""
+        with self._lock:
+            if self._state != "done":
+                self._held.extend(events)
+                if self._state == "idle":
+                    self._state = "busy"
+                    self._thread = threading.Thread(target=self._capture, name="xl-hang-capture", daemon=True)
+                    self._thread.start()
+                return
+            doc = self.doc
+        self._send(events, doc)
+
+    def over(self) -> None:
+        """No rank is stalled any more: the next stall is a new hang, with a capture of its own."""
+        with self._lock:
+            if self._state == "done":
+                self._state, self.doc = "idle", None
+
+    def join(self, timeout: float) -> None:
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _capture(self) -> None:
+        doc: dict[str, Any] | None = None
+        try:
+            found = capture.document(self.run_dir, self.run_dir.name, self._ranks(), timeout=self._timeout)
+            if any(not e.get("error") for e in found["ranks"]):
+                doc = found
+                doc["file"] = capture.save(self.run_dir, {k: v for k, v in found.items() if k != "file"})
+        except Exception:  # a capture that fails leaves the stall reported as it was
+            doc = None
+        with self._lock:
+            self.doc, self._state = doc, "done"
+            held, self._held = self._held, []
+        if doc is not None:
+            v = doc["verdict"]
+            culprits = list(v.get("ranks") or [])
+            self._emit(
+                {
+                    "t": doc["t"],
+                    "kind": "hang",
+                    "rank": culprits[0] if len(culprits) == 1 else None,
+                    "ranks": culprits,
+                    "message": v.get("message") or "",
+                    "stacks": doc["file"],
+                }
+            )
+        self._send(held, doc)
+
+    def _send(self, events: list[dict[str, Any]], doc: dict[str, Any] | None) -> None:
+        for event in events:
+            self._emit(reword(event, doc) if doc is not None else event)
+
+
+def reword(event: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """A stalled event told with the hang's verdict: the culprit stalled, the others waiting on it."""
+    rank = event.get("rank")
+    culprits = list((doc.get("verdict") or {}).get("ranks") or [])
+    entry = next((e for e in doc.get("ranks") or [] if e.get("rank") == rank), None)
+    if entry is None or entry.get("error") or not culprits:
+        return event
+    out = dict(event)
+    if rank in culprits:
+        out["message"] = f"{event.get('message')}; it is in {where(entry)}"
+        return out
+    pos = position(entry)
+    what = f"{pos.waiting[2]} #{pos.waiting[1]}" if pos.waiting else where(entry)
+    many = len(culprits) > 1
+    idle = event.get("idle_s")
+    since = f" (no progress for {idle:.0f} s)" if isinstance(idle, (int, float)) else ""
+    out["message"] = f"rank {rank} waits in {what} for rank{'s' if many else ''} {ranges(culprits)}{since}"
+    out["waiting_on"] = culprits
+    return out

@@ -1,0 +1,152 @@
+"""From every rank's stacks and collectives to who the others wait for (pure functions).
+
+The collective most ranks wait in (a process group, a sequence number, an op) is the meeting
+point. A rank that has not reached it (its newest entry there is older), or that waits in a
+different collective (another op, or another sequence number), holds the others up: that is the
+culprit. A rank with no collective record (C code holds the GIL, or no Flight Recorder) is a
+culprit when its main thread is not inside torch.distributed while others wait. Ranks are then
+grouped by where they are, so eight ranks read as one line: "ranks 0,2-7 wait in all_reduce #12
+at train.py:41".
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+SILENT = "did not answer"  # the start of the error of a rank that was asked and kept quiet
+_LIBRARY_MARKS = ("site-packages", "dist-packages", "<frozen", "/lib/python3", "/xl/launcher/")
+
+
+def ranges(ranks: list[int]) -> str:
+    """[0, 2, 3, 4, 7] -> '0,2-4,7'."""
+    out: list[str] = []
+    nums = sorted(set(ranks))
+    i = 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        out.append(str(nums[i]) if i == j else f"{nums[i]}{',' if j == i + 1 else '-'}{nums[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _main_frames(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    threads = entry.get("threads") or []
+    main = next((t for t in threads if t.get("name") == "MainThread"), threads[0] if threads else None)
+    return list((main or {}).get("frames") or [])
+
+
+def _is_user(frame: dict[str, Any]) -> bool:
+    path = str(frame.get("file") or "")
+    return not any(mark in path for mark in _LIBRARY_MARKS)
+
+
+def where(entry: dict[str, Any]) -> str:
+    """'sleep at train.py:30': the main thread's innermost function and its innermost user line."""
+    frames = _main_frames(entry)
+    if not frames:
+        return "no Python frame"
+    inner = frames[-1]
+    user = next((f for f in reversed(frames) if _is_user(f)), inner)
+    return f"{inner.get('function')} at {os.path.basename(str(user.get('file')))}:{user.get('line')}"
+
+
+def _in_distributed(entry: dict[str, Any]) -> bool:
+    return any("torch/distributed" in str(f.get("file")) for f in _main_frames(entry)[-4:])
+
+
+@dataclass
+class Position:
+    """Where one rank is in collective terms: waiting in (pg, seq, op), or last done (pg, seq)."""
+
+    waiting: tuple[str, int, str] | None = None
+    done: dict[str, int] = field(default_factory=dict)
+    known: bool = False
+
+
+def position(entry: dict[str, Any]) -> Position:
+    pos = Position(known=bool(entry.get("collectives")))
+    for c in entry.get("collectives") or []:
+        pg, seq, op = str(c.get("pg")), c.get("seq"), str(c.get("op"))
+        if not isinstance(seq, int):
+            continue
+        if c.get("state") == "completed":
+            pos.done[pg] = max(pos.done.get(pg, -1), seq)
+        elif pos.waiting is None or seq > pos.waiting[1]:
+            pos.waiting = (pg, seq, op)
+    return pos
+
+
+def _label(entry: dict[str, Any], pos: Position) -> str:
+    if pos.waiting is not None:
+        _, seq, op = pos.waiting
+        return f"wait in {op} #{seq} at {where(entry).split(' at ', 1)[-1]}"
+    return f"in {where(entry)}"
+
+
+def groups(entries: list[dict[str, Any]]) -> list[tuple[list[int], str]]:
+    """Ranks with the same position and stack place, largest group first."""
+    by: dict[str, list[int]] = {}
+    for e in entries:
+        error = str(e.get("error") or "")
+        label = (error if error.startswith(SILENT) else f"gave no stacks ({error})") if error else _label(e, position(e))
+        by.setdefault(label, []).append(int(e["rank"]))
+    return sorted(((sorted(r), label) for label, r in by.items()), key=lambda g: (-len(g[0]), g[0]))
+
+
+def group_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """One line per group: 'ranks 0,2-7 wait in all_reduce #12 at train.py:41'."""
+    out = []
+    for ranks, label in groups(entries):
+        many = len(ranks) > 1
+        if label.startswith("wait "):
+            label = label if many else "waits" + label[4:]
+        elif label.startswith("in "):
+            label = ("are " if many else "is ") + label
+        out.append(f"rank{'s' if many else ''} {ranges(ranks)} {label}")
+    return out
+
+
+def verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"ranks": [culprits], "message": ...}`` for the stacks document."""
+    answered = [e for e in entries if not e.get("error")]
+    # Only a rank that was asked and kept quiet is suspect; one with no handler tells nothing.
+    silent = sorted(int(e["rank"]) for e in entries if str(e.get("error") or "").startswith(SILENT))
+    positions = {int(e["rank"]): position(e) for e in answered}
+    waits = Counter(p.waiting for p in positions.values() if p.waiting is not None)
+    if not waits:
+        if silent:
+            return {"ranks": silent, "message": f"rank{'s' if len(silent) > 1 else ''} {ranges(silent)} did not answer; no rank waits in a collective"}
+        where_all = "; ".join(group_lines(answered))
+        return {"ranks": [], "message": "no rank waits in a collective" + (f": {where_all}" if where_all else "")}
+    meet, _ = waits.most_common(1)[0]
+    pg, seq, op = meet
+    waiting = sorted(r for r, p in positions.items() if p.waiting == meet)
+    reasons: dict[int, str] = {}
+    for e in answered:
+        rank, pos = int(e["rank"]), positions[int(e["rank"])]
+        if pos.waiting == meet:
+            continue
+        if pos.waiting is not None:
+            wop, wseq = pos.waiting[2], pos.waiting[1]
+            reasons[rank] = f"is in {wop} #{wseq}, not {op} #{seq}, at {where(e).split(' at ', 1)[-1]}"
+        elif pos.done.get(pg, -1) < seq and (pos.known or not _in_distributed(e)):
+            reasons[rank] = f"never entered {op} #{seq}: it is in {where(e)}"
+    culprits = sorted(reasons) or silent
+    victims = f"rank{'s' if len(waiting) > 1 else ''} {ranges(waiting)} wait{'' if len(waiting) > 1 else 's'} in {op} #{seq}"
+    if not culprits:
+        unasked = sorted(int(e["rank"]) for e in entries if e.get("error") and int(e["rank"]) not in silent)
+        if unasked:
+            # Every rank asked is in the collective: the one missing is among those not asked.
+            first = next(str(e["error"]) for e in entries if e.get("rank") == unasked[0])
+            them = f"rank{'s' if len(unasked) > 1 else ''} {ranges(unasked)}"
+            return {"ranks": unasked, "message": f"{victims} for {them}, whose stacks are not known here ({first})"}
+        return {"ranks": [], "message": f"{victims}; every rank is there (a collective timeout or a peer outside the group?)"}
+    if not reasons:
+        return {"ranks": culprits, "message": f"{victims} for rank{'s' if len(silent) > 1 else ''} {ranges(silent)}, which did not answer"}
+    held = "; ".join(f"rank {r} {reasons[r]}" for r in culprits)
+    return {"ranks": culprits, "message": f"{held}. {victims} for {'it' if len(culprits) == 1 else 'them'}"}

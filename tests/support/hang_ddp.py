@@ -1,0 +1,68 @@
+"""A gloo CPU run in which one rank goes astray at step --at (for the stacks tests).
+
+--mode sleep    : rank --rank sleeps outside any collective (its peers wait in all_reduce)
+--mode regex    : rank --rank runs a catastrophically backtracking regex: C code holding the GIL
+--mode busy     : rank --rank spins in a pure-Python loop
+--mode bcast    : rank --rank calls broadcast where its peers call all_reduce
+--mode none     : nobody goes astray; the run trains --steps steps and ends
+--rank -1       : the rank astray is the one whose environment has HANG_HERE=1
+Every rank prints "ready" after its first all_reduce and logs each step with xl.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+
+import torch
+import torch.distributed as dist
+
+import xl
+
+
+def astray(mode: str) -> None:
+    if mode == "sleep":
+        time.sleep(3600)
+    elif mode == "regex":
+        re.match(r"(a+)+$", "a" * 64 + "b")  # exponential: holds the GIL for hours
+    elif mode == "busy":
+        n = 0
+        while True:
+            n += 1
+
+
+def here(rank: int, astray_rank: int) -> bool:
+    """--rank -1: the rank of the node launched with HANG_HERE=1 (multi-node numbers vary)."""
+    return os.environ.get("HANG_HERE") == "1" if astray_rank < 0 else rank == astray_rank
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", default="sleep")
+    ap.add_argument("--rank", type=int, default=1)
+    ap.add_argument("--at", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=100000)
+    ap.add_argument("--step-s", type=float, default=0.05)
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    print("ready", flush=True)
+    for step in range(1, args.steps + 1):
+        if step == args.at and here(rank, args.rank) and args.mode != "none":
+            print(f"rank {rank} goes astray ({args.mode})", flush=True)
+            if args.mode == "bcast":
+                dist.broadcast(t, 0)
+            else:
+                astray(args.mode)
+        dist.all_reduce(t)
+        xl.log(step=step, loss=1.0 / step)
+        time.sleep(args.step_s)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

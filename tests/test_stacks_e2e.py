@@ -1,0 +1,156 @@
+"""`xl stacks` and the automatic hang capture on real gloo CPU runs started by the real `xl launch`.
+
+Four runs start at once (one module fixture, to keep the suite short), each with rank 1 astray in
+its own way at step 3: asleep outside any collective, in a regex that holds the GIL, in a busy
+Python loop, in a broadcast where rank 0 waits in an all_reduce. A fifth run simply finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import (
+    XL,
+    kill_run,
+    run_json,
+    wait_final,
+    wait_for,
+    wait_no_processes,
+    wait_ranks_running,
+    xl,
+    xl_env,
+)
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = Path(__file__).parent / "support" / "hang_ddp.py"
+MODES = ("sleep", "regex", "busy", "bcast")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
+    home = tmp_path_factory.mktemp("stacks-home")
+    env = xl_env(home, XL_STALL_MIN_S="3")
+    dirs: dict[str, Path] = {}
+    try:
+        for mode in (*MODES, "none"):
+            extra = ["--steps", "2"] if mode == "none" else []
+            started = xl(["launch", "--detach", "--nproc", "2", "--name", mode, str(SCRIPT), "--mode", mode, *extra], env, cwd=home)
+            assert started.returncode == 0, started.stderr
+            dirs[mode] = home / "runs" / started.stdout.strip()
+        for mode in MODES:
+            wait_ranks_running(dirs[mode], 2, timeout=90)
+        yield env, dirs
+    finally:
+        for run_dir in dirs.values():
+            xl(["stop", run_dir.name], env, timeout=60)
+            kill_run(run_dir)
+        for run_dir in dirs.values():
+            wait_no_processes(run_dir, timeout=30)
+
+
+def _stacks(env: dict[str, str], run_dir: Path, *args: str) -> tuple[int, Any, str]:
+    done = xl(["stacks", run_dir.name, *args], env, timeout=30)
+    out: Any = done.stdout
+    if "--json" in args and done.returncode == 0:
+        out = json.loads(done.stdout)
+    return done.returncode, out, done.stderr
+
+
+def _hung(env: dict[str, str], run_dir: Path) -> dict[str, Any]:
+    """The stacks document once rank 1 went astray and rank 0 waits for it."""
+
+    def ready() -> dict[str, Any] | None:
+        code, doc, err = _stacks(env, run_dir, "--json")
+        assert code == 0, err
+        return doc if doc["verdict"]["ranks"] == [1] else None
+
+    return wait_for(ready, timeout=60, what="a verdict naming rank 1", interval=0.5)
+
+
+def _main_functions(doc: dict[str, Any], rank: int) -> list[str]:
+    entry = next(e for e in doc["ranks"] if e["rank"] == rank)
+    return [f["function"] for f in entry["threads"][0]["frames"]]
+
+
+def test_a_rank_asleep_outside_the_collective_is_named_and_captured_once(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
+    env, dirs = runs
+    run_dir = dirs["sleep"]
+    doc = _hung(env, run_dir)
+    assert doc["run_id"] == run_dir.name and {e["rank"] for e in doc["ranks"]} == {0, 1}
+    assert "rank 1 never entered all_reduce #" in doc["verdict"]["message"]
+    assert "astray at hang_ddp.py:" in doc["verdict"]["message"]
+    rank0 = next(e for e in doc["ranks"] if e["rank"] == 0)
+    assert any(c["op"] == "all_reduce" and c["state"] != "completed" for c in rank0["collectives"])
+    assert _main_functions(doc, 0)[-1] == "all_reduce" and _main_functions(doc, 0)[0] == "<module>"
+    code, text, _ = _stacks(env, run_dir)
+    assert code == 0
+    assert "rank 0 waits in all_reduce #" in text and "rank 1 is in astray at hang_ddp.py:" in text
+    assert "verdict: rank 1 never entered" in text
+    # The supervisor's own capture: one hang event, one document, the victim waiting on the culprit.
+    events = wait_for(lambda: [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+                      if "waiting_on" in (run_dir / "events.jsonl").read_text() else None, timeout=30, what="the hang events")
+    hangs = [e for e in events if e["kind"] == "hang"]
+    assert len(hangs) == 1 and hangs[0]["ranks"] == [1] and "astray at hang_ddp.py:" in hangs[0]["message"]
+    saved = json.loads((run_dir / hangs[0]["stacks"]).read_text())
+    assert saved["verdict"] == {"ranks": [1], "message": hangs[0]["message"]}
+    stalled = {e["rank"]: e for e in events if e["kind"] == "stalled"}
+    assert "waiting_on" not in stalled[1] and "astray at hang_ddp.py" in stalled[1]["message"]
+    assert stalled[0]["waiting_on"] == [1] and stalled[0]["message"].startswith("rank 0 waits in all_reduce #")
+    code, shown, _ = _stacks(env, run_dir, "--rank", "1")
+    assert code == 0 and "rank 1 is in astray" in shown and "rank 0" not in shown
+    # `xl attach` (plain: not a terminal) prints the verdict and where the stacks are.
+    attach = subprocess.Popen([*XL, "attach", run_dir.name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+    finally:
+        attach.terminate()
+        out, _ = attach.communicate(timeout=10)
+    assert f"xl: hang: {hangs[0]['message']} (every rank's stack: {hangs[0]['stacks']})" in out
+
+
+def test_a_rank_in_c_code_holding_the_gil_still_tells_where_it_is(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
+    env, dirs = runs
+    doc = _hung(env, dirs["regex"])
+    rank1 = next(e for e in doc["ranks"] if e["rank"] == 1)
+    assert "GIL" in rank1["note"] and rank1["collectives"] == []
+    assert _main_functions(doc, 1)[-2:] == ["astray", "match"]
+    assert "rank 1 never entered all_reduce #" in doc["verdict"]["message"]
+
+
+def test_a_rank_in_a_busy_python_loop(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
+    env, dirs = runs
+    doc = _hung(env, dirs["busy"])
+    assert "note" not in next(e for e in doc["ranks"] if e["rank"] == 1)  # Python answered itself
+    assert _main_functions(doc, 1)[-1] == "astray"
+
+
+def test_ranks_in_different_collectives(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
+    env, dirs = runs
+    run_dir = dirs["bcast"]
+
+    def disagree() -> dict[str, Any] | None:
+        code, doc, _ = _stacks(env, run_dir, "--json")
+        return doc if code == 0 and "broadcast" in doc["verdict"]["message"] else None
+
+    doc = wait_for(disagree, timeout=60, what="the broadcast/all_reduce verdict", interval=0.5)
+    assert "is in broadcast #" in doc["verdict"]["message"] and "all_reduce #" in doc["verdict"]["message"]
+    assert _main_functions(doc, 1)[-1] == "broadcast" and _main_functions(doc, 0)[-1] == "all_reduce"
+
+
+def test_a_finished_run_and_bad_usage(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
+    env, dirs = runs
+    wait_final(dirs["none"], timeout=60)
+    code, out, err = _stacks(env, dirs["none"])
+    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1 and "is not running (succeeded)" in err
+    code, _, err = _stacks(env, dirs["sleep"], "--rank", "7")
+    assert code == 2 and "has no rank 7" in err and "Traceback" not in err
+    code, _, err = _stacks(env, dirs["sleep"], "--bogus")
+    assert code == 2 and "Traceback" not in err
+    assert run_json(dirs["none"])["status"] == "succeeded"

@@ -1,0 +1,88 @@
+"""A hang on the second node of a 2-node run (two `xl launch` nodes on localhost, gloo CPU).
+
+Node 1's rank sleeps outside the all_reduce its peer on node 0 waits in. Node 0 asks its own
+rank and names the rank of node 1, which it cannot ask from here, as the one it waits for (with
+where to ask it); node 1's `xl stacks` tells where that rank is.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import (
+    XL,
+    kill_run,
+    rdzv_port,
+    run_json,
+    wait_for,
+    wait_no_processes,
+    wait_ranks_running,
+    xl,
+    xl_env,
+)
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = Path(__file__).parent / "support" / "hang_ddp.py"
+
+
+def _run_dirs(home: Path) -> dict[int, Path]:
+    found = {}
+    for d in (home / "runs").iterdir() if (home / "runs").is_dir() else ():
+        node = run_json(d).get("node_rank")
+        if isinstance(node, int):
+            found[node] = d
+    return found
+
+
+def test_a_hang_on_node_1_is_named_from_node_0(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = xl_env(home, XL_TOKEN="test-token-0123456789abcdef", XL_STALL_MIN_S="3")
+    rdzv = f"127.0.0.1:{rdzv_port()}"
+    procs = []
+    for node in (0, 1):
+        argv = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv, "--nproc", "1",
+                *(["--env", "HANG_HERE=1"] if node == 1 else []), str(SCRIPT), "--mode", "sleep", "--rank", "-1"]
+        procs.append(subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    dirs: dict[int, Path] = {}
+    try:
+        dirs = wait_for(lambda: len(found := _run_dirs(home)) == 2 and found, timeout=60, what="both nodes' run dirs")
+        run0, run1 = dirs[0], dirs[1]
+        wait_ranks_running(run0, 2, timeout=90)
+        [far] = [r["rank"] for r in run_json(run1)["ranks"]]
+        [near] = [r["rank"] for r in run_json(run0)["ranks"] if r["rank"] != far]
+
+        def named() -> dict[str, Any] | None:
+            done = xl(["stacks", run0.name, "--json"], env, timeout=30)
+            assert done.returncode == 0, done.stderr
+            doc = json.loads(done.stdout)
+            return doc if doc["verdict"]["ranks"] == [far] else None
+
+        doc = wait_for(named, timeout=60, what="node 0 naming node 1's rank", interval=0.5)
+        assert doc["verdict"]["message"].startswith(f"rank {near} waits in all_reduce #")
+        assert "not asked: on node 1" in doc["verdict"]["message"]
+        there = xl(["stacks", run1.name], env, timeout=30)
+        assert there.returncode == 0 and f"rank {far} is in astray at hang_ddp.py:" in there.stdout
+        # Node 0's own capture on the stall: one hang event naming node 1's rank.
+        hang = wait_for(
+            lambda: next((e for e in map(json.loads, (run0 / "events.jsonl").read_text().splitlines()) if e["kind"] == "hang"), None),
+            timeout=60,
+            what="the hang event on node 0",
+        )
+        assert hang["ranks"] == [far] and (run0 / hang["stacks"]).is_file()
+    finally:
+        for d in dirs.values():
+            xl(["stop", d.name], env, timeout=60)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+        for d in dirs.values():
+            kill_run(d)
+            wait_no_processes(d, timeout=30)

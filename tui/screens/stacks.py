@@ -1,0 +1,93 @@
+"""One rank's stacks and collectives, asked live (the Monitor's ``k``), over the Monitor.
+
+The document comes from ``fetch`` (the backend's stacks of the run, which asks every rank at
+once and may take a few seconds), on a thread worker; ``r`` asks again, ``escape`` closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+Fetch = Callable[[], dict[str, Any]]
+
+
+def stacks_text(doc: dict[str, Any], rank: int) -> Text:
+    """The verdict, then ``rank``'s collectives and each thread's frames, innermost last."""
+    out = Text()
+    verdict = (doc.get("verdict") or {}).get("message")
+    if verdict:
+        out.append(f"verdict: {verdict}\n\n", style="bold yellow")
+    entry = next((e for e in doc.get("ranks") or [] if e.get("rank") == rank), None)
+    if entry is None:
+        out.append(f"rank {rank} is not running here", style="bold")
+        return out
+    out.append(f"rank {rank}  pid {entry.get('pid')}\n", style="bold")
+    if entry.get("error"):
+        out.append(f"no stacks: {entry['error']}\n", style="red")
+        return out
+    if entry.get("note"):
+        out.append(f"({entry['note']})\n", style="dim")
+    for c in entry.get("collectives") or []:
+        style = "" if c.get("state") == "completed" else "bold"
+        out.append(f"  {c.get('pg')} #{c.get('seq')} {c.get('op')}: {c.get('state')}\n", style=style)
+    for thread in entry.get("threads") or []:
+        out.append(f"\nthread {thread.get('name')}\n", style="bold")
+        for f in thread.get("frames") or []:
+            out.append(f"  {f.get('file')}:{f.get('line')} in {f.get('function')}\n")
+    return out
+
+
+class StacksScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("r", "refresh", "Ask again"),
+        Binding("escape,k", "close", "Close"),
+    ]
+
+    class Fetched(Message):
+        def __init__(self, doc: dict[str, Any] | None, error: str | None) -> None:
+            super().__init__()
+            self.doc = doc
+            self.error = error
+
+    def __init__(self, rank: int, fetch: Fetch) -> None:
+        super().__init__(id="stacks")
+        self.rank = rank
+        self._fetch = fetch
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll():
+            yield Static(Text(f"Asking rank {self.rank} where it is…"), id="stacks-text")
+
+    def on_mount(self) -> None:
+        self._ask()
+
+    @work(thread=True, exclusive=True, group="stacks")
+    def _ask(self) -> None:
+        try:
+            self.post_message(self.Fetched(self._fetch(), None))
+        except Exception as exc:  # shown on the screen: the person can ask again
+            self.post_message(self.Fetched(None, f"{type(exc).__name__}: {exc}"))
+
+    def on_stacks_screen_fetched(self, message: Fetched) -> None:
+        body = self.query_one("#stacks-text", Static)
+        if message.doc is None:
+            body.update(Text(f"Could not ask the ranks: {message.error}", style="bold red"))
+        else:
+            body.update(stacks_text(message.doc, self.rank))
+
+    def action_refresh(self) -> None:
+        self.query_one("#stacks-text", Static).update(Text(f"Asking rank {self.rank} where it is…"))
+        self._ask()
+
+    def action_close(self) -> None:
+        self.dismiss(None)
