@@ -20,31 +20,46 @@ from xl.proc import PROC, has_open, nspid_index, read_comm, read_environ
 NVIDIA_DEVICES = "/dev/nvidia"
 
 
+# proc root -> (the PIDs /proc listed, their nested-namespace index) as of the last scan.
+_scanned: dict[str, tuple[frozenset[str], dict[int, list[int]]]] = {}
+
+
+def _nested(proc: str) -> dict[int, list[int]]:
+    """nspid_index(proc), scanned again only when the set of processes changed: a process's
+    NSpid never changes, so the same processes give the same index. The GPUs screen and the
+    sampler ask every second; one listdir is cheap, reading every status file is not."""
+    try:
+        names = frozenset(n for n in os.listdir(proc) if n.isdigit())
+    except OSError:
+        return {}
+    last = _scanned.get(proc)
+    if last is not None and last[0] == names:
+        return last[1]
+    index = nspid_index(proc)
+    _scanned[proc] = (names, index)
+    return index
+
+
 def local_pids(pids: Iterable[int], proc: str = PROC) -> dict[int, int]:
     """NVML's PIDs -> the PIDs of those processes in this namespace.
 
-    A PID that exists here and is not known to be without a GPU (it has /dev/nvidia* open, or
-    its descriptors are not ours to read) is taken as it is: the common case costs one stat and
-    a few readlinks. Otherwise the process whose NSpid has it at an inner level is taken; when
-    several containers have it, only one that holds a GPU device open; when that still leaves
-    several or none, the PID stays as it is (better unlabelled than labelled wrong). The scan of
-    /proc (a few ms) happens only then: on a real GPU box a process NVML names holds the device
-    open; with the simulated driver (CPU processes listed as GPU ones) it happens every sweep.
+    A PID that no process here has at an inner namespace level is taken as it is (the common
+    case: no containers, or a host's view of them). One that some do: when it also exists here
+    and is not known to be without a GPU (it has /dev/nvidia* open, or its descriptors are not
+    ours to read), it stays; otherwise the process whose NSpid has it is taken, and when several
+    containers have it, only one that holds a GPU device open; when that still leaves several or
+    none, the PID stays as it is (better unlabelled than labelled wrong).
     """
+    index = _nested(proc)
     out: dict[int, int] = {}
-    unresolved: list[int] = []
     for pid in pids:
-        if os.path.exists(f"{proc}/{pid}") and has_open(pid, NVIDIA_DEVICES, proc) is not False:
+        found = [p for p in index.get(pid, ()) if p != pid]
+        if not found or (os.path.exists(f"{proc}/{pid}") and has_open(pid, NVIDIA_DEVICES, proc) is not False):
             out[pid] = pid
-        else:
-            unresolved.append(pid)
-    if unresolved:
-        index = nspid_index(proc)  # one scan of /proc for all of them
-        for pid in unresolved:
-            found = [p for p in index.get(pid, ()) if p != pid]
-            if len(found) > 1:
-                found = [p for p in found if has_open(p, NVIDIA_DEVICES, proc)]
-            out[pid] = found[0] if len(found) == 1 else pid
+            continue
+        if len(found) > 1:
+            found = [p for p in found if has_open(p, NVIDIA_DEVICES, proc)]
+        out[pid] = found[0] if len(found) == 1 else pid
     return out
 
 
