@@ -1,8 +1,9 @@
 """A hang on the second node of a 2-node run (two `xl launch` nodes on localhost, gloo CPU).
 
-Node 1's rank sleeps outside the all_reduce its peer on node 0 waits in. Node 0 asks its own
-rank and names the rank of node 1, which it cannot ask from here, as the one it waits for (with
-where to ask it); node 1's `xl stacks` tells where that rank is.
+Node 1's rank sleeps outside the all_reduce its peer on node 0 waits in. Node 0's `xl stacks`
+asks its own rank and, through node 0's supervisor and node 1's link, node 1's rank: the document
+has that rank's frames and the verdict names it with its function and file:line; node 1's own
+`xl stacks` says the same. Node 0's automatic capture on the stall gathers the same way.
 """
 
 from __future__ import annotations
@@ -63,8 +64,12 @@ def test_a_hang_on_node_1_is_named_from_node_0(tmp_path: Path) -> None:
             return doc if doc["verdict"]["ranks"] == [far] else None
 
         doc = wait_for(named, timeout=60, what="node 0 naming node 1's rank", interval=0.5)
-        assert doc["verdict"]["message"].startswith(f"rank {near} waits in all_reduce #")
-        assert "not asked: on node 1" in doc["verdict"]["message"]
+        message = doc["verdict"]["message"]
+        assert message.startswith(f"rank {far} never entered all_reduce #"), message
+        assert "it is in astray at hang_ddp.py:" in message and f"rank {near} waits in all_reduce #" in message
+        entry = next(e for e in doc["ranks"] if e["rank"] == far)
+        assert "error" not in entry, entry
+        assert any(f["function"] == "astray" and f["file"].endswith("hang_ddp.py") for f in entry["threads"][0]["frames"])
         there = xl(["stacks", run1.name], env, timeout=30)
         assert there.returncode == 0 and f"rank {far} is in astray at hang_ddp.py:" in there.stdout
         # Node 0's own capture on the stall: one hang event naming node 1's rank.
@@ -73,7 +78,9 @@ def test_a_hang_on_node_1_is_named_from_node_0(tmp_path: Path) -> None:
             timeout=60,
             what="the hang event on node 0",
         )
-        assert hang["ranks"] == [far] and (run0 / hang["stacks"]).is_file()
+        assert hang["ranks"] == [far] and "astray at hang_ddp.py:" in hang["message"], hang
+        saved = json.loads((run0 / hang["stacks"]).read_text())
+        assert next(e for e in saved["ranks"] if e["rank"] == far).get("threads"), saved
     finally:
         for d in dirs.values():
             xl(["stop", d.name], env, timeout=60)

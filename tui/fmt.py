@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 from rich.text import Text
 
+from xl.units import mib as mib  # re-exported: one memory style for the app and the plain views
+
 # Tests and snapshots replace this to get a fixed "now" (deterministic elapsed / last seen).
 Clock = Callable[[], float]
 default_clock: Clock = time.time
@@ -45,14 +47,6 @@ def ago(t: float | None, now: float) -> str:
     if t is None:
         return "-"
     return duration(max(0.0, now - t)) + " ago"
-
-
-def mib(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 1024:
-        return f"{value / 1024:.1f}G"
-    return f"{value:.0f}M"
 
 
 def number(value: float | None, digits: int = 4) -> str:

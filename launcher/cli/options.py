@@ -68,10 +68,10 @@ for _name in [n for n in _TORCHRUN_NOT_TAKEN if "-" in n[2:]]:
 # Short forms torchrun takes for two of them.
 _TORCHRUN_NOT_TAKEN.update({"-r": _TORCHRUN_NOT_TAKEN["--redirects"], "-t": _TORCHRUN_NOT_TAKEN["--tee"]})
 
-# xl takes --max-restarts into the plan (torchrun's --max-restarts), but the supervisor still
-# ends the whole run at the first failed rank, so a restart would never happen: until it keeps
-# the run through a restart and records each attempt, only 0 is accepted.
-RESTARTS_SUPPORTED = False
+# --max-restarts N goes to torchrun, which restarts every rank of the node after a failure; the
+# supervisor keeps the run through each restart and records it as an attempt. Across nodes a
+# restart is a new rendezvous of every node, which the supervisors do not follow yet.
+RESTARTS_ACROSS_NODES = False
 
 
 def positive_seconds(text: str) -> float:
@@ -96,7 +96,7 @@ def launch_parser(prog: str = "xl launch", *, sbatch: bool = False) -> ArgumentP
         description="Launch a distributed PyTorch run on torchrun, supervised by xl. "
         "The run goes on when the terminal closes; 'xl attach RUN' reopens it.",
         epilog="torchrun's spellings work too (--nproc-per-node, --standalone, --rdzv-endpoint, "
-        "--master-addr/--master-port, --max-restarts 0): replace `torchrun` with `xl launch`.",
+        "--master-addr/--master-port, --max-restarts N): replace `torchrun` with `xl launch`.",
     )
     p.add_argument("--gpus", help="0,2 | GPU-<uuid>,... | all | auto:N (order = LOCAL_RANK order)")
     p.add_argument("--nproc", type=int, help="processes on this node (default: one per GPU, 1 on CPU; fewer: the first N GPUs chosen)")
@@ -247,10 +247,10 @@ def spec_from_args(
     spec = replace(spec, **{k: v for k, v in given.items() if v is not None})
     if spec.mixed_precision == "False":  # YAML 1.1 reads an unquoted `no` as false
         spec.mixed_precision = "no"
-    if spec.max_restarts and not RESTARTS_SUPPORTED:
+    if spec.max_restarts and spec.nnodes > 1 and not RESTARTS_ACROSS_NODES:
         raise UsageError(
-            f"--max-restarts {spec.max_restarts}: xl does not restart ranks yet (the run ends at the first "
-            "failed rank, which it names); drop --max-restarts, or use torchrun itself for elastic restarts"
+            f"--max-restarts {spec.max_restarts} with --nnodes {spec.nnodes}: xl restarts ranks on one node "
+            "only; drop --max-restarts, or run on one node"
         )
     if ns.standalone and (spec.nnodes != 1 or spec.rdzv is not None):
         raise UsageError("--standalone is a one-node run; drop it, or --nnodes and --rdzv")

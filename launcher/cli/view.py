@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.units import mib
 
 POLL_S = 0.05  # new lines 20 times a second: prompt for a person and for the run's end, cheap beside the ranks
 RENDER_S = 0.25
@@ -141,6 +142,10 @@ def _summary(state: RunState) -> str:
 
 
 # ---------------------------------------------------------------------------------- plain lines
+# A restart is news (the run lost progress) but no failure: yellow, as a straggler is.
+_EVENT_STYLE = {"failure": "red", "restarted": "yellow"}
+
+
 def _plain_event(ev: dict[str, Any]) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(float(ev.get("t") or time.time())))
     text = f"{stamp} xl: {ev.get('message') or ev.get('kind')}"
@@ -239,11 +244,11 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False) ->
         # GPU figures where there is a GPU; the process's CPU and RSS for CPU ranks.
         mem, util = "", "" if r.gpu_util is None else f"{r.gpu_util:.0f}%"
         if r.gpu_mem_used_mib is not None:
-            mem = f"{r.gpu_mem_used_mib / 1024:.1f}G"
+            mem = mib(r.gpu_mem_used_mib)
             if r.gpu_mem_total_mib:
-                mem += f"/{r.gpu_mem_total_mib / 1024:.0f}G"
+                mem += f"/{mib(r.gpu_mem_total_mib)}"
         elif r.gpu is None and r.rss_mib is not None:
-            mem = f"{r.rss_mib / 1024:.1f}G rss"
+            mem = f"{mib(r.rss_mib)} rss"
         if r.gpu is None and r.cpu_pct is not None:
             util = f"{r.cpu_pct:.0f}% cpu"
         table.add_row(
@@ -262,7 +267,7 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False) ->
     if state.verdict:
         parts.append(Text(f"hang: {state.verdict}", style="bold yellow"))
     for ev in state.events[-5:] if events else []:
-        parts.append(Text(_plain_event(ev), style="red" if ev.get("kind") == "failure" else "dim"))
+        parts.append(Text(_plain_event(ev), style=_EVENT_STYLE.get(str(ev.get("kind")), "dim")))
     return Group(*parts)
 
 

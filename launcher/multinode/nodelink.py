@@ -7,7 +7,9 @@ defines and node 0 checks.
 
 A frame without body lines, every second, is the heartbeat. Node 0 answers each frame with a
 reply frame ``{"ack": seq}`` (same length prefix) and tells every node ``{"stop": {"reason",
-"failure"}}`` when the run ends anywhere. Frames are resent after a reconnect until acked; node
+"failure"}}`` when the run ends anywhere, and ``{"stacks": {"id", "rank", "timeout"}}`` when it wants
+this node's ranks' stacks (``xl stacks`` or a hang on node 0; the supervisor answers). Frames are
+resent after a reconnect until acked; node
 0 drops the ones it already has (by seq). A frame whose token is not the run's is answered
 ``{"error": "bad_token"}`` (nothing else, nothing of the real token): the link then stops for
 good and ``commands()`` returns ``{"refused": "bad_token"}``, for the supervisor to say so and
@@ -48,7 +50,8 @@ class NodeLink:
 
     ``send`` never blocks nor raises: messages wait in memory (up to 64 MiB, then new ones are
     dropped and counted) while node 0 cannot be reached, and training goes on either way.
-    ``commands()`` returns what node 0 asked (``{"stop": {...}}``) since the last call.
+    ``commands()`` returns what node 0 asked (``{"stop": {...}}``, ``{"stacks": {...}}``) since the
+    last call.
     """
 
     def __init__(self, host: str, port: int, token: str, node: int, hostname: str) -> None:
@@ -251,7 +254,7 @@ class NodeLink:
                 if type(ack) is int:
                     while self._unacked and self._unacked[0][0] <= ack:
                         self._unacked.popleft()
-                elif isinstance(msg.get("stop"), dict):
+                elif isinstance(msg.get("stop"), dict) or isinstance(msg.get("stacks"), dict):
                     self._commands.append(msg)
                 elif msg.get("error") == "bad_token":
                     self._refuse("bad_token")

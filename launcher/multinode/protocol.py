@@ -10,9 +10,11 @@ A node frame is a wire frame whose header names the node instead of a rank
     failure  {"failure": {...}, "at": t}      its root cause, and when it happened
     end      {"status", "failure", "at"}      its run ended
     rec      {"rank", "line"}                 a metrics.jsonl line it sampled
+    stacks   {"id", "ranks": [...]}           its ranks' entries of the stacks document, answering
+                                              node 0's ``{"stacks": {"id", "rank", "timeout"}}``
 
-Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"error":
-"bad_token"}``). The sending side is xl.launcher.multinode.nodelink; the receiving side is the
+Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"stacks": {...}}``,
+``{"error": "bad_token"}``). The sending side is xl.launcher.multinode.nodelink; the receiving side is the
 collector (xl.launcher.telemetry.collector), which calls check_message on every body line.
 """
 
@@ -30,7 +32,7 @@ from xl.launcher.rundir.record import is_final
 FORWARDED_EVENTS = frozenset(
     {"run_started", "rank_started", "rank_exited", "stop_requested", "run_ended", "exit_barrier"}
 )
-MESSAGE_TYPES = frozenset({"ranks", "log", "event", "failure", "end", "rec"})
+MESSAGE_TYPES = frozenset({"ranks", "log", "event", "failure", "end", "rec", "stacks"})
 MAX_RANKS = 1 << 16
 MAX_LOG_CHUNK = 16 << 10
 _MAX_TEXT = 64 << 10  # a traceback
@@ -38,6 +40,14 @@ _MAX_FIELD_TEXT = 4096  # any other text of an event, rank or failure
 _CLIPPED = "[...]"
 _MAX_FIELDS = 32
 _RANK_LIMIT = 1 << 20
+# A stacks answer is one body line, so it must fit in one frame (wire.MAX_FRAME) with room to
+# spare: clip_stacks keeps each rank's entry within these, the innermost frames first.
+MAX_STACKS_ID = 64
+_MAX_THREADS = 16
+_MAX_FRAMES = 64
+_MAX_COLLECTIVES = 64
+_MAX_STACKS_TEXT = 512
+_MAX_STACKS_LINE = wire.MAX_FRAME // 2
 
 
 def _check_value(value: Any, max_text: int) -> None:
@@ -100,6 +110,8 @@ def check_message(obj: Any) -> dict[str, Any]:
             raise wire.FrameError("bad_node_message")
         for info in ranks:
             _rank(_check_fields(info).get("rank"))
+    elif kind == "stacks":
+        _check_stacks(obj)
     elif kind == "failure":
         _check_fields(obj.get("failure"), text_keys=frozenset({"traceback"}))
         _time(obj.get("at"))
@@ -111,6 +123,65 @@ def check_message(obj: Any) -> dict[str, Any]:
             _check_fields(obj["failure"], text_keys=frozenset({"traceback"}))
         _time(obj.get("at"))
     return obj
+
+
+def _list(value: Any, cap: int) -> list[Any]:
+    if type(value) is not list or len(value) > cap:
+        raise wire.FrameError("bad_node_message")
+    return value
+
+
+def _check_stacks(obj: dict[str, Any]) -> None:
+    """A node's answer to a stacks request: entries as the stacks document has them, capped."""
+    ident = obj.get("id")
+    if type(ident) is not str or not 0 < len(ident) <= MAX_STACKS_ID:
+        raise wire.FrameError("bad_value")
+    for entry in _list(obj.get("ranks"), MAX_RANKS):
+        if type(entry) is not dict:
+            raise wire.FrameError("bad_node_message")
+        rest = {k: v for k, v in entry.items() if k not in ("threads", "collectives")}
+        _rank(_check_fields(rest, max_text=_MAX_FIELD_TEXT).get("rank"))
+        for thread in _list(entry.get("threads", []), _MAX_THREADS):
+            if type(thread) is not dict or set(thread) - {"name", "frames"}:
+                raise wire.FrameError("bad_node_message")
+            _check_value(thread.get("name"), _MAX_STACKS_TEXT)
+            for frame in _list(thread.get("frames", []), _MAX_FRAMES):
+                _check_fields(frame, max_text=_MAX_STACKS_TEXT)
+        for coll in _list(entry.get("collectives", []), _MAX_COLLECTIVES):
+            _check_fields(coll, max_text=_MAX_STACKS_TEXT)
+
+
+def _clip_text(value: Any) -> Any:
+    if type(value) is str and len(value) > _MAX_STACKS_TEXT:
+        return _CLIPPED + value[len(value) - (_MAX_STACKS_TEXT - len(_CLIPPED)) :]  # a path's tail names it
+    return value
+
+
+def clip_stacks(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """This node's entries within what node 0 takes (check_message): the first threads (the main
+    thread leads), each one's innermost frames, the newest collectives. When they are still too
+    big for one frame, the main thread alone, then no frames at all (the entry says so)."""
+    out: list[dict[str, Any]] = []
+    for entry in entries:
+        clipped = {k: _clip_text(v) for k, v in entry.items() if k not in ("threads", "collectives") and type(v) is not dict}
+        if "threads" in entry:
+            clipped["threads"] = [
+                {"name": _clip_text(str(t.get("name"))), "frames": [{k: _clip_text(v) for k, v in f.items()} for f in (t.get("frames") or [])[-_MAX_FRAMES:]]}
+                for t in (entry.get("threads") or [])[:_MAX_THREADS]
+            ]
+            clipped["collectives"] = [{k: _clip_text(v) for k, v in c.items()} for c in (entry.get("collectives") or [])[-_MAX_COLLECTIVES:]]
+        out.append(clipped)
+    for keep in (_MAX_THREADS, 1, 0):
+        if len(json.dumps(out, default=str)) <= _MAX_STACKS_LINE:
+            break
+        for entry in out:
+            if "threads" in entry:
+                entry["threads"] = entry["threads"][:keep]
+                if not keep:
+                    entry.pop("threads")
+                    entry.pop("collectives", None)
+                    entry["error"] = "its stacks were too big to send to node 0; 'xl stacks RUN' on its node shows them"
+    return out
 
 
 def clip_failure(failure: dict[str, Any]) -> dict[str, Any]:

@@ -1,21 +1,28 @@
 """A node > 0 of a multi-node run: what node 0 tells it over the link.
 
 Node 0 stops the others when the run is stopped or fails anywhere (its failure comes along and
-becomes this node's too), and refuses a node whose XL_TOKEN is not the run's.
+becomes this node's too), refuses a node whose XL_TOKEN is not the run's, and asks for this
+node's ranks' stacks (``xl stacks`` or a hang on node 0): a thread of its own asks them, as
+``xl stacks`` would here, and sends the entries back as one ``stacks`` message.
 """
 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from typing import Any
 
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.join import TOKEN_VAR, format_address
+from xl.launcher.multinode.protocol import clip_stacks
 from xl.launcher.supervisor.failure import Failure, RootCause
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.ranks import Torchrun
 from xl.launcher.supervisor.stopping import Stopping, StopReason
+from xl.launcher.telemetry import stacks as capture
+
+_MAX_ASKING = 4  # stacks requests answered at once; more are answered "busy"
 
 
 class Follower:
@@ -30,12 +37,16 @@ class Follower:
     ) -> None:
         self.hub, self.link = hub, link
         self.journal, self.cause, self.stopping, self.torchrun = journal, cause, stopping, torchrun
+        self._asking = threading.BoundedSemaphore(_MAX_ASKING)
 
     def poll(self) -> None:
         """Node 0's commands since the last turn."""
         for cmd in self.link.commands():
             if cmd.get("refused"):
                 self._token_refused()
+                continue
+            if isinstance(cmd.get("stacks"), dict):
+                self._stacks(cmd["stacks"])
                 continue
             stop = cmd.get("stop")
             if not isinstance(stop, dict) or self.stopping.state is not None:
@@ -54,6 +65,28 @@ class Follower:
                 self.cause.set(Failure.from_json({**failure, "message": message}), time.time())
                 self.journal.emit({"kind": "failure", "rank": failure.get("rank"), "message": message})
             self.stopping.begin(StopReason.FAILURE)
+
+    def _stacks(self, ask: dict[str, Any]) -> None:
+        """Node 0 wants this node's ranks' stacks: ask them off the loop's thread (it takes up to
+        the deadline node 0 gave) and answer with one ``stacks`` message."""
+        ident, rank, timeout = str(ask.get("id") or "")[:64], ask.get("rank"), ask.get("timeout")
+        if not ident:
+            return
+        limit = min(float(timeout), capture.TIMEOUT_S) if isinstance(timeout, (int, float)) and timeout > 0 else capture.TIMEOUT_S
+        ranks = [r for r in capture.live_ranks(self.journal.record) if rank is None or r.get("rank") == rank]
+        if not self._asking.acquire(blocking=False):
+            busy = [{"rank": r.get("rank"), "node": r.get("node"), "pid": r.get("pid"), "error": "this node is busy with other stacks requests"} for r in ranks]
+            self.journal.send({"type": "stacks", "id": ident, "ranks": busy})
+            return
+
+        def answer() -> None:
+            try:
+                entries = capture.local_entries(self.journal.run_dir, ranks, max(0.2, limit))
+                self.journal.send({"type": "stacks", "id": ident, "ranks": clip_stacks(entries)})
+            finally:
+                self._asking.release()
+
+        threading.Thread(target=answer, name="xl-node-stacks", daemon=True).start()
 
     def _token_refused(self) -> None:
         """Node 0 refused this node's XL_TOKEN: this node can never join the run (its torchrun

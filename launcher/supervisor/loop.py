@@ -5,14 +5,14 @@ run.json (through ``xl.launcher.rundir.record``, replaced atomically on every ch
     run_id, name, status (running|succeeded|failed|stopped), spec, argv, env (what xl set), cwd,
     devices [{index, uuid, name}], nnodes, node_rank, nproc_per_node, world_size, host,
     started_at, ended_at (unix s), supervisor_pid, torchrun_pid, torchrun_exit_code, grace_s,
-    stop_requested_at, ranks [{rank, local_rank, node, node_rank, pid, gpu, gpu_uuid, state,
-    exit_code, started_at, ended_at}], failure {rank, exit_code, traceback, error, message, node,
-    node_rank} | null
+    stop_requested_at, attempt, ranks [{rank, local_rank, node, node_rank, pid, gpu, gpu_uuid,
+    state, exit_code, started_at, ended_at, attempt}], failure {rank, exit_code, traceback, error,
+    message, node, node_rank} | null
 
 Rank ``state``: starting|running|exited|failed|stopped. ``exit_code`` < 0 means killed by that signal.
 
 events.jsonl kinds written here: run_started, rank_started (pid), rank_exited (exit_code), failure
-(exit_code), stop_requested, run_ended (status); telemetry adds its diagnoses through ``emit``.
+(exit_code), restarted (attempt), stop_requested, run_ended (status); telemetry adds its diagnoses through ``emit``.
 Also in the run dir: ranks/rank-<r>.json (what the entry point reports), logs/torchrun.log
 (torchrun's own output), supervisor.log. Rank output is written by each rank's own relay and only
 read here (``LogSink``): training never waits on the supervisor.
@@ -21,6 +21,10 @@ Each job is a collaborator: ``Ranks`` (who is who, how each ended), ``LogSink`` 
 ``RootCause`` (the failure), ``Stopping`` (the stop), ``Hub`` / ``Follower`` (other nodes),
 ``Journal`` (run.json, events), ``TelemetryPort``. The supervisor wires them and says what a
 rank's start or end means for the run.
+
+``--max-restarts N``: torchrun restarts every rank of the node after a failure, N times at most.
+While it has restarts left a failed rank is no cause and starts no stop; its next process is
+attempt k (``restarted`` event, ``attempt`` in run.json). The run fails when torchrun gives up.
 """
 
 from __future__ import annotations
@@ -90,6 +94,9 @@ class Supervisor:
         self.port = TelemetryPort()
         self.journal = Journal(run_dir, record)
         self.ranks = Ranks(run_dir, record, self._rank_started, self._rank_ended, self.journal.changed)
+        self.ranks.on_restarted = self._rank_restarted
+        self.attempt = 0  # torchrun's restarts so far (the highest attempt any rank reached)
+        self.restart_reason: str | None = None  # the failure that will make torchrun restart
         self.sink = LogSink(run_dir, self.journal.write_failed)
         self.sink.forward = self.journal.send_log
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
@@ -203,13 +210,17 @@ class Supervisor:
         self.stopping.end_exit_barrier(self.hub is not None and self.hub.busy(), self.journal.emit)
         if self.journal.dirty:
             self.save()
-        if self.port.running and self.ranks.gone() and not self._nodes_pending():
+        if self.port.running and self.ranks.gone() and not self._nodes_pending() and not self._restart_due():
             # Every rank process is gone, so nothing can log any more: flush telemetry now,
             # while torchrun tears down (~0.5 s), not after it.
             self.port.stop()
 
     def _all_done(self) -> bool:
         return self.ranks.all_done(self.torchrun.code, self.stopping.state is not None)
+
+    def _restart_due(self) -> bool:
+        """A rank failed while torchrun has restarts left: its ranks come back (keep telemetry)."""
+        return self.restart_reason is not None and self.torchrun.code is None
 
     def _nodes_pending(self) -> bool:
         return self.hub is not None and self.hub.pending()
@@ -228,10 +239,29 @@ class Supervisor:
         st.end(code, when, stopped=st.signalled is not None or (stop is not None and stop.explains(code)))
         self.journal.emit({"kind": "rank_exited", "rank": st.rank, "exit_code": code, "message": describe_end(st)})
         self._ranks_changed()
-        if st.state is RankPhase.FAILED and self.cause.failure is None and self.stopping.state is None:
-            failure = self.cause.blame_rank(st, self.sink.drain)
-            self.journal.emit({"kind": "failure", "rank": st.rank, "exit_code": st.exit_code, "message": failure.message})
-            self.stopping.begin(StopReason.FAILURE)
+        if st.state is not RankPhase.FAILED or self.cause.failure is not None or self.stopping.state is not None:
+            return
+        if st.attempt < self.ranks.max_restarts and self.torchrun.code is None:
+            # torchrun restarts every rank of the node: no cause yet, no stop (the first
+            # failure of an attempt is the reason; its peers end because torchrun stops them).
+            if self.restart_reason is None:
+                self.restart_reason = describe_end(st)
+            return
+        failure = self.cause.blame_rank(st, self.sink.drain)
+        self.journal.emit({"kind": "failure", "rank": st.rank, "exit_code": st.exit_code, "message": failure.message})
+        self.stopping.begin(StopReason.FAILURE)
+
+    def _rank_restarted(self, st: RankState) -> None:
+        """torchrun started ``st`` again: its first rank of a new attempt announces the restart."""
+        self.journal.changed()
+        if st.attempt <= self.attempt:
+            return
+        self.attempt = st.attempt
+        self.record.update(attempt=st.attempt)
+        why = f" after {self.restart_reason}" if self.restart_reason else ""
+        message = f"torchrun restarted the ranks{why} (attempt {st.attempt + 1} of {self.ranks.max_restarts + 1})"
+        self.restart_reason = None
+        self.journal.emit({"kind": "restarted", "attempt": st.attempt, "message": message})
 
     def _ranks_changed(self) -> None:
         """Every rank for telemetry; other nodes' ranks are flagged ``remote`` (not sampled here)."""

@@ -6,6 +6,10 @@ taken from a process that carries this run's XL_RUN_ID: a file cannot make the s
 another process. A rank killed by a signal writes no end: it is found gone by
 its pid, or reaped here when torchrun died first and it was orphaned to this subreaper.
 
+Under ``--max-restarts N`` torchrun restarts every rank of the node when one fails: a rank that
+ended and then reports another pid is its next attempt (TORCHELASTIC_RESTART_COUNT in the new
+process's environment says which); its row starts over and keeps the attempt number.
+
 ``Ranks`` only keeps the table; what a start or an end means for the run (events, the root
 cause, the stop) is the supervisor's, told through ``on_started`` / ``on_ended``.
 """
@@ -97,6 +101,7 @@ class RankState:
     alive_at: float | None = None  # the last time it was seen running
     vanished: bool = False  # ended without an exit record (killed)
     signalled: int | None = None  # the last signal xl sent it
+    attempt: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT for the process now in this row
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -111,6 +116,7 @@ class RankState:
             "exit_code": self.exit_code,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
+            "attempt": self.attempt,
         }
 
     @property
@@ -132,6 +138,13 @@ class RankState:
             self.state = RankPhase.STOPPED
         else:
             self.state = RankPhase.FAILED
+
+    def restart(self, pid: int, attempt: int) -> None:
+        """torchrun started this rank again (``attempt``): the row is the new process's."""
+        self.pid, self.attempt, self.state = pid, attempt, RankPhase.STARTING
+        self.exit_code = self.ended_at = self.started_at = self.alive_at = None
+        self.traceback = self.error = None
+        self.vanished, self.signalled = False, None
 
     def signal(self, sig: int) -> None:
         # A rank that reported its exit may still hang in teardown (e.g. a stuck NCCL
@@ -189,6 +202,8 @@ class Ranks:
         self.by_pid: dict[int, int] = {}
         self.reparented: dict[int, int] = {}  # pid -> exit code of a rank this process reaped
         self.multi_node = int(record.get("nnodes") or 1) >= 2
+        self.max_restarts = int((record.get("spec") or {}).get("max_restarts") or 0)
+        self.on_restarted: Callable[[RankState], None] = lambda st: None
         nproc = int(record.get("nproc_per_node"))
         node_rank = int(record.get("node_rank") or 0)
         devices = record.get("devices") or []
@@ -267,6 +282,15 @@ class Ranks:
         st = self.by_rank.get(rank)
         if st is None or pid <= 0 or st.pid == pid:
             return
+        if self.max_restarts and (st.pid is None or (st.done and st.attempt < self.max_restarts)):
+            # An ended rank with a new process: torchrun restarted it. Its environment names
+            # the attempt (a process already gone is the next one); so does a rank's first
+            # process when its earlier one died before it could report.
+            count = read_environ(pid, ("TORCHELASTIC_RESTART_COUNT",)).get("TORCHELASTIC_RESTART_COUNT", "")
+            attempt = int(count) if count.isdigit() else st.attempt + (st.pid is not None)
+            if st.pid is not None or attempt > st.attempt:
+                st.restart(pid, attempt)
+                self.on_restarted(st)
         st.pid = pid
         self.by_pid[pid] = rank
         if st.state is RankPhase.STARTING:

@@ -13,6 +13,10 @@ A node frame with a wrong token (a node started with a mistyped XL_TOKEN) is ref
 other, and also answered, once per connection, with ``{"error": "bad_token"}`` so that node can
 say why and stop; ``on_node`` gets ``[{"type": "refused", ...}]`` for it. The answer says nothing
 of the real token. A rank's frame with a wrong token gets no answer (its client reads acks only).
+
+``ask_nodes`` asks every connected node for its ranks' stacks (``{"stacks": {...}}`` in a reply
+frame) and waits for their ``stacks`` messages until a deadline; node 0's ``xl stacks`` and hang
+capture reach it through the door of xl.launcher.telemetry.nodestacks, opened here.
 """
 
 from __future__ import annotations
@@ -20,17 +24,30 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import secrets
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from xl import wire
 from xl.launcher.multinode.protocol import check_message, reply
 from xl.launcher.rundir.metrics import MetricsWriter
+from xl.launcher.telemetry.nodestacks import Door
 from xl.launcher.telemetry.server import ACK, IDLE_S, Conn, FrameServer
 
 __all__ = ["ACK", "IDLE_S", "Collector", "PeerInfo"]
+
+
+@dataclass
+class _StacksAsk:
+    """One stacks request to the other nodes: who was asked, what came back."""
+
+    ask: dict[str, Any]
+    asked: set[int] | None = None  # set by the collector's thread once it is sent
+    answers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -77,6 +94,25 @@ class Collector(FrameServer):
         self.records = 0
         self.peers: dict[int, PeerInfo] = {}
         self.train_ranks: set[int] = set()
+        self._stacks_lock = threading.Lock()
+        self._stacks_asks: dict[str, _StacksAsk] = {}
+        self._door: Door | None = None
+
+    def start(self) -> None:
+        super().start()
+        if self._on_node is not None:  # node 0 of several: its other nodes' stacks
+            door = Door(self.writer.path.parent, self.ask_nodes)
+            try:
+                door.open()
+            except OSError:
+                self.rejects["stacks_door"] += 1  # xl stacks then names those ranks as not asked
+            else:
+                self._door = door
+
+    def stop(self) -> None:
+        if self._door is not None:
+            self._door.close()
+        super().stop()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -176,6 +212,9 @@ class Collector(FrameServer):
             for raw in body:
                 try:
                     msg = check_message(json.loads(raw))
+                    if msg["type"] == "stacks":
+                        self._stacks_answer(header.node, msg)
+                        continue
                     if msg["type"] == "rec":
                         line = msg["line"].encode()
                         rec = wire.parse_record(line, msg["rank"])
@@ -227,6 +266,52 @@ class Collector(FrameServer):
     def _tick_done(self) -> None:
         if self._node_stop is not None:
             self._deliver_stop()
+        if self._stacks_asks:
+            self._deliver_stacks()
+
+    # -- other nodes' stacks --------------------------------------------------------------------
+
+    def ask_nodes(self, rank: int | None, timeout: float) -> tuple[list[dict[str, Any]], list[int]]:
+        """Every connected node's answer to a stacks request within ``timeout`` (any thread): the
+        entries, and the nodes asked. The node gets a little less time than its requester, for
+        the answer to travel."""
+        ident = secrets.token_hex(8)
+        deadline = time.monotonic() + timeout
+        ask = _StacksAsk({"id": ident, "rank": rank, "timeout": round(max(0.2, timeout - 0.7), 2)})
+        with self._stacks_lock:
+            self._stacks_asks[ident] = ask
+        self._wake(b"s")
+        try:
+            ask.done.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._stacks_lock:
+                self._stacks_asks.pop(ident, None)
+                answers, asked = dict(ask.answers), sorted(ask.asked or ())
+        return [e for node in sorted(answers) for e in answers[node]], asked
+
+    def _deliver_stacks(self) -> None:
+        with self._stacks_lock:
+            fresh = [a for a in self._stacks_asks.values() if a.asked is None]
+        for a in fresh:
+            nodes: set[int] = set()
+            for conn in self._conns():
+                if conn.node is not None and not conn.refused:
+                    nodes.add(conn.node)
+                    conn.out += reply({"stacks": a.ask})
+                    self._flush_out(conn)
+            with self._stacks_lock:
+                a.asked = nodes  # answers are read on this thread too: none came in meanwhile
+            if not nodes:
+                a.done.set()  # no node to ask
+
+    def _stacks_answer(self, node: int, msg: dict[str, Any]) -> None:
+        with self._stacks_lock:
+            ask = self._stacks_asks.get(msg["id"])
+            if ask is None or ask.asked is None or node not in ask.asked:
+                return  # too late, or not asked
+            ask.answers[node] = [{**e, "node_rank": node} for e in msg["ranks"]]
+            if set(ask.answers) >= ask.asked:
+                ask.done.set()
 
     def _deliver_stop(self) -> None:
         for conn in self._conns():

@@ -2,7 +2,9 @@
 
 Ranks are asked in parallel, each under the same deadline, so eight ranks cost what the slowest
 one costs and a rank that does not answer never holds up the others. Ranks of other nodes
-(``remote``) are listed with the command that asks them on their own node.
+(``remote``) are asked through node 0's door (xl.launcher.telemetry.nodestacks: its collector asks
+each node over its link, and that node's supervisor asks its ranks), under the same deadline;
+a node that does not answer in time has its ranks listed with an ``error`` saying where to ask.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir import record
 from xl.launcher.rundir.record import RunStatus
+from xl.launcher.telemetry import nodestacks
 from xl.launcher.telemetry.probe import probe
 from xl.launcher.telemetry.verdict import verdict
 
@@ -41,17 +44,39 @@ def document(
     """The whole document: every rank's entry, sorted by rank, and the verdict."""
     t = time.time()
     elsewhere = [r for r in ranks if r.get("remote")]
-    entries = local_entries(run_dir, [r for r in ranks if not r.get("remote")], timeout)
-    entries += [not_asked(info) for info in elsewhere]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="xl-stacks-nodes") as pool:
+        only = elsewhere[0].get("rank") if len(elsewhere) == 1 and len(ranks) == 1 else None
+        far = pool.submit(nodestacks.ask, run_dir, only, timeout) if elsewhere else None
+        entries = local_entries(run_dir, [r for r in ranks if not r.get("remote")], timeout)
+        answer = far.result() if far is not None else None
+    entries += remote_entries(elsewhere, answer, timeout)
     entries.sort(key=lambda e: e["rank"] if isinstance(e.get("rank"), int) else -1)
     return {"run_id": run_id, "t": round(t, 3), "ranks": entries, "verdict": verdict(entries)}
 
 
-def not_asked(info: dict[str, Any]) -> dict[str, Any]:
+def remote_entries(ranks: list[dict[str, Any]], answer: dict[str, Any] | None, timeout: float) -> list[dict[str, Any]]:
+    """Other nodes' ranks from the door's answer (None: no door: they are not asked)."""
+    if answer is None:
+        return [not_asked(info) for info in ranks]
+    got = {e.get("rank"): e for e in answer.get("ranks") or [] if isinstance(e, dict)}
+    asked = set(answer.get("asked") or [])
+    out = []
+    for info in ranks:
+        entry = got.get(info.get("rank"))
+        if entry is not None:
+            out.append({**entry, "node": entry.get("node") or info.get("node")})
+            continue
+        node = info.get("node_rank")
+        why = f"did not answer within {timeout:g} s" if node in asked else "is not connected to node 0"
+        out.append(not_asked(info, f"node {node} {why}"))
+    return out
+
+
+def not_asked(info: dict[str, Any], why: str = "") -> dict[str, Any]:
     """A rank of another node: its stacks are asked on that node (its own run dir and `xl stacks`)."""
     node = info.get("node_rank")
     where = f"node {node}" + (f" ({info['node']})" if info.get("node") else "")
-    error = f"{NOT_ASKED} {where}: ask it there ('xl runs' names the run, 'xl stacks RUN' asks its ranks)"
+    error = f"{NOT_ASKED} {where}" + (f" ({why})" if why else "") + ": ask it there ('xl runs' names the run, 'xl stacks RUN' asks its ranks)"
     return {"rank": info.get("rank"), "node": info.get("node"), "pid": info.get("pid"), "error": error}
 
 

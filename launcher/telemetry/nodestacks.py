@@ -1,0 +1,118 @@
+"""Node 0's door to the other nodes' stacks: how ``xl stacks`` (a process of its own) and the hang
+capture reach the collector that holds every node's link.
+
+Node 0's collector opens an abstract Unix socket and writes ``ranks/nodes.stacks.json`` (pid,
+socket) next to the ranks' own doors. A requester connects, sends one JSON line ``{"rank",
+"timeout"}`` and reads one JSON answer ``{"ranks": [entries], "asked": [nodes]}``: the other
+nodes' entries, gathered through their links within ``timeout``. As with a rank's door, the
+kernel's word on the caller's uid (SO_PEERCRED) is the lock: an abstract socket has no file
+permissions, and the run dir that names it is private. Nothing polls: the door's thread waits in
+``accept()``; each request gets a short-lived thread (a few at once, the rest are told "busy").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from xl.atomic import write_json_atomic
+
+DOOR_FILE = "ranks/nodes.stacks.json"
+_MAX_REQUEST = 4096
+_MAX_AT_ONCE = 4
+_SLACK_S = 1.0  # the requester waits this much past the deadline it gave, for the answer to travel
+
+# (rank or None, timeout) -> (entries of the other nodes' ranks, the nodes that were asked)
+Gather = Callable[[int | None, float], tuple[list[dict[str, Any]], list[int]]]
+
+
+def _same_user(conn: socket.socket) -> bool:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1] in (os.getuid(), 0)
+
+
+class Door:
+    """The serving side, in node 0's supervisor (opened by the collector when it takes nodes)."""
+
+    def __init__(self, run_dir: Path, gather: Gather) -> None:
+        self.run_dir = run_dir
+        self._gather = gather
+        self._name = f"xl-nodes-stacks-{os.getpid()}-{secrets.token_hex(4)}"
+        self._sock: socket.socket | None = None
+        self._slots = threading.BoundedSemaphore(_MAX_AT_ONCE)
+
+    def open(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind("\0" + self._name)
+        sock.listen(8)
+        self._sock = sock
+        (self.run_dir / "ranks").mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_json_atomic(self.run_dir / DOOR_FILE, {"pid": os.getpid(), "socket": self._name})
+        threading.Thread(target=self._serve, args=(sock,), name="xl-nodes-stacks", daemon=True).start()
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+            with contextlib.suppress(OSError):
+                (self.run_dir / DOOR_FILE).unlink()
+
+    def _serve(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return  # closed
+            if not self._slots.acquire(blocking=False):
+                with contextlib.suppress(OSError), conn:
+                    conn.sendall(b'{"error": "busy: other stacks requests are being answered"}')
+                continue
+            threading.Thread(target=self._answer, args=(conn,), name="xl-nodes-stacks-ask", daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        try:
+            with contextlib.suppress(Exception), conn:
+                if not _same_user(conn):
+                    return
+                conn.settimeout(2.0)
+                raw = conn.makefile("rb").readline(_MAX_REQUEST)
+                ask = json.loads(raw) if raw else {}
+                rank = ask.get("rank") if isinstance(ask, dict) else None
+                timeout = ask.get("timeout") if isinstance(ask, dict) else None
+                limit = min(float(timeout), 30.0) if isinstance(timeout, (int, float)) and timeout > 0 else 3.0
+                entries, asked = self._gather(rank if type(rank) is int else None, limit)
+                conn.settimeout(5.0)
+                conn.sendall(json.dumps({"ranks": entries, "asked": asked}, default=str).encode())
+        finally:
+            self._slots.release()
+
+
+def ask(run_dir: Path, rank: int | None, timeout: float) -> dict[str, Any] | None:
+    """The other nodes' entries through node 0's door (None: no door, or it did not answer)."""
+    try:
+        door = json.loads((run_dir / DOOR_FILE).read_text())
+        name = str(door["socket"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout + _SLACK_S)
+        try:
+            sock.connect("\0" + name)
+            sock.sendall(json.dumps({"rank": rank, "timeout": timeout}).encode() + b"\n")
+            chunks = []
+            while chunk := sock.recv(1 << 16):
+                chunks.append(chunk)
+            doc = json.loads(b"".join(chunks))
+        except (OSError, ValueError):
+            return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("ranks"), list) else None
