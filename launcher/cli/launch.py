@@ -13,15 +13,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from xl.errors import EXIT_USAGE, UsageError
+from xl.errors import UsageError
 from xl.gpu.nvml import inventory as _inventory
 from xl.launcher.cli.interpreter import ranks_pythonpath
 from xl.launcher.cli.options import (
-    check_options,
     launch_parser,
+    parse_command,
     spec_from_args,
-    split_argv,
-    value_options,
 )
 from xl.launcher.cli.sbatch import launch_slurm
 from xl.launcher.multinode.join import prepare_launch
@@ -164,12 +162,7 @@ def launch(
 
 def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     parser = launch_parser()
-    opts, script, module, args = split_argv(argv, value_options(parser))
-    check_options(parser, opts)
-    ns = parser.parse_args(opts)
-    if script is None and module is None:
-        sys.stderr.write("xl launch: give a training script (xl launch train.py) or -m MODULE (see 'xl launch --help')\n")
-        return EXIT_USAGE
+    ns, script, module, args = parse_command(parser, argv, "xl launch train.py")
     if ns.json and not ns.dry_run:
         raise UsageError("--json only goes with --dry-run")
     if ns.slurm:

@@ -176,6 +176,19 @@ def check_options(parser: argparse.ArgumentParser, opts: Sequence[str]) -> None:
         raise UsageError(f"unknown option {name}{hint}")
 
 
+def parse_command(
+    parser: argparse.ArgumentParser, argv: Sequence[str], example: str
+) -> tuple[argparse.Namespace, str | None, str | None, list[str]]:
+    """A launching command's (options, script, module, script args), or one clear UsageError:
+    `xl launch` and `xl sbatch` read their command lines alike. ``example`` shows a whole command."""
+    opts, script, module, args = split_argv(argv, value_options(parser))
+    check_options(parser, opts)
+    ns = parser.parse_args(opts)
+    if script is None and module is None:
+        raise UsageError(f"give a training script ({example}) or -m MODULE (see '{parser.prog} --help')")
+    return ns, script, module, args
+
+
 def split_argv(
     argv: Sequence[str], value_opts: frozenset[str]
 ) -> tuple[list[str], str | None, str | None, list[str]]:

@@ -23,13 +23,11 @@ from dataclasses import replace
 from typing import Any
 
 from xl import paths
-from xl.errors import EXIT_USAGE, UsageError
+from xl.errors import UsageError
 from xl.launcher.cli.options import (
-    check_options,
     launch_parser,
+    parse_command,
     spec_from_args,
-    split_argv,
-    value_options,
 )
 from xl.launcher.multinode import slurm
 from xl.launcher.multinode.join import format_address
@@ -236,12 +234,7 @@ def _no_newline(name: str, value: Any) -> None:
 
 def sbatch_main(argv: Sequence[str]) -> int:
     parser = _sbatch_parser()
-    opts, script, module, args = split_argv(argv, value_options(parser))
-    check_options(parser, opts)
-    ns = parser.parse_args(opts)
-    if script is None and module is None:
-        sys.stderr.write("xl sbatch: give a training script (xl sbatch --nodes 2 train.py > job.sh) or -m MODULE (see 'xl sbatch --help')\n")
-        return EXIT_USAGE
+    ns, script, module, args = parse_command(parser, argv, "xl sbatch --nodes 2 train.py > job.sh")
     if ns.nodes < 1:
         raise UsageError(f"--nodes must be at least 1 (got {ns.nodes})")
     for name in ("gpus_per_node", "cpus_per_task"):
