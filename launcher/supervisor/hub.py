@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from xl import settings
 from xl.errors import UsageError
 from xl.launcher.multinode.join import TOKEN_VAR, hub_address, listen_host, valid_token
 from xl.launcher.rundir.record import RunRecord, RunStatus
@@ -44,10 +45,7 @@ Inbox = queue.SimpleQueue[tuple[int, str, list[dict[str, Any]] | None, float]]
 
 
 def node_timeout() -> float:
-    try:
-        return max(2.0, float(os.environ.get("XL_NODE_TIMEOUT", _NODE_TIMEOUT_S)))
-    except ValueError:
-        return _NODE_TIMEOUT_S
+    return settings.number("XL_NODE_TIMEOUT", _NODE_TIMEOUT_S, floor=2.0)
 
 
 def resolve_hub(record: RunRecord, token: str) -> tuple[tuple[str, int] | None, str]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from xl import settings
 from xl.launcher import procs
 from xl.launcher.supervisor.ranks import Ranks, RankState, Torchrun
 
@@ -26,10 +27,7 @@ DEFAULT_GRACE_S = 10.0
 
 def grace_from_env() -> float:
     """Seconds between SIGTERM and SIGKILL when a run stops (``XL_STOP_GRACE``, default 10)."""
-    try:
-        return max(0.0, float(os.environ.get("XL_STOP_GRACE", DEFAULT_GRACE_S)))
-    except ValueError:
-        return DEFAULT_GRACE_S
+    return settings.number("XL_STOP_GRACE", DEFAULT_GRACE_S, floor=0.0)
 
 
 class StopReason(str, Enum):

@@ -20,7 +20,6 @@ Thresholds can be overridden through the environment (tests use short ones):
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import threading
@@ -30,15 +29,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from xl import settings
+
 Emit = Callable[[dict[str, Any]], None]
 
 
 def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
-    try:
-        value = float(env.get(name, ""))
-    except ValueError:
-        return default
-    return value if math.isfinite(value) and value > 0 else default
+    return settings.number(name, default, positive=True, env=env)
 
 
 @dataclass
