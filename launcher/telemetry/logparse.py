@@ -7,6 +7,13 @@ Two shapes are understood:
   quoted numbers such as ``'0.6931'``: ProgressCallback formats floats with ``%.4g``).
 - tqdm progress bars: ``  5%|▌   | 5/100 [00:01<00:20,  4.60it/s]`` (carriage returns split
   one physical line into many updates; the last complete one wins).
+
+Every parser here is linear in what it reads and reads a bounded part of a line: rank output is
+anyone's text, and one 60,000-digit line ending " it/s" once held the supervisor for 19 s in a
+regex that backtracked over every digit (issue 25). So each pattern is anchored where it may
+start (no retry at every position of a long run of digits) and each repeat has a bound; a line
+is looked at up to MAX_EXAMINED characters (the tail of a tqdm segment, where the counters are;
+a dict only when the whole dict is within MAX_DICT). A parser added here keeps to the same rules.
 """
 
 from __future__ import annotations
@@ -16,10 +23,15 @@ import math
 import re
 from typing import Any
 
-_DICT = re.compile(r"\{'[A-Za-z_][\w/.-]*': .*\}")
-_TQDM = re.compile(r"(?P<n>\d+)/(?P<total>\d+|\?)\s*\[(?P<inside>[^\]]*)\]")
-_RATE = re.compile(r"(?P<rate>[\d.]+)\s*(?P<unit>[A-Za-z]+)/s\b")
-_INV_RATE = re.compile(r"(?P<inv>[\d.]+)\s*s/(?P<unit>[A-Za-z]+)\b")
+# How much of a line the parsers look at: a tqdm segment's tail, and the largest dict parsed.
+MAX_EXAMINED = 2048
+MAX_DICT = 16384
+_DICT_TRIES = 4  # "{'" occurrences tried as the start of a dict, first ones first
+_DICT_KEY = re.compile(r"\{'[A-Za-z_][\w/.-]{0,128}': ")
+# (?<!\d): a match starts only at the first digit of a number, never again inside it.
+_TQDM = re.compile(r"(?<!\d)(?P<n>\d{1,18})/(?P<total>\d{1,18}|\?)\s{0,8}\[(?P<inside>[^\]]{0,256})\]")
+_RATE = re.compile(r"(?<![\d.])(?P<rate>[\d.]{1,32})\s{0,8}(?P<unit>[A-Za-z]{1,16})/s\b")
+_INV_RATE = re.compile(r"(?<![\d.])(?P<inv>[\d.]{1,32})\s{0,8}s/(?P<unit>[A-Za-z]{1,16})\b")
 # PrinterCallback prints raw floats, so a NaN loss appears as a bare ``nan`` token, which
 # ast.literal_eval rejects; quote those tokens first.
 _BARE = re.compile(r"(?<=: )(-?inf|nan)(?=[,}])")
@@ -40,12 +52,29 @@ def _number(value: Any) -> float | int | None:
     return None
 
 
+def _dict_text(text: str) -> str | None:
+    """The dict a line holds: from the first "{'" that starts a key to the line's last "}"."""
+    end = text.rfind("}")
+    start = -1
+    for _ in range(_DICT_TRIES):
+        start = text.find("{'", start + 1)
+        if start < 0 or start > end:
+            return None
+        if _DICT_KEY.match(text, start):
+            break
+    else:
+        return None
+    if end + 1 - start > MAX_DICT:
+        return None
+    return text[start : end + 1]
+
+
 def parse_hf_dict(text: str) -> dict[str, Any] | None:
-    match = _DICT.search(text)
-    if match is None:
+    found = _dict_text(text)
+    if found is None:
         return None
     try:
-        obj = ast.literal_eval(_BARE.sub(r"'\1'", match.group(0)))
+        obj = ast.literal_eval(_BARE.sub(r"'\1'", found))
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return None
     if not isinstance(obj, dict):
@@ -81,6 +110,7 @@ def parse_tqdm(text: str) -> dict[str, Any] | None:
     for segment in reversed(text.split("\r")):
         if "|" not in segment and "it/s" not in segment and "s/it" not in segment:
             continue
+        segment = segment[-MAX_EXAMINED:]  # the counters and rate end a bar
         match = _TQDM.search(segment)
         if match is None:
             continue
@@ -101,6 +131,12 @@ def parse_tqdm(text: str) -> dict[str, Any] | None:
             pass
         return out
     return None
+
+
+def worth_parsing(line: str) -> bool:
+    """Whether ``parse_line`` could find anything in ``line`` (a linear test, for the caller's
+    thread; the parse itself runs on telemetry's own)."""
+    return "{'" in line or ("/" in line and ("it/s" in line or "s/it" in line or "%|" in line))
 
 
 def parse_line(line: str) -> dict[str, Any] | None:

@@ -31,7 +31,7 @@ from xl.launcher.rundir.metrics import MetricsWriter, dumps_line
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser
 from xl.launcher.telemetry.hang import HangCapture
-from xl.launcher.telemetry.logparse import parse_line
+from xl.launcher.telemetry.logfeed import LogFeed
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
 
@@ -87,6 +87,8 @@ class Telemetry:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.spooled_records = 0
+        # Rank output is parsed on a thread of its own: the supervisor's loop only queues lines.
+        self.log_feed = LogFeed(self._log_found)
 
     # -- events ---------------------------------------------------------------------------
 
@@ -140,6 +142,7 @@ class Telemetry:
         self.ingest_spool()
         self._thread = threading.Thread(target=self._loop, name="xl-sampler", daemon=True)
         self._thread.start()
+        self.log_feed.start()
         host = self._advertise
         if host is None:
             host = socket.getfqdn() if collector.host in ("0.0.0.0", "::", "") else collector.host
@@ -157,12 +160,14 @@ class Telemetry:
                 self.diagnoser.set_alive(rank, not exited)
 
     def feed_log_line(self, rank: int, line: str) -> None:
+        """One line of rank output, parsed on the log feed's thread (any thread; never waits)."""
+        if self.writer is not None:
+            self.log_feed.put(rank, line)
+
+    def _log_found(self, rank: int, found: dict[str, Any]) -> None:
         if self.writer is None or rank in self._client_ranks:
             return
         if self.collector is not None and rank in self.collector.train_ranks:
-            return
-        found = parse_line(line)
-        if found is None:
             return
         if found.pop("summary", False):
             return
@@ -190,6 +195,7 @@ class Telemetry:
 
     def stop(self) -> None:
         self._stop.set()
+        self.log_feed.stop()  # every line queued is parsed first
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
@@ -300,6 +306,7 @@ class Telemetry:
             "updated": time.time(),
             **self.collector.stats(),
             "spooled_records": self.spooled_records,
+            "unparsed_lines": self.log_feed.skipped,
         }
         write_json_atomic(self.run_dir / STATUS_FILE, status)
 
