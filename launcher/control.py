@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -141,6 +142,13 @@ def _make_run_dir(spec: LaunchSpec, run_id: str | None) -> Path:
             continue
 
 
+def _no_room(root: Path, exc: OSError) -> UsageError:
+    return UsageError(
+        f"cannot write a new run in {root} ({exc.strerror or exc}); free some space there, "
+        "or set XL_HOME to a folder with room"
+    )
+
+
 def _new_record(run_id: str, spec: LaunchSpec, plan: Plan) -> RunRecord:
     """run.json as it is before the supervisor starts (DESIGN.md, "Run directory")."""
     return RunRecord(
@@ -188,13 +196,22 @@ def start_run(
     spec.cwd = spec.cwd or os.getcwd()
     if plan is None:
         plan = build_plan(spec, nvml.inventory(processes=False), env)
-    run_dir = _make_run_dir(spec, run_id)
+    try:
+        run_dir = _make_run_dir(spec, run_id)
+    except OSError as exc:
+        raise _no_room(runs_root(create=False), exc) from None
     run_id = run_dir.name
-    (run_dir / "logs").mkdir(mode=0o700)
-    (run_dir / "ranks").mkdir(mode=0o700)
-    record.save(run_dir, _new_record(run_id, spec, plan))
-    (run_dir / EVENTS_FILE).touch(mode=0o600)
-    (run_dir / METRICS_FILE).touch(mode=0o600)
+    try:
+        (run_dir / "logs").mkdir(mode=0o700)
+        (run_dir / "ranks").mkdir(mode=0o700)
+        record.save(run_dir, _new_record(run_id, spec, plan))
+        (run_dir / EVENTS_FILE).touch(mode=0o600)
+        (run_dir / METRICS_FILE).touch(mode=0o600)
+        (run_dir / "supervisor.log").touch(mode=0o600)
+    except OSError as exc:
+        # A full disk (or quota) before anything started: no half-made run is left behind.
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise _no_room(run_dir.parent, exc) from None
     if fork:
         forked = _fork_supervisor(run_dir)
         return RunHandle(run_id=run_id, run_dir=run_dir, pid=forked.pid, proc=forked)
@@ -239,7 +256,8 @@ def _end_orphaned(run_dir: Path, rec: RunRecord, grace: float, *, stopped: bool)
         # Frozen: it must not wake up later and act on a run that is over.
         procs.signal_pid(rec.supervisor_pid, signal.SIGKILL)
     _terminate(pids, rec.run_id, grace)
-    settle.settle(run_dir, stopped=stopped)
+    # Processes ended just now: the run ended now; else at its last sign of life.
+    settle.settle(run_dir, stopped=stopped, ended_now=bool(pids))
 
 
 def _terminate(pids: list[int], run_id: str, grace: float) -> None:

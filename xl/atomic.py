@@ -30,3 +30,22 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def makedirs_private(path: str | os.PathLike[str]) -> None:
+    """``os.makedirs`` where every folder it creates is 0700, the missing parents too (a run dir
+    removed while its ranks write is made again private, not with the umask's 0755)."""
+    target = os.path.abspath(path)
+    missing: list[str] = []
+    while not os.path.isdir(target):
+        missing.append(target)
+        parent = os.path.dirname(target)
+        if parent == target:
+            break
+        target = parent
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(folder, 0o700)  # whatever the umask took away from 0700

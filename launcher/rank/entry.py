@@ -21,7 +21,7 @@ import traceback
 from types import TracebackType
 from typing import Any, NoReturn
 
-from xl.atomic import write_json_atomic
+from xl.atomic import makedirs_private, write_json_atomic
 from xl.launcher.rank import relay
 from xl.launcher.rank.stacks import install as install_stacks
 
@@ -92,7 +92,7 @@ class _Record:
             return
         self.data.update(fields)
         try:
-            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+            makedirs_private(os.path.dirname(self.path))
             write_json_atomic(self.path, self.data)
         except OSError:
             pass

@@ -23,6 +23,8 @@ import signal
 import sys
 import time
 
+from xl.atomic import makedirs_private
+
 _F_SETPIPE_SZ = 1031  # Linux: a larger pipe absorbs bursts while the relay is descheduled
 _PIPE_SIZE = 1 << 20
 _PENDING_CAP = 8 << 20
@@ -62,7 +64,7 @@ class _Relay:
             return
         try:
             if self.fd is None:
-                os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+                makedirs_private(os.path.dirname(self.path))
                 self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             if self.lost:
                 note = f"[xl: {self.lost} bytes of this rank's output were lost ({self.why})]\n"

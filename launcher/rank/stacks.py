@@ -31,7 +31,7 @@ import time
 from types import FrameType
 from typing import IO, Any
 
-from xl.atomic import write_json_atomic
+from xl.atomic import makedirs_private, write_json_atomic
 
 # A real-time signal: training code and its frameworks use SIGUSR1/2 (Lightning's requeue, ...).
 SIGNAL = signal.SIGRTMIN + 6
@@ -142,7 +142,7 @@ def install(run_dir: str | None, rank: int) -> bool:
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER)
     os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", FR_BUFFER)
     try:
-        os.makedirs(os.path.join(run_dir, "ranks"), exist_ok=True)
+        makedirs_private(os.path.join(run_dir, "ranks"))
         fd = os.open(text_path(run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         out: IO[str] = open(fd, "a")  # noqa: SIM115 - open for the rank's life; private like the run dir
         faulthandler.register(SIGNAL, file=out, all_threads=True, chain=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ from xl.launcher.rundir.record import RunRecord, RunStatus
 
 RANKS_DIR = "ranks"
 _MARK = ".settled"
+# Where a run leaves signs of life: its own files, and the folders its ranks and relays write in.
+_LIFE_DIRS = ("", "logs", RANKS_DIR, "spool")
 
 
 def rank_records(run_dir: Path) -> dict[int, dict[str, Any]]:
@@ -98,12 +101,41 @@ def _failure(ranks: list[dict[str, Any]], left: dict[int, dict[str, Any]], why: 
     }
 
 
-def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone") -> RunRecord | None:
+def last_sign_of_life(run_dir: Path, left: dict[int, dict[str, Any]]) -> float | None:
+    """When the run was last seen doing something: the newest of its files' mtimes (output,
+    metrics, events, run.json, rank records, spool) and of its ranks' recorded ends."""
+    latest: float | None = None
+    for sub in _LIFE_DIRS:
+        try:
+            entries = list(os.scandir(run_dir / sub))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name == _MARK:
+                continue
+            try:
+                if entry.is_file(follow_symlinks=False):
+                    mtime = entry.stat(follow_symlinks=False).st_mtime
+                    latest = mtime if latest is None else max(latest, mtime)
+            except OSError:
+                continue
+    for data in left.values():
+        ended = data.get("ended_at")
+        if isinstance(ended, (int, float)) and not isinstance(ended, bool):
+            latest = float(ended) if latest is None else max(latest, float(ended))
+    return latest
+
+
+def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone", ended_now: bool = False) -> RunRecord | None:
     """End the record of a run nobody supervises any more; None when it was not ours to end
-    (already final, unreadable, or settled by someone else just now)."""
+    (already final, unreadable, or settled by someone else just now). Its ``ended_at`` is its
+    last sign of life (everything of it may have been killed long before someone looked), or
+    now with ``ended_now`` (the caller just ended its processes)."""
     rec = record.load(run_dir)
     if rec is None or rec.final:
         return rec
+    # Before anything here writes in the run dir (the marker, merged metrics, run.json).
+    ended_at = None if ended_now else last_sign_of_life(run_dir, rank_records(run_dir))
     try:
         os.close(os.open(run_dir / _MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
@@ -124,7 +156,7 @@ def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone"
     rec.update(ranks=ranks)
     if status is RunStatus.FAILED and not rec.failure:
         rec.update(failure=_failure(ranks, left, why))
-    rec.end(status)
+    rec.end(status, ended_at if ended_at is not None and ended_at <= time.time() else None)
     message = f"run {status.value} ({why}; told from what the ranks left)"
     with contextlib.suppress(OSError):
         record.save(run_dir, rec)

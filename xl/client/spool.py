@@ -12,6 +12,7 @@ import contextlib
 import os
 
 from xl import wire
+from xl.atomic import makedirs_private
 
 
 class Spool:
@@ -34,7 +35,7 @@ class Spool:
         if self.path is None:
             return False
         try:
-            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+            makedirs_private(os.path.dirname(self.path))
             with open(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as fh:
                 fh.write(b"\n".join(lines) + b"\n")
         except OSError:

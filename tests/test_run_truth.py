@@ -1,0 +1,210 @@
+"""What run.json and the run dir say must be true, whatever happened to the run.
+
+Real `xl launch` with torchrun and CPU ranks; each test does what an unlucky user would (a full
+disk before launch, every process SIGKILLed, the run dir removed mid-run, `xl stop` before the
+supervisor started) and checks what a person then reads, and that no process of the run is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import (
+    XL,
+    kill_run,
+    only_run,
+    run_json,
+    run_processes,
+    wait_for,
+    wait_no_processes,
+    wait_ranks_running,
+    wait_run,
+    xl,
+    xl_env,
+)
+
+pytestmark = pytest.mark.e2e
+
+# Ranks print "ready", then wait for the test's go file, print "go" and wait for its end file.
+SCRIPT = """
+import os, sys, time
+go = sys.argv[1]
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.02)
+print("go", flush=True)
+while not os.path.exists(go + ".end"):
+    time.sleep(0.02)
+print("done", flush=True)
+"""
+
+
+def _script(tmp_path: Path) -> Path:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    return script
+
+
+def _launch(tmp_path: Path, env: dict[str, str], *, umask: int | None = None) -> Path:
+    def child_umask() -> None:
+        if umask is not None:
+            os.umask(umask)
+
+    done = subprocess.run(
+        [*XL, "launch", "--detach", "--nproc", "2", str(_script(tmp_path)), str(tmp_path / "go")],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False, preexec_fn=child_umask,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return wait_run(Path(env["XL_HOME"]))
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs for XL_HOME, unmounted after the test (root only: skipped elsewhere)."""
+    mnt = tmp_path / "home"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, timeout=30, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30, check=False)
+
+
+def _fill(path: Path) -> None:
+    with open(path, "wb", buffering=0) as fh, contextlib.suppress(OSError):
+        while True:
+            fh.write(b"\0" * 4096)
+
+
+def test_a_full_disk_before_launch_is_one_line_exit_2_and_leaves_no_run(tmp_path: Path, tiny_disk: Path) -> None:
+    env = xl_env(tiny_disk)
+    (tiny_disk / "runs").mkdir()
+    _fill(tiny_disk / "filler")
+    done = xl(["launch", "--nproc", "2", str(_script(tmp_path)), str(tmp_path / "go")], env, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "No space left on device" in lines[0] and "XL_HOME" in lines[0], done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert list((tiny_disk / "runs").iterdir()) == []
+    listed = xl(["runs"], env)
+    assert listed.returncode == 0 and "damaged" not in listed.stdout and "unreadable" not in listed.stdout, listed.stdout
+
+    # The same disk with room again: the same launch runs to the end.
+    (tiny_disk / "filler").unlink()
+    (tmp_path / "go").touch()
+    (tmp_path / "go.end").touch()
+    done = xl(["launch", "--no-tui", "--nproc", "2", str(_script(tmp_path)), str(tmp_path / "go")], env, cwd=tmp_path)
+    run_dir = only_run(tiny_disk)
+    try:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert run_json(run_dir)["status"] == "succeeded"
+        wait_no_processes(run_dir, timeout=5)
+    finally:
+        kill_run(run_dir)
+
+
+def _kill_everything(run_dir: Path) -> float:
+    """SIGKILL the supervisor, then every process of the run; returns when that was done."""
+    run = run_json(run_dir)
+    os.kill(run["supervisor_pid"], signal.SIGKILL)
+    for proc in run_processes(run_dir):
+        with contextlib.suppress(OSError):
+            os.kill(proc.pid, signal.SIGKILL)
+    killed_at = time.time()
+    wait_no_processes(run_dir, timeout=10)
+    return killed_at
+
+
+def test_a_run_found_dead_ends_at_its_last_sign_of_life_not_when_someone_looked(tmp_path: Path) -> None:
+    env = xl_env(tmp_path / "home")
+    run_dir = _launch(tmp_path, env)
+    try:
+        wait_ranks_running(run_dir, 2)
+        (tmp_path / "go").touch()
+        wait_for(lambda: all("go" in (run_dir / "logs" / f"rank-{r}.log").read_text().split() for r in (0, 1)), timeout=30, what="go")
+        killed_at = _kill_everything(run_dir)
+        time.sleep(4)  # someone looks later
+        listed = xl(["runs"], env)
+        assert listed.returncode == 0, listed.stderr
+        run = run_json(run_dir)
+        assert run["status"] == "failed", run
+        assert run["started_at"] < run["ended_at"] <= killed_at + 0.5, (run["ended_at"], killed_at)
+        assert killed_at - run["ended_at"] < 3.0  # the sampler's metrics were its heartbeat
+        ended = [e for e in _events(run_dir) if e["kind"] == "run_ended"]
+        assert len(ended) == 1
+    finally:
+        kill_run(run_dir)
+
+
+def test_xl_stop_of_a_run_whose_supervisor_died_ends_it_at_the_stop(tmp_path: Path) -> None:
+    # The healthy counterpart: ranks still alive when `xl stop` ends them: the end is the stop.
+    env = xl_env(tmp_path / "home")
+    run_dir = _launch(tmp_path, env)
+    try:
+        run = wait_ranks_running(run_dir, 2)
+        os.kill(run["supervisor_pid"], signal.SIGKILL)
+        time.sleep(4)  # the ranks wait silently: no file of the run changes
+        stop_at = time.time()
+        stop = xl(["stop", run_dir.name], env)
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
+        run = run_json(run_dir)
+        assert stop_at <= run["ended_at"] <= time.time(), (run["ended_at"], stop_at)
+        wait_no_processes(run_dir, timeout=5)
+    finally:
+        kill_run(run_dir)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_run_dir_removed_mid_run_is_made_again_private(tmp_path: Path) -> None:
+    env = xl_env(tmp_path / "home")
+    run_dir = _launch(tmp_path, env, umask=0o022)
+    try:
+        wait_ranks_running(run_dir, 2)
+        assert _mode(run_dir) == 0o700  # as launched
+        subprocess.run(["rm", "-rf", str(run_dir)], check=True, timeout=30)
+        (tmp_path / "go").touch()
+        (tmp_path / "go.end").touch()
+        # The ranks' relays and records write again: the folders they make are private.
+        wait_for(lambda: (run_dir / "ranks").is_dir() and len(list((run_dir / "ranks").glob("rank-*.json"))) == 2, timeout=60, what="the rank records")
+        assert _mode(run_dir) == 0o700, oct(_mode(run_dir))
+        for sub in ("ranks", "logs", "spool"):
+            if (run_dir / sub).exists():
+                assert _mode(run_dir / sub) == 0o700, (sub, oct(_mode(run_dir / sub)))
+        wait_for(lambda: not run_processes(run_dir), timeout=30, what="the run to end")
+        assert _mode(run_dir) == 0o700
+    finally:
+        kill_run(run_dir)
+
+
+def test_makedirs_private_makes_every_missing_folder_0700_whatever_the_umask(tmp_path: Path) -> None:
+    from xl.atomic import makedirs_private  # noqa: PLC0415 - the unit under test, beside its e2e test
+
+    os.chmod(tmp_path, 0o755)
+    old = os.umask(0o022)
+    try:
+        makedirs_private(tmp_path / "a" / "b" / "c")
+        makedirs_private(tmp_path / "a" / "b" / "c")  # there already: nothing changes, no error
+    finally:
+        os.umask(old)
+    assert [_mode(tmp_path / p) for p in ("a", "a/b", "a/b/c")] == [0o700] * 3
+    assert _mode(tmp_path) == 0o755  # a folder that was there is left as it was
