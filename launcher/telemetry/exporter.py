@@ -1,0 +1,232 @@
+"""`xl exporter`'s collector: every live run under XL_HOME as Prometheus metrics (docs/exporter.md).
+
+A prometheus-client custom collector on its own registry: each scrape builds every metric family
+afresh from the run directories, so a run that ended is gone from the very next scrape and
+nothing is kept between scrapes but where each live run's files were last read to (a
+``RunReader`` per live run: a scrape reads only what was appended since the previous one).
+
+Names follow Prometheus's rules (base units, ``_total`` on counters, ratios 0-1); label names
+follow dcgm-exporter where they meet (``gpu``, ``UUID``, ``modelName``, ``hostname``) so
+``on(UUID)`` joins xl's series to the GPU's. No ``job``/``instance``/``pod``/``namespace``/
+``container`` label: those are the scraper's to set.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    StateSetMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from xl import paths
+from xl.launcher import procs
+from xl.launcher.rundir import record
+from xl.launcher.rundir.reader import RankView, RunReader, RunView
+from xl.launcher.rundir.record import RunRecord, RunStatus
+
+R = ("run_id", "rank", "local_rank", "hostname")
+G = (*R, "gpu", "UUID")
+STATES = ("running", "waiting", "straggler", "stalled", "hung", "exited", "failed")
+# A rank "reports" while its newest line (a train line, or the sampler's sys line that every
+# live rank gets each second) is at most this old.
+REPORTING_S = 10.0
+MIB = 1 << 20
+
+
+class ExporterReader(RunReader):
+    """A run's reader that also keeps what the exporter needs and the app does not: each rank's
+    samples so far (``samples=`` is a count per call), when its step last moved, and the
+    culprits of the hang in force (``hang`` events name them; ``recovered`` ends it)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(run_dir)
+        self.samples_total: dict[int, float] = {}
+        self.last_step_t: dict[int, float] = {}
+        self.hung: set[int] = set()
+
+    def _apply_metrics(self, records: list[Any]) -> None:
+        for rec in records:
+            if not isinstance(rec, dict) or rec.get("kind") != "train":
+                continue
+            rank, t = rec.get("rank"), rec.get("t")
+            if type(rank) is not int or not isinstance(t, (int, float)):
+                continue
+            samples = rec.get("samples")
+            if isinstance(samples, (int, float)) and not isinstance(samples, bool) and samples >= 0:
+                self.samples_total[rank] = self.samples_total.get(rank, 0.0) + samples
+            if "step" in rec and t > self.last_step_t.get(rank, float("-inf")):
+                self.last_step_t[rank] = float(t)
+        super()._apply_metrics(records)
+
+    def _apply_event(self, event: dict[str, Any]) -> None:
+        super()._apply_event(event)
+        kind = event.get("kind")
+        if kind == "hang":
+            self.hung = {r for r in event.get("ranks") or [] if isinstance(r, int)}
+        elif kind == "recovered" and event.get("of") == "stalled":
+            self.hung.discard(event.get("rank"))  # type: ignore[arg-type]
+
+
+@dataclass
+class LiveRun:
+    record: RunRecord
+    view: RunView
+    reader: ExporterReader
+    user: str
+
+
+def _live(rec: RunRecord) -> bool:
+    """Running, and someone still runs it: its supervisor, or (the supervisor gone) its ranks."""
+    if rec.status != RunStatus.RUNNING:
+        return False
+    if rec.supervisor_pid is None or procs.supervisor_alive(rec):
+        return True
+    return bool(procs.find_run_pids(rec.run_id))
+
+
+def _owner(run_dir: Path) -> str:
+    try:
+        uid = run_dir.stat().st_uid
+    except OSError:
+        return ""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _state(view: RankView, hung: set[int]) -> str:
+    if view.state == "stalled" and view.rank in hung:
+        return "hung"
+    if view.state == "stopped":  # ended by the supervisor, not by its own failure
+        return "exited"
+    return view.state if view.state in STATES else "running"
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+class RunsCollector(Collector):
+    """Every live run under ``runs_root`` (default ``$XL_HOME/runs``), read on each ``collect``."""
+
+    def __init__(self, runs_root: Path | None = None, *, gpus: bool = True, clock: Any = time.time) -> None:
+        self.runs_root = runs_root
+        self.gpus = gpus
+        self.clock = clock
+        self._readers: dict[str, tuple[ExporterReader, str]] = {}
+        # Runs found ended, by the run.json mtime they were found ended at: not read again
+        # unless run.json changes.
+        self._ended: dict[str, int] = {}
+        self._lock = threading.Lock()  # scrapes may come on two server threads at once
+        self._host = socket.gethostname()
+
+    def live_runs(self) -> list[LiveRun]:
+        root = self.runs_root if self.runs_root is not None else paths.runs_dir()
+        try:
+            entries = [e for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")]
+        except OSError:  # no runs yet (or XL_HOME unreadable): nothing to export
+            entries = []
+        out: list[LiveRun] = []
+        names = set()
+        for entry in sorted(entries, key=lambda e: e.name):
+            names.add(entry.name)
+            run_dir = Path(entry.path)
+            try:
+                mtime = os.stat(record.run_file(run_dir)).st_mtime_ns
+            except OSError:
+                continue
+            if self._ended.get(entry.name) == mtime:
+                continue
+            known = self._readers.get(entry.name)
+            if known is None:
+                rec = record.load(run_dir)
+                if rec is None or not _live(rec):
+                    self._ended[entry.name] = mtime
+                    continue
+                known = self._readers[entry.name] = (ExporterReader(run_dir), _owner(run_dir))
+            reader, user = known
+            view = reader.poll()
+            rec = view.record
+            if not _live(rec):
+                self._ended[entry.name] = mtime
+                del self._readers[entry.name]
+                continue
+            out.append(LiveRun(rec, view, reader, user))
+        for gone in set(self._readers) - names:
+            del self._readers[gone]
+        return out
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            runs = self.live_runs()
+        yield from self.families(runs, self.clock())
+
+    def families(self, runs: list[LiveRun], now: float) -> list[Metric]:
+        step = GaugeMetricFamily("xl_train_step", "The rank's last logged step.", labels=R)
+        loss = GaugeMetricFamily("xl_train_loss", "The rank's last logged loss.", labels=R)
+        samples = CounterMetricFamily("xl_train_samples_total", "Samples the rank logged (xl.log(samples=...)) since the run started.", labels=R)
+        rate = GaugeMetricFamily("xl_train_samples_per_second", "The rank's samples per second at its last logged step.", labels=R)
+        last = GaugeMetricFamily("xl_train_last_step_timestamp_seconds", "Unix time of the rank's last logged step.", labels=R)
+        state = StateSetMetricFamily("xl_rank_state", "The rank's state as xl diagnoses it.", labels=R)
+        util = GaugeMetricFamily("xl_gpu_utilization_ratio", "The rank's GPU utilization, 0-1.", labels=G)
+        mem = GaugeMetricFamily("xl_gpu_memory_used_bytes", "Memory used on the rank's GPU.", labels=G)
+        rank_info = InfoMetricFamily("xl_rank", "A rank of a live run: its GPU and process.", labels=R)
+        run_info = InfoMetricFamily("xl_run", "A live run.", labels=("run_id",))
+        reporting = GaugeMetricFamily("xl_ranks_reporting", f"Ranks of the run whose figures arrived in the last {REPORTING_S:.0f} s.", labels=("run_id",))
+        for run in runs:
+            rec = run.record
+            devices = {d.get("index"): d for d in rec.devices}
+            by_rank = {r["rank"]: r for r in rec.ranks if isinstance(r.get("rank"), int)}
+            host = str(rec.get("host") or self._host)
+            env = rec.get("env")
+            slurm = env.get("SLURM_JOB_ID") if isinstance(env, dict) else None
+            run_info.add_metric([rec.run_id], {
+                "name": _text(rec.name), "world_size": _text(rec.world_size or len(by_rank)),
+                "nnodes": _text(rec.get("nnodes") or 1), "user": run.user, "slurm_job_id": _text(slurm),
+            })
+            fresh = 0
+            for rank, view in run.view.ranks.items():
+                entry = by_rank.get(rank, {})
+                labels = [rec.run_id, str(rank), _text(entry.get("local_rank")), _text(view.node or entry.get("node") or host)]
+                device = devices.get(view.gpu if isinstance(view.gpu, int) else entry.get("gpu"), {})
+                gpu = _text(device.get("index", view.gpu if isinstance(view.gpu, int) else None))
+                uuid = _text(entry.get("gpu_uuid") or device.get("uuid"))
+                rank_info.add_metric(labels, {"gpu": gpu, "UUID": uuid, "modelName": _text(device.get("name")), "pid": _text(view.pid)})
+                state.add_metric(labels, {s: s == _state(view, run.reader.hung) for s in STATES})
+                if view.step is not None:
+                    step.add_metric(labels, view.step)
+                if view.loss is not None:
+                    loss.add_metric(labels, view.loss)
+                if rank in run.reader.samples_total:
+                    samples.add_metric(labels, run.reader.samples_total[rank])
+                if view.samples_per_s is not None:
+                    rate.add_metric(labels, view.samples_per_s)
+                if rank in run.reader.last_step_t:
+                    last.add_metric(labels, run.reader.last_step_t[rank])
+                if view.last_seen is not None and now - view.last_seen <= REPORTING_S:
+                    fresh += 1
+                if self.gpus and gpu:
+                    if view.gpu_util is not None:
+                        util.add_metric([*labels, gpu, uuid], view.gpu_util / 100.0)
+                    if view.gpu_mem_used_mib is not None:
+                        mem.add_metric([*labels, gpu, uuid], view.gpu_mem_used_mib * MIB)
+            reporting.add_metric([rec.run_id], fresh)
+        out: list[Metric] = [step, loss, samples, rate, last, state, rank_info, run_info, reporting]
+        if self.gpus:
+            out += [util, mem]
+        return out

@@ -1,0 +1,257 @@
+"""`xl exporter`: every live run's ranks on /metrics, scraped by a real Prometheus (docs/exporter.md).
+
+The exposition is read with prometheus-client's own parser and checked with `promtool check
+metrics`; a real Prometheus scrapes the exporter every second with the bearer token from the
+file a person would point it at, and every query of examples/grafana-dashboard.json must return
+data from it, first from recorded runs, then from a real run on simulated GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from procs import kill_run, only_run, wait_no_processes, xl, xl_env
+from prometheus_client.parser import text_string_to_metric_families
+from promserver import prometheus
+from runfixtures import make_run
+from servers import served
+
+from xl.launcher.telemetry.exporter import STATES, RunsCollector
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "examples" / "grafana-dashboard.json"
+R = {"run_id", "rank", "local_rank", "hostname"}
+G = R | {"gpu", "UUID"}
+TABLE = {  # the contract: name -> (type as parsed from the text format, label names)
+    "xl_train_step": ("gauge", R),
+    "xl_train_loss": ("gauge", R),
+    "xl_train_samples": ("counter", R),
+    "xl_train_samples_per_second": ("gauge", R),
+    "xl_train_last_step_timestamp_seconds": ("gauge", R),
+    "xl_rank_state": ("gauge", R | {"xl_rank_state"}),
+    "xl_gpu_utilization_ratio": ("gauge", G),
+    "xl_gpu_memory_used_bytes": ("gauge", G),
+    "xl_rank_info": ("gauge", R | {"gpu", "UUID", "modelName", "pid"}),
+    "xl_run_info": ("gauge", {"run_id", "name", "world_size", "nnodes", "user", "slurm_job_id"}),
+    "xl_ranks_reporting": ("gauge", {"run_id"}),
+}
+FORBIDDEN = {"job", "instance", "pod", "namespace", "container"}
+# dcgm-exporter's spelling `modelName` is the contract's, and promtool's linter asks for
+# snake_case label names: that finding, on that metric, is the only one allowed.
+CAMEL = "xl_rank_info label names should be written in 'snake_case' not 'camelCase'"
+
+
+def fetch(url: str, token: str | None, accept: str | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url)
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    if accept:
+        req.add_header("Accept", accept)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def families(text: str) -> dict[str, list]:
+    return {f.name: f for f in text_string_to_metric_families(text)}  # type: ignore[misc]
+
+
+def series(text: str, name: str, **labels: str) -> list:
+    return [s for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+
+
+def fixtures(home: Path) -> dict[str, Path]:
+    """A live 8-rank two-node run, a live straggler run, and two that ended."""
+    runs = home / "runs"
+    runs.mkdir(parents=True)
+    now = time.time()
+    return {
+        "twonode": make_run(runs, "twonode", t0=now - 52),  # its last lines: ~2 s old
+        "straggler": make_run(runs, "straggler", t0=now - 300),  # live, but nothing new for minutes
+        "healthy": make_run(runs, "healthy", t0=now - 500),
+        "failed": make_run(runs, "failed", t0=now - 400),
+    }
+
+
+def promtool_findings(text: str) -> list[str]:
+    promtool = shutil.which("promtool")
+    assert promtool, "Debian's `prometheus` package (promtool) is not installed"
+    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    assert done.returncode in (0, 3), done.stdout + done.stderr  # 3: lint findings only, it parsed
+    return [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+
+
+def test_no_token_no_metrics_and_the_token_file_is_private_and_kept(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    fixtures(home)
+    env = xl_env(home)
+    env.pop("XL_EXPORTER_TOKEN", None)
+    with served(["exporter", "--port", "0"], env) as ex:
+        assert ex.line.startswith("xl: exporting metrics at http://127.0.0.1:") and ex.url.endswith("/metrics"), ex.line
+        token_file = home / "exporter.token"
+        assert str(token_file) in ex.line
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        token = token_file.read_text().strip()
+        assert len(token) >= 32
+        assert fetch(ex.url, None)[0] == 403
+        assert fetch(ex.url, token + "x")[0] == 403
+        code, body = fetch(ex.url, token)
+        assert code == 200 and "xl_train_step" in body
+    # Restarted: the same token, so Prometheus's credentials_file stays right.
+    with served(["exporter", "--port", "0"], env) as ex:
+        assert fetch(ex.url, token)[0] == 200
+    # $XL_EXPORTER_TOKEN wins over the file, and the line says where the token comes from.
+    with served(["exporter", "--port", "0"], {**env, "XL_EXPORTER_TOKEN": "from-the-env"}) as ex:
+        assert "$XL_EXPORTER_TOKEN" in ex.line
+        assert fetch(ex.url, "from-the-env")[0] == 200
+        assert fetch(ex.url, token)[0] == 403
+
+
+def test_exposition_is_the_metric_table_of_live_runs_only(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    dirs = fixtures(home)
+    with served(["exporter", "--port", "0"], xl_env(home, XL_EXPORTER_TOKEN="t0k")) as ex:
+        code, text = fetch(ex.url, "t0k")
+        assert code == 200
+        found = families(text)
+        assert {name: (f.type, set().union(*(s.labels for s in f.samples))) for name, f in found.items() if f.samples} == {
+            name: spec for name, spec in TABLE.items() if name != "xl_train_samples"  # the fixtures log no samples=
+        }
+        assert not any(FORBIDDEN & set(s.labels) for f in found.values() for s in f.samples)
+        # Only the live runs, every rank of each.
+        assert {s.labels["run_id"] for s in series(text, "xl_run_info")} == {"20260530-twonode", "20260530-straggler"}
+        assert len(series(text, "xl_train_step", run_id="20260530-twonode")) == 8
+        run = json.loads((dirs["twonode"] / "run.json").read_text())
+        info = {s.labels["rank"]: s.labels for s in series(text, "xl_rank_info", run_id="20260530-twonode")}
+        assert info["5"] == {"run_id": "20260530-twonode", "rank": "5", "local_rank": "1", "hostname": "trn-a07", "gpu": "1",
+                             "UUID": run["devices"][1]["uuid"], "modelName": "NVIDIA A100-SXM4-80GB", "pid": "40005"}
+        (util,) = series(text, "xl_gpu_utilization_ratio", run_id="20260530-twonode", rank="0")
+        assert 0 < util.value <= 1 and util.labels["UUID"] == run["devices"][0]["uuid"]
+        (mem,) = series(text, "xl_gpu_memory_used_bytes", run_id="20260530-twonode", rank="0")
+        assert mem.value % (1 << 20) == 0 and mem.value > 1e9
+        (runinfo,) = series(text, "xl_run_info", run_id="20260530-twonode")
+        assert {k: runinfo.labels[k] for k in ("name", "world_size", "nnodes")} == {"name": "gpt2-2node", "world_size": "8", "nnodes": "2"}
+        assert series(text, "xl_ranks_reporting", run_id="20260530-twonode")[0].value == 8
+        assert series(text, "xl_ranks_reporting", run_id="20260530-straggler")[0].value == 0
+        states = {s.labels["rank"]: s.labels["xl_rank_state"] for s in series(text, "xl_rank_state", run_id="20260530-twonode") if s.value == 1}
+        assert states == {str(r): "running" for r in range(8) if r != 5} | {"5": "straggler"}
+        assert all(len([s for s in series(text, "xl_rank_state", run_id="20260530-twonode", rank=str(r))]) == len(STATES) for r in range(8))
+        assert set(promtool_findings(text)) <= {CAMEL}
+
+        # The run ends: its series are gone from the very next scrape; the other stays.
+        record = json.loads((dirs["twonode"] / "run.json").read_text())
+        record.update(status="succeeded", ended_at=time.time())
+        tmp = dirs["twonode"] / ".run.json.tmp"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, dirs["twonode"] / "run.json")
+        text = fetch(ex.url, "t0k")[1]
+        assert not [s for f in text_string_to_metric_families(text) for s in f.samples if s.labels.get("run_id") == "20260530-twonode"]
+        assert series(text, "xl_run_info", run_id="20260530-straggler")
+
+
+def test_rank_states_hung_waiting_exited_and_a_cpu_run(tmp_path: Path) -> None:
+    """The stateset names the hang's culprit `hung` and its victims `waiting`; a rank that exited
+    is `exited` while the run goes on; a CPU run (no GPU) has no GPU series and is not an error."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    now = time.time()
+    run_dir = make_run(runs, "twonode", t0=now - 52)
+    events = [
+        {"t": now - 5, "kind": "stalled", "rank": 3, "message": "rank 3 made no progress"},
+        {"t": now - 5, "kind": "stalled", "rank": 2, "message": "rank 2 waits", "waiting_on": [3]},
+        {"t": now - 4, "kind": "hang", "rank": 3, "ranks": [3], "message": "rank 1 ...", "stacks": "stacks/1.json"},
+    ]
+    with (run_dir / "events.jsonl").open("a") as fh:
+        fh.writelines(json.dumps(e) + "\n" for e in events)
+    rec = json.loads((run_dir / "run.json").read_text())
+    rec["ranks"][7]["exit_code"] = 0
+    cpu = make_run(runs, "straggler", t0=now - 62, run_id="cpu-run")
+    cpu_rec = json.loads((cpu / "run.json").read_text())
+    cpu_rec["devices"] = []
+    for r in cpu_rec["ranks"]:
+        r["gpu"] = None
+    (cpu / "run.json").write_text(json.dumps(cpu_rec))
+    (cpu / "metrics.jsonl").write_text("".join(
+        json.dumps(m) + "\n" for m in map(json.loads, (cpu / "metrics.jsonl").read_text().splitlines()) if m["kind"] == "train"))
+    (run_dir / "run.json").write_text(json.dumps(rec))
+
+    collector = RunsCollector(runs)
+    got = {f.name: f for f in collector.collect()}
+    state = {(s.labels["run_id"], s.labels["rank"]): s.labels["xl_rank_state"] for s in got["xl_rank_state"].samples if s.value == 1}
+    assert state[(rec["run_id"], "3")] == "hung"
+    assert state[(rec["run_id"], "2")] == "waiting"
+    assert state[(rec["run_id"], "7")] == "exited"
+    assert state[(rec["run_id"], "0")] == "running"
+    assert not [s for s in got["xl_gpu_utilization_ratio"].samples if s.labels["run_id"] == "cpu-run"]
+    assert {s.labels["gpu"] for s in got["xl_rank"].samples if s.labels["run_id"] == "cpu-run"} == {""}
+    assert len([s for s in got["xl_train_step"].samples if s.labels["run_id"] == "cpu-run"]) == 2
+    # --no-gpus: no GPU family at all (dcgm-exporter already has them).
+    assert not {"xl_gpu_utilization_ratio", "xl_gpu_memory_used_bytes"} & {f.name for f in RunsCollector(runs, gpus=False).collect()}
+
+
+def dashboard_queries() -> list[str]:
+    board = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 10
+    return [e.replace("$run", ".+").replace("$__rate_interval", "30s") for e in exprs]
+
+
+def test_prometheus_scrapes_recorded_runs_and_every_dashboard_query_has_data(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    fixtures(home)
+    # The twonode run keeps logging (each rank samples= too), as a live run does.
+    run_dir = home / "runs" / "20260530-twonode"
+    env = xl_env(home)
+    env.pop("XL_EXPORTER_TOKEN", None)
+    with served(["exporter", "--port", "0"], env) as ex, prometheus(tmp_path / "prom", ex.url.split("/")[2], home / "exporter.token") as prom:
+        got = prom.wait('xl_train_step{run_id="20260530-twonode"}', check=lambda r: len(r) == 8)
+        assert {r["metric"]["job"] for r in got} == {"xl"}  # Prometheus's own labels, set by it
+        for step in range(51, 60):
+            with (run_dir / "metrics.jsonl").open("a") as fh:
+                fh.writelines(json.dumps({"t": time.time(), "rank": r, "kind": "train", "step": step, "loss": 1.0, "samples": 32}) + "\n" for r in range(8))
+            time.sleep(0.4)
+        prom.wait('xl_train_step{run_id="20260530-twonode",rank="5"}', check=lambda r: r and float(r[0]["value"][1]) == 59)
+        prom.wait('xl_train_samples_total{run_id="20260530-twonode",rank="0"}', check=lambda r: r and float(r[0]["value"][1]) == 9 * 32)
+        assert prom.label_values("run_id", "xl_run_info") == ["20260530-straggler", "20260530-twonode"]
+        for expr in dashboard_queries():
+            prom.wait(expr, timeout=30)
+
+
+@pytest.mark.e2e
+def test_a_real_run_on_simulated_gpus_reaches_prometheus_and_leaves_it(tmp_path: Path, simnvml, simnvml_gpu) -> None:
+    sim = simnvml(gpus=[simnvml_gpu(util_gpu=90), simnvml_gpu(util_gpu=40)])
+    home = tmp_path / "home"
+    env = xl_env(home, **sim.env)
+    env.pop("XL_EXPORTER_TOKEN", None)
+    started = xl(["launch", "--detach", "--gpus", "0,1", "--name", "prom", str(ROOT / "examples" / "train.py"), "--seconds", "120", "--width", "64"], env, cwd=tmp_path, timeout=90)
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_dir = only_run(home)
+    try:
+        with served(["exporter", "--port", "0"], env) as ex, prometheus(tmp_path / "prom", ex.url.split("/")[2], home / "exporter.token") as prom:
+            run_id = run_dir.name
+            prom.wait(f'xl_train_step{{run_id="{run_id}"}} > 0', timeout=90, check=lambda r: len(r) == 2)
+            util = prom.wait(f'xl_gpu_utilization_ratio{{run_id="{run_id}"}}', check=lambda r: len(r) == 2)
+            assert {r["metric"]["gpu"]: float(r["value"][1]) for r in util} == {"0": 0.9, "1": 0.4}
+            prom.wait(f'rate(xl_train_samples_total{{run_id="{run_id}"}}[30s]) > 0', timeout=60, check=lambda r: len(r) == 2)
+            prom.wait(f'xl_rank_state{{run_id="{run_id}",xl_rank_state="running"}} == 1', check=lambda r: len(r) == 2)
+            prom.wait(f'xl_ranks_reporting{{run_id="{run_id}"}} == 2')
+            for expr in dashboard_queries():
+                prom.wait(expr, timeout=30)
+            stopped = xl(["stop", run_id], env, timeout=60)
+            assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+            # Its end is in run.json: Prometheus's next scrape has none of its series.
+            prom.wait(f'{{__name__=~"xl_.+",run_id="{run_id}"}}', check=lambda r: r == [])
+        wait_no_processes(run_dir, timeout=10)
+    finally:
+        kill_run(run_dir)
