@@ -12,6 +12,7 @@ from xl.launcher import procs
 from xl.launcher.rundir import record
 from xl.launcher.rundir.store import resolve_run
 from xl.launcher.rundir.tail import Tail
+from xl.textsafe import for_terminal
 
 
 def _ranks(run_dir: Path) -> list[int]:
@@ -41,7 +42,7 @@ def main(argv: Sequence[str]) -> int:
         ranks = [ns.rank]
     prefix = ns.rank is None and len(ranks) > 1
     tails = {r: Tail(run_dir / "logs" / f"rank-{r}.log") for r in ranks}
-    out = sys.stdout
+    out = for_terminal(sys.stdout)  # a terminal sees control characters drawn, a pipe the bytes
     while True:
         rec = record.load(run_dir)
         # A run whose run.json is damaged is over once no process carries its id.

@@ -21,6 +21,7 @@ from xl.launcher.rundir.record import RunStatus
 from xl.launcher.rundir.store import resolve_run
 from xl.launcher.telemetry import stacks as capture
 from xl.launcher.telemetry import verdict
+from xl.textsafe import visible
 
 _OWN_FILES = ("/launcher/rank/stacks.py", "/xl/client/sender.py")
 _FRAMES_SHOWN = 12  # innermost frames of a group's main thread in the text output
@@ -75,5 +76,5 @@ def main(argv: Sequence[str]) -> int:
     except capture.NotRunning as exc:
         sys.stderr.write(f"xl stacks: {exc}\n")
         return EXIT_FAILED
-    print(json.dumps(doc, indent=1) if ns.json else render(doc))
+    print(json.dumps(doc, indent=1) if ns.json else visible(render(doc), lines=True))  # thread names are the rank's
     return 0

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.textsafe import visible
 from xl.units import mib
 
 POLL_S = 0.05  # new lines 20 times a second: prompt for a person and for the run's end, cheap beside the ranks
@@ -97,7 +98,7 @@ class RunState:
         self.new_lines = []
         for rank in sorted(self.ranks):
             for text in self.reader.new_log_lines(rank):
-                text = text.rsplit("\r", 1)[-1]  # a tqdm redraw: its latest state
+                text = visible(text.rsplit("\r", 1)[-1])  # a tqdm redraw: its latest state, shown safely
                 self.new_lines.append((rank, text))
                 if text.strip():
                     self.ranks[rank].last_line = text.strip()
@@ -137,7 +138,7 @@ def _fmt(value: float | None, spec: str) -> str:
 def _summary(state: RunState) -> str:
     text = f"run {state.title} {state.status} after {state.elapsed():.1f}s"
     if state.failure:
-        text += f": {state.failure.get('message') or ''}"
+        text += f": {visible(str(state.failure.get('message') or ''))}"
     return text
 
 
@@ -151,7 +152,7 @@ def _plain_event(ev: dict[str, Any]) -> str:
     text = f"{stamp} xl: {ev.get('message') or ev.get('kind')}"
     if ev.get("kind") == "hang":
         text = f"{stamp} xl: hang: {ev.get('message')} (every rank's stack: {ev.get('stacks')})"
-    return text
+    return visible(text)
 
 
 def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool = True) -> int:
@@ -174,7 +175,7 @@ def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool =
     print(render_text(state, width=max(100, _width(out))), file=out, end="")
     failure = state.failure
     if failure.get("traceback"):
-        print(f"xl: traceback of rank {failure.get('rank')}:\n{failure['traceback']}", file=out)
+        print(f"xl: traceback of rank {failure.get('rank')}:\n{visible(str(failure['traceback']), lines=True)}", file=out)
     print(f"xl: {_summary(state)}", file=out, flush=True)
     return state.exit_code
 
@@ -265,7 +266,7 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False) ->
         )
     parts: list[Any] = [table]
     if state.verdict:
-        parts.append(Text(f"hang: {state.verdict}", style="bold yellow"))
+        parts.append(Text(f"hang: {visible(state.verdict)}", style="bold yellow"))
     for ev in state.events[-5:] if events else []:
         parts.append(Text(_plain_event(ev), style=_EVENT_STYLE.get(str(ev.get("kind")), "dim")))
     return Group(*parts)
@@ -301,7 +302,7 @@ def watch_live(state: RunState, on_tick: Any = None) -> int:
             time.sleep(POLL_S)
     failure = state.failure
     if failure.get("traceback"):
-        console.print(Panel(failure["traceback"], title=f"rank {failure.get('rank')} traceback", border_style="red"))
+        console.print(Panel(visible(str(failure["traceback"]), lines=True), title=f"rank {failure.get('rank')} traceback", border_style="red"))
     console.print(_summary(state), style="red" if state.exit_code else "green", highlight=False)
     return state.exit_code
 

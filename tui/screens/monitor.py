@@ -16,6 +16,7 @@ from textual.message import Message
 from textual.widgets import Footer, Header, Label, Static
 from textual.worker import get_current_worker
 
+from xl.textsafe import visible
 from xl.tui import fmt
 from xl.tui.runview import (
     FINISHED,
@@ -92,7 +93,7 @@ def failure_text(run: dict[str, Any], events: list[dict[str, Any]], keep: int) -
     lines = str(trace).strip().splitlines()
     if len(lines) > keep:
         lines = ["…", *lines[-keep:]]  # the end of a traceback says what happened
-    text.append("\n".join(lines))
+    text.append(visible("\n".join(lines), lines=True))  # a rank's text: control characters drawn
     return text
 
 

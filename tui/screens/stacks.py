@@ -18,6 +18,8 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from xl.textsafe import visible
+
 Fetch = Callable[[], dict[str, Any]]
 
 
@@ -41,9 +43,9 @@ def stacks_text(doc: dict[str, Any], rank: int) -> Text:
         style = "" if c.get("state") == "completed" else "bold"
         out.append(f"  {c.get('pg')} #{c.get('seq')} {c.get('op')}: {c.get('state')}\n", style=style)
     for thread in entry.get("threads") or []:
-        out.append(f"\nthread {thread.get('name')}\n", style="bold")
+        out.append(visible(f"\nthread {thread.get('name')}\n", lines=True), style="bold")  # the rank's names
         for f in thread.get("frames") or []:
-            out.append(f"  {f.get('file')}:{f.get('line')} in {f.get('function')}\n")
+            out.append(visible(f"  {f.get('file')}:{f.get('line')} in {f.get('function')}\n", lines=True))
     return out
 
 

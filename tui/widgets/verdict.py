@@ -12,6 +12,8 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
+from xl.textsafe import visible
+
 
 def verdict_text(events: list[dict[str, Any]], final: bool = False, key: str = "k") -> Text | None:
     """The banner's text for a run's events, or None when no hang is in force."""
@@ -26,7 +28,7 @@ def verdict_text(events: list[dict[str, Any]], final: bool = False, key: str = "
         if ev.get("kind") == "recovered" and ev.get("of") == "stalled" and (not culprits or ev.get("rank") in culprits):
             return None  # the rank everyone waited for moved again: the hang is over
     text = Text("hang: ", style="bold yellow")
-    text.append(str(hang.get("message") or ""))
+    text.append(visible(str(hang.get("message") or "")))  # names the rank's own functions
     text.append(f"  ({key}: the chosen rank's stacks; `xl stacks` for every rank)", style="dim")
     return text
 
