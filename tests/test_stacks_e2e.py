@@ -2,12 +2,15 @@
 
 Four runs start at once (one module fixture, to keep the suite short), each with rank 1 astray in
 its own way at step 3: asleep outside any collective, in a regex that holds the GIL, in a busy
-Python loop, in a broadcast where rank 0 waits in an all_reduce. A fifth run simply finishes.
+Python loop, in a broadcast where rank 0 waits in an all_reduce. A fifth run simply finishes. A
+sixth is healthy but unusual: rank 1 computes longer every step, so a snapshot almost always finds
+rank 0 waiting for it in the all-reduce; it must never be called a hang.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -31,6 +34,7 @@ pytestmark = pytest.mark.e2e
 
 SCRIPT = Path(__file__).parent / "support" / "hang_ddp.py"
 MODES = ("sleep", "regex", "busy", "bcast")
+LIVE = (*MODES, "slow")
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +43,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, s
     env = xl_env(home, XL_STALL_MIN_S="3")
     dirs: dict[str, Path] = {}
     try:
-        for mode in (*MODES, "none"):
+        for mode in (*LIVE, "none"):
             extra = ["--steps", "2"] if mode == "none" else []
             started = xl(["launch", "--detach", "--nproc", "2", "--name", mode, str(SCRIPT), "--mode", mode, *extra], env, cwd=home)
             assert started.returncode == 0, started.stderr
             dirs[mode] = home / "runs" / started.stdout.strip()
-        for mode in MODES:
+        for mode in LIVE:
             wait_ranks_running(dirs[mode], 2, timeout=90)
         yield env, dirs
     finally:
@@ -103,8 +107,15 @@ def test_a_rank_asleep_outside_the_collective_is_named_and_captured_once(runs: t
     stalled = {e["rank"]: e for e in events if e["kind"] == "stalled"}
     assert "waiting_on" not in stalled[1] and "astray at hang_ddp.py" in stalled[1]["message"]
     assert stalled[0]["waiting_on"] == [1] and stalled[0]["message"].startswith("rank 0 waits in all_reduce #")
+    # --rank filters what is shown, never the verdict: the whole run's, from either rank.
     code, shown, _ = _stacks(env, run_dir, "--rank", "1")
-    assert code == 0 and "rank 1 is in astray" in shown and "rank 0" not in shown
+    groups, _, judged = shown.partition("verdict: ")
+    assert code == 0 and "rank 1 is in astray" in groups and "rank 0" not in groups
+    assert judged.startswith("rank 1 never entered all_reduce #")
+    for rank in (0, 1):
+        code, only, _ = _stacks(env, run_dir, "--rank", str(rank), "--json")
+        assert code == 0 and [e["rank"] for e in only["ranks"]] == [rank]
+        assert only["verdict"]["ranks"] == [1] and "rank 1 never entered all_reduce #" in only["verdict"]["message"]
     # `xl attach` (plain: not a terminal) prints the verdict and where the stacks are.
     attach = subprocess.Popen([*XL, "attach", run_dir.name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -120,8 +131,11 @@ def test_a_rank_in_c_code_holding_the_gil_still_tells_where_it_is(runs: tuple[di
     doc = _hung(env, dirs["regex"])
     rank1 = next(e for e in doc["ranks"] if e["rank"] == 1)
     assert "GIL" in rank1["note"] and rank1["collectives"] == []
-    assert _main_functions(doc, 1)[-2:] == ["astray", "match"]
+    assert _main_functions(doc, 1)[-3:] == ["astray", "parse_record", "match"]
+    # The function and the line of one frame: the script's own innermost, and what it calls.
+    line = next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if "return re.match(" in text)
     assert "rank 1 never entered all_reduce #" in doc["verdict"]["message"]
+    assert f": it is in parse_record at hang_ddp.py:{line} (calling re.match)" in doc["verdict"]["message"]
 
 
 def test_a_rank_in_a_busy_python_loop(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
@@ -142,6 +156,25 @@ def test_ranks_in_different_collectives(runs: tuple[dict[str, str], dict[str, Pa
     doc = wait_for(disagree, timeout=60, what="the broadcast/all_reduce verdict", interval=0.5)
     assert "is in broadcast #" in doc["verdict"]["message"] and "all_reduce #" in doc["verdict"]["message"]
     assert _main_functions(doc, 1)[-1] == "broadcast" and _main_functions(doc, 0)[-1] == "all_reduce"
+
+
+def test_a_healthy_run_with_a_slower_rank_is_never_called_hung(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
+    env, dirs = runs
+    run_dir = dirs["slow"]
+    wait_for(lambda: '"step":5,' in (run_dir / "metrics.jsonl").read_text(), timeout=60, what="a few steps")
+    waited = 0
+    for args in [("--json",)] * 4 + [("--json", "--rank", "0"), ("--json", "--rank", "1")]:
+        code, doc, err = _stacks(env, run_dir, *args)
+        assert code == 0, err
+        assert doc["verdict"]["ranks"] == [], doc["verdict"]
+        assert re.fullmatch(r"no hang: every rank progressed in the last \d+ s", doc["verdict"]["message"]), doc["verdict"]
+        rank0 = next((e for e in doc["ranks"] if e["rank"] == 0), None)
+        waited += rank0 is not None and any(c["op"] == "all_reduce" and c["state"] != "completed" for c in rank0["collectives"])
+    assert waited  # the snapshot a one-look verdict would have blamed rank 1 on
+    code, text, _ = _stacks(env, run_dir)
+    assert code == 0 and re.search(r"^verdict: no hang: every rank progressed in the last \d+ s$", text, re.M)
+    kinds = [json.loads(x)["kind"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert "hang" not in kinds and "stalled" not in kinds
 
 
 def test_a_finished_run_and_bad_usage(runs: tuple[dict[str, str], dict[str, Path]]) -> None:

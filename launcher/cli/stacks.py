@@ -2,9 +2,12 @@
 
 Asks each rank of the run on this node (``xl.launcher.telemetry.stacks``): its threads' Python stacks
 and its collectives from PyTorch's Flight Recorder. On node 0 of a multi-node run, the other nodes'
-ranks too, through node 0's supervisor and each node's link (``xl.launcher.telemetry.nodestacks``). Prints ranks grouped by where they are, the
-verdict, then each group's stack once. ``--json`` prints the stacks document of DESIGN.md.
-Exit 0 with stacks, 1 when the run is not running, 2 on bad usage.
+ranks too, through node 0's supervisor and each node's link (``xl.launcher.telemetry.nodestacks``).
+Prints ranks grouped by where they are, the verdict, then each group's stack once. ``--json``
+prints the stacks document (docs/launch.md). ``--rank R`` shows that rank only; the verdict is
+always the whole run's, and names a culprit only when the run is stalled
+(xl.launcher.telemetry.progress). Exit 0 with stacks, 1 when the run is not running, 2 on bad
+usage.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def render(doc: dict[str, Any]) -> str:
 def main(argv: Sequence[str]) -> int:
     p = ArgumentParser(prog="xl stacks", description="Every live rank's stacks and collective state, and the verdict.")
     p.add_argument("run", metavar="RUN", help="run id, unique prefix, or 'last'")
-    p.add_argument("--rank", type=int, help="only this rank")
+    p.add_argument("--rank", type=int, help="show only this rank (the verdict is the whole run's)")
     p.add_argument("--json", action="store_true", help="print the stacks document (JSON)")
     ns = p.parse_args(list(argv))
     run_dir: Path = resolve_run(ns.run)

@@ -32,6 +32,7 @@ from types import FrameType
 from typing import IO, Any
 
 from xl.atomic import makedirs_private, write_json_atomic
+from xl.launcher.rank.frenv import set_buffer
 
 # A real-time signal: training code and its frameworks use SIGUSR1/2 (Lightning's requeue, ...).
 SIGNAL = signal.SIGRTMIN + 6
@@ -99,7 +100,11 @@ def collectives() -> tuple[list[dict[str, Any]], str | None]:
         name = str(pg[1] or pg[0]) if isinstance(pg, list) and pg else str(pg)
         op = str(e.get("profiling_name") or "?").split(":")[-1]
         state = "completed" if e.get("retired") or e.get("state") == "completed" else str(e.get("state") or "?")
-        per_pg.setdefault(name, []).append({"pg": name, "seq": e.get("collective_seq_id"), "op": op, "state": state})
+        began = e.get("time_created_ns")
+        row = {"pg": name, "seq": e.get("collective_seq_id"), "op": op, "state": state}
+        if isinstance(began, int) and began > 0:
+            row["t"] = round(began / 1e9, 3)  # when it began: progress for ranks that log nothing
+        per_pg.setdefault(name, []).append(row)
     out: list[dict[str, Any]] = []
     for rows in per_pg.values():
         rows.sort(key=lambda r: r["seq"] if isinstance(r["seq"], int) else -1)
@@ -139,8 +144,7 @@ def install(run_dir: str | None, rank: int) -> bool:
     if not run_dir or _state:
         return False
     # Gloo and NCCL record into the Flight Recorder only with a buffer; set before torch starts.
-    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_BUFFER)
-    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", FR_BUFFER)
+    set_buffer(os.environ, FR_BUFFER)  # under the one name this torch reads (no deprecation warning)
     try:
         makedirs_private(os.path.join(run_dir, "ranks"))
         fd = os.open(text_path(run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -10,7 +10,6 @@ run the earliest failure of any node wins (see ``hub``); it also names ``node`` 
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import time
@@ -19,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.logsink import LOGS_DIR, log_path
@@ -59,17 +59,7 @@ class Failure:
 
 def tail(path: Path, lines: int, limit: int, skip_blank: bool = False) -> list[str]:
     """The last ``lines`` lines of the file within its last ``limit`` bytes ([] when unreadable)."""
-    try:
-        with path.open("rb") as fh:
-            start = max(0, fh.seek(0, os.SEEK_END) - limit)
-            fh.seek(start)
-            data = fh.read(limit)
-    except OSError:
-        return []
-    rest = data.partition(b"\n")[2]
-    if start > 0 and rest.strip():
-        data = rest  # without the first line, cut by the seek
-    text = data.decode("utf-8", "replace").splitlines()
+    text = [ln.decode("utf-8", "replace") for ln in last_lines(path, limit)]
     if skip_blank:
         text = [ln for ln in text if ln.strip()]
     return text[-lines:]

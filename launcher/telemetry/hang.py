@@ -6,7 +6,8 @@ it); it writes ``stacks/<t>.json`` and one ``hang`` event naming the culprit(s),
 ``stalled`` events go out reworded: a culprit's says where it is, a victim's says what it waits in
 and for whom (``waiting_on``), so the two no longer read alike. Stalls that come later in the same
 hang reuse its verdict. With no usable stacks (ranks not started by xl's entry), the events go out
-unchanged.
+unchanged. A stall is a hang only by the rule `xl stacks` follows (xl.launcher.telemetry.progress):
+while another rank still progresses, the events go out unchanged and the next stall asks again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from xl.launcher.telemetry import stacks as capture
+from xl.launcher.telemetry.progress import STALLED, judge
 from xl.launcher.telemetry.verdict import position, ranges, where
 
 Emit = Callable[[dict[str, Any]], None]
@@ -60,15 +62,24 @@ class HangCapture:
 
     def _capture(self) -> None:
         doc: dict[str, Any] | None = None
+        hang = True
         try:
-            found = capture.document(self.run_dir, self.run_dir.name, self._ranks(), timeout=self._timeout)
-            if any(not e.get("error") for e in found["ranks"]):
-                doc = found
-                doc["file"] = capture.save(self.run_dir, {k: v for k, v in found.items() if k != "file"})
+            ranks = self._ranks()
+            t, entries = capture.gather(self.run_dir, ranks, timeout=self._timeout)
+            # The rule `xl stacks` follows: a culprit only when no rank progressed for the stall
+            # threshold (one rank stalled while the others train on is no hang).
+            progress = judge(self.run_dir, capture.rank_ids(ranks), entries, now=t)
+            hang = progress.stalled is not False
+            if progress.stalled is None:  # the files tell nothing: the diagnoser's stall stands
+                progress = STALLED
+            if hang and any(not e.get("error") for e in entries):
+                doc = capture.assemble(self.run_dir.name, t, entries, progress)
+                doc["file"] = capture.save(self.run_dir, {k: v for k, v in doc.items() if k != "file"})
         except Exception:  # a capture that fails leaves the stall reported as it was
             doc = None
         with self._lock:
-            self.doc, self._state = doc, "done"
+            # No hang after all: the next stall asks again.
+            self.doc, self._state = doc, "done" if hang else "idle"
             held, self._held = self._held, []
         if doc is not None:
             v = doc["verdict"]

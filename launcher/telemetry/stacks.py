@@ -1,4 +1,4 @@
-"""Every rank at once: the stacks document (DESIGN.md, ``stacks/<unix-seconds>.json``).
+"""Every rank at once: the stacks document (``stacks/<unix-seconds>.json``, docs/launch.md).
 
 Ranks are asked in parallel, each under the same deadline, so eight ranks cost what the slowest
 one costs and a rank that does not answer never holds up the others. Ranks of other nodes
@@ -19,7 +19,7 @@ from xl.launcher.rundir import record
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.telemetry import nodestacks
 from xl.launcher.telemetry.probe import probe
-from xl.launcher.telemetry.verdict import verdict
+from xl.launcher.telemetry.progress import Progress, judge, judged
 
 TIMEOUT_S = 3.0  # "a few seconds": the socket door, then faulthandler's signal door
 STACKS_DIR = "stacks"
@@ -34,14 +34,9 @@ def local_entries(run_dir: Path, ranks: list[dict[str, Any]], timeout: float = T
         return list(pool.map(lambda info: probe(run_dir, info, timeout), ranks))
 
 
-def document(
-    run_dir: Path,
-    run_id: str,
-    ranks: list[dict[str, Any]],
-    *,
-    timeout: float = TIMEOUT_S,
-) -> dict[str, Any]:
-    """The whole document: every rank's entry, sorted by rank, and the verdict."""
+def gather(run_dir: Path, ranks: list[dict[str, Any]], timeout: float = TIMEOUT_S) -> tuple[float, list[dict[str, Any]]]:
+    """(when, every rank's entry sorted by rank): the ranks of this node and, through node 0's
+    door, the others'."""
     t = time.time()
     elsewhere = [r for r in ranks if r.get("remote")]
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="xl-stacks-nodes") as pool:
@@ -51,7 +46,23 @@ def document(
         answer = far.result() if far is not None else None
     entries += remote_entries(elsewhere, answer, timeout)
     entries.sort(key=lambda e: e["rank"] if isinstance(e.get("rank"), int) else -1)
-    return {"run_id": run_id, "t": round(t, 3), "ranks": entries, "verdict": verdict(entries)}
+    return t, entries
+
+
+def rank_ids(ranks: list[dict[str, Any]]) -> list[int]:
+    return [r["rank"] for r in ranks if isinstance(r.get("rank"), int)]
+
+
+def assemble(run_id: str, t: float, entries: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
+    """The document; its verdict names a culprit only when ``progress`` says the run is stalled."""
+    return {"run_id": run_id, "t": round(t, 3), "ranks": entries, "verdict": judged(entries, progress)}
+
+
+def document(run_dir: Path, run_id: str, ranks: list[dict[str, Any]], *, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+    """The whole document: every rank's entry, sorted by rank, and the verdict, judged with the
+    run's progress (xl.launcher.telemetry.progress) over ``ranks``."""
+    t, entries = gather(run_dir, ranks, timeout)
+    return assemble(run_id, t, entries, judge(run_dir, rank_ids(ranks), entries, now=t))
 
 
 def remote_entries(ranks: list[dict[str, Any]], answer: dict[str, Any] | None, timeout: float) -> list[dict[str, Any]]:
@@ -104,7 +115,8 @@ def live_ranks(rec: record.RunRecord) -> list[dict[str, Any]]:
 
 
 def run_document(run_dir: Path, rank: int | None = None, timeout: float = TIMEOUT_S) -> dict[str, Any]:
-    """Ask the run's live ranks (or just ``rank``) now: what ``xl stacks`` and the Monitor show."""
+    """Ask the run's live ranks now: what ``xl stacks`` and the Monitor show. ``rank`` keeps
+    only that rank's entry in the document; the verdict is always the whole run's."""
     rec = record.load(run_dir)
     if rec is None or rec.status != RunStatus.RUNNING:
         status = rec.status if rec else "unreadable"
@@ -115,10 +127,11 @@ def run_document(run_dir: Path, rank: int | None = None, timeout: float = TIMEOU
         for r in rec.ranks
         if isinstance(r.get("rank"), int) and r.get("exit_code") is None and (r.get("node_rank") or 0) != here
     ]
-    if rank is not None:
-        ranks = [r for r in ranks if r["rank"] == rank]
-        if not ranks:
-            raise NotRunning(f"rank {rank} of run {run_dir.name} is not running on this node")
+    if rank is not None and not any(r["rank"] == rank for r in ranks):
+        raise NotRunning(f"rank {rank} of run {run_dir.name} is not running on this node")
     if not ranks:
         raise NotRunning(f"run {run_dir.name} has no live rank on this node yet")
-    return document(run_dir, rec.run_id, ranks, timeout=timeout)
+    doc = document(run_dir, rec.run_id, ranks, timeout=timeout)
+    if rank is not None:
+        doc["ranks"] = [e for e in doc["ranks"] if e.get("rank") == rank]
+    return doc

@@ -16,8 +16,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import xl
+
 SILENT = "did not answer"  # the start of the error of a rank that was asked and kept quiet
-_LIBRARY_MARKS = ("site-packages", "dist-packages", "<frozen", "/lib/python3", "/xl/launcher/")
+# Not the person's code: installed packages, the standard library, frozen modules.
+_LIBRARY_MARKS = ("site-packages", "dist-packages", "<frozen", "/lib/python3", "<string>")
+_PACKAGE_ROOTS = ("site-packages/", "dist-packages/", "/lib/python3")
+# xl's own code in a rank (the entry, xl.log): its folders, wherever xl is installed or checked out.
+_XL_DIRS = (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # xl.launcher
+    os.path.dirname(os.path.abspath(xl.__file__ or os.sep)) + os.sep,
+)
+# Decorators' inner functions: the call a person wrote is the one they wrap.
+_WRAPPERS = frozenset({"wrapper", "wrapped", "inner", "_fn", "decorate_context", "wrapper_fn"})
 
 
 def ranges(ranks: list[int]) -> str:
@@ -42,17 +53,42 @@ def _main_frames(entry: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _is_user(frame: dict[str, Any]) -> bool:
     path = str(frame.get("file") or "")
-    return not any(mark in path for mark in _LIBRARY_MARKS)
+    return not any(mark in path for mark in _LIBRARY_MARKS) and not path.startswith(_XL_DIRS)
+
+
+def _qualified(frame: dict[str, Any]) -> str:
+    """'re.match', 'torch.distributed.distributed_c10d.all_reduce': a library function by its module."""
+    path, function = str(frame.get("file") or ""), str(frame.get("function"))
+    for root in _PACKAGE_ROOTS:
+        if root in path:
+            rest = path.rsplit(root, 1)[1]
+            if root == "/lib/python3":
+                rest = rest.partition("/")[2]  # past "11/"
+            module = rest.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+            return f"{module}.{function}" if module and "<" not in module else function
+    return function
 
 
 def where(entry: dict[str, Any]) -> str:
-    """'sleep at train.py:30': the main thread's innermost function and its innermost user line."""
+    """'parse_record at train.py:19 (calling re.match)': the innermost frame of the person's own
+    code (not a library's, the standard library's or xl's), and the call it is in, if any."""
     frames = _main_frames(entry)
     if not frames:
         return "no Python frame"
-    inner = frames[-1]
-    user = next((f for f in reversed(frames) if _is_user(f)), inner)
-    return f"{inner.get('function')} at {os.path.basename(str(user.get('file')))}:{user.get('line')}"
+    at = next((i for i in range(len(frames) - 1, -1, -1) if _is_user(frames[i])), None)
+    if at is None:  # nothing of the person's (a library's own thread or entry point)
+        last = frames[-1]
+        return f"{last.get('function')} at {os.path.basename(str(last.get('file')))}:{last.get('line')}"
+    user = frames[at]
+    inner = frames[at + 1 :]
+    callee = next((f for f in inner if f.get("function") not in _WRAPPERS), inner[-1] if inner else None)
+    calling = f" (calling {_qualified(callee)})" if callee is not None else ""
+    return f"{user.get('function')} at {os.path.basename(str(user.get('file')))}:{user.get('line')}{calling}"
+
+
+def _place(entry: dict[str, Any]) -> str:
+    """'train.py:41': where() without the function and the call."""
+    return where(entry).split(" at ", 1)[-1].split(" (calling ", 1)[0]
 
 
 def _in_distributed(entry: dict[str, Any]) -> bool:
@@ -84,7 +120,7 @@ def position(entry: dict[str, Any]) -> Position:
 def _label(entry: dict[str, Any], pos: Position) -> str:
     if pos.waiting is not None:
         _, seq, op = pos.waiting
-        return f"wait in {op} #{seq} at {where(entry).split(' at ', 1)[-1]}"
+        return f"wait in {op} #{seq} at {_place(entry)}"
     return f"in {where(entry)}"
 
 
@@ -133,7 +169,7 @@ def verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         if pos.waiting is not None:
             wop, wseq = pos.waiting[2], pos.waiting[1]
-            reasons[rank] = f"is in {wop} #{wseq}, not {op} #{seq}, at {where(e).split(' at ', 1)[-1]}"
+            reasons[rank] = f"is in {wop} #{wseq}, not {op} #{seq}, at {_place(e)}"
         elif pos.done.get(pg, -1) < seq and (pos.known or not _in_distributed(e)):
             reasons[rank] = f"never entered {op} #{seq}: it is in {where(e)}"
     culprits = sorted(reasons) or silent

@@ -1,10 +1,12 @@
 """A gloo CPU run in which one rank goes astray at step --at (for the stacks tests).
 
 --mode sleep    : rank --rank sleeps outside any collective (its peers wait in all_reduce)
---mode regex    : rank --rank runs a catastrophically backtracking regex: C code holding the GIL
+--mode regex    : rank --rank parses a record with a catastrophically backtracking regex (in
+                  parse_record): C code holding the GIL
 --mode busy     : rank --rank spins in a pure-Python loop
 --mode bcast    : rank --rank calls broadcast where its peers call all_reduce
 --mode none     : nobody goes astray; the run trains --steps steps and ends
+--mode slow     : nobody goes astray, but rank --rank computes --slow-s longer every step
 --rank -1       : the rank astray is the one whose environment has HANG_HERE=1
 Every rank prints "ready" after its first all_reduce and logs each step with xl.log.
 """
@@ -22,11 +24,22 @@ import torch.distributed as dist
 import xl
 
 
+def parse_record(line: str) -> bool:
+    return re.match(r"(a+)+$", line) is not None  # exponential on "aaa...b": holds the GIL for hours
+
+
+def compute(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    x = torch.ones(64, 64)
+    while time.monotonic() < end:
+        x = x @ x / 64
+
+
 def astray(mode: str) -> None:
     if mode == "sleep":
         time.sleep(3600)
     elif mode == "regex":
-        re.match(r"(a+)+$", "a" * 64 + "b")  # exponential: holds the GIL for hours
+        parse_record("a" * 64 + "b")
     elif mode == "busy":
         n = 0
         while True:
@@ -45,6 +58,7 @@ def main() -> None:
     ap.add_argument("--at", type=int, default=3)
     ap.add_argument("--steps", type=int, default=100000)
     ap.add_argument("--step-s", type=float, default=0.05)
+    ap.add_argument("--slow-s", type=float, default=0.3)
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -52,7 +66,9 @@ def main() -> None:
     dist.all_reduce(t)
     print("ready", flush=True)
     for step in range(1, args.steps + 1):
-        if step == args.at and here(rank, args.rank) and args.mode != "none":
+        if args.mode == "slow" and here(rank, args.rank):
+            compute(args.slow_s)
+        elif step == args.at and here(rank, args.rank) and args.mode != "none":
             print(f"rank {rank} goes astray ({args.mode})", flush=True)
             if args.mode == "bcast":
                 dist.broadcast(t, 0)

@@ -1,0 +1,154 @@
+"""Is the run stalled? The one rule that lets a stacks verdict name a culprit.
+
+One snapshot of stacks cannot tell a hang from a rank that is merely behind: in a healthy run one
+rank is always a little later into the all-reduce than the others. So ``xl stacks``, the
+Monitor's stacks view and the hang capture all ask here first, and a verdict names a culprit only
+when the run is stalled: no rank has made progress for the stall threshold, or the hang
+diagnosis fired (a ``hang`` event that no rank has recovered from since). Otherwise the verdict
+says the ranks are progressing (docs/launch.md, "Hangs").
+
+Progress is what the diagnoser counts (a rank's ``train`` records in metrics.jsonl: ``xl.log``,
+parsed Trainer dicts, tqdm bars), with the same threshold per rank: ``XL_STALL_MIN_S`` (30 s), or
+``XL_STALL_FACTOR`` (10) times the rank's median step time when that is longer. A rank that logs
+nothing still progresses when its Flight Recorder shows a collective begun within the threshold.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xl.launcher.rundir.events import EVENTS_FILE
+from xl.launcher.rundir.jsonl import decode_lines
+from xl.launcher.rundir.lastbytes import last_lines
+from xl.launcher.rundir.metrics import METRICS_FILE
+from xl.launcher.telemetry.diagnose import Thresholds
+from xl.launcher.telemetry.verdict import ranges, verdict
+
+# Only the end of the files is read: the newest record of each rank is what counts.
+_METRICS_TAIL = 4 << 20
+_EVENTS_TAIL = 1 << 20
+_STEP_TIMES = 200  # as the diagnoser keeps per rank
+
+
+@dataclass(frozen=True)
+class Progress:
+    """``stalled``: True (a culprit may be named), False (progressing), None (nothing tells);
+    ``message``: the verdict's message when it is not True."""
+
+    stalled: bool | None
+    message: str = ""
+
+
+STALLED = Progress(True)  # what a caller that knows the run is stalled passes
+
+
+def _records(run_dir: Path) -> dict[int, tuple[float, float]]:
+    """rank -> (its newest train record's time, its stall threshold's step-time part)."""
+    last: dict[int, float] = {}
+    steps: dict[int, tuple[float, float]] = {}
+    dts: dict[int, list[float]] = {}
+    for rec in decode_lines(last_lines(run_dir / METRICS_FILE, _METRICS_TAIL)):
+        if not isinstance(rec, dict) or rec.get("kind") != "train":
+            continue
+        rank, t, step = rec.get("rank"), rec.get("t"), rec.get("step")
+        if type(rank) is not int or not isinstance(t, (int, float)) or isinstance(t, bool):
+            continue
+        last[rank] = max(last.get(rank, t), t)
+        if isinstance(step, (int, float)) and not isinstance(step, bool):
+            before = steps.get(rank)
+            if before is not None and step > before[0] and t >= before[1]:
+                dts.setdefault(rank, []).append((t - before[1]) / (step - before[0]))
+            if before is None or step != before[0]:
+                steps[rank] = (step, t)
+    return {r: (t, statistics.median(dts[r][-_STEP_TIMES:]) if dts.get(r) else 0.0) for r, t in last.items()}
+
+
+def hang_open(run_dir: Path) -> bool:
+    """A ``hang`` event that no ``recovered`` (of a stall) has followed."""
+    open_ = False
+    for event in decode_lines(last_lines(run_dir / EVENTS_FILE, _EVENTS_TAIL)):
+        if not isinstance(event, dict):
+            continue
+        if event.get("kind") == "hang":
+            open_ = True
+        elif event.get("kind") == "recovered" and event.get("of") == "stalled":
+            open_ = False
+    return open_
+
+
+def _collective_times(entries: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """rank -> when its newest collective began, for ranks whose Flight Recorder tells."""
+    out: dict[int, float] = {}
+    for e in entries:
+        found = [c.get("t") for c in e.get("collectives") or [] if isinstance(c, dict)]
+        times = [float(t) for t in found if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0]
+        if type(e.get("rank")) is int and times:
+            out[int(e["rank"])] = max(times)
+    return out
+
+
+def _ranges(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}"
+
+
+def judge(
+    run_dir: Path,
+    ranks: Sequence[int],
+    entries: Sequence[dict[str, Any]] = (),
+    *,
+    now: float | None = None,
+    thresholds: Thresholds | None = None,
+) -> Progress:
+    """Whether the run of ``run_dir`` is stalled, judged over its live ``ranks`` (run.json's)
+    and the stacks ``entries`` just asked (their Flight Recorder times)."""
+    now = time.time() if now is None else now
+    th = thresholds or Thresholds.from_env()
+    if hang_open(run_dir):
+        return STALLED
+    records = _records(run_dir)
+    began = _collective_times(entries)
+    idle: dict[int, float] = {}
+    limits: dict[int, float] = {}
+    for rank in ranks:
+        limit = th.stall_min_s
+        seen: list[float] = []
+        if rank in records:
+            t, step_s = records[rank]
+            limit = max(limit, th.stall_factor * step_s)
+            seen.append(t)
+        if rank in began:
+            seen.append(began[rank])
+        if seen:
+            idle[rank], limits[rank] = max(0.0, now - max(seen)), limit
+    moving = sorted(r for r in idle if idle[r] <= limits[r])
+    if not idle:
+        return Progress(
+            None,
+            "no culprit named: no rank reports progress (xl.log, a Trainer or tqdm line) or a "
+            "collective xl can see, so a hang cannot be told from a slow step",
+        )
+    if not moving:
+        return STALLED
+    window = max(limits[r] for r in moving)
+    if len(moving) == len(ranks):
+        return Progress(False, f"no hang: every rank progressed in the last {window:.0f} s")
+    notes = []
+    quiet = sorted(r for r in idle if r not in moving)
+    if quiet:
+        notes.append(f"{_ranges(quiet)}: none for {min(idle[r] for r in quiet):.0f} s")
+    silent = sorted(r for r in ranks if r not in idle)
+    if silent:
+        notes.append(f"{_ranges(silent)} report{'' if len(silent) > 1 else 's'} none")
+    return Progress(False, f"no hang: {_ranges(moving)} progressed in the last {window:.0f} s ({'; '.join(notes)})")
+
+
+def judged(entries: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
+    """The stacks document's ``verdict``: who the others wait for only when the run is stalled."""
+    if progress.stalled:
+        return verdict(entries)
+    return {"ranks": [], "message": progress.message}

@@ -1,0 +1,128 @@
+"""The rule before a stacks verdict may name a culprit: the run is stalled, read from its run dir."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from xl.launcher.telemetry.diagnose import Thresholds
+from xl.launcher.telemetry.progress import judge, judged
+from xl.launcher.telemetry.verdict import where
+
+NOW = 1_000_000.0
+TH = Thresholds(stall_min_s=30.0, stall_factor=10.0)
+
+
+def _write(run_dir: Path, metrics: list[dict[str, Any]] = (), events: list[dict[str, Any]] = ()) -> Path:  # type: ignore[assignment]
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return run_dir
+
+
+def _steps(rank: int, last_t: float, step_s: float, n: int = 20) -> list[dict[str, Any]]:
+    return [{"t": last_t - (n - 1 - i) * step_s, "rank": rank, "kind": "train", "step": i + 1, "loss": 1.0} for i in range(n)]
+
+
+def _culprit_snapshot() -> list[dict[str, Any]]:
+    """Rank 0 waits in all_reduce #12, rank 1 computes: what a one-look verdict blames rank 1 for."""
+    frames = [{"file": "/home/me/train.py", "line": 40, "function": "main"}]
+    waiting = {"rank": 0, "threads": [{"name": "MainThread", "frames": [*frames, {"file": "/v/site-packages/torch/distributed/distributed_c10d.py", "line": 1, "function": "all_reduce"}]}],
+               "collectives": [{"pg": "0", "seq": 11, "op": "all_reduce", "state": "completed"}, {"pg": "0", "seq": 12, "op": "all_reduce", "state": "scheduled"}]}
+    computing = {"rank": 1, "threads": [{"name": "MainThread", "frames": [*frames, {"file": "/home/me/train.py", "line": 21, "function": "compute"}]}],
+                 "collectives": [{"pg": "0", "seq": 11, "op": "all_reduce", "state": "completed"}]}
+    return [waiting, computing]
+
+
+def test_progressing_ranks_get_no_culprit_whatever_the_snapshot_shows(tmp_path: Path) -> None:
+    run = _write(tmp_path / "r", _steps(0, NOW - 0.2, 0.3) + _steps(1, NOW - 0.5, 0.3))
+    progress = judge(run, [0, 1], _culprit_snapshot(), now=NOW, thresholds=TH)
+    assert progress.stalled is False
+    assert judged(_culprit_snapshot(), progress) == {"ranks": [], "message": "no hang: every rank progressed in the last 30 s"}
+
+
+def test_no_progress_for_the_threshold_names_the_culprit(tmp_path: Path) -> None:
+    run = _write(tmp_path / "r", _steps(0, NOW - 31, 0.3) + _steps(1, NOW - 32, 0.3))
+    progress = judge(run, [0, 1], _culprit_snapshot(), now=NOW, thresholds=TH)
+    assert progress.stalled is True
+    v = judged(_culprit_snapshot(), progress)
+    assert v["ranks"] == [1] and v["message"].startswith("rank 1 never entered all_reduce #12: it is in compute at train.py:21")
+
+
+def test_a_slow_step_stretches_the_threshold_as_the_diagnoser_does(tmp_path: Path) -> None:
+    # 5 s steps: 10 x 5 s = 50 s before a rank counts as stalled; 40 s without a step is no hang.
+    run = _write(tmp_path / "r", _steps(0, NOW - 40, 5.0) + _steps(1, NOW - 40, 5.0))
+    progress = judge(run, [0, 1], now=NOW, thresholds=TH)
+    assert progress.stalled is False and progress.message == "no hang: every rank progressed in the last 50 s"
+    assert judge(run, [0, 1], now=NOW + 11, thresholds=TH).stalled is True
+
+
+def test_one_rank_behind_while_another_progresses_is_no_hang_and_says_which(tmp_path: Path) -> None:
+    run = _write(tmp_path / "r", _steps(0, NOW - 1, 0.3) + _steps(1, NOW - 45, 0.3))
+    progress = judge(run, [0, 1, 2], now=NOW, thresholds=TH)
+    assert progress.stalled is False
+    assert progress.message == "no hang: rank 0 progressed in the last 30 s (rank 1: none for 45 s; rank 2 reports none)"
+
+
+def test_the_hang_diagnosis_stands_until_a_rank_recovers(tmp_path: Path) -> None:
+    hang = {"t": NOW - 5, "kind": "hang", "ranks": [1], "message": "..."}
+    run = _write(tmp_path / "r", _steps(0, NOW - 1, 0.3), [hang])
+    assert judge(run, [0, 1], now=NOW, thresholds=TH).stalled is True
+    recovered = {"t": NOW - 2, "kind": "recovered", "rank": 0, "of": "stalled", "message": "..."}
+    run = _write(tmp_path / "r", _steps(0, NOW - 1, 0.3), [hang, recovered])
+    assert judge(run, [0, 1], now=NOW, thresholds=TH).stalled is False
+
+
+def test_ranks_that_log_nothing_are_judged_by_their_collectives(tmp_path: Path) -> None:
+    run = _write(tmp_path / "r")
+    snap = _culprit_snapshot()
+    for e in snap:
+        for c in e["collectives"]:
+            c["t"] = NOW - 0.4
+    assert judge(run, [0, 1], snap, now=NOW, thresholds=TH).stalled is False
+    assert judge(run, [0, 1], snap, now=NOW + 60, thresholds=TH).stalled is True
+    # Nothing at all to tell: no culprit, and the message says why.
+    unknown = judge(run, [0, 1], _culprit_snapshot(), now=NOW, thresholds=TH)
+    assert unknown.stalled is None and judged(_culprit_snapshot(), unknown)["ranks"] == []
+    assert "a hang cannot be told from a slow step" in unknown.message
+
+
+def test_where_names_the_persons_innermost_frame_and_what_it_calls() -> None:
+    frames = [
+        {"file": "/usr/lib/python3.11/runpy.py", "line": 198, "function": "_run_module_as_main"},
+        {"file": "/home/me/train.py", "line": 50, "function": "main"},
+        {"file": "/home/me/train.py", "line": 19, "function": "parse_record"},
+        {"file": "/usr/lib/python3.11/re/__init__.py", "line": 166, "function": "match"},
+    ]
+    entry = {"rank": 1, "threads": [{"name": "MainThread", "frames": frames}]}
+    assert where(entry) == "parse_record at train.py:19 (calling re.match)"
+    # A decorator's wrapper is skipped for the call the person wrote; the innermost user frame alone has no call.
+    torch_call = [*frames[:3], {"file": "/v/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", "line": 81, "function": "wrapper"},
+                  {"file": "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", "line": 2700, "function": "all_reduce"}]
+    assert where({"threads": [{"name": "MainThread", "frames": torch_call}]}) == "parse_record at train.py:19 (calling torch.distributed.distributed_c10d.all_reduce)"
+    assert where({"threads": [{"name": "MainThread", "frames": frames[:3]}]}) == "parse_record at train.py:19"
+
+
+def test_the_hang_capture_follows_the_same_rule(tmp_path: Path, monkeypatch: Any) -> None:
+    import time  # noqa: PLC0415 - only this test needs the wall clock
+
+    from xl.launcher.telemetry import stacks as capture  # noqa: PLC0415 - patched below
+    from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
+
+    now = time.time()
+    run = _write(tmp_path / "r", _steps(0, now - 1, 0.3) + _steps(1, now - 1, 0.3))
+    monkeypatch.setattr(capture, "gather", lambda *a, **k: (time.time(), _culprit_snapshot()))
+    monkeypatch.setenv("XL_STALL_MIN_S", "30")
+    sent: list[dict[str, Any]] = []
+    hang = HangCapture(run, sent.append, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5)
+    stalled = {"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 31 s"}
+    hang.on_stall([stalled])
+    hang.join(5)
+    # Rank 0 still progresses: no hang event, no stacks file, the stall as the diagnoser said it.
+    assert sent == [stalled] and not (run / "stacks").exists()
+    _write(run, _steps(0, now - 40, 0.3) + _steps(1, now - 40, 0.3))
+    hang.on_stall([{**stalled, "rank": 0}])  # the next stall asks again, and now it is a hang
+    hang.join(5)
+    kinds = [e["kind"] for e in sent]
+    assert kinds == ["stalled", "hang", "stalled"] and sent[1]["ranks"] == [1] and (run / sent[1]["stacks"]).is_file()
