@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("xl.launcher.cli.runs", "list runs and their status (--json)"),
     "logs": ("xl.launcher.cli.logs", "print a run's per-rank logs (--rank R, -f)"),
     "stop": ("xl.launcher.cli.stop", "stop a run: every rank ends, none is left behind"),
+    "compare": ("xl.launcher.cli.compare", "compare two runs: what changed, speed, loss, where the time went (--json)"),
     "stacks": ("xl.launcher.cli.stacks", "where every rank of a live run is, and who the others wait for (--rank R, --json)"),
     "attach": ("xl.tui.commands:attach_main", "watch an existing run live"),
     "demo": ("xl.tui.commands:demo_main", "train a small bundled model on this machine's devices and watch it"),

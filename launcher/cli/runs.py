@@ -9,7 +9,8 @@ import time
 from collections.abc import Sequence
 
 from xl.errors import ArgumentParser
-from xl.launcher.rundir.record import RunStatus
+from xl.launcher.rundir import timing
+from xl.launcher.rundir.record import RunStatus, read_json
 from xl.launcher.rundir.store import UNREADABLE, RunInfo, list_runs
 
 
@@ -35,7 +36,8 @@ def main(argv: Sequence[str]) -> int:
     ns = p.parse_args(list(argv))
     runs = list_runs()
     if ns.json:
-        print(json.dumps([r.to_json() for r in runs], indent=2))
+        # ``time``: where a finished run's time went (docs/compare.md), null while it runs.
+        print(json.dumps([{**r.to_json(), "time": timing.valid(read_json(r.run_dir).get("time"))} for r in runs], indent=2))
         return 0
     if not runs:
         print("no runs yet; start one with 'xl launch SCRIPT' or 'xl demo'")

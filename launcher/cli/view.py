@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from xl.launcher.rundir import timing
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.textsafe import visible
@@ -139,7 +140,8 @@ def _summary(state: RunState) -> str:
     text = f"run {state.title} {state.status} after {state.elapsed():.1f}s"
     if state.failure:
         text += f": {visible(str(state.failure.get('message') or ''))}"
-    return text
+    spent = timing.describe(state.record.get("time")) if state.final and state.record else None
+    return f"{text}\n{spent}" if spent else text  # where the time went (docs/compare.md)
 
 
 # ---------------------------------------------------------------------------------- plain lines

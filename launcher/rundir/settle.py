@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rundir import record
+from xl.launcher.rundir import digest, record
 from xl.launcher.rundir.events import append_event
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.rundir.record import RunRecord, RunStatus
@@ -157,6 +157,8 @@ def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone"
     if status is RunStatus.FAILED and not rec.failure:
         rec.update(failure=_failure(ranks, left, why))
     rec.end(status, ended_at if ended_at is not None and ended_at <= time.time() else None)
+    waited = digest.close_run(run_dir, rec)  # where its time went (docs/compare.md)
+    rec.update(ranks=digest.with_waits(rec.ranks, waited))
     message = f"run {status.value} ({why}; told from what the ranks left)"
     with contextlib.suppress(OSError):
         record.save(run_dir, rec)

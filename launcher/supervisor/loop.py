@@ -42,9 +42,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from xl.launcher import procs
+from xl.launcher import procs, provenance
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.join import format_address
+from xl.launcher.rundir import digest
 from xl.launcher.rundir import record as run_record
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.supervisor.failure import TORCHRUN_LOG, RootCause
@@ -159,6 +160,7 @@ class Supervisor:
             torchrun_pid=self.torchrun.proc.pid,
             started_at=self.record.get("started_at") or time.time(),
             grace_s=self.stopping.grace,
+            versions=provenance.collect(self.record.spec, bool(self.record.devices)),  # for xl compare (docs/compare.md)
         )
         self.save()
         self._ranks_changed()
@@ -268,11 +270,12 @@ class Supervisor:
         remote = self.hub.remote_ranks() if self.hub is not None else []
         self.port.call("set_ranks", self.ranks.to_json() + [{**r, "remote": True} for r in remote])
 
-    def save(self) -> None:
+    def save(self, waited: dict[int, float] | None = None) -> None:
         local = self.ranks.to_json()
         self.journal.send({"type": "ranks", "ranks": local})
         remote = self.hub.remote_ranks() if self.hub is not None else []
-        self.journal.save(sorted(local + remote, key=lambda r: int(r.get("rank") or 0)), self.cause.to_json())
+        ranks = sorted(local + remote, key=lambda r: int(r.get("rank") or 0))
+        self.journal.save(digest.with_waits(ranks, waited) if waited else ranks, self.cause.to_json())
 
     # ---------------------------------------------------------------- the end
     def abort(self, exc: BaseException) -> None:
@@ -299,7 +302,8 @@ class Supervisor:
         _debug("telemetry stopped")
         self.sink.close_logs()
         self.record.end(status)
-        self.save()
+        # The time accounting goes in with the final status: whoever sees the end sees it too.
+        self.save(digest.close_run(self.run_dir, self.record))
         self.journal.emit({"kind": "run_ended", "status": status.value, "message": f"run {status.value}"})
         link = self.journal.link
         if link is not None:

@@ -16,6 +16,7 @@ from textual.message import Message
 from textual.widgets import Footer, Header, Label, Static
 from textual.worker import get_current_worker
 
+from xl.launcher.rundir import timing
 from xl.textsafe import visible
 from xl.tui import fmt
 from xl.tui.runview import (
@@ -70,6 +71,9 @@ def header_text(run: dict[str, Any], ranks: Mapping[int, Any], nodes: list[str],
     elif nodes:
         header.append(f" on {nodes[0]}")  # the rank table has no Node column for one node
     header.append(f"   devices {devices_text(run)}")
+    spent = timing.describe(run.get("time")) if status in FINISHED else None
+    if spent:  # a finished run: where its time went (docs/compare.md)
+        header.append(f"\n{spent}", style="dim")
     return header
 
 

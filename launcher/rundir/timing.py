@@ -1,0 +1,139 @@
+"""Where a run's time went: run.json's ``time``, worked out from what the run dir records.
+
+Pure: it takes the moments the run dir holds (start and end from run.json, each rank's first and
+last step from metrics.jsonl, stalls and restarts from events.jsonl) and splits the run's wall
+time into parts that sum to it. ``xl.launcher.rundir.digest`` reads the files; this module only
+decides. docs/compare.md says what each part means; in short, an instant belongs to the first of:
+
+- restarts: from a failure until the restarted ranks log again;
+- stalled: a rank was stalled (from its last progress until it made progress again, exited, or
+  the run ended; a hang is a stall with its culprit named);
+- startup: before every rank that logs had logged its first step;
+- shutdown: after the last step;
+- training: the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+PARTS = ("startup_s", "training_s", "stalled_s", "restarts_s", "shutdown_s")
+# The words of the one-line summary, in run.json's order.
+_WORDS = {"startup_s": "startup", "training_s": "training", "stalled_s": "stalled", "restarts_s": "restarts", "shutdown_s": "shutdown"}
+
+Span = tuple[float, float]
+
+
+@dataclass
+class Moments:
+    """What the accounting is made of (unix seconds)."""
+
+    started_at: float
+    ended_at: float
+    first_step_at: float | None = None  # every rank that logged had logged its first step
+    last_step_at: float | None = None  # the last step of any rank
+    stalled: list[Span] = field(default_factory=list)
+    restarts: list[Span] = field(default_factory=list)
+
+
+def account(m: Moments) -> dict[str, float]:
+    """run.json's ``time``: ``total_s`` and the five parts, which sum to it (to the millisecond)."""
+    start, end = m.started_at, max(m.started_at, m.ended_at)
+    parts = dict.fromkeys(PARTS, 0.0)
+    if m.first_step_at is None:
+        parts["startup_s"] = end - start  # no rank ever logged a step: it never got past startup
+        return _rounded(parts)
+    first = min(max(m.first_step_at, start), end)
+    last = min(max(m.last_step_at if m.last_step_at is not None else first, first), end)
+    restarts = _clip(m.restarts, start, end)
+    stalled = _clip(m.stalled, start, end)
+    cuts = sorted({start, end, first, last, *(x for s in (*restarts, *stalled) for x in s)})
+    for a, b in pairwise(cuts):
+        mid = (a + b) / 2
+        if _inside(mid, restarts):
+            part = "restarts_s"
+        elif _inside(mid, stalled):
+            part = "stalled_s"
+        elif mid < first:
+            part = "startup_s"
+        elif mid > last:
+            part = "shutdown_s"
+        else:
+            part = "training_s"
+        parts[part] += b - a
+    return _rounded(parts)
+
+
+def _clip(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
+    return [(max(a, lo), min(b, hi)) for a, b in spans if math.isfinite(a) and math.isfinite(b) and min(b, hi) > max(a, lo)]
+
+
+def _inside(t: float, spans: list[Span]) -> bool:
+    return any(a <= t <= b for a, b in spans)
+
+
+def _rounded(parts: dict[str, float]) -> dict[str, float]:
+    out = {k: round(v, 3) for k, v in parts.items()}
+    return {"total_s": round(sum(out.values()), 3), **out}
+
+
+def valid(time: object) -> dict[str, float] | None:
+    """run.json's ``time`` when it is whole (every part a number), else None."""
+    if not isinstance(time, Mapping):
+        return None
+    keys = ("total_s", *PARTS)
+    if not all(isinstance(time.get(k), (int, float)) and not isinstance(time.get(k), bool) for k in keys):
+        return None
+    return {k: float(time[k]) for k in keys}
+
+
+def seconds(s: float) -> str:
+    """A duration as a person reads it: 0.4 s, 14 s, 131 s, 12 min 05 s, 2 h 07 min."""
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 600:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+
+
+def describe(time: object) -> str | None:
+    """The one line the plain view, ``xl attach`` and the Monitor show for a finished run, e.g.
+    "time: startup 14 s (9%), training 131 s (85%), stalled 8 s (5%), shutdown 2 s (1%)";
+    parts that took no time are left out. None when the run has no accounting."""
+    t = valid(time)
+    if t is None:
+        return None
+    total = t["total_s"]
+    shown = []
+    for key in PARTS:
+        value = t[key]
+        if value <= 0 and not (key == "training_s" and total <= 0):
+            continue
+        share = f" ({value / total:.0%})" if total > 0 and value / total >= 0.005 else ""
+        shown.append(f"{_WORDS[key]} {seconds(value)}{share}")
+    return "time: " + ", ".join(shown)
+
+
+def rows(time: object) -> list[tuple[str, str]]:
+    """(part, "14 s (9%)") for every part and the total, for the side-by-side tables."""
+    t = valid(time)
+    if t is None:
+        return [(_WORDS[k], "") for k in PARTS] + [("total", "")]
+    total = t["total_s"]
+    out = []
+    for key in PARTS:
+        share = f" ({t[key] / total:.0%})" if total > 0 else ""
+        out.append((_WORDS[key], seconds(t[key]) + share))
+    return [*out, ("total", seconds(total))]
+
+
+def span_end(start: float, candidates: Iterable[Any], fallback: float) -> float:
+    """The earliest of ``candidates`` (numbers or None) after ``start``, else ``fallback``."""
+    later = [float(c) for c in candidates if isinstance(c, (int, float)) and c > start]
+    return min(later) if later else fallback
