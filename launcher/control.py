@@ -25,7 +25,7 @@ from xl.errors import UsageError
 from xl.gpu import nvml
 from xl.launcher import procs
 from xl.launcher.plan import Plan, build_plan
-from xl.launcher.rundir import record, settle
+from xl.launcher.rundir import record, settle, stopmark
 from xl.launcher.rundir.events import EVENTS_FILE
 from xl.launcher.rundir.metrics import METRICS_FILE
 from xl.launcher.rundir.record import RunRecord, RunStatus
@@ -34,7 +34,6 @@ from xl.launcher.spec import LaunchSpec
 from xl.launcher.supervisor.stopping import grace_from_env
 from xl.proc import hide_values, set_cmdline
 
-_STARTING_S = 5.0  # how long `xl stop` waits for a just-launched supervisor to write its PID
 STOPPED_WAIT_S = 15.0  # beyond the grace: a supervisor's own ending (events, run.json, torchrun)
 
 
@@ -290,25 +289,57 @@ def abandon_if_supervisor_gone(run_dir: Path, *, exited: bool = False) -> bool:
 
 def stop_run(run_dir: Path) -> None:
     """Stop the run: its supervisor does (SIGTERM to every rank, SIGKILL after the grace); when
-    it is gone or frozen, this process does it and records the run stopped."""
+    it is gone or frozen, this process does it and records the run stopped. A supervisor still
+    starting finds the stop file (``stopmark``) and never starts the run."""
     rec = record.load(run_dir)
-    deadline = time.monotonic() + _STARTING_S
-    while rec is not None and rec.status == RunStatus.RUNNING and rec.supervisor_pid is None:
-        if time.monotonic() >= deadline:
-            break
-        # Just launched: the supervisor writes its PID as its first act.
-        time.sleep(0.05)
-        rec = record.load(run_dir) or rec
     if rec is None:
         stop_unreadable(run_dir)
         return
     if rec.status != RunStatus.RUNNING:
         return
+    if rec.supervisor_pid is None:
+        with contextlib.suppress(OSError):
+            stopmark.ask_stop(run_dir)
+        if _stop_starting(run_dir):
+            return
+        rec = record.load(run_dir) or rec
+        if rec.final:
+            return
     sup = rec.supervisor_pid
     if sup is not None and procs.supervisor_alive(rec) and not procs.frozen(sup):
         procs.signal_pid(sup, signal.SIGTERM)
         return
     _end_orphaned(run_dir, rec, grace_for(rec), stopped=True)
+
+
+def _stop_starting(run_dir: Path) -> bool:
+    """The run's supervisor has not written its PID yet: SIGTERM it where it runs (before it
+    catches the signal it just ends; after, it stops the run), or, when none runs, record the
+    run stopped (one that starts later finds the stop file). False: it wrote its PID meanwhile."""
+    sup = procs.find_supervisor(str(run_dir))
+    rec = record.load(run_dir)
+    if rec is not None and rec.supervisor_pid is not None:
+        return False
+    if sup is None:
+        settle.settle(run_dir, stopped=True, why="stopped before its supervisor started", ended_now=True)
+    elif procs.frozen(sup):
+        procs.signal_pid(sup, signal.SIGKILL)
+        settle.settle(run_dir, stopped=True, why="its supervisor was frozen as it started", ended_now=True)
+    else:
+        procs.signal_pid(sup, signal.SIGTERM)
+    return True
+
+
+def _starting_ended(run_dir: Path, rec: RunRecord) -> bool:
+    """A stopped run whose supervisor never wrote its PID and runs no more (it ended on the
+    SIGTERM before catching it): recorded stopped here. True when it was."""
+    if rec.supervisor_pid is not None or not stopmark.stop_asked(run_dir) or procs.find_supervisor(str(run_dir)):
+        return False
+    rec = record.load(run_dir) or rec
+    if rec.final or rec.supervisor_pid is not None:
+        return rec.final
+    settle.settle(run_dir, stopped=True, why="stopped before its supervisor started", ended_now=True)
+    return True
 
 
 def stop_unreadable(run_dir: Path) -> None:
@@ -339,6 +370,8 @@ def wait_for_end(run_dir: Path, timeout: float) -> RunRecord | None:
         rec = record.load(run_dir)
         if rec is not None and rec.final:
             return rec
+        if rec is not None and _starting_ended(run_dir, rec):
+            return record.load(run_dir)
         if rec is not None and rec.supervisor_pid is not None:
             sup_gone = not procs.supervisor_alive(rec)
             if sup_gone or procs.frozen(rec.supervisor_pid) or time.monotonic() >= deadline:

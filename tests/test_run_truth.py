@@ -26,6 +26,7 @@ from procs import (
     only_run,
     run_json,
     run_processes,
+    wait_final,
     wait_for,
     wait_no_processes,
     wait_ranks_running,
@@ -208,3 +209,84 @@ def test_makedirs_private_makes_every_missing_folder_0700_whatever_the_umask(tmp
         os.umask(old)
     assert [_mode(tmp_path / p) for p in ("a", "a/b", "a/b/c")] == [0o700] * 3
     assert _mode(tmp_path) == 0o755  # a folder that was there is left as it was
+
+
+# A supervisor that takes seconds to start (a busy machine, a slow NFS home): its interpreter
+# sleeps in sitecustomize before it imports anything of xl. The library path the app uses.
+SLOW_SITE = """
+import os, time
+with open("/proc/self/cmdline", "rb") as fh:
+    if b"xl.launcher.supervisor" in fh.read():
+        time.sleep(float(os.environ.get("XL_TEST_SLOW_START_S", "0")))
+"""
+
+
+def _start_slow(tmp_path: Path, env: dict[str, str], delay: float) -> tuple[Path, dict[str, str]]:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SLOW_SITE)
+    env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])), "XL_TEST_SLOW_START_S": str(delay)}
+    code = (
+        "import sys; from xl.launcher.control import start_run; from xl.launcher.spec import LaunchSpec\n"
+        "print(start_run(LaunchSpec(script=sys.argv[1], args=[sys.argv[2]], nproc=2)).run_id)\n"
+    )
+    done = subprocess.run([*XL[:1], "-c", code, str(_script(tmp_path)), str(tmp_path / "go")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return Path(env["XL_HOME"]) / "runs" / done.stdout.strip(), env
+
+
+def _never_trained(run_dir: Path) -> None:
+    run = run_json(run_dir)
+    assert run["status"] == "stopped" and run.get("torchrun_pid") is None, run
+    assert not list((run_dir / "logs").glob("rank-*.log"))
+    assert not any(e["kind"] == "rank_started" for e in _events(run_dir))
+    assert [e["kind"] for e in _events(run_dir)].count("run_ended") == 1, _events(run_dir)
+
+
+def test_xl_stop_while_the_supervisor_is_still_starting_means_the_run_never_trains(tmp_path: Path) -> None:
+    run_dir, env = _start_slow(tmp_path, xl_env(tmp_path / "home"), 8.0)
+    (tmp_path / "go").touch()
+    (tmp_path / "go.end").touch()  # were it to start, it would finish at once and succeed
+    try:
+        assert run_json(run_dir)["supervisor_pid"] is None  # still starting
+        stop = xl(["stop", run_dir.name], env)
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
+        wait_no_processes(run_dir, timeout=5)
+        time.sleep(9)  # past the supervisor's slow start: nothing of it came back
+        _never_trained(run_dir)
+        wait_no_processes(run_dir, timeout=1)
+    finally:
+        kill_run(run_dir)
+
+
+def test_a_supervisor_that_starts_after_a_stop_was_asked_does_not_start_the_run(tmp_path: Path) -> None:
+    # `xl stop` could not reach the starting supervisor (no process to signal yet): its stop file
+    # is there when the supervisor gets going.
+    from xl.launcher.rundir import stopmark  # noqa: PLC0415 - what `xl stop` leaves, written here at the worst moment
+
+    run_dir, _ = _start_slow(tmp_path, xl_env(tmp_path / "home"), 3.0)
+    (tmp_path / "go").touch()
+    (tmp_path / "go.end").touch()
+    try:
+        stopmark.ask_stop(run_dir)
+        wait_final(run_dir, timeout=30)
+        _never_trained(run_dir)
+        assert "before the run started" in " ".join(e["message"] for e in _events(run_dir))
+        wait_no_processes(run_dir, timeout=5)
+    finally:
+        kill_run(run_dir)
+
+
+def test_a_slow_starting_supervisor_left_alone_trains_and_a_later_stop_stops_it(tmp_path: Path) -> None:
+    run_dir, env = _start_slow(tmp_path, xl_env(tmp_path / "home"), 3.0)
+    try:
+        wait_ranks_running(run_dir, 2)
+        (tmp_path / "go").touch()
+        stop = xl(["stop", run_dir.name], env)
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
+        run = run_json(run_dir)
+        assert [r["state"] for r in run["ranks"]] == ["stopped", "stopped"], run["ranks"]
+        wait_no_processes(run_dir, timeout=5)
+    finally:
+        kill_run(run_dir)

@@ -48,6 +48,7 @@ from xl.launcher.multinode.join import format_address
 from xl.launcher.rundir import digest
 from xl.launcher.rundir import record as run_record
 from xl.launcher.rundir.record import RunStatus
+from xl.launcher.rundir.stopmark import stop_asked
 from xl.launcher.supervisor.failure import TORCHRUN_LOG, RootCause
 from xl.launcher.supervisor.follower import Follower
 from xl.launcher.supervisor.guard import crash_line, private_umask, raise_fd_limit
@@ -122,6 +123,8 @@ class Supervisor:
         _debug("supervisor start")
         become_subreaper()
         self.signals.install(self.sel)
+        if self._stopped_before_start():
+            return
         if self.hub_address is not None and self.node_rank > 0:
             link = nodelink.NodeLink(*self.hub_address, self.token, self.node_rank, self.host)
             link.start()
@@ -142,6 +145,8 @@ class Supervisor:
             env["XL_COLLECTOR"] = format_address(*self.follower.hub)
         _debug("after telemetry")
         env.update({"XL_RUN_ID": self.run_id, "XL_RUN_DIR": str(self.run_dir), "XL_SUPERVISOR_PID": str(os.getpid())})
+        if self._stopped_before_start():  # asked while telemetry started
+            return
         with open(self.run_dir / LOGS_DIR / TORCHRUN_LOG, "ab") as log:
             self.torchrun.proc = subprocess.Popen(
                 self.record.get("argv"),
@@ -164,6 +169,16 @@ class Supervisor:
         )
         self.save()
         self._ranks_changed()
+
+    def _stopped_before_start(self) -> bool:
+        """`xl stop` came while this supervisor was starting (its stop file): torchrun never
+        starts, and the run ends stopped. Checked once SIGTERM is caught: a later stop is a signal."""
+        if not stop_asked(self.run_dir):
+            return False
+        self.journal.emit({"kind": "stop_requested", "message": "stop requested (xl stop) before the run started"})
+        self.record.update(stop_requested_at=time.time())
+        self.stopping.begin(StopReason.REQUESTED)
+        return True
 
     def _start_telemetry(self) -> dict[str, str]:
         where: dict[str, Any] = {}
@@ -319,9 +334,12 @@ def main(argv: list[str]) -> int:
         print("usage: python -m xl.launcher.supervisor RUN_DIR", file=sys.stderr)
         return 2
     sup = Supervisor(Path(argv[0]))
+    if sup.record.final:
+        return sup.record.exit_code  # stopped (xl stop) before this supervisor could start it
     try:
         sup.start()
-        sup.run_loop()
+        if sup.torchrun.proc is not None:
+            sup.run_loop()
     except BaseException as exc:
         crash_line(f"crashed: {exc!r}; ending the run")
         with contextlib.suppress(Exception):
