@@ -93,6 +93,15 @@ def test_a_stall_seen_by_telemetry_counts_from_last_progress_to_progress_again(t
     assert abs(_sum(t) - t["total_s"]) < 1e-6 and t["total_s"] == pytest.approx(20.0)
 
 
+def test_lines_that_came_late_from_a_spool_are_placed_by_their_time(tmp_path: Path) -> None:
+    lines = _steps(2, range(1, 41), T0 + 5, 0.1, gap=(20, 8.0))
+    late = lines[:20]  # steps 1..10 of both ranks, spooled while the collector was away
+    events = [{"t": T0 + 9.0, "kind": "stalled", "rank": 1, "idle_s": 2.1}]
+    run_dir = _run(tmp_path, lines[20:] + late, events, end=T0 + 20)
+    t = digest.build(run_dir, record.load(run_dir))["time"]  # type: ignore[arg-type]
+    assert t["stalled_s"] == pytest.approx(8.1, abs=1e-3) and t["startup_s"] == pytest.approx(5.1, abs=1e-3)
+
+
 def test_a_slow_step_nobody_called_a_stall_is_training(tmp_path: Path) -> None:
     run_dir = _run(tmp_path, _steps(2, range(1, 41), T0 + 5, 0.1, gap=(20, 8.0)), [], end=T0 + 20)
     t = digest.build(run_dir, record.load(run_dir))["time"]  # type: ignore[arg-type]

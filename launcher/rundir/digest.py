@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
-from bisect import bisect_left
+from array import array
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -48,8 +49,9 @@ class _Scan:
     last: dict[int, float] = field(default_factory=dict)
     after: dict[int, list[float | None]] = field(default_factory=dict)  # rank -> per query: its first line after
     before: dict[int, list[float | None]] = field(default_factory=dict)  # rank -> per query: its last line until
-    _prev: dict[int, float] = field(default_factory=dict)
-    _answered: dict[int, int] = field(default_factory=dict)
+    # Every train line's time by rank, kept only when there are queries (a run that stalled or
+    # restarted): lines come out of order (a rank's spool is merged when it reconnects or ends).
+    times: dict[int, array[float]] = field(default_factory=dict)
     waited: dict[int, float] = field(default_factory=dict)
     loss: dict[float, list[float]] = field(default_factory=dict)  # step -> [sum, n]
     sps: dict[float, list[float]] = field(default_factory=dict)  # step -> [sum, n]
@@ -61,18 +63,10 @@ class _Scan:
         if t > self.last.get(rank, -math.inf):
             self.last[rank] = t
         if self.queries:
-            # Lines come in time order per rank (a spool merged late is the exception, and only
-            # makes a span end later): the queries before t not answered yet are answered by t.
-            upto = bisect_left(self.queries, t)
-            done = self._answered.get(rank, 0)
-            if upto > done:
-                row = self.after.setdefault(rank, [None] * len(self.queries))
-                back = self.before.setdefault(rank, [None] * len(self.queries))
-                prev = self._prev.get(rank)
-                for j in range(done, upto):
-                    row[j], back[j] = t, prev
-                self._answered[rank] = upto
-            self._prev[rank] = t
+            times = self.times.get(rank)
+            if times is None:
+                times = self.times[rank] = array("d")
+            times.append(t)
         step = rec.get("step")
         if not isinstance(step, (int, float)) or isinstance(step, bool) or not math.isfinite(step):
             return
@@ -91,6 +85,19 @@ class _Scan:
                 else:
                     acc[0] += v
                     acc[1] += 1
+
+    def answer(self) -> None:
+        """Each rank's last line until, and first line after, each query."""
+        for rank, times in self.times.items():
+            ordered = sorted(times)
+            after: list[float | None] = []
+            before: list[float | None] = []
+            for q in self.queries:
+                i = bisect_right(ordered, q)
+                before.append(ordered[i - 1] if i > 0 else None)
+                after.append(ordered[i] if i < len(ordered) else None)
+            self.after[rank], self.before[rank] = after, before
+        self.times.clear()
 
     def sys(self, rank: int, rec: dict[str, Any]) -> None:
         wait, n = _num(rec.get("comm_wait_s")), _num(rec.get("comm_steps"))
@@ -129,6 +136,7 @@ def scan(run_dir: Path, queries: list[float]) -> _Scan:
                 out.train(rank, t, rec)
             elif rec.get("kind") == "sys":
                 out.sys(rank, rec)
+    out.answer()
     return out
 
 
