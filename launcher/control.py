@@ -234,10 +234,14 @@ def grace_for(rec: RunRecord) -> float:
     return rec.grace_s or grace_from_env()
 
 
-def run_pids(rec: RunRecord) -> list[int]:
-    """The run's live processes: XL_RUN_ID in their environment, and the descendants of its
-    supervisor (never a pid only named in a file: ranks' pids are checked by their environment)."""
+def run_pids(run_dir: Path, rec: RunRecord) -> list[int]:
+    """The run's live processes: XL_RUN_ID in their environment, their descendants and those of
+    its supervisor (a rank's child with a scrubbed environment), and what its supervisor recorded
+    as escaped (never a pid only named in a file unless the same process still holds it)."""
     pids = set(procs.find_run_pids(rec.run_id))
+    for pid in list(pids):
+        pids.update(procs.descendants(pid))
+    pids.update(procs.escaped(run_dir))
     sup = rec.supervisor_pid
     if sup is not None and procs.supervisor_alive(rec):
         pids.update(procs.descendants(sup))
@@ -250,7 +254,7 @@ def _end_orphaned(run_dir: Path, rec: RunRecord, grace: float, *, stopped: bool)
     SIGKILL after ``grace``), then make the record true from what the ranks left."""
     # Training that had ended before this stop keeps the outcome its ranks recorded.
     stopped = stopped and not settle.all_ranks_ended(run_dir, rec)
-    pids = run_pids(rec)
+    pids = run_pids(run_dir, rec)
     if rec.supervisor_pid is not None and procs.supervisor_alive(rec):
         # Frozen: it must not wake up later and act on a run that is over.
         procs.signal_pid(rec.supervisor_pid, signal.SIGKILL)
@@ -344,7 +348,8 @@ def _starting_ended(run_dir: Path, rec: RunRecord) -> bool:
 
 def stop_unreadable(run_dir: Path) -> None:
     """A run whose run.json is damaged or gone: its supervisor (found by its cwd) stops it; when
-    there is none, or it is frozen, every process carrying the run's id is ended here."""
+    there is none, or it is frozen, every process carrying the run's id (and what it recorded as
+    escaped) is ended here."""
     run_id = run_dir.name
     sup = procs.find_supervisor(str(run_dir))
     if sup is not None and not procs.frozen(sup):
@@ -354,7 +359,7 @@ def stop_unreadable(run_dir: Path) -> None:
             time.sleep(0.05)
     if sup is not None:
         procs.signal_pid(sup, signal.SIGKILL)  # frozen, or never done: it must not wake up later
-    _terminate(procs.find_run_pids(run_id), run_id, grace_from_env())
+    _terminate(procs.find_run_pids(run_id) + procs.escaped(run_dir), run_id, grace_from_env())
 
 
 def wait_for_end(run_dir: Path, timeout: float) -> RunRecord | None:

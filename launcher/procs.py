@@ -3,17 +3,29 @@
 Ranks live in their own sessions (torchrun starts them with ``start_new_session``), so they are
 not torchrun's process group and outlive it when torchrun is killed. Every process of a run
 carries ``XL_RUN_ID`` in its environment, which is how they are found whatever their parent.
+
+A process a rank started with a scrubbed environment (a sidecar, a server in its own session)
+carries no XL_RUN_ID: while the supervisor lives it is one of its descendants (the supervisor is
+a subreaper), and the supervisor writes every such "escaped" process to ``escaped.json`` in the
+run dir (pid and start time) so that `xl stop`, and whoever settles the run, find it after the
+supervisor is gone (``escaped``). A pid there is only taken while the same process holds it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import psutil
 
+from xl.atomic import write_json_atomic
 from xl.launcher.rundir.record import RunRecord
+
+ESCAPED_FILE = "escaped.json"
 
 
 def _environ_has(pid: int, needle: bytes) -> bool:
@@ -142,3 +154,51 @@ def find_supervisor(run_dir: str) -> int | None:
         except OSError:
             continue
     return None
+
+
+def escaped_descendants(root: int, run_id: str) -> list[tuple[int, float]]:
+    """(pid, start time) of the live descendants of ``root`` without ``XL_RUN_ID=<run_id>``."""
+    try:
+        children = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return []
+    out = []
+    for child in children:
+        try:
+            if alive(child.pid) and not is_run_process(child.pid, run_id):
+                out.append((child.pid, child.create_time()))
+        except psutil.Error:
+            continue
+    return sorted(out)
+
+
+def save_escaped(run_dir: Path, found: list[tuple[int, float]]) -> None:
+    write_json_atomic(run_dir / ESCAPED_FILE, [{"pid": pid, "started": started} for pid, started in found])
+
+
+def escaped(run_dir: Path) -> list[int]:
+    """The escaped processes the supervisor recorded that still run (the same processes)."""
+    try:
+        data = json.loads((run_dir / ESCAPED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    pids = []
+    for item in data if isinstance(data, list) else []:
+        pid, started = (item.get("pid"), item.get("started")) if isinstance(item, dict) else (None, None)
+        if type(pid) is int and pid > 1 and type(started) is float and pid != os.getpid() and same_process(pid, started):
+            pids.append(pid)
+    return pids
+
+
+def end_escaped(run_dir: Path, grace: float = 1.0) -> list[int]:
+    """A run is over: SIGTERM what it left behind (``escaped``), SIGKILL after ``grace``."""
+    pids = escaped(run_dir)
+    for pid in pids:
+        signal_rank(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    left = pids
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if alive(p)]
+    kill_all(left)
+    return pids

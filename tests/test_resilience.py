@@ -322,3 +322,97 @@ def test_a_run_whose_folder_was_deleted_can_still_be_stopped_by_its_id(tmp_path:
             with contextlib.suppress(psutil.Error):
                 p.kill()
         kill_run(run_dir)
+
+
+# Rank 0 starts a sidecar in its own session with an empty environment (no XL_RUN_ID) once the
+# test's file says so, and writes its pid; the ranks end when the test's end file appears.
+SIDECAR = """
+import subprocess
+while not os.path.exists(go + ".spawn"):
+    time.sleep(0.02)
+if rank == 0:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env={}, start_new_session=True)
+    with open(go + ".child", "w") as fh:
+        fh.write(str(child.pid))
+while not os.path.exists(go + ".end"):
+    time.sleep(0.02)
+"""
+
+
+def _sidecar(tmp_path: Path) -> psutil.Process:
+    (tmp_path / "go.spawn").touch()
+    pid_file = tmp_path / "go.child"
+    child = psutil.Process(int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the sidecar")))
+    assert "XL_RUN_ID" not in child.environ() and child.pid == os.getsid(child.pid)
+    return child
+
+
+def test_xl_stop_ends_a_rank_s_sidecar_after_the_supervisor_was_sigkilled(tmp_path: Path) -> None:
+    env = xl_env(tmp_path / "home")
+    run_dir = _launch(tmp_path, SIDECAR, env)
+    child = None
+    try:
+        run = wait_ranks_running(run_dir, 2)
+        (tmp_path / "go").touch()
+        os.kill(run["supervisor_pid"], signal.SIGKILL)
+        child = _sidecar(tmp_path)  # started after the supervisor died: only its parent rank knows it
+        time.sleep(1)
+        assert _live(child)
+        stop = xl(["stop", run_dir.name], env, timeout=60)
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
+        wait_for(lambda: not _live(child), timeout=5, what="the sidecar to end")
+        wait_no_processes(run_dir, timeout=GRACE + 5)
+    finally:
+        if child is not None:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        kill_run(run_dir)
+
+
+@pytest.mark.parametrize("how", ["stop", "ranks_finish"])
+def test_a_sidecar_recorded_by_the_supervisor_ends_with_the_run_after_the_supervisor_died(tmp_path: Path, how: str) -> None:
+    """The sidecar outlives its rank (orphaned, no environment, its own session): the supervisor
+    saw it before it was SIGKILLed; `xl stop`, or the last rank settling the run, ends it."""
+    env = xl_env(tmp_path / "home")
+    run_dir = _launch(tmp_path, SIDECAR, env)
+    child = None
+    try:
+        run = wait_ranks_running(run_dir, 2)
+        (tmp_path / "go").touch()
+        child = _sidecar(tmp_path)
+        pid = child.pid
+        wait_for(lambda: (run_dir / "escaped.json").exists() and str(pid) in (run_dir / "escaped.json").read_text(),
+                 timeout=30, what="the supervisor to see the sidecar")
+        os.kill(run["supervisor_pid"], signal.SIGKILL)
+        if how == "stop":
+            stop = xl(["stop", run_dir.name], env, timeout=60)
+            assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
+        else:
+            (tmp_path / "go.end").touch()
+            assert wait_final(run_dir, timeout=60)["status"] == "succeeded"
+        wait_for(lambda: not _live(child), timeout=5, what="the sidecar to end")
+        wait_no_processes(run_dir, timeout=GRACE + 5)
+    finally:
+        if child is not None:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        kill_run(run_dir)
+
+
+def test_an_unrelated_process_that_got_a_recorded_pid_is_left_alone(tmp_path: Path) -> None:
+    # escaped.json names a pid with another start time (the pid was reused): it is not the run's.
+    from xl.launcher import procs  # noqa: PLC0415 - the unit under test, beside its e2e tests
+
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        procs.save_escaped(run_dir, [(bystander.pid, psutil.Process(bystander.pid).create_time() - 100.0)])
+        assert procs.end_escaped(run_dir) == []
+        assert bystander.poll() is None
+        procs.save_escaped(run_dir, [(bystander.pid, psutil.Process(bystander.pid).create_time())])
+        assert procs.end_escaped(run_dir) == [bystander.pid]
+        assert bystander.wait(5) == -signal.SIGTERM
+    finally:
+        bystander.kill()
+        bystander.wait(5)

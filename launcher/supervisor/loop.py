@@ -68,6 +68,7 @@ from xl.launcher.supervisor.stopping import Stopping, StopReason, StopSignals, g
 from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
 
 _TICK_S = 0.1
+_ESCAPED_SCAN_S = 2.0  # how often the processes that left the run's environment are recorded
 _LINK_CLOSE_S = 3.0
 
 
@@ -98,6 +99,8 @@ class Supervisor:
         self.ranks = Ranks(run_dir, record, self._rank_started, self._rank_ended, self.journal.changed)
         self.ranks.on_restarted = self._rank_restarted
         self.attempt = 0  # torchrun's restarts so far (the highest attempt any rank reached)
+        self.escaped: list[tuple[int, float]] = []  # recorded in escaped.json (xl.launcher.procs)
+        self.escaped_scan_at = 0.0
         self.restart_reason: str | None = None  # the failure that will make torchrun restart
         self.sink = LogSink(run_dir, self.journal.write_failed)
         self.sink.forward = self.journal.send_log
@@ -224,6 +227,7 @@ class Supervisor:
             self.journal.emit({"kind": "failure", "rank": None, "exit_code": self.torchrun.code, "message": failure.message})
             self.stopping.begin(StopReason.TORCHRUN_DIED)
         self.stopping.advance()
+        self._record_escaped()
         self.stopping.end_exit_barrier(self.hub is not None and self.hub.busy(), self.journal.emit)
         if self.journal.dirty:
             self.save()
@@ -231,6 +235,21 @@ class Supervisor:
             # Every rank process is gone, so nothing can log any more: flush telemetry now,
             # while torchrun tears down (~0.5 s), not after it.
             self.port.stop()
+
+    def _record_escaped(self) -> None:
+        """Descendants without the run's environment, for `xl stop` and settling to find once
+        this supervisor is gone (xl.launcher.procs.escaped)."""
+        now = time.monotonic()
+        if now < self.escaped_scan_at:
+            return
+        self.escaped_scan_at = now + _ESCAPED_SCAN_S
+        found = procs.escaped_descendants(os.getpid(), self.run_id)
+        if found != self.escaped:
+            try:
+                procs.save_escaped(self.run_dir, found)
+                self.escaped = found
+            except OSError as exc:
+                self.journal.write_failed(procs.ESCAPED_FILE, exc)
 
     def _all_done(self) -> bool:
         return self.ranks.all_done(self.torchrun.code, self.stopping.state is not None)
