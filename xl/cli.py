@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stacks": ("xl.launcher.cli.stacks", "where every rank of a live run is, and who the others wait for (--rank R, --json)"),
     "attach": ("xl.tui.commands:attach_main", "watch an existing run live"),
     "demo": ("xl.tui.commands:demo_main", "train a small bundled model on this machine's devices and watch it"),
+    "serve": ("xl.tui.serve", "the app in a browser: one app per tab, behind a token (--read-only for viewers)"),
     "exporter": ("xl.launcher.cli.exporter", "every live run's ranks on /metrics for Prometheus (bearer token)"),
 }
 

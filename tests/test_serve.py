@@ -1,0 +1,245 @@
+"""`xl serve`: the app in a real headless Chromium, behind its token (docs/serve.md).
+
+Each test starts `xl serve` as a person does, reads the one line it prints, drives Debian's
+chromium-headless-shell through Playwright, and ends it with SIGTERM: the server, every app
+process it started and every Chromium process must then be gone (tests/support/servers.py,
+tests/support/browser.py). What the app draws is read from what it sends the page.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+import socket
+import subprocess
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psutil
+import pytest
+from browser import Tab, browser, png_pixels
+from procs import XL, wait_for, xl_env
+from runfixtures import make_run
+from servers import Served, served
+
+from xl.listen import warn_if_exposed
+from xl.tui.served import READ_ONLY, ReadOnlyBackend
+
+pytestmark = pytest.mark.e2e
+
+LINE = re.compile(r"^xl: serving the app at (http://127\.0\.0\.1:(\d+))/\?token=([A-Za-z0-9_-]{20,})$")
+PAGE_BACKGROUND = (12, 24, 31)  # textual-serve's page around the terminal (#0c181f)
+
+
+def home_with_runs(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    (home / "runs").mkdir(parents=True)
+    make_run(home / "runs", "healthy")
+    make_run(home / "runs", "failed")
+    return home
+
+
+def apps(server: Served) -> list[psutil.Process]:
+    """The app processes `xl serve` runs now, one per open tab."""
+    out = []
+    for proc in server.family():
+        try:
+            if "xl.tui.served" in " ".join(proc.cmdline()):
+                out.append(proc)
+        except psutil.Error:
+            continue
+    return out
+
+
+def request(url: str, path: str, headers: dict[str, str] | None = None) -> int:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.request("GET", path, headers=headers or {})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def ws_upgrade(base: str, *, token: str | None, origin: str | None, cookie_name: str | None = None) -> int:
+    headers = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    if origin:
+        headers["Origin"] = origin
+    path = "/ws" if token is None or cookie_name else f"/ws?token={token}"
+    if cookie_name and token:
+        headers["Cookie"] = f"{cookie_name}={token}"
+    return request(base, path, headers)
+
+
+def open_tab(context, url: str) -> Tab:
+    tab = Tab(context.new_page())
+    tab.page.goto(url)
+    tab.wait_text("xl — GPUs")
+    return tab
+
+
+def test_the_page_needs_the_token_and_runs_the_app_keys_and_all(tmp_path: Path) -> None:
+    home = home_with_runs(tmp_path)
+    with served(["serve", "--port", "0"], xl_env(home)) as server, browser() as context:
+        found = LINE.match(server.line)
+        assert found, server.line
+        base, token = found.group(1), found.group(3)
+        page = context.new_page()
+        # No token, a wrong one: refused, and no app starts.
+        assert page.goto(base + "/").status == 403
+        assert page.goto(f"{base}/?token={token}x").status == 403
+        assert "open the URL" in page.inner_text("body")
+        assert apps(server) == []
+        tab = Tab(page)
+        page.goto(f"{base}/?token={token}")
+        assert page.url == base + "/", "the token stays in the address bar"
+        tab.wait_text("xl — GPUs")
+        (app,) = apps(server)
+        assert app.environ().get("TEXTUAL_DRIVER", "").endswith("WebDriver")
+        shot_gpus = page.screenshot()
+        since = tab.press("4")
+        tab.wait_text("20260530-healthy", since)
+        tab.wait_text("20260530-failed", since)
+        shot_runs = page.screenshot()
+        since = tab.press("2")
+        tab.wait_text("xl — Doctor", since)
+        # What the page shows: the app's screen (not textual-serve's start or "Session ended"
+        # dialogs, drawn on its own background), and a new one after a key.
+        w, h, gpus, bpp = png_pixels(shot_gpus)
+        _, _, runs, _ = png_pixels(shot_runs)
+        assert (w, h) == (1280, 800)
+        colours = Counter(row[x : x + 3] for row in runs[::8] for x in range(0, w * bpp, 8 * bpp))
+        assert colours[bytes(PAGE_BACKGROUND)] < sum(colours.values()) * 0.05, colours.most_common(3)
+        assert len(colours) > 5, "the screen has text and colour"
+        changed = sum(a != b for a, b in zip(gpus, runs, strict=True))
+        assert changed > h // 10, "the Runs screen looks like the GPUs screen"
+        # The cookie carries the token for the page's own requests; Origin is checked too.
+        cookie = next(c for c in context.cookies() if c["name"].startswith("xl_serve_"))
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert request(base, "/static/js/textual.js") == 403
+        assert request(base, "/static/js/textual.js", {"Cookie": f"{cookie['name']}={token}"}) == 200
+        assert ws_upgrade(base, token=None, origin=base) == 403
+        assert ws_upgrade(base, token=token, origin="http://evil.example") == 403
+        assert ws_upgrade(base, token=token, origin=None) == 403
+        assert ws_upgrade(base, token=token, origin=base.replace("127.0.0.1", "localhost"), cookie_name=cookie["name"]) == 101
+        page.close()
+        wait_for(lambda: not apps(server), timeout=30, what="the closed tab's app to end")
+
+
+def test_three_tabs_three_apps_a_closed_tab_leaves_none_and_sigterm_ends_all(tmp_path: Path) -> None:
+    home = home_with_runs(tmp_path)
+    env = xl_env(home, XL_SERVE_TOKEN="a-token-from-the-environment")
+    with served(["serve", "--port", "0"], env) as server, browser() as context:
+        assert server.line.endswith("/?token=a-token-from-the-environment"), server.line
+        tabs = [open_tab(context, server.url) for _ in range(3)]
+        running = wait_for(lambda: len(a := apps(server)) == 3 and a, timeout=30, what="three app processes")
+        assert len({p.pid for p in running}) == 3
+        for app in running:
+            assert "XL_SERVE_TOKEN" not in app.environ(), "the apps never see the token"
+        tabs[1].page.close()
+        left = wait_for(lambda: len(a := apps(server)) == 2 and a, timeout=30, what="the closed tab's app to end")
+        assert {p.pid for p in left} < {p.pid for p in running}
+        # The other two still answer their own keys.
+        for tab in (tabs[0], tabs[2]):
+            tab.wait_text("20260530-failed", tab.press("4"))
+        # Leaving the block sends SIGTERM with two tabs open: served() checks nothing is left.
+
+
+def test_read_only_has_no_launch_and_no_stop(tmp_path: Path) -> None:
+    home = home_with_runs(tmp_path)
+    with served(["serve", "--port", "0", "--read-only"], xl_env(home)) as server, browser() as context:
+        tab = open_tab(context, server.url)
+        tab.page.wait_for_timeout(500)
+        since = tab.press("3")
+        tab.page.wait_for_timeout(1500)
+        assert "xl — Launch" not in tab.text(since)
+        since = tab.press("L")
+        tab.wait_text("Read-only", since)
+        assert "xl — Launch" not in tab.text(since)
+        # Still a viewer: the runs are there.
+        tab.wait_text("20260530-healthy", tab.press("4"))
+    with pytest.raises(PermissionError, match="read-only"):
+        ReadOnlyBackend().stop(home / "runs" / "20260530-healthy")
+    assert "--read-only" in READ_ONLY
+
+
+@contextmanager
+def forwarder(listen_port: int) -> Iterator[list[int]]:
+    """A TCP tunnel on ``listen_port`` to the port put in the list it yields (as ``ssh -L``)."""
+    target: list[int] = []
+    lsock = socket.create_server(("127.0.0.1", listen_port))
+    lsock.settimeout(0.2)
+    stop = threading.Event()
+
+    def pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                client, _ = lsock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", target[0]))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield target
+    finally:
+        stop.set()
+        thread.join(5)
+        lsock.close()
+
+
+def test_public_url_serves_through_a_tunnel(tmp_path: Path) -> None:
+    """Behind a tunnel the browser's address is the tunnel's: --public-url makes the page's
+    websocket and the Origin check use it."""
+    home = home_with_runs(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        tunnel = s.getsockname()[1]
+    public = f"http://127.0.0.1:{tunnel}"
+    with forwarder(tunnel) as target, served(["serve", "--port", "0", "--public-url", public], xl_env(home)) as server, browser() as context:
+        assert server.line.startswith(f"xl: serving the app at {public}/?token="), server.line
+        token = server.line.rsplit("=", 1)[1]
+        port = int(next(c.laddr.port for c in psutil.Process(server.proc.pid).net_connections("tcp") if c.status == "LISTEN"))
+        target.append(port)
+        tab = open_tab(context, server.url)
+        tab.wait_text("20260530-healthy", tab.press("4"))
+        assert tab.sockets[0].url.startswith(f"ws://127.0.0.1:{tunnel}/ws")
+        # Straight to the server, a page of the tunnel's origin is fine; any other is not.
+        direct = f"http://127.0.0.1:{port}"
+        assert ws_upgrade(direct, token=token, origin="http://127.0.0.1:1") == 403
+        tab.page.close()
+        wait_for(lambda: not apps(server), timeout=30, what="the tab's app to end")
+
+
+def test_a_taken_port_is_one_line_and_exposure_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = subprocess.run([*XL, "serve", "--port", str(port)], env=xl_env(tmp_path / "home"), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
+    warn_if_exposed("xl serve", "0.0.0.0")
+    warn_if_exposed("xl serve", "::1")
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "0.0.0.0" in err

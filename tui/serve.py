@@ -1,0 +1,169 @@
+"""``xl serve``: the app in a browser, one app process per tab, behind a token (docs/serve.md).
+
+textual-serve does the serving: its aiohttp app gives each websocket its own ``python -m
+xl.tui.served`` and ends it when the tab closes. xl wraps that app, without copying it, in one
+aiohttp middleware that every request passes:
+
+- the token (``?token=`` or, after the first page load, a cookie) or HTTP 403, for the page,
+  its static files, downloads and the websocket alike: an app reachable without it would let any
+  local user of a shared login node run code as you;
+- the websocket's Origin must be this server's own (or ``--public-url``'s): a page of another
+  site the browser has open cannot drive the app with the cookie.
+
+It prints one line on stdout and nothing else there (textual-serve's own logs go to stderr), and
+runs until SIGINT/SIGTERM; then every app process it started is ended too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
+
+from xl.errors import ArgumentParser, UsageError
+from xl.listen import is_loopback, port_in_use, same_token, token_from, url_host, warn_if_exposed
+
+PROG = "xl serve"
+TOKEN_VAR = "XL_SERVE_TOKEN"
+# After SIGTERM: how long the tabs' apps get to quit when asked, then how long after SIGTERM.
+SHUTDOWN_S = 5.0
+KILL_AFTER_S = 3.0
+
+
+def origins(host: str, port: int, public_url: str | None) -> set[str]:
+    """The Origins a websocket may come from: this server's address (every spelling of loopback
+    when it is on loopback) and the public URL's origin."""
+    hosts = {url_host(host)}
+    if is_loopback(host):
+        hosts |= {"127.0.0.1", "localhost", "[::1]"}
+    out = {f"http://{h}:{port}" for h in hosts}
+    if public_url:
+        parts = urlsplit(public_url)
+        out.add(f"{parts.scheme}://{parts.netloc}".lower())
+    return out
+
+
+def make_server(command: str, host: str, port: int, public_url: str | None, token: str) -> Any:
+    from aiohttp import web  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
+    from textual_serve.server import Server  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
+
+    class GuardedServer(Server):
+        """textual-serve's server with every request behind the token, the websocket behind the
+        Origin check, and nothing of its own on stdout."""
+
+        cookie = f"xl_serve_{os.getpid()}"  # cookies ignore ports: two servers keep theirs apart
+        allowed: set[str]  # the Origins a websocket may come from: set once the port is bound
+
+        def initialize_logging(self) -> None:
+            logging.basicConfig(level=logging.WARNING, format="xl serve: %(message)s", stream=sys.stderr)
+
+        async def on_startup(self, app: web.Application) -> None:
+            pass  # textual-serve prints a banner here; the one line is printed once bound
+
+        async def _make_app(self) -> web.Application:
+            app = await super()._make_app()
+            app.middlewares.append(self.guard)
+            return app
+
+        @web.middleware
+        async def guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+            given = request.query.get("token")
+            if not (same_token(given, token) or same_token(request.cookies.get(self.cookie), token)):
+                raise web.HTTPForbidden(text="xl serve: open the URL that `xl serve` printed (with its ?token=)\n")
+            if request.path == "/ws" and (request.headers.get("Origin") or "").lower() not in self.allowed:
+                raise web.HTTPForbidden(text="xl serve: this page's origin may not open the app\n")
+            if given is not None and request.path == "/":
+                # The token moves from the address bar into a cookie the page's requests carry.
+                rest = {k: v for k, v in request.query.items() if k != "token"}
+                found = web.HTTPSeeOther(str(request.rel_url.with_query(rest)))
+                found.set_cookie(self.cookie, token, httponly=True, samesite="Strict", path="/")
+                raise found
+            response = await handler(request)
+            response.headers.setdefault("Referrer-Policy", "no-referrer")
+            return response
+
+    server = GuardedServer(command, host=host, port=port, title="xl", public_url=public_url)
+    server.allowed = origins(host, port, public_url)
+    return server
+
+
+async def serve(server: Any, host: str, port: int, public_url: str | None, token: str) -> int:
+    from aiohttp import web  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
+
+    server.initialize_logging()
+    runner = web.AppRunner(await server._make_app(), shutdown_timeout=SHUTDOWN_S, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host.strip("[]"), port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        sys.stderr.write(port_in_use(PROG, host, port, exc) + "\n")
+        return 1
+    bound = int(runner.addresses[0][1])
+    server.port = bound
+    server.public_url = (public_url or f"http://{url_host(host)}:{bound}").rstrip("/")
+    server.allowed = origins(host, bound, public_url)
+    warn_if_exposed(PROG, host)
+    print(f"xl: serving the app at {server.public_url}/?token={token}", flush=True)
+    # One line on stdout: what the apps write to stderr, textual-serve copies to stdout.
+    sys.stdout = sys.stderr
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    try:
+        await asyncio.wait_for(runner.cleanup(), SHUTDOWN_S * 2)
+    except asyncio.TimeoutError:
+        pass
+    end_children()
+    return 0
+
+
+def end_children() -> None:
+    """Every app process still running (a tab's app that did not quit when asked): SIGTERM, then
+    SIGKILL; none outlives `xl serve`."""
+    kids = psutil.Process().children(recursive=True)
+    for kid in kids:
+        try:
+            kid.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(kids, timeout=KILL_AFTER_S)
+    for kid in alive:
+        try:
+            kid.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=KILL_AFTER_S)
+
+
+def main(argv: Sequence[str]) -> int:
+    p = ArgumentParser(prog=PROG, description="Serve the xl app in a browser: one app per tab, behind a token.")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    p.add_argument("--public-url", metavar="URL", help="the URL browsers use, behind an SSH tunnel or a proxy (e.g. https://host/xl)")
+    p.add_argument("--read-only", action="store_true", help="for viewers: no Launch screen, no stop")
+    ns = p.parse_args(list(argv))
+    if not 0 <= ns.port <= 65535:
+        raise UsageError(f"--port {ns.port} is not a port (0-65535)")
+    if ns.public_url and urlsplit(ns.public_url).scheme not in ("http", "https"):
+        raise UsageError(f"--public-url {ns.public_url!r} is not an http:// or https:// URL")
+    if importlib.util.find_spec("textual_serve") is None:  # an extra: say how to get it, not a traceback
+        raise UsageError("needs textual-serve: pip install 'xl-cluster[serve]'")
+    token = token_from(TOKEN_VAR)
+    os.environ.pop(TOKEN_VAR, None)  # the apps (and the runs they launch) never see it
+    command = f"exec {shlex.quote(sys.executable)} -m xl.tui.served" + (" --read-only" if ns.read_only else "")
+    server = make_server(command, ns.host, ns.port, ns.public_url, token)
+    return asyncio.run(serve(server, ns.host, ns.port, ns.public_url, token))
