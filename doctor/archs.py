@@ -1,6 +1,7 @@
 """GPU architectures as torch reads them: TORCH_CUDA_ARCH_LIST parsed exactly as
-torch.utils.cpp_extension._get_cuda_arch_flags parses it (torch 2.13), the -gencode flags it
-turns into, and which compiled architectures a GPU can run.
+torch.utils.cpp_extension._get_cuda_arch_flags parses it (the installed torch's own lists, by its
+version: TORCH_ARCHES), the -gencode flags it turns into, and which compiled architectures a GPU
+can run (an arch-specific target such as 9.0a runs on that architecture only, PTX included).
 
 torch's rules, kept here to the letter because a build follows them, not what a person meant:
 - unset, empty or exactly "native": the visible GPUs' capabilities (each clamped to the newest
@@ -41,6 +42,51 @@ SUPPORTED_ARCHES: tuple[str, ...] = (
 )  # fmt: skip
 VALID = frozenset((*SUPPORTED_ARCHES, *(a + "+PTX" for a in SUPPORTED_ARCHES)))
 
+# What older releases of cpp_extension accept: (first torch version, supported_arches), newest
+# last; a torch takes the last row at or below its version. Source: torch/utils/cpp_extension.py
+# of each release (`supported_arches`, `named_arches`). Verified: 2.0's list ends at 9.0; the
+# Hopper-era list with 9.0a; 2.6's ends at '10.0' (the Blackwell patch jetson-containers applies
+# to 2.6 adds 10.0a;10.1;10.1a;12.0;12.0a, which 2.7 ships); 2.9 (CUDA 13) renamed 10.1 to 11.0
+# and added 10.3 and 12.1 (the list above, unchanged to 2.13). To update: add a row.
+_BASE = ("3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0",
+         "8.6", "8.7", "8.9", "9.0")  # fmt: skip
+TORCH_ARCHES: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
+    ((2, 0), _BASE),
+    ((2, 1), (*_BASE, "9.0a")),
+    ((2, 6), (*_BASE, "9.0a", "10.0")),
+    ((2, 7), (*_BASE, "9.0a", "10.0", "10.0a", "10.1", "10.1a", "12.0", "12.0a")),
+    ((2, 9), SUPPORTED_ARCHES),
+)
+
+
+# Names younger than torch 2.0 (the Blackwell ones): the release that brought each.
+_NAME_SINCE = {"Blackwell": (2, 7), "Blackwell+Tegra": (2, 9)}
+
+
+def _accepted(torch_version: tuple[int, ...] | None) -> tuple[frozenset[str], tuple[tuple[str, str], ...]]:
+    """(valid items, named architectures) of the cpp_extension of this torch version (None:
+    the newest)."""
+    if not torch_version:
+        return VALID, NAMED_ARCHES
+    rows = [arches for since, arches in TORCH_ARCHES if since <= torch_version[:2]]
+    arches = rows[-1] if rows else TORCH_ARCHES[0][1]
+    valid = frozenset((*arches, *(a + "+PTX" for a in arches)))
+    named = tuple(
+        (name, value if all(v in valid for v in value.split(";")) else _known_part(value, valid))
+        for name, value in NAMED_ARCHES
+        if _NAME_SINCE.get(name, (2, 0)) <= torch_version[:2]
+    )
+    return valid, named
+
+
+def _known_part(value: str, valid: frozenset[str]) -> str:
+    """A name's expansion cut to what this release knows, the last one carrying its +PTX."""
+    items = [v for v in value.split(";") if v.split("+")[0] in {a.split("+")[0] for a in valid}]
+    items = [v.split("+")[0] for v in items]
+    if value.endswith("+PTX") and items:
+        items[-1] += "+PTX"
+    return ";".join(items)
+
 
 @dataclass
 class ArchList:
@@ -58,6 +104,19 @@ class ArchList:
     def ptx(self) -> list[tuple[int, int]]:
         return [_cc(a) for a in self.items if a.endswith("+PTX")]
 
+    def runs_on(self, cap: str) -> str:
+        """How a GPU of capability `cap` runs what this list builds (see runs_on): an
+        arch-specific item (9.0a, 10.0a) counts only on exactly its own architecture."""
+        cc = _cc(cap)
+        general = [a for a in self.items if not _specific(a)]
+        exact = [a for a in self.items if _specific(a) and _cc(a) == cc]
+        how = runs_on(cap, [_cc(a) for a in general], [_cc(a) for a in general if a.endswith("+PTX")])
+        return "cubin" if exact else how
+
+    def specific(self) -> list[str]:
+        """The arch-specific items (9.0a, 10.0a+PTX): their code runs on no other architecture."""
+        return [a for a in self.items if _specific(a)]
+
     def flags(self) -> list[str]:
         """-gencode flags exactly as torch emits them (sorted, deduplicated)."""
         out = []
@@ -69,16 +128,24 @@ class ArchList:
         return sorted(set(out))
 
 
+def _specific(arch: str) -> bool:
+    return arch.split("+")[0].endswith("a")
+
+
 def _cc(arch: str) -> tuple[int, int]:
     major, minor = arch.split("+")[0].split(".")
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
 def parse_arch_list(
-    value: str | None, caps: Sequence[str] = (), torch_max: tuple[int, int] | None = None
+    value: str | None,
+    caps: Sequence[str] = (),
+    torch_max: tuple[int, int] | None = None,
+    torch_version: tuple[int, ...] | None = None,
 ) -> ArchList:
     """torch's reading of TORCH_CUDA_ARCH_LIST; `caps` are the visible GPUs' capabilities and
-    `torch_max` the newest sm_ torch was built for (the clamp), both used only when unset."""
+    `torch_max` the newest sm_ torch was built for (the clamp), both used only when unset;
+    `torch_version` picks that release's lists (None: the newest)."""
     if not value or value == "native":
         archs: list[str] = []
         for cap in caps:
@@ -93,12 +160,13 @@ def parse_arch_list(
             return ArchList(from_gpus=True, no_gpu=True)
         archs[-1] += "+PTX"
         return ArchList(items=archs, from_gpus=True)
+    valid, named = _accepted(torch_version)
     text = value.replace(" ", ";")
-    for name, archival in NAMED_ARCHES:
+    for name, archival in named:
         text = text.replace(name, archival)
     items = text.split(";")
-    bad = next((a for a in items if a not in VALID), None)
-    return ArchList(items=[a for a in items if a in VALID], bad=bad)
+    bad = next((a for a in items if a not in valid), None)
+    return ArchList(items=[a for a in items if a in valid], bad=bad)
 
 
 def runs_on(cap: str, cubins: Sequence[tuple[int, int]], ptx: Sequence[tuple[int, int]]) -> str:

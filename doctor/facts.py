@@ -125,6 +125,8 @@ class TorchInfo:
     location: str | None = None
     nccl: str | None = None  # NCCL version available to torch
     nccl_from: str | None = None
+    nccl_wheels: list[tuple[str, str]] = field(default_factory=list)  # (nvidia-nccl-cuN, version)
+    nccl_required: tuple[str, str] | None = None  # the NCCL wheel torch's METADATA pins
     bin_dir: str | None = None  # the interpreter's scripts folder (where pip puts ninja)
     pip_toolkits: list[tuple[str, str]] = field(default_factory=list)  # (root, version)
     pip_ptxas: list[str] = field(default_factory=list)  # nvcc wheels with ptxas but no nvcc
@@ -145,6 +147,7 @@ class LdEntry:
     nccl: list[str] = field(default_factory=list)
     cudnn: list[str] = field(default_factory=list)
     cuda_libs: dict[str, str | None] = field(default_factory=dict)  # soname -> full version
+    libcuda: str | None = None  # realpath of the libcuda.so.1 in this folder (cuda-compat's, say)
 
 
 @dataclass
@@ -154,6 +157,7 @@ class Facts:
     driver: Any = None  # xl.gpu.nvml.Driver
     gpus: tuple[Any, ...] = ()  # xl.gpu.nvml.GPU
     nvml_problem: str | None = None  # the inventory itself could not be taken
+    health: dict[int, Any] = field(default_factory=dict)  # index -> xl.gpu.health.Health
     path_nvcc: str | None = None
     path_nvcc_run: CmdResult | None = None
     cuda_home: str | None = None  # as torch resolves it
@@ -173,9 +177,11 @@ class Facts:
     shm_total: int | None = None
     shm_free: int | None = None
     shm_problem: str | None = None
+    shm_segments: list[Any] = field(default_factory=list)  # xl.doctor.probes.shm.Segment
     ninja: str | None = None
     ninja_run: CmdResult | None = None
     ninja_in_bin: str | None = None  # ninja beside the --python interpreter when not on PATH
+    container: str | None = None  # docker | podman when this runs in one (its marker file)
     net_ifaces: list[str] | None = None
     ib_devices: list[str] | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)

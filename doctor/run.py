@@ -11,7 +11,7 @@ from typing import Any
 from xl._version import __version__
 from xl.doctor.checks import all_errored, run_checks
 from xl.doctor.facts import CmdResult, Compiler, Facts, TorchInfo, parse_nvcc_version
-from xl.doctor.probes import compilers, files, libraries, system, toolkits
+from xl.doctor.probes import compilers, files, libraries, shm, system, toolkits
 from xl.doctor.probes.commands import Parallel, run_cmd
 from xl.doctor.probes.compile import run_build
 from xl.doctor.probes.pytorch import probe_torch
@@ -118,10 +118,12 @@ def collect(python: str | None = None) -> Facts:
     # XL_DOCTOR_SHM: check another mount (containers that bind shared memory elsewhere; tests).
     facts.shm_path = real_env.get("XL_DOCTOR_SHM") or "/dev/shm"
     facts.shm_total, facts.shm_free, facts.shm_problem = system.shm_size(facts.shm_path)
+    facts.shm_segments = shm.segments(facts.shm_path)
     facts.other_compilers = compilers.other_compilers(path_value)
     net = system.net_interfaces()
     facts.net_ifaces = net or None
     facts.ib_devices = system.infiniband_devices()
+    facts.container = system.container_kind()
 
     def result(job: str) -> Any:
         value, error, ms = par.result(job)
@@ -175,12 +177,13 @@ def collect(python: str | None = None) -> Facts:
         if os.path.isfile(cand):
             facts.ninja_in_bin = cand
 
-    inv = result("nvml")
-    if hasattr(inv, "driver"):
+    got = result("nvml")
+    if isinstance(got, tuple) and hasattr(got[0], "driver"):
+        inv, facts.health = got
         facts.driver = inv.driver
         facts.gpus = tuple(inv.gpus)
     else:
-        facts.nvml_problem = str(inv or "no answer")
+        facts.nvml_problem = str(got or "no answer")
     facts.timings_ms["total"] = round((time.perf_counter() - t0) * 1000, 1)
     return facts
 

@@ -143,12 +143,49 @@ DRIVER_FOR_CUDA: dict[str, str] = {
     "13.0": "580.65.06",
 }
 
+def cuda_of_driver(version: str | None) -> str | None:
+    """The newest CUDA a driver (a libcuda.so.<version>) supports, by DRIVER_FOR_CUDA."""
+    have = vtuple(version)
+    if not have:
+        return None
+    fits = [c for c, floor in DRIVER_FOR_CUDA.items() if vtuple(floor) <= have]
+    return max(fits, key=vtuple) if fits else None
+
+
 # Lowest and highest compute capability each nvcc major can build for.
 NVCC_ARCH_RANGE: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {
     11: ((3, 5), (9, 0)),
     12: ((5, 0), (12, 1)),
     13: ((7, 5), (12, 1)),
 }
+
+# The newest architecture each nvcc builds, from the first version that does (CUDA toolkit
+# release notes: 11.1 brought sm_86, 11.4 sm_87, 11.8 sm_89/sm_90, 12.8 sm_100/sm_120, 12.9
+# sm_103/sm_121). An RTX 5090 (sm_120) needs nvcc 12.8 or newer.
+NVCC_NEWEST_ARCH: tuple[tuple[tuple[int, int], tuple[int, int]], ...] = (
+    ((11, 0), (8, 0)),
+    ((11, 1), (8, 6)),
+    ((11, 4), (8, 7)),
+    ((11, 8), (9, 0)),
+    ((12, 8), (12, 0)),
+    ((12, 9), (12, 1)),
+)
+
+
+def nvcc_newest_arch(version: str | None) -> tuple[int, int] | None:
+    """The newest compute capability this nvcc version builds for; None when unknown."""
+    want = vtuple(version)[:2]
+    if len(want) < 2:
+        return None
+    rows = [arch for since, arch in NVCC_NEWEST_ARCH if since <= want]
+    return rows[-1] if rows else None
+
+
+def first_nvcc_for(arch: tuple[int, int]) -> str | None:
+    """The oldest CUDA version whose nvcc builds for this architecture, as 'major.minor'."""
+    since = next((s for s, newest in NVCC_NEWEST_ARCH if newest >= arch), None)
+    return f"{since[0]}.{since[1]}" if since else None
+
 
 # torch's own compiler table (torch/utils/cpp_extension.py 2.13, CUDA_GCC_VERSIONS /
 # CUDA_CLANG_VERSIONS): the first major it refuses for each nvcc. It applies on top of nvcc's

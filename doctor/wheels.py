@@ -9,6 +9,7 @@ judged by it: its fixes name no version (pip then takes the newest the index has
 
 from __future__ import annotations
 
+from xl.doctor.archs import parse_arch_list
 from xl.doctor.facts import vtuple
 
 # torch version -> the CUDA tags it was published for.
@@ -38,17 +39,51 @@ TAG_CUDA: dict[str, str] = {
     "cu130": "13.0",
 }
 
-# The architectures each tag's wheels carry (TORCH_CUDA_ARCH_LIST of the wheel build).
-WHEEL_ARCHS: dict[str, str] = {
-    "cu117": "3.7;5.0;6.0;7.0;7.5;8.0;8.6",
-    "cu118": "3.7;5.0;6.0;7.0;7.5;8.0;8.6;9.0",
-    "cu121": "5.0;6.0;7.0;7.5;8.0;8.6;9.0",
-    "cu124": "5.0;6.0;7.0;7.5;8.0;8.6;9.0",
-    "cu126": "5.0;6.0;7.0;7.5;8.0;8.6;9.0",
-    "cu128": "7.5;8.0;8.6;9.0;10.0;12.0+PTX",
-    "cu129": "7.5;8.0;8.6;9.0;10.0;12.0+PTX",
-    "cu130": "7.5;8.0;8.6;9.0;10.0;11.0;12.0+PTX",
-}
+# The architectures each wheel carries: TORCH_CUDA_ARCH_LIST of PyTorch's wheel build, by tag and
+# the first torch version a list holds for (a later row of the same tag replaces an earlier one;
+# a torch takes the last row at or below its version). What carries sm_XX depends on the torch
+# version, not only on the tag: 2.7's cu128 wheels left Volta (7.0) out, 2.8 put it back.
+# Sources, to update this table from:
+# - .ci/manywheel/build_cuda.sh on each release branch of github.com/pytorch/pytorch (the 2.8
+#   rows: 12.6 "5.0;6.0;7.0;7.5;8.0;8.6;9.0", 12.8 "7.0;...;12.0", 12.9 "7.0;...;12.0+PTX", kept
+#   sm_70 per https://github.com/pytorch/pytorch/issues/157517);
+# - the support matrix in RELEASE.md (https://github.com/pytorch/pytorch/blob/main/RELEASE.md)
+#   and https://github.com/pytorch/pytorch/issues/172352 (2.11 leaves Volta out of cu128 again;
+#   cu130 is "7.5;...;10.0;12.0+PTX" on x86, 11.0 only on aarch64).
+WHEEL_ARCH_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("cu117", "2.0.0", "3.7;5.0;6.0;7.0;7.5;8.0;8.6"),
+    ("cu118", "2.0.0", "3.7;5.0;6.0;7.0;7.5;8.0;8.6;9.0"),
+    ("cu121", "2.1.0", "5.0;6.0;7.0;7.5;8.0;8.6;9.0"),
+    ("cu124", "2.4.0", "5.0;6.0;7.0;7.5;8.0;8.6;9.0"),
+    ("cu126", "2.6.0", "5.0;6.0;7.0;7.5;8.0;8.6;9.0"),
+    ("cu128", "2.7.0", "7.5;8.0;8.6;9.0;10.0;12.0+PTX"),
+    ("cu128", "2.8.0", "7.0;7.5;8.0;8.6;9.0;10.0;12.0"),
+    ("cu128", "2.11.0", "7.5;8.0;8.6;9.0;10.0;12.0"),
+    ("cu129", "2.8.0", "7.0;7.5;8.0;8.6;9.0;10.0;12.0+PTX"),
+    ("cu130", "2.9.0", "7.5;8.0;8.6;9.0;10.0;12.0+PTX"),
+)
+
+
+def wheel_archs(tag: str | None, version: str | None) -> str | None:
+    """The TORCH_CUDA_ARCH_LIST the wheel `torch==version` from `tag`'s index was built with;
+    None when the table has no row for the tag. `version` None: what pip would install (the
+    tag's newest row)."""
+    rows = [(vtuple(first), archs) for t, first, archs in WHEEL_ARCH_ROWS if t == tag]
+    if not rows:
+        return None
+    want = vtuple(base_version(version))
+    if not want:
+        return rows[-1][1]
+    known = [archs for first, archs in rows if first <= want]
+    return known[-1] if known else rows[0][1]
+
+
+def newest_sm(cuda: str | None, version: str | None) -> tuple[int, int] | None:
+    """The newest sm_ a torch wheel of this CUDA and version carries: what torch's extension
+    builder clamps the GPUs' capabilities to when TORCH_CUDA_ARCH_LIST is unset."""
+    archs = wheel_archs(tag_of(cuda), version)
+    cc = parse_arch_list(archs).cc() if archs else []
+    return max(cc) if cc else None
 
 
 def base_version(version: str | None) -> str | None:

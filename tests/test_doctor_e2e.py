@@ -146,7 +146,8 @@ def test_broken_gpu_box_fails_with_fixes(tmp_path: Path, simnvml) -> None:
     # A 7.0 cubin runs on the T4 (7.5: same major, higher minor); only the A100 is left out.
     assert checks["arch_list"]["fix"] == 'export TORCH_CUDA_ARCH_LIST="7.0;8.0"'
     assert "7.5" not in checks["arch_list"]["detail"]
-    assert st["nccl"] == "warn" and "nosuchnic0" in checks["nccl"]["detail"]
+    # An interface that does not exist stops NCCL at init: a failure, not a slowdown.
+    assert st["nccl"] == "fail" and "nosuchnic0" in checks["nccl"]["detail"]
     assert "libnccl.so.2" in checks["nccl"]["detail"]
     assert st["ninja"] == "warn" and "pip install ninja" in checks["ninja"]["fix"]
     assert st["shm"] == "warn"

@@ -9,10 +9,11 @@ from xl.doctor.archs import parse_arch_list, runs_on
 from xl.doctor.wheels import (
     NEWEST_KNOWN,
     PUBLISHED,
-    WHEEL_ARCHS,
+    WHEEL_ARCH_ROWS,
     install_command,
     is_published,
     version_for,
+    wheel_archs,
 )
 
 
@@ -55,10 +56,47 @@ def test_the_pin_is_always_a_published_wheel(
 
 
 def test_every_tag_in_the_table_has_an_architecture_list_torch_accepts() -> None:
-    tags = {tag for _, tag in PUBLISHED}
-    assert tags <= set(WHEEL_ARCHS) and NEWEST_KNOWN == "2.9.1"
-    for tag, archs in WHEEL_ARCHS.items():
-        assert parse_arch_list(archs).bad is None, tag
+    for version, tag in PUBLISHED:
+        archs = wheel_archs(tag, version)
+        assert archs is not None, (version, tag)
+        # The wheel's own list is one its torch's cpp_extension accepts.
+        assert parse_arch_list(archs, torch_version=(2, 13)).bad is None, (version, tag)
+    assert NEWEST_KNOWN == "2.9.1"
+    assert all(parse_arch_list(archs).bad is None for _, _, archs in WHEEL_ARCH_ROWS)
+
+
+@pytest.mark.parametrize(
+    ("version", "tag", "volta"),
+    [
+        ("2.7.1", "cu128", False),  # 2.7's cu128 wheels left sm_70 out
+        ("2.8.0", "cu128", True),  # and 2.8 put it back
+        ("2.9.0+cu128", "cu128", True),
+        ("2.9.0", "cu130", False),  # CUDA 13 builds nothing below 7.5
+        ("2.11.0", "cu128", False),  # out again (pytorch#172352)
+        ("2.7.0", "cu126", True),
+    ],
+)
+def test_which_wheels_carry_volta_depends_on_the_torch_version(
+    version: str, tag: str, volta: bool
+) -> None:
+    al = parse_arch_list(wheel_archs(tag, version))
+    assert (al.runs_on("7.0") != "none") is volta
+
+
+def test_arch_specific_targets_run_on_their_own_architecture_only() -> None:
+    assert parse_arch_list("9.0a+PTX").runs_on("10.0") == "none"  # not "slower": no kernel
+    assert parse_arch_list("9.0a").runs_on("9.0") == "cubin"
+    assert parse_arch_list("9.0+PTX").runs_on("10.0") == "ptx"  # plain PTX JITs forward
+    assert parse_arch_list("8.0;10.0a").runs_on("12.0") == "none"
+
+
+def test_each_torch_release_accepts_its_own_arch_list() -> None:
+    assert parse_arch_list("12.0", torch_version=(2, 6, 0)).bad == "12.0"
+    assert parse_arch_list("12.0", torch_version=(2, 7, 0)).bad is None
+    assert parse_arch_list("10.1", torch_version=(2, 7, 0)).bad is None
+    assert parse_arch_list("10.1", torch_version=(2, 9, 0)).bad == "10.1"  # 11.0 since CUDA 13
+    assert parse_arch_list("Blackwell", torch_version=(2, 6, 0)).bad == "Blackwell"
+    assert parse_arch_list("9.0a", torch_version=(2, 0, 1)).bad == "9.0a"
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import Any
 
-from xl.doctor.archs import VALID, parse_arch_list, runs_on
+from xl.doctor.archs import VALID, parse_arch_list
 from xl.doctor.checks.common import (
     Apply,
     Finding,
@@ -15,12 +16,17 @@ from xl.doctor.checks.common import (
     home_cuda,
     ok,
     skip,
+    toolkit_choices,
+    toolkit_fix,
     torch_cuda,
+    torch_label,
+    torch_version,
     warn,
     working_gpus,
 )
 from xl.doctor.facts import Facts, major_minor, vtuple
-from xl.doctor.tables import NVCC_ARCH_RANGE
+from xl.doctor.tables import NVCC_ARCH_RANGE, first_nvcc_for, nvcc_newest_arch
+from xl.doctor.wheels import newest_sm
 
 _NAMES = {
     "kepler": "Kepler",
@@ -39,7 +45,7 @@ def _export(value: str) -> str:
     return f'export TORCH_CUDA_ARCH_LIST="{value}"'
 
 
-def _repaired(value: str, caps: list[str]) -> str:
+def _repaired(value: str, caps: list[str], tv: tuple[int, ...] | None = None) -> str:
     """What the person meant, in words torch accepts: commas and stray separators dropped,
     names capitalised as torch spells them, sm_80 / 8.0+ptx written as 8.0 / 8.0+PTX."""
     out: list[str] = []
@@ -52,7 +58,7 @@ def _repaired(value: str, caps: list[str]) -> str:
         tok = re.sub(r"\+ptx$", "+PTX", tok, flags=re.IGNORECASE)
         name, plus, rest = tok.partition("+")
         tok = _NAMES.get(name.lower(), name) + plus + rest
-        if parse_arch_list(tok).bad is None:
+        if parse_arch_list(tok, torch_version=tv).bad is None:
             out.append(tok)
     return ";".join(dict.fromkeys(out)) or ";".join(caps) or "8.0;9.0"
 
@@ -67,16 +73,61 @@ def _arch_fix(f: Facts, values: list[str]) -> str:
     return first_safe(f, "arch_list", cands) or cands[0][0]
 
 
+def _cc_text(cc: tuple[int, int]) -> str:
+    return f"{cc[0]}.{cc[1]}"
+
+
+def _too_new(tk_ver: str | None, items: list[str]) -> tuple[list[str], tuple[int, int] | None]:
+    """The items this nvcc cannot build (newer than its newest architecture), and that newest."""
+    newest = nvcc_newest_arch(tk_ver)
+    if newest is None:
+        return [], None
+    return [a for a in items if _major_minor(a) > newest], newest
+
+
+def _unset_fix(f: Facts, caps: list[str], newest: tuple[int, int], need: tuple[int, int]) -> str:
+    """A toolkit that builds every GPU here (the one matching torch first, as every other fix
+    names), else the GPUs' list cut to what this nvcc builds, the newest as PTX."""
+    able = [t for t in toolkit_choices(f) if (nvcc_newest_arch(t.version) or (0, 0)) >= need]
+    fix = toolkit_fix(f, "arch_list", able) if able else None
+    if fix:
+        return fix
+    keep = sorted({_cc_text(min(_major_minor(c), newest)) for c in caps})
+    value = ";".join([*keep[:-1], keep[-1] + "+PTX"])
+    first = first_nvcc_for(need)
+    return _arch_fix(f, [value]) + (
+        f" (PTX, compiled at first start; CUDA {first}+ builds sm_{need[0]}{need[1]})"
+        if first
+        else ""
+    )
+
+
 def check_arch_list(f: Facts) -> Finding:
     value = f.env.get("TORCH_CUDA_ARCH_LIST")
     gpus = working_gpus(f)
     caps = sorted({g.compute_capability for g in gpus if g.compute_capability})
-    data = {"value": value, "gpus": caps}
+    data: dict[str, Any] = {"value": value, "gpus": caps}
+    tv = vtuple(torch_version(f)) or None
+    tk_ver, _ = home_cuda(f)
     if not value or value == "native":
         how = "native" if value else "unset"
         if caps:
+            t = f.torch
+            clamp = newest_sm(t.cuda, t.version) if t is not None else None
+            al = parse_arch_list(value, caps, clamp, tv)
+            data["items"] = al.items
+            too_new, newest = _too_new(tk_ver, al.items) if torch_cuda(f) else ([], None)
+            if too_new and newest is not None:
+                need = max(_major_minor(a) for a in too_new)
+                return fail(
+                    f"{how}: torch's extension builder targets the GPUs here ({';'.join(al.items)}), but nvcc "
+                    f"{major_minor(tk_ver)} builds up to {_cc_text(newest)}: "
+                    f"\"nvcc fatal: Unsupported gpu architecture 'compute_{need[0]}{need[1]}'\"",
+                    fix=_unset_fix(f, caps, newest, need),
+                    data=data,
+                )
             return ok(f"{how}: builds target the GPUs present ({', '.join(caps)})", data=data)
-        if torch_cuda(f) and home_cuda(f)[0]:
+        if torch_cuda(f) and tk_ver:
             return warn(
                 f"{how} and no GPU visible: torch's extension builder takes the architectures from "
                 "the visible GPUs and stops with `IndexError: list index out of range`",
@@ -84,32 +135,44 @@ def check_arch_list(f: Facts) -> Finding:
                 data=data,
             )
         return skip(f"{how}, and no GPUs here to build for", data=data)
-    al = parse_arch_list(value)
+    al = parse_arch_list(value, torch_version=tv)
     if al.bad is not None:
         what = "an empty item (a stray ';')" if al.bad == "" else repr(al.bad)
+        known = (
+            f" ({torch_label(f)}'s cpp_extension does not know it)"
+            if al.bad and parse_arch_list(al.bad).bad is None
+            else ""
+        )
         return fail(
             f'{value!r}: torch splits it on ";" and spaces only, names are case-sensitive; {what} makes it raise '
-            f'"ValueError: Unknown CUDA arch ({al.bad}) or GPU not supported"',
-            fix=_arch_fix(f, [_repaired(value, caps), ";".join(caps) or "8.0;9.0"]),
+            f'"ValueError: Unknown CUDA arch ({al.bad}) or GPU not supported"{known}',
+            fix=_arch_fix(f, [_repaired(value, caps, tv), ";".join(caps) or "8.0;9.0"]),
             data=data,
         )
     data["items"] = al.items
-    tk_ver, _ = home_cuda(f)
     nv = vtuple(tk_ver)[:1]
     if nv and nv[0] in NVCC_ARCH_RANGE:
         lo = NVCC_ARCH_RANGE[nv[0]][0]
         unsupported = sorted({a for a in al.cc() if a < lo})
         if unsupported:
             keep = [a for a in dict.fromkeys(al.items) if _major_minor(a) >= lo]
-            s = ", ".join(f"{a[0]}.{a[1]}" for a in unsupported)
+            s = ", ".join(_cc_text(a) for a in unsupported)
             return fail(
                 f"nvcc {major_minor(tk_ver)} can't build for {s} (its oldest is {lo[0]}.{lo[1]})",
                 fix=_export(";".join(keep) or f"{lo[0]}.{lo[1]}"),
                 data=data,
             )
+    too_new, newest = _too_new(tk_ver, al.items)
+    if too_new and newest is not None:
+        keep = [a for a in dict.fromkeys(al.items) if a not in too_new]
+        return fail(
+            f"nvcc {major_minor(tk_ver)} can't build for {', '.join(too_new)} (its newest is {_cc_text(newest)})",
+            fix=_arch_fix(f, [";".join(keep) or f"{_cc_text(newest)}+PTX"]),
+            data=data,
+        )
     if not caps:
         return ok(f"{value!r} (no GPUs here to compare with)", data=data)
-    runs = {c: runs_on(c, al.cc(), al.ptx()) for c in caps}
+    runs = {c: al.runs_on(c) for c in caps}
     missing = [c for c, h in runs.items() if h == "none"]
     jit = [c for c, h in runs.items() if h == "ptx"]
     # Keep what the person wrote (names, +PTX) and add what is missing.
@@ -120,8 +183,14 @@ def check_arch_list(f: Facts) -> Finding:
             f"{cap} ({next(g.name for g in gpus if g.compute_capability == cap)})"
             for cap in missing
         )
+        specific = al.specific()
+        why = (
+            f" ({', '.join(specific)} is arch-specific: its code, PTX included, runs on that architecture only)"
+            if specific
+            else ""
+        )
         return fail(
-            f'{value!r} leaves out {names}: kernels built now fail with "no kernel image is available"',
+            f'{value!r} leaves out {names}{why}: kernels built now fail with "no kernel image is available"',
             fix=_export(want),
             data=data,
         )

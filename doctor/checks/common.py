@@ -129,6 +129,20 @@ def toolkit_with(f: Facts, cuda: str) -> Toolkit | None:
     return matches[0] if matches else None
 
 
+def preferred_toolkit(f: Facts) -> Toolkit | None:
+    """The one toolkit every fix in a report points at, so no two fixes pull apart: the one
+    matching torch's CUDA (else its major), then the one CUDA_HOME selects, then PATH's."""
+    choices = toolkit_choices(f)
+    tc = torch_cuda(f)
+    if tc and choices and vtuple(choices[0].short)[:1] == vtuple(tc)[:1]:
+        return choices[0]
+    for real in (f.home_toolkit, f.path_toolkit):
+        tk = f.toolkit_at(real) if real else None
+        if tk is not None and tk.nvcc and tk.version and not tk.problem:
+            return tk
+    return choices[0] if choices else None
+
+
 def export_toolkit(tk: Toolkit) -> str:
     """The shell line that makes both torch's builder and `nvcc` on PATH use this toolkit."""
     return f"export CUDA_HOME={tk.root} PATH={tk.root}/bin:$PATH"
@@ -165,7 +179,7 @@ def with_torch(tag: str, version: str | None) -> Apply:
     def apply(f: Facts) -> Facts:
         base = version or base_version(torch_version(f)) or NEWEST_KNOWN
         t = f.torch if f.torch is not None else TorchInfo(python=f.python)
-        new = replace(t, found=True, cuda=TAG_CUDA[tag], version=f"{base}+{tag}", problem=None)
+        new = replace(t, found=True, cuda=TAG_CUDA[tag], hip=None, version=f"{base}+{tag}", problem=None)
         return replace(f, torch=new, what_if=True)
 
     return apply

@@ -27,13 +27,7 @@ def check_driver(f: Facts) -> Finding:
         kind = d.error_kind or "other"
         data = {"error_kind": kind}
         if kind == "library_not_found":
-            # No driver is a valid CPU setup; it only matters when torch wants CUDA.
-            return Finding(
-                status="warn" if torch_cuda(f) else "skip",
-                detail=d.error,
-                fix="install the NVIDIA driver to train on GPUs (CPU training with gloo works without one)",
-                data=data,
-            )
+            return _no_driver(f, d.error, data)
         return Finding(
             status="error" if kind == "other" else "fail",
             detail=d.error,
@@ -45,6 +39,37 @@ def check_driver(f: Facts) -> Finding:
         f"driver {d.version or '?'}{cuda}",
         data={"version": d.version, "cuda_version": d.cuda_version},
     )
+
+
+# The container runtime's fix: GPUs are passed in by the host, never installed inside (a driver
+# installed in a container does not match the host's kernel module and breaks it).
+CONTAINER_FIX = (
+    "start the container with GPU access: docker run --gpus all ... (podman: --device "
+    "nvidia.com/gpu=all; Kubernetes: resources.limits nvidia.com/gpu); the host needs the NVIDIA "
+    "Container Toolkit: sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker"
+)
+
+
+def _no_driver(f: Facts, why: str, data: dict[str, Any]) -> Finding:
+    """No libnvidia-ml: a valid CPU setup, unless this is a container meant to have GPUs
+    (NVIDIA_VISIBLE_DEVICES names some) that was started without them."""
+    wanted = (f.env.get("NVIDIA_VISIBLE_DEVICES") or "").strip()
+    data["container"] = f.container
+    if wanted and wanted not in ("void", "none"):
+        data["nvidia_visible_devices"] = wanted
+        return warn(
+            f"NVIDIA_VISIBLE_DEVICES={wanted} but no driver is visible: this container was started "
+            "without GPU access (the NVIDIA runtime mounts the host's driver in)",
+            fix=CONTAINER_FIX,
+            data=data,
+        )
+    fix = (
+        CONTAINER_FIX
+        if f.container
+        else "install the NVIDIA driver to train on GPUs (CPU training with gloo works without one)"
+    )
+    # No driver is a valid CPU setup; it only matters when torch wants CUDA.
+    return Finding(status="warn" if torch_cuda(f) else "skip", detail=why, fix=fix, data=data)
 
 
 def _one_model_fix(gpus: Sequence[Any], names: Counter[str]) -> str:
@@ -72,7 +97,11 @@ def check_gpus(f: Facts) -> Finding:
     lost = [g for g in f.gpus if getattr(g, "lost", False)]
     names = Counter(g.name for g in f.gpus if not getattr(g, "lost", False))
     models = ", ".join(f"{n}x {name}" for name, n in names.items())
-    data = {"count": len(f.gpus), "models": dict(names), "lost": [g.index for g in lost]}
+    data: dict[str, Any] = {
+        "count": len(f.gpus),
+        "models": dict(names),
+        "lost": [g.index for g in lost],
+    }
     if lost:
         which = ", ".join(
             f"GPU {g.index}" + (f" ({g.pci_bus_id})" if g.pci_bus_id else "") for g in lost
@@ -82,11 +111,25 @@ def check_gpus(f: Facts) -> Finding:
             fix="check `dmesg` for Xid errors, then `sudo nvidia-smi -r -i <index>` or reboot",
             data=data,
         )
+    health = _health(f, data)
+    failed = [p for p in health if p.status == "fail"]
+    if failed:
+        return fail(
+            f"{models}; " + "; ".join(p.detail for p in health),
+            fix="; ".join(dict.fromkeys(p.fix for p in health)),
+            data=data,
+        )
     errors = [g for g in f.gpus if getattr(g, "error", None)]
     if len(names) > 1:
         return warn(
             f"mixed models: {models}; DDP runs every rank at the slowest GPU's pace",
             fix=_one_model_fix(f.gpus, names),
+            data=data,
+        )
+    if health:
+        return warn(
+            f"{models}; " + "; ".join(p.detail for p in health),
+            fix="; ".join(dict.fromkeys(p.fix for p in health)),
             data=data,
         )
     if errors:
@@ -96,4 +139,26 @@ def check_gpus(f: Facts) -> Finding:
             fix=f"run `nvidia-smi -q -i {g.index}` to see the GPU's state",
             data=data,
         )
+    exclusive = [i for i, h in sorted(f.health.items()) if h.compute_mode == "exclusive_process"]
+    if exclusive:
+        return ok(
+            f"{models}; GPU(s) {', '.join(map(str, exclusive))} in exclusive-process mode, free "
+            "(one process per GPU, as DDP runs)",
+            data=data,
+        )
     return ok(models, data=data)
+
+
+def _health(f: Facts, data: dict[str, Any]) -> list[Any]:
+    """Each GPU's problems from NVML (compute mode, processes, ECC, row remaps, retired pages),
+    as xl.gpu.health judges them for `xl launch` too; the figures go into `data`."""
+    from xl.gpu.health import judge_all  # noqa: PLC0415 - keeps xl.gpu off the startup path (see devices.py)
+
+    data["health"] = {str(i): h.to_json() for i, h in sorted(f.health.items())}
+    data["processes"] = {
+        str(g.index): [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib} for p in g.processes]
+        for g in f.gpus
+        if g.processes
+    }
+    problems = [p for ps in judge_all(f.gpus, f.health).values() for p in ps]
+    return sorted(problems, key=lambda p: p.status != "fail")

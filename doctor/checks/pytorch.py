@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xl.doctor.archs import parse_arch_list, runs_on
+from xl.doctor.archs import parse_arch_list
 from xl.doctor.checks.common import (
     Finding,
     error,
@@ -19,12 +19,14 @@ from xl.doctor.checks.common import (
     torch_cuda,
     torch_fix,
     torch_label,
+    torch_version,
     warn,
     working_gpus,
 )
+from xl.doctor.checks.compat import driver_mismatch, forward_compat, without
 from xl.doctor.facts import Facts, major_minor, vtuple
 from xl.doctor.tables import DRIVER_FOR_CUDA, deepspeed_verdict
-from xl.doctor.wheels import TAG_CUDA, WHEEL_ARCHS, tag_of, tags_by_cuda
+from xl.doctor.wheels import TAG_CUDA, tag_of, tags_by_cuda, version_for, wheel_archs
 
 # NVIDIA's minor-version compatibility: a driver of this branch or newer runs any minor of the
 # same CUDA major (without PTX JIT of the newer minor's PTX).
@@ -32,17 +34,58 @@ MINOR_COMPAT_DRIVER: dict[int, int] = {11: 450, 12: 525, 13: 580}
 
 
 def _driver_cuda(f: Facts) -> str | None:
+    """The CUDA the driver runs: NVML's (the kernel module's), or the forward-compatibility
+    package's when that is the libcuda that loads (xl.doctor.checks.compat)."""
     d = f.driver
-    return d.cuda_version if d is not None and not d.error and d.cuda_version else None
+    nvml = d.cuda_version if d is not None and not d.error and d.cuda_version else None
+    fc = forward_compat(f)
+    if nvml and fc is not None and fc.cuda and not _geforce(f):
+        return max(nvml, fc.cuda, key=vtuple)
+    return nvml
+
+
+def _geforce(f: Facts) -> list[str]:
+    return sorted({g.name for g in working_gpus(f) if "GeForce" in g.name})
+
+
+def _libcuda_problem(f: Facts, data: dict[str, Any]) -> Finding | None:
+    """A libcuda.so.1 that is not the kernel module's and cannot work: older than it (803), or
+    forward compatibility on GeForce GPUs (804)."""
+    lib = driver_mismatch(f)
+    d = f.driver
+    if lib is None or d is None:
+        return None
+    data["libcuda"] = {
+        "path": lib.path,
+        "version": lib.version,
+        "from": lib.source,
+        "cuda": lib.cuda,
+    }
+    if vtuple(lib.version) < vtuple(d.version):
+        return fail(
+            f"{lib.path} (from {lib.source}) is libcuda {lib.version}, older than the kernel module's {d.version}: "
+            "cuInit fails with CUDA_ERROR_SYSTEM_DRIVER_MISMATCH (803)",
+            fix=without(f, lib),
+            data=data,
+        )
+    geforce = _geforce(f)
+    if geforce:
+        return fail(
+            f"{lib.path} (from {lib.source}) is NVIDIA's forward-compatibility libcuda {lib.version}, which works on "
+            f"data-center GPUs only: on {', '.join(geforce)} cuInit fails with CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE (804)",
+            fix=without(f, lib),
+            data=data,
+        )
+    return None
 
 
 def _wheel_tag(f: Facts) -> str | None:
     """The CUDA tag of a torch wheel from PyTorch's builds (version `+cuNNN`, or the nvidia/
-    libraries a PyPI wheel brings): whose architecture list wheels.WHEEL_ARCHS knows. A conda
+    libraries a PyPI wheel brings): whose architecture list wheels.wheel_archs knows. A conda
     or source build carries other architectures and is not judged."""
     t = f.torch
     tag = tag_of(t.cuda) if t is not None else None
-    if t is None or tag is None or tag not in WHEEL_ARCHS:
+    if t is None or tag is None or wheel_archs(tag, t.version) is None:
         return None
     local = (t.version or "").partition("+")[2]
     if local:
@@ -50,16 +93,19 @@ def _wheel_tag(f: Facts) -> str | None:
     return tag if t.pip_libs else None
 
 
-def _no_kernel(tag: str, caps: list[str]) -> list[str]:
-    """The capabilities a wheel of this tag has neither a cubin nor PTX for."""
-    al = parse_arch_list(WHEEL_ARCHS[tag])
-    return [c for c in caps if runs_on(c, al.cc(), al.ptx()) == "none"]
+def _no_kernel(tag: str, version: str | None, caps: list[str]) -> list[str]:
+    """The capabilities the wheel `torch==version` of this tag has neither a cubin nor PTX for
+    (version None: the tag's newest)."""
+    al = parse_arch_list(wheel_archs(tag, version))
+    return [c for c in caps if al.runs_on(c) == "none"]
 
 
 def _wheel_tags(f: Facts, caps: list[str]) -> list[str]:
-    """Tags worth installing from: every GPU has kernels in them; the driver runs them fully
-    (newest first), then through minor-version compatibility (oldest first)."""
-    cover = [t for t in tags_by_cuda() if not _no_kernel(t, caps)]
+    """Tags worth installing from: every GPU has kernels in the wheel a fix would install
+    (the version it pins there); the driver runs them fully (newest first), then through
+    minor-version compatibility (oldest first)."""
+    current = torch_version(f)
+    cover = [t for t in tags_by_cuda() if not _no_kernel(t, version_for(t, current), caps)]
     dc = vtuple(_driver_cuda(f))[:2]
     if not dc:
         return cover[::-1]
@@ -108,16 +154,25 @@ def check_torch(f: Facts) -> Finding:
             data=data,
         )
     if t.hip:
-        return ok(f"torch {t.version} (ROCm {t.hip} build)", data=data)
+        if not gpus:
+            return ok(f"torch {t.version} (ROCm {t.hip} build)", data=data)
+        fix = torch_fix(f, "torch", _wheel_tags(f, caps))
+        return fail(
+            f"torch {t.version} is a ROCm (HIP {t.hip}) build but this machine's {len(gpus)} GPU(s) are "
+            "NVIDIA: torch.cuda.is_available() is False and training runs on the CPU",
+            fix=fix or "upgrade the NVIDIA driver, then install a CUDA build of torch",
+            data=data,
+        )
     if t.cuda:
         tag = _wheel_tag(f)
-        missing = _no_kernel(tag, caps) if tag else []
-        if tag:
-            data["archs"] = WHEEL_ARCHS[tag]
+        archs = wheel_archs(tag, t.version) if tag else None
+        missing = _no_kernel(tag, t.version, caps) if tag else []
+        if archs:
+            data["archs"] = archs
         if missing:
             fix = torch_fix(f, "torch", _wheel_tags(f, caps))
             return fail(
-                f"torch {t.version} carries kernels for {WHEEL_ARCHS[tag or '']} only; "
+                f"torch {t.version} carries kernels for {archs} only; "
                 f'{_gpu_names(f, missing)} gets "no kernel image is available for execution on the device" at the first kernel',
                 fix=fix
                 or "no published torch wheel has kernels for this GPU and runs on this driver: upgrade the NVIDIA driver",
@@ -178,7 +233,18 @@ def check_driver_cuda(f: Facts) -> Finding:
     if d is None or dc is None:
         return skip("no NVIDIA driver to compare with")
     data: dict[str, Any] = {"driver_cuda": dc, "torch_cuda": tc, "driver": d.version}
+    broken = _libcuda_problem(f, data)
+    if broken is not None:
+        return broken
+    fc = forward_compat(f)
     if vtuple(dc)[:2] >= vtuple(tc)[:2]:
+        if fc is not None and fc.cuda == dc and dc != d.cuda_version:
+            data["forward_compatibility"] = True
+            return ok(
+                f"the forward-compatibility libcuda {fc.version} ({fc.path}, from {fc.source}) runs CUDA {dc} >= torch's "
+                f"{tc}; NVML reports the kernel module's CUDA {d.cuda_version}",
+                data=data,
+            )
         return ok(f"driver supports CUDA {dc} >= torch's {tc}", data=data)
     need = DRIVER_FOR_CUDA.get(major_minor(tc) or "")
     major = vtuple(tc)[0]

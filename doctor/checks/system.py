@@ -3,9 +3,22 @@ slow down or break training."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+from typing import Any
 
-from xl.doctor.checks.common import Finding, ok, skip, torch_cuda, warn, working_gpus
+from xl.doctor.checks.common import (
+    Finding,
+    fail,
+    ok,
+    python_of,
+    skip,
+    torch_cuda,
+    torch_label,
+    warn,
+    working_gpus,
+)
 from xl.doctor.facts import Facts, vtuple
 
 MIB = 1024 * 1024
@@ -20,18 +33,52 @@ def _size(n: int) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
+def _grow_shm(f: Facts) -> str:
+    """How to give shared memory more room, where this runs."""
+    if f.container:
+        return "start the container with --shm-size=16g (or --ipc=host); Kubernetes: an emptyDir with medium: Memory at /dev/shm"
+    return f"sudo mount -o remount,size=16G {f.shm_path}"
+
+
 def check_shm(f: Facts) -> Finding:
     if f.shm_total is None:
         return warn(
             f"can't read the shared memory mount: {f.shm_problem}",
             fix="mount a tmpfs at /dev/shm (docker: --shm-size=16g or --ipc=host)",
         )
-    data = {"total_bytes": f.shm_total, "free_bytes": f.shm_free}
+    stale = [s for s in f.shm_segments if s.stale]
+    data: dict[str, Any] = {
+        "total_bytes": f.shm_total,
+        "free_bytes": f.shm_free,
+        "stale": [{"path": s.path, "bytes": s.size} for s in stale],
+    }
     detail = f"{f.shm_path}: {_size(f.shm_total)} (free {_size(f.shm_free or 0)})"
     if f.shm_total < SHM_MIN:
         return warn(
             f"{detail}: under 512 MiB, NCCL and DataLoader workers fail with bus errors",
-            fix="docker run --shm-size=16g (or --ipc=host); Kubernetes: an emptyDir with medium: Memory at /dev/shm",
+            fix=_grow_shm(f),
+            data=data,
+        )
+    held = sum(s.size for s in stale)
+    names = ", ".join(os.path.basename(s.path) for s in stale[:5]) + (
+        f" and {len(stale) - 5} more" if len(stale) > 5 else ""
+    )
+    remove = "rm -f " + " ".join(shlex.quote(s.path) for s in stale)
+    if (f.shm_free or 0) < SHM_MIN:
+        left = (
+            f" {len(stale)} stale NCCL/torch segment(s) of dead jobs hold {_size(held)} ({names})"
+            if stale
+            else ""
+        )
+        return warn(
+            f'{detail}: under 512 MiB free, NCCL fails to set up ("unhandled system error", bus errors);{left or " no stale NCCL/torch segments to blame"}',
+            fix=remove if stale and (f.shm_free or 0) + held >= SHM_MIN else _grow_shm(f),
+            data=data,
+        )
+    if stale:
+        return warn(
+            f"{detail}; {len(stale)} stale NCCL/torch segment(s) left by dead jobs hold {_size(held)} of memory ({names})",
+            fix=remove,
             data=data,
         )
     return ok(detail, data=data)
@@ -50,9 +97,56 @@ def _socket_ifname_trap(f: Facts) -> tuple[str, str] | None:
     hit = [i for i in f.net_ifaces if any((i == n) if exact else i.startswith(n) for n in names)]
     if exclude or hit:
         return None
+    real = sorted(i for i in f.net_ifaces if i != "lo")
     return (
-        f"NCCL_SOCKET_IFNAME={ifname} matches no interface here ({', '.join(sorted(f.net_ifaces))})",
-        "set NCCL_SOCKET_IFNAME to an interface from `ip -br link` (e.g. the one that holds MASTER_ADDR's route)",
+        f"NCCL_SOCKET_IFNAME={ifname} matches no interface here ({', '.join(sorted(f.net_ifaces))}): "
+        'NCCL stops at init with "no socket interface found"',
+        f"export NCCL_SOCKET_IFNAME={real[0]}" if real else "unset NCCL_SOCKET_IFNAME",
+    )
+
+
+def _fatal_nccl(f: Facts) -> list[tuple[str, str]]:
+    """(what is wrong, its fix) for each NCCL setting with which NCCL cannot work at all."""
+    out: list[tuple[str, str]] = []
+    net = (f.env.get("NCCL_NET") or "").strip()
+    if net.upper() == "IB" and f.ib_devices is not None and not f.ib_devices:
+        out.append(
+            (
+                "NCCL_NET=IB but this machine has no InfiniBand device (/sys/class/infiniband is empty): "
+                'NCCL stops at init ("Failed to initialize any NET plugin")',
+                "unset NCCL_NET (NCCL takes InfiniBand when there is some, sockets otherwise)",
+            )
+        )
+    ifname_trap = _socket_ifname_trap(f)
+    if ifname_trap is not None:
+        out.append(ifname_trap)
+    wrong = _foreign_nccl_wheel(f)
+    if wrong is not None:
+        out.append(wrong)
+    return out
+
+
+def _foreign_nccl_wheel(f: Facts) -> tuple[str, str] | None:
+    """An nvidia-nccl wheel of another CUDA major than torch's: every nvidia-nccl-cuN wheel
+    writes the same nvidia/nccl/lib/libnccl.so.2, so the last one installed is what torch loads."""
+    t = f.torch
+    major = vtuple(torch_cuda(f))[:1]
+    if t is None or not major or not t.nccl_wheels:
+        return None
+    want = f"nvidia-nccl-cu{major[0]}"
+    foreign = [(name, ver) for name, ver in t.nccl_wheels if name != want]
+    if not foreign:
+        return None
+    pin = t.nccl_required[1] if t.nccl_required and t.nccl_required[0] == want else None
+    pin = pin or next((ver for name, ver in t.nccl_wheels if name == want), None)
+    py = python_of(f)
+    names = " ".join(name for name, _ in foreign)
+    spec = f"{want}=={pin}" if pin else want
+    return (
+        f"{', '.join(f'{n} {v}' for n, v in foreign)} is installed beside {torch_label(f)} (CUDA {major[0]}): "
+        f"it shares nvidia/nccl/lib/libnccl.so.2 with {want} and may have overwritten torch's NCCL "
+        '(undefined symbols, "unhandled cuda error", hangs)',
+        f"{py} -m pip uninstall -y {names} && {py} -m pip install --force-reinstall --no-deps {spec}",
     )
 
 
@@ -113,9 +207,6 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
                 "export NCCL_DEBUG=WARN (or INFO while debugging)",
             )
         )
-    ifname_trap = _socket_ifname_trap(f)
-    if ifname_trap is not None:
-        traps.append(ifname_trap)
     shadow = next((e for e in f.ld_entries if e.nccl), None)
     if shadow is not None and torch_cuda(f) and f.torch is not None and f.torch.nccl:
         traps.append(
@@ -128,12 +219,17 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
 
 
 def check_nccl(f: Facts) -> Finding:
+    fatal = _fatal_nccl(f)
     traps = _nccl_traps(f)
     t = f.torch
-    data = {
+    data: dict[str, Any] = {
         "version": t.nccl if t is not None else None,
         "variables": {k: v for k, v in f.env.items() if k.startswith("NCCL_")},
+        "wheels": [list(w) for w in t.nccl_wheels] if t is not None else [],
     }
+    if fatal:
+        every = fatal + traps
+        return fail("; ".join(d for d, _ in every), fix="; ".join(fx for _, fx in every), data=data)
     if traps:
         return warn("; ".join(d for d, _ in traps), fix="; ".join(fx for _, fx in traps), data=data)
     if not torch_cuda(f):

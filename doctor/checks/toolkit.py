@@ -14,6 +14,7 @@ from xl.doctor.checks.common import (
     in_use_toolkit,
     nvcc_versions,
     ok,
+    preferred_toolkit,
     skip,
     toolkit_choices,
     toolkit_fix,
@@ -122,9 +123,12 @@ def check_cuda_home(f: Facts) -> Finding:
         )
     path_short, _ = nvcc_versions(f, "path")
     if path_short and home_short and path_short != home_short:
+        # Both ways point at one toolkit: the one matching torch (as every other fix does).
+        best = preferred_toolkit(f)
+        fix = export_toolkit(best) if best is not None else f"export PATH={home}/bin:$PATH"
         return warn(
             f"{home} has nvcc {home_short} but `nvcc` on PATH is {path_short} ({f.path_nvcc}): torch builds with {home_short}",
-            fix=f"export PATH={home}/bin:$PATH (or point CUDA_HOME at the {path_short} toolkit)",
+            fix=fix,
             data=data,
         )
     ver = f" (CUDA {home_short})" if home_short else ""
@@ -228,7 +232,7 @@ def check_toolkits(f: Facts) -> Finding:
     majors = {v.split(".")[0] for v in versions.values() if v}
     if len(distinct_mm) > 1 or len(majors) > 1:
         pairs = ", ".join(f"{k} {v}" for k, v in versions.items() if v)
-        target = home_tk or path_tk
+        target = preferred_toolkit(f) or home_tk or path_tk
         fix = (
             export_toolkit(target) + f" LD_LIBRARY_PATH={target.root}/lib64:$LD_LIBRARY_PATH"
             if target

@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 
 from xl.doctor.archs import ArchList, parse_arch_list
-from xl.doctor.facts import CmdResult, Facts
+from xl.doctor.facts import CmdResult, Facts, vtuple
 from xl.doctor.probes.commands import run_cmd
 from xl.doctor.probes.files import is_dir, is_file, read_text, which
-from xl.doctor.wheels import WHEEL_ARCHS, tag_of
+from xl.doctor.wheels import newest_sm
 
 STEP_TIMEOUT = 120.0  # seconds per compiler run; a cold nvcc with torch headers takes ~20 s
 
@@ -100,10 +100,11 @@ def torch_std(torch_dir: str | None) -> str:
 
 def _arch_list(f: Facts) -> ArchList:
     caps = [g.compute_capability for g in f.gpus if not getattr(g, "lost", False)]
-    tag = tag_of(f.torch.cuda) if f.torch is not None else None
-    cc = parse_arch_list(WHEEL_ARCHS[tag]).cc() if tag in WHEEL_ARCHS else []
     return parse_arch_list(
-        f.env.get("TORCH_CUDA_ARCH_LIST"), [c for c in caps if c], max(cc) if cc else None
+        f.env.get("TORCH_CUDA_ARCH_LIST"),
+        [c for c in caps if c],
+        newest_sm(f.torch.cuda, f.torch.version) if f.torch is not None else None,
+        vtuple(f.torch.version) if f.torch is not None else None,
     )
 
 

@@ -52,6 +52,8 @@ def scan_ld_library_path(value: str | None) -> list[LdEntry]:
                     full = f"{soname.rsplit('.', 1)[1]}.{rest}" if rest else None
                     if full or soname not in entry.cuda_libs:
                         entry.cuda_libs[soname] = full
+                if name == "libcuda.so.1":
+                    entry.libcuda = os.path.realpath(os.path.join(raw, name))
                 if CUDART.match(name):
                     entry.cudart.append(name)
                 elif name.startswith("libnccl.so"):

@@ -53,6 +53,11 @@ def probe_torch(python: str) -> TorchInfo:
         for x in data.get("pip_libs") or []
         if isinstance(x, list) and len(x) == 3
     ]
+    info.nccl_wheels = [
+        (str(x[0]), str(x[1])) for x in data.get("nccl_wheels") or [] if isinstance(x, list) and len(x) == 2
+    ]
+    req = data.get("nccl_required")
+    info.nccl_required = (str(req[0]), str(req[1])) if isinstance(req, list) and len(req) == 2 else None
     info.pip_toolkits = [
         tuple(x) for x in data.get("pip_toolkits") or [] if isinstance(x, list) and len(x) == 2
     ]

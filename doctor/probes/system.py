@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from xl.doctor.probes.files import listdir
 
 if TYPE_CHECKING:
+    from xl.gpu.health import Health
     from xl.gpu.nvml import Inventory
 
 
@@ -21,6 +22,14 @@ def shm_size(path: str = "/dev/shm") -> tuple[int | None, int | None, str | None
     return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize, None
 
 
+def container_kind() -> str | None:
+    """docker | podman when this process runs in a container (the runtime's marker file)."""
+    for marker, kind in (("/.dockerenv", "docker"), ("/run/.containerenv", "podman")):
+        if os.path.exists(marker):
+            return kind
+    return None
+
+
 def net_interfaces() -> list[str]:
     """The network interfaces NCCL_SOCKET_IFNAME may name (empty when /sys can't be read)."""
     return listdir("/sys/class/net")
@@ -30,11 +39,14 @@ def infiniband_devices() -> list[str]:
     return listdir("/sys/class/infiniband")
 
 
-def probe_inventory() -> Inventory:
-    """The driver and its GPUs, without per-process details (the doctor needs none)."""
-    from xl.gpu import nvml  # noqa: PLC0415 - loads on the NVML probe's thread, overlapping the subprocesses
+def probe_inventory() -> tuple[Inventory, dict[int, Health]]:
+    """The driver, its GPUs with the processes on them, and each GPU's health (compute mode,
+    ECC, row remapping, page retirement): what the `gpus` check judges."""
+    from xl.gpu import health, nvml  # noqa: PLC0415 - loads on the NVML probe's thread, overlapping the subprocesses
 
-    return nvml.inventory(processes=False)
+    inv = nvml.inventory(processes=True)
+    ok = [g.index for g in inv.gpus if not g.lost]
+    return inv, (health.health(ok) if ok and not inv.driver.error else {})
 
 
 def env_snapshot() -> dict[str, str]:

@@ -133,6 +133,21 @@ def pip_libs(site: str) -> list[tuple[str, str, str]]:
     return out
 
 
+_NCCL_REQ = re.compile(r"^Requires-Dist:\s*(nvidia-nccl-cu\d+)\s*==\s*([0-9][\w.]*)", re.MULTILINE)
+
+
+def nccl_required(metadata: str) -> list[str] | None:
+    """[package, version] of the NCCL wheel torch's METADATA pins (nvidia-nccl-cu12==2.21.5)."""
+    try:
+        if not os.path.isfile(metadata):
+            return None
+        with open(metadata, "rb") as fh:
+            m = _NCCL_REQ.search(fh.read(1 << 20).decode("utf-8", "replace"))
+    except OSError:
+        return None
+    return [m.group(1), m.group(2)] if m else None
+
+
 def probe() -> dict[str, Any]:
     out: dict[str, Any] = {"python": sys.executable, "bin_dir": os.path.dirname(sys.executable)}
     try:
@@ -164,9 +179,14 @@ def probe() -> dict[str, Any]:
             out["version"] = md.version("torch")
         except Exception:
             pass
+    wheels = []
     for n in dists(site, "nvidia_nccl_cu"):
         out["nccl"] = version_of(n)
         out["nccl_from"] = n[: -len(".dist-info")].split("-", 1)[0].replace("_", "-")
+        wheels.append([out["nccl_from"], out["nccl"]])
+    out["nccl_wheels"] = wheels
+    if td:
+        out["nccl_required"] = nccl_required(os.path.join(site, td[-1], "METADATA"))
     out["pip_toolkits"] = pip_toolkits(site)
     out["pip_ptxas"] = pip_ptxas(site)
     out["pip_libs"] = pip_libs(site)

@@ -21,6 +21,7 @@ from xl.launcher.cli.options import (
     parse_command,
     spec_from_args,
 )
+from xl.launcher.cli.preflight import check_launch
 from xl.launcher.cli.sbatch import launch_slurm
 from xl.launcher.multinode.join import prepare_launch
 from xl.launcher.multinode.slurm import node_rank_from_env
@@ -179,6 +180,7 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     gpus_from = "gpu_ids in the Accelerate config" if ns.accelerate_config is not None and ns.gpus is None else "--gpus"
     inv = inventory()
     plan = with_interpreter(build_plan(spec, inv, gpus_from=gpus_from), spec, dry_run=ns.dry_run)
+    check_launch(spec, plan, inv, gpus_given=ns.gpus is not None)  # torch without CUDA, busy or sick GPUs
     say_warnings(plan)
     if ns.dry_run:
         print_dry_run(plan, ns.json, spec)

@@ -200,8 +200,14 @@ class Sandbox:
         name: str = "site",
         pip_libs: Mapping[str, str] | None = None,
         pip_ptxas: str | None = None,
+        hip: str | None = None,
+        nccl_wheels: Mapping[str, str] | None = None,
+        requires_nccl: str | None = None,
     ) -> Path:
-        """A torch install that explodes if imported: the doctor must read it, not import it."""
+        """A torch install that explodes if imported: the doctor must read it, not import it.
+        `hip`: a ROCm build's HIP version; `nccl_wheels`: more nvidia-nccl-cuN wheels
+        ({"cu11": "2.21.5"}); `requires_nccl`: the NCCL pin in torch's METADATA
+        ("nvidia-nccl-cu12==2.21.5")."""
         site = self.root / name
         pkg = site / "torch"
         pkg.mkdir(parents=True, exist_ok=True)
@@ -213,11 +219,26 @@ class Sandbox:
             "debug = False\n"
             f"cuda: Optional[str] = {cuda!r}\n"
             "git_version = 'cf30153c4c131c8164ee7798e5022d810682e2cb'\n"
-            "hip: Optional[str] = None\n"
+            f"hip: Optional[str] = {hip!r}\n"
         )
         dist = site / f"torch-{version}.dist-info"
         dist.mkdir(exist_ok=True)
-        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        requires = (
+            f'Requires-Dist: {requires_nccl}; platform_system == "Linux" and platform_machine == "x86_64"\n'
+            if requires_nccl
+            else ""
+        )
+        (dist / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n{requires}"
+        )
+        for tag, ver in (nccl_wheels or {}).items():
+            # nvidia-nccl-cu11 / -cu12 / -cu13 all install nvidia/nccl/lib/libnccl.so.2.
+            d = site / f"nvidia_nccl_{tag}-{ver}.dist-info"
+            d.mkdir(exist_ok=True)
+            (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: nvidia-nccl-{tag}\nVersion: {ver}\n")
+            lib = site / "nvidia" / "nccl" / "lib"
+            lib.mkdir(parents=True, exist_ok=True)
+            (lib / "libnccl.so.2").write_bytes(b"\x7fELF fake")
         if nccl:
             d = site / f"nvidia_nccl_cu{(cuda or '12').split('.')[0]}-{nccl}.dist-info"
             d.mkdir(exist_ok=True)
@@ -274,6 +295,7 @@ class Sandbox:
         cudart: Sequence[int] = (),
         nccl: bool = False,
         libs: Mapping[str, str] | None = None,
+        libcuda: str | None = None,
     ) -> Path:
         """A library folder; `libs` maps sonames to the full version their real file carries
         (libnvJitLink.so.12 -> libnvJitLink.so.12.1.105), as a toolkit's lib64 holds them."""
@@ -286,6 +308,10 @@ class Sandbox:
             (d / f"libcudart.so.{major}").write_bytes(b"\x7fELF fake")
         if nccl:
             (d / "libnccl.so.2").write_bytes(b"\x7fELF fake")
+        if libcuda:
+            # A user-space driver as cuda-compat ships it: libcuda.so.1 -> libcuda.so.<driver>.
+            (d / f"libcuda.so.{libcuda}").write_bytes(b"\x7fELF fake")
+            (d / "libcuda.so.1").symlink_to(f"libcuda.so.{libcuda}")
         return d
 
     # -- running ---------------------------------------------------------------------------------
@@ -360,8 +386,10 @@ def run_doctor_json(
         raise AssertionError(
             f"not JSON (exit {proc.returncode}): {proc.stdout[:400]!r} {proc.stderr[:400]!r}"
         ) from exc
-    # Every fix any test sees: a published wheel, a path that exists (issue 15).
+    # Every fix any test sees: a published wheel, a path that exists (issue 15), and all of
+    # them pulling one way (issue 23).
     assert_fixes_sound(data)
+    assert_one_direction(data)
     return data, proc
 
 
@@ -434,6 +462,29 @@ def assert_fixes_sound(report: dict[str, Any]) -> None:
             for var, value in _ASSIGN.findall(cmd):
                 if var in ("CUDA_HOME", "NVCC_CCBIN", "CC", "CXX"):
                     assert os.path.exists(value), f"{var}={value} does not exist: {c}"
+
+
+_TOOLKIT_IN_FIX = re.compile(r"\bCUDA_HOME=(\S+)|\bPATH=([^\s:$]+)/bin:")
+
+
+def assert_one_direction(report: dict[str, Any]) -> None:
+    """No two fixes in one report contradict: every toolkit they point CUDA_HOME or PATH at is
+    the same one, every torch wheel they install comes from the same index, and every
+    TORCH_CUDA_ARCH_LIST they export is the same value."""
+    toolkits: dict[str, str] = {}
+    wheels: dict[str, str] = {}
+    arch: dict[str, str] = {}
+    for c in report["checks"]:
+        fix = c["fix"] or ""
+        for home, path in _TOOLKIT_IN_FIX.findall(fix):
+            toolkits.setdefault(os.path.realpath(home or path), c["id"])
+        for m in _PIP_FIX.finditer(fix):
+            wheels.setdefault(m.group(3), c["id"])
+        for value in re.findall(r'TORCH_CUDA_ARCH_LIST="([^"]*)"', fix):
+            arch.setdefault(value, c["id"])
+    assert len(toolkits) <= 1, f"fixes point at different toolkits: {toolkits}"
+    assert len(wheels) <= 1, f"fixes install torch from different indexes: {wheels}"
+    assert len(arch) <= 1, f"fixes set different TORCH_CUDA_ARCH_LIST values: {arch}"
 
 
 def apply_fix(box: Sandbox, env: Mapping[str, str], fix: str) -> dict[str, str]:

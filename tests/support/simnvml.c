@@ -26,6 +26,12 @@
  *                                  2: getting its handle fails with GPU_IS_LOST too
  *   gpu.<i>.errors nvmlDeviceGetTemperature=3,nvmlDeviceGetPowerUsage=3
  *                                  these functions return the given nvmlReturn_t for this GPU
+ *   gpu.<i>.compute_mode 0|2|3     nvmlComputeMode_t (0 default, 2 prohibited, 3 exclusive-process)
+ *   gpu.<i>.ecc_unc_volatile / ecc_unc_aggregate   uncorrected ECC errors (since the driver
+ *                                  loaded / over the GPU's life)
+ *   gpu.<i>.remap_corr / remap_unc / remap_pending / remap_failure   nvmlDeviceGetRemappedRows
+ *   gpu.<i>.retired_sbe / retired_dbe / retired_pending   retired pages (pre-Ampere ECC)
+ *                                  (make any of these NOT_SUPPORTED with gpu.<i>.errors)
  *   gpu.<i>.procs 1234:1073741824,5678:0     compute processes (pid:used bytes)
  *   gpu.<i>.gprocs ...                        graphics processes
  *
@@ -80,6 +86,10 @@ typedef struct sim_gpu {
     int cc_major, cc_minor;
     int mig, mig_pending;
     int lost;
+    int compute_mode;
+    unsigned long long ecc_unc_volatile, ecc_unc_aggregate;
+    unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
+    unsigned int retired_sbe, retired_dbe, retired_pending;
     char errors[1024];
     sim_proc procs[MAXPROC];
     int nprocs;
@@ -244,6 +254,16 @@ static void set_gpu_key(sim_gpu *g, const char *k, const char *v) {
     } else if (!strcmp(k, "mig")) g->mig = atoi(v);
     else if (!strcmp(k, "mig_pending")) g->mig_pending = atoi(v);
     else if (!strcmp(k, "lost")) g->lost = atoi(v);
+    else if (!strcmp(k, "compute_mode")) g->compute_mode = atoi(v);
+    else if (!strcmp(k, "ecc_unc_volatile")) g->ecc_unc_volatile = strtoull(v, NULL, 10);
+    else if (!strcmp(k, "ecc_unc_aggregate")) g->ecc_unc_aggregate = strtoull(v, NULL, 10);
+    else if (!strcmp(k, "remap_corr")) g->remap_corr = (unsigned int)atoi(v);
+    else if (!strcmp(k, "remap_unc")) g->remap_unc = (unsigned int)atoi(v);
+    else if (!strcmp(k, "remap_pending")) g->remap_pending = (unsigned int)atoi(v);
+    else if (!strcmp(k, "remap_failure")) g->remap_failure = (unsigned int)atoi(v);
+    else if (!strcmp(k, "retired_sbe")) g->retired_sbe = (unsigned int)atoi(v);
+    else if (!strcmp(k, "retired_dbe")) g->retired_dbe = (unsigned int)atoi(v);
+    else if (!strcmp(k, "retired_pending")) g->retired_pending = (unsigned int)atoi(v);
     else if (!strcmp(k, "errors")) snprintf(g->errors, sizeof(g->errors), ",%s,", v);
     else if (!strcmp(k, "procs")) parse_procs(v, g->procs, &g->nprocs);
     else if (!strcmp(k, "gprocs")) parse_procs(v, g->gprocs, &g->ngprocs);
@@ -791,7 +811,68 @@ EXPORT nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t device, int *mode) {
 #ifndef SIM_NO_nvmlDeviceGetComputeMode
 EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, int *mode) {
     DEV_ENTER("nvmlDeviceGetComputeMode");
-    *mode = 0;
+    *mode = g->compute_mode;
+    LEAVE(NVML_SUCCESS);
+}
+#endif
+
+/* ---- health: ECC, row remapping, page retirement ------------------------------------- */
+
+#ifndef SIM_NO_nvmlDeviceGetEccMode
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending) {
+    DEV_ENTER("nvmlDeviceGetEccMode");
+    *current = 1;
+    *pending = 1;
+    LEAVE(NVML_SUCCESS);
+}
+#endif
+
+#ifndef SIM_NO_nvmlDeviceGetTotalEccErrors
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int error_type,
+                                                int counter_type, unsigned long long *count) {
+    DEV_ENTER("nvmlDeviceGetTotalEccErrors");
+    if (!count) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    /* error_type 1 = uncorrected (corrected ones are counted as 0 here); counter 0 = volatile */
+    if (error_type != 1) *count = 0;
+    else *count = counter_type == 0 ? g->ecc_unc_volatile : g->ecc_unc_aggregate;
+    LEAVE(NVML_SUCCESS);
+}
+#endif
+
+#ifndef SIM_NO_nvmlDeviceGetRemappedRows
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corr,
+                                              unsigned int *unc, unsigned int *pending,
+                                              unsigned int *failure) {
+    DEV_ENTER("nvmlDeviceGetRemappedRows");
+    if (!corr || !unc || !pending || !failure) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *corr = g->remap_corr;
+    *unc = g->remap_unc;
+    *pending = g->remap_pending;
+    *failure = g->remap_failure;
+    LEAVE(NVML_SUCCESS);
+}
+#endif
+
+#ifndef SIM_NO_nvmlDeviceGetRetiredPages
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, int cause, unsigned int *count,
+                                              unsigned long long *addresses) {
+    DEV_ENTER("nvmlDeviceGetRetiredPages");
+    if (!count) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int n = cause == 1 ? g->retired_dbe : g->retired_sbe; /* 1 = double bit ECC */
+    if (*count < n) {
+        *count = n;
+        LEAVE(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    *count = n;
+    for (unsigned int i = 0; i < n && addresses; i++) addresses[i] = 0x1000ULL * (i + 1);
+    LEAVE(NVML_SUCCESS);
+}
+#endif
+
+#ifndef SIM_NO_nvmlDeviceGetRetiredPagesPendingStatus
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, int *pending) {
+    DEV_ENTER("nvmlDeviceGetRetiredPagesPendingStatus");
+    *pending = (int)g->retired_pending;
     LEAVE(NVML_SUCCESS);
 }
 #endif

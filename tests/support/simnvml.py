@@ -38,6 +38,7 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("simnvml.c")
 LIBNAME = "libnvidia-ml.so.1"
 CONFIG_ENV = "XL_SIMNVML_CONFIG"
+SIMULATED_ENV = "XL_SIMULATED_GPUS"  # tells `xl launch` a CPU torch is what runs these GPUs
 MIB = 1024 * 1024
 
 # NVML return codes (nvml.h) by the names tests use.
@@ -110,6 +111,16 @@ class SimGPU:
     mig: int = 0  # 0 off, 1 on, -1 not supported by this GPU
     mig_pending: int | None = None
     lost: int = 0  # 1: queries fail with GPU_IS_LOST; 2: getting the handle fails too
+    compute_mode: int = 0  # 0 default, 2 prohibited, 3 exclusive-process
+    ecc_unc_volatile: int = 0  # uncorrected ECC errors since the driver loaded
+    ecc_unc_aggregate: int = 0  # ... over the GPU's life
+    remap_corr: int = 0  # rows remapped for correctable errors
+    remap_unc: int = 0  # ... for uncorrectable ones
+    remap_pending: int = 0  # 1: a remap waits for a GPU reset
+    remap_failure: int = 0  # 1: a remap failed (the GPU is out of spare rows)
+    retired_sbe: int = 0  # pages retired (pre-Ampere ECC), single-bit
+    retired_dbe: int = 0  # ... double-bit
+    retired_pending: int = 0  # 1: a retirement waits for a reboot/reset
     # NVML function name -> nvmlReturn_t it returns for this GPU (e.g. NOT_SUPPORTED)
     errors: dict[str, int] = field(default_factory=dict)
     processes: list[SimProcess] = field(default_factory=list)
@@ -215,6 +226,16 @@ def render_config(
             f"{p}mig {int(g.mig)}",
             f"{p}mig_pending {int(g.mig_pending or 0)}",
             f"{p}lost {int(g.lost)}",
+            f"{p}compute_mode {int(g.compute_mode)}",
+            f"{p}ecc_unc_volatile {int(g.ecc_unc_volatile)}",
+            f"{p}ecc_unc_aggregate {int(g.ecc_unc_aggregate)}",
+            f"{p}remap_corr {int(g.remap_corr)}",
+            f"{p}remap_unc {int(g.remap_unc)}",
+            f"{p}remap_pending {int(g.remap_pending)}",
+            f"{p}remap_failure {int(g.remap_failure)}",
+            f"{p}retired_sbe {int(g.retired_sbe)}",
+            f"{p}retired_dbe {int(g.retired_dbe)}",
+            f"{p}retired_pending {int(g.retired_pending)}",
             f"{p}errors {','.join(f'{k}={v}' for k, v in g.errors.items())}",
             f"{p}procs {_procs(g, graphics=False)}",
             f"{p}gprocs {_procs(g, graphics=True)}",
@@ -279,13 +300,15 @@ class SimNVML:
         return {
             "LD_LIBRARY_PATH": f"{self.library_dir}{os.pathsep + ld if ld else ''}",
             CONFIG_ENV: str(self.config_path),
+            # No CUDA behind these GPUs: `xl launch --gpus` runs them with a CPU torch.
+            SIMULATED_ENV: "1",
         }
 
     def exports(self) -> str:
         """Shell lines that select this driver in an interactive shell."""
         return (
             f"export LD_LIBRARY_PATH={self.library_dir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\n"
-            f"export {CONFIG_ENV}={self.config_path}"
+            f"export {CONFIG_ENV}={self.config_path} {SIMULATED_ENV}=1"
         )
 
     def write(self) -> None:

@@ -296,6 +296,18 @@ def judge_visible_devices(gpus: Sequence[GPU], env: Mapping[str, str], *, have_d
     problems = [p for p in vis.problems if p.startswith(("CUDA_VISIBLE_DEVICES", "entry "))]
     # Selecting MIG instances is a valid setup; say so without calling it a problem.
     problems = [p for p in problems if "MIG instances" not in p]
+    if len(vis.mig_ids) > 1:
+        # CUDA enumerates one MIG instance per process (the first listed): the rest sit idle,
+        # and every rank started with this variable lands on that same instance.
+        return VisibleVerdict(
+            "fail",
+            f"{value!r} names {len(vis.mig_ids)} MIG instances, but one CUDA process enumerates only one "
+            f"(the first, {vis.mig_ids[0]}): the others are never used",
+            f"export CUDA_VISIBLE_DEVICES={vis.mig_ids[0]} (one MIG instance per process; "
+            "give each process its own instance)",
+            devices,
+            {**data, "mig": list(vis.mig_ids)},
+        )
     if vis.mig_ids and not problems:
         also = f" and GPU(s) {', '.join(str(g.index) for g in devices)}" if devices else ""
         return VisibleVerdict("ok", f"{value!r}: {len(vis.mig_ids)} MIG instance(s){also}", None, devices, data)

@@ -16,7 +16,7 @@ who each process is, in ``xl.gpu.processes``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,6 +31,7 @@ __all__ = [
     "GPUProcess",
     "Inventory",
     "inventory",
+    "per_gpu",
     "shutdown",
 ]
 
@@ -362,6 +363,37 @@ def inventory(*, processes: bool = True) -> Inventory:
         return Inventory(
             driver=Driver(None, None, error="NVML keeps shutting down", error_kind="other")
         )
+
+
+def per_gpu(
+    read: Callable[[Callable[..., Any], Any, int], T], indices: Sequence[int]
+) -> dict[int, T]:
+    """``read(query, handle, index)`` for each GPU index, under NVML's lock and through its choke point
+    (``query(fn, *args)``: a value, or None when the GPU or driver does not provide it). A lost
+    GPU, one that can't be opened, or NVML that can't start, is left out. Never raises."""
+    out: dict[int, T] = {}
+    with _lock:
+        got = _ensure_init()
+        if isinstance(got, Driver):
+            return out
+        import pynvml  # noqa: PLC0415 - pynvml loads libnvidia-ml; `import xl.gpu.nvml` stays free
+
+        sweep = _Sweep(pynvml)
+        for index in indices:
+            try:
+                static = got.static.get(index)
+                handle = (
+                    static.handle
+                    if static
+                    else sweep.query(pynvml.nvmlDeviceGetHandleByIndex, index)
+                )
+                if handle is not None:
+                    out[index] = read(sweep.query, handle, index)
+            except (_Lost, _Uninitialized):
+                continue
+            except Exception:  # a bug reading one GPU: that GPU's answer is lost, not the caller
+                continue
+    return out
 
 
 def _sweep(state: _State, *, processes: bool) -> Inventory:
