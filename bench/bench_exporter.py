@@ -1,0 +1,95 @@
+"""CPU cost of one `xl exporter` scrape of a 64-rank live run, against the app's own poll.
+
+    .venv/bin/python bench/bench_exporter.py [--rounds 30] [--interval 15]
+
+The run is bench_reader.py's: 64 ranks (runfixtures "wide") each appending a train line at 10 Hz
+and a sys line once a second. Before each scrape the bench appends ``--interval`` seconds of those
+lines (Prometheus's default scrape interval is 15 s: 15 x 704 lines, ~1.3 MiB), then times one
+whole scrape as the exporter's /metrics handler makes it: the collector reads what was appended,
+builds every metric family, and prometheus-client writes the exposition (text format).
+
+The anchor, measured in the same run on a copy of the same run dir that gets the same lines:
+one ``RunReader.poll()``, what the app's Monitor pays to read those lines. Exporter and anchor
+take turns, in alternating order, and the ratio is of the medians: the exporter's scrape in units
+of "reading the same lines the way the app does".
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import runfixtures  # noqa: E402
+from bench_reader import RANKS, chunk  # noqa: E402
+from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
+
+from xl.launcher.rundir.reader import RunReader  # noqa: E402
+from xl.launcher.telemetry.exporter import RunsCollector  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--interval", type=int, default=15, help="seconds of lines between two scrapes")
+    ns = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="xl-bench-exporter-"))
+    try:
+        t0 = time.time() - 60
+        runs = tmp / "exp" / "runs"
+        runs.mkdir(parents=True)
+        run = runfixtures.make_run(runs, "wide", t0=t0)
+        anchor_dir = shutil.copytree(run, tmp / "anchor" / run.name)
+        registry = CollectorRegistry(auto_describe=False)
+        collector = RunsCollector(runs)
+        registry.register(collector)
+        reader = RunReader(anchor_dir)
+        generate_latest(registry)  # the first scrape reads the history: not timed, as bench_reader
+        reader.poll()
+        body = b""
+        exp_cpu: list[float] = []
+        anc_cpu: list[float] = []
+        wall: list[float] = []
+        for rnd in range(ns.rounds):
+            data = b"".join(chunk(rnd * ns.interval + s, t0) for s in range(ns.interval))
+            for d in (run, anchor_dir):
+                with (d / "metrics.jsonl").open("ab") as fh:
+                    fh.write(data)
+
+            def scrape() -> None:
+                nonlocal body
+                w = time.perf_counter()
+                c = time.process_time()
+                body = generate_latest(registry)
+                exp_cpu.append(time.process_time() - c)
+                wall.append(time.perf_counter() - w)
+
+            def poll() -> None:
+                c = time.process_time()
+                reader.poll()
+                anc_cpu.append(time.process_time() - c)
+
+            for step in (scrape, poll) if rnd % 2 == 0 else (poll, scrape):
+                step()
+        e, a = statistics.median(exp_cpu), statistics.median(anc_cpu)
+        lines = ns.interval * (RANKS * 11)
+        print(f"scrape of {RANKS} ranks, {ns.interval} s of lines ({lines} lines) between scrapes, {ns.rounds} rounds")
+        print(f"  exporter scrape: median {e * 1e3:.1f} ms CPU ({statistics.median(wall) * 1e3:.1f} ms wall), exposition {len(body) / 1024:.0f} KiB")
+        print(f"  anchor RunReader.poll on the same lines: median {a * 1e3:.1f} ms CPU")
+        print(f"  ratio exporter / anchor: {e / a:.2f}")
+        print(f"  at one scrape every {ns.interval} s: {e / ns.interval * 100:.2f}% of a core")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
