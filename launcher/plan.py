@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from xl.gpu.nvml import GPU, Inventory
 
 ENTRY_MODULE = "xl.launcher.entry"
+NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 @dataclass
@@ -287,6 +288,13 @@ def build_plan(
     }
     if spec.mixed_precision is not None:
         plan_env["ACCELERATE_MIXED_PRECISION"] = spec.mixed_precision
+    if spec.max_restarts:
+        # torchrun's agent shares its rendezvous store with the ranks, so a restarted rank reads
+        # its process group's keys from the attempt before (dead peers' addresses): it fails with
+        # "Gloo connectFullMesh failed" or sits in _new_process_group_helper for good (seen in
+        # half the runs, --standalone too). Without sharing, rank 0 serves a new store on every
+        # attempt (docs/launch.md, "Restarts").
+        plan_env[NO_SHARED_STORE] = "1"
     for key, value in spec.env.items():
         if not valid_env_name(key):
             raise UsageError(f"--env {key}={value}: {key!r} is not a valid variable name")
