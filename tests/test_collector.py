@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from xltele import assert_gone, rank_env
 
-from xl import wire
+from xl import handshake, wire
 from xl.launcher.multinode import nodelink
 from xl.launcher.telemetry import collector
 from xl.launcher.telemetry.service import Telemetry
@@ -89,15 +89,23 @@ def _frame(header: dict, lines: list[bytes]) -> bytes:
     return wire.encode_batch(header, lines)
 
 
-def _garbage(rng: random.Random, token: str) -> bytes:
-    """One malformed, unauthorised or hostile frame (always with a sane length prefix)."""
-    good_header = {"v": 1, "token": token, "rank": 7, "pid": 1, "seq": 1, "dropped": 0}
+def _peer(host: str, port: int, token: str, rank: int) -> tuple[socket.socket, str]:
+    """A connection that went through the handshake as ``rank``, and its verdict."""
+    sock = socket.create_connection((host, port), timeout=10)
+    return sock, handshake.client_handshake(sock, token.encode(), handshake.ROLE_RANK, rank)
+
+
+def _garbage(rng: random.Random, pid: int, seq: int) -> bytes:
+    """One malformed or hostile frame from a peer that proved the token as rank 7 (always with a
+    sane length prefix; a ``seq`` higher than the last of ``pid``, or the collector takes it for
+    a frame resent)."""
+    good_header = {"v": 1, "rank": 7, "pid": pid, "seq": seq, "dropped": 0}
     good_rec = {"t": time.time(), "rank": 7, "kind": "train", "step": 1}
     choice = rng.randrange(12)
     if choice == 0:
         return wire.encode_frame(rng.randbytes(rng.randrange(1, 2000)))
-    if choice == 1:
-        return _frame({**good_header, "token": "wrong"}, [wire.dumps_record(good_rec)])
+    if choice == 1:  # another rank than the one it proved the token as
+        return _frame({**good_header, "rank": 8}, [wire.dumps_record({**good_rec, "rank": 8})])
     if choice == 2:
         return _frame({**good_header, "v": 99}, [])
     if choice == 3:
@@ -128,28 +136,42 @@ def test_fuzzed_collector_keeps_every_real_record_and_counts_rejects(tmp_path: P
     rng = random.Random(1234)
     proc = _start_rank(env, 800, 0.003)
     sent = 0
-    oversized = 0
+    oversized = refused = 0
     try:
-        socks = [socket.create_connection((host, int(port)), timeout=10) for _ in range(4)]
+        socks = []
+        for _ in range(4):
+            sock, verdict = _peer(host, int(port), "tok", 7)
+            assert verdict == handshake.OK
+            socks.append(sock)
         while sent < 12_000:
             sock = socks[sent % len(socks)]
-            sock.sendall(_garbage(rng, "tok"))
+            sock.sendall(_garbage(rng, sent % len(socks), sent + 1))
             sent += 1
             if sent % 1500 == 0:
                 # A length prefix over the cap: that connection is cut, a new one is fine.
-                bad = socket.create_connection((host, int(port)), timeout=10)
+                bad, verdict = _peer(host, int(port), "tok", 7)
+                assert verdict == handshake.OK
                 bad.sendall(struct.pack(">I", wire.MAX_FRAME + 1) + b"x" * 100)
                 oversized += 1
                 assert bad.recv(10) == b""  # closed by the collector
+                bad.close()
+            if sent % 200 == 0:
+                # A peer with another token is refused in the handshake, and hears nothing else.
+                bad, verdict = _peer(host, int(port), "wrong", 7)
+                assert verdict == handshake.REFUSED_TOKEN
+                refused += 1
+                assert bad.recv(10) == b""
                 bad.close()
         for sock in socks:
             sock.close()
         _out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         # Still alive and serving after all that: one more good frame is stored.
-        with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock, verdict = _peer(host, int(port), "tok", 5)
+        with sock:
+            assert verdict == handshake.OK
             rec = {"t": time.time(), "rank": 5, "kind": "train", "step": 99}
-            header = {"v": 1, "token": "tok", "rank": 5, "pid": os.getpid(), "seq": 1, "dropped": 0}
+            header = {"v": 1, "rank": 5, "pid": os.getpid(), "seq": 1, "dropped": 0}
             sock.sendall(_frame(header, [wire.dumps_record(rec)]))
             assert len(sock.recv(8)) == 8  # acked
     finally:
@@ -163,8 +185,8 @@ def test_fuzzed_collector_keeps_every_real_record_and_counts_rejects(tmp_path: P
     status = json.loads((tmp_path / "collector.json").read_text())
     rejects = status["rejects"]
     assert rejects["oversized"] == oversized
-    assert rejects["bad_token"] > 500
-    assert rejects["rank_mismatch"] > 500 and rejects["bad_json"] > 500
+    assert rejects["bad_token"] == refused == 60
+    assert rejects["rank_mismatch"] > 500 and rejects["bad_json"] > 500 and rejects["wrong_rank"] > 500
     assert sum(rejects.values()) >= sent
     assert "internal_error" not in rejects
     # Bad records under a valid token are a client bug, not noise: they reach the events.
@@ -181,14 +203,19 @@ SILENT_PEER = (
     "import socket, struct, sys\n"
     "host, port, mode, wait = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])\n"
     "sock = socket.create_connection((host, port), timeout=wait)\n"
+    "challenge = b''\n"
+    "while len(challenge) < 20:\n"
+    "    challenge += sock.recv(20 - len(challenge))\n"
     "if mode == 'partial':\n"
     "    sock.sendall(struct.pack('>I', 1000) + b'{\"v\": 1')  # a frame that never completes\n"
     "elif mode == 'bad_token':\n"
-    "    body = b'{\"v\":1,\"token\":\"wrong-token\",\"rank\":0,\"pid\":1,\"seq\":1,\"dropped\":0}'\n"
-    "    sock.sendall(struct.pack('>I', len(body)) + body)\n"
+    "    sock.sendall(b'r' + bytes(4) + bytes(16) + bytes(32))  # a HELLO with a wrong proof\n"
     "print('connected', flush=True)\n"
+    "got = b''\n"
     "try:\n"
-    "    print('closed' if sock.recv(100) == b'' else 'data', flush=True)\n"
+    "    while data := sock.recv(100):\n"
+    "        got += data\n"
+    "    print('closed', got.rstrip(b'\\0').decode() or '-', flush=True)\n"
     "except TimeoutError:\n"
     "    print('open', flush=True)\n"
 )
@@ -197,7 +224,7 @@ SILENT_PEER = (
 @pytest.mark.e2e
 def test_connections_that_send_nothing_valid_are_closed_after_the_idle_timeout(tmp_path: Path) -> None:
     """A peer that connects and says nothing, trickles a frame that never completes, or sends only
-    frames with a wrong token is cut after the collector's idle timeout (IDLE_S, 30 s; shortened
+    a HELLO with a wrong token is refused at once; the others are cut after the collector's idle timeout (IDLE_S, 30 s; shortened
     here) and counted as ``idle``. A real rank that logs rarely and a real node link (heartbeat
     every HEARTBEAT_S, well within IDLE_S) are never cut."""
     assert nodelink.HEARTBEAT_S * 10 <= collector.IDLE_S  # a link's first frame comes long before
@@ -224,7 +251,8 @@ def test_connections_that_send_nothing_valid_are_closed_after_the_idle_timeout(t
         start = time.monotonic()
         for mode, proc in peers.items():
             out, err = proc.communicate(timeout=idle + 20)
-            assert out.split() == ["connected", "closed"], (mode, out, err)
+            said = "XL-REFUSED-BAD-TOKEN" if mode == "bad_token" else "-"  # refused at once, the others cut idle
+            assert out.split() == ["connected", "closed", said], (mode, out, err)
         took = time.monotonic() - start
         assert idle - 0.5 <= took <= idle + 5, took
         _out, err = rank.communicate(timeout=60)
@@ -239,6 +267,6 @@ def test_connections_that_send_nothing_valid_are_closed_after_the_idle_timeout(t
         link.close(0.1)
         tel.stop()
     rejects = json.loads((tmp_path / "collector.json").read_text())["rejects"]
-    assert rejects == {"idle": 3, "bad_token": 1}, rejects
+    assert rejects == {"idle": 2, "bad_token": 1}, rejects
     assert sorted(_train_steps(tmp_path, 0)) == [1, 2, 3, 4, 5, 6]
     assert_gone({p.pid for p in [*peers.values(), rank]})

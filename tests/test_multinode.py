@@ -46,6 +46,7 @@ from procs import (
     xl_env,
 )
 
+from xl import handshake
 from xl.launcher.multinode import nodelink
 from xl.launcher.telemetry.service import Telemetry
 
@@ -490,10 +491,10 @@ def test_node_with_a_wrong_token_is_told_and_node_0_waits_for_the_right_one(tmp_
         _cleanup(homes, [node0])
 
 
-@pytest.mark.parametrize("victim", ["supervisor", "rank"])
+@pytest.mark.parametrize("victim", ["node", "rank"])
 def test_a_dead_node_or_rank_on_node_1_ends_the_run_on_both(tmp_path: Path, victim: str) -> None:
-    """SIGKILL node 1's supervisor (the node is gone for node 0) or its rank, mid-run: both nodes
-    end, node 0 names node 1 (and the rank), nothing of either is left."""
+    """SIGKILL every process of node 1 (the node is gone for node 0) or its rank, mid-run: both
+    nodes end, node 0 names node 1 (and the rank), nothing of either is left."""
     homes = (tmp_path / "node0", tmp_path / "node1")
     procs = _start_nodes(tmp_path, homes, MN_MODE="loop")
     try:
@@ -506,15 +507,21 @@ def test_a_dead_node_or_rank_on_node_1_ends_the_run_on_both(tmp_path: Path, vict
         wait_for(both_training, timeout=60, what="both nodes to train")
         run1 = wait_for(lambda: (r := run_json(only_run(homes[1])))["ranks"][0]["pid"] and r, timeout=10, what="node 1's rank's pid")
         r1 = run1["ranks"][0]["rank"]
-        pid = run1["supervisor_pid"] if victim == "supervisor" else run1["ranks"][0]["pid"]
-        os.kill(pid, signal.SIGKILL)
+        if victim == "node":
+            os.kill(run1["supervisor_pid"], signal.SIGKILL)
+            for proc in run_processes(only_run(homes[1])):
+                with contextlib.suppress(OSError):
+                    os.kill(proc.pid, signal.SIGKILL)
+        else:
+            os.kill(run1["ranks"][0]["pid"], signal.SIGKILL)
         results = _finish(procs, timeout=60)
         run0 = run_json(only_run(homes[0]))
         assert results[0][0] == 1 and run0["status"] == "failed", results[0][1][-3000:]
-        assert results[1][0] != 0 and run_json(only_run(homes[1]))["status"] in ("failed", "stopped"), results[1][1][-3000:]
+        if victim == "rank":
+            assert results[1][0] != 0 and run_json(only_run(homes[1]))["status"] in ("failed", "stopped"), results[1][1][-3000:]
         failure = run0["failure"]
         assert failure["node_rank"] == 1 and failure["node"] == socket.gethostname(), failure
-        if victim == "supervisor":
+        if victim == "node":
             assert failure["rank"] is None and f"was lost with rank(s) {r1} running" in failure["message"], failure
             assert any(e["kind"] == "node_lost" and e["node_rank"] == 1 for e in _events(only_run(homes[0])))
         else:
@@ -536,8 +543,9 @@ def _routable_ipv4() -> str | None:
 
 def test_collector_on_a_routable_address_takes_only_frames_with_the_token(tmp_path: Path) -> None:
     """A run spanning nodes: node 0's collector listens on the --rdzv address (not loopback).
-    Frames without the token or with a wrong one (a rank's or a node's) are refused and counted;
-    a node's is answered that its token is wrong, and nothing more; the real ranks are unaffected."""
+    Peers that skip the handshake or prove a wrong token (as a rank or as a node) are refused
+    (REFUSED, then closed) and counted; the frames they send after are never read; node 0 records
+    a node's attempt by its number and address only; the real ranks are unaffected."""
     host = _routable_ipv4()
     if host is None:
         pytest.skip("this machine has no non-loopback IPv4 address to bind node 0's collector to")
@@ -551,35 +559,42 @@ def test_collector_on_a_routable_address_takes_only_frames_with_the_token(tmp_pa
         rec = {"t": time.time(), "rank": 0, "kind": "train", "step": 4242}
         line = json.dumps(rec).encode()
         base = {"v": 1, "rank": 0, "pid": 1, "seq": 1, "dropped": 0}
-        node = {"v": 1, "node": 1, "host": "intruder", "pid": 1, "seq": 1}
+        node = {"v": 1, "node": 1, "host": "intruder\x1b]52;c;SGk=\x07", "pid": 1, "seq": 1}
         log = json.dumps({"type": "log", "rank": 0, "data": "INJECTED\n"}).encode()
-        refused = b'{"error":"bad_token"}'
-        frames = [
-            (base, line, b""),  # no token: no ack, no answer
-            ({**base, "token": "wrong-token-0123456789"}, line, b""),
-            ({**base, "token": TOKEN[:-1] + "X"}, line, b""),
-            # A node's link is told, the same whatever the token it gave.
-            ({**node, "token": "wrong-token-0123456789"}, log, struct.pack(">I", len(refused)) + refused),
-            ({**node, "token": TOKEN[:-1] + "X"}, log, struct.pack(">I", len(refused)) + refused),
+        attempts = [
+            (None, None, base, line),  # no handshake: its frame is read as a HELLO, and refused
+            (handshake.ROLE_RANK, "wrong-token-0123456789", base, line),
+            (handshake.ROLE_RANK, TOKEN[:-1] + "X", base, line),
+            (handshake.ROLE_NODE, "wrong-token-0123456789", node, log),
+            (handshake.ROLE_NODE, TOKEN[:-1] + "X", node, log),
         ]
-        for header, body, expected in frames:
+        for role, token, header, body in attempts:
             with socket.create_connection((host, port), timeout=10) as sock:
                 payload = json.dumps(header).encode() + b"\n" + body
-                sock.sendall(struct.pack(">I", len(payload)) + payload)
-                sock.settimeout(0.5)
-                reply = b""
-                with contextlib.suppress(TimeoutError):
-                    while chunk := sock.recv(4096):
-                        reply += chunk
-                assert reply == expected, reply
+                if role is None:
+                    assert sock.recv(handshake.CHALLENGE_SIZE).startswith(handshake.MAGIC)
+                    sock.sendall(struct.pack(">I", len(payload)) + payload)
+                    assert sock.recv(64) == handshake.REFUSED
+                else:
+                    assert token is not None
+                    verdict = handshake.client_handshake(sock, token.encode(), role, 1 if role == handshake.ROLE_NODE else 0)
+                    assert verdict == handshake.REFUSED_TOKEN
+                    with contextlib.suppress(OSError):
+                        sock.sendall(struct.pack(">I", len(payload)) + payload)
+                sock.settimeout(2)
+                rest = b""
+                with contextlib.suppress(ConnectionResetError):  # a reset: the frame hit a closed socket
+                    rest = sock.recv(4096)
+                assert rest == b""  # closed, nothing more said
         results = _finish(procs, timeout=60)
         for code, out in results:
             assert code == 0, out[-3000:]
         rejects = json.loads((run0 / "collector.json").read_text())["rejects"]
-        assert rejects.get("no_token") == 1 and rejects.get("bad_token") == 4, rejects
-        # Node 0 says so, once per node link that tried, and carried on.
+        assert rejects.get("bad_token") == 5, rejects
+        # Node 0 says so, once per node link that tried, and carried on; no text of theirs.
         refused = [e for e in _events(run0) if e["kind"] == "node_refused"]
-        assert len(refused) == 2 and {e["node"] for e in refused} == {"intruder"}, refused
+        assert len(refused) == 2 and {e["node_rank"] for e in refused} == {1}, refused
+        assert not any("intruder" in json.dumps(e) for e in _events(run0))
         _assert_one_view(run0, only_run(homes[1]), {0: 1, 1: 1})
         assert 4242 not in {m["step"] for m in _train(run0)}
         assert not any("INJECTED" in p.read_text() for p in (run0 / "logs").glob("rank-*.log"))
@@ -728,18 +743,19 @@ def test_the_node_whose_ranks_finish_later_is_waited_for(tmp_path: Path, late: i
 
 def test_node_0_gives_up_on_a_late_node_only_when_its_heartbeat_is_lost(tmp_path: Path) -> None:
     """Node 0's ranks are done and node 1's work on; node 1 then goes silent without its
-    connection closing (its supervisor frozen, as a hung machine would be): node 0 declares it
+    connection closing (every process of it frozen, as on a hung machine): node 0 declares it
     lost after XL_NODE_TIMEOUT of silence, names it with its running rank, and ends."""
     homes = (tmp_path / "node0", tmp_path / "node1")
     procs = _start_nodes(tmp_path, homes, per_node=({"XL_NODE_TIMEOUT": "3"}, {"MN_TAIL": "120"}))
-    frozen: int | None = None
+    frozen: list[int] = []
     try:
         run1 = wait_for(lambda: (homes[1] / "runs").is_dir() and next((homes[1] / "runs").iterdir(), None), timeout=30, what="node 1's run")
         wait_for(lambda: _logs_say(run1, 1, "tail 120s"), timeout=60, what="node 1's rank to work on after the last collective")
         run0 = only_run(homes[0])
         wait_for(lambda: (r := run_json(run0)).get("ranks") and any(x["state"] == "exited" for x in r["ranks"]), timeout=30, what="node 0's rank to end")
-        frozen = int(run_json(run1)["supervisor_pid"])
-        os.kill(frozen, signal.SIGSTOP)
+        frozen = [int(run_json(run1)["supervisor_pid"]), *(p.pid for p in run_processes(run1))]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
         code0, out0 = _finish(procs[:1], timeout=45)[0]
         assert code0 == 1, out0[-3000:]
@@ -751,16 +767,17 @@ def test_node_0_gives_up_on_a_late_node_only_when_its_heartbeat_is_lost(tmp_path
         assert not any(e["kind"] == "nodes_unfinished" for e in _events(run0))
         wait_no_processes(run0, timeout=10)
         # Node 1 thawed and stopped: nothing of it is left either.
-        os.kill(frozen, signal.SIGCONT)
-        os.kill(frozen, signal.SIGTERM)
-        frozen = None
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        os.kill(frozen[0], signal.SIGTERM)
+        frozen = []
         code1, out1 = _finish(procs[1:], timeout=30)[0]
         assert code1 != 0, out1[-3000:]
         wait_no_processes(run1, timeout=10)
     finally:
-        if frozen is not None:
+        for pid in frozen:
             with contextlib.suppress(OSError):
-                os.kill(frozen, signal.SIGCONT)
+                os.kill(pid, signal.SIGCONT)
         _cleanup(homes, procs)
 
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from xl.gpu.nvml import Inventory
     from xl.launcher.control import RunHandle
     from xl.launcher.plan import Plan
+    from xl.launcher.rundir.comparison import Comparison
     from xl.launcher.rundir.reader import RunReader
     from xl.launcher.rundir.store import RunInfo
     from xl.launcher.spec import LaunchSpec
@@ -70,6 +71,11 @@ class Backend(Protocol):
     def stacks(self, run_dir: Path, rank: int) -> dict[str, Any]:
         """Ask ``rank`` of the running run where it is now: DESIGN.md's stacks document (raises
         with a one-line message when the run is not running)."""
+        ...
+
+    def compare(self, run_a: Path, run_b: Path) -> Comparison:
+        """Two finished (or running) runs side by side, as `xl compare` shows them (raises with a
+        one-line message for a damaged run, or one run twice)."""
         ...
 
 
@@ -142,3 +148,8 @@ class LocalBackend:
         from xl.launcher.telemetry.stacks import run_document  # noqa: PLC0415 - loads only when stacks are asked for
 
         return run_document(run_dir, rank)
+
+    def compare(self, run_a: Path, run_b: Path) -> Comparison:
+        from xl.launcher.rundir.comparison import compare  # noqa: PLC0415 - loads only when two runs are compared
+
+        return compare(run_a, run_b)

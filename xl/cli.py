@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from xl._version import __version__
-from xl.errors import EXIT_USAGE, UsageError
+from xl.errors import EXIT_FAILED, EXIT_USAGE, NotYours, UsageError
 
 # name -> ("module[:function]", one-line help); the function defaults to main(argv) -> int.
 # Only commands that work are listed.
@@ -73,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     entry = getattr(importlib.import_module(module_name), func_name or "main")
     try:
         return int(entry(args[1:]) or 0)
+    except NotYours as exc:  # another user's run: refused, one line (the command was right)
+        sys.stderr.write(f"xl {head}: {exc}\n")
+        return EXIT_FAILED
     except UsageError as exc:
         sys.stderr.write(f"xl {head}: {exc}\n")
         return EXIT_USAGE

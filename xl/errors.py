@@ -15,6 +15,11 @@ class UsageError(Exception):
     """Bad input from the person at the keyboard: shown as one line, exit 2."""
 
 
+class NotYours(UsageError):
+    """A run of another user that this one may not read nor stop: one line, exit 1 (the
+    permission is denied; the command was right)."""
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports bad usage as a single line (what is wrong, where to look)."""
 

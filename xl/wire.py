@@ -6,7 +6,11 @@ exact line the collector appends to metrics.jsonl, so the collector validates a 
 one ``json.loads`` and then copies the client's bytes instead of re-encoding them (that copy is
 what lets one core store >100k records/s).
 
-Header: ``{"v": 1, "token": str, "rank": int, "pid": int, "seq": int, "dropped": int}``
+Every connection starts with the handshake of ``xl.handshake``: both sides prove they hold the
+run's token (XL_TOKEN) without sending it, and frames follow only once both proofs checked out.
+No frame carries the token (a collector ignores a "token" key).
+
+Header: ``{"v": 1, "rank": int, "pid": int, "seq": int, "dropped": int}``
 plus optional ``"cuda": {...}`` (torch's CUDA memory counters of the rank) and ``"train": true``
 (the rank reports its own train metrics) and ``"ack": true`` (ack this frame at once; acks are
 otherwise batched). A frame may hold no records (a hello, or a flush's ping).
@@ -64,11 +68,10 @@ class FrameError(ValueError):
 class Header:
     # A plain class, not a dataclass: importing dataclasses would add milliseconds to
     # ``import xl.client`` in every rank.
-    __slots__ = ("ack_now", "cuda", "dropped", "pid", "rank", "seq", "token", "train")
+    __slots__ = ("ack_now", "cuda", "dropped", "pid", "rank", "seq", "train")
 
     def __init__(
         self,
-        token: str,
         rank: int,
         pid: int,
         seq: int,
@@ -77,7 +80,7 @@ class Header:
         train: bool = False,
         ack_now: bool = False,
     ) -> None:
-        self.token, self.rank, self.pid, self.seq = token, rank, pid, seq
+        self.rank, self.pid, self.seq = rank, pid, seq
         self.dropped, self.cuda = dropped, cuda
         # True once the rank sends its own train metrics (xl.log or an integration): its
         # printed log dicts are then not parsed a second time.
@@ -110,10 +113,10 @@ def _is_int(value: Any) -> TypeGuard[int]:
 class NodeHeader:
     """The header of a node frame (node N > 0's supervisor -> node 0's collector)."""
 
-    __slots__ = ("host", "node", "pid", "seq", "token")
+    __slots__ = ("host", "node", "pid", "seq")
 
-    def __init__(self, token: str, node: int, pid: int, seq: int, host: str) -> None:
-        self.token, self.node, self.pid, self.seq, self.host = token, node, pid, seq, host
+    def __init__(self, node: int, pid: int, seq: int, host: str) -> None:
+        self.node, self.pid, self.seq, self.host = node, pid, seq, host
 
 
 def parse_header(raw: bytes) -> Header | NodeHeader:
@@ -125,13 +128,11 @@ def parse_header(raw: bytes) -> Header | NodeHeader:
         raise FrameError("bad_header")
     if obj.get("v") != VERSION:
         raise FrameError("bad_version")
-    if type(obj.get("token")) is not str:
-        raise FrameError("no_token")
     if "node" in obj:
         return _node_header(obj)
-    token, rank, pid, seq = obj.get("token"), obj.get("rank"), obj.get("pid"), obj.get("seq")
+    rank, pid, seq = obj.get("rank"), obj.get("pid"), obj.get("seq")
     dropped = obj.get("dropped", 0)
-    if not (type(token) is str and _is_int(rank) and _is_int(pid) and _is_int(seq)):
+    if not (_is_int(rank) and _is_int(pid) and _is_int(seq)):
         raise FrameError("bad_header")
     if not _is_int(dropped) or rank < 0 or rank > 1 << 20 or dropped < 0:
         raise FrameError("bad_header")
@@ -143,20 +144,18 @@ def parse_header(raw: bytes) -> Header | NodeHeader:
     )
     if not valid_cuda:
         raise FrameError("bad_header")
-    assert isinstance(token, str) and isinstance(rank, int) and isinstance(pid, int)
+    assert isinstance(rank, int) and isinstance(pid, int)
     assert isinstance(seq, int) and isinstance(dropped, int)
-    return Header(
-        token, rank, pid, seq, dropped, cuda, obj.get("train") is True, obj.get("ack") is True
-    )
+    return Header(rank, pid, seq, dropped, cuda, obj.get("train") is True, obj.get("ack") is True)
 
 
 def _node_header(obj: dict[str, Any]) -> NodeHeader:
-    token, node, pid, seq, host = obj["token"], obj.get("node"), obj.get("pid"), obj.get("seq"), obj.get("host", "")
+    node, pid, seq, host = obj.get("node"), obj.get("pid"), obj.get("seq"), obj.get("host", "")
     if not (_is_int(node) and _is_int(pid) and _is_int(seq) and type(host) is str):
         raise FrameError("bad_header")
     if not 0 < node <= 1 << 16 or len(host) > MAX_STR:
         raise FrameError("bad_header")
-    return NodeHeader(token, node, pid, seq, host)
+    return NodeHeader(node, pid, seq, host)
 
 
 def parse_record(line: bytes, rank: int) -> dict[str, Any]:

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from xl.errors import ArgumentParser
 from xl.launcher.rundir import timing
 from xl.launcher.rundir.record import RunStatus, read_json
-from xl.launcher.rundir.store import UNREADABLE, RunInfo, list_runs
+from xl.launcher.rundir.store import NOT_YOURS, UNREADABLE, RunInfo, list_runs
 
 
 def _duration(info: RunInfo) -> str:
-    if info.started_at is None or info.status == UNREADABLE:
+    if info.started_at is None or info.status in (UNREADABLE, NOT_YOURS):
         return ""  # a damaged run.json tells neither its start nor its end
     end = info.ended_at or time.time()
     s = int(max(0.0, end - info.started_at))

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from xl import paths
-from xl.errors import ArgumentParser, UsageError
+from xl.errors import ArgumentParser, NotYours, UsageError
 from xl.launcher import procs
 from xl.launcher.control import STOPPED_WAIT_S, grace_for, stop_run, stop_unreadable, wait_for_end
 from xl.launcher.rundir import record
@@ -20,6 +20,8 @@ def main(argv: Sequence[str]) -> int:
     ns = p.parse_args(list(argv))
     try:
         run_dir = resolve_run(ns.run)
+    except NotYours:
+        raise  # another user's run: nothing of it is ours to stop
     except UsageError:
         # A run whose folder was deleted still has processes carrying its id: end them.
         if not procs.find_run_pids(ns.run):

@@ -10,10 +10,13 @@ reply frame ``{"ack": seq}`` (same length prefix) and tells every node ``{"stop"
 "failure"}}`` when the run ends anywhere, and ``{"stacks": {"id", "rank", "timeout"}}`` when it wants
 this node's ranks' stacks (``xl stacks`` or a hang on node 0; the supervisor answers). Frames are
 resent after a reconnect until acked; node
-0 drops the ones it already has (by seq). A frame whose token is not the run's is answered
-``{"error": "bad_token"}`` (nothing else, nothing of the real token): the link then stops for
-good and ``commands()`` returns ``{"refused": "bad_token"}``, for the supervisor to say so and
-end this node's part (retrying with the same token could never succeed).
+0 drops the ones it already has (by seq). Each connection opens with ``xl.handshake`` (role
+``n``, this node's number): node 0 proves it holds the run's token before this node sends it
+anything, and the token never travels. When node 0 answers that this node's proof is wrong, the
+link stops for good and ``commands()`` returns ``{"refused": "bad_token"}``, for the supervisor to
+say so and end this node's part (retrying with the same token could never succeed). A listener
+that proves nothing (another program on node 0's port) gets nothing; the link says so and tries
+again later.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import time
 from collections import deque
 from typing import Any
 
-from xl import wire
+from xl import handshake, wire
 from xl.launcher.multinode.join import format_address
 from xl.launcher.multinode.protocol import MAX_LOG_CHUNK, clip_failure
 
@@ -56,7 +59,8 @@ class NodeLink:
 
     def __init__(self, host: str, port: int, token: str, node: int, hostname: str) -> None:
         self.address = (host, port)
-        self._header = {"v": wire.VERSION, "token": token, "node": node, "host": hostname[:256], "pid": os.getpid()}
+        self._token, self._node = token.encode(), node
+        self._header = {"v": wire.VERSION, "node": node, "host": hostname[:256], "pid": os.getpid()}
         self._lock = threading.Lock()
         self._pending: deque[bytes] = deque()
         self._pending_bytes = 0
@@ -73,6 +77,7 @@ class NodeLink:
         self._deadline = math.inf
         self.dropped = 0  # messages not queued (too much waiting, or closing): said in close()
         self.refused: str | None = None  # node 0 refused this link (its reason): it stopped
+        self.heard_at: float | None = None  # monotonic; node 0's last reply frame (None: never)
         self._said: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="xl-nodelink", daemon=True)
 
@@ -177,6 +182,18 @@ class NodeLink:
             self._next_connect = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 2.0)
             return False
+        verdict = handshake.client_handshake(sock, self._token, handshake.ROLE_NODE, self._node)
+        if verdict != handshake.OK:
+            with contextlib.suppress(OSError):
+                sock.close()
+            if verdict == handshake.REFUSED_TOKEN:
+                with self._lock:
+                    self._refuse("bad_token")
+                return False
+            self._say("the listener there did not prove it holds this run's XL_TOKEN (another program on that port?); nothing was sent to it, trying again")
+            self._next_connect = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, 2.0)
+            return False
         self._sock, self._inbuf, self._backoff = sock, b"", 0.2
         # Whatever node 0 had not acked goes again; it drops the frames it already has.
         with self._lock:
@@ -249,6 +266,7 @@ class NodeLink:
                 continue
             if not isinstance(msg, dict):
                 continue
+            self.heard_at = time.monotonic()
             ack = msg.get("ack")
             with self._lock:
                 if type(ack) is int:
@@ -256,9 +274,6 @@ class NodeLink:
                         self._unacked.popleft()
                 elif isinstance(msg.get("stop"), dict) or isinstance(msg.get("stacks"), dict):
                     self._commands.append(msg)
-                elif msg.get("error") == "bad_token":
-                    self._refuse("bad_token")
-                    break
         self._inbuf = buf
 
     def _refuse(self, reason: str) -> None:

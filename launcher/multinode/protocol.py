@@ -1,7 +1,8 @@
 """What a node frame may carry: node 0 checks every message of another node before it records it.
 
 A node frame is a wire frame whose header names the node instead of a rank
-(``{"v", "token", "node", "host", "pid", "seq"}``); each body line is one JSON object with a
+(``{"v", "node", "host", "pid", "seq"}``; the connection proved the token in its handshake,
+``xl.handshake``); each body line is one JSON object with a
 ``type``:
 
     ranks    {"ranks": [...]}                 its ranks as in its run.json
@@ -13,8 +14,7 @@ A node frame is a wire frame whose header names the node instead of a rank
     stacks   {"id", "ranks": [...]}           its ranks' entries of the stacks document, answering
                                               node 0's ``{"stacks": {"id", "rank", "timeout"}}``
 
-Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"stacks": {...}}``,
-``{"error": "bad_token"}``). The sending side is xl.launcher.multinode.nodelink; the receiving side is the
+Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"stacks": {...}}``). The sending side is xl.launcher.multinode.nodelink; the receiving side is the
 collector (xl.launcher.telemetry.collector), which calls check_message on every body line.
 """
 

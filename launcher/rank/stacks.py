@@ -3,8 +3,11 @@
 ``install(run_dir, rank)`` runs before user code (from the rank entry). It sets up two doors, and
 nothing in the rank polls:
 
-- a daemon thread blocked in ``accept()`` on an abstract Unix socket named for the rank's pid. A
-  requester of the same user (checked with SO_PEERCRED) that connects gets one JSON answer: every thread's Python stack (``sys._current_frames``)
+- a daemon thread blocked in ``accept()`` on an abstract Unix socket with an unpredictable name
+  (another user cannot bind it first, as they could the old name made from the pid alone), known
+  to requesters only through the rank's private ``ranks/rank-<r>.stacks.json``. Each side checks
+  the other with SO_PEERCRED (``peer_is``): a requester of the same user that connects gets one
+  JSON answer: every thread's Python stack (``sys._current_frames``)
   and the rank's collectives from PyTorch's Flight Recorder (when torch is loaded). It needs the GIL
   for a moment, which it gets while the main thread waits inside gloo/NCCL or runs Python.
 - ``faulthandler`` registered on a real-time signal: the C-level handler writes every thread's
@@ -22,6 +25,7 @@ import contextlib
 import faulthandler
 import json
 import os
+import secrets
 import signal
 import socket
 import struct
@@ -44,8 +48,19 @@ _state: dict[str, Any] = {}  # keeps the faulthandler file and the socket alive 
 
 
 def socket_name(pid: int) -> str:
-    """The abstract Unix socket a rank with this pid answers on (the same on both sides)."""
-    return f"\0xl-stacks-{pid}"
+    """A new abstract Unix socket name for the rank with this pid: 128 random bits in it."""
+    return f"\0xl-stacks-{pid}-{secrets.token_hex(16)}"
+
+
+def peer_is(sock: socket.socket, pid: int) -> bool:
+    """Whether the process that bound the socket ``sock`` is connected to is ``pid``, of this user
+    (root asks anyone's): a requester never reads an answer from a socket someone else bound."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return False
+    peer_pid, uid, _gid = struct.unpack("3i", creds)
+    return peer_pid == pid and (os.getuid() == 0 or uid == os.getuid())
 
 
 def info_path(run_dir: str, rank: int) -> str:
@@ -150,8 +165,9 @@ def install(run_dir: str | None, rank: int) -> bool:
         fd = os.open(text_path(run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         out: IO[str] = open(fd, "a")  # noqa: SIM115 - open for the rank's life; private like the run dir
         faulthandler.register(SIGNAL, file=out, all_threads=True, chain=False)
+        name = socket_name(os.getpid())
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(socket_name(os.getpid()))
+        server.bind(name)
         server.listen(8)
     except (OSError, ValueError, RuntimeError):
         return False
@@ -160,7 +176,7 @@ def install(run_dir: str | None, rank: int) -> bool:
     info = {
         "pid": os.getpid(),
         "signal": int(SIGNAL),
-        "socket": socket_name(os.getpid())[1:],
+        "socket": name[1:],
         "main_thread": threading.main_thread().ident,
         "since": time.time(),
     }

@@ -163,7 +163,7 @@ def rows(c: Comparison) -> list[tuple[str, str, str]]:
         ("  samples/s", _rate(speed["a"]["samples_per_s"]), _rate(speed["b"]["samples_per_s"])),
     ]
     steps = doc["loss"]["steps"]
-    out.append((f"loss ({len(steps)} common steps)", "", ""))
+    out.append((f"loss ({len(steps)} steps)", "", ""))  # at the steps both runs logged
     picks = sorted({round(i * (len(steps) - 1) / (LOSS_ROWS - 1)) for i in range(LOSS_ROWS)}) if steps else []
     out += [(f"  step {steps[i]:g}", f"{doc['loss']['a'][i]:.4g}", f"{doc['loss']['b'][i]:.4g}") for i in picks]
     out.append(("time", "", ""))

@@ -7,6 +7,7 @@ its supervisor (and by xl.launcher.control when the supervisor is gone).
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import secrets
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from xl import paths
-from xl.errors import UsageError
+from xl.errors import NotYours, UsageError
 from xl.launcher import procs
 from xl.launcher.rundir import record, settle
 from xl.launcher.rundir.record import RunRecord, RunStatus
@@ -104,6 +105,24 @@ def new_run_id(spec: LaunchSpec) -> str:
 
 
 UNREADABLE = "unreadable"
+NOT_YOURS = "not yours"  # another user's run: this user may not read its folder (issue 25)
+
+
+def _owner(path: Path) -> str:
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return "another user"
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name}"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _not_readable(run_dir: Path) -> bool:
+    return not os.access(run_dir, os.R_OK | os.X_OK) or (
+        (run_dir / record.RUN_FILE).exists() and not os.access(run_dir / record.RUN_FILE, os.R_OK)
+    )
 
 
 def _unreadable(run_dir: Path) -> RunInfo:
@@ -115,7 +134,8 @@ def _unreadable(run_dir: Path) -> RunInfo:
             started = run_dir.stat().st_mtime
         except OSError:
             started = None
-    return RunInfo(run_dir.name, run_dir, None, UNREADABLE, "?", started, None, 0, [], False)
+    status = NOT_YOURS if _not_readable(run_dir) else UNREADABLE
+    return RunInfo(run_dir.name, run_dir, None, status, "?", started, None, 0, [], False)
 
 
 def _settled_if_abandoned(run_dir: Path, rec: RunRecord) -> RunRecord:
@@ -145,18 +165,26 @@ def list_runs() -> list[RunInfo]:
 
 
 def resolve_run(token: str) -> Path:
-    """A run dir from a run id, a unique prefix of one, or ``last``."""
+    """A run dir from a run id, a unique prefix of one, or ``last``; NotYours for a run of
+    another user (its folder cannot be read: nothing of it can be shown nor stopped)."""
+    found = _resolve(token)
+    if found.status == NOT_YOURS:
+        raise NotYours(f"run {found.run_id} is not yours (permission denied: its folder belongs to {_owner(found.run_dir)})")
+    return found.run_dir
+
+
+def _resolve(token: str) -> RunInfo:
     runs = list_runs()
     if not runs:
         raise UsageError(f"no runs under {paths.runs_dir()} yet (start one with 'xl launch')")
     if token == "last":
-        return runs[-1].run_dir
+        return runs[-1]
     exact = [r for r in runs if r.run_id == token]
     if exact:
-        return exact[0].run_dir
+        return exact[0]
     matches = [r for r in runs if r.run_id.startswith(token)]
     if len(matches) == 1:
-        return matches[0].run_dir
+        return matches[0]
     if not matches:
         raise UsageError(f"no run matches {token!r} (see 'xl runs')")
     names = ", ".join(r.run_id for r in matches[:3])

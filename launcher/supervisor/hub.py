@@ -82,6 +82,7 @@ class RemoteNode:
     lost: bool = False
     partial: dict[int, bytes] = field(default_factory=dict)
     idle_since: float | None = None  # monotonic; when node 0 learnt that none of its ranks runs
+    strange_logs: int = 0  # output it sent for ranks it does not have (dropped)
 
     @property
     def busy(self) -> bool:
@@ -180,6 +181,12 @@ class Hub:
         kind = msg["type"]
         if kind == "log":
             rank = int(msg["rank"])
+            if not any(r.get("rank") == rank for r in remote.ranks):
+                # Only the ranks it has: a peer with the token once sent 25,000 made-up ones, a file each.
+                remote.strange_logs += 1
+                if remote.strange_logs == 1:
+                    say(f"node {remote.node} sent output of rank {rank}, which it does not have; dropped (and any more such)")
+                return
             data = str(msg["data"]).encode("utf-8", "surrogateescape")
             remote.partial[rank] = self.sink.append(rank, data, remote.partial.get(rank, b""))
         elif kind == "ranks":

@@ -22,6 +22,7 @@ _TICK_BUDGET = 1 << 20  # per file and tick: a flood of output cannot stall the 
 _DRAIN_BUDGET = 16 << 20
 _RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
 _SCAN_EVERY = 10  # ticks between looks for new log files
+_MAX_WRITE_FDS = 256  # other nodes' ranks' logs kept open at once (the least recent is closed)
 
 
 def log_path(run_dir: Path, rank: int) -> Path:
@@ -92,11 +93,14 @@ class LogSink:
     def append(self, rank: int, data: bytes, partial: bytes) -> bytes:
         """Append another node's rank output to logs/rank-<rank>.log and hand on whole lines;
         returns the unfinished line (kept by the hub)."""
-        fd = self.log_fds.get(rank)
+        fd = self.log_fds.pop(rank, None)  # put back last: the dict stays least recently used first
         try:
             if fd is None:
+                if len(self.log_fds) >= _MAX_WRITE_FDS:  # open files stay bounded, whatever the ranks
+                    with contextlib.suppress(OSError):
+                        os.close(self.log_fds.pop(next(iter(self.log_fds))))
                 fd = os.open(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-                self.log_fds[rank] = fd
+            self.log_fds[rank] = fd
             os.write(fd, data)
         except OSError as exc:
             self.write_failed(f"logs/rank-{rank}.log", exc)

@@ -192,6 +192,14 @@ class Supervisor:
         env = self.port.start(self.run_dir, self.token, self.journal.emit, **where)
         if self.port.telemetry is not None:
             self.sink.on_line = self.port.feed_log_line
+        elif self.hub is not None:
+            # Every node sends to node 0's collector: without it (another program may hold its port,
+            # waiting for the token) the run must not start at all (issue 25, docs/security.md).
+            message = (f"node 0's collector cannot listen on {format_address(*self.hub.address)} ({self.port.error}): "
+                       "another program may hold that port; set XL_COLLECTOR_PORT to a free port, the same on every node")
+            self.journal.emit({"kind": "failure", "rank": None, "message": message})
+            self.cause.set(self.cause.local(None, None, None, None, message), time.time())
+            raise RuntimeError(message)
         return env
 
     # ---------------------------------------------------------------- the loop

@@ -20,6 +20,7 @@ class TelemetryPort:
     def __init__(self) -> None:
         self.telemetry: Telemetry | None = None
         self.stopped = False
+        self.error = ""  # why it did not start
 
     @property
     def running(self) -> bool:
@@ -32,6 +33,7 @@ class TelemetryPort:
             env = dict(self.telemetry.start())
         except Exception as exc:
             say(f"telemetry did not start: {exc!r}")
+            self.error = (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
             self.telemetry = None
             return {"XL_TOKEN": token}
         env.setdefault("XL_TOKEN", token)

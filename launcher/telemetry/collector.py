@@ -1,18 +1,21 @@
 """The collector: one thread in the supervisor that receives every rank's ``xl.log`` frames.
 
 Its sockets are ``xl.launcher.telemetry.server``'s; this module decides what a frame means.
-Every frame is validated (header types, token, every record); a bad frame or record is dropped
-and counted under its reason. After a frame's good records are appended, the collector acks the
-frame's sequence number so the client can forget it; unacked frames are resent or spooled by the
-client (nothing lost).
+Every connection first proves the run's token (``xl.handshake``, in the server), then every frame
+is validated (header types, every record); a bad frame or record is dropped and counted under its
+reason. After a frame's good records are appended, the collector acks the frame's sequence number
+so the client can forget it; unacked frames are resent after a reconnect (same sequence numbers)
+or spooled by the client, and a frame whose sequence number this rank process already had stored
+is acked without being stored again (nothing lost, nothing twice).
 
 On node 0 of a multi-node run it also takes node frames from the other nodes' supervisors
 (xl.launcher.multinode.nodelink): their sampled records are stored here like a rank's, the rest goes to
 ``on_node`` for the supervisor, and ``stop_nodes`` tells every node to end its part of the run.
-A node frame with a wrong token (a node started with a mistyped XL_TOKEN) is refused like any
-other, and also answered, once per connection, with ``{"error": "bad_token"}`` so that node can
-say why and stop; ``on_node`` gets ``[{"type": "refused", ...}]`` for it. The answer says nothing
-of the real token. A rank's frame with a wrong token gets no answer (its client reads acks only).
+A node link whose handshake proves a wrong token (a node started with a mistyped XL_TOKEN) is
+answered REFUSED, so that node can say why and stop; ``on_node`` gets ``[{"type": "refused",
+...}]`` for it, with the node number it claimed and the address the kernel gave, never text of
+its own. A node's ``host`` (from a peer that proved the token) is recorded with its control
+characters drawn (xl.textsafe).
 
 ``ask_nodes`` asks every connected node for its ranks' stacks (``{"stacks": {...}}`` in a reply
 frame) and waits for their ``stacks`` messages until a deadline; node 0's ``xl stacks`` and hang
@@ -22,7 +25,6 @@ capture reach it through the door of xl.launcher.telemetry.nodestacks, opened he
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import secrets
 import threading
@@ -31,13 +33,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from xl import wire
+from xl import handshake, wire
 from xl.launcher.multinode.protocol import check_message, reply
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.telemetry.nodestacks import Door
 from xl.launcher.telemetry.server import ACK, IDLE_S, Conn, FrameServer
+from xl.textsafe import visible
 
 __all__ = ["ACK", "IDLE_S", "Collector", "PeerInfo"]
+
+# Rank processes whose last stored sequence number is kept (for resent frames); the oldest go.
+MAX_SEQ_KEYS = 1 << 16
 
 
 @dataclass
@@ -79,10 +85,13 @@ class Collector(FrameServer):
         on_dropped: Callable[[int, int, str], None] | None = None,
         on_node: Callable[[int, str, list[dict[str, Any]]], None] | None = None,
         on_node_closed: Callable[[int], None] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
         idle_s: float = IDLE_S,
     ) -> None:
-        super().__init__(writer, host, port, idle_s)
-        self._token = token.encode()
+        super().__init__(writer, host, port, idle_s, token.encode())
+        self._on_event = on_event
+        self._rank_seq: dict[tuple[int, int], int] = {}  # (rank, pid) -> the last seq stored
+        self.duplicates = 0
         self._on_records = on_records
         self._on_dropped = on_dropped
         self._on_node = on_node
@@ -120,15 +129,24 @@ class Collector(FrameServer):
             "frames": self.frames,
             "records": self.records,
             "node_frames": self.node_frames,
+            "duplicate_frames": self.duplicates,
             "rejects": dict(self.rejects),
         }
 
-    def _token_ok(self, head: bytes) -> bool:
-        try:
-            header = wire.parse_header(head)
-        except wire.FrameError:
-            return False
-        return hmac.compare_digest(header.token.encode(), self._token)
+    def _hello(self, conn: Conn, hello: handshake.Hello) -> None:
+        conn.role, conn.who = hello.role, hello.who
+        if not hello.ok and hello.role == handshake.ROLE_NODE and self._on_node is not None:
+            # A node with another token: say so (once per connection; its number and address only).
+            refused = {"type": "refused", "reason": "bad_token", "peer": conn.peer}
+            try:
+                self._on_node(hello.who, "", [refused])
+            except Exception:
+                self.rejects["internal_error"] += 1
+
+    def _listener_event(self, kind: str, message: str) -> None:
+        if self._on_event is not None:
+            with contextlib.suppress(Exception):
+                self._on_event({"t": time.time(), "kind": kind, "message": message})
 
     # -- rank frames ------------------------------------------------------------------------
 
@@ -145,19 +163,22 @@ class Collector(FrameServer):
         except wire.FrameError as exc:
             self.rejects[exc.reason] += 1
             return None
-        if not hmac.compare_digest(header.token.encode(), self._token):
-            self.rejects["bad_token"] += 1
-            if isinstance(header, wire.NodeHeader) and conn is not None:
-                self._refuse(conn, header)
+        if conn is not None and (conn.role == handshake.ROLE_NODE) != isinstance(header, wire.NodeHeader):
+            self.rejects["wrong_role"] += 1  # a rank's connection sending node frames, or the reverse
             return None
-        if conn is not None and not conn.valid:
-            self._mark_valid(conn)
         if isinstance(header, wire.NodeHeader):
-            if conn is not None and self._on_node is not None:
+            if conn is not None and header.node != conn.who:
+                self.rejects["wrong_node"] += 1
+            elif conn is not None and self._on_node is not None:
                 self._node_frame(conn, header, body, lines)
             else:
                 self.rejects["unexpected_node"] += 1
             return None
+        if conn is not None and header.rank != conn.who:
+            self.rejects["wrong_rank"] += 1  # a rank proved the token as another rank
+            return None
+        if self._stored_before(header):
+            return header.seq, header.ack_now  # resent after a lost ack: acked, not stored twice
         self.frames += 1
         good: list[dict[str, Any]] = []
         for line in body:
@@ -174,6 +195,17 @@ class Collector(FrameServer):
         self.records += len(good)
         self._note_peer(header, good)
         return header.seq, header.ack_now
+
+    def _stored_before(self, header: wire.Header) -> bool:
+        key = (header.rank, header.pid)
+        last = self._rank_seq.pop(key, 0)  # popped and put back: the dict stays oldest-first
+        self._rank_seq[key] = max(last, header.seq)
+        if len(self._rank_seq) > MAX_SEQ_KEYS:
+            del self._rank_seq[next(iter(self._rank_seq))]
+        if header.seq <= last:
+            self.duplicates += 1
+            return True
+        return False
 
     def _note_peer(self, header: wire.Header, good: list[dict[str, Any]]) -> None:
         peer = self.peers.get(header.rank)
@@ -203,6 +235,7 @@ class Collector(FrameServer):
         self, conn: Conn, header: wire.NodeHeader, body: list[bytes], lines: list[bytes]
     ) -> None:
         conn.node = header.node
+        host = visible(header.host)
         key = (header.node, header.pid)
         # A frame resent after a reconnect that was stored already is only acked again.
         if header.seq > self._node_seq.get(key, 0):
@@ -232,7 +265,7 @@ class Collector(FrameServer):
                 msgs.append(msg)
             assert self._on_node is not None
             try:
-                self._on_node(header.node, header.host, msgs)
+                self._on_node(header.node, host, msgs)
             except Exception:
                 self.rejects["internal_error"] += 1
         conn.out += reply({"ack": header.seq})
@@ -240,21 +273,6 @@ class Collector(FrameServer):
             conn.stop_sent = True
             conn.out += reply({"stop": self._node_stop})
         self._flush_out(conn)
-
-    def _refuse(self, conn: Conn, header: wire.NodeHeader) -> None:
-        """Tell a node link its token is wrong (once per connection): it stops and says so. Node
-        0 records the attempt and waits on for the right node."""
-        if conn.refused:
-            return
-        conn.refused = True
-        conn.out += reply({"error": "bad_token"})
-        self._flush_out(conn)
-        if self._on_node is not None:
-            refused = {"type": "refused", "reason": "bad_token", "peer": conn.peer}
-            try:
-                self._on_node(header.node, header.host, [refused])
-            except Exception:
-                self.rejects["internal_error"] += 1
 
     def stop_nodes(self, stop: dict[str, Any]) -> None:
         """Tell every node (connected now or later) to end its part of the run; any thread."""

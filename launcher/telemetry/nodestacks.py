@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from xl.atomic import write_json_atomic
+from xl.launcher.rank.stacks import peer_is
 
 DOOR_FILE = "ranks/nodes.stacks.json"
 _MAX_REQUEST = 4096
@@ -45,7 +46,7 @@ class Door:
     def __init__(self, run_dir: Path, gather: Gather) -> None:
         self.run_dir = run_dir
         self._gather = gather
-        self._name = f"xl-nodes-stacks-{os.getpid()}-{secrets.token_hex(4)}"
+        self._name = f"xl-nodes-stacks-{os.getpid()}-{secrets.token_hex(16)}"  # nobody can bind it first
         self._sock: socket.socket | None = None
         self._slots = threading.BoundedSemaphore(_MAX_AT_ONCE)
 
@@ -101,13 +102,15 @@ def ask(run_dir: Path, rank: int | None, timeout: float) -> dict[str, Any] | Non
     """The other nodes' entries through node 0's door (None: no door, or it did not answer)."""
     try:
         door = json.loads((run_dir / DOOR_FILE).read_text())
-        name = str(door["socket"])
+        name, pid = str(door["socket"]), int(door["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout + _SLACK_S)
         try:
             sock.connect("\0" + name)
+            if not peer_is(sock, pid):
+                return None  # not node 0's supervisor: someone else's socket under its name
             sock.sendall(json.dumps({"rank": rank, "timeout": timeout}).encode() + b"\n")
             chunks = []
             while chunk := sock.recv(1 << 16):

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rank.stacks import info_path, text_path
+from xl.launcher.rank.stacks import info_path, peer_is, text_path
 from xl.launcher.telemetry.verdict import SILENT
 
 SOCKET_S = 1.5  # the socket door's share of the deadline; the rest goes to the signal door
@@ -26,12 +26,14 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 
 
-def _ask_socket(name: str, timeout: float) -> dict[str, Any] | None:
+def _ask_socket(name: str, pid: int, timeout: float) -> dict[str, Any] | None:
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:
             sock.connect("\0" + name)
+            if not peer_is(sock, pid):
+                return None  # not the rank: someone else's socket under its name
             chunks = []
             while True:
                 sock.settimeout(max(0.01, deadline - time.monotonic()))
@@ -135,7 +137,7 @@ def probe(run_dir: Path, info: dict[str, Any], timeout: float) -> dict[str, Any]
         return {**out, "error": "this rank has no stack handler (it was not started by xl's rank entry)"}
     if not Path(f"/proc/{pid}").exists():
         return {**out, "error": "the process is gone"}
-    answer = _ask_socket(str(door.get("socket")), min(SOCKET_S, timeout / 2))
+    answer = _ask_socket(str(door.get("socket")), pid, min(SOCKET_S, timeout / 2))
     if answer is not None:
         out["threads"] = trim(answer.get("threads") or [])
         out["collectives"] = answer.get("collectives") or []

@@ -13,11 +13,20 @@ are handed to the writer, its sequence number is acked (batched; see ACK_DELAY_S
 can forget it. A connection that has not sent one valid frame within ``idle_s`` of opening is
 closed and counted as ``idle``: it holds a connection slot and up to a frame of buffer, so a peer
 that connects and says nothing (or trickles a frame) must not keep them.
+
+Every connection opens with ``xl.handshake``: the server sends its challenge on accept and reads
+nothing but the peer's HELLO (HELLO_SIZE bytes: all a stranger can make it buffer) until the
+peer proved the token; then it proves it too, and frames follow. A wrong proof is answered
+REFUSED, counted as ``bad_token`` and closed.
+
+If the listening socket dies under it (``ss -K`` destroys it; accept then fails for good), the
+server opens it again on the same address and says so (``_listener_event``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import resource
 import selectors
 import socket
@@ -27,7 +36,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from xl import wire
+from xl import handshake, wire
 from xl.launcher.multinode.join import format_address
 from xl.launcher.rundir.metrics import MetricsWriter
 
@@ -43,11 +52,8 @@ ACK_EVERY = 16
 # Each connection may buffer up to one frame before its token is checked; capping the number
 # of connections caps that memory (a 4096-GPU job is 4096 ranks).
 MAX_CONNECTIONS = 8192
-# Until a connection has proven the token, it reads in small pieces, and a frame announced over
-# UNPROVEN_FRAME is only read on once its header (the first line) carries the token: a stranger
-# costs at most about this much memory, not a whole frame.
-UNPROVEN_FRAME = 64 << 10
-_UNPROVEN_RECV = 64 << 10
+# A dead listener is opened again at most this often (its port may be taken meanwhile).
+REOPEN_S = 0.5
 # Descriptors kept free for everything else the supervisor opens (files, /proc, the crash path):
 # a quarter of the limit, at most FD_RESERVE.
 FD_RESERVE = 256
@@ -92,8 +98,11 @@ class Conn:
     stop_sent: bool = False
     peer: str = ""
     opened: float = field(default_factory=time.monotonic)
-    valid: bool = False  # it sent a frame with the run's token
+    valid: bool = False  # it proved the run's token (the handshake)
     refused: bool = False  # told it has a wrong token
+    nonce: bytes = b""  # the handshake's challenge sent to it
+    role: bytes = b""  # handshake.ROLE_RANK or ROLE_NODE, once it said which
+    who: int = -1  # the rank or node it proved the token as
 
 
 class FrameServer:
@@ -101,13 +110,16 @@ class FrameServer:
     append the lines it keeps through ``writer`` and ack the frame; every failure is counted in
     ``rejects`` under its reason, and nothing a peer sends can stop the loop."""
 
-    def __init__(self, writer: MetricsWriter, host: str, port: int, idle_s: float) -> None:
+    def __init__(self, writer: MetricsWriter, host: str, port: int, idle_s: float, token: bytes) -> None:
         self.writer = writer
+        self._token = token  # proved by every peer in the handshake, never sent
         self.idle_s = idle_s  # read on every check: tests shorten it on a running server
         self.rejects: Counter[str] = Counter()
         self._sel = selectors.DefaultSelector()
-        self._listener = _listen(host, port)
+        self._listener: socket.socket | None = _listen(host, port)
         self.host, self.port = self._listener.getsockname()[:2]
+        self._bind_host = host
+        self._next_reopen = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ack_due: dict[int, tuple[float, Conn]] = {}
@@ -127,9 +139,11 @@ class FrameServer:
         at once) for a frame to ack, None for one rejected or answered another way."""
         raise NotImplementedError
 
-    def _token_ok(self, head: bytes) -> bool:
-        """Whether a frame's header line carries the run's token (read before a large frame)."""
-        raise NotImplementedError
+    def _hello(self, conn: Conn, hello: handshake.Hello) -> None:
+        """``conn`` finished the handshake (``hello.ok``: with the run's token)."""
+
+    def _listener_event(self, kind: str, message: str) -> None:
+        """The listening socket died, or was opened again."""
 
     def _closed(self, conn: Conn) -> None:
         """``conn`` was closed (by either side)."""
@@ -165,6 +179,8 @@ class FrameServer:
             while not self._stop.is_set():
                 try:
                     self._tick(ACK_DELAY_S / 2 if self._ack_due else 0.2)
+                    if self._listener is None:
+                        self._reopen(time.monotonic())
                     self._send_due_acks(time.monotonic())
                     self._close_idle(time.monotonic())
                     self._tick_done()
@@ -182,9 +198,7 @@ class FrameServer:
 
     def _drain(self) -> None:
         # Peers may have sent frames just before stop(): read them so nothing in flight is lost.
-        with contextlib.suppress(Exception):
-            self._sel.unregister(self._listener)
-        self._listener.close()
+        self._drop_listener()
         deadline = time.monotonic() + DRAIN_S
         while time.monotonic() < deadline:
             if not self._tick(0.05):
@@ -252,13 +266,46 @@ class FrameServer:
                     self._close(key.data)
         return len(events)
 
+    def _drop_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                self._sel.unregister(listener)
+            listener.close()
+
+    def _reopen(self, now: float) -> None:
+        """Listen again on the same address after the listener died (or try again later)."""
+        if now < self._next_reopen or self._stop.is_set():
+            return
+        self._next_reopen = now + REOPEN_S
+        try:
+            listener = _listen(self._bind_host, self.port)
+        except OSError as exc:
+            self.rejects["listener_reopen_failed"] += 1
+            if self.rejects["listener_reopen_failed"] == 1:
+                self._listener_event("collector_unavailable", f"the collector cannot listen on {format_address(str(self.host), int(self.port))} again: {exc.strerror or exc}; retrying")
+            return
+        self._listener = listener
+        self._sel.register(listener, selectors.EVENT_READ, None)
+        self.rejects["listener_reopened"] += 1
+        self._listener_event("collector_reopened", f"the collector's socket on {format_address(str(self.host), int(self.port))} was closed under it and is listening again")
+
     def _accept(self) -> None:
         for _ in range(64):
+            if self._listener is None:
+                return
             try:
                 sock, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED):
+                    self.rejects["accept_error"] += 1  # this connection only; the listener is fine
+                    return
+                # EINVAL: the listening socket itself is gone (destroyed from outside).
+                self.rejects["listener_died"] += 1
+                self._drop_listener()
+                self._reopen(time.monotonic())
                 return
             if len(self._sel.get_map()) >= self.max_connections:
                 self.rejects["too_many_connections"] += 1
@@ -268,8 +315,11 @@ class FrameServer:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = Conn(sock, peer=format_address(str(addr[0]), int(addr[1])) if addr else "")
+            conn.nonce, first = handshake.challenge()
+            conn.out += first
             self._fresh[id(conn)] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._flush_out(conn)
 
     def _mark_valid(self, conn: Conn) -> None:
         """``conn`` sent a frame with the run's token: it is no longer at risk of the idle cut."""
@@ -294,23 +344,29 @@ class FrameServer:
             conn.sock.close()
         self._closed(conn)
 
-    def _unproven_ok(self, conn: Conn) -> bool:
-        """A connection without a valid frame yet: False when it must be closed (it announced
-        a large frame whose header is not the run's, or no header line in UNPROVEN_FRAME)."""
-        buf = conn.buf
-        if len(buf) < 4 or wire.HEADER.unpack_from(buf, 0)[0] <= UNPROVEN_FRAME:
+    def _handshake(self, conn: Conn) -> bool:
+        """A connection that has not proved the token: its HELLO, once all of it is in. False
+        when ``conn`` was closed (a wrong proof)."""
+        if len(conn.buf) < handshake.HELLO_SIZE:
             return True
-        nl = buf.find(b"\n", 4, 4 + UNPROVEN_FRAME)
-        if nl < 0:
-            return len(buf) < 4 + UNPROVEN_FRAME
-        if self._token_ok(bytes(buf[4:nl])):
+        hello = handshake.check_hello(self._token, conn.nonce, bytes(conn.buf[: handshake.HELLO_SIZE]))
+        del conn.buf[: handshake.HELLO_SIZE]
+        conn.out += hello.answer
+        if hello.ok:
             self._mark_valid(conn)
-            return True
-        return False
+        else:
+            self.rejects["bad_token"] += 1
+            conn.refused = True
+        self._flush_out(conn)
+        self._hello(conn, hello)
+        if not hello.ok:
+            self._close(conn)
+        return hello.ok
 
     def _read(self, conn: Conn) -> None:
         try:
-            data = conn.sock.recv(1 << 20 if conn.valid else _UNPROVEN_RECV)
+            # Before the handshake, no more than the HELLO: all a stranger can make us hold.
+            data = conn.sock.recv(1 << 20 if conn.valid else handshake.HELLO_SIZE - len(conn.buf))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -321,9 +377,7 @@ class FrameServer:
             return
         buf = conn.buf
         buf += data
-        if not conn.valid and not self._unproven_ok(conn):
-            self.rejects["unproven"] += 1
-            self._close(conn)
+        if not conn.valid and (not self._handshake(conn) or not conn.valid):
             return
         pos = 0
         size = len(buf)

@@ -121,6 +121,7 @@ class Telemetry:
             on_dropped=self._on_dropped,
             on_node=self._on_node,
             on_node_closed=self._on_node_closed,
+            on_event=self._emit,
         )
 
     def start(self) -> dict[str, str]:

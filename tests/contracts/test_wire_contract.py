@@ -1,11 +1,18 @@
 """Contract: the bytes ``xl.log`` puts on the wire to a run's collector.
 
-DESIGN.md and the frame format's own docstring: a frame is a 4-byte big-endian payload length,
-then the payload, UTF-8 text whose line 1 is a JSON header and every further line one JSON record
-(the exact line the collector appends to metrics.jsonl). The header is ``{"v": 1, "token",
-"rank", "pid", "seq", "dropped"}`` plus optional ``"train"``, ``"ack"`` and ``"cuda"``. The
-collector answers with the highest sequence number it has stored, as 8 bytes big-endian, and
-``xl.flush()`` returns True once everything logged is acknowledged.
+The frame format's own docstring (xl/wire.py) and the handshake's (xl/handshake.py): a
+connection opens with the collector's challenge (b"XLH1" + a 16-byte nonce Ns); the rank answers
+role b"r" + its rank (4 bytes big-endian) + its nonce Nc + HMAC-SHA256(XL_TOKEN, b"xl peer" +
+role + rank + Ns + Nc); the collector proves itself with HMAC-SHA256(XL_TOKEN, b"xl collector" +
+the same), and only then does the rank send frames. The token itself is never on the wire
+(issue 25: a squatter on the port read it from the first frame's header).
+
+A frame is a 4-byte big-endian payload length, then the payload, UTF-8 text whose line 1 is a
+JSON header and every further line one JSON record (the exact line the collector appends to
+metrics.jsonl). The header is ``{"v": 1, "rank", "pid", "seq", "dropped"}`` plus optional
+``"train"``, ``"ack"`` and ``"cuda"``. The collector answers with the highest sequence number it
+has stored, as 8 bytes big-endian, and ``xl.flush()`` returns True once everything logged is
+acknowledged. A listener that cannot prove the token gets no frame at all.
 
 Here a plain TCP server in the test plays the collector, and a subprocess plays a rank: it gets
 the variables the supervisor gives a rank (XL_COLLECTOR, XL_TOKEN, XL_RUN_ID, XL_RUN_DIR, RANK,
@@ -14,6 +21,8 @@ LOCAL_RANK) and calls only the public ``xl.log`` / ``xl.flush``. Nothing of xl i
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import re
@@ -34,7 +43,7 @@ ok = xl.flush(10.0)
 print(os.getpid(), ok)
 """
 
-HEADER_REQUIRED = {"v", "token", "rank", "pid", "seq", "dropped"}
+HEADER_REQUIRED = {"v", "rank", "pid", "seq", "dropped"}
 HEADER_OPTIONAL = {"train", "ack", "cuda"}
 
 
@@ -48,10 +57,17 @@ def _rank_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-class Collector:
-    """Accepts one connection, splits frames by their length prefix, acks each frame's seq."""
+def _mac(token: str, label: bytes, who: bytes, ns: bytes, nc: bytes) -> bytes:
+    return hmac.new(token.encode(), label + who + ns + nc, hashlib.sha256).digest()
 
-    def __init__(self, *, ack: bool = True) -> None:
+
+class Collector:
+    """Accepts one connection, runs the handshake (``token``; None: a squatter that does not know
+    it), splits frames by their length prefix, acks each frame's seq."""
+
+    def __init__(self, *, ack: bool = True, token: str | None = None) -> None:
+        self.token = token
+        self.hello = b""
         self.server = socket.create_server(("127.0.0.1", 0))
         self.server.settimeout(0.05)
         self.stop = threading.Event()
@@ -78,6 +94,22 @@ class Collector:
         buf = b""
         with conn:
             conn.settimeout(20)
+            ns = os.urandom(16)
+            conn.sendall(b"XLH1" + ns)
+            hello = b""
+            while len(hello) < 53:
+                data = conn.recv(53 - len(hello))
+                if not data:
+                    return
+                hello += data
+            self.hello = hello
+            self.raw += hello
+            who, nc = hello[:5], hello[5:21]
+            if self.token is not None:
+                assert hmac.compare_digest(hello[21:], _mac(self.token, b"xl peer", who, ns, nc))
+                conn.sendall(_mac(self.token, b"xl collector", who, ns, nc))
+            else:
+                conn.sendall(os.urandom(32))  # a squatter cannot prove anything
             while True:
                 try:
                     data = conn.recv(65536)
@@ -121,8 +153,8 @@ def _run_rank(env: dict[str, str]) -> tuple[int, str]:
 
 
 def test_xl_log_frames_on_the_wire(tmp_path: Path) -> None:
-    collector = Collector()
     token = "contract-token-0123456789abcdef"
+    collector = Collector(token=token)
     env = _rank_env(
         tmp_path,
         XL_COLLECTOR=f"127.0.0.1:{collector.port}",
@@ -142,8 +174,11 @@ def test_xl_log_frames_on_the_wire(tmp_path: Path) -> None:
     assert collector.connections == 1
     frames = collector.frames
     assert frames, "xl.log sent nothing"
-    # Framing: the stream is exactly the frames, each 4-byte big-endian length + payload.
-    assert collector.raw == b"".join(struct.pack(">I", len(f)) + f for f in frames)
+    # The stream is the HELLO (as rank 3), then exactly the frames, each 4-byte big-endian
+    # length + payload; the token is nowhere in it.
+    assert collector.hello[:5] == b"r" + struct.pack(">I", 3)
+    assert collector.raw == collector.hello + b"".join(struct.pack(">I", len(f)) + f for f in frames)
+    assert token.encode() not in collector.raw
     records: list[bytes] = []
     seqs: list[int] = []
     for payload in frames:
@@ -152,7 +187,6 @@ def test_xl_log_frames_on_the_wire(tmp_path: Path) -> None:
         header: dict[str, Any] = json.loads(head)
         assert HEADER_REQUIRED <= set(header) <= HEADER_REQUIRED | HEADER_OPTIONAL, header
         assert header["v"] == 1
-        assert header["token"] == token
         assert header["rank"] == 3 and header["pid"] == pid and header["dropped"] == 0
         assert header.get("train", True) is True and header.get("ack", True) is True
         assert "cuda" not in header  # torch was never imported by this "rank"
@@ -196,3 +230,28 @@ def test_both_variables_make_an_xl_run(tmp_path: Path, missing: str) -> None:
     finally:
         collector.close()
     assert flushed == "True" and collector.connections == 0 and collector.frames == []
+
+
+def test_a_listener_that_cannot_prove_the_token_gets_no_frame(tmp_path: Path) -> None:
+    """Another program on the collector's port: it reads a HELLO (a MAC it cannot turn back into
+    the token) and nothing else; what the rank logged waits in its spool."""
+    token = "contract-token-0123456789abcdef"
+    squatter = Collector(token=None)
+    env = _rank_env(
+        tmp_path,
+        XL_COLLECTOR=f"127.0.0.1:{squatter.port}",
+        XL_TOKEN=token,
+        XL_RUN_ID="contract-run",
+        XL_RUN_DIR=str(tmp_path / "run"),
+        RANK="0",
+        LOCAL_RANK="0",
+    )
+    try:
+        _pid, flushed = _run_rank(env)
+    finally:
+        squatter.close()
+    assert flushed == "False"  # nothing acknowledged
+    assert squatter.frames == [] and len(squatter.raw) == 53
+    assert token.encode() not in squatter.raw
+    spooled = b"".join(p.read_bytes() for p in (tmp_path / "run" / "spool").iterdir())
+    assert b'"step":1' in spooled and token.encode() not in spooled

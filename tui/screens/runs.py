@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -54,7 +55,12 @@ def run_cells(info: Any, now: float) -> dict[str, Any]:
 
 class RunsScreen(XLScreen):
     AUTO_FOCUS = "#runs-table"
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "open", "Open"), Binding("r", "refresh", "Refresh")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "open", "Open"),
+        Binding("r", "refresh", "Refresh"),
+        Binding("space", "mark", "Mark"),
+        Binding("c", "compare", "Compare"),
+    ]
 
     class Listed(Message):
         bubble = False
@@ -71,6 +77,7 @@ class RunsScreen(XLScreen):
         self._cells: dict[str, dict[str, Any]] = {}
         self._active = True
         self._next_list: Timer | None = None  # the one pending refresh (see on_runs_screen_listed)
+        self.marked: list[str] = []  # run ids marked with space, two at most: `c` compares them
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -115,7 +122,7 @@ class RunsScreen(XLScreen):
             )
         ordered = sorted(message.runs, key=lambda r: _field(r, "started_at", "start_time") or 0, reverse=True)
         keys = [str(_field(r, "run_id", "id")) for r in ordered]
-        rows = [run_cells(info, now) for info in ordered]
+        rows = [self._with_mark(key, run_cells(info, now)) for key, info in zip(keys, ordered, strict=True)]
         if keys != list(self._cells):
             # New or removed runs change the order; rebuild the (short) list only then, with
             # columns as wide as their longest value. (Left to DataTable, the widths followed the
@@ -161,3 +168,41 @@ class RunsScreen(XLScreen):
         if run_dir is None:
             run_dir = self.backend.resolve(key)
         self.xl.open_monitor(run_dir)
+
+    # -- marking two runs and comparing them (docs/compare.md) -------------------------------
+
+    def _with_mark(self, key: str, cells: dict[str, Any]) -> dict[str, Any]:
+        """A marked run's id shown reversed, with its letter in the comparison."""
+        if key in self.marked:
+            cells["id"] = Text(f"{cells['id']}", style="reverse bold")
+        return cells
+
+    def action_mark(self) -> None:
+        table = self.query_one(DataTable)
+        if not table.row_count:
+            return
+        key = str(table.coordinate_to_cell_key(table.cursor_coordinate)[0].value)
+        if key in self.marked:
+            self.marked.remove(key)
+        else:
+            self.marked = [*self.marked, key][-2:]  # a third mark lets go of the first
+        for k, cells in self._cells.items():
+            shown = self._with_mark(k, {**cells, "id": k})["id"]
+            if cells["id"] != shown:
+                cells["id"] = shown
+                table.update_cell(k, "id", shown)
+        which = " and ".join(self.marked) or "none"
+        self.notify(f"marked: {which}" + ("; c compares them" if len(self.marked) == 2 else "; mark another with space"), timeout=3)
+
+    def action_compare(self) -> None:
+        if len(self.marked) != 2 or any(k not in self.runs for k in self.marked):
+            self.notify("Mark two runs with space, then c compares them", severity="warning")
+            return
+        from xl.tui.screens.compare import CompareScreen  # noqa: PLC0415 - the screen loads when two runs are compared
+
+        a, b = (self._run_dir(k) for k in self.marked)
+        self.app.push_screen(CompareScreen(a, b, lambda: self.backend.compare(a, b)))
+
+    def _run_dir(self, key: str) -> Path:
+        run_dir = _field(self.runs[key], "run_dir", "path")
+        return Path(run_dir) if run_dir is not None else self.backend.resolve(key)

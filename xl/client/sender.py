@@ -3,9 +3,16 @@ frames and gets them to the run's collector.
 
 It wakes ten times a second, turns queued calls into record lines (``xl.client.records``),
 adds a ``sys`` line once a second, and sends them in batches over one TCP connection to
-``XL_COLLECTOR``, each frame carrying ``XL_TOKEN``. Nothing is lost: frames stay in memory until
-the collector acks them (cumulative 8-byte sequence numbers); when it cannot be reached they go
-to the spool (``xl.client.spool``) and are replayed on reconnect.
+``XL_COLLECTOR``. Each connection opens with ``xl.handshake``: the collector proves it holds
+``XL_TOKEN`` before this process sends it anything, and this process proves it too; the token
+itself never travels. A listener that cannot prove it (another program on the port) gets nothing:
+the records wait in the spool.
+
+Nothing is lost and nothing is stored twice: frames stay in memory until the collector acks them
+(cumulative 8-byte sequence numbers). After a lost connection they are sent again first, with
+their own sequence numbers (the collector acks one it had already stored and does not store it
+again); when the collector stays out of reach for RESEND_WAIT_S they go to the spool
+(``xl.client.spool``), as does everything logged meanwhile, and are replayed on reconnect.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ MAX_UNACKED = 64
 # MAX_UNACKED frames in flight, unacked data stays under 16 MiB.
 FRAME_BUDGET = wire.MAX_FRAME // 4
 _ACK_SIZE = 8
+# Unacked frames wait this long after a lost connection to be resent as they were (then the spool).
+RESEND_WAIT_S = 5.0
 
 
 def _env_int(name: str, default: int) -> int:
@@ -47,7 +56,7 @@ class Sender:
     def __init__(self) -> None:
         host, _, port = os.environ.get("XL_COLLECTOR", "").rpartition(":")
         self.address = (host.strip("[]") or "127.0.0.1", int(port) if port.isdigit() else 0)
-        self.token = os.environ.get("XL_TOKEN", "")
+        self.token = os.environ.get("XL_TOKEN", "").encode()
         self.rank = _env_int("RANK", 0)
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self.pid = os.getpid()
@@ -62,6 +71,8 @@ class Sender:
         self.sock: socket.socket | None = None
         self.next_connect = 0.0
         self.backoff = 0.2
+        self.disconnected_at: float | None = None  # while unacked frames wait to be resent
+        self.unverified = 0  # listeners that did not prove the run's token (nothing was sent)
         # (seq, lines, from the replay) of every frame sent and not acked yet.
         self.unacked: deque[tuple[int, list[bytes], bool]] = deque()
         self.ack_buf = b""
@@ -86,6 +97,7 @@ class Sender:
                 self.sock.close()  # the parent's connection; the child must not write to it
         self.sock = None
         self.unacked.clear()
+        self.disconnected_at = None
         self.dropped = 0
         self.seq = 0
         self.owns_train = False
@@ -121,6 +133,8 @@ class Sender:
         wants = lines or self.unacked or self.owns_train or self.spool.replay is not None
         if self.sock is None and wants and now >= self.next_connect:
             self._connect()
+        if self.sock is None and self.unacked and now - (self.disconnected_at or now) >= RESEND_WAIT_S:
+            self._spool_unacked()
         if self.sock is not None:
             self._read_acks()
         if (
@@ -156,17 +170,35 @@ class Sender:
     # -- transport ----------------------------------------------------------------------------
 
     def _connect(self) -> None:
+        from xl import handshake  # noqa: PLC0415 - hmac/hashlib cost ~2 ms: only ranks that connect pay
+
         try:
             sock = socket.create_connection(self.address, timeout=1.0)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(2.0)
+            verdict = handshake.client_handshake(sock, self.token, handshake.ROLE_RANK, self.rank)
         except OSError:
+            verdict = None
+            sock = None
+        if verdict != handshake.OK:
+            if sock is not None:
+                self.unverified += 1
+                with contextlib.suppress(OSError):
+                    sock.close()
             self.next_connect = time.monotonic() + self.backoff
             self.backoff = min(self.backoff * 2, 2.0)
             return
-        sock.settimeout(2.0)
+        assert sock is not None
         self.sock = sock
         self.backoff = 0.2
         self.ack_buf = b""
+        self.disconnected_at = None
+        # What the last connection left unacked goes first, as it was: the collector drops what
+        # it had already stored (by seq).
+        for seq, chunk, _replay in list(self.unacked):
+            self._write_frame(seq, chunk)
+            if self.sock is None:
+                return
         if self.owns_train:
             self._send_frame([], False)  # hello: the collector learns this rank logs itself
         self.spool.claim()
@@ -196,12 +228,16 @@ class Sender:
     def _send_frame(self, chunk: list[bytes], from_replay: bool) -> None:
         assert self.sock is not None
         self.seq += 1
+        self.unacked.append((self.seq, chunk, from_replay))
+        self._write_frame(self.seq, chunk)
+
+    def _write_frame(self, seq: int, chunk: list[bytes]) -> None:
+        assert self.sock is not None
         header: dict[str, Any] = {
             "v": wire.VERSION,
-            "token": self.token,
             "rank": self.rank,
             "pid": self.pid,
-            "seq": self.seq,
+            "seq": seq,
             "dropped": self.dropped,
         }
         if self.owns_train:
@@ -209,7 +245,6 @@ class Sender:
         if self.flushing:
             header["ack"] = True
         frame = wire.encode_batch(header, chunk)
-        self.unacked.append((self.seq, chunk, from_replay))
         try:
             self.sock.sendall(frame)
         except OSError:
@@ -259,8 +294,13 @@ class Sender:
                 self.sock.close()
         self.sock = None
         self.next_connect = time.monotonic() + self.backoff
+        if self.unacked and self.disconnected_at is None:
+            self.disconnected_at = time.monotonic()  # resent as they are on reconnect
+
+    def _spool_unacked(self) -> None:
         # Unacked live frames go to the spool; unacked replay lines are still in the replay
         # file and are sent again from the last fully acked position.
+        self.disconnected_at = None
         pending = list(self.unacked)
         self.unacked.clear()
         live = [line for _, chunk, from_replay in pending if not from_replay for line in chunk]
@@ -304,8 +344,9 @@ class Sender:
         with self.io_lock:
             self.stopping = True
             if self.sock is not None:
-                # Still unacked at exit: the spool keeps it for the supervisor.
                 self._disconnect()
+            if self.unacked:
+                self._spool_unacked()  # still unacked at exit: the spool keeps it for the supervisor
             leftover = self._drain_queue()
             if leftover:
                 self._spool(leftover)
