@@ -9,10 +9,12 @@ tests/support/browser.py). What the app draws is read from what it sends the pag
 from __future__ import annotations
 
 import http.client
+import json
 import re
 import socket
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -151,6 +153,7 @@ def test_three_tabs_three_apps_a_closed_tab_leaves_none_and_sigterm_ends_all(tmp
 
 def test_read_only_has_no_launch_and_no_stop(tmp_path: Path) -> None:
     home = home_with_runs(tmp_path)
+    make_run(home / "runs", "straggler", t0=time.time() - 30, run_id="live-run")  # the newest: first in Runs
     with served(["serve", "--port", "0", "--read-only"], xl_env(home)) as server, browser() as context:
         tab = open_tab(context, server.url)
         tab.page.wait_for_timeout(500)
@@ -160,8 +163,14 @@ def test_read_only_has_no_launch_and_no_stop(tmp_path: Path) -> None:
         since = tab.press("L")
         tab.wait_text("Read-only", since)
         assert "xl — Launch" not in tab.text(since)
-        # Still a viewer: the runs are there.
-        tab.wait_text("20260530-healthy", tab.press("4"))
+        # Still a viewer: the runs are there and their Monitor opens, but stop is refused.
+        tab.wait_text("live-run", tab.press("4"))
+        tab.wait_text("Stop run", tab.press("Enter"))
+        tab.wait_text("Stop run live-run?", tab.press("s"))
+        since = tab.press("y")
+        tab.wait_text("Could not stop", since)
+        tab.wait_text("Read-only", since)  # the notice wraps in its toast
+    assert json.loads((home / "runs" / "live-run" / "run.json").read_text())["status"] == "running"
     with pytest.raises(PermissionError, match="read-only"):
         ReadOnlyBackend().stop(home / "runs" / "20260530-healthy")
     assert "--read-only" in READ_ONLY
