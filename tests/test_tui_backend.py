@@ -69,17 +69,21 @@ class FakeBackend:
     def run_status(self, run_dir: Path) -> str | None:
         return "failed"
 
+    def run_record(self, run_dir: Path) -> dict[str, Any]:
+        return {"run_id": run_dir.name, "status": "failed", "failure": {"rank": 1, "exit_code": 3, "message": "from the fake"}}
+
     def stop(self, run_dir: Path) -> None:
         self.stopped.append(run_dir)
 
-    def stacks(self, run_dir: Path, rank: int) -> dict[str, Any]:
-        self.asked_stacks.append(rank)
+    def stacks(self, run_dir: Path) -> dict[str, Any]:
+        self.asked_stacks.append(run_dir)
         frames = [{"file": "train.py", "line": 41, "function": "load_batch"}]
         return {
             "run_id": run_dir.name,
             "t": NOW,
-            "ranks": [{"rank": rank, "node": "here", "pid": 4242, "threads": [{"name": "MainThread", "frames": frames}], "collectives": []}],
-            "verdict": {"ranks": [rank], "message": f"the others wait for rank {rank}"},
+            "ranks": [{"rank": rank, "node": "here", "pid": 4240 + rank, "threads": [{"name": "MainThread", "frames": frames}], "collectives": []}
+                      for rank in (0, 1)],
+            "verdict": {"ranks": [1], "message": "the others wait for rank 1"},
         }
 
 
@@ -173,6 +177,9 @@ async def test_a_hang_shows_its_verdict_and_k_opens_the_chosen_rank_s_stacks(fak
         await until(pilot, lambda: app.screen.id == "stacks", "the stacks screen")
         text = app.screen.query_one("#stacks-text")
         await until(pilot, lambda: "train.py:41 in load_batch" in str(text.render()), "the rank's frames")
-        assert fake.asked_stacks and fake.asked_stacks[0] == app.screen_stack[-2].query_one("#rank-table").current_rank
+        chosen = app.screen_stack[-2].query_one("#rank-table").current_rank
+        # The whole run is asked, the chosen rank shown under the whole run's verdict.
+        assert fake.asked_stacks == [fake.run_dir]
+        assert f"pid {4240 + chosen}" in str(text.render()) and "verdict (all 2 ranks): the others wait for rank 1" in str(text.render())
         await pilot.press("escape")
         await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "back to the monitor")

@@ -90,7 +90,7 @@ async def test_ctrl_c_in_the_monitor_xl_launch_opened_stops_the_run(runs, capsys
         await until(pilot, lambda: not app.is_running, "the app closed once the run ended")
     assert backend.stopped == [runs / LIVE]
     assert exit_code(app) == 1
-    assert f"Run {LIVE} stopped" in exit_message(capsys)
+    assert f"xl: run {LIVE} stopped" in exit_message(capsys)  # the outcome stays on the terminal
 
 
 async def test_second_ctrl_c_leaves_the_run_stopping(runs, capsys):

@@ -471,18 +471,29 @@ async def test_switching_ranks_never_reads_the_run_from_two_threads_at_once(xl_h
     assert calls[0] > 3 and overlaps[0] == 0, (calls[0], overlaps[0])
 
 
-async def test_stop_greys_out_in_the_footer_when_the_run_ends(xl_home):
-    """The footer's "Stop run" follows the run: live, it can be pressed; once the run has ended
-    (seen by a poll, with no key pressed in between) it is greyed out."""
+async def test_stop_and_detach_leave_the_footer_when_the_run_ends(xl_home):
+    """The footer follows the run: live, "Stop run" and "Detach" can be pressed; once the run has
+    ended (seen by a poll, with no key pressed in between) neither is offered, nor by `?`."""
     run_dir = xl_home / "20260530-straggler"  # running
     app = build_app(monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
         screen = app.screen
 
-        def stop_key() -> FooterKey | None:
-            return next((k for k in screen.query(FooterKey) if k.action == "stop"), None)
+        def footer() -> set[str]:
+            return {k.action for k in screen.query(FooterKey) if not k.has_class("-disabled")}
 
-        await until(pilot, lambda: screen.status == "running" and stop_key() is not None, "the footer of a live run")
-        assert not stop_key().has_class("-disabled")
+        await until(pilot, lambda: screen.status == "running" and {"stop", "detach"} <= footer(), "the footer of a live run")
+        await pilot.press("question_mark")
+        await until(pilot, lambda: app.screen is not screen, "the help")
+        assert "`s`: stop the run" in app.screen.text and "`d`: leave the run going" in app.screen.text
+        await pilot.press("escape")
         _set_status(run_dir, "succeeded")
-        await until(pilot, lambda: (k := stop_key()) is not None and k.has_class("-disabled"), "Stop run greyed out")
+        await until(pilot, lambda: screen.status == "succeeded" and not {"stop", "detach"} & footer(), "Stop run and Detach gone")
+        assert "charts" in footer()
+        await pilot.press("s")  # nothing to stop: no question comes
+        await pilot.pause(0.2)
+        assert app.screen is screen
+        await pilot.press("question_mark")
+        await until(pilot, lambda: app.screen is not screen, "the help")
+        assert "stop the run" not in app.screen.text and "leave the run going" not in app.screen.text
+        assert "The run has ended" in app.screen.text

@@ -28,7 +28,7 @@ from textual.screen import Screen
 from xl.errors import EXIT_USAGE, ArgumentParser
 from xl.tui import fmt
 from xl.tui.backend import Backend, LocalBackend
-from xl.tui.runview import FINISHED
+from xl.tui.runview import FINISHED, outcome_text
 from xl.tui.selection import DeviceSelection
 from xl.tui.terminal import NOT_A_TERMINAL, interactive
 
@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 # After Ctrl-C in `xl launch` / `xl demo`: how long the app waits for the run to end (the
 # supervisor's SIGTERM grace, then SIGKILL) before it closes and leaves the run stopping.
 STOP_WAIT_S = 60.0
+# `xl launch` / `xl demo`: how long the Monitor shows the outcome of the run they started before it
+# closes, as torchrun returns when its run ends (a key pressed meanwhile keeps it open).
+CLOSE_AFTER_END_S = 3.0
 # The screen keys, one group in the footer ("1234 Screens") so `? Help` and `q Quit` fit at 80 columns.
 SCREENS = Binding.Group("Screens", compact=True)
 
@@ -51,10 +54,14 @@ class XLApp(App[None]):
     DEFAULT_MODE = "gpus"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("1", "screen('gpus')", "GPUs", group=SCREENS),
-        Binding("2", "screen('doctor')", "Doctor", group=SCREENS),
-        Binding("3", "screen('launch')", "Launch", group=SCREENS),
-        Binding("4", "screen('runs')", "Runs", group=SCREENS),
+        # Priority: taken in the order typed, before the keys after them go anywhere (a key
+        # bound lower down is resolved only once it came back up from the focused widget, by
+        # which time the keys typed after `3` had gone to the old screen). A text field with the
+        # focus still gets its digits: Textual leaves out the bindings of keys a field types.
+        Binding("1", "screen('gpus')", "GPUs", group=SCREENS, priority=True),
+        Binding("2", "screen('doctor')", "Doctor", group=SCREENS, priority=True),
+        Binding("3", "screen('launch')", "Launch", group=SCREENS, priority=True),
+        Binding("4", "screen('runs')", "Runs", group=SCREENS, priority=True),
         Binding("question_mark,f1", "help", "Help"),
         Binding("q", "quit", "Quit"),
         # Priority: a form field would take it for "copy" and Textual's own binding only says
@@ -84,9 +91,16 @@ class XLApp(App[None]):
         clock: fmt.Clock | None = None,
         poll_interval: float = 1.0,
         notice: str | None = None,
+        close_after_end_s: float | None = None,
     ) -> None:
         super().__init__()
+        # What the app leaves on the terminal as it closes (a command to paste, a traceback) is
+        # printed as it is, for the terminal to wrap: never cut into lines at its width.
+        self.error_console.soft_wrap = True
         self.backend = backend
+        # Set for `xl launch` / `xl demo` (run_monitor): the Monitor of their run closes the app
+        # this long after it showed the run's end.
+        self.close_after_end_s = close_after_end_s
         self.monitor_run_dir = Path(monitor_run_dir) if monitor_run_dir is not None else None
         # What a person must still do for a run (node 0's command for the other nodes), by run
         # dir: shown on every Monitor of that run until the Monitor sees it done. In memory only
@@ -143,18 +157,22 @@ class XLApp(App[None]):
         self.call_after_refresh(_freeze_startup_objects)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        return not (action == "screen" and self.attach_only)
+        # Over a dialog (help, a confirmation, stacks) the screen keys are the dialog's to take.
+        return not (action == "screen" and (self.attach_only or self.screen.is_modal))
 
     # -- navigation --------------------------------------------------------------------------
 
-    def action_screen(self, mode: str) -> None:
-        self.switch_mode(mode)
+    async def action_screen(self, mode: str) -> None:
+        # Awaited: the keys typed right after `3` wait until the screen is mounted and its field
+        # has the focus, instead of reaching a screen with no focus, which dropped them (or took
+        # a `q` in them for quit).
+        await self.switch_mode(mode)
 
     def action_help(self) -> None:
-        from xl.tui.screens.help import HelpScreen  # noqa: PLC0415 - Markdown loads only for help
+        from xl.tui.screens.help import HelpScreen, help_for  # noqa: PLC0415 - Markdown loads only for help
 
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.push_screen(HelpScreen(help_for(self.screen, owns_run=self._own_monitor() is not None)))
 
     def open_monitor(self, run_dir: Path | str, notice: str | None = None) -> None:
         from xl.tui.screens.monitor import MonitorScreen  # noqa: PLC0415 - only once a run is shown
@@ -176,6 +194,20 @@ class XLApp(App[None]):
         other Monitor (opened from Runs or Launch) just goes back, as escape does."""
         return run_dir == self.monitor_run_dir
 
+    def closes_when_done(self, run_dir: Path) -> float | None:
+        """Seconds after which the Monitor of ``run_dir`` closes the app once the run ended: set
+        for the run `xl launch` / `xl demo` started, None for any other."""
+        return self.close_after_end_s if self.owns_run and run_dir == self.monitor_run_dir else None
+
+    def _own_monitor(self) -> MonitorScreen | None:
+        """The Monitor of the run `xl launch` started, when it is the screen shown (under any dialog)."""
+        from xl.tui.screens.monitor import MonitorScreen  # noqa: PLC0415 - only once a run is shown
+
+        screen = next((s for s in reversed(self.screen_stack) if not s.is_modal), None)
+        if self.owns_run and isinstance(screen, MonitorScreen) and screen.run_dir == self.monitor_run_dir:
+            return screen
+        return None
+
     def _left(self, run_dir: Path, status: str | None) -> None:
         # Only the run the command is about decides its exit code, not one opened from Runs.
         if run_dir == self.monitor_run_dir:
@@ -183,13 +215,21 @@ class XLApp(App[None]):
 
     def detach(self, run_dir: Path, status: str | None) -> None:
         self._left(run_dir, status)
-        if status in FINISHED:
-            self.exit(return_code=0)
+        self.leave(run_dir, status)
+
+    def leave(self, run_dir: Path, status: str | None, return_code: int = 0) -> None:
+        """Close the app, leaving on the terminal what became of ``run_dir``: how to come back
+        to it while it runs; once it ended, its outcome (with the root cause of a failure),
+        which the full-screen app would otherwise take with it."""
+        if status not in FINISHED:
+            message = f"Detached: run {run_dir.name} keeps running. Reopen it with: xl attach {run_dir.name}"
+            self.exit(return_code=return_code, message=message)
             return
-        self.exit(
-            return_code=0,
-            message=f"Detached: run {run_dir.name} keeps running. Reopen it with: xl attach {run_dir.name}",
-        )
+        try:
+            run = self.backend.run_record(run_dir)
+        except Exception:  # an unreadable run.json still has a status to say
+            run = {}
+        self.exit(return_code=return_code, message=outcome_text(run, run_dir.name, str(status), self.clock()))
 
     def on_monitor_screen_notice_done(self, message: MonitorScreen.NoticeDone) -> None:
         # Every node joined or the run ended: the next Monitor of that run shows no notice.
@@ -199,11 +239,16 @@ class XLApp(App[None]):
         from xl.tui.screens.monitor import MonitorScreen  # noqa: PLC0415 - only once a run is shown
 
         screen = self.screen
+        own = self.monitor_run_dir
         if isinstance(screen, MonitorScreen):
             self._left(screen.run_dir, screen.status)
-            if screen.status not in FINISHED:
+            if screen.run_dir == own or (own is None and screen.status not in FINISHED):
                 self.detach(screen.run_dir, screen.status)
                 return
+        if own is not None:
+            # Left from another screen: say what became of the run the command is about.
+            self.leave(own, self.backend.run_status(own))
+            return
         self.exit(return_code=0)
 
     def exit(self, result: None = None, return_code: int = 0, message: RenderableType | None = None) -> None:
@@ -211,11 +256,13 @@ class XLApp(App[None]):
         super().exit(result, return_code, message)
 
     async def action_interrupt(self) -> None:
-        """Ctrl-C. In `xl launch` / `xl demo`: stop the run they started, as torchrun and the
-        plain view do, and close once it has ended (exit 1, like the plain view); a second
-        Ctrl-C closes at once and leaves it stopping. Everywhere else: the same as `q`."""
+        """Ctrl-C. In the Monitor of the run `xl launch` / `xl demo` started: stop that run, as
+        torchrun and the plain view do, and close once it has ended (exit 1, like the plain
+        view); a second Ctrl-C closes at once and leaves it stopping. Everywhere else (any other
+        screen, even in `xl launch`): the same as `q`."""
         run_dir = self.monitor_run_dir
-        if not self.owns_run or run_dir is None:
+        monitor = self._own_monitor()
+        if run_dir is None or not (self._interrupted or (monitor is not None and monitor.status not in FINISHED)):
             await self.action_quit()
             return
         if self._interrupted:
@@ -249,7 +296,7 @@ class XLApp(App[None]):
             self.exit(return_code=130, message=f"Left run {run_dir.name} stopping; `xl runs` shows its status.")
             return
         self.run_outcome = status
-        self.exit(return_code=0, message=f"Run {run_dir.name} {status}.")
+        self.leave(run_dir, status)
 
 
 def _freeze_startup_objects() -> None:
@@ -292,7 +339,8 @@ def run_monitor(run_dir: Path, *, attach_only: bool = True, notice: str | None =
     ``attach_only=True`` shows that run alone (``xl attach``); ``False`` opens it over the full
     app (``xl launch`` / ``xl demo``), where escape leads to the other screens.
     """
-    app = build_app(monitor_run_dir=Path(run_dir), attach_only=attach_only, notice=notice)
+    close = None if attach_only else CLOSE_AFTER_END_S  # as torchrun, `xl launch` returns when its run ends
+    app = build_app(monitor_run_dir=Path(run_dir), attach_only=attach_only, notice=notice, close_after_end_s=close)
     app.run()
     return exit_code(app)
 

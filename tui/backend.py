@@ -64,13 +64,18 @@ class Backend(Protocol):
         """The status run.json holds now (None while it cannot be read)."""
         ...
 
+    def run_record(self, run_dir: Path) -> dict[str, Any]:
+        """run.json as it is now ({} while it cannot be read): the outcome the app leaves on the
+        terminal as it closes."""
+        ...
+
     def stop(self, run_dir: Path) -> None:
         """Stop the run: SIGTERM to every rank, SIGKILL after the grace period."""
         ...
 
-    def stacks(self, run_dir: Path, rank: int) -> dict[str, Any]:
-        """Ask ``rank`` of the running run where it is now: DESIGN.md's stacks document (raises
-        with a one-line message when the run is not running)."""
+    def stacks(self, run_dir: Path) -> dict[str, Any]:
+        """Ask every rank of the running run where it is now: the stacks document, with the
+        whole run's verdict (raises with a one-line message when the run is not running)."""
         ...
 
     def compare(self, run_a: Path, run_b: Path) -> Comparison:
@@ -139,15 +144,20 @@ class LocalBackend:
         status = read_json(run_dir).get("status")
         return str(status) if status is not None else None
 
+    def run_record(self, run_dir: Path) -> dict[str, Any]:
+        from xl.launcher.rundir.record import read_json  # noqa: PLC0415 - read once, as the app exits
+
+        return read_json(run_dir)
+
     def stop(self, run_dir: Path) -> None:
         from xl.launcher.control import stop_run  # noqa: PLC0415 - the launcher loads only once a run is stopped
 
         stop_run(run_dir)
 
-    def stacks(self, run_dir: Path, rank: int) -> dict[str, Any]:
+    def stacks(self, run_dir: Path) -> dict[str, Any]:
         from xl.launcher.telemetry.stacks import run_document  # noqa: PLC0415 - loads only when stacks are asked for
 
-        return run_document(run_dir, rank)
+        return run_document(run_dir)  # every rank: the verdict is the whole run's, never one rank's
 
     def compare(self, run_a: Path, run_b: Path) -> Comparison:
         from xl.launcher.rundir.comparison import compare  # noqa: PLC0415 - loads only when two runs are compared

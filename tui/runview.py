@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rich.text import Text
+
 from xl.launcher.rundir.record import FINAL, RunRecord
 
 # The record's own set of final statuses, under the name the screens use.
@@ -130,3 +132,29 @@ def progress(ranks: Mapping[int, Any], finished: bool) -> Progress | None:
         return Progress(step, total, None)
     etas = [e for rv in ranks.values() if (e := getattr(rv, "eta_s", None)) is not None]
     return Progress(step, total, max(etas) if etas else None)
+
+
+def outcome_text(run: Mapping[str, Any] | RunRecord, run_id: str, status: str, now: float) -> Text:
+    """What stays on the terminal once the app closes on an ended run, as the plain view leaves
+    it: the root cause's traceback, the outcome line, and the command that shows the failed
+    rank's whole output."""
+    rec = _record(run)
+    failure = (rec.failure or {}) if status == "failed" else {}
+    rank = failure.get("rank")
+    out = Text()
+    if failure.get("traceback"):
+        out.append(f"xl: traceback of rank {rank}:\n", style="bold")
+        out.append(str(failure["traceback"]).rstrip("\n") + "\n")
+    took = elapsed(rec, now)
+    line = f"xl: run {run_id} {status}" + (f" after {took:.1f}s" if took is not None else "")
+    why = failure.get("message")
+    if not why and rank is not None:
+        code = failure.get("exit_code")
+        why = f"rank {rank} failed first" + (f" (exit code {code})" if code is not None else "")
+    if why:
+        line += f": {why}"
+    out.append(line, style={"succeeded": "bold green", "failed": "bold red"}.get(status, "bold yellow"))
+    if status == "failed":
+        whose = f" --rank {rank}" if isinstance(rank, int) else ""
+        out.append(f"\nxl: every line it printed: xl logs {run_id}{whose}")
+    return out

@@ -1,8 +1,8 @@
-"""Help: what each screen is for and its keys."""
+"""Help (`?` or F1): the keys of the screen it was pressed on, then the few that work everywhere."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -10,53 +10,124 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-HELP = """\
-# xl
+from xl.tui.runview import FINISHED
 
-**Screens**: `1` GPUs · `2` Doctor · `3` Launch · `4` Runs · `?` or `F1` this help · `q` quit.
-These keys work on every screen, except while a text field has the focus: there letters and
-digits type into it. `esc` leaves the field (then the keys work again); `tab` moves between fields.
+GPUS = """\
+# GPUs
+The machine's GPUs, refreshed every second; each process is labelled with the run and rank it
+belongs to.
 
-**Ctrl-C**: in the monitor that `xl launch` or `xl demo` opened, it stops that run (as with
-torchrun) and closes once the run has ended; a second Ctrl-C closes at once and leaves it
-stopping. Anywhere else it quits, as `q` does. Neither `q` nor closing the terminal stops a run.
+- `space` / `enter` / click: pick a GPU for the next run, or drop it
+- `shift+↑` / `shift+↓` (or `K` / `J`): move the picked GPU earlier or later: LOCAL_RANK *k* uses the *k*-th
+- `c`: clear the pick (the run then uses every GPU)
+- `L`: open Launch
 
-## GPUs
-The machine's GPUs, refreshed every second. `space`/`enter`/click picks a GPU for the next run;
-`shift+↑`/`shift+↓` (or `K`/`J`) moves it earlier or later: LOCAL_RANK *k* uses the *k*-th GPU.
-The preview shows the `CUDA_VISIBLE_DEVICES` the run gets and warns about mixed models, busy GPUs and MIG.
-`c` clears the pick (the run then uses every GPU); `L` opens Launch. The pick and Launch's
-*GPUs* field are one choice: change either and the other shows it (at start: the last launch's).
+The panel shows the `CUDA_VISIBLE_DEVICES` the run gets and warns about mixed models, busy GPUs
+and MIG. The pick and Launch's *GPUs* field are one choice: change either and the other shows it.
+"""
 
-## Doctor
-Every setup check, worst first. Move to a check to read its detail and fix. `r` runs them again.
+DOCTOR = """\
+# Doctor
+Every setup check, worst first. Move to a check to read its detail and fix.
 
-## Launch
-Opens in the *Script* field. Script (or `-m module`), arguments, processes per node (default: one per picked GPU), precision,
-extra variables; nodes and rendezvous under *multi-node*. The form is checked as you type and shows
-the equivalent `xl launch` command (`ctrl+y` copies it). `ctrl+r` launches and opens the Monitor.
-The last settings for each script are remembered.
+- `↑` / `↓`: move between checks
+- `r`: run every check again
+"""
 
-## Runs
-Past and running runs. `enter` or a click opens one in the Monitor.
+LAUNCH = """\
+# Launch
+A form for one run, checked as you type, with the equivalent `xl launch` command below it.
 
-## Monitor
-Every rank live: step, samples/s, loss, GPU, state (straggler, stalled, failed…), charts and the
-selected rank's log. `[`/`]` or ↑/↓ switch rank · `c` charts on/off · `s` stops the run (asks first) · `escape` back.
-When a run hangs, a banner names the rank(s) the others wait for and where they are (a rank that
-waits on them shows as "waiting"); `k` asks the selected rank for its stacks now (`r` asks again).
-`d` leaves the run going: in `xl launch`, `xl demo` or `xl attach` it closes the monitor
-(`xl attach RUN` comes back); on a run opened from Runs or Launch it goes back, as `escape` does.
-Closing the terminal never stops a run.
+- type: the field with the cursor takes the keys (letters and digits too)
+- `tab` / `shift+tab`: next / previous field
+- `esc`: leave the field, so that the screen keys (`1`-`4`, `q`, `?`) work again
+- `ctrl+r`: launch, and open the run's Monitor
+- `ctrl+y`: copy the command
+
+Script (or `-m module`) and Args, then GPUs (empty: every GPU), processes per node (empty: one
+per GPU), mixed precision, extra variables and a name. A script's settings come back when you
+type it again, except nodes and rendezvous: a multi-node setting is for one launch only.
+"""
+
+RUNS = """\
+# Runs
+Every run, newest first: status, id (what `xl attach` takes), start, duration, ranks, name.
+
+- `↑` / `↓`: choose a run
+- `enter` / click: open it in the Monitor
+- `r`: list again now (the list refreshes every 2 s)
+"""
+
+STACKS = """\
+# Stacks
+Where every rank of the run is now, asked live; the verdict on top is the whole run's, whichever
+rank is shown.
+
+- `[` / `]`: show the previous / next rank
+- `r`: ask every rank again
+- `esc` or `k`: back to the Monitor
 """
 
 
+def monitor_help(*, running: bool, standalone: bool, owns_run: bool) -> str:
+    keys = ["- `[` / `]` or `↑` / `↓`: choose the rank whose log (and chart line) is shown",
+            "- `c`: charts on or off"]
+    if running:
+        keys += ["- `s`: stop the run (it asks first): SIGTERM to every rank, SIGKILL after a grace period",
+                 "- `k`: ask every rank where it is now and show the chosen one's stacks",
+                 "- `d`: leave the run going: " + ("closes the monitor (`xl attach RUN` comes back)"
+                                                    if standalone or owns_run else "back, as `esc`")]
+    if not standalone:
+        keys.append("- `esc`: back to the screen before")
+    if owns_run and running:
+        keys.append("- `ctrl+c`: stop this run, as torchrun does, and close once it ended; a second `ctrl+c` "
+                    "closes at once and leaves it stopping")
+    text = "# Monitor\nEvery rank of one run, live: step, loss, samples/s, GPU, state (straggler, stalled, failed…), " \
+           "charts and the chosen rank's log. When a run hangs, a banner names the rank(s) the others wait for.\n\n"
+    text += "\n".join(keys) + "\n"
+    if owns_run:
+        text += "\nWhen the run ends, this monitor (the one `xl launch` opened) closes after showing the outcome, " \
+                "which stays on the terminal; press any key first to keep it open.\n"
+    elif not running:
+        text += "\nThe run has ended: nothing left to stop or detach from.\n"
+    return text
+
+
+def everywhere(*, standalone: bool, owns_run: bool) -> str:
+    if standalone:
+        return "\n**Everywhere**: `q` leaves the monitor (the run goes on; `xl attach RUN` comes back) · `?` or `F1` this help.\n"
+    text = ("\n**Everywhere**: `1` GPUs · `2` Doctor · `3` Launch · `4` Runs · `?` or `F1` this help · `q` quit. "
+            "In a text field these keys type into it: `esc` leaves the field first.\n")
+    if not owns_run:
+        text += "`ctrl+c` quits, as `q` does. Neither stops a run.\n"
+    return text
+
+
+def help_for(screen: Any, *, owns_run: bool) -> str:
+    """The help of ``screen`` (the one `?` was pressed on); ``owns_run``: it is the Monitor of the
+    run `xl launch` / `xl demo` started, where ctrl+c stops that run."""
+    kind = type(screen).__name__
+    standalone = bool(getattr(screen, "standalone", False))
+    if kind == "MonitorScreen":
+        body = monitor_help(running=getattr(screen, "status", None) not in FINISHED, standalone=standalone, owns_run=owns_run)
+    else:
+        body = {"GPUsScreen": GPUS, "DoctorScreen": DOCTOR, "LaunchScreen": LAUNCH, "RunsScreen": RUNS,
+                "StacksScreen": STACKS}.get(kind, "# xl\n")
+    if kind == "StacksScreen":
+        return body  # a dialog: the app's keys wait until it is closed
+    return body + everywhere(standalone=standalone, owns_run=owns_run)
+
+
 class HelpScreen(ModalScreen[None]):
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark", "close", "Close")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,question_mark,f1", "close", "Close")]
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-box"):
-            yield Markdown(HELP)
+            yield Markdown(self.text)
 
     def action_close(self) -> None:
         self.dismiss(None)

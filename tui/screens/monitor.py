@@ -13,6 +13,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
+from textual.timer import Timer
 from textual.widgets import Footer, Header, Label, Static
 from textual.worker import get_current_worker
 
@@ -122,6 +123,35 @@ def _log_lines(reader: RunReader, rank: int, reset: bool, tailed: set[int]) -> l
     return list(fresh)[-LOG_TAIL:]
 
 
+class CloseWhenDone:
+    """The Monitor that `xl launch` opened on its run closes the app a moment after the run
+    ended, as torchrun returns (the outcome stays on the terminal: XLApp.leave). A key pressed
+    meanwhile keeps it open; so does the person being on another screen when it ends."""
+
+    def __init__(self, monitor: MonitorScreen) -> None:
+        self.monitor = monitor
+        self.timer: Timer | None = None
+
+    def arm(self) -> None:
+        m = self.monitor
+        delay = m.xl.closes_when_done(m.run_dir)
+        if delay is None or not m.is_current:
+            return
+        self.timer = m.set_timer(delay, self._close)
+        m.notify(f"Run {m.run_dir.name} {m.status}: closing in {delay:g} s; any key keeps the monitor open", timeout=delay + 1)
+
+    def keep_open(self) -> None:
+        if self.timer is not None:
+            self.timer.stop()
+            self.timer = None
+            self.monitor.notify("The monitor stays open: q leaves it")
+
+    def _close(self) -> None:
+        m = self.monitor
+        if self.timer is not None and m.is_current:
+            m.xl.detach(m.run_dir, m.status)
+
+
 class MonitorScreen(XLScreen):
     AUTO_FOCUS = "#rank-table"
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -178,6 +208,7 @@ class MonitorScreen(XLScreen):
         self._shown = threading.Event()
         self._stopped = False
         self._charts_chosen = False  # `c` pressed: the charts stay as the person left them
+        self._close_when_done = CloseWhenDone(self)
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -224,8 +255,8 @@ class MonitorScreen(XLScreen):
         return self.xl.clock
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "stop" and self.status in FINISHED:
-            return None  # greyed out: nothing left to stop
+        if action in ("stop", "detach", "stacks") and self.status in FINISHED:
+            return False  # off the footer: nothing left to stop, detach from or ask
         return not (action == "back" and self.standalone)
 
     # -- polling -----------------------------------------------------------------------------
@@ -305,7 +336,9 @@ class MonitorScreen(XLScreen):
         status = str(run_field(run, "status") or "unknown")
         if status != self.status:
             self.status = status
-            self.refresh_bindings()  # the footer greys out "Stop run" once the run is over
+            self.refresh_bindings()  # the footer drops "Stop run" and "Detach" once the run is over
+            if status in FINISHED:
+                self._close_when_done.arm()
         if self._notice is not None and (self.status in FINISHED or _all_nodes_joined(run)):
             self._notice = None
             self.post_message(self.NoticeDone(self.run_dir))
@@ -378,7 +411,11 @@ class MonitorScreen(XLScreen):
     def action_stacks(self) -> None:
         rank = self.query_one(RankTable).current_rank
         if rank is not None and self.status not in FINISHED:
-            self.app.push_screen(StacksScreen(rank, lambda: self.backend.stacks(self.run_dir, rank)))
+            # Every rank is asked: the verdict shown is the whole run's, whichever rank is chosen.
+            self.app.push_screen(StacksScreen(rank, lambda: self.backend.stacks(self.run_dir)))
+
+    def on_key(self, event: events.Key) -> None:
+        self._close_when_done.keep_open()
 
     # -- stop / detach -----------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
-"""One rank's stacks and collectives, asked live (the Monitor's ``k``), over the Monitor.
+"""The stacks and collectives of the Monitor's chosen rank, asked live (the Monitor's ``k``).
 
-The document comes from ``fetch`` (the backend's stacks of the run, which asks every rank at
-once and may take a few seconds), on a thread worker; ``r`` asks again, ``escape`` closes.
+The document comes from ``fetch`` (the backend's stacks of the whole run: every rank is asked at
+once, which may take a few seconds), on a thread worker. Its verdict is the whole run's, whatever
+rank is shown; ``[``/``]`` show another rank of the same document, ``r`` asks again, ``escape``
+closes.
 """
 
 from __future__ import annotations
@@ -16,19 +18,25 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import Footer, Static
 
 from xl.textsafe import visible
 
 Fetch = Callable[[], dict[str, Any]]
 
 
+def doc_ranks(doc: dict[str, Any]) -> list[int]:
+    """The ranks the document has an entry for, in rank order."""
+    return sorted(e["rank"] for e in doc.get("ranks") or [] if isinstance(e.get("rank"), int))
+
+
 def stacks_text(doc: dict[str, Any], rank: int) -> Text:
-    """The verdict, then ``rank``'s collectives and each thread's frames, innermost last."""
+    """The whole run's verdict, then ``rank``'s collectives and each thread's frames, innermost last."""
     out = Text()
     verdict = (doc.get("verdict") or {}).get("message")
     if verdict:
-        out.append(f"verdict: {verdict}\n\n", style="bold yellow")
+        asked = len(doc_ranks(doc))
+        out.append(f"verdict (all {asked} rank{'s' if asked != 1 else ''}): {verdict}\n\n", style="bold yellow")
     entry = next((e for e in doc.get("ranks") or [] if e.get("rank") == rank), None)
     if entry is None:
         out.append(f"rank {rank} is not running here", style="bold")
@@ -49,10 +57,17 @@ def stacks_text(doc: dict[str, Any], rank: int) -> Text:
     return out
 
 
+RANK_KEYS = Binding.Group("Rank", compact=True)
+
+
 class StacksScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("r", "refresh", "Ask again"),
+        Binding("left_square_bracket", "rank(-1)", "Prev rank", group=RANK_KEYS),
+        Binding("right_square_bracket", "rank(1)", "Next rank", group=RANK_KEYS),
         Binding("escape,k", "close", "Close"),
+        # A dialog takes no key of the app's own: help is this screen's.
+        Binding("question_mark,f1", "app.help", "Help"),
     ]
 
     class Fetched(Message):
@@ -65,10 +80,15 @@ class StacksScreen(ModalScreen[None]):
         super().__init__(id="stacks")
         self.rank = rank
         self._fetch = fetch
+        self.doc: dict[str, Any] | None = None
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():
-            yield Static(Text(f"Asking rank {self.rank} where it is…"), id="stacks-text")
+            yield Static(self._asking(), id="stacks-text")
+        yield Footer()
+
+    def _asking(self) -> Text:
+        return Text(f"Asking every rank where it is (showing rank {self.rank})…")
 
     def on_mount(self) -> None:
         self._ask()
@@ -82,13 +102,22 @@ class StacksScreen(ModalScreen[None]):
 
     def on_stacks_screen_fetched(self, message: Fetched) -> None:
         body = self.query_one("#stacks-text", Static)
+        self.doc = message.doc
         if message.doc is None:
             body.update(Text(f"Could not ask the ranks: {message.error}", style="bold red"))
         else:
             body.update(stacks_text(message.doc, self.rank))
 
+    def action_rank(self, delta: int) -> None:
+        ranks = doc_ranks(self.doc or {})
+        if not ranks or self.doc is None:
+            return
+        at = ranks.index(self.rank) if self.rank in ranks else -delta
+        self.rank = ranks[(at + delta) % len(ranks)]
+        self.query_one("#stacks-text", Static).update(stacks_text(self.doc, self.rank))
+
     def action_refresh(self) -> None:
-        self.query_one("#stacks-text", Static).update(Text(f"Asking rank {self.rank} where it is…"))
+        self.query_one("#stacks-text", Static).update(self._asking())
         self._ask()
 
     def action_close(self) -> None:
