@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 import urllib.error
@@ -255,3 +256,14 @@ def test_a_real_run_on_simulated_gpus_reaches_prometheus_and_leaves_it(tmp_path:
         wait_no_processes(run_dir, timeout=10)
     finally:
         kill_run(run_dir)
+
+
+def test_bad_ports_are_one_line(tmp_path: Path) -> None:
+    env = xl_env(tmp_path / "home", XL_EXPORTER_TOKEN="t")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = xl(["exporter", "--port", str(port)], env)
+    assert done.returncode == 1 and done.stdout == "", done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    done = xl(["exporter", "--port", "70000"], env)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not a port" in done.stderr

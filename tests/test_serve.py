@@ -252,3 +252,22 @@ def test_a_taken_port_is_one_line_and_exposure_warns(tmp_path: Path, capsys: pyt
     warn_if_exposed("xl serve", "::1")
     err = capsys.readouterr().err
     assert err.count("warning") == 1 and "0.0.0.0" in err
+
+
+def test_the_served_app_speaks_first_on_stdout_with_no_terminal(tmp_path: Path) -> None:
+    """As textual-serve runs it: stdin and stdout are pipes, TEXTUAL_DRIVER names the web driver.
+    The app neither refuses (no terminal) nor writes anything before the driver's first line, and
+    it quits when told to, as textual-serve tells it when the tab closes."""
+    env = xl_env(home_with_runs(tmp_path), TEXTUAL_DRIVER="textual.drivers.web_driver:WebDriver", COLUMNS="100", ROWS="30")
+    proc = subprocess.Popen([*XL[:1], "-m", "xl.tui.served"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline() == b"__GANGLION__\n"
+        quit_ = json.dumps({"type": "quit"}).encode()
+        proc.stdin.write(b"M" + len(quit_).to_bytes(4, "big") + quit_)
+        proc.stdin.flush()
+        assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
