@@ -148,7 +148,7 @@ def test_command_and_spec_agree_for_modules() -> None:
 
 async def test_gpus_table_names_the_rank_of_a_process(simnvml):
     """A GPU's process that is a rank (RANK/LOCAL_RANK/XL_RUN_ID in its /proc/PID/environ) shows
-    its rank next to its PID; another process shows its PID alone."""
+    its rank and run; another process shows its PID."""
     sleeper = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"]
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "XL_RUN_ID")}
     ranked = {**base, "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "XL_RUN_ID": "20260530-ranks"}
@@ -169,9 +169,10 @@ async def test_gpus_table_names_the_rank_of_a_process(simnvml):
                 table = app.screen.query_one("#gpu-table")
                 await until(pilot, lambda: table.row_count == 2, "2 GPU rows")
                 procs = str(table.get_cell("1", "procs"))
-                assert procs.split() == [f"{rank.pid}:r3", str(other.pid)]
+                # The run and the rank, as the README says; another process by its pid.
+                assert procs == f"r3 20260530-ranks pid {other.pid}", procs
                 assert str(table.get_cell("0", "procs")) == "-"
-                assert "pid:rank" in str(table.ordered_columns[-1].label)  # the header says how to read it
+                assert str(table.ordered_columns[-1].label) == "Processes"
     finally:
         for proc in (rank, other):
             proc.kill()

@@ -73,7 +73,7 @@ def _footer_keeps_help_and_quit(tmux: Tmux, where: str) -> None:
 @pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "200x60"])
 def test_screens_keep_what_matters_at_any_size(simnvml, home, size):
     sleeper = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(120)"]
-    rank = subprocess.Popen(sleeper, env={**os.environ, "RANK": "3", "LOCAL_RANK": "1", "XL_RUN_ID": "x"},
+    rank = subprocess.Popen(sleeper, env={**os.environ, "RANK": "3", "LOCAL_RANK": "1", "XL_RUN_ID": "20260530-142501-train-ab12"},
                             stdout=subprocess.PIPE, text=True)
     tmux = Tmux()
     try:
@@ -81,8 +81,11 @@ def test_screens_keep_what_matters_at_any_size(simnvml, home, size):
         sim = simnvml(gpus=[SimGPU(), SimGPU(util_gpu=90, memory_used_mib=20_000, processes=[SimProcess(rank.pid, 20_000)]),
                             SimGPU(), SimGPU()])
         tmux.start("w", ["sh", "-c", f"cd {home} && exec {' '.join(XL)}"], _env(home, sim.env), size=size)
-        screen = wait_for(lambda: (s := tmux.screen("w")) and f"{rank.pid}:r3" in s and s, "the GPUs table with the rank")
-        assert "pid:rank" in screen  # the processes column, header and all
+        # The run and rank of the process (at 80 columns the run id without its date and time).
+        label = "r3 …train-ab12" if size == SMALL else "r3 20260530-142501-train-ab12"
+        screen = wait_for(lambda: (s := tmux.screen("w")) and label in s and s, "the GPUs table with the run and rank",
+                          screen=lambda: tmux.screen("w"))
+        assert "Processes" in screen  # the processes column, header and all
         _footer_keeps_help_and_quit(tmux, "GPUs")
 
         screen = _switch(tmux, "4", "20260530-wide", "the Runs list")

@@ -17,6 +17,10 @@ from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, env_pair, spec_to_argv
 
 __all__ = ["MIXED_PRECISION", "LaunchForm", "command", "parse_env", "parse_target", "to_spec"]
 
+# Settings for one launch only, never remembered for a script: a `Nodes 2` brought back behind the
+# collapsed multi-node section made the next launch wait for a node that never came.
+MULTI_NODE = ("nnodes", "node_rank", "rdzv")
+
 
 @dataclass
 class LaunchForm:
@@ -38,6 +42,16 @@ class LaunchForm:
     def from_dict(cls, data: dict[str, Any]) -> LaunchForm:
         known = {f.name for f in fields(cls)}
         return cls(**{k: str(v) for k, v in data.items() if k in known and v is not None})
+
+    def remembered(self) -> dict[str, str]:
+        """What is remembered for the script: every field but the multi-node ones."""
+        return {k: v for k, v in self.to_dict().items() if k not in MULTI_NODE}
+
+    @classmethod
+    def recalled(cls, data: dict[str, Any]) -> LaunchForm:
+        """The form a script's remembered settings fill in: single-node, whatever an older xl
+        remembered."""
+        return cls.from_dict({k: v for k, v in data.items() if k not in MULTI_NODE})
 
     @property
     def key(self) -> str:

@@ -82,6 +82,7 @@ def selection_warnings(gpus: Sequence[Any], order: Sequence[int]) -> list[str]:
         out.append(
             "mixed models (" + ", ".join(names) + "): the slowest GPU sets the pace of every rank"
         )
+    busy: list[tuple[int, list[str]]] = []
     for g in chosen:
         if getattr(g, "lost", False):
             out.append(f"GPU {g.index} is lost (fell off the bus): a run on it will fail")
@@ -91,18 +92,29 @@ def selection_warnings(gpus: Sequence[Any], order: Sequence[int]) -> list[str]:
                 f"GPU {g.index} has MIG enabled: PyTorch sees only one MIG slice of it; "
                 f"disable MIG (nvidia-smi -i {g.index} -mig 0) for training"
             )
-        procs = [p for p in getattr(g, "processes", ()) or ()]
-        mem_used = g.memory_used_mib or 0.0
-        mem_total = g.memory_total_mib or 0.0
-        busy_mem = mem_total > 0 and mem_used / mem_total >= BUSY_MEM_FRACTION
-        busy_util = (g.util_gpu or 0) >= BUSY_UTIL_PCT
-        if procs or busy_mem or busy_util:
-            what = []
-            if procs:
-                what.append(f"{len(procs)} process{'es' if len(procs) != 1 else ''}")
-            if g.util_gpu is not None and busy_util:
-                what.append(f"{g.util_gpu}% busy")
-            if busy_mem:
-                what.append(f"{mem_used / 1024:.1f} GiB used")
-            out.append(f"GPU {g.index} is busy ({', '.join(what)}): ranks will share it")
+        what = _busy(g)
+        if what:
+            busy.append((g.index, what))
+    if len(busy) == 1:
+        out.append(f"GPU {busy[0][0]} is busy ({', '.join(busy[0][1])}): ranks will share it")
+    elif busy:
+        # One line for them all: a line each filled the panel at 80x24 and hid the rest.
+        out.append(f"GPUs {', '.join(str(i) for i, _ in busy)} are busy (other processes or load): ranks will share them")
     return out
+
+
+def _busy(g: Any) -> list[str]:
+    """What makes ``g`` busy (its processes, its load, its memory taken); [] when it is free."""
+    procs = list(getattr(g, "processes", ()) or ())
+    mem_used = g.memory_used_mib or 0.0
+    mem_total = g.memory_total_mib or 0.0
+    busy_mem = mem_total > 0 and mem_used / mem_total >= BUSY_MEM_FRACTION
+    busy_util = (g.util_gpu or 0) >= BUSY_UTIL_PCT
+    what = []
+    if procs:
+        what.append(f"{len(procs)} process{'es' if len(procs) != 1 else ''}")
+    if g.util_gpu is not None and busy_util:
+        what.append(f"{g.util_gpu}% busy")
+    if busy_mem:
+        what.append(f"{mem_used / 1024:.1f} GiB used")
+    return what

@@ -10,7 +10,7 @@ from rich.markup import escape
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Button, Footer, Header, Static
 from textual.worker import get_current_worker
@@ -59,7 +59,7 @@ class GPUsScreen(XLScreen):
         Binding("shift+up,K", "move(-1)", "Earlier", key_display="⇧↑", group=ORDER),
         Binding("shift+down,J", "move(1)", "Later", key_display="⇧↓", group=ORDER),
         Binding("c", "clear", "Clear"),
-        Binding("L", "launch", "Launch…"),
+        Binding("L", "launch", "Launch…", priority=True),  # as the screen keys (tui/app.py): typed on at once
     ]
 
     class Polled(Message):
@@ -86,7 +86,8 @@ class GPUsScreen(XLScreen):
             yield GPUTable(id="gpu-table")
             with Horizontal(id="gpu-lower"):
                 yield GPUHistory(id="gpu-history")
-                with Vertical(id="pick-panel"):
+                # Scrolls: at 80x24 the warnings can outgrow it, and a scrollbar says there is more.
+                with VerticalScroll(id="pick-panel"):
                     yield Static("", id="cvd")
                     yield Static("", id="pick-warnings")
                     with Horizontal(id="pick-buttons"):
@@ -198,8 +199,8 @@ class GPUsScreen(XLScreen):
         self.selection.clear()
         self._show_selection()
 
-    def action_launch(self) -> None:
-        self.app.switch_mode("launch")
+    async def action_launch(self) -> None:
+        await self.xl.action_screen("launch")
 
     @on(Button.Pressed, "#btn-toggle")
     def _btn_toggle(self) -> None:
@@ -214,5 +215,5 @@ class GPUsScreen(XLScreen):
         self.action_move(1)
 
     @on(Button.Pressed, "#btn-launch")
-    def _btn_launch(self) -> None:
-        self.action_launch()
+    async def _btn_launch(self) -> None:
+        await self.action_launch()

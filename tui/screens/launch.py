@@ -46,7 +46,7 @@ class LaunchScreen(XLScreen):
         self._launching = False
         last = settings.last_target()
         saved = settings.recall(last) if last else None
-        self.initial = LaunchForm.from_dict(saved) if saved else LaunchForm()
+        self.initial = LaunchForm.recalled(saved) if saved else LaunchForm()
         self._loaded_key = self.initial.key  # whose remembered settings the form holds
         # The app's one GPU selection (the last launch's at start, then the picker's) fills the field.
         self.initial.gpus = selection.gpus_spec
@@ -116,11 +116,14 @@ class LaunchScreen(XLScreen):
                 self._filling = False
             self.validate()
 
-    def fill(self, form: LaunchForm) -> None:
+    def fill(self, form: LaunchForm, *, typing: bool = False) -> None:
+        """Put ``form`` in the fields; ``typing``: the person is typing in Script, which keeps
+        what it holds now (keys typed after the remembered name must not be undone)."""
         self._filling = True
         try:
             for name in TEXT_FIELDS:
-                self.query_one(f"#{name}", Input).value = getattr(form, name)
+                if not (typing and name == "target"):
+                    self.query_one(f"#{name}", Input).value = getattr(form, name)
             self.query_one("#mixed_precision", Select).value = form.mixed_precision
             # One selection: a recalled script's GPUs apply only when nothing is chosen now.
             if self.selection.gpus_spec:
@@ -159,7 +162,11 @@ class LaunchScreen(XLScreen):
         cvd = env.get("CUDA_VISIBLE_DEVICES")
         where = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd else "CPU (gloo)"
         nproc = getattr(plan, "nproc", spec.nproc)
-        out.update(Text(f"✓ ready: {nproc} process(es) per node on {where}", style="green"))
+        ready = f"✓ ready: {nproc} process(es) per node on {where}"
+        if spec.nnodes > 1:
+            # Said here, not only in the collapsed section below: this launch waits for the others.
+            ready += f"; node {spec.node_rank} of {spec.nnodes}, waits for the others at {spec.rdzv or 'node 0'}"
+        out.update(Text(ready, style="green"))
         return True
 
     @on(Input.Changed)
@@ -183,9 +190,7 @@ class LaunchScreen(XLScreen):
         saved = settings.recall(key) if key != self._loaded_key else None
         if saved:
             self._loaded_key = key
-            form = LaunchForm.from_dict(saved)
-            form.target = event.value
-            self.fill(form)
+            self.fill(LaunchForm.recalled(saved), typing=True)
 
     def action_copy(self) -> None:
         argv = command(self.form())
@@ -207,7 +212,7 @@ class LaunchScreen(XLScreen):
     def _start(self, spec: Any, form: LaunchForm) -> None:
         try:
             handle, notice = self.backend.start(spec)
-            settings.remember(form.key, form.to_dict())
+            settings.remember(form.key, form.remembered())
             self.post_message(self.Started(handle.run_dir, None, notice))
         except UsageError as exc:
             self.post_message(self.Started(None, str(exc)))

@@ -22,6 +22,10 @@ from xl.tui.screens.base import XLScreen
 COLUMNS = (("status", "Status"), ("id", "Run id"), ("start", "Started"), ("dur", "Duration"), ("world", "Ranks"), ("name", "Name"))
 
 
+# Narrower than this, Started gives way to Name (a run id begins with its start: 20260530-142501-…);
+# at 80 columns the name had 2 letters left.
+FULL_WIDTH = 100
+
 # Room for values a running run's row grows into between rebuilds ("59s" -> "1h02m", "running"
 # -> "succeeded").
 MIN_WIDTH = {"status": 9, "dur": 7}
@@ -78,6 +82,7 @@ class RunsScreen(XLScreen):
         self._active = True
         self._next_list: Timer | None = None  # the one pending refresh (see on_runs_screen_listed)
         self.marked: list[str] = []  # run ids marked with space, two at most: `c` compares them
+        self._columns: tuple[tuple[str, str], ...] = ()  # the columns shown (their set depends on the width)
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -88,6 +93,13 @@ class RunsScreen(XLScreen):
     def on_mount(self) -> None:
         self.title = "xl — Runs"
         self._list()
+
+    def on_resize(self) -> None:
+        if self._shown_columns() != self._columns:
+            self._list()  # the table is rebuilt with the columns that fit
+
+    def _shown_columns(self) -> tuple[tuple[str, str], ...]:
+        return COLUMNS if self.size.width >= FULL_WIDTH else tuple(c for c in COLUMNS if c[0] != "start")
 
     def on_screen_suspend(self) -> None:
         self._active = False
@@ -123,13 +135,15 @@ class RunsScreen(XLScreen):
         ordered = sorted(message.runs, key=lambda r: _field(r, "started_at", "start_time") or 0, reverse=True)
         keys = [str(_field(r, "run_id", "id")) for r in ordered]
         rows = [self._with_mark(key, run_cells(info, now)) for key, info in zip(keys, ordered, strict=True)]
-        if keys != list(self._cells):
+        columns = self._shown_columns()
+        if keys != list(self._cells) or columns != self._columns:
             # New or removed runs change the order; rebuild the (short) list only then, with
             # columns as wide as their longest value. (Left to DataTable, the widths followed the
             # rows only once the table next went idle, and in a terminal that could be never:
             # run ids stayed cut to their label's width, "202605".)
             table.clear(columns=True)
-            for col, label in COLUMNS:
+            self._columns = columns
+            for col, label in columns:
                 width = max([len(label), MIN_WIDTH.get(col, 0), *(Text(str(r[col])).cell_len for r in rows)])
                 table.add_column(label, key=col, width=width)
             self._cells = {}
@@ -137,11 +151,11 @@ class RunsScreen(XLScreen):
             self.runs[key] = info
             old = self._cells.get(key)
             if old is None:
-                table.add_row(*(cells[c] for c, _ in COLUMNS), key=key)
+                table.add_row(*(cells[c] for c, _ in columns), key=key)
             else:
-                for col, value in cells.items():
-                    if old[col] != value:
-                        table.update_cell(key, col, value)
+                for col, _ in columns:
+                    if old[col] != cells[col]:
+                        table.update_cell(key, col, cells[col])
             self._cells[key] = cells
         # One refresh loop: `r` or coming back to the screen lists at once and replaces the
         # pending timer rather than starting another loop beside it.

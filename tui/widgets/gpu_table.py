@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -24,8 +25,11 @@ COLUMNS = (
     ("mem", "Memory"),
     ("temp", "Temp"),
     ("power", "Power"),
-    ("procs", "Processes (pid:rank)"),
+    ("procs", "Processes"),  # "r0 RUN" (a rank and its run) or "pid 4242": each says what it is
 )
+# A run id's date and time (new_run_id's "20260530-142501-"): left out at 80 columns, where the
+# rest (the script's name and a random tag) tells the runs apart and the ranks still show.
+_RUN_STAMP = re.compile(r"^\d{8}-\d{6}-(?=.)")
 # Narrower than this, the table drops Temp and Power and draws shorter names and meters, so the
 # processes column (which rank runs where) still shows at 80 columns.
 FULL_WIDTH = 110
@@ -48,13 +52,24 @@ def value_key(value: Any) -> Any:
     return ("str", str(value))
 
 
-def _procs(gpu: Any) -> str:
+def _procs(gpu: Any, compact: bool = False) -> str:
+    """Who uses the GPU: an xl rank by its rank and run (``r0,r1 RUN``, the ranks of one run
+    together; ``compact``: the run id without its date and time), any other process by its pid."""
+    runs: dict[str, list[str]] = {}
     parts = []
     for p in getattr(gpu, "processes", ()) or ():
-        tag = f"{p.pid}"
-        if getattr(p, "rank", None) is not None:
-            tag += f":r{p.rank}"
-        parts.append(tag)
+        rank, run = getattr(p, "rank", None), getattr(p, "run_id", None)
+        if rank is None:
+            parts.append(f"pid {p.pid}")
+        elif run:
+            run = _RUN_STAMP.sub("…", run) if compact else run
+            if run not in runs:
+                runs[run] = []
+                parts.append(run)  # filled in below, in the place of the run's first rank
+            runs[run].append(f"r{rank}")
+        else:
+            parts.append(f"r{rank} pid {p.pid}")  # a rank outside xl (plain torchrun)
+    parts = [f"{','.join(runs[part])} {part}" if part in runs else part for part in parts]
     if len(parts) > 4:
         parts = [*parts[:4], f"+{len(parts) - 4}"]
     return " ".join(parts) or "-"
@@ -94,7 +109,7 @@ def gpu_cells(gpu: Any, position: int | None, compact: bool = False) -> dict[str
         "mem": fmt.meter(mem_frac, bar, f"{fmt.mib(used)}/{fmt.mib(total)}"),
         "temp": "-" if gpu.temperature_c is None else f"{gpu.temperature_c}C",
         "power": power,
-        "procs": _procs(gpu),
+        "procs": _procs(gpu, compact),
     }
 
 
