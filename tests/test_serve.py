@@ -271,3 +271,24 @@ def test_the_served_app_speaks_first_on_stdout_with_no_terminal(tmp_path: Path) 
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_behind_a_proxy_path_the_page_and_its_websocket_are_under_it(tmp_path: Path) -> None:
+    with served(["serve", "--port", "0", "--public-url", "https://proxy.example.org/xl/"], xl_env(tmp_path / "home")) as server:
+        assert server.line.startswith("xl: serving the app at https://proxy.example.org/xl/?token="), server.line
+        token = server.line.rsplit("=", 1)[1]
+        port = int(next(c.laddr.port for c in psutil.Process(server.proc.pid).net_connections("tcp") if c.status == "LISTEN"))
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("GET", f"/?token={token}&fontsize=14")
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 303 and resp.headers["Location"] == "/xl/?fontsize=14"
+            cookie = resp.headers["Set-Cookie"].split(";")[0]
+            conn.request("GET", "/", headers={"Cookie": cookie})
+            page = conn.getresponse().read().decode()
+        finally:
+            conn.close()
+        assert 'data-session-websocket-url="wss://proxy.example.org/xl/ws"' in page
+        assert ws_upgrade(f"http://127.0.0.1:{port}", token=token, origin="https://proxy.example.org", cookie_name=cookie.split("=")[0]) == 101
+        assert ws_upgrade(f"http://127.0.0.1:{port}", token=token, origin="https://other.example.org", cookie_name=cookie.split("=")[0]) == 403

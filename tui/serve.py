@@ -84,7 +84,10 @@ def make_server(command: str, host: str, port: int, public_url: str | None, toke
             if given is not None and request.path == "/":
                 # The token moves from the address bar into a cookie the page's requests carry.
                 rest = {k: v for k, v in request.query.items() if k != "token"}
-                found = web.HTTPSeeOther(str(request.rel_url.with_query(rest)))
+                # Relative, under --public-url's path: a proxy's /prefix/ stays, and so does
+                # the host the browser used (the cookie is that host's).
+                prefix = urlsplit(self.public_url).path.rstrip("/")
+                found = web.HTTPSeeOther(prefix + str(request.rel_url.with_query(rest)))
                 found.set_cookie(self.cookie, token, httponly=True, samesite="Strict", path="/")
                 raise found
             response = await handler(request)
