@@ -23,6 +23,7 @@ from xl.launcher.cli.options import (
 )
 from xl.launcher.cli.preflight import check_launch
 from xl.launcher.cli.sbatch import launch_slurm
+from xl.launcher.cli.startchecks import check_python, check_rdzv_port
 from xl.launcher.multinode.join import prepare_launch
 from xl.launcher.multinode.slurm import node_rank_from_env
 from xl.launcher.plan import Plan, build_plan
@@ -176,6 +177,8 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     elif ns.run_id:
         raise UsageError("--run-id is for the tasks `xl launch --slurm` starts")
     spec = spec_from_args(ns, script, module, args)
+    if spec.python:
+        check_python(spec.python)
     # GPUs the Accelerate config chose are the config's mistake when they are wrong, not --gpus's.
     gpus_from = "gpu_ids in the Accelerate config" if ns.accelerate_config is not None and ns.gpus is None else "--gpus"
     inv = inventory()
@@ -185,6 +188,7 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     if ns.dry_run:
         print_dry_run(plan, ns.json, spec)
         return 0
+    check_rdzv_port(spec)
     join: str | None = None
     if spec.nnodes > 1:
         # Node 0 prints the command for the other nodes, with the run's token (stderr: stdout

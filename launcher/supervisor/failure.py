@@ -26,6 +26,9 @@ from xl.launcher.supervisor.ranks import RankPhase, Ranks, RankState, describe_e
 
 TORCHRUN_LOG = "torchrun.log"
 _STOP_CODES = (-signal.SIGTERM, -signal.SIGKILL)
+# What input() and pdb (breakpoint()) raise in a rank, whose stdin is /dev/null.
+NO_STDIN_ERRORS = ("EOFError: EOF when reading a line", "bdb.BdbQuit")
+NO_STDIN = "ranks have no stdin: input() and breakpoint() cannot read the terminal under xl launch (docs/launch.md)"
 _SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
@@ -95,6 +98,8 @@ class RootCause:
         """``st`` failed first: it is the run's cause."""
         what = st.error or (describe_exit(st.rank, st.exit_code) if st.exit_code is not None else "died")
         message = f"rank {st.rank} failed first: {what}"
+        if st.error in NO_STDIN_ERRORS:
+            message += f" ({NO_STDIN})"
         traceback = st.traceback
         if traceback is None and st.error is None:
             # No Python exception to show (sys.exit(2) from argparse, os._exit, a C++ abort):
