@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 
+from xl.doctor.checks import BUILD, CHECKS
 from xl.doctor.probes.files import which
 from xl.doctor.render import render_plain, render_report
 from xl.doctor.run import run_doctor
@@ -36,14 +39,29 @@ def _color_terminal() -> bool:
     return sys.stdout.isatty() or bool(os.environ.get("FORCE_COLOR"))
 
 
+def _what_each_decides() -> str:
+    """The registry's own words for each check (docs/doctor.md says more), wrapped for a terminal."""
+    lines = ["checks, and what each decides (docs/doctor.md has the rules and their sources):"]
+    for spec in (*CHECKS, BUILD):
+        lines += textwrap.wrap(
+            spec.decides, width=100, initial_indent=f"  {spec.id:<21}", subsequent_indent=" " * 23
+        )
+    lines.append("")
+    lines.append(
+        "exit status: 0 when no check fails, 1 when one does (--strict: or warns or errors), "
+        "2 on bad usage."
+    )
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = ArgumentParser(
         prog="xl doctor",
         description="Check the driver, GPUs, CUDA toolkits, compiler, torch and environment for "
         "distributed training; print each problem with its fix. Each check is ok, warn, fail, "
         "skip (does not apply here) or error (the check itself could not run).",
-        epilog="exit status: 0 when no check fails, 1 when one does (--strict: or warns or "
-        "errors), 2 on bad usage.",
+        epilog=_what_each_decides(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument(
         "--json",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -526,3 +527,18 @@ def test_run_cmd_missing_garbage_and_runaway(tmp_path: Path) -> None:
     if os.path.exists("/usr/bin/yes"):
         big = commands.run_cmd(["/usr/bin/yes"], timeout=2)
         assert big.problem and "more than" in big.problem
+
+
+def test_help_and_docs_say_what_each_check_decides() -> None:
+    """`xl doctor --help` lists every check with what it decides; docs/doctor.md has a row for
+    each, and names where the wheel facts come from."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "xl", "doctor", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and proc.stderr == ""
+    flat = " ".join(proc.stdout.split())
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "doctor.md").read_text()
+    for spec in (*checks.CHECKS, checks.BUILD):
+        assert spec.decides and " ".join(spec.decides.split()) in flat, spec.id
+        assert f"| `{spec.id}` |" in docs, spec.id
+    assert "build_cuda.sh" in docs and "WHEEL_ARCH_ROWS" in docs

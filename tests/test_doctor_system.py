@@ -49,6 +49,17 @@ def test_a_container_started_without_gpus_gets_the_runtimes_fix(
     assert not [c for c in report["checks"] if "install the NVIDIA driver" in (c["fix"] or "")]
 
 
+def test_in_a_gpu_container_a_driver_upgrade_is_the_hosts(tmp_path: Path, simnvml) -> None:
+    sim = simnvml(gpus=[SimGPU()], driver_version="520.61.05", cuda_version=11080)
+    box = Sandbox(tmp_path)
+    site = box.torch("2.4.0+cu124", cuda="12.4")
+    inside, _ = run_doctor_json(_env(box, sim, site, NVIDIA_VISIBLE_DEVICES="all"))
+    dc = by_id(inside)["driver_cuda"]
+    assert dc["status"] == "fail" and dc["fix"].startswith("on the host, not in this container, upgrade")
+    outside, _ = run_doctor_json(_env(box, sim, site))
+    assert by_id(outside)["driver_cuda"]["fix"].startswith("upgrade the NVIDIA driver")
+
+
 # -- 9. /dev/shm: free space and stale segments --------------------------------------------------
 
 

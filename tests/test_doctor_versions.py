@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fakecuda import Sandbox, apply_fix, assert_fix_works, by_id, run_doctor_json, statuses
+from procs import xl, xl_env
 from simnvml import SimGPU
 
 pytestmark = pytest.mark.e2e
@@ -182,8 +183,14 @@ def test_a_libcuda_that_cannot_work_fails_and_the_fix_removes_it(
     report, _ = run_doctor_json(env)
     dc = by_id(report)["driver_cuda"]
     assert dc["status"] == "fail" and f"({code})" in dc["detail"], dc
-    assert dc["fix"] == f"export LD_LIBRARY_PATH={sim.library_dir}"
+    assert dc["fix"].startswith("export LD_LIBRARY_PATH=") and dc["fix"].endswith(f"{sim.library_dir}")
+    assert str(compat) not in dc["fix"]
     assert_fix_works(box, env, "driver_cuda")
+    # With LD_LIBRARY_PATH wrong in other ways too, both checks export one and the same value.
+    messy = {**env, "LD_LIBRARY_PATH": f"{compat}:/nonexistent/lib:{sim.library_dir}"}
+    report, _ = run_doctor_json(messy)
+    fixes = {by_id(report)[k]["fix"] for k in ("driver_cuda", "ld_library_path")}
+    assert len(fixes) == 1 and "/nonexistent" not in fixes.pop(), fixes
 
 
 # -- 4. other builds of torch ---------------------------------------------------------------------
@@ -252,3 +259,13 @@ def test_more_than_one_mig_instance_is_refused(tmp_path: Path, simnvml) -> None:
     assert_fix_works(box, env, "cuda_visible_devices")
     one, _ = run_doctor_json({**env, "CUDA_VISIBLE_DEVICES": b})
     assert statuses(one)["cuda_visible_devices"] == "ok"
+
+
+def test_xl_launch_refuses_two_mig_instances_as_the_doctor_does(tmp_path: Path, simnvml) -> None:
+    sim = simnvml(gpus=[SimGPU(model="A100", mig=1)])
+    a, b = "MIG-3b9f2d1e-0000-5000-8000-000000000001", "MIG-3b9f2d1e-0000-5000-8000-000000000002"
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    env = xl_env(tmp_path / "home", **sim.env, CUDA_VISIBLE_DEVICES=f"{a},{b}")
+    proc = xl(["launch", "--dry-run", "t.py"], env, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "2 MIG instances" in proc.stderr and f"export CUDA_VISIBLE_DEVICES={a}" in proc.stderr

@@ -501,3 +501,23 @@ def test_rank_in_another_pid_namespace_is_labelled(simnvml, where):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(ns.pid, signal.SIGKILL)
         ns.wait(timeout=10)
+
+
+def test_per_gpu_health_leaves_out_what_it_cannot_read(simnvml):
+    """xl.gpu.health reads through nvml.per_gpu: a lost GPU is left out, a GPU without the
+    counters (NOT_SUPPORTED, an old driver without the symbol) still answers the rest, and a
+    driver that can't start answers nothing, never raising."""
+    from xl.gpu import health  # noqa: PLC0415 - the module under test beside nvml's own tests
+
+    sim = simnvml(
+        gpus=[SimGPU(compute_mode=2), SimGPU(lost=1), SimGPU(errors={"nvmlDeviceGetComputeMode": NOT_SUPPORTED})],
+        missing=("nvmlDeviceGetRemappedRows",),
+    )
+    with sim.in_process():
+        got = health.health([0, 1, 2, 7])
+        assert sorted(got) == [0, 2]  # GPU 1 is lost, there is no GPU 7
+        assert got[0].compute_mode == "prohibited" and got[0].remap_pending is None
+        assert got[2].compute_mode is None and got[2].ecc_uncorrected == 0
+        sim.update(init_error="driver_not_loaded")
+        nvml.shutdown()
+        assert health.health([0]) == {}

@@ -31,6 +31,7 @@ class CheckSpec:
     title: str
     area: str
     run: Callable[[Facts], Finding]
+    decides: str = ""  # what the check decides, for `xl doctor --help` and docs/doctor.md
 
     def check(self, finding: Finding) -> Check:
         """The finding under this check's id, title and area: what the report holds."""
@@ -46,27 +47,127 @@ class CheckSpec:
 
 
 # Only with `xl doctor --build`: it compiles, so it is not in the fast default set.
-BUILD = CheckSpec("build", "build proof", "Build", lambda f: proof.check_build(f, []))
+BUILD = CheckSpec(
+    "build",
+    "build proof",
+    "Build",
+    lambda f: proof.check_build(f, []),
+    decides="only with --build: a tiny CUDA extension compiled the way torch's builder would; fail quotes the compiler's first error",
+)
 
 CHECKS: tuple[CheckSpec, ...] = (
-    CheckSpec("driver", "NVIDIA driver", DRIVER_GPUS, gpu.check_driver),
-    CheckSpec("gpus", "GPUs", DRIVER_GPUS, gpu.check_gpus),
-    CheckSpec("cuda_home", "CUDA_HOME", TOOLKIT, toolkit.check_cuda_home),
-    CheckSpec("nvcc", "nvcc", TOOLKIT, toolkit.check_nvcc),
-    CheckSpec("toolkits", "CUDA toolkits", TOOLKIT, toolkit.check_toolkits),
-    CheckSpec("torch", "PyTorch", PYTORCH, pytorch.check_torch),
-    CheckSpec("torch_cuda_match", "torch CUDA vs nvcc", PYTORCH, pytorch.check_torch_cuda_match),
-    CheckSpec("driver_cuda", "driver vs torch CUDA", PYTORCH, pytorch.check_driver_cuda),
-    CheckSpec("host_compiler", "host compiler", TOOLKIT, build.check_host_compiler),
-    CheckSpec("ld_library_path", "LD_LIBRARY_PATH", TOOLKIT, toolkit.check_ld_library_path),
     CheckSpec(
-        "cuda_visible_devices", "CUDA_VISIBLE_DEVICES", DEVICES, devices.check_cuda_visible_devices
+        "driver",
+        "NVIDIA driver",
+        DRIVER_GPUS,
+        gpu.check_driver,
+        decides="NVML loads and starts; the driver version and the highest CUDA the kernel module runs. No driver: skip (CPU training), warn when torch wants CUDA; a container started without GPU access (NVIDIA_VISIBLE_DEVICES set, no driver) gets the container runtime's fix, never a driver install",
     ),
-    CheckSpec("cuda_device_order", "CUDA_DEVICE_ORDER", DEVICES, devices.check_cuda_device_order),
-    CheckSpec("shm", "shared memory", SYSTEM, system.check_shm),
-    CheckSpec("nccl", "NCCL", SYSTEM, system.check_nccl),
-    CheckSpec("ninja", "ninja", TOOLKIT, build.check_ninja),
-    CheckSpec("arch_list", "TORCH_CUDA_ARCH_LIST", PYTORCH, archs.check_arch_list),
+    CheckSpec(
+        "gpus",
+        "GPUs",
+        DRIVER_GPUS,
+        gpu.check_gpus,
+        decides="GPUs found, lost GPUs, mixed models, and each GPU's own health from NVML: compute mode (Prohibited, or exclusive-process held by another process: fail), processes holding memory (named with their pid: warn), uncorrectable ECC errors since the driver loaded, pending row remaps, failed remaps, pending page retirements (fail)",
+    ),
+    CheckSpec(
+        "cuda_home",
+        "CUDA_HOME",
+        TOOLKIT,
+        toolkit.check_cuda_home,
+        decides="CUDA_HOME as torch resolves it; its nvcc and headers; PATH's nvcc agrees (every fix names the toolkit that matches torch)",
+    ),
+    CheckSpec(
+        "nvcc",
+        "nvcc",
+        TOOLKIT,
+        toolkit.check_nvcc,
+        decides="nvcc on PATH and its version",
+    ),
+    CheckSpec(
+        "toolkits",
+        "CUDA toolkits",
+        TOOLKIT,
+        toolkit.check_toolkits,
+        decides="every CUDA toolkit found, and which one PATH, CUDA_HOME and LD_LIBRARY_PATH each select",
+    ),
+    CheckSpec(
+        "torch",
+        "PyTorch",
+        PYTORCH,
+        pytorch.check_torch,
+        decides="torch installed; a CUDA build whose wheel (by torch version and CUDA tag) has kernels for every GPU here; a CPU or ROCm build on an NVIDIA machine fails with the CUDA wheel that fits the driver",
+    ),
+    CheckSpec(
+        "torch_cuda_match",
+        "torch CUDA vs nvcc",
+        PYTORCH,
+        pytorch.check_torch_cuda_match,
+        decides="torch's CUDA vs the toolkit that builds extensions: another major fails, another minor warns (with DeepSpeed's verdict)",
+    ),
+    CheckSpec(
+        "driver_cuda",
+        "driver vs torch CUDA",
+        PYTORCH,
+        pytorch.check_driver_cuda,
+        decides="the driver runs torch's CUDA: judged by the libcuda that loads (a cuda-compat forward-compatibility package on LD_LIBRARY_PATH or in ldconfig counts; NVML reports the kernel module's); minor-version compatibility warns; a libcuda older than the kernel module (803) or forward compatibility on GeForce (804) fails",
+    ),
+    CheckSpec(
+        "host_compiler",
+        "host compiler",
+        TOOLKIT,
+        build.check_host_compiler,
+        decides="the host compiler nvcc will use, as a torch build picks it, vs what that nvcc and torch accept",
+    ),
+    CheckSpec(
+        "ld_library_path",
+        "LD_LIBRARY_PATH",
+        TOOLKIT,
+        toolkit.check_ld_library_path,
+        decides="missing entries, CUDA libraries of another version than the toolkit or torch's own, shadowing",
+    ),
+    CheckSpec(
+        "cuda_visible_devices",
+        "CUDA_VISIBLE_DEVICES",
+        DEVICES,
+        devices.check_cuda_visible_devices,
+        decides="syntax; indices and UUIDs exist; duplicates; hiding every GPU; more than one MIG instance (a CUDA process enumerates only one) fails",
+    ),
+    CheckSpec(
+        "cuda_device_order",
+        "CUDA_DEVICE_ORDER",
+        DEVICES,
+        devices.check_cuda_device_order,
+        decides="unset or FASTEST_FIRST with different GPUs: CUDA's indices differ from nvidia-smi's",
+    ),
+    CheckSpec(
+        "shm",
+        "shared memory",
+        SYSTEM,
+        system.check_shm,
+        decides="/dev/shm size and free space (under 512 MiB warns); stale NCCL/torch segments left by dead jobs, named with the rm that removes them",
+    ),
+    CheckSpec(
+        "nccl",
+        "NCCL",
+        SYSTEM,
+        system.check_nccl,
+        decides="NCCL version; settings that cannot work fail (NCCL_NET=IB without InfiniBand, NCCL_SOCKET_IFNAME naming no interface, an nvidia-nccl wheel of another CUDA major over torch's libnccl); known traps warn",
+    ),
+    CheckSpec(
+        "ninja",
+        "ninja",
+        TOOLKIT,
+        build.check_ninja,
+        decides="ninja present (JIT extension builds need it)",
+    ),
+    CheckSpec(
+        "arch_list",
+        "TORCH_CUDA_ARCH_LIST",
+        PYTORCH,
+        archs.check_arch_list,
+        decides="TORCH_CUDA_ARCH_LIST read with the installed torch's own cpp_extension lists; covers every GPU (arch-specific 9.0a/10.0a count on their own architecture only); nvcc can build each one, also when unset (torch then builds for the visible GPUs: sm_120 needs nvcc 12.8+)",
+    ),
 )
 
 

@@ -143,6 +143,14 @@ def preferred_toolkit(f: Facts) -> Toolkit | None:
     return choices[0] if choices else None
 
 
+def on_host(f: Facts, text: str) -> str:
+    """A driver fix as said in an NVIDIA container (NVIDIA_VISIBLE_DEVICES set): the driver is the
+    host's, mounted in by the runtime; installing one inside the container would break it."""
+    if (f.env.get("NVIDIA_VISIBLE_DEVICES") or "").strip() not in ("", "void", "none"):
+        return f"on the host, not in this container, {text}"
+    return text
+
+
 def export_toolkit(tk: Toolkit) -> str:
     """The shell line that makes both torch's builder and `nvcc` on PATH use this toolkit."""
     return f"export CUDA_HOME={tk.root} PATH={tk.root}/bin:$PATH"

@@ -69,9 +69,19 @@ def forward_compat(f: Facts) -> Libcuda | None:
     )
 
 
-def without(f: Facts, lib: Libcuda) -> str:
-    """The command that stops the loader from picking this libcuda."""
-    if lib.source == "LD_LIBRARY_PATH":
-        keep = [e.path for e in f.ld_entries if e.path and e.path != lib.folder]
-        return f"export LD_LIBRARY_PATH={':'.join(keep)}" if keep else "unset LD_LIBRARY_PATH"
+def unusable(f: Facts) -> Libcuda | None:
+    """The loaded libcuda when it cannot work here: older than the kernel module (803), or
+    forward compatibility on a GeForce GPU (804)."""
+    lib = driver_mismatch(f)
+    d = f.driver
+    if lib is None or d is None:
+        return None
+    if vtuple(lib.version) < vtuple(d.version):
+        return lib
+    geforce = any("GeForce" in g.name for g in f.gpus if not getattr(g, "lost", False))
+    return lib if geforce else None
+
+
+def ldconfig_fix(lib: Libcuda) -> str:
+    """The command that takes this libcuda's folder out of the ldconfig cache."""
     return f"sudo sed -i '\\|^{lib.folder}/*$|d' /etc/ld.so.conf.d/*.conf && sudo ldconfig"

@@ -12,6 +12,7 @@ from xl.doctor.checks.common import (
     fail,
     home_cuda,
     ok,
+    on_host,
     python_of,
     skip,
     toolkit_fix,
@@ -23,7 +24,8 @@ from xl.doctor.checks.common import (
     warn,
     working_gpus,
 )
-from xl.doctor.checks.compat import driver_mismatch, forward_compat, without
+from xl.doctor.checks.compat import driver_mismatch, forward_compat, ldconfig_fix
+from xl.doctor.checks.ldpath import ld_fix
 from xl.doctor.facts import Facts, major_minor, vtuple
 from xl.doctor.tables import DRIVER_FOR_CUDA, deepspeed_verdict
 from xl.doctor.wheels import TAG_CUDA, tag_of, tags_by_cuda, version_for, wheel_archs
@@ -65,7 +67,7 @@ def _libcuda_problem(f: Facts, data: dict[str, Any]) -> Finding | None:
         return fail(
             f"{lib.path} (from {lib.source}) is libcuda {lib.version}, older than the kernel module's {d.version}: "
             "cuInit fails with CUDA_ERROR_SYSTEM_DRIVER_MISMATCH (803)",
-            fix=without(f, lib),
+            fix=ld_fix(f) if lib.source == "LD_LIBRARY_PATH" else ldconfig_fix(lib),
             data=data,
         )
     geforce = _geforce(f)
@@ -73,7 +75,7 @@ def _libcuda_problem(f: Facts, data: dict[str, Any]) -> Finding | None:
         return fail(
             f"{lib.path} (from {lib.source}) is NVIDIA's forward-compatibility libcuda {lib.version}, which works on "
             f"data-center GPUs only: on {', '.join(geforce)} cuInit fails with CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE (804)",
-            fix=without(f, lib),
+            fix=ld_fix(f) if lib.source == "LD_LIBRARY_PATH" else ldconfig_fix(lib),
             data=data,
         )
     return None
@@ -160,7 +162,7 @@ def check_torch(f: Facts) -> Finding:
         return fail(
             f"torch {t.version} is a ROCm (HIP {t.hip}) build but this machine's {len(gpus)} GPU(s) are "
             "NVIDIA: torch.cuda.is_available() is False and training runs on the CPU",
-            fix=fix or "upgrade the NVIDIA driver, then install a CUDA build of torch",
+            fix=fix or on_host(f, "upgrade the NVIDIA driver, then install a CUDA build of torch"),
             data=data,
         )
     if t.cuda:
@@ -175,7 +177,8 @@ def check_torch(f: Facts) -> Finding:
                 f"torch {t.version} carries kernels for {archs} only; "
                 f'{_gpu_names(f, missing)} gets "no kernel image is available for execution on the device" at the first kernel',
                 fix=fix
-                or "no published torch wheel has kernels for this GPU and runs on this driver: upgrade the NVIDIA driver",
+                or "no published torch wheel has kernels for this GPU and runs on this driver: "
+                + on_host(f, "upgrade the NVIDIA driver"),
                 data=data,
             )
         return ok(f"torch {t.version}, built with CUDA {t.cuda}", data=data)
@@ -186,7 +189,7 @@ def check_torch(f: Facts) -> Finding:
     fix = torch_fix(f, "torch", _wheel_tags(f, caps))
     return fail(
         f"torch {t.version} is a CPU-only build but this machine has {len(gpus)} GPU(s): training can't use them",
-        fix=fix or "upgrade the NVIDIA driver, then install a CUDA build of torch",
+        fix=fix or on_host(f, "upgrade the NVIDIA driver, then install a CUDA build of torch"),
         data=data,
     )
 
@@ -251,7 +254,7 @@ def check_driver_cuda(f: Facts) -> Finding:
     floor = MINOR_COMPAT_DRIVER.get(major)
     branch = vtuple(d.version)[:1]
     upgrade = (
-        f"upgrade the NVIDIA driver to {need} or newer" if need else "upgrade the NVIDIA driver"
+        on_host(f, f"upgrade the NVIDIA driver to {need} or newer" if need else "upgrade the NVIDIA driver")
     )
     caps = sorted({g.compute_capability for g in working_gpus(f) if g.compute_capability})
     full = [t for t in _wheel_tags(f, caps) if vtuple(TAG_CUDA[t])[:2] <= vtuple(dc)[:2]]

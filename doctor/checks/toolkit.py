@@ -24,7 +24,8 @@ from xl.doctor.checks.common import (
     usable_toolkit,
     warn,
 )
-from xl.doctor.facts import Facts, LdEntry, Toolkit, parse_nvcc_version, vtuple
+from xl.doctor.checks.ldpath import ld_fix, shadowed_torch_libs
+from xl.doctor.facts import Facts, Toolkit, parse_nvcc_version, vtuple
 
 
 def _cuda_home_unresolved(f: Facts, data: dict[str, Any]) -> Finding:
@@ -304,30 +305,6 @@ def _ld_problems(f: Facts, tk: Toolkit | None, want: tuple[int, ...]) -> list[st
     return problems
 
 
-def _shadowed_torch_libs(f: Facts) -> list[tuple[LdEntry, str, str, str]]:
-    """(entry, soname, its version, torch's version) for each CUDA library on LD_LIBRARY_PATH
-    older than the one a pip torch brings in nvidia/: the loader takes LD_LIBRARY_PATH's first
-    (torch's wheels find theirs through RUNPATH, which comes after). A version that can't be
-    told (no versioned file name, no known toolkit) is not judged."""
-    t = f.torch
-    if not torch_cuda(f) or t is None or not t.pip_libs:
-        return []
-    ours = {soname: ver for soname, ver, _ in t.pip_libs}
-    own = {os.path.realpath(folder) for _, _, folder in t.pip_libs}
-    out = []
-    for e in f.ld_entries:
-        if not e.exists or not e.is_dir or e.real in own:
-            continue
-        tk = next((x for x in f.toolkits if e.real in x.lib_dirs), None)
-        for soname, full in sorted(e.cuda_libs.items()):
-            # Only these carry the toolkit's own version; cuBLAS, cuSPARSE, ... have their own.
-            tracks = soname.startswith(("libcudart.", "libnvJitLink.", "libnvrtc."))
-            theirs = full or (tk.version if tk is not None and tracks else None)
-            if soname in ours and theirs and vtuple(theirs)[:2] < vtuple(ours[soname])[:2]:
-                out.append((e, soname, theirs, ours[soname]))
-    return out
-
-
 def check_ld_library_path(f: Facts) -> Finding:
     value = f.env.get("LD_LIBRARY_PATH")
     tk = in_use_toolkit(f)
@@ -343,15 +320,13 @@ def check_ld_library_path(f: Facts) -> Finding:
         return ok(f"unset{extra}", data=data)
     if value == "":
         return ok("set but empty (the loader ignores it)", data=data)
-    shadows = _shadowed_torch_libs(f)
+    shadows = shadowed_torch_libs(f)
     if shadows:
-        bad = {e.path for e, *_ in shadows}
-        keep = [e.path for e in f.ld_entries if e.path and e.path not in bad]
         e, soname, theirs, ours = shadows[0]
         return fail(
             f"{e.path}/{soname} ({theirs}) comes before the {soname} {ours} that {torch_label(f)} loads from its "
             'nvidia/ wheels: importing torch fails with `undefined symbol` (e.g. "__nvJitLink..." from libcusparse)',
-            fix=f"export LD_LIBRARY_PATH={':'.join(keep)}" if keep else "unset LD_LIBRARY_PATH",
+            fix=ld_fix(f),
             data={**data, "shadowed": [[x.path, n, a, b] for x, n, a, b in shadows]},
         )
     problems = _ld_problems(f, tk, want)
@@ -364,22 +339,4 @@ def check_ld_library_path(f: Facts) -> Finding:
             f"{n} {'entry' if n == 1 else 'entries'}, no conflicting CUDA libraries{extra}",
             data=data,
         )
-    lib_dirs = tk.lib_dirs if tk is not None else []
-    keep = [
-        e.path
-        for e in f.ld_entries
-        if e.path
-        and e.exists
-        and e.is_dir
-        and not e.problem
-        and (not e.cudart or e.real in lib_dirs)
-    ]
-    if tk is not None and tk.lib_dirs and not any(e.real in tk.lib_dirs for e in f.ld_entries):
-        keep.insert(0, f"{tk.root}/lib64")
-    return warn(
-        "; ".join(problems),
-        fix=f"export LD_LIBRARY_PATH={':'.join(dict.fromkeys(keep))}"
-        if keep
-        else "unset LD_LIBRARY_PATH",
-        data=data,
-    )
+    return warn("; ".join(problems), fix=ld_fix(f), data=data)

@@ -470,12 +470,15 @@ _TOOLKIT_IN_FIX = re.compile(r"\bCUDA_HOME=(\S+)|\bPATH=([^\s:$]+)/bin:")
 def assert_one_direction(report: dict[str, Any]) -> None:
     """No two fixes in one report contradict: every toolkit they point CUDA_HOME or PATH at is
     the same one, every torch wheel they install comes from the same index, and every
-    TORCH_CUDA_ARCH_LIST they export is the same value."""
+    TORCH_CUDA_ARCH_LIST or LD_LIBRARY_PATH they set is the same value."""
     toolkits: dict[str, str] = {}
     wheels: dict[str, str] = {}
     arch: dict[str, str] = {}
+    ld: dict[str, str] = {}
     for c in report["checks"]:
         fix = c["fix"] or ""
+        for value in re.findall(r"\bexport LD_LIBRARY_PATH=(\S*)|\b(unset LD_LIBRARY_PATH)\b", fix):
+            ld.setdefault(value[0] or value[1], c["id"])
         for home, path in _TOOLKIT_IN_FIX.findall(fix):
             toolkits.setdefault(os.path.realpath(home or path), c["id"])
         for m in _PIP_FIX.finditer(fix):
@@ -485,6 +488,7 @@ def assert_one_direction(report: dict[str, Any]) -> None:
     assert len(toolkits) <= 1, f"fixes point at different toolkits: {toolkits}"
     assert len(wheels) <= 1, f"fixes install torch from different indexes: {wheels}"
     assert len(arch) <= 1, f"fixes set different TORCH_CUDA_ARCH_LIST values: {arch}"
+    assert len(ld) <= 1, f"fixes set different LD_LIBRARY_PATH values: {ld}"
 
 
 def apply_fix(box: Sandbox, env: Mapping[str, str], fix: str) -> dict[str, str]:

@@ -9,6 +9,7 @@ page retirement before it) is None and judged as nothing to say.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,11 +88,23 @@ def _who(p: Any) -> str:
     return f"pid {p.pid}{name}{mib}{run}"
 
 
+def _theirs(pid: int) -> bool:
+    """Whether the process belongs to another user (or can't be seen): `kill` needs sudo."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid != os.getuid()
+    except OSError:
+        return True
+
+
 def _free_them(procs: Sequence[Any]) -> str:
-    """The command that frees a GPU of these processes: `xl stop` for xl's own runs."""
+    """The command that frees a GPU of these processes: `xl stop` for xl's own runs, `kill`
+    for the rest (`sudo kill` for another user's, or one not visible from here)."""
     runs = sorted({p.run_id for p in procs if p.run_id})
-    pids = [str(p.pid) for p in procs if not p.run_id]
-    parts = [f"xl stop {r}" for r in runs] + ([f"kill {' '.join(pids)}"] if pids else [])
+    pids = [p.pid for p in procs if not p.run_id]
+    sudo = "sudo " if any(_theirs(pid) for pid in pids) else ""
+    parts = [f"xl stop {r}" for r in runs] + (
+        [f"{sudo}kill {' '.join(map(str, pids))}"] if pids else []
+    )
     return " && ".join(parts)
 
 
