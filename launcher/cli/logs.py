@@ -11,8 +11,8 @@ from xl.errors import ArgumentParser, UsageError
 from xl.launcher import procs
 from xl.launcher.rundir import record
 from xl.launcher.rundir.store import resolve_run
-from xl.launcher.rundir.tail import Tail
-from xl.textsafe import for_terminal
+from xl.launcher.rundir.tail import RankLogs, Tail
+from xl.textsafe import bytes_for_terminal
 
 
 def _ranks(run_dir: Path) -> list[int]:
@@ -41,26 +41,22 @@ def main(argv: Sequence[str]) -> int:
             raise UsageError(f"run {run_dir.name} has no rank {ns.rank} (ranks: {known})")
         ranks = [ns.rank]
     prefix = ns.rank is None and len(ranks) > 1
-    tails = {r: Tail(run_dir / "logs" / f"rank-{r}.log") for r in ranks}
-    out = for_terminal(sys.stdout)  # a terminal sees control characters drawn, a pipe the bytes
+    # Bytes, in large reads and writes: a 100 MB log (or one 100 MB line) costs a few MiB here.
+    logs = RankLogs(run_dir / "logs", prefix=prefix, ranks=ranks if ns.rank is not None else None)
+    logs.tails.update({r: Tail(run_dir / "logs" / f"rank-{r}.log", stream=True) for r in ranks if r not in logs.tails})
+    out = bytes_for_terminal(sys.stdout.buffer)  # a terminal sees control characters drawn, a pipe the bytes
     while True:
         rec = record.load(run_dir)
         # A run whose run.json is damaged is over once no process carries its id.
         done = rec.final if rec is not None else not procs.find_run_pids(run_dir.name)
-        for rank, tail in tails.items():
-            for raw in tail.read():
-                line = raw.decode("utf-8", "replace")
-                out.write(f"[rank {rank}] {line}\n" if prefix else line + "\n")
-        out.flush()
+        logs.discover()
         if not ns.follow or done:
+            logs.copy(out.write, drain=True)
             break
-        time.sleep(0.2)
-        if ns.rank is None:
-            for rank in _ranks(run_dir):
-                tails.setdefault(rank, Tail(run_dir / "logs" / f"rank-{rank}.log"))
-    for rank, tail in tails.items():
-        # A last line without its newline yet.
-        if tail.partial:
-            text = tail.partial.decode("utf-8", "replace")
-            out.write(f"[rank {rank}] {text}\n" if prefix else text + "\n")
+        # Following: a round of every rank at a time, so one chatty rank cannot hold back the others.
+        if not logs.copy(out.write):
+            out.flush()
+            time.sleep(0.2)
+    logs.finish(out.write)  # a last line without its newline yet
+    out.flush()
     return 0

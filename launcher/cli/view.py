@@ -17,6 +17,7 @@ from typing import Any, TextIO
 from xl.launcher.rundir import timing
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.rundir.tail import RankLogs
 from xl.textsafe import visible
 from xl.units import mib
 
@@ -59,6 +60,7 @@ class RunState:
     new_lines: list[tuple[int, str]] = field(default_factory=list)
     reader: RunReader | None = None
     verdict: str | None = None  # the latest hang's verdict, while some rank is still stalled
+    read_lines: bool = True  # new_lines from the reader (False: the plain view copies the logs itself)
 
     def __post_init__(self) -> None:
         self.reader = RunReader(self.run_dir)
@@ -97,7 +99,7 @@ class RunState:
             line.state = rv.state if rec_state in (None, "running") else rec_state
         self._follow_verdict()
         self.new_lines = []
-        for rank in sorted(self.ranks):
+        for rank in sorted(self.ranks) if self.read_lines else ():
             for text in self.reader.new_log_lines(rank):
                 text = visible(text.rsplit("\r", 1)[-1])  # a tqdm redraw: its latest state, shown safely
                 self.new_lines.append((rank, text))
@@ -157,27 +159,91 @@ def _plain_event(ev: dict[str, Any]) -> str:
     return visible(text)
 
 
+_SETTLE_S = 3.0  # after the end (or a rank's exit): how long its relay may take to write its last lines
+_HELD = ("rank_exited", "failure")  # events about a rank that wait for its last lines
+
+
+class _Plain:
+    """Plain output: every rank's log copied whole and prefixed (bytes: large reads and writes),
+    and the events, each printed once the lines before it are (a rank's exit after its last line)."""
+
+    def __init__(self, state: RunState, out: TextIO, lines: bool) -> None:
+        self.state, self.out = state, out
+        self.logs = RankLogs(state.run_dir / "logs") if lines else None
+        self.binary = getattr(out, "buffer", None)
+        self.held: list[tuple[float, dict[str, Any]]] = []
+
+    def write(self, data: bytes) -> None:
+        if self.binary is not None:
+            self.binary.write(data)
+        else:
+            self.out.write(data.decode("utf-8", "replace"))
+
+    def copy(self) -> int:
+        if self.logs is None:
+            return 0
+        self.logs.discover()
+        moved = self.logs.copy(self.write)
+        for rank, line in self.logs.last_line.items():
+            text = line.decode("utf-8", "replace").strip()
+            if text and rank in self.state.ranks:
+                self.state.ranks[rank].last_line = text
+        return moved
+
+    def events(self, new: list[dict[str, Any]], *, force: bool = False) -> None:
+        now = time.monotonic()
+        self.held += [(now, ev) for ev in new]
+        while self.held:
+            since, ev = self.held[0]
+            if not force and now - since < _SETTLE_S and not self._ready(ev):
+                return
+            self.held.pop(0)
+            self.write((_plain_event(ev) + "\n").encode())
+
+    def _ready(self, ev: dict[str, Any]) -> bool:
+        rank = ev.get("rank")
+        if self.logs is None or ev.get("kind") not in _HELD or not isinstance(rank, int):
+            return True
+        return self.logs.caught_up(rank)
+
+    def settled(self) -> bool:
+        return not self.held and (self.logs is None or not self.logs.writing())
+
+    def flush(self) -> None:
+        (self.binary or self.out).flush()
+
+
 def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool = True) -> int:
     print(f"xl: run {state.run_dir.name} ({state.run_dir}); 'xl attach {state.run_dir.name}' reopens it", file=out, flush=True)
+    plain = _Plain(state, out, lines)
+    state.read_lines = False
+    final_at: float | None = None
     while True:
-        final_seen = state.final
         state.poll()
-        for ev in state.new_events:
-            print(_plain_event(ev), file=out)
-        for rank, text in state.new_lines if lines else ():
-            print(f"[rank {rank}] {text}", file=out)
-        out.flush()
-        if final_seen or (state.final and not state.new_lines and not state.new_events):
-            break
+        plain.events(state.new_events)  # what is known before these lines (a rank's exit waits for them)
+        moved = plain.copy()
+        plain.events([])
+        plain.flush()
+        if state.final:
+            # One more poll after the end is seen (its last events), then until the logs settle.
+            if final_at is None:
+                final_at = time.monotonic()
+            elif not moved and (plain.settled() or time.monotonic() - final_at > _SETTLE_S):
+                break
         if on_tick is not None:
             on_tick()
-        time.sleep(POLL_S)
+        if not moved:
+            time.sleep(POLL_S)
+    plain.events([], force=True)
+    if plain.logs is not None:
+        plain.logs.finish(plain.write)
+    plain.flush()
     # Where no live table can redraw (a pipe, a file, CI's log), the table comes once, at the end:
     # every rank's state, pid, GPU, exit code and last figures, plain and aligned.
     print(render_text(state, width=max(100, _width(out))), file=out, end="")
     failure = state.failure
     if failure.get("traceback"):
-        print(f"xl: traceback of rank {failure.get('rank')}:\n{visible(str(failure['traceback']), lines=True)}", file=out)
+        print(f"xl: traceback of rank {failure.get('rank')}:\n{failure['traceback']}", file=out)
     print(f"xl: {_summary(state)}", file=out, flush=True)
     return state.exit_code
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import threading
 import time
 import traceback
 from types import TracebackType
@@ -36,7 +37,7 @@ _SKIP_FILES = {
 }
 
 
-_relay_pid: int | None = None  # the process writing this rank's log (``relay``)
+_output: relay.RankOutput | None = None  # the relay writing this rank's log
 
 
 def _int_env(name: str) -> int | None:
@@ -86,16 +87,18 @@ class _Record:
             "pid": os.getpid(),
             "started_at": time.time(),
         }
+        self.lock = threading.Lock()  # the relay's watcher thread may add a note
 
     def write(self, **fields: Any) -> None:
         if self.path is None:
             return
-        self.data.update(fields)
-        try:
-            makedirs_private(os.path.dirname(self.path))
-            write_json_atomic(self.path, self.data)
-        except OSError:
-            pass
+        with self.lock:
+            self.data.update(fields)
+            try:
+                makedirs_private(os.path.dirname(self.path))
+                write_json_atomic(self.path, self.data)
+            except OSError:
+                pass
 
 
 def _supervisor_gone(run_dir: str) -> bool:
@@ -150,6 +153,26 @@ def _settle_if_orphaned(run_dir: str | None) -> None:
         pass
 
 
+def _say(text: str, run_dir: str | None, rank: int) -> None:
+    """Write to the rank's stderr; if the script broke it (closed fd 2), straight to its log."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        return
+    except (OSError, ValueError, AttributeError):
+        pass
+    if not run_dir:
+        return
+    try:
+        fd = os.open(os.path.join(run_dir, "logs", f"rank-{rank}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, text.encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def _usage() -> NoReturn:
     sys.stderr.write("usage: python -m xl.launcher.entry (SCRIPT | -m MODULE) [ARGS...]\n")
     raise SystemExit(2)
@@ -160,10 +183,10 @@ def main(argv: list[str]) -> int:
         _usage()
     rank = _int_env("RANK") or 0
     run_dir = os.environ.get("XL_RUN_DIR")
-    global _relay_pid
-    if run_dir:
-        _relay_pid = relay.start(os.path.join(run_dir, "logs", f"rank-{rank}.log"))
+    global _output
     record = _Record(run_dir, rank)
+    if run_dir:
+        _output = relay.start(os.path.join(run_dir, "logs", f"rank-{rank}.log"), lambda note: record.write(relay=note))
     record.write()
     install_stacks(run_dir, rank)  # `xl stacks` and hang captures ask the rank where it is
 
@@ -181,18 +204,20 @@ def main(argv: list[str]) -> int:
         code = _exit_code(exc)
         error = None
         if code != 0 and exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)  # what Python prints for sys.exit("message")
             error = f"SystemExit: {exc.code}"
+        # The record first: writing to a stream the script broke (closed fds 1 and 2) may fail.
         record.write(exit_code=code, traceback=None, error=error, ended_at=time.time())
+        if error is not None:
+            _say(f"{exc.code}\n", run_dir, rank)  # what Python prints for sys.exit("message")
         return code
     except BaseException as exc:
         tb = _user_tb(exc.__traceback__)
         text = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip("\n")
-        sys.stderr.write(text + "\n")
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         record.write(exit_code=code, traceback=text, error=last, ended_at=time.time())
         _write_elastic_error(text, last)
+        _say(text + "\n", run_dir, rank)
         return code
     record.write(exit_code=0, traceback=None, ended_at=time.time())
     return code
@@ -201,13 +226,15 @@ def main(argv: list[str]) -> int:
 def run() -> None:
     """Run as a rank's main program (``python -m xl.launcher.entry``): exits with the script's code."""
     status = main(sys.argv[1:])
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except OSError:
-        pass
-    if _relay_pid is not None:
-        relay.finish(_relay_pid)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    if _output is not None:
+        # The relay writes on until this process is gone: atexit handlers, logging's shutdown
+        # and the interpreter's last flush reach the log too.
+        _output.finish()
     _settle_if_orphaned(os.environ.get("XL_RUN_DIR"))
     raise SystemExit(status)
 

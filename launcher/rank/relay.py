@@ -8,9 +8,20 @@ busy cannot block a rank's print nor end it with EPIPE.
 The relay never blocks the rank on a full disk: what cannot be written waits in memory (up to
 ``_PENDING_CAP``, the newest kept) and is retried every second; once it can write again it says
 how much was lost. It ignores SIGINT/SIGTERM/SIGHUP (a stop's SIGTERM is for the rank, whose last
-words it still writes) and ends when every writer of the pipe is gone: the rank and whatever
-inherited its output. A SIGKILL of the rank's process group (a stop's last step) ends it too.
-Stdlib only: it runs before user code in every rank.
+words it still writes). It lives as long as the rank: everything the rank writes until its very
+end (atexit handlers, logging's shutdown, the interpreter's last flush) reaches the log. It ends
+when every writer of the pipe is gone, or as soon as the rank process is gone and what is in the
+pipe is written (a child of the rank, or a duplicate of fd 1 that something keeps, does not hold
+it up). While it runs it holds a shared ``flock`` on the log: readers know more may come
+(``xl.launcher.rundir.tail.writing``). A SIGKILL of the rank's process group (a stop's last step)
+ends it too.
+
+The relay is a helper: losing it never ends training. The rank keeps the pipe's read end, so a
+write never fails with EPIPE; a thread of the rank waits on the relay, and if it dies another
+one takes over the same pipe (nothing in the pipe is lost); after repeated deaths the rank's
+fds 1 and 2 are pointed at the log itself, and only if even that fails is the output dropped,
+with "rank R's output relay died" in the rank's record. Stdlib only: it runs before user code in
+every rank.
 """
 
 from __future__ import annotations
@@ -21,51 +32,96 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 from xl.atomic import makedirs_private
 
 _F_SETPIPE_SZ = 1031  # Linux: a larger pipe absorbs bursts while the relay is descheduled
 _PIPE_SIZE = 1 << 20
+_READ = 1 << 20  # bytes per read: large reads keep the relay's cost per byte low
 _PENDING_CAP = 8 << 20
 _RETRY_S = 1.0
+_POLL_S = 0.5  # without pidfd (Linux < 5.3): how often the relay looks for its rank
+_LAST_WRITE_S = 2.0  # after the rank is gone: how long a full disk may keep the relay
+_RESTARTS = 3  # relays started again before the rank writes its log itself
+# A relay started again: a fresh interpreter (forking a threaded rank is not safe), finding xl
+# where the rank found it.
+_RELAUNCH = "import sys; sys.path[:0] = {path!r}; from xl.launcher.rank.relay import main; main(sys.argv[1:])"
 
 
 class _Relay:
-    def __init__(self, rfd: int, path: str) -> None:
-        self.rfd, self.path = rfd, path
+    def __init__(self, rfd: int, path: str, rank_pid: int) -> None:
+        self.rfd, self.path, self.rank_pid = rfd, path, rank_pid
         self.fd: int | None = None
         self.pending = bytearray()
         self.lost = 0
         self.why = ""
+        self.rank_fd: int | None = None
+        with contextlib.suppress(OSError, AttributeError):
+            self.rank_fd = os.pidfd_open(rank_pid)  # readable once the rank has exited
+        self.open()
+
+    def open(self) -> None:
+        try:
+            makedirs_private(os.path.dirname(self.path))
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            self.why = exc.strerror or str(exc)
+            return
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_SH)  # held while this relay runs: more may come
+        self.fd = fd
+
+    def rank_gone(self, ready: list[int]) -> bool:
+        if self.rank_fd is not None:
+            return self.rank_fd in ready
+        return os.getppid() != self.rank_pid
 
     def run(self) -> None:
+        gone_at: float | None = None
         while True:
-            wait = _RETRY_S if self.pending else None
+            if gone_at is not None:
+                wait: float | None = 0.0  # the rank is gone: what is in the pipe, no more
+            elif self.pending:
+                wait = _RETRY_S
+            else:
+                wait = None if self.rank_fd is not None else _POLL_S
+            watch = [self.rfd] if self.rank_fd is None or gone_at is not None else [self.rfd, self.rank_fd]
             try:
-                ready, _, _ = select.select([self.rfd], [], [], wait)
-                data = os.read(self.rfd, 1 << 16) if ready else None
+                ready, _, _ = select.select(watch, [], [], wait)
+                data = os.read(self.rfd, _READ) if self.rfd in ready else None
             except InterruptedError:
                 continue
             except OSError:
                 data = b""
+            if gone_at is None and self.rank_gone(ready):
+                gone_at = time.monotonic()
             if data:
-                self.pending += data
-                if len(self.pending) > _PENDING_CAP:
-                    cut = len(self.pending) - _PENDING_CAP
-                    self.lost += cut
-                    del self.pending[:cut]
+                self.keep(data)
             self.write()
-            if data == b"":
-                return  # every writer is gone
+            if data == b"" or (gone_at is not None and data is None):
+                break  # every writer is gone, or the rank is and the pipe is empty
+        while self.pending and time.monotonic() < (gone_at or time.monotonic()) + _LAST_WRITE_S:
+            time.sleep(0.1)
+            self.write()
+
+    def keep(self, data: bytes) -> None:
+        self.pending += data
+        if len(self.pending) > _PENDING_CAP:
+            cut = len(self.pending) - _PENDING_CAP
+            self.lost += cut
+            del self.pending[:cut]
 
     def write(self) -> None:
         if not self.pending:
             return
         try:
             if self.fd is None:
-                makedirs_private(os.path.dirname(self.path))
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self.open()
+                if self.fd is None:
+                    return
             if self.lost:
                 note = f"[xl: {self.lost} bytes of this rank's output were lost ({self.why})]\n"
                 os.write(self.fd, note.encode())
@@ -77,19 +133,101 @@ class _Relay:
             self.why = exc.strerror or str(exc)
 
 
-def _serve(rfd: int, path: str) -> None:
+def _serve(rfd: int, path: str, rank_pid: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.closerange(3, rfd)
         os.closerange(rfd + 1, 1 << 16)
     # Its own stdout/stderr are the rank's original ones: nothing of the rank is written there.
-    _Relay(rfd, path).run()
+    _Relay(rfd, path, rank_pid).run()
 
 
-def start(path: str) -> int | None:
-    """Send fds 1 and 2 through a pipe to a relay process appending to ``path``; its pid, or
-    None when no pipe or process could be made (the rank then keeps the output it was given)."""
+class RankOutput:
+    """The rank's side: fds 1 and 2 into the pipe, the relay's pid, and the thread that keeps
+    a relay there for the rank's whole life."""
+
+    def __init__(self, path: str, rfd: int, pid: int, on_note: Callable[[str], None]) -> None:
+        self.path, self.rfd, self.pid = path, rfd, pid
+        self.on_note = on_note
+        self.rank = os.environ.get("RANK", "?")
+        self.ending = False
+        self.restarts = 0
+        self.thread = threading.Thread(target=self._watch, name="xl-output-relay", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                _, status = os.waitpid(self.pid, 0)
+                code: int | None = os.waitstatus_to_exitcode(status)
+            except InterruptedError:
+                continue
+            except ChildProcessError:
+                code = None  # reaped by someone else's wait(): its end is unknown
+            if self.ending or code == 0:
+                return  # the rank's end, or every writer of the pipe closed it
+            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            if self.restarts < _RESTARTS and self._restart():
+                self.restarts += 1
+                self._note(f"[xl: rank {self.rank}'s output relay died ({how}); another one took over]\n")
+                continue
+            self._fall_back(how)
+            return
+
+    def _restart(self) -> bool:
+        import subprocess  # noqa: PLC0415 - only when a relay died; ranks start light
+
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _RELAUNCH.format(path=sys.path), str(self.rfd), self.path, str(os.getpid())],
+                pass_fds=(self.rfd,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        except OSError:
+            return False
+        proc.returncode = 0  # reaped by this thread's waitpid, not by Popen
+        self.pid = proc.pid
+        return True
+
+    def _fall_back(self, how: str) -> None:
+        """No relay stays up: the rank writes its log itself (or, failing that, nowhere)."""
+        note = f"[xl: rank {self.rank}'s output relay died ({how}); the rank now writes this log itself]\n"
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            note = f"rank {self.rank}'s output relay died ({how}) and its log cannot be written ({exc.strerror}): output is dropped"
+        self._drain_into(fd)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        self._drain_into(fd)  # what came while the fds were moved
+        os.close(fd)
+        self._note(note)
+
+    def _drain_into(self, fd: int) -> None:
+        with contextlib.suppress(OSError):
+            os.set_blocking(self.rfd, False)
+            while data := os.read(self.rfd, _READ):
+                os.write(fd, data)
+
+    def _note(self, text: str) -> None:
+        with contextlib.suppress(OSError):
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            os.write(fd, text.encode())
+            os.close(fd)
+        self.on_note(text.strip().strip("[]").removeprefix("xl: "))
+
+    def finish(self) -> None:
+        """At the rank's end: its relay writes on until the process is gone; never start another."""
+        self.ending = True
+
+
+def start(path: str, on_note: Callable[[str], None] = lambda _text: None) -> RankOutput | None:
+    """Send fds 1 and 2 through a pipe to a relay process appending to ``path``; None when no
+    pipe or process could be made (the rank then keeps the output it was given)."""
     try:
         rfd, wfd = os.pipe()
     except OSError:
@@ -99,6 +237,7 @@ def start(path: str) -> int | None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
+    rank_pid = os.getpid()
     try:
         pid = os.fork()
     except OSError:
@@ -109,39 +248,17 @@ def start(path: str) -> int | None:
         code = 0
         try:
             os.close(wfd)
-            _serve(rfd, path)
+            _serve(rfd, path, rank_pid)
         except BaseException:
             code = 1
         finally:
             os._exit(code)
-    os.close(rfd)
     os.dup2(wfd, 1)
     os.dup2(wfd, 2)
     os.close(wfd)
-    return pid
+    return RankOutput(path, rfd, pid, on_note)  # rfd stays open here: no write fails with EPIPE
 
 
-def finish(pid: int, timeout: float = 2.0) -> None:
-    """At the rank's end: let the relay write the last lines before the rank is reported gone.
-
-    fds 1 and 2 go to /dev/null (the interpreter still flushes at exit); the relay then sees the
-    end of its pipe, unless a child of the rank still holds it: bounded wait."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        sys.stdout.flush()
-        sys.stderr.flush()
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.dup2(null, 2)
-        os.close(null)
-    except OSError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except OSError:
-            return  # not our child any more (reaped elsewhere)
-        if done:
-            return
-        time.sleep(0.005)
+def main(argv: list[str]) -> None:
+    """A relay started again by the rank: ``FD LOG RANK_PID``."""
+    _serve(int(argv[0]), argv[1], int(argv[2]))

@@ -1,54 +1,242 @@
 """Complete lines appended to a growing file since the last read: the run dir's logs and JSONL.
 
 One tail for every reader of the run dir (the RunReader's metrics, events and rank logs; `xl
-logs -f`), so each of them sees whole lines only and survives a file that starts over.
+logs`; the plain view), so each of them sees whole lines only and survives a file that starts
+over. Memory stays bounded whatever the file holds: it is read in chunks, and of a line whose
+newline has not come yet at most ``LINE_CAP`` bytes are kept (a 100 MB line without a newline
+costs a reader ~1 MiB, not the 100 MB and its copies).
+
+A rank's log is written by the rank's relay, which holds a shared ``flock`` on it while it runs
+(``xl.launcher.rank.relay``): ``writing`` tells a reader whether more may still come.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Callable
 from pathlib import Path
+
+CHUNK = 4 << 20  # bytes per read: large reads, few calls
+LINE_CAP = 1 << 20  # of an unfinished line, at most this much is kept (its newest bytes)
 
 
 class Tail:
     """Complete lines appended to a file since the last call (survives truncation).
 
     ``initial_cap``: the first read takes at most the file's last ``initial_cap`` bytes (its
-    first, probably cut, line dropped): a view needs recent lines, not a huge file's history.
-    ``partial`` holds a last line whose newline has not been written yet.
+    first, probably cut, line dropped): a view needs recent lines, not a huge file's history;
+    ``skipped_lines`` then says how many lines it left out (they stay in the file).
+    ``partial`` holds a last line whose newline has not been written yet (its last LINE_CAP bytes;
+    with ``stream``, a longer one is handed out in pieces instead, ``mid_line`` set).
     """
 
-    def __init__(self, path: Path, initial_cap: int | None = None) -> None:
+    def __init__(self, path: Path, initial_cap: int | None = None, *, stream: bool = False) -> None:
         self.path = path
+        self.stream = stream  # pass on every byte: an over-long line comes out in pieces
+        self.mid_line = False  # (stream) what read_bytes returned last ended inside a line
         self.offset = 0
         self.partial = b""
+        self.cut = False  # the partial line lost its beginning (it was longer than LINE_CAP)
+        self.skipped_lines = 0
         self._first = True
         self._cap = initial_cap
 
-    def read(self) -> list[bytes]:
+    def _skip_history(self, size: int) -> bool:
+        """On the first read of a file larger than ``initial_cap``: start near its end."""
+        if not (self._first and self._cap is not None and size > self._cap):
+            self._first = False
+            return False
+        self._first = False
+        start = size - self._cap
+        with contextlib.suppress(OSError), open(self.path, "rb") as fh:
+            done = 0
+            while done < start:
+                block = fh.read(min(CHUNK, start - done))
+                if not block:
+                    break
+                self.skipped_lines += block.count(b"\n")
+                done += len(block)
+        self.offset = start
+        return True
+
+    def read_bytes(self, limit: int = CHUNK) -> bytes:
+        """The whole lines (each ending in a newline) appended since the last call, about
+        ``limit`` bytes at most: call again while it returns something."""
         try:
             size = os.stat(self.path).st_size
         except OSError:
-            return []
+            return b""
         if size < self.offset:  # replaced or truncated: start over
-            self.offset, self.partial = 0, b""
+            self.offset, self.partial, self.cut = 0, b"", False
         if size == self.offset:
-            return []
-        skip_first = False
-        if self._first and self._cap is not None and size > self._cap:
-            self.offset = size - self._cap
-            skip_first = True
-        self._first = False
+            return b""
+        skip_first = self._skip_history(size) if self._first else False
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(self.offset)
-                data = fh.read(size - self.offset)
+                while self.offset < size:
+                    # A chunk at a time: a huge line without a newline is kept bounded as it is read.
+                    data = fh.read(min(limit, CHUNK, size - self.offset))
+                    if not data:
+                        return b""
+                    self.offset += len(data)
+                    whole = self._split(data)
+                    if whole and skip_first:
+                        # The first line is cut: it began before what was read.
+                        whole = whole[whole.find(b"\n") + 1 :]
+                        self.skipped_lines += 1
+                        skip_first = False
+                    if whole:
+                        return whole
         except OSError:
-            return []
-        self.offset += len(data)
-        data = self.partial + data
-        lines = data.split(b"\n")
-        self.partial = lines.pop()
-        if skip_first and lines:
-            lines.pop(0)
-        return lines
+            pass
+        return b""
+
+    def _split(self, data: bytes) -> bytes:
+        """Whole lines of ``partial + data`` (or, streaming, a long line's next piece)."""
+        end = data.rfind(b"\n")
+        if end < 0:
+            rest = self.partial + data
+            if self.stream and len(rest) >= LINE_CAP:
+                self.partial, self.mid_line = b"", True
+                return rest
+            self._keep(rest)
+            return b""
+        self.mid_line = self.cut = False
+        whole = self.partial + data[: end + 1] if self.partial else data[: end + 1]
+        self._keep(data[end + 1 :])
+        return whole
+
+    def _keep(self, rest: bytes) -> None:
+        if len(rest) > LINE_CAP and not self.stream:
+            rest = rest[-LINE_CAP:]
+            self.cut = True
+        self.partial = rest
+
+    def flush_partial(self) -> bytes:
+        """An unfinished last line, taken out (at a run's end: it will not get its newline)."""
+        data, self.partial = self.partial, b""
+        return data
+
+    def read(self, limit: int | None = None) -> list[bytes]:
+        """Complete lines since the last call, without their newlines (all of them, or those of
+        about ``limit`` bytes)."""
+        lines: list[bytes] = []
+        while True:
+            data = self.read_bytes(limit or CHUNK)
+            if not data:
+                return lines
+            lines += data[:-1].split(b"\n")
+            if limit is not None:
+                return lines
+
+
+def prefixed(data: bytes, prefix: bytes, at_start: bool = True) -> bytes:
+    """``data`` with ``prefix`` before each of its lines, in one pass (``at_start``: its first
+    byte begins a line)."""
+    if not prefix:
+        return data
+    body = data.replace(b"\n", b"\n" + prefix)
+    if data.endswith(b"\n"):
+        body = body[: -len(prefix)]
+    return prefix + body if at_start else body
+
+
+class RankLogs:
+    """A run's rank logs copied to a byte stream as they grow: every line whole, prefixed
+    ``[rank R] ``, each rank's in order, nothing dropped; large reads and writes, one pass.
+
+    A line longer than LINE_CAP comes in pieces as it grows; another rank's line in between
+    ends the piece with a newline, and the rest comes prefixed again."""
+
+    def __init__(self, logs_dir: Path, *, prefix: bool = True, ranks: list[int] | None = None) -> None:
+        self.logs_dir = logs_dir
+        self.prefix = prefix
+        self.fixed = ranks is not None
+        self.tails: dict[int, Tail] = {}
+        self.last_line: dict[int, bytes] = {}  # the newest whole line of each rank (after its last \r)
+        self._open: int | None = None  # the rank whose line the output is in the middle of
+        for rank in ranks or []:
+            self.tails[rank] = Tail(logs_dir / f"rank-{rank}.log", stream=True)
+
+    def discover(self) -> None:
+        if self.fixed:
+            return
+        try:
+            names = os.listdir(self.logs_dir)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith("rank-") and name.endswith(".log") and name[5:-4].isdigit():
+                rank = int(name[5:-4])
+                if rank not in self.tails:
+                    self.tails[rank] = Tail(self.logs_dir / name, stream=True)
+
+    def copy(self, write: Callable[[bytes], object], *, drain: bool = False, limit: int = CHUNK) -> int:
+        """Write what every rank's log gained (``limit`` bytes a rank per round; ``drain``: one
+        rank's all before the next's); the number of bytes read."""
+        total = 0
+        for rank in sorted(self.tails):
+            tail = self.tails[rank]
+            while True:
+                data = tail.read_bytes(limit)
+                if not data:
+                    break
+                total += len(data)
+                self._write(write, rank, data, tail.mid_line)
+                if not drain:
+                    break
+        return total
+
+    def _write(self, write: Callable[[bytes], object], rank: int, data: bytes, mid_line: bool) -> None:
+        if self._open is not None and self._open != rank:
+            write(b"\n")
+            self._open = None
+        tag = f"[rank {rank}] ".encode() if self.prefix else b""
+        write(prefixed(data, tag, at_start=self._open != rank))
+        self._open = rank if mid_line else None
+        if not mid_line:
+            start = data.rfind(b"\n", 0, len(data) - 1) + 1
+            self.last_line[rank] = data[max(start, data.rfind(b"\r", start, len(data) - 1) + 1) : -1]
+
+    def finish(self, write: Callable[[bytes], object]) -> None:
+        """The end: unfinished last lines, each given its newline."""
+        for rank in sorted(self.tails):
+            rest = self.tails[rank].flush_partial()
+            if rest:
+                self._write(write, rank, rest + b"\n", False)
+        if self._open is not None:
+            write(b"\n")
+            self._open = None
+
+    def caught_up(self, rank: int) -> bool:
+        """Everything of ``rank``'s log was copied and its relay is done with it."""
+        tail = self.tails.get(rank)
+        if tail is None:
+            return True
+        try:
+            size = os.stat(tail.path).st_size
+        except OSError:
+            return True
+        return tail.offset >= size and not writing(tail.path)
+
+    def writing(self) -> list[int]:
+        """The ranks whose relay still writes their log."""
+        return [rank for rank, tail in self.tails.items() if writing(tail.path)]
+
+
+def writing(path: Path) -> bool:
+    """Some relay still writes this rank log (it holds a shared lock on it while it runs)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock taken here
+    return False

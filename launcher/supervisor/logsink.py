@@ -13,8 +13,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
+
+from xl.launcher.rundir.tail import writing
 
 LOGS_DIR = "logs"
 _MAX_LINE = 65536
@@ -23,6 +26,8 @@ _DRAIN_BUDGET = 16 << 20
 _RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
 _SCAN_EVERY = 10  # ticks between looks for new log files
 _MAX_WRITE_FDS = 256  # other nodes' ranks' logs kept open at once (the least recent is closed)
+_READ = 1 << 20
+_RELAYS_S = 2.0  # at the end: how long the last lines may take to reach the logs
 
 
 def log_path(run_dir: Path, rank: int) -> Path:
@@ -32,7 +37,9 @@ def log_path(run_dir: Path, rank: int) -> Path:
 class LogSink:
     """The rank log files: read (local ranks) or written (other nodes' ranks, on node 0).
 
-    ``on_line`` (None: nobody parses) gets each whole line; a tqdm redraw (\\r) counts as a line."""
+    ``on_line`` (None: nobody parses) gets each whole line; a tqdm redraw (\\r) counts as a line,
+    and the newest redraw is handed on as soon as it stops changing (one tick), not when the next
+    one comes: a rank that hangs mid-bar still shows where it stopped."""
 
     def __init__(self, run_dir: Path, write_failed: Callable[[str, OSError], None]) -> None:
         self.run_dir = run_dir
@@ -41,6 +48,7 @@ class LogSink:
         self.forward: Callable[[int, bytes], None] | None = None
         self.read_fds: dict[int, int] = {}  # local ranks' logs, open for reading
         self.partial: dict[int, bytes] = {}
+        self.redraw: dict[int, bytes] = {}  # a partial line after a \r, already handed on
         self.log_fds: dict[int, int] = {}  # other nodes' ranks' logs, written here
         self._ticks = 0
 
@@ -51,10 +59,23 @@ class LogSink:
             self._open_new()
         self._ticks += 1
         for rank in list(self.read_fds):
-            self._read(rank, budget)
+            if not self._read(rank, budget):
+                self._redrawn(rank)
 
     def drain(self, rank: int | None = None) -> None:
-        """Everything written so far (by ``rank`` only, when given), up to 16 MiB a file."""
+        """Everything written so far (by ``rank`` only, when given), up to 16 MiB a file.
+
+        Without ``rank`` (the end of the ranks): a relay still writing its rank's last lines
+        gets a moment (bounded) to finish, so they are read, and the relays are gone after."""
+        self._read_all(rank)
+        if rank is not None:
+            return
+        deadline = time.monotonic() + _RELAYS_S
+        while time.monotonic() < deadline and any(writing(log_path(self.run_dir, r)) for r in self.read_fds):
+            time.sleep(0.02)
+            self._read_all(None)
+
+    def _read_all(self, rank: int | None) -> None:
         self._open_new()
         for r in list(self.read_fds):
             if rank is None or r == rank:
@@ -75,19 +96,32 @@ class LogSink:
             with contextlib.suppress(OSError):
                 self.read_fds[rank] = os.open(self.run_dir / LOGS_DIR / name, os.O_RDONLY | os.O_CLOEXEC)
 
-    def _read(self, rank: int, budget: int) -> None:
+    def _read(self, rank: int, budget: int) -> int:
         fd = self.read_fds[rank]
+        got = 0
         while budget > 0:
             try:
-                data = os.read(fd, min(budget, 1 << 16))
+                data = os.read(fd, min(budget, _READ))
             except OSError:
-                return
+                return got
             if not data:
-                return
+                return got
             budget -= len(data)
+            got += len(data)
             self.partial[rank] = self._lines(rank, data, self.partial.get(rank, b""))
             if self.forward is not None:
                 self.forward(rank, data)
+        return got
+
+    def _redrawn(self, rank: int) -> None:
+        """A tick without news: a bar's newest redraw (the text after a line's last \\r) is whole."""
+        rest = self.partial.get(rank, b"")
+        if self.on_line is None or not rest.startswith(b"\r"):
+            return
+        text = rest[1:]
+        if text and self.redraw.get(rank) != text:
+            self.redraw[rank] = text
+            self.on_line(rank, text.decode("utf-8", "replace"))
 
     # ---------------------------------------------------------------- other nodes' ranks: write
     def append(self, rank: int, data: bytes, partial: bytes) -> bytes:
@@ -107,17 +141,31 @@ class LogSink:
         return self._lines(rank, data, partial)
 
     def _lines(self, rank: int, data: bytes, partial: bytes) -> bytes:
+        """Hand on the whole lines of ``partial + data``; returns what is left unfinished (a
+        redraw in progress keeps its leading \\r)."""
         if self.on_line is None:
             return b""
-        # tqdm redraws with \r: each redraw is a line for the parser.
-        chunk = (partial + data).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        *lines, partial = chunk.split(b"\n")
-        if len(partial) > _MAX_LINE:
-            lines.append(partial)
-            partial = b""
-        for line in lines:
-            self.on_line(rank, line.decode("utf-8", "replace"))
-        return partial
+        chunk = partial + data
+        end = len(chunk) - 1 if chunk.endswith(b"\r") else len(chunk)  # a last \r may be half a \r\n
+        cut = max(chunk.rfind(b"\n", 0, end), chunk.rfind(b"\r", 0, end))
+        if cut <= 0 and not chunk.startswith(b"\n"):
+            whole, rest = None, chunk  # nothing ended (or only a redraw began)
+        elif chunk[cut] == 0x0A:
+            whole, rest = chunk[:cut].removesuffix(b"\r"), chunk[cut + 1 :]
+        else:
+            whole, rest = chunk[:cut], chunk[cut:]  # the newest redraw starts at this \r
+        if len(rest) > _MAX_LINE:
+            whole, rest = rest if whole is None else whole + b"\n" + rest, b""
+        if whole is not None:
+            # tqdm redraws with \r: each redraw is a line for the parser. One decode a chunk.
+            text = whole.removeprefix(b"\r").decode("utf-8", "replace")
+            lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+            seen = self.redraw.pop(rank, None)
+            if seen is not None and lines[0] == seen.decode("utf-8", "replace"):
+                del lines[0]  # the redraw handed on already: not twice
+            for line in lines:
+                self.on_line(rank, line)
+        return rest
 
     # ---------------------------------------------------------------- the end
     def close_logs(self) -> None:
@@ -125,7 +173,8 @@ class LogSink:
         self.drain()
         if self.on_line is not None:
             for rank, rest in self.partial.items():
-                if rest:
+                rest = rest.removeprefix(b"\r")
+                if rest and self.redraw.get(rank) != rest:
                     self.on_line(rank, rest.decode("utf-8", "replace"))
         self.partial.clear()
         self.close_all()
