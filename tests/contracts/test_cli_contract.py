@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from golden import golden_entry
+from golden import FIXTURES, golden_entry
 
 import xl
 
@@ -163,9 +163,10 @@ def _one_line_usage_error(proc: subprocess.CompletedProcess[str], who: str) -> N
 
 def test_unknown_flag_is_bad_usage_for_every_command(home: Path) -> None:
     commands = _commands(home)
-    # RUN given too, so the flag (not the missing RUN) is what is wrong.
+    # Every required positional (RUN, RUN_A RUN_B) given too, so the flag is what is wrong.
+    spec = json.loads((FIXTURES / "cli.json").read_text())["options"]
     argvs = {
-        c: [c, "--no-such-flag", *(["somerun"] if c in ("logs", "stop", "attach", "stacks") else [])]
+        c: [c, "--no-such-flag", *["somerun"] * len(spec[c]["positionals"])]
         for c in commands
     }
     with ThreadPoolExecutor(4) as pool:
