@@ -9,13 +9,15 @@ of ranks, or a rank that stalls for a known time (tests/support/stall_ddp.py).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import XL, kill_run, run_json, wait_final, wait_no_processes, xl, xl_env
+from procs import XL, kill_run, run_json, wait_final, wait_for, wait_no_processes, xl, xl_env
 
 pytestmark = pytest.mark.e2e
 
@@ -98,7 +100,7 @@ def test_every_run_has_its_time_split_into_parts_that_sum_to_its_length(runs: tu
 
 
 def test_a_rank_stalled_for_a_known_time_shows_that_time(runs: tuple[dict[str, str], dict[str, Path], dict[str, str]]) -> None:
-    _, dirs, outputs = runs
+    env, dirs, outputs = runs
     stalled, base = run_json(dirs["stalled"]), run_json(dirs["base"])
     # From the last step before rank 1 slept to the first step after it: the sleep, plus one
     # step's own work and pause (~0.03 s here), plus what a loaded machine adds to a step; the
@@ -114,6 +116,9 @@ def test_a_rank_stalled_for_a_known_time_shows_that_time(runs: tuple[dict[str, s
     last = outputs["stalled"].strip().splitlines()[-1]
     assert last.startswith("time: startup ") and ", stalled " in last and "shutdown" in last, last
     assert ", stalled " not in outputs["base"].strip().splitlines()[-1]
+    # `xl attach` on the finished run ends with the same line.
+    attached = xl(["attach", dirs["stalled"].name], env, timeout=60)
+    assert attached.returncode == 0 and attached.stdout.strip().splitlines()[-1] == last, attached.stdout[-500:]
 
 
 # ---------------------------------------------------------------------------------- xl compare
@@ -189,3 +194,23 @@ def test_a_run_without_its_digest_is_compared_all_the_same(runs: tuple[dict[str,
     digest_file.unlink()  # an older xl's run, or one whose end could not write it
     assert _compare(env, dirs["base"], dirs["args"]) == kept
     assert digest_file.exists()  # made from metrics.jsonl and events.jsonl, and kept for next time
+
+
+def test_a_run_whose_supervisor_was_killed_is_accounted_from_what_its_ranks_left(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = xl_env(home)
+    started = xl(["launch", "--detach", "--nproc", "2", str(SCRIPT), "--steps", "200", "--step-s", "0.03"], env, cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    run_dir = home / "runs" / started.stdout.strip()
+    try:
+        wait_for(lambda: b'"train"' in (run_dir / "metrics.jsonl").read_bytes(), timeout=120, what="a first step")
+        os.kill(run_json(run_dir)["supervisor_pid"], signal.SIGKILL)
+        # The ranks train on, spool what they log, and the last one to end settles the run.
+        run = wait_final(run_dir, timeout=120)
+        t = run["time"]
+        assert run["status"] == "succeeded" and abs(sum(v for k, v in t.items() if k != "total_s") - t["total_s"]) < 0.01
+        assert t["training_s"] >= 200 * 0.03 * 0.9, t  # the steps after the kill count too (spooled, merged)
+        assert all(isinstance(r.get("waited_s"), float) for r in run["ranks"]), run["ranks"]
+        wait_no_processes(run_dir, timeout=30)
+    finally:
+        kill_run(run_dir)

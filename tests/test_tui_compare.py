@@ -167,3 +167,15 @@ def test_the_comparison_reads_at_80x24_in_a_real_terminal(home: Path, tmp_path: 
         wait_for(lambda: "xl-exit=0" in screen(), "the app to quit", screen=screen)
     finally:
         tmux.kill()
+
+
+async def test_the_monitor_of_a_finished_run_says_where_its_time_went(app_env: Path) -> None:
+    from xl.tui.widgets.text_lines import TextLines  # noqa: PLC0415 - only this test reads the header
+
+    run_dir = app_env / "runs" / _ids(app_env)[0]
+    app = build_app(monitor_run_dir=run_dir)
+    async with app.run_test(size=SMALL) as pilot:
+        header = app.screen.query_one("#run-header", TextLines)
+        await until(pilot, lambda: "time: startup" in header.text.plain, "the accounting in the header")
+        line = header.text.plain.splitlines()[-1]
+        assert line.startswith("time: startup ") and "training " in line and "shutdown " in line, line
