@@ -138,7 +138,8 @@ class Supervisor:
         devices = self.record.get("devices") or []
         where = "GPUs " + ",".join(str(d["index"]) for d in devices) if devices else "CPU"
         # First, before telemetry can add any diagnosis of its own.
-        self.journal.emit({"kind": "run_started", "message": f"starting {len(self.ranks)} ranks on {where}"})
+        count = len(self.ranks)
+        self.journal.emit({"kind": "run_started", "message": f"starting {count} rank{'' if count == 1 else 's'} on {where}"})
         env = dict(os.environ)
         env.update(self.record.get("env") or {})
         _debug("before telemetry")

@@ -313,7 +313,7 @@ class Collector(FrameServer):
         for a in fresh:
             nodes: set[int] = set()
             for conn in self._conns():
-                if conn.node is not None and not conn.refused:
+                if conn.node is not None:
                     nodes.add(conn.node)
                     conn.out += reply({"stacks": a.ask})
                     self._flush_out(conn)

@@ -20,13 +20,12 @@ peer proved the token; then it proves it too, and frames follow. A wrong proof i
 REFUSED, counted as ``bad_token`` and closed.
 
 If the listening socket dies under it (``ss -K`` destroys it; accept then fails for good), the
-server opens it again on the same address and says so (``_listener_event``).
+server opens it again on the same address and says so (``listener.Listener``, ``_listener_event``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import resource
 import selectors
 import socket
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from xl import handshake, wire
 from xl.launcher.multinode.join import format_address
 from xl.launcher.rundir.metrics import MetricsWriter
+from xl.launcher.telemetry.listener import Listener
 
 ACK = struct.Struct(">Q")
 # How long stop() keeps reading what peers already sent before closing their sockets.
@@ -52,8 +52,6 @@ ACK_EVERY = 16
 # Each connection may buffer up to one frame before its token is checked; capping the number
 # of connections caps that memory (a 4096-GPU job is 4096 ranks).
 MAX_CONNECTIONS = 8192
-# A dead listener is opened again at most this often (its port may be taken meanwhile).
-REOPEN_S = 0.5
 # Descriptors kept free for everything else the supervisor opens (files, /proc, the crash path):
 # a quarter of the limit, at most FD_RESERVE.
 FD_RESERVE = 256
@@ -71,20 +69,6 @@ def connection_cap() -> int:
     return max(8, min(MAX_CONNECTIONS, soft - min(FD_RESERVE, soft // 4)))
 
 
-def _listen(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    # A restarted supervisor rebinds the port its ranks already know (TIME_WAIT allowed).
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
-
-
 @dataclass
 class Conn:
     sock: socket.socket
@@ -99,7 +83,6 @@ class Conn:
     peer: str = ""
     opened: float = field(default_factory=time.monotonic)
     valid: bool = False  # it proved the run's token (the handshake)
-    refused: bool = False  # told it has a wrong token
     nonce: bytes = b""  # the handshake's challenge sent to it
     role: bytes = b""  # handshake.ROLE_RANK or ROLE_NODE, once it said which
     who: int = -1  # the rank or node it proved the token as
@@ -116,10 +99,8 @@ class FrameServer:
         self.idle_s = idle_s  # read on every check: tests shorten it on a running server
         self.rejects: Counter[str] = Counter()
         self._sel = selectors.DefaultSelector()
-        self._listener: socket.socket | None = _listen(host, port)
-        self.host, self.port = self._listener.getsockname()[:2]
-        self._bind_host = host
-        self._next_reopen = 0.0
+        self._listener = Listener(self._sel, host, port, self.rejects, self._listener_event)
+        self.host, self.port = self._listener.host, self._listener.port
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._ack_due: dict[int, tuple[float, Conn]] = {}
@@ -158,7 +139,7 @@ class FrameServer:
         return f"{self.host}:{self.port}"
 
     def start(self) -> None:
-        self._sel.register(self._listener, selectors.EVENT_READ, None)
+        self._listener.register()
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._thread = threading.Thread(target=self._run, name="xl-collector", daemon=True)
         self._thread.start()
@@ -179,8 +160,8 @@ class FrameServer:
             while not self._stop.is_set():
                 try:
                     self._tick(ACK_DELAY_S / 2 if self._ack_due else 0.2)
-                    if self._listener is None:
-                        self._reopen(time.monotonic())
+                    if not self._stop.is_set():
+                        self._listener.reopen(time.monotonic())  # when it died (listener.py)
                     self._send_due_acks(time.monotonic())
                     self._close_idle(time.monotonic())
                     self._tick_done()
@@ -198,7 +179,7 @@ class FrameServer:
 
     def _drain(self) -> None:
         # Peers may have sent frames just before stop(): read them so nothing in flight is lost.
-        self._drop_listener()
+        self._listener.close()
         deadline = time.monotonic() + DRAIN_S
         while time.monotonic() < deadline:
             if not self._tick(0.05):
@@ -266,47 +247,8 @@ class FrameServer:
                     self._close(key.data)
         return len(events)
 
-    def _drop_listener(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            with contextlib.suppress(Exception):
-                self._sel.unregister(listener)
-            listener.close()
-
-    def _reopen(self, now: float) -> None:
-        """Listen again on the same address after the listener died (or try again later)."""
-        if now < self._next_reopen or self._stop.is_set():
-            return
-        self._next_reopen = now + REOPEN_S
-        try:
-            listener = _listen(self._bind_host, self.port)
-        except OSError as exc:
-            self.rejects["listener_reopen_failed"] += 1
-            if self.rejects["listener_reopen_failed"] == 1:
-                self._listener_event("collector_unavailable", f"the collector cannot listen on {format_address(str(self.host), int(self.port))} again: {exc.strerror or exc}; retrying")
-            return
-        self._listener = listener
-        self._sel.register(listener, selectors.EVENT_READ, None)
-        self.rejects["listener_reopened"] += 1
-        self._listener_event("collector_reopened", f"the collector's socket on {format_address(str(self.host), int(self.port))} was closed under it and is listening again")
-
     def _accept(self) -> None:
-        for _ in range(64):
-            if self._listener is None:
-                return
-            try:
-                sock, addr = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED):
-                    self.rejects["accept_error"] += 1  # this connection only; the listener is fine
-                    return
-                # EINVAL: the listening socket itself is gone (destroyed from outside).
-                self.rejects["listener_died"] += 1
-                self._drop_listener()
-                self._reopen(time.monotonic())
-                return
+        for sock, addr in self._listener.accept():
             if len(self._sel.get_map()) >= self.max_connections:
                 self.rejects["too_many_connections"] += 1
                 sock.close()
@@ -345,8 +287,7 @@ class FrameServer:
         self._closed(conn)
 
     def _handshake(self, conn: Conn) -> bool:
-        """A connection that has not proved the token: its HELLO, once all of it is in. False
-        when ``conn`` was closed (a wrong proof)."""
+        """Check a new connection's HELLO once all of it is in; False when it was closed."""
         if len(conn.buf) < handshake.HELLO_SIZE:
             return True
         hello = handshake.check_hello(self._token, conn.nonce, bytes(conn.buf[: handshake.HELLO_SIZE]))
@@ -356,7 +297,6 @@ class FrameServer:
             self._mark_valid(conn)
         else:
             self.rejects["bad_token"] += 1
-            conn.refused = True
         self._flush_out(conn)
         self._hello(conn, hello)
         if not hello.ok:
@@ -365,8 +305,7 @@ class FrameServer:
 
     def _read(self, conn: Conn) -> None:
         try:
-            # Before the handshake, no more than the HELLO: all a stranger can make us hold.
-            data = conn.sock.recv(1 << 20 if conn.valid else handshake.HELLO_SIZE - len(conn.buf))
+            data = conn.sock.recv(1 << 20 if conn.valid else handshake.HELLO_SIZE - len(conn.buf))  # a stranger: 53 bytes
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
