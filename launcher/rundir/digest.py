@@ -76,12 +76,14 @@ class _Scan:
         for rec in records:
             if type(rec) is not dict:
                 continue
-            rank, t = rec.get("rank"), rec.get("t")
+            rank: Any = rec.get("rank")
+            t: Any = rec.get("t")
             if type(rank) is not int or not _finite(t):
                 continue
             kind = rec.get("kind")
             if kind == "sys":
-                wait, n = rec.get("comm_wait_s"), rec.get("comm_steps")
+                wait: Any = rec.get("comm_wait_s")
+                n: Any = rec.get("comm_steps")
                 if _finite(wait):
                     waited[rank] = waited.get(rank, 0.0) + wait * (n if _finite(n) else 1)
                 continue
@@ -98,7 +100,7 @@ class _Scan:
                 if rank not in times:
                     times[rank] = array("d")
                 times[rank].append(t)
-            step = rec.get("step")
+            step: Any = rec.get("step")
             if not _finite(step):
                 continue
             acc = steps.get(step)
@@ -108,7 +110,7 @@ class _Scan:
                 acc = steps[step] = [t, 0.0, 0, 0.0, 0]
             elif t > acc[0]:
                 acc[0] = t
-            v = rec.get("loss")
+            v: Any = rec.get("loss")
             if _finite(v):
                 acc[1] += v
                 acc[2] += 1
