@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,11 @@ def test_stale_nccl_and_torch_segments_are_named_with_the_command_that_removes_t
     (shm / "unrelated.lock").write_bytes(b"")
     live = shm / "nccl-Live42"
     live.write_bytes(b"\0" * 4096)
+    starting = shm / "nccl-Young7"  # a job setting up right now: NCCL unlinks it in a moment
+    starting.write_bytes(b"\0" * 4096)
+    hour_ago = time.time() - 3600
+    for old in ("nccl-Zq81xk", f"torch_{dead.pid}_3712_0", "nccl-Live42"):
+        os.utime(shm / old, (hour_ago, hour_ago))
     holder = subprocess.Popen(
         [sys.executable, "-c", "import mmap,sys,time;f=open(sys.argv[1],'r+b');m=mmap.mmap(f.fileno(),0);print('ok',flush=True);time.sleep(60)", str(live)],
         stdout=subprocess.PIPE,
@@ -89,10 +95,11 @@ def test_stale_nccl_and_torch_segments_are_named_with_the_command_that_removes_t
         assert c["status"] == "warn", c
         assert "2 stale NCCL/torch segment(s)" in c["detail"] and "nccl-Zq81xk" in c["detail"]
         assert "nccl-Live42" not in c["detail"] + c["fix"] and "unrelated" not in c["fix"]
+        assert "nccl-Young7" not in c["detail"] + c["fix"]
         assert c["fix"].startswith("rm -f ")
         subprocess.run(c["fix"], shell=True, check=True, timeout=10)  # the command works
         after, _ = run_doctor_json(_shm_env(tmp_path, shm))
-        assert statuses(after)["shm"] == "ok" and live.exists()
+        assert statuses(after)["shm"] == "ok" and live.exists() and starting.exists()
     finally:
         holder.kill()
         holder.wait(timeout=10)
@@ -118,6 +125,7 @@ def test_a_shm_left_full_by_dead_jobs(tmp_path: Path, small_tmpfs: Path) -> None
     stale = small_tmpfs / "nccl-dead01"
     with open(stale, "wb") as fh:
         os.posix_fallocate(fh.fileno(), 0, 560 << 20)  # tmpfs pages, really taken
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))  # left by a job an hour ago
     report, _ = run_doctor_json(_shm_env(tmp_path, small_tmpfs))
     c = by_id(report)["shm"]
     assert c["status"] == "warn" and "under 512 MiB free" in c["detail"], c

@@ -5,12 +5,18 @@ NCCL names its segments nccl-XXXXXX and unlinks them once both peers have mapped
 still there that no process maps was left by a dead job. torch's shared-memory manager names
 them torch_<pid>_<n>_<n>: stale once that pid is gone. Reading every process's maps is done only
 when such files exist, and bounded (a busy machine costs at most _MAX_PROCS reads).
+
+A segment younger than _SETTLE seconds is never called stale: NCCL unlinks its own within
+seconds of making them, so one still there after that was left behind; a young one may be a job
+starting now, or one in another container sharing this /dev/shm (--ipc=host), whose processes
+this /proc does not show.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 
 from xl.doctor.probes.files import listdir
@@ -18,6 +24,7 @@ from xl.doctor.probes.files import listdir
 _SEGMENT = re.compile(r"^(nccl-[0-9A-Za-z]+|torch_(\d+)_\w+)$")
 _MAX_PROCS = 4096
 _MAX_MAPS = 1 << 20  # bytes read from one process's maps
+_SETTLE = 120.0  # seconds
 
 
 @dataclass
@@ -56,6 +63,7 @@ def segments(folder: str) -> list[Segment]:
         return []
     real = os.path.realpath(folder)
     mapped, complete = _mapped(real)
+    now = time.time()
     me = os.getuid()
     out: list[Segment] = []
     for name in sorted(names):
@@ -66,7 +74,7 @@ def segments(folder: str) -> list[Segment]:
             continue
         m = _SEGMENT.match(name)
         pid = m.group(2) if m else None
-        if path in mapped:
+        if path in mapped or now - st.st_mtime < _SETTLE:
             stale: bool | None = False
         elif pid is not None:
             stale = not os.path.exists(f"/proc/{pid}")

@@ -480,7 +480,9 @@ def assert_one_direction(report: dict[str, Any]) -> None:
         for value in re.findall(r"\bexport LD_LIBRARY_PATH=(\S*)|\b(unset LD_LIBRARY_PATH)\b", fix):
             ld.setdefault(value[0] or value[1], c["id"])
         for home, path in _TOOLKIT_IN_FIX.findall(fix):
-            toolkits.setdefault(os.path.realpath(home or path), c["id"])
+            # PATH=X/bin names a toolkit only when X/bin holds an nvcc (not ninja's folder, say).
+            if home or os.path.isfile(os.path.join(path, "bin", "nvcc")):
+                toolkits.setdefault(os.path.realpath(home or path), c["id"])
         for m in _PIP_FIX.finditer(fix):
             wheels.setdefault(m.group(3), c["id"])
         for value in re.findall(r'TORCH_CUDA_ARCH_LIST="([^"]*)"', fix):
