@@ -96,14 +96,19 @@ def test_escapes_from_ranks_are_drawn_on_every_terminal_view(tmp_path: Path) -> 
         assert b"rank 1" in shown and b"ValueError" in shown, shown[-2000:]
         assert "␛]52;c;SGVsbG8=␇".encode() in shown  # the failure's text, drawn in the view
         attach = subprocess.run([*XL, "attach", "last", "--no-tui"], env=env, capture_output=True, timeout=60)
+        attach_tty, attach_out = _in_pty([*XL, "attach", "last", "--no-tui"], env, tmp_path)
+        assert attach_tty.wait(timeout=60) == 1
         logs_pipe = subprocess.run([*XL, "logs", "last", "--rank", "1"], env=env, capture_output=True, timeout=60)
         time.sleep(0.3)
         logs_shown = b"".join(logs_out)
         for what, data in (("view", shown), ("stacks", stacks.stdout.encode()), ("logs on a terminal", logs_shown),
-                           ("attach --no-tui", attach.stdout + attach.stderr)):
+                           ("attach --no-tui on a terminal", b"".join(attach_out))):
             for attack in ATTACKS:
                 assert attack not in data, (what, attack)
-        assert b"ValueError: bad input " in attach.stdout
+        # To a pipe, the ranks' lines are copied as they are (as `xl logs` does); xl's own lines
+        # (the failure, the table's last-line column) draw what came from a rank.
+        assert "ValueError: bad input ␛]52;c;SGVsbG8=␇".encode() in attach.stdout
+        assert all(line.startswith(b"[rank ") for line in attach.stdout.splitlines() if b"\x1b]" in line), attach.stdout
         assert "says␛]52;c;SGVsbG8=␇".encode() in logs_shown
         # The files keep the bytes, and `xl logs` to a pipe copies them as they are.
         raw = (run_dir / "logs" / "rank-1.log").read_bytes()

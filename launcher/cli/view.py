@@ -18,7 +18,7 @@ from xl.launcher.rundir import timing
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.rundir.tail import RankLogs
-from xl.textsafe import visible
+from xl.textsafe import bytes_for_terminal, visible
 from xl.units import mib
 
 POLL_S = 0.05  # new lines 20 times a second: prompt for a person and for the run's end, cheap beside the ranks
@@ -170,7 +170,7 @@ class _Plain:
     def __init__(self, state: RunState, out: TextIO, lines: bool) -> None:
         self.state, self.out = state, out
         self.logs = RankLogs(state.run_dir / "logs") if lines else None
-        self.binary = getattr(out, "buffer", None)
+        self.binary = bytes_for_terminal(out.buffer) if hasattr(out, "buffer") else None  # a terminal: escapes drawn
         self.held: list[tuple[float, dict[str, Any]]] = []
 
     def write(self, data: bytes) -> None:
@@ -185,7 +185,7 @@ class _Plain:
         self.logs.discover()
         moved = self.logs.copy(self.write)
         for rank, line in self.logs.last_line.items():
-            text = line.decode("utf-8", "replace").strip()
+            text = visible(line.decode("utf-8", "replace").strip())  # for the table's last-line column
             if text and rank in self.state.ranks:
                 self.state.ranks[rank].last_line = text
         return moved
@@ -243,7 +243,7 @@ def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool =
     print(render_text(state, width=max(100, _width(out))), file=out, end="")
     failure = state.failure
     if failure.get("traceback"):
-        print(f"xl: traceback of rank {failure.get('rank')}:\n{failure['traceback']}", file=out)
+        print(f"xl: traceback of rank {failure.get('rank')}:\n{visible(str(failure['traceback']), lines=True)}", file=out)
     print(f"xl: {_summary(state)}", file=out, flush=True)
     return state.exit_code
 
