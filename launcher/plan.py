@@ -106,6 +106,11 @@ def select_devices(
         if not every:
             raise UsageError(f"{src} all: no GPU found here (drop it to run on CPU)")
         return every
+    if text == "auto":
+        raise UsageError(
+            f"{src} auto needs a count: auto:N takes the N GPUs with the most free memory "
+            f"(e.g. {src} auto:{max(1, len(_usable(gpus)))}); {src} all takes every GPU"
+        )
     if text.startswith("auto:"):
         count = text[5:]
         if not count.isdigit() or int(count) < 1:

@@ -88,7 +88,8 @@ def test_max_restarts_reaches_torchrun(work: Path) -> None:
 
 def test_python_runs_the_ranks_under_another_interpreter(work: Path, tmp_path: Path) -> None:
     other = tmp_path / "other-python"
-    other.write_text("#!/bin/sh\nexit 0\n")
+    # Another environment's interpreter (with torch: xl checks it has it, dry run included).
+    other.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
     other.chmod(0o755)
     out = _dry_run(work, "--python", str(other), "train.py", PYTHONPATH="/mine")
     assert out["argv"][:3] == [str(other), "-m", "torch.distributed.run"]  # type: ignore[index]

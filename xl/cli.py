@@ -66,8 +66,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"xl {__version__}")
         return 0
     if head not in COMMANDS:
+        import difflib  # noqa: PLC0415 - only a mistyped command pays for it
+
+        close = difflib.get_close_matches(head, list(COMMANDS), n=1, cutoff=0.6)
         known = ", ".join(COMMANDS) or "none yet"
-        sys.stderr.write(f"xl: unknown command {head!r} (commands: {known}; see 'xl --help')\n")
+        hint = f"; did you mean {close[0]}? (see 'xl --help')" if close else f" (commands: {known}; see 'xl --help')"
+        sys.stderr.write(f"xl: unknown command {head!r}{hint}\n")
         return EXIT_USAGE
     module_name, _, func_name = COMMANDS[head][0].partition(":")
     entry = getattr(importlib.import_module(module_name), func_name or "main")

@@ -18,6 +18,7 @@ from xl.gpu.nvml import inventory as _inventory
 from xl.launcher.cli.interpreter import ranks_pythonpath
 from xl.launcher.cli.options import (
     launch_parser,
+    nproc_for,
     parse_command,
     spec_from_args,
 )
@@ -183,6 +184,10 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     gpus_from = "gpu_ids in the Accelerate config" if ns.accelerate_config is not None and ns.gpus is None else "--gpus"
     inv = inventory()
     plan = with_interpreter(build_plan(spec, inv, gpus_from=gpus_from), spec, dry_run=ns.dry_run)
+    cpu_ranks = nproc_for(ns.nproc, len(plan.devices))
+    if cpu_ranks is not None:  # torchrun's --nproc-per-node auto on a machine without GPUs
+        spec.nproc = cpu_ranks
+        plan = with_interpreter(build_plan(spec, inv, gpus_from=gpus_from), spec, dry_run=ns.dry_run)
     check_launch(spec, plan, inv, gpus_given=ns.gpus is not None)  # torch without CUDA, busy or sick GPUs
     say_warnings(plan)
     if ns.dry_run:

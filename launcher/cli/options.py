@@ -13,7 +13,9 @@ import argparse
 import difflib
 import math
 import os
-from collections.abc import Sequence
+import re
+import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +23,9 @@ from xl.errors import ArgumentParser, UsageError
 from xl.launcher.cli.accelconf import default_path, read_settings
 from xl.launcher.cli.interpreter import resolve_python
 from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, parse_env_pairs
+
+# `xl launch python train.py`: the interpreter written where the script goes (python, python3.11).
+_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 
 # `--accelerate-config` takes a value only when one is given: the next word is its PATH only when
 # it names a config file, else it is the script (`xl launch --accelerate-config train.py`).
@@ -36,7 +41,10 @@ _TORCHRUN_SPELLINGS = {
     "master_port": ("--master-port", "--master_port"),
     "max_restarts": ("--max-restarts", "--max_restarts"),
 }
-_INT_DESTS = ("nproc", "node_rank", "master_port", "max_restarts")
+_INT_DESTS = ("node_rank", "master_port", "max_restarts")
+# torchrun's words for --nproc-per-node: every GPU (gpu), every CPU core (cpu), GPUs or else
+# CPU cores (auto).
+NPROC_WORDS = ("auto", "cpu", "gpu")
 
 # torchrun options xl does not take, and what to do instead: one line each, so a torchrun
 # command line that needs one says so instead of "unrecognized arguments".
@@ -85,6 +93,40 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def nproc_value(text: str) -> int | str:
+    """An argparse type: --nproc N, or torchrun's auto | cpu | gpu (resolved by nproc_for)."""
+    word = text.strip().lower()
+    if word in NPROC_WORDS:
+        return word
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of processes, or auto, cpu or gpu") from None
+
+
+def nnodes_value(text: str) -> int:
+    """An argparse type: --nnodes N, or torchrun's MIN:MAX when both are the same."""
+    low, sep, high = text.partition(":")
+    try:
+        first, last = int(low), int(high if sep else low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of nodes (e.g. 2), or torchrun's MIN:MAX") from None
+    if first != last:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: xl runs a fixed number of nodes and waits for all of them (no elastic "
+            f"MIN:MAX range); give --nnodes {last}"
+        )
+    return first
+
+
+def cpu_cores() -> int:
+    """What torchrun's --nproc-per-node cpu counts: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def launch_parser(prog: str = "xl launch", *, sbatch: bool = False) -> ArgumentParser:
     """Every option of `xl launch`; ``sbatch``: the base of `xl sbatch`'s parser, without what
     a batch script cannot take (--detach, --dry-run, --json, --slurm, --nnodes, --node-rank: the
@@ -99,9 +141,14 @@ def launch_parser(prog: str = "xl launch", *, sbatch: bool = False) -> ArgumentP
         "--master-addr/--master-port, --max-restarts N): replace `torchrun` with `xl launch`.",
     )
     p.add_argument("--gpus", help="0,2 | GPU-<uuid>,... | all | auto:N (order = LOCAL_RANK order)")
-    p.add_argument("--nproc", type=int, help="processes on this node (default: one per GPU, 1 on CPU; fewer: the first N GPUs chosen)")
+    p.add_argument(
+        "--nproc",
+        type=nproc_value,
+        help="processes on this node (default: one per GPU, 1 on CPU; fewer: the first N GPUs chosen; "
+        "or auto, cpu, gpu as torchrun)",
+    )
     if not sbatch:
-        p.add_argument("--nnodes", type=int, help="number of nodes (default 1)")
+        p.add_argument("--nnodes", type=nnodes_value, help="number of nodes (default 1)")
         p.add_argument("--node-rank", type=int, help="this node's rank (multi-node)")
     p.add_argument("--rdzv", metavar="HOST:PORT", help="node 0's address (multi-node)")
     p.add_argument("--mixed-precision", choices=MIXED_PRECISION, help="sets ACCELERATE_MIXED_PRECISION")
@@ -137,7 +184,7 @@ def launch_parser(prog: str = "xl launch", *, sbatch: bool = False) -> ArgumentP
     for dest, spellings in _TORCHRUN_SPELLINGS.items():
         if sbatch and dest == "node_rank":
             continue
-        kind = int if dest in _INT_DESTS else str
+        kind = nproc_value if dest == "nproc" else int if dest in _INT_DESTS else str
         p.add_argument(*spellings, dest=dest, type=kind, default=None, help=argparse.SUPPRESS)
     # torchrun's one-node rendezvous, which is what xl does on one node anyway.
     p.add_argument("--standalone", action="store_true", help=argparse.SUPPRESS)
@@ -154,10 +201,12 @@ def value_options(parser: argparse.ArgumentParser) -> frozenset[str]:
     )
 
 
-def check_options(parser: argparse.ArgumentParser, opts: Sequence[str]) -> None:
+def check_options(parser: argparse.ArgumentParser, opts: Sequence[str], not_taken: Mapping[str, str] | None = None) -> None:
     """Every option in ``opts`` is one ``parser`` takes; else one line: a torchrun option xl
-    does not take says what to do instead, a near miss (``--gpu``) gets "did you mean"."""
+    does not take says what to do instead (as ``not_taken`` does for the command's own), a near
+    miss (``--gpu``) gets "did you mean"."""
     known = parser._option_string_actions  # argparse keeps no public map of a parser's options
+    not_taken = not_taken or {}
     takes_value = value_options(parser)
     skip = False
     for tok in opts:
@@ -168,6 +217,8 @@ def check_options(parser: argparse.ArgumentParser, opts: Sequence[str]) -> None:
         skip = name in takes_value and "=" not in tok
         if name in known or (not name.startswith("--") and name[:2] in known):
             continue  # `-N4`: a short option with its value attached
+        if name in not_taken:
+            raise UsageError(f"{name} is not taken here: {not_taken[name]}")
         if name in _TORCHRUN_NOT_TAKEN:
             raise UsageError(f"torchrun's {name} is not taken here: {_TORCHRUN_NOT_TAKEN[name]}")
         public = [o for o, a in known.items() if a.help != argparse.SUPPRESS and o.startswith("--")]
@@ -177,15 +228,19 @@ def check_options(parser: argparse.ArgumentParser, opts: Sequence[str]) -> None:
 
 
 def parse_command(
-    parser: argparse.ArgumentParser, argv: Sequence[str], example: str
+    parser: argparse.ArgumentParser, argv: Sequence[str], example: str, not_taken: Mapping[str, str] | None = None
 ) -> tuple[argparse.Namespace, str | None, str | None, list[str]]:
     """A launching command's (options, script, module, script args), or one clear UsageError:
-    `xl launch` and `xl sbatch` read their command lines alike. ``example`` shows a whole command."""
+    `xl launch` and `xl sbatch` read their command lines alike. ``example`` shows a whole command;
+    ``not_taken``: options of `xl launch` this command does not take, and why."""
     opts, script, module, args = split_argv(argv, value_options(parser))
-    check_options(parser, opts)
+    check_options(parser, opts, not_taken)
     ns = parser.parse_args(opts)
     if script is None and module is None:
         raise UsageError(f"give a training script ({example}) or -m MODULE (see '{parser.prog} --help')")
+    if script is not None and _PYTHON.match(os.path.basename(script)) and not script.endswith(".py"):
+        rest = shlex.join(args) or "train.py"
+        raise UsageError(f"{parser.prog} runs the script with Python itself: drop {script!r} ({parser.prog} {rest})")
     return ns, script, module, args
 
 
@@ -254,6 +309,9 @@ def spec_from_args(
         spec.rdzv = acc.rdzv
     keys = ("gpus", "nproc", "nnodes", "node_rank", "rdzv", "mixed_precision", "max_restarts", "python")
     given = {k: getattr(ns, k, None) for k in keys}
+    if isinstance(given["nproc"], str):
+        # cpu: a number now; gpu and auto: one per chosen GPU (the default), checked by nproc_for.
+        given["nproc"] = cpu_cores() if given["nproc"] == "cpu" else None
     given["rdzv"] = given["rdzv"] or _master_rdzv(ns)
     if given["python"] is not None:
         given["python"] = resolve_python(given["python"])
@@ -267,9 +325,19 @@ def spec_from_args(
         )
     if ns.standalone and (spec.nnodes != 1 or spec.rdzv is not None):
         raise UsageError("--standalone is a one-node run; drop it, or --nnodes and --rdzv")
-    spec.env = parse_env_pairs(ns.env)
+    spec.env = parse_env_pairs([*ns.env, *(["XL_INSTRUMENT=0"] if ns.no_instrument else [])])
     spec.name = ns.name
     return spec
+
+
+def nproc_for(word: object, gpus: int) -> int | None:
+    """torchrun's --nproc-per-node gpu | auto once the GPUs are chosen: None (one per GPU) when
+    there are GPUs; on CPU, auto is every core (as torchrun) and gpu is a UsageError."""
+    if word not in ("gpu", "auto") or gpus:
+        return None
+    if word == "gpu":
+        raise UsageError("--nproc-per-node gpu: no GPU is chosen here; give a number of processes, or auto")
+    return cpu_cores()
 
 
 def spec_from_argv(argv: Sequence[str]) -> LaunchSpec:

@@ -31,8 +31,8 @@ def _status(info: RunInfo) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    p = ArgumentParser(prog="xl runs", description="List runs, newest first (as the app's Runs screen).")
-    p.add_argument("--json", action="store_true", help="one JSON array of runs")
+    p = ArgumentParser(prog="xl runs", description="List runs, newest first (as the app's Runs screen); --json lists them oldest first.")
+    p.add_argument("--json", action="store_true", help="one JSON array of runs, oldest first (the order runs were made)")
     ns = p.parse_args(list(argv))
     runs = list_runs()
     if ns.json:

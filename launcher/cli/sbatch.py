@@ -232,9 +232,20 @@ def _no_newline(name: str, value: Any) -> None:
         raise UsageError(f"{name} must be one line")
 
 
+# `xl launch` options a batch script cannot take, and what to do instead (not "did you mean --sbatch").
+_NOT_TAKEN = {
+    "--detach": "a batch job runs detached already; submit the script with `sbatch job.sh`",
+    "--dry-run": "xl sbatch only prints the batch script; nothing starts until `sbatch job.sh`",
+    "--json": "xl sbatch prints the batch script; `xl launch --slurm --dry-run --json` inside the job shows its command",
+    "--slurm": "the batch script runs `xl launch --slurm` itself; drop it",
+    "--node-rank": "Slurm gives each node its rank; drop it",
+    "--node_rank": "Slurm gives each node its rank; drop it",
+}
+
+
 def sbatch_main(argv: Sequence[str]) -> int:
     parser = _sbatch_parser()
-    ns, script, module, args = parse_command(parser, argv, "xl sbatch --nodes 2 train.py > job.sh")
+    ns, script, module, args = parse_command(parser, argv, "xl sbatch --nodes 2 train.py > job.sh", _NOT_TAKEN)
     if ns.nodes < 1:
         raise UsageError(f"--nodes must be at least 1 (got {ns.nodes})")
     for name in ("gpus_per_node", "cpus_per_task"):
@@ -257,6 +268,11 @@ def sbatch_main(argv: Sequence[str]) -> int:
     _check_spec(ns, script, module, args)
     spec = spec_from_args(ns, script, module, args)
     slurm.check_gpus_fit(spec.gpus, spec.nproc, ns.gpus_per_node)
+    if ns.gpus_per_node is None and not any("gpu" in extra.lower() or "gres" in extra.lower() for extra in ns.sbatch):
+        sys.stderr.write(
+            "xl sbatch: warning: no --gpus-per-node: the job requests no GPUs and Slurm will give it none "
+            "(a CPU run); add e.g. --gpus-per-node 8\n"
+        )
     if ns.gpus_per_node is not None and ns.cpus_per_task is None:
         sys.stderr.write(
             f"xl sbatch: warning: --gpus-per-node {ns.gpus_per_node} without -c/--cpus-per-task: many clusters "

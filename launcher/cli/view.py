@@ -293,7 +293,7 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False) ->
     )
     for col, kw in (
         ("rank", {"justify": "right"}),
-        ("state", {}),
+        ("state", {"no_wrap": True}),  # "failed (1)" on one line, even at 80 columns
         ("pid", {"justify": "right"}),
         ("GPU", {"justify": "right"}),
         ("step", {"justify": "right"}),
