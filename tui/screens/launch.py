@@ -29,6 +29,11 @@ class LaunchScreen(XLScreen):
         Binding("ctrl+r", "launch", "Launch", priority=True),
         Binding("ctrl+y", "copy", "Copy", priority=True),
         Binding("escape", "leave_field", "Leave field"),
+        # Priority, as the screen keys (tui/app.py): taken in the order typed. Left to bubble up
+        # from the field, the focus moved only after the keys typed right after tab had gone to
+        # the field before it ("train.py<tab>lr=0.1" became "train.pylr=0.1").
+        Binding("tab", "app.focus_next", "Next field", show=False, priority=True),
+        Binding("shift+tab", "app.focus_previous", "Previous field", show=False, priority=True),
     ]
 
     class Started(Message):
