@@ -73,6 +73,7 @@ class Sender:
         self.backoff = 0.2
         self.disconnected_at: float | None = None  # while unacked frames wait to be resent
         self.unverified = 0  # listeners that did not prove the run's token (nothing was sent)
+        self.spooled_live = False  # lines went to the spool since it was last claimed
         # (seq, lines, from the replay) of every frame sent and not acked yet.
         self.unacked: deque[tuple[int, list[bytes], bool]] = deque()
         self.ack_buf = b""
@@ -137,6 +138,7 @@ class Sender:
             self._spool_unacked()
         if self.sock is not None:
             self._read_acks()
+        self._claim_live()
         if (
             self.sock is not None
             and self.spool.replay is not None
@@ -202,6 +204,14 @@ class Sender:
         if self.owns_train:
             self._send_frame([], False)  # hello: the collector learns this rank logs itself
         self.spool.claim()
+
+    def _claim_live(self) -> None:
+        """Lines spooled since the last claim (while connected with MAX_UNACKED frames in
+        flight, or while a replay was going on) are replayed once the replay before them is
+        done, not at the next reconnect, which may never come."""
+        if self.sock is not None and self.spooled_live and self.spool.replay is None:
+            self.spooled_live = False
+            self.spool.claim()
 
     def _send_replay(self) -> None:
         spool = self.spool
@@ -309,6 +319,7 @@ class Sender:
             self._spool(live)
 
     def _spool(self, lines: list[bytes]) -> None:
+        self.spooled_live = True
         if not self.spool.append(lines):
             self.dropped += len(lines)
 
@@ -326,10 +337,11 @@ class Sender:
             self.pump()
             if self.sock is not None and self.unacked and self.seq == sent_before:
                 self._send_frame([], False)  # a ping: acks everything before it
-            while (self.unacked or self.spool.replay is not None) and self.sock is not None:
+            while (self.unacked or self.spool.replay is not None or self.spooled_live) and self.sock is not None:
                 if time.monotonic() >= deadline:
                     break
                 self._read_acks(wait=max(0.01, min(0.5, deadline - time.monotonic())))
+                self._claim_live()
                 if self.spool.replay is not None and self.sock is not None:
                     self._send_replay()
             # Stored means acked: nothing unacked, queued or waiting in the spool, and nothing
