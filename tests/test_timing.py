@@ -144,3 +144,26 @@ def test_a_damaged_metrics_file_is_read_around(tmp_path: Path) -> None:
         fh.write(b'{"t": "soon", "rank": 0, "kind": "train"}\n\xff\xfe not json\n{"t": 1e999, "rank": true}\n[1,2]\n')
     doc = digest.build(run_dir, record.load(run_dir))  # type: ignore[arg-type]
     assert doc["time"]["startup_s"] == pytest.approx(1.1) and len(doc["steps"]) == 10
+
+
+def test_a_digest_followed_as_the_run_goes_comes_to_what_one_read_whole_does(tmp_path: Path) -> None:
+    lines = _steps(2, range(1, 41), T0 + 5, 0.1, gap=(20, 8.0))  # the stall: after step 19 (6.9 s)
+    stall = {"t": T0 + 9.0, "kind": "stalled", "rank": 1, "idle_s": 2.1}
+    run_dir = _run(tmp_path, [], [], end=T0 + 20)
+    rec = record.load(run_dir)
+    assert rec is not None
+    live = digest.Digester(run_dir)
+    text = "".join(json.dumps(x) + "\n" for x in lines[:38])  # steps 1..19 of both ranks
+    metrics, events = run_dir / "metrics.jsonl", run_dir / "events.jsonl"
+    metrics.write_text(text[:-7])  # the last line half written
+    live.poll()
+    metrics.write_text(text)
+    live.poll()
+    events.write_text(json.dumps(stall) + "\n")  # the stall is seen after the lines before it
+    live.poll()
+    with open(metrics, "a") as fh:
+        fh.write("".join(json.dumps(x) + "\n" for x in lines[38:]))
+    live.poll()
+    followed, whole = live.doc(rec), digest.build(run_dir, rec)
+    assert followed == whole
+    assert followed["time"]["stalled_s"] == pytest.approx(8.1, abs=1e-3) and len(followed["steps"]) == 40

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import statistics
-from array import array
-from bisect import bisect_left, bisect_right
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -31,13 +31,7 @@ DIGEST_FILE = "digest.json"
 VERSION = 1
 SERIES_POINTS = 2000  # at most this many steps kept for the loss and samples/s series
 _CHUNK = 8 << 20  # metrics.jsonl is read this much at a time: memory stays bounded
-_EVENTS_CAP = 64 << 20  # events.jsonl past this is not read (a hostile or broken file)
 _MAX_STEPS = 1_000_000  # distinct steps tracked; a file with more keeps its first ones
-_MAX_MOMENTS = 512  # stalls and restarts looked at; more is a broken run's noise
-
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def _finite(v: Any) -> bool:
@@ -45,34 +39,97 @@ def _finite(v: Any) -> bool:
     return (type(v) is float or type(v) is int) and v - v == 0
 
 
-@dataclass
-class _Scan:
-    """What one pass over metrics.jsonl found."""
+# The events the accounting reads; the rest of events.jsonl is passed over.
+_KINDS = frozenset({"stalled", "recovered", "rank_exited", "restarted"})
+_MAX_EVENTS = 100_000
+_MAX_QUERIES = 32  # stalls looked at per rank, and restarts: more is a broken run's noise
 
-    queries: list[float]  # moments (sorted) whose next train line per rank is wanted
-    spans: dict[int, list[float]] = field(default_factory=dict)  # rank -> [its first line's t, its last's]
-    after: dict[int, list[float | None]] = field(default_factory=dict)  # rank -> per query: its first line after
-    before: dict[int, list[float | None]] = field(default_factory=dict)  # rank -> per query: its last line until
-    # Every train line's time by rank, kept only when there are queries (a run that stalled or
-    # restarted): lines come out of order (a rank's spool is merged when it reconnects or ends).
-    times: dict[int, array[float]] = field(default_factory=dict)
-    waited: dict[int, float] = field(default_factory=dict)
-    # step -> [its latest line's t, loss sum, loss count, samples/s sum, samples/s count]
-    steps: dict[float, list[Any]] = field(default_factory=dict)
 
-    @property
-    def first(self) -> dict[int, float]:
-        return {r: s[0] for r, s in self.spans.items()}
+class Digester:
+    """Reads a run dir's events.jsonl and metrics.jsonl as they grow (a chunk at a time) and keeps
+    only what the digest needs: memory stays bounded whatever the run's length.
 
-    @property
-    def last(self) -> dict[int, float]:
-        return {r: s[1] for r, s in self.spans.items()}
+    Each stall (of a rank) and restart (of every rank) is a moment whose neighbours are wanted:
+    each rank's last train line at or before it and first one after. Every train line is checked
+    against its rank's moments, so lines that come out of order (a rank's spool, merged when it
+    reconnects or ends) count by their time. ``follow`` polls on a thread while the run goes
+    (the supervisor), so its end reads only the rest; one ``poll`` reads a finished run whole.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._at = {EVENTS_FILE: 0, METRICS_FILE: 0}  # bytes read of each file (whole lines)
+        self.events: list[dict[str, Any]] = []
+        self.spans: dict[int, list[float]] = {}  # rank -> [its first train line's t, its last's]
+        self.waited: dict[int, float] = {}
+        # step -> [its latest line's t, loss sum, loss count, samples/s sum, samples/s count]
+        self.steps: dict[float, list[Any]] = {}
+        self.queries: list[float] = []
+        self.moments: list[dict[str, Any]] = []  # per query: its event
+        self.before: list[dict[int, float]] = []  # per query: rank -> its last line at or before it
+        self.after: list[dict[int, float]] = []  # per query: rank -> its first line after it
+        self._of_rank: dict[int, list[int]] = {}  # a rank's stall queries
+        self._every: list[int] = []  # restart queries: every rank's
+        self._near: dict[int, list[int]] = {}  # a rank's queries, its stalls' and the restarts'
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- reading
+    def _chunks(self, name: str) -> Iterator[list[bytes]]:
+        try:
+            fh = open(self.run_dir / name, "rb")  # noqa: SIM115 - closed below, read a chunk at a time
+        except OSError:
+            return
+        with fh:
+            if fh.seek(0, os.SEEK_END) < self._at[name]:
+                self._at[name] = 0  # replaced or cut: read it again
+            fh.seek(self._at[name])
+            while data := fh.read(_CHUNK):
+                cut = data.rfind(b"\n") + 1
+                if cut == 0:
+                    if len(data) == _CHUNK:  # a line longer than a chunk: nobody's record, skipped
+                        self._at[name] += len(data)
+                        continue
+                    return  # a line still being written: next time
+                self._at[name] += cut
+                fh.seek(self._at[name])
+                yield data[:cut].split(b"\n")
+
+    def poll(self) -> None:
+        """Take in what was appended since the last poll: events first, so a line after a stall
+        is checked against it."""
+        for lines in self._chunks(EVENTS_FILE):
+            for e in decode_lines([ln for ln in lines if ln]):
+                if type(e) is dict and e.get("kind") in _KINDS and _finite(e.get("t")) and len(self.events) < _MAX_EVENTS:
+                    self._event(e)
+        for lines in self._chunks(METRICS_FILE):
+            self.feed(decode_lines([ln for ln in lines if ln and (b'"sys"' not in ln or b"comm_wait_s" in ln)]))
+
+    def _event(self, e: dict[str, Any]) -> None:
+        self.events.append(e)
+        rank = e.get("rank")
+        if e["kind"] == "stalled" and type(rank) is int and len(self._of_rank.get(rank, ())) < _MAX_QUERIES:
+            self._of_rank.setdefault(rank, []).append(self._query(e, [rank]))
+        elif e["kind"] == "restarted" and len(self._every) < _MAX_QUERIES:
+            self._every.append(self._query(e, list(self.spans)))
+        else:
+            return
+        self._near = {r: [*js, *self._every] for r, js in self._of_rank.items()}
+
+    def _query(self, e: dict[str, Any], ranks: list[int]) -> int:
+        """A new moment (the event's); what was read already is its ``before`` where it came
+        before it."""
+        q = float(e["t"])
+        self.queries.append(q)
+        self.moments.append(e)
+        self.before.append({r: self.spans[r][1] for r in ranks if r in self.spans and self.spans[r][1] <= q})
+        self.after.append({})
+        return len(self.queries) - 1
 
     def feed(self, records: list[Any]) -> None:
-        """One chunk's records. The hot loop of a digest (6.4M lines for 64 ranks x 100k steps):
-        one dict lookup per rank and per step, no call per field."""
+        """Records of metrics.jsonl. The hot loop of a digest (6.4M lines for 64 ranks x 100k
+        steps): one dict lookup per rank and per step, no call per field."""
         spans, steps, waited = self.spans, self.steps, self.waited
-        times = self.times if self.queries else None
         for rec in records:
             if type(rec) is not dict:
                 continue
@@ -96,10 +153,9 @@ class _Scan:
                 span[0] = t
             elif t > span[1]:
                 span[1] = t
-            if times is not None:
-                if rank not in times:
-                    times[rank] = array("d")
-                times[rank].append(t)
+            near = self._near.get(rank, self._every) if self._near or self._every else None
+            if near:
+                self._beside(rank, t, near)
             step: Any = rec.get("step")
             if not _finite(step):
                 continue
@@ -119,90 +175,79 @@ class _Scan:
                 acc[3] += v
                 acc[4] += 1
 
-    def answer(self) -> None:
-        """Each rank's last line until, and first line after, each query."""
-        for rank, times in self.times.items():
-            ordered = sorted(times)
-            after: list[float | None] = []
-            before: list[float | None] = []
-            for q in self.queries:
-                i = bisect_right(ordered, q)
-                before.append(ordered[i - 1] if i > 0 else None)
-                after.append(ordered[i] if i < len(ordered) else None)
-            self.after[rank], self.before[rank] = after, before
-        self.times.clear()
+    def _beside(self, rank: int, t: float, near: list[int]) -> None:
+        for j in near:
+            if t <= self.queries[j]:
+                if t > self.before[j].get(rank, -math.inf):
+                    self.before[j][rank] = t
+            elif t < self.after[j].get(rank, math.inf):
+                self.after[j][rank] = t
 
+    # ---------------------------------------------------------------- following a live run
+    def follow(self, interval: float = 2.0) -> Digester:
+        """Poll every ``interval`` seconds on a thread until ``stop``."""
 
-def _lines(path: Path) -> Any:
-    """metrics.jsonl's complete lines, a chunk at a time (sys lines without a wait skipped unread)."""
-    try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below, read a chunk at a time
-    except OSError:
-        return
-    with fh:
-        rest = b""
-        while True:
-            data = fh.read(_CHUNK)
-            if not data:
-                break
-            data = rest + data
-            cut = data.rfind(b"\n") + 1
-            rest = data[cut:]
-            yield [ln for ln in data[:cut].split(b"\n") if ln and (b'"sys"' not in ln or b"comm_wait_s" in ln)]
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                with contextlib.suppress(Exception):  # a bad line costs the digest, never the run
+                    self.poll()
 
+        self._thread = threading.Thread(target=loop, name="xl-digest", daemon=True)
+        self._thread.start()
+        return self
 
-def scan(run_dir: Path, queries: list[float]) -> _Scan:
-    out = _Scan(queries=sorted(set(queries)))
-    for lines in _lines(run_dir / METRICS_FILE):
-        out.feed(decode_lines(lines))
-    out.answer()
-    return out
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
 
+    # ---------------------------------------------------------------- what it comes to
+    def _spans(self, end: float) -> tuple[list[timing.Span], list[timing.Span]]:
+        events = self.events
+        stalled = []
+        for rank, queries in self._of_rank.items():
+            for j in queries:
+                # From the rank's last line before the stall was seen (its last progress: the
+                # event's idle_s is rounded) to its first line after (its progress again) or its end.
+                seen = self.queries[j]
+                idle: Any = self.moments[j].get("idle_s")
+                since = self.before[j].get(rank, seen - (idle if _finite(idle) and idle > 0 else 0.0))
+                ends: list[Any] = [self.after[j].get(rank)]
+                ends += [f["t"] for f in events if f["t"] >= seen and f["kind"] == "recovered" and f.get("of") == "stalled" and f.get("rank") == rank]
+                ends += [f["t"] for f in events if f["t"] >= seen and (f["kind"] == "restarted" or (f["kind"] == "rank_exited" and f.get("rank") == rank))]
+                stalled.append((since, timing.span_end(since, ends, end)))
+        restarts = []
+        before = -math.inf
+        for j in self._every:
+            at = self.queries[j]
+            failed = [f["t"] for f in events if before < f["t"] <= at and f["kind"] == "rank_exited" and f.get("exit_code") not in (0, None)]
+            back = list(self.after[j].values())
+            restarts.append((min(failed, default=at), max(back) if back else end))
+            before = at
+        return stalled, restarts
 
-def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    try:
-        with open(run_dir / EVENTS_FILE, "rb") as fh:
-            data = fh.read(_EVENTS_CAP)
-    except OSError:
-        return []
-    return [e for e in decode_lines(data.split(b"\n")) if isinstance(e, dict) and _num(e.get("t")) is not None]
-
-
-def _moments(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[float]]:
-    """The stalls (with their start) and restart moments of ``events``, and every moment whose
-    next train line is wanted."""
-    stalls = [e for e in events if e.get("kind") == "stalled" and isinstance(e.get("rank"), int)][:_MAX_MOMENTS]
-    restarts = [float(e["t"]) for e in events if e.get("kind") == "restarted"][:_MAX_MOMENTS]
-    return stalls, [float(s["t"]) for s in stalls] + restarts
-
-
-def _spans(events: list[dict[str, Any]], stalls: list[dict[str, Any]], sc: _Scan, end: float) -> tuple[list[timing.Span], list[timing.Span]]:
-    def next_line(rank: int, t: float, lines: dict[int, list[float | None]] = sc.after) -> float | None:
-        row = lines.get(rank)
-        return row[bisect_left(sc.queries, t)] if row is not None else None
-
-    stalled = []
-    for s in stalls:
-        # From the rank's last line before the stall was seen (its last progress: the event's
-        # idle_s is rounded) to its first line after (its progress again) or its end.
-        rank, seen = s["rank"], float(s["t"])
-        idle = _num(s.get("idle_s"))
-        since = next_line(rank, seen, sc.before) or seen - (idle if idle is not None and idle > 0 else 0.0)
-        ends = [next_line(rank, seen)]
-        ends += [e["t"] for e in events if e["t"] >= seen and e.get("kind") == "recovered" and e.get("of") == "stalled" and e.get("rank") == rank]
-        ends += [e["t"] for e in events if e["t"] >= seen and (e.get("kind") == "restarted" or (e.get("kind") == "rank_exited" and e.get("rank") == rank))]
-        stalled.append((since, timing.span_end(since, ends, end)))
-    restarts = []
-    before = -math.inf
-    for e in events:
-        if e.get("kind") != "restarted":
-            continue
-        at = float(e["t"])
-        failed = [f["t"] for f in events if before < f["t"] <= at and f.get("kind") == "rank_exited" and f.get("exit_code") not in (0, None)]
-        back = [v for rank in sc.after if (v := next_line(rank, at)) is not None]
-        restarts.append((min(failed, default=at), max(back) if back else end))
-        before = at
-    return stalled, restarts
+    def doc(self, rec: RunRecord) -> dict[str, Any]:
+        """The digest of what was read, for the run ``rec`` (a run still going: up to now)."""
+        start = rec.started_at
+        lasts = [s[1] for s in self.spans.values()]
+        end = rec.ended_at or max([*lasts, *(float(e["t"]) for e in self.events)], default=start or 0.0)
+        time_doc = None
+        if start is not None:
+            stalled, restarts = self._spans(end)
+            firsts = [s[0] for s in self.spans.values()]
+            moments = timing.Moments(start, end, max(firsts, default=None), max(lasts, default=None), stalled, restarts)
+            time_doc = timing.account(moments)
+        at = self.steps
+        steps = _thin(sorted(at))
+        return {
+            "version": VERSION,
+            "time": time_doc,
+            "waited_s": {str(r): round(w, 3) for r, w in sorted(self.waited.items())},
+            "speed": _speed(at),
+            "steps": steps,
+            "loss": [round(at[s][1] / at[s][2], 6) if at[s][2] else None for s in steps],
+            "samples_per_s": [round(at[s][3], 6) if at[s][4] else None for s in steps],
+        }
 
 
 def _thin(steps: list[float]) -> list[float]:
@@ -219,11 +264,10 @@ def _thin(steps: list[float]) -> list[float]:
         stride *= 10
 
 
-def _speed(sc: _Scan) -> dict[str, float | None]:
+def _speed(at: dict[float, list[Any]]) -> dict[str, float | None]:
     """The median step time and samples/s after warm-up (the first tenth of the steps, at least 2)."""
-    steps = sorted(sc.steps)
+    steps = sorted(at)
     post = steps[max(2, len(steps) // 10) :]
-    at = sc.steps
     per_step = [(at[b][0] - at[a][0]) / (b - a) for a, b in pairwise(post) if b > a]
     step_s = statistics.median(per_step) if per_step else None
     full = max((at[s][4] for s in post), default=0)
@@ -232,31 +276,10 @@ def _speed(sc: _Scan) -> dict[str, float | None]:
 
 
 def build(run_dir: Path, rec: RunRecord) -> dict[str, Any]:
-    """The digest of ``run_dir`` as it is now (a run still going is accounted up to now)."""
-    events = read_events(run_dir)
-    stalls, queries = _moments(events)
-    sc = scan(run_dir, queries)
-    start = rec.started_at
-    end = rec.ended_at or max([*sc.last.values(), *(float(e["t"]) for e in events)], default=start or 0.0)
-    time_doc = None
-    if start is not None:
-        stalled, restarts = _spans(events, stalls, sc, end)
-        firsts = list(sc.first.values())
-        time_doc = timing.account(
-            timing.Moments(start, end, max(firsts) if firsts else None, max(sc.last.values(), default=None), stalled, restarts)
-        )
-    steps = _thin(sorted(sc.steps))
-    at = sc.steps
-
-    return {
-        "version": VERSION,
-        "time": time_doc,
-        "waited_s": {str(r): round(w, 3) for r, w in sorted(sc.waited.items())},
-        "speed": _speed(sc),
-        "steps": steps,
-        "loss": [round(at[s][1] / at[s][2], 6) if at[s][2] else None for s in steps],
-        "samples_per_s": [round(at[s][3], 6) if at[s][4] else None for s in steps],
-    }
+    """The digest of ``run_dir`` as it is now, read whole."""
+    digester = Digester(run_dir)
+    digester.poll()
+    return digester.doc(rec)
 
 
 def load(run_dir: Path, rec: RunRecord) -> dict[str, Any]:
@@ -271,11 +294,16 @@ def load(run_dir: Path, rec: RunRecord) -> dict[str, Any]:
     return doc
 
 
-def close_run(run_dir: Path, rec: RunRecord) -> dict[int, float]:
+def close_run(run_dir: Path, rec: RunRecord, digester: Digester | None = None) -> dict[int, float]:
     """At a run's end (after ``rec.end``): digest.json written, ``time`` put in ``rec``; the
-    wait of each rank xl.watch measured, for its row. A failure here costs the accounting only."""
+    wait of each rank xl.watch measured, for its row. ``digester``: the one that followed the run
+    (it reads only the rest). A failure here costs the accounting only."""
     try:
-        doc = build(run_dir, rec)
+        if digester is None:
+            digester = Digester(run_dir)
+        digester.stop()
+        digester.poll()
+        doc = digester.doc(rec)
     except Exception:  # never a reason for a run to stay "running"
         return {}
     if doc.get("time") is not None:

@@ -105,6 +105,7 @@ class Supervisor:
         self.sink = LogSink(run_dir, self.journal.write_failed)
         self.sink.forward = self.journal.send_log
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
+        self.digester = digest.Digester(run_dir)  # read as the run goes: its end reads only the rest
         self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun, self.journal.changed)
         self.follower: Follower | None = None  # node > 0: made in start, with its link
         self.hub: Hub | None = None  # node 0 of several
@@ -171,6 +172,7 @@ class Supervisor:
             grace_s=self.stopping.grace,
             versions=provenance.collect(self.record.spec, bool(self.record.devices)),  # for xl compare (docs/compare.md)
         )
+        self.digester.follow()
         self.save()
         self._ranks_changed()
 
@@ -346,7 +348,7 @@ class Supervisor:
         self.sink.close_logs()
         self.record.end(status)
         # The time accounting goes in with the final status: whoever sees the end sees it too.
-        self.save(digest.close_run(self.run_dir, self.record))
+        self.save(digest.close_run(self.run_dir, self.record, self.digester))
         self.journal.emit({"kind": "run_ended", "status": status.value, "message": f"run {status.value}"})
         link = self.journal.link
         if link is not None:
