@@ -6,7 +6,6 @@ The view only reads the run dir (it never owns the run), so `xl launch --no-tui`
 
 from __future__ import annotations
 
-import io
 import shutil
 import sys
 import time
@@ -228,7 +227,8 @@ def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool =
             # One more poll after the end is seen (its last events), then until the logs settle.
             if final_at is None:
                 final_at = time.monotonic()
-            elif not moved and (plain.settled() or time.monotonic() - final_at > _SETTLE_S):
+                continue  # at once: a short job's end is not held up by a sleep
+            if not moved and (plain.settled() or time.monotonic() - final_at > _SETTLE_S):
                 break
         if on_tick is not None:
             on_tick()
@@ -253,13 +253,58 @@ def _width(out: TextIO) -> int:
 
 
 def render_text(state: RunState, width: int = 120) -> str:
-    """The rank table as plain ASCII text (no colour, no control codes): for pipes and log files."""
-    from rich.console import Console  # noqa: PLC0415 - Rich costs ~40 ms; `xl launch --detach` never draws
+    """The rank table as plain ASCII text (no colour, no control codes): for pipes and log files.
 
-    buf = io.StringIO()
-    console = Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False)
-    console.print(render(state, events=False, ascii_only=True))
-    return buf.getvalue()
+    Drawn here rather than by Rich (the same look as Rich's ASCII box): importing and setting up
+    Rich cost a run's end ~50 ms, a few percent of a short job's wall time."""
+    rows = [_cells(state.ranks[rank]) for rank in sorted(state.ranks)]
+    rows = [[*row[:-1], row[-1] + (f"{'  ' if row[-1] else ''}xl: {r.diagnosis}" if r.diagnosis else "")]
+            for row, r in zip(rows, (state.ranks[k] for k in sorted(state.ranks)), strict=True)]
+    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(_HEADERS[:-1])]
+    last = max(len(_HEADERS[-1]) // 2, width - 1 - 3 * len(_HEADERS) - sum(widths))
+    widths.append(last)
+
+    def line(cells: list[str]) -> str:
+        out = []
+        for i, (cell, w) in enumerate(zip(cells, widths, strict=True)):
+            if len(cell) > w:
+                cell = cell[: w - 1] + "\u2026"
+            out.append(cell.rjust(w) if i in _RIGHT else cell.ljust(w))
+        return "| " + " | ".join(out) + " |"
+
+    name = (state.record.name if state.record else None) or ""
+    title = f"{name}  {state.title}  {state.status}  {state.elapsed():.0f}s"
+    border = "+" + "-" * (len(line(list(_HEADERS))) - 2) + "+"
+    text = [title.ljust(len(border)), border, line(list(_HEADERS))]
+    text.append("|" + "+".join("-" * (w + 2) for w in widths) + "|")
+    text += [line(row) for row in rows]
+    text.append(border)
+    return "\n".join(text) + "\n"
+
+
+_HEADERS = ("rank", "state", "pid", "GPU", "step", "samples/s", "loss", "util", "mem", "last log line")
+_RIGHT = {0, 2, 3, 4, 5, 6, 7, 8}  # right-justified columns (numbers)
+
+
+def _cells(r: RankLine) -> list[str]:
+    """One rank's row of the table, as text."""
+    shown = r.state
+    if r.exit_code not in (None, 0):
+        shown = f"{shown} ({r.exit_code})"
+    step = "" if r.step is None else f"{r.step:.0f}" + (f"/{r.total_steps:.0f}" if r.total_steps else "")
+    # GPU figures where there is a GPU; the process's CPU and RSS for CPU ranks.
+    mem, util = "", "" if r.gpu_util is None else f"{r.gpu_util:.0f}%"
+    if r.gpu_mem_used_mib is not None:
+        mem = mib(r.gpu_mem_used_mib)
+        if r.gpu_mem_total_mib:
+            mem += f"/{mib(r.gpu_mem_total_mib)}"
+    elif r.gpu is None and r.rss_mib is not None:
+        mem = f"{mib(r.rss_mib)} rss"
+    if r.gpu is None and r.cpu_pct is not None:
+        util = f"{r.cpu_pct:.0f}% cpu"
+    pid = "" if r.pid is None else str(r.pid)
+    gpu = "cpu" if r.gpu is None else str(r.gpu)
+    return [str(r.rank), shown, pid, gpu, step, _fmt(r.samples_per_s, ".1f"), _fmt(r.loss, ".4g"), util, mem, r.last_line]
 
 
 # ---------------------------------------------------------------------------------- Rich live view
@@ -306,32 +351,8 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False) ->
         table.add_column(col, **kw)
     for rank in sorted(state.ranks):
         r = state.ranks[rank]
-        shown = r.state
-        if r.exit_code not in (None, 0):
-            shown = f"{shown} ({r.exit_code})"
-        step = "" if r.step is None else f"{r.step:.0f}" + (f"/{r.total_steps:.0f}" if r.total_steps else "")
-        # GPU figures where there is a GPU; the process's CPU and RSS for CPU ranks.
-        mem, util = "", "" if r.gpu_util is None else f"{r.gpu_util:.0f}%"
-        if r.gpu_mem_used_mib is not None:
-            mem = mib(r.gpu_mem_used_mib)
-            if r.gpu_mem_total_mib:
-                mem += f"/{mib(r.gpu_mem_total_mib)}"
-        elif r.gpu is None and r.rss_mib is not None:
-            mem = f"{mib(r.rss_mib)} rss"
-        if r.gpu is None and r.cpu_pct is not None:
-            util = f"{r.cpu_pct:.0f}% cpu"
-        table.add_row(
-            str(rank),
-            Text(shown, style=_STATE_STYLE.get(r.state, "")),
-            "" if r.pid is None else str(r.pid),
-            "cpu" if r.gpu is None else str(r.gpu),
-            step,
-            _fmt(r.samples_per_s, ".1f"),
-            _fmt(r.loss, ".4g"),
-            util,
-            mem,
-            _last_line(r, Text),
-        )
+        cells = _cells(r)
+        table.add_row(cells[0], Text(cells[1], style=_STATE_STYLE.get(r.state, "")), *cells[2:9], _last_line(r, Text))
     parts: list[Any] = [table]
     if state.verdict:
         parts.append(Text(f"hang: {visible(state.verdict)}", style="bold yellow"))
