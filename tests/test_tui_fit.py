@@ -130,6 +130,8 @@ def test_warnings_names_and_tracebacks_fit_the_terminal(simnvml, tmp_path, size)
         left = lines[title].index("Log — rank 1") - 1  # the pane's left edge (beside the charts at 200x60)
         log = [line[left:] for line in lines[title + 1:-1]]  # below its title, above the footer
         assert "".join(OOM.split()) in "".join("".join(log).split()), "\n".join(log)
+        tmux.keys("w", "q")
+        wait_for(lambda: "xl-exit=1" in tmux.screen("w"), "the app gone (the run it shows failed: exit 1)")
     finally:
         tmux.kill()
         for proc in others:

@@ -496,4 +496,4 @@ async def test_stop_and_detach_leave_the_footer_when_the_run_ends(xl_home):
         await pilot.press("question_mark")
         await until(pilot, lambda: app.screen is not screen, "the help")
         assert "stop the run" not in app.screen.text and "leave the run going" not in app.screen.text
-        assert "The run has ended" in app.screen.text
+        assert "The run has ended" in app.screen.text and "the run goes on" not in app.screen.text

@@ -93,9 +93,10 @@ def monitor_help(*, running: bool, standalone: bool, owns_run: bool) -> str:
     return text
 
 
-def everywhere(*, standalone: bool, owns_run: bool) -> str:
+def everywhere(*, standalone: bool, owns_run: bool, running: bool = False) -> str:
     if standalone:
-        return "\n**Everywhere**: `q` leaves the monitor (the run goes on; `xl attach RUN` comes back) · `?` or `F1` this help.\n"
+        goes_on = " (the run goes on; `xl attach RUN` comes back)" if running else ""
+        return f"\n**Everywhere**: `q` leaves the monitor{goes_on} · `?` or `F1` this help.\n"
     text = ("\n**Everywhere**: `1` GPUs · `2` Doctor · `3` Launch · `4` Runs · `?` or `F1` this help · `q` quit. "
             "In a text field these keys type into it: `esc` leaves the field first.\n")
     if not owns_run:
@@ -108,14 +109,15 @@ def help_for(screen: Any, *, owns_run: bool) -> str:
     run `xl launch` / `xl demo` started, where ctrl+c stops that run."""
     kind = type(screen).__name__
     standalone = bool(getattr(screen, "standalone", False))
+    running = getattr(screen, "status", None) not in FINISHED
     if kind == "MonitorScreen":
-        body = monitor_help(running=getattr(screen, "status", None) not in FINISHED, standalone=standalone, owns_run=owns_run)
+        body = monitor_help(running=running, standalone=standalone, owns_run=owns_run)
     else:
         body = {"GPUsScreen": GPUS, "DoctorScreen": DOCTOR, "LaunchScreen": LAUNCH, "RunsScreen": RUNS,
                 "StacksScreen": STACKS}.get(kind, "# xl\n")
     if kind == "StacksScreen":
         return body  # a dialog: the app's keys wait until it is closed
-    return body + everywhere(standalone=standalone, owns_run=owns_run)
+    return body + everywhere(standalone=standalone, owns_run=owns_run, running=running)
 
 
 class HelpScreen(ModalScreen[None]):
