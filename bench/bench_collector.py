@@ -4,7 +4,7 @@
 
 Ranks are simulated by worker processes, each holding many connections and sending what the
 real client sends (a frame every 0.1 s carrying the records logged since the last one, with
-the run token, reading acks). The collector is the real one (Telemetry) in this process; its
+after the handshake that proves the run token, reading acks). The collector is the real one (Telemetry) in this process; its
 thread's CPU time comes from /proc via psutil. Phase 2 ("flood") sends pre-encoded 100-record
 frames as fast as the workers can to measure records stored per collector CPU-second.
 Goals: 0 drops at 256 x 20 Hz; >= 100k records/s on one core.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from xl import wire
+from xl import handshake, wire
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser
@@ -39,6 +39,8 @@ TOKEN = "bench-token"
 def worker(addr: str, first_rank: int, nranks: int, hz: float, seconds: float, flood: bool) -> None:
     host, port = addr.rsplit(":", 1)
     socks = [socket.create_connection((host, int(port))) for _ in range(nranks)]
+    for i, s in enumerate(socks):  # each proves the token as its rank, as the real client does
+        assert handshake.client_handshake(s, TOKEN.encode(), handshake.ROLE_RANK, first_rank + i) == handshake.OK
     sent = 0
     seqs = [0] * nranks
     steps = [0] * nranks
@@ -63,7 +65,6 @@ def worker(addr: str, first_rank: int, nranks: int, hz: float, seconds: float, f
         seqs[i] += 1
         header = {
             "v": 1,
-            "token": TOKEN,
             "rank": rank,
             "pid": os.getpid(),
             "seq": seqs[i],
@@ -149,7 +150,7 @@ def phase(addr: str, ranks: int, hz: float, seconds: float, flood: bool, workers
 
 class AsyncioCollector:
     """The alternative design, for comparison only: an asyncio Protocol server in a thread
-    doing the same work per frame (framing, header, token, records, append, cumulative ack)."""
+    doing the same work per frame (handshake, framing, header, records, append, cumulative ack)."""
 
     def __init__(self, run_dir: Path) -> None:
         import asyncio  # noqa: PLC0415 - only --compare-asyncio uses it
@@ -168,10 +169,23 @@ class AsyncioCollector:
             def connection_made(self, transport):  # type: ignore[no-untyped-def]
                 self.t = transport
                 self.buf = bytearray()
+                self.nonce, first = handshake.challenge()
+                self.proved = False
+                transport.write(first)
 
             def data_received(self, data: bytes) -> None:
                 buf = self.buf
                 buf += data
+                if not self.proved:
+                    if len(buf) < handshake.HELLO_SIZE:
+                        return
+                    hello = handshake.check_hello(TOKEN.encode(), self.nonce, bytes(buf[: handshake.HELLO_SIZE]))
+                    del buf[: handshake.HELLO_SIZE]
+                    self.t.write(hello.answer)
+                    self.proved = hello.ok
+                    if not hello.ok:
+                        self.t.close()
+                        return
                 pos, lines, last = 0, [], None
                 while len(buf) - pos >= 4:
                     (n,) = wire.HEADER.unpack_from(buf, pos)
