@@ -167,3 +167,18 @@ def test_a_digest_followed_as_the_run_goes_comes_to_what_one_read_whole_does(tmp
     followed, whole = live.doc(rec), digest.build(run_dir, rec)
     assert followed == whole
     assert followed["time"]["stalled_s"] == pytest.approx(8.1, abs=1e-3) and len(followed["steps"]) == 40
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"{not json", b'{"version": 1, "steps": "abc", "loss": [], "samples_per_s": [], "speed": {}, "time": null, "waited_s": {}}',
+     b'{"version": 1, "steps": [1, 2], "loss": [1.0], "samples_per_s": [null, null], "speed": {"step_s": "fast"}, "time": null, "waited_s": {}}'],
+)
+def test_a_damaged_digest_is_made_again_from_the_run(tmp_path: Path, damage: bytes) -> None:
+    run_dir = _run(tmp_path, _steps(2, range(1, 11), T0 + 1, 0.1), [], end=T0 + 3)
+    rec = record.load(run_dir)
+    assert rec is not None
+    (run_dir / "digest.json").write_bytes(damage)
+    doc = digest.load(run_dir, rec)
+    assert doc["steps"] == list(range(1, 11)) and doc == digest.build(run_dir, rec)
+    assert json.loads((run_dir / "digest.json").read_text()) == doc  # kept, whole, for next time

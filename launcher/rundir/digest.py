@@ -282,10 +282,24 @@ def build(run_dir: Path, rec: RunRecord) -> dict[str, Any]:
     return digester.doc(rec)
 
 
+def _whole(doc: dict[str, Any]) -> bool:
+    """digest.json as this version writes it (a damaged or foreign one is made again)."""
+    steps, speed, waited = doc.get("steps"), doc.get("speed"), doc.get("waited_s")
+    if doc.get("version") != VERSION or not isinstance(steps, list) or not all(_finite(s) for s in steps):
+        return False
+    series = [doc.get("loss"), doc.get("samples_per_s")]
+    if not all(isinstance(x, list) and len(x) == len(steps) and all(v is None or _finite(v) for v in x) for x in series):
+        return False
+    if not isinstance(speed, dict) or not all(speed.get(k) is None or _finite(speed.get(k)) for k in ("step_s", "samples_per_s")):
+        return False
+    time_ok = doc.get("time") is None or timing.valid(doc.get("time")) is not None
+    return time_ok and isinstance(waited, dict) and all(_finite(w) for w in waited.values())
+
+
 def load(run_dir: Path, rec: RunRecord) -> dict[str, Any]:
     """digest.json of a finished run, made (and kept, if the run is over) when it is missing."""
     kept = read_object(run_dir / DIGEST_FILE)
-    if kept is not None and kept.get("version") == VERSION:
+    if kept is not None and _whole(kept):
         return kept
     doc = build(run_dir, rec)
     if rec.final:
