@@ -1,6 +1,6 @@
 """The top-level `xl` command as a real process: both the installed console script and
-`python -m xl` (DESIGN.md, 'Commands': exit 0 success, 2 bad usage; bad input gets one clear
-line on stderr, never a traceback)."""
+`python -m xl` (exit 0 success, 2 bad usage; bad input gets one clear line on stderr, never a
+traceback)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 # it names a config file, else it is the script (`xl launch --accelerate-config train.py`).
 _CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 
-# torchrun's own spellings of xl's options (DESIGN.md, "Commands"): accepted, not listed in
+# torchrun's own spellings of xl's options (docs/launch.md): accepted, not listed in
 # --help, so a torchrun command line works with `torchrun` replaced by `xl launch`.
 _TORCHRUN_SPELLINGS = {
     "nproc": ("--nproc-per-node", "--nproc_per_node"),
