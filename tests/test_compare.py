@@ -214,3 +214,55 @@ def test_a_run_whose_supervisor_was_killed_is_accounted_from_what_its_ranks_left
         wait_no_processes(run_dir, timeout=30)
     finally:
         kill_run(run_dir)
+
+
+# ---------------------------------------------------------------------------------- what changed, on records
+def _record(**over: Any) -> Any:
+    from xl.launcher.rundir.record import RunRecord  # noqa: PLC0415 - only these record-level tests build one
+
+    data: dict[str, Any] = {
+        "spec": {"script": "train.py", "args": ["--lr", "0.1"], "python": None},
+        "env": {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+        "devices": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}, {"index": 1, "name": "NVIDIA H100 80GB HBM3"}],
+        "nproc_per_node": 2,
+        "nnodes": 1,
+        "versions": {"xl": "0.1.0", "torch": "2.13.0+cu130", "cuda": "13.0", "driver": "580.65.06", "git": "abc"},
+    }
+    for key, value in over.items():
+        data[key] = value if not isinstance(value, dict) else {**data.get(key, {}), **value}
+    return RunRecord("r", "succeeded", data)
+
+
+def test_gpus_their_models_and_versions_are_named_when_they_change() -> None:
+    from xl.launcher.rundir.comparison import changed  # noqa: PLC0415 - a pure function of two records
+
+    a = _record()
+    b = _record(
+        devices=[{"index": 2, "name": "NVIDIA A100-SXM4-80GB"}, {"index": 3, "name": "NVIDIA A100-SXM4-80GB"}],
+        versions={"driver": "550.54.15", "torch": "2.12.0+cu128", "cuda": "12.8", "git": "def+"},
+    )
+    got = {c["what"]: (c["a"], c["b"]) for c in changed(a, b)}
+    assert got == {
+        "gpus": ([0, 1], [2, 3]),
+        "gpu_models": (["NVIDIA H100 80GB HBM3"] * 2, ["NVIDIA A100-SXM4-80GB"] * 2),
+        "torch": ("2.13.0+cu130", "2.12.0+cu128"),
+        "cuda": ("13.0", "12.8"),
+        "driver": ("580.65.06", "550.54.15"),
+        "git": ("abc", "def+"),
+    }
+    assert changed(a, _record()) == []  # the same spec: nothing to say
+
+
+@pytest.mark.parametrize(
+    ("name", "masked"),
+    [("WANDB_API_KEY", True), ("HF_TOKEN", True), ("DB_PASSWORD", True), ("AWS_SECRET_ACCESS_KEY", True), ("OMP_NUM_THREADS", False), ("LR", False)],
+)
+def test_a_secret_is_masked_and_an_ordinary_variable_shown(name: str, masked: bool) -> None:
+    from xl.launcher.rundir.comparison import changed  # noqa: PLC0415 - a pure function of two records
+
+    got = changed(_record(env={name: "value-one"}), _record(env={name: "value-two"}))
+    assert got == [{"what": f"env.{name}", "a": "****" if masked else "value-one", "b": "****" if masked else "value-two"}]
+    # Set in one run only: listed, still masked.
+    only = changed(_record(env={name: "value-one"}), _record())
+    assert [c["what"] for c in only] == [f"env.{name}"] and only[0]["b"] is None
+    assert (only[0]["a"] == "****") is masked
