@@ -89,17 +89,19 @@ def write_run(root: Path, run_id: str, ranks: int, steps: int, lr: str, speed: f
     return run_dir
 
 
-def settle(run_dir: Path) -> float:
-    """What the supervisor does at the run's end: the digest and run.json's time, written."""
+def settle(run_dir: Path) -> tuple[float, float]:
+    """What settling a run whose supervisor was gone does: the digest and run.json's time, from
+    the whole run dir (a supervisor reads the run as it goes, and at its end only the rest).
+    Wall and CPU seconds."""
     from xl.launcher.rundir import digest, record  # noqa: PLC0415 - after sys.path is set
 
     rec = record.load(run_dir)
     assert rec is not None
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     waited = digest.close_run(run_dir, rec)
     rec.update(ranks=digest.with_waits(rec.ranks, waited))
     record.save(run_dir, rec)
-    return time.perf_counter() - began
+    return time.perf_counter() - began, time.process_time() - cpu
 
 
 def timed(argv: list[str], env: dict[str, str]) -> float:
@@ -128,7 +130,8 @@ def main() -> int:
         size = sum((d / "metrics.jsonl").stat().st_size for d in (a, b)) / 2**20
         print(f"built 2 runs of {ns.ranks} ranks x {ns.steps} steps ({size:.0f} MiB of metrics) in {time.perf_counter() - began:.1f} s")
         for d in (a, b):
-            print(f"  digest + time accounting at the end of {d.name}: {settle(d):.2f} s (once, as the run ends)")
+            wall, cpu = settle(d)
+            print(f"  digest + time accounting of {d.name} read whole: {wall:.1f} s ({cpu:.1f} s CPU), once")
             if ns.no_digest:
                 (d / "digest.json").unlink()
         env = {**os.environ, "XL_HOME": str(home), "PYTHONPATH": str(ROOT)}
