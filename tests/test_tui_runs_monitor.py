@@ -497,3 +497,23 @@ async def test_stop_and_detach_leave_the_footer_when_the_run_ends(xl_home):
         await until(pilot, lambda: app.screen is not screen, "the help")
         assert "stop the run" not in app.screen.text and "leave the run going" not in app.screen.text
         assert "The run has ended" in app.screen.text and "the run goes on" not in app.screen.text
+
+
+async def test_the_log_wraps_long_lines_to_its_width_and_again_when_it_changes(xl_home):
+    """A traceback's last line (104 characters) in a 80-column log: wrapped, not cut; the
+    terminal grown: one row again."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 1; 79.15 GiB total capacity)"
+    app = build_app(monitor_run_dir=xl_home / "20260530-failed", clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.screen.query_one(RankTable)
+        await until(pilot, lambda: table.row_count == 2, "two ranks")
+        await pilot.press("]")
+        log = app.screen.query_one(RankLog)
+        await until(pilot, lambda: log.rank == 1 and any("OutOfMemoryError" in line for line in log.lines), "rank 1's log")
+        width = log.scrollable_content_region.width
+        rows = list(log.lines)
+        at = next(i for i, line in enumerate(rows) if line.startswith("torch.OutOfMemoryError"))
+        assert width < len(oom) and all(len(line) <= width for line in rows)
+        assert "".join(rows[at:at + 2]) == oom  # every character, on two rows
+        await pilot.resize_terminal(260, 60)  # charts and log side by side, the log wider than the line
+        await until(pilot, lambda: oom in log.lines, "one row once there is room")

@@ -3,6 +3,7 @@ wraps them (a traceback's last line, the one that says what went wrong, is often
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Iterable
 
@@ -13,10 +14,14 @@ from textual.widgets import Log
 MAX_LINES = 2000  # what stays scrollable; the full log is in the run dir
 
 
+# What Log itself replaces when it draws a line (control codes); the wrap counts what is drawn.
+_CONTROL = re.compile("[\u0000-\u0014]")
+
+
 def wrap(line: str, width: int) -> list[str]:
-    """``line`` cut into rows of at most ``width`` cells (as Log shows it: tabs expanded, escape
+    """``line`` cut into rows of at most ``width`` cells (as Log shows it: tabs expanded, control
     codes replaced); one row when it fits or the width is not known yet."""
-    shown = Log._process_line(line)
+    shown = _CONTROL.sub("\ufffd", line.expandtabs())
     if width <= 0 or cell_len(shown) <= width:
         return [shown]
     return chop_cells(shown, width)
