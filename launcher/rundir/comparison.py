@@ -40,7 +40,7 @@ def facts(rec: RunRecord) -> dict[str, Any]:
         "script": _target(rec),
         "args": [str(a) for a in spec.get("args") or []],
         "nproc": rec.get("nproc_per_node"),
-        "nnodes": rec.get("nnodes"),
+        "nodes": rec.get("nnodes"),
         "gpus": [d.get("index") for d in rec.devices],
         "gpu_models": [d.get("name") for d in rec.devices],
         "mixed_precision": spec.get("mixed_precision"),
