@@ -7,6 +7,7 @@ carries these fields), judged by the real `xl doctor` and said or stopped by the
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,14 @@ def test_launch_with_gpus_and_a_torch_without_cuda_stops_with_the_doctors_fix(tm
     assert ok.returncode == 0, ok.stderr
     cpu = xl(["launch", "--dry-run", "t.py"], _launch_env(tmp_path, sim, simulated=False, PYTHONPATH=str(box.root / "site-2.4.0+cpu")), cwd=tmp_path)
     assert cpu.returncode == 0, cpu.stderr
+
+
+def test_mixed_models_and_a_busy_gpu_name_one_list_of_gpus(tmp_path: Path, simnvml, sleeper) -> None:
+    """Both fixes say which GPUs to train on: they name the same ones (the majority model's
+    GPUs without the busy one), not two different --gpus lists."""
+    p = sleeper()
+    sim = simnvml(gpus=[SimGPU(model="H100", processes=[SimProcess(p.pid, 512)]), SimGPU(model="A100"), SimGPU(model="H100"), SimGPU(model="H100")])
+    c = by_id(_doctor(tmp_path, sim))["gpus"]
+    assert c["status"] == "warn" and "mixed models" in c["detail"] and f"pid {p.pid}" in c["detail"], c
+    lists = set(re.findall(r"xl launch --gpus (\S+)", c["fix"]))
+    assert lists == {"2,3"}, c["fix"]

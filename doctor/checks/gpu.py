@@ -72,12 +72,23 @@ def _no_driver(f: Facts, why: str, data: dict[str, Any]) -> Finding:
     return Finding(status="warn" if torch_cuda(f) else "skip", detail=why, fix=fix, data=data)
 
 
-def _one_model_fix(gpus: Sequence[Any], names: Counter[str]) -> str:
-    """The exact --gpus of the most numerous model (the first one listed on a tie); called only
-    when no GPU is lost."""
+def _majority(gpus: Sequence[Any], names: Counter[str]) -> tuple[str, list[int]]:
+    """The most numerous model (the first one listed on a tie) and its GPUs."""
     model = max(names, key=lambda n: names[n])
-    indices = ",".join(str(g.index) for g in gpus if g.name == model)
-    return f"train on one model: xl launch --gpus {indices} ...  (the {names[model]}x {model})"
+    return model, [g.index for g in gpus if g.name == model]
+
+
+def _one_model_fix(f: Facts, names: Counter[str]) -> str:
+    """The exact --gpus of the most numerous model, without its GPUs that have a problem (the
+    same list the health fixes' "leave it out" names); called only when no GPU is lost."""
+    from xl.gpu.health import healthy  # noqa: PLC0415 - keeps xl.gpu off the startup path (see devices.py)
+
+    model, indices = _majority(f.gpus, names)
+    good = [i for i in healthy(f.gpus, f.health) if i in indices] or indices
+    return (
+        f"train on one model: xl launch --gpus {','.join(map(str, good))} ...  "
+        f"(the {len(good)}x {model})"
+    )
 
 
 def check_gpus(f: Facts) -> Finding:
@@ -111,7 +122,8 @@ def check_gpus(f: Facts) -> Finding:
             fix="check `dmesg` for Xid errors, then `sudo nvidia-smi -r -i <index>` or reboot",
             data=data,
         )
-    health = _health(f, data)
+    among = _majority(f.gpus, names)[1] if len(names) > 1 else None
+    health = _health(f, data, among)
     failed = [p for p in health if p.status == "fail"]
     if failed:
         return fail(
@@ -122,8 +134,11 @@ def check_gpus(f: Facts) -> Finding:
     errors = [g for g in f.gpus if getattr(g, "error", None)]
     if len(names) > 1:
         return warn(
-            f"mixed models: {models}; DDP runs every rank at the slowest GPU's pace",
-            fix=_one_model_fix(f.gpus, names),
+            "; ".join(
+                [f"mixed models: {models}; DDP runs every rank at the slowest GPU's pace"]
+                + [p.detail for p in health]
+            ),
+            fix="; ".join(dict.fromkeys([_one_model_fix(f, names)] + [p.fix for p in health])),
             data=data,
         )
     if health:
@@ -149,7 +164,7 @@ def check_gpus(f: Facts) -> Finding:
     return ok(models, data=data)
 
 
-def _health(f: Facts, data: dict[str, Any]) -> list[Any]:
+def _health(f: Facts, data: dict[str, Any], among: list[int] | None) -> list[Any]:
     """Each GPU's problems from NVML (compute mode, processes, ECC, row remaps, retired pages),
     as xl.gpu.health judges them for `xl launch` too; the figures go into `data`."""
     from xl.gpu.health import judge_all  # noqa: PLC0415 - keeps xl.gpu off the startup path (see devices.py)
@@ -160,5 +175,5 @@ def _health(f: Facts, data: dict[str, Any]) -> list[Any]:
         for g in f.gpus
         if g.processes
     }
-    problems = [p for ps in judge_all(f.gpus, f.health).values() for p in ps]
+    problems = [p for ps in judge_all(f.gpus, f.health, among).values() for p in ps]
     return sorted(problems, key=lambda p: p.status != "fail")
