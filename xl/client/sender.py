@@ -172,25 +172,12 @@ class Sender:
     # -- transport ----------------------------------------------------------------------------
 
     def _connect(self) -> None:
-        from xl import handshake  # noqa: PLC0415 - hmac/hashlib cost ~2 ms: only ranks that connect pay
-
-        try:
-            sock = socket.create_connection(self.address, timeout=1.0)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(2.0)
-            verdict = handshake.client_handshake(sock, self.token, handshake.ROLE_RANK, self.rank)
-        except OSError:
-            verdict = None
-            sock = None
-        if verdict != handshake.OK:
-            if sock is not None:
-                self.unverified += 1
-                with contextlib.suppress(OSError):
-                    sock.close()
+        sock, listener = _open(self.address, self.token, self.rank)
+        if sock is None:
+            self.unverified += listener  # it answered, and did not prove the token: it got nothing
             self.next_connect = time.monotonic() + self.backoff
             self.backoff = min(self.backoff * 2, 2.0)
             return
-        assert sock is not None
         self.sock = sock
         self.backoff = 0.2
         self.ack_buf = b""
@@ -362,6 +349,27 @@ class Sender:
             leftover = self._drain_queue()
             if leftover:
                 self._spool(leftover)
+
+
+def _open(address: tuple[str, int], token: bytes, rank: int) -> tuple[socket.socket | None, int]:
+    """A connection to a collector that proved it holds ``token`` (xl.handshake), or None and
+    1 when a listener answered without proving it (0: nobody there)."""
+    from xl import handshake  # noqa: PLC0415 - hmac/hashlib cost ~2 ms: only ranks that connect pay
+
+    try:
+        sock = socket.create_connection(address, timeout=1.0)
+    except OSError:
+        return None, 0
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(2.0)
+        if handshake.client_handshake(sock, token, handshake.ROLE_RANK, rank) == handshake.OK:
+            return sock, 0
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        sock.close()
+    return None, 1
 
 
 def _chunks(lines: list[bytes]) -> list[list[bytes]]:
