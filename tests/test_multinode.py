@@ -765,8 +765,8 @@ def test_node_0_gives_up_on_a_late_node_only_when_its_heartbeat_is_lost(tmp_path
         assert run["status"] == "failed" and run["failure"]["node_rank"] == 1, run["failure"]
         assert f"was lost with rank(s) {r1} running: nothing came from it for 3s" in run["failure"]["message"], run["failure"]
         assert not any(e["kind"] == "nodes_unfinished" for e in _events(run0))
-        wait_no_processes(run0, timeout=10)
-        # Node 1 thawed and stopped: nothing of it is left either.
+        # Node 1 thawed and stopped: nothing of either node is left (node 0's run.json lists
+        # node 1's frozen rank too).
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)
         os.kill(frozen[0], signal.SIGTERM)
@@ -774,6 +774,7 @@ def test_node_0_gives_up_on_a_late_node_only_when_its_heartbeat_is_lost(tmp_path
         code1, out1 = _finish(procs[1:], timeout=30)[0]
         assert code1 != 0, out1[-3000:]
         wait_no_processes(run1, timeout=10)
+        wait_no_processes(run0, timeout=10)
     finally:
         for pid in frozen:
             with contextlib.suppress(OSError):
@@ -801,3 +802,229 @@ def test_node_1_trains_on_when_node_0_cannot_be_reached(tmp_path: Path) -> None:
             wait_no_processes(only_run(home), timeout=5)
     finally:
         _cleanup(homes)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
+def test_node_1_trains_on_when_only_its_supervisor_is_killed_or_frozen(tmp_path: Path, sig: signal.Signals) -> None:
+    """Node 1's supervisor alone is SIGKILLed or frozen mid-run: its rank trains on and its
+    frames still reach node 0, so node 0 says the supervisor is gone (no lost node, no failure),
+    keeps taking rank 1's output and metrics to the last step, and the run succeeds."""
+    homes = (tmp_path / "node0", tmp_path / "node1")
+    steps = 120
+    procs = _start_nodes(tmp_path, homes, MN_MODE="loop", MN_STEPS=str(steps), MN_PAUSE="0.1", XL_NODE_TIMEOUT="4")
+    frozen: int | None = None
+    try:
+        wait_for(lambda: all((h / "runs").is_dir() and any((h / "runs").iterdir()) for h in homes), timeout=60, what="both runs")
+        run0, run1 = only_run(homes[0]), only_run(homes[1])
+        wait_for(lambda: _logs_say(run0, 2, "ready") and _logs_say(run1, 1, "ready"), timeout=60, what="both nodes to train")
+        sup = int(run_json(run1)["supervisor_pid"])
+        [r1] = _own_ranks(run1)
+        os.kill(sup, sig)
+        frozen = sup if sig == signal.SIGSTOP else None
+        code0, out0 = _finish(procs[:1], timeout=90)[0]
+        assert code0 == 0, out0[-3000:]
+        run = run_json(run0)
+        assert run["status"] == "succeeded" and run["failure"] is None, run
+        events = _events(run0)
+        said = [e for e in events if e["kind"] == "node_supervisor_lost"]
+        assert len(said) == 1 and said[0]["node_rank"] == 1 and f"rank(s) {r1} still send" in said[0]["message"], said
+        assert not any(e["kind"] in ("node_lost", "failure") for e in events), events
+        # Rank 1's records kept coming after its supervisor was gone, to its last step.
+        assert steps - 1 in {m["step"] for m in _train(run0) if m["rank"] == r1}
+        assert {r["rank"]: r["state"] for r in run["ranks"]}[r1] == "exited", run["ranks"]
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
+            frozen = None
+        code1, out1 = _finish(procs[1:], timeout=60)[0]
+        assert code1 == 0 and wait_for(lambda: run_json(run1).get("status") == "succeeded", timeout=30, what="node 1's record"), out1[-3000:]
+        assert "done" in (run1 / "logs" / f"rank-{r1}.log").read_text()  # its output stayed on its node
+        for run_dir in (run0, run1):
+            wait_no_processes(run_dir, timeout=10)
+    finally:
+        if frozen is not None:
+            with contextlib.suppress(OSError):
+                os.kill(frozen, signal.SIGCONT)
+        _cleanup(homes, procs)
+
+
+@contextlib.contextmanager
+def _netns_pair() -> Any:
+    """A network namespace joined to this one by a veth pair: (namespace, host-side interface,
+    node 0's address, node 1's address, node 1's interface); removed afterwards (root only)."""
+    tag = f"{os.getpid() % 10000}{int(time.monotonic() * 1000) % 1000}"
+    ns, here, there = f"xlns{tag}", f"xl{tag}a", f"xl{tag}b"
+    net = 16 + os.getpid() % 200
+    addr0, addr1 = f"10.77.{net}.1", f"10.77.{net}.2"
+    setup = [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
+        ["ip", "link", "set", there, "netns", ns],
+        ["ip", "addr", "add", f"{addr0}/24", "dev", here],
+        ["ip", "link", "set", here, "up"],
+        ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr1}/24", "dev", there],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", there, "up"],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+    ]
+    # torchrun hands its ranks the address of the node whose agent is group rank 0 as its FQDN,
+    # "localhost" on this machine: inside the namespace that name is node 0 (`ip netns exec`
+    # mounts /etc/netns/<ns>/hosts over /etc/hosts), as a real second machine would resolve it.
+    etc = Path("/etc/netns")
+    made_etc = not etc.exists()
+    try:
+        for cmd in setup:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+            if done.returncode != 0:
+                pytest.skip(f"cannot make a network namespace here ({' '.join(cmd)}: {done.stderr.strip()})")
+        (etc / ns).mkdir(parents=True)
+        (etc / ns / "hosts").write_text(f"{addr0} localhost\n127.0.0.1 {socket.gethostname()}\n")
+        yield ns, here, addr0, addr1, there
+    finally:
+        subprocess.run(["ip", "link", "del", here], capture_output=True, timeout=30, check=False)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30, check=False)
+        with contextlib.suppress(OSError):
+            (etc / ns / "hosts").unlink()
+            (etc / ns).rmdir()
+            if made_etc:
+                etc.rmdir()
+
+
+def test_a_link_going_down_between_the_nodes_is_noticed_on_both(tmp_path: Path) -> None:
+    """Node 1 in its own network namespace, joined by a veth pair; the link goes down mid-run:
+    node 0 names node 1 lost, and node 1 says node 0 no longer answers (it used to stay
+    "running" without a word); `xl stop` on node 1 then ends what is left there."""
+    homes = (tmp_path / "node0", tmp_path / "node1")
+    (tmp_path / "mn.py").write_text(SCRIPT)
+    procs: list[subprocess.Popen[str]] = []
+    with _netns_pair() as (ns, here, addr0, _addr1, there):
+        try:
+            rdzv = f"{addr0}:{rdzv_port(addr0)}"
+            for node, (home, ifname) in enumerate(zip(homes, (here, there), strict=True)):
+                argv = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv, "--nproc", "1", "mn.py"]
+                env = xl_env(home, XL_TOKEN=TOKEN, MN_MODE="loop", XL_NODE_TIMEOUT="5", GLOO_SOCKET_IFNAME=ifname)
+                prefix = ["ip", "netns", "exec", ns] if node else []
+                procs.append(subprocess.Popen([*prefix, *argv], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                if not node:  # node 0 joins first: its agent is group rank 0 (see _netns_pair)
+                    wait_for(lambda: (homes[0] / "runs").is_dir() and any((homes[0] / "runs").iterdir()), timeout=60, what="node 0's run")
+            wait_for(lambda: all((h / "runs").is_dir() and any((h / "runs").iterdir()) for h in homes), timeout=60, what="both runs")
+            run0, run1 = only_run(homes[0]), only_run(homes[1])
+            wait_for(lambda: _logs_say(run0, 2, "ready") and _logs_say(run1, 1, "ready"), timeout=90, what="both nodes to train")
+            subprocess.run(["ip", "link", "set", here, "down"], check=True, timeout=30)
+            down_at = time.monotonic()
+            code0, out0 = _finish(procs[:1], timeout=60)[0]
+            assert code0 == 1, out0[-3000:]
+            failure = run_json(run0)["failure"]
+            assert failure["node_rank"] == 1 and "nothing came from it for 5s" in failure["message"], failure
+
+            def node_1_noticed() -> dict[str, Any] | None:
+                return next((e for e in _events(run1) if e["kind"] == "node_lost" and e.get("node_rank") == 0), None)
+
+            said = wait_for(node_1_noticed, timeout=30, what="node 1 to notice that node 0 is gone")
+            assert f"node 0 ({rdzv.rsplit(':', 1)[0]}:" in said["message"] and "has not answered for 5s" in said["message"], said
+            assert said["t"] - time.time() + (time.monotonic() - down_at) < 20  # within the timeout and a few seconds
+            stop = xl(["stop", run1.name], xl_env(homes[1]))
+            assert stop.returncode == 0 and stop.stdout.strip() == f"{run1.name} stopped", stop.stdout + stop.stderr
+            _finish(procs[1:], timeout=30)
+            for run_dir in (run0, run1):
+                wait_no_processes(run_dir, timeout=10)
+        finally:
+            _cleanup(homes, procs)
+
+
+def test_stopping_node_0_while_node_1_never_joined_is_prompt_and_says_so(tmp_path: Path) -> None:
+    """Node 0 waits in the rendezvous for a node 1 nobody started; `xl stop` ends it at once
+    (no wait for a node that has nothing to end), and the record says node 1 never joined,
+    not that it "had not reported the end of its part"."""
+    home = tmp_path / "home"
+    (tmp_path / "mn.py").write_text(SCRIPT)
+    argv = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", "0", "--rdzv", f"127.0.0.1:{rdzv_port()}", "--nproc", "1", "mn.py"]
+    node0 = subprocess.Popen(argv, env=xl_env(home, XL_TOKEN=TOKEN), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run0 = wait_for(lambda: (home / "runs").is_dir() and next((home / "runs").iterdir(), None), timeout=60, what="node 0's run")
+        wait_for(lambda: run_json(run0).get("torchrun_pid"), timeout=60, what="node 0's torchrun")
+        time.sleep(2)  # in the rendezvous
+        asked = time.monotonic()
+        stop = xl(["stop", run0.name], xl_env(home))
+        took = time.monotonic() - asked
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run0.name} stopped", stop.stdout + stop.stderr
+        assert took < 8.0, took  # the grace (1 s) and the supervisor's own ending; it waited 11 s for node 1
+        events = _events(run0)
+        assert not any(e["kind"] == "nodes_unfinished" for e in events), events
+        never = [e for e in events if e["kind"] == "nodes_never_joined"]
+        assert len(never) == 1 and "node(s) 1 never joined" in never[0]["message"], events
+        assert run_json(run0)["status"] == "stopped"
+        code, out = _finish([node0], timeout=30)[0]
+        assert code != 0, out
+        wait_no_processes(run0, timeout=5)
+    finally:
+        _cleanup((home, home), [node0])
+
+
+def test_node_1_started_a_minute_before_node_0_still_joins(tmp_path: Path) -> None:
+    """torchrun's c10d client gives up on node 0's store after 60 s ("The connection to the
+    C10d store has failed"), its rendezvous after 600 s: node 1 waits for node 0 as long as the
+    rendezvous would, says so, and the run trains when node 0 comes 65 s later. Node 1's own
+    summary lists its rank only, ended."""
+    home = tmp_path / "home"
+    (tmp_path / "mn.py").write_text(SCRIPT)
+    rdzv = f"127.0.0.1:{rdzv_port()}"
+    procs: list[subprocess.Popen[str]] = []
+
+
+    def launch(node: int) -> None:
+        argv = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv, "--nproc", "1", "mn.py"]
+        procs.append(subprocess.Popen(argv, env=xl_env(home, XL_TOKEN=TOKEN), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
+    try:
+        launch(1)
+        first = wait_for(lambda: (home / "runs").is_dir() and next((home / "runs").iterdir(), None), timeout=60, what="node 1's run")
+        said = wait_for(lambda: next((e for e in _events(first) if e["kind"] == "waiting_for_node_0"), None), timeout=30, what="node 1 to wait")
+        assert f"waiting for node 0's rendezvous at {rdzv}" in said["message"], said
+        time.sleep(65)
+        assert procs[0].poll() is None and run_json(first)["status"] == "running"
+        launch(0)
+        (code1, out1), (code0, out0) = _finish(procs, timeout=120)
+        assert code0 == 0 and code1 == 0, (out0[-3000:], out1[-3000:])
+        run0, run1 = _runs((home, home))
+        assert "C10d store has failed" not in (run1 / "logs" / "torchrun.log").read_text()
+        _assert_one_view(run0, run1, {0: 1, 1: 1})
+        assert [(r["state"], r["exit_code"]) for r in run_json(run1)["ranks"]] == [("exited", 0)], run_json(run1)["ranks"]
+        table = [line for line in out1.splitlines() if line.startswith("|") and "rank" not in line and "---" not in line]
+        assert len(table) == 1 and "running" not in table[0], out1[-3000:]
+        for run_dir in (run0, run1):
+            wait_no_processes(run_dir, timeout=5)
+    finally:
+        _cleanup((home, home), procs)
+
+
+def test_attach_last_on_a_shared_home_shows_node_0_s_whole_run(tmp_path: Path) -> None:
+    """Node 1 started after node 0 on the XL_HOME every node shares: its part is the newest run,
+    yet `xl attach last` shows node 0's run (every rank), and says so."""
+    home = tmp_path / "home"
+    (tmp_path / "mn.py").write_text(SCRIPT)
+    rdzv = f"127.0.0.1:{rdzv_port()}"
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for node in (0, 1):
+            argv = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv, "--nproc", "1", "mn.py"]
+            procs.append(subprocess.Popen(argv, env=xl_env(home, XL_TOKEN=TOKEN), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            if node == 0:
+                wait_for(lambda: (home / "runs").is_dir() and next((home / "runs").iterdir(), None), timeout=60, what="node 0's run")
+                time.sleep(1.1)  # node 1's part is the newer run
+        for code, out in _finish(procs, timeout=90):
+            assert code == 0, out[-3000:]
+        run0, run1 = _runs((home, home))
+        listed = xl(["runs", "--json"], xl_env(home))
+        assert json.loads(listed.stdout)[-1]["run_id"] == run1.name  # `last` is node 1's part
+        attach = xl(["attach", "last", "--no-tui"], xl_env(home))
+        assert attach.returncode == 0, attach.stdout + attach.stderr
+        assert f"showing node 0's {run0.name}" in attach.stderr and f"'xl attach {run1.name}'" in attach.stderr, attach.stderr
+        assert run0.name in attach.stdout and run1.name not in attach.stdout, attach.stdout
+        rows = [line for line in attach.stdout.splitlines() if line.startswith("|") and "rank" not in line and "---" not in line]
+        assert len(rows) == 2, attach.stdout
+        # A single-node run or node 0 itself is shown as it is, without a word.
+        attach0 = xl(["attach", run0.name, "--no-tui"], xl_env(home))
+        assert attach0.returncode == 0 and "showing" not in attach0.stderr, attach0.stderr
+        for run_dir in (run0, run1):
+            wait_no_processes(run_dir, timeout=5)
+    finally:
+        _cleanup((home, home), procs)

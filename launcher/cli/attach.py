@@ -12,7 +12,34 @@ from xl.launcher.cli.logs import main as follow_logs
 from xl.launcher.cli.view import watch
 from xl.launcher.control import abandon_if_supervisor_gone
 from xl.launcher.rundir import record
-from xl.launcher.rundir.store import resolve_run
+from xl.launcher.rundir.store import list_runs, resolve_run
+
+
+def _whole_run(run_dir: Path) -> Path:
+    """`last` on a shared XL_HOME may be another node's part of a multi-node run (it started
+    later): node 0's run of the same rendezvous is the whole view, so that one is shown."""
+    rec = record.load(run_dir)
+    if rec is None or int(rec.get("node_rank") or 0) == 0 or int(rec.get("nnodes") or 1) < 2:
+        return run_dir
+    rdzv = rec.spec.get("rdzv")
+    started = rec.started_at or 0.0
+    best: tuple[float, Path] | None = None
+    for info in list_runs():
+        other = record.load(info.run_dir)
+        if other is None or int(other.get("node_rank") or 0) != 0 or other.spec.get("rdzv") != rdzv:
+            continue
+        if other.get("nnodes") != rec.get("nnodes") or (other.ended_at is not None and other.ended_at < started):
+            continue  # another run on the same address, over before this part began
+        gap = abs((other.started_at or 0.0) - started)
+        if best is None or gap < best[0]:
+            best = (gap, info.run_dir)
+    if best is None:
+        return run_dir
+    sys.stderr.write(
+        f"xl: the last run, {run_dir.name}, is node {rec.get('node_rank')}'s part; showing node 0's {best[1].name}, "
+        f"the whole run ('xl attach {run_dir.name}' shows that part)\n"
+    )
+    return best[1]
 
 
 def main(argv: Sequence[str], viewer: Callable[[Path], int] | None = None) -> int:
@@ -21,6 +48,8 @@ def main(argv: Sequence[str], viewer: Callable[[Path], int] | None = None) -> in
     p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
     ns = p.parse_args(list(argv))
     run_dir = resolve_run(ns.run)
+    if ns.run == "last":
+        run_dir = _whole_run(run_dir)
     if record.load(run_dir) is None:
         # Nothing to show but its output: follow it until no process of the run is left.
         follow_logs([run_dir.name, "-f"])

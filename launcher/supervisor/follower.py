@@ -9,20 +9,29 @@ node's ranks' stacks (``xl stacks`` or a hang on node 0): a thread of its own as
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+from xl.errors import UsageError
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.join import TOKEN_VAR, format_address
 from xl.launcher.multinode.protocol import clip_stacks
+from xl.launcher.plan import parse_rdzv
 from xl.launcher.supervisor.failure import Failure, RootCause
 from xl.launcher.supervisor.journal import Journal
+from xl.launcher.supervisor.nodewatch import node_timeout
 from xl.launcher.supervisor.ranks import Torchrun
 from xl.launcher.supervisor.stopping import Stopping, StopReason
 from xl.launcher.telemetry import stacks as capture
 
 _MAX_ASKING = 4  # stacks requests answered at once; more are answered "busy"
+# torchrun's c10d client gives up on node 0's store after its read_timeout (60 s), while its
+# rendezvous waits this long for every node (join_timeout): a node > 0 waits as long for node 0.
+RDZV_JOIN_S = 600.0
+_SAY_WAITING_S = 2.0
 
 
 class Follower:
@@ -38,9 +47,12 @@ class Follower:
         self.hub, self.link = hub, link
         self.journal, self.cause, self.stopping, self.torchrun = journal, cause, stopping, torchrun
         self._asking = threading.BoundedSemaphore(_MAX_ASKING)
+        self.timeout = node_timeout()
+        self.node_0_silent = False  # said that node 0 stopped answering
 
     def poll(self) -> None:
-        """Node 0's commands since the last turn."""
+        """Node 0's commands since the last turn; and whether node 0 still answers."""
+        self._check_node_0()
         for cmd in self.link.commands():
             if cmd.get("refused"):
                 self._token_refused()
@@ -65,6 +77,53 @@ class Follower:
                 self.cause.set(Failure.from_json({**failure, "message": message}), time.time())
                 self.journal.emit({"kind": "failure", "rank": failure.get("rank"), "message": message})
             self.stopping.begin(StopReason.FAILURE)
+
+    def wait_for_node_0(self, rdzv: str, stop_came: Callable[[float], bool]) -> None:
+        """Before torchrun starts: wait until node 0's rendezvous (its torchrun's c10d store)
+        listens, up to RDZV_JOIN_S, so that a node 0 started a minute late is still joined;
+        ``stop_came(wait)`` waits and says whether the run was stopped meanwhile."""
+        try:
+            host, port = parse_rdzv(rdzv)
+        except UsageError:
+            return
+        start, said = time.monotonic(), False
+        while True:
+            try:
+                socket.create_connection((host, port), timeout=1.0).close()
+                return
+            except OSError:
+                pass
+            waited = time.monotonic() - start
+            if waited >= RDZV_JOIN_S:
+                return  # torchrun tries once more, and says why it cannot
+            if not said and waited >= _SAY_WAITING_S:
+                said = True
+                self.journal.emit({"kind": "waiting_for_node_0", "message": f"waiting for node 0's rendezvous at {format_address(host, port)} "
+                                   f"(up to {RDZV_JOIN_S:g}s, as torchrun's own): start node 0 there"})
+            if stop_came(0.5):
+                return
+
+    def _check_node_0(self) -> None:
+        """Node 0 answered this link once and then nothing for XL_NODE_TIMEOUT seconds: its
+        machine, the network between, or its supervisor is gone. Say so (node 0 says the same
+        of this node); this node's ranks go on while they can: torch's own timeouts end them if
+        their peers are gone, and `xl stop` ends them at once."""
+        heard = self.link.heard_at
+        if heard is None or self.link.refused is not None:
+            return  # never connected (training goes on, its records stay here), or refused
+        silent = time.monotonic() - heard > self.timeout
+        if silent and not self.node_0_silent:
+            self.node_0_silent = True
+            self.journal.emit({
+                "kind": "node_lost",
+                "node_rank": 0,
+                "message": f"node 0 ({format_address(*self.hub)}) has not answered for {self.timeout:g}s (its machine or "
+                "the network between went down, or its supervisor is gone); this node's ranks go on until torch's own "
+                f"timeout ends them; 'xl stop {self.journal.record.run_id}' ends them now",
+            })
+        elif not silent and self.node_0_silent:
+            self.node_0_silent = False
+            self.journal.emit({"kind": "node_back", "node_rank": 0, "message": f"node 0 ({format_address(*self.hub)}) answers again"})
 
     def _stacks(self, ask: dict[str, Any]) -> None:
         """Node 0 wants this node's ranks' stacks: ask them off the loop's thread (it takes up to

@@ -19,33 +19,34 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from xl import settings
 from xl.errors import UsageError
 from xl.launcher.multinode.join import TOKEN_VAR, hub_address, listen_host, valid_token
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.supervisor.failure import Failure, RootCause
 from xl.launcher.supervisor.journal import Journal, say
 from xl.launcher.supervisor.logsink import LogSink
+from xl.launcher.supervisor.nodewatch import (
+    Verdict,
+    judge,
+    node_timeout,
+    quiet_message,
+    supervisor_gone_message,
+)
 from xl.launcher.supervisor.ranks import DONE_STATES, LIVE_STATES, RankPhase
 from xl.launcher.supervisor.stopping import Stopping, StopReason
 
-# A node whose link closed without its end is lost after this long (a supervisor that restarts
-# its connection comes back well within it); one that went silent, after XL_NODE_TIMEOUT
-# seconds. After its own ranks are done node 0 waits for every other node's end: without limit
-# while that node is heard from with ranks running (under c10d global rank 0 may well be there,
-# finishing last), else up to the stop grace plus _NODE_END_WAIT_S.
-_NODE_CLOSED_S = 2.0
-_NODE_TIMEOUT_S = 30.0
+# A node whose link closed without its end is lost after nodewatch.LINK_CLOSED_S (a supervisor
+# that restarts its connection comes back well within it); one that went silent, after
+# XL_NODE_TIMEOUT seconds; unless its ranks' own frames show it is up (nodewatch). After its own
+# ranks are done node 0 waits for every other node's end: without limit while that node is heard
+# from with ranks running (under c10d global rank 0 may well be there, finishing last), else up
+# to the stop grace plus _NODE_END_WAIT_S.
 _NODE_END_WAIT_S = 10.0
 # Node 0 records at most this many refused joins (a wrong XL_TOKEN), one per node, host and
 # address: a peer cannot fill events.jsonl with them (collector.json counts every one).
 _MAX_REFUSED_EVENTS = 16
 
 Inbox = queue.SimpleQueue[tuple[int, str, list[dict[str, Any]] | None, float]]
-
-
-def node_timeout() -> float:
-    return settings.number("XL_NODE_TIMEOUT", _NODE_TIMEOUT_S, floor=2.0)
 
 
 def resolve_hub(record: RunRecord, token: str) -> tuple[tuple[str, int] | None, str]:
@@ -82,16 +83,21 @@ class RemoteNode:
     lost: bool = False
     partial: dict[int, bytes] = field(default_factory=dict)
     idle_since: float | None = None  # monotonic; when node 0 learnt that none of its ranks runs
+    orphaned: bool = False  # its link is down while its ranks still send (nodewatch)
+    quiet: bool = False  # orphaned, then its ranks stopped sending too: its part is over
     strange_logs: int = 0  # output it sent for ranks it does not have (dropped)
 
     @property
     def busy(self) -> bool:
         """Heard from (not lost), its part not ended, and some rank of it starting or running."""
-        return self.status is None and not self.lost and self.idle_since is None
+        return self.status is None and not self.lost and not self.quiet and self.idle_since is None
 
     @property
     def over(self) -> bool:
-        return self.status is not None or self.lost
+        return self.status is not None or self.lost or self.quiet
+
+    def rank_numbers(self) -> list[int]:
+        return sorted(int(r["rank"]) for r in self.ranks if isinstance(r.get("rank"), int))
 
 
 class Hub:
@@ -105,18 +111,21 @@ class Hub:
         sink: LogSink,
         on_ranks: Callable[[], None],
         stop_nodes: Callable[[dict[str, Any]], None],
+        rank_frames: Callable[[], dict[int, float]] = dict,
     ) -> None:
         self.address = address
         self.nnodes = nnodes
         self.journal, self.cause, self.stopping, self.sink = journal, cause, stopping, sink
         self.on_ranks = on_ranks  # the set of ranks changed (telemetry samples the local ones)
         self.stop_nodes = stop_nodes  # telemetry's collector tells every node to stop
+        self.rank_frames = rank_frames  # {rank: unix time of its last frame to the collector}
         self.nodes: dict[int, RemoteNode] = {}
         self.inbox: Inbox = queue.SimpleQueue()
         self.timeout = node_timeout()
         self.local_done_at: float | None = None
         self.waited = False  # gave up waiting for some node's end
         self.told = False  # the other nodes were told to stop
+        self.never_said = False  # said which nodes never joined a run that ended first
         self.refused_seen: set[tuple[int, str, str]] = set()
 
     def collector_hooks(self) -> dict[str, Any]:
@@ -260,14 +269,20 @@ class Hub:
 
     # ---------------------------------------------------------------- each turn
     def check_nodes(self) -> None:
-        """A node whose link closed without its end, or that went silent, is lost: the run is over."""
+        """A node whose link closed without its end, or that went silent, is lost: the run is
+        over; unless its ranks still send (its supervisor alone is gone or frozen)."""
         now = time.monotonic()
+        frames = self.rank_frames() if any(not r.over for r in self.nodes.values()) else {}
         for remote in self.nodes.values():
             if remote.over:
                 continue
-            closed = remote.closed_at is not None and now - remote.closed_at > _NODE_CLOSED_S
-            if not closed and now - remote.seen <= self.timeout:
+            heard = [frames[r] for r in remote.rank_numbers() if r in frames]
+            ranks_heard = now - max(0.0, time.time() - max(heard)) if heard else None
+            verdict = judge(now, remote.seen, remote.closed_at, ranks_heard, self.timeout)
+            if verdict is not Verdict.LOST:
+                self._judged(remote, verdict)
                 continue
+            closed = remote.closed_at is not None
             remote.lost = True
             since = remote.closed_at if remote.closed_at is not None else remote.seen
             running = [int(r["rank"]) for r in remote.ranks if r.get("state") in LIVE_STATES]
@@ -287,6 +302,19 @@ class Hub:
             self._failure(remote, failure, time.time() - (now - since))
             self.journal.changed()
 
+    def _judged(self, remote: RemoteNode, verdict: Verdict) -> None:
+        """Say once that a node's supervisor is gone while its ranks train on, and when they end."""
+        if verdict is Verdict.ORPHANED and not remote.orphaned:
+            remote.orphaned = True
+            message = supervisor_gone_message(remote.node, remote.host, remote.closed_at is not None, remote.rank_numbers())
+            self.journal.emit({"kind": "node_supervisor_lost", "node": remote.host, "node_rank": remote.node, "message": message})
+        elif verdict is Verdict.QUIET:
+            remote.quiet = True
+            self.journal.emit({"kind": "node_quiet", "node": remote.host, "node_rank": remote.node, "message": quiet_message(remote.node, remote.host)})
+            self.journal.changed()
+        elif verdict is Verdict.ALIVE and remote.orphaned and remote.closed_at is None:
+            remote.orphaned = False  # its supervisor speaks again (thawed)
+
     def busy(self) -> bool:
         """Another node is heard from and still has ranks running."""
         return any(remote.busy for remote in self.nodes.values())
@@ -298,13 +326,21 @@ class Hub:
         stops) and has ranks running is waited for as long as that lasts, unless the run is
         being stopped (it was told to stop too: its own grace ends its ranks); a node whose ranks
         are done, or that was never heard from, for the stop grace plus _NODE_END_WAIT_S since
-        node 0 knew (its end follows its ranks' within its own exit barrier's grace)."""
+        node 0 knew (its end follows its ranks' within its own exit barrier's grace). A run that
+        was stopped or failed waits for no node that never joined: it has nothing to end."""
         if self.waited:
             return False
         now = time.monotonic()
         if self.local_done_at is None:
             self.local_done_at = now
         waiting = [n for n in range(1, self.nnodes) if not ((r := self.nodes.get(n)) is not None and r.over)]
+        never = [n for n in waiting if n not in self.nodes]
+        if never and self.stopping.state is not None:
+            waiting = [n for n in waiting if n in self.nodes]
+            if not self.never_said:
+                self.never_said = True
+                names = ", ".join(map(str, never))
+                self.journal.emit({"kind": "nodes_never_joined", "message": f"node(s) {names} never joined: the run ended before they did"})
         if not waiting:
             return False
         limit = self.stopping.grace + _NODE_END_WAIT_S
@@ -316,12 +352,11 @@ class Hub:
             if now - since < limit:
                 return True
         self.waited = True
-        names = ", ".join(map(str, waiting))
-        self.journal.emit({
-            "kind": "nodes_unfinished",
-            "message": f"node(s) {names} had not reported the end of their part {limit:g}s after their ranks "
-            "were done (or without a word from them); their own run dirs have the rest",
-        })
+        heard = ", ".join(str(n) for n in waiting if n in self.nodes)
+        unheard = ", ".join(str(n) for n in waiting if n not in self.nodes)
+        said = [f"node(s) {heard} had not reported the end of their part {limit:g}s after their ranks were done"] if heard else []
+        said += [f"node(s) {unheard} never reached node 0's collector"] if unheard else []
+        self.journal.emit({"kind": "nodes_unfinished", "message": "; ".join(said) + "; their own run dirs have the rest"})
         return False
 
     def tell_nodes(self) -> None:
@@ -338,9 +373,11 @@ class Hub:
         # A copy: the collector thread serializes it while _failure may complete ours.
         self.stop_nodes({"reason": why, "failure": self.cause.to_json()})
 
-    def settle(self) -> None:
-        """At the end: the running ranks of a lost node failed with it."""
+    def settle(self, status: RunStatus) -> None:
+        """At the end: the running ranks of a lost node failed with it; those of a node whose
+        ranks went quiet without their supervisor ended with the run (its own run dir has how)."""
+        ended = {RunStatus.SUCCEEDED: RankPhase.EXITED, RunStatus.STOPPED: RankPhase.STOPPED}.get(status, RankPhase.FAILED)
         for node in self.nodes.values():
             for info in node.ranks:
-                if node.lost and info.get("state") not in DONE_STATES:
-                    info["state"] = RankPhase.FAILED.value
+                if (node.lost or node.quiet) and info.get("state") not in DONE_STATES:
+                    info["state"] = (RankPhase.FAILED if node.lost else ended).value

@@ -55,6 +55,7 @@ from xl.launcher.supervisor.guard import crash_line, private_umask, raise_fd_lim
 from xl.launcher.supervisor.hub import Hub, resolve_hub
 from xl.launcher.supervisor.journal import Journal, say
 from xl.launcher.supervisor.logsink import LOGS_DIR, LogSink
+from xl.launcher.supervisor.nodewatch import rank_frames
 from xl.launcher.supervisor.ranks import (
     RECORDS_DIR,
     RankPhase,
@@ -119,6 +120,7 @@ class Supervisor:
                 self.sink,
                 on_ranks=self._ranks_changed,
                 stop_nodes=lambda stop: self.port.call("stop_nodes", stop),
+                rank_frames=lambda: rank_frames(self.port.telemetry),
             )
             self.stopping.tell_nodes = self.hub.tell_nodes
 
@@ -150,7 +152,9 @@ class Supervisor:
             env["XL_COLLECTOR"] = format_address(*self.follower.hub)
         _debug("after telemetry")
         env.update({"XL_RUN_ID": self.run_id, "XL_RUN_DIR": str(self.run_dir), "XL_SUPERVISOR_PID": str(os.getpid())})
-        if self._stopped_before_start():  # asked while telemetry started
+        if self.follower is not None:
+            self.follower.wait_for_node_0(str(self.record.spec.get("rdzv") or ""), self._stop_came)
+        if self._stopped_before_start():  # asked while telemetry started, or node 0 was awaited
             return
         with open(self.run_dir / LOGS_DIR / TORCHRUN_LOG, "ab") as log:
             self.torchrun.proc = subprocess.Popen(
@@ -176,12 +180,18 @@ class Supervisor:
         self.save()
         self._ranks_changed()
 
+    def _stop_came(self, wait: float) -> bool:
+        for key, _ in self.sel.select(wait):
+            key.data()  # the signal pipe's drain
+        return self.signals.requested is not None or stop_asked(self.run_dir)
+
     def _stopped_before_start(self) -> bool:
-        """`xl stop` came while this supervisor was starting (its stop file): torchrun never
-        starts, and the run ends stopped. Checked once SIGTERM is caught: a later stop is a signal."""
-        if not stop_asked(self.run_dir):
+        """`xl stop` (its stop file or SIGTERM) came while this supervisor was starting: torchrun
+        never starts, and the run ends stopped. Checked once SIGTERM is caught."""
+        if not self._stop_came(0.0):
             return False
-        self.journal.emit({"kind": "stop_requested", "message": "stop requested (xl stop) before the run started"})
+        why = self.signals.requested or "xl stop"
+        self.journal.emit({"kind": "stop_requested", "message": f"stop requested ({why}) before the run started"})
         self.record.update(stop_requested_at=time.time())
         self.stopping.begin(StopReason.REQUESTED)
         return True
@@ -341,7 +351,7 @@ class Supervisor:
         status = self.cause.conclude(self.stopping.requested, self.torchrun.code, self.stopping.barrier_ended, self.ranks)
         self.ranks.settle(stopped=status is RunStatus.STOPPED)
         if self.hub is not None:
-            self.hub.settle()
+            self.hub.settle(status)
         _debug("finish start")
         self.port.stop()
         _debug("telemetry stopped")
