@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from xl.errors import UsageError
 from xl.gpu.devices import find_gpu, judge_visible_devices
+from xl.gpu.health import busy
 from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, valid_env_name
 
 if TYPE_CHECKING:
@@ -88,7 +89,8 @@ def select_devices(
     gpus_from: str | None = "--gpus",
     warnings: list[str] | None = None,
 ) -> list[GPU]:
-    """The chosen GPUs in the order ranks get them (LOCAL_RANK k -> k-th GPU).
+    """The chosen GPUs in the order ranks get them (LOCAL_RANK k -> k-th GPU). ``auto``: every
+    GPU not busy (xl.gpu.health.busy); ``auto:N``: the N with the most free memory.
 
     ``gpus_from``: where ``spec_gpus`` came from, as errors name it (``--gpus``, or an
     Accelerate config's ``gpu_ids``); None for a command with no --gpus (`xl demo`).
@@ -107,10 +109,16 @@ def select_devices(
             raise UsageError(f"{src} all: no GPU found here (drop it to run on CPU)")
         return every
     if text == "auto":
-        raise UsageError(
-            f"{src} auto needs a count: auto:N takes the N GPUs with the most free memory "
-            f"(e.g. {src} auto:{max(1, len(_usable(gpus)))}); {src} all takes every GPU"
-        )
+        # Every free GPU: none that the app's picker and `xl launch` would call busy.
+        usable = _usable(gpus)
+        free = [g for g in usable if not busy(g)]
+        if not free:
+            why = "; ".join(str(busy(g)) for g in usable) or _describe(usable)
+            raise UsageError(
+                f"{src} auto: no free GPU here ({why}); choose GPUs with {src} 0,1 or {src} all, "
+                f"or the least used with {src} auto:N"
+            )
+        return free
     if text.startswith("auto:"):
         count = text[5:]
         if not count.isdigit() or int(count) < 1:

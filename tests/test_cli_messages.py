@@ -78,9 +78,22 @@ def test_torchruns_nproc_words_and_nnodes_range_are_taken(work: Path, simnvml) -
     for word in ("gpu", "auto"):
         done = xl(["launch", "--dry-run", "--json", "--nproc-per-node", word, "train.py"], env, cwd=work)
         assert done.returncode == 0 and _nproc(json.loads(done.stdout)["argv"]) == "3", done.stderr
+
+
+
+def test_gpus_auto_is_every_free_gpu(work: Path, simnvml, simnvml_gpu) -> None:
+    busy = simnvml_gpu(util_gpu=90, memory_used_mib=30_000)
+    sim = simnvml(gpus=[simnvml_gpu(), busy, simnvml_gpu()])
+    env = {**xl_env(work / "home"), **sim.env}
+    done = xl(["launch", "--dry-run", "--json", "--gpus", "auto", "train.py"], env, cwd=work)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["env"]["CUDA_VISIBLE_DEVICES"] == "0,2" and _nproc(out["argv"]) == "2"
+    sim = simnvml(gpus=[busy, busy])
+    env = {**xl_env(work / "home"), **sim.env}
     line = _one_line(xl(["launch", "--dry-run", "--gpus", "auto", "train.py"], env, cwd=work))
-    assert "--gpus auto needs a count: auto:N" in line and "(e.g. --gpus auto:3)" in line and "--gpus all" in line
-    assert xl(["launch", "--dry-run", "--gpus", "auto:3", "train.py"], env, cwd=work).returncode == 0  # what it suggests works
+    assert line.startswith("xl launch: --gpus auto: no free GPU here (GPU 0 is 90% busy") and "--gpus all" in line
+    assert xl(["launch", "--dry-run", "--gpus", "all", "train.py"], env, cwd=work).returncode == 0  # what it suggests works
 
 
 def test_sbatch_says_what_it_does_not_take_and_when_it_asks_for_no_gpu(work: Path) -> None:

@@ -140,7 +140,7 @@ def launch_parser(prog: str = "xl launch", *, sbatch: bool = False) -> ArgumentP
         epilog="torchrun's spellings work too (--nproc-per-node, --standalone, --rdzv-endpoint, "
         "--master-addr/--master-port, --max-restarts N): replace `torchrun` with `xl launch`.",
     )
-    p.add_argument("--gpus", help="0,2 | GPU-<uuid>,... | all | auto:N (order = LOCAL_RANK order)")
+    p.add_argument("--gpus", help="0,2 | GPU-<uuid>,... | all | auto (every free GPU) | auto:N (order = LOCAL_RANK order)")
     p.add_argument(
         "--nproc",
         type=nproc_value,
