@@ -3,13 +3,16 @@ wheel carries), does its CUDA match the toolkit that builds extensions, and does
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from xl.doctor.archs import parse_arch_list
 from xl.doctor.checks.common import (
+    Apply,
     Finding,
     error,
     fail,
+    first_safe,
     home_cuda,
     ok,
     on_host,
@@ -22,13 +25,21 @@ from xl.doctor.checks.common import (
     torch_label,
     torch_version,
     warn,
+    with_torch,
     working_gpus,
 )
 from xl.doctor.checks.compat import driver_mismatch, forward_compat, ldconfig_fix
 from xl.doctor.checks.ldpath import ld_fix
 from xl.doctor.facts import Facts, major_minor, vtuple
 from xl.doctor.tables import DRIVER_FOR_CUDA, deepspeed_verdict
-from xl.doctor.wheels import TAG_CUDA, tag_of, tags_by_cuda, version_for, wheel_archs
+from xl.doctor.wheels import (
+    TAG_CUDA,
+    install_command,
+    tag_of,
+    tags_by_cuda,
+    version_for,
+    wheel_archs,
+)
 
 # NVIDIA's minor-version compatibility: a driver of this branch or newer runs any minor of the
 # same CUDA major (without PTX JIT of the newer minor's PTX).
@@ -116,6 +127,40 @@ def _wheel_tags(f: Facts, caps: list[str]) -> list[str]:
     return full[::-1] + compat
 
 
+def _wheel_fix(f: Facts, caps: list[str]) -> str:
+    """The torch wheel to install: one the driver runs with kernels for every GPU here (tried
+    on the facts, breaking no other check); else the driver upgrade the newest such wheel needs,
+    then that wheel (tried the same way, driver and all)."""
+    fix = torch_fix(f, "torch", _wheel_tags(f, caps))
+    if fix:
+        return fix
+    py, current = python_of(f), torch_version(f)
+    cands = []
+    for tag in reversed(tags_by_cuda()):
+        pin = version_for(tag, current)
+        need = DRIVER_FOR_CUDA.get(TAG_CUDA[tag])
+        if need is None or _no_kernel(tag, pin, caps):
+            continue
+        upgrade = on_host(f, f"upgrade the NVIDIA driver to {need} or newer")
+        cands.append(
+            (f"{upgrade}, then {install_command(py, tag, current)}", _upgraded(tag, pin, need))
+        )
+    return first_safe(f, "torch", cands) or on_host(
+        f, "upgrade the NVIDIA driver, then install a CUDA build of torch"
+    )
+
+
+def _upgraded(tag: str, pin: str | None, driver: str) -> Apply:
+    """The facts after a driver upgrade to `driver` and installing torch `pin` from `tag`."""
+
+    def apply(f: Facts) -> Facts:
+        g = with_torch(tag, pin)(f)
+        d = replace(g.driver, version=driver, cuda_version=TAG_CUDA[tag]) if g.driver else g.driver
+        return replace(g, driver=d)
+
+    return apply
+
+
 def _gpu_names(f: Facts, caps: list[str]) -> str:
     gpus = working_gpus(f)
     return ", ".join(
@@ -158,11 +203,10 @@ def check_torch(f: Facts) -> Finding:
     if t.hip:
         if not gpus:
             return ok(f"torch {t.version} (ROCm {t.hip} build)", data=data)
-        fix = torch_fix(f, "torch", _wheel_tags(f, caps))
         return fail(
             f"torch {t.version} is a ROCm (HIP {t.hip}) build but this machine's {len(gpus)} GPU(s) are "
             "NVIDIA: torch.cuda.is_available() is False and training runs on the CPU",
-            fix=fix or on_host(f, "upgrade the NVIDIA driver, then install a CUDA build of torch"),
+            fix=_wheel_fix(f, caps),
             data=data,
         )
     if t.cuda:
@@ -172,13 +216,10 @@ def check_torch(f: Facts) -> Finding:
         if archs:
             data["archs"] = archs
         if missing:
-            fix = torch_fix(f, "torch", _wheel_tags(f, caps))
             return fail(
                 f"torch {t.version} carries kernels for {archs} only; "
                 f'{_gpu_names(f, missing)} gets "no kernel image is available for execution on the device" at the first kernel',
-                fix=fix
-                or "no published torch wheel has kernels for this GPU and runs on this driver: "
-                + on_host(f, "upgrade the NVIDIA driver"),
+                fix=_wheel_fix(f, caps),
                 data=data,
             )
         return ok(f"torch {t.version}, built with CUDA {t.cuda}", data=data)
@@ -186,10 +227,9 @@ def check_torch(f: Facts) -> Finding:
         return ok(
             f"torch {t.version} (CPU-only build; fine with no GPUs, ranks use gloo)", data=data
         )
-    fix = torch_fix(f, "torch", _wheel_tags(f, caps))
     return fail(
         f"torch {t.version} is a CPU-only build but this machine has {len(gpus)} GPU(s): training can't use them",
-        fix=fix or on_host(f, "upgrade the NVIDIA driver, then install a CUDA build of torch"),
+        fix=_wheel_fix(f, caps),
         data=data,
     )
 
@@ -253,8 +293,8 @@ def check_driver_cuda(f: Facts) -> Finding:
     major = vtuple(tc)[0]
     floor = MINOR_COMPAT_DRIVER.get(major)
     branch = vtuple(d.version)[:1]
-    upgrade = (
-        on_host(f, f"upgrade the NVIDIA driver to {need} or newer" if need else "upgrade the NVIDIA driver")
+    upgrade = on_host(
+        f, f"upgrade the NVIDIA driver to {need} or newer" if need else "upgrade the NVIDIA driver"
     )
     caps = sorted({g.compute_capability for g in working_gpus(f) if g.compute_capability})
     full = [t for t in _wheel_tags(f, caps) if vtuple(TAG_CUDA[t])[:2] <= vtuple(dc)[:2]]
