@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fakecuda import Sandbox, by_id, run_doctor_json, statuses
+from fakecuda import Sandbox, assert_fix_works, by_id, run_doctor_json, statuses
 from simnvml import CONFIG_ENV, SimGPU
 
 pytestmark = pytest.mark.e2e
@@ -149,8 +149,12 @@ def _nccl(tmp_path: Path, simnvml, site_kw: dict | None = None, **env: str) -> d
     sim = simnvml(gpus=[SimGPU(), SimGPU()])
     box = Sandbox(tmp_path)
     site = box.torch("2.4.0+cu124", cuda="12.4", **(site_kw or {"nccl": "2.20.5"}))
-    report, _ = run_doctor_json(_env(box, sim, site, **env))
-    return by_id(report)["nccl"]
+    world = _env(box, sim, site, **env)
+    report, _ = run_doctor_json(world)
+    c = by_id(report)["nccl"]
+    if c["status"] == "fail" and c["fix"].startswith(("unset ", "export ")):
+        assert_fix_works(box, world, "nccl")  # applied for real: cleared, and nothing else fails
+    return c
 
 
 def _no_infiniband() -> None:
