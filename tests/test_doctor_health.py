@@ -162,7 +162,14 @@ def test_launch_with_gpus_and_a_torch_without_cuda_stops_with_the_doctors_fix(tm
         assert line.startswith("xl launch: --gpus 0,1: torch ") and "Traceback" not in proc.stderr
         assert "-m pip install --force-reinstall torch==" in line and "whl/cu124" in line
         assert not (home / "runs").exists() or not os.listdir(home / "runs")  # nothing started
-        # The healthy sides: a CUDA torch goes on; without --gpus a CPU torch trains on the CPU.
+    # The ranks' torch when --env sets their PYTHONPATH: asked of an interpreter that has it.
+    via_env = xl(
+        ["launch", "--no-tui", "--gpus", "0", "--env", f"PYTHONPATH={box.root / 'site-2.4.0+cpu'}", "t.py"],
+        _launch_env(tmp_path, sim, simulated=False),
+        cwd=tmp_path,
+    )
+    assert via_env.returncode == 2 and "torch 2.4.0+cpu is a CPU-only build" in via_env.stderr, via_env.stderr
+    # The healthy sides: a CUDA torch goes on; without --gpus a CPU torch trains on the CPU.
     cuda_site = box.torch("2.4.0+cu124", cuda="12.4", name="site-cuda")
     ok = xl(["launch", "--dry-run", "--gpus", "0,1", "t.py"], _launch_env(tmp_path, sim, simulated=False, PYTHONPATH=str(cuda_site)), cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr

@@ -1,7 +1,9 @@
 """What `xl launch` checks about the chosen GPUs just before it starts, as `xl doctor` would:
 
 - a torch without CUDA (a CPU or ROCm build) when --gpus asked for GPUs stops the launch with the
-  doctor's fix (the `torch` check's), instead of training on the CPU without a word;
+  doctor's fix (the `torch` check's), instead of training on the CPU without a word (the torch of
+  this interpreter is read in-process, ~1 ms; --python's, or one under --env PYTHONPATH, by the
+  doctor's probe in that interpreter, ~50 ms);
 - GPUs that are busy or unhealthy (another process holds one, exclusive-process mode, pending
   ECC row remaps, ...; xl.gpu.health, the doctor's `gpus` check) are said before the run starts,
   as the app's GPU picker says them. The launch goes on: a person may mean to share a GPU; a GPU
@@ -19,19 +21,20 @@ from xl.launcher.plan import Plan
 from xl.launcher.spec import LaunchSpec
 
 
-def _torch_fix(python: str, inv: Any) -> tuple[str, str] | None:
+def _torch_fix(python: str | None, env: dict[str, str], inv: Any) -> tuple[str, str] | None:
     """(what is wrong, the doctor's fix) when the ranks' torch has no CUDA; None when it has."""
-    # The doctor's probe and check: loaded only by a launch on GPUs (one ~30 ms subprocess).
     from xl.doctor.checks.pytorch import check_torch  # noqa: PLC0415 - only a launch on GPUs pays for the doctor
     from xl.doctor.facts import Facts  # noqa: PLC0415 - as above
-    from xl.doctor.probes.pytorch import probe_torch  # noqa: PLC0415 - as above
+    from xl.doctor.probes.pytorch import probe_torch, probe_torch_here  # noqa: PLC0415 - as above
 
     if os.environ.get("XL_SIMULATED_GPUS") == "1":
         return None  # GPUs of the simulated driver (tests, demos): a CPU torch is what runs them
-    torch = probe_torch(python)
+    # The ranks' interpreter: this one, read in-process, unless --python names another.
+    torch = probe_torch(python, env) if python else probe_torch_here()
     if not torch.found or torch.cuda:
         return None  # no torch at all: the run's own error says it better than a guess
-    facts = Facts(env={}, python=python, driver=inv.driver, gpus=tuple(inv.gpus), torch=torch)
+    py = torch.python
+    facts = Facts(env={}, python=py, driver=inv.driver, gpus=tuple(inv.gpus), torch=torch)
     verdict = check_torch(facts)
     if verdict.status != "fail":
         return None
@@ -44,7 +47,9 @@ def check_launch(spec: LaunchSpec, plan: Plan, inv: Any, *, gpus_given: bool) ->
     if not plan.devices:
         return
     if gpus_given:
-        wrong = _torch_fix(spec.python or sys.executable, inv)
+        # --env PYTHONPATH=... changes what the ranks import: ask an interpreter that has it.
+        python = spec.python or (sys.executable if "PYTHONPATH" in spec.env else None)
+        wrong = _torch_fix(python, {**os.environ, **spec.env}, inv)
         if wrong is not None:
             detail, fix = wrong
             raise UsageError(f"--gpus {spec.gpus}: {detail}; fix: {fix}")
