@@ -19,7 +19,16 @@ import threading
 import time
 from pathlib import Path
 
-from procs import XL, kill_run, wait_for, wait_no_processes, wait_ranks_running, wait_run, xl, xl_env
+from procs import (
+    XL,
+    kill_run,
+    wait_for,
+    wait_no_processes,
+    wait_ranks_running,
+    wait_run,
+    xl,
+    xl_env,
+)
 
 from xl.textsafe import visible
 from xl.tui.screens.monitor import failure_text
