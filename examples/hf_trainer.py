@@ -1,12 +1,16 @@
 """HF Trainer on a tiny GPT-2 built from a config (random weights, synthetic data, nothing
 downloaded). Run it under xl (``xl launch --nproc 2 examples/hf_trainer.py``) or torchrun.
 
-    --no-callback   leave XLCallback out: xl then reads the log dicts the Trainer prints
+    --no-callback   leave XLCallback out (under ``xl launch`` the rank entry adds it all the same;
+                    with ``--no-instrument`` xl then reads the log dicts the Trainer prints)
+    --eval N        evaluate every N steps (on a held-out set): eval_loss beside the training loss
+    --history PATH  write the Trainer's own log_history there (JSON) when training ends
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from typing import Any
@@ -32,6 +36,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--no-callback", action="store_true")
+    ap.add_argument("--eval", type=int, default=0)
+    ap.add_argument("--logging-steps", type=int, default=2)
+    ap.add_argument("--accum", type=int, default=1)
+    ap.add_argument("--history")
     args = ap.parse_args()
     torch.set_num_threads(1)
     config = GPT2Config(vocab_size=128, n_positions=32, n_embd=32, n_layer=1, n_head=2)
@@ -46,7 +54,11 @@ def main() -> None:
         output_dir=os.path.join(out, "hf-output"),
         max_steps=args.steps,
         per_device_train_batch_size=args.batch,
-        logging_steps=2,
+        logging_steps=args.logging_steps,
+        gradient_accumulation_steps=args.accum,
+        eval_strategy="steps" if args.eval else "no",
+        eval_steps=args.eval or None,
+        per_device_eval_batch_size=args.batch,
         save_strategy="no",
         report_to=[],
         use_cpu=not torch.cuda.is_available(),
@@ -58,9 +70,13 @@ def main() -> None:
         model=model,
         args=targs,
         train_dataset=Synthetic(args.steps * args.batch * 2, 16, config.vocab_size),
+        eval_dataset=Synthetic(16, 16, config.vocab_size) if args.eval else None,
         callbacks=callbacks,
     )
     trainer.train()
+    if args.history and trainer.is_world_process_zero():
+        with open(args.history, "w") as fh:
+            json.dump(trainer.state.log_history, fh)
 
 
 if __name__ == "__main__":

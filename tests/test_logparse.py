@@ -53,8 +53,9 @@ def test_trainer_summary_is_marked() -> None:
             {"step": 5, "total_steps": 100, "steps_per_s": 0.5},
         ),
         (
+            # an epoch bar restarts each epoch: the step counts on (epoch 1 of 100-step epochs)
             "Epoch 1:  50%|█████     | 50/100 [00:05<00:05, 9.80it/s, loss=0.3]",
-            {"step": 50, "total_steps": 100, "steps_per_s": 9.8},
+            {"step": 150, "epoch": 1, "loss": 0.3, "steps_per_s": 9.8},
         ),
     ],
 )

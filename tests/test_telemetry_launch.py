@@ -74,6 +74,7 @@ def test_xl_launch_reads_hf_trainer_output_with_no_xl_code(tmp_path: Path) -> No
         "--nproc",
         "2",
         "--no-tui",
+        "--no-instrument",  # the Trainer as it is: what it prints is all there is to read
         "--",
         str(REPO / "examples" / "hf_trainer.py"),
         "--steps",

@@ -171,6 +171,11 @@ def launch_parser(prog: str = "xl launch", *, sbatch: bool = False) -> ArgumentP
         p.add_argument("--json", action="store_true", help="with --dry-run: {\"argv\": [...], \"env\": {...}}")
         p.add_argument("--detach", action="store_true", help="start the run and return at once")
     p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
+    p.add_argument(
+        "--no-instrument",
+        action="store_true",
+        help="leave HF Trainer, Lightning, Accelerate and DeepSpeed untouched (no per-rank callbacks; see docs/frameworks.md)",
+    )
     if not sbatch:
         p.add_argument(
             "--slurm",

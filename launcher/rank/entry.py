@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 from xl.atomic import makedirs_private, write_json_atomic
-from xl.launcher.rank import relay
+from xl.launcher.rank import instrument, relay
 from xl.launcher.rank.stacks import install as install_stacks
 
 # Frames of this module and of runpy (a frozen module on 3.11+: "<frozen runpy>").
@@ -189,6 +189,7 @@ def main(argv: list[str]) -> int:
         _output = relay.start(os.path.join(run_dir, "logs", f"rank-{rank}.log"), lambda note: record.write(relay=note))
     record.write()
     install_stacks(run_dir, rank)  # `xl stacks` and hang captures ask the rank where it is
+    instrument.install()  # HF Trainer, Lightning, Accelerate, DeepSpeed: every rank's figures
 
     code = 0
     try:

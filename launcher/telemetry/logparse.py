@@ -6,7 +6,11 @@ Two shapes are understood:
   ``{'loss': 0.5, 'grad_norm': 1.2, 'learning_rate': 5e-05, 'epoch': 0.5}`` (values may be
   quoted numbers such as ``'0.6931'``: ProgressCallback formats floats with ``%.4g``).
 - tqdm progress bars: ``  5%|▌   | 5/100 [00:01<00:20,  4.60it/s]`` (carriage returns split
-  one physical line into many updates; the last complete one wins).
+  one physical line into many updates; the last complete one wins). Bars that are not training
+  are left alone: a nested bar (tqdm moves the cursor back up after it: HF Trainer's evaluation
+  bar) and Lightning's ``Validation``/``Sanity Checking``/``Testing``/``Predicting`` bars.
+  Lightning's ``Epoch N:`` bar restarts its count every epoch: its step is ``N * total + n``;
+  ``train_loss=`` (or ``loss=``) in a bar's postfix is the loss.
 
 Every parser here is linear in what it reads and reads a bounded part of a line: rank output is
 anyone's text, and one 60,000-digit line ending " it/s" once held the supervisor for 19 s in a
@@ -36,6 +40,11 @@ _INV_RATE = re.compile(r"(?<![\d.])(?P<inv>[\d.]{1,32})\s{0,8}s/(?P<unit>[A-Za-z
 # ast.literal_eval rejects; quote those tokens first.
 _BARE = re.compile(r"(?<=: )(-?inf|nan)(?=[,}])")
 _RENAME = {"learning_rate": "lr", "train_loss": "loss"}
+_NESTED = "\x1b[A"  # tqdm's cursor-up after a bar drawn below another (position > 0)
+_NOT_TRAINING = ("Validation", "Sanity Checking", "Testing", "Predicting", "Evaluating")
+_EPOCH = re.compile(r"\s{0,8}Epoch (?P<epoch>\d{1,9})\s{0,8}:")
+# a postfix's loss: ", train_loss=2.38" (Lightning's prog_bar metrics) or ", loss=0.3"
+_POSTFIX_LOSS = re.compile(r"(?:^|[ ,])(?:train_)?loss=(?P<loss>-?\d{1,24}(?:\.\d{1,24})?(?:e[-+]?\d{1,4})?|nan|inf)(?=[,\]]|\s|$)")
 _STEP_KEYS = ("step", "global_step")
 
 
@@ -112,12 +121,27 @@ def parse_tqdm(text: str) -> dict[str, Any] | None:
             continue
         segment = segment[-MAX_EXAMINED:]  # the counters and rate end a bar
         match = _TQDM.search(segment)
-        if match is None:
-            continue
+        if match is None or _NESTED in segment[match.end() : match.end() + 8]:
+            continue  # a bar below the training bar: evaluation, not training
+        head = segment[: match.start()].lstrip()
+        if head.startswith(_NOT_TRAINING):
+            return None
         out: dict[str, Any] = {"step": int(match.group("n"))}
-        if match.group("total") not in (None, "?"):
-            out["total_steps"] = int(match.group("total"))
+        total = match.group("total")
+        epoch = _EPOCH.match(head)
+        if epoch is not None and total != "?":
+            # Lightning's count starts again each epoch: the step counts on across epochs.
+            out["epoch"] = int(epoch.group("epoch"))
+            out["step"] += out["epoch"] * int(total)
+        elif total != "?":
+            out["total_steps"] = int(total)
         inside = match.group("inside")
+        loss = _POSTFIX_LOSS.search(inside)
+        if loss is not None:
+            value = float(loss.group("loss"))
+            out["loss"] = value if math.isfinite(value) else None
+            if not math.isfinite(value):
+                out["nonfinite"] = {"loss": loss.group("loss")}
         rate = _RATE.search(inside)
         inv = _INV_RATE.search(inside) if rate is None else None
         try:

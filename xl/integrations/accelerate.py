@@ -1,21 +1,31 @@
-"""Accelerate integration: ``Accelerator(log_with=XLTracker())``.
+"""Accelerate integration: ``Accelerator(log_with=XLTracker())``, or nothing at all under
+``xl launch``.
 
-``accelerator.log({"loss": ...}, step=step)`` becomes ``xl.log(step=step, loss=...)``; put
-``samples`` / ``tokens`` in the dict to get samples/s and tokens/s. Accelerate itself calls
-trackers on the main process only (``Accelerator.log`` is ``@on_main_process``), so these
-values come from rank 0; every rank still gets GPU/process figures from the sampler, and a
-script that wants each rank's own loss calls ``xl.log`` (or ``XLTracker().log``) directly,
-which works on any process (``main_process_only = False``).
+The tracker: ``accelerator.log({"train_loss": ...}, step=step)`` becomes
+``xl.log(step=step, loss=...)`` (``train_loss`` is the name Accelerate's examples use; ``loss``
+given beside it wins); put ``samples`` / ``tokens`` in the dict to get samples/s and tokens/s.
+Accelerate calls trackers on the main process only (``Accelerator.log`` is
+``@on_main_process``), so these values come from rank 0.
+
+Unchanged scripts (``instrument``, run by the rank entry): every rank logs, at each optimizer
+step (``accelerator.backward`` while gradients sync), its step, the loss it passed to
+``backward`` (the mean over the step's micro-batches) and the samples its prepared model saw
+(hence samples/s). On the process where the script set up an XLTracker, the script's own
+figures are the ones kept.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from accelerate.tracking import GeneralTracker
 
 import xl
 from xl import client
+from xl.integrations.report import batch_size, claim
+
+_RENAME = {"train_loss": "loss", "learning_rate": "lr"}
 
 
 class XLTracker(GeneralTracker):
@@ -37,11 +47,14 @@ class XLTracker(GeneralTracker):
         return None
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        scalars = {
-            k: v
-            for k, v in values.items()
-            if isinstance(k, str) and (isinstance(v, (int, float)) or hasattr(v, "item"))
-        }
+        scalars: dict[str, Any] = {}
+        for key, value in values.items():
+            if not isinstance(key, str) or not (isinstance(value, (int, float)) or hasattr(value, "item")):
+                continue
+            name = _RENAME.get(key, key)
+            if name in values and name != key:
+                name = key  # the script gave both: its own ``loss`` is the loss
+            scalars[name] = value
         if step is not None:
             scalars["step"] = step
         if scalars:
@@ -54,3 +67,74 @@ class XLTracker(GeneralTracker):
         # tore down gloo and left, and gloo could then abort one of them ("terminate called
         # without an active exception"), failing a run that had trained fine.
         return
+
+
+class _Steps:
+    """One Accelerator's count of optimizer steps, losses and samples on this rank."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.loss: Any = None
+        self.micro = 0
+        self.samples = 0
+        client.announce()
+
+    def count(self, module: Any, args: Any, kwargs: Any) -> None:
+        if getattr(module, "training", True):
+            self.samples += batch_size(args) or batch_size(kwargs)
+
+    def backward(self, accelerator: Any, loss: Any) -> None:
+        if getattr(loss, "ndim", None) == 0:
+            value = loss.detach()
+            self.loss = value if self.loss is None else self.loss + value
+            self.micro += 1
+        if not getattr(accelerator, "sync_gradients", True):
+            return  # inside accumulate(): the step ends at the micro-batch that syncs
+        self.step += 1
+        scalars: dict[str, Any] = {"step": self.step}
+        if self.loss is not None:
+            scalars["loss"] = self.loss / self.micro if self.micro > 1 else self.loss
+        if self.samples:
+            scalars["samples"] = self.samples
+        self.loss, self.micro, self.samples = None, 0, 0
+        trackers = getattr(accelerator, "trackers", None) or ()
+        if claim("accelerate") and not any(isinstance(t, XLTracker) for t in trackers):
+            xl.log(**scalars)
+
+
+def _steps(accelerator: Any) -> _Steps:
+    steps = accelerator.__dict__.get("_xl_steps")
+    if steps is None:
+        steps = accelerator.__dict__["_xl_steps"] = _Steps()
+    return steps
+
+
+def instrument(module: Any) -> None:
+    """Every Accelerator's backward and prepared models report this rank's steps."""
+    cls = module.Accelerator
+    if getattr(cls, "_xl_instrumented", False):
+        return
+    backward, prepare_model = cls.backward, cls.prepare_model
+
+    @functools.wraps(backward)
+    def _backward(self: Any, loss: Any, **kwargs: Any) -> Any:
+        out = backward(self, loss, **kwargs)
+        try:
+            _steps(self).backward(self, loss)
+        except Exception:  # never into the script's training step
+            pass
+        return out
+
+    @functools.wraps(prepare_model)
+    def _prepare_model(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+        out = prepare_model(self, model, *args, **kwargs)
+        try:
+            if not kwargs.get("evaluation_mode") and hasattr(out, "register_forward_pre_hook"):
+                out.register_forward_pre_hook(_steps(self).count, with_kwargs=True)
+        except Exception:  # a model we cannot hook: steps and loss are still logged
+            pass
+        return out
+
+    cls.backward = _backward
+    cls.prepare_model = _prepare_model
+    cls._xl_instrumented = True

@@ -1,0 +1,45 @@
+"""Which framework reports a rank's steps when several are stacked in one process.
+
+HF Trainer drives Accelerate (its ``accelerator.backward``), and Accelerate can drive DeepSpeed's
+engine: each layer would log the same step again. The framework closest to the script wins:
+Trainer and Lightning over Accelerate, Accelerate over DeepSpeed. A layer asks ``claim`` before
+it logs; the first call of a higher layer takes the rank over for good.
+
+Also the one helper every integration shares: a batch's size, read from its shape (no sync).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LEVEL = {"deepspeed": 1, "accelerate": 2, "transformers": 3, "lightning": 3}
+_owner: str | None = None
+
+
+def claim(name: str) -> bool:
+    """Whether ``name`` reports this rank's steps (and it becomes the owner if none higher is)."""
+    global _owner
+    if _owner is None or _LEVEL[name] > _LEVEL[_owner]:
+        _owner = name
+    return _owner == name
+
+
+def batch_size(batch: Any, depth: int = 0) -> int:
+    """The leading dimension of the first tensor in ``batch`` (a tensor, a mapping, a sequence);
+    0 when none is found. Reads shapes only: never waits for the device."""
+    if depth > 3 or batch is None:
+        return 0
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else 0
+    if callable(getattr(batch, "values", None)):  # dicts, HF's BatchEncoding
+        items: Any = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        items = batch
+    else:
+        return 0
+    for item in items:
+        found = batch_size(item, depth + 1)
+        if found:
+            return found
+    return 0
