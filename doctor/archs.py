@@ -44,10 +44,11 @@ VALID = frozenset((*SUPPORTED_ARCHES, *(a + "+PTX" for a in SUPPORTED_ARCHES)))
 
 # What older releases of cpp_extension accept: (first torch version, supported_arches), newest
 # last; a torch takes the last row at or below its version. Source: torch/utils/cpp_extension.py
-# of each release (`supported_arches`, `named_arches`). Verified: 2.0's list ends at 9.0; the
-# Hopper-era list with 9.0a; 2.6's ends at '10.0' (the Blackwell patch jetson-containers applies
-# to 2.6 adds 10.0a;10.1;10.1a;12.0;12.0a, which 2.7 ships); 2.9 (CUDA 13) renamed 10.1 to 11.0
-# and added 10.3 and 12.1 (the list above, unchanged to 2.13). To update: add a row.
+# of each release (`supported_arches`, `named_arches`). Seen in released files: the 2.0-era list
+# ending at 9.0; the list with 9.0a (which release added it is inferred as 2.1, not seen); 2.6's
+# ending at '10.0' (jetson-containers patches 2.6 to add 10.0a;10.1;10.1a;12.0;12.0a, which 2.7
+# ships); the list above from 2.9 (CUDA 13 renamed 10.1 to 11.0, added 10.3 and 12.1), unchanged
+# to 2.13. To update: add a row from the release's cpp_extension.py.
 _BASE = ("3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5", "8.0",
          "8.6", "8.7", "8.9", "9.0")  # fmt: skip
 TORCH_ARCHES: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
