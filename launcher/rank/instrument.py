@@ -18,10 +18,14 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from importlib.abc import Loader, MetaPathFinder
-from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
+
+# The finder and loader below are duck-typed (find_spec; create_module, exec_module): importlib.abc
+# would load importlib.resources into every rank before the script, ~20 ms for two base classes.
 
 # module whose import is watched -> the xl.integrations module whose instrument(module) patches it
 HOOKS = {
@@ -48,10 +52,10 @@ def patch(name: str, module: ModuleType) -> None:
         pass
 
 
-class _Loader(Loader):
+class _Loader:
     """The module's own loader, then the patch; the module keeps its own loader afterwards."""
 
-    def __init__(self, loader: Loader, name: str) -> None:
+    def __init__(self, loader: Any, name: str) -> None:
         self._loader = loader
         self._name = name
 
@@ -67,7 +71,7 @@ class _Loader(Loader):
         patch(self._name, module)
 
 
-class _Finder(MetaPathFinder):
+class _Finder:
     def __init__(self) -> None:
         self._busy: set[str] = set()
 
@@ -91,7 +95,7 @@ class _Finder(MetaPathFinder):
             self._busy.discard(fullname)
         if spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _Loader(spec.loader, fullname)
+        spec.loader = _Loader(spec.loader, fullname)  # type: ignore[assignment]
         return spec
 
 
@@ -100,7 +104,7 @@ def install() -> bool:
     if not enabled():
         return False
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+        sys.meta_path.insert(0, _Finder())  # type: ignore[arg-type]
     for name in HOOKS:  # imported before the script ran (a sitecustomize): patched now
         module = sys.modules.get(name)
         if module is not None:
