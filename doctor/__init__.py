@@ -1,4 +1,4 @@
-"""xl.doctor — see DESIGN.md for its role."""
+"""xl.doctor — its role and layer: docs/architecture.md."""
 
 if __name__ != "xl.doctor":  # pragma: no cover - guards the double-import trap of this layout
     raise ImportError(

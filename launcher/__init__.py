@@ -1,4 +1,4 @@
-"""xl.launcher — see DESIGN.md for its role."""
+"""xl.launcher — its role and layer: docs/architecture.md."""
 
 if __name__ != "xl.launcher":  # pragma: no cover - guards the double-import trap of this layout
     raise ImportError(

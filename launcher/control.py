@@ -149,7 +149,7 @@ def _no_room(root: Path, exc: OSError) -> UsageError:
 
 
 def _new_record(run_id: str, spec: LaunchSpec, plan: Plan) -> RunRecord:
-    """run.json as it is before the supervisor starts (DESIGN.md, "Run directory")."""
+    """run.json as it is before the supervisor starts (docs/contracts.md, "run.json")."""
     return RunRecord(
         run_id=run_id,
         status=RunStatus.RUNNING.value,

@@ -6,6 +6,7 @@ have nvcc 13.0 and gcc 12)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -222,7 +223,7 @@ def test_a_cuda_torch_adds_a_torch_extension_step(tmp_path: Path) -> None:
     assert "the static checks saw no problem" in build["detail"]
 
 
-def test_help_explains_the_json_and_build_without_pointing_at_design_md(tmp_path: Path) -> None:
+def test_help_explains_the_json_and_build_and_points_at_docs_the_repo_holds(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "xl", "doctor", "--help"],
         capture_output=True,
@@ -230,6 +231,10 @@ def test_help_explains_the_json_and_build_without_pointing_at_design_md(tmp_path
         timeout=60,
         env=Sandbox(tmp_path).env(PATH=["/usr/bin", "/bin"], COLUMNS="200"),
     )
-    assert proc.returncode == 0 and "DESIGN.md" not in proc.stdout
+    assert proc.returncode == 0
+    # A page the help names is one a person can open: the repo's own docs, never a file beside it.
+    pages = set(re.findall(r"[\w./-]+\.md\b", proc.stdout))
+    assert "docs/doctor.md" in pages
+    assert all((Path(__file__).resolve().parent.parent / page).is_file() for page in pages), pages
     for words in ('"checks"', '"fix"', "--build", "compile", "exit status"):
         assert words in proc.stdout, words

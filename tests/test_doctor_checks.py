@@ -404,7 +404,7 @@ def test_run_doctor_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_registry_names_every_check_once_and_orders_the_areas() -> None:
     """The report lists checks in the registry's order under its titles, grouped by area in the
-    order DESIGN.md shows them."""
+    order docs/contracts.md lists them."""
     ids = [spec.id for spec in checks.CHECKS]
     titles = [spec.title for spec in checks.CHECKS]
     assert len(set(ids)) == len(ids) == 16 and len(set(titles)) == len(titles)

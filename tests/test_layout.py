@@ -1,4 +1,4 @@
-"""The house rules of the layout, checked on the source (DESIGN.md, "Layout" and its boundaries):
+"""The house rules of the layout, checked on the source (docs/architecture.md, "What the layout tests enforce"):
 
 - no import cycle between xl's modules, counting imports inside functions (type-only imports under
   ``if TYPE_CHECKING:`` excepted: they never run);

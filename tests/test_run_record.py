@@ -1,6 +1,6 @@
 """run.json through its one owner, xl.launcher.rundir.record: what other tools and `xl` rely on.
 
-run.json is a contract (DESIGN.md, "Run directory"): keys xl does not know survive every change,
+run.json is a contract (docs/contracts.md, "run.json"): keys xl does not know survive every change,
 a half-written or damaged file never crashes a viewer, the statuses and exit codes are the
 documented ones, and the file is replaced whole and kept private (it holds the run's env).
 """
@@ -172,7 +172,7 @@ def test_ending_a_run_records_its_status_and_time(tmp_path: Path) -> None:
     [("succeeded", 0), ("failed", 1), ("stopped", 1), ("running", 1), ("unknown", 1), (None, 1)],
 )
 def test_exit_codes_follow_the_status(status: object, code: int) -> None:
-    """DESIGN.md: 0 success; 1 the run failed (a stopped run did not succeed either)."""
+    """docs/contracts.md, exit codes: 0 success; 1 the run failed (a stopped run did not succeed either)."""
     assert exit_code_for(status) == code
     if isinstance(status, str) and status in {s.value for s in RunStatus}:
         assert RunStatus(status).exit_code == code

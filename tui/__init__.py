@@ -1,4 +1,4 @@
-"""xl.tui — see DESIGN.md for its role."""
+"""xl.tui — its role and layer: docs/architecture.md."""
 
 if __name__ != "xl.tui":  # pragma: no cover - guards the double-import trap of this layout
     raise ImportError(

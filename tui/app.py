@@ -317,7 +317,7 @@ def exit_code(app: XLApp) -> int:
     """The exit code of `xl launch` / `xl demo` / `xl attach` after the monitor closes.
 
     The same as the plain view's (launcher.watch): 0 the run succeeded, 1 it failed or was
-    stopped (DESIGN.md: "1 the run failed (launch without --detach)"); 0 when the person detached
+    stopped (docs/contracts.md, "Exit codes"); 0 when the person detached
     from a run that is still going. The outcome is what the Monitor showed when the person left;
     if they left from another screen, run.json says it.
     """

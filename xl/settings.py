@@ -2,9 +2,9 @@
 
 A tunable that is missing, not a number, infinite or NaN takes its default; ``floor`` clamps a
 number below it up to it (a grace of -1 s is no grace), ``positive`` refuses zero and negatives
-(a stall threshold of 0 would flag every rank). Where each one is used and what it does: README,
-"Run directory" (tunables). The run's own variables (XL_RUN_ID, XL_RUN_DIR, XL_COLLECTOR,
-XL_TOKEN) are not tunables: they are the contract with the ranks (DESIGN.md).
+(a stall threshold of 0 would flag every rank). Where each one is used and what it does: docs/contracts.md,
+"Tunables". The run's own variables (XL_RUN_ID, XL_RUN_DIR, XL_COLLECTOR,
+XL_TOKEN) are not tunables: they are the contract with the ranks (docs/contracts.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The checks: pure functions from Facts to a Finding, one module per subject, and the registry.
 
-CHECKS is the one table of checks: each one's stable id (DESIGN.md), its title, the area it is
+CHECKS is the one table of checks: each one's stable id (docs/contracts.md), its title, the area it is
 shown under, and its function, in the order the report lists them. Everything else that needs an
 id, title or area (the JSON, the renderers' grouping, the "could not run" fallbacks) reads it
 from here. Areas are shown in the order their first check appears in CHECKS.

@@ -1,4 +1,4 @@
-"""events.jsonl: lifecycle and diagnoses, one JSON object a line (DESIGN.md, "Run directory").
+"""events.jsonl: lifecycle and diagnoses, one JSON object a line (docs/contracts.md, "events.jsonl").
 
 The one place an event line is made and appended, for the supervisor, its telemetry and the
 viewers that end an orphaned run.

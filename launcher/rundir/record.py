@@ -1,6 +1,6 @@
 """run.json's one owner: the typed run record, its status, and the only code that reads or writes it.
 
-run.json is a contract (DESIGN.md, "Run directory"): other tools read it, so the record keeps every
+run.json is a contract (docs/contracts.md, "run.json"): other tools read it, so the record keeps every
 key it was given, known or not, in the order it was given, and replaces the file atomically on
 every change. Everything else asks this module: what the status is, whether it is final, what exit
 code it means.

@@ -1,4 +1,4 @@
-"""Contract: the commands, their options and how bad usage ends (DESIGN.md, "Commands").
+"""Contract: the commands, their options and how bad usage ends (docs/contracts.md, "Commands and exit codes").
 
 Pinned against fixtures/cli.json (recorded from the code before the package moves): the command
 names `xl --help` lists, in order, and for each command the option strings its ``--help`` shows,
@@ -130,7 +130,7 @@ def test_version_and_help(home: Path) -> None:
 
 def test_command_list(home: Path) -> None:
     commands = _commands(home)
-    # DESIGN.md's commands (`stacks` is designed but not there yet: see the report).
+    # The commands every install has (docs/contracts.md); cli.json pins the whole list.
     assert {"doctor", "gpus", "launch", "sbatch", "runs", "attach", "stop", "logs", "demo"} <= set(
         commands
     )

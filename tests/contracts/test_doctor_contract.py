@@ -1,6 +1,6 @@
-"""Contract: `xl doctor --json` and its exit codes (DESIGN.md, "`xl doctor --json`").
+"""Contract: `xl doctor --json` and its exit codes (docs/contracts.md, "`xl doctor --json`").
 
-Pinned for every setup: one JSON object on stdout; the check ids, in DESIGN.md's order; each
+Pinned for every setup: one JSON object on stdout; the check ids, in docs/contracts.md's order; each
 check's keys (``id``, ``status``, ``title``, ``detail``, ``fix``, optional ``data``); statuses
 from ``ok|warn|fail|skip|error``; the top-level ``status`` is the worst check; the exit code is 1
 exactly when a check fails (``--strict``: also on warn/error); a machine without a driver is
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.e2e
 
 XL = [sys.executable, "-m", "xl"]
 
-# DESIGN.md's table, in its order (`build` runs only with --build).
+# docs/contracts.md's list, in its order (`build` runs only with --build).
 CHECK_IDS = [
     "driver",
     "gpus",

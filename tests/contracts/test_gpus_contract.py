@@ -1,4 +1,4 @@
-"""Contract: `xl gpus --json` (DESIGN.md, "`xl gpus --json`"; every key is in the README).
+"""Contract: `xl gpus --json` (docs/contracts.md lists every key).
 
 Pinned against fixtures/gpus_keys.json (recorded from the code before the package moves): the
 key sets of the document, of ``driver``, of each GPU (a healthy one and a lost one alike), of

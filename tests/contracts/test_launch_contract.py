@@ -1,4 +1,4 @@
-"""Contract: `xl launch --dry-run --json` (DESIGN.md, "Commands" and "Devices").
+"""Contract: `xl launch --dry-run --json` (docs/contracts.md, "`xl launch --dry-run --json`").
 
 The full document `{"argv": [...], "env": {...}}` for a set of specs is pinned against
 fixtures/dry_run.json, recorded from the code before the package moves. Volatile parts are

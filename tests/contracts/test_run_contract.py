@@ -1,4 +1,4 @@
-"""Contract: what one real `xl launch` leaves for users and other tools (DESIGN.md, "Contracts").
+"""Contract: what one real `xl launch` leaves for users and other tools (docs/contracts.md).
 
 Two short real runs start once for the whole module, side by side, each in its own XL_HOME:
 

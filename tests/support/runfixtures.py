@@ -1,4 +1,4 @@
-"""Recorded run directories for the TUI tests (DESIGN.md 'Run directory').
+"""Recorded run directories for the TUI tests (docs/contracts.md, 'The run directory').
 
 ``python tests/support/runfixtures.py [OUT]`` regenerates tests/fixtures/runs/. Every timestamp is
 ``T0 + offset`` so a test that fixes its clock at ``T0 + n`` sees stable elapsed / last-seen values;

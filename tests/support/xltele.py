@@ -1,6 +1,6 @@
 """Helpers for the telemetry tests: a torchrun run driven with an in-process Telemetry.
 
-This stands in for the supervisor: it starts Telemetry, gives the ranks the env DESIGN.md
+This stands in for the supervisor: it starts Telemetry, gives the ranks the env docs/contracts.md
 names (XL_COLLECTOR, XL_TOKEN, XL_RUN_DIR, XL_RUN_ID), feeds every rank output line to
 ``feed_log_line`` and reports rank pids through ``set_ranks``.
 """

@@ -1,6 +1,6 @@
 """What an inventory holds: plain, frozen records (the UI renders these, never live NVML handles).
 
-``to_json`` is the `xl gpus --json` contract (DESIGN.md; every key is in the README), so the
+``to_json`` is the `xl gpus --json` contract (docs/contracts.md lists every key), so the
 field names here are kept exactly.
 """
 
