@@ -115,3 +115,14 @@ def test_a_long_postfix_costs_a_bounded_read() -> None:
     line = f"Epoch 1:  50%|{BAR}| 6/12 [00:00<00:00, 1.0it/s, train_loss=" + "9" * 200_000 + "]"
     assert len(line) > 50 * MAX_EXAMINED
     assert parse_line(line) is None
+
+
+def test_stacked_frameworks_report_once_the_one_closest_to_the_script() -> None:
+    """Trainer drives Accelerate, Accelerate drives DeepSpeed: only the top layer logs a step."""
+    found = _run(
+        "import json\n"
+        "from xl.integrations.report import claim\n"
+        "print(json.dumps([claim('deepspeed'), claim('accelerate'), claim('deepspeed'),"
+        " claim('transformers'), claim('accelerate'), claim('transformers')]))\n"
+    )
+    assert found == [True, True, False, True, False, True]

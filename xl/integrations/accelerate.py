@@ -131,6 +131,7 @@ def instrument(module: Any) -> None:
         try:
             if not kwargs.get("evaluation_mode") and hasattr(out, "register_forward_pre_hook"):
                 out.register_forward_pre_hook(_steps(self).count, with_kwargs=True)
+                claim("accelerate")  # before the first step of a DeepSpeed engine it prepared
         except Exception:  # a model we cannot hook: steps and loss are still logged
             pass
         return out

@@ -116,6 +116,9 @@ def callback_for(package: str) -> type:
                 super().__init__()
                 self._xl = _Logger()
 
+            def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+                claim("lightning")  # before the first step of a DeepSpeed strategy's engine
+
             def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
                 self._xl.train_batch(trainer, outputs, batch)
 
