@@ -1,9 +1,12 @@
 """Launch overhead: `xl launch --no-tui` vs plain torchrun on a 2-rank script that exits at once.
 
-    .venv/bin/python bench/bench_launch.py [--repeat N]
+    .venv/bin/python bench/bench_launch.py [--repeat N] [--before DIR]
 
-Wall time from start to exit of each command, measured alternately in the same run (so machine
-load hits both alike); prints the medians and the ratio xl / torchrun (goal <= 1.15x).
+Two CPU ranks that init gloo, meet at a barrier and leave. Wall time from start to exit of each
+command, measured alternately in the same run (so machine load hits both alike); prints the
+medians and the ratio xl / torchrun (goal <= 1.03x). ``--before DIR``: also time another xl (a
+folder holding its ``xl`` package, put first on PYTHONPATH) in the same rounds, e.g. the last
+release, for a before/after measured side by side.
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-SCRIPT = "import os\nassert os.environ['WORLD_SIZE'] == '2'\n"
+SCRIPT = """\
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
+"""
 
 
 def _time(argv: list[str], env: dict[str, str], cwd: str) -> float:
@@ -30,31 +38,36 @@ def _time(argv: list[str], env: dict[str, str], cwd: str) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--before", metavar="DIR", help="another xl to time alongside (DIR/xl is its package)")
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="xl-bench-") as tmp:
-        script = Path(tmp) / "exit_now.py"
+        script = Path(tmp) / "barrier.py"
         script.write_text(SCRIPT)
         env = dict(os.environ, XL_HOME=str(Path(tmp) / "home"))
         env.pop("CUDA_VISIBLE_DEVICES", None)
         xl = [sys.executable, "-m", "xl", "launch", "--no-tui", "--nproc", "2", str(script)]
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)]
-        # Warm the page cache for both before measuring.
-        _time(torchrun, env, tmp)
-        _time(xl, env, tmp)
-        xl_times, tr_times = [], []
+        runs: dict[str, tuple[list[str], dict[str, str]]] = {"torchrun": (torchrun, env), "xl": (xl, env)}
+        if ns.before:
+            runs["xl (before)"] = (xl, dict(env, PYTHONPATH=os.path.abspath(ns.before)))
+        for argv, run_env in runs.values():
+            _time(argv, run_env, tmp)  # warm the page cache for each before measuring
+        times: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(ns.repeat):
-            tr_times.append(_time(torchrun, env, tmp))
-            xl_times.append(_time(xl, env, tmp))
-    xl_med, tr_med = statistics.median(xl_times), statistics.median(tr_times)
-    print(f"torchrun --nproc-per-node 2 : median {tr_med:.3f}s  ({', '.join(f'{t:.2f}' for t in tr_times)})")
-    print(f"xl launch --no-tui --nproc 2: median {xl_med:.3f}s  ({', '.join(f'{t:.2f}' for t in xl_times)})")
-    print(f"ratio xl / torchrun: {xl_med / tr_med:.3f}x (goal <= 1.15x)")
-    # Each xl run follows its torchrun run at once: the ratio within a pair is the least
-    # sensitive to other load on a shared machine.
-    pairs = statistics.median(x / t for x, t in zip(xl_times, tr_times, strict=True))
-    print(f"median of paired ratios: {pairs:.3f}x")
+            for name, (argv, run_env) in runs.items():
+                times[name].append(_time(argv, run_env, tmp))
+    anchor = times["torchrun"]
+    print(f"2 ranks, gloo init + barrier; {ns.repeat} rounds, each command once a round in turn")
+    for name, ts in times.items():
+        line = f"{name:12}: median {statistics.median(ts):.3f}s  ({', '.join(f'{t:.2f}' for t in ts)})"
+        if name != "torchrun":
+            # The ratio within a round is the least sensitive to other load on a shared machine.
+            pairs = statistics.median(x / t for x, t in zip(ts, anchor, strict=True))
+            line += f"  ratio {statistics.median(ts) / statistics.median(anchor):.3f}x, paired {pairs:.3f}x"
+        print(line)
+    print("goal: xl <= 1.03x torchrun")
     return 0
 
 

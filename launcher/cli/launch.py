@@ -155,6 +155,11 @@ def launch(
         # nodes say only what happens to them.
         lines = not slurm_node or spec.node_rank == 0
         code = run_foreground(handle.run_dir, handle.proc, plain=plain, slurm_node=slurm_node, lines=lines)
+    # The supervisor ends a moment after run.json says the run did: wait for it (bounded), so
+    # nothing of the run outlives the command.
+    deadline = time.monotonic() + 2.0
+    while handle.proc is not None and handle.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
     # The view holds nothing worth tearing down; skipping interpreter cleanup returns the
     # prompt sooner (it counts in the launch overhead bench).
     with contextlib.suppress(OSError):

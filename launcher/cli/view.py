@@ -159,6 +159,7 @@ def _plain_event(ev: dict[str, Any]) -> str:
 
 
 _SETTLE_S = 3.0  # after the end (or a rank's exit): how long its relay may take to write its last lines
+_BUSY = 1 << 20  # a poll that copied this much polls again at once (a flood of output)
 _HELD = ("rank_exited", "failure")  # events about a rank that wait for its last lines
 
 
@@ -203,6 +204,7 @@ class _Plain:
         rank = ev.get("rank")
         if self.logs is None or ev.get("kind") not in _HELD or not isinstance(rank, int):
             return True
+        self.logs.discover()  # a log not seen yet is one not copied yet
         return self.logs.caught_up(rank)
 
     def settled(self) -> bool:
@@ -232,7 +234,7 @@ def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool =
                 break
         if on_tick is not None:
             on_tick()
-        if not moved:
+        if moved < _BUSY:
             time.sleep(POLL_S)
     plain.events([], force=True)
     if plain.logs is not None:

@@ -13,8 +13,10 @@ It runs inside every rank before user code, so it stays small: stdlib only, no t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -153,14 +155,26 @@ def _settle_if_orphaned(run_dir: str | None) -> None:
         pass
 
 
+def _ending() -> None:
+    """The script is over: its outcome is about to be recorded, then comes the traceback and the
+    interpreter's teardown (atexit handlers, logging's shutdown, the last flush). The stop the
+    record may start at once (this rank failed, or another did) must not cut that short, as it
+    would not under torchrun: its SIGTERM is let pass; a teardown that hangs still ends at the
+    stop's SIGKILL."""
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def _say(text: str, run_dir: str | None, rank: int) -> None:
-    """Write to the rank's stderr; if the script broke it (closed fd 2), straight to its log."""
-    try:
-        sys.stderr.write(text)
-        sys.stderr.flush()
-        return
-    except (OSError, ValueError, AttributeError):
-        pass
+    """Write to the rank's stderr; if the script broke it (closed fd 2: then any file or socket
+    opened since may hold that number), straight to its log."""
+    if _output is None or _output.owns(2):
+        try:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            return
+        except (OSError, ValueError, AttributeError):
+            pass
     if not run_dir:
         return
     try:
@@ -207,6 +221,7 @@ def main(argv: list[str]) -> int:
         if code != 0 and exc.code is not None and not isinstance(exc.code, int):
             error = f"SystemExit: {exc.code}"
         # The record first: writing to a stream the script broke (closed fds 1 and 2) may fail.
+        _ending()
         record.write(exit_code=code, traceback=None, error=error, ended_at=time.time())
         if error is not None:
             _say(f"{exc.code}\n", run_dir, rank)  # what Python prints for sys.exit("message")
@@ -216,10 +231,12 @@ def main(argv: list[str]) -> int:
         text = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip("\n")
         code = 130 if isinstance(exc, KeyboardInterrupt) else 1
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        _ending()
         record.write(exit_code=code, traceback=text, error=last, ended_at=time.time())
         _write_elastic_error(text, last)
         _say(text + "\n", run_dir, rank)
         return code
+    _ending()
     record.write(exit_code=0, traceback=None, ended_at=time.time())
     return code
 

@@ -41,6 +41,8 @@ from xl.atomic import makedirs_private
 _F_SETPIPE_SZ = 1031  # Linux: a larger pipe absorbs bursts while the relay is descheduled
 _PIPE_SIZE = 1 << 20
 _READ = 1 << 20  # bytes per read: large reads keep the relay's cost per byte low
+_BATCH = 64 << 10
+_GATHER_S = 0.002
 _PENDING_CAP = 8 << 20
 _RETRY_S = 1.0
 _POLL_S = 0.5  # without pidfd (Linux < 5.3): how often the relay looks for its rank
@@ -103,6 +105,10 @@ class _Relay:
             self.write()
             if data == b"" or (gone_at is not None and data is None):
                 break  # every writer is gone, or the rank is and the pipe is empty
+            if data and len(data) < _BATCH and gone_at is None:
+                # A flood comes 8 KiB a print buffer: let it gather in the pipe (which holds far
+                # more than a rank writes meanwhile) instead of waking for each.
+                time.sleep(_GATHER_S)
         while self.pending and time.monotonic() < (gone_at or time.monotonic()) + _LAST_WRITE_S:
             time.sleep(0.1)
             self.write()
@@ -149,12 +155,22 @@ class RankOutput:
 
     def __init__(self, path: str, rfd: int, pid: int, on_note: Callable[[str], None]) -> None:
         self.path, self.rfd, self.pid = path, rfd, pid
+        st = os.fstat(rfd)
+        self.pipe = (st.st_dev, st.st_ino)
         self.on_note = on_note
         self.rank = os.environ.get("RANK", "?")
         self.ending = False
         self.restarts = 0
         self.thread = threading.Thread(target=self._watch, name="xl-output-relay", daemon=True)
         self.thread.start()
+
+    def owns(self, fd: int) -> bool:
+        """``fd`` is still this rank's output pipe (not closed, nor reused for another file)."""
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.pipe
 
     def _watch(self) -> None:
         while True:
