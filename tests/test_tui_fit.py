@@ -64,7 +64,7 @@ def _type_in_launch(home: Path, env: dict[str, str], size: tuple[int, int], atte
         tmux.keys("w", "Tab")
         tmux.keys("w", "-l", ARGS)
         screen = wait_for(lambda: (s := tmux.screen("w")) and ARGS in s and s, "the arguments typed",
-                          timeout=20, screen=lambda: tmux.screen("w"))
+                          timeout=40, screen=lambda: tmux.screen("w"))
         assert _field(screen, "Script") == SCRIPT, (attempt, screen)
         assert _field(screen, "Args") == ARGS, (attempt, screen)
         tmux.keys("w", "Escape")
@@ -73,6 +73,20 @@ def _type_in_launch(home: Path, env: dict[str, str], size: tuple[int, int], atte
         wait_for(lambda: "xl-exit=0" in tmux.screen("w"), "q quits")
     finally:
         tmux.kill()
+
+
+OOM_KEY = "".join(OOM.split())  # compared without spaces: a wrap may fall on one
+
+
+def _log_pane(screen: str) -> str | None:
+    """What the Monitor's log pane shows of rank 1, without spaces (None before it shows rank 1):
+    the rows below its title, above the footer, from its left edge (beside the charts at 200x60)."""
+    lines = screen.splitlines()
+    title = next((i for i, line in enumerate(lines) if "Log — rank 1" in line), None)
+    if title is None:
+        return None
+    left = lines[title].index("Log — rank 1") - 1
+    return "".join("".join(line[left:] for line in lines[title + 1:-1]).split())
 
 
 def _busy_sleepers(n: int) -> list[subprocess.Popen[str]]:
@@ -124,12 +138,8 @@ def test_warnings_names_and_tracebacks_fit_the_terminal(simnvml, tmp_path, size)
         tmux.start("w", ["sh", "-c", f"cd {tmp_path} && exec {' '.join(XL)} attach 20260530-failed"], _env(tmp_path, sim.env), size=size)
         wait_for(lambda: "Log — rank 0" in tmux.screen("w"), "the Monitor", screen=lambda: tmux.screen("w"))
         tmux.keys("w", "]")
-        screen = wait_for(lambda: (s := tmux.screen("w")) and "Log — rank 1" in s and s, "rank 1's log")
-        lines = screen.splitlines()
-        title = next(i for i, line in enumerate(lines) if "Log — rank 1" in line)
-        left = lines[title].index("Log — rank 1") - 1  # the pane's left edge (beside the charts at 200x60)
-        log = [line[left:] for line in lines[title + 1:-1]]  # below its title, above the footer
-        assert "".join(OOM.split()) in "".join("".join(log).split()), "\n".join(log)
+        wait_for(lambda: (pane := _log_pane(tmux.screen("w"))) is not None and OOM_KEY in pane,
+                 "rank 1's log with the traceback's last line whole", screen=lambda: tmux.screen("w"))
         tmux.keys("w", "q")
         wait_for(lambda: "xl-exit=1" in tmux.screen("w"), "the app gone (the run it shows failed: exit 1)")
     finally:

@@ -163,9 +163,9 @@ class XLApp(App[None]):
     # -- navigation --------------------------------------------------------------------------
 
     async def action_screen(self, mode: str) -> None:
-        # Awaited: the keys typed right after `3` wait until the screen is mounted and its field
-        # has the focus, instead of reaching a screen with no focus, which dropped them (or took
-        # a `q` in them for quit).
+        # Awaited, from a priority binding: the keys typed right after `3` wait until the screen
+        # is mounted and its field has the focus; they used to reach the screen being left, which
+        # dropped them (or took a `q` among them for quit).
         await self.switch_mode(mode)
 
     def action_help(self) -> None:
@@ -217,19 +217,19 @@ class XLApp(App[None]):
         self._left(run_dir, status)
         self.leave(run_dir, status)
 
-    def leave(self, run_dir: Path, status: str | None, return_code: int = 0) -> None:
+    def leave(self, run_dir: Path, status: str | None) -> None:
         """Close the app, leaving on the terminal what became of ``run_dir``: how to come back
         to it while it runs; once it ended, its outcome (with the root cause of a failure),
         which the full-screen app would otherwise take with it."""
         if status not in FINISHED:
             message = f"Detached: run {run_dir.name} keeps running. Reopen it with: xl attach {run_dir.name}"
-            self.exit(return_code=return_code, message=message)
+            self.exit(return_code=0, message=message)
             return
         try:
             run = self.backend.run_record(run_dir)
         except Exception:  # an unreadable run.json still has a status to say
             run = {}
-        self.exit(return_code=return_code, message=outcome_text(run, run_dir.name, str(status), self.clock()))
+        self.exit(return_code=0, message=outcome_text(run, run_dir.name, str(status), self.clock()))
 
     def on_monitor_screen_notice_done(self, message: MonitorScreen.NoticeDone) -> None:
         # Every node joined or the run ended: the next Monitor of that run shows no notice.
