@@ -91,6 +91,7 @@ async def test_help_is_the_keys_of_the_screen_it_was_pressed_on(simnvml, home):
             await until(pilot, lambda: app.screen.id == "runs", "Runs")
             runs = await _help(pilot)
             assert runs.startswith("# Runs") and "`enter` / click: open it in the Monitor" in runs
+            assert "`space`: mark the run" in runs and "`c`: compare the two marked runs" in runs
             assert len({gpus, doctor, launch, runs}) == 4
             for text in (gpus, doctor, runs):  # not another screen's keys
                 assert "ctrl+r" not in text and "stop the run" not in text

@@ -55,7 +55,17 @@ Every run, newest first: status, id (what `xl attach` takes), start, duration, r
 
 - `↑` / `↓`: choose a run
 - `enter` / click: open it in the Monitor
+- `space`: mark the run, or unmark it (two at most)
+- `c`: compare the two marked runs
 - `r`: list again now (the list refreshes every 2 s)
+"""
+
+COMPARE = """\
+# Compare
+Two runs side by side: where each one's time went, and what differs between them.
+
+- `r`: read both runs again
+- `esc`: back to Runs
 """
 
 STACKS = """\
@@ -114,7 +124,7 @@ def help_for(screen: Any, *, owns_run: bool) -> str:
         body = monitor_help(running=running, standalone=standalone, owns_run=owns_run)
     else:
         body = {"GPUsScreen": GPUS, "DoctorScreen": DOCTOR, "LaunchScreen": LAUNCH, "RunsScreen": RUNS,
-                "StacksScreen": STACKS}.get(kind, "# xl\n")
+                "StacksScreen": STACKS, "CompareScreen": COMPARE}.get(kind, "# xl\n")
     if kind == "StacksScreen":
         return body  # a dialog: the app's keys wait until it is closed
     return body + everywhere(standalone=standalone, owns_run=owns_run, running=running)
