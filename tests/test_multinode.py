@@ -959,11 +959,12 @@ def test_stopping_node_0_while_node_1_never_joined_is_prompt_and_says_so(tmp_pat
         _cleanup((home, home), [node0])
 
 
-def test_node_1_started_a_minute_before_node_0_still_joins(tmp_path: Path) -> None:
-    """torchrun's c10d client gives up on node 0's store after 60 s ("The connection to the
-    C10d store has failed"), its rendezvous after 600 s: node 1 waits for node 0 as long as the
-    rendezvous would, says so, and the run trains when node 0 comes 65 s later. Node 1's own
-    summary lists its rank only, ended."""
+@pytest.mark.timeout(330)  # node 0 comes two minutes late on purpose
+def test_node_1_started_two_minutes_before_node_0_still_joins(tmp_path: Path) -> None:
+    """torchrun's c10d client gives up on node 0's store after its 60 s read_timeout ("The
+    connection to the C10d store has failed"; 111 s after its start on this busy machine), its
+    rendezvous after 600 s: node 1 waits for node 0 as long as the rendezvous would, says so, and
+    the run trains when node 0 comes 120 s later. Node 1's own summary lists its rank only, ended."""
     home = tmp_path / "home"
     (tmp_path / "mn.py").write_text(SCRIPT)
     rdzv = f"127.0.0.1:{rdzv_port()}"
@@ -977,12 +978,13 @@ def test_node_1_started_a_minute_before_node_0_still_joins(tmp_path: Path) -> No
     try:
         launch(1)
         first = wait_for(lambda: (home / "runs").is_dir() and next((home / "runs").iterdir(), None), timeout=60, what="node 1's run")
-        said = wait_for(lambda: next((e for e in _events(first) if e["kind"] == "waiting_for_node_0"), None), timeout=30, what="node 1 to wait")
+        said = wait_for(lambda: (first / "events.jsonl").exists() and next((e for e in _events(first) if e["kind"] == "waiting_for_node_0"), None),
+                        timeout=30, what="node 1 to wait")
         assert f"waiting for node 0's rendezvous at {rdzv}" in said["message"], said
-        time.sleep(65)
+        time.sleep(120)
         assert procs[0].poll() is None and run_json(first)["status"] == "running"
         launch(0)
-        (code1, out1), (code0, out0) = _finish(procs, timeout=120)
+        (code1, out1), (code0, out0) = _finish(procs, timeout=150)
         assert code0 == 0 and code1 == 0, (out0[-3000:], out1[-3000:])
         run0, run1 = _runs((home, home))
         assert "C10d store has failed" not in (run1 / "logs" / "torchrun.log").read_text()
