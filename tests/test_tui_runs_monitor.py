@@ -272,7 +272,7 @@ async def test_monitor_groups_ranks_by_node(xl_home):
 
 
 async def test_monitor_tells_apart_two_nodes_on_one_host(xl_home):
-    """Two xl nodes started on one machine (as the README's try-it-on-one-box does): run.json
+    """Two xl nodes started on one machine (as docs/multinode.md's try-it-on-one-machine does): run.json
     names the same host for all ranks, and only the node rank differs. They are two groups."""
     run_dir = xl_home / "20260530-twonode"
     run = json.loads((run_dir / "run.json").read_text())

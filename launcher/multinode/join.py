@@ -1,6 +1,6 @@
 """How a multi-node run is joined: the run's token, node 0's address, the command for other nodes.
 
-The contract (README, "Several nodes"):
+The contract (docs/multinode.md, "How the nodes find node 0"):
 
 - ``XL_TOKEN``: the run's secret, the same on every node. Node 0 takes it from its environment
   when set (Slurm passes one to every node), else makes one and prints the command to run on the

@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = ArgumentParser(
         prog="xl gpus", description="List the NVIDIA GPUs, their use and processes."
     )
-    ap.add_argument("--json", action="store_true", help="print one JSON object (keys: see README)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (keys: docs/contracts.md)")
     args = ap.parse_args(list(argv) if argv is not None else None)
     inv = inventory()
     if args.json:
