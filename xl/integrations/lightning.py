@@ -118,6 +118,8 @@ def callback_for(package: str) -> type:
 
             def on_train_start(self, trainer: Any, pl_module: Any) -> None:
                 claim("lightning")  # before the first step of a DeepSpeed strategy's engine
+                # a batch that only accumulates keeps global_step: no step to log yet
+                self._xl.last_step = int(trainer.global_step)
 
             def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
                 self._xl.train_batch(trainer, outputs, batch)
