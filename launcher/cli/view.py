@@ -159,6 +159,7 @@ def _plain_event(ev: dict[str, Any]) -> str:
 
 
 _SETTLE_S = 3.0  # after the end (or a rank's exit): how long its relay may take to write its last lines
+_END_POLL_S = 0.01  # once every rank has ended, the run's end is near: a short job is not kept waiting
 _BUSY = 1 << 20  # a poll that copied this much polls again at once (a flood of output)
 _HELD = ("rank_exited", "failure")  # events about a rank that wait for its last lines
 
@@ -214,6 +215,10 @@ class _Plain:
         (self.binary or self.out).flush()
 
 
+def _ranks_over(state: RunState) -> bool:
+    return bool(state.ranks) and all(r.exit_code is not None for r in state.ranks.values())
+
+
 def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool = True) -> int:
     print(f"xl: run {state.run_dir.name} ({state.run_dir}); 'xl attach {state.run_dir.name}' reopens it", file=out, flush=True)
     plain = _Plain(state, out, lines)
@@ -235,7 +240,7 @@ def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool =
         if on_tick is not None:
             on_tick()
         if moved < _BUSY:
-            time.sleep(POLL_S)
+            time.sleep(_END_POLL_S if _ranks_over(state) else POLL_S)
     plain.events([], force=True)
     if plain.logs is not None:
         plain.logs.finish(plain.write)

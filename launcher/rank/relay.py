@@ -26,13 +26,13 @@ every rank.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import fcntl
 import os
 import select
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 
@@ -161,8 +161,9 @@ class RankOutput:
         self.rank = os.environ.get("RANK", "?")
         self.ending = False
         self.restarts = 0
-        self.thread = threading.Thread(target=self._watch, name="xl-output-relay", daemon=True)
-        self.thread.start()
+        # The low-level start: threading's waits until the new thread has run, which on a busy
+        # machine costs a rank's start milliseconds.
+        _thread.start_new_thread(self._guarded, ())
 
     def owns(self, fd: int) -> bool:
         """``fd`` is still this rank's output pipe (not closed, nor reused for another file)."""
@@ -171,6 +172,10 @@ class RankOutput:
         except OSError:
             return False
         return (st.st_dev, st.st_ino) == self.pipe
+
+    def _guarded(self) -> None:
+        with contextlib.suppress(Exception):  # a helper's trouble is never printed into the rank's output
+            self._watch()
 
     def _watch(self) -> None:
         while True:
