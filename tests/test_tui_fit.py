@@ -74,6 +74,11 @@ def _type_in_launch(home: Path, env: dict[str, str], size: tuple[int, int], atte
         tmux.kill()
 
 
+def _panel(screen: str) -> str:
+    """The picker panel's text (right of the history), without spaces: its lines wrap anywhere."""
+    return "".join("".join(line.split("││")[-1].strip("│").split()) for line in screen.splitlines() if "││" in line)
+
+
 OOM_KEY = "".join(OOM.split())  # compared without spaces: a wrap may fall on one
 
 
@@ -117,17 +122,17 @@ def test_warnings_names_and_tracebacks_fit_the_terminal(simnvml, tmp_path, size)
         wait_for(lambda: "A100" in tmux.screen("w"), "the GPUs screen")
         for key in ("space", "Down", "space", "Down", "space", "Down", "space"):
             tmux.keys("w", key)
-        # Four busy GPUs picked: the warning is whole, above the buttons.
-        screen = wait_for(lambda: (s := tmux.screen("w")) and "LOCAL_RANK 3" in s and s, "four GPUs picked",
-                          screen=lambda: tmux.screen("w"))
-        panel = "".join("".join(line.split("││")[-1].strip("│").split()) for line in screen.splitlines() if "││" in line)
-        assert "⚠GPUs0,1,2,3arebusy(otherprocessesorload):rankswillsharethem" in panel, screen
-        assert "r0 …other-9f3c" in screen if size == SIZES[0] else "r0 20260530-150000-other-9f3c" in screen
+        # Four busy GPUs picked: the warning is whole, above the buttons; each process named by
+        # its rank and run. (Waited for: a capture can catch a frame half drawn.)
+        warning = "⚠GPUs0,1,2,3arebusy(otherprocessesorload):rankswillsharethem"
+        label = "r0 …other-9f3c" if size == SIZES[0] else "r0 20260530-150000-other-9f3c"
+        wait_for(lambda: (s := tmux.screen("w")) and warning in _panel(s) and "LOCAL_RANK 3" in s and label in s,
+                 "four busy GPUs picked, the warning whole", screen=lambda: tmux.screen("w"))
 
         tmux.keys("w", "4")
-        screen = wait_for(lambda: (s := tmux.screen("w")) and LONG_ID in s and s, "Runs", screen=lambda: tmux.screen("w"))
-        row = next(line for line in screen.splitlines() if LONG_ID in line)
-        assert "bert-finetune-v2" in row, screen  # the name whole, beside the whole id
+        # The name whole, beside the whole id.
+        wait_for(lambda: any(LONG_ID in line and "bert-finetune-v2" in line for line in tmux.screen("w").splitlines()),
+                 "Runs with the long id and its name", screen=lambda: tmux.screen("w"))
         tmux.keys("w", "q")
         wait_for(lambda: "xl-exit=0" in tmux.screen("w"), "q quits")
 

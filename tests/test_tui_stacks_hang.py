@@ -43,22 +43,23 @@ def test_k_on_a_hang_shows_the_whole_run_s_verdict_with_its_keys(simnvml, tmp_pa
         wait_for(lambda: "never entered" in _flat(tmux.screen("w")) or "waitsinall_reduce" in _flat(tmux.screen("w")),
                  "the hang banner", timeout=120, screen=lambda: tmux.screen("w"))
         tmux.keys("w", "k")
-        screen = wait_for(lambda: (s := tmux.screen("w")) and "pid" in s and "verdict" in s and s,
-                          "the stacks of rank 0", timeout=60, screen=lambda: tmux.screen("w"))
-        flat = _flat(screen)
-        assert "verdict(all2ranks):rank1neverenteredall_reduce#" in flat, screen  # not "every rank is there"
-        assert "rank0pid" in flat and "all_reduce" in flat
-        footer = screen.rstrip("\n").split("\n")[-1]
-        assert "r Ask again" in footer and "esc Close" in footer and "? Help" in footer, footer
+
+        def stacks_of_rank_0(screen: str) -> bool:
+            flat, footer = _flat(screen), screen.rstrip("\n").split("\n")[-1]
+            return ("verdict(all2ranks):rank1neverenteredall_reduce#" in flat  # not "every rank is there"
+                    and "rank0pid" in flat and "r Ask again" in footer and "esc Close" in footer and "? Help" in footer)
+
+        # Waited for as a whole: a capture can catch a frame half drawn.
+        wait_for(lambda: stacks_of_rank_0(tmux.screen("w")), "rank 0's stacks under the whole run's verdict, with a footer",
+                 timeout=60, screen=lambda: tmux.screen("w"))
         tmux.keys("w", "?")
         wait_for(lambda: "Stacks" in tmux.screen("w") and "ask every rank again" in tmux.screen("w"),
                  "the stacks view's help", timeout=20, screen=lambda: tmux.screen("w"))
         tmux.keys("w", "Escape")
         wait_for(lambda: "ask every rank again" not in tmux.screen("w"), "the help closed", timeout=20)
         tmux.keys("w", "]")
-        screen = wait_for(lambda: (s := tmux.screen("w")) and "rank1pid" in _flat(s) and s, "rank 1's stacks", timeout=20,
-                          screen=lambda: tmux.screen("w"))
-        assert "astray" in screen and "verdict(all2ranks):rank1neverentered" in _flat(screen)
+        wait_for(lambda: all(k in _flat(tmux.screen("w")) for k in ("rank1pid", "astray", "verdict(all2ranks):rank1neverentered")),
+                 "rank 1's stacks under the same verdict", timeout=20, screen=lambda: tmux.screen("w"))
         tmux.keys("w", "Escape")
         wait_for(lambda: "r Ask again" not in tmux.screen("w"), "back to the Monitor", timeout=20)
         tmux.keys("w", "C-c")
