@@ -124,6 +124,7 @@ def test_accelerate_unchanged_every_rank(tmp_path: Path) -> None:
     _every_rank_shows_its_figures(run_dir, 6)
     _same_as_recorded(train, record, 6)
     assert {r["samples"] for r in train if "samples" in r} == {16}
+    assert all(r["steps_per_s"] > 0 for r in train if r["step"] > 1)
 
 
 def test_accelerate_tracker_train_loss_is_the_loss(tmp_path: Path) -> None:

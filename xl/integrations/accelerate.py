@@ -8,7 +8,7 @@ Accelerate calls trackers on the main process only (``Accelerator.log`` is
 ``@on_main_process``), so these values come from rank 0.
 
 Unchanged scripts (``instrument``, run by the rank entry): every rank logs, at each optimizer
-step (``accelerator.backward`` while gradients sync), its step, the loss it passed to
+step (``accelerator.backward`` while gradients sync), its step, steps/s, the loss it passed to
 ``backward`` (the mean over the step's micro-batches) and the samples its prepared model saw
 (hence samples/s). On the process where the script set up an XLTracker, the script's own
 figures are the ones kept.
@@ -17,6 +17,7 @@ figures are the ones kept.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 from accelerate.tracking import GeneralTracker
@@ -77,6 +78,7 @@ class _Steps:
         self.loss: Any = None
         self.micro = 0
         self.samples = 0
+        self.last_t: float | None = None
         client.announce()
 
     def count(self, module: Any, args: Any, kwargs: Any) -> None:
@@ -92,6 +94,10 @@ class _Steps:
             return  # inside accumulate(): the step ends at the micro-batch that syncs
         self.step += 1
         scalars: dict[str, Any] = {"step": self.step}
+        now = time.monotonic()
+        if self.last_t is not None and now > self.last_t:
+            scalars["steps_per_s"] = round(1.0 / (now - self.last_t), 3)
+        self.last_t = now
         if self.loss is not None:
             scalars["loss"] = self.loss / self.micro if self.micro > 1 else self.loss
         if self.samples:
