@@ -594,3 +594,39 @@ def test_stop_grace_from_the_environment(monkeypatch: pytest.MonkeyPatch, value:
         monkeypatch.setenv("XL_STOP_GRACE", value)
     assert grace_from_env() == grace
 
+
+
+@pytest.mark.parametrize("given", [0, 1])
+def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_first(tmp_path: Path, given: int) -> None:
+    """Node 1 of two, one rank: torch numbers nodes in the order they join, so its rank is 1
+    (it joined second) or 0 (it joined first). Until the rank reports, its number is only a
+    guess (1) and run.json lists no row; once it reports, one row with the rank torch gave it.
+    A viewer polling all along never shows a row for a rank this node does not have."""
+    from xl.launcher.rundir.reader import RunReader  # noqa: PLC0415 - the viewer, only for this test
+
+    run_dir = _unit_run_dir(tmp_path, nproc=1)
+    data = json.loads((run_dir / "run.json").read_text())
+    data.update(nnodes=2, node_rank=1, world_size=2, spec={"rdzv": "127.0.0.1:29400"})
+    (run_dir / "run.json").write_text(json.dumps(data))
+    record = run_record.load(run_dir)
+    assert record is not None
+    journal = Journal(run_dir, record)
+    started: list[int] = []
+    ranks = Ranks(run_dir, record, lambda st: started.append(st.rank), lambda st, code, when: None, journal.changed)
+    reader = RunReader(run_dir)
+    journal.save(ranks.to_json(), None)
+    assert run_json(run_dir)["ranks"] == [] and reader.poll().ranks == {}
+    env = {**os.environ, "XL_RUN_ID": record.run_id, "LOCAL_RANK": "0", "RANK": str(given), "WORLD_SIZE": "2"}
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        wait_for(lambda: f"XL_RUN_ID={record.run_id}".encode() in Path(f"/proc/{rank.pid}/environ").read_bytes(), timeout=10, what="the rank's environment")
+        (run_dir / "ranks" / f"rank-{given}.json").write_text(json.dumps({"rank": given, "local_rank": 0, "pid": rank.pid, "started_at": time.time()}))
+        ranks.scan_records()
+        journal.save(ranks.to_json(), None)
+        rows = run_json(run_dir)["ranks"]
+        assert [(r["rank"], r["pid"], r["state"]) for r in rows] == [(given, rank.pid, "running")], rows
+        assert started == [given]
+        assert sorted(reader.poll().ranks) == [given]
+    finally:
+        rank.kill()
+        rank.wait(5)

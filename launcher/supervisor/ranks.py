@@ -230,7 +230,11 @@ class Ranks:
         return self.by_rank.get(rank)
 
     def to_json(self) -> list[dict[str, Any]]:
-        return [r.to_json() for r in sorted(self.by_rank.values(), key=lambda r: r.rank)]
+        """The rows of run.json. Several nodes: a rank that has not reported yet is left out, as
+        its number is only a guess (torch numbers nodes in the order they join): a viewer that
+        saw it would keep a row for a rank this node never had."""
+        rows = sorted(self.by_rank.values(), key=lambda r: r.rank)
+        return [r.to_json() for r in rows if not (self.multi_node and r.pid is None and not r.done)]
 
     def known_pids(self) -> set[int]:
         return {st.pid for st in self if st.pid}
