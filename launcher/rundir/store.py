@@ -108,15 +108,21 @@ UNREADABLE = "unreadable"
 NOT_YOURS = "not yours"  # another user's run: this user may not read its folder (issue 25)
 
 
-def _owner(path: Path) -> str:
+def run_owner(path: Path) -> str:
+    """Who owns a run's folder: the login name, else the uid; "" when it cannot be read."""
     try:
         uid = path.stat().st_uid
     except OSError:
-        return "another user"
+        return ""
     try:
-        return f"user {pwd.getpwuid(uid).pw_name}"
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        return f"uid {uid}"
+        return str(uid)
+
+
+def _belongs(path: Path) -> str:
+    owner = run_owner(path)
+    return f"user {owner}" if owner else "another user"
 
 
 def _not_readable(run_dir: Path) -> bool:
@@ -169,7 +175,7 @@ def resolve_run(token: str) -> Path:
     another user (its folder cannot be read: nothing of it can be shown nor stopped)."""
     found = _resolve(token)
     if found.status == NOT_YOURS:
-        raise NotYours(f"run {found.run_id} is not yours (permission denied: its folder belongs to {_owner(found.run_dir)})")
+        raise NotYours(f"run {found.run_id} is not yours (permission denied: its folder belongs to {_belongs(found.run_dir)})")
     return found.run_dir
 
 

@@ -14,7 +14,6 @@ follow dcgm-exporter where they meet (``gpu``, ``UUID``, ``modelName``, ``hostna
 from __future__ import annotations
 
 import os
-import pwd
 import socket
 import threading
 import time
@@ -37,6 +36,7 @@ from xl.launcher import procs
 from xl.launcher.rundir import record
 from xl.launcher.rundir.reader import RankView, RunReader, RunView
 from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.rundir.store import run_owner
 
 R = ("run_id", "rank", "local_rank", "hostname")
 G = (*R, "gpu", "UUID")
@@ -98,17 +98,6 @@ def _live(rec: RunRecord) -> bool:
     return bool(procs.find_run_pids(rec.run_id))
 
 
-def _owner(run_dir: Path) -> str:
-    try:
-        uid = run_dir.stat().st_uid
-    except OSError:
-        return ""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
 def _state(view: RankView, hung: set[int]) -> str:
     if view.state == "stalled" and view.rank in hung:
         return "hung"
@@ -158,7 +147,7 @@ class RunsCollector(Collector):
                 if rec is None or not _live(rec):
                     self._ended[entry.name] = mtime
                     continue
-                known = self._readers[entry.name] = (ExporterReader(run_dir), _owner(run_dir))
+                known = self._readers[entry.name] = (ExporterReader(run_dir), run_owner(run_dir))
             reader, user = known
             view = reader.poll()
             rec = view.record
