@@ -1,4 +1,4 @@
-"""Launch overhead: `xl launch --no-tui` vs plain torchrun on a 2-rank script that exits at once.
+"""Launch overhead: `xl launch --no-tui` vs plain torchrun on 2 CPU ranks that init gloo, meet at a barrier and leave.
 
     .venv/bin/python bench/bench_launch.py [--repeat N] [--before DIR]
 

@@ -36,14 +36,26 @@ while not (here / "go").exists() and time.monotonic() < deadline:
 
 
 def pss_kib(pid: int) -> int:
+    return _rollup(pid).get("Pss", 0)
+
+
+def uss_kib(pid: int) -> int:
+    """Memory only this process holds (freed if it ended): its private pages."""
+    rollup = _rollup(pid)
+    return rollup.get("Private_Clean", 0) + rollup.get("Private_Dirty", 0)
+
+
+def _rollup(pid: int) -> dict[str, int]:
+    found: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/smaps_rollup") as fh:
             for line in fh:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
+                key, _, rest = line.partition(":")
+                if rest.strip().endswith("kB"):
+                    found[key] = int(rest.split()[0])
     except OSError:
         pass
-    return 0
+    return found
 
 
 def _roles(root: psutil.Process) -> Iterator[tuple[psutil.Process, str]]:
@@ -80,6 +92,9 @@ def measure(argv: list[str], env: dict[str, str], tmp: Path, ranks: int) -> dict
         for p, role in _roles(psutil.Process(proc.pid)):
             kib, n = roles.get(role, (0, 0))
             roles[role] = (kib + pss_kib(p.pid), n + 1)
+            if role == "relays":
+                uss, _ = roles.get("relays (private)", (0, 0))
+                roles["relays (private)"] = (uss + uss_kib(p.pid), n + 1)
         return roles
     finally:
         (tmp / "go").touch()
@@ -128,15 +143,16 @@ def _report(n: int, name: str, xl_runs: list[dict[str, tuple[int, int]]], tr_run
     print(f"{n} ranks, {name} (PSS, MiB, median of {len(xl_runs)}):")
     print(f"  torchrun alone: agent {agent:.1f}, ranks {tr_ranks:.1f} ({tr_ranks / n:.2f} each)")
     own = 0.0
-    for role in ("xl launch (view)", "supervisor", "relays", "torchrun agent", "ranks"):
+    for role in ("xl launch (view)", "supervisor", "relays", "relays (private)", "torchrun agent", "ranks"):
         mib, count = _med(xl_runs, role)
         each = f" ({mib / count:.2f} each)" if count > 1 else ""
         print(f"  {role:17} {mib:7.1f} in {count} process(es){each}")
         if role in ("xl launch (view)", "supervisor", "relays"):
             own += mib
     ranks, _ = _med(xl_runs, "ranks")
-    # A relay is a fork of its rank: PSS splits their shared pages between the two, so what
-    # the relays add is best read as (ranks + relays) under xl minus the ranks under torchrun.
+    # A relay is a fork of its rank: PSS splits their shared pages between the two. What the
+    # relays alone add is their private memory (USS); what xl adds to each rank in all (the rank
+    # entry's imports and threads, and the relay) is (ranks + relays) minus torchrun's ranks.
     added = ranks + _med(xl_runs, "relays")[0] - tr_ranks
     print(f"  view + supervisor + relays: {own:.1f} MiB = {own / agent:.2f}x torchrun's agent")
     print(f"  ranks + relays minus torchrun's ranks: {added:.1f} MiB ({added / n:.2f} a rank)")
