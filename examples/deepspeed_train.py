@@ -49,6 +49,10 @@ def main() -> None:
     if args.record:
         with open(f"{args.record}.rank{engine.global_rank}.json", "w") as fh:
             json.dump(recorded, fh)
+    # Leave together: a rank whose peer tears gloo down while it still talks to it can abort
+    # (SIGABRT, "terminate called ..."), under torchrun as under xl.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
