@@ -150,7 +150,8 @@ def test_run_succeeds_with_separate_rank_logs_and_busy_port_29500(tmp_path: Path
         assert kinds.count("rank_started") == 2 and kinds.count("rank_exited") == 2, kinds
         # The plain view shows each rank's lines, prefixed, and the outcome.
         assert "[rank 1] out rank=1 line=2" in proc.stdout
-        assert "succeeded" in proc.stdout.splitlines()[-1]
+        outcome, took = proc.stdout.splitlines()[-2:]
+        assert "succeeded" in outcome and took.startswith("time: startup "), (outcome, took)
         wait_no_processes(run_dir, timeout=GRACE + 2)
     finally:
         kill_run(run_dir)
