@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 class Backend(Protocol):
     """What the app needs from the domain, and nothing more."""
 
+    # True for viewers (`xl serve --read-only`): start and stop refuse, and no screen offers them.
+    read_only: bool
+
     def inventory(self) -> Inventory:
         """This machine's GPUs now, with their processes (never raises for NVML's failures: the
         inventory says what went wrong)."""
@@ -86,6 +89,8 @@ class Backend(Protocol):
 
 class LocalBackend:
     """The real backend: this machine's NVML, doctor, launcher and run store."""
+
+    read_only = False
 
     def __init__(self) -> None:
         # The latest inventory read (the GPUs screen polls every second): Launch validates its

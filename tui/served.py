@@ -27,6 +27,8 @@ READ_ONLY = "Read-only: this app was served with `xl serve --read-only`; launchi
 class ReadOnlyBackend(LocalBackend):
     """This machine's backend, less what changes it: starting and stopping runs."""
 
+    read_only = True
+
     def start(self, spec: Any) -> Any:
         raise PermissionError(READ_ONLY)
 
