@@ -255,10 +255,8 @@ class MonitorScreen(XLScreen):
         return self.xl.clock
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("stop", "detach", "stacks") and self.status in FINISHED:
-            return False  # off the footer: nothing left to stop, detach from or ask
-        if action == "stop" and self.backend.read_only:
-            return False  # a viewer's app: the backend would refuse it
+        if (action in ("stop", "detach", "stacks") and self.status in FINISHED) or (action == "stop" and self.backend.read_only):
+            return False  # off the footer: nothing left to stop, detach from or ask; a viewer stops nothing
         return not (action == "back" and self.standalone)
 
     # -- polling -----------------------------------------------------------------------------
