@@ -395,9 +395,15 @@ class RunReader:
             lines = lines[1:]
         return lines[-max_lines:] if max_lines > 0 else []
 
-    def new_log_lines(self, rank: int) -> list[str]:
-        """Lines appended to a rank's log since the previous call (the first call: all)."""
+    def new_log_lines(self, rank: int, *, restart: bool = False) -> list[str]:
+        """Lines appended to a rank's log since the previous call (the first call, or with
+        ``restart``: those of its last MiB; ``log_skipped`` then says how many came before)."""
         tail = self._log_tails.get(rank)
-        if tail is None:
+        if tail is None or restart:
             tail = self._log_tails[rank] = Tail(self.log_path(rank), 1 << 20)
         return [line.decode("utf-8", errors="replace") for line in tail.read()]
+
+    def log_skipped(self, rank: int) -> int:
+        """How many of a rank's log lines its tail left out (those before its last MiB)."""
+        tail = self._log_tails.get(rank)
+        return 0 if tail is None else tail.skipped_lines

@@ -36,7 +36,7 @@ from xl.tui.screens.base import XLScreen
 from xl.tui.screens.confirm import ConfirmScreen
 from xl.tui.screens.stacks import StacksScreen
 from xl.tui.widgets.charts import MetricChart
-from xl.tui.widgets.rank_log import RankLog
+from xl.tui.widgets.rank_log import LogLines, RankLog
 from xl.tui.widgets.rank_table import RankTable
 from xl.tui.widgets.text_lines import TextLines
 from xl.tui.widgets.verdict import VerdictBanner
@@ -113,14 +113,15 @@ def progress_text(prog: Progress) -> Text:
 
 def _log_lines(reader: RunReader, rank: int, reset: bool, tailed: set[int]) -> list[str]:
     """The lines of ``rank``'s log the Monitor has not shown yet; after a switch (``reset``),
-    the backlog: everything on a first visit, the tail when coming back to a rank."""
+    its last LOG_TAIL lines, carrying how many came before them (LogLines)."""
     if not reset:
         return list(reader.new_log_lines(rank))
-    fresh = reader.new_log_lines(rank)  # everything, on a rank's first call: its backlog
-    if rank in tailed:
-        fresh = reader.read_log(rank, LOG_TAIL)  # skip what it missed while not shown
+    # A rank shown before starts over at its end: what it wrote meanwhile is skipped, and counted.
+    fresh = reader.new_log_lines(rank, restart=rank in tailed)
     tailed.add(rank)
-    return list(fresh)[-LOG_TAIL:]
+    shown = fresh[-LOG_TAIL:]
+    skipped = reader.log_skipped(rank) + len(fresh) - len(shown)
+    return LogLines(shown, skipped=skipped, path=reader.log_path(rank))
 
 
 class CloseWhenDone:
