@@ -23,7 +23,7 @@ PROCESSES = {
     # the end-of-run table is drawn without it).
     "launch": (
         "import xl.cli, xl.tui.commands, xl.launcher.cli.launch, xl.launcher.control, xl.launcher.cli.view",
-        160,
+        158,  # `--slurm`'s job submission (cli.sbatch, multinode.slurm) loads only when asked for
         130,
         ("rich", "textual", "torch", "numpy"),
     ),

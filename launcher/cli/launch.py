@@ -23,10 +23,8 @@ from xl.launcher.cli.options import (
     spec_from_args,
 )
 from xl.launcher.cli.preflight import check_launch
-from xl.launcher.cli.sbatch import launch_slurm
 from xl.launcher.cli.startchecks import check_python, check_rdzv_port
 from xl.launcher.multinode.join import prepare_launch
-from xl.launcher.multinode.slurm import node_rank_from_env
 from xl.launcher.plan import Plan, build_plan
 from xl.launcher.spec import LaunchSpec
 
@@ -174,9 +172,13 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     if ns.json and not ns.dry_run:
         raise UsageError("--json only goes with --dry-run")
     if ns.slurm:
+        from xl.launcher.cli.sbatch import launch_slurm  # noqa: PLC0415 - only `xl launch --slurm` submits a job: not every launch's start
+
         return launch_slurm(ns, script, module, args)
     run_id = None
     if ns.slurm_node:
+        from xl.launcher.multinode.slurm import node_rank_from_env  # noqa: PLC0415 - only a Slurm task reads its node: not every launch's start
+
         ns.node_rank = node_rank_from_env()
         if ns.run_id:
             run_id = ns.run_id if ns.node_rank == 0 else f"{ns.run_id}-node{ns.node_rank}"
