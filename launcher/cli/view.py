@@ -38,6 +38,8 @@ class RankLine:
     step: float | None = None
     total_steps: float | None = None
     loss: float | None = None
+    eval_loss: float | None = None  # the latest evaluation's (docs/frameworks.md)
+    epoch: float | None = None
     samples_per_s: float | None = None
     gpu_util: float | None = None
     gpu_mem_used_mib: float | None = None
@@ -91,7 +93,7 @@ class RunState:
         for rank, rv in view.ranks.items():
             line = self.ranks.setdefault(rank, RankLine(rank))
             for key in ("pid", "gpu", "exit_code", "step", "total_steps", "loss", "samples_per_s",
-                        "gpu_util", "gpu_mem_used_mib", "gpu_mem_total_mib", "cpu_pct", "rss_mib", "diagnosis"):
+                        "gpu_util", "gpu_mem_used_mib", "gpu_mem_total_mib", "cpu_pct", "rss_mib", "diagnosis", "eval_loss", "epoch"):
                 setattr(line, key, getattr(rv, key))
             # The supervisor's own word on a rank (e.g. "stopped" after another failed) wins;
             # the reader's diagnosis (straggler, stalled) shows while it runs.
@@ -282,11 +284,14 @@ def render_text(state: RunState, width: int = 120) -> str:
 
     Drawn here rather than by Rich (the same look as Rich's ASCII box): importing and setting up
     Rich cost a run's end ~50 ms, a few percent of a short job's wall time."""
-    rows = [_cells(state.ranks[rank]) for rank in sorted(state.ranks)]
+    evals = _has_eval(state)
+    headers = _headers(evals)
+    right = _RIGHT | ({len(headers) - 2} if evals else set())
+    rows = [_cells(state.ranks[rank], evals) for rank in sorted(state.ranks)]
     rows = [[*row[:-1], row[-1] + (f"{'  ' if row[-1] else ''}xl: {r.diagnosis}" if r.diagnosis else "")]
             for row, r in zip(rows, (state.ranks[k] for k in sorted(state.ranks)), strict=True)]
-    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(_HEADERS[:-1])]
-    last = max(len(_HEADERS[-1]) // 2, width - 1 - 3 * len(_HEADERS) - sum(widths))
+    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers[:-1])]
+    last = max(len(headers[-1]) // 2, width - 1 - 3 * len(headers) - sum(widths))
     widths.append(last)
 
     def line(cells: list[str]) -> str:
@@ -294,13 +299,13 @@ def render_text(state: RunState, width: int = 120) -> str:
         for i, (cell, w) in enumerate(zip(cells, widths, strict=True)):
             if len(cell) > w:
                 cell = cell[: w - 1] + "\u2026"
-            out.append(cell.rjust(w) if i in _RIGHT else cell.ljust(w))
+            out.append(cell.rjust(w) if i in right else cell.ljust(w))
         return "| " + " | ".join(out) + " |"
 
     name = (state.record.name if state.record else None) or ""
     title = f"{name}  {state.title}  {state.status}  {state.elapsed():.0f}s"
-    border = "+" + "-" * (len(line(list(_HEADERS))) - 2) + "+"
-    text = [title.ljust(len(border)), border, line(list(_HEADERS))]
+    border = "+" + "-" * (len(line(list(headers))) - 2) + "+"
+    text = [title.ljust(len(border)), border, line(list(headers))]
     text.append("|" + "+".join("-" * (w + 2) for w in widths) + "|")
     text += [line(row) for row in rows]
     text.append(border)
@@ -311,7 +316,23 @@ _HEADERS = ("rank", "state", "pid", "GPU", "step", "samples/s", "loss", "util", 
 _RIGHT = {0, 2, 3, 4, 5, 6, 7, 8}  # right-justified columns (numbers)
 
 
-def _cells(r: RankLine) -> list[str]:
+def _has_eval(state: RunState) -> bool:
+    """Whether any rank has evaluated: only then do the tables have an eval column."""
+    return any(r.eval_loss is not None for r in state.ranks.values())
+
+
+def _headers(evals: bool) -> tuple[str, ...]:
+    return (*_HEADERS[:-1], "eval", _HEADERS[-1]) if evals else _HEADERS
+
+
+def _eval(r: RankLine) -> str:
+    """The latest eval loss and, where logged, its epoch: "5.381 ep 2"."""
+    if r.eval_loss is None:
+        return ""
+    return format(r.eval_loss, ".4g") + ("" if r.epoch is None else f" ep {r.epoch:.3g}")
+
+
+def _cells(r: RankLine, evals: bool = False) -> list[str]:
     """One rank's row of the table, as text."""
     shown = r.state
     if r.exit_code not in (None, 0):
@@ -329,7 +350,8 @@ def _cells(r: RankLine) -> list[str]:
         util = f"{r.cpu_pct:.0f}% cpu"
     pid = "" if r.pid is None else str(r.pid)
     gpu = "cpu" if r.gpu is None else str(r.gpu)
-    return [str(r.rank), shown, pid, gpu, step, _fmt(r.samples_per_s, ".1f"), _fmt(r.loss, ".4g"), util, mem, r.last_line]
+    cells = [str(r.rank), shown, pid, gpu, step, _fmt(r.samples_per_s, ".1f"), _fmt(r.loss, ".4g"), util, mem]
+    return [*cells, _eval(r), r.last_line] if evals else [*cells, r.last_line]
 
 
 # ---------------------------------------------------------------------------------- Rich live view
@@ -345,8 +367,9 @@ _STATE_STYLE = {
 }
 
 
-def render(state: RunState, *, events: bool = True, ascii_only: bool = False) -> Any:
-    """The live view as a Rich renderable (rank table + recent events)."""
+def render(state: RunState, *, events: bool = True, ascii_only: bool = False, width: int | None = None) -> Any:
+    """The live view as a Rich renderable (rank table + recent events). An eval column once a
+    rank has evaluated, where ``width`` (the terminal's) leaves room for it beside the loss."""
     from rich import box  # noqa: PLC0415 - Rich costs ~40 ms; `xl launch --detach` never draws
     from rich.console import Group  # noqa: PLC0415 - as above
     from rich.table import Table  # noqa: PLC0415 - as above
@@ -361,6 +384,7 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False) ->
         show_lines=False,
         box=box.ASCII if ascii_only else box.HEAVY_HEAD,
     )
+    evals = _has_eval(state) and (width is None or width >= _EVAL_MIN_WIDTH)
     for col, kw in (
         ("rank", {"justify": "right"}),
         ("state", {"no_wrap": True}),  # "failed (1)" on one line, even at 80 columns
@@ -371,19 +395,23 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False) ->
         ("loss", {"justify": "right"}),
         ("util", {"justify": "right"}),
         ("mem", {"justify": "right"}),
+        *((("eval", {"justify": "right", "no_wrap": True}),) if evals else ()),
         ("last log line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"}),
     ):
         table.add_column(col, **kw)
     for rank in sorted(state.ranks):
         r = state.ranks[rank]
-        cells = _cells(r)
-        table.add_row(cells[0], Text(cells[1], style=_STATE_STYLE.get(r.state, "")), *cells[2:9], _last_line(r, Text))
+        cells = _cells(r, evals)
+        table.add_row(cells[0], Text(cells[1], style=_STATE_STYLE.get(r.state, "")), *cells[2:-1], _last_line(r, Text))
     parts: list[Any] = [table]
     if state.verdict:
         parts.append(Text(f"hang: {visible(state.verdict)}", style="bold yellow"))
     for ev in state.events[-5:] if events else []:
         parts.append(Text(_plain_event(ev), style=_EVENT_STYLE.get(str(ev.get("kind")), "dim")))
     return Group(*parts)
+
+
+_EVAL_MIN_WIDTH = 100  # narrower, an eval column would squeeze the loss to "0.…" (the end table has it)
 
 
 def _last_line(r: RankLine, text: Any) -> Any:
@@ -402,12 +430,12 @@ def watch_live(state: RunState, on_tick: Any = None) -> int:
     console = Console()
     last = 0.0
     state.poll()
-    with Live(render(state), console=console, auto_refresh=False, transient=False) as live:
+    with Live(render(state, width=console.width), console=console, auto_refresh=False, transient=False) as live:
         while True:
             state.poll()
             now = time.monotonic()
             if state.new_events or now - last >= RENDER_S or state.final:
-                live.update(render(state), refresh=True)
+                live.update(render(state, width=console.width), refresh=True)
                 last = now
             if state.final:
                 break

@@ -96,6 +96,8 @@ class RankView:
     step: float | None = None
     total_steps: float | None = None
     loss: float | None = None
+    eval_loss: float | None = None  # the latest evaluation's, never a training loss (docs/frameworks.md)
+    epoch: float | None = None
     lr: float | None = None
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
@@ -286,7 +288,9 @@ class RunReader:
                 total = _num(rec["total_steps"])
                 if total is not None:
                     view.total_steps = total
-            if "loss" in rec:
+            if "eval_loss" in rec or "epoch" in rec:
+                self._apply_eval(view, rec)
+            if "loss" in rec and "eval_loss" not in rec:
                 loss = rec["loss"]
                 if type(loss) is not float or not isfinite(loss):
                     loss = _num(loss)
@@ -312,6 +316,13 @@ class RunReader:
                 view.tokens_per_s = _num(rec["tokens_per_s"])
             if "steps_per_s" in rec:
                 view.steps_per_s = _num(rec["steps_per_s"])
+
+    @staticmethod
+    def _apply_eval(view: RankView, rec: dict[str, Any]) -> None:
+        for key in ("eval_loss", "epoch"):
+            value = _num(rec.get(key))
+            if value is not None:  # finite figures only: a null leaves the last one shown
+                setattr(view, key, float(value))
 
     @staticmethod
     def _apply_sys(view: RankView, t: float, rec: dict[str, Any]) -> None:

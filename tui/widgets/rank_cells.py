@@ -39,12 +39,14 @@ def rank_values(rv: Any, now: float, node: str | None) -> tuple[Any, ...]:
         getattr(rv, "gpu", None),
         node,
         fmt.ago(getattr(rv, "last_seen", None), now),
+        getattr(rv, "eval_loss", None),
+        getattr(rv, "epoch", None),
     )
 
 
 def format_cells(values: tuple[Any, ...]) -> dict[str, Any]:
     """The row's cells (str or rich Text) from rank_values."""
-    rank, state, step, total_steps, loss, sps, util, used, total, rss, gpu, node, seen = values
+    rank, state, step, total_steps, loss, sps, util, used, total, rss, gpu, node, seen, evl, epoch = values
     if used is None and rss is not None:
         mem: Any = f"{fmt.mib(rss)} rss"
     else:
@@ -64,7 +66,15 @@ def format_cells(values: tuple[Any, ...]) -> dict[str, Any]:
         "loss": fmt.number(loss),
         "seen": seen,
         "state": fmt.state(state),
+        "eval": eval_cell(evl, epoch),
     }
+
+
+def eval_cell(eval_loss: float | None, epoch: float | None) -> str:
+    """The latest eval loss and, where the framework logs one, its epoch: "5.381 ep 2"."""
+    if eval_loss is None:
+        return "-"
+    return fmt.number(eval_loss) + ("" if epoch is None else f" ep {epoch:.3g}")
 
 
 def cell_segments(value: Any, width: int, under: Style, over: Style, console: Console) -> list[Segment]:

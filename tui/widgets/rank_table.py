@@ -46,6 +46,9 @@ COLUMNS = (
     ("mem", "Memory", 11),
     ("seen", "Last seen", 12),
 )
+# Once any rank has evaluated: its latest eval loss (and epoch) last, so the columns an 80-column
+# terminal shows stay as they are; a run without evaluations never has this column.
+EVAL_COLUMN = ("eval", "Eval loss (ep)", 14)
 # Grouped by node: the node first (as wide as the longest name, within NODE_WIDTH), then these.
 AFTER_NODE = COLUMNS
 NODE_WIDTH = (4, 24)
@@ -119,7 +122,7 @@ class RankTable(ScrollView, can_focus=True):
     @property
     def grouped(self) -> bool:
         """True when the table groups ranks by node (the run spans more than one node)."""
-        return self._columns is not COLUMNS
+        return self._columns[0][0] == "node"
 
     @property
     def row_count(self) -> int:
@@ -206,13 +209,16 @@ class RankTable(ScrollView, can_focus=True):
 
     # -- updates -----------------------------------------------------------------------------
 
-    def _layout(self, nodes: list[str]) -> Columns:
+    def _layout(self, nodes: list[str], evals: bool) -> Columns:
+        # Once shown, the eval column stays (no layout change each time a rank's value comes).
+        shown = self._columns[-1] is EVAL_COLUMN
+        tail = (EVAL_COLUMN,) if evals or shown else ()
         if len(nodes) < 2:
-            return COLUMNS
+            return (*COLUMNS, *tail) if tail else COLUMNS
         width = min(max(NODE_WIDTH[0], *(len(n) for n in nodes)), NODE_WIDTH[1])
-        if self.grouped and self._columns[0][2] >= width:
+        if self.grouped and self._columns[0][2] >= width and shown == bool(tail):
             return self._columns  # a shorter new name fits: no need to lay out again
-        return (("node", "Node", width), *AFTER_NODE)
+        return (("node", "Node", width), *AFTER_NODE, *tail)
 
     def update_ranks(
         self, ranks: Mapping[int, Any], now: float, labels: Mapping[int, str | None] | None = None
@@ -222,7 +228,7 @@ class RankTable(ScrollView, can_focus=True):
         if labels is None:
             labels = node_labels(ranks)
         nodes = node_order(labels)
-        columns = self._layout(nodes)
+        columns = self._layout(nodes, any(getattr(rv, "eval_loss", None) is not None for rv in ranks.values()))
         relayout = columns != self._columns
         if relayout:
             # A second node appeared (or a longer node name): every line is drawn again, once.
