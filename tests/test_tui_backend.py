@@ -36,6 +36,8 @@ NOTICE = "on the other node run: XL_TOKEN=abc xl launch --nnodes 2 --node-rank 1
 class FakeBackend:
     """Answers from memory and records what the app asked it to do."""
 
+    read_only = False
+
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.started: list[LaunchSpec] = []
