@@ -24,7 +24,7 @@ from accelerate.tracking import GeneralTracker
 
 import xl
 from xl import client
-from xl.integrations.report import batch_size, claim
+from xl.integrations.report import batch_size, claim, state_of
 
 _RENAME = {"train_loss": "loss", "learning_rate": "lr"}
 
@@ -109,10 +109,7 @@ class _Steps:
 
 
 def _steps(accelerator: Any) -> _Steps:
-    steps = accelerator.__dict__.get("_xl_steps")
-    if steps is None:
-        steps = accelerator.__dict__["_xl_steps"] = _Steps()
-    return steps
+    return state_of(accelerator, _Steps)
 
 
 def instrument(module: Any) -> None:

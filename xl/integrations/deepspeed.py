@@ -14,7 +14,7 @@ from typing import Any
 
 import xl
 from xl import client
-from xl.integrations.report import claim
+from xl.integrations.report import claim, state_of
 
 
 class _Steps:
@@ -42,10 +42,7 @@ class _Steps:
 
 
 def _steps(engine: Any) -> _Steps:
-    steps = engine.__dict__.get("_xl_steps")
-    if steps is None:
-        steps = engine.__dict__["_xl_steps"] = _Steps()
-    return steps
+    return state_of(engine, _Steps)
 
 
 def instrument(module: Any) -> None:

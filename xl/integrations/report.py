@@ -5,12 +5,16 @@ engine: each layer would log the same step again. The framework closest to the s
 Trainer and Lightning over Accelerate, Accelerate over DeepSpeed. A layer asks ``claim`` before
 it logs; the first call of a higher layer takes the rank over for good.
 
-Also the one helper every integration shares: a batch's size, read from its shape (no sync).
+Also the helpers every integration shares: a batch's size, read from its shape (no sync), and
+the step state kept on a framework's own object.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _LEVEL = {"deepspeed": 1, "accelerate": 2, "transformers": 3, "lightning": 3}
 _owner: str | None = None
@@ -22,6 +26,15 @@ def claim(name: str) -> bool:
     if _owner is None or _LEVEL[name] > _LEVEL[_owner]:
         _owner = name
     return _owner == name
+
+
+def state_of(owner: Any, factory: Callable[[], T]) -> T:
+    """xl's state for ``owner`` (an Accelerator, a DeepSpeed engine), made on first use and kept
+    in the object's own ``__dict__``: its class's properties and slots are never touched."""
+    state = owner.__dict__.get("_xl_steps")
+    if state is None:
+        state = owner.__dict__["_xl_steps"] = factory()
+    return state
 
 
 def batch_size(batch: Any, depth: int = 0) -> int:
