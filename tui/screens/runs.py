@@ -128,7 +128,7 @@ class RunsScreen(XLScreen):
         else:
             running = sum(1 for r in message.runs if _field(r, "status") == "running")
             summary.update(
-                f"{len(message.runs)} runs, {running} running.  enter: open in the monitor"
+                f"{len(message.runs)} run{'' if len(message.runs) == 1 else 's'}, {running} running.  enter: open in the monitor"
                 if message.runs
                 else "No runs yet: start one from Launch (3) or with `xl launch`."
             )
