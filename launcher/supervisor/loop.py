@@ -102,6 +102,7 @@ class Supervisor:
         self.attempt = 0  # torchrun's restarts so far (the highest attempt any rank reached)
         self.escaped: list[tuple[int, float]] = []  # recorded in escaped.json (xl.launcher.procs)
         self.escaped_scan_at = 0.0
+        self.escape_seen: list[tuple[int, float]] = []  # the last scan's finds, recorded once seen twice
         self.restart_reason: str | None = None  # the failure that will make torchrun restart
         self.sink = LogSink(run_dir, self.journal.write_failed)
         self.sink.forward = self.journal.send_log
@@ -264,7 +265,11 @@ class Supervisor:
         if now < self.escaped_scan_at:
             return
         self.escaped_scan_at = now + _ESCAPED_SCAN_S
-        found = procs.escaped_descendants(os.getpid(), self.run_id)
+        seen = procs.escaped_descendants(os.getpid(), self.run_id)
+        # A process in the middle of exiting has lost its environment too: one that is still
+        # there a scan later has escaped.
+        found = [item for item in seen if item in self.escape_seen]
+        self.escape_seen = seen
         if found != self.escaped:
             try:
                 procs.save_escaped(self.run_dir, found)
