@@ -68,12 +68,32 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@contextlib.contextmanager
+def code_reachable() -> Iterator[None]:
+    """Another user can reach this checkout and its venv, as they could an installed xl: a
+    folder above them that others cannot enter (a clone under `mktemp -d`) gets o+x (enter,
+    not list) for the test, and its own mode back after."""
+    opened: list[tuple[Path, int]] = []
+    try:
+        for leaf in (Path(SITE), Path(__file__).resolve().parent.parent):
+            for folder in (leaf, *leaf.parents):
+                mode = stat.S_IMODE(folder.stat().st_mode)
+                if not mode & stat.S_IXOTH and all(f != folder for f, _ in opened):
+                    folder.chmod(mode | stat.S_IXOTH)
+                    opened.append((folder, mode))
+        yield
+    finally:
+        for folder, mode in reversed(opened):
+            folder.chmod(mode)
+
+
 @pytest.fixture
 def stranger() -> Iterator[str]:
     name = f"xlsec{secrets.token_hex(3)}"
     subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True, timeout=60)
     try:
-        yield name
+        with code_reachable():
+            yield name
     finally:
         for proc in psutil.process_iter(["username"]):
             if proc.info["username"] == name:
