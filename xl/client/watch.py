@@ -77,7 +77,7 @@ class CommWatch:
                 watch.pending_count += 1
             group = state if state is not None else dist.group.WORLD
             tensor = bucket.buffer()
-            tensor.div_(group.size())
+            tensor.div_(dist.get_world_size(group))
             fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
 
             def done(f):  # type: ignore[no-untyped-def]
