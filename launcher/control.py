@@ -23,7 +23,7 @@ from pathlib import Path
 
 from xl.errors import UsageError
 from xl.gpu import nvml
-from xl.launcher import procs
+from xl.launcher import runprocs
 from xl.launcher.plan import Plan, build_plan
 from xl.launcher.rundir import record, settle, stopmark
 from xl.launcher.rundir.events import EVENTS_FILE
@@ -32,7 +32,7 @@ from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.rundir.store import new_run_id, runs_root
 from xl.launcher.spec import LaunchSpec
 from xl.launcher.supervisor.stopping import grace_from_env
-from xl.proc import hide_values, set_cmdline
+from xl.procfs import hide_values, set_cmdline
 
 STOPPED_WAIT_S = 15.0  # beyond the grace: a supervisor's own ending (events, run.json, torchrun)
 
@@ -238,13 +238,13 @@ def run_pids(run_dir: Path, rec: RunRecord) -> list[int]:
     """The run's live processes: XL_RUN_ID in their environment, their descendants and those of
     its supervisor (a rank's child with a scrubbed environment), and what its supervisor recorded
     as escaped (never a pid only named in a file unless the same process still holds it)."""
-    pids = set(procs.find_run_pids(rec.run_id))
+    pids = set(runprocs.find_run_pids(rec.run_id))
     for pid in list(pids):
-        pids.update(procs.descendants(pid))
-    pids.update(procs.escaped(run_dir))
+        pids.update(runprocs.descendants(pid))
+    pids.update(runprocs.escaped(run_dir))
     sup = rec.supervisor_pid
-    if sup is not None and procs.supervisor_alive(rec):
-        pids.update(procs.descendants(sup))
+    if sup is not None and runprocs.supervisor_alive(rec):
+        pids.update(runprocs.descendants(sup))
         pids.discard(sup)
     return sorted(pids)
 
@@ -255,9 +255,9 @@ def _end_orphaned(run_dir: Path, rec: RunRecord, grace: float, *, stopped: bool)
     # Training that had ended before this stop keeps the outcome its ranks recorded.
     stopped = stopped and not settle.all_ranks_ended(run_dir, rec)
     pids = run_pids(run_dir, rec)
-    if rec.supervisor_pid is not None and procs.supervisor_alive(rec):
+    if rec.supervisor_pid is not None and runprocs.supervisor_alive(rec):
         # Frozen: it must not wake up later and act on a run that is over.
-        procs.signal_pid(rec.supervisor_pid, signal.SIGKILL)
+        runprocs.signal_pid(rec.supervisor_pid, signal.SIGKILL)
     _terminate(pids, rec.run_id, grace)
     # Processes ended just now: the run ended now; else at its last sign of life.
     settle.settle(run_dir, stopped=stopped, ended_now=bool(pids))
@@ -266,12 +266,12 @@ def _end_orphaned(run_dir: Path, rec: RunRecord, grace: float, *, stopped: bool)
 def _terminate(pids: list[int], run_id: str, grace: float) -> None:
     """SIGTERM to ``pids``; SIGKILL to what is left of them, and of the run, after ``grace``."""
     for pid in pids:
-        procs.signal_rank(pid, signal.SIGTERM)
+        runprocs.signal_rank(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
         time.sleep(0.05)
-        pids = [p for p in pids if procs.alive(p)]
-    procs.kill_all(pids + procs.find_run_pids(run_id))
+        pids = [p for p in pids if runprocs.alive(p)]
+    runprocs.kill_all(pids + runprocs.find_run_pids(run_id))
 
 
 def abandon_if_supervisor_gone(run_dir: Path, *, exited: bool = False) -> bool:
@@ -282,11 +282,11 @@ def abandon_if_supervisor_gone(run_dir: Path, *, exited: bool = False) -> bool:
     rec = record.load(run_dir)
     if rec is None or rec.status != RunStatus.RUNNING:
         return False
-    if rec.supervisor_pid is not None and procs.supervisor_alive(rec):
+    if rec.supervisor_pid is not None and runprocs.supervisor_alive(rec):
         return False
     if rec.supervisor_pid is None and not exited:
         return False  # still starting
-    if procs.find_run_pids(rec.run_id):
+    if runprocs.find_run_pids(rec.run_id):
         return False  # training outlives its supervisor
     return settle.settle(run_dir, stopped=False) is not None
 
@@ -310,8 +310,8 @@ def stop_run(run_dir: Path) -> None:
         if rec.final:
             return
     sup = rec.supervisor_pid
-    if sup is not None and procs.supervisor_alive(rec) and not procs.frozen(sup):
-        procs.signal_pid(sup, signal.SIGTERM)
+    if sup is not None and runprocs.supervisor_alive(rec) and not runprocs.frozen(sup):
+        runprocs.signal_pid(sup, signal.SIGTERM)
         return
     _end_orphaned(run_dir, rec, grace_for(rec), stopped=True)
 
@@ -320,24 +320,24 @@ def _stop_starting(run_dir: Path) -> bool:
     """The run's supervisor has not written its PID yet: SIGTERM it where it runs (before it
     catches the signal it just ends; after, it stops the run), or, when none runs, record the
     run stopped (one that starts later finds the stop file). False: it wrote its PID meanwhile."""
-    sup = procs.find_supervisor(str(run_dir))
+    sup = runprocs.find_supervisor(str(run_dir))
     rec = record.load(run_dir)
     if rec is not None and rec.supervisor_pid is not None:
         return False
     if sup is None:
         settle.settle(run_dir, stopped=True, why="stopped before its supervisor started", ended_now=True)
-    elif procs.frozen(sup):
-        procs.signal_pid(sup, signal.SIGKILL)
+    elif runprocs.frozen(sup):
+        runprocs.signal_pid(sup, signal.SIGKILL)
         settle.settle(run_dir, stopped=True, why="its supervisor was frozen as it started", ended_now=True)
     else:
-        procs.signal_pid(sup, signal.SIGTERM)
+        runprocs.signal_pid(sup, signal.SIGTERM)
     return True
 
 
 def _starting_ended(run_dir: Path, rec: RunRecord) -> bool:
     """A stopped run whose supervisor never wrote its PID and runs no more (it ended on the
     SIGTERM before catching it): recorded stopped here. True when it was."""
-    if rec.supervisor_pid is not None or not stopmark.stop_asked(run_dir) or procs.find_supervisor(str(run_dir)):
+    if rec.supervisor_pid is not None or not stopmark.stop_asked(run_dir) or runprocs.find_supervisor(str(run_dir)):
         return False
     rec = record.load(run_dir) or rec
     if rec.final or rec.supervisor_pid is not None:
@@ -351,15 +351,15 @@ def stop_unreadable(run_dir: Path) -> None:
     there is none, or it is frozen, every process carrying the run's id (and what it recorded as
     escaped) is ended here."""
     run_id = run_dir.name
-    sup = procs.find_supervisor(str(run_dir))
-    if sup is not None and not procs.frozen(sup):
-        procs.signal_pid(sup, signal.SIGTERM)
+    sup = runprocs.find_supervisor(str(run_dir))
+    if sup is not None and not runprocs.frozen(sup):
+        runprocs.signal_pid(sup, signal.SIGTERM)
         deadline = time.monotonic() + grace_from_env() + STOPPED_WAIT_S
-        while procs.alive(sup) and time.monotonic() < deadline:
+        while runprocs.alive(sup) and time.monotonic() < deadline:
             time.sleep(0.05)
     if sup is not None:
-        procs.signal_pid(sup, signal.SIGKILL)  # frozen, or never done: it must not wake up later
-    _terminate(procs.find_run_pids(run_id) + procs.escaped(run_dir), run_id, grace_from_env())
+        runprocs.signal_pid(sup, signal.SIGKILL)  # frozen, or never done: it must not wake up later
+    _terminate(runprocs.find_run_pids(run_id) + runprocs.escaped(run_dir), run_id, grace_from_env())
 
 
 def wait_for_end(run_dir: Path, timeout: float) -> RunRecord | None:
@@ -378,8 +378,8 @@ def wait_for_end(run_dir: Path, timeout: float) -> RunRecord | None:
         if rec is not None and _starting_ended(run_dir, rec):
             return record.load(run_dir)
         if rec is not None and rec.supervisor_pid is not None:
-            sup_gone = not procs.supervisor_alive(rec)
-            if sup_gone or procs.frozen(rec.supervisor_pid) or time.monotonic() >= deadline:
+            sup_gone = not runprocs.supervisor_alive(rec)
+            if sup_gone or runprocs.frozen(rec.supervisor_pid) or time.monotonic() >= deadline:
                 rec = record.load(run_dir) or rec  # it may have finished between the two reads
                 if not rec.final:
                     _end_orphaned(run_dir, rec, 0.0 if sup_gone else grace_for(rec), stopped=True)

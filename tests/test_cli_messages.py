@@ -15,8 +15,8 @@ import pytest
 from procs import wait_no_processes, xl, xl_env
 from rich.console import Console
 
+from xl.launcher.cli.console import RunState, render
 from xl.launcher.cli.options import cpu_cores
-from xl.launcher.cli.view import RunState, render
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 

@@ -18,7 +18,7 @@ from procs import only_run, wait_no_processes, xl, xl_env
 from rich.console import Console
 from xltele import REPO
 
-from xl.launcher.cli.view import RunState, render, render_text
+from xl.launcher.cli.console import RunState, render, render_text
 from xl.launcher.rundir.reader import RunReader
 from xl.tui.app import build_app
 from xl.tui.widgets.rank_table import RankTable

@@ -22,7 +22,7 @@ PROCESSES = {
     # `xl launch --no-tui`: dispatch, the command, starting the run, the plain view (no Rich:
     # the end-of-run table is drawn without it).
     "launch": (
-        "import xl.cli, xl.tui.commands, xl.launcher.cli.launch, xl.launcher.control, xl.launcher.cli.view",
+        "import xl.cli, xl.tui.commands, xl.launcher.cli.launch, xl.launcher.control, xl.launcher.cli.console",
         158,  # `--slurm`'s job submission (cli.sbatch, multinode.slurm) loads only when asked for
         130,
         ("rich", "textual", "torch", "numpy"),

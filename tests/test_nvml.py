@@ -21,7 +21,7 @@ from simnvml import GPU_IS_LOST, MODELS, NO_PERMISSION, NOT_SUPPORTED, SimGPU, S
 
 from xl.gpu import nvml
 from xl.gpu.processes import identify, local_pids
-from xl.proc import parse_nspid
+from xl.procfs import parse_nspid
 
 # Functions drivers older than ~R510 do not have.
 OLD_DRIVER = (

@@ -407,17 +407,17 @@ def test_a_sidecar_recorded_by_the_supervisor_ends_with_the_run_after_the_superv
 
 def test_an_unrelated_process_that_got_a_recorded_pid_is_left_alone(tmp_path: Path) -> None:
     # escaped.json names a pid with another start time (the pid was reused): it is not the run's.
-    from xl.launcher import procs  # noqa: PLC0415 - the unit under test, beside its e2e tests
+    from xl.launcher import runprocs  # noqa: PLC0415 - the unit under test, beside its e2e tests
 
     bystander = subprocess.Popen(["sleep", "60"])
     try:
         run_dir = tmp_path / "run"
         run_dir.mkdir()
-        procs.save_escaped(run_dir, [(bystander.pid, psutil.Process(bystander.pid).create_time() - 100.0)])
-        assert procs.end_escaped(run_dir) == []
+        runprocs.save_escaped(run_dir, [(bystander.pid, psutil.Process(bystander.pid).create_time() - 100.0)])
+        assert runprocs.end_escaped(run_dir) == []
         assert bystander.poll() is None
-        procs.save_escaped(run_dir, [(bystander.pid, psutil.Process(bystander.pid).create_time())])
-        assert procs.end_escaped(run_dir) == [bystander.pid]
+        runprocs.save_escaped(run_dir, [(bystander.pid, psutil.Process(bystander.pid).create_time())])
+        assert runprocs.end_escaped(run_dir) == [bystander.pid]
         assert bystander.wait(5) == -signal.SIGTERM
     finally:
         bystander.kill()

@@ -15,7 +15,7 @@ import pytest
 from procs import XL, xl_env
 from rich.console import Console
 
-from xl.launcher.cli.view import RunState, render, render_text, watch_plain
+from xl.launcher.cli.console import RunState, render, render_text, watch_plain
 
 FIXTURES = Path(__file__).parent / "fixtures" / "runs"
 

@@ -80,7 +80,7 @@ def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None, slurm_node: 
     later, SIGKILL: every one of them stops the run and the task waits for it, so the step ends
     when the run has. ``lines=False`` shows events and the outcome only (nodes other than 0).
     """
-    from xl.launcher.cli.view import watch  # noqa: PLC0415 - the run reader; --dry-run and --detach never watch
+    from xl.launcher.cli.console import watch  # noqa: PLC0415 - the run reader; --dry-run and --detach never watch
     from xl.launcher.control import abandon_if_supervisor_gone, stop_run  # noqa: PLC0415 - see launch()
 
     stopping = False

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from xl.errors import ArgumentParser, UsageError
-from xl.launcher import procs
+from xl.launcher import runprocs
 from xl.launcher.rundir import record
 from xl.launcher.rundir.store import resolve_run
 from xl.launcher.rundir.tail import RankLogs, Tail
@@ -48,7 +48,7 @@ def main(argv: Sequence[str]) -> int:
     while True:
         rec = record.load(run_dir)
         # A run whose run.json is damaged is over once no process carries its id.
-        done = rec.final if rec is not None else not procs.find_run_pids(run_dir.name)
+        done = rec.final if rec is not None else not runprocs.find_run_pids(run_dir.name)
         logs.discover()
         if not ns.follow or done:
             logs.copy(out.write, drain=True)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from xl import paths
 from xl.errors import ArgumentParser, NotYours, UsageError
-from xl.launcher import procs
+from xl.launcher import runprocs
 from xl.launcher.control import STOPPED_WAIT_S, grace_for, stop_run, stop_unreadable, wait_for_end
 from xl.launcher.rundir import record
 from xl.launcher.rundir.record import RunStatus
@@ -24,7 +24,7 @@ def main(argv: Sequence[str]) -> int:
         raise  # another user's run: nothing of it is ours to stop
     except UsageError:
         # A run whose folder was deleted still has processes carrying its id: end them.
-        if not procs.find_run_pids(ns.run):
+        if not runprocs.find_run_pids(ns.run):
             raise
         stop_unreadable(paths.runs_dir() / ns.run)
         print(f"{ns.run} stopped (its run folder is gone)")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xl.launcher import procs
+from xl.launcher import runprocs
 from xl.launcher.rundir import digest, record
 from xl.launcher.rundir.events import append_event
 from xl.launcher.rundir.metrics import MetricsWriter
@@ -144,7 +144,7 @@ def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone"
     except OSError:
         pass  # a read-only or full disk: settle all the same, once is best effort there
     # What the run left behind in sessions and environments of their own ends with it.
-    procs.end_escaped(run_dir)
+    runprocs.end_escaped(run_dir)
     with contextlib.suppress(OSError):
         merge_spool(run_dir)
     left = rank_records(run_dir)

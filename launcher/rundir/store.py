@@ -17,7 +17,7 @@ from typing import Any
 
 from xl import paths
 from xl.errors import NotYours, UsageError
-from xl.launcher import procs
+from xl.launcher import runprocs
 from xl.launcher.rundir import record, settle
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.spec import LaunchSpec
@@ -67,7 +67,7 @@ class RunInfo:
             world_size=rec.world_size or len(rec.ranks),
             devices=rec.devices,
             # Only a running run has a supervisor worth asking about (a PID check per run).
-            supervisor_alive=rec.status == RunStatus.RUNNING and procs.supervisor_alive(rec),
+            supervisor_alive=rec.status == RunStatus.RUNNING and runprocs.supervisor_alive(rec),
         )
 
 
@@ -147,9 +147,9 @@ def _unreadable(run_dir: Path) -> RunInfo:
 def _settled_if_abandoned(run_dir: Path, rec: RunRecord) -> RunRecord:
     """A running run whose supervisor is gone and no process of which is left: its record is
     made true now, from what its ranks left (xl.launcher.rundir.settle)."""
-    if rec.status != RunStatus.RUNNING or rec.supervisor_pid is None or procs.supervisor_alive(rec):
+    if rec.status != RunStatus.RUNNING or rec.supervisor_pid is None or runprocs.supervisor_alive(rec):
         return rec
-    if procs.find_run_pids(rec.run_id):
+    if runprocs.find_run_pids(rec.run_id):
         return rec  # its training goes on without it
     return settle.settle(run_dir, stopped=False) or record.load(run_dir) or rec
 

@@ -42,7 +42,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from xl.launcher import procs, provenance
+from xl.launcher import provenance, runprocs
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.join import format_address
 from xl.launcher.rundir import digest
@@ -100,7 +100,7 @@ class Supervisor:
         self.ranks = Ranks(run_dir, record, self._rank_started, self._rank_ended, self.journal.changed)
         self.ranks.on_restarted = self._rank_restarted
         self.attempt = 0  # torchrun's restarts so far (the highest attempt any rank reached)
-        self.escaped: list[tuple[int, float]] = []  # recorded in escaped.json (xl.launcher.procs)
+        self.escaped: list[tuple[int, float]] = []  # recorded in escaped.json (xl.launcher.runprocs)
         self.escaped_scan_at = 0.0
         self.escape_seen: list[tuple[int, float]] = []  # the last scan's finds, recorded once seen twice
         self.restart_reason: str | None = None  # the failure that will make torchrun restart
@@ -171,7 +171,7 @@ class Supervisor:
         self.record.update(
             status=RunStatus.RUNNING,
             supervisor_pid=os.getpid(),
-            supervisor_started_at=procs.create_time(os.getpid()),
+            supervisor_started_at=runprocs.create_time(os.getpid()),
             torchrun_pid=self.torchrun.proc.pid,
             started_at=self.record.get("started_at") or time.time(),
             grace_s=self.stopping.grace,
@@ -260,22 +260,22 @@ class Supervisor:
 
     def _record_escaped(self) -> None:
         """Descendants without the run's environment, for `xl stop` and settling to find once
-        this supervisor is gone (xl.launcher.procs.escaped)."""
+        this supervisor is gone (xl.launcher.runprocs.escaped)."""
         now = time.monotonic()
         if now < self.escaped_scan_at:
             return
         self.escaped_scan_at = now + _ESCAPED_SCAN_S
-        seen = procs.escaped_descendants(os.getpid(), self.run_id)
+        seen = runprocs.escaped_descendants(os.getpid(), self.run_id)
         # A process in the middle of exiting has lost its environment too: one that is still
         # there a scan later has escaped.
         found = [item for item in seen if item in self.escape_seen]
         self.escape_seen = seen
         if found != self.escaped:
             try:
-                procs.save_escaped(self.run_dir, found)
+                runprocs.save_escaped(self.run_dir, found)
                 self.escaped = found
             except OSError as exc:
-                self.journal.write_failed(procs.ESCAPED_FILE, exc)
+                self.journal.write_failed(runprocs.ESCAPED_FILE, exc)
 
     def _all_done(self) -> bool:
         return self.ranks.all_done(self.torchrun.code, self.stopping.state is not None)
@@ -345,9 +345,9 @@ class Supervisor:
         self.sink.close_all()
         with contextlib.suppress(Exception):
             self.port.stop()
-        procs.kill_all(procs.find_run_pids(self.run_id))
+        runprocs.kill_all(runprocs.find_run_pids(self.run_id))
         if self.torchrun.proc is not None:
-            procs.signal_pid(self.torchrun.proc.pid, signal.SIGKILL)
+            runprocs.signal_pid(self.torchrun.proc.pid, signal.SIGKILL)
         if self.cause.failure is None:
             self.cause.failure = self.cause.local(None, None, None, None, f"supervisor error: {exc!r}")
 

@@ -30,9 +30,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from xl.launcher import procs
+from xl.launcher import runprocs
 from xl.launcher.rundir.record import RunRecord
-from xl.proc import read_environ
+from xl.procfs import read_environ
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
@@ -126,7 +126,7 @@ class RankState:
     @property
     def gone(self) -> bool:
         """Ended and no process of it left (a rank may report its end and hang in teardown)."""
-        return self.done and (self.pid is None or not procs.alive(self.pid))
+        return self.done and (self.pid is None or not runprocs.alive(self.pid))
 
     def end(self, code: int | None, when: float | None, stopped: bool) -> None:
         """Its outcome: exited on 0, else stopped when xl's stop explains it, else failed."""
@@ -149,11 +149,11 @@ class RankState:
     def signal(self, sig: int) -> None:
         # A rank that reported its exit may still hang in teardown (e.g. a stuck NCCL
         # destructor): it is signalled too; only its recorded outcome stays as it was.
-        if self.pid is None or not procs.alive(self.pid):
+        if self.pid is None or not runprocs.alive(self.pid):
             return
         if not self.done:
             self.signalled = int(sig)
-        procs.signal_rank(self.pid, sig)
+        runprocs.signal_rank(self.pid, sig)
 
 
 @dataclass
@@ -170,7 +170,7 @@ class Torchrun:
     def signal(self, sig: int) -> None:
         """Signal it while it runs (after its end the pid may be another process's)."""
         if self.proc is not None and self.code is None:
-            procs.signal_pid(self.proc.pid, sig)
+            runprocs.signal_pid(self.proc.pid, sig)
 
 
 def become_subreaper() -> None:
@@ -332,7 +332,7 @@ class Ranks:
                 continue
             st.record_mtime = mtime
             pid = int(rec.get("pid") or 0)
-            if pid and (procs.is_run_process(pid, self.record.run_id) or not procs.alive(pid)):
+            if pid and (runprocs.is_run_process(pid, self.record.run_id) or not runprocs.alive(pid)):
                 self.learn_pid(rank, pid)
             st.started_at = rec.get("started_at") or st.started_at
             if "exit_code" in rec and not st.done:
@@ -348,7 +348,7 @@ class Ranks:
             if st.pid in self.reparented:
                 self.on_ended(st, self.reparented.pop(st.pid), None)
                 continue
-            if procs.alive(st.pid):
+            if runprocs.alive(st.pid):
                 st.alive_at = time.time()
                 continue
             self.scan_records()
@@ -391,7 +391,7 @@ class Ranks:
                     st.state = RankPhase.STOPPED if stopping else RankPhase.FAILED
                     continue
                 return False
-            if procs.alive(st.pid):
+            if runprocs.alive(st.pid):
                 return False
         return True
 

@@ -19,7 +19,7 @@ from enum import Enum
 from typing import Any
 
 from xl import settings
-from xl.launcher import procs
+from xl.launcher import runprocs
 from xl.launcher.supervisor.ranks import Ranks, RankState, Torchrun
 
 DEFAULT_GRACE_S = 10.0
@@ -113,7 +113,7 @@ class Stopping:
         # what left a rank's session or environment as this subreaper's descendant.
         self.state.extra = self._unknown_pids()
         for pid in self.state.extra:
-            procs.signal_rank(pid, signal.SIGTERM)
+            runprocs.signal_rank(pid, signal.SIGTERM)
         self.tell_nodes()
 
     def catch_up(self, st: RankState) -> None:
@@ -130,20 +130,20 @@ class Stopping:
         self.state.killed = True
         for st in self.ranks:
             st.signal(signal.SIGKILL)
-        procs.kill_all(self.state.extra + self._unknown_pids())
+        runprocs.kill_all(self.state.extra + self._unknown_pids())
         self.torchrun.signal(signal.SIGKILL)
 
     def leftovers(self, signalled: bool) -> bool:
         """Kill any process still carrying this run's id, or descending from this supervisor;
         True while some remain."""
-        pids = sorted(set(procs.find_run_pids(self.run_id)) | set(procs.descendants(os.getpid())))
+        pids = sorted(set(runprocs.find_run_pids(self.run_id)) | set(runprocs.descendants(os.getpid())))
         if not pids:
             return False
         if self.state is None:
             self.begin(StopReason.REQUESTED if signalled else StopReason.TORCHRUN_DIED)
             return True
         if self.state.killed:
-            procs.kill_all(pids)
+            runprocs.kill_all(pids)
         return True
 
     def end_exit_barrier(self, nodes_busy: bool, emit: Callable[[dict[str, Any]], None]) -> None:
@@ -183,7 +183,7 @@ class Stopping:
 
     def _unknown_pids(self) -> list[int]:
         known = self._known_pids()
-        found = set(procs.find_run_pids(self.run_id, exclude=known)) | set(procs.descendants(os.getpid()))
+        found = set(runprocs.find_run_pids(self.run_id, exclude=known)) | set(runprocs.descendants(os.getpid()))
         return sorted(found - known)
 
     def _known_pids(self) -> set[int]:

@@ -32,7 +32,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from xl import paths
-from xl.launcher import procs
+from xl.launcher import runprocs
 from xl.launcher.rundir import record
 from xl.launcher.rundir.reader import RankView, RunReader, RunView
 from xl.launcher.rundir.record import RunRecord, RunStatus
@@ -93,9 +93,9 @@ def _live(rec: RunRecord) -> bool:
     """Running, and someone still runs it: its supervisor, or (the supervisor gone) its ranks."""
     if rec.status != RunStatus.RUNNING:
         return False
-    if rec.supervisor_pid is None or procs.supervisor_alive(rec):
+    if rec.supervisor_pid is None or runprocs.supervisor_alive(rec):
         return True
-    return bool(procs.find_run_pids(rec.run_id))
+    return bool(runprocs.find_run_pids(rec.run_id))
 
 
 def _state(view: RankView, hung: set[int]) -> str:

@@ -18,7 +18,7 @@ import psutil
 
 from xl.gpu import nvml
 from xl.gpu.devices import resolve_visible_devices
-from xl.proc import read_environ
+from xl.procfs import read_environ
 
 MIB = 1024 * 1024
 
