@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from xl.doctor.checks.common import Finding, ok, skip, warn, working_gpus
 from xl.doctor.facts import Facts
+from xl.gpu.models import model_names
 
 if TYPE_CHECKING:
     from xl.gpu.devices import Visibility
@@ -46,7 +47,7 @@ def check_cuda_device_order(f: Facts) -> Finding:
         return ok("PCI_BUS_ID: CUDA's indices match nvidia-smi's", data=data)
     kinds = {(g.name, g.compute_capability) for g in gpus}
     if len(kinds) > 1 or _resolve_visible(f).order_differs:
-        models = ", ".join(sorted({g.name for g in gpus}))
+        models = ", ".join(model_names(gpus))
         return warn(
             f"{value or 'unset'} (FASTEST_FIRST) with different GPUs ({models}): CUDA's device indices differ from nvidia-smi's",
             fix="export CUDA_DEVICE_ORDER=PCI_BUS_ID (xl launch sets it for its runs)",

@@ -8,6 +8,7 @@ from typing import Any
 
 from xl.doctor.checks.common import Finding, error, fail, ok, skip, torch_cuda, warn
 from xl.doctor.facts import Facts
+from xl.gpu.models import mixed_models, model_counts, models_text
 
 _DRIVER_FIXES = {
     "driver_not_loaded": "sudo modprobe nvidia (or reboot); `dmesg | grep -i nvidia` says why it did not load",
@@ -105,9 +106,9 @@ def check_gpus(f: Facts) -> Finding:
             "the driver is loaded but reports no GPUs",
             fix="check `nvidia-smi`; in a container pass the GPUs in (docker run --gpus all)",
         )
-    lost = [g for g in f.gpus if getattr(g, "lost", False)]
-    names = Counter(g.name for g in f.gpus if not getattr(g, "lost", False))
-    models = ", ".join(f"{n}x {name}" for name, n in names.items())
+    lost = [g for g in f.gpus if g.lost]
+    names = model_counts(g for g in f.gpus if not g.lost)
+    models = models_text(names)
     data: dict[str, Any] = {
         "count": len(f.gpus),
         "models": dict(names),
@@ -132,12 +133,10 @@ def check_gpus(f: Facts) -> Finding:
             data=data,
         )
     errors = [g for g in f.gpus if getattr(g, "error", None)]
-    if len(names) > 1:
+    mixed = mixed_models(g for g in f.gpus if not g.lost)
+    if mixed:
         return warn(
-            "; ".join(
-                [f"mixed models: {models}; DDP runs every rank at the slowest GPU's pace"]
-                + [p.detail for p in health]
-            ),
+            "; ".join([mixed] + [p.detail for p in health]),
             fix="; ".join(dict.fromkeys([_one_model_fix(f, names)] + [p.fix for p in health])),
             data=data,
         )
