@@ -10,9 +10,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# A GPU this busy (or with this much memory taken by others) is flagged before launching on it.
-BUSY_UTIL_PCT = 20
-BUSY_MEM_FRACTION = 0.10
+# A GPU this busy (or with this much memory taken by others) is flagged before launching on it:
+# the doctor's GPU health check's figures, so the picker and `xl doctor` agree.
+from xl.gpu.health import BUSY_MEM_FRACTION, BUSY_UTIL_PCT
 
 
 @dataclass
