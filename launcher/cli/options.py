@@ -4,7 +4,7 @@ What `xl launch` takes is defined here once: the options (with torchrun's spelli
 unlisted), where xl's options stop and the script's begin, and how the options become a
 LaunchSpec. `xl sbatch` adds its #SBATCH options to the same parser; the launch form and the
 commands xl writes for other nodes go through xl.launcher.spec.spec_to_argv, whose output this
-module parses back to the same spec (tests/test_spec_argv.py).
+module parses back to the same spec (tests/launcher/test_spec_argv.py).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import pytest
 import runfixtures
 from pilotwait import until
 from textual.widgets import DataTable, Input, Static
+from where import FIXTURES
 
 from xl.doctor.report import Check, Report
 from xl.gpu.nvml import Driver, Inventory
@@ -27,7 +28,7 @@ from xl.tui.app import build_app, exit_code
 from xl.tui.screens.monitor import MonitorScreen
 from xl.tui.widgets.text_lines import TextLines
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 SIZE = (120, 40)
 NOW = runfixtures.T0 + 130
 NOTICE = "on the other node run: XL_TOKEN=abc xl launch --nnodes 2 --node-rank 1 train.py"
@@ -96,7 +97,7 @@ def fake(tmp_path, monkeypatch) -> FakeBackend:
     monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "elsewhere" / "20260530-straggler"
-    shutil.copytree(FIXTURES / "20260530-straggler", run_dir)
+    shutil.copytree(RUNS_FIXTURES / "20260530-straggler", run_dir)
     return FakeBackend(run_dir)
 
 
@@ -130,7 +131,7 @@ async def test_launch_plans_and_starts_through_the_backend(fake, tmp_path):
     shows the notice it returned (node 0's command for the other node, until that one joins)."""
     (tmp_path / "train.py").write_text("print('hi')\n")
     fake.run_dir = tmp_path / "elsewhere" / "20260530-twonode"
-    shutil.copytree(FIXTURES / "20260530-twonode", fake.run_dir)
+    shutil.copytree(RUNS_FIXTURES / "20260530-twonode", fake.run_dir)
     run = json.loads((fake.run_dir / "run.json").read_text())
     run["ranks"] = [r for r in run["ranks"] if r["node"] == run["ranks"][0]["node"]]
     (fake.run_dir / "run.json").write_text(json.dumps(run))

@@ -10,7 +10,7 @@ NodeAddr 127.0.0.1), then `salloc -N2 xl launch --slurm`, `sbatch` of an `xl sba
 Ctrl-C. It needs root (slurmd launches the tasks) and the packages:
 
     apt-get install -y slurm-wlm munge
-    XL_TEST_SLURM=1 .venv/bin/pytest tests/test_slurm.py -k real
+    XL_TEST_SLURM=1 .venv/bin/pytest tests/e2e/test_slurm.py -k real
 
 To use a cluster that is already running instead, also set XL_TEST_SLURM_CONF=/path/slurm.conf
 (it must have 2 idle nodes whose NodeAddr the other can reach).
@@ -625,7 +625,7 @@ def test_real_ctrl_c_stops_every_node(tmp_path: Path, cluster: dict[str, str]) -
     assert "stopping the run on every node" in output, output[-3000:]
     assert salloc.returncode == 1, output[-3000:]
     # Node 0's run was stopped as `xl stop` stops it; node 1's rank may see its peer go first
-    # and fail on its own (as in tests/test_multinode.py): either way it ended, nothing hangs.
+    # and fail on its own (as in tests/e2e/test_multinode.py): either way it ended, nothing hangs.
     run0, run1 = run_json(runs[0]), run_json(runs[1])
     assert run0["status"] == "stopped", output[-3000:]
     assert [r["state"] for r in run0["ranks"] if r["node_rank"] == 0] == ["stopped"], run0["ranks"]

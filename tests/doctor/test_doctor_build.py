@@ -24,6 +24,7 @@ from fakecuda import (
     statuses,
     survivors,
 )
+from where import REPO
 
 pytestmark = pytest.mark.e2e
 
@@ -235,6 +236,6 @@ def test_help_explains_the_json_and_build_and_points_at_docs_the_repo_holds(tmp_
     # A page the help names is one a person can open: the repo's own docs, never a file beside it.
     pages = set(re.findall(r"[\w./-]+\.md\b", proc.stdout))
     assert "docs/doctor.md" in pages
-    assert all((Path(__file__).resolve().parent.parent / page).is_file() for page in pages), pages
+    assert all((REPO / page).is_file() for page in pages), pages
     for words in ('"checks"', '"fix"', "--build", "compile", "exit status"):
         assert words in proc.stdout, words

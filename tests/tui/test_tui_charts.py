@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 import shutil
-from pathlib import Path
 
 import runfixtures
 from pilotwait import until
+from where import FIXTURES
 
 from xl.tui.app import build_app
 from xl.tui.widgets.charts import (
@@ -18,7 +18,7 @@ from xl.tui.widgets.charts import (
     tick,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 NOW = runfixtures.T0 + 130
 
 
@@ -88,7 +88,7 @@ def _text(chart: MetricChart) -> list[str]:
 
 async def test_the_monitor_draws_loss_per_rank_and_bands_for_wide_runs(tmp_path, monkeypatch):
     runs = tmp_path / "xlhome" / "runs"
-    shutil.copytree(FIXTURES, runs)
+    shutil.copytree(RUNS_FIXTURES, runs)
     monkeypatch.setenv("XL_HOME", str(tmp_path / "xlhome"))
     monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
     app = build_app(

@@ -16,6 +16,7 @@ import runfixtures
 from pilotwait import until
 from procs import only_run, wait_no_processes, xl, xl_env
 from rich.console import Console
+from where import FIXTURES
 from xltele import REPO
 
 from xl.launcher.cli.console import RunState, render, render_text
@@ -23,7 +24,7 @@ from xl.launcher.rundir.reader import RunReader
 from xl.tui.app import build_app
 from xl.tui.widgets.rank_table import RankTable
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 NOW = runfixtures.T0 + 130
 
 
@@ -38,7 +39,7 @@ def _eval_record(rank: int, step: int, eval_loss: object, epoch: object, t: floa
 
 def _copy(tmp_path: Path, name: str = "20260530-healthy") -> Path:
     runs = tmp_path / "xlhome" / "runs"
-    shutil.copytree(FIXTURES / name, runs / name)
+    shutil.copytree(RUNS_FIXTURES / name, runs / name)
     return runs / name
 
 

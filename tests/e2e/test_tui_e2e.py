@@ -16,8 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 from tmuxterm import Tmux, wait_for
+from where import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 pytestmark = [
     pytest.mark.e2e,

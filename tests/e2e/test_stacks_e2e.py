@@ -29,10 +29,11 @@ from procs import (
     xl,
     xl_env,
 )
+from where import SUPPORT
 
 pytestmark = pytest.mark.e2e
 
-SCRIPT = Path(__file__).parent / "support" / "hang_ddp.py"
+SCRIPT = SUPPORT / "hang_ddp.py"
 MODES = ("sleep", "regex", "busy", "bcast")
 LIVE = (*MODES, "slow")
 

@@ -14,16 +14,17 @@ from pathlib import Path
 
 import pytest
 from procs import XL, xl_env
+from where import FIXTURES
 
 from xl.launcher.rundir.tail import LINE_CAP, RankLogs, Tail, prefixed
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 HUGE = 100_000_000
 
 
 def _run_with_huge_line(home: Path) -> Path:
     run_dir = home / "runs" / "20260530-failed"
-    shutil.copytree(FIXTURES / "20260530-failed", run_dir)
+    shutil.copytree(RUNS_FIXTURES / "20260530-failed", run_dir)
     with open(run_dir / "logs" / "rank-0.log", "ab") as fh:
         block = b"y" * 1_000_000
         for _ in range(HUGE // len(block)):

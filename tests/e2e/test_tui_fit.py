@@ -16,6 +16,7 @@ import pytest
 from procs import XL
 from simnvml import SimGPU, SimProcess
 from tmuxterm import Tmux, wait_for
+from where import FIXTURES
 
 pytestmark = [
     pytest.mark.e2e,
@@ -23,7 +24,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
 ]
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 SIZES = [(80, 24), (200, 60)]
 IDS = ["80x24", "200x60"]
 # A `q` and digits in it: typed into the field, never taken for quit or for a screen.
@@ -107,7 +108,7 @@ def _busy_sleepers(n: int) -> list[subprocess.Popen[str]]:
 @pytest.mark.parametrize("size", SIZES, ids=IDS)
 def test_warnings_names_and_tracebacks_fit_the_terminal(simnvml, tmp_path, size):
     runs = tmp_path / "xlhome" / "runs"
-    shutil.copytree(FIXTURES, runs)
+    shutil.copytree(RUNS_FIXTURES, runs)
     # A run id as xl makes them (date, time, script, tag), with its name.
     long_run = runs / LONG_ID
     shutil.copytree(runs / "20260530-healthy", long_run)

@@ -14,6 +14,7 @@ import runfixtures
 from pilotwait import until
 from textual.widgets import DataTable, Static
 from textual.widgets._footer import FooterKey
+from where import FIXTURES
 
 from xl.launcher.rundir.reader import RunReader
 from xl.tui import fmt
@@ -24,7 +25,7 @@ from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
 from xl.tui.widgets.text_lines import TextLines
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 SIZE = (120, 40)
 NOW = runfixtures.T0 + 130  # a fixed "now": stable elapsed and last-seen values
 
@@ -37,7 +38,7 @@ def text_of(app, selector: str) -> str:
 @pytest.fixture
 def xl_home(tmp_path, monkeypatch) -> Path:
     runs = tmp_path / "xlhome" / "runs"
-    shutil.copytree(FIXTURES, runs)
+    shutil.copytree(RUNS_FIXTURES, runs)
     monkeypatch.setenv("XL_HOME", str(tmp_path / "xlhome"))
     monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
     return runs

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from fakecuda import host_config, nvcc_output, survivors
 from rich.console import Console
+from where import REPO
 
 from xl.doctor import checks, run
 from xl.doctor.checks.archs import check_arch_list
@@ -537,7 +538,7 @@ def test_help_and_docs_say_what_each_check_decides() -> None:
     )
     assert proc.returncode == 0 and proc.stderr == ""
     flat = " ".join(proc.stdout.split())
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "doctor.md").read_text()
+    docs = (REPO / "docs" / "doctor.md").read_text()
     for spec in (*checks.CHECKS, checks.BUILD):
         assert spec.decides and " ".join(spec.decides.split()) in flat, spec.id
         assert f"| `{spec.id}` |" in docs, spec.id

@@ -15,6 +15,7 @@ import pytest
 from procs import XL, run_json, wait_no_processes
 from simnvml import SimGPU, SimProcess
 from tmuxterm import Tmux, wait_for
+from where import FIXTURES
 
 pytestmark = [
     pytest.mark.e2e,
@@ -22,7 +23,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
 ]
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 LONG_NAME = "llama-3-8b-instruct-lora-finetune-v2"
 SMALL, LARGE = (80, 24), (200, 60)
 LONG_SCRIPT = "experiments/2026/llama-3-8b-instruct/stage-2/finetune_with_lora.py"
@@ -33,7 +34,7 @@ def home(tmp_path: Path) -> Path:
     """Recorded runs (one with a long name, which must not push the run id off an 80-column
     table) and a training script in the working folder."""
     runs = tmp_path / "xlhome" / "runs"
-    shutil.copytree(FIXTURES, runs)
+    shutil.copytree(RUNS_FIXTURES, runs)
     record = runs / "20260530-failed" / "run.json"
     data = json.loads(record.read_text())
     data["name"] = LONG_NAME
@@ -153,7 +154,7 @@ def test_ctrl_c_in_the_monitor_of_xl_launch_stops_the_run(simnvml, home):
         tmux.start("w", command, _env(home, sim.env), size=LARGE)
         runs = home / "xlhome" / "runs"
         run_dir = wait_for(lambda: next((p for p in runs.glob("2*") if (p / "run.json").is_file()
-                                         and not (FIXTURES / p.name).exists()), None), "the new run")
+                                         and not (RUNS_FIXTURES / p.name).exists()), None), "the new run")
         wait_for(lambda: tmux.screen("w").count("running") >= 3, "both ranks running in the monitor", timeout=120)
         tmux.keys("w", "C-c")
         wait_for(lambda: "xl-exit=1" in tmux.screen("w"), "the command exits 1 once the run stopped", timeout=60)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from procs import XL, kill_run, run_json, wait_no_processes
 from tmuxterm import Tmux, wait_for
+from where import SUPPORT
 
 pytestmark = [
     pytest.mark.e2e,
@@ -20,7 +21,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
 ]
 
-HANG = Path(__file__).parent / "support" / "hang_ddp.py"
+HANG = SUPPORT / "hang_ddp.py"
 
 
 def _flat(text: str) -> str:

@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 from procs import XL, xl_env
 from rich.console import Console
+from where import FIXTURES
 
 from xl.launcher.cli.console import RunState, render, render_text, watch_plain
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 
 
 def _state(name: str) -> RunState:
-    state = RunState(FIXTURES / name)
+    state = RunState(RUNS_FIXTURES / name)
     state.poll()
     return state
 
@@ -65,7 +66,7 @@ def test_64_ranks_each_get_a_row() -> None:
 
 def test_plain_output_of_a_failed_run_ends_with_table_traceback_and_outcome() -> None:
     out = io.StringIO()
-    code = watch_plain(RunState(FIXTURES / "20260530-failed"), out)
+    code = watch_plain(RunState(RUNS_FIXTURES / "20260530-failed"), out)
     text = out.getvalue()
     assert code == 1
     assert "\x1b[" not in text  # no control codes in a pipe or a log file
@@ -78,7 +79,7 @@ def test_plain_output_of_a_failed_run_ends_with_table_traceback_and_outcome() ->
 
 def test_plain_output_of_a_healthy_run_exits_0() -> None:
     out = io.StringIO()
-    assert watch_plain(RunState(FIXTURES / "20260530-healthy"), out) == 0
+    assert watch_plain(RunState(RUNS_FIXTURES / "20260530-healthy"), out) == 0
     assert "succeeded" in out.getvalue().splitlines()[-1]
 
 
@@ -86,7 +87,7 @@ def test_plain_output_of_a_healthy_run_exits_0() -> None:
 def test_attach_no_tui_into_a_pipe(tmp_path: Path) -> None:
     """The real command, stdout a pipe: the plain view, the rank table, the run's exit code."""
     home = tmp_path / "home"
-    shutil.copytree(FIXTURES / "20260530-failed", home / "runs" / "20260530-failed")
+    shutil.copytree(RUNS_FIXTURES / "20260530-failed", home / "runs" / "20260530-failed")
     proc = subprocess.run(
         [*XL, "attach", "--no-tui", "last"],
         env=xl_env(home),

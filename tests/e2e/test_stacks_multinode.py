@@ -25,10 +25,11 @@ from procs import (
     xl,
     xl_env,
 )
+from where import SUPPORT
 
 pytestmark = pytest.mark.e2e
 
-SCRIPT = Path(__file__).parent / "support" / "hang_ddp.py"
+SCRIPT = SUPPORT / "hang_ddp.py"
 
 
 def _run_dirs(home: Path) -> dict[int, Path]:

@@ -1,7 +1,7 @@
 """Snapshots of every screen with fixture data and simulated GPUs (pytest-textual-snapshot).
 
 Deterministic by construction: a fixed clock, one poll (a long poll interval), recorded runs.
-Update after an intended change with `pytest tests/test_tui_snapshots.py --snapshot-update`.
+Update after an intended change with `pytest tests/tui/test_tui_snapshots.py --snapshot-update`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from simnvml import SimGPU, SimProcess
 from textual.css.query import NoMatches
 from textual.widgets import Input
 from textual.widgets._footer import FooterKey
+from where import FIXTURES, REPO
 
 from xl.doctor.report import Check, Report
 from xl.tui.app import build_app
@@ -24,7 +25,7 @@ from xl.tui.runview import FINISHED
 from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 NOW = runfixtures.T0 + 130
 SLOW = 3600.0  # poll once: what is on screen cannot depend on timing
 
@@ -43,7 +44,7 @@ async def until(pilot, predicate, tries: int = 200) -> None:
 @pytest.fixture(autouse=True)
 def _env(tmp_path, monkeypatch):
     runs = tmp_path / "xlhome" / "runs"
-    shutil.copytree(FIXTURES, runs)
+    shutil.copytree(RUNS_FIXTURES, runs)
     monkeypatch.setenv("XL_HOME", str(tmp_path / "xlhome"))
     monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("TZ", "UTC")
@@ -153,7 +154,7 @@ def test_one_stylesheet():
     """The app's look lives in tui/xl.tcss (its CSS_PATH): no widget or screen carries styles of
     its own (DEFAULT_CSS / CSS), so one file says how everything looks. The snapshots above check
     the result (the GPU history's colours come from there)."""
-    tui = Path(__file__).resolve().parent.parent / "tui"
+    tui = REPO / "tui"
     assert sorted(p.name for p in tui.glob("*.tcss")) == ["xl.tcss"]
     offenders = [
         str(p.relative_to(tui))

@@ -45,6 +45,7 @@ from procs import (
     xl,
     xl_env,
 )
+from where import REPO
 
 from xl.launcher.multinode import nodelink
 from xl.launcher.rank.stacks import peer_is
@@ -75,7 +76,7 @@ def code_reachable() -> Iterator[None]:
     not list) for the test, and its own mode back after."""
     opened: list[tuple[Path, int]] = []
     try:
-        for leaf in (Path(SITE), Path(__file__).resolve().parent.parent):
+        for leaf in (Path(SITE), REPO):
             for folder in (leaf, *leaf.parents):
                 mode = stat.S_IMODE(folder.stat().st_mode)
                 if not mode & stat.S_IXOTH and all(f != folder for f, _ in opened):

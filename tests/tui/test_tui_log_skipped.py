@@ -9,20 +9,21 @@ from pathlib import Path
 import pytest
 import runfixtures
 from pilotwait import until
+from where import FIXTURES
 
 from xl.tui.app import build_app
 from xl.tui.screens.monitor import LOG_TAIL
 from xl.tui.widgets.rank_log import MAX_LINES, RankLog
 from xl.tui.widgets.rank_table import RankTable
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 NOW = runfixtures.T0 + 130
 
 
 @pytest.fixture
 def run_dir(tmp_path, monkeypatch) -> Path:
     runs = tmp_path / "xlhome" / "runs"
-    shutil.copytree(FIXTURES / "20260530-healthy", runs / "20260530-healthy")
+    shutil.copytree(RUNS_FIXTURES / "20260530-healthy", runs / "20260530-healthy")
     monkeypatch.setenv("XL_HOME", str(tmp_path / "xlhome"))
     monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
     return runs / "20260530-healthy"

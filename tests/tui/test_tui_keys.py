@@ -12,6 +12,7 @@ import pytest
 import runfixtures
 from pilotwait import until
 from textual.widgets import DataTable, Input, Static
+from where import FIXTURES
 
 from xl.doctor.report import Report
 from xl.tui import settings
@@ -22,7 +23,7 @@ from xl.tui.screens.monitor import MonitorScreen
 from xl.tui.widgets.gpu_table import GPUTable
 from xl.tui.widgets.rank_table import RankTable
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 SIZE = (120, 40)
 NOW = runfixtures.T0 + 130
 LIVE = "20260530-straggler"  # run.json says running
@@ -53,7 +54,7 @@ class StopBackend(LocalBackend):
 @pytest.fixture
 def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     runs = tmp_path / "xlhome" / "runs"
-    shutil.copytree(FIXTURES, runs)
+    shutil.copytree(RUNS_FIXTURES, runs)
     monkeypatch.setenv("XL_HOME", str(tmp_path / "xlhome"))
     monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.chdir(tmp_path)

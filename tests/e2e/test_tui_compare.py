@@ -18,13 +18,14 @@ from pilotwait import until
 from procs import XL, kill_run, wait_no_processes, xl, xl_env
 from textual.widgets import DataTable, Static
 from tmuxterm import Tmux, wait_for
+from where import SUPPORT
 
 from xl.tui.app import build_app
 from xl.tui.screens.compare import CompareChart, CompareScreen
 
 pytestmark = pytest.mark.e2e
 
-SCRIPT = Path(__file__).parent / "support" / "stall_ddp.py"
+SCRIPT = SUPPORT / "stall_ddp.py"
 SMALL = (80, 24)
 
 

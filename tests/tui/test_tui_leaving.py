@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import runfixtures
 from pilotwait import until
+from where import FIXTURES
 
 from xl.tui.app import build_app, exit_code
 from xl.tui.backend import LocalBackend
 from xl.tui.screens.monitor import MonitorScreen
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 SIZE = (120, 40)
 NOW = runfixtures.T0 + 130
 LIVE = "20260530-straggler"  # run.json says running
@@ -40,7 +41,7 @@ class StopBackend(LocalBackend):
 @pytest.fixture
 def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     runs = tmp_path / "xlhome" / "runs"
-    shutil.copytree(FIXTURES, runs)
+    shutil.copytree(RUNS_FIXTURES, runs)
     monkeypatch.setenv("XL_HOME", str(tmp_path / "xlhome"))
     monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.chdir(tmp_path)

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 from procs import XL, kill_run, run_json, wait_final, wait_for, wait_no_processes, xl, xl_env
+from where import SUPPORT
 
 pytestmark = pytest.mark.e2e
 
-SCRIPT = Path(__file__).parent / "support" / "stall_ddp.py"
+SCRIPT = SUPPORT / "stall_ddp.py"
 STALL_S = 8.0
 # Secrets, masked in every output; FOO is an ordinary variable, shown.
 SECRETS = {"HF_TOKEN": ("hf_aaaaaaaa", "hf_bbbbbbbb"), "DB_PASSWORD": ("pw-one-1", "pw-two-2"), "AWS_SECRET_ACCESS_KEY": ("sak-1111", "sak-2222")}

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from procs import wait_no_processes, xl, xl_env
 from rich.console import Console
+from where import FIXTURES
 
 from xl.launcher.cli.console import RunState, render
 from xl.launcher.cli.options import cpu_cores
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 
 
 @pytest.fixture
@@ -130,7 +131,7 @@ def test_runs_json_order_is_what_its_help_says_and_one_rank_reads_one_rank(work:
 
 
 def test_the_no_tui_table_keeps_each_state_on_one_line_at_80_columns() -> None:
-    state = RunState(FIXTURES / "20260530-failed")
+    state = RunState(RUNS_FIXTURES / "20260530-failed")
     state.poll()
     buf = io.StringIO()
     Console(file=buf, width=80, color_system=None).print(render(state))

@@ -14,6 +14,7 @@ from pilotwait import until
 from textual import events
 from textual.widgets import Input, Static
 from textual.widgets._footer import FooterKey
+from where import FIXTURES
 
 from xl.doctor.report import Report
 from xl.tui import settings
@@ -24,7 +25,7 @@ from xl.tui.screens.help import HelpScreen
 from xl.tui.screens.monitor import MonitorScreen
 from xl.tui.screens.stacks import StacksScreen
 
-FIXTURES = Path(__file__).parent / "fixtures" / "runs"
+RUNS_FIXTURES = FIXTURES / "runs"
 SIZE = (120, 40)
 NOW = runfixtures.T0 + 130
 LIVE = "20260530-straggler"
@@ -53,7 +54,7 @@ class Backend(LocalBackend):
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    shutil.copytree(FIXTURES, tmp_path / "xlhome" / "runs")
+    shutil.copytree(RUNS_FIXTURES, tmp_path / "xlhome" / "runs")
     monkeypatch.setenv("XL_HOME", str(tmp_path / "xlhome"))
     monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.chdir(tmp_path)

@@ -24,10 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from promserver import prometheus
 from runfixtures import make_run
 from servers import served
+from where import REPO
 
 from xl.launcher.telemetry.exporter import STATES, RunsCollector
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 DASHBOARD = ROOT / "examples" / "grafana-dashboard.json"
 R = {"run_id", "rank", "local_rank", "hostname"}
 G = R | {"gpu", "UUID"}
