@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xl.doctor.probes.compile import BuildResult
+    from xl.gpu.health import Health
+    from xl.gpu.records import GPU, Driver
 
 _NVCC_RELEASE = re.compile(r"release (\d+)\.(\d+)")
 _NVCC_FULL = re.compile(r"\bV(\d+\.\d+\.\d+)")
@@ -82,7 +88,7 @@ class Toolkit:
     def short(self) -> str | None:
         return major_minor(self.version)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "root": self.root,
             "real": self.real,
@@ -151,13 +157,23 @@ class LdEntry:
 
 
 @dataclass
+class Segment:
+    """A shared-memory file NCCL or torch made (xl.doctor.probes.shm finds them)."""
+
+    path: str
+    size: int  # bytes it holds
+    uid: int
+    stale: bool | None  # None: can't tell (another user's processes are not ours to read)
+
+
+@dataclass
 class Facts:
     env: dict[str, str]
     python: str
-    driver: Any = None  # xl.gpu.nvml.Driver
-    gpus: tuple[Any, ...] = ()  # xl.gpu.nvml.GPU
+    driver: Driver | None = None  # None when the inventory could not be taken at all
+    gpus: tuple[GPU, ...] = ()
     nvml_problem: str | None = None  # the inventory itself could not be taken
-    health: dict[int, Any] = field(default_factory=dict)  # index -> xl.gpu.health.Health
+    health: dict[int, Health] = field(default_factory=dict)  # by GPU index
     path_nvcc: str | None = None
     path_nvcc_run: CmdResult | None = None
     cuda_home: str | None = None  # as torch resolves it
@@ -177,7 +193,7 @@ class Facts:
     shm_total: int | None = None
     shm_free: int | None = None
     shm_problem: str | None = None
-    shm_segments: list[Any] = field(default_factory=list)  # xl.doctor.probes.shm.Segment
+    shm_segments: list[Segment] = field(default_factory=list)
     ninja: str | None = None
     ninja_run: CmdResult | None = None
     ninja_in_bin: str | None = None  # ninja beside the --python interpreter when not on PATH
@@ -185,10 +201,10 @@ class Facts:
     net_ifaces: list[str] | None = None
     ib_devices: list[str] | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
-    build: Any = None  # xl.doctor.probes.compile.BuildResult, with --build only
-    # Set by the registry: every check's status for other facts, so a fix is tried before it is
-    # printed (xl.doctor.checks.common.first_safe); what_if marks such hypothetical facts.
-    recheck: Any = None
+    build: BuildResult | None = None  # with --build only
+    # Set by the registry: every check's status (by id) for other facts, so a fix is tried before
+    # it is printed (xl.doctor.checks.common.first_safe); what_if marks such hypothetical facts.
+    recheck: Callable[[Facts], dict[str, str]] | None = None
     what_if: bool = False
 
     def toolkit_at(self, path: str | None) -> Toolkit | None:

@@ -6,16 +6,18 @@ import os
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from xl._version import __version__
 from xl.doctor.checks import all_errored, run_checks
 from xl.doctor.facts import CmdResult, Compiler, Facts, TorchInfo, parse_nvcc_version
 from xl.doctor.probes import compilers, files, libraries, shm, system, toolkits
-from xl.doctor.probes.commands import Parallel, run_cmd
+from xl.doctor.probes.commands import Job, Outcome, run_cmd
 from xl.doctor.probes.compile import run_build
 from xl.doctor.probes.pytorch import probe_torch
 from xl.doctor.report import Report
+
+T = TypeVar("T")
 
 SECRET_NAME = re.compile(r"token|key|passw|secret|credential|auth", re.IGNORECASE)
 
@@ -56,6 +58,21 @@ def _scrub(value: Any, secrets: list[str]) -> Any:
     return value
 
 
+def _timed(facts: Facts, job: Job[T]) -> Outcome[T]:
+    """A job's outcome, its time noted in the facts (the report's timings_ms)."""
+    got = job.result()
+    facts.timings_ms[job.name] = round(got.ms, 1)
+    return got
+
+
+def _cmd(facts: Facts, job: Job[CmdResult]) -> CmdResult:
+    """A command job's result; a probe that raised or hung is a command that did not answer."""
+    got = _timed(facts, job)
+    if got.error is not None or got.value is None:
+        return CmdResult(argv=[job.name], problem=got.error or "no answer")
+    return got.value
+
+
 def collect(python: str | None = None) -> Facts:
     """Run every probe (subprocesses and NVML on threads, file reads meanwhile) into Facts."""
     t0 = time.perf_counter()
@@ -63,22 +80,19 @@ def collect(python: str | None = None) -> Facts:
     env = system.env_snapshot()
     real_env = os.environ  # undecoded values (surrogate-escaped) still name real files
     facts = Facts(env=env, python=python)
-    par = Parallel()
-    par.start("nvml", system.probe_inventory)
-    par.start("torch", lambda: probe_torch(python))
+    nvml_job = Job("nvml", system.probe_inventory)
+    torch_job = Job("torch", lambda: probe_torch(python))
 
     path_value = real_env.get("PATH")
     facts.path_nvcc = files.which("nvcc", path_value)
     facts.cuda_home, facts.cuda_home_from = toolkits.resolve_cuda_home(real_env, facts.path_nvcc)
-    running: dict[str, str] = {}  # realpath of an nvcc -> job name
+    running: dict[str, Job[CmdResult]] = {}  # realpath of an nvcc -> its job
 
-    def run_nvcc(path: str, job: str) -> str:
+    def run_nvcc(path: str, name: str) -> Job[CmdResult]:
         real = os.path.realpath(path)
-        if real in running:
-            return running[real]
-        running[real] = job
-        par.start(job, lambda: run_cmd([path, "--version"]))
-        return job
+        if real not in running:
+            running[real] = Job(name, lambda: run_cmd([path, "--version"]))
+        return running[real]
 
     path_job = run_nvcc(facts.path_nvcc, "nvcc:path") if facts.path_nvcc else None
     home_job = None
@@ -87,20 +101,26 @@ def collect(python: str | None = None) -> Facts:
         if os.path.isfile(home_nvcc):
             home_job = run_nvcc(home_nvcc, "nvcc:home")
     comp_path, comp_src = compilers.pick_compiler(real_env)
+    cc_jobs = None
     if comp_path:
-        par.start("cc:version", lambda: run_cmd([comp_path, "--version"]))
-        par.start("cc:dump", lambda: run_cmd([comp_path, "-dumpfullversion"]))
+        cc = comp_path
+        cc_jobs = (
+            Job("cc:version", lambda: run_cmd([cc, "--version"])),
+            Job("cc:dump", lambda: run_cmd([cc, "-dumpfullversion"])),
+        )
     facts.ninja = files.which("ninja", path_value)
+    ninja_job = None
     if facts.ninja:
         ninja = facts.ninja
-        par.start("ninja", lambda: run_cmd([ninja, "--version"]))
+        ninja_job = Job("ninja", lambda: run_cmd([ninja, "--version"]))
     ldconfig = libraries.find_ldconfig(real_env)
+    ldconfig_job = None
     if ldconfig:
-        par.start("ldconfig", lambda: run_cmd([ldconfig, "-p"]))
+        ldconfig_job = Job("ldconfig", lambda: run_cmd([ldconfig, "-p"]))
 
     # File-only probes on this thread while the subprocesses run.
     facts.toolkits = toolkits.discover_toolkits(real_env, facts.path_nvcc, facts.cuda_home)
-    tk_jobs = {}
+    tk_jobs: dict[int, Job[CmdResult]] = {}
     for i, tk in enumerate(facts.toolkits):
         if tk.version is None and tk.nvcc and tk.problem is None:
             tk_jobs[i] = run_nvcc(tk.nvcc, f"nvcc:tk{i}")
@@ -125,45 +145,32 @@ def collect(python: str | None = None) -> Facts:
     facts.ib_devices = system.infiniband_devices()
     facts.container = system.container_kind()
 
-    def result(job: str) -> Any:
-        value, error, ms = par.result(job)
-        facts.timings_ms[job] = round(ms, 1)
-        if error is not None:
-            return (
-                CmdResult(argv=[job], problem=error)
-                if job.startswith(("nvcc", "cc", "ninja", "ldconfig"))
-                else error
-            )
-        return value
-
     if path_job:
-        facts.path_nvcc_run = result(path_job)
+        facts.path_nvcc_run = _cmd(facts, path_job)
     if home_job:
-        facts.cuda_home_nvcc_run = result(home_job)
+        facts.cuda_home_nvcc_run = _cmd(facts, home_job)
     for i, job in tk_jobs.items():
         tk = facts.toolkits[i]
-        tk.nvcc_run = result(job)
-        if tk.nvcc_run is not None and tk.nvcc_run.ok:
+        tk.nvcc_run = _cmd(facts, job)
+        if tk.nvcc_run.ok:
             short, full = parse_nvcc_version(tk.nvcc_run.stdout)
             if short:
                 tk.version, tk.version_from = full or short, "nvcc"
-    if comp_path:
+    if comp_path and cc_jobs:
         comp = Compiler(path=comp_path, source=comp_src, missing=not files.is_file(comp_path))
-        vr, dr = result("cc:version"), result("cc:dump")
+        vr, dr = _cmd(facts, cc_jobs[0]), _cmd(facts, cc_jobs[1])
         facts.compiler = compilers.classify_compiler(comp, vr, dr)
-    if facts.ninja:
-        facts.ninja_run = result("ninja")
-    if ldconfig:
-        run = result("ldconfig")
+    if ninja_job:
+        facts.ninja_run = _cmd(facts, ninja_job)
+    if ldconfig_job:
+        run = _cmd(facts, ldconfig_job)
         if run.ok:
             facts.ldconfig = libraries.parse_ldconfig(run.stdout)
         else:
             facts.ldconfig_problem = run.problem
 
-    torch = result("torch")
-    facts.torch = (
-        torch if isinstance(torch, TorchInfo) else TorchInfo(python=python, problem=str(torch))
-    )
+    torch = _timed(facts, torch_job)
+    facts.torch = torch.value or TorchInfo(python=python, problem=str(torch.error))
     known = {t.real for t in facts.toolkits}
     for root, version in facts.torch.pip_toolkits:
         tk = toolkits.inspect_toolkit(root, "pip (nvidia-cuda-nvcc)")
@@ -177,13 +184,13 @@ def collect(python: str | None = None) -> Facts:
         if os.path.isfile(cand):
             facts.ninja_in_bin = cand
 
-    got = result("nvml")
-    if isinstance(got, tuple) and hasattr(got[0], "driver"):
-        inv, facts.health = got
+    nvml = _timed(facts, nvml_job)
+    if nvml.value is not None:
+        inv, facts.health = nvml.value
         facts.driver = inv.driver
         facts.gpus = tuple(inv.gpus)
     else:
-        facts.nvml_problem = str(got or "no answer")
+        facts.nvml_problem = nvml.error or "no answer"
     facts.timings_ms["total"] = round((time.perf_counter() - t0) * 1000, 1)
     return facts
 

@@ -1,4 +1,5 @@
-"""Run a command with a hard timeout and capped output, and run probes side by side on threads."""
+"""Run a command with a hard timeout and capped output, and run probes side by side on threads
+(each a `Job` whose `Outcome` is typed by what its callable returns)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from xl.doctor.facts import CmdResult
+
+T = TypeVar("T")
 
 CMD_TIMEOUT = 2.5  # seconds; the issue allows at most 3
 OUTPUT_CAP = 256 * 1024
@@ -106,32 +110,38 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-class Parallel:
-    """Start callables on threads now, collect their results later (each bounded by its own timeout)."""
+@dataclass(frozen=True)
+class Outcome(Generic[T]):
+    """What a job came to: its value, or why there is none (it raised, or ran past its time)."""
 
-    def __init__(self) -> None:
-        self._jobs: dict[str, tuple[threading.Thread, dict[str, Any]]] = {}
+    value: T | None
+    error: str | None
+    ms: float  # how long it ran (the time waited for it when it did not finish)
 
-    def start(self, name: str, fn: Callable[[], Any]) -> None:
-        box: dict[str, Any] = {}
 
-        def target() -> None:
-            t0 = time.perf_counter()
-            try:
-                box["value"] = fn()
-            except BaseException as exc:  # a probe bug must not cost the report
-                box["error"] = f"{type(exc).__name__}: {exc}"
-            box["ms"] = (time.perf_counter() - t0) * 1000
+class Job(Generic[T]):
+    """One callable on its own thread, started now; `result` waits for it (bounded) later."""
 
-        thread = threading.Thread(target=target, name=f"xl-doctor-{name}", daemon=True)
-        thread.start()
-        self._jobs[name] = (thread, box)
+    def __init__(self, name: str, fn: Callable[[], T]) -> None:
+        self.name = name
+        self._fn = fn
+        self._outcome: Outcome[T] | None = None
+        self._thread = threading.Thread(target=self._target, name=f"xl-doctor-{name}", daemon=True)
+        self._thread.start()
 
-    def result(
-        self, name: str, timeout: float = CMD_TIMEOUT + 1.5
-    ) -> tuple[Any, str | None, float]:
-        thread, box = self._jobs[name]
-        thread.join(timeout)
-        if thread.is_alive():
-            return None, f"did not finish within {timeout:g} s", timeout * 1000
-        return box.get("value"), box.get("error"), box.get("ms", 0.0)
+    def _target(self) -> None:
+        t0 = time.perf_counter()
+        value: T | None = None
+        error = None
+        try:
+            value = self._fn()
+        except BaseException as exc:  # a probe bug must not cost the report
+            error = f"{type(exc).__name__}: {exc}"
+        self._outcome = Outcome(value, error, (time.perf_counter() - t0) * 1000)
+
+    def result(self, timeout: float = CMD_TIMEOUT + 1.5) -> Outcome[T]:
+        self._thread.join(timeout)
+        done = self._outcome
+        if self._thread.is_alive() or done is None:
+            return Outcome(None, f"did not finish within {timeout:g} s", timeout * 1000)
+        return done

@@ -17,22 +17,14 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
 
+from xl.doctor.facts import Segment
 from xl.doctor.probes.files import listdir
 
 _SEGMENT = re.compile(r"^(nccl-[0-9A-Za-z]+|torch_(\d+)_\w+)$")
 _MAX_PROCS = 4096
 _MAX_MAPS = 1 << 20  # bytes read from one process's maps
 _SETTLE = 120.0  # seconds
-
-
-@dataclass
-class Segment:
-    path: str
-    size: int  # bytes it holds
-    uid: int
-    stale: bool | None  # None: can't tell (another user's processes are not ours to read)
 
 
 def _mapped(folder: str) -> tuple[set[str], bool]:
