@@ -1,0 +1,152 @@
+"""xl.procfs: reading other processes in /proc, as `xl gpus` and `xl stop` do to tell ranks apart.
+
+Fabricated /proc trees (every reader takes the root) for the cases a machine rarely shows on
+demand (containers' PID namespaces, another user's process); real processes where a real one is
+easy to have.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from xl import procfs
+
+
+def _proc(tmp_path: Path, pid: int, **files: bytes | str) -> Path:
+    """A fabricated /proc/<pid> with the given files; returns the /proc root."""
+    root = tmp_path / "proc"
+    folder = root / str(pid)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        data = content.encode() if isinstance(content, str) else content
+        (folder / name).write_bytes(data)
+    return root
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, "XL_RUN_ID": "20260530-run", "RANK": "3", "XL_TOKEN": "secret-token"}
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdin.read(); time.sleep(30)"], env=env, stdin=subprocess.PIPE)
+    yield proc
+    proc.kill()
+    proc.wait(10)
+
+
+def test_a_rank_is_told_by_its_environment(sleeper: subprocess.Popen[bytes]) -> None:
+    env = procfs.read_environ(sleeper.pid, ("XL_RUN_ID", "RANK", "LOCAL_RANK"))
+    assert env == {"XL_RUN_ID": "20260530-run", "RANK": "3"}  # only what was asked, and what it has
+    assert procfs.read_environ(sleeper.pid)["XL_TOKEN"] == "secret-token"
+
+
+def test_environment_values_keep_their_equals_signs_and_odd_bytes(tmp_path: Path) -> None:
+    raw = b"A=1\0OPTS=--env=K=V\0NOEQUALS\0BAD=\xff\xfe\0=weird\0"
+    env = procfs.read_environ(7, proc=str(_proc(tmp_path, 7, environ=raw)))
+    assert env["OPTS"] == "--env=K=V" and env["A"] == "1"
+    assert env["BAD"] == "\ufffd\ufffd"  # not UTF-8: replaced, not an error
+    assert "NOEQUALS" not in env
+
+
+def test_a_process_that_cannot_be_read_is_unknown_not_an_error(tmp_path: Path) -> None:
+    """Gone (or another user's): empty answers, no exception."""
+    root = str(_proc(tmp_path, 5))
+    assert procfs.read_environ(5, proc=root) == {}
+    assert procfs.read_environ(424242, proc=root) == {}
+    assert procfs.read_comm(424242, proc=root) is None
+    assert procfs.has_open(424242, "/dev/nvidia", proc=root) is None
+
+
+def test_comm_is_the_short_name(tmp_path: Path) -> None:
+    root = str(_proc(tmp_path, 9, comm="pt_main_thread\n"))
+    assert procfs.read_comm(9, proc=root) == "pt_main_thread"
+    assert procfs.read_comm(9, proc=str(_proc(tmp_path / "b", 9, comm="\n"))) is None
+    assert procfs.read_comm(os.getpid()) == Path(f"/proc/{os.getpid()}/comm").read_text().strip()
+
+
+@pytest.mark.parametrize(
+    ("status", "levels"),
+    [
+        ("Name:\tpython\nNSpid:\t81234\t17\t1\nPPid:\t1\n", (81234, 17, 1)),  # two namespaces deep
+        ("Name:\tpython\nNSpid:\t4242\n", (4242,)),  # this namespace only: the common case
+        ("Name:\tpython\nPid:\t4242\n", ()),  # kernel < 4.1: no NSpid line
+        ("NSpid:\t12\tx\n", ()),
+    ],
+)
+def test_nspid_line(status: str, levels: tuple[int, ...]) -> None:
+    assert procfs.parse_nspid(status) == levels
+
+
+def test_nspid_index_finds_each_container_s_pid_here(tmp_path: Path) -> None:
+    """NVML inside a container reports PID 1 or 17: which processes here are they? Two
+    containers both have a PID 1; a process of this namespace is not in the index."""
+    root = tmp_path / "proc"
+    _proc(tmp_path, 500, status="Name:\ta\nNSpid:\t500\t1\n")
+    _proc(tmp_path, 600, status="Name:\tb\nNSpid:\t600\t1\n")
+    _proc(tmp_path, 601, status="Name:\tc\nNSpid:\t601\t17\n")
+    _proc(tmp_path, 42, status="Name:\thost\nNSpid:\t42\n")
+    _proc(tmp_path, 43)  # gone between the listing and the read: no status
+    (root / "self").mkdir()
+    (root / "meminfo").write_text("MemTotal: 1 kB\n")
+    index = procfs.nspid_index(str(root))
+    assert {k: sorted(v) for k, v in index.items()} == {1: [500, 600], 17: [601]}
+    assert procfs.nspid_index(str(tmp_path / "nowhere")) == {}
+
+
+def test_has_open_sees_a_gpu_device_among_the_descriptors(tmp_path: Path) -> None:
+    root = _proc(tmp_path, 11)
+    fd = root / "11" / "fd"
+    fd.mkdir()
+    for n, target in ((0, "/dev/null"), (1, "pipe:[1234]"), (12, "/dev/nvidiactl"), (3, "/tmp/x.log")):
+        (fd / str(n)).symlink_to(target)
+    assert procfs.has_open(11, "/dev/nvidia", proc=str(root)) is True
+    assert procfs.has_open(11, "/dev/dri", proc=str(root)) is False
+    with open(os.devnull):  # a real process: this one, with a file open
+        assert procfs.has_open(os.getpid(), os.devnull) is True
+
+
+def test_set_cmdline_hides_the_old_arguments_from_ps(tmp_path: Path) -> None:
+    """A process that was given a secret on its command line shows another one, and nothing of
+    the secret stays readable (in /proc/PID/cmdline, which is what ps reads)."""
+    code = (
+        "import sys; from xl import procfs\n"
+        "ok = procfs.set_cmdline(['xl-supervisor', 'run-1'])\n"
+        "print(ok, flush=True); sys.stdin.read()\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "--env", "HF_TOKEN=hf_verysecretvalue"], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "True"
+        shown = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+        assert shown.rstrip(b"\0").split(b"\0") == [b"xl-supervisor", b"run-1"]
+        assert b"verysecret" not in shown
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_set_cmdline_says_when_it_cannot(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    (root / "self").mkdir(parents=True)
+    (root / "self" / "stat").write_bytes(b"123 (python) S 1 2")  # too few fields
+    assert procfs.set_cmdline(["x"], proc=str(root)) is False
+    assert procfs.set_cmdline(["x"], proc=str(tmp_path / "nowhere")) is False
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (["--env", "HF_TOKEN=abc", "--nproc", "2"], ["--env", "HF_TOKEN=***", "--nproc", "2"]),
+        (["--env=WANDB_API_KEY=k=v", "train.py"], ["--env=WANDB_API_KEY=***", "train.py"]),
+        (["--nproc", "2", "train.py", "--lr", "3e-4"], ["--nproc", "2", "train.py", "--lr", "3e-4"]),  # nothing to hide
+        (["--environment", "A=1"], ["--environment", "A=1"]),  # another flag
+        (["--env"], ["--env"]),
+    ],
+)
+def test_hide_values_shows_names_not_values(args: list[str], shown: list[str]) -> None:
+    assert procfs.hide_values(args, "--env") == shown
