@@ -13,6 +13,7 @@ from typing import Any
 # A GPU this busy (or with this much memory taken by others) is flagged before launching on it:
 # the doctor's GPU health check's figures, so the picker and `xl doctor` agree.
 from xl.gpu.health import BUSY_MEM_FRACTION, BUSY_UTIL_PCT
+from xl.gpu.models import mixed_models
 
 
 @dataclass
@@ -77,11 +78,9 @@ def selection_warnings(gpus: Sequence[Any], order: Sequence[int]) -> list[str]:
     by_index = {g.index: g for g in gpus}
     chosen = [by_index[i] for i in order if i in by_index]
     out: list[str] = []
-    names = sorted({g.name for g in chosen})
-    if len(names) > 1:
-        out.append(
-            "mixed models (" + ", ".join(names) + "): the slowest GPU sets the pace of every rank"
-        )
+    mixed = mixed_models(g for g in chosen if not getattr(g, "lost", False))
+    if mixed:
+        out.append(mixed)  # the doctor's words (xl.gpu.models)
     busy: list[tuple[int, list[str]]] = []
     for g in chosen:
         if getattr(g, "lost", False):

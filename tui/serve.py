@@ -29,11 +29,12 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from xl import envnames
 from xl.errors import ArgumentParser, UsageError
 from xl.listen import is_loopback, port_in_use, same_token, token_from, url_host, warn_if_exposed
 
 PROG = "xl serve"
-TOKEN_VAR = "XL_SERVE_TOKEN"
+TOKEN_VAR = envnames.SERVE_TOKEN
 # After SIGTERM: how long the tabs' apps get to quit when asked, then how long after SIGTERM.
 SHUTDOWN_S = 5.0
 KILL_AFTER_S = 3.0
