@@ -203,7 +203,7 @@ class Facts:
     timings_ms: dict[str, float] = field(default_factory=dict)
     build: BuildResult | None = None  # with --build only
     # Set by the registry: every check's status (by id) for other facts, so a fix is tried before
-    # it is printed (xl.doctor.checks.common.first_safe); what_if marks such hypothetical facts.
+    # it is printed (xl.doctor.checks.fixes.first_safe); what_if marks such hypothetical facts.
     recheck: Callable[[Facts], dict[str, str]] | None = None
     what_if: bool = False
 

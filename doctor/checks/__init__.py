@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xl.doctor.checks import archs, build, devices, gpu, proof, pytorch, system, toolkit
-from xl.doctor.checks.common import Finding, error
+from xl.doctor.checks.finding import Finding, error
 from xl.doctor.facts import Facts
 from xl.doctor.report import Check
 

@@ -8,22 +8,10 @@ from dataclasses import replace
 from typing import Any
 
 from xl.doctor.archs import VALID, parse_arch_list
-from xl.doctor.checks.common import (
-    Apply,
-    Finding,
-    fail,
-    first_safe,
-    home_cuda,
-    ok,
-    skip,
-    toolkit_choices,
-    toolkit_fix,
-    torch_cuda,
-    torch_label,
-    torch_version,
-    warn,
-    working_gpus,
-)
+from xl.doctor.checks.derived import home_cuda, torch_cuda, torch_label, torch_version, working_gpus
+from xl.doctor.checks.finding import Finding, fail, ok, skip, warn
+from xl.doctor.checks.fixes import Apply, first_safe, toolkit_fix
+from xl.doctor.checks.toolkit_choice import toolkit_choices
 from xl.doctor.facts import Facts, major_minor, vtuple
 from xl.doctor.tables import NVCC_ARCH_RANGE, first_nvcc_for, nvcc_newest_arch
 from xl.doctor.wheels import newest_sm

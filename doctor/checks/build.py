@@ -5,18 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from xl.doctor.checks.common import (
-    Finding,
-    error,
-    fail,
-    home_cuda,
-    in_use_toolkit,
-    nvcc_versions,
-    ok,
-    python_of,
-    skip,
-    warn,
-)
+from xl.doctor.checks.derived import home_cuda, nvcc_versions, python_of
+from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
+from xl.doctor.checks.toolkit_choice import in_use_toolkit
 from xl.doctor.facts import Compiler, Facts, Toolkit, major_minor
 from xl.doctor.tables import TORCH_COMPILER_REFUSES, compiler_max_from_table
 

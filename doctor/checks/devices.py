@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from xl.doctor.checks.common import Finding, ok, skip, warn, working_gpus
+from xl.doctor.checks.derived import working_gpus
+from xl.doctor.checks.finding import Finding, ok, skip, warn
 from xl.doctor.facts import Facts
 from xl.gpu.models import model_names
 

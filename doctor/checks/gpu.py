@@ -6,7 +6,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from xl.doctor.checks.common import Finding, error, fail, ok, skip, torch_cuda, warn
+from xl.doctor.checks.derived import torch_cuda
+from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
 from xl.doctor.facts import Facts
 from xl.gpu.models import mixed_models, model_counts, models_text
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 
-from xl.doctor.checks.common import in_use_toolkit, torch_cuda
 from xl.doctor.checks.compat import unusable
+from xl.doctor.checks.derived import torch_cuda
+from xl.doctor.checks.toolkit_choice import in_use_toolkit
 from xl.doctor.facts import Facts, LdEntry, vtuple
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from xl.doctor.checks.common import Finding, fail, ok, skip, torch_cuda
+from xl.doctor.checks.derived import torch_cuda
+from xl.doctor.checks.finding import Finding, fail, ok, skip
 from xl.doctor.facts import Facts
 from xl.doctor.report import Check
 

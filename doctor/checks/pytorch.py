@@ -7,29 +7,20 @@ from dataclasses import replace
 from typing import Any
 
 from xl.doctor.archs import parse_arch_list
-from xl.doctor.checks.common import (
-    Apply,
-    Finding,
-    error,
-    fail,
-    first_safe,
+from xl.doctor.checks.compat import driver_mismatch, forward_compat, ldconfig_fix
+from xl.doctor.checks.derived import (
     home_cuda,
-    ok,
     on_host,
     python_of,
-    skip,
-    toolkit_fix,
-    toolkit_with,
     torch_cuda,
-    torch_fix,
     torch_label,
     torch_version,
-    warn,
-    with_torch,
     working_gpus,
 )
-from xl.doctor.checks.compat import driver_mismatch, forward_compat, ldconfig_fix
+from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
+from xl.doctor.checks.fixes import Apply, first_safe, toolkit_fix, torch_fix, with_torch
 from xl.doctor.checks.ldpath import ld_fix
+from xl.doctor.checks.toolkit_choice import toolkit_with
 from xl.doctor.facts import Facts, major_minor, vtuple
 from xl.doctor.tables import DRIVER_FOR_CUDA, deepspeed_verdict
 from xl.doctor.wheels import (

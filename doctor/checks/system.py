@@ -8,17 +8,8 @@ import re
 import shlex
 from typing import Any
 
-from xl.doctor.checks.common import (
-    Finding,
-    fail,
-    ok,
-    python_of,
-    skip,
-    torch_cuda,
-    torch_label,
-    warn,
-    working_gpus,
-)
+from xl.doctor.checks.derived import python_of, torch_cuda, torch_label, working_gpus
+from xl.doctor.checks.finding import Finding, fail, ok, skip, warn
 from xl.doctor.facts import Facts, vtuple
 
 MIB = 1024 * 1024

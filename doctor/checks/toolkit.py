@@ -6,25 +6,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from xl.doctor.checks.common import (
-    Finding,
-    error,
-    export_toolkit,
-    fail,
-    in_use_toolkit,
-    nvcc_versions,
-    ok,
-    preferred_toolkit,
-    skip,
-    toolkit_choices,
-    toolkit_fix,
-    toolkit_with,
-    torch_cuda,
-    torch_label,
-    usable_toolkit,
-    warn,
-)
+from xl.doctor.checks.derived import nvcc_versions, torch_cuda, torch_label
+from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
+from xl.doctor.checks.fixes import toolkit_fix
 from xl.doctor.checks.ldpath import ld_fix, shadowed_torch_libs
+from xl.doctor.checks.toolkit_choice import (
+    export_toolkit,
+    in_use_toolkit,
+    preferred_toolkit,
+    toolkit_choices,
+    toolkit_with,
+    usable_toolkit,
+)
 from xl.doctor.facts import Facts, Toolkit, parse_nvcc_version, vtuple
 
 

@@ -18,8 +18,8 @@ from where import REPO
 from xl.doctor import checks, run
 from xl.doctor.checks.archs import check_arch_list
 from xl.doctor.checks.build import check_host_compiler, check_ninja
-from xl.doctor.checks.common import Finding
 from xl.doctor.checks.devices import check_cuda_visible_devices
+from xl.doctor.checks.finding import Finding
 from xl.doctor.checks.gpu import check_gpus
 from xl.doctor.checks.pytorch import check_driver_cuda, check_torch_cuda_match
 from xl.doctor.checks.system import check_nccl, check_shm

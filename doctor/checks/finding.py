@@ -1,0 +1,40 @@
+"""What a check returns: a Finding (status, detail, fix, data), and one constructor per status.
+
+A check decides only status, detail, fix and data; its id, title and area come from the registry
+(xl.doctor.checks), so they are written once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Finding:
+    """One check's verdict before the registry names it (see xl.doctor.report.Check)."""
+
+    status: str  # ok | warn | fail | skip | error
+    detail: str  # one line
+    fix: str = ""  # what to type or change; empty when there is nothing to do
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def ok(detail: str, *, data: dict[str, Any] | None = None) -> Finding:
+    return Finding(status="ok", detail=detail, data=data or {})
+
+
+def skip(detail: str, *, fix: str = "", data: dict[str, Any] | None = None) -> Finding:
+    return Finding(status="skip", detail=detail, fix=fix, data=data or {})
+
+
+def warn(detail: str, *, fix: str, data: dict[str, Any] | None = None) -> Finding:
+    return Finding(status="warn", detail=detail, fix=fix, data=data or {})
+
+
+def fail(detail: str, *, fix: str, data: dict[str, Any] | None = None) -> Finding:
+    return Finding(status="fail", detail=detail, fix=fix, data=data or {})
+
+
+def error(detail: str, *, fix: str, data: dict[str, Any] | None = None) -> Finding:
+    """The check could not decide (a probe failed): less certain than a found problem."""
+    return Finding(status="error", detail=detail, fix=fix, data=data or {})

@@ -1,0 +1,88 @@
+"""Fixes tried before they are printed: a candidate fix is applied to the facts (torch from
+another index, another toolkit exported) and kept only when every check still passes that passed
+before, so the report never prints a fix that breaks something else."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from xl.doctor.checks.derived import python_of, torch_version
+from xl.doctor.checks.toolkit_choice import export_toolkit
+from xl.doctor.facts import CmdResult, Facts, Toolkit, TorchInfo, major_minor
+from xl.doctor.wheels import NEWEST_KNOWN, TAG_CUDA, base_version, install_command, version_for
+
+Apply = Callable[[Facts], Facts]
+
+
+def first_safe(f: Facts, check_id: str, candidates: Sequence[tuple[str, Apply]]) -> str | None:
+    """The first candidate fix that, applied to the facts, clears this check's failure and makes
+    no other check fail that did not fail before; None when none does. On hypothetical facts
+    (a fix being tried) the first candidate stands, so trying never recurses."""
+    if not candidates:
+        return None
+    if f.what_if or f.recheck is None:
+        return candidates[0][0]
+    before = f.recheck(replace(f, what_if=True))
+    for text, apply in candidates:
+        after = f.recheck(apply(f))
+        if after.get(check_id) == "fail":
+            continue
+        if any(s == "fail" and before.get(k) != "fail" for k, s in after.items() if k != check_id):
+            continue
+        return text
+    return None
+
+
+def with_torch(tag: str, version: str | None) -> Apply:
+    """The facts after installing torch `version` (None: the index's newest) from `tag`."""
+
+    def apply(f: Facts) -> Facts:
+        base = version or base_version(torch_version(f)) or NEWEST_KNOWN
+        t = f.torch if f.torch is not None else TorchInfo(python=f.python)
+        new = replace(t, found=True, cuda=TAG_CUDA[tag], hip=None, version=f"{base}+{tag}", problem=None)
+        return replace(f, torch=new, what_if=True)
+
+    return apply
+
+
+def torch_fix(f: Facts, check_id: str, tags: Sequence[str]) -> str | None:
+    """The first `pip install torch ... --index-url .../<tag>` among `tags` that is published
+    (wheels.py) and breaks no other check."""
+    py = python_of(f)
+    cands = []
+    for tag in tags:
+        pin = version_for(tag, torch_version(f))
+        cands.append((install_command(py, tag, torch_version(f)), with_torch(tag, pin)))
+    return first_safe(f, check_id, cands)
+
+
+def with_toolkit(tk: Toolkit) -> Apply:
+    """The facts after `export_toolkit(tk)`: CUDA_HOME and PATH's nvcc are this toolkit's."""
+
+    def apply(f: Facts) -> Facts:
+        run = tk.nvcc_run
+        if run is None or not run.ok:
+            mm = major_minor(tk.version) or "?"
+            line = f"Cuda compilation tools, release {mm}, V{tk.version}"
+            run = CmdResult(argv=[tk.nvcc or "nvcc", "--version"], stdout=line)
+        return replace(
+            f,
+            env={**f.env, "CUDA_HOME": tk.root},
+            cuda_home=tk.root,
+            cuda_home_from="CUDA_HOME",
+            cuda_home_dir=tk,
+            home_toolkit=tk.real,
+            path_toolkit=tk.real,
+            path_nvcc=tk.nvcc,
+            path_nvcc_run=run,
+            cuda_home_nvcc_run=run,
+            what_if=True,
+        )
+
+    return apply
+
+
+def toolkit_fix(f: Facts, check_id: str, tks: Sequence[Toolkit]) -> str | None:
+    """The first `export CUDA_HOME=... PATH=...` among these toolkits that breaks no other check."""
+    return first_safe(f, check_id, [(export_toolkit(tk), with_toolkit(tk)) for tk in tks])
