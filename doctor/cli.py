@@ -10,27 +10,17 @@ import textwrap
 from collections.abc import Sequence
 
 from xl.doctor.checks import BUILD, CHECKS
-from xl.doctor.probes.files import which
 from xl.doctor.render import render_plain, render_report
 from xl.doctor.run import run_doctor
 from xl.errors import ArgumentParser, UsageError
+from xl.python_arg import find_python
 
 
 def _python_arg(value: str) -> str:
-    if os.sep not in value:
-        found = which(value, os.environ.get("PATH"))
-        if found is None:
-            raise UsageError(
-                f"--python {value}: not found on PATH (give the path to a Python interpreter)"
-            )
-        return found
-    if not os.path.isfile(value):
-        raise UsageError(f"--python {value}: no such file (give the path to a Python interpreter)")
-    if not os.access(value, os.X_OK):
-        raise UsageError(
-            f"--python {value}: not executable (give the path to a Python interpreter)"
-        )
-    return value
+    found, why = find_python(value)
+    if found is None:
+        raise UsageError(f"--python {value}: {why} (give the path to a Python interpreter)")
+    return found
 
 
 def _color_terminal() -> bool:

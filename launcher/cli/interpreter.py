@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from pathlib import Path
 
 from xl import paths
 from xl.atomic import write_atomic
 from xl.errors import UsageError
+from xl.python_arg import find_python
 
 _INIT = '''"""Written by `xl launch --python`: the xl that launched this run, for ranks whose
 interpreter has no xl of its own (see xl.launcher.cli.interpreter)."""
@@ -29,9 +29,10 @@ with open({init!r}, encoding="utf-8") as _f:
 
 
 def resolve_python(python: str) -> str:
-    """``--python PY`` as an absolute path to an executable; UsageError (one line) if none."""
-    found = shutil.which(python) if os.sep not in python else python
-    if not found or not os.path.isfile(found) or not os.access(found, os.X_OK):
+    """``--python PY`` as an absolute path to an executable (the rule `xl doctor --python` follows
+    too: xl.python_arg); UsageError (one line) if none."""
+    found, _ = find_python(python)
+    if found is None:
         raise UsageError(
             f"--python {python}: no such interpreter (give the path of another environment's python, "
             "e.g. --python ~/envs/torch/bin/python)"
