@@ -25,9 +25,11 @@ import traceback
 from types import TracebackType
 from typing import Any, NoReturn
 
+from xl import envnames
 from xl.atomic import makedirs_private, write_json_atomic
 from xl.launcher.rank import instrument, relay
 from xl.launcher.rank.stacks import install as install_stacks
+from xl.launcher.rundir.layout import RunLayout
 
 # Frames of this module and of runpy (a frozen module on 3.11+: "<frozen runpy>").
 # xl's own frames are cut from a rank's traceback: this module, the ``xl.launcher.entry`` file that
@@ -82,11 +84,11 @@ def _write_elastic_error(text: str, message: str) -> None:
 
 class _Record:
     def __init__(self, run_dir: str | None, rank: int) -> None:
-        self.path = os.path.join(run_dir, "ranks", f"rank-{rank}.json") if run_dir else None
+        self.path = str(RunLayout(run_dir).rank_record(rank)) if run_dir else None
         self.data: dict[str, Any] = {
             "rank": rank,
             "local_rank": _int_env("LOCAL_RANK"),
-            "node": _int_env("GROUP_RANK"),
+            "node": _int_env("GROUP_RANK"),  # the key is a contract; record.RankReport calls it group_rank
             "pid": os.getpid(),
             "started_at": time.time(),
         }
@@ -125,7 +127,7 @@ class _Record:
 def _supervisor_gone(run_dir: str) -> bool:
     """The run's supervisor (XL_SUPERVISOR_PID) is gone: no such process, a zombie, or another
     process that got its pid (the supervisor works in the run dir: its cwd tells it)."""
-    pid = _int_env("XL_SUPERVISOR_PID")
+    pid = _int_env(envnames.SUPERVISOR_PID)
     if not pid:
         return False
     try:
@@ -158,14 +160,14 @@ def _settle_if_orphaned(run_dir: str | None) -> None:
         rec = record.load(Path(run_dir))
         if rec is None or rec.final or not settle.all_ranks_ended(Path(run_dir), rec):
             return
-        left = settle.rank_records(Path(run_dir))
-        last = max(left, key=lambda r: (left[r].get("ended_at") or 0.0, r))
+        left = record.read_rank_reports(Path(run_dir))
+        last = max(left, key=lambda r: (left[r].ended_at or 0.0, r))
         if last != (_int_env("RANK") or 0):
             return  # the rank that ended last settles, once the others are gone
         client = sys.modules.get("xl.client")
         if client is not None:
             client.close()  # what xl.log could not send goes to the spool now, to be merged
-        others = [int(d["pid"]) for r, d in left.items() if r != last and isinstance(d.get("pid"), int)]
+        others = [report.pid for r, report in left.items() if r != last and report.pid is not None]
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and any(_running(pid) for pid in others):
             time.sleep(0.02)
@@ -197,7 +199,7 @@ def _say(text: str, run_dir: str | None, rank: int) -> None:
     if not run_dir:
         return
     try:
-        fd = os.open(os.path.join(run_dir, "logs", f"rank-{rank}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(RunLayout(run_dir).rank_log(rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, text.encode("utf-8", "replace"))
         finally:
@@ -215,11 +217,11 @@ def main(argv: list[str]) -> int:
     if not argv or (argv[0] == "-m" and len(argv) < 2):
         _usage()
     rank = _int_env("RANK") or 0
-    run_dir = os.environ.get("XL_RUN_DIR")
+    run_dir = os.environ.get(envnames.RUN_DIR)
     global _output
     record = _Record(run_dir, rank)
     if run_dir:
-        _output = relay.start(os.path.join(run_dir, "logs", f"rank-{rank}.log"), lambda note: record.write(relay=note))
+        _output = relay.start(str(RunLayout(run_dir).rank_log(rank)), lambda note: record.write(relay=note))
     record.write_start()
     install_stacks(run_dir, rank)  # `xl stacks` and hang captures ask the rank where it is
     instrument.install()  # HF Trainer, Lightning, Accelerate, DeepSpeed: every rank's figures
@@ -272,7 +274,7 @@ def run() -> None:
         # The relay writes on until this process is gone: atexit handlers, logging's shutdown
         # and the interpreter's last flush reach the log too.
         _output.finish()
-    _settle_if_orphaned(os.environ.get("XL_RUN_DIR"))
+    _settle_if_orphaned(os.environ.get(envnames.RUN_DIR))
     raise SystemExit(status)
 
 

@@ -37,6 +37,7 @@ from typing import IO, Any
 
 from xl.atomic import makedirs_private, write_json_atomic
 from xl.launcher.rank.frenv import set_buffer
+from xl.launcher.rundir.layout import RunLayout
 
 # A real-time signal: training code and its frameworks use SIGUSR1/2 (Lightning's requeue, ...).
 SIGNAL = signal.SIGRTMIN + 6
@@ -61,14 +62,6 @@ def peer_is(sock: socket.socket, pid: int) -> bool:
         return False
     peer_pid, uid, _gid = struct.unpack("3i", creds)
     return peer_pid == pid and (os.getuid() == 0 or uid == os.getuid())
-
-
-def info_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, "ranks", f"rank-{rank}.stacks.json")
-
-
-def text_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, "ranks", f"rank-{rank}.stacks.txt")
 
 
 def _frames(frame: FrameType | None) -> list[dict[str, Any]]:
@@ -161,8 +154,9 @@ def install(run_dir: str | None, rank: int) -> bool:
     # Gloo and NCCL record into the Flight Recorder only with a buffer; set before torch starts.
     set_buffer(os.environ, FR_BUFFER)  # under the one name this torch reads (no deprecation warning)
     try:
-        makedirs_private(os.path.join(run_dir, "ranks"))
-        fd = os.open(text_path(run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        layout = RunLayout(run_dir)
+        makedirs_private(layout.ranks)
+        fd = os.open(layout.rank_stacks_text(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         out: IO[str] = open(fd, "a")  # noqa: SIM115 - open for the rank's life; private like the run dir
         faulthandler.register(SIGNAL, file=out, all_threads=True, chain=False)
         name = socket_name(os.getpid())
@@ -181,7 +175,7 @@ def install(run_dir: str | None, rank: int) -> bool:
         "since": time.time(),
     }
     try:
-        write_json_atomic(info_path(run_dir, rank), info)
+        write_json_atomic(layout.rank_stacks_door(rank), info)
     except OSError:
         return False
     return True

@@ -3,21 +3,134 @@
 run.json is a contract (docs/contracts.md, "run.json"): other tools read it, so the record keeps every
 key it was given, known or not, in the order it was given, and replaces the file atomically on
 every change. Everything else asks this module: what the status is, whether it is final, what exit
-code it means.
+code it means. ``RunJson`` and ``RankRow`` are its keys, each documented in docs/contracts.md (a
+test holds them to it); ``RankReport`` is what a rank says of itself in ``ranks/rank-<r>.json``.
+
+One name per concept, in Python: ``host`` is a machine's name (run.json's key ``node`` in a rank's
+row and in ``failure``), ``node_rank`` is xl's number of a node (``--node-rank``), ``group_rank`` is
+torchrun's ``GROUP_RANK`` (the number torch gave the node as it joined; the key ``node`` in a rank's
+own report). The JSON keys are a contract and keep their names.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from xl.atomic import write_json_atomic
+from xl.launcher.rundir.layout import RUN, RunLayout, record_rank
 
-RUN_FILE = "run.json"
+RUN_FILE = RUN  # the old name, still used by launcher/supervisor (journal.py, loop.py)
+
+
+class RankRow(TypedDict, total=False):
+    """One rank in run.json's ``ranks``."""
+
+    rank: int
+    local_rank: int
+    node: str  # the host the rank runs on
+    node_rank: int
+    pid: int | None
+    gpu: int | None
+    gpu_uuid: str | None
+    state: str  # outcome.RankPhase
+    exit_code: int | None
+    started_at: float | None
+    ended_at: float | None
+    attempt: int
+    waited_s: float  # once the run ended, for ranks xl.watch measured
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """``ranks/rank-<r>.json``: what a rank's entry reported of itself (``launcher/rank/entry.py``):
+    its pid as it starts, its exit code, traceback and error line as it ends. ``group_rank`` is
+    torchrun's GROUP_RANK, under the JSON key ``node``."""
+
+    rank: int
+    local_rank: int | None = None
+    group_rank: int | None = None
+    pid: int | None = None
+    started_at: float | None = None
+    exit_code: int | None = None
+    traceback: str | None = None
+    error: str | None = None
+    ended_at: float | None = None
+
+    @property
+    def ended(self) -> bool:
+        """It wrote its end (a rank killed by a signal never does)."""
+        return self.exit_code is not None
+
+    @classmethod
+    def from_json(cls, rank: int, data: dict[str, Any]) -> RankReport:
+        text = {k: v if isinstance(v, str) else None for k, v in ((k, data.get(k)) for k in ("traceback", "error"))}
+        return cls(
+            rank=rank,
+            local_rank=_int(data.get("local_rank")),
+            group_rank=_int(data.get("node")),
+            pid=_int(data.get("pid")),
+            started_at=_number(data.get("started_at")),
+            exit_code=_int(data.get("exit_code")),
+            traceback=text["traceback"],
+            error=text["error"],
+            ended_at=_number(data.get("ended_at")),
+        )
+
+
+def read_rank_reports(run_dir: Path) -> dict[int, RankReport]:
+    """Every ``ranks/rank-<r>.json`` of ``run_dir`` by rank (unreadable ones left out)."""
+    folder = RunLayout(run_dir).ranks
+    out: dict[int, RankReport] = {}
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return out
+    for name in names:
+        rank = record_rank(name)
+        if rank is None:
+            continue
+        data = read_object(folder / name)
+        if data is not None:
+            out[rank] = RankReport.from_json(rank, data)
+    return out
+
+
+class RunJson(TypedDict, total=False):
+    """run.json's keys, each documented in docs/contracts.md ("run.json"). ``failure`` is an
+    ``outcome.Failure`` as JSON."""
+
+    run_id: str
+    name: str
+    status: str  # RunStatus
+    spec: dict[str, Any]  # launcher.spec.LaunchSpec as JSON
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    devices: list[dict[str, Any]]
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    world_size: int
+    host: str
+    started_at: float
+    ended_at: float | None
+    supervisor_pid: int | None
+    supervisor_started_at: float | None
+    torchrun_pid: int | None
+    torchrun_exit_code: int | None
+    grace_s: float
+    stop_requested_at: float
+    attempt: int
+    versions: dict[str, str | None]
+    ranks: list[RankRow]
+    failure: dict[str, Any] | None
+    time: dict[str, float]
 
 
 class RunStatus(str, Enum):
@@ -183,8 +296,12 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def run_file(run_dir: Path) -> Path:
-    return run_dir / RUN_FILE
+    return RunLayout(run_dir).run
 
 
 def read_object(path: Path) -> dict[str, Any] | None:

@@ -12,7 +12,6 @@ the spooled metrics merged into metrics.jsonl, every rank's outcome from its rec
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from pathlib import Path
@@ -21,38 +20,16 @@ from typing import Any
 from xl.launcher import runprocs
 from xl.launcher.rundir import digest, record
 from xl.launcher.rundir.events import append_event
+from xl.launcher.rundir.layout import SETTLED, RunLayout
 from xl.launcher.rundir.metrics import MetricsWriter
-from xl.launcher.rundir.record import RunRecord, RunStatus
-
-RANKS_DIR = "ranks"
-_MARK = ".settled"
-# Where a run leaves signs of life: its own files, and the folders its ranks and relays write in.
-_LIFE_DIRS = ("", "logs", RANKS_DIR, "spool")
-
-
-def rank_records(run_dir: Path) -> dict[int, dict[str, Any]]:
-    """``ranks/rank-<r>.json`` by rank (unreadable ones left out)."""
-    out: dict[int, dict[str, Any]] = {}
-    try:
-        names = os.listdir(run_dir / RANKS_DIR)
-    except OSError:
-        return out
-    for name in names:
-        if not (name.startswith("rank-") and name.endswith(".json") and name[5:-5].isdigit()):
-            continue
-        try:
-            data = json.loads((run_dir / RANKS_DIR / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict):
-            out[int(name[5:-5])] = data
-    return out
+from xl.launcher.rundir.outcome import Failure, rank_outcome
+from xl.launcher.rundir.record import RankReport, RunRecord, RunStatus, read_rank_reports
 
 
 def all_ranks_ended(run_dir: Path, rec: RunRecord) -> bool:
     """Every rank of this node wrote its exit code."""
     expected = int(rec.get("nproc_per_node") or 0)
-    ended = [r for r in rank_records(run_dir).values() if isinstance(r.get("exit_code"), int)]
+    ended = [r for r in read_rank_reports(run_dir).values() if r.ended]
     return expected > 0 and len(ended) >= expected
 
 
@@ -67,52 +44,56 @@ def merge_spool(run_dir: Path) -> int:
         writer.close()
 
 
-def _ranks(rec: RunRecord, left: dict[int, dict[str, Any]], stopped: bool) -> list[dict[str, Any]]:
+def _ranks(rec: RunRecord, left: dict[int, RankReport], stopped: bool) -> list[dict[str, Any]]:
+    """run.json's rows, each with its outcome (``outcome.rank_outcome``): what the supervisor wrote,
+    completed from what each rank reported of itself."""
     by_rank = {int(r["rank"]): dict(r) for r in rec.ranks if isinstance(r.get("rank"), int)}
-    for rank, data in left.items():
-        row = by_rank.setdefault(rank, {"rank": rank, "local_rank": data.get("local_rank"), "node": data.get("node")})
-        row["pid"] = row.get("pid") or data.get("pid")
-        row["started_at"] = row.get("started_at") or data.get("started_at")
-        code = data.get("exit_code")
-        if isinstance(code, int):
-            row.update(exit_code=code, ended_at=data.get("ended_at"))
+    # A rank the supervisor never listed is this node's: run.json's ``node`` is its host (a rank's
+    # own report says ``node`` for torchrun's GROUP_RANK, another number).
+    here = {"node": rec.get("host"), "node_rank": rec.get("node_rank")}
+    for rank, report in left.items():
+        row = by_rank.setdefault(rank, {"rank": rank, "local_rank": report.local_rank, **here})
+        row["pid"] = row.get("pid") or report.pid
+        row["started_at"] = row.get("started_at") or report.started_at
+        if report.ended:
+            row.update(exit_code=report.exit_code, ended_at=report.ended_at)
     for row in by_rank.values():
-        code = row.get("exit_code")
-        if code == 0:
-            row["state"] = "exited"
-        elif row.get("state") not in ("exited", "failed", "stopped"):
-            row["state"] = "stopped" if stopped else "failed"
+        row["state"] = rank_outcome(row.get("exit_code"), stopped=stopped, recorded=row.get("state")).value
     return [by_rank[r] for r in sorted(by_rank)]
 
 
-def _failure(ranks: list[dict[str, Any]], left: dict[int, dict[str, Any]], why: str) -> dict[str, Any]:
+def _failure(rec: RunRecord, ranks: list[dict[str, Any]], left: dict[int, RankReport], why: str) -> Failure:
+    """The root cause, told from what the ranks left: the first rank to end without exit code 0."""
     bad = [r for r in ranks if r.get("exit_code") not in (0,)]
     first = min(bad, key=lambda r: r.get("ended_at") or float("inf")) if bad else None
+    host, node_rank = rec.get("host"), rec.get("node_rank")
     if first is None:
-        return {"rank": None, "exit_code": None, "traceback": None, "error": None, "message": why}
-    data = left.get(int(first["rank"]), {})
-    error = data.get("error")
+        return Failure(rank=None, exit_code=None, traceback=None, error=None, message=why, host=host, node_rank=node_rank)
+    report = left.get(int(first["rank"]))
+    error = report.error if report else None
     what = error or (f"exit code {first['exit_code']}" if first.get("exit_code") is not None else "it ended without an exit code")
-    return {
-        "rank": first["rank"],
-        "exit_code": first.get("exit_code"),
-        "traceback": data.get("traceback"),
-        "error": error,
-        "message": f"rank {first['rank']} failed first: {what} ({why})",
-    }
+    return Failure(
+        rank=first["rank"],
+        exit_code=first.get("exit_code"),
+        traceback=report.traceback if report else None,
+        error=error,
+        message=f"rank {first['rank']} failed first: {what} ({why})",
+        host=first.get("node") or host,
+        node_rank=first.get("node_rank", node_rank),
+    )
 
 
-def last_sign_of_life(run_dir: Path, left: dict[int, dict[str, Any]]) -> float | None:
+def last_sign_of_life(run_dir: Path, left: dict[int, RankReport]) -> float | None:
     """When the run was last seen doing something: the newest of its files' mtimes (output,
     metrics, events, run.json, rank records, spool) and of its ranks' recorded ends."""
     latest: float | None = None
-    for sub in _LIFE_DIRS:
+    for folder in RunLayout(run_dir).life_folders():
         try:
-            entries = list(os.scandir(run_dir / sub))
+            entries = list(os.scandir(folder))
         except OSError:
             continue
         for entry in entries:
-            if entry.name == _MARK:
+            if entry.name == SETTLED:
                 continue
             try:
                 if entry.is_file(follow_symlinks=False):
@@ -120,10 +101,9 @@ def last_sign_of_life(run_dir: Path, left: dict[int, dict[str, Any]]) -> float |
                     latest = mtime if latest is None else max(latest, mtime)
             except OSError:
                 continue
-    for data in left.values():
-        ended = data.get("ended_at")
-        if isinstance(ended, (int, float)) and not isinstance(ended, bool):
-            latest = float(ended) if latest is None else max(latest, float(ended))
+    for report in left.values():
+        if report.ended_at is not None:
+            latest = report.ended_at if latest is None else max(latest, report.ended_at)
     return latest
 
 
@@ -136,9 +116,9 @@ def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone"
     if rec is None or rec.final:
         return rec
     # Before anything here writes in the run dir (the marker, merged metrics, run.json).
-    ended_at = None if ended_now else last_sign_of_life(run_dir, rank_records(run_dir))
+    ended_at = None if ended_now else last_sign_of_life(run_dir, read_rank_reports(run_dir))
     try:
-        os.close(os.open(run_dir / _MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.close(os.open(RunLayout(run_dir).settled, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
         return None
     except OSError:
@@ -147,7 +127,7 @@ def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone"
     runprocs.end_escaped(run_dir)
     with contextlib.suppress(OSError):
         merge_spool(run_dir)
-    left = rank_records(run_dir)
+    left = read_rank_reports(run_dir)
     stopped = stopped or rec.get("stop_requested_at") is not None
     ranks = _ranks(rec, left, stopped)
     if stopped:
@@ -158,7 +138,7 @@ def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone"
         status = RunStatus.FAILED
     rec.update(ranks=ranks)
     if status is RunStatus.FAILED and not rec.failure:
-        rec.update(failure=_failure(ranks, left, why))
+        rec.update(failure=_failure(rec, ranks, left, why).to_json())
     rec.end(status, ended_at if ended_at is not None and ended_at <= time.time() else None)
     waited = digest.close_run(run_dir, rec)  # where its time went (docs/compare.md)
     rec.update(ranks=digest.with_waits(rec.ranks, waited))

@@ -127,7 +127,7 @@ def _belongs(path: Path) -> str:
 
 def _not_readable(run_dir: Path) -> bool:
     return not os.access(run_dir, os.R_OK | os.X_OK) or (
-        (run_dir / record.RUN_FILE).exists() and not os.access(run_dir / record.RUN_FILE, os.R_OK)
+        record.run_file(run_dir).exists() and not os.access(record.run_file(run_dir), os.R_OK)
     )
 
 

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rank.stacks import info_path, peer_is, text_path
+from xl.launcher.rank.stacks import peer_is
+from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.telemetry.verdict import SILENT
 
 SOCKET_S = 1.5  # the socket door's share of the deadline; the rest goes to the signal door
@@ -92,7 +93,7 @@ def parse_faulthandler(text: str, main_ident: int | None = None) -> list[dict[st
 
 
 def _ask_signal(run_dir: Path, rank: int, pid: int, signum: int, main_ident: int | None, timeout: float) -> list[dict[str, Any]] | None:
-    path = text_path(str(run_dir), rank)
+    path = RunLayout(run_dir).rank_stacks_text(rank)
     try:
         start = os.path.getsize(path)
     except OSError:
@@ -130,7 +131,7 @@ def probe(run_dir: Path, info: dict[str, Any], timeout: float) -> dict[str, Any]
     if not isinstance(rank, int) or not isinstance(pid, int):
         return {**out, "error": "no process recorded for this rank yet"}
     try:
-        door = json.loads(Path(info_path(str(run_dir), rank)).read_text())
+        door = json.loads(RunLayout(run_dir).rank_stacks_door(rank).read_text())
     except (OSError, ValueError):
         door = {}
     if not isinstance(door, dict) or door.get("pid") != pid:
