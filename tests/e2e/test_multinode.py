@@ -47,8 +47,6 @@ from procs import (
 )
 
 from xl import handshake
-from xl.launcher.multinode import nodelink
-from xl.launcher.telemetry.service import Telemetry
 
 SCRIPT = '''
 import os, time
@@ -626,83 +624,6 @@ def test_bad_node_contract_is_one_line_and_exit_2(tmp_path: Path, node_rank: str
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("xl launch: ") and says in lines[0], proc.stderr
     assert not (home / "runs").is_dir() or not any((home / "runs").iterdir())
-
-
-def test_node_link_to_node_0_collector_and_back(tmp_path: Path) -> None:
-    """The link of a node > 0, against node 0's real collector (no training): messages arrive in
-    order, sampled records are stored, the stop reaches the node; bad messages are refused."""
-    got: list[tuple[int, str, dict[str, Any]]] = []
-    tel = Telemetry(tmp_path, token=TOKEN, inventory=False, on_node=lambda n, h, msgs: got.extend((n, h, m) for m in msgs))
-    env = tel.start()
-    host, port = env["XL_COLLECTOR"].rsplit(":", 1)
-    link = nodelink.NodeLink(host, int(port), TOKEN, 1, "node-b")
-    try:
-        link.start()
-        link.send_log(1, b"hello \xff world\n")
-        rec = {"t": time.time(), "rank": 1, "kind": "sys", "rss_mib": 12.5}
-        link.send({"type": "rec", "rank": 1, "line": json.dumps(rec)})
-        link.send({"type": "event", "event": {"kind": "rank_started", "rank": 1, "message": "rank 1 started"}})
-        link.send({"type": "event", "event": {"kind": "stalled", "rank": 1}})  # not a forwarded kind
-        link.send({"type": "ranks", "ranks": [{"rank": "one"}]})
-        wait_for(lambda: len(got) >= 2, timeout=10, what="the link's messages")
-        assert [(n, h, m["type"]) for n, h, m in got] == [(1, "node-b", "log"), (1, "node-b", "event")]
-        assert got[0][2]["data"].encode("utf-8", "surrogateescape") == b"hello \xff world\n"
-        tel.stop_nodes({"reason": "failure", "failure": {"rank": 0, "node_rank": 0, "message": "boom"}})
-        [cmd] = wait_for(link.commands, timeout=10, what="node 0's stop")
-        assert cmd["stop"]["failure"]["message"] == "boom"
-        assert link.close(5.0)
-    finally:
-        link.close(0.1)
-        tel.stop()
-    status = json.loads((tmp_path / "collector.json").read_text())
-    assert status["rejects"] == {"bad_kind": 1, "bad_rank": 1}, status
-    assert [json.loads(x)["rss_mib"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [12.5]
-
-
-def test_node_link_clips_a_long_failure_so_node_0_takes_it(tmp_path: Path) -> None:
-    """A load_state_dict error easily exceeds node 0's caps (4096 characters for the error and
-    message, 64 KiB for the traceback): the link clips it, keeping the head of the error and
-    message and the tail of the traceback, and node 0 takes both the failure and the end."""
-    error = "RuntimeError: Error(s) in loading state_dict: " + "Missing key(s): 'layer.weight', " * 2000
-    traceback = "Traceback (most recent call last):\n" + '  File "train.py", line 1, in <module>\n' * 5000 + error + "\n"
-    failure = {"rank": 1, "exit_code": 1, "traceback": traceback, "error": error, "message": f"rank 1 failed first: {error}", "node": "node-b", "node_rank": 1}
-    got: list[dict[str, Any]] = []
-    tel = Telemetry(tmp_path, token=TOKEN, inventory=False, on_node=lambda n, h, msgs: got.extend(msgs))
-    env = tel.start()
-    host, port = env["XL_COLLECTOR"].rsplit(":", 1)
-    link = nodelink.NodeLink(host, int(port), TOKEN, 1, "node-b")
-    try:
-        link.start()
-        link.send({"type": "failure", "failure": failure, "at": time.time()})
-        link.send({"type": "end", "status": "failed", "failure": failure, "at": time.time()})
-        wait_for(lambda: len(got) >= 2, timeout=10, what="the failure and the end at node 0")
-        assert link.close(5.0)
-    finally:
-        link.close(0.1)
-        tel.stop()
-    assert [m["type"] for m in got] == ["failure", "end"]
-    for msg in got:
-        sent = msg["failure"]
-        assert len(sent["error"]) <= 4096 and error.startswith(sent["error"].removesuffix("[...]"))
-        assert len(sent["message"]) <= 4096 and sent["message"].startswith("rank 1 failed first: RuntimeError: Error(s)")
-        assert len(sent["traceback"]) <= 64 << 10 and sent["traceback"].endswith(error[-1000:] + "\n")
-        assert {k: v for k, v in sent.items() if k not in ("error", "message", "traceback")} == {
-            "rank": 1, "exit_code": 1, "node": "node-b", "node_rank": 1,
-        }
-    assert len(failure["error"]) == len(error)  # the node's own copy is whole
-    status = json.loads((tmp_path / "collector.json").read_text())
-    assert not status["rejects"], status
-
-
-def test_node_link_never_blocks_when_node_0_is_unreachable() -> None:
-    link = nodelink.NodeLink("127.0.0.1", rdzv_port(), TOKEN, 1, "node-b")
-    link.start()
-    start = time.monotonic()
-    for i in range(1000):
-        link.send_log(1, f"line {i}\n".encode())
-    assert time.monotonic() - start < 1.0
-    assert link.close(0.5) is False  # nothing acked; the node keeps its own records
-    assert time.monotonic() - start < 5.0
 
 
 @pytest.mark.parametrize("late", [1, 0])

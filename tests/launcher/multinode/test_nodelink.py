@@ -1,0 +1,186 @@
+"""The node link of a node > 0, against node 0's real collector (in this process, no training).
+
+What a person notices: node 0 gets this node's output and records in order, node 0's stop reaches
+the node, a wrong XL_TOKEN is refused for good (not retried forever), a listener that cannot prove
+it holds the token gets nothing, and training never waits on the link (node 0 late or gone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import rdzv_port, wait_for
+
+from xl import handshake
+from xl.launcher.multinode import nodelink
+from xl.launcher.telemetry.service import Telemetry
+
+TOKEN = "test-token-0123456789abcdef"
+
+
+def _collector(run_dir: Path, got: list[dict[str, Any]], **kw: Any) -> tuple[Telemetry, str, int]:
+    tel = Telemetry(run_dir, token=TOKEN, inventory=False, on_node=lambda n, h, msgs: got.extend({"node": n, "host": h, **m} for m in msgs), **kw)
+    host, port = tel.start()["XL_COLLECTOR"].rsplit(":", 1)
+    return tel, host, int(port)
+
+
+def test_node_link_to_node_0_collector_and_back(tmp_path: Path) -> None:
+    """Messages arrive in order, sampled records are stored, the stop reaches the node; bad
+    messages are refused."""
+    got: list[dict[str, Any]] = []
+    tel, host, port = _collector(tmp_path, got)
+    link = nodelink.NodeLink(host, port, TOKEN, 1, "node-b")
+    try:
+        link.start()
+        link.send_log(1, b"hello \xff world\n")
+        rec = {"t": time.time(), "rank": 1, "kind": "sys", "rss_mib": 12.5}
+        link.send({"type": "rec", "rank": 1, "line": json.dumps(rec)})
+        link.send({"type": "event", "event": {"kind": "rank_started", "rank": 1, "message": "rank 1 started"}})
+        link.send({"type": "event", "event": {"kind": "stalled", "rank": 1}})  # not a forwarded kind
+        link.send({"type": "ranks", "ranks": [{"rank": "one"}]})
+        wait_for(lambda: len(got) >= 2, timeout=10, what="the link's messages")
+        assert [(m["node"], m["host"], m["type"]) for m in got] == [(1, "node-b", "log"), (1, "node-b", "event")]
+        assert got[0]["data"].encode("utf-8", "surrogateescape") == b"hello \xff world\n"
+        assert link.heard_at is not None  # node 0 answers: the follower knows it is there
+        tel.stop_nodes({"reason": "failure", "failure": {"rank": 0, "node_rank": 0, "message": "boom"}})
+        [cmd] = wait_for(link.commands, timeout=10, what="node 0's stop")
+        assert cmd["stop"]["failure"]["message"] == "boom"
+        assert link.close(5.0)
+    finally:
+        link.close(0.1)
+        tel.stop()
+    status = json.loads((tmp_path / "collector.json").read_text())
+    assert status["rejects"] == {"bad_kind": 1, "bad_rank": 1}, status
+    assert [json.loads(x)["rss_mib"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [12.5]
+
+
+def test_node_link_clips_a_long_failure_so_node_0_takes_it(tmp_path: Path) -> None:
+    """A load_state_dict error easily exceeds node 0's caps (4096 characters for the error and
+    message, 64 KiB for the traceback): the link clips it, keeping the head of the error and
+    message and the tail of the traceback, and node 0 takes both the failure and the end."""
+    error = "RuntimeError: Error(s) in loading state_dict: " + "Missing key(s): 'layer.weight', " * 2000
+    traceback = "Traceback (most recent call last):\n" + '  File "train.py", line 1, in <module>\n' * 5000 + error + "\n"
+    failure = {"rank": 1, "exit_code": 1, "traceback": traceback, "error": error, "message": f"rank 1 failed first: {error}", "node": "node-b", "node_rank": 1}
+    got: list[dict[str, Any]] = []
+    tel, host, port = _collector(tmp_path, got)
+    link = nodelink.NodeLink(host, port, TOKEN, 1, "node-b")
+    try:
+        link.start()
+        link.send({"type": "failure", "failure": failure, "at": time.time()})
+        link.send({"type": "end", "status": "failed", "failure": failure, "at": time.time()})
+        wait_for(lambda: len(got) >= 2, timeout=10, what="the failure and the end at node 0")
+        assert link.close(5.0)
+    finally:
+        link.close(0.1)
+        tel.stop()
+    assert [m["type"] for m in got] == ["failure", "end"]
+    for msg in got:
+        sent = msg["failure"]
+        assert len(sent["error"]) <= 4096 and error.startswith(sent["error"].removesuffix("[...]"))
+        assert len(sent["message"]) <= 4096 and sent["message"].startswith("rank 1 failed first: RuntimeError: Error(s)")
+        assert len(sent["traceback"]) <= 64 << 10 and sent["traceback"].endswith(error[-1000:] + "\n")
+        assert {k: v for k, v in sent.items() if k not in ("error", "message", "traceback")} == {
+            "rank": 1, "exit_code": 1, "node": "node-b", "node_rank": 1,
+        }
+    assert len(failure["error"]) == len(error)  # the node's own copy is whole
+    status = json.loads((tmp_path / "collector.json").read_text())
+    assert not status["rejects"], status
+
+
+def test_node_link_never_blocks_when_node_0_is_unreachable() -> None:
+    link = nodelink.NodeLink("127.0.0.1", rdzv_port(), TOKEN, 1, "node-b")
+    link.start()
+    start = time.monotonic()
+    for i in range(1000):
+        link.send_log(1, f"line {i}\n".encode())
+    assert time.monotonic() - start < 1.0
+    assert link.close(0.5) is False  # nothing acked; the node keeps its own records
+    assert time.monotonic() - start < 5.0
+
+
+def test_what_was_sent_before_node_0_listened_arrives_once_it_does(tmp_path: Path) -> None:
+    """Node 1's supervisor started first: its first output waits in the link, and node 0 gets it,
+    in order, once its collector is up."""
+    port = rdzv_port()
+    link = nodelink.NodeLink("127.0.0.1", port, TOKEN, 1, "node-b")
+    got: list[dict[str, Any]] = []
+    tel: Telemetry | None = None
+    try:
+        link.start()
+        for i in range(3):
+            link.send_log(1, f"early {i}\n".encode())
+        time.sleep(0.5)  # a few refused connections meanwhile
+        assert link.heard_at is None
+        tel, _host, _port = _collector(tmp_path, got, port=port)
+        wait_for(lambda: len(got) >= 3, timeout=20, what="the early lines at node 0")
+        assert [m["data"] for m in got] == ["early 0\n", "early 1\n", "early 2\n"]
+        assert link.close(5.0)
+    finally:
+        link.close(0.1)
+        if tel is not None:
+            tel.stop()
+
+
+def test_a_wrong_token_is_refused_for_good_and_said_once(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    got: list[dict[str, Any]] = []
+    tel, host, port = _collector(tmp_path, got)
+    link = nodelink.NodeLink(host, port, TOKEN[:-1] + "X", 1, "node-b")
+    try:
+        link.start()
+        link.send_log(1, b"never sent\n")
+        cmds = wait_for(link.commands, timeout=10, what="node 0's refusal")
+        assert cmds == [{"refused": "bad_token"}] and link.refused == "bad_token"
+        link.send_log(1, b"nor this\n")
+        assert link.close(1.0) is False
+    finally:
+        link.close(0.1)
+        tel.stop()
+    # Node 0 hears of the attempt (to say so), and nothing the node sent.
+    assert [(m["node"], m.get("reason")) for m in got] == [(1, "bad_token")] and "data" not in got[0], got
+    assert json.loads((tmp_path / "collector.json").read_text())["rejects"] == {"bad_token": 1}
+    err = capfd.readouterr().err
+    assert err.count("refused this node's XL_TOKEN (not the run's token); the link stops") == 1, err
+
+
+def test_a_listener_that_cannot_prove_the_token_gets_nothing(capfd: pytest.CaptureFixture[str]) -> None:
+    """Another program on node 0's port (or one pretending to be node 0): it sends a challenge and a
+    made-up proof; the link sends it no message, says so, and tries again later."""
+    received: list[bytes] = []
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        server.settimeout(10)
+        port = server.getsockname()[1]
+
+        def impostor() -> None:
+            with server.accept()[0] as conn:
+                conn.settimeout(3)
+                conn.sendall(handshake.MAGIC + os.urandom(handshake.NONCE))
+                received.append(conn.recv(handshake.HELLO_SIZE))
+                conn.sendall(os.urandom(handshake.MAC))
+                try:
+                    while data := conn.recv(4096):
+                        received.append(data)
+                except OSError:
+                    pass
+
+        thread = threading.Thread(target=impostor, daemon=True)
+        thread.start()
+        link = nodelink.NodeLink("127.0.0.1", port, TOKEN, 1, "node-b")
+        try:
+            link.start()
+            link.send_log(1, b"a line for node 0 only\n")
+            thread.join(10)
+        finally:
+            link.close(0.1)
+    assert b"node 0 only" not in b"".join(received)
+    assert len(b"".join(received)) == handshake.HELLO_SIZE  # its hello, nothing more
+    assert TOKEN.encode() not in b"".join(received)
+    assert "did not prove it holds this run's XL_TOKEN" in capfd.readouterr().err
