@@ -25,9 +25,8 @@ from xl.errors import UsageError
 from xl.gpu import nvml
 from xl.launcher import runprocs
 from xl.launcher.plan import Plan, build_plan
-from xl.launcher.rundir import record, settle, stopmark
-from xl.launcher.rundir.events import EVENTS_FILE
-from xl.launcher.rundir.metrics import METRICS_FILE
+from xl.launcher.rundir import layout, record, settle, stopmark
+from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.rundir.store import new_run_id, runs_root
 from xl.launcher.spec import LaunchSpec
@@ -84,7 +83,7 @@ def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
         # A fork keeps `xl launch`'s argv: show what this process is instead.
         set_cmdline([os.path.basename(sys.executable), "-m", "xl.launcher.supervisor", str(run_dir)])
         null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.open(RunLayout(run_dir).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
@@ -201,12 +200,11 @@ def start_run(
         raise _no_room(runs_root(create=False), exc) from None
     run_id = run_dir.name
     try:
-        (run_dir / "logs").mkdir(mode=0o700)
-        (run_dir / "ranks").mkdir(mode=0o700)
+        for folder in layout.MADE_FOLDERS:
+            (run_dir / folder).mkdir(mode=0o700)
         record.save(run_dir, _new_record(run_id, spec, plan))
-        (run_dir / EVENTS_FILE).touch(mode=0o600)
-        (run_dir / METRICS_FILE).touch(mode=0o600)
-        (run_dir / "supervisor.log").touch(mode=0o600)
+        for name in layout.MADE_FILES:
+            (run_dir / name).touch(mode=0o600)
     except OSError as exc:
         # A full disk (or quota) before anything started: no half-made run is left behind.
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -214,7 +212,7 @@ def start_run(
     if fork:
         forked = _fork_supervisor(run_dir)
         return RunHandle(run_id=run_id, run_dir=run_dir, pid=forked.pid, proc=forked)
-    log_fd = os.open(run_dir / "supervisor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log_fd = os.open(RunLayout(run_dir).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with open(log_fd, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "xl.launcher.supervisor", str(run_dir)],

@@ -23,9 +23,10 @@ from pathlib import Path
 import psutil
 
 from xl.atomic import write_json_atomic
+from xl.launcher.rundir.layout import ESCAPED, RunLayout
 from xl.launcher.rundir.record import RunRecord
 
-ESCAPED_FILE = "escaped.json"
+ESCAPED_FILE = ESCAPED  # the old name, for modules that have not moved to rundir/layout.py yet
 
 
 def _environ_has(pid: int, needle: bytes) -> bool:
@@ -173,13 +174,13 @@ def escaped_descendants(root: int, run_id: str) -> list[tuple[int, float]]:
 
 
 def save_escaped(run_dir: Path, found: list[tuple[int, float]]) -> None:
-    write_json_atomic(run_dir / ESCAPED_FILE, [{"pid": pid, "started": started} for pid, started in found])
+    write_json_atomic(RunLayout(run_dir).escaped, [{"pid": pid, "started": started} for pid, started in found])
 
 
 def escaped(run_dir: Path) -> list[int]:
     """The escaped processes the supervisor recorded that still run (the same processes)."""
     try:
-        data = json.loads((run_dir / ESCAPED_FILE).read_text(encoding="utf-8"))
+        data = json.loads(RunLayout(run_dir).escaped.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
     pids = []

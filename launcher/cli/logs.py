@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -10,6 +11,7 @@ from pathlib import Path
 from xl.errors import ArgumentParser, UsageError
 from xl.launcher import runprocs
 from xl.launcher.rundir import record
+from xl.launcher.rundir.layout import RunLayout, log_rank
 from xl.launcher.rundir.store import resolve_run
 from xl.launcher.rundir.tail import RankLogs, Tail
 from xl.textsafe import bytes_for_terminal
@@ -19,11 +21,11 @@ def _ranks(run_dir: Path) -> list[int]:
     """The ranks run.json lists and those with a log (a rank logs before run.json has it)."""
     rec = record.load(run_dir)
     found = {r["rank"] for r in rec.ranks if isinstance(r.get("rank"), int)} if rec else set()
-    for path in (run_dir / "logs").glob("rank-*.log"):
-        try:
-            found.add(int(path.stem[5:]))
-        except ValueError:
-            continue
+    try:
+        names = os.listdir(RunLayout(run_dir).logs)
+    except OSError:
+        names = []
+    found.update(r for r in map(log_rank, names) if r is not None)
     return sorted(found)
 
 
@@ -42,8 +44,9 @@ def main(argv: Sequence[str]) -> int:
         ranks = [ns.rank]
     prefix = ns.rank is None and len(ranks) > 1
     # Bytes, in large reads and writes: a 100 MB log (or one 100 MB line) costs a few MiB here.
-    logs = RankLogs(run_dir / "logs", prefix=prefix, ranks=ranks if ns.rank is not None else None)
-    logs.tails.update({r: Tail(run_dir / "logs" / f"rank-{r}.log", stream=True) for r in ranks if r not in logs.tails})
+    layout = RunLayout(run_dir)
+    logs = RankLogs(layout.logs, prefix=prefix, ranks=ranks if ns.rank is not None else None)
+    logs.tails.update({r: Tail(layout.rank_log(r), stream=True) for r in ranks if r not in logs.tails})
     out = bytes_for_terminal(sys.stdout.buffer)  # a terminal sees control characters drawn, a pipe the bytes
     while True:
         rec = record.load(run_dir)

@@ -22,12 +22,10 @@ from typing import Any
 
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir import timing
-from xl.launcher.rundir.events import EVENTS_FILE
 from xl.launcher.rundir.jsonl import decode_lines
-from xl.launcher.rundir.metrics import METRICS_FILE
+from xl.launcher.rundir.layout import EVENTS, METRICS, RunLayout
 from xl.launcher.rundir.record import RunRecord, read_object
 
-DIGEST_FILE = "digest.json"
 VERSION = 1
 SERIES_POINTS = 2000  # at most this many steps kept for the loss and samples/s series
 _CHUNK = 8 << 20  # metrics.jsonl is read this much at a time: memory stays bounded
@@ -58,7 +56,7 @@ class Digester:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self._at = {EVENTS_FILE: 0, METRICS_FILE: 0}  # bytes read of each file (whole lines)
+        self._at = {EVENTS: 0, METRICS: 0}  # bytes read of each file (whole lines)
         self.events: list[dict[str, Any]] = []
         self.spans: dict[int, list[float]] = {}  # rank -> [its first train line's t, its last's]
         self.waited: dict[int, float] = {}
@@ -98,11 +96,11 @@ class Digester:
     def poll(self) -> None:
         """Take in what was appended since the last poll: events first, so a line after a stall
         is checked against it."""
-        for lines in self._chunks(EVENTS_FILE):
+        for lines in self._chunks(EVENTS):
             for e in decode_lines([ln for ln in lines if ln]):
                 if type(e) is dict and e.get("kind") in _KINDS and _finite(e.get("t")) and len(self.events) < _MAX_EVENTS:
                     self._event(e)
-        for lines in self._chunks(METRICS_FILE):
+        for lines in self._chunks(METRICS):
             self.feed(decode_lines([ln for ln in lines if ln and (b'"sys"' not in ln or b"comm_wait_s" in ln)]))
 
     def _event(self, e: dict[str, Any]) -> None:
@@ -298,13 +296,13 @@ def _whole(doc: dict[str, Any]) -> bool:
 
 def load(run_dir: Path, rec: RunRecord) -> dict[str, Any]:
     """digest.json of a finished run, made (and kept, if the run is over) when it is missing."""
-    kept = read_object(run_dir / DIGEST_FILE)
+    kept = read_object(RunLayout(run_dir).digest)
     if kept is not None and _whole(kept):
         return kept
     doc = build(run_dir, rec)
     if rec.final:
         with contextlib.suppress(OSError):
-            write_json_atomic(run_dir / DIGEST_FILE, doc)
+            write_json_atomic(RunLayout(run_dir).digest, doc)
     return doc
 
 
@@ -323,7 +321,7 @@ def close_run(run_dir: Path, rec: RunRecord, digester: Digester | None = None) -
     if doc.get("time") is not None:
         rec.update(time=doc["time"])
     with contextlib.suppress(OSError):
-        write_json_atomic(run_dir / DIGEST_FILE, doc)
+        write_json_atomic(RunLayout(run_dir).digest, doc)
     return {int(r): w for r, w in doc["waited_s"].items()}
 
 

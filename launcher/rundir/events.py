@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-EVENTS_FILE = "events.jsonl"
+from xl.launcher.rundir.layout import EVENTS, RunLayout
+
+EVENTS_FILE = EVENTS  # the old name, for modules that have not moved to rundir/layout.py yet
 
 
 def event_line(event: dict[str, Any]) -> str:
@@ -24,5 +26,5 @@ def event_line(event: dict[str, Any]) -> str:
 def append_event(run_dir: Path, event: dict[str, Any]) -> None:
     """Append one event to ``run_dir``'s events.jsonl (OSError when it cannot be written)."""
     line = event_line(event)
-    with open(run_dir / EVENTS_FILE, "a", encoding="utf-8") as fh:
+    with open(RunLayout(run_dir).events, "a", encoding="utf-8") as fh:
         fh.write(line)

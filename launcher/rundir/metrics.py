@@ -11,10 +11,11 @@ import json
 import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
+from xl.launcher.rundir.layout import METRICS, RunLayout
+
+METRICS_FILE = METRICS  # the old name, for modules that have not moved to rundir/layout.py yet
 
 
 def dumps_line(record: dict[str, Any]) -> bytes:
@@ -28,7 +29,7 @@ PENDING_CAP = 64 << 20
 
 class MetricsWriter:
     def __init__(self, run_dir: str | os.PathLike[str], *, flush_interval: float = 0.25) -> None:
-        self.path = Path(run_dir) / METRICS_FILE
+        self.path = RunLayout(run_dir).metrics
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Append mode: a restarted supervisor continues the same file, nothing earlier is lost.
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)

@@ -12,12 +12,12 @@ import os
 import time
 from pathlib import Path
 
-STOP_FILE = "stop"
+from xl.launcher.rundir.layout import RunLayout
 
 
 def ask_stop(run_dir: Path) -> None:
     """Leave the stop for the supervisor (OSError when the run dir cannot take it)."""
-    fd = os.open(run_dir / STOP_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(RunLayout(run_dir).stop, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, f"{time.time():.3f}\n".encode())
     finally:
@@ -25,4 +25,4 @@ def ask_stop(run_dir: Path) -> None:
 
 
 def stop_asked(run_dir: Path) -> bool:
-    return os.path.exists(run_dir / STOP_FILE)
+    return os.path.exists(RunLayout(run_dir).stop)

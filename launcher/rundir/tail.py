@@ -18,6 +18,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from xl.launcher.rundir.layout import log_rank, rank_log_name
+
 CHUNK = 4 << 20  # bytes per read: large reads, few calls
 LINE_CAP = 1 << 20  # of an unfinished line, at most this much is kept (its newest bytes)
 
@@ -159,7 +161,7 @@ class RankLogs:
         self.last_line: dict[int, bytes] = {}  # the newest whole line of each rank (after its last \r)
         self._open: int | None = None  # the rank whose line the output is in the middle of
         for rank in ranks or []:
-            self.tails[rank] = Tail(logs_dir / f"rank-{rank}.log", stream=True)
+            self.tails[rank] = Tail(logs_dir / rank_log_name(rank), stream=True)
 
     def discover(self) -> None:
         if self.fixed:
@@ -169,10 +171,9 @@ class RankLogs:
         except OSError:
             return
         for name in names:
-            if name.startswith("rank-") and name.endswith(".log") and name[5:-4].isdigit():
-                rank = int(name[5:-4])
-                if rank not in self.tails:
-                    self.tails[rank] = Tail(self.logs_dir / name, stream=True)
+            rank = log_rank(name)
+            if rank is not None and rank not in self.tails:
+                self.tails[rank] = Tail(self.logs_dir / name, stream=True)
 
     def copy(self, write: Callable[[bytes], object], *, drain: bool = False, limit: int = CHUNK) -> int:
         """Write what every rank's log gained (``limit`` bytes a rank per round; ``drain``: one

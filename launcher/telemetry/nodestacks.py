@@ -25,8 +25,8 @@ from typing import Any
 
 from xl.atomic import write_json_atomic
 from xl.launcher.rank.stacks import peer_is
+from xl.launcher.rundir.layout import RunLayout
 
-DOOR_FILE = "ranks/nodes.stacks.json"
 _MAX_REQUEST = 4096
 _MAX_AT_ONCE = 4
 _SLACK_S = 1.0  # the requester waits this much past the deadline it gave, for the answer to travel
@@ -55,8 +55,9 @@ class Door:
         sock.bind("\0" + self._name)
         sock.listen(8)
         self._sock = sock
-        (self.run_dir / "ranks").mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_json_atomic(self.run_dir / DOOR_FILE, {"pid": os.getpid(), "socket": self._name})
+        layout = RunLayout(self.run_dir)
+        layout.ranks.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_json_atomic(layout.nodes_stacks_door, {"pid": os.getpid(), "socket": self._name})
         threading.Thread(target=self._serve, args=(sock,), name="xl-nodes-stacks", daemon=True).start()
 
     def close(self) -> None:
@@ -66,7 +67,7 @@ class Door:
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
             with contextlib.suppress(OSError):
-                (self.run_dir / DOOR_FILE).unlink()
+                RunLayout(self.run_dir).nodes_stacks_door.unlink()
 
     def _serve(self, sock: socket.socket) -> None:
         while True:
@@ -101,7 +102,7 @@ class Door:
 def ask(run_dir: Path, rank: int | None, timeout: float) -> dict[str, Any] | None:
     """The other nodes' entries through node 0's door (None: no door, or it did not answer)."""
     try:
-        door = json.loads((run_dir / DOOR_FILE).read_text())
+        door = json.loads(RunLayout(run_dir).nodes_stacks_door.read_text())
         name, pid = str(door["socket"]), int(door["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rundir.events import EVENTS_FILE
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.lastbytes import last_lines
-from xl.launcher.rundir.metrics import METRICS_FILE
+from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.telemetry.diagnose import Thresholds
 from xl.launcher.telemetry.verdict import ranges, verdict
 
@@ -52,7 +51,7 @@ def _records(run_dir: Path) -> dict[int, tuple[float, float]]:
     last: dict[int, float] = {}
     steps: dict[int, tuple[float, float]] = {}
     dts: dict[int, list[float]] = {}
-    for rec in decode_lines(last_lines(run_dir / METRICS_FILE, _METRICS_TAIL)):
+    for rec in decode_lines(last_lines(RunLayout(run_dir).metrics, _METRICS_TAIL)):
         if not isinstance(rec, dict) or rec.get("kind") != "train":
             continue
         rank, t, step = rec.get("rank"), rec.get("t"), rec.get("step")
@@ -71,7 +70,7 @@ def _records(run_dir: Path) -> dict[int, tuple[float, float]]:
 def hang_open(run_dir: Path) -> bool:
     """A ``hang`` event that no ``recovered`` (of a stall) has followed."""
     open_ = False
-    for event in decode_lines(last_lines(run_dir / EVENTS_FILE, _EVENTS_TAIL)):
+    for event in decode_lines(last_lines(RunLayout(run_dir).events, _EVENTS_TAIL)):
         if not isinstance(event, dict):
             continue
         if event.get("kind") == "hang":

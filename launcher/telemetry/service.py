@@ -27,6 +27,7 @@ from typing import Any
 from xl import wire
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.events import append_event
+from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.metrics import MetricsWriter, dumps_line
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser
@@ -34,8 +35,6 @@ from xl.launcher.telemetry.hang import HangCapture
 from xl.launcher.telemetry.logfeed import LogFeed
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
-
-STATUS_FILE = "collector.json"
 
 
 class Telemetry:
@@ -104,7 +103,7 @@ class Telemetry:
 
     def _previous_port(self) -> int:
         try:
-            status = json.loads((self.run_dir / STATUS_FILE).read_text())
+            status = json.loads(RunLayout(self.run_dir).collector.read_text())
             port = int(status.get("port", 0))
         except (OSError, ValueError, TypeError, AttributeError):
             return 0
@@ -309,7 +308,7 @@ class Telemetry:
             "spooled_records": self.spooled_records,
             "unparsed_lines": self.log_feed.skipped,
         }
-        write_json_atomic(self.run_dir / STATUS_FILE, status)
+        write_json_atomic(RunLayout(self.run_dir).collector, status)
 
     def ingest_spool(self) -> int:
         """Store the spool files of rank processes that are gone; returns records stored."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,15 +17,8 @@ from typing import Any
 import psutil
 
 from xl import wire
+from xl.launcher.rundir.layout import RunLayout, spool_owner
 from xl.launcher.rundir.metrics import MetricsWriter
-
-# A rank's spool file, or the one it claimed to replay and never finished.
-_SPOOL_NAME = re.compile(r"^rank-(\d+)-(\d+)\.jsonl(?:\.replay)?$")
-
-
-def spool_path(run_dir: str | os.PathLike[str], rank: int, pid: int) -> Path:
-    """Where a rank process spools records while the collector is unreachable."""
-    return Path(wire.spool_file(os.fspath(run_dir), rank, pid))
 
 
 def ingest_spool(
@@ -35,15 +27,15 @@ def ingest_spool(
     on_records: Callable[[int, list[dict[str, Any]]], None],
 ) -> int:
     """Store the spool files of rank processes that are gone; returns records stored."""
-    folder = run_dir / wire.SPOOL_DIR
+    folder = RunLayout(run_dir).spool
     if not folder.is_dir():
         return 0
     stored = 0
     for path in sorted(folder.iterdir()):
-        match = _SPOOL_NAME.match(path.name)
-        if match is None:
+        owner = spool_owner(path.name)  # a rank's spool file, or one it claimed to replay and never finished
+        if owner is None:
             continue
-        rank, pid = int(match.group(1)), int(match.group(2))
+        rank, pid = owner
         if pid != os.getpid() and psutil.pid_exists(pid) and not _is_zombie(pid):
             continue  # a live rank replays its own spool on reconnect
         claimed = path.with_name(path.name + f".ingest-{os.getpid()}")

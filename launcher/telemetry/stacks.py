@@ -16,13 +16,13 @@ from typing import Any
 
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir import record
+from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.telemetry import nodestacks
 from xl.launcher.telemetry.probe import probe
 from xl.launcher.telemetry.progress import Progress, judge, judged
 
 TIMEOUT_S = 3.0  # "a few seconds": the socket door, then faulthandler's signal door
-STACKS_DIR = "stacks"
 NOT_ASKED = "not asked: on"  # the start of the error of a rank that lives on another node
 
 
@@ -93,7 +93,7 @@ def not_asked(info: dict[str, Any], why: str = "") -> dict[str, Any]:
 
 def save(run_dir: Path, doc: dict[str, Any]) -> str:
     """Write ``doc`` to ``stacks/<unix-seconds>.json``; returns that path relative to the run dir."""
-    name = f"{STACKS_DIR}/{int(doc['t'])}.json"
+    name = RunLayout(run_dir).stacks_capture(doc["t"])
     path = run_dir / name
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, doc)

@@ -20,6 +20,7 @@ from procs import wait_for
 from xl import wire
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.protocol import check_message, clip_stacks
+from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.telemetry import nodestacks
 from xl.launcher.telemetry import stacks as capture
 from xl.launcher.telemetry.service import Telemetry
@@ -69,7 +70,7 @@ def test_node_0_gathers_a_node_s_stacks_through_its_link(tmp_path: Path) -> None
     assert entry["rank"] == 1 and entry["node_rank"] == 1 and entry["pid"] == 4242
     # Clipped to fit one frame, the innermost frames kept: the place it is stuck is there.
     assert entry["threads"][0]["frames"][-1] == {"file": "/src/train.py", "line": 41, "function": "astray"}
-    assert not (tmp_path / nodestacks.DOOR_FILE).exists()  # the door closes with the collector
+    assert not RunLayout(tmp_path).nodes_stacks_door.exists()  # the door closes with the collector
     status = json.loads((tmp_path / "collector.json").read_text())
     assert not status["rejects"], status
 

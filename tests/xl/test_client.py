@@ -11,9 +11,9 @@ import psutil
 import pytest
 from xltele import assert_gone, rank_env
 
+from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.telemetry.service import Telemetry
-from xl.launcher.telemetry.spool import spool_path
 
 
 def _rank(code: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
@@ -111,7 +111,7 @@ def test_unreachable_collector_spools_and_the_supervisor_stores_it(tmp_path: Pat
     )
     env = {"XL_COLLECTOR": f"127.0.0.1:{port}", "XL_TOKEN": "tok", "XL_RUN_DIR": str(tmp_path)}
     pid = int(_rank(code, {**env, "RANK": "1"}).stdout.split()[-1])
-    assert spool_path(tmp_path, 1, pid).exists()
+    assert RunLayout(tmp_path).spool_file(1, pid).exists()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     # A (re)started supervisor stores what the dead rank spooled, exactly once.
     tel = Telemetry(tmp_path, token="tok", inventory=False)
