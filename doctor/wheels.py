@@ -119,7 +119,7 @@ def version_for(tag: str, current: str | None) -> str | None:
     if not on:
         return None
     cur = base_version(current)
-    if cur and (cur, tag) in PUBLISHED:
+    if cur and is_published(cur, tag):
         return cur
     newer = [v for v in on if vtuple(v) > vtuple(cur)] if cur else []
     if newer:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xl.doctor.checks.derived import torch_cuda
 from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
 from xl.doctor.facts import Facts
 from xl.gpu.models import mixed_models, model_counts, models_text
+
+if TYPE_CHECKING:
+    from xl.gpu.health import Problem
+    from xl.gpu.records import GPU
 
 _DRIVER_FIXES = {
     "driver_not_loaded": "sudo modprobe nvidia (or reboot); `dmesg | grep -i nvidia` says why it did not load",
@@ -74,7 +78,7 @@ def _no_driver(f: Facts, why: str, data: dict[str, Any]) -> Finding:
     return Finding(status="warn" if torch_cuda(f) else "skip", detail=why, fix=fix, data=data)
 
 
-def _majority(gpus: Sequence[Any], names: Counter[str]) -> tuple[str, list[int]]:
+def _majority(gpus: Sequence[GPU], names: Counter[str]) -> tuple[str, list[int]]:
     """The most numerous model (the first one listed on a tie) and its GPUs."""
     model = max(names, key=lambda n: names[n])
     return model, [g.index for g in gpus if g.name == model]
@@ -133,7 +137,7 @@ def check_gpus(f: Facts) -> Finding:
             fix="; ".join(dict.fromkeys(p.fix for p in health)),
             data=data,
         )
-    errors = [g for g in f.gpus if getattr(g, "error", None)]
+    errors = [g for g in f.gpus if g.error]
     mixed = mixed_models(g for g in f.gpus if not g.lost)
     if mixed:
         return warn(
@@ -164,7 +168,7 @@ def check_gpus(f: Facts) -> Finding:
     return ok(models, data=data)
 
 
-def _health(f: Facts, data: dict[str, Any], among: list[int] | None) -> list[Any]:
+def _health(f: Facts, data: dict[str, Any], among: list[int] | None) -> list[Problem]:
     """Each GPU's problems from NVML (compute mode, processes, ECC, row remaps, retired pages),
     as xl.gpu.health judges them for `xl launch` too; the figures go into `data`."""
     from xl.gpu.health import judge_all  # noqa: PLC0415 - keeps xl.gpu off the startup path (see devices.py)

@@ -52,6 +52,14 @@ def read_text(path: str, limit: int = 1 << 20) -> str | None:
             os.close(fd)
 
 
+def real_path(path: str) -> str:
+    """The path with its symlinks resolved, or as given when it can't be (a NUL byte in it)."""
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):
+        return path
+
+
 def why_not_a_folder(path: str) -> str:
     """Why `path` can't be used as a folder, in words (for a path that is not one)."""
     try:

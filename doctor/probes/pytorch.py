@@ -12,7 +12,6 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any
 
 from xl.doctor.facts import TorchInfo
 from xl.doctor.probes.commands import CMD_TIMEOUT, run_cmd
@@ -54,29 +53,37 @@ def probe_torch_here() -> TorchInfo:
     return torch_info(json.loads(json.dumps(torch_probe.probe())), sys.executable)
 
 
-def torch_info(data: dict[str, Any], python: str) -> TorchInfo:
+def _text(data: Mapping[str, object], key: str) -> str | None:
+    value = data.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _rows(data: Mapping[str, object], key: str, width: int) -> list[list[str]]:
+    """The `width`-long lists under `key`, as text (anything else in the answer is left out)."""
+    rows = data.get(key)
+    if not isinstance(rows, list):
+        return []
+    return [[str(v) for v in x] for x in rows if isinstance(x, list) and len(x) == width]
+
+
+def torch_info(data: Mapping[str, object], python: str) -> TorchInfo:
     """TorchInfo from the probe's answer (a JSON object), checking every field's type."""
     info = TorchInfo(python=python)
-    info.python = data.get("python") or python
-    info.bin_dir = data.get("bin_dir")
-    info.problem = data.get("problem")
-    info.location = data.get("location")
+    info.python = _text(data, "python") or python
+    info.bin_dir = _text(data, "bin_dir")
+    info.problem = _text(data, "problem")
+    info.location = _text(data, "location")
     info.found = bool(info.location)
-    for key in ("version", "cuda", "hip", "nccl", "nccl_from"):
-        value = data.get(key)
-        setattr(info, key, value if isinstance(value, str) else None)
-    info.pip_ptxas = [x for x in data.get("pip_ptxas") or [] if isinstance(x, str)]
-    info.pip_libs = [
-        (str(x[0]), str(x[1]), str(x[2]))
-        for x in data.get("pip_libs") or []
-        if isinstance(x, list) and len(x) == 3
-    ]
-    info.nccl_wheels = [
-        (str(x[0]), str(x[1])) for x in data.get("nccl_wheels") or [] if isinstance(x, list) and len(x) == 2
-    ]
+    info.version = _text(data, "version")
+    info.cuda = _text(data, "cuda")
+    info.hip = _text(data, "hip")
+    info.nccl = _text(data, "nccl")
+    info.nccl_from = _text(data, "nccl_from")
+    ptxas = data.get("pip_ptxas")
+    info.pip_ptxas = [x for x in ptxas if isinstance(x, str)] if isinstance(ptxas, list) else []
+    info.pip_libs = [(a, b, c) for a, b, c in _rows(data, "pip_libs", 3)]
+    info.nccl_wheels = [(a, b) for a, b in _rows(data, "nccl_wheels", 2)]
     req = data.get("nccl_required")
     info.nccl_required = (str(req[0]), str(req[1])) if isinstance(req, list) and len(req) == 2 else None
-    info.pip_toolkits = [
-        tuple(x) for x in data.get("pip_toolkits") or [] if isinstance(x, list) and len(x) == 2
-    ]
+    info.pip_toolkits = [(a, b) for a, b in _rows(data, "pip_toolkits", 2)]
     return info

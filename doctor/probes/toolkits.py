@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 
 from xl.doctor.facts import Toolkit
-from xl.doctor.probes.files import is_dir, is_file, listdir, read_text, why_not_a_folder
+from xl.doctor.probes.files import is_dir, is_file, listdir, read_text, real_path, why_not_a_folder
 from xl.doctor.probes.libraries import CUDART
 from xl.doctor.tables import parse_host_config
 
@@ -92,10 +92,7 @@ def _read_version(tk: Toolkit) -> None:
 
 def inspect_toolkit(root: str, found_by: str) -> Toolkit:
     """Read a toolkit's version, limits and libraries from its files (no subprocess)."""
-    try:
-        real = os.path.realpath(root)
-    except (OSError, ValueError):
-        real = root
+    real = real_path(root)
     tk = Toolkit(root=root, real=real, found_by=[found_by])
     if not is_dir(real):
         tk.problem = f"{root} {why_not_a_folder(root)}"
@@ -199,10 +196,7 @@ def discover_toolkits(
     """Every toolkit we can see, deduplicated by real path, with where each was found."""
     found: dict[str, Toolkit] = {}
     for root, label in _candidates(env, path_nvcc, cuda_home):
-        try:
-            real = os.path.realpath(root)
-        except (OSError, ValueError):
-            real = root
+        real = real_path(root)
         if real in found:
             tk = found[real]
             if label not in tk.found_by:

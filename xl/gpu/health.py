@@ -10,12 +10,12 @@ page retirement before it) is None and judged as nothing to say.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from xl.gpu.nvml import per_gpu
-from xl.gpu.records import GPU
+from xl.gpu.records import GPU, GPUProcess
 
 # nvmlComputeMode_t (nvml.h)
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
@@ -43,7 +43,7 @@ class Health:
         return dict(self.__dict__)
 
 
-def _read(query: Any, handle: Any, index: int) -> Health:
+def _read(query: Callable[..., Any], handle: object, index: int) -> Health:
     import pynvml  # noqa: PLC0415 - per_gpu has loaded it already; `import xl.gpu.health` stays free
 
     mode = query(pynvml.nvmlDeviceGetComputeMode, handle)
@@ -81,7 +81,7 @@ class Problem:
     fix: str  # a command
 
 
-def _who(p: Any) -> str:
+def _who(p: GPUProcess) -> str:
     name = f" ({p.name})" if p.name else " (not visible from here)"
     mib = f", {p.used_mib / 1024:.1f} GiB" if p.used_mib else ""
     run = f", xl run {p.run_id}" if p.run_id else ""
@@ -96,7 +96,7 @@ def _theirs(pid: int) -> bool:
         return True
 
 
-def _free_them(procs: Sequence[Any]) -> str:
+def _free_them(procs: Sequence[GPUProcess]) -> str:
     """The command that frees a GPU of these processes: `xl stop` for xl's own runs, `kill`
     for the rest (`sudo kill` for another user's, or one not visible from here)."""
     runs = sorted({p.run_id for p in procs if p.run_id})

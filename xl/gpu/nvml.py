@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from xl.gpu.processes import identify
@@ -339,6 +339,12 @@ def _lost_gpu(index: int, s: _Static | None) -> GPU:
 # Public entry point
 
 
+def _unreadable(driver: Driver, why: str) -> Inventory:
+    """No GPUs, and why: the driver as it answered when NVML started, with the reason its GPUs
+    could not be read."""
+    return Inventory(driver=replace(driver, error=why, error_kind="other"))
+
+
 def inventory(*, processes: bool = True) -> Inventory:
     """Every GPU in nvidia-smi order with its current figures. Never raises; thread-safe."""
     global _state
@@ -352,14 +358,7 @@ def inventory(*, processes: bool = True) -> Inventory:
             except _Uninitialized:
                 _state = None  # initialise again, once
             except Exception as exc:  # a bug or a driver gone mad: say so, never crash a caller
-                return Inventory(
-                    driver=Driver(
-                        got.driver.version,
-                        got.driver.cuda_version,
-                        error=f"reading the GPUs failed: {type(exc).__name__}: {exc}",
-                        error_kind="other",
-                    )
-                )
+                return _unreadable(got.driver, f"reading the GPUs failed: {type(exc).__name__}: {exc}")
         return Inventory(
             driver=Driver(None, None, error="NVML keeps shutting down", error_kind="other")
         )
@@ -405,14 +404,7 @@ def _sweep(state: _State, *, processes: bool) -> Inventory:
     except pynvml.NVMLError as exc:
         if _nvml_code(exc) == _UNINITIALIZED:
             raise _Uninitialized from None
-        return Inventory(
-            driver=Driver(
-                state.driver.version,
-                state.driver.cuda_version,
-                error=f"cannot count the GPUs: {exc}",
-                error_kind="other",
-            )
-        )
+        return _unreadable(state.driver, f"cannot count the GPUs: {exc}")
     if state.count is not None and count != state.count:
         state.static.clear()  # GPUs came or went (driver reload, reconfigured): re-read all
     state.count = count
