@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from xl import envnames
+from xl.address import format_address
 from xl.errors import UsageError
 from xl.gpu.devices import find_gpu, judge_visible_devices
 from xl.gpu.health import busy
@@ -203,7 +205,7 @@ def rdzv_id(host: str, port: int, env: Mapping[str, str]) -> str:
     one after another, so a late or stale agent of another run never joins this one, and the
     token stays secret (12 hex digits of its SHA-256 on the command line). Without one (a dry
     run on node 0) it falls back to the endpoint."""
-    token = env.get("XL_TOKEN", "")
+    token = env.get(envnames.TOKEN, "")
     if token:
         return "xl-" + hashlib.sha256(token.encode()).hexdigest()[:12]
     return "xl-" + re.sub(r"[^A-Za-z0-9.-]", "-", f"{host}-{port}")
@@ -284,7 +286,7 @@ def build_plan(
         # learns each rank's global rank from the rank itself. Node 0, which runs on the --rdzv
         # host, serves the store (is_host): torch's guess from the hostname fails when the
         # address given is not what the hostname resolves to (hosts files, several interfaces).
-        endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        endpoint = format_address(host, port)
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id(host, port, env)]
         argv += ["--rdzv-conf", f"is_host={1 if spec.node_rank == 0 else 0}"]
     argv += ["--max-restarts", str(spec.max_restarts), "-m", ENTRY_MODULE]

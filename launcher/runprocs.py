@@ -22,11 +22,17 @@ from pathlib import Path
 
 import psutil
 
+from xl import envnames
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.layout import ESCAPED, RunLayout
 from xl.launcher.rundir.record import RunRecord
 
 ESCAPED_FILE = ESCAPED  # the old name, for modules that have not moved to rundir/layout.py yet
+
+
+def _needle(run_id: str) -> bytes:
+    """``XL_RUN_ID=<run_id>`` as it stands in /proc/<pid>/environ, between NULs."""
+    return f"\0{envnames.RUN_ID}={run_id}\0".encode()
 
 
 def _environ_has(pid: int, needle: bytes) -> bool:
@@ -41,7 +47,7 @@ def _environ_has(pid: int, needle: bytes) -> bool:
 def find_run_pids(run_id: str, *, exclude: Iterable[int] = ()) -> list[int]:
     """PIDs of live processes whose environment says ``XL_RUN_ID=<run_id>``."""
     skip = {os.getpid(), *exclude}
-    needle = b"\0XL_RUN_ID=" + run_id.encode() + b"\0"
+    needle = _needle(run_id)
     pids: list[int] = []
     if os.path.isdir("/proc"):
         for name in os.listdir("/proc"):
@@ -50,7 +56,7 @@ def find_run_pids(run_id: str, *, exclude: Iterable[int] = ()) -> list[int]:
         return pids
     for proc in psutil.process_iter():
         try:
-            if proc.pid not in skip and proc.environ().get("XL_RUN_ID") == run_id and alive(proc.pid):
+            if proc.pid not in skip and proc.environ().get(envnames.RUN_ID) == run_id and alive(proc.pid):
                 pids.append(proc.pid)
         except (psutil.Error, OSError):
             continue
@@ -136,7 +142,7 @@ def frozen(pid: int) -> bool:
 
 def is_run_process(pid: int, run_id: str) -> bool:
     """``pid`` carries ``XL_RUN_ID=<run_id>`` (a process of another user cannot be read: False)."""
-    return _environ_has(pid, b"\0XL_RUN_ID=" + run_id.encode() + b"\0")
+    return _environ_has(pid, _needle(run_id))
 
 
 def find_supervisor(run_dir: str) -> int | None:

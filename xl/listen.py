@@ -10,6 +10,9 @@ import os
 import secrets
 import sys
 
+from xl.address import format_address
+from xl.address import url_host as url_host  # tui/serve.py still takes it from here
+
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 
 
@@ -20,11 +23,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def url_host(host: str) -> str:
-    """``host`` as it stands in a URL (an IPv6 address in brackets)."""
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def token_from(var: str) -> str:
@@ -49,4 +47,4 @@ def warn_if_exposed(prog: str, host: str) -> None:
 
 def port_in_use(prog: str, host: str, port: int, exc: OSError) -> str:
     """The one line for a port that cannot be listened on."""
-    return f"{prog}: cannot listen on {url_host(host)}:{port} ({exc.strerror or exc}); pick another with --port"
+    return f"{prog}: cannot listen on {format_address(host, port)} ({exc.strerror or exc}); pick another with --port"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from xl import envnames
+
 
 def _xdg(var: str, fallback: str) -> Path:
     value = os.environ.get(var)
@@ -15,7 +17,7 @@ def _xdg(var: str, fallback: str) -> Path:
 
 def xl_home() -> Path:
     """Where runs live: ``$XL_HOME``, else the user data dir (``~/.local/share/xl``)."""
-    value = os.environ.get("XL_HOME")
+    value = os.environ.get(envnames.HOME)
     if value:
         return Path(value).expanduser()
     return _xdg("XDG_DATA_HOME", ".local/share") / "xl"
@@ -27,7 +29,7 @@ def runs_dir() -> Path:
 
 def config_dir() -> Path:
     """User settings (e.g. the launch form's last values): ``$XDG_CONFIG_HOME/xl``."""
-    value = os.environ.get("XL_CONFIG_HOME")
+    value = os.environ.get(envnames.CONFIG_HOME)
     if value:
         return Path(value).expanduser()
     return _xdg("XDG_CONFIG_HOME", ".config") / "xl"

@@ -18,16 +18,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xl import paths
+from xl import envnames, paths
+from xl.address import url_host
 from xl.atomic import write_atomic
 from xl.errors import ArgumentParser, UsageError
-from xl.listen import port_in_use, same_token, token_from, url_host, warn_if_exposed
+from xl.listen import port_in_use, same_token, token_from, warn_if_exposed
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 PROG = "xl exporter"
-TOKEN_VAR = "XL_EXPORTER_TOKEN"
+TOKEN_VAR = envnames.EXPORTER_TOKEN
 TOKEN_FILE = "exporter.token"
 # A scraper that stops sending mid-request holds a thread for at most this long.
 REQUEST_TIMEOUT_S = 10.0

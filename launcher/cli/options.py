@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from xl import envnames
+from xl.address import format_address
 from xl.errors import ArgumentParser, UsageError
 from xl.launcher.cli.accelconf import default_path, read_settings
 from xl.launcher.cli.interpreter import resolve_python
@@ -291,9 +293,7 @@ def _master_rdzv(ns: argparse.Namespace) -> str | None:
         return None
     if getattr(ns, "rdzv", None):
         raise UsageError("give --rdzv HOST:PORT (or --rdzv-endpoint) or --master-addr/--master-port, not both")
-    host = addr or "127.0.0.1"
-    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
-    return f"{host}:{port if port is not None else 29500}"
+    return format_address(addr or "127.0.0.1", port if port is not None else 29500)
 
 
 def spec_from_args(
@@ -330,7 +330,7 @@ def spec_from_args(
         )
     if ns.standalone and (spec.nnodes != 1 or spec.rdzv is not None):
         raise UsageError("--standalone is a one-node run; drop it, or --nnodes and --rdzv")
-    spec.env = parse_env_pairs([*ns.env, *(["XL_INSTRUMENT=0"] if ns.no_instrument else [])])
+    spec.env = parse_env_pairs([*ns.env, *([f"{envnames.INSTRUMENT}=0"] if ns.no_instrument else [])])
     spec.name = ns.name
     return spec
 

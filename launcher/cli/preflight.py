@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Any
 
+from xl import envnames
 from xl.errors import UsageError
 from xl.launcher.plan import Plan
 from xl.launcher.spec import LaunchSpec
@@ -27,7 +28,7 @@ def _torch_fix(python: str | None, env: dict[str, str], inv: Any) -> tuple[str, 
     from xl.doctor.facts import Facts  # noqa: PLC0415 - as above
     from xl.doctor.probes.pytorch import probe_torch, probe_torch_here  # noqa: PLC0415 - as above
 
-    if os.environ.get("XL_SIMULATED_GPUS") == "1":
+    if os.environ.get(envnames.SIMULATED_GPUS) == "1":
         return None  # GPUs of the simulated driver (tests, demos): a CPU torch is what runs them
     # The ranks' interpreter: this one, read in-process, unless --python names another.
     torch = probe_torch(python, env) if python else probe_torch_here()

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from xl import paths
+from xl import envnames, paths
+from xl.address import format_address
 from xl.errors import UsageError
 from xl.launcher.cli.options import (
     launch_parser,
@@ -30,7 +31,6 @@ from xl.launcher.cli.options import (
     spec_from_args,
 )
 from xl.launcher.multinode import slurm
-from xl.launcher.multinode.join import format_address
 from xl.launcher.plan import check_nproc, check_target, parse_rdzv
 from xl.launcher.rundir.record import read_json
 from xl.launcher.spec import LaunchSpec, spec_to_argv
@@ -189,7 +189,7 @@ def launch_slurm(ns: argparse.Namespace, script: str | None, module: str | None,
     task = slurm.node_argv(alloc, rdzv, run_id, node_launch_argv(ns, script, module, args))
     name = slurm.step_name(run_id)
     argv = slurm.srun_argv(alloc, task, name)
-    xl_env = {"XL_TOKEN": secrets.token_hex(16)}
+    xl_env = {envnames.TOKEN: secrets.token_hex(16)}
     if ns.dry_run:
         _print_dry_run(argv, xl_env, alloc, rdzv, run_id, ns.json)
         return 0

@@ -13,8 +13,9 @@ import contextlib
 import socket
 import subprocess
 
+from xl.address import format_address
 from xl.errors import UsageError
-from xl.launcher.multinode.join import format_address, listen_host
+from xl.launcher.multinode.join import listen_host
 from xl.launcher.plan import parse_rdzv
 from xl.launcher.spec import LaunchSpec
 

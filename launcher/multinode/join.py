@@ -25,17 +25,15 @@ import socket
 from collections.abc import Mapping, MutableMapping
 from dataclasses import replace
 
+from xl import envnames
+from xl.address import format_address
 from xl.errors import UsageError
 from xl.launcher.plan import parse_rdzv
 from xl.launcher.spec import LaunchSpec, spec_to_argv
 
-TOKEN_VAR = "XL_TOKEN"
-PORT_VAR = "XL_COLLECTOR_PORT"
+TOKEN_VAR = envnames.TOKEN  # the names the supervisor's hub and follower still use
+PORT_VAR = envnames.COLLECTOR_PORT
 _TOKEN = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")
-
-
-def format_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def hub_address(rdzv: str, env: Mapping[str, str]) -> tuple[str, int]:

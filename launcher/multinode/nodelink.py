@@ -34,7 +34,7 @@ from collections import deque
 from typing import Any
 
 from xl import handshake, wire
-from xl.launcher.multinode.join import format_address
+from xl.address import format_address
 from xl.launcher.multinode.protocol import MAX_LOG_CHUNK, clip_failure
 
 # Node 0 closes a connection that sent no valid frame within collector.IDLE_S (30 s) of opening,

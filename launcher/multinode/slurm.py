@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from xl import envnames
 from xl.errors import UsageError
 
 SCONTROL_TIMEOUT_S = 5.0
@@ -276,7 +277,7 @@ def signal_step(step: str, sig: str | None, run: Runner = _run) -> bool:
 
 
 def redacted(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if k == "XL_TOKEN" else v) for k, v in env.items()}
+    return {k: (REDACTED if k == envnames.TOKEN else v) for k, v in env.items()}
 
 
 # ------------------------------------------------------------------------------------ sbatch

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from xl import settings
+from xl import envnames, settings
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -54,12 +54,12 @@ class Thresholds:
         env = os.environ if env is None else env
         d = cls()
         return cls(
-            stall_min_s=_env_float(env, "XL_STALL_MIN_S", d.stall_min_s),
-            stall_factor=_env_float(env, "XL_STALL_FACTOR", d.stall_factor),
-            straggler_window_s=_env_float(env, "XL_STRAGGLER_WINDOW_S", d.straggler_window_s),
-            straggler_sustain=int(_env_float(env, "XL_STRAGGLER_SUSTAIN", d.straggler_sustain)),
-            straggler_min_wait_s=_env_float(env, "XL_STRAGGLER_MIN_WAIT_S", d.straggler_min_wait_s),
-            gpu_mem_high=_env_float(env, "XL_GPU_MEM_HIGH", d.gpu_mem_high),
+            stall_min_s=_env_float(env, envnames.STALL_MIN_S, d.stall_min_s),
+            stall_factor=_env_float(env, envnames.STALL_FACTOR, d.stall_factor),
+            straggler_window_s=_env_float(env, envnames.STRAGGLER_WINDOW_S, d.straggler_window_s),
+            straggler_sustain=int(_env_float(env, envnames.STRAGGLER_SUSTAIN, d.straggler_sustain)),
+            straggler_min_wait_s=_env_float(env, envnames.STRAGGLER_MIN_WAIT_S, d.straggler_min_wait_s),
+            gpu_mem_high=_env_float(env, envnames.GPU_MEM_HIGH, d.gpu_mem_high),
         )
 
 

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from xl.launcher.multinode.join import format_address
+from xl.address import format_address
 
 REOPEN_S = 0.5
 ACCEPTS_PER_TURN = 64

@@ -36,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from xl import handshake, wire
-from xl.launcher.multinode.join import format_address
+from xl.address import format_address
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.telemetry.listener import Listener
 

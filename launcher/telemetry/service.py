@@ -24,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from xl import wire
+from xl import envnames, wire
+from xl.address import format_address
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.events import append_event
 from xl.launcher.rundir.layout import RunLayout
@@ -146,9 +147,7 @@ class Telemetry:
         host = self._advertise
         if host is None:
             host = socket.getfqdn() if collector.host in ("0.0.0.0", "::", "") else collector.host
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return {"XL_COLLECTOR": f"{host}:{collector.port}", "XL_TOKEN": self.token}
+        return {envnames.COLLECTOR: format_address(host, collector.port), envnames.TOKEN: self.token}
 
     def set_ranks(self, ranks: list[dict[str, Any]]) -> None:
         with self._ranks_lock:

@@ -22,6 +22,7 @@ import os
 import time
 from typing import Any
 
+from xl import envnames
 from xl.client.sender import Sender
 
 __all__ = ["active", "announce", "flush", "log", "watch"]
@@ -131,7 +132,7 @@ _at_exit = close
 
 
 log: Any = _noop_log
-if os.environ.get("XL_COLLECTOR") and os.environ.get("XL_TOKEN"):
+if os.environ.get(envnames.COLLECTOR) and os.environ.get(envnames.TOKEN):
     with contextlib.suppress(Exception):
         _start()
     if _sender is not None:

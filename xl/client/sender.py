@@ -26,7 +26,7 @@ import time
 from collections import deque
 from typing import Any
 
-from xl import wire
+from xl import envnames, wire
 from xl.client.records import cuda_counters, sys_line, train_line
 from xl.client.spool import Spool
 from xl.client.watch import CommWatch
@@ -54,16 +54,16 @@ class Sender:
     """Everything the background thread owns. One instance per process (reset after fork)."""
 
     def __init__(self) -> None:
-        host, _, port = os.environ.get("XL_COLLECTOR", "").rpartition(":")
+        host, _, port = os.environ.get(envnames.COLLECTOR, "").rpartition(":")
         self.address = (host.strip("[]") or "127.0.0.1", int(port) if port.isdigit() else 0)
-        self.token = os.environ.get("XL_TOKEN", "").encode()
+        self.token = os.environ.get(envnames.TOKEN, "").encode()
         self.rank = _env_int("RANK", 0)
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self.pid = os.getpid()
-        self.spool = Spool(os.environ.get("XL_RUN_DIR"), self.rank, self.pid)
+        self.spool = Spool(os.environ.get(envnames.RUN_DIR), self.rank, self.pid)
         self.queue: deque[tuple[float, dict[str, Any]]] = deque()
         # Overridable so tests can make the queue overflow on purpose.
-        self.max_queue = max(1, _env_int("XL_LOG_QUEUE", MAX_QUEUE))
+        self.max_queue = max(1, _env_int(envnames.LOG_QUEUE, MAX_QUEUE))
         self.comm = CommWatch()
         self.dropped = 0
         self.owns_train = False
