@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xl.doctor.report import Report
 
@@ -43,7 +43,7 @@ def render_report(report: Report, strict: bool = False) -> RenderableType:
     from rich.table import Table  # noqa: PLC0415 - Rich (~45 ms) loads only to draw for a terminal
     from rich.text import Text  # noqa: PLC0415 - Rich (~45 ms) loads only to draw for a terminal
 
-    parts: list[Any] = []
+    parts: list[RenderableType] = []
     # One title width for every area, so the details line up down the whole report.
     title_w = max((len(c.title) for c in report.checks), default=10)
     for area, checks in report.by_area():

@@ -9,6 +9,11 @@ from xl.doctor.checks.derived import torch_cuda
 from xl.doctor.facts import Facts, Toolkit, major_minor, vtuple
 
 
+def usable(t: Toolkit) -> bool:
+    """Whether a fix may name this toolkit: it has an nvcc, a known version, and no problem."""
+    return bool(t.nvcc and t.version and not t.problem)
+
+
 def in_use_toolkit(f: Facts) -> Toolkit | None:
     """The toolkit builds use: CUDA_HOME's, else the one `nvcc` on PATH belongs to."""
     for real in (f.home_toolkit, f.path_toolkit):
@@ -20,7 +25,7 @@ def in_use_toolkit(f: Facts) -> Toolkit | None:
 
 def usable_toolkit(f: Facts) -> Toolkit | None:
     """The first toolkit with an nvcc and a known version, for fixes that must name one."""
-    return next((t for t in f.toolkits if t.nvcc and t.version and not t.problem), None)
+    return next((t for t in f.toolkits if usable(t)), None)
 
 
 def toolkit_with(f: Facts, cuda: str) -> Toolkit | None:
@@ -43,7 +48,7 @@ def preferred_toolkit(f: Facts) -> Toolkit | None:
         return choices[0]
     for real in (f.home_toolkit, f.path_toolkit):
         tk = f.toolkit_at(real) if real else None
-        if tk is not None and tk.nvcc and tk.version and not tk.problem:
+        if tk is not None and usable(tk):
             return tk
     return choices[0] if choices else None
 
@@ -60,8 +65,7 @@ def toolkit_choices(f: Facts, exclude: str | None = None) -> list[Toolkit]:
         match = 0 if t.short == tc else 1 if same_major else 2
         return (match if tc else 0, not t.has_headers, t is not in_use)
 
-    usable = [t for t in f.toolkits if t.nvcc and t.version and not t.problem and t.real != exclude]
-    return sorted(usable, key=rank)
+    return sorted((t for t in f.toolkits if usable(t) and t.real != exclude), key=rank)
 
 
 def export_toolkit(tk: Toolkit) -> str:

@@ -11,10 +11,13 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from xl.errors import ArgumentParser
 from xl.gpu.nvml import GPU, Inventory, inventory
+
+if TYPE_CHECKING:  # Rich is imported only for a colour terminal
+    from rich.console import RenderableType
 
 NA = "n/a"
 HEADERS = (
@@ -140,13 +143,13 @@ def render_plain(inv: Inventory) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_rich(inv: Inventory) -> Any:
+def render_rich(inv: Inventory) -> RenderableType:
     """A Rich renderable of the same content (Rich is imported only for a terminal)."""
     from rich.console import Group  # noqa: PLC0415 - Rich costs ~45 ms; only a colour terminal needs it
     from rich.table import Table  # noqa: PLC0415 - Rich costs ~45 ms; only a colour terminal needs it
     from rich.text import Text  # noqa: PLC0415 - Rich costs ~45 ms; only a colour terminal needs it
 
-    parts: list[Any] = [Text(headline(inv), style="bold red" if inv.driver.error else "bold")]
+    parts: list[RenderableType] = [Text(headline(inv), style="bold red" if inv.driver.error else "bold")]
     if inv.gpus:
         table = Table(show_edge=False, header_style="bold", pad_edge=False)
         for h in HEADERS:
