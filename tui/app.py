@@ -26,6 +26,7 @@ from textual.driver import Driver
 from textual.screen import Screen
 
 from xl.errors import EXIT_USAGE, ArgumentParser
+from xl.launcher.rundir.record import RunRecord
 from xl.tui import fmt
 from xl.tui.backend import Backend, LocalBackend
 from xl.tui.runview import FINISHED, outcome_text
@@ -229,7 +230,8 @@ class XLApp(App[None]):
             run = self.backend.run_record(run_dir)
         except Exception:  # an unreadable run.json still has a status to say
             run = {}
-        self.exit(return_code=0, message=outcome_text(run, run_dir.name, str(status), self.clock()))
+        record = RunRecord.from_json(run, run_dir.name)
+        self.exit(return_code=0, message=outcome_text(record, run_dir.name, str(status), self.clock()))
 
     def on_monitor_screen_notice_done(self, message: MonitorScreen.NoticeDone) -> None:
         # Every node joined or the run ended: the next Monitor of that run shows no notice.

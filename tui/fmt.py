@@ -8,23 +8,15 @@ from collections.abc import Callable
 
 from rich.text import Text
 
+from xl.launcher.rundir.runview import (
+    state_style as state_style,  # re-exported: one style table for states
+)
 from xl.units import mib as mib  # re-exported: one memory style for the app and the plain views
 
 # Tests and snapshots replace this to get a fixed "now" (deterministic elapsed / last seen).
 Clock = Callable[[], float]
 default_clock: Clock = time.time
 
-STATE_STYLE = {
-    "running": "green",
-    "straggler": "yellow",
-    "stalled": "bold yellow",
-    "waiting": "yellow",
-    "exited": "dim",
-    "stopped": "dim",
-    "failed": "bold red",
-    "succeeded": "green",
-    "orphaned": "magenta",
-}
 
 
 def duration(seconds: float | None) -> str:
@@ -92,4 +84,4 @@ def meter(fraction: float | None, width: int = 10, label: str = "", style: str |
 
 def state(name: str | None) -> Text:
     name = name or "-"
-    return Text(name, style=STATE_STYLE.get(name, ""))
+    return Text(name, style=state_style(name))

@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from xl.launcher.rundir import timing
+from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.reader import RunReader
-from xl.launcher.rundir.record import RunRecord, RunStatus, run_file
+from xl.launcher.rundir.record import RunRecord
+from xl.launcher.rundir.runview import RankView, RunView, state_style
 from xl.launcher.rundir.tail import RankLogs
 from xl.textsafe import bytes_for_terminal, visible
 from xl.units import mib
@@ -26,50 +29,44 @@ RENDER_S = 0.25
 
 
 @dataclass
-class RankLine:
-    """What the view shows of one rank."""
-
-    rank: int
-    state: str = "starting"
-    pid: int | None = None
-    gpu: Any = None
-    exit_code: int | None = None
-    last_line: str = ""
-    step: float | None = None
-    total_steps: float | None = None
-    loss: float | None = None
-    eval_loss: float | None = None  # the latest evaluation's (docs/frameworks.md)
-    epoch: float | None = None
-    samples_per_s: float | None = None
-    gpu_util: float | None = None
-    gpu_mem_used_mib: float | None = None
-    gpu_mem_total_mib: float | None = None
-    cpu_pct: float | None = None
-    rss_mib: float | None = None
-    diagnosis: str | None = None
-
-
-@dataclass
 class RunState:
-    """The view's model of a run: telemetry's RunReader plus each rank's last log line."""
+    """The console view's run: the reader's RunView (the one model every view draws), plus what
+    only this view shows, each rank's last line of output."""
 
     run_dir: Path
-    run: dict[str, Any] = field(default_factory=dict)
-    record: RunRecord | None = None  # run.json once it was read
-    ranks: dict[int, RankLine] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    new_events: list[dict[str, Any]] = field(default_factory=list)
+    view: RunView | None = None  # the latest poll's
+    last_line: dict[int, str] = field(default_factory=dict)
     new_lines: list[tuple[int, str]] = field(default_factory=list)
-    reader: RunReader | None = None
-    verdict: str | None = None  # the latest hang's verdict, while some rank is still stalled
+    reader: RunReader = field(init=False)
     read_lines: bool = True  # new_lines from the reader (False: the plain view copies the logs itself)
 
     def __post_init__(self) -> None:
         self.reader = RunReader(self.run_dir)
 
     @property
+    def loaded(self) -> bool:
+        """run.json was read: the run's status and record are known."""
+        return self.view is not None and self.view.loaded
+
+    @property
+    def record(self) -> RunRecord | None:
+        return self.view.record if self.view is not None and self.view.loaded else None
+
+    @property
+    def ranks(self) -> dict[int, RankView]:
+        return self.view.ranks if self.view is not None else {}
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return self.view.events[-50:] if self.view is not None else []
+
+    @property
+    def new_events(self) -> list[dict[str, Any]]:
+        return self.view.new_events if self.view is not None else []
+
+    @property
     def status(self) -> str:
-        return "starting" if self.record is None else self.record.status
+        return self.record.status if self.record is not None else "starting"
 
     @property
     def final(self) -> bool:
@@ -80,60 +77,34 @@ class RunState:
         """0 when the run succeeded, else 1 (failed, stopped, or the view was left early)."""
         return 1 if self.record is None else self.record.exit_code
 
+    @property
+    def verdict(self) -> str | None:
+        """The hang's verdict while one is in force (RunView.hang)."""
+        hang = self.view.hang if self.view is not None else None
+        return hang.message if hang is not None else None
+
+    @property
+    def failure(self) -> Failure | None:
+        """The root cause, once the run failed."""
+        return self.view.failure if self.view is not None and self.view.failed else None
+
     def poll(self) -> None:
-        assert self.reader is not None
-        view = self.reader.poll()
-        if view.run and view.run is not self.run:
-            self.run = view.run
-            self.record = RunRecord.from_json(view.run, self.run_dir.name)
-        self.events = view.events[-50:]
-        self.new_events = view.new_events
-        ranks = self.record.ranks if self.record else []
-        recorded = {r["rank"]: r for r in ranks if isinstance(r.get("rank"), int)}
-        for rank, rv in view.ranks.items():
-            line = self.ranks.setdefault(rank, RankLine(rank))
-            for key in ("pid", "gpu", "exit_code", "step", "total_steps", "loss", "samples_per_s",
-                        "gpu_util", "gpu_mem_used_mib", "gpu_mem_total_mib", "cpu_pct", "rss_mib", "diagnosis", "eval_loss", "epoch"):
-                setattr(line, key, getattr(rv, key))
-            # The supervisor's own word on a rank (e.g. "stopped" after another failed) wins;
-            # the reader's diagnosis (straggler, stalled) shows while it runs.
-            rec_state = (recorded.get(rank) or {}).get("state")
-            line.state = rv.state if rec_state in (None, "running") else rec_state
-        self._follow_verdict()
+        self.view = self.reader.poll()
         self.new_lines = []
         for rank in sorted(self.ranks) if self.read_lines else ():
             for text in self.reader.new_log_lines(rank):
                 text = visible(text.rsplit("\r", 1)[-1])  # a tqdm redraw: its latest state, shown safely
                 self.new_lines.append((rank, text))
                 if text.strip():
-                    self.ranks[rank].last_line = text.strip()
-
-    def _follow_verdict(self) -> None:
-        moved = False
-        for ev in self.new_events:
-            if ev.get("kind") == "hang":
-                self.verdict, moved = str(ev.get("message") or ""), False
-            moved = moved or (ev.get("kind") == "recovered" and ev.get("of") == "stalled")
-        if self.final or (moved and not any(r.state == "stalled" for r in self.ranks.values())):
-            self.verdict = None  # the hang is over: the ranks moved again, or the run ended
+                    self.last_line[rank] = text.strip()
 
     def elapsed(self) -> float:
-        rec = self.record
-        start = (rec.started_at if rec else None) or time.time()
-        end = (rec.ended_at if rec else None) or time.time()
-        return max(0.0, end - start)
-
-    @property
-    def failure(self) -> dict[str, Any]:
-        """run.json's failure when the run failed, else {}."""
-        rec = self.record
-        if rec is None or rec.status != RunStatus.FAILED:
-            return {}
-        return rec.failure or {}
+        took = self.view.elapsed(time.time()) if self.view is not None else None
+        return max(0.0, took or 0.0)
 
     @property
     def title(self) -> str:
-        return self.record.run_id if self.record else self.run_dir.name
+        return self.record.run_id if self.record is not None else self.run_dir.name
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -143,7 +114,7 @@ def _fmt(value: float | None, spec: str) -> str:
 def _summary(state: RunState) -> str:
     text = f"run {state.title} {state.status} after {state.elapsed():.1f}s"
     if state.failure:
-        text += f": {visible(str(state.failure.get('message') or ''))}"
+        text += f": {visible(state.failure.message)}"
     spent = timing.describe(state.record.get("time")) if state.final and state.record else None
     return f"{text}\n{spent}" if spent else text  # where the time went (docs/compare.md)
 
@@ -173,7 +144,7 @@ class _Plain:
 
     def __init__(self, state: RunState, out: TextIO, lines: bool) -> None:
         self.state, self.out = state, out
-        self.logs = RankLogs(state.run_dir / "logs") if lines else None
+        self.logs = RankLogs(RunLayout(state.run_dir).logs) if lines else None
         self.binary = bytes_for_terminal(out.buffer) if hasattr(out, "buffer") else None  # a terminal: escapes drawn
         self.held: list[tuple[float, dict[str, Any]]] = []
 
@@ -191,7 +162,7 @@ class _Plain:
         for rank, line in self.logs.last_line.items():
             text = visible(line.decode("utf-8", "replace").strip())  # for the table's last-line column
             if text and rank in self.state.ranks:
-                self.state.ranks[rank].last_line = text
+                self.state.last_line[rank] = text
         return moved
 
     def events(self, new: list[dict[str, Any]], *, force: bool = False) -> None:
@@ -225,7 +196,7 @@ def _pause(state: RunState) -> None:
     if not (state.ranks and all(r.exit_code is not None for r in state.ranks.values())):
         time.sleep(POLL_S)
         return
-    path = run_file(state.run_dir)
+    path = RunLayout(state.run_dir).run
     deadline = time.monotonic() + POLL_S
     before = _mtime(path)
     while time.monotonic() < deadline and _mtime(path) == before:
@@ -269,8 +240,8 @@ def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool =
     # every rank's state, pid, GPU, exit code and last figures, plain and aligned.
     print(render_text(state, width=max(100, _width(out))), file=out, end="")
     failure = state.failure
-    if failure.get("traceback"):
-        print(f"xl: traceback of rank {failure.get('rank')}:\n{visible(str(failure['traceback']), lines=True)}", file=out)
+    if failure is not None and failure.traceback:
+        print(f"xl: traceback of rank {failure.rank}:\n{visible(str(failure.traceback), lines=True)}", file=out)
     print(f"xl: {_summary(state)}", file=out, flush=True)
     return state.exit_code
 
@@ -287,7 +258,7 @@ def render_text(state: RunState, width: int = 120) -> str:
     evals = _has_eval(state)
     headers = _headers(evals)
     right = _RIGHT | ({len(headers) - 2} if evals else set())
-    rows = [_cells(state.ranks[rank], evals) for rank in sorted(state.ranks)]
+    rows = [_cells(state.ranks[rank], state.last_line.get(rank, ""), evals) for rank in sorted(state.ranks)]
     rows = [[*row[:-1], row[-1] + (f"{'  ' if row[-1] else ''}xl: {r.diagnosis}" if r.diagnosis else "")]
             for row, r in zip(rows, (state.ranks[k] for k in sorted(state.ranks)), strict=True)]
     widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers[:-1])]
@@ -325,14 +296,14 @@ def _headers(evals: bool) -> tuple[str, ...]:
     return (*_HEADERS[:-1], "eval", _HEADERS[-1]) if evals else _HEADERS
 
 
-def _eval(r: RankLine) -> str:
+def _eval(r: RankView) -> str:
     """The latest eval loss and, where logged, its epoch: "5.381 ep 2"."""
     if r.eval_loss is None:
         return ""
     return format(r.eval_loss, ".4g") + ("" if r.epoch is None else f" ep {r.epoch:.3g}")
 
 
-def _cells(r: RankLine, evals: bool = False) -> list[str]:
+def _cells(r: RankView, last_line: str, evals: bool = False) -> list[str]:
     """One rank's row of the table, as text."""
     shown = r.state
     if r.exit_code not in (None, 0):
@@ -351,20 +322,10 @@ def _cells(r: RankLine, evals: bool = False) -> list[str]:
     pid = "" if r.pid is None else str(r.pid)
     gpu = "cpu" if r.gpu is None else str(r.gpu)
     cells = [str(r.rank), shown, pid, gpu, step, _fmt(r.samples_per_s, ".1f"), _fmt(r.loss, ".4g"), util, mem]
-    return [*cells, _eval(r), r.last_line] if evals else [*cells, r.last_line]
+    return [*cells, _eval(r), last_line] if evals else [*cells, last_line]
 
 
 # ---------------------------------------------------------------------------------- Rich live view
-_STATE_STYLE = {
-    "running": "green",
-    "starting": "dim",
-    "exited": "cyan",
-    "failed": "bold red",
-    "stopped": "yellow",
-    "stalled": "bold yellow",
-    "waiting": "yellow",  # in a collective, for the stalled rank a hang's verdict names
-    "straggler": "yellow",
-}
 
 
 def render(state: RunState, *, events: bool = True, ascii_only: bool = False, width: int | None = None) -> Any:
@@ -400,9 +361,9 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False, wi
     ):
         table.add_column(col, **kw)
     for rank in sorted(state.ranks):
-        r = state.ranks[rank]
-        cells = _cells(r, evals)
-        table.add_row(cells[0], Text(cells[1], style=_STATE_STYLE.get(r.state, "")), *cells[2:-1], _last_line(r, Text))
+        r, last = state.ranks[rank], state.last_line.get(rank, "")
+        cells = _cells(r, last, evals)
+        table.add_row(cells[0], Text(cells[1], style=state_style(r.state)), *cells[2:-1], _last_line(r, last, Text))
     parts: list[Any] = [table]
     if state.verdict:
         parts.append(Text(f"hang: {visible(state.verdict)}", style="bold yellow"))
@@ -414,11 +375,11 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False, wi
 _EVAL_MIN_WIDTH = 100  # narrower, an eval column would squeeze the loss to "0.…" (the end table has it)
 
 
-def _last_line(r: RankLine, text: Any) -> Any:
+def _last_line(r: RankView, last: str, text: Any) -> Any:
     """What the rank last printed, first; xl's diagnosis of it after, never in its place."""
-    out = text(r.last_line)
+    out = text(last)
     if r.diagnosis:
-        out.append(("  " if r.last_line else "") + f"xl: {r.diagnosis}", style="yellow")
+        out.append(("  " if last else "") + f"xl: {r.diagnosis}", style="yellow")
     return out
 
 
@@ -443,8 +404,8 @@ def watch_live(state: RunState, on_tick: Any = None) -> int:
                 on_tick()
             time.sleep(POLL_S)
     failure = state.failure
-    if failure.get("traceback"):
-        console.print(Panel(visible(str(failure["traceback"]), lines=True), title=f"rank {failure.get('rank')} traceback", border_style="red"))
+    if failure is not None and failure.traceback:
+        console.print(Panel(visible(str(failure.traceback), lines=True), title=f"rank {failure.rank} traceback", border_style="red"))
     console.print(_summary(state), style="red" if state.exit_code else "green", highlight=False)
     return state.exit_code
 

@@ -14,149 +14,21 @@ from __future__ import annotations
 
 import math
 import os
-from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rundir.events import EVENTS_FILE
 from xl.launcher.rundir.jsonl import decode_lines
-from xl.launcher.rundir.metrics import METRICS_FILE
-from xl.launcher.rundir.record import RunRecord, RunStatus, read_object, run_file
+from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.rundir.outcome import DONE_STATES, rank_outcome
+from xl.launcher.rundir.record import RunRecord, RunStatus, read_object
+from xl.launcher.rundir.runview import HangRule, RankView, RunView, failure_of
 from xl.launcher.rundir.tail import Tail
 
-HISTORY = 600  # points kept per series and rank, spread over the whole run
+__all__ = ["RankView", "RunReader", "RunView"]  # the model's types, where the reader's users look
+
 # On first open of a huge metrics file, only its tail is read: the view needs recent values.
 MAX_INITIAL_BYTES = 64 << 20
 _MAX_EVENTS = 5000
-
-
-class History:
-    """A rank's (t, value) points over the whole run, at most ``cap`` of them.
-
-    A deque of the last N points shows only the last few seconds of a rank that logs a hundred
-    times a second. Here, whenever the kept points reach ``cap``, every other one goes and from
-    then on only every 2nd (then 4th, ...) new point is kept: the points stay evenly spread from
-    the first to the newest, which is always there (the view shows the latest value).
-    """
-
-    __slots__ = ("_cap", "_kept", "_latest", "_skip", "_stride")
-
-    def __init__(self, cap: int = HISTORY) -> None:
-        self._cap = max(2, cap)
-        self._kept: list[tuple[float, float]] = []
-        self._latest: tuple[float, float] | None = None  # newest point, when not kept
-        self._stride = 1
-        self._skip = 0
-
-    def append(self, point: tuple[float, float]) -> None:
-        self._skip += 1
-        if self._skip < self._stride:
-            self._latest = point
-            return
-        self._skip = 0
-        self._latest = None
-        self._kept.append(point)
-        if len(self._kept) >= self._cap:
-            del self._kept[1::2]
-            if self._kept[-1] is not point:
-                # It went with the others: it stays shown until a newer one comes, and the next
-                # point kept is one new stride after the last one kept.
-                self._latest = point
-                self._skip = self._stride
-            self._stride *= 2
-
-    def _points(self) -> list[tuple[float, float]]:
-        return self._kept if self._latest is None else [*self._kept, self._latest]
-
-    def __len__(self) -> int:
-        return len(self._kept) + (self._latest is not None)
-
-    def __iter__(self) -> Iterator[tuple[float, float]]:
-        return iter(self._points())
-
-    def __getitem__(self, index: int) -> tuple[float, float]:
-        if index == -1 and self._latest is not None:
-            return self._latest
-        return self._points()[index]
-
-    def __repr__(self) -> str:
-        return f"History({self._points()!r})"
-
-
-@dataclass
-class RankView:
-    rank: int
-    node: str | None = None  # the host, as run.json names it
-    node_rank: int | None = None  # xl's node rank: tells apart two nodes on one host
-    gpu: Any = None
-    pid: int | None = None
-    state: str = "running"  # running|straggler|stalled|exited|failed|stopped
-    step: float | None = None
-    total_steps: float | None = None
-    loss: float | None = None
-    eval_loss: float | None = None  # the latest evaluation's, never a training loss (docs/frameworks.md)
-    epoch: float | None = None
-    lr: float | None = None
-    samples_per_s: float | None = None
-    tokens_per_s: float | None = None
-    steps_per_s: float | None = None
-    gpu_util: float | None = None
-    gpu_mem_used_mib: float | None = None
-    gpu_mem_total_mib: float | None = None
-    rss_mib: float | None = None
-    cpu_pct: float | None = None
-    comm_wait_s: float | None = None
-    cuda_alloc_mib: float | None = None  # torch's own counters, from ranks that use CUDA
-    cuda_reserved_mib: float | None = None
-    last_seen: float | None = None
-    exit_code: int | None = None
-    diagnosis: str | None = None  # the message of the stalled/straggler event in force
-    loss_history: History = field(default_factory=History)
-    samples_history: History = field(default_factory=History)
-    gpu_util_history: History = field(default_factory=History)
-    _steps: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64), repr=False)
-    _flag: str | None = field(default=None, repr=False)
-
-    @property
-    def progress(self) -> float | None:
-        if self.step is None or not self.total_steps:
-            return None
-        return max(0.0, min(1.0, self.step / self.total_steps))
-
-    @property
-    def eta_s(self) -> float | None:
-        """Seconds to total_steps at the recent step rate (None when unknown)."""
-        if self.step is None or not self.total_steps or len(self._steps) < 2:
-            return None
-        (t0, s0), (t1, s1) = self._steps[0], self._steps[-1]
-        if t1 <= t0 or s1 <= s0:
-            return None
-        rate = (s1 - s0) / (t1 - t0)
-        return max(0.0, (self.total_steps - self.step) / rate)
-
-
-@dataclass
-class RunView:
-    run: dict[str, Any]
-    ranks: dict[int, RankView]
-    events: list[dict[str, Any]]
-    new_events: list[dict[str, Any]]
-    collector: dict[str, Any] | None = None
-
-    @property
-    def record(self) -> RunRecord:
-        """run.json as the typed record (an empty one, status "unknown", before it is read)."""
-        return RunRecord.from_json(self.run)
-
-    @property
-    def status(self) -> str:
-        return self.record.status
-
-    @property
-    def run_id(self) -> str | None:
-        return self.record.run_id or None
 
 
 def _num(value: Any) -> float | None:
@@ -185,10 +57,12 @@ _SYS_KEYS = (
 class RunReader:
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.run_dir = Path(run_dir)
-        self._metrics = Tail(self.run_dir / METRICS_FILE, MAX_INITIAL_BYTES)
-        self._events = Tail(self.run_dir / EVENTS_FILE)
-        self._run: dict[str, Any] = {}
+        self.layout = RunLayout(self.run_dir)
+        self._metrics = Tail(self.layout.metrics, MAX_INITIAL_BYTES)
+        self._events = Tail(self.layout.events)
+        self._loaded = False  # run.json read once
         self._record = RunRecord.from_json({})
+        self._hangs = HangRule()
         self._run_mtime: int | None = None
         self._collector_mtime: int | None = None
         self._collector: dict[str, Any] | None = None
@@ -216,13 +90,11 @@ class RunReader:
         return obj, (mtime if obj is not None else last_mtime)
 
     def poll(self) -> RunView:
-        run, self._run_mtime = self._read_json(run_file(self.run_dir), self._run_mtime)
-        if run is not None:
-            self._run = run
+        run, self._run_mtime = self._read_json(self.layout.run, self._run_mtime)
+        if run is not None:  # parsed once per change of run.json, not once per view that draws it
+            self._loaded = True
             self._record = RunRecord.from_json(run, self.run_dir.name)
-        status, self._collector_mtime = self._read_json(
-            self.run_dir / "collector.json", self._collector_mtime
-        )
+        status, self._collector_mtime = self._read_json(self.layout.collector, self._collector_mtime)
         if status is not None:
             self._collector = status
         self._apply_metrics(decode_lines(self._metrics.read()))
@@ -240,12 +112,16 @@ class RunReader:
         if new_events or applied != self._applied:
             self._apply_run()
             self._applied = applied
+        events = list(self._event_list)
         return RunView(
-            run=self._run,
+            record=self._record,
             ranks=dict(sorted(self._ranks.items())),
-            events=list(self._event_list),
+            events=events,
             new_events=new_events,
             collector=self._collector,
+            loaded=self._loaded,
+            hang_found=self._hangs.hang,
+            failure=failure_of(self._record, events),
         )
 
     def _apply_metrics(self, records: list[Any]) -> None:
@@ -330,13 +206,14 @@ class RunReader:
             if key in rec:
                 setattr(view, key, _num(rec[key]))
         if "gpu" in rec:
-            view.gpu = rec["gpu"]
+            view.gpu = _gpu(rec["gpu"])
         if isinstance(rec.get("pid"), int) and view.pid is None:
             view.pid = rec["pid"]
         if view.gpu_util is not None and "gpu_util" in rec:
             view.gpu_util_history.append((t, view.gpu_util))
 
     def _apply_event(self, event: dict[str, Any]) -> None:
+        self._hangs.see(event)
         rank = event.get("rank")
         if not isinstance(rank, int):
             return
@@ -356,39 +233,29 @@ class RunReader:
     def _apply_run(self) -> None:
         stopped = self._record.status == RunStatus.STOPPED
         culprit = (self._record.failure or {}).get("rank")
-        ended: dict[int, str] = {}  # the supervisor's own verdict per rank, when it gave one
+        recorded: dict[int, object] = {}  # run.json's state of each rank
         for info in self._record.ranks:
             if not isinstance(info.get("rank"), int):
                 continue
             view = self._rank(info["rank"])
-            for key in ("node", "node_rank", "gpu", "pid"):
-                if info.get(key) is not None:
-                    setattr(view, key, info[key])
-            code = info.get("exit_code")
-            view.exit_code = code if isinstance(code, int) else None
-            if info.get("state") in ("exited", "failed", "stopped"):
-                ended[view.rank] = info["state"]
+            _take_row(view, info)
+            recorded[view.rank] = info.get("state")
         for view in self._ranks.values():
-            if view.exit_code is not None:
-                if view.exit_code == 0:
-                    view.state = "exited"
-                elif view.rank in ended:
-                    view.state = ended[view.rank]
-                elif stopped or (isinstance(culprit, int) and view.rank != culprit):
-                    # A rank the supervisor ended because another one failed was stopped;
-                    # only the root cause failed.
-                    view.state = "stopped"
-                else:
-                    view.state = "failed"
-            elif stopped:
-                view.state = "stopped"
+            said = recorded.get(view.rank)
+            if view.exit_code is not None or stopped or (isinstance(said, str) and said in DONE_STATES):
+                # Ended (or ended by the run's stop): the one rank-outcome rule. A rank the
+                # supervisor ended because another one failed was stopped; only the root cause failed.
+                blamed = not isinstance(culprit, int) or view.rank == culprit
+                view.state = rank_outcome(view.exit_code, stopped=stopped, recorded=said, blamed=blamed).value
             else:
-                view.state = view._flag or "running"
+                # Alive: a diagnosis in force, else what run.json says ("starting" until the
+                # supervisor learned its pid), else running.
+                view.state = view._flag or ("starting" if said == "starting" else "running")
 
     # -- logs -------------------------------------------------------------------------------
 
     def log_path(self, rank: int) -> Path:
-        return self.run_dir / "logs" / f"rank-{rank}.log"
+        return self.layout.rank_log(rank)
 
     def read_log(self, rank: int, max_lines: int = 200) -> list[str]:
         """The last ``max_lines`` lines of a rank's log (reads at most the last 1 MiB)."""
@@ -418,3 +285,22 @@ class RunReader:
         """How many of a rank's log lines its tail left out (those before its last MiB)."""
         tail = self._log_tails.get(rank)
         return 0 if tail is None else tail.skipped_lines
+
+
+def _gpu(value: Any) -> int | str | None:
+    """A rank's GPU as a record names it: its index (or a name, e.g. a MIG UUID)."""
+    return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+
+
+def _take_row(view: RankView, info: dict[str, Any]) -> None:
+    """A rank's row of run.json onto its view: where it runs, its pid and how it ended."""
+    if info.get("node") is not None:
+        view.node = str(info["node"])
+    if isinstance(info.get("node_rank"), int):
+        view.node_rank = info["node_rank"]
+    if info.get("gpu") is not None:
+        view.gpu = _gpu(info["gpu"])
+    if isinstance(info.get("pid"), int):
+        view.pid = info["pid"]
+    code = info.get("exit_code")
+    view.exit_code = code if isinstance(code, int) else None

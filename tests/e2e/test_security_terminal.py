@@ -30,6 +30,7 @@ from procs import (
     xl_env,
 )
 
+from xl.launcher.rundir.outcome import Failure
 from xl.textsafe import visible
 from xl.tui.screens.monitor import failure_text
 from xl.tui.screens.stacks import stacks_text
@@ -135,8 +136,8 @@ def test_escapes_from_ranks_are_drawn_on_every_terminal_view(tmp_path: Path) -> 
 
 
 def test_the_apps_banners_and_stacks_draw_control_characters() -> None:
-    run = {"failure": {"rank": 1, "exit_code": 1, "traceback": f"Traceback\n  File x\nValueError: {CLIP}"}}
-    banner = failure_text(run, [], keep=5)
+    failure = Failure.from_json({"rank": 1, "exit_code": 1, "traceback": f"Traceback\n  File x\nValueError: {CLIP}"})
+    banner = failure_text(failure, keep=5)
     assert banner is not None and "\x1b" not in banner.plain and "\x07" not in banner.plain
     assert "ValueError: ␛]52;c;SGVsbG8=␇" in banner.plain and banner.plain.count("\n") == 3
     doc = {"ranks": [{"rank": 0, "pid": 1, "threads": [{"name": TITLE, "frames": [{"file": "a\x1b[2J.py", "line": 1, "function": "f"}]}]}]}

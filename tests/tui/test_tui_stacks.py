@@ -7,6 +7,7 @@ from typing import Any
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
+from xl.launcher.rundir.runview import Hang, HangRule
 from xl.tui.screens.stacks import StacksScreen
 from xl.tui.widgets.verdict import VerdictBanner, verdict_text
 
@@ -24,13 +25,21 @@ DOC: dict[str, Any] = {
 HANG = {"t": 5.0, "kind": "hang", "rank": 1, "ranks": [1], "message": DOC["verdict"]["message"], "stacks": "stacks/1.json"}
 
 
-def test_the_banner_shows_the_verdict_until_the_culprit_moves_or_the_run_ends() -> None:
-    assert verdict_text([]) is None
-    shown = verdict_text([HANG])
+def _hang(*events: dict[str, Any]) -> Hang | None:
+    rule = HangRule()
+    for event in events:
+        rule.see(event)
+    return rule.hang
+
+
+def test_the_banner_shows_the_verdict_until_the_culprit_moves() -> None:
+    """Whether the hang is over is the model's (tests/launcher/rundir/test_runview.py); the
+    banner draws the hang in force."""
+    assert verdict_text(None) is None
+    shown = verdict_text(_hang(HANG))
     assert shown is not None and "rank 1 never entered all_reduce #12" in shown.plain
-    assert verdict_text([HANG, {"kind": "recovered", "of": "stalled", "rank": 0}]) is not None  # a victim moving
-    assert verdict_text([HANG, {"kind": "recovered", "of": "stalled", "rank": 1}]) is None
-    assert verdict_text([HANG], final=True) is None
+    assert verdict_text(_hang(HANG, {"kind": "recovered", "of": "stalled", "rank": 0})) is not None  # a victim moving
+    assert verdict_text(_hang(HANG, {"kind": "recovered", "of": "stalled", "rank": 1})) is None
 
 
 class _Host(App[None]):
@@ -49,7 +58,7 @@ async def test_the_stacks_screen_shows_the_chosen_rank_and_asks_again() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         banner = app.query_one(VerdictBanner)
         assert not banner.display
-        banner.show([HANG])
+        banner.show(_hang(HANG))
         assert banner.display
         await app.push_screen(StacksScreen(1, fetch))
         await app.workers.wait_for_complete()

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual import events, work
@@ -20,18 +19,7 @@ from textual.worker import get_current_worker
 from xl.launcher.rundir import timing
 from xl.textsafe import visible
 from xl.tui import fmt
-from xl.tui.runview import (
-    FINISHED,
-    Progress,
-    devices_text,
-    elapsed,
-    history,
-    node_labels,
-    node_order,
-    progress,
-    run_field,
-    world_size,
-)
+from xl.tui.runview import FINISHED
 from xl.tui.screens.base import XLScreen
 from xl.tui.screens.confirm import ConfirmScreen
 from xl.tui.screens.stacks import StacksScreen
@@ -42,7 +30,9 @@ from xl.tui.widgets.text_lines import TextLines
 from xl.tui.widgets.verdict import VerdictBanner
 
 if TYPE_CHECKING:
-    from xl.launcher.rundir.reader import RunReader, RunView
+    from xl.launcher.rundir.outcome import Failure
+    from xl.launcher.rundir.reader import RunReader
+    from xl.launcher.rundir.runview import Progress, RunView
 
 RANK_KEYS = Binding.Group("Rank", compact=True)
 CHARTS_MIN_HEIGHT = 32
@@ -50,51 +40,38 @@ PROGRESS_WIDTH = 32  # cells of the progress bar
 LOG_TAIL = 400  # lines shown when switching to a rank; older output stays in the run dir
 
 
-def _all_nodes_joined(run: dict[str, Any]) -> bool:
-    """Every node of a multi-node run has a rank with a pid in node 0's run.json."""
-    nnodes = int(run.get("nnodes") or 1)
-    joined = {r.get("node_rank", r.get("node")) for r in run.get("ranks") or [] if r.get("pid")}
-    return len(joined) >= nnodes
-
-
-def header_text(run: dict[str, Any], ranks: Mapping[int, Any], nodes: list[str], dir_name: str, now: float) -> Text:
+def header_text(view: RunView, dir_name: str, now: float) -> Text:
     """The Monitor's first line: the run's name, id and status, elapsed time, world size, its
     node (the number of nodes when more than one) and devices."""
-    status = str(run_field(run, "status") or "unknown")
+    rec, nodes = view.record, view.nodes
     header = Text()
-    header.append(f"{run_field(run, 'name') or dir_name}", style="bold")
-    header.append(f"  [{run_field(run, 'run_id') or dir_name}]  ", style="dim")
-    header.append(status, style=fmt.STATE_STYLE.get(status, "bold"))
-    header.append(f"   elapsed {fmt.duration(elapsed(run, now))}")
-    header.append(f"   world size {world_size(run, ranks)}")
+    header.append(f"{rec.name or dir_name}", style="bold")
+    header.append(f"  [{rec.run_id or dir_name}]  ", style="dim")
+    header.append(rec.status, style=fmt.state_style(rec.status, "bold"))
+    header.append(f"   elapsed {fmt.duration(view.elapsed(now))}")
+    header.append(f"   world size {view.world_size}")
     if len(nodes) > 1:
         header.append(f" on {len(nodes)} nodes")
     elif nodes:
         header.append(f" on {nodes[0]}")  # the rank table has no Node column for one node
-    header.append(f"   devices {devices_text(run)}")
-    spent = timing.describe(run.get("time")) if status in FINISHED else None
+    header.append(f"   devices {view.devices_text}")
+    spent = timing.describe(rec.get("time")) if view.final else None
     if spent:  # a finished run: where its time went (docs/compare.md)
         header.append(f"\n{spent}", style="dim")
     return header
 
 
-def failure_text(run: dict[str, Any], events: list[dict[str, Any]], keep: int) -> Text | None:
+def failure_text(failure: Failure | None, keep: int) -> Text | None:
     """The failure banner: the rank that failed first and the last ``keep`` lines of its
-    traceback (run.json's root cause, else the latest failure event); None while none failed."""
-    failure = run.get("failure")
-    if not failure:
-        for event in reversed(events):
-            if event.get("kind") == "failure":
-                failure = {"rank": event.get("rank"), "message": event.get("message")}
-                break
-    if not failure:
+    traceback (the run's root cause, RunView.failure); None while none failed."""
+    if failure is None:
         return None
     text = Text()
-    text.append(f"✗ Run failed: rank {failure.get('rank')} failed first", style="bold")
-    if failure.get("exit_code") is not None:
-        text.append(f" (exit code {failure['exit_code']})")
+    text.append(f"✗ Run failed: rank {failure.rank} failed first", style="bold")
+    if failure.exit_code is not None:
+        text.append(f" (exit code {failure.exit_code})")
     text.append("\n")
-    trace = failure.get("traceback") or failure.get("message") or ""
+    trace = failure.traceback or failure.message or ""
     lines = str(trace).strip().splitlines()
     if len(lines) > keep:
         lines = ["…", *lines[-keep:]]  # the end of a traceback says what happened
@@ -330,50 +307,39 @@ class MonitorScreen(XLScreen):
             else:
                 log.follow(message.log_lines)
 
-    def _render_view(self, view: Any) -> None:
-        run = getattr(view, "run", {}) or {}
-        ranks = getattr(view, "ranks", {}) or {}
-        now = self.clock()
-        status = str(run_field(run, "status") or "unknown")
-        if status != self.status:
-            self.status = status
+    def _render_view(self, view: RunView) -> None:
+        ranks, now = view.ranks, self.clock()
+        if view.status != self.status:
+            self.status = view.status
             self.refresh_bindings()  # the footer drops "Stop run" and "Detach" once the run is over
-            if status in FINISHED:
+            if view.final:
                 self._close_when_done.arm()
-        if self._notice is not None and (self.status in FINISHED or _all_nodes_joined(run)):
+        if self._notice is not None and (view.final or view.all_nodes_joined):
             self._notice = None
             self.post_message(self.NoticeDone(self.run_dir))
             self.query_one("#notice-banner").display = False
-        labels = node_labels(ranks)
-        self._set_text("#run-header", header_text(run, ranks, node_order(labels), self.run_dir.name, now))
-        self._render_banners(run, getattr(view, "events", []) or [])
-        self._render_progress(ranks, now)
-        table = self.query_one(RankTable)
-        table.update_ranks(ranks, now, labels)
-        charts = self.query_one("#charts")
-        if charts.display:
-            t0 = run_field(run, "started_at") or min(
-                (pts[0][0] for rv in ranks.values() if (pts := history(rv, "loss"))), default=now
-            )
-            self.query_one("#chart-loss", MetricChart).set_series(
-                {r: history(rv, "loss") for r, rv in ranks.items()}, t0=t0, highlight=self._log_rank
-            )
-            self.query_one("#chart-sps", MetricChart).set_series(
-                {r: history(rv, "samples_per_s") for r, rv in ranks.items()}, t0=t0, highlight=self._log_rank
-            )
+        self._set_text("#run-header", header_text(view, self.run_dir.name, now))
+        self._render_banners(view)
+        self._render_progress(view.progress())
+        self.query_one(RankTable).update_ranks(ranks, now, view.node_labels)
+        if self.query_one("#charts").display:
+            t0 = view.record.started_at or min((rv.loss_history[0][0] for rv in ranks.values() if rv.loss_history), default=now)
+            losses = {r: rv.loss_history for r, rv in ranks.items()}
+            self.query_one("#chart-loss", MetricChart).set_series(losses, t0=t0, highlight=self._log_rank)
+            rates = {r: rv.samples_history for r, rv in ranks.items()}
+            self.query_one("#chart-sps", MetricChart).set_series(rates, t0=t0, highlight=self._log_rank)
 
-    def _render_banners(self, run: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    def _render_banners(self, view: RunView) -> None:
         banner = self.query_one("#failure-banner", Static)
-        text = failure_text(run, events, keep=6 if self.app.size.height >= CHARTS_MIN_HEIGHT else 3)
+        text = failure_text(view.failure, keep=6 if self.app.size.height >= CHARTS_MIN_HEIGHT else 3)
         banner.display = text is not None
         if text is not None:
             banner.update(text)
-        self.query_one(VerdictBanner).show(events, final=self.status in FINISHED)
+        self.query_one(VerdictBanner).show(view.hang)
 
-    def _render_progress(self, ranks: dict, now: float) -> None:
+    def _render_progress(self, prog: Progress | None) -> None:
         """A line of text, not Textual's ProgressBar: that one repaints itself on a timer of its
         own every second, between the Monitor's refreshes, which cost as much as the line is worth."""
-        prog = progress(ranks, self.status in FINISHED)
         self.query_one("#progress").display = prog is not None
         if prog is not None:
             self._set_text("#progress", progress_text(prog))

@@ -8,7 +8,7 @@ then comes from the widget's cache.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len, set_cell_size
 from rich.console import Console
@@ -19,28 +19,31 @@ from rich.text import Text
 from xl.tui import fmt
 from xl.tui.widgets.text_lines import text_segments
 
+if TYPE_CHECKING:
+    from xl.launcher.rundir.runview import RankView
+
 PADDING = 1  # blank columns either side of each cell
 
 
-def rank_values(rv: Any, now: float, node: str | None) -> tuple[Any, ...]:
+def rank_values(rv: RankView, now: float, node: str | None) -> tuple[Any, ...]:
     """What a rank's row shows, as plain values: cheap to compare, and a snapshot (the reader
     goes on updating its RankView objects while the table draws)."""
     return (
         rv.rank,
-        getattr(rv, "state", None),
-        getattr(rv, "step", None),
-        getattr(rv, "total_steps", None),
-        getattr(rv, "loss", None),
-        getattr(rv, "samples_per_s", None),
-        getattr(rv, "gpu_util", None),
-        getattr(rv, "gpu_mem_used_mib", None),
-        getattr(rv, "gpu_mem_total_mib", None),
-        getattr(rv, "rss_mib", None),
-        getattr(rv, "gpu", None),
+        rv.state,
+        rv.step,
+        rv.total_steps,
+        rv.loss,
+        rv.samples_per_s,
+        rv.gpu_util,
+        rv.gpu_mem_used_mib,
+        rv.gpu_mem_total_mib,
+        rv.rss_mib,
+        rv.gpu,
         node,
-        fmt.ago(getattr(rv, "last_seen", None), now),
-        getattr(rv, "eval_loss", None),
-        getattr(rv, "epoch", None),
+        fmt.ago(rv.last_seen, now),
+        rv.eval_loss,
+        rv.epoch,
     )
 
 

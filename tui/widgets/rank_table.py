@@ -14,7 +14,7 @@ a row is its cells' segments under the row's style, and only rows whose cells ch
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.segment import Segment
 from rich.style import Style
@@ -27,9 +27,12 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from xl.tui.runview import node_labels, node_order
+from xl.launcher.rundir.runview import node_order
 from xl.tui.widgets.gpu_table import value_key
 from xl.tui.widgets.rank_cells import PADDING, cell_segments, format_cells, join_row, rank_values
+
+if TYPE_CHECKING:
+    from xl.launcher.rundir.runview import RankView
 
 # What matters most comes first: on an 80-column terminal everything up to Memory shows (80
 # columns with their padding) and the right end is scrolled off. Fixed widths: a value that
@@ -154,10 +157,6 @@ class RankTable(ScrollView, can_focus=True):
             self._cell_keys[rank] = {col: value_key(value) for col, value in cells.items()}
         return cells
 
-    def show_rank(self, rank: int) -> None:
-        if rank in self._index:
-            self.move_cursor(self._index[rank])
-
     def move_cursor(self, row: int) -> None:
         if not self._rows:
             return
@@ -220,15 +219,11 @@ class RankTable(ScrollView, can_focus=True):
             return self._columns  # a shorter new name fits: no need to lay out again
         return (("node", "Node", width), *AFTER_NODE, *tail)
 
-    def update_ranks(
-        self, ranks: Mapping[int, Any], now: float, labels: Mapping[int, str | None] | None = None
-    ) -> None:
-        """Show ``ranks`` (the reader's RankViews) as of ``now``; ``labels`` are their node_labels
-        when the caller has them already."""
-        if labels is None:
-            labels = node_labels(ranks)
+    def update_ranks(self, ranks: Mapping[int, RankView], now: float, labels: Mapping[int, str | None]) -> None:
+        """Show ``ranks`` (the RunView's) as of ``now``, each on the node ``labels`` names
+        (RunView.node_labels)."""
         nodes = node_order(labels)
-        columns = self._layout(nodes, any(getattr(rv, "eval_loss", None) is not None for rv in ranks.values()))
+        columns = self._layout(nodes, any(rv.eval_loss is not None for rv in ranks.values()))
         relayout = columns != self._columns
         if relayout:
             # A second node appeared (or a longer node name): every line is drawn again, once.

@@ -10,7 +10,8 @@ import pytest
 
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir import jsonl
-from xl.launcher.rundir.reader import HISTORY, History, RunReader
+from xl.launcher.rundir.reader import RunReader
+from xl.launcher.rundir.runview import HISTORY, History
 
 
 def _append(path: Path, *objs: dict, raw: str = "") -> None:

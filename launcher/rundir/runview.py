@@ -1,0 +1,357 @@
+"""RunView: the one derived model of a run, which every view only draws.
+
+The reader (reader.py) builds one per poll: run.json as the typed record, each rank's RankView
+(its state decided by the one rank-outcome rule, outcome.py), the hang in force and the run's
+root-cause failure. Each is decided here or in the reader, once per read; the Monitor and its
+widgets, the console view (launcher/cli/console.py) and the exporter draw what it says and decide
+none of it again. STATE_STYLE is the one table of how a state looks, in every view.
+
+Standard library only (no Rich): the console view loads it before it knows it will draw.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, overload
+
+from xl.launcher.rundir.outcome import Failure
+from xl.launcher.rundir.record import RunRecord, RunStatus
+
+# How each run and rank state is drawn (a Rich style), the same in the app and the console view.
+# Where the two views once differed, the app's colours won (the console showed exited in cyan
+# and stopped in yellow): an ended rank is quiet, only a failure stands out.
+STATE_STYLE: dict[str, str] = {
+    "starting": "dim",
+    "running": "green",
+    "straggler": "yellow",
+    "stalled": "bold yellow",
+    "waiting": "yellow",  # in a collective, for the stalled rank a hang's verdict names
+    "exited": "dim",
+    "stopped": "dim",
+    "failed": "bold red",
+    "succeeded": "green",
+    "orphaned": "magenta",
+}
+
+HISTORY = 600  # points kept per series and rank, spread over the whole run
+
+
+def state_style(state: str | None, default: str = "") -> str:
+    """The style a state is drawn in (``default`` for a state the table does not know)."""
+    return STATE_STYLE.get(state or "", default)
+
+
+class History(Sequence[tuple[float, float]]):
+    """A rank's (t, value) points over the whole run, at most ``cap`` of them.
+
+    A deque of the last N points shows only the last few seconds of a rank that logs a hundred
+    times a second. Here, whenever the kept points reach ``cap``, every other one goes and from
+    then on only every 2nd (then 4th, ...) new point is kept: the points stay evenly spread from
+    the first to the newest, which is always there (the view shows the latest value).
+    """
+
+    __slots__ = ("_cap", "_kept", "_latest", "_skip", "_stride")
+
+    def __init__(self, cap: int = HISTORY) -> None:
+        self._cap = max(2, cap)
+        self._kept: list[tuple[float, float]] = []
+        self._latest: tuple[float, float] | None = None  # newest point, when not kept
+        self._stride = 1
+        self._skip = 0
+
+    def append(self, point: tuple[float, float]) -> None:
+        self._skip += 1
+        if self._skip < self._stride:
+            self._latest = point
+            return
+        self._skip = 0
+        self._latest = None
+        self._kept.append(point)
+        if len(self._kept) >= self._cap:
+            del self._kept[1::2]
+            if self._kept[-1] is not point:
+                # It went with the others: it stays shown until a newer one comes, and the next
+                # point kept is one new stride after the last one kept.
+                self._latest = point
+                self._skip = self._stride
+            self._stride *= 2
+
+    def _points(self) -> list[tuple[float, float]]:
+        return self._kept if self._latest is None else [*self._kept, self._latest]
+
+    def __len__(self) -> int:
+        return len(self._kept) + (self._latest is not None)
+
+    def __iter__(self) -> Iterator[tuple[float, float]]:
+        return iter(self._points())
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[float, float]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[float, float]]: ...
+    def __getitem__(self, index: int | slice) -> tuple[float, float] | list[tuple[float, float]]:
+        if index == -1 and self._latest is not None:
+            return self._latest
+        return self._points()[index]
+
+    def __repr__(self) -> str:
+        return f"History({self._points()!r})"
+
+
+@dataclass
+class RankView:
+    rank: int
+    node: str | None = None  # the host, as run.json names it
+    node_rank: int | None = None  # xl's node rank: tells apart two nodes on one host
+    gpu: int | str | None = None
+    pid: int | None = None
+    state: str = "running"  # running|straggler|stalled|waiting|exited|failed|stopped
+    step: float | None = None
+    total_steps: float | None = None
+    loss: float | None = None
+    eval_loss: float | None = None  # the latest evaluation's, never a training loss (docs/frameworks.md)
+    epoch: float | None = None
+    lr: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    steps_per_s: float | None = None
+    gpu_util: float | None = None
+    gpu_mem_used_mib: float | None = None
+    gpu_mem_total_mib: float | None = None
+    rss_mib: float | None = None
+    cpu_pct: float | None = None
+    comm_wait_s: float | None = None
+    cuda_alloc_mib: float | None = None  # torch's own counters, from ranks that use CUDA
+    cuda_reserved_mib: float | None = None
+    last_seen: float | None = None
+    exit_code: int | None = None
+    diagnosis: str | None = None  # the message of the stalled/straggler event in force
+    loss_history: History = field(default_factory=History)
+    samples_history: History = field(default_factory=History)
+    gpu_util_history: History = field(default_factory=History)
+    _steps: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64), repr=False)
+    _flag: str | None = field(default=None, repr=False)
+
+    @property
+    def progress(self) -> float | None:
+        if self.step is None or not self.total_steps:
+            return None
+        return max(0.0, min(1.0, self.step / self.total_steps))
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds to total_steps at the recent step rate (None when unknown)."""
+        if self.step is None or not self.total_steps or len(self._steps) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._steps[0], self._steps[-1]
+        if t1 <= t0 or s1 <= s0:
+            return None
+        rate = (s1 - s0) / (t1 - t0)
+        return max(0.0, (self.total_steps - self.step) / rate)
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A hang's verdict while it is in force: who the other ranks wait for, and its stacks."""
+
+    message: str
+    culprits: tuple[int, ...]
+    stacks: str | None = None
+
+
+class HangRule:
+    """The one rule for "is there a hang, and is it over", fed the run's events in order.
+
+    The supervisor writes a ``hang`` event when it diagnoses a stall (launcher/telemetry/hang.py),
+    naming its culprits. The hang is over once every culprit made progress again (a ``recovered``
+    of a stall; a victim moving again ends nothing), or, for a hang that names none, once any
+    rank did; and when the run ends (RunView.hang). ``left`` is the culprits still stuck.
+    """
+
+    def __init__(self) -> None:
+        self._hang: Hang | None = None
+        self.left: set[int] = set()
+
+    def see(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("kind")
+        if kind == "hang":
+            culprits = tuple(r for r in event.get("ranks") or () if isinstance(r, int))
+            stacks = event.get("stacks")
+            self._hang = Hang(str(event.get("message") or ""), culprits, None if stacks is None else str(stacks))
+            self.left = set(culprits)
+        elif kind == "recovered" and event.get("of") == "stalled" and self._hang is not None:
+            if self._hang.culprits:
+                self.left.discard(event.get("rank"))  # type: ignore[arg-type]
+            if not self.left:
+                self._hang = None
+
+    @property
+    def hang(self) -> Hang | None:
+        return self._hang
+
+
+def failure_of(record: RunRecord, events: list[dict[str, Any]]) -> Failure | None:
+    """The run's root cause: run.json's ``failure``, else (before the supervisor wrote it) the
+    newest ``failure`` event; None while nothing failed."""
+    recorded = record.failure
+    if recorded:
+        return Failure.from_json(recorded)
+    for event in reversed(events):
+        if event.get("kind") == "failure":
+            rank = event.get("rank")
+            return Failure(
+                rank=rank if isinstance(rank, int) else None,
+                exit_code=None,
+                traceback=None,
+                error=None,
+                message=str(event.get("message") or ""),
+                host=None,
+                node_rank=None,
+            )
+    return None
+
+
+@dataclass
+class Progress:
+    step: int
+    total: int
+    eta_s: float | None
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.step / self.total) if self.total else 0.0
+
+
+@dataclass
+class RunView:
+    """One read of a run: what every view draws. ``loaded`` is False until run.json was read
+    (``record`` is then an empty one, status "unknown")."""
+
+    record: RunRecord
+    ranks: dict[int, RankView]
+    events: list[dict[str, Any]]
+    new_events: list[dict[str, Any]]
+    collector: dict[str, Any] | None = None
+    loaded: bool = True
+    hang_found: Hang | None = None  # the hang rule's, before the run's end is taken into account
+    failure: Failure | None = None  # the root cause (failure_of), once any rank failed
+
+    @property
+    def status(self) -> str:
+        return self.record.status
+
+    @property
+    def final(self) -> bool:
+        return self.record.final
+
+    @property
+    def failed(self) -> bool:
+        return self.record.status == RunStatus.FAILED.value
+
+    @property
+    def run_id(self) -> str | None:
+        return self.record.run_id or None
+
+    @property
+    def hang(self) -> Hang | None:
+        """The hang in force: none once the run ended."""
+        return None if self.final else self.hang_found
+
+    def elapsed(self, now: float) -> float | None:
+        return elapsed(self.record, now)
+
+    @property
+    def world_size(self) -> int:
+        if self.record.world_size is not None:
+            return self.record.world_size
+        return max(len(self.ranks), len(self.record.ranks))
+
+    @property
+    def devices_text(self) -> str:
+        """``GPU 1,0 (NVIDIA A100-SXM4-80GB)``: indices in launch order, each model named once."""
+        devices = self.record.devices
+        if not devices:
+            return "CPU"
+        names: list[str] = []
+        for d in devices:
+            name = str(d.get("name") or "?")
+            if name not in names:
+                names.append(name)
+        return f"GPU {','.join(str(d.get('index')) for d in devices)} ({', '.join(names)})"
+
+    @property
+    def all_nodes_joined(self) -> bool:
+        """Every node of a multi-node run has a rank with a pid in node 0's run.json."""
+        nnodes = int(self.record.get("nnodes") or 1)
+        joined = {r.get("node_rank", r.get("node")) for r in self.record.ranks if r.get("pid")}
+        return len(joined) >= nnodes
+
+    @cached_property
+    def node_labels(self) -> dict[int, str | None]:
+        return node_labels(self.ranks)
+
+    @cached_property
+    def nodes(self) -> list[str]:
+        """The run's nodes (their labels), in the order of their lowest rank."""
+        return node_order(self.node_labels)
+
+    def progress(self) -> Progress | None:
+        """The run's progress is its slowest rank's; so is its ETA (None when unknown, or once
+        the run ended)."""
+        ranks = self.ranks.values()
+        totals = [rv.total_steps for rv in ranks if rv.total_steps]
+        steps = [rv.step for rv in ranks if rv.step is not None]
+        if not totals or not steps:
+            return None
+        total, step = int(statistics.median(totals)), int(min(steps))
+        if self.final:
+            return Progress(step, total, None)
+        etas = [e for rv in ranks if (e := rv.eta_s) is not None]
+        return Progress(step, total, max(etas) if etas else None)
+
+
+def _host(rv: RankView) -> str | None:
+    return None if rv.node is None or rv.node == "" else str(rv.node)
+
+
+def elapsed(record: RunRecord, now: float) -> float | None:
+    """Seconds from the start to the end (to ``now`` while it runs); None before it started."""
+    if record.started_at is None:
+        return None
+    return (record.ended_at if record.ended_at is not None else now) - record.started_at
+
+
+def node_labels(ranks: Mapping[int, RankView]) -> dict[int, str | None]:
+    """Each rank's node as the views show it: its host, or "host #k" (k the node rank) when two
+    of the run's nodes share a host, e.g. two xl nodes started on one machine. Nodes are told
+    apart by xl's node rank where run.json has it, else by host."""
+    keys: dict[int, Any] = {}
+    hosts: dict[str, set[Any]] = {}
+    for rank, rv in ranks.items():
+        host = _host(rv)
+        keys[rank] = rv.node_rank if isinstance(rv.node_rank, int) else host
+        if host is not None:
+            hosts.setdefault(host, set()).add(keys[rank])
+    labels: dict[int, str | None] = {}
+    for rank, rv in ranks.items():
+        host = _host(rv)
+        if host is None:
+            labels[rank] = None if keys[rank] is None else f"node {keys[rank]}"
+        elif len(hosts[host]) > 1:
+            labels[rank] = f"{host} #{keys[rank]}"
+        else:
+            labels[rank] = host
+    return labels
+
+
+def node_order(labels: Mapping[int, str | None]) -> list[str]:
+    """The run's nodes (node_labels), in the order of their lowest rank (as torch numbers ranks)."""
+    first: dict[str, int] = {}
+    for rank, node in labels.items():
+        if node is not None and (node not in first or rank < first[node]):
+            first[node] = rank
+    return sorted(first, key=first.__getitem__)
