@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import NoReturn
 
-EXIT_OK = 0
 EXIT_FAILED = 1  # the doctor found a failure, or the run failed
 EXIT_USAGE = 2
 
@@ -26,9 +25,3 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: {message} (see '{self.prog} --help')\n")
         raise SystemExit(EXIT_USAGE)
-
-
-def die(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    """Print one clear line to stderr and exit."""
-    sys.stderr.write(f"xl: {message}\n")
-    raise SystemExit(code)

@@ -7,19 +7,19 @@ flushed at least every ``flush_interval`` seconds so a tailing reader sees recor
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-from typing import Any
 
+from xl import wire
 from xl.launcher.rundir.layout import METRICS, RunLayout
 
 METRICS_FILE = METRICS  # the old name, for modules that have not moved to rundir/layout.py yet
 
 
-def dumps_line(record: dict[str, Any]) -> bytes:
-    return json.dumps(record, separators=(",", ":"), allow_nan=False).encode()
+# A metrics line is made in one place, xl.wire (ranks make them too); the old name stays for
+# launcher/supervisor/telemetry_port.py.
+dumps_line = wire.dumps_record
 
 
 # Lines the disk refused wait in memory up to this much (the newest kept) and are written once
@@ -39,7 +39,7 @@ class MetricsWriter:
         self._last_flush = time.monotonic()
         self._closed = False
         self.lines_written = 0
-        self.bytes_lost = 0  # cut from the waiting lines while the disk refused them
+        self.bytes_lost = 0  # cut from the waiting lines while the disk refused them (an event says so)
         self.error: OSError | None = None  # the last write failure, None once writes succeed
 
     def write_lines(self, lines: list[bytes]) -> None:
@@ -57,9 +57,6 @@ class MetricsWriter:
                 del self._buf[:cut]
             if len(self._buf) >= 1 << 20 and self.error is None:
                 self._write()
-
-    def write(self, record: dict[str, Any]) -> None:
-        self.write_lines([dumps_line(record)])
 
     def maybe_flush(self) -> None:
         now = time.monotonic()

@@ -29,7 +29,7 @@ from xl.address import format_address
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.events import append_event
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.metrics import MetricsWriter, dumps_line
+from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser
 from xl.launcher.telemetry.hang import HangCapture
@@ -182,7 +182,7 @@ class Telemetry:
             rec.setdefault(key if key not in wire.RESERVED else f"user_{key}", value)
         rec["source"] = "log"
         try:
-            self.writer.write_lines([dumps_line(rec)])
+            self.writer.write_lines([wire.dumps_record(rec)])
         except ValueError:
             return
         self.diagnoser.ingest(rank, [rec])
@@ -206,6 +206,22 @@ class Telemetry:
         self._write_status()
         if self.writer is not None:
             self.writer.close()
+            self._say_metrics_lost(self.writer)
+
+    def _say_metrics_lost(self, writer: MetricsWriter) -> None:
+        """Metrics lines the disk refused for so long that they were cut from memory: one event as
+        telemetry stops (docs/contracts.md, "events.jsonl"), so a gap in metrics.jsonl is explained."""
+        if not writer.bytes_lost:
+            return
+        why = f" ({writer.error.strerror or writer.error})" if writer.error is not None else ""
+        self._emit(
+            {
+                "kind": "metrics_lost",
+                "rank": None,
+                "bytes": writer.bytes_lost,
+                "message": f"{writer.bytes_lost} bytes of metrics lines were lost while the disk refused them{why}",
+            }
+        )
 
     # -- internals ------------------------------------------------------------------------
 
@@ -282,7 +298,7 @@ class Telemetry:
             cuda = {r: p.cuda for r, p in list(self.collector.peers.items()) if p.cuda}
         records, dead = self.sampler.sample(self._rank_list(), cuda)
         if records:
-            self.writer.write_lines([dumps_line(r) for r in records])
+            self.writer.write_lines([wire.dumps_record(r) for r in records])
             for rec in records:
                 self.diagnoser.ingest(rec["rank"], [rec])
             if self._forward is not None:
@@ -306,6 +322,7 @@ class Telemetry:
             **self.collector.stats(),
             "spooled_records": self.spooled_records,
             "unparsed_lines": self.log_feed.skipped,
+            "metrics_bytes_lost": self.writer.bytes_lost if self.writer is not None else 0,
         }
         write_json_atomic(RunLayout(self.run_dir).collector, status)
 
