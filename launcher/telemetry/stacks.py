@@ -77,16 +77,16 @@ def remote_entries(ranks: list[dict[str, Any]], answer: dict[str, Any] | None, t
         if entry is not None:
             out.append({**entry, "node": entry.get("node") or info.get("node")})
             continue
-        node = info.get("node_rank")
-        why = f"did not answer within {timeout:g} s" if node in asked else "is not connected to node 0"
-        out.append(not_asked(info, f"node {node} {why}"))
+        node_rank = info.get("node_rank")
+        why = f"did not answer within {timeout:g} s" if node_rank in asked else "is not connected to node 0"
+        out.append(not_asked(info, f"node {node_rank} {why}"))
     return out
 
 
 def not_asked(info: dict[str, Any], why: str = "") -> dict[str, Any]:
     """A rank of another node: its stacks are asked on that node (its own run dir and `xl stacks`)."""
-    node = info.get("node_rank")
-    where = f"node {node}" + (f" ({info['node']})" if info.get("node") else "")
+    host = info.get("node")  # run.json's key for a rank's host
+    where = f"node {info.get('node_rank')}" + (f" ({host})" if host else "")
     error = f"{NOT_ASKED} {where}" + (f" ({why})" if why else "") + ": ask it there ('xl runs' names the run, 'xl stacks RUN' asks its ranks)"
     return {"rank": info.get("rank"), "node": info.get("node"), "pid": info.get("pid"), "error": error}
 
