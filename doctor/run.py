@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any, TypeVar
 
+from xl import envnames
 from xl._version import __version__
 from xl.doctor.checks import all_errored, run_checks
 from xl.doctor.facts import CmdResult, Compiler, Facts, TorchInfo, parse_nvcc_version
@@ -136,7 +137,7 @@ def collect(python: str | None = None) -> Facts:
         facts.path_toolkit = toolkits.toolkit_root_of_nvcc(facts.path_nvcc)
     facts.ld_entries = libraries.scan_ld_library_path(real_env.get("LD_LIBRARY_PATH"))
     # XL_DOCTOR_SHM: check another mount (containers that bind shared memory elsewhere; tests).
-    facts.shm_path = real_env.get("XL_DOCTOR_SHM") or "/dev/shm"
+    facts.shm_path = real_env.get(envnames.DOCTOR_SHM) or "/dev/shm"
     facts.shm_total, facts.shm_free, facts.shm_problem = system.shm_size(facts.shm_path)
     facts.shm_segments = shm.segments(facts.shm_path)
     facts.other_compilers = compilers.other_compilers(path_value)

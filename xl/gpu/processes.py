@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
+from xl import envnames
 from xl.gpu.records import GPUProcess
 from xl.procfs import PROC, has_open, nspid_index, read_comm, read_environ
 
@@ -80,7 +81,7 @@ def identify(used: Mapping[int, float | None], proc: str = PROC) -> tuple[GPUPro
     rows: list[GPUProcess] = []
     for nvml_pid, mib in used.items():
         pid = here[nvml_pid]
-        env = read_environ(pid, ("RANK", "LOCAL_RANK", "XL_RUN_ID"), proc)
+        env = read_environ(pid, ("RANK", "LOCAL_RANK", envnames.RUN_ID), proc)
         rows.append(
             GPUProcess(
                 pid=pid,
@@ -88,7 +89,7 @@ def identify(used: Mapping[int, float | None], proc: str = PROC) -> tuple[GPUPro
                 name=read_comm(pid, proc),
                 rank=_int_or_none(env.get("RANK")),
                 local_rank=_int_or_none(env.get("LOCAL_RANK")),
-                run_id=env.get("XL_RUN_ID"),
+                run_id=env.get(envnames.RUN_ID),
             )
         )
     return tuple(rows)
