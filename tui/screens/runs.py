@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual import work
@@ -16,6 +15,9 @@ from textual.widgets import DataTable, Footer, Header, Static
 
 from xl.tui import fmt
 from xl.tui.screens.base import XLScreen
+
+if TYPE_CHECKING:
+    from xl.launcher.rundir.store import RunInfo
 
 # The id (what `xl attach` takes) right after the status, the free-length name last: at 80
 # columns a long name is what gets cut, never the id.
@@ -31,29 +33,20 @@ FULL_WIDTH = 100
 MIN_WIDTH = {"status": 9, "dur": 7}
 
 
-def _field(info: Any, *names: str) -> Any:
-    for name in names:
-        value = info.get(name) if isinstance(info, dict) else getattr(info, name, None)
-        if value is not None:
-            return value
-    return None
-
-
-def run_cells(info: Any, now: float) -> dict[str, Any]:
-    start = _field(info, "started_at", "start_time", "started")
-    end = _field(info, "ended_at", "end_time", "ended")
-    status = str(_field(info, "status") or "?")
+def run_cells(info: RunInfo, now: float) -> dict[str, Any]:
+    start, end = info.started_at, info.ended_at
+    status = info.status or "?"
     cell = fmt.state(status)
-    if status == "running" and _field(info, "supervisor_alive") is False:
+    if status == "running" and not info.supervisor_alive:
         # run.json says running but its supervisor is gone (machine rebooted, kill -9).
         cell = fmt.state("orphaned")
     return {
         "status": cell,
         "start": time.strftime("%Y-%m-%d %H:%M", time.localtime(start)) if start else "-",
         "dur": fmt.duration(((end or now) - start) if start else None),
-        "world": str(_field(info, "world_size", "nproc") or "-"),
-        "name": str(_field(info, "name") or "-"),
-        "id": str(_field(info, "run_id", "id")),
+        "world": str(info.world_size or "-"),
+        "name": info.name or "-",
+        "id": info.run_id,
     }
 
 
@@ -69,7 +62,7 @@ class RunsScreen(XLScreen):
     class Listed(Message):
         bubble = False
 
-        def __init__(self, runs: list[Any], error: str | None) -> None:
+        def __init__(self, runs: list[RunInfo], error: str | None) -> None:
             super().__init__()
             self.runs = runs
             self.error = error
@@ -77,7 +70,7 @@ class RunsScreen(XLScreen):
     def __init__(self, *, interval: float = 2.0) -> None:
         super().__init__(id="runs")
         self.interval = interval
-        self.runs: dict[str, Any] = {}
+        self.runs: dict[str, RunInfo] = {}
         self._cells: dict[str, dict[str, Any]] = {}
         self._active = True
         self._next_list: Timer | None = None  # the one pending refresh (see on_runs_screen_listed)
@@ -126,14 +119,14 @@ class RunsScreen(XLScreen):
         if message.error:
             summary.update(f"Cannot list runs: {message.error}")
         else:
-            running = sum(1 for r in message.runs if _field(r, "status") == "running")
+            running = sum(1 for r in message.runs if r.status == "running")
             summary.update(
                 f"{len(message.runs)} run{'' if len(message.runs) == 1 else 's'}, {running} running.  enter: open in the monitor"
                 if message.runs
                 else "No runs yet: start one from Launch (3) or with `xl launch`."
             )
-        ordered = sorted(message.runs, key=lambda r: _field(r, "started_at", "start_time") or 0, reverse=True)
-        keys = [str(_field(r, "run_id", "id")) for r in ordered]
+        ordered = sorted(message.runs, key=lambda r: r.started_at or 0, reverse=True)
+        keys = [r.run_id for r in ordered]
         rows = [self._with_mark(key, run_cells(info, now)) for key, info in zip(keys, ordered, strict=True)]
         columns = self._shown_columns()
         if keys != list(self._cells) or columns != self._columns:
@@ -178,10 +171,7 @@ class RunsScreen(XLScreen):
     def _open(self, key: str | None) -> None:
         if not key or (info := self.runs.get(key)) is None:
             return
-        run_dir = _field(info, "run_dir", "path")
-        if run_dir is None:
-            run_dir = self.backend.resolve(key)
-        self.xl.open_monitor(run_dir)
+        self.xl.open_monitor(info.run_dir)
 
     # -- marking two runs and comparing them (docs/compare.md) -------------------------------
 
@@ -214,9 +204,5 @@ class RunsScreen(XLScreen):
             return
         from xl.tui.screens.compare import CompareScreen  # noqa: PLC0415 - the screen loads when two runs are compared
 
-        a, b = (self._run_dir(k) for k in self.marked)
+        a, b = (self.runs[k].run_dir for k in self.marked)
         self.app.push_screen(CompareScreen(a, b, lambda: self.backend.compare(a, b)))
-
-    def _run_dir(self, key: str) -> Path:
-        run_dir = _field(self.runs[key], "run_dir", "path")
-        return Path(run_dir) if run_dir is not None else self.backend.resolve(key)
