@@ -17,7 +17,6 @@ and this module re-exports it.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from xl import wire
@@ -44,10 +43,6 @@ MADE_FOLDERS = (LOGS, RANKS)
 # The files it makes empty then, so a reader finds every one from the first poll.
 MADE_FILES = (EVENTS, METRICS, SUPERVISOR_LOG)
 
-_RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
-_RANK_RECORD = re.compile(r"^rank-(\d+)\.json$")
-# A rank's spool file, or the one it claimed to replay and never finished.
-_SPOOL_FILE = re.compile(r"^rank-(\d+)-(\d+)\.jsonl(?:\.replay)?$")
 
 
 def rank_log_name(rank: int) -> str:
@@ -58,24 +53,32 @@ def rank_record_name(rank: int) -> str:
     return f"rank-{rank}.json"
 
 
+def _number(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def _between(name: str, suffix: str) -> str:
+    """What stands between ``rank-`` and ``suffix`` in ``name`` ("" when it is not such a name)."""
+    return name[5 : -len(suffix)] if name.startswith("rank-") and name.endswith(suffix) else ""
+
+
 def log_rank(name: str) -> int | None:
     """The rank whose log ``name`` (a file in ``logs/``) is; None for any other file."""
-    match = _RANK_LOG.match(name)
-    return int(match.group(1)) if match else None
+    return _number(_between(name, ".log"))
 
 
 def record_rank(name: str) -> int | None:
     """The rank whose record ``name`` (a file in ``ranks/``) is; None for any other file (its
     stacks door ``rank-<r>.stacks.json`` included)."""
-    match = _RANK_RECORD.match(name)
-    return int(match.group(1)) if match else None
+    return _number(_between(name, ".json"))
 
 
 def spool_owner(name: str) -> tuple[int, int] | None:
     """(rank, pid) of the process that spooled ``name`` (a file in ``spool/``, or one claimed to
     replay); None for any other file."""
-    match = _SPOOL_FILE.match(name)
-    return (int(match.group(1)), int(match.group(2))) if match else None
+    rank, _, pid = _between(name.removesuffix(".replay"), ".jsonl").partition("-")
+    owner = _number(rank), _number(pid)
+    return (owner[0], owner[1]) if owner[0] is not None and owner[1] is not None else None
 
 
 class RunLayout:
