@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from xl.doctor.checks.derived import torch_cuda
@@ -130,13 +130,8 @@ def check_gpus(f: Facts) -> Finding:
         )
     among = _majority(f.gpus, names)[1] if len(names) > 1 else None
     health = _health(f, data, among)
-    failed = [p for p in health if p.status == "fail"]
-    if failed:
-        return fail(
-            f"{models}; " + "; ".join(p.detail for p in health),
-            fix="; ".join(dict.fromkeys(p.fix for p in health)),
-            data=data,
-        )
+    if any(p.status == "fail" for p in health):
+        return _said(fail, models, health, data)
     errors = [g for g in f.gpus if g.error]
     mixed = mixed_models(g for g in f.gpus if not g.lost)
     if mixed:
@@ -146,11 +141,7 @@ def check_gpus(f: Facts) -> Finding:
             data=data,
         )
     if health:
-        return warn(
-            f"{models}; " + "; ".join(p.detail for p in health),
-            fix="; ".join(dict.fromkeys(p.fix for p in health)),
-            data=data,
-        )
+        return _said(warn, models, health, data)
     if errors:
         g = errors[0]
         return warn(
@@ -166,6 +157,17 @@ def check_gpus(f: Facts) -> Finding:
             data=data,
         )
     return ok(models, data=data)
+
+
+def _said(
+    verdict: Callable[..., Finding], models: str, health: list[Problem], data: dict[str, Any]
+) -> Finding:
+    """The GPUs' health problems, after the models, as one finding (fails first)."""
+    return verdict(
+        f"{models}; " + "; ".join(p.detail for p in health),
+        fix="; ".join(dict.fromkeys(p.fix for p in health)),
+        data=data,
+    )
 
 
 def _health(f: Facts, data: dict[str, Any], among: list[int] | None) -> list[Problem]:

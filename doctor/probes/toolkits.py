@@ -90,6 +90,14 @@ def _read_version(tk: Toolkit) -> None:
                 break
 
 
+def _read_host_config(tk: Toolkit, path: str) -> None:
+    """The host compilers this toolkit's nvcc accepts, from its host_config.h when it can be read."""
+    text = read_text(path)
+    if text is not None:
+        tk.host_config = path
+        tk.gcc_min, tk.gcc_max, tk.clang_min, tk.clang_max = parse_host_config(text)
+
+
 def inspect_toolkit(root: str, found_by: str) -> Toolkit:
     """Read a toolkit's version, limits and libraries from its files (no subprocess)."""
     real = real_path(root)
@@ -104,11 +112,7 @@ def inspect_toolkit(root: str, found_by: str) -> Toolkit:
     if is_file(nvcc):
         tk.nvcc = nvcc
     _read_version(tk)
-    hc = os.path.join(real, "include", "crt", "host_config.h")
-    text = read_text(hc)
-    if text is not None:
-        tk.host_config = hc
-        tk.gcc_min, tk.gcc_max, tk.clang_min, tk.clang_max = parse_host_config(text)
+    _read_host_config(tk, os.path.join(real, "include", "crt", "host_config.h"))
     tk.has_headers = is_file(os.path.join(real, "include", "cuda_runtime.h"))
     if not tk.has_headers:
         # conda-forge's layout: headers only under targets/<arch>/include, which nvcc finds
@@ -119,11 +123,7 @@ def inspect_toolkit(root: str, found_by: str) -> Toolkit:
                 tk.target_include = inc
                 break
     if tk.host_config is None and tk.target_include:
-        hc = os.path.join(tk.target_include, "crt", "host_config.h")
-        text = read_text(hc)
-        if text is not None:
-            tk.host_config = hc
-            tk.gcc_min, tk.gcc_max, tk.clang_min, tk.clang_max = parse_host_config(text)
+        _read_host_config(tk, os.path.join(tk.target_include, "crt", "host_config.h"))
     for sub in ("lib64", "lib", os.path.join("targets", "x86_64-linux", "lib")):
         libdir = os.path.join(real, sub)
         if is_dir(libdir):
