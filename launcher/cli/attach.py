@@ -19,16 +19,16 @@ def _whole_run(run_dir: Path) -> Path:
     """`last` on a shared XL_HOME may be another node's part of a multi-node run (it started
     later): node 0's run of the same rendezvous is the whole view, so that one is shown."""
     rec = record.load(run_dir)
-    if rec is None or int(rec.get("node_rank") or 0) == 0 or int(rec.get("nnodes") or 1) < 2:
+    if rec is None or rec.node_rank == 0 or rec.nnodes < 2:
         return run_dir
     rdzv = rec.spec.get("rdzv")
     started = rec.started_at or 0.0
     best: tuple[float, Path] | None = None
     for info in list_runs():
         other = record.load(info.run_dir)
-        if other is None or int(other.get("node_rank") or 0) != 0 or other.spec.get("rdzv") != rdzv:
+        if other is None or other.node_rank != 0 or other.spec.get("rdzv") != rdzv:
             continue
-        if other.get("nnodes") != rec.get("nnodes") or (other.ended_at is not None and other.ended_at < started):
+        if other.nnodes != rec.nnodes or (other.ended_at is not None and other.ended_at < started):
             continue  # another run on the same address, over before this part began
         gap = abs((other.started_at or 0.0) - started)
         if best is None or gap < best[0]:
@@ -36,7 +36,7 @@ def _whole_run(run_dir: Path) -> Path:
     if best is None:
         return run_dir
     sys.stderr.write(
-        f"xl: the last run, {run_dir.name}, is node {rec.get('node_rank')}'s part; showing node 0's {best[1].name}, "
+        f"xl: the last run, {run_dir.name}, is node {rec.node_rank}'s part; showing node 0's {best[1].name}, "
         f"the whole run ('xl attach {run_dir.name}' shows that part)\n"
     )
     return best[1]

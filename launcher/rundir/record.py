@@ -206,8 +206,26 @@ class RunRecord:
 
     @property
     def world_size(self) -> int | None:
-        size = self.data.get("world_size")
-        return size if isinstance(size, int) and not isinstance(size, bool) else None
+        return _int(self.data.get("world_size"))
+
+    @property
+    def host(self) -> str | None:
+        """The name of the machine this record's node runs on."""
+        host = self.data.get("host")
+        return host if isinstance(host, str) else None
+
+    @property
+    def node_rank(self) -> int:
+        """xl's number of this record's node (``--node-rank``; 0 on a one-node run)."""
+        return _int(self.data.get("node_rank")) or 0
+
+    @property
+    def nnodes(self) -> int:
+        return _int(self.data.get("nnodes")) or 1
+
+    @property
+    def nproc_per_node(self) -> int | None:
+        return _int(self.data.get("nproc_per_node"))
 
     @property
     def spec(self) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from xl.launcher.rundir.record import RankReport, RunRecord, RunStatus, read_ran
 
 def all_ranks_ended(run_dir: Path, rec: RunRecord) -> bool:
     """Every rank of this node wrote its exit code."""
-    expected = int(rec.get("nproc_per_node") or 0)
+    expected = rec.nproc_per_node or 0
     ended = [r for r in read_rank_reports(run_dir).values() if r.ended]
     return expected > 0 and len(ended) >= expected
 
@@ -50,7 +50,7 @@ def _ranks(rec: RunRecord, left: dict[int, RankReport], stopped: bool) -> list[d
     by_rank = {int(r["rank"]): dict(r) for r in rec.ranks if isinstance(r.get("rank"), int)}
     # A rank the supervisor never listed is this node's: run.json's ``node`` is its host (a rank's
     # own report says ``node`` for torchrun's GROUP_RANK, another number).
-    here = {"node": rec.get("host"), "node_rank": rec.get("node_rank")}
+    here = {"node": rec.host, "node_rank": rec.node_rank}
     for rank, report in left.items():
         row = by_rank.setdefault(rank, {"rank": rank, "local_rank": report.local_rank, **here})
         row["pid"] = row.get("pid") or report.pid
@@ -66,9 +66,8 @@ def _failure(rec: RunRecord, ranks: list[dict[str, Any]], left: dict[int, RankRe
     """The root cause, told from what the ranks left: the first rank to end without exit code 0."""
     bad = [r for r in ranks if r.get("exit_code") not in (0,)]
     first = min(bad, key=lambda r: r.get("ended_at") or float("inf")) if bad else None
-    host, node_rank = rec.get("host"), rec.get("node_rank")
     if first is None:
-        return Failure(rank=None, exit_code=None, traceback=None, error=None, message=why, host=host, node_rank=node_rank)
+        return Failure(rank=None, exit_code=None, traceback=None, error=None, message=why, host=rec.host, node_rank=rec.node_rank)
     report = left.get(int(first["rank"]))
     error = report.error if report else None
     what = error or (f"exit code {first['exit_code']}" if first.get("exit_code") is not None else "it ended without an exit code")
@@ -78,8 +77,8 @@ def _failure(rec: RunRecord, ranks: list[dict[str, Any]], left: dict[int, RankRe
         traceback=report.traceback if report else None,
         error=error,
         message=f"rank {first['rank']} failed first: {what} ({why})",
-        host=first.get("node") or host,
-        node_rank=first.get("node_rank", node_rank),
+        host=first.get("node") or rec.host,
+        node_rank=first.get("node_rank", rec.node_rank),
     )
 
 
