@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 # A GPU this busy (or with this much memory taken by others) is flagged before launching on it:
 # the doctor's GPU health check's figures, so the picker and `xl doctor` agree.
 from xl.gpu.health import BUSY_MEM_FRACTION, BUSY_UTIL_PCT
 from xl.gpu.models import mixed_models
+
+if TYPE_CHECKING:
+    from xl.gpu.records import GPU
 
 
 @dataclass
@@ -73,20 +76,20 @@ class DeviceSelection:
         return self.other or ",".join(str(i) for i in self.order)
 
 
-def selection_warnings(gpus: Sequence[Any], order: Sequence[int]) -> list[str]:
+def selection_warnings(gpus: Sequence[GPU], order: Sequence[int]) -> list[str]:
     """What a person should know before launching on these devices (one line each)."""
     by_index = {g.index: g for g in gpus}
     chosen = [by_index[i] for i in order if i in by_index]
     out: list[str] = []
-    mixed = mixed_models(g for g in chosen if not getattr(g, "lost", False))
+    mixed = mixed_models(g for g in chosen if not g.lost)
     if mixed:
         out.append(mixed)  # the doctor's words (xl.gpu.models)
     busy: list[tuple[int, list[str]]] = []
     for g in chosen:
-        if getattr(g, "lost", False):
+        if g.lost:
             out.append(f"GPU {g.index} is lost (fell off the bus): a run on it will fail")
             continue
-        if getattr(g, "mig_mode", None):
+        if g.mig_mode:
             out.append(
                 f"GPU {g.index} has MIG enabled: PyTorch sees only one MIG slice of it; "
                 f"disable MIG (nvidia-smi -i {g.index} -mig 0) for training"
@@ -102,9 +105,9 @@ def selection_warnings(gpus: Sequence[Any], order: Sequence[int]) -> list[str]:
     return out
 
 
-def _busy(g: Any) -> list[str]:
+def _busy(g: GPU) -> list[str]:
     """What makes ``g`` busy (its processes, its load, its memory taken); [] when it is free."""
-    procs = list(getattr(g, "processes", ()) or ())
+    procs = g.processes
     mem_used = g.memory_used_mib or 0.0
     mem_total = g.memory_total_mib or 0.0
     busy_mem = mem_total > 0 and mem_used / mem_total >= BUSY_MEM_FRACTION

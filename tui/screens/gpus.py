@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.markup import escape
 from textual import on, work
@@ -22,6 +22,7 @@ from xl.tui.widgets.gpu_table import GPUTable
 
 if TYPE_CHECKING:
     from xl.gpu.nvml import Inventory
+    from xl.gpu.records import GPU
 
 NO_GPU_TEXT = """[b]No NVIDIA GPU is visible on this machine.[/b]
 {reason}
@@ -37,7 +38,7 @@ ORDER = Binding.Group("Order", compact=True)
 
 
 def _reason(inv: Inventory | None) -> str:
-    err = getattr(getattr(inv, "driver", None), "error", None)
+    err = inv.driver.error if inv is not None else None
     return f"NVML says: {err}" if err else "NVML reports no GPUs."
 
 
@@ -72,7 +73,7 @@ class GPUsScreen(XLScreen):
         super().__init__(id="gpus")
         self.selection = selection
         self.interval = interval
-        self.gpus: tuple[Any, ...] = ()
+        self.gpus: tuple[GPU, ...] = ()
         self._active = True
         self._polls = 0
         self._shown: tuple[str, str] | None = None
@@ -137,7 +138,7 @@ class GPUsScreen(XLScreen):
     def on_gpus_screen_polled(self, message: Polled) -> None:
         self._polls += 1
         inv = message.inventory
-        self.gpus = tuple(getattr(inv, "gpus", ()) or ())
+        self.gpus = inv.gpus if inv is not None else ()
         main = self.query_one("#gpu-main")
         panel = self.query_one("#no-gpu", Static)
         if not self.gpus:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.style import Style
 from rich.text import Text
@@ -16,6 +16,9 @@ from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowKey
 
 from xl.tui import fmt
+
+if TYPE_CHECKING:
+    from xl.gpu.records import GPU
 
 COLUMNS = (
     ("sel", "Use"),
@@ -52,13 +55,13 @@ def value_key(value: Any) -> Any:
     return ("str", str(value))
 
 
-def _procs(gpu: Any, compact: bool = False) -> str:
+def _procs(gpu: GPU, compact: bool = False) -> str:
     """Who uses the GPU: an xl rank by its rank and run (``r0,r1 RUN``, the ranks of one run
     together; ``compact``: the run id without its date and time), any other process by its pid."""
     runs: dict[str, list[str]] = {}
     parts = []
-    for p in getattr(gpu, "processes", ()) or ():
-        rank, run = getattr(p, "rank", None), getattr(p, "run_id", None)
+    for p in gpu.processes:
+        rank, run = p.rank, p.run_id
         if rank is None:
             parts.append(f"pid {p.pid}")
         elif run:
@@ -75,10 +78,10 @@ def _procs(gpu: Any, compact: bool = False) -> str:
     return " ".join(parts) or "-"
 
 
-def gpu_cells(gpu: Any, position: int | None, compact: bool = False) -> dict[str, Any]:
+def gpu_cells(gpu: GPU, position: int | None, compact: bool = False) -> dict[str, Any]:
     """A GPU's row; ``compact``: the model without "NVIDIA " and half-width meters."""
     bar = 4 if compact else 8
-    if getattr(gpu, "lost", False):
+    if gpu.lost:
         lost = Text("lost", style="bold red")
         return {
             "sel": Text(f"[{position + 1}]" if position is not None else "[ ]"),
@@ -95,7 +98,7 @@ def gpu_cells(gpu: Any, position: int | None, compact: bool = False) -> dict[str
     mem_frac = used / total if used is not None and total else None
     util = gpu.util_gpu
     name = gpu.name.removeprefix("NVIDIA ") if compact else gpu.name
-    name += " (MIG)" if getattr(gpu, "mig_mode", None) else ""
+    name += " (MIG)" if gpu.mig_mode else ""
     power = "-"
     if gpu.power_w is not None:
         power = f"{gpu.power_w:.0f}W"
