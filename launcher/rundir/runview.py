@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, overload
 
@@ -156,11 +156,13 @@ class RankView:
 
 @dataclass(frozen=True)
 class Hang:
-    """A hang's verdict while it is in force: who the other ranks wait for, and its stacks."""
+    """A hang's verdict while it is in force: who the other ranks wait for (``culprits``, as the
+    verdict named them; ``stuck``, those of them that have not moved since), and its stacks."""
 
     message: str
     culprits: tuple[int, ...]
     stacks: str | None = None
+    stuck: frozenset[int] = frozenset()
 
 
 class HangRule:
@@ -169,29 +171,21 @@ class HangRule:
     The supervisor writes a ``hang`` event when it diagnoses a stall (launcher/telemetry/hang.py),
     naming its culprits. The hang is over once every culprit made progress again (a ``recovered``
     of a stall; a victim moving again ends nothing), or, for a hang that names none, once any
-    rank did; and when the run ends (RunView.hang). ``left`` is the culprits still stuck.
+    rank did; and when the run ends (RunView.hang).
     """
 
     def __init__(self) -> None:
-        self._hang: Hang | None = None
-        self.left: set[int] = set()
+        self.hang: Hang | None = None
 
     def see(self, event: Mapping[str, Any]) -> None:
-        kind = event.get("kind")
+        kind, hang = event.get("kind"), self.hang
         if kind == "hang":
             culprits = tuple(r for r in event.get("ranks") or () if isinstance(r, int))
             stacks = event.get("stacks")
-            self._hang = Hang(str(event.get("message") or ""), culprits, None if stacks is None else str(stacks))
-            self.left = set(culprits)
-        elif kind == "recovered" and event.get("of") == "stalled" and self._hang is not None:
-            if self._hang.culprits:
-                self.left.discard(event.get("rank"))  # type: ignore[arg-type]
-            if not self.left:
-                self._hang = None
-
-    @property
-    def hang(self) -> Hang | None:
-        return self._hang
+            self.hang = Hang(str(event.get("message") or ""), culprits, None if stacks is None else str(stacks), frozenset(culprits))
+        elif kind == "recovered" and event.get("of") == "stalled" and hang is not None:
+            stuck = hang.stuck - {event.get("rank")}
+            self.hang = replace(hang, stuck=stuck) if stuck else None
 
 
 def failure_of(record: RunRecord, events: list[dict[str, Any]]) -> Failure | None:

@@ -42,7 +42,7 @@ def test_a_hang_lasts_until_every_culprit_moved_again() -> None:
     assert _seen(HANG, _recovered(0)).hang is not None  # a victim moving ends nothing
     assert _seen(HANG, _recovered(1, of="straggler")).hang is not None  # nor a straggler catching up
     rule = _seen(HANG, _recovered(1))
-    assert rule.hang is not None and rule.left == {3}
+    assert rule.hang is not None and rule.hang.stuck == {3} and rule.hang.culprits == (1, 3)
     assert _seen(HANG, _recovered(1), _recovered(3)).hang is None
     # A hang that names no culprit is over once any rank moves; a new hang starts over.
     assert _seen({**HANG, "ranks": []}, _recovered(2)).hang is None
