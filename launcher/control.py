@@ -27,7 +27,7 @@ from xl.launcher import runprocs
 from xl.launcher.plan import Plan, build_plan
 from xl.launcher.rundir import layout, record, settle, stopmark
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.rundir.record import RunJson, RunRecord, RunStatus
 from xl.launcher.rundir.store import new_run_id, runs_root
 from xl.launcher.spec import LaunchSpec
 from xl.launcher.supervisor.stopping import grace_from_env
@@ -149,30 +149,27 @@ def _no_room(root: Path, exc: OSError) -> UsageError:
 
 def _new_record(run_id: str, spec: LaunchSpec, plan: Plan) -> RunRecord:
     """run.json as it is before the supervisor starts (docs/contracts.md, "run.json")."""
-    return RunRecord(
-        run_id=run_id,
-        status=RunStatus.RUNNING.value,
-        data={
-            "name": spec.name or (Path(spec.script).name if spec.script else spec.module),
-            "spec": spec.to_json(),
-            "argv": plan.argv,
-            "env": plan.env,
-            "cwd": plan.cwd,
-            "devices": [{"index": g.index, "uuid": g.uuid, "name": g.name} for g in plan.devices],
-            "nnodes": spec.nnodes,
-            "node_rank": spec.node_rank,
-            "nproc_per_node": plan.nproc,
-            "world_size": plan.nproc * spec.nnodes,
-            "host": socket.gethostname(),
-            "started_at": time.time(),
-            "ended_at": None,
-            "supervisor_pid": None,
-            "torchrun_pid": None,
-            "grace_s": grace_from_env(),
-            "ranks": [],
-            "failure": None,
-        },
-    )
+    data: RunJson = {
+        "name": spec.name or (Path(spec.script).name if spec.script else spec.module or ""),
+        "spec": spec.to_json(),
+        "argv": plan.argv,
+        "env": plan.env,
+        "cwd": plan.cwd,
+        "devices": [{"index": g.index, "uuid": g.uuid, "name": g.name} for g in plan.devices],
+        "nnodes": spec.nnodes,
+        "node_rank": spec.node_rank,
+        "nproc_per_node": plan.nproc,
+        "world_size": plan.nproc * spec.nnodes,
+        "host": socket.gethostname(),
+        "started_at": time.time(),
+        "ended_at": None,
+        "supervisor_pid": None,
+        "torchrun_pid": None,
+        "grace_s": grace_from_env(),
+        "ranks": [],
+        "failure": None,
+    }
+    return RunRecord(run_id=run_id, status=RunStatus.RUNNING.value, data=dict(data))
 
 
 def start_run(
