@@ -1,19 +1,22 @@
 """Each framework's wall time under `xl launch --no-tui` vs plain torchrun (goal <= 1.03x).
 
     .venv/bin/python bench/bench_frameworks.py [--repeat N] [--only hf,lightning,accelerate,deepspeed]
-        [--no-instrument]
+        [--no-instrument | --hooks]
 
 The bundled examples (examples/), unchanged, on two CPU ranks: HF Trainer (tiny GPT-2 with an
 evaluation), Lightning (a validation each epoch), Accelerate (no tracker), DeepSpeed ZeRO-1. The
-commands run alternately in the same rounds, so machine load hits both alike; the ratio is the
-median of each round's xl / torchrun. Under xl every rank is instrumented (docs/frameworks.md);
-``--no-instrument`` times xl without it, to tell the hooks' cost from the launcher's.
+commands run alternately in the same rounds, so machine load hits them alike; a ratio is the
+median of each round's ratio, printed with its spread (min-max over the rounds). Under xl every
+rank is instrumented (docs/frameworks.md); ``--no-instrument`` times xl without it instead, and
+``--hooks`` times both in the same rounds and also prints xl / xl --no-instrument: the hooks'
+own cost, apart from the launcher's.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -30,20 +33,52 @@ FRAMEWORKS = {
 }
 
 
-def _time(argv: list[str], env: dict[str, str], cwd: str) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
-    elapsed = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[:6])} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
-    return elapsed
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _time(argv: list[str], env: dict[str, str], cwd: str, tries: int = 3) -> tuple[float, float]:
+    """One run's wall time and the CPU time of its whole process tree (every process in it is
+    waited for by its parent, so the kernel adds it to ours). A run that fails is run again (at
+    most ``tries`` in all) and said on stderr: the examples' gloo teardown aborts a rank now and
+    then, under torchrun as under xl."""
+    for attempt in range(1, tries + 1):
+        t0, cpu0 = time.perf_counter(), _cpu()
+        proc = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
+        elapsed, cpu = time.perf_counter() - t0, _cpu() - cpu0
+        if proc.returncode == 0:
+            return elapsed, cpu
+        what = f"{' '.join(argv[2:5])} failed ({proc.returncode})"
+        if attempt == tries:
+            raise SystemExit(f"{what}: {proc.stderr.decode()[-2000:]}")
+        print(f"bench_frameworks: {what}, run again: {proc.stderr.decode().strip().splitlines()[-1:]}", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
+def _ratio(label: str, ours: list[float], anchor: list[float]) -> str:
+    """The median of the rounds' ratios, with their spread."""
+    per_round = [x / t for x, t in zip(ours, anchor, strict=True)]
+    return f"{label} {statistics.median(per_round):.3f}x ({min(per_round):.3f}-{max(per_round):.3f})"
+
+
+def _report(name: str, times: dict[str, list[float]], cpus: dict[str, list[float]], rounds: int) -> None:
+    """Wall time (the goal's figure) and the process tree's CPU time (what load disturbs least)."""
+    anchors = [("torchrun", "xl/torchrun")] + ([("xl-off", "xl/xl-off")] if "xl-off" in times else [])
+    for figure, data in (("wall", times), ("cpu", cpus)):
+        medians = "  ".join(f"{k} {statistics.median(v):6.2f}s" for k, v in data.items())
+        ratios = "  ".join(_ratio(label, data["xl"], data[anchor]) for anchor, label in anchors)
+        singles = " ".join(f"[{k} {', '.join(f'{t:.2f}' for t in v)}]" for k, v in data.items())
+        print(f"{name:11} {figure:4} {medians}  {ratios} (paired medians of {rounds})  {singles}", flush=True)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--only", default=",".join(FRAMEWORKS), help="comma-separated: " + ", ".join(FRAMEWORKS))
-    ap.add_argument("--no-instrument", action="store_true", help="time xl with --no-instrument")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--no-instrument", action="store_true", help="time xl with --no-instrument")
+    mode.add_argument("--hooks", action="store_true", help="also time xl --no-instrument, the hooks' anchor")
     ns = ap.parse_args()
     chosen = [name.strip() for name in ns.only.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in FRAMEWORKS]
@@ -58,24 +93,22 @@ def main() -> int:
         for name in chosen:
             script, *args = FRAMEWORKS[name]
             path = str(EXAMPLES / script)
-            runs = {
-                "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", path, *args],
-                "xl": [sys.executable, "-m", "xl", "launch", "--no-tui", "--nproc-per-node", "2", *xl_opts, path, *args],
-            }
+            xl = [sys.executable, "-m", "xl", "launch", "--no-tui", "--nproc-per-node", "2"]
+            runs = {"torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", path, *args]}
+            if ns.hooks:
+                runs["xl-off"] = [*xl, "--no-instrument", path, *args]
+            runs["xl"] = [*xl, *xl_opts, path, *args]
             for argv in runs.values():
                 _time(argv, env, tmp)  # warm the page cache (and DeepSpeed's op cache) first
             times: dict[str, list[float]] = {k: [] for k in runs}
-            for _ in range(ns.repeat):
-                for key, argv in runs.items():
-                    times[key].append(_time(argv, env, tmp))
-            anchor, ours = times["torchrun"], times["xl"]
-            paired = statistics.median(x / t for x, t in zip(ours, anchor, strict=True))
-            print(
-                f"{name:11} torchrun {statistics.median(anchor):6.2f}s  xl {statistics.median(ours):6.2f}s  "
-                f"xl/torchrun {paired:.3f}x (paired median of {ns.repeat})  "
-                f"[torchrun {', '.join(f'{t:.2f}' for t in anchor)}] [xl {', '.join(f'{t:.2f}' for t in ours)}]",
-                flush=True,
-            )
+            cpus: dict[str, list[float]] = {k: [] for k in runs}
+            for i in range(ns.repeat):
+                order = list(runs.items())
+                for key, argv in order if i % 2 == 0 else reversed(order):  # neither always goes first
+                    wall, cpu = _time(argv, env, tmp)
+                    times[key].append(wall)
+                    cpus[key].append(cpu)
+            _report(name, times, cpus, ns.repeat)
     return 0
 
 

@@ -52,6 +52,7 @@ class _Logger:
         self.batches = 0
         self.samples = 0
         self.last_step: int | None = None
+        self.total: tuple[int, int | None] | None = None  # (epoch, total_steps) as found then
         client.announce()
 
     def train_batch(self, trainer: Any, outputs: Any, batch: Any) -> None:
@@ -64,12 +65,16 @@ class _Logger:
         if step == self.last_step:
             return  # accumulating: the optimizer has not stepped yet
         self.last_step = step
-        scalars: dict[str, Any] = {"step": step, "epoch": int(trainer.current_epoch)}
+        epoch = int(trainer.current_epoch)
+        scalars: dict[str, Any] = {"step": step, "epoch": epoch}
         if self.loss is not None:
             scalars["loss"] = self.loss / self.batches if self.batches > 1 else self.loss
         if self.samples:
             scalars["samples"] = self.samples
-        total = _total_steps(trainer)
+        if self.total is None or self.total[0] != epoch:
+            # once an epoch, not every step: only a reloaded dataloader (at an epoch) changes it
+            self.total = (epoch, _total_steps(trainer))
+        total = self.total[1]
         if total:
             scalars["total_steps"] = total
         self.loss, self.batches, self.samples = None, 0, 0
