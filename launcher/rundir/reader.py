@@ -63,6 +63,7 @@ class RunReader:
         self._loaded = False  # run.json read once
         self._record = RunRecord.from_json({})
         self._hangs = HangRule()
+        self._failed: dict[str, Any] | None = None  # the newest failure event
         self._run_mtime: int | None = None
         self._collector_mtime: int | None = None
         self._collector: dict[str, Any] | None = None
@@ -112,16 +113,15 @@ class RunReader:
         if new_events or applied != self._applied:
             self._apply_run()
             self._applied = applied
-        events = list(self._event_list)
         return RunView(
             record=self._record,
             ranks=dict(sorted(self._ranks.items())),
-            events=events,
+            events=list(self._event_list),
             new_events=new_events,
             collector=self._collector,
             loaded=self._loaded,
             hang_found=self._hangs.hang,
-            failure=failure_of(self._record, events),
+            failure=failure_of(self._record, self._failed),
         )
 
     def _apply_metrics(self, records: list[Any]) -> None:
@@ -214,6 +214,8 @@ class RunReader:
 
     def _apply_event(self, event: dict[str, Any]) -> None:
         self._hangs.see(event)
+        if event.get("kind") == "failure":
+            self._failed = event
         rank = event.get("rank")
         if not isinstance(rank, int):
             return

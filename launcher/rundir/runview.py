@@ -188,25 +188,24 @@ class HangRule:
             self.hang = replace(hang, stuck=stuck) if stuck else None
 
 
-def failure_of(record: RunRecord, events: list[dict[str, Any]]) -> Failure | None:
+def failure_of(record: RunRecord, event: Mapping[str, Any] | None) -> Failure | None:
     """The run's root cause: run.json's ``failure``, else (before the supervisor wrote it) the
-    newest ``failure`` event; None while nothing failed."""
+    newest ``failure`` event (``event``); None while nothing failed."""
     recorded = record.failure
     if recorded:
         return Failure.from_json(recorded)
-    for event in reversed(events):
-        if event.get("kind") == "failure":
-            rank = event.get("rank")
-            return Failure(
-                rank=rank if isinstance(rank, int) else None,
-                exit_code=None,
-                traceback=None,
-                error=None,
-                message=str(event.get("message") or ""),
-                host=None,
-                node_rank=None,
-            )
-    return None
+    if event is None:
+        return None
+    rank = event.get("rank")
+    return Failure(
+        rank=rank if isinstance(rank, int) else None,
+        exit_code=None,
+        traceback=None,
+        error=None,
+        message=str(event.get("message") or ""),
+        host=None,
+        node_rank=None,
+    )
 
 
 @dataclass

@@ -51,7 +51,8 @@ def test_a_hang_lasts_until_every_culprit_moved_again() -> None:
 
 def _view(run: dict[str, Any], events: list[dict[str, Any]], **kw: Any) -> RunView:
     record = RunRecord.from_json(run, "r")
-    return RunView(record=record, ranks={}, events=events, new_events=[], failure=failure_of(record, events), **kw)
+    failed = next((e for e in reversed(events) if e.get("kind") == "failure"), None)
+    return RunView(record=record, ranks={}, events=events, new_events=[], failure=failure_of(record, failed), **kw)
 
 
 def test_no_hang_once_the_run_ended() -> None:
