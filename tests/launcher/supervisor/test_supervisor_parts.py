@@ -1,0 +1,246 @@
+"""The supervisor's parts, driven directly: its state is values (a rank's phase, the stop, the
+root cause), with plain processes standing in for ranks and no torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from procs import run_json, wait_for
+
+from xl.launcher.rundir import record as run_record
+from xl.launcher.rundir.record import RunStatus
+from xl.launcher.supervisor.failure import RootCause
+from xl.launcher.supervisor.journal import Journal
+from xl.launcher.supervisor.logsink import LogSink
+from xl.launcher.supervisor.loop import Supervisor
+from xl.launcher.supervisor.ranks import Ranks
+from xl.launcher.supervisor.stopping import StopReason, grace_from_env
+
+
+def _unit_run_dir(tmp_path: Path, nproc: int = 2, grace: float = 0.3) -> Path:
+    """A run dir as start_run leaves it, for a supervisor that is never started."""
+    run_dir = tmp_path / "run"
+    (run_dir / "ranks").mkdir(parents=True)
+    (run_dir / "logs").mkdir()
+    record = {
+        "run_id": f"unit-{os.getpid()}-{time.monotonic_ns()}",
+        "name": "unit",
+        "status": "running",
+        "nnodes": 1,
+        "node_rank": 0,
+        "nproc_per_node": nproc,
+        "world_size": nproc,
+        "host": "here",
+        "ended_at": None,
+        "grace_s": grace,
+        "ranks": [],
+        "failure": None,
+    }
+    (run_dir / "run.json").write_text(json.dumps(record))
+    return run_dir
+
+
+def _fake_rank(ignore_term: bool = False) -> subprocess.Popen[str]:
+    """A process that sleeps like a rank at work, in its own session as torchrun starts ranks."""
+    body = "import signal, time\n"
+    if ignore_term:
+        body += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    body += "print('ready', flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", body], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait(5)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _events(run_dir: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
+    run_dir = _unit_run_dir(tmp_path, grace=0.3)
+    sup = Supervisor(run_dir)
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    failed.wait(10)
+    stubborn = _fake_rank(ignore_term=True)
+    try:
+        sup.ranks.hello(0, failed.pid)
+        sup.ranks.hello(1, stubborn.pid)
+        tb = "Traceback (most recent call last):\nValueError: boom\n"
+        (run_dir / "ranks" / "rank-0.json").write_text(
+            json.dumps({"pid": failed.pid, "local_rank": 0, "exit_code": 3, "traceback": tb, "ended_at": time.time()})
+        )
+        sup.ranks.scan_records()
+        assert sup.stopping.state is not None and sup.stopping.state.reason is StopReason.FAILURE
+        time.sleep(0.1)
+        sup.stopping.advance()
+        assert stubborn.poll() is None  # SIGTERM ignored, and the grace is not over
+        time.sleep(0.3)
+        sup.stopping.advance()
+        assert stubborn.wait(5) == -signal.SIGKILL
+        sup.ranks.check_alive()
+        status = sup.finish()
+    finally:
+        _end(stubborn)
+    assert status is RunStatus.FAILED and status.exit_code == 1
+    run = run_json(run_dir)
+    assert run["status"] == "failed" and run["ended_at"] is not None
+    assert run["failure"] == {
+        "rank": 0,
+        "exit_code": 3,
+        "traceback": tb,
+        "error": None,
+        "message": "rank 0 failed first: rank 0 exited with code 3",
+        "node": "here",
+        "node_rank": 0,
+    }
+    assert [(r["rank"], r["state"], r["exit_code"]) for r in run["ranks"]] == [(0, "failed", 3), (1, "stopped", -9)]
+    events = _events(run_dir)
+    assert [e["kind"] for e in events] == ["rank_started", "rank_started", "rank_exited", "failure", "rank_exited", "run_ended"]
+    assert events[-1]["status"] == "failed" and events[-1]["message"] == "run failed"
+    # As the rank table shows it: stopped, with its code (not "killed", not "exit code unknown").
+    assert events[4]["message"] == "rank 1 stopped (-9)"
+
+
+def test_a_requested_stop_ends_every_rank_as_stopped(tmp_path: Path) -> None:
+    run_dir = _unit_run_dir(tmp_path)
+    sup = Supervisor(run_dir)
+    ranks = [_fake_rank(), _fake_rank()]
+    try:
+        for rank, proc in enumerate(ranks):
+            sup.ranks.hello(rank, proc.pid)
+        sup.stopping.begin(StopReason.REQUESTED)
+        assert [proc.wait(5) for proc in ranks] == [-signal.SIGTERM, -signal.SIGTERM]
+        sup.ranks.check_alive()
+        status = sup.finish()
+    finally:
+        for proc in ranks:
+            _end(proc)
+    assert status is RunStatus.STOPPED and status.exit_code == 1
+    run = run_json(run_dir)
+    assert run["status"] == "stopped" and run["failure"] is None
+    assert [(r["state"], r["exit_code"]) for r in run["ranks"]] == [("stopped", -15), ("stopped", -15)]
+    exits = [e["message"] for e in _events(run_dir) if e["kind"] == "rank_exited"]
+    assert exits == ["rank 0 stopped (-15)", "rank 1 stopped (-15)"], exits
+
+
+def test_torchrun_summary_names_the_rank_that_really_failed(tmp_path: Path) -> None:
+    """The rank blamed first was killed by the stop (SIGTERM in torchrun's summary): the rank
+    that died of its own signal is the cause, and a new failure event says so."""
+    run_dir = _unit_run_dir(tmp_path)
+    record = run_record.load(run_dir)
+    assert record is not None
+    journal = Journal(run_dir, record)
+    ranks = Ranks(run_dir, record, lambda st: None, lambda st, code, when: None, journal.changed)
+    cause = RootCause(run_dir, "here", 0, journal)
+    for st in ranks:
+        st.pid, st.ended_at = 1000 + st.rank, 100.0 + st.rank
+    cause.set(cause.local(0, None, None, None, "rank 0 failed first: died"), 100.0)
+    (run_dir / "logs" / "torchrun.log").write_text(
+        "Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 1001)\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 1000)\n"
+    )
+    cause.fill_from_torchrun_log(ranks, journal.emit)
+    assert cause.failure is not None
+    assert (cause.failure.rank, cause.failure.exit_code) == (1, -6)
+    assert cause.failure.message == "rank 1 failed first: rank 1 was killed by SIGABRT"
+    assert [(st.state.value, st.exit_code) for st in ranks] == [("stopped", -15), ("failed", -6)]
+    assert _events(run_dir)[-1]["rank"] == 1
+
+
+def test_no_rank_started_the_failure_quotes_torchrun(tmp_path: Path) -> None:
+    run_dir = _unit_run_dir(tmp_path)
+    sup = Supervisor(run_dir)
+    (run_dir / "logs" / "torchrun.log").write_text("\nusage: torchrun ...\n\ntorchrun: error: bad --nnodes\n")
+    sup.torchrun.code = 2
+    assert sup.ranks.all_done(sup.torchrun.code, stopping=False)
+    status = sup.finish()
+    assert status is RunStatus.FAILED
+    run = run_json(run_dir)
+    assert run["failure"]["rank"] is None and run["failure"]["exit_code"] == 2
+    assert run["failure"]["traceback"] == "usage: torchrun ...\ntorchrun: error: bad --nnodes"
+    assert run["failure"]["message"] == "torchrun exited with code 2 (see logs/torchrun.log)"
+    assert [r["state"] for r in run["ranks"]] == ["failed", "failed"]
+
+
+def test_log_sink_reads_each_rank_log_as_it_grows_and_parses_whole_lines(tmp_path: Path) -> None:
+    run_dir = _unit_run_dir(tmp_path)
+    lines: list[tuple[int, str]] = []
+    forwarded: list[tuple[int, bytes]] = []
+    sink = LogSink(run_dir, lambda what, exc: None)
+    sink.on_line = lambda rank, line: lines.append((rank, line))
+    sink.forward = lambda rank, data: forwarded.append((rank, data))
+    log = run_dir / "logs" / "rank-1.log"
+    log.write_bytes(b"epoch 1\n 10%|#\r 20%|##\rhalf a li")
+    sink.tail()
+    assert lines == [(1, "epoch 1"), (1, " 10%|#"), (1, " 20%|##")]
+    with open(log, "ab") as fh:
+        fh.write(b"ne\nlast without newline")
+    sink.tail()
+    sink.close_logs()
+    assert lines[3:] == [(1, "half a line"), (1, "last without newline")]
+    assert b"".join(d for _, d in forwarded) == log.read_bytes()
+    # Another node's rank output (node 0 of several) is written here, and not read back.
+    assert sink.append(5, b"remote\npart", b"") == b"part"
+    assert (run_dir / "logs" / "rank-5.log").read_bytes() == b"remote\npart"
+    sink.tail()
+    assert lines[-1] == (5, "remote")
+    sink.close_all()
+
+
+@pytest.mark.parametrize(("value", "grace"), [(None, 10.0), ("2.5", 2.5), ("-3", 0.0), ("soon", 10.0)])
+def test_stop_grace_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str | None, grace: float) -> None:
+    if value is None:
+        monkeypatch.delenv("XL_STOP_GRACE", raising=False)
+    else:
+        monkeypatch.setenv("XL_STOP_GRACE", value)
+    assert grace_from_env() == grace
+
+
+@pytest.mark.parametrize("given", [0, 1])
+def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_first(tmp_path: Path, given: int) -> None:
+    """Node 1 of two, one rank: torch numbers nodes in the order they join, so its rank is 1
+    (it joined second) or 0 (it joined first). Until the rank reports, its number is only a
+    guess (1) and run.json lists no row; once it reports, one row with the rank torch gave it.
+    A viewer polling all along never shows a row for a rank this node does not have."""
+    from xl.launcher.rundir.reader import RunReader  # noqa: PLC0415 - the viewer, only for this test
+
+    run_dir = _unit_run_dir(tmp_path, nproc=1)
+    data = json.loads((run_dir / "run.json").read_text())
+    data.update(nnodes=2, node_rank=1, world_size=2, spec={"rdzv": "127.0.0.1:29400"})
+    (run_dir / "run.json").write_text(json.dumps(data))
+    record = run_record.load(run_dir)
+    assert record is not None
+    journal = Journal(run_dir, record)
+    started: list[int] = []
+    ranks = Ranks(run_dir, record, lambda st: started.append(st.rank), lambda st, code, when: None, journal.changed)
+    reader = RunReader(run_dir)
+    journal.save(ranks.to_json(), None)
+    assert run_json(run_dir)["ranks"] == [] and reader.poll().ranks == {}
+    env = {**os.environ, "XL_RUN_ID": record.run_id, "LOCAL_RANK": "0", "RANK": str(given), "WORLD_SIZE": "2"}
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        wait_for(lambda: f"XL_RUN_ID={record.run_id}".encode() in Path(f"/proc/{rank.pid}/environ").read_bytes(), timeout=10, what="the rank's environment")
+        (run_dir / "ranks" / f"rank-{given}.json").write_text(json.dumps({"rank": given, "local_rank": 0, "pid": rank.pid, "started_at": time.time()}))
+        ranks.scan_records()
+        journal.save(ranks.to_json(), None)
+        rows = run_json(run_dir)["ranks"]
+        assert [(r["rank"], r["pid"], r["state"]) for r in rows] == [(given, rank.pid, "running")], rows
+        assert started == [given]
+        assert sorted(reader.poll().ranks) == [given]
+    finally:
+        rank.kill()
+        rank.wait(5)
