@@ -11,8 +11,8 @@ import select
 import subprocess
 import sys
 
-import psutil
 import pytest
+from rankproc import rank_like
 from simnvml import NOT_SUPPORTED, SimGPU, SimProcess
 
 pytestmark = pytest.mark.e2e
@@ -49,20 +49,8 @@ def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
 @pytest.fixture
 def rank_process():
     """A real process that looks like rank 5 of an xl run."""
-    env = {**os.environ, "RANK": "5", "LOCAL_RANK": "1", "XL_RUN_ID": "r-42"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(120)"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    # Until it has exec'd, the child's /proc/PID/environ is still a copy of this process's.
-    assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-    yield child.pid
-    child.kill()
-    child.wait(timeout=10)
-    assert not psutil.pid_exists(child.pid)
+    with rank_like(5, 1, "r-42") as pid:
+        yield pid
 
 
 def eight_gpus(rank_pid: int) -> list[SimGPU]:

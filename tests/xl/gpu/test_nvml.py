@@ -17,6 +17,7 @@ import psutil
 import pynvml
 import pytest
 import simnvml
+from rankproc import rank_like
 from simnvml import GPU_IS_LOST, MODELS, NO_PERMISSION, NOT_SUPPORTED, SimGPU, SimProcess
 
 from xl.gpu import nvml
@@ -236,29 +237,15 @@ def test_processes_false_skips_them(simnvml):
 
 
 def test_rank_process_read_from_proc_environ(simnvml):
-    env = {**os.environ, "RANK": "3", "LOCAL_RANK": "1", "XL_RUN_ID": "run-abc"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        # Until it has exec'd, the child's /proc/PID/environ is still this process's.
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        gpu = SimGPU(processes=[SimProcess(child.pid, 4096.0), SimProcess(os.getpid(), 1.0)])
+    with rank_like(3, 1, "run-abc") as pid:
+        gpu = SimGPU(processes=[SimProcess(pid, 4096.0), SimProcess(os.getpid(), 1.0)])
         with simnvml(gpus=[gpu]).in_process():
             (g,) = nvml.inventory().gpus
         by_pid = {p.pid: p for p in g.processes}
-        rank = by_pid[child.pid]
+        rank = by_pid[pid]
         assert (rank.rank, rank.local_rank, rank.run_id) == (3, 1, "run-abc")
         assert rank.used_mib == 4096.0 and rank.name and "python" in rank.name
         assert by_pid[os.getpid()].name  # a process without RANK is listed all the same
-    finally:
-        child.kill()
-        child.wait(timeout=10)
-    assert not psutil.pid_exists(child.pid) or psutil.Process(child.pid).status() == "zombie"
 
 
 def test_process_that_is_gone_still_listed_without_identity(simnvml):
