@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual import on, work
@@ -18,6 +19,9 @@ from xl.tui import settings
 from xl.tui.launchform import MIXED_PRECISION, LaunchForm, command, to_spec
 from xl.tui.screens.base import XLScreen
 from xl.tui.selection import DeviceSelection
+
+if TYPE_CHECKING:
+    from xl.launcher.spec import LaunchSpec
 
 TEXT_FIELDS = ("target", "args", "gpus", "nproc", "nnodes", "node_rank", "rdzv", "env", "name")
 
@@ -37,7 +41,7 @@ class LaunchScreen(XLScreen):
     ]
 
     class Started(Message):
-        def __init__(self, run_dir: Any, error: str | None, notice: str | None = None) -> None:
+        def __init__(self, run_dir: Path | None, error: str | None, notice: str | None = None) -> None:
             super().__init__()
             self.run_dir = run_dir
             self.error = error
@@ -163,11 +167,9 @@ class LaunchScreen(XLScreen):
             return False
         self.valid = True
         out.set_class(False, "invalid")
-        env = getattr(plan, "env", {}) or {}
-        cvd = env.get("CUDA_VISIBLE_DEVICES")
+        cvd = plan.env.get("CUDA_VISIBLE_DEVICES")
         where = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd else "CPU (gloo)"
-        nproc = getattr(plan, "nproc", spec.nproc)
-        ready = f"✓ ready: {nproc} process(es) per node on {where}"
+        ready = f"✓ ready: {plan.nproc} process(es) per node on {where}"
         if spec.nnodes > 1:
             # Said here, not only in the collapsed section below: this launch waits for the others.
             ready += f"; node {spec.node_rank} of {spec.nnodes}, waits for the others at {spec.rdzv or 'node 0'}"
@@ -214,7 +216,7 @@ class LaunchScreen(XLScreen):
         self._start(spec, form)
 
     @work(thread=True, exclusive=True, group="launch")
-    def _start(self, spec: Any, form: LaunchForm) -> None:
+    def _start(self, spec: LaunchSpec, form: LaunchForm) -> None:
         try:
             handle, notice = self.backend.start(spec)
             settings.remember(form.key, form.remembered())
@@ -226,8 +228,8 @@ class LaunchScreen(XLScreen):
 
     def on_launch_screen_started(self, message: Started) -> None:
         self._launching = False
-        if message.error:
-            self.notify(message.error, severity="error", timeout=8)
+        if message.error or message.run_dir is None:
+            self.notify(message.error or "the run did not start", severity="error", timeout=8)
             return
         # Back from the Monitor, no field has the focus: the screen keys (1-4, q) work at once.
         self.action_leave_field()
