@@ -31,23 +31,22 @@ from xl.errors import UsageError
 from xl.launcher.plan import parse_rdzv
 from xl.launcher.spec import LaunchSpec, spec_to_argv
 
-TOKEN_VAR = envnames.TOKEN  # the names the supervisor's hub and follower still use
-PORT_VAR = envnames.COLLECTOR_PORT
+TOKEN_VAR = envnames.TOKEN  # the old name, still used by the supervisor's hub and follower
 _TOKEN = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")
 
 
 def hub_address(rdzv: str, env: Mapping[str, str]) -> tuple[str, int]:
     """(host, port) of node 0's collector: the --rdzv host, XL_COLLECTOR_PORT or rdzv port + 1."""
     host, port = parse_rdzv(rdzv)
-    raw = env.get(PORT_VAR, "").strip()
+    raw = env.get(envnames.COLLECTOR_PORT, "").strip()
     if raw:
         if not (raw.isascii() and raw.isdigit() and 0 < int(raw) < 65536):
-            raise UsageError(f"{PORT_VAR}={raw!r} is not a port; use 1-65535, the same on every node")
+            raise UsageError(f"{envnames.COLLECTOR_PORT}={raw!r} is not a port; use 1-65535, the same on every node")
         return host, int(raw)
     if port + 1 > 65535:
         raise UsageError(
             f"--rdzv port {port} leaves no port for node 0's collector (it uses the next one); "
-            f"set {PORT_VAR} to a free port, the same on every node"
+            f"set {envnames.COLLECTOR_PORT} to a free port, the same on every node"
         )
     return host, port + 1
 
@@ -58,17 +57,17 @@ def valid_token(token: str | None) -> bool:
 
 def token_from_env(env: Mapping[str, str], node_rank: int) -> str | None:
     """The run's token from XL_TOKEN; None on node 0 when unset (it makes one)."""
-    token = env.get(TOKEN_VAR, "")
+    token = env.get(envnames.TOKEN, "")
     if not token:
         if node_rank > 0:
             raise UsageError(
-                f"--node-rank {node_rank} needs {TOKEN_VAR}, the run's token: run the command node 0's "
-                f"'xl launch' printed (or give every node the same {TOKEN_VAR})"
+                f"--node-rank {node_rank} needs {envnames.TOKEN}, the run's token: run the command node 0's "
+                f"'xl launch' printed (or give every node the same {envnames.TOKEN})"
             )
         return None
     if not valid_token(token):
         raise UsageError(
-            f"{TOKEN_VAR} must be 16-256 letters, digits or -_.~+/= (e.g. from 'openssl rand -hex 16')"
+            f"{envnames.TOKEN} must be 16-256 letters, digits or -_.~+/= (e.g. from 'openssl rand -hex 16')"
         )
     return token
 
@@ -106,7 +105,7 @@ def check_listen(host: str, port: int) -> None:
     except OSError as exc:
         raise UsageError(
             f"node 0 cannot listen on {format_address(host, port)} for the run's collector "
-            f"({exc.strerror or exc}); run node 0 on the --rdzv host, or set {PORT_VAR} to a free "
+            f"({exc.strerror or exc}); run node 0 on the --rdzv host, or set {envnames.COLLECTOR_PORT} to a free "
             "port, the same on every node"
         ) from None
     finally:
@@ -115,9 +114,9 @@ def check_listen(host: str, port: int) -> None:
 
 def join_command(spec: LaunchSpec, node_rank: int, token: str | None, port_env: str | None) -> str:
     """The command for another node; ``token`` None: the token came from the environment."""
-    assigns = [f"{TOKEN_VAR}={shlex.quote(token)}" if token else f'{TOKEN_VAR}="${TOKEN_VAR}"']
+    assigns = [f"{envnames.TOKEN}={shlex.quote(token)}" if token else f'{envnames.TOKEN}="${envnames.TOKEN}"']
     if port_env:
-        assigns.append(f"{PORT_VAR}={shlex.quote(port_env)}")
+        assigns.append(f"{envnames.COLLECTOR_PORT}={shlex.quote(port_env)}")
     argv = ["xl", "launch", *spec_to_argv(replace(spec, node_rank=node_rank))]
     return " ".join([*assigns, shlex.join(argv)])
 
@@ -132,7 +131,7 @@ def join_text(spec: LaunchSpec, token: str | None, port_env: str | None) -> str:
             f"xl: this is node 0 of {spec.nnodes}; on each other node, in {where}, run this "
             f"with that node's --node-rank (1 to {spec.nnodes - 1}):"
         )
-    tail = "" if token else f"\n  (with the same {TOKEN_VAR} as this node)"
+    tail = "" if token else f"\n  (with the same {envnames.TOKEN} as this node)"
     return f"{head}\n  {join_command(spec, 1, token, port_env)}{tail}\n"
 
 
@@ -147,6 +146,6 @@ def prepare_launch(spec: LaunchSpec, env: MutableMapping[str, str]) -> str | Non
     token = given or secrets.token_hex(16)
     # The supervisor (forked from this process, or started by it) reads it from there; it never
     # goes to run.json nor to a command line.
-    env[TOKEN_VAR] = token
+    env[envnames.TOKEN] = token
     # A token the person gave is not printed back (it may be in a batch job's log).
-    return join_text(spec, None if given else token, env.get(PORT_VAR))
+    return join_text(spec, None if given else token, env.get(envnames.COLLECTOR_PORT))
