@@ -44,7 +44,6 @@ MADE_FOLDERS = (LOGS, RANKS)
 MADE_FILES = (EVENTS, METRICS, SUPERVISOR_LOG)
 
 
-
 def rank_log_name(rank: int) -> str:
     return f"rank-{rank}.log"
 
