@@ -1,0 +1,44 @@
+"""events.jsonl's one writer (xl.launcher.rundir.events) and reading the end of a run-dir file in
+whole lines (xl.launcher.rundir.lastbytes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from xl.launcher.rundir.events import append_event, event_line
+from xl.launcher.rundir.lastbytes import last_lines
+from xl.launcher.rundir.layout import RunLayout
+
+
+def test_an_event_gets_its_time_and_a_null_rank_when_missing() -> None:
+    line = event_line({"kind": "run_started", "message": "run started"})
+    event = json.loads(line)
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert event["rank"] is None and isinstance(event["t"], float)
+    given = json.loads(event_line({"kind": "rank_exited", "rank": 1, "t": 5.0, "exit_code": 1}))
+    assert (given["rank"], given["t"]) == (1, 5.0)
+
+
+def test_events_are_appended_one_line_each(tmp_path: Path) -> None:
+    for kind in ("run_started", "run_ended"):
+        append_event(tmp_path, {"kind": kind, "message": kind})
+    lines = RunLayout(tmp_path).events.read_text().splitlines()
+    assert [json.loads(line)["kind"] for line in lines] == ["run_started", "run_ended"]
+
+
+def test_an_event_that_cannot_be_written_raises_oserror(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        append_event(tmp_path / "gone", {"kind": "run_ended"})
+
+
+def test_last_lines_are_whole_within_the_limit(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    path.write_bytes(b"".join(b"line %d\n" % i for i in range(100)))
+    assert last_lines(path, 1 << 20)[-1] == b"line 99" and len(last_lines(path, 1 << 20)) == 100
+    assert last_lines(path, 20) == [b"line 98", b"line 99"]  # the line the seek cut is left out
+    path.write_bytes(b"x" * 100)
+    assert last_lines(path, 10) == [b"x" * 10]  # nothing else there: the cut line is all there is
+    assert last_lines(tmp_path / "missing", 10) == []
