@@ -3,7 +3,7 @@
 Each test runs a real `xl launch`, does to the supervisor what an unlucky user or a stranger
 would (SIGSTOP, a full filesystem, a flood of connections), and checks that the training
 finished, that run.json tells what happened, and that no process of the run is left.
-(The SIGKILLed supervisor is in test_supervisor.py.)
+(The SIGKILLed supervisor is in test_supervisor_stops.py.)
 """
 
 from __future__ import annotations

@@ -274,7 +274,7 @@ def test_real_ctrl_c_stops_every_node(tmp_path: Path, cluster: dict[str, str]) -
     assert "stopping the run on every node" in output, output[-3000:]
     assert salloc.returncode == 1, output[-3000:]
     # Node 0's run was stopped as `xl stop` stops it; node 1's rank may see its peer go first
-    # and fail on its own (as in tests/e2e/test_multinode.py): either way it ended, nothing hangs.
+    # and fail on its own (as in tests/e2e/test_multinode_links.py): either way it ended, nothing hangs.
     run0, run1 = run_json(runs[0]), run_json(runs[1])
     assert run0["status"] == "stopped", output[-3000:]
     assert [r["state"] for r in run0["ranks"] if r["node_rank"] == 0] == ["stopped"], run0["ranks"]
