@@ -7,6 +7,11 @@ command, measured alternately in the same run (so machine load hits both alike);
 medians and the ratio xl / torchrun (goal <= 1.03x). ``--before DIR``: also time another xl (a
 folder holding its ``xl`` package, put first on PYTHONPATH) in the same rounds, e.g. the last
 release, for a before/after measured side by side.
+
+Where the time goes: each rank notes when its script's first line ran and when its last one
+did, so every command's wall time splits into its start (the command's start to the first
+rank's first line: torchrun's own start, and xl's before and around it), the script, and its end
+(the last rank's last line to the command's exit). The start and end are printed too.
 """
 
 from __future__ import annotations
@@ -21,20 +26,33 @@ import time
 from pathlib import Path
 
 SCRIPT = """\
+import os, time
+first = time.time()
 import torch.distributed as dist
 dist.init_process_group("gloo")
 dist.barrier()
 dist.destroy_process_group()
+with open(os.environ["BENCH_STAMPS"] + "-" + os.environ["RANK"], "w") as fh:
+    fh.write(f"{first} {time.time()}")
 """
 
 
-def _time(argv: list[str], env: dict[str, str], cwd: str) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
-    elapsed = time.perf_counter() - t0
+def _time(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float, float]:
+    """(wall, start, end) in seconds: see the module's docstring."""
+    stamps = Path(cwd) / "stamps" / f"{time.monotonic_ns()}"
+    stamps.parent.mkdir(exist_ok=True)
+    t0 = time.time()
+    c0 = time.perf_counter()
+    proc = subprocess.run(argv, env=dict(env, BENCH_STAMPS=str(stamps)), cwd=cwd, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, timeout=120)
+    elapsed = time.perf_counter() - c0
+    t1 = t0 + elapsed
     if proc.returncode != 0:
         raise SystemExit(f"{argv[:4]} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
-    return elapsed
+    marks = [tuple(map(float, p.read_text().split())) for p in stamps.parent.glob(stamps.name + "-*")]
+    if len(marks) != 2:
+        raise SystemExit(f"{argv[:4]}: {len(marks)} of 2 ranks left their marks")
+    return elapsed, min(m[0] for m in marks) - t0, t1 - max(m[1] for m in marks)
 
 
 def main() -> int:
@@ -54,19 +72,24 @@ def main() -> int:
             runs["xl (before)"] = (xl, dict(env, PYTHONPATH=os.path.abspath(ns.before)))
         for argv, run_env in runs.values():
             _time(argv, run_env, tmp)  # warm the page cache for each before measuring
-        times: dict[str, list[float]] = {name: [] for name in runs}
+        times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}
         for _ in range(ns.repeat):
             for name, (argv, run_env) in runs.items():
                 times[name].append(_time(argv, run_env, tmp))
-    anchor = times["torchrun"]
+    anchor = [t[0] for t in times["torchrun"]]
     print(f"2 ranks, gloo init + barrier; {ns.repeat} rounds, each command once a round in turn")
-    for name, ts in times.items():
+    for name, rows in times.items():
+        ts = [t[0] for t in rows]
         line = f"{name:12}: median {statistics.median(ts):.3f}s  ({', '.join(f'{t:.2f}' for t in ts)})"
         if name != "torchrun":
             # The ratio within a round is the least sensitive to other load on a shared machine.
             pairs = statistics.median(x / t for x, t in zip(ts, anchor, strict=True))
             line += f"  ratio {statistics.median(ts) / statistics.median(anchor):.3f}x, paired {pairs:.3f}x"
         print(line)
+    print("start (the command's start to the first rank's first line) and end (the last rank's last line to the exit), medians:")
+    for name, rows in times.items():
+        start, end = statistics.median(t[1] for t in rows), statistics.median(t[2] for t in rows)
+        print(f"{name:12}: start {start * 1000:.0f} ms, end {end * 1000:.0f} ms")
     print("goal: xl <= 1.03x torchrun")
     return 0
 

@@ -11,11 +11,15 @@ names itself ``xl-supervisor`` and runs torchrun as its child. One module a job:
 - ``logsink``: every rank's ``logs/rank-<r>.log`` (written by the rank's own relay), read as it
   grows and parsed; nothing a rank prints waits on the supervisor;
 - ``guard``: descriptors raised to the hard limit, a private run dir, a crash that says so;
+- ``escapes``: the run's descendants that left its environment, recorded for ``xl stop``;
 - ``failure``: the root cause, the first failing rank and why;
 - ``stopping``: SIGTERM to every rank, SIGKILL after the grace (``XL_STOP_GRACE``, default 10);
 - ``hub`` (node 0 of several) and ``follower`` (every other node): the multi-node view;
 - ``journal``: run.json (through ``xl.launcher.rundir.record``) and events.jsonl;
-- ``telemetry_port``: the guarded door to telemetry.
+- ``telemetry_port``: the guarded door to telemetry, imported once torchrun has started.
+
+Only what starts torchrun is imported before it starts (tests/test_import_budgets.py): the rest
+of the loop loads during torchrun's own start (docs/launch.md, "How a launch starts").
 
 Several nodes (xl.launcher.multinode.nodelink): node 0's collector listens where every node can
 reach it and its run dir becomes the run's one view; every other node keeps its own run dir and

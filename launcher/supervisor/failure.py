@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from xl.launcher.rundir.lastbytes import last_lines
+from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.rundir.outcome import RankPhase
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.supervisor.journal import Journal
-from xl.launcher.supervisor.logsink import LOGS_DIR, log_path
-from xl.launcher.supervisor.ranks import RankPhase, Ranks, RankState, describe_exit, signal_name
+from xl.launcher.supervisor.ranks import Ranks, RankState, describe_exit, signal_name
 
-TORCHRUN_LOG = "torchrun.log"
 _STOP_CODES = (-signal.SIGTERM, -signal.SIGKILL)
 # What input() and pdb (breakpoint()) raise in a rank, whose stdin is /dev/null.
 NO_STDIN_ERRORS = ("EOFError: EOF when reading a line", "bdb.BdbQuit")
@@ -151,7 +151,7 @@ class RootCause:
         if all(st.exit_code is not None for st in ranks):
             return
         try:
-            text = (self.run_dir / LOGS_DIR / TORCHRUN_LOG).read_text(encoding="utf-8", errors="replace")
+            text = RunLayout(self.run_dir).torchrun_log.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return
         found = {int(m.group(1)): int(m.group(2)) for m in _SUMMARY.finditer(text)}
@@ -182,9 +182,9 @@ class RootCause:
 
     def _log_tail(self, rank: int, lines: int = 15, limit: int = 8192) -> str | None:
         """The end of logs/rank-<rank>.log (what this supervisor has written of it so far)."""
-        found = tail(log_path(self.run_dir, rank), lines, limit)
+        found = tail(RunLayout(self.run_dir).rank_log(rank), lines, limit)
         return "\n".join(found) + "\n" if found else None
 
     def _torchrun_tail(self, lines: int = 25) -> str | None:
-        found = tail(self.run_dir / LOGS_DIR / TORCHRUN_LOG, lines, 32768, skip_blank=True)
+        found = tail(RunLayout(self.run_dir).torchrun_log, lines, 32768, skip_blank=True)
         return "\n".join(found) or None

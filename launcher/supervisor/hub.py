@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xl.errors import UsageError
-from xl.launcher.multinode.join import TOKEN_VAR, hub_address, listen_host, valid_token
+from xl.launcher.multinode.join import (
+    TOKEN_VAR,
+    format_address,
+    hub_address,
+    listen_host,
+    valid_token,
+)
+from xl.launcher.rundir.outcome import DONE_STATES, LIVE_STATES, RankPhase
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.supervisor.failure import Failure, RootCause
 from xl.launcher.supervisor.journal import Journal, say
@@ -32,7 +39,6 @@ from xl.launcher.supervisor.nodewatch import (
     quiet_message,
     supervisor_gone_message,
 )
-from xl.launcher.supervisor.ranks import DONE_STATES, LIVE_STATES, RankPhase
 from xl.launcher.supervisor.stopping import Stopping, StopReason
 
 # A node whose link closed without its end is lost after nodewatch.LINK_CLOSED_S (a supervisor
@@ -138,6 +144,16 @@ class Hub:
             "on_node": lambda node, name, msgs: self.inbox.put((node, name, msgs, time.time())),
             "on_node_closed": lambda node: self.inbox.put((node, "", None, time.time())),
         }
+
+    def collector_failed(self, error: str) -> str:
+        """Every node sends to node 0's collector: without it (another program may hold its port,
+        waiting for the token) the run must not start at all (issue 25, docs/security.md). The
+        failure is recorded; returns its message."""
+        message = (f"node 0's collector cannot listen on {format_address(*self.address)} ({error}): "
+                   "another program may hold that port; set XL_COLLECTOR_PORT to a free port, the same on every node")
+        self.journal.emit({"kind": "failure", "rank": None, "message": message})
+        self.cause.set(self.cause.local(None, None, None, None, message), time.time())
+        return message
 
     def remote_ranks(self) -> list[dict[str, Any]]:
         return [r for node in self.nodes.values() for r in node.ranks]

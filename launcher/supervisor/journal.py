@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.protocol import FORWARDED_EVENTS
+from xl.launcher.rundir import layout
 from xl.launcher.rundir import record as run_record
-from xl.launcher.rundir.events import EVENTS_FILE, append_event
+from xl.launcher.rundir.events import append_event
 from xl.launcher.rundir.record import RunRecord
 from xl.launcher.supervisor.guard import crash_line
+
+if TYPE_CHECKING:  # only a node > 0 has a link, made by the supervisor (not on a one-node run's path)
+    from xl.launcher.multinode.nodelink import NodeLink
 
 
 def say(what: str) -> None:
@@ -31,7 +34,7 @@ class Journal:
         self.run_dir = run_dir
         self.record = record
         self.dirty = False  # run.json needs rewriting
-        self.link: nodelink.NodeLink | None = None  # node > 0: its link to node 0
+        self.link: NodeLink | None = None  # node > 0: its link to node 0
         self._lock = threading.Lock()
         self._write_errors: set[str] = set()
 
@@ -44,7 +47,7 @@ class Journal:
             with self._lock:
                 append_event(self.run_dir, event)
         except OSError as exc:
-            self.write_failed(EVENTS_FILE, exc)
+            self.write_failed(layout.EVENTS, exc)
         if event.get("kind") in FORWARDED_EVENTS:
             self.send({"type": "event", "event": event})
 
@@ -64,7 +67,7 @@ class Journal:
             run_record.save(self.run_dir, self.record)
         except OSError as exc:
             self.dirty = True  # the previous run.json stays whole; retried next turn
-            self.write_failed(run_record.RUN_FILE, exc)
+            self.write_failed(layout.RUN, exc)
 
     def write_failed(self, what: str, exc: OSError) -> None:
         if what not in self._write_errors:

@@ -12,26 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from xl.launcher.rundir.layout import RunLayout, log_rank
 from xl.launcher.rundir.tail import writing
 
-LOGS_DIR = "logs"
 _MAX_LINE = 65536
 _TICK_BUDGET = 1 << 20  # per file and tick: a flood of output cannot stall the loop
 _DRAIN_BUDGET = 16 << 20
-_RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
 _SCAN_EVERY = 10  # ticks between looks for new log files
 _MAX_WRITE_FDS = 256  # other nodes' ranks' logs kept open at once (the least recent is closed)
 _READ = 1 << 20
 _RELAYS_S = 2.0  # at the end: how long the last lines may take to reach the logs
-
-
-def log_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / LOGS_DIR / f"rank-{rank}.log"
 
 
 class LogSink:
@@ -41,11 +35,19 @@ class LogSink:
     and the newest redraw is handed on as soon as it stops changing (one tick), not when the next
     one comes: a rank that hangs mid-bar still shows where it stopped."""
 
-    def __init__(self, run_dir: Path, write_failed: Callable[[str, OSError], None]) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        write_failed: Callable[[str, OSError], None],
+        *,
+        on_line: Callable[[int, str], None] | None = None,
+        forward: Callable[[int, bytes], None] | None = None,
+    ) -> None:
         self.run_dir = run_dir
+        self.layout = RunLayout(run_dir)
         self.write_failed = write_failed
-        self.on_line: Callable[[int, str], None] | None = None
-        self.forward: Callable[[int, bytes], None] | None = None
+        self.on_line = on_line
+        self.forward = forward  # node > 0: every local rank's output also goes to node 0
         self.read_fds: dict[int, int] = {}  # local ranks' logs, open for reading
         self.partial: dict[int, bytes] = {}
         self.redraw: dict[int, bytes] = {}  # a partial line after a \r, already handed on
@@ -71,7 +73,7 @@ class LogSink:
         if rank is not None:
             return
         deadline = time.monotonic() + _RELAYS_S
-        while time.monotonic() < deadline and any(writing(log_path(self.run_dir, r)) for r in self.read_fds):
+        while time.monotonic() < deadline and any(writing(self.layout.rank_log(r)) for r in self.read_fds):
             time.sleep(0.02)
             self._read_all(None)
 
@@ -83,18 +85,17 @@ class LogSink:
 
     def _open_new(self) -> None:
         try:
-            names = os.listdir(self.run_dir / LOGS_DIR)
+            names = os.listdir(self.layout.logs)
         except OSError:
             return
         for name in names:
-            match = _RANK_LOG.match(name)
-            if match is None:
+            rank = log_rank(name)
+            if rank is None:
                 continue
-            rank = int(match.group(1))
             if rank in self.read_fds or rank in self.log_fds:
                 continue
             with contextlib.suppress(OSError):
-                self.read_fds[rank] = os.open(self.run_dir / LOGS_DIR / name, os.O_RDONLY | os.O_CLOEXEC)
+                self.read_fds[rank] = os.open(self.layout.rank_log(rank), os.O_RDONLY | os.O_CLOEXEC)
 
     def _read(self, rank: int, budget: int) -> int:
         fd = self.read_fds[rank]
@@ -133,7 +134,7 @@ class LogSink:
                 if len(self.log_fds) >= _MAX_WRITE_FDS:  # open files stay bounded, whatever the ranks
                     with contextlib.suppress(OSError):
                         os.close(self.log_fds.pop(next(iter(self.log_fds))))
-                fd = os.open(log_path(self.run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+                fd = os.open(self.layout.rank_log(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             self.log_fds[rank] = fd
             os.write(fd, data)
         except OSError as exc:

@@ -19,8 +19,9 @@ read here (``LogSink``): training never waits on the supervisor.
 
 Each job is a collaborator: ``Ranks`` (who is who, how each ended), ``LogSink`` (rank output),
 ``RootCause`` (the failure), ``Stopping`` (the stop), ``Hub`` / ``Follower`` (other nodes),
-``Journal`` (run.json, events), ``TelemetryPort``. The supervisor wires them and says what a
-rank's start or end means for the run.
+``Journal`` (run.json, events), ``TelemetryPort``, ``Escapes``. The supervisor wires them, says
+what a rank's start or end means for the run, and keeps its own ``Phase``. Torchrun starts first:
+what only the loop, the end or several nodes need is imported after it, or there only.
 
 ``--max-restarts N``: torchrun restarts every rank of the node after a failure, N times at most.
 While it has restarts left a failed rank is no cause and starts no stop; its next process is
@@ -31,51 +32,59 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import time
 import traceback
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from xl.launcher import provenance, runprocs
-from xl.launcher.multinode import nodelink
-from xl.launcher.multinode.join import format_address
-from xl.launcher.rundir import digest
+from xl import envnames
+from xl.launcher import runprocs
+from xl.launcher.rundir import layout
 from xl.launcher.rundir import record as run_record
+from xl.launcher.rundir.outcome import RankPhase
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.rundir.stopmark import stop_asked
-from xl.launcher.supervisor.failure import TORCHRUN_LOG, RootCause
-from xl.launcher.supervisor.follower import Follower
+from xl.launcher.supervisor.escapes import Escapes
+from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.guard import crash_line, private_umask, raise_fd_limit
-from xl.launcher.supervisor.hub import Hub, resolve_hub
 from xl.launcher.supervisor.journal import Journal, say
-from xl.launcher.supervisor.logsink import LOGS_DIR, LogSink
-from xl.launcher.supervisor.nodewatch import rank_frames
-from xl.launcher.supervisor.ranks import (
-    RECORDS_DIR,
-    RankPhase,
-    Ranks,
-    RankState,
-    Torchrun,
-    become_subreaper,
-    describe_end,
-)
+from xl.launcher.supervisor.logsink import LogSink
+from xl.launcher.supervisor.ranks import Ranks, RankState, Torchrun, become_subreaper, describe_end
 from xl.launcher.supervisor.stopping import Stopping, StopReason, StopSignals, grace_from_env
 from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
 
+if TYPE_CHECKING:  # imported where they are needed: after torchrun started, or on several nodes only
+    from xl.launcher.rundir.digest import Digester
+    from xl.launcher.supervisor.follower import Follower
+    from xl.launcher.supervisor.hub import Hub
+
 _TICK_S = 0.1
-_ESCAPED_SCAN_S = 2.0  # how often the processes that left the run's environment are recorded
 _LINK_CLOSE_S = 3.0
 
 
 def _debug(what: str) -> None:
-    if os.environ.get("XL_DEBUG_TIMING"):
+    if os.environ.get(envnames.DEBUG_TIMING):
         print(f"{time.time():.3f} {what}", file=sys.stderr, flush=True)
+
+
+def _starting(count: int, devices: list[dict[str, Any]]) -> str:
+    where = "GPUs " + ",".join(str(d["index"]) for d in devices) if devices else "CPU"
+    return f"starting {count} rank{'' if count == 1 else 's'} on {where}"
+
+
+class Phase(str, Enum):
+    """Where the supervisor is. A stop (a failure, `xl stop`, torchrun's death) is ``Stopping``'s
+    own state, beside this: the run goes on RUNNING until torchrun and its ranks are over."""
+
+    STARTING = "starting"  # torchrun not started (after ``start``: never, a stop came first)
+    RUNNING = "running"  # torchrun started; ranks come, go, fail, are stopped
+    DRAINING = "draining"  # torchrun and every rank ended: their last output, leftovers, other nodes
+    ENDED = "ended"  # ``finish`` recorded the outcome
 
 
 class Supervisor:
@@ -84,102 +93,120 @@ class Supervisor:
         self.user_umask = private_umask()
         record = run_record.load(run_dir)
         if record is None:
-            raise FileNotFoundError(f"no readable {run_record.RUN_FILE} in {run_dir}")
+            raise FileNotFoundError(f"no readable {layout.RUN} in {run_dir}")
         self.run_dir = run_dir
+        self.layout = layout.RunLayout(run_dir)
         self.record = record
         self.run_id = record.run_id
+        self.phase = Phase.STARTING
         self.node_rank = int(record.get("node_rank") or 0)
         self.host = str(record.get("host") or socket.gethostname())
         grace = float(record.get("grace_s") or grace_from_env())
-        self.hub_address, self.token = resolve_hub(record, secrets.token_hex(16))
+        nnodes = int(record.get("nnodes") or 1)
+        self.hub_address: tuple[str, int] | None = None
+        self.token = os.urandom(16).hex()  # as secrets.token_hex(16), without its imports
+        if nnodes >= 2:
+            from xl.launcher.supervisor.hub import resolve_hub  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
+
+            self.hub_address, self.token = resolve_hub(record, self.token)
         self.sel = selectors.DefaultSelector()
         self.signals = StopSignals()
         self.torchrun = Torchrun()
-        self.port = TelemetryPort()
+        self.port = TelemetryPort(self.token)
         self.journal = Journal(run_dir, record)
-        self.ranks = Ranks(run_dir, record, self._rank_started, self._rank_ended, self.journal.changed)
-        self.ranks.on_restarted = self._rank_restarted
+        self.ranks = Ranks(
+            run_dir, record, self._rank_started, self._rank_ended, self.journal.changed, on_restarted=self._rank_restarted
+        )
         self.attempt = 0  # torchrun's restarts so far (the highest attempt any rank reached)
-        self.escaped: list[tuple[int, float]] = []  # recorded in escaped.json (xl.launcher.runprocs)
-        self.escaped_scan_at = 0.0
-        self.escape_seen: list[tuple[int, float]] = []  # the last scan's finds, recorded once seen twice
+        self.escapes = Escapes(run_dir, self.run_id, self.journal.write_failed)
         self.restart_reason: str | None = None  # the failure that will make torchrun restart
-        self.sink = LogSink(run_dir, self.journal.write_failed)
-        self.sink.forward = self.journal.send_log
+        # Every line goes to telemetry's parser (nothing while it is not running); a node > 0's
+        # output also goes to node 0 (nothing without a link).
+        self.sink = LogSink(run_dir, self.journal.write_failed, on_line=self.port.feed_log_line, forward=self.journal.send_log)
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
-        self.digester = digest.Digester(run_dir)  # read as the run goes: its end reads only the rest
-        self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun, self.journal.changed)
+        self.digester: Digester | None = None  # reads the run as it goes, from torchrun's start: its end reads only the rest
+        self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun, self.journal.changed, tell_nodes=self._tell_nodes)
         self.follower: Follower | None = None  # node > 0: made in start, with its link
         self.hub: Hub | None = None  # node 0 of several
         if self.hub_address is not None and self.node_rank == 0:
-            self.hub = Hub(
-                self.hub_address,
-                int(record.get("nnodes") or 1),
-                self.journal,
-                self.cause,
-                self.stopping,
-                self.sink,
-                on_ranks=self._ranks_changed,
-                stop_nodes=lambda stop: self.port.call("stop_nodes", stop),
-                rank_frames=lambda: rank_frames(self.port.telemetry),
-            )
-            self.stopping.tell_nodes = self.hub.tell_nodes
+            from xl.launcher.supervisor.hub import Hub  # noqa: PLC0415 - node 0 of several only: not on a one-node run's path to torchrun
+
+            self.hub = Hub(self.hub_address, nnodes, self.journal, self.cause, self.stopping, self.sink,
+                           on_ranks=self._ranks_changed, stop_nodes=self.port.stop_nodes, rank_frames=self.port.rank_frames)
+
+    def _tell_nodes(self) -> None:
+        if self.hub is not None:
+            self.hub.tell_nodes()
 
     # ---------------------------------------------------------------- startup
     def start(self) -> None:
+        """Start torchrun as early as it can be: on one node, before telemetry is even imported
+        (its port is held for it, ``TelemetryPort.reserve``); what the loop needs beyond that
+        loads while torchrun starts (~2 s). Several nodes: telemetry first, as node 0's collector
+        must listen on its fixed port before any node's ranks start."""
         _debug("supervisor start")
         become_subreaper()
         self.signals.install(self.sel)
         if self._stopped_before_start():
             return
         if self.hub_address is not None and self.node_rank > 0:
-            link = nodelink.NodeLink(*self.hub_address, self.token, self.node_rank, self.host)
-            link.start()
-            self.journal.link = link
-            self.follower = Follower(self.hub_address, link, self.journal, self.cause, self.stopping, self.torchrun)
-        (self.run_dir / LOGS_DIR).mkdir(mode=0o700, exist_ok=True)
-        (self.run_dir / RECORDS_DIR).mkdir(mode=0o700, exist_ok=True)
-        devices = self.record.get("devices") or []
-        where = "GPUs " + ",".join(str(d["index"]) for d in devices) if devices else "CPU"
+            self._link_to_node_0(self.hub_address)
+        self.layout.logs.mkdir(mode=0o700, exist_ok=True)
+        self.layout.ranks.mkdir(mode=0o700, exist_ok=True)
         # First, before telemetry can add any diagnosis of its own.
-        count = len(self.ranks)
-        self.journal.emit({"kind": "run_started", "message": f"starting {count} rank{'' if count == 1 else 's'} on {where}"})
+        self.journal.emit({"kind": "run_started", "message": _starting(len(self.ranks), self.record.get("devices") or [])})
         env = dict(os.environ)
         env.update(self.record.get("env") or {})
+        one_node = self.hub is None and self.follower is None
         _debug("before telemetry")
-        env.update(self._start_telemetry())
+        env.update(self.port.reserve(self.run_dir) if one_node else self._start_telemetry())
         if self.follower is not None:
             # This node's ranks send their xl.log frames straight to node 0's collector.
-            env["XL_COLLECTOR"] = format_address(*self.follower.hub)
+            from xl.launcher.multinode.join import format_address  # noqa: PLC0415 - several nodes only
+
+            env[envnames.COLLECTOR] = format_address(*self.follower.hub)
         _debug("after telemetry")
-        env.update({"XL_RUN_ID": self.run_id, "XL_RUN_DIR": str(self.run_dir), "XL_SUPERVISOR_PID": str(os.getpid())})
+        env.update({envnames.RUN_ID: self.run_id, envnames.RUN_DIR: str(self.run_dir), envnames.SUPERVISOR_PID: str(os.getpid())})
         if self.follower is not None:
             self.follower.wait_for_node_0(str(self.record.spec.get("rdzv") or ""), self._stop_came)
         if self._stopped_before_start():  # asked while telemetry started, or node 0 was awaited
             return
-        with open(self.run_dir / LOGS_DIR / TORCHRUN_LOG, "ab") as log:
-            self.torchrun.proc = subprocess.Popen(
-                self.record.get("argv"),
-                cwd=self.record.get("cwd") or None,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                close_fds=True,
-                umask=self.user_umask,  # the run dir is private; the training's own files are not
-            )
+        argv = list(self.record.get("argv") or [])
+        self.torchrun.start(argv, cwd=self.record.get("cwd"), env=env, log=self.layout.torchrun_log, umask=self.user_umask)
+        self.phase = Phase.RUNNING
+        _debug("torchrun started")
+        if one_node:
+            self._start_telemetry()
+        self._started()
+
+    def _started(self) -> None:
+        """What the run's record and the loop need once torchrun runs (its start overlaps this)."""
+        from xl.launcher import provenance  # noqa: PLC0415 - after torchrun started: its start does not wait for this
+        from xl.launcher.rundir.digest import Digester  # noqa: PLC0415 - after torchrun started: its start does not wait for this
+
         self.record.update(
             status=RunStatus.RUNNING,
             supervisor_pid=os.getpid(),
             supervisor_started_at=runprocs.create_time(os.getpid()),
-            torchrun_pid=self.torchrun.proc.pid,
+            torchrun_pid=self.torchrun.proc.pid if self.torchrun.proc is not None else None,
             started_at=self.record.get("started_at") or time.time(),
             grace_s=self.stopping.grace,
             versions=provenance.collect(self.record.spec, bool(self.record.devices)),  # for xl compare (docs/compare.md)
         )
-        self.digester.follow()
+        self.digester = Digester(self.run_dir).follow()
         self.save()
         self._ranks_changed()
+        _debug("loop ready")
+
+    def _link_to_node_0(self, hub: tuple[str, int]) -> None:
+        """Node > 0: its link to node 0 (every record goes there too) and what it hears back."""
+        from xl.launcher.multinode.nodelink import NodeLink  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
+        from xl.launcher.supervisor.follower import Follower  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
+
+        link = NodeLink(*hub, self.token, self.node_rank, self.host)
+        link.start()
+        self.journal.link = link
+        self.follower = Follower(hub, link, self.journal, self.cause, self.stopping, self.torchrun)
 
     def _stop_came(self, wait: float) -> bool:
         for key, _ in self.sel.select(wait):
@@ -203,17 +230,10 @@ class Supervisor:
             where = self.hub.collector_hooks()
         elif self.follower is not None:
             where = {"forward": forward_records(self.journal)}
-        env = self.port.start(self.run_dir, self.token, self.journal.emit, **where)
-        if self.port.telemetry is not None:
-            self.sink.on_line = self.port.feed_log_line
-        elif self.hub is not None:
-            # Every node sends to node 0's collector: without it (another program may hold its port,
-            # waiting for the token) the run must not start at all (issue 25, docs/security.md).
-            message = (f"node 0's collector cannot listen on {format_address(*self.hub.address)} ({self.port.error}): "
-                       "another program may hold that port; set XL_COLLECTOR_PORT to a free port, the same on every node")
-            self.journal.emit({"kind": "failure", "rank": None, "message": message})
-            self.cause.set(self.cause.local(None, None, None, None, message), time.time())
-            raise RuntimeError(message)
+        env = self.port.start(self.run_dir, self.journal.emit, **where)
+        _debug("telemetry started")
+        if self.port.telemetry is None and self.hub is not None:
+            raise RuntimeError(self.hub.collector_failed(self.port.error))  # node 0's collector is a must
         return env
 
     # ---------------------------------------------------------------- the loop
@@ -223,8 +243,10 @@ class Supervisor:
                 key.data()  # the signal pipe's drain
             self.sink.tail()
             self._turn()
-            if self.torchrun.code is not None and self._all_done():
+            if self.phase is Phase.RUNNING and self.torchrun.code is not None and self._all_done():
                 _debug("torchrun done")
+                self.phase = Phase.DRAINING
+            if self.phase is Phase.DRAINING:
                 self.sink.drain()
                 if not self.stopping.leftovers(self.signals.requested is not None) and not self._nodes_pending():
                     return
@@ -249,7 +271,7 @@ class Supervisor:
             self.journal.emit({"kind": "failure", "rank": None, "exit_code": self.torchrun.code, "message": failure.message})
             self.stopping.begin(StopReason.TORCHRUN_DIED)
         self.stopping.advance()
-        self._record_escaped()
+        self.escapes.scan()
         self.stopping.end_exit_barrier(self.hub is not None and self.hub.busy(), self.journal.emit)
         if self.journal.dirty:
             self.save()
@@ -257,25 +279,6 @@ class Supervisor:
             # Every rank process is gone, so nothing can log any more: flush telemetry now,
             # while torchrun tears down (~0.5 s), not after it.
             self.port.stop()
-
-    def _record_escaped(self) -> None:
-        """Descendants without the run's environment, for `xl stop` and settling to find once
-        this supervisor is gone (xl.launcher.runprocs.escaped)."""
-        now = time.monotonic()
-        if now < self.escaped_scan_at:
-            return
-        self.escaped_scan_at = now + _ESCAPED_SCAN_S
-        seen = runprocs.escaped_descendants(os.getpid(), self.run_id)
-        # A process in the middle of exiting has lost its environment too: one that is still
-        # there a scan later has escaped.
-        found = [item for item in seen if item in self.escape_seen]
-        self.escape_seen = seen
-        if found != self.escaped:
-            try:
-                runprocs.save_escaped(self.run_dir, found)
-                self.escaped = found
-            except OSError as exc:
-                self.journal.write_failed(runprocs.ESCAPED_FILE, exc)
 
     def _all_done(self) -> bool:
         return self.ranks.all_done(self.torchrun.code, self.stopping.state is not None)
@@ -328,14 +331,18 @@ class Supervisor:
     def _ranks_changed(self) -> None:
         """Every rank for telemetry; other nodes' ranks are flagged ``remote`` (not sampled here)."""
         remote = self.hub.remote_ranks() if self.hub is not None else []
-        self.port.call("set_ranks", self.ranks.to_json() + [{**r, "remote": True} for r in remote])
+        self.port.set_ranks(self.ranks.to_json() + [{**r, "remote": True} for r in remote])
 
     def save(self, waited: dict[int, float] | None = None) -> None:
         local = self.ranks.to_json()
         self.journal.send({"type": "ranks", "ranks": local})
         remote = self.hub.remote_ranks() if self.hub is not None else []
         ranks = sorted(local + remote, key=lambda r: int(r.get("rank") or 0))
-        self.journal.save(digest.with_waits(ranks, waited) if waited else ranks, self.cause.to_json())
+        if waited:
+            from xl.launcher.rundir.digest import with_waits  # noqa: PLC0415 - only the end has waits: not on the path to torchrun
+
+            ranks = with_waits(ranks, waited)
+        self.journal.save(ranks, self.cause.to_json())
 
     # ---------------------------------------------------------------- the end
     def abort(self, exc: BaseException) -> None:
@@ -363,8 +370,11 @@ class Supervisor:
         self.sink.close_logs()
         self.record.end(status)
         # The time accounting goes in with the final status: whoever sees the end sees it too.
-        self.save(digest.close_run(self.run_dir, self.record, self.digester))
+        from xl.launcher.rundir.digest import close_run  # noqa: PLC0415 - the end only: not on the path to torchrun
+
+        self.save(close_run(self.run_dir, self.record, self.digester))
         self.journal.emit({"kind": "run_ended", "status": status.value, "message": f"run {status.value}"})
+        self.phase = Phase.ENDED
         link = self.journal.link
         if link is not None:
             failure = None if self.cause.remote else self.cause.to_json()
@@ -378,12 +388,13 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m xl.launcher.supervisor RUN_DIR", file=sys.stderr)
         return 2
+    _debug("supervisor main")
     sup = Supervisor(Path(argv[0]))
     if sup.record.final:
         return sup.record.exit_code  # stopped (xl stop) before this supervisor could start it
     try:
         sup.start()
-        if sup.torchrun.proc is not None:
+        if sup.phase is Phase.RUNNING:
             sup.run_loop()
     except BaseException as exc:
         crash_line(f"crashed: {exc!r}; ending the run")

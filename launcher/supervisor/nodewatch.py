@@ -19,7 +19,6 @@ both fall silent is lost (its machine, or the network to it, went down).
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
 
 from xl import settings
 
@@ -75,10 +74,3 @@ def quiet_message(node: int, host: str) -> str:
         f"node {node} ({host or '?'}): its ranks stopped sending with no supervisor there to say how "
         f"they ended; node {node}'s own run dir has their outcome"
     )
-
-
-def rank_frames(telemetry: Any) -> dict[int, float]:
-    """When each rank's last xl.log frame reached this node's collector (unix time)."""
-    collector = getattr(telemetry, "collector", None)
-    peers = getattr(collector, "peers", None) or {}
-    return {rank: peer.last_seen for rank, peer in list(peers.items())}

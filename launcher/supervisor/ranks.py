@@ -26,35 +26,17 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from xl.launcher import runprocs
+from xl.launcher.rundir.layout import RunLayout, record_rank
+from xl.launcher.rundir.outcome import RankPhase, rank_outcome
 from xl.launcher.rundir.record import RunRecord
 from xl.procfs import read_environ
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
-RECORDS_DIR = "ranks"
-
-
-class RankPhase(str, Enum):
-    """A rank's ``state`` in run.json."""
-
-    STARTING = "starting"
-    RUNNING = "running"
-    EXITED = "exited"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-    @property
-    def done(self) -> bool:
-        return self in (RankPhase.EXITED, RankPhase.FAILED, RankPhase.STOPPED)
-
-
-DONE_STATES = frozenset(p.value for p in RankPhase if p.done)
-LIVE_STATES = frozenset({RankPhase.STARTING.value, RankPhase.RUNNING.value})
 
 
 def signal_name(code: int) -> str:
@@ -129,15 +111,11 @@ class RankState:
         return self.done and (self.pid is None or not runprocs.alive(self.pid))
 
     def end(self, code: int | None, when: float | None, stopped: bool) -> None:
-        """Its outcome: exited on 0, else stopped when xl's stop explains it, else failed."""
+        """Its outcome, by the one rule (``rundir.outcome.rank_outcome``): exited on 0, else
+        stopped when xl's stop explains it, else failed."""
         self.exit_code = code
         self.ended_at = when or time.time()
-        if code == 0:
-            self.state = RankPhase.EXITED
-        elif stopped:
-            self.state = RankPhase.STOPPED
-        else:
-            self.state = RankPhase.FAILED
+        self.state = rank_outcome(code, stopped=stopped)
 
     def restart(self, pid: int, attempt: int) -> None:
         """torchrun started this rank again (``attempt``): the row is the new process's."""
@@ -167,6 +145,20 @@ class Torchrun:
     def running(self) -> bool:
         return self.proc is not None and self.code is None
 
+    def start(self, argv: list[str], *, cwd: str | None, env: dict[str, str], log: Path, umask: int) -> None:
+        """Start it: no stdin, its own output appended to ``log`` (logs/torchrun.log)."""
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=cwd or None,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                close_fds=True,
+                umask=umask,  # the run dir is private; the training's own files are not
+            )
+
     def signal(self, sig: int) -> None:
         """Signal it while it runs (after its end the pid may be another process's)."""
         if self.proc is not None and self.code is None:
@@ -194,16 +186,17 @@ class Ranks:
         on_started: Callable[[RankState], None],
         on_ended: Callable[[RankState, int | None, float | None], None],
         on_changed: Callable[[], None],
+        on_restarted: Callable[[RankState], None] = lambda st: None,
     ) -> None:
         self.run_dir = run_dir
         self.record = record
         self.on_started, self.on_ended, self.on_changed = on_started, on_ended, on_changed
+        self.on_restarted = on_restarted  # torchrun started a rank's next attempt
         self.by_rank: dict[int, RankState] = {}
         self.by_pid: dict[int, int] = {}
         self.reparented: dict[int, int] = {}  # pid -> exit code of a rank this process reaped
         self.multi_node = int(record.get("nnodes") or 1) >= 2
         self.max_restarts = int((record.get("spec") or {}).get("max_restarts") or 0)
-        self.on_restarted: Callable[[RankState], None] = lambda st: None
         nproc = int(record.get("nproc_per_node"))
         node_rank = int(record.get("node_rank") or 0)
         devices = record.get("devices") or []
@@ -305,19 +298,19 @@ class Ranks:
     # ---------------------------------------------------------------- how they end
     def scan_records(self) -> None:
         """Read the rank records that changed since the last look."""
-        folder = self.run_dir / RECORDS_DIR
+        folder = RunLayout(self.run_dir).ranks
         try:
             names = os.listdir(folder)
         except OSError:
             return
         for name in names:
-            if not (name.startswith("rank-") and name.endswith(".json")):
+            rank = record_rank(name)
+            if rank is None:
                 continue
             path = folder / name
             try:
                 mtime = path.stat().st_mtime
-                rank = int(name[5:-5])
-            except (OSError, ValueError):
+            except OSError:
                 continue
             st = self.by_rank.get(rank)
             if st is not None and mtime == st.record_mtime:
@@ -388,7 +381,7 @@ class Ranks:
             if st.pid is None:
                 # Never started (torchrun failed before spawning it): nothing to wait for.
                 if torchrun_code is not None:
-                    st.state = RankPhase.STOPPED if stopping else RankPhase.FAILED
+                    st.state = rank_outcome(None, stopped=stopping)
                     continue
                 return False
             if runprocs.alive(st.pid):
@@ -396,8 +389,10 @@ class Ranks:
         return True
 
     def settle(self, stopped: bool) -> None:
-        """At the end: a rank still without an outcome was stopped, or failed with the run."""
+        """At the end: a rank still without an outcome was stopped, or failed with the run (the
+        one rule, ``rundir.outcome.rank_outcome``: its exit code, if torchrun's summary gave one,
+        cannot be 0 there)."""
         for st in self:
             if not st.done:
-                st.state = RankPhase.STOPPED if stopped else RankPhase.FAILED
+                st.state = rank_outcome(st.exit_code, stopped=stopped)
 

@@ -83,14 +83,22 @@ class Stopping:
     """The run's stop, from its first SIGTERM to the last SIGKILL; also ends a torchrun stuck
     at the multi-node exit barrier after its ranks are done."""
 
-    def __init__(self, run_id: str, grace: float, ranks: Ranks, torchrun: Torchrun, on_changed: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        grace: float,
+        ranks: Ranks,
+        torchrun: Torchrun,
+        on_changed: Callable[[], None],
+        tell_nodes: Callable[[], None] = lambda: None,
+    ) -> None:
         self.run_id = run_id
         self.grace = grace
         self.ranks = ranks
         self.torchrun = torchrun
         self.on_changed = on_changed
         # Node 0 of several: tells the other nodes on every begin (see Hub.tell_nodes).
-        self.tell_nodes: Callable[[], None] = lambda: None
+        self.tell_nodes = tell_nodes
         self.state: Stop | None = None
         self.barrier_since: float | None = None  # multi-node: when torchrun outlived its ranks
         self.barrier_ended = False  # xl ended torchrun stuck at its exit barrier

@@ -1,65 +1,135 @@
 """The supervisor's one door to telemetry (collector, sampler, log parsing, diagnoses).
 
-Telemetry must never take the run down with it: every call goes through ``call``, which says
-what failed in supervisor.log and carries on. Without telemetry (it did not start) the run goes
-on with its logs and lifecycle only.
+Telemetry must never take the run down with it: each of its calls goes through the port, which
+says what failed in supervisor.log and carries on. Without telemetry (it did not start) the run
+goes on with its logs and lifecycle only.
+
+Telemetry is imported as it starts: on one node that is after torchrun started, so its imports
+(the collector, the diagnoses, the sampler: ~30 ms of CPU, 50-90 ms on a busy machine) overlap
+torchrun's own start (~2 s) instead of delaying it (bench/README.md, "Launch"). The ranks must
+still find the collector in their environment: ``reserve`` binds its loopback port first and
+holds it (bound, not listening) until the collector listens there; a rank that dialled before
+that would spool and send later, as it does whenever the collector cannot be reached.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from xl.launcher.rundir.metrics import dumps_line
+from xl import envnames
+from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.rundir.record import read_object
 from xl.launcher.supervisor.journal import Journal, say
-from xl.launcher.telemetry.service import Telemetry
+
+if TYPE_CHECKING:
+    from xl.launcher.telemetry.service import Telemetry
+
+_LOOPBACK = "127.0.0.1"  # where a one-node run's collector listens (Telemetry's default)
+T = TypeVar("T")
 
 
 class TelemetryPort:
-    def __init__(self) -> None:
+    def __init__(self, token: str) -> None:
+        self.token = token
         self.telemetry: Telemetry | None = None
         self.stopped = False
         self.error = ""  # why it did not start
+        self._held: socket.socket | None = None  # the port reserved for the collector
 
     @property
     def running(self) -> bool:
         return self.telemetry is not None and not self.stopped
 
-    def start(self, run_dir: Path, token: str, emit: Callable[[dict[str, Any]], None], **where: Any) -> dict[str, str]:
-        """Start it; returns what the ranks' environment needs (XL_COLLECTOR, XL_TOKEN)."""
+    def reserve(self, run_dir: Path) -> dict[str, str]:
+        """One node: hold the collector's loopback port and return the ranks' XL_COLLECTOR and
+        XL_TOKEN, before telemetry is imported. The port of an earlier supervisor of this run
+        (collector.json) first, as its ranks know it; else one the system picks."""
+        status = read_object(RunLayout(run_dir).collector) or {}
+        previous = status.get("port")
+        ports = [previous, 0] if isinstance(previous, int) and 0 < previous < 65536 else [0]
+        for port in ports:
+            sock = socket.socket(socket.AF_INET)
+            # SO_REUSEADDR on both sides: the collector's listener may bind the port this socket
+            # holds; a program without it may not. Until the collector listens, nobody can.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((_LOOPBACK, port))
+            except OSError:
+                sock.close()
+                continue
+            self._held = sock
+            return {envnames.COLLECTOR: f"{_LOOPBACK}:{sock.getsockname()[1]}", envnames.TOKEN: self.token}
+        return {envnames.TOKEN: self.token}
+
+    def start(self, run_dir: Path, emit: Callable[[dict[str, Any]], None], **where: Any) -> dict[str, str]:
+        """Start it (on the port ``reserve`` holds, if it holds one); returns what the ranks'
+        environment needs (XL_COLLECTOR, XL_TOKEN)."""
+        if self._held is not None:
+            where = {"port": self._held.getsockname()[1], **where}
         try:
-            self.telemetry = Telemetry(run_dir, token=token, emit_event=emit, **where)
+            from xl.launcher.telemetry.service import Telemetry  # noqa: PLC0415 - ~30 ms of imports that overlap torchrun's start (module docstring)
+
+            self.telemetry = Telemetry(run_dir, token=self.token, emit_event=emit, **where)
             env = dict(self.telemetry.start())
         except Exception as exc:
             say(f"telemetry did not start: {exc!r}")
             self.error = (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
             self.telemetry = None
-            return {"XL_TOKEN": token}
-        env.setdefault("XL_TOKEN", token)
+            return {envnames.TOKEN: self.token}
+        finally:
+            self._release()
+        env.setdefault(envnames.TOKEN, self.token)
         return env
 
-    def call(self, method: str, *args: Any) -> Any:
-        if self.telemetry is None:
-            return None
+    def _release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
+
+    def _guarded(self, what: str, call: Callable[..., T], *args: Any) -> T | None:
         try:
-            return getattr(self.telemetry, method)(*args)
+            return call(*args)
         except Exception as exc:  # telemetry must never take the run down with it
-            say(f"telemetry.{method} failed: {exc!r}")
+            say(f"telemetry.{what} failed: {exc!r}")
             return None
 
+    def set_ranks(self, ranks: list[dict[str, Any]]) -> None:
+        """Every rank it samples and diagnoses (other nodes' flagged ``remote``)."""
+        if self.telemetry is not None:
+            self._guarded("set_ranks", self.telemetry.set_ranks, ranks)
+
     def feed_log_line(self, rank: int, line: str) -> None:
-        self.call("feed_log_line", rank, line)
+        """A line of rank output to parse (nothing while telemetry is not running)."""
+        if self.telemetry is not None:
+            self._guarded("feed_log_line", self.telemetry.feed_log_line, rank, line)
+
+    def stop_nodes(self, stop: dict[str, Any]) -> None:
+        """Node 0 of several: every other node is told to end its part of the run."""
+        if self.telemetry is not None:
+            self._guarded("stop_nodes", self.telemetry.stop_nodes, stop)
+
+    def rank_frames(self) -> dict[int, float]:
+        """When each rank's last xl.log frame reached this node's collector (unix time)."""
+        collector = self.telemetry.collector if self.telemetry is not None else None
+        if collector is None:
+            return {}
+        return {rank: peer.last_seen for rank, peer in list(collector.peers.items())}
 
     def stop(self) -> None:
         """Flush and stop it, once."""
+        self._release()
         if not self.stopped:
             self.stopped = True
-            self.call("stop")
+            if self.telemetry is not None:
+                self._guarded("stop", self.telemetry.stop)
 
 
 def forward_records(journal: Journal) -> Callable[[list[dict[str, Any]]], None]:
     """Node > 0: what its telemetry samples goes to node 0 over the link, as metrics lines."""
+    from xl.launcher.rundir.metrics import dumps_line  # noqa: PLC0415 - only a node > 0 forwards: not before a one-node run's torchrun
 
     def forward(records: list[dict[str, Any]]) -> None:
         for rec in records:
