@@ -227,10 +227,11 @@ class XLApp(App[None]):
             self.exit(return_code=0, message=message)
             return
         try:
-            run = self.backend.run_record(run_dir)
+            record = self.backend.run_record(run_dir)
         except Exception:  # an unreadable run.json still has a status to say
-            run = {}
-        record = RunRecord.from_json(run, run_dir.name)
+            record = None
+        if record is None:
+            record = RunRecord.from_json({}, run_dir.name)
         self.exit(return_code=0, message=outcome_text(record, run_dir.name, str(status), self.clock()))
 
     def on_monitor_screen_notice_done(self, message: MonitorScreen.NoticeDone) -> None:

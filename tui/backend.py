@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from xl.launcher.plan import Plan
     from xl.launcher.rundir.comparison import Comparison
     from xl.launcher.rundir.reader import RunReader
+    from xl.launcher.rundir.record import RunRecord
     from xl.launcher.rundir.store import RunInfo
     from xl.launcher.spec import LaunchSpec
 
@@ -67,9 +68,9 @@ class Backend(Protocol):
         """The status run.json holds now (None while it cannot be read)."""
         ...
 
-    def run_record(self, run_dir: Path) -> dict[str, Any]:
-        """run.json as it is now ({} while it cannot be read): the outcome the app leaves on the
-        terminal as it closes."""
+    def run_record(self, run_dir: Path) -> RunRecord | None:
+        """run.json as it is now, typed (None while it cannot be read): the outcome the app
+        leaves on the terminal as it closes."""
         ...
 
     def stop(self, run_dir: Path) -> None:
@@ -149,10 +150,10 @@ class LocalBackend:
         status = read_json(run_dir).get("status")
         return str(status) if status is not None else None
 
-    def run_record(self, run_dir: Path) -> dict[str, Any]:
-        from xl.launcher.rundir.record import read_json  # noqa: PLC0415 - read once, as the app exits
+    def run_record(self, run_dir: Path) -> RunRecord | None:
+        from xl.launcher.rundir.record import load  # noqa: PLC0415 - read once, as the app exits
 
-        return read_json(run_dir)
+        return load(run_dir)
 
     def stop(self, run_dir: Path) -> None:
         from xl.launcher.control import stop_run  # noqa: PLC0415 - the launcher loads only once a run is stopped

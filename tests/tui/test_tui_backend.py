@@ -22,6 +22,7 @@ from xl.gpu.nvml import Driver, Inventory
 from xl.launcher.control import RunHandle
 from xl.launcher.plan import Plan
 from xl.launcher.rundir.reader import RunReader
+from xl.launcher.rundir.record import RunRecord
 from xl.launcher.rundir.store import RunInfo
 from xl.launcher.spec import LaunchSpec
 from xl.tui.app import build_app, exit_code
@@ -72,8 +73,8 @@ class FakeBackend:
     def run_status(self, run_dir: Path) -> str | None:
         return "failed"
 
-    def run_record(self, run_dir: Path) -> dict[str, Any]:
-        return {"run_id": run_dir.name, "status": "failed", "failure": {"rank": 1, "exit_code": 3, "message": "from the fake"}}
+    def run_record(self, run_dir: Path) -> RunRecord | None:
+        return RunRecord.from_json({"run_id": run_dir.name, "status": "failed", "failure": {"rank": 1, "exit_code": 3, "message": "from the fake"}})
 
     def stop(self, run_dir: Path) -> None:
         self.stopped.append(run_dir)
