@@ -78,7 +78,7 @@ def unusable(f: Facts) -> Libcuda | None:
         return None
     if vtuple(lib.version) < vtuple(d.version):
         return lib
-    geforce = any("GeForce" in g.name for g in f.gpus if not getattr(g, "lost", False))
+    geforce = any("GeForce" in g.name for g in f.gpus if not g.lost)
     return lib if geforce else None
 
 

@@ -99,7 +99,7 @@ def torch_std(torch_dir: str | None) -> str:
 
 
 def _arch_list(f: Facts) -> ArchList:
-    caps = [g.compute_capability for g in f.gpus if not getattr(g, "lost", False)]
+    caps = [g.compute_capability for g in f.gpus if not g.lost]
     return parse_arch_list(
         f.env.get("TORCH_CUDA_ARCH_LIST"),
         [c for c in caps if c],
