@@ -9,7 +9,7 @@ from here. Areas are shown in the order their first check appears in CHECKS.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xl.doctor.checks import archs, build, devices, gpu, proof, pytorch, system, toolkit
 from xl.doctor.checks.finding import Finding, error
@@ -184,8 +184,10 @@ def _statuses(f: Facts) -> dict[str, str]:
 
 def run_checks(f: Facts) -> list[Check]:
     """Every check, in CHECKS' order; a check that raises becomes `error`, never a traceback.
-    With --build (f.build set) the `build` proof comes last and has the final word."""
-    f.recheck = _statuses
+    With --build (f.build set) the `build` proof comes last and has the final word. The checks
+    see the facts with the registry's recheck, so a fix is tried before it is printed; the
+    caller's facts are left as they were."""
+    f = replace(f, recheck=_statuses)
     out: list[Check] = []
     for spec in CHECKS:
         try:
