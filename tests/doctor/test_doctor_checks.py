@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from fakecuda import host_config, nvcc_output, survivors
+from gpus import idle_gpu
 from rich.console import Console
 from where import REPO
 
@@ -41,22 +42,7 @@ from xl.gpu.nvml import GPU, Driver
 
 
 def gpu(index: int, name: str = "NVIDIA A100-SXM4-80GB", cc: str = "8.0") -> GPU:
-    return GPU(
-        index,
-        f"GPU-{index:08d}",
-        name,
-        f"00000000:{index + 7:02X}:00.0",
-        81920.0,
-        0.0,
-        81920.0,
-        0,
-        0,
-        30,
-        60.0,
-        400.0,
-        cc,
-        False,
-    )
+    return idle_gpu(index, name, cc)
 
 
 def facts(**kw) -> Facts:

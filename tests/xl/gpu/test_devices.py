@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from gpus import idle_gpu
 
 from xl.gpu.devices import find_gpu, judge_visible_devices, resolve_visible_devices
 from xl.gpu.nvml import GPU
@@ -17,22 +18,7 @@ BUSES = ("00000000:07:00.0", "00000000:0F:00.0", "00000000:47:00.0", "00000000:4
 
 
 def gpu(index: int, cc: str = "8.0", uuid: str | None = None) -> GPU:
-    return GPU(
-        index=index,
-        uuid=UUIDS[index] if uuid is None else uuid,
-        name="NVIDIA A100-SXM4-80GB",
-        pci_bus_id=BUSES[index],
-        memory_total_mib=81920.0,
-        memory_used_mib=0.0,
-        memory_free_mib=81920.0,
-        util_gpu=0,
-        util_mem=0,
-        temperature_c=30,
-        power_w=60.0,
-        power_limit_w=400.0,
-        compute_capability=cc,
-        mig_mode=False,
-    )
+    return idle_gpu(index, cc=cc, uuid=UUIDS[index] if uuid is None else uuid, bus=BUSES[index])
 
 
 SAME = [gpu(i) for i in range(4)]

@@ -3,14 +3,14 @@ doctor's `gpus` check and the app's GPU picker both say)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from gpus import idle_gpu
 
 from xl.gpu.models import mixed_models, model_counts, model_names, models_text
-from xl.gpu.records import GPU, empty_gpu
+from xl.gpu.records import GPU
 
 
 def gpu(index: int, name: str) -> GPU:
-    return replace(empty_gpu(index, error="", name=name), error=None)
+    return idle_gpu(index, name)
 
 
 def test_counts_keep_the_order_models_first_appear_in() -> None:
