@@ -1,4 +1,7 @@
 """The checks: pure functions from Facts to a Finding, one module per subject, and the registry.
+What several checks share has its own modules: finding (what a check returns), derived (what
+they read off the facts alike), toolkit_choice (the toolkit every fix names) and fixes (a fix
+tried on the facts before it is printed).
 
 CHECKS is the one table of checks: each one's stable id (docs/contracts.md), its title, the area it is
 shown under, and its function, in the order the report lists them. Everything else that needs an
