@@ -10,9 +10,10 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from xl.launcher.rundir import timing
 from xl.launcher.rundir.layout import RunLayout
@@ -23,6 +24,10 @@ from xl.launcher.rundir.runview import RankView, RunView, state_style
 from xl.launcher.rundir.tail import RankLogs
 from xl.textsafe import bytes_for_terminal, visible
 from xl.units import mib
+
+if TYPE_CHECKING:
+    from rich.console import Group, RenderableType
+    from rich.text import Text
 
 POLL_S = 0.05  # new lines 20 times a second: prompt for a person and for the run's end, cheap beside the ranks
 RENDER_S = 0.25
@@ -210,7 +215,7 @@ def _mtime(path: Path) -> int | None:
         return None
 
 
-def watch_plain(state: RunState, out: TextIO, on_tick: Any = None, lines: bool = True) -> int:
+def watch_plain(state: RunState, out: TextIO, on_tick: Callable[[], None] | None = None, lines: bool = True) -> int:
     print(f"xl: run {state.run_dir.name} ({state.run_dir}); 'xl attach {state.run_dir.name}' reopens it", file=out, flush=True)
     plain = _Plain(state, out, lines)
     state.read_lines = False
@@ -328,7 +333,7 @@ def _cells(r: RankView, last_line: str, evals: bool = False) -> list[str]:
 # ---------------------------------------------------------------------------------- Rich live view
 
 
-def render(state: RunState, *, events: bool = True, ascii_only: bool = False, width: int | None = None) -> Any:
+def render(state: RunState, *, events: bool = True, ascii_only: bool = False, width: int | None = None) -> Group:
     """The live view as a Rich renderable (rank table + recent events). An eval column once a
     rank has evaluated, where ``width`` (the terminal's) leaves room for it beside the loss."""
     from rich import box  # noqa: PLC0415 - Rich costs ~40 ms; `xl launch --detach` never draws
@@ -364,7 +369,7 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False, wi
         r, last = state.ranks[rank], state.last_line.get(rank, "")
         cells = _cells(r, last, evals)
         table.add_row(cells[0], Text(cells[1], style=state_style(r.state)), *cells[2:-1], _last_line(r, last, Text))
-    parts: list[Any] = [table]
+    parts: list[RenderableType] = [table]
     if state.verdict:
         parts.append(Text(f"hang: {visible(state.verdict)}", style="bold yellow"))
     for ev in state.events[-5:] if events else []:
@@ -375,7 +380,7 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False, wi
 _EVAL_MIN_WIDTH = 100  # narrower, an eval column would squeeze the loss to "0.…" (the end table has it)
 
 
-def _last_line(r: RankView, last: str, text: Any) -> Any:
+def _last_line(r: RankView, last: str, text: type[Text]) -> Text:
     """What the rank last printed, first; xl's diagnosis of it after, never in its place."""
     out = text(last)
     if r.diagnosis:
@@ -383,7 +388,7 @@ def _last_line(r: RankView, last: str, text: Any) -> Any:
     return out
 
 
-def watch_live(state: RunState, on_tick: Any = None) -> int:
+def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> int:
     from rich.console import Console  # noqa: PLC0415 - Rich costs ~40 ms; `xl launch --detach` never draws
     from rich.live import Live  # noqa: PLC0415 - as above
     from rich.panel import Panel  # noqa: PLC0415 - as above
@@ -410,7 +415,7 @@ def watch_live(state: RunState, on_tick: Any = None) -> int:
     return state.exit_code
 
 
-def watch(run_dir: Path, *, plain: bool | None = None, on_tick: Any = None, lines: bool = True) -> int:
+def watch(run_dir: Path, *, plain: bool | None = None, on_tick: Callable[[], None] | None = None, lines: bool = True) -> int:
     """Show ``run_dir`` until it ends; returns 0 succeeded, 1 failed or stopped.
 
     ``lines=False``: events and the outcome only, no rank output (plain view)."""
