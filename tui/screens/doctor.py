@@ -78,7 +78,7 @@ class DoctorScreen(XLScreen):
         )
         counts = {s: sum(1 for c in checks if c.status == s) for s in ORDER}
         line = Text("Overall: ")
-        status = getattr(message.report, "status", None) or "ok"
+        status = message.report.status or "ok"
         line.append(LABEL.get(status, status), style=STYLE.get(status, ""))
         line.append("   " + "  ".join(f"{n} {s}" for s, n in counts.items() if n))
         summary.update(line)
