@@ -24,10 +24,8 @@ import psutil
 
 from xl import envnames
 from xl.atomic import write_json_atomic
-from xl.launcher.rundir.layout import ESCAPED, RunLayout
+from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import RunRecord
-
-ESCAPED_FILE = ESCAPED  # the old name, for modules that have not moved to rundir/layout.py yet
 
 
 def _needle(run_id: str) -> bytes:

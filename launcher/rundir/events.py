@@ -11,9 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rundir.layout import EVENTS, RunLayout
-
-EVENTS_FILE = EVENTS  # the old name, for modules that have not moved to rundir/layout.py yet
+from xl.launcher.rundir.layout import RunLayout
 
 
 def event_line(event: dict[str, Any]) -> str:

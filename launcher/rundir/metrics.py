@@ -12,10 +12,7 @@ import threading
 import time
 
 from xl import wire
-from xl.launcher.rundir.layout import METRICS, RunLayout
-
-METRICS_FILE = METRICS  # the old name, for modules that have not moved to rundir/layout.py yet
-
+from xl.launcher.rundir.layout import RunLayout
 
 # A metrics line is made in one place, xl.wire (ranks make them too); the old name stays for
 # launcher/supervisor/telemetry_port.py.

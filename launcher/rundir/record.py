@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from xl.atomic import write_json_atomic
-from xl.launcher.rundir.layout import RUN, RunLayout, record_rank
-
-RUN_FILE = RUN  # the old name, still used by launcher/supervisor (journal.py, loop.py)
+from xl.launcher.rundir.layout import RunLayout, record_rank
 
 
 class RankRow(TypedDict, total=False):
