@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from xl import envnames
 from xl.errors import UsageError
 from xl.gpu.nvml import inventory as _inventory
 from xl.launcher.cli.interpreter import ranks_pythonpath
@@ -63,7 +64,7 @@ def print_dry_run(plan: Plan, as_json: bool, spec: LaunchSpec | None = None) -> 
             f"# xl node {spec.node_rank} of {spec.nnodes} (node 0 gathers every node); torch numbers "
             "nodes and global ranks in the order nodes join the c10d rendezvous"
         )
-        if not os.environ.get("XL_TOKEN"):
+        if not os.environ.get(envnames.TOKEN):
             print("# --rdzv-id: the real run's comes from the run's token (XL_TOKEN), which node 0 makes")
     if plan.devices:
         for k, g in enumerate(plan.devices[: plan.nproc]):

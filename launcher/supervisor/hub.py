@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from xl import envnames
 from xl.errors import UsageError
 from xl.launcher.multinode.join import (
-    TOKEN_VAR,
     format_address,
     hub_address,
     listen_host,
@@ -67,11 +67,11 @@ def resolve_hub(record: RunRecord, token: str) -> tuple[tuple[str, int] | None, 
     except UsageError as exc:
         say(f"no view of the other nodes: {exc}")
         return None, token
-    given = os.environ.get(TOKEN_VAR)
+    given = os.environ.get(envnames.TOKEN)
     if valid_token(given):
         return hub, str(given)
     if int(record.get("node_rank") or 0) > 0:
-        say(f"no valid {TOKEN_VAR}: this node's records stay here only")
+        say(f"no valid {envnames.TOKEN}: this node's records stay here only")
         return None, token
     return hub, token
 
@@ -198,7 +198,7 @@ class Hub:
             "node": host,
             "node_rank": node,
             "peer": peer,
-            "message": f"a node {node} ({where}) tried to join with a wrong {TOKEN_VAR} and was refused; "
+            "message": f"a node {node} ({where}) tried to join with a wrong {envnames.TOKEN} and was refused; "
             "waiting on for this run's nodes: start them with the exact command this node printed",
         })
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from xl import settings
+from xl import envnames, settings
 
 NODE_TIMEOUT_S = 30.0  # XL_NODE_TIMEOUT's default: silent this long, a node (or node 0) is gone
 # A link that closed without the node's end: lost after this long unless its ranks speak on.
@@ -35,7 +35,7 @@ RANKS_QUIET_S = 5.0
 
 
 def node_timeout() -> float:
-    return settings.number("XL_NODE_TIMEOUT", NODE_TIMEOUT_S, floor=2.0)
+    return settings.number(envnames.NODE_TIMEOUT, NODE_TIMEOUT_S, floor=2.0)
 
 
 class Verdict(str, Enum):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from xl import settings
+from xl import envnames, settings
 from xl.launcher import runprocs
 from xl.launcher.supervisor.ranks import Ranks, RankState, Torchrun
 
@@ -27,7 +27,7 @@ DEFAULT_GRACE_S = 10.0
 
 def grace_from_env() -> float:
     """Seconds between SIGTERM and SIGKILL when a run stops (``XL_STOP_GRACE``, default 10)."""
-    return settings.number("XL_STOP_GRACE", DEFAULT_GRACE_S, floor=0.0)
+    return settings.number(envnames.STOP_GRACE, DEFAULT_GRACE_S, floor=0.0)
 
 
 class StopReason(str, Enum):
