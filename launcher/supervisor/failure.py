@@ -14,13 +14,12 @@ import re
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.outcome import RankPhase
+from xl.launcher.rundir.outcome import Failure, RankPhase
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.ranks import Ranks, RankState, describe_exit, signal_name
@@ -30,34 +29,6 @@ _STOP_CODES = (-signal.SIGTERM, -signal.SIGKILL)
 NO_STDIN_ERRORS = ("EOFError: EOF when reading a line", "bdb.BdbQuit")
 NO_STDIN = "ranks have no stdin: input() and breakpoint() cannot read the terminal under xl launch (docs/launch.md)"
 _SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
-
-
-@dataclass
-class Failure:
-    """run.json's ``failure``."""
-
-    rank: int | None
-    exit_code: int | None
-    traceback: str | None
-    error: str | None
-    message: str
-    node: str | None
-    node_rank: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Failure:
-        return cls(
-            rank=data.get("rank"),
-            exit_code=data.get("exit_code"),
-            traceback=data.get("traceback"),
-            error=data.get("error"),
-            message=str(data.get("message") or ""),
-            node=data.get("node"),
-            node_rank=data.get("node_rank"),
-        )
 
 
 def tail(path: Path, lines: int, limit: int, skip_blank: bool = False) -> list[str]:

@@ -269,7 +269,7 @@ class Hub:
             traceback=failure.get("traceback"),
             error=failure.get("error"),
             message=message,
-            node=failure.get("node") or remote.host,
+            host=failure.get("node") or remote.host,
             node_rank=remote.node,
         )
         self.cause.set(adopted, at)
@@ -277,7 +277,7 @@ class Hub:
             "kind": "failure",
             "rank": adopted.rank,
             "exit_code": adopted.exit_code,
-            "node": adopted.node,
+            "node": adopted.host,
             "node_rank": remote.node,
             "message": adopted.message,
         })

@@ -171,7 +171,8 @@ class Supervisor:
             self.follower.wait_for_node_0(str(self.record.spec.get("rdzv") or ""), self._stop_came)
         if self._stopped_before_start():  # asked while telemetry started, or node 0 was awaited
             return
-        argv = list(self.record.get("argv") or [])
+        # The record's command as it is: a broken one fails here as it always did (test_resilience).
+        argv = self.record.get("argv")
         self.torchrun.start(argv, cwd=self.record.get("cwd"), env=env, log=self.layout.torchrun_log, umask=self.user_umask)
         self.phase = Phase.RUNNING
         _debug("torchrun started")
