@@ -44,10 +44,10 @@ PROCESSES = {
     # The supervisor up to torchrun's start, in a fresh interpreter (the app starts it so):
     # telemetry, the digest and provenance load once torchrun runs, the hub and the follower on
     # several nodes only (launcher/supervisor/loop.py, Supervisor.start).
-    "supervisor": Budget("import xl.launcher.supervisor.loop", 100, 75, UI),
+    "supervisor": Budget("import xl.launcher.supervisor.loop", 100, 60, UI),
     # ... and forked from `xl launch` (what it imported is there already): what it adds before
     # torchrun starts, on the path from the command to the first step.
-    "supervisor, forked": Budget("import xl.launcher.supervisor.loop", 12, 25, UI, after=LAUNCH),
+    "supervisor, forked": Budget("import xl.launcher.supervisor.loop", 12, 15, UI, after=LAUNCH),
     # Every rank, before the user's first line: standard library and xl's own rank code only.
     "rank entry": Budget("import xl.launcher.rank.entry", 75, 25, (*UI, "psutil", "orjson")),
 }
