@@ -138,6 +138,16 @@ def frozen(pid: int) -> bool:
         return False
 
 
+def _has_memory(pid: int) -> bool:
+    """``pid`` still has its address space: a process in the middle of exiting has let it go, and
+    with it the environment /proc shows (empty), so it would look as if it had shed XL_RUN_ID."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as fh:
+            return int(fh.read().split(maxsplit=1)[0]) > 0
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def is_run_process(pid: int, run_id: str) -> bool:
     """``pid`` carries ``XL_RUN_ID=<run_id>`` (a process of another user cannot be read: False)."""
     return _environ_has(pid, _needle(run_id))
@@ -170,7 +180,7 @@ def escaped_descendants(root: int, run_id: str) -> list[tuple[int, float]]:
     out = []
     for child in children:
         try:
-            if alive(child.pid) and not is_run_process(child.pid, run_id):
+            if alive(child.pid) and _has_memory(child.pid) and not is_run_process(child.pid, run_id):
                 out.append((child.pid, child.create_time()))
         except psutil.Error:
             continue

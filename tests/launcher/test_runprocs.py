@@ -1,0 +1,46 @@
+"""launcher.runprocs: which of a run's descendants count as having left its environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from xl.launcher import runprocs
+
+RUN_ID = "20261126-000000-abcd"
+SLEEP = [sys.executable, "-c", "import time; time.sleep(30)"]
+
+
+def _ours(pid: int) -> list[int]:
+    return [found for found, _ in runprocs.escaped_descendants(os.getpid(), RUN_ID) if found == pid]
+
+
+def test_a_child_with_a_scrubbed_environment_is_escaped_and_one_with_the_run_id_is_not() -> None:
+    scrubbed = subprocess.Popen(SLEEP, env={})
+    tagged = subprocess.Popen(SLEEP, env={**os.environ, "XL_RUN_ID": RUN_ID})
+    try:
+        time.sleep(0.3)  # both past their exec
+        assert _ours(scrubbed.pid) == [scrubbed.pid]
+        assert _ours(tagged.pid) == []
+    finally:
+        for proc in (scrubbed, tagged):
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_a_process_that_has_let_go_of_its_memory_is_not_called_escaped() -> None:
+    # An exiting process shows an empty environment once its memory is gone; so does a zombie,
+    # which is what a test can hold still: neither has shed XL_RUN_ID, they are ending.
+    child = subprocess.Popen([sys.executable, "-c", "pass"], env={})
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and runprocs._has_memory(child.pid):
+            time.sleep(0.02)
+        assert not runprocs._has_memory(child.pid)
+        assert _ours(child.pid) == []
+        assert not runprocs._has_memory(2**22 + 7)  # no such process
+    finally:
+        child.wait(timeout=10)
+    assert runprocs._has_memory(os.getpid())
