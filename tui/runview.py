@@ -10,7 +10,7 @@ from rich.text import Text
 
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.record import FINAL, RunRecord
-from xl.launcher.rundir.runview import elapsed
+from xl.launcher.rundir.runview import elapsed, outcome_style
 
 # The record's own set of final statuses, under the name the screens use.
 FINISHED = FINAL
@@ -34,7 +34,7 @@ def outcome_text(record: RunRecord, run_id: str, status: str, now: float) -> Tex
         why = f"rank {rank} failed first" + (f" (exit code {code})" if code is not None else "")
     if why:
         line += f": {why}"
-    out.append(line, style={"succeeded": "bold green", "failed": "bold red"}.get(status, "bold yellow"))
+    out.append(line, style=outcome_style(status))
     if status == "failed":
         whose = f" --rank {rank}" if isinstance(rank, int) else ""
         out.append(f"\nxl: every line it printed: xl logs {run_id}{whose}")

@@ -20,7 +20,7 @@ from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.record import RunRecord
-from xl.launcher.rundir.runview import RankView, RunView, state_style
+from xl.launcher.rundir.runview import RankView, RunView, outcome_style, state_style
 from xl.launcher.rundir.tail import RankLogs
 from xl.textsafe import bytes_for_terminal, visible
 from xl.units import mib
@@ -411,7 +411,7 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
     failure = state.failure
     if failure is not None and failure.traceback:
         console.print(Panel(visible(str(failure.traceback), lines=True), title=f"rank {failure.rank} traceback", border_style="red"))
-    console.print(_summary(state), style="red" if state.exit_code else "green", highlight=False)
+    console.print(_summary(state), style=outcome_style(state.status), highlight=False)
     return state.exit_code
 
 

@@ -297,7 +297,7 @@ def _gpu(value: Any) -> int | str | None:
 def _take_row(view: RankView, info: dict[str, Any]) -> None:
     """A rank's row of run.json onto its view: where it runs, its pid and how it ended."""
     if info.get("node") is not None:
-        view.node = str(info["node"])
+        view.host = str(info["node"])
     if isinstance(info.get("node_rank"), int):
         view.node_rank = info["node_rank"]
     if info.get("gpu") is not None:

@@ -4,7 +4,8 @@ The reader (reader.py) builds one per poll: run.json as the typed record, each r
 (its state decided by the one rank-outcome rule, outcome.py), the hang in force and the run's
 root-cause failure. Each is decided here or in the reader, once per read; the Monitor and its
 widgets, the console view (launcher/cli/console.py) and the exporter draw what it says and decide
-none of it again. STATE_STYLE is the one table of how a state looks, in every view.
+none of it again. STATE_STYLE is the one table of how a state looks, and OUTCOME_STYLE of how
+the run's last line does, in every view.
 
 Standard library only (no Rich): the console view loads it before it knows it will draw.
 """
@@ -43,6 +44,17 @@ HISTORY = 600  # points kept per series and rank, spread over the whole run
 def state_style(state: str | None, default: str = "") -> str:
     """The style a state is drawn in (``default`` for a state the table does not know)."""
     return STATE_STYLE.get(state or "", default)
+
+
+# The line a view ends on ("run ... succeeded after 12.3s"), by the run's status: in the app's
+# closing text and the console view's last line alike. Anything but success or failure (a stop, a
+# view left before the end) in yellow.
+OUTCOME_STYLE: dict[str, str] = {"succeeded": "bold green", "failed": "bold red"}
+
+
+def outcome_style(status: str | None) -> str:
+    """The style of the run's outcome line."""
+    return OUTCOME_STYLE.get(status or "", "bold yellow")
 
 
 class History(Sequence[tuple[float, float]]):
@@ -105,7 +117,7 @@ class History(Sequence[tuple[float, float]]):
 @dataclass
 class RankView:
     rank: int
-    node: str | None = None  # the host, as run.json names it
+    host: str | None = None  # the machine it runs on (run.json's key ``node``)
     node_rank: int | None = None  # xl's node rank: tells apart two nodes on one host
     gpu: int | str | None = None
     pid: int | None = None
@@ -307,10 +319,6 @@ class RunView:
         return Progress(step, total, max(etas) if etas else None)
 
 
-def _host(rv: RankView) -> str | None:
-    return None if rv.node is None or rv.node == "" else str(rv.node)
-
-
 def elapsed(record: RunRecord, now: float) -> float | None:
     """Seconds from the start to the end (to ``now`` while it runs); None before it started."""
     if record.started_at is None:
@@ -325,13 +333,13 @@ def node_labels(ranks: Mapping[int, RankView]) -> dict[int, str | None]:
     keys: dict[int, Any] = {}
     hosts: dict[str, set[Any]] = {}
     for rank, rv in ranks.items():
-        host = _host(rv)
+        host = rv.host or None
         keys[rank] = rv.node_rank if isinstance(rv.node_rank, int) else host
         if host is not None:
             hosts.setdefault(host, set()).add(keys[rank])
     labels: dict[int, str | None] = {}
     for rank, rv in ranks.items():
-        host = _host(rv)
+        host = rv.host or None
         if host is None:
             labels[rank] = None if keys[rank] is None else f"node {keys[rank]}"
         elif len(hosts[host]) > 1:

@@ -49,14 +49,13 @@ MIB = 1 << 20
 
 class ExporterReader(RunReader):
     """A run's reader that also keeps what the exporter needs and the app does not: each rank's
-    samples so far (``samples=`` is a count per call), when its step last moved, and the
-    culprits of the hang in force (``hang`` events name them; ``recovered`` ends it)."""
+    samples so far (``samples=`` is a count per call) and when its step last moved. The hang in
+    force is the RunView's (its one rule, runview.HangRule)."""
 
     def __init__(self, run_dir: Path) -> None:
         super().__init__(run_dir)
         self.samples_total: dict[int, float] = {}
         self.last_step_t: dict[int, float] = {}
-        self.hung: set[int] = set()
 
     def _apply_metrics(self, records: list[Any]) -> None:
         for rec in records:
@@ -71,14 +70,6 @@ class ExporterReader(RunReader):
             if "step" in rec and t > self.last_step_t.get(rank, float("-inf")):
                 self.last_step_t[rank] = float(t)
         super()._apply_metrics(records)
-
-    def _apply_event(self, event: dict[str, Any]) -> None:
-        super()._apply_event(event)
-        kind = event.get("kind")
-        if kind == "hang":
-            self.hung = {r for r in event.get("ranks") or [] if isinstance(r, int)}
-        elif kind == "recovered" and event.get("of") == "stalled":
-            self.hung.discard(event.get("rank"))  # type: ignore[arg-type]
 
 
 @dataclass
@@ -98,7 +89,9 @@ def _live(rec: RunRecord) -> bool:
     return bool(runprocs.find_run_pids(rec.run_id))
 
 
-def _state(view: RankView, hung: set[int]) -> str:
+def _state(view: RankView, hung: frozenset[int]) -> str:
+    """The rank's state in the stateset: ``hung`` for a stalled culprit of the hang in force that
+    has not moved since (``Hang.stuck``)."""
     if view.state == "stalled" and view.rank in hung:
         return "hung"
     if view.state == "stopped":  # ended by the supervisor, not by its own failure
@@ -189,14 +182,15 @@ class RunsCollector(Collector):
                 "nnodes": _text(rec.get("nnodes") or 1), "user": run.user, "slurm_job_id": _text(slurm),
             })
             fresh = 0
+            hung = run.view.hang.stuck if run.view.hang is not None else frozenset()
             for rank, view in run.view.ranks.items():
                 entry = by_rank.get(rank, {})
-                labels = [rec.run_id, str(rank), _text(entry.get("local_rank")), _text(view.node or entry.get("node") or host)]
+                labels = [rec.run_id, str(rank), _text(entry.get("local_rank")), _text(view.host or entry.get("node") or host)]
                 device = devices.get(view.gpu if isinstance(view.gpu, int) else entry.get("gpu"), {})
                 gpu = _text(device.get("index", view.gpu if isinstance(view.gpu, int) else None))
                 uuid = _text(entry.get("gpu_uuid") or device.get("uuid"))
                 rank_info.add_metric(labels, {"gpu": gpu, "UUID": uuid, "modelName": _text(device.get("name")), "pid": _text(view.pid)})
-                state.add_metric(labels, {s: s == _state(view, run.reader.hung) for s in STATES})
+                state.add_metric(labels, {s: s == _state(view, hung) for s in STATES})
                 if view.step is not None:
                     step.add_metric(labels, view.step)
                 if view.loss is not None:

@@ -79,7 +79,7 @@ def test_one_style_table_for_states() -> None:
 
 
 def test_two_nodes_on_one_host_are_told_apart() -> None:
-    ranks = {0: RankView(0, node="h", node_rank=0), 1: RankView(1, node="h", node_rank=1), 2: RankView(2, node="g")}
+    ranks = {0: RankView(0, host="h", node_rank=0), 1: RankView(1, host="h", node_rank=1), 2: RankView(2, host="g")}
     assert node_labels(ranks) == {0: "h #0", 1: "h #1", 2: "g"}
     assert node_labels({0: RankView(0, node_rank=2)}) == {0: "node 2"}
 
