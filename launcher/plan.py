@@ -25,6 +25,7 @@ from xl.address import format_address
 from xl.errors import UsageError
 from xl.gpu.devices import find_gpu, judge_visible_devices
 from xl.gpu.health import busy
+from xl.gpu.models import model_counts, models_text
 from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, valid_env_name
 
 if TYPE_CHECKING:
@@ -212,16 +213,13 @@ def rdzv_id(host: str, port: int, env: Mapping[str, str]) -> str:
 
 
 def _mixed_models(devices: Sequence[GPU]) -> str | None:
-    """The warning for a run over GPUs of different models (the doctor's `gpus` check and the
-    app's picker say the same): every step waits for the slowest."""
-    counts: dict[str, int] = {}
-    for g in devices:
-        counts[g.name or "?"] = counts.get(g.name or "?", 0) + 1
+    """The warning for a run over GPUs of different models, its models counted and named as the
+    doctor's `gpus` check and the app's picker name them (xl.gpu.models), with the launch's advice."""
+    counts = model_counts(devices)
     if len(counts) < 2:
         return None
-    models = ", ".join(f"{n} x{c}" for n, c in counts.items())
     return (
-        f"the run's GPUs are of different models ({models}): every step waits for the slowest; "
+        f"the run's GPUs are of different models ({models_text(counts)}): every step waits for the slowest; "
         "choose alike GPUs with --gpus (xl gpus lists them)"
     )
 

@@ -26,7 +26,7 @@ from textual.driver import Driver
 from textual.screen import Screen
 
 from xl.errors import EXIT_USAGE, ArgumentParser
-from xl.launcher.rundir.record import RunRecord
+from xl.launcher.rundir.record import RunRecord, exit_code_for, is_final
 from xl.tui import fmt
 from xl.tui.backend import Backend, LocalBackend
 from xl.tui.runview import FINISHED, outcome_text
@@ -319,8 +319,8 @@ def build_app(backend: Backend | None = None, **kwargs: Any) -> XLApp:
 def exit_code(app: XLApp) -> int:
     """The exit code of `xl launch` / `xl demo` / `xl attach` after the monitor closes.
 
-    The same as the plain view's (launcher.watch): 0 the run succeeded, 1 it failed or was
-    stopped (docs/contracts.md, "Exit codes"); 0 when the person detached
+    The run record's rule, as the console view's (record.exit_code_for): 0 the run succeeded, 1
+    it failed or was stopped (docs/contracts.md, "Exit codes"); 0 when the person detached
     from a run that is still going. The outcome is what the Monitor showed when the person left;
     if they left from another screen, run.json says it.
     """
@@ -331,9 +331,7 @@ def exit_code(app: XLApp) -> int:
     status = app.run_outcome
     if status is None:
         status = app.backend.run_status(app.monitor_run_dir)
-    if status in FINISHED:
-        return 0 if status == "succeeded" else 1
-    return 0
+    return exit_code_for(status) if is_final(status) else 0
 
 
 def run_monitor(run_dir: Path, *, attach_only: bool = True, notice: str | None = None) -> int:

@@ -136,7 +136,7 @@ class FrameServer:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        return format_address(self.host, self.port)
 
     def start(self) -> None:
         self._listener.register()

@@ -17,6 +17,7 @@ from xl.launcher.rundir.runview import (
     RunView,
     failure_of,
     node_labels,
+    outcome_style,
     state_style,
 )
 
@@ -75,6 +76,8 @@ def test_the_failure_is_run_json_s_else_the_newest_failure_event() -> None:
 def test_one_style_table_for_states() -> None:
     assert state_style("failed") == "bold red" and state_style("exited") == state_style("stopped") == "dim"
     assert state_style("nonsense") == "" and state_style(None, "bold") == "bold"
+    # The run's last line, the same in the app and the console view: only success and failure stand out.
+    assert (outcome_style("succeeded"), outcome_style("failed"), outcome_style("stopped")) == ("bold green", "bold red", "bold yellow")
     assert {"running", "starting", "straggler", "stalled", "waiting", "exited", "failed", "stopped", "succeeded"} <= set(STATE_STYLE)
 
 
