@@ -30,8 +30,9 @@ from urllib.parse import urlsplit
 import psutil
 
 from xl import envnames
+from xl.address import format_address, url_host
 from xl.errors import ArgumentParser, UsageError
-from xl.listen import is_loopback, port_in_use, same_token, token_from, url_host, warn_if_exposed
+from xl.listen import is_loopback, port_in_use, same_token, token_from, warn_if_exposed
 
 PROG = "xl serve"
 TOKEN_VAR = envnames.SERVE_TOKEN
@@ -46,7 +47,7 @@ def origins(host: str, port: int, public_url: str | None) -> set[str]:
     hosts = {url_host(host)}
     if is_loopback(host):
         hosts |= {"127.0.0.1", "localhost", "[::1]"}
-    out = {f"http://{h}:{port}" for h in hosts}
+    out = {f"http://{format_address(h, port)}" for h in hosts}
     if public_url:
         parts = urlsplit(public_url)
         out.add(f"{parts.scheme}://{parts.netloc}".lower())
@@ -115,7 +116,7 @@ async def serve(server: Any, host: str, port: int, public_url: str | None, token
         return 1
     bound = int(runner.addresses[0][1])
     server.port = bound
-    server.public_url = (public_url or f"http://{url_host(host)}:{bound}").rstrip("/")
+    server.public_url = (public_url or f"http://{format_address(host, bound)}").rstrip("/")
     server.allowed = origins(host, bound, public_url)
     warn_if_exposed(PROG, host)
     print(f"xl: serving the app at {server.public_url}/?token={token}", flush=True)

@@ -11,7 +11,6 @@ import secrets
 import sys
 
 from xl.address import format_address
-from xl.address import url_host as url_host  # tui/serve.py still takes it from here
 
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
 

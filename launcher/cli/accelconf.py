@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from xl.address import format_address
 from xl.errors import UsageError
 
 
@@ -117,5 +118,5 @@ def read_settings(path: Path) -> AccelerateSettings:
     out.node_rank = _int(data, "machine_rank", path)
     ip, port = data.get("main_process_ip"), data.get("main_process_port")
     if ip and port and (out.nnodes or 1) > 1:
-        out.rdzv = f"{ip}:{port}"
+        out.rdzv = format_address(str(ip), str(port))
     return out

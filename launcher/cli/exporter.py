@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xl import envnames, paths
-from xl.address import url_host
+from xl.address import format_address
 from xl.atomic import write_atomic
 from xl.errors import ArgumentParser, UsageError
 from xl.listen import port_in_use, same_token, token_from, warn_if_exposed
@@ -124,7 +124,7 @@ def main(argv: Sequence[str]) -> int:
         return 1
     warn_if_exposed(PROG, ns.host)
     port = server.server_address[1]
-    print(f"xl: exporting metrics at http://{url_host(ns.host)}:{port}/metrics (bearer token: {where})", flush=True)
+    print(f"xl: exporting metrics at http://{format_address(ns.host, port)}/metrics (bearer token: {where})", flush=True)
 
     def stop(signum: int, frame: Any) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
