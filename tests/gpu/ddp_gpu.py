@@ -115,10 +115,17 @@ def main() -> None:
         elif step == 40:
             dist.barrier()
     # xl.log while the GPU is busy for a while: it must return at once, the value arrive later.
+    # Each kernel below runs once first: under CUDA's lazy module loading (the default) the
+    # first launch of a kernel may synchronise the whole device to load it, which here drained
+    # the sleep before xl.log was called (an H200, 2026-11-26: probe_busy_s 0.0002 s).
+    torch.cuda._sleep(1000)
+    torch.zeros((), device=device) + PROBE_VALUE
     torch.cuda.synchronize()
+    queued = time.perf_counter()
     torch.cuda._sleep(int(4e8))  # ~0.2 s of spinning at ~2 GHz
     probe = torch.zeros((), device=device) + PROBE_VALUE  # queued behind the sleep
     t0 = time.perf_counter()
+    queue_s = t0 - queued  # ~0: the CPU was not held up queueing the work
     counter.log(step=step + 1, probe=probe)
     log_s = time.perf_counter() - t0
     torch.cuda.synchronize()
@@ -140,6 +147,7 @@ def main() -> None:
         "control_syncs": counter.main_total - before,
         "probe_log_s": log_s,
         "probe_busy_s": busy_s,
+        "probe_queue_s": queue_s,
         "first_loss": float(losses[0]),
         "last_loss": float(losses[-1]),
         "param_checksum": checksum,
