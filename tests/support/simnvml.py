@@ -59,6 +59,7 @@ MODELS: dict[str, tuple[str, int, str, int, int]] = {
     "A100": ("NVIDIA A100-SXM4-80GB", 0x20B210DE, "8.0", 81920, 400),
     "A100-40GB": ("NVIDIA A100-SXM4-40GB", 0x20B010DE, "8.0", 40960, 400),
     "H100": ("NVIDIA H100 80GB HBM3", 0x233010DE, "9.0", 81559, 700),
+    "H200": ("NVIDIA H200", 0x233510DE, "9.0", 143771, 700),
     "L4": ("NVIDIA L4", 0x27B810DE, "8.9", 23034, 72),
     "RTX4090": ("NVIDIA GeForce RTX 4090", 0x268410DE, "8.9", 24564, 450),
     "V100": ("Tesla V100-SXM2-32GB", 0x1DB510DE, "7.0", 32768, 300),
@@ -143,6 +144,27 @@ class SimGPU:
             errors=dict(self.errors),
             processes=[dataclasses.replace(p) for p in self.processes],
         )
+
+
+def seen_h200() -> SimGPU:
+    """The H200 as its real driver (580.159.04, CUDA 13.0) answered, idle, on 2026-11-26 (the GPU
+    acceptance run, bench/README.md): the driver holds 615 MiB for itself (memory v1 counts it as
+    used, v2 apart, with used 0), and like the other passively cooled data-centre GPUs since
+    Ampere it has no fan reading and no page retirement (row remapping replaced it): those three
+    calls answer NOT_SUPPORTED. Run it with driver_version="580.159.04", cuda_version=13000."""
+    return SimGPU(
+        model="H200",
+        uuid="GPU-6091723c-1489-8531-612c-d2c983e2ea71",
+        pci_bus_id="00000000:00:06.0",
+        memory_reserved_mib=644939776 / MIB,
+        temperature_c=37,
+        power_w=76.744,
+        errors={
+            "nvmlDeviceGetFanSpeed": NOT_SUPPORTED,
+            "nvmlDeviceGetRetiredPages": NOT_SUPPORTED,
+            "nvmlDeviceGetRetiredPagesPendingStatus": NOT_SUPPORTED,
+        },
+    )
 
 
 # ---------------------------------------------------------------------------------------------
