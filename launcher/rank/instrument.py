@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from xl import envnames
+
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
 
@@ -40,7 +42,7 @@ HOOKS = {
 def enabled(env: Any = None) -> bool:
     """Inside an xl run (a collector to send to) and not turned off with XL_INSTRUMENT=0."""
     env = os.environ if env is None else env
-    return bool(env.get("XL_COLLECTOR")) and env.get("XL_INSTRUMENT", "1").strip() not in ("0", "no", "false")
+    return bool(env.get(envnames.COLLECTOR)) and env.get(envnames.INSTRUMENT, "1").strip() not in ("0", "no", "false")
 
 
 def patch(name: str, module: ModuleType) -> None:

@@ -11,13 +11,7 @@ import os
 import threading
 import time
 
-from xl import wire
 from xl.launcher.rundir.layout import RunLayout
-
-# A metrics line is made in one place, xl.wire (ranks make them too); the old name stays for
-# launcher/supervisor/telemetry_port.py.
-dumps_line = wire.dumps_record
-
 
 # Lines the disk refused wait in memory up to this much (the newest kept) and are written once
 # it takes them again: a full disk loses metrics only past this, and never stops the run.

@@ -129,6 +129,7 @@ class RunJson(TypedDict, total=False):
     ranks: list[RankRow]
     failure: dict[str, Any] | None
     time: dict[str, float]
+    metrics_bytes_lost: int
 
 
 class RunStatus(str, Enum):

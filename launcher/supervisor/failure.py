@@ -19,7 +19,7 @@ from typing import Any
 
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.outcome import Failure, RankPhase
+from xl.launcher.rundir.outcome import Failure, rank_outcome
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.ranks import Ranks, RankState, describe_exit, signal_name
@@ -141,9 +141,9 @@ class RootCause:
             return  # another node's rank: that node explained it
         real = [st for st in ranks if st.exit_code not in (None, 0, *_STOP_CODES)]
         if blamed.exit_code in _STOP_CODES and real:
-            blamed.state = RankPhase.STOPPED
+            blamed.state = rank_outcome(blamed.exit_code, stopped=False, blamed=False)
             blamed = min(real, key=lambda st: st.ended_at or 0.0)
-            blamed.state = RankPhase.FAILED
+            blamed.state = rank_outcome(blamed.exit_code, stopped=False)
         message = f"rank {blamed.rank} failed first: {describe_exit(blamed.rank, blamed.exit_code)}"
         if blamed.rank in self.last_words:
             message += f": {self.last_words[blamed.rank]}"

@@ -27,7 +27,7 @@ from xl.launcher.multinode.join import (
     listen_host,
     valid_token,
 )
-from xl.launcher.rundir.outcome import DONE_STATES, LIVE_STATES, RankPhase
+from xl.launcher.rundir.outcome import DONE_STATES, LIVE_STATES, rank_outcome
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.supervisor.failure import Failure, RootCause
 from xl.launcher.supervisor.journal import Journal, say
@@ -392,8 +392,8 @@ class Hub:
     def settle(self, status: RunStatus) -> None:
         """At the end: the running ranks of a lost node failed with it; those of a node whose
         ranks went quiet without their supervisor ended with the run (its own run dir has how)."""
-        ended = {RunStatus.SUCCEEDED: RankPhase.EXITED, RunStatus.STOPPED: RankPhase.STOPPED}.get(status, RankPhase.FAILED)
+        ended = rank_outcome(0 if status is RunStatus.SUCCEEDED else None, stopped=status is RunStatus.STOPPED)
         for node in self.nodes.values():
             for info in node.ranks:
                 if (node.lost or node.quiet) and info.get("state") not in DONE_STATES:
-                    info["state"] = (RankPhase.FAILED if node.lost else ended).value
+                    info["state"] = (rank_outcome(None, stopped=False) if node.lost else ended).value

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from xl.launcher.rundir import layout
 from xl.launcher.rundir.layout import RunLayout, log_rank
 from xl.launcher.rundir.tail import writing
 
@@ -138,7 +139,7 @@ class LogSink:
             self.log_fds[rank] = fd
             os.write(fd, data)
         except OSError as exc:
-            self.write_failed(f"logs/rank-{rank}.log", exc)
+            self.write_failed(f"{layout.LOGS}/{layout.rank_log_name(rank)}", exc)
         return self._lines(rank, data, partial)
 
     def _lines(self, rank: int, data: bytes, partial: bytes) -> bytes:

@@ -369,6 +369,8 @@ class Supervisor:
         self.port.stop()
         _debug("telemetry stopped")
         self.sink.close_logs()
+        if self.port.metrics_bytes_lost():
+            self.record.update(metrics_bytes_lost=self.port.metrics_bytes_lost())
         self.record.end(status)
         # The time accounting goes in with the final status: whoever sees the end sees it too.
         from xl.launcher.rundir.digest import close_run  # noqa: PLC0415 - the end only: not on the path to torchrun

@@ -68,7 +68,7 @@ def describe_end(st: RankState) -> str:
 class RankState:
     rank: int
     local_rank: int
-    node: str
+    host: str  # run.json's key is node (docs/contracts.md)
     gpu: int | None
     gpu_uuid: str | None
     node_rank: int = 0
@@ -89,7 +89,7 @@ class RankState:
         return {
             "rank": self.rank,
             "local_rank": self.local_rank,
-            "node": self.node,
+            "node": self.host,
             "node_rank": self.node_rank,
             "pid": self.pid,
             "gpu": self.gpu,
@@ -207,7 +207,7 @@ class Ranks:
             self.by_rank[rank] = RankState(
                 rank=rank,
                 local_rank=local,
-                node=host,
+                host=host,
                 gpu=dev["index"] if dev else None,
                 gpu_uuid=dev["uuid"] if dev else None,
                 node_rank=node_rank,

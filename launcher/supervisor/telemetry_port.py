@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from xl import envnames
+from xl import envnames, wire
+from xl.address import format_address
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import read_object
 from xl.launcher.supervisor.journal import Journal, say
@@ -61,7 +62,7 @@ class TelemetryPort:
                 sock.close()
                 continue
             self._held = sock
-            return {envnames.COLLECTOR: f"{_LOOPBACK}:{sock.getsockname()[1]}", envnames.TOKEN: self.token}
+            return {envnames.COLLECTOR: format_address(_LOOPBACK, sock.getsockname()[1]), envnames.TOKEN: self.token}
         return {envnames.TOKEN: self.token}
 
     def start(self, run_dir: Path, emit: Callable[[dict[str, Any]], None], **where: Any) -> dict[str, str]:
@@ -118,6 +119,11 @@ class TelemetryPort:
             return {}
         return {rank: peer.last_seen for rank, peer in list(collector.peers.items())}
 
+    def metrics_bytes_lost(self) -> int:
+        """Bytes of metrics lines a full disk made the collector cut (its ``metrics_lost`` event)."""
+        writer = self.telemetry.writer if self.telemetry is not None else None
+        return writer.bytes_lost if writer is not None else 0
+
     def stop(self) -> None:
         """Flush and stop it, once."""
         self._release()
@@ -129,10 +135,8 @@ class TelemetryPort:
 
 def forward_records(journal: Journal) -> Callable[[list[dict[str, Any]]], None]:
     """Node > 0: what its telemetry samples goes to node 0 over the link, as metrics lines."""
-    from xl.launcher.rundir.metrics import dumps_line  # noqa: PLC0415 - only a node > 0 forwards: not before a one-node run's torchrun
-
     def forward(records: list[dict[str, Any]]) -> None:
         for rec in records:
-            journal.send({"type": "rec", "rank": rec["rank"], "line": dumps_line(rec).decode()})
+            journal.send({"type": "rec", "rank": rec["rank"], "line": wire.dumps_record(rec).decode()})
 
     return forward

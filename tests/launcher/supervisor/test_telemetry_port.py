@@ -66,3 +66,17 @@ def test_a_telemetry_call_that_fails_is_said_and_the_run_goes_on(tmp_path: Path,
     finally:
         port.stop()
     assert "telemetry.set_ranks failed" in capfd.readouterr().err
+
+
+def test_metrics_a_full_disk_cut_are_counted_for_run_json(tmp_path: Path) -> None:
+    port = TelemetryPort("t" * 32)
+    assert port.metrics_bytes_lost() == 0  # never started
+    port.start(tmp_path, lambda event: None)
+    try:
+        assert port.telemetry is not None and port.telemetry.writer is not None
+        assert port.metrics_bytes_lost() == 0
+        port.telemetry.writer.bytes_lost = 4096  # as MetricsWriter counts them (test_metrics_lost)
+        assert port.metrics_bytes_lost() == 4096
+    finally:
+        port.stop()
+    assert port.metrics_bytes_lost() == 4096  # still there for the record once it stopped
