@@ -9,7 +9,10 @@ commands run alternately in the same rounds, so machine load hits them alike; a 
 median of each round's ratio, printed with its spread (min-max over the rounds). Under xl every
 rank is instrumented (docs/frameworks.md); ``--no-instrument`` times xl without it instead, and
 ``--hooks`` times both in the same rounds and also prints xl / xl --no-instrument: the hooks'
-own cost, apart from the launcher's.
+own cost, apart from the launcher's. Bytecode caching is on for every command
+(``PYTHONDONTWRITEBYTECODE`` dropped; the warm-up runs write the caches): with it off, every xl
+process compiled xl's modules from source (~100-150 ms of CPU a run), which an installed xl never
+does and torch's installed modules never did.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ def main() -> int:
         env = dict(os.environ, XL_HOME=str(Path(tmp) / "home"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1", HF_HOME=str(Path(tmp) / "hf"))
         env.pop("CUDA_VISIBLE_DEVICES", None)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # see the module's docstring
         xl_opts = ["--no-instrument"] if ns.no_instrument else []
         for name in chosen:
             script, *args = FRAMEWORKS[name]
@@ -109,6 +113,7 @@ def main() -> int:
                     times[key].append(wall)
                     cpus[key].append(cpu)
             _report(name, times, cpus, ns.repeat)
+            print(f"{'':11} load {os.getloadavg()[0]:.1f} at the end", flush=True)
     return 0
 
 

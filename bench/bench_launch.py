@@ -3,15 +3,19 @@
     .venv/bin/python bench/bench_launch.py [--repeat N] [--before DIR]
 
 Two CPU ranks that init gloo, meet at a barrier and leave. Wall time from start to exit of each
-command, measured alternately in the same run (so machine load hits both alike); prints the
-medians and the ratio xl / torchrun (goal <= 1.03x). ``--before DIR``: also time another xl (a
-folder holding its ``xl`` package, put first on PYTHONPATH) in the same rounds, e.g. the last
-release, for a before/after measured side by side.
+command, measured alternately in the same run, the order reversed every other round (so machine
+load hits both alike); prints the medians and the ratio xl / torchrun (goal <= 1.03x).
+``--before DIR``: also time another xl (a folder holding its ``xl`` package, put first on
+PYTHONPATH) in the same rounds, e.g. the last release, for a before/after measured side by side.
 
 Where the time goes: each rank notes when its script's first line ran and when its last one
 did, so every command's wall time splits into its start (the command's start to the first
 rank's first line: torchrun's own start, and xl's before and around it), the script, and its end
 (the last rank's last line to the command's exit). The start and end are printed too.
+
+Every command runs with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` dropped; the warm-up
+run writes the caches): xl is timed as an installed package runs, not compiling its own modules
+from source in every process, which torch's installed modules never do.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ def main() -> int:
         script.write_text(SCRIPT)
         env = dict(os.environ, XL_HOME=str(Path(tmp) / "home"))
         env.pop("CUDA_VISIBLE_DEVICES", None)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # see the module's docstring
         xl = [sys.executable, "-m", "xl", "launch", "--no-tui", "--nproc", "2", str(script)]
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)]
         runs: dict[str, tuple[list[str], dict[str, str]]] = {"torchrun": (torchrun, env), "xl": (xl, env)}
@@ -73,11 +78,13 @@ def main() -> int:
         for argv, run_env in runs.values():
             _time(argv, run_env, tmp)  # warm the page cache for each before measuring
         times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}
-        for _ in range(ns.repeat):
-            for name, (argv, run_env) in runs.items():
+        for i in range(ns.repeat):
+            order = list(runs.items())
+            for name, (argv, run_env) in order if i % 2 == 0 else reversed(order):  # neither always goes first
                 times[name].append(_time(argv, run_env, tmp))
     anchor = [t[0] for t in times["torchrun"]]
-    print(f"2 ranks, gloo init + barrier; {ns.repeat} rounds, each command once a round in turn")
+    load = os.getloadavg()[0]
+    print(f"2 ranks, gloo init + barrier; {ns.repeat} rounds, each command once a round, alternating; load {load:.1f} at the end")
     for name, rows in times.items():
         ts = [t[0] for t in rows]
         line = f"{name:12}: median {statistics.median(ts):.3f}s  ({', '.join(f'{t:.2f}' for t in ts)})"

@@ -29,6 +29,7 @@ from xl import envnames
 from xl.atomic import makedirs_private, write_json_atomic
 from xl.launcher.rank import instrument, relay
 from xl.launcher.rank.stacks import install as install_stacks
+from xl.launcher.rank.stacks import write_unsynced
 from xl.launcher.rundir.layout import RunLayout
 
 # Frames of this module and of runpy (a frozen module on 3.11+: "<frozen runpy>").
@@ -110,18 +111,11 @@ class _Record:
         fsync here held every rank's start ~5-10 ms on a busy machine; the outcome's is kept)."""
         if self.path is None:
             return
-        tmp = f"{self.path}.{os.getpid()}.tmp"
         try:
             makedirs_private(os.path.dirname(self.path))
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, json.dumps(self.data).encode())
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
+            write_unsynced(self.path, json.dumps(self.data).encode())
         except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            pass
 
 
 def _supervisor_gone(run_dir: str) -> bool:

@@ -25,7 +25,6 @@ import contextlib
 import faulthandler
 import json
 import os
-import secrets
 import signal
 import socket
 import struct
@@ -35,7 +34,7 @@ import time
 from types import FrameType
 from typing import IO, Any
 
-from xl.atomic import makedirs_private, write_json_atomic
+from xl.atomic import makedirs_private
 from xl.launcher.rank.frenv import set_buffer
 from xl.launcher.rundir.layout import RunLayout
 
@@ -50,7 +49,25 @@ _state: dict[str, Any] = {}  # keeps the faulthandler file and the socket alive 
 
 def socket_name(pid: int) -> str:
     """A new abstract Unix socket name for the rank with this pid: 128 random bits in it."""
-    return f"\0xl-stacks-{pid}-{secrets.token_hex(16)}"
+    return f"\0xl-stacks-{pid}-{os.urandom(16).hex()}"  # as secrets.token_hex(16), without hmac's imports
+
+
+def write_unsynced(path: str, data: bytes) -> None:
+    """Replace ``path`` atomically with a private (0600) file holding ``data``, without waiting for
+    the disk: a rank's start files (its PID, this door) say how to reach a live process, which no
+    power cut outlives; an fsync here held every rank's start 5-12 ms on a busy machine."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def peer_is(sock: socket.socket, pid: int) -> bool:
@@ -175,7 +192,7 @@ def install(run_dir: str | None, rank: int) -> bool:
         "since": time.time(),
     }
     try:
-        write_json_atomic(layout.rank_stacks_door(rank), info)
+        write_unsynced(str(layout.rank_stacks_door(rank)), json.dumps(info).encode())
     except OSError:
         return False
     return True
