@@ -4,11 +4,15 @@ the real `xl launch --nproc-per-node 2 --no-tui` on CPU ranks (gloo).
 
 Each run is checked against what the framework itself logs: the script writes its own record
 (the Trainer's log_history, or each rank's loss as the script computed it) beside the run.
+An HF run is the suite's slowest thing to start, so one run answers for several behaviours: the
+unchanged Trainer's also for the plain view's eval column (tests/e2e/test_eval_shown.py), the
+--no-instrument one also for what xl reads from the Trainer's printed output alone.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -25,7 +29,8 @@ pytestmark = pytest.mark.e2e
 EXAMPLES = REPO / "examples"
 
 
-def _launch(tmp_path: Path, script: str, args: list[str], *, xl_args: tuple[str, ...] = (), timeout: float = 240) -> tuple[Path, list[dict[str, Any]]]:
+def _launch(tmp_path: Path, script: str, args: list[str], *, xl_args: tuple[str, ...] = (), timeout: float = 240) -> tuple[Path, list[dict[str, Any]], str]:
+    """The run's dir, its train records, and what `xl launch --no-tui` printed."""
     home = tmp_path / "home"
     env = xl_env(
         home,
@@ -40,7 +45,7 @@ def _launch(tmp_path: Path, script: str, args: list[str], *, xl_args: tuple[str,
     wait_no_processes(run_dir, timeout=30)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return run_dir, [r for r in recs if r["kind"] == "train"]
+    return run_dir, [r for r in recs if r["kind"] == "train"], proc.stdout
 
 
 def _by_rank(train: list[dict[str, Any]], key: str) -> dict[int, dict[int, Any]]:
@@ -79,13 +84,15 @@ def _same_as_recorded(train: list[dict[str, Any]], record: Path, steps: int) -> 
 def test_hf_trainer_every_rank_loss_is_the_trainers(tmp_path: Path, how: str) -> None:
     """Rank 1 has values too; the loss is the Trainer's (its mean over ranks is what the Trainer
     logs, after its scaling for average_tokens_across_devices and gradient accumulation); eval
-    values are kept apart and never move the step or the progress."""
+    values are kept apart and never move the step or the progress. Unchanged (instrumented):
+    the end table of `xl launch --no-tui` has each rank's eval loss as the Trainer logged it,
+    with the epoch."""
     steps, history = 6, tmp_path / "history.json"
     args = ["--steps", str(steps), "--logging-steps", "1", "--eval", "3", "--accum", "2", "--history", str(history)]
     if how == "unchanged":
-        run_dir, train = _launch(tmp_path, "hf_trainer.py", [*args, "--no-callback"])
+        run_dir, train, out = _launch(tmp_path, "hf_trainer.py", [*args, "--no-callback"])
     else:
-        run_dir, train = _launch(tmp_path, "hf_trainer.py", args, xl_args=("--no-instrument",))
+        run_dir, train, out = _launch(tmp_path, "hf_trainer.py", args, xl_args=("--no-instrument",))
     assert all(r.get("source") != "log" for r in train), "printed dicts must not double up"
     _every_rank_shows_its_figures(run_dir, steps)
     logged = {h["step"]: h["loss"] for h in json.loads(history.read_text()) if "loss" in h}
@@ -101,13 +108,20 @@ def test_hf_trainer_every_rank_loss_is_the_trainers(tmp_path: Path, how: str) ->
     hf_evals = {h["step"]: h["eval_loss"] for h in json.loads(history.read_text()) if "eval_loss" in h}
     assert {r["step"]: r["eval_loss"] for r in evals} == pytest.approx(hf_evals)
     assert {r["total_steps"] for r in train if "total_steps" in r} == {steps}
+    if how == "unchanged":
+        last = [h for h in json.loads(history.read_text()) if "eval_loss" in h][-1]  # the Trainer's own
+        shown = f"{last['eval_loss']:.4g} ep {last['epoch']:.3g}"
+        header = next(ln for ln in out.splitlines() if ln.startswith("| rank"))
+        assert re.search(r"\|\s+eval \|", header), out[-3000:]
+        rows = [ln for ln in out.splitlines() if re.match(r"\|\s+[01] \| exited", ln)]
+        assert len(rows) == 2 and all(shown in row for row in rows), (shown, out[-3000:])
 
 
 @pytest.mark.parametrize("bar", ["default", "tqdm"])  # Lightning's default: Rich (xl installs rich)
 def test_lightning_unchanged_every_rank_with_either_bar(tmp_path: Path, bar: str) -> None:
     """train_loss, steps across epochs, epochs; validation apart from training; no sanity check."""
     record = tmp_path / "loss"
-    run_dir, train = _launch(tmp_path, "lightning_train.py", ["--steps", "6", "--epochs", "2", "--record", str(record), *(["--bar", bar] if bar != "default" else [])])
+    run_dir, train, _ = _launch(tmp_path, "lightning_train.py", ["--steps", "6", "--epochs", "2", "--record", str(record), *(["--bar", bar] if bar != "default" else [])])
     _every_rank_shows_its_figures(run_dir, 12)
     _same_as_recorded([r for r in train if "eval_loss" not in r], record, 12)
     assert {r["epoch"] for r in train if "loss" in r} == {0, 1}
@@ -120,7 +134,7 @@ def test_lightning_unchanged_every_rank_with_either_bar(tmp_path: Path, bar: str
 
 def test_accelerate_unchanged_every_rank(tmp_path: Path) -> None:
     record = tmp_path / "loss"
-    run_dir, train = _launch(tmp_path, "accelerate_train.py", ["--steps", "6", "--batch", "16", "--no-tracker", "--record", str(record)])
+    run_dir, train, _ = _launch(tmp_path, "accelerate_train.py", ["--steps", "6", "--batch", "16", "--no-tracker", "--record", str(record)])
     _every_rank_shows_its_figures(run_dir, 6)
     _same_as_recorded(train, record, 6)
     assert {r["samples"] for r in train if "samples" in r} == {16}
@@ -130,7 +144,7 @@ def test_accelerate_unchanged_every_rank(tmp_path: Path) -> None:
 def test_accelerate_tracker_train_loss_is_the_loss(tmp_path: Path) -> None:
     """The script's XLTracker reports rank 0 (its train_loss as loss); rank 1 still has its own."""
     record = tmp_path / "loss"
-    run_dir, train = _launch(tmp_path, "accelerate_train.py", ["--steps", "6", "--record", str(record)])
+    run_dir, train, _ = _launch(tmp_path, "accelerate_train.py", ["--steps", "6", "--record", str(record)])
     _every_rank_shows_its_figures(run_dir, 6)
     _same_as_recorded(train, record, 6)
     # one record per step on each rank: the tracker's on rank 0, the instrumented one on rank 1
@@ -142,7 +156,7 @@ def test_accelerate_tracker_train_loss_is_the_loss(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)  # the first DeepSpeed run on a machine builds its CPU comm op (cached)
 def test_deepspeed_unchanged_every_rank(tmp_path: Path) -> None:
     record = tmp_path / "loss"
-    run_dir, train = _launch(tmp_path, "deepspeed_train.py", ["--steps", "5", "--accum", "2", "--record", str(record)], timeout=560)
+    run_dir, train, _ = _launch(tmp_path, "deepspeed_train.py", ["--steps", "5", "--accum", "2", "--record", str(record)], timeout=560)
     _every_rank_shows_its_figures(run_dir, 5)
     _same_as_recorded(train, record, 5)
     # micro batch 8 x accumulation 2
@@ -150,16 +164,23 @@ def test_deepspeed_unchanged_every_rank(tmp_path: Path) -> None:
 
 
 def test_no_instrument_leaves_the_trainer_alone(tmp_path: Path) -> None:
-    """--no-instrument: nothing is added to the Trainer; xl reads what rank 0 prints, and the
-    evaluation bar drawn below the training bar is not training progress."""
-    steps = 6
-    run_dir, train = _launch(
-        tmp_path, "hf_trainer.py", ["--steps", str(steps), "--no-callback", "--eval", "2", "--logging-steps", "1"], xl_args=("--no-instrument",)
-    )
+    """--no-instrument: nothing is added to the Trainer; xl reads what rank 0 prints (HF prints
+    on rank 0 only: its log dicts and tqdm bar become rank 0's metrics), and the evaluation bar
+    drawn below the training bar is not training progress. Rank 1 prints nothing HF-shaped, yet
+    its process is sampled all the same."""
+    steps = 8  # logged every 2 steps (the script's default), evaluated every 2
+    run_dir, train, _ = _launch(tmp_path, "hf_trainer.py", ["--steps", str(steps), "--no-callback", "--eval", "2"], xl_args=("--no-instrument",))
     assert train and {r["rank"] for r in train} == {0}
     assert all(r["source"] == "log" for r in train)
+    assert any(isinstance(r.get("loss"), float) and "lr" in r for r in train)
+    assert max(r["step"] for r in train if "step" in r) == steps
     assert {r["total_steps"] for r in train if "total_steps" in r} == {steps}
     seen = [r["step"] for r in train if "step" in r and "loss" not in r and "eval_loss" not in r]
     assert seen == sorted(seen) and max(seen) == steps
     assert any("eval_loss" in r and "loss" not in r for r in train)
     assert '"XL_INSTRUMENT": "0"' in (run_dir / "run.json").read_text()
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert {r["rank"] for r in recs if r["kind"] == "sys" and r.get("rss_mib")} == {0, 1}
+    view = RunReader(run_dir).poll()
+    assert view.ranks[0].step == steps and view.ranks[0].progress == 1.0
+    assert view.ranks[0].loss is not None

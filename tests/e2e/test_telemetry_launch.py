@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from procs import only_run, run_json, wait_no_processes, xl, xl_env
-from xltele import REPO, SUPPORT
+from xltele import SUPPORT
 
 from xl.launcher.rundir.reader import RunReader
 
@@ -58,43 +58,3 @@ def test_xl_launch_stores_every_rank_and_names_the_straggler(tmp_path: Path) -> 
     assert all(v.samples_per_s and v.rss_mib for v in view.ranks.values())
     status = json.loads((run_dir / "collector.json").read_text())
     assert status["records"] >= 80 and status["rejects"] == {}
-
-
-def test_xl_launch_reads_hf_trainer_output_with_no_xl_code(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    env = xl_env(
-        home,
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        OMP_NUM_THREADS="1",
-        HF_HOME=str(tmp_path / "hf"),
-    )
-    args = [
-        "launch",
-        "--nproc",
-        "2",
-        "--no-tui",
-        "--no-instrument",  # the Trainer as it is: what it prints is all there is to read
-        "--",
-        str(REPO / "examples" / "hf_trainer.py"),
-        "--steps",
-        "8",
-        "--no-callback",
-    ]
-    proc = xl(args, env, cwd=tmp_path, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    run_dir = only_run(home)
-    wait_no_processes(run_dir, timeout=30)
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in recs if r["kind"] == "train"]
-    # HF prints on rank 0 only: its log dicts and tqdm bar become rank 0's metrics.
-    assert train and {r["rank"] for r in train} == {0}
-    assert all(r["source"] == "log" for r in train)
-    assert any(isinstance(r.get("loss"), float) and "lr" in r for r in train)
-    assert max(r["step"] for r in train if "step" in r) == 8
-    assert {r["total_steps"] for r in train if "total_steps" in r} == {8}
-    # Rank 1 prints nothing HF-shaped, yet its process is sampled all the same.
-    assert {r["rank"] for r in recs if r["kind"] == "sys" and r.get("rss_mib")} == {0, 1}
-    view = RunReader(run_dir).poll()
-    assert view.ranks[0].step == 8 and view.ranks[0].progress == 1.0
-    assert view.ranks[0].loss is not None
