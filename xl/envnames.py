@@ -42,6 +42,7 @@ EXPORTER_TOKEN = "XL_EXPORTER_TOKEN"
 SIMULATED_GPUS = "XL_SIMULATED_GPUS"  # the test suite's simulated NVML (tests/support)
 DEBUG_TIMING = "XL_DEBUG_TIMING"  # the supervisor prints where its start-up time went
 DOCTOR_SHM = "XL_DOCTOR_SHM"  # the doctor's /dev/shm, moved for tests
+NODE_END_WAIT = "XL_NODE_END_WAIT"  # node 0's wait past the grace for a node's end (10 s), shortened for tests
 
 # Every variable that is the run's own (what a rank gets from the supervisor).
 RUN_VARS = (RUN_ID, RUN_DIR, COLLECTOR, TOKEN, SUPERVISOR_PID)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from xl import envnames
+from xl import envnames, settings
 from xl.errors import UsageError
 from xl.launcher.multinode.join import (
     format_address,
@@ -46,8 +46,14 @@ from xl.launcher.supervisor.stopping import Stopping, StopReason
 # XL_NODE_TIMEOUT seconds; unless its ranks' own frames show it is up (nodewatch). After its own
 # ranks are done node 0 waits for every other node's end: without limit while that node is heard
 # from with ranks running (under c10d global rank 0 may well be there, finishing last), else up
-# to the stop grace plus _NODE_END_WAIT_S.
+# to the stop grace plus _NODE_END_WAIT_S (XL_NODE_END_WAIT, for tests only, shortens it).
 _NODE_END_WAIT_S = 10.0
+
+
+def _node_end_wait() -> float:
+    return settings.number(envnames.NODE_END_WAIT, _NODE_END_WAIT_S, floor=0.0)
+
+
 # Node 0 records at most this many refused joins (a wrong XL_TOKEN), one per node, host and
 # address: a peer cannot fill events.jsonl with them (collector.json counts every one).
 _MAX_REFUSED_EVENTS = 16
@@ -359,7 +365,7 @@ class Hub:
                 self.journal.emit({"kind": "nodes_never_joined", "message": f"node(s) {names} never joined: the run ended before they did"})
         if not waiting:
             return False
-        limit = self.stopping.grace + _NODE_END_WAIT_S
+        limit = self.stopping.grace + _node_end_wait()
         for n in waiting:
             remote = self.nodes.get(n)
             if remote is not None and remote.busy and self.stopping.state is None:

@@ -79,16 +79,17 @@ def test_two_nodes_on_localhost_form_one_world(tmp_path: Path) -> None:
 @pytest.mark.parametrize("late", [1, 0])
 def test_the_node_whose_ranks_finish_later_is_waited_for(tmp_path: Path, late: int) -> None:
     """Under c10d global rank 0 may be on node 1, and one node's ranks may legitimately work on
-    after the last collective (saving a checkpoint) well past the stop grace + 10 s. late=1:
+    after the last collective (saving a checkpoint) well past the stop grace + XL_NODE_END_WAIT
+    (10 s; 3 s here). late=1:
     node 0 waits for node 1 as long as node 1 heartbeats with ranks running, keeps its collector
     (and its torchrun, which serves node 1's c10d store) up for node 1's last words, and ends
     with node 1's end, not before. late=0: node 1 ends its part when its ranks are done; node 0's
     ranks are not cut by it."""
     homes = (tmp_path / "node0", tmp_path / "node1")
-    tail = 16.0  # grace (1 s in xl_env) + 10 s + some
+    tail = 9.0  # grace (1 s in xl_env) + XL_NODE_END_WAIT (3 s) + some
     per_node: list[dict[str, str]] = [{}, {}]
     per_node[late] = {"MN_TAIL": str(tail)}
-    procs = start_nodes(tmp_path, homes, per_node=(per_node[0], per_node[1]))
+    procs = start_nodes(tmp_path, homes, per_node=(per_node[0], per_node[1]), XL_NODE_END_WAIT="3")
     try:
         results = finish(procs, timeout=90)
         for code, out in results:

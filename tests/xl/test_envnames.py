@@ -10,7 +10,7 @@ from xl import envnames
 from xl.address import format_address, url_host
 
 NAMES = {k: v for k, v in vars(envnames).items() if k.isupper() and isinstance(v, str)}
-FOR_TESTS = {envnames.SIMULATED_GPUS, envnames.DEBUG_TIMING, envnames.DOCTOR_SHM}
+FOR_TESTS = {envnames.SIMULATED_GPUS, envnames.DEBUG_TIMING, envnames.DOCTOR_SHM, envnames.NODE_END_WAIT}
 
 
 def test_each_name_is_its_variable() -> None:
