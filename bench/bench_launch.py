@@ -11,7 +11,8 @@ PYTHONPATH) in the same rounds, e.g. the last release, for a before/after measur
 Where the time goes: each rank notes when its script's first line ran and when its last one
 did, so every command's wall time splits into its start (the command's start to the first
 rank's first line: torchrun's own start, and xl's before and around it), the script, and its end
-(the last rank's last line to the command's exit). The start and end are printed too.
+(the last rank's last line to the command's exit). The start and end are printed too, and the
+CPU time of each command's whole process tree (paired ratios too), which load disturbs far less.
 
 Every command runs with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` dropped; the warm-up
 run writes the caches): xl is timed as an installed package runs, not compiling its own modules
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,22 +43,28 @@ with open(os.environ["BENCH_STAMPS"] + "-" + os.environ["RANK"], "w") as fh:
 """
 
 
-def _time(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float, float]:
-    """(wall, start, end) in seconds: see the module's docstring."""
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _time(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float, float, float]:
+    """(wall, start, end, CPU) in seconds: see the module's docstring. CPU is the whole process
+    tree's (each process is waited for by its parent, so the kernel adds it to ours)."""
     stamps = Path(cwd) / "stamps" / f"{time.monotonic_ns()}"
     stamps.parent.mkdir(exist_ok=True)
     t0 = time.time()
-    c0 = time.perf_counter()
+    c0, cpu0 = time.perf_counter(), _cpu()
     proc = subprocess.run(argv, env=dict(env, BENCH_STAMPS=str(stamps)), cwd=cwd, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, timeout=120)
-    elapsed = time.perf_counter() - c0
+    elapsed, cpu = time.perf_counter() - c0, _cpu() - cpu0
     t1 = t0 + elapsed
     if proc.returncode != 0:
         raise SystemExit(f"{argv[:4]} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
     marks = [tuple(map(float, p.read_text().split())) for p in stamps.parent.glob(stamps.name + "-*")]
     if len(marks) != 2:
         raise SystemExit(f"{argv[:4]}: {len(marks)} of 2 ranks left their marks")
-    return elapsed, min(m[0] for m in marks) - t0, t1 - max(m[1] for m in marks)
+    return elapsed, min(m[0] for m in marks) - t0, t1 - max(m[1] for m in marks), cpu
 
 
 def main() -> int:
@@ -77,7 +85,7 @@ def main() -> int:
             runs["xl (before)"] = (xl, dict(env, PYTHONPATH=os.path.abspath(ns.before)))
         for argv, run_env in runs.values():
             _time(argv, run_env, tmp)  # warm the page cache for each before measuring
-        times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}
+        times: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in runs}
         for i in range(ns.repeat):
             order = list(runs.items())
             for name, (argv, run_env) in order if i % 2 == 0 else reversed(order):  # neither always goes first
@@ -92,6 +100,14 @@ def main() -> int:
             # The ratio within a round is the least sensitive to other load on a shared machine.
             pairs = statistics.median(x / t for x, t in zip(ts, anchor, strict=True))
             line += f"  ratio {statistics.median(ts) / statistics.median(anchor):.3f}x, paired {pairs:.3f}x"
+        print(line)
+    # CPU time of the process tree: what the machine's load disturbs far less than wall time.
+    anchor_cpu = [t[3] for t in times["torchrun"]]
+    for name, rows in times.items():
+        cs = [t[3] for t in rows]
+        line = f"{name:12}: CPU median {statistics.median(cs):.3f}s"
+        if name != "torchrun":
+            line += f"  paired {statistics.median(x / t for x, t in zip(cs, anchor_cpu, strict=True)):.3f}x"
         print(line)
     print("start (the command's start to the first rank's first line) and end (the last rank's last line to the exit), medians:")
     for name, rows in times.items():
