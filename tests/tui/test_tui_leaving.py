@@ -109,6 +109,9 @@ async def test_ctrl_c_over_a_dialog_of_its_monitor_still_stops_the_run(runs):
         await until(pilot, lambda: not isinstance(app.screen, MonitorScreen), "the help")
         await pilot.press("ctrl+c")
         await until(pilot, lambda: backend.stopped, "the stop asked for")
+        # The fixture's run never ends: close the app, as a second Ctrl-C would, or its stop
+        # thread waits the whole STOP_WAIT_S for that run at the event loop's end (60 s).
+        app.exit(return_code=130)
     assert backend.stopped == [runs / LIVE]
 
 
