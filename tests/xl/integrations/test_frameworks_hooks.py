@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -16,12 +17,25 @@ from xl.launcher.telemetry.logparse import MAX_EXAMINED, parse_line
 FRAMEWORKS = ("transformers", "pytorch_lightning", "lightning", "accelerate", "deepspeed", "torch")
 
 
-def _run(code: str, **env: str) -> dict:
+def _start(code: str, **env: str) -> subprocess.Popen[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("XL_")}
     full.update({"PYTHONPATH": os.pathsep.join(sys.path), **env})
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=full)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full)
+
+
+def _result(proc: subprocess.Popen[str]) -> Any:
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _run(code: str, **env: str) -> Any:
+    return _result(_start(code, **env))
 
 
 # A collector address nobody listens on: the client spools (to no run dir) and never blocks.
@@ -39,22 +53,37 @@ def test_the_rank_entry_imports_no_framework_ahead_of_the_script() -> None:
     assert found == {"on": True, "loaded": []}
 
 
-@pytest.mark.parametrize(
-    ("env", "patched"),
-    [(_IN_RUN, True), ({**_IN_RUN, "XL_INSTRUMENT": "0"}, False), ({}, False)],
-    ids=["in-a-run", "no-instrument", "outside-xl"],
-)
-def test_a_trainer_is_patched_when_imported_only_in_an_instrumented_run(env: dict[str, str], patched: bool) -> None:
-    found = _run(
-        "import json\n"
-        "from xl.launcher.rank import instrument\n"
-        "instrument.install()\n"
-        "from transformers import Trainer\n"
-        "from accelerate import Accelerator\n"
-        "print(json.dumps([bool(getattr(c, '_xl_instrumented', False)) for c in (Trainer, Accelerator)]))\n",
-        **env,
-    )
-    assert found == [patched, patched]
+IMPORTS = {"in-a-run": _IN_RUN, "no-instrument": {**_IN_RUN, "XL_INSTRUMENT": "0"}, "outside-xl": {}}
+
+
+@pytest.fixture(scope="module")
+def imported() -> dict[str, Any]:
+    """Each of IMPORTS' interpreters imports the Trainer and the Accelerator after the hooks, all
+    three at once (each spends seconds importing them): what each found patched."""
+    procs = {
+        name: _start(
+            "import json\n"
+            "from xl.launcher.rank import instrument\n"
+            "instrument.install()\n"
+            "from transformers import Trainer\n"
+            "from accelerate import Accelerator\n"
+            "print(json.dumps([bool(getattr(c, '_xl_instrumented', False)) for c in (Trainer, Accelerator)]))\n",
+            **env,
+        )
+        for name, env in IMPORTS.items()
+    }
+    try:
+        return {name: _result(proc) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.mark.parametrize(("name", "patched"), [("in-a-run", True), ("no-instrument", False), ("outside-xl", False)], ids=list(IMPORTS))
+def test_a_trainer_is_patched_when_imported_only_in_an_instrumented_run(imported: dict[str, Any], name: str, patched: bool) -> None:
+    assert imported[name] == [patched, patched]
 
 
 def test_a_framework_imported_before_the_hooks_is_patched_too() -> None:
