@@ -357,7 +357,7 @@ def test_run_dir_files_and_permissions(runs: dict[str, Run]) -> None:
         for rank in (0, 1):
             log = d / "logs" / f"rank-{rank}.log"
             assert log.is_file(), log
-            assert log.read_text().splitlines()[:2] == ["ready", "rank probe on stderr"]
+            assert log.read_text().splitlines()[:2] == ["ready", "rank probe on stderr"], _late_log(run, log)
         for name in ("run.json", "events.jsonl", "metrics.jsonl"):
             assert (d / name).is_file(), name
         # run.json may hold the environment xl set (and a user's --env values): private.
@@ -441,6 +441,17 @@ def test_rank_environment(runs: dict[str, Run]) -> None:
 
 
 # -- reading the runs back with the CLI --------------------------------------------------------
+
+
+def _late_log(run: Run, log: Path) -> str:
+    """Evidence for a rank log found short once `xl launch` exited: does it fill in later?"""
+    before = log.stat().st_size
+    time.sleep(3)
+    sup = run.run_dir / "supervisor.log"
+    return (
+        f"run {run.name}: {log.name} held {before} bytes as xl launch exited, {log.stat().st_size} 3 s later; "
+        f"status {run_json(run.run_dir).get('status')}; supervisor.log ends: {sup.read_text()[-1500:] if sup.exists() else None!r}"
+    )
 
 
 def _xl(args: Sequence[str], home: Path) -> subprocess.CompletedProcess[str]:
