@@ -100,7 +100,7 @@ def test_a_rank_asleep_outside_the_collective_is_named_and_captured_once(runs: t
     assert "verdict: rank 1 never entered" in text
     # The supervisor's own capture: one hang event, one document, the victim waiting on the culprit.
     events = wait_for(lambda: [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-                      if "waiting_on" in (run_dir / "events.jsonl").read_text() else None, timeout=30, what="the hang events")
+                      if "waiting_on" in (run_dir / "events.jsonl").read_text() else None, timeout=60, what="the hang events")
     hangs = [e for e in events if e["kind"] == "hang"]
     assert len(hangs) == 1 and hangs[0]["ranks"] == [1] and "astray at hang_ddp.py:" in hangs[0]["message"]
     saved = json.loads((run_dir / hangs[0]["stacks"]).read_text())
