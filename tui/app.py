@@ -258,6 +258,9 @@ class XLApp(App[None]):
         self._leave.set()  # however the app closes, nothing waits on a run that is stopping
         super().exit(result, return_code, message)
 
+    def on_unmount(self) -> None:
+        self._leave.set()  # closed without exit() (its driver or a test harness ended it): the same
+
     async def action_interrupt(self) -> None:
         """Ctrl-C. In the Monitor of the run `xl launch` / `xl demo` started: stop that run, as
         torchrun and the plain view do, and close once it has ended (exit 1, like the plain

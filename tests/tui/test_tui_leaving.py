@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,19 @@ async def test_ctrl_c_over_a_dialog_of_its_monitor_still_stops_the_run(runs):
         app.exit(return_code=130)
     assert backend.stopped == [runs / LIVE]
 
+
+
+async def test_an_app_closed_without_exit_lets_go_of_the_run_it_was_stopping(runs):
+    """Closed by its driver or a harness (no exit()): the thread waiting for the stopped run
+    quits too, instead of holding the process for STOP_WAIT_S."""
+    backend = StopBackend()
+    app = build_app(backend, monitor_run_dir=runs / LIVE, attach_only=False, clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        await _monitor_shown(pilot)
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: backend.stopped, "the stop asked for")
+    assert app._leave.is_set()
+    assert not [t for t in threading.enumerate() if t.name.startswith("_stop_own_run") or "interrupt" in t.name]
 
 # -- 22.5: the outcome stays on the terminal -----------------------------------------------------
 
