@@ -77,19 +77,26 @@ def test_a_million_lines_from_each_of_two_ranks_all_reach_the_file(tmp_path: Pat
 
 def test_shutdown_output_arrives_and_each_exit_comes_after_the_rank_s_last_line(tmp_path: Path) -> None:
     """torchrun shows an atexit print, a stderr line and a logging record at shutdown: xl too
-    (before, fds 1 and 2 went to /dev/null before atexit handlers ran)."""
+    (before, fds 1 and 2 went to /dev/null before atexit handlers ran). Rank 1 fails only once
+    rank 0's handlers have run: else torchrun may stop rank 0 first, under either launcher."""
     proc, run_dir, out = _launch(
         tmp_path,
         """
-        import atexit, logging, os, sys
+        import atexit, logging, os, sys, time
         rank = int(os.environ["RANK"])
+        done = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank-0-handlers.done")
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         log = logging.getLogger("train")
+        if rank == 0:
+            atexit.register(lambda: open(done, "w").close())  # registered first: runs last
         atexit.register(lambda: log.info("logging at exit of rank %d", rank))
         atexit.register(lambda: sys.stderr.write(f"stderr at exit of rank {rank}\\n"))
         atexit.register(lambda: print(f"print at exit of rank {rank}"))
         print(f"hello from rank {rank}")
         if rank == 1:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(done) and time.monotonic() < deadline:
+                time.sleep(0.02)
             raise ValueError("rank 1 gives up")
         """,
         2,
