@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -30,6 +31,24 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_unsynced(path: str, data: bytes) -> None:
+    """Replace ``path`` atomically with a private (0600) file holding ``data``, without waiting for
+    the disk: a rank's start files (its PID, this door) say how to reach a live process, which no
+    power cut outlives; an fsync here held every rank's start 5-12 ms on a busy machine."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def makedirs_private(path: str | os.PathLike[str]) -> None:

@@ -26,10 +26,9 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 from xl import envnames
-from xl.atomic import makedirs_private, write_json_atomic
+from xl.atomic import makedirs_private, write_json_atomic, write_unsynced
 from xl.launcher.rank import instrument, relay
 from xl.launcher.rank.stacks import install as install_stacks
-from xl.launcher.rank.stacks import write_unsynced
 from xl.launcher.rundir.layout import RunLayout
 
 # Frames of this module and of runpy (a frozen module on 3.11+: "<frozen runpy>").

@@ -34,7 +34,7 @@ import time
 from types import FrameType
 from typing import IO, Any
 
-from xl.atomic import makedirs_private
+from xl.atomic import makedirs_private, write_unsynced
 from xl.launcher.rank.frenv import set_buffer
 from xl.launcher.rundir.layout import RunLayout
 
@@ -50,24 +50,6 @@ _state: dict[str, Any] = {}  # keeps the faulthandler file and the socket alive 
 def socket_name(pid: int) -> str:
     """A new abstract Unix socket name for the rank with this pid: 128 random bits in it."""
     return f"\0xl-stacks-{pid}-{os.urandom(16).hex()}"  # as secrets.token_hex(16), without hmac's imports
-
-
-def write_unsynced(path: str, data: bytes) -> None:
-    """Replace ``path`` atomically with a private (0600) file holding ``data``, without waiting for
-    the disk: a rank's start files (its PID, this door) say how to reach a live process, which no
-    power cut outlives; an fsync here held every rank's start 5-12 ms on a busy machine."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def peer_is(sock: socket.socket, pid: int) -> bool:
