@@ -25,7 +25,7 @@ from xl.errors import UsageError
 from xl.gpu import nvml
 from xl.launcher import runprocs
 from xl.launcher.plan import Plan, build_plan
-from xl.launcher.rundir import layout, record, settle, stopmark
+from xl.launcher.rundir import layout, record, stopmark
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import RunJson, RunRecord, RunStatus
 from xl.launcher.rundir.store import new_run_id, runs_root
@@ -247,6 +247,7 @@ def run_pids(run_dir: Path, rec: RunRecord) -> list[int]:
 def _end_orphaned(run_dir: Path, rec: RunRecord, grace: float, *, stopped: bool) -> None:
     """Nobody supervises the run (its supervisor is gone or frozen): end its processes (SIGTERM,
     SIGKILL after ``grace``), then make the record true from what the ranks left."""
+    from xl.launcher.rundir import settle  # noqa: PLC0415 - ending runs only: not on a launch's path to torchrun
     # Training that had ended before this stop keeps the outcome its ranks recorded.
     stopped = stopped and not settle.all_ranks_ended(run_dir, rec)
     pids = run_pids(run_dir, rec)
@@ -274,6 +275,7 @@ def abandon_if_supervisor_gone(run_dir: Path, *, exited: bool = False) -> bool:
     is left, the record is made true from what the ranks left. True if that happened.
     ``exited``: the caller saw its supervisor child exit (covers a supervisor that died before
     writing its PID)."""
+    from xl.launcher.rundir import settle  # noqa: PLC0415 - ending runs only: not on a launch's path to torchrun
     rec = record.load(run_dir)
     if rec is None or rec.status != RunStatus.RUNNING:
         return False
@@ -315,6 +317,7 @@ def _stop_starting(run_dir: Path) -> bool:
     """The run's supervisor has not written its PID yet: SIGTERM it where it runs (before it
     catches the signal it just ends; after, it stops the run), or, when none runs, record the
     run stopped (one that starts later finds the stop file). False: it wrote its PID meanwhile."""
+    from xl.launcher.rundir import settle  # noqa: PLC0415 - ending runs only: not on a launch's path to torchrun
     sup = runprocs.find_supervisor(str(run_dir))
     rec = record.load(run_dir)
     if rec is not None and rec.supervisor_pid is not None:
@@ -332,6 +335,7 @@ def _stop_starting(run_dir: Path) -> bool:
 def _starting_ended(run_dir: Path, rec: RunRecord) -> bool:
     """A stopped run whose supervisor never wrote its PID and runs no more (it ended on the
     SIGTERM before catching it): recorded stopped here. True when it was."""
+    from xl.launcher.rundir import settle  # noqa: PLC0415 - ending runs only: not on a launch's path to torchrun
     if rec.supervisor_pid is not None or not stopmark.stop_asked(run_dir) or runprocs.find_supervisor(str(run_dir)):
         return False
     rec = record.load(run_dir) or rec

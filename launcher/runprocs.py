@@ -13,6 +13,7 @@ supervisor is gone (``escaped``). A pid there is only taken while the same proce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,12 +21,23 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-import psutil
-
 from xl import envnames
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import RunRecord
+
+# How much lower than the training xl's own processes run once torchrun has started: the
+# supervisor, and the view of `xl launch` without the app (docs/launch.md, "How a launch starts").
+# Their work (telemetry's start, parsing the ranks' lines, drawing them) waits for a free core
+# instead of taking one from a rank; at nice 5 each still gets about a third of a core it shares.
+NICE = 5
+
+
+def give_way() -> None:
+    """Lower this process below the training (never the other way: torchrun and its ranks keep
+    the priority the person gave the command). Whatever it starts later inherits it."""
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
 
 
 def _needle(run_id: str) -> bytes:
@@ -44,6 +56,8 @@ def _environ_has(pid: int, needle: bytes) -> bool:
 
 def find_run_pids(run_id: str, *, exclude: Iterable[int] = ()) -> list[int]:
     """PIDs of live processes whose environment says ``XL_RUN_ID=<run_id>``."""
+    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
+
     skip = {os.getpid(), *exclude}
     needle = _needle(run_id)
     pids: list[int] = []
@@ -63,6 +77,8 @@ def find_run_pids(run_id: str, *, exclude: Iterable[int] = ()) -> list[int]:
 
 def alive(pid: int) -> bool:
     """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
+    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
+
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -71,6 +87,8 @@ def alive(pid: int) -> bool:
 
 def same_process(pid: int, create_time: float | None) -> bool:
     """``pid`` is still the process first seen at ``create_time`` (guards against PID reuse)."""
+    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
+
     if not alive(pid):
         return False
     if create_time is None:
@@ -89,6 +107,8 @@ def supervisor_alive(record: RunRecord) -> bool:
 
 
 def create_time(pid: int) -> float | None:
+    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
+
     try:
         return psutil.Process(pid).create_time()
     except psutil.Error:
@@ -124,6 +144,8 @@ def kill_all(pids: Iterable[int]) -> None:
 def descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid`` (the supervisor is a subreaper: a rank's child that left
     the rank's session or cleared its environment is still one of them)."""
+    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
+
     try:
         return [p.pid for p in psutil.Process(pid).children(recursive=True) if alive(p.pid)]
     except psutil.Error:
@@ -132,6 +154,8 @@ def descendants(pid: int) -> list[int]:
 
 def frozen(pid: int) -> bool:
     """``pid`` is stopped (SIGSTOP, a debugger): it will not act on a signal until resumed."""
+    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
+
     try:
         return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
     except psutil.Error:
@@ -173,6 +197,8 @@ def find_supervisor(run_dir: str) -> int | None:
 
 def escaped_descendants(root: int, run_id: str) -> list[tuple[int, float]]:
     """(pid, start time) of the live descendants of ``root`` without ``XL_RUN_ID=<run_id>``."""
+    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
+
     try:
         children = psutil.Process(root).children(recursive=True)
     except psutil.Error:

@@ -39,15 +39,15 @@ PROCESSES = {
         LAUNCH + ", xl.launcher.cli.console",
         158,  # `--slurm`'s job submission (cli.sbatch, multinode.slurm) loads only when asked for
         130,
-        UI,
+        (*UI, "psutil", "pynvml"),  # psutil once torchrun runs; pynvml only where libnvidia-ml loads
     ),
     # The supervisor up to torchrun's start, in a fresh interpreter (the app starts it so):
     # telemetry, the digest and provenance load once torchrun runs, the hub and the follower on
     # several nodes only (launcher/supervisor/loop.py, Supervisor.start).
-    "supervisor": Budget("import xl.launcher.supervisor.loop", 100, 60, UI),
+    "supervisor": Budget("import xl.launcher.supervisor.loop", 100, 60, (*UI, "psutil")),
     # ... and forked from `xl launch` (what it imported is there already): what it adds before
     # torchrun starts, on the path from the command to the first step.
-    "supervisor, forked": Budget("import xl.launcher.supervisor.loop", 12, 15, UI, after=LAUNCH),
+    "supervisor, forked": Budget("import xl.launcher.supervisor.loop", 12, 15, (*UI, "psutil"), after=LAUNCH),
     # Every rank, before the user's first line: standard library and xl's own rank code only
     # (today 64 modules, 47-57 ms of CPU on an idle 2-core machine: 25 was below its real cost,
     # and a fresh CI machine measured 64 ms).

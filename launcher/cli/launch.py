@@ -83,6 +83,7 @@ def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None, slurm_node: 
     """
     from xl.launcher.cli.console import watch  # noqa: PLC0415 - the run reader; --dry-run and --detach never watch
     from xl.launcher.control import abandon_if_supervisor_gone, stop_run  # noqa: PLC0415 - see launch()
+    from xl.launcher.runprocs import give_way  # noqa: PLC0415 - as control
 
     stopping = False
 
@@ -107,6 +108,7 @@ def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None, slurm_node: 
             checked[0] = time.monotonic()
             abandon_if_supervisor_gone(run_dir, exited=True)
 
+    give_way()  # a view on a run gives way to the run's ranks, as its supervisor does
     try:
         return watch(run_dir, plain=plain, on_tick=on_tick, lines=lines)
     except KeyboardInterrupt:

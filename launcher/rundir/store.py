@@ -18,7 +18,7 @@ from typing import Any
 from xl import paths
 from xl.errors import NotYours, UsageError
 from xl.launcher import runprocs
-from xl.launcher.rundir import record, settle
+from xl.launcher.rundir import record
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.spec import LaunchSpec
 
@@ -147,6 +147,7 @@ def _unreadable(run_dir: Path) -> RunInfo:
 def _settled_if_abandoned(run_dir: Path, rec: RunRecord) -> RunRecord:
     """A running run whose supervisor is gone and no process of which is left: its record is
     made true now, from what its ranks left (xl.launcher.rundir.settle)."""
+    from xl.launcher.rundir import settle  # noqa: PLC0415 - listing runs only: `xl launch` imports this module for new run ids
     if rec.status != RunStatus.RUNNING or rec.supervisor_pid is None or runprocs.supervisor_alive(rec):
         return rec
     if runprocs.find_run_pids(rec.run_id):

@@ -175,6 +175,7 @@ class Supervisor:
         argv = self.record.get("argv")
         self.torchrun.start(argv, cwd=self.record.get("cwd"), env=env, log=self.layout.torchrun_log, umask=self.user_umask)
         self.phase = Phase.RUNNING
+        runprocs.give_way()
         _debug("torchrun started")
         if one_node:
             self._start_telemetry()

@@ -1,9 +1,11 @@
 """What a rank finds under `xl launch`: no warning of xl's making in its log (the Flight Recorder's
-buffer set under the one name the installed torch reads), and no stdin (said in one line when a
+buffer set under the one name the installed torch reads), the priority the command had (only the
+supervisor gives way), and no stdin (said in one line when a
 rank dies of exactly that). Real torchrun, gloo, the real `xl`."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 from procs import only_run, run_json, wait_no_processes, xl, xl_env
 
 from xl.launcher.rank.frenv import NEW, OLD, set_buffer, torch_dir
+from xl.launcher.runprocs import NICE
 
 GLOO = """
 import os
@@ -22,6 +25,13 @@ t = torch.ones(4)
 for _ in range(3):
     dist.all_reduce(t)
 print("fr vars:", sorted(k for k in os.environ if k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")), flush=True)
+def nice(pid):
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[16])
+torchrun = os.getppid()
+with open(f"/proc/{torchrun}/stat") as fh:
+    supervisor = int(fh.read().rsplit(")", 1)[1].split()[1])
+print("nice:", nice(os.getpid()), nice(torchrun), nice(supervisor), flush=True)
 dist.destroy_process_group()
 """
 
@@ -38,6 +48,9 @@ def test_a_ranks_log_carries_no_warning_xl_caused(tmp_path: Path) -> None:
         # torch 2.13 reads TORCH_FR_BUFFER_SIZE; the old name set as well made it warn in every rank.
         assert f"fr vars: ['{NEW}']" in log, log
         assert "deprecated" not in log and "Warning" not in log and "warn" not in log.lower(), log
+        # The training keeps the command's priority; its supervisor gives way to it.
+        own = os.nice(0)
+        assert f"nice: {own} {own} {min(own + NICE, 19)}" in log, log
     wait_no_processes(run_dir, timeout=10)
 
 

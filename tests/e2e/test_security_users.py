@@ -316,7 +316,9 @@ def test_node_0_fails_loudly_when_another_user_takes_its_collector_port(stranger
         assert f"node 0's collector cannot listen on 127.0.0.1:{rdzv + 1}" in out and "XL_COLLECTOR_PORT" in out, out
         assert "Traceback" not in out
         run = run_json(run_dir)
-        assert run["status"] == "failed" and "cannot listen" in run["failure"]["message"], run
+        # xl launch returns once run.json says the run ended: the record is there to read.
+        evidence = (sorted(p.name for p in run_dir.iterdir()), (run_dir / "supervisor.log").read_text(errors="replace")[-2000:])
+        assert run.get("status") == "failed" and "cannot listen" in (run.get("failure") or {}).get("message", ""), (run, evidence)
         assert not (run_dir / "logs" / "rank-0.log").exists()  # no rank ever started
         wait_no_processes(run_dir, timeout=30)
         # Node 1's link meets the squatter: it sends no token and no record, and says why.
