@@ -241,6 +241,8 @@ def _never_trained(run_dir: Path) -> None:
     assert run["status"] == "stopped" and run.get("torchrun_pid") is None, run
     assert not list((run_dir / "logs").glob("rank-*.log"))
     assert not any(e["kind"] == "rank_started" for e in _events(run_dir))
+    # The supervisor writes run.json's final status, then the run_ended event (CI saw the gap).
+    wait_for(lambda: any(e["kind"] == "run_ended" for e in _events(run_dir)), timeout=10, what="the run_ended event")
     assert [e["kind"] for e in _events(run_dir)].count("run_ended") == 1, _events(run_dir)
 
 
