@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,16 +24,35 @@ from pathlib import Path
 from xl.errors import UsageError
 from xl.gpu import nvml
 from xl.launcher import runprocs
-from xl.launcher.forked import EarlySupervisor, ForkedSupervisor, fork_supervisor
 from xl.launcher.plan import Plan, build_plan
 from xl.launcher.rundir import layout, record, stopmark
-from xl.launcher.rundir.layout import RunLayout, new_run_id
+from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import RunJson, RunRecord, RunStatus
-from xl.launcher.rundir.store import runs_root
+from xl.launcher.rundir.store import new_run_id, runs_root
 from xl.launcher.spec import LaunchSpec
 from xl.launcher.supervisor.stopping import grace_from_env
+from xl.procfs import hide_values, set_cmdline
 
 STOPPED_WAIT_S = 15.0  # beyond the grace: a supervisor's own ending (events, run.json, torchrun)
+
+
+class ForkedSupervisor:
+    """The Popen-like handle of a supervisor started by fork (poll() reaps it)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = 0
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
 
 @dataclass
@@ -41,6 +61,61 @@ class RunHandle:
     run_dir: Path
     pid: int
     proc: subprocess.Popen[bytes] | ForkedSupervisor | None = None
+
+
+def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
+    """Start the supervisor as a forked copy of this (single-threaded) process.
+
+    Saves a Python start and the imports (~0.1 s of a launch). Only for callers without threads:
+    the child of a threaded process may inherit a held lock.
+    """
+    nvml.shutdown()  # the child opens its own NVML handle; never share the driver's fds
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # `xl launch --env KEY=SECRET`: neither this process nor its fork may show the value in ps.
+    set_cmdline(hide_values(_own_cmdline(), "--env"))
+    pid = os.fork()
+    if pid:
+        return ForkedSupervisor(pid)
+    code = 1
+    try:
+        os.setsid()
+        # A fork keeps `xl launch`'s argv: show what this process is instead.
+        set_cmdline([os.path.basename(sys.executable), "-m", "xl.launcher.supervisor", str(run_dir)])
+        null = os.open(os.devnull, os.O_RDONLY)
+        log = os.open(RunLayout(run_dir).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        # Nothing of the launching process may stay open here (a caller's pipe would not see
+        # EOF until the run ends).
+        os.closerange(3, 1 << 16)
+        os.chdir(run_dir)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        # As a fresh interpreter has it: a peer that vanished is an EPIPE error, not a death.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        sys.argv = [sys.executable, "-m", "xl.launcher.supervisor", str(run_dir)]
+        from xl.launcher.supervisor.loop import main as supervisor_main  # noqa: PLC0415 - only the forked child runs the supervisor; `xl stop`/`xl attach` must not load it
+
+        code = supervisor_main([str(run_dir)])
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.write(2, f"xl supervisor: crashed: {exc!r}\n".encode("utf-8", "replace"))
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _own_cmdline() -> list[str]:
+    try:
+        with open("/proc/self/cmdline", "rb") as fh:
+            return [a.decode("utf-8", "replace") for a in fh.read().rstrip(b"\0").split(b"\0")]
+    except OSError:
+        return list(sys.argv)
 
 
 def _make_run_dir(spec: LaunchSpec, run_id: str | None) -> Path:
@@ -104,14 +179,12 @@ def start_run(
     fork: bool = False,
     run_id: str | None = None,
     env: Mapping[str, str] | None = None,
-    early: EarlySupervisor | None = None,
 ) -> RunHandle:
     """Create the run dir, spawn its detached supervisor and return at once.
 
     ``fork=True`` (the ``xl launch`` command) forks the supervisor instead of starting a new
     interpreter; threaded callers (the TUI) keep the default, and may give the supervisor an
-    ``env`` of its own (e.g. a multi-node run's XL_TOKEN) instead of this process's. ``early``:
-    the supervisor ``fork_early_supervisor`` forked already; the run takes its id.
+    ``env`` of its own (e.g. a multi-node run's XL_TOKEN) instead of this process's.
     """
     if fork and env is not None:
         raise ValueError("a forked supervisor has this process's environment")
@@ -119,15 +192,8 @@ def start_run(
     if plan is None:
         plan = build_plan(spec, nvml.inventory(processes=False), env)
     try:
-        run_dir = _make_run_dir(spec, run_id if early is None else early.run_id)
-    except UsageError:
-        if early is None:
-            raise
-        early.cancel()  # the same id in the same second: the run gets another, and a supervisor of its own
-        return start_run(spec, plan, fork=fork, run_id=run_id, env=env)
+        run_dir = _make_run_dir(spec, run_id)
     except OSError as exc:
-        if early is not None:
-            early.cancel()
         raise _no_room(runs_root(create=False), exc) from None
     run_id = run_dir.name
     try:
@@ -139,19 +205,11 @@ def start_run(
     except OSError as exc:
         # A full disk (or quota) before anything started: no half-made run is left behind.
         shutil.rmtree(run_dir, ignore_errors=True)
-        if early is not None:
-            early.cancel()
         raise _no_room(run_dir.parent, exc) from None
-    if early is not None:
-        forked = early.start(run_dir)
-        return RunHandle(run_id=run_id, run_dir=run_dir, pid=forked.pid, proc=forked)
     if fork:
-        nvml.shutdown()  # the child opens its own NVML handle; never share the driver's fds
-        forked = fork_supervisor(run_dir)
+        forked = _fork_supervisor(run_dir)
         return RunHandle(run_id=run_id, run_dir=run_dir, pid=forked.pid, proc=forked)
-    log_fd = os.open(
-        RunLayout(run_dir).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
-    )
+    log_fd = os.open(RunLayout(run_dir).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with open(log_fd, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "xl.launcher.supervisor", str(run_dir)],
@@ -190,7 +248,6 @@ def _end_orphaned(run_dir: Path, rec: RunRecord, grace: float, *, stopped: bool)
     """Nobody supervises the run (its supervisor is gone or frozen): end its processes (SIGTERM,
     SIGKILL after ``grace``), then make the record true from what the ranks left."""
     from xl.launcher.rundir import settle  # noqa: PLC0415 - ending runs only: not on a launch's path to torchrun
-
     # Training that had ended before this stop keeps the outcome its ranks recorded.
     stopped = stopped and not settle.all_ranks_ended(run_dir, rec)
     pids = run_pids(run_dir, rec)
@@ -219,7 +276,6 @@ def abandon_if_supervisor_gone(run_dir: Path, *, exited: bool = False) -> bool:
     ``exited``: the caller saw its supervisor child exit (covers a supervisor that died before
     writing its PID)."""
     from xl.launcher.rundir import settle  # noqa: PLC0415 - ending runs only: not on a launch's path to torchrun
-
     rec = record.load(run_dir)
     if rec is None or rec.status != RunStatus.RUNNING:
         return False
@@ -262,20 +318,15 @@ def _stop_starting(run_dir: Path) -> bool:
     catches the signal it just ends; after, it stops the run), or, when none runs, record the
     run stopped (one that starts later finds the stop file). False: it wrote its PID meanwhile."""
     from xl.launcher.rundir import settle  # noqa: PLC0415 - ending runs only: not on a launch's path to torchrun
-
     sup = runprocs.find_supervisor(str(run_dir))
     rec = record.load(run_dir)
     if rec is not None and rec.supervisor_pid is not None:
         return False
     if sup is None:
-        settle.settle(
-            run_dir, stopped=True, why="stopped before its supervisor started", ended_now=True
-        )
+        settle.settle(run_dir, stopped=True, why="stopped before its supervisor started", ended_now=True)
     elif runprocs.frozen(sup):
         runprocs.signal_pid(sup, signal.SIGKILL)
-        settle.settle(
-            run_dir, stopped=True, why="its supervisor was frozen as it started", ended_now=True
-        )
+        settle.settle(run_dir, stopped=True, why="its supervisor was frozen as it started", ended_now=True)
     else:
         runprocs.signal_pid(sup, signal.SIGTERM)
     return True
@@ -285,19 +336,12 @@ def _starting_ended(run_dir: Path, rec: RunRecord) -> bool:
     """A stopped run whose supervisor never wrote its PID and runs no more (it ended on the
     SIGTERM before catching it): recorded stopped here. True when it was."""
     from xl.launcher.rundir import settle  # noqa: PLC0415 - ending runs only: not on a launch's path to torchrun
-
-    if (
-        rec.supervisor_pid is not None
-        or not stopmark.stop_asked(run_dir)
-        or runprocs.find_supervisor(str(run_dir))
-    ):
+    if rec.supervisor_pid is not None or not stopmark.stop_asked(run_dir) or runprocs.find_supervisor(str(run_dir)):
         return False
     rec = record.load(run_dir) or rec
     if rec.final or rec.supervisor_pid is not None:
         return rec.final
-    settle.settle(
-        run_dir, stopped=True, why="stopped before its supervisor started", ended_now=True
-    )
+    settle.settle(run_dir, stopped=True, why="stopped before its supervisor started", ended_now=True)
     return True
 
 

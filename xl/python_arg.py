@@ -6,14 +6,13 @@ each command words its own error around the reason given here."""
 from __future__ import annotations
 
 import os
+import shutil
 
 
 def find_python(value: str) -> tuple[str | None, str]:
     """(the interpreter's path, "") or (None, why not: "not found on PATH", "no such file",
     "not executable"). A path is returned as given; a bare name as PATH resolves it."""
     if os.sep not in value:
-        import shutil  # noqa: PLC0415 - a bare name only: `xl launch` parses its options before its supervisor's early fork
-
         found = shutil.which(value)
         return (found, "") if found else (None, "not found on PATH")
     if not os.path.isfile(value):

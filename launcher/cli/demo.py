@@ -8,8 +8,8 @@ from importlib.resources import files
 from pathlib import Path
 
 from xl.errors import ArgumentParser, UsageError
+from xl.launcher.cli.launch import Viewer, inventory, launch, say_warnings
 from xl.launcher.cli.options import positive_seconds
-from xl.launcher.cli.runstart import Viewer, inventory, launch, say_warnings
 from xl.launcher.plan import build_plan
 from xl.launcher.spec import LaunchSpec
 

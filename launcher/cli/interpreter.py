@@ -17,6 +17,8 @@ from pathlib import Path
 
 from xl import paths
 from xl.atomic import write_atomic
+from xl.errors import UsageError
+from xl.python_arg import find_python
 
 _INIT = '''"""Written by `xl launch --python`: the xl that launched this run, for ranks whose
 interpreter has no xl of its own (see xl.launcher.cli.interpreter)."""
@@ -24,6 +26,18 @@ __path__ = {path!r}
 with open({init!r}, encoding="utf-8") as _f:
     exec(compile(_f.read(), {init!r}, "exec"))
 '''
+
+
+def resolve_python(python: str) -> str:
+    """``--python PY`` as an absolute path to an executable (the rule `xl doctor --python` follows
+    too: xl.python_arg); UsageError (one line) if none."""
+    found, _ = find_python(python)
+    if found is None:
+        raise UsageError(
+            f"--python {python}: no such interpreter (give the path of another environment's python, "
+            "e.g. --python ~/envs/torch/bin/python)"
+        )
+    return os.path.abspath(found)
 
 
 def _xl_folders() -> tuple[Path, dict[str, Path]]:

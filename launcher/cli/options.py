@@ -10,6 +10,7 @@ module parses back to the same spec (tests/launcher/test_spec_argv.py).
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import re
@@ -22,8 +23,8 @@ from xl import envnames
 from xl.address import format_address
 from xl.errors import ArgumentParser, UsageError
 from xl.launcher.cli.accelconf import default_path, read_settings
+from xl.launcher.cli.interpreter import resolve_python
 from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, parse_env_pairs
-from xl.python_arg import find_python
 
 # `xl launch python train.py`: the interpreter written where the script goes (python, python3.11).
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -81,18 +82,6 @@ _TORCHRUN_NOT_TAKEN.update({"-r": _TORCHRUN_NOT_TAKEN["--redirects"], "-t": _TOR
 # supervisor keeps the run through each restart and records it as an attempt. Across nodes a
 # restart is a new rendezvous of every node, which the supervisors do not follow yet.
 RESTARTS_ACROSS_NODES = False
-
-
-def resolve_python(python: str) -> str:
-    """``--python PY`` as an absolute path to an executable (the rule `xl doctor --python` follows
-    too: xl.python_arg); UsageError (one line) if none."""
-    found, _ = find_python(python)
-    if found is None:
-        raise UsageError(
-            f"--python {python}: no such interpreter (give the path of another environment's python, "
-            "e.g. --python ~/envs/torch/bin/python)"
-        )
-    return os.path.abspath(found)
 
 
 def positive_seconds(text: str) -> float:
@@ -240,8 +229,6 @@ def check_options(parser: argparse.ArgumentParser, opts: Sequence[str], not_take
         if name in _TORCHRUN_NOT_TAKEN:
             raise UsageError(f"torchrun's {name} is not taken here: {_TORCHRUN_NOT_TAKEN[name]}")
         public = [o for o, a in known.items() if a.help != argparse.SUPPRESS and o.startswith("--")]
-        import difflib  # noqa: PLC0415 - a mistyped option only: not every launch's start
-
         close = difflib.get_close_matches(name, public, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else f" (see '{parser.prog} --help')"
         raise UsageError(f"unknown option {name}{hint}")

@@ -182,7 +182,7 @@ def launch_slurm(ns: argparse.Namespace, script: str | None, module: str | None,
         )
     _check_spec(ns, script, module, args)
     # The store lists runs with psutil (~50 ms): `xl sbatch` and bad input never need it.
-    from xl.launcher.rundir.layout import new_run_id  # noqa: PLC0415 - only a --slurm run names one
+    from xl.launcher.rundir.store import new_run_id  # noqa: PLC0415 - only a --slurm run names one
 
     rdzv = ns.rdzv or _rdzv(alloc, os.environ)
     run_id = new_run_id(LaunchSpec(script=script, module=module, name=ns.name))

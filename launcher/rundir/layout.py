@@ -17,26 +17,9 @@ and this module re-exports it.
 from __future__ import annotations
 
 import os
-import re
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from xl import wire
-
-if TYPE_CHECKING:
-    from xl.launcher.spec import LaunchSpec
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")[:32] or "run"
-
-
-def new_run_id(spec: LaunchSpec) -> str:
-    """A new run dir's name, ``<date>-<time>-<name>-<4 hex>``: sorts by start, says what ran, and
-    two launches in one second rarely collide (start_run retries when they do)."""
-    base = spec.name or (Path(spec.script).stem if spec.script else str(spec.module).rsplit(".", 1)[-1])
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(base)}-{os.urandom(2).hex()}"
-
 
 # -- the names (relative to the run dir) --------------------------------------------------
 SPOOL = wire.SPOOL_DIR

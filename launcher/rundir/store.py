@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from xl.errors import NotYours, UsageError
 from xl.launcher import runprocs
 from xl.launcher.rundir import record
 from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.spec import LaunchSpec
 
 
 @dataclass
@@ -88,6 +91,17 @@ def runs_root(create: bool) -> Path:
             f"cannot use {root} for runs ({exc.strerror}); set XL_HOME to a writable folder"
         ) from None
     return root
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")[:32] or "run"
+
+
+def new_run_id(spec: LaunchSpec) -> str:
+    """``<date>-<time>-<name>-<4 hex>``: sorts by start, says what ran, and two launches in
+    one second rarely collide (start_run retries when they do)."""
+    base = spec.name or (Path(spec.script).stem if spec.script else str(spec.module).rsplit(".", 1)[-1])
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(base)}-{secrets.token_hex(2)}"
 
 
 UNREADABLE = "unreadable"

@@ -62,7 +62,6 @@ if TYPE_CHECKING:  # imported where they are needed: after torchrun started, or 
     from xl.launcher.rundir.digest import Digester
     from xl.launcher.supervisor.follower import Follower
     from xl.launcher.supervisor.hub import Hub
-    from xl.launcher.supervisor.warm import WarmTorchrun
 
 _TICK_S = 0.1
 _LINK_CLOSE_S = 3.0
@@ -362,7 +361,6 @@ class Supervisor:
             self.cause.failure = self.cause.local(None, None, None, None, f"supervisor error: {exc!r}")
 
     def finish(self) -> RunStatus:
-        self.torchrun.drop_warm()  # stopped (or failed) before torchrun started
         self.cause.fill_from_torchrun_log(self.ranks, self.journal.emit)
         status = self.cause.conclude(self.stopping.requested, self.torchrun.code, self.stopping.barrier_ended, self.ranks)
         self.ranks.settle(stopped=status is RunStatus.STOPPED)
@@ -390,22 +388,13 @@ class Supervisor:
         return status
 
 
-def main(argv: list[str], warm: WarmTorchrun | None = None) -> int:
-    """``warm``: torchrun's interpreter, started by this process before its run dir existed
-    (``xl launch``; xl.launcher.supervisor.warm)."""
+def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m xl.launcher.supervisor RUN_DIR", file=sys.stderr)
         return 2
     _debug("supervisor main")
-    try:
-        sup = Supervisor(Path(argv[0]))
-    except BaseException:
-        if warm is not None:
-            warm.discard()
-        raise
-    sup.torchrun.warm = warm
+    sup = Supervisor(Path(argv[0]))
     if sup.record.final:
-        sup.torchrun.drop_warm()
         return sup.record.exit_code  # stopped (xl stop) before this supervisor could start it
     try:
         sup.start()

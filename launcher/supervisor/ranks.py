@@ -27,16 +27,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from xl.launcher import runprocs
 from xl.launcher.rundir.layout import RunLayout, record_rank
 from xl.launcher.rundir.outcome import RankPhase, rank_outcome
 from xl.launcher.rundir.record import RunRecord
 from xl.procfs import read_environ
-
-if TYPE_CHECKING:
-    from xl.launcher.supervisor.warm import WarmTorchrun
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
@@ -143,7 +140,6 @@ class Torchrun:
 
     proc: subprocess.Popen[bytes] | None = None
     code: int | None = None
-    warm: WarmTorchrun | None = None  # its interpreter, started before the plan was ready (xl launch)
 
     @property
     def running(self) -> bool:
@@ -151,14 +147,6 @@ class Torchrun:
 
     def start(self, argv: list[str], *, cwd: str | None, env: dict[str, str], log: Path, umask: int) -> None:
         """Start it: no stdin, its own output appended to ``log`` (logs/torchrun.log)."""
-        warm, self.warm = self.warm, None
-        if warm is not None and warm.fits(argv, env):
-            with open(log, "ab"):
-                pass  # made here, as below: private, whoever the interpreter runs as
-            self.proc = warm.go(argv, cwd=cwd or os.getcwd(), env=env, log=log, umask=umask)
-            return
-        if warm is not None:
-            warm.discard()
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
                 argv,
@@ -170,12 +158,6 @@ class Torchrun:
                 close_fds=True,
                 umask=umask,  # the run dir is private; the training's own files are not
             )
-
-    def drop_warm(self) -> None:
-        """The run ends without torchrun: its interpreter started ahead goes, unused."""
-        warm, self.warm = self.warm, None
-        if warm is not None:
-            warm.discard()
 
     def signal(self, sig: int) -> None:
         """Signal it while it runs (after its end the pid may be another process's)."""
