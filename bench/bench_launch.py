@@ -4,7 +4,8 @@
 
 Two CPU ranks that init gloo, meet at a barrier and leave. Wall time from start to exit of each
 command, measured alternately in the same run, the order reversed every other round (so machine
-load hits both alike); prints the medians and the ratio xl / torchrun (goal <= 1.03x).
+load hits both alike); prints the medians and the ratio xl / torchrun (goal <= 1.03x), the
+paired one with a bootstrap 95% interval over the rounds.
 ``--before DIR``: also time another xl (a folder holding its ``xl`` package, put first on
 PYTHONPATH) in the same rounds, e.g. the last release, for a before/after measured side by side.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import resource
 import statistics
 import subprocess
@@ -67,6 +69,14 @@ def _time(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float,
     return elapsed, min(m[0] for m in marks) - t0, t1 - max(m[1] for m in marks), cpu
 
 
+def _bootstrap(ratios: list[float], draws: int = 4000) -> tuple[float, float]:
+    """A 95% interval for the median of the rounds' ratios (rounds resampled with replacement,
+    fixed seed): whether the goal is inside it says whether these rounds settle it."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7)
@@ -98,8 +108,9 @@ def main() -> int:
         line = f"{name:12}: median {statistics.median(ts):.3f}s  ({', '.join(f'{t:.2f}' for t in ts)})"
         if name != "torchrun":
             # The ratio within a round is the least sensitive to other load on a shared machine.
-            pairs = statistics.median(x / t for x, t in zip(ts, anchor, strict=True))
-            line += f"  ratio {statistics.median(ts) / statistics.median(anchor):.3f}x, paired {pairs:.3f}x"
+            ratios = [x / t for x, t in zip(ts, anchor, strict=True)]
+            low, high = _bootstrap(ratios)
+            line += f"  ratio {statistics.median(ts) / statistics.median(anchor):.3f}x, paired {statistics.median(ratios):.3f}x [95% {low:.3f}-{high:.3f}]"
         print(line)
     # CPU time of the process tree: what the machine's load disturbs far less than wall time.
     anchor_cpu = [t[3] for t in times["torchrun"]]
