@@ -7,7 +7,12 @@ it); it writes ``stacks/<t>.json`` and one ``hang`` event naming the culprit(s),
 and for whom (``waiting_on``), so the two no longer read alike. Stalls that come later in the same
 hang reuse its verdict. With no usable stacks (ranks not started by xl's entry), the events go out
 unchanged. A stall is a hang only by the rule `xl stacks` follows (xl.launcher.telemetry.progress):
-while another rank still progresses, the events go out unchanged and the next stall asks again.
+while another rank still progresses, the events go out unchanged.
+
+A capture that names nobody (a rank had begun its collective only a moment before, as a loaded
+machine makes it; or no rank answered) is asked again every ``retry_s`` while the stall lasts, a
+bounded number of times: the diagnoser says a stall once, so without it such a hang would never
+be named. ``over`` (no rank stalled any more) and ``join`` (the run's end) end the retries.
 """
 
 from __future__ import annotations
@@ -24,26 +29,45 @@ from xl.launcher.telemetry.verdict import position, ranges, where
 Emit = Callable[[dict[str, Any]], None]
 
 
+RETRY_S = 5.0  # an inconclusive capture is asked again this often while the stall lasts ...
+RETRIES = 12  # ... at most this many times (a minute): each asks every rank for its stacks
+
+
 class HangCapture:
-    def __init__(self, run_dir: Path, emit: Emit, ranks: Callable[[], list[dict[str, Any]]], timeout: float = capture.TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        emit: Emit,
+        ranks: Callable[[], list[dict[str, Any]]],
+        timeout: float = capture.TIMEOUT_S,
+        *,
+        retry_s: float = RETRY_S,
+        retries: int = RETRIES,
+    ) -> None:
         self.run_dir = run_dir
         self._emit = emit
         self._ranks = ranks
         self._timeout = timeout
+        self._retry_s = retry_s
+        self._retries = retries
         self._lock = threading.Lock()
         self._held: list[dict[str, Any]] = []
-        self._state = "idle"  # idle -> busy (capturing) -> done (this hang's verdict is in)
+        # idle -> busy (capturing, stalls held) -> done (this hang's verdict is in), or ->
+        # retrying (the first capture named nobody: stalls go out as they come) -> done or idle
+        self._state = "idle"
         self.doc: dict[str, Any] | None = None  # this hang's document, once captured
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()  # this hang's retries end (over, join)
 
     def on_stall(self, events: list[dict[str, Any]]) -> None:
         """The diagnoser's stalled events: held until the hang's stacks are in, then sent."""
         with self._lock:
-            if self._state != "done":
+            if self._state in ("idle", "busy"):
                 self._held.extend(events)
                 if self._state == "idle":
                     self._state = "busy"
-                    self._thread = threading.Thread(target=self._capture, name="xl-hang-capture", daemon=True)
+                    self._stop = threading.Event()
+                    self._thread = threading.Thread(target=self._capture, args=(self._stop,), name="xl-hang-capture", daemon=True)
                     self._thread.start()
                 return
             doc = self.doc
@@ -52,49 +76,71 @@ class HangCapture:
     def over(self) -> None:
         """No rank is stalled any more: the next stall is a new hang, with a capture of its own."""
         with self._lock:
-            if self._state == "done":
+            if self._state in ("done", "retrying"):
                 self._state, self.doc = "idle", None
+                self._stop.set()
 
     def join(self, timeout: float) -> None:
+        """The run ends: a capture under way finishes (its events go out), retries do not wait."""
+        self._stop.set()
         thread = self._thread
         if thread is not None:
             thread.join(timeout)
 
-    def _capture(self) -> None:
-        doc: dict[str, Any] | None = None
-        hang = True
+    def _capture(self, stop: threading.Event) -> None:
+        doc = self._attempt()
+        with self._lock:
+            self.doc, self._state = doc, "done" if doc is not None else "retrying"
+            held, self._held = self._held, []
+        if doc is not None:
+            self._say_hang(doc)
+        self._send(held, doc)
+        tries = 0
+        while doc is None and tries < self._retries and not stop.wait(self._retry_s):
+            tries += 1
+            doc = self._attempt()
+            with self._lock:
+                if stop.is_set():  # over() came while it asked: a later stall asks anew
+                    return
+                if doc is not None:
+                    self.doc, self._state = doc, "done"
+            if doc is not None:
+                self._say_hang(doc)
+        with self._lock:
+            if self._state == "retrying" and not stop.is_set():
+                self._state = "idle"  # nobody named after its retries: the next stall asks again
+
+    def _attempt(self) -> dict[str, Any] | None:
+        """Every rank's stacks, once: the hang's document, or None when it names nobody."""
         try:
             ranks = self._ranks()
             t, entries = capture.gather(self.run_dir, ranks, timeout=self._timeout)
             # The rule `xl stacks` follows: a culprit only when no rank progressed for the stall
             # threshold (one rank stalled while the others train on is no hang).
             progress = judge(self.run_dir, capture.rank_ids(ranks), entries, now=t)
-            hang = progress.stalled is not False
+            if progress.stalled is False or not any(not e.get("error") for e in entries):
+                return None
             if progress.stalled is None:  # the files tell nothing: the diagnoser's stall stands
                 progress = STALLED
-            if hang and any(not e.get("error") for e in entries):
-                doc = capture.assemble(self.run_dir.name, t, entries, progress)
-                doc["file"] = capture.save(self.run_dir, {k: v for k, v in doc.items() if k != "file"})
+            doc = capture.assemble(self.run_dir.name, t, entries, progress)
+            doc["file"] = capture.save(self.run_dir, {k: v for k, v in doc.items() if k != "file"})
+            return doc
         except Exception:  # a capture that fails leaves the stall reported as it was
-            doc = None
-        with self._lock:
-            # No hang after all: the next stall asks again.
-            self.doc, self._state = doc, "done" if hang else "idle"
-            held, self._held = self._held, []
-        if doc is not None:
-            v = doc["verdict"]
-            culprits = list(v.get("ranks") or [])
-            self._emit(
-                {
-                    "t": doc["t"],
-                    "kind": "hang",
-                    "rank": culprits[0] if len(culprits) == 1 else None,
-                    "ranks": culprits,
-                    "message": v.get("message") or "",
-                    "stacks": doc["file"],
-                }
-            )
-        self._send(held, doc)
+            return None
+
+    def _say_hang(self, doc: dict[str, Any]) -> None:
+        v = doc["verdict"]
+        culprits = list(v.get("ranks") or [])
+        self._emit(
+            {
+                "t": doc["t"],
+                "kind": "hang",
+                "rank": culprits[0] if len(culprits) == 1 else None,
+                "ranks": culprits,
+                "message": v.get("message") or "",
+                "stacks": doc["file"],
+            }
+        )
 
     def _send(self, events: list[dict[str, Any]], doc: dict[str, Any] | None) -> None:
         for event in events:

@@ -104,7 +104,16 @@ def test_where_names_the_persons_innermost_frame_and_what_it_calls() -> None:
     assert where({"threads": [{"name": "MainThread", "frames": frames[:3]}]}) == "parse_record at train.py:19"
 
 
-def test_the_hang_capture_follows_the_same_rule(tmp_path: Path, monkeypatch: Any) -> None:
+def _until(predicate: Any, what: str, timeout: float = 10.0) -> None:
+    import time  # noqa: PLC0415 - only these tests need the wall clock
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_lasts(tmp_path: Path, monkeypatch: Any) -> None:
     import time  # noqa: PLC0415 - only this test needs the wall clock
 
     from xl.launcher.telemetry import stacks as capture  # noqa: PLC0415 - patched below
@@ -115,14 +124,55 @@ def test_the_hang_capture_follows_the_same_rule(tmp_path: Path, monkeypatch: Any
     monkeypatch.setattr(capture, "gather", lambda *a, **k: (time.time(), _culprit_snapshot()))
     monkeypatch.setenv("XL_STALL_MIN_S", "30")
     sent: list[dict[str, Any]] = []
-    hang = HangCapture(run, sent.append, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5)
+    hang = HangCapture(run, sent.append, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5, retry_s=0.1, retries=100)
     stalled = {"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 31 s"}
     hang.on_stall([stalled])
-    hang.join(5)
     # Rank 0 still progresses: no hang event, no stacks file, the stall as the diagnoser said it.
+    _until(lambda: sent == [stalled], "the stall, unchanged")
+    time.sleep(0.3)
     assert sent == [stalled] and not (run / "stacks").exists()
+    # Nothing moves any more: a retry names the hang with no new stall (the diagnoser says a
+    # stall once; a loaded machine's first look can come while a rank has just begun its op).
     _write(run, _steps(0, now - 40, 0.3) + _steps(1, now - 40, 0.3))
-    hang.on_stall([{**stalled, "rank": 0}])  # the next stall asks again, and now it is a hang
+    _until(lambda: len(sent) == 2, "the hang, named on a retry")
+    assert sent[1]["kind"] == "hang" and sent[1]["ranks"] == [1] and (run / sent[1]["stacks"]).is_file()
+    hang.on_stall([{**stalled, "rank": 0}])  # later stalls of the same hang take its verdict
     hang.join(5)
-    kinds = [e["kind"] for e in sent]
-    assert kinds == ["stalled", "hang", "stalled"] and sent[1]["ranks"] == [1] and (run / sent[1]["stacks"]).is_file()
+    assert [e["kind"] for e in sent] == ["stalled", "hang", "stalled"] and sent[2] != {**stalled, "rank": 0}
+
+
+def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(tmp_path: Path, monkeypatch: Any) -> None:
+    import time  # noqa: PLC0415 - only this test needs the wall clock
+
+    from xl.launcher.telemetry import stacks as capture  # noqa: PLC0415 - patched below
+    from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
+
+    asked: list[float] = []
+
+    def gather(*_a: Any, **_k: Any) -> tuple[float, list[dict[str, Any]]]:
+        asked.append(time.time())
+        _write(run, _steps(0, time.time(), 0.3) + _steps(1, time.time(), 0.3))  # both ranks keep training
+        return time.time(), _culprit_snapshot()
+
+    run = _write(tmp_path / "r")
+    monkeypatch.setattr(capture, "gather", gather)
+    monkeypatch.setenv("XL_STALL_MIN_S", "30")
+    sent: list[dict[str, Any]] = []
+    ranks = lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}]  # noqa: E731 - a one-line table
+    stalled = {"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 31 s"}
+    hang = HangCapture(run, sent.append, ranks, timeout=0.5, retry_s=0.02, retries=3)
+    hang.on_stall([stalled])
+    _until(lambda: len(asked) == 4, "the first capture and its 3 retries")
+    time.sleep(0.2)
+    assert len(asked) == 4 and sent == [stalled] and not (run / "stacks").exists()
+    # The run recovers (no rank stalled): the retries of a hang that is over end at once.
+    hang = HangCapture(run, sent.append, ranks, timeout=0.5, retry_s=0.05, retries=1000)
+    asked.clear()
+    hang.on_stall([stalled])
+    _until(lambda: len(asked) >= 2, "a retry")
+    hang.over()
+    time.sleep(0.1)
+    count = len(asked)
+    time.sleep(0.3)
+    assert len(asked) == count and [e["kind"] for e in sent] == ["stalled", "stalled"]
+    hang.join(5)
