@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from procs import wait_for
+
 from xl.launcher.telemetry.diagnose import Thresholds
 from xl.launcher.telemetry.progress import judge, judged
 from xl.launcher.telemetry.verdict import where
@@ -104,15 +106,6 @@ def test_where_names_the_persons_innermost_frame_and_what_it_calls() -> None:
     assert where({"threads": [{"name": "MainThread", "frames": frames[:3]}]}) == "parse_record at train.py:19"
 
 
-def _until(predicate: Any, what: str, timeout: float = 10.0) -> None:
-    import time  # noqa: PLC0415 - only these tests need the wall clock
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_lasts(tmp_path: Path, monkeypatch: Any) -> None:
     import time  # noqa: PLC0415 - only this test needs the wall clock
 
@@ -128,13 +121,13 @@ def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_l
     stalled = {"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 31 s"}
     hang.on_stall([stalled])
     # Rank 0 still progresses: no hang event, no stacks file, the stall as the diagnoser said it.
-    _until(lambda: sent == [stalled], "the stall, unchanged")
+    wait_for(lambda: sent == [stalled], timeout=10, what="the stall, unchanged")
     time.sleep(0.3)
     assert sent == [stalled] and not (run / "stacks").exists()
     # Nothing moves any more: a retry names the hang with no new stall (the diagnoser says a
     # stall once; a loaded machine's first look can come while a rank has just begun its op).
     _write(run, _steps(0, now - 40, 0.3) + _steps(1, now - 40, 0.3))
-    _until(lambda: len(sent) == 2, "the hang, named on a retry")
+    wait_for(lambda: len(sent) == 2, timeout=10, what="the hang, named on a retry")
     assert sent[1]["kind"] == "hang" and sent[1]["ranks"] == [1] and (run / sent[1]["stacks"]).is_file()
     hang.on_stall([{**stalled, "rank": 0}])  # later stalls of the same hang take its verdict
     hang.join(5)
@@ -162,14 +155,14 @@ def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(tmp_pa
     stalled = {"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 31 s"}
     hang = HangCapture(run, sent.append, ranks, timeout=0.5, retry_s=0.02, retries=3)
     hang.on_stall([stalled])
-    _until(lambda: len(asked) == 4, "the first capture and its 3 retries")
+    wait_for(lambda: len(asked) == 4, timeout=10, what="the first capture and its 3 retries")
     time.sleep(0.2)
     assert len(asked) == 4 and sent == [stalled] and not (run / "stacks").exists()
     # The run recovers (no rank stalled): the retries of a hang that is over end at once.
     hang = HangCapture(run, sent.append, ranks, timeout=0.5, retry_s=0.05, retries=1000)
     asked.clear()
     hang.on_stall([stalled])
-    _until(lambda: len(asked) >= 2, "a retry")
+    wait_for(lambda: len(asked) >= 2, timeout=10, what="a retry")
     hang.over()
     time.sleep(0.1)
     count = len(asked)
