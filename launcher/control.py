@@ -10,13 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +103,8 @@ def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
         with contextlib.suppress(OSError):
             os.write(2, f"xl supervisor: crashed: {exc!r}\n".encode("utf-8", "replace"))
         with contextlib.suppress(BaseException):
+            import traceback  # noqa: PLC0415 - a crash only
+
             traceback.print_exc()
     finally:
         os._exit(code)
@@ -204,6 +204,8 @@ def start_run(
             (run_dir / name).touch(mode=0o600)
     except OSError as exc:
         # A full disk (or quota) before anything started: no half-made run is left behind.
+        import shutil  # noqa: PLC0415 - a full disk only
+
         shutil.rmtree(run_dir, ignore_errors=True)
         raise _no_room(run_dir.parent, exc) from None
     if fork:

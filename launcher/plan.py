@@ -11,7 +11,6 @@ the supervisor and the tests all see the same plan.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import re
@@ -23,8 +22,6 @@ from typing import TYPE_CHECKING, Any
 from xl import envnames
 from xl.address import format_address
 from xl.errors import UsageError
-from xl.gpu.devices import find_gpu, judge_visible_devices
-from xl.gpu.health import busy
 from xl.gpu.models import model_counts, models_text
 from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, valid_env_name
 
@@ -70,6 +67,8 @@ def _default_devices(
     ``fail`` there stops the launch, a ``warn`` is said and the launch goes on."""
     if "CUDA_VISIBLE_DEVICES" not in env:
         return _usable(gpus)
+    from xl.gpu.devices import judge_visible_devices  # noqa: PLC0415 - only a set CUDA_VISIBLE_DEVICES is judged: not every launch's start
+
     verdict = judge_visible_devices(list(gpus), env, have_driver=have_driver)
     if verdict.status == "fail":
         other = f", or pass {gpus_from}" if gpus_from else ""
@@ -113,6 +112,8 @@ def select_devices(
         return every
     if text == "auto":
         # Every free GPU: none that the app's picker and `xl launch` would call busy.
+        from xl.gpu.health import busy  # noqa: PLC0415 - only --gpus auto asks: not every launch's start
+
         usable = _usable(gpus)
         free = [g for g in usable if not busy(g)]
         if not free:
@@ -141,6 +142,8 @@ def select_devices(
         )
         # The picked set is handed out in nvidia-smi order, so rank k's GPU is predictable.
         return sorted(ranked[:n], key=lambda g: g.index)
+    from xl.gpu.devices import find_gpu  # noqa: PLC0415 - only GPUs named by --gpus: not every launch's start
+
     chosen: list[GPU] = []
     for token in (t.strip() for t in text.split(",")):
         if not token:
@@ -208,6 +211,8 @@ def rdzv_id(host: str, port: int, env: Mapping[str, str]) -> str:
     run on node 0) it falls back to the endpoint."""
     token = env.get(envnames.TOKEN, "")
     if token:
+        import hashlib  # noqa: PLC0415 - several nodes only: not a one-node launch's start
+
         return "xl-" + hashlib.sha256(token.encode()).hexdigest()[:12]
     return "xl-" + re.sub(r"[^A-Za-z0-9.-]", "-", f"{host}-{port}")
 

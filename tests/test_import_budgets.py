@@ -32,26 +32,29 @@ class Budget(NamedTuple):
 # `xl launch`'s own imports, up to the fork of its supervisor.
 LAUNCH = "import xl.cli, xl.tui.commands, xl.launcher.cli.launch, xl.launcher.control"
 UI = ("rich", "textual", "torch", "numpy")
+# What only an unusual launch needs (--python's environment hash, a mistyped option's suggestion,
+# --rdzv's token) or a crash (traceback): never on every launch's path to torchrun.
+RARE = ("hashlib", "secrets", "difflib", "tempfile")
 PROCESSES = {
     # `xl launch --no-tui`: dispatch, the command, starting the run, the plain view (no Rich:
     # the end-of-run table is drawn without it).
     "launch": Budget(
         LAUNCH + ", xl.launcher.cli.console",
-        158,  # `--slurm`'s job submission (cli.sbatch, multinode.slurm) loads only when asked for
-        130,
-        (*UI, "psutil", "pynvml"),  # psutil once torchrun runs; pynvml only where libnvidia-ml loads
+        120,  # `--slurm`'s job submission, `--rdzv`'s and `--python`'s code load only when asked for
+        90,
+        (*UI, *RARE, "psutil", "pynvml"),  # psutil once torchrun runs; pynvml only where libnvidia-ml loads
     ),
     # The supervisor up to torchrun's start, in a fresh interpreter (the app starts it so):
     # telemetry, the digest and provenance load once torchrun runs, the hub and the follower on
     # several nodes only (launcher/supervisor/loop.py, Supervisor.start).
-    "supervisor": Budget("import xl.launcher.supervisor.loop", 100, 60, (*UI, "psutil")),
+    "supervisor": Budget("import xl.launcher.supervisor.loop", 75, 40, (*UI, *RARE, "traceback", "psutil")),
     # ... and forked from `xl launch` (what it imported is there already): what it adds before
     # torchrun starts, on the path from the command to the first step.
-    "supervisor, forked": Budget("import xl.launcher.supervisor.loop", 12, 15, (*UI, "psutil"), after=LAUNCH),
+    "supervisor, forked": Budget("import xl.launcher.supervisor.loop", 13, 15, (*UI, "psutil"), after=LAUNCH),
     # Every rank, before the user's first line: standard library and xl's own rank code only
-    # (today 64 modules, 47-57 ms of CPU on an idle 2-core machine: 25 was below its real cost,
-    # and a fresh CI machine measured 64 ms).
-    "rank entry": Budget("import xl.launcher.rank.entry", 75, 50, (*UI, "psutil", "orjson")),
+    # (today 43 modules, 13-26 ms of CPU on an idle 2-core machine; most of them are modules
+    # `import torch` loads anyway).
+    "rank entry": Budget("import xl.launcher.rank.entry", 45, 30, (*UI, "psutil", "orjson", "tempfile", "random", "secrets")),
 }
 # What the supervisor's loop needs only once torchrun runs, or on several nodes: never imported
 # before torchrun starts (each costs the start of every run: ~50 ms of CPU together).

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
     """Write ``data`` to ``path`` through a temp file in the same folder and a rename."""
     target = Path(path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp = _new_beside(target)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(raw)
@@ -27,6 +26,19 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def _new_beside(target: Path) -> tuple[int, str]:
+    """A new, empty, private (0600) file next to ``target``, opened for writing, as
+    ``tempfile.mkstemp`` makes one, without its imports (random, shutil: ~4 ms of every
+    process's start, a rank's included)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        tmp = os.path.join(target.parent, f".{target.name}.{os.urandom(6).hex()}.tmp")
+        try:
+            return os.open(tmp, flags, 0o600), tmp
+        except FileExistsError:
+            continue
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:

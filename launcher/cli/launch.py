@@ -16,7 +16,6 @@ from typing import Any
 from xl import envnames
 from xl.errors import UsageError
 from xl.gpu.nvml import inventory as _inventory
-from xl.launcher.cli.interpreter import ranks_pythonpath
 from xl.launcher.cli.options import (
     launch_parser,
     nproc_for,
@@ -25,7 +24,6 @@ from xl.launcher.cli.options import (
 )
 from xl.launcher.cli.preflight import check_launch
 from xl.launcher.cli.startchecks import check_python, check_rdzv_port
-from xl.launcher.multinode.join import prepare_launch
 from xl.launcher.plan import Plan, build_plan
 from xl.launcher.spec import LaunchSpec
 
@@ -38,6 +36,8 @@ def with_interpreter(plan: Plan, spec: LaunchSpec, *, dry_run: bool = False) -> 
     """Under --python, torchrun and the ranks find xl's stdlib-only rank code on PYTHONPATH
     (xl.launcher.cli.interpreter), whether or not that environment has xl."""
     if spec.python:
+        from xl.launcher.cli.interpreter import ranks_pythonpath  # noqa: PLC0415 - only --python: not every launch's start
+
         existing = spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
         plan.env["PYTHONPATH"] = ranks_pythonpath(existing, create=not dry_run)
     return plan
@@ -208,6 +208,8 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     if spec.nnodes > 1:
         # Node 0 prints the command for the other nodes, with the run's token (stderr: stdout
         # stays the run id under --detach). Tasks of --slurm are all started already.
+        from xl.launcher.multinode.join import prepare_launch  # noqa: PLC0415 - several nodes only: not a one-node launch's start
+
         join = prepare_launch(spec, os.environ)
         # Node 0 may just have made the token, which the rendezvous id derives from.
         plan = with_interpreter(build_plan(spec, inv, gpus_from=gpus_from), spec)

@@ -10,7 +10,6 @@ module parses back to the same spec (tests/launcher/test_spec_argv.py).
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 import os
 import re
@@ -22,8 +21,6 @@ from pathlib import Path
 from xl import envnames
 from xl.address import format_address
 from xl.errors import ArgumentParser, UsageError
-from xl.launcher.cli.accelconf import default_path, read_settings
-from xl.launcher.cli.interpreter import resolve_python
 from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, parse_env_pairs
 
 # `xl launch python train.py`: the interpreter written where the script goes (python, python3.11).
@@ -229,6 +226,8 @@ def check_options(parser: argparse.ArgumentParser, opts: Sequence[str], not_take
         if name in _TORCHRUN_NOT_TAKEN:
             raise UsageError(f"torchrun's {name} is not taken here: {_TORCHRUN_NOT_TAKEN[name]}")
         public = [o for o, a in known.items() if a.help != argparse.SUPPRESS and o.startswith("--")]
+        import difflib  # noqa: PLC0415 - only a mistyped option pays for it
+
         close = difflib.get_close_matches(name, public, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else f" (see '{parser.prog} --help')"
         raise UsageError(f"unknown option {name}{hint}")
@@ -305,6 +304,8 @@ def spec_from_args(
     (Slurm passes --accelerate-config on for each node to read its own)."""
     spec = LaunchSpec(script=script, module=module, args=args, cwd=os.getcwd())
     if read_config and ns.accelerate_config is not None:
+        from xl.launcher.cli.accelconf import default_path, read_settings  # noqa: PLC0415 - only --accelerate-config reads one
+
         path = Path(ns.accelerate_config).expanduser() if ns.accelerate_config else default_path()
         acc = read_settings(path)
         # The config fills in; flags given beside it win.
@@ -319,6 +320,8 @@ def spec_from_args(
         given["nproc"] = cpu_cores() if given["nproc"] == "cpu" else None
     given["rdzv"] = given["rdzv"] or _master_rdzv(ns)
     if given["python"] is not None:
+        from xl.launcher.cli.interpreter import resolve_python  # noqa: PLC0415 - only --python: not every launch's start
+
         given["python"] = resolve_python(given["python"])
     spec = replace(spec, **{k: v for k, v in given.items() if v is not None})
     if spec.mixed_precision == "False":  # YAML 1.1 reads an unquoted `no` as false

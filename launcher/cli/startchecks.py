@@ -15,7 +15,6 @@ import subprocess
 
 from xl.address import format_address
 from xl.errors import UsageError
-from xl.launcher.multinode.join import listen_host
 from xl.launcher.plan import parse_rdzv
 from xl.launcher.spec import LaunchSpec
 
@@ -40,6 +39,8 @@ def check_rdzv_port(spec: LaunchSpec) -> None:
     """Node 0 serves the rendezvous store at --rdzv: its port must be free here (UsageError)."""
     if spec.rdzv is None or spec.node_rank != 0:
         return
+    from xl.launcher.multinode.join import listen_host  # noqa: PLC0415 - only --rdzv: not a one-node launch's start
+
     host, port = parse_rdzv(spec.rdzv)
     here = listen_host(host)
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pwd
 import re
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +100,7 @@ def new_run_id(spec: LaunchSpec) -> str:
     """``<date>-<time>-<name>-<4 hex>``: sorts by start, says what ran, and two launches in
     one second rarely collide (start_run retries when they do)."""
     base = spec.name or (Path(spec.script).stem if spec.script else str(spec.module).rsplit(".", 1)[-1])
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(base)}-{secrets.token_hex(2)}"
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(base)}-{os.urandom(2).hex()}"
 
 
 UNREADABLE = "unreadable"

@@ -37,7 +37,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -405,5 +404,7 @@ def main(argv: list[str]) -> int:
         with contextlib.suppress(Exception):
             sup.abort(exc)
         with contextlib.suppress(Exception):
+            import traceback  # noqa: PLC0415 - a crash only
+
             traceback.print_exc()
     return sup.finish().exit_code
