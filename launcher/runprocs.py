@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from xl import envnames
+from xl import envnames, procfs
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import RunRecord
@@ -197,19 +197,13 @@ def find_supervisor(run_dir: str) -> int | None:
 
 def escaped_descendants(root: int, run_id: str) -> list[tuple[int, float]]:
     """(pid, start time) of the live descendants of ``root`` without ``XL_RUN_ID=<run_id>``."""
-    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
-
-    try:
-        children = psutil.Process(root).children(recursive=True)
-    except psutil.Error:
-        return []
     out = []
-    for child in children:
-        try:
-            if alive(child.pid) and _has_memory(child.pid) and not is_run_process(child.pid, run_id):
-                out.append((child.pid, child.create_time()))
-        except psutil.Error:
-            continue
+    for pid in procfs.descendants(root, procfs.process_tree()):
+        # The environment first: a rank's own processes (nearly all) stop there, at one read.
+        if not is_run_process(pid, run_id) and _has_memory(pid) and alive(pid):
+            started = create_time(pid)
+            if started is not None:
+                out.append((pid, started))
     return sorted(out)
 
 

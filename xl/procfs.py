@@ -76,6 +76,50 @@ def nspid_index(proc: str = PROC) -> dict[int, list[int]]:
     return index
 
 
+def process_tree(proc: str = PROC) -> dict[int, list[int]]:
+    """Parent PID -> its children's PIDs, for every process, in one scan of /proc (a process that
+    ends during the scan is left out). One scan serves every rank of a sample: asking each rank
+    for its descendants the way psutil does scans all of /proc once per rank."""
+    tree: dict[int, list[int]] = {}
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return tree
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            # os.read, not open(): 3 system calls a process instead of 7 (no fstat, isatty, seek),
+            # on machines with thousands of processes, every second. A stat line is < 1 KiB.
+            fd = os.open(f"{proc}/{name}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                stat = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
+        # "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses; the last ")" ends it.
+        fields = stat[stat.rfind(b")") + 2 :].split(b" ", 2)
+        if len(fields) >= 2 and fields[1].isdigit():
+            tree.setdefault(int(fields[1]), []).append(int(name))
+    return tree
+
+
+def descendants(pid: int, tree: dict[int, list[int]]) -> list[int]:
+    """``pid``'s children, theirs and so on (nearest first), from a ``process_tree``."""
+    found: list[int] = []
+    seen = {pid}
+    todo = list(tree.get(pid, ()))
+    while todo:
+        child = todo.pop(0)
+        if child in seen:
+            continue  # a PID reused during the scan cannot loop this
+        seen.add(child)
+        found.append(child)
+        todo.extend(tree.get(child, ()))
+    return found
+
+
 def has_open(pid: int, prefix: str, proc: str = PROC) -> bool | None:
     """Whether the process has a file under ``prefix`` open (e.g. "/dev/nvidia"); None when its
     descriptors cannot be read (another user's process without privileges, or gone)."""

@@ -18,7 +18,7 @@ import psutil
 
 from xl.gpu import nvml
 from xl.gpu.devices import resolve_visible_devices
-from xl.procfs import read_environ
+from xl.procfs import descendants, process_tree, read_environ
 
 MIB = 1024 * 1024
 
@@ -73,22 +73,24 @@ class Sampler:
             entry = self._procs[pid] = _Proc(pid, proc)
         return entry
 
-    def _process_figures(self, entry: _Proc) -> dict[str, Any] | None:
+    def _process_figures(self, entry: _Proc, tree: dict[int, list[int]]) -> dict[str, Any] | None:
         try:
             with entry.proc.oneshot():
                 rss = entry.proc.memory_info().rss
                 cpu = entry.proc.cpu_percent(None)
-            kids = entry.proc.children(recursive=True)
         except (psutil.Error, OSError):
             return None
         alive: dict[int, psutil.Process] = {}
-        for kid in kids:
-            known = entry.children.get(kid.pid)
+        for pid in descendants(entry.pid, tree):
+            known = entry.children.get(pid)
             if known is None:
+                try:
+                    known = psutil.Process(pid)
+                except (psutil.Error, OSError):
+                    continue  # ended since the scan
                 with contextlib.suppress(psutil.Error, OSError):
-                    kid.cpu_percent(None)
-                known = kid
-            alive[kid.pid] = known
+                    known.cpu_percent(None)
+            alive[pid] = known
             try:
                 rss += known.memory_info().rss
                 cpu += known.cpu_percent(None)
@@ -118,12 +120,13 @@ class Sampler:
         records: list[dict[str, Any]] = []
         dead: list[int] = []
         live_pids: set[int] = set()
+        tree = process_tree() if ranks else {}  # one scan of /proc for every rank's children
         for info in ranks:
             rank, pid = info.get("rank"), info.get("pid")
             if not isinstance(rank, int) or not isinstance(pid, int):
                 continue
             entry = self._proc(pid)
-            figures = self._process_figures(entry) if entry is not None else None
+            figures = self._process_figures(entry, tree) if entry is not None else None
             if figures is None:
                 dead.append(rank)
                 self._procs.pop(pid, None)

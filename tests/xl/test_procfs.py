@@ -150,3 +150,27 @@ def test_set_cmdline_says_when_it_cannot(tmp_path: Path) -> None:
 )
 def test_hide_values_shows_names_not_values(args: list[str], shown: list[str]) -> None:
     assert procfs.hide_values(args, "--env") == shown
+
+
+def test_the_process_tree_finds_every_descendant_in_one_scan(tmp_path: Path) -> None:
+    # 10 -> 11 -> 13, 10 -> 12; 20 is another tree; a COMM with spaces and parentheses.
+    root = _proc(tmp_path, 10, stat="10 (python3) S 1 10 10 0")
+    _proc(tmp_path, 11, stat="11 (pt_data_worker) S 10 10 10 0")
+    _proc(tmp_path, 12, stat="12 (xl) relay) S 10 10 10 0")
+    _proc(tmp_path, 13, stat="13 (a b) S 11 10 10 0")
+    _proc(tmp_path, 20, stat="20 (bash) S 1 20 20 0")
+    _proc(tmp_path, 30)  # no stat: ended during the scan
+    tree = procfs.process_tree(str(root))
+    assert sorted(procfs.descendants(10, tree)) == [11, 12, 13]
+    assert procfs.descendants(11, tree) == [13]
+    assert procfs.descendants(20, tree) == [] and procfs.descendants(99, tree) == []
+
+
+def test_the_process_tree_of_this_machine_holds_a_real_child(sleeper: subprocess.Popen[bytes]) -> None:
+    tree = procfs.process_tree()
+    assert sleeper.pid in procfs.descendants(os.getpid(), tree)
+    assert os.getpid() not in procfs.descendants(sleeper.pid, tree)
+
+
+def test_a_pid_loop_from_reuse_during_the_scan_ends() -> None:
+    assert procfs.descendants(1, {1: [2], 2: [3], 3: [2, 1]}) == [2, 3]
