@@ -76,13 +76,9 @@ def find_run_pids(run_id: str, *, exclude: Iterable[int] = ()) -> list[int]:
 
 
 def alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
-    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone. Read from /proc
+    directly: the supervisor asks it of every rank on every tick."""
+    return procfs.state(pid) not in (None, "Z", "X")
 
 
 def same_process(pid: int, create_time: float | None) -> bool:

@@ -297,8 +297,9 @@ class Ranks:
 
     # ---------------------------------------------------------------- how they end
     def scan_records(self) -> None:
-        """Read the rank records that changed since the last look."""
-        folder = RunLayout(self.run_dir).ranks
+        """Read the rank records that changed since the last look (every tick: plain strings, not
+        paths, for the names and the stats)."""
+        folder = str(RunLayout(self.run_dir).ranks)
         try:
             names = os.listdir(folder)
         except OSError:
@@ -307,16 +308,17 @@ class Ranks:
             rank = record_rank(name)
             if rank is None:
                 continue
-            path = folder / name
+            path = os.path.join(folder, name)
             try:
-                mtime = path.stat().st_mtime
+                mtime = os.stat(path).st_mtime
             except OSError:
                 continue
             st = self.by_rank.get(rank)
             if st is not None and mtime == st.record_mtime:
                 continue
             try:
-                rec = json.loads(path.read_text(encoding="utf-8"))
+                with open(path, encoding="utf-8") as fh:
+                    rec = json.load(fh)
             except (OSError, ValueError):
                 continue
             local = rec.get("local_rank")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from xl import procfs
 from xl.launcher import runprocs
 
 RUN_ID = "20261126-000000-abcd"
@@ -44,3 +45,18 @@ def test_a_process_that_has_let_go_of_its_memory_is_not_called_escaped() -> None
     finally:
         child.wait(timeout=10)
     assert runprocs._has_memory(os.getpid())
+
+
+def test_a_real_child_is_alive_until_it_exits_and_gone_once_a_zombie() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert procfs.state(child.pid) in ("R", "S") and runprocs.alive(child.pid)
+        assert child.stdin is not None
+        child.stdin.close()  # it exits; not reaped yet, it is a zombie
+        deadline = time.monotonic() + 30
+        while procfs.state(child.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert procfs.state(child.pid) == "Z" and not runprocs.alive(child.pid)
+    finally:
+        child.wait(30)
+    assert procfs.state(child.pid) is None and not runprocs.alive(child.pid)
