@@ -1,4 +1,4 @@
-"""The 1 Hz sampler: per rank, its GPU (NVML) and its process tree (psutil) -> ``sys`` lines.
+"""The 1 Hz sampler: per rank, its GPU (NVML) and its process tree (/proc, psutil) -> ``sys`` lines.
 
 Ranks that never call ``xl.log`` still get these. A rank's GPU is found from NVML's process
 list first (the rank's pid or one of its children holds a context there); failing that, from
