@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rounds import in_round
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 FRAMEWORKS = {
     "hf": ["hf_trainer.py", "--no-callback", "--steps", "40", "--eval", "20"],
@@ -107,8 +109,7 @@ def main() -> int:
             times: dict[str, list[float]] = {k: [] for k in runs}
             cpus: dict[str, list[float]] = {k: [] for k in runs}
             for i in range(ns.repeat):
-                order = list(runs.items())
-                for key, argv in order if i % 2 == 0 else reversed(order):  # neither always goes first
+                for key, argv in in_round(list(runs.items()), i):  # each in each position alike (bench/rounds.py)
                     wall, cpu = _time(argv, env, tmp)
                     times[key].append(wall)
                     cpus[key].append(cpu)

@@ -3,9 +3,9 @@
     .venv/bin/python bench/bench_launch.py [--repeat N] [--before DIR]
 
 Two CPU ranks that init gloo, meet at a barrier and leave. Wall time from start to exit of each
-command, measured alternately in the same run, the order reversed every other round (so machine
-load hits both alike); prints the medians and the ratio xl / torchrun (goal <= 1.03x), the
-paired one with a bootstrap 95% interval over the rounds.
+command, measured alternately in the same run, each command in each position of a round equally
+often (bench/rounds.py), so machine load hits them alike; prints the medians and the ratio
+xl / torchrun (goal <= 1.03x), the paired one with a bootstrap 95% interval over the rounds.
 ``--before DIR``: also time another xl (a folder holding its ``xl`` package, put first on
 PYTHONPATH) in the same rounds, e.g. the last release, for a before/after measured side by side.
 
@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from rounds import in_round
 
 SCRIPT = """\
 import os, time
@@ -97,8 +99,7 @@ def main() -> int:
             _time(argv, run_env, tmp)  # warm the page cache for each before measuring
         times: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in runs}
         for i in range(ns.repeat):
-            order = list(runs.items())
-            for name, (argv, run_env) in order if i % 2 == 0 else reversed(order):  # neither always goes first
+            for name, (argv, run_env) in in_round(list(runs.items()), i):  # each in each position alike
                 times[name].append(_time(argv, run_env, tmp))
     anchor = [t[0] for t in times["torchrun"]]
     load = os.getloadavg()[0]
