@@ -52,6 +52,14 @@ def parse_nspid(status: str) -> tuple[int, ...]:
     return ()
 
 
+def _pids(proc: str) -> list[str]:
+    """Every process's folder name under ``proc`` (its PID as text); [] when /proc cannot be read."""
+    try:
+        return [name for name in os.listdir(proc) if name.isdigit()]
+    except OSError:
+        return []
+
+
 def nspid_index(proc: str = PROC) -> dict[int, list[int]]:
     """PID in an inner namespace -> the PIDs here of the processes that have it there.
 
@@ -59,13 +67,7 @@ def nspid_index(proc: str = PROC) -> dict[int, list[int]]:
     of /proc; several containers each have their own PID 1, hence lists.
     """
     index: dict[int, list[int]] = {}
-    try:
-        names = os.listdir(proc)
-    except OSError:
-        return index
-    for name in names:
-        if not name.isdigit():
-            continue
+    for name in _pids(proc):
         try:
             with open(f"{proc}/{name}/status", encoding="utf-8", errors="replace") as fh:
                 levels = parse_nspid(fh.read())
@@ -76,28 +78,29 @@ def nspid_index(proc: str = PROC) -> dict[int, list[int]]:
     return index
 
 
-def _stat(path: str) -> bytes | None:
-    """A /proc/PID/stat line (< 1 KiB) through os.read: 3 system calls instead of open()'s 7 (no
-    fstat, isatty, seek), which counts where it is read for every process or every tick."""
+def _stat_fields(path: str) -> list[bytes]:
+    """A /proc/PID/stat line's fields after COMM (STATE, PPID, the rest), [] when unreadable. Read
+    through os.read (a line is < 1 KiB): 3 system calls instead of open()'s 7 (no fstat, isatty,
+    seek), which counts where it is read for every process or every tick."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            return os.read(fd, 4096)
+            stat = os.read(fd, 4096)
         finally:
             os.close(fd)
     except OSError:
-        return None
+        return []
+    # "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses; the last ")" ends it.
+    return stat[stat.rfind(b")") + 2 :].split(b" ", 2) if stat else []
 
 
 def state(pid: int, proc: str = PROC) -> str | None:
     """The process's state letter (``R``, ``S``, ``Z`` a zombie, ...), None when there is no such
     process (or it cannot be read)."""
-    stat = _stat(f"{proc}/{pid}/stat")
-    if not stat:
+    fields = _stat_fields(f"{proc}/{pid}/stat")
+    if not fields or not fields[0]:
         return None
-    # "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses; the last ")" ends it.
-    after = stat[stat.rfind(b")") + 2 :]
-    return after[:1].decode("ascii", "replace") or None
+    return fields[0][:1].decode("ascii", "replace")
 
 
 def process_tree(proc: str = PROC) -> dict[int, list[int]]:
@@ -105,17 +108,8 @@ def process_tree(proc: str = PROC) -> dict[int, list[int]]:
     ends during the scan is left out). One scan serves every rank of a sample: asking each rank
     for its descendants the way psutil does scans all of /proc once per rank."""
     tree: dict[int, list[int]] = {}
-    try:
-        names = os.listdir(proc)
-    except OSError:
-        return tree
-    for name in names:
-        if not name.isdigit():
-            continue
-        stat = _stat(f"{proc}/{name}/stat")
-        if not stat:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split(b" ", 2)  # STATE, PPID, the rest
+    for name in _pids(proc):
+        fields = _stat_fields(f"{proc}/{name}/stat")
         if len(fields) >= 2 and fields[1].isdigit():
             tree.setdefault(int(fields[1]), []).append(int(name))
     return tree
