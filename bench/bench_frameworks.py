@@ -1,7 +1,7 @@
 """Each framework's wall time under `xl launch --no-tui` vs plain torchrun (goal <= 1.03x).
 
     .venv/bin/python bench/bench_frameworks.py [--repeat N] [--only hf,lightning,accelerate,deepspeed]
-        [--no-instrument | --hooks]
+        [--no-instrument | --hooks] [--independent-delays]
 
 The bundled examples (examples/), unchanged, on two CPU ranks: HF Trainer (tiny GPT-2 with an
 evaluation), Lightning (a validation each epoch), Accelerate (no tracker), DeepSpeed ZeRO-1. The
@@ -9,7 +9,9 @@ commands run alternately in the same rounds, so machine load hits them alike; a 
 median of each round's ratio, printed with its spread (min-max over the rounds). Under xl every
 rank is instrumented (docs/frameworks.md); ``--no-instrument`` times xl without it instead, and
 ``--hooks`` times both in the same rounds and also prints xl / xl --no-instrument: the hooks'
-own cost, apart from the launcher's. Bytecode caching is on for every command
+own cost, apart from the launcher's. torch's rendezvous sleeps a random 0-0.3 s under either
+launcher: the commands of a round draw the same sleep (bench/rounds.py, ``same_delays``);
+``--independent-delays`` lets each run draw its own. Bytecode caching is on for every command
 (``PYTHONDONTWRITEBYTECODE`` dropped; the warm-up runs write the caches): with it off, every xl
 process compiled xl's modules from source (~100-150 ms of CPU a run), which an installed xl never
 does and torch's installed modules never did.
@@ -27,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rounds import in_round
+from rounds import in_round, round_env, same_delays
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 FRAMEWORKS = {
@@ -84,6 +86,7 @@ def main() -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--no-instrument", action="store_true", help="time xl with --no-instrument")
     mode.add_argument("--hooks", action="store_true", help="also time xl --no-instrument, the hooks' anchor")
+    ap.add_argument("--independent-delays", action="store_true", help="each run draws its own rendezvous delay")
     ns = ap.parse_args()
     chosen = [name.strip() for name in ns.only.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in FRAMEWORKS]
@@ -95,6 +98,8 @@ def main() -> int:
                    TRANSFORMERS_OFFLINE="1", HF_HOME=str(Path(tmp) / "hf"))
         env.pop("CUDA_VISIBLE_DEVICES", None)
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # see the module's docstring
+        if not ns.independent_delays:
+            env = same_delays(Path(tmp) / "same-delays", env)
         xl_opts = ["--no-instrument"] if ns.no_instrument else []
         for name in chosen:
             script, *args = FRAMEWORKS[name]
@@ -110,7 +115,7 @@ def main() -> int:
             cpus: dict[str, list[float]] = {k: [] for k in runs}
             for i in range(ns.repeat):
                 for key, argv in in_round(list(runs.items()), i):  # each in each position alike (bench/rounds.py)
-                    wall, cpu = _time(argv, env, tmp)
+                    wall, cpu = _time(argv, round_env(env, i), tmp)
                     times[key].append(wall)
                     cpus[key].append(cpu)
             _report(name, times, cpus, ns.repeat)

@@ -1,6 +1,6 @@
 """Launch overhead: `xl launch --no-tui` vs plain torchrun on 2 CPU ranks that init gloo, meet at a barrier and leave.
 
-    .venv/bin/python bench/bench_launch.py [--repeat N] [--before DIR]
+    .venv/bin/python bench/bench_launch.py [--repeat N] [--before DIR] [--independent-delays]
 
 Two CPU ranks that init gloo, meet at a barrier and leave. Wall time from start to exit of each
 command, measured alternately in the same run, each command in each position of a round equally
@@ -14,6 +14,10 @@ did, so every command's wall time splits into its start (the command's start to 
 rank's first line: torchrun's own start, and xl's before and around it), the script, and its end
 (the last rank's last line to the command's exit). The start and end are printed too, and the
 CPU time of each command's whole process tree (paired ratios too), which load disturbs far less.
+
+torch's rendezvous sleeps a random 0-0.3 s before it joins, under either launcher; the commands
+of a round draw the same sleep (bench/rounds.py, ``same_delays``), so that a round's ratio
+compares the launchers and not two draws. ``--independent-delays``: each run draws its own.
 
 Every command runs with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` dropped; the warm-up
 run writes the caches): xl is timed as an installed package runs, not compiling its own modules
@@ -33,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from rounds import in_round
+from rounds import in_round, round_env, same_delays
 
 SCRIPT = """\
 import os, time
@@ -83,6 +87,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--before", metavar="DIR", help="another xl to time alongside (DIR/xl is its package)")
+    ap.add_argument("--independent-delays", action="store_true", help="each run draws its own rendezvous delay")
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="xl-bench-") as tmp:
         script = Path(tmp) / "barrier.py"
@@ -95,15 +100,19 @@ def main() -> int:
         runs: dict[str, tuple[list[str], dict[str, str]]] = {"torchrun": (torchrun, env), "xl": (xl, env)}
         if ns.before:
             runs["xl (before)"] = (xl, dict(env, PYTHONPATH=os.path.abspath(ns.before)))
+        if not ns.independent_delays:
+            runs = {name: (argv, same_delays(Path(tmp) / "same-delays", run_env)) for name, (argv, run_env) in runs.items()}
         for argv, run_env in runs.values():
             _time(argv, run_env, tmp)  # warm the page cache for each before measuring
         times: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in runs}
         for i in range(ns.repeat):
             for name, (argv, run_env) in in_round(list(runs.items()), i):  # each in each position alike
-                times[name].append(_time(argv, run_env, tmp))
+                times[name].append(_time(argv, round_env(run_env, i), tmp))
     anchor = [t[0] for t in times["torchrun"]]
     load = os.getloadavg()[0]
+    delays = "each run its own" if ns.independent_delays else "the same for the commands of a round"
     print(f"2 ranks, gloo init + barrier; {ns.repeat} rounds, each command once a round, alternating; load {load:.1f} at the end")
+    print(f"torch's random rendezvous delay: {delays}")
     for name, rows in times.items():
         ts = [t[0] for t in rows]
         line = f"{name:12}: median {statistics.median(ts):.3f}s  ({', '.join(f'{t:.2f}' for t in ts)})"
