@@ -56,8 +56,6 @@ def _environ_has(pid: int, needle: bytes) -> bool:
 
 def find_run_pids(run_id: str, *, exclude: Iterable[int] = ()) -> list[int]:
     """PIDs of live processes whose environment says ``XL_RUN_ID=<run_id>``."""
-    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
-
     skip = {os.getpid(), *exclude}
     needle = _needle(run_id)
     pids: list[int] = []
@@ -66,6 +64,8 @@ def find_run_pids(run_id: str, *, exclude: Iterable[int] = ()) -> list[int]:
             if name.isdigit() and int(name) not in skip and _environ_has(int(name), needle) and alive(int(name)):
                 pids.append(int(name))
         return pids
+    import psutil  # noqa: PLC0415 - only where there is no /proc to read
+
     for proc in psutil.process_iter():
         try:
             if proc.pid not in skip and proc.environ().get(envnames.RUN_ID) == run_id and alive(proc.pid):
@@ -81,18 +81,14 @@ def alive(pid: int) -> bool:
     return procfs.state(pid) not in (None, "Z", "X")
 
 
-def same_process(pid: int, create_time: float | None) -> bool:
-    """``pid`` is still the process first seen at ``create_time`` (guards against PID reuse)."""
-    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
-
+def same_process(pid: int, started_at: float | None) -> bool:
+    """``pid`` is still the process first seen started at ``started_at`` (guards against PID reuse)."""
     if not alive(pid):
         return False
-    if create_time is None:
+    if started_at is None:
         return True
-    try:
-        return abs(psutil.Process(pid).create_time() - create_time) < 1.0
-    except psutil.Error:
-        return False
+    now = procfs.create_time(pid)
+    return now is not None and abs(now - started_at) < 1.0
 
 
 def supervisor_alive(record: RunRecord) -> bool:
@@ -103,12 +99,8 @@ def supervisor_alive(record: RunRecord) -> bool:
 
 
 def create_time(pid: int) -> float | None:
-    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
+    """When ``pid`` started (seconds since the epoch, as psutil has it), None when it is gone."""
+    return procfs.create_time(pid)
 
 
 def signal_rank(pid: int, sig: int) -> None:
@@ -140,22 +132,12 @@ def kill_all(pids: Iterable[int]) -> None:
 def descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid`` (the supervisor is a subreaper: a rank's child that left
     the rank's session or cleared its environment is still one of them)."""
-    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
-
-    try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True) if alive(p.pid)]
-    except psutil.Error:
-        return []
+    return [child for child in procfs.descendants(pid, procfs.process_tree()) if alive(child)]
 
 
 def frozen(pid: int) -> bool:
     """``pid`` is stopped (SIGSTOP, a debugger): it will not act on a signal until resumed."""
-    import psutil  # noqa: PLC0415 - not on the path to torchrun's start (docs/launch.md)
-
-    try:
-        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-    except psutil.Error:
-        return False
+    return procfs.state(pid) in ("T", "t")  # stopped, or stopped by a tracer
 
 
 def _has_memory(pid: int) -> bool:

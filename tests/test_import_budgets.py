@@ -51,6 +51,18 @@ PROCESSES = {
     # ... and forked from `xl launch` (what it imported is there already): what it adds before
     # torchrun starts, on the path from the command to the first step.
     "supervisor, forked": Budget("import xl.launcher.supervisor.loop", 13, 15, (*UI, "psutil"), after=LAUNCH),
+    # ... and once torchrun runs: telemetry (the collector, the sampler, the parsers), the digest
+    # and provenance, while torchrun imports torch beside them. Its CPU slows torch's import on
+    # a machine with few cores, so psutil (the sampler and the checks read /proc themselves),
+    # secrets (os.urandom names requests and sockets) and the thread pool that only asks ranks
+    # for their stacks are left out (today 53 modules, 26-30 ms; before, 74 and 37 ms).
+    "supervisor, once torchrun runs": Budget(
+        "import xl.launcher.telemetry.service, xl.launcher.rundir.digest, xl.launcher.provenance",
+        56,
+        30,
+        (*UI, "psutil", "secrets", "concurrent", "tempfile"),
+        after=LAUNCH + ", xl.launcher.supervisor.loop",
+    ),
     # Every rank, before the user's first line: standard library and xl's own rank code only
     # (today 43 modules, 13-26 ms of CPU on an idle 2-core machine; most of them are modules
     # `import torch` loads anyway).

@@ -1,4 +1,5 @@
-"""Readers of /proc: another process's environment, name, PID namespaces and open devices.
+"""Readers of /proc: another process's environment, name, state, start, CPU and memory, PID
+namespaces and open devices.
 
 How xl tells which process is which rank (its RANK / LOCAL_RANK / XL_RUN_ID), and how a PID
 that another PID namespace reported (NVML inside or beside a container) is found here. Every
@@ -101,6 +102,56 @@ def state(pid: int, proc: str = PROC) -> str | None:
     if not fields or not fields[0]:
         return None
     return fields[0][:1].decode("ascii", "replace")
+
+
+def _stat_rest(pid: int, proc: str) -> list[bytes]:
+    """Fields 5 on of /proc/PID/stat (``rest[i]`` is field ``i + 5``, man 5 proc), [] when gone."""
+    fields = _stat_fields(f"{proc}/{pid}/stat")
+    return fields[2].split() if len(fields) == 3 else []
+
+
+_boot: dict[str, float] = {}
+
+
+def _boot_time(proc: str) -> float | None:
+    """When the machine booted (``btime`` in /proc/stat), seconds since the epoch."""
+    if proc not in _boot:
+        try:
+            with open(f"{proc}/stat", "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"btime "):
+                        _boot[proc] = float(line.split()[1])
+                        break
+        except (OSError, ValueError, IndexError):
+            return None
+    return _boot.get(proc)
+
+
+def create_time(pid: int, proc: str = PROC) -> float | None:
+    """When the process started, in seconds since the epoch: the boot time plus its start (field
+    22, in clock ticks), as psutil computes it. None when there is no such process."""
+    rest = _stat_rest(pid, proc)
+    boot = _boot_time(proc)
+    if len(rest) < 18 or boot is None:
+        return None
+    try:
+        return boot + int(rest[17]) / os.sysconf("SC_CLK_TCK")
+    except ValueError:
+        return None
+
+
+def cpu_rss(pid: int, proc: str = PROC) -> tuple[int, float, int] | None:
+    """(its start in clock ticks since boot, which tells a reused PID; the CPU seconds it used so
+    far, user and system; its resident memory in bytes), None when there is no such process.
+    One read of /proc/PID/stat: what the sampler asks of every rank's process every second."""
+    rest = _stat_rest(pid, proc)
+    if len(rest) < 20:
+        return None
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        return int(rest[17]), (int(rest[9]) + int(rest[10])) / ticks, int(rest[19]) * os.sysconf("SC_PAGE_SIZE")
+    except ValueError:
+        return None
 
 
 def process_tree(proc: str = PROC) -> dict[int, list[int]]:

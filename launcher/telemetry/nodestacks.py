@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import socket
 import struct
 import threading
@@ -46,7 +45,7 @@ class Door:
     def __init__(self, run_dir: Path, gather: Gather) -> None:
         self.run_dir = run_dir
         self._gather = gather
-        self._name = f"xl-nodes-stacks-{os.getpid()}-{secrets.token_hex(16)}"  # nobody can bind it first
+        self._name = f"xl-nodes-stacks-{os.getpid()}-{os.urandom(16).hex()}"  # nobody can bind it first (os.urandom, as secrets.token_hex, without its imports)
         self._sock: socket.socket | None = None
         self._slots = threading.BoundedSemaphore(_MAX_AT_ONCE)
 

@@ -1,4 +1,4 @@
-"""The 1 Hz sampler: per rank, its GPU (NVML) and its process tree (/proc, psutil) -> ``sys`` lines.
+"""The 1 Hz sampler: per rank, its GPU (NVML) and its process tree (/proc) -> ``sys`` lines.
 
 Ranks that never call ``xl.log`` still get these. A rank's GPU is found from NVML's process
 list first (the rank's pid or one of its children holds a context there); failing that, from
@@ -8,27 +8,40 @@ LOCAL_RANK and CUDA_VISIBLE_DEVICES (read from /proc/<pid>/environ).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
-
 from xl.gpu import nvml
-from xl.gpu.devices import resolve_visible_devices
-from xl.procfs import descendants, process_tree, read_environ
+from xl.procfs import cpu_rss, descendants, process_tree, read_environ
 
 MIB = 1024 * 1024
+
+# A process's last reading: (its start, which tells a reused PID; CPU seconds; monotonic time).
+_Reading = tuple[int, float, float]
 
 
 @dataclass
 class _Proc:
     pid: int
-    proc: psutil.Process
-    children: dict[int, psutil.Process] = field(default_factory=dict)
+    last: _Reading | None = None
+    children: dict[int, _Reading] = field(default_factory=dict)
     env: dict[str, str] | None = None
+
+
+def _read(pid: int, last: _Reading | None) -> tuple[_Reading, int, float] | None:
+    """(this reading, resident bytes, CPU % since ``last``: 0.0 on the first), None when gone.
+    The percent is of one core, as psutil's cpu_percent gives it (a process on 3 cores: 300)."""
+    figures = cpu_rss(pid)
+    if figures is None:
+        return None
+    start, cpu, rss = figures
+    now = time.monotonic()
+    pct = 0.0
+    if last is not None and last[0] == start and now > last[2]:
+        pct = max(0.0, (cpu - last[1]) / (now - last[2]) * 100)
+    return (start, cpu, now), rss, pct
 
 
 def _nvml_inventory() -> Any:
@@ -62,40 +75,26 @@ class Sampler:
         self._procs: dict[int, _Proc] = {}
         self.nvml_error: str | None = None
 
-    def _proc(self, pid: int) -> _Proc | None:
+    def _proc(self, pid: int) -> _Proc:
         entry = self._procs.get(pid)
         if entry is None:
-            try:
-                proc = psutil.Process(pid)
-                proc.cpu_percent(None)  # primes the counter; the next call gives a real figure
-            except (psutil.Error, OSError):
-                return None
-            entry = self._procs[pid] = _Proc(pid, proc)
+            entry = self._procs[pid] = _Proc(pid)
         return entry
 
     def _process_figures(self, entry: _Proc, tree: dict[int, list[int]]) -> dict[str, Any] | None:
-        try:
-            with entry.proc.oneshot():
-                rss = entry.proc.memory_info().rss
-                cpu = entry.proc.cpu_percent(None)
-        except (psutil.Error, OSError):
+        """None when the rank's process is gone (or its PID now belongs to another process)."""
+        own = _read(entry.pid, entry.last)
+        if own is None or (entry.last is not None and own[0][0] != entry.last[0]):
             return None
-        alive: dict[int, psutil.Process] = {}
+        entry.last, rss, cpu = own
+        alive: dict[int, _Reading] = {}
         for pid in descendants(entry.pid, tree):
-            known = entry.children.get(pid)
-            if known is None:
-                try:
-                    known = psutil.Process(pid)
-                except (psutil.Error, OSError):
-                    continue  # ended since the scan
-                with contextlib.suppress(psutil.Error, OSError):
-                    known.cpu_percent(None)
-            alive[pid] = known
-            try:
-                rss += known.memory_info().rss
-                cpu += known.cpu_percent(None)
-            except (psutil.Error, OSError):
-                continue
+            child = _read(pid, entry.children.get(pid))
+            if child is None:
+                continue  # ended since the scan
+            alive[pid], child_rss, child_cpu = child
+            rss += child_rss
+            cpu += child_cpu
         entry.children = alive
         return {"rss_mib": round(rss / MIB, 1), "cpu_pct": round(cpu, 1), "nproc": 1 + len(alive)}
 
@@ -126,7 +125,7 @@ class Sampler:
             if not isinstance(rank, int) or not isinstance(pid, int):
                 continue
             entry = self._proc(pid)
-            figures = self._process_figures(entry, tree) if entry is not None else None
+            figures = self._process_figures(entry, tree)
             if figures is None:
                 dead.append(rank)
                 self._procs.pop(pid, None)
@@ -188,6 +187,8 @@ class Sampler:
         visible = env.get("CUDA_VISIBLE_DEVICES")
         if visible is None:
             return gpus[local] if 0 <= local < len(gpus) else None
+        from xl.gpu.devices import resolve_visible_devices  # noqa: PLC0415 - GPU runs only: not every supervisor's start
+
         try:
             devices = resolve_visible_devices(gpus, env).devices
         except Exception:

@@ -14,11 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from xl import wire
 from xl.launcher.rundir.layout import RunLayout, spool_owner
 from xl.launcher.rundir.metrics import MetricsWriter
+from xl.launcher.runprocs import alive
 
 
 def ingest_spool(
@@ -36,7 +35,7 @@ def ingest_spool(
         if owner is None:
             continue
         rank, pid = owner
-        if pid != os.getpid() and psutil.pid_exists(pid) and not _is_zombie(pid):
+        if pid != os.getpid() and alive(pid):
             continue  # a live rank replays its own spool on reconnect
         claimed = path.with_name(path.name + f".ingest-{os.getpid()}")
         try:
@@ -62,10 +61,3 @@ def ingest_spool(
         with contextlib.suppress(OSError):
             claimed.unlink()
     return stored
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return True

@@ -10,7 +10,6 @@ a node that does not answer in time has its ranks listed with an ``error`` sayin
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,8 @@ def local_entries(run_dir: Path, ranks: list[dict[str, Any]], timeout: float = T
     """Stacks of the ranks running on this node (``ranks``: run.json's rank records)."""
     if not ranks:
         return []
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only when stacks are asked for: not the supervisor's start
+
     with ThreadPoolExecutor(max_workers=min(32, len(ranks)), thread_name_prefix="xl-stacks") as pool:
         return list(pool.map(lambda info: probe(run_dir, info, timeout), ranks))
 
@@ -39,6 +40,8 @@ def gather(run_dir: Path, ranks: list[dict[str, Any]], timeout: float = TIMEOUT_
     door, the others'."""
     t = time.time()
     elsewhere = [r for r in ranks if r.get("remote")]
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only when stacks are asked for: not the supervisor's start
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="xl-stacks-nodes") as pool:
         only = elsewhere[0].get("rank") if len(elsewhere) == 1 and len(ranks) == 1 else None
         far = pool.submit(nodestacks.ask, run_dir, only, timeout) if elsewhere else None

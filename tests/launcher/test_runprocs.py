@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,3 +62,60 @@ def test_a_real_child_is_alive_until_it_exits_and_gone_once_a_zombie() -> None:
     finally:
         child.wait(30)
     assert procfs.state(child.pid) is None and not runprocs.alive(child.pid)
+
+
+def test_a_pid_is_the_same_process_only_with_its_own_start_time() -> None:
+    child = subprocess.Popen(SLEEP)
+    try:
+        started = runprocs.create_time(child.pid)
+        assert started is not None and abs(started - time.time()) < 30
+        assert runprocs.same_process(child.pid, started) and runprocs.same_process(child.pid, None)
+        # Another process that got the PID later: its start differs (the record's is older).
+        assert not runprocs.same_process(child.pid, started - 60)
+    finally:
+        child.kill()
+        child.wait(10)
+    assert not runprocs.same_process(child.pid, started) and runprocs.create_time(child.pid) is None
+
+
+def test_a_stopped_process_is_frozen_until_it_is_resumed() -> None:
+    child = subprocess.Popen(SLEEP)
+    try:
+        assert not runprocs.frozen(child.pid)
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while not runprocs.frozen(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert runprocs.frozen(child.pid)
+        os.kill(child.pid, signal.SIGCONT)
+        while runprocs.frozen(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not runprocs.frozen(child.pid)
+    finally:
+        child.kill()
+        child.wait(10)
+    assert not runprocs.frozen(child.pid)
+
+
+def test_descendants_are_the_live_children_and_theirs() -> None:
+    code = "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\ntime.sleep(30)\n"
+    parent = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 30
+        while len(runprocs.descendants(parent.pid)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (grandchild,) = runprocs.descendants(parent.pid)
+        assert parent.pid in runprocs.descendants(os.getpid()) and grandchild in runprocs.descendants(os.getpid())
+        os.kill(grandchild, signal.SIGKILL)  # a zombie until its parent reaps it: not live
+        while runprocs.descendants(parent.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert runprocs.descendants(parent.pid) == []
+    finally:
+        parent.kill()
+        parent.wait(10)
+    deadline = time.monotonic() + 10
+    while procfs.state(grandchild) is not None and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(grandchild, os.WNOHANG)  # ours to reap where this process is a subreaper
+        time.sleep(0.02)
+    assert procfs.state(parent.pid) is None and procfs.state(grandchild) is None

@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from xl import procfs
@@ -182,3 +184,44 @@ def test_a_process_state_tells_a_zombie_from_a_live_one(tmp_path: Path) -> None:
     assert procfs.state(7, str(root)) == "Z" and procfs.state(8, str(root)) == "S"
     assert procfs.state(9, str(root)) is None  # no such process
 
+
+
+def _stat(pid: int, comm: str, start: int, utime: int, stime: int, rss_pages: int) -> str:
+    """A /proc/PID/stat line with the fields the readers use in their places (man 5 proc)."""
+    fields = ["S", "1"] + ["0"] * 50  # field 3 on
+    fields[14 - 3], fields[15 - 3] = str(utime), str(stime)
+    fields[22 - 3], fields[24 - 3] = str(start), str(rss_pages)
+    return f"{pid} ({comm}) " + " ".join(fields)
+
+
+def test_start_cpu_and_memory_are_read_from_the_stat_line(tmp_path: Path) -> None:
+    hz, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    root = _proc(tmp_path, 7, stat=_stat(7, "pt (main) 1", start=5 * hz, utime=3 * hz, stime=hz, rss_pages=256))
+    (root / "stat").write_text("cpu  1 2 3\nbtime 1700000000\nprocesses 9\n")
+    assert procfs.create_time(7, str(root)) == 1700000005.0
+    assert procfs.cpu_rss(7, str(root)) == (5 * hz, 4.0, 256 * page)
+    assert procfs.create_time(8, str(root)) is None and procfs.cpu_rss(8, str(root)) is None  # no such process
+
+
+def test_a_real_process_s_start_is_psutil_s_and_its_cpu_grows() -> None:
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"])
+    try:
+        start = procfs.create_time(busy.pid)
+        assert start is not None and abs(start - psutil.Process(busy.pid).create_time()) < 0.02
+
+        def cpu_past(seconds: float) -> tuple[int, float, int] | None:
+            deadline = time.monotonic() + 10
+            read = procfs.cpu_rss(busy.pid)
+            while read is not None and read[1] < seconds and time.monotonic() < deadline:
+                time.sleep(0.02)
+                read = procfs.cpu_rss(busy.pid)
+            return read
+
+        first = cpu_past(0.05)  # past its exec: the interpreter runs
+        assert first is not None and first[2] > 1024 * 1024  # an interpreter is resident in MiBs
+        later = cpu_past(first[1] + 0.2)
+        assert later is not None and later[0] == first[0] and later[1] >= first[1] + 0.2
+    finally:
+        busy.kill()
+        busy.wait(10)
+    assert procfs.cpu_rss(busy.pid) is None and procfs.create_time(busy.pid) is None

@@ -9,6 +9,7 @@ import time
 import psutil
 from xltele import assert_gone, rank_env
 
+from xl.launcher.telemetry import sampler as sampler_module
 from xl.launcher.telemetry.diagnose import Diagnoser
 from xl.launcher.telemetry.sampler import Sampler
 
@@ -103,4 +104,48 @@ def test_without_nvml_the_process_figures_remain(simnvml) -> None:
     assert gone == [] and len(records) == 1
     assert records[0]["rss_mib"] > 5 and records[0]["nproc"] == 2
     assert "gpu_util" not in records[0]
+    assert_gone({proc.pid})
+
+
+def test_cpu_is_a_busy_rank_s_and_not_an_idle_one_s() -> None:
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 60\nwhile time.time() < end: pass"], env=rank_env())
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=rank_env())
+    ranks = [{"rank": 0, "pid": busy.pid}, {"rank": 1, "pid": idle.pid}]
+    try:
+        sampler = Sampler(inventory=False)
+        first, _ = sampler.sample(ranks)
+        time.sleep(1.0)  # one sampling period
+        records, gone = sampler.sample(ranks)
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait(10)
+    assert [r["cpu_pct"] for r in first] == [0.0, 0.0]  # a first reading has no period to tell
+    by_rank = {r["rank"]: r for r in records}
+    assert gone == [] and by_rank[0]["cpu_pct"] > 25 and by_rank[1]["cpu_pct"] < 10  # a loaded machine shares its cores
+    assert all(r["nproc"] == 1 and r["rss_mib"] > 1 for r in records)
+    assert_gone({busy.pid, idle.pid})
+
+
+def test_a_rank_whose_pid_now_belongs_to_another_process_is_gone(monkeypatch) -> None:
+    proc = _sleeper()
+    try:
+        _wait_for_child(proc.pid)
+        sampler = Sampler(inventory=False)
+        ranks = [{"rank": 0, "pid": proc.pid}]
+        assert sampler.sample(ranks)[1] == []
+        real = sampler_module.cpu_rss
+
+        def reused(pid: int) -> tuple[int, float, int] | None:
+            figures = real(pid)
+            return None if figures is None else (figures[0] + 1, figures[1], figures[2])  # started later
+
+        monkeypatch.setattr(sampler_module, "cpu_rss", reused)
+        records, gone = sampler.sample(ranks)
+    finally:
+        for kid in psutil.Process(proc.pid).children(recursive=True):
+            kid.kill()
+        proc.kill()
+        proc.wait(10)
+    assert records == [] and gone == [0]
     assert_gone({proc.pid})
