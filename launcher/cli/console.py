@@ -207,7 +207,7 @@ def _pause(state: RunState, quiet: bool = False) -> None:
         time.sleep(_QUIET_POLL_S if quiet else POLL_S)
         return
     path = RunLayout(state.run_dir).run
-    deadline = time.monotonic() + POLL_S
+    deadline = time.monotonic() + (_QUIET_POLL_S if quiet else POLL_S)  # torchrun's teardown is mostly quiet
     before = _mtime(path)
     while time.monotonic() < deadline and _mtime(path) == before:
         time.sleep(_END_POLL_S)
