@@ -130,14 +130,11 @@ def _boot_time(proc: str) -> float | None:
 def create_time(pid: int, proc: str = PROC) -> float | None:
     """When the process started, in seconds since the epoch: the boot time plus its start (field
     22, in clock ticks), as psutil computes it. None when there is no such process."""
-    rest = _stat_rest(pid, proc)
+    figures = cpu_rss(pid, proc)
     boot = _boot_time(proc)
-    if len(rest) < 18 or boot is None:
+    if figures is None or boot is None:
         return None
-    try:
-        return boot + int(rest[17]) / os.sysconf("SC_CLK_TCK")
-    except ValueError:
-        return None
+    return boot + figures[0] / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_rss(pid: int, proc: str = PROC) -> tuple[int, float, int] | None:
