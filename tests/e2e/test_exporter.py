@@ -236,7 +236,9 @@ def test_a_real_run_on_simulated_gpus_reaches_prometheus_and_leaves_it(tmp_path:
     home = tmp_path / "home"
     env = xl_env(home, **sim.env)
     env.pop("XL_EXPORTER_TOKEN", None)
-    started = xl(["launch", "--detach", "--gpus", "0,1", "--name", "prom", str(ROOT / "examples" / "train.py"), "--seconds", "120", "--width", "64"], env, cwd=tmp_path, timeout=90)
+    # Until `xl stop` below: with --seconds the example sizes its run from 5 warm-up steps, and
+    # on a loaded machine those are slow enough that a "120 s" run ended after 10 s, mid-test.
+    started = xl(["launch", "--detach", "--gpus", "0,1", "--name", "prom", str(ROOT / "examples" / "train.py"), "--steps", "100000000", "--width", "64"], env, cwd=tmp_path, timeout=90)
     assert started.returncode == 0, started.stdout + started.stderr
     run_dir = only_run(home)
     try:
