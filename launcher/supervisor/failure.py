@@ -50,7 +50,6 @@ class RootCause:
         self.failure: Failure | None = None
         self.at: float | None = None
         self.remote = False  # another node's failure, adopted: not sent back
-        self.last_words: dict[int, str] = {}  # a failed rank's last log line, when no traceback
 
     def to_json(self) -> dict[str, Any] | None:
         return self.failure.to_json() if self.failure is not None else None
@@ -68,6 +67,8 @@ class RootCause:
     def blame_rank(self, st: RankState, drain: Callable[[int], None]) -> Failure:
         """``st`` failed first: it is the run's cause."""
         what = st.error or (describe_exit(st.rank, st.exit_code) if st.exit_code is not None else "died")
+        if st.after_script:
+            what += " after its script had returned"
         message = f"rank {st.rank} failed first: {what}"
         if st.error in NO_STDIN_ERRORS:
             message += f" ({NO_STDIN})"
@@ -81,7 +82,6 @@ class RootCause:
             last = traceback.strip().splitlines()[-1].strip() if traceback and traceback.strip() else ""
             if last:
                 message += f": {last[:200]}"
-                self.last_words[st.rank] = last[:200]
         # When it happened, to compare with other nodes' failures: a killed rank died between
         # the last time it was seen running and now.
         at = (st.alive_at if st.vanished else None) or st.ended_at or time.time()
@@ -96,7 +96,9 @@ class RootCause:
         self.set(failure, time.time())
         return failure
 
-    def conclude(self, stop_requested: bool, torchrun_code: int | None, barrier_ended: bool, ranks: Ranks) -> RunStatus:
+    def conclude(
+        self, stop_requested: bool, torchrun_code: int | None, barrier_ended: bool, ranks: Ranks, drain: Callable[[int], None] = lambda rank: None
+    ) -> RunStatus:
         """The run's final status; a failure nobody explained yet gets its cause here."""
         if stop_requested:
             return RunStatus.STOPPED
@@ -106,6 +108,10 @@ class RootCause:
             return RunStatus.SUCCEEDED
         bad = [st for st in ranks if st.exit_code not in (0, None)]
         first = min(bad, key=lambda s: s.ended_at or 0.0) if bad else None
+        if first is not None and first.after_script:
+            failure = self.blame_rank(first, drain)
+            self.journal.emit({"kind": "failure", "rank": first.rank, "exit_code": first.exit_code, "message": failure.message})
+            return RunStatus.FAILED
         self.failure = self.local(
             first.rank if first else None,
             first.exit_code if first else torchrun_code,
@@ -117,9 +123,12 @@ class RootCause:
         self.at = (first.ended_at if first else None) or time.time()
         return RunStatus.FAILED
 
-    def fill_from_torchrun_log(self, ranks: Ranks, emit: Callable[[dict[str, Any]], None]) -> None:
-        """Exit codes of ranks killed by a signal, from torchrun's own failure summary."""
-        if all(st.exit_code is not None for st in ranks):
+    def fill_from_torchrun_log(
+        self, ranks: Ranks, emit: Callable[[dict[str, Any]], None], torchrun_code: int | None = None, drain: Callable[[int], None] = lambda rank: None
+    ) -> None:
+        """Exit codes of ranks killed by a signal, from torchrun's own failure summary; also of a
+        rank whose script ended well but whose process did not (``RankState.after_script``)."""
+        if torchrun_code == 0 and all(st.exit_code is not None for st in ranks):
             return
         try:
             text = RunLayout(self.run_dir).torchrun_log.read_text(encoding="utf-8", errors="replace")
@@ -128,8 +137,16 @@ class RootCause:
         found = {int(m.group(1)): int(m.group(2)) for m in _SUMMARY.finditer(text)}
         for rank, code in found.items():
             st = ranks.get(rank)
-            if st is not None and st.exit_code is None:
+            if st is None:
+                continue
+            if st.exit_code is None:
                 st.exit_code = code
+            elif st.exit_code == 0 and code not in (0, *_STOP_CODES) and not st.after_script:
+                # Its script returned (the entry recorded 0), then its process died: an abort in
+                # the interpreter's teardown, such as a process group's thread never joined
+                # ("terminate called without an active exception"). torchrun saw the real end.
+                st.exit_code, st.after_script = code, True
+                st.state = rank_outcome(code, stopped=False)
         # torchrun's own "Root Cause" is the first failure *it* observed, often a rank it had
         # just terminated itself; the supervisor's order is kept. Only when the blamed rank
         # turns out to have died of a stop signal is another rank's real failure preferred.
@@ -144,12 +161,9 @@ class RootCause:
             blamed.state = rank_outcome(blamed.exit_code, stopped=False, blamed=False)
             blamed = min(real, key=lambda st: st.ended_at or 0.0)
             blamed.state = rank_outcome(blamed.exit_code, stopped=False)
-        message = f"rank {blamed.rank} failed first: {describe_exit(blamed.rank, blamed.exit_code)}"
-        if blamed.rank in self.last_words:
-            message += f": {self.last_words[blamed.rank]}"
-        failure.rank, failure.exit_code, failure.message = blamed.rank, blamed.exit_code, message
         # The first failure event lacked the signal (or named a rank torchrun had terminated).
-        emit({"kind": "failure", "rank": blamed.rank, "exit_code": blamed.exit_code, "message": message})
+        failure = self.blame_rank(blamed, drain)
+        emit({"kind": "failure", "rank": blamed.rank, "exit_code": blamed.exit_code, "message": failure.message})
 
     def _log_tail(self, rank: int, lines: int = 15, limit: int = 8192) -> str | None:
         """The end of logs/rank-<rank>.log (what this supervisor has written of it so far)."""

@@ -360,8 +360,8 @@ class Supervisor:
             self.cause.failure = self.cause.local(None, None, None, None, f"supervisor error: {exc!r}")
 
     def finish(self) -> RunStatus:
-        self.cause.fill_from_torchrun_log(self.ranks, self.journal.emit)
-        status = self.cause.conclude(self.stopping.requested, self.torchrun.code, self.stopping.barrier_ended, self.ranks)
+        self.cause.fill_from_torchrun_log(self.ranks, self.journal.emit, self.torchrun.code, self.sink.drain)
+        status = self.cause.conclude(self.stopping.requested, self.torchrun.code, self.stopping.barrier_ended, self.ranks, self.sink.drain)
         self.ranks.settle(stopped=status is RunStatus.STOPPED)
         if self.hub is not None:
             self.hub.settle(status)

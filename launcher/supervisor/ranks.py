@@ -84,6 +84,7 @@ class RankState:
     vanished: bool = False  # ended without an exit record (killed)
     signalled: int | None = None  # the last signal xl sent it
     attempt: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT for the process now in this row
+    after_script: bool = False  # its script returned, then its process died (torchrun's summary)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -122,7 +123,7 @@ class RankState:
         self.pid, self.attempt, self.state = pid, attempt, RankPhase.STARTING
         self.exit_code = self.ended_at = self.started_at = self.alive_at = None
         self.traceback = self.error = None
-        self.vanished, self.signalled = False, None
+        self.vanished, self.signalled, self.after_script = False, None, False
 
     def signal(self, sig: int) -> None:
         # A rank that reported its exit may still hang in teardown (e.g. a stuck NCCL

@@ -181,3 +181,45 @@ def test_rank_killed_by_a_signal_is_named_with_it(tmp_path: Path) -> None:
         wait_no_processes(run_dir, timeout=GRACE + 2)
     finally:
         kill_run(run_dir)
+
+
+@pytest.mark.parametrize("teardown", ["aborts", "prints"])
+def test_a_rank_that_aborts_after_its_script_returned_is_the_cause(tmp_path: Path, teardown: str) -> None:
+    """A C++ abort in the interpreter's teardown (a process group's thread never joined, as gloo
+    does when destroy_process_group was not called) comes after the script returned 0: the run
+    failed, and rank 0 is named with its signal and its last words, not "rank None" or "exited".
+    A teardown that only prints (an atexit summary) leaves a run that succeeded."""
+    home = tmp_path / "home"
+    last = "os.abort()" if teardown == "aborts" else "None"
+    script = write_script(tmp_path, "teardown.py", f"""
+        import atexit, os, sys, time
+        def teardown():
+            print("terminate called without an active exception", file=sys.stderr, flush=True)
+            if os.environ["RANK"] == "0":
+                {last}
+        atexit.register(teardown)
+        print("trained", flush=True)
+        time.sleep(0.3 if os.environ["RANK"] == "1" else 0)
+    """)
+    proc = xl(["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90)
+    run_dir = wait_run(home)
+    try:
+        run = run_json(run_dir)
+        if teardown == "prints":
+            assert proc.returncode == 0 and run["status"] == "succeeded", proc.stdout + proc.stderr
+            assert run["failure"] is None
+            said = [ln for ln in proc.stdout.splitlines() if ln.endswith("] terminate called without an active exception")]
+            assert sorted(said) == [f"[rank {r}] terminate called without an active exception" for r in (0, 1)]
+        else:
+            assert proc.returncode == 1 and run["status"] == "failed", proc.stdout + proc.stderr
+            assert (run["failure"]["rank"], run["failure"]["exit_code"]) == (0, -signal.SIGABRT)
+            assert run["failure"]["message"] == (
+                "rank 0 failed first: rank 0 was killed by SIGABRT after its script had returned: "
+                "terminate called without an active exception"
+            )
+            assert {r["rank"]: r["state"] for r in run["ranks"]}[0] == "failed"
+            assert "traceback of rank 0:" in proc.stdout and "rank None" not in proc.stdout
+            assert "was killed by SIGABRT after its script had returned" in proc.stdout.splitlines()[-2]
+        wait_no_processes(run_dir, timeout=GRACE + 2)
+    finally:
+        kill_run(run_dir)
