@@ -77,6 +77,12 @@ def main() -> None:
     if args.history and trainer.is_world_process_zero():
         with open(args.history, "w") as fh:
             json.dump(trainer.state.log_history, fh)
+    # Leave together and tear the process group down, as torch's exit warning asks: a gloo
+    # thread still running when the interpreter ends can abort the process (SIGABRT, "terminate
+    # called without an active exception") after training finished.
+    if torch.distributed.is_initialized():
+        trainer.accelerator.wait_for_everyone()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

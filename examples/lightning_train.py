@@ -76,6 +76,11 @@ def main() -> None:
     if args.record:
         with open(f"{args.record}.rank{trainer.global_rank}.json", "w") as fh:
             json.dump(recorded, fh)
+    # Leave together and tear the process group down (see hf_trainer.py: a gloo thread still
+    # running when the interpreter ends can abort the process after training finished).
+    if torch.distributed.is_initialized():
+        trainer.strategy.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
