@@ -7,6 +7,7 @@ plus the supervisor recorded in run.json. Exit codes are never trusted for this.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -37,16 +38,35 @@ def xl(args: Sequence[str], env: Mapping[str, str], *, cwd: Path | None = None, 
     )
 
 
-def wait_for(predicate: Callable[[], T], *, timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
+def wait_for(
+    predicate: Callable[[], T], *, timeout: float, what: str, interval: float = 0.05, explain: Callable[[], str] | None = None
+) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``
+    (with what ``explain`` says of the state it was left in)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f"\n{explain()}" if explain else ""))
         time.sleep(interval)
+
+
+def describe_run(run_dir: Path) -> str:
+    """What a run dir shows, for a test that timed out waiting on it: run.json's status and
+    ranks, each file's size, the supervisor log's tail, and which of its processes live."""
+    run = run_json(run_dir)
+    lines = [f"run.json: status={run.get('status')!r} supervisor={run.get('supervisor_pid')} torchrun={run.get('torchrun_pid')}"]
+    lines += [f"  rank {r.get('rank')}: pid={r.get('pid')} state={r.get('state')!r}" for r in run.get("ranks") or []]
+    for path in sorted(p for p in run_dir.rglob("*") if p.is_file()):
+        with contextlib.suppress(OSError):
+            lines.append(f"  {path.relative_to(run_dir)}: {path.stat().st_size} bytes")
+    with contextlib.suppress(OSError):
+        lines += ["supervisor.log, the end:", *(run_dir / "supervisor.log").read_text(errors="replace").splitlines()[-30:]]
+    with contextlib.suppress(Exception):
+        lines += [f"live: {p.pid} {p.status()} {' '.join(p.cmdline())[:160]}" for p in run_processes(run_dir)]
+    return "\n".join(lines)
 
 
 def only_run(home: Path) -> Path:
@@ -81,7 +101,7 @@ def wait_ranks_running(run_dir: Path, n: int, *, timeout: float = 60) -> dict[st
                 return None
         return run
 
-    return wait_for(ready, timeout=timeout, what=f"{n} ranks to start")
+    return wait_for(ready, timeout=timeout, what=f"{n} ranks to start", explain=lambda: describe_run(run_dir))
 
 
 def wait_final(run_dir: Path, *, timeout: float = 60) -> dict[str, Any]:
@@ -89,6 +109,7 @@ def wait_final(run_dir: Path, *, timeout: float = 60) -> dict[str, Any]:
         lambda: (r := run_json(run_dir)).get("status") in ("succeeded", "failed", "stopped") and r,
         timeout=timeout,
         what="the run to end",
+        explain=lambda: describe_run(run_dir),
     )
 
 
