@@ -36,6 +36,15 @@ def model_for(width: int, n_in: int = 128, n_out: int = 10) -> nn.Module:
     return nn.Sequential(nn.Linear(n_in, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, n_out))
 
 
+def agree(total: int, device: torch.device, distributed: bool) -> int:
+    """Rank 0's step count, on every rank."""
+    if not distributed:
+        return total
+    agreed = torch.tensor([total], device=device)
+    dist.broadcast(agreed, src=0)
+    return int(agreed.item())
+
+
 def main() -> None:
     args = parse_args()
     distributed = "RANK" in os.environ
@@ -72,26 +81,31 @@ def main() -> None:
         opt.step()
         return float(loss.detach())
 
-    # Size the run from a few timed steps on rank 0, so every rank runs the same step count.
+    # Size the run from a few timed steps on rank 0, so every rank runs the same step count; with
+    # --seconds, rank 0 sizes it again every 20 steps from the time left and the recent steps
+    # (warm-up steps on a busy machine can be many times slower than the rest).
     warmup = 5
-    t0 = time.perf_counter()
+    started = t0 = time.perf_counter()
     for _ in range(warmup):
         step()
     per_step = (time.perf_counter() - t0) / warmup
-    total = args.steps or max(warmup + 20, int(args.seconds / max(per_step, 1e-4)))
-    if distributed:
-        agreed = torch.tensor([total], device=device)
-        dist.broadcast(agreed, src=0)
-        total = int(agreed.item())
+    total = agree(args.steps or max(warmup + 20, int(args.seconds / max(per_step, 1e-4))), device, distributed)
     print(f"rank {rank}: {total} steps (~{per_step * 1000:.1f} ms each)", flush=True)
 
-    last = time.perf_counter()
-    for i in range(warmup + 1, total + 1):
+    i = mark_i = warmup
+    last = mark_t = time.perf_counter()
+    while i < total:
+        i += 1
         loss = step()
         now = time.perf_counter()
         xl.log(step=i, loss=loss, samples=args.batch_size, total_steps=total)
         if i % 20 == 0 or i == total:
             print(f"rank {rank} step {i}/{total} loss {loss:.4f} {args.batch_size / (now - last):.0f} samples/s", flush=True)
+        if i % 20 == 0 and not args.steps and i < total:
+            left = args.seconds - (now - started)
+            recent = (now - mark_t) / (i - mark_i)
+            total = agree(max(i + 1, i + int(left / max(recent, 1e-4))), device, distributed)
+            mark_i, mark_t = i, time.perf_counter()
         last = now
     if distributed:
         dist.barrier()
