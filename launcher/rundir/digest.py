@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import statistics
 import threading
 from collections.abc import Iterator
 from itertools import pairwise
@@ -25,6 +24,7 @@ from xl.launcher.rundir import timing
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.layout import EVENTS, METRICS, RunLayout
 from xl.launcher.rundir.record import RunRecord, read_object
+from xl.stats import median
 
 VERSION = 1
 SERIES_POINTS = 2000  # at most this many steps kept for the loss and samples/s series
@@ -267,10 +267,10 @@ def _speed(at: dict[float, list[Any]]) -> dict[str, float | None]:
     steps = sorted(at)
     post = steps[max(2, len(steps) // 10) :]
     per_step = [(at[b][0] - at[a][0]) / (b - a) for a, b in pairwise(post) if b > a]
-    step_s = statistics.median(per_step) if per_step else None
+    step_s = median(per_step) if per_step else None
     full = max((at[s][4] for s in post), default=0)
     rates = [at[s][3] for s in post if full and at[s][4] == full]
-    return {"step_s": step_s, "samples_per_s": statistics.median(rates) if rates else None}
+    return {"step_s": step_s, "samples_per_s": median(rates) if rates else None}
 
 
 def build(run_dir: Path, rec: RunRecord) -> dict[str, Any]:

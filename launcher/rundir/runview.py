@@ -12,7 +12,6 @@ Standard library only (no Rich): the console view loads it before it knows it wi
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,6 +20,7 @@ from typing import Any, overload
 
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.stats import median
 
 # How each run and rank state is drawn (a Rich style), the same in the app and the console view.
 # Where the two views once differed, the app's colours won (the console showed exited in cyan
@@ -312,7 +312,7 @@ class RunView:
         steps = [rv.step for rv in ranks if rv.step is not None]
         if not totals or not steps:
             return None
-        total, step = int(statistics.median(totals)), int(min(steps))
+        total, step = int(median(totals)), int(min(steps))
         if self.final:
             return Progress(step, total, None)
         etas = [e for rv in ranks if (e := rv.eta_s) is not None]

@@ -21,7 +21,6 @@ Thresholds can be overridden through the environment (tests use short ones):
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
 from collections import deque
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xl import envnames, settings
+from xl.stats import fmean, median, median_low
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -218,7 +218,7 @@ class Diagnoser:
                 continue
             limit = self.th.stall_min_s
             if st.step_times:
-                limit = max(limit, self.th.stall_factor * statistics.median(st.step_times))
+                limit = max(limit, self.th.stall_factor * median(st.step_times))
             idle = now - st.last_progress_t
             if idle <= limit:
                 continue
@@ -255,21 +255,21 @@ class Diagnoser:
         for rank, st in self._ranks.items():
             recent = [w for t, w in st.waits if t >= since]
             if st.alive and recent:
-                waits[rank] = statistics.fmean(recent)
+                waits[rank] = fmean(recent)
         if len(waits) >= 2:
             self._vote_by_wait(waits)
             return
         steps: dict[int, float] = {}
         for rank, st in self._ranks.items():
             if st.alive and not st.stalled and len(st.step_times) >= 3:
-                steps[rank] = statistics.median(list(st.step_times)[-20:])
+                steps[rank] = median(list(st.step_times)[-20:])
         if len(steps) >= 2:
             self._vote_by_step_time(steps)
 
     def _vote_by_wait(self, waits: dict[int, float]) -> None:
         culprit = min(waits, key=lambda r: waits[r])
         others = [w for r, w in waits.items() if r != culprit]
-        victims_wait = statistics.median(others)
+        victims_wait = median(others)
         suspect = (
             victims_wait >= self.th.straggler_min_wait_s
             and waits[culprit] <= self.th.straggler_wait_ratio * victims_wait
@@ -290,19 +290,19 @@ class Diagnoser:
             )
 
     def _vote_by_step_time(self, steps: dict[int, float]) -> None:
-        median = statistics.median_low(list(steps.values()))
+        typical = median_low(list(steps.values()))
         for rank, step_s in steps.items():
-            is_it = median > 0 and step_s >= self.th.step_time_ratio * median
+            is_it = typical > 0 and step_s >= self.th.step_time_ratio * typical
             self._vote(
                 rank,
                 is_it,
                 lambda r=rank, s=step_s: (  # type: ignore[misc]
                     f"rank {r} is the straggler: {s * 1000:.0f} ms per step vs a median of "
-                    f"{median * 1000:.0f} ms ({s / median:.1f}x)"
+                    f"{typical * 1000:.0f} ms ({s / typical:.1f}x)"
                 ),
                 method="step_time",
                 step_s=round(step_s, 4),
-                median_step_s=round(median, 4),
+                median_step_s=round(typical, 4),
             )
 
     def _vote(self, rank: int, is_it: bool, message: Callable[[], str], **extra: Any) -> None:

@@ -15,7 +15,6 @@ nothing still progresses when its Flight Recorder shows a collective begun withi
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.telemetry.diagnose import Thresholds
 from xl.launcher.telemetry.verdict import ranges, verdict
+from xl.stats import median
 
 # Only the end of the files is read: the newest record of each rank is what counts.
 _METRICS_TAIL = 4 << 20
@@ -64,7 +64,7 @@ def _records(run_dir: Path) -> dict[int, tuple[float, float]]:
                 dts.setdefault(rank, []).append((t - before[1]) / (step - before[0]))
             if before is None or step != before[0]:
                 steps[rank] = (step, t)
-    return {r: (t, statistics.median(dts[r][-_STEP_TIMES:]) if dts.get(r) else 0.0) for r, t in last.items()}
+    return {r: (t, median(dts[r][-_STEP_TIMES:]) if dts.get(r) else 0.0) for r, t in last.items()}
 
 
 def hang_open(run_dir: Path) -> bool:
