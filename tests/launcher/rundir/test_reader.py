@@ -179,9 +179,10 @@ def test_only_the_root_cause_rank_is_failed(tmp_path: Path) -> None:
 def decoder(request, monkeypatch) -> str:
     """Each test that takes it runs with orjson's fast path and with the json module alone."""
     if request.param == "json":
-        monkeypatch.setattr(jsonl, "_fast_loads", None)
+        monkeypatch.setattr(jsonl, "_fast", lambda: None)
     else:
-        assert jsonl._fast_loads is not None, "orjson is a dependency: the fast path must be there"
+        monkeypatch.setattr(jsonl, "FAST_FROM", 1)  # every poll, however few its lines
+        assert jsonl._fast() is not None, "orjson is a dependency: the fast path must be there"
     return request.param
 
 
