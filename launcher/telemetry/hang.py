@@ -13,10 +13,14 @@ A capture that names nobody (a rank had begun its collective only a moment befor
 machine makes it; or no rank answered) is asked again every ``retry_s`` while the stall lasts, a
 bounded number of times: the diagnoser says a stall once, so without it such a hang would never
 be named. ``over`` (no rank stalled any more) and ``join`` (the run's end) end the retries.
+A capture that fails with an error says it in supervisor.log (the supervisor's stderr), once per
+distinct error: a hang never named would otherwise leave no trace of why.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +35,7 @@ Emit = Callable[[dict[str, Any]], None]
 
 RETRY_S = 5.0  # an inconclusive capture is asked again this often while the stall lasts ...
 RETRIES = 12  # ... at most this many times (a minute): each asks every rank for its stacks
+_ERRORS_SAID = 16  # distinct capture errors written to supervisor.log, at most
 
 
 class HangCapture:
@@ -58,6 +63,7 @@ class HangCapture:
         self.doc: dict[str, Any] | None = None  # this hang's document, once captured
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()  # this hang's retries end (over, join)
+        self._errors: set[str] = set()  # the capture errors already said
 
     def on_stall(self, events: list[dict[str, Any]]) -> None:
         """The diagnoser's stalled events: held until the hang's stacks are in, then sent."""
@@ -125,8 +131,16 @@ class HangCapture:
             doc = capture.assemble(self.run_dir.name, t, entries, progress)
             doc["file"] = capture.save(self.run_dir, {k: v for k, v in doc.items() if k != "file"})
             return doc
-        except Exception:  # a capture that fails leaves the stall reported as it was
+        except Exception as exc:  # a capture that fails leaves the stall reported as it was
+            self._say_error(f"xl: the hang capture failed: {exc!r}")
             return None
+
+    def _say_error(self, line: str) -> None:
+        if line in self._errors or len(self._errors) >= _ERRORS_SAID:
+            return
+        self._errors.add(line)
+        with contextlib.suppress(OSError):  # a full disk loses the line, never the capture
+            os.write(2, line.encode("utf-8", "replace")[:1000] + b"\n")
 
     def _say_hang(self, doc: dict[str, Any]) -> None:
         v = doc["verdict"]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import faulthandler
 import threading
+import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from xl.launcher.telemetry.hang import HangCapture
 from xl.launcher.telemetry.probe import parse_faulthandler
@@ -90,6 +93,27 @@ def test_stall_events_pass_unchanged_when_no_rank_can_be_asked(tmp_path: Path) -
     hang.on_stall([stalled])
     hang.join(5)
     assert sent == [stalled] and not (tmp_path / "stacks").exists()
+
+
+def test_a_capture_that_fails_says_why_in_the_supervisor_log_once(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    sent: list[dict[str, Any]] = []
+    asked: list[float] = []
+
+    def ranks() -> list[dict[str, Any]]:
+        asked.append(time.time())
+        raise RuntimeError("run.json unreadable")
+
+    hang = HangCapture(tmp_path, sent.append, ranks, timeout=0.5, retry_s=0.01, retries=3)
+    stalled = {"kind": "stalled", "rank": 0, "message": "rank 0 made no progress for 31 s"}
+    hang.on_stall([stalled])
+    deadline = time.monotonic() + 10
+    while len(asked) < 4 and time.monotonic() < deadline:  # the capture and its 3 retries
+        time.sleep(0.01)
+    hang.join(5)
+    assert len(asked) == 4
+    assert sent == [stalled]  # the stall still goes out, as it was
+    err = capfd.readouterr().err
+    assert err.count("xl: the hang capture failed: RuntimeError('run.json unreadable')") == 1, err
 
 
 def test_ranks_on_another_node_are_listed_with_where_to_ask_them(tmp_path: Path) -> None:
