@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import wait_no_processes, xl, xl_env
+from procs import run_dirs, wait_no_processes, xl, xl_env
 from rich.console import Console
 from where import FIXTURES
 
@@ -124,7 +124,7 @@ def test_runs_json_order_is_what_its_help_says_and_one_rank_reads_one_rank(work:
     assert names == ["first", "second"]  # oldest first, as the help says
     text = xl(["runs"], env).stdout.splitlines()
     assert text[1].split()[1] == "second" and text[2].split()[1] == "first"  # newest first
-    run_dir = sorted((work / "home" / "runs").iterdir())[-1]
+    run_dir = run_dirs(work / "home")[-1]
     started = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if '"run_started"' in x]
     assert started[0]["message"] == "starting 1 rank on CPU"
     wait_no_processes(run_dir, timeout=10)

@@ -15,13 +15,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from procs import (
-    only_run,
-    run_json,
-    run_processes,
-    wait_for,
-    wait_no_processes,
-)
+from procs import only_run, run_dirs, run_json, run_processes, wait_for, wait_no_processes
 from twonodes import (
     assert_layout,
     cleanup,
@@ -81,7 +75,7 @@ def test_ctrl_c_on_node_0_ends_both_nodes(tmp_path: Path) -> None:
     try:
 
         def both_training() -> bool:
-            if not all((h / "runs").is_dir() and any((h / "runs").iterdir()) for h in homes):
+            if not all(run_dirs(h) for h in homes):
                 return False
             return logs_say(only_run(homes[0]), 3, "ready") and logs_say(only_run(homes[1]), 2, "ready")
 
@@ -117,7 +111,7 @@ def test_a_dead_node_or_rank_on_node_1_ends_the_run_on_both(tmp_path: Path, vict
     try:
 
         def both_training() -> bool:
-            if not all((h / "runs").is_dir() and any((h / "runs").iterdir()) for h in homes):
+            if not all(run_dirs(h) for h in homes):
                 return False
             return logs_say(only_run(homes[0]), 2, "ready") and logs_say(only_run(homes[1]), 1, "ready")
 

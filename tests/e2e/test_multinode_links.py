@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 from procs import (
+    first_run,
     only_run,
     rdzv_port,
+    run_dirs,
     run_json,
     run_processes,
     wait_for,
@@ -52,7 +54,7 @@ def test_node_0_gives_up_on_a_late_node_only_when_its_heartbeat_is_lost(tmp_path
     procs = start_nodes(tmp_path, homes, per_node=({"XL_NODE_TIMEOUT": "3"}, {"MN_TAIL": "120"}))
     frozen: list[int] = []
     try:
-        run1 = wait_for(lambda: (homes[1] / "runs").is_dir() and next((homes[1] / "runs").iterdir(), None), timeout=30, what="node 1's run")
+        run1 = wait_for(lambda: first_run(homes[1]), timeout=30, what="node 1's run")
         wait_for(lambda: logs_say(run1, 1, "tail 120s"), timeout=60, what="node 1's rank to work on after the last collective")
         run0 = only_run(homes[0])
         wait_for(lambda: (r := run_json(run0)).get("ranks") and any(x["state"] == "exited" for x in r["ranks"]), timeout=30, what="node 0's rank to end")
@@ -118,7 +120,7 @@ def test_node_1_trains_on_when_only_its_supervisor_is_killed_or_frozen(tmp_path:
     procs = start_nodes(tmp_path, homes, MN_MODE="loop", MN_STEPS=str(steps), MN_PAUSE="0.1", XL_NODE_TIMEOUT="4")
     frozen: int | None = None
     try:
-        wait_for(lambda: all((h / "runs").is_dir() and any((h / "runs").iterdir()) for h in homes), timeout=60, what="both runs")
+        wait_for(lambda: all(run_dirs(h) for h in homes), timeout=60, what="both runs")
         run0, run1 = only_run(homes[0]), only_run(homes[1])
         wait_for(lambda: logs_say(run0, 2, "ready") and logs_say(run1, 1, "ready"), timeout=60, what="both nodes to train")
         sup = int(run_json(run1)["supervisor_pid"])
@@ -208,8 +210,8 @@ def test_a_link_going_down_between_the_nodes_is_noticed_on_both(tmp_path: Path) 
                 prefix = ["ip", "netns", "exec", ns] if node else []
                 procs.append(subprocess.Popen([*prefix, *argv], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
                 if not node:  # node 0 joins first: its agent is group rank 0 (see _netns_pair)
-                    wait_for(lambda: (homes[0] / "runs").is_dir() and any((homes[0] / "runs").iterdir()), timeout=60, what="node 0's run")
-            wait_for(lambda: all((h / "runs").is_dir() and any((h / "runs").iterdir()) for h in homes), timeout=60, what="both runs")
+                    wait_for(lambda: run_dirs(homes[0]), timeout=60, what="node 0's run")
+            wait_for(lambda: all(run_dirs(h) for h in homes), timeout=60, what="both runs")
             run0, run1 = only_run(homes[0]), only_run(homes[1])
             wait_for(lambda: logs_say(run0, 2, "ready") and logs_say(run1, 1, "ready"), timeout=90, what="both nodes to train")
             subprocess.run(["ip", "link", "set", here, "down"], check=True, timeout=30)

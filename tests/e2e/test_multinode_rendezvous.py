@@ -16,15 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import (
-    XL,
-    rdzv_port,
-    run_json,
-    wait_for,
-    wait_no_processes,
-    xl,
-    xl_env,
-)
+from procs import XL, first_run, rdzv_port, run_json, wait_for, wait_no_processes, xl, xl_env
 from twonodes import (
     SCRIPT,
     TOKEN,
@@ -133,7 +125,7 @@ def test_stopping_node_0_while_node_1_never_joined_is_prompt_and_says_so(tmp_pat
     argv = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", "0", "--rdzv", f"127.0.0.1:{rdzv_port()}", "--nproc", "1", "mn.py"]
     node0 = subprocess.Popen(argv, env=xl_env(home, XL_TOKEN=TOKEN), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        run0 = wait_for(lambda: (home / "runs").is_dir() and next((home / "runs").iterdir(), None), timeout=60, what="node 0's run")
+        run0 = wait_for(lambda: first_run(home), timeout=60, what="node 0's run")
         wait_for(lambda: run_json(run0).get("torchrun_pid"), timeout=60, what="node 0's torchrun")
         time.sleep(2)  # in the rendezvous
         asked = time.monotonic()
@@ -191,7 +183,7 @@ def test_node_1_started_long_before_node_0_still_joins(tmp_path: Path) -> None:
 
     try:
         launch(1, **short_client)
-        first = wait_for(lambda: (home / "runs").is_dir() and next((home / "runs").iterdir(), None), timeout=60, what="node 1's run")
+        first = wait_for(lambda: first_run(home), timeout=60, what="node 1's run")
         said = wait_for(lambda: (first / "events.jsonl").exists() and next((e for e in run_events(first) if e["kind"] == "waiting_for_node_0"), None),
                         timeout=30, what="node 1 to wait")
         assert f"waiting for node 0's rendezvous at {rdzv}" in said["message"] and "(up to 600s, as torchrun's own)" in said["message"], said

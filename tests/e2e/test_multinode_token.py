@@ -22,8 +22,10 @@ import psutil
 import pytest
 from procs import (
     XL,
+    first_run,
     only_run,
     rdzv_port,
+    run_dirs,
     run_json,
     run_processes,
     wait_for,
@@ -87,7 +89,7 @@ def test_node_1_joins_with_the_command_node_0_printed(tmp_path: Path) -> None:
         node1 = subprocess.Popen([*XL, *argv[1:], "--no-tui"], env=env1, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
         def training() -> bool:
-            return all((h / "runs").is_dir() and any((h / "runs").iterdir()) for h in homes) and (
+            return all(run_dirs(h) for h in homes) and (
                 logs_say(only_run(homes[0]), 2, "ready") and logs_say(only_run(homes[1]), 1, "ready")
             )
 
@@ -133,7 +135,7 @@ def test_node_with_a_wrong_token_is_told_and_node_0_waits_for_the_right_one(tmp_
         env0 = xl_env(homes[0], XL_TOKEN=TOKEN, MN_STEPS="3")
         node0 = subprocess.Popen([*XL, *argv(0)], env=env0, cwd=tmp_path, stdout=out0, stderr=subprocess.STDOUT, text=True)
     try:
-        run0 = wait_for(lambda: (homes[0] / "runs").is_dir() and next((homes[0] / "runs").iterdir(), None), timeout=30, what="node 0's run")
+        run0 = wait_for(lambda: first_run(homes[0]), timeout=30, what="node 0's run")
         start = time.monotonic()
         wrong = xl(argv(1), xl_env(homes[1], XL_TOKEN=wrong_token, MN_STEPS="3"), cwd=tmp_path, timeout=45)
         took = time.monotonic() - start
@@ -184,7 +186,7 @@ def test_collector_on_a_routable_address_takes_only_frames_with_the_token(tmp_pa
     homes = (tmp_path / "node0", tmp_path / "node1")
     procs = start_nodes(tmp_path, homes, host=host, MN_STEPS="3", MN_PAUSE="1.5")
     try:
-        run0 = wait_for(lambda: (homes[0] / "runs").is_dir() and next((homes[0] / "runs").iterdir(), None), timeout=30, what="node 0's run")
+        run0 = wait_for(lambda: first_run(homes[0]), timeout=30, what="node 0's run")
         status = wait_for(lambda: (run0 / "collector.json").exists() and json.loads((run0 / "collector.json").read_text()), timeout=30, what="collector.json")
         assert status["host"] == host
         port = int(status["port"])

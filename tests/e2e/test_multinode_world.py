@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from procs import (
+    first_run,
     only_run,
     rdzv_port,
     run_json,
@@ -125,7 +126,7 @@ def test_attach_last_on_a_shared_home_shows_node_0_s_whole_run(tmp_path: Path) -
             argv = node_argv(node, rdzv)
             procs.append(subprocess.Popen(argv, env=xl_env(home, XL_TOKEN=TOKEN), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             if node == 0:
-                wait_for(lambda: (home / "runs").is_dir() and next((home / "runs").iterdir(), None), timeout=60, what="node 0's run")
+                wait_for(lambda: first_run(home), timeout=60, what="node 0's run")
                 time.sleep(1.1)  # node 1's part is the newer run
         for code, out in finish(procs, timeout=90):
             assert code == 0, out[-3000:]

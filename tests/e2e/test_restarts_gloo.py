@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from procs import kill_run, run_json, wait_final, wait_no_processes, xl, xl_env
+from procs import kill_run, run_dirs, run_json, wait_final, wait_no_processes, xl, xl_env
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +63,7 @@ def test_when_restarts_run_out_the_cause_is_the_ranks_own_error(tmp_path: Path) 
     (tmp_path / "flaky.py").write_text(textwrap.dedent(SCRIPT))
     env = xl_env(home, XL_STOP_GRACE="1")
     proc = xl(["launch", "--no-tui", "--nproc", "2", "--max-restarts", "1", "flaky.py", "--always"], env, cwd=tmp_path, timeout=240)
-    run_dir = next((home / "runs").iterdir())
+    run_dir = run_dirs(home)[0]
     try:
         assert proc.returncode == 1, proc.stdout + proc.stderr
         failure = run_json(run_dir)["failure"]

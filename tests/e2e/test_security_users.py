@@ -34,6 +34,7 @@ import psutil
 import pytest
 from procs import (
     XL,
+    first_run,
     kill_run,
     rdzv_port,
     run_json,
@@ -307,7 +308,7 @@ def test_node_0_fails_loudly_when_another_user_takes_its_collector_port(stranger
         node0 = subprocess.Popen([*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", "0", "--rdzv", f"127.0.0.1:{rdzv}",
                                   "--nproc", "1", str(script), str(tmp_path / "go")], env=env, cwd=shared_home,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        run_dir = wait_for(lambda: next((shared_home / "runs").iterdir(), None), timeout=60, what="the run dir", interval=0.002)
+        run_dir = wait_for(lambda: first_run(shared_home), timeout=60, what="the run dir", interval=0.002)
         squat.stdin.write("go\n")
         squat.stdin.flush()
         assert squat.stdout.readline().strip() == "listening"

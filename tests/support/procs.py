@@ -70,7 +70,7 @@ def describe_run(run_dir: Path) -> str:
 
 
 def only_run(home: Path) -> Path:
-    runs = [p for p in (home / "runs").iterdir() if p.is_dir()]
+    runs = run_dirs(home)
     assert len(runs) == 1, runs
     return runs[0]
 
@@ -82,9 +82,23 @@ def run_json(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
+def run_dirs(home: Path) -> list[Path]:
+    """The run dirs under ``home``, sorted: folders only (``xl launch`` proves runs/ writable with a
+    ``.probe-<pid>`` file it removes at once; a wait that took it for the run waited on nothing)."""
+    try:
+        return sorted(p for p in (home / "runs").iterdir() if not p.name.startswith(".") and p.is_dir())
+    except OSError:
+        return []
+
+
+def first_run(home: Path) -> Path | None:
+    dirs = run_dirs(home)
+    return dirs[0] if dirs else None
+
+
 def wait_run(home: Path, *, timeout: float = 60) -> Path:
     """The run dir of the only run under ``home`` once it exists."""
-    return wait_for(lambda: (home / "runs").is_dir() and next((home / "runs").iterdir(), None), timeout=timeout, what="the run dir")
+    return wait_for(lambda: first_run(home), timeout=timeout, what="the run dir")
 
 
 def wait_ranks_running(run_dir: Path, n: int, *, timeout: float = 60) -> dict[str, Any]:
