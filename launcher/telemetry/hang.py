@@ -19,8 +19,6 @@ distinct error: a hang never named would otherwise leave no trace of why.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any
 
 from xl.launcher.telemetry import stacks as capture
 from xl.launcher.telemetry.progress import STALLED, judge
+from xl.launcher.telemetry.trouble import Trouble
 from xl.launcher.telemetry.verdict import position, ranges, where
 
 Emit = Callable[[dict[str, Any]], None]
@@ -35,7 +34,6 @@ Emit = Callable[[dict[str, Any]], None]
 
 RETRY_S = 5.0  # an inconclusive capture is asked again this often while the stall lasts ...
 RETRIES = 12  # ... at most this many times (a minute): each asks every rank for its stacks
-_ERRORS_SAID = 16  # distinct capture errors written to supervisor.log, at most
 
 
 class HangCapture:
@@ -63,7 +61,7 @@ class HangCapture:
         self.doc: dict[str, Any] | None = None  # this hang's document, once captured
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()  # this hang's retries end (over, join)
-        self._errors: set[str] = set()  # the capture errors already said
+        self._trouble = Trouble()
 
     def on_stall(self, events: list[dict[str, Any]]) -> None:
         """The diagnoser's stalled events: held until the hang's stacks are in, then sent."""
@@ -132,15 +130,8 @@ class HangCapture:
             doc["file"] = capture.save(self.run_dir, {k: v for k, v in doc.items() if k != "file"})
             return doc
         except Exception as exc:  # a capture that fails leaves the stall reported as it was
-            self._say_error(f"xl: the hang capture failed: {exc!r}")
+            self._trouble.say("the hang capture failed", exc)
             return None
-
-    def _say_error(self, line: str) -> None:
-        if line in self._errors or len(self._errors) >= _ERRORS_SAID:
-            return
-        self._errors.add(line)
-        with contextlib.suppress(OSError):  # a full disk loses the line, never the capture
-            os.write(2, line.encode("utf-8", "replace")[:1000] + b"\n")
 
     def _say_hang(self, doc: dict[str, Any]) -> None:
         v = doc["verdict"]

@@ -36,6 +36,7 @@ from xl.launcher.telemetry.hang import HangCapture
 from xl.launcher.telemetry.logfeed import LogFeed
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
+from xl.launcher.telemetry.trouble import Trouble
 
 
 class Telemetry:
@@ -87,6 +88,7 @@ class Telemetry:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.spooled_records = 0
+        self._trouble = Trouble()
         # Rank output is parsed on a thread of its own: the supervisor's loop only queues lines.
         self.log_feed = LogFeed(self._log_found)
 
@@ -284,8 +286,8 @@ class Telemetry:
         while not self._stop.wait(self._interval):
             try:
                 self._sample_once()
-            except Exception:  # sampling trouble must never take the supervisor down
-                pass
+            except Exception as exc:  # sampling trouble must never take the supervisor down
+                self._trouble.say("telemetry's sample failed (stall detection waits for the next one)", exc)
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + 5
                 with contextlib.suppress(Exception):

@@ -149,3 +149,29 @@ def test_a_rank_whose_pid_now_belongs_to_another_process_is_gone(monkeypatch) ->
         proc.wait(10)
     assert records == [] and gone == [0]
     assert_gone({proc.pid})
+
+
+def test_a_sample_that_keeps_failing_is_said_once_in_the_supervisor_log(tmp_path, capfd) -> None:
+    """Sampling errors never end telemetry, and are not silent either: caught every second in
+    silence, one would switch off stall detection with no trace of why."""
+    from xl.launcher.telemetry.service import Telemetry  # noqa: PLC0415 - this test only
+
+    telemetry = Telemetry(tmp_path, token="t" * 32, inventory=False, sample_interval=0.01)
+    telemetry.start()
+    tried: list[float] = []
+
+    def broken(*_args: object) -> None:
+        tried.append(time.monotonic())
+        raise OSError(5, "Input/output error")
+
+    try:
+        assert telemetry.sampler is not None
+        telemetry.sampler.sample = broken  # type: ignore[method-assign]
+        deadline = time.monotonic() + 10
+        while len(tried) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        telemetry.stop()
+    assert len(tried) >= 5  # it went on sampling
+    err = capfd.readouterr().err
+    assert err.count("xl: telemetry's sample failed (stall detection waits for the next one): OSError(5, 'Input/output error')") == 1, err
