@@ -24,6 +24,17 @@ pytestmark = [
 HANG = SUPPORT / "hang_ddp.py"
 
 
+def _events_tail(run_dir: Path) -> str:
+    """The run's last events and the supervisor log's end: what a wait that timed out had to go on."""
+    said = []
+    for name in ("events.jsonl", "supervisor.log"):
+        try:
+            said += [f"{name}:", *(run_dir / name).read_text(errors="replace").splitlines()[-15:]]
+        except OSError as exc:
+            said.append(f"{name}: {exc}")
+    return "\n" + "\n".join(said)
+
+
 def _flat(text: str) -> str:
     return "".join(text.split())  # the terminal wraps long lines: compare without the breaks
 
@@ -42,7 +53,7 @@ def test_k_on_a_hang_shows_the_whole_run_s_verdict_with_its_keys(simnvml, tmp_pa
         run_dir = wait_for(lambda: next((p for p in runs.glob("2*") if (p / "run.json").is_file()), None), "the run", timeout=60)
         # The hang is named (the banner) once the run stalls; rank 0, the first row, is chosen.
         wait_for(lambda: "never entered" in _flat(tmux.screen("w")) or "waitsinall_reduce" in _flat(tmux.screen("w")),
-                 "the hang banner", timeout=120, screen=lambda: tmux.screen("w"))
+                 "the hang banner", timeout=120, screen=lambda: tmux.screen("w") + _events_tail(run_dir))
         tmux.keys("w", "k")
 
         def stacks_of_rank_0(screen: str) -> bool:
