@@ -161,6 +161,40 @@ def test_torchrun_summary_names_the_rank_that_really_failed(tmp_path: Path) -> N
     assert _events(run_dir)[-1]["rank"] == 1
 
 
+def test_a_rank_whose_script_returned_and_whose_process_then_aborted_is_the_cause(tmp_path: Path) -> None:
+    """Both ranks' records say 0 (their scripts returned); torchrun failed, and its summary has
+    rank 0 killed by SIGABRT (a C++ abort at interpreter exit): rank 0 failed, and is named with
+    its signal and its last log line, not "rank None" with torchrun's traceback."""
+    run_dir = _unit_run_dir(tmp_path)
+    record = run_record.load(run_dir)
+    assert record is not None
+    journal = Journal(run_dir, record)
+    ranks = Ranks(run_dir, record, lambda st: None, lambda st, code, when: None, journal.changed)
+    cause = RootCause(run_dir, "here", 0, journal)
+    for st in ranks:
+        st.pid, st.ended_at = 1000 + st.rank, 100.0 + st.rank
+        st.end(0, st.ended_at, stopped=False)
+    (run_dir / "logs" / "rank-0.log").write_text("step 6/6\nterminate called without an active exception\n")
+    (run_dir / "logs" / "torchrun.log").write_text(
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 1000)\n"
+    )
+    cause.fill_from_torchrun_log(ranks, journal.emit, torchrun_code=1)
+    assert cause.conclude(False, 1, False, ranks) is RunStatus.FAILED
+    assert cause.failure is not None and (cause.failure.rank, cause.failure.exit_code) == (0, -6)
+    assert cause.failure.message == (
+        "rank 0 failed first: rank 0 was killed by SIGABRT after its script had returned: terminate called without an active exception"
+    )
+    assert cause.failure.traceback == "step 6/6\nterminate called without an active exception\n"
+    assert [(st.state.value, st.exit_code) for st in ranks] == [("failed", -6), ("exited", 0)]
+    assert _events(run_dir)[-1]["kind"] == "failure" and _events(run_dir)[-1]["rank"] == 0
+    # A run whose torchrun succeeded is not read for this: nothing failed.
+    ok = RootCause(run_dir, "here", 0, journal)
+    for st in ranks:
+        st.end(0, st.ended_at, stopped=False)
+    ok.fill_from_torchrun_log(ranks, journal.emit, torchrun_code=0)
+    assert ok.conclude(False, 0, False, ranks) is RunStatus.SUCCEEDED and ok.failure is None
+
+
 def test_no_rank_started_the_failure_quotes_torchrun(tmp_path: Path) -> None:
     run_dir = _unit_run_dir(tmp_path)
     sup = Supervisor(run_dir)
