@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from procs import (
     XL,
+    describe_run,
     kill_run,
     run_json,
     wait_final,
@@ -100,7 +101,8 @@ def test_a_rank_asleep_outside_the_collective_is_named_and_captured_once(runs: t
     assert "verdict: rank 1 never entered" in text
     # The supervisor's own capture: one hang event, one document, the victim waiting on the culprit.
     events = wait_for(lambda: [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-                      if "waiting_on" in (run_dir / "events.jsonl").read_text() else None, timeout=60, what="the hang events")
+                      if "waiting_on" in (run_dir / "events.jsonl").read_text() else None, timeout=60, what="the hang events",
+                      explain=lambda: describe_run(run_dir))
     hangs = [e for e in events if e["kind"] == "hang"]
     assert len(hangs) == 1 and hangs[0]["ranks"] == [1] and "astray at hang_ddp.py:" in hangs[0]["message"]
     saved = json.loads((run_dir / hangs[0]["stacks"]).read_text())

@@ -55,15 +55,17 @@ def wait_for(
 
 def describe_run(run_dir: Path) -> str:
     """What a run dir shows, for a test that timed out waiting on it: run.json's status and
-    ranks, each file's size, the supervisor log's tail, and which of its processes live."""
+    ranks, each file's size, the last events, the supervisor log's tail, and which of its
+    processes live."""
     run = run_json(run_dir)
     lines = [f"run.json: status={run.get('status')!r} supervisor={run.get('supervisor_pid')} torchrun={run.get('torchrun_pid')}"]
     lines += [f"  rank {r.get('rank')}: pid={r.get('pid')} state={r.get('state')!r}" for r in run.get("ranks") or []]
     for path in sorted(p for p in run_dir.rglob("*") if p.is_file()):
         with contextlib.suppress(OSError):
             lines.append(f"  {path.relative_to(run_dir)}: {path.stat().st_size} bytes")
-    with contextlib.suppress(OSError):
-        lines += ["supervisor.log, the end:", *(run_dir / "supervisor.log").read_text(errors="replace").splitlines()[-30:]]
+    for name, keep in (("events.jsonl", 15), ("supervisor.log", 30)):
+        with contextlib.suppress(OSError):
+            lines += [f"{name}, the end:", *(run_dir / name).read_text(errors="replace").splitlines()[-keep:]]
     with contextlib.suppress(Exception):
         lines += [f"live: {p.pid} {p.status()} {' '.join(p.cmdline())[:160]}" for p in run_processes(run_dir)]
     return "\n".join(lines)
