@@ -137,17 +137,22 @@ def test_a_requested_stop_ends_every_rank_as_stopped(tmp_path: Path) -> None:
     assert exits == ["rank 0 stopped (-15)", "rank 1 stopped (-15)"], exits
 
 
-def test_torchrun_summary_names_the_rank_that_really_failed(tmp_path: Path) -> None:
-    """The rank blamed first was killed by the stop (SIGTERM in torchrun's summary): the rank
-    that died of its own signal is the cause, and a new failure event says so."""
+def _ended_ranks(tmp_path: Path) -> tuple[Path, Journal, Ranks, RootCause]:
+    """A 2-rank run's journal, ranks (pids 1000 and 1001, ended at 100 and 101) and root cause."""
     run_dir = _unit_run_dir(tmp_path)
     record = run_record.load(run_dir)
     assert record is not None
     journal = Journal(run_dir, record)
     ranks = Ranks(run_dir, record, lambda st: None, lambda st, code, when: None, journal.changed)
-    cause = RootCause(run_dir, "here", 0, journal)
     for st in ranks:
         st.pid, st.ended_at = 1000 + st.rank, 100.0 + st.rank
+    return run_dir, journal, ranks, RootCause(run_dir, "here", 0, journal)
+
+
+def test_torchrun_summary_names_the_rank_that_really_failed(tmp_path: Path) -> None:
+    """The rank blamed first was killed by the stop (SIGTERM in torchrun's summary): the rank
+    that died of its own signal is the cause, and a new failure event says so."""
+    run_dir, journal, ranks, cause = _ended_ranks(tmp_path)
     cause.set(cause.local(0, None, None, None, "rank 0 failed first: died"), 100.0)
     (run_dir / "logs" / "torchrun.log").write_text(
         "Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 1001)\n"
@@ -165,14 +170,8 @@ def test_a_rank_whose_script_returned_and_whose_process_then_aborted_is_the_caus
     """Both ranks' records say 0 (their scripts returned); torchrun failed, and its summary has
     rank 0 killed by SIGABRT (a C++ abort at interpreter exit): rank 0 failed, and is named with
     its signal and its last log line, not "rank None" with torchrun's traceback."""
-    run_dir = _unit_run_dir(tmp_path)
-    record = run_record.load(run_dir)
-    assert record is not None
-    journal = Journal(run_dir, record)
-    ranks = Ranks(run_dir, record, lambda st: None, lambda st, code, when: None, journal.changed)
-    cause = RootCause(run_dir, "here", 0, journal)
+    run_dir, journal, ranks, cause = _ended_ranks(tmp_path)
     for st in ranks:
-        st.pid, st.ended_at = 1000 + st.rank, 100.0 + st.rank
         st.end(0, st.ended_at, stopped=False)
     (run_dir / "logs" / "rank-0.log").write_text("step 6/6\nterminate called without an active exception\n")
     (run_dir / "logs" / "torchrun.log").write_text(
