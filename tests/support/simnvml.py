@@ -167,6 +167,30 @@ def seen_h200() -> SimGPU:
     )
 
 
+def seen_h100() -> SimGPU:
+    """The H100 as its real driver (580.159.04, CUDA 13.0) answered, idle, on 2026-11-27 (the second
+    GPU acceptance run, bench/README.md): the driver holds 480 MiB for itself, fan and page
+    retirement answer NOT_SUPPORTED as on the H200, and this GPU has had one uncorrectable ECC
+    error in its life (the aggregate counter; none since the driver loaded) whose row was remapped
+    (remapped rows: 0 correctable, 1 uncorrectable, none pending, no failure): a healthy GPU that
+    has used one of its spare rows. Run it with driver_version="580.159.04", cuda_version=13000."""
+    return SimGPU(
+        model="H100",
+        uuid="GPU-b1173ee3-17e1-e199-e2a2-b3741a8888ad",
+        pci_bus_id="00000000:00:06.0",
+        memory_reserved_mib=503316480 / MIB,
+        temperature_c=58,
+        power_w=80.45,
+        ecc_unc_aggregate=1,
+        remap_unc=1,
+        errors={
+            "nvmlDeviceGetFanSpeed": NOT_SUPPORTED,
+            "nvmlDeviceGetRetiredPages": NOT_SUPPORTED,
+            "nvmlDeviceGetRetiredPagesPendingStatus": NOT_SUPPORTED,
+        },
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Building
 
