@@ -93,7 +93,7 @@ def main() -> int:
         script = Path(tmp) / "barrier.py"
         script.write_text(SCRIPT)
         env = dict(os.environ, XL_HOME=str(Path(tmp) / "home"))
-        env.pop("CUDA_VISIBLE_DEVICES", None)
+        env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks under both, also on a machine with GPUs
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # see the module's docstring
         xl = [sys.executable, "-m", "xl", "launch", "--no-tui", "--nproc", "2", str(script)]
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)]

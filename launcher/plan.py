@@ -254,9 +254,13 @@ def build_plan(
     nproc = spec.nproc if spec.nproc is not None else max(1, len(devices))
     if devices and nproc > len(devices):
         chosen = ",".join(str(g.index) for g in devices)
+        # torchrun would start them all on these GPUs; with none chosen, CPU ranks are what a
+        # person asking for more processes than GPUs may mean: say how (an empty
+        # CUDA_VISIBLE_DEVICES hides every GPU, see _default_devices).
+        cpu = "" if spec.gpus is not None else ", or run CPU ranks: CUDA_VISIBLE_DEVICES= xl launch ..."
         raise UsageError(
             f"--nproc {nproc} is more than the {len(devices)} GPU(s) chosen ({chosen}); "
-            f"choose more GPUs with {gpus_from or '--gpus'} or fewer processes"
+            f"choose more GPUs with {gpus_from or '--gpus'} or fewer processes{cpu}"
         )
     devices = devices[:nproc]
     mixed = _mixed_models(devices)

@@ -209,6 +209,21 @@ def test_bad_input_is_one_line_and_exit_2(work: Path, simnvml, args: list[str], 
     assert not (work / "home").exists()
 
 
+def test_more_ranks_than_gpus_says_how_to_run_them_on_cpu(work: Path, simnvml) -> None:
+    """A GPU machine with fewer GPUs than --nproc: the refusal offers CPU ranks, and the command
+    it prints for them plans 2 CPU ranks there."""
+    env = _env(work, simnvml(gpus=1))
+    line = _bad(work, env, "--nproc", "2", "train.py")
+    assert "--nproc 2 is more than the 1 GPU(s) chosen (0)" in line, line
+    assert line.endswith("or run CPU ranks: CUDA_VISIBLE_DEVICES= xl launch ..."), line
+    ok = xl(["launch", "--dry-run", "--nproc", "2", "train.py"], {**env, "CUDA_VISIBLE_DEVICES": ""}, cwd=work)
+    assert ok.returncode == 0, ok.stderr
+    assert "# 2 CPU rank(s) (gloo): no GPU chosen" in ok.stdout, ok.stdout
+    # --gpus named the GPUs: more of them, or fewer processes, is the fix; not the CPU.
+    named = _bad(work, env, "--gpus", "0", "--nproc", "2", "train.py")
+    assert "CPU" not in named, named
+
+
 def test_unreadable_xl_home_is_one_line(work: Path) -> None:
     blocker = work / "file"
     blocker.write_text("")
