@@ -8,8 +8,6 @@ often (bench/rounds.py), so machine load hits them alike; prints the medians and
 xl / torchrun (goal <= 1.03x), the paired one with a bootstrap 95% interval over the rounds.
 ``--before DIR``: also time another xl (a folder holding its ``xl`` package, put first on
 PYTHONPATH) in the same rounds, e.g. the last release, for a before/after measured side by side.
-``--late``: also time this xl with torchrun started once the run is planned (XL_EARLY_TORCHRUN=0),
-as before torchrun's early start (launcher/early.py).
 
 Where the time goes: each rank notes when its script's first line ran and when its last one
 did, so every command's wall time splits into its start (the command's start to the first
@@ -90,9 +88,6 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--before", metavar="DIR", help="another xl to time alongside (DIR/xl is its package)")
     ap.add_argument("--independent-delays", action="store_true", help="each run draws its own rendezvous delay")
-    ap.add_argument(
-        "--late", action="store_true", help="also time xl with XL_EARLY_TORCHRUN=0 (torchrun started once the run is planned)"
-    )
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="xl-bench-") as tmp:
         script = Path(tmp) / "barrier.py"
@@ -105,8 +100,6 @@ def main() -> int:
         runs: dict[str, tuple[list[str], dict[str, str]]] = {"torchrun": (torchrun, env), "xl": (xl, env)}
         if ns.before:
             runs["xl (before)"] = (xl, dict(env, PYTHONPATH=os.path.abspath(ns.before)))
-        if ns.late:
-            runs["xl (late)"] = (xl, dict(env, XL_EARLY_TORCHRUN="0"))
         if not ns.independent_delays:
             runs = {name: (argv, same_delays(Path(tmp) / "same-delays", run_env)) for name, (argv, run_env) in runs.items()}
         for argv, run_env in runs.values():

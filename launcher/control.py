@@ -18,7 +18,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from xl.errors import UsageError
 from xl.gpu import nvml
@@ -30,10 +29,7 @@ from xl.launcher.rundir.record import RunJson, RunRecord, RunStatus
 from xl.launcher.rundir.store import new_run_id, runs_root
 from xl.launcher.spec import LaunchSpec
 from xl.launcher.supervisor.stopping import grace_from_env
-from xl.procfs import hide_own_values, set_cmdline
-
-if TYPE_CHECKING:
-    from xl.launcher.early import Early, Waiting
+from xl.procfs import hide_values, set_cmdline
 
 STOPPED_WAIT_S = 15.0  # beyond the grace: a supervisor's own ending (events, run.json, torchrun)
 
@@ -75,47 +71,34 @@ def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
     sys.stdout.flush()
     sys.stderr.flush()
     # `xl launch --env KEY=SECRET`: neither this process nor its fork may show the value in ps.
-    hide_own_values("--env")
+    set_cmdline(hide_values(_own_cmdline(), "--env"))
     pid = os.fork()
     if pid:
         return ForkedSupervisor(pid)
     code = 1
     try:
         os.setsid()
-        code = serve(str(run_dir))
-    finally:
-        os._exit(code)
-
-
-def serve(run_dir: str, waiting: Waiting | None = None) -> int:
-    """Be the supervisor of ``run_dir``, in this forked child of `xl launch` (its own session
-    already); ``waiting``: the interpreter started to become torchrun (xl.launcher.early).
-    Returns the supervisor's exit code; never raises."""
-    code = 1
-    try:
         # A fork keeps `xl launch`'s argv: show what this process is instead.
-        set_cmdline([os.path.basename(sys.executable), "-m", "xl.launcher.supervisor", run_dir])
+        set_cmdline([os.path.basename(sys.executable), "-m", "xl.launcher.supervisor", str(run_dir)])
         null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(RunLayout(Path(run_dir)).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.open(RunLayout(run_dir).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(null)
         os.close(log)
         # Nothing of the launching process may stay open here (a caller's pipe would not see
-        # EOF until the run ends), but the waiting torchrun's pipe.
-        keep = waiting.pipe if waiting is not None else 1 << 16
-        os.closerange(3, keep)
-        os.closerange(keep + 1, 1 << 16)
+        # EOF until the run ends).
+        os.closerange(3, 1 << 16)
         os.chdir(run_dir)
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         # As a fresh interpreter has it: a peer that vanished is an EPIPE error, not a death.
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        sys.argv = [sys.executable, "-m", "xl.launcher.supervisor", run_dir]
+        sys.argv = [sys.executable, "-m", "xl.launcher.supervisor", str(run_dir)]
         from xl.launcher.supervisor.loop import main as supervisor_main  # noqa: PLC0415 - only the forked child runs the supervisor; `xl stop`/`xl attach` must not load it
 
-        code = supervisor_main([run_dir], waiting=waiting)
+        code = supervisor_main([str(run_dir)])
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.write(2, f"xl supervisor: crashed: {exc!r}\n".encode("utf-8", "replace"))
@@ -123,19 +106,22 @@ def serve(run_dir: str, waiting: Waiting | None = None) -> int:
             import traceback  # noqa: PLC0415 - a crash only
 
             traceback.print_exc()
-    return code
+    finally:
+        os._exit(code)
 
 
-def _make_run_dir(spec: LaunchSpec, run_id: str | None, early: Early | None = None) -> Path:
-    """A new, empty run dir: ``run_id``'s (chosen by `xl launch --slurm` for every node at once),
-    the id ``early``'s torchrun was started with, or a fresh id's."""
+def _own_cmdline() -> list[str]:
+    try:
+        with open("/proc/self/cmdline", "rb") as fh:
+            return [a.decode("utf-8", "replace") for a in fh.read().rstrip(b"\0").split(b"\0")]
+    except OSError:
+        return list(sys.argv)
+
+
+def _make_run_dir(spec: LaunchSpec, run_id: str | None) -> Path:
+    """A new, empty run dir: ``run_id``'s (chosen by `xl launch --slurm` for every node at once)
+    or a fresh id's."""
     root = runs_root(create=True)
-    if early is not None and early.open:
-        try:
-            (root / early.run_id).mkdir(mode=0o700)
-            return root / early.run_id
-        except FileExistsError:
-            early.abandon()  # the same second, name and 4 hex digits: a fresh id, torchrun as before
     if run_id is not None:
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", run_id):
             raise UsageError(f"run id {run_id!r} may hold only letters, digits, '_', '.' and '-'")
@@ -193,15 +179,12 @@ def start_run(
     fork: bool = False,
     run_id: str | None = None,
     env: Mapping[str, str] | None = None,
-    early: Early | None = None,
 ) -> RunHandle:
     """Create the run dir, spawn its detached supervisor and return at once.
 
     ``fork=True`` (the ``xl launch`` command) forks the supervisor instead of starting a new
     interpreter; threaded callers (the TUI) keep the default, and may give the supervisor an
     ``env`` of its own (e.g. a multi-node run's XL_TOKEN) instead of this process's.
-    ``early``: the supervisor `xl launch` forked already, with torchrun waiting
-    (xl.launcher.early): the run takes its id and it is handed the run dir.
     """
     if fork and env is not None:
         raise ValueError("a forked supervisor has this process's environment")
@@ -209,7 +192,7 @@ def start_run(
     if plan is None:
         plan = build_plan(spec, nvml.inventory(processes=False), env)
     try:
-        run_dir = _make_run_dir(spec, run_id, early)
+        run_dir = _make_run_dir(spec, run_id)
     except OSError as exc:
         raise _no_room(runs_root(create=False), exc) from None
     run_id = run_dir.name
@@ -226,10 +209,7 @@ def start_run(
         shutil.rmtree(run_dir, ignore_errors=True)
         raise _no_room(run_dir.parent, exc) from None
     if fork:
-        if early is not None and early.open:
-            forked = ForkedSupervisor(early.hand_over(str(run_dir)))
-        else:
-            forked = _fork_supervisor(run_dir)
+        forked = _fork_supervisor(run_dir)
         return RunHandle(run_id=run_id, run_dir=run_dir, pid=forked.pid, proc=forked)
     log_fd = os.open(RunLayout(run_dir).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with open(log_fd, "ab") as log:

@@ -29,11 +29,8 @@ class Budget(NamedTuple):
     after: str = "pass"  # what the process already has: counted neither in modules nor in time
 
 
-# `xl launch`'s own imports up to torchrun's early start (xl.launcher.early: the fork of its
-# supervisor-to-be, which starts torchrun's interpreter at once), then up to the handover of the
-# run dir (the plan's imports load while torchrun's interpreter imports torch).
-COMMAND = "import xl.cli, xl.tui.commands, xl.launcher.cli.launch"
-LAUNCH = COMMAND + ", xl.launcher.cli.preflight, xl.launcher.cli.startchecks, xl.launcher.control"
+# `xl launch`'s own imports, up to the fork of its supervisor.
+LAUNCH = "import xl.cli, xl.tui.commands, xl.launcher.cli.launch, xl.launcher.control"
 UI = ("rich", "textual", "torch", "numpy")
 # What only an unusual launch needs (--python's environment hash, a mistyped option's suggestion,
 # --rdzv's token) or a crash (traceback): never on every launch's path to torchrun.
@@ -49,15 +46,6 @@ PROCESSES = {
         # only, and statistics (fractions, decimal, random) never: xl.stats has the medians.
         (*UI, *RARE, "psutil", "pynvml", "orjson", "statistics"),
     ),
-    # ... of which what comes before torchrun's early start: the command line's parser and the
-    # run's spec (today 45 modules, ~17 ms; most of it dataclasses' inspect), on the path of every
-    # launch to torchrun's start.
-    "launch, up to torchrun's early start": Budget(
-        COMMAND, 48, 25, (*UI, *RARE, "psutil", "pynvml", "orjson", "statistics", "socket", "subprocess", "pathlib")
-    ),
-    # The interpreter that becomes torchrun, before it imports torch: the standard library's os
-    # and sys, and xl's package and names (today 10 modules, ~3 ms).
-    "torchrun, waiting": Budget("import xl.launcher.early", 12, 8, (*UI, "psutil", "dataclasses", "pathlib", "json")),
     # The supervisor up to torchrun's start, in a fresh interpreter (the app starts it so):
     # telemetry, the digest and provenance load once torchrun runs, the hub and the follower on
     # several nodes only (launcher/supervisor/loop.py, Supervisor.start).

@@ -40,7 +40,6 @@ EXPORTER_TOKEN = "XL_EXPORTER_TOKEN"
 
 # -- for tests and debugging, not documented for users
 SIMULATED_GPUS = "XL_SIMULATED_GPUS"  # the test suite's simulated NVML (tests/support)
-EARLY_TORCHRUN = "XL_EARLY_TORCHRUN"  # 0: `xl launch` starts torchrun once its run is planned (docs/launch.md)
 DEBUG_TIMING = "XL_DEBUG_TIMING"  # the supervisor prints where its start-up time went
 DOCTOR_SHM = "XL_DOCTOR_SHM"  # the doctor's /dev/shm, moved for tests
 NODE_END_WAIT = "XL_NODE_END_WAIT"  # node 0's wait past the grace for a node's end (10 s), shortened for tests

@@ -223,17 +223,6 @@ def set_cmdline(args: list[str], proc: str = PROC) -> bool:
     return True
 
 
-def hide_own_values(flag: str, proc: str = PROC) -> None:
-    """Show this process's command line with the value of every ``flag K=V`` as ``K=***``
-    (`xl launch --env KEY=SECRET`: before it forks, so no process of it shows the value)."""
-    try:
-        with open(f"{proc}/self/cmdline", "rb") as fh:
-            own = [a.decode("utf-8", "replace") for a in fh.read().rstrip(b"\0").split(b"\0")]
-    except OSError:
-        return
-    set_cmdline(hide_values(own, flag), proc)
-
-
 def hide_values(args: list[str], flag: str) -> list[str]:
     """``args`` with the value of every ``flag K=V`` / ``flag=K=V`` shown as ``K=***``."""
     out: list[str] = []

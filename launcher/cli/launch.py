@@ -11,31 +11,24 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from xl import envnames
 from xl.errors import UsageError
-from xl.launcher import early as early_start
+from xl.gpu.nvml import inventory as _inventory
 from xl.launcher.cli.options import (
     launch_parser,
     nproc_for,
     parse_command,
     spec_from_args,
 )
-from xl.launcher.rundir.runid import new_run_id
+from xl.launcher.cli.preflight import check_launch
+from xl.launcher.cli.startchecks import check_python, check_rdzv_port
+from xl.launcher.plan import Plan, build_plan
 from xl.launcher.spec import LaunchSpec
-
-if TYPE_CHECKING:
-    from xl.launcher.early import Early
-    from xl.launcher.plan import Plan
-
-# What the plan needs loads once torchrun's interpreter has started (xl.launcher.early): these
-# imports are the command's ~30 ms that it overlaps.
 
 
 def inventory() -> Any:
-    from xl.gpu.nvml import inventory as _inventory  # noqa: PLC0415 - after torchrun's early start
-
     return _inventory(processes=False)
 
 
@@ -143,12 +136,11 @@ def launch(
     run_id: str | None = None,
     slurm_node: bool = False,
     notice: str | None = None,
-    early: Early | None = None,
 ) -> int:
     # control loads psutil and the supervisor's stopping code (~50 ms) that --dry-run never needs.
     from xl.launcher.control import start_run  # noqa: PLC0415 - only a run that starts needs it
 
-    handle = start_run(spec, plan, fork=True, run_id=run_id, early=early)
+    handle = start_run(spec, plan, fork=True, run_id=run_id)
     if detach:
         print(handle.run_id)
         sys.stderr.write(
@@ -196,30 +188,6 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     elif ns.run_id:
         raise UsageError("--run-id is for the tasks `xl launch --slurm` starts")
     spec = spec_from_args(ns, script, module, args)
-    early = _start_early(spec, ns, run_id)
-    try:
-        return _plan_and_launch(ns, spec, run_id, viewer, early)
-    finally:
-        if early is not None:
-            early.abandon()  # no run started (a bad option, Ctrl-C): neither process outlives this one
-
-
-def _start_early(spec: LaunchSpec, ns: Any, run_id: str | None) -> Early | None:
-    """torchrun's interpreter, started now to import torch while this command plans the run
-    (xl.launcher.early); None where torchrun starts as before: a dry run, --python, several
-    nodes, a Slurm task, XL_EARLY_TORCHRUN=0."""
-    if ns.dry_run or ns.slurm_node or run_id or spec.python or spec.nnodes != 1 or spec.rdzv:
-        return None
-    if not early_start.wanted(os.environ):
-        return None
-    return early_start.Early.start(new_run_id(spec.name, spec.script, spec.module))
-
-
-def _plan_and_launch(ns: Any, spec: LaunchSpec, run_id: str | None, viewer: Viewer | None, early: Early | None) -> int:
-    from xl.launcher.cli.preflight import check_launch  # noqa: PLC0415 - after torchrun's early start
-    from xl.launcher.cli.startchecks import check_python, check_rdzv_port  # noqa: PLC0415 - as above
-    from xl.launcher.plan import build_plan  # noqa: PLC0415 - as above
-
     if spec.python:
         check_python(spec.python)
     # GPUs the Accelerate config chose are the config's mistake when they are wrong, not --gpus's.
@@ -259,5 +227,4 @@ def _plan_and_launch(ns: Any, spec: LaunchSpec, run_id: str | None, viewer: View
         run_id=run_id,
         slurm_node=ns.slurm_node,
         notice=join.strip() if spec.nnodes > 1 and join and not ns.slurm_node else None,
-        early=early,
     )

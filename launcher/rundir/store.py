@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 from xl import paths
 from xl.errors import NotYours, UsageError
 from xl.launcher import runprocs
-from xl.launcher.rundir import record, runid
+from xl.launcher.rundir import record
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.spec import LaunchSpec
 
@@ -91,9 +92,15 @@ def runs_root(create: bool) -> Path:
     return root
 
 
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")[:32] or "run"
+
+
 def new_run_id(spec: LaunchSpec) -> str:
-    """A fresh id for ``spec``'s run (xl.launcher.rundir.runid)."""
-    return runid.new_run_id(spec.name, spec.script, spec.module)
+    """``<date>-<time>-<name>-<4 hex>``: sorts by start, says what ran, and two launches in
+    one second rarely collide (start_run retries when they do)."""
+    base = spec.name or (Path(spec.script).stem if spec.script else str(spec.module).rsplit(".", 1)[-1])
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(base)}-{os.urandom(2).hex()}"
 
 
 UNREADABLE = "unreadable"

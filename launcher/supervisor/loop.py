@@ -58,7 +58,6 @@ from xl.launcher.supervisor.stopping import Stopping, StopReason, StopSignals, g
 from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
 
 if TYPE_CHECKING:  # imported where they are needed: after torchrun started, or on several nodes only
-    from xl.launcher.early import Waiting
     from xl.launcher.rundir.digest import Digester
     from xl.launcher.supervisor.follower import Follower
     from xl.launcher.supervisor.hub import Hub
@@ -88,7 +87,7 @@ class Phase(str, Enum):
 
 
 class Supervisor:
-    def __init__(self, run_dir: Path, waiting: Waiting | None = None) -> None:
+    def __init__(self, run_dir: Path) -> None:
         raise_fd_limit()  # before the collector sizes its connection cap
         self.user_umask = private_umask()
         record = run_record.load(run_dir)
@@ -111,7 +110,7 @@ class Supervisor:
             self.hub_address, self.token = resolve_hub(record, self.token)
         self.sel = selectors.DefaultSelector()
         self.signals = StopSignals()
-        self.torchrun = Torchrun(waiting=waiting)
+        self.torchrun = Torchrun()
         self.port = TelemetryPort(self.token)
         self.journal = Journal(run_dir, record)
         self.ranks = Ranks(
@@ -176,7 +175,7 @@ class Supervisor:
         self.torchrun.start(argv, cwd=self.record.get("cwd"), env=env, log=self.layout.torchrun_log, umask=self.user_umask)
         self.phase = Phase.RUNNING
         runprocs.give_way()
-        _debug("torchrun started" + (" (early)" if self.torchrun.early else ""))
+        _debug("torchrun started")
         if one_node:
             self._start_telemetry()
         self._started()
@@ -388,14 +387,12 @@ class Supervisor:
         return status
 
 
-def main(argv: list[str], waiting: Waiting | None = None) -> int:
-    """``waiting``: torchrun, started early by `xl launch` and waiting to be told its run
-    (xl.launcher.early); None: this supervisor starts it."""
+def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m xl.launcher.supervisor RUN_DIR", file=sys.stderr)
         return 2
     _debug("supervisor main")
-    sup = Supervisor(Path(argv[0]), waiting)
+    sup = Supervisor(Path(argv[0]))
     if sup.record.final:
         return sup.record.exit_code  # stopped (xl stop) before this supervisor could start it
     try:

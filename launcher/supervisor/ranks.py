@@ -27,16 +27,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from xl.launcher import runprocs
 from xl.launcher.rundir.layout import RunLayout, record_rank
 from xl.launcher.rundir.outcome import RankPhase, rank_outcome
 from xl.launcher.rundir.record import RunRecord
 from xl.procfs import read_environ
-
-if TYPE_CHECKING:
-    from xl.launcher.early import Waiting
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
@@ -140,13 +137,10 @@ class RankState:
 
 @dataclass
 class Torchrun:
-    """torchrun, the supervisor's child: its process and, once reaped, its exit code.
-    ``waiting``: an interpreter `xl launch` started to become it (xl.launcher.early)."""
+    """torchrun, the supervisor's child: its process and, once reaped, its exit code."""
 
-    proc: subprocess.Popen[bytes] | Waiting | None = None
+    proc: subprocess.Popen[bytes] | None = None
     code: int | None = None
-    waiting: Waiting | None = None
-    early: bool = False  # it was the waiting one
 
     @property
     def running(self) -> bool:
@@ -154,12 +148,6 @@ class Torchrun:
 
     def start(self, argv: list[str], *, cwd: str | None, env: dict[str, str], log: Path, umask: int) -> None:
         """Start it: no stdin, its own output appended to ``log`` (logs/torchrun.log)."""
-        waiting, self.waiting = self.waiting, None
-        if waiting is not None:
-            if waiting.takes(argv, env) and waiting.go(argv, cwd=cwd or os.getcwd(), env=env, log=str(log), umask=umask):
-                self.proc, self.early = waiting, True
-                return
-            waiting.end()  # it cannot become this torchrun, or is gone: a fresh one
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
                 argv,
