@@ -1,6 +1,8 @@
 """LaunchSpec + GPU inventory -> the exact torchrun command and the variables xl sets (pure).
 
-One node: c10d on 127.0.0.1 port 0 (like torchrun's --standalone). Several nodes: c10d at the
+One node: torchrun's default static rendezvous on a loopback port the supervisor holds for it
+(``HELD_PORT`` here; docs/launch.md, "One node's rendezvous"); with restarts, c10d on 127.0.0.1
+port 0 (like torchrun's --standalone). Several nodes: c10d at the
 --rdzv endpoint, store served by node 0, with an id every node derives alike (see rdzv_id);
 torch then numbers nodes in arrival order, so global ranks are what each rank's RANK says, not
 node_rank * nproc.
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from xl import envnames
-from xl.address import format_address
+from xl.address import LOOPBACK, format_address
 from xl.errors import UsageError
 from xl.gpu.models import model_counts, models_text
 from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, valid_env_name
@@ -30,6 +32,10 @@ if TYPE_CHECKING:
 
 ENTRY_MODULE = "xl.launcher.entry"
 NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+# A one-node plan's --master-port: the supervisor replaces it with a port it holds
+# (xl.launcher.supervisor.ranks.hold_master_port).
+HELD_PORT = "0"
+
 
 
 @dataclass
@@ -280,9 +286,15 @@ def build_plan(
 
     python = spec.python or sys.executable
     argv = [python, "-m", "torch.distributed.run", "--nnodes", str(spec.nnodes), "--nproc-per-node", str(nproc)]
-    if spec.nnodes == 1 and spec.rdzv is None:
-        # torchrun's --standalone: a c10d store on a port the OS picks, so nothing can be busy.
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", "xl"]
+    if spec.nnodes == 1 and spec.rdzv is None and not spec.max_restarts:
+        # torchrun's default, the static rendezvous: unlike c10d's it does not sleep 0-0.3 s
+        # before joining nor keep heartbeats. Its store's port is one the supervisor holds until
+        # the store binds it (SO_REUSEADDR), so nothing else can take it in between.
+        argv += ["--master-addr", LOOPBACK, "--master-port", HELD_PORT]
+    elif spec.nnodes == 1 and spec.rdzv is None:
+        # With restarts the static store is shared with the ranks (stale keys after a restart,
+        # see NO_SHARED_STORE below): torchrun's --standalone, a c10d store on a port the OS picks.
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{LOOPBACK}:0", "--rdzv-id", "xl"]
     else:
         if not spec.rdzv:
             raise UsageError("--nnodes > 1 needs --rdzv HOST:PORT (the address of node 0)")

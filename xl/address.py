@@ -6,6 +6,8 @@ Standard library only and importing nothing: the rank-side client and every laye
 
 from __future__ import annotations
 
+LOOPBACK = "127.0.0.1"
+
 
 def url_host(host: str) -> str:
     """``host`` as it stands before ``:port`` (an IPv6 address in brackets, once)."""

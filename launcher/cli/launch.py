@@ -59,6 +59,8 @@ def print_dry_run(plan: Plan, as_json: bool, spec: LaunchSpec | None = None) -> 
     for key, value in plan.env.items():
         print(f"{key}={shlex.quote(value)} \\")
     print(shlex.join(plan.argv))
+    if "--master-port" in plan.argv and "--rdzv-backend" not in plan.argv and plan.argv[plan.argv.index("--master-port") + 1] == "0":
+        print("# --master-port 0: the supervisor holds a free loopback port for torchrun's store (run.json's argv names it)")
     if spec is not None and spec.nnodes > 1:
         print(
             f"# xl node {spec.node_rank} of {spec.nnodes} (node 0 gathers every node); torch numbers "

@@ -48,7 +48,7 @@ NPROC_WORDS = ("auto", "cpu", "gpu")
 # torchrun options xl does not take, and what to do instead: one line each, so a torchrun
 # command line that needs one says so instead of "unrecognized arguments".
 _TORCHRUN_NOT_TAKEN = {
-    "--rdzv-backend": "xl always uses the c10d rendezvous; drop it",
+    "--rdzv-backend": "xl chooses the rendezvous (static on one node, c10d with restarts or several nodes); drop it",
     "--rdzv-id": "xl derives the rendezvous id from the run's token; drop it",
     "--rdzv-conf": "xl sets the c10d options itself; drop it",
     "--rdzv-timeout": "xl sets no rendezvous timeout; drop it",

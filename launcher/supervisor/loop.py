@@ -53,7 +53,13 @@ from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.guard import crash_line, private_umask, raise_fd_limit
 from xl.launcher.supervisor.journal import Journal, say
 from xl.launcher.supervisor.logsink import LogSink
-from xl.launcher.supervisor.ranks import Ranks, RankState, Torchrun, become_subreaper, describe_end
+from xl.launcher.supervisor.ranks import (
+    Ranks,
+    RankState,
+    Torchrun,
+    become_subreaper,
+    describe_end,
+)
 from xl.launcher.supervisor.stopping import Stopping, StopReason, StopSignals, grace_from_env
 from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
 
@@ -170,9 +176,10 @@ class Supervisor:
             self.follower.wait_for_node_0(str(self.record.spec.get("rdzv") or ""), self._stop_came)
         if self._stopped_before_start():  # asked while telemetry started, or node 0 was awaited
             return
-        # The record's command as it is: a broken one fails here as it always did (test_resilience).
-        argv = self.record.get("argv")
-        self.torchrun.start(argv, cwd=self.record.get("cwd"), env=env, log=self.layout.torchrun_log, umask=self.user_umask)
+        # The record's command as it is (a broken one fails here as it always did: test_resilience),
+        # with the port torchrun's store gets on one node (Torchrun.start).
+        argv = self.torchrun.start(self.record.get("argv"), cwd=self.record.get("cwd"), env=env, log=self.layout.torchrun_log, umask=self.user_umask)
+        self.record.update(argv=argv)
         self.phase = Phase.RUNNING
         runprocs.give_way()
         _debug("torchrun started")

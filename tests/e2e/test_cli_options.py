@@ -70,7 +70,7 @@ def test_torchrun_spellings_mean_what_they_mean_to_torchrun(work: Path) -> None:
 @pytest.mark.parametrize(
     ("option", "words"),
     [
-        (["--rdzv-backend", "static"], "c10d"),
+        (["--rdzv-backend", "static"], "xl chooses the rendezvous"),
         (["--rdzv_id", "x"], "rendezvous id"),
         (["--tee", "3"], "xl logs"),
         (["--no-python"], "Python script"),
