@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from xl import envnames, wire
-from xl.address import format_address
+from xl.address import LOOPBACK, format_address
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import read_object
 from xl.launcher.supervisor.journal import Journal, say
@@ -28,7 +28,6 @@ from xl.launcher.supervisor.journal import Journal, say
 if TYPE_CHECKING:
     from xl.launcher.telemetry.service import Telemetry
 
-_LOOPBACK = "127.0.0.1"  # where a one-node run's collector listens (Telemetry's default)
 T = TypeVar("T")
 
 
@@ -57,12 +56,12 @@ class TelemetryPort:
             # holds; a program without it may not. Until the collector listens, nobody can.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                sock.bind((_LOOPBACK, port))
+                sock.bind((LOOPBACK, port))
             except OSError:
                 sock.close()
                 continue
             self._held = sock
-            return {envnames.COLLECTOR: format_address(_LOOPBACK, sock.getsockname()[1]), envnames.TOKEN: self.token}
+            return {envnames.COLLECTOR: format_address(LOOPBACK, sock.getsockname()[1]), envnames.TOKEN: self.token}
         return {envnames.TOKEN: self.token}
 
     def start(self, run_dir: Path, emit: Callable[[dict[str, Any]], None], **where: Any) -> dict[str, str]:
