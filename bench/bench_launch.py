@@ -15,9 +15,11 @@ rank's first line: torchrun's own start, and xl's before and around it), the scr
 (the last rank's last line to the command's exit). The start and end are printed too, and the
 CPU time of each command's whole process tree (paired ratios too), which load disturbs far less.
 
-torch's rendezvous sleeps a random 0-0.3 s before it joins, under either launcher; the commands
-of a round draw the same sleep (bench/rounds.py, ``same_delays``), so that a round's ratio
-compares the launchers and not two draws. ``--independent-delays``: each run draws its own.
+torch's c10d rendezvous sleeps a random 0-0.3 s before it joins; plain torchrun here and `xl
+launch` on one node run the static one, which does not (docs/launch.md, "One node's
+rendezvous"), but an xl given ``--before`` may run c10d: the commands of a round draw the same
+sleep where they draw one (bench/rounds.py, ``same_delays``), so that a round's ratio compares
+the launchers and not two draws. ``--independent-delays``: each run draws its own.
 
 Every command runs with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` dropped; the warm-up
 run writes the caches): xl is timed as an installed package runs, not compiling its own modules
