@@ -12,7 +12,9 @@ while another rank still progresses, the events go out unchanged.
 A capture that names nobody (a rank had begun its collective only a moment before, as a loaded
 machine makes it; or no rank answered) is asked again every ``retry_s`` while the stall lasts, a
 bounded number of times: the diagnoser says a stall once, so without it such a hang would never
-be named. ``over`` (no rank stalled any more) and ``join`` (the run's end) end the retries.
+be named. Meanwhile stalls go out as they come; when a retry names the hang, each of them is said
+again after the ``hang`` event, reworded (else the victims' events would never say whom they wait
+on). ``over`` (no rank stalled any more) and ``join`` (the run's end) end the retries.
 A capture that fails with an error says it in supervisor.log (the supervisor's stderr), once per
 distinct error: a hang never named would otherwise leave no trace of why.
 """
@@ -55,6 +57,7 @@ class HangCapture:
         self._retries = retries
         self._lock = threading.Lock()
         self._held: list[dict[str, Any]] = []
+        self._plain: list[dict[str, Any]] = []  # this hang's stalls sent as they came (retrying)
         # idle -> busy (capturing, stalls held) -> done (this hang's verdict is in), or ->
         # retrying (the first capture named nobody: stalls go out as they come) -> done or idle
         self._state = "idle"
@@ -75,6 +78,8 @@ class HangCapture:
                     self._thread.start()
                 return
             doc = self.doc
+            if doc is None:
+                self._plain.extend(events)
         self._send(events, doc)
 
     def over(self) -> None:
@@ -96,6 +101,7 @@ class HangCapture:
         with self._lock:
             self.doc, self._state = doc, "done" if doc is not None else "retrying"
             held, self._held = self._held, []
+            self._plain = [] if doc is not None else list(held)
         if doc is not None:
             self._say_hang(doc)
         self._send(held, doc)
@@ -108,8 +114,10 @@ class HangCapture:
                     return
                 if doc is not None:
                     self.doc, self._state = doc, "done"
+                    plain, self._plain = self._plain, []
             if doc is not None:
                 self._say_hang(doc)
+                self._send(plain, doc)  # the stalls said before it, now with the hang's verdict
         with self._lock:
             if self._state == "retrying" and not stop.is_set():
                 self._state = "idle"  # nobody named after its retries: the next stall asks again

@@ -127,11 +127,14 @@ def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_l
     # Nothing moves any more: a retry names the hang with no new stall (the diagnoser says a
     # stall once; a loaded machine's first look can come while a rank has just begun its op).
     _write(run, _steps(0, now - 40, 0.3) + _steps(1, now - 40, 0.3))
-    wait_for(lambda: len(sent) == 2, timeout=10, what="the hang, named on a retry")
+    wait_for(lambda: len(sent) == 3, timeout=10, what="the hang, named on a retry")
     assert sent[1]["kind"] == "hang" and sent[1]["ranks"] == [1] and (run / sent[1]["stacks"]).is_file()
+    # The stall said before the verdict is said again with it: the culprit, and where it is.
+    assert sent[2]["kind"] == "stalled" and sent[2]["rank"] == 1 and sent[2]["message"].startswith(stalled["message"] + "; it is in ")
     hang.on_stall([{**stalled, "rank": 0}])  # later stalls of the same hang take its verdict
     hang.join(5)
-    assert [e["kind"] for e in sent] == ["stalled", "hang", "stalled"] and sent[2] != {**stalled, "rank": 0}
+    assert [e["kind"] for e in sent] == ["stalled", "hang", "stalled", "stalled"]
+    assert sent[3]["waiting_on"] == [1] and sent[3]["message"].startswith("rank 0 waits in ")
 
 
 def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(tmp_path: Path, monkeypatch: Any) -> None:
