@@ -37,7 +37,6 @@ NO_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 HELD_PORT = "0"
 
 
-
 @dataclass
 class Plan:
     argv: list[str]

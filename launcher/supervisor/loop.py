@@ -53,13 +53,7 @@ from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.guard import crash_line, private_umask, raise_fd_limit
 from xl.launcher.supervisor.journal import Journal, say
 from xl.launcher.supervisor.logsink import LogSink
-from xl.launcher.supervisor.ranks import (
-    Ranks,
-    RankState,
-    Torchrun,
-    become_subreaper,
-    describe_end,
-)
+from xl.launcher.supervisor.ranks import Ranks, RankState, Torchrun, become_subreaper, describe_end
 from xl.launcher.supervisor.stopping import Stopping, StopReason, StopSignals, grace_from_env
 from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
 
