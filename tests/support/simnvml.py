@@ -146,6 +146,15 @@ class SimGPU:
         )
 
 
+# What the real Hopper drivers answered NOT_SUPPORTED (no fan reading on passively cooled
+# data-centre GPUs; row remapping replaced page retirement since Ampere).
+HOPPER_NOT_SUPPORTED = {
+    "nvmlDeviceGetFanSpeed": NOT_SUPPORTED,
+    "nvmlDeviceGetRetiredPages": NOT_SUPPORTED,
+    "nvmlDeviceGetRetiredPagesPendingStatus": NOT_SUPPORTED,
+}
+
+
 def seen_h200() -> SimGPU:
     """The H200 as its real driver (580.159.04, CUDA 13.0) answered, idle, on 2026-11-26 (the GPU
     acceptance run, bench/README.md): the driver holds 615 MiB for itself (memory v1 counts it as
@@ -159,11 +168,7 @@ def seen_h200() -> SimGPU:
         memory_reserved_mib=644939776 / MIB,
         temperature_c=37,
         power_w=76.744,
-        errors={
-            "nvmlDeviceGetFanSpeed": NOT_SUPPORTED,
-            "nvmlDeviceGetRetiredPages": NOT_SUPPORTED,
-            "nvmlDeviceGetRetiredPagesPendingStatus": NOT_SUPPORTED,
-        },
+        errors=dict(HOPPER_NOT_SUPPORTED),
     )
 
 
@@ -183,11 +188,7 @@ def seen_h100() -> SimGPU:
         power_w=80.45,
         ecc_unc_aggregate=1,
         remap_unc=1,
-        errors={
-            "nvmlDeviceGetFanSpeed": NOT_SUPPORTED,
-            "nvmlDeviceGetRetiredPages": NOT_SUPPORTED,
-            "nvmlDeviceGetRetiredPagesPendingStatus": NOT_SUPPORTED,
-        },
+        errors=dict(HOPPER_NOT_SUPPORTED),
     )
 
 
