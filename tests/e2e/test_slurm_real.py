@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from procs import XL, kill_run, run_json, wait_for, wait_no_processes, xl
+from procs import XL, free_port, kill_run, run_json, wait_for, wait_no_processes, xl
 from slurmenv import env_without_slurm
 
 
@@ -40,12 +40,6 @@ def _slurm_ready() -> str | None:
     if not os.environ.get("XL_TEST_SLURM_CONF") and os.geteuid() != 0:
         return "starting slurmd needs root (or point XL_TEST_SLURM_CONF at a running cluster)"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 SLURM_CONF = """\
@@ -108,7 +102,7 @@ def cluster() -> Iterator[dict[str, str]]:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     (d / "slurm.conf").write_text(
-        SLURM_CONF.format(host=socket.gethostname(), dir=d, ctld_port=_free_port(), port1=_free_port(), port2=_free_port(), cpus=os.cpu_count() or 1)
+        SLURM_CONF.format(host=socket.gethostname(), dir=d, ctld_port=free_port(), port1=free_port(), port2=free_port(), cpus=os.cpu_count() or 1)
     )
     env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
     daemons: list[subprocess.Popen[bytes]] = []

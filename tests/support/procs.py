@@ -185,19 +185,31 @@ def kill_run(run_dir: Path) -> None:
             pass
 
 
-def rdzv_port(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` whose next one (node 0's collector: rdzv port + 1) is free too."""
-    import socket  # noqa: PLC0415 - kept beside its one user
+def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
+    """A port free on ``host``, with the ``count - 1`` after it free too, outside the kernel's
+    ephemeral range. A port the kernel hands out (a bind to 0, or any outgoing connection of
+    another test running beside this one) can be handed out again between this choice and its
+    use; a port below that range is only ever taken by a bind that names it."""
+    import random  # noqa: PLC0415 - kept beside their one user
+    import socket  # noqa: PLC0415
 
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-        if port < 65535:
-            with socket.socket() as s:
-                try:
-                    s.bind((host, port + 1))
-                except OSError:
-                    continue
-            return port
-    raise AssertionError("no pair of free ports")
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    spans = [(lo, hi - count) for lo, hi in ((10000, low - 1), (high + 1, 65535)) if hi - count > lo]
+    if not spans:
+        raise AssertionError(f"the ephemeral range {low}-{high} leaves no port outside it")
+    for _ in range(200):
+        lo, hi = random.choice(spans)
+        port = random.randint(lo, hi)
+        with contextlib.ExitStack() as stack:
+            try:
+                for p in range(port, port + count):
+                    stack.enter_context(socket.socket()).bind((host, p))
+            except OSError:
+                continue
+        return port
+    raise AssertionError(f"no {count} free ports in a row on {host}")
+
+
+def rdzv_port(host: str = "127.0.0.1") -> int:
+    """A free port whose next one (node 0's collector: rdzv port + 1) is free too."""
+    return free_port(host, count=2)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from procs import free_port
 
 CONFIG = """\
 global:
@@ -37,12 +37,6 @@ scrape_configs:
     static_configs:
       - targets: ["{target}"]
 """
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class Prometheus:

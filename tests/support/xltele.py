@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -20,18 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from procs import free_port
 
 from xl.launcher.telemetry.service import Telemetry
 
 SUPPORT = Path(__file__).resolve().parent
 REPO = SUPPORT.parent.parent
 PREFIX = re.compile(r"^\[(?:default|rank)(\d+)\]:(.*)$")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
