@@ -220,7 +220,12 @@ def check_toolkits(f: Facts) -> Finding:
         versions[k] = found.short if found is not None else None
     if ld_soname and not ld_tk:
         versions["LD_LIBRARY_PATH"] = ld_soname.rsplit(".", 1)[-1]
-    sel = ", ".join(f"{k} -> {v}" for k, v in selected.items()) or "nothing selects one"
+    # CUDA_HOME above a symlinked nvcc is not the toolkit it leads to: name both, as the
+    # `cuda_home` check does, or this line would contradict its warning.
+    names = {k: k for k in selected}
+    if home_tk and f.cuda_home and os.path.realpath(f.cuda_home) != home_tk.root:
+        names["CUDA_HOME"] = f"CUDA_HOME ({f.cuda_home})"
+    sel = ", ".join(f"{names[k]} -> {v}" for k, v in selected.items()) or "nothing selects one"
     broken = [t for t in f.toolkits if t.problem]
     distinct_mm = {v for v in versions.values() if v and "." in v}
     majors = {v.split(".")[0] for v in versions.values() if v}
