@@ -110,6 +110,8 @@ def describe(time: object) -> str | None:
     if t is None:
         return None
     total = t["total_s"]
+    if _unsplit(t):
+        return f"time: {seconds(total)} (not split into startup and training: no rank logged a step)"
     shown = []
     for key in PARTS:
         value = t[key]
@@ -129,8 +131,17 @@ def rows(time: object) -> list[tuple[str, str]]:
     out = []
     for key in PARTS:
         share = f" ({t[key] / total:.0%})" if total > 0 else ""
+        if key == "startup_s" and _unsplit(t):
+            share = " (no step logged)"
         out.append((_WORDS[key], seconds(t[key]) + share))
     return [*out, ("total", seconds(total))]
+
+
+def _unsplit(t: Mapping[str, float]) -> bool:
+    """No rank logged a step (see account): all of it is startup in the record, which a person
+    must not read as a run that never got going; a script that prints no progress xl reads
+    trains all the same."""
+    return t["total_s"] > 0 and t["startup_s"] >= t["total_s"]
 
 
 def span_end(start: float, candidates: Iterable[Any], fallback: float) -> float:

@@ -60,6 +60,18 @@ def test_the_line_names_each_part_that_took_time() -> None:
     assert timing.describe({"total_s": "x"}) is None  # a damaged record says nothing rather than nonsense
 
 
+def test_a_run_without_steps_is_not_called_all_startup() -> None:
+    """A script that prints no progress xl reads still trains: its record is all startup, but
+    the line and the table say that no step was logged, not "startup 31 s (100%)"."""
+    t = account(Moments(T0, T0 + 31))
+    assert t["startup_s"] == t["total_s"] == 31.0
+    assert timing.describe(t) == "time: 31 s (not split into startup and training: no rank logged a step)"
+    assert dict(timing.rows(t))["startup"] == "31 s (no step logged)"
+    # A run that did log steps, even late, is split as usual.
+    late = account(Moments(T0, T0 + 31, T0 + 30, T0 + 30.5))
+    assert timing.describe(late) == "time: startup 30 s (97%), training 0.5 s (2%), shutdown 0.5 s (2%)"
+
+
 # ---------------------------------------------------------------------------------- the digest
 def _run(tmp_path: Path, lines: list[dict[str, Any]], events: list[dict[str, Any]], end: float) -> Path:
     run_dir = tmp_path / "run"
