@@ -20,7 +20,7 @@ from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.record import RunRecord
-from xl.launcher.rundir.runview import RankView, RunView, outcome_style, state_style
+from xl.launcher.rundir.runview import RankView, RunView, hang_label, outcome_style, state_style
 from xl.launcher.rundir.tail import RankLogs
 from xl.textsafe import bytes_for_terminal, visible
 from xl.units import mib
@@ -133,7 +133,7 @@ def _plain_event(ev: dict[str, Any]) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(float(ev.get("t") or time.time())))
     text = f"{stamp} xl: {ev.get('message') or ev.get('kind')}"
     if ev.get("kind") == "hang":
-        text = f"{stamp} xl: hang: {ev.get('message')} (every rank's stack: {ev.get('stacks')})"
+        text = f"{stamp} xl: {hang_label(ev)}: {ev.get('message')} (every rank's stack: {ev.get('stacks')})"
     return visible(text)
 
 

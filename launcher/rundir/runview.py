@@ -175,6 +175,16 @@ class Hang:
     culprits: tuple[int, ...]
     stacks: str | None = None
     stuck: frozenset[int] = frozenset()
+    label: str = "hang"  # "stalled" when every culprit was working (hang_label)
+
+
+def hang_label(event: Mapping[str, Any]) -> str:
+    """How a ``hang`` event is shown: "hang", or "stalled" when every culprit it names was using
+    the CPU (its ``busy``): a long computation outside the collectives stalls the others just as a
+    hang does, and its message says which it may be."""
+    culprits = {r for r in event.get("ranks") or () if isinstance(r, int)}
+    working = {r for r in event.get("busy") or () if isinstance(r, int)}
+    return "stalled" if culprits and culprits <= working else "hang"
 
 
 class HangRule:
@@ -194,7 +204,7 @@ class HangRule:
         if kind == "hang":
             culprits = tuple(r for r in event.get("ranks") or () if isinstance(r, int))
             stacks = event.get("stacks")
-            self.hang = Hang(str(event.get("message") or ""), culprits, None if stacks is None else str(stacks), frozenset(culprits))
+            self.hang = Hang(str(event.get("message") or ""), culprits, None if stacks is None else str(stacks), frozenset(culprits), hang_label(event))
         elif kind == "recovered" and event.get("of") == "stalled" and hang is not None:
             stuck = hang.stuck - {event.get("rank")}
             self.hang = replace(hang, stuck=stuck) if stuck else None

@@ -182,7 +182,9 @@ class RunsCollector(Collector):
                 "nnodes": _text(rec.get("nnodes") or 1), "user": run.user, "slurm_job_id": _text(slurm),
             })
             fresh = 0
-            hung = run.view.hang.stuck if run.view.hang is not None else frozenset()
+            # A culprit that was working on the CPU is `stalled`, as the app shows it, not `hung`.
+            hang = run.view.hang
+            hung = hang.stuck if hang is not None and hang.label == "hang" else frozenset()
             for rank, view in run.view.ranks.items():
                 entry = by_rank.get(rank, {})
                 labels = [rec.run_id, str(rank), _text(entry.get("local_rank")), _text(view.host or entry.get("node") or host)]

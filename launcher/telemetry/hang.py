@@ -29,7 +29,7 @@ from typing import Any
 from xl.launcher.telemetry import stacks as capture
 from xl.launcher.telemetry.progress import STALLED, judge
 from xl.launcher.telemetry.trouble import Trouble
-from xl.launcher.telemetry.verdict import position, ranges, where
+from xl.launcher.telemetry.verdict import busy, doing, position, ranges, where
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -134,7 +134,7 @@ class HangCapture:
                 return None
             if progress.stalled is None:  # the files tell nothing: the diagnoser's stall stands
                 progress = STALLED
-            doc = capture.assemble(self.run_dir.name, t, entries, progress)
+            doc = capture.assemble(self.run_dir, self.run_dir.name, t, entries, progress)
             doc["file"] = capture.save(self.run_dir, {k: v for k, v in doc.items() if k != "file"})
             return doc
         except Exception as exc:  # a capture that fails leaves the stall reported as it was
@@ -144,6 +144,7 @@ class HangCapture:
     def _say_hang(self, doc: dict[str, Any]) -> None:
         v = doc["verdict"]
         culprits = list(v.get("ranks") or [])
+        working = [e["rank"] for e in doc["ranks"] if e.get("rank") in culprits and busy(e)]
         self._emit(
             {
                 "t": doc["t"],
@@ -152,6 +153,7 @@ class HangCapture:
                 "ranks": culprits,
                 "message": v.get("message") or "",
                 "stacks": doc["file"],
+                "busy": working,  # culprits that were using the CPU: shown as a stall, not a hang
             }
         )
 
@@ -169,7 +171,7 @@ def reword(event: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
         return event
     out = dict(event)
     if rank in culprits:
-        out["message"] = f"{event.get('message')}; it is in {where(entry)}"
+        out["message"] = f"{event.get('message')}; it is in {doing(entry)}"
         return out
     pos = position(entry)
     what = f"{pos.waiting[2]} #{pos.waiting[1]}" if pos.waiting else where(entry)

@@ -19,7 +19,7 @@ from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.telemetry import nodestacks
 from xl.launcher.telemetry.probe import probe
-from xl.launcher.telemetry.progress import Progress, judge, judged
+from xl.launcher.telemetry.progress import Progress, judge, judged, recent_cpu
 
 TIMEOUT_S = 3.0  # "a few seconds": the socket door, then faulthandler's signal door
 NOT_ASKED = "not asked: on"  # the start of the error of a rank that lives on another node
@@ -56,8 +56,15 @@ def rank_ids(ranks: list[dict[str, Any]]) -> list[int]:
     return [r["rank"] for r in ranks if isinstance(r.get("rank"), int)]
 
 
-def assemble(run_id: str, t: float, entries: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
-    """The document; its verdict names a culprit only when ``progress`` says the run is stalled."""
+def assemble(run_dir: Path, run_id: str, t: float, entries: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
+    """The document; its verdict names a culprit only when ``progress`` says the run is stalled.
+    A stalled run's entries get each rank's recent CPU (``cpu_pct``), which tells a rank working
+    from one waiting."""
+    if progress.stalled:
+        cpu = recent_cpu(run_dir, t)
+        for e in entries:
+            if e.get("rank") in cpu and not e.get("error"):
+                e["cpu_pct"] = cpu[e["rank"]]
     return {"run_id": run_id, "t": round(t, 3), "ranks": entries, "verdict": judged(entries, progress)}
 
 
@@ -65,7 +72,7 @@ def document(run_dir: Path, run_id: str, ranks: list[dict[str, Any]], *, timeout
     """The whole document: every rank's entry, sorted by rank, and the verdict, judged with the
     run's progress (xl.launcher.telemetry.progress) over ``ranks``."""
     t, entries = gather(run_dir, ranks, timeout)
-    return assemble(run_id, t, entries, judge(run_dir, rank_ids(ranks), entries, now=t))
+    return assemble(run_dir, run_id, t, entries, judge(run_dir, rank_ids(ranks), entries, now=t))
 
 
 def remote_entries(ranks: list[dict[str, Any]], answer: dict[str, Any] | None, timeout: float) -> list[dict[str, Any]]:

@@ -7,6 +7,10 @@ culprit. A rank with no collective record (C code holds the GIL, or no Flight Re
 culprit when its main thread is not inside torch.distributed while others wait. Ranks are then
 grouped by where they are, so eight ranks read as one line: "ranks 0,2-7 wait in all_reduce #12
 at train.py:41".
+
+A culprit that was using the CPU while the others waited (its ``cpu_pct`` in the document, from
+the sampler's figures) is said to be working: a long evaluation outside the training loop looks
+like a hang to the others, and so does a loop that never ends; only the time tells them apart.
 """
 
 from __future__ import annotations
@@ -27,6 +31,12 @@ _XL_DIRS = (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # xl.launcher
     os.path.dirname(os.path.abspath(xl.__file__ or os.sep)) + os.sep,
 )
+# A rank's mean CPU since its last progress (BUSY_WINDOW_S at most; percent of one core, with its
+# children, as the sampler reads it) at or above which it is working, not waiting: a rank blocked
+# in a lock, a socket or a sleep uses a few percent; one computing gets its share of a core even
+# on a loaded machine (a fifth, when ten processes want two cores).
+BUSY_CPU = 20.0
+BUSY_WINDOW_S = 10.0
 # Decorators' inner functions: the call a person wrote is the one they wrap.
 _WRAPPERS = frozenset({"wrapper", "wrapped", "inner", "_fn", "decorate_context", "wrapper_fn"})
 
@@ -84,6 +94,20 @@ def where(entry: dict[str, Any]) -> str:
     callee = next((f for f in inner if f.get("function") not in _WRAPPERS), inner[-1] if inner else None)
     calling = f" (calling {_qualified(callee)})" if callee is not None else ""
     return f"{user.get('function')} at {os.path.basename(str(user.get('file')))}:{user.get('line')}{calling}"
+
+
+def busy(entry: dict[str, Any]) -> bool:
+    """The rank was using the CPU since its last progress (``cpu_pct`` in its entry)."""
+    cpu = entry.get("cpu_pct")
+    return isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and cpu >= BUSY_CPU
+
+
+def doing(entry: dict[str, Any]) -> str:
+    """where(), and for a rank that was using the CPU since its last progress, how much: "evaluate
+    at train.py:88, working at 99% CPU (a long computation, or a loop that never ends)"."""
+    if not busy(entry):
+        return where(entry)
+    return f"{where(entry)}, working at {entry['cpu_pct']:.0f}% CPU (a long computation, or a loop that never ends)"
 
 
 def _place(entry: dict[str, Any]) -> str:
@@ -171,7 +195,7 @@ def verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:
             wop, wseq = pos.waiting[2], pos.waiting[1]
             reasons[rank] = f"is in {wop} #{wseq}, not {op} #{seq}, at {_place(e)}"
         elif pos.done.get(pg, -1) < seq and (pos.known or not _in_distributed(e)):
-            reasons[rank] = f"never entered {op} #{seq}: it is in {where(e)}"
+            reasons[rank] = f"never entered {op} #{seq}: it is in {doing(e)}"
     culprits = sorted(reasons) or silent
     victims = f"rank{'s' if len(waiting) > 1 else ''} {ranges(waiting)} wait{'' if len(waiting) > 1 else 's'} in {op} #{seq}"
     if not culprits:

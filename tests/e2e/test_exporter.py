@@ -200,6 +200,13 @@ def test_rank_states_hung_waiting_exited_and_a_cpu_run(tmp_path: Path) -> None:
     assert len([s for s in got["xl_train_step"].samples if s.labels["run_id"] == "cpu-run"]) == 2
     # --no-gpus: no GPU family at all (dcgm-exporter already has them).
     assert not {"xl_gpu_utilization_ratio", "xl_gpu_memory_used_bytes"} & {f.name for f in RunsCollector(runs, gpus=False).collect()}
+    # The same hang with its culprit working on the CPU (a long evaluation, or an endless loop):
+    # `stalled`, as the app shows it; its victim still `waiting`.
+    with (run_dir / "events.jsonl").open("a") as fh:
+        fh.write(json.dumps({**events[2], "t": now - 3, "busy": [3]}) + "\n")
+    got = {f.name: f for f in RunsCollector(runs).collect()}
+    state = {(s.labels["run_id"], s.labels["rank"]): s.labels["xl_rank_state"] for s in got["xl_rank_state"].samples if s.value == 1}
+    assert state[(rec["run_id"], "3")] == "stalled" and state[(rec["run_id"], "2")] == "waiting"
 
 
 def dashboard_queries() -> list[str]:

@@ -105,6 +105,8 @@ def test_a_rank_asleep_outside_the_collective_is_named_and_captured_once(runs: t
                       explain=lambda: describe_run(run_dir))
     hangs = [e for e in events if e["kind"] == "hang"]
     assert len(hangs) == 1 and hangs[0]["ranks"] == [1] and "astray at hang_ddp.py:" in hangs[0]["message"]
+    # Asleep, it uses no CPU: a hang, not a rank working (test_stall_working.py has the other).
+    assert hangs[0]["busy"] == [] and "working at" not in hangs[0]["message"]
     saved = json.loads((run_dir / hangs[0]["stacks"]).read_text())
     assert saved["verdict"] == {"ranks": [1], "message": hangs[0]["message"]}
     stalled = {e["rank"]: e for e in events if e["kind"] == "stalled"}
@@ -146,6 +148,14 @@ def test_a_rank_in_a_busy_python_loop(runs: tuple[dict[str, str], dict[str, Path
     doc = _hung(env, dirs["busy"])
     assert "note" not in next(e for e in doc["ranks"] if e["rank"] == 1)  # Python answered itself
     assert _main_functions(doc, 1)[-1] == "astray"
+    # Named all the same, and said to be working: the CPU it uses is in the verdict.
+    def working() -> dict[str, Any] | None:
+        code, doc, _ = _stacks(env, dirs["busy"], "--json")
+        return doc if code == 0 and "working at " in doc["verdict"]["message"] else None
+
+    doc = wait_for(working, timeout=30, what="the verdict to say rank 1 works", interval=1)
+    assert doc["verdict"]["ranks"] == [1] and "rank 1 never entered all_reduce #" in doc["verdict"]["message"]
+    assert next(e for e in doc["ranks"] if e["rank"] == 1)["cpu_pct"] >= 20
 
 
 def test_ranks_in_different_collectives(runs: tuple[dict[str, str], dict[str, Path]]) -> None:

@@ -7,6 +7,7 @@
 --mode bcast    : rank --rank calls broadcast where its peers call all_reduce
 --mode none     : nobody goes astray; the run trains --steps steps and ends
 --mode slow     : nobody goes astray, but rank --rank computes --slow-s longer every step
+--mode eval     : rank --rank computes for --eval-s at step --at (an evaluation), then trains on
 --rank -1       : the rank astray is the one whose environment has HANG_HERE=1
 Every rank prints "ready" after its first all_reduce and logs each step with xl.log.
 """
@@ -59,6 +60,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100000)
     ap.add_argument("--step-s", type=float, default=0.05)
     ap.add_argument("--slow-s", type=float, default=0.3)
+    ap.add_argument("--eval-s", type=float, default=10.0)
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -68,6 +70,9 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         if args.mode == "slow" and here(rank, args.rank):
             compute(args.slow_s)
+        elif args.mode == "eval" and step == args.at and here(rank, args.rank):
+            print(f"rank {rank} evaluates", flush=True)
+            compute(args.eval_s)
         elif step == args.at and here(rank, args.rank) and args.mode != "none":
             print(f"rank {rank} goes astray ({args.mode})", flush=True)
             if args.mode == "bcast":

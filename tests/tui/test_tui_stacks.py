@@ -38,6 +38,10 @@ def test_the_banner_shows_the_verdict_until_the_culprit_moves() -> None:
     assert verdict_text(None) is None
     shown = verdict_text(_hang(HANG))
     assert shown is not None and "rank 1 never entered all_reduce #12" in shown.plain
+    assert shown.plain.startswith("hang: ")
+    # A culprit that was working on the CPU (an evaluation, or an endless loop): a stall, said so.
+    working = verdict_text(_hang({**HANG, "busy": [1]}))
+    assert working is not None and working.plain.startswith("stalled: rank 1 never entered")
     assert verdict_text(_hang(HANG, {"kind": "recovered", "of": "stalled", "rank": 0})) is not None  # a victim moving
     assert verdict_text(_hang(HANG, {"kind": "recovered", "of": "stalled", "rank": 1})) is None
 

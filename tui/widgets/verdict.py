@@ -22,7 +22,7 @@ def verdict_text(hang: Hang | None, key: str = "k") -> Text | None:
     """The banner's text for the hang in force, or None when there is none."""
     if hang is None:
         return None
-    text = Text("hang: ", style="bold yellow")
+    text = Text(f"{hang.label}: ", style="bold yellow")
     text.append(visible(hang.message))  # names the rank's own functions
     text.append(f"  ({key}: the chosen rank's stacks; `xl stacks` for every rank)", style="dim")
     return text

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from procs import wait_for
 
 from xl.launcher.telemetry.diagnose import Thresholds
@@ -172,3 +173,54 @@ def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(tmp_pa
     time.sleep(0.3)
     assert len(asked) == count and [e["kind"] for e in sent] == ["stalled", "stalled"]
     hang.join(5)
+
+
+def _sys(rank: int, now: float, cpu: float, n: int = 12) -> list[dict[str, Any]]:
+    """The sampler's 1 Hz records of a rank, the newest a second before ``now``."""
+    return [{"t": now - n + i, "rank": rank, "kind": "sys", "pid": 100 + rank, "cpu_pct": cpu} for i in range(n)]
+
+
+def test_recent_cpu_is_the_mean_of_the_last_ten_seconds_and_needs_three_samples(tmp_path: Path) -> None:
+    from xl.launcher.telemetry.progress import recent_cpu  # noqa: PLC0415 - only this test reads it alone
+
+    old = [{**r, "t": r["t"] - 60, "cpu_pct": 0.0} for r in _sys(0, NOW, 0.0)]  # before the window: not counted
+    run = _write(tmp_path / "r", [*old, *_sys(0, NOW, 96.0), *_sys(1, NOW, 1.5), *_sys(2, NOW, 50.0, n=2)])
+    assert recent_cpu(run, NOW) == {0: 96.0, 1: 1.5}
+    # Only since the rank's last progress: the steps before its stall are not what it does now.
+    training = [{**r, "cpu_pct": 100.0} for r in _sys(0, NOW - 4, 0.0, n=6)]
+    run = _write(tmp_path / "r", [*training, *_steps(0, NOW - 4.5, 0.3), *_sys(0, NOW, 2.0, n=4)])
+    assert recent_cpu(run, NOW) == {0: 2.0}
+
+
+@pytest.mark.parametrize(("cpu", "label"), [(97.0, "stalled"), (1.0, "hang")])
+def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_hang(tmp_path: Path, monkeypatch: Any, cpu: float, label: str) -> None:
+    """Rank 1 has made no progress for 40 s while rank 0 waits for it: computing at 97% CPU (a long
+    evaluation, or an endless loop) it is a stall that says so; at 1% (blocked) it is a hang."""
+    import time  # noqa: PLC0415 - only these tests need the wall clock
+
+    from xl.launcher.rundir.runview import HangRule, hang_label  # noqa: PLC0415 - the readers of the event
+    from xl.launcher.telemetry import stacks as capture  # noqa: PLC0415 - patched below
+    from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
+
+    now = time.time()
+    run = _write(tmp_path / "r", _steps(0, now - 40, 0.3) + _steps(1, now - 40, 0.3) + _sys(0, now, 0.5) + _sys(1, now, cpu))
+    monkeypatch.setattr(capture, "gather", lambda *a, **k: (time.time(), _culprit_snapshot()))
+    monkeypatch.setenv("XL_STALL_MIN_S", "30")
+    sent: list[dict[str, Any]] = []
+    hang = HangCapture(run, sent.append, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5)
+    hang.on_stall([{"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 40 s"}])
+    wait_for(lambda: len(sent) == 2, timeout=10, what="the hang and the stall")
+    hang.join(5)
+    event, stall = sent
+    working = f"working at {cpu:.0f}% CPU (a long computation, or a loop that never ends)"
+    assert event["kind"] == "hang" and event["ranks"] == [1]
+    assert event["busy"] == ([1] if label == "stalled" else [])
+    assert (working in event["message"]) == (label == "stalled") and (working in stall["message"]) == (label == "stalled")
+    assert "it is in compute at train.py:21" in event["message"]
+    saved = json.loads((run / event["stacks"]).read_text())
+    assert {e["rank"]: e["cpu_pct"] for e in saved["ranks"]} == {0: 0.5, 1: cpu}
+    # What the plain view, `xl attach` and the Monitor's banner call it.
+    assert hang_label(event) == label
+    rule = HangRule()
+    rule.see(event)
+    assert rule.hang is not None and rule.hang.label == label

@@ -39,6 +39,21 @@ def test_eight_ranks_read_as_one_line_and_the_one_missing_is_named() -> None:
     assert v["message"] == "rank 1 never entered all_reduce #12: it is in load at data.py:30. ranks 0,2-7 wait in all_reduce #12 for it"
 
 
+def test_a_culprit_using_the_cpu_is_said_to_be_working_and_one_waiting_is_not() -> None:
+    """A long evaluation on one rank stalls the others as a hang does: its CPU says which may be."""
+    waiting = [_waiting(r, seq=21, op="barrier") for r in (1, 2)]
+    evaluating = _rank(0, ("/home/me/train.py", 88, "evaluate"), [(20, "barrier", "completed")], cpu_pct=98.6)
+    v = verdict([*waiting, evaluating])
+    assert v["ranks"] == [0]
+    assert v["message"] == (
+        "rank 0 never entered barrier #21: it is in evaluate at train.py:88, working at 99% CPU "
+        "(a long computation, or a loop that never ends). ranks 1,2 wait in barrier #21 for it"
+    )
+    # Blocked (a lock, a socket, a sleep): a few percent, and the verdict says no more than where.
+    blocked = _rank(0, ("/home/me/data.py", 30, "load"), [(20, "barrier", "completed")], cpu_pct=2.0)
+    assert verdict([*waiting, blocked])["message"] == "rank 0 never entered barrier #21: it is in load at data.py:30. ranks 1,2 wait in barrier #21 for it"
+
+
 def test_ranks_that_disagree_about_the_next_collective() -> None:
     v = verdict([_waiting(0), _waiting(2), _waiting(1, op="broadcast")])
     assert v["ranks"] == [1] and "rank 1 is in broadcast #12, not all_reduce #12" in v["message"]
