@@ -24,7 +24,7 @@ from xl.launcher.cli.options import (
 )
 from xl.launcher.cli.preflight import check_launch
 from xl.launcher.cli.startchecks import check_python, check_rdzv_port
-from xl.launcher.plan import Plan, build_plan
+from xl.launcher.plan import HELD_PORT, Plan, build_plan
 from xl.launcher.spec import LaunchSpec
 
 
@@ -59,7 +59,7 @@ def print_dry_run(plan: Plan, as_json: bool, spec: LaunchSpec | None = None) -> 
     for key, value in plan.env.items():
         print(f"{key}={shlex.quote(value)} \\")
     print(shlex.join(plan.argv))
-    if "--master-port" in plan.argv and "--rdzv-backend" not in plan.argv and plan.argv[plan.argv.index("--master-port") + 1] == "0":
+    if "--master-port" in plan.argv and "--rdzv-backend" not in plan.argv and plan.argv[plan.argv.index("--master-port") + 1] == HELD_PORT:
         print("# --master-port 0: the supervisor holds a free loopback port for torchrun's store (run.json's argv names it)")
     if spec is not None and spec.nnodes > 1:
         print(

@@ -19,13 +19,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.telemetry.diagnose import Thresholds
-from xl.launcher.telemetry.verdict import BUSY_WINDOW_S, ranges, verdict
+from xl.launcher.telemetry.verdict import BUSY_WINDOW_S, figure, ranges, verdict
 from xl.stats import median
 
 # Only the end of the files is read: the newest record of each rank is what counts.
@@ -67,10 +67,6 @@ def _records(run_dir: Path) -> dict[int, tuple[float, float]]:
     return {r: (t, median(dts[r][-_STEP_TIMES:]) if dts.get(r) else 0.0) for r, t in last.items()}
 
 
-def _number(x: object) -> TypeGuard[float]:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def recent_cpu(run_dir: Path, now: float) -> dict[int, float]:
     """rank -> its mean CPU (percent of one core, with its children) since its last progress, over
     the BUSY_WINDOW_S before ``now`` at most, from the sampler's ``sys`` records; ranks with fewer
@@ -80,13 +76,13 @@ def recent_cpu(run_dir: Path, now: float) -> dict[int, float]:
     for rec in decode_lines(last_lines(RunLayout(run_dir).metrics, _METRICS_TAIL)):
         if not isinstance(rec, dict):
             continue
-        rank, t = rec.get("rank"), rec.get("t")
-        if type(rank) is not int or not _number(t):
+        rank, t = rec.get("rank"), figure(rec.get("t"))
+        if type(rank) is not int or t is None:
             continue
         if rec.get("kind") == "train":
             progressed[rank] = max(progressed.get(rank, t), t)
-        elif rec.get("kind") == "sys" and _number(cpu := rec.get("cpu_pct")) and now - BUSY_WINDOW_S <= t <= now + 1:
-            samples.setdefault(rank, []).append((t, float(cpu)))
+        elif rec.get("kind") == "sys" and (cpu := figure(rec.get("cpu_pct"))) is not None and now - BUSY_WINDOW_S <= t <= now + 1:
+            samples.setdefault(rank, []).append((t, cpu))
     out = {}
     for rank, seen in samples.items():
         since = [cpu for t, cpu in seen if t > progressed.get(rank, 0.0)]

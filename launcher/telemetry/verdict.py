@@ -15,6 +15,7 @@ like a hang to the others, and so does a loop that never ends; only the time tel
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -96,10 +97,17 @@ def where(entry: dict[str, Any]) -> str:
     return f"{user.get('function')} at {os.path.basename(str(user.get('file')))}:{user.get('line')}{calling}"
 
 
+def figure(value: Any) -> float | None:
+    """``value`` when it is a finite number (not a bool) as JSON gives it, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def busy(entry: dict[str, Any]) -> bool:
     """The rank was using the CPU since its last progress (``cpu_pct`` in its entry)."""
-    cpu = entry.get("cpu_pct")
-    return isinstance(cpu, (int, float)) and not isinstance(cpu, bool) and cpu >= BUSY_CPU
+    cpu = figure(entry.get("cpu_pct"))
+    return cpu is not None and cpu >= BUSY_CPU
 
 
 def doing(entry: dict[str, Any]) -> str:

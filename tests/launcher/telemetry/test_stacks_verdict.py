@@ -52,6 +52,9 @@ def test_a_culprit_using_the_cpu_is_said_to_be_working_and_one_waiting_is_not() 
     # Blocked (a lock, a socket, a sleep): a few percent, and the verdict says no more than where.
     blocked = _rank(0, ("/home/me/data.py", 30, "load"), [(20, "barrier", "completed")], cpu_pct=2.0)
     assert verdict([*waiting, blocked])["message"] == "rank 0 never entered barrier #21: it is in load at data.py:30. ranks 1,2 wait in barrier #21 for it"
+    # A figure that is no number (a damaged record) claims nothing.
+    for odd in (float("nan"), True, "99"):
+        assert "working" not in verdict([*waiting, {**evaluating, "cpu_pct": odd}])["message"]
 
 
 def test_ranks_that_disagree_about_the_next_collective() -> None:
