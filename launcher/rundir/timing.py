@@ -16,10 +16,12 @@ decides. docs/compare.md says what each part means; in short, an instant belongs
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
+
+from xl.figures import PHASE_KEYS, PHASES
 
 PARTS = ("startup_s", "training_s", "stalled_s", "restarts_s", "shutdown_s")
 # The words of the one-line summary, in run.json's order.
@@ -89,6 +91,54 @@ def valid(time: object) -> dict[str, float] | None:
     if not all(isinstance(time.get(k), (int, float)) and not isinstance(time.get(k), bool) for k in keys):
         return None
     return {k: float(time[k]) for k in keys}
+
+
+def rank_split(acc: Sequence[float]) -> dict[str, float]:
+    """A rank's steps in brief (digest.json's ``ranks``): ``steps`` timed, the seconds they
+    spent in each phase (each line's per-step means times its ``steps``, summed) and ``step_s``,
+    their mean step time."""
+    steps = acc[0]
+    out: dict[str, float] = {"steps": int(steps)}
+    for key, total in zip(PHASE_KEYS, acc[1:], strict=True):
+        out[key] = round(total, 3)
+    out["step_s"] = round(sum(acc[1:]) / steps, 6) if steps > 0 else 0.0
+    return out
+
+
+def by_phase(split: Mapping[int, Sequence[float]]) -> dict[str, float] | None:
+    """run.json's ``time.phases``: where the training steps' time went, per phase, in seconds:
+    the mean over the ranks that timed steps of the seconds each spent in it; ``steps_s`` is
+    their sum (a rank's time in steps). None when no rank timed a step."""
+    timed = [acc for acc in split.values() if acc[0] > 0]
+    if not timed:
+        return None
+    out = {key: round(sum(acc[i] for acc in timed) / len(timed), 3) for i, key in enumerate(PHASE_KEYS, 1)}
+    return {**out, "steps_s": round(sum(out.values()), 3)}
+
+
+def phase_shares(split: object) -> list[tuple[str, float]] | None:
+    """(phase word, its share of the steps' time 0-1) for a ``phases`` or ``ranks`` entry (keys
+    data_s, compute_s, comm_s, other_s), in PHASES order; None when it has none or no time."""
+    if not isinstance(split, Mapping):
+        return None
+    values = [split.get(k) for k in PHASE_KEYS]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in values):
+        return None
+    total = float(sum(values))  # type: ignore[arg-type]
+    if total <= 0:
+        return None
+    return [(word, float(v) / total) for word, v in zip(PHASES, values, strict=True)]  # type: ignore[arg-type]
+
+
+def describe_phases(time: object) -> str | None:
+    """The line after describe's for a run whose steps were timed, e.g. "steps: data 12%,
+    compute 70%, comm 15%, other 3% (of 131 s per rank)". None without ``time.phases``."""
+    phases = time.get("phases") if isinstance(time, Mapping) else None
+    shares = phase_shares(phases)
+    if shares is None or not isinstance(phases, Mapping):
+        return None
+    parts = ", ".join(f"{word} {share:.0%}" for word, share in shares)
+    return f"steps: {parts} (of {seconds(float(phases['steps_s']))} per rank)" if "steps_s" in phases else f"steps: {parts}"
 
 
 def seconds(s: float) -> str:
