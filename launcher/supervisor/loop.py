@@ -90,7 +90,7 @@ def _instrumented(ranks_env: dict[str, Any]) -> bool:
     """Whether the ranks instrument torch (--no-instrument sets XL_INSTRUMENT=0 in their
     environment, read as the rank entry's instrument.enabled reads it): only then do they announce
     their first step, so only then are the bars they print before it held back
-    (launcher/telemetry/printed.py)."""
+    (launcher/telemetry/logfeed.py)."""
     return str(ranks_env.get(envnames.INSTRUMENT, "1")).strip() not in ("0", "no", "false")
 
 

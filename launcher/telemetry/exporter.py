@@ -31,7 +31,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from xl import paths
+from xl import figures, paths
 from xl.launcher import runprocs
 from xl.launcher.rundir import record
 from xl.launcher.rundir.reader import RankView, RunReader, RunView
@@ -170,6 +170,10 @@ class RunsCollector(Collector):
         rank_info = InfoMetricFamily("xl_rank", "A rank of a live run: its GPU and process.", labels=R)
         run_info = InfoMetricFamily("xl_run", "A live run.", labels=("run_id",))
         reporting = GaugeMetricFamily("xl_ranks_reporting", f"Ranks of the run whose figures arrived in the last {REPORTING_S:.0f} s.", labels=("run_id",))
+        # Where the rank's steps' time goes (xl.figures names each; the latest line's per-step means).
+        step_s = GaugeMetricFamily(figures.BY_KEY["step_s"].family, "The rank's step time, in seconds: its last logged step's (a mean over the steps its line stands for).", labels=R)
+        phase = GaugeMetricFamily(figures.BY_KEY["data_s"].family, "Of the rank's step time, the seconds in each phase (data, compute, comm, other); they sum to xl_rank_step_seconds.", labels=(*R, "phase"))
+        peak = GaugeMetricFamily(figures.BY_KEY["mem_peak_mib"].family, "CUDA: the rank's peak allocated memory during its last logged step.", labels=R)
         for run in runs:
             rec = run.record
             devices = {d.get("index"): d for d in rec.devices}
@@ -203,6 +207,12 @@ class RunsCollector(Collector):
                     rate.add_metric(labels, view.samples_per_s)
                 if rank in run.reader.last_step_t:
                     last.add_metric(labels, run.reader.last_step_t[rank])
+                if view.step_s is not None:
+                    step_s.add_metric(labels, view.step_s)
+                for name, seconds in (view.split or {}).items():
+                    phase.add_metric([*labels, name.removesuffix("_s")], seconds)
+                if view.mem_peak_mib is not None:
+                    peak.add_metric(labels, view.mem_peak_mib * MIB)
                 if view.last_seen is not None and now - view.last_seen <= REPORTING_S:
                     fresh += 1
                 if self.gpus and gpu:
@@ -211,7 +221,7 @@ class RunsCollector(Collector):
                     if view.gpu_mem_used_mib is not None:
                         mem.add_metric([*labels, gpu, uuid], view.gpu_mem_used_mib * MIB)
             reporting.add_metric([rec.run_id], fresh)
-        out: list[Metric] = [step, loss, samples, rate, last, state, rank_info, run_info, reporting]
+        out: list[Metric] = [step, loss, samples, rate, last, step_s, phase, peak, state, rank_info, run_info, reporting]
         if self.gpus:
             out += [util, mem]
         return out

@@ -33,8 +33,7 @@ from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser
 from xl.launcher.telemetry.hang import HangCapture
-from xl.launcher.telemetry.logfeed import LogFeed
-from xl.launcher.telemetry.printed import HOLD_S, Printed
+from xl.launcher.telemetry.logfeed import HOLD_S, LogFeed, Printed
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
 from xl.launcher.telemetry.trouble import Trouble
@@ -77,7 +76,7 @@ class Telemetry:
         self._ranks_lock = threading.Lock()
         # Ranks whose train metrics come from xl.log: their printed dicts are not parsed again.
         self._client_ranks: set[int] = set()
-        # What ranks print is a step only where they do not report their own (printed.py).
+        # What ranks print is a step only where they do not report their own (logfeed.Printed).
         hold = settings.number(envnames.PRINTED_HOLD_S, HOLD_S, floor=0.0)
         self.printed = Printed(instrumented=instrumented, hold_s=hold)
         self._dropped_pending: dict[tuple[int, str], int] = {}
@@ -178,7 +177,7 @@ class Telemetry:
         self._write_printed(self.printed.found(rank, found, time.time()))
 
     def _write_printed(self, records: list[dict[str, Any]]) -> None:
-        """Train records from what ranks printed (printed.py let them through), stored and diagnosed."""
+        """Train records from what ranks printed (logfeed.Printed let them through), stored and diagnosed."""
         if records and self.writer is not None:
             self.writer.write_lines([wire.dumps_record(rec) for rec in records])
             for rec in records:

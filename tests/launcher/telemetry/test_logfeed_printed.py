@@ -1,4 +1,4 @@
-"""Which printed bars and dicts are steps (launcher/telemetry/printed.py), and the Telemetry
+"""Which printed bars and dicts are steps (launcher/telemetry/logfeed.py), and the Telemetry
 that stores them: held before a rank's first step under instrumentation, dropped when it
 announces, let through after the hold when it never does, never held without instrumentation."""
 
@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from xl.launcher.telemetry.printed import Printed
+from xl.launcher.telemetry.logfeed import Printed
 from xl.launcher.telemetry.service import Telemetry
 
 
