@@ -100,7 +100,7 @@ def stamp(rec: Any) -> tuple[int, float] | None:
     rank, t = rec.get("rank"), rec.get("t")
     if type(rank) is not int or not finite(t):  # JSON's ints are exactly int; `true` is not rank 1
         return None
-    return rank, t
+    return rank, t  # type: ignore[return-value]  # finite(t): an int or a float
 
 
 class Line:

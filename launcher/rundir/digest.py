@@ -176,7 +176,7 @@ class Digester:
 
     def _split(self, rank: int, rec: dict[str, Any]) -> None:
         """A line's phases (per-step means) times the steps it stands for, onto its rank's sums."""
-        parts = [rec.get(k) for k in PHASE_KEYS]
+        parts: list[Any] = [rec.get(k) for k in PHASE_KEYS]
         if not all(_finite(v) and v >= 0 for v in parts):
             return
         n: Any = rec.get("steps")
@@ -244,12 +244,12 @@ class Digester:
         start = rec.started_at
         lasts = [s[1] for s in self.spans.values()]
         end = rec.ended_at or max([*lasts, *(float(e["t"]) for e in self.events)], default=start or 0.0)
-        time_doc = None
+        time_doc: dict[str, Any] | None = None
         if start is not None:
             stalled, restarts = self._spans(end)
             firsts = [s[0] for s in self.spans.values()]
             moments = timing.Moments(start, end, max(firsts, default=None), max(lasts, default=None), stalled, restarts)
-            time_doc = timing.account(moments)
+            time_doc = dict(timing.account(moments))
             phases = timing.by_phase(self.split)
             if phases is not None:
                 time_doc["phases"] = phases

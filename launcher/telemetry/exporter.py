@@ -59,13 +59,12 @@ class ExporterReader(RunReader):
 
     def _apply_metrics(self, records: list[Any]) -> None:
         for rec in records:
-            if not isinstance(rec, dict) or rec.get("kind") != "train":
+            head = figures.stamp(rec)  # the one rule for a line (a line with no finite t is none)
+            if head is None or rec.get("kind") != "train":
                 continue
-            rank, t = rec.get("rank"), rec.get("t")
-            if type(rank) is not int or not isinstance(t, (int, float)):
-                continue
-            samples = rec.get("samples")
-            if isinstance(samples, (int, float)) and not isinstance(samples, bool) and samples >= 0:
+            rank, t = head
+            samples = figures.number(rec.get("samples"))
+            if samples is not None and samples >= 0:
                 self.samples_total[rank] = self.samples_total.get(rank, 0.0) + samples
             if "step" in rec and t > self.last_step_t.get(rank, float("-inf")):
                 self.last_step_t[rank] = float(t)
@@ -97,6 +96,13 @@ def _state(view: RankView, hung: frozenset[int]) -> str:
     if view.state == "stopped":  # ended by the supervisor, not by its own failure
         return "exited"
     return view.state if view.state in STATES else "running"
+
+
+def _family(key: str) -> str:
+    """The exporter family of a figure, as xl.figures names it."""
+    family = figures.BY_KEY[key].family
+    assert family is not None
+    return family
 
 
 def _text(value: Any) -> str:
@@ -171,9 +177,9 @@ class RunsCollector(Collector):
         run_info = InfoMetricFamily("xl_run", "A live run.", labels=("run_id",))
         reporting = GaugeMetricFamily("xl_ranks_reporting", f"Ranks of the run whose figures arrived in the last {REPORTING_S:.0f} s.", labels=("run_id",))
         # Where the rank's steps' time goes (xl.figures names each; the latest line's per-step means).
-        step_s = GaugeMetricFamily(figures.BY_KEY["step_s"].family, "The rank's step time, in seconds: its last logged step's (a mean over the steps its line stands for).", labels=R)
-        phase = GaugeMetricFamily(figures.BY_KEY["data_s"].family, "Of the rank's step time, the seconds in each phase (data, compute, comm, other); they sum to xl_rank_step_seconds.", labels=(*R, "phase"))
-        peak = GaugeMetricFamily(figures.BY_KEY["mem_peak_mib"].family, "CUDA: the rank's peak allocated memory during its last logged step.", labels=R)
+        step_s = GaugeMetricFamily(_family("step_s"), "The rank's step time, in seconds: its last logged step's (a mean over the steps its line stands for).", labels=R)
+        phase = GaugeMetricFamily(_family("data_s"), "Of the rank's step time, the seconds in each phase (data, compute, comm, other); they sum to xl_rank_step_seconds.", labels=(*R, "phase"))
+        peak = GaugeMetricFamily(_family("mem_peak_mib"), "CUDA: the rank's peak allocated memory during its last logged step.", labels=R)
         for run in runs:
             rec = run.record
             devices = {d.get("index"): d for d in rec.devices}

@@ -16,6 +16,7 @@ from xl.launcher.rundir.record import RunRecord
 from xl.launcher.rundir.runview import RankView
 from xl.launcher.telemetry import progress
 from xl.launcher.telemetry.diagnose import Diagnoser, Thresholds
+from xl.launcher.telemetry.exporter import ExporterReader
 
 
 def _write(path: Path, *recs: dict) -> None:
@@ -70,6 +71,19 @@ def test_a_line_without_a_time_is_skipped_by_every_reader(tmp_path: Path) -> Non
     diag.ingest(0, [{"rank": 0, "kind": "train", "step": 2}])  # no time: not progress "now"
     diag.tick(100.0 + 40)
     assert not any(e["kind"] == "recovered" for e in events)
+    exporter = ExporterReader(tmp_path)
+    _write(tmp_path / "metrics.jsonl", {"rank": 0, "kind": "train", "step": 9, "samples": 64}, {"t": 101.0, "rank": 0, "kind": "train", "step": 2, "samples": 32})
+    exporter.poll()
+    assert exporter.samples_total == {0: 32} and exporter.last_step_t == {0: 101.0}
+
+
+def test_eta_and_the_stall_rule_count_the_steps_a_line_stands_for(tmp_path: Path) -> None:
+    """Lines of 5 steps each, one a second: 5 steps/s; 100 steps to go is 20 s. The stall rule's
+    step time is a step's (0.2 s), not a line's."""
+    _write(tmp_path / "metrics.jsonl", *(dict(_timed(100.0 + i, 0, 5 * i, 0.05, 0.1, 0.04, 0.01, steps=5), total_steps=200) for i in range(1, 21)))
+    rv = RunReader(tmp_path).poll().ranks[0]
+    assert rv.step == 100 and rv.eta_s == pytest.approx(20.0)
+    assert progress._records(tmp_path)[0] == (120.0, pytest.approx(0.2))
 
 
 def test_figures_are_finite_numbers_never_bools() -> None:
