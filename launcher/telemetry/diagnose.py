@@ -74,8 +74,9 @@ class _Rank:
     last_step_t: float | None = None
     last_progress_t: float | None = None
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
-    # Timed steps (train lines with the split): (t, steps, data_s, compute_s, comm_s, other_s).
-    splits: deque[tuple[float, int, float, float, float, float]] = field(default_factory=lambda: deque(maxlen=4096))
+    # Timed steps (train lines with the split): (t, steps, data_s, compute_s, comm_s, other_s); at
+    # most ~10 lines a second come, so 512 cover the window (10 s) five times over.
+    splits: deque[tuple[float, int, float, float, float, float]] = field(default_factory=lambda: deque(maxlen=512))
     waits: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
     # Latest xl.watch report: (when, seconds the oldest all-reduce bucket has been pending).
     pending: tuple[float, float] | None = None
