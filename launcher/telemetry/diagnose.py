@@ -32,7 +32,6 @@ from typing import Any
 
 from xl import envnames, settings
 from xl.figures import PHASE_KEYS, decode, number, phases, steps_of
-from xl.launcher.telemetry import straggler
 from xl.stats import fmean, median, median_low
 
 Emit = Callable[[dict[str, Any]], None]
@@ -314,6 +313,8 @@ class Diagnoser:
         return out
 
     def _vote_by_phase(self, splits: dict[int, dict[str, float]]) -> None:
+        from xl.launcher.telemetry import straggler  # noqa: PLC0415 - once two ranks time their steps: after their torch imports, not beside them
+
         th = self.th
         blame = straggler.judge(splits, min_wait_s=th.straggler_min_wait_s, wait_ratio=th.straggler_wait_ratio, min_share=th.straggler_min_share, step_ratio=th.step_time_ratio)
         for rank in splits:
