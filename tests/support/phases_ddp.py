@@ -2,6 +2,7 @@
 instrumentation does, with one rank slow in a phase of its choice (the straggler and hang tests).
 
     phases_ddp.py --steps 80 --truth DIR [--slow-rank 1 --slow data|compute|other --slow-s 0.2]
+                  (--slow-rank -1: every rank is slow alike)
                   [--hang-at N] [--bars]
 
 Every rank: a DataLoader over a Dataset (rank --slow-rank's sleeps --slow-s per item with
@@ -88,7 +89,7 @@ def main() -> None:
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    me = rank == args.slow_rank
+    me = rank == args.slow_rank or args.slow_rank < 0  # -1: every rank
     if args.bars:
         bars()
     torch.manual_seed(0)
