@@ -282,9 +282,7 @@ class Sender:
     def _acked(self, seq: int) -> None:
         while self.unacked and self.unacked[0][0] <= seq:
             self.unacked.popleft()
-        # Done only once all of it was sent: lines spooled while MAX_UNACKED frames waited for
-        # their acks (a frozen collector) are claimed before the connection has room to send
-        # them, and an ack of the frames before them must not throw them away.
+        # Once all sent: a file claimed while frames waited (a frozen collector) is not done yet.
         if self.spool.replay is not None and self.spool.all_sent() and not any(r for _, _, r in self.unacked):
             self.spool.finish_replay()
 
