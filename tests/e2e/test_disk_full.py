@@ -147,3 +147,44 @@ def test_a_full_disk_neither_falsifies_the_record_nor_holds_up_xl(tmp_path: Path
                 wait_no_processes(run_dir, timeout=60)
             finally:
                 kill_run(run_dir)
+
+
+def test_a_run_whose_supervisor_died_on_a_full_disk_is_settled_true_once_space_is_back(tmp_path: Path, small_disk: Path) -> None:
+    (tmp_path / "train.py").write_text(SCRIPT)
+    home = small_disk / "home"
+    env = xl_env(home)
+    launch = subprocess.Popen([*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), "0"],
+                              env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = None
+    filler = None
+    try:
+        run_dir = wait_run(home)
+        wait_ranks_running(run_dir, 2, timeout=90)
+        wait_for(lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 20, timeout=60, what="20 steps")
+        filler = _fill(small_disk)
+        os.kill(int(run_json(run_dir)["supervisor_pid"]), 9)  # nobody left to write the end
+        at_fill = min(_steps(tmp_path, 0), _steps(tmp_path, 1))
+        wait_for(lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= at_fill + 40, timeout=60, what="40 steps on a full disk")
+        (tmp_path / "end").touch()
+        launch.wait(timeout=120)
+        wait_no_processes(run_dir, timeout=60)
+        filler.unlink()
+        filler = None
+        listed = xl(["runs", "--json"], env, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        (row,) = json.loads(listed.stdout)
+        assert row["status"] == "succeeded", row  # from the ranks' own records, written in place
+        rec = run_json(run_dir)
+        assert rec["status"] == "succeeded" and {r["exit_code"] for r in rec["ranks"]} == {0}, rec
+    finally:
+        (tmp_path / "end").touch()
+        if filler is not None:
+            filler.unlink(missing_ok=True)
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait(timeout=30)
+        if run_dir is not None:
+            try:
+                wait_no_processes(run_dir, timeout=60)
+            finally:
+                kill_run(run_dir)
