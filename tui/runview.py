@@ -11,6 +11,7 @@ from rich.text import Text
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.record import FINAL, RunRecord
 from xl.launcher.rundir.runview import elapsed, outcome_style
+from xl.textsafe import visible
 
 # The record's own set of final statuses, under the name the screens use.
 FINISHED = FINAL
@@ -25,7 +26,7 @@ def outcome_text(record: RunRecord, run_id: str, status: str, now: float) -> Tex
     out = Text()
     if failure and failure.traceback:
         out.append(f"xl: traceback of rank {rank}:\n", style="bold")
-        out.append(str(failure.traceback).rstrip("\n") + "\n")
+        out.append(visible(str(failure.traceback).rstrip("\n"), lines=True) + "\n")  # the rank's text
     took = elapsed(record, now)
     line = f"xl: run {run_id} {status}" + (f" after {took:.1f}s" if took is not None else "")
     why = failure.message if failure else None
@@ -34,7 +35,7 @@ def outcome_text(record: RunRecord, run_id: str, status: str, now: float) -> Tex
         why = f"rank {rank} failed first" + (f" (exit code {code})" if code is not None else "")
     if why:
         line += f": {why}"
-    out.append(line, style=outcome_style(status))
+    out.append(visible(line), style=outcome_style(status))
     if status == "failed":
         whose = f" --rank {rank}" if isinstance(rank, int) else ""
         out.append(f"\nxl: every line it printed: xl logs {run_id}{whose}")

@@ -8,7 +8,10 @@ aiohttp middleware that every request passes:
   its static files, downloads and the websocket alike: an app reachable without it would let any
   local user of a shared login node run code as you;
 - the websocket's Origin must be this server's own (or ``--public-url``'s): a page of another
-  site the browser has open cannot drive the app with the cookie.
+  site the browser has open cannot drive the app with the cookie;
+- at most ``--max-tabs`` apps at once (each is a process of ~35 MiB that redraws on its own): the
+  next tab gets a page that says so (HTTP 503), and a websocket past the cap is refused, however
+  the page was had.
 
 It prints one line on stdout and nothing else there (textual-serve's own logs go to stderr), and
 runs until SIGINT/SIGTERM; then every app process it started is ended too.
@@ -39,6 +42,19 @@ TOKEN_VAR = envnames.SERVE_TOKEN
 # After SIGTERM: how long the tabs' apps get to quit when asked, then how long after SIGTERM.
 SHUTDOWN_S = 5.0
 KILL_AFTER_S = 3.0
+# Tabs (app processes) one server runs at once: a person's few windows, not a viewer's 40 tabs
+# (40 apps took 1.1-1.6 GiB and a load of 20 on the login node they shared).
+MAX_TABS = 8
+
+
+def full_page(limit: int) -> str:
+    """What a tab past the cap shows instead of the app."""
+    return (
+        "<!doctype html><html><head><meta charset=utf-8><title>xl serve: all tabs in use</title></head>"
+        f"<body><h1>xl serve: {limit} tab{'s' if limit != 1 else ''} already open</h1>"
+        f"<p>This server runs at most {limit} apps at once (<code>xl serve --max-tabs {limit}</code>). "
+        "Close another tab of it, then reload this page.</p></body></html>\n"
+    )
 
 
 def origins(host: str, port: int, public_url: str | None) -> set[str]:
@@ -54,7 +70,7 @@ def origins(host: str, port: int, public_url: str | None) -> set[str]:
     return out
 
 
-def make_server(command: str, host: str, port: int, public_url: str | None, token: str) -> Any:
+def make_server(command: str, host: str, port: int, public_url: str | None, token: str, max_tabs: int = MAX_TABS) -> Any:
     from aiohttp import web  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
     from textual_serve.server import Server  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
 
@@ -64,6 +80,7 @@ def make_server(command: str, host: str, port: int, public_url: str | None, toke
 
         cookie = f"xl_serve_{os.getpid()}"  # cookies ignore ports: two servers keep theirs apart
         allowed: set[str]  # the Origins a websocket may come from: set once the port is bound
+        tabs = 0  # websockets open now: each drives one app process until it closes
 
         def initialize_logging(self) -> None:
             logging.basicConfig(level=logging.WARNING, format="xl serve: %(message)s", stream=sys.stderr)
@@ -83,6 +100,15 @@ def make_server(command: str, host: str, port: int, public_url: str | None, toke
                 raise web.HTTPForbidden(text="xl serve: open the URL that `xl serve` printed (with its ?token=)\n")
             if request.path == "/ws" and (request.headers.get("Origin") or "").lower() not in self.allowed:
                 raise web.HTTPForbidden(text="xl serve: this page's origin may not open the app\n")
+            if request.path in ("/", "/ws") and self.tabs >= max_tabs:
+                raise web.HTTPServiceUnavailable(text=full_page(max_tabs), content_type="text/html")
+            if request.path == "/ws":
+                # The handler returns once the tab is gone and its app has been ended.
+                self.tabs += 1
+                try:
+                    return await handler(request)
+                finally:
+                    self.tabs -= 1
             if given is not None and request.path == "/":
                 # The token moves from the address bar into a cookie the page's requests carry.
                 rest = {k: v for k, v in request.query.items() if k != "token"}
@@ -160,7 +186,11 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
     p.add_argument("--public-url", metavar="URL", help="the URL browsers use, behind an SSH tunnel or a proxy (e.g. https://host/xl)")
     p.add_argument("--read-only", action="store_true", help="for viewers: no Launch screen, no stop")
+    p.add_argument("--max-tabs", type=int, default=MAX_TABS, metavar="N",
+                   help=f"apps (browser tabs) served at once; the next tab is told so (default {MAX_TABS})")
     ns = p.parse_args(list(argv))
+    if ns.max_tabs < 1:
+        raise UsageError(f"--max-tabs {ns.max_tabs}: at least 1")
     if not 0 <= ns.port <= 65535:
         raise UsageError(f"--port {ns.port} is not a port (0-65535)")
     if ns.public_url and urlsplit(ns.public_url).scheme not in ("http", "https"):
@@ -170,5 +200,5 @@ def main(argv: Sequence[str]) -> int:
     token = token_from(TOKEN_VAR)
     os.environ.pop(TOKEN_VAR, None)  # the apps (and the runs they launch) never see it
     command = f"exec {shlex.quote(sys.executable)} -m xl.tui.served" + (" --read-only" if ns.read_only else "")
-    server = make_server(command, ns.host, ns.port, ns.public_url, token)
+    server = make_server(command, ns.host, ns.port, ns.public_url, token, ns.max_tabs)
     return asyncio.run(serve(server, ns.host, ns.port, ns.public_url, token))

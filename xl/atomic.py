@@ -63,6 +63,26 @@ def write_unsynced(path: str, data: bytes) -> None:
         raise
 
 
+def overwrite_in_place(path: str, raw: bytes) -> bool:
+    """Write ``raw`` over ``path`` where it lies, padded with spaces to the file's size, when it
+    fits: no new disk space is needed (a full disk refuses every new file). False when it does
+    not fit or the file cannot be written. A JSON file stays JSON (trailing spaces)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if size < len(raw):
+            return False
+        os.pwrite(fd, raw.ljust(size), 0)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def makedirs_private(path: str | os.PathLike[str]) -> None:
     """``os.makedirs`` where every folder it creates is 0700, the missing parents too (a run dir
     removed while its ranks write is made again private, not with the umask's 0755)."""

@@ -15,11 +15,13 @@ from collections.abc import Sequence
 from xl.errors import ArgumentParser
 from xl.launcher.rundir import comparison
 from xl.launcher.rundir.store import resolve_run
+from xl.textsafe import visible
 
 
 def render(c: comparison.Comparison) -> str:
     """The text table: a label column, then run A's column and run B's."""
-    rows = [("", "A", "B"), *comparison.rows(c)]
+    # Names, arguments and versions came from people and ranks: control characters drawn.
+    rows = [("", "A", "B"), *((visible(label), visible(a), visible(b)) for label, a, b in comparison.rows(c))]
     wl = max(len(r[0]) for r in rows)
     wa = max(len(r[1]) for r in rows)
     return "\n".join(f"{label.ljust(wl)}  {a.ljust(wa)}  {b}".rstrip() for label, a, b in rows)

@@ -275,7 +275,7 @@ def render_text(state: RunState, width: int = 120) -> str:
     headers = _headers(evals)
     right = _RIGHT | ({len(headers) - 2} if evals else set())
     rows = [_cells(state.ranks[rank], state.last_line.get(rank, ""), evals) for rank in sorted(state.ranks)]
-    rows = [[*row[:-1], row[-1] + (f"{'  ' if row[-1] else ''}xl: {r.diagnosis}" if r.diagnosis else "")]
+    rows = [[*row[:-1], row[-1] + (f"{'  ' if row[-1] else ''}xl: {visible(r.diagnosis)}" if r.diagnosis else "")]
             for row, r in zip(rows, (state.ranks[k] for k in sorted(state.ranks)), strict=True)]
     widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers[:-1])]
     last = max(len(headers[-1]) // 2, width - 1 - 3 * len(headers) - sum(widths))
@@ -395,7 +395,7 @@ def _last_line(r: RankView, last: str, text: type[Text]) -> Text:
     """What the rank last printed, first; xl's diagnosis of it after, never in its place."""
     out = text(last)
     if r.diagnosis:
-        out.append(("  " if last else "") + f"xl: {r.diagnosis}", style="yellow")
+        out.append(("  " if last else "") + f"xl: {visible(r.diagnosis)}", style="yellow")
     return out
 
 
@@ -424,7 +424,7 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
     failure = state.failure
     if failure is not None and failure.traceback:
         console.print(Panel(visible(str(failure.traceback), lines=True), title=f"rank {failure.rank} traceback", border_style="red"))
-    console.print(_summary(state), style=outcome_style(state.status), highlight=False)
+    console.print(_summary(state), style=outcome_style(state.status), highlight=False, markup=False)
     return state.exit_code
 
 

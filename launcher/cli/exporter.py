@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
-import threading
 from collections.abc import Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +19,7 @@ from xl import envnames, paths
 from xl.address import format_address
 from xl.atomic import write_atomic
 from xl.errors import ArgumentParser, UsageError
+from xl.launcher.cli.scrapeserver import BoundedServer, HeadFirstHandler
 from xl.listen import port_in_use, same_token, token_from, warn_if_exposed
 
 if TYPE_CHECKING:
@@ -30,8 +28,6 @@ if TYPE_CHECKING:
 PROG = "xl exporter"
 TOKEN_VAR = envnames.EXPORTER_TOKEN
 TOKEN_FILE = "exporter.token"
-# A scraper that stops sending mid-request holds a thread for at most this long.
-REQUEST_TIMEOUT_S = 10.0
 
 
 def token_file() -> Path:
@@ -60,19 +56,10 @@ def load_token() -> tuple[str, str]:
     return token, str(path)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-def make_handler(registry: CollectorRegistry, token: str) -> type[BaseHTTPRequestHandler]:
+def make_handler(registry: CollectorRegistry, token: str) -> type[HeadFirstHandler]:
     from prometheus_client.exposition import choose_encoder  # noqa: PLC0415 - an extra: main() checked it is there
 
-    class MetricsHandler(BaseHTTPRequestHandler):
-        timeout = REQUEST_TIMEOUT_S
+    class MetricsHandler(HeadFirstHandler):
         server_version = "xl-exporter"
 
         def do_GET(self) -> None:
@@ -118,7 +105,7 @@ def main(argv: Sequence[str]) -> int:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunsCollector(gpus=not ns.no_gpus))
     try:
-        server = (_Server6 if ":" in ns.host else _Server)((ns.host.strip("[]"), ns.port), make_handler(registry, token))
+        server = BoundedServer(ns.host.strip("[]"), ns.port, make_handler(registry, token))
     except OSError as exc:
         sys.stderr.write(port_in_use(PROG, ns.host, ns.port, exc) + "\n")
         return 1
@@ -127,12 +114,9 @@ def main(argv: Sequence[str]) -> int:
     print(f"xl: exporting metrics at http://{format_address(ns.host, port)}/metrics (bearer token: {where})", flush=True)
 
     def stop(signum: int, frame: Any) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        server.shutdown()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    try:
-        server.serve_forever(poll_interval=0.5)
-    finally:
-        server.server_close()
+    server.serve_forever()
     return 0

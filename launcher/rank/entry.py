@@ -26,7 +26,13 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 from xl import envnames
-from xl.atomic import makedirs_private, write_json_atomic, write_unsynced
+from xl.atomic import (
+    makedirs_private,
+    overwrite_in_place,
+    write_atomic,
+    write_json_atomic,
+    write_unsynced,
+)
 from xl.launcher.rank import instrument, relay
 from xl.launcher.rank.stacks import install as install_stacks
 from xl.launcher.rundir.layout import RunLayout
@@ -43,6 +49,9 @@ _SKIP_FILES = {
 
 
 _output: relay.RankOutput | None = None  # the relay writing this rank's log
+# A rank's record is padded with spaces (JSON ignores them) to this size: the space its exit
+# record needs is held from the start, so a disk that fills meanwhile cannot hide the exit code.
+_RECORD_SIZE = 4096
 
 
 def _int_env(name: str) -> int | None:
@@ -99,11 +108,38 @@ class _Record:
             return
         with self.lock:
             self.data.update(fields)
+            self._keep_relays_count()
             try:
                 makedirs_private(os.path.dirname(self.path))
-                write_json_atomic(self.path, self.data)
+                write_atomic(self.path, _padded(json.dumps(self.data, indent=2).encode()))
             except OSError:
-                pass
+                self._write_in_place()
+
+    def _keep_relays_count(self) -> None:
+        """The relay adds how much output the disk refused to this file: kept when rewritten."""
+        assert self.path is not None
+        try:
+            with open(self.path, "rb") as fh:
+                lost = json.loads(fh.read()).get("log_bytes_lost")
+        except (OSError, ValueError, AttributeError):
+            return
+        if isinstance(lost, int):
+            self.data["log_bytes_lost"] = lost
+
+    def _write_in_place(self) -> None:
+        """A full disk refused the new file: overwrite the old one where it lies, in the space
+        it already holds (it is padded to _RECORD_SIZE), so the rank's exit code is still
+        known, not taken for a death. A long traceback is cut to its end to fit."""
+        assert self.path is not None
+        data = dict(self.data)
+        raw = json.dumps(data).encode()
+        for keep in (2000, 500, 0):
+            if len(raw) <= _RECORD_SIZE:
+                break
+            if isinstance(data.get("traceback"), str):
+                data["traceback"] = data["traceback"][-keep:] if keep else None
+            raw = json.dumps(data).encode()
+        overwrite_in_place(self.path, raw)
 
     def write_start(self) -> None:
         """The first record (the PID): atomic and private, without waiting for the disk (an
@@ -112,9 +148,13 @@ class _Record:
             return
         try:
             makedirs_private(os.path.dirname(self.path))
-            write_unsynced(self.path, json.dumps(self.data).encode())
+            write_unsynced(self.path, _padded(json.dumps(self.data).encode()))
         except OSError:
             pass
+
+
+def _padded(raw: bytes) -> bytes:
+    return raw.ljust(_RECORD_SIZE) if len(raw) < _RECORD_SIZE else raw
 
 
 def _supervisor_gone(run_dir: str) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import fcntl
+import json
 import os
 import select
 import signal
@@ -36,7 +37,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from xl.atomic import makedirs_private
+from xl.atomic import makedirs_private, overwrite_in_place
 
 _F_SETPIPE_SZ = 1031  # Linux: a larger pipe absorbs bursts while the relay is descheduled
 _PIPE_SIZE = 1 << 20
@@ -58,7 +59,10 @@ class _Relay:
         self.rfd, self.path, self.rank_pid = rfd, path, rank_pid
         self.fd: int | None = None
         self.pending = bytearray()
-        self.lost = 0
+        self.lost = 0  # cut since the log last said so
+        self.cut = 0  # cut in all
+        self.told = 0  # what the rank's record says is lost
+        self.tell_at = 0.0  # monotonic: the record is brought up to date at most once a second
         self.why = ""
         self.rank_fd: int | None = None
         with contextlib.suppress(OSError, AttributeError):
@@ -104,20 +108,41 @@ class _Relay:
                 self.keep(data)
             self.write()
             if data == b"" or (gone_at is not None and data is None):
+                gone_at = gone_at or time.monotonic()  # without it a full disk kept the relay forever
                 break  # every writer is gone, or the rank is and the pipe is empty
             if data and len(data) < _BATCH and gone_at is None:
                 # A flood comes 8 KiB a print buffer: let it gather in the pipe (which holds far
                 # more than a rank writes meanwhile) instead of waking for each.
                 time.sleep(_GATHER_S)
-        while self.pending and time.monotonic() < (gone_at or time.monotonic()) + _LAST_WRITE_S:
+        while self.pending and time.monotonic() < gone_at + _LAST_WRITE_S:
             time.sleep(0.1)
             self.write()
+        self.tell_lost(self.cut + len(self.pending))
+
+    def tell_lost(self, count: int) -> None:
+        """The rank's record says how much of its output has not reached the log (the disk
+        refused it), kept up to date while the disk refuses it (a relay may be killed before its
+        end): its space is held from the rank's start, so this fits on a full disk too."""
+        if count == self.told:
+            return
+        record = os.path.join(os.path.dirname(os.path.dirname(self.path)), "ranks",
+                              os.path.basename(self.path).removesuffix(".log") + ".json")
+        try:
+            with open(record, "rb") as fh:
+                data = json.loads(fh.read())
+        except (OSError, ValueError):
+            return
+        if isinstance(data, dict):
+            data["log_bytes_lost"] = count
+            if overwrite_in_place(record, json.dumps(data).encode()):
+                self.told = count
 
     def keep(self, data: bytes) -> None:
         self.pending += data
         if len(self.pending) > _PENDING_CAP:
             cut = len(self.pending) - _PENDING_CAP
             self.lost += cut
+            self.cut += cut
             del self.pending[:cut]
 
     def write(self) -> None:
@@ -135,8 +160,12 @@ class _Relay:
             while self.pending:
                 n = os.write(self.fd, self.pending)
                 del self.pending[:n]
+            self.tell_lost(self.cut)  # all written: only what was cut is lost
         except OSError as exc:
             self.why = exc.strerror or str(exc)
+            if time.monotonic() >= self.tell_at:
+                self.tell_at = time.monotonic() + _RETRY_S
+                self.tell_lost(self.cut + len(self.pending))
 
 
 def _serve(rfd: int, path: str, rank_pid: int) -> None:

@@ -32,6 +32,7 @@ ESCAPED = "escaped.json"
 SUPERVISOR_LOG = "supervisor.log"
 STOP = "stop"  # `xl stop` before the supervisor took over (stopmark.py)
 SETTLED = ".settled"  # whoever settles a run whose supervisor is gone (settle.py)
+RESERVE = ".reserve"  # disk space the supervisor holds for the run's end (supervisor/journal.py)
 LOGS = "logs"
 RANKS = "ranks"
 STACKS = "stacks"

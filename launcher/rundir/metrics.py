@@ -76,6 +76,8 @@ class MetricsWriter:
             if self._closed:
                 return
             self._write()
+            self.bytes_lost += len(self._buf)  # the disk still refuses them: never written
+            self._buf.clear()
             try:
                 os.fsync(self._fd)
             except OSError:

@@ -59,6 +59,7 @@ class RankReport:
     traceback: str | None = None
     error: str | None = None
     ended_at: float | None = None
+    log_bytes_lost: int = 0  # of its output, what its relay could never write (a full disk)
 
     @property
     def ended(self) -> bool:
@@ -78,6 +79,7 @@ class RankReport:
             traceback=text["traceback"],
             error=text["error"],
             ended_at=_number(data.get("ended_at")),
+            log_bytes_lost=_int(data.get("log_bytes_lost")) or 0,
         )
 
 
@@ -130,6 +132,7 @@ class RunJson(TypedDict, total=False):
     failure: dict[str, Any] | None
     time: dict[str, float]
     metrics_bytes_lost: int
+    write_lost: dict[str, int]
 
 
 class RunStatus(str, Enum):

@@ -20,7 +20,7 @@ from typing import Any
 from xl.launcher import runprocs
 from xl.launcher.rundir import digest, record
 from xl.launcher.rundir.events import append_event
-from xl.launcher.rundir.layout import SETTLED, RunLayout
+from xl.launcher.rundir.layout import RESERVE, SETTLED, RunLayout
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.rundir.outcome import Failure, rank_outcome
 from xl.launcher.rundir.record import RankReport, RunRecord, RunStatus, read_rank_reports
@@ -116,6 +116,8 @@ def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone"
         return rec
     # Before anything here writes in the run dir (the marker, merged metrics, run.json).
     ended_at = None if ended_now else last_sign_of_life(run_dir, read_rank_reports(run_dir))
+    with contextlib.suppress(OSError):  # the space its supervisor held for the end: for this end
+        os.unlink(RunLayout(run_dir).root / RESERVE)
     try:
         os.close(os.open(RunLayout(run_dir).settled, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:

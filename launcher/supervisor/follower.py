@@ -8,6 +8,7 @@ node's ranks' stacks (``xl stacks`` or a hang on node 0): a thread of its own as
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import threading
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from xl import envnames, settings
 from xl.errors import UsageError
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.join import TOKEN_VAR, format_address
@@ -32,6 +34,18 @@ _MAX_ASKING = 4  # stacks requests answered at once; more are answered "busy"
 # rendezvous waits this long for every node (join_timeout): a node > 0 waits as long for node 0.
 RDZV_JOIN_S = 600.0
 _SAY_WAITING_S = 2.0
+# A node > 0 ends its ranks once node 0 has been silent this long (XL_NODE_0_LOST_S) and its
+# rendezvous cannot be reached; "keep" waits on. Past torch's own store timeouts (60 s) a node cut
+# off can no longer rejoin anyway; its ranks would wait in collectives for 30 min (gloo's default).
+NODE_0_LOST_S = 120.0
+_PROBE_S = 4.0  # node 0's rendezvous is tried at most this often, each try at most half of it
+
+
+def node_0_lost_s(timeout: float) -> float | None:
+    """XL_NODE_0_LOST_S: seconds (at least the node timeout), or None for "keep"."""
+    if os.environ.get(envnames.NODE_0_LOST_S, "").strip().lower() == "keep":
+        return None
+    return max(timeout, settings.number(envnames.NODE_0_LOST_S, NODE_0_LOST_S, positive=True))
 
 
 class Follower:
@@ -48,7 +62,9 @@ class Follower:
         self.journal, self.cause, self.stopping, self.torchrun = journal, cause, stopping, torchrun
         self._asking = threading.BoundedSemaphore(_MAX_ASKING)
         self.timeout = node_timeout()
+        self.give_up_s = node_0_lost_s(self.timeout)
         self.node_0_silent = False  # said that node 0 stopped answering
+        self.probe_at = 0.0  # monotonic: when node 0's rendezvous is next tried
 
     def poll(self) -> None:
         """Node 0's commands since the last turn; and whether node 0 still answers."""
@@ -111,19 +127,48 @@ class Follower:
         heard = self.link.heard_at
         if heard is None or self.link.refused is not None:
             return  # never connected (training goes on, its records stay here), or refused
-        silent = time.monotonic() - heard > self.timeout
+        quiet = time.monotonic() - heard
+        silent = quiet > self.timeout
         if silent and not self.node_0_silent:
             self.node_0_silent = True
+            then = (f"this node ends its ranks once node 0 has been silent {self.give_up_s:g}s and its rendezvous cannot be "
+                    f"reached ({envnames.NODE_0_LOST_S}=keep keeps them waiting)" if self.give_up_s is not None
+                    else f"this node's ranks go on until torch's own timeout ends them ({envnames.NODE_0_LOST_S}=keep)")
             self.journal.emit({
                 "kind": "node_lost",
                 "node_rank": 0,
                 "message": f"node 0 ({format_address(*self.hub)}) has not answered for {self.timeout:g}s (its machine or "
-                "the network between went down, or its supervisor is gone); this node's ranks go on until torch's own "
-                f"timeout ends them; 'xl stop {self.journal.record.run_id}' ends them now",
+                f"the network between went down, or its supervisor is gone); {then}; "
+                f"'xl stop {self.journal.record.run_id}' ends them now",
             })
+        if silent and self.give_up_s is not None and quiet > self.give_up_s and self.stopping.state is None:
+            self._give_up(quiet)
         elif not silent and self.node_0_silent:
             self.node_0_silent = False
             self.journal.emit({"kind": "node_back", "node_rank": 0, "message": f"node 0 ({format_address(*self.hub)}) answers again"})
+
+    def _give_up(self, quiet: float) -> None:
+        """Node 0 silent past XL_NODE_0_LOST_S: unless its rendezvous (node 0's torchrun's store)
+        still takes a connection (then node 0's supervisor alone is gone and training goes on),
+        its machine or the network to it is: the ranks here would wait in their collectives for
+        torch's own timeout (30 min on gloo). End them, saying why."""
+        now = time.monotonic()
+        if now < self.probe_at:
+            return
+        self.probe_at = now + _PROBE_S
+        try:
+            host, port = parse_rdzv(str(self.journal.record.spec.get("rdzv") or ""))
+            socket.create_connection((host, port), timeout=_PROBE_S / 2).close()
+            return  # node 0's torchrun answers: its ranks (and so these) may well train on
+        except (UsageError, OSError):
+            pass
+        message = (f"node 0 ({format_address(*self.hub)}) has not answered for {quiet:.0f}s and its rendezvous cannot be "
+                   f"reached: this node's ranks were ended ({envnames.NODE_0_LOST_S}=keep keeps them waiting)")
+        if self.cause.failure is None:
+            self.cause.remote = True  # nothing reaches node 0
+            self.cause.set(self.cause.local(None, None, None, None, message), time.time())
+        self.journal.emit({"kind": "failure", "rank": None, "message": message})
+        self.stopping.begin(StopReason.FAILURE)
 
     def _stacks(self, ask: dict[str, Any]) -> None:
         """Node 0 wants this node's ranks' stacks: ask them off the loop's thread (it takes up to

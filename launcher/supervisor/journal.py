@@ -8,6 +8,8 @@ the next turn. A full disk must not end the training: each kind of write failure
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,12 +17,40 @@ from typing import TYPE_CHECKING, Any
 from xl.launcher.multinode.protocol import FORWARDED_EVENTS
 from xl.launcher.rundir import layout
 from xl.launcher.rundir import record as run_record
-from xl.launcher.rundir.events import append_event
+from xl.launcher.rundir.events import append_event, event_line
 from xl.launcher.rundir.record import RunRecord
 from xl.launcher.supervisor.guard import crash_line
 
 if TYPE_CHECKING:  # only a node > 0 has a link, made by the supervisor (not on a one-node run's path)
     from xl.launcher.multinode.nodelink import NodeLink
+
+
+# Events held in memory while the disk refuses them: a run's whole event history is rarely more.
+_HELD_EVENTS = 10_000
+# Space kept in the run dir from the start (.reserve), given back as the run ends: a disk that
+# filled mid-run still takes the run's final record and last events.
+RESERVE_BYTES = 1 << 20
+
+
+def hold_reserve(run_dir: Path) -> None:
+    """Take RESERVE_BYTES of the run dir's disk now (no file when there is no room even now)."""
+    path = run_dir / layout.RESERVE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    try:
+        os.posix_fallocate(fd, 0, RESERVE_BYTES)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    finally:
+        os.close(fd)
+
+
+def release_reserve(run_dir: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(run_dir / layout.RESERVE)
 
 
 def say(what: str) -> None:
@@ -37,19 +67,61 @@ class Journal:
         self.link: NodeLink | None = None  # node > 0: its link to node 0
         self._lock = threading.Lock()
         self._write_errors: set[str] = set()
+        self._held: list[dict[str, Any]] = []  # events the disk refused, oldest first
+        self.lost: dict[str, int] = {}  # file -> bytes that were never written
 
     def changed(self) -> None:
         self.dirty = True
 
     def emit(self, event: dict[str, Any]) -> None:
-        """Append one event line; called from telemetry threads too."""
-        try:
-            with self._lock:
-                append_event(self.run_dir, event)
-        except OSError as exc:
-            self.write_failed(layout.EVENTS, exc)
+        """Append one event line; called from telemetry threads too. One the disk refuses waits
+        in memory (up to _HELD_EVENTS, then counted as lost) and goes in, in its order, with the
+        next event that can be written."""
+        with self._lock:
+            self._held.append(event)
+            self._write_held()
+            if len(self._held) > _HELD_EVENTS:
+                cut = self._held.pop(0)
+                self.lost[layout.EVENTS] = self.lost.get(layout.EVENTS, 0) + len(event_line(cut).encode())
         if event.get("kind") in FORWARDED_EVENTS:
             self.send({"type": "event", "event": event})
+
+    def _write_held(self) -> None:
+        while self._held:
+            try:
+                append_event(self.run_dir, self._held[0])
+            except OSError as exc:
+                self.write_failed(layout.EVENTS, exc)
+                return
+            self._held.pop(0)
+
+    def flush_held(self) -> None:
+        """The events the disk refused, now (the run's end, once space was made)."""
+        with self._lock:
+            self._write_held()
+            lost = sum(len(event_line(e).encode()) for e in self._held)
+            if lost:
+                self.lost[layout.EVENTS] = self.lost.get(layout.EVENTS, 0) + lost
+                self._held.clear()
+
+    def at_end(self, metrics_lost: int) -> None:
+        """The run's end: the space held from the start takes the last events and the final
+        record, whatever filled the disk meanwhile; then what was never written is counted, in
+        run.json (``write_lost``, bytes by file) and a ``write_lost`` event."""
+        release_reserve(self.run_dir)
+        self.flush_held()
+        if metrics_lost:
+            self.record.update(metrics_bytes_lost=metrics_lost)
+            self.lost[layout.METRICS] = metrics_lost
+        for rank, report in run_record.read_rank_reports(self.run_dir).items():
+            if report.log_bytes_lost:
+                self.lost[f"{layout.LOGS}/{layout.rank_log_name(rank)}"] = report.log_bytes_lost
+        lost = {name: n for name, n in sorted(self.lost.items()) if n}
+        if not lost:
+            return
+        self.record.update(write_lost=lost)
+        listed = ", ".join(f"{name} {n} bytes" for name, n in lost.items())
+        self.emit({"kind": "write_lost", "rank": None, "files": lost, "message": f"the disk refused writes: never written: {listed}"})
 
     def send(self, msg: dict[str, Any]) -> None:
         """To node 0, when this is a node > 0 of a multi-node run (else nothing)."""

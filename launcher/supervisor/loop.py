@@ -51,7 +51,7 @@ from xl.launcher.rundir.stopmark import stop_asked
 from xl.launcher.supervisor.escapes import Escapes
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.guard import crash_line, private_umask, raise_fd_limit
-from xl.launcher.supervisor.journal import Journal, say
+from xl.launcher.supervisor.journal import Journal, hold_reserve, say
 from xl.launcher.supervisor.logsink import LogSink
 from xl.launcher.supervisor.ranks import Ranks, RankState, Torchrun, become_subreaper, describe_end
 from xl.launcher.supervisor.stopping import Stopping, StopReason, StopSignals, grace_from_env
@@ -204,6 +204,7 @@ class Supervisor:
             versions=provenance.collect(self.record.spec, bool(self.record.devices)),  # for xl compare (docs/compare.md)
         )
         self.digester = Digester(self.run_dir).follow()
+        hold_reserve(self.run_dir)
         self.save()
         self._ranks_changed()
         _debug("loop ready")
@@ -378,8 +379,7 @@ class Supervisor:
         self.port.stop()
         _debug("telemetry stopped")
         self.sink.close_logs()
-        if self.port.metrics_bytes_lost():
-            self.record.update(metrics_bytes_lost=self.port.metrics_bytes_lost())
+        self.journal.at_end(self.port.metrics_bytes_lost())
         self.record.end(status)
         # The time accounting goes in with the final status: whoever sees the end sees it too.
         from xl.launcher.rundir.digest import close_run  # noqa: PLC0415 - the end only: not on the path to torchrun

@@ -35,6 +35,8 @@ from xl.figures import PHASE_KEYS, decode, number, phases, steps_of
 from xl.stats import fmean, median, median_low
 
 Emit = Callable[[dict[str, Any]], None]
+# Ticks come once a second; one this much later than the last means this process was paused.
+PAUSED_AFTER_S = 5.0
 
 
 def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -119,6 +121,8 @@ class Diagnoser:
         self.th = thresholds or Thresholds.from_env()
         self._ranks: dict[int, _Rank] = {}
         self._lock = threading.Lock()
+        self._ticked: float | None = None  # monotonic, the last tick
+        self._thawed_at: float | None = None  # wall clock, the end of the latest pause of this process
 
     def _rank(self, rank: int) -> _Rank:
         st = self._ranks.get(rank)
@@ -219,9 +223,11 @@ class Diagnoser:
 
     # -- the 1 Hz pass ------------------------------------------------------------------------
 
-    def tick(self, now: float | None = None) -> None:
+    def tick(self, now: float | None = None, *, mono: float | None = None) -> None:
         now = time.time() if now is None else now
+        mono = time.monotonic() if mono is None else mono
         with self._lock:
+            self._notice_pause(now, mono)
             self._check_stalls(now)
             self._check_stragglers(now)
 
@@ -235,6 +241,20 @@ class Diagnoser:
                     out[rank] = pending + (now - t)
         return out
 
+    def _notice_pause(self, now: float, mono: float) -> None:
+        """A tick long after the last one: this process did not run (SIGSTOP, a swapping or
+        overloaded host), so the ranks' records of that time have not been read yet. Their own
+        timestamps say whether they progressed once they are in; until then, each rank's idle
+        time counts from the end of the pause, never from its last record before it."""
+        gap = mono - self._ticked if self._ticked is not None else 0.0
+        self._ticked = mono
+        if gap < PAUSED_AFTER_S:
+            return
+        self._thawed_at = now
+        self._event("supervisor_paused", None, f"the supervisor itself did not run for {gap:.0f} s "
+                    "(stopped, or a swapping or overloaded host); the ranks are judged by their own records' times",
+                    paused_s=round(gap, 1))
+
     def _check_stalls(self, now: float) -> None:
         waiting: dict[int, float] | None = None
         stalled: list[dict[str, Any]] = []
@@ -245,7 +265,7 @@ class Diagnoser:
             if st.step_times:
                 limit = max(limit, self.th.stall_factor * median(st.step_times))
             idle = now - st.last_progress_t
-            if idle <= limit:
+            if now - max(st.last_progress_t, self._thawed_at or 0.0) <= limit:
                 continue
             st.stalled = True
             if waiting is None:

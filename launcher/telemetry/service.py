@@ -199,7 +199,8 @@ class Telemetry:
             self.collector.stop()
         self.ingest_spool()
         self._flush_dropped(force=True)
-        self._write_status()
+        with contextlib.suppress(OSError):  # a full disk: the metrics below still close and count
+            self._write_status()
         if self.writer is not None:
             self.writer.close()
             self._say_metrics_lost(self.writer)

@@ -12,12 +12,14 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 from procs import kill_run, only_run, wait_no_processes, xl, xl_env
 from prometheus_client.parser import text_string_to_metric_families
@@ -277,3 +279,66 @@ def test_bad_ports_are_one_line(tmp_path: Path) -> None:
     assert done.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
     done = xl(["exporter", "--port", "70000"], env)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not a port" in done.stderr
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (a read finds its end, or a reset)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(4096) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def test_idle_slow_and_resetting_clients_cost_no_thread_and_no_traceback(tmp_path: Path) -> None:
+    from xl.launcher.cli.scrapeserver import HEAD_S, MAX_CONNECTIONS, WORKERS  # noqa: PLC0415 - the figures under test
+
+    home = tmp_path / "home"
+    fixtures(home)
+    with served(["exporter", "--port", "0"], xl_env(home, XL_EXPORTER_TOKEN="t0k")) as ex:
+        host, port = ex.url.split("/")[2].split(":")
+        proc = psutil.Process(ex.proc.pid)
+        address = (host, int(port))
+        # 400 idle connections (more than the cap): a scrape still gets its metrics, and the
+        # server holds no thread per connection.
+        idle = [socket.create_connection(address, timeout=30) for _ in range(400)]
+        code, body = fetch(ex.url, "t0k")
+        assert code == 200 and "xl_train_step" in body
+        assert proc.num_threads() <= WORKERS + 2, proc.num_threads()
+        assert proc.num_fds() <= MAX_CONNECTIONS + 32, proc.num_fds()
+        for sock in idle:
+            sock.close()
+        # Clients that reset their connection: before sending, after the request, mid-reply.
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0k\r\n\r\n"
+        for when in ("before", "after", "reply") * 30:
+            sock = socket.create_connection(address, timeout=30)
+            if when != "before":
+                sock.sendall(request)
+            if when == "reply":
+                sock.recv(10)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        # Slow clients (a byte a second, never a whole head): closed by the server once their
+        # time is up; scrapes are answered meanwhile.
+        slow = [socket.create_connection(address, timeout=30) for _ in range(20)]
+        started = time.monotonic()
+        sent = 0
+        while not all(_closed_by_peer(s) for s in slow):
+            assert time.monotonic() - started < HEAD_S + 60, "slow clients were never closed"
+            for s in slow:
+                try:
+                    s.send(request[sent % 20 : sent % 20 + 1])
+                except OSError:
+                    pass
+            sent += 1
+            if sent % 3 == 0:
+                assert fetch(ex.url, "t0k")[0] == 200
+            time.sleep(1.0)
+        for s in slow:
+            s.close()
+        assert proc.num_threads() <= WORKERS + 2, proc.num_threads()
+        assert fetch(ex.url, "t0k")[0] == 200
+    said = ex.proc.stderr.read() if ex.proc.stderr else ""
+    assert "Traceback" not in said and len(said.splitlines()) <= 1, said

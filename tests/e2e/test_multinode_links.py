@@ -194,10 +194,13 @@ def _netns_pair() -> Any:
                 etc.rmdir()
 
 
-def test_a_link_going_down_between_the_nodes_is_noticed_on_both(tmp_path: Path) -> None:
+@pytest.mark.parametrize("node_0_lost", ["8", "keep"])
+def test_a_link_going_down_between_the_nodes_is_noticed_on_both(tmp_path: Path, node_0_lost: str) -> None:
     """Node 1 in its own network namespace, joined by a veth pair; the link goes down mid-run:
     node 0 names node 1 lost, and node 1 says node 0 no longer answers (it used to stay
-    "running" without a word); `xl stop` on node 1 then ends what is left there."""
+    "running" without a word). Past XL_NODE_0_LOST_S (8 s here) with node 0's rendezvous out of
+    reach, node 1 ends its ranks and says why (they waited 150 s and more in their collectives,
+    for torch's 30 min); told to keep waiting, they go on until `xl stop` on node 1 ends them."""
     homes = (tmp_path / "node0", tmp_path / "node1")
     (tmp_path / "mn.py").write_text(SCRIPT)
     procs: list[subprocess.Popen[str]] = []
@@ -206,7 +209,8 @@ def test_a_link_going_down_between_the_nodes_is_noticed_on_both(tmp_path: Path) 
             rdzv = f"{addr0}:{rdzv_port(addr0)}"
             for node, (home, ifname) in enumerate(zip(homes, (here, there), strict=True)):
                 argv = node_argv(node, rdzv)
-                env = xl_env(home, XL_TOKEN=TOKEN, MN_MODE="loop", XL_NODE_TIMEOUT="5", GLOO_SOCKET_IFNAME=ifname)
+                env = xl_env(home, XL_TOKEN=TOKEN, MN_MODE="loop", XL_NODE_TIMEOUT="5", GLOO_SOCKET_IFNAME=ifname,
+                             XL_NODE_0_LOST_S=node_0_lost)
                 prefix = ["ip", "netns", "exec", ns] if node else []
                 procs.append(subprocess.Popen([*prefix, *argv], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
                 if not node:  # node 0 joins first: its agent is group rank 0 (see _netns_pair)
@@ -227,9 +231,22 @@ def test_a_link_going_down_between_the_nodes_is_noticed_on_both(tmp_path: Path) 
             said = wait_for(node_1_noticed, timeout=30, what="node 1 to notice that node 0 is gone")
             assert f"node 0 ({rdzv.rsplit(':', 1)[0]}:" in said["message"] and "has not answered for 5s" in said["message"], said
             assert said["t"] - time.time() + (time.monotonic() - down_at) < 20  # within the timeout and a few seconds
-            stop = xl(["stop", run1.name], xl_env(homes[1]))
-            assert stop.returncode == 0 and stop.stdout.strip() == f"{run1.name} stopped", stop.stdout + stop.stderr
-            finish(procs[1:], timeout=30)
+            if node_0_lost == "keep":
+                assert "XL_NODE_0_LOST_S=keep" in said["message"] and "until torch's own timeout" in said["message"], said
+                time.sleep(10)  # past where it would have given up
+                assert procs[1].poll() is None and run_json(run1)["status"] == "running"
+                assert any(r.get("state") == "running" for r in run_json(run1)["ranks"])
+                stop = xl(["stop", run1.name], xl_env(homes[1]))
+                assert stop.returncode == 0 and stop.stdout.strip() == f"{run1.name} stopped", stop.stdout + stop.stderr
+                finish(procs[1:], timeout=30)
+            else:
+                assert "ends its ranks once node 0 has been silent 8s" in said["message"], said
+                code1, out1 = finish(procs[1:], timeout=90)[0]  # on its own: nobody stops it
+                assert code1 == 1, out1[-3000:]
+                rec1 = run_json(run1)
+                assert rec1["status"] == "failed", rec1
+                assert "rendezvous cannot be reached: this node's ranks were ended" in rec1["failure"]["message"], rec1["failure"]
+                assert "rendezvous cannot be reached" in out1, out1[-3000:]
             for run_dir in (run0, run1):
                 wait_no_processes(run_dir, timeout=10)
         finally:

@@ -5,15 +5,20 @@ run dir keeps the raw bytes.
 
 A real run (torchrun, CPU ranks) prints escapes, names a thread with one and fails with one in its
 exception; the Rich view runs in a pseudo-terminal, `xl stacks` asks the live ranks, `xl logs`
-runs in a pseudo-terminal and in a pipe, and `xl attach --no-tui` prints the failure.
+runs in a pseudo-terminal and in a pipe, `xl attach --no-tui` prints the failure, the app (`xl
+attach` on a terminal) shows the ranks' output and leaves its closing lines, `xl launch` with the app
+runs a second run to its end, and `xl compare` sets the two side by side.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import select
+import struct
 import subprocess
+import termios
 import textwrap
 import threading
 import time
@@ -46,24 +51,30 @@ SCRIPT = textwrap.dedent(
     threading.Thread(target=time.sleep, args=(300,), name={TITLE!r} + "-thread", daemon=True).start()
     print("rank", rank, "says" + {CLIP!r}, flush=True)
     print("title" + {TITLE!r}, flush=True)
+    print("redraw\\r" + {TITLE!r} + "done", flush=True)
     print("ready", flush=True)
     while not os.path.exists(sys.argv[1]):
         time.sleep(0.05)
-    if rank == 1:
+    if rank == 1 and len(sys.argv) == 2:
         raise ValueError("bad input " + {CLIP!r})
     """
 )
 
 
-def _in_pty(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[bytes], list[bytes]]:
-    """Start ``argv`` on a pseudo-terminal; its output is gathered by a thread until it ends."""
+def _in_pty(
+    argv: list[str], env: dict[str, str], cwd: Path, *, keys: bytes = b"", once: bytes = b""
+) -> tuple[subprocess.Popen[bytes], list[bytes]]:
+    """Start ``argv`` on a pseudo-terminal; its output is gathered by a thread until it ends.
+    ``keys`` are typed once the output shows ``once`` (the app drew what the test looks for)."""
     master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
     os.set_blocking(master, False)
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
     os.close(slave)
     out: list[bytes] = []
 
     def pump() -> None:
+        nonlocal keys
         while True:
             ready, _, _ = select.select([master], [], [], 0.2)
             if ready:
@@ -74,6 +85,9 @@ def _in_pty(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess
                 if not data:
                     break
                 out.append(data)
+                if keys and once in b"".join(out):
+                    os.write(master, keys)
+                    keys = b""
             elif proc.poll() is not None:
                 break
         os.close(master)
@@ -109,16 +123,36 @@ def test_escapes_from_ranks_are_drawn_on_every_terminal_view(tmp_path: Path) -> 
         attach_tty, attach_out = _in_pty([*XL, "attach", "last", "--no-tui"], env, tmp_path)
         assert attach_tty.wait(timeout=60) == 1
         logs_pipe = subprocess.run([*XL, "logs", "last", "--rank", "1"], env=env, capture_output=True, timeout=60)
+        # The app on a terminal: the selected rank's output drawn in its log, and once left (q),
+        # the ended run's closing lines (the traceback and the outcome) on the terminal.
+        drawn_clip = "␛]52;c;SGVsbG8=".encode()
+        app, app_out = _in_pty([*XL, "attach", "last"], env, tmp_path, keys=b"q", once=b"redraw")
+        assert app.wait(timeout=90) == 1
+        # A second run, to its end under the app (`xl launch` on a terminal), then both compared:
+        # its argument and environment carry escapes too.
+        second, second_out = _in_pty([*XL, "launch", "--nproc", "2", "--env", "XL_TEST_VAR=v" + CLIP, str(script),
+                                      "go", "arg" + TITLE], env, tmp_path)
+        assert second.wait(timeout=120) == 0
+        compare, compare_out = _in_pty([*XL, "compare", run_dir.name, "last"], env, tmp_path)
+        assert compare.wait(timeout=60) == 0
         time.sleep(0.3)
         logs_shown = b"".join(logs_out)
+        app_shown = b"".join(app_out)
+        assert drawn_clip in app_shown and "redraw␍␛]0;pwned␇done".encode() in app_shown, app_shown[-3000:]
+        closing = app_shown.rsplit(b"\x1b[?1049l", 1)[-1]  # after the app left the alternate screen
+        assert "ValueError: bad input ␛]52;c;SGVsbG8=␇".encode() in closing, closing
+        assert b"xl logs " + run_dir.name.encode() + b" --rank 1" in closing, closing
+        compared = b"".join(compare_out)
+        assert "arg␛]0;pwned␇".encode() in compared and "v␛]52;c;SGVsbG8=␇".encode() in compared, compared
         for what, data in (("view", shown), ("stacks", stacks.stdout.encode()), ("logs on a terminal", logs_shown),
-                           ("attach --no-tui on a terminal", b"".join(attach_out))):
+                           ("attach --no-tui on a terminal", b"".join(attach_out)), ("the app", app_shown),
+                           ("the app's own run", b"".join(second_out)), ("compare", compared)):
             for attack in ATTACKS:
                 assert attack not in data, (what, attack)
         # To a pipe, the ranks' lines are copied as they are (as `xl logs` does); xl's own lines
         # (the failure, the table's last-line column) draw what came from a rank.
         assert "ValueError: bad input ␛]52;c;SGVsbG8=␇".encode() in attach.stdout
-        assert all(line.startswith(b"[rank ") for line in attach.stdout.splitlines() if b"\x1b]" in line), attach.stdout
+        assert all(line.startswith(b"[rank ") for line in attach.stdout.split(b"\n") if b"\x1b]" in line), attach.stdout
         assert "says␛]52;c;SGVsbG8=␇".encode() in logs_shown
         # The files keep the bytes, and `xl logs` to a pipe copies them as they are.
         raw = (run_dir / "logs" / "rank-1.log").read_bytes()

@@ -293,3 +293,27 @@ def test_behind_a_proxy_path_the_page_and_its_websocket_are_under_it(tmp_path: P
         assert 'data-session-websocket-url="wss://proxy.example.org/xl/ws"' in page
         assert ws_upgrade(f"http://127.0.0.1:{port}", token=token, origin="https://proxy.example.org", cookie_name=cookie.split("=")[0]) == 101
         assert ws_upgrade(f"http://127.0.0.1:{port}", token=token, origin="https://other.example.org", cookie_name=cookie.split("=")[0]) == 403
+
+
+def test_tabs_past_the_cap_get_a_page_that_says_so_and_no_app(tmp_path: Path) -> None:
+    home = home_with_runs(tmp_path)
+    with served(["serve", "--port", "0", "--max-tabs", "2"], xl_env(home)) as server, browser() as context:
+        tabs = [open_tab(context, server.url) for _ in range(2)]
+        wait_for(lambda: len(apps(server)) == 2, timeout=30, what="two app processes")
+        third = context.new_page()
+        response = third.goto(server.url)
+        assert response is not None and response.status == 503
+        assert "2 tabs already open" in third.inner_text("body") and "--max-tabs 2" in third.inner_text("body")
+        # However the page was had, a websocket past the cap starts no app.
+        base = server.url.split("/?", 1)[0]
+        token = server.url.rsplit("=", 1)[1]
+        assert ws_upgrade(base, token=token, origin=base) == 503
+        third.wait_for_timeout(1000)
+        assert len(apps(server)) == 2
+        # A tab closed makes room: the reloaded page runs the app.
+        tabs[0].page.close()
+        wait_for(lambda: len(apps(server)) == 1, timeout=30, what="the closed tab's app to end")
+        third.close()
+        tabs.append(open_tab(context, server.url))
+        wait_for(lambda: len(apps(server)) == 2, timeout=30, what="the new tab's app")
+        tabs[2].wait_text("20260530-failed", tabs[2].press("4"))

@@ -7,7 +7,6 @@ keeps, its first line says how many of the log's lines are not in it and where t
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,18 +15,19 @@ from rich.cells import cell_len, chop_cells
 from textual import events
 from textual.widgets import Log
 
+from xl.textsafe import visible
+
 MAX_LINES = 2000  # what stays scrollable; the full log is in the run dir
 MAX_ROWS = 4 * MAX_LINES  # of them wrapped: fewer lines stay when they are long
 
 
-# What Log itself replaces when it draws a line (control codes); the wrap counts what is drawn.
-_CONTROL = re.compile("[\u0000-\u0014]")
 
 
 def wrap(line: str, width: int) -> list[str]:
-    """``line`` cut into rows of at most ``width`` cells (as Log shows it: tabs expanded, control
-    codes replaced); one row when it fits or the width is not known yet."""
-    shown = _CONTROL.sub("\ufffd", line.expandtabs())
+    """``line`` cut into rows of at most ``width`` cells, tabs expanded and every control character
+    drawn (Log itself replaces only some C0 codes and passes ESC to the terminal: a rank's OSC 52
+    would write the person's clipboard); one row when it fits or the width is not known yet."""
+    shown = visible(line.expandtabs())
     if width <= 0 or cell_len(shown) <= width:
         return [shown]
     return chop_cells(shown, width)

@@ -282,7 +282,8 @@ class Sender:
     def _acked(self, seq: int) -> None:
         while self.unacked and self.unacked[0][0] <= seq:
             self.unacked.popleft()
-        if self.spool.replay is not None and not any(r for _, _, r in self.unacked):
+        # Once all sent: a file claimed while frames waited (a frozen collector) is not done yet.
+        if self.spool.replay is not None and self.spool.all_sent() and not any(r for _, _, r in self.unacked):
             self.spool.finish_replay()
 
     def _disconnect(self) -> None:

@@ -23,12 +23,13 @@ class Spool:
         self.path = wire.spool_file(run_dir, rank, pid) if run_dir else None
         self.replay: str | None = None  # the claimed file being sent again
         self.replay_sent = 0  # its lines handed to the connection so far
+        self.replay_total: int | None = None  # its lines, once read
 
     def reset_after_fork(self, pid: int) -> None:
         """A forked child spools to a file of its own; the parent's replay stays the parent's."""
         if self.run_dir:
             self.path = wire.spool_file(self.run_dir, self.rank, pid)
-        self.replay, self.replay_sent = None, 0
+        self.replay, self.replay_sent, self.replay_total = None, 0, None
 
     def append(self, lines: list[bytes]) -> bool:
         """Keep ``lines`` for later; False when they are lost (no run dir, or the disk refused)."""
@@ -52,17 +53,24 @@ class Spool:
             replay = self.path + ".replay"
             with contextlib.suppress(OSError):
                 os.replace(self.path, replay)
-                self.replay, self.replay_sent = replay, 0
+                self.replay, self.replay_sent, self.replay_total = replay, 0, None
 
     def replay_lines(self) -> list[bytes] | None:
         """Every line of the claimed file (None, and replay given up, if it cannot be read)."""
         assert self.replay is not None
         try:
             with open(self.replay, "rb") as fh:
-                return [ln for ln in fh.read().split(b"\n") if ln.strip()]
+                lines = [ln for ln in fh.read().split(b"\n") if ln.strip()]
         except OSError:
             self.replay = None
             return None
+        self.replay_total = len(lines)
+        return lines
+
+    def all_sent(self) -> bool:
+        """Every line of the claimed file was handed to the connection (a file claimed while
+        the connection had no room for it has sent nothing yet)."""
+        return self.replay_total is not None and self.replay_sent >= self.replay_total
 
     def rewind(self, unacked: int) -> None:
         """The connection dropped with ``unacked`` replayed lines unacked: send them again."""
@@ -74,4 +82,4 @@ class Spool:
         if self.replay is not None:
             with contextlib.suppress(OSError):
                 os.unlink(self.replay)
-        self.replay, self.replay_sent = None, 0
+        self.replay, self.replay_sent, self.replay_total = None, 0, None

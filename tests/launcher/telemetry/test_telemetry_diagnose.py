@@ -155,3 +155,26 @@ def test_gpu_memory_high_once_until_it_drops() -> None:
         mem(used)
     assert [e["kind"] for e in events] == ["gpu_mem_high", "gpu_mem_high"]
     assert "GPU 3" in events[0]["message"] and "96%" in events[0]["message"]
+
+
+def test_a_paused_supervisor_judges_ranks_by_their_own_records_after_it() -> None:
+    events: list[dict[str, Any]] = []
+    diag = Diagnoser(events.append, TH)
+    _steps(diag, 1, 0.1, 50)
+    end = _steps(diag, 0, 0.1, 50)  # both ranks' last step at 1004.9
+    diag.tick(1005.0, mono=10.0)
+    # The supervisor did not run for 50 s: the first tick after it finds only old records.
+    diag.tick(1055.0, mono=60.0)
+    assert _kinds(events, "stalled") == []
+    assert [e["paused_s"] for e in events if e["kind"] == "supervisor_paused"] == [50.0]
+    # Rank 0's records of the pause come in with its own times (it stepped throughout); rank 1's
+    # never do: it stopped. Only rank 1 is named, once the threshold has passed since the pause.
+    _steps(diag, 0, 0.1, 600, t0=end)
+    for second in range(1, 26):  # ticks at their usual pace, 1 s apart
+        diag.tick(1055.0 + second, mono=60.0 + second)
+    assert _kinds(events, "stalled") == []
+    for second in range(26, 32):
+        diag.tick(1055.0 + second, mono=60.0 + second)
+    assert _kinds(events, "stalled") == [1]
+    assert "no progress for 81 s" in events[-1]["message"]  # its real idle time, the pause's included
+    assert len([e for e in events if e["kind"] == "supervisor_paused"]) == 1
