@@ -104,6 +104,24 @@ def _standard_error(values: list[float]) -> float:
     return (sum((v - mean) ** 2 for v in values) / max(1, n - 1) / n) ** 0.5
 
 
+def _window_splits(ranks: dict[int, _Rank], since: float) -> dict[int, dict[str, float]]:
+    """Each live rank's per-step phases over its window: per phase, the mean of its timed
+    lines since ``since`` with the highest and lowest tenth left out (one odd step, a GC pause
+    or a checkpoint, would move a plain mean for the whole window), and ``comm_se_s``, the
+    standard error of its comm_s there (how much of a difference in waits chance explains);
+    ranks with fewer than 3 lines there left out."""
+    out: dict[int, dict[str, float]] = {}
+    for rank, st in ranks.items():
+        if not st.alive or st.stalled:
+            continue
+        recent = [s for s in st.splits if s[0] >= since]
+        if len(recent) < 3:
+            continue
+        out[rank] = {key: _trimmed([s[2 + i] for s in recent]) for i, key in enumerate(PHASE_KEYS)}
+        out[rank]["comm_se_s"] = _standard_error([s[4] for s in recent])
+    return out
+
+
 def _is_loss_key(key: str) -> bool:
     return key == "loss" or key.endswith("_loss") or key.startswith("loss")
 
@@ -296,7 +314,7 @@ class Diagnoser:
 
     def _check_stragglers(self, now: float) -> None:
         since = now - self.th.straggler_window_s
-        splits = self._window_splits(since)
+        splits = _window_splits(self._ranks, since)
         if len(splits) >= 2:
             self._vote_by_phase(splits)
             return
@@ -314,23 +332,6 @@ class Diagnoser:
                 steps[rank] = median(list(st.step_times)[-20:])
         if len(steps) >= 2:
             self._vote_by_step_time(steps)
-
-    def _window_splits(self, since: float) -> dict[int, dict[str, float]]:
-        """Each live rank's per-step phases over its window: per phase, the mean of its timed
-        lines since ``since`` with the highest and lowest tenth left out (one odd step, a GC pause
-        or a checkpoint, would move a plain mean for the whole window), and ``comm_se_s``, the
-        standard error of its comm_s there (how much of a difference in waits chance explains);
-        ranks with fewer than 3 lines there left out."""
-        out: dict[int, dict[str, float]] = {}
-        for rank, st in self._ranks.items():
-            if not st.alive or st.stalled:
-                continue
-            recent = [s for s in st.splits if s[0] >= since]
-            if len(recent) < 3:
-                continue
-            out[rank] = {key: _trimmed([s[2 + i] for s in recent]) for i, key in enumerate(PHASE_KEYS)}
-            out[rank]["comm_se_s"] = _standard_error([s[4] for s in recent])
-        return out
 
     def _vote_by_phase(self, splits: dict[int, dict[str, float]]) -> None:
         from xl.launcher.telemetry import straggler  # noqa: PLC0415 - once two ranks time their steps: after their torch imports, not beside them
