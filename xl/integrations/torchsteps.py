@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 from xl import client
@@ -48,19 +49,34 @@ def instrument(torch: Any) -> None:
         return  # nobody to send to
     steps = StepClock()
     steps.on_first_step = client.announce
-    _patch_optimizer(torch, steps)  # without the steps there is nothing: this one may raise
-    for patch in (_patch_backward, _patch_scaler, _patch_dataloader, _patch_module, _patch_wait):
-        try:
-            patch(torch, steps)
-        except Exception:  # a torch we do not know: that part of the split stays empty
-            pass
-    steps.memory = _cuda_peak(torch)
+    hook(torch, steps)
     torch._xl_steps = True
     _clock = steps
     client.attach_steps(steps.collect)
 
 
-def _patch_optimizer(torch: Any, steps: StepClock) -> None:
+def hook(torch: Any, steps: StepClock) -> Callable[[], None]:
+    """Put the patches in place for ``steps``; returns what takes them out again (tests)."""
+    undo = [_patch_optimizer(torch, steps)]  # without the steps there is nothing: may raise
+    for patch in (_patch_backward, _patch_scaler, _patch_dataloader, _patch_module, _patch_wait):
+        try:
+            undo.append(patch(torch, steps))
+        except Exception:  # a torch we do not know: that part of the split stays empty
+            pass
+    steps.memory = _cuda_peak(torch)
+
+    def unhook() -> None:
+        for one in reversed(undo):
+            one()
+
+    return unhook
+
+
+def _restore(owner: Any, name: str, original: Any) -> Callable[[], None]:
+    return lambda: setattr(owner, name, original)
+
+
+def _patch_optimizer(torch: Any, steps: StepClock) -> Callable[[], None]:
     # torch.optim deletes its ``optimizer`` attribute; the module itself is loaded.
     optim = importlib.import_module("torch.optim.optimizer")
     on_thread = steps.on_thread
@@ -73,11 +89,16 @@ def _patch_optimizer(torch: Any, steps: StepClock) -> None:
         if on_thread():
             steps.opt_post(optimizer)
 
-    optim.register_optimizer_step_pre_hook(pre)
-    optim.register_optimizer_step_post_hook(post)
+    handles = (optim.register_optimizer_step_pre_hook(pre), optim.register_optimizer_step_post_hook(post))
+
+    def remove() -> None:
+        for handle in handles:
+            handle.remove()
+
+    return remove
 
 
-def _patch_backward(torch: Any, steps: StepClock) -> None:
+def _patch_backward(torch: Any, steps: StepClock) -> Callable[[], None]:
     autograd = torch.autograd
     original = autograd.backward
     engine = torch.autograd.Variable._execution_engine
@@ -116,9 +137,10 @@ def _patch_backward(torch: Any, steps: StepClock) -> None:
             steps.leave(start)
 
     autograd.backward = backward
+    return _restore(autograd, "backward", original)
 
 
-def _patch_scaler(torch: Any, steps: StepClock) -> None:
+def _patch_scaler(torch: Any, steps: StepClock) -> Callable[[], None]:
     cls = importlib.import_module("torch.amp.grad_scaler").GradScaler
     original = cls.scale
 
@@ -130,9 +152,10 @@ def _patch_scaler(torch: Any, steps: StepClock) -> None:
         return out
 
     cls.scale = scale
+    return _restore(cls, "scale", original)
 
 
-def _patch_dataloader(torch: Any, steps: StepClock) -> None:
+def _patch_dataloader(torch: Any, steps: StepClock) -> Callable[[], None]:
     cls = importlib.import_module("torch.utils.data.dataloader")._BaseDataLoaderIter
     original = cls.__next__
     grad_enabled = torch.is_grad_enabled
@@ -153,9 +176,10 @@ def _patch_dataloader(torch: Any, steps: StepClock) -> None:
             steps.fetched(seconds, batch_size(batch) if batch is not None else 0)
 
     cls.__next__ = __next__
+    return _restore(cls, "__next__", original)
 
 
-def _patch_module(torch: Any, steps: StepClock) -> None:
+def _patch_module(torch: Any, steps: StepClock) -> Callable[[], None]:
     cls = torch.nn.Module
     original = cls.__call__
     grad_enabled = torch.is_grad_enabled
@@ -174,14 +198,12 @@ def _patch_module(torch: Any, steps: StepClock) -> None:
             steps.leave(start)
 
     cls.__call__ = __call__
+    return _restore(cls, "__call__", original)
 
 
-def _patch_wait(torch: Any, steps: StepClock) -> None:
-    try:
-        cls = torch._C._distributed_c10d.Work
-        original = cls.wait
-    except Exception:
-        return  # a torch built without distributed
+def _patch_wait(torch: Any, steps: StepClock) -> Callable[[], None]:
+    cls = torch._C._distributed_c10d.Work  # a torch built without distributed: no comm waits
+    original = cls.wait
     now = steps.clock
     on_thread = steps.on_thread
     waited = steps.waited
@@ -196,10 +218,8 @@ def _patch_wait(torch: Any, steps: StepClock) -> None:
         finally:
             waited(now() - start, data=False)
 
-    try:
-        cls.wait = wait
-    except Exception:
-        pass
+    cls.wait = wait
+    return _restore(cls, "wait", original)
 
 
 def _cuda_peak(torch: Any) -> Any:
