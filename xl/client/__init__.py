@@ -85,7 +85,7 @@ def announce(*keys: str) -> None:
 
 
 def attach_steps(source: Any) -> bool:
-    """Have the sender thread call ``source(given)`` at each wake-up for the scalars of one
+    """Have the sender thread call ``source(given, final)`` at each wake-up for the scalars of one
     ``train`` line (``(t, scalars)`` or None): the steps torch's hooks counted since
     (``xl.integrations.stepclock``). False outside an xl run."""
     sender = _sender

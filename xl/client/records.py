@@ -93,10 +93,11 @@ def train_line(
 
 
 def drain(
-    queue: Any, rank: int, last_rate_t: dict[str, float], given: set[str], source: Any
+    queue: Any, rank: int, last_rate_t: dict[str, float], given: set[str], source: Any, final: bool = True
 ) -> tuple[list[bytes], int]:
     """The queued ``xl.log`` calls as ``train`` lines, then one line for the steps torch's hooks
-    counted since (``source``, xl.client.attach_steps); and how many calls could not be sent.
+    counted since (``source``, xl.client.attach_steps; ``final``: all of them, even the steps
+    that just ended); and how many calls could not be sent.
 
     ``given`` gathers the keys of OWNED the script logged itself: the steps' line leaves them
     out from then on (after the queue, so a key logged for these very steps is already there)."""
@@ -116,7 +117,7 @@ def drain(
             out.append(line)
     if source is not None:
         try:
-            got = source(given)
+            got = source(given, final)
         except Exception:  # the step source must never stop the sender
             got = None
         line = train_line(got[0], got[1], rank, last_rate_t) if got is not None else None

@@ -157,7 +157,8 @@ class Sender:
     def _drain_queue(self) -> list[bytes]:
         if self.queue:
             self.owns_train = True
-        out, dropped = drain(self.queue, self.rank, self.last_rate_t, self.given, self.step_source)
+        final = self.flushing or self.stopping  # every step, even one that just ended
+        out, dropped = drain(self.queue, self.rank, self.last_rate_t, self.given, self.step_source, final)
         self.dropped += dropped  # counted, so the run's events say so
         return out
 

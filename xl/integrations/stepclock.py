@@ -30,6 +30,8 @@ from typing import Any
 # A non-leading optimizer that steps this many times while the leader does not takes the lead
 # (the leader was replaced, or steps less often than it).
 TAKEOVER = 2
+# How old a step must be before the sender reports it (see collect).
+HOLD_S = 0.05
 
 
 class StepClock:
@@ -229,16 +231,24 @@ class StepClock:
 
     # -- the sender thread -----------------------------------------------------------------------
 
-    def collect(self, given: set[str] | frozenset[str] = frozenset()) -> tuple[float, dict[str, Any]] | None:
+    def collect(
+        self, given: set[str] | frozenset[str] = frozenset(), final: bool = True
+    ) -> tuple[float, dict[str, Any]] | None:
         """The steps ended since the last call as one line's scalars (time of its last step), or
-        None. Keys in ``given`` (the rank gives them itself) are left out."""
+        None. Keys in ``given`` (the rank gives them itself) are left out. Unless ``final``, a
+        step younger than HOLD_S waits for the next call: a script's ``xl.log(step=...)`` right
+        after ``optimizer.step()`` reaches the sender first, so its keys are known to be its own."""
         ended = self.ended
         rows = []
+        newest = self.wall() - HOLD_S
         while ended:
             try:
-                rows.append(ended.popleft())
+                row = ended[0]
             except IndexError:
                 break
+            if not final and row[0] > newest:
+                break
+            rows.append(ended.popleft())
         if not rows:
             return None
         n = len(rows)
