@@ -18,13 +18,16 @@ pytestmark = pytest.mark.e2e
 SPLIT = ("data_s", "compute_s", "comm_s", "other_s")
 
 
-def _launch(tmp_path: Path, *script_args: str, instrument: bool = True) -> tuple[Path, Path]:
+def _launch(
+    tmp_path: Path, *script_args: str, instrument: bool = True, script: str = "plain_ddp.py"
+) -> tuple[Path, Path]:
     home, out = tmp_path / "home", tmp_path / "truth"
     out.mkdir()
     args = ["launch", "--nproc", "2", "--no-tui"]
     if not instrument:
         args.append("--no-instrument")
-    args += ["--", str(SUPPORT / "plain_ddp.py"), "--out", str(out), *script_args]
+    args += ["--", str(SUPPORT / script)]
+    args += [str(out), *script_args] if script != "plain_ddp.py" else ["--out", str(out), *script_args]
     proc = xl(args, xl_env(home, OMP_NUM_THREADS="1"), cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_dir = only_run(home)
@@ -59,8 +62,25 @@ def test_every_rank_of_a_plain_ddp_loop_reports_its_own_true_steps(tmp_path: Pat
             assert parts == pytest.approx(line["step_s"], abs=1e-5)
             assert line["samples_per_s"] > 0
         assert sum(line["samples"] for line in lines) == truth["samples"] == 24 * 2 * 8
+        # The rank announced its own train metrics at its first step: what rank 0 prints
+        # ("step 10 loss ...") is not parsed into steps of its own.
+        assert not [line for line in lines if line.get("source") == "log"]
     # The two ranks' losses differ (each sees its own data): neither is rank 0's copied.
     assert _truth(out, 0)["losses"] != _truth(out, 1)["losses"]
+
+
+def test_fsdp2_steps_losses_and_a_split_that_adds_up(tmp_path: Path) -> None:
+    run_dir, out = _launch(tmp_path, script="fsdp2_steps.py")
+    for rank in (0, 1):
+        truth, lines = _truth(out, rank), _train(run_dir, rank)
+        assert lines[-1]["step"] == truth["steps"] == 8
+        assert sum(line.get("steps", 1) for line in lines) == 8
+        for line in lines:
+            assert line["loss"] == pytest.approx(truth["losses"][line["step"] - 1], rel=1e-6)
+            # FSDP2 waits on its reduce-scatter inside backward's final callbacks: counted once
+            assert min(line[k] for k in SPLIT) >= 0
+            assert sum(line[k] for k in SPLIT) == pytest.approx(line["step_s"], abs=1e-5)
+        assert sum(line["samples"] for line in lines) == truth["samples"]
 
 
 def test_no_instrument_means_no_step_records(tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ class StepClock:
         self.loss: Any = None  # detached tensor backward last ran on, this step
         self.scaled: tuple[Any, Any] | None = None  # (weakref to GradScaler output, unscaled loss)
         self.mark: float | None = None  # when the autograd graph finished (final callbacks)
+        self.mark_waits = 0.0  # self.waits then
         # optimizer state
         self.leader: Any = None  # weakref to the optimizer whose steps are steps
         self.rival: Any = None
@@ -149,13 +150,15 @@ class StepClock:
     def graph_done(self) -> None:
         """An autograd final callback queued first: the graph ran; what follows is the wait for
         DDP's buckets (the reducer's callback) and other final callbacks."""
+        self.mark_waits = self.waits
         self.mark = self.clock()
 
     def backward_done(self) -> None:
         mark = self.mark
         if mark is not None:
             self.mark = None
-            self.waited(self.clock() - mark, data=False)
+            # A Work.wait() in a later final callback (FSDP2's reduce-scatter) counted already.
+            self.waited(self.clock() - mark - (self.waits - self.mark_waits), data=False)
 
     # -- optimizer steps -------------------------------------------------------------------------
 
