@@ -104,6 +104,11 @@ def _patch_backward(torch: Any, steps: StepClock) -> Callable[[], None]:
     engine = torch.autograd.Variable._execution_engine
     on_thread = steps.on_thread
     graph_done = steps.graph_done
+    dist = getattr(torch, "distributed", None)
+    available = dist is not None and dist.is_available()
+
+    def distributed() -> bool:
+        return available and dist.is_initialized()
 
     def at_root(grad: Any) -> None:
         # Runs when the loss's own gradient is made, first in the pass: the callback queued now
@@ -121,7 +126,9 @@ def _patch_backward(torch: Any, steps: StepClock) -> Callable[[], None]:
         watch = None
         if root is not None:
             steps.backward(root)
-            if getattr(root, "requires_grad", False) and root.grad_fn is not None:
+            # Only a process group's final callbacks (DDP's reducer, FSDP) wait after the graph:
+            # without one, no hook (a few us a backward).
+            if distributed() and getattr(root, "requires_grad", False) and root.grad_fn is not None:
                 try:
                     watch = root.register_hook(at_root)
                 except Exception:
