@@ -104,11 +104,11 @@ def _patch_backward(torch: Any, steps: StepClock) -> Callable[[], None]:
     engine = torch.autograd.Variable._execution_engine
     on_thread = steps.on_thread
     graph_done = steps.graph_done
-    dist = getattr(torch, "distributed", None)
-    available = dist is not None and dist.is_available()
+    dist: Any = getattr(torch, "distributed", None)
+    initialized = dist.is_initialized if dist is not None and dist.is_available() else None
 
     def distributed() -> bool:
-        return available and dist.is_initialized()
+        return initialized is not None and initialized()
 
     def at_root(grad: Any) -> None:
         # Runs when the loss's own gradient is made, first in the pass: the callback queued now
