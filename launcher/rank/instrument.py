@@ -3,8 +3,9 @@
 The rank entry calls ``install()`` before the user's code runs. It puts one finder at the front
 of ``sys.meta_path`` that answers for a handful of module names only (``HOOKS``); when the script
 imports one of them, the module is loaded exactly as it would be, and then the matching
-``xl.integrations`` function patches it (a Trainer callback, a Lightning callback, Accelerate's
-backward, DeepSpeed's engine step) so that every rank logs its own step, loss and samples.
+``xl.integrations`` function patches it (torch's optimizer, backward and DataLoader hooks, a
+Trainer callback, a Lightning callback, Accelerate's backward, DeepSpeed's engine step) so that
+every rank logs its own step, loss and samples.
 
 Nothing is imported ahead of the script: a script that never imports transformers pays a dict
 lookup per import. Nothing the frameworks print changes. A patch that fails leaves the module as
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 
 # module whose import is watched -> the xl.integrations module whose instrument(module) patches it
 HOOKS = {
+    # torch itself, once its __init__ is done (it loads torch.optim, nn, utils.data, distributed
+    # and amp on the way): plain loops' steps, loss, samples and time split.
+    "torch": "xl.integrations.torchsteps",
     "transformers.trainer": "xl.integrations.transformers",
     "pytorch_lightning.trainer.trainer": "xl.integrations.lightning",
     "lightning.pytorch.trainer.trainer": "xl.integrations.lightning",

@@ -43,8 +43,14 @@ def test_xl_launch_stores_every_rank_and_names_the_straggler(tmp_path: Path) -> 
     wait_no_processes(run_dir, timeout=30)
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for rank in (0, 1):
-        steps = [r["step"] for r in recs if r["kind"] == "train" and r["rank"] == rank]
+        train = [r for r in recs if r["kind"] == "train" and r["rank"] == rank]
+        steps = [r["step"] for r in train if "step" in r]
         assert steps == list(range(1, 41))
+        # The script logs step, loss and samples itself: torch's own step lines add only the
+        # split of the step time, each step once.
+        timed = [r for r in train if "step_s" in r]
+        assert all("step" not in r and "loss" not in r and "samples" not in r for r in timed)
+        assert sum(r.get("steps", 1) for r in timed) == 40
         assert any(r["kind"] == "sys" and r["rank"] == rank and r.get("rss_mib") for r in recs)
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     stragglers = [e for e in events if e["kind"] == "straggler"]

@@ -25,7 +25,7 @@ from typing import Any
 from xl import envnames
 from xl.client.sender import Sender
 
-__all__ = ["active", "announce", "flush", "log", "watch"]
+__all__ = ["active", "announce", "attach_steps", "flush", "log", "watch"]
 
 EXIT_WAIT_S = 2.0
 
@@ -70,13 +70,29 @@ def _make_log(sender: Sender) -> Any:
     return log
 
 
-def announce() -> None:
+def announce(*keys: str) -> None:
     """Say this rank reports its own train metrics (integrations call it before training), so
-    the supervisor does not also parse the metrics the rank prints."""
+    the supervisor does not also parse the metrics the rank prints.
+
+    ``keys``: the train keys (``step``, ``loss``, ``samples``) this rank gives itself from now
+    on, before it has logged them: the steps torch's hooks report leave them out (a key given
+    to ``xl.log`` counts too, from the call that gives it)."""
     sender = _sender
     if sender is not None:
+        sender.given.update(keys)
         sender.owns_train = True
         sender.wake.set()
+
+
+def attach_steps(source: Any) -> bool:
+    """Have the sender thread call ``source(given, final)`` at each wake-up for the scalars of one
+    ``train`` line (``(t, scalars)`` or None): the steps torch's hooks counted since
+    (``xl.integrations.stepclock``). False outside an xl run."""
+    sender = _sender
+    if sender is None:
+        return False
+    sender.step_source = source
+    return True
 
 
 def flush(timeout: float = 5.0) -> bool:

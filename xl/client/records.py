@@ -14,6 +14,8 @@ from typing import Any
 
 from xl import wire
 
+# Keys that, once the script gives them, the steps' line leaves out (no double counting).
+OWNED = ("step", "loss", "samples")
 # (count key, rate key): ``samples=`` is what was processed since the previous call that gave it.
 _RATES = (("samples", "samples_per_s"), ("tokens", "tokens_per_s"))
 
@@ -76,7 +78,8 @@ def train_line(
         if isinstance(count, (int, float)) and not isinstance(count, bool):
             prev = last_rate_t.get(count_key)
             last_rate_t[count_key] = t
-            if prev is not None and t > prev:
+            if prev is not None and t > prev and rate_key not in rec:
+                # A rate given beside the count (the step clock's, over the steps' own time) stays.
                 rec[rate_key] = round(count / (t - prev), 3)
     if nonfinite:
         rec["nonfinite"] = nonfinite
@@ -87,6 +90,40 @@ def train_line(
     if not line or len(line) > wire.MAX_RECORD:
         return None
     return line
+
+
+def drain(
+    queue: Any, rank: int, last_rate_t: dict[str, float], given: set[str], source: Any, final: bool = True
+) -> tuple[list[bytes], int]:
+    """The queued ``xl.log`` calls as ``train`` lines, then one line for the steps torch's hooks
+    counted since (``source``, xl.client.attach_steps; ``final``: all of them, even the steps
+    that just ended); and how many calls could not be sent.
+
+    ``given`` gathers the keys of OWNED the script logged itself: the steps' line leaves them
+    out from then on (after the queue, so a key logged for these very steps is already there)."""
+    out: list[bytes] = []
+    dropped = 0
+    while queue:
+        try:
+            t, scalars = queue.popleft()
+        except IndexError:
+            break
+        if len(given) < len(OWNED):
+            given.update(k for k in OWNED if k in scalars)
+        line = train_line(t, scalars, rank, last_rate_t)
+        if line is None:
+            dropped += 1
+        else:
+            out.append(line)
+    if source is not None:
+        try:
+            got = source(given, final)
+        except Exception:  # the step source must never stop the sender
+            got = None
+        line = train_line(got[0], got[1], rank, last_rate_t) if got is not None else None
+        if line is not None:
+            out.append(line)
+    return out, dropped
 
 
 def sys_line(t: float, rank: int, fields: dict[str, float]) -> bytes | None:

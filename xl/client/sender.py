@@ -27,7 +27,7 @@ from collections import deque
 from typing import Any
 
 from xl import envnames, wire
-from xl.client.records import cuda_counters, sys_line, train_line
+from xl.client.records import cuda_counters, drain, sys_line
 from xl.client.spool import Spool
 from xl.client.watch import CommWatch
 
@@ -67,6 +67,8 @@ class Sender:
         self.comm = CommWatch()
         self.dropped = 0
         self.owns_train = False
+        self.given: set[str] = set()  # train keys the rank gives itself (records.drain)
+        self.step_source: Any = None  # xl.client.attach_steps
         self.seq = 0
         self.sock: socket.socket | None = None
         self.next_connect = 0.0
@@ -102,6 +104,7 @@ class Sender:
         self.dropped = 0
         self.seq = 0
         self.owns_train = False
+        self.given, self.step_source = set(), None  # the parent's steps are the parent's
         self.last_rate_t = {}
         self.io_lock = threading.Lock()
         self.wake = threading.Event()
@@ -152,21 +155,11 @@ class Sender:
                 self._spool(lines)
 
     def _drain_queue(self) -> list[bytes]:
-        out: list[bytes] = []
-        queue = self.queue
-        if queue:
+        if self.queue:
             self.owns_train = True
-        rank, rates = self.rank, self.last_rate_t
-        while queue:
-            try:
-                t, scalars = queue.popleft()
-            except IndexError:
-                break
-            line = train_line(t, scalars, rank, rates)
-            if line is None:
-                self.dropped += 1  # counted, so the run's events say so
-            else:
-                out.append(line)
+        final = self.flushing or self.stopping  # every step, even one that just ended
+        out, dropped = drain(self.queue, self.rank, self.last_rate_t, self.given, self.step_source, final)
+        self.dropped += dropped  # counted, so the run's events say so
         return out
 
     # -- transport ----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from accelerate.tracking import GeneralTracker
 
 import xl
 from xl import client
-from xl.integrations.report import batch_size, claim, state_of
+from xl.integrations.report import OWN_KEYS, batch_size, claim, state_of
 
 _RENAME = {"train_loss": "loss", "learning_rate": "lr"}
 
@@ -79,7 +79,7 @@ class _Steps:
         self.micro = 0
         self.samples = 0
         self.last_t: float | None = None
-        client.announce()
+        client.announce(*OWN_KEYS)
 
     def count(self, module: Any, args: Any, kwargs: Any) -> None:
         if getattr(module, "training", True):

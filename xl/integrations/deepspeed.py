@@ -14,14 +14,14 @@ from typing import Any
 
 import xl
 from xl import client
-from xl.integrations.report import claim, state_of
+from xl.integrations.report import OWN_KEYS, claim, state_of
 
 
 class _Steps:
     def __init__(self) -> None:
         self.loss: Any = None
         self.micro = 0
-        client.announce()
+        client.announce(*OWN_KEYS)
 
     def backward(self, loss: Any) -> None:
         if getattr(loss, "ndim", None) == 0:

@@ -19,7 +19,7 @@ from typing import Any
 
 import xl
 from xl import client
-from xl.integrations.report import batch_size, claim
+from xl.integrations.report import OWN_KEYS, batch_size, claim
 
 # the validation loss names Lightning's docs and templates use
 _VAL_LOSS = ("val_loss", "valid_loss", "validation_loss", "val/loss")
@@ -53,7 +53,7 @@ class _Logger:
         self.samples = 0
         self.last_step: int | None = None
         self.total: tuple[int, int | None] | None = None  # (epoch, total_steps) as found then
-        client.announce()
+        client.announce(*OWN_KEYS)
 
     def train_batch(self, trainer: Any, outputs: Any, batch: Any) -> None:
         loss = _loss(outputs)

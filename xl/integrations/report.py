@@ -16,6 +16,10 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+# What a framework integration reports for the rank itself: torch's own step records
+# (xl.integrations.torchsteps) leave these keys out once one is there.
+OWN_KEYS = ("step", "loss", "samples")
+
 _LEVEL = {"deepspeed": 1, "accelerate": 2, "transformers": 3, "lightning": 3}
 _owner: str | None = None
 

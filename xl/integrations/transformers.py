@@ -29,7 +29,7 @@ from transformers import TrainerCallback
 
 import xl
 from xl import client
-from xl.integrations.report import claim
+from xl.integrations.report import OWN_KEYS, claim
 
 _RENAME = {"learning_rate": "lr", "loss": "hf_loss"}
 
@@ -40,7 +40,7 @@ class XLCallback(TrainerCallback):
         self._loss: Any = None  # this rank's loss for the step so far (a detached tensor)
         self._tokens = 0
         self._bound: Any = None  # the Trainer whose training_step this callback reads
-        client.announce()
+        client.announce(*OWN_KEYS)
 
     def bind(self, trainer: Any) -> None:
         """Read this rank's loss from ``trainer.training_step``: the value the Trainer adds to the

@@ -58,7 +58,7 @@ IMPORTS = {"in-a-run": _IN_RUN, "no-instrument": {**_IN_RUN, "XL_INSTRUMENT": "0
 
 @pytest.fixture(scope="module")
 def imported() -> dict[str, Any]:
-    """Each of IMPORTS' interpreters imports the Trainer and the Accelerator after the hooks, all
+    """Each of IMPORTS' interpreters imports the Trainer, the Accelerator and torch after the hooks, all
     three at once (each spends seconds importing them): what each found patched."""
     procs = {
         name: _start(
@@ -67,7 +67,9 @@ def imported() -> dict[str, Any]:
             "instrument.install()\n"
             "from transformers import Trainer\n"
             "from accelerate import Accelerator\n"
-            "print(json.dumps([bool(getattr(c, '_xl_instrumented', False)) for c in (Trainer, Accelerator)]))\n",
+            "import torch\n"
+            "found = [bool(getattr(c, '_xl_instrumented', False)) for c in (Trainer, Accelerator)]\n"
+            "print(json.dumps([*found, bool(getattr(torch, '_xl_steps', False))]))\n",
             **env,
         )
         for name, env in IMPORTS.items()
@@ -83,7 +85,7 @@ def imported() -> dict[str, Any]:
 
 @pytest.mark.parametrize(("name", "patched"), [("in-a-run", True), ("no-instrument", False), ("outside-xl", False)], ids=list(IMPORTS))
 def test_a_trainer_is_patched_when_imported_only_in_an_instrumented_run(imported: dict[str, Any], name: str, patched: bool) -> None:
-    assert imported[name] == [patched, patched]
+    assert imported[name] == [patched, patched, patched]  # the Trainer, the Accelerator, torch
 
 
 def test_a_framework_imported_before_the_hooks_is_patched_too() -> None:

@@ -1,0 +1,198 @@
+"""What torch's step hooks cost: a plain DDP loop's step time under `xl launch` with them vs
+`xl launch --no-instrument`, and the hooks' own cost per step in microseconds.
+
+    .venv/bin/python bench/bench_instrument.py [--pairs 8] [--steps 600] [--skip 100] [--width 384]
+    .venv/bin/python bench/bench_instrument.py --micro-only
+
+1. Launch pairs. Both sides run the same plain script (2 CPU ranks, gloo DDP, a DataLoader, a
+   ~10 ms step at the default width on a quiet 2-core machine) under the real `xl launch --no-tui`;
+   the only difference is `--no-instrument`. The script never calls xl: it timestamps each step
+   itself and writes rank 0's steady-state mean step (after ``--skip`` warm-up steps) to a file.
+   Runs come in pairs, A B then B A; each pair gives one ratio instrumented/not; the answer is
+   the median ratio with a bootstrap 95% CI (bench_overhead.median_ci). Goal: +1% at most.
+2. Micro. In this process, the same kind of step (a 3-layer MLP, a DataLoader batch, backward,
+   SGD) with the hooks in place and without, in alternating blocks; the median per-block
+   difference of the thread's CPU time is the hooks' cost per step on the training thread (the
+   sender thread's reading is not in it: it runs ten times a second, not per step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_overhead import median_ci, pct  # bench/ is sys.path[0] when run as a script
+
+REPO = Path(__file__).resolve().parent.parent
+
+SCRIPT = '''
+import os, sys, time, json
+import torch, torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+steps, skip, width, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(rank)
+model = nn.parallel.DistributedDataParallel(
+    nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(steps * 32, width)
+loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=32)
+marks = []
+for i, (xb, yb) in enumerate(loader):
+    loss = nn.functional.mse_loss(model(xb), yb)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    marks.append(time.perf_counter())
+    if i % 100 == 0 and rank == 0:
+        print(f"step {i} loss {loss.item():.3f}", flush=True)
+if rank == 0:
+    window = marks[skip:]
+    with open(out, "w") as fh:
+        json.dump({"mean_step_s": (window[-1] - window[0]) / (len(window) - 1)}, fh)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def run_once(instrument: bool, args: argparse.Namespace, tmp: Path, n: int) -> float:
+    script = tmp / "plain_loop.py"
+    if not script.exists():
+        script.write_text(SCRIPT)
+    out = tmp / f"step-{n}.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", XL_HOME=str(tmp / "home"), XL_STOP_GRACE="1")
+    for key in ("XL_COLLECTOR", "XL_TOKEN", "XL_RUN_DIR", "XL_RUN_ID", "XL_INSTRUMENT"):
+        env.pop(key, None)
+    argv = [sys.executable, "-m", "xl", "launch", "--nproc", "2", "--no-tui"]
+    if not instrument:
+        argv.append("--no-instrument")
+    argv += ["--", str(script), str(args.steps), str(args.skip), str(args.width), str(out)]
+    proc = subprocess.run(argv, env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0 or not out.exists():
+        raise SystemExit(f"run {n} failed: {proc.stderr[-1500:]}")
+    return float(json.loads(out.read_text())["mean_step_s"])
+
+
+def launch_pairs(args: argparse.Namespace) -> dict[str, object]:
+    ratios, on_steps, off_steps = [], [], []
+    with tempfile.TemporaryDirectory(prefix="xl-bench-instrument-") as name:
+        tmp = Path(name)
+        for i in range(args.pairs):
+            order = (True, False) if i % 2 == 0 else (False, True)
+            got = {side: run_once(side, args, tmp, 2 * i + k) for k, side in enumerate(order)}
+            on_steps.append(got[True])
+            off_steps.append(got[False])
+            ratios.append(got[True] / got[False])
+            print(
+                f"pair {i + 1}: instrumented {got[True] * 1e3:.2f} ms, --no-instrument "
+                f"{got[False] * 1e3:.2f} ms, {pct(ratios[-1])}",
+                flush=True,
+            )
+    lo, hi = median_ci(ratios)
+    med = statistics.median(ratios)
+    print(
+        f"step time, instrumented vs --no-instrument: median {pct(med)} (95% CI {pct(lo)} .. {pct(hi)}), "
+        f"steps {statistics.median(on_steps) * 1e3:.2f} vs {statistics.median(off_steps) * 1e3:.2f} ms"
+    )
+    return {
+        "pairs": len(ratios),
+        "ratio_median": round(med, 4),
+        "ratio_ci95": [round(lo, 4), round(hi, 4)],
+        "step_ms_instrumented": round(statistics.median(on_steps) * 1e3, 3),
+        "step_ms_no_instrument": round(statistics.median(off_steps) * 1e3, 3),
+    }
+
+
+def micro(args: argparse.Namespace) -> dict[str, object]:
+    import torch  # noqa: PLC0415 - only the micro benchmark needs torch in this process
+    from torch import nn  # noqa: PLC0415 - as above
+    from torch.utils.data import DataLoader, TensorDataset  # noqa: PLC0415 - as above
+
+    from xl.integrations import torchsteps  # noqa: PLC0415 - imports torch's hooks' module
+    from xl.integrations.stepclock import StepClock  # noqa: PLC0415 - as above
+
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(4096 * 8, 16)
+    loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)
+
+    def block(n: int) -> float:
+        batches = iter(loader)
+        # CPU time of this thread: what the hooks add to the training thread, far less moved
+        # by other processes on a shared machine than the wall clock.
+        start = time.thread_time()
+        for _ in range(n):
+            xb, yb = next(batches)
+            loss = nn.functional.mse_loss(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return (time.thread_time() - start) / n
+
+    block(200)
+    diffs, ons, offs = [], [], []
+    for i in range(args.blocks):
+        clock = StepClock()
+        unhook = torchsteps.hook(torch, clock)
+        try:
+            on = block(args.block_steps)
+        finally:
+            unhook()
+        clock.collect()
+        off = block(args.block_steps)
+        ons.append(on)
+        offs.append(off)
+        diffs.append((on - off) * 1e6)
+        if i % 10 == 9:
+            print(f"micro block {i + 1}: hooks {on * 1e6:.1f} us, none {off * 1e6:.1f} us", flush=True)
+    lo, hi = median_ci(diffs)
+    med = statistics.median(diffs)
+    # The least disturbed block of each side: on a busy machine the other load only ever adds.
+    quiet = (min(ons) - min(offs)) * 1e6
+    print(
+        f"the hooks' cost per step on the training thread: median {med:.1f} us (95% CI {lo:.1f} .. {hi:.1f}); "
+        f"least-disturbed blocks {quiet:.1f} us of a {min(offs) * 1e6:.0f} us step"
+    )
+    return {
+        "hook_us_per_step": round(med, 2),
+        "hook_us_ci95": [round(lo, 2), round(hi, 2)],
+        "hook_us_quietest": round(quiet, 2),
+        "step_us_quietest": round(min(offs) * 1e6, 1),
+        "blocks": len(diffs),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=8, help="A/B pairs of launches (each is one ratio)")
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--skip", type=int, default=100, help="warm-up steps left out")
+    ap.add_argument("--width", type=int, default=384, help="the MLP's width (sets the step time)")
+    ap.add_argument("--blocks", type=int, default=60, help="micro: alternating blocks")
+    ap.add_argument("--block-steps", type=int, default=100, help="micro: steps per block")
+    ap.add_argument("--micro-only", action="store_true")
+    ap.add_argument("--json", help="also write the figures here")
+    args = ap.parse_args()
+    figures: dict[str, object] = {"cpu_count": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
+    figures["micro"] = micro(args)
+    if not args.micro_only:
+        figures["launch"] = launch_pairs(args)
+    print(json.dumps(figures))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

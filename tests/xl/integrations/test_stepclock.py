@@ -1,0 +1,140 @@
+"""The step clock's accounting on a fake clock: exact figures, no torch, no timing."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from xl.integrations.stepclock import HOLD_S, StepClock
+from xl.integrations.torchsteps import _cuda_peak
+
+
+class Fake:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _clock() -> tuple[StepClock, Fake]:
+    fake = Fake()
+    return StepClock(clock=fake, wall=lambda: 1000.0 + fake.now), fake
+
+
+class Opt:
+    pass
+
+
+def _step(steps: StepClock, fake: Fake, opt: Any, seconds: float = 0.001) -> None:
+    steps.opt_pre()
+    fake.now += seconds
+    steps.opt_post(opt)
+
+
+def test_waits_inside_a_region_are_not_compute_and_the_parts_add_up() -> None:
+    steps, fake = _clock()
+    opt = Opt()
+    steps.fetched(0.0, 8)  # the first step starts here
+    fake.now += 0.2  # the script's own code: other
+    start = steps.enter()  # forward
+    fake.now += 0.1
+    steps.leave(start)
+    start = steps.enter()  # backward: 0.3 s, of which the last 0.25 s wait for DDP's buckets
+    fake.now += 0.05
+    steps.graph_done()
+    fake.now += 0.25
+    steps.backward_done()
+    steps.leave(start)
+    _step(steps, fake, opt, 0.05)
+    _t, line = steps.collect()
+    assert line["step"] == 1 and line["samples"] == 8
+    assert line["step_s"] == 0.65
+    assert (line["data_s"], line["compute_s"], line["comm_s"], line["other_s"]) == (0.0, 0.2, 0.25, 0.2)
+
+
+def test_a_wait_in_a_later_final_callback_counts_once() -> None:
+    # FSDP2: its final callback waits on the reduce-scatter (Work.wait, counted as it happens)
+    # inside the tail that follows the graph: the tail counts only what is not counted yet.
+    steps, fake = _clock()
+    start = steps.enter()
+    fake.now += 0.1
+    steps.graph_done()
+    fake.now += 0.05
+    steps.waited(0.3, data=False)
+    fake.now += 0.3
+    steps.backward_done()
+    steps.leave(start)
+    _step(steps, fake, Opt(), 0.0)
+    _t, line = steps.collect()
+    assert line["comm_s"] == 0.35 and line["compute_s"] == 0.1 and line["other_s"] == 0.0
+
+
+def test_a_step_that_raised_does_not_leave_its_region_open() -> None:
+    steps, fake = _clock()
+    opt = Opt()
+    _step(steps, fake, opt)
+    steps.opt_pre()  # optimizer.step raised: its post hook never ran
+    fake.now += 1.0
+    _step(steps, fake, opt, 0.5)
+    assert steps.depth == 0
+    start = steps.enter()
+    assert start >= 0  # a forward at the top is timed again
+    steps.leave(start)
+
+
+def test_the_leader_and_the_takeover() -> None:
+    steps, fake = _clock()
+    d, g, new = Opt(), Opt(), Opt()
+    for _ in range(3):
+        _step(steps, fake, d)
+        _step(steps, fake, g)  # alternating 1:1: never takes the lead
+    assert steps.step == 3
+    for _ in range(3):
+        _step(steps, fake, new)  # the leader is gone: the second step of another takes over
+    assert steps.step == 5
+
+
+def test_a_step_just_ended_waits_for_the_next_call_unless_final() -> None:
+    steps, fake = _clock()
+    _step(steps, fake, Opt())
+    assert steps.collect(final=False) is None  # younger than HOLD_S
+    fake.now += HOLD_S * 2
+    assert steps.collect(final=False) is not None
+    _step(steps, fake, Opt())
+    assert steps.collect(final=True) is not None
+
+
+def test_keys_the_rank_gives_itself_are_left_out() -> None:
+    steps, fake = _clock()
+    steps.loss = SimpleNamespace(ndim=0)
+    steps.samples, steps.batches = 4, 1
+    _step(steps, fake, Opt())
+    _t, line = steps.collect({"step", "loss", "samples"})
+    assert not {"step", "loss", "samples", "samples_per_s"} & set(line)
+    assert {"step_s", "data_s", "compute_s", "comm_s", "other_s"} <= set(line)
+
+
+def test_cuda_peak_is_the_allocators_counter_reset_each_step() -> None:
+    calls: list[str] = []
+    peaks = iter([3 * 2**30, 2**30])
+
+    def max_memory_allocated() -> int:
+        calls.append("max")
+        return next(peaks)
+
+    cuda = SimpleNamespace(
+        is_initialized=lambda: True,
+        max_memory_allocated=max_memory_allocated,
+        reset_peak_memory_stats=lambda: calls.append("reset"),
+        synchronize=lambda: calls.append("sync"),
+    )
+    steps, fake = _clock()
+    steps.memory = _cuda_peak(SimpleNamespace(cuda=cuda))
+    _step(steps, fake, Opt())
+    _step(steps, fake, Opt())
+    _t, line = steps.collect()
+    assert line["mem_peak_mib"] == 3072.0  # the line's steps' highest peak
+    assert calls == ["max", "reset", "max", "reset"]  # host-side counters, never a sync
+    idle = _cuda_peak(SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: False)))
+    assert idle() is None  # a rank that never used CUDA: no key
