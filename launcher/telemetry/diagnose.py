@@ -48,6 +48,9 @@ class Thresholds:
     straggler_wait_ratio: float = 0.5
     step_time_ratio: float = 1.2
     gpu_mem_high: float = 0.95
+    # A quiet spell this long (and a few median steps) is looked at for a collective mismatch.
+    mismatch_after_s: float = 3.0
+    mismatch_steps: float = 3.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Thresholds:
@@ -323,6 +326,19 @@ class Diagnoser:
                     self._event(
                         "recovered", rank, f"rank {rank} is no longer a straggler", of="straggler"
                     )
+
+    def quiet(self, now: float | None = None) -> tuple[float | None, float]:
+        """(seconds since any live rank last progressed, None when one never reported; from how
+        many seconds of it a mismatch is looked for: ``mismatch_after_s``, or a few of the
+        slowest rank's median steps when longer)."""
+        now = time.time() if now is None else now
+        with self._lock:
+            live = [st for st in self._ranks.values() if st.alive and st.last_progress_t is not None]
+            if not live:
+                return None, self.th.mismatch_after_s
+            idle = max(0.0, now - max(st.last_progress_t or 0.0 for st in live))
+            step = max((median(st.step_times) for st in live if st.step_times), default=0.0)
+            return idle, max(self.th.mismatch_after_s, self.th.mismatch_steps * step)
 
     def any_stalled(self) -> bool:
         with self._lock:

@@ -310,6 +310,7 @@ class Telemetry:
         self.diagnoser.tick()
         if not self.diagnoser.any_stalled():
             self.hang.over()
+        self.hang.quiet(*self.diagnoser.quiet())  # a mismatch is named before any stall
         self._flush_dropped()
         self.writer.maybe_flush()
 
