@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from xl.launcher.spec import LaunchSpec
 
 TEXT_FIELDS = ("target", "args", "gpus", "nproc", "nnodes", "node_rank", "rdzv", "env", "name")
+# Terminal rows below which the fields drop their borders: the bordered form (three rows a
+# field) needs 33 with the header, the summary and the footer.
+COMPACT_BELOW = 34
 
 
 class LaunchScreen(XLScreen):
@@ -93,6 +96,14 @@ class LaunchScreen(XLScreen):
         with Horizontal(classes="form-row"):
             yield Label(label, classes="form-label")
             yield Input(getattr(self.initial, field), placeholder=placeholder, id=field)
+
+    def on_resize(self) -> None:
+        # Fields without their borders when the terminal is short: at 80x24 the whole form fits
+        # with no scrollbar (whose thumb read as a stray "▄▄" beside Mixed precision).
+        compact = self.size.height < COMPACT_BELOW
+        self.set_class(compact, "-compact")
+        for field in self.query("#launch-form Input, #launch-form Select"):
+            field.compact = compact  # type: ignore[attr-defined]
 
     def on_mount(self) -> None:
         self.title = "xl — Launch"
