@@ -105,7 +105,6 @@ class StacksScreen(ModalScreen[None]):
         box = self.query_one("#stacks-scroll", VerticalScroll)
         self.watch(box, "scroll_y", self._where)
         self.watch(box, "virtual_size", self._where)
-        box.focus()  # the arrows and page keys scroll the text
         self._ask()
 
     @work(thread=True, exclusive=True, group="stacks")
