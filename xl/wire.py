@@ -30,13 +30,15 @@ import os
 import struct
 from typing import Any, TypeGuard
 
+from xl.figures import KEYS as FIGURE_KEYS
+
 VERSION = 1
 HEADER = struct.Struct(">I")
 # One frame holds at most one batch of records; a client splits larger batches. The cap bounds
 # what a broken or hostile peer can make the collector buffer.
 MAX_FRAME = 1 << 20
 MAX_RECORD = 16 << 10
-MAX_KEYS = 64
+MAX_KEYS = 64  # of a record's keys that are not xl's figures (xl.figures)
 MAX_KEY_LEN = 64
 MAX_STR = 256
 # Keys every metrics.jsonl line owns; a scalar with one of these names is renamed by the client.
@@ -175,7 +177,9 @@ def parse_record(line: bytes, rank: int) -> dict[str, Any]:
     t = rec.get("t")
     if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
         raise FrameError("bad_time")
-    if len(rec) > MAX_KEYS:
+    if len(rec) > MAX_KEYS and len(rec.keys() - FIGURE_KEYS) > MAX_KEYS:
+        # The script's own keys are capped; xl's figures (xl.figures) come on top of them, so
+        # a script that logs 64 keys of its own keeps its step split.
         raise FrameError("too_many_keys")
     for key, value in rec.items():
         if len(key) > MAX_KEY_LEN:

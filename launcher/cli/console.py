@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from xl.launcher.cli import splittable
 from xl.launcher.rundir import timing
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Failure
@@ -121,7 +122,9 @@ def _summary(state: RunState) -> str:
     if state.failure:
         text += f": {visible(state.failure.message)}"
     spent = timing.describe(state.record.get("time")) if state.final and state.record else None
-    return f"{text}\n{spent}" if spent else text  # where the time went (docs/compare.md)
+    phases = timing.describe_phases(state.record.get("time")) if spent and state.record else None
+    # where the time went (docs/compare.md), and the steps' time by phase where they were timed
+    return "\n".join(x for x in (text, spent, phases) if x)
 
 
 # ---------------------------------------------------------------------------------- plain lines
@@ -251,7 +254,7 @@ def watch_plain(state: RunState, out: TextIO, on_tick: Callable[[], None] | None
     plain.flush()
     # Where no live table can redraw (a pipe, a file, CI's log), the table comes once, at the end:
     # every rank's state, pid, GPU, exit code and last figures, plain and aligned.
-    print(render_text(state, width=max(100, _width(out))), file=out, end="")
+    print(render_text(state, width=max(100, _width(out))) + splittable.render(state.ranks), file=out, end="")
     failure = state.failure
     if failure is not None and failure.traceback:
         print(f"xl: traceback of rank {failure.rank}:\n{visible(str(failure.traceback), lines=True)}", file=out)
@@ -416,6 +419,8 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
             if on_tick is not None:
                 on_tick()
             time.sleep(POLL_S)
+    if split := splittable.render(state.ranks):
+        console.print(split, end="", highlight=False)
     failure = state.failure
     if failure is not None and failure.traceback:
         console.print(Panel(visible(str(failure.traceback), lines=True), title=f"rank {failure.rank} traceback", border_style="red"))

@@ -7,10 +7,12 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from xl.errors import ArgumentParser
 from xl.launcher.rundir import timing
-from xl.launcher.rundir.record import RunStatus, read_json
+from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.rundir.record import RunStatus, read_json, read_object
 from xl.launcher.rundir.store import NOT_YOURS, UNREADABLE, RunInfo, list_runs
 
 
@@ -30,14 +32,26 @@ def _status(info: RunInfo) -> str:
     return info.status
 
 
+def _split(info: RunInfo) -> dict[str, Any] | None:
+    """Each rank's per-step split from a finished run's digest.json (``{}``: no step was timed);
+    None while it runs, or with no digest (a run ended by an older xl)."""
+    if info.ended_at is None:
+        return None
+    ranks = (read_object(RunLayout(info.run_dir).digest) or {}).get("ranks")
+    if not isinstance(ranks, dict):
+        return None
+    return {rank: split for rank, entry in ranks.items() if (split := timing.per_step(entry)) is not None}
+
+
 def main(argv: Sequence[str]) -> int:
     p = ArgumentParser(prog="xl runs", description="List runs, newest first (as the app's Runs screen); --json lists them oldest first.")
     p.add_argument("--json", action="store_true", help="one JSON array of runs, oldest first (the order runs were made)")
     ns = p.parse_args(list(argv))
     runs = list_runs()
     if ns.json:
-        # ``time``: where a finished run's time went (docs/compare.md), null while it runs.
-        print(json.dumps([{**r.to_json(), "time": timing.valid(read_json(r.run_dir).get("time"))} for r in runs], indent=2))
+        # ``time``: where a finished run's time went (docs/compare.md), null while it runs; and
+        # ``split``: where each rank's steps' time went, per step.
+        print(json.dumps([{**r.to_json(), "time": timing.valid(read_json(r.run_dir).get("time")), "split": _split(r)} for r in runs], indent=2))
         return 0
     if not runs:
         print("no runs yet; start one with 'xl launch SCRIPT' or 'xl demo'")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from xl.errors import UsageError
+from xl.figures import PHASES
 from xl.launcher.rundir import digest, record, timing
 from xl.launcher.rundir.record import RunRecord
 
@@ -119,6 +120,7 @@ def compare(dir_a: Path, dir_b: Path) -> Comparison:
         "speed": {"a": speed_a, "b": speed_b, "ratio": _ratio(speed_a, speed_b)},
         "loss": {"steps": common, "a": [loss_a[s] for s in common], "b": [loss_b[s] for s in common]},
         "time": {"a": a.get("time") or da.get("time"), "b": b.get("time") or db.get("time")},
+        "split": {"a": timing.run_split(da.get("ranks")), "b": timing.run_split(db.get("ranks"))},
     }
     return Comparison(doc, {"a": sa, "b": sb}, {"a": a.name, "b": b.name}, {"a": a.status, "b": b.status})
 
@@ -166,6 +168,11 @@ def rows(c: Comparison) -> list[tuple[str, str, str]]:
     out.append((f"loss ({len(steps)} steps)", "", ""))  # at the steps both runs logged
     picks = sorted({round(i * (len(steps) - 1) / (LOSS_ROWS - 1)) for i in range(LOSS_ROWS)}) if steps else []
     out += [(f"  step {steps[i]:g}", f"{doc['loss']['a'][i]:.4g}", f"{doc['loss']['b'][i]:.4g}") for i in picks]
+    split = doc.get("split") or {}
+    ca, cb = timing.split_cells(split.get("a")), timing.split_cells(split.get("b"))
+    if ca or cb:  # where a step's time went, per step, the mean over each run's ranks
+        out.append(("step split (mean of ranks)", "", ""))
+        out += [(f"  {label}", ca[i] if ca else "-", cb[i] if cb else "-") for i, label in enumerate(("step", *PHASES))]
     out.append(("time", "", ""))
     ta, tb = timing.rows(doc["time"]["a"]), timing.rows(doc["time"]["b"])
     out += [(f"  {ka}", va or "-", vb or "-") for (ka, va), (_kb, vb) in zip(ta, tb, strict=True)]

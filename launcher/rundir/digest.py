@@ -20,21 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from xl.atomic import write_json_atomic
+from xl.figures import PHASE_KEYS
+from xl.figures import finite as _finite
 from xl.launcher.rundir import timing
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.layout import EVENTS, METRICS, RunLayout
 from xl.launcher.rundir.record import RunRecord, read_object
 from xl.stats import median
 
-VERSION = 1
+VERSION = 2  # 2: each rank's step split (``ranks``)
 SERIES_POINTS = 2000  # at most this many steps kept for the loss and samples/s series
 _CHUNK = 8 << 20  # metrics.jsonl is read this much at a time: memory stays bounded
 _MAX_STEPS = 1_000_000  # distinct steps tracked; a file with more keeps its first ones
-
-
-def _finite(v: Any) -> bool:
-    """A number (not a bool), finite: ``v - v`` is 0 only then (inf - inf and nan - nan are nan)."""
-    return (type(v) is float or type(v) is int) and v - v == 0
 
 
 # The events the accounting reads; the rest of events.jsonl is passed over.
@@ -60,6 +57,8 @@ class Digester:
         self.events: list[dict[str, Any]] = []
         self.spans: dict[int, list[float]] = {}  # rank -> [its first train line's t, its last's]
         self.waited: dict[int, float] = {}
+        # rank -> [steps timed, data_s, compute_s, comm_s, other_s] summed (per-step means x steps)
+        self.split: dict[int, list[float]] = {}
         # step -> [its latest line's t, loss sum, loss count, samples/s sum, samples/s count]
         self.steps: dict[float, list[Any]] = {}
         self.queries: list[float] = []
@@ -154,6 +153,8 @@ class Digester:
             near = self._near.get(rank, self._every) if self._near or self._every else None
             if near:
                 self._beside(rank, t, near)
+            if "step_s" in rec:
+                self._split(rank, rec)
             step: Any = rec.get("step")
             if not _finite(step):
                 continue
@@ -172,6 +173,20 @@ class Digester:
             if _finite(v):
                 acc[3] += v
                 acc[4] += 1
+
+    def _split(self, rank: int, rec: dict[str, Any]) -> None:
+        """A line's phases (per-step means) times the steps it stands for, onto its rank's sums."""
+        parts: list[Any] = [rec.get(k) for k in PHASE_KEYS]
+        if not all(_finite(v) and v >= 0 for v in parts):
+            return
+        n: Any = rec.get("steps")
+        n = n if _finite(n) and n >= 1 else 1
+        acc = self.split.get(rank)
+        if acc is None:
+            acc = self.split[rank] = [0.0, 0.0, 0.0, 0.0, 0.0]
+        acc[0] += n
+        for i, v in enumerate(parts, 1):
+            acc[i] += v * n
 
     def _beside(self, rank: int, t: float, near: list[int]) -> None:
         for j in near:
@@ -229,18 +244,22 @@ class Digester:
         start = rec.started_at
         lasts = [s[1] for s in self.spans.values()]
         end = rec.ended_at or max([*lasts, *(float(e["t"]) for e in self.events)], default=start or 0.0)
-        time_doc = None
+        time_doc: dict[str, Any] | None = None
         if start is not None:
             stalled, restarts = self._spans(end)
             firsts = [s[0] for s in self.spans.values()]
             moments = timing.Moments(start, end, max(firsts, default=None), max(lasts, default=None), stalled, restarts)
-            time_doc = timing.account(moments)
+            time_doc = dict(timing.account(moments))
+            phases = timing.by_phase(self.split)
+            if phases is not None:
+                time_doc["phases"] = phases
         at = self.steps
         steps = _thin(sorted(at))
         return {
             "version": VERSION,
             "time": time_doc,
             "waited_s": {str(r): round(w, 3) for r, w in sorted(self.waited.items())},
+            "ranks": {str(r): timing.rank_split(acc) for r, acc in sorted(self.split.items())},
             "speed": _speed(at),
             "steps": steps,
             "loss": [round(at[s][1] / at[s][2], 6) if at[s][2] else None for s in steps],
@@ -291,6 +310,9 @@ def _whole(doc: dict[str, Any]) -> bool:
     if not isinstance(speed, dict) or not all(speed.get(k) is None or _finite(speed.get(k)) for k in ("step_s", "samples_per_s")):
         return False
     time_ok = doc.get("time") is None or timing.valid(doc.get("time")) is not None
+    ranks = doc.get("ranks")
+    if not isinstance(ranks, dict) or not all(isinstance(v, dict) and all(_finite(x) for x in v.values()) for v in ranks.values()):
+        return False
     return time_ok and isinstance(waited, dict) and all(_finite(w) for w in waited.values())
 
 

@@ -12,11 +12,11 @@ to the run directory: the TUI, ``xl attach`` and the ``--no-tui`` view all use t
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
 
+from xl.figures import PLAIN_SYS, PLAIN_TRAIN, number
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import DONE_STATES, rank_outcome
@@ -31,27 +31,7 @@ MAX_INITIAL_BYTES = 64 << 20
 _MAX_EVENTS = 5000
 
 
-def _num(value: Any) -> float | None:
-    """``value`` when it is a finite int or float (not a bool), else None."""
-    if type(value) is float or type(value) is int:  # what JSON numbers are: the fast path
-        return value if math.isfinite(value) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value if math.isfinite(value) else None
-
-
 _NONFINITE = ("nan", "inf", "-inf")  # how xl.log names a non-finite figure
-# The figures a sys line may carry, each copied to the RankView attribute of the same name.
-_SYS_KEYS = (
-    "gpu_util",
-    "gpu_mem_used_mib",
-    "gpu_mem_total_mib",
-    "rss_mib",
-    "cpu_pct",
-    "cuda_alloc_mib",
-    "cuda_reserved_mib",
-    "comm_wait_s",
-)
 
 
 class RunReader:
@@ -125,21 +105,17 @@ class RunReader:
         )
 
     def _apply_metrics(self, records: list[Any]) -> None:
-        # The per-record hot path (640 records a second on a 64-rank run): a finite float, what
-        # nearly every figure is, is taken without a call to _num; anything else goes through it.
+        # The per-record hot path (640 records a second on a 64-rank run). Lines are decoded by
+        # the one rule of xl.figures (no finite t or int rank: skipped), inlined here: a finite
+        # float, what nearly every figure is, is taken without a call to number().
         ranks = self._ranks
-        isfinite = math.isfinite
         for rec in records:
             if type(rec) is not dict and not isinstance(rec, dict):
                 continue
             rank = rec.get("rank")
             t = rec.get("t")
-            if type(t) is not float or not isfinite(t):
-                t = _num(t)
-                if t is None:
-                    continue
-            if type(rank) is not int:  # JSON's ints are exactly int; `true` is not rank 1
-                continue
+            if (type(t) is not float and type(t) is not int) or t - t != 0 or type(rank) is not int:
+                continue  # JSON's ints are exactly int (`true` is not rank 1); finite t only
             view = ranks.get(rank)
             if view is None:
                 view = self._rank(rank)
@@ -149,9 +125,7 @@ class RunReader:
                 self._apply_sys(view, t, rec)
                 continue
             if "step" in rec:
-                step = rec["step"]
-                if type(step) is not int and (type(step) is not float or not isfinite(step)):
-                    step = _num(step)
+                step = number(rec["step"])
                 if step is not None:
                     view.step = step
                     steps = view._steps
@@ -161,15 +135,13 @@ class RunReader:
                         steps.clear()
                         steps.append((t, step))
             if "total_steps" in rec:
-                total = _num(rec["total_steps"])
+                total = number(rec["total_steps"])
                 if total is not None:
                     view.total_steps = total
             if "eval_loss" in rec or "epoch" in rec:
                 self._apply_eval(view, rec)
             if "loss" in rec and "eval_loss" not in rec:
-                loss = rec["loss"]
-                if type(loss) is not float or not isfinite(loss):
-                    loss = _num(loss)
+                loss = number(rec["loss"])
                 if loss is not None:
                     view.loss = loss
                     view.loss_history.append((t, loss))
@@ -178,33 +150,31 @@ class RunReader:
                     named = nonfinite.get("loss") if isinstance(nonfinite, dict) else None
                     view.loss = float(named) if named in _NONFINITE else None
             if "lr" in rec:
-                view.lr = _num(rec["lr"])
+                view.lr = number(rec["lr"])
             if "learning_rate" in rec:
-                view.lr = _num(rec["learning_rate"])
+                view.lr = number(rec["learning_rate"])
             if "samples_per_s" in rec:
-                samples = rec["samples_per_s"]
-                if type(samples) is not float or not isfinite(samples):
-                    samples = _num(samples)
-                view.samples_per_s = samples
+                samples = view.samples_per_s = number(rec["samples_per_s"])
                 if samples is not None:
                     view.samples_history.append((t, samples))
-            if "tokens_per_s" in rec:
-                view.tokens_per_s = _num(rec["tokens_per_s"])
-            if "steps_per_s" in rec:
-                view.steps_per_s = _num(rec["steps_per_s"])
+            for key, attr in PLAIN_TRAIN:
+                if key in rec:
+                    setattr(view, attr, number(rec[key]))
+            if "step_s" in rec:
+                view._took(t, rec)
 
     @staticmethod
     def _apply_eval(view: RankView, rec: dict[str, Any]) -> None:
         for key in ("eval_loss", "epoch"):
-            value = _num(rec.get(key))
+            value = number(rec.get(key))
             if value is not None:  # finite figures only: a null leaves the last one shown
                 setattr(view, key, float(value))
 
     @staticmethod
     def _apply_sys(view: RankView, t: float, rec: dict[str, Any]) -> None:
-        for key in _SYS_KEYS:
+        for key, attr in PLAIN_SYS:
             if key in rec:
-                setattr(view, key, _num(rec[key]))
+                setattr(view, attr, number(rec[key]))
         if "gpu" in rec:
             view.gpu = _gpu(rec["gpu"])
         if isinstance(rec.get("pid"), int) and view.pid is None:

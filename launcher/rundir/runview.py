@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, overload
 
+from xl.figures import phases, steps_of
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.stats import median
@@ -139,14 +140,53 @@ class RankView:
     comm_wait_s: float | None = None
     cuda_alloc_mib: float | None = None  # torch's own counters, from ranks that use CUDA
     cuda_reserved_mib: float | None = None
+    # Where its steps' time goes (xl.figures; the latest line's per-step means, in seconds):
+    # data_s + compute_s + comm_s + other_s == step_s. None until a line gives them.
+    step_s: float | None = None
+    data_s: float | None = None
+    compute_s: float | None = None
+    comm_s: float | None = None
+    other_s: float | None = None
+    mem_peak_mib: float | None = None  # CUDA: its peak allocated memory during its last step
+    mem_mib: float | None = None  # its footprint: PSS over the rank and its children (sys lines)
+    gpu_proc_mem_mib: float | None = None  # what its processes hold on its GPU (NVML, per process)
     last_seen: float | None = None
     exit_code: int | None = None
     diagnosis: str | None = None  # the message of the stalled/straggler event in force
     loss_history: History = field(default_factory=History)
     samples_history: History = field(default_factory=History)
     gpu_util_history: History = field(default_factory=History)
+    step_s_history: History = field(default_factory=History)
+    # Seconds its steps spent in each phase since the reader began (phase_totals: "data_s" ->
+    # seconds, summed over the lines it read, each line's per-step mean times its ``steps``),
+    # and the steps those lines stand for. A huge file's reader starts at its tail: the run's
+    # whole split is the digest's (digest.json ``ranks``).
+    phase_totals: dict[str, float] = field(default_factory=dict)
+    steps_timed: int = 0
     _steps: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64), repr=False)
     _flag: str | None = field(default=None, repr=False)
+
+    @property
+    def split(self) -> dict[str, float] | None:
+        """Its last step's split, {"data_s": .., "compute_s": .., "comm_s": .., "other_s": ..}
+        (per-step seconds), when its latest line gave all four."""
+        parts = {"data_s": self.data_s, "compute_s": self.compute_s, "comm_s": self.comm_s, "other_s": self.other_s}
+        if any(v is None for v in parts.values()):
+            return None
+        return {k: float(v) for k, v in parts.items() if v is not None}
+
+    def _took(self, t: float, rec: Mapping[str, Any]) -> None:
+        """A line with ``step_s``: its history, and its phases added to the totals."""
+        if self.step_s is not None:
+            self.step_s_history.append((t, self.step_s))
+        parts = phases(rec)
+        if parts is None:
+            return
+        n = steps_of(rec)
+        self.steps_timed += n
+        totals = self.phase_totals
+        for key, value in parts.items():
+            totals[key] = totals.get(key, 0.0) + value * n
 
     @property
     def progress(self) -> float | None:

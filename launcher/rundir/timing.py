@@ -16,10 +16,12 @@ decides. docs/compare.md says what each part means; in short, an instant belongs
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
+
+from xl.figures import PHASE_KEYS, PHASES
 
 PARTS = ("startup_s", "training_s", "stalled_s", "restarts_s", "shutdown_s")
 # The words of the one-line summary, in run.json's order.
@@ -81,14 +83,116 @@ def _rounded(parts: dict[str, float]) -> dict[str, float]:
     return {"total_s": round(sum(out.values()), 3), **out}
 
 
-def valid(time: object) -> dict[str, float] | None:
-    """run.json's ``time`` when it is whole (every part a number), else None."""
+def valid(time: object) -> dict[str, Any] | None:
+    """run.json's ``time`` when it is whole (every part a number), else None; its ``phases``
+    kept when they are whole too."""
     if not isinstance(time, Mapping):
         return None
     keys = ("total_s", *PARTS)
-    if not all(isinstance(time.get(k), (int, float)) and not isinstance(time.get(k), bool) for k in keys):
+    if not all(_number(time.get(k)) for k in keys):
         return None
-    return {k: float(time[k]) for k in keys}
+    out: dict[str, Any] = {k: float(time[k]) for k in keys}
+    phases = time.get("phases")
+    if isinstance(phases, Mapping) and all(_number(phases.get(k)) for k in (*PHASE_KEYS, "steps_s")):
+        out["phases"] = {k: float(phases[k]) for k in (*PHASE_KEYS, "steps_s")}
+    return out
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def rank_split(acc: Sequence[float]) -> dict[str, float]:
+    """A rank's steps in brief (digest.json's ``ranks``): ``steps`` timed, the seconds they
+    spent in each phase (each line's per-step means times its ``steps``, summed) and ``step_s``,
+    their mean step time."""
+    steps = acc[0]
+    out: dict[str, float] = {"steps": int(steps)}
+    for key, total in zip(PHASE_KEYS, acc[1:], strict=True):
+        out[key] = round(total, 3)
+    out["step_s"] = round(sum(acc[1:]) / steps, 6) if steps > 0 else 0.0
+    return out
+
+
+def by_phase(split: Mapping[int, Sequence[float]]) -> dict[str, float] | None:
+    """run.json's ``time.phases``: where the training steps' time went, per phase, in seconds:
+    the mean over the ranks that timed steps of the seconds each spent in it; ``steps_s`` is
+    their sum (a rank's time in steps). None when no rank timed a step."""
+    timed = [acc for acc in split.values() if acc[0] > 0]
+    if not timed:
+        return None
+    out = {key: round(sum(acc[i] for acc in timed) / len(timed), 3) for i, key in enumerate(PHASE_KEYS, 1)}
+    return {**out, "steps_s": round(sum(out.values()), 3)}
+
+
+def per_step(split: object) -> dict[str, float] | None:
+    """A rank's timed steps (digest.json's ``ranks`` entry: sums) as per-step means: ``steps``,
+    ``step_s`` and each phase's seconds per step; None when it timed no step."""
+    if not isinstance(split, Mapping):
+        return None
+    steps = split.get("steps")
+    values = [split.get(k) for k in PHASE_KEYS]
+    if not isinstance(steps, (int, float)) or isinstance(steps, bool) or steps <= 0:
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return None
+    out = {key: round(float(v) / steps, 6) for key, v in zip(PHASE_KEYS, values, strict=True)}  # type: ignore[arg-type]
+    return {"steps": int(steps), "step_s": round(sum(out.values()), 6), **out}
+
+
+def run_split(ranks: object) -> dict[str, float] | None:
+    """A run's per-step split (``xl compare``): each figure of per_step, the mean over its ranks
+    that timed steps; None when none did."""
+    per = [p for p in (per_step(v) for v in (ranks.values() if isinstance(ranks, Mapping) else ())) if p is not None]
+    if not per:
+        return None
+    keys = ("steps", "step_s", *PHASE_KEYS)
+    out = {k: round(sum(p[k] for p in per) / len(per), 6) for k in keys}
+    out["steps"] = int(out["steps"])
+    return out
+
+
+def split_cells(split: object) -> list[str] | None:
+    """A per-step split (per_step, run_split) as the tables show it: the step time, then each
+    phase's time and share, e.g. ["312 ms", "250 ms 80%", "20 ms 6%", "35 ms 11%", "7 ms 2%"]."""
+    if not isinstance(split, Mapping) or not split.get("step_s"):
+        return None
+    step = float(split["step_s"])
+    return [ms(step)] + [f"{ms(float(split[k]))} {float(split[k]) / step:.0%}" for k in PHASE_KEYS]
+
+
+def ms(s: float) -> str:
+    """A step's time: "7.3 ms", "312 ms", "2.41 s"."""
+    if s < 0.01:
+        return f"{s * 1000:.1f} ms"
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def phase_shares(split: object) -> list[tuple[str, float]] | None:
+    """(phase word, its share of the steps' time 0-1) for a ``phases`` or ``ranks`` entry (keys
+    data_s, compute_s, comm_s, other_s), in PHASES order; None when it has none or no time."""
+    if not isinstance(split, Mapping):
+        return None
+    values = [split.get(k) for k in PHASE_KEYS]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in values):
+        return None
+    total = float(sum(values))  # type: ignore[arg-type]
+    if total <= 0:
+        return None
+    return [(word, float(v) / total) for word, v in zip(PHASES, values, strict=True)]  # type: ignore[arg-type]
+
+
+def describe_phases(time: object) -> str | None:
+    """The line after describe's for a run whose steps were timed, e.g. "time in steps (131 s per
+    rank): data 12%, compute 70%, comm 15%, other 3%". None without ``time.phases``."""
+    phases = time.get("phases") if isinstance(time, Mapping) else None
+    shares = phase_shares(phases)
+    if shares is None or not isinstance(phases, Mapping):
+        return None
+    parts = ", ".join(f"{word} {share:.0%}" for word, share in shares)
+    total = phases.get("steps_s")
+    per_rank = f" ({seconds(float(total))} per rank)" if isinstance(total, (int, float)) else ""
+    return f"time in steps{per_rank}: {parts}"
 
 
 def seconds(s: float) -> str:

@@ -86,6 +86,14 @@ class Phase(str, Enum):
     ENDED = "ended"  # ``finish`` recorded the outcome
 
 
+def _instrumented(ranks_env: dict[str, Any]) -> bool:
+    """Whether the ranks instrument torch (--no-instrument sets XL_INSTRUMENT=0 in their
+    environment, read as the rank entry's instrument.enabled reads it): only then do they announce
+    their first step, so only then are the bars they print before it held back
+    (launcher/telemetry/logfeed.py)."""
+    return str(ranks_env.get(envnames.INSTRUMENT, "1")).strip() not in ("0", "no", "false")
+
+
 class Supervisor:
     def __init__(self, run_dir: Path) -> None:
         raise_fd_limit()  # before the collector sizes its connection cap
@@ -227,11 +235,11 @@ class Supervisor:
         return True
 
     def _start_telemetry(self) -> dict[str, str]:
-        where: dict[str, Any] = {}
+        where: dict[str, Any] = {"instrumented": _instrumented({**os.environ, **(self.record.get("env") or {})})}
         if self.hub is not None:
-            where = self.hub.collector_hooks()
+            where.update(self.hub.collector_hooks())
         elif self.follower is not None:
-            where = {"forward": forward_records(self.journal)}
+            where["forward"] = forward_records(self.journal)
         env = self.port.start(self.run_dir, self.journal.emit, **where)
         _debug("telemetry started")
         if self.port.telemetry is None and self.hub is not None:

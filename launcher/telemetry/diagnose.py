@@ -6,12 +6,14 @@ runs at 1 Hz and emits events (``stalled``, ``straggler``, ``recovered``, ``nan_
 ``on_stall`` when given (``hang.HangCapture``: it asks every rank where it is first).
 
 Stragglers. In synchronous data parallel training every rank has the same step time: they all
-wait at the gradient all-reduce. What differs is how long each rank waits there. ``xl.watch``
-reports, per step, the time from "bucket ready on this rank" to "all-reduce done": the slow
-rank (the culprit) arrives last and waits least, the others (victims) wait for it. So the
-straggler is the rank whose wait is smallest while the others' is large, sustained over a
-window; the waiting ranks are never named. Without wait data (ranks not synchronised, or no
-xl.watch) step times are compared directly: >= 1.2x the median.
+wait at the gradient all-reduce. What differs is how long each rank waits there. Where the ranks'
+train lines split their steps (``data_s``, ``compute_s``, ``comm_s``, ``other_s``), the rule of
+straggler.py decides each tick's window: the culprit waits least while the others wait much, and
+its ``phase`` is where it spends more than the others. Otherwise ``xl.watch``'s waits (from "bucket
+ready on this rank" to "all-reduce done") tell the same culprit without a phase. The straggler is
+named once it is the same rank for ``XL_STRAGGLER_SUSTAIN`` ticks running; the waiting ranks are
+never named. Without either (ranks not synchronised, or nothing timed) step times are compared
+directly: >= 1.2x the median.
 
 Thresholds can be overridden through the environment (tests use short ones):
 ``XL_STALL_MIN_S`` (30), ``XL_STALL_FACTOR`` (10), ``XL_STRAGGLER_WINDOW_S`` (10),
@@ -29,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xl import envnames, settings
+from xl.figures import PHASE_KEYS, decode, number, phases, steps_of
+from xl.launcher.telemetry import straggler
 from xl.stats import fmean, median, median_low
 
 Emit = Callable[[dict[str, Any]], None]
@@ -46,6 +50,7 @@ class Thresholds:
     straggler_sustain: int = 5
     straggler_min_wait_s: float = 0.02
     straggler_wait_ratio: float = 0.5
+    straggler_min_share: float = 0.1  # of their step, the others wait at least this for the culprit
     step_time_ratio: float = 1.2
     gpu_mem_high: float = 0.95
     # A quiet spell this long (and a few median steps) is looked at for a collective mismatch.
@@ -72,6 +77,8 @@ class _Rank:
     last_step_t: float | None = None
     last_progress_t: float | None = None
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    # Timed steps (train lines with the split): (t, steps, data_s, compute_s, comm_s, other_s).
+    splits: deque[tuple[float, int, float, float, float, float]] = field(default_factory=lambda: deque(maxlen=4096))
     waits: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
     # Latest xl.watch report: (when, seconds the oldest all-reduce bucket has been pending).
     pending: tuple[float, float] | None = None
@@ -82,6 +89,20 @@ class _Rank:
     clear_votes: int = 0
     nan_reported: bool = False
     mem_high: bool = False
+
+
+def _trimmed(values: list[float]) -> float:
+    """The mean of ``values`` without their highest and lowest tenth."""
+    values = sorted(values)
+    cut = len(values) // 10
+    kept = values[cut : len(values) - cut]
+    return sum(kept) / len(kept)
+
+
+def _standard_error(values: list[float]) -> float:
+    n = len(values)
+    mean = sum(values) / n
+    return (sum((v - mean) ** 2 for v in values) / max(1, n - 1) / n) ** 0.5
 
 
 def _is_loss_key(key: str) -> bool:
@@ -120,20 +141,24 @@ class Diagnoser:
     # -- inputs -------------------------------------------------------------------------------
 
     def ingest(self, rank: int, records: list[dict[str, Any]]) -> None:
+        """Records of ``rank`` (metrics.jsonl lines); one without a finite time is skipped, as
+        every reader of the file skips it (xl.figures)."""
         with self._lock:
             st = self._rank(rank)
             for rec in records:
-                if rec.get("kind") == "sys":
-                    self._ingest_sys(rank, st, rec)
+                line = decode(rec)
+                if line is None:
+                    continue
+                if line.kind == "sys":
+                    self._ingest_sys(rank, st, line.t, rec)
                 else:
-                    self._ingest_train(rank, st, rec)
+                    self._ingest_train(rank, st, line.t, rec)
 
-    def _ingest_train(self, rank: int, st: _Rank, rec: dict[str, Any]) -> None:
-        t = float(rec.get("t") or time.time())
-        raw_step = rec.get("step")
-        step: float | None = None
-        if isinstance(raw_step, (int, float)) and not isinstance(raw_step, bool):
-            step = raw_step
+    def _ingest_train(self, rank: int, st: _Rank, t: float, rec: dict[str, Any]) -> None:
+        step = number(rec.get("step"))
+        split = phases(rec)
+        if split is not None:
+            st.splits.append((t, steps_of(rec), *split.values()))  # type: ignore[arg-type]
         if step is not None:
             if st.last_step is None or step != st.last_step:
                 if st.last_step is not None and st.last_step_t is not None and step > st.last_step:
@@ -167,13 +192,13 @@ class Diagnoser:
             at = f" (step {step})" if step is not None else ""
             self._event("recovered", rank, f"rank {rank} made progress again{at}", of="stalled")
 
-    def _ingest_sys(self, rank: int, st: _Rank, rec: dict[str, Any]) -> None:
+    def _ingest_sys(self, rank: int, st: _Rank, t: float, rec: dict[str, Any]) -> None:
         wait = rec.get("comm_wait_s")
-        if isinstance(wait, (int, float)):
-            st.waits.append((float(rec.get("t") or time.time()), float(wait)))
+        if isinstance(wait, (int, float)) and not isinstance(wait, bool):
+            st.waits.append((t, float(wait)))
         pending = rec.get("comm_pending_s")
-        if isinstance(pending, (int, float)):
-            st.pending = (float(rec.get("t") or time.time()), float(pending))
+        if isinstance(pending, (int, float)) and not isinstance(pending, bool):
+            st.pending = (t, float(pending))
         used, total = rec.get("gpu_mem_used_mib"), rec.get("gpu_mem_total_mib")
         if isinstance(used, (int, float)) and isinstance(total, (int, float)) and total > 0:
             frac = used / total
@@ -254,6 +279,10 @@ class Diagnoser:
 
     def _check_stragglers(self, now: float) -> None:
         since = now - self.th.straggler_window_s
+        splits = self._window_splits(since)
+        if len(splits) >= 2:
+            self._vote_by_phase(splits)
+            return
         waits: dict[int, float] = {}
         for rank, st in self._ranks.items():
             recent = [w for t, w in st.waits if t >= since]
@@ -268,6 +297,34 @@ class Diagnoser:
                 steps[rank] = median(list(st.step_times)[-20:])
         if len(steps) >= 2:
             self._vote_by_step_time(steps)
+
+    def _window_splits(self, since: float) -> dict[int, dict[str, float]]:
+        """Each live rank's per-step phases over its window: per phase, the mean of its timed
+        lines since ``since`` with the highest and lowest tenth left out (one odd step, a GC pause
+        or a checkpoint, would move a plain mean for the whole window), and ``comm_se_s``, the
+        standard error of its comm_s there (how much of a difference in waits chance explains);
+        ranks with fewer than 3 lines there left out."""
+        out: dict[int, dict[str, float]] = {}
+        for rank, st in self._ranks.items():
+            if not st.alive or st.stalled:
+                continue
+            recent = [s for s in st.splits if s[0] >= since]
+            if len(recent) < 3:
+                continue
+            out[rank] = {key: _trimmed([s[2 + i] for s in recent]) for i, key in enumerate(PHASE_KEYS)}
+            out[rank]["comm_se_s"] = _standard_error([s[4] for s in recent])
+        return out
+
+    def _vote_by_phase(self, splits: dict[int, dict[str, float]]) -> None:
+        th = self.th
+        blame = straggler.judge(splits, min_wait_s=th.straggler_min_wait_s, wait_ratio=th.straggler_wait_ratio, min_share=th.straggler_min_share, step_ratio=th.step_time_ratio)
+        for rank in splits:
+            is_it = blame is not None and blame.rank == rank
+            if is_it:
+                assert blame is not None
+                self._vote(rank, True, blame.message, **blame.fields())
+            else:
+                self._vote(rank, False, str)
 
     def _vote_by_wait(self, waits: dict[int, float]) -> None:
         culprit = min(waits, key=lambda r: waits[r])
@@ -287,6 +344,7 @@ class Diagnoser:
                     f"the all-reduce while the other ranks wait {victims_wait * 1000:.0f} ms for it"
                 ),
                 method="collective_wait",
+                phase=None,  # xl.watch alone does not say where the culprit's time goes
                 wait_s=round(waits[rank], 4),
                 victims=[r for r in waits if r != rank],
                 victims_wait_s=round(victims_wait, 4),
@@ -304,6 +362,7 @@ class Diagnoser:
                     f"{typical * 1000:.0f} ms ({s / typical:.1f}x)"
                 ),
                 method="step_time",
+                phase=None,  # step times alone do not say where it goes
                 step_s=round(step_s, 4),
                 median_step_s=round(typical, 4),
             )
@@ -328,17 +387,14 @@ class Diagnoser:
                     )
 
     def quiet(self, now: float | None = None) -> tuple[float | None, float]:
-        """(seconds since any live rank last progressed, None when one never reported; from how
-        many seconds of it a mismatch is looked for: ``mismatch_after_s``, or a few of the
-        slowest rank's median steps when longer)."""
+        """(seconds since any live rank progressed, None if none did; the seconds of it after which a
+        mismatch is looked for: ``mismatch_after_s``, or mismatch_steps slowest median steps)."""
         now = time.time() if now is None else now
         with self._lock:
             live = [st for st in self._ranks.values() if st.alive and st.last_progress_t is not None]
-            if not live:
-                return None, self.th.mismatch_after_s
-            idle = max(0.0, now - max(st.last_progress_t or 0.0 for st in live))
             step = max((median(st.step_times) for st in live if st.step_times), default=0.0)
-            return idle, max(self.th.mismatch_after_s, self.th.mismatch_steps * step)
+            idle = max(0.0, now - max(st.last_progress_t or 0.0 for st in live)) if live else None
+        return idle, max(self.th.mismatch_after_s, self.th.mismatch_steps * step)
 
     def any_stalled(self) -> bool:
         with self._lock:

@@ -31,7 +31,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from xl import paths
+from xl import figures, paths
 from xl.launcher import runprocs
 from xl.launcher.rundir import record
 from xl.launcher.rundir.reader import RankView, RunReader, RunView
@@ -59,13 +59,12 @@ class ExporterReader(RunReader):
 
     def _apply_metrics(self, records: list[Any]) -> None:
         for rec in records:
-            if not isinstance(rec, dict) or rec.get("kind") != "train":
+            head = figures.stamp(rec)  # the one rule for a line (a line with no finite t is none)
+            if head is None or rec.get("kind") != "train":
                 continue
-            rank, t = rec.get("rank"), rec.get("t")
-            if type(rank) is not int or not isinstance(t, (int, float)):
-                continue
-            samples = rec.get("samples")
-            if isinstance(samples, (int, float)) and not isinstance(samples, bool) and samples >= 0:
+            rank, t = head
+            samples = figures.number(rec.get("samples"))
+            if samples is not None and samples >= 0:
                 self.samples_total[rank] = self.samples_total.get(rank, 0.0) + samples
             if "step" in rec and t > self.last_step_t.get(rank, float("-inf")):
                 self.last_step_t[rank] = float(t)
@@ -97,6 +96,13 @@ def _state(view: RankView, hung: frozenset[int]) -> str:
     if view.state == "stopped":  # ended by the supervisor, not by its own failure
         return "exited"
     return view.state if view.state in STATES else "running"
+
+
+def _family(key: str) -> str:
+    """The exporter family of a figure, as xl.figures names it."""
+    family = figures.BY_KEY[key].family
+    assert family is not None
+    return family
 
 
 def _text(value: Any) -> str:
@@ -170,6 +176,10 @@ class RunsCollector(Collector):
         rank_info = InfoMetricFamily("xl_rank", "A rank of a live run: its GPU and process.", labels=R)
         run_info = InfoMetricFamily("xl_run", "A live run.", labels=("run_id",))
         reporting = GaugeMetricFamily("xl_ranks_reporting", f"Ranks of the run whose figures arrived in the last {REPORTING_S:.0f} s.", labels=("run_id",))
+        # Where the rank's steps' time goes (xl.figures names each; the latest line's per-step means).
+        step_s = GaugeMetricFamily(_family("step_s"), "The rank's step time, in seconds: its last logged step's (a mean over the steps its line stands for).", labels=R)
+        phase = GaugeMetricFamily(_family("data_s"), "Of the rank's step time, the seconds in each phase (data, compute, comm, other); they sum to xl_rank_step_seconds.", labels=(*R, "phase"))
+        peak = GaugeMetricFamily(_family("mem_peak_mib"), "CUDA: the rank's peak allocated memory during its last logged step.", labels=R)
         for run in runs:
             rec = run.record
             devices = {d.get("index"): d for d in rec.devices}
@@ -203,6 +213,12 @@ class RunsCollector(Collector):
                     rate.add_metric(labels, view.samples_per_s)
                 if rank in run.reader.last_step_t:
                     last.add_metric(labels, run.reader.last_step_t[rank])
+                if view.step_s is not None:
+                    step_s.add_metric(labels, view.step_s)
+                for name, seconds in (view.split or {}).items():
+                    phase.add_metric([*labels, name.removesuffix("_s")], seconds)
+                if view.mem_peak_mib is not None:
+                    peak.add_metric(labels, view.mem_peak_mib * MIB)
                 if view.last_seen is not None and now - view.last_seen <= REPORTING_S:
                     fresh += 1
                 if self.gpus and gpu:
@@ -211,7 +227,7 @@ class RunsCollector(Collector):
                     if view.gpu_mem_used_mib is not None:
                         mem.add_metric([*labels, gpu, uuid], view.gpu_mem_used_mib * MIB)
             reporting.add_metric([rec.run_id], fresh)
-        out: list[Metric] = [step, loss, samples, rate, last, state, rank_info, run_info, reporting]
+        out: list[Metric] = [step, loss, samples, rate, last, step_s, phase, peak, state, rank_info, run_info, reporting]
         if self.gpus:
             out += [util, mem]
         return out

@@ -4,7 +4,8 @@ Two shapes are understood:
 
 - HF Trainer log dicts, printed by its ProgressCallback / PrinterCallback:
   ``{'loss': 0.5, 'grad_norm': 1.2, 'learning_rate': 5e-05, 'epoch': 0.5}`` (values may be
-  quoted numbers such as ``'0.6931'``: ProgressCallback formats floats with ``%.4g``).
+  quoted numbers such as ``'0.6931'``: ProgressCallback formats floats with ``%.4g``). Only a
+  dict that reads as a training log (a loss or an epoch in it) is one: a printed config is not.
 - tqdm progress bars: ``  5%|▌   | 5/100 [00:01<00:20,  4.60it/s]`` (carriage returns split
   one physical line into many updates; the last complete one wins). Bars that are not training
   are left alone: a nested bar (tqdm moves the cursor back up after it: HF Trainer's evaluation
@@ -100,7 +101,7 @@ def parse_hf_dict(text: str) -> dict[str, Any] | None:
             out[name] = None
             continue
         out[name] = num
-    if not out:
+    if not out or not _training_log(out):
         return None
     # A Trainer summary ('train_runtime', ...) is not a step record; keep it but mark it.
     if "train_runtime" in out:
@@ -112,6 +113,17 @@ def parse_hf_dict(text: str) -> dict[str, Any] | None:
     if nonfinite:
         out["nonfinite"] = nonfinite
     return out
+
+
+def _training_log(found: dict[str, Any]) -> bool:
+    """A dict reads as a training log when it gives a loss (``loss``, ``train_loss``,
+    ``eval_loss``, ...) or an ``epoch``, as every dict HF's Trainer prints does; a printed config
+    (``{'eos_token_id': 0, 'bos_token_id': 0}``, ``{'lr': 3e-4, 'batch_size': 64}``) does not."""
+    return any(_is_loss(key) or key == "epoch" for key in found)
+
+
+def _is_loss(key: str) -> bool:
+    return key == "loss" or key.endswith("_loss") or key.startswith("loss_")
 
 
 def parse_tqdm(text: str) -> dict[str, Any] | None:

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from xl.figures import number, stamp
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.telemetry.diagnose import Thresholds
-from xl.launcher.telemetry.verdict import BUSY_WINDOW_S, figure, mismatch, ranges, verdict
+from xl.launcher.telemetry.verdict import BUSY_WINDOW_S, mismatch, ranges, verdict
 from xl.stats import median
 
 # Only the end of the files is read: the newest record of each rank is what counts.
@@ -52,13 +53,13 @@ def _records(run_dir: Path) -> dict[int, tuple[float, float]]:
     steps: dict[int, tuple[float, float]] = {}
     dts: dict[int, list[float]] = {}
     for rec in decode_lines(last_lines(RunLayout(run_dir).metrics, _METRICS_TAIL)):
-        if not isinstance(rec, dict) or rec.get("kind") != "train":
+        head = stamp(rec)  # the one rule for a line (xl.figures): no finite t, no line
+        if head is None or rec.get("kind") != "train":
             continue
-        rank, t, step = rec.get("rank"), rec.get("t"), rec.get("step")
-        if type(rank) is not int or not isinstance(t, (int, float)) or isinstance(t, bool):
-            continue
+        rank, t = head
+        step = number(rec.get("step"))
         last[rank] = max(last.get(rank, t), t)
-        if isinstance(step, (int, float)) and not isinstance(step, bool):
+        if step is not None:
             before = steps.get(rank)
             if before is not None and step > before[0] and t >= before[1]:
                 dts.setdefault(rank, []).append((t - before[1]) / (step - before[0]))
@@ -74,14 +75,13 @@ def recent_cpu(run_dir: Path, now: float) -> dict[int, float]:
     samples: dict[int, list[tuple[float, float]]] = {}
     progressed: dict[int, float] = {}
     for rec in decode_lines(last_lines(RunLayout(run_dir).metrics, _METRICS_TAIL)):
-        if not isinstance(rec, dict):
+        head = stamp(rec)
+        if head is None:
             continue
-        rank, t = rec.get("rank"), figure(rec.get("t"))
-        if type(rank) is not int or t is None:
-            continue
+        rank, t = head
         if rec.get("kind") == "train":
             progressed[rank] = max(progressed.get(rank, t), t)
-        elif rec.get("kind") == "sys" and (cpu := figure(rec.get("cpu_pct"))) is not None and now - BUSY_WINDOW_S <= t <= now + 1:
+        elif rec.get("kind") == "sys" and (cpu := number(rec.get("cpu_pct"))) is not None and now - BUSY_WINDOW_S <= t <= now + 1:
             samples.setdefault(rank, []).append((t, cpu))
     out = {}
     for rank, seen in samples.items():

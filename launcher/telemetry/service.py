@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from xl import envnames, wire
+from xl import envnames, settings, wire
 from xl.address import format_address
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.events import append_event
@@ -33,7 +33,7 @@ from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser
 from xl.launcher.telemetry.hang import HangCapture
-from xl.launcher.telemetry.logfeed import LogFeed
+from xl.launcher.telemetry.logfeed import HOLD_S, LogFeed, Printed
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
 from xl.launcher.telemetry.trouble import Trouble
@@ -54,6 +54,7 @@ class Telemetry:
         on_node: Callable[[int, str, list[dict[str, Any]]], None] | None = None,
         on_node_closed: Callable[[int], None] | None = None,
         forward: Callable[[list[dict[str, Any]]], None] | None = None,
+        instrumented: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.token = token
@@ -75,7 +76,9 @@ class Telemetry:
         self._ranks_lock = threading.Lock()
         # Ranks whose train metrics come from xl.log: their printed dicts are not parsed again.
         self._client_ranks: set[int] = set()
-        self._tqdm_last: dict[int, int] = {}
+        # What ranks print is a step only where they do not report their own (logfeed.Printed).
+        hold = settings.number(envnames.PRINTED_HOLD_S, HOLD_S, floor=0.0)
+        self.printed = Printed(instrumented=instrumented, hold_s=hold)
         self._dropped_pending: dict[tuple[int, str], int] = {}
         self._dropped_lock = threading.Lock()
         self._dropped_last_emit = 0.0
@@ -166,28 +169,19 @@ class Telemetry:
             self.log_feed.put(rank, line)
 
     def _log_found(self, rank: int, found: dict[str, Any]) -> None:
-        if self.writer is None or rank in self._client_ranks:
+        if self.writer is None:
             return
-        if self.collector is not None and rank in self.collector.train_ranks:
+        if rank in self._client_ranks or (self.collector is not None and rank in self.collector.train_ranks):
+            self.printed.announced(rank)
             return
-        if found.pop("summary", False):
-            return
-        if "loss" not in found and "lr" not in found:
-            # tqdm: one record per new step, not one per redraw.
-            step = found.get("step")
-            if step is not None and self._tqdm_last.get(rank) == step:
-                return
-            if step is not None:
-                self._tqdm_last[rank] = step
-        rec: dict[str, Any] = {"t": round(time.time(), 3), "rank": rank, "kind": "train"}
-        for key, value in found.items():
-            rec.setdefault(key if key not in wire.RESERVED else f"user_{key}", value)
-        rec["source"] = "log"
-        try:
-            self.writer.write_lines([wire.dumps_record(rec)])
-        except ValueError:
-            return
-        self.diagnoser.ingest(rank, [rec])
+        self._write_printed(self.printed.found(rank, found, time.time()))
+
+    def _write_printed(self, records: list[dict[str, Any]]) -> None:
+        """Train records from what ranks printed (logfeed.Printed let them through), stored and diagnosed."""
+        if records and self.writer is not None:
+            self.writer.write_lines([wire.dumps_record(rec) for rec in records])
+            for rec in records:
+                self.diagnoser.ingest(rec["rank"], [rec])
 
     def stop_nodes(self, stop: dict[str, Any]) -> None:
         """Node 0: tell every other node to end its part of the run."""
@@ -230,6 +224,7 @@ class Telemetry:
     def _on_records(self, rank: int, records: list[dict[str, Any]]) -> None:
         if rank not in self._client_ranks and any(r.get("kind") == "train" for r in records):
             self._client_ranks.add(rank)
+            self.printed.announced(rank)
         self.diagnoser.ingest(rank, records)
 
     def _on_dropped(self, rank: int, count: int, reason: str = "queue_full") -> None:
@@ -307,6 +302,7 @@ class Telemetry:
                 self._forward(records)
         for rank in dead:
             self.diagnoser.set_alive(rank, False)
+        self._write_printed(self.printed.due(time.time()))
         self.diagnoser.tick()
         if not self.diagnoser.any_stalled():
             self.hang.over()
@@ -325,6 +321,7 @@ class Telemetry:
             **self.collector.stats(),
             "spooled_records": self.spooled_records,
             "unparsed_lines": self.log_feed.skipped,
+            "printed_before_training": self.printed.dropped,
             "metrics_bytes_lost": self.writer.bytes_lost if self.writer is not None else 0,
         }
         write_json_atomic(RunLayout(self.run_dir).collector, status)

@@ -15,13 +15,13 @@ like a hang to the others, and so does a loop that never ends; only the time tel
 
 from __future__ import annotations
 
-import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import xl
+from xl.figures import number
 
 SILENT = "did not answer"  # the start of the error of a rank that was asked and kept quiet
 # Not the person's code: installed packages, the standard library, frozen modules.
@@ -99,9 +99,8 @@ def where(entry: dict[str, Any]) -> str:
 
 def figure(value: Any) -> float | None:
     """``value`` when it is a finite number (not a bool) as JSON gives it, else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+    found = number(value)
+    return None if found is None else float(found)
 
 
 def busy(entry: dict[str, Any]) -> bool:

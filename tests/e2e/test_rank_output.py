@@ -233,7 +233,8 @@ def test_a_killed_relay_never_ends_the_rank(tmp_path: Path, kills: int) -> None:
 
 def test_a_bar_s_latest_redraw_is_parsed_while_the_rank_hangs_mid_line(tmp_path: Path) -> None:
     """tqdm writes '\\r<bar>' and no newline: the bar a hung rank stopped at reaches telemetry
-    (before, it waited for the next write, which never came)."""
+    (before, it waited for the next write, which never came). Under --no-instrument, where the
+    bars are the only steps there are and none is held back (launcher/telemetry/logfeed.py)."""
     script = tmp_path / "train.py"
     script.write_text(
         textwrap.dedent(
@@ -253,7 +254,7 @@ def test_a_bar_s_latest_redraw_is_parsed_while_the_rank_hangs_mid_line(tmp_path:
     home = tmp_path / "home"
     go = tmp_path / "go"
     proc = subprocess.Popen(
-        [*XL, "launch", "--no-tui", "--nproc", "1", str(script), str(go)],
+        [*XL, "launch", "--no-tui", "--no-instrument", "--nproc", "1", str(script), str(go)],
         env=xl_env(home), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     run_dir = wait_run(home)

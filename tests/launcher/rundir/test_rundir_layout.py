@@ -44,8 +44,9 @@ def test_a_folder_s_names_read_back() -> None:
 
 
 def test_rank_code_can_import_it_without_xl_s_dependencies() -> None:
-    # The rank entry imports it before the user's script: standard library (and xl.wire) only.
+    # The rank entry imports it before the user's script: standard library (and xl.wire, with its
+    # table of figures) only.
     code = "import sys; import xl.launcher.rundir.layout; print(sorted(m for m in sys.modules if m.startswith('xl')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ""})
     assert out.returncode == 0, out.stderr
-    assert set(json.loads(out.stdout.replace("'", '"'))) <= {"xl", "xl._version", "xl.wire", "xl.launcher", "xl.launcher.rundir", "xl.launcher.rundir.layout"}
+    assert set(json.loads(out.stdout.replace("'", '"'))) <= {"xl", "xl._version", "xl.wire", "xl.figures", "xl.launcher", "xl.launcher.rundir", "xl.launcher.rundir.layout"}

@@ -87,3 +87,30 @@ def test_values_are_finite_numbers_or_null() -> None:
     out = parse_line("{'loss': 1e400, 'epoch': 2}")
     assert out is not None and out["loss"] is None and out["nonfinite"] == {"loss": "inf"}
     assert not any(isinstance(v, float) and not math.isfinite(v) for v in out.values())
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "{'eos_token_id': 0, 'bos_token_id': 0}",  # transformers' run_clm.py prints its generation config
+        "{'lr': 0.0003, 'batch_size': 64, 'epochs': 10}",  # a plain script's hyperparameters
+        "config: {'n_layer': 12, 'n_head': 12, 'dropout': 0.0}",
+        "{'loss': 'mse', 'optimizer': 'adam'}",  # a loss named, not a value
+    ],
+)
+def test_a_printed_config_dict_is_not_a_training_log(line: str) -> None:
+    assert parse_line(line) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("{'eval_loss': 0.41, 'eval_runtime': 1.2, 'epoch': 1.0}", "eval_loss"),
+        ("{'epoch': 2, 'grad_norm': 0.3}", "epoch"),
+        ("{'loss_mlm': 2.5, 'step': 10}", "loss_mlm"),
+        ("{'val_loss': 1.5}", "val_loss"),
+    ],
+)
+def test_a_dict_with_a_loss_or_an_epoch_reads_as_a_training_log(line: str, key: str) -> None:
+    out = parse_line(line)
+    assert out is not None and key in out

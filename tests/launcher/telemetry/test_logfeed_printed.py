@@ -1,0 +1,75 @@
+"""Which printed bars and dicts are steps (launcher/telemetry/logfeed.py), and the Telemetry
+that stores them: held before a rank's first step under instrumentation, dropped when it
+announces, let through after the hold when it never does, never held without instrumentation."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from xl.launcher.telemetry.logfeed import Printed
+from xl.launcher.telemetry.service import Telemetry
+
+
+def _bar(rank: int, step: int, t: float) -> dict:
+    return {"t": t, "rank": rank, "kind": "train", "step": step, "source": "log"}
+
+
+def test_without_instrumentation_every_bar_is_a_step_at_once() -> None:
+    p = Printed(instrumented=False, hold_s=60)
+    assert p.take(0, _bar(0, 320, 1.0), 1.0) == [_bar(0, 320, 1.0)]
+    assert p.due(1000.0) == []
+
+
+def test_bars_before_the_first_step_are_held_then_dropped_when_the_rank_announces() -> None:
+    p = Printed(instrumented=True, hold_s=60)
+    assert p.take(0, _bar(0, 320, 1.0), 1.0) == []  # datasets' Map 320/320
+    assert p.take(0, _bar(0, 41, 2.0), 2.0) == []  # Loading weights 41/41
+    assert p.take(1, _bar(1, 320, 2.0), 2.0) == []
+    p.announced(0)  # rank 0's first optimizer step
+    assert p.dropped == 2
+    assert p.take(0, _bar(0, 5, 3.0), 3.0) == []  # its training bar: its own steps say more
+    assert p.due(100.0) == [_bar(1, 320, 2.0)], "rank 1 never announced: its hold ran out"
+    assert p.take(1, _bar(1, 321, 101.0), 101.0) == [_bar(1, 321, 101.0)]
+
+
+def test_a_rank_that_never_announces_gets_its_bars_after_the_hold_in_order() -> None:
+    p = Printed(instrumented=True, hold_s=10)
+    for i in range(1, 10):
+        assert p.take(0, _bar(0, i, float(i)), float(i)) == []
+    released = p.take(0, _bar(0, 11, 11.0), 11.0)
+    assert [r["step"] for r in released] == [*range(1, 10), 11]
+    assert p.due(1000.0) == [] and p.dropped == 0
+
+
+def _train(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if '"train"' in x] if path.exists() else []
+
+
+def test_telemetry_holds_bars_when_instrumented_and_stores_them_after_the_hold(tmp_path: Path, monkeypatch) -> None:
+    bar = "Map: 100%|##########| 320/320 [00:00<00:00, 5000.00 examples/s]"
+    monkeypatch.setenv("XL_PRINTED_HOLD_S", "3600")
+    held = Telemetry(tmp_path / "held", token="tok-0123456789abcdef", inventory=False, instrumented=True)
+    held.start()
+    held.feed_log_line(0, bar)
+    held.stop()  # every line queued is parsed first
+    assert _train(tmp_path / "held") == [] and held.printed.dropped == 0
+    plain = Telemetry(tmp_path / "plain", token="tok-0123456789abcdef", inventory=False, instrumented=False)
+    plain.start()
+    plain.feed_log_line(0, bar)
+    plain.stop()
+    assert [(r["rank"], r["step"]) for r in _train(tmp_path / "plain")] == [(0, 320)]
+    monkeypatch.setenv("XL_PRINTED_HOLD_S", "0.2")
+    tel = Telemetry(tmp_path / "due", token="tok-0123456789abcdef", inventory=False, instrumented=True)
+    tel.start()
+    try:
+        tel.feed_log_line(0, bar)
+        deadline = time.monotonic() + 60
+        while not _train(tmp_path / "due"):  # the 1 Hz loop lets it out once its hold ran out
+            assert time.monotonic() < deadline, "the held bar never came out"
+            time.sleep(0.1)
+    finally:
+        tel.stop()
+    assert [(r["rank"], r["step"]) for r in _train(tmp_path / "due")] == [(0, 320)]
