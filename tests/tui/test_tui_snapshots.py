@@ -95,6 +95,20 @@ def test_monitor(snap_compare, _env, run, ranks, size):
     assert snap_compare(_monitor(run, _env), terminal_size=size, run_before=ready)
 
 
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+def test_monitor_step_split(snap_compare, _env, size):
+    """Each rank's step time and its data/compute/comm bar, its footprint as its memory, the
+    straggler's phase in its banner: small and large."""
+    runfixtures.add_step_split(_env / "20260530-straggler")
+
+    async def ready(pilot):
+        await _monitor_ready(pilot, 2)
+        table = pilot.app.screen.query_one(RankTable)
+        await until(pilot, lambda: str(table.cell(1, "time")) != "-")
+
+    assert snap_compare(_monitor("20260530-straggler", _env), terminal_size=size, run_before=ready)
+
+
 def test_gpus(snap_compare, simnvml):
     sim = simnvml(
         gpus=[
