@@ -110,6 +110,10 @@ def collectives() -> tuple[list[dict[str, Any]], str | None]:
         state = "completed" if e.get("retired") or e.get("state") == "completed" else str(e.get("state") or "?")
         began = e.get("time_created_ns")
         row = {"pg": name, "seq": e.get("collective_seq_id"), "op": op, "state": state}
+        if isinstance(pg, list) and pg:
+            # Groups are numbered in the order every rank creates them, the same on every rank;
+            # their names need not differ (torch calls each subgroup without a name "undefined").
+            row["pg_id"] = str(pg[0])
         for key, sizes in (("in", e.get("input_sizes")), ("out", e.get("output_sizes"))):
             if isinstance(sizes, list) and len(sizes) <= MAX_SIZES:
                 row[key] = sizes  # the tensors' shapes: the same collective on two ranks must agree

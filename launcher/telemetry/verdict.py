@@ -138,7 +138,7 @@ class Position:
 def position(entry: dict[str, Any]) -> Position:
     pos = Position(known=bool(entry.get("collectives")))
     for c in entry.get("collectives") or []:
-        pg, seq, op = str(c.get("pg")), c.get("seq"), str(c.get("op"))
+        pg, seq, op = _group(c), c.get("seq"), str(c.get("op"))
         if not isinstance(seq, int):
             continue
         if c.get("state") == "completed":
@@ -202,6 +202,12 @@ def _shapes(c: dict[str, Any]) -> str:
     return f" of {', '.join('x'.join(map(str, s)) or 'scalar' for s in sizes)}" if isinstance(sizes, list) and sizes else ""
 
 
+def _group(c: dict[str, Any]) -> str:
+    """Which process group a collective is of, the same on every rank: its number where the
+    document has it (two subgroups may share a name), else its name."""
+    return str(c.get("pg_id") if c.get("pg_id") is not None else c.get("pg"))
+
+
 def _culprits(parts: list[list[int]]) -> list[int]:
     """The ranks apart from a strict majority; all of them when none has one (two ranks)."""
     parts = sorted(parts, key=len, reverse=True)
@@ -224,8 +230,9 @@ def mismatch(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
     for rank, e in answered.items():
         for c in e.get("collectives") or []:
             if isinstance(c, dict) and type(c.get("seq")) is int:
-                seen.setdefault((str(c.get("pg")), c["seq"]), {})[rank] = c
-    for (pg, seq), rows in sorted(seen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+                seen.setdefault((_group(c), c["seq"]), {})[rank] = c
+    for (_, seq), rows in sorted(seen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        pg = str(next(iter(rows.values())).get("pg"))
         if len(rows) < 2 or all(c.get("state") == "completed" for c in rows.values()):
             continue
         kinds: list[tuple[tuple[str, str, str], list[int]]] = []
@@ -260,7 +267,7 @@ def mismatch(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
 def _crossed(answered: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """Two ranks blocked (their main thread inside torch.distributed) in collectives of two
     process groups, each of which both ranks use, neither having done the other's."""
-    groups = {r: {str(c.get("pg")) for c in e.get("collectives") or [] if isinstance(c, dict)} for r, e in answered.items()}
+    groups = {r: {_group(c) for c in e.get("collectives") or [] if isinstance(c, dict)} for r, e in answered.items()}
     pos = {r: position(e) for r, e in answered.items() if _in_distributed(e)}
     blocked = sorted((r, p.waiting) for r, p in pos.items() if p.waiting is not None)
     for i, (x, (pg_x, seq_x, op_x)) in enumerate(blocked):
@@ -269,13 +276,14 @@ def _crossed(answered: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
                 continue
             if pos[x].done.get(pg_y, -1) >= seq_y or pos[y].done.get(pg_x, -1) >= seq_x:
                 continue
+            name = {_group(c): str(c.get("pg")) for e in answered.values() for c in e.get("collectives") or [] if isinstance(c, dict)}
             return {
                 "ranks": [x, y],
                 "mismatch": True,
                 "message": (
                     f"mismatch of process groups (each waits for the other): rank {x} is in {op_x} #{seq_x} of "
-                    f"process group {pg_x} at {_place(answered[x])}; rank {y} is in {op_y} #{seq_y} of process "
-                    f"group {pg_y} at {_place(answered[y])}"
+                    f"process group {name[pg_x]} at {_place(answered[x])}; rank {y} is in {op_y} #{seq_y} of process "
+                    f"group {name[pg_y]} at {_place(answered[y])}"
                 ),
             }
     return None

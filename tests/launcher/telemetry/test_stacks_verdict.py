@@ -132,6 +132,21 @@ def test_ranks_blocked_in_two_process_groups_each_waiting_for_the_other() -> Non
     }
     # Rank 1 did dp #5 already (rank 0 only has to see it done): no deadlock.
     assert mismatch([blocked(0, ("dp", 5), ("tp", 4)), blocked(1, ("tp", 5), ("dp", 5))]) is None
+    # As the Flight Recorder names them: two subgroups both called "undefined", told by number.
+    def numbered(e: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
+        for c in e["collectives"]:
+            c["pg_id"], c["pg"] = ids[c["pg"]], "undefined"
+        return e
+
+    ids = {"dp": "1", "tp": "2"}
+    v = mismatch([numbered(blocked(0, ("dp", 5), ("tp", 4)), ids), numbered(blocked(1, ("tp", 5), ("dp", 4)), ids)])
+    assert v is not None and v["ranks"] == [0, 1] and "of process group undefined at train.py:60" in v["message"]
+    # Two subgroups at the same number in different ops are no mismatch: they are not one collective.
+    a = _rank(0, ("/home/me/train.py", 41, "all_reduce"), [(7, "all_reduce", "scheduled")])
+    b = _rank(1, ("/home/me/train.py", 44, "broadcast"), [(7, "broadcast", "scheduled")])
+    a["collectives"][0].update(pg="undefined", pg_id="1")
+    b["collectives"][0].update(pg="undefined", pg_id="2")
+    assert mismatch([a, b]) is None
     # A group rank 0 never used here may not hold it: nothing is claimed.
     lone = blocked(0, ("dp", 5), ("dp", 3))
     assert mismatch([lone, blocked(1, ("tp", 5), ("dp", 4))]) is None
