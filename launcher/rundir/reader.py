@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from xl.figures import PLAIN_SYS, PLAIN_TRAIN, number
+from xl.figures import PLAIN_SYS, PLAIN_TRAIN, TIMED, number
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import DONE_STATES, rank_outcome
@@ -160,7 +160,9 @@ class RunReader:
             for key, attr in PLAIN_TRAIN:
                 if key in rec:
                     setattr(view, attr, number(rec[key]))
-            if "step_s" in rec:
+            if "step_s" in rec:  # a timed step: its split comes with it (xl.figures.TIMED)
+                for key in TIMED:
+                    setattr(view, key, number(rec.get(key)))
                 view._took(t, rec)
 
     @staticmethod

@@ -32,7 +32,6 @@ from typing import Any
 
 from xl import envnames, settings
 from xl.figures import PHASE_KEYS, decode, number, phases, steps_of
-from xl.launcher.telemetry import straggler
 from xl.stats import fmean, median, median_low
 
 Emit = Callable[[dict[str, Any]], None]
@@ -77,8 +76,9 @@ class _Rank:
     last_step_t: float | None = None
     last_progress_t: float | None = None
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
-    # Timed steps (train lines with the split): (t, steps, data_s, compute_s, comm_s, other_s).
-    splits: deque[tuple[float, int, float, float, float, float]] = field(default_factory=lambda: deque(maxlen=4096))
+    # Timed steps (train lines with the split): (t, steps, data_s, compute_s, comm_s, other_s); at
+    # most ~10 lines a second come, so 512 cover the window (10 s) five times over.
+    splits: deque[tuple[float, int, float, float, float, float]] = field(default_factory=lambda: deque(maxlen=512))
     waits: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
     # Latest xl.watch report: (when, seconds the oldest all-reduce bucket has been pending).
     pending: tuple[float, float] | None = None
@@ -316,6 +316,8 @@ class Diagnoser:
         return out
 
     def _vote_by_phase(self, splits: dict[int, dict[str, float]]) -> None:
+        from xl.launcher.telemetry import straggler  # noqa: PLC0415 - once two ranks time their steps: after their torch imports, not beside them
+
         th = self.th
         blame = straggler.judge(splits, min_wait_s=th.straggler_min_wait_s, wait_ratio=th.straggler_wait_ratio, min_share=th.straggler_min_share, step_ratio=th.step_time_ratio)
         for rank in splits:

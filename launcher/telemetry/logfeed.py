@@ -7,16 +7,17 @@ long or hostile, holds the loop that watches the ranks; when the queue is full, 
 and skipped (their bytes are in the logs all the same).
 
 Which records are steps (``Printed``): the log parser finds tqdm bars and log dicts in what a
-rank prints, and not all of them are training. Where the rank reports its own steps (it announced itself: ``"train": true`` in its
-frame header, sent at its first optimizer step under xl launch, or by xl.log and the framework
-integrations), nothing it prints is a step: its own records say more. Before that, under
-instrumentation (xl launch without ``--no-instrument``), a rank that will announce has not yet
-taken its first optimizer step, so what it prints is not training: datasets' ``Map 320/320``,
-transformers' ``Loading weights 41/41``. Those records are held, per rank, and dropped once it
-announces. A rank that has not announced ``XL_PRINTED_HOLD_S`` (60 s) after its first such record
-(a script with no optimizer: inference, evaluation, or one that steps no torch optimizer) gets
-them: the held records are written with their own times, and what it prints from then on as it
-comes. With ``--no-instrument`` nothing is held: the bars are the only steps there are.
+rank prints, and not all of them are training. Where the rank reports its own steps (it announced
+itself: ``"train": true`` in its frame header, sent at its first optimizer step under xl launch,
+or by xl.log and the framework integrations), nothing it prints is a step: its own records say
+more. Before that, under instrumentation (xl launch without ``--no-instrument``), a rank that will
+announce has not taken its first optimizer step yet, so what it prints is not training: datasets'
+``Map 320/320``, transformers' ``Loading weights 41/41``. Those records are held, per rank, and
+dropped once it announces. A rank that has not announced ``XL_PRINTED_HOLD_S`` (60 s) after its
+first such record (a script with no optimizer: inference, evaluation, or one that steps no torch
+optimizer) gets them: the held records are written with their own times, and what it prints from
+then on as it comes. With ``--no-instrument`` nothing is held: the bars are the only steps there
+are.
 """
 
 from __future__ import annotations
@@ -142,8 +143,8 @@ class Printed:
             return self._release(rank)
 
     def due(self, now: float) -> list[dict[str, Any]]:
-        """The held records of every rank whose hold ran out by ``now`` with nothing printed since
-        (a bar-only script that stopped printing, hung or not, still gets its steps)."""
+        """The held records of every rank whose hold ran out by ``now`` (the 1 Hz loop asks: a
+        bar-only script that stopped printing, hung or not, still gets its steps)."""
         with self._lock:
             return [rec for rank in [r for r, t in self._since.items() if now - t >= self.hold_s] for rec in self._release(rank)]
 

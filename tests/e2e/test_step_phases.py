@@ -114,6 +114,17 @@ def test_an_even_run_names_nobody_and_what_it_printed_before_training_is_no_step
     _check_split_against_truth(run_dir, _truth(tmp_path), 70)
 
 
+def test_every_rank_slow_to_load_data_names_nobody(tmp_path: Path) -> None:
+    """Every rank waits 0.25 s for each batch: slow, but nobody waits for anybody."""
+    run_dir, out = _launch(tmp_path, "--steps", "60", "--slow", "data", "--slow-rank", "-1", "--slow-s", "0.25", env=FAST)
+    assert [e for e in _lines(run_dir / "events.jsonl") if e["kind"] == "straggler"] == [], out[-3000:]
+    truth = _truth(tmp_path)
+    assert all(t["data_s"] > 0.8 * 60 * 0.25 for t in truth.values())  # both did wait for data
+    phases = run_json(run_dir)["time"]["phases"]
+    assert phases["data_s"] > phases["compute_s"] + phases["comm_s"] + phases["other_s"]
+    _check_split_against_truth(run_dir, truth, 60)
+
+
 def test_a_rank_asleep_mid_training_is_named_by_the_hang_capture(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = xl_env(home, XL_STALL_MIN_S="5")

@@ -2,6 +2,7 @@
 instrumentation does, with one rank slow in a phase of its choice (the straggler and hang tests).
 
     phases_ddp.py --steps 80 --truth DIR [--slow-rank 1 --slow data|compute|other --slow-s 0.2]
+                  (--slow-rank -1: every rank is slow alike)
                   [--hang-at N] [--bars]
 
 Every rank: a DataLoader over a Dataset (rank --slow-rank's sleeps --slow-s per item with
@@ -14,7 +15,8 @@ rank writes the split it measured, summed over its steps, to DIR/rank-R.json at 
 ground truth the tests hold xl's figures to. With --hang-at N, rank --slow-rank sleeps for an
 hour before step N's optimizer step (outside any collective: its peers wait in the all_reduce).
 With --bars, each rank first prints tqdm-like bars that are not training (datasets' map,
-transformers' weights), as real scripts do before their first step.
+transformers' weights), as real scripts do before their first step. With --plain, it logs nothing
+itself (a plain PyTorch loop: its steps are whatever xl's torch instrumentation reports).
 """
 
 from __future__ import annotations
@@ -85,10 +87,11 @@ def main() -> None:
     ap.add_argument("--hang-at", type=int, default=0)
     ap.add_argument("--truth", type=Path)
     ap.add_argument("--bars", action="store_true")
+    ap.add_argument("--plain", action="store_true", help="no xl.log: the instrumentation's steps only")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    me = rank == args.slow_rank
+    me = rank == args.slow_rank or args.slow_rank < 0  # -1: every rank
     if args.bars:
         bars()
     torch.manual_seed(0)
@@ -131,13 +134,14 @@ def main() -> None:
         totals["steps"] += 1
         for k, v in split.items():
             totals[k] += v
-        if now - last_line >= 0.1 or step == args.steps:
+        if not args.plain and (now - last_line >= 0.1 or step == args.steps):
             n = len(pending)
             means = {k: sum(p[k] for p in pending) / n for k in split}
             xl.log(step=step, loss=loss.item(), samples=n * args.batch, steps=n, step_s=sum(means.values()), **means)
             pending.clear()
             last_line = now
-    xl.flush()
+    if not args.plain:
+        xl.flush()
     if args.truth is not None:
         args.truth.mkdir(parents=True, exist_ok=True)
         (args.truth / f"rank-{rank}.json").write_text(json.dumps(totals))

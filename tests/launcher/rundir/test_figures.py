@@ -39,6 +39,7 @@ def test_every_figure_shown_per_rank_is_a_rankview_field() -> None:
     for name in ("step_s", "data_s", "compute_s", "comm_s", "other_s", "mem_peak_mib", "mem_mib", "gpu_proc_mem_mib"):
         assert name in shown and name in fields
     assert len(figures.BY_KEY) == len(figures.FIGURES), "a figure named twice"
+    assert all(figures.BY_KEY[k].field == k for k in figures.TIMED)  # the reader sets them by key
 
 
 def test_a_line_without_a_time_is_skipped_by_every_reader(tmp_path: Path) -> None:

@@ -73,3 +73,21 @@ def test_telemetry_holds_bars_when_instrumented_and_stores_them_after_the_hold(t
     finally:
         tel.stop()
     assert [(r["rank"], r["step"]) for r in _train(tmp_path / "due")] == [(0, 320)]
+
+
+def test_a_rank_that_reports_its_own_steps_is_never_stepped_by_what_it_prints(tmp_path: Path) -> None:
+    """Held bars are dropped when the rank's own train line comes, and later bars are not steps."""
+    tel = Telemetry(tmp_path, token="tok-0123456789abcdef", inventory=False, instrumented=True)
+    tel.start()
+    try:
+        tel.feed_log_line(0, "Loading weights: 100%|##########| 41/41 [00:00<00:00, 400.00it/s]")
+        tel.log_feed.stop()  # parsed and held
+        tel._on_records(0, [{"t": time.time(), "rank": 0, "kind": "train", "step": 1, "loss": 2.0}])
+        assert tel.printed.dropped == 1
+        tel.printed.hold_s = 0.0  # were they taken for steps, nothing would hold them now
+        tel.log_feed.start()
+        tel.feed_log_line(0, " 50%|#####     | 5/10 [00:01<00:01,  4.00it/s]")
+        tel.feed_log_line(0, "{'loss': 0.5, 'epoch': 1.0}")
+    finally:
+        tel.stop()
+    assert _train(tmp_path) == []  # the rank's own line went through the collector, not here
