@@ -388,16 +388,6 @@ class Diagnoser:
                         "recovered", rank, f"rank {rank} is no longer a straggler", of="straggler"
                     )
 
-    def quiet(self, now: float | None = None) -> tuple[float | None, float]:
-        """(seconds since any live rank progressed, None if none did; the seconds of it after which a
-        mismatch is looked for: ``mismatch_after_s``, or mismatch_steps slowest median steps)."""
-        now = time.time() if now is None else now
-        with self._lock:
-            live = [st for st in self._ranks.values() if st.alive and st.last_progress_t is not None]
-            step = max((median(st.step_times) for st in live if st.step_times), default=0.0)
-            idle = max(0.0, now - max(st.last_progress_t or 0.0 for st in live)) if live else None
-        return idle, max(self.th.mismatch_after_s, self.th.mismatch_steps * step)
-
     def any_stalled(self) -> bool:
         with self._lock:
             return any(st.stalled for st in self._ranks.values())
@@ -411,3 +401,14 @@ class Diagnoser:
                 elif st.straggler:
                     out[rank] = "straggler"
             return out
+
+
+def quiet_spell(d: Diagnoser, now: float | None = None) -> tuple[float | None, float]:
+    """(seconds since any live rank progressed, None if none did; the seconds of it after which a
+    mismatch is looked for: ``mismatch_after_s``, or mismatch_steps slowest median steps)."""
+    now = time.time() if now is None else now
+    with d._lock:
+        live = [st for st in d._ranks.values() if st.alive and st.last_progress_t is not None]
+        step = max((median(st.step_times) for st in live if st.step_times), default=0.0)
+        idle = max(0.0, now - max(st.last_progress_t or 0.0 for st in live)) if live else None
+    return idle, max(d.th.mismatch_after_s, d.th.mismatch_steps * step)

@@ -280,12 +280,12 @@ def test_a_quiet_spell_is_looked_at_for_a_mismatch_which_is_named_before_any_sta
 
 
 def test_the_diagnoser_says_how_long_no_rank_progressed() -> None:
-    from xl.launcher.telemetry.diagnose import Diagnoser  # noqa: PLC0415 - only this test drives it
+    from xl.launcher.telemetry.diagnose import Diagnoser, quiet_spell  # noqa: PLC0415 - only this test drives it
 
     d = Diagnoser(lambda _e: None, Thresholds(mismatch_after_s=3.0, mismatch_steps=3.0))
-    assert d.quiet(NOW) == (None, 3.0)  # nobody reported progress: nothing to look at
+    assert quiet_spell(d, NOW) == (None, 3.0)  # nobody reported progress: nothing to look at
     d.ingest(0, _steps(0, NOW - 5, 0.5))
     d.ingest(1, _steps(1, NOW - 2, 2.0))
-    assert d.quiet(NOW) == (2.0, 6.0)  # the newest progress (rank 1's), three of the slowest steps
+    assert quiet_spell(d, NOW) == (2.0, 6.0)  # the newest progress (rank 1's), three of the slowest steps
     d.set_alive(1, False)
-    assert d.quiet(NOW) == (5.0, 3.0)
+    assert quiet_spell(d, NOW) == (5.0, 3.0)
