@@ -114,12 +114,9 @@ class XLApp(App[None]):
         self.clock: fmt.Clock = clock or fmt.default_clock
         self.poll_interval = poll_interval
         # The one GPU selection: the picker and the Launch form's GPUs field both edit it. It
-        # starts as the last launch's, so both show what the next launch would use.
+        # starts empty: a script's remembered GPUs are its own, brought back with it by the
+        # Launch form (they used to be picked at start, for whatever was launched next).
         self.selection = DeviceSelection()
-        if not self.attach_only:
-            from xl.tui import settings  # noqa: PLC0415 - the launch memory; not for `xl attach`
-
-            self.selection.set_spec(settings.last_gpus())
         self._interrupted = False
         # Set when the app closes before the stopped run ended: the thread waiting for it quits.
         self._leave = threading.Event()

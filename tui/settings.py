@@ -33,13 +33,6 @@ def last_target() -> str | None:
     return value if isinstance(value, str) else None
 
 
-def last_gpus() -> str:
-    """The ``--gpus`` value of the last launch ("" when none): the app's GPU selection at start."""
-    last = last_target()
-    value = (recall(last) or {}).get("gpus") if last else None
-    return value if isinstance(value, str) else ""
-
-
 def recall(target: str) -> dict[str, Any] | None:
     """The form values last launched with ``target`` (a script path or ``-m module``)."""
     value = _load()["scripts"].get(target)

@@ -47,7 +47,7 @@ def main(argv: Sequence[str], viewer: Callable[[Path], int] | None = None) -> in
     p.add_argument("run", metavar="RUN", help="run id, unique prefix, or 'last'")
     p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
     ns = p.parse_args(list(argv))
-    run_dir = resolve_run(ns.run)
+    run_dir = resolve_run(ns.run, "attach")
     if ns.run == "last":
         run_dir = _whole_run(run_dir)
     if record.load(run_dir) is None:

@@ -35,7 +35,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--rank", type=int, help="only this rank's log, unprefixed")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
     ns = p.parse_args(list(argv))
-    run_dir = resolve_run(ns.run)
+    run_dir = resolve_run(ns.run, "logs")
     ranks = _ranks(run_dir)
     if ns.rank is not None:
         if ns.rank not in ranks:

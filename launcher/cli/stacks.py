@@ -69,7 +69,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--rank", type=int, help="show only this rank (the verdict is the whole run's)")
     p.add_argument("--json", action="store_true", help="print the stacks document (JSON)")
     ns = p.parse_args(list(argv))
-    run_dir: Path = resolve_run(ns.run)
+    run_dir: Path = resolve_run(ns.run, "stacks")
     rec = record.load(run_dir)
     known = sorted(r["rank"] for r in rec.ranks if isinstance(r.get("rank"), int)) if rec else []
     if ns.rank is not None and rec is not None and rec.status == RunStatus.RUNNING and ns.rank not in known:

@@ -19,7 +19,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("run", metavar="RUN", help="run id, unique prefix, or 'last'")
     ns = p.parse_args(list(argv))
     try:
-        run_dir = resolve_run(ns.run)
+        run_dir = resolve_run(ns.run, "stop")
     except NotYours:
         raise  # another user's run: nothing of it is ours to stop
     except UsageError:

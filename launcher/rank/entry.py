@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import traceback
-from types import TracebackType
+from types import ModuleType, TracebackType
 from typing import Any, NoReturn
 
 from xl import envnames
@@ -246,6 +246,32 @@ def _usage() -> NoReturn:
     raise SystemExit(2)
 
 
+def _run_script(script: str) -> None:
+    """Run ``script`` as ``python SCRIPT`` (and so torchrun) does: ``__file__`` is its absolute
+    path, so a script finds the files beside it from any cwd, while ``sys.argv[0]`` stays as
+    typed; runpy.run_path would give both the one path it is handed. Zip files, .pyc files and
+    what cannot be read go through runpy as before."""
+    path = os.path.abspath(script)
+    try:
+        with open(path, "rb") as fh:
+            source = fh.read()
+    except OSError:
+        source = None
+    if source is None or source.startswith(b"PK\x03\x04") or path.endswith(".pyc"):
+        runpy.run_path(path, run_name="__main__")
+        return
+    code = compile(source, path, "exec", dont_inherit=True)
+    main = ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__=None, __spec__=None)
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main  # pickling and multiprocessing find the script's classes
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
 def main(argv: list[str]) -> int:
     if not argv or (argv[0] == "-m" and len(argv) < 2):
         _usage()
@@ -268,7 +294,7 @@ def main(argv: list[str]) -> int:
             script = argv[0]
             sys.argv = [script, *argv[1:]]
             sys.path[0] = os.path.dirname(os.path.abspath(script))
-            runpy.run_path(script, run_name="__main__")
+            _run_script(script)
     except SystemExit as exc:
         code = _exit_code(exc)
         error = None

@@ -43,6 +43,7 @@ SIGNAL = signal.SIGRTMIN + 6
 FR_BUFFER = "2000"  # Flight Recorder entries kept per process group: tiny, and enough to see the last ops
 MAX_FRAMES = 200
 MAX_COLLECTIVES = 8  # per process group: the newest only, the state of the hang is at the end
+MAX_SIZES = 32  # a collective's tensor shapes are kept up to this many tensors (coalesced ones are long)
 
 _state: dict[str, Any] = {}  # keeps the faulthandler file and the socket alive for the rank's life
 
@@ -109,6 +110,13 @@ def collectives() -> tuple[list[dict[str, Any]], str | None]:
         state = "completed" if e.get("retired") or e.get("state") == "completed" else str(e.get("state") or "?")
         began = e.get("time_created_ns")
         row = {"pg": name, "seq": e.get("collective_seq_id"), "op": op, "state": state}
+        if isinstance(pg, list) and pg:
+            # Groups are numbered in the order every rank creates them, the same on every rank;
+            # their names need not differ (torch calls each subgroup without a name "undefined").
+            row["pg_id"] = str(pg[0])
+        for key, sizes in (("in", e.get("input_sizes")), ("out", e.get("output_sizes"))):
+            if isinstance(sizes, list) and len(sizes) <= MAX_SIZES:
+                row[key] = sizes  # the tensors' shapes: the same collective on two ranks must agree
         if isinstance(began, int) and began > 0:
             row["t"] = round(began / 1e9, 3)  # when it began: progress for ranks that log nothing
         per_pg.setdefault(name, []).append(row)

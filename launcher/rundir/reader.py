@@ -200,9 +200,12 @@ class RunReader:
             if kind == "stalled" or view._flag not in ("stalled", "waiting"):
                 view._flag = flag
                 view.diagnosis = str(event.get("message") or kind)
+                phase = event.get("phase") if kind == "straggler" else None
+                view.straggler_phase = phase if phase in ("data", "compute", "comm", "other") else None
         elif kind == "recovered" and (event.get("of") == view._flag or (view._flag == "waiting" and event.get("of") == "stalled")):
             view._flag = None
             view.diagnosis = None
+            view.straggler_phase = None
 
     def _apply_run(self) -> None:
         stopped = self._record.status == RunStatus.STOPPED

@@ -153,6 +153,7 @@ class RankView:
     last_seen: float | None = None
     exit_code: int | None = None
     diagnosis: str | None = None  # the message of the stalled/straggler event in force
+    straggler_phase: str | None = None  # a straggler's: data, compute, comm or other (its event's)
     loss_history: History = field(default_factory=History)
     samples_history: History = field(default_factory=History)
     gpu_util_history: History = field(default_factory=History)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,27 +171,52 @@ def list_runs() -> list[RunInfo]:
     return out
 
 
-def resolve_run(token: str) -> Path:
+LAST = "last"  # the RUN argument that means the newest run (docs/contracts.md, "Runs")
+
+
+def resolve_run(token: str, command: str | None = None) -> Path:
     """A run dir from a run id, a unique prefix of one, or ``last``; NotYours for a run of
-    another user (its folder cannot be read: nothing of it can be shown nor stopped)."""
-    found = _resolve(token)
+    another user (its folder cannot be read: nothing of it can be shown nor stopped).
+
+    ``last`` is the newest run, always, for every command. When that one has ended while an
+    older one still runs, one line on stderr says so and names the running one(s), with the
+    command (``xl COMMAND RUN``) for it when ``command`` is given: a person typing ``xl stop last`` meant, more
+    likely than not, the run that trains on."""
+    found, runs = _resolve(token)
     if found.status == NOT_YOURS:
         raise NotYours(f"run {found.run_id} is not yours (permission denied: its folder belongs to {_belongs(found.run_dir)})")
+    if token == LAST and (note := last_note(found, runs, command)):
+        sys.stderr.write(f"xl: {note}\n")
     return found.run_dir
 
 
-def _resolve(token: str) -> RunInfo:
+def last_note(newest: RunInfo, runs: list[RunInfo], command: str | None = None) -> str | None:
+    """What ``last`` leaves out: "the last run, B, already failed; A is still running; for it: 'xl
+    stop A'", or None when the newest runs (or nothing else does)."""
+    if newest.status == RunStatus.RUNNING:
+        return None
+    running = [r.run_id for r in runs if r.status == RunStatus.RUNNING and r.run_id != newest.run_id]
+    if not running:
+        return None
+    ended = "is unreadable" if newest.status in (UNREADABLE, NOT_YOURS) else f"already {newest.status}"
+    names = ", ".join(running[-3:][::-1]) + (f" and {len(running) - 3} more" if len(running) > 3 else "")
+    verb = "is" if len(running) == 1 else "are"
+    reach = f"; for {'it' if len(running) == 1 else 'the newest'}: 'xl {command} {running[-1]}'" if command else ""
+    return f"the last run, {newest.run_id}, {ended}; {names} {verb} still running{reach}"
+
+
+def _resolve(token: str) -> tuple[RunInfo, list[RunInfo]]:
     runs = list_runs()
     if not runs:
         raise UsageError(f"no runs under {paths.runs_dir()} yet (start one with 'xl launch')")
-    if token == "last":
-        return runs[-1]
+    if token == LAST:
+        return runs[-1], runs
     exact = [r for r in runs if r.run_id == token]
     if exact:
-        return exact[0]
+        return exact[0], runs
     matches = [r for r in runs if r.run_id.startswith(token)]
     if len(matches) == 1:
-        return matches[0]
+        return matches[0], runs
     if not matches:
         raise UsageError(f"no run matches {token!r} (see 'xl runs')")
     names = ", ".join(r.run_id for r in matches[:3])

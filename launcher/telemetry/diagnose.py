@@ -54,6 +54,9 @@ class Thresholds:
     straggler_min_share: float = 0.1  # of their step, the others wait at least this for the culprit
     step_time_ratio: float = 1.2
     gpu_mem_high: float = 0.95
+    # A quiet spell this long (and a few median steps) is looked at for a collective mismatch.
+    mismatch_after_s: float = 3.0
+    mismatch_steps: float = 3.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Thresholds:
@@ -419,3 +422,14 @@ class Diagnoser:
                 elif st.straggler:
                     out[rank] = "straggler"
             return out
+
+
+def quiet_spell(d: Diagnoser, now: float | None = None) -> tuple[float | None, float]:
+    """(seconds since any live rank progressed, None if none did; the seconds of it after which a
+    mismatch is looked for: ``mismatch_after_s``, or mismatch_steps slowest median steps)."""
+    now = time.time() if now is None else now
+    with d._lock:
+        live = [st for st in d._ranks.values() if st.alive and st.last_progress_t is not None]
+        step = max((median(st.step_times) for st in live if st.step_times), default=0.0)
+        idle = max(0.0, now - max(st.last_progress_t or 0.0 for st in live)) if live else None
+    return idle, max(d.th.mismatch_after_s, d.th.mismatch_steps * step)

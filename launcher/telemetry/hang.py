@@ -17,6 +17,12 @@ again after the ``hang`` event, reworded (else the victims' events would never s
 on). ``over`` (no rank stalled any more) and ``join`` (the run's end) end the retries.
 A capture that fails with an error says it in supervisor.log (the supervisor's stderr), once per
 distinct error: a hang never named would otherwise leave no trace of why.
+
+A mismatch (two ranks in collectives that can never match: xl.launcher.telemetry.verdict's
+``mismatch``) is certain from one look and needs no stall: once no rank has progressed for a few
+seconds (``quiet``: the diagnoser's figure, a few step times at least), every rank is asked once
+more each time that quiet spell doubles, for a mismatch only; one found is the hang, named at
+once, and the stalls that come later take its verdict.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from xl.launcher.telemetry import stacks as capture
-from xl.launcher.telemetry.progress import STALLED, judge
+from xl.launcher.telemetry.progress import STALLED, Progress, judge
 from xl.launcher.telemetry.trouble import Trouble
 from xl.launcher.telemetry.verdict import busy, doing, position, ranges, where
 
@@ -65,10 +71,17 @@ class HangCapture:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()  # this hang's retries end (over, join)
         self._trouble = Trouble()
+        self._mismatch: dict[str, Any] | None = None  # a mismatch named in this quiet spell
+        self._peeked_at = 0.0  # the quiet seconds at the last look for one (0: none yet)
+        self._peeking: threading.Thread | None = None
+        self._ended = False  # join(): the run ends, no new look starts
 
     def on_stall(self, events: list[dict[str, Any]]) -> None:
         """The diagnoser's stalled events: held until the hang's stacks are in, then sent."""
         with self._lock:
+            if self._state == "idle" and self._mismatch is not None:
+                self._state = "done"  # the mismatch named before the stall is this hang's verdict
+                self.doc = self._mismatch
             if self._state in ("idle", "busy"):
                 self._held.extend(events)
                 if self._state == "idle":
@@ -92,9 +105,43 @@ class HangCapture:
     def join(self, timeout: float) -> None:
         """The run ends: a capture under way finishes (its events go out), retries do not wait."""
         self._stop.set()
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
+        self._ended = True
+        for thread in (self._thread, self._peeking):
+            if thread is not None:
+                thread.join(timeout)
+
+    def quiet(self, idle_s: float | None, after_s: float) -> None:
+        """The diagnoser's word each tick: no rank has progressed for ``idle_s`` (None: one did,
+        or none ever reported). From ``after_s`` on, every rank is asked for a mismatch, again
+        each time the quiet spell doubles; progress ends the spell."""
+        if idle_s is None or idle_s < after_s:
+            with self._lock:
+                self._peeked_at, self._mismatch = 0.0, None
+            return
+        with self._lock:
+            if idle_s < 2 * self._peeked_at or self._state != "idle" or self._mismatch is not None or self._ended:
+                return
+            if self._peeking is not None and self._peeking.is_alive():
+                return
+            self._peeked_at = idle_s
+            self._peeking = threading.Thread(target=self._peek, name="xl-mismatch-peek", daemon=True)
+            self._peeking.start()
+
+    def _peek(self) -> None:
+        try:
+            t, entries = capture.gather(self.run_dir, self._ranks(), timeout=self._timeout)
+            doc = capture.assemble(self.run_dir, self.run_dir.name, t, entries, Progress(None))
+            if not doc["verdict"].get("mismatch"):
+                return
+            doc["file"] = capture.save(self.run_dir, doc)
+        except Exception as exc:  # the stall's capture still comes, as before
+            self._trouble.say("the look for a collective mismatch failed", exc)
+            return
+        with self._lock:
+            if self._state != "idle" or self._mismatch is not None or self._ended:
+                return  # a stall's capture came first: its verdict (the same mismatch) is said
+            self._mismatch = doc
+        self._say_hang(doc)
 
     def _capture(self, stop: threading.Event) -> None:
         doc = self._attempt()

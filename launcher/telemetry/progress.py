@@ -26,7 +26,7 @@ from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.telemetry.diagnose import Thresholds
-from xl.launcher.telemetry.verdict import BUSY_WINDOW_S, ranges, verdict
+from xl.launcher.telemetry.verdict import BUSY_WINDOW_S, mismatch, ranges, verdict
 from xl.stats import median
 
 # Only the end of the files is read: the newest record of each rank is what counts.
@@ -171,7 +171,11 @@ def judge(
 
 
 def judged(entries: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
-    """The stacks document's ``verdict``: who the others wait for only when the run is stalled."""
+    """The stacks document's ``verdict``: who the others wait for only when the run is stalled,
+    or at once when the collectives recorded can never match (a mismatch: no wait tells more)."""
+    found = mismatch(entries)
+    if found is not None:
+        return found
     if progress.stalled:
         return verdict(entries)
     return {"ranks": [], "message": progress.message}

@@ -31,7 +31,7 @@ from xl.launcher.rundir.events import append_event
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.telemetry.collector import Collector
-from xl.launcher.telemetry.diagnose import Diagnoser
+from xl.launcher.telemetry.diagnose import Diagnoser, quiet_spell
 from xl.launcher.telemetry.hang import HangCapture
 from xl.launcher.telemetry.logfeed import HOLD_S, LogFeed, Printed
 from xl.launcher.telemetry.sampler import Sampler
@@ -307,6 +307,7 @@ class Telemetry:
         self.diagnoser.tick()
         if not self.diagnoser.any_stalled():
             self.hang.over()
+        self.hang.quiet(*quiet_spell(self.diagnoser))  # a mismatch is named before any stall
         self._flush_dropped()
         self.writer.maybe_flush()
 

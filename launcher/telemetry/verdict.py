@@ -138,7 +138,7 @@ class Position:
 def position(entry: dict[str, Any]) -> Position:
     pos = Position(known=bool(entry.get("collectives")))
     for c in entry.get("collectives") or []:
-        pg, seq, op = str(c.get("pg")), c.get("seq"), str(c.get("op"))
+        pg, seq, op = _group(c), c.get("seq"), str(c.get("op"))
         if not isinstance(seq, int):
             continue
         if c.get("state") == "completed":
@@ -178,8 +178,122 @@ def group_lines(entries: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+# Ops whose tensors may differ between ranks as used (torch's Flight Recorder analysis agrees):
+# all-to-all's splits, scatter's inputs and gather's outputs exist on the root only.
+_FREE_IN = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_single", "scatter"})
+_FREE_OUT = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_single", "gather"})
+
+
+def _signature(c: dict[str, Any]) -> tuple[str, str, str]:
+    """What every rank's record of one collective must agree on: the op and, where the op wants
+    them equal, its tensors' shapes ('' where not known)."""
+    op = str(c.get("op"))
+    ins = "" if op in _FREE_IN or "in" not in c else repr(c["in"])
+    outs = "" if op in _FREE_OUT or "out" not in c else repr(c["out"])
+    return op, ins, outs
+
+
+def _agree(a: tuple[str, str, str], b: tuple[str, str, str]) -> bool:
+    return a[0] == b[0] and all(x == y or not x or not y for x, y in zip(a[1:], b[1:], strict=True))
+
+
+def _shapes(c: dict[str, Any]) -> str:
+    sizes = c.get("in") if c.get("in") else c.get("out")
+    return f" of {', '.join('x'.join(map(str, s)) or 'scalar' for s in sizes)}" if isinstance(sizes, list) and sizes else ""
+
+
+def _group(c: dict[str, Any]) -> str:
+    """Which process group a collective is of, the same on every rank: its number where the
+    document has it (two subgroups may share a name), else its name."""
+    return str(c.get("pg_id") if c.get("pg_id") is not None else c.get("pg"))
+
+
+def _culprits(parts: list[list[int]]) -> list[int]:
+    """The ranks apart from a strict majority; all of them when none has one (two ranks)."""
+    parts = sorted(parts, key=len, reverse=True)
+    if len(parts[0]) > len(parts[1]):
+        return sorted(r for part in parts[1:] for r in part)
+    return sorted(r for part in parts for r in part)
+
+
+def mismatch(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A certain deadlock, named from one snapshot whatever the progress says, or None.
+
+    - The same sequence number of one process group recorded as different collectives on two
+      ranks (another op, or other tensor shapes): they can never match. The first such number
+      where a rank still waits is the one named, with every rank's place.
+    - Two ranks each blocked in a collective of a different process group, both of which they
+      use, neither having done the other's: each waits for the other.
+    Ranks merely at different numbers (one behind, or NCCL's queue ahead) are no mismatch."""
+    answered = {int(e["rank"]): e for e in entries if not e.get("error") and type(e.get("rank")) is int}
+    seen: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    for rank, e in answered.items():
+        for c in e.get("collectives") or []:
+            if isinstance(c, dict) and type(c.get("seq")) is int:
+                seen.setdefault((_group(c), c["seq"]), {})[rank] = c
+    for (_, seq), rows in sorted(seen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        pg = str(next(iter(rows.values())).get("pg"))
+        if len(rows) < 2 or all(c.get("state") == "completed" for c in rows.values()):
+            continue
+        kinds: list[tuple[tuple[str, str, str], list[int]]] = []
+        for rank, c in sorted(rows.items()):
+            sig = _signature(c)
+            same = next((k for k in kinds if _agree(k[0], sig)), None)
+            if same is None:
+                kinds.append((sig, [rank]))
+            else:
+                same[1].append(rank)
+        if len(kinds) < 2:
+            continue
+        ops = {sig[0] for sig, _ in kinds}
+        told = []
+        for _sig, ranks in sorted(kinds, key=lambda k: (-len(k[1]), k[1])):
+            c = rows[ranks[0]]
+            what = f"{c.get('op')} #{seq}{_shapes(c) if len(ops) == 1 else ''}"
+            many = len(ranks) > 1
+            if c.get("state") == "completed":
+                told.append(f"rank{'s' if many else ''} {ranges(ranks)} did {what} and {'are' if many else 'is'} now at {_place(answered[ranks[0]])}")
+            else:
+                told.append(f"rank{'s' if many else ''} {ranges(ranks)} {'are' if many else 'is'} in {what} at {_place(answered[ranks[0]])}")
+        differ = "other tensor shapes" if len(ops) == 1 else "different collectives"
+        return {
+            "ranks": _culprits([ranks for _, ranks in kinds]),
+            "mismatch": True,
+            "message": f"mismatch at #{seq} of process group {pg} ({differ}; they can never match): {'; '.join(told)}",
+        }
+    return _crossed(answered)
+
+
+def _crossed(answered: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """Two ranks blocked (their main thread inside torch.distributed) in collectives of two
+    process groups, each of which both ranks use, neither having done the other's."""
+    groups = {r: {_group(c) for c in e.get("collectives") or [] if isinstance(c, dict)} for r, e in answered.items()}
+    pos = {r: position(e) for r, e in answered.items() if _in_distributed(e)}
+    blocked = sorted((r, p.waiting) for r, p in pos.items() if p.waiting is not None)
+    for i, (x, (pg_x, seq_x, op_x)) in enumerate(blocked):
+        for y, (pg_y, seq_y, op_y) in blocked[i + 1 :]:
+            if pg_x == pg_y or pg_y not in groups[x] or pg_x not in groups[y]:
+                continue
+            if pos[x].done.get(pg_y, -1) >= seq_y or pos[y].done.get(pg_x, -1) >= seq_x:
+                continue
+            name = {_group(c): str(c.get("pg")) for e in answered.values() for c in e.get("collectives") or [] if isinstance(c, dict)}
+            return {
+                "ranks": [x, y],
+                "mismatch": True,
+                "message": (
+                    f"mismatch of process groups (each waits for the other): rank {x} is in {op_x} #{seq_x} of "
+                    f"process group {name[pg_x]} at {_place(answered[x])}; rank {y} is in {op_y} #{seq_y} of process "
+                    f"group {name[pg_y]} at {_place(answered[y])}"
+                ),
+            }
+    return None
+
+
 def verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """``{"ranks": [culprits], "message": ...}`` for the stacks document."""
+    found = mismatch(entries)
+    if found is not None:
+        return found
     answered = [e for e in entries if not e.get("error")]
     # Only a rank that was asked and kept quiet is suspect; one with no handler tells nothing.
     silent = sorted(int(e["rank"]) for e in entries if str(e.get("error") or "").startswith(SILENT))

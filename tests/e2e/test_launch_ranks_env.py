@@ -94,3 +94,31 @@ def test_a_rank_that_reads_stdin_dies_with_one_line_that_says_why(tmp_path: Path
     assert failure["message"] == f"rank 0 failed first: {error}" + (f" ({NO_STDIN})" if said else ""), failure
     assert (NO_STDIN in done.stdout + done.stderr) == said
     wait_no_processes(run_dir, timeout=10)
+
+
+BESIDE = """
+import os
+import sys
+
+here = os.path.dirname(__file__)
+os.chdir(os.sep)  # the script's data is found beside the script, wherever the cwd goes
+with open(os.path.join(here, "data.txt")) as fh:
+    print("file:", __file__, "argv0:", sys.argv[0], "data:", fh.read().strip(), flush=True)
+"""
+
+
+@pytest.mark.e2e
+def test_a_script_finds_its_data_beside_itself_as_under_torchrun(tmp_path: Path) -> None:
+    # python and torchrun give __main__ an absolute __file__ while sys.argv[0] stays as typed.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "f.py").write_text(textwrap.dedent(BESIDE))
+    (project / "data.txt").write_text("beside\n")
+    home = tmp_path / "home"
+    done = xl(["launch", "--no-tui", "--nproc", "2", "f.py"], xl_env(home), cwd=project, timeout=120)
+    run_dir = only_run(home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+        assert f"file: {project / 'f.py'} argv0: f.py data: beside" in log, log
+    wait_no_processes(run_dir, timeout=10)

@@ -40,9 +40,15 @@ def _env(home: Path, extra: dict[str, str]) -> dict[str, str]:
 
 
 def _fields(screen: str) -> tuple[str | None, ...]:
-    """What the Script and Args fields show (their rows: `Label  ▊  value  ▎`; None: not drawn)."""
-    rows = {line.split()[0]: line for line in screen.splitlines() if "▊" in line and line.split()[0] in ("Script", "Args")}
-    return tuple(row.split("▊", 1)[1].rsplit("▎", 1)[0].strip() if (row := rows.get(k)) else None for k in ("Script", "Args"))
+    """What the Script and Args fields show (their rows: `Label  ▊  value  ▎`, or at 80x24, where
+    the fields have no border, `Label  value` with the value past the 17-column label; None: not
+    drawn)."""
+    rows = {line.split()[0]: line for line in screen.splitlines() if line.split() and line.split()[0] in ("Script", "Args")}
+
+    def value(row: str) -> str:
+        return row.split("▊", 1)[1].rsplit("▎", 1)[0].strip() if "▊" in row else row[18:].strip()
+
+    return tuple(value(row) if (row := rows.get(k)) else None for k in ("Script", "Args"))
 
 
 @pytest.mark.parametrize("size", SIZES, ids=IDS)

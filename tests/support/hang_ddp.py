@@ -9,6 +9,7 @@
 --mode slow     : nobody goes astray, but rank --rank computes --slow-s longer every step
 --mode eval     : rank --rank computes for --eval-s at step --at (an evaluation), then trains on
 --rank -1       : the rank astray is the one whose environment has HANG_HERE=1
+--bcast-each    : every step begins with a broadcast from rank 0 (two collectives a step)
 Every rank prints "ready" after its first all_reduce and logs each step with xl.log.
 """
 
@@ -61,6 +62,7 @@ def main() -> None:
     ap.add_argument("--step-s", type=float, default=0.05)
     ap.add_argument("--slow-s", type=float, default=0.3)
     ap.add_argument("--eval-s", type=float, default=10.0)
+    ap.add_argument("--bcast-each", action="store_true")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -68,6 +70,8 @@ def main() -> None:
     dist.all_reduce(t)
     print("ready", flush=True)
     for step in range(1, args.steps + 1):
+        if args.bcast_each:
+            dist.broadcast(t, 0)
         if args.mode == "slow" and here(rank, args.rank):
             compute(args.slow_s)
         elif args.mode == "eval" and step == args.at and here(rank, args.rank):

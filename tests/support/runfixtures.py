@@ -186,6 +186,33 @@ def append_live(run_dir: Path, *, ranks: int, step: int, t: float | None = None)
     return len(data)
 
 
+# Per rank: (step_s, data_s, compute_s, comm_s, other_s, mem_mib). Rank 1 waits for data; rank 0
+# waits in communication for it: the straggler run seen with the step split (xl.figures).
+SPLIT = {0: (0.35, 0.02, 0.2, 0.12, 0.01, 5120.0), 1: (0.35, 0.21, 0.12, 0.01, 0.01, 5220.0)}
+STRAGGLER_DATA = "rank 1 is the straggler: 210 ms of its 350 ms step waiting for data; the other rank waits ~120 ms in communication for it"
+
+
+def add_step_split(run_dir: Path, *, t0: float = T0) -> Path:
+    """A recorded 2-rank run's last ten steps timed and split (SPLIT), its ranks' footprints in
+    sys lines, and its straggler event with the phase it names (replacing any before it)."""
+    rows = []
+    for i in range(10):
+        t = t0 + 120 + i
+        for r, (step_s, data_s, compute_s, comm_s, other_s, mem) in SPLIT.items():
+            rows.append({"t": t + 0.5 * r, "rank": r, "kind": "train", "step": 90 + i, "total_steps": 100, "loss": 0.5 + r / 50,
+                         "samples_per_s": 30.0 - 10 * r, "step_s": step_s, "data_s": data_s, "compute_s": compute_s,
+                         "comm_s": comm_s, "other_s": other_s})
+            rows.append({"t": t + 0.2, "rank": r, "kind": "sys", "gpu_util": 90, "gpu_mem_used_mib": 40000,
+                         "gpu_mem_total_mib": 81920, "rss_mib": 3000, "mem_mib": mem})
+    with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(row) + "\n" for row in rows))
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = [e for e in events if e.get("kind") != "straggler"]
+    events.append({"t": t0 + 125, "kind": "straggler", "rank": 1, "phase": "data", "method": "step_phase", "message": STRAGGLER_DATA})
+    _write_jsonl(run_dir / "events.jsonl", events)
+    return run_dir
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent / "fixtures" / "runs"
     out.mkdir(parents=True, exist_ok=True)

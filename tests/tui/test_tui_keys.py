@@ -267,17 +267,51 @@ async def test_picker_and_launch_form_show_one_selection(simnvml, runs):
             assert all(str(gpus.query_one(GPUTable).get_cell(str(i), "sel")) == "[ ]" for i in range(4))
 
 
-async def test_startup_with_a_remembered_choice_shows_it_on_both(simnvml, runs):
-    settings.remember("train.py", LaunchForm(target="train.py", gpus="1,3").to_dict())
+async def test_a_scripts_remembered_gpus_are_its_own_never_the_next_xl_s_pick(simnvml, runs):
+    """The GPUs last launched with train.py: the next `xl` opens with none picked; the Launch
+    form brings them back with train.py (the picker then shows them), says so, and they leave
+    with it when Script names another script or nothing."""
+    settings.remember("train.py", LaunchForm(target="train.py", args="--lr 3e-4", gpus="1,3").to_dict())
     sim = simnvml(gpus=4)
     with sim.in_process():
         app = build_app(StopBackend(), poll_interval=0.2)
         async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: app.screen.query_one(GPUTable).row_count == 4, "GPU rows")
-            await until(pilot, lambda: "CUDA_VISIBLE_DEVICES=1,3" in text_of(app, "#cvd"), "the picker shows 1,3")
+            gpus = app.screen
+            await until(pilot, lambda: gpus.query_one(GPUTable).row_count == 4, "GPU rows")
+            await until(pilot, lambda: "No GPU picked" in text_of(app, "#cvd"), "the picker says none is picked")
+            assert app.selection.order == []
+            assert all(str(gpus.query_one(GPUTable).get_cell(str(i), "sel")) == "[ ]" for i in range(4))
             await pilot.press("3")
             await until(pilot, lambda: app.screen.id == "launch", "Launch")
-            assert app.screen.query_one("#gpus", Input).value == "1,3"
+            launch = app.screen
+            field = {name: launch.query_one(f"#{name}", Input) for name in ("target", "args", "gpus")}
+            assert (field["target"].value, field["args"].value, field["gpus"].value) == ("train.py", "--lr 3e-4", "1,3")
+            assert app.selection.order == [1, 3]
+            await until(pilot, lambda: "Args, GPUs: as train.py was last launched" in text_of(app, "#launch-validation"), "the note")
+            # Script emptied: train.py's settings go with it, the picker's too.
+            field["target"].value = ""
+            await until(pilot, lambda: field["args"].value == "" and field["gpus"].value == "", "train.py's settings gone")
+            assert app.selection.order == [] and "last launched" not in text_of(app, "#launch-validation")
+            # Back to train.py: they come back; a value the person changes is theirs and stays.
+            field["target"].value = "train.py"
+            await until(pilot, lambda: field["args"].value == "--lr 3e-4" and field["gpus"].value == "1,3", "train.py's settings back")
+            field["args"].value = "--lr 1e-3"
+            await pilot.pause()
+            await until(pilot, lambda: "GPUs: as train.py was last launched" in text_of(app, "#launch-validation"), "the note")
+            field["target"].value = "other.py"
+            await until(pilot, lambda: field["gpus"].value == "", "train.py's GPUs gone")
+            assert field["args"].value == "--lr 1e-3" and app.selection.order == []
+            # GPUs picked on the GPUs screen are the person's: another script does not replace them.
+            await pilot.press("escape", "1")
+            await until(pilot, lambda: app.screen is gpus, "GPUs")
+            await pilot.press("down", "down", "space")
+            await until(pilot, lambda: app.selection.order == [2], "GPU 2 picked")
+            await pilot.press("3")
+            await until(pilot, lambda: app.screen is launch and field["gpus"].value == "2", "the pick in the form")
+            field["target"].value = "train.py"
+            await until(pilot, lambda: field["args"].value == "--lr 1e-3", "the form handled train.py")
+            await pilot.pause()
+            assert field["gpus"].value == "2" and app.selection.order == [2]
 
 
 # -- 8. A Monitor opened small ----------------------------------------------------------------

@@ -80,13 +80,33 @@ async def _monitor_ready(pilot, ranks: int) -> None:
         ("20260530-failed", 2, (80, 24)),
         ("20260530-wide", 64, (200, 50)),
         ("20260530-twonode", 8, (120, 32)),
+        ("20260530-healthy", 2, (80, 24)),
     ],
 )
 def test_monitor(snap_compare, _env, run, ranks, size):
     async def ready(pilot):
         await _monitor_ready(pilot, ranks)
+        table = pilot.app.screen.query_one(RankTable)
+        if ranks + 1 < table.parent.size.height * 0.45:
+            # Its header and one row a rank, nothing under them: a scrollbar under a table wider
+            # than 80 columns drew a stray "▏" there.
+            assert table.size.height == ranks + 1
 
     assert snap_compare(_monitor(run, _env), terminal_size=size, run_before=ready)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+def test_monitor_step_split(snap_compare, _env, size):
+    """Each rank's step time and its data/compute/comm bar, its footprint as its memory, the
+    straggler's phase in its banner: small and large."""
+    runfixtures.add_step_split(_env / "20260530-straggler")
+
+    async def ready(pilot):
+        await _monitor_ready(pilot, 2)
+        table = pilot.app.screen.query_one(RankTable)
+        await until(pilot, lambda: str(table.cell(1, "time")) != "-")
+
+    assert snap_compare(_monitor("20260530-straggler", _env), terminal_size=size, run_before=ready)
 
 
 def test_gpus(snap_compare, simnvml):
@@ -134,6 +154,64 @@ def test_launch(snap_compare, simnvml):
 
     with sim.in_process():
         assert snap_compare(build_app(poll_interval=SLOW), terminal_size=(120, 36), run_before=ready)
+
+
+def test_launch_80x24(snap_compare, simnvml):
+    """The whole form fits a small terminal, fields without borders: no scrollbar (whose thumb
+    showed as a stray "▄▄" beside Mixed precision)."""
+    sim = simnvml(gpus=2)
+
+    async def ready(pilot):
+        app = pilot.app
+        await until(pilot, lambda: app.screen.query_one("#gpu-table").row_count == 2)
+        await pilot.press("space", "3")
+        await until(pilot, lambda: app.screen.id == "launch")
+        for inp in app.screen.query(Input):
+            inp.cursor_blink = False
+        app.screen.query_one("#target", Input).value = "train.py"
+        app.screen.query_one("#args", Input).value = "--epochs 1"
+        await until(pilot, lambda: app.screen.valid)
+        form = app.screen.query_one("#launch-form")
+        assert form.max_scroll_y == 0 and not form.show_vertical_scrollbar
+
+    with sim.in_process():
+        assert snap_compare(build_app(poll_interval=SLOW), terminal_size=(80, 24), run_before=ready)
+
+
+def _stacks_doc(frames: int) -> dict:
+    calls = [{"file": f"/home/me/project/model/block_{i}.py", "line": 10 + i, "function": f"forward_{i}"} for i in range(frames)]
+    return {
+        "run_id": "20260530-straggler",
+        "t": NOW,
+        "ranks": [
+            {"rank": r, "node": 0, "pid": 4100 + r, "threads": [{"name": "MainThread", "frames": calls}],
+             "collectives": [{"pg": "default_pg", "seq": 57, "op": op, "state": "scheduled"}]}
+            for r, op in ((0, "all_reduce"), (1, "broadcast"))
+        ],
+        "verdict": {"ranks": [0, 1], "mismatch": True, "message": "mismatch at #57 of process group default_pg (different "
+                    "collectives; they can never match): rank 0 is in all_reduce #57 at train.py:41; rank 1 is in broadcast #57 at train.py:44"},
+    }
+
+
+def test_stacks_80x24(snap_compare, _env):
+    """The `k` popup at 80x24: its long text scrolls with no scrollbar drawn over it (a stray
+    "▇▇"); the frame's edge says which lines show."""
+
+    class FixedStacks(LocalBackend):
+        def stacks(self, run_dir):
+            return _stacks_doc(30)
+
+    app = build_app(FixedStacks(), monitor_run_dir=_env / "20260530-straggler", clock=lambda: NOW, poll_interval=SLOW)
+
+    async def ready(pilot):
+        await _monitor_ready(pilot, 2)
+        await pilot.press("k")
+        await until(pilot, lambda: "forward_0" in str(pilot.app.screen.query_one("#stacks-text").render()))
+        box = pilot.app.screen.query_one("#stacks-scroll")
+        await until(pilot, lambda: box.border_subtitle.startswith("lines 1-"))
+        assert not box.show_vertical_scrollbar or box.scrollbar_size_vertical == 0
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=ready)
 
 
 def test_runs(snap_compare, simnvml):

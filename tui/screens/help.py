@@ -93,7 +93,12 @@ def monitor_help(*, running: bool, standalone: bool, owns_run: bool) -> str:
         keys.append("- `ctrl+c`: stop this run, as torchrun does, and close once it ended; a second `ctrl+c` "
                     "closes at once and leaves it stopping")
     text = "# Monitor\nEvery rank of one run, live: step, loss, samples/s, GPU, state (straggler, stalled, failed…), " \
-           "charts and the chosen rank's log. When a run hangs, a banner names the rank(s) the others wait for.\n\n"
+           "charts and the chosen rank's log. When a run hangs, a banner names the rank(s) the others wait for; " \
+           "a straggler's banner names the phase it loses its time in.\n\n" \
+           "Step time: a rank's last step and its split, a letter a share: `d` waiting for data, `c` compute, " \
+           "`n` communication not hidden by compute, `o` the rest (the script's own code between steps). " \
+           "Memory: the rank's footprint (PSS, with its children) where known. Columns that do not fit the " \
+           "terminal are left out, least needed first.\n\n"
     text += "\n".join(keys) + "\n"
     if owns_run:
         text += "\nWhen the run ends, this monitor (the one `xl launch` opened) closes after showing the outcome, " \

@@ -24,6 +24,13 @@ if TYPE_CHECKING:
     from xl.launcher.spec import LaunchSpec
 
 TEXT_FIELDS = ("target", "args", "gpus", "nproc", "nnodes", "node_rank", "rdzv", "env", "name")
+# What a script's memory fills in (settings.remember): each belongs to the script in Script.
+SCRIPT_FIELDS = ("args", "gpus", "nproc", "mixed_precision", "env", "name")
+LABELS = {"args": "Args", "gpus": "GPUs", "nproc": "Processes/node", "mixed_precision": "Mixed precision", "env": "Env", "name": "Name"}
+BLANK = LaunchForm()
+# Terminal rows below which the fields drop their borders: the bordered form (three rows a
+# field) needs 33 with the header, the summary and the footer.
+COMPACT_BELOW = 34
 
 
 class LaunchScreen(XLScreen):
@@ -57,8 +64,15 @@ class LaunchScreen(XLScreen):
         saved = settings.recall(last) if last else None
         self.initial = LaunchForm.recalled(saved) if saved else LaunchForm()
         self._loaded_key = self.initial.key  # whose remembered settings the form holds
-        # The app's one GPU selection (the last launch's at start, then the picker's) fills the field.
-        self.initial.gpus = selection.gpus_spec
+        # The values a script's memory put in its fields, as put: they belong to that script and
+        # leave with it (a field changed since is the person's and stays).
+        self._recalled: dict[str, str] = {name: getattr(self.initial, name) for name in SCRIPT_FIELDS} if saved else {}
+        if selection.gpus_spec:
+            # Picked on the GPUs screen before the form opened: the person's, for this launch.
+            self.initial.gpus = selection.gpus_spec
+            self._recalled.pop("gpus", None)
+        else:
+            selection.set_spec(self.initial.gpus)  # the script's own GPUs, shown on both screens
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -94,6 +108,14 @@ class LaunchScreen(XLScreen):
             yield Label(label, classes="form-label")
             yield Input(getattr(self.initial, field), placeholder=placeholder, id=field)
 
+    def on_resize(self) -> None:
+        # Fields without their borders when the terminal is short: at 80x24 the whole form fits
+        # with no scrollbar (whose thumb read as a stray "▄▄" beside Mixed precision).
+        compact = self.size.height < COMPACT_BELOW
+        self.set_class(compact, "-compact")
+        for field in self.query("#launch-form Input, #launch-form Select"):
+            field.compact = compact  # type: ignore[attr-defined]
+
     def on_mount(self) -> None:
         self.title = "xl — Launch"
         self.query_one("#launch-command", Static).border_title = "equivalent command (ctrl+y copies)"
@@ -125,22 +147,46 @@ class LaunchScreen(XLScreen):
                 self._filling = False
             self.validate()
 
-    def fill(self, form: LaunchForm, *, typing: bool = False) -> None:
-        """Put ``form`` in the fields; ``typing``: the person is typing in Script, which keeps
-        what it holds now (keys typed after the remembered name must not be undone)."""
+    def _value(self, name: str) -> str:
+        if name == "mixed_precision":
+            mp = self.query_one("#mixed_precision", Select).value
+            return str(mp) if isinstance(mp, str) else "no"
+        return self.query_one(f"#{name}", Input).value
+
+    def _put(self, name: str, value: str) -> None:
         self._filling = True
         try:
-            for name in TEXT_FIELDS:
-                if not (typing and name == "target"):
-                    self.query_one(f"#{name}", Input).value = getattr(form, name)
-            self.query_one("#mixed_precision", Select).value = form.mixed_precision
-            # One selection: a recalled script's GPUs apply only when nothing is chosen now.
-            if self.selection.gpus_spec:
-                self.query_one("#gpus", Input).value = self.selection.gpus_spec
-            else:
-                self.selection.set_spec(form.gpus)
+            with self.prevent(Input.Changed, Select.Changed):
+                if name == "mixed_precision":
+                    self.query_one("#mixed_precision", Select).value = value if value in MIXED_PRECISION else "no"
+                else:
+                    self.query_one(f"#{name}", Input).value = value
+            if name == "gpus":
+                self.selection.set_spec(value)  # one selection: the picker shows it too
         finally:
             self._filling = False
+
+    def _still_recalled(self) -> list[str]:
+        """The fields that still hold what the script's memory put there (and say something)."""
+        return [n for n, v in self._recalled.items() if self._value(n) == v and v != getattr(BLANK, n)]
+
+    def recall(self, key: str, form: LaunchForm | None) -> None:
+        """Script now names ``key``, remembered as ``form`` (None: not remembered). What the last
+        script's memory put in the fields and nobody changed since goes back to blank; then
+        ``key``'s own settings fill the fields that are blank or were the last script's. The
+        person's own values stay, and so does what they type in Script."""
+        ours = set(self._still_recalled()) | {n for n in SCRIPT_FIELDS if self._value(n) == getattr(BLANK, n)}
+        if "gpus" in ours and self.selection.gpus_spec != self._value("gpus"):
+            ours.discard("gpus")  # picked since on the GPUs screen: the person's
+        for name in self._still_recalled():
+            self._put(name, getattr(BLANK, name))
+        self._loaded_key = key
+        self._recalled = {}
+        if form is not None:
+            for name in SCRIPT_FIELDS:
+                if name in ours:
+                    self._put(name, getattr(form, name))
+                    self._recalled[name] = self._value(name)
         self.validate()
 
     def form(self) -> LaunchForm:
@@ -158,7 +204,7 @@ class LaunchScreen(XLScreen):
             plan = self.backend.plan(spec)
         except UsageError as exc:
             self.valid = False
-            out.update(Text(f"✗ {exc}", style="bold red"))
+            out.update(Text(f"✗ {exc}", style="bold red") + self._memory_note())
             out.set_class(True, "invalid")
             return False
         except ImportError as exc:
@@ -173,8 +219,16 @@ class LaunchScreen(XLScreen):
         if spec.nnodes > 1:
             # Said here, not only in the collapsed section below: this launch waits for the others.
             ready += f"; node {spec.node_rank} of {spec.nnodes}, waits for the others at {spec.rdzv or 'node 0'}"
-        out.update(Text(ready, style="green"))
+        out.update(Text(ready, style="green") + self._memory_note())
         return True
+
+    def _memory_note(self) -> Text:
+        """Says which fields hold the script's remembered settings: they come and go with it."""
+        shown = self._still_recalled() if self.is_mounted else []
+        if not shown:
+            return Text()
+        names = ", ".join(LABELS[n] for n in SCRIPT_FIELDS if n in shown)
+        return Text(f"\n  {names}: as {self._loaded_key} was last launched", style="dim")
 
     @on(Input.Changed)
     @on(Select.Changed)
@@ -194,10 +248,10 @@ class LaunchScreen(XLScreen):
         if self._filling:
             return
         key = event.value.strip()
-        saved = settings.recall(key) if key != self._loaded_key else None
-        if saved:
-            self._loaded_key = key
-            self.fill(LaunchForm.recalled(saved), typing=True)
+        if key == self._loaded_key:
+            return
+        saved = settings.recall(key) if key else None
+        self.recall(key, LaunchForm.recalled(saved) if saved else None)
 
     def action_copy(self) -> None:
         argv = command(self.form())

@@ -27,7 +27,7 @@ from xl.tui.widgets.charts import MetricChart
 from xl.tui.widgets.rank_log import LogLines, RankLog
 from xl.tui.widgets.rank_table import RankTable
 from xl.tui.widgets.text_lines import TextLines
-from xl.tui.widgets.verdict import VerdictBanner
+from xl.tui.widgets.verdict import VerdictBanner, straggler_text
 
 if TYPE_CHECKING:
     from xl.launcher.rundir.outcome import Failure
@@ -193,6 +193,7 @@ class MonitorScreen(XLScreen):
         yield TextLines("Opening the run…", id="run-header")
         yield Static("", id="failure-banner")
         yield VerdictBanner(id="verdict-banner")
+        yield TextLines("", id="straggler-banner")
         # Text, not markup: a command with [brackets] must show (and copy) as it is.
         yield Static(Text(self._notice or ""), id="notice-banner")
         yield TextLines("", id="progress")
@@ -211,6 +212,7 @@ class MonitorScreen(XLScreen):
         self.query_one("#failure-banner").display = False
         self.query_one("#notice-banner").display = self._notice is not None
         self.query_one("#progress").display = False
+        self.query_one("#straggler-banner").display = False
         # Charts need room; on a small terminal (80x24) they start hidden and `c` shows them.
         self._fit_charts(self.app.size.height)
         self._poller()
@@ -336,6 +338,10 @@ class MonitorScreen(XLScreen):
         if text is not None:
             banner.update(text)
         self.query_one(VerdictBanner).show(view.hang)
+        slow = straggler_text(view.ranks.values())
+        self.query_one("#straggler-banner").display = slow is not None
+        if slow is not None:
+            self._set_text("#straggler-banner", slow)
 
     def _render_progress(self, prog: Progress | None) -> None:
         """A line of text, not Textual's ProgressBar: that one repaints itself on a timer of its

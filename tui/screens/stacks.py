@@ -83,14 +83,28 @@ class StacksScreen(ModalScreen[None]):
         self.doc: dict[str, Any] | None = None
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll():
+        with VerticalScroll(id="stacks-scroll"):
             yield Static(self._asking(), id="stacks-text")
         yield Footer()
+
+    def _where(self, *_: object) -> None:
+        """Which lines show, in the frame's bottom edge, when not all of them do: the popup has
+        no scrollbar (its thumb read as a stray "▇▇" over the text at 80x24)."""
+        box = self.query_one("#stacks-scroll", VerticalScroll)
+        total, shown = box.virtual_size.height, box.scrollable_content_region.height
+        if total <= shown or shown <= 0:
+            box.border_subtitle = ""
+            return
+        top = round(box.scroll_y)
+        box.border_subtitle = f"lines {top + 1}-{min(total, top + shown)} of {total} (↑↓ PgUp PgDn)"
 
     def _asking(self) -> Text:
         return Text(f"Asking every rank where it is (showing rank {self.rank})…")
 
     def on_mount(self) -> None:
+        box = self.query_one("#stacks-scroll", VerticalScroll)
+        self.watch(box, "scroll_y", self._where)
+        self.watch(box, "virtual_size", self._where)
         self._ask()
 
     @work(thread=True, exclusive=True, group="stacks")

@@ -25,9 +25,59 @@ if TYPE_CHECKING:
 PADDING = 1  # blank columns either side of each cell
 
 
+# A step's phases as a bar, in this order: each phase is its letter on its colour, so the bar
+# reads with colour and without (NO_COLOR): "dddccn" is half data, a third compute, the rest comm.
+PHASES = (
+    ("data_s", "d", "data", "black on yellow"),
+    ("compute_s", "c", "compute", "black on green"),
+    ("comm_s", "n", "comm", "black on magenta"),
+    ("other_s", "o", "other", "black on bright_black"),
+)
+TIME_WIDTH = 5  # "350ms", "1.25s", "12.5s", " 125s": the step time before its bar
+
+
+def step_time(seconds: float | None) -> str:
+    """A step's wall time in at most five columns."""
+    if seconds is None or not 0 <= seconds < 1e5:
+        return "-"
+    if seconds < 0.9995:
+        return f"{seconds * 1000:.0f}ms"
+    return f"{seconds:.3g}s" if seconds < 99.95 else f"{seconds:.0f}s"
+
+
+def bar_counts(parts: tuple[float, ...], cells: int) -> list[int]:
+    """How many of ``cells`` each phase gets: its share, rounded so the counts add up (largest
+    remainders first); a phase with no time gets none."""
+    total = sum(max(0.0, p) for p in parts)
+    if total <= 0 or cells <= 0:
+        return [0] * len(parts)
+    exact = [max(0.0, p) / total * cells for p in parts]
+    counts = [int(x) for x in exact]
+    for i in sorted(range(len(parts)), key=lambda i: exact[i] - counts[i], reverse=True)[: cells - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def split_cell(step_s: float | None, parts: tuple[float, ...] | None, cells: int) -> Text:
+    """The step time and, when the step's split is known, its bar of ``cells`` cells."""
+    shown = step_time(step_s)
+    if shown == "-":
+        return Text("-", style="dim")
+    text = Text(shown.rjust(TIME_WIDTH))
+    if parts is None:
+        return text
+    text.append(" ")
+    for (_, letter, _, style), n in zip(PHASES, bar_counts(parts, cells), strict=True):
+        if n:
+            text.append(letter * n, style=style)
+    return text
+
+
 def rank_values(rv: RankView, now: float, node: str | None) -> tuple[Any, ...]:
     """What a rank's row shows, as plain values: cheap to compare, and a snapshot (the reader
     goes on updating its RankView objects while the table draws)."""
+    # Read with getattr: a RunView from before the step split (an older reader) has no such fields.
+    split = getattr(rv, "split", None)
     return (
         rv.rank,
         rv.state,
@@ -44,17 +94,23 @@ def rank_values(rv: RankView, now: float, node: str | None) -> tuple[Any, ...]:
         fmt.ago(rv.last_seen, now),
         rv.eval_loss,
         rv.epoch,
+        getattr(rv, "step_s", None),
+        None if split is None else tuple(split[key] for key, _, _, _ in PHASES),
+        getattr(rv, "mem_mib", None),
     )
 
 
-def format_cells(values: tuple[Any, ...]) -> dict[str, Any]:
-    """The row's cells (str or rich Text) from rank_values."""
-    rank, state, step, total_steps, loss, sps, util, used, total, rss, gpu, node, seen, evl, epoch = values
-    if used is None and rss is not None:
-        mem: Any = f"{fmt.mib(rss)} rss"
+def format_cells(values: tuple[Any, ...], bar: int = 6) -> dict[str, Any]:
+    """The row's cells (str or rich Text) from rank_values; ``bar``: the cells of the step's bar."""
+    rank, state, step, total_steps, loss, sps, util, used, total, rss, gpu, node, seen, evl, epoch, step_s, split, footprint = values
+    if footprint is not None:
+        mem: Any = fmt.mib(footprint)  # the rank's footprint (PSS, with its children): its memory
+    elif used is None and rss is not None:
+        mem = f"{fmt.mib(rss)} rss"
     else:
         mem = fmt.meter(used / total if used is not None and total else None, 4, fmt.mib(used))
     return {
+        "time": split_cell(step_s, split, bar),
         "rank": str(rank),
         "node": node or "-",
         "gpu": "cpu" if gpu is None else str(gpu),

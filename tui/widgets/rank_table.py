@@ -29,14 +29,22 @@ from textual.strip import Strip
 
 from xl.launcher.rundir.runview import node_order
 from xl.tui.widgets.gpu_table import value_key
-from xl.tui.widgets.rank_cells import PADDING, cell_segments, format_cells, join_row, rank_values
+from xl.tui.widgets.rank_cells import (
+    PADDING,
+    TIME_WIDTH,
+    cell_segments,
+    format_cells,
+    join_row,
+    rank_values,
+)
 
 if TYPE_CHECKING:
     from xl.launcher.rundir.runview import RankView
 
-# What matters most comes first: on an 80-column terminal everything up to Memory shows (80
-# columns with their padding) and the right end is scrolled off. Fixed widths: a value that
-# outgrows its column is cut with an ellipsis, and no update ever changes the table's layout.
+# Columns in the order shown, at fixed widths (a value that outgrows its column is cut with an
+# ellipsis): no update changes the table's layout, only the terminal's width does. What does not
+# fit the width is left out, least needed first (PRIORITY), so that 80 columns show the rank, its
+# GPU, state, step, loss, step time with its split and memory, and nothing scrolls off sideways.
 # One node: no Node column (the same host on every row; the Monitor's header names it).
 COLUMNS = (
     ("rank", "Rank", 4),
@@ -44,19 +52,58 @@ COLUMNS = (
     ("state", "State", 9),
     ("step", "Step", 11),
     ("loss", "Loss", 8),
+    ("time", "Step time", 12),
     ("sps", "Samples/s", 9),
     ("util", "Util", 9),
     ("mem", "Memory", 11),
     ("seen", "Last seen", 12),
 )
-# Once any rank has evaluated: its latest eval loss (and epoch) last, so the columns an 80-column
-# terminal shows stay as they are; a run without evaluations never has this column.
+# Once any rank has evaluated: its latest eval loss (and epoch) last; a run without evaluations
+# never has this column.
 EVAL_COLUMN = ("eval", "Eval loss (ep)", 14)
 # Grouped by node: the node first (as wide as the longest name, within NODE_WIDTH), then these.
 AFTER_NODE = COLUMNS
 NODE_WIDTH = (4, 24)
+# Lower is kept longer; the first four are kept whatever the width (the table then scrolls).
+PRIORITY = {"node": 0, "rank": 0, "state": 1, "step": 2, "loss": 3, "time": 4, "mem": 5, "gpu": 6, "util": 7, "sps": 8, "eval": 9, "seen": 10}
+KEPT = 4
+# The step-time column grows with a wide terminal (a longer bar), up to this many columns.
+TIME_WIDEST = 24
+TIME_HEADER_WIDE = "Step time  d c n o"  # the bar's letters: data, compute, comm, other
 
 Columns = tuple[tuple[str, str, int], ...]
+
+
+def node_column(nodes: list[str], had: int) -> Columns:
+    """The Node column for a run on more than one node, as wide as its longest name (within
+    NODE_WIDTH) and never narrower than it ``had`` (a shorter new name needs no new layout)."""
+    if len(nodes) < 2:
+        return ()
+    width = min(max(NODE_WIDTH[0], *(len(n) for n in nodes)), NODE_WIDTH[1])
+    return (("node", "Node", max(width, had)),)
+
+
+def fit(columns: Columns, width: int) -> Columns:
+    """The columns that fit ``width`` (0: not laid out yet: all), least needed left out first,
+    the step-time column widened with what is left over."""
+    def used(cols: Columns) -> int:
+        return sum(w + 2 * PADDING for _, _, w in cols)
+
+    if width <= 0:
+        return columns
+    shown = list(columns)
+    for key in sorted((k for k, _, _ in columns), key=lambda k: -PRIORITY.get(k, 99)):
+        if used(tuple(shown)) <= width or PRIORITY.get(key, 99) < KEPT:
+            break
+        shown = [c for c in shown if c[0] != key]
+    spare = width - used(tuple(shown))
+    out = []
+    for key, label, w in shown:
+        if key == "time" and spare > 0:
+            w = min(TIME_WIDEST, w + spare)
+            label = TIME_HEADER_WIDE if w >= len(TIME_HEADER_WIDE) else label
+        out.append((key, label, w))
+    return tuple(out)
 
 
 def row_order(
@@ -116,6 +163,9 @@ class RankTable(ScrollView, can_focus=True):
         self._strips: dict[int, tuple[Any, Strip]] = {}  # rank -> (what it was drawn from, line)
         self._segments: LRUCache[tuple[Any, ...], list[Segment]] = LRUCache(4096)
         self._header: tuple[Any, Strip] | None = None
+        self._node_names: list[str] = []  # the last update's, for a layout on resize
+        self._evals = False
+        self._timed = False
         self._row_styles: dict[str, tuple[Style, Style]] | None = None
         self.cursor_row = 0
         self._chosen: int | None = None  # the rank RankChosen last named
@@ -151,7 +201,8 @@ class RankTable(ScrollView, can_focus=True):
         cells = self._cells.get(rank)
         if cells is None:
             values, first = self._values[rank]
-            cells = self._cells[rank] = format_cells(values)
+            time = next((w for key, _, w in self._columns if key == "time"), 12)
+            cells = self._cells[rank] = format_cells(values, bar=time - TIME_WIDTH - 1)
             if self.grouped:
                 cells["node"] = Text(cells["node"], style="bold" if first else "dim")
             self._cell_keys[rank] = {col: value_key(value) for col, value in cells.items()}
@@ -208,29 +259,37 @@ class RankTable(ScrollView, can_focus=True):
 
     # -- updates -----------------------------------------------------------------------------
 
-    def _layout(self, nodes: list[str], evals: bool) -> Columns:
-        # Once shown, the eval column stays (no layout change each time a rank's value comes).
-        shown = self._columns[-1] is EVAL_COLUMN
-        tail = (EVAL_COLUMN,) if evals or shown else ()
-        if len(nodes) < 2:
-            return (*COLUMNS, *tail) if tail else COLUMNS
-        width = min(max(NODE_WIDTH[0], *(len(n) for n in nodes)), NODE_WIDTH[1])
-        if self.grouped and self._columns[0][2] >= width and shown == bool(tail):
-            return self._columns  # a shorter new name fits: no need to lay out again
-        return (("node", "Node", width), *AFTER_NODE, *tail)
+    def _layout(self, nodes: list[str], evals: bool, timed: bool) -> Columns:
+        # Once shown, the eval and step-time columns stay (no new layout each time a value comes);
+        # a run whose steps are not timed (--no-instrument, an older xl) keeps its columns.
+        self._evals, self._timed, self._node_names = self._evals or evals, self._timed or timed, nodes
+        head = node_column(nodes, self._columns[0][2] if self.grouped else 0)
+        body = AFTER_NODE if self._timed else tuple(c for c in AFTER_NODE if c[0] != "time")
+        return fit((*head, *body, *((EVAL_COLUMN,) if self._evals else ())), self.size.width)
+
+    def on_resize(self) -> None:
+        # Another width shows other columns: every line is drawn again, once.
+        if self._rows and self._relayout(self._layout(self._node_names, self._evals, self._timed)):
+            self.refresh()
+
+    def _relayout(self, columns: Columns) -> bool:
+        if columns == self._columns:
+            return False
+        self._columns = columns
+        self._cells.clear()
+        self._strips.clear()
+        self._header = None
+        self._resize()
+        return True
 
     def update_ranks(self, ranks: Mapping[int, RankView], now: float, labels: Mapping[int, str | None]) -> None:
         """Show ``ranks`` (the RunView's) as of ``now``, each on the node ``labels`` names
         (RunView.node_labels)."""
         nodes = node_order(labels)
-        columns = self._layout(nodes, any(rv.eval_loss is not None for rv in ranks.values()))
-        relayout = columns != self._columns
-        if relayout:
-            # A second node appeared (or a longer node name): every line is drawn again, once.
-            self._columns = columns
-            self._cells.clear()
-            self._strips.clear()
-            self._header = None
+        timed = any(getattr(rv, "step_s", None) is not None for rv in ranks.values())
+        columns = self._layout(nodes, any(rv.eval_loss is not None for rv in ranks.values()), timed)
+        # A second node appeared (or a longer node name, or an eval): every line drawn again, once.
+        relayout = self._relayout(columns)
         grouped = self.grouped
         order, firsts = row_order(ranks, labels, nodes, grouped)
         changed: list[int] = []

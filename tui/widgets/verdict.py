@@ -15,7 +15,13 @@ from textual.widgets import Static
 from xl.textsafe import visible
 
 if TYPE_CHECKING:
-    from xl.launcher.rundir.runview import Hang
+    from collections.abc import Iterable
+
+    from xl.launcher.rundir.runview import Hang, RankView
+
+# Where a straggler loses its time (its event's ``phase``), in the colour of its letter in the
+# rank table's step bar (rank_cells.PHASES).
+PHASE_STYLE = {"data": "black on yellow", "compute": "black on green", "comm": "black on magenta", "other": "black on bright_black"}
 
 
 def verdict_text(hang: Hang | None, key: str = "k") -> Text | None:
@@ -39,3 +45,19 @@ class VerdictBanner(Static):
         self.display = text is not None
         if text is not None:
             self.update(text)
+
+
+def straggler_text(ranks: Iterable[RankView]) -> Text | None:
+    """One line per straggler in force: its phase, then what its event said; None when none."""
+    out = Text()
+    for rv in sorted((rv for rv in ranks if rv.state == "straggler" and rv.diagnosis), key=lambda rv: rv.rank):
+        if out:
+            out.append("\n")
+        out.append("straggler", style="bold yellow")
+        phase = getattr(rv, "straggler_phase", None)
+        if phase in PHASE_STYLE:
+            out.append(" ")
+            out.append(f" {phase} ", style=PHASE_STYLE[phase])
+        out.append(": ")
+        out.append(visible(str(rv.diagnosis)))
+    return out or None

@@ -224,3 +224,68 @@ def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_h
     rule = HangRule()
     rule.see(event)
     assert rule.hang is not None and rule.hang.label == label
+
+
+def _mismatch_snapshot() -> list[dict[str, Any]]:
+    """Rank 0 in all_reduce #12, rank 1 in broadcast #12: a certain deadlock from one look."""
+    out = []
+    for rank, op, line in ((0, "all_reduce", 41), (1, "broadcast", 44)):
+        frames = [{"file": "/home/me/train.py", "line": line, "function": "main"}, {"file": "/v/site-packages/torch/distributed/distributed_c10d.py", "line": 1, "function": op}]
+        colls = [{"pg": "0", "seq": 11, "op": "all_reduce", "state": "completed"}, {"pg": "0", "seq": 12, "op": op, "state": "scheduled"}]
+        out.append({"rank": rank, "threads": [{"name": "MainThread", "frames": frames}], "collectives": colls})
+    return out
+
+
+def test_a_quiet_spell_is_looked_at_for_a_mismatch_which_is_named_before_any_stall(tmp_path: Path, monkeypatch: Any) -> None:
+    import time  # noqa: PLC0415 - only this test needs the wall clock
+
+    from xl.launcher.telemetry import stacks as capture  # noqa: PLC0415 - patched below
+    from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
+
+    now = time.time()
+    run = _write(tmp_path / "r", _steps(0, now - 4, 0.3) + _steps(1, now - 4, 0.3))  # both progressed 4 s ago
+    asked: list[float] = []
+    snapshot = [_culprit_snapshot()]
+
+    def gather(*_a: Any, **_k: Any) -> tuple[float, list[dict[str, Any]]]:
+        asked.append(time.time())
+        return time.time(), snapshot[0]
+
+    monkeypatch.setattr(capture, "gather", gather)
+    sent: list[dict[str, Any]] = []
+    hang = HangCapture(run, sent.append, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5)
+
+    def look(idle: float | None) -> None:
+        hang.quiet(idle, 3.0)
+        if hang._peeking is not None:
+            hang._peeking.join(10)  # the look is done before the next tick
+
+    # No mismatch (a rank merely behind): asked at 3 s, again only once the spell doubles, and
+    # anew after progress; nothing is said, nothing saved.
+    for idle in (None, 2.0, 3.5, 5.0, 6.9, 7.0, 1.0, 3.0):
+        look(idle)
+    assert len(asked) == 3 and sent == [] and not (run / "stacks").exists()
+    # A mismatch: named at the next look, once, with its document.
+    snapshot[0] = _mismatch_snapshot()
+    look(6.0)
+    look(30.0)
+    assert len(asked) == 4 and [e["kind"] for e in sent] == ["hang"]
+    assert sent[0]["ranks"] == [0, 1] and sent[0]["message"].startswith("mismatch at #12 of process group 0 (different collectives")
+    assert json.loads((run / sent[0]["stacks"]).read_text())["verdict"]["mismatch"] is True
+    # The stall that comes later takes its verdict: no second capture, no second hang event.
+    hang.on_stall([{"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 31 s"}])
+    hang.join(5)
+    assert len(asked) == 4 and [e["kind"] for e in sent] == ["hang", "stalled"]
+    assert sent[1]["message"].startswith("rank 1 made no progress for 31 s; it is in main at train.py:44")
+
+
+def test_the_diagnoser_says_how_long_no_rank_progressed() -> None:
+    from xl.launcher.telemetry.diagnose import Diagnoser, quiet_spell  # noqa: PLC0415 - only this test drives it
+
+    d = Diagnoser(lambda _e: None, Thresholds(mismatch_after_s=3.0, mismatch_steps=3.0))
+    assert quiet_spell(d, NOW) == (None, 3.0)  # nobody reported progress: nothing to look at
+    d.ingest(0, _steps(0, NOW - 5, 0.5))
+    d.ingest(1, _steps(1, NOW - 2, 2.0))
+    assert quiet_spell(d, NOW) == (2.0, 6.0)  # the newest progress (rank 1's), three of the slowest steps
+    d.set_alive(1, False)
+    assert quiet_spell(d, NOW) == (5.0, 3.0)

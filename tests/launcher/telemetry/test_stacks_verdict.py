@@ -12,8 +12,9 @@ import pytest
 
 from xl.launcher.telemetry.hang import HangCapture
 from xl.launcher.telemetry.probe import parse_faulthandler
+from xl.launcher.telemetry.progress import Progress, judged
 from xl.launcher.telemetry.stacks import document
-from xl.launcher.telemetry.verdict import group_lines, ranges, verdict
+from xl.launcher.telemetry.verdict import group_lines, mismatch, ranges, verdict
 
 
 def _rank(rank: int, where: tuple[str, int, str], colls: list[tuple[int, str, str]] | None = None, **extra: Any) -> dict[str, Any]:
@@ -59,7 +60,96 @@ def test_a_culprit_using_the_cpu_is_said_to_be_working_and_one_waiting_is_not() 
 
 def test_ranks_that_disagree_about_the_next_collective() -> None:
     v = verdict([_waiting(0), _waiting(2), _waiting(1, op="broadcast")])
-    assert v["ranks"] == [1] and "rank 1 is in broadcast #12, not all_reduce #12" in v["message"]
+    assert v == {
+        "ranks": [1],
+        "mismatch": True,
+        "message": "mismatch at #12 of process group default_pg (different collectives; they can never match): "
+        "ranks 0,2 are in all_reduce #12 at train.py:41; rank 1 is in broadcast #12 at train.py:41",
+    }
+
+
+def _sized(entry: dict[str, Any], shape: list[int], seq: int = 12) -> dict[str, Any]:
+    for c in entry["collectives"]:
+        if c["seq"] == seq:
+            c["in"] = c["out"] = [shape]
+    return entry
+
+
+def test_a_same_number_mismatch_is_named_at_once_whatever_the_progress_says() -> None:
+    """Two ranks: neither is the majority, both are named, each with its place."""
+    bcast = _rank(1, ("/home/me/train.py", 44, "broadcast"), [(11, "all_reduce", "completed"), (12, "broadcast", "scheduled")])
+    v = judged([_waiting(0), bcast], Progress(False, "no hang: every rank progressed in the last 30 s"))
+    assert v["ranks"] == [0, 1] and v["mismatch"] is True
+    assert v["message"] == (
+        "mismatch at #12 of process group default_pg (different collectives; they can never match): "
+        "rank 0 is in all_reduce #12 at train.py:41; rank 1 is in broadcast #12 at train.py:44"
+    )
+    # Other tensor shapes in the same all_reduce (NCCL waits forever on them): named with the shapes.
+    v = judged([_sized(_waiting(0), [4, 1024]), _sized(_waiting(1), [4, 1024]), _sized(_waiting(2), [1024])], Progress(False, "no hang"))
+    assert v["ranks"] == [2] and v["message"] == (
+        "mismatch at #12 of process group default_pg (other tensor shapes; they can never match): "
+        "ranks 0,1 are in all_reduce #12 of 4x1024 at train.py:41; rank 2 is in all_reduce #12 of 1024 at train.py:41"
+    )
+
+
+def test_ranks_at_different_numbers_or_shapes_that_may_differ_are_no_mismatch() -> None:
+    healthy = Progress(False, "no hang: every rank progressed in the last 30 s")
+    # Rank 1 is behind: its newest is a broadcast done, rank 0 waits in the next all_reduce.
+    behind = _rank(1, ("/home/me/eval.py", 9, "evaluate"), [(10, "all_reduce", "completed"), (11, "broadcast", "completed")])
+    ahead = _rank(0, ("/home/me/train.py", 41, "all_reduce"), [(11, "broadcast", "completed"), (12, "all_reduce", "scheduled")])
+    assert mismatch([ahead, behind]) is None and judged([ahead, behind], healthy) == {"ranks": [], "message": healthy.message}
+    # NCCL's queue: rank 0 enqueued #12 and #13 ahead of rank 1, which is at #12 (same op there).
+    queued = _rank(0, ("/home/me/train.py", 50, "step"), [(12, "all_reduce", "started"), (13, "broadcast", "scheduled")])
+    assert mismatch([queued, _waiting(1)]) is None
+    # all_to_all's splits and gather's outputs differ between ranks as used; unknown shapes claim nothing.
+    assert mismatch([_sized(_waiting(0, op="all_to_all"), [8]), _sized(_waiting(1, op="all_to_all"), [16])]) is None
+    a, b = _waiting(0, op="gather"), _waiting(1, op="gather")
+    a["collectives"][-1].update({"in": [[8]], "out": [[8], [8]]})
+    b["collectives"][-1].update({"in": [[8]], "out": []})
+    assert mismatch([a, b]) is None
+    assert mismatch([_sized(_waiting(0), [8]), _waiting(1)]) is None
+    # A number both ranks are done with is history, even if recorded apart (torch's coalescing).
+    done = [_rank(r, ("/home/me/train.py", 41, "step"), [(12, op, "completed")]) for r, op in ((0, "all_reduce"), (1, "_allreduce_coalesced"))]
+    assert mismatch(done) is None
+
+
+def test_ranks_blocked_in_two_process_groups_each_waiting_for_the_other() -> None:
+    def blocked(rank: int, wait: tuple[str, int], other: tuple[str, int]) -> dict[str, Any]:
+        e = _rank(rank, ("/home/me/train.py", 60 + rank, "all_reduce"))
+        e["collectives"] = [
+            {"pg": other[0], "seq": other[1], "op": "all_reduce", "state": "completed"},
+            {"pg": wait[0], "seq": wait[1] - 1, "op": "all_reduce", "state": "completed"},
+            {"pg": wait[0], "seq": wait[1], "op": "all_reduce", "state": "scheduled"},
+        ]
+        return e
+
+    v = mismatch([blocked(0, ("dp", 5), ("tp", 4)), blocked(1, ("tp", 5), ("dp", 4))])
+    assert v == {
+        "ranks": [0, 1],
+        "mismatch": True,
+        "message": "mismatch of process groups (each waits for the other): rank 0 is in all_reduce #5 of process group dp "
+        "at train.py:60; rank 1 is in all_reduce #5 of process group tp at train.py:61",
+    }
+    # Rank 1 did dp #5 already (rank 0 only has to see it done): no deadlock.
+    assert mismatch([blocked(0, ("dp", 5), ("tp", 4)), blocked(1, ("tp", 5), ("dp", 5))]) is None
+    # As the Flight Recorder names them: two subgroups both called "undefined", told by number.
+    def numbered(e: dict[str, Any], ids: dict[str, str]) -> dict[str, Any]:
+        for c in e["collectives"]:
+            c["pg_id"], c["pg"] = ids[c["pg"]], "undefined"
+        return e
+
+    ids = {"dp": "1", "tp": "2"}
+    v = mismatch([numbered(blocked(0, ("dp", 5), ("tp", 4)), ids), numbered(blocked(1, ("tp", 5), ("dp", 4)), ids)])
+    assert v is not None and v["ranks"] == [0, 1] and "of process group undefined at train.py:60" in v["message"]
+    # Two subgroups at the same number in different ops are no mismatch: they are not one collective.
+    a = _rank(0, ("/home/me/train.py", 41, "all_reduce"), [(7, "all_reduce", "scheduled")])
+    b = _rank(1, ("/home/me/train.py", 44, "broadcast"), [(7, "broadcast", "scheduled")])
+    a["collectives"][0].update(pg="undefined", pg_id="1")
+    b["collectives"][0].update(pg="undefined", pg_id="2")
+    assert mismatch([a, b]) is None
+    # A group rank 0 never used here may not hold it: nothing is claimed.
+    lone = blocked(0, ("dp", 5), ("dp", 3))
+    assert mismatch([lone, blocked(1, ("tp", 5), ("dp", 4))]) is None
 
 
 def test_a_rank_without_collectives_is_judged_by_its_stack() -> None:
