@@ -24,7 +24,7 @@ def outcome_text(record: RunRecord, run_id: str, status: str, now: float) -> Tex
     rank = failure.rank if failure else None
     out = Text()
     if failure and failure.traceback:
-        out.append(f"xl: traceback of rank {rank}:\n", style="bold")
+        out.append(f"xl: {'traceback' if failure.error else 'last lines'} of rank {rank}:\n", style="bold")
         out.append(str(failure.traceback).rstrip("\n") + "\n")
     took = elapsed(record, now)
     line = f"xl: run {run_id} {status}" + (f" after {took:.1f}s" if took is not None else "")
@@ -35,6 +35,9 @@ def outcome_text(record: RunRecord, run_id: str, status: str, now: float) -> Tex
     if why:
         line += f": {why}"
     out.append(line, style=outcome_style(status))
+    cause = failure.cause if failure else None
+    if cause is not None:  # as the plain view says it: a line each
+        out.append(f"\ncause: {cause.summary}" + (f"\nfix: {cause.fix}" if cause.fix else ""))
     if status == "failed":
         whose = f" --rank {rank}" if isinstance(rank, int) else ""
         out.append(f"\nxl: every line it printed: xl logs {run_id}{whose}")

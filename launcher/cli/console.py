@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from xl.launcher.rundir import timing
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.outcome import Failure
+from xl.launcher.rundir.outcome import Cause, Failure
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.record import RunRecord
 from xl.launcher.rundir.runview import RankView, RunView, hang_label, outcome_style, state_style
@@ -116,10 +116,26 @@ def _fmt(value: float | None, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
+def cause_lines(failure: Failure | None) -> list[str]:
+    """``cause: SUMMARY`` and ``fix: FIX``, a line each, said after the root cause (no fix line
+    when none is known)."""
+    cause = failure.cause if failure is not None else None
+    if cause is None:
+        return []
+    lines = [f"cause: {visible(cause.summary)}"]
+    return lines + ([f"fix: {visible(cause.fix)}"] if cause.fix else [])
+
+
+def traceback_title(failure: Failure) -> str:
+    """What the root cause's text is: a Python traceback, or (an argparse refusal, a signal, an
+    exit without an exception) the rank's last lines of output."""
+    return f"traceback of rank {failure.rank}" if failure.error else f"last lines of rank {failure.rank}"
+
+
 def _summary(state: RunState) -> str:
     text = f"run {state.title} {state.status} after {state.elapsed():.1f}s"
     if state.failure:
-        text += f": {visible(state.failure.message)}"
+        text += "".join([f": {visible(state.failure.message)}", *(f"\n{line}" for line in cause_lines(state.failure))])
     spent = timing.describe(state.record.get("time")) if state.final and state.record else None
     return f"{text}\n{spent}" if spent else text  # where the time went (docs/compare.md)
 
@@ -134,6 +150,10 @@ def _plain_event(ev: dict[str, Any]) -> str:
     text = f"{stamp} xl: {ev.get('message') or ev.get('kind')}"
     if ev.get("kind") == "hang":
         text = f"{stamp} xl: {hang_label(ev)}: {ev.get('message')} (every rank's stack: {ev.get('stacks')})"
+    if ev.get("kind") == "failure":
+        cause = Cause.from_json(ev.get("cause"))
+        said = [f"cause: {cause.summary}", *([f"fix: {cause.fix}"] if cause.fix else [])] if cause is not None else []
+        return "\n".join(visible(line) for line in (text, *said))
     return visible(text)
 
 
@@ -254,7 +274,7 @@ def watch_plain(state: RunState, out: TextIO, on_tick: Callable[[], None] | None
     print(render_text(state, width=max(100, _width(out))), file=out, end="")
     failure = state.failure
     if failure is not None and failure.traceback:
-        print(f"xl: traceback of rank {failure.rank}:\n{visible(str(failure.traceback), lines=True)}", file=out)
+        print(f"xl: {traceback_title(failure)}:\n{visible(str(failure.traceback), lines=True)}", file=out)
     print(f"xl: {_summary(state)}", file=out, flush=True)
     return state.exit_code
 
@@ -418,7 +438,7 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
             time.sleep(POLL_S)
     failure = state.failure
     if failure is not None and failure.traceback:
-        console.print(Panel(visible(str(failure.traceback), lines=True), title=f"rank {failure.rank} traceback", border_style="red"))
+        console.print(Panel(visible(str(failure.traceback), lines=True), title=traceback_title(failure), border_style="red"))
     console.print(_summary(state), style=outcome_style(state.status), highlight=False)
     return state.exit_code
 
