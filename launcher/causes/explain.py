@@ -153,7 +153,10 @@ def _aborted(crash: words.Found | None, lines: list[str]) -> Cause:
 def _segfault(crash: words.Found | None, code: int | None) -> Cause:
     what = (crash.facts.get("signal") if crash else None) or _SIGNALS.get(code or 0, "Segmentation fault")
     if crash is not None and "file" in crash.facts:
-        where = f"{crash.facts['file']}:{crash.facts['line']} in {crash.facts['function']}"
+        f = crash.facts
+        where = f"{f['file']}:{f['line']} in {f['function']}"
+        if "caller_file" in f:  # the script's own line first, then where in the library it crashed
+            where = f"{f['caller_file']}:{f['caller_line']} in {f['caller_function']} (inside {where})"
         return Cause(CauseKind.SEGFAULT, f"{what.lower()} in native code called from {where}", None, crash.evidence)
     return Cause(CauseKind.SEGFAULT, f"{what.lower()} in native code (no Python line was printed)", None,
                  crash.evidence if crash else [f"exit code {code} ({_signame(code)})"])
@@ -232,8 +235,10 @@ def _worker_oom(ev: Evidence, said: str, kernel: list[str] | None) -> Cause | No
 
 # ---------------------------------------------------------------- the GPU's and NCCL's
 def _gpu_kinds(ev: Evidence, said: str, doctor: Doctor, kernel: list[str] | None) -> Cause | None:
+    tail = "\n".join(ev.log_tail)
     for read in (words.cuda_oom, words.no_kernel_image, words.device_busy, words.collective_timeout, words.nccl_error, words.cuda_error):
-        found = read(said)
+        # A device-side assert's own line (which assert, where) is printed by the kernel to the log.
+        found = read(f"{said}\n{tail}" if read is words.cuda_error else said)
         if found is not None:
             return _gpu(found, ev, doctor, None)
     return None

@@ -21,6 +21,8 @@ _KILLED = re.compile(
 )
 # "oom-kill:constraint=CONSTRAINT_MEMCG,...,oom_memcg=/a/b,task_memcg=/a/b,task=python,pid=123,uid=0"
 _CONSTRAINT = re.compile(r"oom-kill:constraint=(\w+).*?oom_memcg=([^,]*),.*?pid=(\d+),")
+# The OOM report's "memory: usage 65536kB, limit 65536kB, failcnt 52" (v1) of the cgroup it fired in.
+_USAGE = re.compile(r"^memory: usage (\d+)kB, limit (\d+)kB, failcnt (\d+)")
 _CGROUP_ROOTS = ("/sys/fs/cgroup/memory", "/sys/fs/cgroup")  # v1's memory controller, v2's unified tree
 _NO_LIMIT = 1 << 62  # v1's "unlimited" is PAGE_COUNTER_MAX pages, about 2**63
 
@@ -70,7 +72,12 @@ def oom_kill(pids: set[int], lines: list[str] | None = None) -> OomKill | None:
     lines = kernel_lines() if lines is None else lines
     memcg: dict[int, tuple[str, str]] = {}
     found: OomKill | None = None
+    reported: int | None = None  # the limit the last OOM report gave
     for line in lines:
+        u = _USAGE.match(line.strip())
+        if u is not None:
+            reported = int(u.group(2)) * 1024
+            continue
         c = _CONSTRAINT.search(line)
         if c is not None:
             memcg[int(c.group(3))] = (c.group(1), c.group(2))
@@ -82,7 +89,8 @@ def oom_kill(pids: set[int], lines: list[str] | None = None) -> OomKill | None:
         rss = (int(m.group(5)) + int(m.group(6)) + int(m.group(7))) * 1024
         constraint, group = memcg.get(pid, ("", ""))
         cgroup = group if constraint == "CONSTRAINT_MEMCG" or m.group(1).startswith("Memory cgroup") else None
-        found = OomKill(pid, m.group(3), rss, cgroup or None, memory_limit(cgroup) if cgroup else None, line.strip())
+        limit = (memory_limit(cgroup) or reported) if cgroup else None
+        found = OomKill(pid, m.group(3), rss, cgroup or None, limit if limit and limit < _NO_LIMIT else None, line.strip())
     return found
 
 
@@ -99,6 +107,24 @@ def memory_limit(cgroup: str) -> int | None:
         if text.isdigit() and int(text) < _NO_LIMIT:
             return int(text)
     return None
+
+
+def zombie_exit(pid: int) -> int | None:
+    """How ``pid`` ended, while it is a zombie its parent (torchrun) has not reaped yet: the
+    exit code as ``subprocess`` gives it (negative: the signal), from /proc/PID/stat's field 52
+    (Linux 3.5+); None when it is not a zombie or cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read(4096)
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if len(fields) < 50 or fields[0] != b"Z":
+        return None
+    try:
+        return os.waitstatus_to_exitcode(int(fields[49]))
+    except ValueError:
+        return None
 
 
 def port_holder(port: int) -> int | None:
@@ -140,7 +166,8 @@ def process_name(pid: int) -> str | None:
             words = fh.read(4096).split(b"\0")
     except OSError:
         return None
-    return " ".join(w.decode("utf-8", "replace") for w in words if w)[:120] or None
+    text = " ".join(" ".join(w.decode("utf-8", "replace").split()) for w in words if w)  # one line, whatever it was given
+    return text[:120] or None
 
 
 def size(n: int) -> str:

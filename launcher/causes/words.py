@@ -245,17 +245,31 @@ def fatal_signal(text: str, skip_files: tuple[str, ...] = ()) -> Found | None:
     assert what is not None
     facts = {"signal": what.group(1)}
     evidence = [lines[at].strip()]
-    current = False
+    current = "Current thread" not in text
+    frames: list[tuple[re.Match[str], str]] = []
     for line in lines[at + 1 :]:
         if line.startswith("Current thread"):
             current = True
             continue
+        if line.startswith("Thread 0x") and frames:
+            break  # the next thread's stack
         m = _FRAME.match(line)
-        if m and (current or "Current thread" not in text) and not m.group(1).endswith(skip_files):
-            facts.update(file=m.group(1), line=m.group(2), function=m.group(3))
-            evidence.append(line.strip())
-            break
+        if m and current and not m.group(1).endswith(skip_files):
+            frames.append((m, line.strip()))
+    if frames:
+        inner = frames[0][0]
+        facts.update(file=inner.group(1), line=inner.group(2), function=inner.group(3))
+        evidence.append(frames[0][1])
+        # The script's own line that called into it: the innermost frame outside Python's
+        # library and installed packages.
+        own = next(((m, ln) for m, ln in frames if not _LIBRARY.search(m.group(1))), None)
+        if own is not None and own[0] is not inner:
+            facts.update(caller_file=own[0].group(1), caller_line=own[0].group(2), caller_function=own[0].group(3))
+            evidence.append(own[1])
     return Found("segfault", facts, evidence)
+
+
+_LIBRARY = re.compile(r"/lib/python\d[\d.]*/|site-packages|dist-packages|^<frozen |/xl/launcher/|/launcher/(?:rank/)?entry\.py$")
 
 
 def exception_name(error: str | None) -> str | None:

@@ -20,6 +20,7 @@ here (``set``).
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import time
@@ -41,6 +42,9 @@ NO_STDIN_ERRORS = ("EOFError: EOF when reading a line", "bdb.BdbQuit")
 NO_STDIN = "ranks have no stdin: input() and breakpoint() cannot read the terminal under xl launch (docs/launch.md)"
 _SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 _CLOSED = re.compile(r"Sending process (\d+) closing signal")
+# torchrun's word on the first failure it saw, as it sees it (before its summary, which a stop
+# that outlasts the grace may never let it print).
+_OBSERVED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)")
 # The longest a failure waits for its facts (torchrun's summary, a peer found dead) before it is
 # decided with what is known: torchrun reports within its monitor interval (0.1 s) of a rank's
 # end, and the stop that the first failure starts ends the others within the stop's grace.
@@ -98,6 +102,7 @@ class RootCause:
         run's end); None while it waits, or when nothing is to blame."""
         if self.suspected_at is None or self.failure is not None:
             return None
+        self._codes_of_the_gone(ranks)
         closed = self._closed_by_torchrun() if torchrun_code is not None or final else set()
         if not final and not self._ready(ranks, torchrun_code, drain, closed):
             return None
@@ -132,7 +137,10 @@ class RootCause:
         by torchrun's own closing signal, nor never started."""
         return [
             st for st in ranks
-            if st.done and st.exit_code != 0 and st.signalled is None and st.pid is not None and st.pid not in closed
+            if st.done and st.exit_code != 0 and st.signalled is None and st.pid is not None
+            # torchrun's closing signal goes to every rank, ended or not: it explains only a
+            # rank that died of a signal, not one that exited on its own before.
+            and not (st.pid in closed and (st.exit_code is None or st.exit_code < 0))
             and (st.exit_code is not None or st.vanished)
         ]
 
@@ -187,6 +195,7 @@ class RootCause:
 
     def _explain(self, st: RankState, lines: list[str]) -> Cause | None:
         from xl.launcher.causes import Evidence, explain  # noqa: PLC0415 - a failure only: not on the path to torchrun
+        from xl.launcher.causes.door import Doctor  # noqa: PLC0415 - as above
 
         record = self.journal.record
         spec = record.spec or {}
@@ -206,8 +215,10 @@ class RootCause:
             hang=self._hang(),
             vanished=st.vanished,
         )
+        # The doctor asks about the ranks' interpreter and environment (what xl added to it).
+        env = {**os.environ, **{str(k): str(v) for k, v in (record.get("env") or {}).items()}}
         try:
-            return explain(ev)
+            return explain(ev, Doctor(ev.python, env))
         except Exception as exc:  # the failure is recorded all the same, with a cause that says so
             return Cause(CauseKind.EXCEPTION, f"{what_of(st)} (xl could not tell why: {exc!r})", None, [])
 
@@ -267,9 +278,26 @@ class RootCause:
             return
         self._codes_from_torchrun(ranks)
 
+    @staticmethod
+    def _codes_of_the_gone(ranks: Ranks) -> None:
+        """The signal of a rank gone without an exit record, while it can still be read: its
+        zombie (torchrun has not reaped it yet), or its exit once this subreaper reaped it
+        (torchrun died first)."""
+        from xl.launcher.causes.host import zombie_exit  # noqa: PLC0415 - a failure only: not on the path to torchrun
+
+        for st in ranks:
+            if st.vanished and st.exit_code is None and st.pid is not None:
+                code = zombie_exit(st.pid)
+                st.exit_code = code if code is not None else ranks.reparented.get(st.pid)
+
     def _codes_from_torchrun(self, ranks: Ranks) -> None:
         text = self._torchrun_text()
         found = {int(m.group(1)): int(m.group(2)) for m in _SUMMARY.finditer(text)}
+        by_pid = {st.pid: st.rank for st in ranks if st.pid is not None}
+        for m in _OBSERVED.finditer(text):
+            rank = by_pid.get(int(m.group(2)))
+            if rank is not None:
+                found.setdefault(rank, int(m.group(1)))
         for rank, code in found.items():
             st = ranks.get(rank)
             if st is None:

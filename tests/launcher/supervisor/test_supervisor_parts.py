@@ -292,3 +292,53 @@ def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_fi
     finally:
         rank.kill()
         rank.wait(5)
+
+
+@pytest.mark.parametrize("said", [
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error [127.0.0.1]:4321: Connection reset by peer",
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Write error [127.0.0.1]:4321: Broken pipe",
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:52345",
+    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, remote process exited or "
+    "there was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+])
+def test_a_survivor_s_broken_collective_never_beats_the_rank_that_was_killed(tmp_path: Path, said: str) -> None:
+    """The survivor's record (its collective broke) is read first, the killed rank is found gone
+    on the same turn: the killed rank is the cause, decided once its signal is known; the
+    survivor is not blamed in between (no failure event until then)."""
+    run_dir, _journal, ranks, cause = _ended_ranks(tmp_path)
+    survivor, killed = ranks.get(0), ranks.get(1)
+    assert survivor is not None and killed is not None
+    survivor.error, survivor.traceback = said, f"Traceback (most recent call last):\n{said}"
+    survivor.end(1, 100.5, stopped=False)
+    cause.suspect(survivor)
+    killed.vanished, killed.alive_at = True, 100.2
+    killed.end(None, None, stopped=True)  # found gone once the stop had begun
+    assert cause.decide(ranks, None, lambda rank: None) is None and not (run_dir / "events.jsonl").exists()
+    (run_dir / "logs" / "torchrun.log").write_text(
+        "E1128 01:02:03.000000 99 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 1001) of binary: python\n"
+    )
+    failure = cause.decide(ranks, 1, lambda rank: None)
+    assert failure is not None and (failure.rank, failure.exit_code) == (1, -9)
+    assert failure.message == "rank 1 failed first: rank 1 was killed by SIGKILL"
+    assert failure.cause is not None and failure.cause.kind.value == "killed"
+    assert [(st.state.value, st.exit_code) for st in ranks] == [("stopped", 1), ("failed", -9)]
+    assert [e["rank"] for e in _events(run_dir) if e["kind"] == "failure"] == [1]
+
+
+def test_a_rank_s_own_error_before_a_later_kill_is_the_cause(tmp_path: Path) -> None:
+    """Both ways: rank 0 raised its own error, then rank 1 was killed (after it was last seen
+    alive later than rank 0's end): rank 0 is the cause, decided at once."""
+    run_dir, _journal, ranks, cause = _ended_ranks(tmp_path)
+    first, later = ranks.get(0), ranks.get(1)
+    assert first is not None and later is not None
+    first.error, first.traceback = "ValueError: bad batch", "Traceback (most recent call last):\nValueError: bad batch"
+    first.end(1, 100.0, stopped=False)
+    cause.suspect(first)
+    later.pid = os.getpid()  # running still (as this process is)
+    failure = cause.decide(ranks, None, lambda rank: None)
+    assert failure is not None and failure.rank == 0 and failure.message == "rank 0 failed first: ValueError: bad batch"
+    assert failure.cause is not None and failure.cause.kind.value == "exception" and failure.cause.summary == "ValueError: bad batch"
+    later.pid, later.vanished, later.alive_at = 1001, True, 100.4
+    later.end(-9, None, stopped=True)
+    assert cause.decide(ranks, 1, lambda rank: None, final=True) is None and cause.failure is failure
+    assert [e["rank"] for e in _events(run_dir) if e["kind"] == "failure"] == [0]
