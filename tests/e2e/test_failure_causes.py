@@ -142,27 +142,27 @@ def test_sigkill_of_one_ddp_rank_blames_the_killed_rank_every_time(tmp_path: Pat
 
 # ---------------------------------------------------------------- kinds from real failures
 def test_a_missing_package_names_the_ranks_own_interpreter_and_the_distribution(tmp_path: Path) -> None:
-    """`import yaml` where PyYAML is not installed: the fix installs PyYAML (not "yaml") into the
+    """`import PIL` where pillow is not installed: the fix installs pillow (not "PIL") into the
     interpreter the ranks run (--python's), and the printed command works as it is."""
     python = os.path.join(os.path.dirname(sys.executable), f"python{sys.version_info[0]}.{sys.version_info[1]}")
     if not os.path.exists(python):
         pytest.skip("no pythonX.Y beside this interpreter")
-    probe = subprocess.run([python, "-c", "import yaml"], capture_output=True, timeout=60)
+    probe = subprocess.run([python, "-c", "import PIL"], capture_output=True, timeout=60)
     if probe.returncode == 0:
-        pytest.skip("yaml is installed here: nothing is missing")
-    body = "import os\nif os.environ['RANK'] == '1':\n    import yaml\nimport time\ntime.sleep(60)\n"
+        pytest.skip("PIL is installed here: nothing is missing")
+    body = "import os\nif os.environ['RANK'] == '1':\n    import PIL\nimport time\ntime.sleep(60)\n"
     proc, run_dir, run = _launch(tmp_path, body, launch=("--python", python))
     try:
         cause = _cause_of(proc, run_dir, run)
-        assert cause["kind"] == "module_not_found" and "'yaml'" in cause["summary"] and python in cause["summary"]
-        assert cause["fix"] == f"{python} -m pip install PyYAML"
+        assert cause["kind"] == "module_not_found" and "'PIL'" in cause["summary"] and python in cause["summary"]
+        assert cause["fix"] == f"{python} -m pip install pillow"
         # The command works: here it installs into a folder of the test's (the same resolver,
         # index and interpreter; --target keeps the environment as it was).
         target = tmp_path / "site"
         words = [*shlex.split(cause["fix"]), "--quiet", "--no-deps", "--target", str(target)]
         done = subprocess.run(words, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
-        check = subprocess.run([python, "-c", "import yaml"], env={**os.environ, "PYTHONPATH": str(target)}, capture_output=True, timeout=60)
+        check = subprocess.run([python, "-c", "import PIL"], env={**os.environ, "PYTHONPATH": str(target)}, capture_output=True, timeout=60)
         assert check.returncode == 0, check.stderr
     finally:
         kill_run(run_dir)
@@ -185,13 +185,53 @@ def test_an_argparse_usage_error_is_its_message_not_a_traceback(tmp_path: Path) 
         kill_run(run_dir)
 
 
-def test_a_missing_file(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+def test_a_missing_file_and_its_cause_shown_everywhere(tmp_path: Path) -> None:
+    """A real file_not_found, then a run that succeeds, in one XL_HOME: the cause in `xl runs`
+    and `xl runs --json`, `xl attach` on the ended run, `xl compare` (JSON and table), the
+    exporter's xl_run_failure_info{kind} and the Monitor's banner; the run that succeeded has none."""
     body = "import os, time\nif os.environ['RANK'] == '1':\n    open('data/train.bin', 'rb')\ntime.sleep(60)\n"
     proc, run_dir, run = _launch(tmp_path, body)
+    home = tmp_path / "home"
+    env = xl_env(home)
     try:
         cause = _cause_of(proc, run_dir, run)
         assert cause["kind"] == "file_not_found" and cause["summary"] == f"no such file: data/train.bin (relative to {tmp_path})"
         assert cause["fix"] is None  # nowhere else does it exist: no guess
+        ok = xl(["launch", "--no-tui", "--nproc", "1", str(write_script(tmp_path, "ok.py", "print('fine')\n"))], env, cwd=tmp_path, timeout=180)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        ok_dir = next(d for d in (home / "runs").iterdir() if d != run_dir)
+        # xl runs, and --json.
+        table = xl(["runs"], env, timeout=60).stdout.splitlines()
+        assert table[0].split()[-1] == "CAUSE"
+        row = next(ln for ln in table if ln.startswith(run_dir.name))
+        assert row.endswith(f"rank 1: file_not_found: {cause['summary']}"[:80].rstrip()), row
+        listed = {r["run_id"]: r for r in json.loads(xl(["runs", "--json"], env, timeout=60).stdout)}
+        assert listed[run_dir.name]["cause"] == cause and listed[run_dir.name]["failure"]["rank"] == 1
+        assert listed[ok_dir.name]["cause"] is None and listed[ok_dir.name]["failure"] is None
+        # xl attach on the ended run: the same end as the launch's plain view.
+        attached = xl(["attach", run_dir.name, "--no-tui"], env, timeout=60)
+        assert attached.stdout.splitlines()[-3:-1] == [f"xl: run {run_dir.name} failed after {attached.stdout.split(' failed after ')[1].split('s:')[0]}s: {run['failure']['message']}", f"cause: {cause['summary']}"], attached.stdout
+        # xl compare: the failure row.
+        compared = json.loads(xl(["compare", run_dir.name, ok_dir.name, "--json"], env, timeout=60).stdout)
+        assert compared["failure"]["a"] == {"rank": 1, "node_rank": 0, "message": run["failure"]["message"], "cause": cause}
+        assert compared["failure"]["b"] is None
+        side = xl(["compare", run_dir.name, ok_dir.name], env, timeout=60).stdout.splitlines()
+        failure_row = next(ln for ln in side if ln.lstrip().startswith("failure"))
+        assert "rank 1: file_not_found: no such file" in failure_row and failure_row.rstrip().endswith("-"), failure_row
+        # The exporter: the failed run's cause, kept after its end; none for the run that succeeded.
+        from xl.launcher.telemetry.exporter import RunsCollector  # noqa: PLC0415 - prometheus_client only here
+
+        got = {f.name: f for f in RunsCollector(home / "runs", gpus=False).collect()}
+        infos = [smp.labels for smp in got["xl_run_failure"].samples]
+        assert infos == [{"run_id": run_dir.name, "rank": "1", "hostname": run["failure"]["node"], "exit_code": "1",
+                          "kind": "file_not_found", "summary": cause["summary"], "fix": ""}], infos
+        # The Monitor's banner, drawn from the run as its reader gives it.
+        from xl.launcher.rundir.reader import RunReader  # noqa: PLC0415 - the Monitor's own path
+        from xl.tui.screens.monitor import failure_text  # noqa: PLC0415 - textual only here
+
+        banner = failure_text(RunReader(run_dir).poll().failure, keep=3)
+        assert banner is not None and f"cause: {cause['summary']}" in banner.plain.splitlines()
     finally:
         kill_run(run_dir)
 
@@ -341,7 +381,7 @@ def test_a_rank_that_exits_early_and_a_stopped_run_have_no_cause(tmp_path: Path)
         kill_run(run_dir)
     # `xl stop`: a stop, not a failure.
     home2 = tmp_path / "home2"
-    script = write_script(tmp_path, "long.py", "import time\ntime.sleep(120)\n")
+    script = write_script(tmp_path, "long.py", "import time\nprint('ready', flush=True)\ntime.sleep(120)\n")
     proc = popen_launch(["--nproc", "2", str(script)], xl_env(home2), tmp_path)
     run_dir = wait_run(home2, timeout=120)
     try:

@@ -72,9 +72,9 @@ def failure_text(failure: Failure | None, keep: int) -> Text | None:
         text.append(f" (exit code {failure.exit_code})")
     text.append("\n")
     if failure.cause is not None:  # why, and the fix, before the traceback's end
-        text.append(visible(f"cause: {failure.cause.summary}\n"), style="bold")
+        text.append(f"cause: {visible(failure.cause.summary)}\n", style="bold")
         if failure.cause.fix:
-            text.append(visible(f"fix: {failure.cause.fix}\n"))
+            text.append(f"fix: {visible(failure.cause.fix)}\n")
     trace = failure.traceback or failure.message or ""
     lines = str(trace).strip().splitlines()
     if len(lines) > keep:
