@@ -24,7 +24,8 @@ def outcome_text(record: RunRecord, run_id: str, status: str, now: float) -> Tex
     rank = failure.rank if failure else None
     out = Text()
     if failure and failure.traceback:
-        out.append(f"xl: {'traceback' if failure.error else 'last lines'} of rank {rank}:\n", style="bold")
+        python = bool(failure.error) or "Traceback (most recent call last)" in failure.traceback
+        out.append(f"xl: {'traceback' if python else 'last lines'} of rank {rank}:\n", style="bold")
         out.append(str(failure.traceback).rstrip("\n") + "\n")
     took = elapsed(record, now)
     line = f"xl: run {run_id} {status}" + (f" after {took:.1f}s" if took is not None else "")

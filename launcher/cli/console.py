@@ -129,7 +129,8 @@ def cause_lines(failure: Failure | None) -> list[str]:
 def traceback_title(failure: Failure) -> str:
     """What the root cause's text is: a Python traceback, or (an argparse refusal, a signal, an
     exit without an exception) the rank's last lines of output."""
-    return f"traceback of rank {failure.rank}" if failure.error else f"last lines of rank {failure.rank}"
+    python = bool(failure.error) or "Traceback (most recent call last)" in (failure.traceback or "")
+    return f"{'traceback' if python else 'last lines'} of rank {failure.rank}"
 
 
 def _summary(state: RunState) -> str:

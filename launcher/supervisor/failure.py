@@ -103,7 +103,7 @@ class RootCause:
         if self.suspected_at is None or self.failure is not None:
             return None
         self._codes_of_the_gone(ranks)
-        closed = self._closed_by_torchrun() if torchrun_code is not None or final else set()
+        closed = self._closed_by_torchrun() if torchrun_code is not None or final else frozenset()
         if not final and not self._ready(ranks, torchrun_code, drain, closed):
             return None
         self.suspected_at = None
@@ -118,7 +118,7 @@ class RootCause:
                 st.state = rank_outcome(st.exit_code, stopped=False, blamed=st is root)
         return self.blame_rank(root, drain)
 
-    def _ready(self, ranks: Ranks, torchrun_code: int | None, drain: Callable[[int], None], closed: set[int]) -> bool:
+    def _ready(self, ranks: Ranks, torchrun_code: int | None, drain: Callable[[int], None], closed: frozenset[int]) -> bool:
         if torchrun_code is not None or time.monotonic() - (self.suspected_at or 0.0) >= DECIDE_S:
             return True
         from xl.launcher import runprocs  # noqa: PLC0415 - already loaded by the ranks' table; named here for its alive()
@@ -132,7 +132,7 @@ class RootCause:
         return not suspects or not all(self._peer_lost(st, drain) for st in suspects)
 
     @staticmethod
-    def _suspects(ranks: Ranks, closed: set[int]) -> list[RankState]:
+    def _suspects(ranks: Ranks, closed: frozenset[int]) -> list[RankState]:
         """Ranks that ended badly on their own: not ended by xl's stop (it signalled them), nor
         by torchrun's own closing signal, nor never started."""
         return [
@@ -247,7 +247,7 @@ class RootCause:
             self.blame_rank(first, drain)
             return RunStatus.FAILED
         torchrun_tail = self._torchrun_tail()
-        self.failure = self.local(
+        failure = self.local(
             first.rank if first else None,
             first.exit_code if first else torchrun_code,
             # No rank to blame (e.g. torchrun could not start them): torchrun's own last words.
@@ -256,7 +256,7 @@ class RootCause:
             f"torchrun exited with code {torchrun_code} (see logs/torchrun.log)",
             self._explain(first, self._log_lines(first.rank)) if first else self._torchrun_cause(torchrun_code, torchrun_tail),
         )
-        self.at = (first.ended_at if first else None) or time.time()
+        self.set(failure, (first.ended_at if first else None) or time.time())
         return RunStatus.FAILED
 
     def _torchrun_cause(self, code: int | None, text: str | None) -> Cause | None:
@@ -323,9 +323,9 @@ class RootCause:
                 failure.cause = self._explain(st, self._log_lines(st.rank))
                 self.journal.changed()
 
-    def _closed_by_torchrun(self) -> set[int]:
+    def _closed_by_torchrun(self) -> frozenset[int]:
         """The pids torchrun itself sent its closing signal (after another rank's failure)."""
-        return {int(m.group(1)) for m in _CLOSED.finditer(self._torchrun_text())}
+        return frozenset(int(m.group(1)) for m in _CLOSED.finditer(self._torchrun_text()))
 
     def _torchrun_text(self) -> str:
         try:

@@ -251,9 +251,9 @@ class RunsCollector(Collector):
                     if view.gpu_mem_used_mib is not None:
                         mem.add_metric([*labels, gpu, uuid], view.gpu_mem_used_mib * MIB)
             reporting.add_metric([rec.run_id], fresh)
-            said = failure_labels(rec, run.view.failure, self._host)
-            if said is not None:
-                failed.add_metric([rec.run_id], said)
+            why = failure_labels(rec, run.view.failure, self._host)
+            if why is not None:
+                failed.add_metric([rec.run_id], why)
         out: list[Metric] = [step, loss, samples, rate, last, state, rank_info, run_info, reporting, failed]
         if self.gpus:
             out += [util, mem]

@@ -71,7 +71,7 @@ def _events(run_dir: Path) -> list[dict[str, object]]:
 
 
 def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
-    run_dir = _unit_run_dir(tmp_path, grace=0.3)
+    run_dir = _unit_run_dir(tmp_path, grace=2.0)  # the cause's first reading (its imports) is within it
     sup = Supervisor(run_dir)
     failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     failed.wait(10)
@@ -89,7 +89,7 @@ def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(t
         time.sleep(0.1)
         sup.stopping.advance()
         assert stubborn.poll() is None  # SIGTERM ignored, and the grace is not over
-        time.sleep(0.3)
+        time.sleep(2.0)
         sup.stopping.advance()
         assert stubborn.wait(5) == -signal.SIGKILL
         sup.ranks.check_alive()
