@@ -315,7 +315,7 @@ class Supervisor:
             if self.restart_reason is None:
                 self.restart_reason = describe_end(st)
             return
-        self.cause.suspect(st)  # which rank is the cause is decided on a later turn (RootCause.decide)
+        self.cause.suspect(st)  # which rank is the cause: decided once its facts are in (RootCause.decide, each turn)
         self.stopping.begin(StopReason.FAILURE)
 
     def _rank_restarted(self, st: RankState) -> None:

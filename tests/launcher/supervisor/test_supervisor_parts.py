@@ -342,3 +342,29 @@ def test_a_rank_s_own_error_before_a_later_kill_is_the_cause(tmp_path: Path) -> 
     later.end(-9, None, stopped=True)
     assert cause.decide(ranks, 1, lambda rank: None, final=True) is None and cause.failure is failure
     assert [e["rank"] for e in _events(run_dir) if e["kind"] == "failure"] == [0]
+
+
+def test_a_survivor_aborted_by_its_watchdog_never_beats_the_rank_that_was_killed(tmp_path: Path) -> None:
+    """NCCL's watchdog aborts the survivor (SIGABRT, its last words the timeout) after its peer
+    was killed: both died of a signal, the survivor's says it lost its peer, the killed rank is
+    the cause."""
+    run_dir, _journal, ranks, cause = _ended_ranks(tmp_path)
+    survivor, killed = ranks.get(0), ranks.get(1)
+    assert survivor is not None and killed is not None
+    (run_dir / "logs" / "rank-0.log").write_text(
+        "step 120\n[rank0]:[E1128 01:02:03.456789 123 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600060 milliseconds "
+        "before timing out.\nterminate called after throwing an instance of 'c10::DistBackendError'\n"
+    )
+    survivor.vanished, survivor.alive_at = True, 99.0  # last seen before the killed rank was: time alone would blame it
+    survivor.end(None, None, stopped=False)
+    cause.suspect(survivor)
+    killed.vanished, killed.alive_at = True, 100.0
+    killed.end(None, None, stopped=True)
+    (run_dir / "logs" / "torchrun.log").write_text(
+        "Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 1001)\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 1000)\n"
+    )
+    failure = cause.decide(ranks, 1, lambda rank: None)
+    assert failure is not None and (failure.rank, failure.exit_code) == (1, -9)
+    assert [(st.state.value, st.exit_code) for st in ranks] == [("stopped", -6), ("failed", -9)]
