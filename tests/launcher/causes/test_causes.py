@@ -267,3 +267,22 @@ def test_a_segfault_from_faulthandler_s_dump() -> None:
     assert cause.summary == f"segmentation fault in native code called from /work/train.py:5 in <module> (inside {sys.prefix}/lib/python3.11/ctypes/__init__.py:519 in string_at)"
     bare = _why(None, code=-11, tail=["ready"])
     assert bare.kind is CauseKind.SEGFAULT and bare.summary == "segmentation fault in native code (no Python line was printed)"
+
+
+def test_a_failure_s_cause_crosses_the_node_link_clipped_and_a_malformed_one_is_refused() -> None:
+    """Another node's failure comes to node 0 with its cause (the wire's checks take it, long
+    texts clipped as the link clips them); a cause that is not the object is refused."""
+    import json  # noqa: PLC0415 - this test only
+
+    from xl.launcher.multinode.protocol import check_message, clip_failure  # noqa: PLC0415 - this test only
+    from xl.wire import FrameError  # noqa: PLC0415 - this test only
+
+    cause = {"kind": "cuda_oom", "summary": "s" * 9000, "fix": None, "evidence": ["x" * 9000] * 40}
+    failure = {"rank": 1, "exit_code": 1, "traceback": "t", "error": "e", "message": "m", "node": "vm", "node_rank": 1, "cause": cause}
+    for kind in ("failure", "end"):
+        msg = {"type": kind, "failure": clip_failure(failure), "at": 1.0, **({"status": "failed"} if kind == "end" else {})}
+        took = check_message(json.loads(json.dumps(msg)))["failure"]["cause"]
+        assert took["kind"] == "cuda_oom" and len(took["summary"]) <= 4096 and len(took["evidence"]) == 16
+    for bad in ({"kind": "x", "summary": "s", "evidence": [{"a": 1}]}, {"kind": "x", "summary": "s", "extra": 1}, ["kind"]):
+        with pytest.raises(FrameError):
+            check_message({"type": "failure", "failure": {**failure, "cause": bad}, "at": 1.0})
