@@ -16,7 +16,6 @@ import re
 import shlex
 import signal
 from dataclasses import dataclass, field
-from typing import Any
 
 from xl.launcher.causes import host, words
 from xl.launcher.causes.door import Doctor
@@ -112,8 +111,9 @@ def _signal(ev: Evidence, tail: str, doctor: Doctor, kernel: list[str] | None) -
     if code is None:
         return Cause(CauseKind.KILLED, "ended without a word (no exit code, no Python error): killed by a signal, or os._exit", None,
                      ["no exit record; torchrun did not say how it ended"])
-    by = "the kernel's OOM killer did not log it" if kernel and code == -signal.SIGKILL else "not by xl"
-    return Cause(CauseKind.KILLED, f"killed by {name} from outside xl ({by})", None, [f"exit code {code} ({name})"])
+    # SIGKILL is also the OOM killer's: say so when its log was read and it was not it.
+    unlogged = " (the kernel's OOM killer did not log it)" if kernel and code == -signal.SIGKILL else ""
+    return Cause(CauseKind.KILLED, f"killed by {name} from outside xl{unlogged}", None, [f"exit code {code} ({name})"])
 
 
 def _who(tail: str) -> tuple[str, str | None, str] | None:
@@ -371,5 +371,5 @@ def _signame(code: int | None) -> str:
         return f"signal {-code}"
 
 
-def _cause(found: words.Found, summary: str, fix: str | None, more: list[str] | None = None, **_: Any) -> Cause:
+def _cause(found: words.Found, summary: str, fix: str | None, more: list[str] | None = None) -> Cause:
     return Cause(CauseKind(found.kind), summary, fix, [*found.evidence, *(more or [])])
