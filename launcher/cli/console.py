@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from xl.launcher.cli import splittable
 from xl.launcher.rundir import timing
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.outcome import Failure
+from xl.launcher.rundir.outcome import Cause, Failure
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.record import RunRecord
 from xl.launcher.rundir.runview import RankView, RunView, hang_label, outcome_style, state_style
@@ -117,10 +117,27 @@ def _fmt(value: float | None, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
+def cause_lines(failure: Failure | None) -> list[str]:
+    """``cause: SUMMARY`` and ``fix: FIX``, a line each, said after the root cause (no fix line
+    when none is known)."""
+    cause = failure.cause if failure is not None else None
+    if cause is None:
+        return []
+    lines = [f"cause: {visible(cause.summary)}"]
+    return lines + ([f"fix: {visible(cause.fix)}"] if cause.fix else [])
+
+
+def traceback_title(failure: Failure) -> str:
+    """What the root cause's text is: a Python traceback, or (an argparse refusal, a signal, an
+    exit without an exception) the rank's last lines of output."""
+    python = bool(failure.error) or "Traceback (most recent call last)" in (failure.traceback or "")
+    return f"{'traceback' if python else 'last lines'} of rank {failure.rank}"
+
+
 def _summary(state: RunState) -> str:
     text = f"run {state.title} {state.status} after {state.elapsed():.1f}s"
     if state.failure:
-        text += f": {visible(state.failure.message)}"
+        text += "".join([f": {visible(state.failure.message)}", *(f"\n{line}" for line in cause_lines(state.failure))])
     spent = timing.describe(state.record.get("time")) if state.final and state.record else None
     phases = timing.describe_phases(state.record.get("time")) if spent and state.record else None
     # where the time went (docs/compare.md), and the steps' time by phase where they were timed
@@ -137,6 +154,10 @@ def _plain_event(ev: dict[str, Any]) -> str:
     text = f"{stamp} xl: {ev.get('message') or ev.get('kind')}"
     if ev.get("kind") == "hang":
         text = f"{stamp} xl: {hang_label(ev)}: {ev.get('message')} (every rank's stack: {ev.get('stacks')})"
+    if ev.get("kind") == "failure":
+        cause = Cause.from_json(ev.get("cause"))
+        said = [f"cause: {cause.summary}", *([f"fix: {cause.fix}"] if cause.fix else [])] if cause is not None else []
+        return "\n".join(visible(line) for line in (text, *said))
     return visible(text)
 
 
@@ -257,7 +278,7 @@ def watch_plain(state: RunState, out: TextIO, on_tick: Callable[[], None] | None
     print(render_text(state, width=max(100, _width(out))) + splittable.render(state.ranks), file=out, end="")
     failure = state.failure
     if failure is not None and failure.traceback:
-        print(f"xl: traceback of rank {failure.rank}:\n{visible(str(failure.traceback), lines=True)}", file=out)
+        print(f"xl: {traceback_title(failure)}:\n{visible(str(failure.traceback), lines=True)}", file=out)
     print(f"xl: {_summary(state)}", file=out, flush=True)
     return state.exit_code
 
@@ -423,7 +444,7 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
         console.print(split, end="", highlight=False)
     failure = state.failure
     if failure is not None and failure.traceback:
-        console.print(Panel(visible(str(failure.traceback), lines=True), title=f"rank {failure.rank} traceback", border_style="red"))
+        console.print(Panel(visible(str(failure.traceback), lines=True), title=traceback_title(failure), border_style="red"))
     console.print(_summary(state), style=outcome_style(state.status), highlight=False, markup=False)
     return state.exit_code
 

@@ -12,8 +12,10 @@ from typing import Any
 from xl.errors import ArgumentParser
 from xl.launcher.rundir import timing
 from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.rundir.outcome import Cause
 from xl.launcher.rundir.record import RunStatus, read_json, read_object
 from xl.launcher.rundir.store import NOT_YOURS, UNREADABLE, RunInfo, list_runs
+from xl.textsafe import visible
 
 
 def _duration(info: RunInfo) -> str:
@@ -43,15 +45,27 @@ def _split(info: RunInfo) -> dict[str, Any] | None:
     return {rank: split for rank, entry in ranks.items() if (split := timing.per_step(entry)) is not None}
 
 
+def _failure(data: dict[str, Any]) -> dict[str, Any]:
+    """``failure`` (run.json's, or null) and its ``cause`` (or null), for a run's listing."""
+    failure = data.get("failure") if isinstance(data.get("failure"), dict) else None
+    cause = Cause.from_json(failure.get("cause")) if failure else None
+    return {"failure": failure, "cause": cause.to_json() if cause is not None else None}
+
+
 def main(argv: Sequence[str]) -> int:
     p = ArgumentParser(prog="xl runs", description="List runs, newest first (as the app's Runs screen); --json lists them oldest first.")
     p.add_argument("--json", action="store_true", help="one JSON array of runs, oldest first (the order runs were made)")
     ns = p.parse_args(list(argv))
     runs = list_runs()
     if ns.json:
-        # ``time``: where a finished run's time went (docs/compare.md), null while it runs; and
-        # ``split``: where each rank's steps' time went, per step.
-        print(json.dumps([{**r.to_json(), "time": timing.valid(read_json(r.run_dir).get("time")), "split": _split(r)} for r in runs], indent=2))
+        # ``time``: where a finished run's time went (docs/compare.md), null while it runs;
+        # ``split``: where each rank's steps' time went, per step;
+        # ``failure``: its root cause with ``cause`` (docs/contracts.md), null unless it failed.
+        out = []
+        for r in runs:
+            data = read_json(r.run_dir)
+            out.append({**r.to_json(), "time": timing.valid(data.get("time")), "split": _split(r), **_failure(data)})
+        print(json.dumps(out, indent=2))
         return 0
     if not runs:
         print("no runs yet; start one with 'xl launch SCRIPT' or 'xl demo'")
@@ -63,8 +77,11 @@ def main(argv: Sequence[str]) -> int:
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else ""
         devices = ",".join(str(d.get("index")) for d in (r.devices or [])) or ("cpu" if r.world_size else "")
         ranks = str(r.world_size) if r.world_size else ""
-        rows.append((r.run_id, r.name or "", _status(r), ranks, devices, started, _duration(r), r.target))
-    header = ("RUN", "NAME", "STATUS", "RANKS", "GPUS", "STARTED", "TIME", "SCRIPT")
+        why = _failure(read_json(r.run_dir)) if r.status == RunStatus.FAILED else {}
+        cause = why.get("cause") or {}
+        said = f"rank {why['failure'].get('rank')}: {cause.get('kind')}: {cause.get('summary')}" if cause and why.get("failure") else ""
+        rows.append((r.run_id, r.name or "", _status(r), ranks, devices, started, _duration(r), r.target, visible(said)[:80]))
+    header = ("RUN", "NAME", "STATUS", "RANKS", "GPUS", "STARTED", "TIME", "SCRIPT", "CAUSE")
     if sys.stdout.isatty():
         from rich.console import Console  # noqa: PLC0415 - Rich loads only for a terminal; a pipe gets plain columns
         from rich.table import Table  # noqa: PLC0415 - as above

@@ -113,16 +113,38 @@ def check_message(obj: Any) -> dict[str, Any]:
     elif kind == "stacks":
         _check_stacks(obj)
     elif kind == "failure":
-        _check_fields(obj.get("failure"), text_keys=frozenset({"traceback"}))
+        _check_failure(obj.get("failure"))
         _time(obj.get("at"))
     else:  # end
         status = obj.get("status")
         if type(status) is not str or not is_final(status):  # a list would not even hash
             raise wire.FrameError("bad_value")
         if obj.get("failure") is not None:
-            _check_fields(obj["failure"], text_keys=frozenset({"traceback"}))
+            _check_failure(obj["failure"])
         _time(obj.get("at"))
     return obj
+
+
+_MAX_EVIDENCE = 16
+
+
+def _check_failure(obj: Any) -> None:
+    """A failure: flat scalars (its traceback up to 64 KiB), and its ``cause`` (null, or
+    ``{"kind", "summary", "fix", "evidence": [str...]}``, each text capped)."""
+    if type(obj) is not dict:
+        raise wire.FrameError("bad_node_message")
+    cause = obj.get("cause")
+    _check_fields({k: v for k, v in obj.items() if k != "cause"}, text_keys=frozenset({"traceback"}))
+    if cause is None:
+        return
+    if type(cause) is not dict or set(cause) - {"kind", "summary", "fix", "evidence"}:
+        raise wire.FrameError("bad_value")
+    evidence = _list(cause.get("evidence", []), _MAX_EVIDENCE)
+    _check_fields({k: v for k, v in cause.items() if k != "evidence"})
+    for line in evidence:
+        if type(line) is not str:
+            raise wire.FrameError("bad_value")
+        _check_value(line, _MAX_FIELD_TEXT)
 
 
 def _list(value: Any, cap: int) -> list[Any]:
@@ -196,7 +218,16 @@ def clip_failure(failure: dict[str, Any]) -> dict[str, Any]:
                 out[key] = _CLIPPED + value[len(value) - (_MAX_TEXT - len(_CLIPPED)) :]
         elif len(value) > _MAX_FIELD_TEXT:
             out[key] = value[: _MAX_FIELD_TEXT - len(_CLIPPED)] + _CLIPPED
+    cause = failure.get("cause")
+    if isinstance(cause, dict):  # its texts and its evidence as _check_failure takes them
+        out["cause"] = {k: (_clip(v) if isinstance(v, str) else v) for k, v in cause.items() if k != "evidence"}
+        evidence = cause.get("evidence")
+        out["cause"]["evidence"] = [_clip(str(x)) for x in evidence[:_MAX_EVIDENCE]] if isinstance(evidence, list) else []
     return out
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_FIELD_TEXT else text[: _MAX_FIELD_TEXT - len(_CLIPPED)] + _CLIPPED
 
 
 def reply(obj: dict[str, Any]) -> bytes:

@@ -14,6 +14,7 @@ It runs inside every rank before user code, so it stays small: stdlib only, no t
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import runpy
@@ -282,6 +283,10 @@ def main(argv: list[str]) -> int:
     if run_dir:
         _output = relay.start(str(RunLayout(run_dir).rank_log(rank)), lambda note: record.write(relay=note))
     record.write_start()
+    # A crash in native code (a segfault, a bus error, an abort) prints the Python line it came
+    # from to the rank's log, where the supervisor reads why it died (built in: costs nothing).
+    with contextlib.suppress(RuntimeError, ValueError, OSError):
+        faulthandler.enable()
     install_stacks(run_dir, rank)  # `xl stacks` and hang captures ask the rank where it is
     instrument.install()  # HF Trainer, Lightning, Accelerate, DeepSpeed: every rank's figures
 

@@ -17,6 +17,7 @@ from typing import Any
 from xl.errors import UsageError
 from xl.figures import PHASES
 from xl.launcher.rundir import digest, record, timing
+from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.record import RunRecord
 
 # An environment variable whose name says it holds a secret: its value is never shown (as `ps`
@@ -121,8 +122,26 @@ def compare(dir_a: Path, dir_b: Path) -> Comparison:
         "loss": {"steps": common, "a": [loss_a[s] for s in common], "b": [loss_b[s] for s in common]},
         "time": {"a": a.get("time") or da.get("time"), "b": b.get("time") or db.get("time")},
         "split": {"a": timing.run_split(da.get("ranks")), "b": timing.run_split(db.get("ranks"))},
+        "failure": {"a": _failure(a), "b": _failure(b)},
     }
     return Comparison(doc, {"a": sa, "b": sb}, {"a": a.name, "b": b.name}, {"a": a.status, "b": b.status})
+
+
+def _failure(rec: RunRecord) -> dict[str, Any] | None:
+    """A failed run's root cause as ``xl compare`` shows it: the rank and its cause."""
+    failure = Failure.from_json(rec.failure) if rec.failure else None
+    if failure is None:
+        return None
+    cause = failure.cause.to_json() if failure.cause is not None else None
+    return {"rank": failure.rank, "node_rank": failure.node_rank, "message": failure.message, "cause": cause}
+
+
+def _failure_cell(failure: dict[str, Any] | None) -> str:
+    if failure is None:
+        return "-"
+    cause = failure.get("cause")
+    who = f"rank {failure['rank']}" if failure.get("rank") is not None else "no rank"
+    return show(f"{who}: {cause['kind']}: {cause['summary']}" if cause else f"{who}: {failure['message']}", 60)
 
 
 def show(value: Any, width: int = 40) -> str:
@@ -154,6 +173,7 @@ def rows(c: Comparison) -> list[tuple[str, str, str]]:
         ("run", doc["runs"][0], doc["runs"][1]),
         ("name", show(c.names["a"]), show(c.names["b"])),
         ("status", c.status["a"], c.status["b"]),
+        ("failure", _failure_cell(doc["failure"]["a"]), _failure_cell(doc["failure"]["b"])),
         ("changed", "", ""),
     ]
     out += [(f"  {ch['what']}", show(ch["a"]), show(ch["b"])) for ch in doc["changed"]] or [("  (nothing)", "", "")]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.rundir.outcome import Failure
 
 
 def event_line(event: dict[str, Any]) -> str:
@@ -26,3 +27,17 @@ def append_event(run_dir: Path, event: dict[str, Any]) -> None:
     line = event_line(event)
     with open(RunLayout(run_dir).events, "a", encoding="utf-8") as fh:
         fh.write(line)
+
+
+def failure_event(failure: Failure) -> dict[str, Any]:
+    """The ``failure`` event of ``failure``: the one way it is written (one event per failure),
+    with the same ``cause`` as run.json's ``failure``."""
+    return {
+        "kind": "failure",
+        "rank": failure.rank,
+        "exit_code": failure.exit_code,
+        "node": failure.host,
+        "node_rank": failure.node_rank,
+        "message": failure.message,
+        "cause": failure.cause.to_json() if failure.cause is not None else None,
+    }

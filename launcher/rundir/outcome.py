@@ -9,7 +9,7 @@ They all apply :func:`rank_outcome`, so a rank reads the same in run.json, in th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -62,6 +62,56 @@ def rank_outcome(exit_code: int | None, *, stopped: bool, recorded: object = Non
     return RankPhase.FAILED
 
 
+class CauseKind(str, Enum):
+    """Why a rank died: ``failure.cause.kind`` (docs/contracts.md, "The cause object")."""
+
+    MODULE_NOT_FOUND = "module_not_found"
+    USAGE_ERROR = "usage_error"
+    FILE_NOT_FOUND = "file_not_found"
+    CUDA_OOM = "cuda_oom"
+    HOST_OOM = "host_oom"
+    SHM_FULL = "shm_full"
+    SEGFAULT = "segfault"
+    KILLED = "killed"
+    NCCL_ERROR = "nccl_error"
+    COLLECTIVE_TIMEOUT = "collective_timeout"
+    NO_KERNEL_IMAGE = "no_kernel_image"
+    DEVICE_BUSY = "device_busy"
+    CUDA_ERROR = "cuda_error"
+    PORT_IN_USE = "port_in_use"
+    EXCEPTION = "exception"
+
+
+@dataclass
+class Cause:
+    """Why the root-cause rank died, in words a person can act on: ``summary`` one line,
+    ``fix`` a command or one exact change (None when none is known: never a guess), ``evidence``
+    what it was read from (log lines, the signal, a kernel message)."""
+
+    kind: CauseKind
+    summary: str
+    fix: str | None = None
+    evidence: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "summary": self.summary, "fix": self.fix, "evidence": list(self.evidence)}
+
+    @classmethod
+    def from_json(cls, data: object) -> Cause | None:
+        """A stored ``cause``; None when it is missing or not one (an unknown kind reads as
+        ``exception``: kinds may be added, a reader must not break on them)."""
+        if not isinstance(data, dict) or not isinstance(data.get("summary"), str):
+            return None
+        try:
+            kind = CauseKind(data.get("kind"))
+        except ValueError:
+            kind = CauseKind.EXCEPTION
+        fix = data.get("fix")
+        evidence = data.get("evidence")
+        lines = [str(x) for x in evidence] if isinstance(evidence, list) else []
+        return cls(kind, data["summary"], fix if isinstance(fix, str) else None, lines)
+
+
 @dataclass
 class Failure:
     """run.json's ``failure``: the run's root cause, the first rank to fail (``rank`` None when no
@@ -75,11 +125,19 @@ class Failure:
     message: str  # one line for people
     host: str | None
     node_rank: int | None
+    cause: Cause | None = None  # why, in words a person can act on (``xl.launcher.causes``)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["node"] = data.pop("host")
-        return {k: data[k] for k in ("rank", "exit_code", "traceback", "error", "message", "node", "node_rank")}
+        return {
+            "rank": self.rank,
+            "exit_code": self.exit_code,
+            "traceback": self.traceback,
+            "error": self.error,
+            "message": self.message,
+            "node": self.host,
+            "node_rank": self.node_rank,
+            "cause": self.cause.to_json() if self.cause is not None else None,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Failure:
@@ -87,7 +145,8 @@ class Failure:
         ints = {k: v if isinstance(v, int) and not isinstance(v, bool) else None for k, v in _values(data, "rank", "exit_code", "node_rank")}
         texts = {k: v if isinstance(v, str) else None for k, v in _values(data, "traceback", "error", "node")}
         return cls(
-            ints["rank"], ints["exit_code"], texts["traceback"], texts["error"], str(data.get("message") or ""), texts["node"], ints["node_rank"]
+            ints["rank"], ints["exit_code"], texts["traceback"], texts["error"], str(data.get("message") or ""), texts["node"], ints["node_rank"],
+            Cause.from_json(data.get("cause")),
         )
 
 

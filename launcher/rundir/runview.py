@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Any, overload
 
 from xl.figures import phases, steps_of
-from xl.launcher.rundir.outcome import Failure
+from xl.launcher.rundir.outcome import Cause, Failure
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.stats import median
 
@@ -268,6 +268,7 @@ def failure_of(record: RunRecord, event: Mapping[str, Any] | None) -> Failure | 
         message=str(event.get("message") or ""),
         host=None,
         node_rank=None,
+        cause=Cause.from_json(event.get("cause")),
     )
 
 

@@ -22,7 +22,7 @@ from xl.launcher.rundir import digest, record
 from xl.launcher.rundir.events import append_event
 from xl.launcher.rundir.layout import RESERVE, SETTLED, RunLayout
 from xl.launcher.rundir.metrics import MetricsWriter
-from xl.launcher.rundir.outcome import Failure, rank_outcome
+from xl.launcher.rundir.outcome import Cause, Failure, rank_outcome
 from xl.launcher.rundir.record import RankReport, RunRecord, RunStatus, read_rank_reports
 
 
@@ -79,7 +79,23 @@ def _failure(rec: RunRecord, ranks: list[dict[str, Any]], left: dict[int, RankRe
         message=f"rank {first['rank']} failed first: {what} ({why})",
         host=first.get("node") or rec.host,
         node_rank=first.get("node_rank", rec.node_rank),
+        cause=_cause(rec, first, report),
     )
+
+
+def _cause(rec: RunRecord, first: dict[str, Any], report: RankReport | None) -> Cause | None:
+    """Why, as the supervisor would have said it, from what the rank recorded (never raises:
+    the run's outcome is what settling is for)."""
+    try:
+        from xl.launcher.causes import Evidence, explain  # noqa: PLC0415 - a failure without its supervisor only
+
+        argv = rec.get("argv") or []
+        ev = Evidence(rank=first["rank"], exit_code=first.get("exit_code"), error=report.error if report else None,
+                      traceback=report.traceback if report else None, python=str(argv[0]) if argv else "python",
+                      cwd=rec.get("cwd"), script=rec.spec.get("script"), module=rec.spec.get("module"))
+        return explain(ev)
+    except Exception:
+        return None
 
 
 def last_sign_of_life(run_dir: Path, left: dict[int, RankReport]) -> float | None:

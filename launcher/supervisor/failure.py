@@ -1,15 +1,26 @@
-"""The run's root cause: which rank failed first and why, in run.json's ``failure``.
+"""The run's root cause: which rank died first and why, in run.json's ``failure`` and its one
+``failure`` event (docs/launch.md, "Why a rank died").
 
-The first failing rank is the cause; the ranks that die after it (their peers are gone) are not.
-Why, best first: the rank's Python traceback (from its record), its error line, else its last
-log lines (sys.exit(2) from argparse, os._exit, a C++ abort leave no exception). A rank killed by
-a signal gets its exit code from torchrun's own failure summary at the end. ``failure.rank`` is
-null when no rank is to blame (torchrun itself died or could not start them). In a multi-node
-run the earliest failure of any node wins (see ``hub``); it also names ``node`` and ``node_rank``.
+The first rank to die is the cause; the ranks that die after it (their peers are gone) are not.
+A failed rank makes a *suspect* at once (the loop starts the stop), and the cause is *decided*
+when the facts are in, within a few seconds:
+- a rank gone without a word (killed: no exit record) waits for torchrun's summary, which names
+  the signal; it died when it was last seen alive, so it beats the ranks whose collectives then
+  broke ("Connection reset by peer", gloo's "Connection closed by peer", NCCL's remote errors, a
+  watchdog's timeout): such a peer's loss is never the cause while a rank that died is known;
+- ranks torchrun itself ended ("Sending process N closing signal") and ranks xl stopped are
+  not causes.
+Why: ``xl.launcher.causes`` reads the rank's error, its last lines, its signal and the kernel's
+word into ``cause``. ``failure.rank`` is null when no rank is to blame (torchrun itself died or
+could not start them). In a multi-node run the earliest failure of any node wins (see ``hub``);
+it also names ``node`` and ``node_rank``. Exactly one ``failure`` event is written per failure,
+here (``set``).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import signal
 import time
@@ -17,9 +28,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from xl.launcher.rundir.events import failure_event
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.outcome import Failure, rank_outcome
+from xl.launcher.rundir.outcome import Cause, CauseKind, Failure, RankPhase, rank_outcome
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.ranks import Ranks, RankState, describe_exit, signal_name
@@ -29,6 +41,14 @@ _STOP_CODES = (-signal.SIGTERM, -signal.SIGKILL)
 NO_STDIN_ERRORS = ("EOFError: EOF when reading a line", "bdb.BdbQuit")
 NO_STDIN = "ranks have no stdin: input() and breakpoint() cannot read the terminal under xl launch (docs/launch.md)"
 _SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+_CLOSED = re.compile(r"Sending process (\d+) closing signal")
+# torchrun's word on the first failure it saw, as it sees it (before its summary, which a stop
+# that outlasts the grace may never let it print).
+_OBSERVED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)")
+# The longest a failure waits for its facts (torchrun's summary, a peer found dead) before it is
+# decided with what is known: torchrun reports within its monitor interval (0.1 s) of a rank's
+# end, and the stop that the first failure starts ends the others within the stop's grace.
+DECIDE_S = 5.0
 
 
 def tail(path: Path, lines: int, limit: int, skip_blank: bool = False) -> list[str]:
@@ -50,49 +70,163 @@ class RootCause:
         self.failure: Failure | None = None
         self.at: float | None = None
         self.remote = False  # another node's failure, adopted: not sent back
+        self.suspected_at: float | None = None  # a rank failed; the cause is not decided yet
 
     def to_json(self) -> dict[str, Any] | None:
         return self.failure.to_json() if self.failure is not None else None
 
-    def local(self, rank: int | None, exit_code: int | None, traceback: str | None, error: str | None, message: str) -> Failure:
+    def local(self, rank: int | None, exit_code: int | None, traceback: str | None, error: str | None, message: str,
+              cause: Cause | None = None) -> Failure:
         """A failure of this node."""
-        return Failure(rank, exit_code, traceback, error, message, self.host, self.node_rank)
+        return Failure(rank, exit_code, traceback, error, message, self.host, self.node_rank, cause)
 
     def set(self, failure: Failure, at: float) -> None:
+        """``failure`` is the run's: recorded, its one ``failure`` event written, and (node > 0)
+        sent to node 0."""
         self.failure, self.at = failure, at
+        self.suspected_at = None
         self.journal.changed()
+        self.journal.emit(failure_event(failure))
         if not self.remote:
             self.journal.send({"type": "failure", "failure": failure.to_json(), "at": at})
 
+    # ---------------------------------------------------------------- which rank
+    def suspect(self, st: RankState) -> None:
+        """``st`` failed and nothing had before: the run failed (the loop stops it); which rank
+        is the cause is ``decide``'s, once the facts are in."""
+        if self.failure is None and self.suspected_at is None:
+            self.suspected_at = time.monotonic()
+
+    def decide(self, ranks: Ranks, torchrun_code: int | None, drain: Callable[[int], None], final: bool = False) -> Failure | None:
+        """The root cause among this node's ranks, once it can be told (``final``: now, at the
+        run's end); None while it waits, or when nothing is to blame."""
+        if self.suspected_at is None or self.failure is not None:
+            return None
+        self._codes_of_the_gone(ranks)
+        closed = self._closed_by_torchrun() if torchrun_code is not None or final else frozenset()
+        if not final and not self._ready(ranks, torchrun_code, drain, closed):
+            return None
+        self.suspected_at = None
+        if torchrun_code is not None or final:
+            self._codes_from_torchrun(ranks)
+        suspects = self._suspects(ranks, closed)
+        if not suspects:
+            return None
+        root = min(suspects, key=lambda st: self._order(st, drain))
+        for st in ranks:  # one rank failed; the others that ended ended because of it
+            if st is root or st.state is RankPhase.FAILED:
+                st.state = rank_outcome(st.exit_code, stopped=False, blamed=st is root)
+        return self.blame_rank(root, drain)
+
+    def _ready(self, ranks: Ranks, torchrun_code: int | None, drain: Callable[[int], None], closed: frozenset[int]) -> bool:
+        if torchrun_code is not None or time.monotonic() - (self.suspected_at or 0.0) >= DECIDE_S:
+            return True
+        from xl.launcher import runprocs  # noqa: PLC0415 - already loaded by the ranks' table; named here for its alive()
+
+        if any(not st.done and st.pid is not None and not runprocs.alive(st.pid) for st in ranks):
+            return False  # a rank died and was not looked at yet: the next turn finds it
+        suspects = self._suspects(ranks, closed)
+        if any(st.exit_code is None for st in suspects):
+            return False  # gone without a word: torchrun's summary will name its signal
+        # Only ranks that lost a peer so far: the peer that died is found soon.
+        return not suspects or not all(self._peer_lost(st, drain) for st in suspects)
+
+    @staticmethod
+    def _suspects(ranks: Ranks, closed: frozenset[int]) -> list[RankState]:
+        """Ranks that ended badly on their own: not ended by xl's stop (it signalled them), nor
+        by torchrun's own closing signal, nor never started."""
+        return [
+            st for st in ranks
+            if st.done and st.exit_code != 0 and st.signalled is None and st.pid is not None
+            # torchrun's closing signal goes to every rank, ended or not: it explains only a
+            # rank that died of a signal, not one that exited on its own before.
+            and not (st.pid in closed and (st.exit_code is None or st.exit_code < 0))
+            and (st.exit_code is not None or st.vanished)
+        ]
+
+    def _order(self, st: RankState, drain: Callable[[int], None]) -> tuple[bool, bool, float]:
+        """Who died first: a rank that lost a peer comes after every rank that died; then by
+        time (a killed rank died before the last time it was not seen alive)."""
+        when = (st.alive_at if st.vanished else None) or st.ended_at or time.time()
+        # SIGTERM is a stop (a scheduler's, a person's): after ranks that died of their own.
+        return self._peer_lost(st, drain), st.exit_code == -signal.SIGTERM, when
+
+    def _peer_lost(self, st: RankState, drain: Callable[[int], None]) -> bool:
+        from xl.launcher.causes import peer_loss  # noqa: PLC0415 - a failure only: not on the path to torchrun
+
+        if st.error or st.traceback:
+            return peer_loss(f"{st.error or ''}\n{st.traceback or ''}") is not None
+        if st.exit_code is None or st.exit_code >= 0 or st.exit_code == -signal.SIGABRT:
+            drain(st.rank)  # its last words (a watchdog's abort prints why)
+            return peer_loss("\n".join(self._log_lines(st.rank))) is not None
+        return False
+
+    # ---------------------------------------------------------------- why
     def blame_rank(self, st: RankState, drain: Callable[[int], None]) -> Failure:
         """``st`` failed first: it is the run's cause."""
-        what = st.error or (describe_exit(st.rank, st.exit_code) if st.exit_code is not None else "died")
+        from xl.launcher.causes import one_line  # noqa: PLC0415 - a failure only: not on the path to torchrun
+
+        error = one_line(st.error)
+        what = error or (describe_exit(st.rank, st.exit_code) if st.exit_code is not None else "died")
         if st.after_script:
             what += " after its script had returned"
         message = f"rank {st.rank} failed first: {what}"
         if st.error in NO_STDIN_ERRORS:
             message += f" ({NO_STDIN})"
+        drain(st.rank)
+        lines = self._log_lines(st.rank)
         traceback = st.traceback
         if traceback is None and st.error is None:
             # No Python exception to show (sys.exit(2) from argparse, os._exit, a C++ abort):
             # the rank's last words are the best explanation there is (its log, as its relay
-            # wrote it).
-            drain(st.rank)
-            traceback = self._log_tail(st.rank)
-            last = traceback.strip().splitlines()[-1].strip() if traceback and traceback.strip() else ""
-            if last:
-                message += f": {last[:200]}"
+            # wrote it). A rank that exited on its own says its last line; a killed one's last
+            # line is only what it printed before the signal, never the cause.
+            traceback = "\n".join(lines[-15:]) + "\n" if lines else None
+            last = lines[-1].strip() if lines and lines[-1].strip() else ""
+            if last and st.exit_code is not None and st.exit_code > 0:
+                message += f": {one_line(last) or last}"[:202]
         # When it happened, to compare with other nodes' failures: a killed rank died between
         # the last time it was seen running and now.
         at = (st.alive_at if st.vanished else None) or st.ended_at or time.time()
-        failure = self.local(st.rank, st.exit_code, traceback, st.error, message)
+        cause = self._explain(st, lines)
+        failure = self.local(st.rank, st.exit_code, traceback, error, message, cause)
         self.set(failure, at)
         return failure
+
+    def _explain(self, st: RankState, lines: list[str]) -> Cause | None:
+        from xl.launcher.causes import Evidence, explain  # noqa: PLC0415 - a failure only: not on the path to torchrun
+        from xl.launcher.causes.door import Doctor  # noqa: PLC0415 - as above
+
+        record = self.journal.record
+        spec = record.spec or {}
+        argv = record.get("argv") or []
+        ev = Evidence(
+            rank=st.rank,
+            exit_code=st.exit_code,
+            error=st.error,
+            traceback=st.traceback,
+            log_tail=lines,
+            pids={st.pid} if st.pid else set(),
+            python=str(argv[0]) if argv else "python",
+            cwd=record.get("cwd"),
+            script=spec.get("script"),
+            module=spec.get("module"),
+            launch_args=_launch_args(spec),
+            hang=self._hang(),
+            vanished=st.vanished,
+        )
+        # The doctor asks about the ranks' interpreter and environment (what xl added to it).
+        env = {**os.environ, **{str(k): str(v) for k, v in (record.get("env") or {}).items()}}
+        try:
+            return explain(ev, Doctor(ev.python, env))
+        except Exception as exc:  # the failure is recorded all the same, with a cause that says so
+            return Cause(CauseKind.EXCEPTION, f"{what_of(st)} (xl could not tell why: {exc!r})", None, [])
 
     def torchrun_died(self, code: int | None) -> Failure:
         """torchrun ended while ranks ran (killed): no rank to blame."""
         desc = signal_name(code) if code is not None and code < 0 else f"code {code}"
-        failure = self.local(None, code, None, None, f"torchrun ended ({desc}) while ranks were running")
+        cause = Cause(CauseKind.KILLED, f"torchrun itself ended ({desc}) while its ranks ran", None, [f"torchrun's exit: {desc}"])
+        failure = self.local(None, code, None, None, f"torchrun ended ({desc}) while ranks were running", cause)
         self.set(failure, time.time())
         return failure
 
@@ -102,6 +236,7 @@ class RootCause:
         """The run's final status; a failure nobody explained yet gets its cause here."""
         if stop_requested:
             return RunStatus.STOPPED
+        self.decide(ranks, torchrun_code, drain, final=True)
         if self.failure is not None:
             return RunStatus.FAILED
         if (torchrun_code == 0 or barrier_ended) and all(st.exit_code in (0, None) for st in ranks):
@@ -109,32 +244,60 @@ class RootCause:
         bad = [st for st in ranks if st.exit_code not in (0, None)]
         first = min(bad, key=lambda s: s.ended_at or 0.0) if bad else None
         if first is not None and first.after_script:
-            failure = self.blame_rank(first, drain)
-            self.journal.emit({"kind": "failure", "rank": first.rank, "exit_code": first.exit_code, "message": failure.message})
+            self.blame_rank(first, drain)
             return RunStatus.FAILED
-        self.failure = self.local(
+        torchrun_tail = self._torchrun_tail()
+        failure = self.local(
             first.rank if first else None,
             first.exit_code if first else torchrun_code,
             # No rank to blame (e.g. torchrun could not start them): torchrun's own last words.
-            first.traceback if first else self._torchrun_tail(),
+            first.traceback if first else torchrun_tail,
             first.error if first else None,
             f"torchrun exited with code {torchrun_code} (see logs/torchrun.log)",
+            self._explain(first, self._log_lines(first.rank)) if first else self._torchrun_cause(torchrun_code, torchrun_tail),
         )
-        self.at = (first.ended_at if first else None) or time.time()
+        self.set(failure, (first.ended_at if first else None) or time.time())
         return RunStatus.FAILED
 
-    def fill_from_torchrun_log(
-        self, ranks: Ranks, emit: Callable[[dict[str, Any]], None], torchrun_code: int | None = None, drain: Callable[[int], None] = lambda rank: None
-    ) -> None:
+    def _torchrun_cause(self, code: int | None, text: str | None) -> Cause | None:
+        """Why torchrun gave up with no rank to blame (its store's port taken, its own error)."""
+        from xl.launcher.causes import Evidence, explain  # noqa: PLC0415 - a failure only
+
+        named = [ln for ln in (text or "").splitlines() if ": " in ln and not ln.startswith((" ", "\t"))]
+        ev = Evidence(rank=None, exit_code=code, error="\n".join(named[-3:]) or None, log_tail=(text or "").splitlines()[-15:])
+        try:
+            return explain(ev)
+        except Exception:
+            return None
+
+    def fill_from_torchrun_log(self, ranks: Ranks, torchrun_code: int | None = None) -> None:
         """Exit codes of ranks killed by a signal, from torchrun's own failure summary; also of a
-        rank whose script ended well but whose process did not (``RankState.after_script``)."""
+        rank whose script ended well but whose process did not (``RankState.after_script``).
+        The cause itself is ``decide``'s."""
         if torchrun_code == 0 and all(st.exit_code is not None for st in ranks):
             return
-        try:
-            text = RunLayout(self.run_dir).torchrun_log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return
+        self._codes_from_torchrun(ranks)
+
+    @staticmethod
+    def _codes_of_the_gone(ranks: Ranks) -> None:
+        """The signal of a rank gone without an exit record, while it can still be read: its
+        zombie (torchrun has not reaped it yet), or its exit once this subreaper reaped it
+        (torchrun died first)."""
+        from xl.launcher.causes.host import zombie_exit  # noqa: PLC0415 - a failure only: not on the path to torchrun
+
+        for st in ranks:
+            if st.vanished and st.exit_code is None and st.pid is not None:
+                code = zombie_exit(st.pid)
+                st.exit_code = code if code is not None else ranks.reparented.get(st.pid)
+
+    def _codes_from_torchrun(self, ranks: Ranks) -> None:
+        text = self._torchrun_text()
         found = {int(m.group(1)): int(m.group(2)) for m in _SUMMARY.finditer(text)}
+        by_pid = {st.pid: st.rank for st in ranks if st.pid is not None}
+        for m in _OBSERVED.finditer(text):
+            rank = by_pid.get(int(m.group(2)))
+            if rank is not None:
+                found.setdefault(rank, int(m.group(1)))
         for rank, code in found.items():
             st = ranks.get(rank)
             if st is None:
@@ -147,29 +310,61 @@ class RootCause:
                 # ("terminate called without an active exception"). torchrun saw the real end.
                 st.exit_code, st.after_script = code, True
                 st.state = rank_outcome(code, stopped=False)
-        # torchrun's own "Root Cause" is the first failure *it* observed, often a rank it had
-        # just terminated itself; the supervisor's order is kept. Only when the blamed rank
-        # turns out to have died of a stop signal is another rank's real failure preferred.
+                if self.failure is None and self.suspected_at is None:
+                    self.suspected_at = time.monotonic()
         failure = self.failure
-        if failure is None or failure.exit_code is not None or failure.rank is None:
-            return
-        blamed = ranks.get(int(failure.rank)) if failure.node_rank == self.node_rank else None
-        if blamed is None:
-            return  # another node's rank: that node explained it
-        real = [st for st in ranks if st.exit_code not in (None, 0, *_STOP_CODES)]
-        if blamed.exit_code in _STOP_CODES and real:
-            blamed.state = rank_outcome(blamed.exit_code, stopped=False, blamed=False)
-            blamed = min(real, key=lambda st: st.ended_at or 0.0)
-            blamed.state = rank_outcome(blamed.exit_code, stopped=False)
-        # The first failure event lacked the signal (or named a rank torchrun had terminated).
-        failure = self.blame_rank(blamed, drain)
-        emit({"kind": "failure", "rank": blamed.rank, "exit_code": blamed.exit_code, "message": failure.message})
+        if failure is not None and failure.exit_code is None and failure.rank is not None and failure.node_rank == self.node_rank:
+            # Decided before torchrun's summary (it took longer than DECIDE_S): its signal now,
+            # in run.json only (the event was written once, when it was decided).
+            st = ranks.get(int(failure.rank))
+            if st is not None and st.exit_code is not None:
+                failure.exit_code = st.exit_code
+                failure.message = f"rank {st.rank} failed first: {describe_exit(st.rank, st.exit_code)}"
+                failure.cause = self._explain(st, self._log_lines(st.rank))
+                self.journal.changed()
 
-    def _log_tail(self, rank: int, lines: int = 15, limit: int = 8192) -> str | None:
+    def _closed_by_torchrun(self) -> frozenset[int]:
+        """The pids torchrun itself sent its closing signal (after another rank's failure)."""
+        return frozenset(int(m.group(1)) for m in _CLOSED.finditer(self._torchrun_text()))
+
+    def _torchrun_text(self) -> str:
+        try:
+            return RunLayout(self.run_dir).torchrun_log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def _log_lines(self, rank: int, lines: int = 40, limit: int = 16384) -> list[str]:
         """The end of logs/rank-<rank>.log (what this supervisor has written of it so far)."""
-        found = tail(RunLayout(self.run_dir).rank_log(rank), lines, limit)
-        return "\n".join(found) + "\n" if found else None
+        return tail(RunLayout(self.run_dir).rank_log(rank), lines, limit)
 
     def _torchrun_tail(self, lines: int = 25) -> str | None:
         found = tail(RunLayout(self.run_dir).torchrun_log, lines, 32768, skip_blank=True)
         return "\n".join(found) or None
+
+    def _hang(self) -> str | None:
+        """xl's own hang verdict, the newest, from events.jsonl (a collective timeout's culprit)."""
+        for raw in reversed(last_lines(RunLayout(self.run_dir).events, 65536)):
+            if b'"hang"' not in raw:
+                continue
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("kind") == "hang" and isinstance(event.get("message"), str):
+                return str(event["message"])
+        return None
+
+
+def what_of(st: RankState) -> str:
+    return describe_exit(st.rank, st.exit_code) if st.exit_code is not None else f"rank {st.rank} died"
+
+
+def _launch_args(spec: dict[str, Any]) -> list[str] | None:
+    """This run's `xl launch` arguments, for a rerun line (None when the spec cannot say)."""
+    from xl.launcher.spec import LaunchSpec, spec_to_argv  # noqa: PLC0415 - a failure only
+
+    try:
+        return spec_to_argv(LaunchSpec.from_json(spec))
+    except Exception:
+        return None
+

@@ -22,7 +22,8 @@ from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.join import TOKEN_VAR, format_address
 from xl.launcher.multinode.protocol import clip_stacks
 from xl.launcher.plan import parse_rdzv
-from xl.launcher.supervisor.failure import Failure, RootCause
+from xl.launcher.rundir.outcome import Failure
+from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.nodewatch import node_timeout
 from xl.launcher.supervisor.ranks import Torchrun
@@ -91,7 +92,6 @@ class Follower:
                 message = f"the run failed on node {node if node is not None else '?'}: {failure.get('message') or 'see node 0'}"
                 self.cause.remote = True
                 self.cause.set(Failure.from_json({**failure, "message": message}), time.time())
-                self.journal.emit({"kind": "failure", "rank": failure.get("rank"), "message": message})
             self.stopping.begin(StopReason.FAILURE)
 
     def wait_for_node_0(self, rdzv: str, stop_came: Callable[[float], bool]) -> None:

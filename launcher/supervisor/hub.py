@@ -27,9 +27,16 @@ from xl.launcher.multinode.join import (
     listen_host,
     valid_token,
 )
-from xl.launcher.rundir.outcome import DONE_STATES, LIVE_STATES, rank_outcome
+from xl.launcher.rundir.outcome import (
+    DONE_STATES,
+    LIVE_STATES,
+    Cause,
+    CauseKind,
+    Failure,
+    rank_outcome,
+)
 from xl.launcher.rundir.record import RunRecord, RunStatus
-from xl.launcher.supervisor.failure import Failure, RootCause
+from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal, say
 from xl.launcher.supervisor.logsink import LogSink
 from xl.launcher.supervisor.nodewatch import (
@@ -157,8 +164,9 @@ class Hub:
         failure is recorded; returns its message."""
         message = (f"node 0's collector cannot listen on {format_address(*self.address)} ({error}): "
                    "another program may hold that port; set XL_COLLECTOR_PORT to a free port, the same on every node")
-        self.journal.emit({"kind": "failure", "rank": None, "message": message})
-        self.cause.set(self.cause.local(None, None, None, None, message), time.time())
+        cause = Cause(CauseKind.PORT_IN_USE, f"node 0's collector port {format_address(*self.address)} is taken ({error})",
+                      "set XL_COLLECTOR_PORT to a free port, the same on every node", [error])
+        self.cause.set(self.cause.local(None, None, None, None, message, cause), time.time())
         return message
 
     def remote_ranks(self) -> list[dict[str, Any]]:
@@ -265,6 +273,7 @@ class Hub:
                 if failure.get(key) is not None:
                     setattr(current, key, failure[key])
             current.message = message
+            current.cause = Cause.from_json(failure.get("cause")) or current.cause
             self.journal.changed()
             return
         if current is not None and (self.cause.at is None or at >= self.cause.at):
@@ -277,16 +286,9 @@ class Hub:
             message=message,
             host=failure.get("node") or remote.host,
             node_rank=remote.node,
+            cause=Cause.from_json(failure.get("cause")),
         )
         self.cause.set(adopted, at)
-        self.journal.emit({
-            "kind": "failure",
-            "rank": adopted.rank,
-            "exit_code": adopted.exit_code,
-            "node": adopted.host,
-            "node_rank": remote.node,
-            "message": adopted.message,
-        })
         self.stopping.begin(StopReason.FAILURE)
 
     # ---------------------------------------------------------------- each turn
@@ -320,6 +322,7 @@ class Hub:
                 "message": message,
                 "node": remote.host,
                 "node_rank": remote.node,
+                "cause": Cause(CauseKind.KILLED, f"node {remote.node}'s supervisor is gone: {how}", None, [message]).to_json(),
             }
             self._failure(remote, failure, time.time() - (now - since))
             self.journal.changed()

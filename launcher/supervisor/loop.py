@@ -7,7 +7,7 @@ run.json (through ``xl.launcher.rundir.record``, replaced atomically on every ch
     started_at, ended_at (unix s), supervisor_pid, torchrun_pid, torchrun_exit_code, grace_s,
     stop_requested_at, attempt, ranks [{rank, local_rank, node, node_rank, pid, gpu, gpu_uuid,
     state, exit_code, started_at, ended_at, attempt}], failure {rank, exit_code, traceback, error,
-    message, node, node_rank} | null
+    message, node, node_rank, cause} | null
 
 Rank ``state``: starting|running|exited|failed|stopped. ``exit_code`` < 0 means killed by that signal.
 
@@ -278,9 +278,10 @@ class Supervisor:
             self.stopping.begin(StopReason.REQUESTED)
         if self.torchrun.code is not None and self.stopping.state is None and not self._all_done():
             # torchrun is gone but ranks are not: it was killed. End them.
-            failure = self.cause.torchrun_died(self.torchrun.code)
-            self.journal.emit({"kind": "failure", "rank": None, "exit_code": self.torchrun.code, "message": failure.message})
+            self.cause.torchrun_died(self.torchrun.code)
             self.stopping.begin(StopReason.TORCHRUN_DIED)
+        if self.cause.decide(self.ranks, self.torchrun.code, self.sink.drain) is not None:
+            self._tell_nodes()  # the stop began at the failure; the other nodes hear it with its cause
         self.stopping.advance()
         self.escapes.scan()
         self.stopping.end_exit_barrier(self.hub is not None and self.hub.busy(), self.journal.emit)
@@ -323,8 +324,7 @@ class Supervisor:
             if self.restart_reason is None:
                 self.restart_reason = describe_end(st)
             return
-        failure = self.cause.blame_rank(st, self.sink.drain)
-        self.journal.emit({"kind": "failure", "rank": st.rank, "exit_code": st.exit_code, "message": failure.message})
+        self.cause.suspect(st)  # which rank is the cause: decided once its facts are in (RootCause.decide, each turn)
         self.stopping.begin(StopReason.FAILURE)
 
     def _rank_restarted(self, st: RankState) -> None:
@@ -370,7 +370,7 @@ class Supervisor:
             self.cause.failure = self.cause.local(None, None, None, None, f"supervisor error: {exc!r}")
 
     def finish(self) -> RunStatus:
-        self.cause.fill_from_torchrun_log(self.ranks, self.journal.emit, self.torchrun.code, self.sink.drain)
+        self.cause.fill_from_torchrun_log(self.ranks, self.torchrun.code)
         status = self.cause.conclude(self.stopping.requested, self.torchrun.code, self.stopping.barrier_ended, self.ranks, self.sink.drain)
         self.ranks.settle(stopped=status is RunStatus.STOPPED)
         if self.hub is not None:

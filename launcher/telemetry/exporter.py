@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 from xl import figures, paths
 from xl.launcher import runprocs
 from xl.launcher.rundir import record
+from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.reader import RankView, RunReader, RunView
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.rundir.store import run_owner
@@ -45,6 +46,9 @@ STATES = ("running", "waiting", "straggler", "stalled", "hung", "exited", "faile
 # live rank gets each second) is at most this old.
 REPORTING_S = 10.0
 MIB = 1 << 20
+# A failed run's failure stays exported this long after its end, so that a scrape every minute
+# or so (and an alert on it) sees it; then it is gone as every ended run is.
+FAILED_KEPT_S = 900.0
 
 
 class ExporterReader(RunReader):
@@ -109,6 +113,21 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def failure_labels(rec: RunRecord, failure: Failure | None, host: str) -> dict[str, str] | None:
+    """``xl_run_failure_info``'s labels for a run's root cause (None while nothing failed)."""
+    if failure is None:
+        return None
+    cause = failure.cause
+    return {
+        "rank": _text(failure.rank),
+        "hostname": _text(failure.host or rec.get("host") or host),
+        "exit_code": _text(failure.exit_code),
+        "kind": cause.kind.value if cause is not None else "",
+        "summary": cause.summary if cause is not None else failure.message,
+        "fix": _text(cause.fix if cause is not None else None),
+    }
+
+
 class RunsCollector(Collector):
     """Every live run under ``runs_root`` (default ``$XL_HOME/runs``), read on each ``collect``."""
 
@@ -122,6 +141,15 @@ class RunsCollector(Collector):
         self._ended: dict[str, int] = {}
         self._lock = threading.Lock()  # scrapes may come on two server threads at once
         self._host = socket.gethostname()
+        self._failed: dict[str, tuple[float, dict[str, str]]] = {}  # run id -> (its end, its failure's labels)
+
+    def _ended_run(self, rec: RunRecord | None) -> None:
+        """A run found ended: its failure is kept for FAILED_KEPT_S (``xl_run_failure_info``)."""
+        if rec is None or rec.status != RunStatus.FAILED:
+            return
+        labels = failure_labels(rec, Failure.from_json(rec.failure) if rec.failure else None, self._host)
+        if labels is not None:
+            self._failed[rec.run_id] = (rec.ended_at or self.clock(), labels)
 
     def live_runs(self) -> list[LiveRun]:
         root = self.runs_root if self.runs_root is not None else paths.runs_dir()
@@ -145,6 +173,7 @@ class RunsCollector(Collector):
                 rec = record.load(run_dir)
                 if rec is None or not _live(rec):
                     self._ended[entry.name] = mtime
+                    self._ended_run(rec)
                     continue
                 known = self._readers[entry.name] = (ExporterReader(run_dir), run_owner(run_dir))
             reader, user = known
@@ -152,6 +181,7 @@ class RunsCollector(Collector):
             rec = view.record
             if not _live(rec):
                 self._ended[entry.name] = mtime
+                self._ended_run(rec)
                 del self._readers[entry.name]
                 continue
             out.append(LiveRun(rec, view, reader, user))
@@ -180,6 +210,16 @@ class RunsCollector(Collector):
         step_s = GaugeMetricFamily(_family("step_s"), "The rank's step time, in seconds: its last logged step's (a mean over the steps its line stands for).", labels=R)
         phase = GaugeMetricFamily(_family("data_s"), "Of the rank's step time, the seconds in each phase (data, compute, comm, other); they sum to xl_rank_step_seconds.", labels=(*R, "phase"))
         peak = GaugeMetricFamily(_family("mem_peak_mib"), "CUDA: the rank's peak allocated memory during its last logged step.", labels=R)
+        failed = InfoMetricFamily(
+            "xl_run_failure",
+            f"A run's root cause: the rank that died first and why (kind); kept {FAILED_KEPT_S / 60:.0f} min after the run ended.",
+            labels=("run_id",),
+        )
+        for run_id, (ended, said) in sorted(self._failed.items()):
+            if now - ended > FAILED_KEPT_S:
+                del self._failed[run_id]
+            elif all(run.record.run_id != run_id for run in runs):
+                failed.add_metric([run_id], said)
         for run in runs:
             rec = run.record
             devices = {d.get("index"): d for d in rec.devices}
@@ -227,7 +267,10 @@ class RunsCollector(Collector):
                     if view.gpu_mem_used_mib is not None:
                         mem.add_metric([*labels, gpu, uuid], view.gpu_mem_used_mib * MIB)
             reporting.add_metric([rec.run_id], fresh)
-        out: list[Metric] = [step, loss, samples, rate, last, step_s, phase, peak, state, rank_info, run_info, reporting]
+            why = failure_labels(rec, run.view.failure, self._host)
+            if why is not None:
+                failed.add_metric([rec.run_id], why)
+        out: list[Metric] = [step, loss, samples, rate, last, step_s, phase, peak, state, rank_info, run_info, reporting, failed]
         if self.gpus:
             out += [util, mem]
         return out

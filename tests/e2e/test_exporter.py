@@ -46,6 +46,8 @@ TABLE = {  # the contract: name -> (type as parsed from the text format, label n
     "xl_rank_info": ("gauge", R | {"gpu", "UUID", "modelName", "pid"}),
     "xl_run_info": ("gauge", {"run_id", "name", "world_size", "nnodes", "user", "slurm_job_id"}),
     "xl_ranks_reporting": ("gauge", {"run_id"}),
+    # A failed run's root cause (the fixtures' failed run ended moments ago: it is kept 15 min).
+    "xl_run_failure_info": ("gauge", {"run_id", "rank", "hostname", "exit_code", "kind", "summary", "fix"}),
 }
 FORBIDDEN = {"job", "instance", "pod", "namespace", "container"}
 # dcgm-exporter's spelling `modelName` is the contract's, and promtool's linter asks for

@@ -124,6 +124,8 @@ def test_each_failure_with_restarts_left_is_an_attempt_and_the_last_one_is_the_c
         if attempt < 2:
             # torchrun has restarts left: no cause, no stop.
             assert sup.cause.failure is None and sup.stopping.state is None
+    # The last attempt's failure: the stop at once, the cause on the loop's next look.
+    assert sup.cause.decide(sup.ranks, None, sup.sink.drain) is not None
     assert sup.cause.failure is not None and sup.cause.failure.rank == 0
     assert sup.stopping.state is not None and sup.stopping.state.reason is StopReason.FAILURE
     sup.save()

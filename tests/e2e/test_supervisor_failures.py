@@ -214,13 +214,16 @@ def test_a_rank_that_aborts_after_its_script_returned_is_the_cause(tmp_path: Pat
         else:
             assert proc.returncode == 1 and run["status"] == "failed", proc.stdout + proc.stderr
             assert (run["failure"]["rank"], run["failure"]["exit_code"]) == (0, -signal.SIGABRT)
-            assert run["failure"]["message"] == (
-                "rank 0 failed first: rank 0 was killed by SIGABRT after its script had returned: "
-                "terminate called without an active exception"
-            )
+            # A killed rank's last log line is evidence of its cause, not glued onto the message.
+            assert run["failure"]["message"] == "rank 0 failed first: rank 0 was killed by SIGABRT after its script had returned"
+            cause = run["failure"]["cause"]
+            assert cause["kind"] == "exception" and cause["fix"] is None
+            assert cause["summary"].startswith("aborted (SIGABRT) in ") and cause["summary"].endswith(
+                "after: terminate called without an active exception"), cause
             assert {r["rank"]: r["state"] for r in run["ranks"]}[0] == "failed"
-            assert "traceback of rank 0:" in proc.stdout and "rank None" not in proc.stdout
-            assert "was killed by SIGABRT after its script had returned" in proc.stdout.splitlines()[-2]
+            assert "last lines of rank 0:" in proc.stdout and "rank None" not in proc.stdout
+            end = proc.stdout.splitlines()
+            assert "was killed by SIGABRT after its script had returned" in end[-3] and end[-2] == f"cause: {cause['summary']}"
         wait_no_processes(run_dir, timeout=GRACE + 2)
     finally:
         kill_run(run_dir)

@@ -71,6 +71,10 @@ def failure_text(failure: Failure | None, keep: int) -> Text | None:
     if failure.exit_code is not None:
         text.append(f" (exit code {failure.exit_code})")
     text.append("\n")
+    if failure.cause is not None:  # why, and the fix, before the traceback's end
+        text.append(f"cause: {visible(failure.cause.summary)}\n", style="bold")
+        if failure.cause.fix:
+            text.append(f"fix: {visible(failure.cause.fix)}\n")
     trace = failure.traceback or failure.message or ""
     lines = str(trace).strip().splitlines()
     if len(lines) > keep:

@@ -71,7 +71,7 @@ def _events(run_dir: Path) -> list[dict[str, object]]:
 
 
 def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
-    run_dir = _unit_run_dir(tmp_path, grace=0.3)
+    run_dir = _unit_run_dir(tmp_path, grace=2.0)  # the cause's first reading (its imports) is within it
     sup = Supervisor(run_dir)
     failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     failed.wait(10)
@@ -85,10 +85,11 @@ def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(t
         )
         sup.ranks.scan_records()
         assert sup.stopping.state is not None and sup.stopping.state.reason is StopReason.FAILURE
+        assert sup.cause.decide(sup.ranks, None, sup.sink.drain) is not None  # what the loop's turn does next
         time.sleep(0.1)
         sup.stopping.advance()
         assert stubborn.poll() is None  # SIGTERM ignored, and the grace is not over
-        time.sleep(0.3)
+        time.sleep(2.0)
         sup.stopping.advance()
         assert stubborn.wait(5) == -signal.SIGKILL
         sup.ranks.check_alive()
@@ -106,6 +107,7 @@ def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(t
         "message": "rank 0 failed first: rank 0 exited with code 3",
         "node": "here",
         "node_rank": 0,
+        "cause": {"kind": "exception", "summary": "ValueError: boom", "fix": None, "evidence": ["ValueError: boom"]},
     }
     assert [(r["rank"], r["state"], r["exit_code"]) for r in run["ranks"]] == [(0, "failed", 3), (1, "stopped", -9)]
     events = _events(run_dir)
@@ -150,26 +152,38 @@ def _ended_ranks(tmp_path: Path) -> tuple[Path, Journal, Ranks, RootCause]:
 
 
 def test_torchrun_summary_names_the_rank_that_really_failed(tmp_path: Path) -> None:
-    """The rank blamed first was killed by the stop (SIGTERM in torchrun's summary): the rank
-    that died of its own signal is the cause, and a new failure event says so."""
-    run_dir, journal, ranks, cause = _ended_ranks(tmp_path)
-    cause.set(cause.local(0, None, None, None, "rank 0 failed first: died"), 100.0)
+    """Rank 0 was found first (SIGTERM: torchrun's closing signal, its summary says so); the
+    rank that died of its own signal is the cause, decided once torchrun's summary is in, and
+    one failure event says so."""
+    run_dir, _journal, ranks, cause = _ended_ranks(tmp_path)
+    rank0, rank1 = ranks.get(0), ranks.get(1)
+    assert rank0 is not None and rank1 is not None
+    rank0.end(None, 100.0, stopped=False)
+    rank0.vanished = rank1.vanished = True
+    rank1.end(None, 101.0, stopped=True)  # found while the stop was under way
+    rank0.alive_at, rank1.alive_at = 100.0, 99.0
+    cause.suspect(rank0)
     (run_dir / "logs" / "torchrun.log").write_text(
+        "Sending process 1000 closing signal SIGTERM\n"
         "Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 1001)\n"
         "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 1000)\n"
     )
-    cause.fill_from_torchrun_log(ranks, journal.emit)
-    assert cause.failure is not None
-    assert (cause.failure.rank, cause.failure.exit_code) == (1, -6)
-    assert cause.failure.message == "rank 1 failed first: rank 1 was killed by SIGABRT"
+    assert cause.decide(ranks, None, lambda rank: None) is None  # gone without a word: torchrun's summary first
+    failure = cause.decide(ranks, 1, lambda rank: None)
+    assert failure is not None and cause.failure is failure
+    assert (failure.rank, failure.exit_code) == (1, -6)
+    assert failure.message == "rank 1 failed first: rank 1 was killed by SIGABRT"
+    assert failure.cause is not None and failure.cause.kind.value == "exception" and failure.cause.summary.startswith("aborted (SIGABRT)")
     assert [(st.state.value, st.exit_code) for st in ranks] == [("stopped", -15), ("failed", -6)]
-    assert _events(run_dir)[-1]["rank"] == 1
+    failures = [e for e in _events(run_dir) if e["kind"] == "failure"]
+    assert len(failures) == 1 and failures[0]["rank"] == 1 and failures[0]["cause"]["kind"] == "exception"
 
 
 def test_a_rank_whose_script_returned_and_whose_process_then_aborted_is_the_cause(tmp_path: Path) -> None:
     """Both ranks' records say 0 (their scripts returned); torchrun failed, and its summary has
     rank 0 killed by SIGABRT (a C++ abort at interpreter exit): rank 0 failed, and is named with
-    its signal and its last log line, not "rank None" with torchrun's traceback."""
+    its signal, not "rank None" with torchrun's traceback; its last line is evidence in its
+    cause, not glued onto the message as if it were the cause."""
     run_dir, journal, ranks, cause = _ended_ranks(tmp_path)
     for st in ranks:
         st.end(0, st.ended_at, stopped=False)
@@ -177,20 +191,21 @@ def test_a_rank_whose_script_returned_and_whose_process_then_aborted_is_the_caus
     (run_dir / "logs" / "torchrun.log").write_text(
         "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 1000)\n"
     )
-    cause.fill_from_torchrun_log(ranks, journal.emit, torchrun_code=1)
+    cause.fill_from_torchrun_log(ranks, torchrun_code=1)
     assert cause.conclude(False, 1, False, ranks) is RunStatus.FAILED
     assert cause.failure is not None and (cause.failure.rank, cause.failure.exit_code) == (0, -6)
-    assert cause.failure.message == (
-        "rank 0 failed first: rank 0 was killed by SIGABRT after its script had returned: terminate called without an active exception"
-    )
+    assert cause.failure.message == "rank 0 failed first: rank 0 was killed by SIGABRT after its script had returned"
+    assert cause.failure.cause is not None
+    assert cause.failure.cause.summary == "aborted (SIGABRT) after: terminate called without an active exception"
     assert cause.failure.traceback == "step 6/6\nterminate called without an active exception\n"
     assert [(st.state.value, st.exit_code) for st in ranks] == [("failed", -6), ("exited", 0)]
-    assert _events(run_dir)[-1]["kind"] == "failure" and _events(run_dir)[-1]["rank"] == 0
+    failures = [e for e in _events(run_dir) if e["kind"] == "failure"]
+    assert len(failures) == 1 and failures[0]["rank"] == 0
     # A run whose torchrun succeeded is not read for this: nothing failed.
     ok = RootCause(run_dir, "here", 0, journal)
     for st in ranks:
         st.end(0, st.ended_at, stopped=False)
-    ok.fill_from_torchrun_log(ranks, journal.emit, torchrun_code=0)
+    ok.fill_from_torchrun_log(ranks, torchrun_code=0)
     assert ok.conclude(False, 0, False, ranks) is RunStatus.SUCCEEDED and ok.failure is None
 
 
@@ -277,3 +292,79 @@ def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_fi
     finally:
         rank.kill()
         rank.wait(5)
+
+
+@pytest.mark.parametrize("said", [
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error [127.0.0.1]:4321: Connection reset by peer",
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Write error [127.0.0.1]:4321: Broken pipe",
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:52345",
+    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, remote process exited or "
+    "there was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+])
+def test_a_survivor_s_broken_collective_never_beats_the_rank_that_was_killed(tmp_path: Path, said: str) -> None:
+    """The survivor's record (its collective broke) is read first, the killed rank is found gone
+    on the same turn: the killed rank is the cause, decided once its signal is known; the
+    survivor is not blamed in between (no failure event until then)."""
+    run_dir, _journal, ranks, cause = _ended_ranks(tmp_path)
+    survivor, killed = ranks.get(0), ranks.get(1)
+    assert survivor is not None and killed is not None
+    survivor.error, survivor.traceback = said, f"Traceback (most recent call last):\n{said}"
+    survivor.end(1, 100.5, stopped=False)
+    cause.suspect(survivor)
+    killed.vanished, killed.alive_at = True, 100.2
+    killed.end(None, None, stopped=True)  # found gone once the stop had begun
+    assert cause.decide(ranks, None, lambda rank: None) is None and not (run_dir / "events.jsonl").exists()
+    (run_dir / "logs" / "torchrun.log").write_text(
+        "E1128 01:02:03.000000 99 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 1001) of binary: python\n"
+    )
+    failure = cause.decide(ranks, 1, lambda rank: None)
+    assert failure is not None and (failure.rank, failure.exit_code) == (1, -9)
+    assert failure.message == "rank 1 failed first: rank 1 was killed by SIGKILL"
+    assert failure.cause is not None and failure.cause.kind.value == "killed"
+    assert [(st.state.value, st.exit_code) for st in ranks] == [("stopped", 1), ("failed", -9)]
+    assert [e["rank"] for e in _events(run_dir) if e["kind"] == "failure"] == [1]
+
+
+def test_a_rank_s_own_error_before_a_later_kill_is_the_cause(tmp_path: Path) -> None:
+    """Both ways: rank 0 raised its own error, then rank 1 was killed (after it was last seen
+    alive later than rank 0's end): rank 0 is the cause, decided at once."""
+    run_dir, _journal, ranks, cause = _ended_ranks(tmp_path)
+    first, later = ranks.get(0), ranks.get(1)
+    assert first is not None and later is not None
+    first.error, first.traceback = "ValueError: bad batch", "Traceback (most recent call last):\nValueError: bad batch"
+    first.end(1, 100.0, stopped=False)
+    cause.suspect(first)
+    later.pid = os.getpid()  # running still (as this process is)
+    failure = cause.decide(ranks, None, lambda rank: None)
+    assert failure is not None and failure.rank == 0 and failure.message == "rank 0 failed first: ValueError: bad batch"
+    assert failure.cause is not None and failure.cause.kind.value == "exception" and failure.cause.summary == "ValueError: bad batch"
+    later.pid, later.vanished, later.alive_at = 1001, True, 100.4
+    later.end(-9, None, stopped=True)
+    assert cause.decide(ranks, 1, lambda rank: None, final=True) is None and cause.failure is failure
+    assert [e["rank"] for e in _events(run_dir) if e["kind"] == "failure"] == [0]
+
+
+def test_a_survivor_aborted_by_its_watchdog_never_beats_the_rank_that_was_killed(tmp_path: Path) -> None:
+    """NCCL's watchdog aborts the survivor (SIGABRT, its last words the timeout) after its peer
+    was killed: both died of a signal, the survivor's says it lost its peer, the killed rank is
+    the cause."""
+    run_dir, _journal, ranks, cause = _ended_ranks(tmp_path)
+    survivor, killed = ranks.get(0), ranks.get(1)
+    assert survivor is not None and killed is not None
+    (run_dir / "logs" / "rank-0.log").write_text(
+        "step 120\n[rank0]:[E1128 01:02:03.456789 123 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600060 milliseconds "
+        "before timing out.\nterminate called after throwing an instance of 'c10::DistBackendError'\n"
+    )
+    survivor.vanished, survivor.alive_at = True, 99.0  # last seen before the killed rank was: time alone would blame it
+    survivor.end(None, None, stopped=False)
+    cause.suspect(survivor)
+    killed.vanished, killed.alive_at = True, 100.0
+    killed.end(None, None, stopped=True)
+    (run_dir / "logs" / "torchrun.log").write_text(
+        "Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 1001)\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 1000)\n"
+    )
+    failure = cause.decide(ranks, 1, lambda rank: None)
+    assert failure is not None and (failure.rank, failure.exit_code) == (1, -9)
+    assert [(st.state.value, st.exit_code) for st in ranks] == [("stopped", -6), ("failed", -9)]

@@ -1,0 +1,277 @@
+"""What a dying rank's own words mean: Python's, argparse's, torch's, gloo's and NCCL's messages,
+read as they are printed (docs/launch.md, "Why a rank died"). Pure text, no I/O.
+
+Each reader takes the rank's text (its error line, traceback and last log lines together) and
+returns what it found, with the line it was read from; ``explain`` turns that into a cause.
+The wordings are torch's and NCCL's own: c10's CUDA caching allocator, c10d's ProcessGroupNCCL
+and its watchdog, gloo's TCP transport, TCPStore, the DataLoader's workers and libshm.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# A line that names an exception: a (dotted) identifier, a colon, the message.
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Quit|Fault)?: \S")
+_EXC_NAME = re.compile(r"^([A-Za-z_][\w.]*):")
+
+
+def one_line(error: str | None, limit: int = 300) -> str | None:
+    """One line for a person from an exception's text as Python prints it (possibly several
+    lines: a worker's "Original Traceback", NCCL's "Last error:"): the last line that names an
+    exception (the real error under a wrapper's), else its first line; cut to ``limit``."""
+    if not error or not error.strip():
+        return None
+    lines = [ln.strip() for ln in error.strip().splitlines() if ln.strip()]
+    named = [ln for ln in lines if _EXC_LINE.match(ln) and not ln.startswith("File ")]
+    line = named[-1] if named else lines[0]
+    return line if len(line) <= limit else line[: limit - 1] + "\u2026"
+
+
+# A rank whose collective or store connection broke because a peer was gone: never the root
+# cause while a peer that died first is known (gloo's TCP pair, TCPStore's socket, NCCL's
+# remote errors, a watchdog timeout that follows a peer's death).
+_PEER_LOSS = re.compile(
+    r"Connection reset by peer|Broken pipe|Connection closed by peer|Connection refused"
+    r"|ncclRemoteError|remote process exit|remote peer|Socket Timeout|recvValue failed|"
+    r"Watchdog caught collective operation timeout|Timed out waiting \d+ms for (?:send|recv)"
+    r"|DistNetworkError|failed to recv, got 0 bytes|Transport endpoint is not connected"
+    r"|read: Connection timed out|The client socket has failed to connect",
+    re.IGNORECASE,
+)
+
+
+def peer_loss(text: str) -> str | None:
+    """The line saying this rank lost a peer (its collective or store connection broke)."""
+    for line in text.splitlines():
+        if _PEER_LOSS.search(line):
+            return line.strip()
+    return None
+
+
+@dataclass
+class Found:
+    """What a reader found: the kind, what it read (``facts``, for the summary and the fix),
+    and the lines it read them from."""
+
+    kind: str
+    facts: dict[str, str] = field(default_factory=dict)
+    evidence: list[str] = field(default_factory=list)
+
+
+def _line_of(text: str, pattern: re.Pattern[str]) -> tuple[re.Match[str], str] | None:
+    for line in text.splitlines():
+        m = pattern.search(line)
+        if m:
+            return m, line.strip()
+    return None
+
+
+# ---------------------------------------------------------------- Python's and the shell's
+_NO_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([^']+)'")
+_NO_FILE = re.compile(r"FileNotFoundError: \[Errno 2\] No such file or directory: '([^']*)'")
+_USAGE = re.compile(r"^(?:usage|Usage): ")
+_ARGPARSE_ERROR = re.compile(r"^\S+: error: (.+)$")
+_CLICK_ERROR = re.compile(r"^Error: (.+)$")
+_ADDR_IN_USE = re.compile(r"(?:Address already in use|EADDRINUSE|address already in use)")
+_PORT = re.compile(r"port:? (\d{1,5})\b|:(\d{1,5})\b")
+
+
+def module_not_found(text: str) -> Found | None:
+    hit = _line_of(text, _NO_MODULE)
+    if hit is None:
+        return None
+    m, line = hit
+    return Found("module_not_found", {"module": m.group(1)}, [line])
+
+
+def file_not_found(text: str) -> Found | None:
+    hit = _line_of(text, _NO_FILE)
+    if hit is None:
+        return None
+    m, line = hit
+    return Found("file_not_found", {"path": m.group(1)}, [line])
+
+
+def usage_error(text: str, exit_code: int | None) -> Found | None:
+    """argparse's (``prog: error: ...``) or click's (``Error: ...``) refusal of the command
+    line, which exits 2 with a usage line and no traceback."""
+    if exit_code != 2:
+        return None
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        m = _ARGPARSE_ERROR.match(line) or (_CLICK_ERROR.match(line) if any(_USAGE.match(x) for x in lines) else None)
+        if m:
+            usage = next((x.strip() for x in lines if _USAGE.match(x)), None)
+            return Found("usage_error", {"message": line.strip()}, [x for x in (usage, line.strip()) if x])
+    return None
+
+
+def port_in_use(text: str) -> Found | None:
+    hit = _line_of(text, _ADDR_IN_USE)
+    if hit is None:
+        return None
+    _, line = hit
+    m = _PORT.search(line)
+    port = next((g for g in m.groups() if g), "") if m else ""
+    return Found("port_in_use", {"port": port} if port else {}, [line])
+
+
+# ---------------------------------------------------------------- memory
+_CUDA_OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+ [KMGT]?i?B)")
+_OOM_NEW = re.compile(r"GPU (\d+) has a total capac(?:i)?ty of ([\d.]+ [KMGT]?i?B) of which ([\d.]+ [KMGT]?i?B|0 bytes) is free")
+_OOM_OLD = re.compile(r"\(GPU (\d+); ([\d.]+ [KMGT]?i?B) total capacity; [^;]*; ([\d.]+ [KMGT]?i?B) free")
+_OOM_SLACK = re.compile(r"([\d.]+ [KMGT]?i?B|0 bytes) is reserved by PyTorch but unallocated")
+_SHM = re.compile(
+    r"unable to allocate shared memory\(shm\)|unable to write to file </torch_|unable to open shared memory object"
+    r"|insufficient shared memory|Couldn't allocate shared memory segment|failed to extend /dev/shm"
+    r"|/dev/shm/nccl-\S+ .*(?:No space left|failed)",
+)
+
+
+def cuda_oom(text: str) -> Found | None:
+    hit = _line_of(text, _CUDA_OOM)
+    if hit is None:
+        return None
+    m, line = hit
+    facts = {"asked": m.group(1)}
+    gpu = _OOM_NEW.search(text) or _OOM_OLD.search(text)
+    if gpu is not None:
+        facts.update(gpu=gpu.group(1), total=gpu.group(2), free=gpu.group(3))
+    slack = _OOM_SLACK.search(text)
+    if slack is not None:
+        facts["unallocated"] = slack.group(1)
+    return Found("cuda_oom", facts, [line[:400]])
+
+
+def shm_full(text: str) -> Found | None:
+    hit = _line_of(text, _SHM)
+    if hit is None:
+        return None
+    _, line = hit
+    return Found("shm_full", {}, [line])
+
+
+# ---------------------------------------------------------------- CUDA and NCCL
+_NO_KERNEL = re.compile(r"no kernel image is available for execution on the device")
+_BUSY = re.compile(r"CUDA-capable device\(s\) is/are busy or unavailable|all CUDA-capable devices are busy or unavailable")
+_CUDA_ERROR = re.compile(r"CUDA error: ([^\n]+)")
+_DEVICE_ASSERT = re.compile(r"device-side assert triggered")
+_NCCL_CODE = re.compile(r"\b(nccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error)\b")
+_NCCL_ERROR = re.compile(r"NCCL error in: [^,]*, ([^(\n]+?)(?: \(run with NCCL_DEBUG=INFO for details\))?(?:, NCCL version ([\d.]+\S*))?$")
+_NCCL_LAST = re.compile(r"^Last error:\s*$")
+_WATCHDOG = re.compile(
+    r"Watchdog caught collective operation timeout: Work\w+\(SeqNum=(\d+), OpType=(\w+)[^)]*?Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds"
+)
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (send|recv) operation to complete")
+
+
+def no_kernel_image(text: str) -> Found | None:
+    hit = _line_of(text, _NO_KERNEL)
+    return Found("no_kernel_image", {}, [hit[1]]) if hit else None
+
+
+def device_busy(text: str) -> Found | None:
+    hit = _line_of(text, _BUSY)
+    return Found("device_busy", {}, [hit[1]]) if hit else None
+
+
+def collective_timeout(text: str) -> Found | None:
+    hit = _line_of(text, _WATCHDOG)
+    if hit is not None:
+        m, line = hit
+        facts = {"seq": m.group(1), "op": m.group(2), "timeout_s": f"{int(m.group(3)) / 1000:g}", "ran_s": f"{int(m.group(4)) / 1000:g}"}
+        return Found("collective_timeout", facts, [line[:400]])
+    gloo = _line_of(text, _GLOO_TIMEOUT)
+    if gloo is not None:
+        m, line = gloo
+        return Found("collective_timeout", {"op": m.group(2), "timeout_s": f"{int(m.group(1)) / 1000:g}"}, [line[:400]])
+    return None
+
+
+def nccl_error(text: str) -> Found | None:
+    code = _line_of(text, _NCCL_CODE)
+    error = next(((m, ln.strip()) for ln in text.splitlines() if (m := _NCCL_ERROR.search(ln.strip()))), None)
+    if code is None and error is None:
+        return None
+    facts: dict[str, str] = {}
+    evidence: list[str] = []
+    if error is not None:
+        facts["what"] = error[0].group(1).strip()
+        if error[0].group(2):
+            facts["version"] = error[0].group(2)
+        evidence.append(error[1][:400])
+    if code is not None:
+        facts["code"] = code[0].group(1)
+        evidence.append(code[1][:400])
+    lines = text.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if _NCCL_LAST.match(line.strip()) and lines[i + 1].strip():
+            facts["last"] = lines[i + 1].strip()[:300]
+            evidence.append(facts["last"])
+            break
+    return Found("nccl_error", facts, evidence)
+
+
+def cuda_error(text: str) -> Found | None:
+    hit = _line_of(text, _CUDA_ERROR)
+    if hit is None:
+        return None
+    m, line = hit
+    facts = {"what": m.group(1).strip()}
+    if _DEVICE_ASSERT.search(text):
+        facts["assert"] = "1"
+        asserted = next((ln.strip() for ln in text.splitlines() if "Assertion" in ln and "failed" in ln), None)
+        if asserted:
+            facts["assertion"] = asserted[:300]
+            return Found("cuda_error", facts, [asserted[:300], line[:300]])
+    return Found("cuda_error", facts, [line[:400]])
+
+
+# ---------------------------------------------------------------- a crash
+_FATAL = re.compile(r"^Fatal Python error: (Segmentation fault|Bus error|Aborted|Floating point exception|Illegal instruction)")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
+
+
+def fatal_signal(text: str, skip_files: tuple[str, ...] = ()) -> Found | None:
+    """faulthandler's dump (the rank entry turns it on): the signal and the innermost Python
+    line of the thread that crashed ("Current thread", most recent call first)."""
+    lines = text.splitlines()
+    at = next((i for i in range(len(lines) - 1, -1, -1) if _FATAL.match(lines[i].strip())), None)
+    if at is None:
+        return None
+    what = _FATAL.match(lines[at].strip())
+    assert what is not None
+    facts = {"signal": what.group(1)}
+    evidence = [lines[at].strip()]
+    current = "Current thread" not in text
+    frames: list[tuple[re.Match[str], str]] = []
+    for line in lines[at + 1 :]:
+        if line.startswith("Current thread"):
+            current = True
+            continue
+        if line.startswith("Thread 0x") and frames:
+            break  # the next thread's stack
+        m = _FRAME.match(line)
+        if m and current and not m.group(1).endswith(skip_files):
+            frames.append((m, line.strip()))
+    if frames:
+        inner = frames[0][0]
+        facts.update(file=inner.group(1), line=inner.group(2), function=inner.group(3))
+        evidence.append(frames[0][1])
+        # The script's own line that called into it: the innermost frame outside Python's
+        # library and installed packages.
+        own = next(((m, ln) for m, ln in frames if not _LIBRARY.search(m.group(1))), None)
+        if own is not None and own[0] is not inner:
+            facts.update(caller_file=own[0].group(1), caller_line=own[0].group(2), caller_function=own[0].group(3))
+            evidence.append(own[1])
+    return Found("segfault", facts, evidence)
+
+
+_LIBRARY = re.compile(r"/lib/python\d[\d.]*/|site-packages|dist-packages|^<frozen |/xl/launcher/|/launcher/(?:rank/)?entry\.py$")
+
+
+def exception_name(error: str | None) -> str | None:
+    m = _EXC_NAME.match(error or "")
+    return m.group(1) if m else None
