@@ -47,6 +47,9 @@ _PENDING_CAP = 8 << 20
 _RETRY_S = 1.0
 _POLL_S = 0.5  # without pidfd (Linux < 5.3): how often the relay looks for its rank
 _LAST_WRITE_S = 2.0  # after the rank is gone: how long a full disk may keep the relay
+# The relay's process name (/proc/PID/comm, what ps and top show): how the sampler tells xl's
+# relay from the rank's own children (DataLoader workers) and leaves it out of the rank's memory.
+RELAY_NAME = "xl-relay"
 _RESTARTS = 3  # relays started again before the rank writes its log itself
 # A relay started again: a fresh interpreter (forking a threaded rank is not safe), finding xl
 # where the rank found it.
@@ -139,7 +142,15 @@ class _Relay:
             self.why = exc.strerror or str(exc)
 
 
+def _name_self() -> None:
+    """Call this process ``RELAY_NAME``: forked from the rank, it would otherwise read as one more
+    process of the rank's (``python``), its pages counted as the rank's memory."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="ascii") as fh:
+        fh.write(RELAY_NAME)
+
+
 def _serve(rfd: int, path: str, rank_pid: int) -> None:
+    _name_self()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     with contextlib.suppress(OSError):

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xl.gpu import nvml
-from xl.procfs import cpu_rss, descendants, process_tree, read_environ
+from xl.launcher.rank.relay import RELAY_NAME
+from xl.procfs import cpu_rss, descendants, process_tree, pss, read_comm, read_environ
 
 MIB = 1024 * 1024
 
@@ -27,6 +28,7 @@ class _Proc:
     pid: int
     last: _Reading | None = None
     children: dict[int, _Reading] = field(default_factory=dict)
+    relays: set[int] = field(default_factory=set)
     env: dict[str, str] | None = None
 
 
@@ -82,21 +84,36 @@ class Sampler:
         return entry
 
     def _process_figures(self, entry: _Proc, tree: dict[int, list[int]]) -> dict[str, Any] | None:
-        """None when the rank's process is gone (or its PID now belongs to another process)."""
+        """None when the rank's process is gone (or its PID now belongs to another process).
+
+        ``rss_mib`` is the rank process's own resident memory; ``mem_mib`` its footprint: PSS
+        summed over it and its children (DataLoader workers share the pages they were forked
+        with: RSS would count those once per worker), xl's output relay left out. ``cpu_pct``
+        and ``nproc`` count every process under the rank."""
         own = _read(entry.pid, entry.last)
         if own is None or (entry.last is not None and own[0][0] != entry.last[0]):
             return None
         entry.last, rss, cpu = own
+        footprint = pss(entry.pid)
         alive: dict[int, _Reading] = {}
+        entry.relays = set()
         for pid in descendants(entry.pid, tree):
             child = _read(pid, entry.children.get(pid))
             if child is None:
                 continue  # ended since the scan
-            alive[pid], child_rss, child_cpu = child
-            rss += child_rss
+            alive[pid], _child_rss, child_cpu = child
             cpu += child_cpu
+            if read_comm(pid) == RELAY_NAME:
+                entry.relays.add(pid)  # xl's, not the rank's: its pages are not the rank's memory
+                continue
+            child_pss = pss(pid)
+            if footprint is not None and child_pss is not None:
+                footprint += child_pss
         entry.children = alive
-        return {"rss_mib": round(rss / MIB, 1), "cpu_pct": round(cpu, 1), "nproc": 1 + len(alive)}
+        figures: dict[str, Any] = {"rss_mib": round(rss / MIB, 1), "cpu_pct": round(cpu, 1), "nproc": 1 + len(alive)}
+        if footprint is not None:
+            figures["mem_mib"] = round(footprint / MIB, 1)
+        return figures
 
     def sample(
         self, ranks: list[dict[str, Any]], cuda: Mapping[int, Mapping[str, float]] | None = None
@@ -112,10 +129,10 @@ class Sampler:
             except Exception as exc:  # NVML trouble degrades to "no GPU figures"
                 self.nvml_error = str(exc)
                 gpus = ()
-        by_pid: dict[int, tuple[Any, Any]] = {}
+        by_pid: dict[int, list[tuple[Any, Any]]] = {}
         for gpu in gpus:
             for gp in getattr(gpu, "processes", ()) or ():
-                by_pid[gp.pid] = (gpu, gp)
+                by_pid.setdefault(gp.pid, []).append((gpu, gp))
         records: list[dict[str, Any]] = []
         dead: list[int] = []
         live_pids: set[int] = set()
@@ -134,7 +151,7 @@ class Sampler:
             rec: dict[str, Any] = {"t": round(now, 3), "rank": rank, "kind": "sys", "pid": pid}
             rec.update(figures)
             if gpus:
-                self._gpu_figures(rec, info, entry, gpus, by_pid)  # type: ignore[arg-type]
+                self._gpu_figures(rec, info, entry, gpus, by_pid)
             counters = (cuda or {}).get(rank)
             if counters:
                 for key, value in counters.items():
@@ -152,25 +169,23 @@ class Sampler:
         info: Mapping[str, Any],
         entry: _Proc,
         gpus: tuple[Any, ...],
-        by_pid: Mapping[int, tuple[Any, Any]],
+        by_pid: Mapping[int, list[tuple[Any, Any]]],
     ) -> None:
-        gpu = None
-        proc_mem = None
-        for pid in (entry.pid, *entry.children):
-            if pid in by_pid:
-                gpu, gp = by_pid[pid]
-                proc_mem = gp.used_mib
-                break
-        if gpu is None:
-            gpu = self._assigned_gpu(info, entry, gpus)
+        """The rank's GPU's figures (``gpu_mem_used_mib``: the whole GPU's, every process on it)
+        and ``gpu_proc_mem_mib``: what the rank's own processes hold on that GPU, by NVML's
+        per-process list (absent where the list names none of them, or gives no figure)."""
+        mine = [pid for pid in (entry.pid, *entry.children) if pid not in entry.relays]
+        held = [pair for pid in mine for pair in by_pid.get(pid, ())]
+        gpu = held[0][0] if held else self._assigned_gpu(info, entry, gpus)
         if gpu is None:
             return
         rec["gpu"] = gpu.index
         rec["gpu_util"] = gpu.util_gpu
         rec["gpu_mem_used_mib"] = gpu.memory_used_mib
         rec["gpu_mem_total_mib"] = gpu.memory_total_mib
-        if proc_mem is not None:
-            rec["proc_gpu_mem_mib"] = proc_mem
+        figures = [gp.used_mib for g, gp in held if g is gpu and isinstance(gp.used_mib, (int, float))]
+        if figures:
+            rec["gpu_proc_mem_mib"] = round(float(sum(figures)), 1)
 
     def _assigned_gpu(self, info: Mapping[str, Any], entry: _Proc, gpus: tuple[Any, ...]) -> Any:
         index, uuid = _gpu_key(info.get("gpu"))

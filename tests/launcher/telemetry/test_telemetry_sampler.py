@@ -73,7 +73,7 @@ def test_each_rank_gets_its_gpu_and_process_tree(simnvml, simnvml_gpu) -> None:
             p.wait(10)
     by_rank = {r["rank"]: r for r in records}
     assert gone == [3] and set(by_rank) == {0, 1, 2}
-    assert (by_rank[0]["gpu"], by_rank[0]["gpu_util"], by_rank[0]["proc_gpu_mem_mib"]) == (
+    assert (by_rank[0]["gpu"], by_rank[0]["gpu_util"], by_rank[0]["gpu_proc_mem_mib"]) == (
         1,
         22,
         2048,
