@@ -104,7 +104,7 @@ class _Relay:
             if gone_at is None and self.rank_gone(ready):
                 gone_at = time.monotonic()
             if data:
-                self.keep(data)
+                self.keep(self.write_through(data))
             self.write()
             if data == b"" or (gone_at is not None and data is None):
                 break  # every writer is gone, or the rank is and the pipe is empty
@@ -116,7 +116,22 @@ class _Relay:
             time.sleep(0.1)
             self.write()
 
+    def write_through(self, data: bytes) -> bytes:
+        """Write ``data`` straight from the read when nothing waits before it; what could not be
+        written is returned, to wait in ``pending``. A flood of output is copied once less."""
+        if self.pending or self.lost or self.fd is None:
+            return data
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError as exc:
+            self.why = exc.strerror or str(exc)
+        return bytes(view)
+
     def keep(self, data: bytes) -> None:
+        if not data:
+            return
         self.pending += data
         if len(self.pending) > _PENDING_CAP:
             cut = len(self.pending) - _PENDING_CAP
