@@ -22,6 +22,23 @@ MIB = 1024 * 1024
 # A process's last reading: (its start, which tells a reused PID; CPU seconds; monotonic time).
 _Reading = tuple[int, float, float]
 
+# PSS costs the kernel a walk of the process's page tables (~8 ms of CPU for 500 MiB resident,
+# so seconds a second for eight ranks of 10 GiB): each process's is read again only once its
+# last read's cost, times the processes sampled, is under _PSS_SHARE of the time since, and never
+# more often than every _PSS_MIN_S. In between a process's PSS moves with its RSS (a page it
+# gains or frees is its own, in both).
+_PSS_SHARE = 0.02  # of one core, every process's reads together
+_PSS_MIN_S = 1.0
+_PSS_MAX_S = 60.0
+
+
+@dataclass
+class _Pss:
+    start: int  # the process's start: a reused PID reads afresh
+    pss: int
+    rss: int  # its RSS when ``pss`` was read
+    due: float  # monotonic: when to read again
+
 
 @dataclass
 class _Proc:
@@ -75,6 +92,8 @@ class Sampler:
         else:
             self._inventory = inventory or None
         self._procs: dict[int, _Proc] = {}
+        self._pss: dict[int, _Pss] = {}
+        self._pss_seen: set[int] = set()  # the processes whose footprint this pass asked for
         self.nvml_error: str | None = None
 
     def _proc(self, pid: int) -> _Proc:
@@ -94,19 +113,19 @@ class Sampler:
         if own is None or (entry.last is not None and own[0][0] != entry.last[0]):
             return None
         entry.last, rss, cpu = own
-        footprint = pss(entry.pid)
+        footprint = self._footprint(entry.pid, entry.last[0], rss)
         alive: dict[int, _Reading] = {}
         entry.relays = set()
         for pid in descendants(entry.pid, tree):
             child = _read(pid, entry.children.get(pid))
             if child is None:
                 continue  # ended since the scan
-            alive[pid], _child_rss, child_cpu = child
+            alive[pid], child_rss, child_cpu = child
             cpu += child_cpu
             if read_comm(pid) == RELAY_NAME:
                 entry.relays.add(pid)  # xl's, not the rank's: its pages are not the rank's memory
                 continue
-            child_pss = pss(pid)
+            child_pss = self._footprint(pid, alive[pid][0], child_rss)
             if footprint is not None and child_pss is not None:
                 footprint += child_pss
         entry.children = alive
@@ -114,6 +133,24 @@ class Sampler:
         if footprint is not None:
             figures["mem_mib"] = round(footprint / MIB, 1)
         return figures
+
+    def _footprint(self, pid: int, start: int, rss: int) -> int | None:
+        """The process's PSS in bytes: read (see _PSS_SHARE), or the last read moved by its RSS
+        since; None when it cannot be read."""
+        self._pss_seen.add(pid)
+        now = time.monotonic()
+        last = self._pss.get(pid)
+        if last is not None and last.start == start and now < last.due:
+            return max(0, last.pss + rss - last.rss)
+        began = time.thread_time()  # the read's CPU, the kernel's walk included
+        value = pss(pid)
+        cost = time.thread_time() - began
+        if value is None:
+            self._pss.pop(pid, None)
+            return None
+        wait = min(_PSS_MAX_S, max(_PSS_MIN_S, cost * max(1, len(self._pss)) / _PSS_SHARE))
+        self._pss[pid] = _Pss(start, value, rss, now + wait)
+        return value
 
     def sample(
         self, ranks: list[dict[str, Any]], cuda: Mapping[int, Mapping[str, float]] | None = None
@@ -161,6 +198,9 @@ class Sampler:
         for pid in list(self._procs):
             if pid not in live_pids:
                 del self._procs[pid]
+        for pid in set(self._pss) - self._pss_seen:
+            del self._pss[pid]
+        self._pss_seen = set()
         return records, dead
 
     def _gpu_figures(

@@ -152,3 +152,46 @@ def test_gpu_proc_mem_is_the_rank_s_processes_on_its_gpu(tmp_path: Path, simnvml
     assert (rec["gpu"], rec["gpu_proc_mem_mib"], rec["gpu_mem_used_mib"]) == (0, 2560, 30000), rec
     assert "proc_gpu_mem_mib" not in rec
     assert_gone(pids | {other.pid})
+
+
+def test_between_pss_reads_the_footprint_follows_the_rank_s_rss(tmp_path: Path, monkeypatch) -> None:
+    """PSS is read again only when its cost allows (a big rank's costs the kernel milliseconds):
+    in between, memory the rank gains shows at once, through its RSS."""
+    from xl.launcher.telemetry import sampler as sampler_module  # noqa: PLC0415 - its knobs, this test only
+
+    grow = tmp_path / "grow"
+    code = (
+        "import os, sys, time\n"
+        "while not os.path.exists(sys.argv[1]): time.sleep(0.02)\n"
+        "more = bytearray(200 << 20); more[::4096] = b'\\1' * len(range(0, len(more), 4096))\n"
+        "open(sys.argv[1] + '.done', 'w').close()\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(grow)], env=rank_env())
+    reads: list[int] = []
+    real = sampler_module.pss
+
+    def counted(pid: int) -> int | None:
+        reads.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(sampler_module, "pss", counted)
+    monkeypatch.setattr(sampler_module, "_PSS_MIN_S", 3600.0)
+    try:
+        sampler = Sampler(inventory=False)
+        ranks = [{"rank": 0, "pid": proc.pid}]
+        deadline = time.monotonic() + 30
+        while not (records := sampler.sample(ranks)[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before = records[0]["mem_mib"]
+        grow.touch()
+        deadline = time.monotonic() + 60
+        while not Path(f"{grow}.done").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (after,), _ = sampler.sample(ranks)
+        truth = real(proc.pid) / MIB
+    finally:
+        pids = _end(proc)
+    assert reads == [proc.pid]  # read once: the next read is not due
+    assert 190 <= after["mem_mib"] - before <= 230 and abs(after["mem_mib"] - truth) < 20, (before, after, truth)
+    assert_gone(pids)
