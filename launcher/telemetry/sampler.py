@@ -4,6 +4,10 @@ Ranks that never call ``xl.log`` still get these. A rank's GPU is found from NVM
 list first (the rank's pid or one of its children holds a context there); failing that, from
 the GPU the launcher assigned (``gpu`` in set_ranks), and failing that from the rank's own
 LOCAL_RANK and CUDA_VISIBLE_DEVICES (read from /proc/<pid>/environ).
+
+A rank's memory (docs/contracts.md, ``sys`` lines): ``mem_mib`` its footprint, PSS over its
+process and its children without xl's relay; ``rss_mib`` its own process's RSS;
+``gpu_proc_mem_mib`` what its processes hold on its GPU; ``gpu_mem_used_mib`` the whole GPU's.
 """
 
 from __future__ import annotations
