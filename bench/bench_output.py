@@ -1,11 +1,13 @@
 """A chatty rank's output: `xl launch --no-tui ... > file` vs `torchrun ... > file`, and every line counted.
 
-    .venv/bin/python bench/bench_output.py [--mb 100] [--ranks 1] [--repeat 5] [--before DIR]
+    .venv/bin/python bench/bench_output.py [--mb 100] [--ranks 1] [--repeat 5] [--shape lines|bulk] [--before DIR]
 
-Each rank prints ``--mb`` MB of 100-byte numbered lines (``print``, as a training script does)
-with stdout redirected to a file, as in a batch job. Wall time from start to exit of each
-command, pairs alternating in the same run (machine load hits both alike); prints the medians,
-the ratio xl / torchrun (goal <= 1.05x) and how many of the lines reached xl's output file, in
+Each rank prints ``--mb`` MB of 100-byte numbered lines with stdout redirected to a file, as in a
+batch job: ``--shape lines`` one ``print`` a line (as a training script does), ``bulk`` 100 KB a
+write (1,000 lines joined: a logger that buffers, a dump). Wall time from start to exit of each
+command, pairs alternating in the same run, each command first in half the rounds (machine load
+hits both alike); prints the medians, the ratio xl / torchrun (goal <= 1.05x; the paired one
+with a bootstrap 95% interval) and how many of the lines reached xl's output file, in
 order and prefixed (goal: all of them). ``--before DIR``: also time another xl (DIR/xl is its
 package, put first on PYTHONPATH) in the same rounds.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -21,25 +24,39 @@ import tempfile
 import time
 from pathlib import Path
 
+from rounds import bootstrap, in_round
+
 LINE = 100  # bytes per line, newline included
 SCRIPT = f"""\
 import os, sys
 n = int(sys.argv[1])
 rank = os.environ["RANK"]
 pad = "x" * ({LINE} - 1 - len(f"r{{rank}} {{0:09d}} "))
-for i in range(n):
-    print(f"r{{rank}} {{i:09d}} {{pad}}")
+if sys.argv[2] == "lines":
+    for i in range(n):
+        print(f"r{{rank}} {{i:09d}} {{pad}}")
+else:  # 100 KB a write: 1,000 lines joined, as a logger or a dump that buffers writes
+    for start in range(0, n, 1000):
+        sys.stdout.write("".join(f"r{{rank}} {{i:09d}} {{pad}}\\n" for i in range(start, min(n, start + 1000))))
+        sys.stdout.flush()
 """
 
 
-def _time(argv: list[str], env: dict[str, str], cwd: str, out: Path) -> float:
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _time(argv: list[str], env: dict[str, str], cwd: str, out: Path) -> tuple[float, float]:
+    """(wall, CPU) in seconds; CPU is the command's whole process tree's (each process is waited
+    for by its parent, so the kernel adds it to ours): what other load disturbs far less."""
     with open(out, "wb") as fh:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _cpu()
         proc = subprocess.run(argv, env=env, cwd=cwd, stdout=fh, stderr=subprocess.PIPE, timeout=900)
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, _cpu() - cpu0
     if proc.returncode != 0:
         raise SystemExit(f"{argv[:4]} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
-    return elapsed
+    return elapsed, cpu
 
 
 def count_lines(path: Path, ranks: int) -> tuple[int, bool]:
@@ -67,6 +84,7 @@ def main() -> int:
     ap.add_argument("--mb", type=int, default=100, help="MB each rank prints")
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--shape", choices=("lines", "bulk"), default="lines", help="a print a line, or 100 KB a write")
     ap.add_argument("--before", metavar="DIR", help="another xl to time alongside (DIR/xl is its package)")
     ns = ap.parse_args()
     n = ns.mb * 1_000_000 // LINE
@@ -75,29 +93,41 @@ def main() -> int:
         script.write_text(SCRIPT)
         env = dict(os.environ, XL_HOME=str(Path(tmp) / "home"))
         env.pop("CUDA_VISIBLE_DEVICES", None)
-        xl = [sys.executable, "-m", "xl", "launch", "--no-tui", "--nproc", str(ns.ranks), str(script), str(n)]
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ns.ranks), str(script), str(n)]
+        xl = [sys.executable, "-m", "xl", "launch", "--no-tui", "--nproc", str(ns.ranks), str(script), str(n), ns.shape]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ns.ranks), str(script), str(n), ns.shape]
         runs: dict[str, tuple[list[str], dict[str, str]]] = {"torchrun": (torchrun, env), "xl": (xl, env)}
         if ns.before:
             runs["xl (before)"] = (xl, dict(env, PYTHONPATH=os.path.abspath(ns.before)))
         out = Path(tmp) / "out.txt"
         times: dict[str, list[float]] = {name: [] for name in runs}
+        cpus: dict[str, list[float]] = {name: [] for name in runs}
         counts: dict[str, list[tuple[int, bool]]] = {name: [] for name in runs if name != "torchrun"}
         _time(torchrun, env, tmp, out)  # warm the page cache
-        for _ in range(ns.repeat):
-            for name, (argv, run_env) in runs.items():
-                times[name].append(_time(argv, run_env, tmp, out))
+        for i in range(ns.repeat):
+            for name, (argv, run_env) in in_round(list(runs.items()), i):  # each in each position alike
+                wall, cpu = _time(argv, run_env, tmp, out)
+                times[name].append(wall)
+                cpus[name].append(cpu)
                 if name in counts:
                     counts[name].append(count_lines(out, ns.ranks))
     anchor = times["torchrun"]
-    print(f"{ns.ranks} rank(s) x {ns.mb} MB of {LINE}-byte lines, stdout into a file; {ns.repeat} rounds")
+    print(f"{ns.ranks} rank(s) x {ns.mb} MB of {LINE}-byte lines ({ns.shape}), stdout into a file; {ns.repeat} rounds;"
+          f" load {os.getloadavg()[0]:.1f} at the end")
     for name, ts in times.items():
         line = f"{name:12}: median {statistics.median(ts):.2f}s  ({', '.join(f'{t:.2f}' for t in ts)})"
         if name != "torchrun":
-            pairs = statistics.median(x / t for x, t in zip(ts, anchor, strict=True))
-            line += f"  ratio {statistics.median(ts) / statistics.median(anchor):.3f}x, paired {pairs:.3f}x"
+            ratios = [x / t for x, t in zip(ts, anchor, strict=True)]
+            low, high = bootstrap(ratios)
+            line += f"  ratio {statistics.median(ts) / statistics.median(anchor):.3f}x, paired {statistics.median(ratios):.3f}x [95% {low:.3f}-{high:.3f}]"
             got = ", ".join(f"{c}{'' if ok else ' (gaps or out of order)'}" for c, ok in counts[name])
             line += f"\n{'':14}lines in its output file: {got} of {n * ns.ranks}"
+        print(line)
+    for name, cs in cpus.items():
+        line = f"{name:12}: CPU median {statistics.median(cs):.2f}s"
+        if name != "torchrun":
+            ratios = [x / t for x, t in zip(cs, cpus["torchrun"], strict=True)]
+            low, high = bootstrap(ratios)
+            line += f"  paired {statistics.median(ratios):.3f}x [95% {low:.3f}-{high:.3f}]"
         print(line)
     print("goal: xl <= 1.05x torchrun, every line in the file, in order")
     return 0

@@ -151,6 +151,29 @@ def cpu_rss(pid: int, proc: str = PROC) -> tuple[int, float, int] | None:
         return None
 
 
+def pss(pid: int, proc: str = PROC) -> int | None:
+    """The process's proportional set size in bytes: its private pages plus its share of each
+    page it shares (a page three processes map counts a third to each), from
+    ``/proc/PID/smaps_rollup`` (Linux >= 4.14). Summed over processes that share pages (a
+    DataLoader worker forked from its rank), it counts each page once, where RSS counts it once per
+    process. None when it cannot be read: no such process, another user's, or an older kernel."""
+    try:
+        fd = os.open(f"{proc}/{pid}/smaps_rollup", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            text = os.read(fd, 8192)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(b"Pss:"):
+            try:
+                return int(line.split()[1]) * 1024  # the kernel writes kB
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
 def process_tree(proc: str = PROC) -> dict[int, list[int]]:
     """Parent PID -> its children's PIDs, for every process, in one scan of /proc (a process that
     ends during the scan is left out). One scan serves every rank of a sample: asking each rank

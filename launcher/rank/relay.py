@@ -48,6 +48,9 @@ _PENDING_CAP = 8 << 20
 _RETRY_S = 1.0
 _POLL_S = 0.5  # without pidfd (Linux < 5.3): how often the relay looks for its rank
 _LAST_WRITE_S = 2.0  # after the rank is gone: how long a full disk may keep the relay
+# The relay's process name (/proc/PID/comm, what ps and top show): how the sampler tells xl's
+# relay from the rank's own children (DataLoader workers) and leaves it out of the rank's memory.
+RELAY_NAME = "xl-relay"
 _RESTARTS = 3  # relays started again before the rank writes its log itself
 # A relay started again: a fresh interpreter (forking a threaded rank is not safe), finding xl
 # where the rank found it.
@@ -105,7 +108,7 @@ class _Relay:
             if gone_at is None and self.rank_gone(ready):
                 gone_at = time.monotonic()
             if data:
-                self.keep(data)
+                self.keep(self.write_through(data))
             self.write()
             if data == b"" or (gone_at is not None and data is None):
                 gone_at = gone_at or time.monotonic()  # without it a full disk kept the relay forever
@@ -137,7 +140,22 @@ class _Relay:
             if overwrite_in_place(record, json.dumps(data).encode()):
                 self.told = count
 
+    def write_through(self, data: bytes) -> bytes:
+        """Write ``data`` straight from the read when nothing waits before it; what could not be
+        written is returned, to wait in ``pending``. A flood of output is copied once less."""
+        if self.pending or self.lost or self.fd is None:
+            return data
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError as exc:
+            self.why = exc.strerror or str(exc)
+        return bytes(view)
+
     def keep(self, data: bytes) -> None:
+        if not data:
+            return
         self.pending += data
         if len(self.pending) > _PENDING_CAP:
             cut = len(self.pending) - _PENDING_CAP
@@ -168,7 +186,15 @@ class _Relay:
                 self.tell_lost(self.cut + len(self.pending))
 
 
+def _name_self() -> None:
+    """Call this process ``RELAY_NAME``: forked from the rank, it would otherwise read as one more
+    process of the rank's (``python``), its pages counted as the rank's memory."""
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w", encoding="ascii") as fh:
+        fh.write(RELAY_NAME)
+
+
 def _serve(rfd: int, path: str, rank_pid: int) -> None:
+    _name_self()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     with contextlib.suppress(OSError):

@@ -129,7 +129,7 @@ class Supervisor:
         self.restart_reason: str | None = None  # the failure that will make torchrun restart
         # Every line goes to telemetry's parser (nothing while it is not running); a node > 0's
         # output also goes to node 0 (nothing without a link).
-        self.sink = LogSink(run_dir, self.journal.write_failed, on_line=self.port.feed_log_line, forward=self.journal.send_log)
+        self.sink = LogSink(run_dir, self.journal.write_failed, on_line=self.port.feed_log_line, forward=self.journal.send_log, wants=self.port.wants_lines)
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
         self.digester: Digester | None = None  # reads the run as it goes, from torchrun's start: its end reads only the rest
         self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun, self.journal.changed, tell_nodes=self._tell_nodes)

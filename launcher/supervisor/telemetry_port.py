@@ -106,6 +106,12 @@ class TelemetryPort:
         if self.telemetry is not None:
             self._guarded("feed_log_line", self.telemetry.feed_log_line, rank, line)
 
+    def wants_lines(self, text: str) -> bool:
+        """Whether a line of ``text`` (a chunk of rank output) may be worth feeding: never while
+        telemetry is not running."""
+        telemetry = self.telemetry
+        return telemetry is not None and bool(self._guarded("wants_lines", telemetry.wants_lines, text))
+
     def stop_nodes(self, stop: dict[str, Any]) -> None:
         """Node 0 of several: every other node is told to end its part of the run."""
         if self.telemetry is not None:

@@ -57,6 +57,12 @@ class LogFeed:
         except queue.Full:
             self.skipped += 1
 
+    def wants(self, text: str) -> bool:
+        """Whether a line of ``text``, one line or many, may be put to some use: the feed runs
+        and ``worth_parsing`` holds for the text (it tests for substrings, so it holds for a text
+        whenever it holds for one of its lines)."""
+        return self._thread is not None and worth_parsing(text)
+
     def stop(self, timeout: float = 10.0) -> None:
         """Parse every line queued so far, then end the thread."""
         thread, self._thread = self._thread, None

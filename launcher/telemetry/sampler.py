@@ -4,6 +4,10 @@ Ranks that never call ``xl.log`` still get these. A rank's GPU is found from NVM
 list first (the rank's pid or one of its children holds a context there); failing that, from
 the GPU the launcher assigned (``gpu`` in set_ranks), and failing that from the rank's own
 LOCAL_RANK and CUDA_VISIBLE_DEVICES (read from /proc/<pid>/environ).
+
+A rank's memory (docs/contracts.md, ``sys`` lines): ``mem_mib`` its footprint, PSS over its
+process and its children without xl's relay; ``rss_mib`` its own process's RSS;
+``gpu_proc_mem_mib`` what its processes hold on its GPU; ``gpu_mem_used_mib`` the whole GPU's.
 """
 
 from __future__ import annotations
@@ -14,12 +18,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xl.gpu import nvml
-from xl.procfs import cpu_rss, descendants, process_tree, read_environ
+from xl.launcher.rank.relay import RELAY_NAME
+from xl.procfs import cpu_rss, descendants, process_tree, pss, read_comm, read_environ
 
 MIB = 1024 * 1024
 
 # A process's last reading: (its start, which tells a reused PID; CPU seconds; monotonic time).
 _Reading = tuple[int, float, float]
+
+# PSS costs the kernel a walk of the process's page tables (~8 ms of CPU for 500 MiB resident,
+# so seconds a second for eight ranks of 10 GiB): each process's is read again only once its
+# last read's cost, times the processes sampled, is under _PSS_SHARE of the time since, and never
+# more often than every _PSS_MIN_S. In between a process's PSS moves with its RSS (a page it
+# gains or frees is its own, in both).
+_PSS_SHARE = 0.02  # of one core, every process's reads together
+_PSS_MIN_S = 1.0
+_PSS_MAX_S = 60.0
+
+
+@dataclass
+class _Pss:
+    start: int  # the process's start: a reused PID reads afresh
+    pss: int
+    rss: int  # its RSS when ``pss`` was read
+    due: float  # monotonic: when to read again
 
 
 @dataclass
@@ -27,6 +49,7 @@ class _Proc:
     pid: int
     last: _Reading | None = None
     children: dict[int, _Reading] = field(default_factory=dict)
+    relays: set[int] = field(default_factory=set)
     env: dict[str, str] | None = None
 
 
@@ -73,6 +96,8 @@ class Sampler:
         else:
             self._inventory = inventory or None
         self._procs: dict[int, _Proc] = {}
+        self._pss: dict[int, _Pss] = {}
+        self._pss_seen: set[int] = set()  # the processes whose footprint this pass asked for
         self.nvml_error: str | None = None
 
     def _proc(self, pid: int) -> _Proc:
@@ -82,21 +107,54 @@ class Sampler:
         return entry
 
     def _process_figures(self, entry: _Proc, tree: dict[int, list[int]]) -> dict[str, Any] | None:
-        """None when the rank's process is gone (or its PID now belongs to another process)."""
+        """None when the rank's process is gone (or its PID now belongs to another process).
+
+        ``rss_mib`` is the rank process's own resident memory; ``mem_mib`` its footprint: PSS
+        summed over it and its children (DataLoader workers share the pages they were forked
+        with: RSS would count those once per worker), xl's output relay left out. ``cpu_pct``
+        and ``nproc`` count every process under the rank."""
         own = _read(entry.pid, entry.last)
         if own is None or (entry.last is not None and own[0][0] != entry.last[0]):
             return None
         entry.last, rss, cpu = own
+        footprint = self._footprint(entry.pid, entry.last[0], rss)
         alive: dict[int, _Reading] = {}
+        entry.relays = set()
         for pid in descendants(entry.pid, tree):
             child = _read(pid, entry.children.get(pid))
             if child is None:
                 continue  # ended since the scan
             alive[pid], child_rss, child_cpu = child
-            rss += child_rss
             cpu += child_cpu
+            if read_comm(pid) == RELAY_NAME:
+                entry.relays.add(pid)  # xl's, not the rank's: its pages are not the rank's memory
+                continue
+            child_pss = self._footprint(pid, alive[pid][0], child_rss)
+            if footprint is not None and child_pss is not None:
+                footprint += child_pss
         entry.children = alive
-        return {"rss_mib": round(rss / MIB, 1), "cpu_pct": round(cpu, 1), "nproc": 1 + len(alive)}
+        figures: dict[str, Any] = {"rss_mib": round(rss / MIB, 1), "cpu_pct": round(cpu, 1), "nproc": 1 + len(alive)}
+        if footprint is not None:
+            figures["mem_mib"] = round(footprint / MIB, 1)
+        return figures
+
+    def _footprint(self, pid: int, start: int, rss: int) -> int | None:
+        """The process's PSS in bytes: read (see _PSS_SHARE), or the last read moved by its RSS
+        since; None when it cannot be read."""
+        self._pss_seen.add(pid)
+        now = time.monotonic()
+        last = self._pss.get(pid)
+        if last is not None and last.start == start and now < last.due:
+            return max(0, last.pss + rss - last.rss)
+        began = time.thread_time()  # the read's CPU, the kernel's walk included
+        value = pss(pid)
+        cost = time.thread_time() - began
+        if value is None:
+            self._pss.pop(pid, None)
+            return None
+        wait = min(_PSS_MAX_S, max(_PSS_MIN_S, cost * max(1, len(self._pss)) / _PSS_SHARE))
+        self._pss[pid] = _Pss(start, value, rss, now + wait)
+        return value
 
     def sample(
         self, ranks: list[dict[str, Any]], cuda: Mapping[int, Mapping[str, float]] | None = None
@@ -112,10 +170,10 @@ class Sampler:
             except Exception as exc:  # NVML trouble degrades to "no GPU figures"
                 self.nvml_error = str(exc)
                 gpus = ()
-        by_pid: dict[int, tuple[Any, Any]] = {}
+        by_pid: dict[int, list[tuple[Any, Any]]] = {}
         for gpu in gpus:
             for gp in getattr(gpu, "processes", ()) or ():
-                by_pid[gp.pid] = (gpu, gp)
+                by_pid.setdefault(gp.pid, []).append((gpu, gp))
         records: list[dict[str, Any]] = []
         dead: list[int] = []
         live_pids: set[int] = set()
@@ -134,7 +192,7 @@ class Sampler:
             rec: dict[str, Any] = {"t": round(now, 3), "rank": rank, "kind": "sys", "pid": pid}
             rec.update(figures)
             if gpus:
-                self._gpu_figures(rec, info, entry, gpus, by_pid)  # type: ignore[arg-type]
+                self._gpu_figures(rec, info, entry, gpus, by_pid)
             counters = (cuda or {}).get(rank)
             if counters:
                 for key, value in counters.items():
@@ -144,6 +202,9 @@ class Sampler:
         for pid in list(self._procs):
             if pid not in live_pids:
                 del self._procs[pid]
+        for pid in set(self._pss) - self._pss_seen:
+            del self._pss[pid]
+        self._pss_seen = set()
         return records, dead
 
     def _gpu_figures(
@@ -152,25 +213,23 @@ class Sampler:
         info: Mapping[str, Any],
         entry: _Proc,
         gpus: tuple[Any, ...],
-        by_pid: Mapping[int, tuple[Any, Any]],
+        by_pid: Mapping[int, list[tuple[Any, Any]]],
     ) -> None:
-        gpu = None
-        proc_mem = None
-        for pid in (entry.pid, *entry.children):
-            if pid in by_pid:
-                gpu, gp = by_pid[pid]
-                proc_mem = gp.used_mib
-                break
-        if gpu is None:
-            gpu = self._assigned_gpu(info, entry, gpus)
+        """The rank's GPU's figures (``gpu_mem_used_mib``: the whole GPU's, every process on it)
+        and ``gpu_proc_mem_mib``: what the rank's own processes hold on that GPU, by NVML's
+        per-process list (absent where the list names none of them, or gives no figure)."""
+        mine = [pid for pid in (entry.pid, *entry.children) if pid not in entry.relays]
+        held = [pair for pid in mine for pair in by_pid.get(pid, ())]
+        gpu = held[0][0] if held else self._assigned_gpu(info, entry, gpus)
         if gpu is None:
             return
         rec["gpu"] = gpu.index
         rec["gpu_util"] = gpu.util_gpu
         rec["gpu_mem_used_mib"] = gpu.memory_used_mib
         rec["gpu_mem_total_mib"] = gpu.memory_total_mib
-        if proc_mem is not None:
-            rec["proc_gpu_mem_mib"] = proc_mem
+        figures = [gp.used_mib for g, gp in held if g is gpu and isinstance(gp.used_mib, (int, float))]
+        if figures:
+            rec["gpu_proc_mem_mib"] = round(float(sum(figures)), 1)
 
     def _assigned_gpu(self, info: Mapping[str, Any], entry: _Proc, gpus: tuple[Any, ...]) -> Any:
         index, uuid = _gpu_key(info.get("gpu"))

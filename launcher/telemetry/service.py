@@ -168,6 +168,10 @@ class Telemetry:
         if self.writer is not None:
             self.log_feed.put(rank, line)
 
+    def wants_lines(self, text: str) -> bool:
+        """Whether a line of ``text`` may be worth ``feed_log_line`` (any thread; linear)."""
+        return self.writer is not None and self.log_feed.wants(text)
+
     def _log_found(self, rank: int, found: dict[str, Any]) -> None:
         if self.writer is None:
             return

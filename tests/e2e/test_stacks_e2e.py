@@ -155,7 +155,10 @@ def test_a_rank_in_a_busy_python_loop(runs: tuple[dict[str, str], dict[str, Path
 
     doc = wait_for(working, timeout=30, what="the verdict to say rank 1 works", interval=1)
     assert doc["verdict"]["ranks"] == [1] and "rank 1 never entered all_reduce #" in doc["verdict"]["message"]
-    assert next(e for e in doc["ranks"] if e["rank"] == 1)["cpu_pct"] >= 20
+    # Its CPU against the rank measured alongside (waiting in the collective), not a fixed share:
+    # on a shared machine a spinning rank gets what the scheduler gives it.
+    cpu = {e["rank"]: e["cpu_pct"] for e in doc["ranks"]}
+    assert cpu[1] > cpu[0], cpu
 
 
 def test_ranks_in_different_collectives(runs: tuple[dict[str, str], dict[str, Path]]) -> None:

@@ -112,8 +112,14 @@ def test_sampler_reads_each_rank_gpu_from_nvml(run: Run) -> None:
         assert max(m["gpu_util"] or 0 for m in sampled) > 0, "GPU-bound steps, 0% utilization"
         assert all(0 < m["gpu_mem_used_mib"] <= m["gpu_mem_total_mib"] for m in sampled)
         # Found through NVML's process list by the rank's PID (in a container: through NSpid).
-        own = [m["proc_gpu_mem_mib"] for m in sampled if m.get("proc_gpu_mem_mib")]
+        own = [m for m in sampled if m.get("gpu_proc_mem_mib")]
         assert own, f"rank {rank}: NVML's process list never named the rank's pid {r['pid']}"
+        # The rank's own share of its GPU: within the whole GPU's used memory, and at least what
+        # torch reserved there (the CUDA context comes on top).
+        for m in own:
+            assert m["gpu_proc_mem_mib"] <= m["gpu_mem_used_mib"], m
+            if m.get("cuda_reserved_mib"):
+                assert m["gpu_proc_mem_mib"] >= m["cuda_reserved_mib"], m
 
 
 def test_xl_gpus_labels_every_rank_process(run: Run) -> None:

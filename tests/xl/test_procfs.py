@@ -225,3 +225,26 @@ def test_a_real_process_s_start_is_psutil_s_and_its_cpu_grows() -> None:
         busy.kill()
         busy.wait(10)
     assert procfs.cpu_rss(busy.pid) is None and procfs.create_time(busy.pid) is None
+
+
+def test_pss_is_read_from_smaps_rollup_and_unknown_without_it(tmp_path: Path) -> None:
+    rollup = "5591c000-7ffd1000 ---p 00000000 00:00 0  [rollup]\nRss:  1612 kB\nPss:  216 kB\nPss_Dirty:  112 kB\n"
+    root = _proc(tmp_path, 7, smaps_rollup=rollup)
+    _proc(tmp_path, 8, stat=_stat(8, "old kernel", start=1, utime=0, stime=0, rss_pages=9))  # no smaps_rollup
+    _proc(tmp_path, 9, smaps_rollup="Rss:  12 kB\nPss:  lots kB\n")
+    assert procfs.pss(7, str(root)) == 216 * 1024  # Pss, not Pss_Dirty nor Rss
+    assert procfs.pss(8, str(root)) is None and procfs.pss(9, str(root)) is None and procfs.pss(10, str(root)) is None
+
+
+def test_a_real_process_s_pss_is_psutil_s() -> None:
+    held = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(b'1') * (64 << 20); time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 30
+        while (psutil.Process(held.pid).memory_info().rss < 64 << 20) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        mine, theirs = procfs.pss(held.pid), psutil.Process(held.pid).memory_full_info().pss
+        assert mine is not None and mine >= 64 << 20 and abs(mine - theirs) < 2 << 20
+    finally:
+        held.kill()
+        held.wait(10)
+    assert procfs.pss(held.pid) is None

@@ -249,6 +249,52 @@ def test_log_sink_reads_each_rank_log_as_it_grows_and_parses_whole_lines(tmp_pat
     sink.close_all()
 
 
+def test_log_chunks_nothing_may_use_are_not_split_into_lines(tmp_path: Path) -> None:
+    """A flood of plain lines costs no call a line; a chunk holding one line worth parsing hands
+    on every line of it, in order, as without the test; a bar's redraw is never lost."""
+    from xl.launcher.telemetry.logparse import worth_parsing  # noqa: PLC0415 - the test the supervisor is given
+
+    run_dir = _unit_run_dir(tmp_path)
+    lines: list[tuple[int, str]] = []
+    asked: list[str] = []
+
+    def wants(text: str) -> bool:
+        asked.append(text)
+        return worth_parsing(text)
+
+    sink = LogSink(run_dir, lambda what, exc: None, on_line=lambda rank, line: lines.append((rank, line)), wants=wants)
+    log = run_dir / "logs" / "rank-0.log"
+    log.write_bytes(b"".join(b"plain line %d\n" % i for i in range(5000)))
+    sink.tail()
+    assert lines == [] and len(asked) == 1  # one test for the whole chunk, no line handed on
+    with open(log, "ab") as fh:
+        fh.write(b"before\n 50%|#####     | 5/10 [00:01<00:01, 4.00it/s]\nafter\n")
+    sink.tail()
+    assert lines == [(0, "before"), (0, " 50%|#####     | 5/10 [00:01<00:01, 4.00it/s]"), (0, "after")]
+    with open(log, "ab") as fh:
+        fh.write(b"\r 60%|######    | 6/10 [00:01<00:01, 4.00it/s]")
+    sink.tail()
+    sink.tail()  # a tick without news: the redraw is whole
+    assert lines[-1] == (0, " 60%|######    | 6/10 [00:01<00:01, 4.00it/s]")
+    with open(log, "ab") as fh:
+        fh.write(b"\nplain again\n")
+    sink.close_logs()
+    # The chunk that ends the redraw holds it: its lines go on as ever, the redraw not twice.
+    assert lines[-2:] == [(0, " 60%|######    | 6/10 [00:01<00:01, 4.00it/s]"), (0, "plain again")]
+
+
+def test_worth_parsing_holds_for_a_chunk_whenever_for_one_of_its_lines() -> None:
+    """The supervisor tests whole chunks of output with it before splitting them into lines."""
+    from xl.launcher.telemetry.logparse import worth_parsing  # noqa: PLC0415 - the property the supervisor relies on
+
+    worth = ["{'loss': 0.5, 'epoch': 1.0}", " 50%|#####     | 5/10 [00:01<00:01, 4.00it/s]", "Epoch 1: 3/9 [00:02, 1.50s/it]"]
+    for line in worth:
+        assert worth_parsing(line)
+        for chunk in (f"a\n{line}\nb", f"{line}\n" * 2, f"x\r{line}"):
+            assert worth_parsing(chunk), chunk
+    assert not worth_parsing("plain\nlines 1/2\nonly")
+
+
 @pytest.mark.parametrize(("value", "grace"), [(None, 10.0), ("2.5", 2.5), ("-3", 0.0), ("soon", 10.0)])
 def test_stop_grace_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str | None, grace: float) -> None:
     if value is None:
