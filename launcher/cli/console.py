@@ -346,12 +346,16 @@ def _cells(r: RankView, last_line: str, evals: bool = False) -> list[str]:
     if r.exit_code not in (None, 0):
         shown = f"{shown} ({r.exit_code})"
     step = "" if r.step is None else f"{r.step:.0f}" + (f"/{r.total_steps:.0f}" if r.total_steps else "")
-    # GPU figures where there is a GPU; the process's CPU and RSS for CPU ranks.
+    # GPU figures where there is a GPU (what the rank's processes hold on it, else the whole
+    # GPU's use); the rank's footprint (PSS with its workers) and its CPU for CPU ranks.
     mem, util = "", "" if r.gpu_util is None else f"{r.gpu_util:.0f}%"
-    if r.gpu_mem_used_mib is not None:
-        mem = mib(r.gpu_mem_used_mib)
+    used = r.gpu_proc_mem_mib if r.gpu_proc_mem_mib is not None else r.gpu_mem_used_mib
+    if used is not None:
+        mem = mib(used)
         if r.gpu_mem_total_mib:
             mem += f"/{mib(r.gpu_mem_total_mib)}"
+    elif r.gpu is None and r.mem_mib is not None:
+        mem = mib(r.mem_mib)
     elif r.gpu is None and r.rss_mib is not None:
         mem = f"{mib(r.rss_mib)} rss"
     if r.gpu is None and r.cpu_pct is not None:
