@@ -109,6 +109,7 @@ def _read_files(facts: Facts, env: Mapping[str, str], jobs: _Jobs) -> None:
     if facts.path_nvcc:
         facts.path_toolkit = toolkits.toolkit_root_of_nvcc(facts.path_nvcc)
     facts.ld_entries = libraries.scan_ld_library_path(env.get("LD_LIBRARY_PATH"))
+    facts.preload = libraries.scan_preload(env.get("LD_PRELOAD"))
     # XL_DOCTOR_SHM: check another mount (containers that bind shared memory elsewhere; tests).
     facts.shm_path = env.get(envnames.DOCTOR_SHM) or "/dev/shm"
     facts.shm_total, facts.shm_free, facts.shm_problem = system.shm_size(facts.shm_path)
@@ -143,6 +144,7 @@ def _read_commands(facts: Facts, jobs: _Jobs) -> None:
         run = _cmd(facts, jobs.ldconfig)
         if run.ok:
             facts.ldconfig = libraries.parse_ldconfig(run.stdout)
+            facts.ldconfig_versions = libraries.cache_versions(facts.ldconfig)
         else:
             facts.ldconfig_problem = run.problem
 

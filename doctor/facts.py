@@ -138,6 +138,10 @@ class TorchInfo:
     pip_ptxas: list[str] = field(default_factory=list)  # nvcc wheels with ptxas but no nvcc
     # CUDA libraries torch loads from its nvidia/ wheels: (soname, version, folder)
     pip_libs: list[tuple[str, str, str]] = field(default_factory=list)
+    # nvidia-* wheels torch's METADATA pins (Requires-Dist: nvidia-cudnn-cu12==9.10.2.21), and
+    # the nvidia-* distributions installed beside it: {distribution name: version}
+    requires: dict[str, str] = field(default_factory=dict)
+    nvidia_dists: dict[str, str] = field(default_factory=dict)
     problem: str | None = None  # the probe could not answer
 
 
@@ -189,6 +193,8 @@ class Facts:
     ld_entries: list[LdEntry] = field(default_factory=list)
     ldconfig: dict[str, list[str]] = field(default_factory=dict)  # soname -> paths
     ldconfig_problem: str | None = None
+    ldconfig_versions: dict[str, str] = field(default_factory=dict)  # soname -> its file's version
+    preload: list[tuple[str, str, str | None]] = field(default_factory=list)  # LD_PRELOAD's CUDA libs
     shm_path: str = "/dev/shm"
     shm_total: int | None = None
     shm_free: int | None = None

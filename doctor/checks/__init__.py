@@ -14,7 +14,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from xl.doctor.checks import archs, build, devices, gpu, proof, pytorch, system, toolkit
+from xl.doctor.checks import (
+    archs,
+    build,
+    devices,
+    gpu,
+    libraries,
+    proof,
+    pytorch,
+    system,
+    toolkit,
+)
 from xl.doctor.checks.finding import Finding, error
 from xl.doctor.facts import Facts
 from xl.doctor.report import Check
@@ -130,6 +140,13 @@ CHECKS: tuple[CheckSpec, ...] = (
         decides="missing entries, CUDA libraries of another version than the toolkit or torch's own, shadowing",
     ),
     CheckSpec(
+        "cuda_libraries",
+        "cuDNN, NCCL, cuBLAS",
+        PYTORCH,
+        libraries.check_cuda_libraries,
+        decides="the cuDNN, NCCL and cuBLAS torch will load (LD_PRELOAD, LD_LIBRARY_PATH, its own nvidia-* wheels, the ldconfig cache; versions from the files' names and the wheels' metadata) against the versions its METADATA pins: older fails with the fix, newer is fine; a torch that pins none (NGC, conda, source builds) is not compared",
+    ),
+    CheckSpec(
         "cuda_visible_devices",
         "CUDA_VISIBLE_DEVICES",
         DEVICES,
@@ -183,6 +200,14 @@ def _statuses(f: Facts) -> dict[str, str]:
         except Exception:
             out[spec.id] = "error"
     return out
+
+
+def judge(f: Facts, check_id: str) -> Finding:
+    """One check's finding, its fixes tried as the report tries them: the one place a finding's
+    fix comes from for whoever else says it (`xl launch --gpus`'s preflight), so the launch and
+    the doctor never give one finding two fixes."""
+    spec = next(s for s in CHECKS if s.id == check_id)
+    return spec.run(replace(f, recheck=_statuses))
 
 
 def run_checks(f: Facts) -> list[Check]:

@@ -198,14 +198,8 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
                 "export NCCL_DEBUG=WARN (or INFO while debugging)",
             )
         )
-    shadow = next((e for e in f.ld_entries if e.nccl), None)
-    if shadow is not None and torch_cuda(f) and f.torch is not None and f.torch.nccl:
-        traps.append(
-            (
-                f"{shadow.path}/{shadow.nccl[0]} shadows torch's own NCCL {f.torch.nccl} (undefined-symbol errors, hangs)",
-                f"remove {shadow.path} from LD_LIBRARY_PATH",
-            )
-        )
+    # An NCCL on LD_LIBRARY_PATH is the cuda_libraries check's: older than torch's pin fails
+    # there; a newer one (the usual way to take an NCCL fix early) is fine.
     return traps
 
 

@@ -10,6 +10,7 @@ from xl.doctor.checks.derived import nvcc_versions, torch_cuda, torch_label
 from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
 from xl.doctor.checks.fixes import toolkit_fix
 from xl.doctor.checks.ldpath import ld_fix, shadowed_torch_libs
+from xl.doctor.checks.loaded import older_on_ld_path
 from xl.doctor.checks.toolkit_choice import (
     export_toolkit,
     in_use_toolkit,
@@ -18,7 +19,7 @@ from xl.doctor.checks.toolkit_choice import (
     toolkit_with,
     usable_toolkit,
 )
-from xl.doctor.facts import Facts, Toolkit, parse_nvcc_version, vtuple
+from xl.doctor.facts import Facts, Toolkit, major_minor, parse_nvcc_version, vtuple
 
 
 def _cuda_home_unresolved(f: Facts, data: dict[str, Any]) -> Finding:
@@ -265,6 +266,20 @@ def check_toolkits(f: Facts) -> Finding:
     return ok(f"{listing}; {sel}", data=data)
 
 
+def _torch_runtime_dirs(f: Facts, tk: Toolkit | None) -> set[str]:
+    """torch's own nvidia/ wheel folders whose CUDA runtime is the toolkit's major.minor: named
+    on LD_LIBRARY_PATH (as some launch scripts do), they hold the runtime torch loads anyway and
+    one an extension built by that toolkit runs with, so they shadow nothing."""
+    t = f.torch
+    if t is None or tk is None or not tk.short:
+        return set()
+    return {
+        os.path.realpath(folder)
+        for soname, ver, folder in t.pip_libs
+        if soname.startswith("libcudart.") and major_minor(ver) == tk.short
+    }
+
+
 def _ld_problems(f: Facts, tk: Toolkit | None, want: tuple[int, ...]) -> list[str]:
     """What is wrong with LD_LIBRARY_PATH's entries: bad folders, and CUDA runtimes of another
     major or ahead of the toolkit's own (the loader takes the first match)."""
@@ -288,8 +303,9 @@ def _ld_problems(f: Facts, tk: Toolkit | None, want: tuple[int, ...]) -> list[st
         return problems
     tk_dirs = set(tk.lib_dirs) if tk is not None else set()
     tk_pos = next((i for i, e in enumerate(f.ld_entries) if e.real in tk_dirs), None)
+    own = _torch_runtime_dirs(f, tk)
     for i, e in enumerate(f.ld_entries):
-        if e.real in tk_dirs:
+        if e.real in tk_dirs or e.real in own:
             continue
         other = [s for s in e.cudart if vtuple(s.rsplit(".so.", 1)[-1])[:1] != want]
         same = [s for s in e.cudart if vtuple(s.rsplit(".so.", 1)[-1])[:1] == want]
@@ -326,6 +342,15 @@ def check_ld_library_path(f: Facts) -> Finding:
             'nvidia/ wheels: importing torch fails with `undefined symbol` (e.g. "__nvJitLink..." from libcusparse)',
             fix=ld_fix(f),
             data={**data, "shadowed": [[x.path, n, a, b] for x, n, a, b in shadows]},
+        )
+    older = older_on_ld_path(f)
+    if older:
+        x = older[0]
+        return fail(
+            f"{x.where}/{x.soname} ({x.version}) comes before the {x.family.name} {x.need} {torch_label(f)} pins "
+            f"({x.dist}): {x.family.breaks}",
+            fix=ld_fix(f),
+            data={**data, "older": [[y.where, y.soname, y.version, y.need] for y in older]},
         )
     problems = _ld_problems(f, tk, want)
     if not problems:

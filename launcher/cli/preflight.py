@@ -24,7 +24,7 @@ from xl.launcher.spec import LaunchSpec
 
 def _torch_fix(python: str | None, env: dict[str, str], inv: Any) -> tuple[str, str] | None:
     """(what is wrong, the doctor's fix) when the ranks' torch has no CUDA; None when it has."""
-    from xl.doctor.checks.pytorch import check_torch  # noqa: PLC0415 - only a launch on GPUs pays for the doctor
+    from xl.doctor.checks import judge  # noqa: PLC0415 - only a launch on GPUs pays for the doctor
     from xl.doctor.facts import Facts  # noqa: PLC0415 - as above
     from xl.doctor.probes.pytorch import probe_torch, probe_torch_here  # noqa: PLC0415 - as above
 
@@ -36,7 +36,7 @@ def _torch_fix(python: str | None, env: dict[str, str], inv: Any) -> tuple[str, 
         return None  # no torch at all: the run's own error says it better than a guess
     py = torch.python
     facts = Facts(env={}, python=py, driver=inv.driver, gpus=tuple(inv.gpus), torch=torch)
-    verdict = check_torch(facts)
+    verdict = judge(facts, "torch")  # the doctor's own fix, tried as `xl doctor` tries it
     if verdict.status != "fail":
         return None
     return verdict.detail, verdict.fix
