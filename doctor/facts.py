@@ -82,6 +82,10 @@ class Toolkit:
     target_include: str | None = None
     cudart: list[str] = field(default_factory=list)  # libcudart.so.N sonames it ships
     lib_dirs: list[str] = field(default_factory=list)  # realpaths of its library folders
+    # a conda environment's toolkit (ROOT/conda-meta): the channel its cuda-nvcc came from, and
+    # its targets/<arch> folder, where conda's CUDA packages put their headers
+    conda_channel: str | None = None
+    target_dir: str | None = None
     problem: str | None = None  # unreadable folder and the like
 
     @property

@@ -66,6 +66,31 @@ def _target_headers(f: Facts, inc: str, data: dict[str, Any]) -> Finding:
     )
 
 
+def conda_headers_fix(tk: Toolkit, short: str) -> str:
+    """A conda environment with cuda-nvcc but no headers: the conda packages that bring the
+    runtime's and the libraries' headers, from the channel its nvcc came from, at its version;
+    conda puts them in targets/<arch>/include, which the host compiler is then told (CPATH)."""
+    cmd = (
+        f"conda install -y -p {tk.root} -c {tk.conda_channel} cuda-cudart-dev cuda-libraries-dev "
+        f"cuda-version={short}"
+    )
+    if tk.target_dir:
+        cmd += f" && export CPATH={tk.target_dir}/include${{CPATH:+:$CPATH}}"
+    return cmd
+
+
+def _install_toolkit(cuda: str | None) -> str:
+    """No complete toolkit anywhere: NVIDIA's package of the one wanted (its apt repository's
+    name; /usr/local/cuda-X.Y is where it installs)."""
+    if not cuda or major_minor(cuda) is None:
+        return "sudo apt-get install -y cuda-toolkit && export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH"
+    mm = major_minor(cuda)
+    return (
+        f"sudo apt-get install -y cuda-toolkit-{str(mm).replace('.', '-')} && "
+        f"export CUDA_HOME=/usr/local/cuda-{mm} PATH=/usr/local/cuda-{mm}/bin:$PATH"
+    )
+
+
 def check_cuda_home(f: Facts) -> Finding:
     home, src = f.cuda_home, f.cuda_home_from
     data: dict[str, Any] = {"cuda_home": home, "from": src}
@@ -111,9 +136,11 @@ def check_cuda_home(f: Facts) -> Finding:
             if target and target.real != d.real and target.has_headers
             else alt
         )
+        if d.conda_channel and home_short:
+            fix = conda_headers_fix(d, home_short)
         return warn(
             f"{home} ({where}) has no include/cuda_runtime.h{lead}: extension builds won't find CUDA headers and libraries",
-            fix=fix or "point CUDA_HOME at a complete toolkit",
+            fix=fix or _install_toolkit(home_short or torch_cuda(f)),
             data=data,
         )
     path_short, _ = nvcc_versions(f, "path")
