@@ -175,6 +175,24 @@ class Segment:
 
 
 @dataclass
+class KernelModule:
+    """The NVIDIA kernel module for the running kernel (read when the driver is not loaded)."""
+
+    release: str  # uname -r
+    loaded: bool = False  # in /proc/modules or /sys/module/nvidia
+    built: str | None = None  # the nvidia.ko modprobe would load for this kernel
+    other_kernels: list[str] = field(default_factory=list)  # installed kernels that have one
+    distro: str | None = None  # /etc/os-release ID and ID_LIKE
+    secure_boot: bool | None = None
+    mok_key: str | None = None  # DKMS's signing key, to enroll
+    dkms: list[str] | None = None  # `dkms status` lines naming nvidia; None: no dkms
+    branch: str | None = None  # the driver's branch (570), from its libcuda or dkms
+
+    def to_json(self) -> dict[str, object]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
 class Facts:
     env: dict[str, str]
     python: str
@@ -210,6 +228,15 @@ class Facts:
     container: str | None = None  # docker | podman when this runs in one (its marker file)
     net_ifaces: list[str] | None = None
     ib_devices: list[str] | None = None
+    ib_ports: dict[str, dict[str, str]] = field(default_factory=dict)  # device -> port -> state
+    kernel: KernelModule | None = None  # only when NVML says the driver is not loaded
+    # cuInit's result in a subprocess (only when NVML reports GPUs): its CUresult, or None with
+    # why in cuinit_problem (no libcuda, no answer in time)
+    cuinit: int | None = None
+    cuinit_problem: str | None = None
+    fabric: dict[int, tuple[str, str | None]] = field(default_factory=dict)  # GPU -> (state, status)
+    fabric_manager: bool = False  # its daemon or unit is installed
+    distro: str | None = None  # /etc/os-release ID and ID_LIKE ("ubuntu debian")
     timings_ms: dict[str, float] = field(default_factory=dict)
     build: BuildResult | None = None  # with --build only
     # Set by the registry: every check's status (by id) for other facts, so a fix is tried before

@@ -18,6 +18,7 @@ from xl.doctor.checks import (
     archs,
     build,
     devices,
+    fabric,
     gpu,
     libraries,
     proof,
@@ -82,6 +83,13 @@ CHECKS: tuple[CheckSpec, ...] = (
         DRIVER_GPUS,
         gpu.check_gpus,
         decides="GPUs found, lost GPUs, mixed models, and each GPU's own health from NVML: compute mode (Prohibited, or exclusive-process held by another process: fail), processes holding memory (named with their pid: warn), uncorrectable ECC errors since the driver loaded, pending row remaps, failed remaps, pending page retirements (fail)",
+    ),
+    CheckSpec(
+        "cuda_init",
+        "CUDA init & fabric",
+        DRIVER_GPUS,
+        fabric.check_cuda_init,
+        decides="cuInit(0) in a subprocess with a timeout, only when NVML reports GPUs, and each GPU's NVSwitch fabric state from NVML: a fabric not started (cuInit 802) fails with the Fabric Manager's start (installed at the driver's version when missing); 803/804 fail with the libcuda fix; a fabric setup that failed fails",
     ),
     CheckSpec(
         "cuda_home",

@@ -9,13 +9,12 @@ from dataclasses import replace
 
 from xl.doctor.checks.derived import python_of, torch_version
 from xl.doctor.checks.toolkit_choice import export_toolkit
-from xl.doctor.facts import CmdResult, Facts, Toolkit, TorchInfo, major_minor, vtuple
+from xl.doctor.facts import CmdResult, Facts, Toolkit, TorchInfo, major_minor
 from xl.doctor.wheels import (
     NEWEST_KNOWN,
     TAG_CUDA,
     base_version,
     install_command,
-    is_downgrade,
     version_for,
 )
 
@@ -82,19 +81,10 @@ def with_torch(tag: str, version: str | None) -> Apply:
 
 def torch_fix(f: Facts, check_id: str, tags: Sequence[str]) -> str | None:
     """The first `pip install torch ... --index-url .../<tag>` among `tags` that is published
-    (wheels.py) and breaks no other check; a wheel that keeps the installed torch's version (or
-    a newer one) before one that downgrades it, which is said in the fix."""
+    (wheels.py) and breaks no other check (a downgrade is said in the command's note)."""
     py = python_of(f)
     cands = []
-    current = torch_version(f)
-
-    def order(tag: str) -> tuple[bool, tuple[int, ...]]:
-        # No downgrade first; among downgrades the smallest (the newest pin) first.
-        down = is_downgrade(tag, current)
-        pin = version_for(tag, current)
-        return down, tuple(-x for x in vtuple(pin)) if down else ()
-
-    for tag in sorted(tags, key=order):
+    for tag in tags:
         pin = version_for(tag, torch_version(f))
         cands.append((install_command(py, tag, torch_version(f)), with_torch(tag, pin)))
     return first_safe(f, check_id, cands)

@@ -7,7 +7,7 @@ import os
 
 from xl.doctor.checks.compat import unusable
 from xl.doctor.checks.derived import torch_cuda
-from xl.doctor.checks.loaded import older_on_ld_path
+from xl.doctor.checks.loaded import older_on_ld_path, unknown_nccl_on_path
 from xl.doctor.checks.toolkit_choice import in_use_toolkit
 from xl.doctor.facts import Facts, LdEntry, vtuple
 
@@ -45,6 +45,7 @@ def ld_fix(f: Facts) -> str:
     lib_dirs = tk.lib_dirs if tk is not None else []
     drop = {e.path for e, *_ in shadowed_torch_libs(f)}
     drop |= {x.where for x in older_on_ld_path(f)}
+    drop |= set(unknown_nccl_on_path(f))
     bad = unusable(f)
     if bad is not None and bad.source == "LD_LIBRARY_PATH":
         drop.add(bad.folder)

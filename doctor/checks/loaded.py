@@ -131,3 +131,15 @@ def all_loaded(f: Facts) -> list[Loaded]:
 def older_on_ld_path(f: Facts) -> list[Loaded]:
     """The libraries LD_LIBRARY_PATH brings that are older than torch's pins."""
     return [x for x in all_loaded(f) if x.source == "LD_LIBRARY_PATH" and x.older]
+
+
+def unknown_nccl_on_path(f: Facts) -> list[str]:
+    """LD_LIBRARY_PATH folders (not torch's own) whose libnccl.so.2 comes before the NCCL wheel
+    torch loads and whose file name does not tell its version: it may be older."""
+    t = f.torch
+    if t is None or not t.nccl or not torch_cuda(f):
+        return []
+    for e in f.ld_entries:
+        if e.exists and e.is_dir and "libnccl.so.2" in e.cuda_libs and not _own(f, e.real):
+            return [e.path] if e.cuda_libs["libnccl.so.2"] is None else []
+    return []

@@ -26,6 +26,7 @@ from xl.doctor.tables import DRIVER_FOR_CUDA, deepspeed_verdict
 from xl.doctor.wheels import (
     TAG_CUDA,
     install_command,
+    is_downgrade,
     tag_of,
     tags_by_cuda,
     version_for,
@@ -107,15 +108,27 @@ def _no_kernel(tag: str, version: str | None, caps: list[str]) -> list[str]:
 def _wheel_tags(f: Facts, caps: list[str]) -> list[str]:
     """Tags worth installing from: every GPU has kernels in the wheel a fix would install
     (the version it pins there); the driver runs them fully (newest first), then through
-    minor-version compatibility (oldest first)."""
+    minor-version compatibility (oldest first); in each, those that would downgrade torch last."""
     current = torch_version(f)
     cover = [t for t in tags_by_cuda() if not _no_kernel(t, version_for(t, current), caps)]
     dc = vtuple(_driver_cuda(f))[:2]
     if not dc:
-        return cover[::-1]
+        return _no_downgrade_first(cover[::-1], current, least=False)
     full = [t for t in cover if vtuple(TAG_CUDA[t]) <= dc]
     compat = [t for t in cover if vtuple(TAG_CUDA[t]) > dc and vtuple(TAG_CUDA[t])[0] == dc[0]]
-    return full[::-1] + compat
+    return _no_downgrade_first(full[::-1], current, least=False) + _no_downgrade_first(
+        compat, current, least=True
+    )
+
+
+def _no_downgrade_first(tags: list[str], current: str | None, least: bool) -> list[str]:
+    """The tags whose pin keeps the installed torch's version (or newer) first, in their order;
+    then those that downgrade it (said in the fix), in their order, or the least one first."""
+    keep = [t for t in tags if not is_downgrade(t, current)]
+    down = [t for t in tags if is_downgrade(t, current)]
+    if least:
+        down.sort(key=lambda t: vtuple(version_for(t, current)), reverse=True)
+    return keep + down
 
 
 def _wheel_fix(f: Facts, caps: list[str]) -> str:

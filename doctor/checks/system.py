@@ -10,6 +10,8 @@ from typing import Any
 
 from xl.doctor.checks.derived import python_of, torch_cuda, torch_label, working_gpus
 from xl.doctor.checks.finding import Finding, fail, ok, skip, warn
+from xl.doctor.checks.ldpath import ld_fix
+from xl.doctor.checks.loaded import unknown_nccl_on_path
 from xl.doctor.facts import Facts, vtuple
 
 MIB = 1024 * 1024
@@ -199,7 +201,17 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
             )
         )
     # An NCCL on LD_LIBRARY_PATH is the cuda_libraries check's: older than torch's pin fails
-    # there; a newer one (the usual way to take an NCCL fix early) is fine.
+    # there; a newer one (the usual way to take an NCCL fix early) is fine. One whose file name
+    # does not tell its version can't be compared: said, with the one LD_LIBRARY_PATH fix.
+    unknown = unknown_nccl_on_path(f)
+    if unknown and f.torch is not None:
+        traps.append(
+            (
+                f"{unknown[0]}/libnccl.so.2 comes before torch's own NCCL {f.torch.nccl} and its file name does not "
+                "tell its version (an older one: undefined-symbol errors, hangs)",
+                ld_fix(f),
+            )
+        )
     return traps
 
 

@@ -385,7 +385,7 @@ def test_run_doctor_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(run, "collect", lambda python=None: 1 / 0)
     report = run.run_doctor()
     assert [c.id for c in report.checks] == [spec.id for spec in checks.CHECKS]
-    assert len(report.checks) == len(checks.CHECKS) == 17 and report.status == "error" and report.exit_code() == 0
+    assert len(report.checks) == len(checks.CHECKS) == 18 and report.status == "error" and report.exit_code() == 0
     assert report.exit_code(strict=True) == 1
 
 
@@ -394,7 +394,7 @@ def test_the_registry_names_every_check_once_and_orders_the_areas() -> None:
     order docs/contracts.md lists them."""
     ids = [spec.id for spec in checks.CHECKS]
     titles = [spec.title for spec in checks.CHECKS]
-    assert len(set(ids)) == len(ids) == 17 and len(set(titles)) == len(titles)
+    assert len(set(ids)) == len(ids) == 18 and len(set(titles)) == len(titles)
     report = Report(checks.run_checks(facts()))
     assert [(c.id, c.title, c.area) for c in report.checks] == [
         (spec.id, spec.title, spec.area) for spec in checks.CHECKS

@@ -49,7 +49,7 @@ def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
         PATH=[tk / "bin"],
         CUDA_HOME=tk,
         PYTHONPATH=site,
-        LD_LIBRARY_PATH=f"{tk / 'lib64'}:{sim.library_dir}",
+        LD_LIBRARY_PATH=f"{tk / 'lib64'}:{sim.library_dir}:{box.libcuda()}",
         XL_SIMNVML_CONFIG=sim.env["XL_SIMNVML_CONFIG"],
         CUDA_VISIBLE_DEVICES="1,0",
         CUDA_DEVICE_ORDER="PCI_BUS_ID",
@@ -82,7 +82,7 @@ def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
     text = run_doctor(env)
     assert text.returncode == 0
     assert "hf_topsecretvalue123" not in text.stdout and "hunter2hunter2" not in text.stdout
-    assert text.stdout.rstrip().splitlines()[-1].startswith("16 checks: 16 ok")
+    assert text.stdout.rstrip().splitlines()[-1].startswith("18 checks: 18 ok")
     assert "\x1b[" not in text.stdout  # not a terminal: plain text
 
 
@@ -352,7 +352,7 @@ def test_real_machine(tmp_path: Path) -> None:
     assert strict.returncode == (1 if report["status"] in ("warn", "error") else 0)
     plain = run_doctor({**env, "NO_COLOR": "1"})
     assert "\x1b[" not in plain.stdout and plain.stdout.rstrip().splitlines()[-1].startswith(
-        "16 checks:"
+        "18 checks:"
     )
     assert "Traceback" not in plain.stderr
 

@@ -330,6 +330,27 @@ class Sandbox:
             (d / "libcuda.so.1").symlink_to(f"libcuda.so.{libcuda}")
         return d
 
+    def libcuda(self, name: str = "libcuda", code: int = 0, version: str | None = None) -> Path:
+        """A folder holding a libcuda.so.1 whose cuInit returns `code` (0: CUDA starts; 802: the
+        NVSwitch fabric is not ready; 803: libcuda and the kernel module disagree), built with
+        gcc: what the doctor's cuInit probe loads through LD_LIBRARY_PATH. `version`: the file
+        is libcuda.so.<version> with libcuda.so.1 a link to it, as a driver (or cuda-compat)
+        installs it."""
+        d = self.root / name
+        d.mkdir(parents=True, exist_ok=True)
+        src = d / "fakecuda.c"
+        src.write_text(f"int cuInit(unsigned int flags) {{ (void)flags; return {int(code)}; }}\n")
+        out = d / (f"libcuda.so.{version}" if version else "libcuda.so.1")
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", "-o", str(out), str(src)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        if version:
+            (d / "libcuda.so.1").symlink_to(out.name)
+        return d
+
     # -- running ---------------------------------------------------------------------------------
 
     def env(
@@ -412,6 +433,7 @@ def run_doctor_json(
 ALL_IDS = [
     "driver",
     "gpus",
+    "cuda_init",
     "cuda_home",
     "nvcc",
     "toolkits",
