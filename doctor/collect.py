@@ -151,6 +151,10 @@ def _read_commands(facts: Facts, jobs: _Jobs) -> None:
             facts.ldconfig_versions = libraries.cache_versions(facts.ldconfig)
         else:
             facts.ldconfig_problem = run.problem
+    env = os.environ
+    facts.nccl_plugin = libraries.find_net_plugin(
+        env.get("NCCL_NET_PLUGIN"), env.get("LD_LIBRARY_PATH"), facts.ldconfig
+    )
 
 
 def _read_torch(facts: Facts, job: Job[TorchInfo]) -> None:

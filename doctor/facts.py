@@ -229,6 +229,7 @@ class Facts:
     net_ifaces: list[str] | None = None
     ib_devices: list[str] | None = None
     ib_ports: dict[str, dict[str, str]] = field(default_factory=dict)  # device -> port -> state
+    nccl_plugin: tuple[str, str | None] | None = None  # NCCL_NET_PLUGIN's library, where found
     kernel: KernelModule | None = None  # only when NVML says the driver is not loaded
     # cuInit's result in a subprocess (only when NVML reports GPUs): its CUresult, or None with
     # why in cuinit_problem (no libcuda, no answer in time)

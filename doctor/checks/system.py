@@ -12,6 +12,7 @@ from xl.doctor.checks.derived import python_of, torch_cuda, torch_label, working
 from xl.doctor.checks.finding import Finding, fail, ok, skip, warn
 from xl.doctor.checks.ldpath import ld_fix
 from xl.doctor.checks.loaded import unknown_nccl_on_path
+from xl.doctor.checks.ncclnet import ib_hca, net_plugin
 from xl.doctor.facts import Facts, vtuple
 
 MIB = 1024 * 1024
@@ -116,6 +117,9 @@ def _fatal_nccl(f: Facts) -> list[tuple[str, str]]:
     wrong = _foreign_nccl_wheel(f)
     if wrong is not None:
         out.append(wrong)
+    hca = ib_hca(f)
+    if hca is not None and hca[2]:
+        out.append((hca[0], hca[1]))
     return out
 
 
@@ -178,6 +182,12 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
                 "unset NCCL_IB_DISABLE",
             )
         )
+    hca = ib_hca(f)
+    if hca is not None and not hca[2]:
+        traps.append((hca[0], hca[1]))
+    plugin = net_plugin(f)
+    if plugin is not None:
+        traps.append(plugin)
     if env.get("NCCL_SHM_DISABLE") == "1":
         traps.append(
             (

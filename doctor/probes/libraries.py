@@ -136,3 +136,19 @@ def cache_versions(cache: dict[str, list[str]]) -> dict[str, str]:
         if found is not None and found[1]:
             out[soname] = found[1]
     return out
+
+
+def find_net_plugin(value: str | None, ld_value: str | None, cache: dict[str, list[str]]) -> tuple[str, str | None] | None:
+    """(the library NCCL_NET_PLUGIN makes NCCL dlopen, where the loader finds it or None).
+    NCCL opens libnccl-net-<value>.so (a value that is a file name or path: as it is)."""
+    value = (value or "").strip()
+    if not value or value.lower() == "none":
+        return None
+    name = value if "/" in value or value.endswith(".so") else f"libnccl-net-{value}.so"
+    if "/" in name:
+        return name, (name if is_file(name) else None)
+    for folder in [*(ld_value or "").split(":"), "/lib", "/usr/lib", "/lib64", "/usr/lib64", "/usr/local/lib"]:
+        if folder and is_file(os.path.join(folder, name)):
+            return name, os.path.join(folder, name)
+    hit = cache.get(name)
+    return name, (hit[0] if hit else None)
