@@ -31,7 +31,7 @@ def check_driver(f: Facts) -> Finding:
         )
     if d.error:
         kind = d.error_kind or "other"
-        data = {"error_kind": kind}
+        data: dict[str, Any] = {"error_kind": kind}
         if kind == "library_not_found":
             return _no_driver(f, d.error, data)
         if kind == "driver_not_loaded":
