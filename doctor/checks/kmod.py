@@ -24,6 +24,9 @@ def _headers(km: KernelModule) -> str:
 def not_loaded(f: Facts) -> tuple[str, str]:
     """(why, fix) for a driver NVML calls not loaded."""
     km = f.kernel
+    if f.container or (f.env.get("NVIDIA_VISIBLE_DEVICES") or "").strip() not in ("", "void", "none"):
+        # The module is the host's: this container's /lib/modules says nothing about it.
+        return "the kernel module is the host's, not this container's", f"on the host, not in this container: {MODPROBE}"
     if km is None or km.loaded:
         return "", MODPROBE
     if km.built:

@@ -26,7 +26,7 @@ def shm_size(path: str = "/dev/shm") -> tuple[int | None, int | None, str | None
 def container_kind() -> str | None:
     """docker | podman when this process runs in a container (the runtime's marker file)."""
     for marker, kind in (("/.dockerenv", "docker"), ("/run/.containerenv", "podman")):
-        if os.path.exists(marker):
+        if os.path.exists(at(marker)):
             return kind
     return None
 

@@ -47,7 +47,9 @@ def _machine(
         (efi / "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c").write_bytes(b"\x06\x00\x00\x00" + bytes([secure_boot]))
 
 
-def _driver(tmp_path: Path, simnvml, dkms: str | None = None, libcuda: str | None = "570.124.06", **kw) -> dict:
+def _driver(
+    tmp_path: Path, simnvml, dkms: str | None = None, libcuda: str | None = "570.124.06", env_extra: dict | None = None, **kw
+) -> dict:
     sim = simnvml(gpus=[SimGPU()], init_error="driver_not_loaded")
     box = Sandbox(tmp_path / "box")
     root = tmp_path / "root"
@@ -62,6 +64,7 @@ def _driver(tmp_path: Path, simnvml, dkms: str | None = None, libcuda: str | Non
         LD_LIBRARY_PATH=str(sim.library_dir),
         XL_SIMNVML_CONFIG=sim.env["XL_SIMNVML_CONFIG"],
         XL_DOCTOR_ROOT=root,
+        extra=env_extra,
     )
     report, proc = run_doctor_json(env)
     c = by_id(report)["driver"]
@@ -102,3 +105,10 @@ def test_a_module_that_is_there_and_allowed_gets_modprobe(tmp_path: Path, simnvm
     c = _driver(tmp_path, simnvml, built_for=(RUNNING, OLD), secure_boot=secure_boot)
     assert c["fix"].startswith("sudo modprobe nvidia"), c
     assert f"/lib/modules/{RUNNING}/updates/dkms/nvidia.ko.zst is built for kernel {RUNNING}" in c["detail"]
+
+
+def test_in_a_gpu_container_the_module_is_the_hosts(tmp_path: Path, simnvml) -> None:
+    """A container's /lib/modules is not the host's: no package is installed in it for the host."""
+    c = _driver(tmp_path, simnvml, env_extra={"NVIDIA_VISIBLE_DEVICES": "all"})
+    assert c["fix"].startswith("on the host, not in this container: sudo modprobe nvidia"), c
+    assert "apt-get" not in c["fix"]
