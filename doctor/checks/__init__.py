@@ -4,7 +4,8 @@ they read off the facts alike), toolkit_choice (the toolkit every fix names) and
 tried on the facts before it is printed).
 
 CHECKS is the one table of checks: each one's stable id (docs/contracts.md), its title, the area it is
-shown under, and its function, in the order the report lists them. Everything else that needs an
+shown under, and its function, in the order the report lists them (a new check comes last, so
+the ids the contract already lists keep their order; the renderers group by area). Everything else that needs an
 id, title or area (the JSON, the renderers' grouping, the "could not run" fallbacks) reads it
 from here. Areas are shown in the order their first check appears in CHECKS.
 """
@@ -85,13 +86,6 @@ CHECKS: tuple[CheckSpec, ...] = (
         decides="GPUs found, lost GPUs, mixed models, and each GPU's own health from NVML: compute mode (Prohibited, or exclusive-process held by another process: fail), processes holding memory (named with their pid: warn), uncorrectable ECC errors since the driver loaded, pending row remaps, failed remaps, pending page retirements (fail)",
     ),
     CheckSpec(
-        "cuda_init",
-        "CUDA init & fabric",
-        DRIVER_GPUS,
-        fabric.check_cuda_init,
-        decides="cuInit(0) in a subprocess with a timeout, only when NVML reports GPUs, and each GPU's NVSwitch fabric state from NVML: a fabric not started (cuInit 802) fails with the Fabric Manager's start (installed at the driver's version when missing); 803/804 fail with the libcuda fix; a fabric setup that failed fails",
-    ),
-    CheckSpec(
         "cuda_home",
         "CUDA_HOME",
         TOOLKIT,
@@ -148,13 +142,6 @@ CHECKS: tuple[CheckSpec, ...] = (
         decides="missing entries, CUDA libraries of another version than the toolkit or torch's own, shadowing",
     ),
     CheckSpec(
-        "cuda_libraries",
-        "cuDNN, NCCL, cuBLAS",
-        PYTORCH,
-        libraries.check_cuda_libraries,
-        decides="the cuDNN, NCCL and cuBLAS torch will load (LD_PRELOAD, LD_LIBRARY_PATH, its own nvidia-* wheels, the ldconfig cache; versions from the files' names and the wheels' metadata) against the versions its METADATA pins: older fails with the fix, newer is fine; a torch that pins none (NGC, conda, source builds) is not compared",
-    ),
-    CheckSpec(
         "cuda_visible_devices",
         "CUDA_VISIBLE_DEVICES",
         DEVICES,
@@ -195,6 +182,20 @@ CHECKS: tuple[CheckSpec, ...] = (
         PYTORCH,
         archs.check_arch_list,
         decides="TORCH_CUDA_ARCH_LIST read with the installed torch's own cpp_extension lists; covers every GPU (arch-specific 9.0a/10.0a count on their own architecture only); nvcc can build each one, also when unset (torch then builds for the visible GPUs: sm_120 needs nvcc 12.8+)",
+    ),
+    CheckSpec(
+        "cuda_libraries",
+        "cuDNN, NCCL, cuBLAS",
+        PYTORCH,
+        libraries.check_cuda_libraries,
+        decides="the cuDNN, NCCL and cuBLAS torch will load (LD_PRELOAD, LD_LIBRARY_PATH, its own nvidia-* wheels, the ldconfig cache; versions from the files' names and the wheels' metadata) against the versions its METADATA pins: older fails with the fix, newer is fine; a torch that pins none (NGC, conda, source builds) is not compared",
+    ),
+    CheckSpec(
+        "cuda_init",
+        "CUDA init & fabric",
+        DRIVER_GPUS,
+        fabric.check_cuda_init,
+        decides="cuInit(0) in a subprocess with a timeout, only when NVML reports GPUs, and each GPU's NVSwitch fabric state from NVML: a fabric not started (cuInit 802) fails with the Fabric Manager's start (installed at the driver's version when missing); 803/804 fail with the libcuda fix; a fabric setup that failed fails",
     ),
 )
 

@@ -433,7 +433,6 @@ def run_doctor_json(
 ALL_IDS = [
     "driver",
     "gpus",
-    "cuda_init",
     "cuda_home",
     "nvcc",
     "toolkits",
@@ -442,13 +441,14 @@ ALL_IDS = [
     "driver_cuda",
     "host_compiler",
     "ld_library_path",
-    "cuda_libraries",
     "cuda_visible_devices",
     "cuda_device_order",
     "shm",
     "nccl",
     "ninja",
     "arch_list",
+    "cuda_libraries",
+    "cuda_init",
 ]
 
 
