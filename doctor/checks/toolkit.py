@@ -10,7 +10,7 @@ from xl.doctor.checks.derived import nvcc_versions, torch_cuda, torch_label
 from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
 from xl.doctor.checks.fixes import toolkit_fix
 from xl.doctor.checks.ldpath import ld_fix, shadowed_torch_libs
-from xl.doctor.checks.loaded import older_on_ld_path
+from xl.doctor.checks.loaded import all_loaded, older_on_ld_path
 from xl.doctor.checks.toolkit_choice import (
     export_toolkit,
     in_use_toolkit,
@@ -361,7 +361,10 @@ def check_ld_library_path(f: Facts) -> Finding:
         return ok(f"unset{extra}", data=data)
     if value == "":
         return ok("set but empty (the loader ignores it)", data=data)
-    shadows = shadowed_torch_libs(f)
+    # cuDNN, NCCL and cuBLAS older than torch's pins are the cuda_libraries check's finding (its
+    # fix is the same LD_LIBRARY_PATH): said there once, only referred to here.
+    judged = {x.soname for x in all_loaded(f)}
+    shadows = [s for s in shadowed_torch_libs(f) if s[1] not in judged]
     if shadows:
         e, soname, theirs, ours = shadows[0]
         return fail(
@@ -371,22 +374,17 @@ def check_ld_library_path(f: Facts) -> Finding:
             data={**data, "shadowed": [[x.path, n, a, b] for x, n, a, b in shadows]},
         )
     older = older_on_ld_path(f)
+    refer = ""
     if older:
-        x = older[0]
-        return fail(
-            f"{x.where}/{x.soname} ({x.version}) comes before the {x.family.name} {x.need} {torch_label(f)} pins "
-            f"({x.dist}): {x.family.breaks}",
-            fix=ld_fix(f),
-            data={**data, "older": [[y.where, y.soname, y.version, y.need] for y in older]},
-        )
+        data["older"] = [[y.where, y.soname, y.version, y.need] for y in older]
+        names = ", ".join(f"{y.where}/{y.soname} ({y.version})" for y in older)
+        refer = f"; {names}: older than torch's pin, see cuda_libraries"
     problems = _ld_problems(f, tk, want)
     if not problems:
         extra = ""
         if cache and not any(f"libcudart.so.{want[0]}" in e.cudart for e in f.ld_entries):
             extra = f"; the ldconfig cache resolves libcudart.so.{want[0]} to {cache[0]}"
         n = len(f.ld_entries)
-        return ok(
-            f"{n} {'entry' if n == 1 else 'entries'}, no conflicting CUDA libraries{extra}",
-            data=data,
-        )
-    return warn("; ".join(problems), fix=ld_fix(f), data=data)
+        clean = "" if older else ", no conflicting CUDA libraries"
+        return ok(f"{n} {'entry' if n == 1 else 'entries'}{clean}{extra}{refer}", data=data)
+    return warn("; ".join(problems) + refer, fix=ld_fix(f), data=data)

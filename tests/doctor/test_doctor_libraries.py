@@ -60,9 +60,13 @@ def test_an_older_cudnn_first_on_ld_library_path_fails_and_the_fix_works(tmp_pat
     assert "cuDNN version incompatibility" in c["detail"]
     # The one LD_LIBRARY_PATH every fix sets: without the old cuDNN, with the toolkit's lib64.
     assert c["fix"] == f"export LD_LIBRARY_PATH={tk / 'lib64'}:{sim.library_dir}"
-    # The LD_LIBRARY_PATH check no longer calls it "no conflicting CUDA libraries".
+    # Said once: the LD_LIBRARY_PATH check refers to it (no longer "no conflicting CUDA
+    # libraries") and gives no second fix.
     ld = by_id(report)["ld_library_path"]
-    assert ld["status"] == "fail" and ld["fix"] == c["fix"], ld
+    assert ld["status"] == "ok" and not ld["fix"], ld
+    assert "no conflicting" not in ld["detail"] and f"{old}/libcudnn.so.9 (9.1.0)" in ld["detail"]
+    assert "see cuda_libraries" in ld["detail"]
+    assert [x["id"] for x in report["checks"] if c["fix"] in (x["fix"] or "")] == ["cuda_libraries"]
     assert_fix_works(box, env, "cuda_libraries")
 
 
@@ -188,3 +192,43 @@ def test_the_ldconfig_cache_is_what_loads_when_torchs_wheel_is_missing(tmp_path:
     # With torch's own wheel installed, its RUNPATH finds that one before the cache.
     fine, _ = run_doctor_json(_world(Sandbox(tmp_path / "b"), sim)[0] | {"PATH": env["PATH"]})
     assert statuses(fine)["cuda_libraries"] == "ok"
+
+
+def test_an_older_cublas_on_the_path_is_said_once_and_an_older_cusparse_still_by_ld_library_path(
+    tmp_path: Path, simnvml
+) -> None:
+    """torch's own cuBLAS wheel is both a library LD_LIBRARY_PATH can shadow and one its METADATA
+    pins: the cuda_libraries check owns it (one finding, one fix); a cuSPARSE it does not judge
+    stays the LD_LIBRARY_PATH check's."""
+    sim = _sim(simnvml)
+    box = Sandbox(tmp_path)
+    tk = box.toolkit("cuda-12.8", "12.8.93", gcc_max=14)
+    box.compiler("gcc", "gcc", "12.3.0")
+    box.tool("ninja", "1.11.1\n")
+    site = box.torch(
+        "2.7.0+cu128",
+        cuda="12.8",
+        requires=PINS,
+        wheels={**PINS, "nvidia-cusparse-cu12": "12.5.7.53"},
+        pip_libs={"libcudart.so.12": "12.8.90", "libcublas.so.12": "12.8.3.14", "libcusparse.so.12": "12.5.7.53"},
+    )
+    old = box.lib_dir("opt/cublas-12.1/lib", libs={"libcublas.so.12": "12.1.3.1"})
+    env = box.env(
+        PATH=[tk / "bin"],
+        CUDA_HOME=tk,
+        PYTHONPATH=site,
+        LD_LIBRARY_PATH=f"{old}:{tk / 'lib64'}:{sim.library_dir}",
+        XL_SIMNVML_CONFIG=sim.env["XL_SIMNVML_CONFIG"],
+    )
+    report, _ = run_doctor_json(env)
+    c, ld = by_id(report)["cuda_libraries"], by_id(report)["ld_library_path"]
+    assert c["status"] == "fail" and f"{old}/libcublas.so.12 (12.1.3.1)" in c["detail"], c
+    assert ld["status"] == "ok" and not ld["fix"] and "see cuda_libraries" in ld["detail"], ld
+    assert_fix_works(box, env, "cuda_libraries")
+    # An older cuSPARSE (no pin judged by cuda_libraries): the LD_LIBRARY_PATH check's own finding.
+    sparse = box.lib_dir("opt/cusparse-12.1/lib", libs={"libcusparse.so.12": "12.1.0.106"})
+    env2 = {**env, "LD_LIBRARY_PATH": f"{sparse}:{tk / 'lib64'}:{sim.library_dir}"}
+    report2, _ = run_doctor_json(env2)
+    ld2 = by_id(report2)["ld_library_path"]
+    assert ld2["status"] == "fail" and f"{sparse}/libcusparse.so.12 (12.1.0.106)" in ld2["detail"], ld2
+    assert statuses(report2)["cuda_libraries"] == "ok"
