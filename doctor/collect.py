@@ -122,6 +122,8 @@ def _read_files(facts: Facts, env: Mapping[str, str], jobs: _Jobs) -> None:
     facts.fabric_manager = kernel.fabric_manager_installed()
     facts.distro = kernel.distro()
     facts.container = system.container_kind()
+    visible = (env.get("NVIDIA_VISIBLE_DEVICES") or "").strip() not in ("", "void", "none")
+    facts.driver_os = kernel.driver_os(bool(facts.container) or visible)
 
 
 def _read_commands(facts: Facts, jobs: _Jobs) -> None:

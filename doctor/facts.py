@@ -238,6 +238,9 @@ class Facts:
     fabric: dict[int, tuple[str, str | None]] = field(default_factory=dict)  # GPU -> (state, status)
     fabric_manager: bool = False  # its daemon or unit is installed
     distro: str | None = None  # /etc/os-release ID and ID_LIKE ("ubuntu debian")
+    # The distribution that installs the driver, as "<family> <major>" ("ubuntu 24", "debian 12",
+    # "rhel 9", "fedora 42"): this one's, or in a container the host's (from its kernel release)
+    driver_os: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     build: BuildResult | None = None  # with --build only
     # Set by the registry: every check's status (by id) for other facts, so a fix is tried before

@@ -39,11 +39,13 @@ RUNTIME_CHECKS = frozenset(
 )
 
 
-def first_safe(f: Facts, check_id: str, candidates: Sequence[tuple[str, Apply]]) -> str | None:
+def first_safe(
+    f: Facts, check_id: str, candidates: Sequence[tuple[str, Apply]], strict: bool = False
+) -> str | None:
     """The first candidate fix that, applied to the facts, clears this check's failure and makes
-    no other check fail that did not fail before; for a runtime check's fix, failing that, the
-    first that makes no other runtime check fail. None when none does. On hypothetical facts
-    (a fix being tried) the first candidate stands, so trying never recurses."""
+    no other check fail that did not fail before; for a runtime check's fix (unless `strict`),
+    failing that, the first that makes no other runtime check fail. None when none does. On
+    hypothetical facts (a fix being tried) the first candidate stands, so trying never recurses."""
     if not candidates:
         return None
     if f.what_if or f.recheck is None:
@@ -51,7 +53,7 @@ def first_safe(f: Facts, check_id: str, candidates: Sequence[tuple[str, Apply]])
     before = f.recheck(replace(f, what_if=True))
     tried = [(text, f.recheck(apply(f))) for text, apply in candidates]
     passes: list[frozenset[str] | None] = [None]
-    if check_id in RUNTIME_CHECKS:
+    if check_id in RUNTIME_CHECKS and not strict:
         passes.append(RUNTIME_CHECKS)
     for judged in passes:
         for text, after in tried:
@@ -79,15 +81,16 @@ def with_torch(tag: str, version: str | None) -> Apply:
     return apply
 
 
-def torch_fix(f: Facts, check_id: str, tags: Sequence[str]) -> str | None:
+def torch_fix(f: Facts, check_id: str, tags: Sequence[str], strict: bool = False) -> str | None:
     """The first `pip install torch ... --index-url .../<tag>` among `tags` that is published
-    (wheels.py) and breaks no other check (a downgrade is said in the command's note)."""
+    (wheels.py) and breaks no other check (a downgrade is said in the command's note); `strict`
+    as in first_safe."""
     py = python_of(f)
     cands = []
     for tag in tags:
         pin = version_for(tag, torch_version(f))
         cands.append((install_command(py, tag, torch_version(f)), with_torch(tag, pin)))
-    return first_safe(f, check_id, cands)
+    return first_safe(f, check_id, cands, strict)
 
 
 def with_toolkit(tk: Toolkit) -> Apply:

@@ -13,6 +13,7 @@ from xl.doctor.checks.finding import Finding, fail, ok, skip, warn
 from xl.doctor.checks.ldpath import ld_fix
 from xl.doctor.checks.loaded import unknown_nccl_on_path
 from xl.doctor.checks.ncclnet import ib_hca, net_plugin
+from xl.doctor.checks.upgrade import driver_upgrade
 from xl.doctor.facts import Facts, vtuple
 
 MIB = 1024 * 1024
@@ -164,8 +165,9 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
     ):
         traps.append(
             (
-                f"{len(consumer)} RTX 40xx GPUs with driver {driver}: P2P/IB between them hangs or corrupts",
-                "export NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1 (or upgrade the driver to 550.40.07+)",
+                f"{len(consumer)} RTX 40xx GPUs with driver {driver}: P2P/IB between them hangs or corrupts "
+                f"(fixed from driver 550.40.07: {driver_upgrade(f, 550)})",
+                "export NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1",
             )
         )
     if p2p_off and len(datacenter) > 1:

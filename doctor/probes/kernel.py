@@ -53,6 +53,57 @@ def distro() -> str | None:
     return " ".join(ids).strip() or None
 
 
+_RHEL_LIKE = ("rhel", "centos", "rocky", "almalinux", "ol", "amzn")
+
+
+def os_family(ids: str, version: str | None) -> str | None:
+    """ "<family> <major>" of /etc/os-release's ID/ID_LIKE and VERSION_ID: ubuntu, debian, rhel
+    (its rebuilds: Rocky, Alma, Oracle, Amazon), fedora; None for others."""
+    words = ids.split()
+    major = (version or "").split(".")[0]
+    major = major if major.isdigit() else ""
+    if not words:
+        return None
+    if "ubuntu" in words:
+        family = "ubuntu"
+    elif words[0] == "fedora":
+        family = "fedora"
+    elif any(w in words for w in _RHEL_LIKE):
+        family = "rhel"
+    elif "debian" in words:
+        family = "debian"
+    else:
+        return None
+    return f"{family} {major}".strip()
+
+
+def host_os(release: str) -> str | None:
+    """The host's distribution from its kernel's release (what a container sees of it):
+    5.14.0-427.el9 is RHEL 9's, 6.1.0-28+deb12-amd64 Debian 12's, 6.8.0-49-generic Ubuntu's."""
+    m = re.search(r"\.el(\d+)", release)
+    if m:
+        return f"rhel {m.group(1)}"
+    m = re.search(r"\.fc(\d+)", release)
+    if m:
+        return f"fedora {m.group(1)}"
+    m = re.search(r"\+deb(\d+)", release)
+    if m:
+        return f"debian {m.group(1)}"
+    if re.search(r"-(generic|aws|azure|gcp|gke|oracle|nvidia|lowlatency|kvm|ibm)(-[\w.]+)?$", release):
+        return "ubuntu"
+    return None
+
+
+def driver_os(container: bool) -> str | None:
+    """The distribution that installs the driver: the host's in a container, else this one's."""
+    if container:
+        return host_os(kernel_release())
+    text = read_text(at("/etc/os-release"), limit=64 << 10) or ""
+    ids = " ".join(re.findall(r'^(?:ID|ID_LIKE)="?([^"\n]*)"?$', text, re.MULTILINE))
+    ver = re.search(r'^VERSION_ID="?([^"\n]*)"?$', text, re.MULTILINE)
+    return os_family(ids, ver.group(1) if ver else None)
+
+
 def secure_boot() -> bool | None:
     """Whether UEFI Secure Boot is on (its EFI variable's last byte), None when unknown."""
     path = at(f"/sys/firmware/efi/efivars/{_SECURE_BOOT}")
