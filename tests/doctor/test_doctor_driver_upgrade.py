@@ -15,12 +15,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fakecuda import Sandbox, by_id, run_doctor_json, statuses
+from fakecuda import Sandbox, apply_fix, by_id, run_doctor_json, statuses
 from procs import xl, xl_env
 from simnvml import SimGPU
 
 from xl.doctor.facts import vtuple
 from xl.doctor.tables import DRIVER_FOR_CUDA
+from xl.doctor.wheels import TAG_CUDA
 
 pytestmark = pytest.mark.e2e
 
@@ -210,3 +211,39 @@ def test_launch_stops_with_the_doctors_driver_fix(tmp_path: Path, simnvml) -> No
     env_ok.pop("XL_SIMULATED_GPUS")
     proc = xl(["launch", "--dry-run", "--gpus", "0", "t.py"], env_ok, cwd=tmp_path)
     assert proc.returncode == 0 and "driver" not in proc.stderr, proc.stderr
+
+
+def test_a_cpu_torch_no_wheel_fits_gets_one_command_from_doctor_and_launch(tmp_path: Path, simnvml) -> None:
+    """An RTX 5090 (sm_120) on driver 520 (CUDA 11.8) with a CPU torch: every wheel with sm_120
+    kernels is cu128 or newer, which a CUDA 11 driver does not run, even through minor-version
+    compatibility. One command: the driver (open modules)
+    and the wheel, then the reboot; launch says the same."""
+    rtx = {"model": "H100", "name": "NVIDIA GeForce RTX 5090", "compute_capability": "12.0"}
+    sim = simnvml(gpus=[SimGPU(**rtx)], driver_version="520.61.05", cuda_version=11080)
+    box = Sandbox(tmp_path / "box")
+    root = _root(tmp_path, "ubuntu")
+    site = box.torch("2.13.0+cpu", cuda=None)
+    report, _ = run_doctor_json(_env(box, sim, site, root))
+    t = by_id(report)["torch"]
+    assert t["status"] == "fail", t
+    m = re.fullmatch(
+        r"sudo apt-get install -y nvidia-driver-(\d{3})-open && (\S+) -m pip install --force-reinstall torch "
+        r"--index-url https://download\.pytorch\.org/whl/(cu\d+) && sudo reboot",
+        t["fix"],
+    )
+    assert m, t["fix"]
+    # The branch is the oldest that runs the wheel it installs; the line parses as shell.
+    assert int(m.group(1)) == vtuple(DRIVER_FOR_CUDA[TAG_CUDA[m.group(3)]])[0]
+    assert subprocess.run(["/bin/bash", "-n", "-c", t["fix"]], timeout=30).returncode == 0
+    # Applied (that driver, that wheel): torch and the driver agree.
+    version, cuda = _driver_of(int(m.group(1)))
+    after = simnvml(gpus=[SimGPU(**rtx)], driver_version=version, cuda_version=cuda)
+    env = apply_fix(box, _env(box, after, site, root), m.group(2) + t["fix"].split(m.group(2), 1)[1])
+    st = statuses(run_doctor_json(env)[0])
+    assert st["torch"] == "ok" and st["driver_cuda"] == "ok", st
+    # xl launch --gpus stops with the same command.
+    (tmp_path / "t.py").write_text("print('hi')\n")
+    lenv = xl_env(tmp_path / "home", **sim.env, PYTHONPATH=str(site), XL_DOCTOR_ROOT=str(root))
+    lenv.pop("XL_SIMULATED_GPUS")
+    proc = xl(["launch", "--no-tui", "--gpus", "0", "t.py"], lenv, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().split("; fix: ", 1)[1] == t["fix"], proc.stderr
