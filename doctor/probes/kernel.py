@@ -64,6 +64,9 @@ def os_family(ids: str, version: str | None) -> str | None:
     major = major if major.isdigit() else ""
     if not words:
         return None
+    if words[0] == "amzn":
+        # Amazon Linux 2023 installs the driver as RHEL 9 does (module streams); 2 has no dnf.
+        return "rhel 9" if major == "2023" else None
     if "ubuntu" in words:
         family = "ubuntu"
     elif words[0] == "fedora":
@@ -75,6 +78,9 @@ def os_family(ids: str, version: str | None) -> str | None:
     else:
         return None
     return f"{family} {major}".strip()
+
+
+_DEBIAN_KERNELS = {"4.19": "10", "5.10": "11", "6.1": "12"}
 
 
 def host_os(release: str) -> str | None:
@@ -89,6 +95,10 @@ def host_os(release: str) -> str | None:
     m = re.search(r"\+deb(\d+)", release)
     if m:
         return f"debian {m.group(1)}"
+    m = re.fullmatch(r"(\d+\.\d+)\.\d+-\d+-(?:cloud-|rt-)?(?:amd64|arm64)", release)
+    if m:
+        # Before trixie Debian's release names no version; its kernel series does.
+        return f"debian {_DEBIAN_KERNELS.get(m.group(1), '')}".strip()
     if re.search(r"-(generic|aws|azure|gcp|gke|oracle|nvidia|lowlatency|kvm|ibm)(-[\w.]+)?$", release):
         return "ubuntu"
     return None
