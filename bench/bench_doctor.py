@@ -1,7 +1,8 @@
 """Wall time of `xl doctor --json` as a new process vs `python -m torch.utils.collect_env`.
 
 Both run in the same session, interleaved, several times; the medians and their ratio are printed.
-The goal (issue 15) is a ratio <= 0.1 while the doctor decides far more than collect_env prints.
+The goal is a ratio <= 0.06 (it was 0.1 before the cuInit, fabric, kernel-module and library
+probes) while the doctor decides far more than collect_env prints.
 `xl doctor --build` compiles for real, so it is allowed the compiler's time: it is timed on its
 own line, against the same anchor, and not held to the goal.
 
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"xl doctor --json            {_median_ms(d_times)}")
     print(f"torch.utils.collect_env     {_median_ms(a_times)}")
-    print(f"ratio doctor/collect_env    {d / a:.3f}  (goal <= 0.1)")
+    print(f"ratio doctor/collect_env    {d / a:.3f}  (goal <= 0.06)")
     if b_times:
         b = statistics.median(b_times)
         print(f"xl doctor --json --build    {_median_ms(b_times)}")

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from xl import envnames
 from xl.doctor.facts import CmdResult, Compiler, Facts, TorchInfo, parse_nvcc_version
-from xl.doctor.probes import compilers, files, libraries, shm, system, toolkits
-from xl.doctor.probes.commands import Job, Outcome, run_cmd
+from xl.doctor.probes import compilers, files, kernel, libraries, shm, system, toolkits
+from xl.doctor.probes.commands import CMD_TIMEOUT, Job, Outcome, run_cmd
 from xl.doctor.probes.pytorch import probe_torch
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ T = TypeVar("T")
 class _Jobs:
     """The probes running on threads, each typed by what it returns."""
 
-    nvml: Job[tuple[Inventory, dict[int, Health]]]
+    nvml: Job[tuple[Inventory, dict[int, Health], dict[int, tuple[str, str | None]]]]
     torch: Job[TorchInfo]
     path_nvcc: Job[CmdResult] | None = None
     home_nvcc: Job[CmdResult] | None = None
@@ -109,6 +109,7 @@ def _read_files(facts: Facts, env: Mapping[str, str], jobs: _Jobs) -> None:
     if facts.path_nvcc:
         facts.path_toolkit = toolkits.toolkit_root_of_nvcc(facts.path_nvcc)
     facts.ld_entries = libraries.scan_ld_library_path(env.get("LD_LIBRARY_PATH"))
+    facts.preload = libraries.scan_preload(env.get("LD_PRELOAD"))
     # XL_DOCTOR_SHM: check another mount (containers that bind shared memory elsewhere; tests).
     facts.shm_path = env.get(envnames.DOCTOR_SHM) or "/dev/shm"
     facts.shm_total, facts.shm_free, facts.shm_problem = system.shm_size(facts.shm_path)
@@ -116,7 +117,13 @@ def _read_files(facts: Facts, env: Mapping[str, str], jobs: _Jobs) -> None:
     facts.other_compilers = compilers.other_compilers(env.get("PATH"))
     facts.net_ifaces = system.net_interfaces() or None
     facts.ib_devices = system.infiniband_devices()
+    if facts.ib_devices:
+        facts.ib_ports = kernel.infiniband_ports(facts.ib_devices)
+    facts.fabric_manager = kernel.fabric_manager_installed()
+    facts.distro = kernel.distro()
     facts.container = system.container_kind()
+    visible = (env.get("NVIDIA_VISIBLE_DEVICES") or "").strip() not in ("", "void", "none")
+    facts.driver_os = kernel.driver_os(bool(facts.container) or visible)
 
 
 def _read_commands(facts: Facts, jobs: _Jobs) -> None:
@@ -143,8 +150,13 @@ def _read_commands(facts: Facts, jobs: _Jobs) -> None:
         run = _cmd(facts, jobs.ldconfig)
         if run.ok:
             facts.ldconfig = libraries.parse_ldconfig(run.stdout)
+            facts.ldconfig_versions = libraries.cache_versions(facts.ldconfig)
         else:
             facts.ldconfig_problem = run.problem
+    env = os.environ
+    facts.nccl_plugin = libraries.find_net_plugin(
+        env.get("NCCL_NET_PLUGIN"), env.get("LD_LIBRARY_PATH"), facts.ldconfig
+    )
 
 
 def _read_torch(facts: Facts, job: Job[TorchInfo]) -> None:
@@ -165,21 +177,46 @@ def _read_torch(facts: Facts, job: Job[TorchInfo]) -> None:
             facts.ninja_in_bin = cand
 
 
+def _cuinit_after(
+    nvml: Job[tuple[Inventory, dict[int, Health], dict[int, tuple[str, str | None]]]],
+) -> tuple[int | None, str | None]:
+    """cuInit's result when NVML reports working GPUs; (None, why not) otherwise."""
+    got = nvml.result()
+    inv = got.value[0] if got.value is not None else None
+    if inv is None or inv.driver.error or not any(not g.lost for g in inv.gpus):
+        return None, "NVML reports no GPUs"
+    return system.probe_cuinit(sys.executable)
+
+
 def collect(python: str | None = None) -> Facts:
     """Run every probe (subprocesses and NVML on threads, file reads meanwhile) into Facts."""
     t0 = time.perf_counter()
     facts = Facts(env=system.env_snapshot(), python=python or sys.executable)
     real_env = os.environ  # undecoded values (surrogate-escaped) still name real files
     jobs = _start(facts, real_env)
+    # cuInit, only once NVML reports GPUs (on its own thread, as NVML answers).
+    cuinit = Job("cuinit", lambda: _cuinit_after(jobs.nvml))
     _read_files(facts, real_env, jobs)
     _read_commands(facts, jobs)
     _read_torch(facts, jobs.torch)
     nvml = _timed(facts, jobs.nvml)
     if nvml.value is not None:
-        inv, facts.health = nvml.value
+        inv, facts.health, facts.fabric = nvml.value
         facts.driver = inv.driver
         facts.gpus = tuple(inv.gpus)
     else:
         facts.nvml_problem = nvml.error or "no answer"
+    # NVML's own time and then cuInit's: the wait covers both.
+    got = cuinit.result(timeout=2 * CMD_TIMEOUT + 3)
+    facts.timings_ms[cuinit.name] = round(got.ms, 1)
+    if got.value is not None:
+        facts.cuinit, facts.cuinit_problem = got.value
+    else:
+        facts.cuinit_problem = got.error
+    if facts.driver is not None and facts.driver.error_kind == "driver_not_loaded":
+        # Why it is not loaded: the module for this kernel, DKMS, Secure Boot (docs/doctor.md).
+        cache = facts.ldconfig.get("libcuda.so.1") or [""]
+        libcuda = os.path.basename(os.path.realpath(cache[0])) if cache[0] else ""
+        facts.kernel = kernel.kernel_module(real_env, libcuda.partition("libcuda.so.")[2] or None)
     facts.timings_ms["total"] = round((time.perf_counter() - t0) * 1000, 1)
     return facts

@@ -82,6 +82,10 @@ class Toolkit:
     target_include: str | None = None
     cudart: list[str] = field(default_factory=list)  # libcudart.so.N sonames it ships
     lib_dirs: list[str] = field(default_factory=list)  # realpaths of its library folders
+    # a conda environment's toolkit (ROOT/conda-meta): the channel its cuda-nvcc came from, and
+    # its targets/<arch> folder, where conda's CUDA packages put their headers
+    conda_channel: str | None = None
+    target_dir: str | None = None
     problem: str | None = None  # unreadable folder and the like
 
     @property
@@ -138,6 +142,10 @@ class TorchInfo:
     pip_ptxas: list[str] = field(default_factory=list)  # nvcc wheels with ptxas but no nvcc
     # CUDA libraries torch loads from its nvidia/ wheels: (soname, version, folder)
     pip_libs: list[tuple[str, str, str]] = field(default_factory=list)
+    # nvidia-* wheels torch's METADATA pins (Requires-Dist: nvidia-cudnn-cu12==9.10.2.21), and
+    # the nvidia-* distributions installed beside it: {distribution name: version}
+    requires: dict[str, str] = field(default_factory=dict)
+    nvidia_dists: dict[str, str] = field(default_factory=dict)
     problem: str | None = None  # the probe could not answer
 
 
@@ -167,6 +175,24 @@ class Segment:
 
 
 @dataclass
+class KernelModule:
+    """The NVIDIA kernel module for the running kernel (read when the driver is not loaded)."""
+
+    release: str  # uname -r
+    loaded: bool = False  # in /proc/modules or /sys/module/nvidia
+    built: str | None = None  # the nvidia.ko modprobe would load for this kernel
+    other_kernels: list[str] = field(default_factory=list)  # installed kernels that have one
+    distro: str | None = None  # /etc/os-release ID and ID_LIKE
+    secure_boot: bool | None = None
+    mok_key: str | None = None  # DKMS's signing key, to enroll
+    dkms: list[str] | None = None  # `dkms status` lines naming nvidia; None: no dkms
+    branch: str | None = None  # the driver's branch (570), from its libcuda or dkms
+
+    def to_json(self) -> dict[str, object]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
 class Facts:
     env: dict[str, str]
     python: str
@@ -189,6 +215,8 @@ class Facts:
     ld_entries: list[LdEntry] = field(default_factory=list)
     ldconfig: dict[str, list[str]] = field(default_factory=dict)  # soname -> paths
     ldconfig_problem: str | None = None
+    ldconfig_versions: dict[str, str] = field(default_factory=dict)  # soname -> its file's version
+    preload: list[tuple[str, str, str | None]] = field(default_factory=list)  # LD_PRELOAD's CUDA libs
     shm_path: str = "/dev/shm"
     shm_total: int | None = None
     shm_free: int | None = None
@@ -200,6 +228,19 @@ class Facts:
     container: str | None = None  # docker | podman when this runs in one (its marker file)
     net_ifaces: list[str] | None = None
     ib_devices: list[str] | None = None
+    ib_ports: dict[str, dict[str, str]] = field(default_factory=dict)  # device -> port -> state
+    nccl_plugin: tuple[str, str | None] | None = None  # NCCL_NET_PLUGIN's library, where found
+    kernel: KernelModule | None = None  # only when NVML says the driver is not loaded
+    # cuInit's result in a subprocess (only when NVML reports GPUs): its CUresult, or None with
+    # why in cuinit_problem (no libcuda, no answer in time)
+    cuinit: int | None = None
+    cuinit_problem: str | None = None
+    fabric: dict[int, tuple[str, str | None]] = field(default_factory=dict)  # GPU -> (state, status)
+    fabric_manager: bool = False  # its daemon or unit is installed
+    distro: str | None = None  # /etc/os-release ID and ID_LIKE ("ubuntu debian")
+    # The distribution that installs the driver, as "<family> <major>" ("ubuntu 24", "debian 12",
+    # "rhel 9", "fedora 42"): this one's, or in a container the host's (from its kernel release)
+    driver_os: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     build: BuildResult | None = None  # with --build only
     # Set by the registry: every check's status (by id) for other facts, so a fix is tried before

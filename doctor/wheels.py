@@ -129,13 +129,26 @@ def version_for(tag: str, current: str | None) -> str | None:
     return on[-1]
 
 
+def is_downgrade(tag: str, current: str | None) -> bool:
+    """Whether the torch a fix would pin on this tag's index is older than the one installed."""
+    pin, cur = version_for(tag, current), vtuple(base_version(current))
+    return bool(pin and cur and vtuple(pin) < cur)
+
+
 def install_command(python: str, tag: str, current: str | None) -> str:
-    """`pip install torch` from the tag's index, pinned only to a version the table says exists."""
+    """`pip install torch` from the tag's index, pinned only to a version the table says exists.
+    A pin older than the installed torch is a downgrade, and the command says so after it (pip
+    would take it back silently otherwise)."""
     pin = version_for(tag, current)
     spec = f"torch=={pin}" if pin else "torch"
+    note = (
+        f" (a downgrade from torch {base_version(current)}: {pin} is the newest torch published for {tag})"
+        if is_downgrade(tag, current)
+        else ""
+    )
     return (
         f"{python} -m pip install --force-reinstall {spec} "
-        f"--index-url https://download.pytorch.org/whl/{tag}"
+        f"--index-url https://download.pytorch.org/whl/{tag}{note}"
     )
 
 

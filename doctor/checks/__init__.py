@@ -4,7 +4,8 @@ they read off the facts alike), toolkit_choice (the toolkit every fix names) and
 tried on the facts before it is printed).
 
 CHECKS is the one table of checks: each one's stable id (docs/contracts.md), its title, the area it is
-shown under, and its function, in the order the report lists them. Everything else that needs an
+shown under, and its function, in the order the report lists them (a new check comes last, so
+the ids the contract already lists keep their order; the renderers group by area). Everything else that needs an
 id, title or area (the JSON, the renderers' grouping, the "could not run" fallbacks) reads it
 from here. Areas are shown in the order their first check appears in CHECKS.
 """
@@ -14,7 +15,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from xl.doctor.checks import archs, build, devices, gpu, proof, pytorch, system, toolkit
+from xl.doctor.checks import (
+    archs,
+    build,
+    devices,
+    fabric,
+    gpu,
+    libraries,
+    proof,
+    pytorch,
+    system,
+    toolkit,
+)
 from xl.doctor.checks.finding import Finding, error
 from xl.doctor.facts import Facts
 from xl.doctor.report import Check
@@ -171,6 +183,20 @@ CHECKS: tuple[CheckSpec, ...] = (
         archs.check_arch_list,
         decides="TORCH_CUDA_ARCH_LIST read with the installed torch's own cpp_extension lists; covers every GPU (arch-specific 9.0a/10.0a count on their own architecture only); nvcc can build each one, also when unset (torch then builds for the visible GPUs: sm_120 needs nvcc 12.8+)",
     ),
+    CheckSpec(
+        "cuda_libraries",
+        "cuDNN, NCCL, cuBLAS",
+        PYTORCH,
+        libraries.check_cuda_libraries,
+        decides="the cuDNN, NCCL and cuBLAS torch will load (LD_PRELOAD, LD_LIBRARY_PATH, its own nvidia-* wheels, the ldconfig cache; versions from the files' names and the wheels' metadata) against the versions its METADATA pins: older fails with the fix, newer is fine; a torch that pins none (NGC, conda, source builds) is not compared",
+    ),
+    CheckSpec(
+        "cuda_init",
+        "CUDA init & fabric",
+        DRIVER_GPUS,
+        fabric.check_cuda_init,
+        decides="cuInit(0) in a subprocess with a timeout, only when NVML reports GPUs, and each GPU's NVSwitch fabric state from NVML: a fabric not started (cuInit 802) fails with the Fabric Manager's start (installed at the driver's version when missing); 803/804 fail with the libcuda fix; a fabric setup that failed fails",
+    ),
 )
 
 
@@ -183,6 +209,14 @@ def _statuses(f: Facts) -> dict[str, str]:
         except Exception:
             out[spec.id] = "error"
     return out
+
+
+def judge(f: Facts, check_id: str) -> Finding:
+    """One check's finding, its fixes tried as the report tries them: the one place a finding's
+    fix comes from for whoever else says it (`xl launch --gpus`'s preflight), so the launch and
+    the doctor never give one finding two fixes."""
+    spec = next(s for s in CHECKS if s.id == check_id)
+    return spec.run(replace(f, recheck=_statuses))
 
 
 def run_checks(f: Facts) -> list[Check]:

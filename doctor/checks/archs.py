@@ -29,6 +29,27 @@ _NAMES = {
 }
 
 
+# CUDA 13 renamed Thor's architecture from 10.1 to 11.0: nvcc 13 refuses compute_101 and nvcc
+# 12.8/12.9 know no compute_110. A list naming the other toolkit's name is renamed, never cut.
+_THOR = {"10.1": "11.0", "11.0": "10.1"}
+
+
+def _rename_thor(token: str) -> str:
+    """10.1 <-> 11.0, keeping an arch-specific `a` and a +PTX (10.1a+PTX -> 11.0a+PTX)."""
+    base, plus, rest = token.partition("+")
+    core = base.rstrip("af")
+    return _THOR[core] + base[len(core) :] + plus + rest if core in _THOR else token
+
+
+def _thor_misnamed(tk_ver: str | None, items: list[str]) -> list[str]:
+    """The items this nvcc knows Thor by another name for (10.1 for nvcc 13+, 11.0 for 12.8-12.9)."""
+    v = vtuple(tk_ver)[:2]
+    if len(v) < 2 or v < (12, 8):
+        return []
+    wrong = "10.1" if v[0] >= 13 else "11.0"
+    return [a for a in items if a.split("+")[0].rstrip("af") == wrong]
+
+
 def _export(value: str) -> str:
     return f'export TORCH_CUDA_ARCH_LIST="{value}"'
 
@@ -46,6 +67,8 @@ def _repaired(value: str, caps: list[str], tv: tuple[int, ...] | None = None) ->
         tok = re.sub(r"\+ptx$", "+PTX", tok, flags=re.IGNORECASE)
         name, plus, rest = tok.partition("+")
         tok = _NAMES.get(name.lower(), name) + plus + rest
+        if parse_arch_list(tok, torch_version=tv).bad is not None:
+            tok = _rename_thor(tok)  # Thor by the name the other CUDA major gave it
         if parse_arch_list(tok, torch_version=tv).bad is None:
             out.append(tok)
     return ";".join(dict.fromkeys(out)) or ";".join(caps) or "8.0;9.0"
@@ -87,6 +110,39 @@ def _unset_fix(f: Facts, caps: list[str], newest: tuple[int, int], need: tuple[i
         f" (PTX, compiled at first start; CUDA {first}+ builds sm_{need[0]}{need[1]})"
         if first
         else ""
+    )
+
+
+def _thor_finding(
+    f: Facts,
+    tk_ver: str | None,
+    items: list[str],
+    misnamed: list[str],
+    tv: tuple[int, ...] | None,
+    data: dict[str, Any],
+) -> Finding:
+    """Thor named as the other CUDA major names it: renamed when this torch knows the new name;
+    else a toolkit of the CUDA major that knows the name written."""
+    new = [_rename_thor(a) if a in misnamed else a for a in dict.fromkeys(items)]
+    value = ";".join(new)
+    code = misnamed[0].split("+")[0].rstrip("af").replace(".", "")
+    detail = (
+        f"nvcc {major_minor(tk_ver)} calls Thor {_rename_thor(misnamed[0]).split('+')[0]} (CUDA 13 renamed 10.1 to 11.0): "
+        f"{', '.join(misnamed)} makes it stop with \"nvcc fatal: Unsupported gpu architecture 'compute_{code}'\""
+    )
+    if parse_arch_list(value, torch_version=tv).bad is None:
+        return fail(detail, fix=_arch_fix(f, [value]), data=data)
+    # This torch knows only the old name: a toolkit that still builds it.
+    old = misnamed[0].startswith("10.1")
+    able = [t for t in toolkit_choices(f) if (vtuple(t.version)[:1] < (13,)) == old and vtuple(t.version)[:2] >= (12, 8)]
+    fix = toolkit_fix(f, "arch_list", able) if able else None
+    want = "12.9" if old else "13.0"
+    pkg = f"cuda-toolkit-{want.replace('.', '-')}"  # NVIDIA's apt repository's name for it
+    return fail(
+        detail + f"; {torch_label(f)} knows Thor only as {misnamed[0].split('+')[0].rstrip('af')}",
+        fix=fix
+        or f"sudo apt-get install -y {pkg} && export CUDA_HOME=/usr/local/cuda-{want} PATH=/usr/local/cuda-{want}/bin:$PATH",
+        data=data,
     )
 
 
@@ -150,6 +206,9 @@ def check_arch_list(f: Facts) -> Finding:
                 fix=_export(";".join(keep) or f"{lo[0]}.{lo[1]}"),
                 data=data,
             )
+    misnamed = _thor_misnamed(tk_ver, al.items)
+    if misnamed:
+        return _thor_finding(f, tk_ver, al.items, misnamed, tv, data)
     too_new, newest = _too_new(tk_ver, al.items)
     if too_new and newest is not None:
         keep = [a for a in dict.fromkeys(al.items) if a not in too_new]

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from xl.doctor.facts import Facts, vtuple
 from xl.doctor.tables import cuda_of_driver
 
-_VERSIONED = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
+# A driver's version has a three-digit branch (libcuda.so.570.86.10); WSL2's libcuda.so.1.1
+# (in /usr/lib/wsl/lib) is no driver version and is not compared with the kernel module's.
+_VERSIONED = re.compile(r"^libcuda\.so\.(\d{3,}\.\d+(?:\.\d+)?)$")
 
 
 @dataclass(frozen=True)

@@ -10,27 +10,62 @@ from dataclasses import replace
 from xl.doctor.checks.derived import python_of, torch_version
 from xl.doctor.checks.toolkit_choice import export_toolkit
 from xl.doctor.facts import CmdResult, Facts, Toolkit, TorchInfo, major_minor
-from xl.doctor.wheels import NEWEST_KNOWN, TAG_CUDA, base_version, install_command, version_for
+from xl.doctor.wheels import (
+    NEWEST_KNOWN,
+    TAG_CUDA,
+    base_version,
+    install_command,
+    version_for,
+)
 
 Apply = Callable[[Facts], Facts]
 
+# The checks of what a training run needs to start and run. A fix for one of them that breaks
+# nothing is taken first; failing that, one that breaks only a build check (the toolkit that
+# builds extensions then needs its own fix, which the build checks give next run): a torch wheel
+# that makes the GPUs usable is not traded for a driver upgrade it does not need.
+RUNTIME_CHECKS = frozenset(
+    {
+        "driver",
+        "gpus",
+        "torch",
+        "driver_cuda",
+        "ld_library_path",
+        "cuda_libraries",
+        "cuda_init",
+        "nccl",
+        "cuda_visible_devices",
+    }
+)
 
-def first_safe(f: Facts, check_id: str, candidates: Sequence[tuple[str, Apply]]) -> str | None:
+
+def first_safe(
+    f: Facts, check_id: str, candidates: Sequence[tuple[str, Apply]], strict: bool = False
+) -> str | None:
     """The first candidate fix that, applied to the facts, clears this check's failure and makes
-    no other check fail that did not fail before; None when none does. On hypothetical facts
-    (a fix being tried) the first candidate stands, so trying never recurses."""
+    no other check fail that did not fail before; for a runtime check's fix (unless `strict`),
+    failing that, the first that makes no other runtime check fail. None when none does. On
+    hypothetical facts (a fix being tried) the first candidate stands, so trying never recurses."""
     if not candidates:
         return None
     if f.what_if or f.recheck is None:
         return candidates[0][0]
     before = f.recheck(replace(f, what_if=True))
-    for text, apply in candidates:
-        after = f.recheck(apply(f))
-        if after.get(check_id) == "fail":
-            continue
-        if any(s == "fail" and before.get(k) != "fail" for k, s in after.items() if k != check_id):
-            continue
-        return text
+    tried = [(text, f.recheck(apply(f))) for text, apply in candidates]
+    passes: list[frozenset[str] | None] = [None]
+    if check_id in RUNTIME_CHECKS and not strict:
+        passes.append(RUNTIME_CHECKS)
+    for judged in passes:
+        for text, after in tried:
+            if after.get(check_id) == "fail":
+                continue
+            if any(
+                s == "fail" and before.get(k) != "fail" and (judged is None or k in judged)
+                for k, s in after.items()
+                if k != check_id
+            ):
+                continue
+            return text
     return None
 
 
@@ -46,15 +81,16 @@ def with_torch(tag: str, version: str | None) -> Apply:
     return apply
 
 
-def torch_fix(f: Facts, check_id: str, tags: Sequence[str]) -> str | None:
+def torch_fix(f: Facts, check_id: str, tags: Sequence[str], strict: bool = False) -> str | None:
     """The first `pip install torch ... --index-url .../<tag>` among `tags` that is published
-    (wheels.py) and breaks no other check."""
+    (wheels.py) and breaks no other check (a downgrade is said in the command's note); `strict`
+    as in first_safe."""
     py = python_of(f)
     cands = []
     for tag in tags:
         pin = version_for(tag, torch_version(f))
         cands.append((install_command(py, tag, torch_version(f)), with_torch(tag, pin)))
-    return first_safe(f, check_id, cands)
+    return first_safe(f, check_id, cands, strict)
 
 
 def with_toolkit(tk: Toolkit) -> Apply:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from xl.doctor.checks.derived import torch_cuda
 from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
+from xl.doctor.checks.kmod import not_loaded
 from xl.doctor.facts import Facts
 from xl.gpu.models import mixed_models, model_counts, models_text
 
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
     from xl.gpu.records import GPU
 
 _DRIVER_FIXES = {
-    "driver_not_loaded": "sudo modprobe nvidia (or reboot); `dmesg | grep -i nvidia` says why it did not load",
     "version_mismatch": "reboot, or unload and reload the kernel module: sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia",
     "no_permission": "add yourself to the group that owns /dev/nvidia* (often `video`): sudo usermod -aG video $USER, then log in again",
 }
@@ -31,9 +31,14 @@ def check_driver(f: Facts) -> Finding:
         )
     if d.error:
         kind = d.error_kind or "other"
-        data = {"error_kind": kind}
+        data: dict[str, Any] = {"error_kind": kind}
         if kind == "library_not_found":
             return _no_driver(f, d.error, data)
+        if kind == "driver_not_loaded":
+            why, fix = not_loaded(f)
+            if f.kernel is not None:
+                data["kernel_module"] = f.kernel.to_json()
+            return fail(f"{d.error}; {why}" if why else d.error, fix=fix, data=data)
         return Finding(
             status="error" if kind == "other" else "fail",
             detail=d.error,

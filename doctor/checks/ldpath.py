@@ -7,6 +7,7 @@ import os
 
 from xl.doctor.checks.compat import unusable
 from xl.doctor.checks.derived import torch_cuda
+from xl.doctor.checks.loaded import older_on_ld_path, unknown_nccl_on_path
 from xl.doctor.checks.toolkit_choice import in_use_toolkit
 from xl.doctor.facts import Facts, LdEntry, vtuple
 
@@ -38,11 +39,13 @@ def shadowed_torch_libs(f: Facts) -> list[tuple[LdEntry, str, str, str]]:
 def ld_fix(f: Facts) -> str:
     """`export LD_LIBRARY_PATH=...` with the entries that are folders that exist and can be
     read, without CUDA runtimes of another toolkit, without libraries older than torch's own,
-    without a libcuda that cannot work; with the toolkit in use's own library folder when none
+    without cuDNN, NCCL or cuBLAS older than torch's pins, without a libcuda that cannot work; with the toolkit in use's own library folder when none
     of its folders is there. `unset LD_LIBRARY_PATH` when nothing is left."""
     tk = in_use_toolkit(f)
     lib_dirs = tk.lib_dirs if tk is not None else []
     drop = {e.path for e, *_ in shadowed_torch_libs(f)}
+    drop |= {x.where for x in older_on_ld_path(f)}
+    drop |= set(unknown_nccl_on_path(f))
     bad = unusable(f)
     if bad is not None and bad.source == "LD_LIBRARY_PATH":
         drop.add(bad.folder)

@@ -10,7 +10,6 @@ from xl.doctor.archs import parse_arch_list
 from xl.doctor.checks.compat import driver_mismatch, forward_compat, ldconfig_fix
 from xl.doctor.checks.derived import (
     home_cuda,
-    on_host,
     python_of,
     torch_cuda,
     torch_label,
@@ -21,11 +20,13 @@ from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
 from xl.doctor.checks.fixes import Apply, first_safe, toolkit_fix, torch_fix, with_torch
 from xl.doctor.checks.ldpath import ld_fix
 from xl.doctor.checks.toolkit_choice import toolkit_with
+from xl.doctor.checks.upgrade import RUNFILE, branch_for, driver_upgrade
 from xl.doctor.facts import Facts, major_minor, vtuple
 from xl.doctor.tables import DRIVER_FOR_CUDA, deepspeed_verdict
 from xl.doctor.wheels import (
     TAG_CUDA,
     install_command,
+    is_downgrade,
     tag_of,
     tags_by_cuda,
     version_for,
@@ -107,21 +108,33 @@ def _no_kernel(tag: str, version: str | None, caps: list[str]) -> list[str]:
 def _wheel_tags(f: Facts, caps: list[str]) -> list[str]:
     """Tags worth installing from: every GPU has kernels in the wheel a fix would install
     (the version it pins there); the driver runs them fully (newest first), then through
-    minor-version compatibility (oldest first)."""
+    minor-version compatibility (oldest first); in each, those that would downgrade torch last."""
     current = torch_version(f)
     cover = [t for t in tags_by_cuda() if not _no_kernel(t, version_for(t, current), caps)]
     dc = vtuple(_driver_cuda(f))[:2]
     if not dc:
-        return cover[::-1]
+        return _no_downgrade_first(cover[::-1], current, least=False)
     full = [t for t in cover if vtuple(TAG_CUDA[t]) <= dc]
     compat = [t for t in cover if vtuple(TAG_CUDA[t]) > dc and vtuple(TAG_CUDA[t])[0] == dc[0]]
-    return full[::-1] + compat
+    return _no_downgrade_first(full[::-1], current, least=False) + _no_downgrade_first(
+        compat, current, least=True
+    )
+
+
+def _no_downgrade_first(tags: list[str], current: str | None, least: bool) -> list[str]:
+    """The tags whose pin keeps the installed torch's version (or newer) first, in their order;
+    then those that downgrade it (said in the fix), in their order, or the least one first."""
+    keep = [t for t in tags if not is_downgrade(t, current)]
+    down = [t for t in tags if is_downgrade(t, current)]
+    if least:
+        down.sort(key=lambda t: vtuple(version_for(t, current)), reverse=True)
+    return keep + down
 
 
 def _wheel_fix(f: Facts, caps: list[str]) -> str:
     """The torch wheel to install: one the driver runs with kernels for every GPU here (tried
-    on the facts, breaking no other check); else the driver upgrade the newest such wheel needs,
-    then that wheel (tried the same way, driver and all)."""
+    on the facts, breaking no other check); else that wheel with the driver upgrade the newest
+    such wheel needs, as this machine's distribution installs it (tried the same way, driver and all)."""
     fix = torch_fix(f, "torch", _wheel_tags(f, caps))
     if fix:
         return fix
@@ -132,13 +145,12 @@ def _wheel_fix(f: Facts, caps: list[str]) -> str:
         need = DRIVER_FOR_CUDA.get(TAG_CUDA[tag])
         if need is None or _no_kernel(tag, pin, caps):
             continue
-        upgrade = on_host(f, f"upgrade the NVIDIA driver to {need} or newer")
-        cands.append(
-            (f"{upgrade}, then {install_command(py, tag, current)}", _upgraded(tag, pin, need))
-        )
-    return first_safe(f, "torch", cands) or on_host(
-        f, "upgrade the NVIDIA driver, then install a CUDA build of torch"
-    )
+        cmd = driver_upgrade(f, vtuple(need)[0], install_command(py, tag, current))
+        cands.append((cmd, _upgraded(tag, pin, need)))
+    if cands:
+        return first_safe(f, "torch", cands) or cands[0][0]
+    newest = max(DRIVER_FOR_CUDA.values(), key=vtuple)
+    return driver_upgrade(f, vtuple(newest)[0], f"{py} -m pip install --force-reinstall torch")
 
 
 def _upgraded(tag: str, pin: str | None, driver: str) -> Apply:
@@ -280,28 +292,50 @@ def check_driver_cuda(f: Facts) -> Finding:
                 data=data,
             )
         return ok(f"driver supports CUDA {dc} >= torch's {tc}", data=data)
-    need = DRIVER_FOR_CUDA.get(major_minor(tc) or "")
     major = vtuple(tc)[0]
     floor = MINOR_COMPAT_DRIVER.get(major)
     branch = vtuple(d.version)[:1]
-    upgrade = on_host(
-        f, f"upgrade the NVIDIA driver to {need} or newer" if need else "upgrade the NVIDIA driver"
-    )
-    caps = sorted({g.compute_capability for g in working_gpus(f) if g.compute_capability})
-    full = [t for t in _wheel_tags(f, caps) if vtuple(TAG_CUDA[t])[:2] <= vtuple(dc)[:2]]
-    wheel = torch_fix(f, "driver_cuda", full)
-    fix = upgrade + (f", or install a torch built for CUDA <= {dc}: {wheel}" if wheel else "")
+    fix, alternative = _driver_cuda_fix(f, tc, dc)
     if vtuple(dc)[0] == major and floor is not None and branch and branch[0] >= floor:
         data["minor_version_compatibility"] = True
         return warn(
             f"driver {d.version} supports CUDA up to {dc}; torch's {tc} runs through NVIDIA's minor-version "
             f"compatibility (CUDA {major}.x from driver {floor}), without PTX JIT: Triton kernels and "
-            "torch.compile may fail (CUDA_ERROR_UNSUPPORTED_PTX_VERSION)",
+            f"torch.compile may fail (CUDA_ERROR_UNSUPPORTED_PTX_VERSION){alternative}",
             fix=fix,
             data=data,
         )
     return fail(
-        f'driver {d.version} supports CUDA up to {dc} but torch needs {tc}: "CUDA driver version is insufficient"',
+        f'driver {d.version} supports CUDA up to {dc} but torch needs {tc}: "CUDA driver version is insufficient"'
+        f"{alternative}",
         fix=fix,
         data=data,
     )
+
+
+def _driver_cuda_fix(f: Facts, tc: str, dc: str) -> tuple[str, str]:
+    """(the fix, an alternative said in the detail) for a torch whose CUDA the driver does not
+    run fully. One direction: a wheel of the installed torch's version (or newer) that the
+    driver runs and that breaks no other check; else the driver upgrade that keeps this torch, with the downgrade a wheel the
+    driver runs would be said in the detail, not offered as a second fix."""
+    caps = sorted({g.compute_capability for g in working_gpus(f) if g.compute_capability})
+    current = torch_version(f)
+    full = [t for t in _wheel_tags(f, caps) if vtuple(TAG_CUDA[t])[:2] <= vtuple(dc)[:2]]
+    # Strict: a wheel that would break an extension build is not taken over a driver upgrade
+    # that breaks nothing.
+    wheel = torch_fix(f, "driver_cuda", [t for t in full if not is_downgrade(t, current)], strict=True)
+    if wheel:
+        return wheel, ""
+    branch = branch_for(tc)
+    upgrade = (
+        driver_upgrade(f, branch)
+        if branch is not None
+        else f"install the newest NVIDIA driver from {RUNFILE}"
+    )
+    down = torch_fix(f, "driver_cuda", [t for t in full if is_downgrade(t, current)])
+    alternative = (
+        f". Keeping driver {f.driver.version if f.driver else '?'} instead means a torch downgrade: {down}"
+        if down
+        else ""
+    )
+    return upgrade, alternative

@@ -10,6 +10,10 @@ from typing import Any
 
 from xl.doctor.checks.derived import python_of, torch_cuda, torch_label, working_gpus
 from xl.doctor.checks.finding import Finding, fail, ok, skip, warn
+from xl.doctor.checks.ldpath import ld_fix
+from xl.doctor.checks.loaded import unknown_nccl_on_path
+from xl.doctor.checks.ncclnet import ib_hca, net_plugin
+from xl.doctor.checks.upgrade import driver_upgrade
 from xl.doctor.facts import Facts, vtuple
 
 MIB = 1024 * 1024
@@ -114,6 +118,9 @@ def _fatal_nccl(f: Facts) -> list[tuple[str, str]]:
     wrong = _foreign_nccl_wheel(f)
     if wrong is not None:
         out.append(wrong)
+    hca = ib_hca(f)
+    if hca is not None and hca[2]:
+        out.append((hca[0], hca[1]))
     return out
 
 
@@ -158,8 +165,9 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
     ):
         traps.append(
             (
-                f"{len(consumer)} RTX 40xx GPUs with driver {driver}: P2P/IB between them hangs or corrupts",
-                "export NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1 (or upgrade the driver to 550.40.07+)",
+                f"{len(consumer)} RTX 40xx GPUs with driver {driver}: P2P/IB between them hangs or corrupts "
+                f"(fixed from driver 550.40.07: {driver_upgrade(f, 550)})",
+                "export NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1",
             )
         )
     if p2p_off and len(datacenter) > 1:
@@ -176,6 +184,12 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
                 "unset NCCL_IB_DISABLE",
             )
         )
+    hca = ib_hca(f)
+    if hca is not None and not hca[2]:
+        traps.append((hca[0], hca[1]))
+    plugin = net_plugin(f)
+    if plugin is not None:
+        traps.append(plugin)
     if env.get("NCCL_SHM_DISABLE") == "1":
         traps.append(
             (
@@ -198,12 +212,16 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
                 "export NCCL_DEBUG=WARN (or INFO while debugging)",
             )
         )
-    shadow = next((e for e in f.ld_entries if e.nccl), None)
-    if shadow is not None and torch_cuda(f) and f.torch is not None and f.torch.nccl:
+    # An NCCL on LD_LIBRARY_PATH is the cuda_libraries check's: older than torch's pin fails
+    # there; a newer one (the usual way to take an NCCL fix early) is fine. One whose file name
+    # does not tell its version can't be compared: said, with the one LD_LIBRARY_PATH fix.
+    unknown = unknown_nccl_on_path(f)
+    if unknown and f.torch is not None:
         traps.append(
             (
-                f"{shadow.path}/{shadow.nccl[0]} shadows torch's own NCCL {f.torch.nccl} (undefined-symbol errors, hangs)",
-                f"remove {shadow.path} from LD_LIBRARY_PATH",
+                f"{unknown[0]}/libnccl.so.2 comes before torch's own NCCL {f.torch.nccl} and its file name does not "
+                "tell its version (an older one: undefined-symbol errors, hangs)",
+                ld_fix(f),
             )
         )
     return traps

@@ -10,6 +10,7 @@ from xl.doctor.checks.derived import nvcc_versions, torch_cuda, torch_label
 from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
 from xl.doctor.checks.fixes import toolkit_fix
 from xl.doctor.checks.ldpath import ld_fix, shadowed_torch_libs
+from xl.doctor.checks.loaded import all_loaded, older_on_ld_path
 from xl.doctor.checks.toolkit_choice import (
     export_toolkit,
     in_use_toolkit,
@@ -18,7 +19,7 @@ from xl.doctor.checks.toolkit_choice import (
     toolkit_with,
     usable_toolkit,
 )
-from xl.doctor.facts import Facts, Toolkit, parse_nvcc_version, vtuple
+from xl.doctor.facts import Facts, Toolkit, major_minor, parse_nvcc_version, vtuple
 
 
 def _cuda_home_unresolved(f: Facts, data: dict[str, Any]) -> Finding:
@@ -62,6 +63,31 @@ def _target_headers(f: Facts, inc: str, data: dict[str, Any]) -> Finding:
         "C++ files of an extension include <cuda_runtime_api.h> through -I$CUDA_HOME/include and fail",
         fix=f"export CPATH={inc}${{CPATH:+:$CPATH}}",
         data=data,
+    )
+
+
+def conda_headers_fix(tk: Toolkit, short: str) -> str:
+    """A conda environment with cuda-nvcc but no headers: the conda packages that bring the
+    runtime's and the libraries' headers, from the channel its nvcc came from, at its version;
+    conda puts them in targets/<arch>/include, which the host compiler is then told (CPATH)."""
+    cmd = (
+        f"conda install -y -p {tk.root} -c {tk.conda_channel} cuda-cudart-dev cuda-libraries-dev "
+        f"cuda-version={short}"
+    )
+    if tk.target_dir:
+        cmd += f" && export CPATH={tk.target_dir}/include${{CPATH:+:$CPATH}}"
+    return cmd
+
+
+def _install_toolkit(cuda: str | None) -> str:
+    """No complete toolkit anywhere: NVIDIA's package of the one wanted (its apt repository's
+    name; /usr/local/cuda-X.Y is where it installs)."""
+    if not cuda or major_minor(cuda) is None:
+        return "sudo apt-get install -y cuda-toolkit && export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH"
+    mm = major_minor(cuda)
+    return (
+        f"sudo apt-get install -y cuda-toolkit-{str(mm).replace('.', '-')} && "
+        f"export CUDA_HOME=/usr/local/cuda-{mm} PATH=/usr/local/cuda-{mm}/bin:$PATH"
     )
 
 
@@ -110,9 +136,11 @@ def check_cuda_home(f: Facts) -> Finding:
             if target and target.real != d.real and target.has_headers
             else alt
         )
+        if d.conda_channel and home_short:
+            fix = conda_headers_fix(d, home_short)
         return warn(
             f"{home} ({where}) has no include/cuda_runtime.h{lead}: extension builds won't find CUDA headers and libraries",
-            fix=fix or "point CUDA_HOME at a complete toolkit",
+            fix=fix or _install_toolkit(home_short or torch_cuda(f)),
             data=data,
         )
     path_short, _ = nvcc_versions(f, "path")
@@ -265,6 +293,20 @@ def check_toolkits(f: Facts) -> Finding:
     return ok(f"{listing}; {sel}", data=data)
 
 
+def _torch_runtime_dirs(f: Facts, tk: Toolkit | None) -> set[str]:
+    """torch's own nvidia/ wheel folders whose CUDA runtime is the toolkit's major.minor: named
+    on LD_LIBRARY_PATH (as some launch scripts do), they hold the runtime torch loads anyway and
+    one an extension built by that toolkit runs with, so they shadow nothing."""
+    t = f.torch
+    if t is None or tk is None or not tk.short:
+        return set()
+    return {
+        os.path.realpath(folder)
+        for soname, ver, folder in t.pip_libs
+        if soname.startswith("libcudart.") and major_minor(ver) == tk.short
+    }
+
+
 def _ld_problems(f: Facts, tk: Toolkit | None, want: tuple[int, ...]) -> list[str]:
     """What is wrong with LD_LIBRARY_PATH's entries: bad folders, and CUDA runtimes of another
     major or ahead of the toolkit's own (the loader takes the first match)."""
@@ -288,8 +330,9 @@ def _ld_problems(f: Facts, tk: Toolkit | None, want: tuple[int, ...]) -> list[st
         return problems
     tk_dirs = set(tk.lib_dirs) if tk is not None else set()
     tk_pos = next((i for i, e in enumerate(f.ld_entries) if e.real in tk_dirs), None)
+    own = _torch_runtime_dirs(f, tk)
     for i, e in enumerate(f.ld_entries):
-        if e.real in tk_dirs:
+        if e.real in tk_dirs or e.real in own:
             continue
         other = [s for s in e.cudart if vtuple(s.rsplit(".so.", 1)[-1])[:1] != want]
         same = [s for s in e.cudart if vtuple(s.rsplit(".so.", 1)[-1])[:1] == want]
@@ -318,7 +361,10 @@ def check_ld_library_path(f: Facts) -> Finding:
         return ok(f"unset{extra}", data=data)
     if value == "":
         return ok("set but empty (the loader ignores it)", data=data)
-    shadows = shadowed_torch_libs(f)
+    # cuDNN, NCCL and cuBLAS older than torch's pins are the cuda_libraries check's finding (its
+    # fix is the same LD_LIBRARY_PATH): said there once, only referred to here.
+    judged = {x.soname for x in all_loaded(f)}
+    shadows = [s for s in shadowed_torch_libs(f) if s[1] not in judged]
     if shadows:
         e, soname, theirs, ours = shadows[0]
         return fail(
@@ -327,14 +373,18 @@ def check_ld_library_path(f: Facts) -> Finding:
             fix=ld_fix(f),
             data={**data, "shadowed": [[x.path, n, a, b] for x, n, a, b in shadows]},
         )
+    older = older_on_ld_path(f)
+    refer = ""
+    if older:
+        data["older"] = [[y.where, y.soname, y.version, y.need] for y in older]
+        names = ", ".join(f"{y.where}/{y.soname} ({y.version})" for y in older)
+        refer = f"; {names}: older than torch's pin, see cuda_libraries"
     problems = _ld_problems(f, tk, want)
     if not problems:
         extra = ""
         if cache and not any(f"libcudart.so.{want[0]}" in e.cudart for e in f.ld_entries):
             extra = f"; the ldconfig cache resolves libcudart.so.{want[0]} to {cache[0]}"
         n = len(f.ld_entries)
-        return ok(
-            f"{n} {'entry' if n == 1 else 'entries'}, no conflicting CUDA libraries{extra}",
-            data=data,
-        )
-    return warn("; ".join(problems), fix=ld_fix(f), data=data)
+        clean = "" if older else ", no conflicting CUDA libraries"
+        return ok(f"{n} {'entry' if n == 1 else 'entries'}{clean}{extra}{refer}", data=data)
+    return warn("; ".join(problems) + refer, fix=ld_fix(f), data=data)

@@ -15,8 +15,10 @@ from xl.doctor.probes.files import is_dir, is_file, which, why_not_a_folder
 CUDART = re.compile(r"^libcudart\.so\.(\d+)$")
 # The libraries torch's pip wheels bring (see torch_probe.PIP_LIB), with the full version a
 # toolkit's real file names carry (libnvJitLink.so.12.1.105).
+# NCCL and cuDNN too, whose real files carry their own version (libnccl.so.2.21.5,
+# libcudnn.so.9.1.0): what the `cuda_libraries` check compares with torch's pins.
 CUDA_LIB = re.compile(
-    r"^(lib(?:cudart|nvJitLink|cublas|cublasLt|cusparse|cusolver|cufft|curand|nvrtc)\.so\.\d+)"
+    r"^(lib(?:cudart|nvJitLink|cublas|cublasLt|cusparse|cusolver|cufft|curand|nvrtc|nccl|cudnn)\.so\.\d+)"
     r"(?:\.(\d+(?:\.\d+){0,3}))?$"
 )
 
@@ -66,7 +68,15 @@ def scan_ld_library_path(value: str | None) -> list[LdEntry]:
 
 
 _LDCONFIG_LINE = re.compile(r"^\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(.+?)\s*$")
-_LD_INTEREST = ("libcudart.so", "libnccl.so", "libcuda.so", "libnvidia-ml.so", "libcudnn.so")
+_LD_INTEREST = (
+    "libcudart.so",
+    "libnccl.so",
+    "libcuda.so",
+    "libnvidia-ml.so",
+    "libcudnn.so",
+    "libcublas.so",
+    "libnccl-net",
+)
 # The ABI word ldconfig prints for 64-bit libraries ("libc6,x86-64", "libc6,AArch64", ...).
 _LD_64BIT = ("x86-64", "AArch64", "64bit", "IA-64")
 
@@ -93,3 +103,52 @@ def find_ldconfig(env: Mapping[str, str]) -> str | None:
     return which("ldconfig", env.get("PATH")) or next(
         (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if is_file(p)), None
     )
+
+
+def lib_version(path: str) -> tuple[str, str | None] | None:
+    """(soname, full version) of a CUDA library file, the version read off the name of the file
+    it resolves to (libnccl.so.2 -> libnccl.so.2.21.5: "2.21.5"); None for other files."""
+    for name in (os.path.basename(os.path.realpath(path)), os.path.basename(path)):
+        m = CUDA_LIB.match(name)
+        if m and m.group(2):
+            soname = m.group(1)
+            return soname, f"{soname.rsplit('.', 1)[1]}.{m.group(2)}"
+    m = CUDA_LIB.match(os.path.basename(path))
+    return (m.group(1), None) if m else None
+
+
+def scan_preload(value: str | None) -> list[tuple[str, str, str | None]]:
+    """(path, soname, version) of each CUDA library LD_PRELOAD names (split on spaces and
+    colons, as the loader does); the loader takes these before anything else."""
+    out: list[tuple[str, str, str | None]] = []
+    for raw in re.split(r"[\s:]+", value or "")[:64]:
+        found = lib_version(raw) if raw else None
+        if found is not None and is_file(raw):
+            out.append((raw, found[0], found[1]))
+    return out
+
+
+def cache_versions(cache: dict[str, list[str]]) -> dict[str, str]:
+    """soname -> the full version of the file the ldconfig cache's first entry resolves to."""
+    out: dict[str, str] = {}
+    for soname, paths in cache.items():
+        found = lib_version(paths[0]) if paths else None
+        if found is not None and found[1]:
+            out[soname] = found[1]
+    return out
+
+
+def find_net_plugin(value: str | None, ld_value: str | None, cache: dict[str, list[str]]) -> tuple[str, str | None] | None:
+    """(the library NCCL_NET_PLUGIN makes NCCL dlopen, where the loader finds it or None).
+    NCCL opens libnccl-net-<value>.so (a value that is a file name or path: as it is)."""
+    value = (value or "").strip()
+    if not value or value.lower() == "none":
+        return None
+    name = value if "/" in value or value.endswith(".so") else f"libnccl-net-{value}.so"
+    if "/" in name:
+        return name, (name if is_file(name) else None)
+    for folder in [*(ld_value or "").split(":"), "/lib", "/usr/lib", "/lib64", "/usr/lib64", "/usr/local/lib"]:
+        if folder and is_file(os.path.join(folder, name)):
+            return name, os.path.join(folder, name)
+    hit = cache.get(name)
+    return name, (hit[0] if hit else None)

@@ -86,4 +86,14 @@ def torch_info(data: Mapping[str, object], python: str) -> TorchInfo:
     req = data.get("nccl_required")
     info.nccl_required = (str(req[0]), str(req[1])) if isinstance(req, list) and len(req) == 2 else None
     info.pip_toolkits = [(a, b) for a, b in _rows(data, "pip_toolkits", 2)]
+    info.requires = _names(data, "requires")
+    info.nvidia_dists = _names(data, "nvidia_dists")
     return info
+
+
+def _names(data: Mapping[str, object], key: str) -> dict[str, str]:
+    """{name: version} under `key`, as text (anything else in the answer is left out)."""
+    value = data.get(key)
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): str(v) for k, v in value.items() if isinstance(v, str)}

@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 from xl.doctor.probes.files import listdir
+from xl.doctor.probes.kernel import at
 
 if TYPE_CHECKING:
     from xl.gpu.health import Health
@@ -25,7 +26,7 @@ def shm_size(path: str = "/dev/shm") -> tuple[int | None, int | None, str | None
 def container_kind() -> str | None:
     """docker | podman when this process runs in a container (the runtime's marker file)."""
     for marker, kind in (("/.dockerenv", "docker"), ("/run/.containerenv", "podman")):
-        if os.path.exists(marker):
+        if os.path.exists(at(marker)):
             return kind
     return None
 
@@ -36,17 +37,82 @@ def net_interfaces() -> list[str]:
 
 
 def infiniband_devices() -> list[str]:
-    return listdir("/sys/class/infiniband")
+    return listdir(at("/sys/class/infiniband"))
 
 
-def probe_inventory() -> tuple[Inventory, dict[int, Health]]:
-    """The driver, its GPUs with the processes on them, and each GPU's health (compute mode,
-    ECC, row remapping, page retirement): what the `gpus` check judges."""
+# nvmlGpuFabricState_t, as the `cuda_init` check names them.
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+
+
+def probe_inventory() -> tuple[Inventory, dict[int, Health], dict[int, tuple[str, str | None]]]:
+    """The driver, its GPUs with the processes on them, each GPU's health (compute mode, ECC,
+    row remapping, page retirement): what the `gpus` check judges; and each GPU's NVSwitch
+    fabric state, what the `cuda_init` check judges."""
     from xl.gpu import health, nvml  # noqa: PLC0415 - loads on the NVML probe's thread, overlapping the subprocesses
 
     inv = nvml.inventory(processes=True)
     ok = [g.index for g in inv.gpus if not g.lost]
-    return inv, (health.health(ok) if ok and not inv.driver.error else {})
+    if not ok or inv.driver.error:
+        return inv, {}, {}
+    return inv, health.health(ok), fabric(ok)
+
+
+def fabric(indices: list[int]) -> dict[int, tuple[str, str | None]]:
+    """{GPU: (fabric state, its status when not success)} from nvmlDeviceGetGpuFabricInfo, for
+    the GPUs on an NVSwitch fabric (HGX/DGX Hopper and later); others are left out (NVML says
+    NOT_SUPPORTED, or the driver predates the function)."""
+    import ctypes  # noqa: PLC0415 - only with GPUs
+
+    import pynvml  # noqa: PLC0415 - NVML is loaded already (the inventory); `import xl` stays free
+
+    out: dict[int, tuple[str, str | None]] = {}
+    for i in indices:
+        try:
+            info = pynvml.c_nvmlGpuFabricInfo_t()
+            pynvml.nvmlDeviceGetGpuFabricInfo(pynvml.nvmlDeviceGetHandleByIndex(i), ctypes.byref(info))
+        except Exception:
+            continue  # NOT_SUPPORTED, FunctionNotFound: no fabric to judge
+        state = FABRIC_STATES.get(int(info.state), str(info.state))
+        if state == "not_supported":
+            continue
+        status = None
+        if state == "completed" and int(info.status) != 0:
+            try:
+                status = pynvml.nvmlErrorString(int(info.status))
+            except Exception:
+                status = f"NVML error {int(info.status)}"
+            status = status.decode() if isinstance(status, bytes) else str(status)
+        out[i] = (state, status)
+    return out
+
+
+# cuInit in a child: the CUresult it returns ("nolib" without a libcuda.so.1). Its own
+# interpreter (-I -S: nothing of the user's site) keeps a hang or a crash of the driver's
+# user-space library out of the doctor.
+_CUINIT = (
+    "import ctypes\n"
+    "try:\n    lib = ctypes.CDLL('libcuda.so.1')\n"
+    "except OSError:\n    print('nolib')\n"
+    "else:\n    print(int(lib.cuInit(0)))\n"
+)
+
+
+def probe_cuinit(python: str) -> tuple[int | None, str | None]:
+    """(CUresult of cuInit(0), None), or (None, why there is none), from a subprocess with a
+    timeout: the CUDA driver's own verdict (802: system not ready, e.g. Fabric Manager not
+    running; 803: libcuda and the kernel module disagree)."""
+    from xl.doctor.probes.commands import run_cmd  # noqa: PLC0415 - only with GPUs
+
+    run = run_cmd([python, "-I", "-S", "-c", _CUINIT], label="cuInit probe")
+    out = run.stdout.strip()
+    if not run.ok:
+        return None, run.problem
+    if out == "nolib":
+        return None, "no libcuda.so.1 the loader finds"
+    try:
+        return int(out.splitlines()[-1]), None
+    except (ValueError, IndexError):
+        return None, f"the cuInit probe printed {run.first_line()!r}"
 
 
 def env_snapshot() -> dict[str, str]:

@@ -134,7 +134,29 @@ def inspect_toolkit(root: str, found_by: str) -> Toolkit:
             if CUDART.match(name) and name not in tk.cudart:
                 tk.cudart.append(name)
     tk.cudart.sort()
+    _read_conda(tk, real)
     return tk
+
+
+def _read_conda(tk: Toolkit, real: str) -> None:
+    """A conda environment's toolkit: the channel of its cuda-nvcc record (conda-meta/*.json),
+    conda-forge when the record does not say, and its targets/<arch> folder."""
+    meta = os.path.join(real, "conda-meta")
+    if not is_dir(meta):
+        return
+    for arch in ("x86_64-linux", "sbsa-linux"):
+        if is_dir(os.path.join(tk.root, "targets", arch)):
+            tk.target_dir = os.path.join(tk.root, "targets", arch)
+            break
+    tk.conda_channel = "conda-forge"
+    record = next((n for n in sorted(listdir(meta)) if n.startswith("cuda-nvcc-") and n.endswith(".json")), None)
+    text = read_text(os.path.join(meta, record), limit=1 << 20) if record else None
+    m = re.search(r'"channel"\s*:\s*"([^"]+)"', text or "")
+    if m:
+        # https://conda.anaconda.org/nvidia/label/cuda-12.4.1 -> nvidia/label/cuda-12.4.1
+        channel = re.sub(r"^https?://conda\.anaconda\.org/", "", m.group(1)).strip("/")
+        if re.fullmatch(r"[\w./-]+", channel):
+            tk.conda_channel = "conda-forge" if channel.startswith("conda-forge") else channel
 
 
 def toolkit_root_of_libdir(entry: str) -> str | None:

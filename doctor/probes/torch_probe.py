@@ -133,6 +133,30 @@ def pip_libs(site: str) -> list[tuple[str, str, str]]:
     return out
 
 
+_NVIDIA_REQ = re.compile(r"^Requires-Dist:\s*(nvidia-[\w.-]+?)\s*==\s*([0-9][\w.]*)", re.MULTILINE)
+
+
+def nvidia_required(metadata: str) -> dict[str, str]:
+    """{distribution: version} of every nvidia-* wheel torch's METADATA pins with ==."""
+    try:
+        if not os.path.isfile(metadata):
+            return {}
+        with open(metadata, "rb") as fh:
+            text = fh.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return {}
+    return {m.group(1).lower(): m.group(2) for m in _NVIDIA_REQ.finditer(text)}
+
+
+def nvidia_dists(site: str) -> dict[str, str]:
+    """{distribution: version} of the nvidia-* distributions installed in `site`."""
+    out = {}
+    for n in dists(site, "nvidia_"):
+        name = n[: -len(".dist-info")].split("-", 1)[0].replace("_", "-").lower()
+        out[name] = version_of(n)
+    return out
+
+
 _NCCL_REQ = re.compile(r"^Requires-Dist:\s*(nvidia-nccl-cu\d+)\s*==\s*([0-9][\w.]*)", re.MULTILINE)
 
 
@@ -187,6 +211,8 @@ def probe() -> dict[str, Any]:
     out["nccl_wheels"] = wheels
     if td:
         out["nccl_required"] = nccl_required(os.path.join(site, td[-1], "METADATA"))
+        out["requires"] = nvidia_required(os.path.join(site, td[-1], "METADATA"))
+    out["nvidia_dists"] = nvidia_dists(site)
     out["pip_toolkits"] = pip_toolkits(site)
     out["pip_ptxas"] = pip_ptxas(site)
     out["pip_libs"] = pip_libs(site)

@@ -53,6 +53,8 @@ CHECK_IDS = [
     "nccl",
     "ninja",
     "arch_list",
+    "cuda_libraries",
+    "cuda_init",
 ]
 STATUSES = ("ok", "skip", "warn", "error", "fail")  # mildest first
 CHECK_KEYS = {"id", "status", "title", "detail", "fix"}

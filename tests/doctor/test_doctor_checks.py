@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -217,8 +218,19 @@ def test_driver_cuda() -> None:
     # 12.x), without PTX JIT: a warning with that reason, not "driver too old".
     low = check_driver_cuda(facts(torch=cuda_torch("12.8"), driver=Driver("550.54.15", "12.4")))
     assert low.status == "warn" and "minor-version compatibility" in low.detail
-    assert "12.4" in low.detail and "12.8" in low.detail and "570.26" in low.fix
+    assert "12.4" in low.detail and "12.8" in low.detail
     assert "PTX" in low.detail and low.data["minor_version_compatibility"] is True
+    # One direction: torch 2.4.0 was published for cu124, which the driver runs fully.
+    assert low.fix.endswith("torch==2.4.0 --index-url https://download.pytorch.org/whl/cu124"), low.fix
+    assert "driver" not in low.fix
+    # torch 2.13.0+cu130 on it: every wheel 550 runs is a downgrade, so the fix is the upgrade
+    # to 580 for this distribution, and the downgrade is said in the detail only.
+    new = replace(cuda_torch("13.0"), version="2.13.0+cu130")
+    up = check_driver_cuda(facts(torch=new, driver_os="ubuntu 24"))
+    assert up.status == "fail" and up.fix == "sudo apt-get install -y nvidia-driver-580 && sudo reboot", up
+    assert "a torch downgrade: " in up.detail and "(a downgrade from torch 2.13.0" in up.detail
+    rocky = check_driver_cuda(facts(torch=new, driver_os="rhel 9", container="docker"))
+    assert rocky.fix == "on the host, not in this container: sudo dnf module install -y nvidia-driver:580-dkms && sudo reboot"
     # 13.x needs a 580 driver for that; another major is a failure.
     thirteen = check_driver_cuda(
         facts(torch=cuda_torch("13.0"), driver=Driver("580.65.06", "13.0"))
@@ -385,7 +397,7 @@ def test_run_doctor_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(run, "collect", lambda python=None: 1 / 0)
     report = run.run_doctor()
     assert [c.id for c in report.checks] == [spec.id for spec in checks.CHECKS]
-    assert len(report.checks) == 16 and report.status == "error" and report.exit_code() == 0
+    assert len(report.checks) == len(checks.CHECKS) == 18 and report.status == "error" and report.exit_code() == 0
     assert report.exit_code(strict=True) == 1
 
 
@@ -394,7 +406,7 @@ def test_the_registry_names_every_check_once_and_orders_the_areas() -> None:
     order docs/contracts.md lists them."""
     ids = [spec.id for spec in checks.CHECKS]
     titles = [spec.title for spec in checks.CHECKS]
-    assert len(set(ids)) == len(ids) == 16 and len(set(titles)) == len(titles)
+    assert len(set(ids)) == len(ids) == 18 and len(set(titles)) == len(titles)
     report = Report(checks.run_checks(facts()))
     assert [(c.id, c.title, c.area) for c in report.checks] == [
         (spec.id, spec.title, spec.area) for spec in checks.CHECKS
@@ -529,3 +541,50 @@ def test_help_and_docs_say_what_each_check_decides() -> None:
         assert spec.decides and " ".join(spec.decides.split()) in flat, spec.id
         assert f"| `{spec.id}` |" in docs, spec.id
     assert "build_cuda.sh" in docs and "WHEEL_ARCH_ROWS" in docs
+
+
+@pytest.mark.parametrize(
+    ("ids", "version", "family"),
+    [
+        ("ubuntu debian", "24.04", "ubuntu 24"),
+        ("linuxmint ubuntu debian", "22", "ubuntu 22"),  # a derivative installs Ubuntu's packages
+        ("debian", "12", "debian 12"),
+        ("debian", None, "debian"),  # testing/sid: no VERSION_ID
+        ("rocky rhel centos fedora", "9.4", "rhel 9"),
+        ("ol fedora", "8.10", "rhel 8"),
+        ("rhel fedora", "10.0", "rhel 10"),
+        ("fedora", "42", "fedora 42"),
+        ("amzn centos rhel fedora", "2023", "rhel 9"),
+        ("amzn centos rhel fedora", "2", None),
+        ("arch", None, None),
+        ("opensuse-leap suse opensuse", "15.6", None),
+        ("", None, None),
+    ],
+)
+def test_the_distribution_that_installs_the_driver(ids: str, version: str | None, family: str | None) -> None:
+    from xl.doctor.probes.kernel import os_family  # noqa: PLC0415 - the one function under test
+
+    assert os_family(ids, version) == family
+
+
+@pytest.mark.parametrize(
+    ("release", "host"),
+    [
+        ("5.14.0-427.13.1.el9_4.x86_64", "rhel 9"),
+        ("4.18.0-553.el8_10.x86_64", "rhel 8"),
+        ("6.1.0-28-cloud-amd64", "debian 12"),  # bookworm's series names it
+        ("5.10.0-33-amd64", "debian 11"),
+        ("6.5.0-5-amd64", "debian"),  # a backport: Debian, no version to build a URL from
+        ("6.12.9+deb13-amd64", "debian 13"),
+        ("6.8.0-49-generic", "ubuntu"),
+        ("6.8.0-1017-aws", "ubuntu"),
+        ("5.15.0-1071-azure", "ubuntu"),
+        ("6.11.4-301.fc41.x86_64", "fedora 41"),
+        ("6.18.44-fc-v769", None),  # a custom VM kernel: nothing to go by
+        ("5.15.167.4-microsoft-standard-WSL2", None),
+    ],
+)
+def test_a_containers_host_distribution_from_its_kernel(release: str, host: str | None) -> None:
+    from xl.doctor.probes.kernel import host_os  # noqa: PLC0415 - the one function under test
+
+    assert host_os(release) == host

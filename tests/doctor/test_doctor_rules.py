@@ -46,13 +46,14 @@ def test_same_major_newer_minor_warns_and_the_fix_works(tmp_path: Path, simnvml)
     dc = by_id(report)["driver_cuda"]
     assert dc["status"] == "warn" and "minor-version compatibility" in dc["detail"]
     assert "from driver 525" in dc["detail"] and "torch.compile" in dc["detail"]
-    # Upgrade the driver, or the newest published torch the driver runs fully (2.7 never was
-    # on cu124: its last release there is 2.6.0).
-    assert dc["fix"].startswith("upgrade the NVIDIA driver to 570.26 or newer")
-    assert "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124" in dc["fix"]
+    # One direction: 2.7 was never on cu124 (its last release there is 2.6.0, a downgrade) and
+    # its cu118 wheel would break extension builds against the 12.8 toolkit, so the fix is the
+    # driver upgrade that keeps torch 2.7.0; the downgrade is said in the detail.
+    assert "-m pip install" not in dc["fix"] and "nvidia" in dc["fix"], dc["fix"]
+    assert "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124" in dc["detail"]
     assert proc.returncode == 0
-    # The wheel half, applied: the warning goes and nothing else starts failing.
-    after, _ = run_doctor_json(apply_fix(box, env, dc["fix"].split(": ", 1)[1]))
+    # The alternative said in the detail, applied: the warning goes and nothing else starts failing.
+    after, _ = run_doctor_json(apply_fix(box, env, dc["detail"].split("a torch downgrade: ", 1)[1]))
     assert statuses(after)["driver_cuda"] == "ok"
     assert not [k for k, s in statuses(after).items() if s == "fail"]
 

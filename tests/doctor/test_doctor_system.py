@@ -53,12 +53,16 @@ def test_a_container_started_without_gpus_gets_the_runtimes_fix(
 def test_in_a_gpu_container_a_driver_upgrade_is_the_hosts(tmp_path: Path, simnvml) -> None:
     sim = simnvml(gpus=[SimGPU()], driver_version="520.61.05", cuda_version=11080)
     box = Sandbox(tmp_path)
-    site = box.torch("2.4.0+cu124", cuda="12.4")
+    site = box.torch("2.13.0+cu130", cuda="13.0")  # 520 runs only downgrades of it (cu118)
     inside, _ = run_doctor_json(_env(box, sim, site, NVIDIA_VISIBLE_DEVICES="all"))
     dc = by_id(inside)["driver_cuda"]
-    assert dc["status"] == "fail" and dc["fix"].startswith("on the host, not in this container, upgrade")
-    outside, _ = run_doctor_json(_env(box, sim, site))
-    assert by_id(outside)["driver_cuda"]["fix"].startswith("upgrade the NVIDIA driver")
+    assert dc["status"] == "fail" and dc["fix"].startswith("on the host, not in this container: "), dc
+    # Outside a container (a fake root without a container's marker), a command for this machine.
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "os-release").write_text("ID=ubuntu\nID_LIKE=debian\nVERSION_ID=22.04\n")
+    outside, _ = run_doctor_json({**_env(box, sim, site), "XL_DOCTOR_ROOT": str(root)})
+    assert by_id(outside)["driver_cuda"]["fix"] == "sudo apt-get install -y nvidia-driver-580 && sudo reboot"
 
 
 # -- 9. /dev/shm: free space and stale segments --------------------------------------------------

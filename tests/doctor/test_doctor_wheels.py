@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from xl.doctor.archs import parse_arch_list, runs_on
+from xl.doctor.facts import vtuple
 from xl.doctor.wheels import (
     NEWEST_KNOWN,
     PUBLISHED,
@@ -47,8 +48,11 @@ def test_the_pin_is_always_a_published_wheel(
     tag: str, current: str | None, pin: str | None
 ) -> None:
     assert version_for(tag, current) == pin
-    cmd = install_command("/py", tag, current)
+    cmd, _, note = install_command("/py", tag, current).partition(" (")
     assert cmd.endswith(f"--index-url https://download.pytorch.org/whl/{tag}")
+    # A pin older than the installed torch is said to be a downgrade; nothing else is.
+    older = bool(pin and current and vtuple(pin) < vtuple(current.split("+")[0]))
+    assert ("a downgrade from torch" in note) == older, note
     if pin is None:
         assert " torch --index-url" in cmd
     else:

@@ -271,20 +271,21 @@ def test_xl_launch_refuses_two_mig_instances_as_the_doctor_does(tmp_path: Path, 
     assert "2 MIG instances" in proc.stderr and f"export CUDA_VISIBLE_DEVICES={a}" in proc.stderr
 
 
-def test_when_no_wheel_fits_the_driver_and_the_toolkit_the_fix_upgrades_the_driver_first(
+def test_a_wheel_the_driver_runs_comes_before_a_driver_upgrade_even_against_the_toolkit(
     tmp_path: Path, simnvml
 ) -> None:
-    """A CPU torch, a CUDA 12.4 driver and only a CUDA 13.0 toolkit: any cu12 wheel would make
-    torch_cuda_match fail (another major), cu130 needs a newer driver. The fix says both steps,
-    in order, and was tried on the facts with both applied."""
+    """A CPU torch, a CUDA 12.4 driver and only a CUDA 13.0 toolkit: any cu12 wheel makes
+    torch_cuda_match fail (another major, a build-time concern its own check then fixes), cu130
+    needs a newer driver. The wheel the present driver runs is the fix, not a driver upgrade;
+    it is a downgrade (2.8 was never on cu124), said as one."""
     sim = simnvml(gpus=[SimGPU(model="A100")], driver_version="550.54.15", cuda_version=12040)
     box = Sandbox(tmp_path)
     tk = box.toolkit("cuda-13.0", "13.0.88", gcc_max=15)
     report, _ = run_doctor_json(_env(box, sim, box.torch("2.8.0+cpu", cuda=None), tk))
     t = by_id(report)["torch"]
-    assert t["status"] == "fail"
-    assert t["fix"].startswith("upgrade the NVIDIA driver to 580.65.06 or newer, then ")
-    assert t["fix"].endswith("torch==2.9.0 --index-url https://download.pytorch.org/whl/cu130")
+    assert t["status"] == "fail" and "upgrade" not in t["fix"]
+    assert "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124" in t["fix"]
+    assert t["fix"].endswith("(a downgrade from torch 2.8.0: 2.6.0 is the newest torch published for cu124)")
     # With a 12.x toolkit a wheel the driver runs exists: no upgrade asked for.
     tk12 = box.toolkit("cuda-12.4", "12.4.131", gcc_max=13)
     plain, _ = run_doctor_json(_env(box, sim, box.torch("2.8.0+cpu", cuda=None, name="site2"), tk12))

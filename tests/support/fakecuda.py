@@ -203,11 +203,16 @@ class Sandbox:
         hip: str | None = None,
         nccl_wheels: Mapping[str, str] | None = None,
         requires_nccl: str | None = None,
+        requires: Mapping[str, str] | None = None,
+        wheels: Mapping[str, str] | None = None,
     ) -> Path:
         """A torch install that explodes if imported: the doctor must read it, not import it.
         `hip`: a ROCm build's HIP version; `nccl_wheels`: more nvidia-nccl-cuN wheels
         ({"cu11": "2.21.5"}); `requires_nccl`: the NCCL pin in torch's METADATA
-        ("nvidia-nccl-cu12==2.21.5")."""
+        ("nvidia-nccl-cu12==2.21.5"); `requires`: more pins ({"nvidia-cudnn-cu12": "9.10.2.21"});
+        `wheels`: nvidia-* wheels installed with their library in nvidia/<name>/lib
+        ({"nvidia-cudnn-cu12": "9.10.2.21"}: nvidia/cudnn/lib/libcudnn.so.9, no version in its
+        name, as the real wheel ships it)."""
         site = self.root / name
         pkg = site / "torch"
         pkg.mkdir(parents=True, exist_ok=True)
@@ -223,10 +228,11 @@ class Sandbox:
         )
         dist = site / f"torch-{version}.dist-info"
         dist.mkdir(exist_ok=True)
-        requires = (
-            f'Requires-Dist: {requires_nccl}; platform_system == "Linux" and platform_machine == "x86_64"\n'
-            if requires_nccl
-            else ""
+        pins = [requires_nccl] if requires_nccl else []
+        pins += [f"{dist}=={ver}" for dist, ver in (requires or {}).items()]
+        requires = "".join(
+            f'Requires-Dist: {pin}; platform_system == "Linux" and platform_machine == "x86_64"\n'
+            for pin in pins
         )
         (dist / "METADATA").write_text(
             f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n{requires}"
@@ -239,6 +245,15 @@ class Sandbox:
             lib = site / "nvidia" / "nccl" / "lib"
             lib.mkdir(parents=True, exist_ok=True)
             (lib / "libnccl.so.2").write_bytes(b"\x7fELF fake")
+        for dist, ver in (wheels or {}).items():
+            stem = re.sub(r"-cu\d+$", "", dist)[len("nvidia-") :]
+            d = site / f"{dist.replace('-', '_')}-{ver}.dist-info"
+            d.mkdir(exist_ok=True)
+            (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {ver}\n")
+            lib = site / "nvidia" / stem / "lib"
+            lib.mkdir(parents=True, exist_ok=True)
+            so = {"nccl": "libnccl.so.2"}.get(stem, f"lib{stem}.so.{ver.split('.')[0]}")
+            (lib / so).write_bytes(b"\x7fELF fake")
         if nccl:
             d = site / f"nvidia_nccl_cu{(cuda or '12').split('.')[0]}-{nccl}.dist-info"
             d.mkdir(exist_ok=True)
@@ -302,8 +317,9 @@ class Sandbox:
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
         for soname, full in (libs or {}).items():
+            # The real layout: the soname a link to the versioned file.
             (d / f"{soname}.{full.split('.', 1)[1]}").write_bytes(b"\x7fELF fake")
-            (d / soname).write_bytes(b"\x7fELF fake")
+            (d / soname).symlink_to(f"{soname}.{full.split('.', 1)[1]}")
         for major in cudart:
             (d / f"libcudart.so.{major}").write_bytes(b"\x7fELF fake")
         if nccl:
@@ -312,6 +328,27 @@ class Sandbox:
             # A user-space driver as cuda-compat ships it: libcuda.so.1 -> libcuda.so.<driver>.
             (d / f"libcuda.so.{libcuda}").write_bytes(b"\x7fELF fake")
             (d / "libcuda.so.1").symlink_to(f"libcuda.so.{libcuda}")
+        return d
+
+    def libcuda(self, name: str = "libcuda", code: int = 0, version: str | None = None) -> Path:
+        """A folder holding a libcuda.so.1 whose cuInit returns `code` (0: CUDA starts; 802: the
+        NVSwitch fabric is not ready; 803: libcuda and the kernel module disagree), built with
+        gcc: what the doctor's cuInit probe loads through LD_LIBRARY_PATH. `version`: the file
+        is libcuda.so.<version> with libcuda.so.1 a link to it, as a driver (or cuda-compat)
+        installs it."""
+        d = self.root / name
+        d.mkdir(parents=True, exist_ok=True)
+        src = d / "fakecuda.c"
+        src.write_text(f"int cuInit(unsigned int flags) {{ (void)flags; return {int(code)}; }}\n")
+        out = d / (f"libcuda.so.{version}" if version else "libcuda.so.1")
+        subprocess.run(
+            ["gcc", "-shared", "-fPIC", "-o", str(out), str(src)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        if version:
+            (d / "libcuda.so.1").symlink_to(out.name)
         return d
 
     # -- running ---------------------------------------------------------------------------------
@@ -410,6 +447,8 @@ ALL_IDS = [
     "nccl",
     "ninja",
     "arch_list",
+    "cuda_libraries",
+    "cuda_init",
 ]
 
 

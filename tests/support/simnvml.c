@@ -31,6 +31,10 @@
  *                                  loaded / over the GPU's life)
  *   gpu.<i>.remap_corr / remap_unc / remap_pending / remap_failure   nvmlDeviceGetRemappedRows
  *   gpu.<i>.retired_sbe / retired_dbe / retired_pending   retired pages (pre-Ampere ECC)
+ *   gpu.<i>.fabric_state -1|0..3   nvmlDeviceGetGpuFabricInfo: -1 NOT_SUPPORTED (no NVSwitch
+ *                                  fabric: the default), else nvmlGpuFabricState_t (1 not
+ *                                  started, 2 in progress, 3 completed)
+ *   gpu.<i>.fabric_status N        its status (an nvmlReturn_t; 0 success)
  *                                  (make any of these NOT_SUPPORTED with gpu.<i>.errors)
  *   gpu.<i>.procs 1234:1073741824,5678:0     compute processes (pid:used bytes)
  *   gpu.<i>.gprocs ...                        graphics processes
@@ -90,6 +94,7 @@ typedef struct sim_gpu {
     unsigned long long ecc_unc_volatile, ecc_unc_aggregate;
     unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
     unsigned int retired_sbe, retired_dbe, retired_pending;
+    int fabric_state, fabric_status;
     char errors[1024];
     sim_proc procs[MAXPROC];
     int nprocs;
@@ -193,6 +198,7 @@ static void set_defaults(void) {
         g->power_default_limit_mw = 400000;
         g->cc_major = 8;
         g->cc_minor = 0;
+        g->fabric_state = -1;
     }
 }
 
@@ -264,6 +270,8 @@ static void set_gpu_key(sim_gpu *g, const char *k, const char *v) {
     else if (!strcmp(k, "retired_sbe")) g->retired_sbe = (unsigned int)atoi(v);
     else if (!strcmp(k, "retired_dbe")) g->retired_dbe = (unsigned int)atoi(v);
     else if (!strcmp(k, "retired_pending")) g->retired_pending = (unsigned int)atoi(v);
+    else if (!strcmp(k, "fabric_state")) g->fabric_state = atoi(v);
+    else if (!strcmp(k, "fabric_status")) g->fabric_status = atoi(v);
     else if (!strcmp(k, "errors")) snprintf(g->errors, sizeof(g->errors), ",%s,", v);
     else if (!strcmp(k, "procs")) parse_procs(v, g->procs, &g->nprocs);
     else if (!strcmp(k, "gprocs")) parse_procs(v, g->gprocs, &g->ngprocs);
@@ -849,6 +857,26 @@ EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int 
     *unc = g->remap_unc;
     *pending = g->remap_pending;
     *failure = g->remap_failure;
+    LEAVE(NVML_SUCCESS);
+}
+#endif
+
+#ifndef SIM_NO_nvmlDeviceGetGpuFabricInfo
+/* nvml.h's nvmlGpuFabricInfo_t */
+typedef struct {
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned int state;
+} sim_fabric_info;
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, sim_fabric_info *info) {
+    DEV_ENTER("nvmlDeviceGetGpuFabricInfo");
+    if (!info) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (g->fabric_state < 0) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    memset(info, 0, sizeof(*info));
+    info->status = g->fabric_status;
+    info->state = (unsigned int)g->fabric_state;
     LEAVE(NVML_SUCCESS);
 }
 #endif

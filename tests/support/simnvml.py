@@ -122,6 +122,10 @@ class SimGPU:
     retired_sbe: int = 0  # pages retired (pre-Ampere ECC), single-bit
     retired_dbe: int = 0  # ... double-bit
     retired_pending: int = 0  # 1: a retirement waits for a reboot/reset
+    # NVSwitch fabric (nvmlDeviceGetGpuFabricInfo): -1 NOT_SUPPORTED (no fabric), else the
+    # state: 1 not started (Fabric Manager not running), 2 in progress, 3 completed
+    fabric_state: int = -1
+    fabric_status: int = 0  # an nvmlReturn_t: the fabric's own result once completed
     # NVML function name -> nvmlReturn_t it returns for this GPU (e.g. NOT_SUPPORTED)
     errors: dict[str, int] = field(default_factory=dict)
     processes: list[SimProcess] = field(default_factory=list)
@@ -283,6 +287,8 @@ def render_config(
             f"{p}retired_sbe {int(g.retired_sbe)}",
             f"{p}retired_dbe {int(g.retired_dbe)}",
             f"{p}retired_pending {int(g.retired_pending)}",
+            f"{p}fabric_state {int(g.fabric_state)}",
+            f"{p}fabric_status {int(g.fabric_status)}",
             f"{p}errors {','.join(f'{k}={v}' for k, v in g.errors.items())}",
             f"{p}procs {_procs(g, graphics=False)}",
             f"{p}gprocs {_procs(g, graphics=True)}",

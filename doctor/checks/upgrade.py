@@ -1,0 +1,82 @@
+"""The command that upgrades the NVIDIA driver to a branch, for the distribution that installs
+it (docs/doctor.md, "A driver upgrade"): Ubuntu's own packages, NVIDIA's CUDA repository on
+Debian, its module streams on RHEL 8/9 and its packages under a version lock on RHEL 10 and
+Fedora; NVIDIA's .run installer only where none of these applies. Blackwell GPUs (sm_100 and
+newer) run only on NVIDIA's open kernel modules, so they get the open flavour. In a container the
+driver is the host's, and so is the command (the host's distribution is read off its kernel)."""
+
+from __future__ import annotations
+
+import os
+
+from xl.doctor.checks.derived import working_gpus
+from xl.doctor.facts import Facts, vtuple
+from xl.doctor.tables import DRIVER_FOR_CUDA
+
+RUNFILE = "https://www.nvidia.com/en-us/drivers/unix/"
+_KEYRING = "https://developer.download.nvidia.com/compute/cuda/repos/debian{v}/{arch}/cuda-keyring_1.1-1_all.deb"
+
+
+def in_container(f: Facts) -> bool:
+    """Whether the driver is another machine's: a container (its marker, or the NVIDIA runtime's
+    NVIDIA_VISIBLE_DEVICES)."""
+    visible = (f.env.get("NVIDIA_VISIBLE_DEVICES") or "").strip() not in ("", "void", "none")
+    return bool(f.container) or visible
+
+
+def branch_for(cuda: str | None) -> int | None:
+    """The oldest driver branch that runs this CUDA (570 for 12.8)."""
+    need = DRIVER_FOR_CUDA.get(".".join(str(p) for p in vtuple(cuda)[:2]))
+    return vtuple(need)[0] if need else None
+
+
+def _open_only(f: Facts) -> bool:
+    return any(vtuple(g.compute_capability)[:1] >= (10,) for g in working_gpus(f) if g.compute_capability)
+
+
+def _install(f: Facts, branch: int) -> str | None:
+    """The commands that install driver `branch` here (before the reboot that loads it); None
+    where no package manager applies."""
+    family, _, major = (f.driver_os or "").partition(" ")
+    ver = int(major) if major.isdigit() else None
+    opn = _open_only(f)
+    if family == "ubuntu":
+        return f"sudo apt-get install -y nvidia-driver-{branch}{'-open' if opn else ''}"
+    if family == "debian" and ver is not None:
+        arch = "sbsa" if os.uname().machine in ("aarch64", "arm64") else "x86_64"
+        keyring = _KEYRING.format(v=ver, arch=arch)
+        pkg = f"nvidia-open-{branch}" if opn else f"cuda-drivers-{branch}"
+        return (
+            f"wget -qO /tmp/cuda-keyring.deb {keyring} && sudo dpkg -i /tmp/cuda-keyring.deb && "
+            f"sudo apt-get update && sudo apt-get install -y {pkg}"
+        )
+    if family == "rhel" and ver is not None and ver < 10:
+        if opn:
+            return f"sudo dnf module enable -y nvidia-driver:{branch}-open && sudo dnf install -y nvidia-open"
+        return f"sudo dnf module install -y nvidia-driver:{branch}-dkms"
+    if family in ("rhel", "fedora") and ver is not None:
+        # No module streams: a version lock holds the branch, then the driver is installed.
+        return (
+            "sudo dnf install -y python3-dnf-plugin-versionlock && "
+            f"sudo dnf versionlock add '*nvidia*{branch}*' && sudo dnf install -y nvidia-open"
+        )
+    return None
+
+
+def driver_upgrade(f: Facts, branch: int, then: str | None = None) -> str:
+    """The command that installs driver `branch` (the open flavour where Blackwell needs it) and
+    reboots to load it; `then`, a command to run in this environment too (a torch wheel), goes
+    before the reboot. In a container the driver's part is said for the host."""
+    install = _install(f, branch)
+    note = ""
+    if then and " (" in then:  # a wheel's note (a downgrade, said) goes last
+        then, note = then.split(" (", 1)
+        note = " (" + note
+    host = "on the host, not in this container: " if in_container(f) else ""
+    if install is None:
+        driver = f"{host}install NVIDIA driver branch {branch} (its newest release) with its .run installer from {RUNFILE}"
+        return f"{then}{note}; then {driver}" if then else driver
+    if host:
+        driver = f"{host}{install} && sudo reboot"
+        return f"{then}{note}; {driver}" if then else driver
+    return f"{install} && {then} && sudo reboot{note}" if then else f"{install} && sudo reboot"
