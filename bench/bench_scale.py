@@ -212,6 +212,40 @@ def ranks_logging(metrics: Path, tail: int = 16 << 20) -> int:
     return len(seen)
 
 
+def profile(folder: Path | None, pids: dict[str, int], seconds: float) -> list[subprocess.Popen[bytes]]:
+    """py-spy on each process over the window, without pausing it (``--nonblocking``: its cost
+    is py-spy's own process, not the measured one's): collapsed stacks per thread in
+    ``folder/NAME.txt``. Nothing when ``folder`` is None."""
+    if folder is None:
+        return []
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return [subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", "50",
+                              "--nonblocking", "--threads", "--format", "raw", "--output", str(folder / f"{name}.txt")],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, pid in pids.items()]
+
+
+def newest_train(metrics: Path, tail: int = 1 << 20) -> float | None:
+    """The time of the newest train record node 0 has written (metrics.jsonl's last MiB)."""
+    with open(metrics, "rb") as fh:
+        fh.seek(max(0, fh.seek(0, os.SEEK_END) - tail))
+        lines = fh.read().split(b"\n")[1:]
+    newest = None
+    for raw in lines:
+        with contextlib.suppress(ValueError):
+            rec = json.loads(raw)
+            if isinstance(rec, dict) and rec.get("kind") == "train" and isinstance(rec.get("t"), (int, float)):
+                newest = max(newest or 0.0, float(rec["t"]))
+    return newest
+
+
+def collector_count(run_dir: Path) -> tuple[float, int]:
+    """(when, records stored so far) from collector.json, which node 0 rewrites every 5 s."""
+    status = json.loads((run_dir / "collector.json").read_text())
+    return float(status.get("updated") or 0.0), int(status.get("records") or 0)
+
+
 def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 4) if values else None
 
@@ -290,7 +324,11 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         time.sleep(ns.warmup)
 
         registry = exporter(home / "runs")
+        counted0 = collector_count(run_dir)
         result["scrape_first_s"] = round(timed_scrape(registry)[0], 4)  # reads the run's history
+        sims = [psutil.Process(w.proc.pid) for w in workers]
+        scpu0 = sum(cpu_s(p) for p in sims)
+        spies = profile(ns.profile, {"node0": sup.pid, "monitor": mon.pid}, ns.seconds)
         wall0, cpu0, mcpu0, wire0 = time.monotonic(), cpu_s(sup), cpu_s(mon), wire_bytes(port + 1)
         rss = 0.0
         while time.monotonic() - wall0 < ns.seconds:
@@ -298,7 +336,14 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
             time.sleep(min(1.0, max(0.0, ns.seconds - (time.monotonic() - wall0))))
         wall = time.monotonic() - wall0
         cpu1, mcpu1, wire1 = cpu_s(sup), cpu_s(mon), wire_bytes(port + 1)
+        scpu1 = sum(cpu_s(p) for p in sims)
         rss = max(rss, sup.memory_info().rss / 2**20)
+        for spy in spies:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spy.wait(timeout=30)
+        newest = newest_train(run_dir / "metrics.jsonl")
+        lag = time.time() - newest if newest is not None else None
+        counted1 = collector_count(run_dir)
         scrape_s, body = timed_scrape(registry)
         result.update({
             "window_s": round(wall, 2),
@@ -306,6 +351,13 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
             "node0_rss_mib": round(rss, 1),
             "wire_bytes_per_rank_s": round((wire1 - wire0) / ranks / wall, 1),
             "monitor_cpu_cores": round((mcpu1 - mcpu0) / wall, 3),
+            "sim_cpu_cores": round((scpu1 - scpu0) / wall, 3),  # the simulator's own load, for context
+            # Whether node 0 kept up: what its collector stored against what the ranks offered
+            # (train records, and a sys line a second of every other node's rank), and how old
+            # the newest train record in metrics.jsonl was at the window's end.
+            "stored_records_per_s": round((counted1[1] - counted0[1]) / (counted1[0] - counted0[0]), 1) if counted1[0] > counted0[0] else None,
+            "offered_records_per_s": round(ranks * ns.steps_per_s + ranks - rpn, 1),
+            "metrics_lag_s": round(lag, 2) if lag is not None else None,
             "scrape_s": round(scrape_s, 4),
             "scrape_kib": round(body / 1024, 1),
         })
@@ -390,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stall-s", type=float, default=30.0, help="XL_STALL_MIN_S for node 0 (30: xl's default)")
     ap.add_argument("--sim-procs", type=int, default=0, help="simulator processes (0: one per 2,048 ranks)")
     ap.add_argument("--keep", action="store_true", help="keep the run dir and logs (their folder is printed)")
+    ap.add_argument("--profile", type=Path, help="py-spy node 0 and the Monitor over the window into this folder (py-spy must be installed)")
     ns = ap.parse_args(argv)
     rpn = ns.ranks_per_node
     problems = []
