@@ -55,8 +55,10 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(ROOT / "tests" / "support"))
+sys.path.insert(0, str(BENCH))
 
 from procs import free_port  # noqa: E402
+from scale_node0 import SHIM  # noqa: E402
 
 from xl.launcher.plan import Plan  # noqa: E402
 from xl.launcher.spec import LaunchSpec  # noqa: E402
@@ -158,44 +160,54 @@ def timed_scrape(registry: Any) -> tuple[float, int]:
     return time.perf_counter() - t, len(body)
 
 
-def watch_events(events: Path, offset: int, culprit: int, timeout: float) -> tuple[float | None, str | None]:
-    """When (this clock) an event naming ``culprit`` as stalled or hung is in events.jsonl."""
+def watch_events(events: Path, offset: int, culprit: int, want: str, timeout: float) -> dict[str, float]:
+    """When (this clock) events naming ``culprit`` were in events.jsonl: its ``stalled`` and the
+    ``hang`` that names it, until the one ``want`` ("stalled": either) came."""
     deadline = time.monotonic() + timeout
     buf = b""
+    seen: dict[str, float] = {}
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), open(events, "rb") as fh:
             fh.seek(offset)
             data = fh.read()
             offset += len(data)
             buf += data
-        seen = time.time()
+        now = time.time()
         *lines, buf = buf.split(b"\n")
         for raw in lines:
             with contextlib.suppress(ValueError):
                 ev = json.loads(raw)
                 if not isinstance(ev, dict):
                     continue
-                if (ev.get("kind") == "stalled" and ev.get("rank") == culprit) or (
-                    ev.get("kind") == "hang" and culprit in (ev.get("ranks") or [])
-                ):
-                    return seen, str(ev["kind"])
+                if ev.get("kind") == "stalled" and ev.get("rank") == culprit:
+                    seen.setdefault("stalled", now)
+                elif ev.get("kind") == "hang" and culprit in (ev.get("ranks") or []):
+                    seen.setdefault("hang", now)
+        if want in seen or (want == "stalled" and seen):
+            return seen
         time.sleep(0.2)
-    return None, None
+    return seen
 
 
-def judged(events: Path, culprit: int) -> list[str]:
-    """Every diagnosis of a rank other than ``culprit`` in the run's events: false alarms, as no
-    other rank stops."""
-    out = []
+def judged(events: Path, culprit: int, victims_stall: bool) -> tuple[list[str], int]:
+    """Diagnoses of ranks other than ``culprit`` that are false alarms (every one, when the others
+    went on; when they waited for it, any but their ``stalled``), and how many of the others were
+    told whom they wait on (a ``stalled`` event with ``waiting_on`` [culprit])."""
+    out: set[str] = set()
+    told: set[int] = set()
     with open(events, "rb") as fh:
         for raw in fh:
             with contextlib.suppress(ValueError):
                 ev = json.loads(raw)
                 if not isinstance(ev, dict) or ev.get("kind") not in DIAGNOSES:
                     continue
-                named = [r for r in [ev.get("rank"), *(ev.get("ranks") or [])] if isinstance(r, int)]
-                out += [f"{ev['kind']} {r}" for r in named if r != culprit]
-    return sorted(set(out))
+                named = [r for r in [ev.get("rank"), *(ev.get("ranks") or [])] if isinstance(r, int) and r != culprit]
+                if ev["kind"] == "stalled" and victims_stall:
+                    if ev.get("waiting_on") == [culprit]:
+                        told.update(named)
+                    continue
+                out.update(f"{ev['kind']} {r}" for r in named)
+    return sorted(out), len(told)
 
 
 def ranks_logging(metrics: Path, tail: int = 16 << 20) -> int:
@@ -281,7 +293,12 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
     try:
         from xl.launcher.control import start_run  # noqa: PLC0415 - after XL_HOME is set: it names where runs go
 
-        rank_cmd = ["rank", "--steps-per-s", str(ns.steps_per_s), "--log-every", str(ns.log_every)]
+        shim = tmp / "shim" / "torch" / "distributed" / "distributed_c10d.py"
+        shim.parent.mkdir(parents=True)
+        shim.write_text(SHIM)
+        flag = tmp / "hang-all"  # node 0's ranks wait in the all-reduce once it exists
+        rank_cmd = ["rank", "--steps-per-s", str(ns.steps_per_s), "--log-every", str(ns.log_every),
+                    "--block-flag", str(flag), "--shim", str(shim)]
         spec = LaunchSpec(script=str(NODE0), args=rank_cmd, nproc=rpn, nnodes=nodes, node_rank=0,
                           rdzv=f"127.0.0.1:{port}", name=f"bench-scale-{ranks}", cwd=str(ROOT))
         argv = [sys.executable, str(NODE0), "torchrun", "--nproc", str(rpn), "--world", str(ranks), "--",
@@ -379,9 +396,19 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         owner.send("stall")
         stalled = owner.wait_for("stalled", 30) or {}
         last_t = stalled.get("last_step_t")
-        seen, kind = watch_events(events, offset, culprit, stall_threshold + 120)
-        result["hang_named_after_s"] = round(seen - last_t, 2) if seen is not None and last_t else None
-        result["hang_named_by"] = kind
+        if ns.hang == "all" and stalled.get("last_step") is not None:
+            # A synchronous job: the others reach the next all-reduce and wait there for it.
+            flag.touch()
+            for w in workers:
+                w.send(f"block {int(stalled['last_step']) + 1}")
+        seen = watch_events(events, offset, culprit, "hang" if ns.hang == "all" else "stalled", stall_threshold + 120)
+        for kind, at in seen.items():
+            result[f"{kind}_after_s"] = round(at - last_t, 2) if last_t else None
+        named = seen.get("hang") if ns.hang == "all" else min(seen.values(), default=None)
+        result["hang_named_after_s"] = round(named - last_t, 2) if named is not None and last_t else None
+        result["hang_named_by"] = "hang" if ns.hang == "all" and "hang" in seen else min(seen, key=seen.__getitem__, default=None)
+        _say(f"rank {culprit} stopped stepping ({ns.hang}): named by a {result['hang_named_by']} event "
+             f"{result['hang_named_after_s']} s after its last step")
         result["ranks_logging"] = ranks_logging(run_dir / "metrics.jsonl")
         _say(f"rank {culprit} stopped stepping: named by a {kind} event {result['hang_named_after_s']} s after its last step")
 
@@ -403,7 +430,9 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         result["run_json_ranks"] = len(rec.get("ranks") or [])
         collector = json.loads((run_dir / "collector.json").read_text())
         result["collector_rejects"] = collector.get("rejects") or {}
-        result["false_alarms"] = judged(events, culprit)
+        result["false_alarms"], told = judged(events, culprit, ns.hang == "all")
+        if ns.hang == "all":
+            result["victims_told"] = told  # of ranks - 1 that waited for the culprit
     finally:
         for w in workers:
             w.send("stop")
@@ -440,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-per-s", type=float, default=2.0, help="train records a rank sends a second")
     ap.add_argument("--log-every", type=int, default=10, help="a rank prints a line every this many steps")
     ap.add_argument("--stall-s", type=float, default=30.0, help="XL_STALL_MIN_S for node 0 (30: xl's default)")
+    ap.add_argument("--hang", choices=("all", "one"), default="all",
+                    help="all: the others then wait in the all-reduce for the stopped rank (a synchronous job); one: they go on")
     ap.add_argument("--sim-procs", type=int, default=0, help="simulator processes (0: one per 2,048 ranks)")
     ap.add_argument("--keep", action="store_true", help="keep the run dir and logs (their folder is printed)")
     ap.add_argument("--profile", type=Path, help="py-spy node 0 and the Monitor over the window into this folder (py-spy must be installed)")

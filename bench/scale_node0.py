@@ -11,7 +11,11 @@ running ``CMD`` (xl's real rank entry, ``-m xl.launcher.entry``: its relay, its 
 rank record), passes SIGTERM/SIGINT on to them, and exits as torchrun does (0 when every rank did).
 
 Each rank (``rank``) trains as an instrumented script does: ``xl.log`` of step, loss, samples and
-the phase times every step, a printed line every ``--log-every`` steps; it ends on SIGTERM.
+the phase times every step, a printed line every ``--log-every`` steps; it ends on SIGTERM. Once
+the ``--block-flag`` file exists it waits as a rank of a hung job waits in its all-reduce: in
+``all_reduce`` of the ``--shim`` file (bench_scale.py writes it under a ``torch/distributed``
+folder, so a stacks capture sees this rank inside torch.distributed, as with a real all-reduce;
+it is loaded from its path, never importable as ``torch``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,15 @@ import subprocess
 import sys
 import time
 from types import FrameType
+
+# The all-reduce a blocked rank waits in (bench_scale.py writes it to .../torch/distributed/).
+SHIM = """import os, time
+
+
+def all_reduce(flag):
+    while os.path.exists(flag):
+        time.sleep(0.1)
+"""
 
 
 def torchrun(nproc: int, world: int, cmd: list[str]) -> int:
@@ -55,14 +68,25 @@ def torchrun(nproc: int, world: int, cmd: list[str]) -> int:
     return 0 if all(c == 0 for c in codes) else 1
 
 
-def rank(steps_per_s: float, log_every: int) -> int:
+def rank(steps_per_s: float, log_every: int, block_flag: str | None, shim: str | None) -> int:
     import xl  # noqa: PLC0415 - only a rank logs
 
+    wait = None
+    if shim:
+        import importlib.util  # noqa: PLC0415 - only a rank that may be told to hang
+
+        spec = importlib.util.spec_from_file_location("xl_bench_allreduce", shim)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        wait = module.all_reduce
     step_s = 1.0 / steps_per_s
     me = int(os.environ.get("RANK", "0"))
     step = 0
     nxt = time.monotonic()
     while True:
+        if wait is not None and block_flag and os.path.exists(block_flag):
+            wait(block_flag)  # until SIGTERM
         step += 1
         data_s = 0.02 + 0.01 * random.random()
         comm_s = 0.08 + 0.02 * random.random()
@@ -85,11 +109,13 @@ def main(argv: list[str]) -> int:
     r = sub.add_parser("rank")
     r.add_argument("--steps-per-s", type=float, default=2.0)
     r.add_argument("--log-every", type=int, default=10)
+    r.add_argument("--block-flag")
+    r.add_argument("--shim")
     ns = ap.parse_args(argv)
     if ns.mode == "torchrun":
         cmd = ns.cmd[1:] if ns.cmd[:1] == ["--"] else ns.cmd
         return torchrun(ns.nproc, ns.world, cmd)
-    return rank(ns.steps_per_s, ns.log_every)
+    return rank(ns.steps_per_s, ns.log_every, ns.block_flag, ns.shim)
 
 
 if __name__ == "__main__":

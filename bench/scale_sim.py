@@ -18,7 +18,10 @@ Everything runs on one asyncio loop (the ranks' sockets, non-blocking) beside th
 a rank costs a socket and a few microseconds a step, so thousands fit in a process or two.
 
 Commands on stdin, one per line: ``stall`` (the culprit rank stops stepping: no more train
-frames, its connection and its node's sys lines go on, as a rank stuck in user code), ``stats``
+frames, its connection and its node's sys lines go on, as a rank stuck in user code), ``block N``
+(every other rank stops too, waiting in all-reduce #N for it, as the ranks of a synchronous job
+do: their stacks answers say so, the culprit's says it is in the person's code with #N-1 its
+last collective done), ``stats``
 (a JSON line of counters on stdout), ``stop`` (every node ends as its supervisor would when node 0
 says stop). Node 0's ``stop`` over the link ends the nodes too.
 """
@@ -56,7 +59,13 @@ def _frames(where: str) -> list[dict[str, Any]]:
         {"file": _SCRIPT, "line": 97, "function": "main"},
         {"file": _SCRIPT, "line": 61, "function": "train_step"},
     ]
-    if where == "step":
+    if where == "allreduce":
+        frames += [
+            {"file": f"{_TORCH}/nn/parallel/distributed.py", "line": 1637, "function": "forward"},
+            {"file": f"{_TORCH}/distributed/c10d_logger.py", "line": 81, "function": "wrapper"},
+            {"file": f"{_TORCH}/distributed/distributed_c10d.py", "line": 2806, "function": "all_reduce"},
+        ]
+    elif where == "step":
         frames += [
             {"file": f"{_TORCH}/_tensor.py", "line": 626, "function": "backward"},
             {"file": f"{_TORCH}/autograd/__init__.py", "line": 347, "function": "backward"},
@@ -68,7 +77,7 @@ def _frames(where: str) -> list[dict[str, Any]]:
 
 
 class Rank:
-    __slots__ = ("last_step_t", "local", "pid", "rank", "rates", "seq", "sock", "step", "stopped")
+    __slots__ = ("last_step_t", "local", "pid", "rank", "rates", "seq", "sock", "step", "stopped", "waiting")
 
     def __init__(self, rank: int, local: int, pid: int) -> None:
         self.rank, self.local, self.pid = rank, local, pid
@@ -76,7 +85,8 @@ class Rank:
         self.seq = 0
         self.step = 0
         self.rates: dict[str, float] = {}
-        self.stopped = False  # the culprit, once stalled
+        self.stopped = False  # the culprit, once stalled; every rank once blocked
+        self.waiting: int | None = None  # blocked: the all-reduce it waits in
         self.last_step_t = 0.0
 
 
@@ -110,8 +120,9 @@ class Node:
     def sample(self, now: float) -> None:
         """What the node's 1 Hz sampler forwards: a sys line per rank (xl's forward_records)."""
         for r in self.ranks:
+            stuck = 1.0 if r.stopped and r.waiting is None else 98.0  # waiting in I/O; or stepping, or spinning in NCCL
             rec = {"t": round(now, 3), "rank": r.rank, "kind": "sys", "pid": r.pid,
-                   "rss_mib": round(5200 + 3 * r.local + random.random(), 1), "cpu_pct": round(98 + random.random() * 4, 1),
+                   "rss_mib": round(5200 + 3 * r.local + random.random(), 1), "cpu_pct": round(stuck + random.random() * 4, 1),
                    "nproc": 6, "gpu": r.local, "gpu_util": 97 if not r.stopped else 0,
                    "gpu_mem_used_mib": 61000 + r.local, "gpu_mem_total_mib": 81559, "proc_gpu_mem_mib": 60500}
             self.link.send({"type": "rec", "rank": r.rank, "line": wire.dumps_record(rec).decode()})
@@ -123,11 +134,18 @@ class Node:
         for r in self.ranks:
             if want is not None and r.rank != want:
                 continue
+            where = "allreduce" if r.waiting is not None else "stuck" if r.stopped else "step"
             threads = [
-                {"name": "MainThread", "frames": _frames("stuck" if r.stopped else "step")},
+                {"name": "MainThread", "frames": _frames(where)},
                 {"name": "xl-log", "frames": [{"file": "/opt/venv/lib/python3.11/threading.py", "line": 331, "function": "wait"}]},
             ]
-            entries.append({"rank": r.rank, "node": self.host, "pid": r.pid, "threads": threads, "collectives": []})
+            seq = self.sim.block_seq
+            colls: list[dict[str, Any]] = []
+            if seq is not None:  # the Flight Recorder's last entries: #N-1 done by all; #N begun by the waiting
+                colls.append({"pg": "0", "seq": seq - 1, "op": "allreduce", "state": "completed"})
+                if r.waiting is not None:
+                    colls.append({"pg": "0", "seq": seq, "op": "allreduce", "state": "scheduled"})
+            entries.append({"rank": r.rank, "node": self.host, "pid": r.pid, "threads": threads, "collectives": colls})
         ident = ask.get("id")
         if isinstance(ident, str):
             self.link.send({"type": "stacks", "id": ident, "ranks": clip_stacks(entries)})
@@ -165,6 +183,7 @@ class Sim:
         self.connected = 0
         self.refused = 0
         self.stalled_at: float | None = None
+        self.block_seq: int | None = None
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sim-connect")
@@ -281,6 +300,16 @@ class Sim:
                     return {"stalled": r.rank, "last_step_t": r.last_step_t, "last_step": r.step}
         return {"stalled": None}
 
+    def block(self, seq: int) -> dict[str, Any]:
+        self.block_seq = seq
+        blocked = 0
+        for node in self.nodes:
+            for r in node.ranks:
+                if r.rank != self.culprit and not r.stopped:
+                    r.stopped, r.waiting = True, seq
+                    blocked += 1
+        return {"blocked": blocked}
+
     def stats(self) -> dict[str, Any]:
         return {"frames": self.frames, "records": self.records, "log_lines": self.log_lines, "connected": self.connected,
                 "refused": self.refused, "stacks_answered": self.stacks_answered,
@@ -292,6 +321,8 @@ class Sim:
         cmd = line.strip()
         if cmd == "stall":
             _say(self.stall())
+        elif cmd.startswith("block ") and cmd[6:].isdigit():
+            _say(self.block(int(cmd[6:])))
         elif cmd == "stats":
             _say({"stats": self.stats()})
         elif cmd == "stop":

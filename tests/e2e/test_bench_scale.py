@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -42,10 +43,10 @@ def _left(tag: str) -> list[str]:
     return out
 
 
-def test_small_mode_runs_and_names_the_rank_that_stopped() -> None:
-    done = _bench("--ranks", "32", "--ranks-per-node", "8", "--json", "--seconds", "6", "--warmup", "3", "--stall-s", "6")
+def _run(*extra: str) -> dict[str, Any]:
+    done = _bench("--ranks", "32", "--ranks-per-node", "8", "--json", "--seconds", "5", "--warmup", "3", "--stall-s", "6", *extra)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     for key in KEYS:
         assert isinstance(result.get(key), (int, float)) and math.isfinite(result[key]), (key, result)
     assert (result["ranks"], result["nodes"]) == (32, 4)
@@ -55,13 +56,27 @@ def test_small_mode_runs_and_names_the_rank_that_stopped() -> None:
     assert result["node0_cpu_cores"] > 0 and result["node0_rss_mib"] > 0 and result["wire_bytes_per_rank_s"] > 0
     assert result["monitor_refreshes"] >= 1 and result["monitor_rows"] == 32 and result["monitor_cpu_cores"] > 0
     assert result["scrape_s"] > 0 and result["scrape_kib"] > 0
-    # The stopped rank (on the last node) is named, and not before its threshold; no other rank is.
-    assert result["stall_threshold_s"] == 6
-    assert result["culprit"] // 8 == 3 and result["hang_named_by"] in ("stalled", "hang"), result
-    assert result["hang_named_after_s"] >= result["stall_threshold_s"]
-    assert result["false_alarms"] == [], result
+    # The stopped rank is on the last node, and cannot be named before its threshold.
+    assert result["stall_threshold_s"] == 6 and result["culprit"] // 8 == 3
+    assert result["hang_named_after_s"] >= result["stall_threshold_s"], result
     assert result["run_status"] == "stopped"
     assert _left(result["bench_id"]) == []
+    return result
+
+
+def test_a_synchronous_hang_is_named_with_the_rank_that_stopped() -> None:
+    """The default: one rank stops and the 31 others wait in the all-reduce for it (node 0's real
+    ranks and the simulated ones): the hang names that rank alone, and each other rank is told it
+    waits on it."""
+    result = _run()
+    assert result["hang_named_by"] == "hang", result
+    assert result["victims_told"] == 31 and result["false_alarms"] == [], result
+
+
+def test_one_rank_stalled_while_the_others_go_on_is_named_and_no_other() -> None:
+    result = _run("--hang", "one")
+    assert result["hang_named_by"] == "stalled" and "hang_after_s" not in result, result
+    assert result["false_alarms"] == [], result
 
 
 @pytest.mark.parametrize(
