@@ -226,14 +226,15 @@ def ranks_logging(metrics: Path, tail: int = 16 << 20) -> int:
 
 def profile(folder: Path | None, pids: dict[str, int], seconds: float) -> list[subprocess.Popen[bytes]]:
     """py-spy on each process over the window, without pausing it (``--nonblocking``: its cost
-    is py-spy's own process, not the measured one's): collapsed stacks per thread in
+    is py-spy's own process, not the measured one's), only samples of a thread holding the GIL
+    (``--gil``: Python at work, not waiting in a select or a lock): collapsed stacks per thread in
     ``folder/NAME.txt``. Nothing when ``folder`` is None."""
     if folder is None:
         return []
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     folder.mkdir(parents=True, exist_ok=True)
     return [subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", "50",
-                              "--nonblocking", "--threads", "--format", "raw", "--output", str(folder / f"{name}.txt")],
+                              "--nonblocking", "--gil", "--threads", "--format", "raw", "--output", str(folder / f"{name}.txt")],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for name, pid in pids.items()]
 
@@ -338,6 +339,11 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         monitor = subprocess.Popen([sys.executable, str(MONITOR), str(run_dir), str(mon_out)], env=env,
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(tmp / "monitor.log", "ab"))  # noqa: SIM115 - the child holds it
         mon = psutil.Process(monitor.pid)
+        deadline = time.monotonic() + 300
+        while not mon_out.with_suffix(".shown").exists():  # its start (Textual's imports, the first read) is not the window's
+            if time.monotonic() > deadline or monitor.poll() is not None:
+                raise RuntimeError(f"the Monitor did not show the run: {(tmp / 'monitor.log').read_text()[-2000:]}")
+            time.sleep(0.2)
         time.sleep(ns.warmup)
 
         registry = exporter(home / "runs")
@@ -345,13 +351,15 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         result["scrape_first_s"] = round(timed_scrape(registry)[0], 4)  # reads the run's history
         sims = [psutil.Process(w.proc.pid) for w in workers]
         scpu0 = sum(cpu_s(p) for p in sims)
-        spies = profile(ns.profile, {"node0": sup.pid, "monitor": mon.pid}, ns.seconds)
+        spies = profile(ns.profile, {"node0": sup.pid, "monitor": mon.pid, **{f"sim{i}": p.pid for i, p in enumerate(sims)}}, ns.seconds)
         wall0, cpu0, mcpu0, wire0 = time.monotonic(), cpu_s(sup), cpu_s(mon), wire_bytes(port + 1)
+        t_open = time.time()
         rss = 0.0
         while time.monotonic() - wall0 < ns.seconds:
             rss = max(rss, sup.memory_info().rss / 2**20)
             time.sleep(min(1.0, max(0.0, ns.seconds - (time.monotonic() - wall0))))
         wall = time.monotonic() - wall0
+        t_close = time.time()
         cpu1, mcpu1, wire1 = cpu_s(sup), cpu_s(mon), wire_bytes(port + 1)
         scpu1 = sum(cpu_s(p) for p in sims)
         rss = max(rss, sup.memory_info().rss / 2**20)
@@ -381,7 +389,8 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         monitor.send_signal(signal.SIGTERM)
         monitor.wait(timeout=60)
         shown = json.loads(mon_out.read_text()) if mon_out.exists() else {}
-        refresh = list(shown.get("refresh_s") or [])[1:]  # the first reads the whole history
+        # The refreshes that ended in the window (the first, which read the whole history, came before it).
+        refresh = [r for r, at in zip(shown.get("refresh_s") or [], shown.get("refresh_at") or [], strict=False) if t_open <= at <= t_close]
         result.update({"monitor_refresh_s": _median(refresh), "monitor_refresh_p95_s": _p95(refresh),
                        "monitor_refresh_max_s": round(max(refresh), 4) if refresh else None, "monitor_refreshes": len(refresh),
                        "monitor_rows": shown.get("rows"),
@@ -465,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks-per-node", type=int, default=8)
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON object (the last line)")
     ap.add_argument("--seconds", type=float, default=30.0, help="the measured window")
-    ap.add_argument("--warmup", type=float, default=10.0, help="seconds after every rank connected, before the window")
+    ap.add_argument("--warmup", type=float, default=10.0, help="seconds after every rank connected and the Monitor showed the run, before the window")
     ap.add_argument("--steps-per-s", type=float, default=2.0, help="train records a rank sends a second")
     ap.add_argument("--log-every", type=int, default=10, help="a rank prints a line every this many steps")
     ap.add_argument("--stall-s", type=float, default=30.0, help="XL_STALL_MIN_S for node 0 (30: xl's default)")
