@@ -419,7 +419,6 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         _say(f"rank {culprit} stopped stepping ({ns.hang}): named by a {result['hang_named_by']} event "
              f"{result['hang_named_after_s']} s after its last step")
         result["ranks_logging"] = ranks_logging(run_dir / "metrics.jsonl")
-        _say(f"rank {culprit} stopped stepping: named by a {kind} event {result['hang_named_after_s']} s after its last step")
 
         stats = []
         for w in workers:
@@ -492,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         problems.append("--steps-per-s must be in (0, 100], --seconds and --stall-s above 0, --warmup and --sim-procs not below 0")
     if shutil.which("ss") is None:
         problems.append("`ss` (iproute2) is needed to count the wire's bytes")
+    if ns.profile is not None and not (shutil.which("py-spy") or Path(sys.executable).with_name("py-spy").exists()):
+        problems.append("--profile needs py-spy: pip install py-spy")
     if problems:
         print(f"bench_scale: {problems[0]}", file=sys.stderr)
         return 2
@@ -500,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, OSError, subprocess.SubprocessError, psutil.Error) as exc:
         print(f"bench_scale: it did not run: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("bench_scale: interrupted; what it started is gone", file=sys.stderr)
+        return 130
     result["machine"] = {"cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)}
     if ns.json:
         print(json.dumps(result))

@@ -337,11 +337,12 @@ class Sim:
         await self.connect_all()
         _say({"ready": self.connected, "refused": self.refused})
 
+        loop = self.loop
+
         def read_stdin() -> None:
             for line in sys.stdin:
-                assert self.loop is not None
-                self.loop.call_soon_threadsafe(self.command, line)
-            self.loop.call_soon_threadsafe(setattr, self, "stopping", True)  # the bench is gone
+                loop.call_soon_threadsafe(self.command, line)
+            loop.call_soon_threadsafe(setattr, self, "stopping", True)  # the bench is gone
 
         threading.Thread(target=read_stdin, name="sim-stdin", daemon=True).start()
         await asyncio.gather(*(self.run_node(n) for n in self.nodes))
