@@ -377,6 +377,7 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 spy.wait(timeout=30)
         newest = newest_train(run_dir / "metrics.jsonl")
+        result["ranks_logging"] = ranks_logging(run_dir / "metrics.jsonl")  # before any rank stops
         lag = time.time() - newest if newest is not None else None
         counted1 = collector_count(run_dir)
         if not scrapes:  # a window shorter than the scrape interval: one scrape at its end
@@ -431,7 +432,6 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         result["hang_named_by"] = "hang" if ns.hang == "all" and "hang" in seen else min(seen, key=seen.__getitem__, default=None)
         _say(f"rank {culprit} stopped stepping ({ns.hang}): named by a {result['hang_named_by']} event "
              f"{result['hang_named_after_s']} s after its last step")
-        result["ranks_logging"] = ranks_logging(run_dir / "metrics.jsonl")
 
         stats = []
         for w in workers:
