@@ -440,6 +440,13 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         _say(f"rank {culprit} stopped stepping ({ns.hang}): named by a {result['hang_named_by']} event "
              f"{result['hang_named_after_s']} s after its last step")
 
+        if ns.hang == "all" and "hang" in seen:
+            # The ranks that stepped last (node 0's: they see the flag at their next step) reach
+            # the threshold a step or two after the hang is named: give their stalls time.
+            settle = time.monotonic() + 15
+            while time.monotonic() < settle and judged(events, culprit, True, offset)[1] < ranks - 1:
+                time.sleep(1.0)
+
         stats = []
         for w in workers:
             w.send("stats")
