@@ -192,25 +192,32 @@ def watch_events(events: Path, offset: int, culprit: int, want: str, timeout: fl
     return seen
 
 
-def judged(events: Path, culprit: int, victims_stall: bool) -> tuple[list[str], int]:
-    """Diagnoses of ranks other than ``culprit`` that are false alarms (every one, when the others
-    went on; when they waited for it, any but their ``stalled``), and how many of the others were
-    told whom they wait on (a ``stalled`` event with ``waiting_on`` [culprit])."""
+def judged(events: Path, culprit: int, victims_stall: bool, since: int) -> tuple[list[str], int]:
+    """False alarms in the run's events: every diagnosis of a node (none was lost), and of a rank
+    other than ``culprit`` (before it stopped, any; after, when the others waited for it, any but
+    their ``stalled``); and how many of the others were told whom they wait on (a ``stalled`` event
+    with ``waiting_on`` [culprit]). ``since``: where events.jsonl ended when it stopped."""
     out: set[str] = set()
     told: set[int] = set()
     with open(events, "rb") as fh:
+        at = 0
         for raw in fh:
+            after = at >= since
+            at += len(raw)
             with contextlib.suppress(ValueError):
                 ev = json.loads(raw)
                 if not isinstance(ev, dict) or ev.get("kind") not in DIAGNOSES:
                     continue
+                if ev["kind"].startswith("node_"):
+                    out.add(f"{ev['kind']} node {ev.get('node_rank')}")
+                    continue
                 named = [r for r in [ev.get("rank"), *(ev.get("ranks") or [])] if isinstance(r, int) and r != culprit]
-                if ev["kind"] == "stalled" and victims_stall:
+                if ev["kind"] == "stalled" and victims_stall and after:
                     if ev.get("waiting_on") == [culprit]:
                         told.update(named)
                     continue
                 out.update(f"{ev['kind']} {r}" for r in named)
-    return sorted(out), len(told)
+    return sorted(out, key=lambda a: (a.split()[0], int(a.split()[-1]))), len(told)
 
 
 def ranks_logging(metrics: Path, tail: int = 16 << 20) -> int:
@@ -433,6 +440,13 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         _say(f"rank {culprit} stopped stepping ({ns.hang}): named by a {result['hang_named_by']} event "
              f"{result['hang_named_after_s']} s after its last step")
 
+        if ns.hang == "all" and "hang" in seen:
+            # The ranks that stepped last (node 0's: they see the flag at their next step) reach
+            # the threshold a step or two after the hang is named: give their stalls time.
+            settle = time.monotonic() + 15
+            while time.monotonic() < settle and judged(events, culprit, True, offset)[1] < ranks - 1:
+                time.sleep(1.0)
+
         stats = []
         for w in workers:
             w.send("stats")
@@ -441,7 +455,8 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         result["sim_frames"] = sum(int(s.get("frames", 0)) for s in stats)
         result["stacks_answers"] = sum(int(s.get("stacks_answered", 0)) for s in stats)
 
-        os.kill(sup.pid, signal.SIGTERM)  # as `xl stop` does: node 0 stops its ranks and tells every node
+        with contextlib.suppress(ProcessLookupError):  # a run that ended by itself (a node lost) needs no stop
+            os.kill(sup.pid, signal.SIGTERM)  # as `xl stop` does: node 0 stops its ranks and tells every node
         try:
             sup.wait(timeout=120)
         except psutil.TimeoutExpired:
@@ -451,7 +466,9 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         result["run_json_ranks"] = len(rec.get("ranks") or [])
         collector = json.loads((run_dir / "collector.json").read_text())
         result["collector_rejects"] = collector.get("rejects") or {}
-        result["false_alarms"], told = judged(events, culprit, ns.hang == "all")
+        alarms, told = judged(events, culprit, ns.hang == "all", offset)
+        result["false_alarms"] = alarms[:20]  # the first of each kind, then a count
+        result["false_alarm_count"] = len(alarms)
         if ns.hang == "all":
             result["victims_told"] = told  # of ranks - 1 that waited for the culprit
     finally:

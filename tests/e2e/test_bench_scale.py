@@ -70,7 +70,7 @@ def test_a_synchronous_hang_is_named_with_the_rank_that_stopped() -> None:
     waits on it."""
     result = _run()
     assert result["hang_named_by"] == "hang", result
-    assert result["victims_told"] == 31 and result["false_alarms"] == [], result
+    assert result["victims_told"] == 31 and result["false_alarms"] == [] and result["false_alarm_count"] == 0, result
 
 
 def test_one_rank_stalled_while_the_others_go_on_is_named_and_no_other() -> None:
