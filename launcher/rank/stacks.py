@@ -34,6 +34,7 @@ import time
 from types import FrameType
 from typing import IO, Any
 
+import xl
 from xl.atomic import makedirs_private, write_unsynced
 from xl.launcher.rank.frenv import set_buffer
 from xl.launcher.rundir.layout import RunLayout
@@ -64,11 +65,21 @@ def peer_is(sock: socket.socket, pid: int) -> bool:
     return peer_pid == pid and (os.getuid() == 0 or uid == os.getuid())
 
 
+# xl's own wrappers around torch (the step hooks: Work.wait, DataLoader's __next__, a module's
+# __call__, backward) pass straight through to torch: a stack shows where the script and torch
+# are, never xl's wrapper, which a verdict would otherwise name as the place a rank waits.
+_PASS_THROUGH = tuple(
+    os.path.join(os.path.dirname(os.path.abspath(xl.__file__ or "")), "integrations", name)
+    for name in ("torchsteps.py", "stepclock.py")
+)
+
+
 def _frames(frame: FrameType | None) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     while frame is not None and len(out) < MAX_FRAMES:
         code = frame.f_code
-        out.append({"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name})
+        if not code.co_filename.endswith(_PASS_THROUGH):
+            out.append({"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name})
         frame = frame.f_back
     out.reverse()  # innermost last, as the document wants
     return out
