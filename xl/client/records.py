@@ -15,7 +15,10 @@ from typing import Any
 from xl import wire
 
 # Keys that, once the script gives them, the steps' line leaves out (no double counting).
-OWNED = ("step", "loss", "samples")
+# Keys a script may give itself that torch's step hooks would also report: once it gave one, the
+# hooks' lines leave it out ("step_s" stands for the whole split: a script that times its own
+# steps is not timed twice).
+OWNED = ("step", "loss", "samples", "step_s")
 # (count key, rate key): ``samples=`` is what was processed since the previous call that gave it.
 _RATES = (("samples", "samples_per_s"), ("tokens", "tokens_per_s"))
 

@@ -274,14 +274,15 @@ class StepClock:
             out["samples"] = samples
             if step_s > 0:
                 out["samples_per_s"] = round(samples / step_s, 3)
-        if n > 1:
-            out["steps"] = n
-        out["step_s"] = round(step_s / n, 6)
-        out["data_s"] = round(data / n, 6)
-        out["compute_s"] = round(compute / n, 6)
-        out["comm_s"] = round(comm / n, 6)
-        out["other_s"] = round(other / n, 6)
+        if "step_s" not in given:  # the script times its steps itself: its split is the one
+            if n > 1:
+                out["steps"] = n
+            out["step_s"] = round(step_s / n, 6)
+            out["data_s"] = round(data / n, 6)
+            out["compute_s"] = round(compute / n, 6)
+            out["comm_s"] = round(comm / n, 6)
+            out["other_s"] = round(other / n, 6)
         mems = [r[8] for r in rows if r[8] is not None]
-        if mems:
+        if mems and "mem_peak_mib" not in given:
             out["mem_peak_mib"] = round(max(mems), 1)
-        return last[0], out
+        return (last[0], out) if out else None

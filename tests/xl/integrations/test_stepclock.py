@@ -138,3 +138,20 @@ def test_cuda_peak_is_the_allocators_counter_reset_each_step() -> None:
     assert calls == ["max", "reset", "max", "reset"]  # host-side counters, never a sync
     idle = _cuda_peak(SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: False)))
     assert idle() is None  # a rank that never used CUDA: no key
+
+
+def test_a_script_that_times_its_own_steps_is_not_timed_twice() -> None:
+    # A script whose xl.log gives step, loss, samples and its own step_s split: the hooks' lines
+    # would only repeat its steps (the digest counted each step twice), so none is sent.
+    steps, fake = _clock()
+    opt = Opt()
+    steps.fetched(0.0, 4)
+    _step(steps, fake, opt)
+    fake.now += 1.0
+    assert steps.collect({"step", "loss", "samples", "step_s"}) is None
+    # With only step given, the split still comes (the time split is added to the script's keys).
+    steps.fetched(0.0, 4)
+    _step(steps, fake, opt)
+    fake.now += 1.0
+    _t, line = steps.collect({"step"})
+    assert "step" not in line and line["step_s"] > 0
