@@ -141,8 +141,10 @@ def test_node_with_a_wrong_token_is_told_and_node_0_waits_for_the_right_one(tmp_
         took = time.monotonic() - start
         out = wrong.stdout + wrong.stderr
         assert wrong.returncode == 1, out[-3000:]
+        # Said as it happens (the run's one failure event) and in the run's closing line, as
+        # every failure is; never more.
         said = [ln for ln in out.splitlines() if "refused" in ln]
-        assert len(said) == 1, out
+        assert len(said) == 2 and said[1].startswith("xl: run ") and " failed after " in said[1], out
         assert "node 0 (127.0.0.1:" in said[0] and "refused this node's XL_TOKEN: it is not the run's token" in said[0]
         assert "run the exact command node 0's 'xl launch' printed" in said[0], said
         assert "Traceback" not in out and TOKEN not in out, out
