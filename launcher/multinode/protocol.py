@@ -48,6 +48,11 @@ _MAX_FRAMES = 64
 _MAX_COLLECTIVES = 64
 _MAX_STACKS_TEXT = 512
 _MAX_STACKS_LINE = wire.MAX_FRAME // 2
+# A collective's tensor shapes (xl.launcher.rank.stacks: "in"/"out", which the collective-mismatch
+# verdict compares): the only values of a collective that are not scalars.
+_SHAPE_KEYS = ("in", "out")
+_MAX_SHAPES = 32  # tensors (the rank keeps up to its MAX_SIZES)
+_MAX_DIMS = 64  # dimensions of one tensor
 
 
 def _check_value(value: Any, max_text: int) -> None:
@@ -170,7 +175,25 @@ def _check_stacks(obj: dict[str, Any]) -> None:
             for frame in _list(thread.get("frames", []), _MAX_FRAMES):
                 _check_fields(frame, max_text=_MAX_STACKS_TEXT)
         for coll in _list(entry.get("collectives", []), _MAX_COLLECTIVES):
-            _check_fields(coll, max_text=_MAX_STACKS_TEXT)
+            if type(coll) is not dict:
+                raise wire.FrameError("bad_node_message")
+            _check_fields({k: v for k, v in coll.items() if k not in _SHAPE_KEYS}, max_text=_MAX_STACKS_TEXT)
+            for key in _SHAPE_KEYS:
+                if key in coll and not _is_shapes(coll[key]):
+                    raise wire.FrameError("bad_value")
+
+
+def _is_shapes(value: Any) -> bool:
+    """A collective's tensor shapes (``in``/``out``): a list of up to _MAX_SHAPES tensors, each a
+    list of up to _MAX_DIMS non-negative ints."""
+    return (
+        type(value) is list
+        and len(value) <= _MAX_SHAPES
+        and all(
+            type(shape) is list and len(shape) <= _MAX_DIMS and all(type(n) is int and 0 <= n < 1 << 63 for n in shape)
+            for shape in value
+        )
+    )
 
 
 def _clip_text(value: Any) -> Any:
@@ -191,7 +214,7 @@ def clip_stacks(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 {"name": _clip_text(str(t.get("name"))), "frames": [{k: _clip_text(v) for k, v in f.items()} for f in (t.get("frames") or [])[-_MAX_FRAMES:]]}
                 for t in (entry.get("threads") or [])[:_MAX_THREADS]
             ]
-            clipped["collectives"] = [{k: _clip_text(v) for k, v in c.items()} for c in (entry.get("collectives") or [])[-_MAX_COLLECTIVES:]]
+            clipped["collectives"] = [_clip_collective(c) for c in (entry.get("collectives") or [])[-_MAX_COLLECTIVES:]]
         out.append(clipped)
     for keep in (_MAX_THREADS, 1, 0):
         if len(json.dumps(out, default=str)) <= _MAX_STACKS_LINE:
@@ -204,6 +227,12 @@ def clip_stacks(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     entry.pop("collectives", None)
                     entry["error"] = "its stacks were too big to send to node 0; 'xl stacks RUN' on its node shows them"
     return out
+
+
+def _clip_collective(c: dict[str, Any]) -> dict[str, Any]:
+    """A collective as node 0 takes it: texts clipped, shapes kept only when node 0 can hold them
+    (without them the verdict compares the op alone)."""
+    return {k: _clip_text(v) for k, v in c.items() if k not in _SHAPE_KEYS or _is_shapes(v)}
 
 
 def clip_failure(failure: dict[str, Any]) -> dict[str, Any]:

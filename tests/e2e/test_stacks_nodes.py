@@ -102,7 +102,13 @@ def test_a_quiet_node_costs_the_deadline_and_its_ranks_say_so(tmp_path: Path) ->
 def test_node_0_refuses_stacks_it_cannot_hold() -> None:
     good = {"type": "stacks", "id": "abc", "ranks": clip_stacks([_deep_entry(3)])}
     assert check_message(json.loads(json.dumps(good)))["ranks"][0]["rank"] == 3
+    # A collective's tensor shapes (the mismatch verdict compares them) cross; ill-formed ones are clipped off.
+    coll = {"pg": "0", "pg_id": "0", "seq": 5, "op": "all_reduce", "state": "started", "in": [[4, 2]], "out": [[4, 2]]}
+    shaped = {"type": "stacks", "id": "abc", "ranks": clip_stacks([{**_deep_entry(3), "collectives": [coll, {**coll, "in": [["x"]]}]}])}
+    got = check_message(json.loads(json.dumps(shaped)))["ranks"][0]["collectives"]
+    assert got[0]["in"] == [[4, 2]] and "in" not in got[1] and got[1]["out"] == [[4, 2]]
     for bad in (
+        {"type": "stacks", "id": "abc", "ranks": [{"rank": 3, "collectives": [{**coll, "in": [[{"a": 1}]]}]}]},
         {"type": "stacks", "id": "abc", "ranks": [{"rank": 3, "threads": "main"}]},
         {"type": "stacks", "id": "abc", "ranks": [_deep_entry(3)]},  # not clipped: too many threads
         {"type": "stacks", "id": "", "ranks": []},
