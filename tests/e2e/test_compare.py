@@ -24,6 +24,8 @@ pytestmark = pytest.mark.e2e
 
 SCRIPT = SUPPORT / "stall_ddp.py"
 STALL_S = 8.0
+# run.json's time: total_s, these parts (summing to it), and phases where the steps were timed.
+PARTS = ("startup_s", "training_s", "stalled_s", "restarts_s", "shutdown_s")
 # Secrets, masked in every output; FOO is an ordinary variable, shown.
 SECRETS = {"HF_TOKEN": ("hf_aaaaaaaa", "hf_bbbbbbbb"), "DB_PASSWORD": ("pw-one-1", "pw-two-2"), "AWS_SECRET_ACCESS_KEY": ("sak-1111", "sak-2222")}
 BASE = ["--steps", "160"]
@@ -93,8 +95,17 @@ def test_every_run_has_its_time_split_into_parts_that_sum_to_its_length(runs: tu
     for name, run_dir in dirs.items():
         run = run_json(run_dir)
         t = run["time"]
-        assert set(t) == {"total_s", "startup_s", "training_s", "stalled_s", "restarts_s", "shutdown_s"}
-        assert abs(sum(v for k, v in t.items() if k != "total_s") - t["total_s"]) < 0.01, t
+        # The five parts, and `phases`: where the ranks' timed steps went (xl launch times them).
+        assert set(t) == {"total_s", *PARTS, "phases"}, t
+        assert abs(sum(t[k] for k in PARTS) - t["total_s"]) < 0.01, t
+        phases = t["phases"]
+        assert set(phases) == {"data_s", "compute_s", "comm_s", "other_s", "steps_s"}, phases
+        assert abs(sum(v for k, v in phases.items() if k != "steps_s") - phases["steps_s"]) < 0.01, phases
+        # Each step counted once: the hooks' split-only lines (no `step`) beside the script's own
+        # xl.log(step=...) are the same steps, not more of them.
+        split = listed[name]["split"]
+        assert sorted(split) == [str(r) for r in range(len(run["ranks"]))], split
+        assert all(s["steps"] == 160 for s in split.values()), split
         assert t["total_s"] == pytest.approx(run["ended_at"] - run["started_at"], abs=0.01)
         assert t["startup_s"] > 0 and t["training_s"] > 0 and t["restarts_s"] == 0, (name, t)
         assert listed[name]["time"] == t  # `xl runs --json` shows the same accounting
@@ -113,13 +124,14 @@ def test_a_rank_stalled_for_a_known_time_shows_that_time(runs: tuple[dict[str, s
     waited = {r["rank"]: r["waited_s"] for r in stalled["ranks"]}
     assert waited[0] >= STALL_S - 0.5 and waited[1] < 2.0, waited
     assert all(r["waited_s"] < 2.0 for r in base["ranks"]), base["ranks"]
-    # The plain view ends with the accounting in one line.
-    last = outputs["stalled"].strip().splitlines()[-1]
-    assert last.startswith("time: startup ") and ", stalled " in last and "shutdown" in last, last
-    assert ", stalled " not in outputs["base"].strip().splitlines()[-1]
-    # `xl attach` on the finished run ends with the same line.
+    # The plain view ends with the accounting in one line, then where the steps' time went.
+    line, steps = outputs["stalled"].strip().splitlines()[-2:]
+    assert line.startswith("time: startup ") and ", stalled " in line and "shutdown" in line, line
+    assert steps.startswith("time in steps (") and " comm " in steps, steps
+    assert ", stalled " not in outputs["base"].strip().splitlines()[-2]
+    # `xl attach` on the finished run ends with the same lines.
     attached = xl(["attach", dirs["stalled"].name], env, timeout=60)
-    assert attached.returncode == 0 and attached.stdout.strip().splitlines()[-1] == last, attached.stdout[-500:]
+    assert attached.returncode == 0 and attached.stdout.strip().splitlines()[-2:] == [line, steps], attached.stdout[-500:]
 
 
 # ---------------------------------------------------------------------------------- xl compare
@@ -209,7 +221,7 @@ def test_a_run_whose_supervisor_was_killed_is_accounted_from_what_its_ranks_left
         # The ranks train on, spool what they log, and the last one to end settles the run.
         run = wait_final(run_dir, timeout=120)
         t = run["time"]
-        assert run["status"] == "succeeded" and abs(sum(v for k, v in t.items() if k != "total_s") - t["total_s"]) < 0.01
+        assert run["status"] == "succeeded" and abs(sum(t[k] for k in PARTS) - t["total_s"]) < 0.01, t
         assert t["training_s"] >= 200 * 0.03 * 0.9, t  # the steps after the kill count too (spooled, merged)
         assert all(isinstance(r.get("waited_s"), float) for r in run["ranks"]), run["ranks"]
         wait_no_processes(run_dir, timeout=30)
