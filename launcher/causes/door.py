@@ -55,8 +55,8 @@ class Doctor:
         facts.net_ifaces = system.net_interfaces() or None
         facts.ib_devices = system.infiniband_devices()
         try:
-            inv, health = system.probe_inventory()
-            facts.driver, facts.gpus, facts.health = inv.driver, tuple(inv.gpus), health
+            inv, facts.health, facts.fabric = system.probe_inventory()
+            facts.driver, facts.gpus = inv.driver, tuple(inv.gpus)
         except Exception as exc:  # NVML absent or broken: the GPU facts stay unknown
             facts.nvml_problem = str(exc)
         # The ranks' interpreter: this one is read in-process; another by the doctor's probe.

@@ -11,6 +11,7 @@ import dataclasses
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gpus import idle_gpu
@@ -286,3 +287,11 @@ def test_a_failure_s_cause_crosses_the_node_link_clipped_and_a_malformed_one_is_
     for bad in ({"kind": "x", "summary": "s", "evidence": [{"a": 1}]}, {"kind": "x", "summary": "s", "extra": 1}, ["kind"]):
         with pytest.raises(FrameError):
             check_message({"type": "failure", "failure": {**failure, "cause": bad}, "at": 1.0})
+
+
+def test_the_doctor_door_reads_the_gpus_as_the_doctor_does(simnvml: Any) -> None:
+    # The door reads NVML's inventory, health and fabric as the doctor's own probe gives them; a
+    # change of that probe's shape once left every cause without its GPU facts, silently.
+    with simnvml(gpus=2).in_process():
+        facts = Doctor(python=sys.executable).facts()
+    assert facts.nvml_problem in (None, "") and len(facts.gpus) == 2 and facts.driver is not None
