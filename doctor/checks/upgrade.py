@@ -14,6 +14,7 @@ from xl.doctor.facts import Facts, vtuple
 from xl.doctor.tables import DRIVER_FOR_CUDA
 
 RUNFILE = "https://www.nvidia.com/en-us/drivers/unix/"
+WINDOWS_DRIVERS = "https://www.nvidia.com/en-us/drivers/"
 _KEYRING = "https://developer.download.nvidia.com/compute/cuda/repos/debian{v}/{arch}/cuda-keyring_1.1-1_all.deb"
 
 
@@ -67,6 +68,14 @@ def driver_upgrade(f: Facts, branch: int, then: str | None = None) -> str:
     """The command that installs driver `branch` (the open flavour where Blackwell needs it) and
     reboots to load it; `then`, a command to run in this environment too (a torch wheel), goes
     before the reboot. In a container the driver's part is said for the host."""
+    if f.driver_os == "wsl":
+        # WSL2 runs on the Windows driver (/usr/lib/wsl/lib): nothing installed in Linux replaces
+        # it, and a Linux driver package there breaks it. The fix is Windows', then a restart of WSL.
+        driver = (
+            f"on Windows, not in WSL: install NVIDIA's Windows driver, branch {branch} or newer, from "
+            f"{WINDOWS_DRIVERS}, then run 'wsl --shutdown' in PowerShell and reopen this shell"
+        )
+        return f"{then}; then {driver}" if then else driver
     install = _install(f, branch)
     note = ""
     if then and " (" in then:  # a wheel's note (a downgrade, said) goes last

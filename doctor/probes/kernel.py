@@ -105,7 +105,10 @@ def host_os(release: str) -> str | None:
 
 
 def driver_os(container: bool) -> str | None:
-    """The distribution that installs the driver: the host's in a container, else this one's."""
+    """The distribution that installs the driver: the host's in a container, else this one's;
+    ``wsl`` under WSL2, whose GPU driver is Windows' (its kernel names Microsoft)."""
+    if "microsoft" in kernel_release().lower():
+        return "wsl"
     if container:
         return host_os(kernel_release())
     text = read_text(at("/etc/os-release"), limit=64 << 10) or ""

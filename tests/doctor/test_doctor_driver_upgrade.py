@@ -166,6 +166,23 @@ def test_in_a_container_the_upgrade_is_the_hosts_for_the_hosts_distribution(tmp_
     assert dc["fix"].startswith("on the host, not in this container: install NVIDIA driver branch 580"), dc["fix"]
 
 
+def test_under_wsl2_the_upgrade_is_windows_driver_never_a_linux_package(tmp_path: Path, simnvml) -> None:
+    """WSL2 (an Ubuntu image, a kernel that names Microsoft) runs on the Windows driver: an apt
+    driver package there cannot help and breaks it, so the fix names the Windows driver's branch
+    and the WSL restart; a Linux kernel of the same Ubuntu still gets apt's command."""
+    sim = simnvml(gpus=[SimGPU(model="A100")], driver_version="550.54.15", cuda_version=12040)
+    box = Sandbox(tmp_path / "box")
+    root = _root(tmp_path, "ubuntu", release="6.6.87.2-microsoft-standard-WSL2")
+    env = _env(box, sim, box.torch("2.13.0+cu130", cuda="13.0"), root)
+    dc = by_id(run_doctor_json(env)[0])["driver_cuda"]
+    assert dc["status"] == "fail", dc
+    assert "apt-get" not in dc["fix"] and "sudo" not in dc["fix"], dc["fix"]
+    assert dc["fix"].startswith("on Windows, not in WSL: install NVIDIA's Windows driver, branch 580 or newer"), dc["fix"]
+    assert "wsl --shutdown" in dc["fix"]
+    (root / "proc" / "sys" / "kernel" / "osrelease").write_text("6.8.0-49-generic\n")
+    assert by_id(run_doctor_json(env)[0])["driver_cuda"]["fix"] == UPGRADE["ubuntu"]
+
+
 def test_a_wheel_of_the_same_torch_the_driver_runs_is_the_fix_not_an_upgrade(tmp_path: Path, simnvml) -> None:
     """torch 2.7.0+cu128 on driver 550 (minor-version compatibility, warn): torch 2.7.0 was
     published for cu118, which 550 runs fully and which breaks nothing here: that wheel, no
