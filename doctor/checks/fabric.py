@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from xl.doctor.checks.compat import ldconfig_fix, unusable
+from xl.doctor.checks.compat import unusable
 from xl.doctor.checks.derived import on_host, working_gpus
 from xl.doctor.checks.finding import Finding, fail, ok, skip, warn
-from xl.doctor.checks.ldpath import ld_fix
 from xl.doctor.facts import Facts, vtuple
 
 _CU = {
@@ -82,13 +81,14 @@ def check_cuda_init(f: Facts) -> Finding:
         )
     if code in (803, 804):
         bad = unusable(f)
-        fix = (ld_fix(f) if bad.source == "LD_LIBRARY_PATH" else ldconfig_fix(bad)) if bad else on_host(f, _RELOAD)
         why = (
             "the libcuda that loads is not the kernel module's version"
             if code == 803
             else "forward compatibility (cuda-compat) is not supported on these GPUs"
         )
-        return fail(f"{_said(code)}: {why}", fix=fix, data=data)
+        if bad:  # driver_cuda names that libcuda and its fix: said once, there
+            return fail(f"{_said(code)}: {why} ({bad.path}; driver_cuda gives the fix)", fix="", data=data)
+        return fail(f"{_said(code)}: {why}", fix=on_host(f, _RELOAD), data=data)
     if code not in (0, None):
         return warn(
             f"{_said(code)} although NVML lists {len(gpus)} GPU(s)",
