@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import signal
+import time
 from dataclasses import dataclass, field
 
 from xl.launcher.causes import host, words
@@ -88,9 +89,18 @@ def explain(ev: Evidence, doctor: Doctor | None = None, kernel: list[str] | None
 def _signal(ev: Evidence, tail: str, doctor: Doctor, kernel: list[str] | None) -> Cause:
     code = ev.exit_code
     name = _signame(code)
-    kernel = host.kernel_lines() if kernel is None and code in (None, -signal.SIGKILL) else kernel
+    read_here = kernel is None and code in (None, -signal.SIGKILL)
+    kernel = host.kernel_lines() if read_here else kernel
     if code in (None, -signal.SIGKILL):
         oom = host.oom_kill(ev.pids, kernel) if ev.pids else None
+        # The OOM killer sends its SIGKILL before it logs "Killed process": on a busy machine the
+        # rank can be dead and reaped first. A SIGKILL the log does not explain yet is looked
+        # for again for a second before it is called a kill from outside.
+        for _ in range(5 if read_here and code == -signal.SIGKILL and ev.pids else 0):
+            if oom is not None:
+                break
+            time.sleep(0.2)
+            oom = host.oom_kill(ev.pids, host.kernel_lines())
         if oom is not None:
             return _host_oom(oom)
     # A C++ abort after a watchdog's or NCCL's own message, a CUDA error: their words first.
