@@ -4,9 +4,10 @@
 
 Ranks are simulated by worker processes, each holding many connections and sending what the
 real client sends (a frame every 0.1 s carrying the records logged since the last one, with
-after the handshake that proves the run token, reading acks). The collector is the real one (Telemetry) in this process; its
-thread's CPU time comes from /proc via psutil. Phase 2 ("flood") sends pre-encoded 100-record
-frames as fast as the workers can to measure records stored per collector CPU-second.
+after the handshake that proves the run token, reading acks). The collector is the real one
+(Telemetry) in this process; its thread's CPU time comes from /proc via psutil. Phase 2
+("flood") sends pre-encoded 100-record frames as fast as the workers can to measure records stored
+per collector CPU-second.
 Goals: 0 drops at 256 x 20 Hz; >= 100k records/s on one core.
 """
 
@@ -40,7 +41,10 @@ def worker(addr: str, first_rank: int, nranks: int, hz: float, seconds: float, f
     host, port = addr.rsplit(":", 1)
     socks = [socket.create_connection((host, int(port))) for _ in range(nranks)]
     for i, s in enumerate(socks):  # each proves the token as its rank, as the real client does
-        assert handshake.client_handshake(s, TOKEN.encode(), handshake.ROLE_RANK, first_rank + i) == handshake.OK
+        assert (
+            handshake.client_handshake(s, TOKEN.encode(), handshake.ROLE_RANK, first_rank + i)
+            == handshake.OK
+        )
     sent = 0
     seqs = [0] * nranks
     steps = [0] * nranks
@@ -179,7 +183,9 @@ class AsyncioCollector:
                 if not self.proved:
                     if len(buf) < handshake.HELLO_SIZE:
                         return
-                    hello = handshake.check_hello(TOKEN.encode(), self.nonce, bytes(buf[: handshake.HELLO_SIZE]))
+                    hello = handshake.check_hello(
+                        TOKEN.encode(), self.nonce, bytes(buf[: handshake.HELLO_SIZE])
+                    )
                     del buf[: handshake.HELLO_SIZE]
                     self.t.write(hello.answer)
                     self.proved = hello.ok
@@ -276,19 +282,22 @@ def main() -> int:
     print(f"steady: {args.ranks} ranks x {args.hz:g} Hz for {args.seconds:g} s")
     print(f"  records sent {sent}, stored {stored} ({stored / wall:,.0f}/s), drops {sent - stored}")
     print(
-        f"  collector thread CPU {cpu:.2f} s over {wall:.1f} s = {100 * cpu / wall:.1f}% of one core"
+        f"  collector thread CPU {cpu:.2f} s over {wall:.1f} s = {100 * cpu / wall:.1f}% of one "
+        "core"
     )
     sent_f, stored_f, cpu_f, wall_f = results["flood"]
     capacity = stored_f / cpu_f if cpu_f else float("inf")
     print(f"flood: {args.ranks} connections sending 100-record frames for {args.flood_seconds:g} s")
     print(
-        f"  records sent {sent_f}, stored {stored_f} ({stored_f / wall_f:,.0f}/s wall), drops {sent_f - stored_f}"
+        f"  records sent {sent_f}, stored {stored_f} ({stored_f / wall_f:,.0f}/s wall), drops "
+        f"{sent_f - stored_f}"
     )
     print(f"  collector CPU {cpu_f:.2f} s -> {capacity:,.0f} records per CPU-second (one core)")
     print(f"on disk: {on_disk} train lines (expected {sent + sent_f}); rejects: {rejects or 0}")
     print(f"goal 0 drops at {args.ranks} x {args.hz:g} Hz: {'met' if sent == stored else 'MISSED'}")
     print(
-        f"goal >= 100k records/s on one core: {'met' if capacity >= 100_000 else 'MISSED'} ({capacity:,.0f})"
+        f"goal >= 100k records/s on one core: {'met' if capacity >= 100_000 else 'MISSED'} "
+        f"({capacity:,.0f})"
     )
     if args.compare_asyncio:
         ac = AsyncioCollector(Path(tempfile.mkdtemp(prefix="xl-bench-asyncio-")))

@@ -50,15 +50,22 @@ def write_run(root: Path, run_id: str, ranks: int, steps: int, lr: str, speed: f
         buf: list[str] = []
         next_sys = first
         for step in range(1, steps + 1):
-            t = first + step * step_s + (30.0 if step > steps // 2 else 0.0)  # a 30 s stall half-way
+            # a 30 s stall half-way
+            t = first + step * step_s + (30.0 if step > steps // 2 else 0.0)
             loss = 2.5 * math.exp(-step / (steps / 5)) + 0.3
             sps = 32 / step_s
             for r in range(ranks):
-                buf.append(f'{{"t":{t:.3f},"rank":{r},"kind":"train","step":{step},"loss":{loss + r * 1e-4:.5f},"samples":32,"samples_per_s":{sps:.1f}}}\n')
+                buf.append(
+                    f'{{"t":{t:.3f},"rank":{r},"kind":"train","step":{step},'
+                    f'"loss":{loss + r * 1e-4:.5f},"samples":32,"samples_per_s":{sps:.1f}}}\n'
+                )
             if t >= next_sys:
                 next_sys = t + 1.0
                 for r in range(ranks):
-                    buf.append(f'{{"t":{t:.3f},"rank":{r},"kind":"sys","gpu_util":97,"comm_wait_s":0.004,"comm_steps":{int(1 / step_s)}}}\n')
+                    buf.append(
+                        f'{{"t":{t:.3f},"rank":{r},"kind":"sys","gpu_util":97,'
+                        f'"comm_wait_s":0.004,"comm_steps":{int(1 / step_s)}}}\n'
+                    )
             if len(buf) >= 200_000:
                 fh.write("".join(buf))
                 buf.clear()
@@ -66,8 +73,20 @@ def write_run(root: Path, run_id: str, ranks: int, steps: int, lr: str, speed: f
     last += 30.0
     events = [
         {"t": T0 + 1, "kind": "run_started", "rank": None, "message": "starting"},
-        {"t": stall_at + 5, "kind": "stalled", "rank": 3, "idle_s": 5.0, "message": "rank 3 made no progress for 5 s"},
-        {"t": stall_at + 30.05, "kind": "recovered", "rank": 3, "of": "stalled", "message": "rank 3 made progress again"},
+        {
+            "t": stall_at + 5,
+            "kind": "stalled",
+            "rank": 3,
+            "idle_s": 5.0,
+            "message": "rank 3 made no progress for 5 s",
+        },
+        {
+            "t": stall_at + 30.05,
+            "kind": "recovered",
+            "rank": 3,
+            "of": "stalled",
+            "message": "rank 3 made progress again",
+        },
     ]
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     rec = {
@@ -76,15 +95,26 @@ def write_run(root: Path, run_id: str, ranks: int, steps: int, lr: str, speed: f
         "status": "succeeded",
         "spec": {"script": "train.py", "args": ["--lr", lr], "nproc": ranks, "nnodes": 1},
         "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "WANDB_API_KEY": "secret-" + lr},
-        "devices": [{"index": i % 8, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3"} for i in range(8)],
+        "devices": [
+            {"index": i % 8, "uuid": f"GPU-{i}", "name": "NVIDIA H100 80GB HBM3"} for i in range(8)
+        ],
         "nnodes": 8,
         "nproc_per_node": ranks // 8,
         "world_size": ranks,
         "started_at": start,
         "ended_at": last + 4.0,
-        "ranks": [{"rank": r, "local_rank": r % 8, "node": r // 8, "exit_code": 0, "state": "exited"} for r in range(ranks)],
+        "ranks": [
+            {"rank": r, "local_rank": r % 8, "node": r // 8, "exit_code": 0, "state": "exited"}
+            for r in range(ranks)
+        ],
         "failure": None,
-        "versions": {"xl": "0.1.0", "torch": "2.13.0+cu130", "cuda": "13.0", "driver": "580.65", "git": "abc123"},
+        "versions": {
+            "xl": "0.1.0",
+            "torch": "2.13.0+cu130",
+            "cuda": "13.0",
+            "driver": "580.65",
+            "git": "abc123",
+        },
     }
     (run_dir / "run.json").write_text(json.dumps(rec))
     return run_dir
@@ -124,7 +154,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--pairs", type=int, default=7)
     ap.add_argument("--keep", type=Path, help="build the runs here and leave them")
-    ap.add_argument("--no-digest", action="store_true", help="compare runs whose digest is missing (read whole)")
+    ap.add_argument(
+        "--no-digest", action="store_true", help="compare runs whose digest is missing (read whole)"
+    )
     ns = ap.parse_args()
     home = ns.keep or Path(tempfile.mkdtemp(prefix="xl-bench-compare-"))
     runs = home / "runs"
@@ -133,10 +165,16 @@ def main() -> int:
         a = write_run(runs, "20250101-000000-bench-a", ns.ranks, ns.steps, "0.1", 1.0)
         b = write_run(runs, "20250101-010000-bench-b", ns.ranks, ns.steps, "0.2", 1.25)
         size = sum((d / "metrics.jsonl").stat().st_size for d in (a, b)) / 2**20
-        print(f"built 2 runs of {ns.ranks} ranks x {ns.steps} steps ({size:.0f} MiB of metrics) in {time.perf_counter() - began:.1f} s")
+        print(
+            f"built 2 runs of {ns.ranks} ranks x {ns.steps} steps ({size:.0f} MiB of metrics) in "
+            f"{time.perf_counter() - began:.1f} s"
+        )
         for d in (a, b):
             wall, cpu = settle(d)
-            print(f"  digest + time accounting of {d.name} read whole: {wall:.1f} s ({cpu:.1f} s CPU), once")
+            print(
+                f"  digest + time accounting of {d.name} read whole: {wall:.1f} s ({cpu:.1f} s "
+                "CPU), once"
+            )
             if ns.no_digest:
                 (d / "digest.json").unlink()
         env = {**os.environ, "XL_HOME": str(home), "PYTHONPATH": str(ROOT)}
@@ -153,14 +191,36 @@ def main() -> int:
             if ns.no_digest:
                 for d in (a, b):
                     (d / "digest.json").unlink()
-        m_ours, m_base = statistics.median(w for w, _ in ours), statistics.median(w for w, _ in base)
-        c_ours, c_base = statistics.median(c for _, c in ours), statistics.median(c for _, c in base)
-        print(f"xl --version (anchor): median {m_base * 1000:.0f} ms wall, {c_base * 1000:.0f} ms CPU over {ns.pairs}")
-        print(f"xl compare A B --json: median {m_ours * 1000:.0f} ms wall (max {max(w for w, _ in ours) * 1000:.0f} ms), {c_ours * 1000:.0f} ms CPU")
+        m_ours, m_base = (
+            statistics.median(w for w, _ in ours),
+            statistics.median(w for w, _ in base),
+        )
+        c_ours, c_base = (
+            statistics.median(c for _, c in ours),
+            statistics.median(c for _, c in base),
+        )
+        print(
+            f"xl --version (anchor): median {m_base * 1000:.0f} ms wall, {c_base * 1000:.0f} ms "
+            f"CPU over {ns.pairs}"
+        )
+        print(
+            f"xl compare A B --json: median {m_ours * 1000:.0f} ms wall (max "
+            f"{max(w for w, _ in ours) * 1000:.0f} ms), {c_ours * 1000:.0f} ms CPU"
+        )
         print(f"ratio compare / anchor: {m_ours / m_base:.2f} wall, {c_ours / c_base:.2f} CPU")
-        print(f"under 1 s: {'yes' if m_ours < 1.0 else 'NO'} (wall; a loaded machine adds its wait for a core to both)")
-        doc = json.loads(subprocess.run(compare, env=env, capture_output=True, text=True, timeout=600, check=True).stdout)
-        print(f"  speed ratio B/A {doc['speed']['ratio']}, {len(doc['loss']['steps'])} common loss steps, stalled {doc['time']['a']['stalled_s']} s")
+        print(
+            f"under 1 s: {'yes' if m_ours < 1.0 else 'NO'} (wall; a loaded machine adds its wait "
+            "for a core to both)"
+        )
+        doc = json.loads(
+            subprocess.run(
+                compare, env=env, capture_output=True, text=True, timeout=600, check=True
+            ).stdout
+        )
+        print(
+            f"  speed ratio B/A {doc['speed']['ratio']}, {len(doc['loss']['steps'])} common loss "
+            f"steps, stalled {doc['time']['a']['stalled_s']} s"
+        )
     finally:
         if ns.keep is None:
             shutil.rmtree(home, ignore_errors=True)

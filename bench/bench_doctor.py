@@ -6,7 +6,8 @@ probes) while the doctor decides far more than collect_env prints.
 `xl doctor --build` compiles for real, so it is allowed the compiler's time: it is timed on its
 own line, against the same anchor, and not held to the goal.
 
-    .venv/bin/python bench/bench_doctor.py [--runs 7] [--doctor-tree DIR] [--no-build] [--sim-gpus N]
+    .venv/bin/python bench/bench_doctor.py [--runs 7] [--doctor-tree DIR] [--no-build]
+        [--sim-gpus N]
 
 --sim-gpus N gives the doctor N simulated GPUs (tests/support/simnvml.py, through the real
 nvidia-ml-py), so the per-GPU NVML queries (inventory with processes, compute mode, ECC, row
@@ -81,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         t, proc = _time(doctor, env)
         report = json.loads(proc.stdout)  # a run that printed no report does not count as fast
         if args.sim_gpus and len(report["gpus"]) != args.sim_gpus:
-            print(f"the doctor saw {len(report['gpus'])} GPUs, not {args.sim_gpus}", file=sys.stderr)
+            print(
+                f"the doctor saw {len(report['gpus'])} GPUs, not {args.sim_gpus}", file=sys.stderr
+            )
             return 1
         d_times.append(t)
         t, proc = _time(anchor)

@@ -81,8 +81,15 @@ def main() -> int:
                 step()
         e, a = statistics.median(exp_cpu), statistics.median(anc_cpu)
         lines = ns.interval * (RANKS * 11)
-        print(f"scrape of {RANKS} ranks, {ns.interval} s of lines ({lines} lines) between scrapes, {ns.rounds} rounds")
-        print(f"  exporter scrape: median {e * 1e3:.1f} ms CPU ({statistics.median(wall) * 1e3:.1f} ms wall), exposition {len(body) / 1024:.0f} KiB")
+        print(
+            f"scrape of {RANKS} ranks, {ns.interval} s of lines ({lines} lines) between scrapes, "
+            f"{ns.rounds} rounds"
+        )
+        print(
+            f"  exporter scrape: median {e * 1e3:.1f} ms CPU "
+            f"({statistics.median(wall) * 1e3:.1f} ms wall), exposition {len(body) / 1024:.0f} "
+            "KiB"
+        )
         print(f"  anchor RunReader.poll on the same lines: median {a * 1e3:.1f} ms CPU")
         print(f"  ratio exporter / anchor: {e / a:.2f}")
         print(f"  at one scrape every {ns.interval} s: {e / ns.interval * 100:.2f}% of a core")

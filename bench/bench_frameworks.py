@@ -1,6 +1,7 @@
 """Each framework's wall time under `xl launch --no-tui` vs plain torchrun (goal <= 1.03x).
 
-    .venv/bin/python bench/bench_frameworks.py [--repeat N] [--only hf,lightning,accelerate,deepspeed]
+    .venv/bin/python bench/bench_frameworks.py [--repeat N]
+        [--only hf,lightning,accelerate,deepspeed]
         [--no-instrument | --hooks] [--independent-delays]
 
 The bundled examples (examples/), unchanged, on two CPU ranks: HF Trainer (tiny GPT-2 with an
@@ -52,50 +53,82 @@ def _time(argv: list[str], env: dict[str, str], cwd: str, tries: int = 3) -> tup
     then, under torchrun as under xl."""
     for attempt in range(1, tries + 1):
         t0, cpu0 = time.perf_counter(), _cpu()
-        proc = subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
+        proc = subprocess.run(
+            argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600
+        )
         elapsed, cpu = time.perf_counter() - t0, _cpu() - cpu0
         if proc.returncode == 0:
             return elapsed, cpu
         what = f"{' '.join(argv[2:5])} failed ({proc.returncode})"
         if attempt == tries:
             raise SystemExit(f"{what}: {proc.stderr.decode()[-2000:]}")
-        print(f"bench_frameworks: {what}, run again: {proc.stderr.decode().strip().splitlines()[-1:]}", file=sys.stderr, flush=True)
+        print(
+            f"bench_frameworks: {what}, run again: "
+            f"{proc.stderr.decode().strip().splitlines()[-1:]}",
+            file=sys.stderr,
+            flush=True,
+        )
     raise AssertionError("unreachable")
 
 
 def _ratio(label: str, ours: list[float], anchor: list[float]) -> str:
     """The median of the rounds' ratios, with their spread."""
     per_round = [x / t for x, t in zip(ours, anchor, strict=True)]
-    return f"{label} {statistics.median(per_round):.3f}x ({min(per_round):.3f}-{max(per_round):.3f})"
+    return (
+        f"{label} {statistics.median(per_round):.3f}x ({min(per_round):.3f}-{max(per_round):.3f})"
+    )
 
 
-def _report(name: str, times: dict[str, list[float]], cpus: dict[str, list[float]], rounds: int) -> None:
+def _report(
+    name: str, times: dict[str, list[float]], cpus: dict[str, list[float]], rounds: int
+) -> None:
     """Wall time (the goal's figure) and the process tree's CPU time (what load disturbs least)."""
-    anchors = [("torchrun", "xl/torchrun")] + ([("xl-off", "xl/xl-off")] if "xl-off" in times else [])
+    anchors = [("torchrun", "xl/torchrun")] + (
+        [("xl-off", "xl/xl-off")] if "xl-off" in times else []
+    )
     for figure, data in (("wall", times), ("cpu", cpus)):
         medians = "  ".join(f"{k} {statistics.median(v):6.2f}s" for k, v in data.items())
         ratios = "  ".join(_ratio(label, data["xl"], data[anchor]) for anchor, label in anchors)
         singles = " ".join(f"[{k} {', '.join(f'{t:.2f}' for t in v)}]" for k, v in data.items())
-        print(f"{name:11} {figure:4} {medians}  {ratios} (paired medians of {rounds})  {singles}", flush=True)
+        print(
+            f"{name:11} {figure:4} {medians}  {ratios} (paired medians of {rounds})  {singles}",
+            flush=True,
+        )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--only", default=",".join(FRAMEWORKS), help="comma-separated: " + ", ".join(FRAMEWORKS))
+    ap.add_argument(
+        "--only", default=",".join(FRAMEWORKS), help="comma-separated: " + ", ".join(FRAMEWORKS)
+    )
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--no-instrument", action="store_true", help="time xl with --no-instrument")
-    mode.add_argument("--hooks", action="store_true", help="also time xl --no-instrument, the hooks' anchor")
-    ap.add_argument("--independent-delays", action="store_true", help="each run draws its own rendezvous delay")
+    mode.add_argument(
+        "--hooks", action="store_true", help="also time xl --no-instrument, the hooks' anchor"
+    )
+    ap.add_argument(
+        "--independent-delays", action="store_true", help="each run draws its own rendezvous delay"
+    )
     ns = ap.parse_args()
     chosen = [name.strip() for name in ns.only.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in FRAMEWORKS]
     if unknown:
-        print(f"bench_frameworks: unknown framework {unknown[0]!r}; choose from {', '.join(FRAMEWORKS)}", file=sys.stderr)
+        print(
+            f"bench_frameworks: unknown framework {unknown[0]!r}; choose from "
+            f"{', '.join(FRAMEWORKS)}",
+            file=sys.stderr,
+        )
         return 2
     with tempfile.TemporaryDirectory(prefix="xl-bench-fw-") as tmp:
-        env = dict(os.environ, XL_HOME=str(Path(tmp) / "home"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-                   TRANSFORMERS_OFFLINE="1", HF_HOME=str(Path(tmp) / "hf"))
+        env = dict(
+            os.environ,
+            XL_HOME=str(Path(tmp) / "home"),
+            OMP_NUM_THREADS="1",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            HF_HOME=str(Path(tmp) / "hf"),
+        )
         env.pop("CUDA_VISIBLE_DEVICES", None)
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # see the module's docstring
         if not ns.independent_delays:
@@ -105,7 +138,12 @@ def main() -> int:
             script, *args = FRAMEWORKS[name]
             path = str(EXAMPLES / script)
             xl = [sys.executable, "-m", "xl", "launch", "--no-tui", "--nproc-per-node", "2"]
-            runs = {"torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", path, *args]}
+            runs = {
+                "torchrun": [
+                    sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc-per-node", "2", path, *args,
+                ]
+            }
             if ns.hooks:
                 runs["xl-off"] = [*xl, "--no-instrument", path, *args]
             runs["xl"] = [*xl, *xl_opts, path, *args]
@@ -114,7 +152,8 @@ def main() -> int:
             times: dict[str, list[float]] = {k: [] for k in runs}
             cpus: dict[str, list[float]] = {k: [] for k in runs}
             for i in range(ns.repeat):
-                for key, argv in in_round(list(runs.items()), i):  # each in each position alike (bench/rounds.py)
+                # each in each position alike (bench/rounds.py)
+                for key, argv in in_round(list(runs.items()), i):
                     wall, cpu = _time(argv, round_env(env, i), tmp)
                     times[key].append(wall)
                     cpus[key].append(cpu)

@@ -1,4 +1,5 @@
-"""Launch overhead: `xl launch --no-tui` vs plain torchrun on 2 CPU ranks that init gloo, meet at a barrier and leave.
+"""Launch overhead: `xl launch --no-tui` vs plain torchrun on 2 CPU ranks that init gloo, meet at
+a barrier and leave.
 
     .venv/bin/python bench/bench_launch.py [--repeat N] [--before DIR] [--independent-delays]
 
@@ -65,13 +66,21 @@ def _time(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float,
     stamps.parent.mkdir(exist_ok=True)
     t0 = time.time()
     c0, cpu0 = time.perf_counter(), _cpu()
-    proc = subprocess.run(argv, env=dict(env, BENCH_STAMPS=str(stamps)), cwd=cwd, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, timeout=120)
+    proc = subprocess.run(
+        argv,
+        env=dict(env, BENCH_STAMPS=str(stamps)),
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=120,
+    )
     elapsed, cpu = time.perf_counter() - c0, _cpu() - cpu0
     t1 = t0 + elapsed
     if proc.returncode != 0:
         raise SystemExit(f"{argv[:4]} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
-    marks = [tuple(map(float, p.read_text().split())) for p in stamps.parent.glob(stamps.name + "-*")]
+    marks = [
+        tuple(map(float, p.read_text().split())) for p in stamps.parent.glob(stamps.name + "-*")
+    ]
     if len(marks) != 2:
         raise SystemExit(f"{argv[:4]}: {len(marks)} of 2 ranks left their marks")
     return elapsed, min(m[0] for m in marks) - t0, t1 - max(m[1] for m in marks), cpu
@@ -86,10 +95,15 @@ def _bootstrap(ratios: list[float], draws: int = 4000) -> tuple[float, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    # The docstring's first paragraph, on one line.
+    ap = argparse.ArgumentParser(description=" ".join((__doc__ or "").split("\n\n")[0].split()))
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--before", metavar="DIR", help="another xl to time alongside (DIR/xl is its package)")
-    ap.add_argument("--independent-delays", action="store_true", help="each run draws its own rendezvous delay")
+    ap.add_argument(
+        "--before", metavar="DIR", help="another xl to time alongside (DIR/xl is its package)"
+    )
+    ap.add_argument(
+        "--independent-delays", action="store_true", help="each run draws its own rendezvous delay"
+    )
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="xl-bench-") as tmp:
         script = Path(tmp) / "barrier.py"
@@ -98,31 +112,48 @@ def main() -> int:
         env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks under both, also on a machine with GPUs
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # see the module's docstring
         xl = [sys.executable, "-m", "xl", "launch", "--no-tui", "--nproc", "2", str(script)]
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)]
-        runs: dict[str, tuple[list[str], dict[str, str]]] = {"torchrun": (torchrun, env), "xl": (xl, env)}
+        torchrun = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script),
+        ]
+        runs: dict[str, tuple[list[str], dict[str, str]]] = {
+            "torchrun": (torchrun, env),
+            "xl": (xl, env),
+        }
         if ns.before:
             runs["xl (before)"] = (xl, dict(env, PYTHONPATH=os.path.abspath(ns.before)))
         if not ns.independent_delays:
-            runs = {name: (argv, same_delays(Path(tmp) / "same-delays", run_env)) for name, (argv, run_env) in runs.items()}
+            runs = {
+                name: (argv, same_delays(Path(tmp) / "same-delays", run_env))
+                for name, (argv, run_env) in runs.items()
+            }
         for argv, run_env in runs.values():
             _time(argv, run_env, tmp)  # warm the page cache for each before measuring
         times: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in runs}
         for i in range(ns.repeat):
-            for name, (argv, run_env) in in_round(list(runs.items()), i):  # each in each position alike
+            # each in each position alike
+            for name, (argv, run_env) in in_round(list(runs.items()), i):
                 times[name].append(_time(argv, round_env(run_env, i), tmp))
     anchor = [t[0] for t in times["torchrun"]]
     load = os.getloadavg()[0]
     delays = "each run its own" if ns.independent_delays else "the same for the commands of a round"
-    print(f"2 ranks, gloo init + barrier; {ns.repeat} rounds, each command once a round, alternating; load {load:.1f} at the end")
+    print(
+        f"2 ranks, gloo init + barrier; {ns.repeat} rounds, each command once a round, "
+        f"alternating; load {load:.1f} at the end"
+    )
     print(f"torch's random rendezvous delay: {delays}")
     for name, rows in times.items():
         ts = [t[0] for t in rows]
-        line = f"{name:12}: median {statistics.median(ts):.3f}s  ({', '.join(f'{t:.2f}' for t in ts)})"
+        line = (
+            f"{name:12}: median {statistics.median(ts):.3f}s  ({', '.join(f'{t:.2f}' for t in ts)})"
+        )
         if name != "torchrun":
             # The ratio within a round is the least sensitive to other load on a shared machine.
             ratios = [x / t for x, t in zip(ts, anchor, strict=True)]
             low, high = _bootstrap(ratios)
-            line += f"  ratio {statistics.median(ts) / statistics.median(anchor):.3f}x, paired {statistics.median(ratios):.3f}x [95% {low:.3f}-{high:.3f}]"
+            line += (
+                f"  ratio {statistics.median(ts) / statistics.median(anchor):.3f}x, paired "
+                f"{statistics.median(ratios):.3f}x [95% {low:.3f}-{high:.3f}]"
+            )
         print(line)
     # CPU time of the process tree: what the machine's load disturbs far less than wall time.
     anchor_cpu = [t[3] for t in times["torchrun"]]
@@ -130,9 +161,15 @@ def main() -> int:
         cs = [t[3] for t in rows]
         line = f"{name:12}: CPU median {statistics.median(cs):.3f}s"
         if name != "torchrun":
-            line += f"  paired {statistics.median(x / t for x, t in zip(cs, anchor_cpu, strict=True)):.3f}x"
+            line += (
+                "  paired "
+                f"{statistics.median(x / t for x, t in zip(cs, anchor_cpu, strict=True)):.3f}x"
+            )
         print(line)
-    print("start (the command's start to the first rank's first line) and end (the last rank's last line to the exit), medians:")
+    print(
+        "start (the command's start to the first rank's first line) and end (the last rank's "
+        "last line to the exit), medians:"
+    )
     for name, rows in times.items():
         start, end = statistics.median(t[1] for t in rows), statistics.median(t[2] for t in rows)
         print(f"{name:12}: start {start * 1000:.0f} ms, end {end * 1000:.0f} ms")

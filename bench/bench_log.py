@@ -131,7 +131,8 @@ def main() -> int:
     print(f"{'':36} {'median':>10} {'p90':>10} {'vs xl.log':>10}")
     for r in results:
         print(
-            f"{r['name']:36} {r['median_us']:8.3f}us {r['p90_us']:8.3f}us {r['median_us'] / base:9.1f}x"
+            f"{r['name']:36} {r['median_us']:8.3f}us {r['p90_us']:8.3f}us "
+            f"{r['median_us'] / base:9.1f}x"
         )
     print(f"stored {stored} of {expected} records (flush ok: {ok}, dropped: {dropped})")
     goal_abs = base <= 2.0
@@ -139,7 +140,8 @@ def main() -> int:
     print(f"goal <= 2 us median: {'met' if goal_abs else 'MISSED'} ({base:.3f} us)")
     if tb_ratio is not None:
         print(
-            f"goal >= 20x cheaper than add_scalar x4: {'met' if tb_ratio >= 20 else 'MISSED'} ({tb_ratio:.0f}x)"
+            f"goal >= 20x cheaper than add_scalar x4: {'met' if tb_ratio >= 20 else 'MISSED'} "
+            f"({tb_ratio:.0f}x)"
         )
     return 0
 

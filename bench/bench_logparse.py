@@ -63,7 +63,8 @@ def main() -> None:
         other = module.parse_line
     shapes = hostile(ns.size)
     for name, line in shapes.items():
-        anchor = [ORDINARY[i % len(ORDINARY)] for i in range(len(line) // 60 + 1)]  # as many characters
+        # as many characters
+        anchor = [ORDINARY[i % len(ORDINARY)] for i in range(len(line) // 60 + 1)]
         ours: list[float] = []
         base: list[float] = []
         theirs: list[float] = []
@@ -73,9 +74,15 @@ def main() -> None:
             if other is not None:
                 theirs.append(_time(other, [line]))
         ratio = statistics.median(ours) / statistics.median(base)
-        text = f"{name:20} {len(line):>7} chars: {statistics.median(ours) * 1e3:8.3f} ms, ordinary output {statistics.median(base) * 1e3:8.3f} ms, ratio {ratio:6.3f}"
+        text = (
+            f"{name:20} {len(line):>7} chars: {statistics.median(ours) * 1e3:8.3f} ms, ordinary "
+            f"output {statistics.median(base) * 1e3:8.3f} ms, ratio {ratio:6.3f}"
+        )
         if theirs:
-            text += f"; --against {statistics.median(theirs) * 1e3:10.1f} ms ({statistics.median(theirs) / statistics.median(ours):,.0f}x ours)"
+            text += (
+                f"; --against {statistics.median(theirs) * 1e3:10.1f} ms "
+                f"({statistics.median(theirs) / statistics.median(ours):,.0f}x ours)"
+            )
         print(text)
 
 

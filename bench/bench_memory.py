@@ -62,9 +62,18 @@ def _roles(root: psutil.Process) -> Iterator[tuple[psutil.Process, str]]:
     """Every process under ``root`` (itself included) with its role, known from where it sits:
     under `xl launch` the view forks the supervisor, which starts torchrun; torchrun's
     children are the ranks, and a rank's child is its output relay."""
-    first = "torchrun agent" if "torch.distributed.run" in " ".join(root.cmdline()) else "xl launch (view)"
+    first = (
+        "torchrun agent"
+        if "torch.distributed.run" in " ".join(root.cmdline())
+        else "xl launch (view)"
+    )
     todo: list[tuple[psutil.Process, str]] = [(root, first)]
-    below = {"xl launch (view)": "supervisor", "supervisor": "torchrun agent", "torchrun agent": "ranks", "ranks": "relays"}
+    below = {
+        "xl launch (view)": "supervisor",
+        "supervisor": "torchrun agent",
+        "torchrun agent": "ranks",
+        "ranks": "relays",
+    }
     while todo:
         proc, role = todo.pop()
         try:
@@ -75,12 +84,16 @@ def _roles(root: psutil.Process) -> Iterator[tuple[psutil.Process, str]]:
         todo.extend((k, below.get(role, "other")) for k in kids)
 
 
-def measure(argv: list[str], env: dict[str, str], tmp: Path, ranks: int) -> dict[str, tuple[int, int]]:
+def measure(
+    argv: list[str], env: dict[str, str], tmp: Path, ranks: int
+) -> dict[str, tuple[int, int]]:
     """PSS by role (KiB, process count) once every rank is up."""
     for f in tmp.glob("up-*"):
         f.unlink()
     (tmp / "go").unlink(missing_ok=True)
-    proc = subprocess.Popen(argv, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        argv, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 240
         while len(list(tmp.glob("up-*"))) < ranks:
@@ -109,7 +122,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--ranks", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--before", metavar="DIR", help="another xl to measure alongside (DIR/xl is its package)")
+    ap.add_argument(
+        "--before", metavar="DIR", help="another xl to measure alongside (DIR/xl is its package)"
+    )
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="xl-bench-mem-") as tmp_s:
         tmp = Path(tmp_s)
@@ -119,7 +134,10 @@ def main() -> int:
         env.pop("CUDA_VISIBLE_DEVICES", None)
         for n in ns.ranks:
             xl = [sys.executable, "-m", "xl", "launch", "--no-tui", "--nproc", str(n), str(script)]
-            torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), str(script)]
+            torchrun = [
+                sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
+                str(script),
+            ]
             runs = {"torchrun": (torchrun, env), "xl": (xl, env)}
             if ns.before:
                 runs["xl (before)"] = (xl, dict(env, PYTHONPATH=os.path.abspath(ns.before)))
@@ -134,16 +152,25 @@ def main() -> int:
 
 
 def _med(runs: list[dict[str, tuple[int, int]]], role: str) -> tuple[float, int]:
-    return statistics.median(r.get(role, (0, 0))[0] for r in runs) / 1024, max(r.get(role, (0, 0))[1] for r in runs)
+    return statistics.median(r.get(role, (0, 0))[0] for r in runs) / 1024, max(
+        r.get(role, (0, 0))[1] for r in runs
+    )
 
 
-def _report(n: int, name: str, xl_runs: list[dict[str, tuple[int, int]]], tr_runs: list[dict[str, tuple[int, int]]]) -> None:
+def _report(
+    n: int,
+    name: str,
+    xl_runs: list[dict[str, tuple[int, int]]],
+    tr_runs: list[dict[str, tuple[int, int]]],
+) -> None:
     agent, _ = _med(tr_runs, "torchrun agent")
     tr_ranks, _ = _med(tr_runs, "ranks")
     print(f"{n} ranks, {name} (PSS, MiB, median of {len(xl_runs)}):")
     print(f"  torchrun alone: agent {agent:.1f}, ranks {tr_ranks:.1f} ({tr_ranks / n:.2f} each)")
     own = 0.0
-    for role in ("xl launch (view)", "supervisor", "relays", "relays (private)", "torchrun agent", "ranks"):
+    for role in (
+        "xl launch (view)", "supervisor", "relays", "relays (private)", "torchrun agent", "ranks",
+    ):
         mib, count = _med(xl_runs, role)
         each = f" ({mib / count:.2f} each)" if count > 1 else ""
         print(f"  {role:17} {mib:7.1f} in {count} process(es){each}")
@@ -157,7 +184,10 @@ def _report(n: int, name: str, xl_runs: list[dict[str, tuple[int, int]]], tr_run
     print(f"  view + supervisor + relays: {own:.1f} MiB = {own / agent:.2f}x torchrun's agent")
     print(f"  ranks + relays minus torchrun's ranks: {added:.1f} MiB ({added / n:.2f} a rank)")
     whole = own + _med(xl_runs, "torchrun agent")[0] + ranks
-    print(f"  whole run: {whole:.1f} MiB vs torchrun's {agent + tr_ranks:.1f} MiB = {whole / (agent + tr_ranks):.2f}x")
+    print(
+        f"  whole run: {whole:.1f} MiB vs torchrun's {agent + tr_ranks:.1f} MiB = "
+        f"{whole / (agent + tr_ranks):.2f}x"
+    )
 
 
 if __name__ == "__main__":

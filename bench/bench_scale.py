@@ -71,7 +71,10 @@ MONITOR = BENCH / "scale_monitor.py"
 TAG = "XL_BENCH_SCALE"
 STALL_FACTOR = 10.0  # the diagnoser's default XL_STALL_FACTOR
 SCRAPE_EVERY_S = 15.0  # Prometheus's default scrape interval
-DIAGNOSES = ("stalled", "hang", "straggler", "nan_loss", "gpu_mem_high", "node_lost", "node_supervisor_lost", "node_quiet")
+DIAGNOSES = (
+    "stalled", "hang", "straggler", "nan_loss", "gpu_mem_high", "node_lost", "node_supervisor_lost",
+    "node_quiet",
+)
 
 
 def _say(text: str) -> None:
@@ -85,8 +88,15 @@ class Worker:
         self.cfg = cfg
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         with open(log, "ab") as err:
-            self.proc = subprocess.Popen([sys.executable, str(SIM), json.dumps(cfg)], env=env, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1)
+            self.proc = subprocess.Popen(
+                [sys.executable, str(SIM), json.dumps(cfg)],
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                bufsize=1,
+            )
         threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
 
     def _read(self, out: TextIO | None) -> None:
@@ -155,7 +165,8 @@ def exporter(runs: Path) -> Any:
 
 
 def timed_scrape(registry: Any) -> tuple[float, int]:
-    """One scrape as the exporter's /metrics handler makes it: seconds, and the exposition's bytes."""
+    """One scrape as the exporter's /metrics handler makes it: seconds, and the exposition's
+    bytes."""
     from prometheus_client import generate_latest  # noqa: PLC0415 - as exporter()
 
     t = time.perf_counter()
@@ -163,7 +174,9 @@ def timed_scrape(registry: Any) -> tuple[float, int]:
     return time.perf_counter() - t, len(body)
 
 
-def watch_events(events: Path, offset: int, culprit: int, want: str, timeout: float) -> dict[str, float]:
+def watch_events(
+    events: Path, offset: int, culprit: int, want: str, timeout: float
+) -> dict[str, float]:
     """When (this clock) events naming ``culprit`` were in events.jsonl: its ``stalled`` and the
     ``hang`` that names it, until the one ``want`` ("stalled": either) came."""
     deadline = time.monotonic() + timeout
@@ -211,7 +224,11 @@ def judged(events: Path, culprit: int, victims_stall: bool, since: int) -> tuple
                 if ev["kind"].startswith("node_"):
                     out.add(f"{ev['kind']} node {ev.get('node_rank')}")
                     continue
-                named = [r for r in [ev.get("rank"), *(ev.get("ranks") or [])] if isinstance(r, int) and r != culprit]
+                named = [
+                    r
+                    for r in [ev.get("rank"), *(ev.get("ranks") or [])]
+                    if isinstance(r, int) and r != culprit
+                ]
                 if ev["kind"] == "stalled" and victims_stall and after:
                     if ev.get("waiting_on") == [culprit]:
                         told.update(named)
@@ -234,7 +251,9 @@ def ranks_logging(metrics: Path, tail: int = 16 << 20) -> int:
     return len(seen)
 
 
-def profile(folder: Path | None, pids: dict[str, int], seconds: float) -> list[subprocess.Popen[bytes]]:
+def profile(
+    folder: Path | None, pids: dict[str, int], seconds: float
+) -> list[subprocess.Popen[bytes]]:
     """py-spy on each process over the window, without pausing it (``--nonblocking``: its cost
     is py-spy's own process, not the measured one's), only samples of a thread holding the GIL
     (``--gil``: Python at work, not waiting in a select or a lock): collapsed stacks per thread in
@@ -243,10 +262,19 @@ def profile(folder: Path | None, pids: dict[str, int], seconds: float) -> list[s
         return []
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     folder.mkdir(parents=True, exist_ok=True)
-    return [subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", "50",
-                              "--nonblocking", "--gil", "--threads", "--format", "raw", "--output", str(folder / f"{name}.txt")],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for name, pid in pids.items()]
+    return [
+        subprocess.Popen(
+            [
+                spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))),
+                "--rate", "50", "--nonblocking", "--gil", "--threads", "--format", "raw",
+                "--output", str(folder / f"{name}.txt"),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    ]
 
 
 def newest_train(metrics: Path, tail: int = 1 << 20) -> float | None:
@@ -258,7 +286,11 @@ def newest_train(metrics: Path, tail: int = 1 << 20) -> float | None:
     for raw in lines:
         with contextlib.suppress(ValueError):
             rec = json.loads(raw)
-            if isinstance(rec, dict) and rec.get("kind") == "train" and isinstance(rec.get("t"), (int, float)):
+            if (
+                isinstance(rec, dict)
+                and rec.get("kind") == "train"
+                and isinstance(rec.get("t"), (int, float))
+            ):
                 newest = max(newest or 0.0, float(rec["t"]))
     return newest
 
@@ -287,7 +319,8 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
     home = tmp / "home"
     os.environ["XL_HOME"] = str(home)  # start_run makes the run dir under it
     token = os.urandom(16).hex()
-    tag = os.urandom(8).hex()  # in every process this bench starts: whoever checks for leftovers finds them by it
+    # in every process this bench starts: whoever checks for leftovers finds them by it
+    tag = os.urandom(8).hex()
     port = free_port(count=2)
     env = dict(os.environ)
     env.update({"XL_HOME": str(home), "XL_TOKEN": token, "XL_COLLECTOR_PORT": str(port + 1),
@@ -296,8 +329,15 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
     env.pop("CUDA_VISIBLE_DEVICES", None)
     stall_threshold = max(ns.stall_s, STALL_FACTOR / ns.steps_per_s)
     culprit = ranks - rpn // 2 - 1  # a rank of the last node: another node's, not node 0's
-    result: dict[str, Any] = {"ranks": ranks, "nodes": nodes, "ranks_per_node": rpn, "steps_per_s": ns.steps_per_s,
-                              "stall_threshold_s": stall_threshold, "culprit": culprit, "bench_id": tag}
+    result: dict[str, Any] = {
+        "ranks": ranks,
+        "nodes": nodes,
+        "ranks_per_node": rpn,
+        "steps_per_s": ns.steps_per_s,
+        "stall_threshold_s": stall_threshold,
+        "culprit": culprit,
+        "bench_id": tag,
+    }
     workers: list[Worker] = []
     monitor: subprocess.Popen[bytes] | None = None
     sup: psutil.Process | None = None
@@ -312,8 +352,10 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
                     "--block-flag", str(flag), "--shim", str(shim)]
         spec = LaunchSpec(script=str(NODE0), args=rank_cmd, nproc=rpn, nnodes=nodes, node_rank=0,
                           rdzv=f"127.0.0.1:{port}", name=f"bench-scale-{ranks}", cwd=str(ROOT))
-        argv = [sys.executable, str(NODE0), "torchrun", "--nproc", str(rpn), "--world", str(ranks), "--",
-                sys.executable, "-m", "xl.launcher.entry", str(NODE0), *rank_cmd]
+        argv = [
+            sys.executable, str(NODE0), "torchrun", "--nproc", str(rpn), "--world", str(ranks),
+            "--", sys.executable, "-m", "xl.launcher.entry", str(NODE0), *rank_cmd,
+        ]
         handle = start_run(spec, Plan(argv=argv, env={}, nproc=rpn, cwd=str(ROOT)), env=env)
         run_dir = handle.run_dir
         result["run_id"] = handle.run_id
@@ -322,7 +364,10 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         deadline = time.monotonic() + 60
         while not (run_dir / "collector.json").exists():
             if time.monotonic() > deadline or not sup.is_running():
-                raise RuntimeError(f"node 0's collector did not start: {(run_dir / 'supervisor.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    "node 0's collector did not start: "
+                    f"{(run_dir / 'supervisor.log').read_text()[-2000:]}"
+                )
             time.sleep(0.1)
 
         procs = ns.sim_procs or max(1, math.ceil(ranks / 2048))
@@ -331,28 +376,52 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
             mine = others[i::procs]
             if not mine:
                 continue
-            cfg = {"host": "127.0.0.1", "port": port + 1, "token": token, "ranks_per_node": rpn, "world": ranks,
-                   "steps_per_s": ns.steps_per_s, "log_every": ns.log_every, "culprit": culprit, "nodes": mine, "seed": i}
+            cfg = {
+                "host": "127.0.0.1",
+                "port": port + 1,
+                "token": token,
+                "ranks_per_node": rpn,
+                "world": ranks,
+                "steps_per_s": ns.steps_per_s,
+                "log_every": ns.log_every,
+                "culprit": culprit,
+                "nodes": mine,
+                "seed": i,
+            }
             workers.append(Worker(cfg, env, tmp / f"sim-{i}.log"))
         t_ready = time.monotonic()
         for w in workers:
             msg = w.wait_for("ready", 120 + ranks / 20)
             if msg is None:
-                raise RuntimeError(f"a simulator did not connect its ranks: {(tmp / 'sim-0.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    "a simulator did not connect its ranks: "
+                    f"{(tmp / 'sim-0.log').read_text()[-2000:]}"
+                )
             if msg.get("refused"):
                 raise RuntimeError(f"{msg['refused']} simulated ranks could not connect")
         result["connect_s"] = round(time.monotonic() - t_ready, 2)
         result["sim_procs"] = len(workers)
-        _say(f"{ranks - rpn} simulated ranks on {nodes - 1} nodes connected in {result['connect_s']} s")
+        _say(
+            f"{ranks - rpn} simulated ranks on {nodes - 1} nodes connected in "
+            f"{result['connect_s']} s"
+        )
 
         mon_out = tmp / "monitor.json"
-        monitor = subprocess.Popen([sys.executable, str(MONITOR), str(run_dir), str(mon_out)], env=env,
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(tmp / "monitor.log", "ab"))  # noqa: SIM115 - the child holds it
+        monitor = subprocess.Popen(
+            [sys.executable, str(MONITOR), str(run_dir), str(mon_out)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp / "monitor.log", "ab"),  # noqa: SIM115 - the child holds it
+        )
         mon = psutil.Process(monitor.pid)
         deadline = time.monotonic() + 300
-        while not mon_out.with_suffix(".shown").exists():  # its start (Textual's imports, the first read) is not the window's
+        # its start (Textual's imports, the first read) is not the window's
+        while not mon_out.with_suffix(".shown").exists():
             if time.monotonic() > deadline or monitor.poll() is not None:
-                raise RuntimeError(f"the Monitor did not show the run: {(tmp / 'monitor.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"the Monitor did not show the run: {(tmp / 'monitor.log').read_text()[-2000:]}"
+                )
             time.sleep(0.2)
         time.sleep(ns.warmup)
 
@@ -361,7 +430,15 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         result["scrape_first_s"] = round(timed_scrape(registry)[0], 4)  # reads the run's history
         sims = [psutil.Process(w.proc.pid) for w in workers]
         scpu0 = sum(cpu_s(p) for p in sims)
-        spies = profile(ns.profile, {"node0": sup.pid, "monitor": mon.pid, **{f"sim{i}": p.pid for i, p in enumerate(sims)}}, ns.seconds)
+        spies = profile(
+            ns.profile,
+            {
+                "node0": sup.pid,
+                "monitor": mon.pid,
+                **{f"sim{i}": p.pid for i, p in enumerate(sims)},
+            },
+            ns.seconds,
+        )
         wall0, cpu0, mcpu0, wire0 = time.monotonic(), cpu_s(sup), cpu_s(mon), wire_bytes(port + 1)
         t_open = time.time()
         rss = 0.0
@@ -390,35 +467,61 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         if not scrapes:  # a window shorter than the scrape interval: one scrape at its end
             took, body = timed_scrape(registry)
             scrapes.append(took)
-        result.update({
-            "window_s": round(wall, 2),
-            "node0_cpu_cores": round((cpu1 - cpu0) / wall, 3),
-            "node0_rss_mib": round(rss, 1),
-            "wire_bytes_per_rank_s": round((wire1 - wire0) / ranks / wall, 1),
-            "monitor_cpu_cores": round((mcpu1 - mcpu0) / wall, 3),
-            "sim_cpu_cores": round((scpu1 - scpu0) / wall, 3),  # the simulator's own load, for context
-            # Whether node 0 kept up: what its collector stored against what the ranks offered
-            # (train records, and a sys line a second of every other node's rank), and how old
-            # the newest train record in metrics.jsonl was at the window's end.
-            "stored_records_per_s": round((counted1[1] - counted0[1]) / (counted1[0] - counted0[0]), 1) if counted1[0] > counted0[0] else None,
-            "offered_records_per_s": round(ranks * ns.steps_per_s + ranks - rpn, 1),
-            "metrics_lag_s": round(lag, 2) if lag is not None else None,
-            "scrape_s": round(max(scrapes), 4),  # the slowest of the window's
-            "scrapes": len(scrapes),
-            "scrape_kib": round(body / 1024, 1),
-        })
+        result.update(
+            {
+                "window_s": round(wall, 2),
+                "node0_cpu_cores": round((cpu1 - cpu0) / wall, 3),
+                "node0_rss_mib": round(rss, 1),
+                "wire_bytes_per_rank_s": round((wire1 - wire0) / ranks / wall, 1),
+                "monitor_cpu_cores": round((mcpu1 - mcpu0) / wall, 3),
+                # the simulator's own load, for context
+                "sim_cpu_cores": round((scpu1 - scpu0) / wall, 3),
+                # Whether node 0 kept up: what its collector stored against what the ranks offered
+                # (train records, and a sys line a second of every other node's rank), and how old
+                # the newest train record in metrics.jsonl was at the window's end.
+                "stored_records_per_s": round(
+                    (counted1[1] - counted0[1]) / (counted1[0] - counted0[0]), 1
+                )
+                if counted1[0] > counted0[0]
+                else None,
+                "offered_records_per_s": round(ranks * ns.steps_per_s + ranks - rpn, 1),
+                "metrics_lag_s": round(lag, 2) if lag is not None else None,
+                "scrape_s": round(max(scrapes), 4),  # the slowest of the window's
+                "scrapes": len(scrapes),
+                "scrape_kib": round(body / 1024, 1),
+            }
+        )
         monitor.send_signal(signal.SIGTERM)
         monitor.wait(timeout=60)
         shown = json.loads(mon_out.read_text()) if mon_out.exists() else {}
-        # The refreshes that ended in the window (the first, which read the whole history, came before it).
-        refresh = [r for r, at in zip(shown.get("refresh_s") or [], shown.get("refresh_at") or [], strict=False) if t_open <= at <= t_close]
-        result.update({"monitor_refresh_s": _median(refresh), "monitor_refresh_p95_s": _p95(refresh),
-                       "monitor_refresh_max_s": round(max(refresh), 4) if refresh else None, "monitor_refreshes": len(refresh),
-                       "monitor_rows": shown.get("rows"),
-                       "monitor_first_view_s": round(shown["first_shown"] - shown["started"], 2) if shown.get("first_shown") else None})
-        _say(f"window of {wall:.0f} s: node 0 {result['node0_cpu_cores']} cores, {result['node0_rss_mib']} MiB; "
-             f"wire {result['wire_bytes_per_rank_s']} B/s a rank; Monitor {result['monitor_refresh_s']} s a refresh, "
-             f"{result['monitor_cpu_cores']} cores; scrape {result['scrape_s']} s")
+        # The refreshes that ended in the window (the first, which read the whole history, came
+        # before it).
+        refresh = [
+            r
+            for r, at in zip(
+                shown.get("refresh_s") or [], shown.get("refresh_at") or [], strict=False
+            )
+            if t_open <= at <= t_close
+        ]
+        result.update(
+            {
+                "monitor_refresh_s": _median(refresh),
+                "monitor_refresh_p95_s": _p95(refresh),
+                "monitor_refresh_max_s": round(max(refresh), 4) if refresh else None,
+                "monitor_refreshes": len(refresh),
+                "monitor_rows": shown.get("rows"),
+                "monitor_first_view_s": round(shown["first_shown"] - shown["started"], 2)
+                if shown.get("first_shown")
+                else None,
+            }
+        )
+        _say(
+            f"window of {wall:.0f} s: node 0 {result['node0_cpu_cores']} cores, "
+            f"{result['node0_rss_mib']} MiB; "
+            f"wire {result['wire_bytes_per_rank_s']} B/s a rank; Monitor "
+            f"{result['monitor_refresh_s']} s a refresh, "
+            f"{result['monitor_cpu_cores']} cores; scrape {result['scrape_s']} s"
+        )
 
         events = run_dir / "events.jsonl"
         offset = events.stat().st_size if events.exists() else 0
@@ -431,20 +534,34 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
             flag.touch()
             for w in workers:
                 w.send(f"block {int(stalled['last_step']) + 1}")
-        seen = watch_events(events, offset, culprit, "hang" if ns.hang == "all" else "stalled", stall_threshold + 120)
+        seen = watch_events(
+            events, offset, culprit, "hang" if ns.hang == "all" else "stalled",
+            stall_threshold + 120,
+        )
         for kind, at in seen.items():
             result[f"{kind}_after_s"] = round(at - last_t, 2) if last_t else None
         named = seen.get("hang") if ns.hang == "all" else min(seen.values(), default=None)
-        result["hang_named_after_s"] = round(named - last_t, 2) if named is not None and last_t else None
-        result["hang_named_by"] = "hang" if ns.hang == "all" and "hang" in seen else min(seen, key=seen.__getitem__, default=None)
-        _say(f"rank {culprit} stopped stepping ({ns.hang}): named by a {result['hang_named_by']} event "
-             f"{result['hang_named_after_s']} s after its last step")
+        result["hang_named_after_s"] = (
+            round(named - last_t, 2) if named is not None and last_t else None
+        )
+        result["hang_named_by"] = (
+            "hang"
+            if ns.hang == "all" and "hang" in seen
+            else min(seen, key=seen.__getitem__, default=None)
+        )
+        _say(
+            f"rank {culprit} stopped stepping ({ns.hang}): named by a {result['hang_named_by']} "
+            "event "
+            f"{result['hang_named_after_s']} s after its last step"
+        )
 
         if ns.hang == "all" and "hang" in seen:
             # The ranks that stepped last (node 0's: they see the flag at their next step) reach
             # the threshold a step or two after the hang is named: give their stalls time.
             settle = time.monotonic() + 15
-            while time.monotonic() < settle and judged(events, culprit, True, offset)[1] < ranks - 1:
+            while (
+                time.monotonic() < settle and judged(events, culprit, True, offset)[1] < ranks - 1
+            ):
                 time.sleep(1.0)
 
         stats = []
@@ -455,8 +572,10 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         result["sim_frames"] = sum(int(s.get("frames", 0)) for s in stats)
         result["stacks_answers"] = sum(int(s.get("stacks_answered", 0)) for s in stats)
 
-        with contextlib.suppress(ProcessLookupError):  # a run that ended by itself (a node lost) needs no stop
-            os.kill(sup.pid, signal.SIGTERM)  # as `xl stop` does: node 0 stops its ranks and tells every node
+        # a run that ended by itself (a node lost) needs no stop
+        with contextlib.suppress(ProcessLookupError):
+            # as `xl stop` does: node 0 stops its ranks and tells every node
+            os.kill(sup.pid, signal.SIGTERM)
         try:
             sup.wait(timeout=120)
         except psutil.TimeoutExpired:
@@ -501,27 +620,67 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--ranks", type=int, required=True, help="ranks in all (node 0's included)")
     ap.add_argument("--ranks-per-node", type=int, default=8)
-    ap.add_argument("--json", action="store_true", help="print the figures as one JSON object (the last line)")
+    ap.add_argument(
+        "--json", action="store_true", help="print the figures as one JSON object (the last line)"
+    )
     ap.add_argument("--seconds", type=float, default=30.0, help="the measured window")
-    ap.add_argument("--warmup", type=float, default=10.0, help="seconds after every rank connected and the Monitor showed the run, before the window")
-    ap.add_argument("--steps-per-s", type=float, default=2.0, help="train records a rank sends a second")
-    ap.add_argument("--log-every", type=int, default=10, help="a rank prints a line every this many steps")
-    ap.add_argument("--stall-s", type=float, default=30.0, help="XL_STALL_MIN_S for node 0 (30: xl's default)")
-    ap.add_argument("--hang", choices=("all", "one"), default="all",
-                    help="all: the others then wait in the all-reduce for the stopped rank (a synchronous job); one: they go on")
-    ap.add_argument("--sim-procs", type=int, default=0, help="simulator processes (0: one per 2,048 ranks)")
-    ap.add_argument("--keep", action="store_true", help="keep the run dir and logs (their folder is printed)")
-    ap.add_argument("--profile", type=Path, help="py-spy node 0 and the Monitor over the window into this folder (py-spy must be installed)")
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=10.0,
+        help="seconds after every rank connected and the Monitor showed the run, before the window",
+    )
+    ap.add_argument(
+        "--steps-per-s", type=float, default=2.0, help="train records a rank sends a second"
+    )
+    ap.add_argument(
+        "--log-every", type=int, default=10, help="a rank prints a line every this many steps"
+    )
+    ap.add_argument(
+        "--stall-s", type=float, default=30.0, help="XL_STALL_MIN_S for node 0 (30: xl's default)"
+    )
+    ap.add_argument(
+        "--hang",
+        choices=("all", "one"),
+        default="all",
+        help="all: the others then wait in the all-reduce for the stopped rank (a synchronous "
+        "job); one: they go on",
+    )
+    ap.add_argument(
+        "--sim-procs", type=int, default=0, help="simulator processes (0: one per 2,048 ranks)"
+    )
+    ap.add_argument(
+        "--keep", action="store_true", help="keep the run dir and logs (their folder is printed)"
+    )
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        help="py-spy node 0 and the Monitor over the window into this folder (py-spy must be "
+        "installed)",
+    )
     ns = ap.parse_args(argv)
     rpn = ns.ranks_per_node
     problems = []
     if rpn < 1 or ns.ranks < 2 * max(rpn, 1) or ns.ranks % max(rpn, 1):
-        problems.append(f"--ranks {ns.ranks} must be a multiple of --ranks-per-node {rpn}, for 2 nodes or more")
-    if not 0 < ns.steps_per_s <= 100 or ns.seconds <= 0 or ns.warmup < 0 or ns.stall_s <= 0 or ns.sim_procs < 0:
-        problems.append("--steps-per-s must be in (0, 100], --seconds and --stall-s above 0, --warmup and --sim-procs not below 0")
+        problems.append(
+            f"--ranks {ns.ranks} must be a multiple of --ranks-per-node {rpn}, for 2 nodes or more"
+        )
+    if (
+        not 0 < ns.steps_per_s <= 100
+        or ns.seconds <= 0
+        or ns.warmup < 0
+        or ns.stall_s <= 0
+        or ns.sim_procs < 0
+    ):
+        problems.append(
+            "--steps-per-s must be in (0, 100], --seconds and --stall-s above 0, --warmup and "
+            "--sim-procs not below 0"
+        )
     if shutil.which("ss") is None:
         problems.append("`ss` (iproute2) is needed to count the wire's bytes")
-    if ns.profile is not None and not (shutil.which("py-spy") or Path(sys.executable).with_name("py-spy").exists()):
+    if ns.profile is not None and not (
+        shutil.which("py-spy") or Path(sys.executable).with_name("py-spy").exists()
+    ):
         problems.append("--profile needs py-spy: pip install py-spy")
     if problems:
         print(f"bench_scale: {problems[0]}", file=sys.stderr)

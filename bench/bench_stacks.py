@@ -56,7 +56,10 @@ def ask(args: argparse.Namespace, tmp: Path) -> None:
     home = tmp / "home"
     env = xl_env(home)
     os.environ["XL_HOME"] = str(home)
-    cmd = ["launch", "--detach", "--nproc", str(args.ranks), str(ROOT / "tests/support/hang_ddp.py"), "--mode", "sleep"]
+    cmd = [
+        "launch", "--detach", "--nproc", str(args.ranks), str(ROOT / "tests/support/hang_ddp.py"),
+        "--mode", "sleep",
+    ]
     started = xl(cmd, env, cwd=tmp, timeout=120)
     run_dir = home / "runs" / started.stdout.strip()
     try:
@@ -71,8 +74,13 @@ def ask(args: argparse.Namespace, tmp: Path) -> None:
             run_document(run_dir, rank=0)
             one.append(time.perf_counter() - t0)
         answered = sum(1 for e in doc["ranks"] if "threads" in e)
-        print(f"asking: {answered}/{args.ranks} ranks answered; verdict: {doc['verdict']['message']}")
-        print(f"  all {args.ranks} ranks: median {statistics.median(every) * 1000:.1f} ms (max {max(every) * 1000:.1f})")
+        print(
+            f"asking: {answered}/{args.ranks} ranks answered; verdict: {doc['verdict']['message']}"
+        )
+        print(
+            f"  all {args.ranks} ranks: median {statistics.median(every) * 1000:.1f} ms (max "
+            f"{max(every) * 1000:.1f})"
+        )
         print(f"  rank 0 alone (anchor): median {statistics.median(one) * 1000:.1f} ms")
         print(f"  ratio all/one: {statistics.median(every) / statistics.median(one):.2f}x")
     finally:
@@ -81,9 +89,13 @@ def ask(args: argparse.Namespace, tmp: Path) -> None:
 
 
 def step_us(script: Path, steps: int, install: bool, tmp: Path) -> float:
-    env = dict(os.environ, BENCH_INSTALL="1" if install else "0", BENCH_DIR=str(tmp), OMP_NUM_THREADS="1")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-            f"--master-port={free_port()}", str(script), str(steps)]
+    env = dict(
+        os.environ, BENCH_INSTALL="1" if install else "0", BENCH_DIR=str(tmp), OMP_NUM_THREADS="1"
+    )
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script), str(steps),
+    ]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300).stdout
     return float(next(line.split()[1] for line in out.splitlines() if line.startswith("STEP_US")))
 
@@ -98,8 +110,14 @@ def idle(args: argparse.Namespace, tmp: Path) -> None:
         on.append(got[True])
         off.append(got[False])
         ratios.append(got[True] / got[False])
-    print(f"not asking: all_reduce step {statistics.median(off):.1f} us without, {statistics.median(on):.1f} us with the handler")
-    print(f"  ratio with/without, median of {args.pairs} pairs: {statistics.median(ratios):.3f} (pairs: {', '.join(f'{r:.3f}' for r in ratios)})")
+    print(
+        f"not asking: all_reduce step {statistics.median(off):.1f} us without, "
+        f"{statistics.median(on):.1f} us with the handler"
+    )
+    print(
+        f"  ratio with/without, median of {args.pairs} pairs: {statistics.median(ratios):.3f} "
+        f"(pairs: {', '.join(f'{r:.3f}' for r in ratios)})"
+    )
 
 
 def main() -> int:

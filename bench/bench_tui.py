@@ -78,9 +78,11 @@ while True:
     now = time.time()
     if now - last_sys >= 1.0:  # the supervisor's 1 Hz sampler: one sys line per rank
         last_sys = now
-        rows = [json.dumps({{"t": now, "rank": r, "kind": "sys", "gpu_util": 50 + 40 * math.sin(step / 10 + r),
-                             "gpu_mem_used_mib": 40000 + 10 * (step % 100) + r, "gpu_mem_total_mib": 81920,
-                             "rss_mib": 3000 + r}}) for r in range({ranks})]
+        rows = [json.dumps({{"t": now, "rank": r, "kind": "sys",
+                             "gpu_util": 50 + 40 * math.sin(step / 10 + r),
+                             "gpu_mem_used_mib": 40000 + 10 * (step % 100) + r,
+                             "gpu_mem_total_mib": 81920, "rss_mib": 3000 + r}})
+                for r in range({ranks})]
         with (run_dir / "metrics.jsonl").open("a") as fh:
             fh.write("\\n".join(rows) + "\\n")
     time.sleep(0.1)
@@ -165,16 +167,26 @@ class Pane:
         self.sock = f"xl-bench-{uuid.uuid4().hex[:8]}"
         cmd = " ".join("'" + a.replace("'", "'\\''") + "'" for a in argv)
         exports = " ".join(f"{k}='{v}'" for k, v in env.items())
-        subprocess.run(["tmux", "-L", self.sock, "new-session", "-d", "-s", name, "-x", "200", "-y", "50",
-                        f"env {exports} {cmd}"], check=True, timeout=20)
+        subprocess.run(
+            [
+                "tmux", "-L", self.sock, "new-session", "-d", "-s", name, "-x", "200", "-y", "50",
+                f"env {exports} {cmd}",
+            ],
+            check=True,
+            timeout=20,
+        )
         # The program is found from the pane's own pid (tmux's pane_pid: the shell that execs
         # it, or its parent), never by name across the machine: a stray process of an earlier
         # run with the same name must not be measured instead.
         deadline = time.monotonic() + 30
         self.proc: psutil.Process | None = None
         while self.proc is None and time.monotonic() < deadline:
-            out = subprocess.run(["tmux", "-L", self.sock, "list-panes", "-t", name, "-F", "#{pane_pid}"],
-                                 capture_output=True, text=True, timeout=20).stdout.split()
+            out = subprocess.run(
+                ["tmux", "-L", self.sock, "list-panes", "-t", name, "-F", "#{pane_pid}"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.split()
             with contextlib.suppress(psutil.Error, ValueError, IndexError):
                 root = psutil.Process(int(out[0]))
                 for p in (root, *root.children(recursive=True)):
@@ -196,7 +208,9 @@ class Pane:
         subprocess.run(["tmux", "-L", self.sock, "kill-server"], capture_output=True, timeout=20)
 
 
-def measure(panes: list[Pane], warmup: float, seconds: float, at_start: Any = None) -> tuple[list[float], float]:
+def measure(
+    panes: list[Pane], warmup: float, seconds: float, at_start: Any = None
+) -> tuple[list[float], float]:
     """CPU % of one core of each pane's program over one shared wall window, and the window (s)."""
     time.sleep(warmup)
     procs = [p.proc for p in panes if p.proc is not None]
@@ -210,7 +224,10 @@ def measure(panes: list[Pane], warmup: float, seconds: float, at_start: Any = No
     for pane in panes:
         if not pane.screen().strip():
             raise RuntimeError(f"{pane.name} shows nothing")
-    cpus = [100.0 * ((b.user - a.user) + (b.system - a.system)) / wall for a, b in zip(t0, t1, strict=True)]
+    cpus = [
+        100.0 * ((b.user - a.user) + (b.system - a.system)) / wall
+        for a, b in zip(t0, t1, strict=True)
+    ]
     return cpus, wall
 
 
@@ -233,7 +250,10 @@ def _ms(values: list[float]) -> str:
         return "no samples"
     values = sorted(values)
     p95 = values[min(len(values) - 1, int(0.95 * len(values)))]
-    return f"median {statistics.median(values) * 1e3:5.1f} ms, p95 {p95 * 1e3:5.1f} ms (n={len(values)})"
+    return (
+        f"median {statistics.median(values) * 1e3:5.1f} ms, p95 {p95 * 1e3:5.1f} ms "
+        f"(n={len(values)})"
+    )
 
 
 def bench(seconds: float, warmup: float, windows: int) -> int:
@@ -245,13 +265,24 @@ def bench(seconds: float, warmup: float, windows: int) -> int:
     py = sys.executable
     try:
         home = tmp / "xlhome"
-        run_dir = runfixtures.make_run(home / "runs", "wide", t0=time.time() - 60, run_id="bench-64")
-        writer = subprocess.Popen([py, "-c", WRITER.format(support=str(SUPPORT), run_dir=str(run_dir), ranks=RANKS)])
+        run_dir = runfixtures.make_run(
+            home / "runs", "wide", t0=time.time() - 60, run_id="bench-64"
+        )
+        writer = subprocess.Popen(
+            [py, "-c", WRITER.format(support=str(SUPPORT), run_dir=str(run_dir), ranks=RANKS)]
+        )
         lib = simnvml.build(tmp / "lib")
         # Busy GPUs whose utilization changes every 0.7 s, each with a process (the writer: a real
         # PID, so both tools read its /proc entry as they would a rank's).
-        gpus = [simnvml.SimGPU(util_seq=(20, 60, 95, 40), util_seq_ms=700, memory_used_mib=20_000 + 5000 * i,
-                               processes=[simnvml.SimProcess(writer.pid, 1000.0)]) for i in range(GPUS)]
+        gpus = [
+            simnvml.SimGPU(
+                util_seq=(20, 60, 95, 40),
+                util_seq_ms=700,
+                memory_used_mib=20_000 + 5000 * i,
+                processes=[simnvml.SimProcess(writer.pid, 1000.0)],
+            )
+            for i in range(GPUS)
+        ]
         sim = simnvml.SimNVML(lib, tmp / "simnvml.conf", gpus)
         env = {**sim.env, "XL_HOME": str(home), "XL_CONFIG_HOME": str(tmp / "config"),
                "TERM": "xterm-256color", "PATH": os.environ.get("PATH", "")}
@@ -259,7 +290,14 @@ def bench(seconds: float, warmup: float, windows: int) -> int:
 
         # 1-3: the xl app as shipped (Monitor) and nvitop, side by side over one window.
         me = str(Path(__file__).resolve())
-        panes = [Pane("xl", [py, me, "--app", str(run_dir), str(stats), "monitor", APP_MARK], env, APP_MARK)]
+        panes = [
+            Pane(
+                "xl",
+                [py, me, "--app", str(run_dir), str(stats), "monitor", APP_MARK],
+                env,
+                APP_MARK,
+            )
+        ]
         nvitop = shutil.which("nvitop") or str(Path(py).with_name("nvitop"))
         nvitop_cpu: float | None = None
         start: dict[str, list[float]] = {}
@@ -272,8 +310,14 @@ def bench(seconds: float, warmup: float, windows: int) -> int:
             # moves by +-10% with whatever else the machine does; the median of several holds.
             per_window: list[list[float]] = []
             for i in range(windows):
-                cpus, wall = measure(panes, warmup if i == 0 else 0.0, seconds,
-                                     at_start=(lambda: start.update(dump_stats(panes[0], stats))) if i == 0 else None)
+                cpus, wall = measure(
+                    panes,
+                    warmup if i == 0 else 0.0,
+                    seconds,
+                    at_start=(lambda: start.update(dump_stats(panes[0], stats)))
+                    if i == 0
+                    else None,
+                )
                 per_window.append(cpus)
             end = dump_stats(panes[0], stats)
         finally:
@@ -291,13 +335,35 @@ def bench(seconds: float, warmup: float, windows: int) -> int:
         both_stats = tmp / "both-stats.json"
         both: dict[str, list[float]] = {}
         context = [
-            Pane("both", [py, me, "--app", str(run_dir), str(both_stats), "both", "xl-bench-both"],
-                 env, "xl-bench-both"),
-            Pane("floor", [py, "-c", "from xl.tui.app import build_app; build_app(poll_interval=1e6).run()  # xl-bench-floor"],
-                 env, "xl-bench-floor"),
+            Pane(
+                "both",
+                [py, me, "--app", str(run_dir), str(both_stats), "both", "xl-bench-both"],
+                env,
+                "xl-bench-both",
+            ),
+            Pane(
+                "floor",
+                [
+                    py,
+                    "-c",
+                    "from xl.tui.app import build_app; build_app(poll_interval=1e6).run()  # "
+                    "xl-bench-floor",
+                ],
+                env,
+                "xl-bench-floor",
+            ),
             # Like for like: the app's GPUs screen alone, nvitop's whole job (8 GPUs at 1 s).
-            Pane("gpus", [py, "-c", "from xl.tui.app import build_app; build_app(poll_interval=1.0).run()  # xl-bench-gpus"],
-                 env, "xl-bench-gpus"),
+            Pane(
+                "gpus",
+                [
+                    py,
+                    "-c",
+                    "from xl.tui.app import build_app; build_app(poll_interval=1.0).run()  # "
+                    "xl-bench-gpus",
+                ],
+                env,
+                "xl-bench-gpus",
+            ),
         ]
         gpus_cpu: float | None = None
         nvitop2_cpu: float | None = None
@@ -319,30 +385,58 @@ def bench(seconds: float, warmup: float, windows: int) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
     monitor_polls = len(window.get("monitor_apply", []))
-    print(f"{len(per_window)} windows of {wall:.0f} s, xl app and nvitop at once; {RANKS} ranks x 10 Hz = {RANKS * 10} lines/s; {GPUS} simulated GPUs")
+    print(
+        f"{len(per_window)} windows of {wall:.0f} s, xl app and nvitop at once; {RANKS} ranks x "
+        f"10 Hz = {RANKS * 10} lines/s; {GPUS} simulated GPUs"
+    )
     for i, cpus in enumerate(per_window, 1):
-        pair = f"xl app {cpus[0]:4.2f} %, nvitop {cpus[1]:4.2f} %  ratio {cpus[0] / cpus[1]:4.2f}" if len(cpus) > 1 and cpus[1] else f"xl app {cpus[0]:4.2f} %"
+        pair = (
+            f"xl app {cpus[0]:4.2f} %, nvitop {cpus[1]:4.2f} %  ratio {cpus[0] / cpus[1]:4.2f}"
+            if len(cpus) > 1 and cpus[1]
+            else f"xl app {cpus[0]:4.2f} %"
+        )
         print(f"  window {i}: {pair}")
     print(f"xl app: the Monitor on 64 ranks (as shipped), median   : {app_cpu:5.2f} % of one core"
           f"   [{monitor_polls} Monitor refreshes in the windows]")
     if nvitop_cpu is not None:
-        print(f"nvitop, 8 GPUs at 1 s, median                          : {nvitop_cpu:5.2f} % of one core   (anchor, same windows)")
+        print(
+            f"nvitop, 8 GPUs at 1 s, median                          : {nvitop_cpu:5.2f} % of "
+            "one core   (anchor, same windows)"
+        )
     if ratios:
-        print(f"ratio xl app / nvitop, median of the windows           : {statistics.median(ratios):5.2f}"
-              f"   (range {min(ratios):.2f}-{max(ratios):.2f})")
+        print(
+            "ratio xl app / nvitop, median of the windows           : "
+            f"{statistics.median(ratios):5.2f}"
+            f"   (range {min(ratios):.2f}-{max(ratios):.2f})"
+        )
     print("one refresh, in the app, same windows:")
     print(f"  reader poll (worker thread)          : {_ms(window.get('reader_poll', []))}")
     print(f"  Monitor apply + repaint, 64 ranks    : {_ms(window.get('monitor_apply', []))}")
     print("context, a second window shared by these four:")
-    print(f"  upper bound: the app doing both jobs, GPUs screen polling under the Monitor : {both_cpu:5.1f} % of one core")
+    print(
+        "  upper bound: the app doing both jobs, GPUs screen polling under the Monitor : "
+        f"{both_cpu:5.1f} % of one core"
+    )
     print(f"    its GPUs screen apply, 8 GPUs      : {_ms(both.get('gpus_apply', []))}")
-    print(f"  floor: the app on the same GPUs, polling once                   : {floor_cpu:5.2f} % of one core")
+    print(
+        f"  floor: the app on the same GPUs, polling once                   : {floor_cpu:5.2f} % "
+        "of one core"
+    )
     if gpus_cpu is not None:
-        print(f"  like for like: the app's GPUs screen alone, 8 GPUs at 1 s       : {gpus_cpu:5.2f} % of one core")
+        print(
+            "  like for like: the app's GPUs screen alone, 8 GPUs at 1 s       : "
+            f"{gpus_cpu:5.2f} % of one core"
+        )
     if nvitop2_cpu is not None:
-        print(f"  nvitop, the same 8 GPUs, same window                            : {nvitop2_cpu:5.2f} % of one core")
+        print(
+            "  nvitop, the same 8 GPUs, same window                            : "
+            f"{nvitop2_cpu:5.2f} % of one core"
+        )
         if nvitop2_cpu > 0 and gpus_cpu is not None:
-            print(f"  ratio GPUs screen / nvitop (the same job)                       : {gpus_cpu / nvitop2_cpu:5.2f}")
+            print(
+                "  ratio GPUs screen / nvitop (the same job)                       : "
+                f"{gpus_cpu / nvitop2_cpu:5.2f}"
+            )
     if monitor_polls == 0:
         print("WARNING: the Monitor did not refresh during the window; the CPU figure means little")
     within = app_cpu <= GOAL_PCT
@@ -361,9 +455,15 @@ def bench(seconds: float, warmup: float, windows: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--seconds", type=float, default=20.0, help="length of the measured window")
-    ap.add_argument("--warmup", type=float, default=5.0, help="seconds before the first window opens")
-    ap.add_argument("--windows", type=int, default=5, help="measured windows, back to back (the medians decide)")
-    ap.add_argument("--app", nargs=4, metavar=("RUN_DIR", "STATS", "MODE", "MARK"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--warmup", type=float, default=5.0, help="seconds before the first window opens"
+    )
+    ap.add_argument(
+        "--windows", type=int, default=5, help="measured windows, back to back (the medians decide)"
+    )
+    ap.add_argument(
+        "--app", nargs=4, metavar=("RUN_DIR", "STATS", "MODE", "MARK"), help=argparse.SUPPRESS
+    )
     args = ap.parse_args(argv)
     if args.app:
         return run_app(Path(args.app[0]), Path(args.app[1]), args.app[2])

@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"suite: did not run: {suite.problem}")
     else:
         print(
-            f"suite: {suite.passed} passed, {len(suite.failed)} failed, {len(suite.skipped)} skipped"
+            f"suite: {suite.passed} passed, {len(suite.failed)} failed, {len(suite.skipped)} "
+            "skipped"
         )
     for line in suite.failed:
         print(f"  FAILED {line}")

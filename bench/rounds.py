@@ -6,7 +6,8 @@ in every round, so whatever the position costs (the previous run's teardown, the
 always lands on it. Here the order turns by one each round and runs backwards every other cycle:
 over 2 x N rounds each command runs in each position equally often, after each of the others.
 
-And what torch draws at random for each run: the same for every command of a round (``same_delays``).
+And what torch draws at random for each run: the same for every command of a round
+(``same_delays``).
 """
 
 from __future__ import annotations
@@ -73,5 +74,7 @@ def bootstrap(values: Sequence[float], draws: int = 4000) -> tuple[float, float]
     import statistics  # noqa: PLC0415 - the benches that report an interval only
 
     rng = random.Random(0)
-    medians = sorted(statistics.median(rng.choices(list(values), k=len(values))) for _ in range(draws))
+    medians = sorted(
+        statistics.median(rng.choices(list(values), k=len(values))) for _ in range(draws)
+    )
     return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]

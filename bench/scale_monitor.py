@@ -5,11 +5,12 @@
 The app is built as ``xl attach`` builds it (``build_app(monitor_run_dir=..., attach_only=True)``,
 tui/app.py's run_monitor) and runs under Textual's headless driver (``app.run_test``) at 200x50,
 so it reads the run dir and lays out and paints every screen update as on a terminal, with no
-terminal to write to. It touches OUT_JSON's ``.shown`` twin once it first showed the run. A refresh is timed from the start of the reader's poll (the Monitor's poll
-thread) to the end of the repaint that shows it (as bench_tui.py times its apply). It runs until
-SIGTERM, then writes ``{"refresh_s": [...], "refresh_at": [when each ended], "poll_s": [...],
-"started": t, "first_shown": t}`` to
-OUT_JSON, with ``rows``: the rows of its rank table at the last refresh. Its CPU is measured from outside, by the bench, over the bench's window.
+terminal to write to. It touches OUT_JSON's ``.shown`` twin once it first showed the run. A
+refresh is timed from the start of the reader's poll (the Monitor's poll thread) to the end of the
+repaint that shows it (as bench_tui.py times its apply). It runs until SIGTERM, then writes
+``{"refresh_s": [...], "refresh_at": [when each ended], "poll_s": [...], "started": t,
+"first_shown": t}`` to OUT_JSON, with ``rows``: the rows of its rank table at the last refresh.
+Its CPU is measured from outside, by the bench, over the bench's window.
 """
 
 from __future__ import annotations
@@ -32,7 +33,15 @@ def main(argv: list[str]) -> int:
     from xl.tui.screens.monitor import MonitorScreen  # noqa: PLC0415 - as above
     from xl.tui.widgets.rank_table import RankTable  # noqa: PLC0415 - as above
 
-    record: dict[str, Any] = {"refresh_s": [], "refresh_at": [], "poll_s": [], "started": time.time(), "first_shown": None, "views": 0, "rows": 0}
+    record: dict[str, Any] = {
+        "refresh_s": [],
+        "refresh_at": [],
+        "poll_s": [],
+        "started": time.time(),
+        "first_shown": None,
+        "views": 0,
+        "rows": 0,
+    }
     began: list[float] = []
     poll_once = MonitorScreen._poll_once
 

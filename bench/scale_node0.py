@@ -52,10 +52,23 @@ def torchrun(nproc: int, world: int, cmd: list[str]) -> int:
     signal.signal(signal.SIGINT, forward)
     for local in range(nproc):
         env = dict(os.environ)
-        env.update({"RANK": str(local), "LOCAL_RANK": str(local), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc),
-                    "GROUP_RANK": "0", "ROLE_RANK": str(local), "ROLE_WORLD_SIZE": str(world), "GROUP_WORLD_SIZE": str(world // nproc),
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "TORCHELASTIC_RESTART_COUNT": "0",
-                    "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "xl-bench-scale"})
+        env.update(
+            {
+                "RANK": str(local),
+                "LOCAL_RANK": str(local),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "GROUP_RANK": "0",
+                "ROLE_RANK": str(local),
+                "ROLE_WORLD_SIZE": str(world),
+                "GROUP_WORLD_SIZE": str(world // nproc),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "1",
+                "TORCHELASTIC_RESTART_COUNT": "0",
+                "TORCHELASTIC_MAX_RESTARTS": "0",
+                "TORCHELASTIC_RUN_ID": "xl-bench-scale",
+            }
+        )
         procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL))
     codes = []
     for p in procs:
@@ -94,7 +107,10 @@ def rank(steps_per_s: float, log_every: int, block_flag: str | None, shim: str |
         xl.log(step=step, loss=loss, samples=32, step_s=step_s, data_s=data_s,
                compute_s=step_s - data_s - comm_s - 0.01, comm_s=comm_s, other_s=0.01)
         if log_every and step % log_every == 0:
-            print(f"rank {me} step {step} loss {loss:.4f} lr 3.0e-04 {step_s * 1000:.0f} ms/step", flush=True)
+            print(
+                f"rank {me} step {step} loss {loss:.4f} lr 3.0e-04 {step_s * 1000:.0f} ms/step",
+                flush=True,
+            )
         nxt += step_s
         time.sleep(max(0.0, nxt - time.monotonic()))
 

@@ -3,10 +3,10 @@
     python bench/scale_profile.py FOLDER/node0.txt [--seconds 30] [--rate 50] [--top 6]
 
 py-spy's raw format is one line per distinct stack, ``thread (TID): NAME;frame;frame... COUNT``,
-idle threads left out (and stacks that end in a wait, see _WAITS); so a thread's samples over ``rate x seconds`` is the share of one core it
-was running. Prints each thread's share, then per thread the functions the samples were in
-(innermost frame: where the time went) and the frames of xl's own code nearest to it (which part of
-xl spent it).
+idle threads left out (and stacks that end in a wait, see _WAITS); so a thread's samples over
+``rate x seconds`` is the share of one core it was running. Prints each thread's share, then per
+thread the functions the samples were in (innermost frame: where the time went) and the frames of
+xl's own code nearest to it (which part of xl spent it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ _LINE = re.compile(r"^thread \((?:0x)?[0-9a-fA-F]+\): (?P<stack>.*) (?P<count>\d
 _XL = ("launcher/", "xl/", "tui/", "doctor/")
 # Innermost frames that wait rather than run: py-spy without pausing the process cannot always
 # tell a thread blocked there from one running, so they are left out.
-_WAITS = (".select (selectors.py", ".wait (threading.py", "sleep (", ".accept (socket.py", ".get (queue.py")
+_WAITS = (
+    ".select (selectors.py", ".wait (threading.py", "sleep (", ".accept (socket.py",
+    ".get (queue.py",
+)
 
 
 def summarize(path: Path, seconds: float, rate: float, top: int) -> list[str]:
@@ -38,7 +41,9 @@ def summarize(path: Path, seconds: float, rate: float, top: int) -> list[str]:
         name, count = frames[0], int(m["count"])
         threads[name] += count
         leaves[name][frames[-1]] += count
-        mine = next((f for f in reversed(frames[1:]) if f.split("(")[-1].startswith(_XL)), frames[-1])
+        mine = next(
+            (f for f in reversed(frames[1:]) if f.split("(")[-1].startswith(_XL)), frames[-1]
+        )
         ours[name][mine] += count
     total = rate * seconds
     out = [f"{path.name}: {sum(threads.values()) / total:.2f} cores sampled over {seconds:g} s"]

@@ -63,13 +63,21 @@ def _frames(where: str) -> list[dict[str, Any]]:
         frames += [
             {"file": f"{_TORCH}/nn/parallel/distributed.py", "line": 1637, "function": "forward"},
             {"file": f"{_TORCH}/distributed/c10d_logger.py", "line": 81, "function": "wrapper"},
-            {"file": f"{_TORCH}/distributed/distributed_c10d.py", "line": 2806, "function": "all_reduce"},
+            {
+                "file": f"{_TORCH}/distributed/distributed_c10d.py",
+                "line": 2806,
+                "function": "all_reduce",
+            },
         ]
     elif where == "step":
         frames += [
             {"file": f"{_TORCH}/_tensor.py", "line": 626, "function": "backward"},
             {"file": f"{_TORCH}/autograd/__init__.py", "line": 347, "function": "backward"},
-            {"file": f"{_TORCH}/autograd/graph.py", "line": 823, "function": "_engine_run_backward"},
+            {
+                "file": f"{_TORCH}/autograd/graph.py",
+                "line": 823,
+                "function": "_engine_run_backward",
+            },
         ]
     else:  # stuck in the person's own code
         frames += [{"file": _SCRIPT, "line": 44, "function": "load_batch"}]
@@ -77,7 +85,9 @@ def _frames(where: str) -> list[dict[str, Any]]:
 
 
 class Rank:
-    __slots__ = ("last_step_t", "local", "pid", "rank", "rates", "seq", "sock", "step", "stopped", "waiting")
+    __slots__ = (
+        "last_step_t", "local", "pid", "rank", "rates", "seq", "sock", "step", "stopped", "waiting",
+    )
 
     def __init__(self, rank: int, local: int, pid: int) -> None:
         self.rank, self.local, self.pid = rank, local, pid
@@ -103,28 +113,70 @@ class Node:
 
     def rows(self, state: str = "running", code: int | None = None) -> list[dict[str, Any]]:
         return [
-            {"rank": r.rank, "local_rank": r.local, "node": self.host, "node_rank": self.node, "pid": r.pid,
-             "gpu": r.local, "gpu_uuid": None, "state": state, "exit_code": code, "started_at": self.started,
-             "ended_at": None if code is None else time.time(), "attempt": 0}
+            {
+                "rank": r.rank,
+                "local_rank": r.local,
+                "node": self.host,
+                "node_rank": self.node,
+                "pid": r.pid,
+                "gpu": r.local,
+                "gpu_uuid": None,
+                "state": state,
+                "exit_code": code,
+                "started_at": self.started,
+                "ended_at": None if code is None else time.time(),
+                "attempt": 0,
+            }
             for r in self.ranks
         ]
 
     def begin(self) -> None:
         self.link.start()
         now = time.time()
-        self.link.send({"type": "event", "event": {"t": now, "kind": "run_started", "message": f"starting {len(self.ranks)} ranks on GPUs 0-{len(self.ranks) - 1}"}})
+        self.link.send(
+            {
+                "type": "event",
+                "event": {
+                    "t": now,
+                    "kind": "run_started",
+                    "message": f"starting {len(self.ranks)} ranks on GPUs 0-{len(self.ranks) - 1}",
+                },
+            }
+        )
         for r in self.ranks:
-            self.link.send({"type": "event", "event": {"t": now, "kind": "rank_started", "rank": r.rank, "pid": r.pid, "message": f"rank {r.rank} started (pid {r.pid}, GPU {r.local})"}})
+            self.link.send(
+                {
+                    "type": "event",
+                    "event": {
+                        "t": now,
+                        "kind": "rank_started",
+                        "rank": r.rank,
+                        "pid": r.pid,
+                        "message": f"rank {r.rank} started (pid {r.pid}, GPU {r.local})",
+                    },
+                }
+            )
         self.link.send({"type": "ranks", "ranks": self.rows()})
 
     def sample(self, now: float) -> None:
         """What the node's 1 Hz sampler forwards: a sys line per rank (xl's forward_records)."""
         for r in self.ranks:
-            stuck = 1.0 if r.stopped and r.waiting is None else 98.0  # waiting in I/O; or stepping, or spinning in NCCL
-            rec = {"t": round(now, 3), "rank": r.rank, "kind": "sys", "pid": r.pid,
-                   "rss_mib": round(5200 + 3 * r.local + random.random(), 1), "cpu_pct": round(stuck + random.random() * 4, 1),
-                   "nproc": 6, "gpu": r.local, "gpu_util": 97 if not r.stopped else 0,
-                   "gpu_mem_used_mib": 61000 + r.local, "gpu_mem_total_mib": 81559, "proc_gpu_mem_mib": 60500}
+            # waiting in I/O; or stepping, or spinning in NCCL
+            stuck = 1.0 if r.stopped and r.waiting is None else 98.0
+            rec = {
+                "t": round(now, 3),
+                "rank": r.rank,
+                "kind": "sys",
+                "pid": r.pid,
+                "rss_mib": round(5200 + 3 * r.local + random.random(), 1),
+                "cpu_pct": round(stuck + random.random() * 4, 1),
+                "nproc": 6,
+                "gpu": r.local,
+                "gpu_util": 97 if not r.stopped else 0,
+                "gpu_mem_used_mib": 61000 + r.local,
+                "gpu_mem_total_mib": 81559,
+                "proc_gpu_mem_mib": 60500,
+            }
             self.link.send({"type": "rec", "rank": r.rank, "line": wire.dumps_record(rec).decode()})
 
     def stacks(self, ask: dict[str, Any]) -> None:
@@ -137,22 +189,41 @@ class Node:
             where = "allreduce" if r.waiting is not None else "stuck" if r.stopped else "step"
             threads = [
                 {"name": "MainThread", "frames": _frames(where)},
-                {"name": "xl-log", "frames": [{"file": "/opt/venv/lib/python3.11/threading.py", "line": 331, "function": "wait"}]},
+                {
+                    "name": "xl-log",
+                    "frames": [
+                        {
+                            "file": "/opt/venv/lib/python3.11/threading.py",
+                            "line": 331,
+                            "function": "wait",
+                        }
+                    ],
+                },
             ]
             seq = self.sim.block_seq
             colls: list[dict[str, Any]] = []
-            if seq is not None:  # the Flight Recorder's last entries: #N-1 done by all; #N begun by the waiting
+            # the Flight Recorder's last entries: #N-1 done by all; #N begun by the waiting
+            if seq is not None:
                 colls.append({"pg": "0", "seq": seq - 1, "op": "allreduce", "state": "completed"})
                 if r.waiting is not None:
                     colls.append({"pg": "0", "seq": seq, "op": "allreduce", "state": "scheduled"})
-            entries.append({"rank": r.rank, "node": self.host, "pid": r.pid, "threads": threads, "collectives": colls})
+            entries.append(
+                {
+                    "rank": r.rank,
+                    "node": self.host,
+                    "pid": r.pid,
+                    "threads": threads,
+                    "collectives": colls,
+                }
+            )
         ident = ask.get("id")
         if isinstance(ident, str):
             self.link.send({"type": "stacks", "id": ident, "ranks": clip_stacks(entries)})
             self.sim.stacks_answered += 1
 
     def end(self, status: str) -> None:
-        """The node's part ends as its supervisor's does after a stop: its ranks' exits, then its end."""
+        """The node's part ends as its supervisor's does after a stop: its ranks' exits, then its
+        end."""
         if self.ended:
             return
         self.ended = True
@@ -161,9 +232,30 @@ class Node:
         now = time.time()
         for r in self.ranks:
             r.stopped = True
-            self.link.send({"type": "event", "event": {"t": now, "kind": "rank_exited", "rank": r.rank, "exit_code": code, "message": f"rank {r.rank} {state}"}})
+            self.link.send(
+                {
+                    "type": "event",
+                    "event": {
+                        "t": now,
+                        "kind": "rank_exited",
+                        "rank": r.rank,
+                        "exit_code": code,
+                        "message": f"rank {r.rank} {state}",
+                    },
+                }
+            )
         self.link.send({"type": "ranks", "ranks": self.rows(state, code)})
-        self.link.send({"type": "event", "event": {"t": now, "kind": "run_ended", "status": status, "message": f"run {status}"}})
+        self.link.send(
+            {
+                "type": "event",
+                "event": {
+                    "t": now,
+                    "kind": "run_ended",
+                    "status": status,
+                    "message": f"run {status}",
+                },
+            }
+        )
         self.link.send({"type": "end", "status": status, "failure": None, "at": now})
 
 
@@ -200,7 +292,9 @@ class Sim:
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(10.0)
-            verdict = handshake.client_handshake(sock, self.token.encode(), handshake.ROLE_RANK, rank)
+            verdict = handshake.client_handshake(
+                sock, self.token.encode(), handshake.ROLE_RANK, rank
+            )
             if verdict == handshake.OK:
                 sock.setblocking(False)
                 return sock
@@ -213,7 +307,9 @@ class Sim:
     async def connect_all(self) -> None:
         assert self.loop is not None
         ranks = [r for n in self.nodes for r in n.ranks]
-        socks = await asyncio.gather(*(self.loop.run_in_executor(self.pool, self._dial, r.rank) for r in ranks))
+        socks = await asyncio.gather(
+            *(self.loop.run_in_executor(self.pool, self._dial, r.rank) for r in ranks)
+        )
         for r, sock in zip(ranks, socks, strict=True):
             r.sock = sock
             if sock is None:
@@ -226,7 +322,14 @@ class Sim:
         if sock is None:
             return
         r.seq += 1
-        header = {"v": wire.VERSION, "rank": r.rank, "pid": r.pid, "seq": r.seq, "dropped": 0, "train": True}
+        header = {
+            "v": wire.VERSION,
+            "rank": r.rank,
+            "pid": r.pid,
+            "seq": r.seq,
+            "dropped": 0,
+            "train": True,
+        }
         frame = wire.encode_batch(header, lines)
         try:
             sent = sock.send(frame)
@@ -235,7 +338,8 @@ class Sim:
                 sock.sendall(frame[sent:])
                 sock.setblocking(False)
             with contextlib.suppress(BlockingIOError, InterruptedError):
-                while sock.recv(4096):  # its acks (8 bytes a frame): read and let go, as the sender does
+                # its acks (8 bytes a frame): read and let go, as the sender does
+                while sock.recv(4096):
                     pass
         except OSError:
             r.sock = None
@@ -250,19 +354,31 @@ class Sim:
         data_s = 0.02 + 0.01 * random.random()
         comm_s = 0.08 + 0.02 * random.random()
         compute_s = self.step_s - data_s - comm_s - 0.01
-        scalars = {"step": r.step, "loss": round(4.0 * math.exp(-r.step / 3000) + 0.05 * random.random(), 5),
-                   "samples": 32, "step_s": round(self.step_s, 5), "data_s": round(data_s, 5),
-                   "compute_s": round(compute_s, 5), "comm_s": round(comm_s, 5), "other_s": 0.01}
+        scalars = {
+            "step": r.step,
+            "loss": round(4.0 * math.exp(-r.step / 3000) + 0.05 * random.random(), 5),
+            "samples": 32,
+            "step_s": round(self.step_s, 5),
+            "data_s": round(data_s, 5),
+            "compute_s": round(compute_s, 5),
+            "comm_s": round(comm_s, 5),
+            "other_s": 0.01,
+        }
         line = train_line(now, scalars, r.rank, r.rates)
         if line is not None:
             self._send(r, [line])
             r.last_step_t = round(now, 6)
         if self.log_every and r.step % self.log_every == 0:
-            node.link.send_log(r.rank, f"step {r.step} loss {scalars['loss']:.4f} lr 3.0e-04 {self.step_s * 1000:.0f} ms/step\n".encode())
+            node.link.send_log(
+                r.rank,
+                f"step {r.step} loss {scalars['loss']:.4f} lr 3.0e-04 {self.step_s * 1000:.0f} "
+                "ms/step\n".encode(),
+            )
             self.log_lines += 1
 
     async def run_node(self, node: Node) -> None:
-        await asyncio.sleep(random.random() * self.step_s)  # nodes step out of phase with each other
+        # nodes step out of phase with each other
+        await asyncio.sleep(random.random() * self.step_s)
         next_step = time.monotonic()
         next_sample = time.monotonic() + random.random()
         while not self.stopping and not node.ended:
@@ -282,12 +398,15 @@ class Sim:
                 node.sample(time.time())
             for cmd in node.link.commands():
                 if isinstance(cmd.get("stacks"), dict):
-                    self.pool.submit(node.stacks, cmd["stacks"])  # a follower answers on a thread of its own
+                    # a follower answers on a thread of its own
+                    self.pool.submit(node.stacks, cmd["stacks"])
                 elif isinstance(cmd.get("stop"), dict):
                     node.end("stopped")
                 elif cmd.get("refused"):
                     self.refused += 1
-            await asyncio.sleep(max(0.0, min(next_step, next_sample, time.monotonic() + 0.2) - time.monotonic()))
+            await asyncio.sleep(
+                max(0.0, min(next_step, next_sample, time.monotonic() + 0.2) - time.monotonic())
+            )
 
     # -- commands --------------------------------------------------------------------------------
 
@@ -311,11 +430,17 @@ class Sim:
         return {"blocked": blocked}
 
     def stats(self) -> dict[str, Any]:
-        return {"frames": self.frames, "records": self.records, "log_lines": self.log_lines, "connected": self.connected,
-                "refused": self.refused, "stacks_answered": self.stacks_answered,
-                "link_dropped": sum(n.link.dropped for n in self.nodes),
-                "links_refused": sum(1 for n in self.nodes if n.link.refused),
-                "nodes_ended": sum(1 for n in self.nodes if n.ended)}
+        return {
+            "frames": self.frames,
+            "records": self.records,
+            "log_lines": self.log_lines,
+            "connected": self.connected,
+            "refused": self.refused,
+            "stacks_answered": self.stacks_answered,
+            "link_dropped": sum(n.link.dropped for n in self.nodes),
+            "links_refused": sum(1 for n in self.nodes if n.link.refused),
+            "nodes_ended": sum(1 for n in self.nodes if n.ended),
+        }
 
     def command(self, line: str) -> None:
         cmd = line.strip()
@@ -347,7 +472,9 @@ class Sim:
         threading.Thread(target=read_stdin, name="sim-stdin", daemon=True).start()
         await asyncio.gather(*(self.run_node(n) for n in self.nodes))
         # Every node's last words reach node 0 before the links close.
-        await asyncio.gather(*(self.loop.run_in_executor(self.pool, n.link.close, 5.0) for n in self.nodes))
+        await asyncio.gather(
+            *(self.loop.run_in_executor(self.pool, n.link.close, 5.0) for n in self.nodes)
+        )
         for node in self.nodes:
             for r in node.ranks:
                 if r.sock is not None:

@@ -46,7 +46,8 @@ def main() -> None:
         opt.zero_grad()
         recorded[step] = float(loss.detach())
         accelerator.log(
-            {"train_loss": loss.detach(), "samples": args.batch, "total_steps": args.steps}, step=step
+            {"train_loss": loss.detach(), "samples": args.batch, "total_steps": args.steps},
+            step=step,
         )
     if args.record:
         with open(f"{args.record}.rank{accelerator.process_index}.json", "w") as fh:

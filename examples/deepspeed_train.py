@@ -33,7 +33,9 @@ def main() -> None:
         "zero_allow_untested_optimizer": True,  # torch SGD: no compiled optimizer to build
         "steps_per_print": 10_000,
     }
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=config
+    )
     gen = torch.Generator().manual_seed(engine.global_rank)
     recorded: dict[int, float] = {}
     losses: list[float] = []

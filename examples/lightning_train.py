@@ -47,7 +47,9 @@ def main() -> None:
 
         def validation_step(self, batch: Any, batch_idx: int) -> None:
             x, y = batch
-            self.log("val_loss", nn.functional.mse_loss(self.net(x), y), prog_bar=True, sync_dist=True)
+            self.log(
+                "val_loss", nn.functional.mse_loss(self.net(x), y), prog_bar=True, sync_dist=True
+            )
 
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.05)
@@ -72,7 +74,9 @@ def main() -> None:
         log_every_n_steps=1,
         callbacks=callbacks,
     )
-    trainer.fit(Regressor(), DataLoader(data, batch_size=args.batch), DataLoader(val, batch_size=args.batch))
+    trainer.fit(
+        Regressor(), DataLoader(data, batch_size=args.batch), DataLoader(val, batch_size=args.batch)
+    )
     if args.record:
         with open(f"{args.record}.rank{trainer.global_rank}.json", "w") as fh:
             json.dump(recorded, fh)

@@ -24,8 +24,12 @@ import xl
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seconds", type=float, default=90.0, help="about how long to train (sets the step count)")
-    p.add_argument("--steps", type=int, default=0, help="exact number of steps (overrides --seconds)")
+    p.add_argument(
+        "--seconds", type=float, default=90.0, help="about how long to train (sets the step count)"
+    )
+    p.add_argument(
+        "--steps", type=int, default=0, help="exact number of steps (overrides --seconds)"
+    )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -33,7 +37,10 @@ def parse_args() -> argparse.Namespace:
 
 
 def model_for(width: int, n_in: int = 128, n_out: int = 10) -> nn.Module:
-    return nn.Sequential(nn.Linear(n_in, width), nn.GELU(), nn.Linear(width, width), nn.GELU(), nn.Linear(width, n_out))
+    return nn.Sequential(
+        nn.Linear(n_in, width), nn.GELU(), nn.Linear(width, width), nn.GELU(),
+        nn.Linear(width, n_out),
+    )
 
 
 def agree(total: int, device: torch.device, distributed: bool) -> int:
@@ -65,11 +72,17 @@ def main() -> None:
     teacher = model_for(64).to(device).eval()
     model = model_for(args.width).to(device)
     if distributed:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[local_rank] if device.type == "cuda" else None
+        )
         xl.watch(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     gen = torch.Generator(device=device).manual_seed(1000 + rank)  # each rank its own data
-    print(f"rank {rank}/{world} on {device} ({backend}), {sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
+    print(
+        f"rank {rank}/{world} on {device} ({backend}), "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters",
+        flush=True,
+    )
 
     def step() -> float:
         x = torch.randn(args.batch_size, 128, device=device, generator=gen)
@@ -89,7 +102,9 @@ def main() -> None:
     for _ in range(warmup):
         step()
     per_step = (time.perf_counter() - t0) / warmup
-    total = agree(args.steps or max(warmup + 20, int(args.seconds / max(per_step, 1e-4))), device, distributed)
+    total = agree(
+        args.steps or max(warmup + 20, int(args.seconds / max(per_step, 1e-4))), device, distributed
+    )
     print(f"rank {rank}: {total} steps (~{per_step * 1000:.1f} ms each)", flush=True)
 
     i = mark_i = warmup
@@ -100,7 +115,11 @@ def main() -> None:
         now = time.perf_counter()
         xl.log(step=i, loss=loss, samples=args.batch_size, total_steps=total)
         if i % 20 == 0 or i == total:
-            print(f"rank {rank} step {i}/{total} loss {loss:.4f} {args.batch_size / (now - last):.0f} samples/s", flush=True)
+            print(
+                f"rank {rank} step {i}/{total} loss {loss:.4f} "
+                f"{args.batch_size / (now - last):.0f} samples/s",
+                flush=True,
+            )
         if i % 20 == 0 and not args.steps and i < total:
             left = args.seconds - (now - started)
             recent = (now - mark_t) / (i - mark_i)
