@@ -40,7 +40,8 @@ PROCESSES = {
     # the end-of-run table is drawn without it).
     "launch": Budget(
         LAUNCH + ", xl.launcher.cli.console",
-        102,  # `--slurm`'s job submission, `--rdzv`'s and `--python`'s code load only when asked for
+        # `--slurm`'s job submission, `--rdzv`'s and `--python`'s code load only when asked for
+        102,
         90,
         # psutil once torchrun runs; pynvml only where libnvidia-ml loads; orjson for big polls
         # only, and statistics (fractions, decimal, random) never: xl.stats has the medians.
@@ -49,10 +50,14 @@ PROCESSES = {
     # The supervisor up to torchrun's start, in a fresh interpreter (the app starts it so):
     # telemetry, the digest and provenance load once torchrun runs, the hub and the follower on
     # several nodes only (launcher/supervisor/loop.py, Supervisor.start).
-    "supervisor": Budget("import xl.launcher.supervisor.loop", 75, 40, (*UI, *RARE, "traceback", "psutil")),
+    "supervisor": Budget(
+        "import xl.launcher.supervisor.loop", 75, 40, (*UI, *RARE, "traceback", "psutil")
+    ),
     # ... and forked from `xl launch` (what it imported is there already): what it adds before
     # torchrun starts, on the path from the command to the first step.
-    "supervisor, forked": Budget("import xl.launcher.supervisor.loop", 13, 15, (*UI, "psutil"), after=LAUNCH),
+    "supervisor, forked": Budget(
+        "import xl.launcher.supervisor.loop", 13, 15, (*UI, "psutil"), after=LAUNCH
+    ),
     # ... and once torchrun runs: telemetry (the collector, the sampler, the parsers), the digest
     # and provenance, while torchrun imports torch beside them. Its CPU slows torch's import on
     # a machine with few cores, so psutil (the sampler and the checks read /proc themselves),
@@ -69,7 +74,12 @@ PROCESSES = {
     # Every rank, before the user's first line: standard library and xl's own rank code only
     # (today 43 modules, 13-26 ms of CPU on an idle 2-core machine; most of them are modules
     # `import torch` loads anyway).
-    "rank entry": Budget("import xl.launcher.rank.entry", 45, 30, (*UI, "psutil", "orjson", "tempfile", "random", "secrets")),
+    "rank entry": Budget(
+        "import xl.launcher.rank.entry",
+        45,
+        30,
+        (*UI, "psutil", "orjson", "tempfile", "random", "secrets"),
+    ),
 }
 # What the supervisor's loop needs only once torchrun runs, or on several nodes: never imported
 # before torchrun starts (each costs the start of every run: ~50 ms of CPU together).
@@ -84,8 +94,13 @@ AFTER_TORCHRUN = (
 
 
 def _added(statement: str, after: str = "pass") -> list[str]:
-    code = f"import sys\n{after}\nbefore = set(sys.modules)\n{statement}\nnew = sorted(set(sys.modules) - before)\nimport json\nprint(json.dumps(new))\n"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    code = (
+        f"import sys\n{after}\nbefore = set(sys.modules)\n{statement}\nnew = "
+        "sorted(set(sys.modules) - before)\nimport json\nprint(json.dumps(new))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -94,8 +109,16 @@ def _import_ms(statement: str, after: str = "pass") -> float:
     time (user + system) of that statement alone, measured inside the process, best of five
     fresh interpreters. (Subtracting two whole interpreters' CPU, as before, was a difference of
     two ~300 ms figures: noise of +-30 ms around a 15 ms budget.)"""
-    code = f"{after}\nimport time\nstart = time.process_time()\n{statement}\nprint((time.process_time() - start) * 1000)\n"
-    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True) for _ in range(5)]
+    code = (
+        f"{after}\nimport time\nstart = "
+        f"time.process_time()\n{statement}\nprint((time.process_time() - start) * 1000)\n"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+        )
+        for _ in range(5)
+    ]
     return min(float(run.stdout.strip().splitlines()[-1]) for run in runs)
 
 
@@ -105,14 +128,18 @@ def test_each_process_imports_only_what_it_needs(process: str) -> None:
     added = _added(budget.statement, budget.after)
     heavy = sorted({m for m in added if m.split(".")[0] in budget.never})
     assert not heavy, f"{process} loads {heavy}"
-    assert len(added) <= budget.modules, f"{process} adds {len(added)} modules (budget {budget.modules}): {added}"
+    assert len(added) <= budget.modules, (
+        f"{process} adds {len(added)} modules (budget {budget.modules}): {added}"
+    )
 
 
 @pytest.mark.parametrize("process", list(PROCESSES))
 def test_each_process_s_imports_stay_within_their_time_budget(process: str) -> None:
     budget = PROCESSES[process]
     took = _import_ms(budget.statement, budget.after)
-    assert took < 2.5 * budget.cpu_ms, f"{process}: imports took {took:.1f} ms of CPU (budget {budget.cpu_ms} ms, bound 2.5x)"
+    assert took < 2.5 * budget.cpu_ms, (
+        f"{process}: imports took {took:.1f} ms of CPU (budget {budget.cpu_ms} ms, bound 2.5x)"
+    )
 
 
 def test_the_supervisor_starts_torchrun_before_importing_what_only_its_loop_needs() -> None:

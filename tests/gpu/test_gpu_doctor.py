@@ -26,8 +26,13 @@ LOAD_INLINE = r"""
 import sys, torch
 from torch.utils.cpp_extension import load_inline
 cuda_src = '''
-__global__ void add_one(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] += 1.0f; }
-void launch(torch::Tensor x) { add_one<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), x.numel()); }
+__global__ void add_one(float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += 1.0f;
+}
+void launch(torch::Tensor x) {
+    add_one<<<(x.numel() + 255) / 256, 256>>>(x.data_ptr<float>(), x.numel());
+}
 '''
 mod = load_inline(name="xl_accept_ext", cpp_sources="void launch(torch::Tensor x);",
                   cuda_sources=cuda_src, functions=["launch"], build_directory=sys.argv[1],

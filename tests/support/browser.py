@@ -1,4 +1,5 @@
-"""A real headless Chromium (Debian's `chromium-headless-shell`) driven by Playwright, for `xl serve`.
+"""A real headless Chromium (Debian's `chromium-headless-shell`) driven by Playwright, for `xl
+serve`.
 
 Playwright's own browser download is not used: it launches Debian's binary by
 ``executable_path``, without a sandbox or GPU and with its background networking off, and every
@@ -33,7 +34,9 @@ ARGS = [
     "--no-first-run",
     "--metrics-recording-only",
 ]
-ESCAPES = re.compile(rb"\x1b(\[[0-9;?$<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[()][0-9A-B]|[=>78])")
+ESCAPES = re.compile(
+    rb"\x1b(\[[0-9;?$<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[()][0-9A-B]|[=>78])"
+)
 
 
 def chromium() -> str:
@@ -41,7 +44,10 @@ def chromium() -> str:
         found = name if os.path.isabs(name) and os.access(name, os.X_OK) else shutil.which(name)
         if found:
             return found
-    raise AssertionError("Debian's `chromium-headless-shell` is not installed (the README's test command installs it)")
+    raise AssertionError(
+        "Debian's `chromium-headless-shell` is not installed (the README's test command installs "
+        "it)"
+    )
 
 
 class Tab:
@@ -53,7 +59,9 @@ class Tab:
 
     def _socket(self, ws: Any) -> None:
         self.sockets.append(ws)
-        ws.on("framereceived", lambda f: self.frames.append(f if isinstance(f, bytes) else f.encode()))
+        ws.on(
+            "framereceived", lambda f: self.frames.append(f if isinstance(f, bytes) else f.encode())
+        )
 
     def mark(self) -> int:
         return len(self.frames)
@@ -71,7 +79,9 @@ class Tab:
             if got:
                 return got
             if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} after {timeout}s; the app sent: {self.text()[-800:]!r}")
+                raise AssertionError(
+                    f"no {what} after {timeout}s; the app sent: {self.text()[-800:]!r}"
+                )
             self.page.wait_for_timeout(100)
 
     def press(self, key: str) -> int:
@@ -103,14 +113,23 @@ def browser() -> Iterator[Any]:
         b = pw.chromium.launch(executable_path=chromium(), args=ARGS, timeout=60_000)
         try:
             context = b.new_context(viewport={"width": 1280, "height": 800})
-            context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(("http://127.0.0.1", "ws://127.0.0.1")) else route.abort())
+            context.route(
+                "**/*",
+                lambda route: (
+                    route.continue_()
+                    if route.request.url.startswith(("http://127.0.0.1", "ws://127.0.0.1"))
+                    else route.abort()
+                ),
+            )
             seen = _chromiums()
             assert seen, "no Chromium process under this test"
             yield context
         finally:
             b.close()
     _, alive = psutil.wait_procs(seen, timeout=10)
-    assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "Chromium left running"
+    assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], (
+        "Chromium left running"
+    )
 
 
 def png_pixels(data: bytes) -> tuple[int, int, list[bytes], int]:
@@ -129,7 +148,10 @@ def png_pixels(data: bytes) -> tuple[int, int, list[bytes], int]:
             idat += body
     raw, stride, rows, prev = zlib.decompress(idat), width * bpp, [], bytearray(width * bpp)
     for y in range(height):
-        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        kind, line = (
+            raw[y * (stride + 1)],
+            bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]),
+        )
         for i in range(stride):
             a = line[i - bpp] if i >= bpp else 0
             b, c = prev[i], prev[i - bpp] if i >= bpp else 0

@@ -27,7 +27,9 @@ def golden(name: str, actual: Any) -> None:
         _dump(path, actual)
         return
     assert path.exists(), f"{path} is missing: record it with XL_CONTRACTS_RECORD=1"
-    assert actual == json.loads(path.read_text()), f"contract {name} changed (XL_CONTRACTS_RECORD=1 re-records it)"
+    assert actual == json.loads(path.read_text()), (
+        f"contract {name} changed (XL_CONTRACTS_RECORD=1 re-records it)"
+    )
 
 
 def golden_entry(name: str, key: str, actual: Any) -> None:
@@ -39,4 +41,6 @@ def golden_entry(name: str, key: str, actual: Any) -> None:
         _dump(path, data)
         return
     assert key in data, f"{path} has no {key!r}: record it with XL_CONTRACTS_RECORD=1"
-    assert actual == data[key], f"contract {name}[{key}] changed (XL_CONTRACTS_RECORD=1 re-records it)"
+    assert actual == data[key], (
+        f"contract {name}[{key}] changed (XL_CONTRACTS_RECORD=1 re-records it)"
+    )

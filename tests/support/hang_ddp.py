@@ -27,7 +27,8 @@ import xl
 
 
 def parse_record(line: str) -> bool:
-    return re.match(r"(a+)+$", line) is not None  # exponential on "aaa...b": holds the GIL for hours
+    # exponential on "aaa...b": holds the GIL for hours
+    return re.match(r"(a+)+$", line) is not None
 
 
 def compute(seconds: float) -> None:

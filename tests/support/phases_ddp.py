@@ -64,12 +64,16 @@ class Model(nn.Module):
 
 def bars() -> None:
     for n in (100, 320):
-        sys.stdout.write(f"\rMap: {n * 100 // 320:3d}%|#####     | {n}/320 [00:00<00:00, 5000.00 examples/s]")
+        sys.stdout.write(
+            f"\rMap: {n * 100 // 320:3d}%|#####     | {n}/320 [00:00<00:00, 5000.00 examples/s]"
+        )
         sys.stdout.flush()
         time.sleep(0.05)
     sys.stdout.write("\n")
     for n in (20, 41):
-        sys.stdout.write(f"\rLoading weights: {n * 100 // 41:3d}%|####      | {n}/41 [00:00<00:00, 400.00it/s]")
+        sys.stdout.write(
+            f"\rLoading weights: {n * 100 // 41:3d}%|####      | {n}/41 [00:00<00:00, 400.00it/s]"
+        )
         sys.stdout.flush()
         time.sleep(0.05)
     sys.stdout.write("\n")
@@ -87,7 +91,9 @@ def main() -> None:
     ap.add_argument("--hang-at", type=int, default=0)
     ap.add_argument("--truth", type=Path)
     ap.add_argument("--bars", action="store_true")
-    ap.add_argument("--plain", action="store_true", help="no xl.log: the instrumentation's steps only")
+    ap.add_argument(
+        "--plain", action="store_true", help="no xl.log: the instrumentation's steps only"
+    )
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -139,7 +145,14 @@ def main() -> None:
         if not args.plain and (now - last_line >= 0.1 or step in (1, args.steps)):
             n = len(pending)
             means = {k: sum(p[k] for p in pending) / n for k in split}
-            xl.log(step=step, loss=loss.item(), samples=n * args.batch, steps=n, step_s=sum(means.values()), **means)
+            xl.log(
+                step=step,
+                loss=loss.item(),
+                samples=n * args.batch,
+                steps=n,
+                step_s=sum(means.values()),
+                **means,
+            )
             pending.clear()
             last_line = now
     if not args.plain:

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-async def until(pilot: Any, predicate: Callable[[], Any], what: str, timeout: float = 15.0, step: float = 0.05) -> None:
+async def until(
+    pilot: Any, predicate: Callable[[], Any], what: str, timeout: float = 15.0, step: float = 0.05
+) -> None:
     """Let the app run (workers and timers need event-loop turns; real processes need seconds)
     until ``predicate()`` holds; fail the test with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

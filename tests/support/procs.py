@@ -32,14 +32,21 @@ def xl_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def xl(args: Sequence[str], env: Mapping[str, str], *, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def xl(
+    args: Sequence[str], env: Mapping[str, str], *, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*XL, *args], env=dict(env), cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
 
 
 def wait_for(
-    predicate: Callable[[], T], *, timeout: float, what: str, interval: float = 0.05, explain: Callable[[], str] | None = None
+    predicate: Callable[[], T],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.05,
+    explain: Callable[[], str] | None = None,
 ) -> T:
     """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``
     (with what ``explain`` says of the state it was left in)."""
@@ -49,7 +56,10 @@ def wait_for(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f"\n{explain()}" if explain else ""))
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what}"
+                + (f"\n{explain()}" if explain else "")
+            )
         time.sleep(interval)
 
 
@@ -58,16 +68,28 @@ def describe_run(run_dir: Path) -> str:
     ranks, each file's size, the last events, the supervisor log's tail, and which of its
     processes live."""
     run = run_json(run_dir)
-    lines = [f"run.json: status={run.get('status')!r} supervisor={run.get('supervisor_pid')} torchrun={run.get('torchrun_pid')}"]
-    lines += [f"  rank {r.get('rank')}: pid={r.get('pid')} state={r.get('state')!r}" for r in run.get("ranks") or []]
+    lines = [
+        f"run.json: status={run.get('status')!r} supervisor={run.get('supervisor_pid')} "
+        f"torchrun={run.get('torchrun_pid')}"
+    ]
+    lines += [
+        f"  rank {r.get('rank')}: pid={r.get('pid')} state={r.get('state')!r}"
+        for r in run.get("ranks") or []
+    ]
     for path in sorted(p for p in run_dir.rglob("*") if p.is_file()):
         with contextlib.suppress(OSError):
             lines.append(f"  {path.relative_to(run_dir)}: {path.stat().st_size} bytes")
     for name, keep in (("events.jsonl", 15), ("supervisor.log", 30)):
         with contextlib.suppress(OSError):
-            lines += [f"{name}, the end:", *(run_dir / name).read_text(errors="replace").splitlines()[-keep:]]
+            lines += [
+                f"{name}, the end:",
+                *(run_dir / name).read_text(errors="replace").splitlines()[-keep:],
+            ]
     with contextlib.suppress(Exception):
-        lines += [f"live: {p.pid} {p.status()} {' '.join(p.cmdline())[:160]}" for p in run_processes(run_dir)]
+        lines += [
+            f"live: {p.pid} {p.status()} {' '.join(p.cmdline())[:160]}"
+            for p in run_processes(run_dir)
+        ]
     return "\n".join(lines)
 
 
@@ -88,7 +110,9 @@ def run_dirs(home: Path) -> list[Path]:
     """The run dirs under ``home``, sorted: folders only (``xl launch`` proves runs/ writable with a
     ``.probe-<pid>`` file it removes at once; a wait that took it for the run waited on nothing)."""
     try:
-        return sorted(p for p in (home / "runs").iterdir() if not p.name.startswith(".") and p.is_dir())
+        return sorted(
+            p for p in (home / "runs").iterdir() if not p.name.startswith(".") and p.is_dir()
+        )
     except OSError:
         return []
 
@@ -117,7 +141,9 @@ def wait_ranks_running(run_dir: Path, n: int, *, timeout: float = 60) -> dict[st
                 return None
         return run
 
-    return wait_for(ready, timeout=timeout, what=f"{n} ranks to start", explain=lambda: describe_run(run_dir))
+    return wait_for(
+        ready, timeout=timeout, what=f"{n} ranks to start", explain=lambda: describe_run(run_dir)
+    )
 
 
 def wait_final(run_dir: Path, *, timeout: float = 60) -> dict[str, Any]:
@@ -194,7 +220,9 @@ def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
     import socket  # noqa: PLC0415
 
     low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    spans = [(lo, hi - count) for lo, hi in ((10000, low - 1), (high + 1, 65535)) if hi - count > lo]
+    spans = [
+        (lo, hi - count) for lo, hi in ((10000, low - 1), (high + 1, 65535)) if hi - count > lo
+    ]
     if not spans:
         raise AssertionError(f"the ephemeral range {low}-{high} leaves no port outside it")
     for _ in range(200):

@@ -75,14 +75,18 @@ class Prometheus:
                 return result
             if time.monotonic() > deadline:
                 health = [(t.get("health"), t.get("lastError")) for t in self.targets()]
-                raise AssertionError(f"{expr!r} still gives {result!r} after {timeout}s; targets: {health}")
+                raise AssertionError(
+                    f"{expr!r} still gives {result!r} after {timeout}s; targets: {health}"
+                )
             time.sleep(0.25)
 
 
 @contextmanager
 def prometheus(tmp: Path, target: str, token_file: Path) -> Iterator[Prometheus]:
     binary = shutil.which("prometheus")
-    assert binary, "Debian's `prometheus` package is not installed (the README's test command installs it)"
+    assert binary, (
+        "Debian's `prometheus` package is not installed (the README's test command installs it)"
+    )
     tmp.mkdir(parents=True, exist_ok=True)
     config = tmp / "prometheus.yml"
     config.write_text(CONFIG.format(token_file=token_file, target=target))
@@ -105,7 +109,9 @@ def prometheus(tmp: Path, target: str, token_file: Path) -> Iterator[Prometheus]
                         break
             except OSError:
                 pass
-            assert time.monotonic() < deadline, f"prometheus not ready after 60 s: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, (
+                f"prometheus not ready after 60 s: {log.read_text()[-2000:]}"
+            )
             time.sleep(0.2)
         yield prom
     finally:
@@ -115,4 +121,7 @@ def prometheus(tmp: Path, target: str, token_file: Path) -> Iterator[Prometheus]
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-        assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE
+        assert (
+            not psutil.pid_exists(proc.pid)
+            or psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE
+        )

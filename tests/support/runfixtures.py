@@ -28,7 +28,8 @@ TRACEBACK = """Traceback (most recent call last):
     loss = model(batch).loss
   File "/home/ada/model.py", line 40, in forward
     h = self.proj(x)
-torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 1; 79.15 GiB total capacity)"""
+torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 1; 79.15 GiB \
+total capacity)"""
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -38,11 +39,16 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def _gpu(i: int) -> dict[str, Any]:
-    return {"index": i, "uuid": f"GPU-{i:08d}-0000-4000-8000-{i:012d}", "name": "NVIDIA A100-SXM4-80GB"}
+    return {
+        "index": i,
+        "uuid": f"GPU-{i:08d}-0000-4000-8000-{i:012d}",
+        "name": "NVIDIA A100-SXM4-80GB",
+    }
 
 
 def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None) -> Path:
-    """Write one run directory of ``kind`` (healthy|straggler|failed|wide|twonode) under ``root``."""
+    """Write one run directory of ``kind`` (healthy|straggler|failed|wide|twonode) under
+    ``root``."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}")
     world = {"wide": 64, "twonode": 8}.get(kind, 2)
@@ -53,7 +59,13 @@ def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None
     run_id = run_id or f"20260530-{kind}"
     run_dir = root / run_id
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    status = {"healthy": "succeeded", "straggler": "running", "failed": "failed", "wide": "running", "twonode": "running"}[kind]
+    status = {
+        "healthy": "succeeded",
+        "straggler": "running",
+        "failed": "failed",
+        "wide": "running",
+        "twonode": "running",
+    }[kind]
     end = t0 + steps + 2 if status in ("succeeded", "failed") else None
 
     metrics: list[dict[str, Any]] = []
@@ -64,7 +76,13 @@ def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None
     for r in range(world):
         node = r // per_node
         local = r % per_node
-        host = TWONODE_HOSTS[node] if kind == "twonode" else f"node{node}" if nodes > 1 else "localhost"
+        host = (
+            TWONODE_HOSTS[node]
+            if kind == "twonode"
+            else f"node{node}"
+            if nodes > 1
+            else "localhost"
+        )
         ranks.append(
             {
                 "rank": r,
@@ -75,7 +93,9 @@ def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None
                 "exit_code": None,
             }
         )
-        events.append({"t": t0 + 0.5, "kind": "rank_started", "rank": r, "message": f"rank {r} started"})
+        events.append(
+            {"t": t0 + 0.5, "kind": "rank_started", "rank": r, "message": f"rank {r} started"}
+        )
     slow_rank = {"straggler": 1, "twonode": 5}.get(kind)
     for r in range(world):
         # A straggler takes 1.6x as long per step; a 64-rank run spreads ranks a little.
@@ -109,10 +129,15 @@ def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None
                     }
                 )
         log_lines = [f"[rank {r}] loading data", f"[rank {r}] model has 124M parameters"]
-        log_lines += [f"[rank {r}] step {s} loss {2.5 * math.exp(-s / 40) + 0.3:.4f}" for s in range(10, last_step + 1, 10)]
+        log_lines += [
+            f"[rank {r}] step {s} loss {2.5 * math.exp(-s / 40) + 0.3:.4f}"
+            for s in range(10, last_step + 1, 10)
+        ]
         if kind == "failed" and r == 1:
             log_lines += TRACEBACK.splitlines()
-        (run_dir / "logs" / f"rank-{r}.log").write_text("\n".join(log_lines) + "\n", encoding="utf-8")
+        (run_dir / "logs" / f"rank-{r}.log").write_text(
+            "\n".join(log_lines) + "\n", encoding="utf-8"
+        )
     metrics.sort(key=lambda m: m["t"])
 
     if slow_rank is not None:
@@ -121,7 +146,8 @@ def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None
                 "t": t0 + 30,
                 "kind": "straggler",
                 "rank": slow_rank,
-                "message": f"rank {slow_rank} is 1.6x slower than the median (37% less GPU utilization)",
+                "message": f"rank {slow_rank} is 1.6x slower than the median (37% less GPU "
+                "utilization)",
             }
         )
     failure = None
@@ -130,16 +156,40 @@ def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None
         ranks[1]["exit_code"] = 1
         ranks[0]["exit_code"] = -15
         events += [
-            {"t": t0 + steps + 1, "kind": "rank_exited", "rank": 1, "message": "rank 1 exited with code 1", "exit_code": 1},
-            {"t": t0 + steps + 1.2, "kind": "failure", "rank": 1, "message": "rank 1 failed first: torch.OutOfMemoryError: CUDA out of memory", "exit_code": 1},
-            {"t": t0 + steps + 1.5, "kind": "rank_exited", "rank": 0, "message": "rank 0 was terminated (signal 15)", "exit_code": -15},
+            {
+                "t": t0 + steps + 1,
+                "kind": "rank_exited",
+                "rank": 1,
+                "message": "rank 1 exited with code 1",
+                "exit_code": 1,
+            },
+            {
+                "t": t0 + steps + 1.2,
+                "kind": "failure",
+                "rank": 1,
+                "message": "rank 1 failed first: torch.OutOfMemoryError: CUDA out of memory",
+                "exit_code": 1,
+            },
+            {
+                "t": t0 + steps + 1.5,
+                "kind": "rank_exited",
+                "rank": 0,
+                "message": "rank 0 was terminated (signal 15)",
+                "exit_code": -15,
+            },
             {"t": end, "kind": "run_ended", "rank": None, "message": "run failed"},
         ]
     if kind == "healthy":
         for r in ranks:
             r["exit_code"] = 0
         events += [
-            {"t": t0 + steps + 1.5, "kind": "rank_exited", "rank": r, "message": f"rank {r} exited with code 0", "exit_code": 0}
+            {
+                "t": t0 + steps + 1.5,
+                "kind": "rank_exited",
+                "rank": r,
+                "message": f"rank {r} exited with code 0",
+                "exit_code": 0,
+            }
             for r in range(world)
         ]
         events.append({"t": end, "kind": "run_ended", "rank": None, "message": "run succeeded"})
@@ -151,15 +201,29 @@ def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None
         devices = [_gpu(1), _gpu(0)]
     run = {
         "run_id": run_id,
-        "name": {"healthy": "bert-finetune", "straggler": "gpt2-ddp", "failed": "llama-oom", "wide": "wide-64", "twonode": "gpt2-2node"}[kind],
+        "name": {
+            "healthy": "bert-finetune",
+            "straggler": "gpt2-ddp",
+            "failed": "llama-oom",
+            "wide": "wide-64",
+            "twonode": "gpt2-2node",
+        }[kind],
         "status": status,
         "started_at": t0,
         "ended_at": end,
         "world_size": world,
         "nnodes": nodes,
         "nproc_per_node": per_node,
-        "spec": {"script": "train.py", "args": ["--epochs", "1"], "nproc": per_node, "nnodes": nodes},
-        "argv": [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={per_node}", "train.py"],
+        "spec": {
+            "script": "train.py",
+            "args": ["--epochs", "1"],
+            "nproc": per_node,
+            "nnodes": nodes,
+        },
+        "argv": [
+            sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={per_node}",
+            "train.py",
+        ],
         "devices": devices,
         "supervisor_pid": None,
         "ranks": ranks,
@@ -177,7 +241,17 @@ def append_live(run_dir: Path, *, ranks: int, step: int, t: float | None = None)
     for r in range(ranks):
         loss = 2.5 * math.exp(-step / 400) + 0.3 + 0.01 * math.sin(step + r)
         rows.append(
-            json.dumps({"t": now, "rank": r, "kind": "train", "step": step, "total_steps": 100_000, "loss": loss, "samples_per_s": 30.0 + (r % 5)})
+            json.dumps(
+                {
+                    "t": now,
+                    "rank": r,
+                    "kind": "train",
+                    "step": step,
+                    "total_steps": 100_000,
+                    "loss": loss,
+                    "samples_per_s": 30.0 + (r % 5),
+                }
+            )
         )
     data = "\n".join(rows) + "\n"
     with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
@@ -189,7 +263,10 @@ def append_live(run_dir: Path, *, ranks: int, step: int, t: float | None = None)
 # Per rank: (step_s, data_s, compute_s, comm_s, other_s, mem_mib). Rank 1 waits for data; rank 0
 # waits in communication for it: the straggler run seen with the step split (xl.figures).
 SPLIT = {0: (0.35, 0.02, 0.2, 0.12, 0.01, 5120.0), 1: (0.35, 0.21, 0.12, 0.01, 0.01, 5220.0)}
-STRAGGLER_DATA = "rank 1 is the straggler: 210 ms of its 350 ms step waiting for data; the other rank waits ~120 ms in communication for it"
+STRAGGLER_DATA = (
+    "rank 1 is the straggler: 210 ms of its 350 ms step waiting for data; the other rank waits "
+    "~120 ms in communication for it"
+)
 
 
 def add_step_split(run_dir: Path, *, t0: float = T0) -> Path:
@@ -199,16 +276,48 @@ def add_step_split(run_dir: Path, *, t0: float = T0) -> Path:
     for i in range(10):
         t = t0 + 120 + i
         for r, (step_s, data_s, compute_s, comm_s, other_s, mem) in SPLIT.items():
-            rows.append({"t": t + 0.5 * r, "rank": r, "kind": "train", "step": 90 + i, "total_steps": 100, "loss": 0.5 + r / 50,
-                         "samples_per_s": 30.0 - 10 * r, "step_s": step_s, "data_s": data_s, "compute_s": compute_s,
-                         "comm_s": comm_s, "other_s": other_s})
-            rows.append({"t": t + 0.2, "rank": r, "kind": "sys", "gpu_util": 90, "gpu_mem_used_mib": 40000,
-                         "gpu_mem_total_mib": 81920, "rss_mib": 3000, "mem_mib": mem})
+            rows.append(
+                {
+                    "t": t + 0.5 * r,
+                    "rank": r,
+                    "kind": "train",
+                    "step": 90 + i,
+                    "total_steps": 100,
+                    "loss": 0.5 + r / 50,
+                    "samples_per_s": 30.0 - 10 * r,
+                    "step_s": step_s,
+                    "data_s": data_s,
+                    "compute_s": compute_s,
+                    "comm_s": comm_s,
+                    "other_s": other_s,
+                }
+            )
+            rows.append(
+                {
+                    "t": t + 0.2,
+                    "rank": r,
+                    "kind": "sys",
+                    "gpu_util": 90,
+                    "gpu_mem_used_mib": 40000,
+                    "gpu_mem_total_mib": 81920,
+                    "rss_mib": 3000,
+                    "mem_mib": mem,
+                }
+            )
     with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as fh:
         fh.write("".join(json.dumps(row) + "\n" for row in rows))
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
     events = [e for e in events if e.get("kind") != "straggler"]
-    events.append({"t": t0 + 125, "kind": "straggler", "rank": 1, "phase": "data", "method": "step_phase", "message": STRAGGLER_DATA})
+    events.append(
+        {
+            "t": t0 + 125,
+            "kind": "straggler",
+            "rank": 1,
+            "phase": "data",
+            "method": "step_phase",
+            "message": STRAGGLER_DATA,
+        }
+    )
     _write_jsonl(run_dir / "events.jsonl", events)
     return run_dir
 

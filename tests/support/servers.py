@@ -53,16 +53,23 @@ def first_line(proc: subprocess.Popen[str], timeout: float) -> str:
     while time.monotonic() < deadline:
         if sel.select(timeout=0.2):
             line = proc.stdout.readline()
-            assert line, f"the command printed nothing and exited {proc.poll()}: {proc.stderr.read() if proc.stderr else ''}"
+            assert line, (
+                f"the command printed nothing and exited {proc.poll()}: "
+                f"{proc.stderr.read() if proc.stderr else ''}"
+            )
             return line.rstrip("\n")
-        assert proc.poll() is None, f"the command exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}"
+        assert proc.poll() is None, (
+            f"the command exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}"
+        )
     raise AssertionError(f"no line on stdout after {timeout}s")
 
 
 @contextmanager
 def served(args: Sequence[str], env: Mapping[str, str], *, timeout: float = 60) -> Iterator[Served]:
     """`xl ARGS` running until the block ends; then SIGTERM, and nothing of it may be left."""
-    proc = subprocess.Popen([*XL, *args], env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*XL, *args], env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     family: list[psutil.Process] = []
     left: list[psutil.Process] = []
     code: int | None = None

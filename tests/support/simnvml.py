@@ -1,16 +1,18 @@
 """Simulated NVIDIA driver for tests and demos: builds simnvml.c and writes its configuration.
 
 The real nvidia-ml-py loads the built ``libnvidia-ml.so.1`` through ``LD_LIBRARY_PATH``, so every
-layer above it (pynvml, xl.gpu.nvml, nvitop) runs its real code paths against GPUs that do not exist.
+layer above it (pynvml, xl.gpu.nvml, nvitop) runs its real code paths against GPUs that do not
+exist.
 
 In tests use the ``simnvml`` fixture (tests/conftest.py)::
 
-    sim = simnvml(gpus=8)                                   # 8 x A100 80GB
-    sim = simnvml(gpus=[SimGPU(model="H100"), SimGPU(model="A100")], init_error="driver_not_loaded")
+    sim = simnvml(gpus=8)                         # 8 x A100 80GB
+    sim = simnvml(gpus=[SimGPU(model="H100"), SimGPU(model="A100")],
+                  init_error="driver_not_loaded")
     subprocess.run([...], env={**os.environ, **sim.env}, timeout=30)
-    sim.update(0, util_gpu=90)                              # live: processes see it at their next call
+    sim.update(0, util_gpu=90)                    # live: processes see it at their next call
     sim.add_process(0, pid, used_mib=1024)
-    with sim.in_process():                                  # pynvml in this interpreter uses it
+    with sim.in_process():                        # pynvml in this interpreter uses it
         inv = xl.gpu.nvml.inventory()
 
 By hand (the README shows this)::
@@ -45,7 +47,8 @@ MIB = 1024 * 1024
 INIT_ERRORS: dict[str, int] = {
     "no_permission": 4,
     "driver_not_loaded": 9,
-    "library_not_found": 12,  # what pynvml raises itself when dlopen fails; here: the driver says so
+    # what pynvml raises itself when dlopen fails; here: the driver says so
+    "library_not_found": 12,
     "gpu_is_lost": 15,
     "version_mismatch": 18,  # NVML_ERROR_LIB_RM_VERSION_MISMATCH
     "unknown": 999,
@@ -426,7 +429,8 @@ class SimNVML:
 
     @contextlib.contextmanager
     def in_process(self) -> Iterator[None]:
-        """Point this interpreter's pynvml (and xl.gpu.nvml) at this simulated driver for a while."""
+        """Point this interpreter's pynvml (and xl.gpu.nvml) at this simulated driver for a
+        while."""
         import pynvml  # noqa: PLC0415 - tests that build only the library never load it
 
         from xl.gpu import nvml  # noqa: PLC0415 - as above

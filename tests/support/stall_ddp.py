@@ -1,4 +1,5 @@
-"""A small DDP run on gloo CPU ranks in which one rank stalls for a known time (the accounting tests).
+"""A small DDP run on gloo CPU ranks in which one rank stalls for a known time (the accounting
+tests).
 
     stall_ddp.py --steps 40 [--stall-rank 1 --stall-at 10 --stall-s 8] [--lr 0.1]
 

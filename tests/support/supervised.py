@@ -10,7 +10,8 @@ from pathlib import Path
 
 from procs import XL
 
-GRACE = 1.0  # XL_STOP_GRACE in procs.xl_env: every process of a stopped run is gone GRACE + 2 s later
+# XL_STOP_GRACE in procs.xl_env: every process of a stopped run is gone GRACE + 2 s later
+GRACE = 1.0
 
 
 def write_script(tmp_path: Path, name: str, body: str) -> Path:
@@ -22,5 +23,10 @@ def write_script(tmp_path: Path, name: str, body: str) -> Path:
 def popen_launch(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
     # stdout is a pipe, not a terminal: the plain line view.
     return subprocess.Popen(
-        [*XL, "launch", "--no-tui", *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*XL, "launch", "--no-tui", *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )

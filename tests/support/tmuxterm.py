@@ -1,4 +1,5 @@
-"""A real terminal for tests: a private tmux server, a command in a pane, keys in, the screen out."""
+"""A real terminal for tests: a private tmux server, a command in a pane, keys in, the screen
+out."""
 
 from __future__ import annotations
 
@@ -23,10 +24,15 @@ class Tmux:
         # COLUMNS/LINES left in this process's C environment (a Textual test run puts them
         # there), which would pin the app's size whatever the pane's.
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-        proc = subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=20, env=env)
+        proc = subprocess.run(
+            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=20, env=env
+        )
         return proc.stdout
 
-    def start(self, name: str, command: Sequence[str], env: Mapping[str, str], size: tuple[int, int] = (120, 40)) -> None:
+    def start(
+        self, name: str, command: Sequence[str], env: Mapping[str, str],
+        size: tuple[int, int] = (120, 40),
+    ) -> None:
         shell = " ".join(quote(a) for a in command)
         exports = " ".join(f"{k}={quote(v)}" for k, v in env.items())
         # The trailing sleep keeps the pane readable after the app exits (its exit message and
@@ -53,7 +59,12 @@ def quote(s: str) -> str:
     return "'" + s.replace("'", "'\\''") + "'"
 
 
-def wait_for(predicate: Callable[[], T], what: str, timeout: float = 90.0, screen: Callable[[], str] | None = None) -> T:
+def wait_for(
+    predicate: Callable[[], T],
+    what: str,
+    timeout: float = 90.0,
+    screen: Callable[[], str] | None = None,
+) -> T:
     """Poll ``predicate`` until it holds; on timeout the failure shows ``screen()`` when given."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

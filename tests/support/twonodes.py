@@ -34,7 +34,8 @@ fail = os.environ.get("MN_FAIL") == "1"  # set on one xl node: its rank fails
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 assert total.item() == world * (world + 1) / 2, total
-print(f"rank {rank} of {dist.get_world_size()} node {os.environ['GROUP_RANK']}: all_reduce sum {total.item():g}", flush=True)
+print(f"rank {rank} of {dist.get_world_size()} node {os.environ['GROUP_RANK']}: "
+      f"all_reduce sum {total.item():g}", flush=True)
 pause = float(os.environ.get("MN_PAUSE", "0.05" if mode == "loop" else "0"))
 for step in range(int(os.environ.get("MN_STEPS", "1000" if mode == "loop" else "3"))):
     if fail and mode == "mid" and step == 1:
@@ -60,7 +61,10 @@ TOKEN = "test-token-0123456789abcdef"
 
 def node_argv(node: int, rdzv: str, nproc: int = 1) -> list[str]:
     """`xl launch` of xl node ``node`` of 2, running SCRIPT (written as mn.py in its cwd)."""
-    return [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv, "--nproc", str(nproc), "mn.py"]
+    return [
+        *XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv,
+        "--nproc", str(nproc), "mn.py",
+    ]
 
 
 def start_nodes(
@@ -80,7 +84,14 @@ def start_nodes(
         argv = node_argv(node, rdzv, nprocs[node])
         env = xl_env(home, XL_TOKEN=TOKEN, **extra, **per_node[node])
         procs.append(
-            subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            subprocess.Popen(
+                argv,
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         )
     return procs
 
@@ -153,8 +164,16 @@ def assert_layout(run0: Path, run1: Path, counts: dict[int, int]) -> dict[int, i
     nodes = {r["rank"]: r["node_rank"] for r in ranks}
     assert sorted(nodes) == list(range(sum(counts.values()))) and len(ranks) == len(nodes), ranks
     for node, count in counts.items():
-        block = [r["rank"] for r in sorted((r for r in ranks if r["node_rank"] == node), key=lambda r: r["local_rank"])]
-        assert len(block) == count and block == list(range(block[0], block[0] + count)), (node, ranks)
+        block = [
+            r["rank"]
+            for r in sorted(
+                (r for r in ranks if r["node_rank"] == node), key=lambda r: r["local_rank"]
+            )
+        ]
+        assert len(block) == count and block == list(range(block[0], block[0] + count)), (
+            node,
+            ranks,
+        )
     assert own_ranks(run0) == [r for r, n in sorted(nodes.items()) if n == 0]
     assert own_ranks(run1) == [r for r, n in sorted(nodes.items()) if n == 1]
     return nodes
@@ -164,7 +183,9 @@ def assert_one_view(run0: Path, run1: Path, counts: dict[int, int]) -> None:
     """Node 0's run dir holds every rank of a run that trained 3 steps, with its xl node."""
     nodes = assert_layout(run0, run1, counts)
     run = run_json(run0)
-    assert all(r["node"] == socket.gethostname() and r["exit_code"] == 0 for r in run["ranks"]), run["ranks"]
+    assert all(r["node"] == socket.gethostname() and r["exit_code"] == 0 for r in run["ranks"]), (
+        run["ranks"]
+    )
     for rank in nodes:
         log = (run0 / "logs" / f"rank-{rank}.log").read_text()
         assert f"rank {rank} of {len(nodes)}" in log and "done" in log, log
@@ -172,9 +193,16 @@ def assert_one_view(run0: Path, run1: Path, counts: dict[int, int]) -> None:
         assert steps == [0, 1, 2], (rank, steps)
     events = run_events(run0)
     for rank, node in nodes.items():
-        assert any(e["kind"] == "rank_started" and e["rank"] == rank and e.get("node_rank", 0) == node for e in events)
-        assert any(e["kind"] == "rank_exited" and e["rank"] == rank and e["exit_code"] == 0 for e in events)
-    assert events[0]["kind"] == "run_started" and events[-1]["kind"] == "run_ended", [e["kind"] for e in events]
+        assert any(
+            e["kind"] == "rank_started" and e["rank"] == rank and e.get("node_rank", 0) == node
+            for e in events
+        )
+        assert any(
+            e["kind"] == "rank_exited" and e["rank"] == rank and e["exit_code"] == 0 for e in events
+        )
+    assert events[0]["kind"] == "run_started" and events[-1]["kind"] == "run_ended", [
+        e["kind"] for e in events
+    ]
     assert any(e["kind"] == "node_ended" and e["node_rank"] == 1 for e in events)
 
 

@@ -26,7 +26,8 @@ SKIP = {"xl.examples"}
 
 
 def link_tree(dest: Path) -> dict[str, str]:
-    """``dest/xl`` shaped like the installed package; returns {path in the tree: path in the repo}."""
+    """``dest/xl`` shaped like the installed package; returns {path in the tree: path in the
+    repo}."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     package_dir: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
     top = dest / "xl"
@@ -60,7 +61,9 @@ def main() -> int:
         finally:
             os.chdir(cwd)
     # Longest prefix first: xl/doctor/ before xl/.
-    pattern = re.compile("^(" + "|".join(re.escape(k) for k in sorted(back, key=len, reverse=True)) + ")", re.M)
+    pattern = re.compile(
+        "^(" + "|".join(re.escape(k) for k in sorted(back, key=len, reverse=True)) + ")", re.M
+    )
     sys.stdout.write(pattern.sub(lambda m: back[m.group(1)], out))
     sys.stderr.write(err)
     return code
