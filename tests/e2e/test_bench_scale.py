@@ -23,13 +23,21 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "bench_scale.py"
-KEYS = ("ranks", "nodes", "node0_cpu_cores", "node0_rss_mib", "wire_bytes_per_rank_s", "monitor_refresh_s",
-        "monitor_cpu_cores", "stall_threshold_s", "hang_named_after_s", "scrape_s")
+KEYS = (
+    "ranks", "nodes", "node0_cpu_cores", "node0_rss_mib", "wire_bytes_per_rank_s",
+    "monitor_refresh_s", "monitor_cpu_cores", "stall_threshold_s", "hang_named_after_s", "scrape_s",
+)
 
 
 def _bench(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XL_")}
-    return subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, str(BENCH), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def _left(tag: str) -> list[str]:
@@ -44,17 +52,31 @@ def _left(tag: str) -> list[str]:
 
 
 def _run(*extra: str) -> dict[str, Any]:
-    done = _bench("--ranks", "32", "--ranks-per-node", "8", "--json", "--seconds", "5", "--warmup", "3", "--stall-s", "6", *extra)
+    done = _bench(
+        "--ranks", "32", "--ranks-per-node", "8", "--json", "--seconds", "5", "--warmup", "3",
+        "--stall-s", "6", *extra,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     for key in KEYS:
-        assert isinstance(result.get(key), (int, float)) and math.isfinite(result[key]), (key, result)
+        assert isinstance(result.get(key), (int, float)) and math.isfinite(result[key]), (
+            key,
+            result,
+        )
     assert (result["ranks"], result["nodes"]) == (32, 4)
     # Node 0 held every rank: 8 of its own, 24 of 3 simulated nodes, in run.json and in its metrics.
     assert result["run_json_ranks"] == 32 and result["ranks_logging"] == 32, result
     assert result["collector_rejects"] == {}, result
-    assert result["node0_cpu_cores"] > 0 and result["node0_rss_mib"] > 0 and result["wire_bytes_per_rank_s"] > 0
-    assert result["monitor_refreshes"] >= 1 and result["monitor_rows"] == 32 and result["monitor_cpu_cores"] > 0
+    assert (
+        result["node0_cpu_cores"] > 0
+        and result["node0_rss_mib"] > 0
+        and result["wire_bytes_per_rank_s"] > 0
+    )
+    assert (
+        result["monitor_refreshes"] >= 1
+        and result["monitor_rows"] == 32
+        and result["monitor_cpu_cores"] > 0
+    )
     assert result["scrape_s"] > 0 and result["scrape_kib"] > 0
     # The stopped rank is on the last node, and cannot be named before its threshold.
     assert result["stall_threshold_s"] == 6 and result["culprit"] // 8 == 3
@@ -70,7 +92,11 @@ def test_a_synchronous_hang_is_named_with_the_rank_that_stopped() -> None:
     waits on it."""
     result = _run()
     assert result["hang_named_by"] == "hang", result
-    assert result["victims_told"] == 31 and result["false_alarms"] == [] and result["false_alarm_count"] == 0, result
+    assert (
+        result["victims_told"] == 31
+        and result["false_alarms"] == []
+        and result["false_alarm_count"] == 0
+    ), result
 
 
 def test_one_rank_stalled_while_the_others_go_on_is_named_and_no_other() -> None:
@@ -90,4 +116,8 @@ def test_one_rank_stalled_while_the_others_go_on_is_named_and_no_other() -> None
 def test_bad_arguments_are_one_line_and_exit_2(args: list[str], says: str) -> None:
     done = _bench(*args, timeout=60)
     assert done.returncode == 2
-    assert says in done.stderr and len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert (
+        says in done.stderr
+        and len(done.stderr.strip().splitlines()) == 1
+        and "Traceback" not in done.stderr
+    )

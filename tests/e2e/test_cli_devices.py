@@ -62,7 +62,12 @@ def test_hiding_every_gpu_is_a_warning_in_both(work: Path, simnvml, hide: str) -
 
 
 def test_a_wrong_index_fails_both_with_the_same_fix(work: Path, simnvml) -> None:
-    env = xl_env(work / "home", CUDA_VISIBLE_DEVICES="0,9", CUDA_DEVICE_ORDER="PCI_BUS_ID", **simnvml(gpus=2).env)
+    env = xl_env(
+        work / "home",
+        CUDA_VISIBLE_DEVICES="0,9",
+        CUDA_DEVICE_ORDER="PCI_BUS_ID",
+        **simnvml(gpus=2).env,
+    )
     doctor = _doctor_verdict(env, work)
     assert doctor["status"] == "fail"
     proc = _launch([], env, work)

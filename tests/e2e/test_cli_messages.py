@@ -30,13 +30,19 @@ def work(tmp_path: Path) -> Path:
 
 def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, (
+        proc.returncode,
+        proc.stderr,
+    )
     return lines[0]
 
 
 def test_a_mistyped_command_gets_did_you_mean(work: Path) -> None:
     env = xl_env(work / "home")
-    assert _one_line(xl(["lauch", "train.py"], env)) == "xl: unknown command 'lauch'; did you mean launch? (see 'xl --help')"
+    assert (
+        _one_line(xl(["lauch", "train.py"], env))
+        == "xl: unknown command 'lauch'; did you mean launch? (see 'xl --help')"
+    )
     far = _one_line(xl(["frobnicate"], env))
     assert "did you mean" not in far and "(commands: doctor, gpus" in far
 
@@ -45,7 +51,11 @@ def test_a_mistyped_command_gets_did_you_mean(work: Path) -> None:
 def test_python_before_the_script_is_to_be_dropped(work: Path, python: str) -> None:
     env = xl_env(work / "home")
     line = _one_line(xl(["launch", "--dry-run", python, "train.py", "--lr", "1"], env, cwd=work))
-    assert line == f"xl launch: xl launch runs the script with Python itself: drop '{python}' (xl launch train.py --lr 1)"
+    assert (
+        line
+        == f"xl launch: xl launch runs the script with Python itself: drop '{python}' (xl launch "
+        "train.py --lr 1)"
+    )
     line = _one_line(xl(["sbatch", python, "-m", "pkg.train"], env, cwd=work))
     assert f"drop '{python}' (xl sbatch -m pkg.train)" in line
     # A script that merely starts with "python" runs.
@@ -69,15 +79,21 @@ def test_torchruns_nproc_words_and_nnodes_range_are_taken(work: Path, simnvml) -
     assert _nproc(_dry(work, "--nproc-per-node", "auto")["argv"]) == str(cpu_cores())
     assert _nproc(_dry(work, "--nproc-per-node", "2", "--nnodes", "1:1")["argv"]) == "2"
     env = xl_env(work / "home")
-    assert "--nproc-per-node gpu: no GPU is chosen here" in _one_line(xl(["launch", "--dry-run", "--nproc-per-node", "gpu", "train.py"], env, cwd=work))
-    assert "give a number of processes, or auto, cpu or gpu" in _one_line(xl(["launch", "--dry-run", "--nproc", "many", "train.py"], env, cwd=work))
+    assert "--nproc-per-node gpu: no GPU is chosen here" in _one_line(
+        xl(["launch", "--dry-run", "--nproc-per-node", "gpu", "train.py"], env, cwd=work)
+    )
+    assert "give a number of processes, or auto, cpu or gpu" in _one_line(
+        xl(["launch", "--dry-run", "--nproc", "many", "train.py"], env, cwd=work)
+    )
     line = _one_line(xl(["launch", "--dry-run", "--nnodes", "1:2", "train.py"], env, cwd=work))
     assert "xl runs a fixed number of nodes" in line and "give --nnodes 2" in line
     # With GPUs (the simulated driver): gpu and auto are one rank per chosen GPU.
     sim = simnvml(gpus=3)
     env = {**xl_env(work / "home"), **sim.env}
     for word in ("gpu", "auto"):
-        done = xl(["launch", "--dry-run", "--json", "--nproc-per-node", word, "train.py"], env, cwd=work)
+        done = xl(
+            ["launch", "--dry-run", "--json", "--nproc-per-node", word, "train.py"], env, cwd=work
+        )
         assert done.returncode == 0 and _nproc(json.loads(done.stdout)["argv"]) == "3", done.stderr
 
 
@@ -93,19 +109,27 @@ def test_gpus_auto_is_every_free_gpu(work: Path, simnvml, simnvml_gpu) -> None:
     sim = simnvml(gpus=[busy, busy])
     env = {**xl_env(work / "home"), **sim.env}
     line = _one_line(xl(["launch", "--dry-run", "--gpus", "auto", "train.py"], env, cwd=work))
-    assert line.startswith("xl launch: --gpus auto: no free GPU here (GPU 0 is 90% busy") and "--gpus all" in line
-    assert xl(["launch", "--dry-run", "--gpus", "all", "train.py"], env, cwd=work).returncode == 0  # what it suggests works
+    assert (
+        line.startswith("xl launch: --gpus auto: no free GPU here (GPU 0 is 90% busy")
+        and "--gpus all" in line
+    )
+    # what it suggests works
+    assert xl(["launch", "--dry-run", "--gpus", "all", "train.py"], env, cwd=work).returncode == 0
 
 
 def test_sbatch_says_what_it_does_not_take_and_when_it_asks_for_no_gpu(work: Path) -> None:
     env = xl_env(work / "home")
     line = _one_line(xl(["sbatch", "--detach", "train.py"], env, cwd=work))
     assert "--sbatch" not in line and "a batch job runs detached already" in line
-    assert "Slurm gives each node its rank" in _one_line(xl(["sbatch", "--node-rank", "1", "train.py"], env, cwd=work))
+    assert "Slurm gives each node its rank" in _one_line(
+        xl(["sbatch", "--node-rank", "1", "train.py"], env, cwd=work)
+    )
     bare = xl(["sbatch", "--nodes", "2", "train.py"], env, cwd=work)
     assert bare.returncode == 0 and "#SBATCH" in bare.stdout
     assert "warning: no --gpus-per-node: the job requests no GPUs" in bare.stderr
-    gpus = xl(["sbatch", "--nodes", "2", "--gpus-per-node", "4", "-c", "16", "train.py"], env, cwd=work)
+    gpus = xl(
+        ["sbatch", "--nodes", "2", "--gpus-per-node", "4", "-c", "16", "train.py"], env, cwd=work
+    )
     assert gpus.returncode == 0 and "no --gpus-per-node" not in gpus.stderr
     gres = xl(["sbatch", "--sbatch=--gres=gpu:4", "train.py"], env, cwd=work)
     assert gres.returncode == 0 and "no --gpus-per-node" not in gres.stderr
@@ -125,7 +149,11 @@ def test_runs_json_order_is_what_its_help_says_and_one_rank_reads_one_rank(work:
     text = xl(["runs"], env).stdout.splitlines()
     assert text[1].split()[1] == "second" and text[2].split()[1] == "first"  # newest first
     run_dir = run_dirs(work / "home")[-1]
-    started = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines() if '"run_started"' in x]
+    started = [
+        json.loads(x)
+        for x in (run_dir / "events.jsonl").read_text().splitlines()
+        if '"run_started"' in x
+    ]
     assert started[0]["message"] == "starting 1 rank on CPU"
     wait_no_processes(run_dir, timeout=10)
 

@@ -46,7 +46,9 @@ def test_demo_refuses_seconds_that_cannot_train(work: Path, seconds: str) -> Non
 
 
 def test_a_near_miss_option_gets_did_you_mean(work: Path) -> None:
-    line = _one_line_exit_2(xl(["launch", "--gpu", "2", "train.py"], xl_env(work / "home"), cwd=work))
+    line = _one_line_exit_2(
+        xl(["launch", "--gpu", "2", "train.py"], xl_env(work / "home"), cwd=work)
+    )
     assert "unknown option --gpu" in line and "did you mean --gpus?" in line
 
 
@@ -63,7 +65,10 @@ def test_torchrun_spellings_mean_what_they_mean_to_torchrun(work: Path) -> None:
         ["--nproc-per-node", "2", "--rdzv-endpoint", "127.0.0.1:29555", "--max-restarts", "0"],
     ):
         assert _dry_run(work, *spelling, "train.py") == ours, spelling
-    standalone = _dry_run(work, "--standalone", "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2", "train.py")
+    standalone = _dry_run(
+        work, "--standalone", "--nnodes", "1", "--node-rank", "0", "--nproc-per-node", "2",
+        "train.py",
+    )
     assert standalone == _dry_run(work, "--nproc", "2", "train.py")
 
 
@@ -76,7 +81,9 @@ def test_torchrun_spellings_mean_what_they_mean_to_torchrun(work: Path) -> None:
         (["--no-python"], "Python script"),
     ],
 )
-def test_torchrun_options_xl_does_not_take_say_so(work: Path, option: list[str], words: str) -> None:
+def test_torchrun_options_xl_does_not_take_say_so(
+    work: Path, option: list[str], words: str
+) -> None:
     line = _one_line_exit_2(xl(["launch", *option, "train.py"], xl_env(work / "home"), cwd=work))
     assert f"torchrun's {option[0]} is not taken here" in line and words in line
 
@@ -98,7 +105,13 @@ def test_python_runs_the_ranks_under_another_interpreter(work: Path, tmp_path: P
     shim, mine = out["env"]["PYTHONPATH"].split(":")  # type: ignore[index]
     assert shim.startswith(str(work / "home" / "pyshim")) and mine == "/mine"
     assert not (work / "home" / "pyshim").exists()
-    line = _one_line_exit_2(xl(["launch", "--python", str(tmp_path / "nope"), "train.py"], xl_env(work / "home"), cwd=work))
+    line = _one_line_exit_2(
+        xl(
+            ["launch", "--python", str(tmp_path / "nope"), "train.py"],
+            xl_env(work / "home"),
+            cwd=work,
+        )
+    )
     assert "--python" in line and "nope" in line
 
 
@@ -107,9 +120,13 @@ def test_sbatch_help_lists_only_what_it_takes(work: Path) -> None:
     assert proc.returncode == 0
     listed = set(re.findall(r"^\s+(-[-\w]+)", proc.stdout, re.MULTILINE))
     listed |= set(re.findall(r"^\s+-\w+(?: \w+)?, (--[-\w]+)", proc.stdout, re.MULTILINE))
-    assert not listed & {"--detach", "--dry-run", "--json", "--slurm", "--nnodes", "--node-rank"}, listed
+    assert not listed & {"--detach", "--dry-run", "--json", "--slurm", "--nnodes", "--node-rank"}, (
+        listed
+    )
     assert {"--nodes", "--cpus-per-task", "--gpus", "--nproc", "--python"} <= listed, listed
-    line = _one_line_exit_2(xl(["sbatch", "--nnodes", "2", "train.py"], xl_env(work / "home"), cwd=work))
+    line = _one_line_exit_2(
+        xl(["sbatch", "--nnodes", "2", "train.py"], xl_env(work / "home"), cwd=work)
+    )
     assert "did you mean --nodes?" in line
 
 
@@ -129,10 +146,19 @@ def test_sbatch_refuses_scripts_that_cannot_work(work: Path, args: list[str], wo
 
 def test_sbatch_warns_about_gpus_per_node_without_cpus(work: Path) -> None:
     env = xl_env(work / "home")
-    bare = xl(["sbatch", "-N", "2", "--gpus-per-node", "8", "--time", "1-12:00:00", "--mem", "200G", "train.py"], env, cwd=work)
+    bare = xl(
+        [
+            "sbatch", "-N", "2", "--gpus-per-node", "8", "--time", "1-12:00:00", "--mem", "200G",
+            "train.py",
+        ],
+        env,
+        cwd=work,
+    )
     assert bare.returncode == 0 and "#SBATCH --gpus-per-node=8" in bare.stdout
     assert "without -c/--cpus-per-task" in bare.stderr and "-c 64" in bare.stderr
-    with_c = xl(["sbatch", "-N", "2", "--gpus-per-node", "8", "-c", "64", "train.py"], env, cwd=work)
+    with_c = xl(
+        ["sbatch", "-N", "2", "--gpus-per-node", "8", "-c", "64", "train.py"], env, cwd=work
+    )
     assert with_c.returncode == 0 and with_c.stderr == ""
 
 
@@ -141,12 +167,28 @@ def test_unknown_accelerate_gpu_ids_are_blamed_on_the_config(work: Path, simnvml
     config = work / "acc.yaml"
     config.write_text("num_processes: 2\ngpu_ids: 0,7\nmixed_precision: 'no'\n")
     env = xl_env(work / "home", **sim.env)
-    line = _one_line_exit_2(xl(["launch", "--dry-run", "--accelerate-config", str(config), "train.py"], env, cwd=work))
+    line = _one_line_exit_2(
+        xl(["launch", "--dry-run", "--accelerate-config", str(config), "train.py"], env, cwd=work)
+    )
     assert "gpu_ids in the Accelerate config" in line and "in --gpus" not in line
     # --gpus given beside it wins, and is what an error would name.
-    assert xl(["launch", "--dry-run", "--accelerate-config", str(config), "--gpus", "1,0", "train.py"], env, cwd=work).returncode == 0
+    assert (
+        xl(
+            [
+                "launch", "--dry-run", "--accelerate-config", str(config), "--gpus", "1,0",
+                "train.py",
+            ],
+            env,
+            cwd=work,
+        ).returncode
+        == 0
+    )
     assert "in --gpus" in _one_line_exit_2(
-        xl(["launch", "--dry-run", "--accelerate-config", str(config), "--gpus", "9", "train.py"], env, cwd=work)
+        xl(
+            ["launch", "--dry-run", "--accelerate-config", str(config), "--gpus", "9", "train.py"],
+            env,
+            cwd=work,
+        )
     )
 
 
@@ -154,17 +196,32 @@ def test_ranks_run_under_another_environment_without_xl(work: Path, tmp_path: Pa
     """--python PY: torchrun and every rank run under PY (an environment with torch and no xl);
     the rank code xl needs, and xl.log, reach it on PYTHONPATH."""
     other = tmp_path / "other"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(other)], check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(other)], check=True, timeout=60
+    )
     site = next(other.glob("lib/python*/site-packages"))
     # torch (and what it needs) from this environment's site-packages, without its .pth hooks:
     # no editable-install finder, so PY has no `import xl` of its own.
     (site / "torch.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     py = other / "bin" / "python"
-    alone = subprocess.run([str(py), "-c", "import torch, xl"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    alone = subprocess.run(
+        [str(py), "-c", "import torch, xl"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "No module named 'xl'" in alone.stderr
-    (work / "logs.py").write_text("import os, sys, xl\nxl.log(step=1, loss=0.25)\nprint('exe', sys.executable)\n")
+    (work / "logs.py").write_text(
+        "import os, sys, xl\nxl.log(step=1, loss=0.25)\nprint('exe', sys.executable)\n"
+    )
     home = work / "home"
-    proc = xl(["launch", "--no-tui", "--nproc", "2", "--python", str(py), "logs.py"], xl_env(home), cwd=work, timeout=120)
+    proc = xl(
+        ["launch", "--no-tui", "--nproc", "2", "--python", str(py), "logs.py"],
+        xl_env(home),
+        cwd=work,
+        timeout=120,
+    )
     run_dir = only_run(home)
     try:
         assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr
@@ -172,7 +229,11 @@ def test_ranks_run_under_another_environment_without_xl(work: Path, tmp_path: Pa
         assert run["argv"][0] == str(py) and run["spec"]["python"] == str(py)
         for rank in (0, 1):
             assert f"exe {py}" in (run_dir / "logs" / f"rank-{rank}.log").read_text()
-        train = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if '"train"' in ln]
+        train = [
+            json.loads(ln)
+            for ln in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if '"train"' in ln
+        ]
         assert sorted(m["rank"] for m in train if m.get("loss") == 0.25) == [0, 1]
         wait_no_processes(run_dir, timeout=3)
         assert not [p for p in psutil.process_iter(["exe"]) if p.info["exe"] == str(py)]

@@ -27,20 +27,31 @@ STALL_S = 8.0
 # run.json's time: total_s, these parts (summing to it), and phases where the steps were timed.
 PARTS = ("startup_s", "training_s", "stalled_s", "restarts_s", "shutdown_s")
 # Secrets, masked in every output; FOO is an ordinary variable, shown.
-SECRETS = {"HF_TOKEN": ("hf_aaaaaaaa", "hf_bbbbbbbb"), "DB_PASSWORD": ("pw-one-1", "pw-two-2"), "AWS_SECRET_ACCESS_KEY": ("sak-1111", "sak-2222")}
+SECRETS = {
+    "HF_TOKEN": ("hf_aaaaaaaa", "hf_bbbbbbbb"),
+    "DB_PASSWORD": ("pw-one-1", "pw-two-2"),
+    "AWS_SECRET_ACCESS_KEY": ("sak-1111", "sak-2222"),
+}
 BASE = ["--steps", "160"]
 # Rank 1 sleeps before step 130: a few seconds after the first step, so the telemetry watches
 # every rank well before (a rank's first lines may wait in its spool while the machine is loaded).
 STALL = ["--stall-at", "130", "--stall-s", str(STALL_S)]
 
 
-def _launch(name: str, args: list[str], *, nproc: int = 2, extra_env: dict[str, str] | None = None) -> list[str]:
+def _launch(
+    name: str, args: list[str], *, nproc: int = 2, extra_env: dict[str, str] | None = None
+) -> list[str]:
     envs = [f"--env={k}={v}" for k, v in (extra_env or {}).items()]
-    return [*XL, "launch", "--no-tui", "--nproc", str(nproc), "--name", name, *envs, str(SCRIPT), *BASE, *args]
+    return [
+        *XL, "launch", "--no-tui", "--nproc", str(nproc), "--name", name, *envs, str(SCRIPT), *BASE,
+        *args,
+    ]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], dict[str, Path], dict[str, str]]]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[dict[str, str], dict[str, Path], dict[str, str]]]:
     home = tmp_path_factory.mktemp("compare-home")
     # A stall is called after 3 s without progress (the default is 30 s).
     env = xl_env(home, XL_STALL_MIN_S="3")
@@ -53,7 +64,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, s
         "nproc": _launch("nproc", [], nproc=1, extra_env=a_env),
         "stalled": _launch("stalled", STALL, extra_env=a_env),
     }
-    procs = {name: subprocess.Popen(argv, env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name, argv in plans.items()}
+    procs = {
+        name: subprocess.Popen(
+            argv, env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for name, argv in plans.items()
+    }
     outputs: dict[str, str] = {}
     dirs: dict[str, Path] = {}
     try:
@@ -89,7 +105,9 @@ def _changed(doc: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
 
 
 # ---------------------------------------------------------------------------------- the accounting
-def test_every_run_has_its_time_split_into_parts_that_sum_to_its_length(runs: tuple[dict[str, str], dict[str, Path], dict[str, str]]) -> None:
+def test_every_run_has_its_time_split_into_parts_that_sum_to_its_length(
+    runs: tuple[dict[str, str], dict[str, Path], dict[str, str]],
+) -> None:
     env, dirs, _ = runs
     listed = {r["name"]: r for r in json.loads(xl(["runs", "--json"], env).stdout)}
     for name, run_dir in dirs.items():
@@ -100,7 +118,9 @@ def test_every_run_has_its_time_split_into_parts_that_sum_to_its_length(runs: tu
         assert abs(sum(t[k] for k in PARTS) - t["total_s"]) < 0.01, t
         phases = t["phases"]
         assert set(phases) == {"data_s", "compute_s", "comm_s", "other_s", "steps_s"}, phases
-        assert abs(sum(v for k, v in phases.items() if k != "steps_s") - phases["steps_s"]) < 0.01, phases
+        assert (
+            abs(sum(v for k, v in phases.items() if k != "steps_s") - phases["steps_s"]) < 0.01
+        ), phases
         # Each step counted once: the hooks' split-only lines (no `step`) beside the script's own
         # xl.log(step=...) are the same steps, not more of them.
         split = listed[name]["split"]
@@ -111,7 +131,9 @@ def test_every_run_has_its_time_split_into_parts_that_sum_to_its_length(runs: tu
         assert listed[name]["time"] == t  # `xl runs --json` shows the same accounting
 
 
-def test_a_rank_stalled_for_a_known_time_shows_that_time(runs: tuple[dict[str, str], dict[str, Path], dict[str, str]]) -> None:
+def test_a_rank_stalled_for_a_known_time_shows_that_time(
+    runs: tuple[dict[str, str], dict[str, Path], dict[str, str]],
+) -> None:
     env, dirs, outputs = runs
     stalled, base = run_json(dirs["stalled"]), run_json(dirs["base"])
     # From the last step before rank 1 slept to the first step after it: the sleep, plus one
@@ -131,11 +153,16 @@ def test_a_rank_stalled_for_a_known_time_shows_that_time(runs: tuple[dict[str, s
     assert ", stalled " not in outputs["base"].strip().splitlines()[-2]
     # `xl attach` on the finished run ends with the same lines.
     attached = xl(["attach", dirs["stalled"].name], env, timeout=60)
-    assert attached.returncode == 0 and attached.stdout.strip().splitlines()[-2:] == [line, steps], attached.stdout[-500:]
+    assert attached.returncode == 0 and attached.stdout.strip().splitlines()[-2:] == [
+        line,
+        steps,
+    ], attached.stdout[-500:]
 
 
 # ---------------------------------------------------------------------------------- xl compare
-def test_an_env_change_is_named_and_secrets_are_masked(runs: tuple[dict[str, str], dict[str, Path], dict[str, str]]) -> None:
+def test_an_env_change_is_named_and_secrets_are_masked(
+    runs: tuple[dict[str, str], dict[str, Path], dict[str, str]],
+) -> None:
     env, dirs, _ = runs
     doc = _compare(env, dirs["base"], dirs["env"])
     assert doc["runs"] == [dirs["base"].name, dirs["env"].name]
@@ -153,36 +180,50 @@ def test_an_env_change_is_named_and_secrets_are_masked(runs: tuple[dict[str, str
     assert foo.split()[1:] == ["1", "2"], foo
 
 
-def test_an_argument_change_and_its_effect_on_the_loss(runs: tuple[dict[str, str], dict[str, Path], dict[str, str]]) -> None:
+def test_an_argument_change_and_its_effect_on_the_loss(
+    runs: tuple[dict[str, str], dict[str, Path], dict[str, str]],
+) -> None:
     env, dirs, _ = runs
     doc = _compare(env, dirs["base"], dirs["args"])
     assert _changed(doc) == {"args": (BASE, [*BASE, "--lr", "0.05"])}
     loss = doc["loss"]
     assert loss["steps"] == list(range(1, 161))
     # The same seed and data: the same first loss; another learning rate: another loss after.
-    assert loss["a"][0] == pytest.approx(loss["b"][0]) and loss["a"][2] != pytest.approx(loss["b"][2], rel=1e-3)
+    assert loss["a"][0] == pytest.approx(loss["b"][0]) and loss["a"][2] != pytest.approx(
+        loss["b"][2], rel=1e-3
+    )
     speed = doc["speed"]
     for side in ("a", "b"):
         assert speed[side]["step_s"] > 0 and speed[side]["samples_per_s"] > 0
-    assert speed["ratio"] == pytest.approx(speed["b"]["samples_per_s"] / speed["a"]["samples_per_s"], rel=1e-3)
+    assert speed["ratio"] == pytest.approx(
+        speed["b"]["samples_per_s"] / speed["a"]["samples_per_s"], rel=1e-3
+    )
     assert set(doc["time"]) == {"a", "b"} and doc["time"]["a"] == run_json(dirs["base"])["time"]
 
 
-def test_a_change_in_the_number_of_ranks(runs: tuple[dict[str, str], dict[str, Path], dict[str, str]]) -> None:
+def test_a_change_in_the_number_of_ranks(
+    runs: tuple[dict[str, str], dict[str, Path], dict[str, str]],
+) -> None:
     env, dirs, _ = runs
     assert _changed(_compare(env, dirs["base"], dirs["nproc"])) == {"nproc": (2, 1)}
 
 
-def test_the_versions_are_recorded_and_the_same_runs_show_no_change(runs: tuple[dict[str, str], dict[str, Path], dict[str, str]]) -> None:
+def test_the_versions_are_recorded_and_the_same_runs_show_no_change(
+    runs: tuple[dict[str, str], dict[str, Path], dict[str, str]],
+) -> None:
     env, dirs, _ = runs
     versions = run_json(dirs["base"])["versions"]
     import torch  # noqa: PLC0415 - only to check the version recorded without importing it
 
     assert versions["torch"] == torch.__version__ and versions["xl"]
-    assert _changed(_compare(env, dirs["stalled"], dirs["base"])) == {"args": ([*BASE, *STALL], BASE)}
+    assert _changed(_compare(env, dirs["stalled"], dirs["base"])) == {
+        "args": ([*BASE, *STALL], BASE)
+    }
 
 
-def test_bad_input_is_one_line_and_exit_2(runs: tuple[dict[str, str], dict[str, Path], dict[str, str]], tmp_path: Path) -> None:
+def test_bad_input_is_one_line_and_exit_2(
+    runs: tuple[dict[str, str], dict[str, Path], dict[str, str]], tmp_path: Path
+) -> None:
     env, dirs, _ = runs
     base = dirs["base"].name
     damaged = dirs["base"].parent / "20000101-000000-damaged"
@@ -200,7 +241,9 @@ def test_bad_input_is_one_line_and_exit_2(runs: tuple[dict[str, str], dict[str, 
         assert "Traceback" not in done.stderr
 
 
-def test_a_run_without_its_digest_is_compared_all_the_same(runs: tuple[dict[str, str], dict[str, Path], dict[str, str]]) -> None:
+def test_a_run_without_its_digest_is_compared_all_the_same(
+    runs: tuple[dict[str, str], dict[str, Path], dict[str, str]],
+) -> None:
     env, dirs, _ = runs
     kept = _compare(env, dirs["base"], dirs["args"])
     digest_file = dirs["args"] / "digest.json"
@@ -209,37 +252,59 @@ def test_a_run_without_its_digest_is_compared_all_the_same(runs: tuple[dict[str,
     assert digest_file.exists()  # made from metrics.jsonl and events.jsonl, and kept for next time
 
 
-def test_a_run_whose_supervisor_was_killed_is_accounted_from_what_its_ranks_left(tmp_path: Path) -> None:
+def test_a_run_whose_supervisor_was_killed_is_accounted_from_what_its_ranks_left(
+    tmp_path: Path,
+) -> None:
     home = tmp_path / "home"
     env = xl_env(home)
-    started = xl(["launch", "--detach", "--nproc", "2", str(SCRIPT), "--steps", "200", "--step-s", "0.03"], env, cwd=tmp_path)
+    started = xl(
+        ["launch", "--detach", "--nproc", "2", str(SCRIPT), "--steps", "200", "--step-s", "0.03"],
+        env,
+        cwd=tmp_path,
+    )
     assert started.returncode == 0, started.stderr
     run_dir = home / "runs" / started.stdout.strip()
     try:
-        wait_for(lambda: b'"train"' in (run_dir / "metrics.jsonl").read_bytes(), timeout=120, what="a first step")
+        wait_for(
+            lambda: b'"train"' in (run_dir / "metrics.jsonl").read_bytes(),
+            timeout=120,
+            what="a first step",
+        )
         os.kill(run_json(run_dir)["supervisor_pid"], signal.SIGKILL)
         # The ranks train on, spool what they log, and the last one to end settles the run.
         run = wait_final(run_dir, timeout=120)
         t = run["time"]
-        assert run["status"] == "succeeded" and abs(sum(t[k] for k in PARTS) - t["total_s"]) < 0.01, t
-        assert t["training_s"] >= 200 * 0.03 * 0.9, t  # the steps after the kill count too (spooled, merged)
+        assert (
+            run["status"] == "succeeded" and abs(sum(t[k] for k in PARTS) - t["total_s"]) < 0.01
+        ), t
+        # the steps after the kill count too (spooled, merged)
+        assert t["training_s"] >= 200 * 0.03 * 0.9, t
         assert all(isinstance(r.get("waited_s"), float) for r in run["ranks"]), run["ranks"]
         wait_no_processes(run_dir, timeout=30)
     finally:
         kill_run(run_dir)
 
 
-# ---------------------------------------------------------------------------------- what changed, on records
+# ------------------------------------------------------------------------- what changed, on records
 def _record(**over: Any) -> Any:
     from xl.launcher.rundir.record import RunRecord  # noqa: PLC0415 - only these record-level tests build one
 
     data: dict[str, Any] = {
         "spec": {"script": "train.py", "args": ["--lr", "0.1"], "python": None},
         "env": {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
-        "devices": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}, {"index": 1, "name": "NVIDIA H100 80GB HBM3"}],
+        "devices": [
+            {"index": 0, "name": "NVIDIA H100 80GB HBM3"},
+            {"index": 1, "name": "NVIDIA H100 80GB HBM3"},
+        ],
         "nproc_per_node": 2,
         "nnodes": 1,
-        "versions": {"xl": "0.1.0", "torch": "2.13.0+cu130", "cuda": "13.0", "driver": "580.65.06", "git": "abc"},
+        "versions": {
+            "xl": "0.1.0",
+            "torch": "2.13.0+cu130",
+            "cuda": "13.0",
+            "driver": "580.65.06",
+            "git": "abc",
+        },
     }
     for key, value in over.items():
         data[key] = value if not isinstance(value, dict) else {**data.get(key, {}), **value}
@@ -251,7 +316,10 @@ def test_gpus_their_models_and_versions_are_named_when_they_change() -> None:
 
     a = _record()
     b = _record(
-        devices=[{"index": 2, "name": "NVIDIA A100-SXM4-80GB"}, {"index": 3, "name": "NVIDIA A100-SXM4-80GB"}],
+        devices=[
+            {"index": 2, "name": "NVIDIA A100-SXM4-80GB"},
+            {"index": 3, "name": "NVIDIA A100-SXM4-80GB"},
+        ],
         versions={"driver": "550.54.15", "torch": "2.12.0+cu128", "cuda": "12.8", "git": "def+"},
     )
     got = {c["what"]: (c["a"], c["b"]) for c in changed(a, b)}
@@ -268,13 +336,22 @@ def test_gpus_their_models_and_versions_are_named_when_they_change() -> None:
 
 @pytest.mark.parametrize(
     ("name", "masked"),
-    [("WANDB_API_KEY", True), ("HF_TOKEN", True), ("DB_PASSWORD", True), ("AWS_SECRET_ACCESS_KEY", True), ("OMP_NUM_THREADS", False), ("LR", False)],
+    [
+        ("WANDB_API_KEY", True), ("HF_TOKEN", True), ("DB_PASSWORD", True),
+        ("AWS_SECRET_ACCESS_KEY", True), ("OMP_NUM_THREADS", False), ("LR", False),
+    ],
 )
 def test_a_secret_is_masked_and_an_ordinary_variable_shown(name: str, masked: bool) -> None:
     from xl.launcher.rundir.comparison import changed  # noqa: PLC0415 - a pure function of two records
 
     got = changed(_record(env={name: "value-one"}), _record(env={name: "value-two"}))
-    assert got == [{"what": f"env.{name}", "a": "****" if masked else "value-one", "b": "****" if masked else "value-two"}]
+    assert got == [
+        {
+            "what": f"env.{name}",
+            "a": "****" if masked else "value-one",
+            "b": "****" if masked else "value-two",
+        }
+    ]
     # Set in one run only: listed, still masked.
     only = changed(_record(env={name: "value-one"}), _record())
     assert [c["what"] for c in only] == [f"env.{name}"] and only[0]["b"] is None

@@ -90,22 +90,35 @@ def _steps(tmp_path: Path, rank: int) -> int:
 
 
 @pytest.mark.parametrize("rank1_exit", [0, 3], ids=["both-succeed", "rank1-fails"])
-def test_a_full_disk_neither_falsifies_the_record_nor_holds_up_xl(tmp_path: Path, small_disk: Path, rank1_exit: int) -> None:
+def test_a_full_disk_neither_falsifies_the_record_nor_holds_up_xl(
+    tmp_path: Path, small_disk: Path, rank1_exit: int
+) -> None:
     (tmp_path / "train.py").write_text(SCRIPT)
     home = small_disk / "home"
     env = xl_env(home)
-    launch = subprocess.Popen([*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), str(rank1_exit)],
-                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    launch = subprocess.Popen(
+        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), str(rank1_exit)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     run_dir = None
     filler = None
     try:
         run_dir = wait_run(home)
         wait_ranks_running(run_dir, 2, timeout=90)
-        wait_for(lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 20, timeout=60, what="20 steps")
+        wait_for(
+            lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 20, timeout=60, what="20 steps"
+        )
         filler = _fill(small_disk)
         at_fill = min(_steps(tmp_path, 0), _steps(tmp_path, 1))
         # The ranks train on while nothing can be written.
-        wait_for(lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= at_fill + 60, timeout=60, what="60 steps on a full disk")
+        wait_for(
+            lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= at_fill + 60,
+            timeout=60,
+            what="60 steps on a full disk",
+        )
         (tmp_path / "end").touch()
         out, _ = launch.communicate(timeout=120)  # it returns while the disk is still full
         shown = out.decode(errors="replace")
@@ -122,12 +135,18 @@ def test_a_full_disk_neither_falsifies_the_record_nor_holds_up_xl(tmp_path: Path
         # What never reached the disk is counted per file, in run.json and an event.
         lost = rec.get("write_lost") or {}
         assert lost.get("logs/rank-0.log", 0) > 0 and lost.get("logs/rank-1.log", 0) > 0, rec
-        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+        events = [
+            json.loads(line)
+            for line in (run_dir / "events.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
         said = [e for e in events if e["kind"] == "write_lost"]
         assert said and said[0]["files"] == lost, events
         ended = [e for e in events if e["kind"] == "run_ended"]
         assert [e["status"] for e in ended] == [rec["status"]], events
-        assert not any(e["kind"] == "rank_exited" and e.get("exit_code") is None for e in events), events
+        assert not any(e["kind"] == "rank_exited" and e.get("exit_code") is None for e in events), (
+            events
+        )
         # Space back: the run reads the same, nothing about it is "running" or "gone".
         filler.unlink()
         filler = None
@@ -149,22 +168,35 @@ def test_a_full_disk_neither_falsifies_the_record_nor_holds_up_xl(tmp_path: Path
                 kill_run(run_dir)
 
 
-def test_a_run_whose_supervisor_died_on_a_full_disk_is_settled_true_once_space_is_back(tmp_path: Path, small_disk: Path) -> None:
+def test_a_run_whose_supervisor_died_on_a_full_disk_is_settled_true_once_space_is_back(
+    tmp_path: Path, small_disk: Path
+) -> None:
     (tmp_path / "train.py").write_text(SCRIPT)
     home = small_disk / "home"
     env = xl_env(home)
-    launch = subprocess.Popen([*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), "0"],
-                              env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launch = subprocess.Popen(
+        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), "0"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run_dir = None
     filler = None
     try:
         run_dir = wait_run(home)
         wait_ranks_running(run_dir, 2, timeout=90)
-        wait_for(lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 20, timeout=60, what="20 steps")
+        wait_for(
+            lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 20, timeout=60, what="20 steps"
+        )
         filler = _fill(small_disk)
         os.kill(int(run_json(run_dir)["supervisor_pid"]), 9)  # nobody left to write the end
         at_fill = min(_steps(tmp_path, 0), _steps(tmp_path, 1))
-        wait_for(lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= at_fill + 40, timeout=60, what="40 steps on a full disk")
+        wait_for(
+            lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= at_fill + 40,
+            timeout=60,
+            what="40 steps on a full disk",
+        )
         (tmp_path / "end").touch()
         launch.wait(timeout=120)
         wait_no_processes(run_dir, timeout=60)

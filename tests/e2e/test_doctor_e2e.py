@@ -131,7 +131,10 @@ def test_broken_gpu_box_fails_with_fixes(tmp_path: Path, simnvml) -> None:
     # toolkit builds against): that wheel, the torch_cuda_match check's own, not a driver upgrade.
     assert "insufficient" in checks["driver_cuda"]["detail"]
     assert checks["driver_cuda"]["fix"] == checks["torch_cuda_match"]["fix"].split(": ", 1)[-1]
-    assert "torch==2.4.0 --index-url https://download.pytorch.org/whl/cu118" in checks["driver_cuda"]["fix"]
+    assert (
+        "torch==2.4.0 --index-url https://download.pytorch.org/whl/cu118"
+        in checks["driver_cuda"]["fix"]
+    )
     assert st["host_compiler"] == "fail" and "<= 11" in checks["host_compiler"]["detail"]
     assert f"NVCC_CCBIN={box.bin / 'g++-11'}" in checks["host_compiler"]["fix"]
     ld = checks["ld_library_path"]

@@ -56,8 +56,18 @@ def _doctor(tmp_path: Path, sim) -> dict:
 def test_nvml_health_is_read_through_the_real_pynvml(simnvml) -> None:
     sim = simnvml(
         gpus=[
-            SimGPU(compute_mode=3, ecc_unc_volatile=2, ecc_unc_aggregate=5, remap_corr=1, remap_unc=2, remap_pending=1),
-            SimGPU(model="RTX4090", errors={f: 3 for f in ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows")}),
+            SimGPU(
+                compute_mode=3,
+                ecc_unc_volatile=2,
+                ecc_unc_aggregate=5,
+                remap_corr=1,
+                remap_unc=2,
+                remap_pending=1,
+            ),
+            SimGPU(
+                model="RTX4090",
+                errors={f: 3 for f in ("nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRemappedRows")},
+            ),
             SimGPU(model="V100", retired_sbe=1, retired_dbe=2, retired_pending=1),
         ]
     )
@@ -65,7 +75,11 @@ def test_nvml_health_is_read_through_the_real_pynvml(simnvml) -> None:
         got = health.health([0, 1, 2])
     assert got[0] == health.Health(0, "exclusive_process", 2, 5, 3, True, False, 0, False)
     # GeForce: no ECC, no row remapping: unknown, not zero.
-    assert (got[1].ecc_uncorrected, got[1].remap_pending, got[1].compute_mode) == (None, None, "default")
+    assert (got[1].ecc_uncorrected, got[1].remap_pending, got[1].compute_mode) == (
+        None,
+        None,
+        "default",
+    )
     assert (got[2].retired_pages, got[2].retired_pending) == (3, True)
 
 
@@ -74,15 +88,18 @@ def test_nvml_health_is_read_through_the_real_pynvml(simnvml) -> None:
     [
         ({"compute_mode": 2}, "fail", "Prohibited", "sudo nvidia-smi -i 0 -c DEFAULT"),
         ({"ecc_unc_volatile": 3}, "fail", "3 uncorrectable ECC", "sudo nvidia-smi -r -i 0"),
-        ({"remap_pending": 1, "remap_unc": 1}, "fail", "row remap pending", "sudo nvidia-smi -r -i 0"),
+        ({"remap_pending": 1, "remap_unc": 1}, "fail", "row remap pending",
+         "sudo nvidia-smi -r -i 0"),
         ({"remap_failure": 1}, "fail", "no spare rows", "xl launch --gpus 1 ..."),
-        ({"model": "V100", "retired_pending": 1, "retired_dbe": 1}, "fail", "page retirement pending", "sudo nvidia-smi -r -i 0"),
+        ({"model": "V100", "retired_pending": 1, "retired_dbe": 1}, "fail",
+         "page retirement pending", "sudo nvidia-smi -r -i 0"),
         # Healthy but unusual: history already dealt with, or counters the GPU does not have.
         ({"ecc_unc_aggregate": 7}, "ok", None, None),
         ({"remap_corr": 4, "remap_unc": 1}, "ok", None, None),
         ({"model": "V100", "retired_dbe": 2}, "ok", None, None),
         ({"compute_mode": 3}, "ok", "exclusive-process mode, free", None),
-        ({"errors": {"nvmlDeviceGetTotalEccErrors": 3, "nvmlDeviceGetRemappedRows": 3, "nvmlDeviceGetRetiredPages": 3}}, "ok", None, None),
+        ({"errors": {"nvmlDeviceGetTotalEccErrors": 3, "nvmlDeviceGetRemappedRows": 3,
+                     "nvmlDeviceGetRetiredPages": 3}}, "ok", None, None),
     ],
 )  # fmt: skip
 def test_gpu_health_verdicts(tmp_path: Path, simnvml, gpu: dict, status: str, detail, fix) -> None:
@@ -98,9 +115,17 @@ def test_gpu_health_verdicts(tmp_path: Path, simnvml, gpu: dict, status: str, de
     assert "health" in c["data"] and set(c["data"]["health"]) == {"0", "1"}
 
 
-def test_a_stale_process_on_an_exclusive_gpu_is_named_with_its_pid(tmp_path: Path, simnvml, sleeper) -> None:
+def test_a_stale_process_on_an_exclusive_gpu_is_named_with_its_pid(
+    tmp_path: Path, simnvml, sleeper
+) -> None:
     p = sleeper()
-    sim = simnvml(gpus=[SimGPU(compute_mode=3, processes=[SimProcess(p.pid, 2048)]), SimGPU(), SimGPU(compute_mode=3)])
+    sim = simnvml(
+        gpus=[
+            SimGPU(compute_mode=3, processes=[SimProcess(p.pid, 2048)]),
+            SimGPU(),
+            SimGPU(compute_mode=3),
+        ]
+    )
     c = by_id(_doctor(tmp_path, sim))["gpus"]
     assert c["status"] == "fail", c
     assert f"GPU 0 is in exclusive-process mode and held by pid {p.pid} (python" in c["detail"]
@@ -132,23 +157,39 @@ def _launch_env(tmp_path: Path, sim, *, simulated: bool = True, **extra: str) ->
     return env
 
 
-def test_launch_warns_before_starting_on_busy_or_unhealthy_gpus(tmp_path: Path, simnvml, sleeper) -> None:
+def test_launch_warns_before_starting_on_busy_or_unhealthy_gpus(
+    tmp_path: Path, simnvml, sleeper
+) -> None:
     p = sleeper()
-    sim = simnvml(gpus=[SimGPU(processes=[SimProcess(p.pid, 4096)]), SimGPU(ecc_unc_volatile=1), SimGPU(util_gpu=95), SimGPU()])
+    sim = simnvml(
+        gpus=[
+            SimGPU(processes=[SimProcess(p.pid, 4096)]),
+            SimGPU(ecc_unc_volatile=1),
+            SimGPU(util_gpu=95),
+            SimGPU(),
+        ]
+    )
     (tmp_path / "t.py").write_text("print('hi')\n")
     env = _launch_env(tmp_path, sim)
     busy = xl(["launch", "--dry-run", "--gpus", "0,1,2", "t.py"], env, cwd=tmp_path)
     assert busy.returncode == 0, busy.stderr
     lines = [ln for ln in busy.stderr.splitlines() if ln.startswith("xl: warning:")]
-    assert any(f"GPU 0 is in use by pid {p.pid}" in ln and f"kill {p.pid}" in ln for ln in lines), lines
-    assert any("failure: GPU 1 has 1 uncorrectable ECC" in ln and "nvidia-smi -r -i 1" in ln for ln in lines), lines
+    assert any(f"GPU 0 is in use by pid {p.pid}" in ln and f"kill {p.pid}" in ln for ln in lines), (
+        lines
+    )
+    assert any(
+        "failure: GPU 1 has 1 uncorrectable ECC" in ln and "nvidia-smi -r -i 1" in ln
+        for ln in lines
+    ), lines
     assert any("GPU 2 is 95% busy" in ln for ln in lines), lines
     # A healthy GPU: not a word.
     quiet = xl(["launch", "--dry-run", "--gpus", "3", "t.py"], env, cwd=tmp_path)
     assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
 
 
-def test_launch_with_gpus_and_a_torch_without_cuda_stops_with_the_doctors_fix(tmp_path: Path, simnvml) -> None:
+def test_launch_with_gpus_and_a_torch_without_cuda_stops_with_the_doctors_fix(
+    tmp_path: Path, simnvml
+) -> None:
     sim = simnvml(gpus=2)
     box = Sandbox(tmp_path / "box")
     (tmp_path / "t.py").write_text("print('hi')\n")
@@ -164,25 +205,49 @@ def test_launch_with_gpus_and_a_torch_without_cuda_stops_with_the_doctors_fix(tm
         assert not (home / "runs").exists() or not os.listdir(home / "runs")  # nothing started
     # The ranks' torch when --env sets their PYTHONPATH: asked of an interpreter that has it.
     via_env = xl(
-        ["launch", "--no-tui", "--gpus", "0", "--env", f"PYTHONPATH={box.root / 'site-2.4.0+cpu'}", "t.py"],
+        [
+            "launch", "--no-tui", "--gpus", "0", "--env",
+            f"PYTHONPATH={box.root / 'site-2.4.0+cpu'}", "t.py",
+        ],
         _launch_env(tmp_path, sim, simulated=False),
         cwd=tmp_path,
     )
-    assert via_env.returncode == 2 and "torch 2.4.0+cpu is a CPU-only build" in via_env.stderr, via_env.stderr
+    assert via_env.returncode == 2 and "torch 2.4.0+cpu is a CPU-only build" in via_env.stderr, (
+        via_env.stderr
+    )
     # The healthy sides: a CUDA torch goes on; without --gpus a CPU torch trains on the CPU.
     cuda_site = box.torch("2.4.0+cu124", cuda="12.4", name="site-cuda")
-    ok = xl(["launch", "--dry-run", "--gpus", "0,1", "t.py"], _launch_env(tmp_path, sim, simulated=False, PYTHONPATH=str(cuda_site)), cwd=tmp_path)
+    ok = xl(
+        ["launch", "--dry-run", "--gpus", "0,1", "t.py"],
+        _launch_env(tmp_path, sim, simulated=False, PYTHONPATH=str(cuda_site)),
+        cwd=tmp_path,
+    )
     assert ok.returncode == 0, ok.stderr
-    cpu = xl(["launch", "--dry-run", "t.py"], _launch_env(tmp_path, sim, simulated=False, PYTHONPATH=str(box.root / "site-2.4.0+cpu")), cwd=tmp_path)
+    cpu = xl(
+        ["launch", "--dry-run", "t.py"],
+        _launch_env(tmp_path, sim, simulated=False, PYTHONPATH=str(box.root / "site-2.4.0+cpu")),
+        cwd=tmp_path,
+    )
     assert cpu.returncode == 0, cpu.stderr
 
 
-def test_mixed_models_and_a_busy_gpu_name_one_list_of_gpus(tmp_path: Path, simnvml, sleeper) -> None:
+def test_mixed_models_and_a_busy_gpu_name_one_list_of_gpus(
+    tmp_path: Path, simnvml, sleeper
+) -> None:
     """Both fixes say which GPUs to train on: they name the same ones (the majority model's
     GPUs without the busy one), not two different --gpus lists."""
     p = sleeper()
-    sim = simnvml(gpus=[SimGPU(model="H100", processes=[SimProcess(p.pid, 512)]), SimGPU(model="A100"), SimGPU(model="H100"), SimGPU(model="H100")])
+    sim = simnvml(
+        gpus=[
+            SimGPU(model="H100", processes=[SimProcess(p.pid, 512)]),
+            SimGPU(model="A100"),
+            SimGPU(model="H100"),
+            SimGPU(model="H100"),
+        ]
+    )
     c = by_id(_doctor(tmp_path, sim))["gpus"]
-    assert c["status"] == "warn" and "mixed models" in c["detail"] and f"pid {p.pid}" in c["detail"], c
+    assert (
+        c["status"] == "warn" and "mixed models" in c["detail"] and f"pid {p.pid}" in c["detail"]
+    ), c
     lists = set(re.findall(r"xl launch --gpus (\S+)", c["fix"]))
     assert lists == {"2,3"}, c["fix"]

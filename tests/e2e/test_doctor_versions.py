@@ -21,7 +21,13 @@ B200 = {"model": "H100", "name": "NVIDIA B200", "compute_capability": "10.0"}
 
 
 def _env(
-    box: Sandbox, sim, site: Path, tk: Path | None = None, ld: str = "", also: Path | None = None, **extra: str
+    box: Sandbox,
+    sim,
+    site: Path,
+    tk: Path | None = None,
+    ld: str = "",
+    also: Path | None = None,
+    **extra: str,
 ) -> dict[str, str]:
     """`tk` selected (CUDA_HOME and PATH); `also` another toolkit later on PATH (found, unused)."""
     ld_path = ":".join(p for p in (ld, str(sim.library_dir)) if p)
@@ -47,7 +53,9 @@ def _env(
         ("2.7.1+cu126", "ok"),
     ],
 )
-def test_volta_on_cu128_depends_on_the_torch_version(tmp_path: Path, simnvml, torch: str, status: str) -> None:
+def test_volta_on_cu128_depends_on_the_torch_version(
+    tmp_path: Path, simnvml, torch: str, status: str
+) -> None:
     sim = simnvml(gpus=[SimGPU(**V100)], driver_version="570.124.06", cuda_version=12080)
     box = Sandbox(tmp_path)
     env = _env(box, sim, box.torch(torch, cuda="12.8" if "cu128" in torch else "12.6"))
@@ -73,7 +81,9 @@ def test_arch_list_is_read_with_the_installed_torchs_own_list(
     sim = simnvml(gpus=[SimGPU(**RTX5090)], driver_version="570.124.06", cuda_version=12080)
     box = Sandbox(tmp_path)
     tk = box.toolkit("cuda-12.8", "12.8.93", gcc_max=14)
-    report, _ = run_doctor_json(_env(box, sim, box.torch(torch, cuda=cuda), tk, TORCH_CUDA_ARCH_LIST="12.0"))
+    report, _ = run_doctor_json(
+        _env(box, sim, box.torch(torch, cuda=cuda), tk, TORCH_CUDA_ARCH_LIST="12.0")
+    )
     a = by_id(report)["arch_list"]
     assert a["status"] == status, a
     if status == "fail":
@@ -102,7 +112,9 @@ def test_unset_arch_list_on_a_5090_needs_nvcc_12_8(tmp_path: Path, simnvml) -> N
     assert statuses(a100)["arch_list"] == "ok"
 
 
-def test_without_a_newer_toolkit_the_fix_is_ptx_the_old_nvcc_can_build(tmp_path: Path, simnvml) -> None:
+def test_without_a_newer_toolkit_the_fix_is_ptx_the_old_nvcc_can_build(
+    tmp_path: Path, simnvml
+) -> None:
     sim = simnvml(gpus=[SimGPU(**RTX5090)], driver_version="570.124.06", cuda_version=12080)
     box = Sandbox(tmp_path)
     old = box.toolkit("cuda-12.6", "12.6.77", gcc_max=13)
@@ -183,7 +195,9 @@ def test_a_libcuda_that_cannot_work_fails_and_the_fix_removes_it(
     report, _ = run_doctor_json(env)
     dc = by_id(report)["driver_cuda"]
     assert dc["status"] == "fail" and f"({code})" in dc["detail"], dc
-    assert dc["fix"].startswith("export LD_LIBRARY_PATH=") and dc["fix"].endswith(f"{sim.library_dir}")
+    assert dc["fix"].startswith("export LD_LIBRARY_PATH=") and dc["fix"].endswith(
+        f"{sim.library_dir}"
+    )
     assert str(compat) not in dc["fix"]
     assert_fix_works(box, env, "driver_cuda")
     # With LD_LIBRARY_PATH wrong in other ways too, both checks export one and the same value.
@@ -212,14 +226,19 @@ def test_a_rocm_torch_on_nvidia_gpus_fails_with_the_cuda_wheel(tmp_path: Path, s
 def test_a_rocm_torch_without_nvidia_gpus_is_fine(tmp_path: Path, simnvml) -> None:
     sim = simnvml(gpus=0, init_error="library_not_found")
     box = Sandbox(tmp_path)
-    report, _ = run_doctor_json(_env(box, sim, box.torch("2.5.1+rocm6.2", cuda=None, hip="6.2.41133")))
+    report, _ = run_doctor_json(
+        _env(box, sim, box.torch("2.5.1+rocm6.2", cuda=None, hip="6.2.41133"))
+    )
     assert statuses(report)["torch"] == "ok"
 
 
 # -- 5. one direction for every fix ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("torch", "cuda", "want"), [("2.7.0+cu128", "12.8", "cuda-12.8"), ("2.4.0+cu124", "12.4", "cuda-12.4")])
+@pytest.mark.parametrize(
+    ("torch", "cuda", "want"),
+    [("2.7.0+cu128", "12.8", "cuda-12.8"), ("2.4.0+cu124", "12.4", "cuda-12.4")],
+)
 def test_cuda_home_and_path_disagreeing_every_fix_points_at_torchs_toolkit(
     tmp_path: Path, simnvml, torch: str, cuda: str, want: str
 ) -> None:
@@ -243,7 +262,7 @@ def test_cuda_home_and_path_disagreeing_every_fix_points_at_torchs_toolkit(
     assert_fix_works(box, env, "cuda_home")
 
 
-# -- 6. MIG: one CUDA process enumerates one MIG instance -------------------------------------------
+# -- 6. MIG: one CUDA process enumerates one MIG instance ------------------------------------------
 
 
 def test_more_than_one_mig_instance_is_refused(tmp_path: Path, simnvml) -> None:
@@ -285,8 +304,14 @@ def test_a_wheel_the_driver_runs_comes_before_a_driver_upgrade_even_against_the_
     t = by_id(report)["torch"]
     assert t["status"] == "fail" and "upgrade" not in t["fix"]
     assert "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124" in t["fix"]
-    assert t["fix"].endswith("(a downgrade from torch 2.8.0: 2.6.0 is the newest torch published for cu124)")
+    assert t["fix"].endswith(
+        "(a downgrade from torch 2.8.0: 2.6.0 is the newest torch published for cu124)"
+    )
     # With a 12.x toolkit a wheel the driver runs exists: no upgrade asked for.
     tk12 = box.toolkit("cuda-12.4", "12.4.131", gcc_max=13)
-    plain, _ = run_doctor_json(_env(box, sim, box.torch("2.8.0+cpu", cuda=None, name="site2"), tk12))
-    assert "upgrade" not in by_id(plain)["torch"]["fix"] and "whl/cu12" in by_id(plain)["torch"]["fix"]
+    plain, _ = run_doctor_json(
+        _env(box, sim, box.torch("2.8.0+cpu", cuda=None, name="site2"), tk12)
+    )
+    assert (
+        "upgrade" not in by_id(plain)["torch"]["fix"] and "whl/cu12" in by_id(plain)["torch"]["fix"]
+    )

@@ -29,12 +29,21 @@ RUNS_FIXTURES = FIXTURES / "runs"
 NOW = runfixtures.T0 + 130
 
 
-def _eval_record(rank: int, step: int, eval_loss: object, epoch: object, t: float) -> dict[str, object]:
+def _eval_record(
+    rank: int, step: int, eval_loss: object, epoch: object, t: float
+) -> dict[str, object]:
     """What XLCallback's on_log writes (through xl.log) for a Trainer evaluation: the Trainer's
     eval_ keys and its epoch, at the step it was taken, and no training loss."""
     return {
-        "t": t, "rank": rank, "kind": "train", "step": step, "eval_loss": eval_loss,
-        "eval_runtime": 0.41, "eval_samples_per_second": 39.0, "eval_steps_per_second": 4.9, "epoch": epoch,
+        "t": t,
+        "rank": rank,
+        "kind": "train",
+        "step": step,
+        "eval_loss": eval_loss,
+        "eval_runtime": 0.41,
+        "eval_samples_per_second": 39.0,
+        "eval_steps_per_second": 4.9,
+        "epoch": epoch,
     }
 
 
@@ -73,7 +82,9 @@ def plain_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 # -- the reader ------------------------------------------------------------------------------
 
 
-def test_the_reader_keeps_each_ranks_latest_eval_loss_and_epoch_apart_from_its_loss(evaluated: Path) -> None:
+def test_the_reader_keeps_each_ranks_latest_eval_loss_and_epoch_apart_from_its_loss(
+    evaluated: Path,
+) -> None:
     view = RunReader(evaluated).poll()
     assert (view.ranks[0].eval_loss, view.ranks[0].epoch) == (2.3125, 2.0)
     assert (view.ranks[1].eval_loss, view.ranks[1].epoch) == (2.4375, 2.0)
@@ -81,7 +92,7 @@ def test_the_reader_keeps_each_ranks_latest_eval_loss_and_epoch_apart_from_its_l
     assert view.ranks[0].step == 100
 
 
-def test_a_non_finite_or_odd_eval_value_leaves_the_last_one_shown_and_a_loss_beside_it_is_not_training(
+def test_a_non_finite_or_odd_eval_leaves_the_last_one_shown_and_a_loss_beside_it_is_not_training(
     evaluated: Path,
 ) -> None:
     reader = RunReader(evaluated)
@@ -105,8 +116,22 @@ def test_a_run_that_never_evaluated_has_no_eval_values(plain_run: Path) -> None:
     assert all(rv.eval_loss is None and rv.epoch is None for rv in view.ranks.values())
 
 
-def test_a_training_record_with_an_epoch_gives_the_epoch_without_an_eval_loss(plain_run: Path) -> None:
-    _append(plain_run, [{"t": runfixtures.T0 + 103, "rank": 0, "kind": "train", "step": 101, "loss": 0.5, "epoch": 1.25}])
+def test_a_training_record_with_an_epoch_gives_the_epoch_without_an_eval_loss(
+    plain_run: Path,
+) -> None:
+    _append(
+        plain_run,
+        [
+            {
+                "t": runfixtures.T0 + 103,
+                "rank": 0,
+                "kind": "train",
+                "step": 101,
+                "loss": 0.5,
+                "epoch": 1.25,
+            }
+        ],
+    )
     rv = RunReader(plain_run).poll().ranks[0]
     assert (rv.loss, rv.epoch, rv.eval_loss) == (0.5, 1.25, None)
 
@@ -118,16 +143,23 @@ async def test_the_monitor_shows_each_ranks_eval_loss_and_epoch(evaluated: Path)
     app = build_app(monitor_run_dir=evaluated, clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=(200, 60)) as pilot:
         table = app.screen.query_one(RankTable)
-        await until(pilot, lambda: table.row_count == 2 and "eval" in table.column_keys, "the eval column")
-        assert table.column_keys[-1] == "eval"  # after the others: 80 columns still show up to Memory
+        await until(
+            pilot, lambda: table.row_count == 2 and "eval" in table.column_keys, "the eval column"
+        )
+        # after the others: 80 columns still show up to Memory
+        assert table.column_keys[-1] == "eval"
         assert table.column("eval") == ["2.312 ep 2", "2.438 ep 2"]
         assert table.column("loss")[1] == "0.5142"  # the training loss, beside it
         await pilot.pause()
         drawn = [table.render_line(y).text for y in range(3)]  # what the screen shows of it
-        assert "Eval loss (ep)" in drawn[0] and "2.312 ep 2" in drawn[1] and "2.438 ep 2" in drawn[2]
+        assert (
+            "Eval loss (ep)" in drawn[0] and "2.312 ep 2" in drawn[1] and "2.438 ep 2" in drawn[2]
+        )
 
 
-async def test_at_80_columns_the_eval_column_leaves_what_the_screen_showed_as_it_was(plain_run: Path) -> None:
+async def test_at_80_columns_the_eval_column_leaves_what_the_screen_showed_as_it_was(
+    plain_run: Path,
+) -> None:
     app = build_app(monitor_run_dir=plain_run, clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=(80, 24)) as pilot:
         table = app.screen.query_one(RankTable)
@@ -135,7 +167,9 @@ async def test_at_80_columns_the_eval_column_leaves_what_the_screen_showed_as_it
         await pilot.pause()
         before = [table.render_line(y).text for y in range(3)]
         t = runfixtures.T0 + 102.5
-        _append(plain_run, [_eval_record(0, 100, 2.3125, 2.0, t), _eval_record(1, 100, 2.4375, 2.0, t)])
+        _append(
+            plain_run, [_eval_record(0, 100, 2.3125, 2.0, t), _eval_record(1, 100, 2.4375, 2.0, t)]
+        )
         # The table learnt of the evaluations; at 80 columns the eval column is the first left
         # out (it does not fit beside the step time and memory), so nothing shown moves.
         await until(pilot, lambda: table._evals, "the evaluations read")
@@ -199,7 +233,9 @@ def test_the_plain_view_shows_eval_loss_and_epoch_in_its_end_table(evaluated: Pa
     assert len(rows) == 2 and "2.312 ep 2" in rows[0] and "0.5142" in rows[1], wide
 
 
-def test_at_80_columns_the_live_view_keeps_each_rank_on_one_line_with_its_loss(evaluated: Path) -> None:
+def test_at_80_columns_the_live_view_keeps_each_rank_on_one_line_with_its_loss(
+    evaluated: Path,
+) -> None:
     _, narrow, _ = _plain(evaluated)
     rows = _rank_rows(narrow)
     assert len(rows) == 2, narrow  # nothing wrapped onto a second line
@@ -221,17 +257,30 @@ def _launch_trainer(tmp_path: Path) -> str:
     """The real `xl launch --nproc-per-node 2 --no-tui` of the unchanged examples/hf_trainer.py
     (4 steps, no evaluation): its output."""
     home = tmp_path / "home"
-    env = xl_env(home, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf"))
+    env = xl_env(
+        home,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        HF_HOME=str(tmp_path / "hf"),
+    )
     args = ["--steps", "4", "--logging-steps", "1", "--no-callback"]
     script = REPO / "examples" / "hf_trainer.py"
-    proc = xl(["launch", "--nproc-per-node", "2", "--no-tui", "--", str(script), *args], env, cwd=tmp_path, timeout=240)
+    proc = xl(
+        ["launch", "--nproc-per-node", "2", "--no-tui", "--", str(script), *args],
+        env,
+        cwd=tmp_path,
+        timeout=240,
+    )
     wait_no_processes(only_run(home), timeout=30)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stdout
 
 
 @pytest.mark.e2e
-def test_xl_launch_no_tui_of_a_trainer_that_never_evaluates_has_no_eval_column(tmp_path: Path) -> None:
+def test_xl_launch_no_tui_of_a_trainer_that_never_evaluates_has_no_eval_column(
+    tmp_path: Path,
+) -> None:
     out = _launch_trainer(tmp_path)
     header = next(ln for ln in out.splitlines() if ln.startswith("| rank"))
     assert "eval" not in header and re.search(r"mem \| last log line", header), out[-3000:]

@@ -1,4 +1,5 @@
-"""`xl exporter`: every live run's ranks on /metrics, scraped by a real Prometheus (docs/exporter.md).
+"""`xl exporter`: every live run's ranks on /metrics, scraped by a real Prometheus
+(docs/exporter.md).
 
 The exposition is read with prometheus-client's own parser and checked with `promtool check
 metrics`; a real Prometheus scrapes the exporter every second with the bearer token from the
@@ -47,7 +48,10 @@ TABLE = {  # the contract: name -> (type as parsed from the text format, label n
     "xl_run_info": ("gauge", {"run_id", "name", "world_size", "nnodes", "user", "slurm_job_id"}),
     "xl_ranks_reporting": ("gauge", {"run_id"}),
     # A failed run's root cause (the fixtures' failed run ended moments ago: it is kept 15 min).
-    "xl_run_failure_info": ("gauge", {"run_id", "rank", "hostname", "exit_code", "kind", "summary", "fix"}),
+    "xl_run_failure_info": (
+        "gauge",
+        {"run_id", "rank", "hostname", "exit_code", "kind", "summary", "fix"},
+    ),
 }
 FORBIDDEN = {"job", "instance", "pod", "namespace", "container"}
 # dcgm-exporter's spelling `modelName` is the contract's, and promtool's linter asks for
@@ -93,7 +97,9 @@ def fixtures(home: Path) -> dict[str, Path]:
 def promtool_findings(text: str) -> list[str]:
     promtool = shutil.which("promtool")
     assert promtool, "Debian's `prometheus` package (promtool) is not installed"
-    done = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode in (0, 3), done.stdout + done.stderr  # 3: lint findings only, it parsed
     return [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
 
@@ -104,7 +110,9 @@ def test_no_token_no_metrics_and_the_token_file_is_private_and_kept(tmp_path: Pa
     env = xl_env(home)
     env.pop("XL_EXPORTER_TOKEN", None)
     with served(["exporter", "--port", "0"], env) as ex:
-        assert ex.line.startswith("xl: exporting metrics at http://127.0.0.1:") and ex.url.endswith("/metrics"), ex.line
+        assert ex.line.startswith("xl: exporting metrics at http://127.0.0.1:") and ex.url.endswith(
+            "/metrics"
+        ), ex.line
         token_file = home / "exporter.token"
         assert str(token_file) in ex.line
         assert token_file.stat().st_mode & 0o777 == 0o600
@@ -131,28 +139,61 @@ def test_exposition_is_the_metric_table_of_live_runs_only(tmp_path: Path) -> Non
         code, text = fetch(ex.url, "t0k")
         assert code == 200
         found = families(text)
-        assert {name: (f.type, set().union(*(s.labels for s in f.samples))) for name, f in found.items() if f.samples} == {
-            name: spec for name, spec in TABLE.items() if name != "xl_train_samples"  # the fixtures log no samples=
+        assert {
+            name: (f.type, set().union(*(s.labels for s in f.samples)))
+            for name, f in found.items()
+            if f.samples
+        } == {
+            # the fixtures log no samples=
+            name: spec
+            for name, spec in TABLE.items()
+            if name != "xl_train_samples"
         }
         assert not any(FORBIDDEN & set(s.labels) for f in found.values() for s in f.samples)
         # Only the live runs, every rank of each.
-        assert {s.labels["run_id"] for s in series(text, "xl_run_info")} == {"20260530-twonode", "20260530-straggler"}
+        assert {s.labels["run_id"] for s in series(text, "xl_run_info")} == {
+            "20260530-twonode",
+            "20260530-straggler",
+        }
         assert len(series(text, "xl_train_step", run_id="20260530-twonode")) == 8
         run = json.loads((dirs["twonode"] / "run.json").read_text())
-        info = {s.labels["rank"]: s.labels for s in series(text, "xl_rank_info", run_id="20260530-twonode")}
-        assert info["5"] == {"run_id": "20260530-twonode", "rank": "5", "local_rank": "1", "hostname": "trn-a07", "gpu": "1",
-                             "UUID": run["devices"][1]["uuid"], "modelName": "NVIDIA A100-SXM4-80GB", "pid": "40005"}
+        info = {
+            s.labels["rank"]: s.labels
+            for s in series(text, "xl_rank_info", run_id="20260530-twonode")
+        }
+        assert info["5"] == {
+            "run_id": "20260530-twonode",
+            "rank": "5",
+            "local_rank": "1",
+            "hostname": "trn-a07",
+            "gpu": "1",
+            "UUID": run["devices"][1]["uuid"],
+            "modelName": "NVIDIA A100-SXM4-80GB",
+            "pid": "40005",
+        }
         (util,) = series(text, "xl_gpu_utilization_ratio", run_id="20260530-twonode", rank="0")
         assert 0 < util.value <= 1 and util.labels["UUID"] == run["devices"][0]["uuid"]
         (mem,) = series(text, "xl_gpu_memory_used_bytes", run_id="20260530-twonode", rank="0")
         assert mem.value % (1 << 20) == 0 and mem.value > 1e9
         (runinfo,) = series(text, "xl_run_info", run_id="20260530-twonode")
-        assert {k: runinfo.labels[k] for k in ("name", "world_size", "nnodes")} == {"name": "gpt2-2node", "world_size": "8", "nnodes": "2"}
+        assert {k: runinfo.labels[k] for k in ("name", "world_size", "nnodes")} == {
+            "name": "gpt2-2node",
+            "world_size": "8",
+            "nnodes": "2",
+        }
         assert series(text, "xl_ranks_reporting", run_id="20260530-twonode")[0].value == 8
         assert series(text, "xl_ranks_reporting", run_id="20260530-straggler")[0].value == 0
-        states = {s.labels["rank"]: s.labels["xl_rank_state"] for s in series(text, "xl_rank_state", run_id="20260530-twonode") if s.value == 1}
+        states = {
+            s.labels["rank"]: s.labels["xl_rank_state"]
+            for s in series(text, "xl_rank_state", run_id="20260530-twonode")
+            if s.value == 1
+        }
         assert states == {str(r): "running" for r in range(8) if r != 5} | {"5": "straggler"}
-        assert all(len([s for s in series(text, "xl_rank_state", run_id="20260530-twonode", rank=str(r))]) == len(STATES) for r in range(8))
+        assert all(
+            len([s for s in series(text, "xl_rank_state", run_id="20260530-twonode", rank=str(r))])
+            == len(STATES)
+            for r in range(8)
+        )
         assert set(promtool_findings(text)) <= {CAMEL}
 
         # The run ends: its series are gone from the very next scrape; the other stays.
@@ -162,7 +203,12 @@ def test_exposition_is_the_metric_table_of_live_runs_only(tmp_path: Path) -> Non
         tmp.write_text(json.dumps(record))
         os.replace(tmp, dirs["twonode"] / "run.json")
         text = fetch(ex.url, "t0k")[1]
-        assert not [s for f in text_string_to_metric_families(text) for s in f.samples if s.labels.get("run_id") == "20260530-twonode"]
+        assert not [
+            s
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.labels.get("run_id") == "20260530-twonode"
+        ]
         assert series(text, "xl_run_info", run_id="20260530-straggler")
 
 
@@ -176,7 +222,14 @@ def test_rank_states_hung_waiting_exited_and_a_cpu_run(tmp_path: Path) -> None:
     events = [
         {"t": now - 5, "kind": "stalled", "rank": 3, "message": "rank 3 made no progress"},
         {"t": now - 5, "kind": "stalled", "rank": 2, "message": "rank 2 waits", "waiting_on": [3]},
-        {"t": now - 4, "kind": "hang", "rank": 3, "ranks": [3], "message": "rank 1 ...", "stacks": "stacks/1.json"},
+        {
+            "t": now - 4,
+            "kind": "hang",
+            "rank": 3,
+            "ranks": [3],
+            "message": "rank 1 ...",
+            "stacks": "stacks/1.json",
+        },
     ]
     with (run_dir / "events.jsonl").open("a") as fh:
         fh.writelines(json.dumps(e) + "\n" for e in events)
@@ -188,28 +241,47 @@ def test_rank_states_hung_waiting_exited_and_a_cpu_run(tmp_path: Path) -> None:
     for r in cpu_rec["ranks"]:
         r["gpu"] = None
     (cpu / "run.json").write_text(json.dumps(cpu_rec))
-    (cpu / "metrics.jsonl").write_text("".join(
-        json.dumps(m) + "\n" for m in map(json.loads, (cpu / "metrics.jsonl").read_text().splitlines()) if m["kind"] == "train"))
+    (cpu / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps(m) + "\n"
+            for m in map(json.loads, (cpu / "metrics.jsonl").read_text().splitlines())
+            if m["kind"] == "train"
+        )
+    )
     (run_dir / "run.json").write_text(json.dumps(rec))
 
     collector = RunsCollector(runs)
     got = {f.name: f for f in collector.collect()}
-    state = {(s.labels["run_id"], s.labels["rank"]): s.labels["xl_rank_state"] for s in got["xl_rank_state"].samples if s.value == 1}
+    state = {
+        (s.labels["run_id"], s.labels["rank"]): s.labels["xl_rank_state"]
+        for s in got["xl_rank_state"].samples
+        if s.value == 1
+    }
     assert state[(rec["run_id"], "3")] == "hung"
     assert state[(rec["run_id"], "2")] == "waiting"
     assert state[(rec["run_id"], "7")] == "exited"
     assert state[(rec["run_id"], "0")] == "running"
-    assert not [s for s in got["xl_gpu_utilization_ratio"].samples if s.labels["run_id"] == "cpu-run"]
-    assert {s.labels["gpu"] for s in got["xl_rank"].samples if s.labels["run_id"] == "cpu-run"} == {""}
+    assert not [
+        s for s in got["xl_gpu_utilization_ratio"].samples if s.labels["run_id"] == "cpu-run"
+    ]
+    assert {s.labels["gpu"] for s in got["xl_rank"].samples if s.labels["run_id"] == "cpu-run"} == {
+        ""
+    }
     assert len([s for s in got["xl_train_step"].samples if s.labels["run_id"] == "cpu-run"]) == 2
     # --no-gpus: no GPU family at all (dcgm-exporter already has them).
-    assert not {"xl_gpu_utilization_ratio", "xl_gpu_memory_used_bytes"} & {f.name for f in RunsCollector(runs, gpus=False).collect()}
+    assert not {"xl_gpu_utilization_ratio", "xl_gpu_memory_used_bytes"} & {
+        f.name for f in RunsCollector(runs, gpus=False).collect()
+    }
     # The same hang with its culprit working on the CPU (a long evaluation, or an endless loop):
     # `stalled`, as the app shows it; its victim still `waiting`.
     with (run_dir / "events.jsonl").open("a") as fh:
         fh.write(json.dumps({**events[2], "t": now - 3, "busy": [3]}) + "\n")
     got = {f.name: f for f in RunsCollector(runs).collect()}
-    state = {(s.labels["run_id"], s.labels["rank"]): s.labels["xl_rank_state"] for s in got["xl_rank_state"].samples if s.value == 1}
+    state = {
+        (s.labels["run_id"], s.labels["rank"]): s.labels["xl_rank_state"]
+        for s in got["xl_rank_state"].samples
+        if s.value == 1
+    }
     assert state[(rec["run_id"], "3")] == "stalled" and state[(rec["run_id"], "2")] == "waiting"
 
 
@@ -220,46 +292,97 @@ def dashboard_queries() -> list[str]:
     return [e.replace("$run", ".+").replace("$__rate_interval", "30s") for e in exprs]
 
 
-def test_prometheus_scrapes_recorded_runs_and_every_dashboard_query_has_data(tmp_path: Path) -> None:
+def test_prometheus_scrapes_recorded_runs_and_every_dashboard_query_has_data(
+    tmp_path: Path,
+) -> None:
     home = tmp_path / "home"
     fixtures(home)
     # The twonode run keeps logging (each rank samples= too), as a live run does.
     run_dir = home / "runs" / "20260530-twonode"
     env = xl_env(home)
     env.pop("XL_EXPORTER_TOKEN", None)
-    with served(["exporter", "--port", "0"], env) as ex, prometheus(tmp_path / "prom", ex.url.split("/")[2], home / "exporter.token") as prom:
+    with (
+        served(["exporter", "--port", "0"], env) as ex,
+        prometheus(tmp_path / "prom", ex.url.split("/")[2], home / "exporter.token") as prom,
+    ):
         got = prom.wait('xl_train_step{run_id="20260530-twonode"}', check=lambda r: len(r) == 8)
         assert {r["metric"]["job"] for r in got} == {"xl"}  # Prometheus's own labels, set by it
         for step in range(51, 60):
             with (run_dir / "metrics.jsonl").open("a") as fh:
-                fh.writelines(json.dumps({"t": time.time(), "rank": r, "kind": "train", "step": step, "loss": 1.0, "samples": 32}) + "\n" for r in range(8))
+                fh.writelines(
+                    json.dumps(
+                        {
+                            "t": time.time(),
+                            "rank": r,
+                            "kind": "train",
+                            "step": step,
+                            "loss": 1.0,
+                            "samples": 32,
+                        }
+                    )
+                    + "\n"
+                    for r in range(8)
+                )
             time.sleep(0.4)
-        prom.wait('xl_train_step{run_id="20260530-twonode",rank="5"}', check=lambda r: r and float(r[0]["value"][1]) == 59)
-        prom.wait('xl_train_samples_total{run_id="20260530-twonode",rank="0"}', check=lambda r: r and float(r[0]["value"][1]) == 9 * 32)
-        assert prom.label_values("run_id", "xl_run_info") == ["20260530-straggler", "20260530-twonode"]
+        prom.wait(
+            'xl_train_step{run_id="20260530-twonode",rank="5"}',
+            check=lambda r: r and float(r[0]["value"][1]) == 59,
+        )
+        prom.wait(
+            'xl_train_samples_total{run_id="20260530-twonode",rank="0"}',
+            check=lambda r: r and float(r[0]["value"][1]) == 9 * 32,
+        )
+        assert prom.label_values("run_id", "xl_run_info") == [
+            "20260530-straggler",
+            "20260530-twonode",
+        ]
         for expr in dashboard_queries():
             prom.wait(expr, timeout=30)
 
 
 @pytest.mark.e2e
-def test_a_real_run_on_simulated_gpus_reaches_prometheus_and_leaves_it(tmp_path: Path, simnvml, simnvml_gpu) -> None:
+def test_a_real_run_on_simulated_gpus_reaches_prometheus_and_leaves_it(
+    tmp_path: Path, simnvml, simnvml_gpu
+) -> None:
     sim = simnvml(gpus=[simnvml_gpu(util_gpu=90), simnvml_gpu(util_gpu=40)])
     home = tmp_path / "home"
     env = xl_env(home, **sim.env)
     env.pop("XL_EXPORTER_TOKEN", None)
     # Until `xl stop` below: with --seconds the example sizes its run from 5 warm-up steps, and
     # on a loaded machine those are slow enough that a "120 s" run ended after 10 s, mid-test.
-    started = xl(["launch", "--detach", "--gpus", "0,1", "--name", "prom", str(ROOT / "examples" / "train.py"), "--steps", "100000000", "--width", "64"], env, cwd=tmp_path, timeout=90)
+    started = xl(
+        [
+            "launch", "--detach", "--gpus", "0,1", "--name", "prom",
+            str(ROOT / "examples" / "train.py"), "--steps", "100000000", "--width", "64",
+        ],
+        env,
+        cwd=tmp_path,
+        timeout=90,
+    )
     assert started.returncode == 0, started.stdout + started.stderr
     run_dir = only_run(home)
     try:
-        with served(["exporter", "--port", "0"], env) as ex, prometheus(tmp_path / "prom", ex.url.split("/")[2], home / "exporter.token") as prom:
+        with (
+            served(["exporter", "--port", "0"], env) as ex,
+            prometheus(tmp_path / "prom", ex.url.split("/")[2], home / "exporter.token") as prom,
+        ):
             run_id = run_dir.name
-            prom.wait(f'xl_train_step{{run_id="{run_id}"}} > 0', timeout=90, check=lambda r: len(r) == 2)
-            util = prom.wait(f'xl_gpu_utilization_ratio{{run_id="{run_id}"}}', check=lambda r: len(r) == 2)
+            prom.wait(
+                f'xl_train_step{{run_id="{run_id}"}} > 0', timeout=90, check=lambda r: len(r) == 2
+            )
+            util = prom.wait(
+                f'xl_gpu_utilization_ratio{{run_id="{run_id}"}}', check=lambda r: len(r) == 2
+            )
             assert {r["metric"]["gpu"]: float(r["value"][1]) for r in util} == {"0": 0.9, "1": 0.4}
-            prom.wait(f'rate(xl_train_samples_total{{run_id="{run_id}"}}[30s]) > 0', timeout=60, check=lambda r: len(r) == 2)
-            prom.wait(f'xl_rank_state{{run_id="{run_id}",xl_rank_state="running"}} == 1', check=lambda r: len(r) == 2)
+            prom.wait(
+                f'rate(xl_train_samples_total{{run_id="{run_id}"}}[30s]) > 0',
+                timeout=60,
+                check=lambda r: len(r) == 2,
+            )
+            prom.wait(
+                f'xl_rank_state{{run_id="{run_id}",xl_rank_state="running"}} == 1',
+                check=lambda r: len(r) == 2,
+            )
             prom.wait(f'xl_ranks_reporting{{run_id="{run_id}"}} == 2')
             for expr in dashboard_queries():
                 prom.wait(expr, timeout=30)

@@ -29,7 +29,10 @@ pytestmark = pytest.mark.e2e
 EXAMPLES = REPO / "examples"
 
 
-def _launch(tmp_path: Path, script: str, args: list[str], *, xl_args: tuple[str, ...] = (), timeout: float = 240) -> tuple[Path, list[dict[str, Any]], str]:
+def _launch(
+    tmp_path: Path, script: str, args: list[str], *, xl_args: tuple[str, ...] = (),
+    timeout: float = 240,
+) -> tuple[Path, list[dict[str, Any]], str]:
     """The run's dir, its train records, and what `xl launch --no-tui` printed."""
     home = tmp_path / "home"
     env = xl_env(
@@ -39,7 +42,10 @@ def _launch(tmp_path: Path, script: str, args: list[str], *, xl_args: tuple[str,
         OMP_NUM_THREADS="1",
         HF_HOME=str(tmp_path / "hf"),
     )
-    argv = ["launch", "--nproc-per-node", "2", "--no-tui", *xl_args, "--", str(EXAMPLES / script), *args]
+    argv = [
+        "launch", "--nproc-per-node", "2", "--no-tui", *xl_args, "--", str(EXAMPLES / script),
+        *args,
+    ]
     proc = xl(argv, env, cwd=tmp_path, timeout=timeout)
     run_dir = only_run(home)
     wait_no_processes(run_dir, timeout=30)
@@ -71,7 +77,9 @@ def _same_as_recorded(train: list[dict[str, Any]], record: Path, steps: int) -> 
     """Each rank's logged loss at each step is the loss its script computed for that step."""
     losses = _by_rank(train, "loss")
     for rank in (0, 1):
-        own = {int(k): v for k, v in json.loads(Path(f"{record}.rank{rank}.json").read_text()).items()}
+        own = {
+            int(k): v for k, v in json.loads(Path(f"{record}.rank{rank}.json").read_text()).items()
+        }
         assert sorted(losses[rank]) == list(range(1, steps + 1)), (rank, sorted(losses[rank]))
         assert losses[rank] == pytest.approx(own, rel=1e-5), rank
     assert losses[0] != losses[1]  # each rank's own, not one value copied
@@ -88,7 +96,10 @@ def test_hf_trainer_every_rank_loss_is_the_trainers(tmp_path: Path, how: str) ->
     the end table of `xl launch --no-tui` has each rank's eval loss as the Trainer logged it,
     with the epoch."""
     steps, history = 6, tmp_path / "history.json"
-    args = ["--steps", str(steps), "--logging-steps", "1", "--eval", "3", "--accum", "2", "--history", str(history)]
+    args = [
+        "--steps", str(steps), "--logging-steps", "1", "--eval", "3", "--accum", "2", "--history",
+        str(history),
+    ]
     if how == "unchanged":
         run_dir, train, out = _launch(tmp_path, "hf_trainer.py", [*args, "--no-callback"])
     else:
@@ -99,17 +110,22 @@ def test_hf_trainer_every_rank_loss_is_the_trainers(tmp_path: Path, how: str) ->
     losses = _by_rank(train, "loss")
     assert sorted(logged) == list(range(1, steps + 1))
     for step, hf_loss in logged.items():
-        assert statistics.mean([losses[0][step], losses[1][step]]) == pytest.approx(hf_loss, rel=1e-5), step
+        assert statistics.mean([losses[0][step], losses[1][step]]) == pytest.approx(
+            hf_loss, rel=1e-5
+        ), step
     # samples/s from the Trainer's own figure: per_device_train_batch_size 4 x accumulation 2
     assert {r["samples"] for r in train if "samples" in r} == {8}
     evals = [r for r in train if "eval_loss" in r]
     assert {(r["rank"], r["step"]) for r in evals} == {(0, 3), (1, 3), (0, 6), (1, 6)}
     assert all("loss" not in r and "samples" not in r for r in evals)
-    hf_evals = {h["step"]: h["eval_loss"] for h in json.loads(history.read_text()) if "eval_loss" in h}
+    hf_evals = {
+        h["step"]: h["eval_loss"] for h in json.loads(history.read_text()) if "eval_loss" in h
+    }
     assert {r["step"]: r["eval_loss"] for r in evals} == pytest.approx(hf_evals)
     assert {r["total_steps"] for r in train if "total_steps" in r} == {steps}
     if how == "unchanged":
-        last = [h for h in json.loads(history.read_text()) if "eval_loss" in h][-1]  # the Trainer's own
+        # the Trainer's own
+        last = [h for h in json.loads(history.read_text()) if "eval_loss" in h][-1]
         shown = f"{last['eval_loss']:.4g} ep {last['epoch']:.3g}"
         header = next(ln for ln in out.splitlines() if ln.startswith("| rank"))
         assert re.search(r"\|\s+eval \|", header), out[-3000:]
@@ -121,7 +137,19 @@ def test_hf_trainer_every_rank_loss_is_the_trainers(tmp_path: Path, how: str) ->
 def test_lightning_unchanged_every_rank_with_either_bar(tmp_path: Path, bar: str) -> None:
     """train_loss, steps across epochs, epochs; validation apart from training; no sanity check."""
     record = tmp_path / "loss"
-    run_dir, train, _ = _launch(tmp_path, "lightning_train.py", ["--steps", "6", "--epochs", "2", "--record", str(record), *(["--bar", bar] if bar != "default" else [])])
+    run_dir, train, _ = _launch(
+        tmp_path,
+        "lightning_train.py",
+        [
+            "--steps",
+            "6",
+            "--epochs",
+            "2",
+            "--record",
+            str(record),
+            *(["--bar", bar] if bar != "default" else []),
+        ],
+    )
     _every_rank_shows_its_figures(run_dir, 12)
     _same_as_recorded([r for r in train if "eval_loss" not in r], record, 12)
     assert {r["epoch"] for r in train if "loss" in r} == {0, 1}
@@ -134,7 +162,11 @@ def test_lightning_unchanged_every_rank_with_either_bar(tmp_path: Path, bar: str
 
 def test_accelerate_unchanged_every_rank(tmp_path: Path) -> None:
     record = tmp_path / "loss"
-    run_dir, train, _ = _launch(tmp_path, "accelerate_train.py", ["--steps", "6", "--batch", "16", "--no-tracker", "--record", str(record)])
+    run_dir, train, _ = _launch(
+        tmp_path,
+        "accelerate_train.py",
+        ["--steps", "6", "--batch", "16", "--no-tracker", "--record", str(record)],
+    )
     _every_rank_shows_its_figures(run_dir, 6)
     _same_as_recorded(train, record, 6)
     assert {r["samples"] for r in train if "samples" in r} == {16}
@@ -148,7 +180,9 @@ def test_accelerate_unchanged_every_rank(tmp_path: Path) -> None:
 def test_accelerate_tracker_train_loss_is_the_loss(tmp_path: Path) -> None:
     """The script's XLTracker reports rank 0 (its train_loss as loss); rank 1 still has its own."""
     record = tmp_path / "loss"
-    run_dir, train, _ = _launch(tmp_path, "accelerate_train.py", ["--steps", "6", "--record", str(record)])
+    run_dir, train, _ = _launch(
+        tmp_path, "accelerate_train.py", ["--steps", "6", "--record", str(record)]
+    )
     _every_rank_shows_its_figures(run_dir, 6)
     _same_as_recorded(train, record, 6)
     # one record per step on each rank: the tracker's on rank 0, the instrumented one on rank 1
@@ -160,7 +194,12 @@ def test_accelerate_tracker_train_loss_is_the_loss(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)  # the first DeepSpeed run on a machine builds its CPU comm op (cached)
 def test_deepspeed_unchanged_every_rank(tmp_path: Path) -> None:
     record = tmp_path / "loss"
-    run_dir, train, _ = _launch(tmp_path, "deepspeed_train.py", ["--steps", "5", "--accum", "2", "--record", str(record)], timeout=560)
+    run_dir, train, _ = _launch(
+        tmp_path,
+        "deepspeed_train.py",
+        ["--steps", "5", "--accum", "2", "--record", str(record)],
+        timeout=560,
+    )
     _every_rank_shows_its_figures(run_dir, 5)
     _same_as_recorded(train, record, 5)
     # micro batch 8 x accumulation 2
@@ -173,7 +212,12 @@ def test_no_instrument_leaves_the_trainer_alone(tmp_path: Path) -> None:
     drawn below the training bar is not training progress. Rank 1 prints nothing HF-shaped, yet
     its process is sampled all the same."""
     steps = 8  # logged every 2 steps (the script's default), evaluated every 2
-    run_dir, train, _ = _launch(tmp_path, "hf_trainer.py", ["--steps", str(steps), "--no-callback", "--eval", "2"], xl_args=("--no-instrument",))
+    run_dir, train, _ = _launch(
+        tmp_path,
+        "hf_trainer.py",
+        ["--steps", str(steps), "--no-callback", "--eval", "2"],
+        xl_args=("--no-instrument",),
+    )
     assert train and {r["rank"] for r in train} == {0}
     assert all(r["source"] == "log" for r in train)
     assert any(isinstance(r.get("loss"), float) and "lr" in r for r in train)

@@ -206,12 +206,18 @@ def test_force_color_gets_the_table_in_a_pipe(simnvml):
 
 def test_gpus_json_gives_memory_as_whole_mib(simnvml) -> None:
     """Memory is integers (MiB, floored as nvidia-smi prints them), never floats like 1000.5."""
-    gpu = SimGPU(memory_used_mib=1000.7, memory_reserved_mib=300.5, processes=[SimProcess(pid=os.getpid(), used_mib=999.9)])
+    gpu = SimGPU(
+        memory_used_mib=1000.7,
+        memory_reserved_mib=300.5,
+        processes=[SimProcess(pid=os.getpid(), used_mib=999.9)],
+    )
     env = {**os.environ, **simnvml(gpus=[gpu]).env}
     proc = subprocess.run([*XL, "--json"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     (row,) = json.loads(proc.stdout)["gpus"]
     memory = row["memory"]
-    assert all(type(memory[k]) is int for k in ("total_mib", "used_mib", "free_mib", "reserved_mib")), memory
+    assert all(
+        type(memory[k]) is int for k in ("total_mib", "used_mib", "free_mib", "reserved_mib")
+    ), memory
     assert memory["used_mib"] == 1000 and memory["reserved_mib"] == 300
     assert [(p["pid"], p["used_mib"]) for p in row["processes"]] == [(os.getpid(), 999)]

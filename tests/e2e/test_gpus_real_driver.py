@@ -89,7 +89,9 @@ def _json(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     return doc
 
 
-def test_xl_gpus_prints_what_it_printed_on_the_real_gpu(machine: tuple[dict[str, str], dict[str, Any]]) -> None:
+def test_xl_gpus_prints_what_it_printed_on_the_real_gpu(
+    machine: tuple[dict[str, str], dict[str, Any]],
+) -> None:
     env, real = machine
     doc = _json(["gpus", "--json"], env)
     assert doc["driver"] == REAL_DRIVER
@@ -113,7 +115,9 @@ def test_doctor_finds_the_real_gpu_healthy(machine: tuple[dict[str, str], dict[s
         assert checks["gpus"]["data"]["health"] == {"0": REAL_H100_HEALTH}
 
 
-def test_doctor_names_the_h100_once_its_remap_waits_for_a_reset(simnvml: Any, tmp_path: Any) -> None:
+def test_doctor_names_the_h100_once_its_remap_waits_for_a_reset(
+    simnvml: Any, tmp_path: Any
+) -> None:
     """The other way: the same H100 with its remap still pending (a reset not yet done) keeps the
     bad row in use, and the doctor says so, with its fix."""
     gpu = seen_h100()

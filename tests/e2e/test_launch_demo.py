@@ -20,13 +20,21 @@ def test_demo_trains_on_two_cpu_ranks_and_logs_loss(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
         run = run_json(run_dir)
         assert run["status"] == "succeeded" and run["world_size"] == 2 and run["devices"] == []
-        train = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if m["kind"] == "train" and "step" in m]
+        train = [
+            m
+            for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if m["kind"] == "train" and "step" in m
+        ]
         # (the lines without a step are torch's hooks' time split beside the demo's own xl.log)
         for rank in (0, 1):
             mine = [m for m in train if m["rank"] == rank]
             assert mine, f"no train metrics from rank {rank}"
             last = mine[-1]
-            assert last["step"] == last["total_steps"] and last["loss"] > 0 and last["samples_per_s"] > 0
+            assert (
+                last["step"] == last["total_steps"]
+                and last["loss"] > 0
+                and last["samples_per_s"] > 0
+            )
             log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
             assert "done" in log
             assert NO_NUMPY not in log and "Warning" not in log, log  # the main job starts clean
@@ -49,8 +57,14 @@ def test_the_readme_first_command_installs_numpy() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "pip install torch==2.13.0 -e . && .venv/bin/xl demo" in readme
     # The [project] table's dependency list, one quoted requirement a line (no tomllib on 3.10).
-    block = (ROOT / "pyproject.toml").read_text().split("\ndependencies = [\n", 1)[1].split("\n]", 1)[0]
-    found = [line.strip().rstrip(",").strip('"') for line in block.splitlines() if line.strip().startswith('"')]
+    block = (
+        (ROOT / "pyproject.toml").read_text().split("\ndependencies = [\n", 1)[1].split("\n]", 1)[0]
+    )
+    found = [
+        line.strip().rstrip(",").strip('"')
+        for line in block.splitlines()
+        if line.strip().startswith('"')
+    ]
     assert "numpy" in {Requirement(r).name for r in found if not Requirement(r).marker}, found
 
 
@@ -59,7 +73,9 @@ def test_without_numpy_the_demo_log_carries_torchs_warning(tmp_path: Path) -> No
     # above guards against a real warning, seen here with numpy hidden from the ranks.
     hidden = tmp_path / "hide" / "numpy"
     hidden.mkdir(parents=True)
-    (hidden / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'numpy'\", name=\"numpy\")\n")
+    (hidden / "__init__.py").write_text(
+        'raise ModuleNotFoundError("No module named \'numpy\'", name="numpy")\n'
+    )
     home = tmp_path / "home"
     env = xl_env(home, PYTHONPATH=str(hidden.parent))
     proc = xl(["demo", "--no-tui", "--seconds", "1"], env, cwd=tmp_path, timeout=180)

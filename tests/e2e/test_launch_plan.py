@@ -57,11 +57,16 @@ def test_gpu_order_as_written_is_the_rank_order(work: Path, simnvml) -> None:
 
 
 def test_dry_run_for_people_shows_command_variables_and_devices(work: Path, simnvml) -> None:
-    proc = xl(["launch", "--dry-run", "--gpus", "1,0", "train.py"], _env(work, simnvml(gpus=2)), cwd=work)
+    proc = xl(
+        ["launch", "--dry-run", "--gpus", "1,0", "train.py"], _env(work, simnvml(gpus=2)), cwd=work
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID \\" in lines and "CUDA_VISIBLE_DEVICES=1,0 \\" in lines
-    assert any(ln.startswith(sys.executable) and ln.endswith("-m xl.launcher.entry train.py") for ln in lines)
+    assert any(
+        ln.startswith(sys.executable) and ln.endswith("-m xl.launcher.entry train.py")
+        for ln in lines
+    )
     assert f"# LOCAL_RANK 0 -> GPU 1 NVIDIA A100-SXM4-80GB ({default_uuid(1)})" in lines
     assert not (work / "home").exists()
 
@@ -70,7 +75,10 @@ def test_uuids_and_prefixes_select_gpus(work: Path, simnvml) -> None:
     env = _env(work, simnvml(gpus=4))
     out = _dry(work, env, "--gpus", f"{default_uuid(3)},{default_uuid(1)[:12]}", "train.py")
     assert out["env"]["CUDA_VISIBLE_DEVICES"] == "3,1"
-    assert "--nproc-per-node" in out["argv"] and out["argv"][out["argv"].index("--nproc-per-node") + 1] == "2"
+    assert (
+        "--nproc-per-node" in out["argv"]
+        and out["argv"][out["argv"].index("--nproc-per-node") + 1] == "2"
+    )
 
 
 def test_auto_picks_most_free_memory_then_least_busy(work: Path, simnvml) -> None:
@@ -99,7 +107,11 @@ def test_default_is_every_gpu_or_one_cpu_rank(work: Path, simnvml) -> None:
 
 def test_default_follows_the_shells_cuda_visible_devices(work: Path, simnvml) -> None:
     sim = simnvml(gpus=4)
-    out = _dry(work, _env(work, sim, CUDA_VISIBLE_DEVICES="3,1", CUDA_DEVICE_ORDER="PCI_BUS_ID"), "train.py")
+    out = _dry(
+        work,
+        _env(work, sim, CUDA_VISIBLE_DEVICES="3,1", CUDA_DEVICE_ORDER="PCI_BUS_ID"),
+        "train.py",
+    )
     assert out["env"]["CUDA_VISIBLE_DEVICES"] == "3,1"
     hidden = _dry(work, _env(work, sim, CUDA_VISIBLE_DEVICES=""), "train.py")
     assert hidden["env"]["CUDA_VISIBLE_DEVICES"] == ""  # hidden on purpose: a CPU run
@@ -122,8 +134,17 @@ def test_mixed_precision_env_and_module(work: Path, simnvml) -> None:
 
 
 def test_multi_node_uses_c10d_rendezvous_at_the_given_address(work: Path, simnvml) -> None:
-    out = _dry(work, _env(work, simnvml(gpus=2), XL_TOKEN="t" * 32), "--nnodes", "2", "--node-rank", "1",
-               "--rdzv", "10.0.0.1:29400", "train.py")
+    out = _dry(
+        work,
+        _env(work, simnvml(gpus=2), XL_TOKEN="t" * 32),
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--rdzv",
+        "10.0.0.1:29400",
+        "train.py",
+    )
     argv = out["argv"]
     assert argv[argv.index("--nnodes") + 1] == "2"
     assert argv[argv.index("--nproc-per-node") + 1] == "2"
@@ -168,7 +189,10 @@ def test_accelerate_config_fills_in_and_flags_win(work: Path, simnvml) -> None:
     assert out["argv"][out["argv"].index("--nproc-per-node") + 1] == "2"
     other = work / "other.yaml"
     other.write_text(ACCEL.replace("num_processes: 2", "num_processes: 1"))
-    out = _dry(work, env, "--accelerate-config", str(other), "--mixed-precision", "fp16", "--gpus", "0", "train.py")
+    out = _dry(
+        work, env, "--accelerate-config", str(other), "--mixed-precision", "fp16", "--gpus", "0",
+        "train.py",
+    )
     assert out["env"]["ACCELERATE_MIXED_PRECISION"] == "fp16"
     assert out["env"]["CUDA_VISIBLE_DEVICES"] == "0"
     assert out["argv"][out["argv"].index("--nproc-per-node") + 1] == "1"
@@ -199,7 +223,10 @@ def _bad(work: Path, env: dict[str, str], *args: str) -> str:
         (["--env", "NOEQUALS", "train.py"], "--env 'NOEQUALS' is not NAME=VALUE"),
         (["--gpus", "auto:9", "train.py"], "only 4 usable GPU(s)"),
         (["--nnodes", "2", "train.py"], "--nnodes > 1 needs --rdzv"),
-        (["--nnodes", "2", "--node-rank", "2", "--rdzv", "h:1", "train.py"], "--node-rank 2 must be in 0..1"),
+        (
+            ["--nnodes", "2", "--node-rank", "2", "--rdzv", "h:1", "train.py"],
+            "--node-rank 2 must be in 0..1",
+        ),
         (["--nnodes", "2", "--rdzv", "nohost", "train.py"], "is not HOST:PORT"),
         (["--gpus", "0"], "give a training script"),
         (["--accelerate-config", "nope.yaml", "train.py"], "no Accelerate config at nope.yaml"),
@@ -218,7 +245,11 @@ def test_more_ranks_than_gpus_says_how_to_run_them_on_cpu(work: Path, simnvml) -
     line = _bad(work, env, "--nproc", "2", "train.py")
     assert "--nproc 2 is more than the 1 GPU(s) chosen (0)" in line, line
     assert line.endswith("or run CPU ranks: CUDA_VISIBLE_DEVICES= xl launch ..."), line
-    ok = xl(["launch", "--dry-run", "--nproc", "2", "train.py"], {**env, "CUDA_VISIBLE_DEVICES": ""}, cwd=work)
+    ok = xl(
+        ["launch", "--dry-run", "--nproc", "2", "train.py"],
+        {**env, "CUDA_VISIBLE_DEVICES": ""},
+        cwd=work,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "# 2 CPU rank(s) (gloo): no GPU chosen" in ok.stdout, ok.stdout
     # --gpus named the GPUs: more of them, or fewer processes, is the fix; not the CPU.

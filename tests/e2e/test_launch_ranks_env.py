@@ -24,7 +24,11 @@ dist.init_process_group("gloo")
 t = torch.ones(4)
 for _ in range(3):
     dist.all_reduce(t)
-print("fr vars:", sorted(k for k in os.environ if k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")), flush=True)
+print(
+    "fr vars:",
+    sorted(k for k in os.environ if k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")),
+    flush=True,
+)
 def nice(pid):
     with open(f"/proc/{pid}/stat") as fh:
         return int(fh.read().rsplit(")", 1)[1].split()[16])
@@ -40,12 +44,15 @@ dist.destroy_process_group()
 def test_a_ranks_log_carries_no_warning_xl_caused(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(textwrap.dedent(GLOO))
     home = tmp_path / "home"
-    done = xl(["launch", "--no-tui", "--nproc", "2", "train.py"], xl_env(home), cwd=tmp_path, timeout=120)
+    done = xl(
+        ["launch", "--no-tui", "--nproc", "2", "train.py"], xl_env(home), cwd=tmp_path, timeout=120
+    )
     run_dir = only_run(home)
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in (0, 1):
         log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
-        # torch 2.13 reads TORCH_FR_BUFFER_SIZE; the old name set as well made it warn in every rank.
+        # torch 2.13 reads TORCH_FR_BUFFER_SIZE; the old name set as well made it warn in
+        # every rank.
         assert f"fr vars: ['{NEW}']" in log, log
         assert "deprecated" not in log and "Warning" not in log and "warn" not in log.lower(), log
         # The training keeps the command's priority; its supervisor gives way to it.
@@ -62,7 +69,9 @@ def test_the_buffer_goes_under_the_name_the_installed_torch_reads(tmp_path: Path
     # A torch from before the rename knows only the old name.
     old = tmp_path / "torch"
     (old / "distributed").mkdir(parents=True)
-    (old / "distributed" / "distributed_c10d.py").write_text("# reads TORCH_NCCL_TRACE_BUFFER_SIZE in C++ only\n")
+    (old / "distributed" / "distributed_c10d.py").write_text(
+        "# reads TORCH_NCCL_TRACE_BUFFER_SIZE in C++ only\n"
+    )
     env = {}
     assert set_buffer(env, "2000", str(old)) == OLD and env == {OLD: "2000"}
     # The person's own setting, under either name, stands.
@@ -71,7 +80,10 @@ def test_the_buffer_goes_under_the_name_the_installed_torch_reads(tmp_path: Path
         assert set_buffer(env, "2000") is None and env == mine
 
 
-NO_STDIN = "ranks have no stdin: input() and breakpoint() cannot read the terminal under xl launch (docs/launch.md)"
+NO_STDIN = (
+    "ranks have no stdin: input() and breakpoint() cannot read the terminal under xl launch "
+    "(docs/launch.md)"
+)
 
 
 @pytest.mark.e2e
@@ -84,14 +96,23 @@ NO_STDIN = "ranks have no stdin: input() and breakpoint() cannot read the termin
         ("import pickle\npickle.loads(b'')", "EOFError: Ran out of input", False),
     ],
 )
-def test_a_rank_that_reads_stdin_dies_with_one_line_that_says_why(tmp_path: Path, body: str, error: str, said: bool) -> None:
+def test_a_rank_that_reads_stdin_dies_with_one_line_that_says_why(
+    tmp_path: Path, body: str, error: str, said: bool
+) -> None:
     (tmp_path / "ask.py").write_text(body + "\n")
     home = tmp_path / "home"
-    done = xl(["launch", "--no-tui", "--nproc", "1", "ask.py"], xl_env(home, XL_STOP_GRACE="1"), cwd=tmp_path, timeout=120)
+    done = xl(
+        ["launch", "--no-tui", "--nproc", "1", "ask.py"],
+        xl_env(home, XL_STOP_GRACE="1"),
+        cwd=tmp_path,
+        timeout=120,
+    )
     run_dir = only_run(home)
     failure = run_json(run_dir)["failure"]
     assert done.returncode == 1 and failure["rank"] == 0, done.stdout + done.stderr
-    assert failure["message"] == f"rank 0 failed first: {error}" + (f" ({NO_STDIN})" if said else ""), failure
+    assert failure["message"] == f"rank 0 failed first: {error}" + (
+        f" ({NO_STDIN})" if said else ""
+    ), failure
     assert (NO_STDIN in done.stdout + done.stderr) == said
     wait_no_processes(run_dir, timeout=10)
 
@@ -115,7 +136,9 @@ def test_a_script_finds_its_data_beside_itself_as_under_torchrun(tmp_path: Path)
     (project / "f.py").write_text(textwrap.dedent(BESIDE))
     (project / "data.txt").write_text("beside\n")
     home = tmp_path / "home"
-    done = xl(["launch", "--no-tui", "--nproc", "2", "f.py"], xl_env(home), cwd=project, timeout=120)
+    done = xl(
+        ["launch", "--no-tui", "--nproc", "2", "f.py"], xl_env(home), cwd=project, timeout=120
+    )
     run_dir = only_run(home)
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in (0, 1):
