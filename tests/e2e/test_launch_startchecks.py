@@ -25,7 +25,10 @@ def work(tmp_path: Path) -> Path:
 
 def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, (
+        proc.returncode,
+        proc.stderr,
+    )
     return lines[0]
 
 
@@ -47,27 +50,43 @@ def test_a_taken_rendezvous_port_is_named_before_anything_starts(work: Path, how
         assert suggested is not None, line
     if how == "--nnodes":
         return  # the suggestion for one node is checked by the other two
-    done = xl(["launch", "--no-tui", "--master-port", suggested.group(1), "train.py"], env, cwd=work, timeout=120)
+    done = xl(
+        ["launch", "--no-tui", "--master-port", suggested.group(1), "train.py"],
+        env,
+        cwd=work,
+        timeout=120,
+    )
     run_dir = only_run(work / "home")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert run_json(run_dir)["status"] == "succeeded" and "trained" in (run_dir / "logs" / "rank-0.log").read_text()
+    assert (
+        run_json(run_dir)["status"] == "succeeded"
+        and "trained" in (run_dir / "logs" / "rank-0.log").read_text()
+    )
     wait_no_processes(run_dir, timeout=10)
 
 
 def test_an_interpreter_without_torch_is_named_dry_run_included(work: Path) -> None:
     venv = work / "bare"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60
+    )
     bare = str(venv / "bin" / "python")
     env = xl_env(work / "home")
     for extra in (["--dry-run"], ["--no-tui"]):
         line = _one_line(xl(["launch", *extra, "--python", bare, "train.py"], env, cwd=work))
         assert line == (
-            f"xl launch: --python {bare} has no torch, and the ranks run under it: install torch there "
+            f"xl launch: --python {bare} has no torch, and the ranks run under it: install torch "
+            "there "
             f"('{bare} -m pip install torch') or give another interpreter"
         )
-    line = _one_line(xl(["launch", "--dry-run", "--python", "/bin/true", "train.py"], env, cwd=work))
+    line = _one_line(
+        xl(["launch", "--dry-run", "--python", "/bin/true", "train.py"], env, cwd=work)
+    )
     assert "--python /bin/true is not a working Python interpreter" in line
     assert not (work / "home" / "runs").exists()
     # An interpreter with torch passes, and what the dry run prints runs under it.
     ok = xl(["launch", "--dry-run", "--python", sys.executable, "train.py"], env, cwd=work)
-    assert ok.returncode == 0 and shlex.quote(sys.executable) + " -m torch.distributed.run" in ok.stdout, ok.stderr
+    assert (
+        ok.returncode == 0
+        and shlex.quote(sys.executable) + " -m torch.distributed.run" in ok.stdout
+    ), ok.stderr

@@ -38,7 +38,9 @@ def test_rank_failing_on_node_1_ends_node_0(tmp_path: Path, mode: str) -> None:
     the failure from node 1 and ends its part."""
     homes = (tmp_path / "node0", tmp_path / "node1")
     try:
-        results = finish(start_nodes(tmp_path, homes, per_node=({}, {"MN_FAIL": "1"}), MN_MODE=mode))
+        results = finish(
+            start_nodes(tmp_path, homes, per_node=({}, {"MN_FAIL": "1"}), MN_MODE=mode)
+        )
         run0, run1 = (run_json(only_run(h)) for h in homes)
         assert results[1][0] == 1, results[1][1][-3000:]
         [r0], [r1] = own_ranks(only_run(homes[0])), own_ranks(only_run(homes[1]))
@@ -53,7 +55,11 @@ def test_rank_failing_on_node_1_ends_node_0(tmp_path: Path, mode: str) -> None:
         # Node 0's run failed, and names node 1's rank with its traceback.
         assert results[0][0] == 1 and run0["status"] == "failed", results[0][1][-3000:]
         failure = run0["failure"]
-        assert (failure["rank"], failure["node_rank"], failure["node"]) == (r1, 1, socket.gethostname()), failure
+        assert (failure["rank"], failure["node_rank"], failure["node"]) == (
+            r1,
+            1,
+            socket.gethostname(),
+        ), failure
         assert failure["exit_code"] == 1 and failure["message"].startswith("node 1 (")
         assert boom in failure["traceback"]
         assert f"boom on rank {r1}" in (only_run(homes[0]) / "logs" / f"rank-{r1}.log").read_text()
@@ -77,14 +83,19 @@ def test_ctrl_c_on_node_0_ends_both_nodes(tmp_path: Path) -> None:
         def both_training() -> bool:
             if not all(run_dirs(h) for h in homes):
                 return False
-            return logs_say(only_run(homes[0]), 3, "ready") and logs_say(only_run(homes[1]), 2, "ready")
+            return logs_say(only_run(homes[0]), 3, "ready") and logs_say(
+                only_run(homes[1]), 2, "ready"
+            )
 
         wait_for(both_training, timeout=60, what="both nodes to train")
         run1 = run_json(only_run(homes[1]))
         assert run1["world_size"] == 3
         first = run1["ranks"][0]["rank"]
         assert first in (0, 1), run1["ranks"]
-        assert [(r["rank"], r["local_rank"], r["state"]) for r in run1["ranks"]] == [(first, 0, "running"), (first + 1, 1, "running")]
+        assert [(r["rank"], r["local_rank"], r["state"]) for r in run1["ranks"]] == [
+            (first, 0, "running"),
+            (first + 1, 1, "running"),
+        ]
         procs[0].send_signal(signal.SIGINT)  # Ctrl-C in node 0's terminal
         results = finish(procs, timeout=30)
         run0, run1 = (run_json(only_run(h)) for h in homes)
@@ -113,10 +124,16 @@ def test_a_dead_node_or_rank_on_node_1_ends_the_run_on_both(tmp_path: Path, vict
         def both_training() -> bool:
             if not all(run_dirs(h) for h in homes):
                 return False
-            return logs_say(only_run(homes[0]), 2, "ready") and logs_say(only_run(homes[1]), 1, "ready")
+            return logs_say(only_run(homes[0]), 2, "ready") and logs_say(
+                only_run(homes[1]), 1, "ready"
+            )
 
         wait_for(both_training, timeout=60, what="both nodes to train")
-        run1 = wait_for(lambda: (r := run_json(only_run(homes[1])))["ranks"][0]["pid"] and r, timeout=10, what="node 1's rank's pid")
+        run1 = wait_for(
+            lambda: (r := run_json(only_run(homes[1])))["ranks"][0]["pid"] and r,
+            timeout=10,
+            what="node 1's rank's pid",
+        )
         r1 = run1["ranks"][0]["rank"]
         if victim == "node":
             os.kill(run1["supervisor_pid"], signal.SIGKILL)
@@ -129,12 +146,21 @@ def test_a_dead_node_or_rank_on_node_1_ends_the_run_on_both(tmp_path: Path, vict
         run0 = run_json(only_run(homes[0]))
         assert results[0][0] == 1 and run0["status"] == "failed", results[0][1][-3000:]
         if victim == "rank":
-            assert results[1][0] != 0 and run_json(only_run(homes[1]))["status"] in ("failed", "stopped"), results[1][1][-3000:]
+            assert results[1][0] != 0 and run_json(only_run(homes[1]))["status"] in (
+                "failed",
+                "stopped",
+            ), results[1][1][-3000:]
         failure = run0["failure"]
         assert failure["node_rank"] == 1 and failure["node"] == socket.gethostname(), failure
         if victim == "node":
-            assert failure["rank"] is None and f"was lost with rank(s) {r1} running" in failure["message"], failure
-            assert any(e["kind"] == "node_lost" and e["node_rank"] == 1 for e in run_events(only_run(homes[0])))
+            assert (
+                failure["rank"] is None
+                and f"was lost with rank(s) {r1} running" in failure["message"]
+            ), failure
+            assert any(
+                e["kind"] == "node_lost" and e["node_rank"] == 1
+                for e in run_events(only_run(homes[0]))
+            )
         else:
             assert failure["rank"] == r1 and failure["exit_code"] == -signal.SIGKILL, failure
             assert f"rank {r1} was killed by SIGKILL" in failure["message"], failure

@@ -55,9 +55,20 @@ def test_node_0_gives_up_on_a_late_node_only_when_its_heartbeat_is_lost(tmp_path
     frozen: list[int] = []
     try:
         run1 = wait_for(lambda: first_run(homes[1]), timeout=30, what="node 1's run")
-        wait_for(lambda: logs_say(run1, 1, "tail 120s"), timeout=60, what="node 1's rank to work on after the last collective")
+        wait_for(
+            lambda: logs_say(run1, 1, "tail 120s"),
+            timeout=60,
+            what="node 1's rank to work on after the last collective",
+        )
         run0 = only_run(homes[0])
-        wait_for(lambda: (r := run_json(run0)).get("ranks") and any(x["state"] == "exited" for x in r["ranks"]), timeout=30, what="node 0's rank to end")
+        wait_for(
+            lambda: (
+                (r := run_json(run0)).get("ranks")
+                and any(x["state"] == "exited" for x in r["ranks"])
+            ),
+            timeout=30,
+            what="node 0's rank to end",
+        )
         frozen = [int(run_json(run1)["supervisor_pid"]), *(p.pid for p in run_processes(run1))]
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
@@ -68,7 +79,10 @@ def test_node_0_gives_up_on_a_late_node_only_when_its_heartbeat_is_lost(tmp_path
         run = run_json(run0)
         [r1] = [r["rank"] for r in run["ranks"] if r["node_rank"] == 1]
         assert run["status"] == "failed" and run["failure"]["node_rank"] == 1, run["failure"]
-        assert f"was lost with rank(s) {r1} running: nothing came from it for 3s" in run["failure"]["message"], run["failure"]
+        assert (
+            f"was lost with rank(s) {r1} running: nothing came from it for 3s"
+            in run["failure"]["message"]
+        ), run["failure"]
         assert not any(e["kind"] == "nodes_unfinished" for e in run_events(run0))
         # Node 1 thawed and stopped: nothing of either node is left (node 0's run.json lists
         # node 1's frozen rank too).
@@ -94,7 +108,14 @@ def test_node_1_trains_on_when_node_0_cannot_be_reached(tmp_path: Path) -> None:
     homes = (tmp_path / "node0", tmp_path / "node1")
     nowhere = str(rdzv_port())
     try:
-        results = finish(start_nodes(tmp_path, homes, per_node=({"XL_NODE_END_WAIT": "2"}, {"XL_COLLECTOR_PORT": nowhere})), timeout=90)
+        results = finish(
+            start_nodes(
+                tmp_path,
+                homes,
+                per_node=({"XL_NODE_END_WAIT": "2"}, {"XL_COLLECTOR_PORT": nowhere}),
+            ),
+            timeout=90,
+        )
         for code, out in results:
             assert code == 0, out[-3000:]
         run0, run1 = only_run(homes[0]), only_run(homes[1])
@@ -111,18 +132,26 @@ def test_node_1_trains_on_when_node_0_cannot_be_reached(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
-def test_node_1_trains_on_when_only_its_supervisor_is_killed_or_frozen(tmp_path: Path, sig: signal.Signals) -> None:
+def test_node_1_trains_on_when_only_its_supervisor_is_killed_or_frozen(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
     """Node 1's supervisor alone is SIGKILLed or frozen mid-run: its rank trains on and its
     frames still reach node 0, so node 0 says the supervisor is gone (no lost node, no failure),
     keeps taking rank 1's output and metrics to the last step, and the run succeeds."""
     homes = (tmp_path / "node0", tmp_path / "node1")
     steps = 120
-    procs = start_nodes(tmp_path, homes, MN_MODE="loop", MN_STEPS=str(steps), MN_PAUSE="0.1", XL_NODE_TIMEOUT="4")
+    procs = start_nodes(
+        tmp_path, homes, MN_MODE="loop", MN_STEPS=str(steps), MN_PAUSE="0.1", XL_NODE_TIMEOUT="4"
+    )
     frozen: int | None = None
     try:
         wait_for(lambda: all(run_dirs(h) for h in homes), timeout=60, what="both runs")
         run0, run1 = only_run(homes[0]), only_run(homes[1])
-        wait_for(lambda: logs_say(run0, 2, "ready") and logs_say(run1, 1, "ready"), timeout=60, what="both nodes to train")
+        wait_for(
+            lambda: logs_say(run0, 2, "ready") and logs_say(run1, 1, "ready"),
+            timeout=60,
+            what="both nodes to train",
+        )
         sup = int(run_json(run1)["supervisor_pid"])
         [r1] = own_ranks(run1)
         os.kill(sup, sig)
@@ -133,7 +162,11 @@ def test_node_1_trains_on_when_only_its_supervisor_is_killed_or_frozen(tmp_path:
         assert run["status"] == "succeeded" and run["failure"] is None, run
         events = run_events(run0)
         said = [e for e in events if e["kind"] == "node_supervisor_lost"]
-        assert len(said) == 1 and said[0]["node_rank"] == 1 and f"rank(s) {r1} still send" in said[0]["message"], said
+        assert (
+            len(said) == 1
+            and said[0]["node_rank"] == 1
+            and f"rank(s) {r1} still send" in said[0]["message"]
+        ), said
         assert not any(e["kind"] in ("node_lost", "failure") for e in events), events
         # Rank 1's records kept coming after its supervisor was gone, to its last step.
         assert steps - 1 in {m["step"] for m in train_records(run0) if m["rank"] == r1}
@@ -142,8 +175,11 @@ def test_node_1_trains_on_when_only_its_supervisor_is_killed_or_frozen(tmp_path:
             os.kill(frozen, signal.SIGCONT)
             frozen = None
         code1, out1 = finish(procs[1:], timeout=60)[0]
-        assert code1 == 0 and wait_for(lambda: run_json(run1).get("status") == "succeeded", timeout=30, what="node 1's record"), out1[-3000:]
-        assert "done" in (run1 / "logs" / f"rank-{r1}.log").read_text()  # its output stayed on its node
+        assert code1 == 0 and wait_for(
+            lambda: run_json(run1).get("status") == "succeeded", timeout=30, what="node 1's record"
+        ), out1[-3000:]
+        # its output stayed on its node
+        assert "done" in (run1 / "logs" / f"rank-{r1}.log").read_text()
         for run_dir in (run0, run1):
             wait_no_processes(run_dir, timeout=10)
     finally:
@@ -180,7 +216,9 @@ def _netns_pair() -> Any:
         for cmd in setup:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
             if done.returncode != 0:
-                pytest.skip(f"cannot make a network namespace here ({' '.join(cmd)}: {done.stderr.strip()})")
+                pytest.skip(
+                    f"cannot make a network namespace here ({' '.join(cmd)}: {done.stderr.strip()})"
+                )
         (etc / ns).mkdir(parents=True)
         (etc / ns / "hosts").write_text(f"{addr0} localhost\n127.0.0.1 {socket.gethostname()}\n")
         yield ns, here, addr0, addr1, there
@@ -195,7 +233,9 @@ def _netns_pair() -> Any:
 
 
 @pytest.mark.parametrize("node_0_lost", ["8", "keep"])
-def test_a_link_going_down_between_the_nodes_is_noticed_on_both(tmp_path: Path, node_0_lost: str) -> None:
+def test_a_link_going_down_between_the_nodes_is_noticed_on_both(
+    tmp_path: Path, node_0_lost: str
+) -> None:
     """Node 1 in its own network namespace, joined by a veth pair; the link goes down mid-run:
     node 0 names node 1 lost, and node 1 says node 0 no longer answers (it used to stay
     "running" without a word). Past XL_NODE_0_LOST_S (8 s here) with node 0's rendezvous out of
@@ -209,35 +249,72 @@ def test_a_link_going_down_between_the_nodes_is_noticed_on_both(tmp_path: Path, 
             rdzv = f"{addr0}:{rdzv_port(addr0)}"
             for node, (home, ifname) in enumerate(zip(homes, (here, there), strict=True)):
                 argv = node_argv(node, rdzv)
-                env = xl_env(home, XL_TOKEN=TOKEN, MN_MODE="loop", XL_NODE_TIMEOUT="5", GLOO_SOCKET_IFNAME=ifname,
-                             XL_NODE_0_LOST_S=node_0_lost)
+                env = xl_env(
+                    home,
+                    XL_TOKEN=TOKEN,
+                    MN_MODE="loop",
+                    XL_NODE_TIMEOUT="5",
+                    GLOO_SOCKET_IFNAME=ifname,
+                    XL_NODE_0_LOST_S=node_0_lost,
+                )
                 prefix = ["ip", "netns", "exec", ns] if node else []
-                procs.append(subprocess.Popen([*prefix, *argv], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                procs.append(
+                    subprocess.Popen(
+                        [*prefix, *argv],
+                        env=env,
+                        cwd=tmp_path,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                    )
+                )
                 if not node:  # node 0 joins first: its agent is group rank 0 (see _netns_pair)
                     wait_for(lambda: run_dirs(homes[0]), timeout=60, what="node 0's run")
             wait_for(lambda: all(run_dirs(h) for h in homes), timeout=60, what="both runs")
             run0, run1 = only_run(homes[0]), only_run(homes[1])
-            wait_for(lambda: logs_say(run0, 2, "ready") and logs_say(run1, 1, "ready"), timeout=90, what="both nodes to train")
+            wait_for(
+                lambda: logs_say(run0, 2, "ready") and logs_say(run1, 1, "ready"),
+                timeout=90,
+                what="both nodes to train",
+            )
             subprocess.run(["ip", "link", "set", here, "down"], check=True, timeout=30)
             down_at = time.monotonic()
             code0, out0 = finish(procs[:1], timeout=60)[0]
             assert code0 == 1, out0[-3000:]
             failure = run_json(run0)["failure"]
-            assert failure["node_rank"] == 1 and "nothing came from it for 5s" in failure["message"], failure
+            assert (
+                failure["node_rank"] == 1 and "nothing came from it for 5s" in failure["message"]
+            ), failure
 
             def node_1_noticed() -> dict[str, Any] | None:
-                return next((e for e in run_events(run1) if e["kind"] == "node_lost" and e.get("node_rank") == 0), None)
+                return next(
+                    (
+                        e
+                        for e in run_events(run1)
+                        if e["kind"] == "node_lost" and e.get("node_rank") == 0
+                    ),
+                    None,
+                )
 
             said = wait_for(node_1_noticed, timeout=30, what="node 1 to notice that node 0 is gone")
-            assert f"node 0 ({rdzv.rsplit(':', 1)[0]}:" in said["message"] and "has not answered for 5s" in said["message"], said
-            assert said["t"] - time.time() + (time.monotonic() - down_at) < 20  # within the timeout and a few seconds
+            assert (
+                f"node 0 ({rdzv.rsplit(':', 1)[0]}:" in said["message"]
+                and "has not answered for 5s" in said["message"]
+            ), said
+            # within the timeout and a few seconds
+            assert said["t"] - time.time() + (time.monotonic() - down_at) < 20
             if node_0_lost == "keep":
-                assert "XL_NODE_0_LOST_S=keep" in said["message"] and "until torch's own timeout" in said["message"], said
+                assert (
+                    "XL_NODE_0_LOST_S=keep" in said["message"]
+                    and "until torch's own timeout" in said["message"]
+                ), said
                 time.sleep(10)  # past where it would have given up
                 assert procs[1].poll() is None and run_json(run1)["status"] == "running"
                 assert any(r.get("state") == "running" for r in run_json(run1)["ranks"])
                 stop = xl(["stop", run1.name], xl_env(homes[1]))
-                assert stop.returncode == 0 and stop.stdout.strip() == f"{run1.name} stopped", stop.stdout + stop.stderr
+                assert stop.returncode == 0 and stop.stdout.strip() == f"{run1.name} stopped", (
+                    stop.stdout + stop.stderr
+                )
                 finish(procs[1:], timeout=30)
             else:
                 assert "ends its ranks once node 0 has been silent 8s" in said["message"], said
@@ -245,7 +322,10 @@ def test_a_link_going_down_between_the_nodes_is_noticed_on_both(tmp_path: Path, 
                 assert code1 == 1, out1[-3000:]
                 rec1 = run_json(run1)
                 assert rec1["status"] == "failed", rec1
-                assert "rendezvous cannot be reached: this node's ranks were ended" in rec1["failure"]["message"], rec1["failure"]
+                assert (
+                    "rendezvous cannot be reached: this node's ranks were ended"
+                    in rec1["failure"]["message"]
+                ), rec1["failure"]
                 assert "rendezvous cannot be reached" in out1, out1[-3000:]
             for run_dir in (run0, run1):
                 wait_no_processes(run_dir, timeout=10)

@@ -39,14 +39,22 @@ pytestmark = pytest.mark.e2e
         (["--rdzv", "127.0.0.1:"], "is not HOST:PORT"),
         (["--rdzv", "127.0.0.1:70000"], "port 70000 is out of range; use 1-65535"),
         (["--rdzv", "127.0.0.1:0"], "port 0 is out of range"),
-        (["--rdzv", "::1:29500"], "is not HOST:PORT (e.g. --rdzv 10.0.0.1:29500 or [fd00::1]:29500)"),
+        (
+            ["--rdzv", "::1:29500"],
+            "is not HOST:PORT (e.g. --rdzv 10.0.0.1:29500 or [fd00::1]:29500)",
+        ),
         (["--node-rank", "2", "--rdzv", "127.0.0.1:29500"], "--node-rank 2 must be in 0..1"),
     ],
 )
 def test_bad_rendezvous_is_one_line_and_exit_2(tmp_path: Path, args: list[str], says: str) -> None:
     (tmp_path / "mn.py").write_text(SCRIPT)
     home = tmp_path / "home"
-    proc = xl(["launch", "--no-tui", "--nnodes", "2", *args, "mn.py"], xl_env(home), cwd=tmp_path, timeout=30)
+    proc = xl(
+        ["launch", "--no-tui", "--nnodes", "2", *args, "mn.py"],
+        xl_env(home),
+        cwd=tmp_path,
+        timeout=30,
+    )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("xl launch: ") and says in lines[0], proc.stderr
@@ -57,12 +65,16 @@ def test_bad_rendezvous_is_one_line_and_exit_2(tmp_path: Path, args: list[str], 
 
 def test_rdzv_in_the_plan_is_c10d_rendezvous_at_node_0(tmp_path: Path) -> None:
     """torchrun's c10d rendezvous at node 0's address (IPv6 stays bracketed, as torch parses it),
-    no --node-rank (torch ignores it under c10d), node 0 hosting the store, an id every node of the run derives alike from
-    the run's token without showing it, another id for another run on the same endpoint."""
+    no --node-rank (torch ignores it under c10d), node 0 hosting the store, an id every node of the
+    run derives alike from the run's token without showing it, another id for another run on the
+    same endpoint."""
     (tmp_path / "mn.py").write_text(SCRIPT)
 
     def plan(node: str, **env: str) -> list[str]:
-        args = ["launch", "--dry-run", "--json", "--nnodes", "2", "--node-rank", node, "--rdzv", "[::1]:29511", "mn.py"]
+        args = [
+            "launch", "--dry-run", "--json", "--nnodes", "2", "--node-rank", node, "--rdzv",
+            "[::1]:29511", "mn.py",
+        ]
         proc = xl(args, xl_env(tmp_path / "home", **env), cwd=tmp_path, timeout=30)
         assert proc.returncode == 0, proc.stderr
         return list(json.loads(proc.stdout)["argv"])
@@ -72,7 +84,11 @@ def test_rdzv_in_the_plan_is_c10d_rendezvous_at_node_0(tmp_path: Path) -> None:
     def opt(name: str) -> str:
         return str(argv[argv.index(name) + 1])
 
-    assert opt("--nnodes") == "2" and opt("--rdzv-backend") == "c10d" and opt("--rdzv-endpoint") == "[::1]:29511"
+    assert (
+        opt("--nnodes") == "2"
+        and opt("--rdzv-backend") == "c10d"
+        and opt("--rdzv-endpoint") == "[::1]:29511"
+    )
     assert opt("--rdzv-id") == "xl-" + hashlib.sha256(TOKEN.encode()).hexdigest()[:12]
     assert opt("--max-restarts") == "0"
     assert not {"--node-rank", "--master-addr", "--master-port", "--standalone"} & set(argv), argv
@@ -87,28 +103,47 @@ def test_rdzv_in_the_plan_is_c10d_rendezvous_at_node_0(tmp_path: Path) -> None:
     assert bare[bare.index("--rdzv-id") + 1] == "xl---1-29511"
 
     # The text dry run says which xl node this is and that torch numbers nodes as they join.
-    args = ["launch", "--dry-run", "--nnodes", "2", "--node-rank", "1", "--rdzv", "[::1]:29511", "mn.py"]
+    args = [
+        "launch", "--dry-run", "--nnodes", "2", "--node-rank", "1", "--rdzv", "[::1]:29511",
+        "mn.py",
+    ]
     proc = xl(args, xl_env(tmp_path / "home", XL_TOKEN=TOKEN), cwd=tmp_path, timeout=30)
-    assert proc.returncode == 0 and "# xl node 1 of 2 (node 0 gathers every node)" in proc.stdout, proc.stdout
+    assert proc.returncode == 0 and "# xl node 1 of 2 (node 0 gathers every node)" in proc.stdout, (
+        proc.stdout
+    )
 
 
 @pytest.mark.parametrize(
     ("node_rank", "env", "says"),
     [
-        ("1", {}, "--node-rank 1 needs XL_TOKEN, the run's token: run the command node 0's 'xl launch' printed"),
+        (
+            "1",
+            {},
+            "--node-rank 1 needs XL_TOKEN, the run's token: run the command node 0's 'xl launch' "
+            "printed",
+        ),
         ("1", {"XL_TOKEN": "short"}, "XL_TOKEN must be 16-256 letters, digits or -_.~+/="),
-        ("0", {"XL_COLLECTOR_PORT": "http"}, "XL_COLLECTOR_PORT='http' is not a port; use 1-65535, the same on every node"),
+        (
+            "0",
+            {"XL_COLLECTOR_PORT": "http"},
+            "XL_COLLECTOR_PORT='http' is not a port; use 1-65535, the same on every node",
+        ),
         ("0", {"RDZV_PORT": "65535"}, "--rdzv port 65535 leaves no port for node 0's collector"),
     ],
 )
-def test_bad_node_contract_is_one_line_and_exit_2(tmp_path: Path, node_rank: str, env: dict[str, str], says: str) -> None:
+def test_bad_node_contract_is_one_line_and_exit_2(
+    tmp_path: Path, node_rank: str, env: dict[str, str], says: str
+) -> None:
     (tmp_path / "mn.py").write_text(SCRIPT)
     home = tmp_path / "home"
     port = env.pop("RDZV_PORT", "29511")
     base = xl_env(home, **env)
     if "XL_TOKEN" not in env:
         base.pop("XL_TOKEN", None)
-    args = ["launch", "--no-tui", "--nnodes", "2", "--node-rank", node_rank, "--rdzv", f"127.0.0.1:{port}", "mn.py"]
+    args = [
+        "launch", "--no-tui", "--nnodes", "2", "--node-rank", node_rank, "--rdzv",
+        f"127.0.0.1:{port}", "mn.py",
+    ]
     proc = xl(args, base, cwd=tmp_path, timeout=30)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -122,8 +157,18 @@ def test_stopping_node_0_while_node_1_never_joined_is_prompt_and_says_so(tmp_pat
     not that it "had not reported the end of its part"."""
     home = tmp_path / "home"
     (tmp_path / "mn.py").write_text(SCRIPT)
-    argv = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", "0", "--rdzv", f"127.0.0.1:{rdzv_port()}", "--nproc", "1", "mn.py"]
-    node0 = subprocess.Popen(argv, env=xl_env(home, XL_TOKEN=TOKEN), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [
+        *XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", "0", "--rdzv",
+        f"127.0.0.1:{rdzv_port()}", "--nproc", "1", "mn.py",
+    ]
+    node0 = subprocess.Popen(
+        argv,
+        env=xl_env(home, XL_TOKEN=TOKEN),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         run0 = wait_for(lambda: first_run(home), timeout=60, what="node 0's run")
         wait_for(lambda: run_json(run0).get("torchrun_pid"), timeout=60, what="node 0's torchrun")
@@ -131,8 +176,11 @@ def test_stopping_node_0_while_node_1_never_joined_is_prompt_and_says_so(tmp_pat
         asked = time.monotonic()
         stop = xl(["stop", run0.name], xl_env(home))
         took = time.monotonic() - asked
-        assert stop.returncode == 0 and stop.stdout.strip() == f"{run0.name} stopped", stop.stdout + stop.stderr
-        assert took < 8.0, took  # the grace (1 s) and the supervisor's own ending; it waited 11 s for node 1
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run0.name} stopped", (
+            stop.stdout + stop.stderr
+        )
+        # the grace (1 s) and the supervisor's own ending; it waited 11 s for node 1
+        assert took < 8.0, took
         events = run_events(run0)
         assert not any(e["kind"] == "nodes_unfinished" for e in events), events
         never = [e for e in events if e["kind"] == "nodes_never_joined"]
@@ -153,8 +201,11 @@ READ_TIMEOUT_S = 10
 def _torchrun_without_the_wait(tmp_path: Path, rdzv: str) -> subprocess.CompletedProcess[str]:
     """torchrun as node 1 would run it if xl did not wait first, with the same client timeout."""
     conf = f"is_host=0,read_timeout={READ_TIMEOUT_S}"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", rdzv, "--rdzv-id", "without-the-wait", "--rdzv-conf", conf, "mn.py"]
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv, "--rdzv-id", "without-the-wait",
+        "--rdzv-conf", conf, "mn.py",
+    ]
     return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=180)
 
 
@@ -172,24 +223,47 @@ def test_node_1_started_long_before_node_0_still_joins(tmp_path: Path) -> None:
     procs: list[subprocess.Popen[str]] = []
     timeouts = tmp_path / "read_timeouts.log"
     short_client = {
-        "PYTHONPATH": os.pathsep.join(p for p in (str(SUPPORT / "rdzvshort"), os.environ.get("PYTHONPATH")) if p),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(SUPPORT / "rdzvshort"), os.environ.get("PYTHONPATH")) if p
+        ),
         "XL_TEST_RDZV_READ_TIMEOUT": str(READ_TIMEOUT_S),
         "XL_TEST_RDZV_READ_TIMEOUT_LOG": str(timeouts),
     }
 
     def launch(node: int, **env: str) -> None:
         argv = node_argv(node, rdzv)
-        procs.append(subprocess.Popen(argv, env=xl_env(home, XL_TOKEN=TOKEN, **env), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                argv,
+                env=xl_env(home, XL_TOKEN=TOKEN, **env),
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
 
     try:
         launch(1, **short_client)
         first = wait_for(lambda: first_run(home), timeout=60, what="node 1's run")
-        said = wait_for(lambda: (first / "events.jsonl").exists() and next((e for e in run_events(first) if e["kind"] == "waiting_for_node_0"), None),
-                        timeout=30, what="node 1 to wait")
-        assert f"waiting for node 0's rendezvous at {rdzv}" in said["message"] and "(up to 600s, as torchrun's own)" in said["message"], said
+        said = wait_for(
+            lambda: (
+                (first / "events.jsonl").exists()
+                and next((e for e in run_events(first) if e["kind"] == "waiting_for_node_0"), None)
+            ),
+            timeout=30,
+            what="node 1 to wait",
+        )
+        assert (
+            f"waiting for node 0's rendezvous at {rdzv}" in said["message"]
+            and "(up to 600s, as torchrun's own)" in said["message"]
+        ), said
         # Started after node 1's own torchrun would have been, it gives up before node 0 comes.
         gave_up = _torchrun_without_the_wait(tmp_path, rdzv)
-        assert gave_up.returncode != 0 and "The connection to the C10d store has failed" in gave_up.stderr, gave_up.stderr[-3000:]
+        assert (
+            gave_up.returncode != 0
+            and "The connection to the C10d store has failed" in gave_up.stderr
+        ), gave_up.stderr[-3000:]
         assert procs[0].poll() is None and run_json(first)["status"] == "running"
         launch(0)
         (code1, out1), (code0, out0) = finish(procs, timeout=150)
@@ -197,11 +271,19 @@ def test_node_1_started_long_before_node_0_still_joins(tmp_path: Path) -> None:
         run0, run1 = node_runs((home, home))
         # Node 1's torchrun, and it alone, ran with the short client timeout.
         torchrun = run_json(run1)["torchrun_pid"]
-        assert timeouts.read_text().splitlines() == [f"read_timeout={READ_TIMEOUT_S} pid={torchrun}"], (timeouts.read_text(), torchrun)
+        assert timeouts.read_text().splitlines() == [
+            f"read_timeout={READ_TIMEOUT_S} pid={torchrun}"
+        ], (timeouts.read_text(), torchrun)
         assert "C10d store has failed" not in (run1 / "logs" / "torchrun.log").read_text()
         assert_one_view(run0, run1, {0: 1, 1: 1})
-        assert [(r["state"], r["exit_code"]) for r in run_json(run1)["ranks"]] == [("exited", 0)], run_json(run1)["ranks"]
-        table = [line for line in out1.splitlines() if line.startswith("|") and "rank" not in line and "---" not in line]
+        assert [(r["state"], r["exit_code"]) for r in run_json(run1)["ranks"]] == [("exited", 0)], (
+            run_json(run1)["ranks"]
+        )
+        table = [
+            line
+            for line in out1.splitlines()
+            if line.startswith("|") and "rank" not in line and "---" not in line
+        ]
         assert len(table) == 1 and "running" not in table[0], out1[-3000:]
         for run_dir in (run0, run1):
             wait_no_processes(run_dir, timeout=5)

@@ -69,14 +69,23 @@ def test_node_1_joins_with_the_command_node_0_printed(tmp_path: Path) -> None:
     rdzv = f"127.0.0.1:{rdzv_port()}"
     env0 = xl_env(homes[0], MN_STEPS="3", MN_PAUSE="0.3")
     env0.pop("XL_TOKEN", None)
-    argv0 = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", "0", "--rdzv", rdzv, "--nproc", "1", "mn.py"]
+    argv0 = [
+        *XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", "0", "--rdzv", rdzv, "--nproc",
+        "1", "mn.py",
+    ]
     with open(tmp_path / "node0.out", "w") as out0:
-        node0 = subprocess.Popen(argv0, env=env0, cwd=tmp_path, stdout=out0, stderr=subprocess.PIPE, text=True)
+        node0 = subprocess.Popen(
+            argv0, env=env0, cwd=tmp_path, stdout=out0, stderr=subprocess.PIPE, text=True
+        )
     err0: list[str] = []
     reader = _read_lines(node0.stderr, err0)
     node1: subprocess.Popen[str] | None = None
     try:
-        line = wait_for(lambda: next((ln for ln in err0 if "xl launch" in ln), None), timeout=30, what="node 0's command")
+        line = wait_for(
+            lambda: next((ln for ln in err0 if "xl launch" in ln), None),
+            timeout=30,
+            what="node 0's command",
+        )
         assert any(f"on the other node, in {tmp_path}, run:" in ln for ln in err0), err0
         words = shlex.split(line)
         # VAR=value assignments, then the command.
@@ -84,13 +93,24 @@ def test_node_1_joins_with_the_command_node_0_printed(tmp_path: Path) -> None:
         token = assigns["XL_TOKEN"]
         assert len(token) >= 32 and set(assigns) == {"XL_TOKEN"}, assigns
         argv = words[words.index("xl") :]
-        assert argv == ["xl", "launch", "--nproc", "1", "--nnodes", "2", "--node-rank", "1", "--rdzv", rdzv, "--", "mn.py"]
+        assert argv == [
+            "xl", "launch", "--nproc", "1", "--nnodes", "2", "--node-rank", "1", "--rdzv", rdzv,
+            "--", "mn.py",
+        ]
         env1 = xl_env(homes[1], MN_STEPS="3", MN_PAUSE="0.3", **assigns)
-        node1 = subprocess.Popen([*XL, *argv[1:], "--no-tui"], env=env1, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        node1 = subprocess.Popen(
+            [*XL, *argv[1:], "--no-tui"],
+            env=env1,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
         def training() -> bool:
             return all(run_dirs(h) for h in homes) and (
-                logs_say(only_run(homes[0]), 2, "ready") and logs_say(only_run(homes[1]), 1, "ready")
+                logs_say(only_run(homes[0]), 2, "ready")
+                and logs_say(only_run(homes[1]), 1, "ready")
             )
 
         wait_for(training, timeout=60, what="both nodes to train")
@@ -128,24 +148,41 @@ def test_node_with_a_wrong_token_is_told_and_node_0_waits_for_the_right_one(tmp_
     rdzv = f"127.0.0.1:{rdzv_port()}"
 
     def argv(node: int) -> list[str]:
-        return ["launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv, "--nproc", "1", "mn.py"]
+        return [
+            "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv,
+            "--nproc", "1", "mn.py",
+        ]
 
     wrong_token = TOKEN[:-1] + "X"
     with open(tmp_path / "node0.out", "w") as out0:
         env0 = xl_env(homes[0], XL_TOKEN=TOKEN, MN_STEPS="3")
-        node0 = subprocess.Popen([*XL, *argv(0)], env=env0, cwd=tmp_path, stdout=out0, stderr=subprocess.STDOUT, text=True)
+        node0 = subprocess.Popen(
+            [*XL, *argv(0)],
+            env=env0,
+            cwd=tmp_path,
+            stdout=out0,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     try:
         run0 = wait_for(lambda: first_run(homes[0]), timeout=30, what="node 0's run")
         start = time.monotonic()
-        wrong = xl(argv(1), xl_env(homes[1], XL_TOKEN=wrong_token, MN_STEPS="3"), cwd=tmp_path, timeout=45)
+        wrong = xl(
+            argv(1), xl_env(homes[1], XL_TOKEN=wrong_token, MN_STEPS="3"), cwd=tmp_path, timeout=45
+        )
         took = time.monotonic() - start
         out = wrong.stdout + wrong.stderr
         assert wrong.returncode == 1, out[-3000:]
         # Said as it happens (the run's one failure event) and in the run's closing line, as
         # every failure is; never more.
         said = [ln for ln in out.splitlines() if "refused" in ln]
-        assert len(said) == 2 and said[1].startswith("xl: run ") and " failed after " in said[1], out
-        assert "node 0 (127.0.0.1:" in said[0] and "refused this node's XL_TOKEN: it is not the run's token" in said[0]
+        assert len(said) == 2 and said[1].startswith("xl: run ") and " failed after " in said[1], (
+            out
+        )
+        assert (
+            "node 0 (127.0.0.1:" in said[0]
+            and "refused this node's XL_TOKEN: it is not the run's token" in said[0]
+        )
         assert "run the exact command node 0's 'xl launch' printed" in said[0], said
         assert "Traceback" not in out and TOKEN not in out, out
         assert took < 20, (took, out)
@@ -157,10 +194,15 @@ def test_node_with_a_wrong_token_is_told_and_node_0_waits_for_the_right_one(tmp_
         assert refused["node_rank"] == 1 and "wrong XL_TOKEN" in refused["message"], refused
         assert node0.poll() is None and run_json(run0)["status"] == "running"
         assert not any(e["kind"] in ("node_lost", "failure") for e in run_events(run0))
-        right = xl(argv(1), xl_env(homes[2], XL_TOKEN=TOKEN, MN_STEPS="3"), cwd=tmp_path, timeout=60)
+        right = xl(
+            argv(1), xl_env(homes[2], XL_TOKEN=TOKEN, MN_STEPS="3"), cwd=tmp_path, timeout=60
+        )
         assert right.returncode == 0, (right.stdout + right.stderr)[-3000:]
         assert node0.wait(timeout=60) == 0, (tmp_path / "node0.out").read_text()[-3000:]
-        assert "tried to join with a wrong XL_TOKEN and was refused" in (tmp_path / "node0.out").read_text()
+        assert (
+            "tried to join with a wrong XL_TOKEN and was refused"
+            in (tmp_path / "node0.out").read_text()
+        )
         assert_one_view(run0, only_run(homes[2]), {0: 1, 1: 1})
         assert json.loads((run0 / "collector.json").read_text())["rejects"].get("bad_token", 0) >= 1
         for home in homes:
@@ -172,7 +214,11 @@ def test_node_with_a_wrong_token_is_told_and_node_0_waits_for_the_right_one(tmp_
 def _routable_ipv4() -> str | None:
     for name, addrs in psutil.net_if_addrs().items():
         for addr in addrs:
-            if addr.family == socket.AF_INET and not addr.address.startswith("127.") and name != "lo":
+            if (
+                addr.family == socket.AF_INET
+                and not addr.address.startswith("127.")
+                and name != "lo"
+            ):
                 return str(addr.address)
     return None
 
@@ -189,7 +235,14 @@ def test_collector_on_a_routable_address_takes_only_frames_with_the_token(tmp_pa
     procs = start_nodes(tmp_path, homes, host=host, MN_STEPS="3", MN_PAUSE="1.5")
     try:
         run0 = wait_for(lambda: first_run(homes[0]), timeout=30, what="node 0's run")
-        status = wait_for(lambda: (run0 / "collector.json").exists() and json.loads((run0 / "collector.json").read_text()), timeout=30, what="collector.json")
+        status = wait_for(
+            lambda: (
+                (run0 / "collector.json").exists()
+                and json.loads((run0 / "collector.json").read_text())
+            ),
+            timeout=30,
+            what="collector.json",
+        )
         assert status["host"] == host
         port = int(status["port"])
         rec = {"t": time.time(), "rank": 0, "kind": "train", "step": 4242}
@@ -213,13 +266,16 @@ def test_collector_on_a_routable_address_takes_only_frames_with_the_token(tmp_pa
                     assert sock.recv(64) == handshake.REFUSED
                 else:
                     assert token is not None
-                    verdict = handshake.client_handshake(sock, token.encode(), role, 1 if role == handshake.ROLE_NODE else 0)
+                    verdict = handshake.client_handshake(
+                        sock, token.encode(), role, 1 if role == handshake.ROLE_NODE else 0
+                    )
                     assert verdict == handshake.REFUSED_TOKEN
                     with contextlib.suppress(OSError):
                         sock.sendall(struct.pack(">I", len(payload)) + payload)
                 sock.settimeout(2)
                 rest = b""
-                with contextlib.suppress(ConnectionResetError):  # a reset: the frame hit a closed socket
+                # a reset: the frame hit a closed socket
+                with contextlib.suppress(ConnectionResetError):
                     rest = sock.recv(4096)
                 assert rest == b""  # closed, nothing more said
         results = finish(procs, timeout=60)

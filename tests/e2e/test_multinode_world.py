@@ -124,7 +124,16 @@ def test_attach_last_on_a_shared_home_shows_node_0_s_whole_run(tmp_path: Path) -
     try:
         for node in (0, 1):
             argv = node_argv(node, rdzv)
-            procs.append(subprocess.Popen(argv, env=xl_env(home, XL_TOKEN=TOKEN), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            procs.append(
+                subprocess.Popen(
+                    argv,
+                    env=xl_env(home, XL_TOKEN=TOKEN),
+                    cwd=tmp_path,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
             if node == 0:
                 wait_for(lambda: first_run(home), timeout=60, what="node 0's run")
                 time.sleep(1.1)  # node 1's part is the newer run
@@ -135,9 +144,16 @@ def test_attach_last_on_a_shared_home_shows_node_0_s_whole_run(tmp_path: Path) -
         assert json.loads(listed.stdout)[-1]["run_id"] == run1.name  # `last` is node 1's part
         attach = xl(["attach", "last", "--no-tui"], xl_env(home))
         assert attach.returncode == 0, attach.stdout + attach.stderr
-        assert f"showing node 0's {run0.name}" in attach.stderr and f"'xl attach {run1.name}'" in attach.stderr, attach.stderr
+        assert (
+            f"showing node 0's {run0.name}" in attach.stderr
+            and f"'xl attach {run1.name}'" in attach.stderr
+        ), attach.stderr
         assert run0.name in attach.stdout and run1.name not in attach.stdout, attach.stdout
-        rows = [line for line in attach.stdout.splitlines() if line.startswith("|") and "rank" not in line and "---" not in line]
+        rows = [
+            line
+            for line in attach.stdout.splitlines()
+            if line.startswith("|") and "rank" not in line and "---" not in line
+        ]
         assert len(rows) == 2, attach.stdout
         # A single-node run or node 0 itself is shown as it is, without a word.
         attach0 = xl(["attach", run0.name, "--no-tui"], xl_env(home))

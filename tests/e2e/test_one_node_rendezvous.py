@@ -34,7 +34,16 @@ def test_two_runs_at_once_each_hold_their_own_port(tmp_path: Path) -> None:
     for out in outs:
         out.mkdir()
         argv = [*XL, "launch", "--no-tui", "--nproc", "2", "--name", out.name, "probe.py", str(out)]
-        procs.append(subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                argv,
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     for proc in procs:
         out, _ = proc.communicate(timeout=180)
         assert proc.returncode == 0, out[-3000:]
@@ -58,12 +67,22 @@ def test_two_runs_at_once_each_hold_their_own_port(tmp_path: Path) -> None:
 
 def test_restarts_keep_the_c10d_rendezvous(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
-    proc = xl(["launch", "--dry-run", "--json", "--nproc", "2", "--max-restarts", "1", "probe.py"], xl_env(tmp_path / "home"), cwd=tmp_path)
+    proc = xl(
+        ["launch", "--dry-run", "--json", "--nproc", "2", "--max-restarts", "1", "probe.py"],
+        xl_env(tmp_path / "home"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     argv = json.loads(proc.stdout)["argv"]
     assert argv[argv.index("--rdzv-backend") + 1] == "c10d"
     assert argv[argv.index("--rdzv-endpoint") + 1] == "127.0.0.1:0"
     assert "--master-port" not in argv
-    plain = json.loads(xl(["launch", "--dry-run", "--json", "--nproc", "2", "probe.py"], xl_env(tmp_path / "home"), cwd=tmp_path).stdout)
+    plain = json.loads(
+        xl(
+            ["launch", "--dry-run", "--json", "--nproc", "2", "probe.py"],
+            xl_env(tmp_path / "home"),
+            cwd=tmp_path,
+        ).stdout
+    )
     assert plain["argv"][plain["argv"].index("--master-port") + 1] == "0"
     assert sys.executable == argv[0]

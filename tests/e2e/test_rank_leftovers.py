@@ -35,13 +35,19 @@ rank = int(os.environ["RANK"])
 go, how = sys.argv[1], sys.argv[2]
 if rank == 0:
     # A shell's background job in a session of its own; the shell exits at once.
-    subprocess.run(["sh", "-c", f'setsid sh -c "echo \\$\\$ > {go}.setsid.tmp; exec sleep 1000" &'], check=True)
+    subprocess.run(
+        ["sh", "-c", f'setsid sh -c "echo \\$\\$ > {go}.setsid.tmp; exec sleep 1000" &'], check=True
+    )
     # The classic daemon: fork, setsid, fork again, the middle process exits; the grandchild
     # clears its environment (nothing says which run it came from) and sleeps.
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
-            os.execve("/bin/sh", ["sh", "-c", f"echo $$ > {go}.daemon.tmp; exec sleep 1000"], {"PATH": "/usr/bin:/bin"})
+            os.execve(
+                "/bin/sh",
+                ["sh", "-c", f"echo $$ > {go}.daemon.tmp; exec sleep 1000"],
+                {"PATH": "/usr/bin:/bin"},
+            )
         os._exit(0)
     for name in ("setsid", "daemon"):
         while not os.path.exists(f"{go}.{name}.tmp") or not open(f"{go}.{name}.tmp").read().strip():
@@ -61,7 +67,13 @@ def _leftovers(tmp_path: Path) -> list[psutil.Process]:
     procs = []
     for name in ("setsid", "daemon"):
         path = tmp_path / f"go.{name}"
-        pid = int(wait_for(lambda p=path: p.exists() and p.read_text().strip(), timeout=60, what=f"the {name} pid"))
+        pid = int(
+            wait_for(
+                lambda p=path: p.exists() and p.read_text().strip(),
+                timeout=60,
+                what=f"the {name} pid",
+            )
+        )
         procs.append(psutil.Process(pid))
     return procs
 
@@ -73,7 +85,9 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
-@pytest.mark.parametrize(("how", "status"), [("succeed", "succeeded"), ("fail", "failed"), ("wait", "stopped")])
+@pytest.mark.parametrize(
+    ("how", "status"), [("succeed", "succeeded"), ("fail", "failed"), ("wait", "stopped")]
+)
 def test_what_a_rank_left_behind_ends_with_the_run(tmp_path: Path, how: str, status: str) -> None:
     env = xl_env(tmp_path / "home")
     script = tmp_path / "train.py"
@@ -102,8 +116,12 @@ def test_what_a_rank_left_behind_ends_with_the_run(tmp_path: Path, how: str, sta
         assert wait_final(run_dir, timeout=120)["status"] == status
         # Ended by the run's end, not found later: once run.json is final they are gone (a few
         # seconds for a zombie's reaping on a busy machine).
-        wait_for(lambda: not any(_alive(p) for p in left), timeout=10, what="the rank's leftovers to end",
-                 explain=lambda: str([(p.pid, _alive(p)) for p in left]))
+        wait_for(
+            lambda: not any(_alive(p) for p in left),
+            timeout=10,
+            what="the rank's leftovers to end",
+            explain=lambda: str([(p.pid, _alive(p)) for p in left]),
+        )
         wait_no_processes(run_dir, timeout=30)
     finally:
         for proc in left:

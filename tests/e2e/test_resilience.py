@@ -76,7 +76,11 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def _steps(run_dir: Path) -> set[tuple[int, int]]:
-    return {(r["rank"], r["step"]) for r in _lines(run_dir / "metrics.jsonl") if r.get("kind") == "train" and "step" in r}
+    return {
+        (r["rank"], r["step"])
+        for r in _lines(run_dir / "metrics.jsonl")
+        if r.get("kind") == "train" and "step" in r
+    }
 
 
 def test_a_frozen_supervisor_blocks_no_print_and_xl_stop_still_ends_the_run(tmp_path: Path) -> None:
@@ -96,14 +100,23 @@ def test_a_frozen_supervisor_blocks_no_print_and_xl_stop_still_ends_the_run(tmp_
         os.kill(sup, signal.SIGSTOP)
         (tmp_path / "go").touch()
         rank0 = run_dir / "ranks" / "rank-0.json"
-        wait_for(lambda: rank0.exists() and json.loads(rank0.read_text()).get("exit_code") == 0, timeout=60, what="rank 0 to finish")
+        wait_for(
+            lambda: rank0.exists() and json.loads(rank0.read_text()).get("exit_code") == 0,
+            timeout=60,
+            what="rank 0 to finish",
+        )
         assert "rank 0 done" in (run_dir / "logs" / "rank-0.log").read_text()
         assert psutil.Process(sup).status() == psutil.STATUS_STOPPED  # it never ran meanwhile
         stop = xl(["stop", run_dir.name], xl_env(tmp_path / "home"), timeout=60)
-        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", (
+            stop.stdout + stop.stderr
+        )
         run = run_json(run_dir)
         assert run["status"] == "stopped"
-        assert [(r["state"], r["exit_code"]) for r in run["ranks"]] == [("exited", 0), ("stopped", None)]
+        assert [(r["state"], r["exit_code"]) for r in run["ranks"]] == [
+            ("exited", 0),
+            ("stopped", None),
+        ]
         wait_no_processes(run_dir, timeout=GRACE + 5)
     finally:
         with contextlib.suppress(OSError):
@@ -116,7 +129,12 @@ def small_disk(tmp_path: Path) -> Any:
     """An 8 MiB tmpfs for XL_HOME (root only: skipped where mount is not allowed)."""
     mnt = tmp_path / "home"
     mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, timeout=30, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
@@ -134,7 +152,9 @@ def _fill(path: Path) -> None:
                 fh.flush()
 
 
-def test_a_full_disk_loses_no_output_or_metrics_that_fit_in_memory_and_ends_nothing(tmp_path: Path, small_disk: Path) -> None:
+def test_a_full_disk_loses_no_output_or_metrics_that_fit_in_memory_and_ends_nothing(
+    tmp_path: Path, small_disk: Path
+) -> None:
     # Ranks print and log while XL_HOME is full, then the space comes back: they finished,
     # their output and metrics caught up, and run.json says succeeded.
     body = """
@@ -152,7 +172,11 @@ def test_a_full_disk_loses_no_output_or_metrics_that_fit_in_memory_and_ends_noth
         wait_ranks_running(run_dir, 2)
         _fill(small_disk / "filler")
         (tmp_path / "go").touch()
-        wait_for(lambda: psutil.disk_usage(str(small_disk)).free == 0, timeout=10, what="the disk to be full")
+        wait_for(
+            lambda: psutil.disk_usage(str(small_disk)).free == 0,
+            timeout=10,
+            what="the disk to be full",
+        )
         time.sleep(1.5)  # ranks print and log into a full disk
         (small_disk / "filler").unlink()
         (tmp_path / "go.free").touch()
@@ -189,7 +213,9 @@ def test_a_flood_of_strangers_costs_little_memory_and_ends_nothing(tmp_path: Pat
     try:
         run = wait_ranks_running(run_dir, 2)
         sup = psutil.Process(run["supervisor_pid"])
-        host, _, port = psutil.Process(run["ranks"][0]["pid"]).environ()["XL_COLLECTOR"].rpartition(":")
+        host, _, port = (
+            psutil.Process(run["ranks"][0]["pid"]).environ()["XL_COLLECTOR"].rpartition(":")
+        )
         before = sup.memory_info().rss
         big = struct.pack(">I", 1 << 20) + b"z" * ((1 << 20) - 16)  # almost a whole frame
         for i in range(700):
@@ -199,7 +225,9 @@ def test_a_flood_of_strangers_costs_little_memory_and_ends_nothing(tmp_path: Pat
                 if i % 7 < 3:
                     s.send(big)  # 300 send ~1 MiB, 400 say nothing
             strangers.append(s)
-        wait_for(lambda: sup.num_fds() > 300, timeout=10, what="the supervisor to take the connections")
+        wait_for(
+            lambda: sup.num_fds() > 300, timeout=10, what="the supervisor to take the connections"
+        )
         grown = (sup.memory_info().rss - before) >> 20
         assert grown < 100, f"the supervisor grew by {grown} MiB for strangers"
         (tmp_path / "go").touch()
@@ -214,21 +242,39 @@ def test_a_flood_of_strangers_costs_little_memory_and_ends_nothing(tmp_path: Pat
         kill_run(run_dir)
 
 
-def test_secrets_given_with_env_reach_no_command_line_and_run_files_are_private(tmp_path: Path) -> None:
+def test_secrets_given_with_env_reach_no_command_line_and_run_files_are_private(
+    tmp_path: Path,
+) -> None:
     secret = "s3cr3t-" + os.urandom(6).hex()
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(PRELUDE) + f"print(os.environ['WANDB_API_KEY'] == {secret!r}, flush=True)\n")
+    script.write_text(
+        textwrap.dedent(PRELUDE) + f"print(os.environ['WANDB_API_KEY'] == {secret!r}, flush=True)\n"
+    )
     env = xl_env(tmp_path / "home")
     proc = subprocess.Popen(
-        [*XL, "launch", "--no-tui", "--nproc", "2", "--env", f"WANDB_API_KEY={secret}", str(script), str(tmp_path / "go")],
-        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            *XL, "launch", "--no-tui", "--nproc", "2", "--env", f"WANDB_API_KEY={secret}",
+            str(script), str(tmp_path / "go"),
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     run_dir = wait_run(tmp_path / "home")
     try:
         run = wait_ranks_running(run_dir, 2)
-        pids = [proc.pid, run["supervisor_pid"], run["torchrun_pid"], *(r["pid"] for r in run["ranks"])]
+        pids = [
+            proc.pid,
+            run["supervisor_pid"],
+            run["torchrun_pid"],
+            *(r["pid"] for r in run["ranks"]),
+        ]
         for pid in pids:
-            assert secret not in " ".join(psutil.Process(pid).cmdline()), psutil.Process(pid).cmdline()
+            assert secret not in " ".join(psutil.Process(pid).cmdline()), psutil.Process(
+                pid
+            ).cmdline()
         (tmp_path / "go").touch()
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, out + err
@@ -252,8 +298,11 @@ def test_a_damaged_run_json_still_lists_the_run_and_xl_stop_last_ends_it(tmp_pat
         listed = json.loads(xl(["runs", "--json"], env).stdout)
         assert [(r["run_id"], r["status"]) for r in listed] == [(run_dir.name, "unreadable")]
         stop = xl(["stop", "last"], env, timeout=60)
-        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
-        assert run_json(run_dir)["status"] == "stopped"  # its supervisor stopped it and wrote it whole
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", (
+            stop.stdout + stop.stderr
+        )
+        # its supervisor stopped it and wrote it whole
+        assert run_json(run_dir)["status"] == "stopped"
         wait_no_processes(run_dir, timeout=GRACE + 5)
     finally:
         kill_run(run_dir)
@@ -263,7 +312,9 @@ def test_xl_stop_ends_a_child_that_left_the_rank_s_session_and_environment(tmp_p
     body = """
     if rank == 0:
         import subprocess
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={}, start_new_session=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(120)"], env={}, start_new_session=True
+        )
         with open(go + ".child", "w") as fh:
             fh.write(str(child.pid))
     time.sleep(120)
@@ -275,11 +326,23 @@ def test_xl_stop_ends_a_child_that_left_the_rank_s_session_and_environment(tmp_p
         wait_ranks_running(run_dir, 2)
         (tmp_path / "go").touch()
         pid_file = tmp_path / "go.child"
-        child = psutil.Process(int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the child")))
+        child = psutil.Process(
+            int(
+                wait_for(
+                    lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the child"
+                )
+            )
+        )
         assert "XL_RUN_ID" not in child.environ()
         stop = xl(["stop", run_dir.name], env, timeout=60)
-        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
-        wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, timeout=5, what="the child to end")
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", (
+            stop.stdout + stop.stderr
+        )
+        wait_for(
+            lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE,
+            timeout=5,
+            what="the child to end",
+        )
         wait_no_processes(run_dir, timeout=GRACE + 5)
     finally:
         if child is not None:
@@ -288,24 +351,45 @@ def test_xl_stop_ends_a_child_that_left_the_rank_s_session_and_environment(tmp_p
         kill_run(run_dir)
 
 
-def test_a_supervisor_that_crashes_says_so_in_one_line_and_leaves_a_true_record(tmp_path: Path) -> None:
+def test_a_supervisor_that_crashes_says_so_in_one_line_and_leaves_a_true_record(
+    tmp_path: Path,
+) -> None:
     # A run.json whose torchrun command cannot be started: the supervisor's start raises.
     run_dir = tmp_path / "run"
     (run_dir / "ranks").mkdir(parents=True)
     (run_dir / "logs").mkdir()
-    rec = {"run_id": "crash-" + os.urandom(4).hex(), "name": "crash", "status": "running", "argv": None,
-           "nnodes": 1, "node_rank": 0, "nproc_per_node": 2, "world_size": 2, "ranks": [], "failure": None}
+    rec = {
+        "run_id": "crash-" + os.urandom(4).hex(),
+        "name": "crash",
+        "status": "running",
+        "argv": None,
+        "nnodes": 1,
+        "node_rank": 0,
+        "nproc_per_node": 2,
+        "world_size": 2,
+        "ranks": [],
+        "failure": None,
+    }
     (run_dir / "run.json").write_text(json.dumps(rec))
     with open(run_dir / "supervisor.log", "wb") as log:
-        done = subprocess.run([*XL[:1], "-m", "xl.launcher.supervisor", str(run_dir)], stdout=log, stderr=log,
-                              cwd=run_dir, env=xl_env(tmp_path / "home"), timeout=60, check=False)
+        done = subprocess.run(
+            [*XL[:1], "-m", "xl.launcher.supervisor", str(run_dir)],
+            stdout=log,
+            stderr=log,
+            cwd=run_dir,
+            env=xl_env(tmp_path / "home"),
+            timeout=60,
+            check=False,
+        )
     assert done.returncode == 1
     first = (run_dir / "supervisor.log").read_text().splitlines()[0]
     # The error is whatever the start raised on that command (which one is the supervisor's detail).
     crash = re.match(r"xl supervisor: crashed: (\w+Error)\(.*\); ending the run$", first)
     assert crash, first
     run = run_json(run_dir)
-    assert run["status"] == "failed" and run["failure"]["message"].startswith(f"supervisor error: {crash[1]}(")
+    assert run["status"] == "failed" and run["failure"]["message"].startswith(
+        f"supervisor error: {crash[1]}("
+    )
     assert [r["state"] for r in run["ranks"]] == ["failed", "failed"]
     wait_no_processes(run_dir, timeout=5)
 
@@ -316,15 +400,25 @@ def test_a_run_whose_folder_was_deleted_can_still_be_stopped_by_its_id(tmp_path:
     procs_before: list[psutil.Process] = []
     try:
         run = wait_ranks_running(run_dir, 2)
-        procs_before = [psutil.Process(p) for p in (run["supervisor_pid"], run["torchrun_pid"], *(r["pid"] for r in run["ranks"]))]
+        procs_before = [
+            psutil.Process(p)
+            for p in (run["supervisor_pid"], run["torchrun_pid"], *(r["pid"] for r in run["ranks"]))
+        ]
         for _ in range(20):  # the supervisor may be replacing a file in it meanwhile
             shutil.rmtree(run_dir, ignore_errors=True)
             if not run_dir.exists():
                 break
         assert not run_dir.exists()
         stop = xl(["stop", run_dir.name], env, timeout=60)
-        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped (its run folder is gone)", stop.stdout + stop.stderr
-        wait_for(lambda: not any(_live(p) for p in procs_before), timeout=GRACE + 5, what="the run's processes to end")
+        assert (
+            stop.returncode == 0
+            and stop.stdout.strip() == f"{run_dir.name} stopped (its run folder is gone)"
+        ), stop.stdout + stop.stderr
+        wait_for(
+            lambda: not any(_live(p) for p in procs_before),
+            timeout=GRACE + 5,
+            what="the run's processes to end",
+        )
         wait_no_processes(run_dir, timeout=GRACE + 5)
     finally:
         for p in procs_before:
@@ -340,7 +434,9 @@ import subprocess
 while not os.path.exists(go + ".spawn"):
     time.sleep(0.02)
 if rank == 0:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env={}, start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"], env={}, start_new_session=True
+    )
     with open(go + ".child", "w") as fh:
         fh.write(str(child.pid))
 while not os.path.exists(go + ".end"):
@@ -351,7 +447,13 @@ while not os.path.exists(go + ".end"):
 def _sidecar(tmp_path: Path) -> psutil.Process:
     (tmp_path / "go.spawn").touch()
     pid_file = tmp_path / "go.child"
-    child = psutil.Process(int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the sidecar")))
+    child = psutil.Process(
+        int(
+            wait_for(
+                lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the sidecar"
+            )
+        )
+    )
     assert "XL_RUN_ID" not in child.environ() and child.pid == os.getsid(child.pid)
     return child
 
@@ -364,11 +466,14 @@ def test_xl_stop_ends_a_rank_s_sidecar_after_the_supervisor_was_sigkilled(tmp_pa
         run = wait_ranks_running(run_dir, 2)
         (tmp_path / "go").touch()
         os.kill(run["supervisor_pid"], signal.SIGKILL)
-        child = _sidecar(tmp_path)  # started after the supervisor died: only its parent rank knows it
+        # started after the supervisor died: only its parent rank knows it
+        child = _sidecar(tmp_path)
         time.sleep(1)
         assert _live(child)
         stop = xl(["stop", run_dir.name], env, timeout=60)
-        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", (
+            stop.stdout + stop.stderr
+        )
         wait_for(lambda: not _live(child), timeout=5, what="the sidecar to end")
         wait_no_processes(run_dir, timeout=GRACE + 5)
     finally:
@@ -379,7 +484,9 @@ def test_xl_stop_ends_a_rank_s_sidecar_after_the_supervisor_was_sigkilled(tmp_pa
 
 
 @pytest.mark.parametrize("how", ["stop", "ranks_finish"])
-def test_a_sidecar_recorded_by_the_supervisor_ends_with_the_run_after_the_supervisor_died(tmp_path: Path, how: str) -> None:
+def test_a_sidecar_recorded_by_the_supervisor_ends_with_the_run_after_the_supervisor_died(
+    tmp_path: Path, how: str
+) -> None:
     """The sidecar outlives its rank (orphaned, no environment, its own session): the supervisor
     saw it before it was SIGKILLed; `xl stop`, or the last rank settling the run, ends it."""
     env = xl_env(tmp_path / "home")
@@ -390,12 +497,20 @@ def test_a_sidecar_recorded_by_the_supervisor_ends_with_the_run_after_the_superv
         (tmp_path / "go").touch()
         child = _sidecar(tmp_path)
         pid = child.pid
-        wait_for(lambda: (run_dir / "escaped.json").exists() and str(pid) in (run_dir / "escaped.json").read_text(),
-                 timeout=30, what="the supervisor to see the sidecar")
+        wait_for(
+            lambda: (
+                (run_dir / "escaped.json").exists()
+                and str(pid) in (run_dir / "escaped.json").read_text()
+            ),
+            timeout=30,
+            what="the supervisor to see the sidecar",
+        )
         os.kill(run["supervisor_pid"], signal.SIGKILL)
         if how == "stop":
             stop = xl(["stop", run_dir.name], env, timeout=60)
-            assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
+            assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", (
+                stop.stdout + stop.stderr
+            )
         else:
             (tmp_path / "go.end").touch()
             assert wait_final(run_dir, timeout=60)["status"] == "succeeded"
@@ -416,10 +531,14 @@ def test_an_unrelated_process_that_got_a_recorded_pid_is_left_alone(tmp_path: Pa
     try:
         run_dir = tmp_path / "run"
         run_dir.mkdir()
-        runprocs.save_escaped(run_dir, [(bystander.pid, psutil.Process(bystander.pid).create_time() - 100.0)])
+        runprocs.save_escaped(
+            run_dir, [(bystander.pid, psutil.Process(bystander.pid).create_time() - 100.0)]
+        )
         assert runprocs.end_escaped(run_dir) == []
         assert bystander.poll() is None
-        runprocs.save_escaped(run_dir, [(bystander.pid, psutil.Process(bystander.pid).create_time())])
+        runprocs.save_escaped(
+            run_dir, [(bystander.pid, psutil.Process(bystander.pid).create_time())]
+        )
         assert runprocs.end_escaped(run_dir) == [bystander.pid]
         assert bystander.wait(5) == -signal.SIGTERM
     finally:

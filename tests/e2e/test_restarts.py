@@ -59,8 +59,12 @@ def test_a_rank_failing_once_is_restarted_and_the_run_succeeds_only_with_restart
             assert proc.returncode == 0, proc.stdout + proc.stderr
             assert run["status"] == "succeeded" and run["failure"] is None
             assert [e["attempt"] for e in restarted] == [1], events
-            assert "rank 1" in str(restarted[0]["message"]) and "attempt 2 of 2" in str(restarted[0]["message"])
-            assert [(r["rank"], r["attempt"], r["state"], r["exit_code"]) for r in run["ranks"]] == [
+            assert "rank 1" in str(restarted[0]["message"]) and "attempt 2 of 2" in str(
+                restarted[0]["message"]
+            )
+            assert [
+                (r["rank"], r["attempt"], r["state"], r["exit_code"]) for r in run["ranks"]
+            ] == [
                 (0, 1, "exited", 0),
                 (1, 1, "exited", 0),
             ]
@@ -70,13 +74,20 @@ def test_a_rank_failing_once_is_restarted_and_the_run_succeeds_only_with_restart
                 assert len(pids) == 2 and pids[0] != pids[1], started
                 assert run["ranks"][rank]["pid"] == pids[1]
             log = (run_dir / "logs" / "rank-1.log").read_text()
-            assert "rank 1 attempt 0" in log and "flaky on the first attempt" in log and "rank 1 done" in log
+            assert (
+                "rank 1 attempt 0" in log
+                and "flaky on the first attempt" in log
+                and "rank 1 done" in log
+            )
             # The plain view says so as it happens.
             assert "torchrun restarted the ranks" in proc.stdout, proc.stdout
         else:
             assert proc.returncode == 1, proc.stdout + proc.stderr
             assert run["status"] == "failed" and restarted == []
-            assert run["failure"]["rank"] == 1 and "flaky on the first attempt" in run["failure"]["message"]
+            assert (
+                run["failure"]["rank"] == 1
+                and "flaky on the first attempt" in run["failure"]["message"]
+            )
             assert [r["attempt"] for r in run["ranks"]] == [0, 0]
         wait_no_processes(run_dir, timeout=5)
     finally:
@@ -106,13 +117,16 @@ def _unit_run_dir(tmp_path: Path, max_restarts: int) -> Path:
 
 
 def _ended_pid(code: int) -> int:
-    """The pid of a process already gone (as a rank that failed fast): its environment is unreadable."""
+    """The pid of a process already gone (as a rank that failed fast): its environment is
+    unreadable."""
     proc = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
     assert proc.wait(10) == code
     return proc.pid
 
 
-def test_each_failure_with_restarts_left_is_an_attempt_and_the_last_one_is_the_cause(tmp_path: Path) -> None:
+def test_each_failure_with_restarts_left_is_an_attempt_and_the_last_one_is_the_cause(
+    tmp_path: Path,
+) -> None:
     run_dir = _unit_run_dir(tmp_path, max_restarts=2)
     sup = Supervisor(run_dir)
     st = sup.ranks.get(0)
@@ -134,19 +148,31 @@ def test_each_failure_with_restarts_left_is_an_attempt_and_the_last_one_is_the_c
     events = [json.loads(ln) for ln in (run_dir / "events.jsonl").read_text().splitlines()]
     restarted = [e for e in events if e["kind"] == "restarted"]
     assert [e["attempt"] for e in restarted] == [1, 2]
-    assert restarted[0]["message"] == "torchrun restarted the ranks after rank 0 exited with code 1 (attempt 2 of 3)"
+    assert (
+        restarted[0]["message"]
+        == "torchrun restarted the ranks after rank 0 exited with code 1 (attempt 2 of 3)"
+    )
     assert [e["kind"] for e in events].count("failure") == 1
 
 
 @pytest.mark.e2e
 def test_restarts_across_nodes_are_refused_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("print('hi')\n")
-    args = ["launch", "--max-restarts", "2", "--nnodes", "2", "--node-rank", "0", "--rdzv", "127.0.0.1:29555", "train.py"]
+    args = [
+        "launch", "--max-restarts", "2", "--nnodes", "2", "--node-rank", "0", "--rdzv",
+        "127.0.0.1:29555", "train.py",
+    ]
     proc: subprocess.CompletedProcess[str] = xl(args, xl_env(tmp_path / "home"), cwd=tmp_path)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--max-restarts 2 with --nnodes 2" in lines[0] and "drop --max-restarts" in lines[0]
-    assert not (tmp_path / "home" / "runs").exists() or not any((tmp_path / "home" / "runs").iterdir())
+    assert (
+        len(lines) == 1
+        and "--max-restarts 2 with --nnodes 2" in lines[0]
+        and "drop --max-restarts" in lines[0]
+    )
+    assert not (tmp_path / "home" / "runs").exists() or not any(
+        (tmp_path / "home" / "runs").iterdir()
+    )
 
 
 @pytest.mark.parametrize(

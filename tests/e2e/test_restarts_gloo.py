@@ -42,14 +42,22 @@ def test_restarted_ranks_form_their_process_group_again(tmp_path: Path) -> None:
     dirs: list[Path] = []
     try:
         for _ in range(RUNS):
-            started = xl(["launch", "--detach", "--nproc", "2", "--max-restarts", "2", "flaky.py"], env, cwd=tmp_path)
+            started = xl(
+                ["launch", "--detach", "--nproc", "2", "--max-restarts", "2", "flaky.py"],
+                env,
+                cwd=tmp_path,
+            )
             assert started.returncode == 0, started.stderr
             dirs.append(home / "runs" / started.stdout.strip())
         for run_dir in dirs:
             run = wait_final(run_dir, timeout=240)
             logs = {r: (run_dir / "logs" / f"rank-{r}.log").read_text() for r in (0, 1)}
             assert run["status"] == "succeeded", (run.get("failure"), logs)
-            assert "rank 1 attempt 1" in logs[1] and "rank 0 done" in logs[0] and "rank 1 done" in logs[1]
+            assert (
+                "rank 1 attempt 1" in logs[1]
+                and "rank 0 done" in logs[0]
+                and "rank 1 done" in logs[1]
+            )
             assert "connectFullMesh" not in logs[0] + logs[1]
     finally:
         for run_dir in dirs:
@@ -62,13 +70,23 @@ def test_when_restarts_run_out_the_cause_is_the_ranks_own_error(tmp_path: Path) 
     home = tmp_path / "home"
     (tmp_path / "flaky.py").write_text(textwrap.dedent(SCRIPT))
     env = xl_env(home, XL_STOP_GRACE="1")
-    proc = xl(["launch", "--no-tui", "--nproc", "2", "--max-restarts", "1", "flaky.py", "--always"], env, cwd=tmp_path, timeout=240)
+    proc = xl(
+        ["launch", "--no-tui", "--nproc", "2", "--max-restarts", "1", "flaky.py", "--always"],
+        env,
+        cwd=tmp_path,
+        timeout=240,
+    )
     run_dir = run_dirs(home)[0]
     try:
         assert proc.returncode == 1, proc.stdout + proc.stderr
         failure = run_json(run_dir)["failure"]
-        assert failure["rank"] == 1 and "ValueError: bad record 17 in attempt 1" in failure["message"], failure
-        assert "connectFullMesh" not in failure["message"] and "bad record 17" in proc.stdout + proc.stderr
+        assert (
+            failure["rank"] == 1 and "ValueError: bad record 17 in attempt 1" in failure["message"]
+        ), failure
+        assert (
+            "connectFullMesh" not in failure["message"]
+            and "bad record 17" in proc.stdout + proc.stderr
+        )
     finally:
         kill_run(run_dir)
         wait_no_processes(run_dir, timeout=30)

@@ -64,14 +64,24 @@ def _launch(tmp_path: Path, env: dict[str, str], *, umask: int | None = None) ->
 
     done = subprocess.run(
         [*XL, "launch", "--detach", "--nproc", "2", str(_script(tmp_path)), str(tmp_path / "go")],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False, preexec_fn=child_umask,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        preexec_fn=child_umask,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return wait_run(Path(env["XL_HOME"]))
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)
+        for line in (run_dir / "events.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
 
 
 @pytest.fixture
@@ -79,7 +89,12 @@ def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs for XL_HOME, unmounted after the test (root only: skipped elsewhere)."""
     mnt = tmp_path / "home"
     mnt.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, timeout=30, check=False)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
@@ -94,24 +109,38 @@ def _fill(path: Path) -> None:
             fh.write(b"\0" * 4096)
 
 
-def test_a_full_disk_before_launch_is_one_line_exit_2_and_leaves_no_run(tmp_path: Path, tiny_disk: Path) -> None:
+def test_a_full_disk_before_launch_is_one_line_exit_2_and_leaves_no_run(
+    tmp_path: Path, tiny_disk: Path
+) -> None:
     env = xl_env(tiny_disk)
     (tiny_disk / "runs").mkdir()
     _fill(tiny_disk / "filler")
-    done = xl(["launch", "--nproc", "2", str(_script(tmp_path)), str(tmp_path / "go")], env, cwd=tmp_path)
+    done = xl(
+        ["launch", "--nproc", "2", str(_script(tmp_path)), str(tmp_path / "go")], env, cwd=tmp_path
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "No space left on device" in lines[0] and "XL_HOME" in lines[0], done.stderr
+    assert len(lines) == 1 and "No space left on device" in lines[0] and "XL_HOME" in lines[0], (
+        done.stderr
+    )
     assert "Traceback" not in done.stdout + done.stderr
     assert list((tiny_disk / "runs").iterdir()) == []
     listed = xl(["runs"], env)
-    assert listed.returncode == 0 and "damaged" not in listed.stdout and "unreadable" not in listed.stdout, listed.stdout
+    assert (
+        listed.returncode == 0
+        and "damaged" not in listed.stdout
+        and "unreadable" not in listed.stdout
+    ), listed.stdout
 
     # The same disk with room again: the same launch runs to the end.
     (tiny_disk / "filler").unlink()
     (tmp_path / "go").touch()
     (tmp_path / "go.end").touch()
-    done = xl(["launch", "--no-tui", "--nproc", "2", str(_script(tmp_path)), str(tmp_path / "go")], env, cwd=tmp_path)
+    done = xl(
+        ["launch", "--no-tui", "--nproc", "2", str(_script(tmp_path)), str(tmp_path / "go")],
+        env,
+        cwd=tmp_path,
+    )
     run_dir = only_run(tiny_disk)
     try:
         assert done.returncode == 0, done.stdout + done.stderr
@@ -133,13 +162,21 @@ def _kill_everything(run_dir: Path) -> float:
     return killed_at
 
 
-def test_a_run_found_dead_ends_at_its_last_sign_of_life_not_when_someone_looked(tmp_path: Path) -> None:
+def test_a_run_found_dead_ends_at_its_last_sign_of_life_not_when_someone_looked(
+    tmp_path: Path,
+) -> None:
     env = xl_env(tmp_path / "home")
     run_dir = _launch(tmp_path, env)
     try:
         wait_ranks_running(run_dir, 2)
         (tmp_path / "go").touch()
-        wait_for(lambda: all("go" in (run_dir / "logs" / f"rank-{r}.log").read_text().split() for r in (0, 1)), timeout=30, what="go")
+        wait_for(
+            lambda: all(
+                "go" in (run_dir / "logs" / f"rank-{r}.log").read_text().split() for r in (0, 1)
+            ),
+            timeout=30,
+            what="go",
+        )
         killed_at = _kill_everything(run_dir)
         time.sleep(4)  # someone looks later
         listed = xl(["runs"], env)
@@ -164,7 +201,9 @@ def test_xl_stop_of_a_run_whose_supervisor_died_ends_it_at_the_stop(tmp_path: Pa
         time.sleep(4)  # the ranks wait silently: no file of the run changes
         stop_at = time.time()
         stop = xl(["stop", run_dir.name], env)
-        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", (
+            stop.stdout + stop.stderr
+        )
         run = run_json(run_dir)
         assert stop_at <= run["ended_at"] <= time.time(), (run["ended_at"], stop_at)
         wait_no_processes(run_dir, timeout=5)
@@ -186,7 +225,14 @@ def test_a_run_dir_removed_mid_run_is_made_again_private(tmp_path: Path) -> None
         (tmp_path / "go").touch()
         (tmp_path / "go.end").touch()
         # The ranks' relays and records write again: the folders they make are private.
-        wait_for(lambda: (run_dir / "ranks").is_dir() and len(list((run_dir / "ranks").glob("rank-*.json"))) == 2, timeout=60, what="the rank records")
+        wait_for(
+            lambda: (
+                (run_dir / "ranks").is_dir()
+                and len(list((run_dir / "ranks").glob("rank-*.json"))) == 2
+            ),
+            timeout=60,
+            what="the rank records",
+        )
         assert _mode(run_dir) == 0o700, oct(_mode(run_dir))
         for sub in ("ranks", "logs", "spool"):
             if (run_dir / sub).exists():
@@ -197,7 +243,9 @@ def test_a_run_dir_removed_mid_run_is_made_again_private(tmp_path: Path) -> None
         kill_run(run_dir)
 
 
-def test_makedirs_private_makes_every_missing_folder_0700_whatever_the_umask(tmp_path: Path) -> None:
+def test_makedirs_private_makes_every_missing_folder_0700_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
     from xl.atomic import makedirs_private  # noqa: PLC0415 - the unit under test, beside its e2e test
 
     os.chmod(tmp_path, 0o755)
@@ -225,13 +273,25 @@ def _start_slow(tmp_path: Path, env: dict[str, str], delay: float) -> tuple[Path
     site = tmp_path / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(SLOW_SITE)
-    env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])), "XL_TEST_SLOW_START_S": str(delay)}
+    env = {
+        **env,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])),
+        "XL_TEST_SLOW_START_S": str(delay),
+    }
     code = (
-        "import sys; from xl.launcher.control import start_run; from xl.launcher.spec import LaunchSpec\n"
+        "import sys; from xl.launcher.control import start_run; from xl.launcher.spec import "
+        "LaunchSpec\n"
         "print(start_run(LaunchSpec(script=sys.argv[1], args=[sys.argv[2]], nproc=2)).run_id)\n"
     )
-    done = subprocess.run([*XL[:1], "-c", code, str(_script(tmp_path)), str(tmp_path / "go")], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [*XL[:1], "-c", code, str(_script(tmp_path)), str(tmp_path / "go")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return Path(env["XL_HOME"]) / "runs" / done.stdout.strip(), env
 
@@ -242,18 +302,26 @@ def _never_trained(run_dir: Path) -> None:
     assert not list((run_dir / "logs").glob("rank-*.log"))
     assert not any(e["kind"] == "rank_started" for e in _events(run_dir))
     # The supervisor writes run.json's final status, then the run_ended event (CI saw the gap).
-    wait_for(lambda: any(e["kind"] == "run_ended" for e in _events(run_dir)), timeout=10, what="the run_ended event")
+    wait_for(
+        lambda: any(e["kind"] == "run_ended" for e in _events(run_dir)),
+        timeout=10,
+        what="the run_ended event",
+    )
     assert [e["kind"] for e in _events(run_dir)].count("run_ended") == 1, _events(run_dir)
 
 
-def test_xl_stop_while_the_supervisor_is_still_starting_means_the_run_never_trains(tmp_path: Path) -> None:
+def test_xl_stop_while_the_supervisor_is_still_starting_means_the_run_never_trains(
+    tmp_path: Path,
+) -> None:
     run_dir, env = _start_slow(tmp_path, xl_env(tmp_path / "home"), 8.0)
     (tmp_path / "go").touch()
     (tmp_path / "go.end").touch()  # were it to start, it would finish at once and succeed
     try:
         assert run_json(run_dir)["supervisor_pid"] is None  # still starting
         stop = xl(["stop", run_dir.name], env)
-        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", (
+            stop.stdout + stop.stderr
+        )
         wait_no_processes(run_dir, timeout=5)
         time.sleep(9)  # past the supervisor's slow start: nothing of it came back
         _never_trained(run_dir)
@@ -262,7 +330,9 @@ def test_xl_stop_while_the_supervisor_is_still_starting_means_the_run_never_trai
         kill_run(run_dir)
 
 
-def test_a_supervisor_that_starts_after_a_stop_was_asked_does_not_start_the_run(tmp_path: Path) -> None:
+def test_a_supervisor_that_starts_after_a_stop_was_asked_does_not_start_the_run(
+    tmp_path: Path,
+) -> None:
     # `xl stop` could not reach the starting supervisor (no process to signal yet): its stop file
     # is there when the supervisor gets going.
     from xl.launcher.rundir import stopmark  # noqa: PLC0415 - what `xl stop` leaves, written here at the worst moment
@@ -280,13 +350,17 @@ def test_a_supervisor_that_starts_after_a_stop_was_asked_does_not_start_the_run(
         kill_run(run_dir)
 
 
-def test_a_slow_starting_supervisor_left_alone_trains_and_a_later_stop_stops_it(tmp_path: Path) -> None:
+def test_a_slow_starting_supervisor_left_alone_trains_and_a_later_stop_stops_it(
+    tmp_path: Path,
+) -> None:
     run_dir, env = _start_slow(tmp_path, xl_env(tmp_path / "home"), 3.0)
     try:
         wait_ranks_running(run_dir, 2)
         (tmp_path / "go").touch()
         stop = xl(["stop", run_dir.name], env)
-        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", (
+            stop.stdout + stop.stderr
+        )
         run = run_json(run_dir)
         assert [r["state"] for r in run["ranks"]] == ["stopped", "stopped"], run["ranks"]
         wait_no_processes(run_dir, timeout=5)

@@ -33,7 +33,9 @@ from xl.tui.served import READ_ONLY, ReadOnlyBackend
 
 pytestmark = pytest.mark.e2e
 
-LINE = re.compile(r"^xl: serving the app at (http://127\.0\.0\.1:(\d+))/\?token=([A-Za-z0-9_-]{20,})$")
+LINE = re.compile(
+    r"^xl: serving the app at (http://127\.0\.0\.1:(\d+))/\?token=([A-Za-z0-9_-]{20,})$"
+)
 PAGE_BACKGROUND = (12, 24, 31)  # textual-serve's page around the terminal (#0c181f)
 
 
@@ -67,8 +69,15 @@ def request(url: str, path: str, headers: dict[str, str] | None = None) -> int:
         conn.close()
 
 
-def ws_upgrade(base: str, *, token: str | None, origin: str | None, cookie_name: str | None = None) -> int:
-    headers = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+def ws_upgrade(
+    base: str, *, token: str | None, origin: str | None, cookie_name: str | None = None
+) -> int:
+    headers = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
     if origin:
         headers["Origin"] = origin
     path = "/ws" if token is None or cookie_name else f"/ws?token={token}"
@@ -115,7 +124,9 @@ def test_the_page_needs_the_token_and_runs_the_app_keys_and_all(tmp_path: Path) 
         _, _, runs, _ = png_pixels(shot_runs)
         assert (w, h) == (1280, 800)
         colours = Counter(row[x : x + 3] for row in runs[::8] for x in range(0, w * bpp, 8 * bpp))
-        assert colours[bytes(PAGE_BACKGROUND)] < sum(colours.values()) * 0.05, colours.most_common(3)
+        assert colours[bytes(PAGE_BACKGROUND)] < sum(colours.values()) * 0.05, colours.most_common(
+            3
+        )
         assert len(colours) > 5, "the screen has text and colour"
         changed = sum(a != b for a, b in zip(gpus, runs, strict=True))
         assert changed > h // 10, "the Runs screen looks like the GPUs screen"
@@ -123,27 +134,45 @@ def test_the_page_needs_the_token_and_runs_the_app_keys_and_all(tmp_path: Path) 
         cookie = next(c for c in context.cookies() if c["name"].startswith("xl_serve_"))
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
         assert request(base, "/static/js/textual.js") == 403
-        assert request(base, "/static/js/textual.js", {"Cookie": f"{cookie['name']}={token}"}) == 200
+        assert (
+            request(base, "/static/js/textual.js", {"Cookie": f"{cookie['name']}={token}"}) == 200
+        )
         assert ws_upgrade(base, token=None, origin=base) == 403
         assert ws_upgrade(base, token=token, origin="http://evil.example") == 403
         assert ws_upgrade(base, token=token, origin=None) == 403
-        assert ws_upgrade(base, token=token, origin=base.replace("127.0.0.1", "localhost"), cookie_name=cookie["name"]) == 101
+        assert (
+            ws_upgrade(
+                base,
+                token=token,
+                origin=base.replace("127.0.0.1", "localhost"),
+                cookie_name=cookie["name"],
+            )
+            == 101
+        )
         page.close()
         wait_for(lambda: not apps(server), timeout=30, what="the closed tab's app to end")
 
 
-def test_three_tabs_three_apps_a_closed_tab_leaves_none_and_sigterm_ends_all(tmp_path: Path) -> None:
+def test_three_tabs_three_apps_a_closed_tab_leaves_none_and_sigterm_ends_all(
+    tmp_path: Path,
+) -> None:
     home = home_with_runs(tmp_path)
     env = xl_env(home, XL_SERVE_TOKEN="a-token-from-the-environment")
     with served(["serve", "--port", "0"], env) as server, browser() as context:
         assert server.line.endswith("/?token=a-token-from-the-environment"), server.line
         tabs = [open_tab(context, server.url) for _ in range(3)]
-        running = wait_for(lambda: len(a := apps(server)) == 3 and a, timeout=30, what="three app processes")
+        running = wait_for(
+            lambda: len(a := apps(server)) == 3 and a, timeout=30, what="three app processes"
+        )
         assert len({p.pid for p in running}) == 3
         for app in running:
             assert "XL_SERVE_TOKEN" not in app.environ(), "the apps never see the token"
         tabs[1].page.close()
-        left = wait_for(lambda: len(a := apps(server)) == 2 and a, timeout=30, what="the closed tab's app to end")
+        left = wait_for(
+            lambda: len(a := apps(server)) == 2 and a,
+            timeout=30,
+            what="the closed tab's app to end",
+        )
         assert {p.pid for p in left} < {p.pid for p in running}
         # The other two still answer their own keys.
         for tab in (tabs[0], tabs[2]):
@@ -153,8 +182,12 @@ def test_three_tabs_three_apps_a_closed_tab_leaves_none_and_sigterm_ends_all(tmp
 
 def test_read_only_has_no_launch_and_no_stop(tmp_path: Path) -> None:
     home = home_with_runs(tmp_path)
-    make_run(home / "runs", "straggler", t0=time.time() - 30, run_id="live-run")  # the newest: first in Runs
-    with served(["serve", "--port", "0", "--read-only"], xl_env(home)) as server, browser() as context:
+    # the newest: first in Runs
+    make_run(home / "runs", "straggler", t0=time.time() - 30, run_id="live-run")
+    with (
+        served(["serve", "--port", "0", "--read-only"], xl_env(home)) as server,
+        browser() as context,
+    ):
         tab = open_tab(context, server.url)
         tab.page.wait_for_timeout(500)
         since = tab.press("3")
@@ -228,10 +261,20 @@ def test_public_url_serves_through_a_tunnel(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         tunnel = s.getsockname()[1]
     public = f"http://127.0.0.1:{tunnel}"
-    with forwarder(tunnel) as target, served(["serve", "--port", "0", "--public-url", public], xl_env(home)) as server, browser() as context:
+    with (
+        forwarder(tunnel) as target,
+        served(["serve", "--port", "0", "--public-url", public], xl_env(home)) as server,
+        browser() as context,
+    ):
         assert server.line.startswith(f"xl: serving the app at {public}/?token="), server.line
         token = server.line.rsplit("=", 1)[1]
-        port = int(next(c.laddr.port for c in psutil.Process(server.proc.pid).net_connections("tcp") if c.status == "LISTEN"))
+        port = int(
+            next(
+                c.laddr.port
+                for c in psutil.Process(server.proc.pid).net_connections("tcp")
+                if c.status == "LISTEN"
+            )
+        )
         target.append(port)
         tab = open_tab(context, server.url)
         tab.wait_text("20260530-healthy", tab.press("4"))
@@ -243,12 +286,24 @@ def test_public_url_serves_through_a_tunnel(tmp_path: Path) -> None:
         wait_for(lambda: not apps(server), timeout=30, what="the tab's app to end")
 
 
-def test_a_taken_port_is_one_line_and_exposure_warns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_taken_port_is_one_line_and_exposure_warns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        done = subprocess.run([*XL, "serve", "--port", str(port)], env=xl_env(tmp_path / "home"), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [*XL, "serve", "--port", str(port)],
+            env=xl_env(tmp_path / "home"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr and "--port" in done.stderr
+    assert (
+        done.stderr.count("\n") == 1
+        and f"cannot listen on 127.0.0.1:{port}" in done.stderr
+        and "--port" in done.stderr
+    )
     warn_if_exposed("xl serve", "0.0.0.0")
     warn_if_exposed("xl serve", "::1")
     err = capsys.readouterr().err
@@ -259,8 +314,19 @@ def test_the_served_app_speaks_first_on_stdout_with_no_terminal(tmp_path: Path) 
     """As textual-serve runs it: stdin and stdout are pipes, TEXTUAL_DRIVER names the web driver.
     The app neither refuses (no terminal) nor writes anything before the driver's first line, and
     it quits when told to, as textual-serve tells it when the tab closes."""
-    env = xl_env(home_with_runs(tmp_path), TEXTUAL_DRIVER="textual.drivers.web_driver:WebDriver", COLUMNS="100", ROWS="30")
-    proc = subprocess.Popen([*XL[:1], "-m", "xl.tui.served"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = xl_env(
+        home_with_runs(tmp_path),
+        TEXTUAL_DRIVER="textual.drivers.web_driver:WebDriver",
+        COLUMNS="100",
+        ROWS="30",
+    )
+    proc = subprocess.Popen(
+        [*XL[:1], "-m", "xl.tui.served"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None and proc.stdin is not None
         assert proc.stdout.readline() == b"__GANGLION__\n"
@@ -275,10 +341,21 @@ def test_the_served_app_speaks_first_on_stdout_with_no_terminal(tmp_path: Path) 
 
 
 def test_behind_a_proxy_path_the_page_and_its_websocket_are_under_it(tmp_path: Path) -> None:
-    with served(["serve", "--port", "0", "--public-url", "https://proxy.example.org/xl/"], xl_env(tmp_path / "home")) as server:
-        assert server.line.startswith("xl: serving the app at https://proxy.example.org/xl/?token="), server.line
+    with served(
+        ["serve", "--port", "0", "--public-url", "https://proxy.example.org/xl/"],
+        xl_env(tmp_path / "home"),
+    ) as server:
+        assert server.line.startswith(
+            "xl: serving the app at https://proxy.example.org/xl/?token="
+        ), server.line
         token = server.line.rsplit("=", 1)[1]
-        port = int(next(c.laddr.port for c in psutil.Process(server.proc.pid).net_connections("tcp") if c.status == "LISTEN"))
+        port = int(
+            next(
+                c.laddr.port
+                for c in psutil.Process(server.proc.pid).net_connections("tcp")
+                if c.status == "LISTEN"
+            )
+        )
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         try:
             conn.request("GET", f"/?token={token}&fontsize=14")
@@ -291,19 +368,40 @@ def test_behind_a_proxy_path_the_page_and_its_websocket_are_under_it(tmp_path: P
         finally:
             conn.close()
         assert 'data-session-websocket-url="wss://proxy.example.org/xl/ws"' in page
-        assert ws_upgrade(f"http://127.0.0.1:{port}", token=token, origin="https://proxy.example.org", cookie_name=cookie.split("=")[0]) == 101
-        assert ws_upgrade(f"http://127.0.0.1:{port}", token=token, origin="https://other.example.org", cookie_name=cookie.split("=")[0]) == 403
+        assert (
+            ws_upgrade(
+                f"http://127.0.0.1:{port}",
+                token=token,
+                origin="https://proxy.example.org",
+                cookie_name=cookie.split("=")[0],
+            )
+            == 101
+        )
+        assert (
+            ws_upgrade(
+                f"http://127.0.0.1:{port}",
+                token=token,
+                origin="https://other.example.org",
+                cookie_name=cookie.split("=")[0],
+            )
+            == 403
+        )
 
 
 def test_tabs_past_the_cap_get_a_page_that_says_so_and_no_app(tmp_path: Path) -> None:
     home = home_with_runs(tmp_path)
-    with served(["serve", "--port", "0", "--max-tabs", "2"], xl_env(home)) as server, browser() as context:
+    with (
+        served(["serve", "--port", "0", "--max-tabs", "2"], xl_env(home)) as server,
+        browser() as context,
+    ):
         tabs = [open_tab(context, server.url) for _ in range(2)]
         wait_for(lambda: len(apps(server)) == 2, timeout=30, what="two app processes")
         third = context.new_page()
         response = third.goto(server.url)
         assert response is not None and response.status == 503
-        assert "2 tabs already open" in third.inner_text("body") and "--max-tabs 2" in third.inner_text("body")
+        assert "2 tabs already open" in third.inner_text(
+            "body"
+        ) and "--max-tabs 2" in third.inner_text("body")
         # However the page was had, a websocket past the cap starts no app.
         base = server.url.split("/?", 1)[0]
         token = server.url.rsplit("=", 1)[1]
