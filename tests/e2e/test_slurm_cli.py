@@ -34,7 +34,12 @@ def _one_line(proc: subprocess.CompletedProcess[str], prefix: str, says: str) ->
 
 def test_launch_slurm_outside_an_allocation_is_one_line_and_exit_2(work: Path) -> None:
     proc = xl(["launch", "--slurm", "--nproc", "2", "train.py"], env_without_slurm(work), cwd=work)
-    _one_line(proc, "xl launch: ", "not inside a Slurm allocation: run it from salloc/sbatch, or use `xl sbatch` to write a batch script")
+    _one_line(
+        proc,
+        "xl launch: ",
+        "not inside a Slurm allocation: run it from salloc/sbatch, or use `xl sbatch` to write a "
+        "batch script",
+    )
     assert proc.stdout == "" and not (work / "home").exists()
 
 
@@ -51,13 +56,20 @@ def test_launch_slurm_outside_an_allocation_is_one_line_and_exit_2(work: Path) -
     ],
 )
 def test_launch_slurm_bad_input(work: Path, args: list[str], says: str) -> None:
-    proc = xl(["launch", "--slurm", "--dry-run", *args, "train.py"], env_without_slurm(work, **fake_alloc_env()), cwd=work)
+    proc = xl(
+        ["launch", "--slurm", "--dry-run", *args, "train.py"],
+        env_without_slurm(work, **fake_alloc_env()),
+        cwd=work,
+    )
     _one_line(proc, "xl launch: ", says)
 
 
 def test_launch_slurm_dry_run_json_in_a_fake_allocation(work: Path) -> None:
     env = env_without_slurm(work, **fake_alloc_env(SLURMD_NODENAME="gpu07"))
-    args = ["launch", "--slurm", "--dry-run", "--json", "--nproc", "4", "--env", "NCCL_DEBUG=INFO", "train.py", "--lr", "3e-4"]
+    args = [
+        "launch", "--slurm", "--dry-run", "--json", "--nproc", "4", "--env", "NCCL_DEBUG=INFO",
+        "train.py", "--lr", "3e-4",
+    ]
     proc = xl(args, env, cwd=work)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -72,8 +84,9 @@ def test_launch_slurm_dry_run_json_in_a_fake_allocation(work: Path) -> None:
     task = argv[start + 4 :]
     run_id = task[task.index("--run-id") + 1]
     assert task == [
-        "--slurm-node", "--nnodes", "3", "--rdzv", f"gpu07:{slurm.rdzv_port('4242')}", "--run-id", run_id,
-        "--no-tui", "--nproc", "4", "--env", "NCCL_DEBUG=INFO", "--", "train.py", "--lr", "3e-4",
+        "--slurm-node", "--nnodes", "3", "--rdzv", f"gpu07:{slurm.rdzv_port('4242')}",
+        "--run-id", run_id, "--no-tui", "--nproc", "4", "--env", "NCCL_DEBUG=INFO", "--",
+        "train.py", "--lr", "3e-4",
     ]  # fmt: skip
     assert "train" in run_id and f"--job-name=xl-{run_id}" in argv
     assert not (work / "home").exists()
@@ -86,23 +99,39 @@ def test_launch_slurm_dry_run_json_in_a_fake_allocation(work: Path) -> None:
 
 
 def test_slurm_node_takes_its_rank_from_slurm_nodeid(work: Path) -> None:
-    base = ["launch", "--slurm-node", "--nnodes", "2", "--rdzv", "10.0.0.1:21000", "--dry-run", "--json", "train.py"]
+    base = [
+        "launch", "--slurm-node", "--nnodes", "2", "--rdzv", "10.0.0.1:21000", "--dry-run",
+        "--json", "train.py",
+    ]
     proc = xl(base, env_without_slurm(work, SLURM_NODEID="1"), cwd=work)
     assert proc.returncode == 0, proc.stderr
     argv = json.loads(proc.stdout)["argv"]
-    assert argv[argv.index("--rdzv-backend") + 1] == "c10d" and argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.1:21000"
+    assert (
+        argv[argv.index("--rdzv-backend") + 1] == "c10d"
+        and argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.1:21000"
+    )
     # xl's node rank (not torch's: c10d numbers nodes as they join) is SLURM_NODEID's.
-    text = xl([a for a in base if a != "--json"], env_without_slurm(work, SLURM_NODEID="1"), cwd=work)
+    text = xl(
+        [a for a in base if a != "--json"], env_without_slurm(work, SLURM_NODEID="1"), cwd=work
+    )
     assert "# xl node 1 of 2 " in text.stdout, text.stdout
-    _one_line(xl(base, env_without_slurm(work, SLURM_NODEID="2"), cwd=work), "xl launch: ", "--node-rank 2 must be in 0..1")
-    _one_line(xl(base, env_without_slurm(work), cwd=work), "xl launch: ", "--slurm-node is for tasks srun starts")
+    _one_line(
+        xl(base, env_without_slurm(work, SLURM_NODEID="2"), cwd=work),
+        "xl launch: ",
+        "--node-rank 2 must be in 0..1",
+    )
+    _one_line(
+        xl(base, env_without_slurm(work), cwd=work),
+        "xl launch: ",
+        "--slurm-node is for tasks srun starts",
+    )
 
 
 def test_sbatch_writes_a_batch_script_bash_accepts(work: Path) -> None:
     args = [
-        "sbatch", "--nodes", "2", "--gpus-per-node", "8", "--time", "04:00:00", "--partition", "gpu",
-        "--job-name", "llm", "-c", "32", "--sbatch=--qos=high", "--nproc", "8", "--mixed-precision", "bf16",
-        "train.py", "--data", "a b",
+        "sbatch", "--nodes", "2", "--gpus-per-node", "8", "--time", "04:00:00",
+        "--partition", "gpu", "--job-name", "llm", "-c", "32", "--sbatch=--qos=high",
+        "--nproc", "8", "--mixed-precision", "bf16", "train.py", "--data", "a b",
     ]  # fmt: skip
     proc = xl(args, env_without_slurm(work), cwd=work)
     assert proc.returncode == 0, proc.stderr
@@ -117,7 +146,8 @@ def test_sbatch_writes_a_batch_script_bash_accepts(work: Path) -> None:
     ]  # fmt: skip
     # The last line runs this very xl (the venv's interpreter, by absolute path) with --slurm.
     assert lines[-1] == (
-        f"exec {sys.executable} -m xl launch --slurm --nproc 8 --mixed-precision bf16 -- train.py --data 'a b'"
+        f"exec {sys.executable} -m xl launch --slurm --nproc 8 --mixed-precision bf16 -- "
+        "train.py --data 'a b'"
     )
     assert f"cd {work}" in lines
     path = work / "job.sh"
@@ -131,12 +161,36 @@ def test_sbatch_help_and_bad_input(work: Path) -> None:
     proc = xl(["sbatch", "--help"], env_without_slurm(work), cwd=work)
     assert proc.returncode == 0 and "--gpus-per-node" in proc.stdout and "--nproc" in proc.stdout
     assert "sbatch" in xl(["--help"], env_without_slurm(work)).stdout
-    _one_line(xl(["sbatch", "--nodes", "0", "train.py"], env_without_slurm(work), cwd=work), "xl sbatch: ", "--nodes must be at least 1")
-    _one_line(xl(["sbatch", "--time", "1 h", "train.py"], env_without_slurm(work), cwd=work), "xl sbatch: ", "cannot be empty or hold spaces")
-    _one_line(xl(["sbatch", "--nnodes", "2", "train.py"], env_without_slurm(work), cwd=work), "xl sbatch: ", "unknown option --nnodes; did you mean --nodes?")
-    _one_line(xl(["sbatch", "missing.py"], env_without_slurm(work), cwd=work), "xl sbatch: ", "no such script: missing.py")
-    _one_line(xl(["sbatch", "--sbatch", "qos", "train.py"], env_without_slurm(work), cwd=work), "xl sbatch: ", "give an sbatch option as written")
-    _one_line(xl(["sbatch", "--rdzv", "nohost", "train.py"], env_without_slurm(work), cwd=work), "xl sbatch: ", "--rdzv 'nohost' is not HOST:PORT")
+    _one_line(
+        xl(["sbatch", "--nodes", "0", "train.py"], env_without_slurm(work), cwd=work),
+        "xl sbatch: ",
+        "--nodes must be at least 1",
+    )
+    _one_line(
+        xl(["sbatch", "--time", "1 h", "train.py"], env_without_slurm(work), cwd=work),
+        "xl sbatch: ",
+        "cannot be empty or hold spaces",
+    )
+    _one_line(
+        xl(["sbatch", "--nnodes", "2", "train.py"], env_without_slurm(work), cwd=work),
+        "xl sbatch: ",
+        "unknown option --nnodes; did you mean --nodes?",
+    )
+    _one_line(
+        xl(["sbatch", "missing.py"], env_without_slurm(work), cwd=work),
+        "xl sbatch: ",
+        "no such script: missing.py",
+    )
+    _one_line(
+        xl(["sbatch", "--sbatch", "qos", "train.py"], env_without_slurm(work), cwd=work),
+        "xl sbatch: ",
+        "give an sbatch option as written",
+    )
+    _one_line(
+        xl(["sbatch", "--rdzv", "nohost", "train.py"], env_without_slurm(work), cwd=work),
+        "xl sbatch: ",
+        "--rdzv 'nohost' is not HOST:PORT",
+    )
 
 
 # A stand-in srun: runs the task once per node on this machine with the node's SLURM_NODEID, as
@@ -150,8 +204,10 @@ while args and args[0].startswith("--"):
 n = int(next(o for o in opts if o.startswith("--nodes=")).split("=")[1])
 token = os.environ.get("XL_TOKEN", "")
 with open(os.environ["FAKE_SRUN_REPORT"], "w") as fh:
-    json.dump({"opts": opts, "task": args, "token_len": len(token), "token_in_argv": bool(token) and token in " ".join(sys.argv)}, fh)
-procs = [subprocess.Popen(args, env={**os.environ, "SLURM_NODEID": str(k), "SLURM_PROCID": str(k)}) for k in range(n)]
+    json.dump({"opts": opts, "task": args, "token_len": len(token),
+               "token_in_argv": bool(token) and token in " ".join(sys.argv)}, fh)
+procs = [subprocess.Popen(args, env={**os.environ, "SLURM_NODEID": str(k), "SLURM_PROCID": str(k)})
+         for k in range(n)]
 sys.exit(max(p.wait(timeout=120) for p in procs))
 '''
 
@@ -167,10 +223,17 @@ def test_launch_slurm_runs_the_srun_task_for_real(tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text(
         "import os, torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"
-        "print('rank', dist.get_rank(), 'of', dist.get_world_size(), 'node', os.environ['GROUP_RANK'], flush=True)\n"
+        "print('rank', dist.get_rank(), 'of', dist.get_world_size(), 'node', "
+        "os.environ['GROUP_RANK'], flush=True)\n"
         "dist.barrier(); dist.destroy_process_group()\n"
     )
-    env = env_without_slurm(tmp_path, SLURM_JOB_ID="99", SLURM_JOB_NODELIST="localhost", SLURM_JOB_NUM_NODES="1", FAKE_SRUN_REPORT=str(tmp_path / "report.json"))
+    env = env_without_slurm(
+        tmp_path,
+        SLURM_JOB_ID="99",
+        SLURM_JOB_NODELIST="localhost",
+        SLURM_JOB_NUM_NODES="1",
+        FAKE_SRUN_REPORT=str(tmp_path / "report.json"),
+    )
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     runs = tmp_path / "home" / "runs"
     try:

@@ -36,8 +36,15 @@ def _slurm_ready() -> str | None:
         return None
     if os.geteuid() != 0:
         return "starting slurmd needs root (or point XL_TEST_SLURM_CONF at a running cluster)"
-    missing = [c for c in ("srun", "salloc", "sbatch", "scontrol", "sinfo", "slurmctld", "slurmd", "munged") if not shutil.which(c)]
-    assert not missing, f"not installed: {', '.join(missing)} (the README's test command installs Debian's slurmd and slurmctld)"
+    missing = [
+        c
+        for c in ("srun", "salloc", "sbatch", "scontrol", "sinfo", "slurmctld", "slurmd", "munged")
+        if not shutil.which(c)
+    ]
+    assert not missing, (
+        f"not installed: {', '.join(missing)} (the README's test command installs Debian's "
+        "slurmd and slurmctld)"
+    )
     return None
 
 
@@ -66,8 +73,10 @@ AccountingStorageType=accounting_storage/none
 MpiDefault=none
 ReturnToService=2
 KillWait=5
-NodeName=node01 NodeHostname={host} NodeAddr=127.0.0.1 Port={port1} CPUs={cpus} RealMemory=1000 State=UNKNOWN
-NodeName=node02 NodeHostname={host} NodeAddr=127.0.0.1 Port={port2} CPUs={cpus} RealMemory=1000 State=UNKNOWN
+NodeName=node01 NodeHostname={host} NodeAddr=127.0.0.1 Port={port1} CPUs={cpus} \
+RealMemory=1000 State=UNKNOWN
+NodeName=node02 NodeHostname={host} NodeAddr=127.0.0.1 Port={port2} CPUs={cpus} \
+RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=node01,node02 Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -101,28 +110,49 @@ def cluster() -> Iterator[dict[str, str]]:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     (d / "slurm.conf").write_text(
-        SLURM_CONF.format(host=socket.gethostname(), dir=d, ctld_port=free_port(), port1=free_port(), port2=free_port(), cpus=os.cpu_count() or 1)
+        SLURM_CONF.format(
+            host=socket.gethostname(),
+            dir=d,
+            ctld_port=free_port(),
+            port1=free_port(),
+            port2=free_port(),
+            cpus=os.cpu_count() or 1,
+        )
     )
     env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
     daemons: list[subprocess.Popen[bytes]] = []
     log = open(d / "daemons.log", "ab")  # noqa: SIM115 - closed in finally
     try:
-        munge = ["munged", "-F", "-f", f"--socket={d}/munge.sock", f"--key-file={key}", f"--log-file={d}/munged.log", f"--pid-file={d}/munged.pid", f"--seed-file={d}/munged.seed"]
+        munge = [
+            "munged", "-F", "-f", f"--socket={d}/munge.sock", f"--key-file={key}",
+            f"--log-file={d}/munged.log", f"--pid-file={d}/munged.pid",
+            f"--seed-file={d}/munged.seed",
+        ]
         daemons.append(subprocess.Popen(munge, env=env, stdout=log, stderr=log))
         wait_for(lambda: (d / "munge.sock").exists(), timeout=10, what="munged")
         daemons.append(subprocess.Popen(["slurmctld", "-D", "-i"], env=env, stdout=log, stderr=log))
         time.sleep(1)
         for node in ("node01", "node02"):
-            daemons.append(subprocess.Popen(["slurmd", "-D", "-N", node], env=env, stdout=log, stderr=log))
+            daemons.append(
+                subprocess.Popen(["slurmd", "-D", "-N", node], env=env, stdout=log, stderr=log)
+            )
 
         def idle() -> bool:
-            out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=env, capture_output=True, text=True, timeout=10).stdout
+            out = subprocess.run(
+                ["sinfo", "-h", "-N", "-o", "%N %t"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
             return out.split() == ["node01", "idle", "node02", "idle"]
 
         wait_for(idle, timeout=40, what="2 idle slurmd nodes", interval=0.5)
         yield {"SLURM_CONF": str(d / "slurm.conf")}
     finally:
-        subprocess.run(["scancel", "--full", "--user=root"], env=env, capture_output=True, timeout=20)
+        subprocess.run(
+            ["scancel", "--full", "--user=root"], env=env, capture_output=True, timeout=20
+        )
         for proc in reversed(daemons):
             _stop(proc)
         log.close()
@@ -137,7 +167,8 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
-print(f"rank {rank} of {world} on slurm node {os.environ['SLURM_NODEID']}: sum {total.item():g}", flush=True)
+print(f"rank {rank} of {world} on slurm node {os.environ['SLURM_NODEID']}: "
+      f"sum {total.item():g}", flush=True)
 for step in range(int(os.environ.get("MN_STEPS", "3"))):
     dist.all_reduce(torch.ones(1))
     xl.log(step=step, loss=1.0 / (step + 1), samples=4)
@@ -172,7 +203,9 @@ def _assert_nothing_left(runs: dict[int, Path], env: dict[str, str]) -> None:
         wait_no_processes(run_dir, timeout=15)
 
     def no_jobs() -> bool:
-        out = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True, timeout=10
+        ).stdout
         return not out.strip()
 
     wait_for(no_jobs, timeout=20, what="the cluster's queue to be empty", interval=0.5)
@@ -189,7 +222,9 @@ def _check_two_node_run(home: Path, output: str) -> dict[int, Path]:
     assert sorted(layout) == [0, 1] and sorted(layout.values()) == [0, 1], layout
     for node, run_dir in runs.items():
         run = run_json(run_dir)
-        assert run["status"] == "succeeded" and run["world_size"] == 2 and run["nnodes"] == 2, output[-3000:]
+        assert run["status"] == "succeeded" and run["world_size"] == 2 and run["nnodes"] == 2, (
+            output[-3000:]
+        )
         # Node 0's run is the view of the whole run: every node's ranks and logs.
         ranks = [0, 1] if node == 0 else [r for r, n in layout.items() if n == node]
         assert [(r["rank"], r["exit_code"]) for r in run["ranks"]] == [(r, 0) for r in ranks]
@@ -220,10 +255,24 @@ def test_real_salloc_two_nodes(tmp_path: Path, cluster: dict[str, str]) -> None:
 def test_real_sbatch_script(tmp_path: Path, cluster: dict[str, str]) -> None:
     (tmp_path / "mn.py").write_text(MN_SCRIPT)
     env = _slurm_env(tmp_path, cluster)
-    made = xl(["sbatch", "--nodes", "2", "--job-name", "xltest", "--output", "job.out", "--nproc", "1", "mn.py"], env, cwd=tmp_path)
+    made = xl(
+        [
+            "sbatch", "--nodes", "2", "--job-name", "xltest", "--output", "job.out", "--nproc", "1",
+            "mn.py",
+        ],
+        env,
+        cwd=tmp_path,
+    )
     assert made.returncode == 0, made.stderr
     (tmp_path / "job.sh").write_text(made.stdout)
-    proc = subprocess.run(["sbatch", "--wait", "job.sh"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["sbatch", "--wait", "job.sh"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     output = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
     assert proc.returncode == 0, proc.stderr + output[-3000:]
     runs = _check_two_node_run(tmp_path / "home", output)
@@ -236,7 +285,9 @@ def test_real_ctrl_c_stops_every_node(tmp_path: Path, cluster: dict[str, str]) -
     (tmp_path / "mn.py").write_text(MN_SCRIPT)
     env = _slurm_env(tmp_path, cluster, MN_STEPS="100000", MN_SLEEP="0.05")
     argv = ["salloc", "-N2", *XL, "launch", "--slurm", "--nproc", "1", "--no-tui", "mn.py"]
-    salloc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    salloc = subprocess.Popen(
+        argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     home = tmp_path / "home"
     try:
 
@@ -244,7 +295,8 @@ def test_real_ctrl_c_stops_every_node(tmp_path: Path, cluster: dict[str, str]) -
             # Node 0's run dir gets both ranks' logs, node 1's its own (whichever rank it is).
             runs = _node_runs(home)
             return sorted(runs) == [0, 1] and all(
-                len(logs := list((d / "logs").glob("rank-*.log"))) == 2 - n and all("ready" in p.read_text() for p in logs)
+                len(logs := list((d / "logs").glob("rank-*.log"))) == 2 - n
+                and all("ready" in p.read_text() for p in logs)
                 for n, d in runs.items()
             )
 
@@ -267,7 +319,8 @@ def test_real_ctrl_c_stops_every_node(tmp_path: Path, cluster: dict[str, str]) -
     assert "stopping the run on every node" in output, output[-3000:]
     assert salloc.returncode == 1, output[-3000:]
     # Node 0's run was stopped as `xl stop` stops it; node 1's rank may see its peer go first
-    # and fail on its own (as in tests/e2e/test_multinode_links.py): either way it ended, nothing hangs.
+    # and fail on its own (as in tests/e2e/test_multinode_links.py): either way it ended,
+    # nothing hangs.
     run0, run1 = run_json(runs[0]), run_json(runs[1])
     assert run0["status"] == "stopped", output[-3000:]
     assert [r["state"] for r in run0["ranks"] if r["node_rank"] == 0] == ["stopped"], run0["ranks"]
@@ -286,17 +339,26 @@ def test_real_rank_failing_on_node_1_fails_node_0(tmp_path: Path, cluster: dict[
     argv = ["salloc", "-N2", *XL, "launch", "--slurm", "--nproc", "1", "--no-tui", "mn.py"]
     home = tmp_path / "home"
     try:
-        proc = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
+        proc = subprocess.run(
+            argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150
+        )
         output = proc.stdout + proc.stderr
         assert proc.returncode == 1, output[-3000:]
         runs = _node_runs(home)
         assert sorted(runs) == [0, 1], output[-3000:]
         [r1] = [r["rank"] for r in run_json(runs[1])["ranks"]]
-        run0 = wait_for(lambda: (r := run_json(runs[0])).get("status") != "running" and r, timeout=30, what="node 0's run to end")
+        run0 = wait_for(
+            lambda: (r := run_json(runs[0])).get("status") != "running" and r,
+            timeout=30,
+            what="node 0's run to end",
+        )
         assert run0["status"] == "failed", output[-3000:]
         failure = run0["failure"]
         assert (failure["rank"], failure["node_rank"]) == (r1, 1), failure
-        assert failure["message"].startswith("node 1 (") and f"late boom on rank {r1}" in failure["traceback"], failure
+        assert (
+            failure["message"].startswith("node 1 (")
+            and f"late boom on rank {r1}" in failure["traceback"]
+        ), failure
         assert run_json(runs[1])["status"] == "failed"
         _assert_nothing_left(runs, env)
     finally:

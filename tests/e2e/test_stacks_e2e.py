@@ -40,14 +40,23 @@ LIVE = (*MODES, "slow")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
     home = tmp_path_factory.mktemp("stacks-home")
     env = xl_env(home, XL_STALL_MIN_S="3")
     dirs: dict[str, Path] = {}
     try:
         for mode in (*LIVE, "none"):
             extra = ["--steps", "2"] if mode == "none" else []
-            started = xl(["launch", "--detach", "--nproc", "2", "--name", mode, str(SCRIPT), "--mode", mode, *extra], env, cwd=home)
+            started = xl(
+                [
+                    "launch", "--detach", "--nproc", "2", "--name", mode, str(SCRIPT), "--mode",
+                    mode, *extra,
+                ],
+                env,
+                cwd=home,
+            )
             assert started.returncode == 0, started.stderr
             dirs[mode] = home / "runs" / started.stdout.strip()
         for mode in LIVE:
@@ -85,7 +94,9 @@ def _main_functions(doc: dict[str, Any], rank: int) -> list[str]:
     return [f["function"] for f in entry["threads"][0]["frames"]]
 
 
-def test_a_rank_asleep_outside_the_collective_is_named_and_captured_once(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
+def test_a_rank_asleep_outside_the_collective_is_named_and_captured_once(
+    runs: tuple[dict[str, str], dict[str, Path]],
+) -> None:
     env, dirs = runs
     run_dir = dirs["sleep"]
     doc = _hung(env, run_dir)
@@ -100,18 +111,31 @@ def test_a_rank_asleep_outside_the_collective_is_named_and_captured_once(runs: t
     assert "rank 0 waits in all_reduce #" in text and "rank 1 is in astray at hang_ddp.py:" in text
     assert "verdict: rank 1 never entered" in text
     # The supervisor's own capture: one hang event, one document, the victim waiting on the culprit.
-    events = wait_for(lambda: [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-                      if "waiting_on" in (run_dir / "events.jsonl").read_text() else None, timeout=60, what="the hang events",
-                      explain=lambda: describe_run(run_dir))
+    events = wait_for(
+        lambda: (
+            [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+            if "waiting_on" in (run_dir / "events.jsonl").read_text()
+            else None
+        ),
+        timeout=60,
+        what="the hang events",
+        explain=lambda: describe_run(run_dir),
+    )
     hangs = [e for e in events if e["kind"] == "hang"]
-    assert len(hangs) == 1 and hangs[0]["ranks"] == [1] and "astray at hang_ddp.py:" in hangs[0]["message"]
+    assert (
+        len(hangs) == 1
+        and hangs[0]["ranks"] == [1]
+        and "astray at hang_ddp.py:" in hangs[0]["message"]
+    )
     # Asleep, it uses no CPU: a hang, not a rank working (test_stall_working.py has the other).
     assert hangs[0]["busy"] == [] and "working at" not in hangs[0]["message"]
     saved = json.loads((run_dir / hangs[0]["stacks"]).read_text())
     assert saved["verdict"] == {"ranks": [1], "message": hangs[0]["message"]}
     stalled = {e["rank"]: e for e in events if e["kind"] == "stalled"}
     assert "waiting_on" not in stalled[1] and "astray at hang_ddp.py" in stalled[1]["message"]
-    assert stalled[0]["waiting_on"] == [1] and stalled[0]["message"].startswith("rank 0 waits in all_reduce #")
+    assert stalled[0]["waiting_on"] == [1] and stalled[0]["message"].startswith(
+        "rank 0 waits in all_reduce #"
+    )
     # --rank filters what is shown, never the verdict: the whole run's, from either rank.
     code, shown, _ = _stacks(env, run_dir, "--rank", "1")
     groups, _, judged = shown.partition("verdict: ")
@@ -120,9 +144,18 @@ def test_a_rank_asleep_outside_the_collective_is_named_and_captured_once(runs: t
     for rank in (0, 1):
         code, only, _ = _stacks(env, run_dir, "--rank", str(rank), "--json")
         assert code == 0 and [e["rank"] for e in only["ranks"]] == [rank]
-        assert only["verdict"]["ranks"] == [1] and "rank 1 never entered all_reduce #" in only["verdict"]["message"]
+        assert (
+            only["verdict"]["ranks"] == [1]
+            and "rank 1 never entered all_reduce #" in only["verdict"]["message"]
+        )
     # `xl attach` (plain: not a terminal) prints the verdict and where the stacks are.
-    attach = subprocess.Popen([*XL, "attach", run_dir.name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    attach = subprocess.Popen(
+        [*XL, "attach", run_dir.name],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(3)
     finally:
@@ -131,16 +164,23 @@ def test_a_rank_asleep_outside_the_collective_is_named_and_captured_once(runs: t
     assert f"xl: hang: {hangs[0]['message']} (every rank's stack: {hangs[0]['stacks']})" in out
 
 
-def test_a_rank_in_c_code_holding_the_gil_still_tells_where_it_is(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
+def test_a_rank_in_c_code_holding_the_gil_still_tells_where_it_is(
+    runs: tuple[dict[str, str], dict[str, Path]],
+) -> None:
     env, dirs = runs
     doc = _hung(env, dirs["regex"])
     rank1 = next(e for e in doc["ranks"] if e["rank"] == 1)
     assert "GIL" in rank1["note"] and rank1["collectives"] == []
     assert _main_functions(doc, 1)[-3:] == ["astray", "parse_record", "match"]
     # The function and the line of one frame: the script's own innermost, and what it calls.
-    line = next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if "return re.match(" in text)
+    line = next(
+        i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if "return re.match(" in text
+    )
     assert "rank 1 never entered all_reduce #" in doc["verdict"]["message"]
-    assert f": it is in parse_record at hang_ddp.py:{line} (calling re.match)" in doc["verdict"]["message"]
+    assert (
+        f": it is in parse_record at hang_ddp.py:{line} (calling re.match)"
+        in doc["verdict"]["message"]
+    )
 
 
 def test_a_rank_in_a_busy_python_loop(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
@@ -154,7 +194,10 @@ def test_a_rank_in_a_busy_python_loop(runs: tuple[dict[str, str], dict[str, Path
         return doc if code == 0 and "working at " in doc["verdict"]["message"] else None
 
     doc = wait_for(working, timeout=30, what="the verdict to say rank 1 works", interval=1)
-    assert doc["verdict"]["ranks"] == [1] and "rank 1 never entered all_reduce #" in doc["verdict"]["message"]
+    assert (
+        doc["verdict"]["ranks"] == [1]
+        and "rank 1 never entered all_reduce #" in doc["verdict"]["message"]
+    )
     # Its CPU against the rank measured alongside (waiting in the collective), not a fixed share:
     # on a shared machine a spinning rank gets what the scheduler gives it.
     cpu = {e["rank"]: e["cpu_pct"] for e in doc["ranks"]}
@@ -170,14 +213,25 @@ def test_ranks_in_different_collectives(runs: tuple[dict[str, str], dict[str, Pa
         return doc if code == 0 and "broadcast" in doc["verdict"]["message"] else None
 
     doc = wait_for(disagree, timeout=60, what="the broadcast/all_reduce verdict", interval=0.5)
-    assert "is in broadcast #" in doc["verdict"]["message"] and "all_reduce #" in doc["verdict"]["message"]
-    assert _main_functions(doc, 1)[-1] == "broadcast" and _main_functions(doc, 0)[-1] == "all_reduce"
+    assert (
+        "is in broadcast #" in doc["verdict"]["message"]
+        and "all_reduce #" in doc["verdict"]["message"]
+    )
+    assert (
+        _main_functions(doc, 1)[-1] == "broadcast" and _main_functions(doc, 0)[-1] == "all_reduce"
+    )
 
 
-def test_a_healthy_run_with_a_slower_rank_is_never_called_hung(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
+def test_a_healthy_run_with_a_slower_rank_is_never_called_hung(
+    runs: tuple[dict[str, str], dict[str, Path]],
+) -> None:
     env, dirs = runs
     run_dir = dirs["slow"]
-    wait_for(lambda: '"step":5,' in (run_dir / "metrics.jsonl").read_text(), timeout=60, what="a few steps")
+    wait_for(
+        lambda: '"step":5,' in (run_dir / "metrics.jsonl").read_text(),
+        timeout=60,
+        what="a few steps",
+    )
     waited = 0
     calls = [("--json",)] * 4 + [("--json", "--rank", "0"), ("--json", "--rank", "1")]
     deadline = time.monotonic() + 60
@@ -189,12 +243,18 @@ def test_a_healthy_run_with_a_slower_rank_is_never_called_hung(runs: tuple[dict[
         code, doc, err = _stacks(env, run_dir, *args)
         assert code == 0, err
         assert doc["verdict"]["ranks"] == [], doc["verdict"]
-        assert re.fullmatch(r"no hang: every rank progressed in the last \d+ s", doc["verdict"]["message"]), doc["verdict"]
+        assert re.fullmatch(
+            r"no hang: every rank progressed in the last \d+ s", doc["verdict"]["message"]
+        ), doc["verdict"]
         rank0 = next((e for e in doc["ranks"] if e["rank"] == 0), None)
-        waited += rank0 is not None and any(c["op"] == "all_reduce" and c["state"] != "completed" for c in rank0["collectives"])
+        waited += rank0 is not None and any(
+            c["op"] == "all_reduce" and c["state"] != "completed" for c in rank0["collectives"]
+        )
     assert waited
     code, text, _ = _stacks(env, run_dir)
-    assert code == 0 and re.search(r"^verdict: no hang: every rank progressed in the last \d+ s$", text, re.M)
+    assert code == 0 and re.search(
+        r"^verdict: no hang: every rank progressed in the last \d+ s$", text, re.M
+    )
     kinds = [json.loads(x)["kind"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
     assert "hang" not in kinds and "stalled" not in kinds
 
@@ -203,7 +263,12 @@ def test_a_finished_run_and_bad_usage(runs: tuple[dict[str, str], dict[str, Path
     env, dirs = runs
     wait_final(dirs["none"], timeout=60)
     code, out, err = _stacks(env, dirs["none"])
-    assert code == 1 and out == "" and len(err.strip().splitlines()) == 1 and "is not running (succeeded)" in err
+    assert (
+        code == 1
+        and out == ""
+        and len(err.strip().splitlines()) == 1
+        and "is not running (succeeded)" in err
+    )
     code, _, err = _stacks(env, dirs["sleep"], "--rank", "7")
     assert code == 2 and "has no rank 7" in err and "Traceback" not in err
     code, _, err = _stacks(env, dirs["sleep"], "--bogus")

@@ -42,13 +42,19 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[dict[str, str], dict[str, Path]]]:
     home = tmp_path_factory.mktemp("mismatch-home")
     env = xl_env(home, XL_STALL_MIN_S="600")
     dirs: dict[str, Path] = {}
     try:
         for name, args in RUNS.items():
-            started = xl(["launch", "--detach", "--nproc", "2", "--name", name, str(SCRIPT), *args], env, cwd=home)
+            started = xl(
+                ["launch", "--detach", "--nproc", "2", "--name", name, str(SCRIPT), *args],
+                env,
+                cwd=home,
+            )
             assert started.returncode == 0, started.stderr
             dirs[name] = home / "runs" / started.stdout.strip()
         for run_dir in dirs.values():
@@ -62,7 +68,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, s
             wait_no_processes(run_dir, timeout=30)
 
 
-def test_a_mismatch_is_named_at_once_with_both_ranks_places(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
+def test_a_mismatch_is_named_at_once_with_both_ranks_places(
+    runs: tuple[dict[str, str], dict[str, Path]],
+) -> None:
     env, dirs = runs
     run_dir = dirs["bcast"]
     # The run's own capture names it, with no stall said (the threshold is 600 s).
@@ -74,7 +82,8 @@ def test_a_mismatch_is_named_at_once_with_both_ranks_places(runs: tuple[dict[str
     )
     reduce_at, bcast_at = _line("xl.log(step=step") - 1, _line('if args.mode == "bcast":') + 1
     places = (
-        rf"mismatch at #(\d+) of process group default_pg \(different collectives; they can never match\): "
+        r"mismatch at #(\d+) of process group default_pg \(different collectives; they can "
+        r"never match\): "
         rf"rank 0 is in all_reduce #\1 at hang_ddp.py:{reduce_at}; "
         rf"rank 1 is in broadcast #\1 at hang_ddp.py:{bcast_at}"
     )
@@ -89,29 +98,55 @@ def test_a_mismatch_is_named_at_once_with_both_ranks_places(runs: tuple[dict[str
     done = xl(["stacks", run_dir.name, "--json"], env, timeout=60)
     assert done.returncode == 0, done.stderr
     verdict = json.loads(done.stdout)["verdict"]
-    assert verdict["ranks"] == [0, 1] and re.fullmatch(places, verdict["message"]) and verdict["mismatch"] is True
+    assert (
+        verdict["ranks"] == [0, 1]
+        and re.fullmatch(places, verdict["message"])
+        and verdict["mismatch"] is True
+    )
     text = xl(["stacks", run_dir.name], env, timeout=60).stdout
     assert f"verdict: {verdict['message']}" in text
 
 
-def test_ranks_at_different_collectives_of_different_numbers_are_no_mismatch(runs: tuple[dict[str, str], dict[str, Path]]) -> None:
+def test_ranks_at_different_collectives_of_different_numbers_are_no_mismatch(
+    runs: tuple[dict[str, str], dict[str, Path]],
+) -> None:
     env, dirs = runs
     run_dir = dirs["eval"]
-    wait_for(lambda: "evaluates" in (run_dir / "logs" / "rank-1.log").read_text(), timeout=90, what="rank 1's evaluation")
+    wait_for(
+        lambda: "evaluates" in (run_dir / "logs" / "rank-1.log").read_text(),
+        timeout=90,
+        what="rank 1's evaluation",
+    )
 
     def apart() -> dict[str, Any] | None:
-        """A look that finds rank 0 waiting in an all_reduce while rank 1's newest is a broadcast."""
+        """A look that finds rank 0 waiting in an all_reduce while rank 1's newest is a
+        broadcast."""
         done = xl(["stacks", run_dir.name, "--json"], env, timeout=60)
         if done.returncode != 0:
             return None
         doc = json.loads(done.stdout)
         newest = {e["rank"]: (e.get("collectives") or [{}])[-1] for e in doc["ranks"]}
-        if newest.get(0, {}).get("op") == "all_reduce" and newest[0].get("state") != "completed" and newest.get(1, {}).get("op") == "broadcast":
+        if (
+            newest.get(0, {}).get("op") == "all_reduce"
+            and newest[0].get("state") != "completed"
+            and newest.get(1, {}).get("op") == "broadcast"
+        ):
             return doc
         return None
 
-    doc = wait_for(apart, timeout=60, what="rank 0 in all_reduce while rank 1 evaluates after a broadcast", interval=0.5)
-    assert doc["verdict"]["ranks"] == [] and "mismatch" not in doc["verdict"]["message"], doc["verdict"]
+    doc = wait_for(
+        apart,
+        timeout=60,
+        what="rank 0 in all_reduce while rank 1 evaluates after a broadcast",
+        interval=0.5,
+    )
+    assert doc["verdict"]["ranks"] == [] and "mismatch" not in doc["verdict"]["message"], doc[
+        "verdict"
+    ]
     # The run goes on and ends well; the quiet spell of the evaluation was never called a hang.
-    wait_for(lambda: json.loads((run_dir / "run.json").read_text())["status"] == "succeeded", timeout=120, what="the run's end")
+    wait_for(
+        lambda: json.loads((run_dir / "run.json").read_text())["status"] == "succeeded",
+        timeout=120,
+        what="the run's end",
+    )
     assert "hang" not in [e["kind"] for e in _events(run_dir)]

@@ -47,12 +47,37 @@ def test_a_hang_on_node_1_is_named_from_node_0(tmp_path: Path) -> None:
     rdzv = f"127.0.0.1:{rdzv_port()}"
     procs = []
     for node in (0, 1):
-        argv = [*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv, "--nproc", "1",
-                *(["--env", "HANG_HERE=1"] if node == 1 else []), str(SCRIPT), "--mode", "sleep", "--rank", "-1"]
-        procs.append(subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        argv = [
+            *XL,
+            "launch",
+            "--no-tui",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--rdzv",
+            rdzv,
+            "--nproc",
+            "1",
+            *(["--env", "HANG_HERE=1"] if node == 1 else []),
+            str(SCRIPT),
+            "--mode",
+            "sleep",
+            "--rank",
+            "-1",
+        ]
+        procs.append(
+            subprocess.Popen(
+                argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        )
     dirs: dict[int, Path] = {}
     try:
-        dirs = wait_for(lambda: len(found := _run_dirs(home)) == 2 and found, timeout=60, what="both nodes' run dirs")
+        dirs = wait_for(
+            lambda: len(found := _run_dirs(home)) == 2 and found,
+            timeout=60,
+            what="both nodes' run dirs",
+        )
         run0, run1 = dirs[0], dirs[1]
         wait_ranks_running(run0, 2, timeout=90)
         [far] = [r["rank"] for r in run_json(run1)["ranks"]]
@@ -67,15 +92,28 @@ def test_a_hang_on_node_1_is_named_from_node_0(tmp_path: Path) -> None:
         doc = wait_for(named, timeout=60, what="node 0 naming node 1's rank", interval=0.5)
         message = doc["verdict"]["message"]
         assert message.startswith(f"rank {far} never entered all_reduce #"), message
-        assert "it is in astray at hang_ddp.py:" in message and f"rank {near} waits in all_reduce #" in message
+        assert (
+            "it is in astray at hang_ddp.py:" in message
+            and f"rank {near} waits in all_reduce #" in message
+        )
         entry = next(e for e in doc["ranks"] if e["rank"] == far)
         assert "error" not in entry, entry
-        assert any(f["function"] == "astray" and f["file"].endswith("hang_ddp.py") for f in entry["threads"][0]["frames"])
+        assert any(
+            f["function"] == "astray" and f["file"].endswith("hang_ddp.py")
+            for f in entry["threads"][0]["frames"]
+        )
         there = xl(["stacks", run1.name], env, timeout=30)
         assert there.returncode == 0 and f"rank {far} is in astray at hang_ddp.py:" in there.stdout
         # Node 0's own capture on the stall: one hang event naming node 1's rank.
         hang = wait_for(
-            lambda: next((e for e in map(json.loads, (run0 / "events.jsonl").read_text().splitlines()) if e["kind"] == "hang"), None),
+            lambda: next(
+                (
+                    e
+                    for e in map(json.loads, (run0 / "events.jsonl").read_text().splitlines())
+                    if e["kind"] == "hang"
+                ),
+                None,
+            ),
             timeout=60,
             what="the hang event on node 0",
         )

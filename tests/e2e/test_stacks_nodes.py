@@ -31,20 +31,28 @@ TOKEN = "test-token-0123456789abcdef"
 
 def _node_1(tmp_path: Path) -> tuple[Telemetry, nodelink.NodeLink]:
     got: list[dict[str, Any]] = []
-    tel = Telemetry(tmp_path, token=TOKEN, inventory=False, on_node=lambda n, h, msgs: got.extend(msgs))
+    tel = Telemetry(
+        tmp_path, token=TOKEN, inventory=False, on_node=lambda n, h, msgs: got.extend(msgs)
+    )
     env = tel.start()
     host, port = env["XL_COLLECTOR"].rsplit(":", 1)
     link = nodelink.NodeLink(host, int(port), TOKEN, 1, "node-b")
     link.start()
-    link.send({"type": "event", "event": {"kind": "rank_started", "rank": 1, "message": "rank 1 started"}})
+    link.send(
+        {"type": "event", "event": {"kind": "rank_started", "rank": 1, "message": "rank 1 started"}}
+    )
     wait_for(lambda: got, timeout=10, what="node 1's link at node 0")
     return tel, link
 
 
 def _deep_entry(rank: int) -> dict[str, Any]:
-    frames = [{"file": f"/src/{'x' * 900}/lib{i}.py", "line": i, "function": f"f{i}"} for i in range(300)]
+    frames = [
+        {"file": f"/src/{'x' * 900}/lib{i}.py", "line": i, "function": f"f{i}"} for i in range(300)
+    ]
     frames.append({"file": "/src/train.py", "line": 41, "function": "astray"})
-    threads = [{"name": "MainThread", "frames": frames}] + [{"name": f"T{i}", "frames": frames} for i in range(40)]
+    threads = [{"name": "MainThread", "frames": frames}] + [
+        {"name": f"T{i}", "frames": frames} for i in range(40)
+    ]
     return {"rank": rank, "node": "node-b", "pid": 4242, "threads": threads, "collectives": []}
 
 
@@ -69,7 +77,11 @@ def test_node_0_gathers_a_node_s_stacks_through_its_link(tmp_path: Path) -> None
     [entry] = doc["ranks"]
     assert entry["rank"] == 1 and entry["node_rank"] == 1 and entry["pid"] == 4242
     # Clipped to fit one frame, the innermost frames kept: the place it is stuck is there.
-    assert entry["threads"][0]["frames"][-1] == {"file": "/src/train.py", "line": 41, "function": "astray"}
+    assert entry["threads"][0]["frames"][-1] == {
+        "file": "/src/train.py",
+        "line": 41,
+        "function": "astray",
+    }
     assert not RunLayout(tmp_path).nodes_stacks_door.exists()  # the door closes with the collector
     status = json.loads((tmp_path / "collector.json").read_text())
     assert not status["rejects"], status
@@ -90,11 +102,18 @@ def test_a_quiet_node_costs_the_deadline_and_its_ranks_say_so(tmp_path: Path) ->
         link.close(0.1)
         tel.stop()
     [entry] = doc["ranks"]
-    assert "node 1 did not answer within 1 s" in entry["error"] and "xl stacks RUN" in entry["error"]
+    assert (
+        "node 1 did not answer within 1 s" in entry["error"] and "xl stacks RUN" in entry["error"]
+    )
     assert took < 3.0, took
     # Rank 0 waits in the all_reduce; the quiet node's rank is the one it waits for.
-    near = {"rank": 0, "threads": [{"name": "MainThread", "frames": [{"file": "train.py", "line": 9, "function": "main"}]}],
-            "collectives": [{"pg": "0", "seq": 5, "op": "all_reduce", "state": "started"}]}
+    near = {
+        "rank": 0,
+        "threads": [
+            {"name": "MainThread", "frames": [{"file": "train.py", "line": 9, "function": "main"}]}
+        ],
+        "collectives": [{"pg": "0", "seq": 5, "op": "all_reduce", "state": "started"}],
+    }
     v = verdict([near, entry])
     assert v["ranks"] == [1] and v["message"].startswith("rank 0 waits in all_reduce #5 for rank 1")
 
@@ -102,13 +121,30 @@ def test_a_quiet_node_costs_the_deadline_and_its_ranks_say_so(tmp_path: Path) ->
 def test_node_0_refuses_stacks_it_cannot_hold() -> None:
     good = {"type": "stacks", "id": "abc", "ranks": clip_stacks([_deep_entry(3)])}
     assert check_message(json.loads(json.dumps(good)))["ranks"][0]["rank"] == 3
-    # A collective's tensor shapes (the mismatch verdict compares them) cross; ill-formed ones are clipped off.
-    coll = {"pg": "0", "pg_id": "0", "seq": 5, "op": "all_reduce", "state": "started", "in": [[4, 2]], "out": [[4, 2]]}
-    shaped = {"type": "stacks", "id": "abc", "ranks": clip_stacks([{**_deep_entry(3), "collectives": [coll, {**coll, "in": [["x"]]}]}])}
+    # A collective's tensor shapes (the mismatch verdict compares them) cross; ill-formed ones
+    # are clipped off.
+    coll = {
+        "pg": "0",
+        "pg_id": "0",
+        "seq": 5,
+        "op": "all_reduce",
+        "state": "started",
+        "in": [[4, 2]],
+        "out": [[4, 2]],
+    }
+    shaped = {
+        "type": "stacks",
+        "id": "abc",
+        "ranks": clip_stacks([{**_deep_entry(3), "collectives": [coll, {**coll, "in": [["x"]]}]}]),
+    }
     got = check_message(json.loads(json.dumps(shaped)))["ranks"][0]["collectives"]
     assert got[0]["in"] == [[4, 2]] and "in" not in got[1] and got[1]["out"] == [[4, 2]]
     for bad in (
-        {"type": "stacks", "id": "abc", "ranks": [{"rank": 3, "collectives": [{**coll, "in": [[{"a": 1}]]}]}]},
+        {
+            "type": "stacks",
+            "id": "abc",
+            "ranks": [{"rank": 3, "collectives": [{**coll, "in": [[{"a": 1}]]}]}],
+        },
         {"type": "stacks", "id": "abc", "ranks": [{"rank": 3, "threads": "main"}]},
         {"type": "stacks", "id": "abc", "ranks": [_deep_entry(3)]},  # not clipped: too many threads
         {"type": "stacks", "id": "", "ranks": []},

@@ -75,8 +75,12 @@ def test_run_succeeds_with_separate_rank_logs_and_busy_port_29500(tmp_path: Path
     except OSError:
         pass  # something else already holds it: busy all the same
     try:
-        proc = xl(["launch", "--no-tui", "--nproc", "2", "--env", "FOO=bar", str(script), "--x", "1"],
-                  xl_env(home), cwd=tmp_path, timeout=90)
+        proc = xl(
+            ["launch", "--no-tui", "--nproc", "2", "--env", "FOO=bar", str(script), "--x", "1"],
+            xl_env(home),
+            cwd=tmp_path,
+            timeout=90,
+        )
     finally:
         busy.close()
     run_dir = wait_run(home)
@@ -86,7 +90,9 @@ def test_run_succeeds_with_separate_rank_logs_and_busy_port_29500(tmp_path: Path
         assert run["status"] == "succeeded"
         assert [r["rank"] for r in run["ranks"]] == [0, 1]
         for r in run["ranks"]:
-            assert r["exit_code"] == 0 and r["state"] == "exited" and r["pid"] > 0 and r["gpu"] is None
+            assert (
+                r["exit_code"] == 0 and r["state"] == "exited" and r["pid"] > 0 and r["gpu"] is None
+            )
         for rank in (0, 1):
             log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
             lines = log.splitlines()
@@ -99,16 +105,27 @@ def test_run_succeeds_with_separate_rank_logs_and_busy_port_29500(tmp_path: Path
             assert Path(env["XL_RUN_DIR"]) == run_dir
             assert env["XL_COLLECTOR"] and env["XL_TOKEN"]
             assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and env["CUDA_VISIBLE_DEVICES"] == ""
-            assert env["LOCAL_RANK"] == str(rank) and env["WORLD_SIZE"] == "2" and env["FOO"] == "bar"
-            assert json.loads(next(ln for ln in lines if ln.startswith("args "))[5:]) == ["--x", "1"]
-        kinds = [json.loads(ln)["kind"] for ln in (run_dir / "events.jsonl").read_text().splitlines()]
+            assert (
+                env["LOCAL_RANK"] == str(rank) and env["WORLD_SIZE"] == "2" and env["FOO"] == "bar"
+            )
+            assert json.loads(next(ln for ln in lines if ln.startswith("args "))[5:]) == [
+                "--x",
+                "1",
+            ]
+        kinds = [
+            json.loads(ln)["kind"] for ln in (run_dir / "events.jsonl").read_text().splitlines()
+        ]
         assert kinds[0] == "run_started" and kinds[-1] == "run_ended", kinds
         assert kinds.count("rank_started") == 2 and kinds.count("rank_exited") == 2, kinds
         # The plain view shows each rank's lines, prefixed, and the outcome.
         assert "[rank 1] out rank=1 line=2" in proc.stdout
         outcome, took = proc.stdout.splitlines()[-2:]
         # It logs no step: the time is said whole, not called all startup.
-        assert "succeeded" in outcome and took.startswith("time: ") and took.endswith(" s (not split into startup and training: no rank logged a step)"), (outcome, took)
+        assert (
+            "succeeded" in outcome
+            and took.startswith("time: ")
+            and took.endswith(" s (not split into startup and training: no rank logged a step)")
+        ), (outcome, took)
         wait_no_processes(run_dir, timeout=GRACE + 2)
     finally:
         kill_run(run_dir)
@@ -117,7 +134,9 @@ def test_run_succeeds_with_separate_rank_logs_and_busy_port_29500(tmp_path: Path
 def test_failing_rank_without_record_is_root_cause_with_traceback(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = write_script(tmp_path, "fail.py", FAILER)
-    proc = xl(["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90)
+    proc = xl(
+        ["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90
+    )
     run_dir = wait_run(home)
     try:
         assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -146,7 +165,9 @@ def test_failing_rank_without_record_is_root_cause_with_traceback(tmp_path: Path
 def test_rank_exiting_without_a_traceback_is_explained_by_its_last_lines(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = write_script(tmp_path, "exiter.py", EXITER)
-    proc = xl(["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90)
+    proc = xl(
+        ["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90
+    )
     run_dir = wait_run(home)
     try:
         assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -169,7 +190,9 @@ def test_rank_killed_by_a_signal_is_named_with_it(tmp_path: Path) -> None:
             os.kill(os.getpid(), signal.SIGSEGV)
         time.sleep(120)
     """)
-    proc = xl(["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90)
+    proc = xl(
+        ["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90
+    )
     run_dir = wait_run(home)
     try:
         assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -185,7 +208,9 @@ def test_rank_killed_by_a_signal_is_named_with_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("teardown", ["aborts", "prints"])
-def test_a_rank_that_aborts_after_its_script_returned_is_the_cause(tmp_path: Path, teardown: str) -> None:
+def test_a_rank_that_aborts_after_its_script_returned_is_the_cause(
+    tmp_path: Path, teardown: str
+) -> None:
     """A C++ abort in the interpreter's teardown (a process group's thread never joined, as gloo
     does when destroy_process_group was not called) comes after the script returned 0: the run
     failed, and rank 0 is named with its signal and its last words, not "rank None" or "exited".
@@ -202,28 +227,43 @@ def test_a_rank_that_aborts_after_its_script_returned_is_the_cause(tmp_path: Pat
         print("trained", flush=True)
         time.sleep(0.3 if os.environ["RANK"] == "1" else 0)
     """)
-    proc = xl(["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90)
+    proc = xl(
+        ["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90
+    )
     run_dir = wait_run(home)
     try:
         run = run_json(run_dir)
         if teardown == "prints":
             assert proc.returncode == 0 and run["status"] == "succeeded", proc.stdout + proc.stderr
             assert run["failure"] is None
-            said = [ln for ln in proc.stdout.splitlines() if ln.endswith("] terminate called without an active exception")]
-            assert sorted(said) == [f"[rank {r}] terminate called without an active exception" for r in (0, 1)]
+            said = [
+                ln
+                for ln in proc.stdout.splitlines()
+                if ln.endswith("] terminate called without an active exception")
+            ]
+            assert sorted(said) == [
+                f"[rank {r}] terminate called without an active exception" for r in (0, 1)
+            ]
         else:
             assert proc.returncode == 1 and run["status"] == "failed", proc.stdout + proc.stderr
             assert (run["failure"]["rank"], run["failure"]["exit_code"]) == (0, -signal.SIGABRT)
             # A killed rank's last log line is evidence of its cause, not glued onto the message.
-            assert run["failure"]["message"] == "rank 0 failed first: rank 0 was killed by SIGABRT after its script had returned"
+            assert (
+                run["failure"]["message"]
+                == "rank 0 failed first: rank 0 was killed by SIGABRT after its script had returned"
+            )
             cause = run["failure"]["cause"]
             assert cause["kind"] == "exception" and cause["fix"] is None
-            assert cause["summary"].startswith("aborted (SIGABRT) in ") and cause["summary"].endswith(
-                "after: terminate called without an active exception"), cause
+            assert cause["summary"].startswith("aborted (SIGABRT) in ") and cause[
+                "summary"
+            ].endswith("after: terminate called without an active exception"), cause
             assert {r["rank"]: r["state"] for r in run["ranks"]}[0] == "failed"
             assert "last lines of rank 0:" in proc.stdout and "rank None" not in proc.stdout
             end = proc.stdout.splitlines()
-            assert "was killed by SIGABRT after its script had returned" in end[-3] and end[-2] == f"cause: {cause['summary']}"
+            assert (
+                "was killed by SIGABRT after its script had returned" in end[-3]
+                and end[-2] == f"cause: {cause['summary']}"
+            )
         wait_no_processes(run_dir, timeout=GRACE + 2)
     finally:
         kill_run(run_dir)

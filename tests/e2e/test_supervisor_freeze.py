@@ -56,23 +56,44 @@ SCRIPT = textwrap.dedent(
 
 def _events(run_dir: Path) -> list[dict]:
     path = run_dir / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if path.exists()
+        else []
+    )
 
 
-def test_a_frozen_supervisor_loses_no_record_and_blames_only_the_rank_that_stopped(tmp_path: Path) -> None:
+def test_a_frozen_supervisor_loses_no_record_and_blames_only_the_rank_that_stopped(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "train.py").write_text(SCRIPT)
     home = tmp_path / "home"
     env = xl_env(home, XL_STALL_MIN_S="8")
-    launch = subprocess.Popen([*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path)], env=env,
-                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launch = subprocess.Popen(
+        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     run_dir = None
     supervisor = None
     try:
         run_dir = wait_run(home)
         wait_ranks_running(run_dir, 2, timeout=90)
-        wait_for(lambda: all(len((tmp_path / f"steps-{r}.txt").read_text().split()) >= 20 for r in (0, 1)
-                             if (tmp_path / f"steps-{r}.txt").exists()) and (tmp_path / "steps-1.txt").exists(),
-                 timeout=60, what="both ranks stepping")
+        wait_for(
+            lambda: (
+                all(
+                    len((tmp_path / f"steps-{r}.txt").read_text().split()) >= 20
+                    for r in (0, 1)
+                    if (tmp_path / f"steps-{r}.txt").exists()
+                )
+                and (tmp_path / "steps-1.txt").exists()
+            ),
+            timeout=60,
+            what="both ranks stepping",
+        )
         supervisor = int(run_json(run_dir)["supervisor_pid"])
         os.kill(supervisor, signal.SIGSTOP)
         (tmp_path / "hold").touch()
@@ -81,20 +102,36 @@ def test_a_frozen_supervisor_loses_no_record_and_blames_only_the_rank_that_stopp
         os.kill(supervisor, signal.SIGCONT)
         supervisor = None
         # Rank 1 stopped stepping during the freeze: named once its threshold has passed.
-        wait_for(lambda: any(e.get("kind") == "stalled" and e.get("rank") == 1 for e in _events(run_dir)),
-                 timeout=90, what="rank 1's stall")
+        wait_for(
+            lambda: any(
+                e.get("kind") == "stalled" and e.get("rank") == 1 for e in _events(run_dir)
+            ),
+            timeout=90,
+            what="rank 1's stall",
+        )
         (tmp_path / "hold").unlink()
-        wait_for(lambda: len((tmp_path / "steps-1.txt").read_text().split()) > held_at + 20, timeout=60,
-                 what="rank 1 stepping again")
+        wait_for(
+            lambda: len((tmp_path / "steps-1.txt").read_text().split()) > held_at + 20,
+            timeout=60,
+            what="rank 1 stepping again",
+        )
         (tmp_path / "end").touch()
         out, _ = launch.communicate(timeout=120)
         assert launch.returncode == 0, out[-3000:]
-        assert "[rank 0] flushed True" in out and "[rank 1] flushed True" in out, out[-3000:]  # xl.flush() said every record was stored
+        # xl.flush() said every record was stored
+        assert "[rank 0] flushed True" in out and "[rank 1] flushed True" in out, out[-3000:]
         events = _events(run_dir)
-        # The supervisor says it was paused; it blames rank 0, which stepped throughout, for nothing.
-        blamed = [e for e in events if e.get("kind") in ("stalled", "hang", "straggler") and e.get("rank") == 0]
+        # The supervisor says it was paused; it blames rank 0, which stepped throughout,
+        # for nothing.
+        blamed = [
+            e
+            for e in events
+            if e.get("kind") in ("stalled", "hang", "straggler") and e.get("rank") == 0
+        ]
         assert not blamed, blamed
-        assert not [e for e in events if e.get("kind") == "hang" and 0 in (e.get("ranks") or [])], events
+        assert not [e for e in events if e.get("kind") == "hang" and 0 in (e.get("ranks") or [])], (
+            events
+        )
         paused = [e for e in events if e.get("kind") == "supervisor_paused"]
         assert paused and paused[0]["paused_s"] >= FREEZE_S - 2, events
         assert not [e for e in events if e.get("kind") == "dropped"], events

@@ -58,7 +58,9 @@ time.sleep(120)
 def test_ctrl_c_stops_every_rank_even_one_ignoring_sigterm(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = write_script(tmp_path, "sleep.py", SLEEPER)
-    proc = popen_launch(["--nproc", "2", str(script), "--ignore-term", "--child"], xl_env(home), tmp_path)
+    proc = popen_launch(
+        ["--nproc", "2", str(script), "--ignore-term", "--child"], xl_env(home), tmp_path
+    )
     run_dir = wait_run(home)
     try:
         wait_ranks_running(run_dir, 2)
@@ -70,8 +72,13 @@ def test_ctrl_c_stops_every_rank_even_one_ignoring_sigterm(tmp_path: Path) -> No
         assert run["status"] == "stopped"
         assert {r["state"] for r in run["ranks"]} == {"stopped"}
         # rank 1 ignored SIGTERM: it took the SIGKILL after the grace period.
-        assert {r["rank"]: r["exit_code"] for r in run["ranks"]} == {0: -signal.SIGTERM, 1: -signal.SIGKILL}
-        kinds = [json.loads(ln)["kind"] for ln in (run_dir / "events.jsonl").read_text().splitlines()]
+        assert {r["rank"]: r["exit_code"] for r in run["ranks"]} == {
+            0: -signal.SIGTERM,
+            1: -signal.SIGKILL,
+        }
+        kinds = [
+            json.loads(ln)["kind"] for ln in (run_dir / "events.jsonl").read_text().splitlines()
+        ]
         assert "stop_requested" in kinds
         # The promise: every process gone within the grace period plus 2 s of the Ctrl-C.
         wait_no_processes(run_dir, timeout=max(0.0, asked + GRACE + 2 - time.monotonic()))
@@ -85,7 +92,9 @@ def test_xl_stop_ends_a_detached_run(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = xl_env(home)
     script = write_script(tmp_path, "sleep.py", SLEEPER)
-    started = xl(["launch", "--detach", "--nproc", "2", str(script), "--ignore-term"], env, cwd=tmp_path)
+    started = xl(
+        ["launch", "--detach", "--nproc", "2", str(script), "--ignore-term"], env, cwd=tmp_path
+    )
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip()
     run_dir = home / "runs" / run_id
@@ -106,7 +115,11 @@ def test_xl_stop_ends_a_detached_run(tmp_path: Path) -> None:
 def test_sigkill_to_torchrun_leaves_no_rank(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = write_script(tmp_path, "sleep.py", SLEEPER)
-    started = xl(["launch", "--detach", "--nproc", "2", str(script), "--ignore-term"], xl_env(home), cwd=tmp_path)
+    started = xl(
+        ["launch", "--detach", "--nproc", "2", str(script), "--ignore-term"],
+        xl_env(home),
+        cwd=tmp_path,
+    )
     assert started.returncode == 0, started.stderr
     run_dir = home / "runs" / started.stdout.strip()
     try:
@@ -121,7 +134,9 @@ def test_sigkill_to_torchrun_leaves_no_rank(tmp_path: Path) -> None:
         kill_run(run_dir)
 
 
-def test_supervisor_killed_outright_training_finishes_and_the_record_is_told_by_the_ranks(tmp_path: Path) -> None:
+def test_supervisor_killed_outright_training_finishes_and_the_record_is_told_by_the_ranks(
+    tmp_path: Path,
+) -> None:
     # Ranks print and log after their supervisor is SIGKILLed: no print dies of EPIPE, the
     # spooled metrics are merged, and run.json ends true (succeeded, every rank exit 0).
     home = tmp_path / "home"
@@ -135,12 +150,22 @@ def test_supervisor_killed_outright_training_finishes_and_the_record_is_told_by_
         assert proc.returncode == 0, out + err
         run = run_json(run_dir)
         assert run["status"] == "succeeded", run
-        assert [(r["state"], r["exit_code"]) for r in run["ranks"]] == [("exited", 0), ("exited", 0)]
+        assert [(r["state"], r["exit_code"]) for r in run["ranks"]] == [
+            ("exited", 0),
+            ("exited", 0),
+        ]
         for rank in (0, 1):
             assert "step 29" in (run_dir / "logs" / f"rank-{rank}.log").read_text()
-        steps = {(r["rank"], r.get("step")) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+        steps = {
+            (r["rank"], r.get("step"))
+            for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+        }
         assert {(0, 29), (1, 29)} <= steps  # logged after the supervisor died: spooled, then merged
-        ended = [e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines()) if e["kind"] == "run_ended"]
+        ended = [
+            e
+            for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
+            if e["kind"] == "run_ended"
+        ]
         assert len(ended) == 1 and "what the ranks left" in ended[0]["message"]
         wait_no_processes(run_dir, timeout=GRACE + 2)
     finally:
@@ -154,7 +179,9 @@ def test_sighup_to_foreground_launch_leaves_the_run_going(tmp_path: Path) -> Non
     pkg = tmp_path / "mypkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "train.py").write_text("import time\nprint('ready', flush=True)\ntime.sleep(2)\nprint('done', flush=True)\n")
+    (pkg / "train.py").write_text(
+        "import time\nprint('ready', flush=True)\ntime.sleep(2)\nprint('done', flush=True)\n"
+    )
     proc = popen_launch(["--nproc", "2", "-m", "mypkg.train"], xl_env(home), tmp_path)
     run_dir = wait_run(home)
     try:
@@ -175,19 +202,30 @@ def test_sighup_to_foreground_launch_leaves_the_run_going(tmp_path: Path) -> Non
 def test_attach_shows_a_running_run_until_it_ends(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = xl_env(home)
-    script = write_script(tmp_path, "short.py", "import time\nprint('ready', flush=True)\ntime.sleep(1.5)\nprint('bye', flush=True)\n")
+    script = write_script(
+        tmp_path,
+        "short.py",
+        "import time\nprint('ready', flush=True)\ntime.sleep(1.5)\nprint('bye', flush=True)\n",
+    )
     started = xl(["launch", "--detach", "--nproc", "2", str(script)], env, cwd=tmp_path)
     run_dir = home / "runs" / started.stdout.strip()
     try:
         wait_ranks_running(run_dir, 2)
-        follow = subprocess.Popen([*XL, "logs", "last", "-f"], env=env, stdout=subprocess.PIPE, text=True)
+        follow = subprocess.Popen(
+            [*XL, "logs", "last", "-f"], env=env, stdout=subprocess.PIPE, text=True
+        )
         attached = xl(["attach", "last"], env, timeout=60)
         assert attached.returncode == 0, attached.stderr
         assert "[rank 0] bye" in attached.stdout and "succeeded" in attached.stdout
         # `xl logs -f` followed both ranks to the end of the run, then returned by itself.
         out, _ = follow.communicate(timeout=30)
         assert follow.returncode == 0
-        assert sorted(out.splitlines()) == ["[rank 0] bye", "[rank 0] ready", "[rank 1] bye", "[rank 1] ready"]
+        assert sorted(out.splitlines()) == [
+            "[rank 0] bye",
+            "[rank 0] ready",
+            "[rank 1] bye",
+            "[rank 1] ready",
+        ]
         wait_for(lambda: run_json(run_dir).get("status") != "running", timeout=10, what="the end")
         wait_no_processes(run_dir, timeout=GRACE + 2)
     finally:
@@ -199,11 +237,19 @@ def test_start_run_api_spawns_a_detached_supervisor(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = write_script(tmp_path, "short.py", "print('hello', flush=True)\n")
     code = (
-        "import sys; from xl.launcher.control import start_run; from xl.launcher.spec import LaunchSpec\n"
+        "import sys; from xl.launcher.control import start_run; from xl.launcher.spec import "
+        "LaunchSpec\n"
         f"h = start_run(LaunchSpec(script={str(script)!r}, nproc=2))\n"
         "print(h.run_id, h.pid)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], env=xl_env(home), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=xl_env(home),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     run_id, pid = proc.stdout.split()
     run_dir = home / "runs" / run_id

@@ -36,8 +36,15 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     argvs = {"slow": ["--lr", "0.05"], "fast": []}
     procs = {
         name: subprocess.Popen(
-            [*XL, "launch", "--no-tui", "--nproc", "2", "--name", name, str(SCRIPT), "--steps", "60", *args],
-            env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                *XL, "launch", "--no-tui", "--nproc", "2", "--name", name, str(SCRIPT), "--steps",
+                "60", *args,
+            ],
+            env=env,
+            cwd=home,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for name, args in argvs.items()
     }
@@ -104,7 +111,9 @@ async def test_space_marks_two_runs_and_c_compares_them(app_env: Path) -> None:
         text = str(body.render())
         # The one thing that differs, and the figures of both runs.
         args = next(line for line in text.splitlines() if line.strip().startswith("args"))
-        assert args.split(None, 1)[1].split("  ")[0] == _args(ids[0]) and args.rstrip().endswith(_args(ids[1])), args
+        assert args.split(None, 1)[1].split("  ")[0] == _args(ids[0]) and args.rstrip().endswith(
+            _args(ids[1])
+        ), args
         for label in ("samples/s", "startup", "training", "shutdown", "loss (60 steps)"):
             assert label in text, label
         assert all(len(line) <= SMALL[0] for line in text.splitlines())
@@ -114,7 +123,12 @@ async def test_space_marks_two_runs_and_c_compares_them(app_env: Path) -> None:
         chart = screen.query_one(CompareChart)
         assert chart.size.height >= 9 and chart.region.bottom <= SMALL[1] - 1  # above the footer
         drawn = _chart_text(chart)
-        assert " loss " in drawn and " samples/s " in drawn and "step 1" in drawn and "step 60" in drawn
+        assert (
+            " loss " in drawn
+            and " samples/s " in drawn
+            and "step 1" in drawn
+            and "step 60" in drawn
+        )
         assert drawn.count("━ A") == 2 and drawn.count("━ B") == 2
         assert any(ch in drawn for ch in "⠁⠂⠄⡀⠈⠐⠠⢀")  # points plotted, not only the legend
         await pilot.press("escape")
@@ -133,7 +147,9 @@ async def test_a_damaged_run_is_said_on_the_screen(app_env: Path, tmp_path: Path
             table = app.screen.query_one("#runs-table", DataTable)
             await until(pilot, lambda: table.row_count == 3, "three runs listed")
             await pilot.press("space", "down", "space", "c")  # the damaged run is listed first
-            await until(pilot, lambda: isinstance(app.screen, CompareScreen), "the comparison opened")
+            await until(
+                pilot, lambda: isinstance(app.screen, CompareScreen), "the comparison opened"
+            )
             body = app.screen.query_one("#compare-table", Static)
             await until(pilot, lambda: "Cannot compare" in str(body.render()), "the damage said")
             assert "damaged" in str(body.render())
@@ -144,26 +160,41 @@ async def test_a_damaged_run_is_said_on_the_screen(app_env: Path, tmp_path: Path
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_the_comparison_reads_at_80x24_in_a_real_terminal(home: Path, tmp_path: Path) -> None:
     ids = _ids(home)
-    env = {"XL_HOME": str(home), "XL_CONFIG_HOME": str(tmp_path / "config"), "TERM": "xterm-256color", "PATH": os.environ["PATH"]}
+    env = {
+        "XL_HOME": str(home),
+        "XL_CONFIG_HOME": str(tmp_path / "config"),
+        "TERM": "xterm-256color",
+        "PATH": os.environ["PATH"],
+    }
     tmux = Tmux()
     try:
         tmux.start("c", [sys.executable, "-m", "xl"], env, size=SMALL)
         screen = lambda: tmux.screen("c")  # noqa: E731 - read again at every poll
         wait_for(lambda: "GPUs" in screen(), "the app", screen=screen)
         tmux.keys("c", "4")
-        wait_for(lambda: ids[0] in screen() and ids[1] in screen(), "both runs listed", screen=screen)
+        wait_for(
+            lambda: ids[0] in screen() and ids[1] in screen(), "both runs listed", screen=screen
+        )
         tmux.keys("c", "Space")
         tmux.keys("c", "Down")
         tmux.keys("c", "Space")
         tmux.keys("c", "c")
-        shown = wait_for(lambda: "samples/s" in (s := screen()) and "step 60" in s and s, "the comparison", screen=screen)
+        shown = wait_for(
+            lambda: "samples/s" in (s := screen()) and "step 60" in s and s,
+            "the comparison",
+            screen=screen,
+        )
         lines = shown.splitlines()
         assert len(lines) <= SMALL[1] and all(len(line) <= SMALL[0] for line in lines)
         assert f"A {ids[0]}" in shown and f"B {ids[1]}" in shown
         assert any(line.strip().startswith("args") and "--lr 0.05" in line for line in lines), shown
         assert " loss " in shown and "━ A" in shown and "━ B" in shown
         tmux.keys("c", "Escape")
-        wait_for(lambda: "Run id" in screen() and "samples/s" not in screen(), "back to Runs", screen=screen)
+        wait_for(
+            lambda: "Run id" in screen() and "samples/s" not in screen(),
+            "back to Runs",
+            screen=screen,
+        )
         tmux.keys("c", "q")
         wait_for(lambda: "xl-exit=0" in screen(), "the app to quit", screen=screen)
     finally:
@@ -177,6 +208,10 @@ async def test_the_monitor_of_a_finished_run_says_where_its_time_went(app_env: P
     app = build_app(monitor_run_dir=run_dir)
     async with app.run_test(size=SMALL) as pilot:
         header = app.screen.query_one("#run-header", TextLines)
-        await until(pilot, lambda: "time: startup" in header.text.plain, "the accounting in the header")
+        await until(
+            pilot, lambda: "time: startup" in header.text.plain, "the accounting in the header"
+        )
         line = header.text.plain.splitlines()[-1]
-        assert line.startswith("time: startup ") and "training " in line and "shutdown " in line, line
+        assert line.startswith("time: startup ") and "training " in line and "shutdown " in line, (
+            line
+        )

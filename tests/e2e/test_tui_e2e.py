@@ -28,7 +28,9 @@ pytestmark = [
 
 
 # Rank, GPU ("cpu" for CPU ranks), state, step, loss.
-ROW = re.compile(r"^\s*(\d+)\s+(?:cpu|\d+)\s+(running|straggler|stalled|exited|failed|stopped)\s+(\d+)(?:/\d+)?\s+(\S+)")
+ROW = re.compile(
+    r"^\s*(\d+)\s+(?:cpu|\d+)\s+(running|straggler|stalled|exited|failed|stopped)\s+(\d+)(?:/\d+)?\s+(\S+)"
+)
 
 
 def rank_rows(screen: str) -> dict[int, tuple[str, int, str]]:
@@ -65,10 +67,18 @@ def test_demo_detach_attach_stop_in_tmux(tmp_path):
     try:
         # The README's main job, in a real terminal: `xl demo` launches and opens the monitor.
         tmux.start("w1", [sys.executable, "-m", "xl", "demo", "--seconds", "240"], pass_env)
-        run_dir = wait_for(lambda: _only_run(Path(env["XL_HOME"])), "the demo run directory", timeout=60)
+        run_dir = wait_for(
+            lambda: _only_run(Path(env["XL_HOME"])), "the demo run directory", timeout=60
+        )
         first = wait_for(
-            lambda: (r := rank_rows(tmux.screen("w1"))) and len(r) == 2 and all(v[1] > 0 for v in r.values()) and r,
-            "both ranks with a step", timeout=120,
+            lambda: (
+                (r := rank_rows(tmux.screen("w1")))
+                and len(r) == 2
+                and all(v[1] > 0 for v in r.values())
+                and r
+            ),
+            "both ranks with a step",
+            timeout=120,
         )
         later = wait_for(
             lambda: (r := rank_rows(tmux.screen("w1"))) and len(r) == 2
@@ -81,14 +91,21 @@ def test_demo_detach_attach_stop_in_tmux(tmp_path):
         # Detach: the app ends, the run goes on.
         tmux.keys("w1", "d")
         wait_for(lambda: "Detached" in tmux.screen("w1"), "detach message")
-        wait_for(lambda: "xl-exit=0" in tmux.screen("w1"), "`xl demo` exits 0 when detached from a running run")
+        wait_for(
+            lambda: "xl-exit=0" in tmux.screen("w1"),
+            "`xl demo` exits 0 when detached from a running run",
+        )
         assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
         steps_at_detach = max(v[1] for v in later.values())
 
         # Attach again: the same run, further along.
         tmux.start("w2", [sys.executable, "-m", "xl", "attach", "last"], pass_env)
         wait_for(
-            lambda: (r := rank_rows(tmux.screen("w2"))) and len(r) == 2 and min(v[1] for v in r.values()) > steps_at_detach,
+            lambda: (
+                (r := rank_rows(tmux.screen("w2")))
+                and len(r) == 2
+                and min(v[1] for v in r.values()) > steps_at_detach
+            ),
             "re-attached monitor shows progress",
         )
 
@@ -96,7 +113,10 @@ def test_demo_detach_attach_stop_in_tmux(tmp_path):
         tmux.keys("w2", "s")
         wait_for(lambda: "Stop (y)" in tmux.screen("w2"), "confirmation")
         tmux.keys("w2", "y")
-        wait_for(lambda: json.loads((run_dir / "run.json").read_text())["status"] == "stopped", "run stopped")
+        wait_for(
+            lambda: json.loads((run_dir / "run.json").read_text())["status"] == "stopped",
+            "run stopped",
+        )
         wait_for(lambda: "stopped" in tmux.screen("w2").split("\n", 3)[1], "header says stopped")
         tmux.keys("w2", "q")
         wait_for(lambda: not rank_rows(tmux.screen("w2")), "app closed")
@@ -104,9 +124,17 @@ def test_demo_detach_attach_stop_in_tmux(tmp_path):
         wait_for(lambda: "xl-exit=1" in tmux.screen("w2"), "`xl attach` of a stopped run exits 1")
     finally:
         tmux.kill()
-        if run_dir is not None and json.loads((run_dir / "run.json").read_text())["status"] == "running":
+        if (
+            run_dir is not None
+            and json.loads((run_dir / "run.json").read_text())["status"] == "running"
+        ):
             # The test failed midway: end the run the supported way before checking processes.
-            subprocess.run([sys.executable, "-m", "xl", "stop", run_dir.name], env=env, capture_output=True, timeout=60)
+            subprocess.run(
+                [sys.executable, "-m", "xl", "stop", run_dir.name],
+                env=env,
+                capture_output=True,
+                timeout=60,
+            )
     # No rank, torchrun or supervisor of this run survives it.
     assert run_dir is not None
     wait_for(lambda: not run_processes(run_dir.name), "no process of the run left", timeout=30)
@@ -122,7 +150,9 @@ def _wakeups(pid: int) -> dict[int, int]:
     counts = {}
     for thread in psutil.Process(pid).threads():
         status = Path(f"/proc/{pid}/task/{thread.id}/status").read_text()
-        counts[thread.id] = int(re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1))
+        counts[thread.id] = int(
+            re.search(r"^voluntary_ctxt_switches:\s+(\d+)", status, re.M).group(1)
+        )
     return counts
 
 
@@ -135,12 +165,29 @@ def test_app_idle_sleeps_and_keys_still_work_in_tmux(tmp_path):
     tmux = Tmux()
     marker = f"xl-idle-{uuid.uuid4().hex[:8]}"
     try:
-        tmux.start("w", [sys.executable, "-c", f"import sys; from xl.cli import main; sys.exit(main([]))  # {marker}"], env)
+        tmux.start(
+            "w",
+            [
+                sys.executable,
+                "-c",
+                f"import sys; from xl.cli import main; sys.exit(main([]))  # {marker}",
+            ],
+            env,
+        )
         wait_for(lambda: "xl — GPUs" in tmux.screen("w"), "the GPUs screen")
         # The app itself, not the pane's shell (whose command line holds the marker too).
-        app = wait_for(lambda: next((p for p in psutil.process_iter(["cmdline"])
-                                     if (p.info["cmdline"] or [""])[0] == sys.executable and marker in p.info["cmdline"][-1]), None),
-                       "the app's process")
+        app = wait_for(
+            lambda: next(
+                (
+                    p
+                    for p in psutil.process_iter(["cmdline"])
+                    if (p.info["cmdline"] or [""])[0] == sys.executable
+                    and marker in p.info["cmdline"][-1]
+                ),
+                None,
+            ),
+            "the app's process",
+        )
 
         # Idle is measured once startup is over: the first poll of each screen and Textual's
         # first frames keep a thread busy for a moment after the GPUs screen first shows.

@@ -21,7 +21,10 @@ pytestmark = [
 ]
 
 SMALL, LARGE = (80, 24), (200, 60)
-ERROR = "ValueError: the batch at step 3 holds a label outside the vocabulary: 50257 >= vocab_size 50000 (check the tokenizer)"
+ERROR = (
+    "ValueError: the batch at step 3 holds a label outside the vocabulary: 50257 >= vocab_size "
+    "50000 (check the tokenizer)"
+)
 
 SCRIPT = f"""\
 import os
@@ -40,26 +43,54 @@ for step in range(1, 13):
 
 
 def _env(home: Path, sim_env: dict[str, str], **extra: str) -> dict[str, str]:
-    return {"XL_HOME": str(home / "xlhome"), "XL_CONFIG_HOME": str(home / "config"), "TERM": "xterm-256color",
-            "PATH": os.environ["PATH"], "XL_STOP_GRACE": "1", **sim_env, **extra}
+    return {
+        "XL_HOME": str(home / "xlhome"),
+        "XL_CONFIG_HOME": str(home / "config"),
+        "TERM": "xterm-256color",
+        "PATH": os.environ["PATH"],
+        "XL_STOP_GRACE": "1",
+        **sim_env,
+        **extra,
+    }
 
 
-def _run(tmux: Tmux, home: Path, size: tuple[int, int], sim_env: dict[str, str], **extra: str) -> tuple[Path, str]:
+def _run(
+    tmux: Tmux, home: Path, size: tuple[int, int], sim_env: dict[str, str], **extra: str
+) -> tuple[Path, str]:
     """`xl launch --nproc 2 train.py && echo next-command-ran` in a terminal of ``size``; the run
     dir and the terminal once the command has returned."""
-    command = ["sh", "-c", f"cd {home} && {' '.join(XL)} launch --nproc 2 train.py && echo next-command-ran"]
+    command = [
+        "sh",
+        "-c",
+        f"cd {home} && {' '.join(XL)} launch --nproc 2 train.py && echo next-command-ran",
+    ]
     tmux.start("w", command, _env(home, sim_env, **extra), size=size)
     runs = home / "xlhome" / "runs"
-    run_dir = wait_for(lambda: next((p for p in runs.glob("2*") if (p / "run.json").is_file()), None), "the run", timeout=60)
+    run_dir = wait_for(
+        lambda: next((p for p in runs.glob("2*") if (p / "run.json").is_file()), None),
+        "the run",
+        timeout=60,
+    )
     # The monitor shows the run while it trains (the app's alternate screen).
-    wait_for(lambda: "world size 2" in tmux.screen("w"), "the monitor of the run", timeout=90, screen=lambda: tmux.screen("w"))
-    screen = wait_for(lambda: (s := tmux.screen("w")) and "xl-exit=" in s and s, "the command returned by itself",
-                      timeout=120, screen=lambda: tmux.screen("w"))
+    wait_for(
+        lambda: "world size 2" in tmux.screen("w"),
+        "the monitor of the run",
+        timeout=90,
+        screen=lambda: tmux.screen("w"),
+    )
+    screen = wait_for(
+        lambda: (s := tmux.screen("w")) and "xl-exit=" in s and s,
+        "the command returned by itself",
+        timeout=120,
+        screen=lambda: tmux.screen("w"),
+    )
     return run_dir, screen
 
 
 @pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "200x60"])
-def test_a_failed_run_closes_its_monitor_and_leaves_the_cause_on_the_terminal(simnvml, tmp_path, size):
+def test_a_failed_run_closes_its_monitor_and_leaves_the_cause_on_the_terminal(
+    simnvml, tmp_path, size
+):
     (tmp_path / "train.py").write_text(SCRIPT)
     sim = simnvml(gpus=0, init_error="driver_not_loaded")  # CPU ranks
     tmux = Tmux()
@@ -68,14 +99,20 @@ def test_a_failed_run_closes_its_monitor_and_leaves_the_cause_on_the_terminal(si
         run_dir, screen = _run(tmux, tmp_path, size, sim.env, FAIL="1")
         assert run_json(run_dir)["status"] == "failed"
         text = "".join(screen.split())  # the terminal wraps long lines: compare without the breaks
-        assert "xl-exit=1" in screen and "next-command-ran" not in screen  # like torchrun: && stops here
+        # like torchrun: && stops here
+        assert "xl-exit=1" in screen and "next-command-ran" not in screen
         assert "".join(f"xl: run {run_dir.name} failed after".split()) in text
         assert "".join(ERROR.split()) in text, screen  # the root cause, whole
         assert f"xllogs{run_dir.name}--rank1" in text, screen  # and where the rest of it is
     finally:
         tmux.kill()
         if run_dir is not None and run_json(run_dir).get("status") == "running":
-            subprocess.run([*XL, "stop", run_dir.name], env={**os.environ, **_env(tmp_path, {})}, capture_output=True, timeout=60)
+            subprocess.run(
+                [*XL, "stop", run_dir.name],
+                env={**os.environ, **_env(tmp_path, {})},
+                capture_output=True,
+                timeout=60,
+            )
     try:
         wait_no_processes(run_dir, timeout=15)
     finally:
@@ -95,7 +132,12 @@ def test_a_run_that_succeeded_returns_and_the_next_command_runs(simnvml, tmp_pat
     finally:
         tmux.kill()
         if run_dir is not None and run_json(run_dir).get("status") == "running":
-            subprocess.run([*XL, "stop", run_dir.name], env={**os.environ, **_env(tmp_path, {})}, capture_output=True, timeout=60)
+            subprocess.run(
+                [*XL, "stop", run_dir.name],
+                env={**os.environ, **_env(tmp_path, {})},
+                capture_output=True,
+                timeout=60,
+            )
     try:
         wait_no_processes(run_dir, timeout=15)
     finally:

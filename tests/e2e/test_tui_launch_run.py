@@ -55,7 +55,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(simnvml, home):
-    sim = simnvml(gpus=0, init_error="driver_not_loaded")  # no GPU: CPU ranks, whatever this machine has
+    # no GPU: CPU ranks, whatever this machine has
+    sim = simnvml(gpus=0, init_error="driver_not_loaded")
     run_dir: Path | None = None
     try:
         with sim.in_process():
@@ -66,11 +67,18 @@ async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(s
                 app.screen.query_one("#target", Input).value = "tiny.py"
                 app.screen.query_one("#nproc", Input).value = "2"
                 app.screen.query_one("#name", Input).value = "tiny-cpu"
-                await until(pilot, lambda: "ready" in text_of(app, "#launch-validation"), "a valid form")
+                await until(
+                    pilot, lambda: "ready" in text_of(app, "#launch-validation"), "a valid form"
+                )
                 assert "2 process(es) per node on CPU" in text_of(app, "#launch-validation")
                 await pilot.press("ctrl+r")
 
-                await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "the Monitor opens", timeout=60)
+                await until(
+                    pilot,
+                    lambda: isinstance(app.screen, MonitorScreen),
+                    "the Monitor opens",
+                    timeout=60,
+                )
                 monitor = app.screen
                 run_dir = monitor.run_dir
                 assert run_dir.parent == home / "runs"
@@ -92,8 +100,17 @@ async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(s
                 await pilot.press("s")
                 await until(pilot, lambda: app.screen.id == "confirm", "the confirmation")
                 await pilot.press("y")
-                await until(pilot, lambda: run_json(run_dir).get("status") == "stopped", "the run stopped", timeout=30)
-                await until(pilot, lambda: "stopped" in text_of(app, "#run-header"), "the header says stopped")
+                await until(
+                    pilot,
+                    lambda: run_json(run_dir).get("status") == "stopped",
+                    "the run stopped",
+                    timeout=30,
+                )
+                await until(
+                    pilot,
+                    lambda: "stopped" in text_of(app, "#run-header"),
+                    "the header says stopped",
+                )
                 await pilot.press("q")
                 await until(pilot, lambda: not app.is_running, "the app ended", timeout=10)
         wait_no_processes(run_dir, timeout=GRACE + 10)
@@ -102,7 +119,9 @@ async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(s
             kill_run(run_dir)
 
 
-async def test_node_0_from_the_form_shows_the_join_command_until_node_1_joins(simnvml, home, tmp_path):
+async def test_node_0_from_the_form_shows_the_join_command_until_node_1_joins(
+    simnvml, home, tmp_path
+):
     """Nodes 2, node rank 0 in the form: the Monitor shows the exact command for node 1 (with the
     run's token, which stays out of run.json and out of the app's environment); node 1 started
     with it joins, the notice goes, and stopping node 0 from the Monitor ends both nodes."""
@@ -117,11 +136,21 @@ async def test_node_0_from_the_form_shows_the_join_command_until_node_1_joins(si
             async with app.run_test(size=(160, 40)) as pilot:
                 await pilot.press("3")
                 await until(pilot, lambda: app.screen.id == "launch", "launch screen")
-                for field, value in (("target", "tiny.py"), ("nproc", "1"), ("nnodes", "2"), ("node_rank", "0"), ("rdzv", f"127.0.0.1:{port}")):
+                for field, value in (
+                    ("target", "tiny.py"), ("nproc", "1"), ("nnodes", "2"), ("node_rank", "0"),
+                    ("rdzv", f"127.0.0.1:{port}"),
+                ):
                     app.screen.query_one(f"#{field}", Input).value = value
-                await until(pilot, lambda: "ready" in text_of(app, "#launch-validation"), "a valid form")
+                await until(
+                    pilot, lambda: "ready" in text_of(app, "#launch-validation"), "a valid form"
+                )
                 await pilot.press("ctrl+r")
-                await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "the Monitor opens", timeout=60)
+                await until(
+                    pilot,
+                    lambda: isinstance(app.screen, MonitorScreen),
+                    "the Monitor opens",
+                    timeout=60,
+                )
                 run_dir = app.screen.run_dir
                 banner = app.screen.query_one("#notice-banner", Static)
                 notice = str(banner.render())
@@ -131,19 +160,37 @@ async def test_node_0_from_the_form_shows_the_join_command_until_node_1_joins(si
                 assert token not in (run_dir / "run.json").read_text()
 
                 # Node 1, as a person would start it from the notice.
-                args = shlex.split(notice[notice.index("xl launch") + len("xl launch"):].splitlines()[0])
-                node1 = subprocess.Popen(
-                    [*XL, "launch", "--no-tui", *args], env=xl_env(home1, XL_TOKEN=token), cwd=tmp_path,
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                args = shlex.split(
+                    notice[notice.index("xl launch") + len("xl launch") :].splitlines()[0]
                 )
-                await until(pilot, lambda: not banner.display, "the notice goes once node 1 joined", timeout=90)
+                node1 = subprocess.Popen(
+                    [*XL, "launch", "--no-tui", *args],
+                    env=xl_env(home1, XL_TOKEN=token),
+                    cwd=tmp_path,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+                await until(
+                    pilot,
+                    lambda: not banner.display,
+                    "the notice goes once node 1 joined",
+                    timeout=90,
+                )
                 table = app.screen.query_one(RankTable)
-                await until(pilot, lambda: table.row_count == 2, "both nodes' ranks on node 0", timeout=60)
+                await until(
+                    pilot, lambda: table.row_count == 2, "both nodes' ranks on node 0", timeout=60
+                )
 
                 await pilot.press("s")
                 await until(pilot, lambda: app.screen.id == "confirm", "the confirmation")
                 await pilot.press("y")
-                await until(pilot, lambda: run_json(run_dir).get("status") == "stopped", "node 0 stopped", timeout=30)
+                await until(
+                    pilot,
+                    lambda: run_json(run_dir).get("status") == "stopped",
+                    "node 0 stopped",
+                    timeout=30,
+                )
                 await pilot.press("q")
                 await until(pilot, lambda: not app.is_running, "the app ended", timeout=10)
         out, _ = node1.communicate(timeout=60)

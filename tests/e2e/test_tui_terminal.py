@@ -45,8 +45,12 @@ def home(tmp_path: Path) -> Path:
 
 def _env(home: Path, extra: dict[str, str]) -> dict[str, str]:
     return {
-        "XL_HOME": str(home / "xlhome"), "XL_CONFIG_HOME": str(home / "config"), "TERM": "xterm-256color",
-        "PATH": os.environ["PATH"], "XL_STOP_GRACE": "1", **extra,
+        "XL_HOME": str(home / "xlhome"),
+        "XL_CONFIG_HOME": str(home / "config"),
+        "TERM": "xterm-256color",
+        "PATH": os.environ["PATH"],
+        "XL_STOP_GRACE": "1",
+        **extra,
     }
 
 
@@ -59,7 +63,12 @@ def _switch(tmux: Tmux, key: str, shown: str, what: str) -> str:
             return wait_for(lambda: (s := tmux.screen("w")) and shown in s and s, what, timeout=10)
         except AssertionError:
             continue
-    return wait_for(lambda: (s := tmux.screen("w")) and shown in s and s, what, timeout=1, screen=lambda: tmux.screen("w"))
+    return wait_for(
+        lambda: (s := tmux.screen("w")) and shown in s and s,
+        what,
+        timeout=1,
+        screen=lambda: tmux.screen("w"),
+    )
 
 
 def _lines(screen: str) -> list[str]:
@@ -74,23 +83,48 @@ def _footer_keeps_help_and_quit(tmux: Tmux, where: str) -> None:
 @pytest.mark.parametrize("size", [SMALL, LARGE], ids=["80x24", "200x60"])
 def test_screens_keep_what_matters_at_any_size(simnvml, home, size):
     sleeper = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(120)"]
-    rank = subprocess.Popen(sleeper, env={**os.environ, "RANK": "3", "LOCAL_RANK": "1", "XL_RUN_ID": "20260530-142501-train-ab12"},
-                            stdout=subprocess.PIPE, text=True)
+    rank = subprocess.Popen(
+        sleeper,
+        env={
+            **os.environ,
+            "RANK": "3",
+            "LOCAL_RANK": "1",
+            "XL_RUN_ID": "20260530-142501-train-ab12",
+        },
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     tmux = Tmux()
     try:
         assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
-        sim = simnvml(gpus=[SimGPU(), SimGPU(util_gpu=90, memory_used_mib=20_000, processes=[SimProcess(rank.pid, 20_000)]),
-                            SimGPU(), SimGPU()])
-        tmux.start("w", ["sh", "-c", f"cd {home} && exec {' '.join(XL)}"], _env(home, sim.env), size=size)
+        sim = simnvml(
+            gpus=[
+                SimGPU(),
+                SimGPU(
+                    util_gpu=90, memory_used_mib=20_000, processes=[SimProcess(rank.pid, 20_000)]
+                ),
+                SimGPU(),
+                SimGPU(),
+            ]
+        )
+        tmux.start(
+            "w", ["sh", "-c", f"cd {home} && exec {' '.join(XL)}"], _env(home, sim.env), size=size
+        )
         # The run and rank of the process (at 80 columns the run id without its date and time).
         label = "r3 …train-ab12" if size == SMALL else "r3 20260530-142501-train-ab12"
-        screen = wait_for(lambda: (s := tmux.screen("w")) and label in s and s, "the GPUs table with the run and rank",
-                          screen=lambda: tmux.screen("w"))
+        screen = wait_for(
+            lambda: (s := tmux.screen("w")) and label in s and s,
+            "the GPUs table with the run and rank",
+            screen=lambda: tmux.screen("w"),
+        )
         assert "Processes" in screen  # the processes column, header and all
         _footer_keeps_help_and_quit(tmux, "GPUs")
 
         screen = _switch(tmux, "4", "20260530-wide", "the Runs list")
-        for run in ("20260530-failed", "20260530-healthy", "20260530-straggler", "20260530-twonode", "20260530-wide"):
+        for run in (
+            "20260530-failed", "20260530-healthy", "20260530-straggler", "20260530-twonode",
+            "20260530-wide",
+        ):
             assert f" {run} " in screen, screen  # whole ids, whatever the names
         _footer_keeps_help_and_quit(tmux, "Runs")
 
@@ -99,13 +133,21 @@ def test_screens_keep_what_matters_at_any_size(simnvml, home, size):
         for _ in range(next(i for i, line in enumerate(rows) if "20260530-twonode" in line)):
             tmux.keys("w", "Down")
         tmux.keys("w", "Enter")
-        screen = wait_for(lambda: (s := tmux.screen("w")) and "trn-a07" in s and s, "the Monitor of the two-node run")
+        screen = wait_for(
+            lambda: (s := tmux.screen("w")) and "trn-a07" in s and s,
+            "the Monitor of the two-node run",
+        )
         header = next(line for line in _lines(screen) if "Rank" in line and "State" in line)
         assert header.split()[:4] == ["Node", "Rank", "GPU", "State"], header
         _footer_keeps_help_and_quit(tmux, "the Monitor")
         # Charts only where there is room (a Monitor opened small and then grown: test_tui_keys).
         if size == LARGE:
-            wait_for(lambda: "samples/s" in tmux.screen("w"), "the charts", timeout=10, screen=lambda: tmux.screen("w"))
+            wait_for(
+                lambda: "samples/s" in tmux.screen("w"),
+                "the charts",
+                timeout=10,
+                screen=lambda: tmux.screen("w"),
+            )
         else:
             assert "samples/s" not in screen
 
@@ -115,14 +157,22 @@ def test_screens_keep_what_matters_at_any_size(simnvml, home, size):
         _switch(tmux, "3", "Script", "Launch")
         # The Script field has the focus; a path long enough to wrap the command at 80 columns.
         tmux.keys("w", "-l", LONG_SCRIPT)
-        screen = wait_for(lambda: (s := tmux.screen("w")) and "lora.py" in "".join(_lines(s)[-4:]) and s,
-                          "the command", timeout=10, screen=lambda: tmux.screen("w"))
+        screen = wait_for(
+            lambda: (s := tmux.screen("w")) and "lora.py" in "".join(_lines(s)[-4:]) and s,
+            "the command",
+            timeout=10,
+            screen=lambda: tmux.screen("w"),
+        )
         lines = _lines(screen)
         first = next(i for i, line in enumerate(lines) if "│ xl launch" in line)
         assert "Launch" in lines[first].split("│")[-1], lines[first]  # the button beside the box
-        assert lines[-2].lstrip().startswith("╰"), lines[-3:]  # the box's bottom edge, above the footer
+        # the box's bottom edge, above the footer
+        assert lines[-2].lstrip().startswith("╰"), lines[-3:]
         tmux.keys("w", "Escape")
-        wait_for(lambda: "q Quit" in _lines(tmux.screen("w"))[-1], "escape left the field: the screen keys are back")
+        wait_for(
+            lambda: "q Quit" in _lines(tmux.screen("w"))[-1],
+            "escape left the field: the screen keys are back",
+        )
         tmux.keys("w", "q")
         wait_for(lambda: "xl-exit=0" in tmux.screen("w"), "q quits")
     finally:
@@ -153,17 +203,39 @@ def test_ctrl_c_in_the_monitor_of_xl_launch_stops_the_run(simnvml, home):
         command = ["sh", "-c", f"cd {home} && exec {' '.join(XL)} launch --nproc 2 tiny.py"]
         tmux.start("w", command, _env(home, sim.env), size=LARGE)
         runs = home / "xlhome" / "runs"
-        run_dir = wait_for(lambda: next((p for p in runs.glob("2*") if (p / "run.json").is_file()
-                                         and not (RUNS_FIXTURES / p.name).exists()), None), "the new run")
-        wait_for(lambda: tmux.screen("w").count("running") >= 3, "both ranks running in the monitor", timeout=120)
+        run_dir = wait_for(
+            lambda: next(
+                (
+                    p
+                    for p in runs.glob("2*")
+                    if (p / "run.json").is_file() and not (RUNS_FIXTURES / p.name).exists()
+                ),
+                None,
+            ),
+            "the new run",
+        )
+        wait_for(
+            lambda: tmux.screen("w").count("running") >= 3,
+            "both ranks running in the monitor",
+            timeout=120,
+        )
         tmux.keys("w", "C-c")
-        wait_for(lambda: "xl-exit=1" in tmux.screen("w"), "the command exits 1 once the run stopped", timeout=60)
+        wait_for(
+            lambda: "xl-exit=1" in tmux.screen("w"),
+            "the command exits 1 once the run stopped",
+            timeout=60,
+        )
         assert run_json(run_dir)["status"] == "stopped"
         assert "stopped" in tmux.screen("w")
     finally:
         tmux.kill()
         if run_dir is not None and run_json(run_dir).get("status") == "running":
-            subprocess.run([*XL, "stop", run_dir.name], env={**os.environ, **_env(home, {})}, capture_output=True, timeout=60)
+            subprocess.run(
+                [*XL, "stop", run_dir.name],
+                env={**os.environ, **_env(home, {})},
+                capture_output=True,
+                timeout=60,
+            )
     wait_no_processes(run_dir, timeout=15)
 
 
@@ -175,17 +247,34 @@ def test_the_app_without_a_terminal_says_so_and_exits_2(home):
                               text=True, env=env, timeout=30)
     assert proc.returncode == 2
     assert out.read_text() == ""  # no escape codes in the file
-    assert len(proc.stderr.strip().splitlines()) == 1 and "needs an interactive terminal" in proc.stderr
+    assert (
+        len(proc.stderr.strip().splitlines()) == 1
+        and "needs an interactive terminal" in proc.stderr
+    )
     assert "\x1b" not in proc.stderr
 
-    piped = subprocess.run(f"{' '.join(XL)} < /dev/null | head; echo rc=${{PIPESTATUS[0]}}", shell=True,
-                           executable="/bin/bash", capture_output=True, text=True, env=env, timeout=30)
+    piped = subprocess.run(
+        f"{' '.join(XL)} < /dev/null | head; echo rc=${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
     assert piped.stdout.strip() == "rc=2" and "needs an interactive terminal" in piped.stderr
 
     # `xl attach` into a file keeps its plain view (not the app, not this refusal).
     with out.open("w") as fh:
-        attach = subprocess.run([*XL, "attach", "20260530-healthy"], stdin=subprocess.DEVNULL, stdout=fh,
-                                stderr=subprocess.PIPE, text=True, env=env, timeout=60)
+        attach = subprocess.run(
+            [*XL, "attach", "20260530-healthy"],
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=60,
+        )
     assert attach.returncode == 0, attach.stderr
     text = out.read_text()
     assert "succeeded" in text and "\x1b[" not in text
