@@ -40,7 +40,9 @@ def _shorten(module: ModuleType) -> None:
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname != _MODULE:
             return None
         sys.meta_path.remove(self)  # the real finders from here on
