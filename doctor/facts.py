@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from xl.doctor.probes.compile import BuildResult
+    from xl.doctor.status import Status
     from xl.gpu.health import Health
     from xl.gpu.records import GPU, Driver
 
@@ -245,7 +246,7 @@ class Facts:
     build: BuildResult | None = None  # with --build only
     # Set by the registry: every check's status (by id) for other facts, so a fix is tried before
     # it is printed (xl.doctor.checks.fixes.first_safe); what_if marks such hypothetical facts.
-    recheck: Callable[[Facts], dict[str, str]] | None = None
+    recheck: Callable[[Facts], dict[str, Status]] | None = None
     what_if: bool = False
 
     def toolkit_at(self, path: str | None) -> Toolkit | None:

@@ -30,6 +30,7 @@ from xl.doctor.checks import (
 from xl.doctor.checks.finding import Finding, error
 from xl.doctor.facts import Facts
 from xl.doctor.report import Check
+from xl.doctor.status import Status
 
 DRIVER_GPUS = "Driver & GPUs"
 TOOLKIT = "CUDA toolkit"
@@ -200,14 +201,14 @@ CHECKS: tuple[CheckSpec, ...] = (
 )
 
 
-def _statuses(f: Facts) -> dict[str, str]:
+def _statuses(f: Facts) -> dict[str, Status]:
     """Every check's status for these facts: how a fix is tried before it is printed."""
-    out: dict[str, str] = {}
+    out: dict[str, Status] = {}
     for spec in CHECKS:
         try:
             out[spec.id] = spec.run(f).status
         except Exception:
-            out[spec.id] = "error"
+            out[spec.id] = Status.ERROR
     return out
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from xl.doctor.checks.derived import python_of, torch_version
 from xl.doctor.checks.toolkit_choice import export_toolkit
 from xl.doctor.facts import CmdResult, Facts, Toolkit, TorchInfo, major_minor
+from xl.doctor.status import Status
 from xl.doctor.wheels import (
     NEWEST_KNOWN,
     TAG_CUDA,
@@ -57,10 +58,10 @@ def first_safe(
         passes.append(RUNTIME_CHECKS)
     for judged in passes:
         for text, after in tried:
-            if after.get(check_id) == "fail":
+            if after.get(check_id) == Status.FAIL:
                 continue
             if any(
-                s == "fail" and before.get(k) != "fail" and (judged is None or k in judged)
+                s == Status.FAIL and before.get(k) != Status.FAIL and (judged is None or k in judged)
                 for k, s in after.items()
                 if k != check_id
             ):

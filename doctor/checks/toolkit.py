@@ -20,6 +20,7 @@ from xl.doctor.checks.toolkit_choice import (
     usable_toolkit,
 )
 from xl.doctor.facts import Facts, Toolkit, major_minor, parse_nvcc_version, vtuple
+from xl.doctor.status import Status
 
 
 def _cuda_home_unresolved(f: Facts, data: dict[str, Any]) -> Finding:
@@ -30,7 +31,7 @@ def _cuda_home_unresolved(f: Facts, data: dict[str, Any]) -> Finding:
         # torch's `CUDA_HOME or CUDA_PATH` returns an empty CUDA_PATH as is and stops looking.
         best = in_use_toolkit(f) or usable_toolkit(f)
         return Finding(
-            status="fail" if tc else "warn",
+            status=Status.FAIL if tc else Status.WARN,
             detail=f"{src} is set but empty: torch takes CUDA_HOME='' and looks for nvcc at the relative path bin/nvcc, so CUDA extension builds fail",
             fix=f"unset {src}" + (f"; {export_toolkit(best)}" if best is not None else ""),
             data=data,
@@ -225,7 +226,7 @@ def check_toolkits(f: Facts) -> Finding:
     tc = torch_cuda(f)
     if not f.toolkits:
         return Finding(
-            status="warn" if tc else "skip",
+            status=Status.WARN if tc else Status.SKIP,
             detail="none found (/usr/local/cuda*, /opt/cuda*, CUDA_HOME, CUDA_PATH, PATH, $CONDA_PREFIX, pip)",
             fix=f"install CUDA toolkit {tc} to build extensions" if tc else "",
             data=data,
