@@ -2,8 +2,11 @@
 
 - no import cycle between xl's modules, counting imports inside functions (type-only imports under
   ``if TYPE_CHECKING:`` excepted: they never run);
-- the lowest layer (``xl``) imports nothing of doctor/, launcher/ or tui/, and the training-side
-  client reaches none of them, directly or through another module;
+- each layer imports only what the layer table (LAYERS) lets it: the lowest layer (``xl``)
+  nothing of doctor/, launcher/ or tui/; the doctor neither the launcher nor the app; the
+  launcher the doctor only through its door, ``xl.doctor.api`` (type-only imports count here:
+  types come through the door too); and the training-side client reaches none of them,
+  directly or through another module;
 - no module over 500 lines, no class over 300;
 - an import inside a function says why (``# noqa: PLC0415 - <reason>``);
 - every package folder is in pyproject.toml's package list, mapped to its folder;
@@ -27,6 +30,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # folder -> import name of the package it holds (pyproject.toml's package-dir)
 FOLDERS = {"xl": "xl", "doctor": "xl.doctor", "launcher": "xl.launcher", "tui": "xl.tui"}
+# The layer table (docs/architecture.md, "Layers"): each layer, and what its modules may import:
+# a layer named here (any of its modules) or one module of another layer (that layer's door).
+# A module belongs to the longest layer name its own name starts with.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "xl": ("xl",),
+    "xl.doctor": ("xl", "xl.doctor"),
+    "xl.launcher": ("xl", "xl.launcher", "xl.doctor.api"),
+    "xl.tui": ("xl", "xl.doctor", "xl.launcher", "xl.tui"),
+}
+# Modules that still cross the table, each with the way through the door it is to take. An entry
+# that no longer crosses fails too, so this list only shrinks.
+CROSSING: dict[str, str] = {
+    "xl.launcher.causes.door": "ask xl.doctor.api: failure_facts, check, grow_shm, Facts",
+}
 MAX_MODULE_LINES = 500
 MAX_CLASS_LINES = 300
 REASON = re.compile(r"#\s*noqa:\s*PLC0415\s*[-—:]\s*\S.{4,}")
@@ -185,14 +202,85 @@ def test_no_import_cycles() -> None:
     )
 
 
-def test_the_lowest_layer_imports_no_higher_one() -> None:
-    upper = ("xl.doctor", "xl.launcher", "xl.tui")
-    bad = [
-        (name, sorted(t for t in targets if t.startswith(upper)))
-        for name, targets in graph().items()
-        if not name.startswith(upper) and any(t.startswith(upper) for t in targets)
+def layer_of(name: str) -> str:
+    """The layer a module belongs to: the longest name in LAYERS that is it or holds it."""
+    return max((k for k in LAYERS if name == k or name.startswith(k + ".")), key=len)
+
+
+def _every_import(node: ast.AST) -> Iterator[ast.AST]:
+    """Every import statement, those under ``if TYPE_CHECKING:`` included."""
+    for child in ast.walk(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child
+
+
+def crossings(imports: dict[str, list[tuple[int, str, set[str]]]]) -> list[str]:
+    """One line per import the layer table forbids: where it is, what it says, what the
+    importing layer may import instead. ``imports``: module -> (line, source text, targets)."""
+    out = []
+    for name, found in sorted(imports.items()):
+        allowed = LAYERS[layer_of(name)]
+        for line, text, targets in found:
+            bad = sorted(t for t in targets if layer_of(t) not in allowed and t not in allowed)
+            if bad:
+                out.append(
+                    f"{name}:{line}: `{text}` reaches {', '.join(bad)}; "
+                    f"{layer_of(name)} may import only {', '.join(allowed)}"
+                )
+    return out
+
+
+def _imports_by_module() -> dict[str, list[tuple[int, str, set[str]]]]:
+    out: dict[str, list[tuple[int, str, set[str]]]] = {}
+    for name, path in modules().items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        out[name] = [
+            (node.lineno, lines[node.lineno - 1].strip(), _targets(name, node) - {name})
+            for node in _every_import(tree(path))
+        ]
+    return out
+
+
+def test_the_layer_checker_names_the_import_that_crosses() -> None:
+    """The checker on made-up imports: a doctor module reaching the launcher or the app, and a
+    launcher module reaching past the doctor's door, are named with their line; the door itself,
+    the lowest layer and the app's reach everywhere pass."""
+    made_up = {
+        "xl.doctor.checks.gpu": [
+            (3, "from xl.launcher.plan import Plan", {"xl.launcher.plan"}),
+            (4, "from xl.gpu import health", {"xl.gpu"}),
+        ],
+        "xl.doctor.render": [(9, "import xl.tui.app", {"xl.tui.app"})],
+        "xl.launcher.cli.preflight": [
+            (30, "from xl.doctor import api", {"xl.doctor.api"}),
+            (31, "from xl.doctor.facts import vtuple", {"xl.doctor.facts"}),
+        ],
+        "xl.tui.backend": [(5, "from xl.doctor.run import run_doctor", {"xl.doctor.run"})],
+        "xl.paths": [(2, "from xl.tui import app", {"xl.tui.app"})],
+    }
+    assert layer_of("xl.tuition") == "xl" and layer_of("xl.doctor") == "xl.doctor"
+    assert crossings(made_up) == [
+        "xl.doctor.checks.gpu:3: `from xl.launcher.plan import Plan` reaches xl.launcher.plan; "
+        "xl.doctor may import only xl, xl.doctor",
+        "xl.doctor.render:9: `import xl.tui.app` reaches xl.tui.app; "
+        "xl.doctor may import only xl, xl.doctor",
+        "xl.launcher.cli.preflight:31: `from xl.doctor.facts import vtuple` reaches "
+        "xl.doctor.facts; xl.launcher may import only xl, xl.launcher, xl.doctor.api",
+        "xl.paths:2: `from xl.tui import app` reaches xl.tui.app; xl may import only xl",
     ]
-    assert not bad, bad
+
+
+def test_each_layer_imports_only_what_the_layer_table_allows() -> None:
+    imports = _imports_by_module()
+    assert "xl.doctor.api" in imports, "the doctor's door, xl.doctor.api, is gone"
+    found = crossings(imports)
+    crossing = {line.partition(":")[0] for line in found}
+    gone = sorted(set(CROSSING) - crossing)
+    assert not gone, f"these no longer cross the layer table: remove them from CROSSING: {gone}"
+    new = [line for line in found if line.partition(":")[0] not in CROSSING]
+    assert not new, "imports the layer table forbids (tests/test_layout.py, LAYERS):\n" + "\n".join(
+        new
+    )
 
 
 def test_the_training_client_reaches_no_doctor_launcher_or_tui() -> None:

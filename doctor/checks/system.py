@@ -28,11 +28,18 @@ def _size(n: int) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
-def _grow_shm(f: Facts) -> str:
-    """How to give shared memory more room, where this runs."""
-    if f.container:
+def grow_shm_fix(container: str | None, shm_path: str) -> str:
+    """How to give shared memory more room: in a container (``container``: its kind), its start
+    options; elsewhere a remount of the mount at ``shm_path``."""
+    if container:
         return "start the container with --shm-size=16g (or --ipc=host); Kubernetes: an emptyDir with medium: Memory at /dev/shm"
-    return f"sudo mount -o remount,size=16G {f.shm_path}"
+    return f"sudo mount -o remount,size=16G {shm_path}"
+
+
+def _grow_shm(f: Facts) -> str:
+    """grow_shm_fix on these facts, by the name launcher/causes/door.py still imports: it goes
+    once that module asks xl.doctor.api.grow_shm (tests/test_layout.py, CROSSING)."""
+    return grow_shm_fix(f.container, f.shm_path)
 
 
 def check_shm(f: Facts) -> Finding:
@@ -51,7 +58,7 @@ def check_shm(f: Facts) -> Finding:
     if f.shm_total < SHM_MIN:
         return warn(
             f"{detail}: under 512 MiB, NCCL and DataLoader workers fail with bus errors",
-            fix=_grow_shm(f),
+            fix=grow_shm_fix(f.container, f.shm_path),
             data=data,
         )
     held = sum(s.size for s in stale)
@@ -67,7 +74,7 @@ def check_shm(f: Facts) -> Finding:
         )
         return warn(
             f'{detail}: under 512 MiB free, NCCL fails to set up ("unhandled system error", bus errors);{left or " no stale NCCL/torch segments to blame"}',
-            fix=remove if stale and (f.shm_free or 0) + held >= SHM_MIN else _grow_shm(f),
+            fix=remove if stale and (f.shm_free or 0) + held >= SHM_MIN else grow_shm_fix(f.container, f.shm_path),
             data=data,
         )
     if stale:
