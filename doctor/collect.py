@@ -71,7 +71,9 @@ def _start(facts: Facts, env: Mapping[str, str]) -> _Jobs:
     """Start the subprocesses and NVML, finding on the way what they run (nvcc, CUDA_HOME, the
     compiler, ninja, ldconfig)."""
     python = facts.python
-    jobs = _Jobs(nvml=Job("nvml", system.probe_inventory), torch=Job("torch", lambda: probe_torch(python)))
+    jobs = _Jobs(
+        nvml=Job("nvml", system.probe_inventory), torch=Job("torch", lambda: probe_torch(python))
+    )
     path_value = env.get("PATH")
     facts.path_nvcc = files.which("nvcc", path_value)
     facts.cuda_home, facts.cuda_home_from = toolkits.resolve_cuda_home(env, facts.path_nvcc)
@@ -84,7 +86,12 @@ def _start(facts: Facts, env: Mapping[str, str]) -> _Jobs:
     cc, source = compilers.pick_compiler(env)
     if cc:
         version = Job("cc:version", lambda: run_cmd([cc, "--version"]))
-        jobs.compiler = (cc, source, version, Job("cc:dump", lambda: run_cmd([cc, "-dumpfullversion"])))
+        jobs.compiler = (
+            cc,
+            source,
+            version,
+            Job("cc:dump", lambda: run_cmd([cc, "-dumpfullversion"])),
+        )
     facts.ninja = files.which("ninja", path_value)
     if facts.ninja:
         ninja = facts.ninja
@@ -121,7 +128,9 @@ def _read_files(facts: Facts, env: Mapping[str, str], jobs: _Jobs) -> None:
         if tk.version is None and tk.nvcc and tk.problem is None:
             jobs.toolkit_nvcc[i] = jobs.nvcc(tk.nvcc, f"nvcc:tk{i}")
     if facts.cuda_home:
-        facts.cuda_home_dir = toolkits.inspect_toolkit(facts.cuda_home, facts.cuda_home_from or "CUDA_HOME")
+        facts.cuda_home_dir = toolkits.inspect_toolkit(
+            facts.cuda_home, facts.cuda_home_from or "CUDA_HOME"
+        )
         if facts.cuda_home_dir.nvcc:
             facts.home_toolkit = toolkits.toolkit_root_of_nvcc(facts.cuda_home_dir.nvcc)
         elif facts.cuda_home_dir.problem is None:

@@ -50,7 +50,8 @@ def check_cuda_device_order(f: Facts) -> Finding:
     if len(kinds) > 1 or _resolve_visible(f).order_differs:
         models = ", ".join(model_names(gpus))
         return warn(
-            f"{value or 'unset'} (FASTEST_FIRST) with different GPUs ({models}): CUDA's device indices differ from nvidia-smi's",
+            f"{value or 'unset'} (FASTEST_FIRST) with different GPUs ({models}): CUDA's device "
+            "indices differ from nvidia-smi's",
             fix="export CUDA_DEVICE_ORDER=PCI_BUS_ID (xl launch sets it for its runs)",
             data=data,
         )

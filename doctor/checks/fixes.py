@@ -61,7 +61,9 @@ def first_safe(
             if after.get(check_id) == Status.FAIL:
                 continue
             if any(
-                s == Status.FAIL and before.get(k) != Status.FAIL and (judged is None or k in judged)
+                s == Status.FAIL
+                and before.get(k) != Status.FAIL
+                and (judged is None or k in judged)
                 for k, s in after.items()
                 if k != check_id
             ):
@@ -76,7 +78,9 @@ def with_torch(tag: str, version: str | None) -> Apply:
     def apply(f: Facts) -> Facts:
         base = version or base_version(torch_version(f)) or NEWEST_KNOWN
         t = f.torch if f.torch is not None else TorchInfo(python=f.python)
-        new = replace(t, found=True, cuda=TAG_CUDA[tag], hip=None, version=f"{base}+{tag}", problem=None)
+        new = replace(
+            t, found=True, cuda=TAG_CUDA[tag], hip=None, version=f"{base}+{tag}", problem=None
+        )
         return replace(f, torch=new, what_if=True)
 
     return apply

@@ -24,7 +24,10 @@ def _guess_fix(f: Facts, err: str, cmd: str) -> str:
     """A fix from the compiler's words when no static check had one."""
     low = err.lower()
     if "unsupported gnu version" in low or "unsupported clang version" in low:
-        return "point CC at a compiler this nvcc supports (torch passes -ccbin $CC): export CC=/usr/bin/gcc-12 CXX=/usr/bin/g++-12"
+        return (
+            "point CC at a compiler this nvcc supports (torch passes -ccbin $CC): export "
+            "CC=/usr/bin/gcc-12 CXX=/usr/bin/g++-12"
+        )
     if "unsupported gpu architecture" in low:
         return 'export TORCH_CUDA_ARCH_LIST="8.0;9.0+PTX" (architectures this nvcc builds)'
     if "cuda_runtime" in low and ("no such file" in low or "not found" in low):
@@ -74,7 +77,9 @@ def check_build(f: Facts, static: list[Check]) -> Finding:
         run = step.run
         data["output"] = ((run.stderr + run.stdout) if run is not None else "")[-4000:]
         data["failed_step"] = step.name
-        lead = next((c for c in flagged if c.status is not Status.WARN), flagged[0] if flagged else None)
+        lead = next(
+            (c for c in flagged if c.status is not Status.WARN), flagged[0] if flagged else None
+        )
         if lead is not None:
             agree = f"as the `{lead.id}` check says"
             fix = lead.fix or _guess_fix(f, err, step.argv[0])
@@ -90,7 +95,8 @@ def check_build(f: Facts, static: list[Check]) -> Finding:
         refusal = arch if al.bad is not None or al.no_gpu else None
     if refusal is not None:
         return fail(
-            f"the compilers build it, but torch's builder stops before running them: {refusal.detail}",
+            "the compilers build it, but torch's builder stops before running them: "
+            f"{refusal.detail}",
             fix=refusal.fix,
             data=data,
         )
@@ -98,7 +104,10 @@ def check_build(f: Facts, static: list[Check]) -> Finding:
     for c in static:
         if c.id in ("host_compiler", "cuda_home") and c.status is Status.FAIL:
             c.status = Status.WARN
-            c.detail = f"the --build proof compiled and linked with this setup, so it is not a failure; the static verdict was: {c.detail}"
+            c.detail = (
+                "the --build proof compiled and linked with this setup, so it is not a failure; "
+                f"the static verdict was: {c.detail}"
+            )
             overruled.append(c.id)
     names = "; ".join(s.name for s in r.steps)
     note = (

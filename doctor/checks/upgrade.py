@@ -32,7 +32,9 @@ def branch_for(cuda: str | None) -> int | None:
 
 
 def _open_only(f: Facts) -> bool:
-    return any(vtuple(g.compute_capability)[:1] >= (10,) for g in working_gpus(f) if g.compute_capability)
+    return any(
+        vtuple(g.compute_capability)[:1] >= (10,) for g in working_gpus(f) if g.compute_capability
+    )
 
 
 def _install(f: Facts, branch: int) -> str | None:
@@ -53,7 +55,10 @@ def _install(f: Facts, branch: int) -> str | None:
         )
     if family == "rhel" and ver is not None and ver < 10:
         if opn:
-            return f"sudo dnf module enable -y nvidia-driver:{branch}-open && sudo dnf install -y nvidia-open"
+            return (
+                f"sudo dnf module enable -y nvidia-driver:{branch}-open && sudo dnf install -y "
+                "nvidia-open"
+            )
         return f"sudo dnf module install -y nvidia-driver:{branch}-dkms"
     if family in ("rhel", "fedora") and ver is not None:
         # No module streams: a version lock holds the branch, then the driver is installed.
@@ -70,9 +75,11 @@ def driver_upgrade(f: Facts, branch: int, then: str | None = None) -> str:
     before the reboot. In a container the driver's part is said for the host."""
     if f.driver_os == "wsl":
         # WSL2 runs on the Windows driver (/usr/lib/wsl/lib): nothing installed in Linux replaces
-        # it, and a Linux driver package there breaks it. The fix is Windows', then a restart of WSL.
+        # it, and a Linux driver package there breaks it. The fix is Windows', then a restart of
+        # WSL.
         driver = (
-            f"on Windows, not in WSL: install NVIDIA's Windows driver, branch {branch} or newer, from "
+            f"on Windows, not in WSL: install NVIDIA's Windows driver, branch {branch} or newer, "
+            "from "
             f"{WINDOWS_DRIVERS}, then run 'wsl --shutdown' in PowerShell and reopen this shell"
         )
         return f"{then}; then {driver}" if then else driver
@@ -83,7 +90,10 @@ def driver_upgrade(f: Facts, branch: int, then: str | None = None) -> str:
         note = " (" + note
     host = "on the host, not in this container: " if in_container(f) else ""
     if install is None:
-        driver = f"{host}install NVIDIA driver branch {branch} (its newest release) with its .run installer from {RUNFILE}"
+        driver = (
+            f"{host}install NVIDIA driver branch {branch} (its newest release) with its .run "
+            f"installer from {RUNFILE}"
+        )
         return f"{then}{note}; then {driver}" if then else driver
     if host:
         driver = f"{host}{install} && sudo reboot"

@@ -1,4 +1,4 @@
-"""The machine around the GPUs (issue 23, points 8-10): a container started without GPU access,
+"""The machine around the GPUs: a container started without GPU access,
 /dev/shm filled by dead jobs, and NCCL settings that cannot work; each on a world built for real
 and run through the real `xl doctor`, each with the healthy-but-unusual setups left alone."""
 
