@@ -1,4 +1,5 @@
-"""The house rules of the layout, checked on the source (docs/architecture.md, "What the layout tests enforce"):
+"""The house rules of the layout, checked on the source (docs/architecture.md, "What the layout
+tests enforce"):
 
 - no import cycle between xl's modules, counting imports inside functions (type-only imports under
   ``if TYPE_CHECKING:`` excepted: they never run);
@@ -86,7 +87,9 @@ def _walk_runtime(node: ast.AST, in_function: bool = False) -> Iterator[tuple[as
             continue
         if isinstance(child, (ast.Import, ast.ImportFrom)):
             yield child, in_function
-        inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        inner = in_function or isinstance(
+            child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+        )
         yield from _walk_runtime(child, inner)
 
 
@@ -197,8 +200,9 @@ def test_the_checker_sees_cycles_and_function_level_imports() -> None:
 def test_no_import_cycles() -> None:
     assert len(modules()) > 60
     cycles = _cycles(graph(), list(modules()))
-    assert not cycles, "import cycles (break them by moving code, not by hiding imports):\n" + "\n".join(
-        " <-> ".join(c) for c in cycles
+    assert not cycles, (
+        "import cycles (break them by moving code, not by hiding imports):\n"
+        + "\n".join(" <-> ".join(c) for c in cycles)
     )
 
 
@@ -319,7 +323,8 @@ def test_an_import_inside_a_function_says_why() -> None:
             if not any(REASON.search(line) for line in span):
                 silent.append(f"{path.relative_to(ROOT)}:{node.lineno}: {span[0].strip()}")
     assert not silent, (
-        "say why with '# noqa: PLC0415 - <reason>', or import at module level:\n" + "\n".join(silent)
+        "say why with '# noqa: PLC0415 - <reason>', or import at module level:\n"
+        + "\n".join(silent)
     )
 
 
@@ -328,7 +333,9 @@ def test_every_package_is_installed_from_its_folder() -> None:
         pytest.skip("tomllib is in the standard library from Python 3.11")
     import tomllib  # noqa: PLC0415 - only from Python 3.11 (skipped above on older ones)
 
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"][
+        "setuptools"
+    ]
     dirs, listed = config["package-dir"], set(config["packages"])
     for folder, package in FOLDERS.items():
         for init in (ROOT / folder).rglob("__init__.py"):
