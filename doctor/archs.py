@@ -64,7 +64,9 @@ TORCH_ARCHES: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
 _NAME_SINCE = {"Blackwell": (2, 7), "Blackwell+Tegra": (2, 9)}
 
 
-def _accepted(torch_version: tuple[int, ...] | None) -> tuple[frozenset[str], tuple[tuple[str, str], ...]]:
+def _accepted(
+    torch_version: tuple[int, ...] | None,
+) -> tuple[frozenset[str], tuple[tuple[str, str], ...]]:
     """(valid items, named architectures) of the cpp_extension of this torch version (None:
     the newest)."""
     if not torch_version:
@@ -111,7 +113,9 @@ class ArchList:
         cc = _cc(cap)
         general = [a for a in self.items if not _specific(a)]
         exact = [a for a in self.items if _specific(a) and _cc(a) == cc]
-        how = runs_on(cap, [_cc(a) for a in general], [_cc(a) for a in general if a.endswith("+PTX")])
+        how = runs_on(
+            cap, [_cc(a) for a in general], [_cc(a) for a in general if a.endswith("+PTX")]
+        )
         return "cubin" if exact else how
 
     def specific(self) -> list[str]:

@@ -1,4 +1,5 @@
-"""`xl doctor [--json] [--strict] [--python PY] [--build]`: can this machine build and run distributed training?"""
+"""`xl doctor [--json] [--strict] [--python PY] [--build]`: can this machine build and run
+distributed training?"""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def _color_terminal() -> bool:
 
 
 def _what_each_decides() -> str:
-    """The registry's own words for each check (docs/doctor.md says more), wrapped for a terminal."""
+    """The registry's own words for each check (docs/doctor.md says more), wrapped for a
+    terminal."""
     lines = ["checks, and what each decides (docs/doctor.md has the rules and their sources):"]
     for spec in (*CHECKS, BUILD):
         lines += textwrap.wrap(

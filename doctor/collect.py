@@ -26,13 +26,15 @@ if TYPE_CHECKING:
     from xl.gpu.nvml import Inventory
 
 T = TypeVar("T")
+# NVML's answer, as probe_inventory gives it: the inventory, each GPU's health, its fabric state.
+Probed = tuple["Inventory", "dict[int, Health]", "dict[int, tuple[str, str | None]]"]
 
 
 @dataclass
 class _Jobs:
     """The probes running on threads, each typed by what it returns."""
 
-    nvml: Job[tuple[Inventory, dict[int, Health], dict[int, tuple[str, str | None]]]]
+    nvml: Job[Probed]
     torch: Job[TorchInfo]
     path_nvcc: Job[CmdResult] | None = None
     home_nvcc: Job[CmdResult] | None = None
@@ -69,7 +71,9 @@ def _start(facts: Facts, env: Mapping[str, str]) -> _Jobs:
     """Start the subprocesses and NVML, finding on the way what they run (nvcc, CUDA_HOME, the
     compiler, ninja, ldconfig)."""
     python = facts.python
-    jobs = _Jobs(nvml=Job("nvml", system.probe_inventory), torch=Job("torch", lambda: probe_torch(python)))
+    jobs = _Jobs(
+        nvml=Job("nvml", system.probe_inventory), torch=Job("torch", lambda: probe_torch(python))
+    )
     path_value = env.get("PATH")
     facts.path_nvcc = files.which("nvcc", path_value)
     facts.cuda_home, facts.cuda_home_from = toolkits.resolve_cuda_home(env, facts.path_nvcc)
@@ -82,7 +86,12 @@ def _start(facts: Facts, env: Mapping[str, str]) -> _Jobs:
     cc, source = compilers.pick_compiler(env)
     if cc:
         version = Job("cc:version", lambda: run_cmd([cc, "--version"]))
-        jobs.compiler = (cc, source, version, Job("cc:dump", lambda: run_cmd([cc, "-dumpfullversion"])))
+        jobs.compiler = (
+            cc,
+            source,
+            version,
+            Job("cc:dump", lambda: run_cmd([cc, "-dumpfullversion"])),
+        )
     facts.ninja = files.which("ninja", path_value)
     if facts.ninja:
         ninja = facts.ninja
@@ -93,6 +102,24 @@ def _start(facts: Facts, env: Mapping[str, str]) -> _Jobs:
     return jobs
 
 
+def read_host(facts: Facts) -> None:
+    """What the host says of itself from files, with no subprocess: the shared memory mount at
+    ``facts.shm_path`` (its size and the stale segments in it), the network interfaces, the
+    InfiniBand devices, and the container this runs in."""
+    facts.shm_total, facts.shm_free, facts.shm_problem = system.shm_size(facts.shm_path)
+    facts.shm_segments = shm.segments(facts.shm_path)
+    facts.net_ifaces = system.net_interfaces() or None
+    facts.ib_devices = system.infiniband_devices()
+    facts.container = system.container_kind()
+
+
+def put_inventory(facts: Facts, probed: Probed) -> None:
+    """NVML's answer (xl.doctor.probes.system.probe_inventory) into the facts."""
+    inv, facts.health, facts.fabric = probed
+    facts.driver = inv.driver
+    facts.gpus = tuple(inv.gpus)
+
+
 def _read_files(facts: Facts, env: Mapping[str, str], jobs: _Jobs) -> None:
     """The file-only probes, on this thread while the subprocesses run (and an `nvcc --version`
     for each toolkit whose files don't say its version)."""
@@ -101,7 +128,9 @@ def _read_files(facts: Facts, env: Mapping[str, str], jobs: _Jobs) -> None:
         if tk.version is None and tk.nvcc and tk.problem is None:
             jobs.toolkit_nvcc[i] = jobs.nvcc(tk.nvcc, f"nvcc:tk{i}")
     if facts.cuda_home:
-        facts.cuda_home_dir = toolkits.inspect_toolkit(facts.cuda_home, facts.cuda_home_from or "CUDA_HOME")
+        facts.cuda_home_dir = toolkits.inspect_toolkit(
+            facts.cuda_home, facts.cuda_home_from or "CUDA_HOME"
+        )
         if facts.cuda_home_dir.nvcc:
             facts.home_toolkit = toolkits.toolkit_root_of_nvcc(facts.cuda_home_dir.nvcc)
         elif facts.cuda_home_dir.problem is None:
@@ -112,16 +141,12 @@ def _read_files(facts: Facts, env: Mapping[str, str], jobs: _Jobs) -> None:
     facts.preload = libraries.scan_preload(env.get("LD_PRELOAD"))
     # XL_DOCTOR_SHM: check another mount (containers that bind shared memory elsewhere; tests).
     facts.shm_path = env.get(envnames.DOCTOR_SHM) or "/dev/shm"
-    facts.shm_total, facts.shm_free, facts.shm_problem = system.shm_size(facts.shm_path)
-    facts.shm_segments = shm.segments(facts.shm_path)
+    read_host(facts)
     facts.other_compilers = compilers.other_compilers(env.get("PATH"))
-    facts.net_ifaces = system.net_interfaces() or None
-    facts.ib_devices = system.infiniband_devices()
     if facts.ib_devices:
         facts.ib_ports = kernel.infiniband_ports(facts.ib_devices)
     facts.fabric_manager = kernel.fabric_manager_installed()
     facts.distro = kernel.distro()
-    facts.container = system.container_kind()
     visible = (env.get("NVIDIA_VISIBLE_DEVICES") or "").strip() not in ("", "void", "none")
     facts.driver_os = kernel.driver_os(bool(facts.container) or visible)
 
@@ -201,9 +226,7 @@ def collect(python: str | None = None) -> Facts:
     _read_torch(facts, jobs.torch)
     nvml = _timed(facts, jobs.nvml)
     if nvml.value is not None:
-        inv, facts.health, facts.fabric = nvml.value
-        facts.driver = inv.driver
-        facts.gpus = tuple(inv.gpus)
+        put_inventory(facts, nvml.value)
     else:
         facts.nvml_problem = nvml.error or "no answer"
     # NVML's own time and then cuInit's: the wait covers both.

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from xl.doctor.probes.compile import BuildResult
+    from xl.doctor.status import Status
     from xl.gpu.health import Health
     from xl.gpu.records import GPU, Driver
 
@@ -216,7 +217,9 @@ class Facts:
     ldconfig: dict[str, list[str]] = field(default_factory=dict)  # soname -> paths
     ldconfig_problem: str | None = None
     ldconfig_versions: dict[str, str] = field(default_factory=dict)  # soname -> its file's version
-    preload: list[tuple[str, str, str | None]] = field(default_factory=list)  # LD_PRELOAD's CUDA libs
+    preload: list[tuple[str, str, str | None]] = field(
+        default_factory=list
+    )  # LD_PRELOAD's CUDA libs
     shm_path: str = "/dev/shm"
     shm_total: int | None = None
     shm_free: int | None = None
@@ -235,7 +238,9 @@ class Facts:
     # why in cuinit_problem (no libcuda, no answer in time)
     cuinit: int | None = None
     cuinit_problem: str | None = None
-    fabric: dict[int, tuple[str, str | None]] = field(default_factory=dict)  # GPU -> (state, status)
+    fabric: dict[int, tuple[str, str | None]] = field(
+        default_factory=dict
+    )  # GPU -> (state, status)
     fabric_manager: bool = False  # its daemon or unit is installed
     distro: str | None = None  # /etc/os-release ID and ID_LIKE ("ubuntu debian")
     # The distribution that installs the driver, as "<family> <major>" ("ubuntu 24", "debian 12",
@@ -245,7 +250,7 @@ class Facts:
     build: BuildResult | None = None  # with --build only
     # Set by the registry: every check's status (by id) for other facts, so a fix is tried before
     # it is printed (xl.doctor.checks.fixes.first_safe); what_if marks such hypothetical facts.
-    recheck: Callable[[Facts], dict[str, str]] | None = None
+    recheck: Callable[[Facts], dict[str, Status]] | None = None
     what_if: bool = False
 
     def toolkit_at(self, path: str | None) -> Toolkit | None:

@@ -5,21 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from xl.doctor.report import Report
+from xl.doctor.status import Status
 
 if TYPE_CHECKING:  # Rich is imported only when a terminal report is drawn
     from rich.console import RenderableType
 
-GLYPH = {"ok": "✔", "warn": "▲", "fail": "✘", "skip": "–", "error": "?"}
-STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim", "error": "magenta"}
-LABEL = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip", "error": "ERROR"}
-
 
 def summary_line(report: Report, strict: bool = False) -> str:
-    verdict = {
-        "fail": "problems found",
-        "error": "some checks could not run",
-        "warn": "usable, with warnings",
-    }.get(report.status, "ready")
+    verdict = report.status.look.verdict
     return f"{report.summary()} — {verdict} (exit {report.exit_code(strict)})"
 
 
@@ -29,8 +22,8 @@ def render_plain(report: Report, strict: bool = False) -> str:
     for area, checks in report.by_area():
         lines.append(area)
         for c in checks:
-            lines.append(f"  {LABEL[c.status]:<5}  {c.title}: {c.detail}")
-            if c.fix and c.status != "ok":
+            lines.append(f"  {c.status.label:<5}  {c.title}: {c.detail}")
+            if c.fix and c.status is not Status.OK:
                 lines.append(f"         fix: {c.fix}")
         lines.append("")
     lines.append(summary_line(report, strict))
@@ -54,11 +47,11 @@ def render_report(report: Report, strict: bool = False) -> RenderableType:
         table.add_column(ratio=1)
         for c in checks:
             body = Text(c.detail)
-            if c.fix and c.status != "ok":
+            if c.fix and c.status is not Status.OK:
                 body.append("\n→ ", style="cyan")
                 body.append(c.fix, style="cyan")
-            table.add_row(Text(GLYPH[c.status], style=STYLE[c.status]), c.title, body)
+            table.add_row(Text(c.status.glyph, style=c.status.style), c.title, body)
         parts.append(table)
         parts.append(Text(""))
-    parts.append(Text(summary_line(report, strict), style=STYLE.get(report.status, "")))
+    parts.append(Text(summary_line(report, strict), style=report.status.style))
     return Group(*parts)

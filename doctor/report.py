@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-# Worst last: the report's status is the worst of its checks. `error` (the check itself could
-# not run) ranks below `fail` because a found problem is more certain than an unknown.
-STATUSES = ("ok", "skip", "warn", "error", "fail")
-_RANK = {s: i for i, s in enumerate(STATUSES)}
+from xl.doctor.status import NOT_CLEAN, Status, worst
 
 
 def clean_text(value: str) -> str:
@@ -35,14 +31,10 @@ def clean(value: Any) -> Any:
     return value
 
 
-def worst(statuses: Iterable[str]) -> str:
-    return max(statuses, key=lambda s: _RANK.get(s, 0), default="ok")
-
-
 @dataclass
 class Check:
     id: str
-    status: str  # ok | warn | fail | skip | error
+    status: Status
     title: str
     detail: str  # one line
     fix: str = ""  # what to type or change; empty when there is nothing to do
@@ -50,8 +42,10 @@ class Check:
     data: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.status not in _RANK:
-            raise ValueError(f"unknown check status {self.status!r}")
+        try:
+            self.status = Status(self.status)
+        except ValueError:
+            raise ValueError(f"unknown check status {self.status!r}") from None
         self.title = clean_text(self.title)
         self.detail = " ".join(clean_text(self.detail).split())
         self.fix = " ".join(clean_text(self.fix).split())
@@ -60,7 +54,7 @@ class Check:
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "id": self.id,
-            "status": self.status,
+            "status": self.status.value,
             "title": self.title,
             "detail": self.detail,
             "fix": self.fix,
@@ -77,7 +71,7 @@ class Report:
     facts: dict[str, Any] = field(default_factory=dict)  # what the probes saw (secrets redacted)
 
     @property
-    def status(self) -> str:
+    def status(self) -> Status:
         return worst(c.status for c in self.checks)
 
     def by_area(self) -> list[tuple[str, list[Check]]]:
@@ -89,14 +83,14 @@ class Report:
     def get(self, check_id: str) -> Check | None:
         return next((c for c in self.checks if c.id == check_id), None)
 
-    def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(STATUSES, 0)
+    def counts(self) -> dict[Status, int]:
+        out = dict.fromkeys(Status, 0)  # mildest first: the summary's order
         for c in self.checks:
             out[c.status] += 1
         return out
 
     def exit_code(self, strict: bool = False) -> int:
-        bad = {"fail", "warn", "error"} if strict else {"fail"}
+        bad = NOT_CLEAN if strict else {Status.FAIL}
         return 1 if any(c.status in bad for c in self.checks) else 0
 
     def summary(self) -> str:
@@ -106,7 +100,7 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "status": self.status,
+            "status": self.status.value,
             "checks": [c.to_json() for c in self.checks],
             "gpus": clean(self.gpus),
             **{k: clean(v) for k, v in self.facts.items() if k not in ("status", "checks", "gpus")},

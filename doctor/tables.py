@@ -1,4 +1,5 @@
-"""Version knowledge the checks decide with: compiler limits, DeepSpeed's allow-lists, driver floors.
+"""Version knowledge the checks decide with: compiler limits, DeepSpeed's allow-lists, driver
+floors.
 
 Authoritative sources win: a toolkit's own include/crt/host_config.h beats the table below, which
 only covers toolkits whose header is missing (e.g. a pip nvcc without the crt headers).
@@ -116,8 +117,14 @@ def deepspeed_verdict(toolkit: str, torch_cuda: str, skip_check: bool) -> str:
     if tk[0] != tc[0]:
         return "DeepSpeed refuses it (major versions differ)"
     if tk[0] not in DEEPSPEED_MINOR_OK:
-        return f"DeepSpeed refuses it (it allows no minor mismatch for CUDA {tk[0]}.x; DS_SKIP_CUDA_CHECK=1 overrides)"
-    return f"DeepSpeed refuses it ({a} and {b} are not both on its CUDA {tk[0]} allow-list; DS_SKIP_CUDA_CHECK=1 overrides)"
+        return (
+            f"DeepSpeed refuses it (it allows no minor mismatch for CUDA {tk[0]}.x; "
+            "DS_SKIP_CUDA_CHECK=1 overrides)"
+        )
+    return (
+        f"DeepSpeed refuses it ({a} and {b} are not both on its CUDA {tk[0]} allow-list; "
+        "DS_SKIP_CUDA_CHECK=1 overrides)"
+    )
 
 
 # Oldest driver branch that supports each CUDA minor (NVIDIA's CUDA release notes, Linux).

@@ -142,7 +142,8 @@ def install_command(python: str, tag: str, current: str | None) -> str:
     pin = version_for(tag, current)
     spec = f"torch=={pin}" if pin else "torch"
     note = (
-        f" (a downgrade from torch {base_version(current)}: {pin} is the newest torch published for {tag})"
+        f" (a downgrade from torch {base_version(current)}: {pin} is the newest torch published "
+        f"for {tag})"
         if is_downgrade(tag, current)
         else ""
     )

@@ -1,4 +1,5 @@
-"""The layout's boundaries, enforced: what each part may load (docs/architecture.md, 'What the layout tests enforce').
+"""The layout's boundaries, enforced: what each part may load (docs/architecture.md, 'What the
+layout tests enforce').
 
 - `xl.doctor` and `xl.launcher` never import `textual` or `xl.tui`;
 - nothing imports torch at module level (only rank processes do, e.g. through
@@ -84,9 +85,9 @@ def test_nothing_imports_torch_at_module_level(package: str, skip: tuple[str, ..
 
 
 def test_import_xl_stays_cheap() -> None:
-    """docs/architecture.md: `import xl` in a training script stays under ~20 ms. Measured without a timed
-    race: the modules it adds to a bare interpreter are counted (deterministic), and its
-    cumulative `-X importtime` (best of three) is held to a bound 5x the budget."""
+    """docs/architecture.md: `import xl` in a training script stays under ~20 ms. Measured
+    without a timed race: the modules it adds to a bare interpreter are counted (deterministic),
+    and its cumulative `-X importtime` (best of three) is held to a bound 5x the budget."""
     code = (
         "import sys, json\n"
         "before = set(sys.modules)\n"

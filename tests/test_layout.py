@@ -1,9 +1,13 @@
-"""The house rules of the layout, checked on the source (docs/architecture.md, "What the layout tests enforce"):
+"""The house rules of the layout, checked on the source (docs/architecture.md, "What the layout
+tests enforce"):
 
 - no import cycle between xl's modules, counting imports inside functions (type-only imports under
   ``if TYPE_CHECKING:`` excepted: they never run);
-- the lowest layer (``xl``) imports nothing of doctor/, launcher/ or tui/, and the training-side
-  client reaches none of them, directly or through another module;
+- each layer imports only what the layer table (LAYERS) lets it: the lowest layer (``xl``)
+  nothing of doctor/, launcher/ or tui/; the doctor neither the launcher nor the app; the
+  launcher the doctor only through its door, ``xl.doctor.api`` (type-only imports count here:
+  types come through the door too); and the training-side client reaches none of them,
+  directly or through another module;
 - no module over 500 lines, no class over 300;
 - an import inside a function says why (``# noqa: PLC0415 - <reason>``);
 - every package folder is in pyproject.toml's package list, mapped to its folder;
@@ -27,6 +31,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # folder -> import name of the package it holds (pyproject.toml's package-dir)
 FOLDERS = {"xl": "xl", "doctor": "xl.doctor", "launcher": "xl.launcher", "tui": "xl.tui"}
+# The layer table (docs/architecture.md, "Layers"): each layer, and what its modules may import:
+# a layer named here (any of its modules) or one module of another layer (that layer's door).
+# A module belongs to the longest layer name its own name starts with.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "xl": ("xl",),
+    "xl.doctor": ("xl", "xl.doctor"),
+    "xl.launcher": ("xl", "xl.launcher", "xl.doctor.api"),
+    "xl.tui": ("xl", "xl.doctor", "xl.launcher", "xl.tui"),
+}
+# Modules that still cross the table, each with the way through the door it is to take. An entry
+# that no longer crosses fails too, so this list only shrinks.
+CROSSING: dict[str, str] = {
+    "xl.launcher.causes.door": "ask xl.doctor.api: failure_facts, check, grow_shm, Facts",
+}
 MAX_MODULE_LINES = 500
 MAX_CLASS_LINES = 300
 REASON = re.compile(r"#\s*noqa:\s*PLC0415\s*[-—:]\s*\S.{4,}")
@@ -69,7 +87,9 @@ def _walk_runtime(node: ast.AST, in_function: bool = False) -> Iterator[tuple[as
             continue
         if isinstance(child, (ast.Import, ast.ImportFrom)):
             yield child, in_function
-        inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        inner = in_function or isinstance(
+            child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+        )
         yield from _walk_runtime(child, inner)
 
 
@@ -180,19 +200,91 @@ def test_the_checker_sees_cycles_and_function_level_imports() -> None:
 def test_no_import_cycles() -> None:
     assert len(modules()) > 60
     cycles = _cycles(graph(), list(modules()))
-    assert not cycles, "import cycles (break them by moving code, not by hiding imports):\n" + "\n".join(
-        " <-> ".join(c) for c in cycles
+    assert not cycles, (
+        "import cycles (break them by moving code, not by hiding imports):\n"
+        + "\n".join(" <-> ".join(c) for c in cycles)
     )
 
 
-def test_the_lowest_layer_imports_no_higher_one() -> None:
-    upper = ("xl.doctor", "xl.launcher", "xl.tui")
-    bad = [
-        (name, sorted(t for t in targets if t.startswith(upper)))
-        for name, targets in graph().items()
-        if not name.startswith(upper) and any(t.startswith(upper) for t in targets)
+def layer_of(name: str) -> str:
+    """The layer a module belongs to: the longest name in LAYERS that is it or holds it."""
+    return max((k for k in LAYERS if name == k or name.startswith(k + ".")), key=len)
+
+
+def _every_import(node: ast.AST) -> Iterator[ast.AST]:
+    """Every import statement, those under ``if TYPE_CHECKING:`` included."""
+    for child in ast.walk(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child
+
+
+def crossings(imports: dict[str, list[tuple[int, str, set[str]]]]) -> list[str]:
+    """One line per import the layer table forbids: where it is, what it says, what the
+    importing layer may import instead. ``imports``: module -> (line, source text, targets)."""
+    out = []
+    for name, found in sorted(imports.items()):
+        allowed = LAYERS[layer_of(name)]
+        for line, text, targets in found:
+            bad = sorted(t for t in targets if layer_of(t) not in allowed and t not in allowed)
+            if bad:
+                out.append(
+                    f"{name}:{line}: `{text}` reaches {', '.join(bad)}; "
+                    f"{layer_of(name)} may import only {', '.join(allowed)}"
+                )
+    return out
+
+
+def _imports_by_module() -> dict[str, list[tuple[int, str, set[str]]]]:
+    out: dict[str, list[tuple[int, str, set[str]]]] = {}
+    for name, path in modules().items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        out[name] = [
+            (node.lineno, lines[node.lineno - 1].strip(), _targets(name, node) - {name})
+            for node in _every_import(tree(path))
+        ]
+    return out
+
+
+def test_the_layer_checker_names_the_import_that_crosses() -> None:
+    """The checker on made-up imports: a doctor module reaching the launcher or the app, and a
+    launcher module reaching past the doctor's door, are named with their line; the door itself,
+    the lowest layer and the app's reach everywhere pass."""
+    made_up = {
+        "xl.doctor.checks.gpu": [
+            (3, "from xl.launcher.plan import Plan", {"xl.launcher.plan"}),
+            (4, "from xl.gpu import health", {"xl.gpu"}),
+        ],
+        "xl.doctor.render": [(9, "import xl.tui.app", {"xl.tui.app"})],
+        "xl.launcher.cli.preflight": [
+            (30, "from xl.doctor import api", {"xl.doctor.api"}),
+            (31, "from xl.doctor.facts import vtuple", {"xl.doctor.facts"}),
+        ],
+        "xl.tui.backend": [(5, "from xl.doctor.run import run_doctor", {"xl.doctor.run"})],
+        "xl.paths": [(2, "from xl.tui import app", {"xl.tui.app"})],
+    }
+    assert layer_of("xl.tuition") == "xl" and layer_of("xl.doctor") == "xl.doctor"
+    assert crossings(made_up) == [
+        "xl.doctor.checks.gpu:3: `from xl.launcher.plan import Plan` reaches xl.launcher.plan; "
+        "xl.doctor may import only xl, xl.doctor",
+        "xl.doctor.render:9: `import xl.tui.app` reaches xl.tui.app; "
+        "xl.doctor may import only xl, xl.doctor",
+        "xl.launcher.cli.preflight:31: `from xl.doctor.facts import vtuple` reaches "
+        "xl.doctor.facts; xl.launcher may import only xl, xl.launcher, xl.doctor.api",
+        "xl.paths:2: `from xl.tui import app` reaches xl.tui.app; xl may import only xl",
     ]
-    assert not bad, bad
+
+
+def test_each_layer_imports_only_what_the_layer_table_allows() -> None:
+    imports = _imports_by_module()
+    assert "xl.doctor.api" in imports, "the doctor's door, xl.doctor.api, is gone"
+    found = crossings(imports)
+    crossing = {line.partition(":")[0] for line in found}
+    gone = sorted(set(CROSSING) - crossing)
+    assert not gone, f"these no longer cross the layer table: remove them from CROSSING: {gone}"
+    new = [line for line in found if line.partition(":")[0] not in CROSSING]
+    assert not new, "imports the layer table forbids (tests/test_layout.py, LAYERS):\n" + "\n".join(
+        new
+    )
 
 
 def test_the_training_client_reaches_no_doctor_launcher_or_tui() -> None:
@@ -231,7 +323,8 @@ def test_an_import_inside_a_function_says_why() -> None:
             if not any(REASON.search(line) for line in span):
                 silent.append(f"{path.relative_to(ROOT)}:{node.lineno}: {span[0].strip()}")
     assert not silent, (
-        "say why with '# noqa: PLC0415 - <reason>', or import at module level:\n" + "\n".join(silent)
+        "say why with '# noqa: PLC0415 - <reason>', or import at module level:\n"
+        + "\n".join(silent)
     )
 
 
@@ -240,7 +333,9 @@ def test_every_package_is_installed_from_its_folder() -> None:
         pytest.skip("tomllib is in the standard library from Python 3.11")
     import tomllib  # noqa: PLC0415 - only from Python 3.11 (skipped above on older ones)
 
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"][
+        "setuptools"
+    ]
     dirs, listed = config["package-dir"], set(config["packages"])
     for folder, package in FOLDERS.items():
         for init in (ROOT / folder).rglob("__init__.py"):

@@ -42,7 +42,8 @@ def _rename_thor(token: str) -> str:
 
 
 def _thor_misnamed(tk_ver: str | None, items: list[str]) -> list[str]:
-    """The items this nvcc knows Thor by another name for (10.1 for nvcc 13+, 11.0 for 12.8-12.9)."""
+    """The items this nvcc knows Thor by another name for (10.1 for nvcc 13+, 11.0 for
+    12.8-12.9)."""
     v = vtuple(tk_ver)[:2]
     if len(v) < 2 or v < (12, 8):
         return []
@@ -127,21 +128,28 @@ def _thor_finding(
     value = ";".join(new)
     code = misnamed[0].split("+")[0].rstrip("af").replace(".", "")
     detail = (
-        f"nvcc {major_minor(tk_ver)} calls Thor {_rename_thor(misnamed[0]).split('+')[0]} (CUDA 13 renamed 10.1 to 11.0): "
-        f"{', '.join(misnamed)} makes it stop with \"nvcc fatal: Unsupported gpu architecture 'compute_{code}'\""
+        f"nvcc {major_minor(tk_ver)} calls Thor {_rename_thor(misnamed[0]).split('+')[0]} (CUDA 13 "
+        "renamed 10.1 to 11.0): "
+        f'{", ".join(misnamed)} makes it stop with "nvcc fatal: Unsupported gpu architecture '
+        f"'compute_{code}'\""
     )
     if parse_arch_list(value, torch_version=tv).bad is None:
         return fail(detail, fix=_arch_fix(f, [value]), data=data)
     # This torch knows only the old name: a toolkit that still builds it.
     old = misnamed[0].startswith("10.1")
-    able = [t for t in toolkit_choices(f) if (vtuple(t.version)[:1] < (13,)) == old and vtuple(t.version)[:2] >= (12, 8)]
+    able = [
+        t
+        for t in toolkit_choices(f)
+        if (vtuple(t.version)[:1] < (13,)) == old and vtuple(t.version)[:2] >= (12, 8)
+    ]
     fix = toolkit_fix(f, "arch_list", able) if able else None
     want = "12.9" if old else "13.0"
     pkg = f"cuda-toolkit-{want.replace('.', '-')}"  # NVIDIA's apt repository's name for it
     return fail(
         detail + f"; {torch_label(f)} knows Thor only as {misnamed[0].split('+')[0].rstrip('af')}",
         fix=fix
-        or f"sudo apt-get install -y {pkg} && export CUDA_HOME=/usr/local/cuda-{want} PATH=/usr/local/cuda-{want}/bin:$PATH",
+        or f"sudo apt-get install -y {pkg} && export CUDA_HOME=/usr/local/cuda-{want} "
+        f"PATH=/usr/local/cuda-{want}/bin:$PATH",
         data=data,
     )
 
@@ -164,7 +172,8 @@ def check_arch_list(f: Facts) -> Finding:
             if too_new and newest is not None:
                 need = max(_major_minor(a) for a in too_new)
                 return fail(
-                    f"{how}: torch's extension builder targets the GPUs here ({';'.join(al.items)}), but nvcc "
+                    f"{how}: torch's extension builder targets the GPUs here "
+                    f"({';'.join(al.items)}), but nvcc "
                     f"{major_minor(tk_ver)} builds up to {_cc_text(newest)}: "
                     f"\"nvcc fatal: Unsupported gpu architecture 'compute_{need[0]}{need[1]}'\"",
                     fix=_unset_fix(f, caps, newest, need),
@@ -188,7 +197,8 @@ def check_arch_list(f: Facts) -> Finding:
             else ""
         )
         return fail(
-            f'{value!r}: torch splits it on ";" and spaces only, names are case-sensitive; {what} makes it raise '
+            f'{value!r}: torch splits it on ";" and spaces only, names are case-sensitive; {what} '
+            "makes it raise "
             f'"ValueError: Unknown CUDA arch ({al.bad}) or GPU not supported"{known}',
             fix=_arch_fix(f, [_repaired(value, caps, tv), ";".join(caps) or "8.0;9.0"]),
             data=data,
@@ -213,7 +223,8 @@ def check_arch_list(f: Facts) -> Finding:
     if too_new and newest is not None:
         keep = [a for a in dict.fromkeys(al.items) if a not in too_new]
         return fail(
-            f"nvcc {major_minor(tk_ver)} can't build for {', '.join(too_new)} (its newest is {_cc_text(newest)})",
+            f"nvcc {major_minor(tk_ver)} can't build for {', '.join(too_new)} (its newest is "
+            f"{_cc_text(newest)})",
             fix=_arch_fix(f, [";".join(keep) or f"{_cc_text(newest)}+PTX"]),
             data=data,
         )
@@ -232,12 +243,14 @@ def check_arch_list(f: Facts) -> Finding:
         )
         specific = al.specific()
         why = (
-            f" ({', '.join(specific)} is arch-specific: its code, PTX included, runs on that architecture only)"
+            f" ({', '.join(specific)} is arch-specific: its code, PTX included, runs on that "
+            "architecture only)"
             if specific
             else ""
         )
         return fail(
-            f'{value!r} leaves out {names}{why}: kernels built now fail with "no kernel image is available"',
+            f'{value!r} leaves out {names}{why}: kernels built now fail with "no kernel image is '
+            'available"',
             fix=_export(want),
             data=data,
         )

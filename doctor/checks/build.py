@@ -48,9 +48,15 @@ def _compiler_fix(f: Facts, c: Compiler, kind: str, lo: int | None, hi: int) -> 
         cc = paired[0] if paired else pick[0]
         fix = f"export NVCC_CCBIN={pick[0]} CC={cc} CXX={pick[0]}"
     elif kind == "gcc":
-        fix = f"install {kind} {hi} (e.g. sudo apt install g++-{hi}) and export NVCC_CCBIN=/usr/bin/g++-{hi} CC=/usr/bin/gcc-{hi} CXX=/usr/bin/g++-{hi}"
+        fix = (
+            f"install {kind} {hi} (e.g. sudo apt install g++-{hi}) and export "
+            f"NVCC_CCBIN=/usr/bin/g++-{hi} CC=/usr/bin/gcc-{hi} CXX=/usr/bin/g++-{hi}"
+        )
     else:
-        fix = f"install clang {hi} and export NVCC_CCBIN=/usr/bin/clang++-{hi} CC=/usr/bin/clang-{hi} CXX=/usr/bin/clang++-{hi}"
+        fix = (
+            f"install clang {hi} and export NVCC_CCBIN=/usr/bin/clang++-{hi} "
+            f"CC=/usr/bin/clang-{hi} CXX=/usr/bin/clang++-{hi}"
+        )
     if c.source == "NVCC_APPEND_FLAGS":
         # Its -ccbin comes last on nvcc's command line and beats every variable.
         fix = f"remove -ccbin from NVCC_APPEND_FLAGS; {fix}"
@@ -113,13 +119,18 @@ def _allowed_unsupported(
     )
     if binary and not off and refuses is not None and (c.major or 0) >= refuses:
         return fail(
-            f"{label}: -allow-unsupported-compiler in {var} switches off nvcc's own check, but torch's builder "
+            f"{label}: -allow-unsupported-compiler in {var} switches off nvcc's own check, but "
+            "torch's builder "
             f"still refuses {kind} >= {refuses} for CUDA {mm} (its compiler table)",
-            fix=f"{_compiler_fix(f, c, kind, lo, hi)} (or keep this compiler: export TORCH_DONT_CHECK_COMPILER_ABI=1)",
+            fix=(
+                f"{_compiler_fix(f, c, kind, lo, hi)} (or keep this compiler: export "
+                "TORCH_DONT_CHECK_COMPILER_ABI=1)"
+            ),
             data=data,
         )
     return warn(
-        f"{label} is past what nvcc {mm} supports ({kind} <= {hi}); -allow-unsupported-compiler in {var} lets it "
+        f"{label} is past what nvcc {mm} supports ({kind} <= {hi}); -allow-unsupported-compiler in "
+        f"{var} lets it "
         "build, unsupported by NVIDIA (builds may fail or miscompile)",
         fix=_compiler_fix(f, c, kind, lo, hi),
         data=data,
@@ -135,7 +146,8 @@ def check_host_compiler(f: Facts) -> Finding:
     if c is None:
         if cuda_ver:
             return warn(
-                "no host compiler for nvcc: no `gcc` on PATH, and neither CC nor NVCC_CCBIN names one",
+                "no host compiler for nvcc: no `gcc` on PATH, and neither CC nor NVCC_CCBIN names "
+                "one",
                 fix="install one: sudo apt install g++ (or point NVCC_CCBIN and CC at a compiler)",
             )
         return skip("no compiler and no nvcc")
@@ -149,7 +161,8 @@ def check_host_compiler(f: Facts) -> Finding:
         # A definite failure, not an unknown: nvcc gets `-ccbin <this>` and can't run it.
         how = "torch's builder passes `-ccbin $CC` to nvcc" if c.source == "CC" else "nvcc takes it"
         return fail(
-            f"{c.source} names {c.path}, which does not exist: {how}, and every CUDA build stops there",
+            f"{c.source} names {c.path}, which does not exist: {how}, and every CUDA build stops "
+            "there",
             fix=_var_fix(f, c),
             data=data,
         )
@@ -179,7 +192,8 @@ def check_host_compiler(f: Facts) -> Finding:
         if allowed:
             return _allowed_unsupported(f, c, label, kind, cuda_ver, (lo, hi), allowed, data)
         return fail(
-            f"{label} is outside what nvcc {major_minor(cuda_ver)} accepts ({kind} {bound}, from {src})",
+            f"{label} is outside what nvcc {major_minor(cuda_ver)} accepts ({kind} {bound}, from "
+            f"{src})",
             fix=_compiler_fix(f, c, kind, lo, hi),
             data=data,
         )

@@ -46,7 +46,8 @@ def nvcc_versions(f: Facts, which: str) -> tuple[str | None, str | None]:
 
 
 def home_cuda(f: Facts) -> tuple[str | None, str]:
-    """The toolkit version torch's extension builder would use (CUDA_HOME's nvcc), and its source."""
+    """The toolkit version torch's extension builder would use (CUDA_HOME's nvcc), and its
+    source."""
     short, _ = nvcc_versions(f, "home")
     if short:
         return short, f"{f.cuda_home}/bin/nvcc"

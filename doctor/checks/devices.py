@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from xl.doctor.checks.derived import working_gpus
 from xl.doctor.checks.finding import Finding, ok, skip, warn
 from xl.doctor.facts import Facts
+from xl.doctor.status import Status
 from xl.gpu.models import model_names
 
 if TYPE_CHECKING:
@@ -29,7 +30,8 @@ def check_cuda_visible_devices(f: Facts) -> Finding:
 
     have_driver = f.driver is not None and not f.driver.error
     v = judge_visible_devices(list(f.gpus), f.env, have_driver=have_driver)
-    return Finding(status=v.status, detail=v.detail, fix=v.fix or "", data=dict(v.data))
+    # xl.gpu says the same words, below the doctor's layer: one Status from here on.
+    return Finding(status=Status(v.status), detail=v.detail, fix=v.fix or "", data=dict(v.data))
 
 
 def check_cuda_device_order(f: Facts) -> Finding:
@@ -50,7 +52,8 @@ def check_cuda_device_order(f: Facts) -> Finding:
     if len(kinds) > 1 or _resolve_visible(f).order_differs:
         models = ", ".join(model_names(gpus))
         return warn(
-            f"{value or 'unset'} (FASTEST_FIRST) with different GPUs ({models}): CUDA's device indices differ from nvidia-smi's",
+            f"{value or 'unset'} (FASTEST_FIRST) with different GPUs ({models}): CUDA's device "
+            "indices differ from nvidia-smi's",
             fix="export CUDA_DEVICE_ORDER=PCI_BUS_ID (xl launch sets it for its runs)",
             data=data,
         )

@@ -36,7 +36,9 @@ def fabric_manager_fix(f: Facts) -> str:
     if f.fabric_manager or version is None:
         return on_host(f, start)
     branch = vtuple(version)[0]
-    if any(w in (f.distro or "").split() for w in ("rhel", "fedora", "centos", "rocky", "almalinux")):
+    if any(
+        w in (f.distro or "").split() for w in ("rhel", "fedora", "centos", "rocky", "almalinux")
+    ):
         install = f"sudo dnf install -y nvidia-fabric-manager-{version}-1"
     else:
         name = "nvidia-fabricmanager" if branch >= 580 else f"nvidia-fabricmanager-{branch}"
@@ -63,8 +65,16 @@ def check_cuda_init(f: Facts) -> Finding:
     broken = sorted((i, st) for i, (s, st) in f.fabric.items() if s == "completed" and st)
     if waiting or code == 802:
         states = sorted({f.fabric[i][0].replace("_", " ") for i in waiting})
-        where = f"the NVSwitch fabric is {' / '.join(states)} on GPU {', '.join(map(str, waiting))}" if waiting else "CUDA is not ready"
-        what = _said(code) if code == 802 else "cuInit fails with 802 (CUDA_ERROR_SYSTEM_NOT_READY) until it is"
+        where = (
+            f"the NVSwitch fabric is {' / '.join(states)} on GPU {', '.join(map(str, waiting))}"
+            if waiting
+            else "CUDA is not ready"
+        )
+        what = (
+            _said(code)
+            if code == 802
+            else "cuInit fails with 802 (CUDA_ERROR_SYSTEM_NOT_READY) until it is"
+        )
         installed = "" if f.fabric_manager else " (it is not installed)"
         verdict = warn if code == 0 and states == ["in progress"] else fail
         return verdict(
@@ -75,8 +85,13 @@ def check_cuda_init(f: Facts) -> Finding:
     if broken:
         i, status = broken[0]
         return fail(
-            f"the NVSwitch fabric setup failed on GPU {i} ({status}): CUDA can't use NVLink between the GPUs",
-            fix=on_host(f, "sudo systemctl restart nvidia-fabricmanager (`journalctl -u nvidia-fabricmanager` says why)"),
+            f"the NVSwitch fabric setup failed on GPU {i} ({status}): CUDA can't use NVLink "
+            "between the GPUs",
+            fix=on_host(
+                f,
+                "sudo systemctl restart nvidia-fabricmanager (`journalctl -u "
+                "nvidia-fabricmanager` says why)",
+            ),
             data=data,
         )
     if code in (803, 804):
@@ -87,7 +102,9 @@ def check_cuda_init(f: Facts) -> Finding:
             else "forward compatibility (cuda-compat) is not supported on these GPUs"
         )
         if bad:  # driver_cuda names that libcuda and its fix: said once, there
-            return fail(f"{_said(code)}: {why} ({bad.path}; driver_cuda gives the fix)", fix="", data=data)
+            return fail(
+                f"{_said(code)}: {why} ({bad.path}; driver_cuda gives the fix)", fix="", data=data
+            )
         return fail(f"{_said(code)}: {why}", fix=on_host(f, _RELOAD), data=data)
     if code not in (0, None):
         return warn(

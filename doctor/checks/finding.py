@@ -8,33 +8,39 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from xl.doctor.status import Status
+
 
 @dataclass
 class Finding:
     """One check's verdict before the registry names it (see xl.doctor.report.Check)."""
 
-    status: str  # ok | warn | fail | skip | error
+    status: Status
     detail: str  # one line
     fix: str = ""  # what to type or change; empty when there is nothing to do
     data: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # A check may still say the word ("warn"); the finding holds the one value.
+        self.status = Status(self.status)
+
 
 def ok(detail: str, *, data: dict[str, Any] | None = None) -> Finding:
-    return Finding(status="ok", detail=detail, data=data or {})
+    return Finding(status=Status.OK, detail=detail, data=data or {})
 
 
 def skip(detail: str, *, fix: str = "", data: dict[str, Any] | None = None) -> Finding:
-    return Finding(status="skip", detail=detail, fix=fix, data=data or {})
+    return Finding(status=Status.SKIP, detail=detail, fix=fix, data=data or {})
 
 
 def warn(detail: str, *, fix: str, data: dict[str, Any] | None = None) -> Finding:
-    return Finding(status="warn", detail=detail, fix=fix, data=data or {})
+    return Finding(status=Status.WARN, detail=detail, fix=fix, data=data or {})
 
 
 def fail(detail: str, *, fix: str, data: dict[str, Any] | None = None) -> Finding:
-    return Finding(status="fail", detail=detail, fix=fix, data=data or {})
+    return Finding(status=Status.FAIL, detail=detail, fix=fix, data=data or {})
 
 
 def error(detail: str, *, fix: str, data: dict[str, Any] | None = None) -> Finding:
     """The check could not decide (a probe failed): less certain than a found problem."""
-    return Finding(status="error", detail=detail, fix=fix, data=data or {})
+    return Finding(status=Status.ERROR, detail=detail, fix=fix, data=data or {})

@@ -10,6 +10,7 @@ from dataclasses import replace
 from xl.doctor.checks.derived import python_of, torch_version
 from xl.doctor.checks.toolkit_choice import export_toolkit
 from xl.doctor.facts import CmdResult, Facts, Toolkit, TorchInfo, major_minor
+from xl.doctor.status import Status
 from xl.doctor.wheels import (
     NEWEST_KNOWN,
     TAG_CUDA,
@@ -57,10 +58,12 @@ def first_safe(
         passes.append(RUNTIME_CHECKS)
     for judged in passes:
         for text, after in tried:
-            if after.get(check_id) == "fail":
+            if after.get(check_id) == Status.FAIL:
                 continue
             if any(
-                s == "fail" and before.get(k) != "fail" and (judged is None or k in judged)
+                s == Status.FAIL
+                and before.get(k) != Status.FAIL
+                and (judged is None or k in judged)
                 for k, s in after.items()
                 if k != check_id
             ):
@@ -75,7 +78,9 @@ def with_torch(tag: str, version: str | None) -> Apply:
     def apply(f: Facts) -> Facts:
         base = version or base_version(torch_version(f)) or NEWEST_KNOWN
         t = f.torch if f.torch is not None else TorchInfo(python=f.python)
-        new = replace(t, found=True, cuda=TAG_CUDA[tag], hip=None, version=f"{base}+{tag}", problem=None)
+        new = replace(
+            t, found=True, cuda=TAG_CUDA[tag], hip=None, version=f"{base}+{tag}", problem=None
+        )
         return replace(f, torch=new, what_if=True)
 
     return apply

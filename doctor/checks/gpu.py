@@ -10,6 +10,7 @@ from xl.doctor.checks.derived import torch_cuda
 from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
 from xl.doctor.checks.kmod import not_loaded
 from xl.doctor.facts import Facts
+from xl.doctor.status import Status
 from xl.gpu.models import mixed_models, model_counts, models_text
 
 if TYPE_CHECKING:
@@ -17,8 +18,10 @@ if TYPE_CHECKING:
     from xl.gpu.records import GPU
 
 _DRIVER_FIXES = {
-    "version_mismatch": "reboot, or unload and reload the kernel module: sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia",
-    "no_permission": "add yourself to the group that owns /dev/nvidia* (often `video`): sudo usermod -aG video $USER, then log in again",
+    "version_mismatch": "reboot, or unload and reload the kernel module: sudo rmmod nvidia_uvm "
+    "nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia",
+    "no_permission": "add yourself to the group that owns /dev/nvidia* (often `video`): sudo "
+    "usermod -aG video $USER, then log in again",
 }
 
 
@@ -40,7 +43,7 @@ def check_driver(f: Facts) -> Finding:
                 data["kernel_module"] = f.kernel.to_json()
             return fail(f"{d.error}; {why}" if why else d.error, fix=fix, data=data)
         return Finding(
-            status="error" if kind == "other" else "fail",
+            status=Status.ERROR if kind == "other" else Status.FAIL,
             detail=d.error,
             fix=_DRIVER_FIXES.get(kind, "run `nvidia-smi`; reinstall the driver if it fails too"),
             data=data,
@@ -57,7 +60,8 @@ def check_driver(f: Facts) -> Finding:
 CONTAINER_FIX = (
     "start the container with GPU access: docker run --gpus all ... (podman: --device "
     "nvidia.com/gpu=all; Kubernetes: resources.limits nvidia.com/gpu); the host needs the NVIDIA "
-    "Container Toolkit: sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker"
+    "Container Toolkit: sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl "
+    "restart docker"
 )
 
 
@@ -80,7 +84,9 @@ def _no_driver(f: Facts, why: str, data: dict[str, Any]) -> Finding:
         else "install the NVIDIA driver to train on GPUs (CPU training with gloo works without one)"
     )
     # No driver is a valid CPU setup; it only matters when torch wants CUDA.
-    return Finding(status="warn" if torch_cuda(f) else "skip", detail=why, fix=fix, data=data)
+    return Finding(
+        status=Status.WARN if torch_cuda(f) else Status.SKIP, detail=why, fix=fix, data=data
+    )
 
 
 def _majority(gpus: Sequence[GPU], names: Counter[str]) -> tuple[str, list[int]]:

@@ -24,18 +24,27 @@ def _headers(km: KernelModule) -> str:
 def not_loaded(f: Facts) -> tuple[str, str]:
     """(why, fix) for a driver NVML calls not loaded."""
     km = f.kernel
-    if f.container or (f.env.get("NVIDIA_VISIBLE_DEVICES") or "").strip() not in ("", "void", "none"):
+    if f.container or (f.env.get("NVIDIA_VISIBLE_DEVICES") or "").strip() not in (
+        "",
+        "void",
+        "none",
+    ):
         # The module is the host's: this container's /lib/modules says nothing about it.
-        return "the kernel module is the host's, not this container's", f"on the host, not in this container: {MODPROBE}"
+        return (
+            "the kernel module is the host's, not this container's",
+            f"on the host, not in this container: {MODPROBE}",
+        )
     if km is None or km.loaded:
         return "", MODPROBE
     if km.built:
         if km.secure_boot:
             key = km.mok_key or "/var/lib/dkms/mok.pub"
             return (
-                f"{km.built} is built for kernel {km.release}, but Secure Boot is on and refuses a module "
+                f"{km.built} is built for kernel {km.release}, but Secure Boot is on and refuses a "
+                "module "
                 'not signed with an enrolled key ("Key was rejected by service")',
-                f"sudo mokutil --import {key} && sudo reboot (enroll the key in the blue MOK screen at boot)",
+                f"sudo mokutil --import {key} && sudo reboot (enroll the key in the blue MOK "
+                "screen at boot)",
             )
         return f"{km.built} is built for kernel {km.release} but not loaded", MODPROBE
     others = f" (built for {', '.join(km.other_kernels)} only)" if km.other_kernels else ""
@@ -51,7 +60,8 @@ def not_loaded(f: Facts) -> tuple[str, str]:
     if "ubuntu" in (km.distro or "").split():
         if km.branch:
             return why, (
-                f"sudo apt-get install -y linux-modules-nvidia-{km.branch}-{km.release} && sudo modprobe nvidia"
+                f"sudo apt-get install -y linux-modules-nvidia-{km.branch}-{km.release} && sudo "
+                "modprobe nvidia"
             )
         return why, "sudo ubuntu-drivers install && sudo reboot"
     if _debian(km):
@@ -59,5 +69,6 @@ def not_loaded(f: Facts) -> tuple[str, str]:
         return why, f"{_headers(km)} nvidia-kernel-dkms && sudo modprobe nvidia"
     stream = f"{km.branch}-dkms" if km.branch else "latest-dkms"
     return why, (
-        f"{_headers(km)} && sudo dnf module install -y nvidia-driver:{stream} && sudo modprobe nvidia"
+        f"{_headers(km)} && sudo dnf module install -y nvidia-driver:{stream} && sudo modprobe "
+        "nvidia"
     )

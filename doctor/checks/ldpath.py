@@ -39,8 +39,9 @@ def shadowed_torch_libs(f: Facts) -> list[tuple[LdEntry, str, str, str]]:
 def ld_fix(f: Facts) -> str:
     """`export LD_LIBRARY_PATH=...` with the entries that are folders that exist and can be
     read, without CUDA runtimes of another toolkit, without libraries older than torch's own,
-    without cuDNN, NCCL or cuBLAS older than torch's pins, without a libcuda that cannot work; with the toolkit in use's own library folder when none
-    of its folders is there. `unset LD_LIBRARY_PATH` when nothing is left."""
+    without cuDNN, NCCL or cuBLAS older than torch's pins, without a libcuda that cannot work;
+    with the toolkit in use's own library folder when none of its folders is there.
+    `unset LD_LIBRARY_PATH` when nothing is left."""
     tk = in_use_toolkit(f)
     lib_dirs = tk.lib_dirs if tk is not None else []
     drop = {e.path for e, *_ in shadowed_torch_libs(f)}

@@ -65,13 +65,15 @@ def check_cuda_libraries(f: Facts) -> Finding:
     }
     if not found:
         return ok(
-            f"{torch_label(f)} pins no nvidia-* wheels (a conda, NGC or source build links its own): nothing to compare",
+            f"{torch_label(f)} pins no nvidia-* wheels (a conda, NGC or source build links its "
+            "own): nothing to compare",
             data=data,
         )
     old = [x for x in found if x.older]
     if old:
         said = "; ".join(
-            f"{_said(x)} is older than the {x.family.name} {x.need} {torch_label(f)} pins ({x.dist}): {x.family.breaks}"
+            f"{_said(x)} is older than the {x.family.name} {x.need} {torch_label(f)} pins "
+            f"({x.dist}): {x.family.breaks}"
             for x in old
         )
         return fail(said, fix=_fix(f, old), data=data)

@@ -49,7 +49,8 @@ FAMILIES: tuple[Family, ...] = (
         "libcublas",
         "nvidia-cublas",
         2,
-        'torch fails with "undefined symbol: cublasLt..." or CUBLAS_STATUS_NOT_SUPPORTED at the first matmul',
+        'torch fails with "undefined symbol: cublasLt..." or CUBLAS_STATUS_NOT_SUPPORTED at the '
+        "first matmul",
     ),
 )
 

@@ -41,14 +41,20 @@ def _listing(f: Facts) -> str:
 def ib_hca(f: Facts) -> tuple[str, str, bool] | None:
     """(what is wrong, its fix, whether NCCL stops) for NCCL_IB_HCA naming HCAs NCCL won't use."""
     value = f.env.get("NCCL_IB_HCA")
-    if not value or not value.strip() or f.ib_devices is None or f.env.get("NCCL_IB_DISABLE") == "1":
+    if (
+        not value
+        or not value.strip()
+        or f.ib_devices is None
+        or f.env.get("NCCL_IB_DISABLE") == "1"
+    ):
         return None
     want_ib = (f.env.get("NCCL_NET") or "").strip().upper() == "IB"
     if not f.ib_devices:
         if want_ib:
             return None  # NCCL_NET=IB without any device: the rule before this one says it
         return (
-            f"NCCL_IB_HCA={value} but this node has no InfiniBand or RoCE device (/sys/class/infiniband is empty): "
+            f"NCCL_IB_HCA={value} but this node has no InfiniBand or RoCE device "
+            "(/sys/class/infiniband is empty): "
             "NCCL uses TCP sockets",
             "unset NCCL_IB_HCA",
             False,
@@ -66,7 +72,8 @@ def ib_hca(f: Facts) -> tuple[str, str, bool] | None:
         chosen = [
             d
             for d in f.ib_devices
-            if _active(f, d, None) and not any((d == n if exact else d.startswith(n)) for n, _ in items)
+            if _active(f, d, None)
+            and not any((d == n if exact else d.startswith(n)) for n, _ in items)
         ]
         absent: list[str] = []
     else:
@@ -80,15 +87,19 @@ def ib_hca(f: Facts) -> tuple[str, str, bool] | None:
             else "NCCL falls back to TCP sockets without a word"
         )
         return (
-            f"NCCL_IB_HCA={value} selects none of this node's HCAs with an active port ({_listing(f)}): {what}",
+            f"NCCL_IB_HCA={value} selects none of this node's HCAs with an active port "
+            f"({_listing(f)}): {what}",
             "unset NCCL_IB_HCA (NCCL then uses every active HCA)",
             stop,
         )
     if absent:
-        keep = [n + (f":{p}" if p else "") for n, p in items if n + (f":{p}" if p else "") not in absent]
+        keep = [
+            n + (f":{p}" if p else "") for n, p in items if n + (f":{p}" if p else "") not in absent
+        ]
         prefix = "=" if exact else ""
         return (
-            f"NCCL_IB_HCA={value} names {', '.join(absent)}, which this node does not have with an active port "
+            f"NCCL_IB_HCA={value} names {', '.join(absent)}, which this node does not have with an "
+            "active port "
             f"({_listing(f)}): NCCL uses only {', '.join(chosen)}",
             f"export NCCL_IB_HCA={prefix}{','.join(keep)}",
             False,
@@ -105,7 +116,9 @@ def net_plugin(f: Facts) -> tuple[str, str] | None:
     if found:
         return None
     return (
-        f"NCCL_NET_PLUGIN={value}: NCCL looks for {name}, which the loader does not find (LD_LIBRARY_PATH, the "
-        "ldconfig cache, /usr/lib): NCCL goes on with its own transports (without InfiniBand: TCP sockets) without a word",
+        f"NCCL_NET_PLUGIN={value}: NCCL looks for {name}, which the loader does not find "
+        "(LD_LIBRARY_PATH, the "
+        "ldconfig cache, /usr/lib): NCCL goes on with its own transports (without InfiniBand: TCP "
+        "sockets) without a word",
         "unset NCCL_NET_PLUGIN",
     )

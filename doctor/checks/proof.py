@@ -11,6 +11,7 @@ from xl.doctor.checks.derived import torch_cuda
 from xl.doctor.checks.finding import Finding, fail, ok, skip
 from xl.doctor.facts import Facts
 from xl.doctor.report import Check
+from xl.doctor.status import NOT_CLEAN, Status
 
 # Static checks about the compile itself: the proof confirms or overrules them.
 ON_THE_PATH = ("cuda_home", "nvcc", "host_compiler", "arch_list")
@@ -23,7 +24,10 @@ def _guess_fix(f: Facts, err: str, cmd: str) -> str:
     """A fix from the compiler's words when no static check had one."""
     low = err.lower()
     if "unsupported gnu version" in low or "unsupported clang version" in low:
-        return "point CC at a compiler this nvcc supports (torch passes -ccbin $CC): export CC=/usr/bin/gcc-12 CXX=/usr/bin/g++-12"
+        return (
+            "point CC at a compiler this nvcc supports (torch passes -ccbin $CC): export "
+            "CC=/usr/bin/gcc-12 CXX=/usr/bin/g++-12"
+        )
     if "unsupported gpu architecture" in low:
         return 'export TORCH_CUDA_ARCH_LIST="8.0;9.0+PTX" (architectures this nvcc builds)'
     if "cuda_runtime" in low and ("no such file" in low or "not found" in low):
@@ -67,13 +71,15 @@ def check_build(f: Facts, static: list[Check]) -> Finding:
             data=data,
         )
     step = r.failed
-    flagged = [by[i] for i in ON_THE_PATH if i in by and by[i].status in ("fail", "error", "warn")]
+    flagged = [by[i] for i in ON_THE_PATH if i in by and by[i].status in NOT_CLEAN]
     if step is not None:
         err = step.first_error(r.tmp)
         run = step.run
         data["output"] = ((run.stderr + run.stdout) if run is not None else "")[-4000:]
         data["failed_step"] = step.name
-        lead = next((c for c in flagged if c.status != "warn"), flagged[0] if flagged else None)
+        lead = next(
+            (c for c in flagged if c.status is not Status.WARN), flagged[0] if flagged else None
+        )
         if lead is not None:
             agree = f"as the `{lead.id}` check says"
             fix = lead.fix or _guess_fix(f, err, step.argv[0])
@@ -81,7 +87,7 @@ def check_build(f: Facts, static: list[Check]) -> Finding:
             agree = "the static checks saw no problem here; the compiler has the last word"
             fix = _guess_fix(f, err, step.argv[0])
         return fail(f"{step.name} failed after {took}: {err!r}; {agree}", fix=fix, data=data)
-    refusal = next((by[i] for i in TORCH_REFUSES if i in by and by[i].status == "fail"), None)
+    refusal = next((by[i] for i in TORCH_REFUSES if i in by and by[i].status is Status.FAIL), None)
     arch = by.get("arch_list")
     al = r.archs
     # torch raises on the arch list before any compiler runs (the proof used nvcc's default).
@@ -89,15 +95,19 @@ def check_build(f: Facts, static: list[Check]) -> Finding:
         refusal = arch if al.bad is not None or al.no_gpu else None
     if refusal is not None:
         return fail(
-            f"the compilers build it, but torch's builder stops before running them: {refusal.detail}",
+            "the compilers build it, but torch's builder stops before running them: "
+            f"{refusal.detail}",
             fix=refusal.fix,
             data=data,
         )
     overruled = []
     for c in static:
-        if c.id in ("host_compiler", "cuda_home") and c.status == "fail":
-            c.status = "warn"
-            c.detail = f"the --build proof compiled and linked with this setup, so it is not a failure; the static verdict was: {c.detail}"
+        if c.id in ("host_compiler", "cuda_home") and c.status is Status.FAIL:
+            c.status = Status.WARN
+            c.detail = (
+                "the --build proof compiled and linked with this setup, so it is not a failure; "
+                f"the static verdict was: {c.detail}"
+            )
             overruled.append(c.id)
     names = "; ".join(s.name for s in r.steps)
     note = (

@@ -1,5 +1,6 @@
 """PyTorch: is torch installed and built for this machine (its CUDA and the GPU architectures its
-wheel carries), does its CUDA match the toolkit that builds extensions, and does the driver run it?"""
+wheel carries), does its CUDA match the toolkit that builds extensions, and does the driver run
+it?"""
 
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ def _libcuda_problem(f: Facts, data: dict[str, Any]) -> Finding | None:
     }
     if vtuple(lib.version) < vtuple(d.version):
         return fail(
-            f"{lib.path} (from {lib.source}) is libcuda {lib.version}, older than the kernel module's {d.version}: "
+            f"{lib.path} (from {lib.source}) is libcuda {lib.version}, older than the kernel "
+            f"module's {d.version}: "
             "cuInit fails with CUDA_ERROR_SYSTEM_DRIVER_MISMATCH (803)",
             fix=ld_fix(f) if lib.source == "LD_LIBRARY_PATH" else ldconfig_fix(lib),
             data=data,
@@ -76,8 +78,10 @@ def _libcuda_problem(f: Facts, data: dict[str, Any]) -> Finding | None:
     geforce = _geforce(f)
     if geforce:
         return fail(
-            f"{lib.path} (from {lib.source}) is NVIDIA's forward-compatibility libcuda {lib.version}, which works on "
-            f"data-center GPUs only: on {', '.join(geforce)} cuInit fails with CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE (804)",
+            f"{lib.path} (from {lib.source}) is NVIDIA's forward-compatibility libcuda "
+            f"{lib.version}, which works on "
+            f"data-center GPUs only: on {', '.join(geforce)} cuInit fails with "
+            "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE (804)",
             fix=ld_fix(f) if lib.source == "LD_LIBRARY_PATH" else ldconfig_fix(lib),
             data=data,
         )
@@ -134,7 +138,8 @@ def _no_downgrade_first(tags: list[str], current: str | None, least: bool) -> li
 def _wheel_fix(f: Facts, caps: list[str]) -> str:
     """The torch wheel to install: one the driver runs with kernels for every GPU here (tried
     on the facts, breaking no other check); else that wheel with the driver upgrade the newest
-    such wheel needs, as this machine's distribution installs it (tried the same way, driver and all)."""
+    such wheel needs, as this machine's distribution installs it (tried the same way, driver and
+    all)."""
     fix = torch_fix(f, "torch", _wheel_tags(f, caps))
     if fix:
         return fix
@@ -207,7 +212,8 @@ def check_torch(f: Facts) -> Finding:
         if not gpus:
             return ok(f"torch {t.version} (ROCm {t.hip} build)", data=data)
         return fail(
-            f"torch {t.version} is a ROCm (HIP {t.hip}) build but this machine's {len(gpus)} GPU(s) are "
+            f"torch {t.version} is a ROCm (HIP {t.hip}) build but this machine's {len(gpus)} "
+            "GPU(s) are "
             "NVIDIA: torch.cuda.is_available() is False and training runs on the CPU",
             fix=_wheel_fix(f, caps),
             data=data,
@@ -221,7 +227,8 @@ def check_torch(f: Facts) -> Finding:
         if missing:
             return fail(
                 f"torch {t.version} carries kernels for {archs} only; "
-                f'{_gpu_names(f, missing)} gets "no kernel image is available for execution on the device" at the first kernel',
+                f'{_gpu_names(f, missing)} gets "no kernel image is available for execution on the '
+                'device" at the first kernel',
                 fix=_wheel_fix(f, caps),
                 data=data,
             )
@@ -231,7 +238,8 @@ def check_torch(f: Facts) -> Finding:
             f"torch {t.version} (CPU-only build; fine with no GPUs, ranks use gloo)", data=data
         )
     return fail(
-        f"torch {t.version} is a CPU-only build but this machine has {len(gpus)} GPU(s): training can't use them",
+        f"torch {t.version} is a CPU-only build but this machine has {len(gpus)} GPU(s): training "
+        "can't use them",
         fix=_wheel_fix(f, caps),
         data=data,
     )
@@ -258,7 +266,10 @@ def check_torch_cuda_match(f: Facts) -> Finding:
     if fix is None and tag:
         wheel = torch_fix(f, "torch_cuda_match", [tag])
         if wheel:
-            fix = f"install toolkit {major_minor(tc)}, or a torch built for {major_minor(tk_ver)}: {wheel}"
+            fix = (
+                f"install toolkit {major_minor(tc)}, or a torch built for {major_minor(tk_ver)}: "
+                f"{wheel}"
+            )
     fix = fix or f"install CUDA toolkit {major_minor(tc)} and export CUDA_HOME to it"
     mismatch = f"nvcc is CUDA {major_minor(tk_ver)} but {torch_label(f)} was built with {tc}"
     if a[0] != b[0]:
@@ -287,7 +298,8 @@ def check_driver_cuda(f: Facts) -> Finding:
         if fc is not None and fc.cuda == dc and dc != d.cuda_version:
             data["forward_compatibility"] = True
             return ok(
-                f"the forward-compatibility libcuda {fc.version} ({fc.path}, from {fc.source}) runs CUDA {dc} >= torch's "
+                f"the forward-compatibility libcuda {fc.version} ({fc.path}, from {fc.source}) "
+                f"runs CUDA {dc} >= torch's "
                 f"{tc}; NVML reports the kernel module's CUDA {d.cuda_version}",
                 data=data,
             )
@@ -299,14 +311,17 @@ def check_driver_cuda(f: Facts) -> Finding:
     if vtuple(dc)[0] == major and floor is not None and branch and branch[0] >= floor:
         data["minor_version_compatibility"] = True
         return warn(
-            f"driver {d.version} supports CUDA up to {dc}; torch's {tc} runs through NVIDIA's minor-version "
-            f"compatibility (CUDA {major}.x from driver {floor}), without PTX JIT: Triton kernels and "
+            f"driver {d.version} supports CUDA up to {dc}; torch's {tc} runs through NVIDIA's "
+            "minor-version "
+            f"compatibility (CUDA {major}.x from driver {floor}), without PTX JIT: Triton kernels "
+            "and "
             f"torch.compile may fail (CUDA_ERROR_UNSUPPORTED_PTX_VERSION){alternative}",
             fix=fix,
             data=data,
         )
     return fail(
-        f'driver {d.version} supports CUDA up to {dc} but torch needs {tc}: "CUDA driver version is insufficient"'
+        f'driver {d.version} supports CUDA up to {dc} but torch needs {tc}: "CUDA driver version '
+        'is insufficient"'
         f"{alternative}",
         fix=fix,
         data=data,
@@ -316,14 +331,17 @@ def check_driver_cuda(f: Facts) -> Finding:
 def _driver_cuda_fix(f: Facts, tc: str, dc: str) -> tuple[str, str]:
     """(the fix, an alternative said in the detail) for a torch whose CUDA the driver does not
     run fully. One direction: a wheel of the installed torch's version (or newer) that the
-    driver runs and that breaks no other check; else the driver upgrade that keeps this torch, with the downgrade a wheel the
-    driver runs would be said in the detail, not offered as a second fix."""
+    driver runs and that breaks no other check; else the driver upgrade that keeps this torch,
+    with the downgrade a wheel the driver runs would be said in the detail, not offered as a
+    second fix."""
     caps = sorted({g.compute_capability for g in working_gpus(f) if g.compute_capability})
     current = torch_version(f)
     full = [t for t in _wheel_tags(f, caps) if vtuple(TAG_CUDA[t])[:2] <= vtuple(dc)[:2]]
     # Strict: a wheel that would break an extension build is not taken over a driver upgrade
     # that breaks nothing.
-    wheel = torch_fix(f, "driver_cuda", [t for t in full if not is_downgrade(t, current)], strict=True)
+    wheel = torch_fix(
+        f, "driver_cuda", [t for t in full if not is_downgrade(t, current)], strict=True
+    )
     if wheel:
         return wheel, ""
     branch = branch_for(tc)
@@ -334,7 +352,8 @@ def _driver_cuda_fix(f: Facts, tc: str, dc: str) -> tuple[str, str]:
     )
     down = torch_fix(f, "driver_cuda", [t for t in full if is_downgrade(t, current)])
     alternative = (
-        f". Keeping driver {f.driver.version if f.driver else '?'} instead means a torch downgrade: {down}"
+        f". Keeping driver {f.driver.version if f.driver else '?'} instead means a torch "
+        f"downgrade: {down}"
         if down
         else ""
     )

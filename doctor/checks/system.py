@@ -28,11 +28,21 @@ def _size(n: int) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
+def grow_shm_fix(container: str | None, shm_path: str) -> str:
+    """How to give shared memory more room: in a container (``container``: its kind), its start
+    options; elsewhere a remount of the mount at ``shm_path``."""
+    if container:
+        return (
+            "start the container with --shm-size=16g (or --ipc=host); Kubernetes: an emptyDir with "
+            "medium: Memory at /dev/shm"
+        )
+    return f"sudo mount -o remount,size=16G {shm_path}"
+
+
 def _grow_shm(f: Facts) -> str:
-    """How to give shared memory more room, where this runs."""
-    if f.container:
-        return "start the container with --shm-size=16g (or --ipc=host); Kubernetes: an emptyDir with medium: Memory at /dev/shm"
-    return f"sudo mount -o remount,size=16G {f.shm_path}"
+    """grow_shm_fix on these facts, by the name launcher/causes/door.py still imports: it goes
+    once that module asks xl.doctor.api.grow_shm (tests/test_layout.py, CROSSING)."""
+    return grow_shm_fix(f.container, f.shm_path)
 
 
 def check_shm(f: Facts) -> Finding:
@@ -51,7 +61,7 @@ def check_shm(f: Facts) -> Finding:
     if f.shm_total < SHM_MIN:
         return warn(
             f"{detail}: under 512 MiB, NCCL and DataLoader workers fail with bus errors",
-            fix=_grow_shm(f),
+            fix=grow_shm_fix(f.container, f.shm_path),
             data=data,
         )
     held = sum(s.size for s in stale)
@@ -66,13 +76,17 @@ def check_shm(f: Facts) -> Finding:
             else ""
         )
         return warn(
-            f'{detail}: under 512 MiB free, NCCL fails to set up ("unhandled system error", bus errors);{left or " no stale NCCL/torch segments to blame"}',
-            fix=remove if stale and (f.shm_free or 0) + held >= SHM_MIN else _grow_shm(f),
+            f'{detail}: under 512 MiB free, NCCL fails to set up ("unhandled system error", bus '
+            f"errors);{left or ' no stale NCCL/torch segments to blame'}",
+            fix=remove
+            if stale and (f.shm_free or 0) + held >= SHM_MIN
+            else grow_shm_fix(f.container, f.shm_path),
             data=data,
         )
     if stale:
         return warn(
-            f"{detail}; {len(stale)} stale NCCL/torch segment(s) left by dead jobs hold {_size(held)} of memory ({names})",
+            f"{detail}; {len(stale)} stale NCCL/torch segment(s) left by dead jobs hold "
+            f"{_size(held)} of memory ({names})",
             fix=remove,
             data=data,
         )
@@ -94,7 +108,8 @@ def _socket_ifname_trap(f: Facts) -> tuple[str, str] | None:
         return None
     real = sorted(i for i in f.net_ifaces if i != "lo")
     return (
-        f"NCCL_SOCKET_IFNAME={ifname} matches no interface here ({', '.join(sorted(f.net_ifaces))}): "
+        f"NCCL_SOCKET_IFNAME={ifname} matches no interface here "
+        f"({', '.join(sorted(f.net_ifaces))}): "
         'NCCL stops at init with "no socket interface found"',
         f"export NCCL_SOCKET_IFNAME={real[0]}" if real else "unset NCCL_SOCKET_IFNAME",
     )
@@ -107,7 +122,8 @@ def _fatal_nccl(f: Facts) -> list[tuple[str, str]]:
     if net.upper() == "IB" and f.ib_devices is not None and not f.ib_devices:
         out.append(
             (
-                "NCCL_NET=IB but this machine has no InfiniBand device (/sys/class/infiniband is empty): "
+                "NCCL_NET=IB but this machine has no InfiniBand device (/sys/class/infiniband is "
+                "empty): "
                 'NCCL stops at init ("Failed to initialize any NET plugin")',
                 "unset NCCL_NET (NCCL takes InfiniBand when there is some, sockets otherwise)",
             )
@@ -141,10 +157,12 @@ def _foreign_nccl_wheel(f: Facts) -> tuple[str, str] | None:
     names = " ".join(name for name, _ in foreign)
     spec = f"{want}=={pin}" if pin else want
     return (
-        f"{', '.join(f'{n} {v}' for n, v in foreign)} is installed beside {torch_label(f)} (CUDA {major[0]}): "
+        f"{', '.join(f'{n} {v}' for n, v in foreign)} is installed beside {torch_label(f)} (CUDA "
+        f"{major[0]}): "
         f"it shares nvidia/nccl/lib/libnccl.so.2 with {want} and may have overwritten torch's NCCL "
         '(undefined symbols, "unhandled cuda error", hangs)',
-        f"{py} -m pip uninstall -y {names} && {py} -m pip install --force-reinstall --no-deps {spec}",
+        f"{py} -m pip uninstall -y {names} && {py} -m pip install --force-reinstall --no-deps "
+        f"{spec}",
     )
 
 
@@ -165,7 +183,8 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
     ):
         traps.append(
             (
-                f"{len(consumer)} RTX 40xx GPUs with driver {driver}: P2P/IB between them hangs or corrupts "
+                f"{len(consumer)} RTX 40xx GPUs with driver {driver}: P2P/IB between them hangs or "
+                "corrupts "
                 f"(fixed from driver 550.40.07: {driver_upgrade(f, 550)})",
                 "export NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1",
             )
@@ -180,7 +199,8 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
     if env.get("NCCL_IB_DISABLE") == "1" and f.ib_devices:
         traps.append(
             (
-                f"NCCL_IB_DISABLE=1 but InfiniBand is present ({', '.join(f.ib_devices[:2])}): multi-node traffic falls back to TCP",
+                f"NCCL_IB_DISABLE=1 but InfiniBand is present ({', '.join(f.ib_devices[:2])}): "
+                "multi-node traffic falls back to TCP",
                 "unset NCCL_IB_DISABLE",
             )
         )
@@ -219,7 +239,8 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
     if unknown and f.torch is not None:
         traps.append(
             (
-                f"{unknown[0]}/libnccl.so.2 comes before torch's own NCCL {f.torch.nccl} and its file name does not "
+                f"{unknown[0]}/libnccl.so.2 comes before torch's own NCCL {f.torch.nccl} and its "
+                "file name does not "
                 "tell its version (an older one: undefined-symbol errors, hangs)",
                 ld_fix(f),
             )

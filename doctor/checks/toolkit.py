@@ -20,6 +20,7 @@ from xl.doctor.checks.toolkit_choice import (
     usable_toolkit,
 )
 from xl.doctor.facts import Facts, Toolkit, major_minor, parse_nvcc_version, vtuple
+from xl.doctor.status import Status
 
 
 def _cuda_home_unresolved(f: Facts, data: dict[str, Any]) -> Finding:
@@ -30,15 +31,19 @@ def _cuda_home_unresolved(f: Facts, data: dict[str, Any]) -> Finding:
         # torch's `CUDA_HOME or CUDA_PATH` returns an empty CUDA_PATH as is and stops looking.
         best = in_use_toolkit(f) or usable_toolkit(f)
         return Finding(
-            status="fail" if tc else "warn",
-            detail=f"{src} is set but empty: torch takes CUDA_HOME='' and looks for nvcc at the relative path bin/nvcc, so CUDA extension builds fail",
+            status=Status.FAIL if tc else Status.WARN,
+            detail=(
+                f"{src} is set but empty: torch takes CUDA_HOME='' and looks for nvcc at the "
+                "relative path bin/nvcc, so CUDA extension builds fail"
+            ),
             fix=f"unset {src}" + (f"; {export_toolkit(best)}" if best is not None else ""),
             data=data,
         )
     if tc:
         tk = toolkit_with(f, tc)
         return warn(
-            "unresolved (no CUDA_HOME, CUDA_PATH, nvcc on PATH or /usr/local/cuda): CUDA extension builds fail",
+            "unresolved (no CUDA_HOME, CUDA_PATH, nvcc on PATH or /usr/local/cuda): CUDA extension "
+            "builds fail",
             fix=export_toolkit(tk)
             if tk
             else f"install CUDA toolkit {tc} and export CUDA_HOME=/usr/local/cuda-{tc}",
@@ -59,8 +64,10 @@ def _target_headers(f: Facts, inc: str, data: dict[str, Any]) -> Finding:
             data=data,
         )
     return warn(
-        f"{f.cuda_home} keeps its headers in {inc} (conda-forge's layout): nvcc finds them, but the "
-        "C++ files of an extension include <cuda_runtime_api.h> through -I$CUDA_HOME/include and fail",
+        f"{f.cuda_home} keeps its headers in {inc} (conda-forge's layout): nvcc finds them, but "
+        "the "
+        "C++ files of an extension include <cuda_runtime_api.h> through -I$CUDA_HOME/include and "
+        "fail",
         fix=f"export CPATH={inc}${{CPATH:+:$CPATH}}",
         data=data,
     )
@@ -83,7 +90,10 @@ def _install_toolkit(cuda: str | None) -> str:
     """No complete toolkit anywhere: NVIDIA's package of the one wanted (its apt repository's
     name; /usr/local/cuda-X.Y is where it installs)."""
     if not cuda or major_minor(cuda) is None:
-        return "sudo apt-get install -y cuda-toolkit && export CUDA_HOME=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH"
+        return (
+            "sudo apt-get install -y cuda-toolkit && export CUDA_HOME=/usr/local/cuda "
+            "PATH=/usr/local/cuda/bin:$PATH"
+        )
     mm = major_minor(cuda)
     return (
         f"sudo apt-get install -y cuda-toolkit-{str(mm).replace('.', '-')} && "
@@ -108,7 +118,8 @@ def check_cuda_home(f: Facts) -> Finding:
         )
     if d.nvcc is None:
         return fail(
-            f'{home} (from {src}) has no bin/nvcc: torch raises "nvcc not found" on every CUDA extension build',
+            f'{home} (from {src}) has no bin/nvcc: torch raises "nvcc not found" on every CUDA '
+            "extension build",
             fix=alt or "install the CUDA toolkit there or point CUDA_HOME at one",
             data=data,
         )
@@ -120,7 +131,8 @@ def check_cuda_home(f: Facts) -> Finding:
         )
     if run is not None and home_short is None:
         return error(
-            f"{home}/bin/nvcc --version printed no 'release X.Y' (first line: {run.first_line()!r})",
+            f"{home}/bin/nvcc --version printed no 'release X.Y' "
+            f"(first line: {run.first_line()!r})",
             fix=alt or "check that this is NVIDIA's nvcc; reinstall the toolkit",
             data=data,
         )
@@ -139,7 +151,8 @@ def check_cuda_home(f: Facts) -> Finding:
         if d.conda_channel and home_short:
             fix = conda_headers_fix(d, home_short)
         return warn(
-            f"{home} ({where}) has no include/cuda_runtime.h{lead}: extension builds won't find CUDA headers and libraries",
+            f"{home} ({where}) has no include/cuda_runtime.h{lead}: extension builds won't find "
+            "CUDA headers and libraries",
             fix=fix or _install_toolkit(home_short or torch_cuda(f)),
             data=data,
         )
@@ -149,7 +162,8 @@ def check_cuda_home(f: Facts) -> Finding:
         best = preferred_toolkit(f)
         fix = export_toolkit(best) if best is not None else f"export PATH={home}/bin:$PATH"
         return warn(
-            f"{home} has nvcc {home_short} but `nvcc` on PATH is {path_short} ({f.path_nvcc}): torch builds with {home_short}",
+            f"{home} has nvcc {home_short} but `nvcc` on PATH is {path_short} ({f.path_nvcc}): "
+            f"torch builds with {home_short}",
             fix=fix,
             data=data,
         )
@@ -173,7 +187,10 @@ def _nvcc_not_on_path(f: Facts) -> Finding:
     if torch_cuda(f):
         return warn(
             "no nvcc anywhere: CUDA extensions (DeepSpeed ops, JIT kernels) can't be built",
-            fix=f"install the CUDA {torch_cuda(f)} toolkit (nvcc), e.g. from developer.nvidia.com/cuda-downloads",
+            fix=(
+                f"install the CUDA {torch_cuda(f)} toolkit (nvcc), e.g. from "
+                "developer.nvidia.com/cuda-downloads"
+            ),
         )
     return skip("no nvcc (only needed to build CUDA extensions)")
 
@@ -225,8 +242,11 @@ def check_toolkits(f: Facts) -> Finding:
     tc = torch_cuda(f)
     if not f.toolkits:
         return Finding(
-            status="warn" if tc else "skip",
-            detail="none found (/usr/local/cuda*, /opt/cuda*, CUDA_HOME, CUDA_PATH, PATH, $CONDA_PREFIX, pip)",
+            status=Status.WARN if tc else Status.SKIP,
+            detail=(
+                "none found (/usr/local/cuda*, /opt/cuda*, CUDA_HOME, CUDA_PATH, PATH, "
+                "$CONDA_PREFIX, pip)"
+            ),
             fix=f"install CUDA toolkit {tc} to build extensions" if tc else "",
             data=data,
         )
@@ -338,7 +358,8 @@ def _ld_problems(f: Facts, tk: Toolkit | None, want: tuple[int, ...]) -> list[st
         same = [s for s in e.cudart if vtuple(s.rsplit(".so.", 1)[-1])[:1] == want]
         if other:
             problems.append(
-                f"{e.path} holds {', '.join(other)} but the toolkit in use is CUDA {tk.short if tk else '?'}"
+                f"{e.path} holds {', '.join(other)} but the toolkit in use is CUDA "
+                f"{tk.short if tk else '?'}"
             )
         if same and (tk_pos is None or i < tk_pos):
             # Same soname, maybe another minor: the loader takes this one, not the toolkit's.
@@ -368,8 +389,10 @@ def check_ld_library_path(f: Facts) -> Finding:
     if shadows:
         e, soname, theirs, ours = shadows[0]
         return fail(
-            f"{e.path}/{soname} ({theirs}) comes before the {soname} {ours} that {torch_label(f)} loads from its "
-            'nvidia/ wheels: importing torch fails with `undefined symbol` (e.g. "__nvJitLink..." from libcusparse)',
+            f"{e.path}/{soname} ({theirs}) comes before the {soname} {ours} that {torch_label(f)} "
+            "loads from its "
+            'nvidia/ wheels: importing torch fails with `undefined symbol` (e.g. "__nvJitLink..." '
+            "from libcusparse)",
             fix=ld_fix(f),
             data={**data, "shadowed": [[x.path, n, a, b] for x, n, a, b in shadows]},
         )

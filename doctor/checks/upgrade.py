@@ -8,6 +8,7 @@ driver is the host's, and so is the command (the host's distribution is read off
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from xl.doctor.checks.derived import working_gpus
 from xl.doctor.facts import Facts, vtuple
@@ -31,16 +32,33 @@ def branch_for(cuda: str | None) -> int | None:
     return vtuple(need)[0] if need else None
 
 
-def _open_only(f: Facts) -> bool:
-    return any(vtuple(g.compute_capability)[:1] >= (10,) for g in working_gpus(f) if g.compute_capability)
+@dataclass(frozen=True)
+class DriverHost:
+    """The few facts a driver upgrade's command depends on: the system that installs the driver
+    (Facts.driver_os: "ubuntu 24.04", "rhel 9", "wsl", ...; None when unknown), whether the
+    driver is another machine's (a container's host), and whether a GPU here runs only on
+    NVIDIA's open kernel modules (Blackwell, sm_100 and newer)."""
+
+    driver_os: str | None = None
+    in_container: bool = False
+    open_only: bool = False
+
+    @classmethod
+    def of(cls, f: Facts) -> DriverHost:
+        caps = [g.compute_capability for g in working_gpus(f) if g.compute_capability]
+        return cls(
+            driver_os=f.driver_os,
+            in_container=in_container(f),
+            open_only=any(vtuple(c)[:1] >= (10,) for c in caps),
+        )
 
 
-def _install(f: Facts, branch: int) -> str | None:
+def _install(host: DriverHost, branch: int) -> str | None:
     """The commands that install driver `branch` here (before the reboot that loads it); None
     where no package manager applies."""
-    family, _, major = (f.driver_os or "").partition(" ")
+    family, _, major = (host.driver_os or "").partition(" ")
     ver = int(major) if major.isdigit() else None
-    opn = _open_only(f)
+    opn = host.open_only
     if family == "ubuntu":
         return f"sudo apt-get install -y nvidia-driver-{branch}{'-open' if opn else ''}"
     if family == "debian" and ver is not None:
@@ -53,7 +71,10 @@ def _install(f: Facts, branch: int) -> str | None:
         )
     if family == "rhel" and ver is not None and ver < 10:
         if opn:
-            return f"sudo dnf module enable -y nvidia-driver:{branch}-open && sudo dnf install -y nvidia-open"
+            return (
+                f"sudo dnf module enable -y nvidia-driver:{branch}-open && sudo dnf install -y "
+                "nvidia-open"
+            )
         return f"sudo dnf module install -y nvidia-driver:{branch}-dkms"
     if family in ("rhel", "fedora") and ver is not None:
         # No module streams: a version lock holds the branch, then the driver is installed.
@@ -65,27 +86,37 @@ def _install(f: Facts, branch: int) -> str | None:
 
 
 def driver_upgrade(f: Facts, branch: int, then: str | None = None) -> str:
+    """upgrade_command for this machine (DriverHost.of the facts)."""
+    return upgrade_command(DriverHost.of(f), branch, then)
+
+
+def upgrade_command(host: DriverHost, branch: int, then: str | None = None) -> str:
     """The command that installs driver `branch` (the open flavour where Blackwell needs it) and
     reboots to load it; `then`, a command to run in this environment too (a torch wheel), goes
     before the reboot. In a container the driver's part is said for the host."""
-    if f.driver_os == "wsl":
+    if host.driver_os == "wsl":
         # WSL2 runs on the Windows driver (/usr/lib/wsl/lib): nothing installed in Linux replaces
-        # it, and a Linux driver package there breaks it. The fix is Windows', then a restart of WSL.
+        # it, and a Linux driver package there breaks it. The fix is Windows', then a restart of
+        # WSL.
         driver = (
-            f"on Windows, not in WSL: install NVIDIA's Windows driver, branch {branch} or newer, from "
+            f"on Windows, not in WSL: install NVIDIA's Windows driver, branch {branch} or newer, "
+            "from "
             f"{WINDOWS_DRIVERS}, then run 'wsl --shutdown' in PowerShell and reopen this shell"
         )
         return f"{then}; then {driver}" if then else driver
-    install = _install(f, branch)
+    install = _install(host, branch)
     note = ""
     if then and " (" in then:  # a wheel's note (a downgrade, said) goes last
         then, note = then.split(" (", 1)
         note = " (" + note
-    host = "on the host, not in this container: " if in_container(f) else ""
+    where = "on the host, not in this container: " if host.in_container else ""
     if install is None:
-        driver = f"{host}install NVIDIA driver branch {branch} (its newest release) with its .run installer from {RUNFILE}"
+        driver = (
+            f"{where}install NVIDIA driver branch {branch} (its newest release) with its .run "
+            f"installer from {RUNFILE}"
+        )
         return f"{then}{note}; then {driver}" if then else driver
-    if host:
-        driver = f"{host}{install} && sudo reboot"
+    if where:
+        driver = f"{where}{install} && sudo reboot"
         return f"{then}{note}; {driver}" if then else driver
     return f"{install} && {then} && sudo reboot{note}" if then else f"{install} && sudo reboot"

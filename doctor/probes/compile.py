@@ -40,7 +40,10 @@ COMMON_NVCC_FLAGS = [
 
 CUDA_SOURCE = """#include <cuda_runtime.h>
 __global__ void xl_probe_kernel(float* x) { x[threadIdx.x] *= 2.0f; }
-extern "C" int xl_probe_launch(float* x) { xl_probe_kernel<<<1, 1>>>(x); return (int)cudaGetLastError(); }
+extern "C" int xl_probe_launch(float* x) {
+    xl_probe_kernel<<<1, 1>>>(x);
+    return (int)cudaGetLastError();
+}
 """
 CPP_SOURCE = """#include <cuda_runtime_api.h>
 extern "C" int xl_probe_launch(float* x);
@@ -48,7 +51,10 @@ extern "C" int xl_probe_device_count() { int n = 0; cudaGetDeviceCount(&n); retu
 """
 TORCH_SOURCE = """#include <c10/cuda/CUDAException.h>
 __global__ void xl_probe_torch_kernel(float* x) { x[threadIdx.x] += 1.0f; }
-void xl_probe_torch(float* x) { xl_probe_torch_kernel<<<1, 1>>>(x); C10_CUDA_KERNEL_LAUNCH_CHECK(); }
+void xl_probe_torch(float* x) {
+    xl_probe_torch_kernel<<<1, 1>>>(x);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
 """
 
 _ERROR_LINE = re.compile(r"error|fatal|No such file|not found|undefined reference", re.IGNORECASE)
@@ -137,17 +143,47 @@ def plan(f: Facts, tmp: str) -> BuildResult:
         lib = os.path.join(home, "lib")
     j = os.path.join
     res.steps = [
-        Step("the CUDA kernel (nvcc)", [nvcc, *ccbin, *includes, *nvcc_flags, "-c", j(tmp, "probe.cu"), "-o", j(tmp, "probe.cuda.o")]),
-        Step("the C++ side (c++ with CUDA headers)", [cxx, *includes, "-fPIC", std, "-c", j(tmp, "probe.cpp"), "-o", j(tmp, "probe.o")]),
-        Step("the shared library (link with -lcudart)", [cxx, "-shared", j(tmp, "probe.o"), j(tmp, "probe.cuda.o"), f"-L{lib}", "-lcudart", "-o", j(tmp, "probe.so")]),
-    ]  # fmt: skip
+        Step(
+            "the CUDA kernel (nvcc)",
+            [
+                nvcc,
+                *ccbin,
+                *includes,
+                *nvcc_flags,
+                "-c",
+                j(tmp, "probe.cu"),
+                "-o",
+                j(tmp, "probe.cuda.o"),
+            ],
+        ),
+        Step(
+            "the C++ side (c++ with CUDA headers)",
+            [cxx, *includes, "-fPIC", std, "-c", j(tmp, "probe.cpp"), "-o", j(tmp, "probe.o")],
+        ),
+        Step(
+            "the shared library (link with -lcudart)",
+            [
+                cxx,
+                "-shared",
+                j(tmp, "probe.o"),
+                j(tmp, "probe.cuda.o"),
+                f"-L{lib}",
+                "-lcudart",
+                "-o",
+                j(tmp, "probe.so"),
+            ],
+        ),
+    ]
     if t is not None and t.cuda and torch_dir and is_dir(j(torch_dir, "include")):
         tinc = [f"-I{torch_dir}/include", f"-I{torch_dir}/include/torch/csrc/api/include"]
         defines = ["-DTORCH_API_INCLUDE_EXTENSION_H", "-DTORCH_EXTENSION_NAME=xl_probe"]
         argv = [nvcc, *ccbin, *tinc, *includes, *defines, *nvcc_flags]
         res.steps.append(
-            Step("a torch extension (torch's CUDA headers)", [*argv, "-c", j(tmp, "torch_probe.cu"), "-o", j(tmp, "torch_probe.o")])
-        )  # fmt: skip
+            Step(
+                "a torch extension (torch's CUDA headers)",
+                [*argv, "-c", j(tmp, "torch_probe.cu"), "-o", j(tmp, "torch_probe.o")],
+            )
+        )
     return res
 
 

@@ -102,5 +102,8 @@ def classify_compiler(comp: Compiler, version_run: CmdResult, dump_run: CmdResul
             m = re.search(r"(\d+\.\d+(?:\.\d+)?)\s*$", first)
             comp.version = m.group(1) if m else None
     if comp.version is None:
-        comp.problem = f"`{os.path.basename(comp.path)} --version` printed no version I recognise: {first[:80]!r}"
+        comp.problem = (
+            f"`{os.path.basename(comp.path)} --version` printed no version I recognise: "
+            f"{first[:80]!r}"
+        )
     return comp

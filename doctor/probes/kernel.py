@@ -27,7 +27,9 @@ def at(path: str) -> str:
 
 
 def kernel_release() -> str:
-    text = read_text(at("/proc/sys/kernel/osrelease"), limit=256) if os.environ.get(ROOT_ENV) else None
+    text = (
+        read_text(at("/proc/sys/kernel/osrelease"), limit=256) if os.environ.get(ROOT_ENV) else None
+    )
     return (text or "").strip() or os.uname().release
 
 
@@ -99,7 +101,9 @@ def host_os(release: str) -> str | None:
     if m:
         # Before trixie Debian's release names no version; its kernel series does.
         return f"debian {_DEBIAN_KERNELS.get(m.group(1), '')}".strip()
-    if re.search(r"-(generic|aws|azure|gcp|gke|oracle|nvidia|lowlatency|kvm|ibm)(-[\w.]+)?$", release):
+    if re.search(
+        r"-(generic|aws|azure|gcp|gke|oracle|nvidia|lowlatency|kvm|ibm)(-[\w.]+)?$", release
+    ):
         return "ubuntu"
     return None
 
@@ -133,7 +137,9 @@ def kernel_module(env: Mapping[str, str], libcuda_version: str | None) -> Kernel
     release = kernel_release()
     modules = read_text(at("/proc/modules"), limit=4 << 20) or ""
     km = KernelModule(release=release)
-    km.loaded = bool(re.search(r"^nvidia ", modules, re.MULTILINE)) or is_dir(at("/sys/module/nvidia"))
+    km.loaded = bool(re.search(r"^nvidia ", modules, re.MULTILINE)) or is_dir(
+        at("/sys/module/nvidia")
+    )
     km.built = _has_nvidia(release)
     km.other_kernels = sorted(
         r for r in listdir(at("/lib/modules")) if r != release and _has_nvidia(r)
@@ -144,7 +150,9 @@ def kernel_module(env: Mapping[str, str], libcuda_version: str | None) -> Kernel
     dkms = which("dkms", env.get("PATH"))
     if dkms:
         run = run_cmd([dkms, "status"])
-        km.dkms = [ln.strip() for ln in run.stdout.splitlines() if "nvidia" in ln][:16] if run.ok else []
+        km.dkms = (
+            [ln.strip() for ln in run.stdout.splitlines() if "nvidia" in ln][:16] if run.ok else []
+        )
     branch = re.match(r"(\d{3,})\.", libcuda_version or "")
     for line in km.dkms or []:
         m = re.search(r"nvidia[/,]\s*(\d{3,})\.", line)

@@ -138,7 +138,9 @@ def cache_versions(cache: dict[str, list[str]]) -> dict[str, str]:
     return out
 
 
-def find_net_plugin(value: str | None, ld_value: str | None, cache: dict[str, list[str]]) -> tuple[str, str | None] | None:
+def find_net_plugin(
+    value: str | None, ld_value: str | None, cache: dict[str, list[str]]
+) -> tuple[str, str | None] | None:
     """(the library NCCL_NET_PLUGIN makes NCCL dlopen, where the loader finds it or None).
     NCCL opens libnccl-net-<value>.so (a value that is a file name or path: as it is)."""
     value = (value or "").strip()
@@ -147,7 +149,14 @@ def find_net_plugin(value: str | None, ld_value: str | None, cache: dict[str, li
     name = value if "/" in value or value.endswith(".so") else f"libnccl-net-{value}.so"
     if "/" in name:
         return name, (name if is_file(name) else None)
-    for folder in [*(ld_value or "").split(":"), "/lib", "/usr/lib", "/lib64", "/usr/lib64", "/usr/local/lib"]:
+    for folder in [
+        *(ld_value or "").split(":"),
+        "/lib",
+        "/usr/lib",
+        "/lib64",
+        "/usr/lib64",
+        "/usr/local/lib",
+    ]:
         if folder and is_file(os.path.join(folder, name)):
             return name, os.path.join(folder, name)
     hit = cache.get(name)

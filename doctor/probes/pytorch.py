@@ -84,7 +84,9 @@ def torch_info(data: Mapping[str, object], python: str) -> TorchInfo:
     info.pip_libs = [(a, b, c) for a, b, c in _rows(data, "pip_libs", 3)]
     info.nccl_wheels = [(a, b) for a, b in _rows(data, "nccl_wheels", 2)]
     req = data.get("nccl_required")
-    info.nccl_required = (str(req[0]), str(req[1])) if isinstance(req, list) and len(req) == 2 else None
+    info.nccl_required = (
+        (str(req[0]), str(req[1])) if isinstance(req, list) and len(req) == 2 else None
+    )
     info.pip_toolkits = [(a, b) for a, b in _rows(data, "pip_toolkits", 2)]
     info.requires = _names(data, "requires")
     info.nvidia_dists = _names(data, "nvidia_dists")

@@ -69,7 +69,9 @@ def fabric(indices: list[int]) -> dict[int, tuple[str, str | None]]:
     for i in indices:
         try:
             info = pynvml.c_nvmlGpuFabricInfo_t()
-            pynvml.nvmlDeviceGetGpuFabricInfo(pynvml.nvmlDeviceGetHandleByIndex(i), ctypes.byref(info))
+            pynvml.nvmlDeviceGetGpuFabricInfo(
+                pynvml.nvmlDeviceGetHandleByIndex(i), ctypes.byref(info)
+            )
         except Exception:
             continue  # NOT_SUPPORTED, FunctionNotFound: no fabric to judge
         state = FABRIC_STATES.get(int(info.state), str(info.state))

@@ -91,7 +91,8 @@ def _read_version(tk: Toolkit) -> None:
 
 
 def _read_host_config(tk: Toolkit, path: str) -> None:
-    """The host compilers this toolkit's nvcc accepts, from its host_config.h when it can be read."""
+    """The host compilers this toolkit's nvcc accepts, from its host_config.h when it can be
+    read."""
     text = read_text(path)
     if text is not None:
         tk.host_config = path
@@ -149,7 +150,10 @@ def _read_conda(tk: Toolkit, real: str) -> None:
             tk.target_dir = os.path.join(tk.root, "targets", arch)
             break
     tk.conda_channel = "conda-forge"
-    record = next((n for n in sorted(listdir(meta)) if n.startswith("cuda-nvcc-") and n.endswith(".json")), None)
+    record = next(
+        (n for n in sorted(listdir(meta)) if n.startswith("cuda-nvcc-") and n.endswith(".json")),
+        None,
+    )
     text = read_text(os.path.join(meta, record), limit=1 << 20) if record else None
     m = re.search(r'"channel"\s*:\s*"([^"]+)"', text or "")
     if m:

@@ -24,54 +24,24 @@ from xl.launcher.plan import Plan
 from xl.launcher.spec import LaunchSpec
 
 
-def _torch_fix(python: str | None, env: dict[str, str], inv: Any) -> tuple[str, str, str] | None:
-    """(status, what is wrong, the doctor's fix) when the ranks' torch cannot use the GPUs: a
-    torch without CUDA (the `torch` check), or one whose CUDA the driver does not run fully
-    (`driver_cuda`: fail, or warn under minor-version compatibility); None when it can."""
-    from dataclasses import replace  # noqa: PLC0415 - only a launch on GPUs pays for the doctor
-
-    from xl.doctor.checks import judge  # noqa: PLC0415 - as above
-    from xl.doctor.collect import collect  # noqa: PLC0415 - as above
-    from xl.doctor.facts import vtuple  # noqa: PLC0415 - as above
-    from xl.doctor.probes.pytorch import probe_torch, probe_torch_here  # noqa: PLC0415 - as above
-
-    if os.environ.get(envnames.SIMULATED_GPUS) == "1":
-        return None  # GPUs of the simulated driver (tests, demos): a CPU torch is what runs them
-    # The ranks' interpreter: this one, read in-process, unless --python names another.
-    torch = probe_torch(python, env) if python else probe_torch_here()
-    if not torch.found:
-        return None  # no torch at all: the run's own error says it better than a guess
-    check = "torch"
-    if torch.cuda:
-        d = inv.driver
-        nvml = d.cuda_version if d is not None and not d.error else None
-        if not nvml or vtuple(nvml)[:2] >= vtuple(torch.cuda)[:2]:
-            return None  # the driver runs it (or there is none to ask): nothing to collect
-        check = "driver_cuda"
-    # The doctor's own facts (toolkits, libcuda, the distribution that installs a driver) and
-    # its own fix, tried as `xl doctor` tries it: the same command from one place. Paid only by
-    # a launch that is about to be refused or warned.
-    facts = replace(collect(python), torch=torch)
-    verdict = judge(facts, check)
-    if verdict.status not in ("fail", "warn") or (check == "torch" and verdict.status != "fail"):
-        return None
-    return verdict.status, verdict.detail, verdict.fix
-
-
 def check_launch(spec: LaunchSpec, plan: Plan, inv: Any, *, gpus_given: bool) -> None:
     """Stop (UsageError) on a torch without CUDA under --gpus; add what is wrong with the chosen
     GPUs to ``plan.warnings``."""
     if not plan.devices:
         return
-    if gpus_given:
+    # GPUs of the simulated driver (tests, demos) are run by a CPU torch: nothing to ask.
+    if gpus_given and os.environ.get(envnames.SIMULATED_GPUS) != "1":
+        from xl.doctor import api  # noqa: PLC0415 - only a launch on GPUs pays for the doctor
+
         # --env PYTHONPATH=... changes what the ranks import: ask an interpreter that has it.
         python = spec.python or (sys.executable if "PYTHONPATH" in spec.env else None)
-        wrong = _torch_fix(python, {**os.environ, **spec.env}, inv)
+        d = inv.driver
+        driver_cuda = d.cuda_version if d is not None and not d.error else None
+        wrong = api.torch_for_gpus(python, {**os.environ, **spec.env}, driver_cuda)
         if wrong is not None:
-            status, detail, fix = wrong
-            if status == "fail":
-                raise UsageError(f"--gpus {spec.gpus}: {detail}; fix: {fix}")
-            plan.warnings.append(f"{detail} (fix: {fix})")
+            if wrong.status is api.Status.FAIL:
+                raise UsageError(f"--gpus {spec.gpus}: {wrong.detail}; fix: {wrong.fix}")
+            plan.warnings.append(f"{wrong.detail} (fix: {wrong.fix})")
     from xl.gpu import health, nvml  # noqa: PLC0415 - only a launch on GPUs reads their health
 
     chosen = [g.index for g in plan.devices[: plan.nproc]]

@@ -32,8 +32,17 @@ def facts(**kw: object) -> Facts:
     return Facts(**{"env": {}, "python": sys.executable, **kw})  # type: ignore[arg-type]
 
 
-def toolkit(root: str, version: str, *, headers: bool = True, problem: str | None = None) -> Toolkit:
-    return Toolkit(root=root, real=root, version=version, nvcc=f"{root}/bin/nvcc", has_headers=headers, problem=problem)
+def toolkit(
+    root: str, version: str, *, headers: bool = True, problem: str | None = None
+) -> Toolkit:
+    return Toolkit(
+        root=root,
+        real=root,
+        version=version,
+        nvcc=f"{root}/bin/nvcc",
+        has_headers=headers,
+        problem=problem,
+    )
 
 
 def torch(cuda: str | None) -> TorchInfo:
@@ -41,7 +50,9 @@ def torch(cuda: str | None) -> TorchInfo:
 
 
 def nvcc(release: str) -> CmdResult:
-    return CmdResult(["nvcc", "--version"], stdout=f"Cuda compilation tools, release {release}, V{release}.1")
+    return CmdResult(
+        ["nvcc", "--version"], stdout=f"Cuda compilation tools, release {release}, V{release}.1"
+    )
 
 
 # -- finding -----------------------------------------------------------------------------------
@@ -74,7 +85,10 @@ def test_nvcc_versions_and_the_cuda_torch_would_build_with() -> None:
     assert nvcc_versions(f, "path") == ("12.6", "12.6.1")
     assert home_cuda(f) == ("12.4", "/cuda/bin/nvcc")
     # No CUDA_HOME: torch's builder falls back to PATH's nvcc.
-    assert home_cuda(facts(path_nvcc="/bin/nvcc", path_nvcc_run=nvcc("12.6"))) == ("12.6", "/bin/nvcc")
+    assert home_cuda(facts(path_nvcc="/bin/nvcc", path_nvcc_run=nvcc("12.6"))) == (
+        "12.6",
+        "/bin/nvcc",
+    )
     assert home_cuda(facts()) == (None, "")
 
 
@@ -93,14 +107,22 @@ def test_a_driver_fix_in_a_container_is_for_the_host() -> None:
 
 
 def test_toolkit_with_prefers_complete_ones_named_for_their_version() -> None:
-    bare, named, wheel = toolkit("/usr/local/cuda", "12.4.1"), toolkit("/usr/local/cuda-12.4", "12.4.1"), toolkit("/pip/nvcc", "12.4.99", headers=False)
+    bare, named, wheel = (
+        toolkit("/usr/local/cuda", "12.4.1"),
+        toolkit("/usr/local/cuda-12.4", "12.4.1"),
+        toolkit("/pip/nvcc", "12.4.99", headers=False),
+    )
     f = facts(toolkits=[wheel, bare, named])
     assert toolkit_with(f, "12.4") is named
     assert toolkit_with(f, "12.6") is None
 
 
 def test_fixes_point_at_torch_s_cuda_first() -> None:
-    old, new, broken = toolkit("/cuda-11.8", "11.8.89"), toolkit("/cuda-12.4", "12.4.1"), toolkit("/cuda-12.6", "12.6.2", problem="unreadable")
+    old, new, broken = (
+        toolkit("/cuda-11.8", "11.8.89"),
+        toolkit("/cuda-12.4", "12.4.1"),
+        toolkit("/cuda-12.6", "12.6.2", problem="unreadable"),
+    )
     f = facts(toolkits=[old, new, broken], torch=torch("12.4"), home_toolkit="/cuda-11.8")
     assert not usable(broken)
     assert toolkit_choices(f) == [new, old]
@@ -117,7 +139,9 @@ def test_fixes_point_at_torch_s_cuda_first() -> None:
 def test_applied_fixes_change_only_the_facts_they_name() -> None:
     tk = toolkit("/cuda-12.4", "12.4.1")
     after = with_toolkit(tk)(facts(torch=torch("12.4")))
-    assert after.what_if and after.cuda_home == "/cuda-12.4" and after.env["CUDA_HOME"] == "/cuda-12.4"
+    assert (
+        after.what_if and after.cuda_home == "/cuda-12.4" and after.env["CUDA_HOME"] == "/cuda-12.4"
+    )
     assert nvcc_versions(after, "path") == ("12.4", "12.4.1") == nvcc_versions(after, "home")
     t = with_torch("cu126", "2.6.0")(facts(torch=torch(None))).torch
     assert t is not None and (t.version, t.cuda, t.found) == ("2.6.0+cu126", "12.6", True)
@@ -126,9 +150,15 @@ def test_applied_fixes_change_only_the_facts_they_name() -> None:
 def test_first_safe_skips_fixes_that_fail_or_break_another_check() -> None:
     def recheck(f: Facts) -> dict[str, str]:
         home = f.cuda_home or ""
-        return {"me": "ok" if home.endswith("good") else "fail", "other": "fail" if "breaks" in home else "ok"}
+        return {
+            "me": "ok" if home.endswith("good") else "fail",
+            "other": "fail" if "breaks" in home else "ok",
+        }
 
-    cands = [(f"export {name}", with_toolkit(toolkit(f"/{name}", "12.4.1"))) for name in ("bad", "breaks-good", "good")]
+    cands = [
+        (f"export {name}", with_toolkit(toolkit(f"/{name}", "12.4.1")))
+        for name in ("bad", "breaks-good", "good")
+    ]
     assert first_safe(facts(), "me", cands) == "export bad"  # no recheck: the first stands
     assert first_safe(facts(recheck=recheck), "me", cands) == "export good"
     assert first_safe(facts(recheck=recheck, what_if=True), "me", cands) == "export bad"

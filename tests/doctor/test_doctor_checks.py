@@ -85,7 +85,10 @@ def test_host_config_limits_are_read_from_the_header() -> None:
     real = Path("/usr/local/cuda/include/crt/host_config.h")
     if real.exists():  # the machine's CUDA 13.0: gcc <= 15, clang <= 20
         assert parse_host_config(real.read_text(errors="replace"))[1::2] == (15, 20)
-    old = "#if __GNUC__ < 6 || __GNUC__ > 9\n#error -- unsupported GNU version! gcc versions later than 9\n"
+    old = (
+        "#if __GNUC__ < 6 || __GNUC__ > 9\n#error -- unsupported GNU version! gcc versions later "
+        "than 9\n"
+    )
     assert parse_host_config(old)[:2] == (6, 9)
 
 
@@ -221,16 +224,23 @@ def test_driver_cuda() -> None:
     assert "12.4" in low.detail and "12.8" in low.detail
     assert "PTX" in low.detail and low.data["minor_version_compatibility"] is True
     # One direction: torch 2.4.0 was published for cu124, which the driver runs fully.
-    assert low.fix.endswith("torch==2.4.0 --index-url https://download.pytorch.org/whl/cu124"), low.fix
+    assert low.fix.endswith("torch==2.4.0 --index-url https://download.pytorch.org/whl/cu124"), (
+        low.fix
+    )
     assert "driver" not in low.fix
     # torch 2.13.0+cu130 on it: every wheel 550 runs is a downgrade, so the fix is the upgrade
     # to 580 for this distribution, and the downgrade is said in the detail only.
     new = replace(cuda_torch("13.0"), version="2.13.0+cu130")
     up = check_driver_cuda(facts(torch=new, driver_os="ubuntu 24"))
-    assert up.status == "fail" and up.fix == "sudo apt-get install -y nvidia-driver-580 && sudo reboot", up
+    assert (
+        up.status == "fail" and up.fix == "sudo apt-get install -y nvidia-driver-580 && sudo reboot"
+    ), up
     assert "a torch downgrade: " in up.detail and "(a downgrade from torch 2.13.0" in up.detail
     rocky = check_driver_cuda(facts(torch=new, driver_os="rhel 9", container="docker"))
-    assert rocky.fix == "on the host, not in this container: sudo dnf module install -y nvidia-driver:580-dkms && sudo reboot"
+    assert rocky.fix == (
+        "on the host, not in this container: sudo dnf module install -y nvidia-driver:580-dkms && "
+        "sudo reboot"
+    )
     # 13.x needs a 580 driver for that; another major is a failure.
     thirteen = check_driver_cuda(
         facts(torch=cuda_torch("13.0"), driver=Driver("580.65.06", "13.0"))
@@ -348,7 +358,12 @@ def test_nccl_traps() -> None:
     )
     # "=eth" is an exact name: eth0 is not it, and NCCL can't start without an interface.
     c = check_nccl(
-        facts(gpus=boxes, torch=cuda_torch(), env={"NCCL_SOCKET_IFNAME": "=eth"}, net_ifaces=["eth0", "lo"])
+        facts(
+            gpus=boxes,
+            torch=cuda_torch(),
+            env={"NCCL_SOCKET_IFNAME": "=eth"},
+            net_ifaces=["eth0", "lo"],
+        )
     )
     assert c.status == "fail" and c.fix == "export NCCL_SOCKET_IFNAME=eth0"
 
@@ -397,7 +412,11 @@ def test_run_doctor_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(run, "collect", lambda python=None: 1 / 0)
     report = run.run_doctor()
     assert [c.id for c in report.checks] == [spec.id for spec in checks.CHECKS]
-    assert len(report.checks) == len(checks.CHECKS) == 18 and report.status == "error" and report.exit_code() == 0
+    assert (
+        len(report.checks) == len(checks.CHECKS) == 18
+        and report.status == "error"
+        and report.exit_code() == 0
+    )
     assert report.exit_code(strict=True) == 1
 
 
@@ -561,7 +580,9 @@ def test_help_and_docs_say_what_each_check_decides() -> None:
         ("", None, None),
     ],
 )
-def test_the_distribution_that_installs_the_driver(ids: str, version: str | None, family: str | None) -> None:
+def test_the_distribution_that_installs_the_driver(
+    ids: str, version: str | None, family: str | None
+) -> None:
     from xl.doctor.probes.kernel import os_family  # noqa: PLC0415 - the one function under test
 
     assert os_family(ids, version) == family

@@ -37,7 +37,9 @@ def _conda_env(box: Sandbox, channel: str | None) -> tuple[Path, dict[str, str]]
         (None, "conda-forge"),
     ],
 )
-def test_a_conda_env_with_cuda_nvcc_but_no_headers_gets_a_conda_command(tmp_path: Path, channel, want) -> None:
+def test_a_conda_env_with_cuda_nvcc_but_no_headers_gets_a_conda_command(
+    tmp_path: Path, channel, want
+) -> None:
     box = Sandbox(tmp_path)
     prefix, env = _conda_env(box, channel)
     report, _ = run_doctor_json(env)
@@ -45,7 +47,8 @@ def test_a_conda_env_with_cuda_nvcc_but_no_headers_gets_a_conda_command(tmp_path
     assert c["status"] == "warn" and "no include/cuda_runtime.h" in c["detail"], c
     inc = prefix / "targets" / "x86_64-linux" / "include"
     assert c["fix"] == (
-        f"conda install -y -p {prefix} -c {want} cuda-cudart-dev cuda-libraries-dev cuda-version=12.4"
+        f"conda install -y -p {prefix} -c {want} cuda-cudart-dev cuda-libraries-dev "
+        "cuda-version=12.4"
         f" && export CPATH={inc}${{CPATH:+:$CPATH}}"
     )
     assert "complete toolkit" not in c["fix"]
@@ -64,4 +67,6 @@ def test_a_plain_toolkit_without_headers_and_no_other_gets_nvidias_package(tmp_p
     c = by_id(run_doctor_json(env)[0])["cuda_home"]
     assert c["status"] == "warn", c
     if not c["fix"].startswith("export CUDA_HOME="):  # a complete toolkit on this machine wins
-        assert c["fix"].startswith("sudo apt-get install -y cuda-toolkit-12-4 && export CUDA_HOME=/usr/local/cuda-12.4 ")
+        assert c["fix"].startswith(
+            "sudo apt-get install -y cuda-toolkit-12-4 && export CUDA_HOME=/usr/local/cuda-12.4 "
+        )

@@ -43,11 +43,13 @@ UPGRADE = {
     ),
     "rocky": "sudo dnf module install -y nvidia-driver:580-dkms && sudo reboot",
     "rhel10": (
-        "sudo dnf install -y python3-dnf-plugin-versionlock && sudo dnf versionlock add '*nvidia*580*' && "
+        "sudo dnf install -y python3-dnf-plugin-versionlock && sudo dnf versionlock add "
+        "'*nvidia*580*' && "
         "sudo dnf install -y nvidia-open && sudo reboot"
     ),
     "fedora": (
-        "sudo dnf install -y python3-dnf-plugin-versionlock && sudo dnf versionlock add '*nvidia*580*' && "
+        "sudo dnf install -y python3-dnf-plugin-versionlock && sudo dnf versionlock add "
+        "'*nvidia*580*' && "
         "sudo dnf install -y nvidia-open && sudo reboot"
     ),
 }
@@ -62,7 +64,9 @@ def _root(tmp_path: Path, distro: str, release: str = "6.8.0-49-generic") -> Pat
     return root
 
 
-def _env(box: Sandbox, sim, site: Path, root: Path, tk: Path | None = None, **extra: str) -> dict[str, str]:
+def _env(
+    box: Sandbox, sim, site: Path, root: Path, tk: Path | None = None, **extra: str
+) -> dict[str, str]:
     return box.env(
         PATH=[tk / "bin"] if tk else [],
         CUDA_HOME=tk,
@@ -86,7 +90,11 @@ def run_fix(tmp_path: Path, fix: str) -> list[str]:
     for p in fakes.iterdir():
         p.chmod(0o755)
     proc = subprocess.run(
-        ["/bin/bash", "-c", fix], env={"PATH": str(fakes)}, capture_output=True, text=True, timeout=60
+        ["/bin/bash", "-c", fix],
+        env={"PATH": str(fakes)},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, (fix, proc.stderr)
     return log.read_text().splitlines()
@@ -95,7 +103,10 @@ def run_fix(tmp_path: Path, fix: str) -> list[str]:
 def branch_installed(ran: list[str]) -> int:
     """The driver branch the recorded commands installed (or locked before installing)."""
     joined = "\n".join(ran)
-    m = re.search(r"nvidia-driver-(\d{3})\b|cuda-drivers-(\d{3})\b|nvidia-open-(\d{3})\b|nvidia-driver:(\d{3})-|\*nvidia\*(\d{3})\*", joined)
+    m = re.search(
+        r"nvidia-driver-(\d{3})\b|cuda-drivers-(\d{3})\b|nvidia-open-(\d{3})\b|nvidia-driver:(\d{3})-|\*nvidia\*(\d{3})\*",
+        joined,
+    )
     assert m, ran
     assert ran[-1].strip() == "reboot", ran  # the new kernel module loads at the reboot
     return int(next(g for g in m.groups() if g))
@@ -103,13 +114,18 @@ def branch_installed(ran: list[str]) -> int:
 
 def _driver_of(branch: int) -> tuple[str, int]:
     """The simulated driver of that branch: its oldest version that starts a CUDA, and that CUDA."""
-    cuda, version = min(((c, v) for c, v in DRIVER_FOR_CUDA.items() if vtuple(v)[0] == branch), key=lambda x: vtuple(x[1]))
+    cuda, version = min(
+        ((c, v) for c, v in DRIVER_FOR_CUDA.items() if vtuple(v)[0] == branch),
+        key=lambda x: vtuple(x[1]),
+    )
     major, minor = vtuple(cuda)[:2]
     return version, major * 1000 + minor * 10
 
 
 @pytest.mark.parametrize("distro", sorted(OS_RELEASE))
-def test_a_driver_too_old_for_torch_gets_the_upgrade_for_this_distribution(tmp_path: Path, simnvml, distro: str) -> None:
+def test_a_driver_too_old_for_torch_gets_the_upgrade_for_this_distribution(
+    tmp_path: Path, simnvml, distro: str
+) -> None:
     """Driver 550 (CUDA 12.4), torch 2.13.0+cu130: the only wheels 550 runs are torch 2.6.0
     (cu124) and 2.7.1 (cu118). The fix keeps torch 2.13 and upgrades the driver to 580; the
     downgrade is said in the detail."""
@@ -122,10 +138,16 @@ def test_a_driver_too_old_for_torch_gets_the_upgrade_for_this_distribution(tmp_p
     assert dc["status"] == "fail" and proc.returncode == 1, dc
     assert "pip install" not in dc["fix"] and " or " not in dc["fix"], dc["fix"]
     assert "Keeping driver 550.54.15 instead means a torch downgrade" in dc["detail"]
-    assert "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124 (a downgrade from torch 2.13.0" in dc["detail"]
+    assert (
+        "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124 (a downgrade from torch "
+        "2.13.0"
+    ) in dc["detail"]
     if distro == "arch":
         # No package manager that installs NVIDIA's branches: the .run installer, said as such.
-        assert dc["fix"] == "install NVIDIA driver branch 580 (its newest release) with its .run installer from https://www.nvidia.com/en-us/drivers/unix/"
+        assert dc["fix"] == (
+            "install NVIDIA driver branch 580 (its newest release) with its .run installer from "
+            "https://www.nvidia.com/en-us/drivers/unix/"
+        )
         return
     assert dc["fix"] == UPGRADE[distro]
     # Checked like code: it runs, installs branch 580, and with that driver the check passes.
@@ -145,12 +167,18 @@ def test_blackwell_gets_the_open_kernel_modules(tmp_path: Path, simnvml, distro:
     env = _env(box, sim, box.torch("2.13.0+cu130", cuda="13.0"), _root(tmp_path, distro))
     dc = by_id(run_doctor_json(env)[0])["driver_cuda"]
     assert dc["status"] == "fail", dc
-    want = {"ubuntu": "nvidia-driver-580-open", "rocky": "nvidia-driver:580-open", "debian": "nvidia-open-580"}[distro]
+    want = {
+        "ubuntu": "nvidia-driver-580-open",
+        "rocky": "nvidia-driver:580-open",
+        "debian": "nvidia-open-580",
+    }[distro]
     assert want in dc["fix"], dc["fix"]
     assert branch_installed(run_fix(tmp_path, dc["fix"])) == 580
 
 
-def test_in_a_container_the_upgrade_is_the_hosts_for_the_hosts_distribution(tmp_path: Path, simnvml) -> None:
+def test_in_a_container_the_upgrade_is_the_hosts_for_the_hosts_distribution(
+    tmp_path: Path, simnvml
+) -> None:
     """An Ubuntu image on a RHEL 9 host: the command is dnf's, for the host (its kernel says
     el9), never apt inside the container."""
     sim = simnvml(gpus=[SimGPU(model="A100")], driver_version="550.54.15", cuda_version=12040)
@@ -159,14 +187,21 @@ def test_in_a_container_the_upgrade_is_the_hosts_for_the_hosts_distribution(tmp_
     (root / ".dockerenv").write_text("")
     env = _env(box, sim, box.torch("2.13.0+cu130", cuda="13.0"), root, NVIDIA_VISIBLE_DEVICES="all")
     dc = by_id(run_doctor_json(env)[0])["driver_cuda"]
-    assert dc["fix"] == "on the host, not in this container: sudo dnf module install -y nvidia-driver:580-dkms && sudo reboot"
+    assert dc["fix"] == (
+        "on the host, not in this container: sudo dnf module install -y nvidia-driver:580-dkms && "
+        "sudo reboot"
+    )
     # A host kernel that names no distribution: the .run installer, still for the host.
     (root / "proc" / "sys" / "kernel" / "osrelease").write_text("6.18.44-custom\n")
     dc = by_id(run_doctor_json(env)[0])["driver_cuda"]
-    assert dc["fix"].startswith("on the host, not in this container: install NVIDIA driver branch 580"), dc["fix"]
+    assert dc["fix"].startswith(
+        "on the host, not in this container: install NVIDIA driver branch 580"
+    ), dc["fix"]
 
 
-def test_under_wsl2_the_upgrade_is_windows_driver_never_a_linux_package(tmp_path: Path, simnvml) -> None:
+def test_under_wsl2_the_upgrade_is_windows_driver_never_a_linux_package(
+    tmp_path: Path, simnvml
+) -> None:
     """WSL2 (an Ubuntu image, a kernel that names Microsoft) runs on the Windows driver: an apt
     driver package there cannot help and breaks it, so the fix names the Windows driver's branch
     and the WSL restart; a Linux kernel of the same Ubuntu still gets apt's command."""
@@ -177,13 +212,17 @@ def test_under_wsl2_the_upgrade_is_windows_driver_never_a_linux_package(tmp_path
     dc = by_id(run_doctor_json(env)[0])["driver_cuda"]
     assert dc["status"] == "fail", dc
     assert "apt-get" not in dc["fix"] and "sudo" not in dc["fix"], dc["fix"]
-    assert dc["fix"].startswith("on Windows, not in WSL: install NVIDIA's Windows driver, branch 580 or newer"), dc["fix"]
+    assert dc["fix"].startswith(
+        "on Windows, not in WSL: install NVIDIA's Windows driver, branch 580 or newer"
+    ), dc["fix"]
     assert "wsl --shutdown" in dc["fix"]
     (root / "proc" / "sys" / "kernel" / "osrelease").write_text("6.8.0-49-generic\n")
     assert by_id(run_doctor_json(env)[0])["driver_cuda"]["fix"] == UPGRADE["ubuntu"]
 
 
-def test_a_wheel_of_the_same_torch_the_driver_runs_is_the_fix_not_an_upgrade(tmp_path: Path, simnvml) -> None:
+def test_a_wheel_of_the_same_torch_the_driver_runs_is_the_fix_not_an_upgrade(
+    tmp_path: Path, simnvml
+) -> None:
     """torch 2.7.0+cu128 on driver 550 (minor-version compatibility, warn): torch 2.7.0 was
     published for cu118, which 550 runs fully and which breaks nothing here: that wheel, no
     driver upgrade. With a CUDA 12.8 toolkit that wheel would break extension builds (another
@@ -194,7 +233,10 @@ def test_a_wheel_of_the_same_torch_the_driver_runs_is_the_fix_not_an_upgrade(tmp
     site = box.torch("2.7.0+cu128", cuda="12.8")
     dc = by_id(run_doctor_json(_env(box, sim, site, root))[0])["driver_cuda"]
     assert dc["status"] == "warn", dc
-    assert dc["fix"].endswith("-m pip install --force-reinstall torch==2.7.0 --index-url https://download.pytorch.org/whl/cu118")
+    assert dc["fix"].endswith(
+        "-m pip install --force-reinstall torch==2.7.0 --index-url "
+        "https://download.pytorch.org/whl/cu118"
+    )
     assert "downgrade" not in dc["detail"] and "apt-get" not in dc["fix"]
     tk = box.toolkit("cuda-12.8", "12.8.93", gcc_max=14)
     box.compiler("gcc", "gcc", "12.3.0")
@@ -230,7 +272,9 @@ def test_launch_stops_with_the_doctors_driver_fix(tmp_path: Path, simnvml) -> No
     assert proc.returncode == 0 and "driver" not in proc.stderr, proc.stderr
 
 
-def test_a_cpu_torch_no_wheel_fits_gets_one_command_from_doctor_and_launch(tmp_path: Path, simnvml) -> None:
+def test_a_cpu_torch_no_wheel_fits_gets_one_command_from_doctor_and_launch(
+    tmp_path: Path, simnvml
+) -> None:
     """An RTX 5090 (sm_120) on driver 520 (CUDA 11.8) with a CPU torch: every wheel with sm_120
     kernels is cu128 or newer, which a CUDA 11 driver does not run, even through minor-version
     compatibility. One command: the driver (open modules)
@@ -244,7 +288,8 @@ def test_a_cpu_torch_no_wheel_fits_gets_one_command_from_doctor_and_launch(tmp_p
     t = by_id(report)["torch"]
     assert t["status"] == "fail", t
     m = re.fullmatch(
-        r"sudo apt-get install -y nvidia-driver-(\d{3})-open && (\S+) -m pip install --force-reinstall torch "
+        r"sudo apt-get install -y nvidia-driver-(\d{3})-open && (\S+) -m pip install "
+        r"--force-reinstall torch "
         r"--index-url https://download\.pytorch\.org/whl/(cu\d+) && sudo reboot",
         t["fix"],
     )
@@ -255,7 +300,9 @@ def test_a_cpu_torch_no_wheel_fits_gets_one_command_from_doctor_and_launch(tmp_p
     # Applied (that driver, that wheel): torch and the driver agree.
     version, cuda = _driver_of(int(m.group(1)))
     after = simnvml(gpus=[SimGPU(**rtx)], driver_version=version, cuda_version=cuda)
-    env = apply_fix(box, _env(box, after, site, root), m.group(2) + t["fix"].split(m.group(2), 1)[1])
+    env = apply_fix(
+        box, _env(box, after, site, root), m.group(2) + t["fix"].split(m.group(2), 1)[1]
+    )
     st = statuses(run_doctor_json(env)[0])
     assert st["torch"] == "ok" and st["driver_cuda"] == "ok", st
     # xl launch --gpus stops with the same command.
@@ -263,4 +310,6 @@ def test_a_cpu_torch_no_wheel_fits_gets_one_command_from_doctor_and_launch(tmp_p
     lenv = xl_env(tmp_path / "home", **sim.env, PYTHONPATH=str(site), XL_DOCTOR_ROOT=str(root))
     lenv.pop("XL_SIMULATED_GPUS")
     proc = xl(["launch", "--no-tui", "--gpus", "0", "t.py"], lenv, cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.strip().split("; fix: ", 1)[1] == t["fix"], proc.stderr
+    assert proc.returncode == 2 and proc.stderr.strip().split("; fix: ", 1)[1] == t["fix"], (
+        proc.stderr
+    )

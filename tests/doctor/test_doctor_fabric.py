@@ -18,7 +18,9 @@ pytestmark = pytest.mark.e2e
 def _root(tmp_path: Path, distro: str = "ubuntu", fabric_manager: bool = False) -> Path:
     root = tmp_path / "root"
     (root / "etc").mkdir(parents=True)
-    os_release = {"ubuntu": "ID=ubuntu\nID_LIKE=debian\n", "rhel": 'ID="rhel"\nID_LIKE="fedora"\n'}[distro]
+    os_release = {"ubuntu": "ID=ubuntu\nID_LIKE=debian\n", "rhel": 'ID="rhel"\nID_LIKE="fedora"\n'}[
+        distro
+    ]
     (root / "etc" / "os-release").write_text(os_release)
     if fabric_manager:
         (root / "usr" / "bin").mkdir(parents=True)
@@ -41,12 +43,19 @@ def _doctor(tmp_path: Path, simnvml, *, code: int, gpus: list[SimGPU], driver: s
     return report
 
 
-def test_hgx_whose_fabric_manager_is_not_running_fails_with_its_install_and_start(tmp_path: Path, simnvml) -> None:
-    report = _doctor(tmp_path, simnvml, code=802, gpus=[SimGPU(model="H100", fabric_state=1) for _ in range(8)])
+def test_hgx_whose_fabric_manager_is_not_running_fails_with_its_install_and_start(
+    tmp_path: Path, simnvml
+) -> None:
+    report = _doctor(
+        tmp_path, simnvml, code=802, gpus=[SimGPU(model="H100", fabric_state=1) for _ in range(8)]
+    )
     c = by_id(report)["cuda_init"]
     assert c["status"] == "fail" and report["status"] == "fail", c
     assert "NVSwitch fabric is not started on GPU 0, 1, 2, 3, 4, 5, 6, 7" in c["detail"]
-    assert "cuInit returns 802 (CUDA_ERROR_SYSTEM_NOT_READY)" in c["detail"] and "not installed" in c["detail"]
+    assert (
+        "cuInit returns 802 (CUDA_ERROR_SYSTEM_NOT_READY)" in c["detail"]
+        and "not installed" in c["detail"]
+    )
     assert c["fix"] == (
         "sudo apt-get install -y nvidia-fabricmanager-570=570.124.06-1 && "
         "sudo systemctl enable --now nvidia-fabricmanager"
@@ -54,14 +63,20 @@ def test_hgx_whose_fabric_manager_is_not_running_fails_with_its_install_and_star
     assert c["data"]["fabric"]["0"] == {"state": "not_started", "status": None}
     # The driver and the GPUs look healthy: only this check says it.
     st = statuses(report)
-    assert st["driver"] == "ok" and st["gpus"] == "ok" and st["driver_cuda"] == "ok", report["checks"]
+    assert st["driver"] == "ok" and st["gpus"] == "ok" and st["driver_cuda"] == "ok", report[
+        "checks"
+    ]
 
 
 @pytest.mark.parametrize(
     ("driver", "cuda", "distro", "installed", "fix"),
     [
-        ("580.65.06", 13000, "ubuntu", False, "sudo apt-get install -y nvidia-fabricmanager=580.65.06-1 && sudo systemctl enable --now nvidia-fabricmanager"),
-        ("570.124.06", 12080, "rhel", False, "sudo dnf install -y nvidia-fabric-manager-570.124.06-1 && sudo systemctl enable --now nvidia-fabricmanager"),
+        ("580.65.06", 13000, "ubuntu", False, "sudo apt-get install -y "
+                                              "nvidia-fabricmanager=580.65.06-1 && sudo systemctl "
+                                              "enable --now nvidia-fabricmanager"),
+        ("570.124.06", 12080, "rhel", False, "sudo dnf install -y "
+                                             "nvidia-fabric-manager-570.124.06-1 && sudo "
+                                             "systemctl enable --now nvidia-fabricmanager"),
         ("570.124.06", 12080, "ubuntu", True, "sudo systemctl enable --now nvidia-fabricmanager"),
     ],
 )  # fmt: skip
@@ -93,15 +108,25 @@ def test_healthy_boxes_start_cuda_and_are_left_alone(tmp_path: Path, simnvml, gp
 
 
 def test_a_fabric_still_being_set_up_while_cuda_starts_only_warns(tmp_path: Path, simnvml) -> None:
-    report = _doctor(tmp_path, simnvml, code=0, gpus=[SimGPU(model="H100", fabric_state=2)] * 2, fabric_manager=True)
+    report = _doctor(
+        tmp_path,
+        simnvml,
+        code=0,
+        gpus=[SimGPU(model="H100", fabric_state=2)] * 2,
+        fabric_manager=True,
+    )
     c = by_id(report)["cuda_init"]
     assert c["status"] == "warn" and "in progress" in c["detail"], c
 
 
-def test_cuinit_803_names_the_libcuda_and_leaves_its_fix_to_driver_cuda(tmp_path: Path, simnvml) -> None:
+def test_cuinit_803_names_the_libcuda_and_leaves_its_fix_to_driver_cuda(
+    tmp_path: Path, simnvml
+) -> None:
     """A cuda-compat libcuda older than the kernel module on LD_LIBRARY_PATH: cuInit's 803. One
     finding, one fix: driver_cuda gives it, cuda_init names the library and points there."""
-    report = _doctor(tmp_path, simnvml, code=803, gpus=[SimGPU(model="H100")], libcuda_version="550.54.14")
+    report = _doctor(
+        tmp_path, simnvml, code=803, gpus=[SimGPU(model="H100")], libcuda_version="550.54.14"
+    )
     c, d = by_id(report)["cuda_init"], by_id(report)["driver_cuda"]
     assert c["status"] == "fail" and "803 (CUDA_ERROR_SYSTEM_DRIVER_MISMATCH)" in c["detail"], c
     assert d["status"] == "fail" and d["fix"].startswith("export LD_LIBRARY_PATH=")

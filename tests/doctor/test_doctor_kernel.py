@@ -38,17 +38,28 @@ def _machine(
         if rel in built_for:
             dep += "updates/dkms/nvidia.ko.zst:\n"
         (d / "modules.dep").write_text(dep)
-    like = {"ubuntu": 'ID=ubuntu\nID_LIKE=debian\n', "debian": "ID=debian\n", "rocky": 'ID="rocky"\nID_LIKE="rhel centos fedora"\n'}
+    like = {
+        "ubuntu": "ID=ubuntu\nID_LIKE=debian\n",
+        "debian": "ID=debian\n",
+        "rocky": 'ID="rocky"\nID_LIKE="rhel centos fedora"\n',
+    }
     (root / "etc").mkdir()
     (root / "etc" / "os-release").write_text(like[distro])
     if secure_boot is not None:
         efi = root / "sys" / "firmware" / "efi" / "efivars"
         efi.mkdir(parents=True)
-        (efi / "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c").write_bytes(b"\x06\x00\x00\x00" + bytes([secure_boot]))
+        (efi / "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c").write_bytes(
+            b"\x06\x00\x00\x00" + bytes([secure_boot])
+        )
 
 
 def _driver(
-    tmp_path: Path, simnvml, dkms: str | None = None, libcuda: str | None = "570.124.06", env_extra: dict | None = None, **kw
+    tmp_path: Path,
+    simnvml,
+    dkms: str | None = None,
+    libcuda: str | None = "570.124.06",
+    env_extra: dict | None = None,
+    **kw,
 ) -> dict:
     sim = simnvml(gpus=[SimGPU()], init_error="driver_not_loaded")
     box = Sandbox(tmp_path / "box")
@@ -77,20 +88,37 @@ def test_a_new_kernel_dkms_did_not_build_for_gets_the_dkms_build(tmp_path: Path,
     assert f"no nvidia kernel module is built for the running kernel {RUNNING}" in c["detail"], c
     assert f"built for {OLD} only" in c["detail"]
     assert c["fix"] == (
-        f"sudo apt-get install -y linux-headers-{RUNNING} && sudo dkms autoinstall -k {RUNNING} && sudo modprobe nvidia"
+        f"sudo apt-get install -y linux-headers-{RUNNING} && sudo dkms autoinstall -k {RUNNING} && "
+        "sudo modprobe nvidia"
     )
     assert not c["fix"].startswith("sudo modprobe")
     assert c["data"]["kernel_module"]["release"] == RUNNING
 
 
-def test_rhel_likes_get_dnf_and_ubuntu_without_dkms_gets_its_module_package(tmp_path: Path, simnvml) -> None:
-    c = _driver(tmp_path / "rocky", simnvml, dkms=f"nvidia/570.124.06, {OLD}, x86_64: installed\n", distro="rocky")
-    assert c["fix"].startswith(f"sudo dnf install -y kernel-devel-{RUNNING} kernel-headers-{RUNNING} && sudo dkms autoinstall -k {RUNNING}")
+def test_rhel_likes_get_dnf_and_ubuntu_without_dkms_gets_its_module_package(
+    tmp_path: Path, simnvml
+) -> None:
+    c = _driver(
+        tmp_path / "rocky",
+        simnvml,
+        dkms=f"nvidia/570.124.06, {OLD}, x86_64: installed\n",
+        distro="rocky",
+    )
+    assert c["fix"].startswith(
+        f"sudo dnf install -y kernel-devel-{RUNNING} "
+        f"kernel-headers-{RUNNING} && sudo dkms autoinstall -k {RUNNING}"
+    )
     # Ubuntu's signed precompiled modules, for the driver's branch (from its libcuda).
     c = _driver(tmp_path / "ubuntu", simnvml)
-    assert c["fix"] == f"sudo apt-get install -y linux-modules-nvidia-570-{RUNNING} && sudo modprobe nvidia"
+    assert (
+        c["fix"]
+        == f"sudo apt-get install -y linux-modules-nvidia-570-{RUNNING} && sudo modprobe nvidia"
+    )
     c = _driver(tmp_path / "debian", simnvml, distro="debian")
-    assert c["fix"] == f"sudo apt-get install -y linux-headers-{RUNNING} nvidia-kernel-dkms && sudo modprobe nvidia"
+    assert c["fix"] == (
+        f"sudo apt-get install -y linux-headers-{RUNNING} nvidia-kernel-dkms && sudo modprobe "
+        "nvidia"
+    )
 
 
 def test_a_module_secure_boot_refuses_gets_its_key_enrolled(tmp_path: Path, simnvml) -> None:
@@ -100,11 +128,16 @@ def test_a_module_secure_boot_refuses_gets_its_key_enrolled(tmp_path: Path, simn
 
 
 @pytest.mark.parametrize("secure_boot", [None, False])
-def test_a_module_that_is_there_and_allowed_gets_modprobe(tmp_path: Path, simnvml, secure_boot) -> None:
+def test_a_module_that_is_there_and_allowed_gets_modprobe(
+    tmp_path: Path, simnvml, secure_boot
+) -> None:
     """The healthy side of the rule: modprobe is the fix that works here, and stays."""
     c = _driver(tmp_path, simnvml, built_for=(RUNNING, OLD), secure_boot=secure_boot)
     assert c["fix"].startswith("sudo modprobe nvidia"), c
-    assert f"/lib/modules/{RUNNING}/updates/dkms/nvidia.ko.zst is built for kernel {RUNNING}" in c["detail"]
+    assert (
+        f"/lib/modules/{RUNNING}/updates/dkms/nvidia.ko.zst is built for kernel {RUNNING}"
+        in c["detail"]
+    )
 
 
 def test_in_a_gpu_container_the_module_is_the_hosts(tmp_path: Path, simnvml) -> None:

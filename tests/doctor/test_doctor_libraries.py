@@ -22,7 +22,9 @@ PINS = {
 }
 
 
-def _world(box: Sandbox, sim, *, ld: list[Path] = (), wheels: dict[str, str] | None = None, **extra: str):
+def _world(
+    box: Sandbox, sim, *, ld: list[Path] = (), wheels: dict[str, str] | None = None, **extra: str
+):
     tk = box.toolkit("cuda-12.8", "12.8.93", gcc_max=14)
     box.compiler("gcc", "gcc", "12.3.0")
     box.tool("ninja", "1.11.1\n")
@@ -48,7 +50,9 @@ def _sim(simnvml):
     return simnvml(gpus=[SimGPU(model="H100")], driver_version="570.124.06", cuda_version=12080)
 
 
-def test_an_older_cudnn_first_on_ld_library_path_fails_and_the_fix_works(tmp_path: Path, simnvml) -> None:
+def test_an_older_cudnn_first_on_ld_library_path_fails_and_the_fix_works(
+    tmp_path: Path, simnvml
+) -> None:
     sim = _sim(simnvml)
     box = Sandbox(tmp_path)
     old = box.lib_dir("opt/cudnn-9.1/lib", libs={"libcudnn.so.9": "9.1.0"})
@@ -70,7 +74,9 @@ def test_an_older_cudnn_first_on_ld_library_path_fails_and_the_fix_works(tmp_pat
     assert_fix_works(box, env, "cuda_libraries")
 
 
-def test_an_older_nccl_in_ld_preload_fails_with_the_preload_taken_out(tmp_path: Path, simnvml) -> None:
+def test_an_older_nccl_in_ld_preload_fails_with_the_preload_taken_out(
+    tmp_path: Path, simnvml
+) -> None:
     sim = _sim(simnvml)
     box = Sandbox(tmp_path)
     nccl = box.lib_dir("nccl-2.18/lib", libs={"libnccl.so.2": "2.18.3"})
@@ -88,7 +94,9 @@ def test_an_older_nccl_in_ld_preload_fails_with_the_preload_taken_out(tmp_path: 
     assert by_id(alone)["cuda_libraries"]["fix"] == "unset LD_PRELOAD"
 
 
-def test_an_installed_nccl_wheel_older_than_torchs_pin_fails_with_the_pin(tmp_path: Path, simnvml) -> None:
+def test_an_installed_nccl_wheel_older_than_torchs_pin_fails_with_the_pin(
+    tmp_path: Path, simnvml
+) -> None:
     sim = _sim(simnvml)
     box = Sandbox(tmp_path)
     env, _site, _ = _world(box, sim, wheels={**PINS, "nvidia-nccl-cu12": "2.21.5"})
@@ -111,8 +119,15 @@ def test_a_newer_nccl_first_on_ld_library_path_is_fine(tmp_path: Path, simnvml) 
     report, proc = run_doctor_json(env)
     st = statuses(report)
     c = by_id(report)["cuda_libraries"]
-    assert c["status"] == "ok" and "NCCL 2.27.7" in c["detail"] and "newer than torch's 2.26.2" in c["detail"], c
-    assert st["nccl"] == "ok" and st["ld_library_path"] == "ok", (by_id(report)["nccl"], by_id(report)["ld_library_path"])
+    assert (
+        c["status"] == "ok"
+        and "NCCL 2.27.7" in c["detail"]
+        and "newer than torch's 2.26.2" in c["detail"]
+    ), c
+    assert st["nccl"] == "ok" and st["ld_library_path"] == "ok", (
+        by_id(report)["nccl"],
+        by_id(report)["ld_library_path"],
+    )
     assert proc.returncode == 0
 
 
@@ -124,7 +139,9 @@ def test_torchs_own_wheels_on_ld_library_path_shadow_nothing(tmp_path: Path, sim
     env, site, tk = _world(box, sim)
     nv = site / "nvidia"
     own = [nv / "cuda_runtime" / "lib", nv / "cudnn" / "lib", nv / "nccl" / "lib"]
-    env["LD_LIBRARY_PATH"] = ":".join([*(str(p) for p in own), str(tk / "lib64"), env["LD_LIBRARY_PATH"]])
+    env["LD_LIBRARY_PATH"] = ":".join(
+        [*(str(p) for p in own), str(tk / "lib64"), env["LD_LIBRARY_PATH"]]
+    )
     report, proc = run_doctor_json(env)
     st = statuses(report)
     assert st["ld_library_path"] == "ok", by_id(report)["ld_library_path"]
@@ -141,7 +158,9 @@ def test_ngc_builds_pin_nothing_and_are_not_compared(tmp_path: Path, simnvml) ->
     sim = _sim(simnvml)
     box = Sandbox(tmp_path)
     tk = box.toolkit("usr/local/cuda-12.8", "12.8.93", gcc_max=14)
-    libs = box.lib_dir("usr/lib/x86_64-linux-gnu", libs={"libnccl.so.2": "2.25.1", "libcudnn.so.9": "9.7.0"})
+    libs = box.lib_dir(
+        "usr/lib/x86_64-linux-gnu", libs={"libnccl.so.2": "2.25.1", "libcudnn.so.9": "9.7.0"}
+    )
     box.ldconfig({"libnccl.so.2": libs / "libnccl.so.2", "libcudnn.so.9": libs / "libcudnn.so.9"})
     box.compiler("gcc", "gcc", "12.3.0")
     box.tool("ninja", "1.11.1\n")
@@ -155,7 +174,10 @@ def test_ngc_builds_pin_nothing_and_are_not_compared(tmp_path: Path, simnvml) ->
     )
     report, proc = run_doctor_json(env)
     st = statuses(report)
-    assert st["cuda_libraries"] == "ok" and "pins no nvidia-* wheels" in by_id(report)["cuda_libraries"]["detail"]
+    assert (
+        st["cuda_libraries"] == "ok"
+        and "pins no nvidia-* wheels" in by_id(report)["cuda_libraries"]["detail"]
+    )
     assert not [k for k, s in st.items() if s in ("fail", "warn")], report["checks"]
     assert proc.returncode == 0
 
@@ -180,14 +202,18 @@ def test_wsl2s_driver_folder_on_the_path_is_fine(tmp_path: Path, simnvml, linked
     assert proc.returncode == 0
 
 
-def test_the_ldconfig_cache_is_what_loads_when_torchs_wheel_is_missing(tmp_path: Path, simnvml) -> None:
+def test_the_ldconfig_cache_is_what_loads_when_torchs_wheel_is_missing(
+    tmp_path: Path, simnvml
+) -> None:
     sim = _sim(simnvml)
     box = Sandbox(tmp_path)
     libs = box.lib_dir("usr/lib/x86_64-linux-gnu", libs={"libcudnn.so.9": "9.0.0"})
     box.ldconfig({"libcudnn.so.9": libs / "libcudnn.so.9"})
     env, _, _ = _world(box, sim, wheels={k: v for k, v in PINS.items() if "cudnn" not in k})
     c = by_id(run_doctor_json(env)[0])["cuda_libraries"]
-    assert c["status"] == "fail" and "ldconfig cache's" in c["detail"] and "(9.0.0)" in c["detail"], c
+    assert (
+        c["status"] == "fail" and "ldconfig cache's" in c["detail"] and "(9.0.0)" in c["detail"]
+    ), c
     assert c["fix"].endswith("-m pip install nvidia-cudnn-cu12==9.7.1.26")
     # With torch's own wheel installed, its RUNPATH finds that one before the cache.
     fine, _ = run_doctor_json(_world(Sandbox(tmp_path / "b"), sim)[0] | {"PATH": env["PATH"]})
@@ -210,7 +236,11 @@ def test_an_older_cublas_on_the_path_is_said_once_and_an_older_cusparse_still_by
         cuda="12.8",
         requires=PINS,
         wheels={**PINS, "nvidia-cusparse-cu12": "12.5.7.53"},
-        pip_libs={"libcudart.so.12": "12.8.90", "libcublas.so.12": "12.8.3.14", "libcusparse.so.12": "12.5.7.53"},
+        pip_libs={
+            "libcudart.so.12": "12.8.90",
+            "libcublas.so.12": "12.8.3.14",
+            "libcusparse.so.12": "12.5.7.53",
+        },
     )
     old = box.lib_dir("opt/cublas-12.1/lib", libs={"libcublas.so.12": "12.1.3.1"})
     env = box.env(
@@ -230,5 +260,7 @@ def test_an_older_cublas_on_the_path_is_said_once_and_an_older_cusparse_still_by
     env2 = {**env, "LD_LIBRARY_PATH": f"{sparse}:{tk / 'lib64'}:{sim.library_dir}"}
     report2, _ = run_doctor_json(env2)
     ld2 = by_id(report2)["ld_library_path"]
-    assert ld2["status"] == "fail" and f"{sparse}/libcusparse.so.12 (12.1.0.106)" in ld2["detail"], ld2
+    assert (
+        ld2["status"] == "fail" and f"{sparse}/libcusparse.so.12 (12.1.0.106)" in ld2["detail"]
+    ), ld2
     assert statuses(report2)["cuda_libraries"] == "ok"

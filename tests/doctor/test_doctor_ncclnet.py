@@ -25,7 +25,9 @@ def _root(tmp_path: Path, hcas: dict[str, str]) -> Path:
     return root
 
 
-def _nccl(tmp_path: Path, simnvml, hcas: dict[str, str], **env: str) -> tuple[dict, dict[str, str], Sandbox]:
+def _nccl(
+    tmp_path: Path, simnvml, hcas: dict[str, str], **env: str
+) -> tuple[dict, dict[str, str], Sandbox]:
     sim = simnvml(gpus=[SimGPU(), SimGPU()])
     box = Sandbox(tmp_path / "box")
     world = box.env(
@@ -42,7 +44,9 @@ def _nccl(tmp_path: Path, simnvml, hcas: dict[str, str], **env: str) -> tuple[di
 HGX = {"mlx5_0": "4: ACTIVE", "mlx5_1": "4: ACTIVE", "mlx5_2": "1: DOWN"}
 
 
-def test_nccl_ib_hca_naming_absent_hcas_says_nccl_falls_back_to_tcp(tmp_path: Path, simnvml) -> None:
+def test_nccl_ib_hca_naming_absent_hcas_says_nccl_falls_back_to_tcp(
+    tmp_path: Path, simnvml
+) -> None:
     c, world, box = _nccl(tmp_path, simnvml, HGX, NCCL_IB_HCA="mlx4_0,mlx4_1")
     assert c["status"] == "warn" and "falls back to TCP sockets" in c["detail"], c
     assert "mlx5_0 (active)" in c["detail"] and "mlx5_2 (no active port)" in c["detail"]
@@ -56,7 +60,11 @@ def test_nccl_ib_hca_naming_absent_hcas_says_nccl_falls_back_to_tcp(tmp_path: Pa
 
 def test_some_absent_hcas_are_dropped_from_the_list(tmp_path: Path, simnvml) -> None:
     c, world, box = _nccl(tmp_path, simnvml, HGX, NCCL_IB_HCA="=mlx5_0,mlx5_1,mlx5_2,mlx5_9")
-    assert c["status"] == "warn" and "mlx5_2, mlx5_9" in c["detail"] and "uses only mlx5_0, mlx5_1" in c["detail"], c
+    assert (
+        c["status"] == "warn"
+        and "mlx5_2, mlx5_9" in c["detail"]
+        and "uses only mlx5_0, mlx5_1" in c["detail"]
+    ), c
     assert c["fix"] == "export NCCL_IB_HCA==mlx5_0,mlx5_1"
     after, _ = run_doctor_json(apply_fix(box, world, c["fix"]))
     assert statuses(after)["nccl"] == "ok", by_id(after)["nccl"]
@@ -64,7 +72,11 @@ def test_some_absent_hcas_are_dropped_from_the_list(tmp_path: Path, simnvml) -> 
 
 def test_no_infiniband_at_all_with_nccl_ib_hca_set(tmp_path: Path, simnvml) -> None:
     c, _, _ = _nccl(tmp_path, simnvml, {}, NCCL_IB_HCA="mlx5")
-    assert c["status"] == "warn" and "no InfiniBand or RoCE device" in c["detail"] and c["fix"] == "unset NCCL_IB_HCA", c
+    assert (
+        c["status"] == "warn"
+        and "no InfiniBand or RoCE device" in c["detail"]
+        and c["fix"] == "unset NCCL_IB_HCA"
+    ), c
 
 
 @pytest.mark.parametrize(

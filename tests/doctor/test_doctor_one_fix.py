@@ -17,7 +17,10 @@ from simnvml import SimGPU
 pytestmark = pytest.mark.e2e
 
 RTX5090 = {"model": "H100", "name": "NVIDIA GeForce RTX 5090", "compute_capability": "12.0"}
-PIP = re.compile(r"-m pip install --force-reinstall torch(==(\S+))? --index-url https://download\.pytorch\.org/whl/(cu\d+)")
+PIP = re.compile(
+    r"-m pip install --force-reinstall torch(==(\S+))? --index-url "
+    r"https://download\.pytorch\.org/whl/(cu\d+)"
+)
 
 
 def _doctor_env(box: Sandbox, sim, tk: Path | None, site: Path) -> dict[str, str]:
@@ -42,7 +45,9 @@ def _launch_fix(tmp_path: Path, sim, site: Path) -> str:
     return line.split("; fix: ", 1)[1]
 
 
-def test_a_cpu_torch_on_a_575_driver_gets_one_fix_from_launch_and_doctor(tmp_path: Path, simnvml) -> None:
+def test_a_cpu_torch_on_a_575_driver_gets_one_fix_from_launch_and_doctor(
+    tmp_path: Path, simnvml
+) -> None:
     """torch 2.13 CPU, driver 575 (CUDA 12.9), a CUDA 13.0 toolkit: the driver runs the cu128
     index's torch (the table's newest there, so no pin and no downgrade); both say exactly that."""
     sim = simnvml(gpus=[SimGPU(model="H100")], driver_version="575.51.03", cuda_version=12090)
@@ -53,7 +58,10 @@ def test_a_cpu_torch_on_a_575_driver_gets_one_fix_from_launch_and_doctor(tmp_pat
     report, proc = run_doctor_json(_doctor_env(box, sim, tk, site))
     t = by_id(report)["torch"]
     assert t["status"] == "fail" and proc.returncode == 1
-    assert t["fix"] == f"{sys.executable} -m pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu128"
+    assert t["fix"] == (
+        f"{sys.executable} -m pip install --force-reinstall torch --index-url "
+        "https://download.pytorch.org/whl/cu128"
+    )
     assert "driver" not in t["fix"] and "downgrade" not in t["fix"]
     assert _launch_fix(tmp_path, sim, site) == t["fix"]
     # Applied: torch runs on this driver; only the extension toolkit (13.0 vs 12.8) is left to
@@ -74,12 +82,16 @@ def test_a_downgrade_is_said_out_loud_by_both(tmp_path: Path, simnvml) -> None:
     fix = by_id(report)["torch"]["fix"]
     m = PIP.search(fix)
     assert m and m.group(2) == "2.7.1" and m.group(3) == "cu118", fix
-    assert fix.endswith("(a downgrade from torch 2.13.0: 2.7.1 is the newest torch published for cu118)")
+    assert fix.endswith(
+        "(a downgrade from torch 2.13.0: 2.7.1 is the newest torch published for cu118)"
+    )
     assert _launch_fix(tmp_path, sim, site) == fix
 
 
 @pytest.mark.parametrize("torch", ["2.9.0+cu126", "2.13.0+cu126"])
-def test_rtx_5090_with_a_cu126_torch_on_570_gets_the_cu128_wheel(tmp_path: Path, simnvml, torch: str) -> None:
+def test_rtx_5090_with_a_cu126_torch_on_570_gets_the_cu128_wheel(
+    tmp_path: Path, simnvml, torch: str
+) -> None:
     """570 already runs cu128; the CUDA 12.6 toolkit that can't build sm_120 is the build
     checks' business, not a reason to ask for a driver upgrade."""
     sim = simnvml(gpus=[SimGPU(**RTX5090)], driver_version="570.124.06", cuda_version=12080)
@@ -91,7 +103,9 @@ def test_rtx_5090_with_a_cu126_torch_on_570_gets_the_cu128_wheel(tmp_path: Path,
     t = by_id(report)["torch"]
     assert t["status"] == "fail" and "sm_120" in t["detail"], t
     m = PIP.search(t["fix"])
-    assert m and m.group(3) == "cu128" and "driver" not in t["fix"] and "downgrade" not in t["fix"], t["fix"]
+    assert (
+        m and m.group(3) == "cu128" and "driver" not in t["fix"] and "downgrade" not in t["fix"]
+    ), t["fix"]
     assert m.group(2) == ("2.9.0" if torch.startswith("2.9") else None)
     after, _ = run_doctor_json(apply_fix(box, env, t["fix"]))
     st = statuses(after)

@@ -90,7 +90,7 @@ def test_find_ldconfig_prefers_path_then_sbin(tmp_path: Path) -> None:
     assert libraries.find_ldconfig({"PATH": str(tmp_path / "empty")}) == fallback
 
 
-# -- the host compiler ----------------------------------------------------------------------------
+# -- the host compiler -----------------------------------------------------------------------------
 
 
 def test_pick_compiler_order(tmp_path: Path) -> None:
@@ -174,7 +174,7 @@ def test_pick_compiler_agrees_with_the_real_nvcc(tmp_path: Path) -> None:
         assert picked == _dryrun_host_compiler(nvcc, cu, env), extra
 
 
-# -- CUDA_HOME --------------------------------------------------------------------------------------
+# -- CUDA_HOME -------------------------------------------------------------------------------------
 
 
 def test_resolve_cuda_home_fallback(tmp_path: Path) -> None:
@@ -238,7 +238,7 @@ def test_resolve_cuda_home_agrees_with_the_real_torch(tmp_path: Path) -> None:
         assert ours == theirs, env
 
 
-# -- reads that must not block or raise ---------------------------------------------------------------
+# -- reads that must not block or raise ------------------------------------------------------------
 
 
 def test_read_text_refuses_fifos_and_devices_without_blocking(tmp_path: Path) -> None:
@@ -289,7 +289,7 @@ def test_toolkit_root_of_libdir(tmp_path: Path) -> None:
     assert root("") is None and root(str(tmp_path / "missing")) is None
 
 
-# -- the torch probe script ---------------------------------------------------------------------------
+# -- the torch probe script ------------------------------------------------------------------------
 
 
 def test_torch_probe_runs_without_xl_and_reads_torch_without_importing_it(tmp_path: Path) -> None:

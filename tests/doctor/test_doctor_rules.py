@@ -95,7 +95,8 @@ def test_blackwell_with_a_wheel_before_sm_120_fails_with_the_wheel_that_fixes_it
     [
         (RTX5090, ("2.7.0+cu128", "12.8"), "ok", None),
         ({"model": "L4"}, ("2.6.0+cu126", "12.6"), "ok", None),  # 8.9 runs the 8.6 cubin
-        ({"model": "V100"}, ("2.7.0+cu128", "12.8"), "fail", "torch==2.7.0 --index-url https://download.pytorch.org/whl/cu126"),
+        ({"model": "V100"}, ("2.7.0+cu128", "12.8"), "fail", "torch==2.7.0 --index-url "
+                                                             "https://download.pytorch.org/whl/cu126"),
         ({"model": "V100"}, ("2.5.1", "12.4"), "ok", None),  # no +cu tag, no pip libs: not judged
     ],
 )  # fmt: skip
@@ -177,11 +178,14 @@ def test_arch_list_e2e(tmp_path: Path, simnvml, value: str, status: str, fix: st
     ("toolkit", "gcc_max", "torch", "extra", "status", "words"),
     [
         # nvcc's check off, torch's table (12.4: gcc < 14) still refuses gcc 14
-        (("cuda-12.4", "12.4.131"), 13, ("2.4.0+cu124", "12.4"), {}, "fail", "TORCH_DONT_CHECK_COMPILER_ABI=1"),
+        (("cuda-12.4", "12.4.131"), 13, ("2.4.0+cu124", "12.4"), {}, "fail",
+         "TORCH_DONT_CHECK_COMPILER_ABI=1"),
         # ... unless TORCH_DONT_CHECK_COMPILER_ABI switches torch's table off too
-        (("cuda-12.4", "12.4.131"), 13, ("2.4.0+cu124", "12.4"), {"TORCH_DONT_CHECK_COMPILER_ABI": "1"}, "warn", "-allow-unsupported-compiler"),
+        (("cuda-12.4", "12.4.131"), 13, ("2.4.0+cu124", "12.4"),
+         {"TORCH_DONT_CHECK_COMPILER_ABI": "1"}, "warn", "-allow-unsupported-compiler"),
         # torch's table takes gcc 14 for 12.8; host_config.h says 13 here: nvcc's check is off
-        (("cuda-12.8", "12.8.93"), 13, ("2.7.0+cu128", "12.8"), {}, "warn", "unsupported by NVIDIA"),
+        (("cuda-12.8", "12.8.93"), 13, ("2.7.0+cu128", "12.8"), {}, "warn",
+         "unsupported by NVIDIA"),
     ],
 )  # fmt: skip
 def test_allow_unsupported_compiler(

@@ -182,7 +182,9 @@ def test_cuda_home_is_the_folder_above_the_nvcc_symlink_not_its_target(tmp_path:
     assert f"its nvcc leads to {tk}" in home["detail"]
     assert home["fix"] == f"export CUDA_HOME={tk} PATH={tk}/bin:$PATH"
     # The toolkit listing names the folder too, not only where its nvcc leads.
-    assert by_id(report)["toolkits"]["detail"].endswith(f"PATH -> {tk}, CUDA_HOME ({tmp_path}) -> {tk}")
+    assert by_id(report)["toolkits"]["detail"].endswith(
+        f"PATH -> {tk}, CUDA_HOME ({tmp_path}) -> {tk}"
+    )
 
 
 def test_cuda_home_falls_back_to_usr_local_cuda(tmp_path: Path) -> None:

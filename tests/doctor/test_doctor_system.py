@@ -1,4 +1,4 @@
-"""The machine around the GPUs (issue 23, points 8-10): a container started without GPU access,
+"""The machine around the GPUs: a container started without GPU access,
 /dev/shm filled by dead jobs, and NCCL settings that cannot work; each on a world built for real
 and run through the real `xl doctor`, each with the healthy-but-unusual setups left alone."""
 
@@ -33,17 +33,24 @@ def _env(box: Sandbox, sim, site: Path, **extra: str) -> dict[str, str]:
 # -- 8. containers ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("visible", "status"), [("all", "warn"), ("0,1", "warn"), ("void", "skip")])
+@pytest.mark.parametrize(
+    ("visible", "status"), [("all", "warn"), ("0,1", "warn"), ("void", "skip")]
+)
 def test_a_container_started_without_gpus_gets_the_runtimes_fix(
     tmp_path: Path, simnvml, visible: str, status: str
 ) -> None:
     sim = simnvml(gpus=0, init_error="library_not_found")  # no libnvidia-ml: nothing mounted in
     box = Sandbox(tmp_path)
-    report, proc = run_doctor_json(_env(box, sim, box.torch("2.4.0+cpu", cuda=None), NVIDIA_VISIBLE_DEVICES=visible))
+    report, proc = run_doctor_json(
+        _env(box, sim, box.torch("2.4.0+cpu", cuda=None), NVIDIA_VISIBLE_DEVICES=visible)
+    )
     d = by_id(report)["driver"]
     assert d["status"] == status and proc.returncode == 0, d
     if status == "warn":
-        assert f"NVIDIA_VISIBLE_DEVICES={visible}" in d["detail"] and "without GPU access" in d["detail"]
+        assert (
+            f"NVIDIA_VISIBLE_DEVICES={visible}" in d["detail"]
+            and "without GPU access" in d["detail"]
+        )
         assert d["fix"].startswith("start the container with GPU access: docker run --gpus all")
         assert "nvidia-ctk runtime configure" in d["fix"]
     # Installing a driver inside a container breaks it: no fix anywhere says so.
@@ -56,13 +63,18 @@ def test_in_a_gpu_container_a_driver_upgrade_is_the_hosts(tmp_path: Path, simnvm
     site = box.torch("2.13.0+cu130", cuda="13.0")  # 520 runs only downgrades of it (cu118)
     inside, _ = run_doctor_json(_env(box, sim, site, NVIDIA_VISIBLE_DEVICES="all"))
     dc = by_id(inside)["driver_cuda"]
-    assert dc["status"] == "fail" and dc["fix"].startswith("on the host, not in this container: "), dc
+    assert dc["status"] == "fail" and dc["fix"].startswith(
+        "on the host, not in this container: "
+    ), dc
     # Outside a container (a fake root without a container's marker), a command for this machine.
     root = tmp_path / "root"
     (root / "etc").mkdir(parents=True)
     (root / "etc" / "os-release").write_text("ID=ubuntu\nID_LIKE=debian\nVERSION_ID=22.04\n")
     outside, _ = run_doctor_json({**_env(box, sim, site), "XL_DOCTOR_ROOT": str(root)})
-    assert by_id(outside)["driver_cuda"]["fix"] == "sudo apt-get install -y nvidia-driver-580 && sudo reboot"
+    assert (
+        by_id(outside)["driver_cuda"]["fix"]
+        == "sudo apt-get install -y nvidia-driver-580 && sudo reboot"
+    )
 
 
 # -- 9. /dev/shm: free space and stale segments --------------------------------------------------
@@ -73,7 +85,9 @@ def _shm_env(tmp_path: Path, shm: Path) -> dict[str, str]:
     return box.env(PYTHONPATH=box.torch("2.4.0+cpu", cuda=None), XL_DOCTOR_SHM=str(shm))
 
 
-def test_stale_nccl_and_torch_segments_are_named_with_the_command_that_removes_them(tmp_path: Path) -> None:
+def test_stale_nccl_and_torch_segments_are_named_with_the_command_that_removes_them(
+    tmp_path: Path,
+) -> None:
     shm = tmp_path / "shm"
     shm.mkdir()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -89,7 +103,13 @@ def test_stale_nccl_and_torch_segments_are_named_with_the_command_that_removes_t
     for old in ("nccl-Zq81xk", f"torch_{dead.pid}_3712_0", "nccl-Live42"):
         os.utime(shm / old, (hour_ago, hour_ago))
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import mmap,sys,time;f=open(sys.argv[1],'r+b');m=mmap.mmap(f.fileno(),0);print('ok',flush=True);time.sleep(60)", str(live)],
+        [
+            sys.executable,
+            "-c",
+            "import "
+            "mmap,sys,time;f=open(sys.argv[1],'r+b');m=mmap.mmap(f.fileno(),0);print('ok',flush=True);time.sleep(60)",
+            str(live),
+        ],
         stdout=subprocess.PIPE,
     )
     try:
@@ -116,7 +136,11 @@ def small_tmpfs(tmp_path: Path):
     mnt.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600m", "tmpfs", str(mnt)], capture_output=True, timeout=30)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=600m", "tmpfs", str(mnt)],
+        capture_output=True,
+        timeout=30,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
     try:
@@ -190,8 +214,14 @@ def test_nccl_socket_ifname(tmp_path: Path, simnvml) -> None:
     assert _nccl(tmp_path / "exclude", simnvml, NCCL_SOCKET_IFNAME="^docker,lo")["status"] == "ok"
 
 
-def test_an_nccl_wheel_of_another_cuda_major_fails_with_the_reinstall(tmp_path: Path, simnvml) -> None:
-    site_kw = {"nccl": "2.20.5", "nccl_wheels": {"cu11": "2.21.5"}, "requires_nccl": "nvidia-nccl-cu12==2.20.5"}
+def test_an_nccl_wheel_of_another_cuda_major_fails_with_the_reinstall(
+    tmp_path: Path, simnvml
+) -> None:
+    site_kw = {
+        "nccl": "2.20.5",
+        "nccl_wheels": {"cu11": "2.21.5"},
+        "requires_nccl": "nvidia-nccl-cu12==2.20.5",
+    }
     c = _nccl(tmp_path, simnvml, site_kw)
     assert c["status"] == "fail" and "nvidia-nccl-cu11 2.21.5" in c["detail"], c
     py = sys.executable

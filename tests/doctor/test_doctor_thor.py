@@ -51,7 +51,11 @@ def test_nvcc_13_refuses_10_1_which_torch_2_8_accepts(tmp_path: Path) -> None:
     env = _env(box, "13.0.88", ("2.8.0+cu129", "12.9"), "9.0;10.1")
     report, _ = run_doctor_json(env)
     c = by_id(report)["arch_list"]
-    assert c["status"] == "fail" and "compute_101" in c["detail"] and "renamed 10.1 to 11.0" in c["detail"], c
+    assert (
+        c["status"] == "fail"
+        and "compute_101" in c["detail"]
+        and "renamed 10.1 to 11.0" in c["detail"]
+    ), c
     assert "knows Thor only as 10.1" in c["detail"]
     assert c["fix"] == (
         "sudo apt-get install -y cuda-toolkit-12-9 && "
