@@ -246,6 +246,41 @@ def test_a_requester_reads_nothing_from_a_socket_another_process_bound(stranger:
         holder.wait(timeout=30)
 
 
+STRANGER_ASKS = (
+    "import socket, sys; s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect('\\0' + sys.argv[1]); "
+    "got = b''\n"
+    "while (part := s.recv(65536)): got += part\n"
+    "print(len(got))"
+)
+
+
+def test_another_user_who_finds_a_rank_s_stacks_socket_is_told_nothing(stranger: str, shared_home: Path, tmp_path: Path) -> None:
+    """An abstract socket has no file mode and its name is listed in /proc/net/unix for every
+    user: the rank itself must refuse a caller of another uid (SO_PEERCRED). The same request
+    from the run's own user gets the rank's threads."""
+    assert PYTHON is not None
+    run_dir = _launch(shared_home, tmp_path, 1)
+    try:
+        door_file = run_dir / "ranks" / "rank-0.stacks.json"
+        wait_for(door_file.exists, timeout=60, what="rank 0's stacks door")
+        door = json.loads(door_file.read_text())
+        listed = Path("/proc/net/unix").read_text()
+        assert "@" + door["socket"] in listed  # anyone can find the name
+        asked = subprocess.run(["runuser", "-u", stranger, "--", PYTHON, "-c", STRANGER_ASKS, door["socket"]],
+                               capture_output=True, text=True, timeout=60, cwd="/")
+        assert asked.returncode == 0, asked.stderr  # connected, then closed on
+        assert asked.stdout.strip() == "0", asked.stdout[:500]
+        mine = subprocess.run([sys.executable, "-c", STRANGER_ASKS, door["socket"]], capture_output=True, text=True, timeout=60)
+        assert mine.returncode == 0 and int(mine.stdout) > 100, mine.stdout + mine.stderr
+        assert run_json(run_dir)["status"] == "running"  # the rank goes on
+    finally:
+        (tmp_path / "go").touch()
+        try:
+            wait_no_processes(run_dir, timeout=60)
+        finally:
+            kill_run(run_dir)
+
+
 def holder_pid(runuser_pid: int) -> int:
     """The Python that runuser started (its child)."""
     kids = psutil.Process(runuser_pid).children()
