@@ -1,7 +1,9 @@
 """Cases that held when they were first tried, attacked again for real so they keep holding
 (docs/security.md): a forged Host, path traversal and the token in a Referer against `xl serve`;
 label injection into the exporter from a run's name; binary output from a rank; a stopped
-(SIGSTOP) rank; ten launches at once; `xl stop` while `xl attach` follows the run.
+(SIGSTOP) rank; ten launches at once; `xl stop` while `xl attach` follows the run; 10,000
+metric keys; 64 CPU ranks. And one that failed once and was tested only on its parsers: a rank
+printing huge digit lines, against the real supervisor.
 
 Real `xl launch` on real torchrun with CPU ranks, the real `xl serve` and `xl exporter` asked over
 real sockets; every test checks that nothing it started is left.
@@ -373,3 +375,63 @@ def test_sixty_four_cpu_ranks_run_and_are_each_recorded(tmp_path: Path) -> None:
         wait_no_processes(run_dir, timeout=120)
     finally:
         kill_run(run_dir)
+
+
+HOSTILE_LINES = textwrap.dedent(
+    """
+    import os, sys, time
+    import xl
+    rank = int(os.environ["RANK"])
+    here = sys.argv[1]
+    print("ready", flush=True)
+    step = 0
+    while not os.path.exists(os.path.join(here, "go")):
+        step += 1
+        if rank == 0:
+            # The shapes that once held the supervisor's loop for seconds each.
+            print("1" * 60_000 + " it/s", flush=True)
+            print("x" * 32_000 + " it/s", flush=True)
+            print("{'loss': " + "9" * 20_000, flush=True)
+        else:
+            xl.log(step=step, loss=1.0 / step)
+        with open(os.path.join(here, f"steps-{rank}"), "a") as fh:
+            fh.write(f"{step}\\n")
+        time.sleep(0.05)
+    """
+)
+
+
+def _stored_steps(run_dir: Path, rank: int) -> int:
+    text = (run_dir / "metrics.jsonl").read_text(errors="replace")
+    steps = [json.loads(line).get("step") for line in text.splitlines() if f'"rank": {rank}' in line or f'"rank":{rank}' in line]
+    return max([s for s in steps if isinstance(s, int)], default=0)
+
+
+def test_a_rank_that_prints_huge_digit_lines_holds_up_neither_the_records_nor_xl_stop(tmp_path: Path) -> None:
+    """60,000 digits then " it/s" once held the supervisor's loop 19 s a line. Rank 0 prints such
+    lines without end while rank 1 logs steps: rank 1's records are stored as they come, and
+    `xl stop` ends the run; rank 0's log keeps its lines whole."""
+    home = tmp_path / "home"
+    env = xl_env(home)
+    (tmp_path / "train.py").write_text(HOSTILE_LINES)
+    done = xl(["launch", "--detach", "--nproc", "2", "train.py", str(tmp_path)], env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = wait_run(home)
+    try:
+        wait_ranks_running(run_dir, 2, timeout=90)
+        wait_for(lambda: _steps(tmp_path / "steps-0") >= 100, timeout=120, what="300 hostile lines from rank 0")
+        now = _steps(tmp_path / "steps-1")
+        wait_for(lambda: _stored_steps(run_dir, 1) >= now, timeout=60, what=f"rank 1's step {now} stored")
+        stopped = xl(["stop", run_dir.name], env, timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert wait_final(run_dir, timeout=90)["status"] == "stopped"
+        with open(run_dir / "logs" / "rank-0.log", "rb") as fh:
+            whole = sum(1 for line in fh if line == b"1" * 60_000 + b" it/s\n")
+        assert whole >= 100, whole
+        wait_no_processes(run_dir, timeout=60)
+    finally:
+        (tmp_path / "go").touch()
+        try:
+            wait_no_processes(run_dir, timeout=30)
+        finally:
+            kill_run(run_dir)
