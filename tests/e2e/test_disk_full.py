@@ -290,6 +290,8 @@ def test_a_disk_full_from_the_start_still_ends_true_and_xl_launch_returns(tmp_pa
         events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
         assert [e["status"] for e in events if e["kind"] == "run_ended"] == [rec["status"]], events
         assert [e["files"] for e in events if e["kind"] == "write_lost"] == [lost], events
+        # ... and said where the person watching sees it.
+        assert "the disk refused writes: never written:" in shown, shown[-3000:]
         filler.unlink()
         filler = None
         listed = xl(["runs", "--json"], env, timeout=60)
