@@ -58,8 +58,12 @@ def small_disk(tmp_path: Path):
     disk.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(disk)],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
@@ -90,22 +94,35 @@ def _steps(tmp_path: Path, rank: int) -> int:
 
 
 @pytest.mark.parametrize("rank1_exit", [0, 3], ids=["both-succeed", "rank1-fails"])
-def test_a_full_disk_neither_falsifies_the_record_nor_holds_up_xl(tmp_path: Path, small_disk: Path, rank1_exit: int) -> None:
+def test_a_full_disk_neither_falsifies_the_record_nor_holds_up_xl(
+    tmp_path: Path, small_disk: Path, rank1_exit: int
+) -> None:
     (tmp_path / "train.py").write_text(SCRIPT)
     home = small_disk / "home"
     env = xl_env(home)
-    launch = subprocess.Popen([*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), str(rank1_exit)],
-                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    launch = subprocess.Popen(
+        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), str(rank1_exit)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     run_dir = None
     filler = None
     try:
         run_dir = wait_run(home)
         wait_ranks_running(run_dir, 2, timeout=90)
-        wait_for(lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 20, timeout=60, what="20 steps")
+        wait_for(
+            lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 20, timeout=60, what="20 steps"
+        )
         filler = _fill(small_disk)
         at_fill = min(_steps(tmp_path, 0), _steps(tmp_path, 1))
         # The ranks train on while nothing can be written.
-        wait_for(lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= at_fill + 60, timeout=60, what="60 steps on a full disk")
+        wait_for(
+            lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= at_fill + 60,
+            timeout=60,
+            what="60 steps on a full disk",
+        )
         (tmp_path / "end").touch()
         out, _ = launch.communicate(timeout=120)  # it returns while the disk is still full
         shown = out.decode(errors="replace")
@@ -122,12 +139,18 @@ def test_a_full_disk_neither_falsifies_the_record_nor_holds_up_xl(tmp_path: Path
         # What never reached the disk is counted per file, in run.json and an event.
         lost = rec.get("write_lost") or {}
         assert lost.get("logs/rank-0.log", 0) > 0 and lost.get("logs/rank-1.log", 0) > 0, rec
-        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+        events = [
+            json.loads(line)
+            for line in (run_dir / "events.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
         said = [e for e in events if e["kind"] == "write_lost"]
         assert said and said[0]["files"] == lost, events
         ended = [e for e in events if e["kind"] == "run_ended"]
         assert [e["status"] for e in ended] == [rec["status"]], events
-        assert not any(e["kind"] == "rank_exited" and e.get("exit_code") is None for e in events), events
+        assert not any(e["kind"] == "rank_exited" and e.get("exit_code") is None for e in events), (
+            events
+        )
         # Space back: the run reads the same, nothing about it is "running" or "gone".
         filler.unlink()
         filler = None
@@ -149,22 +172,35 @@ def test_a_full_disk_neither_falsifies_the_record_nor_holds_up_xl(tmp_path: Path
                 kill_run(run_dir)
 
 
-def test_a_run_whose_supervisor_died_on_a_full_disk_is_settled_true_once_space_is_back(tmp_path: Path, small_disk: Path) -> None:
+def test_a_run_whose_supervisor_died_on_a_full_disk_is_settled_true_once_space_is_back(
+    tmp_path: Path, small_disk: Path
+) -> None:
     (tmp_path / "train.py").write_text(SCRIPT)
     home = small_disk / "home"
     env = xl_env(home)
-    launch = subprocess.Popen([*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), "0"],
-                              env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    launch = subprocess.Popen(
+        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), "0"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     run_dir = None
     filler = None
     try:
         run_dir = wait_run(home)
         wait_ranks_running(run_dir, 2, timeout=90)
-        wait_for(lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 20, timeout=60, what="20 steps")
+        wait_for(
+            lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 20, timeout=60, what="20 steps"
+        )
         filler = _fill(small_disk)
         os.kill(int(run_json(run_dir)["supervisor_pid"]), 9)  # nobody left to write the end
         at_fill = min(_steps(tmp_path, 0), _steps(tmp_path, 1))
-        wait_for(lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= at_fill + 40, timeout=60, what="40 steps on a full disk")
+        wait_for(
+            lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= at_fill + 40,
+            timeout=60,
+            what="40 steps on a full disk",
+        )
         (tmp_path / "end").touch()
         launch.wait(timeout=120)
         wait_no_processes(run_dir, timeout=60)
@@ -212,7 +248,9 @@ def _launched_ranks(tmp_path: Path) -> list[int]:
     return found
 
 
-def test_a_disk_without_room_for_the_run_s_reserve_refuses_the_run_in_one_line(tmp_path: Path, small_disk: Path) -> None:
+def test_a_disk_without_room_for_the_run_s_reserve_refuses_the_run_in_one_line(
+    tmp_path: Path, small_disk: Path
+) -> None:
     """256 KiB free: enough for a run dir and its run.json, not for the 1 MiB its end is kept
     in. The run is refused before it starts (it would train with nowhere to write its end);
     the same disk with room runs it."""
@@ -222,16 +260,27 @@ def test_a_disk_without_room_for_the_run_s_reserve_refuses_the_run_in_one_line(t
     env = xl_env(home)
     filler = _leave_free(small_disk, 256 << 10)
     try:
-        done = xl(["launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), "0"], env, cwd=tmp_path, timeout=120)
+        done = xl(
+            ["launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), "0"],
+            env,
+            cwd=tmp_path,
+            timeout=120,
+        )
         assert done.returncode == 2, done.stdout + done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1, done.stderr
-        assert "No space left on device" in lines[0] and "1 MiB" in lines[0] and "XL_HOME" in lines[0], lines
+        assert (
+            "No space left on device" in lines[0] and "1 MiB" in lines[0] and "XL_HOME" in lines[0]
+        ), lines
         assert "Traceback" not in done.stdout + done.stderr
         assert list((home / "runs").iterdir()) == [], "a refused run leaves no run dir"
-        assert _steps(tmp_path, 0) == 0 and _launched_ranks(tmp_path) == [], "nothing of the run started"
+        assert _steps(tmp_path, 0) == 0 and _launched_ranks(tmp_path) == [], (
+            "nothing of the run started"
+        )
         listed = xl(["runs", "--json"], env)
-        assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stdout + listed.stderr
+        assert listed.returncode == 0 and json.loads(listed.stdout) == [], (
+            listed.stdout + listed.stderr
+        )
     finally:
         filler.unlink()
         for started in (home / "runs").iterdir():  # a run that should not have started
@@ -242,7 +291,12 @@ def test_a_disk_without_room_for_the_run_s_reserve_refuses_the_run_in_one_line(t
                 kill_run(started)
     # Room again: the same launch runs, and its reserve is given back at its end.
     (tmp_path / "end").touch()
-    done = xl(["launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), "0"], env, cwd=tmp_path, timeout=180)
+    done = xl(
+        ["launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), "0"],
+        env,
+        cwd=tmp_path,
+        timeout=180,
+    )
     (run_dir,) = list((home / "runs").iterdir())
     try:
         assert done.returncode == 0, done.stdout + done.stderr
@@ -256,7 +310,9 @@ def test_a_disk_without_room_for_the_run_s_reserve_refuses_the_run_in_one_line(t
 
 
 @pytest.mark.parametrize("rank1_exit", [0, 3], ids=["both-succeed", "rank1-fails"])
-def test_a_disk_full_from_the_start_still_ends_true_and_xl_launch_returns(tmp_path: Path, small_disk: Path, rank1_exit: int) -> None:
+def test_a_disk_full_from_the_start_still_ends_true_and_xl_launch_returns(
+    tmp_path: Path, small_disk: Path, rank1_exit: int
+) -> None:
     """Room for the run's reserve and little more: the run dir is made, then nothing fits (the
     ranks' logs, metrics, events). The ranks train on; `xl launch` returns when they end, with
     their real exits; what could not be written is counted; with space back `xl runs` agrees."""
@@ -265,13 +321,24 @@ def test_a_disk_full_from_the_start_still_ends_true_and_xl_launch_returns(tmp_pa
     (home / "runs").mkdir(parents=True)
     env = xl_env(home)
     filler = _leave_free(small_disk, (1 << 20) + (32 << 10))
-    launch = subprocess.Popen([*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), str(rank1_exit)],
-                              env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    launch = subprocess.Popen(
+        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), str(rank1_exit)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     run_dir = None
     try:
-        wait_for(lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 60, timeout=120, what="60 steps on a disk full from the start")
+        wait_for(
+            lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 60,
+            timeout=120,
+            what="60 steps on a disk full from the start",
+        )
         run_dir = wait_run(home)
-        assert (run_dir / ".reserve").stat().st_size == 1 << 20, "the run's end is kept from its start"
+        assert (run_dir / ".reserve").stat().st_size == 1 << 20, (
+            "the run's end is kept from its start"
+        )
         (tmp_path / "end").touch()
         out, _ = launch.communicate(timeout=120)  # it returns while the disk is still full
         shown = out.decode(errors="replace")
@@ -287,7 +354,11 @@ def test_a_disk_full_from_the_start_still_ends_true_and_xl_launch_returns(tmp_pa
             assert "run failed" not in shown and "failed first" not in shown, shown[-3000:]
         lost = rec.get("write_lost") or {}
         assert lost.get("logs/rank-0.log", 0) > 0 and lost.get("logs/rank-1.log", 0) > 0, rec
-        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+        events = [
+            json.loads(line)
+            for line in (run_dir / "events.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
         assert [e["status"] for e in events if e["kind"] == "run_ended"] == [rec["status"]], events
         assert [e["files"] for e in events if e["kind"] == "write_lost"] == [lost], events
         # ... and said where the person watching sees it.

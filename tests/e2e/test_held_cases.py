@@ -67,7 +67,9 @@ def _get(base: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, 
         conn.close()
 
 
-def test_serve_takes_no_forged_host_no_path_out_of_its_files_and_keeps_its_token_out_of_referers(tmp_path: Path) -> None:
+def test_serve_takes_no_forged_host_no_path_out_of_its_files_and_keeps_its_token_out_of_referers(
+    tmp_path: Path,
+) -> None:
     home = tmp_path / "home"
     (home / "runs").mkdir(parents=True)
     make_run(home / "runs", "healthy")
@@ -92,10 +94,24 @@ def test_serve_takes_no_forged_host_no_path_out_of_its_files_and_keeps_its_token
         # is judged by its Origin against the address it was bound to, not the Host it names.
         evil = f"evil.example:{port}"
         assert _get(base, "/", {"Host": evil})[0] == 403
-        upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
-                   "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
-        assert _get(base, "/ws", {**upgrade, "Host": evil, "Origin": f"http://{evil}", "Cookie": jar})[0] == 403
-        assert _get(base, "/ws", {**upgrade, "Host": here, "Origin": f"http://{evil}", "Cookie": jar})[0] == 403
+        upgrade = {
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        }
+        assert (
+            _get(base, "/ws", {**upgrade, "Host": evil, "Origin": f"http://{evil}", "Cookie": jar})[
+                0
+            ]
+            == 403
+        )
+        assert (
+            _get(base, "/ws", {**upgrade, "Host": here, "Origin": f"http://{evil}", "Cookie": jar})[
+                0
+            ]
+            == 403
+        )
         # Paths out of the served files, with the token: never a byte of a file outside.
         rel = os.path.relpath(secret, "/")
         for path in (
@@ -121,7 +137,12 @@ def test_a_run_name_cannot_inject_labels_or_series_into_the_exporter(tmp_path: P
     (tmp_path / "train.py").write_text(WAIT_FOR_GO)
     go = tmp_path / "go"
     name = 'evil"} xl_forged{run_id="x"} 1\n# TYPE xl_forged gauge\\'
-    done = xl(["launch", "--detach", "--name", name, "--nproc", "1", "train.py", str(go)], env, cwd=tmp_path, timeout=120)
+    done = xl(
+        ["launch", "--detach", "--name", name, "--nproc", "1", "train.py", str(go)],
+        env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = wait_run(home)
     try:
@@ -137,8 +158,12 @@ def test_a_run_name_cannot_inject_labels_or_series_into_the_exporter(tmp_path: P
             samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
             assert not [s for s in samples if "forged" in s.name], text[:2000]
             (info,) = [s for s in samples if s.name == "xl_run_info"]
-            assert info.labels["name"] == name and info.labels["run_id"] == run_dir.name, info.labels
-            assert {s.labels.get("run_id") for s in samples if "run_id" in s.labels} == {run_dir.name}
+            assert info.labels["name"] == name and info.labels["run_id"] == run_dir.name, (
+                info.labels
+            )
+            assert {s.labels.get("run_id") for s in samples if "run_id" in s.labels} == {
+                run_dir.name
+            }
     finally:
         go.touch()
         try:
@@ -175,18 +200,29 @@ def test_binary_output_from_ranks_is_kept_byte_for_byte_and_ends_nothing(tmp_pat
     (tmp_path / "train.py").write_text(BINARY)
     truth = tmp_path / "sent-"
     # To a pipe the plain view passes the ranks' bytes on as they are (not text: bytes).
-    done = subprocess.run([*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(truth)],
-                          env=env, cwd=tmp_path, capture_output=True, timeout=180)
+    done = subprocess.run(
+        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(truth)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=180,
+    )
     run_dir = wait_run(home)
     try:
-        assert done.returncode == 0, (done.stdout[-2000:] + done.stderr[-2000:]).decode(errors="replace")
+        assert done.returncode == 0, (done.stdout[-2000:] + done.stderr[-2000:]).decode(
+            errors="replace"
+        )
         assert b"Traceback" not in done.stdout + done.stderr
         assert run_json(run_dir)["status"] == "succeeded"
         for rank in (0, 1):
             sent = (tmp_path / f"sent-{rank}").read_bytes()
             log = (run_dir / "logs" / f"rank-{rank}.log").read_bytes()
-            assert sent in log, f"rank {rank}: {len(sent)} bytes sent, the log does not hold them as sent"
-        piped = subprocess.run([*XL, "logs", run_dir.name, "--rank", "1"], env=env, capture_output=True, timeout=60)
+            assert sent in log, (
+                f"rank {rank}: {len(sent)} bytes sent, the log does not hold them as sent"
+            )
+        piped = subprocess.run(
+            [*XL, "logs", run_dir.name, "--rank", "1"], env=env, capture_output=True, timeout=60
+        )
         assert piped.returncode == 0, piped.stderr
         assert (tmp_path / "sent-1").read_bytes() in piped.stdout
         wait_no_processes(run_dir, timeout=60)
@@ -215,7 +251,9 @@ def _steps(path: Path) -> int:
     return len(path.read_text().split()) if path.exists() else 0
 
 
-def test_a_stopped_rank_is_ended_by_xl_stop_with_the_rest_and_the_run_says_stopped(tmp_path: Path) -> None:
+def test_a_stopped_rank_is_ended_by_xl_stop_with_the_rest_and_the_run_says_stopped(
+    tmp_path: Path,
+) -> None:
     """SIGSTOP one rank (a debugger's breakpoint, a job-control mistake): the other trains on;
     `xl stop` ends both, the frozen one too (SIGTERM alone never reaches it), and nothing is
     left."""
@@ -223,7 +261,12 @@ def test_a_stopped_rank_is_ended_by_xl_stop_with_the_rest_and_the_run_says_stopp
     env = xl_env(home)
     (tmp_path / "train.py").write_text(STEPPING)
     steps = tmp_path / "steps"
-    done = xl(["launch", "--detach", "--nproc", "2", "train.py", str(steps)], env, cwd=tmp_path, timeout=120)
+    done = xl(
+        ["launch", "--detach", "--nproc", "2", "train.py", str(steps)],
+        env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = wait_run(home)
     try:
@@ -233,7 +276,9 @@ def test_a_stopped_rank_is_ended_by_xl_stop_with_the_rest_and_the_run_says_stopp
         os.kill(pid1, signal.SIGSTOP)
         at_stop = _steps(Path(f"{steps}-1"))
         before = _steps(Path(f"{steps}-0"))
-        wait_for(lambda: _steps(Path(f"{steps}-0")) >= before + 40, timeout=60, what="rank 0 going on")
+        wait_for(
+            lambda: _steps(Path(f"{steps}-0")) >= before + 40, timeout=60, what="rank 0 going on"
+        )
         assert _steps(Path(f"{steps}-1")) == at_stop, "rank 1 is stopped"
         stopped = xl(["stop", run_dir.name], env, timeout=120)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -255,13 +300,28 @@ def test_ten_launches_at_once_make_ten_runs_that_all_succeed(tmp_path: Path) -> 
     go.touch()  # each run ends as soon as it starts
 
     def launch(i: int) -> subprocess.CompletedProcess[str]:
-        return xl(["launch", "--no-tui", "--name", f"same-name-{i % 2}", "--nproc", "1", "train.py", str(go)],
-                  env, cwd=tmp_path, timeout=480)
+        return xl(
+            [
+                "launch",
+                "--no-tui",
+                "--name",
+                f"same-name-{i % 2}",
+                "--nproc",
+                "1",
+                "train.py",
+                str(go),
+            ],
+            env,
+            cwd=tmp_path,
+            timeout=480,
+        )
 
     try:
         with concurrent.futures.ThreadPoolExecutor(10) as pool:
             results = list(pool.map(launch, range(10)))
-        assert [r.returncode for r in results] == [0] * 10, [r.stderr[-500:] for r in results if r.returncode]
+        assert [r.returncode for r in results] == [0] * 10, [
+            r.stderr[-500:] for r in results if r.returncode
+        ]
         dirs = run_dirs(home)
         assert len({d.name for d in dirs}) == 10, [d.name for d in dirs]
         assert [run_json(d)["status"] for d in dirs] == ["succeeded"] * 10
@@ -279,10 +339,20 @@ def test_xl_stop_while_xl_attach_follows_the_run_ends_both_truthfully(tmp_path: 
     home = tmp_path / "home"
     env = xl_env(home)
     (tmp_path / "train.py").write_text(STEPPING)
-    done = xl(["launch", "--detach", "--nproc", "2", "train.py", str(tmp_path / "steps")], env, cwd=tmp_path, timeout=120)
+    done = xl(
+        ["launch", "--detach", "--nproc", "2", "train.py", str(tmp_path / "steps")],
+        env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = wait_run(home)
-    attach = subprocess.Popen([*XL, "attach", "--no-tui", run_dir.name], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    attach = subprocess.Popen(
+        [*XL, "attach", "--no-tui", run_dir.name],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         wait_ranks_running(run_dir, 2, timeout=90)
         wait_for(lambda: _steps(tmp_path / "steps-0") >= 10, timeout=60, what="steps")
@@ -294,7 +364,11 @@ def test_xl_stop_while_xl_attach_follows_the_run_ends_both_truthfully(tmp_path: 
         assert attach.returncode != 0 and "stopped" in shown, shown[-2000:]
         assert "Traceback" not in shown
         assert run_json(run_dir)["status"] == "stopped"
-        events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+        events = [
+            json.loads(line)
+            for line in (run_dir / "events.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
         assert [e["status"] for e in events if e["kind"] == "run_ended"] == ["stopped"], events
         wait_no_processes(run_dir, timeout=60)
     finally:
@@ -319,21 +393,33 @@ MANY_KEYS = textwrap.dedent(
 )
 
 
-def test_ten_thousand_metric_keys_a_step_cost_a_bounded_record_and_lose_no_step(tmp_path: Path) -> None:
+def test_ten_thousand_metric_keys_a_step_cost_a_bounded_record_and_lose_no_step(
+    tmp_path: Path,
+) -> None:
     """A script that logs 10,000 keys with each step: each step is stored once, its own step
     and loss first, within the wire's cap of keys; the run succeeds."""
     from xl import wire  # noqa: PLC0415 - the cap, read where it is used
 
     home = tmp_path / "home"
     (tmp_path / "train.py").write_text(MANY_KEYS)
-    done = xl(["launch", "--no-tui", "--nproc", "2", "train.py"], xl_env(home), cwd=tmp_path, timeout=240)
+    done = xl(
+        ["launch", "--no-tui", "--nproc", "2", "train.py"], xl_env(home), cwd=tmp_path, timeout=240
+    )
     run_dir = wait_run(home)
     try:
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         assert run_json(run_dir)["status"] == "succeeded"
-        lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        lines = [
+            json.loads(line)
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
         for rank in (0, 1):
-            train = [r for r in lines if r.get("kind") == "train" and r.get("rank") == rank and "key_00000" in r]
+            train = [
+                r
+                for r in lines
+                if r.get("kind") == "train" and r.get("rank") == rank and "key_00000" in r
+            ]
             assert sorted(r["step"] for r in train) == list(range(1, 31)), f"rank {rank}"
             assert all(r["loss"] == 1.0 / r["step"] for r in train)
             assert all(len(r) <= wire.MAX_KEYS + 16 for r in train), max(len(r) for r in train)
@@ -359,16 +445,31 @@ TINY_RANK = textwrap.dedent(
 def test_sixty_four_cpu_ranks_run_and_are_each_recorded(tmp_path: Path) -> None:
     home = tmp_path / "home"
     (tmp_path / "train.py").write_text(TINY_RANK)
-    done = xl(["launch", "--no-tui", "--nproc", str(RANKS), "train.py"], xl_env(home), cwd=tmp_path, timeout=540)
+    done = xl(
+        ["launch", "--no-tui", "--nproc", str(RANKS), "train.py"],
+        xl_env(home),
+        cwd=tmp_path,
+        timeout=540,
+    )
     run_dir = wait_run(home)
     try:
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         rec = run_json(run_dir)
-        assert rec["status"] == "succeeded" and sorted(r["rank"] for r in rec["ranks"]) == list(range(RANKS))
+        assert rec["status"] == "succeeded" and sorted(r["rank"] for r in rec["ranks"]) == list(
+            range(RANKS)
+        )
         assert all(r["exit_code"] == 0 for r in rec["ranks"]), rec["ranks"]
-        lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        lines = [
+            json.loads(line)
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
         for rank in range(RANKS):
-            steps = sorted(r["step"] for r in lines if r.get("kind") == "train" and r.get("rank") == rank and "loss" in r)
+            steps = sorted(
+                r["step"]
+                for r in lines
+                if r.get("kind") == "train" and r.get("rank") == rank and "loss" in r
+            )
             assert steps == [1, 2, 3, 4, 5], f"rank {rank}: {steps}"
             log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
             assert f"rank {rank} of {RANKS} done" in log
@@ -403,25 +504,42 @@ HOSTILE_LINES = textwrap.dedent(
 
 def _stored_steps(run_dir: Path, rank: int) -> int:
     text = (run_dir / "metrics.jsonl").read_text(errors="replace")
-    steps = [json.loads(line).get("step") for line in text.splitlines() if f'"rank": {rank}' in line or f'"rank":{rank}' in line]
+    steps = [
+        json.loads(line).get("step")
+        for line in text.splitlines()
+        if f'"rank": {rank}' in line or f'"rank":{rank}' in line
+    ]
     return max([s for s in steps if isinstance(s, int)], default=0)
 
 
-def test_a_rank_that_prints_huge_digit_lines_holds_up_neither_the_records_nor_xl_stop(tmp_path: Path) -> None:
+def test_a_rank_that_prints_huge_digit_lines_holds_up_neither_the_records_nor_xl_stop(
+    tmp_path: Path,
+) -> None:
     """60,000 digits then " it/s" once held the supervisor's loop 19 s a line. Rank 0 prints such
     lines without end while rank 1 logs steps: rank 1's records are stored as they come, and
     `xl stop` ends the run; rank 0's log keeps its lines whole."""
     home = tmp_path / "home"
     env = xl_env(home)
     (tmp_path / "train.py").write_text(HOSTILE_LINES)
-    done = xl(["launch", "--detach", "--nproc", "2", "train.py", str(tmp_path)], env, cwd=tmp_path, timeout=120)
+    done = xl(
+        ["launch", "--detach", "--nproc", "2", "train.py", str(tmp_path)],
+        env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = wait_run(home)
     try:
         wait_ranks_running(run_dir, 2, timeout=90)
-        wait_for(lambda: _steps(tmp_path / "steps-0") >= 100, timeout=120, what="300 hostile lines from rank 0")
+        wait_for(
+            lambda: _steps(tmp_path / "steps-0") >= 100,
+            timeout=120,
+            what="300 hostile lines from rank 0",
+        )
         now = _steps(tmp_path / "steps-1")
-        wait_for(lambda: _stored_steps(run_dir, 1) >= now, timeout=60, what=f"rank 1's step {now} stored")
+        wait_for(
+            lambda: _stored_steps(run_dir, 1) >= now, timeout=60, what=f"rank 1's step {now} stored"
+        )
         stopped = xl(["stop", run_dir.name], env, timeout=120)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert wait_final(run_dir, timeout=90)["status"] == "stopped"
