@@ -8,6 +8,7 @@ supervisor is alive only the supervisor changes the run dir; this module writes 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import signal
@@ -142,9 +143,25 @@ def _make_run_dir(spec: LaunchSpec, run_id: str | None) -> Path:
 
 def _no_room(root: Path, exc: OSError) -> UsageError:
     return UsageError(
-        f"cannot write a new run in {root} ({exc.strerror or exc}); free some space there, "
+        f"cannot write a new run in {root} ({exc.strerror or exc}; a run needs "
+        f"{layout.RESERVE_BYTES >> 20} MiB free to start); free some space there, "
         "or set XL_HOME to a folder with room"
     )
+
+
+def _hold_reserve(run_dir: Path) -> None:
+    """The space the run's end is written in (``layout.RESERVE``), taken first: a disk without
+    it refuses the run now, in one line, instead of starting one whose final record and exit
+    codes could not be written. A filesystem that cannot preallocate runs without it (the
+    supervisor tries again as torchrun starts)."""
+    fd = os.open(run_dir / layout.RESERVE, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, layout.RESERVE_BYTES)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
+    finally:
+        os.close(fd)
 
 
 def _new_record(run_id: str, spec: LaunchSpec, plan: Plan) -> RunRecord:
@@ -197,6 +214,7 @@ def start_run(
         raise _no_room(runs_root(create=False), exc) from None
     run_id = run_dir.name
     try:
+        _hold_reserve(run_dir)
         for folder in layout.MADE_FOLDERS:
             (run_dir / folder).mkdir(mode=0o700)
         record.save(run_dir, _new_record(run_id, spec, plan))

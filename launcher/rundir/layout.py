@@ -33,6 +33,9 @@ SUPERVISOR_LOG = "supervisor.log"
 STOP = "stop"  # `xl stop` before the supervisor took over (stopmark.py)
 SETTLED = ".settled"  # whoever settles a run whose supervisor is gone (settle.py)
 RESERVE = ".reserve"  # disk space the supervisor holds for the run's end (supervisor/journal.py)
+# Its size: the final run.json and the last events. `xl launch` takes it before anything else of
+# the run (control.py), so a disk without it refuses the run instead of losing its end.
+RESERVE_BYTES = 1 << 20
 LOGS = "logs"
 RANKS = "ranks"
 STACKS = "stacks"

@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # only a node > 0 has a link, made by the supervisor (not on 
 # Events held in memory while the disk refuses them: a run's whole event history is rarely more.
 _HELD_EVENTS = 10_000
 # Space kept in the run dir from the start (.reserve), given back as the run ends: a disk that
-# filled mid-run still takes the run's final record and last events.
-RESERVE_BYTES = 1 << 20
+# filled mid-run still takes the run's final record and last events. `xl launch` takes it first.
+RESERVE_BYTES = layout.RESERVE_BYTES
 
 
 def hold_reserve(run_dir: Path) -> None:

@@ -58,8 +58,12 @@ def small_disk(tmp_path: Path):
     disk.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(disk)],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
@@ -208,6 +212,163 @@ def test_a_run_whose_supervisor_died_on_a_full_disk_is_settled_true_once_space_i
         assert row["status"] == "succeeded", row  # from the ranks' own records, written in place
         rec = run_json(run_dir)
         assert rec["status"] == "succeeded" and {r["exit_code"] for r in rec["ranks"]} == {0}, rec
+    finally:
+        (tmp_path / "end").touch()
+        if filler is not None:
+            filler.unlink(missing_ok=True)
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait(timeout=30)
+        if run_dir is not None:
+            try:
+                wait_no_processes(run_dir, timeout=60)
+            finally:
+                kill_run(run_dir)
+
+
+def _leave_free(disk: Path, free: int) -> Path:
+    """Fill ``disk``, then give back ``free`` bytes of it (whole pages on a tmpfs)."""
+    filler = _fill(disk)
+    os.truncate(filler, max(0, filler.stat().st_size - free))
+    return filler
+
+
+def _launched_ranks(tmp_path: Path) -> list[int]:
+    """Live processes running this test's train.py (a refused launch must leave none)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(tmp_path).encode() in cmdline and b"train.py" in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def test_a_disk_without_room_for_the_run_s_reserve_refuses_the_run_in_one_line(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    """256 KiB free: enough for a run dir and its run.json, not for the 1 MiB its end is kept
+    in. The run is refused before it starts (it would train with nowhere to write its end);
+    the same disk with room runs it."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    home = small_disk / "home"
+    (home / "runs").mkdir(parents=True)
+    env = xl_env(home)
+    filler = _leave_free(small_disk, 256 << 10)
+    try:
+        done = xl(
+            ["launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), "0"],
+            env,
+            cwd=tmp_path,
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stdout + done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert (
+            "No space left on device" in lines[0] and "1 MiB" in lines[0] and "XL_HOME" in lines[0]
+        ), lines
+        assert "Traceback" not in done.stdout + done.stderr
+        assert list((home / "runs").iterdir()) == [], "a refused run leaves no run dir"
+        assert _steps(tmp_path, 0) == 0 and _launched_ranks(tmp_path) == [], (
+            "nothing of the run started"
+        )
+        listed = xl(["runs", "--json"], env)
+        assert listed.returncode == 0 and json.loads(listed.stdout) == [], (
+            listed.stdout + listed.stderr
+        )
+    finally:
+        filler.unlink()
+        for started in (home / "runs").iterdir():  # a run that should not have started
+            (tmp_path / "end").touch()
+            try:
+                wait_no_processes(started, timeout=60)
+            finally:
+                kill_run(started)
+    # Room again: the same launch runs, and its reserve is given back at its end.
+    (tmp_path / "end").touch()
+    done = xl(
+        ["launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), "0"],
+        env,
+        cwd=tmp_path,
+        timeout=180,
+    )
+    (run_dir,) = list((home / "runs").iterdir())
+    try:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert run_json(run_dir)["status"] == "succeeded"
+        assert not (run_dir / ".reserve").exists()
+    finally:
+        try:
+            wait_no_processes(run_dir, timeout=60)
+        finally:
+            kill_run(run_dir)
+
+
+@pytest.mark.parametrize("rank1_exit", [0, 3], ids=["both-succeed", "rank1-fails"])
+def test_a_disk_full_from_the_start_still_ends_true_and_xl_launch_returns(
+    tmp_path: Path, small_disk: Path, rank1_exit: int
+) -> None:
+    """Room for the run's reserve and little more: the run dir is made, then nothing fits (the
+    ranks' logs, metrics, events). The ranks train on; `xl launch` returns when they end, with
+    their real exits; what could not be written is counted; with space back `xl runs` agrees."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    home = small_disk / "home"
+    (home / "runs").mkdir(parents=True)
+    env = xl_env(home)
+    filler = _leave_free(small_disk, (1 << 20) + (32 << 10))
+    launch = subprocess.Popen(
+        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), str(rank1_exit)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    run_dir = None
+    try:
+        wait_for(
+            lambda: min(_steps(tmp_path, 0), _steps(tmp_path, 1)) >= 60,
+            timeout=120,
+            what="60 steps on a disk full from the start",
+        )
+        run_dir = wait_run(home)
+        assert (run_dir / ".reserve").stat().st_size == 1 << 20, (
+            "the run's end is kept from its start"
+        )
+        (tmp_path / "end").touch()
+        out, _ = launch.communicate(timeout=120)  # it returns while the disk is still full
+        shown = out.decode(errors="replace")
+        assert launch.returncode == (1 if rank1_exit else 0), shown[-3000:]
+        assert "exit code unknown" not in shown and "Traceback" not in shown, shown[-3000:]
+        rec = run_json(run_dir)
+        codes = {r["rank"]: r["exit_code"] for r in rec["ranks"]}
+        if rank1_exit:
+            assert rec["status"] == "failed" and codes == {0: 0, 1: rank1_exit}, rec
+            assert rec["failure"]["rank"] == 1, rec["failure"]
+        else:
+            assert rec["status"] == "succeeded" and codes == {0: 0, 1: 0}, rec
+            assert "run failed" not in shown and "failed first" not in shown, shown[-3000:]
+        lost = rec.get("write_lost") or {}
+        assert lost.get("logs/rank-0.log", 0) > 0 and lost.get("logs/rank-1.log", 0) > 0, rec
+        events = [
+            json.loads(line)
+            for line in (run_dir / "events.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
+        assert [e["status"] for e in events if e["kind"] == "run_ended"] == [rec["status"]], events
+        assert [e["files"] for e in events if e["kind"] == "write_lost"] == [lost], events
+        # ... and said where the person watching sees it.
+        assert "the disk refused writes: never written:" in shown, shown[-3000:]
+        filler.unlink()
+        filler = None
+        listed = xl(["runs", "--json"], env, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        (row,) = json.loads(listed.stdout)
+        assert row["status"] == rec["status"], row
     finally:
         (tmp_path / "end").touch()
         if filler is not None:

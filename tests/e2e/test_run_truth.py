@@ -86,11 +86,12 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs for XL_HOME, unmounted after the test (root only: skipped elsewhere)."""
+    """A 4 MiB tmpfs for XL_HOME (a run needs the 1 MiB it keeps for its end, and its files),
+    unmounted after the test (root only: skipped elsewhere)."""
     mnt = tmp_path / "home"
     mnt.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
         capture_output=True,
         timeout=30,
         check=False,

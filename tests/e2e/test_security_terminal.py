@@ -6,8 +6,8 @@ run dir keeps the raw bytes.
 A real run (torchrun, CPU ranks) prints escapes, names a thread with one and fails with one in its
 exception; the Rich view runs in a pseudo-terminal, `xl stacks` asks the live ranks, `xl logs`
 runs in a pseudo-terminal and in a pipe, `xl attach --no-tui` prints the failure, the app (`xl
-attach` on a terminal) shows the ranks' output and leaves its closing lines, `xl launch` with the app
-runs a second run to its end, and `xl compare` sets the two side by side.
+attach` on a terminal) shows the ranks' output and leaves its closing lines, `xl launch` with the
+app runs a second run to its end, and `xl compare` sets the two side by side.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ SCRIPT = textwrap.dedent(
     f"""
     import os, sys, threading, time
     rank = int(os.environ["RANK"])
-    threading.Thread(target=time.sleep, args=(300,), name={TITLE!r} + "-thread", daemon=True).start()
+    name = {TITLE!r} + "-thread"
+    threading.Thread(target=time.sleep, args=(300,), name=name, daemon=True).start()
     print("rank", rank, "says" + {CLIP!r}, flush=True)
     print("title" + {TITLE!r}, flush=True)
     print("redraw\\r" + {TITLE!r} + "done", flush=True)
@@ -69,7 +70,9 @@ def _in_pty(
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
     os.set_blocking(master, False)
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=env, cwd=cwd, stdin=slave, stdout=slave, stderr=slave, start_new_session=True
+    )
     os.close(slave)
     out: list[bytes] = []
 
@@ -101,13 +104,22 @@ def test_escapes_from_ranks_are_drawn_on_every_terminal_view(tmp_path: Path) -> 
     script.write_text(SCRIPT)
     home = tmp_path / "home"
     env = xl_env(home, TERM="xterm-256color", COLUMNS="160", LINES="40")
-    view, view_out = _in_pty([*XL, "launch", "--no-tui", "--nproc", "2", str(script), str(tmp_path / "go")], env, tmp_path)
+    view, view_out = _in_pty(
+        [*XL, "launch", "--no-tui", "--nproc", "2", str(script), str(tmp_path / "go")],
+        env,
+        tmp_path,
+    )
     run_dir = None
     try:
         run_dir = wait_run(home)
         wait_ranks_running(run_dir, 2, timeout=90)
-        wait_for(lambda: all(CLIP.encode() in (run_dir / "logs" / f"rank-{r}.log").read_bytes() for r in (0, 1)),
-                 timeout=60, what="both ranks' output")
+        wait_for(
+            lambda: all(
+                CLIP.encode() in (run_dir / "logs" / f"rank-{r}.log").read_bytes() for r in (0, 1)
+            ),
+            timeout=60,
+            what="both ranks' output",
+        )
         stacks = xl(["stacks", "last"], env, timeout=60)
         assert stacks.returncode == 0, stacks.stderr
         assert "␛]0;pwned␇-thread" in stacks.stdout  # the thread's name, drawn
@@ -119,10 +131,14 @@ def test_escapes_from_ranks_are_drawn_on_every_terminal_view(tmp_path: Path) -> 
         shown = b"".join(view_out)
         assert b"rank 1" in shown and b"ValueError" in shown, shown[-2000:]
         assert "␛]52;c;SGVsbG8=␇".encode() in shown  # the failure's text, drawn in the view
-        attach = subprocess.run([*XL, "attach", "last", "--no-tui"], env=env, capture_output=True, timeout=60)
+        attach = subprocess.run(
+            [*XL, "attach", "last", "--no-tui"], env=env, capture_output=True, timeout=60
+        )
         attach_tty, attach_out = _in_pty([*XL, "attach", "last", "--no-tui"], env, tmp_path)
         assert attach_tty.wait(timeout=60) == 1
-        logs_pipe = subprocess.run([*XL, "logs", "last", "--rank", "1"], env=env, capture_output=True, timeout=60)
+        logs_pipe = subprocess.run(
+            [*XL, "logs", "last", "--rank", "1"], env=env, capture_output=True, timeout=60
+        )
         # The app on a terminal: the selected rank's output drawn in its log, and once left (q),
         # the ended run's closing lines (the traceback and the outcome) on the terminal.
         drawn_clip = "␛]52;c;SGVsbG8=".encode()
@@ -130,29 +146,54 @@ def test_escapes_from_ranks_are_drawn_on_every_terminal_view(tmp_path: Path) -> 
         assert app.wait(timeout=90) == 1
         # A second run, to its end under the app (`xl launch` on a terminal), then both compared:
         # its argument and environment carry escapes too.
-        second, second_out = _in_pty([*XL, "launch", "--nproc", "2", "--env", "XL_TEST_VAR=v" + CLIP, str(script),
-                                      "go", "arg" + TITLE], env, tmp_path)
+        second, second_out = _in_pty(
+            [
+                *XL,
+                "launch",
+                "--nproc",
+                "2",
+                "--env",
+                "XL_TEST_VAR=v" + CLIP,
+                str(script),
+                "go",
+                "arg" + TITLE,
+            ],
+            env,
+            tmp_path,
+        )
         assert second.wait(timeout=120) == 0
         compare, compare_out = _in_pty([*XL, "compare", run_dir.name, "last"], env, tmp_path)
         assert compare.wait(timeout=60) == 0
         time.sleep(0.3)
         logs_shown = b"".join(logs_out)
         app_shown = b"".join(app_out)
-        assert drawn_clip in app_shown and "redraw␍␛]0;pwned␇done".encode() in app_shown, app_shown[-3000:]
+        assert drawn_clip in app_shown and "redraw␍␛]0;pwned␇done".encode() in app_shown, app_shown[
+            -3000:
+        ]
         closing = app_shown.rsplit(b"\x1b[?1049l", 1)[-1]  # after the app left the alternate screen
         assert "ValueError: bad input ␛]52;c;SGVsbG8=␇".encode() in closing, closing
         assert b"xl logs " + run_dir.name.encode() + b" --rank 1" in closing, closing
         compared = b"".join(compare_out)
-        assert "arg␛]0;pwned␇".encode() in compared and "v␛]52;c;SGVsbG8=␇".encode() in compared, compared
-        for what, data in (("view", shown), ("stacks", stacks.stdout.encode()), ("logs on a terminal", logs_shown),
-                           ("attach --no-tui on a terminal", b"".join(attach_out)), ("the app", app_shown),
-                           ("the app's own run", b"".join(second_out)), ("compare", compared)):
+        assert "arg␛]0;pwned␇".encode() in compared and "v␛]52;c;SGVsbG8=␇".encode() in compared, (
+            compared
+        )
+        for what, data in (
+            ("view", shown),
+            ("stacks", stacks.stdout.encode()),
+            ("logs on a terminal", logs_shown),
+            ("attach --no-tui on a terminal", b"".join(attach_out)),
+            ("the app", app_shown),
+            ("the app's own run", b"".join(second_out)),
+            ("compare", compared),
+        ):
             for attack in ATTACKS:
                 assert attack not in data, (what, attack)
         # To a pipe, the ranks' lines are copied as they are (as `xl logs` does); xl's own lines
         # (the failure, the table's last-line column) draw what came from a rank.
         assert "ValueError: bad input ␛]52;c;SGVsbG8=␇".encode() in attach.stdout
-        assert all(line.startswith(b"[rank ") for line in attach.stdout.split(b"\n") if b"\x1b]" in line), attach.stdout
+        assert all(
+            line.startswith(b"[rank ") for line in attach.stdout.split(b"\n") if b"\x1b]" in line
+        ), attach.stdout
         assert "says␛]52;c;SGVsbG8=␇".encode() in logs_shown
         # The files keep the bytes, and `xl logs` to a pipe copies them as they are.
         raw = (run_dir / "logs" / "rank-1.log").read_bytes()
@@ -170,11 +211,23 @@ def test_escapes_from_ranks_are_drawn_on_every_terminal_view(tmp_path: Path) -> 
 
 
 def test_the_apps_banners_and_stacks_draw_control_characters() -> None:
-    failure = Failure.from_json({"rank": 1, "exit_code": 1, "traceback": f"Traceback\n  File x\nValueError: {CLIP}"})
+    failure = Failure.from_json(
+        {"rank": 1, "exit_code": 1, "traceback": f"Traceback\n  File x\nValueError: {CLIP}"}
+    )
     banner = failure_text(failure, keep=5)
     assert banner is not None and "\x1b" not in banner.plain and "\x07" not in banner.plain
     assert "ValueError: ␛]52;c;SGVsbG8=␇" in banner.plain and banner.plain.count("\n") == 3
-    doc = {"ranks": [{"rank": 0, "pid": 1, "threads": [{"name": TITLE, "frames": [{"file": "a\x1b[2J.py", "line": 1, "function": "f"}]}]}]}
+    doc = {
+        "ranks": [
+            {
+                "rank": 0,
+                "pid": 1,
+                "threads": [
+                    {"name": TITLE, "frames": [{"file": "a\x1b[2J.py", "line": 1, "function": "f"}]}
+                ],
+            }
+        ]
+    }
     text = stacks_text(doc, 0).plain
     assert "\x1b" not in text and "thread ␛]0;pwned␇" in text and "a␛[2J.py:1 in f" in text
 

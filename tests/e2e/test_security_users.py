@@ -51,13 +51,21 @@ from where import REPO
 from xl.launcher.multinode import nodelink
 from xl.launcher.rank.stacks import peer_is
 
-PYTHON = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/usr/local/bin")
-SITE = sysconfig.get_paths()["purelib"]  # this venv's packages; its editable finder maps xl to this checkout
-BOOT = "import runpy, site, sys; site.addsitedir({site!r}); sys.argv[0] = 'xl'; runpy.run_module('xl', run_name='__main__', alter_sys=True)"
+PYTHON = shutil.which(
+    f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/usr/local/bin"
+)
+# This venv's packages; its editable finder maps xl to this checkout.
+SITE = sysconfig.get_paths()["purelib"]
+BOOT = (
+    "import runpy, site, sys; site.addsitedir({site!r}); sys.argv[0] = 'xl'; "
+    "runpy.run_module('xl', run_name='__main__', alter_sys=True)"
+)
 TOKEN = "security-token-" + "0123456789abcdef"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or PYTHON is None or shutil.which("useradd") is None,
-                                reason="needs root (to add a user) and a system Python of this version")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or PYTHON is None or shutil.which("useradd") is None,
+    reason="needs root (to add a user) and a system Python of this version",
+)
 
 SCRIPT = textwrap.dedent(
     """
@@ -120,18 +128,30 @@ def shared_home() -> Iterator[Path]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def as_user(user: str, args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def as_user(
+    user: str, args: list[str], env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """The real `xl` as ``user`` (this venv's packages, the system's Python of the same version)."""
     assert PYTHON is not None
     clean = {k: v for k, v in env.items() if k in ("PATH", "XL_HOME", "LANG", "TERM")}
-    return subprocess.run(["runuser", "-u", user, "--", PYTHON, "-c", BOOT.format(site=SITE), *args],
-                          env=clean, capture_output=True, text=True, timeout=timeout, cwd="/")
+    return subprocess.run(
+        ["runuser", "-u", user, "--", PYTHON, "-c", BOOT.format(site=SITE), *args],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd="/",
+    )
 
 
 def _launch(home: Path, tmp: Path, nproc: int) -> Path:
     script = home / "train.py"
     script.write_text(SCRIPT)
-    done = xl(["launch", "--detach", "--nproc", str(nproc), str(script), str(tmp / "go")], xl_env(home), cwd=home)
+    done = xl(
+        ["launch", "--detach", "--nproc", str(nproc), str(script), str(tmp / "go")],
+        xl_env(home),
+        cwd=home,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = wait_run(home)
     wait_ranks_running(run_dir, nproc, timeout=90)
@@ -144,28 +164,45 @@ def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def test_another_users_commands_on_a_run_say_not_yours_and_the_run_goes_on(stranger: str, shared_home: Path, tmp_path: Path) -> None:
+def test_another_users_commands_on_a_run_say_not_yours_and_the_run_goes_on(
+    stranger: str, shared_home: Path, tmp_path: Path
+) -> None:
     run_dir = _launch(shared_home, tmp_path, 1)
     run_id = run_dir.name
     env = xl_env(shared_home)
     try:
         assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
-        for args in (["stop", run_id], ["stop", "last"], ["logs", run_id], ["stacks", run_id], ["attach", run_id, "--no-tui"]):
+        for args in (
+            ["stop", run_id],
+            ["stop", "last"],
+            ["logs", run_id],
+            ["stacks", run_id],
+            ["attach", run_id, "--no-tui"],
+        ):
             proc = as_user(stranger, args, env)
             assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
             line = _one_line(proc)
-            assert f"run {run_id} is not yours (permission denied: its folder belongs to user root)" in line, line
+            assert (
+                f"run {run_id} is not yours (permission denied: its folder belongs to user root)"
+                in line
+            ), line
             assert "stopped" not in proc.stdout
         listed = as_user(stranger, ["runs"], env)
         assert listed.returncode == 0, listed.stderr
         [row] = [ln for ln in listed.stdout.splitlines() if ln.startswith(run_id)]
-        assert "not yours" in row and "damaged" not in listed.stdout and "unreadable" not in listed.stdout, listed.stdout
+        assert (
+            "not yours" in row
+            and "damaged" not in listed.stdout
+            and "unreadable" not in listed.stdout
+        ), listed.stdout
         # The run went on through all of that.
         run = run_json(run_dir)
         assert run["status"] == "running" and all(p.is_running() for p in run_processes(run_dir))
         # Its owner stops it as before.
         stop = xl(["stop", run_id], env, timeout=120)
-        assert stop.returncode == 0 and f"{run_id} stopped" in stop.stdout, stop.stdout + stop.stderr
+        assert stop.returncode == 0 and f"{run_id} stopped" in stop.stdout, (
+            stop.stdout + stop.stderr
+        )
         wait_no_processes(run_dir, timeout=30)
     finally:
         (tmp_path / "go").touch()
@@ -193,27 +230,42 @@ SQUAT_NAMES = textwrap.dedent(
 )
 
 
-def test_xl_stacks_answers_when_another_user_squats_the_next_pids_names(stranger: str, shared_home: Path, tmp_path: Path) -> None:
+def test_xl_stacks_answers_when_another_user_squats_the_next_pids_names(
+    stranger: str, shared_home: Path, tmp_path: Path
+) -> None:
     assert PYTHON is not None
     first = int(Path("/proc/sys/kernel/ns_last_pid").read_text()) + 1
-    squat = subprocess.Popen(["runuser", "-u", stranger, "--", PYTHON, "-c", SQUAT_NAMES, str(first), "4000"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+    squat = subprocess.Popen(
+        ["runuser", "-u", stranger, "--", PYTHON, "-c", SQUAT_NAMES, str(first), "4000"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     run_dir = None
     try:
         assert squat.stdout is not None and int(squat.stdout.readline()) > 3000
         run_dir = _launch(shared_home, tmp_path, 2)
         pids = [r["pid"] for r in run_json(run_dir)["ranks"]]
-        assert all(first <= pid < first + 4000 for pid in pids), (first, pids)  # each name was taken before it started
+        assert all(first <= pid < first + 4000 for pid in pids), (
+            first,
+            pids,
+        )  # each name was taken before it started
         stacks = xl(["stacks", run_dir.name, "--json"], xl_env(shared_home), timeout=60)
         assert stacks.returncode == 0, stacks.stderr
         doc = json.loads(stacks.stdout)
         assert sorted(e["rank"] for e in doc["ranks"]) == [0, 1]
         for entry in doc["ranks"]:
             assert "error" not in entry and entry["threads"], entry
-            assert "xl-stacks" not in {t.get("name") for t in entry["threads"]}  # the door answers, its own thread hidden
+            assert "xl-stacks" not in {
+                t.get("name") for t in entry["threads"]
+            }  # the door answers, its own thread hidden
         # The rank's name is its own: 128 random bits, not the pid alone.
         door = json.loads((run_dir / "ranks" / "rank-0.stacks.json").read_text())
-        assert door["socket"] != f"xl-stacks-{door['pid']}" and len(door["socket"]) >= len(f"xl-stacks-{door['pid']}-") + 32
+        assert (
+            door["socket"] != f"xl-stacks-{door['pid']}"
+            and len(door["socket"]) >= len(f"xl-stacks-{door['pid']}-") + 32
+        )
     finally:
         (tmp_path / "go").touch()
         if squat.stdin is not None:
@@ -230,10 +282,24 @@ def test_a_requester_reads_nothing_from_a_socket_another_process_bound(stranger:
     """A rank that died leaves its name in /proc/net/unix; whoever binds it next is not the rank."""
     assert PYTHON is not None
     name = f"xl-stacks-test-{secrets.token_hex(8)}"
-    holder = subprocess.Popen(["runuser", "-u", stranger, "--", PYTHON, "-c",
-                               "import socket, sys; s = socket.socket(socket.AF_UNIX); s.bind('\\0' + sys.argv[1]); s.listen(1); "
-                               "print('up', flush=True); sys.stdin.read()", name],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+    holder = subprocess.Popen(
+        [
+            "runuser",
+            "-u",
+            stranger,
+            "--",
+            PYTHON,
+            "-c",
+            "import socket, sys; s = socket.socket(socket.AF_UNIX); "
+            "s.bind('\\0' + sys.argv[1]); s.listen(1); "
+            "print('up', flush=True); sys.stdin.read()",
+            name,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "up"
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -244,6 +310,54 @@ def test_a_requester_reads_nothing_from_a_socket_another_process_bound(stranger:
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(timeout=30)
+
+
+STRANGER_ASKS = (
+    "import socket, sys; s = socket.socket(socket.AF_UNIX); s.settimeout(20); "
+    "s.connect('\\0' + sys.argv[1]); "
+    "got = b''\n"
+    "while (part := s.recv(65536)): got += part\n"
+    "print(len(got))"
+)
+
+
+def test_another_user_who_finds_a_rank_s_stacks_socket_is_told_nothing(
+    stranger: str, shared_home: Path, tmp_path: Path
+) -> None:
+    """An abstract socket has no file mode and its name is listed in /proc/net/unix for every
+    user: the rank itself must refuse a caller of another uid (SO_PEERCRED). The same request
+    from the run's own user gets the rank's threads."""
+    assert PYTHON is not None
+    run_dir = _launch(shared_home, tmp_path, 1)
+    try:
+        door_file = run_dir / "ranks" / "rank-0.stacks.json"
+        wait_for(door_file.exists, timeout=60, what="rank 0's stacks door")
+        door = json.loads(door_file.read_text())
+        listed = Path("/proc/net/unix").read_text()
+        assert "@" + door["socket"] in listed  # anyone can find the name
+        asked = subprocess.run(
+            ["runuser", "-u", stranger, "--", PYTHON, "-c", STRANGER_ASKS, door["socket"]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
+        assert asked.returncode == 0, asked.stderr  # connected, then closed on
+        assert asked.stdout.strip() == "0", asked.stdout[:500]
+        mine = subprocess.run(
+            [sys.executable, "-c", STRANGER_ASKS, door["socket"]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert mine.returncode == 0 and int(mine.stdout) > 100, mine.stdout + mine.stderr
+        assert run_json(run_dir)["status"] == "running"  # the rank goes on
+    finally:
+        (tmp_path / "go").touch()
+        try:
+            wait_no_processes(run_dir, timeout=60)
+        finally:
+            kill_run(run_dir)
 
 
 def holder_pid(runuser_pid: int) -> int:
@@ -290,14 +404,21 @@ SQUAT_PORT = textwrap.dedent(
 )
 
 
-def test_node_0_fails_loudly_when_another_user_takes_its_collector_port(stranger: str, shared_home: Path, tmp_path: Path) -> None:
+def test_node_0_fails_loudly_when_another_user_takes_its_collector_port(
+    stranger: str, shared_home: Path, tmp_path: Path
+) -> None:
     """`xl launch` checks the port; another user takes it between that check and the supervisor's
     bind. Node 0 must not train on without its collector (every node sends there): the run fails
     at once, naming the port and the fix."""
     assert PYTHON is not None
     rdzv = rdzv_port()
-    squat = subprocess.Popen(["runuser", "-u", stranger, "--", PYTHON, "-c", SQUAT_PORT, str(rdzv + 1), "8"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+    squat = subprocess.Popen(
+        ["runuser", "-u", stranger, "--", PYTHON, "-c", SQUAT_PORT, str(rdzv + 1), "8"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
     node0 = None
     try:
         assert squat.stdout is not None and squat.stdin is not None
@@ -305,21 +426,50 @@ def test_node_0_fails_loudly_when_another_user_takes_its_collector_port(stranger
         script = shared_home / "train.py"
         script.write_text(SCRIPT)
         env = xl_env(shared_home, XL_TOKEN=TOKEN)
-        node0 = subprocess.Popen([*XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", "0", "--rdzv", f"127.0.0.1:{rdzv}",
-                                  "--nproc", "1", str(script), str(tmp_path / "go")], env=env, cwd=shared_home,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        run_dir = wait_for(lambda: first_run(shared_home), timeout=60, what="the run dir", interval=0.002)
+        node0 = subprocess.Popen(
+            [
+                *XL,
+                "launch",
+                "--no-tui",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "0",
+                "--rdzv",
+                f"127.0.0.1:{rdzv}",
+                "--nproc",
+                "1",
+                str(script),
+                str(tmp_path / "go"),
+            ],
+            env=env,
+            cwd=shared_home,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        run_dir = wait_for(
+            lambda: first_run(shared_home), timeout=60, what="the run dir", interval=0.002
+        )
         squat.stdin.write("go\n")
         squat.stdin.flush()
         assert squat.stdout.readline().strip() == "listening"
         out = node0.communicate(timeout=120)[0]
         assert node0.returncode == 1, out
-        assert f"node 0's collector cannot listen on 127.0.0.1:{rdzv + 1}" in out and "XL_COLLECTOR_PORT" in out, out
+        assert (
+            f"node 0's collector cannot listen on 127.0.0.1:{rdzv + 1}" in out
+            and "XL_COLLECTOR_PORT" in out
+        ), out
         assert "Traceback" not in out
         run = run_json(run_dir)
         # xl launch returns once run.json says the run ended: the record is there to read.
-        evidence = (sorted(p.name for p in run_dir.iterdir()), (run_dir / "supervisor.log").read_text(errors="replace")[-2000:])
-        assert run.get("status") == "failed" and "cannot listen" in (run.get("failure") or {}).get("message", ""), (run, evidence)
+        evidence = (
+            sorted(p.name for p in run_dir.iterdir()),
+            (run_dir / "supervisor.log").read_text(errors="replace")[-2000:],
+        )
+        assert run.get("status") == "failed" and "cannot listen" in (run.get("failure") or {}).get(
+            "message", ""
+        ), (run, evidence)
         assert not (run_dir / "logs" / "rank-0.log").exists()  # no rank ever started
         wait_no_processes(run_dir, timeout=30)
         # Node 1's link meets the squatter: it sends no token and no record, and says why.
