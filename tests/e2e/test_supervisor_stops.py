@@ -167,7 +167,9 @@ def test_supervisor_killed_outright_training_finishes_and_the_record_is_told_by_
             if e["kind"] == "run_ended"
         ]
         assert len(ended) == 1 and "what the ranks left" in ended[0]["message"]
-        wait_no_processes(run_dir, timeout=GRACE + 2)
+        # torchrun outlives its killed supervisor until its ranks end (2.8 s at load 19 on 2
+        # cores): what matters is that it goes, not how fast a loaded machine lets it.
+        wait_no_processes(run_dir, timeout=GRACE + 30)
     finally:
         proc.kill()
         proc.communicate(timeout=10)
