@@ -21,12 +21,12 @@ def _whole_run(run_dir: Path) -> Path:
     rec = record.load(run_dir)
     if rec is None or rec.node_rank == 0 or rec.nnodes < 2:
         return run_dir
-    rdzv = rec.spec.get("rdzv")
+    rdzv = rec.rdzv
     started = rec.started_at or 0.0
     best: tuple[float, Path] | None = None
     for info in list_runs():
         other = record.load(info.run_dir)
-        if other is None or other.node_rank != 0 or other.spec.get("rdzv") != rdzv:
+        if other is None or other.node_rank != 0 or other.rdzv != rdzv:
             continue
         if other.nnodes != rec.nnodes or (other.ended_at is not None and other.ended_at < started):
             continue  # another run on the same address, over before this part began

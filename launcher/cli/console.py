@@ -138,8 +138,8 @@ def _summary(state: RunState) -> str:
     text = f"run {state.title} {state.status} after {state.elapsed():.1f}s"
     if state.failure:
         text += "".join([f": {visible(state.failure.message)}", *(f"\n{line}" for line in cause_lines(state.failure))])
-    spent = timing.describe(state.record.get("time")) if state.final and state.record else None
-    phases = timing.describe_phases(state.record.get("time")) if spent and state.record else None
+    spent = timing.describe(state.record.time) if state.final and state.record else None
+    phases = timing.describe_phases(state.record.time) if spent and state.record else None
     # where the time went (docs/compare.md), and the steps' time by phase where they were timed
     return "\n".join(x for x in (text, spent, phases) if x)
 

@@ -20,7 +20,7 @@ from xl.textsafe import bytes_for_terminal
 def _ranks(run_dir: Path) -> list[int]:
     """The ranks run.json lists and those with a log (a rank logs before run.json has it)."""
     rec = record.load(run_dir)
-    found = {r["rank"] for r in rec.ranks if isinstance(r.get("rank"), int)} if rec else set()
+    found = {r.rank for r in rec.ranks if r.rank is not None} if rec else set()
     try:
         names = os.listdir(RunLayout(run_dir).logs)
     except OSError:

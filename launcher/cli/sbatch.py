@@ -32,7 +32,8 @@ from xl.launcher.cli.options import (
 )
 from xl.launcher.multinode import slurm
 from xl.launcher.plan import check_nproc, check_target, parse_rdzv
-from xl.launcher.rundir.record import read_json
+from xl.launcher.rundir import record
+from xl.launcher.rundir.record import RunStatus
 from xl.launcher.spec import LaunchSpec, spec_to_argv
 
 
@@ -107,8 +108,8 @@ def _stop_here(run_id: str) -> bool:
     from xl.launcher.control import stop_run  # noqa: PLC0415 - psutil and the stopping code, for a Ctrl-C only
 
     run_dir = paths.runs_dir() / run_id
-    run = read_json(run_dir)
-    if run.get("status") != "running" or run.get("host") != socket.gethostname():
+    rec = record.load(run_dir)
+    if rec is None or rec.status != RunStatus.RUNNING or rec.host != socket.gethostname():
         return False
     stop_run(run_dir)
     return True

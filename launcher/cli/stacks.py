@@ -71,7 +71,7 @@ def main(argv: Sequence[str]) -> int:
     ns = p.parse_args(list(argv))
     run_dir: Path = resolve_run(ns.run, "stacks")
     rec = record.load(run_dir)
-    known = sorted(r["rank"] for r in rec.ranks if isinstance(r.get("rank"), int)) if rec else []
+    known = sorted(r.rank for r in rec.ranks if r.rank is not None) if rec else []
     if ns.rank is not None and rec is not None and rec.status == RunStatus.RUNNING and ns.rank not in known:
         raise UsageError(f"run {run_dir.name} has no rank {ns.rank} (ranks: {', '.join(map(str, known)) or 'none yet'})")
     try:

@@ -17,7 +17,6 @@ from typing import Any
 from xl.errors import UsageError
 from xl.figures import PHASES
 from xl.launcher.rundir import digest, record, timing
-from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.record import RunRecord
 
 # An environment variable whose name says it holds a secret: its value is never shown (as `ps`
@@ -37,22 +36,21 @@ def _target(rec: RunRecord) -> str | None:
 def facts(rec: RunRecord) -> dict[str, Any]:
     """What ``changed`` compares, by its name there (``env.K`` one entry per variable)."""
     spec = rec.spec
-    versions = rec.get("versions") if isinstance(rec.get("versions"), dict) else {}
+    versions = rec.versions
     out: dict[str, Any] = {
         "script": _target(rec),
         "args": [str(a) for a in spec.get("args") or []],
-        "nproc": rec.get("nproc_per_node"),
-        "nodes": rec.get("nnodes"),
-        "gpus": [d.get("index") for d in rec.devices],
-        "gpu_models": [d.get("name") for d in rec.devices],
+        "nproc": rec.nproc_per_node,
+        "nodes": rec.nnodes,
+        "gpus": [d.index for d in rec.devices],
+        "gpu_models": [d.name for d in rec.devices],
         "mixed_precision": spec.get("mixed_precision"),
         "max_restarts": spec.get("max_restarts"),
         "python": spec.get("python"),
     }
     out.update({name: versions.get(name) for name in _VERSIONS})
-    env = rec.get("env")
-    for key, value in sorted(env.items() if isinstance(env, dict) else []):
-        out[f"env.{key}"] = str(value)
+    for key, value in sorted(rec.env.items()):
+        out[f"env.{key}"] = value
     return out
 
 
@@ -120,7 +118,7 @@ def compare(dir_a: Path, dir_b: Path) -> Comparison:
         "changed": changed(a, b),
         "speed": {"a": speed_a, "b": speed_b, "ratio": _ratio(speed_a, speed_b)},
         "loss": {"steps": common, "a": [loss_a[s] for s in common], "b": [loss_b[s] for s in common]},
-        "time": {"a": a.get("time") or da.get("time"), "b": b.get("time") or db.get("time")},
+        "time": {"a": a.time or da.get("time"), "b": b.time or db.get("time")},
         "split": {"a": timing.run_split(da.get("ranks")), "b": timing.run_split(db.get("ranks"))},
         "failure": {"a": _failure(a), "b": _failure(b)},
     }
@@ -129,7 +127,7 @@ def compare(dir_a: Path, dir_b: Path) -> Comparison:
 
 def _failure(rec: RunRecord) -> dict[str, Any] | None:
     """A failed run's root cause as ``xl compare`` shows it: the rank and its cause."""
-    failure = Failure.from_json(rec.failure) if rec.failure else None
+    failure = rec.failure
     if failure is None:
         return None
     cause = failure.cause.to_json() if failure.cause is not None else None

@@ -3,8 +3,9 @@
 run.json is a contract (docs/contracts.md, "run.json"): other tools read it, so the record keeps every
 key it was given, known or not, in the order it was given, and replaces the file atomically on
 every change. Everything else asks this module: what the status is, whether it is final, what exit
-code it means. ``RunJson`` and ``RankRow`` are its keys, each documented in docs/contracts.md (a
-test holds them to it); ``RankReport`` is what a rank says of itself in ``ranks/rank-<r>.json``.
+code it means. ``RunJson`` is its keys, ``DeviceRow`` and ``RankRow`` its rows, each documented in
+docs/contracts.md (a test holds them to it); ``RankReport`` is what a rank says of itself in
+``ranks/rank-<r>.json``.
 
 One name per concept, in Python: ``host`` is a machine's name (run.json's key ``node`` in a rank's
 row and in ``failure``), ``node_rank`` is xl's number of a node (``--node-rank``), ``group_rank`` is
@@ -17,31 +18,118 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, ClassVar, TypedDict, TypeVar
 
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.layout import RunLayout, record_rank
+from xl.launcher.rundir.outcome import Failure
 
 
-class RankRow(TypedDict, total=False):
-    """One rank in run.json's ``ranks``."""
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
-    rank: int
-    local_rank: int
-    node: str  # the host the rank runs on
-    node_rank: int
-    pid: int | None
-    gpu: int | None
-    gpu_uuid: str | None
-    state: str  # outcome.RankPhase
-    exit_code: int | None
-    started_at: float | None
-    ended_at: float | None
-    attempt: int
-    waited_s: float  # once the run ended, for ranks xl.watch measured
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _gpu(value: object) -> int | str | None:
+    """A rank's GPU as run.json names it: its index, or a name (a MIG UUID)."""
+    return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+
+
+# A row's keys: (attribute, JSON key, decoder), in the order a new row writes them.
+_Keys = tuple[tuple[str, str, Callable[[object], object]], ...]
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A row of run.json read leniently: each known key decoded to its type (a value of the wrong
+    type reads as None), and the object as read kept in ``source``, so that writing the row back
+    keeps another tool's keys, the order and every value xl did not change."""
+
+    source: Mapping[str, Any] = field(default_factory=dict, kw_only=True, repr=False, compare=False)
+    _KEYS: ClassVar[_Keys] = ()
+
+    @classmethod
+    def json_keys(cls) -> tuple[str, ...]:
+        """The keys xl knows (docs/contracts.md, "run.json")."""
+        return tuple(key for _, key, _ in cls._KEYS)
+
+    @classmethod
+    def from_json(cls: type[_R], data: Mapping[str, Any]) -> _R:
+        return cls(**{attr: decode(data.get(key)) for attr, key, decode in cls._KEYS}, source=data)
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as run.json holds it: as read, with what changed since written over it; a row
+        made here (no ``source``) writes every key xl knows."""
+        out = dict(self.source)
+        for attr, key, decode in self._KEYS:
+            value = getattr(self, attr)
+            if key in out:
+                if decode(out[key]) != value:
+                    out[key] = value
+            elif value is not None or not self.source:
+                out[key] = value
+        return out
+
+
+_R = TypeVar("_R", bound=_Row)
+
+
+@dataclass(frozen=True)
+class DeviceRow(_Row):
+    """One GPU in run.json's ``devices``."""
+
+    index: int | None
+    uuid: str | None = None
+    name: str | None = None
+
+    _KEYS: ClassVar[_Keys] = (("index", "index", _int), ("uuid", "uuid", _text), ("name", "name", _text))
+
+
+@dataclass(frozen=True)
+class RankRow(_Row):
+    """One rank in run.json's ``ranks``. ``host`` is the machine it runs on (the JSON key
+    ``node``); ``state`` an ``outcome.RankPhase`` value."""
+
+    rank: int | None
+    local_rank: int | None = None
+    host: str | None = None
+    node_rank: int | None = None
+    pid: int | None = None
+    gpu: int | str | None = None  # its index (a name for a MIG instance); null on CPU
+    gpu_uuid: str | None = None
+    state: str | None = None
+    exit_code: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    attempt: int | None = None
+    waited_s: float | None = None  # once the run ended, for ranks xl.watch measured
+
+    _KEYS: ClassVar[_Keys] = (
+        ("rank", "rank", _int),
+        ("local_rank", "local_rank", _int),
+        ("host", "node", _text),
+        ("node_rank", "node_rank", _int),
+        ("pid", "pid", _int),
+        ("gpu", "gpu", _gpu),
+        ("gpu_uuid", "gpu_uuid", _text),
+        ("state", "state", _text),
+        ("exit_code", "exit_code", _int),
+        ("started_at", "started_at", _number),
+        ("ended_at", "ended_at", _number),
+        ("attempt", "attempt", _int),
+        ("waited_s", "waited_s", _number),
+    )
 
 
 @dataclass(frozen=True)
@@ -112,7 +200,7 @@ class RunJson(TypedDict, total=False):
     argv: list[str]
     env: dict[str, str]
     cwd: str
-    devices: list[dict[str, Any]]
+    devices: list[dict[str, Any]]  # DeviceRow as JSON
     nnodes: int
     node_rank: int
     nproc_per_node: int
@@ -128,7 +216,7 @@ class RunJson(TypedDict, total=False):
     stop_requested_at: float
     attempt: int
     versions: dict[str, str | None]
-    ranks: list[RankRow]
+    ranks: list[dict[str, Any]]  # RankRow as JSON
     failure: dict[str, Any] | None
     time: dict[str, float]
     metrics_bytes_lost: int
@@ -168,23 +256,21 @@ def exit_code_for(status: object) -> int:
 
 @dataclass
 class RunRecord:
-    """run.json, typed where xl relies on a field; every other key is carried as it was."""
+    """run.json, typed: a property for each key xl reads (a value of the wrong type reads as
+    None, or the default said), rows for its devices and ranks, its ``failure``. Every key is
+    carried as it was, known or not, so another tool's keys survive a rewrite."""
 
     run_id: str
     status: str = RunStatus.RUNNING.value
-    data: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict, repr=False)  # the JSON, less run_id and status
     # The key order of the run.json this record was read from: another tool's keys, and ours,
     # are written back where they were (new keys go last).
     _keys: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    # The rows decoded last, with the JSON list they came from: a view that draws them on every
+    # frame decodes them once per change of run.json.
+    _rows: tuple[object, tuple[RankRow, ...]] = field(default=(None, ()), init=False, repr=False, compare=False)
 
     # ---------------------------------------------------------------- reading
-    def get(self, key: str, default: Any = None) -> Any:
-        if key == "run_id":
-            return self.run_id
-        if key == "status":
-            return self.status
-        return self.data.get(key, default)
-
     @property
     def final(self) -> bool:
         return is_final(self.status)
@@ -213,8 +299,7 @@ class RunRecord:
     @property
     def host(self) -> str | None:
         """The name of the machine this record's node runs on."""
-        host = self.data.get("host")
-        return host if isinstance(host, str) else None
+        return _text(self.data.get("host"))
 
     @property
     def node_rank(self) -> int:
@@ -231,13 +316,40 @@ class RunRecord:
 
     @property
     def spec(self) -> dict[str, Any]:
+        """What was asked (``launcher.spec.LaunchSpec`` as JSON); {} when missing."""
         spec = self.data.get("spec")
         return spec if isinstance(spec, dict) else {}
 
     @property
-    def devices(self) -> list[dict[str, Any]]:
+    def max_restarts(self) -> int:
+        """torchrun's --max-restarts the run was started with (the spec's; 0 when not said)."""
+        return _int(self.spec.get("max_restarts")) or 0
+
+    @property
+    def rdzv(self) -> str | None:
+        """The spec's --rdzv HOST:PORT (multi-node runs)."""
+        return _text(self.spec.get("rdzv"))
+
+    @property
+    def argv(self) -> list[str]:
+        """The exact torchrun command ([] when missing)."""
+        argv = self.data.get("argv")
+        return [str(a) for a in argv] if isinstance(argv, list) else []
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables xl set for the ranks ({} when missing)."""
+        env = self.data.get("env")
+        return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+
+    @property
+    def cwd(self) -> str | None:
+        return _text(self.data.get("cwd"))
+
+    @property
+    def devices(self) -> tuple[DeviceRow, ...]:
         devices = self.data.get("devices")
-        return [d for d in devices if isinstance(d, dict)] if isinstance(devices, list) else []
+        return tuple(DeviceRow.from_json(d) for d in devices if isinstance(d, dict)) if isinstance(devices, list) else ()
 
     @property
     def grace_s(self) -> float | None:
@@ -246,19 +358,53 @@ class RunRecord:
         return grace if grace else None
 
     @property
-    def ranks(self) -> list[dict[str, Any]]:
-        ranks = self.data.get("ranks")
-        return [r for r in ranks if isinstance(r, dict)] if isinstance(ranks, list) else []
+    def stop_requested_at(self) -> float | None:
+        """When a stop was asked (None: none was, or it is not a number)."""
+        return _number(self.data.get("stop_requested_at"))
 
     @property
-    def failure(self) -> dict[str, Any] | None:
+    def stop_requested(self) -> bool:
+        """A stop was asked: run.json has ``stop_requested_at`` (whatever its value)."""
+        return self.data.get("stop_requested_at") is not None
+
+    @property
+    def ranks(self) -> tuple[RankRow, ...]:
+        ranks = self.data.get("ranks")
+        if not isinstance(ranks, list):
+            return ()
+        if self._rows[0] is not ranks:
+            self._rows = (ranks, tuple(RankRow.from_json(r) for r in ranks if isinstance(r, dict)))
+        return self._rows[1]
+
+    @property
+    def failure(self) -> Failure | None:
+        """The root cause; None while nothing failed (or what is there is not an object)."""
+        failure = self.data.get("failure")
+        return Failure.from_json(failure) if isinstance(failure, dict) and failure else None
+
+    @property
+    def failure_json(self) -> dict[str, Any] | None:
+        """``failure`` exactly as run.json holds it, for outputs that pass it on (``xl runs
+        --json``); None when it is not an object."""
         failure = self.data.get("failure")
         return failure if isinstance(failure, dict) else None
 
     @property
+    def versions(self) -> dict[str, Any]:
+        """What the run was made with (``xl``, ``torch``, ...); {} when missing."""
+        versions = self.data.get("versions")
+        return versions if isinstance(versions, dict) else {}
+
+    @property
+    def time(self) -> dict[str, Any] | None:
+        """Where the run's time went, once it ended (``timing``); None before."""
+        spent = self.data.get("time")
+        return spent if isinstance(spent, dict) else None
+
+    @property
     def supervisor_pid(self) -> int | None:
-        pid = self.data.get("supervisor_pid")
-        return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+        pid = _int(self.data.get("supervisor_pid"))
+        return pid if pid is not None and pid > 0 else None
 
     @property
     def supervisor_started_at(self) -> float | None:
@@ -266,14 +412,15 @@ class RunRecord:
         return _number(self.data.get("supervisor_started_at"))
 
     # ---------------------------------------------------------------- changing
-    def update(self, **fields: Any) -> None:
+    def update(self, **fields: object) -> None:
+        """Set keys of run.json; rows and the failure may be given typed (written as JSON)."""
         for key, value in fields.items():
             if key == "run_id":
                 self.run_id = str(value)
             elif key == "status":
                 self.status = RunStatus(value).value
             else:
-                self.data[key] = value
+                self.data[key] = _as_json(value)
 
     def end(self, status: RunStatus | str, at: float | None = None) -> None:
         """Mark the run over: its final status and end time."""
@@ -300,7 +447,7 @@ class RunRecord:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], fallback_id: str = "") -> RunRecord:
+    def from_json(cls, data: Mapping[str, Any], fallback_id: str = "") -> RunRecord:
         rest = {k: v for k, v in data.items() if k not in ("run_id", "status")}
         status = data.get("status")
         record = cls(
@@ -312,12 +459,13 @@ class RunRecord:
         return record
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _as_json(value: object) -> object:
+    """A value for run.json: typed rows and the failure as their JSON, anything else as given."""
+    if isinstance(value, (_Row, Failure)):
+        return value.to_json()
+    if isinstance(value, list):
+        return [v.to_json() if isinstance(v, _Row) else v for v in value]
+    return value
 
 
 def run_file(run_dir: Path) -> Path:

@@ -65,7 +65,7 @@ class RunInfo:
             started_at=rec.started_at,
             ended_at=rec.ended_at,
             world_size=rec.world_size or len(rec.ranks),
-            devices=rec.devices,
+            devices=[d.to_json() for d in rec.devices],
             # Only a running run has a supervisor worth asking about (a PID check per run).
             supervisor_alive=rec.status == RunStatus.RUNNING and runprocs.supervisor_alive(rec),
         )
