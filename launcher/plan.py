@@ -17,7 +17,7 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -240,10 +240,14 @@ def build_plan(
     env: Mapping[str, str] | None = None,
     *,
     gpus_from: str | None = "--gpus",
+    cpu_nproc: Callable[[], int | None] | None = None,
 ) -> Plan:
     """The torchrun command for ``spec`` on this machine; UsageError on bad input.
 
-    ``gpus_from``: what errors about ``spec.gpus`` blame (see select_devices).
+    ``gpus_from``: what errors about ``spec.gpus`` blame (see select_devices). ``cpu_nproc``:
+    asked once no GPU is chosen and ``spec.nproc`` is unset, how many CPU ranks to run (torchrun's
+    ``--nproc-per-node auto``; None: one), after every other check of the spec, so the plan is
+    made once.
 
     With fewer processes than GPUs chosen, the run gets the first ``nproc`` of them in the
     order chosen (``--gpus`` as written; without it nvidia-smi order, or CUDA_VISIBLE_DEVICES's
@@ -285,6 +289,7 @@ def build_plan(
 
     python = spec.python or sys.executable
     argv = [python, "-m", "torch.distributed.run", "--nnodes", str(spec.nnodes), "--nproc-per-node", str(nproc)]
+    nproc_at = len(argv) - 1
     if spec.nnodes == 1 and spec.rdzv is None and not spec.max_restarts:
         # torchrun's default, the static rendezvous: unlike c10d's it does not sleep 0-0.3 s
         # before joining nor keep heartbeats. Its store's port is one the supervisor holds until
@@ -332,4 +337,8 @@ def build_plan(
         if not valid_env_name(key):
             raise UsageError(f"--env {key}={value}: {key!r} is not a valid variable name")
         plan_env[key] = value
+    if not devices and spec.nproc is None and cpu_nproc is not None:
+        # Asked last, so that a mistake in the spec itself is said first.
+        nproc = cpu_nproc() or nproc
+        argv[nproc_at] = str(nproc)
     return Plan(argv=argv, env=plan_env, devices=devices, nproc=nproc, cwd=cwd, warnings=warnings)

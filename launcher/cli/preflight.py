@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from xl import envnames
 from xl.errors import UsageError
 from xl.launcher.plan import Plan
 from xl.launcher.spec import LaunchSpec
 
+if TYPE_CHECKING:
+    from xl.gpu.nvml import Inventory
 
-def _torch_fix(python: str | None, env: dict[str, str], inv: Any) -> tuple[str, str, str] | None:
+
+def _torch_fix(python: str | None, env: dict[str, str], inv: Inventory) -> tuple[str, str, str] | None:
     """(status, what is wrong, the doctor's fix) when the ranks' torch cannot use the GPUs: a
     torch without CUDA (the `torch` check), or one whose CUDA the driver does not run fully
     (`driver_cuda`: fail, or warn under minor-version compatibility); None when it can."""
@@ -58,7 +61,7 @@ def _torch_fix(python: str | None, env: dict[str, str], inv: Any) -> tuple[str, 
     return verdict.status, verdict.detail, verdict.fix
 
 
-def check_launch(spec: LaunchSpec, plan: Plan, inv: Any, *, gpus_given: bool) -> None:
+def check_launch(spec: LaunchSpec, plan: Plan, inv: Inventory, *, gpus_given: bool) -> None:
     """Stop (UsageError) on a torch without CUDA under --gpus; add what is wrong with the chosen
     GPUs to ``plan.warnings``."""
     if not plan.devices:
@@ -72,10 +75,10 @@ def check_launch(spec: LaunchSpec, plan: Plan, inv: Any, *, gpus_given: bool) ->
             if status == "fail":
                 raise UsageError(f"--gpus {spec.gpus}: {detail}; fix: {fix}")
             plan.warnings.append(f"{detail} (fix: {fix})")
-    from xl.gpu import health, nvml  # noqa: PLC0415 - only a launch on GPUs reads their health
+    from xl.gpu import health  # noqa: PLC0415 - only a launch on GPUs reads their health
 
     chosen = [g.index for g in plan.devices[: plan.nproc]]
-    gpus = nvml.inventory(processes=True).gpus
+    gpus = inv.gpus  # the launch's one inventory, taken with the processes that hold each GPU
     now = {g.index: g for g in gpus}
     verdicts = health.judge_all(gpus, health.health([g.index for g in gpus if not g.lost]))
     for index in chosen:

@@ -135,9 +135,20 @@ def join_text(spec: LaunchSpec, token: str | None, port_env: str | None) -> str:
     return f"{head}\n  {join_command(spec, 1, token, port_env)}{tail}\n"
 
 
-def prepare_launch(spec: LaunchSpec, env: MutableMapping[str, str]) -> str | None:
+def make_token(spec: LaunchSpec, env: MutableMapping[str, str]) -> bool:
+    """Node 0's token, made into ``env`` before its plan (the rendezvous id derives from it)
+    unless one is there already; True when it was made here. Nothing is checked here: that is
+    ``prepare_launch``'s, which is then told ``made``."""
+    if spec.node_rank > 0 or env.get(envnames.TOKEN):
+        return False
+    env[envnames.TOKEN] = secrets.token_hex(16)
+    return True
+
+
+def prepare_launch(spec: LaunchSpec, env: MutableMapping[str, str], *, made: bool = False) -> str | None:
     """`xl launch` of a multi-node run, before anything starts: check the contract (UsageError),
-    put the run's token in ``env`` for the supervisor, and return what node 0 prints."""
+    put the run's token in ``env`` for the supervisor, and return what node 0 prints. ``made``:
+    the token in ``env`` is the one ``make_token`` made, printed as a token made here is."""
     host, port = hub_address(spec.rdzv or "", env)
     given = token_from_env(env, spec.node_rank)
     if spec.node_rank > 0:
@@ -148,4 +159,4 @@ def prepare_launch(spec: LaunchSpec, env: MutableMapping[str, str]) -> str | Non
     # goes to run.json nor to a command line.
     env[envnames.TOKEN] = token
     # A token the person gave is not printed back (it may be in a batch job's log).
-    return join_text(spec, None if given else token, env.get(envnames.COLLECTOR_PORT))
+    return join_text(spec, None if given and not made else token, env.get(envnames.COLLECTOR_PORT))
