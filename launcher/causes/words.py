@@ -68,6 +68,16 @@ def _line_of(text: str, pattern: re.Pattern[str]) -> tuple[re.Match[str], str] |
     return None
 
 
+def _first(kind: str, text: str, pattern: re.Pattern[str], fact: str | None = None) -> Found | None:
+    """The first line ``pattern`` matches, found as ``kind``; ``fact`` names what its first group
+    caught (none: the line is all there is to say)."""
+    hit = _line_of(text, pattern)
+    if hit is None:
+        return None
+    m, line = hit
+    return Found(kind, {fact: m.group(1)} if fact else {}, [line])
+
+
 # ---------------------------------------------------------------- Python's and the shell's
 _NO_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([^']+)'")
 _NO_FILE = re.compile(r"FileNotFoundError: \[Errno 2\] No such file or directory: '([^']*)'")
@@ -79,19 +89,11 @@ _PORT = re.compile(r"port:? (\d{1,5})\b|:(\d{1,5})\b")
 
 
 def module_not_found(text: str) -> Found | None:
-    hit = _line_of(text, _NO_MODULE)
-    if hit is None:
-        return None
-    m, line = hit
-    return Found("module_not_found", {"module": m.group(1)}, [line])
+    return _first("module_not_found", text, _NO_MODULE, "module")
 
 
 def file_not_found(text: str) -> Found | None:
-    hit = _line_of(text, _NO_FILE)
-    if hit is None:
-        return None
-    m, line = hit
-    return Found("file_not_found", {"path": m.group(1)}, [line])
+    return _first("file_not_found", text, _NO_FILE, "path")
 
 
 def usage_error(text: str, exit_code: int | None) -> Found | None:
@@ -146,11 +148,7 @@ def cuda_oom(text: str) -> Found | None:
 
 
 def shm_full(text: str) -> Found | None:
-    hit = _line_of(text, _SHM)
-    if hit is None:
-        return None
-    _, line = hit
-    return Found("shm_full", {}, [line])
+    return _first("shm_full", text, _SHM)
 
 
 # ---------------------------------------------------------------- CUDA and NCCL
@@ -168,13 +166,11 @@ _GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (send|recv) operation
 
 
 def no_kernel_image(text: str) -> Found | None:
-    hit = _line_of(text, _NO_KERNEL)
-    return Found("no_kernel_image", {}, [hit[1]]) if hit else None
+    return _first("no_kernel_image", text, _NO_KERNEL)
 
 
 def device_busy(text: str) -> Found | None:
-    hit = _line_of(text, _BUSY)
-    return Found("device_busy", {}, [hit[1]]) if hit else None
+    return _first("device_busy", text, _BUSY)
 
 
 def collective_timeout(text: str) -> Found | None:
