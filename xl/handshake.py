@@ -1,5 +1,6 @@
 """The handshake that opens every connection to a run's collector: both sides prove they hold
-the run's token, and the token itself never travels (issue 25, point 1).
+the run's token, and the token itself never travels (docs/security.md): a squatter on the port
+learns nothing it could replay.
 
 Before, each frame header carried ``XL_TOKEN`` in clear: whoever listened on the collector's port
 (another local user who took it while node 0's collector could not bind) read it from the first

@@ -1,4 +1,4 @@
-"""Text from ranks or peers, made safe to show on a person's terminal (issue 25, point 3).
+"""Text from ranks or peers, made safe to show on a person's terminal (docs/security.md).
 
 A rank prints anything, and a peer sends anything: an escape sequence in it is a command to the
 terminal that shows it (OSC 52 writes the clipboard, OSC 0 the window title, CSI moves the

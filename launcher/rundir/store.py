@@ -105,7 +105,8 @@ def new_run_id(spec: LaunchSpec) -> str:
 
 
 UNREADABLE = "unreadable"
-NOT_YOURS = "not yours"  # another user's run: this user may not read its folder (issue 25)
+# Another user's run: this user may not read its folder, so it is listed, never read.
+NOT_YOURS = "not yours"
 
 
 def run_owner(path: Path) -> str:
