@@ -13,7 +13,8 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from xl import envnames, paths
 from xl.address import format_address
@@ -81,7 +82,7 @@ def make_handler(registry: CollectorRegistry, token: str) -> type[HeadFirstHandl
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:
+        def log_message(self, format: str, *args: object) -> None:
             pass  # a line per scrape would fill the terminal; Prometheus shows the target's health
 
     return MetricsHandler
@@ -113,7 +114,7 @@ def main(argv: Sequence[str]) -> int:
     port = server.server_address[1]
     print(f"xl: exporting metrics at http://{format_address(ns.host, port)}/metrics (bearer token: {where})", flush=True)
 
-    def stop(signum: int, frame: Any) -> None:
+    def stop(signum: int, frame: FrameType | None) -> None:
         server.shutdown()
 
     signal.signal(signal.SIGTERM, stop)

@@ -18,9 +18,9 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from types import FrameType
 
 from xl import envnames, paths
 from xl.address import format_address
@@ -76,7 +76,7 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _rdzv(alloc: slurm.Allocation, env: Any) -> str:
+def _rdzv(alloc: slurm.Allocation, env: Mapping[str, str]) -> str:
     first = alloc.nodes[0]
     port = slurm.rdzv_port(alloc.job_id)
     if env.get("SLURMD_NODENAME") == first:
@@ -128,7 +128,7 @@ def _run_srun(argv: list[str], env: dict[str, str], job_id: str, name: str, run_
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
     sent: list[str] = []
 
-    def escalate(signum: int, _frame: Any) -> None:
+    def escalate(signum: int, _frame: FrameType | None) -> None:
         signame = signal.Signals(signum).name
         if not sent:
             sent.append("INT")
@@ -228,7 +228,7 @@ def _sbatch_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _no_newline(name: str, value: Any) -> None:
+def _no_newline(name: str, value: object) -> None:
     if isinstance(value, str) and ("\n" in value or "\r" in value):
         raise UsageError(f"{name} must be one line")
 

@@ -60,7 +60,7 @@ class _DeadlineWriter:
     def close(self) -> None:
         self.closed = True
 
-    def write(self, data: Any) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         view = memoryview(data).cast("B")
         total = len(view)
         while view:

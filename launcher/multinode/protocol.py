@@ -90,7 +90,7 @@ def _time(value: Any) -> float:
     return float(value)
 
 
-def check_message(obj: Any) -> dict[str, Any]:
+def check_message(obj: object) -> dict[str, Any]:
     """Validate one body line of a node frame (already JSON-decoded); FrameError when bad."""
     if type(obj) is not dict or obj.get("type") not in MESSAGE_TYPES:
         raise wire.FrameError("bad_node_message")

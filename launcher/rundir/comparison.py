@@ -142,7 +142,7 @@ def _failure_cell(failure: dict[str, Any] | None) -> str:
     return show(f"{who}: {cause['kind']}: {cause['summary']}" if cause else f"{who}: {failure['message']}", 60)
 
 
-def show(value: Any, width: int = 40) -> str:
+def show(value: object, width: int = 40) -> str:
     """A value as the tables show it (lists joined; long ones cut)."""
     if value is None:
         text = "-"

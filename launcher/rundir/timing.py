@@ -248,7 +248,7 @@ def _unsplit(t: Mapping[str, float]) -> bool:
     return t["total_s"] > 0 and t["startup_s"] >= t["total_s"]
 
 
-def span_end(start: float, candidates: Iterable[Any], fallback: float) -> float:
+def span_end(start: float, candidates: Iterable[object], fallback: float) -> float:
     """The earliest of ``candidates`` (numbers or None) after ``start``, else ``fallback``."""
     later = [float(c) for c in candidates if isinstance(c, (int, float)) and c > start]
     return min(later) if later else fallback
