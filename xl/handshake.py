@@ -72,7 +72,9 @@ def check_hello(token: bytes, nonce: bytes, hello: bytes) -> Hello:
     role, who = WHO.unpack_from(hello, 0)
     nc = hello[WHO.size : WHO.size + NONCE]
     proof = hello[WHO.size + NONCE :]
-    good = role in ROLES and hmac.compare_digest(proof, _mac(token, b"xl peer", role, who, nonce, nc))
+    good = role in ROLES and hmac.compare_digest(
+        proof, _mac(token, b"xl peer", role, who, nonce, nc)
+    )
     if not good:
         return Hello(False, role, who, REFUSED)
     return Hello(True, role, who, _mac(token, b"xl collector", role, who, nonce, nc))

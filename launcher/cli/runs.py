@@ -42,7 +42,11 @@ def _split(info: RunInfo) -> dict[str, Any] | None:
     ranks = (read_object(RunLayout(info.run_dir).digest) or {}).get("ranks")
     if not isinstance(ranks, dict):
         return None
-    return {rank: split for rank, entry in ranks.items() if (split := timing.per_step(entry)) is not None}
+    return {
+        rank: split
+        for rank, entry in ranks.items()
+        if (split := timing.per_step(entry)) is not None
+    }
 
 
 def _failure(rec: RunRecord | None) -> dict[str, Any]:
@@ -53,8 +57,17 @@ def _failure(rec: RunRecord | None) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str]) -> int:
-    p = ArgumentParser(prog="xl runs", description="List runs, newest first (as the app's Runs screen); --json lists them oldest first.")
-    p.add_argument("--json", action="store_true", help="one JSON array of runs, oldest first (the order runs were made)")
+    p = ArgumentParser(
+        prog="xl runs",
+        description=(
+            "List runs, newest first (as the app's Runs screen); --json lists them oldest first."
+        ),
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON array of runs, oldest first (the order runs were made)",
+    )
     ns = p.parse_args(list(argv))
     runs = list_runs()
     if ns.json:
@@ -75,13 +88,33 @@ def main(argv: Sequence[str]) -> int:
     # The app's order (tui/screens/runs.py): newest start first; a stable sort keeps the
     # store's order among equal starts, as the app's does.
     for r in sorted(runs, key=lambda r: r.started_at or 0, reverse=True):
-        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else ""
-        devices = ",".join(str(d.get("index")) for d in r.devices) or ("cpu" if r.world_size else "")
+        started = (
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else ""
+        )
+        devices = ",".join(str(d.get("index")) for d in r.devices) or (
+            "cpu" if r.world_size else ""
+        )
         ranks = str(r.world_size) if r.world_size else ""
         why = _failure(record.load(r.run_dir)) if r.status == RunStatus.FAILED else {}
         cause = why.get("cause") or {}
-        said = f"rank {why['failure'].get('rank')}: {cause.get('kind')}: {cause.get('summary')}" if cause and why.get("failure") else ""
-        rows.append((r.run_id, r.name or "", _status(r), ranks, devices, started, _duration(r), r.target, visible(said)[:80]))
+        said = (
+            f"rank {why['failure'].get('rank')}: {cause.get('kind')}: {cause.get('summary')}"
+            if cause and why.get("failure")
+            else ""
+        )
+        rows.append(
+            (
+                r.run_id,
+                r.name or "",
+                _status(r),
+                ranks,
+                devices,
+                started,
+                _duration(r),
+                r.target,
+                visible(said)[:80],
+            )
+        )
     header = ("RUN", "NAME", "STATUS", "RANKS", "GPUS", "STARTED", "TIME", "SCRIPT", "CAUSE")
     if sys.stdout.isatty():
         from rich.console import Console  # noqa: PLC0415 - Rich loads only for a terminal; a pipe gets plain columns

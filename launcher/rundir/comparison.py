@@ -80,7 +80,11 @@ def _ratio(a: dict[str, Any], b: dict[str, Any]) -> float | None:
 
 def _rounded(speed: Any) -> dict[str, Any]:
     speed = speed if isinstance(speed, dict) else {}
-    return {k: (round(v, 6) if isinstance(v, (int, float)) else None) for k in ("step_s", "samples_per_s") for v in [speed.get(k)]}
+    return {
+        k: (round(v, 6) if isinstance(v, (int, float)) else None)
+        for k in ("step_s", "samples_per_s")
+        for v in [speed.get(k)]
+    }
 
 
 def _series(d: dict[str, Any]) -> dict[str, list[Any]]:
@@ -98,7 +102,9 @@ class Comparison:
 def load_run(run_dir: Path) -> RunRecord:
     rec = record.load(run_dir)
     if rec is None:
-        raise UsageError(f"run {run_dir.name}: its run.json is damaged or missing, so it cannot be compared")
+        raise UsageError(
+            f"run {run_dir.name}: its run.json is damaged or missing, so it cannot be compared"
+        )
     return rec
 
 
@@ -117,12 +123,18 @@ def compare(dir_a: Path, dir_b: Path) -> Comparison:
         "runs": [a.run_id, b.run_id],
         "changed": changed(a, b),
         "speed": {"a": speed_a, "b": speed_b, "ratio": _ratio(speed_a, speed_b)},
-        "loss": {"steps": common, "a": [loss_a[s] for s in common], "b": [loss_b[s] for s in common]},
+        "loss": {
+            "steps": common,
+            "a": [loss_a[s] for s in common],
+            "b": [loss_b[s] for s in common],
+        },
         "time": {"a": a.time or da.get("time"), "b": b.time or db.get("time")},
         "split": {"a": timing.run_split(da.get("ranks")), "b": timing.run_split(db.get("ranks"))},
         "failure": {"a": _failure(a), "b": _failure(b)},
     }
-    return Comparison(doc, {"a": sa, "b": sb}, {"a": a.name, "b": b.name}, {"a": a.status, "b": b.status})
+    return Comparison(
+        doc, {"a": sa, "b": sb}, {"a": a.name, "b": b.name}, {"a": a.status, "b": b.status}
+    )
 
 
 def _failure(rec: RunRecord) -> dict[str, Any] | None:
@@ -131,7 +143,12 @@ def _failure(rec: RunRecord) -> dict[str, Any] | None:
     if failure is None:
         return None
     cause = failure.cause.to_json() if failure.cause is not None else None
-    return {"rank": failure.rank, "node_rank": failure.node_rank, "message": failure.message, "cause": cause}
+    return {
+        "rank": failure.rank,
+        "node_rank": failure.node_rank,
+        "message": failure.message,
+        "cause": cause,
+    }
 
 
 def _failure_cell(failure: dict[str, Any] | None) -> str:
@@ -139,7 +156,10 @@ def _failure_cell(failure: dict[str, Any] | None) -> str:
         return "-"
     cause = failure.get("cause")
     who = f"rank {failure['rank']}" if failure.get("rank") is not None else "no rank"
-    return show(f"{who}: {cause['kind']}: {cause['summary']}" if cause else f"{who}: {failure['message']}", 60)
+    return show(
+        f"{who}: {cause['kind']}: {cause['summary']}" if cause else f"{who}: {failure['message']}",
+        60,
+    )
 
 
 def show(value: object, width: int = 40) -> str:
@@ -158,7 +178,9 @@ def _rate(v: Any) -> str:
 
 
 def _ms(v: Any) -> str:
-    return "-" if not isinstance(v, (int, float)) else f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
+    return (
+        "-" if not isinstance(v, (int, float)) else f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
+    )
 
 
 LOSS_ROWS = 8  # loss at this many of the common steps, spread over them
@@ -174,7 +196,9 @@ def rows(c: Comparison) -> list[tuple[str, str, str]]:
         ("failure", _failure_cell(doc["failure"]["a"]), _failure_cell(doc["failure"]["b"])),
         ("changed", "", ""),
     ]
-    out += [(f"  {ch['what']}", show(ch["a"]), show(ch["b"])) for ch in doc["changed"]] or [("  (nothing)", "", "")]
+    out += [(f"  {ch['what']}", show(ch["a"]), show(ch["b"])) for ch in doc["changed"]] or [
+        ("  (nothing)", "", "")
+    ]
     speed = doc["speed"]
     ratio = speed["ratio"]
     out += [
@@ -184,13 +208,23 @@ def rows(c: Comparison) -> list[tuple[str, str, str]]:
     ]
     steps = doc["loss"]["steps"]
     out.append((f"loss ({len(steps)} steps)", "", ""))  # at the steps both runs logged
-    picks = sorted({round(i * (len(steps) - 1) / (LOSS_ROWS - 1)) for i in range(LOSS_ROWS)}) if steps else []
-    out += [(f"  step {steps[i]:g}", f"{doc['loss']['a'][i]:.4g}", f"{doc['loss']['b'][i]:.4g}") for i in picks]
+    picks = (
+        sorted({round(i * (len(steps) - 1) / (LOSS_ROWS - 1)) for i in range(LOSS_ROWS)})
+        if steps
+        else []
+    )
+    out += [
+        (f"  step {steps[i]:g}", f"{doc['loss']['a'][i]:.4g}", f"{doc['loss']['b'][i]:.4g}")
+        for i in picks
+    ]
     split = doc.get("split") or {}
     ca, cb = timing.split_cells(split.get("a")), timing.split_cells(split.get("b"))
     if ca or cb:  # where a step's time went, per step, the mean over each run's ranks
         out.append(("step split (mean of ranks)", "", ""))
-        out += [(f"  {label}", ca[i] if ca else "-", cb[i] if cb else "-") for i, label in enumerate(("step", *PHASES))]
+        out += [
+            (f"  {label}", ca[i] if ca else "-", cb[i] if cb else "-")
+            for i, label in enumerate(("step", *PHASES))
+        ]
     out.append(("time", "", ""))
     ta, tb = timing.rows(doc["time"]["a"]), timing.rows(doc["time"]["b"])
     out += [(f"  {ka}", va or "-", vb or "-") for (ka, va), (_kb, vb) in zip(ta, tb, strict=True)]

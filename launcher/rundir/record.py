@@ -1,11 +1,11 @@
-"""run.json's one owner: the typed run record, its status, and the only code that reads or writes it.
+"""run.json's one owner: the typed run record, its status, the only code that reads or writes it.
 
-run.json is a contract (docs/contracts.md, "run.json"): other tools read it, so the record keeps every
-key it was given, known or not, in the order it was given, and replaces the file atomically on
+run.json is a contract (docs/contracts.md, "run.json"): other tools read it, so the record keeps
+every key it was given, known or not, in the order it was given, and replaces the file atomically on
 every change. Everything else asks this module: what the status is, whether it is final, what exit
-code it means. ``RunJson`` is its keys, ``DeviceRow`` and ``RankRow`` its rows, each documented in
-docs/contracts.md (a test holds them to it); ``RankReport`` is what a rank says of itself in
-``ranks/rank-<r>.json``.
+code it means. ``RunJson`` is its keys, ``DeviceRow`` and ``RankRow`` its rows (``rows.py``), each
+documented in docs/contracts.md (a test holds them to it); ``RankReport`` is what a rank says of
+itself in ``ranks/rank-<r>.json``.
 
 One name per concept, in Python: ``host`` is a machine's name (run.json's key ``node`` in a rank's
 row and in ``failure``), ``node_rank`` is xl's number of a node (``--node-rank``), ``group_rank`` is
@@ -18,118 +18,16 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, ClassVar, TypedDict, TypeVar
+from typing import Any, TypedDict
 
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.layout import RunLayout, record_rank
 from xl.launcher.rundir.outcome import Failure
-
-
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _gpu(value: object) -> int | str | None:
-    """A rank's GPU as run.json names it: its index, or a name (a MIG UUID)."""
-    return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
-
-
-# A row's keys: (attribute, JSON key, decoder), in the order a new row writes them.
-_Keys = tuple[tuple[str, str, Callable[[object], object]], ...]
-
-
-@dataclass(frozen=True)
-class _Row:
-    """A row of run.json read leniently: each known key decoded to its type (a value of the wrong
-    type reads as None), and the object as read kept in ``source``, so that writing the row back
-    keeps another tool's keys, the order and every value xl did not change."""
-
-    source: Mapping[str, Any] = field(default_factory=dict, kw_only=True, repr=False, compare=False)
-    _KEYS: ClassVar[_Keys] = ()
-
-    @classmethod
-    def json_keys(cls) -> tuple[str, ...]:
-        """The keys xl knows (docs/contracts.md, "run.json")."""
-        return tuple(key for _, key, _ in cls._KEYS)
-
-    @classmethod
-    def from_json(cls: type[_R], data: Mapping[str, Any]) -> _R:
-        return cls(**{attr: decode(data.get(key)) for attr, key, decode in cls._KEYS}, source=data)
-
-    def to_json(self) -> dict[str, Any]:
-        """The row as run.json holds it: as read, with what changed since written over it; a row
-        made here (no ``source``) writes every key xl knows."""
-        out = dict(self.source)
-        for attr, key, decode in self._KEYS:
-            value = getattr(self, attr)
-            if key in out:
-                if decode(out[key]) != value:
-                    out[key] = value
-            elif value is not None or not self.source:
-                out[key] = value
-        return out
-
-
-_R = TypeVar("_R", bound=_Row)
-
-
-@dataclass(frozen=True)
-class DeviceRow(_Row):
-    """One GPU in run.json's ``devices``."""
-
-    index: int | None
-    uuid: str | None = None
-    name: str | None = None
-
-    _KEYS: ClassVar[_Keys] = (("index", "index", _int), ("uuid", "uuid", _text), ("name", "name", _text))
-
-
-@dataclass(frozen=True)
-class RankRow(_Row):
-    """One rank in run.json's ``ranks``. ``host`` is the machine it runs on (the JSON key
-    ``node``); ``state`` an ``outcome.RankPhase`` value."""
-
-    rank: int | None
-    local_rank: int | None = None
-    host: str | None = None
-    node_rank: int | None = None
-    pid: int | None = None
-    gpu: int | str | None = None  # its index (a name for a MIG instance); null on CPU
-    gpu_uuid: str | None = None
-    state: str | None = None
-    exit_code: int | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    attempt: int | None = None
-    waited_s: float | None = None  # once the run ended, for ranks xl.watch measured
-
-    _KEYS: ClassVar[_Keys] = (
-        ("rank", "rank", _int),
-        ("local_rank", "local_rank", _int),
-        ("host", "node", _text),
-        ("node_rank", "node_rank", _int),
-        ("pid", "pid", _int),
-        ("gpu", "gpu", _gpu),
-        ("gpu_uuid", "gpu_uuid", _text),
-        ("state", "state", _text),
-        ("exit_code", "exit_code", _int),
-        ("started_at", "started_at", _number),
-        ("ended_at", "ended_at", _number),
-        ("attempt", "attempt", _int),
-        ("waited_s", "waited_s", _number),
-    )
+from xl.launcher.rundir.rows import DeviceRow, RankRow, Row, as_int, as_number, as_text
 
 
 @dataclass(frozen=True)
@@ -156,18 +54,21 @@ class RankReport:
 
     @classmethod
     def from_json(cls, rank: int, data: dict[str, Any]) -> RankReport:
-        text = {k: v if isinstance(v, str) else None for k, v in ((k, data.get(k)) for k in ("traceback", "error"))}
+        text = {
+            k: v if isinstance(v, str) else None
+            for k, v in ((k, data.get(k)) for k in ("traceback", "error"))
+        }
         return cls(
             rank=rank,
-            local_rank=_int(data.get("local_rank")),
-            group_rank=_int(data.get("node")),
-            pid=_int(data.get("pid")),
-            started_at=_number(data.get("started_at")),
-            exit_code=_int(data.get("exit_code")),
+            local_rank=as_int(data.get("local_rank")),
+            group_rank=as_int(data.get("node")),
+            pid=as_int(data.get("pid")),
+            started_at=as_number(data.get("started_at")),
+            exit_code=as_int(data.get("exit_code")),
             traceback=text["traceback"],
             error=text["error"],
-            ended_at=_number(data.get("ended_at")),
-            log_bytes_lost=_int(data.get("log_bytes_lost")) or 0,
+            ended_at=as_number(data.get("ended_at")),
+            log_bytes_lost=as_int(data.get("log_bytes_lost")) or 0,
         )
 
 
@@ -262,13 +163,16 @@ class RunRecord:
 
     run_id: str
     status: str = RunStatus.RUNNING.value
-    data: dict[str, Any] = field(default_factory=dict, repr=False)  # the JSON, less run_id and status
+    # the JSON, less run_id and status
+    data: dict[str, Any] = field(default_factory=dict, repr=False)
     # The key order of the run.json this record was read from: another tool's keys, and ours,
     # are written back where they were (new keys go last).
     _keys: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
     # The rows decoded last, with the JSON list they came from: a view that draws them on every
     # frame decodes them once per change of run.json.
-    _rows: tuple[object, tuple[RankRow, ...]] = field(default=(None, ()), init=False, repr=False, compare=False)
+    _rows: tuple[object, tuple[RankRow, ...]] = field(
+        default=(None, ()), init=False, repr=False, compare=False
+    )
 
     # ---------------------------------------------------------------- reading
     @property
@@ -286,33 +190,33 @@ class RunRecord:
 
     @property
     def started_at(self) -> float | None:
-        return _number(self.data.get("started_at"))
+        return as_number(self.data.get("started_at"))
 
     @property
     def ended_at(self) -> float | None:
-        return _number(self.data.get("ended_at"))
+        return as_number(self.data.get("ended_at"))
 
     @property
     def world_size(self) -> int | None:
-        return _int(self.data.get("world_size"))
+        return as_int(self.data.get("world_size"))
 
     @property
     def host(self) -> str | None:
         """The name of the machine this record's node runs on."""
-        return _text(self.data.get("host"))
+        return as_text(self.data.get("host"))
 
     @property
     def node_rank(self) -> int:
         """xl's number of this record's node (``--node-rank``; 0 on a one-node run)."""
-        return _int(self.data.get("node_rank")) or 0
+        return as_int(self.data.get("node_rank")) or 0
 
     @property
     def nnodes(self) -> int:
-        return _int(self.data.get("nnodes")) or 1
+        return as_int(self.data.get("nnodes")) or 1
 
     @property
     def nproc_per_node(self) -> int | None:
-        return _int(self.data.get("nproc_per_node"))
+        return as_int(self.data.get("nproc_per_node"))
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -323,12 +227,12 @@ class RunRecord:
     @property
     def max_restarts(self) -> int:
         """torchrun's --max-restarts the run was started with (the spec's; 0 when not said)."""
-        return _int(self.spec.get("max_restarts")) or 0
+        return as_int(self.spec.get("max_restarts")) or 0
 
     @property
     def rdzv(self) -> str | None:
         """The spec's --rdzv HOST:PORT (multi-node runs)."""
-        return _text(self.spec.get("rdzv"))
+        return as_text(self.spec.get("rdzv"))
 
     @property
     def argv(self) -> list[str]:
@@ -344,23 +248,27 @@ class RunRecord:
 
     @property
     def cwd(self) -> str | None:
-        return _text(self.data.get("cwd"))
+        return as_text(self.data.get("cwd"))
 
     @property
     def devices(self) -> tuple[DeviceRow, ...]:
         devices = self.data.get("devices")
-        return tuple(DeviceRow.from_json(d) for d in devices if isinstance(d, dict)) if isinstance(devices, list) else ()
+        return (
+            tuple(DeviceRow.from_json(d) for d in devices if isinstance(d, dict))
+            if isinstance(devices, list)
+            else ()
+        )
 
     @property
     def grace_s(self) -> float | None:
         """The stop grace the run was started with (None: not recorded, use the default)."""
-        grace = _number(self.data.get("grace_s"))
+        grace = as_number(self.data.get("grace_s"))
         return grace if grace else None
 
     @property
     def stop_requested_at(self) -> float | None:
         """When a stop was asked (None: none was, or it is not a number)."""
-        return _number(self.data.get("stop_requested_at"))
+        return as_number(self.data.get("stop_requested_at"))
 
     @property
     def stop_requested(self) -> bool:
@@ -403,13 +311,14 @@ class RunRecord:
 
     @property
     def supervisor_pid(self) -> int | None:
-        pid = _int(self.data.get("supervisor_pid"))
+        pid = as_int(self.data.get("supervisor_pid"))
         return pid if pid is not None and pid > 0 else None
 
     @property
     def supervisor_started_at(self) -> float | None:
-        """The supervisor process's create time, which tells it from a later process with its PID."""
-        return _number(self.data.get("supervisor_started_at"))
+        """The supervisor process's create time, which tells it from a later process with its
+        PID."""
+        return as_number(self.data.get("supervisor_started_at"))
 
     # ---------------------------------------------------------------- changing
     def update(self, **fields: object) -> None:
@@ -461,10 +370,10 @@ class RunRecord:
 
 def _as_json(value: object) -> object:
     """A value for run.json: typed rows and the failure as their JSON, anything else as given."""
-    if isinstance(value, (_Row, Failure)):
+    if isinstance(value, (Row, Failure)):
         return value.to_json()
     if isinstance(value, list):
-        return [v.to_json() if isinstance(v, _Row) else v for v in value]
+        return [v.to_json() if isinstance(v, Row) else v for v in value]
     return value
 
 
