@@ -130,7 +130,7 @@ def settle(run_dir: Path) -> tuple[float, float]:
     assert rec is not None
     began, cpu = time.perf_counter(), time.process_time()
     waited = digest.close_run(run_dir, rec)
-    rec.update(ranks=digest.with_waits(rec.ranks, waited))
+    rec.update(ranks=digest.with_waits([r.to_json() for r in rec.ranks], waited))
     record.save(run_dir, rec)
     return time.perf_counter() - began, time.process_time() - cpu
 

@@ -80,9 +80,13 @@ def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
     try:
         os.setsid()
         # A fork keeps `xl launch`'s argv: show what this process is instead.
-        set_cmdline([os.path.basename(sys.executable), "-m", "xl.launcher.supervisor", str(run_dir)])
+        set_cmdline(
+            [os.path.basename(sys.executable), "-m", "xl.launcher.supervisor", str(run_dir)]
+        )
         null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(RunLayout(run_dir).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.open(
+            RunLayout(run_dir).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+        )
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
@@ -229,7 +233,9 @@ def start_run(
     if fork:
         forked = _fork_supervisor(run_dir)
         return RunHandle(run_id=run_id, run_dir=run_dir, pid=forked.pid, proc=forked)
-    log_fd = os.open(RunLayout(run_dir).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    log_fd = os.open(
+        RunLayout(run_dir).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
+    )
     with open(log_fd, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "xl.launcher.supervisor", str(run_dir)],
@@ -343,10 +349,14 @@ def _stop_starting(run_dir: Path) -> bool:
     if rec is not None and rec.supervisor_pid is not None:
         return False
     if sup is None:
-        settle.settle(run_dir, stopped=True, why="stopped before its supervisor started", ended_now=True)
+        settle.settle(
+            run_dir, stopped=True, why="stopped before its supervisor started", ended_now=True
+        )
     elif runprocs.frozen(sup):
         runprocs.signal_pid(sup, signal.SIGKILL)
-        settle.settle(run_dir, stopped=True, why="its supervisor was frozen as it started", ended_now=True)
+        settle.settle(
+            run_dir, stopped=True, why="its supervisor was frozen as it started", ended_now=True
+        )
     else:
         runprocs.signal_pid(sup, signal.SIGTERM)
     return True
@@ -356,12 +366,19 @@ def _starting_ended(run_dir: Path, rec: RunRecord) -> bool:
     """A stopped run whose supervisor never wrote its PID and runs no more (it ended on the
     SIGTERM before catching it): recorded stopped here. True when it was."""
     from xl.launcher.rundir import settle  # noqa: PLC0415 - ending runs only: not on a launch's path to torchrun
-    if rec.supervisor_pid is not None or not stopmark.stop_asked(run_dir) or runprocs.find_supervisor(str(run_dir)):
+
+    if (
+        rec.supervisor_pid is not None
+        or not stopmark.stop_asked(run_dir)
+        or runprocs.find_supervisor(str(run_dir))
+    ):
         return False
     rec = record.load(run_dir) or rec
     if rec.final or rec.supervisor_pid is not None:
         return rec.final
-    settle.settle(run_dir, stopped=True, why="stopped before its supervisor started", ended_now=True)
+    settle.settle(
+        run_dir, stopped=True, why="stopped before its supervisor started", ended_now=True
+    )
     return True
 
 

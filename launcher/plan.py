@@ -17,7 +17,7 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +64,11 @@ def _describe(gpus: Sequence[GPU]) -> str:
 
 
 def _default_devices(
-    gpus: Sequence[GPU], env: Mapping[str, str], have_driver: bool, gpus_from: str | None, warnings: list[str]
+    gpus: Sequence[GPU],
+    env: Mapping[str, str],
+    have_driver: bool,
+    gpus_from: str | None,
+    warnings: list[str],
 ) -> list[GPU]:
     """No --gpus: the GPUs the current CUDA_VISIBLE_DEVICES shows (all when it is unset).
 
@@ -82,7 +86,9 @@ def _default_devices(
             f"({verdict.detail}); fix: {verdict.fix}{other}"
         )
     if verdict.status == "warn":
-        warnings.append(f"CUDA_VISIBLE_DEVICES {verdict.detail} (xl doctor says the same; fix: {verdict.fix})")
+        warnings.append(
+            f"CUDA_VISIBLE_DEVICES {verdict.detail} (xl doctor says the same; fix: {verdict.fix})"
+        )
     # An empty CUDA_VISIBLE_DEVICES (or -1) hides every GPU on purpose: a CPU run.
     return list(verdict.devices)
 
@@ -135,7 +141,9 @@ def select_devices(
         n = int(count)
         usable = _usable(gpus)
         if n > len(usable):
-            raise UsageError(f"{src} {text}: only {len(usable)} usable GPU(s) here ({_describe(usable)})")
+            raise UsageError(
+                f"{src} {text}: only {len(usable)} usable GPU(s) here ({_describe(usable)})"
+            )
         # Most free memory first, then least busy; unknown figures rank last.
         ranked = sorted(
             usable,
@@ -155,7 +163,9 @@ def select_devices(
             raise UsageError(f"{src} {text!r} has an empty entry; write e.g. 0,1")
         gpu = find_gpu(list(gpus), token)
         if gpu is None:
-            raise UsageError(f"unknown GPU {token!r} in {src} ({_describe(gpus)}; 'xl gpus' lists them)")
+            raise UsageError(
+                f"unknown GPU {token!r} in {src} ({_describe(gpus)}; 'xl gpus' lists them)"
+            )
         if gpu.lost:
             raise UsageError(f"GPU {gpu.index} in {src} is lost (fell off the bus); choose another")
         if any(g.index == gpu.index for g in chosen):
@@ -183,9 +193,13 @@ def check_target(spec: LaunchSpec, cwd: str) -> None:
     else:
         top = str(spec.module).split(".")[0]
         # Only the top-level name: find_spec on a dotted name would import its parents (torch...).
-        found = top and (os.path.isdir(os.path.join(cwd, top)) or os.path.isfile(os.path.join(cwd, top + ".py")))
+        found = top and (
+            os.path.isdir(os.path.join(cwd, top)) or os.path.isfile(os.path.join(cwd, top + ".py"))
+        )
         if not found and importlib.util.find_spec(top) is None:
-            raise UsageError(f"no module named {top!r} (check -m {spec.module} and your environment)")
+            raise UsageError(
+                f"no module named {top!r} (check -m {spec.module} and your environment)"
+            )
 
 
 def check_nproc(nproc: int | None) -> None:
@@ -199,8 +213,15 @@ def parse_rdzv(rdzv: str) -> tuple[str, int]:
     bracketed = host.startswith("[") and host.endswith("]")
     if bracketed:
         host = host[1:-1]  # [IPv6]:PORT; torchrun wants the bare address
-    if not sep or not host or not (port.isascii() and port.isdigit()) or (":" in host and not bracketed):
-        raise UsageError(f"--rdzv {rdzv!r} is not HOST:PORT (e.g. --rdzv 10.0.0.1:29500 or [fd00::1]:29500)")
+    if (
+        not sep
+        or not host
+        or not (port.isascii() and port.isdigit())
+        or (":" in host and not bracketed)
+    ):
+        raise UsageError(
+            f"--rdzv {rdzv!r} is not HOST:PORT (e.g. --rdzv 10.0.0.1:29500 or [fd00::1]:29500)"
+        )
     if not 0 < int(port) < 65536:
         raise UsageError(f"--rdzv {rdzv!r}: port {port} is out of range; use 1-65535 (e.g. 29500)")
     return host, int(port)
@@ -224,13 +245,14 @@ def rdzv_id(host: str, port: int, env: Mapping[str, str]) -> str:
 
 def _mixed_models(devices: Sequence[GPU]) -> str | None:
     """The warning for a run over GPUs of different models, its models counted and named as the
-    doctor's `gpus` check and the app's picker name them (xl.gpu.models), with the launch's advice."""
+    doctor's `gpus` check and the app's picker name them (xl.gpu.models), with the launch's
+    advice."""
     counts = model_counts(devices)
     if len(counts) < 2:
         return None
     return (
-        f"the run's GPUs are of different models ({models_text(counts)}): every step waits for the slowest; "
-        "choose alike GPUs with --gpus (xl gpus lists them)"
+        f"the run's GPUs are of different models ({models_text(counts)}): every step waits for "
+        "the slowest; choose alike GPUs with --gpus (xl gpus lists them)"
     )
 
 
@@ -240,10 +262,14 @@ def build_plan(
     env: Mapping[str, str] | None = None,
     *,
     gpus_from: str | None = "--gpus",
+    cpu_nproc: Callable[[], int | None] | None = None,
 ) -> Plan:
     """The torchrun command for ``spec`` on this machine; UsageError on bad input.
 
-    ``gpus_from``: what errors about ``spec.gpus`` blame (see select_devices).
+    ``gpus_from``: what errors about ``spec.gpus`` blame (see select_devices). ``cpu_nproc``:
+    asked once no GPU is chosen and ``spec.nproc`` is unset, how many CPU ranks to run (torchrun's
+    ``--nproc-per-node auto``; None: one), after every other check of the spec, so the plan is
+    made once.
 
     With fewer processes than GPUs chosen, the run gets the first ``nproc`` of them in the
     order chosen (``--gpus`` as written; without it nvidia-smi order, or CUDA_VISIBLE_DEVICES's
@@ -254,7 +280,9 @@ def build_plan(
     gpus = list(inventory.gpus) if inventory is not None else []
     have_driver = inventory is not None and not inventory.driver.error
     warnings: list[str] = []
-    devices = select_devices(spec.gpus, gpus, env, have_driver=have_driver, gpus_from=gpus_from, warnings=warnings)
+    devices = select_devices(
+        spec.gpus, gpus, env, have_driver=have_driver, gpus_from=gpus_from, warnings=warnings
+    )
     check_nproc(spec.nproc)
     nproc = spec.nproc if spec.nproc is not None else max(1, len(devices))
     if devices and nproc > len(devices):
@@ -262,7 +290,11 @@ def build_plan(
         # torchrun would start them all on these GPUs; with none chosen, CPU ranks are what a
         # person asking for more processes than GPUs may mean: say how (an empty
         # CUDA_VISIBLE_DEVICES hides every GPU, see _default_devices).
-        cpu = "" if spec.gpus is not None else ", or run CPU ranks: CUDA_VISIBLE_DEVICES= xl launch ..."
+        cpu = (
+            ""
+            if spec.gpus is not None
+            else ", or run CPU ranks: CUDA_VISIBLE_DEVICES= xl launch ..."
+        )
         raise UsageError(
             f"--nproc {nproc} is more than the {len(devices)} GPU(s) chosen ({chosen}); "
             f"choose more GPUs with {gpus_from or '--gpus'} or fewer processes{cpu}"
@@ -281,10 +313,21 @@ def build_plan(
             f"(--nnodes {spec.nnodes}; give each node its own rank, 0 on the node at --rdzv)"
         )
     if spec.mixed_precision is not None and spec.mixed_precision not in MIXED_PRECISION:
-        raise UsageError(f"--mixed-precision {spec.mixed_precision!r}: use one of {', '.join(MIXED_PRECISION)}")
+        raise UsageError(
+            f"--mixed-precision {spec.mixed_precision!r}: use one of {', '.join(MIXED_PRECISION)}"
+        )
 
     python = spec.python or sys.executable
-    argv = [python, "-m", "torch.distributed.run", "--nnodes", str(spec.nnodes), "--nproc-per-node", str(nproc)]
+    argv = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(spec.nnodes),
+        "--nproc-per-node",
+        str(nproc),
+    ]
+    nproc_at = len(argv) - 1
     if spec.nnodes == 1 and spec.rdzv is None and not spec.max_restarts:
         # torchrun's default, the static rendezvous: unlike c10d's it does not sleep 0-0.3 s
         # before joining nor keep heartbeats. Its store's port is one the supervisor holds until
@@ -305,7 +348,14 @@ def build_plan(
         # host, serves the store (is_host): torch's guess from the hostname fails when the
         # address given is not what the hostname resolves to (hosts files, several interfaces).
         endpoint = format_address(host, port)
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id(host, port, env)]
+        argv += [
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            rdzv_id(host, port, env),
+        ]
         argv += ["--rdzv-conf", f"is_host={1 if spec.node_rank == 0 else 0}"]
     argv += ["--max-restarts", str(spec.max_restarts), "-m", ENTRY_MODULE]
     if spec.script is not None:
@@ -332,4 +382,8 @@ def build_plan(
         if not valid_env_name(key):
             raise UsageError(f"--env {key}={value}: {key!r} is not a valid variable name")
         plan_env[key] = value
+    if not devices and spec.nproc is None and cpu_nproc is not None:
+        # Asked last, so that a mistake in the spec itself is said first.
+        nproc = cpu_nproc() or nproc
+        argv[nproc_at] = str(nproc)
     return Plan(argv=argv, env=plan_env, devices=devices, nproc=nproc, cwd=cwd, warnings=warnings)

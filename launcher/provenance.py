@@ -20,7 +20,15 @@ from xl._version import __version__
 
 _TIMEOUT_S = 5.0
 # Run by the run's own interpreter when it is another one: where its torch lives.
-_FIND_TORCH = "import importlib.util as u; s = u.find_spec('torch'); print(s.origin if s and s.origin else '')"
+_FIND_TORCH = (
+    "import importlib.util as u; s = u.find_spec('torch'); "
+    "print(s.origin if s and s.origin else '')"
+)
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """A short helper command, its output as text; never longer than ``_TIMEOUT_S``."""
+    return subprocess.run(argv, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
 
 
 def torch_origin(python: str | None) -> str | None:
@@ -32,7 +40,7 @@ def torch_origin(python: str | None) -> str | None:
             return None
         return spec.origin if spec is not None else None
     try:
-        done = subprocess.run([python, "-c", _FIND_TORCH], capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+        done = _run([python, "-c", _FIND_TORCH])
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() or None
@@ -64,16 +72,10 @@ def git_commit(script: str | None, cwd: str | None) -> str | None:
         return None
     where = os.path.dirname(os.path.join(cwd or os.getcwd(), script)) or "."
     try:
-        head = subprocess.run(["git", "-C", where, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+        head = _run(["git", "-C", where, "rev-parse", "HEAD"])
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(
-            ["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=_TIMEOUT_S,
-            check=False,
-        )
+        dirty = _run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no"])
     except (OSError, subprocess.SubprocessError):
         return None
     commit = head.stdout.strip()

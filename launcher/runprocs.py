@@ -61,14 +61,23 @@ def find_run_pids(run_id: str, *, exclude: Iterable[int] = ()) -> list[int]:
     pids: list[int] = []
     if os.path.isdir("/proc"):
         for name in os.listdir("/proc"):
-            if name.isdigit() and int(name) not in skip and _environ_has(int(name), needle) and alive(int(name)):
+            if (
+                name.isdigit()
+                and int(name) not in skip
+                and _environ_has(int(name), needle)
+                and alive(int(name))
+            ):
                 pids.append(int(name))
         return pids
     import psutil  # noqa: PLC0415 - only where there is no /proc to read
 
     for proc in psutil.process_iter():
         try:
-            if proc.pid not in skip and proc.environ().get(envnames.RUN_ID) == run_id and alive(proc.pid):
+            if (
+                proc.pid not in skip
+                and proc.environ().get(envnames.RUN_ID) == run_id
+                and alive(proc.pid)
+            ):
                 pids.append(proc.pid)
         except (psutil.Error, OSError):
             continue
@@ -82,7 +91,8 @@ def alive(pid: int) -> bool:
 
 
 def same_process(pid: int, started_at: float | None) -> bool:
-    """``pid`` is still the process first seen started at ``started_at`` (guards against PID reuse)."""
+    """``pid`` is still the process first seen started at ``started_at`` (guards against PID
+    reuse)."""
     if not alive(pid):
         return False
     if started_at is None:
@@ -186,7 +196,9 @@ def escaped_descendants(root: int, run_id: str) -> list[tuple[int, float]]:
 
 
 def save_escaped(run_dir: Path, found: list[tuple[int, float]]) -> None:
-    write_json_atomic(RunLayout(run_dir).escaped, [{"pid": pid, "started": started} for pid, started in found])
+    write_json_atomic(
+        RunLayout(run_dir).escaped, [{"pid": pid, "started": started} for pid, started in found]
+    )
 
 
 def escaped(run_dir: Path) -> list[int]:
@@ -197,8 +209,16 @@ def escaped(run_dir: Path) -> list[int]:
         return []
     pids = []
     for item in data if isinstance(data, list) else []:
-        pid, started = (item.get("pid"), item.get("started")) if isinstance(item, dict) else (None, None)
-        if type(pid) is int and pid > 1 and type(started) is float and pid != os.getpid() and same_process(pid, started):
+        pid, started = (
+            (item.get("pid"), item.get("started")) if isinstance(item, dict) else (None, None)
+        )
+        if (
+            type(pid) is int
+            and pid > 1
+            and type(started) is float
+            and pid != os.getpid()
+            and same_process(pid, started)
+        ):
             pids.append(pid)
     return pids
 

@@ -75,7 +75,8 @@ def env_pair(word: str) -> tuple[str, str] | None:
 
 
 def parse_env_pairs(pairs: Iterable[str]) -> dict[str, str]:
-    """``--env`` values -> the spec's env (a later pair for a name wins); UsageError on a bad one."""
+    """``--env`` values -> the spec's env (a later pair for a name wins); UsageError on a bad
+    one."""
     out: dict[str, str] = {}
     for word in pairs:
         pair = env_pair(word)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.record import FINAL, RunRecord
 from xl.launcher.rundir.runview import elapsed, outcome_style
 from xl.textsafe import visible
@@ -21,7 +20,7 @@ def outcome_text(record: RunRecord, run_id: str, status: str, now: float) -> Tex
     """What stays on the terminal once the app closes on an ended run, as the plain view leaves
     it: the root cause's traceback, the outcome line, and the command that shows the failed
     rank's whole output."""
-    failure = Failure.from_json(record.failure) if status == "failed" and record.failure else None
+    failure = record.failure if status == "failed" else None
     rank = failure.rank if failure else None
     out = Text()
     if failure and failure.traceback:

@@ -2,9 +2,7 @@
 
 Training scripts use two names from here::
 
-    import xl
-    xl.log(step=step, loss=loss, samples=batch_size)
-    xl.watch(model)
+    import xl xl.log(step=step, loss=loss, samples=batch_size) xl.watch(model)
 
 Everything is resolved lazily so that ``import xl`` inside a rank stays cheap and pulls in
 neither Rich, Textual nor torch.

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
@@ -41,7 +40,7 @@ def _new_beside(target: Path) -> tuple[int, str]:
             continue
 
 
-def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+def write_json_atomic(path: str | os.PathLike[str], obj: object) -> None:
     write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 

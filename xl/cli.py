@@ -20,17 +20,38 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("xl.doctor.cli", "check this machine for distributed training; print each fix"),
     "gpus": ("xl.gpu.cli", "one-shot GPU inventory: memory, utilization, processes (--json)"),
     "ui": ("xl.tui.app", "the app: GPUs, doctor, launch, live monitor, runs (also plain `xl`)"),
-    "launch": ("xl.tui.commands:launch_main", "launch a supervised torchrun run (--gpus, --nproc, --dry-run, ...)"),
-    "sbatch": ("xl.launcher.cli.sbatch:sbatch_main", "print a Slurm batch script that runs `xl launch --slurm` (> job.sh)"),
+    "launch": (
+        "xl.tui.commands:launch_main",
+        "launch a supervised torchrun run (--gpus, --nproc, --dry-run, ...)",
+    ),
+    "sbatch": (
+        "xl.launcher.cli.sbatch:sbatch_main",
+        "print a Slurm batch script that runs `xl launch --slurm` (> job.sh)",
+    ),
     "runs": ("xl.launcher.cli.runs", "list runs and their status (--json)"),
     "logs": ("xl.launcher.cli.logs", "print a run's per-rank logs (--rank R, -f)"),
     "stop": ("xl.launcher.cli.stop", "stop a run: every rank ends, none is left behind"),
-    "compare": ("xl.launcher.cli.compare", "compare two runs: what changed, speed, loss, where the time went (--json)"),
-    "stacks": ("xl.launcher.cli.stacks", "where every rank of a live run is, and who the others wait for (--rank R, --json)"),
+    "compare": (
+        "xl.launcher.cli.compare",
+        "compare two runs: what changed, speed, loss, where the time went (--json)",
+    ),
+    "stacks": (
+        "xl.launcher.cli.stacks",
+        "where every rank of a live run is, and who the others wait for (--rank R, --json)",
+    ),
     "attach": ("xl.tui.commands:attach_main", "watch an existing run live"),
-    "demo": ("xl.tui.commands:demo_main", "train a small bundled model on this machine's devices and watch it"),
-    "serve": ("xl.tui.serve", "the app in a browser: one app per tab, behind a token (--read-only for viewers)"),
-    "exporter": ("xl.launcher.cli.exporter", "every live run's ranks on /metrics for Prometheus (bearer token)"),
+    "demo": (
+        "xl.tui.commands:demo_main",
+        "train a small bundled model on this machine's devices and watch it",
+    ),
+    "serve": (
+        "xl.tui.serve",
+        "the app in a browser: one app per tab, behind a token (--read-only for viewers)",
+    ),
+    "exporter": (
+        "xl.launcher.cli.exporter",
+        "every live run's ranks on /metrics for Prometheus (bearer token)",
+    ),
 }
 
 # `xl` alone opens the app once the TUI exists.
@@ -70,7 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         close = difflib.get_close_matches(head, list(COMMANDS), n=1, cutoff=0.6)
         known = ", ".join(COMMANDS) or "none yet"
-        hint = f"; did you mean {close[0]}? (see 'xl --help')" if close else f" (commands: {known}; see 'xl --help')"
+        hint = (
+            f"; did you mean {close[0]}? (see 'xl --help')"
+            if close
+            else f" (commands: {known}; see 'xl --help')"
+        )
         sys.stderr.write(f"xl: unknown command {head!r}{hint}\n")
         return EXIT_USAGE
     module_name, _, func_name = COMMANDS[head][0].partition(":")

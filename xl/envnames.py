@@ -1,4 +1,5 @@
-"""The names of xl's own environment variables, each written once (docs/contracts.md, "The environment").
+"""The names of xl's own environment variables, each written once (docs/contracts.md, "The
+environment").
 
 A variable's name is a contract between processes that share no code path but this one: ``xl
 launch`` sets it, the supervisor and every rank read it, other tools (``xl gpus``, ``xl stop``) find
@@ -44,7 +45,8 @@ EXPORTER_TOKEN = "XL_EXPORTER_TOKEN"
 SIMULATED_GPUS = "XL_SIMULATED_GPUS"  # the test suite's simulated NVML (tests/support)
 DEBUG_TIMING = "XL_DEBUG_TIMING"  # the supervisor prints where its start-up time went
 DOCTOR_SHM = "XL_DOCTOR_SHM"  # the doctor's /dev/shm, moved for tests
-NODE_END_WAIT = "XL_NODE_END_WAIT"  # node 0's wait past the grace for a node's end (10 s), shortened for tests
+# node 0's wait past the grace for a node's end (10 s), shortened for tests
+NODE_END_WAIT = "XL_NODE_END_WAIT"
 
 # Every variable that is the run's own (what a rank gets from the supervisor).
 RUN_VARS = (RUN_ID, RUN_DIR, COLLECTOR, TOKEN, SUPERVISOR_PID)

@@ -1,5 +1,6 @@
 """The handshake that opens every connection to a run's collector: both sides prove they hold
-the run's token, and the token itself never travels (issue 25, point 1).
+the run's token, and the token itself never travels (docs/security.md): a squatter on the port
+learns nothing it could replay.
 
 Before, each frame header carried ``XL_TOKEN`` in clear: whoever listened on the collector's port
 (another local user who took it while node 0's collector could not bind) read it from the first
@@ -71,7 +72,9 @@ def check_hello(token: bytes, nonce: bytes, hello: bytes) -> Hello:
     role, who = WHO.unpack_from(hello, 0)
     nc = hello[WHO.size : WHO.size + NONCE]
     proof = hello[WHO.size + NONCE :]
-    good = role in ROLES and hmac.compare_digest(proof, _mac(token, b"xl peer", role, who, nonce, nc))
+    good = role in ROLES and hmac.compare_digest(
+        proof, _mac(token, b"xl peer", role, who, nonce, nc)
+    )
     if not good:
         return Hello(False, role, who, REFUSED)
     return Hello(True, role, who, _mac(token, b"xl collector", role, who, nonce, nc))

@@ -32,7 +32,9 @@ def token_from(var: str) -> str:
 
 def same_token(given: str | None, expected: str) -> bool:
     """Constant-time: the time taken says nothing about how much of a guess was right."""
-    return given is not None and hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("utf-8"))
+    return given is not None and hmac.compare_digest(
+        given.encode("utf-8", "replace"), expected.encode("utf-8")
+    )
 
 
 def warn_if_exposed(prog: str, host: str) -> None:
@@ -46,4 +48,7 @@ def warn_if_exposed(prog: str, host: str) -> None:
 
 def port_in_use(prog: str, host: str, port: int, exc: OSError) -> str:
     """The one line for a port that cannot be listened on."""
-    return f"{prog}: cannot listen on {format_address(host, port)} ({exc.strerror or exc}); pick another with --port"
+    return (
+        f"{prog}: cannot listen on {format_address(host, port)} ({exc.strerror or exc}); "
+        "pick another with --port"
+    )

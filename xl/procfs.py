@@ -54,7 +54,8 @@ def parse_nspid(status: str) -> tuple[int, ...]:
 
 
 def _pids(proc: str) -> list[str]:
-    """Every process's folder name under ``proc`` (its PID as text); [] when /proc cannot be read."""
+    """Every process's folder name under ``proc`` (its PID as text); [] when /proc cannot be
+    read."""
     try:
         return [name for name in os.listdir(proc) if name.isdigit()]
     except OSError:
@@ -146,7 +147,11 @@ def cpu_rss(pid: int, proc: str = PROC) -> tuple[int, float, int] | None:
         return None
     try:
         ticks = os.sysconf("SC_CLK_TCK")
-        return int(rest[17]), (int(rest[9]) + int(rest[10])) / ticks, int(rest[19]) * os.sysconf("SC_PAGE_SIZE")
+        return (
+            int(rest[17]),
+            (int(rest[9]) + int(rest[10])) / ticks,
+            int(rest[19]) * os.sysconf("SC_PAGE_SIZE"),
+        )
     except ValueError:
         return None
 

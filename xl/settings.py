@@ -1,11 +1,10 @@
 """How every XL_* tunable is read: one rule for a number from the environment.
 
 A tunable that is missing, not a number, infinite or NaN takes its default; ``floor`` clamps a
-number below it up to it (a grace of -1 s is no grace), ``positive`` refuses zero and negatives
-(a stall threshold of 0 would flag every rank). Where each one is used and what it does: docs/contracts.md,
-"Tunables". The run's own variables (XL_RUN_ID, XL_RUN_DIR, XL_COLLECTOR,
-XL_TOKEN) are not tunables: they are the contract with the ranks (docs/contracts.md).
-"""
+number below it up to it (a grace of -1 s is no grace), ``positive`` refuses zero and negatives (a
+stall threshold of 0 would flag every rank). Where each one is used and what it does:
+docs/contracts.md, "Tunables". The run's own variables (XL_RUN_ID, XL_RUN_DIR, XL_COLLECTOR,
+XL_TOKEN) are not tunables: they are the contract with the ranks (docs/contracts.md). """
 
 from __future__ import annotations
 
@@ -22,7 +21,8 @@ def number(
     positive: bool = False,
     env: Mapping[str, str] | None = None,
 ) -> float:
-    """The tunable ``name`` as a finite float (see the module's rule); ``env`` defaults to os.environ."""
+    """The tunable ``name`` as a finite float (see the module's rule); ``env`` defaults to
+    os.environ."""
     raw = (os.environ if env is None else env).get(name)
     try:
         value = float(raw) if raw is not None else default

@@ -1,4 +1,4 @@
-"""Text from ranks or peers, made safe to show on a person's terminal (issue 25, point 3).
+"""Text from ranks or peers, made safe to show on a person's terminal (docs/security.md).
 
 A rank prints anything, and a peer sends anything: an escape sequence in it is a command to the
 terminal that shows it (OSC 52 writes the clipboard, OSC 0 the window title, CSI moves the
@@ -19,7 +19,9 @@ from typing import BinaryIO, TextIO, cast
 _TABLE: dict[int, str] = {code: chr(0x2400 + code) for code in range(0x20)}
 _TABLE[0x7F] = "\u2421"
 _TABLE.update({code: f"<{code:02x}>" for code in range(0x80, 0xA0)})
-_TABLE.update({code: f"<U+{code:04X}>" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+_TABLE.update(
+    {code: f"<U+{code:04X}>" for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+)
 _TABLE[0x09] = "\t"  # a tab only moves the cursor right
 _LINES = {**_TABLE, 0x0A: "\n"}
 

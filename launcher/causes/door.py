@@ -33,7 +33,12 @@ class Doctor:
     """The doctor's checks on this machine's facts, read on first use. ``facts`` given: those
     (tests, and what-if questions), else read here for the ranks' interpreter ``python``."""
 
-    def __init__(self, python: str | None = None, env: dict[str, str] | None = None, facts: Facts | None = None) -> None:
+    def __init__(
+        self,
+        python: str | None = None,
+        env: dict[str, str] | None = None,
+        facts: Facts | None = None,
+    ) -> None:
         self.python = python or sys.executable
         self.env = dict(env or {})
         self._facts = facts
@@ -60,7 +65,11 @@ class Doctor:
         except Exception as exc:  # NVML absent or broken: the GPU facts stay unknown
             facts.nvml_problem = str(exc)
         # The ranks' interpreter: this one is read in-process; another by the doctor's probe.
-        facts.torch = probe_torch_here() if self.python == sys.executable else probe_torch(self.python, self.env or None)
+        facts.torch = (
+            probe_torch_here()
+            if self.python == sys.executable
+            else probe_torch(self.python, self.env or None)
+        )
         return facts
 
     def ask(self, check: str) -> Answer:
@@ -70,7 +79,13 @@ class Doctor:
         from xl.doctor.checks.pytorch import check_torch  # noqa: PLC0415 - as above
         from xl.doctor.checks.system import check_nccl, check_shm  # noqa: PLC0415 - as above
 
-        checks = {"torch": check_torch, "arch_list": check_arch_list, "gpus": check_gpus, "shm": check_shm, "nccl": check_nccl}
+        checks = {
+            "torch": check_torch,
+            "arch_list": check_arch_list,
+            "gpus": check_gpus,
+            "shm": check_shm,
+            "nccl": check_nccl,
+        }
         finding = checks[check](self.facts())
         return Answer(check, finding.status, finding.detail, finding.fix or "")
 

@@ -19,29 +19,10 @@ import time
 from dataclasses import dataclass, field
 
 from xl.launcher.causes import host, words
+from xl.launcher.causes.distributions import DISTRIBUTIONS
 from xl.launcher.causes.door import Doctor
 from xl.launcher.rundir.outcome import Cause, CauseKind
 
-# Import names whose distribution on PyPI is named otherwise.
-DISTRIBUTIONS = {
-    "cv2": "opencv-python",
-    "sklearn": "scikit-learn",
-    "yaml": "PyYAML",
-    "PIL": "pillow",
-    "skimage": "scikit-image",
-    "bs4": "beautifulsoup4",
-    "dateutil": "python-dateutil",
-    "dotenv": "python-dotenv",
-    "attr": "attrs",
-    "jwt": "PyJWT",
-    "zmq": "pyzmq",
-    "serial": "pyserial",
-    "fitz": "PyMuPDF",
-    "Crypto": "pycryptodome",
-    "git": "GitPython",
-    "flash_attn": "flash-attn",
-    "google.protobuf": "protobuf",
-}
 _SIGNALS = {-signal.SIGSEGV: "Segmentation fault", -signal.SIGBUS: "Bus error"}
 
 
@@ -77,7 +58,9 @@ def explain(ev: Evidence, doctor: Doctor | None = None, kernel: list[str] | None
         return _signal(ev, tail, doctor, kernel)
     found = words.usage_error(tail, ev.exit_code) if not ev.traceback else None
     if found is not None:
-        return _cause(found, f"the script refused its command line: {found.facts['message']}", _help(ev))
+        return _cause(
+            found, f"the script refused its command line: {found.facts['message']}", _help(ev)
+        )
     for reader in (_python_kinds, _gpu_kinds):
         cause = reader(ev, said, doctor, kernel)
         if cause is not None:
@@ -104,7 +87,13 @@ def _signal(ev: Evidence, tail: str, doctor: Doctor, kernel: list[str] | None) -
         if oom is not None:
             return _host_oom(oom)
     # A C++ abort after a watchdog's or NCCL's own message, a CUDA error: their words first.
-    for read in (words.collective_timeout, words.nccl_error, words.cuda_oom, words.cuda_error, words.shm_full):
+    for read in (
+        words.collective_timeout,
+        words.nccl_error,
+        words.cuda_oom,
+        words.cuda_error,
+        words.shm_full,
+    ):
         found = read(tail)
         if found is not None:
             return _gpu(found, ev, doctor, name)
@@ -113,24 +102,46 @@ def _signal(ev: Evidence, tail: str, doctor: Doctor, kernel: list[str] | None) -
         return _aborted(crash, ev.log_tail)
     if crash is not None or code in _SIGNALS:
         if code == -signal.SIGBUS and _shm_small(doctor):
-            return _shm(words.Found("shm_full", {}, [f"killed by SIGBUS ({crash.evidence[0] if crash else 'bus error'})"]), doctor)
+            return _shm(
+                words.Found(
+                    "shm_full",
+                    {},
+                    [f"killed by SIGBUS ({crash.evidence[0] if crash else 'bus error'})"],
+                ),
+                doctor,
+            )
         return _segfault(crash, code)
     who = _who(tail)
     if who is not None:
         return Cause(CauseKind.KILLED, f"killed by {name}: {who[0]}", who[1], [who[2]])
     if code is None:
-        return Cause(CauseKind.KILLED, "ended without a word (no exit code, no Python error): killed by a signal, or os._exit", None,
-                     ["no exit record; torchrun did not say how it ended"])
+        return Cause(
+            CauseKind.KILLED,
+            "ended without a word (no exit code, no Python error): killed by a signal, or os._exit",
+            None,
+            ["no exit record; torchrun did not say how it ended"],
+        )
     # SIGKILL is also the OOM killer's: say so when its log was read and it was not it.
-    unlogged = " (the kernel's OOM killer did not log it)" if kernel and code == -signal.SIGKILL else ""
-    return Cause(CauseKind.KILLED, f"killed by {name} from outside xl{unlogged}", None, [f"exit code {code} ({name})"])
+    unlogged = (
+        " (the kernel's OOM killer did not log it)" if kernel and code == -signal.SIGKILL else ""
+    )
+    return Cause(
+        CauseKind.KILLED,
+        f"killed by {name} from outside xl{unlogged}",
+        None,
+        [f"exit code {code} ({name})"],
+    )
 
 
 def _who(tail: str) -> tuple[str, str | None, str] | None:
     """Who sent the signal, when the log says: Slurm's time limit."""
     for line in reversed(tail.splitlines()):
         if "DUE TO TIME LIMIT" in line or "DUE TO TIME LIMIT".lower() in line.lower():
-            return "Slurm ended the job at its time limit", "give the job a longer time limit (sbatch --time=HH:MM:SS)", line.strip()
+            return (
+                "Slurm ended the job at its time limit",
+                "give the job a longer time limit (sbatch --time=HH:MM:SS)",
+                line.strip(),
+            )
     return None
 
 
@@ -138,12 +149,23 @@ def _host_oom(oom: host.OomKill) -> Cause:
     held = f"it held {host.size(oom.rss)} when it died"
     if oom.memcg is not None:
         limit = f"a limit of {host.size(oom.limit)}" if oom.limit else "its limit"
-        summary = f"killed by the kernel's OOM killer: its memory cgroup {oom.memcg} has {limit}; {held}"
-        fix = (f"give the ranks more memory than {host.size(oom.limit)} (docker run --memory, Slurm --mem) "
-               "or use less per rank (fewer DataLoader workers, a smaller batch)") if oom.limit else None
+        summary = (
+            f"killed by the kernel's OOM killer: its memory cgroup {oom.memcg} has {limit}; {held}"
+        )
+        fix = (
+            (
+                f"give the ranks more memory than {host.size(oom.limit)} (docker run --memory, "
+                "Slurm --mem) or use less per rank (fewer DataLoader workers, a smaller batch)"
+            )
+            if oom.limit
+            else None
+        )
     else:
         summary = f"killed by the kernel's OOM killer: the machine ran out of memory; {held}"
-        fix = "use less host memory per rank (fewer DataLoader workers, a smaller batch) or fewer ranks on this machine"
+        fix = (
+            "use less host memory per rank (fewer DataLoader workers, a smaller batch) or fewer "
+            "ranks on this machine"
+        )
     pid = f" (pid {oom.pid}, {oom.name})"
     return Cause(CauseKind.HOST_OOM, summary + pid, fix, [oom.line])
 
@@ -155,25 +177,49 @@ def _aborted(crash: words.Found | None, lines: list[str]) -> Cause:
         at = max(i for i, ln in enumerate(before) if ln.startswith("Fatal Python error"))
         before = before[:at]
     said = words.one_line(before[-1]) if before else None
-    where = f" in {crash.facts['file']}:{crash.facts['line']}" if crash is not None and "file" in crash.facts else ""
+    where = (
+        f" in {crash.facts['file']}:{crash.facts['line']}"
+        if crash is not None and "file" in crash.facts
+        else ""
+    )
     summary = f"aborted (SIGABRT){where}" + (f" after: {said}" if said else "")
-    return Cause(CauseKind.EXCEPTION, summary, None, ([said] if said else []) + (crash.evidence if crash else []))
+    return Cause(
+        CauseKind.EXCEPTION,
+        summary,
+        None,
+        ([said] if said else []) + (crash.evidence if crash else []),
+    )
 
 
 def _segfault(crash: words.Found | None, code: int | None) -> Cause:
-    what = (crash.facts.get("signal") if crash else None) or _SIGNALS.get(code or 0, "Segmentation fault")
+    what = (crash.facts.get("signal") if crash else None) or _SIGNALS.get(
+        code or 0, "Segmentation fault"
+    )
     if crash is not None and "file" in crash.facts:
         f = crash.facts
         where = f"{f['file']}:{f['line']} in {f['function']}"
         if "caller_file" in f:  # the script's own line first, then where in the library it crashed
-            where = f"{f['caller_file']}:{f['caller_line']} in {f['caller_function']} (inside {where})"
-        return Cause(CauseKind.SEGFAULT, f"{what.lower()} in native code called from {where}", None, crash.evidence)
-    return Cause(CauseKind.SEGFAULT, f"{what.lower()} in native code (no Python line was printed)", None,
-                 crash.evidence if crash else [f"exit code {code} ({_signame(code)})"])
+            where = (
+                f"{f['caller_file']}:{f['caller_line']} in {f['caller_function']} (inside {where})"
+            )
+        return Cause(
+            CauseKind.SEGFAULT,
+            f"{what.lower()} in native code called from {where}",
+            None,
+            crash.evidence,
+        )
+    return Cause(
+        CauseKind.SEGFAULT,
+        f"{what.lower()} in native code (no Python line was printed)",
+        None,
+        crash.evidence if crash else [f"exit code {code} ({_signame(code)})"],
+    )
 
 
 # ---------------------------------------------------------------- Python's own errors
-def _python_kinds(ev: Evidence, said: str, doctor: Doctor, kernel: list[str] | None) -> Cause | None:
+def _python_kinds(
+    ev: Evidence, said: str, doctor: Doctor, kernel: list[str] | None
+) -> Cause | None:
     found = words.module_not_found(said)
     if found is not None:
         return _module(ev, found)
@@ -197,7 +243,9 @@ def _module(ev: Evidence, found: words.Found) -> Cause:
     top = module.split(".")[0]
     local = _local(ev, top)
     if local is not None:
-        return _cause(found, f"no module named '{module}' on the ranks' sys.path, though {local} exists", None)
+        return _cause(
+            found, f"no module named '{module}' on the ranks' sys.path, though {local} exists", None
+        )
     dist = DISTRIBUTIONS.get(module) or DISTRIBUTIONS.get(top) or (top if module == top else None)
     fix = f"{shlex.quote(ev.python)} -m pip install {shlex.quote(dist)}" if dist else None
     return _cause(found, f"the ranks' Python ({ev.python}) has no module named '{module}'", fix)
@@ -209,7 +257,10 @@ def _local(ev: Evidence, name: str) -> str | None:
     if ev.script:
         places.append(os.path.dirname(os.path.join(ev.cwd or "", ev.script)))
     for place in places:
-        for candidate in (os.path.join(place, name + ".py"), os.path.join(place, name, "__init__.py")):
+        for candidate in (
+            os.path.join(place, name + ".py"),
+            os.path.join(place, name, "__init__.py"),
+        ):
             if os.path.isfile(candidate):
                 return candidate
     return None
@@ -230,7 +281,11 @@ def _port(found: words.Found) -> Cause:
     port = found.facts.get("port")
     holder = host.port_holder(int(port)) if port and port.isdigit() else None
     who = f", held by pid {holder} ({host.process_name(holder) or '?'})" if holder else ""
-    return _cause(found, f"port {port} is already in use{who}" if port else "an address is already in use", None)
+    return _cause(
+        found,
+        f"port {port} is already in use{who}" if port else "an address is already in use",
+        None,
+    )
 
 
 def _worker_oom(ev: Evidence, said: str, kernel: list[str] | None) -> Cause | None:
@@ -238,7 +293,9 @@ def _worker_oom(ev: Evidence, said: str, kernel: list[str] | None) -> Cause | No
     unexpectedly" / "is killed by signal: Killed"): host memory, when the kernel says so."""
     if "DataLoader worker" not in said:
         return None
-    pids = {int(p) for p in re.findall(r"\b(\d{2,9})\b", said.split("DataLoader worker", 1)[1][:200])}
+    pids = {
+        int(p) for p in re.findall(r"\b(\d{2,9})\b", said.split("DataLoader worker", 1)[1][:200])
+    }
     oom = host.oom_kill(pids, kernel) if pids else None
     return _host_oom(oom) if oom is not None else None
 
@@ -246,7 +303,14 @@ def _worker_oom(ev: Evidence, said: str, kernel: list[str] | None) -> Cause | No
 # ---------------------------------------------------------------- the GPU's and NCCL's
 def _gpu_kinds(ev: Evidence, said: str, doctor: Doctor, kernel: list[str] | None) -> Cause | None:
     tail = "\n".join(ev.log_tail)
-    for read in (words.cuda_oom, words.no_kernel_image, words.device_busy, words.collective_timeout, words.nccl_error, words.cuda_error):
+    for read in (
+        words.cuda_oom,
+        words.no_kernel_image,
+        words.device_busy,
+        words.collective_timeout,
+        words.nccl_error,
+        words.cuda_error,
+    ):
         # A device-side assert's own line (which assert, where) is printed by the kernel to the log.
         found = read(f"{said}\n{tail}" if read is words.cuda_error else said)
         if found is not None:
@@ -265,14 +329,25 @@ def _gpu(found: words.Found, ev: Evidence, doctor: Doctor, signame: str | None) 
         for check in ("torch", "arch_list"):
             answer = doctor.ask(check)
             if answer.status in ("fail", "warn") and answer.fix:
-                return _cause(found, answer.detail, answer.fix, [f"xl doctor ({check}): {answer.detail}"])
+                return _cause(
+                    found, answer.detail, answer.fix, [f"xl doctor ({check}): {answer.detail}"]
+                )
         return _cause(found, "the GPU has no kernel of this build for its architecture", None)
     if found.kind == "device_busy":
         answer = doctor.ask("gpus")
         if answer.status in ("fail", "warn") and answer.fix:
-            return _cause(found, f"the GPU is busy or unavailable: {answer.detail}", answer.fix, [f"xl doctor (gpus): {answer.detail}"])
-        return _cause(found, "the GPU is busy or unavailable (exclusive-process mode held by another process, or Prohibited)",
-                      "nvidia-smi -q -d COMPUTE,PIDS")
+            return _cause(
+                found,
+                f"the GPU is busy or unavailable: {answer.detail}",
+                answer.fix,
+                [f"xl doctor (gpus): {answer.detail}"],
+            )
+        return _cause(
+            found,
+            "the GPU is busy or unavailable (exclusive-process mode held by another process, or "
+            "Prohibited)",
+            "nvidia-smi -q -d COMPUTE,PIDS",
+        )
     if found.kind == "collective_timeout":
         op = f"{f.get('op', 'a collective')}" + (f" #{f['seq']}" if "seq" in f else "")
         summary = f"{op} timed out after {f.get('timeout_s', '?')} s{by}"
@@ -281,7 +356,12 @@ def _gpu(found: words.Found, ev: Evidence, doctor: Doctor, signame: str | None) 
         return _cause(found, summary, None)
     if found.kind == "nccl_error":
         what = f.get("what") or "error"
-        summary = f"NCCL {what}" + (f" ({f['code']})" if "code" in f else "") + (f": {f['last']}" if "last" in f else "") + by
+        summary = (
+            f"NCCL {what}"
+            + (f" ({f['code']})" if "code" in f else "")
+            + (f": {f['last']}" if "last" in f else "")
+            + by
+        )
         answer = doctor.ask("nccl")
         facts = _network_facts(doctor)
         if answer.status in ("fail", "warn") and answer.fix:
@@ -289,23 +369,36 @@ def _gpu(found: words.Found, ev: Evidence, doctor: Doctor, signame: str | None) 
         return _cause(found, summary, _rerun(ev, "NCCL_DEBUG=INFO"), facts)
     what = f.get("what", "?")
     if "assert" in f:
-        return _cause(found, f"a device-side assert failed{by}: {f.get('assertion', what)}", _rerun(ev, "CUDA_LAUNCH_BLOCKING=1"))
-    return _cause(found, f"CUDA error: {what}{by}", _rerun(ev, "CUDA_LAUNCH_BLOCKING=1") if "launch" in what else None)
+        return _cause(
+            found,
+            f"a device-side assert failed{by}: {f.get('assertion', what)}",
+            _rerun(ev, "CUDA_LAUNCH_BLOCKING=1"),
+        )
+    return _cause(
+        found,
+        f"CUDA error: {what}{by}",
+        _rerun(ev, "CUDA_LAUNCH_BLOCKING=1") if "launch" in what else None,
+    )
 
 
 def _cuda_oom(found: words.Found, ev: Evidence) -> Cause:
     f = found.facts
     summary = f"CUDA out of memory: asked for {f['asked']}"
     if "gpu" in f:
-        summary = f"GPU {f['gpu']} out of memory: asked for {f['asked']} with {f['free']} free of {f['total']}"
+        summary = (
+            f"GPU {f['gpu']} out of memory: asked for {f['asked']} with {f['free']} free of "
+            f"{f['total']}"
+        )
     slack = _bytes(f.get("unallocated"))
     if slack:
         summary += f"; {f['unallocated']} reserved by PyTorch but unallocated"
     if slack and slack >= (_bytes(f["asked"]) or 0):
         fix = _rerun(ev, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     else:
-        fix = ("halve the per-GPU batch size and double the gradient accumulation steps (the same global batch), "
-               "or checkpoint activations (torch.utils.checkpoint)")
+        fix = (
+            "halve the per-GPU batch size and double the gradient accumulation steps (the same "
+            "global batch), or checkpoint activations (torch.utils.checkpoint)"
+        )
     return _cause(found, summary, fix)
 
 
@@ -315,7 +408,13 @@ def _bytes(text: str | None) -> float | None:
     if text == "0 bytes":
         return 0.0
     number, unit = text.split()
-    return float(number) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}.get(unit, 1)
+    return float(number) * {
+        "B": 1,
+        "KiB": 1 << 10,
+        "MiB": 1 << 20,
+        "GiB": 1 << 30,
+        "TiB": 1 << 40,
+    }.get(unit, 1)
 
 
 def _shm_small(doctor: Doctor) -> bool:
@@ -328,9 +427,14 @@ def _shm(found: words.Found, doctor: Doctor) -> Cause:
     size = f" ({host.size(total)}, {host.size(free or 0)} free now)" if total is not None else ""
     answer = doctor.ask("shm")
     fix = answer.fix or doctor.grow_shm()
-    summary = (f"shared memory {facts.shm_path}{size} is too small: DataLoader workers hand batches over through it "
-               "(fewer workers, or torch.multiprocessing.set_sharing_strategy('file_system') for many tensors, also help)")
-    return _cause(found, summary, fix, [f"xl doctor (shm): {answer.detail}"] if answer.detail else [])
+    summary = (
+        f"shared memory {facts.shm_path}{size} is too small: DataLoader workers hand batches over "
+        "through it (fewer workers, or torch.multiprocessing.set_sharing_strategy('file_system') "
+        "for many tensors, also help)"
+    )
+    return _cause(
+        found, summary, fix, [f"xl doctor (shm): {answer.detail}"] if answer.detail else []
+    )
 
 
 def _network_facts(doctor: Doctor) -> list[str]:
@@ -352,8 +456,12 @@ def _exception(ev: Evidence, tail: str) -> Cause:
     if line is not None:
         return Cause(CauseKind.EXCEPTION, line, None, [line])
     last = next((ln.strip() for ln in reversed(ev.log_tail) if ln.strip()), None)
-    summary = f"exited with code {ev.exit_code}" + (f" after: {words.one_line(last)}" if last else " without a Python error")
-    return Cause(CauseKind.EXCEPTION, summary, None, [last] if last else [f"exit code {ev.exit_code}"])
+    summary = f"exited with code {ev.exit_code}" + (
+        f" after: {words.one_line(last)}" if last else " without a Python error"
+    )
+    return Cause(
+        CauseKind.EXCEPTION, summary, None, [last] if last else [f"exit code {ev.exit_code}"]
+    )
 
 
 def _help(ev: Evidence) -> str | None:
@@ -361,7 +469,9 @@ def _help(ev: Evidence) -> str | None:
     if ev.module:
         return shlex.join([ev.python, "-m", ev.module, "--help"])
     if ev.script:
-        return shlex.join([ev.python, os.path.join(ev.cwd, ev.script) if ev.cwd else ev.script, "--help"])
+        return shlex.join(
+            [ev.python, os.path.join(ev.cwd, ev.script) if ev.cwd else ev.script, "--help"]
+        )
     return None
 
 
@@ -381,5 +491,7 @@ def _signame(code: int | None) -> str:
         return f"signal {-code}"
 
 
-def _cause(found: words.Found, summary: str, fix: str | None, more: list[str] | None = None) -> Cause:
+def _cause(
+    found: words.Found, summary: str, fix: str | None, more: list[str] | None = None
+) -> Cause:
     return Cause(CauseKind(found.kind), summary, fix, [*found.evidence, *(more or [])])

@@ -14,16 +14,21 @@ from dataclasses import dataclass
 
 _KMSG = "/dev/kmsg"
 _KMSG_RECORDS = 20000  # the ring buffer's records at most (1 MiB of ~60-byte lines)
-# "Memory cgroup out of memory: Killed process 123 (python) total-vm:..kB, anon-rss:..kB, file-rss:..kB, shmem-rss:..kB"
+# "Memory cgroup out of memory: Killed process 123 (python) total-vm:..kB, anon-rss:..kB,
+# file-rss:..kB, shmem-rss:..kB"
 # "Out of memory: Killed process 123 (python) ..." (the whole machine)
 _KILLED = re.compile(
-    r"(Memory cgroup out of memory|Out of memory): Killed process (\d+) \(([^)]*)\) total-vm:(\d+)kB, anon-rss:(\d+)kB, file-rss:(\d+)kB, shmem-rss:(\d+)kB"
+    r"(Memory cgroup out of memory|Out of memory): Killed process (\d+) \(([^)]*)\) "
+    r"total-vm:(\d+)kB, anon-rss:(\d+)kB, file-rss:(\d+)kB, shmem-rss:(\d+)kB"
 )
-# "oom-kill:constraint=CONSTRAINT_MEMCG,...,oom_memcg=/a/b,task_memcg=/a/b,task=python,pid=123,uid=0"
+# "oom-kill:constraint=CONSTRAINT_MEMCG,...,oom_memcg=/a/b,task_memcg=/a/b,task=python,
+#  pid=123,uid=0" (one line in the kernel's log)
 _CONSTRAINT = re.compile(r"oom-kill:constraint=(\w+).*?oom_memcg=([^,]*),.*?pid=(\d+),")
-# The OOM report's "memory: usage 65536kB, limit 65536kB, failcnt 52" (v1) of the cgroup it fired in.
+# The OOM report's "memory: usage 65536kB, limit 65536kB, failcnt 52" (v1) of the cgroup it fired
+# in.
 _USAGE = re.compile(r"^memory: usage (\d+)kB, limit (\d+)kB, failcnt (\d+)")
-_CGROUP_ROOTS = ("/sys/fs/cgroup/memory", "/sys/fs/cgroup")  # v1's memory controller, v2's unified tree
+# v1's memory controller, v2's unified tree
+_CGROUP_ROOTS = ("/sys/fs/cgroup/memory", "/sys/fs/cgroup")
 _NO_LIMIT = 1 << 62  # v1's "unlimited" is PAGE_COUNTER_MAX pages, about 2**63
 
 
@@ -88,9 +93,20 @@ def oom_kill(pids: set[int], lines: list[str] | None = None) -> OomKill | None:
         pid = int(m.group(2))
         rss = (int(m.group(5)) + int(m.group(6)) + int(m.group(7))) * 1024
         constraint, group = memcg.get(pid, ("", ""))
-        cgroup = group if constraint == "CONSTRAINT_MEMCG" or m.group(1).startswith("Memory cgroup") else None
+        cgroup = (
+            group
+            if constraint == "CONSTRAINT_MEMCG" or m.group(1).startswith("Memory cgroup")
+            else None
+        )
         limit = (memory_limit(cgroup) or reported) if cgroup else None
-        found = OomKill(pid, m.group(3), rss, cgroup or None, limit if limit and limit < _NO_LIMIT else None, line.strip())
+        found = OomKill(
+            pid,
+            m.group(3),
+            rss,
+            cgroup or None,
+            limit if limit and limit < _NO_LIMIT else None,
+            line.strip(),
+        )
     return found
 
 
@@ -98,7 +114,10 @@ def memory_limit(cgroup: str) -> int | None:
     """A memory cgroup's limit in bytes (v1 ``memory.limit_in_bytes``, v2 ``memory.max``);
     None when it has none or it is gone."""
     rel = cgroup.lstrip("/")
-    for root, name in ((_CGROUP_ROOTS[0], "memory.limit_in_bytes"), (_CGROUP_ROOTS[1], "memory.max")):
+    for root, name in (
+        (_CGROUP_ROOTS[0], "memory.limit_in_bytes"),
+        (_CGROUP_ROOTS[1], "memory.max"),
+    ):
         try:
             with open(os.path.join(root, rel, name), encoding="ascii") as fh:
                 text = fh.read(64).strip()
@@ -166,7 +185,8 @@ def process_name(pid: int) -> str | None:
             words = fh.read(4096).split(b"\0")
     except OSError:
         return None
-    text = " ".join(" ".join(w.decode("utf-8", "replace").split()) for w in words if w)  # one line, whatever it was given
+    # one line, whatever it was given
+    text = " ".join(" ".join(w.decode("utf-8", "replace").split()) for w in words if w)
     return text[:120] or None
 
 
@@ -175,5 +195,9 @@ def size(n: int) -> str:
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if n >= 1 << shift:
             value = n / (1 << shift)
-            return f"{value:.1f} {unit}" if value < 10 and value != int(value) else f"{value:.0f} {unit}"
+            return (
+                f"{value:.1f} {unit}"
+                if value < 10 and value != int(value)
+                else f"{value:.0f} {unit}"
+            )
     return f"{n} B"

@@ -13,7 +13,9 @@ import re
 from dataclasses import dataclass, field
 
 # A line that names an exception: a (dotted) identifier, a colon, the message.
-_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Quit|Fault)?: \S")
+_EXC_LINE = re.compile(
+    r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Quit|Fault)?: \S"
+)
 _EXC_NAME = re.compile(r"^([A-Za-z_][\w.]*):")
 
 
@@ -68,6 +70,16 @@ def _line_of(text: str, pattern: re.Pattern[str]) -> tuple[re.Match[str], str] |
     return None
 
 
+def _first(kind: str, text: str, pattern: re.Pattern[str], fact: str | None = None) -> Found | None:
+    """The first line ``pattern`` matches, found as ``kind``; ``fact`` names what its first group
+    caught (none: the line is all there is to say)."""
+    hit = _line_of(text, pattern)
+    if hit is None:
+        return None
+    m, line = hit
+    return Found(kind, {fact: m.group(1)} if fact else {}, [line])
+
+
 # ---------------------------------------------------------------- Python's and the shell's
 _NO_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([^']+)'")
 _NO_FILE = re.compile(r"FileNotFoundError: \[Errno 2\] No such file or directory: '([^']*)'")
@@ -79,19 +91,11 @@ _PORT = re.compile(r"port:? (\d{1,5})\b|:(\d{1,5})\b")
 
 
 def module_not_found(text: str) -> Found | None:
-    hit = _line_of(text, _NO_MODULE)
-    if hit is None:
-        return None
-    m, line = hit
-    return Found("module_not_found", {"module": m.group(1)}, [line])
+    return _first("module_not_found", text, _NO_MODULE, "module")
 
 
 def file_not_found(text: str) -> Found | None:
-    hit = _line_of(text, _NO_FILE)
-    if hit is None:
-        return None
-    m, line = hit
-    return Found("file_not_found", {"path": m.group(1)}, [line])
+    return _first("file_not_found", text, _NO_FILE, "path")
 
 
 def usage_error(text: str, exit_code: int | None) -> Found | None:
@@ -101,10 +105,14 @@ def usage_error(text: str, exit_code: int | None) -> Found | None:
         return None
     lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
     for line in reversed(lines):
-        m = _ARGPARSE_ERROR.match(line) or (_CLICK_ERROR.match(line) if any(_USAGE.match(x) for x in lines) else None)
+        m = _ARGPARSE_ERROR.match(line) or (
+            _CLICK_ERROR.match(line) if any(_USAGE.match(x) for x in lines) else None
+        )
         if m:
             usage = next((x.strip() for x in lines if _USAGE.match(x)), None)
-            return Found("usage_error", {"message": line.strip()}, [x for x in (usage, line.strip()) if x])
+            return Found(
+                "usage_error", {"message": line.strip()}, [x for x in (usage, line.strip()) if x]
+            )
     return None
 
 
@@ -120,12 +128,18 @@ def port_in_use(text: str) -> Found | None:
 
 # ---------------------------------------------------------------- memory
 _CUDA_OOM = re.compile(r"CUDA out of memory\. Tried to allocate ([\d.]+ [KMGT]?i?B)")
-_OOM_NEW = re.compile(r"GPU (\d+) has a total capac(?:i)?ty of ([\d.]+ [KMGT]?i?B) of which ([\d.]+ [KMGT]?i?B|0 bytes) is free")
-_OOM_OLD = re.compile(r"\(GPU (\d+); ([\d.]+ [KMGT]?i?B) total capacity; [^;]*; ([\d.]+ [KMGT]?i?B) free")
+_OOM_NEW = re.compile(
+    r"GPU (\d+) has a total capac(?:i)?ty of ([\d.]+ [KMGT]?i?B) of which ([\d.]+ [KMGT]?i?B|0 "
+    r"bytes) is free"
+)
+_OOM_OLD = re.compile(
+    r"\(GPU (\d+); ([\d.]+ [KMGT]?i?B) total capacity; [^;]*; ([\d.]+ [KMGT]?i?B) free"
+)
 _OOM_SLACK = re.compile(r"([\d.]+ [KMGT]?i?B|0 bytes) is reserved by PyTorch but unallocated")
 _SHM = re.compile(
-    r"unable to allocate shared memory\(shm\)|unable to write to file </torch_|unable to open shared memory object"
-    r"|insufficient shared memory|Couldn't allocate shared memory segment|failed to extend /dev/shm"
+    r"unable to allocate shared memory\(shm\)|unable to write to file </torch_|unable to open "
+    r"shared memory object|insufficient shared memory|Couldn't allocate shared memory "
+    r"segment|failed to extend /dev/shm"
     r"|/dev/shm/nccl-\S+ .*(?:No space left|failed)",
 )
 
@@ -146,53 +160,67 @@ def cuda_oom(text: str) -> Found | None:
 
 
 def shm_full(text: str) -> Found | None:
-    hit = _line_of(text, _SHM)
-    if hit is None:
-        return None
-    _, line = hit
-    return Found("shm_full", {}, [line])
+    return _first("shm_full", text, _SHM)
 
 
 # ---------------------------------------------------------------- CUDA and NCCL
 _NO_KERNEL = re.compile(r"no kernel image is available for execution on the device")
-_BUSY = re.compile(r"CUDA-capable device\(s\) is/are busy or unavailable|all CUDA-capable devices are busy or unavailable")
+_BUSY = re.compile(
+    r"CUDA-capable device\(s\) is/are busy or unavailable|all CUDA-capable devices are busy or "
+    r"unavailable"
+)
 _CUDA_ERROR = re.compile(r"CUDA error: ([^\n]+)")
 _DEVICE_ASSERT = re.compile(r"device-side assert triggered")
-_NCCL_CODE = re.compile(r"\b(nccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error)\b")
-_NCCL_ERROR = re.compile(r"NCCL error in: [^,]*, ([^(\n]+?)(?: \(run with NCCL_DEBUG=INFO for details\))?(?:, NCCL version ([\d.]+\S*))?$")
+_NCCL_CODE = re.compile(
+    r"\b(nccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage|Remote)Error)\b"
+)
+_NCCL_ERROR = re.compile(
+    r"NCCL error in: [^,]*, ([^(\n]+?)(?: \(run with NCCL_DEBUG=INFO for details\))?(?:, NCCL "
+    r"version ([\d.]+\S*))?$"
+)
 _NCCL_LAST = re.compile(r"^Last error:\s*$")
 _WATCHDOG = re.compile(
-    r"Watchdog caught collective operation timeout: Work\w+\(SeqNum=(\d+), OpType=(\w+)[^)]*?Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds"
+    r"Watchdog caught collective operation timeout: Work\w+\(SeqNum=(\d+), "
+    r"OpType=(\w+)[^)]*?Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds"
 )
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (send|recv) operation to complete")
 
 
 def no_kernel_image(text: str) -> Found | None:
-    hit = _line_of(text, _NO_KERNEL)
-    return Found("no_kernel_image", {}, [hit[1]]) if hit else None
+    return _first("no_kernel_image", text, _NO_KERNEL)
 
 
 def device_busy(text: str) -> Found | None:
-    hit = _line_of(text, _BUSY)
-    return Found("device_busy", {}, [hit[1]]) if hit else None
+    return _first("device_busy", text, _BUSY)
 
 
 def collective_timeout(text: str) -> Found | None:
     hit = _line_of(text, _WATCHDOG)
     if hit is not None:
         m, line = hit
-        facts = {"seq": m.group(1), "op": m.group(2), "timeout_s": f"{int(m.group(3)) / 1000:g}", "ran_s": f"{int(m.group(4)) / 1000:g}"}
+        facts = {
+            "seq": m.group(1),
+            "op": m.group(2),
+            "timeout_s": f"{int(m.group(3)) / 1000:g}",
+            "ran_s": f"{int(m.group(4)) / 1000:g}",
+        }
         return Found("collective_timeout", facts, [line[:400]])
     gloo = _line_of(text, _GLOO_TIMEOUT)
     if gloo is not None:
         m, line = gloo
-        return Found("collective_timeout", {"op": m.group(2), "timeout_s": f"{int(m.group(1)) / 1000:g}"}, [line[:400]])
+        return Found(
+            "collective_timeout",
+            {"op": m.group(2), "timeout_s": f"{int(m.group(1)) / 1000:g}"},
+            [line[:400]],
+        )
     return None
 
 
 def nccl_error(text: str) -> Found | None:
     code = _line_of(text, _NCCL_CODE)
-    error = next(((m, ln.strip()) for ln in text.splitlines() if (m := _NCCL_ERROR.search(ln.strip()))), None)
+    error = next(
+        ((m, ln.strip()) for ln in text.splitlines() if (m := _NCCL_ERROR.search(ln.strip()))), None
+    )
     if code is None and error is None:
         return None
     facts: dict[str, str] = {}
@@ -222,7 +250,9 @@ def cuda_error(text: str) -> Found | None:
     facts = {"what": m.group(1).strip()}
     if _DEVICE_ASSERT.search(text):
         facts["assert"] = "1"
-        asserted = next((ln.strip() for ln in text.splitlines() if "Assertion" in ln and "failed" in ln), None)
+        asserted = next(
+            (ln.strip() for ln in text.splitlines() if "Assertion" in ln and "failed" in ln), None
+        )
         if asserted:
             facts["assertion"] = asserted[:300]
             return Found("cuda_error", facts, [asserted[:300], line[:300]])
@@ -230,7 +260,10 @@ def cuda_error(text: str) -> Found | None:
 
 
 # ---------------------------------------------------------------- a crash
-_FATAL = re.compile(r"^Fatal Python error: (Segmentation fault|Bus error|Aborted|Floating point exception|Illegal instruction)")
+_FATAL = re.compile(
+    r"^Fatal Python error: (Segmentation fault|Bus error|Aborted|Floating point exception|Illegal "
+    r"instruction)"
+)
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
 
 
@@ -264,12 +297,19 @@ def fatal_signal(text: str, skip_files: tuple[str, ...] = ()) -> Found | None:
         # library and installed packages.
         own = next(((m, ln) for m, ln in frames if not _LIBRARY.search(m.group(1))), None)
         if own is not None and own[0] is not inner:
-            facts.update(caller_file=own[0].group(1), caller_line=own[0].group(2), caller_function=own[0].group(3))
+            facts.update(
+                caller_file=own[0].group(1),
+                caller_line=own[0].group(2),
+                caller_function=own[0].group(3),
+            )
             evidence.append(own[1])
     return Found("segfault", facts, evidence)
 
 
-_LIBRARY = re.compile(r"/lib/python\d[\d.]*/|site-packages|dist-packages|^<frozen |/xl/launcher/|/launcher/(?:rank/)?entry\.py$")
+_LIBRARY = re.compile(
+    r"/lib/python\d[\d.]*/|site-packages|dist-packages|^<frozen "
+    r"|/xl/launcher/|/launcher/(?:rank/)?entry\.py$"
+)
 
 
 def exception_name(error: str | None) -> str | None:

@@ -18,7 +18,9 @@ from xl.errors import UsageError
 
 
 def default_path() -> Path:
-    hf_home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    hf_home = os.environ.get("HF_HOME") or os.path.join(
+        os.path.expanduser("~"), ".cache", "huggingface"
+    )
     return Path(hf_home) / "accelerate" / "default_config.yaml"
 
 
@@ -69,7 +71,9 @@ def load_config(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise UsageError(f"no Accelerate config at {path} (run 'accelerate config' or give a path)") from None
+        raise UsageError(
+            f"no Accelerate config at {path} (run 'accelerate config' or give a path)"
+        ) from None
     except OSError as exc:
         raise UsageError(f"cannot read Accelerate config {path}: {exc.strerror}") from None
     try:
@@ -83,7 +87,9 @@ def load_config(path: Path) -> dict[str, Any]:
             try:
                 data = yaml.safe_load(text)
             except yaml.YAMLError as exc:
-                raise UsageError(f"Accelerate config {path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+                raise UsageError(
+                    f"Accelerate config {path} is not valid YAML: {str(exc).splitlines()[0]}"
+                ) from None
     if not isinstance(data, dict):
         raise UsageError(f"Accelerate config {path} is not a mapping of settings")
     return data
@@ -96,7 +102,9 @@ def _int(data: dict[str, Any], key: str, path: Path) -> int | None:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise UsageError(f"Accelerate config {path}: {key} should be a number, not {value!r}") from None
+        raise UsageError(
+            f"Accelerate config {path}: {key} should be a number, not {value!r}"
+        ) from None
 
 
 def read_settings(path: Path) -> AccelerateSettings:

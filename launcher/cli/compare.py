@@ -21,14 +21,20 @@ from xl.textsafe import visible
 def render(c: comparison.Comparison) -> str:
     """The text table: a label column, then run A's column and run B's."""
     # Names, arguments and versions came from people and ranks: control characters drawn.
-    rows = [("", "A", "B"), *((visible(label), visible(a), visible(b)) for label, a, b in comparison.rows(c))]
+    rows = [
+        ("", "A", "B"),
+        *((visible(label), visible(a), visible(b)) for label, a, b in comparison.rows(c)),
+    ]
     wl = max(len(r[0]) for r in rows)
     wa = max(len(r[1]) for r in rows)
     return "\n".join(f"{label.ljust(wl)}  {a.ljust(wa)}  {b}".rstrip() for label, a, b in rows)
 
 
 def main(argv: Sequence[str]) -> int:
-    p = ArgumentParser(prog="xl compare", description="Compare two runs: what changed, speed, loss, where the time went.")
+    p = ArgumentParser(
+        prog="xl compare",
+        description="Compare two runs: what changed, speed, loss, where the time went.",
+    )
     p.add_argument("run_a", metavar="RUN_A", help="run id, unique prefix, or 'last'")
     p.add_argument("run_b", metavar="RUN_B", help="run id, unique prefix, or 'last'")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")

@@ -11,17 +11,14 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from xl.launcher.cli import splittable
+from xl.launcher.cli.runstate import RunState
 from xl.launcher.rundir import timing
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Cause, Failure
-from xl.launcher.rundir.reader import RunReader
-from xl.launcher.rundir.record import RunRecord
-from xl.launcher.rundir.runview import RankView, RunView, hang_label, outcome_style, state_style
+from xl.launcher.rundir.runview import RankView, hang_label, outcome_style, state_style
 from xl.launcher.rundir.tail import RankLogs
 from xl.textsafe import bytes_for_terminal, visible
 from xl.units import mib
@@ -30,87 +27,9 @@ if TYPE_CHECKING:
     from rich.console import Group, RenderableType
     from rich.text import Text
 
-POLL_S = 0.05  # new lines 20 times a second: prompt for a person and for the run's end, cheap beside the ranks
+# new lines 20 times a second: prompt for a person and for the run's end, cheap beside the ranks
+POLL_S = 0.05
 RENDER_S = 0.25
-
-
-@dataclass
-class RunState:
-    """The console view's run: the reader's RunView (the one model every view draws), plus what
-    only this view shows, each rank's last line of output."""
-
-    run_dir: Path
-    view: RunView | None = None  # the latest poll's
-    last_line: dict[int, str] = field(default_factory=dict)
-    new_lines: list[tuple[int, str]] = field(default_factory=list)
-    reader: RunReader = field(init=False)
-    read_lines: bool = True  # new_lines from the reader (False: the plain view copies the logs itself)
-
-    def __post_init__(self) -> None:
-        self.reader = RunReader(self.run_dir)
-
-    @property
-    def loaded(self) -> bool:
-        """run.json was read: the run's status and record are known."""
-        return self.view is not None and self.view.loaded
-
-    @property
-    def record(self) -> RunRecord | None:
-        return self.view.record if self.view is not None and self.view.loaded else None
-
-    @property
-    def ranks(self) -> dict[int, RankView]:
-        return self.view.ranks if self.view is not None else {}
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        return self.view.events[-50:] if self.view is not None else []
-
-    @property
-    def new_events(self) -> list[dict[str, Any]]:
-        return self.view.new_events if self.view is not None else []
-
-    @property
-    def status(self) -> str:
-        return self.record.status if self.record is not None else "starting"
-
-    @property
-    def final(self) -> bool:
-        return self.record is not None and self.record.final
-
-    @property
-    def exit_code(self) -> int:
-        """0 when the run succeeded, else 1 (failed, stopped, or the view was left early)."""
-        return 1 if self.record is None else self.record.exit_code
-
-    @property
-    def verdict(self) -> str | None:
-        """The hang's verdict while one is in force (RunView.hang)."""
-        hang = self.view.hang if self.view is not None else None
-        return hang.message if hang is not None else None
-
-    @property
-    def failure(self) -> Failure | None:
-        """The root cause, once the run failed."""
-        return self.view.failure if self.view is not None and self.view.failed else None
-
-    def poll(self) -> None:
-        self.view = self.reader.poll()
-        self.new_lines = []
-        for rank in sorted(self.ranks) if self.read_lines else ():
-            for text in self.reader.new_log_lines(rank):
-                text = visible(text.rsplit("\r", 1)[-1])  # a tqdm redraw: its latest state, shown safely
-                self.new_lines.append((rank, text))
-                if text.strip():
-                    self.last_line[rank] = text.strip()
-
-    def elapsed(self) -> float:
-        took = self.view.elapsed(time.time()) if self.view is not None else None
-        return max(0.0, took or 0.0)
-
-    @property
-    def title(self) -> str:
-        return self.record.run_id if self.record is not None else self.run_dir.name
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -137,9 +56,14 @@ def traceback_title(failure: Failure) -> str:
 def _summary(state: RunState) -> str:
     text = f"run {state.title} {state.status} after {state.elapsed():.1f}s"
     if state.failure:
-        text += "".join([f": {visible(state.failure.message)}", *(f"\n{line}" for line in cause_lines(state.failure))])
-    spent = timing.describe(state.record.get("time")) if state.final and state.record else None
-    phases = timing.describe_phases(state.record.get("time")) if spent and state.record else None
+        text += "".join(
+            [
+                f": {visible(state.failure.message)}",
+                *(f"\n{line}" for line in cause_lines(state.failure)),
+            ]
+        )
+    spent = timing.describe(state.record.time) if state.final and state.record else None
+    phases = timing.describe_phases(state.record.time) if spent and state.record else None
     # where the time went (docs/compare.md), and the steps' time by phase where they were timed
     return "\n".join(x for x in (text, spent, phases) if x)
 
@@ -153,15 +77,23 @@ def _plain_event(ev: dict[str, Any]) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(float(ev.get("t") or time.time())))
     text = f"{stamp} xl: {ev.get('message') or ev.get('kind')}"
     if ev.get("kind") == "hang":
-        text = f"{stamp} xl: {hang_label(ev)}: {ev.get('message')} (every rank's stack: {ev.get('stacks')})"
+        text = (
+            f"{stamp} xl: {hang_label(ev)}: {ev.get('message')} "
+            f"(every rank's stack: {ev.get('stacks')})"
+        )
     if ev.get("kind") == "failure":
         cause = Cause.from_json(ev.get("cause"))
-        said = [f"cause: {cause.summary}", *([f"fix: {cause.fix}"] if cause.fix else [])] if cause is not None else []
+        said = (
+            [f"cause: {cause.summary}", *([f"fix: {cause.fix}"] if cause.fix else [])]
+            if cause is not None
+            else []
+        )
         return "\n".join(visible(line) for line in (text, *said))
     return visible(text)
 
 
-_SETTLE_S = 3.0  # after the end (or a rank's exit): how long its relay may take to write its last lines
+# after the end (or a rank's exit): how long its relay may take to write its last lines
+_SETTLE_S = 3.0
 _END_POLL_S = 0.005  # once every rank has ended, run.json is looked at this often (a stat)
 # A run with nothing new for a while (ranks importing, computing, waiting) is looked at 5 times a
 # second instead of 20: each look is ~0.5 ms of CPU taken from the ranks; the first line after a
@@ -173,13 +105,14 @@ _HELD = ("rank_exited", "failure")  # events about a rank that wait for its last
 
 
 class _Plain:
-    """Plain output: every rank's log copied whole and prefixed (bytes: large reads and writes),
-    and the events, each printed once the lines before it are (a rank's exit after its last line)."""
+    """Plain output: every rank's log copied whole and prefixed (bytes: large reads and writes), and
+    the events, each printed once the lines before it are (a rank's exit after its last line)."""
 
     def __init__(self, state: RunState, out: TextIO, lines: bool) -> None:
         self.state, self.out = state, out
         self.logs = RankLogs(RunLayout(state.run_dir).logs) if lines else None
-        self.binary = bytes_for_terminal(out.buffer) if hasattr(out, "buffer") else None  # a terminal: escapes drawn
+        # a terminal: escapes drawn
+        self.binary = bytes_for_terminal(out.buffer) if hasattr(out, "buffer") else None
         self.held: list[tuple[float, dict[str, Any]]] = []
 
     def write(self, data: bytes) -> None:
@@ -194,7 +127,8 @@ class _Plain:
         self.logs.discover()
         moved = self.logs.copy(self.write)
         for rank, line in self.logs.last_line.items():
-            text = visible(line.decode("utf-8", "replace").strip())  # for the table's last-line column
+            # for the table's last-line column
+            text = visible(line.decode("utf-8", "replace").strip())
             if text and rank in self.state.ranks:
                 self.state.last_line[rank] = text
         return moved
@@ -231,7 +165,8 @@ def _pause(state: RunState, quiet: bool = False) -> None:
         time.sleep(_QUIET_POLL_S if quiet else POLL_S)
         return
     path = RunLayout(state.run_dir).run
-    deadline = time.monotonic() + (_QUIET_POLL_S if quiet else POLL_S)  # torchrun's teardown is mostly quiet
+    # torchrun's teardown is mostly quiet
+    deadline = time.monotonic() + (_QUIET_POLL_S if quiet else POLL_S)
     before = _mtime(path)
     while time.monotonic() < deadline and _mtime(path) == before:
         time.sleep(_END_POLL_S)
@@ -244,15 +179,23 @@ def _mtime(path: Path) -> int | None:
         return None
 
 
-def watch_plain(state: RunState, out: TextIO, on_tick: Callable[[], None] | None = None, lines: bool = True) -> int:
-    print(f"xl: run {state.run_dir.name} ({state.run_dir}); 'xl attach {state.run_dir.name}' reopens it", file=out, flush=True)
+def watch_plain(
+    state: RunState, out: TextIO, on_tick: Callable[[], None] | None = None, lines: bool = True
+) -> int:
+    print(
+        f"xl: run {state.run_dir.name} ({state.run_dir}); 'xl attach {state.run_dir.name}' "
+        "reopens it",
+        file=out,
+        flush=True,
+    )
     plain = _Plain(state, out, lines)
     state.read_lines = False
     final_at: float | None = None
     news_at = time.monotonic()
     while True:
         state.poll()
-        plain.events(state.new_events)  # what is known before these lines (a rank's exit waits for them)
+        # what is known before these lines (a rank's exit waits for them)
+        plain.events(state.new_events)
         moved = plain.copy()
         if moved or state.new_events:
             news_at = time.monotonic()
@@ -275,10 +218,19 @@ def watch_plain(state: RunState, out: TextIO, on_tick: Callable[[], None] | None
     plain.flush()
     # Where no live table can redraw (a pipe, a file, CI's log), the table comes once, at the end:
     # every rank's state, pid, GPU, exit code and last figures, plain and aligned.
-    print(render_text(state, width=max(100, _width(out))) + splittable.render(state.ranks), file=out, end="")
+    from xl.launcher.cli import splittable  # noqa: PLC0415 - the run's end only: not on the way to its start
+
+    print(
+        render_text(state, width=max(100, _width(out))) + splittable.render(state.ranks),
+        file=out,
+        end="",
+    )
     failure = state.failure
     if failure is not None and failure.traceback:
-        print(f"xl: {traceback_title(failure)}:\n{visible(str(failure.traceback), lines=True)}", file=out)
+        print(
+            f"xl: {traceback_title(failure)}:\n{visible(str(failure.traceback), lines=True)}",
+            file=out,
+        )
     print(f"xl: {_summary(state)}", file=out, flush=True)
     return state.exit_code
 
@@ -295,9 +247,18 @@ def render_text(state: RunState, width: int = 120) -> str:
     evals = _has_eval(state)
     headers = _headers(evals)
     right = _RIGHT | ({len(headers) - 2} if evals else set())
-    rows = [_cells(state.ranks[rank], state.last_line.get(rank, ""), evals) for rank in sorted(state.ranks)]
-    rows = [[*row[:-1], row[-1] + (f"{'  ' if row[-1] else ''}xl: {visible(r.diagnosis)}" if r.diagnosis else "")]
-            for row, r in zip(rows, (state.ranks[k] for k in sorted(state.ranks)), strict=True)]
+    rows = [
+        _cells(state.ranks[rank], state.last_line.get(rank, ""), evals)
+        for rank in sorted(state.ranks)
+    ]
+    rows = [
+        [
+            *row[:-1],
+            row[-1]
+            + (f"{'  ' if row[-1] else ''}xl: {visible(r.diagnosis)}" if r.diagnosis else ""),
+        ]
+        for row, r in zip(rows, (state.ranks[k] for k in sorted(state.ranks)), strict=True)
+    ]
     widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers[:-1])]
     last = max(len(headers[-1]) // 2, width - 1 - 3 * len(headers) - sum(widths))
     widths.append(last)
@@ -320,7 +281,18 @@ def render_text(state: RunState, width: int = 120) -> str:
     return "\n".join(text) + "\n"
 
 
-_HEADERS = ("rank", "state", "pid", "GPU", "step", "samples/s", "loss", "util", "mem", "last log line")
+_HEADERS = (
+    "rank",
+    "state",
+    "pid",
+    "GPU",
+    "step",
+    "samples/s",
+    "loss",
+    "util",
+    "mem",
+    "last log line",
+)
 _RIGHT = {0, 2, 3, 4, 5, 6, 7, 8}  # right-justified columns (numbers)
 
 
@@ -345,7 +317,11 @@ def _cells(r: RankView, last_line: str, evals: bool = False) -> list[str]:
     shown = r.state
     if r.exit_code not in (None, 0):
         shown = f"{shown} ({r.exit_code})"
-    step = "" if r.step is None else f"{r.step:.0f}" + (f"/{r.total_steps:.0f}" if r.total_steps else "")
+    step = (
+        ""
+        if r.step is None
+        else f"{r.step:.0f}" + (f"/{r.total_steps:.0f}" if r.total_steps else "")
+    )
     # GPU figures where there is a GPU (what the rank's processes hold on it, else the whole
     # GPU's use); the rank's footprint (PSS with its workers) and its CPU for CPU ranks.
     mem, util = "", "" if r.gpu_util is None else f"{r.gpu_util:.0f}%"
@@ -362,14 +338,26 @@ def _cells(r: RankView, last_line: str, evals: bool = False) -> list[str]:
         util = f"{r.cpu_pct:.0f}% cpu"
     pid = "" if r.pid is None else str(r.pid)
     gpu = "cpu" if r.gpu is None else str(r.gpu)
-    cells = [str(r.rank), shown, pid, gpu, step, _fmt(r.samples_per_s, ".1f"), _fmt(r.loss, ".4g"), util, mem]
+    cells = [
+        str(r.rank),
+        shown,
+        pid,
+        gpu,
+        step,
+        _fmt(r.samples_per_s, ".1f"),
+        _fmt(r.loss, ".4g"),
+        util,
+        mem,
+    ]
     return [*cells, _eval(r), last_line] if evals else [*cells, last_line]
 
 
 # ---------------------------------------------------------------------------------- Rich live view
 
 
-def render(state: RunState, *, events: bool = True, ascii_only: bool = False, width: int | None = None) -> Group:
+def render(
+    state: RunState, *, events: bool = True, ascii_only: bool = False, width: int | None = None
+) -> Group:
     """The live view as a Rich renderable (rank table + recent events). An eval column once a
     rank has evaluated, where ``width`` (the terminal's) leaves room for it beside the loss."""
     from rich import box  # noqa: PLC0415 - Rich costs ~40 ms; `xl launch --detach` never draws
@@ -404,7 +392,12 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False, wi
     for rank in sorted(state.ranks):
         r, last = state.ranks[rank], state.last_line.get(rank, "")
         cells = _cells(r, last, evals)
-        table.add_row(cells[0], Text(cells[1], style=state_style(r.state)), *cells[2:-1], _last_line(r, last, Text))
+        table.add_row(
+            cells[0],
+            Text(cells[1], style=state_style(r.state)),
+            *cells[2:-1],
+            _last_line(r, last, Text),
+        )
     parts: list[RenderableType] = [table]
     if state.verdict:
         parts.append(Text(f"hang: {visible(state.verdict)}", style="bold yellow"))
@@ -413,7 +406,8 @@ def render(state: RunState, *, events: bool = True, ascii_only: bool = False, wi
     return Group(*parts)
 
 
-_EVAL_MIN_WIDTH = 100  # narrower, an eval column would squeeze the loss to "0.…" (the end table has it)
+# narrower, an eval column would squeeze the loss to "0.…" (the end table has it)
+_EVAL_MIN_WIDTH = 100
 
 
 def _last_line(r: RankView, last: str, text: type[Text]) -> Text:
@@ -432,7 +426,9 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
     console = Console()
     last = 0.0
     state.poll()
-    with Live(render(state, width=console.width), console=console, auto_refresh=False, transient=False) as live:
+    with Live(
+        render(state, width=console.width), console=console, auto_refresh=False, transient=False
+    ) as live:
         while True:
             state.poll()
             now = time.monotonic()
@@ -444,16 +440,30 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
             if on_tick is not None:
                 on_tick()
             time.sleep(POLL_S)
+    from xl.launcher.cli import splittable  # noqa: PLC0415 - the run's end only: not on the way to its start
+
     if split := splittable.render(state.ranks):
         console.print(split, end="", highlight=False)
     failure = state.failure
     if failure is not None and failure.traceback:
-        console.print(Panel(visible(str(failure.traceback), lines=True), title=traceback_title(failure), border_style="red"))
+        console.print(
+            Panel(
+                visible(str(failure.traceback), lines=True),
+                title=traceback_title(failure),
+                border_style="red",
+            )
+        )
     console.print(_summary(state), style=outcome_style(state.status), highlight=False, markup=False)
     return state.exit_code
 
 
-def watch(run_dir: Path, *, plain: bool | None = None, on_tick: Callable[[], None] | None = None, lines: bool = True) -> int:
+def watch(
+    run_dir: Path,
+    *,
+    plain: bool | None = None,
+    on_tick: Callable[[], None] | None = None,
+    lines: bool = True,
+) -> int:
     """Show ``run_dir`` until it ends; returns 0 succeeded, 1 failed or stopped.
 
     ``lines=False``: events and the outcome only, no rank output (plain view)."""

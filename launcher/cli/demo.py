@@ -25,12 +25,21 @@ def demo_script() -> Path:
 def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     p = ArgumentParser(
         prog="xl demo",
-        description="Train a small model on synthetic data (one rank per GPU, or 2 CPU ranks) and watch it.",
+        description=(
+            "Train a small model on synthetic data (one rank per GPU, or 2 CPU ranks) and watch it."
+        ),
     )
-    p.add_argument("--seconds", type=positive_seconds, default=90.0, help="about how long to train (default 90)")
+    p.add_argument(
+        "--seconds",
+        type=positive_seconds,
+        default=90.0,
+        help="about how long to train (default 90)",
+    )
     p.add_argument("--nproc", type=int, help="ranks (default: one per GPU, 2 on CPU)")
     p.add_argument("--detach", action="store_true", help="start it and return at once")
-    p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
+    p.add_argument(
+        "--no-tui", action="store_true", help="a plain live table instead of the monitor"
+    )
     ns = p.parse_args(list(argv))
     inv = inventory()
     usable = [g for g in inv.gpus if not g.lost]

@@ -13,7 +13,8 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from xl import envnames, paths
 from xl.address import format_address
@@ -52,7 +53,10 @@ def load_token() -> tuple[str, str]:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_atomic(path, token + "\n")  # mkstemp's file: 0600 from the start
     except OSError as exc:
-        raise UsageError(f"cannot write the token to {path} ({exc.strerror}); set XL_HOME to a writable folder or set ${TOKEN_VAR}") from None
+        raise UsageError(
+            f"cannot write the token to {path} ({exc.strerror}); set XL_HOME to a writable folder "
+            f"or set ${TOKEN_VAR}"
+        ) from None
     return token, str(path)
 
 
@@ -66,10 +70,16 @@ def make_handler(registry: CollectorRegistry, token: str) -> type[HeadFirstHandl
             header = self.headers.get("Authorization", "")
             scheme, _, given = header.partition(" ")
             if scheme.lower() != "bearer" or not same_token(given.strip(), token):
-                self._reply(403, b"xl exporter: a bearer token is required (see docs/exporter.md)\n", "text/plain; charset=utf-8")
+                self._reply(
+                    403,
+                    b"xl exporter: a bearer token is required (see docs/exporter.md)\n",
+                    "text/plain; charset=utf-8",
+                )
                 return
             if self.path.split("?", 1)[0] != "/metrics":
-                self._reply(404, b"xl exporter: the metrics are at /metrics\n", "text/plain; charset=utf-8")
+                self._reply(
+                    404, b"xl exporter: the metrics are at /metrics\n", "text/plain; charset=utf-8"
+                )
                 return
             encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             self._reply(200, encoder(registry), content_type)
@@ -81,17 +91,27 @@ def make_handler(registry: CollectorRegistry, token: str) -> type[HeadFirstHandl
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:
+        def log_message(self, format: str, *args: object) -> None:
             pass  # a line per scrape would fill the terminal; Prometheus shows the target's health
 
     return MetricsHandler
 
 
 def main(argv: Sequence[str]) -> int:
-    p = ArgumentParser(prog=PROG, description="Serve every live run's ranks on /metrics for Prometheus.")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p = ArgumentParser(
+        prog=PROG, description="Serve every live run's ranks on /metrics for Prometheus."
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only)",
+    )
     p.add_argument("--port", type=int, default=9400, help="port (default 9400; 0 picks a free one)")
-    p.add_argument("--no-gpus", action="store_true", help="leave out the per-GPU series (dcgm-exporter already has them)")
+    p.add_argument(
+        "--no-gpus",
+        action="store_true",
+        help="leave out the per-GPU series (dcgm-exporter already has them)",
+    )
     ns = p.parse_args(list(argv))
     if not 0 <= ns.port <= 65535:
         raise UsageError(f"--port {ns.port} is not a port (0-65535)")
@@ -111,9 +131,13 @@ def main(argv: Sequence[str]) -> int:
         return 1
     warn_if_exposed(PROG, ns.host)
     port = server.server_address[1]
-    print(f"xl: exporting metrics at http://{format_address(ns.host, port)}/metrics (bearer token: {where})", flush=True)
+    print(
+        f"xl: exporting metrics at http://{format_address(ns.host, port)}/metrics (bearer token: "
+        f"{where})",
+        flush=True,
+    )
 
-    def stop(signum: int, frame: Any) -> None:
+    def stop(signum: int, frame: FrameType | None) -> None:
         server.shutdown()
 
     signal.signal(signal.SIGTERM, stop)

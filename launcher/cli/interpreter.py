@@ -34,8 +34,8 @@ def resolve_python(python: str) -> str:
     found, _ = find_python(python)
     if found is None:
         raise UsageError(
-            f"--python {python}: no such interpreter (give the path of another environment's python, "
-            "e.g. --python ~/envs/torch/bin/python)"
+            f"--python {python}: no such interpreter (give the path of another environment's "
+            "python, e.g. --python ~/envs/torch/bin/python)"
         )
     return os.path.abspath(found)
 
@@ -68,7 +68,9 @@ def shim_dir(*, create: bool = True) -> Path:
                 tmp.symlink_to(target, target_is_directory=True)
                 os.replace(tmp, link)
         init.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(init, _INIT.format(path=[str(home), str(parts)], init=str(home / "__init__.py")))
+        write_atomic(
+            init, _INIT.format(path=[str(home), str(parts)], init=str(home / "__init__.py"))
+        )
     return root
 
 

@@ -11,10 +11,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from xl import envnames
 from xl.errors import UsageError
+from xl.gpu.nvml import Inventory
 from xl.gpu.nvml import inventory as _inventory
 from xl.launcher.cli.options import (
     launch_parser,
@@ -27,9 +29,19 @@ from xl.launcher.cli.startchecks import check_python, check_rdzv_port
 from xl.launcher.plan import HELD_PORT, Plan, build_plan
 from xl.launcher.spec import LaunchSpec
 
+if TYPE_CHECKING:
+    import subprocess
 
-def inventory() -> Any:
-    return _inventory(processes=False)
+    from xl.launcher.control import ForkedSupervisor
+
+    # The process a launch started its supervisor as (xl.launcher.control.RunHandle's proc).
+    Supervisor = subprocess.Popen[bytes] | ForkedSupervisor
+
+
+def inventory(*, processes: bool = False) -> Inventory:
+    """This machine's GPUs, read once per command (``processes``: who holds each one too, which
+    the checks of a launch on GPUs ask; ``xl demo`` plans from the GPUs alone)."""
+    return _inventory(processes=processes)
 
 
 def with_interpreter(plan: Plan, spec: LaunchSpec, *, dry_run: bool = False) -> Plan:
@@ -59,24 +71,43 @@ def print_dry_run(plan: Plan, as_json: bool, spec: LaunchSpec | None = None) -> 
     for key, value in plan.env.items():
         print(f"{key}={shlex.quote(value)} \\")
     print(shlex.join(plan.argv))
-    if "--master-port" in plan.argv and "--rdzv-backend" not in plan.argv and plan.argv[plan.argv.index("--master-port") + 1] == HELD_PORT:
-        print("# --master-port 0: the supervisor holds a free loopback port for torchrun's store (run.json's argv names it)")
+    if (
+        "--master-port" in plan.argv
+        and "--rdzv-backend" not in plan.argv
+        and plan.argv[plan.argv.index("--master-port") + 1] == HELD_PORT
+    ):
+        print(
+            "# --master-port 0: the supervisor holds a free loopback port for torchrun's store "
+            "(run.json's argv names it)"
+        )
     if spec is not None and spec.nnodes > 1:
         print(
-            f"# xl node {spec.node_rank} of {spec.nnodes} (node 0 gathers every node); torch numbers "
-            "nodes and global ranks in the order nodes join the c10d rendezvous"
+            f"# xl node {spec.node_rank} of {spec.nnodes} (node 0 gathers every node); torch "
+            "numbers nodes and global ranks in the order nodes join the c10d rendezvous"
         )
         if not os.environ.get(envnames.TOKEN):
-            print("# --rdzv-id: the real run's comes from the run's token (XL_TOKEN), which node 0 makes")
+            print(
+                "# --rdzv-id: the real run's comes from the run's token (XL_TOKEN), which node 0 "
+                "makes"
+            )
     if plan.devices:
         for k, g in enumerate(plan.devices[: plan.nproc]):
             print(f"# LOCAL_RANK {k} -> GPU {g.index} {g.name} ({g.uuid})")
     else:
         print(f"# {plan.nproc} CPU rank(s) (gloo): no GPU chosen")
-    print("# each rank also gets XL_RUN_ID, XL_RUN_DIR, XL_COLLECTOR and XL_TOKEN from the supervisor")
+    print(
+        "# each rank also gets XL_RUN_ID, XL_RUN_DIR, XL_COLLECTOR and XL_TOKEN from the supervisor"
+    )
 
 
-def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None, slurm_node: bool = False, lines: bool = True) -> int:
+def run_foreground(
+    run_dir: Path,
+    proc: Supervisor | None,
+    *,
+    plain: bool | None,
+    slurm_node: bool = False,
+    lines: bool = True,
+) -> int:
     """Watch a run this process started; Ctrl-C stops it (a second Ctrl-C leaves it stopping).
 
     ``slurm_node``: a task of an srun step, which Slurm ends with SIGINT, SIGTERM and, KillWait
@@ -89,7 +120,7 @@ def run_foreground(run_dir: Path, proc: Any, *, plain: bool | None, slurm_node: 
 
     stopping = False
 
-    def on_sigint(_signum: int, _frame: Any) -> None:
+    def on_sigint(_signum: int, _frame: FrameType | None) -> None:
         nonlocal stopping
         if stopping:
             if slurm_node:
@@ -152,12 +183,18 @@ def launch(
         return 0
     if viewer is not None:
         # The full-screen monitor covers what was printed before it: it shows the notice itself.
-        code = viewer(handle.run_dir, handle.proc, notice=notice) if notice else viewer(handle.run_dir, handle.proc)
+        code = (
+            viewer(handle.run_dir, handle.proc, notice=notice)
+            if notice
+            else viewer(handle.run_dir, handle.proc)
+        )
     else:
         # Under --slurm, node 0's view speaks for the run (it gathers every node); the other
         # nodes say only what happens to them.
         lines = not slurm_node or spec.node_rank == 0
-        code = run_foreground(handle.run_dir, handle.proc, plain=plain, slurm_node=slurm_node, lines=lines)
+        code = run_foreground(
+            handle.run_dir, handle.proc, plain=plain, slurm_node=slurm_node, lines=lines
+        )
     # The supervisor ends a moment after run.json says the run did: wait for it (bounded), so
     # nothing of the run outlives the command.
     deadline = time.monotonic() + 2.0
@@ -193,14 +230,30 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     if spec.python:
         check_python(spec.python)
     # GPUs the Accelerate config chose are the config's mistake when they are wrong, not --gpus's.
-    gpus_from = "gpu_ids in the Accelerate config" if ns.accelerate_config is not None and ns.gpus is None else "--gpus"
-    inv = inventory()
-    plan = with_interpreter(build_plan(spec, inv, gpus_from=gpus_from), spec, dry_run=ns.dry_run)
-    cpu_ranks = nproc_for(ns.nproc, len(plan.devices))
-    if cpu_ranks is not None:  # torchrun's --nproc-per-node auto on a machine without GPUs
-        spec.nproc = cpu_ranks
-        plan = with_interpreter(build_plan(spec, inv, gpus_from=gpus_from), spec, dry_run=ns.dry_run)
-    check_launch(spec, plan, inv, gpus_given=ns.gpus is not None)  # torch without CUDA, busy or sick GPUs
+    gpus_from = (
+        "gpu_ids in the Accelerate config"
+        if ns.accelerate_config is not None and ns.gpus is None
+        else "--gpus"
+    )
+    # One inventory and one plan for the whole launch: the plan's GPUs, the checks of them (with
+    # the processes that hold them) and the run's record all see the same moment.
+    inv = inventory(processes=True)
+    made_token = False
+    if spec.nnodes > 1 and not ns.dry_run:
+        # Node 0 makes the run's token before its plan: the rendezvous id derives from it.
+        from xl.launcher.multinode.join import make_token  # noqa: PLC0415 - several nodes only: not a one-node launch's start
+
+        made_token = make_token(spec, os.environ)
+    plan = with_interpreter(
+        build_plan(spec, inv, gpus_from=gpus_from, cpu_nproc=lambda: nproc_for(ns.nproc, 0)),
+        spec,
+        dry_run=ns.dry_run,
+    )
+    if ns.nproc == "auto" and spec.nproc is None and not plan.devices:
+        # torchrun's --nproc-per-node auto on CPU: run.json's spec says how many
+        spec.nproc = plan.nproc
+    # torch without CUDA, busy or sick GPUs
+    check_launch(spec, plan, inv, gpus_given=ns.gpus is not None)
     say_warnings(plan)
     if ns.dry_run:
         print_dry_run(plan, ns.json, spec)
@@ -212,9 +265,7 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
         # stays the run id under --detach). Tasks of --slurm are all started already.
         from xl.launcher.multinode.join import prepare_launch  # noqa: PLC0415 - several nodes only: not a one-node launch's start
 
-        join = prepare_launch(spec, os.environ)
-        # Node 0 may just have made the token, which the rendezvous id derives from.
-        plan = with_interpreter(build_plan(spec, inv, gpus_from=gpus_from), spec)
+        join = prepare_launch(spec, os.environ, made=made_token)
         if join and not ns.slurm_node:
             sys.stderr.write(join)
             sys.stderr.flush()

@@ -20,7 +20,7 @@ from xl.textsafe import bytes_for_terminal
 def _ranks(run_dir: Path) -> list[int]:
     """The ranks run.json lists and those with a log (a rank logs before run.json has it)."""
     rec = record.load(run_dir)
-    found = {r["rank"] for r in rec.ranks if isinstance(r.get("rank"), int)} if rec else set()
+    found = {r.rank for r in rec.ranks if r.rank is not None} if rec else set()
     try:
         names = os.listdir(RunLayout(run_dir).logs)
     except OSError:
@@ -30,7 +30,9 @@ def _ranks(run_dir: Path) -> list[int]:
 
 
 def main(argv: Sequence[str]) -> int:
-    p = ArgumentParser(prog="xl logs", description="Print a run's logs (all ranks, prefixed, or one).")
+    p = ArgumentParser(
+        prog="xl logs", description="Print a run's logs (all ranks, prefixed, or one)."
+    )
     p.add_argument("run", metavar="RUN", help="run id, unique prefix, or 'last'")
     p.add_argument("--rank", type=int, help="only this rank's log, unprefixed")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
@@ -46,8 +48,11 @@ def main(argv: Sequence[str]) -> int:
     # Bytes, in large reads and writes: a 100 MB log (or one 100 MB line) costs a few MiB here.
     layout = RunLayout(run_dir)
     logs = RankLogs(layout.logs, prefix=prefix, ranks=ranks if ns.rank is not None else None)
-    logs.tails.update({r: Tail(layout.rank_log(r), stream=True) for r in ranks if r not in logs.tails})
-    out = bytes_for_terminal(sys.stdout.buffer)  # a terminal sees control characters drawn, a pipe the bytes
+    logs.tails.update(
+        {r: Tail(layout.rank_log(r), stream=True) for r in ranks if r not in logs.tails}
+    )
+    # a terminal sees control characters drawn, a pipe the bytes
+    out = bytes_for_terminal(sys.stdout.buffer)
     while True:
         rec = record.load(run_dir)
         # A run whose run.json is damaged is over once no process carries its id.
@@ -56,7 +61,8 @@ def main(argv: Sequence[str]) -> int:
         if not ns.follow or done:
             logs.copy(out.write, drain=True)
             break
-        # Following: a round of every rank at a time, so one chatty rank cannot hold back the others.
+        # Following: a round of every rank at a time, so one chatty rank cannot hold back the
+        # others.
         if not logs.copy(out.write):
             out.flush()
             time.sleep(0.2)

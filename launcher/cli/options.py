@@ -48,7 +48,10 @@ NPROC_WORDS = ("auto", "cpu", "gpu")
 # torchrun options xl does not take, and what to do instead: one line each, so a torchrun
 # command line that needs one says so instead of "unrecognized arguments".
 _TORCHRUN_NOT_TAKEN = {
-    "--rdzv-backend": "xl chooses the rendezvous (static on one node, c10d with restarts or several nodes); drop it",
+    "--rdzv-backend":
+        "xl chooses the rendezvous (static on one node, c10d with restarts or several nodes); drop "
+        "it"
+    ,
     "--rdzv-id": "xl derives the rendezvous id from the run's token; drop it",
     "--rdzv-conf": "xl sets the c10d options itself; drop it",
     "--rdzv-timeout": "xl sets no rendezvous timeout; drop it",
@@ -73,7 +76,9 @@ _TORCHRUN_NOT_TAKEN = {
 for _name in [n for n in _TORCHRUN_NOT_TAKEN if "-" in n[2:]]:
     _TORCHRUN_NOT_TAKEN.setdefault("--" + _name[2:].replace("-", "_"), _TORCHRUN_NOT_TAKEN[_name])
 # Short forms torchrun takes for two of them.
-_TORCHRUN_NOT_TAKEN.update({"-r": _TORCHRUN_NOT_TAKEN["--redirects"], "-t": _TORCHRUN_NOT_TAKEN["--tee"]})
+_TORCHRUN_NOT_TAKEN.update(
+    {"-r": _TORCHRUN_NOT_TAKEN["--redirects"], "-t": _TORCHRUN_NOT_TAKEN["--tee"]}
+)
 
 # --max-restarts N goes to torchrun, which restarts every rank of the node after a failure; the
 # supervisor keeps the run through each restart and records it as an attempt. Across nodes a
@@ -100,7 +105,9 @@ def nproc_value(text: str) -> int | str:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of processes, or auto, cpu or gpu") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number of processes, or auto, cpu or gpu"
+        ) from None
 
 
 def nnodes_value(text: str) -> int:
@@ -109,7 +116,9 @@ def nnodes_value(text: str) -> int:
     try:
         first, last = int(low), int(high if sep else low)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of nodes (e.g. 2), or torchrun's MIN:MAX") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number of nodes (e.g. 2), or torchrun's MIN:MAX"
+        ) from None
     if first != last:
         raise argparse.ArgumentTypeError(
             f"{text!r}: xl runs a fixed number of nodes and waits for all of them (no elastic "
@@ -139,26 +148,40 @@ def launch_parser(prog: str = "xl launch", *, sbatch: bool = False) -> ArgumentP
         epilog="torchrun's spellings work too (--nproc-per-node, --standalone, --rdzv-endpoint, "
         "--master-addr/--master-port, --max-restarts N): replace `torchrun` with `xl launch`.",
     )
-    p.add_argument("--gpus", help="0,2 | GPU-<uuid>,... | all | auto (every free GPU) | auto:N (order = LOCAL_RANK order)")
+    p.add_argument(
+        "--gpus",
+        help=(
+            "0,2 | GPU-<uuid>,... | all | auto (every free GPU) | auto:N (order = LOCAL_RANK order)"
+        ),
+    )
     p.add_argument(
         "--nproc",
         type=nproc_value,
-        help="processes on this node (default: one per GPU, 1 on CPU; fewer: the first N GPUs chosen; "
-        "or auto, cpu, gpu as torchrun)",
+        help=(
+            "processes on this node (default: one per GPU, 1 on CPU; fewer: the first N GPUs "
+            "chosen; or auto, cpu, gpu as torchrun)"
+        ),
     )
     if not sbatch:
         p.add_argument("--nnodes", type=nnodes_value, help="number of nodes (default 1)")
         p.add_argument("--node-rank", type=int, help="this node's rank (multi-node)")
     p.add_argument("--rdzv", metavar="HOST:PORT", help="node 0's address (multi-node)")
-    p.add_argument("--mixed-precision", choices=MIXED_PRECISION, help="sets ACCELERATE_MIXED_PRECISION")
-    p.add_argument("--env", action="append", default=[], metavar="K=V", help="extra variable (repeatable)")
+    p.add_argument(
+        "--mixed-precision", choices=MIXED_PRECISION, help="sets ACCELERATE_MIXED_PRECISION"
+    )
+    p.add_argument(
+        "--env", action="append", default=[], metavar="K=V", help="extra variable (repeatable)"
+    )
     p.add_argument("--name", help="a name for the run")
     p.add_argument(
         "--accelerate-config",
         nargs="?",
         const="",
         metavar="PATH",
-        help="take settings from an Accelerate config (default $HF_HOME/accelerate/default_config.yaml)",
+        help=(
+            "take settings from an Accelerate config (default "
+            "$HF_HOME/accelerate/default_config.yaml)"
+        ),
     )
     p.add_argument(
         "--python",
@@ -166,20 +189,32 @@ def launch_parser(prog: str = "xl launch", *, sbatch: bool = False) -> ArgumentP
         help="run the ranks under this interpreter (another environment's; it needs torch, not xl)",
     )
     if not sbatch:
-        p.add_argument("--dry-run", action="store_true", help="print the command and variables; start nothing")
-        p.add_argument("--json", action="store_true", help="with --dry-run: {\"argv\": [...], \"env\": {...}}")
+        p.add_argument(
+            "--dry-run", action="store_true", help="print the command and variables; start nothing"
+        )
+        p.add_argument(
+            "--json", action="store_true", help='with --dry-run: {"argv": [...], "env": {...}}'
+        )
         p.add_argument("--detach", action="store_true", help="start the run and return at once")
-    p.add_argument("--no-tui", action="store_true", help="a plain live table instead of the monitor")
+    p.add_argument(
+        "--no-tui", action="store_true", help="a plain live table instead of the monitor"
+    )
     p.add_argument(
         "--no-instrument",
         action="store_true",
-        help="leave HF Trainer, Lightning, Accelerate and DeepSpeed untouched (no per-rank callbacks; see docs/frameworks.md)",
+        help=(
+            "leave HF Trainer, Lightning, Accelerate and DeepSpeed untouched (no per-rank "
+            "callbacks; see docs/frameworks.md)"
+        ),
     )
     if not sbatch:
         p.add_argument(
             "--slurm",
             action="store_true",
-            help="inside a Slurm allocation: one xl agent per node with srun, rendezvous on the first node",
+            help=(
+                "inside a Slurm allocation: one xl agent per node with srun, rendezvous on the "
+                "first node"
+            ),
         )
     # Internal, for the tasks `--slurm` starts: node rank from SLURM_NODEID, the run id chosen by
     # the launcher (node 0's run is RUN_ID, node k's RUN_ID-nodeK).
@@ -205,7 +240,9 @@ def value_options(parser: argparse.ArgumentParser) -> frozenset[str]:
     )
 
 
-def check_options(parser: argparse.ArgumentParser, opts: Sequence[str], not_taken: Mapping[str, str] | None = None) -> None:
+def check_options(
+    parser: argparse.ArgumentParser, opts: Sequence[str], not_taken: Mapping[str, str] | None = None
+) -> None:
     """Every option in ``opts`` is one ``parser`` takes; else one line: a torchrun option xl
     does not take says what to do instead (as ``not_taken`` does for the command's own), a near
     miss (``--gpu``) gets "did you mean"."""
@@ -234,7 +271,10 @@ def check_options(parser: argparse.ArgumentParser, opts: Sequence[str], not_take
 
 
 def parse_command(
-    parser: argparse.ArgumentParser, argv: Sequence[str], example: str, not_taken: Mapping[str, str] | None = None
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str],
+    example: str,
+    not_taken: Mapping[str, str] | None = None,
 ) -> tuple[argparse.Namespace, str | None, str | None, list[str]]:
     """A launching command's (options, script, module, script args), or one clear UsageError:
     `xl launch` and `xl sbatch` read their command lines alike. ``example`` shows a whole command;
@@ -243,10 +283,19 @@ def parse_command(
     check_options(parser, opts, not_taken)
     ns = parser.parse_args(opts)
     if script is None and module is None:
-        raise UsageError(f"give a training script ({example}) or -m MODULE (see '{parser.prog} --help')")
-    if script is not None and _PYTHON.match(os.path.basename(script)) and not script.endswith(".py"):
+        raise UsageError(
+            f"give a training script ({example}) or -m MODULE (see '{parser.prog} --help')"
+        )
+    if (
+        script is not None
+        and _PYTHON.match(os.path.basename(script))
+        and not script.endswith(".py")
+    ):
         rest = shlex.join(args) or "train.py"
-        raise UsageError(f"{parser.prog} runs the script with Python itself: drop {script!r} ({parser.prog} {rest})")
+        raise UsageError(
+            f"{parser.prog} runs the script with Python itself: drop {script!r} ({parser.prog} "
+            f"{rest})"
+        )
     return ns, script, module, args
 
 
@@ -275,7 +324,9 @@ def split_argv(
             name = tok.split("=", 1)[0]
             if "=" not in tok and i + 1 < len(argv):
                 nxt = argv[i + 1]
-                if name in value_opts or (name == "--accelerate-config" and nxt.endswith(_CONFIG_SUFFIXES)):
+                if name in value_opts or (
+                    name == "--accelerate-config" and nxt.endswith(_CONFIG_SUFFIXES)
+                ):
                     opts.append(nxt)
                     i += 1
             i += 1
@@ -291,12 +342,19 @@ def _master_rdzv(ns: argparse.Namespace) -> str | None:
     if addr is None and port is None:
         return None
     if getattr(ns, "rdzv", None):
-        raise UsageError("give --rdzv HOST:PORT (or --rdzv-endpoint) or --master-addr/--master-port, not both")
+        raise UsageError(
+            "give --rdzv HOST:PORT (or --rdzv-endpoint) or --master-addr/--master-port, not both"
+        )
     return format_address(addr or "127.0.0.1", port if port is not None else 29500)
 
 
 def spec_from_args(
-    ns: argparse.Namespace, script: str | None, module: str | None, args: list[str], *, read_config: bool = True
+    ns: argparse.Namespace,
+    script: str | None,
+    module: str | None,
+    args: list[str],
+    *,
+    read_config: bool = True,
 ) -> LaunchSpec:
     """The LaunchSpec the parsed options mean, in this directory.
 
@@ -313,7 +371,16 @@ def spec_from_args(
         spec.nnodes = acc.nnodes or 1
         spec.node_rank = acc.node_rank or 0
         spec.rdzv = acc.rdzv
-    keys = ("gpus", "nproc", "nnodes", "node_rank", "rdzv", "mixed_precision", "max_restarts", "python")
+    keys = (
+        "gpus",
+        "nproc",
+        "nnodes",
+        "node_rank",
+        "rdzv",
+        "mixed_precision",
+        "max_restarts",
+        "python",
+    )
     given = {k: getattr(ns, k, None) for k in keys}
     if isinstance(given["nproc"], str):
         # cpu: a number now; gpu and auto: one per chosen GPU (the default), checked by nproc_for.
@@ -328,12 +395,14 @@ def spec_from_args(
         spec.mixed_precision = "no"
     if spec.max_restarts and spec.nnodes > 1 and not RESTARTS_ACROSS_NODES:
         raise UsageError(
-            f"--max-restarts {spec.max_restarts} with --nnodes {spec.nnodes}: xl restarts ranks on one node "
-            "only; drop --max-restarts, or run on one node"
+            f"--max-restarts {spec.max_restarts} with --nnodes {spec.nnodes}: xl restarts ranks "
+            "on one node only; drop --max-restarts, or run on one node"
         )
     if ns.standalone and (spec.nnodes != 1 or spec.rdzv is not None):
         raise UsageError("--standalone is a one-node run; drop it, or --nnodes and --rdzv")
-    spec.env = parse_env_pairs([*ns.env, *([f"{envnames.INSTRUMENT}=0"] if ns.no_instrument else [])])
+    spec.env = parse_env_pairs(
+        [*ns.env, *([f"{envnames.INSTRUMENT}=0"] if ns.no_instrument else [])]
+    )
     spec.name = ns.name
     return spec
 
@@ -344,7 +413,9 @@ def nproc_for(word: object, gpus: int) -> int | None:
     if word not in ("gpu", "auto") or gpus:
         return None
     if word == "gpu":
-        raise UsageError("--nproc-per-node gpu: no GPU is chosen here; give a number of processes, or auto")
+        raise UsageError(
+            "--nproc-per-node gpu: no GPU is chosen here; give a number of processes, or auto"
+        )
     return cpu_cores()
 
 

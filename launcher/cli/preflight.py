@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from xl import envnames
 from xl.errors import UsageError
 from xl.launcher.plan import Plan
 from xl.launcher.spec import LaunchSpec
 
+if TYPE_CHECKING:
+    from xl.gpu.nvml import Inventory
 
-def check_launch(spec: LaunchSpec, plan: Plan, inv: Any, *, gpus_given: bool) -> None:
+
+def check_launch(spec: LaunchSpec, plan: Plan, inv: Inventory, *, gpus_given: bool) -> None:
     """Stop (UsageError) on a torch without CUDA under --gpus; add what is wrong with the chosen
     GPUs to ``plan.warnings``."""
     if not plan.devices:
@@ -42,10 +45,10 @@ def check_launch(spec: LaunchSpec, plan: Plan, inv: Any, *, gpus_given: bool) ->
             if wrong.status is api.Status.FAIL:
                 raise UsageError(f"--gpus {spec.gpus}: {wrong.detail}; fix: {wrong.fix}")
             plan.warnings.append(f"{wrong.detail} (fix: {wrong.fix})")
-    from xl.gpu import health, nvml  # noqa: PLC0415 - only a launch on GPUs reads their health
+    from xl.gpu import health  # noqa: PLC0415 - only a launch on GPUs reads their health
 
     chosen = [g.index for g in plan.devices[: plan.nproc]]
-    gpus = nvml.inventory(processes=True).gpus
+    gpus = inv.gpus  # the launch's one inventory, taken with the processes that hold each GPU
     now = {g.index: g for g in gpus}
     verdicts = health.judge_all(gpus, health.health([g.index for g in gpus if not g.lost]))
     for index in chosen:

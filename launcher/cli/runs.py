@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from xl.errors import ArgumentParser
-from xl.launcher.rundir import timing
+from xl.launcher.rundir import record, timing
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Cause
-from xl.launcher.rundir.record import RunStatus, read_json, read_object
+from xl.launcher.rundir.record import RunRecord, RunStatus, read_object
 from xl.launcher.rundir.store import NOT_YOURS, UNREADABLE, RunInfo, list_runs
 from xl.textsafe import visible
 
@@ -42,19 +42,32 @@ def _split(info: RunInfo) -> dict[str, Any] | None:
     ranks = (read_object(RunLayout(info.run_dir).digest) or {}).get("ranks")
     if not isinstance(ranks, dict):
         return None
-    return {rank: split for rank, entry in ranks.items() if (split := timing.per_step(entry)) is not None}
+    return {
+        rank: split
+        for rank, entry in ranks.items()
+        if (split := timing.per_step(entry)) is not None
+    }
 
 
-def _failure(data: dict[str, Any]) -> dict[str, Any]:
+def _failure(rec: RunRecord | None) -> dict[str, Any]:
     """``failure`` (run.json's, or null) and its ``cause`` (or null), for a run's listing."""
-    failure = data.get("failure") if isinstance(data.get("failure"), dict) else None
+    failure = rec.failure_json if rec is not None else None
     cause = Cause.from_json(failure.get("cause")) if failure else None
     return {"failure": failure, "cause": cause.to_json() if cause is not None else None}
 
 
 def main(argv: Sequence[str]) -> int:
-    p = ArgumentParser(prog="xl runs", description="List runs, newest first (as the app's Runs screen); --json lists them oldest first.")
-    p.add_argument("--json", action="store_true", help="one JSON array of runs, oldest first (the order runs were made)")
+    p = ArgumentParser(
+        prog="xl runs",
+        description=(
+            "List runs, newest first (as the app's Runs screen); --json lists them oldest first."
+        ),
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON array of runs, oldest first (the order runs were made)",
+    )
     ns = p.parse_args(list(argv))
     runs = list_runs()
     if ns.json:
@@ -63,8 +76,9 @@ def main(argv: Sequence[str]) -> int:
         # ``failure``: its root cause with ``cause`` (docs/contracts.md), null unless it failed.
         out = []
         for r in runs:
-            data = read_json(r.run_dir)
-            out.append({**r.to_json(), "time": timing.valid(data.get("time")), "split": _split(r), **_failure(data)})
+            rec = record.load(r.run_dir)
+            spent = timing.valid(rec.time if rec is not None else None)
+            out.append({**r.to_json(), "time": spent, "split": _split(r), **_failure(rec)})
         print(json.dumps(out, indent=2))
         return 0
     if not runs:
@@ -74,13 +88,33 @@ def main(argv: Sequence[str]) -> int:
     # The app's order (tui/screens/runs.py): newest start first; a stable sort keeps the
     # store's order among equal starts, as the app's does.
     for r in sorted(runs, key=lambda r: r.started_at or 0, reverse=True):
-        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else ""
-        devices = ",".join(str(d.get("index")) for d in (r.devices or [])) or ("cpu" if r.world_size else "")
+        started = (
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else ""
+        )
+        devices = ",".join(str(d.get("index")) for d in r.devices) or (
+            "cpu" if r.world_size else ""
+        )
         ranks = str(r.world_size) if r.world_size else ""
-        why = _failure(read_json(r.run_dir)) if r.status == RunStatus.FAILED else {}
+        why = _failure(record.load(r.run_dir)) if r.status == RunStatus.FAILED else {}
         cause = why.get("cause") or {}
-        said = f"rank {why['failure'].get('rank')}: {cause.get('kind')}: {cause.get('summary')}" if cause and why.get("failure") else ""
-        rows.append((r.run_id, r.name or "", _status(r), ranks, devices, started, _duration(r), r.target, visible(said)[:80]))
+        said = (
+            f"rank {why['failure'].get('rank')}: {cause.get('kind')}: {cause.get('summary')}"
+            if cause and why.get("failure")
+            else ""
+        )
+        rows.append(
+            (
+                r.run_id,
+                r.name or "",
+                _status(r),
+                ranks,
+                devices,
+                started,
+                _duration(r),
+                r.target,
+                visible(said)[:80],
+            )
+        )
     header = ("RUN", "NAME", "STATUS", "RANKS", "GPUS", "STARTED", "TIME", "SCRIPT", "CAUSE")
     if sys.stdout.isatty():
         from rich.console import Console  # noqa: PLC0415 - Rich loads only for a terminal; a pipe gets plain columns

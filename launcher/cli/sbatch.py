@@ -18,9 +18,9 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from types import FrameType
 
 from xl import envnames, paths
 from xl.address import format_address
@@ -32,7 +32,8 @@ from xl.launcher.cli.options import (
 )
 from xl.launcher.multinode import slurm
 from xl.launcher.plan import check_nproc, check_target, parse_rdzv
-from xl.launcher.rundir.record import read_json
+from xl.launcher.rundir import record
+from xl.launcher.rundir.record import RunStatus
 from xl.launcher.spec import LaunchSpec, spec_to_argv
 
 
@@ -49,17 +50,28 @@ def node_launch_argv(
 
     The Accelerate config is passed on, not read here: each node reads its own. The nodes, node
     ranks and (unless given, ``rdzv``) the rendezvous come from Slurm."""
-    spec = replace(spec_from_args(ns, script, module, args, read_config=False), nnodes=1, node_rank=0, rdzv=rdzv)
+    spec = replace(
+        spec_from_args(ns, script, module, args, read_config=False),
+        nnodes=1,
+        node_rank=0,
+        rdzv=rdzv,
+    )
     options: list[str] = []
     if ns.accelerate_config is not None:
         # The bare flag means "the default config"; the = form keeps it from taking the script.
-        options.append(f"--accelerate-config={ns.accelerate_config}" if ns.accelerate_config else "--accelerate-config")
+        options.append(
+            f"--accelerate-config={ns.accelerate_config}"
+            if ns.accelerate_config
+            else "--accelerate-config"
+        )
     if no_tui:
         options.append("--no-tui")
     return spec_to_argv(spec, options)
 
 
-def _check_spec(ns: argparse.Namespace, script: str | None, module: str | None, args: list[str]) -> None:
+def _check_spec(
+    ns: argparse.Namespace, script: str | None, module: str | None, args: list[str]
+) -> None:
     """What can be checked before any node is asked: the target, --env pairs, --nproc."""
     spec = spec_from_args(ns, script, module, args)
     check_target(spec, spec.cwd or os.getcwd())
@@ -75,7 +87,7 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _rdzv(alloc: slurm.Allocation, env: Any) -> str:
+def _rdzv(alloc: slurm.Allocation, env: Mapping[str, str]) -> str:
     first = alloc.nodes[0]
     port = slurm.rdzv_port(alloc.job_id)
     if env.get("SLURMD_NODENAME") == first:
@@ -88,11 +100,21 @@ def _rdzv(alloc: slurm.Allocation, env: Any) -> str:
     return format_address(slurm.node_address(first), port)
 
 
-def _print_dry_run(argv: list[str], env: dict[str, str], alloc: slurm.Allocation, rdzv: str, run_id: str, as_json: bool) -> None:
+def _print_dry_run(
+    argv: list[str],
+    env: dict[str, str],
+    alloc: slurm.Allocation,
+    rdzv: str,
+    run_id: str,
+    as_json: bool,
+) -> None:
     if as_json:
         print(json.dumps({"argv": argv, "env": slurm.redacted(env)}, indent=2))
         return
-    print(f"# xl launch --slurm --dry-run: nothing was started. Inside job {alloc.job_id}, xl would run, in {os.getcwd()}:")
+    print(
+        f"# xl launch --slurm --dry-run: nothing was started. Inside job {alloc.job_id}, xl would "
+        f"run, in {os.getcwd()}:"
+    )
     for key, value in slurm.redacted(env).items():
         print(f"{key}={shlex.quote(value)} \\")
     print(shlex.join(argv))
@@ -107,8 +129,8 @@ def _stop_here(run_id: str) -> bool:
     from xl.launcher.control import stop_run  # noqa: PLC0415 - psutil and the stopping code, for a Ctrl-C only
 
     run_dir = paths.runs_dir() / run_id
-    run = read_json(run_dir)
-    if run.get("status") != "running" or run.get("host") != socket.gethostname():
+    rec = record.load(run_dir)
+    if rec is None or rec.status != RunStatus.RUNNING or rec.host != socket.gethostname():
         return False
     stop_run(run_dir)
     return True
@@ -127,17 +149,23 @@ def _run_srun(argv: list[str], env: dict[str, str], job_id: str, name: str, run_
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
     sent: list[str] = []
 
-    def escalate(signum: int, _frame: Any) -> None:
+    def escalate(signum: int, _frame: FrameType | None) -> None:
         signame = signal.Signals(signum).name
         if not sent:
             sent.append("INT")
-            sys.stderr.write(f"\nxl: stopping the run on every node ({signame} again cancels step {name} at once)\n")
+            sys.stderr.write(
+                f"\nxl: stopping the run on every node ({signame} again cancels step {name} at "
+                "once)\n"
+            )
             if _stop_here(run_id):
                 return
             step = slurm.find_step(job_id, name)
             if not (step and slurm.signal_step(step, "INT")):
-                # Never srun's kill on a first signal: it would leave every node's run without its end.
-                sys.stderr.write(f"xl: step {name} not found in squeue (yet); {signame} again ends srun\n")
+                # Never srun's kill on a first signal: it would leave every node's run without its
+                # end.
+                sys.stderr.write(
+                    f"xl: step {name} not found in squeue (yet); {signame} again ends srun\n"
+                )
             return
         step = slurm.find_step(job_id, name) if len(sent) <= 1 else None
         if step and slurm.signal_step(step, None):
@@ -162,14 +190,21 @@ def _run_srun(argv: list[str], env: dict[str, str], job_id: str, name: str, run_
     return 0 if code == 0 else 1
 
 
-def launch_slurm(ns: argparse.Namespace, script: str | None, module: str | None, args: list[str]) -> int:
+def launch_slurm(
+    ns: argparse.Namespace, script: str | None, module: str | None, args: list[str]
+) -> int:
     """`xl launch --slurm`: check, then run (or print) the srun step over the allocation.
 
     The view is node 0's, streamed through srun (see the module docstring)."""
     if ns.detach:
-        raise UsageError("--detach does not go with --slurm: the srun step is the run; for a run that outlives this shell use `xl sbatch`")
+        raise UsageError(
+            "--detach does not go with --slurm: the srun step is the run; for a run that outlives "
+            "this shell use `xl sbatch`"
+        )
     if ns.node_rank is not None:
-        raise UsageError("--node-rank does not go with --slurm: each node takes its rank from Slurm")
+        raise UsageError(
+            "--node-rank does not go with --slurm: each node takes its rank from Slurm"
+        )
     if ns.rdzv:
         parse_rdzv(ns.rdzv)
     alloc = slurm.allocation_from_env()
@@ -194,10 +229,12 @@ def launch_slurm(ns: argparse.Namespace, script: str | None, module: str | None,
         _print_dry_run(argv, xl_env, alloc, rdzv, run_id, ns.json)
         return 0
     if shutil.which("srun") is None:
-        raise UsageError("srun is not on PATH: run this on a node of the Slurm allocation (salloc/sbatch)")
+        raise UsageError(
+            "srun is not on PATH: run this on a node of the Slurm allocation (salloc/sbatch)"
+        )
     sys.stderr.write(
-        f"xl: srun on {alloc.nnodes} node(s) {alloc.nodelist} of job {alloc.job_id}, rendezvous at {rdzv}; "
-        f"node 0's run is {run_id} ('xl attach {run_id}' on {alloc.nodes[0]})\n"
+        f"xl: srun on {alloc.nnodes} node(s) {alloc.nodelist} of job {alloc.job_id}, rendezvous "
+        f"at {rdzv}; node 0's run is {run_id} ('xl attach {run_id}' on {alloc.nodes[0]})\n"
     )
     sys.stderr.flush()
     return _run_srun(argv, {**os.environ, **xl_env}, alloc.job_id, name, run_id)
@@ -207,15 +244,24 @@ def launch_slurm(ns: argparse.Namespace, script: str | None, module: str | None,
 def _sbatch_parser() -> argparse.ArgumentParser:
     p = launch_parser("xl sbatch", sbatch=True)
     p.usage = "xl sbatch [SBATCH OPTIONS] [XL LAUNCH OPTIONS] [--] SCRIPT [ARGS...] > job.sh"
-    p.epilog = "torchrun's spellings of the launch options work too (--nproc-per-node, --rdzv-endpoint, ...)."
+    p.epilog = (
+        "torchrun's spellings of the launch options work too (--nproc-per-node, "
+        "--rdzv-endpoint, ...)."
+    )
     p.description = (
-        "Print a Slurm batch script that runs `xl launch --slurm` over the allocation: one xl agent "
-        "per node, rendezvous on the first node. Submit it with `sbatch job.sh`."
+        "Print a Slurm batch script that runs `xl launch --slurm` over the allocation: one xl "
+        "agent per node, rendezvous on the first node. Submit it with `sbatch job.sh`."
     )
     g = p.add_argument_group("sbatch options (become #SBATCH lines)")
     g.add_argument("-N", "--nodes", type=int, default=1, help="number of nodes (default 1)")
     g.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs on each node")
-    g.add_argument("-c", "--cpus-per-task", type=int, metavar="C", help="CPUs on each node (one xl task per node)")
+    g.add_argument(
+        "-c",
+        "--cpus-per-task",
+        type=int,
+        metavar="C",
+        help="CPUs on each node (one xl task per node)",
+    )
     g.add_argument("--mem", help="memory on each node, e.g. 200G (0 = all)")
     g.add_argument("-t", "--time", help="time limit, e.g. 04:00:00")
     g.add_argument("-p", "--partition", help="partition")
@@ -223,20 +269,30 @@ def _sbatch_parser() -> argparse.ArgumentParser:
     g.add_argument("-J", "--job-name", help="job name")
     g.add_argument("-o", "--output", help="the job's output file, e.g. xl-%%j.out")
     g.add_argument("--exclusive", action="store_true", help="whole nodes only")
-    g.add_argument("--sbatch", action="append", default=[], metavar="OPT", help="any other sbatch option, as written (repeatable), e.g. --sbatch=--qos=high")
+    g.add_argument(
+        "--sbatch",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="any other sbatch option, as written (repeatable), e.g. --sbatch=--qos=high",
+    )
     return p
 
 
-def _no_newline(name: str, value: Any) -> None:
+def _no_newline(name: str, value: object) -> None:
     if isinstance(value, str) and ("\n" in value or "\r" in value):
         raise UsageError(f"{name} must be one line")
 
 
-# `xl launch` options a batch script cannot take, and what to do instead (not "did you mean --sbatch").
+# `xl launch` options a batch script cannot take, and what to do instead (not "did you mean
+# --sbatch").
 _NOT_TAKEN = {
     "--detach": "a batch job runs detached already; submit the script with `sbatch job.sh`",
     "--dry-run": "xl sbatch only prints the batch script; nothing starts until `sbatch job.sh`",
-    "--json": "xl sbatch prints the batch script; `xl launch --slurm --dry-run --json` inside the job shows its command",
+    "--json":
+        "xl sbatch prints the batch script; `xl launch --slurm --dry-run --json` inside the job "
+        "shows its command"
+    ,
     "--slurm": "the batch script runs `xl launch --slurm` itself; drop it",
     "--node-rank": "Slurm gives each node its rank; drop it",
     "--node_rank": "Slurm gives each node its rank; drop it",
@@ -245,7 +301,9 @@ _NOT_TAKEN = {
 
 def sbatch_main(argv: Sequence[str]) -> int:
     parser = _sbatch_parser()
-    ns, script, module, args = parse_command(parser, argv, "xl sbatch --nodes 2 train.py > job.sh", _NOT_TAKEN)
+    ns, script, module, args = parse_command(
+        parser, argv, "xl sbatch --nodes 2 train.py > job.sh", _NOT_TAKEN
+    )
     if ns.nodes < 1:
         raise UsageError(f"--nodes must be at least 1 (got {ns.nodes})")
     for name in ("gpus_per_node", "cpus_per_task"):
@@ -257,26 +315,34 @@ def sbatch_main(argv: Sequence[str]) -> int:
     for name in ("mem", "time", "partition", "account", "job_name", "output"):
         value = getattr(ns, name)
         if value is not None and (not value or any(c.isspace() for c in value)):
-            raise UsageError(f"--{name.replace('_', '-')} {value!r}: an #SBATCH value cannot be empty or hold spaces")
+            raise UsageError(
+                f"--{name.replace('_', '-')} {value!r}: an #SBATCH value cannot be empty or hold "
+                "spaces"
+            )
     for extra in ns.sbatch:
         _no_newline("--sbatch", extra)
         if not extra.startswith("-"):
-            raise UsageError(f"--sbatch {extra!r}: give an sbatch option as written, e.g. --sbatch=--qos=high")
+            raise UsageError(
+                f"--sbatch {extra!r}: give an sbatch option as written, e.g. --sbatch=--qos=high"
+            )
     slurm.check_batch_values(ns.time, ns.mem)
     if ns.rdzv:
         parse_rdzv(ns.rdzv)
     _check_spec(ns, script, module, args)
     spec = spec_from_args(ns, script, module, args)
     slurm.check_gpus_fit(spec.gpus, spec.nproc, ns.gpus_per_node)
-    if ns.gpus_per_node is None and not any("gpu" in extra.lower() or "gres" in extra.lower() for extra in ns.sbatch):
+    if ns.gpus_per_node is None and not any(
+        "gpu" in extra.lower() or "gres" in extra.lower() for extra in ns.sbatch
+    ):
         sys.stderr.write(
-            "xl sbatch: warning: no --gpus-per-node: the job requests no GPUs and Slurm will give it none "
-            "(a CPU run); add e.g. --gpus-per-node 8\n"
+            "xl sbatch: warning: no --gpus-per-node: the job requests no GPUs and Slurm will give "
+            "it none (a CPU run); add e.g. --gpus-per-node 8\n"
         )
     if ns.gpus_per_node is not None and ns.cpus_per_task is None:
         sys.stderr.write(
-            f"xl sbatch: warning: --gpus-per-node {ns.gpus_per_node} without -c/--cpus-per-task: many clusters "
-            "give the one task per node 1 CPU for every rank and data loader; add e.g. -c 64\n"
+            f"xl sbatch: warning: --gpus-per-node {ns.gpus_per_node} without -c/--cpus-per-task: "
+            "many clusters give the one task per node 1 CPU for every rank and data loader; add "
+            "e.g. -c 64\n"
         )
     if any("\n" in a or "\r" in a for a in [str(script or module), *args]):
         raise UsageError("the script and its arguments must be one line each in a batch script")

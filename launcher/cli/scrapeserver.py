@@ -60,7 +60,7 @@ class _DeadlineWriter:
     def close(self) -> None:
         self.closed = True
 
-    def write(self, data: Any) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         view = memoryview(data).cast("B")
         total = len(view)
         while view:
@@ -111,7 +111,10 @@ class BoundedServer:
         self._stop = threading.Event()
         self._said_full = -SAY_FULL_S
         self._selector = selectors.DefaultSelector()
-        self._workers = [threading.Thread(target=self._work, name=f"xl-exporter-{i}", daemon=True) for i in range(workers)]
+        self._workers = [
+            threading.Thread(target=self._work, name=f"xl-exporter-{i}", daemon=True)
+            for i in range(workers)
+        ]
 
     def shutdown(self) -> None:
         """Ends serve_forever within half a second; safe in a signal handler."""
@@ -163,7 +166,10 @@ class BoundedServer:
 
     def _evict(self) -> bool:
         """Close the oldest connection still to send its request, to make room."""
-        self._say(f"{self.max_connections} connections open at once, the most it keeps; the oldest idle ones are closed")
+        self._say(
+            f"{self.max_connections} connections open at once, the most it keeps; the oldest idle "
+            "ones are closed"
+        )
         oldest = next(iter(self._waiting.values()), None)
         if oldest is None:
             return False
@@ -219,7 +225,9 @@ class BoundedServer:
             except OSError:
                 pass  # the client reset, left or was too slow: nothing for a person to do
             except Exception as exc:  # a bug answering one scrape; the server stays up
-                self._say(f"error answering {conn.address[0]}: {type(exc).__name__}: {exc}", always=True)
+                self._say(
+                    f"error answering {conn.address[0]}: {type(exc).__name__}: {exc}", always=True
+                )
             finally:
                 conn.sock.close()
                 with self._lock:

@@ -41,6 +41,12 @@ def render(ranks: Mapping[int, RankView]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADERS)]
 
     def line(cells: list[str] | tuple[str, ...]) -> str:
-        return "  ".join(c.rjust(w) if i < 2 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+        return "  ".join(
+            c.rjust(w) if i < 2 else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
 
-    return "\n".join(["where the step time went (per step)", line(HEADERS), *(line(r) for r in rows)]) + "\n"
+    return (
+        "\n".join(["where the step time went (per step)", line(HEADERS), *(line(r) for r in rows)])
+        + "\n"
+    )

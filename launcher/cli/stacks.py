@@ -1,14 +1,13 @@
 """``xl stacks RUN [--rank R] [--json]``: where every live rank is, and who the others wait for.
 
-Asks each rank of the run on this node (``xl.launcher.telemetry.stacks``): its threads' Python stacks
-and its collectives from PyTorch's Flight Recorder. On node 0 of a multi-node run, the other nodes'
-ranks too, through node 0's supervisor and each node's link (``xl.launcher.telemetry.nodestacks``).
-Prints ranks grouped by where they are, the verdict, then each group's stack once. ``--json``
-prints the stacks document (docs/launch.md). ``--rank R`` shows that rank only; the verdict is
-always the whole run's, and names a culprit only when the run is stalled
-(xl.launcher.telemetry.progress). Exit 0 with stacks, 1 when the run is not running, 2 on bad
-usage.
-"""
+Asks each rank of the run on this node (``xl.launcher.telemetry.stacks``): its threads' Python
+stacks and its collectives from PyTorch's Flight Recorder. On node 0 of a multi-node run, the other
+nodes' ranks too, through node 0's supervisor and each node's link
+(``xl.launcher.telemetry.nodestacks``). Prints ranks grouped by where they are, the verdict, then
+each group's stack once. ``--json`` prints the stacks document (docs/launch.md). ``--rank R`` shows
+that rank only; the verdict is always the whole run's, and names a culprit only when the run is
+stalled (xl.launcher.telemetry.progress). Exit 0 with stacks, 1 when the run is not running, 2 on
+bad usage. """
 
 from __future__ import annotations
 
@@ -64,20 +63,32 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    p = ArgumentParser(prog="xl stacks", description="Every live rank's stacks and collective state, and the verdict.")
+    p = ArgumentParser(
+        prog="xl stacks",
+        description="Every live rank's stacks and collective state, and the verdict.",
+    )
     p.add_argument("run", metavar="RUN", help="run id, unique prefix, or 'last'")
     p.add_argument("--rank", type=int, help="show only this rank (the verdict is the whole run's)")
     p.add_argument("--json", action="store_true", help="print the stacks document (JSON)")
     ns = p.parse_args(list(argv))
     run_dir: Path = resolve_run(ns.run, "stacks")
     rec = record.load(run_dir)
-    known = sorted(r["rank"] for r in rec.ranks if isinstance(r.get("rank"), int)) if rec else []
-    if ns.rank is not None and rec is not None and rec.status == RunStatus.RUNNING and ns.rank not in known:
-        raise UsageError(f"run {run_dir.name} has no rank {ns.rank} (ranks: {', '.join(map(str, known)) or 'none yet'})")
+    known = sorted(r.rank for r in rec.ranks if r.rank is not None) if rec else []
+    if (
+        ns.rank is not None
+        and rec is not None
+        and rec.status == RunStatus.RUNNING
+        and ns.rank not in known
+    ):
+        raise UsageError(
+            f"run {run_dir.name} has no rank {ns.rank} (ranks: "
+            f"{', '.join(map(str, known)) or 'none yet'})"
+        )
     try:
         doc = capture.run_document(run_dir, ns.rank)
     except capture.NotRunning as exc:
         sys.stderr.write(f"xl stacks: {exc}\n")
         return EXIT_FAILED
-    print(json.dumps(doc, indent=1) if ns.json else visible(render(doc), lines=True))  # thread names are the rank's
+    # thread names are the rank's
+    print(json.dumps(doc, indent=1) if ns.json else visible(render(doc), lines=True))
     return 0

@@ -26,7 +26,10 @@ _PROBE = (
 
 
 def _free_port(host: str) -> int | None:
-    with contextlib.suppress(OSError), socket.create_server((host, 0), family=_family(host)) as sock:
+    with (
+        contextlib.suppress(OSError),
+        socket.create_server((host, 0), family=_family(host)) as sock,
+    ):
         return int(sock.getsockname()[1])
     return None
 
@@ -65,12 +68,17 @@ def check_python(python: str) -> None:
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
-        raise UsageError(f"--python {python}: it did not answer within {PROBE_TIMEOUT_S:g} s") from None
+        raise UsageError(
+            f"--python {python}: it did not answer within {PROBE_TIMEOUT_S:g} s"
+        ) from None
     except OSError as exc:
         raise UsageError(f"--python {python}: cannot run it ({exc.strerror or exc})") from None
     words = next((ln.split() for ln in done.stdout.splitlines() if ln.startswith("xl-python ")), [])
     if len(words) != 3:
-        raise UsageError(f"--python {python} is not a working Python interpreter (give another environment's bin/python)")
+        raise UsageError(
+            f"--python {python} is not a working Python interpreter (give another environment's "
+            "bin/python)"
+        )
     if words[1] != "True":
         raise UsageError(f"--python {python} is older than Python 3.10, which xl's rank code needs")
     if words[2] != "True":

@@ -15,7 +15,9 @@ from xl.launcher.rundir.store import resolve_run
 
 
 def main(argv: Sequence[str]) -> int:
-    p = ArgumentParser(prog="xl stop", description="Stop a run: every rank ends, none is left behind.")
+    p = ArgumentParser(
+        prog="xl stop", description="Stop a run: every rank ends, none is left behind."
+    )
     p.add_argument("run", metavar="RUN", help="run id, unique prefix, or 'last'")
     ns = p.parse_args(list(argv))
     try:
@@ -34,7 +36,11 @@ def main(argv: Sequence[str]) -> int:
         # Its run.json is damaged or gone: its processes are still found by the run's id.
         stop_unreadable(run_dir)
         rec = record.load(run_dir)  # its supervisor, if it had one, rewrote it as it ended
-        print(f"{run_dir.name} {rec.status}" if rec is not None else f"{run_dir.name} stopped (its run.json is unreadable)")
+        print(
+            f"{run_dir.name} {rec.status}"
+            if rec is not None
+            else f"{run_dir.name} stopped (its run.json is unreadable)"
+        )
         return 0
     if rec.status != RunStatus.RUNNING:
         print(f"{run_dir.name} already {rec.status}")

@@ -41,7 +41,10 @@ def hub_address(rdzv: str, env: Mapping[str, str]) -> tuple[str, int]:
     raw = env.get(envnames.COLLECTOR_PORT, "").strip()
     if raw:
         if not (raw.isascii() and raw.isdigit() and 0 < int(raw) < 65536):
-            raise UsageError(f"{envnames.COLLECTOR_PORT}={raw!r} is not a port; use 1-65535, the same on every node")
+            raise UsageError(
+                f"{envnames.COLLECTOR_PORT}={raw!r} is not a port; use 1-65535, the same on every "
+                "node"
+            )
         return host, int(raw)
     if port + 1 > 65535:
         raise UsageError(
@@ -61,13 +64,15 @@ def token_from_env(env: Mapping[str, str], node_rank: int) -> str | None:
     if not token:
         if node_rank > 0:
             raise UsageError(
-                f"--node-rank {node_rank} needs {envnames.TOKEN}, the run's token: run the command node 0's "
+                f"--node-rank {node_rank} needs {envnames.TOKEN}, the run's token: run the "
+                "command node 0's "
                 f"'xl launch' printed (or give every node the same {envnames.TOKEN})"
             )
         return None
     if not valid_token(token):
         raise UsageError(
-            f"{envnames.TOKEN} must be 16-256 letters, digits or -_.~+/= (e.g. from 'openssl rand -hex 16')"
+            f"{envnames.TOKEN} must be 16-256 letters, digits or -_.~+/= (e.g. from 'openssl rand "
+            "-hex 16')"
         )
     return token
 
@@ -96,7 +101,9 @@ def check_listen(host: str, port: int) -> None:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
-        raise UsageError(f"--rdzv host {host!r} does not resolve here ({exc.strerror or exc})") from None
+        raise UsageError(
+            f"--rdzv host {host!r} does not resolve here ({exc.strerror or exc})"
+        ) from None
     family, _, _, _, addr = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -105,7 +112,8 @@ def check_listen(host: str, port: int) -> None:
     except OSError as exc:
         raise UsageError(
             f"node 0 cannot listen on {format_address(host, port)} for the run's collector "
-            f"({exc.strerror or exc}); run node 0 on the --rdzv host, or set {envnames.COLLECTOR_PORT} to a free "
+            f"({exc.strerror or exc}); run node 0 on the --rdzv host, or set "
+            f"{envnames.COLLECTOR_PORT} to a free "
             "port, the same on every node"
         ) from None
     finally:
@@ -114,7 +122,11 @@ def check_listen(host: str, port: int) -> None:
 
 def join_command(spec: LaunchSpec, node_rank: int, token: str | None, port_env: str | None) -> str:
     """The command for another node; ``token`` None: the token came from the environment."""
-    assigns = [f"{envnames.TOKEN}={shlex.quote(token)}" if token else f'{envnames.TOKEN}="${envnames.TOKEN}"']
+    assigns = [
+        f"{envnames.TOKEN}={shlex.quote(token)}"
+        if token
+        else f'{envnames.TOKEN}="${envnames.TOKEN}"'
+    ]
     if port_env:
         assigns.append(f"{envnames.COLLECTOR_PORT}={shlex.quote(port_env)}")
     argv = ["xl", "launch", *spec_to_argv(replace(spec, node_rank=node_rank))]
@@ -135,9 +147,22 @@ def join_text(spec: LaunchSpec, token: str | None, port_env: str | None) -> str:
     return f"{head}\n  {join_command(spec, 1, token, port_env)}{tail}\n"
 
 
-def prepare_launch(spec: LaunchSpec, env: MutableMapping[str, str]) -> str | None:
+def make_token(spec: LaunchSpec, env: MutableMapping[str, str]) -> bool:
+    """Node 0's token, made into ``env`` before its plan (the rendezvous id derives from it)
+    unless one is there already; True when it was made here. Nothing is checked here: that is
+    ``prepare_launch``'s, which is then told ``made``."""
+    if spec.node_rank > 0 or env.get(envnames.TOKEN):
+        return False
+    env[envnames.TOKEN] = secrets.token_hex(16)
+    return True
+
+
+def prepare_launch(
+    spec: LaunchSpec, env: MutableMapping[str, str], *, made: bool = False
+) -> str | None:
     """`xl launch` of a multi-node run, before anything starts: check the contract (UsageError),
-    put the run's token in ``env`` for the supervisor, and return what node 0 prints."""
+    put the run's token in ``env`` for the supervisor, and return what node 0 prints. ``made``:
+    the token in ``env`` is the one ``make_token`` made, printed as a token made here is."""
     host, port = hub_address(spec.rdzv or "", env)
     given = token_from_env(env, spec.node_rank)
     if spec.node_rank > 0:
@@ -148,4 +173,4 @@ def prepare_launch(spec: LaunchSpec, env: MutableMapping[str, str]) -> str | Non
     # goes to run.json nor to a command line.
     env[envnames.TOKEN] = token
     # A token the person gave is not printed back (it may be in a batch job's log).
-    return join_text(spec, None if given else token, env.get(envnames.COLLECTOR_PORT))
+    return join_text(spec, None if given and not made else token, env.get(envnames.COLLECTOR_PORT))

@@ -5,12 +5,12 @@ where, and with which token); each other node's supervisor keeps one connection 
 :class:`NodeLink`, and sends node frames whose body lines xl.launcher.multinode.protocol
 defines and node 0 checks.
 
-A frame without body lines, every second, is the heartbeat. Node 0 answers each frame with a
-reply frame ``{"ack": seq}`` (same length prefix) and tells every node ``{"stop": {"reason",
-"failure"}}`` when the run ends anywhere, and ``{"stacks": {"id", "rank", "timeout"}}`` when it wants
-this node's ranks' stacks (``xl stacks`` or a hang on node 0; the supervisor answers). Frames are
-resent after a reconnect until acked; node
-0 drops the ones it already has (by seq). Each connection opens with ``xl.handshake`` (role
+A frame without body lines, every second, is the heartbeat. Node 0 answers each frame with a reply
+frame ``{"ack": seq}`` (same length prefix) and tells every node ``{"stop": {"reason", "failure"}}``
+when the run ends anywhere, and ``{"stacks": {"id", "rank", "timeout"}}`` when it wants this node's
+ranks' stacks (``xl stacks`` or a hang on node 0; the supervisor answers). Frames are resent after a
+reconnect until acked; node 0 drops the ones it already has (by seq). Each connection opens with
+``xl.handshake`` (role
 ``n``, this node's number): node 0 proves it holds the run's token before this node sends it
 anything, and the token never travels. When node 0 answers that this node's proof is wrong, the
 link stops for good and ``commands()`` returns ``{"refused": "bad_token"}``, for the supervisor to
@@ -127,7 +127,10 @@ class NodeLink:
             dropped = self.dropped
         self._disconnect()
         if dropped:
-            self._say(f"{dropped} message(s) of this node were dropped (too much waiting to be sent); they are in its own run dir")
+            self._say(
+                f"{dropped} message(s) of this node were dropped (too much waiting to be sent); "
+                "they are in its own run dir"
+            )
         return done
 
     # -- the thread ---------------------------------------------------------------------------
@@ -135,13 +138,19 @@ class NodeLink:
     def _say(self, what: str) -> None:
         if what not in self._said:  # once per kind of trouble, in supervisor.log
             self._said.add(what)
-            print(f"xl supervisor: node 0 at {format_address(*self.address)}: {what}", file=sys.stderr, flush=True)
+            print(
+                f"xl supervisor: node 0 at {format_address(*self.address)}: {what}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _run(self) -> None:
         while True:
             with self._lock:
                 idle = not self._pending and not self._unacked
-                if self.refused is not None or (self._closing and (idle or time.monotonic() >= self._deadline)):
+                if self.refused is not None or (
+                    self._closing and (idle or time.monotonic() >= self._deadline)
+                ):
                     if self.refused is not None:
                         self._disconnect()
                     return
@@ -178,7 +187,10 @@ class NodeLink:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(_IO_TIMEOUT_S)
         except OSError as exc:
-            self._say(f"cannot connect yet ({exc.strerror or exc}); this node keeps its own records meanwhile")
+            self._say(
+                f"cannot connect yet ({exc.strerror or exc}); this node keeps its own records "
+                "meanwhile"
+            )
             self._next_connect = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 2.0)
             return False
@@ -190,7 +202,10 @@ class NodeLink:
                 with self._lock:
                     self._refuse("bad_token")
                 return False
-            self._say("the listener there did not prove it holds this run's XL_TOKEN (another program on that port?); nothing was sent to it, trying again")
+            self._say(
+                "the listener there did not prove it holds this run's XL_TOKEN (another program "
+                "on that port?); nothing was sent to it, trying again"
+            )
             self._next_connect = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 2.0)
             return False

@@ -14,9 +14,9 @@ A node frame is a wire frame whose header names the node instead of a rank
     stacks   {"id", "ranks": [...]}           its ranks' entries of the stacks document, answering
                                               node 0's ``{"stacks": {"id", "rank", "timeout"}}``
 
-Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"stacks": {...}}``). The sending side is xl.launcher.multinode.nodelink; the receiving side is the
-collector (xl.launcher.telemetry.collector), which calls check_message on every body line.
-"""
+Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"stacks": {...}}``). The
+sending side is xl.launcher.multinode.nodelink; the receiving side is the collector
+(xl.launcher.telemetry.collector), which calls check_message on every body line. """
 
 from __future__ import annotations
 
@@ -67,7 +67,9 @@ def _check_value(value: Any, max_text: int) -> None:
         raise wire.FrameError("bad_value")
 
 
-def _check_fields(obj: Any, *, max_text: int = _MAX_FIELD_TEXT, text_keys: frozenset[str] = frozenset()) -> dict[str, Any]:
+def _check_fields(
+    obj: Any, *, max_text: int = _MAX_FIELD_TEXT, text_keys: frozenset[str] = frozenset()
+) -> dict[str, Any]:
     """A flat dict of scalars (strings capped), as events, ranks and failures are."""
     if type(obj) is not dict or len(obj) > _MAX_FIELDS:
         raise wire.FrameError("bad_node_message")
@@ -90,7 +92,7 @@ def _time(value: Any) -> float:
     return float(value)
 
 
-def check_message(obj: Any) -> dict[str, Any]:
+def check_message(obj: object) -> dict[str, Any]:
     """Validate one body line of a node frame (already JSON-decoded); FrameError when bad."""
     if type(obj) is not dict or obj.get("type") not in MESSAGE_TYPES:
         raise wire.FrameError("bad_node_message")
@@ -139,7 +141,9 @@ def _check_failure(obj: Any) -> None:
     if type(obj) is not dict:
         raise wire.FrameError("bad_node_message")
     cause = obj.get("cause")
-    _check_fields({k: v for k, v in obj.items() if k != "cause"}, text_keys=frozenset({"traceback"}))
+    _check_fields(
+        {k: v for k, v in obj.items() if k != "cause"}, text_keys=frozenset({"traceback"})
+    )
     if cause is None:
         return
     if type(cause) is not dict or set(cause) - {"kind", "summary", "fix", "evidence"}:
@@ -177,7 +181,9 @@ def _check_stacks(obj: dict[str, Any]) -> None:
         for coll in _list(entry.get("collectives", []), _MAX_COLLECTIVES):
             if type(coll) is not dict:
                 raise wire.FrameError("bad_node_message")
-            _check_fields({k: v for k, v in coll.items() if k not in _SHAPE_KEYS}, max_text=_MAX_STACKS_TEXT)
+            _check_fields(
+                {k: v for k, v in coll.items() if k not in _SHAPE_KEYS}, max_text=_MAX_STACKS_TEXT
+            )
             for key in _SHAPE_KEYS:
                 if key in coll and not _is_shapes(coll[key]):
                     raise wire.FrameError("bad_value")
@@ -190,7 +196,9 @@ def _is_shapes(value: Any) -> bool:
         type(value) is list
         and len(value) <= _MAX_SHAPES
         and all(
-            type(shape) is list and len(shape) <= _MAX_DIMS and all(type(n) is int and 0 <= n < 1 << 63 for n in shape)
+            type(shape) is list
+            and len(shape) <= _MAX_DIMS
+            and all(type(n) is int and 0 <= n < 1 << 63 for n in shape)
             for shape in value
         )
     )
@@ -198,7 +206,8 @@ def _is_shapes(value: Any) -> bool:
 
 def _clip_text(value: Any) -> Any:
     if type(value) is str and len(value) > _MAX_STACKS_TEXT:
-        return _CLIPPED + value[len(value) - (_MAX_STACKS_TEXT - len(_CLIPPED)) :]  # a path's tail names it
+        # a path's tail names it
+        return _CLIPPED + value[len(value) - (_MAX_STACKS_TEXT - len(_CLIPPED)) :]
     return value
 
 
@@ -208,13 +217,25 @@ def clip_stacks(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     big for one frame, the main thread alone, then no frames at all (the entry says so)."""
     out: list[dict[str, Any]] = []
     for entry in entries:
-        clipped = {k: _clip_text(v) for k, v in entry.items() if k not in ("threads", "collectives") and type(v) is not dict}
+        clipped = {
+            k: _clip_text(v)
+            for k, v in entry.items()
+            if k not in ("threads", "collectives") and type(v) is not dict
+        }
         if "threads" in entry:
             clipped["threads"] = [
-                {"name": _clip_text(str(t.get("name"))), "frames": [{k: _clip_text(v) for k, v in f.items()} for f in (t.get("frames") or [])[-_MAX_FRAMES:]]}
+                {
+                    "name": _clip_text(str(t.get("name"))),
+                    "frames": [
+                        {k: _clip_text(v) for k, v in f.items()}
+                        for f in (t.get("frames") or [])[-_MAX_FRAMES:]
+                    ],
+                }
                 for t in (entry.get("threads") or [])[:_MAX_THREADS]
             ]
-            clipped["collectives"] = [_clip_collective(c) for c in (entry.get("collectives") or [])[-_MAX_COLLECTIVES:]]
+            clipped["collectives"] = [
+                _clip_collective(c) for c in (entry.get("collectives") or [])[-_MAX_COLLECTIVES:]
+            ]
         out.append(clipped)
     for keep in (_MAX_THREADS, 1, 0):
         if len(json.dumps(out, default=str)) <= _MAX_STACKS_LINE:
@@ -225,7 +246,10 @@ def clip_stacks(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if not keep:
                     entry.pop("threads")
                     entry.pop("collectives", None)
-                    entry["error"] = "its stacks were too big to send to node 0; 'xl stacks RUN' on its node shows them"
+                    entry["error"] = (
+                        "its stacks were too big to send to node 0; 'xl stacks RUN' on its node "
+                        "shows them"
+                    )
     return out
 
 
@@ -249,14 +273,20 @@ def clip_failure(failure: dict[str, Any]) -> dict[str, Any]:
             out[key] = value[: _MAX_FIELD_TEXT - len(_CLIPPED)] + _CLIPPED
     cause = failure.get("cause")
     if isinstance(cause, dict):  # its texts and its evidence as _check_failure takes them
-        out["cause"] = {k: (_clip(v) if isinstance(v, str) else v) for k, v in cause.items() if k != "evidence"}
+        out["cause"] = {
+            k: (_clip(v) if isinstance(v, str) else v) for k, v in cause.items() if k != "evidence"
+        }
         evidence = cause.get("evidence")
-        out["cause"]["evidence"] = [_clip(str(x)) for x in evidence[:_MAX_EVIDENCE]] if isinstance(evidence, list) else []
+        out["cause"]["evidence"] = (
+            [_clip(str(x)) for x in evidence[:_MAX_EVIDENCE]] if isinstance(evidence, list) else []
+        )
     return out
 
 
 def _clip(text: str) -> str:
-    return text if len(text) <= _MAX_FIELD_TEXT else text[: _MAX_FIELD_TEXT - len(_CLIPPED)] + _CLIPPED
+    return (
+        text if len(text) <= _MAX_FIELD_TEXT else text[: _MAX_FIELD_TEXT - len(_CLIPPED)] + _CLIPPED
+    )
 
 
 def reply(obj: dict[str, Any]) -> bytes:

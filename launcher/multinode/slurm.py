@@ -30,7 +30,8 @@ SCONTROL_TIMEOUT_S = 5.0
 RDZV_PORT_BASE = 20000
 RDZV_PORT_SPAN = 9000
 NOT_IN_ALLOCATION = (
-    "not inside a Slurm allocation: run it from salloc/sbatch, or use `xl sbatch` to write a batch script"
+    "not inside a Slurm allocation: run it from salloc/sbatch, or use `xl sbatch` to write a batch "
+    "script"
 )
 REDACTED = "<redacted>"
 
@@ -104,7 +105,9 @@ def _run(argv: Sequence[str]) -> str | None:
     if shutil.which(argv[0]) is None:
         return None
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S)
+        proc = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return proc.stdout if proc.returncode == 0 else None
@@ -124,7 +127,8 @@ def hostnames(nodelist: str, run: Runner = _run) -> list[str]:
 
 
 def node_address(node: str, run: Runner = _run) -> str:
-    """Where other nodes reach ``node``: Slurm's NodeAddr (what slurmd itself uses), else its name."""
+    """Where other nodes reach ``node``: Slurm's NodeAddr (what slurmd itself uses), else its
+    name."""
     out = run(["scontrol", "show", "node", node, "--oneliner"])
     if out:
         match = re.search(r"(?:^|\s)NodeAddr=(\S+)", out)
@@ -164,7 +168,9 @@ def _min_cpus(value: str | None) -> int | None:
     return min(counts) if counts else None
 
 
-def allocation_from_env(env: Mapping[str, str] | None = None, run: Runner = _run) -> Allocation | None:
+def allocation_from_env(
+    env: Mapping[str, str] | None = None, run: Runner = _run
+) -> Allocation | None:
     """The Slurm allocation this process runs in, or None outside one."""
     env = os.environ if env is None else env
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
@@ -182,8 +188,10 @@ def allocation_from_env(env: Mapping[str, str] | None = None, run: Runner = _run
         job_id=job_id,
         nodelist=nodelist,
         nodes=nodes,
-        gpus_per_node=_count(env.get("SLURM_GPUS_ON_NODE")) or _count(env.get("SLURM_GPUS_PER_NODE")),
-        cpus_per_node=_min_cpus(env.get("SLURM_JOB_CPUS_PER_NODE")) or _count(env.get("SLURM_CPUS_ON_NODE")),
+        gpus_per_node=_count(env.get("SLURM_GPUS_ON_NODE"))
+        or _count(env.get("SLURM_GPUS_PER_NODE")),
+        cpus_per_node=_min_cpus(env.get("SLURM_JOB_CPUS_PER_NODE"))
+        or _count(env.get("SLURM_CPUS_ON_NODE")),
     )
 
 
@@ -192,7 +200,9 @@ def node_rank_from_env(env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     value = env.get("SLURM_NODEID", "")
     if not (value.isascii() and value.isdigit()):
-        raise UsageError("--slurm-node is for tasks srun starts (SLURM_NODEID is not set); use --slurm")
+        raise UsageError(
+            "--slurm-node is for tasks srun starts (SLURM_NODEID is not set); use --slurm"
+        )
     return int(value)
 
 
@@ -208,7 +218,13 @@ def xl_command() -> list[str]:
     return [os.path.abspath(sys.executable), "-m", "xl"]
 
 
-def node_argv(alloc: Allocation, rdzv: str, run_id: str, launch_argv: Sequence[str], xl: Sequence[str] | None = None) -> list[str]:
+def node_argv(
+    alloc: Allocation,
+    rdzv: str,
+    run_id: str,
+    launch_argv: Sequence[str],
+    xl: Sequence[str] | None = None,
+) -> list[str]:
     """What each srun task runs: one node's `xl launch`, its node rank from its own SLURM_NODEID.
 
     ``launch_argv``: the run's own `xl launch` arguments (xl.launcher.spec.spec_to_argv)."""
@@ -296,7 +312,9 @@ class BatchOptions:
     extra: tuple[str, ...] = ()
 
 
-def batch_script(opts: BatchOptions, launch_argv: Sequence[str], cwd: str, xl: Sequence[str] | None = None) -> str:
+def batch_script(
+    opts: BatchOptions, launch_argv: Sequence[str], cwd: str, xl: Sequence[str] | None = None
+) -> str:
     """A complete sbatch script whose one command is `xl launch --slurm ...`."""
     lines = ["#!/bin/bash", f"#SBATCH --nodes={opts.nodes}", "#SBATCH --ntasks-per-node=1"]
     if opts.gpus_per_node:
@@ -338,9 +356,15 @@ _MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)
 def check_batch_values(time: str | None, mem: str | None) -> None:
     """--time and --mem as sbatch reads them, so a typo fails here, not after the queue."""
     if time is not None and not _TIME.match(time):
-        raise UsageError(f"--time {time!r} is not a Slurm time; write e.g. 04:00:00 (H:M:S), 90 (minutes) or 1-12:00:00")
+        raise UsageError(
+            f"--time {time!r} is not a Slurm time; write e.g. 04:00:00 (H:M:S), 90 (minutes) or "
+            "1-12:00:00"
+        )
     if mem is not None and not _MEM.match(mem):
-        raise UsageError(f"--mem {mem!r} is not a Slurm memory size; write e.g. 200G, 64000 (MB) or 0 (all of it)")
+        raise UsageError(
+            f"--mem {mem!r} is not a Slurm memory size; write e.g. 200G, 64000 (MB) or 0 (all of "
+            "it)"
+        )
 
 
 def _gpu_count(gpus: str) -> int | None:
@@ -358,12 +382,14 @@ def check_gpus_fit(gpus: str | None, nproc: int | None, gpus_per_node: int | Non
     named = _gpu_count(gpus) if gpus is not None else None
     if nproc is not None and named is not None and nproc > named:
         raise UsageError(
-            f"--nproc {nproc} is more than the {named} GPU(s) in --gpus {gpus}; give as many GPUs as processes"
+            f"--nproc {nproc} is more than the {named} GPU(s) in --gpus {gpus}; give as many GPUs "
+            "as processes"
         )
     if gpus_per_node is not None:
         if nproc is not None and nproc > gpus_per_node:
             raise UsageError(
-                f"--nproc {nproc} is more than --gpus-per-node {gpus_per_node}: each rank needs its own GPU; "
+                f"--nproc {nproc} is more than --gpus-per-node {gpus_per_node}: each rank needs "
+                "its own GPU; "
                 f"use --nproc {gpus_per_node} or ask for more GPUs"
             )
         if named is not None and named > gpus_per_node:

@@ -17,7 +17,6 @@ from typing import Any
 from xl.errors import UsageError
 from xl.figures import PHASES
 from xl.launcher.rundir import digest, record, timing
-from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.record import RunRecord
 
 # An environment variable whose name says it holds a secret: its value is never shown (as `ps`
@@ -37,22 +36,21 @@ def _target(rec: RunRecord) -> str | None:
 def facts(rec: RunRecord) -> dict[str, Any]:
     """What ``changed`` compares, by its name there (``env.K`` one entry per variable)."""
     spec = rec.spec
-    versions = rec.get("versions") if isinstance(rec.get("versions"), dict) else {}
+    versions = rec.versions
     out: dict[str, Any] = {
         "script": _target(rec),
         "args": [str(a) for a in spec.get("args") or []],
-        "nproc": rec.get("nproc_per_node"),
-        "nodes": rec.get("nnodes"),
-        "gpus": [d.get("index") for d in rec.devices],
-        "gpu_models": [d.get("name") for d in rec.devices],
+        "nproc": rec.nproc_per_node,
+        "nodes": rec.nnodes,
+        "gpus": [d.index for d in rec.devices],
+        "gpu_models": [d.name for d in rec.devices],
         "mixed_precision": spec.get("mixed_precision"),
         "max_restarts": spec.get("max_restarts"),
         "python": spec.get("python"),
     }
     out.update({name: versions.get(name) for name in _VERSIONS})
-    env = rec.get("env")
-    for key, value in sorted(env.items() if isinstance(env, dict) else []):
-        out[f"env.{key}"] = str(value)
+    for key, value in sorted(rec.env.items()):
+        out[f"env.{key}"] = value
     return out
 
 
@@ -82,7 +80,11 @@ def _ratio(a: dict[str, Any], b: dict[str, Any]) -> float | None:
 
 def _rounded(speed: Any) -> dict[str, Any]:
     speed = speed if isinstance(speed, dict) else {}
-    return {k: (round(v, 6) if isinstance(v, (int, float)) else None) for k in ("step_s", "samples_per_s") for v in [speed.get(k)]}
+    return {
+        k: (round(v, 6) if isinstance(v, (int, float)) else None)
+        for k in ("step_s", "samples_per_s")
+        for v in [speed.get(k)]
+    }
 
 
 def _series(d: dict[str, Any]) -> dict[str, list[Any]]:
@@ -100,7 +102,9 @@ class Comparison:
 def load_run(run_dir: Path) -> RunRecord:
     rec = record.load(run_dir)
     if rec is None:
-        raise UsageError(f"run {run_dir.name}: its run.json is damaged or missing, so it cannot be compared")
+        raise UsageError(
+            f"run {run_dir.name}: its run.json is damaged or missing, so it cannot be compared"
+        )
     return rec
 
 
@@ -119,21 +123,32 @@ def compare(dir_a: Path, dir_b: Path) -> Comparison:
         "runs": [a.run_id, b.run_id],
         "changed": changed(a, b),
         "speed": {"a": speed_a, "b": speed_b, "ratio": _ratio(speed_a, speed_b)},
-        "loss": {"steps": common, "a": [loss_a[s] for s in common], "b": [loss_b[s] for s in common]},
-        "time": {"a": a.get("time") or da.get("time"), "b": b.get("time") or db.get("time")},
+        "loss": {
+            "steps": common,
+            "a": [loss_a[s] for s in common],
+            "b": [loss_b[s] for s in common],
+        },
+        "time": {"a": a.time or da.get("time"), "b": b.time or db.get("time")},
         "split": {"a": timing.run_split(da.get("ranks")), "b": timing.run_split(db.get("ranks"))},
         "failure": {"a": _failure(a), "b": _failure(b)},
     }
-    return Comparison(doc, {"a": sa, "b": sb}, {"a": a.name, "b": b.name}, {"a": a.status, "b": b.status})
+    return Comparison(
+        doc, {"a": sa, "b": sb}, {"a": a.name, "b": b.name}, {"a": a.status, "b": b.status}
+    )
 
 
 def _failure(rec: RunRecord) -> dict[str, Any] | None:
     """A failed run's root cause as ``xl compare`` shows it: the rank and its cause."""
-    failure = Failure.from_json(rec.failure) if rec.failure else None
+    failure = rec.failure
     if failure is None:
         return None
     cause = failure.cause.to_json() if failure.cause is not None else None
-    return {"rank": failure.rank, "node_rank": failure.node_rank, "message": failure.message, "cause": cause}
+    return {
+        "rank": failure.rank,
+        "node_rank": failure.node_rank,
+        "message": failure.message,
+        "cause": cause,
+    }
 
 
 def _failure_cell(failure: dict[str, Any] | None) -> str:
@@ -141,10 +156,13 @@ def _failure_cell(failure: dict[str, Any] | None) -> str:
         return "-"
     cause = failure.get("cause")
     who = f"rank {failure['rank']}" if failure.get("rank") is not None else "no rank"
-    return show(f"{who}: {cause['kind']}: {cause['summary']}" if cause else f"{who}: {failure['message']}", 60)
+    return show(
+        f"{who}: {cause['kind']}: {cause['summary']}" if cause else f"{who}: {failure['message']}",
+        60,
+    )
 
 
-def show(value: Any, width: int = 40) -> str:
+def show(value: object, width: int = 40) -> str:
     """A value as the tables show it (lists joined; long ones cut)."""
     if value is None:
         text = "-"
@@ -160,7 +178,9 @@ def _rate(v: Any) -> str:
 
 
 def _ms(v: Any) -> str:
-    return "-" if not isinstance(v, (int, float)) else f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
+    return (
+        "-" if not isinstance(v, (int, float)) else f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
+    )
 
 
 LOSS_ROWS = 8  # loss at this many of the common steps, spread over them
@@ -176,7 +196,9 @@ def rows(c: Comparison) -> list[tuple[str, str, str]]:
         ("failure", _failure_cell(doc["failure"]["a"]), _failure_cell(doc["failure"]["b"])),
         ("changed", "", ""),
     ]
-    out += [(f"  {ch['what']}", show(ch["a"]), show(ch["b"])) for ch in doc["changed"]] or [("  (nothing)", "", "")]
+    out += [(f"  {ch['what']}", show(ch["a"]), show(ch["b"])) for ch in doc["changed"]] or [
+        ("  (nothing)", "", "")
+    ]
     speed = doc["speed"]
     ratio = speed["ratio"]
     out += [
@@ -186,13 +208,23 @@ def rows(c: Comparison) -> list[tuple[str, str, str]]:
     ]
     steps = doc["loss"]["steps"]
     out.append((f"loss ({len(steps)} steps)", "", ""))  # at the steps both runs logged
-    picks = sorted({round(i * (len(steps) - 1) / (LOSS_ROWS - 1)) for i in range(LOSS_ROWS)}) if steps else []
-    out += [(f"  step {steps[i]:g}", f"{doc['loss']['a'][i]:.4g}", f"{doc['loss']['b'][i]:.4g}") for i in picks]
+    picks = (
+        sorted({round(i * (len(steps) - 1) / (LOSS_ROWS - 1)) for i in range(LOSS_ROWS)})
+        if steps
+        else []
+    )
+    out += [
+        (f"  step {steps[i]:g}", f"{doc['loss']['a'][i]:.4g}", f"{doc['loss']['b'][i]:.4g}")
+        for i in picks
+    ]
     split = doc.get("split") or {}
     ca, cb = timing.split_cells(split.get("a")), timing.split_cells(split.get("b"))
     if ca or cb:  # where a step's time went, per step, the mean over each run's ranks
         out.append(("step split (mean of ranks)", "", ""))
-        out += [(f"  {label}", ca[i] if ca else "-", cb[i] if cb else "-") for i, label in enumerate(("step", *PHASES))]
+        out += [
+            (f"  {label}", ca[i] if ca else "-", cb[i] if cb else "-")
+            for i, label in enumerate(("step", *PHASES))
+        ]
     out.append(("time", "", ""))
     ta, tb = timing.rows(doc["time"]["a"]), timing.rows(doc["time"]["b"])
     out += [(f"  {ka}", va or "-", vb or "-") for (ka, va), (_kb, vb) in zip(ta, tb, strict=True)]

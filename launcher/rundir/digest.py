@@ -97,15 +97,28 @@ class Digester:
         is checked against it."""
         for lines in self._chunks(EVENTS):
             for e in decode_lines([ln for ln in lines if ln]):
-                if type(e) is dict and e.get("kind") in _KINDS and _finite(e.get("t")) and len(self.events) < _MAX_EVENTS:
+                if (
+                    type(e) is dict
+                    and e.get("kind") in _KINDS
+                    and _finite(e.get("t"))
+                    and len(self.events) < _MAX_EVENTS
+                ):
                     self._event(e)
         for lines in self._chunks(METRICS):
-            self.feed(decode_lines([ln for ln in lines if ln and (b'"sys"' not in ln or b"comm_wait_s" in ln)]))
+            self.feed(
+                decode_lines(
+                    [ln for ln in lines if ln and (b'"sys"' not in ln or b"comm_wait_s" in ln)]
+                )
+            )
 
     def _event(self, e: dict[str, Any]) -> None:
         self.events.append(e)
         rank = e.get("rank")
-        if e["kind"] == "stalled" and type(rank) is int and len(self._of_rank.get(rank, ())) < _MAX_QUERIES:
+        if (
+            e["kind"] == "stalled"
+            and type(rank) is int
+            and len(self._of_rank.get(rank, ())) < _MAX_QUERIES
+        ):
             self._of_rank.setdefault(rank, []).append(self._query(e, [rank]))
         elif e["kind"] == "restarted" and len(self._every) < _MAX_QUERIES:
             self._every.append(self._query(e, list(self.spans)))
@@ -119,7 +132,9 @@ class Digester:
         q = float(e["t"])
         self.queries.append(q)
         self.moments.append(e)
-        self.before.append({r: self.spans[r][1] for r in ranks if r in self.spans and self.spans[r][1] <= q})
+        self.before.append(
+            {r: self.spans[r][1] for r in ranks if r in self.spans and self.spans[r][1] <= q}
+        )
         self.after.append({})
         return len(self.queries) - 1
 
@@ -221,19 +236,43 @@ class Digester:
         for rank, queries in self._of_rank.items():
             for j in queries:
                 # From the rank's last line before the stall was seen (its last progress: the
-                # event's idle_s is rounded) to its first line after (its progress again) or its end.
+                # event's idle_s is rounded) to its first line after (its progress again) or its
+                # end.
                 seen = self.queries[j]
                 idle: Any = self.moments[j].get("idle_s")
-                since = self.before[j].get(rank, seen - (idle if _finite(idle) and idle > 0 else 0.0))
+                since = self.before[j].get(
+                    rank, seen - (idle if _finite(idle) and idle > 0 else 0.0)
+                )
                 ends: list[Any] = [self.after[j].get(rank)]
-                ends += [f["t"] for f in events if f["t"] >= seen and f["kind"] == "recovered" and f.get("of") == "stalled" and f.get("rank") == rank]
-                ends += [f["t"] for f in events if f["t"] >= seen and (f["kind"] == "restarted" or (f["kind"] == "rank_exited" and f.get("rank") == rank))]
+                ends += [
+                    f["t"]
+                    for f in events
+                    if f["t"] >= seen
+                    and f["kind"] == "recovered"
+                    and f.get("of") == "stalled"
+                    and f.get("rank") == rank
+                ]
+                ends += [
+                    f["t"]
+                    for f in events
+                    if f["t"] >= seen
+                    and (
+                        f["kind"] == "restarted"
+                        or (f["kind"] == "rank_exited" and f.get("rank") == rank)
+                    )
+                ]
                 stalled.append((since, timing.span_end(since, ends, end)))
         restarts = []
         before = -math.inf
         for j in self._every:
             at = self.queries[j]
-            failed = [f["t"] for f in events if before < f["t"] <= at and f["kind"] == "rank_exited" and f.get("exit_code") not in (0, None)]
+            failed = [
+                f["t"]
+                for f in events
+                if before < f["t"] <= at
+                and f["kind"] == "rank_exited"
+                and f.get("exit_code") not in (0, None)
+            ]
             back = list(self.after[j].values())
             restarts.append((min(failed, default=at), max(back) if back else end))
             before = at
@@ -243,12 +282,16 @@ class Digester:
         """The digest of what was read, for the run ``rec`` (a run still going: up to now)."""
         start = rec.started_at
         lasts = [s[1] for s in self.spans.values()]
-        end = rec.ended_at or max([*lasts, *(float(e["t"]) for e in self.events)], default=start or 0.0)
+        end = rec.ended_at or max(
+            [*lasts, *(float(e["t"]) for e in self.events)], default=start or 0.0
+        )
         time_doc: dict[str, Any] | None = None
         if start is not None:
             stalled, restarts = self._spans(end)
             firsts = [s[0] for s in self.spans.values()]
-            moments = timing.Moments(start, end, max(firsts, default=None), max(lasts, default=None), stalled, restarts)
+            moments = timing.Moments(
+                start, end, max(firsts, default=None), max(lasts, default=None), stalled, restarts
+            )
             time_doc = dict(timing.account(moments))
             phases = timing.by_phase(self.split)
             if phases is not None:
@@ -282,7 +325,8 @@ def _thin(steps: list[float]) -> list[float]:
 
 
 def _speed(at: dict[float, list[Any]]) -> dict[str, float | None]:
-    """The median step time and samples/s after warm-up (the first tenth of the steps, at least 2)."""
+    """The median step time and samples/s after warm-up (the first tenth of the steps, at least
+    2)."""
     steps = sorted(at)
     post = steps[max(2, len(steps) // 10) :]
     per_step = [(at[b][0] - at[a][0]) / (b - a) for a, b in pairwise(post) if b > a]
@@ -302,16 +346,27 @@ def build(run_dir: Path, rec: RunRecord) -> dict[str, Any]:
 def _whole(doc: dict[str, Any]) -> bool:
     """digest.json as this version writes it (a damaged or foreign one is made again)."""
     steps, speed, waited = doc.get("steps"), doc.get("speed"), doc.get("waited_s")
-    if doc.get("version") != VERSION or not isinstance(steps, list) or not all(_finite(s) for s in steps):
+    if (
+        doc.get("version") != VERSION
+        or not isinstance(steps, list)
+        or not all(_finite(s) for s in steps)
+    ):
         return False
     series = [doc.get("loss"), doc.get("samples_per_s")]
-    if not all(isinstance(x, list) and len(x) == len(steps) and all(v is None or _finite(v) for v in x) for x in series):
+    if not all(
+        isinstance(x, list) and len(x) == len(steps) and all(v is None or _finite(v) for v in x)
+        for x in series
+    ):
         return False
-    if not isinstance(speed, dict) or not all(speed.get(k) is None or _finite(speed.get(k)) for k in ("step_s", "samples_per_s")):
+    if not isinstance(speed, dict) or not all(
+        speed.get(k) is None or _finite(speed.get(k)) for k in ("step_s", "samples_per_s")
+    ):
         return False
     time_ok = doc.get("time") is None or timing.valid(doc.get("time")) is not None
     ranks = doc.get("ranks")
-    if not isinstance(ranks, dict) or not all(isinstance(v, dict) and all(_finite(x) for x in v.values()) for v in ranks.values()):
+    if not isinstance(ranks, dict) or not all(
+        isinstance(v, dict) and all(_finite(x) for x in v.values()) for v in ranks.values()
+    ):
         return False
     return time_ok and isinstance(waited, dict) and all(_finite(w) for w in waited.values())
 
@@ -349,4 +404,7 @@ def close_run(run_dir: Path, rec: RunRecord, digester: Digester | None = None) -
 
 def with_waits(ranks: list[dict[str, Any]], waited: dict[int, float]) -> list[dict[str, Any]]:
     """run.json's rank rows, each measured one with its ``waited_s``."""
-    return [{**row, "waited_s": waited[row["rank"]]} if row.get("rank") in waited else row for row in ranks]
+    return [
+        {**row, "waited_s": waited[row["rank"]]} if row.get("rank") in waited else row
+        for row in ranks
+    ]

@@ -32,12 +32,10 @@ def _fast() -> Callable[[bytes], Any] | None:
 def decode_lines(lines: list[bytes]) -> list[Any]:
     """The value of each line that is JSON, as ``json.loads(line)`` gives it; other lines skipped.
 
-    orjson, when installed (it is a dependency), parses a line ~4x faster than the json module
-    (used from ``FAST_FROM`` lines on);
-    a line it refuses (NaN, a BOM, a lone surrogate, an overflowing number, or not JSON at all)
-    gets the json module's verdict. The one difference: an integer beyond 64 bits comes back
-    from orjson as a float.
-    """
+    orjson, when installed (it is a dependency), parses a line ~4x faster than the json module (used
+    from ``FAST_FROM`` lines on); a line it refuses (NaN, a BOM, a lone surrogate, an overflowing
+    number, or not JSON at all) gets the json module's verdict. The one difference: an integer
+    beyond 64 bits comes back from orjson as a float. """
     if not lines:
         return []
     fast = _fast() if len(lines) >= FAST_FROM else None

@@ -179,7 +179,8 @@ class RunLayout:
         return Path(wire.spool_file(str(self.root), rank, pid))
 
     def stacks_capture(self, t: float) -> str:
-        """A hang's stacks document, relative to the run dir (events.jsonl's ``hang`` names it so)."""
+        """A hang's stacks document, relative to the run dir (events.jsonl's ``hang`` names it
+        so)."""
         return f"{STACKS}/{int(t)}.json"
 
     def life_folders(self) -> tuple[Path, ...]:

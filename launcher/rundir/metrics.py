@@ -30,7 +30,8 @@ class MetricsWriter:
         self._last_flush = time.monotonic()
         self._closed = False
         self.lines_written = 0
-        self.bytes_lost = 0  # cut from the waiting lines while the disk refused them (an event says so)
+        # cut from the waiting lines while the disk refused them (an event says so)
+        self.bytes_lost = 0
         self.error: OSError | None = None  # the last write failure, None once writes succeed
 
     def write_lines(self, lines: list[bytes]) -> None:

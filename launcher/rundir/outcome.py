@@ -33,7 +33,9 @@ DONE_STATES = frozenset({RankPhase.EXITED.value, RankPhase.FAILED.value, RankPha
 LIVE_STATES = frozenset({RankPhase.STARTING.value, RankPhase.RUNNING.value})
 
 
-def rank_outcome(exit_code: int | None, *, stopped: bool, recorded: object = None, blamed: bool = True) -> RankPhase:
+def rank_outcome(
+    exit_code: int | None, *, stopped: bool, recorded: object = None, blamed: bool = True
+) -> RankPhase:
     """The outcome of a rank that ended, or that the run's end leaves without an end of its own.
 
     - ``exit_code``: how its process ended (negative: killed by that signal), None when unknown
@@ -94,7 +96,12 @@ class Cause:
     evidence: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "summary": self.summary, "fix": self.fix, "evidence": list(self.evidence)}
+        return {
+            "kind": self.kind.value,
+            "summary": self.summary,
+            "fix": self.fix,
+            "evidence": list(self.evidence),
+        }
 
     @classmethod
     def from_json(cls, data: object) -> Cause | None:
@@ -142,10 +149,22 @@ class Failure:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Failure:
         """run.json's (or a node frame's) ``failure``; a value of the wrong type reads as None."""
-        ints = {k: v if isinstance(v, int) and not isinstance(v, bool) else None for k, v in _values(data, "rank", "exit_code", "node_rank")}
-        texts = {k: v if isinstance(v, str) else None for k, v in _values(data, "traceback", "error", "node")}
+        ints = {
+            k: v if isinstance(v, int) and not isinstance(v, bool) else None
+            for k, v in _values(data, "rank", "exit_code", "node_rank")
+        }
+        texts = {
+            k: v if isinstance(v, str) else None
+            for k, v in _values(data, "traceback", "error", "node")
+        }
         return cls(
-            ints["rank"], ints["exit_code"], texts["traceback"], texts["error"], str(data.get("message") or ""), texts["node"], ints["node_rank"],
+            ints["rank"],
+            ints["exit_code"],
+            texts["traceback"],
+            texts["error"],
+            str(data.get("message") or ""),
+            texts["node"],
+            ints["node_rank"],
             Cause.from_json(data.get("cause")),
         )
 

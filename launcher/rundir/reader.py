@@ -20,7 +20,7 @@ from xl.figures import PLAIN_SYS, PLAIN_TRAIN, TIMED, number
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import DONE_STATES, rank_outcome
-from xl.launcher.rundir.record import RunRecord, RunStatus, read_object
+from xl.launcher.rundir.record import RankRow, RunRecord, RunStatus, read_object
 from xl.launcher.rundir.runview import HangRule, RankView, RunView, failure_of
 from xl.launcher.rundir.tail import Tail
 
@@ -209,14 +209,15 @@ class RunReader:
 
     def _apply_run(self) -> None:
         stopped = self._record.status == RunStatus.STOPPED
-        culprit = (self._record.failure or {}).get("rank")
+        failure = self._record.failure
+        culprit = failure.rank if failure is not None else None
         recorded: dict[int, object] = {}  # run.json's state of each rank
-        for info in self._record.ranks:
-            if not isinstance(info.get("rank"), int):
+        for row in self._record.ranks:
+            if row.rank is None:
                 continue
-            view = self._rank(info["rank"])
-            _take_row(view, info)
-            recorded[view.rank] = info.get("state")
+            view = self._rank(row.rank)
+            _take_row(view, row)
+            recorded[view.rank] = row.state
         for view in self._ranks.values():
             said = recorded.get(view.rank)
             if view.exit_code is not None or stopped or (isinstance(said, str) and said in DONE_STATES):
@@ -269,15 +270,14 @@ def _gpu(value: Any) -> int | str | None:
     return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
 
 
-def _take_row(view: RankView, info: dict[str, Any]) -> None:
+def _take_row(view: RankView, row: RankRow) -> None:
     """A rank's row of run.json onto its view: where it runs, its pid and how it ended."""
-    if info.get("node") is not None:
-        view.host = str(info["node"])
-    if isinstance(info.get("node_rank"), int):
-        view.node_rank = info["node_rank"]
-    if info.get("gpu") is not None:
-        view.gpu = _gpu(info["gpu"])
-    if isinstance(info.get("pid"), int):
-        view.pid = info["pid"]
-    code = info.get("exit_code")
-    view.exit_code = code if isinstance(code, int) else None
+    if row.host is not None:
+        view.host = row.host
+    if row.node_rank is not None:
+        view.node_rank = row.node_rank
+    if row.gpu is not None:
+        view.gpu = row.gpu
+    if row.pid is not None:
+        view.pid = row.pid
+    view.exit_code = row.exit_code

@@ -1,10 +1,11 @@
-"""run.json's one owner: the typed run record, its status, and the only code that reads or writes it.
+"""run.json's one owner: the typed run record, its status, the only code that reads or writes it.
 
-run.json is a contract (docs/contracts.md, "run.json"): other tools read it, so the record keeps every
-key it was given, known or not, in the order it was given, and replaces the file atomically on
+run.json is a contract (docs/contracts.md, "run.json"): other tools read it, so the record keeps
+every key it was given, known or not, in the order it was given, and replaces the file atomically on
 every change. Everything else asks this module: what the status is, whether it is final, what exit
-code it means. ``RunJson`` and ``RankRow`` are its keys, each documented in docs/contracts.md (a
-test holds them to it); ``RankReport`` is what a rank says of itself in ``ranks/rank-<r>.json``.
+code it means. ``RunJson`` is its keys, ``DeviceRow`` and ``RankRow`` its rows (``rows.py``), each
+documented in docs/contracts.md (a test holds them to it); ``RankReport`` is what a rank says of
+itself in ``ranks/rank-<r>.json``.
 
 One name per concept, in Python: ``host`` is a machine's name (run.json's key ``node`` in a rank's
 row and in ``failure``), ``node_rank`` is xl's number of a node (``--node-rank``), ``group_rank`` is
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -24,24 +26,8 @@ from typing import Any, TypedDict
 
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.layout import RunLayout, record_rank
-
-
-class RankRow(TypedDict, total=False):
-    """One rank in run.json's ``ranks``."""
-
-    rank: int
-    local_rank: int
-    node: str  # the host the rank runs on
-    node_rank: int
-    pid: int | None
-    gpu: int | None
-    gpu_uuid: str | None
-    state: str  # outcome.RankPhase
-    exit_code: int | None
-    started_at: float | None
-    ended_at: float | None
-    attempt: int
-    waited_s: float  # once the run ended, for ranks xl.watch measured
+from xl.launcher.rundir.outcome import Failure
+from xl.launcher.rundir.rows import DeviceRow, RankRow, Row, as_int, as_number, as_text
 
 
 @dataclass(frozen=True)
@@ -68,18 +54,21 @@ class RankReport:
 
     @classmethod
     def from_json(cls, rank: int, data: dict[str, Any]) -> RankReport:
-        text = {k: v if isinstance(v, str) else None for k, v in ((k, data.get(k)) for k in ("traceback", "error"))}
+        text = {
+            k: v if isinstance(v, str) else None
+            for k, v in ((k, data.get(k)) for k in ("traceback", "error"))
+        }
         return cls(
             rank=rank,
-            local_rank=_int(data.get("local_rank")),
-            group_rank=_int(data.get("node")),
-            pid=_int(data.get("pid")),
-            started_at=_number(data.get("started_at")),
-            exit_code=_int(data.get("exit_code")),
+            local_rank=as_int(data.get("local_rank")),
+            group_rank=as_int(data.get("node")),
+            pid=as_int(data.get("pid")),
+            started_at=as_number(data.get("started_at")),
+            exit_code=as_int(data.get("exit_code")),
             traceback=text["traceback"],
             error=text["error"],
-            ended_at=_number(data.get("ended_at")),
-            log_bytes_lost=_int(data.get("log_bytes_lost")) or 0,
+            ended_at=as_number(data.get("ended_at")),
+            log_bytes_lost=as_int(data.get("log_bytes_lost")) or 0,
         )
 
 
@@ -112,7 +101,7 @@ class RunJson(TypedDict, total=False):
     argv: list[str]
     env: dict[str, str]
     cwd: str
-    devices: list[dict[str, Any]]
+    devices: list[dict[str, Any]]  # DeviceRow as JSON
     nnodes: int
     node_rank: int
     nproc_per_node: int
@@ -128,7 +117,7 @@ class RunJson(TypedDict, total=False):
     stop_requested_at: float
     attempt: int
     versions: dict[str, str | None]
-    ranks: list[RankRow]
+    ranks: list[dict[str, Any]]  # RankRow as JSON
     failure: dict[str, Any] | None
     time: dict[str, float]
     metrics_bytes_lost: int
@@ -168,23 +157,24 @@ def exit_code_for(status: object) -> int:
 
 @dataclass
 class RunRecord:
-    """run.json, typed where xl relies on a field; every other key is carried as it was."""
+    """run.json, typed: a property for each key xl reads (a value of the wrong type reads as
+    None, or the default said), rows for its devices and ranks, its ``failure``. Every key is
+    carried as it was, known or not, so another tool's keys survive a rewrite."""
 
     run_id: str
     status: str = RunStatus.RUNNING.value
-    data: dict[str, Any] = field(default_factory=dict)
+    # the JSON, less run_id and status
+    data: dict[str, Any] = field(default_factory=dict, repr=False)
     # The key order of the run.json this record was read from: another tool's keys, and ours,
     # are written back where they were (new keys go last).
     _keys: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    # The rows decoded last, with the JSON list they came from: a view that draws them on every
+    # frame decodes them once per change of run.json.
+    _rows: tuple[object, tuple[RankRow, ...]] = field(
+        default=(None, ()), init=False, repr=False, compare=False
+    )
 
     # ---------------------------------------------------------------- reading
-    def get(self, key: str, default: Any = None) -> Any:
-        if key == "run_id":
-            return self.run_id
-        if key == "status":
-            return self.status
-        return self.data.get(key, default)
-
     @property
     def final(self) -> bool:
         return is_final(self.status)
@@ -200,80 +190,146 @@ class RunRecord:
 
     @property
     def started_at(self) -> float | None:
-        return _number(self.data.get("started_at"))
+        return as_number(self.data.get("started_at"))
 
     @property
     def ended_at(self) -> float | None:
-        return _number(self.data.get("ended_at"))
+        return as_number(self.data.get("ended_at"))
 
     @property
     def world_size(self) -> int | None:
-        return _int(self.data.get("world_size"))
+        return as_int(self.data.get("world_size"))
 
     @property
     def host(self) -> str | None:
         """The name of the machine this record's node runs on."""
-        host = self.data.get("host")
-        return host if isinstance(host, str) else None
+        return as_text(self.data.get("host"))
 
     @property
     def node_rank(self) -> int:
         """xl's number of this record's node (``--node-rank``; 0 on a one-node run)."""
-        return _int(self.data.get("node_rank")) or 0
+        return as_int(self.data.get("node_rank")) or 0
 
     @property
     def nnodes(self) -> int:
-        return _int(self.data.get("nnodes")) or 1
+        return as_int(self.data.get("nnodes")) or 1
 
     @property
     def nproc_per_node(self) -> int | None:
-        return _int(self.data.get("nproc_per_node"))
+        return as_int(self.data.get("nproc_per_node"))
 
     @property
     def spec(self) -> dict[str, Any]:
+        """What was asked (``launcher.spec.LaunchSpec`` as JSON); {} when missing."""
         spec = self.data.get("spec")
         return spec if isinstance(spec, dict) else {}
 
     @property
-    def devices(self) -> list[dict[str, Any]]:
+    def max_restarts(self) -> int:
+        """torchrun's --max-restarts the run was started with (the spec's; 0 when not said)."""
+        return as_int(self.spec.get("max_restarts")) or 0
+
+    @property
+    def rdzv(self) -> str | None:
+        """The spec's --rdzv HOST:PORT (multi-node runs)."""
+        return as_text(self.spec.get("rdzv"))
+
+    @property
+    def argv(self) -> list[str]:
+        """The exact torchrun command ([] when missing)."""
+        argv = self.data.get("argv")
+        return [str(a) for a in argv] if isinstance(argv, list) else []
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables xl set for the ranks ({} when missing)."""
+        env = self.data.get("env")
+        return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+
+    @property
+    def cwd(self) -> str | None:
+        return as_text(self.data.get("cwd"))
+
+    @property
+    def devices(self) -> tuple[DeviceRow, ...]:
         devices = self.data.get("devices")
-        return [d for d in devices if isinstance(d, dict)] if isinstance(devices, list) else []
+        return (
+            tuple(DeviceRow.from_json(d) for d in devices if isinstance(d, dict))
+            if isinstance(devices, list)
+            else ()
+        )
 
     @property
     def grace_s(self) -> float | None:
         """The stop grace the run was started with (None: not recorded, use the default)."""
-        grace = _number(self.data.get("grace_s"))
+        grace = as_number(self.data.get("grace_s"))
         return grace if grace else None
 
     @property
-    def ranks(self) -> list[dict[str, Any]]:
-        ranks = self.data.get("ranks")
-        return [r for r in ranks if isinstance(r, dict)] if isinstance(ranks, list) else []
+    def stop_requested_at(self) -> float | None:
+        """When a stop was asked (None: none was, or it is not a number)."""
+        return as_number(self.data.get("stop_requested_at"))
 
     @property
-    def failure(self) -> dict[str, Any] | None:
+    def stop_requested(self) -> bool:
+        """A stop was asked: run.json has ``stop_requested_at`` (whatever its value)."""
+        return self.data.get("stop_requested_at") is not None
+
+    @property
+    def ranks(self) -> tuple[RankRow, ...]:
+        ranks = self.data.get("ranks")
+        if not isinstance(ranks, list):
+            return ()
+        if self._rows[0] is not ranks:
+            self._rows = (ranks, tuple(RankRow.from_json(r) for r in ranks if isinstance(r, dict)))
+        return self._rows[1]
+
+    @property
+    def failure(self) -> Failure | None:
+        """The root cause; None while nothing failed (or what is there is not an object)."""
+        failure = self.data.get("failure")
+        return Failure.from_json(failure) if isinstance(failure, dict) and failure else None
+
+    @property
+    def failure_json(self) -> dict[str, Any] | None:
+        """``failure`` exactly as run.json holds it, for outputs that pass it on (``xl runs
+        --json``); None when it is not an object."""
         failure = self.data.get("failure")
         return failure if isinstance(failure, dict) else None
 
     @property
+    def versions(self) -> dict[str, Any]:
+        """What the run was made with (``xl``, ``torch``, ...); {} when missing."""
+        versions = self.data.get("versions")
+        return versions if isinstance(versions, dict) else {}
+
+    @property
+    def time(self) -> dict[str, Any] | None:
+        """Where the run's time went, once it ended (``timing``); None before."""
+        spent = self.data.get("time")
+        return spent if isinstance(spent, dict) else None
+
+    @property
     def supervisor_pid(self) -> int | None:
-        pid = self.data.get("supervisor_pid")
-        return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+        pid = as_int(self.data.get("supervisor_pid"))
+        return pid if pid is not None and pid > 0 else None
 
     @property
     def supervisor_started_at(self) -> float | None:
-        """The supervisor process's create time, which tells it from a later process with its PID."""
-        return _number(self.data.get("supervisor_started_at"))
+        """The supervisor process's create time, which tells it from a later process with its
+        PID."""
+        return as_number(self.data.get("supervisor_started_at"))
 
     # ---------------------------------------------------------------- changing
-    def update(self, **fields: Any) -> None:
+    def update(self, **fields: object) -> None:
+        """Set keys of run.json; rows and the failure may be given typed (written as JSON)."""
         for key, value in fields.items():
             if key == "run_id":
                 self.run_id = str(value)
             elif key == "status":
                 self.status = RunStatus(value).value
             else:
-                self.data[key] = value
+                self.data[key] = _as_json(value)
 
     def end(self, status: RunStatus | str, at: float | None = None) -> None:
         """Mark the run over: its final status and end time."""
@@ -300,7 +356,7 @@ class RunRecord:
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], fallback_id: str = "") -> RunRecord:
+    def from_json(cls, data: Mapping[str, Any], fallback_id: str = "") -> RunRecord:
         rest = {k: v for k, v in data.items() if k not in ("run_id", "status")}
         status = data.get("status")
         record = cls(
@@ -312,12 +368,13 @@ class RunRecord:
         return record
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _as_json(value: object) -> object:
+    """A value for run.json: typed rows and the failure as their JSON, anything else as given."""
+    if isinstance(value, (Row, Failure)):
+        return value.to_json()
+    if isinstance(value, list):
+        return [v.to_json() if isinstance(v, Row) else v for v in value]
+    return value
 
 
 def run_file(run_dir: Path) -> Path:

@@ -255,8 +255,8 @@ def failure_of(record: RunRecord, event: Mapping[str, Any] | None) -> Failure | 
     """The run's root cause: run.json's ``failure``, else (before the supervisor wrote it) the
     newest ``failure`` event (``event``); None while nothing failed."""
     recorded = record.failure
-    if recorded:
-        return Failure.from_json(recorded)
+    if recorded is not None:
+        return recorded
     if event is None:
         return None
     rank = event.get("rank")
@@ -335,16 +335,16 @@ class RunView:
             return "CPU"
         names: list[str] = []
         for d in devices:
-            name = str(d.get("name") or "?")
+            name = d.name or "?"
             if name not in names:
                 names.append(name)
-        return f"GPU {','.join(str(d.get('index')) for d in devices)} ({', '.join(names)})"
+        return f"GPU {','.join(str(d.index) for d in devices)} ({', '.join(names)})"
 
     @property
     def all_nodes_joined(self) -> bool:
         """Every node of a multi-node run has a rank with a pid in node 0's run.json."""
-        nnodes = int(self.record.get("nnodes") or 1)
-        joined = {r.get("node_rank", r.get("node")) for r in self.record.ranks if r.get("pid")}
+        nnodes = self.record.nnodes
+        joined = {r.node_rank if r.node_rank is not None else r.host for r in self.record.ranks if r.pid}
         return len(joined) >= nnodes
 
     @cached_property

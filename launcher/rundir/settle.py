@@ -47,7 +47,7 @@ def merge_spool(run_dir: Path) -> int:
 def _ranks(rec: RunRecord, left: dict[int, RankReport], stopped: bool) -> list[dict[str, Any]]:
     """run.json's rows, each with its outcome (``outcome.rank_outcome``): what the supervisor wrote,
     completed from what each rank reported of itself."""
-    by_rank = {int(r["rank"]): dict(r) for r in rec.ranks if isinstance(r.get("rank"), int)}
+    by_rank = {r.rank: r.to_json() for r in rec.ranks if r.rank is not None}
     # A rank the supervisor never listed is this node's: run.json's ``node`` is its host (a rank's
     # own report says ``node`` for torchrun's GROUP_RANK, another number).
     here = {"node": rec.host, "node_rank": rec.node_rank}
@@ -89,10 +89,10 @@ def _cause(rec: RunRecord, first: dict[str, Any], report: RankReport | None) -> 
     try:
         from xl.launcher.causes import Evidence, explain  # noqa: PLC0415 - a failure without its supervisor only
 
-        argv = rec.get("argv") or []
+        argv = rec.argv
         ev = Evidence(rank=first["rank"], exit_code=first.get("exit_code"), error=report.error if report else None,
                       traceback=report.traceback if report else None, python=str(argv[0]) if argv else "python",
-                      cwd=rec.get("cwd"), script=rec.spec.get("script"), module=rec.spec.get("module"))
+                      cwd=rec.cwd, script=rec.spec.get("script"), module=rec.spec.get("module"))
         return explain(ev)
     except Exception:
         return None
@@ -145,7 +145,7 @@ def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone"
     with contextlib.suppress(OSError):
         merge_spool(run_dir)
     left = read_rank_reports(run_dir)
-    stopped = stopped or rec.get("stop_requested_at") is not None
+    stopped = stopped or rec.stop_requested
     ranks = _ranks(rec, left, stopped)
     if stopped:
         status = RunStatus.STOPPED
@@ -158,7 +158,7 @@ def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone"
         rec.update(failure=_failure(rec, ranks, left, why).to_json())
     rec.end(status, ended_at if ended_at is not None and ended_at <= time.time() else None)
     waited = digest.close_run(run_dir, rec)  # where its time went (docs/compare.md)
-    rec.update(ranks=digest.with_waits(rec.ranks, waited))
+    rec.update(ranks=digest.with_waits([r.to_json() for r in rec.ranks], waited))
     message = f"run {status.value} ({why}; told from what the ranks left)"
     with contextlib.suppress(OSError):
         record.save(run_dir, rec)

@@ -65,7 +65,7 @@ class RunInfo:
             started_at=rec.started_at,
             ended_at=rec.ended_at,
             world_size=rec.world_size or len(rec.ranks),
-            devices=rec.devices,
+            devices=[d.to_json() for d in rec.devices],
             # Only a running run has a supervisor worth asking about (a PID check per run).
             supervisor_alive=rec.status == RunStatus.RUNNING and runprocs.supervisor_alive(rec),
         )
@@ -100,12 +100,15 @@ def _slug(text: str) -> str:
 def new_run_id(spec: LaunchSpec) -> str:
     """``<date>-<time>-<name>-<4 hex>``: sorts by start, says what ran, and two launches in
     one second rarely collide (start_run retries when they do)."""
-    base = spec.name or (Path(spec.script).stem if spec.script else str(spec.module).rsplit(".", 1)[-1])
+    base = spec.name or (
+        Path(spec.script).stem if spec.script else str(spec.module).rsplit(".", 1)[-1]
+    )
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(base)}-{os.urandom(2).hex()}"
 
 
 UNREADABLE = "unreadable"
-NOT_YOURS = "not yours"  # another user's run: this user may not read its folder (issue 25)
+# Another user's run: this user may not read its folder, so it is listed, never read.
+NOT_YOURS = "not yours"
 
 
 def run_owner(path: Path) -> str:
@@ -148,7 +151,12 @@ def _settled_if_abandoned(run_dir: Path, rec: RunRecord) -> RunRecord:
     """A running run whose supervisor is gone and no process of which is left: its record is
     made true now, from what its ranks left (xl.launcher.rundir.settle)."""
     from xl.launcher.rundir import settle  # noqa: PLC0415 - listing runs only: `xl launch` imports this module for new run ids
-    if rec.status != RunStatus.RUNNING or rec.supervisor_pid is None or runprocs.supervisor_alive(rec):
+
+    if (
+        rec.status != RunStatus.RUNNING
+        or rec.supervisor_pid is None
+        or runprocs.supervisor_alive(rec)
+    ):
         return rec
     if runprocs.find_run_pids(rec.run_id):
         return rec  # its training goes on without it
@@ -166,7 +174,11 @@ def list_runs() -> list[RunInfo]:
         if entry.is_dir() and not entry.name.startswith("."):
             run_dir = Path(entry.path)
             rec = record.load(run_dir)
-            out.append(_unreadable(run_dir) if rec is None else RunInfo.of(run_dir, _settled_if_abandoned(run_dir, rec)))
+            out.append(
+                _unreadable(run_dir)
+                if rec is None
+                else RunInfo.of(run_dir, _settled_if_abandoned(run_dir, rec))
+            )
     out.sort(key=lambda r: (r.started_at or 0.0, r.run_id))
     return out
 
@@ -180,11 +192,15 @@ def resolve_run(token: str, command: str | None = None) -> Path:
 
     ``last`` is the newest run, always, for every command. When that one has ended while an
     older one still runs, one line on stderr says so and names the running one(s), with the
-    command (``xl COMMAND RUN``) for it when ``command`` is given: a person typing ``xl stop last`` meant, more
+    command (``xl COMMAND RUN``) for it when ``command`` is given: a person typing ``xl stop last``
+    meant, more
     likely than not, the run that trains on."""
     found, runs = _resolve(token)
     if found.status == NOT_YOURS:
-        raise NotYours(f"run {found.run_id} is not yours (permission denied: its folder belongs to {_belongs(found.run_dir)})")
+        raise NotYours(
+            f"run {found.run_id} is not yours (permission denied: its folder belongs to "
+            f"{_belongs(found.run_dir)})"
+        )
     if token == LAST and (note := last_note(found, runs, command)):
         sys.stderr.write(f"xl: {note}\n")
     return found.run_dir
@@ -195,13 +211,23 @@ def last_note(newest: RunInfo, runs: list[RunInfo], command: str | None = None) 
     stop A'", or None when the newest runs (or nothing else does)."""
     if newest.status == RunStatus.RUNNING:
         return None
-    running = [r.run_id for r in runs if r.status == RunStatus.RUNNING and r.run_id != newest.run_id]
+    running = [
+        r.run_id for r in runs if r.status == RunStatus.RUNNING and r.run_id != newest.run_id
+    ]
     if not running:
         return None
-    ended = "is unreadable" if newest.status in (UNREADABLE, NOT_YOURS) else f"already {newest.status}"
-    names = ", ".join(running[-3:][::-1]) + (f" and {len(running) - 3} more" if len(running) > 3 else "")
+    ended = (
+        "is unreadable" if newest.status in (UNREADABLE, NOT_YOURS) else f"already {newest.status}"
+    )
+    names = ", ".join(running[-3:][::-1]) + (
+        f" and {len(running) - 3} more" if len(running) > 3 else ""
+    )
     verb = "is" if len(running) == 1 else "are"
-    reach = f"; for {'it' if len(running) == 1 else 'the newest'}: 'xl {command} {running[-1]}'" if command else ""
+    reach = (
+        f"; for {'it' if len(running) == 1 else 'the newest'}: 'xl {command} {running[-1]}'"
+        if command
+        else ""
+    )
     return f"the last run, {newest.run_id}, {ended}; {names} {verb} still running{reach}"
 
 

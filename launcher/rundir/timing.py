@@ -25,7 +25,13 @@ from xl.figures import PHASE_KEYS, PHASES
 
 PARTS = ("startup_s", "training_s", "stalled_s", "restarts_s", "shutdown_s")
 # The words of the one-line summary, in run.json's order.
-_WORDS = {"startup_s": "startup", "training_s": "training", "stalled_s": "stalled", "restarts_s": "restarts", "shutdown_s": "shutdown"}
+_WORDS = {
+    "startup_s": "startup",
+    "training_s": "training",
+    "stalled_s": "stalled",
+    "restarts_s": "restarts",
+    "shutdown_s": "shutdown",
+}
 
 Span = tuple[float, float]
 
@@ -71,7 +77,11 @@ def account(m: Moments) -> dict[str, float]:
 
 
 def _clip(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
-    return [(max(a, lo), min(b, hi)) for a, b in spans if math.isfinite(a) and math.isfinite(b) and min(b, hi) > max(a, lo)]
+    return [
+        (max(a, lo), min(b, hi))
+        for a, b in spans
+        if math.isfinite(a) and math.isfinite(b) and min(b, hi) > max(a, lo)
+    ]
 
 
 def _inside(t: float, spans: list[Span]) -> bool:
@@ -93,7 +103,9 @@ def valid(time: object) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {k: float(time[k]) for k in keys}
     phases = time.get("phases")
-    if isinstance(phases, Mapping) and all(_number(phases.get(k)) for k in (*PHASE_KEYS, "steps_s")):
+    if isinstance(phases, Mapping) and all(
+        _number(phases.get(k)) for k in (*PHASE_KEYS, "steps_s")
+    ):
         out["phases"] = {k: float(phases[k]) for k in (*PHASE_KEYS, "steps_s")}
     return out
 
@@ -121,7 +133,10 @@ def by_phase(split: Mapping[int, Sequence[float]]) -> dict[str, float] | None:
     timed = [acc for acc in split.values() if acc[0] > 0]
     if not timed:
         return None
-    out = {key: round(sum(acc[i] for acc in timed) / len(timed), 3) for i, key in enumerate(PHASE_KEYS, 1)}
+    out = {
+        key: round(sum(acc[i] for acc in timed) / len(timed), 3)
+        for i, key in enumerate(PHASE_KEYS, 1)
+    }
     return {**out, "steps_s": round(sum(out.values()), 3)}
 
 
@@ -143,7 +158,11 @@ def per_step(split: object) -> dict[str, float] | None:
 def run_split(ranks: object) -> dict[str, float] | None:
     """A run's per-step split (``xl compare``): each figure of per_step, the mean over its ranks
     that timed steps; None when none did."""
-    per = [p for p in (per_step(v) for v in (ranks.values() if isinstance(ranks, Mapping) else ())) if p is not None]
+    per = [
+        p
+        for p in (per_step(v) for v in (ranks.values() if isinstance(ranks, Mapping) else ()))
+        if p is not None
+    ]
     if not per:
         return None
     keys = ("steps", "step_s", *PHASE_KEYS)
@@ -215,7 +234,9 @@ def describe(time: object) -> str | None:
         return None
     total = t["total_s"]
     if _unsplit(t):
-        return f"time: {seconds(total)} (not split into startup and training: no rank logged a step)"
+        return (
+            f"time: {seconds(total)} (not split into startup and training: no rank logged a step)"
+        )
     shown = []
     for key in PARTS:
         value = t[key]
@@ -248,7 +269,7 @@ def _unsplit(t: Mapping[str, float]) -> bool:
     return t["total_s"] > 0 and t["startup_s"] >= t["total_s"]
 
 
-def span_end(start: float, candidates: Iterable[Any], fallback: float) -> float:
+def span_end(start: float, candidates: Iterable[object], fallback: float) -> float:
     """The earliest of ``candidates`` (numbers or None) after ``start``, else ``fallback``."""
     later = [float(c) for c in candidates if isinstance(c, (int, float)) and c > start]
     return min(later) if later else fallback

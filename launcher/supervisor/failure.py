@@ -199,7 +199,7 @@ class RootCause:
 
         record = self.journal.record
         spec = record.spec or {}
-        argv = record.get("argv") or []
+        argv = record.argv
         ev = Evidence(
             rank=st.rank,
             exit_code=st.exit_code,
@@ -208,7 +208,7 @@ class RootCause:
             log_tail=lines,
             pids={st.pid} if st.pid else set(),
             python=str(argv[0]) if argv else "python",
-            cwd=record.get("cwd"),
+            cwd=record.cwd,
             script=spec.get("script"),
             module=spec.get("module"),
             launch_args=_launch_args(spec),
@@ -216,7 +216,7 @@ class RootCause:
             vanished=st.vanished,
         )
         # The doctor asks about the ranks' interpreter and environment (what xl added to it).
-        env = {**os.environ, **{str(k): str(v) for k, v in (record.get("env") or {}).items()}}
+        env = {**os.environ, **record.env}
         try:
             return explain(ev, Doctor(ev.python, env))
         except Exception as exc:  # the failure is recorded all the same, with a cause that says so

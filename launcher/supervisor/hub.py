@@ -73,17 +73,17 @@ def resolve_hub(record: RunRecord, token: str) -> tuple[tuple[str, int] | None, 
 
     Every node of a run shares its XL_TOKEN; a node > 0 without a valid one keeps its records
     here only."""
-    if int(record.get("nnodes") or 1) < 2:
+    if record.nnodes < 2:
         return None, token
     try:
-        hub = hub_address(str((record.get("spec") or {}).get("rdzv") or ""), os.environ)
+        hub = hub_address(record.rdzv or "", os.environ)
     except UsageError as exc:
         say(f"no view of the other nodes: {exc}")
         return None, token
     given = os.environ.get(envnames.TOKEN)
     if valid_token(given):
         return hub, str(given)
-    if int(record.get("node_rank") or 0) > 0:
+    if record.node_rank > 0:
         say(f"no valid {envnames.TOKEN}: this node's records stay here only")
         return None, token
     return hub, token

@@ -37,6 +37,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,7 +47,7 @@ from xl.launcher import runprocs
 from xl.launcher.rundir import layout
 from xl.launcher.rundir import record as run_record
 from xl.launcher.rundir.outcome import RankPhase
-from xl.launcher.rundir.record import RunStatus
+from xl.launcher.rundir.record import DeviceRow, RunStatus
 from xl.launcher.rundir.stopmark import stop_asked
 from xl.launcher.supervisor.escapes import Escapes
 from xl.launcher.supervisor.failure import RootCause
@@ -71,8 +72,8 @@ def _debug(what: str) -> None:
         print(f"{time.time():.3f} {what}", file=sys.stderr, flush=True)
 
 
-def _starting(count: int, devices: list[dict[str, Any]]) -> str:
-    where = "GPUs " + ",".join(str(d["index"]) for d in devices) if devices else "CPU"
+def _starting(count: int, devices: Sequence[DeviceRow]) -> str:
+    where = "GPUs " + ",".join(str(d.index) for d in devices) if devices else "CPU"
     return f"starting {count} rank{'' if count == 1 else 's'} on {where}"
 
 
@@ -106,10 +107,10 @@ class Supervisor:
         self.record = record
         self.run_id = record.run_id
         self.phase = Phase.STARTING
-        self.node_rank = int(record.get("node_rank") or 0)
-        self.host = str(record.get("host") or socket.gethostname())
-        grace = float(record.get("grace_s") or grace_from_env())
-        nnodes = int(record.get("nnodes") or 1)
+        self.node_rank = record.node_rank
+        self.host = record.host or socket.gethostname()
+        grace = record.grace_s or grace_from_env()
+        nnodes = record.nnodes
         self.hub_address: tuple[str, int] | None = None
         self.token = os.urandom(16).hex()  # as secrets.token_hex(16), without its imports
         if nnodes >= 2:
@@ -161,9 +162,9 @@ class Supervisor:
         self.layout.logs.mkdir(mode=0o700, exist_ok=True)
         self.layout.ranks.mkdir(mode=0o700, exist_ok=True)
         # First, before telemetry can add any diagnosis of its own.
-        self.journal.emit({"kind": "run_started", "message": _starting(len(self.ranks), self.record.get("devices") or [])})
+        self.journal.emit({"kind": "run_started", "message": _starting(len(self.ranks), self.record.devices)})
         env = dict(os.environ)
-        env.update(self.record.get("env") or {})
+        env.update(self.record.env)
         one_node = self.hub is None and self.follower is None
         _debug("before telemetry")
         env.update(self.port.reserve(self.run_dir) if one_node else self._start_telemetry())
@@ -180,7 +181,7 @@ class Supervisor:
             return
         # The record's command as it is (a broken one fails here as it always did: test_resilience),
         # with the port torchrun's store gets on one node (Torchrun.start).
-        argv = self.torchrun.start(self.record.get("argv"), cwd=self.record.get("cwd"), env=env, log=self.layout.torchrun_log, umask=self.user_umask)
+        argv = self.torchrun.start(self.record.argv, cwd=self.record.cwd, env=env, log=self.layout.torchrun_log, umask=self.user_umask)
         self.record.update(argv=argv)
         self.phase = Phase.RUNNING
         runprocs.give_way()
@@ -199,7 +200,7 @@ class Supervisor:
             supervisor_pid=os.getpid(),
             supervisor_started_at=runprocs.create_time(os.getpid()),
             torchrun_pid=self.torchrun.proc.pid if self.torchrun.proc is not None else None,
-            started_at=self.record.get("started_at") or time.time(),
+            started_at=self.record.started_at or time.time(),
             grace_s=self.stopping.grace,
             versions=provenance.collect(self.record.spec, bool(self.record.devices)),  # for xl compare (docs/compare.md)
         )
@@ -236,7 +237,7 @@ class Supervisor:
         return True
 
     def _start_telemetry(self) -> dict[str, str]:
-        where: dict[str, Any] = {"instrumented": _instrumented({**os.environ, **(self.record.get("env") or {})})}
+        where: dict[str, Any] = {"instrumented": _instrumented({**os.environ, **self.record.env})}
         if self.hub is not None:
             where.update(self.hub.collector_hooks())
         elif self.follower is not None:

@@ -222,12 +222,14 @@ class Ranks:
         self.by_rank: dict[int, RankState] = {}
         self.by_pid: dict[int, int] = {}
         self.reparented: dict[int, int] = {}  # pid -> exit code of a rank this process reaped
-        self.multi_node = int(record.get("nnodes") or 1) >= 2
-        self.max_restarts = int((record.get("spec") or {}).get("max_restarts") or 0)
-        nproc = int(record.get("nproc_per_node"))
-        node_rank = int(record.get("node_rank") or 0)
-        devices = record.get("devices") or []
-        host = str(record.get("host") or socket.gethostname())
+        self.multi_node = record.nnodes >= 2
+        self.max_restarts = record.max_restarts
+        nproc = record.nproc_per_node
+        if nproc is None:
+            raise ValueError("run.json has no nproc_per_node")
+        node_rank = record.node_rank
+        devices = record.devices
+        host = record.host or socket.gethostname()
         for local in range(nproc):
             rank = node_rank * nproc + local
             dev = devices[local] if local < len(devices) else None
@@ -235,8 +237,8 @@ class Ranks:
                 rank=rank,
                 local_rank=local,
                 host=host,
-                gpu=dev["index"] if dev else None,
-                gpu_uuid=dev["uuid"] if dev else None,
+                gpu=dev.index if dev else None,
+                gpu_uuid=dev.uuid if dev else None,
                 node_rank=node_rank,
             )
 
@@ -281,7 +283,7 @@ class Ranks:
         env = read_environ(pid, ("LOCAL_RANK", "WORLD_SIZE")) if pid > 0 else {}
         if local_rank is None and env.get("LOCAL_RANK", "").isdigit():
             local_rank = int(env["LOCAL_RANK"])
-        if env.get("WORLD_SIZE", "").isdigit() and int(env["WORLD_SIZE"]) != self.record.get("world_size"):
+        if env.get("WORLD_SIZE", "").isdigit() and int(env["WORLD_SIZE"]) != self.record.world_size:
             self.record.update(world_size=int(env["WORLD_SIZE"]))
             self.on_changed()
         mine = next((s for s in self if s.local_rank == local_rank), None)

@@ -36,7 +36,7 @@ from xl.launcher import runprocs
 from xl.launcher.rundir import record
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.reader import RankView, RunReader, RunView
-from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.rundir.record import DeviceRow, RankRow, RunRecord, RunStatus
 from xl.launcher.rundir.store import run_owner
 
 R = ("run_id", "rank", "local_rank", "hostname")
@@ -120,7 +120,7 @@ def failure_labels(rec: RunRecord, failure: Failure | None, host: str) -> dict[s
     cause = failure.cause
     return {
         "rank": _text(failure.rank),
-        "hostname": _text(failure.host or rec.get("host") or host),
+        "hostname": _text(failure.host or rec.host or host),
         "exit_code": _text(failure.exit_code),
         "kind": cause.kind.value if cause is not None else "",
         "summary": cause.summary if cause is not None else failure.message,
@@ -147,7 +147,7 @@ class RunsCollector(Collector):
         """A run found ended: its failure is kept for FAILED_KEPT_S (``xl_run_failure_info``)."""
         if rec is None or rec.status != RunStatus.FAILED:
             return
-        labels = failure_labels(rec, Failure.from_json(rec.failure) if rec.failure else None, self._host)
+        labels = failure_labels(rec, rec.failure, self._host)
         if labels is not None:
             self._failed[rec.run_id] = (rec.ended_at or self.clock(), labels)
 
@@ -222,26 +222,26 @@ class RunsCollector(Collector):
                 failed.add_metric([run_id], said)
         for run in runs:
             rec = run.record
-            devices = {d.get("index"): d for d in rec.devices}
-            by_rank = {r["rank"]: r for r in rec.ranks if isinstance(r.get("rank"), int)}
-            host = str(rec.get("host") or self._host)
-            env = rec.get("env")
-            slurm = env.get("SLURM_JOB_ID") if isinstance(env, dict) else None
+            devices: dict[int | str | None, DeviceRow] = {d.index: d for d in rec.devices}
+            by_rank = {r.rank: r for r in rec.ranks if r.rank is not None}
+            host = rec.host or self._host
+            slurm = rec.env.get("SLURM_JOB_ID")
             run_info.add_metric([rec.run_id], {
                 "name": _text(rec.name), "world_size": _text(rec.world_size or len(by_rank)),
-                "nnodes": _text(rec.get("nnodes") or 1), "user": run.user, "slurm_job_id": _text(slurm),
+                "nnodes": _text(rec.nnodes), "user": run.user, "slurm_job_id": _text(slurm),
             })
             fresh = 0
             # A culprit that was working on the CPU is `stalled`, as the app shows it, not `hung`.
             hang = run.view.hang
             hung = hang.stuck if hang is not None and hang.label == "hang" else frozenset()
             for rank, view in run.view.ranks.items():
-                entry = by_rank.get(rank, {})
-                labels = [rec.run_id, str(rank), _text(entry.get("local_rank")), _text(view.host or entry.get("node") or host)]
-                device = devices.get(view.gpu if isinstance(view.gpu, int) else entry.get("gpu"), {})
-                gpu = _text(device.get("index", view.gpu if isinstance(view.gpu, int) else None))
-                uuid = _text(entry.get("gpu_uuid") or device.get("uuid"))
-                rank_info.add_metric(labels, {"gpu": gpu, "UUID": uuid, "modelName": _text(device.get("name")), "pid": _text(view.pid)})
+                entry = by_rank.get(rank) or RankRow(rank)
+                labels = [rec.run_id, str(rank), _text(entry.local_rank), _text(view.host or entry.host or host)]
+                device = devices.get(view.gpu if isinstance(view.gpu, int) else entry.gpu)
+                gpu = _text(device.index if device is not None else view.gpu if isinstance(view.gpu, int) else None)
+                uuid = _text(entry.gpu_uuid or (device.uuid if device is not None else None))
+                model = device.name if device is not None else None
+                rank_info.add_metric(labels, {"gpu": gpu, "UUID": uuid, "modelName": _text(model), "pid": _text(view.pid)})
                 state.add_metric(labels, {s: s == _state(view, hung) for s in STATES})
                 if view.step is not None:
                     step.add_metric(labels, view.step)

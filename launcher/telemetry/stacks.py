@@ -116,11 +116,11 @@ class NotRunning(Exception):
 
 def live_ranks(rec: record.RunRecord) -> list[dict[str, Any]]:
     """run.json's ranks still running on this node (another node's pid means nothing here)."""
-    here = rec.get("node_rank") or 0
+    here = rec.node_rank
     return [
-        r
+        r.to_json()
         for r in rec.ranks
-        if isinstance(r.get("rank"), int) and r.get("exit_code") is None and (r.get("node_rank") or 0) == here
+        if r.rank is not None and r.exit_code is None and (r.node_rank or 0) == here
     ]
 
 
@@ -131,11 +131,11 @@ def run_document(run_dir: Path, rank: int | None = None, timeout: float = TIMEOU
     if rec is None or rec.status != RunStatus.RUNNING:
         status = rec.status if rec else "unreadable"
         raise NotRunning(f"run {run_dir.name} is not running ({status}): no stacks to ask for; 'xl logs {run_dir.name}' shows its output")
-    here = rec.get("node_rank") or 0
+    here = rec.node_rank
     ranks = live_ranks(rec) + [
-        {**r, "remote": True}
+        {**r.to_json(), "remote": True}
         for r in rec.ranks
-        if isinstance(r.get("rank"), int) and r.get("exit_code") is None and (r.get("node_rank") or 0) != here
+        if r.rank is not None and r.exit_code is None and (r.node_rank or 0) != here
     ]
     if rank is not None and not any(r["rank"] == rank for r in ranks):
         raise NotRunning(f"rank {rank} of run {run_dir.name} is not running on this node")

@@ -55,7 +55,7 @@ def header_text(view: RunView, dir_name: str, now: float) -> Text:
     elif nodes:
         header.append(f" on {nodes[0]}")  # the rank table has no Node column for one node
     header.append(f"   devices {view.devices_text}")
-    spent = timing.describe(rec.get("time")) if view.final else None
+    spent = timing.describe(rec.time) if view.final else None
     if spent:  # a finished run: where its time went (docs/compare.md)
         header.append(f"\n{spent}", style="dim")
     return header

@@ -149,7 +149,9 @@ def render_rich(inv: Inventory) -> RenderableType:
     from rich.table import Table  # noqa: PLC0415 - Rich costs ~45 ms; only a colour terminal needs it
     from rich.text import Text  # noqa: PLC0415 - Rich costs ~45 ms; only a colour terminal needs it
 
-    parts: list[RenderableType] = [Text(headline(inv), style="bold red" if inv.driver.error else "bold")]
+    parts: list[RenderableType] = [
+        Text(headline(inv), style="bold red" if inv.driver.error else "bold")
+    ]
     if inv.gpus:
         table = Table(show_edge=False, header_style="bold", pad_edge=False)
         for h in HEADERS:
@@ -186,7 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = ArgumentParser(
         prog="xl gpus", description="List the NVIDIA GPUs, their use and processes."
     )
-    ap.add_argument("--json", action="store_true", help="print one JSON object (keys: docs/contracts.md)")
+    ap.add_argument(
+        "--json", action="store_true", help="print one JSON object (keys: docs/contracts.md)"
+    )
     args = ap.parse_args(list(argv) if argv is not None else None)
     inv = inventory()
     if args.json:

@@ -256,7 +256,9 @@ class VisibleVerdict:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def judge_visible_devices(gpus: Sequence[GPU], env: Mapping[str, str], *, have_driver: bool) -> VisibleVerdict:
+def judge_visible_devices(
+    gpus: Sequence[GPU], env: Mapping[str, str], *, have_driver: bool
+) -> VisibleVerdict:
     """How CUDA_VISIBLE_DEVICES in ``env`` stands on a machine with ``gpus`` (one inventory).
 
     With no driver nothing can be matched: the entries' syntax is all there is to judge, and a
@@ -265,17 +267,22 @@ def judge_visible_devices(gpus: Sequence[GPU], env: Mapping[str, str], *, have_d
     usable = [g for g in gpus if not g.lost]
     if value is None:
         if have_driver:
-            return VisibleVerdict("ok", f"unset: all {len(gpus)} GPU(s) visible", None, tuple(usable))
+            return VisibleVerdict(
+                "ok", f"unset: all {len(gpus)} GPU(s) visible", None, tuple(usable)
+            )
         return VisibleVerdict("skip", "unset", None, ())
     data: dict[str, Any] = {"value": value}
     if value.strip() in _HIDE_ALL:
         shown = repr(value) if value.strip() else "set but empty"
         if not usable:
-            return VisibleVerdict("skip", f"{shown}: hides every GPU; there is none here anyway", None, (), data)
+            return VisibleVerdict(
+                "skip", f"{shown}: hides every GPU; there is none here anyway", None, (), data
+            )
         return VisibleVerdict(
             "warn",
             f"{shown}: CUDA sees no GPU at all (torch.cuda.is_available() is False)",
-            "unset CUDA_VISIBLE_DEVICES (or list the GPUs to use, e.g. export CUDA_VISIBLE_DEVICES=0,1)",
+            "unset CUDA_VISIBLE_DEVICES (or list the GPUs to use, e.g. export "
+            "CUDA_VISIBLE_DEVICES=0,1)",
             (),
             data,
         )
@@ -289,7 +296,9 @@ def judge_visible_devices(gpus: Sequence[GPU], env: Mapping[str, str], *, have_d
                 (),
                 data,
             )
-        return VisibleVerdict("skip", f"{value!r}; no driver to check the entries against", None, (), data)
+        return VisibleVerdict(
+            "skip", f"{value!r}; no driver to check the entries against", None, (), data
+        )
     vis = resolve_visible_devices(gpus, env)
     devices = tuple(g for g in vis.devices if not g.lost)
     # Visibility also reports CUDA_DEVICE_ORDER problems; those belong to the order check.
@@ -301,7 +310,8 @@ def judge_visible_devices(gpus: Sequence[GPU], env: Mapping[str, str], *, have_d
         # and every rank started with this variable lands on that same instance.
         return VisibleVerdict(
             "fail",
-            f"{value!r} names {len(vis.mig_ids)} MIG instances, but one CUDA process enumerates only one "
+            f"{value!r} names {len(vis.mig_ids)} MIG instances, but one CUDA process enumerates "
+            "only one "
             f"(the first, {vis.mig_ids[0]}): the others are never used",
             f"export CUDA_VISIBLE_DEVICES={vis.mig_ids[0]} (one MIG instance per process; "
             "give each process its own instance)",
@@ -310,16 +320,21 @@ def judge_visible_devices(gpus: Sequence[GPU], env: Mapping[str, str], *, have_d
         )
     if vis.mig_ids and not problems:
         also = f" and GPU(s) {', '.join(str(g.index) for g in devices)}" if devices else ""
-        return VisibleVerdict("ok", f"{value!r}: {len(vis.mig_ids)} MIG instance(s){also}", None, devices, data)
+        return VisibleVerdict(
+            "ok", f"{value!r}: {len(vis.mig_ids)} MIG instance(s){also}", None, devices, data
+        )
     data["devices"] = [g.index for g in devices]
     if problems:
         fatal = bool(vis.duplicates) or any("CUDA stops there" in p for p in problems)
         keep = ",".join(str(g.index) for g in devices) or ",".join(str(g.index) for g in gpus)
         fix = (
-            f"export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={keep} (indices from `nvidia-smi -L`)"
+            f"export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={keep} (indices from "
+            "`nvidia-smi -L`)"
             if keep
             else "unset CUDA_VISIBLE_DEVICES"
         )
         return VisibleVerdict("fail" if fatal else "warn", "; ".join(problems), fix, devices, data)
     shown = ", ".join(f"{g.index}" for g in devices)
-    return VisibleVerdict("ok", f"{value!r}: CUDA sees nvidia-smi GPU(s) {shown}", None, devices, data)
+    return VisibleVerdict(
+        "ok", f"{value!r}: CUDA sees nvidia-smi GPU(s) {shown}", None, devices, data
+    )

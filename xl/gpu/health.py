@@ -129,7 +129,8 @@ def judge(g: GPU, h: Health | None, others: Sequence[int] = ()) -> list[Problem]
         out.append(
             Problem(
                 "fail",
-                f"GPU {i} is in exclusive-process mode and held by {', '.join(_who(p) for p in procs)}: "
+                f"GPU {i} is in exclusive-process mode and held by "
+                f"{', '.join(_who(p) for p in procs)}: "
                 'a rank on it fails with "CUDA-capable device(s) is/are busy or unavailable"',
                 _free_them(procs) + (f" (or {leave_out})" if leave_out else ""),
             )
@@ -155,7 +156,10 @@ def judge(g: GPU, h: Health | None, others: Sequence[int] = ()) -> list[Problem]
                     "replacing",
                     f"xl launch --gpus {rest} ... (leave GPU {i} out until it is replaced)"
                     if rest
-                    else f"export CUDA_VISIBLE_DEVICES= (no other GPU here: CPU until GPU {i} is replaced)",
+                    else
+                        f"export CUDA_VISIBLE_DEVICES= (no other GPU here: CPU until GPU {i} is "
+                        "replaced)"
+                    ,
                 )
             )
         elif h.remap_pending:
@@ -180,7 +184,8 @@ def judge(g: GPU, h: Health | None, others: Sequence[int] = ()) -> list[Problem]
         out.append(
             Problem(
                 "warn",
-                f"GPU {i} is in use by {', '.join(_who(p) for p in procs)}: ranks will share its memory and time",
+                f"GPU {i} is in use by {', '.join(_who(p) for p in procs)}: ranks will share its "
+                "memory and time",
                 _free_them(procs) + (f" (or {leave_out})" if leave_out else ""),
             )
         )

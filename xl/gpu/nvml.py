@@ -182,7 +182,8 @@ def _library_loads() -> bool:
         return True
     loaded = sys.modules.get("pynvml")
     if loaded is not None and getattr(loaded, "nvmlLib", None) is not None:
-        return True  # pynvml has its library already (a simulated driver in tests loads one by path)
+        # pynvml has its library already (a simulated driver in tests loads one by path)
+        return True
     import ctypes  # noqa: PLC0415 - only when NVML is first needed
 
     try:
@@ -385,7 +386,9 @@ def inventory(*, processes: bool = True) -> Inventory:
             except _Uninitialized:
                 _state = None  # initialise again, once
             except Exception as exc:  # a bug or a driver gone mad: say so, never crash a caller
-                return _unreadable(got.driver, f"reading the GPUs failed: {type(exc).__name__}: {exc}")
+                return _unreadable(
+                    got.driver, f"reading the GPUs failed: {type(exc).__name__}: {exc}"
+                )
         return Inventory(
             driver=Driver(None, None, error="NVML keeps shutting down", error_kind="other")
         )
@@ -394,9 +397,9 @@ def inventory(*, processes: bool = True) -> Inventory:
 def per_gpu(
     read: Callable[[Callable[..., Any], Any, int], T], indices: Sequence[int]
 ) -> dict[int, T]:
-    """``read(query, handle, index)`` for each GPU index, under NVML's lock and through its choke point
-    (``query(fn, *args)``: a value, or None when the GPU or driver does not provide it). A lost
-    GPU, one that can't be opened, or NVML that can't start, is left out. Never raises."""
+    """``read(query, handle, index)`` for each GPU index, under NVML's lock and through its choke
+    point (``query(fn, *args)``: a value, or None when the GPU or driver does not provide it). A
+    lost GPU, one that can't be opened, or NVML that can't start, is left out. Never raises."""
     out: dict[int, T] = {}
     with _lock:
         got = _ensure_init()

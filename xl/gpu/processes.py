@@ -55,7 +55,9 @@ def local_pids(pids: Iterable[int], proc: str = PROC) -> dict[int, int]:
     out: dict[int, int] = {}
     for pid in pids:
         found = [p for p in index.get(pid, ()) if p != pid]
-        if not found or (os.path.exists(f"{proc}/{pid}") and has_open(pid, NVIDIA_DEVICES, proc) is not False):
+        if not found or (
+            os.path.exists(f"{proc}/{pid}") and has_open(pid, NVIDIA_DEVICES, proc) is not False
+        ):
             out[pid] = pid
             continue
         if len(found) > 1:

@@ -45,6 +45,6 @@ def test_a_rank_only_its_report_knows_is_listed_with_this_node_s_host(tmp_path: 
     _report(run_dir, 3, exit_code=1, error="ValueError: bad", ended_at=4.0)
     rec = settle.settle(run_dir, stopped=False)
     assert rec is not None and rec.status == "failed"
-    assert [(r["rank"], r["node"], r["node_rank"], r["state"]) for r in rec.ranks] == [(2, "vm-b", 1, "exited"), (3, "vm-b", 1, "failed")]
-    failure = rec.failure or {}
-    assert (failure.get("rank"), failure.get("node"), failure.get("node_rank")) == (3, "vm-b", 1)
+    assert [(r.rank, r.host, r.node_rank, r.state) for r in rec.ranks] == [(2, "vm-b", 1, "exited"), (3, "vm-b", 1, "failed")]
+    failure = rec.failure
+    assert failure is not None and (failure.rank, failure.host, failure.node_rank) == (3, "vm-b", 1)

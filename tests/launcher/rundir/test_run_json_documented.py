@@ -1,6 +1,7 @@
 """run.json's documentation is derived from its type: every key of ``record.RunJson`` (the record),
-``record.RankRow`` (a rank) and ``outcome.Failure`` (the root cause) is named in docs/contracts.md's
-"run.json" section, so a key added to the code without a line for people fails here."""
+``record.RankRow`` (a rank), ``record.DeviceRow`` (a GPU) and ``outcome.Failure`` (the root cause)
+is named in docs/contracts.md's "run.json" section, so a key added to the code without a line for
+people fails here."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from where import REPO
 
 from xl.launcher.rundir.outcome import Failure
-from xl.launcher.rundir.record import RankRow, RunJson
+from xl.launcher.rundir.record import DeviceRow, RankRow, RunJson
 
 
 def _section(title: str) -> str:
@@ -33,9 +34,14 @@ def test_every_key_of_the_record_is_in_the_run_json_table(key: str) -> None:
     assert re.search(rf"^\| `{key}`|, `{key}` \|", RUN_JSON, re.M), f"run.json's {key!r} has no row in docs/contracts.md"
 
 
-@pytest.mark.parametrize("key", sorted(get_type_hints(RankRow)))
+@pytest.mark.parametrize("key", sorted(RankRow.json_keys()))
 def test_every_key_of_a_rank_is_documented(key: str) -> None:
     assert key in _named(RUN_JSON.split("\nA rank:", 1)[1].split("\n\n", 1)[0]), f"a rank's {key!r} is not in docs/contracts.md"
+
+
+def test_every_key_of_a_device_is_documented() -> None:
+    row = next(line for line in RUN_JSON.splitlines() if line.startswith("| `devices` |"))
+    assert set(re.findall(r'"([a-z_]+)"', row)) == set(DeviceRow.json_keys())
 
 
 @pytest.mark.parametrize("key", sorted(Failure.from_json({}).to_json()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -130,8 +131,8 @@ def test_fields_of_the_wrong_type_read_as_unset(tmp_path: Path) -> None:
     assert rec is not None
     assert rec.status == "unknown" and not rec.final and rec.exit_code == 1
     assert rec.supervisor_pid is None and rec.supervisor_started_at is None
-    assert rec.ranks == [] and rec.failure is None and rec.world_size is None
-    assert rec.devices == [{"index": 0}] and rec.started_at is None
+    assert rec.ranks == () and rec.failure is None and rec.world_size is None
+    assert rec.devices == (record.DeviceRow(index=0),) and rec.started_at is None
     assert rec.grace_s is None  # 0 means "not set": the default grace applies
     _write(tmp_path, json.dumps({"run_id": "r5", "supervisor_pid": -3}))
     loaded = record.load(tmp_path)
@@ -139,6 +140,50 @@ def test_fields_of_the_wrong_type_read_as_unset(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------- statuses
+def test_rows_read_typed_and_write_back_what_they_read(tmp_path: Path) -> None:
+    """A rank's and a device's row: typed for xl, and another tool's keys, a value of a type xl
+    does not expect and the order all survive a rewrite; what xl changed is written over."""
+    rank = {
+        "theirs": [1], "rank": 3, "node": "vm-a", "pid": "1234", "state": "running", "started_at": 5,
+    }
+    device = {"index": 1, "name": "A100", "vendor_note": "spare", "uuid": None}
+    _write(tmp_path, json.dumps({"run_id": "r10", "ranks": [rank, "junk"], "devices": [device, 7]}))
+    rec = record.load(tmp_path)
+    assert rec is not None
+    (row,) = rec.ranks
+    typed = (row.rank, row.host, row.pid, row.state, row.started_at, row.exit_code)
+    assert typed == (3, "vm-a", None, "running", 5.0, None)
+    assert rec.devices == (record.DeviceRow(index=1, name="A100"),)
+    assert row.to_json() == rank and list(row.to_json()) == list(rank)
+    assert rec.devices[0].to_json() == device
+    ended = replace(row, state="exited", exit_code=0, waited_s=1.5)
+    rec.update(ranks=[ended])
+    record.save(tmp_path, rec)
+    (written,) = json.loads((tmp_path / "run.json").read_text())["ranks"]
+    assert written == {**rank, "state": "exited", "exit_code": 0, "waited_s": 1.5}
+    assert list(written) == [*rank, "exit_code", "waited_s"]
+
+
+def test_a_row_made_here_writes_every_key_it_knows() -> None:
+    made = record.RankRow(rank=0, host="vm-a").to_json()
+    assert list(made) == list(record.RankRow.json_keys())
+    assert made["node"] == "vm-a" and made["pid"] is None
+
+
+def test_the_failure_reads_typed_and_passes_on_as_written(tmp_path: Path) -> None:
+    failure = {
+        "rank": 1, "exit_code": 3, "message": "rank 1 failed first", "node": "vm-a", "extra": True,
+    }
+    _write(tmp_path, json.dumps({"run_id": "r11", "failure": failure}))
+    rec = record.load(tmp_path)
+    assert rec is not None and rec.failure is not None
+    assert (rec.failure.rank, rec.failure.exit_code, rec.failure.host) == (1, 3, "vm-a")
+    assert rec.failure_json == failure
+    _write(tmp_path, json.dumps({"run_id": "r12", "failure": {}}))
+    empty = record.load(tmp_path)
+    assert empty is not None and empty.failure is None and empty.failure_json == {}
+
+
 def test_the_statuses_are_the_documented_ones() -> None:
     assert {s.value for s in RunStatus} == {"running", "succeeded", "failed", "stopped"}
     assert set(FINAL) == {"succeeded", "failed", "stopped"}

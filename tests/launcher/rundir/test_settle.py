@@ -80,7 +80,7 @@ def test_every_rank_exited_0_the_run_succeeded_when_it_last_did_something(tmp_pa
         if path.is_file():
             _age(path, 3600)
     rec = settle.settle(run_dir, stopped=False)
-    assert rec is not None and rec.get("status") == "succeeded"
+    assert rec is not None and rec.status == "succeeded"
     run = _json(run_dir)
     assert run["status"] == "succeeded" and run["failure"] is None
     assert run["ended_at"] is not None and abs(run["ended_at"] - ended) < 1, (run["ended_at"], ended)
@@ -174,7 +174,7 @@ def test_a_run_is_settled_once_whoever_comes_second(tmp_path: Path) -> None:
     first = settle.settle(run_dir, stopped=False)
     assert first is not None and first.final
     again = settle.settle(run_dir, stopped=True)
-    assert again is not None and again.get("status") == "succeeded"
+    assert again is not None and again.status == "succeeded"
     assert [e["kind"] for e in _events(run_dir)].count("run_ended") == 1
     assert _json(run_dir)["status"] == "succeeded"
 
@@ -187,7 +187,7 @@ def test_a_run_already_ended_by_its_supervisor_is_left_as_it_is(tmp_path: Path) 
     before = (run_dir / "run.json").read_bytes()
     _rank_left(run_dir, 0, 0, time.time())  # whatever the rank says now
     rec = settle.settle(run_dir, stopped=True)
-    assert rec is not None and rec.get("status") == "failed"
+    assert rec is not None and rec.status == "failed"
     assert (run_dir / "run.json").read_bytes() == before and not _events(run_dir)
 
 

@@ -1,0 +1,97 @@
+"""The console views' run (``xl launch --no-tui``, ``xl attach`` off the app): the reader's
+``RunView``, the one model every view draws, plus each rank's last line of output, which only
+these views show."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xl.launcher.rundir.outcome import Failure
+from xl.launcher.rundir.reader import RunReader
+from xl.launcher.rundir.record import RunRecord
+from xl.launcher.rundir.runview import RankView, RunView
+from xl.textsafe import visible
+
+
+@dataclass
+class RunState:
+    """The console view's run: the reader's RunView (the one model every view draws), plus what
+    only this view shows, each rank's last line of output."""
+
+    run_dir: Path
+    view: RunView | None = None  # the latest poll's
+    last_line: dict[int, str] = field(default_factory=dict)
+    new_lines: list[tuple[int, str]] = field(default_factory=list)
+    reader: RunReader = field(init=False)
+    # new_lines from the reader (False: the plain view copies the logs itself)
+    read_lines: bool = True
+
+    def __post_init__(self) -> None:
+        self.reader = RunReader(self.run_dir)
+
+    @property
+    def loaded(self) -> bool:
+        """run.json was read: the run's status and record are known."""
+        return self.view is not None and self.view.loaded
+
+    @property
+    def record(self) -> RunRecord | None:
+        return self.view.record if self.view is not None and self.view.loaded else None
+
+    @property
+    def ranks(self) -> dict[int, RankView]:
+        return self.view.ranks if self.view is not None else {}
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return self.view.events[-50:] if self.view is not None else []
+
+    @property
+    def new_events(self) -> list[dict[str, Any]]:
+        return self.view.new_events if self.view is not None else []
+
+    @property
+    def status(self) -> str:
+        return self.record.status if self.record is not None else "starting"
+
+    @property
+    def final(self) -> bool:
+        return self.record is not None and self.record.final
+
+    @property
+    def exit_code(self) -> int:
+        """0 when the run succeeded, else 1 (failed, stopped, or the view was left early)."""
+        return 1 if self.record is None else self.record.exit_code
+
+    @property
+    def verdict(self) -> str | None:
+        """The hang's verdict while one is in force (RunView.hang)."""
+        hang = self.view.hang if self.view is not None else None
+        return hang.message if hang is not None else None
+
+    @property
+    def failure(self) -> Failure | None:
+        """The root cause, once the run failed."""
+        return self.view.failure if self.view is not None and self.view.failed else None
+
+    def poll(self) -> None:
+        self.view = self.reader.poll()
+        self.new_lines = []
+        for rank in sorted(self.ranks) if self.read_lines else ():
+            for text in self.reader.new_log_lines(rank):
+                # a tqdm redraw: its latest state, shown safely
+                text = visible(text.rsplit("\r", 1)[-1])
+                self.new_lines.append((rank, text))
+                if text.strip():
+                    self.last_line[rank] = text.strip()
+
+    def elapsed(self) -> float:
+        took = self.view.elapsed(time.time()) if self.view is not None else None
+        return max(0.0, took or 0.0)
+
+    @property
+    def title(self) -> str:
+        return self.record.run_id if self.record is not None else self.run_dir.name
