@@ -39,12 +39,6 @@ def grow_shm_fix(container: str | None, shm_path: str) -> str:
     return f"sudo mount -o remount,size=16G {shm_path}"
 
 
-def _grow_shm(f: Facts) -> str:
-    """grow_shm_fix on these facts, by the name launcher/causes/door.py still imports: it goes
-    once that module asks xl.doctor.api.grow_shm (tests/test_layout.py, CROSSING)."""
-    return grow_shm_fix(f.container, f.shm_path)
-
-
 def check_shm(f: Facts) -> Finding:
     if f.shm_total is None:
         return warn(
