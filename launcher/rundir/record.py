@@ -311,6 +311,25 @@ class RunRecord:
         record._keys = tuple(data)
         return record
 
+    # ---------------------------------------------------------------- what the supervisor starts
+    @property
+    def argv(self) -> list[Any]:
+        """The exact torchrun command ([] when none is recorded)."""
+        argv = self.data.get("argv")
+        return list(argv) if isinstance(argv, list) else []
+
+    @property
+    def cwd(self) -> str | None:
+        """The directory the ranks run in (None: the supervisor's own)."""
+        cwd = self.data.get("cwd")
+        return cwd if isinstance(cwd, str) else None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables xl set for the ranks."""
+        env = self.data.get("env")
+        return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
