@@ -19,7 +19,7 @@ from typing import Any
 
 from xl.launcher import runprocs
 from xl.launcher.rundir import digest, record
-from xl.launcher.rundir.events import append_event
+from xl.launcher.rundir.events import RunEnded, append_event
 from xl.launcher.rundir.layout import RESERVE, SETTLED, RunLayout
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.rundir.outcome import Cause, Failure, rank_outcome
@@ -162,5 +162,5 @@ def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone"
     message = f"run {status.value} ({why}; told from what the ranks left)"
     with contextlib.suppress(OSError):
         record.save(run_dir, rec)
-        append_event(run_dir, {"kind": "run_ended", "status": status.value, "message": message})
+        append_event(run_dir, RunEnded(status.value, message))
     return rec

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rundir.events import failure_event
+from xl.launcher.rundir.events import FailureEvent
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Cause, CauseKind, Failure, RankPhase, rank_outcome
@@ -86,7 +86,7 @@ class RootCause:
         self.failure, self.at = failure, at
         self.suspected_at = None
         self.journal.changed()
-        self.journal.emit(failure_event(failure))
+        self.journal.emit(FailureEvent(failure))
         if not self.remote:
             self.journal.send({"type": "failure", "failure": failure.to_json(), "at": at})
 

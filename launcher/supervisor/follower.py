@@ -22,12 +22,13 @@ from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.join import TOKEN_VAR, format_address
 from xl.launcher.multinode.protocol import clip_stacks
 from xl.launcher.plan import parse_rdzv
+from xl.launcher.rundir.events import EventKind, NodeNotice, Notice
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.nodewatch import node_timeout
-from xl.launcher.supervisor.ranks import Torchrun
 from xl.launcher.supervisor.stopping import Stopping, StopReason
+from xl.launcher.supervisor.torchrun import Torchrun
 from xl.launcher.telemetry import stacks as capture
 
 _MAX_ASKING = 4  # stacks requests answered at once; more are answered "busy"
@@ -81,7 +82,7 @@ class Follower:
             if not isinstance(stop, dict) or self.stopping.state is not None:
                 continue
             if stop.get("reason") == StopReason.REQUESTED.value:
-                self.journal.emit({"kind": "stop_requested", "message": "node 0 stopped the run"})
+                self.journal.emit(Notice(EventKind.STOP_REQUESTED, "node 0 stopped the run"))
                 self.journal.record.update(stop_requested_at=time.time())
                 self.stopping.begin(StopReason.REQUESTED)
                 continue
@@ -114,8 +115,8 @@ class Follower:
                 return  # torchrun tries once more, and says why it cannot
             if not said and waited >= _SAY_WAITING_S:
                 said = True
-                self.journal.emit({"kind": "waiting_for_node_0", "message": f"waiting for node 0's rendezvous at {format_address(host, port)} "
-                                   f"(up to {RDZV_JOIN_S:g}s, as torchrun's own): start node 0 there"})
+                self.journal.emit(Notice(EventKind.WAITING_FOR_NODE_0, f"waiting for node 0's rendezvous at {format_address(host, port)} "
+                                         f"(up to {RDZV_JOIN_S:g}s, as torchrun's own): start node 0 there"))
             if stop_came(0.5):
                 return
 
@@ -134,18 +135,18 @@ class Follower:
             then = (f"this node ends its ranks once node 0 has been silent {self.give_up_s:g}s and its rendezvous cannot be "
                     f"reached ({envnames.NODE_0_LOST_S}=keep keeps them waiting)" if self.give_up_s is not None
                     else f"this node's ranks go on until torch's own timeout ends them ({envnames.NODE_0_LOST_S}=keep)")
-            self.journal.emit({
-                "kind": "node_lost",
-                "node_rank": 0,
-                "message": f"node 0 ({format_address(*self.hub)}) has not answered for {self.timeout:g}s (its machine or "
+            self.journal.emit(NodeNotice(
+                EventKind.NODE_LOST,
+                0,
+                f"node 0 ({format_address(*self.hub)}) has not answered for {self.timeout:g}s (its machine or "
                 f"the network between went down, or its supervisor is gone); {then}; "
                 f"'xl stop {self.journal.record.run_id}' ends them now",
-            })
+            ))
         if silent and self.give_up_s is not None and quiet > self.give_up_s and self.stopping.state is None:
             self._give_up(quiet)
         elif not silent and self.node_0_silent:
             self.node_0_silent = False
-            self.journal.emit({"kind": "node_back", "node_rank": 0, "message": f"node 0 ({format_address(*self.hub)}) answers again"})
+            self.journal.emit(NodeNotice(EventKind.NODE_BACK, 0, f"node 0 ({format_address(*self.hub)}) answers again"))
 
     def _give_up(self, quiet: float) -> None:
         """Node 0 silent past XL_NODE_0_LOST_S: unless its rendezvous (node 0's torchrun's store)
@@ -167,7 +168,6 @@ class Follower:
         if self.cause.failure is None:
             self.cause.remote = True  # nothing reaches node 0
             self.cause.set(self.cause.local(None, None, None, None, message), time.time())
-        self.journal.emit({"kind": "failure", "rank": None, "message": message})
         self.stopping.begin(StopReason.FAILURE)
 
     def _stacks(self, ask: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ from xl.launcher.multinode.join import (
     listen_host,
     valid_token,
 )
+from xl.launcher.rundir.events import EventKind, FromNode, NodeNotice, NodeRefused, Notice
 from xl.launcher.rundir.outcome import (
     DONE_STATES,
     LIVE_STATES,
@@ -207,14 +208,13 @@ class Hub:
             return
         self.refused_seen.add(key)
         where = f"host {host or '?'}" + (f", from {peer}" if peer else "")
-        self.journal.emit({
-            "kind": "node_refused",
-            "node": host,
-            "node_rank": node,
-            "peer": peer,
-            "message": f"a node {node} ({where}) tried to join with a wrong {envnames.TOKEN} and was refused; "
+        self.journal.emit(NodeRefused(
+            host,
+            node,
+            peer,
+            f"a node {node} ({where}) tried to join with a wrong {envnames.TOKEN} and was refused; "
             "waiting on for this run's nodes: start them with the exact command this node printed",
-        })
+        ))
 
     def _message(self, remote: RemoteNode, msg: dict[str, Any]) -> None:
         kind = msg["type"]
@@ -239,13 +239,10 @@ class Hub:
             self.journal.changed()
             self.on_ranks()
         elif kind == "event":
-            event = dict(msg["event"])
             # The run's own run_started/run_ended are node 0's; another node's are its part's.
-            event["kind"] = {"run_started": "node_started", "run_ended": "node_ended"}.get(event["kind"], event["kind"])
-            event.update(node=remote.host, node_rank=remote.node)
-            event["message"] = f"node {remote.node}: {event.get('message') or event['kind']}"
+            event = FromNode(dict(msg["event"]), remote.host, remote.node)
             self.journal.emit(event)
-            if event["kind"] == "stop_requested" and self.stopping.state is None:
+            if event.kind == EventKind.STOP_REQUESTED and self.stopping.state is None:
                 # Someone stopped that node: its collectives are gone, so is the run.
                 self.journal.record.update(stop_requested_at=time.time())
                 self.stopping.begin(StopReason.REQUESTED)
@@ -313,7 +310,7 @@ class Hub:
             how = "its supervisor's connection closed" if closed else f"nothing came from it for {self.timeout:g}s"
             ranks = f" with rank(s) {', '.join(map(str, running))} running" if running else ""
             message = f"node {remote.node} ({remote.host or '?'}) was lost{ranks}: {how} (killed, or its machine went down)"
-            self.journal.emit({"kind": "node_lost", "node": remote.host, "node_rank": remote.node, "message": message})
+            self.journal.emit(NodeNotice(EventKind.NODE_LOST, remote.node, message, node=remote.host))
             failure = {
                 "rank": None,
                 "exit_code": None,
@@ -332,10 +329,10 @@ class Hub:
         if verdict is Verdict.ORPHANED and not remote.orphaned:
             remote.orphaned = True
             message = supervisor_gone_message(remote.node, remote.host, remote.closed_at is not None, remote.rank_numbers())
-            self.journal.emit({"kind": "node_supervisor_lost", "node": remote.host, "node_rank": remote.node, "message": message})
+            self.journal.emit(NodeNotice(EventKind.NODE_SUPERVISOR_LOST, remote.node, message, node=remote.host))
         elif verdict is Verdict.QUIET:
             remote.quiet = True
-            self.journal.emit({"kind": "node_quiet", "node": remote.host, "node_rank": remote.node, "message": quiet_message(remote.node, remote.host)})
+            self.journal.emit(NodeNotice(EventKind.NODE_QUIET, remote.node, quiet_message(remote.node, remote.host), node=remote.host))
             self.journal.changed()
         elif verdict is Verdict.ALIVE and remote.orphaned and remote.closed_at is None:
             remote.orphaned = False  # its supervisor speaks again (thawed)
@@ -365,7 +362,7 @@ class Hub:
             if not self.never_said:
                 self.never_said = True
                 names = ", ".join(map(str, never))
-                self.journal.emit({"kind": "nodes_never_joined", "message": f"node(s) {names} never joined: the run ended before they did"})
+                self.journal.emit(Notice(EventKind.NODES_NEVER_JOINED, f"node(s) {names} never joined: the run ended before they did"))
         if not waiting:
             return False
         limit = self.stopping.grace + _node_end_wait()
@@ -381,7 +378,7 @@ class Hub:
         unheard = ", ".join(str(n) for n in waiting if n not in self.nodes)
         said = [f"node(s) {heard} had not reported the end of their part {limit:g}s after their ranks were done"] if heard else []
         said += [f"node(s) {unheard} never reached node 0's collector"] if unheard else []
-        self.journal.emit({"kind": "nodes_unfinished", "message": "; ".join(said) + "; their own run dirs have the rest"})
+        self.journal.emit(Notice(EventKind.NODES_UNFINISHED, "; ".join(said) + "; their own run dirs have the rest"))
         return False
 
     def tell_nodes(self) -> None:

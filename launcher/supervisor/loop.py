@@ -1,31 +1,31 @@
 """The supervisor's loop: start torchrun, watch ranks and nodes once every tick, finish the run.
 
-run.json (through ``xl.launcher.rundir.record``, replaced atomically on every change)::
+run.json (through ``xl.launcher.rundir.record``, replaced atomically on every change; every key
+is in docs/contracts.md, "run.json")::
 
     run_id, name, status (running|succeeded|failed|stopped), spec, argv, env (what xl set), cwd,
     devices [{index, uuid, name}], nnodes, node_rank, nproc_per_node, world_size, host,
-    started_at, ended_at (unix s), supervisor_pid, torchrun_pid, torchrun_exit_code, grace_s,
-    stop_requested_at, attempt, ranks [{rank, local_rank, node, node_rank, pid, gpu, gpu_uuid,
-    state, exit_code, started_at, ended_at, attempt}], failure {rank, exit_code, traceback, error,
-    message, node, node_rank, cause} | null
+    started_at, ended_at (unix s), supervisor_pid, supervisor_started_at, torchrun_pid,
+    torchrun_exit_code, grace_s, stop_requested_at, attempt, versions, ranks [{rank, local_rank,
+    node, node_rank, pid, gpu, gpu_uuid, state, exit_code, started_at, ended_at, attempt,
+    waited_s}], failure {rank, exit_code, traceback, error, message, node, node_rank, cause} |
+    null, metrics_bytes_lost, write_lost, time
 
 Rank ``state``: starting|running|exited|failed|stopped. ``exit_code`` < 0 means killed by that signal.
 
-events.jsonl kinds written here: run_started, rank_started (pid), rank_exited (exit_code), failure
-(exit_code), restarted (attempt), stop_requested, run_ended (status); telemetry adds its diagnoses through ``emit``.
+events.jsonl (``xl.launcher.rundir.events``): run_started, stop_requested and run_ended are
+written here; rank_started, rank_exited and restarted by ``Lifecycle``; the one failure event by
+``RootCause``; telemetry adds its diagnoses through the journal.
 Also in the run dir: ranks/rank-<r>.json (what the entry point reports), logs/torchrun.log
 (torchrun's own output), supervisor.log. Rank output is written by each rank's own relay and only
 read here (``LogSink``): training never waits on the supervisor.
 
-Each job is a collaborator: ``Ranks`` (who is who, how each ended), ``LogSink`` (rank output),
-``RootCause`` (the failure), ``Stopping`` (the stop), ``Hub`` / ``Follower`` (other nodes),
-``Journal`` (run.json, events), ``TelemetryPort``, ``Escapes``. The supervisor wires them, says
-what a rank's start or end means for the run, and keeps its own ``Phase``. Torchrun starts first:
-what only the loop, the end or several nodes need is imported after it, or there only.
-
-``--max-restarts N``: torchrun restarts every rank of the node after a failure, N times at most.
-While it has restarts left a failed rank is no cause and starts no stop; its next process is
-attempt k (``restarted`` event, ``attempt`` in run.json). The run fails when torchrun gives up.
+Each job is a collaborator: ``Ranks`` (who is who, how each ended), ``Lifecycle`` (what a rank's
+start or end means), ``LogSink`` (rank output), ``RootCause`` (the failure), ``Stopping`` (the
+stop), ``Hub`` / ``Follower`` (other nodes), ``Journal`` (run.json, events), ``TelemetryPort``,
+``Escapes``. Each turn the loop takes what ``Ranks`` found changed and hands it on, and keeps its
+own ``Phase``. Torchrun starts first: what only the loop, the end or several nodes need is
+imported after it, or there only.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import socket
 import sys
 import time
 from enum import Enum
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,7 @@ from xl import envnames
 from xl.launcher import runprocs
 from xl.launcher.rundir import layout
 from xl.launcher.rundir import record as run_record
-from xl.launcher.rundir.outcome import RankPhase
+from xl.launcher.rundir.events import EventKind, Notice, RunEnded
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.rundir.stopmark import stop_asked
 from xl.launcher.supervisor.escapes import Escapes
@@ -53,14 +54,16 @@ from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.guard import crash_line, private_umask, raise_fd_limit
 from xl.launcher.supervisor.journal import Journal, hold_reserve, say
 from xl.launcher.supervisor.logsink import LogSink
-from xl.launcher.supervisor.ranks import Ranks, RankState, Torchrun, become_subreaper, describe_end
+from xl.launcher.supervisor.ranks import RankChange, Ranks, become_subreaper
 from xl.launcher.supervisor.stopping import Stopping, StopReason, StopSignals, grace_from_env
 from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
+from xl.launcher.supervisor.torchrun import Torchrun
 
 if TYPE_CHECKING:  # imported where they are needed: after torchrun started, or on several nodes only
     from xl.launcher.rundir.digest import Digester
     from xl.launcher.supervisor.follower import Follower
     from xl.launcher.supervisor.hub import Hub
+    from xl.launcher.supervisor.lifecycle import Lifecycle
 
 _TICK_S = 0.1
 _LINK_CLOSE_S = 3.0
@@ -106,10 +109,10 @@ class Supervisor:
         self.record = record
         self.run_id = record.run_id
         self.phase = Phase.STARTING
-        self.node_rank = int(record.get("node_rank") or 0)
-        self.host = str(record.get("host") or socket.gethostname())
-        grace = float(record.get("grace_s") or grace_from_env())
-        nnodes = int(record.get("nnodes") or 1)
+        self.node_rank = record.node_rank
+        self.host = record.host or socket.gethostname()
+        grace = record.grace_s or grace_from_env()
+        nnodes = record.nnodes
         self.hub_address: tuple[str, int] | None = None
         self.token = os.urandom(16).hex()  # as secrets.token_hex(16), without its imports
         if nnodes >= 2:
@@ -121,12 +124,8 @@ class Supervisor:
         self.torchrun = Torchrun()
         self.port = TelemetryPort(self.token)
         self.journal = Journal(run_dir, record)
-        self.ranks = Ranks(
-            run_dir, record, self._rank_started, self._rank_ended, self.journal.changed, on_restarted=self._rank_restarted
-        )
-        self.attempt = 0  # torchrun's restarts so far (the highest attempt any rank reached)
+        self.ranks = Ranks(run_dir, record)
         self.escapes = Escapes(run_dir, self.run_id, self.journal.write_failed)
-        self.restart_reason: str | None = None  # the failure that will make torchrun restart
         # Every line goes to telemetry's parser (nothing while it is not running); a node > 0's
         # output also goes to node 0 (nothing without a link).
         self.sink = LogSink(run_dir, self.journal.write_failed, on_line=self.port.feed_log_line, forward=self.journal.send_log, wants=self.port.wants_lines)
@@ -161,9 +160,9 @@ class Supervisor:
         self.layout.logs.mkdir(mode=0o700, exist_ok=True)
         self.layout.ranks.mkdir(mode=0o700, exist_ok=True)
         # First, before telemetry can add any diagnosis of its own.
-        self.journal.emit({"kind": "run_started", "message": _starting(len(self.ranks), self.record.get("devices") or [])})
+        self.journal.emit(Notice(EventKind.RUN_STARTED, _starting(len(self.ranks), self.record.devices)))
         env = dict(os.environ)
-        env.update(self.record.get("env") or {})
+        env.update(self.record.env)
         one_node = self.hub is None and self.follower is None
         _debug("before telemetry")
         env.update(self.port.reserve(self.run_dir) if one_node else self._start_telemetry())
@@ -180,7 +179,7 @@ class Supervisor:
             return
         # The record's command as it is (a broken one fails here as it always did: test_resilience),
         # with the port torchrun's store gets on one node (Torchrun.start).
-        argv = self.torchrun.start(self.record.get("argv"), cwd=self.record.get("cwd"), env=env, log=self.layout.torchrun_log, umask=self.user_umask)
+        argv = self.torchrun.start(self.record.argv, cwd=self.record.cwd, env=env, log=self.layout.torchrun_log, umask=self.user_umask)
         self.record.update(argv=argv)
         self.phase = Phase.RUNNING
         runprocs.give_way()
@@ -199,11 +198,12 @@ class Supervisor:
             supervisor_pid=os.getpid(),
             supervisor_started_at=runprocs.create_time(os.getpid()),
             torchrun_pid=self.torchrun.proc.pid if self.torchrun.proc is not None else None,
-            started_at=self.record.get("started_at") or time.time(),
+            started_at=self.record.started_at or time.time(),
             grace_s=self.stopping.grace,
             versions=provenance.collect(self.record.spec, bool(self.record.devices)),  # for xl compare (docs/compare.md)
         )
         self.digester = Digester(self.run_dir).follow()
+        _ = self.life  # made now, while torchrun starts (its import overlaps that start)
         hold_reserve(self.run_dir)
         self.save()
         self._ranks_changed()
@@ -230,13 +230,13 @@ class Supervisor:
         if not self._stop_came(0.0):
             return False
         why = self.signals.requested or "xl stop"
-        self.journal.emit({"kind": "stop_requested", "message": f"stop requested ({why}) before the run started"})
+        self.journal.emit(Notice(EventKind.STOP_REQUESTED, f"stop requested ({why}) before the run started"))
         self.record.update(stop_requested_at=time.time())
         self.stopping.begin(StopReason.REQUESTED)
         return True
 
     def _start_telemetry(self) -> dict[str, str]:
-        where: dict[str, Any] = {"instrumented": _instrumented({**os.environ, **(self.record.get("env") or {})})}
+        where: dict[str, Any] = {"instrumented": _instrumented({**os.environ, **self.record.env})}
         if self.hub is not None:
             where.update(self.hub.collector_hooks())
         elif self.follower is not None:
@@ -265,15 +265,15 @@ class Supervisor:
     def _turn(self) -> None:
         if self.ranks.reap(self.torchrun):
             self.record.update(torchrun_exit_code=self.torchrun.code)
-        self.ranks.scan_records()
-        self.ranks.check_alive()
+        self.act(self.ranks.scan_records())
+        self.act(self.ranks.check_alive())
         if self.hub is not None:
             self.hub.poll()
             self.hub.check_nodes()
         elif self.follower is not None:
             self.follower.poll()
         if self.signals.requested and self.stopping.state is None:
-            self.journal.emit({"kind": "stop_requested", "message": f"stop requested ({self.signals.requested})"})
+            self.journal.emit(Notice(EventKind.STOP_REQUESTED, f"stop requested ({self.signals.requested})"))
             self.record.update(stop_requested_at=time.time())
             self.stopping.begin(StopReason.REQUESTED)
         if self.torchrun.code is not None and self.stopping.state is None and not self._all_done():
@@ -287,7 +287,7 @@ class Supervisor:
         self.stopping.end_exit_barrier(self.hub is not None and self.hub.busy(), self.journal.emit)
         if self.journal.dirty:
             self.save()
-        if self.port.running and self.ranks.gone() and not self._nodes_pending() and not self._restart_due():
+        if self.port.running and self.ranks.gone() and not self._nodes_pending() and not self.life.restart_due:
             # Every rank process is gone, so nothing can log any more: flush telemetry now,
             # while torchrun tears down (~0.5 s), not after it.
             self.port.stop()
@@ -295,49 +295,21 @@ class Supervisor:
     def _all_done(self) -> bool:
         return self.ranks.all_done(self.torchrun.code, self.stopping.state is not None)
 
-    def _restart_due(self) -> bool:
-        """A rank failed while torchrun has restarts left: its ranks come back (keep telemetry)."""
-        return self.restart_reason is not None and self.torchrun.code is None
-
     def _nodes_pending(self) -> bool:
         return self.hub is not None and self.hub.pending()
 
-    # ---------------------------------------------------------------- what a rank's start or end means
-    def _rank_started(self, st: RankState) -> None:
-        gpu = f", GPU {st.gpu}" if st.gpu is not None else ""
-        self.journal.emit({"kind": "rank_started", "rank": st.rank, "pid": st.pid, "message": f"rank {st.rank} started (pid {st.pid}{gpu})"})
-        self._ranks_changed()
-        self.journal.changed()
-        self.stopping.catch_up(st)
+    @cached_property
+    def life(self) -> Lifecycle:
+        """What a rank's start or end means: made on first use (``_started`` makes it, as its
+        import overlaps torchrun's start; nothing changes before torchrun runs)."""
+        from xl.launcher.supervisor.lifecycle import Lifecycle  # noqa: PLC0415 - after torchrun started: its start does not wait for this
 
-    def _rank_ended(self, st: RankState, code: int | None, when: float | None) -> None:
-        self.journal.changed()
-        stop = self.stopping.state
-        st.end(code, when, stopped=st.signalled is not None or (stop is not None and stop.explains(code)))
-        self.journal.emit({"kind": "rank_exited", "rank": st.rank, "exit_code": code, "message": describe_end(st)})
-        self._ranks_changed()
-        if st.state is not RankPhase.FAILED or self.cause.failure is not None or self.stopping.state is not None:
-            return
-        if st.attempt < self.ranks.max_restarts and self.torchrun.code is None:
-            # torchrun restarts every rank of the node: no cause yet, no stop (the first
-            # failure of an attempt is the reason; its peers end because torchrun stops them).
-            if self.restart_reason is None:
-                self.restart_reason = describe_end(st)
-            return
-        self.cause.suspect(st)  # which rank is the cause: decided once its facts are in (RootCause.decide, each turn)
-        self.stopping.begin(StopReason.FAILURE)
+        return Lifecycle(self.record, self.journal, self.ranks, self.torchrun, self.cause, self.stopping)
 
-    def _rank_restarted(self, st: RankState) -> None:
-        """torchrun started ``st`` again: its first rank of a new attempt announces the restart."""
-        self.journal.changed()
-        if st.attempt <= self.attempt:
-            return
-        self.attempt = st.attempt
-        self.record.update(attempt=st.attempt)
-        why = f" after {self.restart_reason}" if self.restart_reason else ""
-        message = f"torchrun restarted the ranks{why} (attempt {st.attempt + 1} of {self.ranks.max_restarts + 1})"
-        self.restart_reason = None
-        self.journal.emit({"kind": "restarted", "attempt": st.attempt, "message": message})
+    def act(self, changes: list[RankChange]) -> None:
+        """Hand what ``Ranks`` found changed to ``Lifecycle``, in its order."""
+        if self.life.act(changes):
+            self._ranks_changed()
 
     def _ranks_changed(self) -> None:
         """Every rank for telemetry; other nodes' ranks are flagged ``remote`` (not sampled here)."""
@@ -385,7 +357,7 @@ class Supervisor:
         from xl.launcher.rundir.digest import close_run  # noqa: PLC0415 - the end only: not on the path to torchrun
 
         self.save(close_run(self.run_dir, self.record, self.digester))
-        self.journal.emit({"kind": "run_ended", "status": status.value, "message": f"run {status.value}"})
+        self.journal.emit(RunEnded(status.value, f"run {status.value}"))
         self.phase = Phase.ENDED
         link = self.journal.link
         if link is not None:

@@ -16,11 +16,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xl import envnames, settings
 from xl.launcher import runprocs
-from xl.launcher.supervisor.ranks import Ranks, RankState, Torchrun
+from xl.launcher.rundir.events import Event, EventKind, Notice
+from xl.launcher.supervisor.ranks import Ranks, RankState
+
+if TYPE_CHECKING:  # `xl launch` imports this module (for the stop grace): torchrun's is the supervisor's only
+    from xl.launcher.supervisor.torchrun import Torchrun
 
 DEFAULT_GRACE_S = 10.0
 
@@ -154,7 +158,7 @@ class Stopping:
             runprocs.kill_all(pids)
         return True
 
-    def end_exit_barrier(self, nodes_busy: bool, emit: Callable[[dict[str, Any]], None]) -> None:
+    def end_exit_barrier(self, nodes_busy: bool, emit: Callable[[Event], None]) -> None:
         """Multi-node: a torchrun whose ranks have all ended waits at its exit barrier for every
         other node's torchrun (up to 300 s), and the torchrun of a node that failed never comes.
         This node's ranks are done, so its run is over: after the grace, end torchrun; the
@@ -178,11 +182,11 @@ class Stopping:
         wait = max(self.grace, 2.0)
         if not self.barrier_ended and now - self.barrier_since >= wait:
             self.barrier_ended = True
-            emit({
-                "kind": "exit_barrier",
-                "message": f"this node's ranks are done but torchrun still waited for the other nodes after {wait:g}s "
+            emit(Notice(
+                EventKind.EXIT_BARRIER,
+                f"this node's ranks are done but torchrun still waited for the other nodes after {wait:g}s "
                 "(one failed or was stopped?); ending it",
-            })
+            ))
             self.torchrun.signal(signal.SIGTERM)
         elif self.barrier_ended and now - self.barrier_since >= wait + 1.0:
             # Its SIGTERM handler only runs once the store call it blocks in returns; it has

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from xl import envnames, wire
 from xl.address import LOOPBACK, format_address
+from xl.launcher.rundir.events import Event, Relayed
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import read_object
 from xl.launcher.supervisor.journal import Journal, say
@@ -64,15 +65,16 @@ class TelemetryPort:
             return {envnames.COLLECTOR: format_address(LOOPBACK, sock.getsockname()[1]), envnames.TOKEN: self.token}
         return {envnames.TOKEN: self.token}
 
-    def start(self, run_dir: Path, emit: Callable[[dict[str, Any]], None], **where: Any) -> dict[str, str]:
+    def start(self, run_dir: Path, emit: Callable[[Event], None], **where: Any) -> dict[str, str]:
         """Start it (on the port ``reserve`` holds, if it holds one); returns what the ranks'
-        environment needs (XL_COLLECTOR, XL_TOKEN)."""
+        environment needs (XL_COLLECTOR, XL_TOKEN). Its diagnoses come as the objects it made
+        (``Relayed``)."""
         if self._held is not None:
             where = {"port": self._held.getsockname()[1], **where}
         try:
             from xl.launcher.telemetry.service import Telemetry  # noqa: PLC0415 - ~30 ms of imports that overlap torchrun's start (module docstring)
 
-            self.telemetry = Telemetry(run_dir, token=self.token, emit_event=emit, **where)
+            self.telemetry = Telemetry(run_dir, token=self.token, emit_event=lambda obj: emit(Relayed(obj)), **where)
             env = dict(self.telemetry.start())
         except Exception as exc:
             say(f"telemetry did not start: {exc!r}")
