@@ -129,16 +129,10 @@ class Hub:
         cause: RootCause,
         stopping: Stopping,
         sink: LogSink,
-        on_ranks: Callable[[], None],
-        stop_nodes: Callable[[dict[str, Any]], None],
-        rank_frames: Callable[[], dict[int, float]] = dict,
     ) -> None:
         self.address = address
         self.nnodes = nnodes
         self.journal, self.cause, self.stopping, self.sink = journal, cause, stopping, sink
-        self.on_ranks = on_ranks  # the set of ranks changed (telemetry samples the local ones)
-        self.stop_nodes = stop_nodes  # telemetry's collector tells every node to stop
-        self.rank_frames = rank_frames  # {rank: unix time of its last frame to the collector}
         self.nodes: dict[int, RemoteNode] = {}
         self.inbox: Inbox = queue.SimpleQueue()
         self.timeout = node_timeout()
@@ -174,13 +168,15 @@ class Hub:
         return [r for node in self.nodes.values() for r in node.ranks]
 
     # ---------------------------------------------------------------- what came in
-    def poll(self) -> None:
-        """What the other nodes' links sent since the last turn (the collector thread queues it)."""
+    def poll(self) -> bool:
+        """What the other nodes' links sent since the last turn (the collector thread queues it);
+        True when another node's set of ranks changed (telemetry is told every rank)."""
+        ranks_changed = False
         while True:
             try:
                 node, host, msgs, when = self.inbox.get_nowait()
             except queue.Empty:
-                return
+                return ranks_changed
             if msgs and msgs[0].get("type") == "refused":
                 self._refused(node, host, msgs[0])  # not a node of this run: no RemoteNode
                 continue
@@ -196,7 +192,7 @@ class Hub:
             remote.seen, remote.closed_at = time.monotonic(), None
             for msg in msgs:
                 try:
-                    self._message(remote, msg)
+                    ranks_changed = self._message(remote, msg) or ranks_changed
                 except (KeyError, TypeError, ValueError) as exc:  # checked by the collector; belt and braces
                     say(f"node {node} sent {msg.get('type')!r} xl cannot use: {exc!r}")
 
@@ -216,7 +212,8 @@ class Hub:
             "waiting on for this run's nodes: start them with the exact command this node printed",
         ))
 
-    def _message(self, remote: RemoteNode, msg: dict[str, Any]) -> None:
+    def _message(self, remote: RemoteNode, msg: dict[str, Any]) -> bool:
+        """Act on one message of ``remote``; True when it brought that node's ranks."""
         kind = msg["type"]
         if kind == "log":
             rank = int(msg["rank"])
@@ -225,7 +222,7 @@ class Hub:
                 remote.strange_logs += 1
                 if remote.strange_logs == 1:
                     say(f"node {remote.node} sent output of rank {rank}, which it does not have; dropped (and any more such)")
-                return
+                return False
             data = str(msg["data"]).encode("utf-8", "surrogateescape")
             remote.partial[rank] = self.sink.append(rank, data, remote.partial.get(rank, b""))
         elif kind == "ranks":
@@ -237,7 +234,7 @@ class Hub:
             elif remote.idle_since is None:
                 remote.idle_since = time.monotonic()
             self.journal.changed()
-            self.on_ranks()
+            return True
         elif kind == "event":
             # The run's own run_started/run_ended are node 0's; another node's are its part's.
             event = FromNode(dict(msg["event"]), remote.host, remote.node)
@@ -253,6 +250,7 @@ class Hub:
             if msg.get("failure") and remote.status == RunStatus.FAILED.value:
                 self._failure(remote, msg["failure"], float(msg["at"]))
             self.journal.changed()
+        return False
 
     def _failure(self, remote: RemoteNode, failure: dict[str, Any], at: float) -> None:
         """Another node's root cause becomes the run's when it came first."""
@@ -289,11 +287,12 @@ class Hub:
         self.stopping.begin(StopReason.FAILURE)
 
     # ---------------------------------------------------------------- each turn
-    def check_nodes(self) -> None:
+    def check_nodes(self, rank_frames: Callable[[], dict[int, float]]) -> None:
         """A node whose link closed without its end, or that went silent, is lost: the run is
-        over; unless its ranks still send (its supervisor alone is gone or frozen)."""
+        over; unless its ranks still send (its supervisor alone is gone or frozen).
+        ``rank_frames``: {rank: unix time of its last frame to the collector}."""
         now = time.monotonic()
-        frames = self.rank_frames() if any(not r.over for r in self.nodes.values()) else {}
+        frames = rank_frames() if any(not r.over for r in self.nodes.values()) else {}
         for remote in self.nodes.values():
             if remote.over:
                 continue
@@ -381,19 +380,20 @@ class Hub:
         self.journal.emit(Notice(EventKind.NODES_UNFINISHED, "; ".join(said) + "; their own run dirs have the rest"))
         return False
 
-    def tell_nodes(self) -> None:
+    def tell_nodes(self) -> dict[str, Any] | None:
         """Collectives of the other nodes may wait for this node's ranks for many minutes: end
-        them, when the stop was asked for or the run failed. A stray process left after a clean
-        finish is no reason to fail the other nodes."""
+        them, when the stop was asked for or the run failed (the stop the collector sends every
+        node, once; None when there is none to send). A stray process left after a clean finish
+        is no reason to fail the other nodes."""
         stop = self.stopping.state
         if self.told or stop is None:
-            return
+            return None
         if stop.reason is not StopReason.REQUESTED and self.cause.failure is None:
-            return
+            return None
         self.told = True
         why = StopReason.REQUESTED.value if stop.reason is StopReason.REQUESTED else StopReason.FAILURE.value
         # A copy: the collector thread serializes it while _failure may complete ours.
-        self.stop_nodes({"reason": why, "failure": self.cause.to_json()})
+        return {"reason": why, "failure": self.cause.to_json()}
 
     def settle(self, status: RunStatus) -> None:
         """At the end: the running ranks of a lost node failed with it; those of a node whose

@@ -60,11 +60,11 @@ def say(what: str) -> None:
 
 
 class Journal:
-    def __init__(self, run_dir: Path, record: RunRecord) -> None:
+    def __init__(self, run_dir: Path, record: RunRecord, link: NodeLink | None = None) -> None:
         self.run_dir = run_dir
         self.record = record
         self.dirty = False  # run.json needs rewriting
-        self.link: NodeLink | None = None  # node > 0: its link to node 0
+        self.link = link  # node > 0: its link to node 0 (it queues what is sent until it starts)
         self._lock = threading.Lock()
         self._write_errors: set[str] = set()
         self._held: list[str] = []  # event lines the disk refused, oldest first

@@ -60,6 +60,7 @@ from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
 from xl.launcher.supervisor.torchrun import Torchrun
 
 if TYPE_CHECKING:  # imported where they are needed: after torchrun started, or on several nodes only
+    from xl.launcher.multinode.nodelink import NodeLink
     from xl.launcher.rundir.digest import Digester
     from xl.launcher.supervisor.follower import Follower
     from xl.launcher.supervisor.hub import Hub
@@ -123,7 +124,12 @@ class Supervisor:
         self.signals = StopSignals()
         self.torchrun = Torchrun()
         self.port = TelemetryPort(self.token)
-        self.journal = Journal(run_dir, record)
+        link = None  # node > 0: its link to node 0, started in ``start`` (every record goes there too)
+        if self.hub_address is not None and self.node_rank > 0:
+            from xl.launcher.multinode.nodelink import NodeLink  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
+
+            link = NodeLink(*self.hub_address, self.token, self.node_rank, self.host)
+        self.journal = Journal(run_dir, record, link)
         self.ranks = Ranks(run_dir, record)
         self.escapes = Escapes(run_dir, self.run_id, self.journal.write_failed)
         # Every line goes to telemetry's parser (nothing while it is not running); a node > 0's
@@ -131,18 +137,19 @@ class Supervisor:
         self.sink = LogSink(run_dir, self.journal.write_failed, on_line=self.port.feed_log_line, forward=self.journal.send_log, wants=self.port.wants_lines)
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
         self.digester: Digester | None = None  # reads the run as it goes, from torchrun's start: its end reads only the rest
-        self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun, self.journal.changed, tell_nodes=self._tell_nodes)
+        self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun, self.journal.changed)
         self.follower: Follower | None = None  # node > 0: made in start, with its link
         self.hub: Hub | None = None  # node 0 of several
         if self.hub_address is not None and self.node_rank == 0:
             from xl.launcher.supervisor.hub import Hub  # noqa: PLC0415 - node 0 of several only: not on a one-node run's path to torchrun
 
-            self.hub = Hub(self.hub_address, nnodes, self.journal, self.cause, self.stopping, self.sink,
-                           on_ranks=self._ranks_changed, stop_nodes=self.port.stop_nodes, rank_frames=self.port.rank_frames)
+            self.hub = Hub(self.hub_address, nnodes, self.journal, self.cause, self.stopping, self.sink)
 
     def _tell_nodes(self) -> None:
-        if self.hub is not None:
-            self.hub.tell_nodes()
+        """Node 0 of several: once the run stops or fails, the other nodes are told (once)."""
+        stop = self.hub.tell_nodes() if self.hub is not None else None
+        if stop is not None:
+            self.port.stop_nodes(stop)
 
     # ---------------------------------------------------------------- startup
     def start(self) -> None:
@@ -155,8 +162,8 @@ class Supervisor:
         self.signals.install(self.sel)
         if self._stopped_before_start():
             return
-        if self.hub_address is not None and self.node_rank > 0:
-            self._link_to_node_0(self.hub_address)
+        if self.hub_address is not None and self.journal.link is not None:
+            self._link_to_node_0(self.hub_address, self.journal.link)
         self.layout.logs.mkdir(mode=0o700, exist_ok=True)
         self.layout.ranks.mkdir(mode=0o700, exist_ok=True)
         # First, before telemetry can add any diagnosis of its own.
@@ -209,14 +216,11 @@ class Supervisor:
         self._ranks_changed()
         _debug("loop ready")
 
-    def _link_to_node_0(self, hub: tuple[str, int]) -> None:
+    def _link_to_node_0(self, hub: tuple[str, int], link: NodeLink) -> None:
         """Node > 0: its link to node 0 (every record goes there too) and what it hears back."""
-        from xl.launcher.multinode.nodelink import NodeLink  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
         from xl.launcher.supervisor.follower import Follower  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
 
-        link = NodeLink(*hub, self.token, self.node_rank, self.host)
         link.start()
-        self.journal.link = link
         self.follower = Follower(hub, link, self.journal, self.cause, self.stopping, self.torchrun)
 
     def _stop_came(self, wait: float) -> bool:
@@ -233,6 +237,7 @@ class Supervisor:
         self.journal.emit(Notice(EventKind.STOP_REQUESTED, f"stop requested ({why}) before the run started"))
         self.record.update(stop_requested_at=time.time())
         self.stopping.begin(StopReason.REQUESTED)
+        self._tell_nodes()
         return True
 
     def _start_telemetry(self) -> dict[str, str]:
@@ -259,7 +264,9 @@ class Supervisor:
                 self.phase = Phase.DRAINING
             if self.phase is Phase.DRAINING:
                 self.sink.drain()
-                if not self.stopping.leftovers(self.signals.requested is not None) and not self._nodes_pending():
+                leftovers = self.stopping.leftovers(self.signals.requested is not None)
+                self._tell_nodes()
+                if not leftovers and not self._nodes_pending():
                     return
 
     def _turn(self) -> None:
@@ -268,8 +275,9 @@ class Supervisor:
         self.act(self.ranks.scan_records())
         self.act(self.ranks.check_alive())
         if self.hub is not None:
-            self.hub.poll()
-            self.hub.check_nodes()
+            if self.hub.poll():
+                self._ranks_changed()
+            self.hub.check_nodes(self.port.rank_frames)
         elif self.follower is not None:
             self.follower.poll()
         if self.signals.requested and self.stopping.state is None:
@@ -280,8 +288,10 @@ class Supervisor:
             # torchrun is gone but ranks are not: it was killed. End them.
             self.cause.torchrun_died(self.torchrun.code)
             self.stopping.begin(StopReason.TORCHRUN_DIED)
-        if self.cause.decide(self.ranks, self.torchrun.code, self.sink.drain) is not None:
-            self._tell_nodes()  # the stop began at the failure; the other nodes hear it with its cause
+        self.cause.decide(self.ranks, self.torchrun.code, self.sink.drain)
+        # A stop begun this turn, or the failure it began at once decided: the other nodes hear
+        # it, with its cause.
+        self._tell_nodes()
         self.stopping.advance()
         self.escapes.scan()
         self.stopping.end_exit_barrier(self.hub is not None and self.hub.busy(), self.journal.emit)
@@ -359,7 +369,7 @@ class Supervisor:
         self.save(close_run(self.run_dir, self.record, self.digester))
         self.journal.emit(RunEnded(status.value, f"run {status.value}"))
         self.phase = Phase.ENDED
-        link = self.journal.link
+        link = self.journal.link if self.follower is not None else None  # started: it has records to take
         if link is not None:
             failure = None if self.cause.remote else self.cause.to_json()
             link.send({"type": "end", "status": status.value, "failure": failure, "at": self.cause.at or time.time()})

@@ -94,15 +94,12 @@ class Stopping:
         ranks: Ranks,
         torchrun: Torchrun,
         on_changed: Callable[[], None],
-        tell_nodes: Callable[[], None] = lambda: None,
     ) -> None:
         self.run_id = run_id
         self.grace = grace
         self.ranks = ranks
         self.torchrun = torchrun
         self.on_changed = on_changed
-        # Node 0 of several: tells the other nodes on every begin (see Hub.tell_nodes).
-        self.tell_nodes = tell_nodes
         self.state: Stop | None = None
         self.barrier_since: float | None = None  # multi-node: when torchrun outlived its ranks
         self.barrier_ended = False  # xl ended torchrun stuck at its exit barrier
@@ -113,7 +110,6 @@ class Stopping:
 
     def begin(self, reason: StopReason) -> None:
         if self.state is not None:
-            self.tell_nodes()  # a failure found while stopping for no reason to tell
             return
         self.on_changed()
         self.state = Stop(reason=reason, since=time.monotonic())
@@ -126,7 +122,6 @@ class Stopping:
         self.state.extra = self._unknown_pids()
         for pid in self.state.extra:
             runprocs.signal_rank(pid, signal.SIGTERM)
-        self.tell_nodes()
 
     def catch_up(self, st: RankState) -> None:
         """A rank that started while everything is being stopped gets the same treatment."""
