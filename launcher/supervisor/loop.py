@@ -49,25 +49,22 @@ from xl.launcher.rundir import record as run_record
 from xl.launcher.rundir.events import EventKind, Notice, RunEnded
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.rundir.stopmark import stop_asked
-from xl.launcher.supervisor.escapes import Escapes
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.guard import crash_line, private_umask, raise_fd_limit
-from xl.launcher.supervisor.journal import Journal, hold_reserve, say
+from xl.launcher.supervisor.journal import Journal, hold_reserve
 from xl.launcher.supervisor.logsink import LogSink
+from xl.launcher.supervisor.nodes import Nodes, resolve
 from xl.launcher.supervisor.ranks import RankChange, Ranks, become_subreaper
 from xl.launcher.supervisor.stopping import Stopping, StopReason, StopSignals, grace_from_env
-from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
+from xl.launcher.supervisor.telemetry_port import TelemetryPort
 from xl.launcher.supervisor.torchrun import Torchrun
 
 if TYPE_CHECKING:  # imported where they are needed: after torchrun started, or on several nodes only
-    from xl.launcher.multinode.nodelink import NodeLink
     from xl.launcher.rundir.digest import Digester
-    from xl.launcher.supervisor.follower import Follower
-    from xl.launcher.supervisor.hub import Hub
+    from xl.launcher.supervisor.escapes import Escapes
     from xl.launcher.supervisor.lifecycle import Lifecycle
 
 _TICK_S = 0.1
-_LINK_CLOSE_S = 3.0
 
 
 def _debug(what: str) -> None:
@@ -113,43 +110,21 @@ class Supervisor:
         self.node_rank = record.node_rank
         self.host = record.host or socket.gethostname()
         grace = record.grace_s or grace_from_env()
-        nnodes = record.nnodes
-        self.hub_address: tuple[str, int] | None = None
-        self.token = os.urandom(16).hex()  # as secrets.token_hex(16), without its imports
-        if nnodes >= 2:
-            from xl.launcher.supervisor.hub import resolve_hub  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
-
-            self.hub_address, self.token = resolve_hub(record, self.token)
+        token = os.urandom(16).hex()  # as secrets.token_hex(16), without its imports
+        hub_address, self.token, link = resolve(record, token, self.host)
         self.sel = selectors.DefaultSelector()
         self.signals = StopSignals()
         self.torchrun = Torchrun()
         self.port = TelemetryPort(self.token)
-        link = None  # node > 0: its link to node 0, started in ``start`` (every record goes there too)
-        if self.hub_address is not None and self.node_rank > 0:
-            from xl.launcher.multinode.nodelink import NodeLink  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
-
-            link = NodeLink(*self.hub_address, self.token, self.node_rank, self.host)
-        self.journal = Journal(run_dir, record, link)
+        self.journal = Journal(run_dir, record, link)  # node > 0: every record goes to node 0 too
         self.ranks = Ranks(run_dir, record)
-        self.escapes = Escapes(run_dir, self.run_id, self.journal.write_failed)
         # Every line goes to telemetry's parser (nothing while it is not running); a node > 0's
         # output also goes to node 0 (nothing without a link).
         self.sink = LogSink(run_dir, self.journal.write_failed, on_line=self.port.feed_log_line, forward=self.journal.send_log, wants=self.port.wants_lines)
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
         self.digester: Digester | None = None  # reads the run as it goes, from torchrun's start: its end reads only the rest
         self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun, self.journal.changed)
-        self.follower: Follower | None = None  # node > 0: made in start, with its link
-        self.hub: Hub | None = None  # node 0 of several
-        if self.hub_address is not None and self.node_rank == 0:
-            from xl.launcher.supervisor.hub import Hub  # noqa: PLC0415 - node 0 of several only: not on a one-node run's path to torchrun
-
-            self.hub = Hub(self.hub_address, nnodes, self.journal, self.cause, self.stopping, self.sink)
-
-    def _tell_nodes(self) -> None:
-        """Node 0 of several: once the run stops or fails, the other nodes are told (once)."""
-        stop = self.hub.tell_nodes() if self.hub is not None else None
-        if stop is not None:
-            self.port.stop_nodes(stop)
+        self.nodes = Nodes.of(hub_address, record, self.journal, self.cause, self.stopping, self.sink, self.torchrun)
 
     # ---------------------------------------------------------------- startup
     def start(self) -> None:
@@ -162,26 +137,19 @@ class Supervisor:
         self.signals.install(self.sel)
         if self._stopped_before_start():
             return
-        if self.hub_address is not None and self.journal.link is not None:
-            self._link_to_node_0(self.hub_address, self.journal.link)
+        self.nodes.link()
         self.layout.logs.mkdir(mode=0o700, exist_ok=True)
         self.layout.ranks.mkdir(mode=0o700, exist_ok=True)
         # First, before telemetry can add any diagnosis of its own.
         self.journal.emit(Notice(EventKind.RUN_STARTED, _starting(len(self.ranks), self.record.devices)))
         env = dict(os.environ)
         env.update(self.record.env)
-        one_node = self.hub is None and self.follower is None
+        one_node = self.nodes.alone
         _debug("before telemetry")
         env.update(self.port.reserve(self.run_dir) if one_node else self._start_telemetry())
-        if self.follower is not None:
-            # This node's ranks send their xl.log frames straight to node 0's collector.
-            from xl.launcher.multinode.join import format_address  # noqa: PLC0415 - several nodes only
-
-            env[envnames.COLLECTOR] = format_address(*self.follower.hub)
         _debug("after telemetry")
         env.update({envnames.RUN_ID: self.run_id, envnames.RUN_DIR: str(self.run_dir), envnames.SUPERVISOR_PID: str(os.getpid())})
-        if self.follower is not None:
-            self.follower.wait_for_node_0(str(self.record.spec.get("rdzv") or ""), self._stop_came)
+        env.update(self.nodes.ranks_env(str(self.record.spec.get("rdzv") or ""), self._stop_came))
         if self._stopped_before_start():  # asked while telemetry started, or node 0 was awaited
             return
         # The record's command as it is (a broken one fails here as it always did: test_resilience),
@@ -210,18 +178,11 @@ class Supervisor:
             versions=provenance.collect(self.record.spec, bool(self.record.devices)),  # for xl compare (docs/compare.md)
         )
         self.digester = Digester(self.run_dir).follow()
-        _ = self.life  # made now, while torchrun starts (its import overlaps that start)
+        _ = self.life, self.escapes  # made now, while torchrun starts (their imports overlap that start)
         hold_reserve(self.run_dir)
         self.save()
         self._ranks_changed()
         _debug("loop ready")
-
-    def _link_to_node_0(self, hub: tuple[str, int], link: NodeLink) -> None:
-        """Node > 0: its link to node 0 (every record goes there too) and what it hears back."""
-        from xl.launcher.supervisor.follower import Follower  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
-
-        link.start()
-        self.follower = Follower(hub, link, self.journal, self.cause, self.stopping, self.torchrun)
 
     def _stop_came(self, wait: float) -> bool:
         for key, _ in self.sel.select(wait):
@@ -237,19 +198,14 @@ class Supervisor:
         self.journal.emit(Notice(EventKind.STOP_REQUESTED, f"stop requested ({why}) before the run started"))
         self.record.update(stop_requested_at=time.time())
         self.stopping.begin(StopReason.REQUESTED)
-        self._tell_nodes()
+        self.nodes.tell(self.port)
         return True
 
     def _start_telemetry(self) -> dict[str, str]:
-        where: dict[str, Any] = {"instrumented": _instrumented({**os.environ, **self.record.env})}
-        if self.hub is not None:
-            where.update(self.hub.collector_hooks())
-        elif self.follower is not None:
-            where["forward"] = forward_records(self.journal)
-        env = self.port.start(self.run_dir, self.journal.emit, **where)
+        instrumented = _instrumented({**os.environ, **self.record.env})
+        env = self.port.start(self.run_dir, self.journal.emit, instrumented=instrumented, **self.nodes.telemetry_hooks(self.journal))
         _debug("telemetry started")
-        if self.port.telemetry is None and self.hub is not None:
-            raise RuntimeError(self.hub.collector_failed(self.port.error))  # node 0's collector is a must
+        self.nodes.telemetry_failed(self.port)
         return env
 
     # ---------------------------------------------------------------- the loop
@@ -265,8 +221,8 @@ class Supervisor:
             if self.phase is Phase.DRAINING:
                 self.sink.drain()
                 leftovers = self.stopping.leftovers(self.signals.requested is not None)
-                self._tell_nodes()
-                if not leftovers and not self._nodes_pending():
+                self.nodes.tell(self.port)
+                if not leftovers and not self.nodes.pending():
                     return
 
     def _turn(self) -> None:
@@ -274,12 +230,8 @@ class Supervisor:
             self.record.update(torchrun_exit_code=self.torchrun.code)
         self.act(self.ranks.scan_records())
         self.act(self.ranks.check_alive())
-        if self.hub is not None:
-            if self.hub.poll():
-                self._ranks_changed()
-            self.hub.check_nodes(self.port.rank_frames)
-        elif self.follower is not None:
-            self.follower.poll()
+        if self.nodes.poll(self.port):
+            self._ranks_changed()
         if self.signals.requested and self.stopping.state is None:
             self.journal.emit(Notice(EventKind.STOP_REQUESTED, f"stop requested ({self.signals.requested})"))
             self.record.update(stop_requested_at=time.time())
@@ -291,13 +243,13 @@ class Supervisor:
         self.cause.decide(self.ranks, self.torchrun.code, self.sink.drain)
         # A stop begun this turn, or the failure it began at once decided: the other nodes hear
         # it, with its cause.
-        self._tell_nodes()
+        self.nodes.tell(self.port)
         self.stopping.advance()
         self.escapes.scan()
-        self.stopping.end_exit_barrier(self.hub is not None and self.hub.busy(), self.journal.emit)
+        self.stopping.end_exit_barrier(self.nodes.busy(), self.journal.emit)
         if self.journal.dirty:
             self.save()
-        if self.port.running and self.ranks.gone() and not self._nodes_pending() and not self.life.restart_due:
+        if self.port.running and self.ranks.gone() and not self.nodes.pending() and not self.life.restart_due:
             # Every rank process is gone, so nothing can log any more: flush telemetry now,
             # while torchrun tears down (~0.5 s), not after it.
             self.port.stop()
@@ -305,8 +257,12 @@ class Supervisor:
     def _all_done(self) -> bool:
         return self.ranks.all_done(self.torchrun.code, self.stopping.state is not None)
 
-    def _nodes_pending(self) -> bool:
-        return self.hub is not None and self.hub.pending()
+    @cached_property
+    def escapes(self) -> Escapes:
+        """The run's descendants that left it: looked for once torchrun runs (``_started``)."""
+        from xl.launcher.supervisor.escapes import Escapes  # noqa: PLC0415 - after torchrun started: its start does not wait for this
+
+        return Escapes(self.run_dir, self.run_id, self.journal.write_failed)
 
     @cached_property
     def life(self) -> Lifecycle:
@@ -323,13 +279,13 @@ class Supervisor:
 
     def _ranks_changed(self) -> None:
         """Every rank for telemetry; other nodes' ranks are flagged ``remote`` (not sampled here)."""
-        remote = self.hub.remote_ranks() if self.hub is not None else []
+        remote = self.nodes.remote_ranks()
         self.port.set_ranks(self.ranks.to_json() + [{**r, "remote": True} for r in remote])
 
     def save(self, waited: dict[int, float] | None = None) -> None:
         local = self.ranks.to_json()
         self.journal.send({"type": "ranks", "ranks": local})
-        remote = self.hub.remote_ranks() if self.hub is not None else []
+        remote = self.nodes.remote_ranks()
         ranks = sorted(local + remote, key=lambda r: int(r.get("rank") or 0))
         if waited:
             from xl.launcher.rundir.digest import with_waits  # noqa: PLC0415 - only the end has waits: not on the path to torchrun
@@ -355,8 +311,7 @@ class Supervisor:
         self.cause.fill_from_torchrun_log(self.ranks, self.torchrun.code)
         status = self.cause.conclude(self.stopping.requested, self.torchrun.code, self.stopping.barrier_ended, self.ranks, self.sink.drain)
         self.ranks.settle(stopped=status is RunStatus.STOPPED)
-        if self.hub is not None:
-            self.hub.settle(status)
+        self.nodes.settle(status)
         _debug("finish start")
         self.port.stop()
         _debug("telemetry stopped")
@@ -369,12 +324,7 @@ class Supervisor:
         self.save(close_run(self.run_dir, self.record, self.digester))
         self.journal.emit(RunEnded(status.value, f"run {status.value}"))
         self.phase = Phase.ENDED
-        link = self.journal.link if self.follower is not None else None  # started: it has records to take
-        if link is not None:
-            failure = None if self.cause.remote else self.cause.to_json()
-            link.send({"type": "end", "status": status.value, "failure": failure, "at": self.cause.at or time.time()})
-            if not link.close(_LINK_CLOSE_S):
-                say("node 0 did not take this node's last records; they are here")
+        self.nodes.end(status, self.cause)
         return status
 
 
