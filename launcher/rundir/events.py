@@ -1,4 +1,5 @@
-"""events.jsonl: lifecycle and diagnoses, one JSON object a line (docs/contracts.md, "events.jsonl").
+"""events.jsonl: lifecycle and diagnoses, one JSON object a line (docs/contracts.md,
+"events.jsonl").
 
 The one place an event line is made and appended, for the supervisor, its telemetry and the
 viewers that end an orphaned run. Every kind is an ``EventKind``; each family of kinds is a
@@ -55,6 +56,11 @@ class EventKind(str, Enum):
     WAITING_FOR_NODE_0 = "waiting_for_node_0"
 
 
+def _timed(t: float, kind: EventKind, rank: int | None, message: str) -> dict[str, Any]:
+    """The head of a line that telemetry times itself."""
+    return {"t": t, "kind": kind.value, "rank": rank, "message": message}
+
+
 class Event:
     """One line of events.jsonl: its ``kind`` and its object (``to_json``)."""
 
@@ -84,7 +90,12 @@ class RankStarted(Event):
     kind: EventKind = field(default=EventKind.RANK_STARTED, init=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "rank": self.rank, "pid": self.pid, "message": self.message}
+        return {
+            "kind": self.kind.value,
+            "rank": self.rank,
+            "pid": self.pid,
+            "message": self.message,
+        }
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,12 @@ class RankExited(Event):
     kind: EventKind = field(default=EventKind.RANK_EXITED, init=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "rank": self.rank, "exit_code": self.exit_code, "message": self.message}
+        return {
+            "kind": self.kind.value,
+            "rank": self.rank,
+            "exit_code": self.exit_code,
+            "message": self.message,
+        }
 
 
 @dataclass(frozen=True)
@@ -200,7 +216,10 @@ class FromNode(Event):
     @property
     def kind(self) -> EventKind | str:  # type: ignore[override]
         kind = str(self.event["kind"])
-        renamed = {EventKind.RUN_STARTED.value: EventKind.NODE_STARTED, EventKind.RUN_ENDED.value: EventKind.NODE_ENDED}
+        renamed = {
+            EventKind.RUN_STARTED.value: EventKind.NODE_STARTED,
+            EventKind.RUN_ENDED.value: EventKind.NODE_ENDED,
+        }
         return renamed.get(kind, kind)
 
     def to_json(self) -> dict[str, Any]:
@@ -224,7 +243,7 @@ class Diagnosis(Event):
     t: float = field(default_factory=time.time)
 
     def to_json(self) -> dict[str, Any]:
-        return {"t": self.t, "kind": self.kind.value, "rank": self.rank, "message": self.message, **self.extra}
+        return {**_timed(self.t, self.kind, self.rank, self.message), **self.extra}
 
 
 @dataclass(frozen=True)
@@ -261,14 +280,8 @@ class Dropped(Event):
     kind: EventKind = field(default=EventKind.DROPPED, init=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "t": self.t,
-            "kind": self.kind.value,
-            "rank": self.rank,
-            "message": self.message,
-            "count": self.count,
-            "reason": self.reason,
-        }
+        said = _timed(self.t, self.kind, self.rank, self.message)
+        return {**said, "count": self.count, "reason": self.reason}
 
 
 @dataclass(frozen=True)

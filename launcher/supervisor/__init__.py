@@ -6,8 +6,9 @@ The module path is a contract (it appears in ``ps`` and in the tests): this pack
 names itself ``xl-supervisor`` and runs torchrun as its child. One module a job:
 
 - ``loop``: the Supervisor (start, a short loop, finish) and what a rank's start or end means;
-- ``ranks``: who is who (rank records ``ranks/rank-<r>.json``, pids checked by their environment), how each ended,
-  reaping (it is a child subreaper: ranks orphaned by a killed torchrun become its children);
+- ``ranks``: who is who (rank records ``ranks/rank-<r>.json``, pids checked by their
+  environment), how each ended, reaping (it is a child subreaper: ranks orphaned by a killed
+  torchrun become its children);
 - ``logsink``: every rank's ``logs/rank-<r>.log`` (written by the rank's own relay), read as it
   grows and parsed; nothing a rank prints waits on the supervisor;
 - ``guard``: descriptors raised to the hard limit, a private run dir, a crash that says so;

@@ -90,6 +90,18 @@ def resolve_hub(record: RunRecord, token: str) -> tuple[tuple[str, int] | None, 
     return hub, token
 
 
+def refused_event(node: int, host: str, peer: str) -> NodeRefused:
+    """A node with a wrong XL_TOKEN, said with its number and address only."""
+    where = f"host {host or '?'}" + (f", from {peer}" if peer else "")
+    return NodeRefused(
+        host,
+        node,
+        peer,
+        f"a node {node} ({where}) tried to join with a wrong {envnames.TOKEN} and was refused; "
+        "waiting on for this run's nodes: start them with the exact command this node printed",
+    )
+
+
 @dataclass
 class RemoteNode:
     """Node 0's view of another node, from what its link sent."""
@@ -118,6 +130,15 @@ class RemoteNode:
 
     def rank_numbers(self) -> list[int]:
         return sorted(int(r["rank"]) for r in self.ranks if isinstance(r.get("rank"), int))
+
+    def take_ranks(self, ranks: list[dict[str, Any]]) -> None:
+        """Its ranks as it sent them, each with its node; idle once none starts or runs."""
+        node = {"node_rank": self.node}
+        self.ranks = [{**info, "node": info.get("node") or self.host, **node} for info in ranks]
+        if any(r.get("state") in LIVE_STATES for r in self.ranks):
+            self.idle_since = None
+        elif self.idle_since is None:
+            self.idle_since = time.monotonic()
 
 
 class Hub:
@@ -155,12 +176,14 @@ class Hub:
 
     def collector_failed(self, error: str) -> str:
         """Every node sends to node 0's collector: without it (another program may hold its port,
-        waiting for the token) the run must not start at all (issue 25, docs/security.md). The
-        failure is recorded; returns its message."""
-        message = (f"node 0's collector cannot listen on {format_address(*self.address)} ({error}): "
-                   "another program may hold that port; set XL_COLLECTOR_PORT to a free port, the same on every node")
-        cause = Cause(CauseKind.PORT_IN_USE, f"node 0's collector port {format_address(*self.address)} is taken ({error})",
-                      "set XL_COLLECTOR_PORT to a free port, the same on every node", [error])
+        waiting for the token) the run must not start at all, as a squatter there would be sent
+        every node's records (docs/security.md). The failure is recorded; returns its message."""
+        where = format_address(*self.address)
+        fix = "set XL_COLLECTOR_PORT to a free port, the same on every node"
+        message = (f"node 0's collector cannot listen on {where} ({error}): "
+                   f"another program may hold that port; {fix}")
+        taken = f"node 0's collector port {where} is taken ({error})"
+        cause = Cause(CauseKind.PORT_IN_USE, taken, fix, [error])
         self.cause.set(self.cause.local(None, None, None, None, message, cause), time.time())
         return message
 
@@ -193,24 +216,19 @@ class Hub:
             for msg in msgs:
                 try:
                     ranks_changed = self._message(remote, msg) or ranks_changed
-                except (KeyError, TypeError, ValueError) as exc:  # checked by the collector; belt and braces
+                # checked by the collector; belt and braces
+                except (KeyError, TypeError, ValueError) as exc:
                     say(f"node {node} sent {msg.get('type')!r} xl cannot use: {exc!r}")
 
     def _refused(self, node: int, host: str, refused: dict[str, Any]) -> None:
-        """A node with a wrong XL_TOKEN tried to join: say so; the run waits on for the right one."""
+        """A node with a wrong XL_TOKEN tried to join: say so; the run waits on for the right one
+        (a node of this run)."""
         peer = str(refused.get("peer") or "")
         key = (node, host, peer)
         if key in self.refused_seen or len(self.refused_seen) >= _MAX_REFUSED_EVENTS:
             return
         self.refused_seen.add(key)
-        where = f"host {host or '?'}" + (f", from {peer}" if peer else "")
-        self.journal.emit(NodeRefused(
-            host,
-            node,
-            peer,
-            f"a node {node} ({where}) tried to join with a wrong {envnames.TOKEN} and was refused; "
-            "waiting on for this run's nodes: start them with the exact command this node printed",
-        ))
+        self.journal.emit(refused_event(node, host, peer))
 
     def _message(self, remote: RemoteNode, msg: dict[str, Any]) -> bool:
         """Act on one message of ``remote``; True when it brought that node's ranks."""
@@ -218,21 +236,17 @@ class Hub:
         if kind == "log":
             rank = int(msg["rank"])
             if not any(r.get("rank") == rank for r in remote.ranks):
-                # Only the ranks it has: a peer with the token once sent 25,000 made-up ones, a file each.
+                # Only the ranks it has: a peer with the token once sent 25,000 made-up ones, a
+                # file each.
                 remote.strange_logs += 1
                 if remote.strange_logs == 1:
-                    say(f"node {remote.node} sent output of rank {rank}, which it does not have; dropped (and any more such)")
+                    say(f"node {remote.node} sent output of rank {rank}, which it does not have; "
+                        "dropped (and any more such)")
                 return False
             data = str(msg["data"]).encode("utf-8", "surrogateescape")
             remote.partial[rank] = self.sink.append(rank, data, remote.partial.get(rank, b""))
         elif kind == "ranks":
-            remote.ranks = [
-                {**info, "node": info.get("node") or remote.host, "node_rank": remote.node} for info in msg["ranks"]
-            ]
-            if any(r.get("state") in LIVE_STATES for r in remote.ranks):
-                remote.idle_since = None
-            elif remote.idle_since is None:
-                remote.idle_since = time.monotonic()
+            remote.take_ranks(msg["ranks"])
             self.journal.changed()
             return True
         elif kind == "event":
@@ -306,10 +320,13 @@ class Hub:
             remote.lost = True
             since = remote.closed_at if remote.closed_at is not None else remote.seen
             running = [int(r["rank"]) for r in remote.ranks if r.get("state") in LIVE_STATES]
-            how = "its supervisor's connection closed" if closed else f"nothing came from it for {self.timeout:g}s"
+            silent = f"nothing came from it for {self.timeout:g}s"
+            how = "its supervisor's connection closed" if closed else silent
             ranks = f" with rank(s) {', '.join(map(str, running))} running" if running else ""
-            message = f"node {remote.node} ({remote.host or '?'}) was lost{ranks}: {how} (killed, or its machine went down)"
-            self.journal.emit(NodeNotice(EventKind.NODE_LOST, remote.node, message, node=remote.host))
+            message = (f"node {remote.node} ({remote.host or '?'}) was lost{ranks}: {how} "
+                       "(killed, or its machine went down)")
+            lost = NodeNotice(EventKind.NODE_LOST, remote.node, message, node=remote.host)
+            self.journal.emit(lost)
             failure = {
                 "rank": None,
                 "exit_code": None,
@@ -318,20 +335,26 @@ class Hub:
                 "message": message,
                 "node": remote.host,
                 "node_rank": remote.node,
-                "cause": Cause(CauseKind.KILLED, f"node {remote.node}'s supervisor is gone: {how}", None, [message]).to_json(),
+                "cause": Cause(CauseKind.KILLED, f"node {remote.node}'s supervisor is gone: {how}",
+                               None, [message]).to_json(),
             }
             self._failure(remote, failure, time.time() - (now - since))
             self.journal.changed()
 
     def _judged(self, remote: RemoteNode, verdict: Verdict) -> None:
-        """Say once that a node's supervisor is gone while its ranks train on, and when they end."""
+        """Say once that a node's supervisor is gone while its ranks train on, and when they
+        end."""
         if verdict is Verdict.ORPHANED and not remote.orphaned:
             remote.orphaned = True
-            message = supervisor_gone_message(remote.node, remote.host, remote.closed_at is not None, remote.rank_numbers())
-            self.journal.emit(NodeNotice(EventKind.NODE_SUPERVISOR_LOST, remote.node, message, node=remote.host))
+            closed, ranks = remote.closed_at is not None, remote.rank_numbers()
+            message = supervisor_gone_message(remote.node, remote.host, closed, ranks)
+            kind = EventKind.NODE_SUPERVISOR_LOST
+            self.journal.emit(NodeNotice(kind, remote.node, message, node=remote.host))
         elif verdict is Verdict.QUIET:
             remote.quiet = True
-            self.journal.emit(NodeNotice(EventKind.NODE_QUIET, remote.node, quiet_message(remote.node, remote.host), node=remote.host))
+            message = quiet_message(remote.node, remote.host)
+            quiet = NodeNotice(EventKind.NODE_QUIET, remote.node, message, node=remote.host)
+            self.journal.emit(quiet)
             self.journal.changed()
         elif verdict is Verdict.ALIVE and remote.orphaned and remote.closed_at is None:
             remote.orphaned = False  # its supervisor speaks again (thawed)
@@ -354,14 +377,16 @@ class Hub:
         now = time.monotonic()
         if self.local_done_at is None:
             self.local_done_at = now
-        waiting = [n for n in range(1, self.nnodes) if not ((r := self.nodes.get(n)) is not None and r.over)]
+        over = {n for n, r in self.nodes.items() if r.over}
+        waiting = [n for n in range(1, self.nnodes) if n not in over]
         never = [n for n in waiting if n not in self.nodes]
         if never and self.stopping.state is not None:
             waiting = [n for n in waiting if n in self.nodes]
             if not self.never_said:
                 self.never_said = True
                 names = ", ".join(map(str, never))
-                self.journal.emit(Notice(EventKind.NODES_NEVER_JOINED, f"node(s) {names} never joined: the run ended before they did"))
+                said = f"node(s) {names} never joined: the run ended before they did"
+                self.journal.emit(Notice(EventKind.NODES_NEVER_JOINED, said))
         if not waiting:
             return False
         limit = self.stopping.grace + _node_end_wait()
@@ -369,15 +394,19 @@ class Hub:
             remote = self.nodes.get(n)
             if remote is not None and remote.busy and self.stopping.state is None:
                 return True
-            since = max(self.local_done_at, remote.idle_since or 0.0) if remote is not None else self.local_done_at
+            since = self.local_done_at
+            if remote is not None:
+                since = max(since, remote.idle_since or 0.0)
             if now - since < limit:
                 return True
         self.waited = True
         heard = ", ".join(str(n) for n in waiting if n in self.nodes)
         unheard = ", ".join(str(n) for n in waiting if n not in self.nodes)
-        said = [f"node(s) {heard} had not reported the end of their part {limit:g}s after their ranks were done"] if heard else []
+        said = [f"node(s) {heard} had not reported the end of their part {limit:g}s after "
+                "their ranks were done"] if heard else []
         said += [f"node(s) {unheard} never reached node 0's collector"] if unheard else []
-        self.journal.emit(Notice(EventKind.NODES_UNFINISHED, "; ".join(said) + "; their own run dirs have the rest"))
+        said_all = "; ".join(said) + "; their own run dirs have the rest"
+        self.journal.emit(Notice(EventKind.NODES_UNFINISHED, said_all))
         return False
 
     def tell_nodes(self) -> dict[str, Any] | None:
@@ -391,15 +420,20 @@ class Hub:
         if stop.reason is not StopReason.REQUESTED and self.cause.failure is None:
             return None
         self.told = True
-        why = StopReason.REQUESTED.value if stop.reason is StopReason.REQUESTED else StopReason.FAILURE.value
+        asked = stop.reason is StopReason.REQUESTED
+        why = StopReason.REQUESTED.value if asked else StopReason.FAILURE.value
         # A copy: the collector thread serializes it while _failure may complete ours.
         return {"reason": why, "failure": self.cause.to_json()}
 
     def settle(self, status: RunStatus) -> None:
         """At the end: the running ranks of a lost node failed with it; those of a node whose
         ranks went quiet without their supervisor ended with the run (its own run dir has how)."""
-        ended = rank_outcome(0 if status is RunStatus.SUCCEEDED else None, stopped=status is RunStatus.STOPPED)
+        ended = rank_outcome(
+            0 if status is RunStatus.SUCCEEDED else None, stopped=status is RunStatus.STOPPED
+        )
         for node in self.nodes.values():
             for info in node.ranks:
                 if (node.lost or node.quiet) and info.get("state") not in DONE_STATES:
-                    info["state"] = (rank_outcome(None, stopped=False) if node.lost else ended).value
+                    info["state"] = (
+                        rank_outcome(None, stopped=False) if node.lost else ended
+                    ).value

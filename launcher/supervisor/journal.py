@@ -21,7 +21,8 @@ from xl.launcher.rundir.events import Event, WriteLost, append_line, event_objec
 from xl.launcher.rundir.record import RunRecord
 from xl.launcher.supervisor.guard import crash_line
 
-if TYPE_CHECKING:  # only a node > 0 has a link, made by the supervisor (not on a one-node run's path)
+# only a node > 0 has a link, made by the supervisor (not on a one-node run's path)
+if TYPE_CHECKING:
     from xl.launcher.multinode.nodelink import NodeLink
 
 

@@ -23,7 +23,13 @@ class Lifecycle:
     """The ranks' starts and ends, as the run's events and decisions."""
 
     def __init__(
-        self, record: RunRecord, journal: Journal, ranks: Ranks, torchrun: Torchrun, cause: RootCause, stopping: Stopping
+        self,
+        record: RunRecord,
+        journal: Journal,
+        ranks: Ranks,
+        torchrun: Torchrun,
+        cause: RootCause,
+        stopping: Stopping,
     ) -> None:
         self.record, self.journal, self.ranks, self.torchrun = record, journal, ranks, torchrun
         self.cause, self.stopping = cause, stopping
@@ -56,14 +62,24 @@ class Lifecycle:
 
     def _started(self, st: RankState) -> None:
         gpu = f", GPU {st.gpu}" if st.gpu is not None else ""
-        self.journal.emit(RankStarted(st.rank, st.pid, f"rank {st.rank} started (pid {st.pid}{gpu})"))
+        self.journal.emit(
+            RankStarted(st.rank, st.pid, f"rank {st.rank} started (pid {st.pid}{gpu})")
+        )
         self.stopping.catch_up(st)
 
     def _ended(self, st: RankState, code: int | None, when: float | None) -> None:
         stop = self.stopping.state
-        st.end(code, when, stopped=st.signalled is not None or (stop is not None and stop.explains(code)))
+        st.end(
+            code,
+            when,
+            stopped=st.signalled is not None or (stop is not None and stop.explains(code)),
+        )
         self.journal.emit(RankExited(st.rank, code, describe_end(st)))
-        if st.state is not RankPhase.FAILED or self.cause.failure is not None or self.stopping.state is not None:
+        if (
+            st.state is not RankPhase.FAILED
+            or self.cause.failure is not None
+            or self.stopping.state is not None
+        ):
             return
         if st.attempt < self.ranks.max_restarts and self.torchrun.code is None:
             # torchrun restarts every rank of the node: no cause yet, no stop (the first

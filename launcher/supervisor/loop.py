@@ -11,7 +11,8 @@ is in docs/contracts.md, "run.json")::
     waited_s}], failure {rank, exit_code, traceback, error, message, node, node_rank, cause} |
     null, metrics_bytes_lost, write_lost, time
 
-Rank ``state``: starting|running|exited|failed|stopped. ``exit_code`` < 0 means killed by that signal.
+Rank ``state``: starting|running|exited|failed|stopped. ``exit_code`` < 0 means killed by that
+signal.
 
 events.jsonl (``xl.launcher.rundir.events``): run_started, stop_requested and run_ended are
 written here; rank_started, rank_exited and restarted by ``Lifecycle``; the one failure event by
@@ -59,7 +60,8 @@ from xl.launcher.supervisor.stopping import Stopping, StopReason, StopSignals, g
 from xl.launcher.supervisor.telemetry_port import TelemetryPort
 from xl.launcher.supervisor.torchrun import Torchrun
 
-if TYPE_CHECKING:  # imported where they are needed: after torchrun started, or on several nodes only
+# imported where they are needed: after torchrun started, or on several nodes only
+if TYPE_CHECKING:
     from xl.launcher.rundir.digest import Digester
     from xl.launcher.supervisor.escapes import Escapes
     from xl.launcher.supervisor.lifecycle import Lifecycle
@@ -83,7 +85,8 @@ class Phase(str, Enum):
 
     STARTING = "starting"  # torchrun not started (after ``start``: never, a stop came first)
     RUNNING = "running"  # torchrun started; ranks come, go, fail, are stopped
-    DRAINING = "draining"  # torchrun and every rank ended: their last output, leftovers, other nodes
+    # torchrun and every rank ended: their last output, leftovers, other nodes
+    DRAINING = "draining"
     ENDED = "ended"  # ``finish`` recorded the outcome
 
 
@@ -120,11 +123,22 @@ class Supervisor:
         self.ranks = Ranks(run_dir, record)
         # Every line goes to telemetry's parser (nothing while it is not running); a node > 0's
         # output also goes to node 0 (nothing without a link).
-        self.sink = LogSink(run_dir, self.journal.write_failed, on_line=self.port.feed_log_line, forward=self.journal.send_log, wants=self.port.wants_lines)
+        self.sink = LogSink(
+            run_dir,
+            self.journal.write_failed,
+            on_line=self.port.feed_log_line,
+            forward=self.journal.send_log,
+            wants=self.port.wants_lines,
+        )
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
-        self.digester: Digester | None = None  # reads the run as it goes, from torchrun's start: its end reads only the rest
-        self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun, self.journal.changed)
-        self.nodes = Nodes.of(hub_address, record, self.journal, self.cause, self.stopping, self.sink, self.torchrun)
+        # reads the run as it goes, from torchrun's start: its end reads only the rest
+        self.digester: Digester | None = None
+        self.stopping = Stopping(
+            self.run_id, grace, self.ranks, self.torchrun, self.journal.changed
+        )
+        self.nodes = Nodes.of(
+            hub_address, record, self.journal, self.cause, self.stopping, self.sink, self.torchrun
+        )
 
     # ---------------------------------------------------------------- startup
     def start(self) -> None:
@@ -141,20 +155,34 @@ class Supervisor:
         self.layout.logs.mkdir(mode=0o700, exist_ok=True)
         self.layout.ranks.mkdir(mode=0o700, exist_ok=True)
         # First, before telemetry can add any diagnosis of its own.
-        self.journal.emit(Notice(EventKind.RUN_STARTED, _starting(len(self.ranks), self.record.devices)))
+        self.journal.emit(
+            Notice(EventKind.RUN_STARTED, _starting(len(self.ranks), self.record.devices))
+        )
         env = dict(os.environ)
         env.update(self.record.env)
         one_node = self.nodes.alone
         _debug("before telemetry")
         env.update(self.port.reserve(self.run_dir) if one_node else self._start_telemetry())
         _debug("after telemetry")
-        env.update({envnames.RUN_ID: self.run_id, envnames.RUN_DIR: str(self.run_dir), envnames.SUPERVISOR_PID: str(os.getpid())})
+        env.update(
+            {
+                envnames.RUN_ID: self.run_id,
+                envnames.RUN_DIR: str(self.run_dir),
+                envnames.SUPERVISOR_PID: str(os.getpid()),
+            }
+        )
         env.update(self.nodes.ranks_env(str(self.record.spec.get("rdzv") or ""), self._stop_came))
         if self._stopped_before_start():  # asked while telemetry started, or node 0 was awaited
             return
         # The record's command as it is (a broken one fails here as it always did: test_resilience),
         # with the port torchrun's store gets on one node (Torchrun.start).
-        argv = self.torchrun.start(self.record.argv, cwd=self.record.cwd, env=env, log=self.layout.torchrun_log, umask=self.user_umask)
+        argv = self.torchrun.start(
+            self.record.argv,
+            cwd=self.record.cwd,
+            env=env,
+            log=self.layout.torchrun_log,
+            umask=self.user_umask,
+        )
         self.record.update(argv=argv)
         self.phase = Phase.RUNNING
         runprocs.give_way()
@@ -175,10 +203,12 @@ class Supervisor:
             torchrun_pid=self.torchrun.proc.pid if self.torchrun.proc is not None else None,
             started_at=self.record.started_at or time.time(),
             grace_s=self.stopping.grace,
-            versions=provenance.collect(self.record.spec, bool(self.record.devices)),  # for xl compare (docs/compare.md)
+            # for xl compare (docs/compare.md)
+            versions=provenance.collect(self.record.spec, bool(self.record.devices)),
         )
         self.digester = Digester(self.run_dir).follow()
-        _ = self.life, self.escapes  # made now, while torchrun starts (their imports overlap that start)
+        # made now, while torchrun starts (their imports overlap that start)
+        _ = self.life, self.escapes
         hold_reserve(self.run_dir)
         self.save()
         self._ranks_changed()
@@ -195,7 +225,9 @@ class Supervisor:
         if not self._stop_came(0.0):
             return False
         why = self.signals.requested or "xl stop"
-        self.journal.emit(Notice(EventKind.STOP_REQUESTED, f"stop requested ({why}) before the run started"))
+        self.journal.emit(
+            Notice(EventKind.STOP_REQUESTED, f"stop requested ({why}) before the run started")
+        )
         self.record.update(stop_requested_at=time.time())
         self.stopping.begin(StopReason.REQUESTED)
         self.nodes.tell(self.port)
@@ -203,7 +235,12 @@ class Supervisor:
 
     def _start_telemetry(self) -> dict[str, str]:
         instrumented = _instrumented({**os.environ, **self.record.env})
-        env = self.port.start(self.run_dir, self.journal.emit, instrumented=instrumented, **self.nodes.telemetry_hooks(self.journal))
+        env = self.port.start(
+            self.run_dir,
+            self.journal.emit,
+            instrumented=instrumented,
+            **self.nodes.telemetry_hooks(self.journal),
+        )
         _debug("telemetry started")
         self.nodes.telemetry_failed(self.port)
         return env
@@ -233,7 +270,9 @@ class Supervisor:
         if self.nodes.poll(self.port):
             self._ranks_changed()
         if self.signals.requested and self.stopping.state is None:
-            self.journal.emit(Notice(EventKind.STOP_REQUESTED, f"stop requested ({self.signals.requested})"))
+            self.journal.emit(
+                Notice(EventKind.STOP_REQUESTED, f"stop requested ({self.signals.requested})")
+            )
             self.record.update(stop_requested_at=time.time())
             self.stopping.begin(StopReason.REQUESTED)
         if self.torchrun.code is not None and self.stopping.state is None and not self._all_done():
@@ -249,7 +288,12 @@ class Supervisor:
         self.stopping.end_exit_barrier(self.nodes.busy(), self.journal.emit)
         if self.journal.dirty:
             self.save()
-        if self.port.running and self.ranks.gone() and not self.nodes.pending() and not self.life.restart_due:
+        if (
+            self.port.running
+            and self.ranks.gone()
+            and not self.nodes.pending()
+            and not self.life.restart_due
+        ):
             # Every rank process is gone, so nothing can log any more: flush telemetry now,
             # while torchrun tears down (~0.5 s), not after it.
             self.port.stop()
@@ -270,7 +314,9 @@ class Supervisor:
         import overlaps torchrun's start; nothing changes before torchrun runs)."""
         from xl.launcher.supervisor.lifecycle import Lifecycle  # noqa: PLC0415 - after torchrun started: its start does not wait for this
 
-        return Lifecycle(self.record, self.journal, self.ranks, self.torchrun, self.cause, self.stopping)
+        return Lifecycle(
+            self.record, self.journal, self.ranks, self.torchrun, self.cause, self.stopping
+        )
 
     def act(self, changes: list[RankChange]) -> None:
         """Hand what ``Ranks`` found changed to ``Lifecycle``, in its order."""
@@ -278,7 +324,8 @@ class Supervisor:
             self._ranks_changed()
 
     def _ranks_changed(self) -> None:
-        """Every rank for telemetry; other nodes' ranks are flagged ``remote`` (not sampled here)."""
+        """Every rank for telemetry; other nodes' ranks are flagged ``remote`` (not sampled
+        here)."""
         remote = self.nodes.remote_ranks()
         self.port.set_ranks(self.ranks.to_json() + [{**r, "remote": True} for r in remote])
 
@@ -305,11 +352,19 @@ class Supervisor:
         if self.torchrun.proc is not None:
             runprocs.signal_pid(self.torchrun.proc.pid, signal.SIGKILL)
         if self.cause.failure is None:
-            self.cause.failure = self.cause.local(None, None, None, None, f"supervisor error: {exc!r}")
+            self.cause.failure = self.cause.local(
+                None, None, None, None, f"supervisor error: {exc!r}"
+            )
 
     def finish(self) -> RunStatus:
         self.cause.fill_from_torchrun_log(self.ranks, self.torchrun.code)
-        status = self.cause.conclude(self.stopping.requested, self.torchrun.code, self.stopping.barrier_ended, self.ranks, self.sink.drain)
+        status = self.cause.conclude(
+            self.stopping.requested,
+            self.torchrun.code,
+            self.stopping.barrier_ended,
+            self.ranks,
+            self.sink.drain,
+        )
         self.ranks.settle(stopped=status is RunStatus.STOPPED)
         self.nodes.settle(status)
         _debug("finish start")

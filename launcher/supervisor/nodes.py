@@ -29,7 +29,9 @@ if TYPE_CHECKING:  # several nodes only
 _LINK_CLOSE_S = 3.0
 
 
-def resolve(record: RunRecord, token: str, host: str) -> tuple[tuple[str, int] | None, str, NodeLink | None]:
+def resolve(
+    record: RunRecord, token: str, host: str
+) -> tuple[tuple[str, int] | None, str, NodeLink | None]:
     """Node 0's collector address (None: one node, or no view of the others), the run's token,
     and a node > 0's link to node 0 (made, not started)."""
     if record.nnodes < 2:
@@ -148,6 +150,13 @@ class Nodes:
             return
         link = self.follower.link
         failure = None if cause.remote else cause.to_json()
-        link.send({"type": "end", "status": status.value, "failure": failure, "at": cause.at or time.time()})
+        link.send(
+            {
+                "type": "end",
+                "status": status.value,
+                "failure": failure,
+                "at": cause.at or time.time(),
+            }
+        )
         if not link.close(_LINK_CLOSE_S):
             say("node 0 did not take this node's last records; they are here")

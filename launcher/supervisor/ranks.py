@@ -37,7 +37,8 @@ from xl.launcher.rundir.outcome import RankPhase, rank_outcome
 from xl.launcher.rundir.record import RunRecord
 from xl.procfs import read_environ
 
-if TYPE_CHECKING:  # `xl launch` imports this module (for the stop grace): torchrun's is the supervisor's only
+# `xl launch` imports this module (for the stop grace): torchrun's is the supervisor's only
+if TYPE_CHECKING:
     from xl.launcher.supervisor.torchrun import Torchrun
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -64,7 +65,9 @@ def describe_end(st: RankState) -> str:
     """A rank's end as the rank table shows it: a rank xl stopped reads "stopped (-15)", not
     "exit code unknown" (its exit code may come later, from torchrun)."""
     if st.state is RankPhase.STOPPED:
-        code = st.exit_code if st.exit_code is not None else (-st.signalled if st.signalled else None)
+        code = (
+            st.exit_code if st.exit_code is not None else (-st.signalled if st.signalled else None)
+        )
         return f"rank {st.rank} stopped" + (f" ({code})" if code is not None else "")
     return describe_exit(st.rank, st.exit_code)
 
@@ -240,8 +243,9 @@ class Ranks:
 
         Ranks start as guesses, node_rank * nproc + local_rank, often wrong: under c10d torch
         numbers nodes in the order they join (GROUP_RANK, not xl's node_rank) and ranks node after
-        node, so arrival order and nodes with different GPU counts shift them. A rank's LOCAL_RANK (its record, else its environment)
-        names its slot, which then takes the rank torch gave it; WORLD_SIZE fixes world_size."""
+        node, so arrival order and nodes with different GPU counts shift them. A rank's LOCAL_RANK
+        (its record, else its environment) names its slot, which then takes the rank torch gave
+        it; WORLD_SIZE fixes world_size."""
         st = self.by_rank.get(rank)
         if not self.multi_node or (st is not None and st.pid is not None):
             return st
@@ -277,7 +281,9 @@ class Ranks:
             # An ended rank with a new process: torchrun restarted it. Its environment names
             # the attempt (a process already gone is the next one); so does a rank's first
             # process when its earlier one died before it could report.
-            count = read_environ(pid, ("TORCHELASTIC_RESTART_COUNT",)).get("TORCHELASTIC_RESTART_COUNT", "")
+            count = read_environ(pid, ("TORCHELASTIC_RESTART_COUNT",)).get(
+                "TORCHELASTIC_RESTART_COUNT", ""
+            )
             attempt = int(count) if count.isdigit() else st.attempt + (st.pid is not None)
             if st.pid is not None or attempt > st.attempt:
                 st.restart(pid, attempt)
@@ -320,18 +326,24 @@ class Ranks:
             except (OSError, ValueError):
                 continue
             local = rec.get("local_rank")
-            st = self.slot(rank, int(rec.get("pid") or 0), local if isinstance(local, int) else None)
+            st = self.slot(
+                rank, int(rec.get("pid") or 0), local if isinstance(local, int) else None
+            )
             if st is None:
                 continue
             st.record_mtime = mtime
             pid = int(rec.get("pid") or 0)
-            if pid and (runprocs.is_run_process(pid, self.record.run_id) or not runprocs.alive(pid)):
+            if pid and (
+                runprocs.is_run_process(pid, self.record.run_id) or not runprocs.alive(pid)
+            ):
                 self.learn_pid(rank, pid)
             st.started_at = rec.get("started_at") or st.started_at
             if "exit_code" in rec and not st.done:
                 st.traceback = rec.get("traceback")
                 st.error = rec.get("error")
-                self._changes.append(RankChange(Change.ENDED, st, int(rec["exit_code"]), rec.get("ended_at")))
+                self._changes.append(
+                    RankChange(Change.ENDED, st, int(rec["exit_code"]), rec.get("ended_at"))
+                )
 
     def check_alive(self) -> list[RankChange]:
         """Ranks gone without an exit record: killed by a signal (or os._exit); what changed

@@ -23,7 +23,8 @@ from xl.launcher import runprocs
 from xl.launcher.rundir.events import Event, EventKind, Notice
 from xl.launcher.supervisor.ranks import Ranks, RankState
 
-if TYPE_CHECKING:  # `xl launch` imports this module (for the stop grace): torchrun's is the supervisor's only
+# `xl launch` imports this module (for the stop grace): torchrun's is the supervisor's only
+if TYPE_CHECKING:
     from xl.launcher.supervisor.torchrun import Torchrun
 
 DEFAULT_GRACE_S = 10.0
@@ -143,7 +144,9 @@ class Stopping:
     def leftovers(self, signalled: bool) -> bool:
         """Kill any process still carrying this run's id, or descending from this supervisor;
         True while some remain."""
-        pids = sorted(set(runprocs.find_run_pids(self.run_id)) | set(runprocs.descendants(os.getpid())))
+        pids = sorted(
+            set(runprocs.find_run_pids(self.run_id)) | set(runprocs.descendants(os.getpid()))
+        )
         if not pids:
             return False
         if self.state is None:
@@ -158,7 +161,8 @@ class Stopping:
         other node's torchrun (up to 300 s), and the torchrun of a node that failed never comes.
         This node's ranks are done, so its run is over: after the grace, end torchrun; the
         ranks' exit codes decide the status. Nothing of the other nodes needs it any more (their
-        torchrun just logs that its own exit barrier failed, or that the c10d store it used is gone).
+        torchrun just logs that its own exit barrier failed, or that the c10d store it used is
+        gone).
 
         Node 0's torchrun serves the c10d store: ending it while another node's ranks work on
         (they may finish well after these, e.g. saving a checkpoint) has that node's torchrun
@@ -179,8 +183,8 @@ class Stopping:
             self.barrier_ended = True
             emit(Notice(
                 EventKind.EXIT_BARRIER,
-                f"this node's ranks are done but torchrun still waited for the other nodes after {wait:g}s "
-                "(one failed or was stopped?); ending it",
+                "this node's ranks are done but torchrun still waited for the other nodes "
+                f"after {wait:g}s (one failed or was stopped?); ending it",
             ))
             self.torchrun.signal(signal.SIGTERM)
         elif self.barrier_ended and now - self.barrier_since >= wait + 1.0:
@@ -190,7 +194,9 @@ class Stopping:
 
     def _unknown_pids(self) -> list[int]:
         known = self._known_pids()
-        found = set(runprocs.find_run_pids(self.run_id, exclude=known)) | set(runprocs.descendants(os.getpid()))
+        found = set(runprocs.find_run_pids(self.run_id, exclude=known)) | set(
+            runprocs.descendants(os.getpid())
+        )
         return sorted(found - known)
 
     def _known_pids(self) -> set[int]:

@@ -24,9 +24,12 @@ class Torchrun:
     def running(self) -> bool:
         return self.proc is not None and self.code is None
 
-    def start(self, argv: list[str], *, cwd: str | None, env: dict[str, str], log: Path, umask: int) -> list[str]:
+    def start(
+        self, argv: list[str], *, cwd: str | None, env: dict[str, str], log: Path, umask: int
+    ) -> list[str]:
         """Start it: no stdin, its own output appended to ``log`` (logs/torchrun.log). Returns
-        the command started: a one-node plan's with the port held for its store (hold_master_port)."""
+        the command started: a one-node plan's with the port held for its store
+        (hold_master_port)."""
         argv, self.held_port = hold_master_port(list(argv))
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -56,7 +59,8 @@ def hold_master_port(argv: list[str]) -> tuple[list[str], socket.socket | None]:
     if "--master-port" not in own[:-1] or LOOPBACK not in own:
         return argv, None
     i = own.index("--master-port")
-    if own[i + 1] != "0":  # plan.HELD_PORT (not imported: the plan's imports are not the supervisor's)
+    # plan.HELD_PORT (not imported: the plan's imports are not the supervisor's)
+    if own[i + 1] != "0":
         return argv, None
     sock = socket.socket(socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -195,7 +195,8 @@ class HangCapture:
         working = [e["rank"] for e in doc["ranks"] if e.get("rank") in culprits and busy(e)]
         # ``busy``: the culprits that were using the CPU: shown as a stall, not a hang.
         rank = culprits[0] if len(culprits) == 1 else None
-        self._emit(Hang(doc["t"], rank, culprits, v.get("message") or "", doc["file"], working).to_json())
+        said = v.get("message") or ""
+        self._emit(Hang(doc["t"], rank, culprits, said, doc["file"], working).to_json())
 
     def _send(self, events: list[dict[str, Any]], doc: dict[str, Any] | None) -> None:
         for event in events:

@@ -249,9 +249,8 @@ class Telemetry:
                 if reason == "queue_full"
                 else f"the collector rejected them: {reason}"
             )
-            self._emit(
-                Dropped(now, rank, f"rank {rank} dropped {count} records ({why})", count, reason).to_json()
-            )
+            message = f"rank {rank} dropped {count} records ({why})"
+            self._emit(Dropped(now, rank, message, count, reason).to_json())
 
     def _rank_list(self) -> list[dict[str, Any]]:
         with self._ranks_lock:
