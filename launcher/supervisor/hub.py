@@ -385,8 +385,8 @@ class Hub:
             if not self.never_said:
                 self.never_said = True
                 names = ", ".join(map(str, never))
-                said = f"node(s) {names} never joined: the run ended before they did"
-                self.journal.emit(Notice(EventKind.NODES_NEVER_JOINED, said))
+                never_joined = f"node(s) {names} never joined: the run ended before they did"
+                self.journal.emit(Notice(EventKind.NODES_NEVER_JOINED, never_joined))
         if not waiting:
             return False
         limit = self.stopping.grace + _node_end_wait()
