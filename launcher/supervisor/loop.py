@@ -123,22 +123,15 @@ class Supervisor:
         self.ranks = Ranks(run_dir, record)
         # Every line goes to telemetry's parser (nothing while it is not running); a node > 0's
         # output also goes to node 0 (nothing without a link).
-        self.sink = LogSink(
-            run_dir,
-            self.journal.write_failed,
-            on_line=self.port.feed_log_line,
-            forward=self.journal.send_log,
-            wants=self.port.wants_lines,
-        )
+        self.sink = LogSink(run_dir, self.journal.write_failed, on_line=self.port.feed_log_line,
+                            forward=self.journal.send_log, wants=self.port.wants_lines)
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
         # reads the run as it goes, from torchrun's start: its end reads only the rest
         self.digester: Digester | None = None
-        self.stopping = Stopping(
-            self.run_id, grace, self.ranks, self.torchrun, self.journal.changed
-        )
-        self.nodes = Nodes.of(
-            hub_address, record, self.journal, self.cause, self.stopping, self.sink, self.torchrun
-        )
+        self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun,
+                                 self.journal.changed)
+        self.nodes = Nodes.of(hub_address, record, self.journal, self.cause, self.stopping,
+                              self.sink, self.torchrun)
 
     # ---------------------------------------------------------------- startup
     def start(self) -> None:
@@ -155,34 +148,23 @@ class Supervisor:
         self.layout.logs.mkdir(mode=0o700, exist_ok=True)
         self.layout.ranks.mkdir(mode=0o700, exist_ok=True)
         # First, before telemetry can add any diagnosis of its own.
-        self.journal.emit(
-            Notice(EventKind.RUN_STARTED, _starting(len(self.ranks), self.record.devices))
-        )
+        starting = _starting(len(self.ranks), self.record.devices)
+        self.journal.emit(Notice(EventKind.RUN_STARTED, starting))
         env = dict(os.environ)
         env.update(self.record.env)
         one_node = self.nodes.alone
         _debug("before telemetry")
         env.update(self.port.reserve(self.run_dir) if one_node else self._start_telemetry())
         _debug("after telemetry")
-        env.update(
-            {
-                envnames.RUN_ID: self.run_id,
-                envnames.RUN_DIR: str(self.run_dir),
-                envnames.SUPERVISOR_PID: str(os.getpid()),
-            }
-        )
+        env.update({envnames.RUN_ID: self.run_id, envnames.RUN_DIR: str(self.run_dir),
+                    envnames.SUPERVISOR_PID: str(os.getpid())})
         env.update(self.nodes.ranks_env(str(self.record.spec.get("rdzv") or ""), self._stop_came))
         if self._stopped_before_start():  # asked while telemetry started, or node 0 was awaited
             return
         # The record's command as it is (a broken one fails here as it always did: test_resilience),
         # with the port torchrun's store gets on one node (Torchrun.start).
-        argv = self.torchrun.start(
-            self.record.argv,
-            cwd=self.record.cwd,
-            env=env,
-            log=self.layout.torchrun_log,
-            umask=self.user_umask,
-        )
+        argv = self.torchrun.start(self.record.argv, cwd=self.record.cwd, env=env,
+                                   log=self.layout.torchrun_log, umask=self.user_umask)
         self.record.update(argv=argv)
         self.phase = Phase.RUNNING
         runprocs.give_way()
@@ -225,9 +207,8 @@ class Supervisor:
         if not self._stop_came(0.0):
             return False
         why = self.signals.requested or "xl stop"
-        self.journal.emit(
-            Notice(EventKind.STOP_REQUESTED, f"stop requested ({why}) before the run started")
-        )
+        said = f"stop requested ({why}) before the run started"
+        self.journal.emit(Notice(EventKind.STOP_REQUESTED, said))
         self.record.update(stop_requested_at=time.time())
         self.stopping.begin(StopReason.REQUESTED)
         self.nodes.tell(self.port)
@@ -235,12 +216,8 @@ class Supervisor:
 
     def _start_telemetry(self) -> dict[str, str]:
         instrumented = _instrumented({**os.environ, **self.record.env})
-        env = self.port.start(
-            self.run_dir,
-            self.journal.emit,
-            instrumented=instrumented,
-            **self.nodes.telemetry_hooks(self.journal),
-        )
+        hooks = self.nodes.telemetry_hooks(self.journal)
+        env = self.port.start(self.run_dir, self.journal.emit, instrumented=instrumented, **hooks)
         _debug("telemetry started")
         self.nodes.telemetry_failed(self.port)
         return env
@@ -270,9 +247,8 @@ class Supervisor:
         if self.nodes.poll(self.port):
             self._ranks_changed()
         if self.signals.requested and self.stopping.state is None:
-            self.journal.emit(
-                Notice(EventKind.STOP_REQUESTED, f"stop requested ({self.signals.requested})")
-            )
+            said = f"stop requested ({self.signals.requested})"
+            self.journal.emit(Notice(EventKind.STOP_REQUESTED, said))
             self.record.update(stop_requested_at=time.time())
             self.stopping.begin(StopReason.REQUESTED)
         if self.torchrun.code is not None and self.stopping.state is None and not self._all_done():
@@ -288,12 +264,8 @@ class Supervisor:
         self.stopping.end_exit_barrier(self.nodes.busy(), self.journal.emit)
         if self.journal.dirty:
             self.save()
-        if (
-            self.port.running
-            and self.ranks.gone()
-            and not self.nodes.pending()
-            and not self.life.restart_due
-        ):
+        if (self.port.running and self.ranks.gone() and not self.nodes.pending()
+                and not self.life.restart_due):
             # Every rank process is gone, so nothing can log any more: flush telemetry now,
             # while torchrun tears down (~0.5 s), not after it.
             self.port.stop()
@@ -314,9 +286,8 @@ class Supervisor:
         import overlaps torchrun's start; nothing changes before torchrun runs)."""
         from xl.launcher.supervisor.lifecycle import Lifecycle  # noqa: PLC0415 - after torchrun started: its start does not wait for this
 
-        return Lifecycle(
-            self.record, self.journal, self.ranks, self.torchrun, self.cause, self.stopping
-        )
+        return Lifecycle(self.record, self.journal, self.ranks, self.torchrun, self.cause,
+                         self.stopping)
 
     def act(self, changes: list[RankChange]) -> None:
         """Hand what ``Ranks`` found changed to ``Lifecycle``, in its order."""
@@ -352,19 +323,13 @@ class Supervisor:
         if self.torchrun.proc is not None:
             runprocs.signal_pid(self.torchrun.proc.pid, signal.SIGKILL)
         if self.cause.failure is None:
-            self.cause.failure = self.cause.local(
-                None, None, None, None, f"supervisor error: {exc!r}"
-            )
+            crashed = f"supervisor error: {exc!r}"
+            self.cause.failure = self.cause.local(None, None, None, None, crashed)
 
     def finish(self) -> RunStatus:
         self.cause.fill_from_torchrun_log(self.ranks, self.torchrun.code)
-        status = self.cause.conclude(
-            self.stopping.requested,
-            self.torchrun.code,
-            self.stopping.barrier_ended,
-            self.ranks,
-            self.sink.drain,
-        )
+        status = self.cause.conclude(self.stopping.requested, self.torchrun.code,
+                                     self.stopping.barrier_ended, self.ranks, self.sink.drain)
         self.ranks.settle(stopped=status is RunStatus.STOPPED)
         self.nodes.settle(status)
         _debug("finish start")
