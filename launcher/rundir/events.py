@@ -1,13 +1,18 @@
-"""events.jsonl: lifecycle and diagnoses, one JSON object a line (docs/contracts.md, "events.jsonl").
+"""events.jsonl: lifecycle and diagnoses, one JSON object a line (docs/contracts.md,
+"events.jsonl").
 
 The one place an event line is made and appended, for the supervisor, its telemetry and the
-viewers that end an orphaned run.
+viewers that end an orphaned run. Every kind is an ``EventKind``; each family of kinds is a
+dataclass whose ``to_json`` is the line's object, its keys in the order the page shows. A line
+gets ``t`` (now) and ``rank`` (null) when its object has none.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -15,29 +20,319 @@ from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Failure
 
 
-def event_line(event: dict[str, Any]) -> str:
-    """``event`` as its line, with ``t`` (now) and ``rank`` (None) filled in when missing."""
-    event.setdefault("t", time.time())
-    event.setdefault("rank", None)
-    return json.dumps(event, default=str) + "\n"
+class EventKind(str, Enum):
+    """Every kind of line xl writes in events.jsonl."""
+
+    # the run's lifecycle (the supervisor, or whoever settles a run whose supervisor is gone)
+    RUN_STARTED = "run_started"
+    RANK_STARTED = "rank_started"
+    RANK_EXITED = "rank_exited"
+    FAILURE = "failure"
+    RESTARTED = "restarted"
+    STOP_REQUESTED = "stop_requested"
+    EXIT_BARRIER = "exit_barrier"
+    RUN_ENDED = "run_ended"
+    WRITE_LOST = "write_lost"
+    # telemetry's diagnoses and losses
+    STALLED = "stalled"
+    HANG = "hang"
+    STRAGGLER = "straggler"
+    RECOVERED = "recovered"
+    SUPERVISOR_PAUSED = "supervisor_paused"
+    NAN_LOSS = "nan_loss"
+    GPU_MEM_HIGH = "gpu_mem_high"
+    DROPPED = "dropped"
+    METRICS_LOST = "metrics_lost"
+    # several nodes: node 0's view of the others, and a node > 0's of node 0
+    NODE_STARTED = "node_started"
+    NODE_ENDED = "node_ended"
+    NODE_LOST = "node_lost"
+    NODE_SUPERVISOR_LOST = "node_supervisor_lost"
+    NODE_QUIET = "node_quiet"
+    NODE_REFUSED = "node_refused"
+    NODE_BACK = "node_back"
+    NODES_UNFINISHED = "nodes_unfinished"
+    NODES_NEVER_JOINED = "nodes_never_joined"
+    WAITING_FOR_NODE_0 = "waiting_for_node_0"
 
 
-def append_event(run_dir: Path, event: dict[str, Any]) -> None:
-    """Append one event to ``run_dir``'s events.jsonl (OSError when it cannot be written)."""
-    line = event_line(event)
+def _timed(t: float, kind: EventKind, rank: int | None, message: str) -> dict[str, Any]:
+    """The head of a line that telemetry times itself."""
+    return {"t": t, "kind": kind.value, "rank": rank, "message": message}
+
+
+class Event:
+    """One line of events.jsonl: its ``kind`` and its object (``to_json``)."""
+
+    kind: EventKind | str
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Notice(Event):
+    """A kind with a message only: run_started, stop_requested, exit_barrier,
+    waiting_for_node_0, nodes_unfinished, nodes_never_joined."""
+
+    kind: EventKind
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "message": self.message}
+
+
+@dataclass(frozen=True)
+class RankStarted(Event):
+    rank: int
+    pid: int | None
+    message: str
+    kind: EventKind = field(default=EventKind.RANK_STARTED, init=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "rank": self.rank,
+            "pid": self.pid,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class RankExited(Event):
+    rank: int
+    exit_code: int | None
+    message: str
+    kind: EventKind = field(default=EventKind.RANK_EXITED, init=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "rank": self.rank,
+            "exit_code": self.exit_code,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class FailureEvent(Event):
+    """The run's root cause: written once per failure, by the root cause itself, with the same
+    ``cause`` as run.json's ``failure``."""
+
+    failure: Failure
+    kind: EventKind = field(default=EventKind.FAILURE, init=False)
+
+    def to_json(self) -> dict[str, Any]:
+        failure = self.failure
+        return {
+            "kind": self.kind.value,
+            "rank": failure.rank,
+            "exit_code": failure.exit_code,
+            "node": failure.host,
+            "node_rank": failure.node_rank,
+            "message": failure.message,
+            "cause": failure.cause.to_json() if failure.cause is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class Restarted(Event):
+    attempt: int
+    message: str
+    kind: EventKind = field(default=EventKind.RESTARTED, init=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "attempt": self.attempt, "message": self.message}
+
+
+@dataclass(frozen=True)
+class RunEnded(Event):
+    status: str  # RunStatus's value
+    message: str
+    kind: EventKind = field(default=EventKind.RUN_ENDED, init=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "status": self.status, "message": self.message}
+
+
+@dataclass(frozen=True)
+class WriteLost(Event):
+    files: dict[str, int]  # bytes never written, by file
+    message: str
+    kind: EventKind = field(default=EventKind.WRITE_LOST, init=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "rank": None, "files": self.files, "message": self.message}
+
+
+@dataclass(frozen=True)
+class NodeNotice(Event):
+    """What one node of several says of another: node_lost, node_supervisor_lost, node_quiet
+    (node 0 of another, ``node`` its host), node_lost and node_back (a node > 0 of node 0)."""
+
+    kind: EventKind
+    node_rank: int
+    message: str
+    node: str | None = None  # the other node's host, when known
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind.value}
+        if self.node is not None:
+            out["node"] = self.node
+        out.update(node_rank=self.node_rank, message=self.message)
+        return out
+
+
+@dataclass(frozen=True)
+class NodeRefused(Event):
+    """A node that came with the wrong XL_TOKEN: its number and address, no text it sent."""
+
+    node: str
+    node_rank: int
+    peer: str
+    message: str
+    kind: EventKind = field(default=EventKind.NODE_REFUSED, init=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "node": self.node,
+            "node_rank": self.node_rank,
+            "peer": self.peer,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class FromNode(Event):
+    """Another node's lifecycle event as node 0 records it: with that node's ``node`` and
+    ``node_rank``, its message prefixed, and its run_started / run_ended its part's
+    (node_started / node_ended)."""
+
+    event: dict[str, Any]  # as the node sent it (its kind checked by the wire's protocol)
+    node: str
+    node_rank: int
+
+    @property
+    def kind(self) -> EventKind | str:  # type: ignore[override]
+        kind = str(self.event["kind"])
+        renamed = {
+            EventKind.RUN_STARTED.value: EventKind.NODE_STARTED,
+            EventKind.RUN_ENDED.value: EventKind.NODE_ENDED,
+        }
+        return renamed.get(kind, kind)
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.event)
+        kind = self.kind
+        out["kind"] = kind.value if isinstance(kind, EventKind) else kind
+        out.update(node=self.node, node_rank=self.node_rank)
+        out["message"] = f"node {self.node_rank}: {self.event.get('message') or out['kind']}"
+        return out
+
+
+@dataclass(frozen=True)
+class Diagnosis(Event):
+    """Telemetry's word on a rank: stalled, straggler, recovered, nan_loss, gpu_mem_high,
+    supervisor_paused (``rank`` null); ``extra`` holds the fields of its kind."""
+
+    kind: EventKind
+    rank: int | None
+    message: str
+    extra: dict[str, Any] = field(default_factory=dict)
+    t: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**_timed(self.t, self.kind, self.rank, self.message), **self.extra}
+
+
+@dataclass(frozen=True)
+class Hang(Event):
+    """A hang named: its culprits, the stacks document, and the culprits that were busy."""
+
+    t: float
+    rank: int | None  # the culprit, when there is one
+    ranks: list[int]
+    message: str
+    stacks: str
+    busy: list[int]
+    kind: EventKind = field(default=EventKind.HANG, init=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "t": self.t,
+            "kind": self.kind.value,
+            "rank": self.rank,
+            "ranks": self.ranks,
+            "message": self.message,
+            "stacks": self.stacks,
+            "busy": self.busy,
+        }
+
+
+@dataclass(frozen=True)
+class Dropped(Event):
+    t: float
+    rank: int
+    message: str
+    count: int
+    reason: str
+    kind: EventKind = field(default=EventKind.DROPPED, init=False)
+
+    def to_json(self) -> dict[str, Any]:
+        said = _timed(self.t, self.kind, self.rank, self.message)
+        return {**said, "count": self.count, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class MetricsLost(Event):
+    bytes: int
+    message: str
+    kind: EventKind = field(default=EventKind.METRICS_LOST, init=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "rank": None, "bytes": self.bytes, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Relayed(Event):
+    """An event another part already made as its object (telemetry's diagnoses pass through
+    its callback as objects, reworded there once a hang is named)."""
+
+    event: dict[str, Any]
+
+    @property
+    def kind(self) -> EventKind | str:  # type: ignore[override]
+        return str(self.event.get("kind"))
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.event)
+
+
+def event_object(event: Event) -> dict[str, Any]:
+    """``event``'s object as its line holds it: ``t`` (now) and ``rank`` (None) filled in when
+    missing."""
+    out = event.to_json()
+    out.setdefault("t", time.time())
+    out.setdefault("rank", None)
+    return out
+
+
+def object_line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, default=str) + "\n"
+
+
+def event_line(event: Event) -> str:
+    """``event`` as its line (``event_object``)."""
+    return object_line(event_object(event))
+
+
+def append_line(run_dir: Path, line: str) -> None:
+    """Append one made line to ``run_dir``'s events.jsonl (OSError when it cannot be written)."""
     with open(RunLayout(run_dir).events, "a", encoding="utf-8") as fh:
         fh.write(line)
 
 
-def failure_event(failure: Failure) -> dict[str, Any]:
-    """The ``failure`` event of ``failure``: the one way it is written (one event per failure),
-    with the same ``cause`` as run.json's ``failure``."""
-    return {
-        "kind": "failure",
-        "rank": failure.rank,
-        "exit_code": failure.exit_code,
-        "node": failure.host,
-        "node_rank": failure.node_rank,
-        "message": failure.message,
-        "cause": failure.cause.to_json() if failure.cause is not None else None,
-    }
+def append_event(run_dir: Path, event: Event) -> None:
+    """Append one event to ``run_dir``'s events.jsonl (OSError when it cannot be written)."""
+    append_line(run_dir, event_line(event))

@@ -19,7 +19,7 @@ from typing import Any
 
 from xl.launcher import runprocs
 from xl.launcher.rundir import digest, record
-from xl.launcher.rundir.events import append_event
+from xl.launcher.rundir.events import RunEnded, append_event
 from xl.launcher.rundir.layout import RESERVE, SETTLED, RunLayout
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.rundir.outcome import Cause, Failure, rank_outcome
@@ -58,19 +58,35 @@ def _ranks(rec: RunRecord, left: dict[int, RankReport], stopped: bool) -> list[d
         if report.ended:
             row.update(exit_code=report.exit_code, ended_at=report.ended_at)
     for row in by_rank.values():
-        row["state"] = rank_outcome(row.get("exit_code"), stopped=stopped, recorded=row.get("state")).value
+        row["state"] = rank_outcome(
+            row.get("exit_code"), stopped=stopped, recorded=row.get("state")
+        ).value
     return [by_rank[r] for r in sorted(by_rank)]
 
 
-def _failure(rec: RunRecord, ranks: list[dict[str, Any]], left: dict[int, RankReport], why: str) -> Failure:
+def _failure(
+    rec: RunRecord, ranks: list[dict[str, Any]], left: dict[int, RankReport], why: str
+) -> Failure:
     """The root cause, told from what the ranks left: the first rank to end without exit code 0."""
     bad = [r for r in ranks if r.get("exit_code") not in (0,)]
     first = min(bad, key=lambda r: r.get("ended_at") or float("inf")) if bad else None
     if first is None:
-        return Failure(rank=None, exit_code=None, traceback=None, error=None, message=why, host=rec.host, node_rank=rec.node_rank)
+        return Failure(
+            rank=None,
+            exit_code=None,
+            traceback=None,
+            error=None,
+            message=why,
+            host=rec.host,
+            node_rank=rec.node_rank,
+        )
     report = left.get(int(first["rank"]))
     error = report.error if report else None
-    what = error or (f"exit code {first['exit_code']}" if first.get("exit_code") is not None else "it ended without an exit code")
+    what = error or (
+        f"exit code {first['exit_code']}"
+        if first.get("exit_code") is not None
+        else "it ended without an exit code"
+    )
     return Failure(
         rank=first["rank"],
         exit_code=first.get("exit_code"),
@@ -90,9 +106,16 @@ def _cause(rec: RunRecord, first: dict[str, Any], report: RankReport | None) -> 
         from xl.launcher.causes import Evidence, explain  # noqa: PLC0415 - a failure without its supervisor only
 
         argv = rec.argv
-        ev = Evidence(rank=first["rank"], exit_code=first.get("exit_code"), error=report.error if report else None,
-                      traceback=report.traceback if report else None, python=str(argv[0]) if argv else "python",
-                      cwd=rec.cwd, script=rec.spec.get("script"), module=rec.spec.get("module"))
+        ev = Evidence(
+            rank=first["rank"],
+            exit_code=first.get("exit_code"),
+            error=report.error if report else None,
+            traceback=report.traceback if report else None,
+            python=str(argv[0]) if argv else "python",
+            cwd=rec.cwd,
+            script=rec.spec.get("script"),
+            module=rec.spec.get("module"),
+        )
         return explain(ev)
     except Exception:
         return None
@@ -122,7 +145,9 @@ def last_sign_of_life(run_dir: Path, left: dict[int, RankReport]) -> float | Non
     return latest
 
 
-def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone", ended_now: bool = False) -> RunRecord | None:
+def settle(
+    run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone", ended_now: bool = False
+) -> RunRecord | None:
     """End the record of a run nobody supervises any more; None when it was not ours to end
     (already final, unreadable, or settled by someone else just now). Its ``ended_at`` is its
     last sign of life (everything of it may have been killed long before someone looked), or
@@ -162,5 +187,5 @@ def settle(run_dir: Path, *, stopped: bool, why: str = "its supervisor was gone"
     message = f"run {status.value} ({why}; told from what the ranks left)"
     with contextlib.suppress(OSError):
         record.save(run_dir, rec)
-        append_event(run_dir, {"kind": "run_ended", "status": status.value, "message": message})
+        append_event(run_dir, RunEnded(status.value, message))
     return rec

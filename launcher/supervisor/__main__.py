@@ -1,4 +1,5 @@
-"""``python -m xl.launcher.supervisor RUN_DIR``: the path in argv stays; the code lives in ``loop``."""
+"""``python -m xl.launcher.supervisor RUN_DIR``: the path in argv stays; the code lives in
+``loop``."""
 
 from __future__ import annotations
 

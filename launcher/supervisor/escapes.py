@@ -18,7 +18,9 @@ SCAN_S = 2.0  # how often the processes that left the run's environment are look
 
 
 class Escapes:
-    def __init__(self, run_dir: Path, run_id: str, write_failed: Callable[[str, OSError], None]) -> None:
+    def __init__(
+        self, run_dir: Path, run_id: str, write_failed: Callable[[str, OSError], None]
+    ) -> None:
         self.run_dir, self.run_id, self.write_failed = run_dir, run_id, write_failed
         self.recorded: list[tuple[int, float]] = []  # (pid, start time) in escaped.json
         self.seen: list[tuple[int, float]] = []  # the last scan's finds, recorded once seen twice

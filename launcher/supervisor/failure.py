@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rundir.events import failure_event
+from xl.launcher.rundir.events import FailureEvent
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Cause, CauseKind, Failure, RankPhase, rank_outcome
@@ -39,7 +39,10 @@ from xl.launcher.supervisor.ranks import Ranks, RankState, describe_exit, signal
 _STOP_CODES = (-signal.SIGTERM, -signal.SIGKILL)
 # What input() and pdb (breakpoint()) raise in a rank, whose stdin is /dev/null.
 NO_STDIN_ERRORS = ("EOFError: EOF when reading a line", "bdb.BdbQuit")
-NO_STDIN = "ranks have no stdin: input() and breakpoint() cannot read the terminal under xl launch (docs/launch.md)"
+NO_STDIN = (
+    "ranks have no stdin: input() and breakpoint() cannot read the terminal under xl launch "
+    "(docs/launch.md)"
+)
 _SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 _CLOSED = re.compile(r"Sending process (\d+) closing signal")
 # torchrun's word on the first failure it saw, as it sees it (before its summary, which a stop
@@ -75,8 +78,8 @@ class RootCause:
     def to_json(self) -> dict[str, Any] | None:
         return self.failure.to_json() if self.failure is not None else None
 
-    def local(self, rank: int | None, exit_code: int | None, traceback: str | None, error: str | None, message: str,
-              cause: Cause | None = None) -> Failure:
+    def local(self, rank: int | None, exit_code: int | None, traceback: str | None,
+              error: str | None, message: str, cause: Cause | None = None) -> Failure:
         """A failure of this node."""
         return Failure(rank, exit_code, traceback, error, message, self.host, self.node_rank, cause)
 
@@ -86,7 +89,7 @@ class RootCause:
         self.failure, self.at = failure, at
         self.suspected_at = None
         self.journal.changed()
-        self.journal.emit(failure_event(failure))
+        self.journal.emit(FailureEvent(failure))
         if not self.remote:
             self.journal.send({"type": "failure", "failure": failure.to_json(), "at": at})
 
@@ -97,7 +100,8 @@ class RootCause:
         if self.failure is None and self.suspected_at is None:
             self.suspected_at = time.monotonic()
 
-    def decide(self, ranks: Ranks, torchrun_code: int | None, drain: Callable[[int], None], final: bool = False) -> Failure | None:
+    def decide(self, ranks: Ranks, torchrun_code: int | None, drain: Callable[[int], None],
+               final: bool = False) -> Failure | None:
         """The root cause among this node's ranks, once it can be told (``final``: now, at the
         run's end); None while it waits, or when nothing is to blame."""
         if self.suspected_at is None or self.failure is not None:
@@ -118,7 +122,8 @@ class RootCause:
                 st.state = rank_outcome(st.exit_code, stopped=False, blamed=st is root)
         return self.blame_rank(root, drain)
 
-    def _ready(self, ranks: Ranks, torchrun_code: int | None, drain: Callable[[int], None], closed: frozenset[int]) -> bool:
+    def _ready(self, ranks: Ranks, torchrun_code: int | None, drain: Callable[[int], None],
+               closed: frozenset[int]) -> bool:
         if torchrun_code is not None or time.monotonic() - (self.suspected_at or 0.0) >= DECIDE_S:
             return True
         from xl.launcher import runprocs  # noqa: PLC0415 - already loaded by the ranks' table; named here for its alive()
@@ -167,7 +172,7 @@ class RootCause:
         from xl.launcher.causes import one_line  # noqa: PLC0415 - a failure only: not on the path to torchrun
 
         error = one_line(st.error)
-        what = error or (describe_exit(st.rank, st.exit_code) if st.exit_code is not None else "died")
+        what = error or (what_of(st) if st.exit_code is not None else "died")
         if st.after_script:
             what += " after its script had returned"
         message = f"rank {st.rank} failed first: {what}"
@@ -212,7 +217,7 @@ class RootCause:
             script=spec.get("script"),
             module=spec.get("module"),
             launch_args=_launch_args(spec),
-            hang=self._hang(),
+            hang=latest_hang(self.run_dir),
             vanished=st.vanished,
         )
         # The doctor asks about the ranks' interpreter and environment (what xl added to it).
@@ -220,18 +225,23 @@ class RootCause:
         try:
             return explain(ev, Doctor(ev.python, env))
         except Exception as exc:  # the failure is recorded all the same, with a cause that says so
-            return Cause(CauseKind.EXCEPTION, f"{what_of(st)} (xl could not tell why: {exc!r})", None, [])
+            return Cause(
+                CauseKind.EXCEPTION, f"{what_of(st)} (xl could not tell why: {exc!r})", None, []
+            )
 
     def torchrun_died(self, code: int | None) -> Failure:
         """torchrun ended while ranks ran (killed): no rank to blame."""
         desc = signal_name(code) if code is not None and code < 0 else f"code {code}"
-        cause = Cause(CauseKind.KILLED, f"torchrun itself ended ({desc}) while its ranks ran", None, [f"torchrun's exit: {desc}"])
-        failure = self.local(None, code, None, None, f"torchrun ended ({desc}) while ranks were running", cause)
+        cause = Cause(CauseKind.KILLED, f"torchrun itself ended ({desc}) while its ranks ran", None,
+                      [f"torchrun's exit: {desc}"])
+        message = f"torchrun ended ({desc}) while ranks were running"
+        failure = self.local(None, code, None, None, message, cause)
         self.set(failure, time.time())
         return failure
 
     def conclude(
-        self, stop_requested: bool, torchrun_code: int | None, barrier_ended: bool, ranks: Ranks, drain: Callable[[int], None] = lambda rank: None
+        self, stop_requested: bool, torchrun_code: int | None, barrier_ended: bool, ranks: Ranks,
+        drain: Callable[[int], None] = lambda rank: None,
     ) -> RunStatus:
         """The run's final status; a failure nobody explained yet gets its cause here."""
         if stop_requested:
@@ -254,7 +264,9 @@ class RootCause:
             first.traceback if first else torchrun_tail,
             first.error if first else None,
             f"torchrun exited with code {torchrun_code} (see logs/torchrun.log)",
-            self._explain(first, self._log_lines(first.rank)) if first else self._torchrun_cause(torchrun_code, torchrun_tail),
+            self._explain(first, self._log_lines(first.rank))
+            if first
+            else self._torchrun_cause(torchrun_code, torchrun_tail),
         )
         self.set(failure, (first.ended_at if first else None) or time.time())
         return RunStatus.FAILED
@@ -263,8 +275,10 @@ class RootCause:
         """Why torchrun gave up with no rank to blame (its store's port taken, its own error)."""
         from xl.launcher.causes import Evidence, explain  # noqa: PLC0415 - a failure only
 
-        named = [ln for ln in (text or "").splitlines() if ": " in ln and not ln.startswith((" ", "\t"))]
-        ev = Evidence(rank=None, exit_code=code, error="\n".join(named[-3:]) or None, log_tail=(text or "").splitlines()[-15:])
+        lines = (text or "").splitlines()
+        named = [ln for ln in lines if ": " in ln and not ln.startswith((" ", "\t"))]
+        ev = Evidence(rank=None, exit_code=code, error="\n".join(named[-3:]) or None,
+                      log_tail=lines[-15:])
         try:
             return explain(ev)
         except Exception:
@@ -313,13 +327,14 @@ class RootCause:
                 if self.failure is None and self.suspected_at is None:
                     self.suspected_at = time.monotonic()
         failure = self.failure
-        if failure is not None and failure.exit_code is None and failure.rank is not None and failure.node_rank == self.node_rank:
+        if (failure is not None and failure.exit_code is None and failure.rank is not None
+                and failure.node_rank == self.node_rank):
             # Decided before torchrun's summary (it took longer than DECIDE_S): its signal now,
             # in run.json only (the event was written once, when it was decided).
             st = ranks.get(int(failure.rank))
             if st is not None and st.exit_code is not None:
                 failure.exit_code = st.exit_code
-                failure.message = f"rank {st.rank} failed first: {describe_exit(st.rank, st.exit_code)}"
+                failure.message = f"rank {st.rank} failed first: {what_of(st)}"
                 failure.cause = self._explain(st, self._log_lines(st.rank))
                 self.journal.changed()
 
@@ -329,7 +344,8 @@ class RootCause:
 
     def _torchrun_text(self) -> str:
         try:
-            return RunLayout(self.run_dir).torchrun_log.read_text(encoding="utf-8", errors="replace")
+            log = RunLayout(self.run_dir).torchrun_log
+            return log.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return ""
 
@@ -341,22 +357,27 @@ class RootCause:
         found = tail(RunLayout(self.run_dir).torchrun_log, lines, 32768, skip_blank=True)
         return "\n".join(found) or None
 
-    def _hang(self) -> str | None:
-        """xl's own hang verdict, the newest, from events.jsonl (a collective timeout's culprit)."""
-        for raw in reversed(last_lines(RunLayout(self.run_dir).events, 65536)):
-            if b'"hang"' not in raw:
-                continue
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and event.get("kind") == "hang" and isinstance(event.get("message"), str):
-                return str(event["message"])
-        return None
+
+
+def latest_hang(run_dir: Path) -> str | None:
+    """xl's own hang verdict, the newest, from events.jsonl (a collective timeout's culprit)."""
+    for raw in reversed(last_lines(RunLayout(run_dir).events, 65536)):
+        if b'"hang"' not in raw:
+            continue
+        try:
+            event = json.loads(raw)
+        except ValueError:
+            continue
+        if (isinstance(event, dict) and event.get("kind") == "hang"
+                and isinstance(event.get("message"), str)):
+            return str(event["message"])
+    return None
 
 
 def what_of(st: RankState) -> str:
-    return describe_exit(st.rank, st.exit_code) if st.exit_code is not None else f"rank {st.rank} died"
+    if st.exit_code is None:
+        return f"rank {st.rank} died"
+    return describe_exit(st.rank, st.exit_code)
 
 
 def _launch_args(spec: dict[str, Any]) -> list[str] | None:

@@ -22,12 +22,13 @@ from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.join import TOKEN_VAR, format_address
 from xl.launcher.multinode.protocol import clip_stacks
 from xl.launcher.plan import parse_rdzv
+from xl.launcher.rundir.events import EventKind, NodeNotice, Notice
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.nodewatch import node_timeout
-from xl.launcher.supervisor.ranks import Torchrun
 from xl.launcher.supervisor.stopping import Stopping, StopReason
+from xl.launcher.supervisor.torchrun import Torchrun
 from xl.launcher.telemetry import stacks as capture
 
 _MAX_ASKING = 4  # stacks requests answered at once; more are answered "busy"
@@ -81,7 +82,7 @@ class Follower:
             if not isinstance(stop, dict) or self.stopping.state is not None:
                 continue
             if stop.get("reason") == StopReason.REQUESTED.value:
-                self.journal.emit({"kind": "stop_requested", "message": "node 0 stopped the run"})
+                self.journal.emit(Notice(EventKind.STOP_REQUESTED, "node 0 stopped the run"))
                 self.journal.record.update(stop_requested_at=time.time())
                 self.stopping.begin(StopReason.REQUESTED)
                 continue
@@ -89,7 +90,9 @@ class Follower:
             failure: dict[str, Any] = given if isinstance(given, dict) else {}
             if self.cause.failure is None:
                 node = failure.get("node_rank")
-                message = f"the run failed on node {node if node is not None else '?'}: {failure.get('message') or 'see node 0'}"
+                where = node if node is not None else "?"
+                said = failure.get("message") or "see node 0"
+                message = f"the run failed on node {where}: {said}"
                 self.cause.remote = True
                 self.cause.set(Failure.from_json({**failure, "message": message}), time.time())
             self.stopping.begin(StopReason.FAILURE)
@@ -114,8 +117,13 @@ class Follower:
                 return  # torchrun tries once more, and says why it cannot
             if not said and waited >= _SAY_WAITING_S:
                 said = True
-                self.journal.emit({"kind": "waiting_for_node_0", "message": f"waiting for node 0's rendezvous at {format_address(host, port)} "
-                                   f"(up to {RDZV_JOIN_S:g}s, as torchrun's own): start node 0 there"})
+                self.journal.emit(
+                    Notice(
+                        EventKind.WAITING_FOR_NODE_0,
+                        f"waiting for node 0's rendezvous at {format_address(host, port)} "
+                        f"(up to {RDZV_JOIN_S:g}s, as torchrun's own): start node 0 there",
+                    )
+                )
             if stop_came(0.5):
                 return
 
@@ -131,21 +139,34 @@ class Follower:
         silent = quiet > self.timeout
         if silent and not self.node_0_silent:
             self.node_0_silent = True
-            then = (f"this node ends its ranks once node 0 has been silent {self.give_up_s:g}s and its rendezvous cannot be "
-                    f"reached ({envnames.NODE_0_LOST_S}=keep keeps them waiting)" if self.give_up_s is not None
-                    else f"this node's ranks go on until torch's own timeout ends them ({envnames.NODE_0_LOST_S}=keep)")
-            self.journal.emit({
-                "kind": "node_lost",
-                "node_rank": 0,
-                "message": f"node 0 ({format_address(*self.hub)}) has not answered for {self.timeout:g}s (its machine or "
-                f"the network between went down, or its supervisor is gone); {then}; "
-                f"'xl stop {self.journal.record.run_id}' ends them now",
-            })
-        if silent and self.give_up_s is not None and quiet > self.give_up_s and self.stopping.state is None:
+            then = (
+                f"this node ends its ranks once node 0 has been silent {self.give_up_s:g}s and its "
+                f"rendezvous cannot be reached ({envnames.NODE_0_LOST_S}=keep keeps them waiting)"
+                if self.give_up_s is not None
+                else "this node's ranks go on until torch's own timeout ends them "
+                f"({envnames.NODE_0_LOST_S}=keep)"
+            )
+            self.journal.emit(NodeNotice(
+                EventKind.NODE_LOST,
+                0,
+                f"node 0 ({format_address(*self.hub)}) has not answered for {self.timeout:g}s "
+                "(its machine or the network between went down, or its supervisor is gone); "
+                f"{then}; 'xl stop {self.journal.record.run_id}' ends them now",
+            ))
+        if (
+            silent
+            and self.give_up_s is not None
+            and quiet > self.give_up_s
+            and self.stopping.state is None
+        ):
             self._give_up(quiet)
         elif not silent and self.node_0_silent:
             self.node_0_silent = False
-            self.journal.emit({"kind": "node_back", "node_rank": 0, "message": f"node 0 ({format_address(*self.hub)}) answers again"})
+            self.journal.emit(
+                NodeNotice(
+                    EventKind.NODE_BACK, 0, f"node 0 ({format_address(*self.hub)}) answers again"
+                )
+            )
 
     def _give_up(self, quiet: float) -> None:
         """Node 0 silent past XL_NODE_0_LOST_S: unless its rendezvous (node 0's torchrun's store)
@@ -162,12 +183,14 @@ class Follower:
             return  # node 0's torchrun answers: its ranks (and so these) may well train on
         except (UsageError, OSError):
             pass
-        message = (f"node 0 ({format_address(*self.hub)}) has not answered for {quiet:.0f}s and its rendezvous cannot be "
-                   f"reached: this node's ranks were ended ({envnames.NODE_0_LOST_S}=keep keeps them waiting)")
+        message = (
+            f"node 0 ({format_address(*self.hub)}) has not answered for {quiet:.0f}s and its "
+            "rendezvous cannot be reached: this node's ranks were ended "
+            f"({envnames.NODE_0_LOST_S}=keep keeps them waiting)"
+        )
         if self.cause.failure is None:
             self.cause.remote = True  # nothing reaches node 0
             self.cause.set(self.cause.local(None, None, None, None, message), time.time())
-        self.journal.emit({"kind": "failure", "rank": None, "message": message})
         self.stopping.begin(StopReason.FAILURE)
 
     def _stacks(self, ask: dict[str, Any]) -> None:
@@ -176,10 +199,26 @@ class Follower:
         ident, rank, timeout = str(ask.get("id") or "")[:64], ask.get("rank"), ask.get("timeout")
         if not ident:
             return
-        limit = min(float(timeout), capture.TIMEOUT_S) if isinstance(timeout, (int, float)) and timeout > 0 else capture.TIMEOUT_S
-        ranks = [r for r in capture.live_ranks(self.journal.record) if rank is None or r.get("rank") == rank]
+        limit = (
+            min(float(timeout), capture.TIMEOUT_S)
+            if isinstance(timeout, (int, float)) and timeout > 0
+            else capture.TIMEOUT_S
+        )
+        ranks = [
+            r
+            for r in capture.live_ranks(self.journal.record)
+            if rank is None or r.get("rank") == rank
+        ]
         if not self._asking.acquire(blocking=False):
-            busy = [{"rank": r.get("rank"), "node": r.get("node"), "pid": r.get("pid"), "error": "this node is busy with other stacks requests"} for r in ranks]
+            busy = [
+                {
+                    "rank": r.get("rank"),
+                    "node": r.get("node"),
+                    "pid": r.get("pid"),
+                    "error": "this node is busy with other stacks requests",
+                }
+                for r in ranks
+            ]
             self.journal.send({"type": "stacks", "id": ident, "ranks": busy})
             return
 
@@ -199,7 +238,8 @@ class Follower:
         prints the run's failure as its last line, and once is enough."""
         message = (
             f"node 0 ({format_address(*self.hub)}) refused this node's {TOKEN_VAR}: it is not "
-            f"the run's token; on this node, run the exact command node 0's 'xl launch' printed (with its {TOKEN_VAR}=...)"
+            "the run's token; on this node, run the exact command node 0's 'xl launch' printed "
+            f"(with its {TOKEN_VAR}=...)"
         )
         if self.cause.failure is None:
             self.cause.remote = True  # nothing goes to node 0 any more

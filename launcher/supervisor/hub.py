@@ -27,6 +27,7 @@ from xl.launcher.multinode.join import (
     listen_host,
     valid_token,
 )
+from xl.launcher.rundir.events import EventKind, FromNode, NodeNotice, NodeRefused, Notice
 from xl.launcher.rundir.outcome import (
     DONE_STATES,
     LIVE_STATES,
@@ -89,6 +90,18 @@ def resolve_hub(record: RunRecord, token: str) -> tuple[tuple[str, int] | None, 
     return hub, token
 
 
+def refused_event(node: int, host: str, peer: str) -> NodeRefused:
+    """A node with a wrong XL_TOKEN, said with its number and address only."""
+    where = f"host {host or '?'}" + (f", from {peer}" if peer else "")
+    return NodeRefused(
+        host,
+        node,
+        peer,
+        f"a node {node} ({where}) tried to join with a wrong {envnames.TOKEN} and was refused; "
+        "waiting on for this run's nodes: start them with the exact command this node printed",
+    )
+
+
 @dataclass
 class RemoteNode:
     """Node 0's view of another node, from what its link sent."""
@@ -118,6 +131,15 @@ class RemoteNode:
     def rank_numbers(self) -> list[int]:
         return sorted(int(r["rank"]) for r in self.ranks if isinstance(r.get("rank"), int))
 
+    def take_ranks(self, ranks: list[dict[str, Any]]) -> None:
+        """Its ranks as it sent them, each with its node; idle once none starts or runs."""
+        node = {"node_rank": self.node}
+        self.ranks = [{**info, "node": info.get("node") or self.host, **node} for info in ranks]
+        if any(r.get("state") in LIVE_STATES for r in self.ranks):
+            self.idle_since = None
+        elif self.idle_since is None:
+            self.idle_since = time.monotonic()
+
 
 class Hub:
     def __init__(
@@ -128,16 +150,10 @@ class Hub:
         cause: RootCause,
         stopping: Stopping,
         sink: LogSink,
-        on_ranks: Callable[[], None],
-        stop_nodes: Callable[[dict[str, Any]], None],
-        rank_frames: Callable[[], dict[int, float]] = dict,
     ) -> None:
         self.address = address
         self.nnodes = nnodes
         self.journal, self.cause, self.stopping, self.sink = journal, cause, stopping, sink
-        self.on_ranks = on_ranks  # the set of ranks changed (telemetry samples the local ones)
-        self.stop_nodes = stop_nodes  # telemetry's collector tells every node to stop
-        self.rank_frames = rank_frames  # {rank: unix time of its last frame to the collector}
         self.nodes: dict[int, RemoteNode] = {}
         self.inbox: Inbox = queue.SimpleQueue()
         self.timeout = node_timeout()
@@ -160,12 +176,14 @@ class Hub:
 
     def collector_failed(self, error: str) -> str:
         """Every node sends to node 0's collector: without it (another program may hold its port,
-        waiting for the token) the run must not start at all (issue 25, docs/security.md). The
-        failure is recorded; returns its message."""
-        message = (f"node 0's collector cannot listen on {format_address(*self.address)} ({error}): "
-                   "another program may hold that port; set XL_COLLECTOR_PORT to a free port, the same on every node")
-        cause = Cause(CauseKind.PORT_IN_USE, f"node 0's collector port {format_address(*self.address)} is taken ({error})",
-                      "set XL_COLLECTOR_PORT to a free port, the same on every node", [error])
+        waiting for the token) the run must not start at all, as a squatter there would be sent
+        every node's records (docs/security.md). The failure is recorded; returns its message."""
+        where = format_address(*self.address)
+        fix = "set XL_COLLECTOR_PORT to a free port, the same on every node"
+        message = (f"node 0's collector cannot listen on {where} ({error}): "
+                   f"another program may hold that port; {fix}")
+        taken = f"node 0's collector port {where} is taken ({error})"
+        cause = Cause(CauseKind.PORT_IN_USE, taken, fix, [error])
         self.cause.set(self.cause.local(None, None, None, None, message, cause), time.time())
         return message
 
@@ -173,13 +191,15 @@ class Hub:
         return [r for node in self.nodes.values() for r in node.ranks]
 
     # ---------------------------------------------------------------- what came in
-    def poll(self) -> None:
-        """What the other nodes' links sent since the last turn (the collector thread queues it)."""
+    def poll(self) -> bool:
+        """What the other nodes' links sent since the last turn (the collector thread queues it);
+        True when another node's set of ranks changed (telemetry is told every rank)."""
+        ranks_changed = False
         while True:
             try:
                 node, host, msgs, when = self.inbox.get_nowait()
             except queue.Empty:
-                return
+                return ranks_changed
             if msgs and msgs[0].get("type") == "refused":
                 self._refused(node, host, msgs[0])  # not a node of this run: no RemoteNode
                 continue
@@ -195,57 +215,45 @@ class Hub:
             remote.seen, remote.closed_at = time.monotonic(), None
             for msg in msgs:
                 try:
-                    self._message(remote, msg)
-                except (KeyError, TypeError, ValueError) as exc:  # checked by the collector; belt and braces
+                    ranks_changed = self._message(remote, msg) or ranks_changed
+                # checked by the collector; belt and braces
+                except (KeyError, TypeError, ValueError) as exc:
                     say(f"node {node} sent {msg.get('type')!r} xl cannot use: {exc!r}")
 
     def _refused(self, node: int, host: str, refused: dict[str, Any]) -> None:
-        """A node with a wrong XL_TOKEN tried to join: say so; the run waits on for the right one."""
+        """A node with a wrong XL_TOKEN tried to join: say so; the run waits on for the right one
+        (a node of this run)."""
         peer = str(refused.get("peer") or "")
         key = (node, host, peer)
         if key in self.refused_seen or len(self.refused_seen) >= _MAX_REFUSED_EVENTS:
             return
         self.refused_seen.add(key)
-        where = f"host {host or '?'}" + (f", from {peer}" if peer else "")
-        self.journal.emit({
-            "kind": "node_refused",
-            "node": host,
-            "node_rank": node,
-            "peer": peer,
-            "message": f"a node {node} ({where}) tried to join with a wrong {envnames.TOKEN} and was refused; "
-            "waiting on for this run's nodes: start them with the exact command this node printed",
-        })
+        self.journal.emit(refused_event(node, host, peer))
 
-    def _message(self, remote: RemoteNode, msg: dict[str, Any]) -> None:
+    def _message(self, remote: RemoteNode, msg: dict[str, Any]) -> bool:
+        """Act on one message of ``remote``; True when it brought that node's ranks."""
         kind = msg["type"]
         if kind == "log":
             rank = int(msg["rank"])
             if not any(r.get("rank") == rank for r in remote.ranks):
-                # Only the ranks it has: a peer with the token once sent 25,000 made-up ones, a file each.
+                # Only the ranks it has: a peer with the token once sent 25,000 made-up ones, a
+                # file each.
                 remote.strange_logs += 1
                 if remote.strange_logs == 1:
-                    say(f"node {remote.node} sent output of rank {rank}, which it does not have; dropped (and any more such)")
-                return
+                    say(f"node {remote.node} sent output of rank {rank}, which it does not have; "
+                        "dropped (and any more such)")
+                return False
             data = str(msg["data"]).encode("utf-8", "surrogateescape")
             remote.partial[rank] = self.sink.append(rank, data, remote.partial.get(rank, b""))
         elif kind == "ranks":
-            remote.ranks = [
-                {**info, "node": info.get("node") or remote.host, "node_rank": remote.node} for info in msg["ranks"]
-            ]
-            if any(r.get("state") in LIVE_STATES for r in remote.ranks):
-                remote.idle_since = None
-            elif remote.idle_since is None:
-                remote.idle_since = time.monotonic()
+            remote.take_ranks(msg["ranks"])
             self.journal.changed()
-            self.on_ranks()
+            return True
         elif kind == "event":
-            event = dict(msg["event"])
             # The run's own run_started/run_ended are node 0's; another node's are its part's.
-            event["kind"] = {"run_started": "node_started", "run_ended": "node_ended"}.get(event["kind"], event["kind"])
-            event.update(node=remote.host, node_rank=remote.node)
-            event["message"] = f"node {remote.node}: {event.get('message') or event['kind']}"
+            event = FromNode(dict(msg["event"]), remote.host, remote.node)
             self.journal.emit(event)
-            if event["kind"] == "stop_requested" and self.stopping.state is None:
+            if event.kind == EventKind.STOP_REQUESTED and self.stopping.state is None:
                 # Someone stopped that node: its collectives are gone, so is the run.
                 self.journal.record.update(stop_requested_at=time.time())
                 self.stopping.begin(StopReason.REQUESTED)
@@ -256,6 +264,7 @@ class Hub:
             if msg.get("failure") and remote.status == RunStatus.FAILED.value:
                 self._failure(remote, msg["failure"], float(msg["at"]))
             self.journal.changed()
+        return False
 
     def _failure(self, remote: RemoteNode, failure: dict[str, Any], at: float) -> None:
         """Another node's root cause becomes the run's when it came first."""
@@ -292,11 +301,12 @@ class Hub:
         self.stopping.begin(StopReason.FAILURE)
 
     # ---------------------------------------------------------------- each turn
-    def check_nodes(self) -> None:
+    def check_nodes(self, rank_frames: Callable[[], dict[int, float]]) -> None:
         """A node whose link closed without its end, or that went silent, is lost: the run is
-        over; unless its ranks still send (its supervisor alone is gone or frozen)."""
+        over; unless its ranks still send (its supervisor alone is gone or frozen).
+        ``rank_frames``: {rank: unix time of its last frame to the collector}."""
         now = time.monotonic()
-        frames = self.rank_frames() if any(not r.over for r in self.nodes.values()) else {}
+        frames = rank_frames() if any(not r.over for r in self.nodes.values()) else {}
         for remote in self.nodes.values():
             if remote.over:
                 continue
@@ -310,10 +320,13 @@ class Hub:
             remote.lost = True
             since = remote.closed_at if remote.closed_at is not None else remote.seen
             running = [int(r["rank"]) for r in remote.ranks if r.get("state") in LIVE_STATES]
-            how = "its supervisor's connection closed" if closed else f"nothing came from it for {self.timeout:g}s"
+            silent = f"nothing came from it for {self.timeout:g}s"
+            how = "its supervisor's connection closed" if closed else silent
             ranks = f" with rank(s) {', '.join(map(str, running))} running" if running else ""
-            message = f"node {remote.node} ({remote.host or '?'}) was lost{ranks}: {how} (killed, or its machine went down)"
-            self.journal.emit({"kind": "node_lost", "node": remote.host, "node_rank": remote.node, "message": message})
+            message = (f"node {remote.node} ({remote.host or '?'}) was lost{ranks}: {how} "
+                       "(killed, or its machine went down)")
+            lost = NodeNotice(EventKind.NODE_LOST, remote.node, message, node=remote.host)
+            self.journal.emit(lost)
             failure = {
                 "rank": None,
                 "exit_code": None,
@@ -322,20 +335,26 @@ class Hub:
                 "message": message,
                 "node": remote.host,
                 "node_rank": remote.node,
-                "cause": Cause(CauseKind.KILLED, f"node {remote.node}'s supervisor is gone: {how}", None, [message]).to_json(),
+                "cause": Cause(CauseKind.KILLED, f"node {remote.node}'s supervisor is gone: {how}",
+                               None, [message]).to_json(),
             }
             self._failure(remote, failure, time.time() - (now - since))
             self.journal.changed()
 
     def _judged(self, remote: RemoteNode, verdict: Verdict) -> None:
-        """Say once that a node's supervisor is gone while its ranks train on, and when they end."""
+        """Say once that a node's supervisor is gone while its ranks train on, and when they
+        end."""
         if verdict is Verdict.ORPHANED and not remote.orphaned:
             remote.orphaned = True
-            message = supervisor_gone_message(remote.node, remote.host, remote.closed_at is not None, remote.rank_numbers())
-            self.journal.emit({"kind": "node_supervisor_lost", "node": remote.host, "node_rank": remote.node, "message": message})
+            closed, ranks = remote.closed_at is not None, remote.rank_numbers()
+            message = supervisor_gone_message(remote.node, remote.host, closed, ranks)
+            kind = EventKind.NODE_SUPERVISOR_LOST
+            self.journal.emit(NodeNotice(kind, remote.node, message, node=remote.host))
         elif verdict is Verdict.QUIET:
             remote.quiet = True
-            self.journal.emit({"kind": "node_quiet", "node": remote.host, "node_rank": remote.node, "message": quiet_message(remote.node, remote.host)})
+            message = quiet_message(remote.node, remote.host)
+            quiet = NodeNotice(EventKind.NODE_QUIET, remote.node, message, node=remote.host)
+            self.journal.emit(quiet)
             self.journal.changed()
         elif verdict is Verdict.ALIVE and remote.orphaned and remote.closed_at is None:
             remote.orphaned = False  # its supervisor speaks again (thawed)
@@ -358,14 +377,16 @@ class Hub:
         now = time.monotonic()
         if self.local_done_at is None:
             self.local_done_at = now
-        waiting = [n for n in range(1, self.nnodes) if not ((r := self.nodes.get(n)) is not None and r.over)]
+        over = {n for n, r in self.nodes.items() if r.over}
+        waiting = [n for n in range(1, self.nnodes) if n not in over]
         never = [n for n in waiting if n not in self.nodes]
         if never and self.stopping.state is not None:
             waiting = [n for n in waiting if n in self.nodes]
             if not self.never_said:
                 self.never_said = True
                 names = ", ".join(map(str, never))
-                self.journal.emit({"kind": "nodes_never_joined", "message": f"node(s) {names} never joined: the run ended before they did"})
+                never_joined = f"node(s) {names} never joined: the run ended before they did"
+                self.journal.emit(Notice(EventKind.NODES_NEVER_JOINED, never_joined))
         if not waiting:
             return False
         limit = self.stopping.grace + _node_end_wait()
@@ -373,36 +394,46 @@ class Hub:
             remote = self.nodes.get(n)
             if remote is not None and remote.busy and self.stopping.state is None:
                 return True
-            since = max(self.local_done_at, remote.idle_since or 0.0) if remote is not None else self.local_done_at
+            since = self.local_done_at
+            if remote is not None:
+                since = max(since, remote.idle_since or 0.0)
             if now - since < limit:
                 return True
         self.waited = True
         heard = ", ".join(str(n) for n in waiting if n in self.nodes)
         unheard = ", ".join(str(n) for n in waiting if n not in self.nodes)
-        said = [f"node(s) {heard} had not reported the end of their part {limit:g}s after their ranks were done"] if heard else []
+        said = [f"node(s) {heard} had not reported the end of their part {limit:g}s after "
+                "their ranks were done"] if heard else []
         said += [f"node(s) {unheard} never reached node 0's collector"] if unheard else []
-        self.journal.emit({"kind": "nodes_unfinished", "message": "; ".join(said) + "; their own run dirs have the rest"})
+        said_all = "; ".join(said) + "; their own run dirs have the rest"
+        self.journal.emit(Notice(EventKind.NODES_UNFINISHED, said_all))
         return False
 
-    def tell_nodes(self) -> None:
+    def tell_nodes(self) -> dict[str, Any] | None:
         """Collectives of the other nodes may wait for this node's ranks for many minutes: end
-        them, when the stop was asked for or the run failed. A stray process left after a clean
-        finish is no reason to fail the other nodes."""
+        them, when the stop was asked for or the run failed (the stop the collector sends every
+        node, once; None when there is none to send). A stray process left after a clean finish
+        is no reason to fail the other nodes."""
         stop = self.stopping.state
         if self.told or stop is None:
-            return
+            return None
         if stop.reason is not StopReason.REQUESTED and self.cause.failure is None:
-            return
+            return None
         self.told = True
-        why = StopReason.REQUESTED.value if stop.reason is StopReason.REQUESTED else StopReason.FAILURE.value
+        asked = stop.reason is StopReason.REQUESTED
+        why = StopReason.REQUESTED.value if asked else StopReason.FAILURE.value
         # A copy: the collector thread serializes it while _failure may complete ours.
-        self.stop_nodes({"reason": why, "failure": self.cause.to_json()})
+        return {"reason": why, "failure": self.cause.to_json()}
 
     def settle(self, status: RunStatus) -> None:
         """At the end: the running ranks of a lost node failed with it; those of a node whose
         ranks went quiet without their supervisor ended with the run (its own run dir has how)."""
-        ended = rank_outcome(0 if status is RunStatus.SUCCEEDED else None, stopped=status is RunStatus.STOPPED)
+        ended = rank_outcome(
+            0 if status is RunStatus.SUCCEEDED else None, stopped=status is RunStatus.STOPPED
+        )
         for node in self.nodes.values():
             for info in node.ranks:
                 if (node.lost or node.quiet) and info.get("state") not in DONE_STATES:
-                    info["state"] = (rank_outcome(None, stopped=False) if node.lost else ended).value
+                    info["state"] = (
+                        rank_outcome(None, stopped=False) if node.lost else ended
+                    ).value

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 from xl.launcher.multinode.protocol import FORWARDED_EVENTS
 from xl.launcher.rundir import layout
 from xl.launcher.rundir import record as run_record
-from xl.launcher.rundir.events import append_event, event_line
+from xl.launcher.rundir.events import Event, WriteLost, append_line, event_object, object_line
 from xl.launcher.rundir.record import RunRecord
 from xl.launcher.supervisor.guard import crash_line
 
-if TYPE_CHECKING:  # only a node > 0 has a link, made by the supervisor (not on a one-node run's path)
+# only a node > 0 has a link, made by the supervisor (not on a one-node run's path)
+if TYPE_CHECKING:
     from xl.launcher.multinode.nodelink import NodeLink
 
 
@@ -60,36 +61,37 @@ def say(what: str) -> None:
 
 
 class Journal:
-    def __init__(self, run_dir: Path, record: RunRecord) -> None:
+    def __init__(self, run_dir: Path, record: RunRecord, link: NodeLink | None = None) -> None:
         self.run_dir = run_dir
         self.record = record
         self.dirty = False  # run.json needs rewriting
-        self.link: NodeLink | None = None  # node > 0: its link to node 0
+        self.link = link  # node > 0: its link to node 0 (it queues what is sent until it starts)
         self._lock = threading.Lock()
         self._write_errors: set[str] = set()
-        self._held: list[dict[str, Any]] = []  # events the disk refused, oldest first
+        self._held: list[str] = []  # event lines the disk refused, oldest first
         self.lost: dict[str, int] = {}  # file -> bytes that were never written
 
     def changed(self) -> None:
         self.dirty = True
 
-    def emit(self, event: dict[str, Any]) -> None:
+    def emit(self, event: Event) -> None:
         """Append one event line; called from telemetry threads too. One the disk refuses waits
         in memory (up to _HELD_EVENTS, then counted as lost) and goes in, in its order, with the
         next event that can be written."""
+        obj = event_object(event)
         with self._lock:
-            self._held.append(event)
+            self._held.append(object_line(obj))
             self._write_held()
             if len(self._held) > _HELD_EVENTS:
                 cut = self._held.pop(0)
-                self.lost[layout.EVENTS] = self.lost.get(layout.EVENTS, 0) + len(event_line(cut).encode())
-        if event.get("kind") in FORWARDED_EVENTS:
-            self.send({"type": "event", "event": event})
+                self.lost[layout.EVENTS] = self.lost.get(layout.EVENTS, 0) + len(cut.encode())
+        if event.kind in FORWARDED_EVENTS:
+            self.send({"type": "event", "event": obj})
 
     def _write_held(self) -> None:
         while self._held:
             try:
-                append_event(self.run_dir, self._held[0])
+                append_line(self.run_dir, self._held[0])
             except OSError as exc:
                 self.write_failed(layout.EVENTS, exc)
                 return
@@ -99,7 +101,7 @@ class Journal:
         """The events the disk refused, now (the run's end, once space was made)."""
         with self._lock:
             self._write_held()
-            lost = sum(len(event_line(e).encode()) for e in self._held)
+            lost = sum(len(line.encode()) for line in self._held)
             if lost:
                 self.lost[layout.EVENTS] = self.lost.get(layout.EVENTS, 0) + lost
                 self._held.clear()
@@ -121,7 +123,7 @@ class Journal:
             return
         self.record.update(write_lost=lost)
         listed = ", ".join(f"{name} {n} bytes" for name, n in lost.items())
-        self.emit({"kind": "write_lost", "rank": None, "files": lost, "message": f"the disk refused writes: never written: {listed}"})
+        self.emit(WriteLost(lost, f"the disk refused writes: never written: {listed}"))
 
     def send(self, msg: dict[str, Any]) -> None:
         """To node 0, when this is a node > 0 of a multi-node run (else nothing)."""

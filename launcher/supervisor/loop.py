@@ -1,31 +1,32 @@
 """The supervisor's loop: start torchrun, watch ranks and nodes once every tick, finish the run.
 
-run.json (through ``xl.launcher.rundir.record``, replaced atomically on every change)::
+run.json (through ``xl.launcher.rundir.record``, replaced atomically on every change; every key
+is in docs/contracts.md, "run.json")::
 
     run_id, name, status (running|succeeded|failed|stopped), spec, argv, env (what xl set), cwd,
     devices [{index, uuid, name}], nnodes, node_rank, nproc_per_node, world_size, host,
-    started_at, ended_at (unix s), supervisor_pid, torchrun_pid, torchrun_exit_code, grace_s,
-    stop_requested_at, attempt, ranks [{rank, local_rank, node, node_rank, pid, gpu, gpu_uuid,
-    state, exit_code, started_at, ended_at, attempt}], failure {rank, exit_code, traceback, error,
-    message, node, node_rank, cause} | null
+    started_at, ended_at (unix s), supervisor_pid, supervisor_started_at, torchrun_pid,
+    torchrun_exit_code, grace_s, stop_requested_at, attempt, versions, ranks [{rank, local_rank,
+    node, node_rank, pid, gpu, gpu_uuid, state, exit_code, started_at, ended_at, attempt,
+    waited_s}], failure {rank, exit_code, traceback, error, message, node, node_rank, cause} |
+    null, metrics_bytes_lost, write_lost, time
 
-Rank ``state``: starting|running|exited|failed|stopped. ``exit_code`` < 0 means killed by that signal.
+Rank ``state``: starting|running|exited|failed|stopped. ``exit_code`` < 0 means killed by that
+signal.
 
-events.jsonl kinds written here: run_started, rank_started (pid), rank_exited (exit_code), failure
-(exit_code), restarted (attempt), stop_requested, run_ended (status); telemetry adds its diagnoses through ``emit``.
+events.jsonl (``xl.launcher.rundir.events``): run_started, stop_requested and run_ended are
+written here; rank_started, rank_exited and restarted by ``Lifecycle``; the one failure event by
+``RootCause``; telemetry adds its diagnoses through the journal.
 Also in the run dir: ranks/rank-<r>.json (what the entry point reports), logs/torchrun.log
 (torchrun's own output), supervisor.log. Rank output is written by each rank's own relay and only
 read here (``LogSink``): training never waits on the supervisor.
 
-Each job is a collaborator: ``Ranks`` (who is who, how each ended), ``LogSink`` (rank output),
-``RootCause`` (the failure), ``Stopping`` (the stop), ``Hub`` / ``Follower`` (other nodes),
-``Journal`` (run.json, events), ``TelemetryPort``, ``Escapes``. The supervisor wires them, says
-what a rank's start or end means for the run, and keeps its own ``Phase``. Torchrun starts first:
-what only the loop, the end or several nodes need is imported after it, or there only.
-
-``--max-restarts N``: torchrun restarts every rank of the node after a failure, N times at most.
-While it has restarts left a failed rank is no cause and starts no stop; its next process is
-attempt k (``restarted`` event, ``attempt`` in run.json). The run fails when torchrun gives up.
+Each job is a collaborator: ``Ranks`` (who is who, how each ended), ``Lifecycle`` (what a rank's
+start or end means), ``LogSink`` (rank output), ``RootCause`` (the failure), ``Stopping`` (the
+stop), ``Hub`` / ``Follower`` (other nodes), ``Journal`` (run.json, events), ``TelemetryPort``,
+``Escapes``. Each turn the loop takes what ``Ranks`` found changed and hands it on, and keeps its
+own ``Phase``. Torchrun starts first: what only the loop, the end or several nodes need is
+imported after it, or there only.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import sys
 import time
 from collections.abc import Sequence
 from enum import Enum
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,25 +48,26 @@ from xl import envnames
 from xl.launcher import runprocs
 from xl.launcher.rundir import layout
 from xl.launcher.rundir import record as run_record
-from xl.launcher.rundir.outcome import RankPhase
+from xl.launcher.rundir.events import EventKind, Notice, RunEnded
 from xl.launcher.rundir.record import DeviceRow, RunStatus
 from xl.launcher.rundir.stopmark import stop_asked
-from xl.launcher.supervisor.escapes import Escapes
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.guard import crash_line, private_umask, raise_fd_limit
-from xl.launcher.supervisor.journal import Journal, hold_reserve, say
+from xl.launcher.supervisor.journal import Journal, hold_reserve
 from xl.launcher.supervisor.logsink import LogSink
-from xl.launcher.supervisor.ranks import Ranks, RankState, Torchrun, become_subreaper, describe_end
+from xl.launcher.supervisor.nodes import Nodes, resolve
+from xl.launcher.supervisor.ranks import RankChange, Ranks, become_subreaper
 from xl.launcher.supervisor.stopping import Stopping, StopReason, StopSignals, grace_from_env
-from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
+from xl.launcher.supervisor.telemetry_port import TelemetryPort
+from xl.launcher.supervisor.torchrun import Torchrun
 
-if TYPE_CHECKING:  # imported where they are needed: after torchrun started, or on several nodes only
+# imported where they are needed: after torchrun started, or on several nodes only
+if TYPE_CHECKING:
     from xl.launcher.rundir.digest import Digester
-    from xl.launcher.supervisor.follower import Follower
-    from xl.launcher.supervisor.hub import Hub
+    from xl.launcher.supervisor.escapes import Escapes
+    from xl.launcher.supervisor.lifecycle import Lifecycle
 
 _TICK_S = 0.1
-_LINK_CLOSE_S = 3.0
 
 
 def _debug(what: str) -> None:
@@ -83,7 +86,8 @@ class Phase(str, Enum):
 
     STARTING = "starting"  # torchrun not started (after ``start``: never, a stop came first)
     RUNNING = "running"  # torchrun started; ranks come, go, fail, are stopped
-    DRAINING = "draining"  # torchrun and every rank ended: their last output, leftovers, other nodes
+    # torchrun and every rank ended: their last output, leftovers, other nodes
+    DRAINING = "draining"
     ENDED = "ended"  # ``finish`` recorded the outcome
 
 
@@ -110,41 +114,25 @@ class Supervisor:
         self.node_rank = record.node_rank
         self.host = record.host or socket.gethostname()
         grace = record.grace_s or grace_from_env()
-        nnodes = record.nnodes
-        self.hub_address: tuple[str, int] | None = None
-        self.token = os.urandom(16).hex()  # as secrets.token_hex(16), without its imports
-        if nnodes >= 2:
-            from xl.launcher.supervisor.hub import resolve_hub  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
-
-            self.hub_address, self.token = resolve_hub(record, self.token)
+        token = os.urandom(16).hex()  # as secrets.token_hex(16), without its imports
+        hub_address, self.token, link = resolve(record, token, self.host)
         self.sel = selectors.DefaultSelector()
         self.signals = StopSignals()
         self.torchrun = Torchrun()
         self.port = TelemetryPort(self.token)
-        self.journal = Journal(run_dir, record)
-        self.ranks = Ranks(
-            run_dir, record, self._rank_started, self._rank_ended, self.journal.changed, on_restarted=self._rank_restarted
-        )
-        self.attempt = 0  # torchrun's restarts so far (the highest attempt any rank reached)
-        self.escapes = Escapes(run_dir, self.run_id, self.journal.write_failed)
-        self.restart_reason: str | None = None  # the failure that will make torchrun restart
+        self.journal = Journal(run_dir, record, link)  # node > 0: every record goes to node 0 too
+        self.ranks = Ranks(run_dir, record)
         # Every line goes to telemetry's parser (nothing while it is not running); a node > 0's
         # output also goes to node 0 (nothing without a link).
-        self.sink = LogSink(run_dir, self.journal.write_failed, on_line=self.port.feed_log_line, forward=self.journal.send_log, wants=self.port.wants_lines)
+        self.sink = LogSink(run_dir, self.journal.write_failed, on_line=self.port.feed_log_line,
+                            forward=self.journal.send_log, wants=self.port.wants_lines)
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
-        self.digester: Digester | None = None  # reads the run as it goes, from torchrun's start: its end reads only the rest
-        self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun, self.journal.changed, tell_nodes=self._tell_nodes)
-        self.follower: Follower | None = None  # node > 0: made in start, with its link
-        self.hub: Hub | None = None  # node 0 of several
-        if self.hub_address is not None and self.node_rank == 0:
-            from xl.launcher.supervisor.hub import Hub  # noqa: PLC0415 - node 0 of several only: not on a one-node run's path to torchrun
-
-            self.hub = Hub(self.hub_address, nnodes, self.journal, self.cause, self.stopping, self.sink,
-                           on_ranks=self._ranks_changed, stop_nodes=self.port.stop_nodes, rank_frames=self.port.rank_frames)
-
-    def _tell_nodes(self) -> None:
-        if self.hub is not None:
-            self.hub.tell_nodes()
+        # reads the run as it goes, from torchrun's start: its end reads only the rest
+        self.digester: Digester | None = None
+        self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun,
+                                 self.journal.changed)
+        self.nodes = Nodes.of(hub_address, record, self.journal, self.cause, self.stopping,
+                              self.sink, self.torchrun)
 
     # ---------------------------------------------------------------- startup
     def start(self) -> None:
@@ -157,31 +145,27 @@ class Supervisor:
         self.signals.install(self.sel)
         if self._stopped_before_start():
             return
-        if self.hub_address is not None and self.node_rank > 0:
-            self._link_to_node_0(self.hub_address)
+        self.nodes.link()
         self.layout.logs.mkdir(mode=0o700, exist_ok=True)
         self.layout.ranks.mkdir(mode=0o700, exist_ok=True)
         # First, before telemetry can add any diagnosis of its own.
-        self.journal.emit({"kind": "run_started", "message": _starting(len(self.ranks), self.record.devices)})
+        starting = _starting(len(self.ranks), self.record.devices)
+        self.journal.emit(Notice(EventKind.RUN_STARTED, starting))
         env = dict(os.environ)
         env.update(self.record.env)
-        one_node = self.hub is None and self.follower is None
+        one_node = self.nodes.alone
         _debug("before telemetry")
         env.update(self.port.reserve(self.run_dir) if one_node else self._start_telemetry())
-        if self.follower is not None:
-            # This node's ranks send their xl.log frames straight to node 0's collector.
-            from xl.launcher.multinode.join import format_address  # noqa: PLC0415 - several nodes only
-
-            env[envnames.COLLECTOR] = format_address(*self.follower.hub)
         _debug("after telemetry")
-        env.update({envnames.RUN_ID: self.run_id, envnames.RUN_DIR: str(self.run_dir), envnames.SUPERVISOR_PID: str(os.getpid())})
-        if self.follower is not None:
-            self.follower.wait_for_node_0(str(self.record.spec.get("rdzv") or ""), self._stop_came)
+        env.update({envnames.RUN_ID: self.run_id, envnames.RUN_DIR: str(self.run_dir),
+                    envnames.SUPERVISOR_PID: str(os.getpid())})
+        env.update(self.nodes.ranks_env(str(self.record.spec.get("rdzv") or ""), self._stop_came))
         if self._stopped_before_start():  # asked while telemetry started, or node 0 was awaited
             return
         # The record's command as it is (a broken one fails here as it always did: test_resilience),
         # with the port torchrun's store gets on one node (Torchrun.start).
-        argv = self.torchrun.start(self.record.argv, cwd=self.record.cwd, env=env, log=self.layout.torchrun_log, umask=self.user_umask)
+        argv = self.torchrun.start(self.record.argv, cwd=self.record.cwd, env=env,
+                                   log=self.layout.torchrun_log, umask=self.user_umask)
         self.record.update(argv=argv)
         self.phase = Phase.RUNNING
         runprocs.give_way()
@@ -202,23 +186,16 @@ class Supervisor:
             torchrun_pid=self.torchrun.proc.pid if self.torchrun.proc is not None else None,
             started_at=self.record.started_at or time.time(),
             grace_s=self.stopping.grace,
-            versions=provenance.collect(self.record.spec, bool(self.record.devices)),  # for xl compare (docs/compare.md)
+            # for xl compare (docs/compare.md)
+            versions=provenance.collect(self.record.spec, bool(self.record.devices)),
         )
         self.digester = Digester(self.run_dir).follow()
+        # made now, while torchrun starts (their imports overlap that start)
+        _ = self.life, self.escapes
         hold_reserve(self.run_dir)
         self.save()
         self._ranks_changed()
         _debug("loop ready")
-
-    def _link_to_node_0(self, hub: tuple[str, int]) -> None:
-        """Node > 0: its link to node 0 (every record goes there too) and what it hears back."""
-        from xl.launcher.multinode.nodelink import NodeLink  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
-        from xl.launcher.supervisor.follower import Follower  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
-
-        link = NodeLink(*hub, self.token, self.node_rank, self.host)
-        link.start()
-        self.journal.link = link
-        self.follower = Follower(hub, link, self.journal, self.cause, self.stopping, self.torchrun)
 
     def _stop_came(self, wait: float) -> bool:
         for key, _ in self.sel.select(wait):
@@ -231,21 +208,19 @@ class Supervisor:
         if not self._stop_came(0.0):
             return False
         why = self.signals.requested or "xl stop"
-        self.journal.emit({"kind": "stop_requested", "message": f"stop requested ({why}) before the run started"})
+        said = f"stop requested ({why}) before the run started"
+        self.journal.emit(Notice(EventKind.STOP_REQUESTED, said))
         self.record.update(stop_requested_at=time.time())
         self.stopping.begin(StopReason.REQUESTED)
+        self.nodes.tell(self.port)
         return True
 
     def _start_telemetry(self) -> dict[str, str]:
-        where: dict[str, Any] = {"instrumented": _instrumented({**os.environ, **self.record.env})}
-        if self.hub is not None:
-            where.update(self.hub.collector_hooks())
-        elif self.follower is not None:
-            where["forward"] = forward_records(self.journal)
-        env = self.port.start(self.run_dir, self.journal.emit, **where)
+        instrumented = _instrumented({**os.environ, **self.record.env})
+        hooks = self.nodes.telemetry_hooks(self.journal)
+        env = self.port.start(self.run_dir, self.journal.emit, instrumented=instrumented, **hooks)
         _debug("telemetry started")
-        if self.port.telemetry is None and self.hub is not None:
-            raise RuntimeError(self.hub.collector_failed(self.port.error))  # node 0's collector is a must
+        self.nodes.telemetry_failed(self.port)
         return env
 
     # ---------------------------------------------------------------- the loop
@@ -260,35 +235,38 @@ class Supervisor:
                 self.phase = Phase.DRAINING
             if self.phase is Phase.DRAINING:
                 self.sink.drain()
-                if not self.stopping.leftovers(self.signals.requested is not None) and not self._nodes_pending():
+                leftovers = self.stopping.leftovers(self.signals.requested is not None)
+                self.nodes.tell(self.port)
+                if not leftovers and not self.nodes.pending():
                     return
 
     def _turn(self) -> None:
         if self.ranks.reap(self.torchrun):
             self.record.update(torchrun_exit_code=self.torchrun.code)
-        self.ranks.scan_records()
-        self.ranks.check_alive()
-        if self.hub is not None:
-            self.hub.poll()
-            self.hub.check_nodes()
-        elif self.follower is not None:
-            self.follower.poll()
+        self.act(self.ranks.scan_records())
+        self.act(self.ranks.check_alive())
+        if self.nodes.poll(self.port):
+            self._ranks_changed()
         if self.signals.requested and self.stopping.state is None:
-            self.journal.emit({"kind": "stop_requested", "message": f"stop requested ({self.signals.requested})"})
+            said = f"stop requested ({self.signals.requested})"
+            self.journal.emit(Notice(EventKind.STOP_REQUESTED, said))
             self.record.update(stop_requested_at=time.time())
             self.stopping.begin(StopReason.REQUESTED)
         if self.torchrun.code is not None and self.stopping.state is None and not self._all_done():
             # torchrun is gone but ranks are not: it was killed. End them.
             self.cause.torchrun_died(self.torchrun.code)
             self.stopping.begin(StopReason.TORCHRUN_DIED)
-        if self.cause.decide(self.ranks, self.torchrun.code, self.sink.drain) is not None:
-            self._tell_nodes()  # the stop began at the failure; the other nodes hear it with its cause
+        self.cause.decide(self.ranks, self.torchrun.code, self.sink.drain)
+        # A stop begun this turn, or the failure it began at once decided: the other nodes hear
+        # it, with its cause.
+        self.nodes.tell(self.port)
         self.stopping.advance()
         self.escapes.scan()
-        self.stopping.end_exit_barrier(self.hub is not None and self.hub.busy(), self.journal.emit)
+        self.stopping.end_exit_barrier(self.nodes.busy(), self.journal.emit)
         if self.journal.dirty:
             self.save()
-        if self.port.running and self.ranks.gone() and not self._nodes_pending() and not self._restart_due():
+        if (self.port.running and self.ranks.gone() and not self.nodes.pending()
+                and not self.life.restart_due):
             # Every rank process is gone, so nothing can log any more: flush telemetry now,
             # while torchrun tears down (~0.5 s), not after it.
             self.port.stop()
@@ -296,59 +274,37 @@ class Supervisor:
     def _all_done(self) -> bool:
         return self.ranks.all_done(self.torchrun.code, self.stopping.state is not None)
 
-    def _restart_due(self) -> bool:
-        """A rank failed while torchrun has restarts left: its ranks come back (keep telemetry)."""
-        return self.restart_reason is not None and self.torchrun.code is None
+    @cached_property
+    def escapes(self) -> Escapes:
+        """The run's descendants that left it: looked for once torchrun runs (``_started``)."""
+        from xl.launcher.supervisor.escapes import Escapes  # noqa: PLC0415 - after torchrun started: its start does not wait for this
 
-    def _nodes_pending(self) -> bool:
-        return self.hub is not None and self.hub.pending()
+        return Escapes(self.run_dir, self.run_id, self.journal.write_failed)
 
-    # ---------------------------------------------------------------- what a rank's start or end means
-    def _rank_started(self, st: RankState) -> None:
-        gpu = f", GPU {st.gpu}" if st.gpu is not None else ""
-        self.journal.emit({"kind": "rank_started", "rank": st.rank, "pid": st.pid, "message": f"rank {st.rank} started (pid {st.pid}{gpu})"})
-        self._ranks_changed()
-        self.journal.changed()
-        self.stopping.catch_up(st)
+    @cached_property
+    def life(self) -> Lifecycle:
+        """What a rank's start or end means: made on first use (``_started`` makes it, as its
+        import overlaps torchrun's start; nothing changes before torchrun runs)."""
+        from xl.launcher.supervisor.lifecycle import Lifecycle  # noqa: PLC0415 - after torchrun started: its start does not wait for this
 
-    def _rank_ended(self, st: RankState, code: int | None, when: float | None) -> None:
-        self.journal.changed()
-        stop = self.stopping.state
-        st.end(code, when, stopped=st.signalled is not None or (stop is not None and stop.explains(code)))
-        self.journal.emit({"kind": "rank_exited", "rank": st.rank, "exit_code": code, "message": describe_end(st)})
-        self._ranks_changed()
-        if st.state is not RankPhase.FAILED or self.cause.failure is not None or self.stopping.state is not None:
-            return
-        if st.attempt < self.ranks.max_restarts and self.torchrun.code is None:
-            # torchrun restarts every rank of the node: no cause yet, no stop (the first
-            # failure of an attempt is the reason; its peers end because torchrun stops them).
-            if self.restart_reason is None:
-                self.restart_reason = describe_end(st)
-            return
-        self.cause.suspect(st)  # which rank is the cause: decided once its facts are in (RootCause.decide, each turn)
-        self.stopping.begin(StopReason.FAILURE)
+        return Lifecycle(self.record, self.journal, self.ranks, self.torchrun, self.cause,
+                         self.stopping)
 
-    def _rank_restarted(self, st: RankState) -> None:
-        """torchrun started ``st`` again: its first rank of a new attempt announces the restart."""
-        self.journal.changed()
-        if st.attempt <= self.attempt:
-            return
-        self.attempt = st.attempt
-        self.record.update(attempt=st.attempt)
-        why = f" after {self.restart_reason}" if self.restart_reason else ""
-        message = f"torchrun restarted the ranks{why} (attempt {st.attempt + 1} of {self.ranks.max_restarts + 1})"
-        self.restart_reason = None
-        self.journal.emit({"kind": "restarted", "attempt": st.attempt, "message": message})
+    def act(self, changes: list[RankChange]) -> None:
+        """Hand what ``Ranks`` found changed to ``Lifecycle``, in its order."""
+        if self.life.act(changes):
+            self._ranks_changed()
 
     def _ranks_changed(self) -> None:
-        """Every rank for telemetry; other nodes' ranks are flagged ``remote`` (not sampled here)."""
-        remote = self.hub.remote_ranks() if self.hub is not None else []
+        """Every rank for telemetry; other nodes' ranks are flagged ``remote`` (not sampled
+        here)."""
+        remote = self.nodes.remote_ranks()
         self.port.set_ranks(self.ranks.to_json() + [{**r, "remote": True} for r in remote])
 
     def save(self, waited: dict[int, float] | None = None) -> None:
         local = self.ranks.to_json()
         self.journal.send({"type": "ranks", "ranks": local})
-        remote = self.hub.remote_ranks() if self.hub is not None else []
+        remote = self.nodes.remote_ranks()
         ranks = sorted(local + remote, key=lambda r: int(r.get("rank") or 0))
         if waited:
             from xl.launcher.rundir.digest import with_waits  # noqa: PLC0415 - only the end has waits: not on the path to torchrun
@@ -368,14 +324,15 @@ class Supervisor:
         if self.torchrun.proc is not None:
             runprocs.signal_pid(self.torchrun.proc.pid, signal.SIGKILL)
         if self.cause.failure is None:
-            self.cause.failure = self.cause.local(None, None, None, None, f"supervisor error: {exc!r}")
+            crashed = f"supervisor error: {exc!r}"
+            self.cause.failure = self.cause.local(None, None, None, None, crashed)
 
     def finish(self) -> RunStatus:
         self.cause.fill_from_torchrun_log(self.ranks, self.torchrun.code)
-        status = self.cause.conclude(self.stopping.requested, self.torchrun.code, self.stopping.barrier_ended, self.ranks, self.sink.drain)
+        status = self.cause.conclude(self.stopping.requested, self.torchrun.code,
+                                     self.stopping.barrier_ended, self.ranks, self.sink.drain)
         self.ranks.settle(stopped=status is RunStatus.STOPPED)
-        if self.hub is not None:
-            self.hub.settle(status)
+        self.nodes.settle(status)
         _debug("finish start")
         self.port.stop()
         _debug("telemetry stopped")
@@ -386,14 +343,9 @@ class Supervisor:
         from xl.launcher.rundir.digest import close_run  # noqa: PLC0415 - the end only: not on the path to torchrun
 
         self.save(close_run(self.run_dir, self.record, self.digester))
-        self.journal.emit({"kind": "run_ended", "status": status.value, "message": f"run {status.value}"})
+        self.journal.emit(RunEnded(status.value, f"run {status.value}"))
         self.phase = Phase.ENDED
-        link = self.journal.link
-        if link is not None:
-            failure = None if self.cause.remote else self.cause.to_json()
-            link.send({"type": "end", "status": status.value, "failure": failure, "at": self.cause.at or time.time()})
-            if not link.close(_LINK_CLOSE_S):
-                say("node 0 did not take this node's last records; they are here")
+        self.nodes.end(status, self.cause)
         return status
 
 

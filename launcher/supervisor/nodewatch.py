@@ -45,17 +45,27 @@ class Verdict(str, Enum):
     LOST = "lost"
 
 
-def judge(now: float, link_seen: float, link_closed_at: float | None, ranks_heard: float | None, timeout: float) -> Verdict:
+def judge(
+    now: float,
+    link_seen: float,
+    link_closed_at: float | None,
+    ranks_heard: float | None,
+    timeout: float,
+) -> Verdict:
     """The node's state from when its link was last heard (``link_seen``), when it closed (None:
     open) and when any of its ranks last sent a frame (None: never)."""
     closed_for = None if link_closed_at is None else now - link_closed_at
-    if (closed_for is None and now - link_seen <= LINK_SILENT_S) or (closed_for is not None and closed_for <= LINK_CLOSED_S):
+    if (closed_for is None and now - link_seen <= LINK_SILENT_S) or (
+        closed_for is not None and closed_for <= LINK_CLOSED_S
+    ):
         return Verdict.ALIVE
     down_since = link_closed_at if link_closed_at is not None else link_seen
     if ranks_heard is not None and ranks_heard > down_since + RANKS_AFTER_S:
         return Verdict.ORPHANED if now - ranks_heard <= RANKS_QUIET_S else Verdict.QUIET
     # Closed: lost once its ranks had time to show they outlive it (a frame every second).
-    if (closed_for is not None and closed_for > RANKS_AFTER_S + LINK_CLOSED_S) or now - link_seen > timeout:
+    if (
+        closed_for is not None and closed_for > RANKS_AFTER_S + LINK_CLOSED_S
+    ) or now - link_seen > timeout:
         return Verdict.LOST
     return Verdict.ALIVE
 
@@ -65,12 +75,13 @@ def supervisor_gone_message(node: int, host: str, closed: bool, ranks: list[int]
     which = ", ".join(map(str, ranks)) or "?"
     return (
         f"node {node} ({host or '?'}): its supervisor {how}, but its rank(s) {which} still send: "
-        f"training goes on (their metrics still come here; their output from now on is in node {node}'s own run dir)"
+        "training goes on (their metrics still come here; their output from now on is in "
+        f"node {node}'s own run dir)"
     )
 
 
 def quiet_message(node: int, host: str) -> str:
     return (
-        f"node {node} ({host or '?'}): its ranks stopped sending with no supervisor there to say how "
-        f"they ended; node {node}'s own run dir has their outcome"
+        f"node {node} ({host or '?'}): its ranks stopped sending with no supervisor there to say "
+        f"how they ended; node {node}'s own run dir has their outcome"
     )

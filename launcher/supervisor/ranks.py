@@ -10,8 +10,10 @@ Under ``--max-restarts N`` torchrun restarts every rank of the node when one fai
 ended and then reports another pid is its next attempt (TORCHELASTIC_RESTART_COUNT in the new
 process's environment says which); its row starts over and keeps the attempt number.
 
-``Ranks`` only keeps the table; what a start or an end means for the run (events, the root
-cause, the stop) is the supervisor's, told through ``on_started`` / ``on_ended``.
+``Ranks`` only keeps the table: ``scan_records`` and ``check_alive`` return what changed
+(``RankChange``: a rank started, restarted, ended, or the table was renumbered), and what a start
+or an end means for the run (events, the root cause, the stop) is the supervisor's loop's, which
+acts on them in their order. A rank whose end is not acted on yet is left as it is until then.
 """
 
 from __future__ import annotations
@@ -22,19 +24,22 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from xl.address import LOOPBACK
 from xl.launcher import runprocs
 from xl.launcher.rundir.layout import RunLayout, record_rank
 from xl.launcher.rundir.outcome import RankPhase, rank_outcome
 from xl.launcher.rundir.record import RunRecord
 from xl.procfs import read_environ
+
+# `xl launch` imports this module (for the stop grace): torchrun's is the supervisor's only
+if TYPE_CHECKING:
+    from xl.launcher.supervisor.torchrun import Torchrun
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
@@ -60,7 +65,9 @@ def describe_end(st: RankState) -> str:
     """A rank's end as the rank table shows it: a rank xl stopped reads "stopped (-15)", not
     "exit code unknown" (its exit code may come later, from torchrun)."""
     if st.state is RankPhase.STOPPED:
-        code = st.exit_code if st.exit_code is not None else (-st.signalled if st.signalled else None)
+        code = (
+            st.exit_code if st.exit_code is not None else (-st.signalled if st.signalled else None)
+        )
         return f"rank {st.rank} stopped" + (f" ({code})" if code is not None else "")
     return describe_exit(st.rank, st.exit_code)
 
@@ -136,62 +143,6 @@ class RankState:
         runprocs.signal_rank(self.pid, sig)
 
 
-@dataclass
-class Torchrun:
-    """torchrun, the supervisor's child: its process and, once reaped, its exit code."""
-
-    proc: subprocess.Popen[bytes] | None = None
-    code: int | None = None
-    held_port: socket.socket | None = None  # its store's port on one node, until the store binds it
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.code is None
-
-    def start(self, argv: list[str], *, cwd: str | None, env: dict[str, str], log: Path, umask: int) -> list[str]:
-        """Start it: no stdin, its own output appended to ``log`` (logs/torchrun.log). Returns
-        the command started: a one-node plan's with the port held for its store (hold_master_port)."""
-        argv, self.held_port = hold_master_port(list(argv))
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=cwd or None,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                close_fds=True,
-                umask=umask,  # the run dir is private; the training's own files are not
-            )
-        return argv
-
-    def signal(self, sig: int) -> None:
-        """Signal it while it runs (after its end the pid may be another process's)."""
-        if self.proc is not None and self.code is None:
-            runprocs.signal_pid(self.proc.pid, sig)
-
-
-def hold_master_port(argv: list[str]) -> tuple[list[str], socket.socket | None]:
-    """``argv`` with a one-node plan's HELD_PORT replaced by a free loopback port, and the socket
-    that holds it (bound with SO_REUSEADDR, never listening: torchrun's store, which sets it too,
-    may bind the port; a program without it may not). Other plans: as they are, and None."""
-    # torchrun's own options come before --max-restarts (xl.launcher.plan): not the script's.
-    own = argv[: argv.index("--max-restarts")] if "--max-restarts" in argv else argv
-    if "--master-port" not in own[:-1] or LOOPBACK not in own:
-        return argv, None
-    i = own.index("--master-port")
-    if own[i + 1] != "0":  # plan.HELD_PORT (not imported: the plan's imports are not the supervisor's)
-        return argv, None
-    sock = socket.socket(socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((LOOPBACK, 0))
-    except OSError:
-        sock.close()
-        raise
-    return [*argv[: i + 1], str(sock.getsockname()[1]), *argv[i + 2 :]], sock
-
-
 def become_subreaper() -> None:
     """Orphaned ranks (torchrun killed) become this process's children; and name it in ps."""
     try:
@@ -203,22 +154,30 @@ def become_subreaper() -> None:
         pass  # not Linux: orphans go to init; they are still found by XL_RUN_ID
 
 
+class Change(str, Enum):
+    """What happened to a rank, for the loop to act on."""
+
+    STARTED = "started"  # its process reported itself (its pid is known)
+    RESTARTED = "restarted"  # torchrun started its next attempt (STARTED follows)
+    ENDED = "ended"  # it ended: ``code`` (None: unknown), ``when`` (None: now)
+    RENUMBERED = "renumbered"  # torch gave it another number, or the run's world_size changed
+
+
+@dataclass(frozen=True)
+class RankChange:
+    change: Change
+    st: RankState | None  # None only for a world_size RENUMBERED
+    code: int | None = None
+    when: float | None = None
+
+
 class Ranks:
     """The table of this node's ranks, kept from their records, pids and exit statuses."""
 
-    def __init__(
-        self,
-        run_dir: Path,
-        record: RunRecord,
-        on_started: Callable[[RankState], None],
-        on_ended: Callable[[RankState, int | None, float | None], None],
-        on_changed: Callable[[], None],
-        on_restarted: Callable[[RankState], None] = lambda st: None,
-    ) -> None:
+    def __init__(self, run_dir: Path, record: RunRecord) -> None:
         self.run_dir = run_dir
         self.record = record
-        self.on_started, self.on_ended, self.on_changed = on_started, on_ended, on_changed
-        self.on_restarted = on_restarted  # torchrun started a rank's next attempt
+        self._changes: list[RankChange] = []  # found since the last time they were handed out
         self.by_rank: dict[int, RankState] = {}
         self.by_pid: dict[int, int] = {}
         self.reparented: dict[int, int] = {}  # pid -> exit code of a rank this process reaped
@@ -226,7 +185,7 @@ class Ranks:
         self.max_restarts = record.max_restarts
         nproc = record.nproc_per_node
         if nproc is None:
-            raise ValueError("run.json has no nproc_per_node")
+            raise ValueError(f"{record.run_id}: run.json has no nproc_per_node")
         node_rank = record.node_rank
         devices = record.devices
         host = record.host or socket.gethostname()
@@ -265,18 +224,28 @@ class Ranks:
         return all(st.gone for st in self)
 
     # ---------------------------------------------------------------- who is who
-    def hello(self, rank: int, pid: int) -> None:
+    def hello(self, rank: int, pid: int) -> list[RankChange]:
         """A rank's first word, from a source already trusted (its checked record, a test)."""
         self.slot(rank, pid)
         self.learn_pid(rank, pid)
+        return self._take()
+
+    def _take(self) -> list[RankChange]:
+        changes, self._changes = self._changes, []
+        return changes
+
+    def _ending(self, st: RankState) -> bool:
+        """Its end was found and is not acted on yet."""
+        return any(c.change is Change.ENDED and c.st is st for c in self._changes)
 
     def slot(self, rank: int, pid: int, local_rank: int | None = None) -> RankState | None:
         """The RankState of global ``rank``, from the first word of that rank.
 
         Ranks start as guesses, node_rank * nproc + local_rank, often wrong: under c10d torch
         numbers nodes in the order they join (GROUP_RANK, not xl's node_rank) and ranks node after
-        node, so arrival order and nodes with different GPU counts shift them. A rank's LOCAL_RANK (its record, else its environment)
-        names its slot, which then takes the rank torch gave it; WORLD_SIZE fixes world_size."""
+        node, so arrival order and nodes with different GPU counts shift them. A rank's LOCAL_RANK
+        (its record, else its environment) names its slot, which then takes the rank torch gave
+        it; WORLD_SIZE fixes world_size."""
         st = self.by_rank.get(rank)
         if not self.multi_node or (st is not None and st.pid is not None):
             return st
@@ -285,7 +254,7 @@ class Ranks:
             local_rank = int(env["LOCAL_RANK"])
         if env.get("WORLD_SIZE", "").isdigit() and int(env["WORLD_SIZE"]) != self.record.world_size:
             self.record.update(world_size=int(env["WORLD_SIZE"]))
-            self.on_changed()
+            self._changes.append(RankChange(Change.RENUMBERED, None))
         mine = next((s for s in self if s.local_rank == local_rank), None)
         if mine is None:
             return st  # LOCAL_RANK unknown: keep the guess
@@ -301,7 +270,7 @@ class Ranks:
             self.by_rank[other.rank] = other
         mine.rank = rank
         self.by_rank[rank] = mine
-        self.on_changed()
+        self._changes.append(RankChange(Change.RENUMBERED, mine))
         return mine
 
     def learn_pid(self, rank: int, pid: int) -> None:
@@ -312,22 +281,28 @@ class Ranks:
             # An ended rank with a new process: torchrun restarted it. Its environment names
             # the attempt (a process already gone is the next one); so does a rank's first
             # process when its earlier one died before it could report.
-            count = read_environ(pid, ("TORCHELASTIC_RESTART_COUNT",)).get("TORCHELASTIC_RESTART_COUNT", "")
+            count = read_environ(pid, ("TORCHELASTIC_RESTART_COUNT",)).get(
+                "TORCHELASTIC_RESTART_COUNT", ""
+            )
             attempt = int(count) if count.isdigit() else st.attempt + (st.pid is not None)
             if st.pid is not None or attempt > st.attempt:
                 st.restart(pid, attempt)
-                self.on_restarted(st)
+                self._changes.append(RankChange(Change.RESTARTED, st))
         st.pid = pid
         self.by_pid[pid] = rank
         if st.state is RankPhase.STARTING:
             st.state = RankPhase.RUNNING
             st.started_at = st.started_at or time.time()
-            self.on_started(st)
+            self._changes.append(RankChange(Change.STARTED, st))
 
     # ---------------------------------------------------------------- how they end
-    def scan_records(self) -> None:
+    def scan_records(self) -> list[RankChange]:
         """Read the rank records that changed since the last look (every tick: plain strings, not
-        paths, for the names and the stats)."""
+        paths, for the names and the stats); what changed, in its order."""
+        self._scan()
+        return self._take()
+
+    def _scan(self) -> None:
         folder = str(RunLayout(self.run_dir).ranks)
         try:
             names = os.listdir(folder)
@@ -343,42 +318,51 @@ class Ranks:
             except OSError:
                 continue
             st = self.by_rank.get(rank)
-            if st is not None and mtime == st.record_mtime:
-                continue
+            if st is not None and (mtime == st.record_mtime or self._ending(st)):
+                continue  # unchanged, or read again once its end was acted on
             try:
                 with open(path, encoding="utf-8") as fh:
                     rec = json.load(fh)
             except (OSError, ValueError):
                 continue
             local = rec.get("local_rank")
-            st = self.slot(rank, int(rec.get("pid") or 0), local if isinstance(local, int) else None)
+            st = self.slot(
+                rank, int(rec.get("pid") or 0), local if isinstance(local, int) else None
+            )
             if st is None:
                 continue
             st.record_mtime = mtime
             pid = int(rec.get("pid") or 0)
-            if pid and (runprocs.is_run_process(pid, self.record.run_id) or not runprocs.alive(pid)):
+            if pid and (
+                runprocs.is_run_process(pid, self.record.run_id) or not runprocs.alive(pid)
+            ):
                 self.learn_pid(rank, pid)
             st.started_at = rec.get("started_at") or st.started_at
             if "exit_code" in rec and not st.done:
                 st.traceback = rec.get("traceback")
                 st.error = rec.get("error")
-                self.on_ended(st, int(rec["exit_code"]), rec.get("ended_at"))
+                self._changes.append(
+                    RankChange(Change.ENDED, st, int(rec["exit_code"]), rec.get("ended_at"))
+                )
 
-    def check_alive(self) -> None:
-        """Ranks gone without an exit record: killed by a signal (or os._exit)."""
+    def check_alive(self) -> list[RankChange]:
+        """Ranks gone without an exit record: killed by a signal (or os._exit); what changed
+        (a rank's record read meanwhile included), in its order."""
         for st in self:
-            if st.pid is None or st.done:
+            if st.pid is None or st.done or self._ending(st):
                 continue
             if st.pid in self.reparented:
-                self.on_ended(st, self.reparented.pop(st.pid), None)
+                self._changes.append(RankChange(Change.ENDED, st, self.reparented.pop(st.pid)))
                 continue
             if runprocs.alive(st.pid):
                 st.alive_at = time.time()
                 continue
-            self.scan_records()
-            if not st.done:
+            self._scan()
+            if not st.done and not self._ending(st):
                 st.vanished = True
-                self.on_ended(st, -st.signalled if st.signalled is not None else None, None)
+                code = -st.signalled if st.signalled is not None else None
+                self._changes.append(RankChange(Change.ENDED, st, code))
+        return self._take()
 
     def reap(self, torchrun: Torchrun) -> bool:
         """Collect ended children; True when torchrun was one of them.

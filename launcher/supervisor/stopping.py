@@ -16,11 +16,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xl import envnames, settings
 from xl.launcher import runprocs
-from xl.launcher.supervisor.ranks import Ranks, RankState, Torchrun
+from xl.launcher.rundir.events import Event, EventKind, Notice
+from xl.launcher.supervisor.ranks import Ranks, RankState
+
+# `xl launch` imports this module (for the stop grace): torchrun's is the supervisor's only
+if TYPE_CHECKING:
+    from xl.launcher.supervisor.torchrun import Torchrun
 
 DEFAULT_GRACE_S = 10.0
 
@@ -90,15 +95,12 @@ class Stopping:
         ranks: Ranks,
         torchrun: Torchrun,
         on_changed: Callable[[], None],
-        tell_nodes: Callable[[], None] = lambda: None,
     ) -> None:
         self.run_id = run_id
         self.grace = grace
         self.ranks = ranks
         self.torchrun = torchrun
         self.on_changed = on_changed
-        # Node 0 of several: tells the other nodes on every begin (see Hub.tell_nodes).
-        self.tell_nodes = tell_nodes
         self.state: Stop | None = None
         self.barrier_since: float | None = None  # multi-node: when torchrun outlived its ranks
         self.barrier_ended = False  # xl ended torchrun stuck at its exit barrier
@@ -109,7 +111,6 @@ class Stopping:
 
     def begin(self, reason: StopReason) -> None:
         if self.state is not None:
-            self.tell_nodes()  # a failure found while stopping for no reason to tell
             return
         self.on_changed()
         self.state = Stop(reason=reason, since=time.monotonic())
@@ -122,7 +123,6 @@ class Stopping:
         self.state.extra = self._unknown_pids()
         for pid in self.state.extra:
             runprocs.signal_rank(pid, signal.SIGTERM)
-        self.tell_nodes()
 
     def catch_up(self, st: RankState) -> None:
         """A rank that started while everything is being stopped gets the same treatment."""
@@ -144,7 +144,9 @@ class Stopping:
     def leftovers(self, signalled: bool) -> bool:
         """Kill any process still carrying this run's id, or descending from this supervisor;
         True while some remain."""
-        pids = sorted(set(runprocs.find_run_pids(self.run_id)) | set(runprocs.descendants(os.getpid())))
+        pids = sorted(
+            set(runprocs.find_run_pids(self.run_id)) | set(runprocs.descendants(os.getpid()))
+        )
         if not pids:
             return False
         if self.state is None:
@@ -154,12 +156,13 @@ class Stopping:
             runprocs.kill_all(pids)
         return True
 
-    def end_exit_barrier(self, nodes_busy: bool, emit: Callable[[dict[str, Any]], None]) -> None:
+    def end_exit_barrier(self, nodes_busy: bool, emit: Callable[[Event], None]) -> None:
         """Multi-node: a torchrun whose ranks have all ended waits at its exit barrier for every
         other node's torchrun (up to 300 s), and the torchrun of a node that failed never comes.
         This node's ranks are done, so its run is over: after the grace, end torchrun; the
         ranks' exit codes decide the status. Nothing of the other nodes needs it any more (their
-        torchrun just logs that its own exit barrier failed, or that the c10d store it used is gone).
+        torchrun just logs that its own exit barrier failed, or that the c10d store it used is
+        gone).
 
         Node 0's torchrun serves the c10d store: ending it while another node's ranks work on
         (they may finish well after these, e.g. saving a checkpoint) has that node's torchrun
@@ -178,11 +181,11 @@ class Stopping:
         wait = max(self.grace, 2.0)
         if not self.barrier_ended and now - self.barrier_since >= wait:
             self.barrier_ended = True
-            emit({
-                "kind": "exit_barrier",
-                "message": f"this node's ranks are done but torchrun still waited for the other nodes after {wait:g}s "
-                "(one failed or was stopped?); ending it",
-            })
+            emit(Notice(
+                EventKind.EXIT_BARRIER,
+                "this node's ranks are done but torchrun still waited for the other nodes "
+                f"after {wait:g}s (one failed or was stopped?); ending it",
+            ))
             self.torchrun.signal(signal.SIGTERM)
         elif self.barrier_ended and now - self.barrier_since >= wait + 1.0:
             # Its SIGTERM handler only runs once the store call it blocks in returns; it has
@@ -191,7 +194,9 @@ class Stopping:
 
     def _unknown_pids(self) -> list[int]:
         known = self._known_pids()
-        found = set(runprocs.find_run_pids(self.run_id, exclude=known)) | set(runprocs.descendants(os.getpid()))
+        found = set(runprocs.find_run_pids(self.run_id, exclude=known)) | set(
+            runprocs.descendants(os.getpid())
+        )
         return sorted(found - known)
 
     def _known_pids(self) -> set[int]:

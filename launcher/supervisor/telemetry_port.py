@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from xl import envnames, wire
 from xl.address import LOOPBACK, format_address
+from xl.launcher.rundir.events import Event, Relayed
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import read_object
 from xl.launcher.supervisor.journal import Journal, say
@@ -61,22 +62,32 @@ class TelemetryPort:
                 sock.close()
                 continue
             self._held = sock
-            return {envnames.COLLECTOR: format_address(LOOPBACK, sock.getsockname()[1]), envnames.TOKEN: self.token}
+            return {
+                envnames.COLLECTOR: format_address(LOOPBACK, sock.getsockname()[1]),
+                envnames.TOKEN: self.token,
+            }
         return {envnames.TOKEN: self.token}
 
-    def start(self, run_dir: Path, emit: Callable[[dict[str, Any]], None], **where: Any) -> dict[str, str]:
+    def start(self, run_dir: Path, emit: Callable[[Event], None], **where: Any) -> dict[str, str]:
         """Start it (on the port ``reserve`` holds, if it holds one); returns what the ranks'
-        environment needs (XL_COLLECTOR, XL_TOKEN)."""
+        environment needs (XL_COLLECTOR, XL_TOKEN). Its diagnoses come as the objects it made
+        (``Relayed``)."""
         if self._held is not None:
             where = {"port": self._held.getsockname()[1], **where}
         try:
             from xl.launcher.telemetry.service import Telemetry  # noqa: PLC0415 - ~30 ms of imports that overlap torchrun's start (module docstring)
 
-            self.telemetry = Telemetry(run_dir, token=self.token, emit_event=emit, **where)
+            self.telemetry = Telemetry(
+                run_dir, token=self.token, emit_event=lambda obj: emit(Relayed(obj)), **where
+            )
             env = dict(self.telemetry.start())
         except Exception as exc:
             say(f"telemetry did not start: {exc!r}")
-            self.error = (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
+            self.error = (
+                (exc.strerror if isinstance(exc, OSError) else None)
+                or str(exc)
+                or type(exc).__name__
+            )
             self.telemetry = None
             return {envnames.TOKEN: self.token}
         finally:
@@ -110,7 +121,9 @@ class TelemetryPort:
         """Whether a line of ``text`` (a chunk of rank output) may be worth feeding: never while
         telemetry is not running."""
         telemetry = self.telemetry
-        return telemetry is not None and bool(self._guarded("wants_lines", telemetry.wants_lines, text))
+        return telemetry is not None and bool(
+            self._guarded("wants_lines", telemetry.wants_lines, text)
+        )
 
     def stop_nodes(self, stop: dict[str, Any]) -> None:
         """Node 0 of several: every other node is told to end its part of the run."""
@@ -125,7 +138,8 @@ class TelemetryPort:
         return {rank: peer.last_seen for rank, peer in list(collector.peers.items())}
 
     def metrics_bytes_lost(self) -> int:
-        """Bytes of metrics lines a full disk made the collector cut (its ``metrics_lost`` event)."""
+        """Bytes of metrics lines a full disk made the collector cut (its ``metrics_lost``
+        event)."""
         writer = self.telemetry.writer if self.telemetry is not None else None
         return writer.bytes_lost if writer is not None else 0
 
@@ -142,6 +156,8 @@ def forward_records(journal: Journal) -> Callable[[list[dict[str, Any]]], None]:
     """Node > 0: what its telemetry samples goes to node 0 over the link, as metrics lines."""
     def forward(records: list[dict[str, Any]]) -> None:
         for rec in records:
-            journal.send({"type": "rec", "rank": rec["rank"], "line": wire.dumps_record(rec).decode()})
+            journal.send(
+                {"type": "rec", "rank": rec["rank"], "line": wire.dumps_record(rec).decode()}
+            )
 
     return forward

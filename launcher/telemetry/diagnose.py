@@ -32,6 +32,7 @@ from typing import Any
 
 from xl import envnames, settings
 from xl.figures import PHASE_KEYS, decode, number, phases, steps_of
+from xl.launcher.rundir.events import Diagnosis, EventKind
 from xl.stats import fmean, median, median_low
 
 Emit = Callable[[dict[str, Any]], None]
@@ -155,7 +156,7 @@ class Diagnoser:
         return st
 
     def _event(self, kind: str, rank: int | None, message: str, **extra: Any) -> None:
-        self._send({"t": time.time(), "kind": kind, "rank": rank, "message": message, **extra})
+        self._send(Diagnosis(EventKind(kind), rank, message, extra).to_json())
 
     def _send(self, event: dict[str, Any]) -> None:
         try:
@@ -311,7 +312,7 @@ class Diagnoser:
                     f"rank {rank} is holding them up"
                 )
                 extra["holding_up"] = others
-            stalled.append({"t": time.time(), "kind": "stalled", "rank": rank, "message": message, **extra})
+            stalled.append(Diagnosis(EventKind.STALLED, rank, message, extra).to_json())
         if stalled and self._on_stall is not None:
             self._on_stall(stalled)
             return

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from xl.launcher.rundir.events import Hang
 from xl.launcher.telemetry import stacks as capture
 from xl.launcher.telemetry.progress import STALLED, Progress, judge
 from xl.launcher.telemetry.trouble import Trouble
@@ -192,17 +193,10 @@ class HangCapture:
         v = doc["verdict"]
         culprits = list(v.get("ranks") or [])
         working = [e["rank"] for e in doc["ranks"] if e.get("rank") in culprits and busy(e)]
-        self._emit(
-            {
-                "t": doc["t"],
-                "kind": "hang",
-                "rank": culprits[0] if len(culprits) == 1 else None,
-                "ranks": culprits,
-                "message": v.get("message") or "",
-                "stacks": doc["file"],
-                "busy": working,  # culprits that were using the CPU: shown as a stall, not a hang
-            }
-        )
+        # ``busy``: the culprits that were using the CPU: shown as a stall, not a hang.
+        rank = culprits[0] if len(culprits) == 1 else None
+        said = v.get("message") or ""
+        self._emit(Hang(doc["t"], rank, culprits, said, doc["file"], working).to_json())
 
     def _send(self, events: list[dict[str, Any]], doc: dict[str, Any] | None) -> None:
         for event in events:

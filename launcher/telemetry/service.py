@@ -27,7 +27,7 @@ from typing import Any
 from xl import envnames, settings, wire
 from xl.address import format_address
 from xl.atomic import write_json_atomic
-from xl.launcher.rundir.events import append_event
+from xl.launcher.rundir.events import Dropped, MetricsLost, Relayed, append_event
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.telemetry.collector import Collector
@@ -103,7 +103,7 @@ class Telemetry:
             return
         # Standalone use (tests, tools): append to events.jsonl ourselves.
         with self._events_lock:
-            append_event(self.run_dir, event)
+            append_event(self.run_dir, Relayed(event))
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -216,12 +216,10 @@ class Telemetry:
             return
         why = f" ({writer.error.strerror or writer.error})" if writer.error is not None else ""
         self._emit(
-            {
-                "kind": "metrics_lost",
-                "rank": None,
-                "bytes": writer.bytes_lost,
-                "message": f"{writer.bytes_lost} bytes of metrics lines were lost while the disk refused them{why}",
-            }
+            MetricsLost(
+                writer.bytes_lost,
+                f"{writer.bytes_lost} bytes of metrics lines were lost while the disk refused them{why}",
+            ).to_json()
         )
 
     # -- internals ------------------------------------------------------------------------
@@ -251,16 +249,8 @@ class Telemetry:
                 if reason == "queue_full"
                 else f"the collector rejected them: {reason}"
             )
-            self._emit(
-                {
-                    "t": now,
-                    "kind": "dropped",
-                    "rank": rank,
-                    "message": f"rank {rank} dropped {count} records ({why})",
-                    "count": count,
-                    "reason": reason,
-                }
-            )
+            message = f"rank {rank} dropped {count} records ({why})"
+            self._emit(Dropped(now, rank, message, count, reason).to_json())
 
     def _rank_list(self) -> list[dict[str, Any]]:
         with self._ranks_lock:

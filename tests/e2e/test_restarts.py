@@ -17,6 +17,7 @@ import pytest
 from procs import kill_run, run_json, wait_no_processes, wait_run, xl, xl_env
 
 from xl.launcher.supervisor.loop import Supervisor
+from xl.launcher.supervisor.ranks import Change, RankChange
 from xl.launcher.supervisor.stopping import StopReason
 from xl.units import mib
 
@@ -132,9 +133,9 @@ def test_each_failure_with_restarts_left_is_an_attempt_and_the_last_one_is_the_c
     st = sup.ranks.get(0)
     assert st is not None
     for attempt in range(3):
-        sup.ranks.hello(0, _ended_pid(1))
+        sup.act(sup.ranks.hello(0, _ended_pid(1)))
         assert st.attempt == attempt and st.state.value == "running"
-        sup._rank_ended(st, 1, None)  # what the rank's record (or its vanishing) tells Ranks
+        sup.act([RankChange(Change.ENDED, st, 1)])  # what the rank's record (or its vanishing) tells Ranks
         if attempt < 2:
             # torchrun has restarts left: no cause, no stop.
             assert sup.cause.failure is None and sup.stopping.state is None

@@ -8,30 +8,37 @@ from pathlib import Path
 
 import pytest
 
-from xl.launcher.rundir.events import append_event, event_line
+from xl.launcher.rundir.events import (
+    EventKind,
+    Notice,
+    RankExited,
+    Relayed,
+    append_event,
+    event_line,
+)
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
 
 
 def test_an_event_gets_its_time_and_a_null_rank_when_missing() -> None:
-    line = event_line({"kind": "run_started", "message": "run started"})
+    line = event_line(Notice(EventKind.RUN_STARTED, "run started"))
     event = json.loads(line)
     assert line.endswith("\n") and line.count("\n") == 1
     assert event["rank"] is None and isinstance(event["t"], float)
-    given = json.loads(event_line({"kind": "rank_exited", "rank": 1, "t": 5.0, "exit_code": 1}))
+    given = json.loads(event_line(Relayed({"kind": "rank_exited", "rank": 1, "t": 5.0, "exit_code": 1})))
     assert (given["rank"], given["t"]) == (1, 5.0)
 
 
 def test_events_are_appended_one_line_each(tmp_path: Path) -> None:
-    for kind in ("run_started", "run_ended"):
-        append_event(tmp_path, {"kind": kind, "message": kind})
+    for kind in (EventKind.RUN_STARTED, EventKind.RUN_ENDED):
+        append_event(tmp_path, Notice(kind, kind.value))
     lines = RunLayout(tmp_path).events.read_text().splitlines()
     assert [json.loads(line)["kind"] for line in lines] == ["run_started", "run_ended"]
 
 
 def test_an_event_that_cannot_be_written_raises_oserror(tmp_path: Path) -> None:
     with pytest.raises(OSError):
-        append_event(tmp_path / "gone", {"kind": "run_ended"})
+        append_event(tmp_path / "gone", RankExited(0, 1, "rank 0 exited with code 1"))
 
 
 def test_last_lines_are_whole_within_the_limit(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from xl.address import LOOPBACK
 from xl.launcher.plan import ENTRY_MODULE, HELD_PORT
-from xl.launcher.supervisor.ranks import hold_master_port
+from xl.launcher.supervisor.torchrun import hold_master_port
 
 PLAN = ["py", "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", LOOPBACK, "--master-port", HELD_PORT,
         "--max-restarts", "0", "-m", ENTRY_MODULE, "train.py", "--lr", "1"]

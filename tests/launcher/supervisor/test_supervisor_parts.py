@@ -21,7 +21,7 @@ from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.logsink import LogSink
 from xl.launcher.supervisor.loop import Supervisor
-from xl.launcher.supervisor.ranks import Ranks
+from xl.launcher.supervisor.ranks import Change, Ranks
 from xl.launcher.supervisor.stopping import StopReason, grace_from_env
 
 
@@ -77,13 +77,13 @@ def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(t
     failed.wait(10)
     stubborn = _fake_rank(ignore_term=True)
     try:
-        sup.ranks.hello(0, failed.pid)
-        sup.ranks.hello(1, stubborn.pid)
+        sup.act(sup.ranks.hello(0, failed.pid))
+        sup.act(sup.ranks.hello(1, stubborn.pid))
         tb = "Traceback (most recent call last):\nValueError: boom\n"
         (run_dir / "ranks" / "rank-0.json").write_text(
             json.dumps({"pid": failed.pid, "local_rank": 0, "exit_code": 3, "traceback": tb, "ended_at": time.time()})
         )
-        sup.ranks.scan_records()
+        sup.act(sup.ranks.scan_records())
         assert sup.stopping.state is not None and sup.stopping.state.reason is StopReason.FAILURE
         assert sup.cause.decide(sup.ranks, None, sup.sink.drain) is not None  # what the loop's turn does next
         time.sleep(0.1)
@@ -92,7 +92,7 @@ def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(t
         time.sleep(2.0)
         sup.stopping.advance()
         assert stubborn.wait(5) == -signal.SIGKILL
-        sup.ranks.check_alive()
+        sup.act(sup.ranks.check_alive())
         status = sup.finish()
     finally:
         _end(stubborn)
@@ -123,10 +123,10 @@ def test_a_requested_stop_ends_every_rank_as_stopped(tmp_path: Path) -> None:
     ranks = [_fake_rank(), _fake_rank()]
     try:
         for rank, proc in enumerate(ranks):
-            sup.ranks.hello(rank, proc.pid)
+            sup.act(sup.ranks.hello(rank, proc.pid))
         sup.stopping.begin(StopReason.REQUESTED)
         assert [proc.wait(5) for proc in ranks] == [-signal.SIGTERM, -signal.SIGTERM]
-        sup.ranks.check_alive()
+        sup.act(sup.ranks.check_alive())
         status = sup.finish()
     finally:
         for proc in ranks:
@@ -145,7 +145,7 @@ def _ended_ranks(tmp_path: Path) -> tuple[Path, Journal, Ranks, RootCause]:
     record = run_record.load(run_dir)
     assert record is not None
     journal = Journal(run_dir, record)
-    ranks = Ranks(run_dir, record, lambda st: None, lambda st, code, when: None, journal.changed)
+    ranks = Ranks(run_dir, record)
     for st in ranks:
         st.pid, st.ended_at = 1000 + st.rank, 100.0 + st.rank
     return run_dir, journal, ranks, RootCause(run_dir, "here", 0, journal)
@@ -319,8 +319,7 @@ def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_fi
     record = run_record.load(run_dir)
     assert record is not None
     journal = Journal(run_dir, record)
-    started: list[int] = []
-    ranks = Ranks(run_dir, record, lambda st: started.append(st.rank), lambda st, code, when: None, journal.changed)
+    ranks = Ranks(run_dir, record)
     reader = RunReader(run_dir)
     journal.save(ranks.to_json(), None)
     assert run_json(run_dir)["ranks"] == [] and reader.poll().ranks == {}
@@ -329,11 +328,12 @@ def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_fi
     try:
         wait_for(lambda: f"XL_RUN_ID={record.run_id}".encode() in Path(f"/proc/{rank.pid}/environ").read_bytes(), timeout=10, what="the rank's environment")
         (run_dir / "ranks" / f"rank-{given}.json").write_text(json.dumps({"rank": given, "local_rank": 0, "pid": rank.pid, "started_at": time.time()}))
-        ranks.scan_records()
+        changes = ranks.scan_records()
         journal.save(ranks.to_json(), None)
         rows = run_json(run_dir)["ranks"]
         assert [(r["rank"], r["pid"], r["state"]) for r in rows] == [(given, rank.pid, "running")], rows
-        assert started == [given]
+        started = [(c.change, c.st.rank) for c in changes if c.change is Change.STARTED and c.st is not None]
+        assert started == [(Change.STARTED, given)]
         assert sorted(reader.poll().ranks) == [given]
     finally:
         rank.kill()

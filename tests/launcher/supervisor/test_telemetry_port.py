@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from xl.launcher.rundir.events import Event
 from xl.launcher.supervisor.telemetry_port import TelemetryPort
 
 
@@ -25,7 +25,7 @@ def test_the_ranks_get_the_collector_s_port_before_telemetry_starts_and_it_liste
             other.bind(("127.0.0.1", int(number)))
     finally:
         other.close()
-    events: list[dict[str, Any]] = []
+    events: list[Event] = []
     try:
         started = port.start(tmp_path, events.append)
         assert started["XL_COLLECTOR"] == env["XL_COLLECTOR"]

@@ -1,0 +1,104 @@
+"""What a rank's start, restart or end means for the run: its events, torchrun's restarts, the
+suspect and the stop.
+
+``Ranks`` finds what changed (``RankChange``); the loop hands the changes here, in their order.
+``--max-restarts N``: torchrun restarts every rank of the node after a failure, N times at most.
+While it has restarts left a failed rank is no cause and starts no stop; its next process is
+attempt k (``restarted`` event, ``attempt`` in run.json). The run fails when torchrun gives up.
+"""
+
+from __future__ import annotations
+
+from xl.launcher.rundir.events import RankExited, RankStarted, Restarted
+from xl.launcher.rundir.outcome import RankPhase
+from xl.launcher.rundir.record import RunRecord
+from xl.launcher.supervisor.failure import RootCause
+from xl.launcher.supervisor.journal import Journal
+from xl.launcher.supervisor.ranks import Change, RankChange, Ranks, RankState, describe_end
+from xl.launcher.supervisor.stopping import Stopping, StopReason
+from xl.launcher.supervisor.torchrun import Torchrun
+
+
+class Lifecycle:
+    """The ranks' starts and ends, as the run's events and decisions."""
+
+    def __init__(
+        self,
+        record: RunRecord,
+        journal: Journal,
+        ranks: Ranks,
+        torchrun: Torchrun,
+        cause: RootCause,
+        stopping: Stopping,
+    ) -> None:
+        self.record, self.journal, self.ranks, self.torchrun = record, journal, ranks, torchrun
+        self.cause, self.stopping = cause, stopping
+        self.attempt = 0  # torchrun's restarts so far (the highest attempt any rank reached)
+        self.restart_reason: str | None = None  # the failure that will make torchrun restart
+
+    def act(self, changes: list[RankChange]) -> bool:
+        """Act on ``changes`` in their order; True when a rank started or ended (telemetry's
+        set of ranks is told again)."""
+        told = False
+        for change in changes:
+            self.journal.changed()
+            st = change.st
+            if st is None:
+                continue  # the run's world_size: in the record already
+            if change.change is Change.STARTED:
+                self._started(st)
+                told = True
+            elif change.change is Change.ENDED:
+                self._ended(st, change.code, change.when)
+                told = True
+            elif change.change is Change.RESTARTED:
+                self._restarted(st)
+        return told
+
+    @property
+    def restart_due(self) -> bool:
+        """A rank failed while torchrun has restarts left: its ranks come back (keep telemetry)."""
+        return self.restart_reason is not None and self.torchrun.code is None
+
+    def _started(self, st: RankState) -> None:
+        gpu = f", GPU {st.gpu}" if st.gpu is not None else ""
+        self.journal.emit(
+            RankStarted(st.rank, st.pid, f"rank {st.rank} started (pid {st.pid}{gpu})")
+        )
+        self.stopping.catch_up(st)
+
+    def _ended(self, st: RankState, code: int | None, when: float | None) -> None:
+        stop = self.stopping.state
+        st.end(
+            code,
+            when,
+            stopped=st.signalled is not None or (stop is not None and stop.explains(code)),
+        )
+        self.journal.emit(RankExited(st.rank, code, describe_end(st)))
+        if (
+            st.state is not RankPhase.FAILED
+            or self.cause.failure is not None
+            or self.stopping.state is not None
+        ):
+            return
+        if st.attempt < self.ranks.max_restarts and self.torchrun.code is None:
+            # torchrun restarts every rank of the node: no cause yet, no stop (the first
+            # failure of an attempt is the reason; its peers end because torchrun stops them).
+            if self.restart_reason is None:
+                self.restart_reason = describe_end(st)
+            return
+        # Which rank is the cause is decided once its facts are in (RootCause.decide, each turn).
+        self.cause.suspect(st)
+        self.stopping.begin(StopReason.FAILURE)
+
+    def _restarted(self, st: RankState) -> None:
+        """torchrun started ``st`` again: its first rank of a new attempt announces the restart."""
+        if st.attempt <= self.attempt:
+            return
+        self.attempt = st.attempt
+        self.record.update(attempt=st.attempt)
+        why = f" after {self.restart_reason}" if self.restart_reason else ""
+        total = self.ranks.max_restarts + 1
+        message = f"torchrun restarted the ranks{why} (attempt {st.attempt + 1} of {total})"
+        self.restart_reason = None
+        self.journal.emit(Restarted(st.attempt, message))

@@ -1,0 +1,162 @@
+"""This node's place among the run's nodes: alone, node 0 of several (``Hub``: its view of the
+others) or another node (``Follower``: what node 0 says, over its link). The loop asks the same
+of it on every node; alone, it has nothing to do.
+
+Only several nodes import more (xl.launcher.multinode, the hub, the follower): none of it is on
+a one-node run's path to torchrun.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from xl import envnames
+from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.supervisor.failure import RootCause
+from xl.launcher.supervisor.journal import Journal, say
+from xl.launcher.supervisor.logsink import LogSink
+from xl.launcher.supervisor.stopping import Stopping
+from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
+from xl.launcher.supervisor.torchrun import Torchrun
+
+if TYPE_CHECKING:  # several nodes only
+    from xl.launcher.multinode.nodelink import NodeLink
+    from xl.launcher.supervisor.follower import Follower
+    from xl.launcher.supervisor.hub import Hub
+
+_LINK_CLOSE_S = 3.0
+
+
+def resolve(
+    record: RunRecord, token: str, host: str
+) -> tuple[tuple[str, int] | None, str, NodeLink | None]:
+    """Node 0's collector address (None: one node, or no view of the others), the run's token,
+    and a node > 0's link to node 0 (made, not started)."""
+    if record.nnodes < 2:
+        return None, token, None
+    from xl.launcher.supervisor.hub import resolve_hub  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
+
+    address, token = resolve_hub(record, token)
+    if address is None or record.node_rank == 0:
+        return address, token, None
+    from xl.launcher.multinode.nodelink import NodeLink  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
+
+    return address, token, NodeLink(*address, token, record.node_rank, host)
+
+
+class Nodes:
+    """The other nodes as the loop sees them: ``hub`` on node 0 of several, ``follower`` on
+    another node, neither when the run has one node (or no view of the others)."""
+
+    def __init__(self, hub: Hub | None = None, follower: Follower | None = None) -> None:
+        self.hub, self.follower = hub, follower
+
+    @classmethod
+    def of(
+        cls,
+        address: tuple[str, int] | None,
+        record: RunRecord,
+        journal: Journal,
+        cause: RootCause,
+        stopping: Stopping,
+        sink: LogSink,
+        torchrun: Torchrun,
+    ) -> Nodes:
+        if address is None:
+            return cls()
+        if journal.link is not None:
+            from xl.launcher.supervisor.follower import Follower  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
+
+            return cls(follower=Follower(address, journal.link, journal, cause, stopping, torchrun))
+        from xl.launcher.supervisor.hub import Hub  # noqa: PLC0415 - node 0 of several only: not on a one-node run's path to torchrun
+
+        return cls(hub=Hub(address, record.nnodes, journal, cause, stopping, sink))
+
+    @property
+    def alone(self) -> bool:
+        return self.hub is None and self.follower is None
+
+    # ---------------------------------------------------------------- before torchrun starts
+    def link(self) -> None:
+        """Node > 0: its link to node 0 starts (what was recorded before goes first)."""
+        if self.follower is not None:
+            self.follower.link.start()
+
+    def telemetry_hooks(self, journal: Journal) -> dict[str, Any]:
+        """Where this node's collector listens and what it does with what nodes send."""
+        if self.hub is not None:
+            return self.hub.collector_hooks()
+        if self.follower is not None:
+            return {"forward": forward_records(journal)}
+        return {}
+
+    def telemetry_failed(self, port: TelemetryPort) -> None:
+        """Node 0's collector is a must: every node sends to it."""
+        if port.telemetry is None and self.hub is not None:
+            raise RuntimeError(self.hub.collector_failed(port.error))
+
+    def ranks_env(self, rdzv: str, stop_came: Callable[[float], bool]) -> dict[str, str]:
+        """Node > 0: its ranks send their xl.log frames straight to node 0's collector; and it
+        waits for node 0's rendezvous (``Follower.wait_for_node_0``)."""
+        if self.follower is None:
+            return {}
+        from xl.launcher.multinode.join import format_address  # noqa: PLC0415 - several nodes only
+
+        env = {envnames.COLLECTOR: format_address(*self.follower.hub)}
+        self.follower.wait_for_node_0(rdzv, stop_came)
+        return env
+
+    # ---------------------------------------------------------------- each turn
+    def poll(self, port: TelemetryPort) -> bool:
+        """What the other nodes (or node 0) said since the last turn; True when another node's
+        ranks changed."""
+        if self.follower is not None:
+            self.follower.poll()
+            return False
+        if self.hub is None:
+            return False
+        changed = self.hub.poll()
+        self.hub.check_nodes(port.rank_frames)
+        return changed
+
+    def tell(self, port: TelemetryPort) -> None:
+        """Node 0 of several: once the run stops or fails, the other nodes are told (once)."""
+        stop = self.hub.tell_nodes() if self.hub is not None else None
+        if stop is not None:
+            port.stop_nodes(stop)
+
+    def busy(self) -> bool:
+        """Another node is heard from and still has ranks running."""
+        return self.hub is not None and self.hub.busy()
+
+    def pending(self) -> bool:
+        """Node 0, its own ranks done: it still waits for another node's end."""
+        return self.hub is not None and self.hub.pending()
+
+    def remote_ranks(self) -> list[dict[str, Any]]:
+        return self.hub.remote_ranks() if self.hub is not None else []
+
+    # ---------------------------------------------------------------- the end
+    def settle(self, status: RunStatus) -> None:
+        if self.hub is not None:
+            self.hub.settle(status)
+
+    def end(self, status: RunStatus, cause: RootCause) -> None:
+        """Node > 0: node 0 hears this node's end (with its own failure), and takes its last
+        records within _LINK_CLOSE_S."""
+        if self.follower is None:
+            return
+        link = self.follower.link
+        failure = None if cause.remote else cause.to_json()
+        link.send(
+            {
+                "type": "end",
+                "status": status.value,
+                "failure": failure,
+                "at": cause.at or time.time(),
+            }
+        )
+        if not link.close(_LINK_CLOSE_S):
+            say("node 0 did not take this node's last records; they are here")
