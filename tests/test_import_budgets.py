@@ -54,9 +54,10 @@ PROCESSES = {
         "import xl.launcher.supervisor.loop", 75, 40, (*UI, *RARE, "traceback", "psutil")
     ),
     # ... and forked from `xl launch` (what it imported is there already): what it adds before
-    # torchrun starts, on the path from the command to the first step.
+    # torchrun starts, on the path from the command to the first step. The typed events
+    # (rundir/events.py) load here, not in `xl launch`, which writes none.
     "supervisor, forked": Budget(
-        "import xl.launcher.supervisor.loop", 13, 15, (*UI, "psutil"), after=LAUNCH
+        "import xl.launcher.supervisor.loop", 14, 15, (*UI, "psutil"), after=LAUNCH
     ),
     # ... and once torchrun runs: telemetry (the collector, the sampler, the parsers), the digest
     # and provenance, while torchrun imports torch beside them. Its CPU slows torch's import on

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from xl import envnames, settings
 from xl.launcher import runprocs
-from xl.launcher.rundir.events import Event, EventKind, Notice
 from xl.launcher.supervisor.ranks import Ranks, RankState
 
 # `xl launch` imports this module (for the stop grace): torchrun's is the supervisor's only
 if TYPE_CHECKING:
+    from xl.launcher.rundir.events import Event
     from xl.launcher.supervisor.torchrun import Torchrun
 
 DEFAULT_GRACE_S = 10.0
@@ -181,6 +181,9 @@ class Stopping:
         wait = max(self.grace, 2.0)
         if not self.barrier_ended and now - self.barrier_since >= wait:
             self.barrier_ended = True
+            # The launch imports this module for grace_from_env alone: the events load here.
+            from xl.launcher.rundir.events import EventKind, Notice  # noqa: PLC0415 - see above
+
             emit(Notice(
                 EventKind.EXIT_BARRIER,
                 "this node's ranks are done but torchrun still waited for the other nodes "
