@@ -56,6 +56,7 @@ class LogSink:
         self.forward = forward  # node > 0: every local rank's output also goes to node 0
         self.read_fds: dict[int, int] = {}  # local ranks' logs, open for reading
         self.partial: dict[int, bytes] = {}
+        self.offsets: dict[int, int] = {}  # bytes read of each local rank's log
         self.redraw: dict[int, bytes] = {}  # a partial line after a \r, already handed on
         self.log_fds: dict[int, int] = {}  # other nodes' ranks' logs, written here
         self._ticks = 0
@@ -108,16 +109,27 @@ class LogSink:
         got = 0
         while budget > 0:
             try:
-                data = os.read(fd, min(budget, _READ))
+                # As much as is there (read into a buffer of its size, behind the unfinished line):
+                # the lines are decoded from where they were read, never copied to be joined.
+                want = min(budget, _READ, os.fstat(fd).st_size - self.offsets.get(rank, 0))
+                if want <= 0:
+                    return got
+                partial = self.partial.get(rank, b"")
+                chunk = bytearray(len(partial) + want)
+                chunk[: len(partial)] = partial
+                with memoryview(chunk) as view, view[len(partial) :] as space:
+                    n = os.readv(fd, [space])
             except OSError:
                 return got
-            if not data:
+            if not n:
                 return got
-            budget -= len(data)
-            got += len(data)
-            self.partial[rank] = self._lines(rank, data, self.partial.get(rank, b""))
+            del chunk[len(partial) + n :]
+            self.offsets[rank] = self.offsets.get(rank, 0) + n
+            budget -= n
+            got += n
             if self.forward is not None:
-                self.forward(rank, data)
+                self.forward(rank, bytes(chunk[len(partial) :]))
+            self.partial[rank] = self._hand_on(rank, chunk)
         return got
 
     def _redrawn(self, rank: int) -> None:
@@ -150,30 +162,41 @@ class LogSink:
     def _lines(self, rank: int, data: bytes, partial: bytes) -> bytes:
         """Hand on the whole lines of ``partial + data``; returns what is left unfinished (a
         redraw in progress keeps its leading \\r)."""
-        if self.on_line is None:
+        return self._hand_on(rank, partial + data) if self.on_line is not None else b""
+
+    def _hand_on(self, rank: int, chunk: bytes | bytearray) -> bytes:
+        """Hand on the whole lines of ``chunk`` (an unfinished line, then what was read after
+        it); returns what is left unfinished. The text is decoded from ``chunk`` in place."""
+        on_line = self.on_line
+        if on_line is None:
             return b""
-        chunk = partial + data
         end = len(chunk) - 1 if chunk.endswith(b"\r") else len(chunk)  # a last \r may be half a \r\n
         cut = max(chunk.rfind(b"\n", 0, end), chunk.rfind(b"\r", 0, end))
+        stop: int | None
         if cut <= 0 and not chunk.startswith(b"\n"):
-            whole, rest = None, chunk  # nothing ended (or only a redraw began)
+            stop, rest = None, bytes(chunk)  # nothing ended (or only a redraw began)
         elif chunk[cut] == 0x0A:
-            whole, rest = chunk[:cut].removesuffix(b"\r"), chunk[cut + 1 :]
+            stop = cut - 1 if cut > 0 and chunk[cut - 1] == 0x0D else cut
+            rest = bytes(chunk[cut + 1 :])
         else:
-            whole, rest = chunk[:cut], chunk[cut:]  # the newest redraw starts at this \r
+            stop, rest = cut, bytes(chunk[cut:])  # the newest redraw starts at this \r
         if len(rest) > _MAX_LINE:
-            whole, rest = rest if whole is None else whole + b"\n" + rest, b""
-        if whole is not None:
-            # tqdm redraws with \r: each redraw is a line for the parser. One decode a chunk.
-            text = whole.removeprefix(b"\r").decode("utf-8", "replace")
-            seen = self.redraw.pop(rank, None)
-            if self.wants is not None and not self.wants(text):
-                return rest
-            lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-            if seen is not None and lines[0] == seen.decode("utf-8", "replace"):
-                del lines[0]  # the redraw handed on already: not twice
-            for line in lines:
-                self.on_line(rank, line)
+            # A long line without its end: handed on as it is (the parser splits at \r and \n).
+            stop, rest = len(chunk), b""
+        if stop is None:
+            return rest
+        start = 1 if chunk.startswith(b"\r") else 0
+        # tqdm redraws with \r: each redraw is a line for the parser. One decode a chunk.
+        with memoryview(chunk) as view, view[start:stop] as whole:
+            text = str(whole, "utf-8", "replace")
+        seen = self.redraw.pop(rank, None)
+        if self.wants is not None and not self.wants(text):
+            return rest
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        if seen is not None and lines[0] == seen.decode("utf-8", "replace"):
+            del lines[0]  # the redraw handed on already: not twice
+        for line in lines:
+            on_line(rank, line)
         return rest
 
     # ---------------------------------------------------------------- the end
