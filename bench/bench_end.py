@@ -138,11 +138,15 @@ def main() -> int:
         for argv, run_env in runs.values():
             _time(argv, run_env, tmp, out)  # warm the page cache and bytecode for each
         times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}
+        loads: list[float] = []
         for i in range(ns.repeat):
             for name, (argv, run_env) in in_round(list(runs.items()), i):
+                loads.append(os.getloadavg()[0])  # the machine's load as each run starts
                 times[name].append(_time(argv, round_env(run_env, i), tmp, out))
     anchor = times["torchrun"]
     print(f"script {ns.script}, 2 CPU ranks; {ns.repeat} rounds, alternating; load {os.getloadavg()[0]:.1f} at the end")
+    print(f"load (1-minute average) as the runs started: median {statistics.median(loads):.1f},"
+          f" {min(loads):.1f} to {max(loads):.1f}")
     for name, rows in times.items():
         ends = [r[1] for r in rows]
         line = (f"{name:12}: end median {statistics.median(ends):.3f}s ({', '.join(f'{e:.2f}' for e in ends)}), wall median"

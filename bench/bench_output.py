@@ -100,11 +100,13 @@ def main() -> int:
             runs["xl (before)"] = (xl, dict(env, PYTHONPATH=os.path.abspath(ns.before)))
         out = Path(tmp) / "out.txt"
         times: dict[str, list[float]] = {name: [] for name in runs}
+        loads: list[float] = []
         cpus: dict[str, list[float]] = {name: [] for name in runs}
         counts: dict[str, list[tuple[int, bool]]] = {name: [] for name in runs if name != "torchrun"}
         _time(torchrun, env, tmp, out)  # warm the page cache
         for i in range(ns.repeat):
             for name, (argv, run_env) in in_round(list(runs.items()), i):  # each in each position alike
+                loads.append(os.getloadavg()[0])  # the machine's load as each run starts
                 wall, cpu = _time(argv, run_env, tmp, out)
                 times[name].append(wall)
                 cpus[name].append(cpu)
@@ -113,6 +115,8 @@ def main() -> int:
     anchor = times["torchrun"]
     print(f"{ns.ranks} rank(s) x {ns.mb} MB of {LINE}-byte lines ({ns.shape}), stdout into a file; {ns.repeat} rounds;"
           f" load {os.getloadavg()[0]:.1f} at the end")
+    print(f"load (1-minute average) as the runs started: median {statistics.median(loads):.1f},"
+          f" {min(loads):.1f} to {max(loads):.1f}")
     for name, ts in times.items():
         line = f"{name:12}: median {statistics.median(ts):.2f}s  ({', '.join(f'{t:.2f}' for t in ts)})"
         if name != "torchrun":
