@@ -101,6 +101,9 @@ class Tail:
         one bytearray read into in place (None: nothing whole yet). A flood of output is copied
         once here (the kernel's read), not three times (the read, the unfinished line joined to
         it, the slice that leaves the next one out), and the caller may change it in place."""
+        if (self._first and self._cap is not None) or not self.stream:
+            data = self.read_bytes(limit)  # a view's first look, or whole lines only: the general way
+            return bytearray(head + data) if data else None
         try:
             size = os.stat(self.path).st_size
         except OSError:

@@ -159,3 +159,15 @@ def test_one_rank_s_log_copied_without_prefix_is_the_file_byte_for_byte(tmp_path
     copier.finish(chunks.append)
     assert b"".join(chunks) == data + b"\n"
     assert copier.last_line == {3: b"no newline yet"}
+
+
+def test_a_late_view_s_first_read_after_still_starts_near_the_end(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.log"
+    path.write_bytes(b"".join(b"line %d\n" % i for i in range(100_000)))
+    tail = Tail(path, initial_cap=1000, stream=True)
+    data = tail.read_after(b"\n")
+    assert data is not None and data.startswith(b"\nline ") and data.endswith(b"line 99999\n")
+    assert tail.skipped_lines + data.count(b"\n") - 1 == 100_000
+    with open(path, "ab") as fh:
+        fh.write(b"one more\nhalf")
+    assert tail.read_after(b"") == b"one more\n" and tail.read_after(b"") is None
