@@ -79,7 +79,8 @@ class Tail:
             with open(self.path, "rb") as fh:
                 fh.seek(self.offset)
                 while self.offset < size:
-                    # A chunk at a time: a huge line without a newline is kept bounded as it is read.
+                    # A chunk at a time: a huge line without a newline is kept bounded as it is
+                    # read.
                     data = fh.read(min(limit, CHUNK, size - self.offset))
                     if not data:
                         return b""
@@ -102,7 +103,8 @@ class Tail:
         once here (the kernel's read), not three times (the read, the unfinished line joined to
         it, the slice that leaves the next one out), and the caller may change it in place."""
         if (self._first and self._cap is not None) or not self.stream:
-            data = self.read_bytes(limit)  # a view's first look, or whole lines only: the general way
+            # a view's first look, or whole lines only: the general way
+            data = self.read_bytes(limit)
             return bytearray(head + data) if data else None
         try:
             size = os.stat(self.path).st_size
@@ -197,12 +199,15 @@ class RankLogs:
     A line longer than LINE_CAP comes in pieces as it grows; another rank's line in between
     ends the piece with a newline, and the rest comes prefixed again."""
 
-    def __init__(self, logs_dir: Path, *, prefix: bool = True, ranks: list[int] | None = None) -> None:
+    def __init__(
+        self, logs_dir: Path, *, prefix: bool = True, ranks: list[int] | None = None
+    ) -> None:
         self.logs_dir = logs_dir
         self.prefix = prefix
         self.fixed = ranks is not None
         self.tails: dict[int, Tail] = {}
-        self.last_line: dict[int, bytes] = {}  # the newest whole line of each rank (after its last \r)
+        # the newest whole line of each rank (after its last \r)
+        self.last_line: dict[int, bytes] = {}
         self._open: int | None = None  # the rank whose line the output is in the middle of
         for rank in ranks or []:
             self.tails[rank] = Tail(logs_dir / rank_log_name(rank), stream=True)
@@ -219,7 +224,9 @@ class RankLogs:
             if rank is not None and rank not in self.tails:
                 self.tails[rank] = Tail(self.logs_dir / name, stream=True)
 
-    def copy(self, write: Callable[[bytes], object], *, drain: bool = False, limit: int = CHUNK) -> int:
+    def copy(
+        self, write: Callable[[bytes], object], *, drain: bool = False, limit: int = CHUNK
+    ) -> int:
         """Write what every rank's log gained (``limit`` bytes a rank per round; ``drain``: one
         rank's all before the next's); the number of bytes read."""
         total = 0
@@ -256,7 +263,9 @@ class RankLogs:
             self._open = None
         if not mid_line:
             start = data.rfind(b"\n", 0, len(data) - 1) + 1
-            self.last_line[rank] = bytes(data[max(start, data.rfind(b"\r", start, len(data) - 1) + 1) : -1])
+            self.last_line[rank] = bytes(
+                data[max(start, data.rfind(b"\r", start, len(data) - 1) + 1) : -1]
+            )
         if tag:
             data = data.replace(b"\n", b"\n" + tag)
             if led:

@@ -80,7 +80,9 @@ class LogSink:
         if rank is not None:
             return
         deadline = time.monotonic() + _RELAYS_S
-        while time.monotonic() < deadline and any(writing(self.layout.rank_log(r)) for r in self.read_fds):
+        while time.monotonic() < deadline and any(
+            writing(self.layout.rank_log(r)) for r in self.read_fds
+        ):
             time.sleep(0.02)
             self._read_all(None)
 
@@ -102,7 +104,9 @@ class LogSink:
             if rank in self.read_fds or rank in self.log_fds:
                 continue
             with contextlib.suppress(OSError):
-                self.read_fds[rank] = os.open(self.layout.rank_log(rank), os.O_RDONLY | os.O_CLOEXEC)
+                self.read_fds[rank] = os.open(
+                    self.layout.rank_log(rank), os.O_RDONLY | os.O_CLOEXEC
+                )
 
     def _read(self, rank: int, budget: int) -> int:
         fd = self.read_fds[rank]
@@ -133,7 +137,8 @@ class LogSink:
         return got
 
     def _redrawn(self, rank: int) -> None:
-        """A tick without news: a bar's newest redraw (the text after a line's last \\r) is whole."""
+        """A tick without news: a bar's newest redraw (the text after a line's last \\r) is
+        whole."""
         rest = self.partial.get(rank, b"")
         if self.on_line is None or not rest.startswith(b"\r"):
             return
@@ -149,10 +154,15 @@ class LogSink:
         fd = self.log_fds.pop(rank, None)  # put back last: the dict stays least recently used first
         try:
             if fd is None:
-                if len(self.log_fds) >= _MAX_WRITE_FDS:  # open files stay bounded, whatever the ranks
+                # open files stay bounded, whatever the ranks
+                if len(self.log_fds) >= _MAX_WRITE_FDS:
                     with contextlib.suppress(OSError):
                         os.close(self.log_fds.pop(next(iter(self.log_fds))))
-                fd = os.open(self.layout.rank_log(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+                fd = os.open(
+                    self.layout.rank_log(rank),
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                    0o600,
+                )
             self.log_fds[rank] = fd
             os.write(fd, data)
         except OSError as exc:
@@ -170,7 +180,8 @@ class LogSink:
         on_line = self.on_line
         if on_line is None:
             return b""
-        end = len(chunk) - 1 if chunk.endswith(b"\r") else len(chunk)  # a last \r may be half a \r\n
+        # a last \r may be half a \r\n
+        end = len(chunk) - 1 if chunk.endswith(b"\r") else len(chunk)
         cut = max(chunk.rfind(b"\n", 0, end), chunk.rfind(b"\r", 0, end))
         stop: int | None
         if cut <= 0 and not chunk.startswith(b"\n"):

@@ -40,13 +40,23 @@ def _peak_rss_mib(argv: list[str], env: dict[str, str], out: Path) -> float:
         "    subprocess.run(sys.argv[2:], stdout=fh, stderr=subprocess.DEVNULL, timeout=240)\n"
         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(out), *argv], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(out), *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return int(proc.stdout.strip()) / 1024
 
 
-@pytest.mark.parametrize("command", [["logs", "last"], ["attach", "--no-tui", "last"]], ids=["xl logs", "plain view"])
-def test_a_100_mb_line_without_newline_costs_little_and_arrives_whole(tmp_path: Path, command: list[str]) -> None:
+@pytest.mark.parametrize(
+    "command", [["logs", "last"], ["attach", "--no-tui", "last"]], ids=["xl logs", "plain view"]
+)
+def test_a_100_mb_line_without_newline_costs_little_and_arrives_whole(
+    tmp_path: Path, command: list[str]
+) -> None:
     home = tmp_path / "home"
     _run_with_huge_line(home)
     out = tmp_path / "out"
@@ -82,7 +92,9 @@ def test_a_view_that_starts_late_counts_the_lines_it_skipped(tmp_path: Path) -> 
     assert tail.skipped_lines + len(lines) == 100_000  # the rest is in the file, and counted
 
 
-def test_rank_logs_are_copied_whole_prefixed_and_long_lines_are_not_cut_by_other_ranks(tmp_path: Path) -> None:
+def test_rank_logs_are_copied_whole_prefixed_and_long_lines_are_not_cut_by_other_ranks(
+    tmp_path: Path,
+) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
     (logs / "rank-0.log").write_bytes(b"a\nb\n" + b"L" * (3 * LINE_CAP))  # unfinished, long
@@ -102,13 +114,16 @@ def test_rank_logs_are_copied_whole_prefixed_and_long_lines_are_not_cut_by_other
     lines = out.split(b"\n")
     assert lines[:2] == [b"[rank 0] a", b"[rank 0] b"]
     assert b"[rank 1] x\r50%\ry" in lines and b"[rank 0] c" in lines
-    # Every output line starts with a prefix: a rank's long line, broken by another's, says whose it is.
+    # Every output line starts with a prefix: a rank's long line, broken by another's, says
+    # whose it is.
     assert all(line.startswith((b"[rank 0] ", b"[rank 1] ")) for line in lines if line)
     assert copier.last_line == {0: b"c", 1: b"y"}
 
 
 @pytest.mark.parametrize("limit", [7, 1000, 4 << 20])
-def test_rank_logs_copied_as_they_grow_keep_every_byte_of_every_line_in_order(tmp_path: Path, limit: int) -> None:
+def test_rank_logs_copied_as_they_grow_keep_every_byte_of_every_line_in_order(
+    tmp_path: Path, limit: int
+) -> None:
     """Three ranks' logs grow by pieces that end anywhere (mid-line, between \\r and \\n, on
     empty lines, with control bytes), copied between the writes: each output line is one whole
     line of one rank, prefixed, and each rank's lines come in order with nothing lost."""
@@ -141,7 +156,8 @@ def test_rank_logs_copied_as_they_grow_keep_every_byte_of_every_line_in_order(tm
         assert line.startswith((b"[rank 0] ", b"[rank 1] ", b"[rank 2] ")), line
         got[int(line[6:7])].append(line[9:])
     for rank, data in written.items():
-        expected = data if data.endswith(b"\n") or not data else data + b"\n"  # the end gives a last line its newline
+        # the end gives a last line its newline
+        expected = data if data.endswith(b"\n") or not data else data + b"\n"
         assert b"\n".join(got[rank]) + b"\n" == expected
 
 

@@ -30,8 +30,11 @@ from procs import (
 pytestmark = pytest.mark.e2e
 
 
-def _launch(tmp_path: Path, body: str, nproc: int, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess[bytes], Path, bytes]:
-    """`xl launch --no-tui` of ``body`` with stdout into a file: (process, run dir, the file's bytes)."""
+def _launch(
+    tmp_path: Path, body: str, nproc: int, *args: str, timeout: float = 300
+) -> tuple[subprocess.CompletedProcess[bytes], Path, bytes]:
+    """`xl launch --no-tui` of ``body`` with stdout into a file: (process, run dir, the file's
+    bytes)."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(body))
     home = tmp_path / "home"
@@ -75,7 +78,9 @@ def test_a_million_lines_from_each_of_two_ranks_all_reach_the_file(tmp_path: Pat
     assert run_json(run_dir)["status"] == "succeeded"
 
 
-def test_shutdown_output_arrives_and_each_exit_comes_after_the_rank_s_last_line(tmp_path: Path) -> None:
+def test_shutdown_output_arrives_and_each_exit_comes_after_the_rank_s_last_line(
+    tmp_path: Path,
+) -> None:
     """torchrun shows an atexit print, a stderr line and a logging record at shutdown: xl too
     (before, fds 1 and 2 went to /dev/null before atexit handlers ran). Rank 1 fails only once
     rank 0's handlers have run: else torchrun may stop rank 0 first, under either launcher."""
@@ -116,7 +121,9 @@ def test_shutdown_output_arrives_and_each_exit_comes_after_the_rank_s_last_line(
     assert "[rank 1] ValueError: rank 1 gives up" in lines
 
 
-def test_a_rank_that_closes_its_outputs_and_raises_keeps_its_record_and_traceback(tmp_path: Path) -> None:
+def test_a_rank_that_closes_its_outputs_and_raises_keeps_its_record_and_traceback(
+    tmp_path: Path,
+) -> None:
     proc, run_dir, _ = _launch(
         tmp_path,
         """
@@ -137,7 +144,9 @@ def test_a_rank_that_closes_its_outputs_and_raises_keeps_its_record_and_tracebac
     assert "failed" in run_json(run_dir)["status"]
 
 
-def test_a_rank_that_keeps_a_duplicate_of_stdout_ends_without_waiting_on_its_relay(tmp_path: Path) -> None:
+def test_a_rank_that_keeps_a_duplicate_of_stdout_ends_without_waiting_on_its_relay(
+    tmp_path: Path,
+) -> None:
     """DeepSpeed keeps a dup of fd 1; a child of the rank may hold it too: the relay ends once
     the rank is gone and the pipe is read, not when every copy of the pipe is closed."""
     script = tmp_path / "holder.py"
@@ -148,7 +157,9 @@ def test_a_rank_that_keeps_a_duplicate_of_stdout_ends_without_waiting_on_its_rel
             from xl.launcher.rank import relay
             out = relay.start(sys.argv[1])
             keep = os.dup(1)
-            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+            child = subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
+            )
             print(out.pid, child.pid, flush=True)
             os.write(keep, b"through the duplicate\\n")
             """
@@ -161,7 +172,14 @@ def test_a_rank_that_keeps_a_duplicate_of_stdout_ends_without_waiting_on_its_rel
     try:
         # The sleeping child still holds the pipe's write end, yet the relay is done.
         assert psutil.Process(child_pid).is_running()
-        wait_for(lambda: not psutil.pid_exists(relay_pid) or psutil.Process(relay_pid).status() == psutil.STATUS_ZOMBIE, timeout=20, what="the relay to end")
+        wait_for(
+            lambda: (
+                not psutil.pid_exists(relay_pid)
+                or psutil.Process(relay_pid).status() == psutil.STATUS_ZOMBIE
+            ),
+            timeout=20,
+            what="the relay to end",
+        )
         assert psutil.Process(child_pid).is_running()
         assert "through the duplicate" in log.read_text()
     finally:
@@ -199,7 +217,10 @@ def test_a_killed_relay_never_ends_the_rank(tmp_path: Path, kills: int) -> None:
     out = open(tmp_path / "train.out", "wb")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(
         [*XL, "launch", "--no-tui", "--nproc", "2", str(script), str(go)],
-        env=xl_env(home), cwd=tmp_path, stdout=out, stderr=subprocess.PIPE,
+        env=xl_env(home),
+        cwd=tmp_path,
+        stdout=out,
+        stderr=subprocess.PIPE,
     )
     run_dir = wait_run(home)
     try:
@@ -215,7 +236,9 @@ def test_a_killed_relay_never_ends_the_rank(tmp_path: Path, kills: int) -> None:
         log = (run_dir / "logs" / "rank-1.log").read_text()
         lines = log.splitlines()
         assert "after 49999" in lines and "done" in lines, log[-3000:]
-        assert "rank 1's output relay died (killed by signal 9)" in log, [ln for ln in lines if "xl" in ln]
+        assert "rank 1's output relay died (killed by signal 9)" in log, [
+            ln for ln in lines if "xl" in ln
+        ]
         if kills > 1:
             assert "the rank now writes this log itself" in log
             record = json.loads((run_dir / "ranks" / "rank-1.json").read_text())
@@ -255,7 +278,10 @@ def test_a_bar_s_latest_redraw_is_parsed_while_the_rank_hangs_mid_line(tmp_path:
     go = tmp_path / "go"
     proc = subprocess.Popen(
         [*XL, "launch", "--no-tui", "--no-instrument", "--nproc", "1", str(script), str(go)],
-        env=xl_env(home), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=xl_env(home),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     run_dir = wait_run(home)
     try:

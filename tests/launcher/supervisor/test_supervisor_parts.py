@@ -285,22 +285,30 @@ def test_log_chunks_nothing_may_use_are_not_split_into_lines(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("chunk_test", [False, True], ids=["every line", "chunk test"])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_log_sink_hands_on_every_line_once_in_order_however_the_log_grows(tmp_path: Path, seed: int, chunk_test: bool) -> None:
+def test_log_sink_hands_on_every_line_once_in_order_however_the_log_grows(
+    tmp_path: Path, seed: int, chunk_test: bool
+) -> None:
     """A log grown by pieces that end anywhere (mid-line, between \\r and \\n, in a UTF-8
     character), read between the pieces: each line whole, once, in order; the bytes forwarded
     are the file's; with the chunk test, every line worth parsing still arrives."""
     import random  # noqa: PLC0415 - this test only
 
-    from xl.launcher.telemetry.logparse import worth_parsing  # noqa: PLC0415 - the test the supervisor is given
+    from xl.launcher.telemetry.logparse import worth_parsing  # noqa: PLC0415 - the sink's test
 
     rng = random.Random(seed)
     words = ["loss 0.5", "{'loss': 0.25}", "", "é", "x" * 3000, "\x1b[2K"]
-    text = "".join(rng.choice(words) + rng.choice(["\n", "\r\n"]) for _ in range(3000)) + "the end"
+    ends = ["\n", "\r\n"]
+    text = "".join(rng.choice(words) + rng.choice(ends) for _ in range(3000)) + "the end"
     data = text.encode()
     run_dir = _unit_run_dir(tmp_path)
     lines: list[tuple[int, str]] = []
     forwarded: list[bytes] = []
-    sink = LogSink(run_dir, lambda what, exc: None, on_line=lambda rank, line: lines.append((rank, line)), wants=worth_parsing if chunk_test else None)
+    sink = LogSink(
+        run_dir,
+        lambda what, exc: None,
+        on_line=lambda rank, line: lines.append((rank, line)),
+        wants=worth_parsing if chunk_test else None,
+    )
     sink.forward = lambda rank, chunk: forwarded.append(chunk)
     at = 0
     with open(run_dir / "logs" / "rank-2.log", "ab") as fh:
@@ -315,7 +323,8 @@ def test_log_sink_hands_on_every_line_once_in_order_however_the_log_grows(tmp_pa
     expected = text.replace("\r\n", "\n").split("\n")
     assert b"".join(forwarded) == data
     if chunk_test:
-        assert [line for _, line in lines if "{'" in line] == [line for line in expected if "{'" in line]
+        worth = [line for line in expected if "{'" in line]
+        assert [line for _, line in lines if "{'" in line] == worth
     else:
         assert lines == [(2, line) for line in expected]
 
