@@ -17,6 +17,7 @@ import fcntl
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from xl.launcher.rundir.layout import log_rank, rank_log_name
 
@@ -272,7 +273,9 @@ class RankLogs:
                 del data[:1]  # the leading newline (deleting a bytearray's head moves nothing)
             if not mid_line:
                 del data[-len(tag) :]  # the prefix after the last newline: no line follows yet
-        write(data)
+        # Handed on as it is, not copied into bytes: every writer here takes any buffer (a binary
+        # stream's write, decode, joining).
+        write(cast(bytes, data))
         self._open = rank if mid_line else None
 
     def finish(self, write: Callable[[bytes], object]) -> None:
