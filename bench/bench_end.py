@@ -9,7 +9,8 @@ last rank process's exit to the command's exit: torchrun's own teardown, and und
 supervisor's and the view's. The ranks' teardown (the last line to the process's exit: the
 interpreter's, torch's and under xl the rank entry's) is printed beside it. Scripts:
 
-- ``tqdm``: a tqdm progress bar over the steps (carriage returns on stderr, as a terminal gets them);
+- ``tqdm``: a tqdm progress bar over the steps (carriage returns on stderr, as a terminal gets
+  them);
 - ``eval``: the same, then an evaluation pass with its own bar and a printed metrics line;
 - ``noop``: init, barrier, leave.
 
@@ -79,7 +80,8 @@ def _gone(pid: int) -> bool:
             stat = fh.read()
     except OSError:
         return True
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")  # exited, not yet reaped
+    # exited, not yet reaped
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
 
 
 def _time(argv: list[str], env: dict[str, str], cwd: str, out: Path) -> tuple[float, float, float]:
@@ -93,7 +95,13 @@ def _time(argv: list[str], env: dict[str, str], cwd: str, out: Path) -> tuple[fl
     with open(out, "wb") as fh:
         t0 = time.time()
         c0 = time.perf_counter()
-        proc = subprocess.Popen(argv, env=dict(env, BENCH_STAMPS=str(stamps)), cwd=cwd, stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            argv,
+            env=dict(env, BENCH_STAMPS=str(stamps)),
+            cwd=cwd,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
         marks: dict[int, float] = {}
         while proc.poll() is None:
             time.sleep(0.01)
@@ -109,9 +117,13 @@ def _time(argv: list[str], env: dict[str, str], cwd: str, out: Path) -> tuple[fl
                 proc.kill()
         elapsed = time.perf_counter() - c0
     if proc.returncode != 0:
-        raise SystemExit(f"{argv[:4]} failed ({proc.returncode}): {out.read_text(errors='replace')[-2000:]}")
+        raise SystemExit(
+            f"{argv[:4]} failed ({proc.returncode}): {out.read_text(errors='replace')[-2000:]}"
+        )
     if len(marks) != 2 or len(exits) != 2:
-        raise SystemExit(f"{argv[:4]}: {len(marks)} of 2 ranks left their marks, {len(exits)} exits seen")
+        raise SystemExit(
+            f"{argv[:4]}: {len(marks)} of 2 ranks left their marks, {len(exits)} exits seen"
+        )
     last_exit = max(exits.values())
     return elapsed, t0 + elapsed - last_exit, last_exit - max(marks.values())
 
@@ -120,40 +132,72 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--script", choices=sorted(SCRIPTS), default="eval")
     ap.add_argument("--repeat", type=int, default=9)
-    ap.add_argument("--before", metavar="DIR", help="another xl to time alongside (DIR/xl is its package)")
+    ap.add_argument(
+        "--before", metavar="DIR", help="another xl to time alongside (DIR/xl is its package)"
+    )
     ns = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="xl-bench-end-") as tmp:
         script = Path(tmp) / "train.py"
         script.write_text(SCRIPTS[ns.script] + _STAMP)
         env = dict(os.environ, XL_HOME=str(Path(tmp) / "home"), OMP_NUM_THREADS="1")
         env["CUDA_VISIBLE_DEVICES"] = ""
-        env.pop("PYTHONDONTWRITEBYTECODE", None)  # xl timed as an installed package runs (bench_launch.py)
+        # xl timed as an installed package runs (bench_launch.py)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         xl = [sys.executable, "-m", "xl", "launch", "--no-tui", "--nproc", "2", str(script)]
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)]
-        runs: dict[str, tuple[list[str], dict[str, str]]] = {"torchrun": (torchrun, env), "xl": (xl, env)}
+        torchrun = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            str(script),
+        ]
+        runs: dict[str, tuple[list[str], dict[str, str]]] = {
+            "torchrun": (torchrun, env),
+            "xl": (xl, env),
+        }
         if ns.before:
             runs["xl (before)"] = (xl, dict(env, PYTHONPATH=os.path.abspath(ns.before)))
-        runs = {name: (argv, same_delays(Path(tmp) / "same-delays", run_env)) for name, (argv, run_env) in runs.items()}
+        runs = {
+            name: (argv, same_delays(Path(tmp) / "same-delays", run_env))
+            for name, (argv, run_env) in runs.items()
+        }
         out = Path(tmp) / "out.txt"
         for argv, run_env in runs.values():
             _time(argv, run_env, tmp, out)  # warm the page cache and bytecode for each
         times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}
+        loads: list[float] = []
         for i in range(ns.repeat):
             for name, (argv, run_env) in in_round(list(runs.items()), i):
+                loads.append(os.getloadavg()[0])  # the machine's load as each run starts
                 times[name].append(_time(argv, round_env(run_env, i), tmp, out))
     anchor = times["torchrun"]
-    print(f"script {ns.script}, 2 CPU ranks; {ns.repeat} rounds, alternating; load {os.getloadavg()[0]:.1f} at the end")
+    print(
+        f"script {ns.script}, 2 CPU ranks; {ns.repeat} rounds, alternating;"
+        f" load {os.getloadavg()[0]:.1f} at the end"
+    )
+    print(
+        f"load (1-minute average) as the runs started: median {statistics.median(loads):.1f},"
+        f" {min(loads):.1f} to {max(loads):.1f}"
+    )
     for name, rows in times.items():
         ends = [r[1] for r in rows]
-        line = (f"{name:12}: end median {statistics.median(ends):.3f}s ({', '.join(f'{e:.2f}' for e in ends)}), wall median"
-                f" {statistics.median(r[0] for r in rows):.2f}s, ranks' teardown median {statistics.median(r[2] for r in rows):.2f}s")
+        line = (
+            f"{name:12}: end median {statistics.median(ends):.3f}s"
+            f" ({', '.join(f'{e:.2f}' for e in ends)}),"
+            f" wall median {statistics.median(r[0] for r in rows):.2f}s,"
+            f" ranks' teardown median {statistics.median(r[2] for r in rows):.2f}s"
+        )
         if name != "torchrun":
             diffs = [x[1] - t[1] for x, t in zip(rows, anchor, strict=True)]
             low, high = bootstrap(diffs)
             ratios = [x[0] / t[0] for x, t in zip(rows, anchor, strict=True)]
             rlow, rhigh = bootstrap(ratios)
-            line += (f"\n{'':14}end - torchrun's, paired median {statistics.median(diffs):+.3f}s [95% {low:+.3f} to {high:+.3f}];"
-                     f" wall paired {statistics.median(ratios):.3f}x [95% {rlow:.3f}-{rhigh:.3f}]")
+            line += (
+                f"\n{'':14}end - torchrun's, paired median {statistics.median(diffs):+.3f}s"
+                f" [95% {low:+.3f} to {high:+.3f}];"
+                f" wall paired {statistics.median(ratios):.3f}x [95% {rlow:.3f}-{rhigh:.3f}]"
+            )
         print(line)
     print("goal: xl's end at most torchrun's + 0.3 s")
     return 0

@@ -63,7 +63,8 @@ def _int_env(name: str) -> int | None:
 def _user_tb(tb: TracebackType | None) -> TracebackType | None:
     # Drop this module's and runpy's frames: the traceback starts in the user's code.
     while tb is not None and (
-        tb.tb_frame.f_code.co_filename in _SKIP_FILES or os.path.abspath(tb.tb_frame.f_code.co_filename) in _SKIP_FILES
+        tb.tb_frame.f_code.co_filename in _SKIP_FILES
+        or os.path.abspath(tb.tb_frame.f_code.co_filename) in _SKIP_FILES
     ):
         tb = tb.tb_next
     return tb
@@ -81,11 +82,17 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _write_elastic_error(text: str, message: str) -> None:
-    # The same file torchrun's @record writes, so torchrun's own failure summary shows the traceback.
+    # The same file torchrun's @record writes, so torchrun's own failure summary shows the
+    # traceback.
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    data = {"message": {"message": message, "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))}}}
+    data = {
+        "message": {
+            "message": message,
+            "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
+        }
+    }
     try:
         write_json_atomic(path, data)
     except OSError:
@@ -98,7 +105,8 @@ class _Record:
         self.data: dict[str, Any] = {
             "rank": rank,
             "local_rank": _int_env("LOCAL_RANK"),
-            "node": _int_env("GROUP_RANK"),  # the key is a contract; record.RankReport calls it group_rank
+            # the key is a contract; record.RankReport calls it group_rank
+            "node": _int_env("GROUP_RANK"),
             "pid": os.getpid(),
             "started_at": time.time(),
         }
@@ -189,7 +197,7 @@ def _settle_if_orphaned(run_dir: str | None) -> None:
     try:
         from pathlib import Path  # noqa: PLC0415 - only when the supervisor died; ranks start light
 
-        from xl.launcher.rundir import record, settle  # noqa: PLC0415 - only when the supervisor died
+        from xl.launcher.rundir import record, settle  # noqa: PLC0415 - the supervisor died
 
         rec = record.load(Path(run_dir))
         if rec is None or rec.final or not settle.all_ranks_ended(Path(run_dir), rec):
@@ -233,7 +241,11 @@ def _say(text: str, run_dir: str | None, rank: int) -> None:
     if not run_dir:
         return
     try:
-        fd = os.open(RunLayout(run_dir).rank_log(rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(
+            RunLayout(run_dir).rank_log(rank),
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+            0o600,
+        )
         try:
             os.write(fd, text.encode("utf-8", "replace"))
         finally:
@@ -263,7 +275,9 @@ def _run_script(script: str) -> None:
         return
     code = compile(source, path, "exec", dont_inherit=True)
     main = ModuleType("__main__")
-    main.__dict__.update(__file__=path, __cached__=None, __loader__=None, __package__=None, __spec__=None)
+    main.__dict__.update(
+        __file__=path, __cached__=None, __loader__=None, __package__=None, __spec__=None
+    )
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = main  # pickling and multiprocessing find the script's classes
     try:
@@ -281,7 +295,9 @@ def main(argv: list[str]) -> int:
     global _output
     record = _Record(run_dir, rank)
     if run_dir:
-        _output = relay.start(str(RunLayout(run_dir).rank_log(rank)), lambda note: record.write(relay=note))
+        _output = relay.start(
+            str(RunLayout(run_dir).rank_log(rank)), lambda note: record.write(relay=note)
+        )
     record.write_start()
     # A crash in native code (a segfault, a bus error, an abort) prints the Python line it came
     # from to the rank's log, where the supervisor reads why it died (built in: costs nothing).
@@ -327,7 +343,8 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    """Run as a rank's main program (``python -m xl.launcher.entry``): exits with the script's code."""
+    """Run as a rank's main program (``python -m xl.launcher.entry``): exits with the script's
+    code."""
     status = main(sys.argv[1:])
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -1,4 +1,5 @@
-"""A rank's output, written by the rank's own relay: nothing the rank prints waits on the supervisor.
+"""A rank's output, written by the rank's own relay: nothing the rank prints waits on the
+supervisor.
 
 The entry point points file descriptors 1 and 2 (so C libraries too) at a pipe and forks a small
 relay process that appends what comes through it to ``logs/rank-<r>.log``. The supervisor only
@@ -54,7 +55,10 @@ RELAY_NAME = "xl-relay"
 _RESTARTS = 3  # relays started again before the rank writes its log itself
 # A relay started again: a fresh interpreter (forking a threaded rank is not safe), finding xl
 # where the rank found it.
-_RELAUNCH = "import sys; sys.path[:0] = {path!r}; from xl.launcher.rank.relay import main; main(sys.argv[1:])"
+_RELAUNCH = (
+    "import sys; sys.path[:0] = {path!r}; "
+    "from xl.launcher.rank.relay import main; main(sys.argv[1:])"
+)
 
 
 class _Relay:
@@ -97,7 +101,11 @@ class _Relay:
                 wait = _RETRY_S
             else:
                 wait = None if self.rank_fd is not None else _POLL_S
-            watch = [self.rfd] if self.rank_fd is None or gone_at is not None else [self.rfd, self.rank_fd]
+            watch = (
+                [self.rfd]
+                if self.rank_fd is None or gone_at is not None
+                else [self.rfd, self.rank_fd]
+            )
             try:
                 ready, _, _ = select.select(watch, [], [], wait)
                 data = os.read(self.rfd, _READ) if self.rfd in ready else None
@@ -111,7 +119,8 @@ class _Relay:
                 self.keep(self.write_through(data))
             self.write()
             if data == b"" or (gone_at is not None and data is None):
-                gone_at = gone_at or time.monotonic()  # without it a full disk kept the relay forever
+                # without it a full disk kept the relay forever
+                gone_at = gone_at or time.monotonic()
                 break  # every writer is gone, or the rank is and the pipe is empty
             if data and len(data) < _BATCH and gone_at is None:
                 # A flood comes 8 KiB a print buffer: let it gather in the pipe (which holds far
@@ -128,8 +137,11 @@ class _Relay:
         end): its space is held from the rank's start, so this fits on a full disk too."""
         if count == self.told:
             return
-        record = os.path.join(os.path.dirname(os.path.dirname(self.path)), "ranks",
-                              os.path.basename(self.path).removesuffix(".log") + ".json")
+        record = os.path.join(
+            os.path.dirname(os.path.dirname(self.path)),
+            "ranks",
+            os.path.basename(self.path).removesuffix(".log") + ".json",
+        )
         try:
             with open(record, "rb") as fh:
                 data = json.loads(fh.read())
@@ -229,7 +241,8 @@ class RankOutput:
         return (st.st_dev, st.st_ino) == self.pipe
 
     def _guarded(self) -> None:
-        with contextlib.suppress(Exception):  # a helper's trouble is never printed into the rank's output
+        # a helper's trouble is never printed into the rank's output
+        with contextlib.suppress(Exception):
             self._watch()
 
     def _watch(self) -> None:
@@ -243,10 +256,16 @@ class RankOutput:
                 code = None  # reaped by someone else's wait(): its end is unknown
             if self.ending or code == 0:
                 return  # the rank's end, or every writer of the pipe closed it
-            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            how = (
+                f"killed by signal {-code}"
+                if code is not None and code < 0
+                else f"exit code {code}"
+            )
             if self.restarts < _RESTARTS and self._restart():
                 self.restarts += 1
-                self._note(f"[xl: rank {self.rank}'s output relay died ({how}); another one took over]\n")
+                self._note(
+                    f"[xl: rank {self.rank}'s output relay died ({how}); another one took over]\n"
+                )
                 continue
             self._fall_back(how)
             return
@@ -256,7 +275,14 @@ class RankOutput:
 
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-c", _RELAUNCH.format(path=sys.path), str(self.rfd), self.path, str(os.getpid())],
+                [
+                    sys.executable,
+                    "-c",
+                    _RELAUNCH.format(path=sys.path),
+                    str(self.rfd),
+                    self.path,
+                    str(os.getpid()),
+                ],
                 pass_fds=(self.rfd,),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -270,12 +296,18 @@ class RankOutput:
 
     def _fall_back(self, how: str) -> None:
         """No relay stays up: the rank writes its log itself (or, failing that, nowhere)."""
-        note = f"[xl: rank {self.rank}'s output relay died ({how}); the rank now writes this log itself]\n"
+        note = (
+            f"[xl: rank {self.rank}'s output relay died ({how});"
+            " the rank now writes this log itself]\n"
+        )
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-            note = f"rank {self.rank}'s output relay died ({how}) and its log cannot be written ({exc.strerror}): output is dropped"
+            note = (
+                f"rank {self.rank}'s output relay died ({how}) and its log cannot be written"
+                f" ({exc.strerror}): output is dropped"
+            )
         self._drain_into(fd)
         os.dup2(fd, 1)
         os.dup2(fd, 2)

@@ -56,6 +56,7 @@ class LogSink:
         self.forward = forward  # node > 0: every local rank's output also goes to node 0
         self.read_fds: dict[int, int] = {}  # local ranks' logs, open for reading
         self.partial: dict[int, bytes] = {}
+        self.offsets: dict[int, int] = {}  # bytes read of each local rank's log
         self.redraw: dict[int, bytes] = {}  # a partial line after a \r, already handed on
         self.log_fds: dict[int, int] = {}  # other nodes' ranks' logs, written here
         self._ticks = 0
@@ -79,7 +80,9 @@ class LogSink:
         if rank is not None:
             return
         deadline = time.monotonic() + _RELAYS_S
-        while time.monotonic() < deadline and any(writing(self.layout.rank_log(r)) for r in self.read_fds):
+        while time.monotonic() < deadline and any(
+            writing(self.layout.rank_log(r)) for r in self.read_fds
+        ):
             time.sleep(0.02)
             self._read_all(None)
 
@@ -101,27 +104,41 @@ class LogSink:
             if rank in self.read_fds or rank in self.log_fds:
                 continue
             with contextlib.suppress(OSError):
-                self.read_fds[rank] = os.open(self.layout.rank_log(rank), os.O_RDONLY | os.O_CLOEXEC)
+                self.read_fds[rank] = os.open(
+                    self.layout.rank_log(rank), os.O_RDONLY | os.O_CLOEXEC
+                )
 
     def _read(self, rank: int, budget: int) -> int:
         fd = self.read_fds[rank]
         got = 0
         while budget > 0:
             try:
-                data = os.read(fd, min(budget, _READ))
+                # As much as is there (read into a buffer of its size, behind the unfinished line):
+                # the lines are decoded from where they were read, never copied to be joined.
+                want = min(budget, _READ, os.fstat(fd).st_size - self.offsets.get(rank, 0))
+                if want <= 0:
+                    return got
+                partial = self.partial.get(rank, b"")
+                chunk = bytearray(len(partial) + want)
+                chunk[: len(partial)] = partial
+                with memoryview(chunk) as view, view[len(partial) :] as space:
+                    n = os.readv(fd, [space])
             except OSError:
                 return got
-            if not data:
+            if not n:
                 return got
-            budget -= len(data)
-            got += len(data)
-            self.partial[rank] = self._lines(rank, data, self.partial.get(rank, b""))
+            del chunk[len(partial) + n :]
+            self.offsets[rank] = self.offsets.get(rank, 0) + n
+            budget -= n
+            got += n
             if self.forward is not None:
-                self.forward(rank, data)
+                self.forward(rank, bytes(chunk[len(partial) :]))
+            self.partial[rank] = self._hand_on(rank, chunk)
         return got
 
     def _redrawn(self, rank: int) -> None:
-        """A tick without news: a bar's newest redraw (the text after a line's last \\r) is whole."""
+        """A tick without news: a bar's newest redraw (the text after a line's last \\r) is
+        whole."""
         rest = self.partial.get(rank, b"")
         if self.on_line is None or not rest.startswith(b"\r"):
             return
@@ -137,10 +154,15 @@ class LogSink:
         fd = self.log_fds.pop(rank, None)  # put back last: the dict stays least recently used first
         try:
             if fd is None:
-                if len(self.log_fds) >= _MAX_WRITE_FDS:  # open files stay bounded, whatever the ranks
+                # open files stay bounded, whatever the ranks
+                if len(self.log_fds) >= _MAX_WRITE_FDS:
                     with contextlib.suppress(OSError):
                         os.close(self.log_fds.pop(next(iter(self.log_fds))))
-                fd = os.open(self.layout.rank_log(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+                fd = os.open(
+                    self.layout.rank_log(rank),
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                    0o600,
+                )
             self.log_fds[rank] = fd
             os.write(fd, data)
         except OSError as exc:
@@ -150,30 +172,42 @@ class LogSink:
     def _lines(self, rank: int, data: bytes, partial: bytes) -> bytes:
         """Hand on the whole lines of ``partial + data``; returns what is left unfinished (a
         redraw in progress keeps its leading \\r)."""
-        if self.on_line is None:
+        return self._hand_on(rank, partial + data) if self.on_line is not None else b""
+
+    def _hand_on(self, rank: int, chunk: bytes | bytearray) -> bytes:
+        """Hand on the whole lines of ``chunk`` (an unfinished line, then what was read after
+        it); returns what is left unfinished. The text is decoded from ``chunk`` in place."""
+        on_line = self.on_line
+        if on_line is None:
             return b""
-        chunk = partial + data
-        end = len(chunk) - 1 if chunk.endswith(b"\r") else len(chunk)  # a last \r may be half a \r\n
+        # a last \r may be half a \r\n
+        end = len(chunk) - 1 if chunk.endswith(b"\r") else len(chunk)
         cut = max(chunk.rfind(b"\n", 0, end), chunk.rfind(b"\r", 0, end))
+        stop: int | None
         if cut <= 0 and not chunk.startswith(b"\n"):
-            whole, rest = None, chunk  # nothing ended (or only a redraw began)
+            stop, rest = None, bytes(chunk)  # nothing ended (or only a redraw began)
         elif chunk[cut] == 0x0A:
-            whole, rest = chunk[:cut].removesuffix(b"\r"), chunk[cut + 1 :]
+            stop = cut - 1 if cut > 0 and chunk[cut - 1] == 0x0D else cut
+            rest = bytes(chunk[cut + 1 :])
         else:
-            whole, rest = chunk[:cut], chunk[cut:]  # the newest redraw starts at this \r
+            stop, rest = cut, bytes(chunk[cut:])  # the newest redraw starts at this \r
         if len(rest) > _MAX_LINE:
-            whole, rest = rest if whole is None else whole + b"\n" + rest, b""
-        if whole is not None:
-            # tqdm redraws with \r: each redraw is a line for the parser. One decode a chunk.
-            text = whole.removeprefix(b"\r").decode("utf-8", "replace")
-            seen = self.redraw.pop(rank, None)
-            if self.wants is not None and not self.wants(text):
-                return rest
-            lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-            if seen is not None and lines[0] == seen.decode("utf-8", "replace"):
-                del lines[0]  # the redraw handed on already: not twice
-            for line in lines:
-                self.on_line(rank, line)
+            # A long line without its end: handed on as it is (the parser splits at \r and \n).
+            stop, rest = len(chunk), b""
+        if stop is None:
+            return rest
+        start = 1 if chunk.startswith(b"\r") else 0
+        # tqdm redraws with \r: each redraw is a line for the parser. One decode a chunk.
+        with memoryview(chunk) as view, view[start:stop] as whole:
+            text = str(whole, "utf-8", "replace")
+        seen = self.redraw.pop(rank, None)
+        if self.wants is not None and not self.wants(text):
+            return rest
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        if seen is not None and lines[0] == seen.decode("utf-8", "replace"):
+            del lines[0]  # the redraw handed on already: not twice
+        for line in lines:
+            on_line(rank, line)
         return rest
 
     # ---------------------------------------------------------------- the end

@@ -16,7 +16,7 @@ import pytest
 from procs import XL, xl_env
 from where import FIXTURES
 
-from xl.launcher.rundir.tail import LINE_CAP, RankLogs, Tail, prefixed
+from xl.launcher.rundir.tail import LINE_CAP, RankLogs, Tail
 
 RUNS_FIXTURES = FIXTURES / "runs"
 HUGE = 100_000_000
@@ -118,7 +118,72 @@ def test_rank_logs_are_copied_whole_prefixed_and_long_lines_are_not_cut_by_other
     # whose it is.
     assert all(line.startswith((b"[rank 0] ", b"[rank 1] ")) for line in lines if line)
     assert copier.last_line == {0: b"c", 1: b"y"}
-    assert (
-        prefixed(b"p\nq\n", b"> ") == b"> p\n> q\n"
-        and prefixed(b"q\n", b"> ", at_start=False) == b"q\n"
-    )
+
+
+@pytest.mark.parametrize("limit", [7, 1000, 4 << 20])
+def test_rank_logs_copied_as_they_grow_keep_every_byte_of_every_line_in_order(
+    tmp_path: Path, limit: int
+) -> None:
+    """Three ranks' logs grow by pieces that end anywhere (mid-line, between \\r and \\n, on
+    empty lines, with control bytes), copied between the writes: each output line is one whole
+    line of one rank, prefixed, and each rank's lines come in order with nothing lost."""
+    import random  # noqa: PLC0415 - this test only
+
+    rng = random.Random(limit)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    written: dict[int, bytes] = {0: b"", 1: b"", 2: b""}
+    copier = RankLogs(logs)
+    chunks: list[bytes] = []
+    alphabet = b"abc \t\r\n\n\x1b\x00\xc2\x9b"
+    for _ in range(400):
+        rank = rng.randrange(3)
+        piece = bytes(rng.choice(alphabet) for _ in range(rng.randrange(0, 300)))
+        with open(logs / f"rank-{rank}.log", "ab") as fh:
+            fh.write(piece)
+        written[rank] += piece
+        if rng.random() < 0.5:
+            copier.discover()
+            copier.copy(chunks.append, limit=limit, drain=rng.random() < 0.5)
+    copier.discover()
+    while copier.copy(chunks.append, limit=limit):
+        pass
+    copier.finish(chunks.append)
+    got: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
+    out = b"".join(chunks)
+    assert out.endswith(b"\n")
+    for line in out[:-1].split(b"\n"):
+        assert line.startswith((b"[rank 0] ", b"[rank 1] ", b"[rank 2] ")), line
+        got[int(line[6:7])].append(line[9:])
+    for rank, data in written.items():
+        # the end gives a last line its newline
+        expected = data if data.endswith(b"\n") or not data else data + b"\n"
+        assert b"\n".join(got[rank]) + b"\n" == expected
+
+
+def test_one_rank_s_log_copied_without_prefix_is_the_file_byte_for_byte(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    data = b"".join(b"%d\r%d\n" % (i, i) for i in range(200_000)) + b"no newline yet"
+    (logs / "rank-3.log").write_bytes(data)
+    copier = RankLogs(logs, prefix=False, ranks=[3])
+    chunks: list[bytes] = []
+    while copier.copy(chunks.append, limit=100_003):
+        pass
+    assert b"".join(chunks) == data[: data.rfind(b"\n") + 1]
+    assert copier.last_line == {3: b"199999"}  # after the line's last \r: what a terminal showed
+    copier.finish(chunks.append)
+    assert b"".join(chunks) == data + b"\n"
+    assert copier.last_line == {3: b"no newline yet"}
+
+
+def test_a_late_view_s_first_read_after_still_starts_near_the_end(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.log"
+    path.write_bytes(b"".join(b"line %d\n" % i for i in range(100_000)))
+    tail = Tail(path, initial_cap=1000, stream=True)
+    data = tail.read_after(b"\n")
+    assert data is not None and data.startswith(b"\nline ") and data.endswith(b"line 99999\n")
+    assert tail.skipped_lines + data.count(b"\n") - 1 == 100_000
+    with open(path, "ab") as fh:
+        fh.write(b"one more\nhalf")
+    assert tail.read_after(b"") == b"one more\n" and tail.read_after(b"") is None

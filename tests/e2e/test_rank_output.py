@@ -217,7 +217,10 @@ def test_a_killed_relay_never_ends_the_rank(tmp_path: Path, kills: int) -> None:
     out = open(tmp_path / "train.out", "wb")  # noqa: SIM115 - closed in finally
     proc = subprocess.Popen(
         [*XL, "launch", "--no-tui", "--nproc", "2", str(script), str(go)],
-        env=xl_env(home), cwd=tmp_path, stdout=out, stderr=subprocess.PIPE,
+        env=xl_env(home),
+        cwd=tmp_path,
+        stdout=out,
+        stderr=subprocess.PIPE,
     )
     run_dir = wait_run(home)
     try:
@@ -275,7 +278,10 @@ def test_a_bar_s_latest_redraw_is_parsed_while_the_rank_hangs_mid_line(tmp_path:
     go = tmp_path / "go"
     proc = subprocess.Popen(
         [*XL, "launch", "--no-tui", "--no-instrument", "--nproc", "1", str(script), str(go)],
-        env=xl_env(home), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=xl_env(home),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     run_dir = wait_run(home)
     try:

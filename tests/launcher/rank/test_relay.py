@@ -23,7 +23,7 @@ from procs import wait_for
 
 from xl.launcher.rundir.tail import writing
 
-RANK = r'''
+RANK = r"""
 import atexit, json, os, subprocess, sys
 from xl.launcher.rank import relay
 log, side = sys.argv[1], sys.argv[2]
@@ -50,7 +50,7 @@ while True:
         continue
     report()
 out.finish()
-'''
+"""
 
 
 class Rank:
@@ -62,7 +62,10 @@ class Rank:
         env = {**os.environ, "RANK": "3"}
         self.proc = subprocess.Popen(
             [sys.executable, "-c", RANK, str(self.log), str(self.side)],
-            stdin=subprocess.PIPE, text=True, env=env, start_new_session=True,
+            stdin=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
         self.reports = 0
         self.report()
@@ -117,7 +120,9 @@ def test_every_line_reaches_the_log_in_order_up_to_the_rank_s_last_words(rank: R
     assert rank.end() == 0
     wait_for(lambda: not writing(rank.log), timeout=30, what="the relay to end with its rank")
     lines = rank.text().splitlines()
-    expected = [f"step {n}{kind}" for n in (1, 2) for kind in ("", " (stderr)", " (fd 1, as C code writes)")]
+    expected = [
+        f"step {n}{kind}" for n in (1, 2) for kind in ("", " (stderr)", " (fd 1, as C code writes)")
+    ]
     assert lines == [*expected, "atexit: last words"], lines
     assert oct(rank.log.stat().st_mode & 0o777) == oct(0o600)
 
@@ -140,12 +145,20 @@ def test_a_relay_killed_mid_run_is_replaced_and_nothing_is_lost(rank: Rank) -> N
     os.kill(first["relay"], signal.SIGKILL)
     wait_for(lambda: _gone(first["relay"]), timeout=10, what="the relay to die")
     rank.tell("say two")  # perhaps written while no relay reads the pipe: it waits there
-    now = wait_for(lambda: (r := rank.tell("say three")) and r["relay"] != first["relay"] and r, timeout=30, what="another relay")
+    now = wait_for(
+        lambda: (r := rank.tell("say three")) and r["relay"] != first["relay"] and r,
+        timeout=30,
+        what="another relay",
+    )
     note = "rank 3's output relay died (killed by signal 9); another one took over"
     assert now["notes"] == [note]
     rank.end()
     # The new relay is a fresh interpreter: it may still be starting when the rank ends.
-    text = wait_for(lambda: (t := rank.text()).rstrip().endswith("atexit: last words") and t, timeout=30, what="the rank's last words")
+    text = wait_for(
+        lambda: (t := rank.text()).rstrip().endswith("atexit: last words") and t,
+        timeout=30,
+        what="the rank's last words",
+    )
     for word in ("one", "two", "three"):
         assert text.count(f"{word} (fd 1, as C code writes)\n") == 1, text
     assert f"[xl: {note}]" in text
@@ -159,9 +172,19 @@ def test_after_repeated_deaths_the_rank_writes_its_log_itself(rank: Rank) -> Non
         killed.add(report["relay"])
         os.kill(report["relay"], signal.SIGKILL)
         wait_for(lambda pid=report["relay"]: _gone(pid), timeout=10, what="the relay to die")
-        report = wait_for(lambda: (r := rank.tell("say more")) and (r["relay"] not in killed or len(r["notes"]) == 4) and r,
-                          timeout=30, what="the rank to take over its output")
-    assert report["notes"][-1] == "rank 3's output relay died (killed by signal 9); the rank now writes this log itself"
+        report = wait_for(
+            lambda: (
+                (r := rank.tell("say more"))
+                and (r["relay"] not in killed or len(r["notes"]) == 4)
+                and r
+            ),
+            timeout=30,
+            what="the rank to take over its output",
+        )
+    assert (
+        report["notes"][-1]
+        == "rank 3's output relay died (killed by signal 9); the rank now writes this log itself"
+    )
     rank.tell("say on its own")
     rank.end()
     text = rank.text()

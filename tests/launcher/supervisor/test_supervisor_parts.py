@@ -283,6 +283,52 @@ def test_log_chunks_nothing_may_use_are_not_split_into_lines(tmp_path: Path) -> 
     assert lines[-2:] == [(0, " 60%|######    | 6/10 [00:01<00:01, 4.00it/s]"), (0, "plain again")]
 
 
+@pytest.mark.parametrize("chunk_test", [False, True], ids=["every line", "chunk test"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_log_sink_hands_on_every_line_once_in_order_however_the_log_grows(
+    tmp_path: Path, seed: int, chunk_test: bool
+) -> None:
+    """A log grown by pieces that end anywhere (mid-line, between \\r and \\n, in a UTF-8
+    character), read between the pieces: each line whole, once, in order; the bytes forwarded
+    are the file's; with the chunk test, every line worth parsing still arrives."""
+    import random  # noqa: PLC0415 - this test only
+
+    from xl.launcher.telemetry.logparse import worth_parsing  # noqa: PLC0415 - the sink's test
+
+    rng = random.Random(seed)
+    words = ["loss 0.5", "{'loss': 0.25}", "", "é", "x" * 3000, "\x1b[2K"]
+    ends = ["\n", "\r\n"]
+    text = "".join(rng.choice(words) + rng.choice(ends) for _ in range(3000)) + "the end"
+    data = text.encode()
+    run_dir = _unit_run_dir(tmp_path)
+    lines: list[tuple[int, str]] = []
+    forwarded: list[bytes] = []
+    sink = LogSink(
+        run_dir,
+        lambda what, exc: None,
+        on_line=lambda rank, line: lines.append((rank, line)),
+        wants=worth_parsing if chunk_test else None,
+    )
+    sink.forward = lambda rank, chunk: forwarded.append(chunk)
+    at = 0
+    with open(run_dir / "logs" / "rank-2.log", "ab") as fh:
+        while at < len(data):
+            step = rng.choice([1, 7, 100, 5000, 70000])
+            fh.write(data[at : at + step])
+            fh.flush()
+            at += step
+            if rng.random() < 0.3:
+                sink.tail(budget=rng.choice([3, 1000, 1 << 20]))
+    sink.close_logs()
+    expected = text.replace("\r\n", "\n").split("\n")
+    assert b"".join(forwarded) == data
+    if chunk_test:
+        worth = [line for line in expected if "{'" in line]
+        assert [line for _, line in lines if "{'" in line] == worth
+    else:
+        assert lines == [(2, line) for line in expected]
+
+
 def test_worth_parsing_holds_for_a_chunk_whenever_for_one_of_its_lines() -> None:
     """The supervisor tests whole chunks of output with it before splitting them into lines."""
     from xl.launcher.telemetry.logparse import worth_parsing  # noqa: PLC0415 - the property the supervisor relies on
