@@ -101,7 +101,7 @@ class Link:
 
     def read_acks(self, *, wait: float = 0.0) -> None:
         """Take acked frames off ``unacked``; ``wait``: how long to wait for the first ack."""
-        if self.sock is None or not self.unacked:
+        if self.sock is None or (not self.unacked and wait <= 0.0):
             # Nothing sent waits for an ack: a lost connection shows at the next send.
             return
         while True:
