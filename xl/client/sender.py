@@ -163,7 +163,9 @@ class Sender:
         if self.queue:
             self.owns_train = True
         final = self.flushing or self.stopping  # every step, even one that just ended
-        out, dropped = drain(self.queue, self.rank, self.last_rate_t, self.given, self.step_source, final)
+        out, dropped = drain(
+            self.queue, self.rank, self.last_rate_t, self.given, self.step_source, final
+        )
         self.dropped += dropped  # counted, so the run's events say so
         return out
 
@@ -288,7 +290,8 @@ class Sender:
             if self.link.sock is not None:
                 self.link.disconnect()
             if self.link.unacked:
-                self._spool_unacked()  # still unacked at exit: the spool keeps it for the supervisor
+                # Still unacked at exit: the spool keeps it for the supervisor.
+                self._spool_unacked()
             leftover = self._drain_queue()
             if leftover:
                 self._spool(leftover)

@@ -39,7 +39,9 @@ HOLD_S = 0.05
 class StepClock:
     """One rank's accounting. Training-thread methods are cheap and never raise on their own."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.perf_counter, wall: Callable[[], float] = time.time
+    ) -> None:
         self.clock = clock
         self.wall = wall
         self.tid = threading.main_thread().ident
@@ -225,7 +227,17 @@ class StepClock:
             except Exception:
                 self.memory = None
         self.ended.append(
-            (self.wall(), self.step, self.loss, samples, step_s, self.data, self.compute, self.comm, mem)
+            (
+                self.wall(),
+                self.step,
+                self.loss,
+                samples,
+                step_s,
+                self.data,
+                self.compute,
+                self.comm,
+                mem,
+            )
         )
         self.data = self.comm = self.compute = 0.0
         self.samples = self.batches = self.fwd_samples = 0

@@ -96,7 +96,10 @@ def _patch_optimizer(torch: Any, steps: StepClock) -> Callable[[], None]:
         if get_ident() == tid:
             opt_post(optimizer)
 
-    handles = (optim.register_optimizer_step_pre_hook(pre), optim.register_optimizer_step_post_hook(post))
+    handles = (
+        optim.register_optimizer_step_pre_hook(pre),
+        optim.register_optimizer_step_post_hook(post),
+    )
 
     def remove() -> None:
         for handle in handles:
