@@ -2,6 +2,7 @@
 `xl launch --no-instrument`, and the hooks' own cost per step in microseconds.
 
     .venv/bin/python bench/bench_instrument.py [--pairs 8] [--steps 600] [--skip 100] [--width 384]
+    .venv/bin/python bench/bench_instrument.py --before 6ed9b41 --pairs 10 --width 720
     .venv/bin/python bench/bench_instrument.py --micro-only
 
 1. Launch pairs. Both sides run the same plain script (2 CPU ranks, gloo DDP, a DataLoader, a
@@ -10,6 +11,9 @@
    itself and writes rank 0's steady-state mean step (after ``--skip`` warm-up steps) to a file.
    Runs come in pairs, A B then B A; each pair gives one ratio instrumented/not; the answer is
    the median ratio with a bootstrap 95% CI (bench_overhead.median_ci). Goal: +1% at most.
+   ``--before COMMIT`` adds a third side in every round: the same launch with the hooks of that
+   commit (its tree from ``git archive``, put first on PYTHONPATH), so a change is measured
+   against the code before it in the same rounds; the sides' order rotates round by round.
 2. Micro. In this process, the same kind of step (a 3-layer MLP, a DataLoader batch, backward,
    SGD) with the hooks in place and without, in alternating blocks; the median per-block
    difference of the thread's CPU time is the hooks' cost per step on the training thread (the
@@ -27,12 +31,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench_overhead import median_ci, pct  # bench/ is sys.path[0] when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
 
-SCRIPT = '''
+SCRIPT = """
 import os, sys, time, json
 import torch, torch.distributed as dist
 from torch import nn
@@ -43,7 +48,10 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(rank)
 model = nn.parallel.DistributedDataParallel(
-    nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)))
+    nn.Sequential(
+        nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)
+    )
+)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 x = torch.randn(steps * 32, width)
 loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=32)
@@ -62,10 +70,29 @@ if rank == 0:
         json.dump({"mean_step_s": (window[-1] - window[0]) / (len(window) - 1)}, fh)
 dist.barrier()
 dist.destroy_process_group()
-'''
+"""
 
 
-def run_once(instrument: bool, args: argparse.Namespace, tmp: Path, n: int) -> float:
+def checkout(commit: str, into: Path) -> Path:
+    """The repo's tree at ``commit`` under ``into``, importable as ``xl`` from PYTHONPATH (the
+    editable install maps xl.launcher etc. to top-level folders: links put them under xl/)."""
+    root = into / "before"
+    root.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", commit],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, timeout=120, check=True)
+    for name in ("launcher", "doctor", "tui", "examples"):
+        if (root / name).is_dir() and not (root / "xl" / name).exists():
+            (root / "xl" / name).symlink_to(root / name)
+    return root
+
+
+def run_once(side: str, args: argparse.Namespace, tmp: Path, n: int) -> float:
+    """One launch; ``side``: "on" (this tree's hooks), "before" (--before's), "off"."""
     script = tmp / "plain_loop.py"
     if not script.exists():
         script.write_text(SCRIPT)
@@ -73,8 +100,10 @@ def run_once(instrument: bool, args: argparse.Namespace, tmp: Path, n: int) -> f
     env = dict(os.environ, OMP_NUM_THREADS="1", XL_HOME=str(tmp / "home"), XL_STOP_GRACE="1")
     for key in ("XL_COLLECTOR", "XL_TOKEN", "XL_RUN_DIR", "XL_RUN_ID", "XL_INSTRUMENT"):
         env.pop(key, None)
+    if side == "before":
+        env["PYTHONPATH"] = str(tmp / "before")
     argv = [sys.executable, "-m", "xl", "launch", "--nproc", "2", "--no-tui"]
-    if not instrument:
+    if side == "off":
         argv.append("--no-instrument")
     argv += ["--", str(script), str(args.steps), str(args.skip), str(args.width), str(out)]
     proc = subprocess.run(argv, env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
@@ -84,33 +113,52 @@ def run_once(instrument: bool, args: argparse.Namespace, tmp: Path, n: int) -> f
 
 
 def launch_pairs(args: argparse.Namespace) -> dict[str, object]:
-    ratios, on_steps, off_steps = [], [], []
+    sides = ["on", "off"] + (["before"] if args.before else [])
+    steps: dict[str, list[float]] = {side: [] for side in sides}
+    loads: list[float] = []
     with tempfile.TemporaryDirectory(prefix="xl-bench-instrument-") as name:
         tmp = Path(name)
+        if args.before:
+            checkout(args.before, tmp)
         for i in range(args.pairs):
-            order = (True, False) if i % 2 == 0 else (False, True)
-            got = {side: run_once(side, args, tmp, 2 * i + k) for k, side in enumerate(order)}
-            on_steps.append(got[True])
-            off_steps.append(got[False])
-            ratios.append(got[True] / got[False])
+            k = i % len(sides)
+            order = sides[k:] + sides[:k]
+            if i % 2:
+                order.reverse()
+            for j, side in enumerate(order):
+                steps[side].append(run_once(side, args, tmp, len(sides) * i + j))
+            loads.append(os.getloadavg()[0])
+            got = {side: steps[side][-1] for side in sides}
             print(
-                f"pair {i + 1}: instrumented {got[True] * 1e3:.2f} ms, --no-instrument "
-                f"{got[False] * 1e3:.2f} ms, {pct(ratios[-1])}",
+                f"round {i + 1} (load {loads[-1]:.1f}): "
+                + ", ".join(f"{side} {got[side] * 1e3:.2f} ms" for side in sides)
+                + f"; on/off {pct(got['on'] / got['off'])}"
+                + (f", before/off {pct(got['before'] / got['off'])}" if args.before else ""),
                 flush=True,
             )
-    lo, hi = median_ci(ratios)
-    med = statistics.median(ratios)
-    print(
-        f"step time, instrumented vs --no-instrument: median {pct(med)} (95% CI {pct(lo)} .. {pct(hi)}), "
-        f"steps {statistics.median(on_steps) * 1e3:.2f} vs {statistics.median(off_steps) * 1e3:.2f} ms"
-    )
-    return {
-        "pairs": len(ratios),
-        "ratio_median": round(med, 4),
-        "ratio_ci95": [round(lo, 4), round(hi, 4)],
-        "step_ms_instrumented": round(statistics.median(on_steps) * 1e3, 3),
-        "step_ms_no_instrument": round(statistics.median(off_steps) * 1e3, 3),
+    figures: dict[str, object] = {
+        "pairs": args.pairs,
+        "load_1min": [
+            round(min(loads), 1),
+            round(statistics.median(loads), 1),
+            round(max(loads), 1),
+        ],
     }
+    for side in sides:
+        figures[f"step_ms_{side}"] = round(statistics.median(steps[side]) * 1e3, 3)
+    compared = [("on", "off")] + ([("before", "off"), ("on", "before")] if args.before else [])
+    for a, b in compared:
+        ratios = [x / y for x, y in zip(steps[a], steps[b], strict=True)]
+        lo, hi = median_ci(ratios)
+        med = statistics.median(ratios)
+        figures[f"{a}/{b}"] = {"median": round(med, 4), "ci95": [round(lo, 4), round(hi, 4)]}
+        print(f"step time, {a} / {b}: median {pct(med)} (95% CI {pct(lo)} .. {pct(hi)})")
+    print(
+        "steps (medians): "
+        + ", ".join(f"{side} {figures[f'step_ms_{side}']} ms" for side in sides)
+        + f"; load {figures['load_1min']} (min, median, max)"
+    )
+    return figures
 
 
 def micro(args: argparse.Namespace) -> dict[str, object]:
@@ -122,7 +170,18 @@ def micro(args: argparse.Namespace) -> dict[str, object]:
     from xl.integrations.stepclock import StepClock  # noqa: PLC0415 - as above
 
     torch.set_num_threads(1)
-    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+    model: Any = nn.Sequential(
+        nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1)
+    )
+    if args.micro_ddp:
+        # A one-rank gloo group and DDP: the backward hook then also watches the loss's node
+        # for the wait on DDP's buckets, as in a real run.
+        import torch.distributed as dist  # noqa: PLC0415 - as above
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(4096 * 8, 16)
     loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)
@@ -155,13 +214,16 @@ def micro(args: argparse.Namespace) -> dict[str, object]:
         offs.append(off)
         diffs.append((on - off) * 1e6)
         if i % 10 == 9:
-            print(f"micro block {i + 1}: hooks {on * 1e6:.1f} us, none {off * 1e6:.1f} us", flush=True)
+            print(
+                f"micro block {i + 1}: hooks {on * 1e6:.1f} us, none {off * 1e6:.1f} us", flush=True
+            )
     lo, hi = median_ci(diffs)
     med = statistics.median(diffs)
     # The least disturbed block of each side: on a busy machine the other load only ever adds.
     quiet = (min(ons) - min(offs)) * 1e6
     print(
-        f"the hooks' cost per step on the training thread: median {med:.1f} us (95% CI {lo:.1f} .. {hi:.1f}); "
+        f"the hooks' cost per step on the training thread: median {med:.1f} us "
+        f"(95% CI {lo:.1f} .. {hi:.1f}); "
         f"least-disturbed blocks {quiet:.1f} us of a {min(offs) * 1e6:.0f} us step"
     )
     return {
@@ -175,17 +237,26 @@ def micro(args: argparse.Namespace) -> dict[str, object]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=int, default=8, help="A/B pairs of launches (each is one ratio)")
+    ap.add_argument(
+        "--pairs", type=int, default=8, help="A/B pairs of launches (each is one ratio)"
+    )
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--skip", type=int, default=100, help="warm-up steps left out")
     ap.add_argument("--width", type=int, default=384, help="the MLP's width (sets the step time)")
     ap.add_argument("--blocks", type=int, default=60, help="micro: alternating blocks")
     ap.add_argument("--block-steps", type=int, default=100, help="micro: steps per block")
     ap.add_argument("--micro-only", action="store_true")
+    ap.add_argument("--launch-only", action="store_true")
+    ap.add_argument("--micro-ddp", action="store_true", help="micro: a one-rank gloo DDP model")
+    ap.add_argument("--before", metavar="COMMIT", help="also launch with that commit's hooks")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
-    figures: dict[str, object] = {"cpu_count": os.cpu_count(), "load_1min": round(os.getloadavg()[0], 2)}
-    figures["micro"] = micro(args)
+    figures: dict[str, object] = {
+        "cpu_count": os.cpu_count(),
+        "load_1min": round(os.getloadavg()[0], 2),
+    }
+    if not args.launch_only:
+        figures["micro"] = micro(args)
     if not args.micro_only:
         figures["launch"] = launch_pairs(args)
     print(json.dumps(figures))

@@ -35,37 +35,162 @@ class Figure(NamedTuple):
 
 
 FIGURES: tuple[Figure, ...] = (
-    Figure("step", "train", "", "step", "xl_train_step", "the step (optimizer steps), its last step's when the line stands for several"),
-    Figure("total_steps", "train", "", "total_steps", None, "the steps the run will take, where the script tells"),
+    Figure(
+        "step",
+        "train",
+        "",
+        "step",
+        "xl_train_step",
+        "the step (optimizer steps), its last step's when the line stands for several",
+    ),
+    Figure(
+        "total_steps",
+        "train",
+        "",
+        "total_steps",
+        None,
+        "the steps the run will take, where the script tells",
+    ),
     Figure("loss", "train", "", "loss", "xl_train_loss", "the rank's loss at its last step"),
     Figure("eval_loss", "train", "", "eval_loss", None, "the latest evaluation's loss"),
     Figure("epoch", "train", "", "epoch", None, "the epoch"),
     Figure("lr", "train", "", "lr", None, "the learning rate (also read from learning_rate)"),
     Figure("learning_rate", "train", "", "lr", None, "the learning rate, as HF names it"),
-    Figure("samples", "train", "count", None, "xl_train_samples_total", "samples the rank processed since its previous line"),
-    Figure("samples_per_s", "train", "1/s", "samples_per_s", "xl_train_samples_per_second", "samples per second"),
+    Figure(
+        "samples",
+        "train",
+        "count",
+        None,
+        "xl_train_samples_total",
+        "samples the rank processed since its previous line",
+    ),
+    Figure(
+        "samples_per_s",
+        "train",
+        "1/s",
+        "samples_per_s",
+        "xl_train_samples_per_second",
+        "samples per second",
+    ),
     Figure("tokens_per_s", "train", "1/s", "tokens_per_s", None, "tokens per second"),
-    Figure("steps_per_s", "train", "1/s", "steps_per_s", None, "steps per second (a tqdm bar's rate)"),
-    Figure("steps", "train", "count", None, None, "how many steps the line stands for (its times are per-step means)"),
-    Figure("step_s", "train", "s", "step_s", "xl_rank_step_seconds", "a step's wall time, end of the previous step to the end of this one"),
-    Figure("data_s", "train", "s", "data_s", "xl_rank_step_phase_seconds", "of the step, waiting for the next batch"),
-    Figure("compute_s", "train", "s", "compute_s", "xl_rank_step_phase_seconds", "of the step, forward, backward and optimizer while not waiting"),
-    Figure("comm_s", "train", "s", "comm_s", "xl_rank_step_phase_seconds", "of the step, waiting on communication that compute did not hide"),
-    Figure("other_s", "train", "s", "other_s", "xl_rank_step_phase_seconds", "of the step, the rest (the script's own code between steps)"),
-    Figure("mem_peak_mib", "train", "MiB", "mem_peak_mib", "xl_rank_memory_peak_bytes", "CUDA: the rank's peak allocated memory during the step"),
-    Figure("gpu_util", "sys", "%", "gpu_util", "xl_gpu_utilization_ratio", "the rank's GPU's utilization"),
-    Figure("gpu_mem_used_mib", "sys", "MiB", "gpu_mem_used_mib", "xl_gpu_memory_used_bytes", "memory used on the rank's GPU, by every process"),
+    Figure(
+        "steps_per_s", "train", "1/s", "steps_per_s", None, "steps per second (a tqdm bar's rate)"
+    ),
+    Figure(
+        "steps",
+        "train",
+        "count",
+        None,
+        None,
+        "how many steps the line stands for (its times are per-step means)",
+    ),
+    Figure(
+        "step_s",
+        "train",
+        "s",
+        "step_s",
+        "xl_rank_step_seconds",
+        "a step's wall time, end of the previous step to the end of this one",
+    ),
+    Figure(
+        "data_s",
+        "train",
+        "s",
+        "data_s",
+        "xl_rank_step_phase_seconds",
+        "of the step, waiting for the next batch",
+    ),
+    Figure(
+        "compute_s",
+        "train",
+        "s",
+        "compute_s",
+        "xl_rank_step_phase_seconds",
+        "of the step, forward, backward and optimizer while not waiting",
+    ),
+    Figure(
+        "comm_s",
+        "train",
+        "s",
+        "comm_s",
+        "xl_rank_step_phase_seconds",
+        "of the step, waiting on communication that compute did not hide",
+    ),
+    Figure(
+        "other_s",
+        "train",
+        "s",
+        "other_s",
+        "xl_rank_step_phase_seconds",
+        "of the step, the rest (the script's own code between steps)",
+    ),
+    Figure(
+        "mem_peak_mib",
+        "train",
+        "MiB",
+        "mem_peak_mib",
+        "xl_rank_memory_peak_bytes",
+        "CUDA: the rank's peak allocated memory during the step",
+    ),
+    Figure(
+        "gpu_util",
+        "sys",
+        "%",
+        "gpu_util",
+        "xl_gpu_utilization_ratio",
+        "the rank's GPU's utilization",
+    ),
+    Figure(
+        "gpu_mem_used_mib",
+        "sys",
+        "MiB",
+        "gpu_mem_used_mib",
+        "xl_gpu_memory_used_bytes",
+        "memory used on the rank's GPU, by every process",
+    ),
     Figure("gpu_mem_total_mib", "sys", "MiB", "gpu_mem_total_mib", None, "the rank's GPU's memory"),
-    Figure("gpu_proc_mem_mib", "sys", "MiB", "gpu_proc_mem_mib", None, "what the rank's processes hold on its GPU (NVML, per process)"),
-    Figure("mem_mib", "sys", "MiB", "mem_mib", None, "the rank's footprint: PSS over the rank and its children"),
+    Figure(
+        "gpu_proc_mem_mib",
+        "sys",
+        "MiB",
+        "gpu_proc_mem_mib",
+        None,
+        "what the rank's processes hold on its GPU (NVML, per process)",
+    ),
+    Figure(
+        "mem_mib",
+        "sys",
+        "MiB",
+        "mem_mib",
+        None,
+        "the rank's footprint: PSS over the rank and its children",
+    ),
     Figure("rss_mib", "sys", "MiB", "rss_mib", None, "resident memory"),
     Figure("cpu_pct", "sys", "%", "cpu_pct", None, "CPU, percent of one core, with its children"),
     Figure("cuda_alloc_mib", "sys", "MiB", "cuda_alloc_mib", None, "torch's allocated CUDA memory"),
-    Figure("cuda_reserved_mib", "sys", "MiB", "cuda_reserved_mib", None, "torch's reserved CUDA memory"),
+    Figure(
+        "cuda_reserved_mib", "sys", "MiB", "cuda_reserved_mib", None, "torch's reserved CUDA memory"
+    ),
     Figure("cuda_max_alloc_mib", "sys", "MiB", None, None, "torch's peak allocated CUDA memory"),
-    Figure("comm_wait_s", "sys", "s", "comm_wait_s", None, "xl.watch: mean wait per step at the gradient all-reduce"),
-    Figure("comm_steps", "sys", "count", None, None, "xl.watch: the steps comm_wait_s is the mean of"),
-    Figure("comm_pending_s", "sys", "s", None, None, "xl.watch: how long the oldest all-reduce bucket has been pending"),
+    Figure(
+        "comm_wait_s",
+        "sys",
+        "s",
+        "comm_wait_s",
+        None,
+        "xl.watch: mean wait per step at the gradient all-reduce",
+    ),
+    Figure(
+        "comm_steps", "sys", "count", None, None, "xl.watch: the steps comm_wait_s is the mean of"
+    ),
+    Figure(
+        "comm_pending_s",
+        "sys",
+        "s",
+        None,
+        None,
+        "xl.watch: how long the oldest all-reduce bucket has been pending",
+    ),
 )
 
 BY_KEY: dict[str, Figure] = {f.key: f for f in FIGURES}
@@ -73,16 +198,23 @@ KEYS = frozenset(BY_KEY)
 # (key, RankView attribute) of the figures a line of each kind sets as they come, most of them:
 # the reader copies these; the few with a history or a rule of their own (step, total_steps,
 # loss, lr, samples_per_s, eval_loss, epoch) it handles itself.
-_OWN_RULE = frozenset({"step", "total_steps", "loss", "lr", "learning_rate", "samples_per_s", "eval_loss", "epoch"})
+_OWN_RULE = frozenset(
+    {"step", "total_steps", "loss", "lr", "learning_rate", "samples_per_s", "eval_loss", "epoch"}
+)
 # The step split comes whole with its step_s (TIMED: read only from a line with step_s, which keeps
 # the reader's per-line cost for untimed lines as it was); the rest of the train figures, PLAIN.
 TIMED = ("step_s", *PHASE_KEYS)
-PLAIN_TRAIN = tuple((f.key, f.field) for f in FIGURES if f.kind == "train" and f.field and f.key not in _OWN_RULE and f.key not in TIMED)
+PLAIN_TRAIN = tuple(
+    (f.key, f.field)
+    for f in FIGURES
+    if f.kind == "train" and f.field and f.key not in _OWN_RULE and f.key not in TIMED
+)
 PLAIN_SYS = tuple((f.key, f.field) for f in FIGURES if f.kind == "sys" and f.field)
 
 
 def finite(value: Any) -> bool:
-    """A finite int or float, not a bool: ``v - v`` is 0 only then (inf - inf and nan - nan are nan)."""
+    """A finite int or float, not a bool: ``v - v`` is 0 only then (inf - inf and nan - nan are
+    nan)."""
     return (type(value) is float or type(value) is int) and value - value == 0
 
 
@@ -112,7 +244,14 @@ class Line:
 
     __slots__ = ("kind", "rank", "raw", "t", "values")
 
-    def __init__(self, rank: int, t: float, kind: str, values: dict[str, float | int | None], raw: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        rank: int,
+        t: float,
+        kind: str,
+        values: dict[str, float | int | None],
+        raw: dict[str, Any],
+    ) -> None:
         self.rank, self.t, self.kind, self.values, self.raw = rank, t, kind, values, raw
 
     def get(self, key: str) -> float | int | None:
@@ -125,7 +264,13 @@ def decode(rec: Any) -> Line | None:
     if head is None:
         return None
     kind = rec.get("kind")
-    return Line(head[0], head[1], kind if type(kind) is str else "", {k: number(v) for k, v in rec.items() if k in KEYS}, rec)
+    return Line(
+        head[0],
+        head[1],
+        kind if type(kind) is str else "",
+        {k: number(v) for k, v in rec.items() if k in KEYS},
+        rec,
+    )
 
 
 def phases(values: Any) -> dict[str, float] | None:

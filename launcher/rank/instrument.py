@@ -46,7 +46,9 @@ HOOKS = {
 def enabled(env: Any = None) -> bool:
     """Inside an xl run (a collector to send to) and not turned off with XL_INSTRUMENT=0."""
     env = os.environ if env is None else env
-    return bool(env.get(envnames.COLLECTOR)) and env.get(envnames.INSTRUMENT, "1").strip() not in ("0", "no", "false")
+    if not env.get(envnames.COLLECTOR):
+        return False
+    return env.get(envnames.INSTRUMENT, "1").strip() not in ("0", "no", "false")
 
 
 def patch(name: str, module: ModuleType) -> None:

@@ -136,7 +136,9 @@ def test_a_full_queue_drops_are_counted_and_reported(tmp_path: Path) -> None:
         "for i in range(20000):\n    xl.log(step=i)\nprint('after drops', xl.flush(10))\n"
     )
     try:
-        out = _rank(code, {**env, "XL_RUN_DIR": str(tmp_path), "XL_LOG_QUEUE": "50", "RANK": "0"}).stdout
+        out = _rank(
+            code, {**env, "XL_RUN_DIR": str(tmp_path), "XL_LOG_QUEUE": "50", "RANK": "0"}
+        ).stdout
     finally:
         tel.stop()
     assert "first True" in out and "after drops False" in out, out

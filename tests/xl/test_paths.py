@@ -1,4 +1,5 @@
-"""Where xl keeps things (xl.paths): ``XL_HOME`` / ``XL_CONFIG_HOME`` first, else the XDG folders."""
+"""Where xl keeps things (xl.paths): ``XL_HOME`` / ``XL_CONFIG_HOME`` first, else the XDG
+folders."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ def test_xl_home_is_taken_as_given(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert paths.xl_home() == tmp_path / "home" and paths.runs_dir() == tmp_path / "home" / "runs"
 
 
-def test_without_it_the_xdg_data_and_config_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_it_the_xdg_data_and_config_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for var in (envnames.HOME, envnames.CONFIG_HOME):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    assert paths.xl_home() == tmp_path / "data" / "xl" and paths.config_dir() == tmp_path / "config" / "xl"
+    assert (
+        paths.xl_home() == tmp_path / "data" / "xl"
+        and paths.config_dir() == tmp_path / "config" / "xl"
+    )
 
 
 def test_a_relative_xdg_folder_is_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,7 +34,11 @@ def _proc(tmp_path: Path, pid: int, **files: bytes | str) -> Path:
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     env = {**os.environ, "XL_RUN_ID": "20260530-run", "RANK": "3", "XL_TOKEN": "secret-token"}
-    proc = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdin.read(); time.sleep(30)"], env=env, stdin=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; sys.stdin.read(); time.sleep(30)"],
+        env=env,
+        stdin=subprocess.PIPE,
+    )
     yield proc
     proc.kill()
     proc.wait(10)
@@ -103,7 +107,12 @@ def test_has_open_sees_a_gpu_device_among_the_descriptors(tmp_path: Path) -> Non
     root = _proc(tmp_path, 11)
     fd = root / "11" / "fd"
     fd.mkdir()
-    for n, target in ((0, "/dev/null"), (1, "pipe:[1234]"), (12, "/dev/nvidiactl"), (3, "/tmp/x.log")):
+    for n, target in (
+        (0, "/dev/null"),
+        (1, "pipe:[1234]"),
+        (12, "/dev/nvidiactl"),
+        (3, "/tmp/x.log"),
+    ):
         (fd / str(n)).symlink_to(target)
     assert procfs.has_open(11, "/dev/nvidia", proc=str(root)) is True
     assert procfs.has_open(11, "/dev/dri", proc=str(root)) is False
@@ -120,7 +129,10 @@ def test_set_cmdline_hides_the_old_arguments_from_ps(tmp_path: Path) -> None:
         "print(ok, flush=True); sys.stdin.read()\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, "--env", "HF_TOKEN=hf_verysecretvalue"], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True
+        [sys.executable, "-c", code, "--env", "HF_TOKEN=hf_verysecretvalue"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "True"
@@ -145,7 +157,10 @@ def test_set_cmdline_says_when_it_cannot(tmp_path: Path) -> None:
     [
         (["--env", "HF_TOKEN=abc", "--nproc", "2"], ["--env", "HF_TOKEN=***", "--nproc", "2"]),
         (["--env=WANDB_API_KEY=k=v", "train.py"], ["--env=WANDB_API_KEY=***", "train.py"]),
-        (["--nproc", "2", "train.py", "--lr", "3e-4"], ["--nproc", "2", "train.py", "--lr", "3e-4"]),  # nothing to hide
+        (
+            ["--nproc", "2", "train.py", "--lr", "3e-4"],
+            ["--nproc", "2", "train.py", "--lr", "3e-4"],
+        ),  # nothing to hide
         (["--environment", "A=1"], ["--environment", "A=1"]),  # another flag
         (["--env"], ["--env"]),
     ],
@@ -168,7 +183,9 @@ def test_the_process_tree_finds_every_descendant_in_one_scan(tmp_path: Path) -> 
     assert procfs.descendants(20, tree) == [] and procfs.descendants(99, tree) == []
 
 
-def test_the_process_tree_of_this_machine_holds_a_real_child(sleeper: subprocess.Popen[bytes]) -> None:
+def test_the_process_tree_of_this_machine_holds_a_real_child(
+    sleeper: subprocess.Popen[bytes],
+) -> None:
     tree = procfs.process_tree()
     assert sleeper.pid in procfs.descendants(os.getpid(), tree)
     assert os.getpid() not in procfs.descendants(sleeper.pid, tree)
@@ -185,7 +202,6 @@ def test_a_process_state_tells_a_zombie_from_a_live_one(tmp_path: Path) -> None:
     assert procfs.state(9, str(root)) is None  # no such process
 
 
-
 def _stat(pid: int, comm: str, start: int, utime: int, stime: int, rss_pages: int) -> str:
     """A /proc/PID/stat line with the fields the readers use in their places (man 5 proc)."""
     fields = ["S", "1"] + ["0"] * 50  # field 3 on
@@ -196,15 +212,23 @@ def _stat(pid: int, comm: str, start: int, utime: int, stime: int, rss_pages: in
 
 def test_start_cpu_and_memory_are_read_from_the_stat_line(tmp_path: Path) -> None:
     hz, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
-    root = _proc(tmp_path, 7, stat=_stat(7, "pt (main) 1", start=5 * hz, utime=3 * hz, stime=hz, rss_pages=256))
+    root = _proc(
+        tmp_path,
+        7,
+        stat=_stat(7, "pt (main) 1", start=5 * hz, utime=3 * hz, stime=hz, rss_pages=256),
+    )
     (root / "stat").write_text("cpu  1 2 3\nbtime 1700000000\nprocesses 9\n")
     assert procfs.create_time(7, str(root)) == 1700000005.0
     assert procfs.cpu_rss(7, str(root)) == (5 * hz, 4.0, 256 * page)
-    assert procfs.create_time(8, str(root)) is None and procfs.cpu_rss(8, str(root)) is None  # no such process
+    assert (
+        procfs.create_time(8, str(root)) is None and procfs.cpu_rss(8, str(root)) is None
+    )  # no such process
 
 
 def test_a_real_process_s_start_is_psutil_s_and_its_cpu_grows() -> None:
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"])
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"]
+    )
     try:
         start = procfs.create_time(busy.pid)
         assert start is not None and abs(start - psutil.Process(busy.pid).create_time()) < 0.02
@@ -228,19 +252,32 @@ def test_a_real_process_s_start_is_psutil_s_and_its_cpu_grows() -> None:
 
 
 def test_pss_is_read_from_smaps_rollup_and_unknown_without_it(tmp_path: Path) -> None:
-    rollup = "5591c000-7ffd1000 ---p 00000000 00:00 0  [rollup]\nRss:  1612 kB\nPss:  216 kB\nPss_Dirty:  112 kB\n"
+    rollup = (
+        "5591c000-7ffd1000 ---p 00000000 00:00 0  [rollup]\n"
+        "Rss:  1612 kB\nPss:  216 kB\nPss_Dirty:  112 kB\n"
+    )
     root = _proc(tmp_path, 7, smaps_rollup=rollup)
-    _proc(tmp_path, 8, stat=_stat(8, "old kernel", start=1, utime=0, stime=0, rss_pages=9))  # no smaps_rollup
+    _proc(
+        tmp_path, 8, stat=_stat(8, "old kernel", start=1, utime=0, stime=0, rss_pages=9)
+    )  # no smaps_rollup
     _proc(tmp_path, 9, smaps_rollup="Rss:  12 kB\nPss:  lots kB\n")
     assert procfs.pss(7, str(root)) == 216 * 1024  # Pss, not Pss_Dirty nor Rss
-    assert procfs.pss(8, str(root)) is None and procfs.pss(9, str(root)) is None and procfs.pss(10, str(root)) is None
+    assert (
+        procfs.pss(8, str(root)) is None
+        and procfs.pss(9, str(root)) is None
+        and procfs.pss(10, str(root)) is None
+    )
 
 
 def test_a_real_process_s_pss_is_psutil_s() -> None:
-    held = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(b'1') * (64 << 20); time.sleep(30)"])
+    held = subprocess.Popen(
+        [sys.executable, "-c", "import time; b = bytearray(b'1') * (64 << 20); time.sleep(30)"]
+    )
     try:
         deadline = time.monotonic() + 30
-        while (psutil.Process(held.pid).memory_info().rss < 64 << 20) and time.monotonic() < deadline:
+        while (
+            psutil.Process(held.pid).memory_info().rss < 64 << 20
+        ) and time.monotonic() < deadline:
             time.sleep(0.05)
         mine, theirs = procfs.pss(held.pid), psutil.Process(held.pid).memory_full_info().pss
         assert mine is not None and mine >= 64 << 20 and abs(mine - theirs) < 2 << 20

@@ -12,7 +12,15 @@ from xl.launcher.telemetry.diagnose import Thresholds
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [(None, 10.0), ("3.5", 3.5), ("-1", 0.0), ("soon", 10.0), ("nan", 10.0), ("inf", 10.0), ("0", 0.0)],
+    [
+        (None, 10.0),
+        ("3.5", 3.5),
+        ("-1", 0.0),
+        ("soon", 10.0),
+        ("nan", 10.0),
+        ("inf", 10.0),
+        ("0", 0.0),
+    ],
 )
 def test_stop_grace(monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: float) -> None:
     if raw is None:
@@ -30,7 +38,9 @@ def test_node_timeout_has_a_floor(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_diagnosis_thresholds_refuse_zero_and_garbage() -> None:
-    t = Thresholds.from_env({"XL_STALL_MIN_S": "0", "XL_STALL_FACTOR": "inf", "XL_GPU_MEM_HIGH": "0.8"})
+    t = Thresholds.from_env(
+        {"XL_STALL_MIN_S": "0", "XL_STALL_FACTOR": "inf", "XL_GPU_MEM_HIGH": "0.8"}
+    )
     assert (t.stall_min_s, t.stall_factor, t.gpu_mem_high) == (30.0, 10.0, 0.8)
 
 

@@ -96,7 +96,12 @@ def train_line(
 
 
 def drain(
-    queue: Any, rank: int, last_rate_t: dict[str, float], given: set[str], source: Any, final: bool = True
+    queue: Any,
+    rank: int,
+    last_rate_t: dict[str, float],
+    given: set[str],
+    source: Any,
+    final: bool = True,
 ) -> tuple[list[bytes], int]:
     """The queued ``xl.log`` calls as ``train`` lines, then one line for the steps torch's hooks
     counted since (``source``, xl.client.attach_steps; ``final``: all of them, even the steps

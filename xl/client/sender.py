@@ -3,30 +3,28 @@ frames and gets them to the run's collector.
 
 It wakes ten times a second, turns queued calls into record lines (``xl.client.records``),
 adds a ``sys`` line once a second, and sends them in batches over one TCP connection to
-``XL_COLLECTOR``. Each connection opens with ``xl.handshake``: the collector proves it holds
-``XL_TOKEN`` before this process sends it anything, and this process proves it too; the token
-itself never travels. A listener that cannot prove it (another program on the port) gets nothing:
-the records wait in the spool.
+``XL_COLLECTOR`` (``xl.client.link``: the handshake, frames and acks). A listener that cannot
+prove it holds the run's token gets nothing: the records wait in the spool.
 
 Nothing is lost and nothing is stored twice: frames stay in memory until the collector acks them
-(cumulative 8-byte sequence numbers). After a lost connection they are sent again first, with
-their own sequence numbers (the collector acks one it had already stored and does not store it
-again); when the collector stays out of reach for RESEND_WAIT_S they go to the spool
-(``xl.client.spool``), as does everything logged meanwhile, and are replayed on reconnect.
+and are sent again first after a lost connection; when the collector stays out of reach for
+RESEND_WAIT_S they go to the spool (``xl.client.spool``), as does everything logged meanwhile, and
+are replayed on reconnect.
+
+The thread shares the GIL with the training thread: a wake-up with nothing to say touches no
+socket, and one with something sends it in one frame.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import select
-import socket
 import threading
 import time
 from collections import deque
 from typing import Any
 
 from xl import envnames, wire
+from xl.client.link import Link
 from xl.client.records import cuda_counters, drain, sys_line
 from xl.client.spool import Spool
 from xl.client.watch import CommWatch
@@ -38,7 +36,6 @@ MAX_UNACKED = 64
 # Frames are cut well under the collector's cap so one batch never trips it; with at most
 # MAX_UNACKED frames in flight, unacked data stays under 16 MiB.
 FRAME_BUDGET = wire.MAX_FRAME // 4
-_ACK_SIZE = 8
 # Unacked frames wait this long after a lost connection to be resent as they were (then the spool).
 RESEND_WAIT_S = 5.0
 
@@ -60,6 +57,8 @@ class Sender:
         self.rank = _env_int("RANK", 0)
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self.pid = os.getpid()
+        self.link = Link(self.address, self.token, self.rank, self._header)
+        self.link.on_acked = self._replay_acked
         self.spool = Spool(os.environ.get(envnames.RUN_DIR), self.rank, self.pid)
         self.queue: deque[tuple[float, dict[str, Any]]] = deque()
         # Overridable so tests can make the queue overflow on purpose.
@@ -69,16 +68,7 @@ class Sender:
         self.owns_train = False
         self.given: set[str] = set()  # train keys the rank gives itself (records.drain)
         self.step_source: Any = None  # xl.client.attach_steps
-        self.seq = 0
-        self.sock: socket.socket | None = None
-        self.next_connect = 0.0
-        self.backoff = 0.2
-        self.disconnected_at: float | None = None  # while unacked frames wait to be resent
-        self.unverified = 0  # listeners that did not prove the run's token (nothing was sent)
         self.spooled_live = False  # lines went to the spool since it was last claimed
-        # (seq, lines, from the replay) of every frame sent and not acked yet.
-        self.unacked: deque[tuple[int, list[bytes], bool]] = deque()
-        self.ack_buf = b""
         self.last_rate_t: dict[str, float] = {}
         self.last_sys = 0.0
         self.io_lock = threading.Lock()
@@ -95,14 +85,8 @@ class Sender:
         self.comm.reset()
         self.pid = os.getpid()
         self.spool.reset_after_fork(self.pid)
-        if self.sock is not None:
-            with contextlib.suppress(OSError):
-                self.sock.close()  # the parent's connection; the child must not write to it
-        self.sock = None
-        self.unacked.clear()
-        self.disconnected_at = None
+        self.link.reset_after_fork()  # the parent's connection; the child must not write to it
         self.dropped = 0
-        self.seq = 0
         self.owns_train = False
         self.given, self.step_source = set(), None  # the parent's steps are the parent's
         self.last_rate_t = {}
@@ -111,6 +95,23 @@ class Sender:
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="xl-log", daemon=True)
         self.thread.start()
+
+    # What tests and failure messages read: the link's state.
+    @property
+    def sock(self) -> Any:
+        return self.link.sock
+
+    @property
+    def unacked(self) -> deque[tuple[int, list[bytes], bool]]:
+        return self.link.unacked
+
+    @property
+    def unverified(self) -> int:
+        return self.link.unverified
+
+    @property
+    def seq(self) -> int:
+        return self.link.seq
 
     # -- the background loop ----------------------------------------------------------------
 
@@ -133,23 +134,27 @@ class Sender:
             line = sys_line(t, self.rank, {**self.comm.summary(), **cuda_counters(self.local_rank)})
             if line is not None:
                 lines.append(line)
+        link = self.link
         # Connect only with something to say: a forked worker that never logs opens nothing.
-        wants = lines or self.unacked or self.owns_train or self.spool.replay is not None
-        if self.sock is None and wants and now >= self.next_connect:
+        wants = lines or link.unacked or self.owns_train or self.spool.replay is not None
+        if link.sock is None and wants and now >= link.next_connect:
             self._connect()
-        if self.sock is None and self.unacked and now - (self.disconnected_at or now) >= RESEND_WAIT_S:
+        if (
+            link.sock is None
+            and link.unacked
+            and now - (link.disconnected_at or now) >= RESEND_WAIT_S
+        ):
             self._spool_unacked()
-        if self.sock is not None:
-            self._read_acks()
+        link.read_acks()
         self._claim_live()
         if (
-            self.sock is not None
+            link.sock is not None
             and self.spool.replay is not None
-            and len(self.unacked) < MAX_UNACKED
+            and len(link.unacked) < MAX_UNACKED
         ):
             self._send_replay()
         if lines:
-            if self.sock is not None and len(self.unacked) < MAX_UNACKED:
+            if link.sock is not None and len(link.unacked) < MAX_UNACKED:
                 self._send(lines, from_replay=False)
             else:
                 self._spool(lines)
@@ -158,71 +163,15 @@ class Sender:
         if self.queue:
             self.owns_train = True
         final = self.flushing or self.stopping  # every step, even one that just ended
-        out, dropped = drain(self.queue, self.rank, self.last_rate_t, self.given, self.step_source, final)
+        out, dropped = drain(
+            self.queue, self.rank, self.last_rate_t, self.given, self.step_source, final
+        )
         self.dropped += dropped  # counted, so the run's events say so
         return out
 
-    # -- transport ----------------------------------------------------------------------------
+    # -- transport (xl.client.link) ---------------------------------------------------------
 
-    def _connect(self) -> None:
-        sock, listener = _open(self.address, self.token, self.rank)
-        if sock is None:
-            self.unverified += listener  # it answered, and did not prove the token: it got nothing
-            self.next_connect = time.monotonic() + self.backoff
-            self.backoff = min(self.backoff * 2, 2.0)
-            return
-        self.sock = sock
-        self.backoff = 0.2
-        self.ack_buf = b""
-        self.disconnected_at = None
-        # What the last connection left unacked goes first, as it was: the collector drops what
-        # it had already stored (by seq).
-        for seq, chunk, _replay in list(self.unacked):
-            self._write_frame(seq, chunk)
-            if self.sock is None:
-                return
-        if self.owns_train:
-            self._send_frame([], False)  # hello: the collector learns this rank logs itself
-        self.spool.claim()
-
-    def _claim_live(self) -> None:
-        """Lines spooled since the last claim (while connected with MAX_UNACKED frames in
-        flight, or while a replay was going on) are replayed once the replay before them is
-        done, not at the next reconnect, which may never come."""
-        if self.sock is not None and self.spooled_live and self.spool.replay is None:
-            self.spooled_live = False
-            self.spool.claim()
-
-    def _send_replay(self) -> None:
-        spool = self.spool
-        lines = spool.replay_lines()
-        if lines is None:
-            return
-        pending = lines[spool.replay_sent :]
-        if not pending and not any(r for _, _, r in self.unacked):
-            spool.finish_replay()
-            return
-        if pending:
-            self._send(pending, from_replay=True)
-            if self.sock is not None:
-                spool.replay_sent = len(lines)
-
-    def _send(self, lines: list[bytes], *, from_replay: bool) -> None:
-        for chunk in _chunks(lines):
-            if self.sock is None:
-                if not from_replay:
-                    self._spool(chunk)
-                continue
-            self._send_frame(chunk, from_replay)
-
-    def _send_frame(self, chunk: list[bytes], from_replay: bool) -> None:
-        assert self.sock is not None
-        self.seq += 1
-        self.unacked.append((self.seq, chunk, from_replay))
-        self._write_frame(self.seq, chunk)
-
-    def _write_frame(self, seq: int, chunk: list[bytes]) -> None:
-        assert self.sock is not None
+    def _header(self, seq: int) -> dict[str, Any]:
         header: dict[str, Any] = {
             "v": wire.VERSION,
             "rank": self.rank,
@@ -234,66 +183,60 @@ class Sender:
             header["train"] = True
         if self.flushing:
             header["ack"] = True
-        frame = wire.encode_batch(header, chunk)
-        try:
-            self.sock.sendall(frame)
-        except OSError:
-            self._disconnect()
+        return header
 
-    def _read_acks(self, *, wait: float = 0.0) -> None:
-        sock = self.sock
-        if sock is None:
+    def _connect(self) -> None:
+        if not self.link.connect():
             return
-        while True:
-            # select first: a socket with a timeout would otherwise wait in recv.
-            try:
-                ready, _, _ = select.select([sock], [], [], wait)
-            except (OSError, ValueError):
-                self._disconnect()
-                return
-            if not ready:
-                return
-            try:
-                data = sock.recv(4096)
-            except (BlockingIOError, InterruptedError, TimeoutError):
-                return
-            except OSError:
-                self._disconnect()
-                return
-            if not data:
-                self._disconnect()
-                return
-            buf = self.ack_buf + data
-            usable = len(buf) - len(buf) % _ACK_SIZE
-            if usable:
-                self._acked(int.from_bytes(buf[usable - _ACK_SIZE : usable], "big"))
-            self.ack_buf = buf[usable:]
-            if not self.unacked:
-                return
-            wait = 0.0
+        if self.owns_train:
+            self.link.send([], False)  # hello: the collector learns this rank logs itself
+        self.spool.claim()
 
-    def _acked(self, seq: int) -> None:
-        while self.unacked and self.unacked[0][0] <= seq:
-            self.unacked.popleft()
+    def _claim_live(self) -> None:
+        """Lines spooled since the last claim (while connected with MAX_UNACKED frames in
+        flight, or while a replay was going on) are replayed once the replay before them is
+        done, not at the next reconnect, which may never come."""
+        if self.link.sock is not None and self.spooled_live and self.spool.replay is None:
+            self.spooled_live = False
+            self.spool.claim()
+
+    def _send_replay(self) -> None:
+        spool = self.spool
+        lines = spool.replay_lines()
+        if lines is None:
+            return
+        pending = lines[spool.replay_sent :]
+        if not pending and not any(r for _, _, r in self.link.unacked):
+            spool.finish_replay()
+            return
+        if pending:
+            self._send(pending, from_replay=True)
+            if self.link.sock is not None:
+                spool.replay_sent = len(lines)
+
+    def _send(self, lines: list[bytes], *, from_replay: bool) -> None:
+        link = self.link
+        for chunk in _chunks(lines):
+            if link.sock is None:
+                if not from_replay:
+                    self._spool(chunk)
+                continue
+            link.send(chunk, from_replay)
+
+    def _replay_acked(self) -> None:
         # Once all sent: a file claimed while frames waited (a frozen collector) is not done yet.
-        if self.spool.replay is not None and self.spool.all_sent() and not any(r for _, _, r in self.unacked):
-            self.spool.finish_replay()
-
-    def _disconnect(self) -> None:
-        if self.sock is not None:
-            with contextlib.suppress(OSError):
-                self.sock.close()
-        self.sock = None
-        self.next_connect = time.monotonic() + self.backoff
-        if self.unacked and self.disconnected_at is None:
-            self.disconnected_at = time.monotonic()  # resent as they are on reconnect
+        spool = self.spool
+        if (
+            spool.replay is not None
+            and spool.all_sent()
+            and not any(r for _, _, r in self.link.unacked)
+        ):
+            spool.finish_replay()
 
     def _spool_unacked(self) -> None:
         # Unacked live frames go to the spool; unacked replay lines are still in the replay
         # file and are sent again from the last fully acked position.
-        self.disconnected_at = None
-        pending = list(self.unacked)
-        self.unacked.clear()
+        pending = self.link.take_unacked()
         live = [line for _, chunk, from_replay in pending if not from_replay for line in chunk]
         self.spool.rewind(sum(len(chunk) for _, chunk, r in pending if r))
         if live:
@@ -314,20 +257,28 @@ class Sender:
         try:
             self.flushing = True  # frames sent now ask for their ack at once
             self.last_sys = 0.0  # include the last comm waits / CUDA counters
-            sent_before = self.seq
+            link = self.link
+            sent_before = link.seq
             self.pump()
-            if self.sock is not None and self.unacked and self.seq == sent_before:
-                self._send_frame([], False)  # a ping: acks everything before it
-            while (self.unacked or self.spool.replay is not None or self.spooled_live) and self.sock is not None:
+            if link.sock is not None and link.unacked and link.seq == sent_before:
+                link.send([], False)  # a ping: acks everything before it
+            while (
+                link.unacked or self.spool.replay is not None or self.spooled_live
+            ) and link.sock is not None:
                 if time.monotonic() >= deadline:
                     break
-                self._read_acks(wait=max(0.01, min(0.5, deadline - time.monotonic())))
+                link.read_acks(wait=max(0.01, min(0.5, deadline - time.monotonic())))
                 self._claim_live()
-                if self.spool.replay is not None and self.sock is not None:
+                if self.spool.replay is not None and link.sock is not None:
                     self._send_replay()
             # Stored means acked: nothing unacked, queued or waiting in the spool, and nothing
             # ever dropped (a dropped record is one logged and never stored).
-            return not self.unacked and not self.queue and not self.spool.pending() and not self.dropped
+            return (
+                not link.unacked
+                and not self.queue
+                and not self.spool.pending()
+                and not self.dropped
+            )
         finally:
             self.flushing = False
             self.io_lock.release()
@@ -336,34 +287,14 @@ class Sender:
         self.flush(timeout)
         with self.io_lock:
             self.stopping = True
-            if self.sock is not None:
-                self._disconnect()
-            if self.unacked:
-                self._spool_unacked()  # still unacked at exit: the spool keeps it for the supervisor
+            if self.link.sock is not None:
+                self.link.disconnect()
+            if self.link.unacked:
+                # Still unacked at exit: the spool keeps it for the supervisor.
+                self._spool_unacked()
             leftover = self._drain_queue()
             if leftover:
                 self._spool(leftover)
-
-
-def _open(address: tuple[str, int], token: bytes, rank: int) -> tuple[socket.socket | None, int]:
-    """A connection to a collector that proved it holds ``token`` (xl.handshake), or None and
-    1 when a listener answered without proving it (0: nobody there)."""
-    from xl import handshake  # noqa: PLC0415 - hmac/hashlib cost ~2 ms: only ranks that connect pay
-
-    try:
-        sock = socket.create_connection(address, timeout=1.0)
-    except OSError:
-        return None, 0
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(2.0)
-        if handshake.client_handshake(sock, token, handshake.ROLE_RANK, rank) == handshake.OK:
-            return sock, 0
-    except OSError:
-        pass
-    with contextlib.suppress(OSError):
-        sock.close()
-    return None, 1
 
 
 def _chunks(lines: list[bytes]) -> list[list[bytes]]:

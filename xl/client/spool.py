@@ -1,4 +1,5 @@
-"""Where lines wait while the collector cannot be reached: ``$XL_RUN_DIR/spool/rank-<r>-<pid>.jsonl``.
+"""Where lines wait while the collector cannot be reached:
+``$XL_RUN_DIR/spool/rank-<r>-<pid>.jsonl``.
 
 Lines are appended as they failed to send. On reconnect the sender claims the file by renaming
 it to ``.replay`` and sends it again from the last fully acked line; the rename makes replay and
@@ -37,7 +38,9 @@ class Spool:
             return False
         try:
             makedirs_private(os.path.dirname(self.path))
-            with open(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as fh:
+            with open(
+                os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab"
+            ) as fh:
                 fh.write(b"\n".join(lines) + b"\n")
         except OSError:
             return False

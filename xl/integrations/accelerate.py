@@ -50,7 +50,9 @@ class XLTracker(GeneralTracker):
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         scalars: dict[str, Any] = {}
         for key, value in values.items():
-            if not isinstance(key, str) or not (isinstance(value, (int, float)) or hasattr(value, "item")):
+            if not isinstance(key, str) or not (
+                isinstance(value, (int, float)) or hasattr(value, "item")
+            ):
                 continue
             name = _RENAME.get(key, key)
             if name in values and name != key:

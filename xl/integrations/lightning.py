@@ -126,7 +126,9 @@ def callback_for(package: str) -> type:
                 # a batch that only accumulates keeps global_step: no step to log yet
                 self._xl.last_step = int(trainer.global_step)
 
-            def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            def on_train_batch_end(
+                self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+            ) -> None:
                 self._xl.train_batch(trainer, outputs, batch)
 
             def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
@@ -149,7 +151,9 @@ def instrument(module: Any) -> None:
         try:
             cls = callback_for(package)
             given = kwargs.get("callbacks")
-            given = [given] if given is not None and not isinstance(given, list) else list(given or [])
+            given = (
+                [given] if given is not None and not isinstance(given, list) else list(given or [])
+            )
             if not any(isinstance(cb, cls) for cb in given):
                 kwargs["callbacks"] = [*given, cls()]
         except Exception:  # a Lightning we do not know: the Trainer is made as the script asked

@@ -27,6 +27,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from xl.integrations.report import batch_size
+
 # A non-leading optimizer that steps this many times while the leader does not takes the lead
 # (the leader was replaced, or steps less often than it).
 TAKEOVER = 2
@@ -37,7 +39,9 @@ HOLD_S = 0.05
 class StepClock:
     """One rank's accounting. Training-thread methods are cheap and never raise on their own."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.perf_counter, wall: Callable[[], float] = time.time
+    ) -> None:
         self.clock = clock
         self.wall = wall
         self.tid = threading.main_thread().ident
@@ -112,9 +116,10 @@ class StepClock:
         self.samples += samples
         self.batches += 1
 
-    def forward(self, module: Any, samples: Callable[[], int]) -> None:
-        """A top-level forward with grad enabled: the model's batch size counts as samples when
-        the step fetched no DataLoader batch (tensors made in the loop)."""
+    def forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A top-level forward with grad enabled (``module(*args, **kwargs)``): the model's batch
+        size counts as samples when the step fetched no DataLoader batch (tensors made in the
+        loop)."""
         model = self.model
         if model is None:
             try:
@@ -123,7 +128,7 @@ class StepClock:
                 return
         elif model() is not module:
             return
-        self.fwd_samples += samples()
+        self.fwd_samples += batch_size(args) or batch_size(kwargs)
 
     def backward(self, tensor: Any) -> None:
         """backward() begins on ``tensor``: the step's loss is the last one before the step, or
@@ -222,7 +227,17 @@ class StepClock:
             except Exception:
                 self.memory = None
         self.ended.append(
-            (self.wall(), self.step, self.loss, samples, step_s, self.data, self.compute, self.comm, mem)
+            (
+                self.wall(),
+                self.step,
+                self.loss,
+                samples,
+                step_s,
+                self.data,
+                self.compute,
+                self.comm,
+                mem,
+            )
         )
         self.data = self.comm = self.compute = 0.0
         self.samples = self.batches = self.fwd_samples = 0
@@ -242,8 +257,17 @@ class StepClock:
         step younger than HOLD_S waits for the next call: a script's ``xl.log(step=...)`` right
         after ``optimizer.step()`` reaches the sender first, so its keys are known to be its own."""
         ended = self.ended
-        rows = []
         newest = self.wall() - HOLD_S
+        # One pass over the steps, in locals: this runs on the sender thread, which holds the
+        # GIL meanwhile (the training thread waits for it), ten times a second.
+        n = 0
+        step_s = data = compute = comm = 0.0
+        samples = 0
+        counted = False
+        loss: Any = None
+        mem: float | None = None
+        last: tuple[Any, ...] | None = None
+        popleft = ended.popleft
         while ended:
             try:
                 row = ended[0]
@@ -251,26 +275,29 @@ class StepClock:
                 break
             if not final and row[0] > newest:
                 break
-            rows.append(ended.popleft())
-        if not rows:
+            popleft()
+            last = row
+            n += 1
+            step_s += row[4]
+            data += row[5]
+            compute += row[6]
+            comm += row[7]
+            if row[2] is not None:
+                loss = row[2]  # the last step's; if it ran no backward of its own, the latest
+            if row[3] is not None:
+                samples += row[3]
+                counted = True
+            if row[8] is not None and (mem is None or row[8] > mem):
+                mem = row[8]
+        if last is None:
             return None
-        n = len(rows)
-        last = rows[-1]
-        step_s = sum(r[4] for r in rows)
-        data, compute, comm = (sum(r[i] for r in rows) for i in (5, 6, 7))
         other = max(0.0, step_s - data - compute - comm)
         out: dict[str, Any] = {}
         if "step" not in given:
             out["step"] = last[1]
-        if "loss" not in given:
-            loss = last[2]
-            if loss is None:  # the last step ran no backward of its own: the latest that did
-                loss = next((r[2] for r in reversed(rows) if r[2] is not None), None)
-            if loss is not None:
-                out["loss"] = loss
-        counted = [r[3] for r in rows if r[3] is not None]
+        if loss is not None and "loss" not in given:
+            out["loss"] = loss
         if counted and "samples" not in given:
-            samples = sum(counted)
             out["samples"] = samples
             if step_s > 0:
                 out["samples_per_s"] = round(samples / step_s, 3)
@@ -282,7 +309,6 @@ class StepClock:
             out["compute_s"] = round(compute / n, 6)
             out["comm_s"] = round(comm / n, 6)
             out["other_s"] = round(other / n, 6)
-        mems = [r[8] for r in rows if r[8] is not None]
-        if mems and "mem_peak_mib" not in given:
-            out["mem_peak_mib"] = round(max(mems), 1)
+        if mem is not None and "mem_peak_mib" not in given:
+            out["mem_peak_mib"] = round(mem, 1)
         return (last[0], out) if out else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -76,20 +77,29 @@ def _restore(owner: Any, name: str, original: Any) -> Callable[[], None]:
     return lambda: setattr(owner, name, original)
 
 
+# The wrappers below run on every step (a nested module call on every call): each binds what it
+# touches once, as closure variables, and asks "the training thread?" as one comparison of
+# ``threading.get_ident()`` with the clock's thread id rather than through a method call.
+
+
 def _patch_optimizer(torch: Any, steps: StepClock) -> Callable[[], None]:
     # torch.optim deletes its ``optimizer`` attribute; the module itself is loaded.
     optim = importlib.import_module("torch.optim.optimizer")
-    on_thread = steps.on_thread
+    get_ident, tid = threading.get_ident, steps.tid
+    opt_pre, opt_post = steps.opt_pre, steps.opt_post
 
     def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if on_thread():
-            steps.opt_pre()
+        if get_ident() == tid:
+            opt_pre()
 
     def post(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if on_thread():
-            steps.opt_post(optimizer)
+        if get_ident() == tid:
+            opt_post(optimizer)
 
-    handles = (optim.register_optimizer_step_pre_hook(pre), optim.register_optimizer_step_post_hook(post))
+    handles = (
+        optim.register_optimizer_step_pre_hook(pre),
+        optim.register_optimizer_step_post_hook(post),
+    )
 
     def remove() -> None:
         for handle in handles:
@@ -101,47 +111,62 @@ def _patch_optimizer(torch: Any, steps: StepClock) -> Callable[[], None]:
 def _patch_backward(torch: Any, steps: StepClock) -> Callable[[], None]:
     autograd = torch.autograd
     original = autograd.backward
-    engine = torch.autograd.Variable._execution_engine
-    on_thread = steps.on_thread
-    graph_done = steps.graph_done
+    queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+    get_ident, tid = threading.get_ident, steps.tid
+    graph_done, on_backward = steps.graph_done, steps.backward
+    enter, leave, backward_done = steps.enter, steps.leave, steps.backward_done
     dist: Any = getattr(torch, "distributed", None)
     initialized = dist.is_initialized if dist is not None and dist.is_available() else None
 
-    def distributed() -> bool:
-        return initialized is not None and initialized()
-
-    def at_root(grad: Any) -> None:
-        # Runs when the loss's own gradient is made, first in the pass: the callback queued now
-        # runs before the ones DDP and FSDP queue later in the same pass.
+    def at_root(*grads: Any) -> None:
+        # Runs when the loss's own node is about to run, first in the pass: the callback queued
+        # now runs before the ones DDP and FSDP queue later in the same pass.
         try:
-            engine.queue_callback(graph_done)
+            queue_callback(graph_done)
         except Exception:
             pass
 
+    def watch_root(root: Any) -> Any:
+        # A pre-hook on the loss's node (~1 us with its removal) rather than a hook on the loss
+        # tensor (~4 us: torch builds the tensor's hook dict in Python); the same moment.
+        node = root.grad_fn
+        try:
+            return node.register_prehook(at_root)
+        except Exception:  # a node type without pre-hooks
+            try:
+                return root.register_hook(at_root)
+            except Exception:
+                return None
+
     @functools.wraps(original)
     def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        if (steps.depth and steps.in_opt == 0) or not on_thread():
+        if (steps.depth and steps.in_opt == 0) or get_ident() != tid:
             return original(tensors, *args, **kwargs)  # inside a forward (checkpointing) etc.
-        root = tensors if not isinstance(tensors, (tuple, list)) else (tensors[0] if tensors else None)
+        if isinstance(tensors, (tuple, list)):
+            root = tensors[0] if tensors else None
+        else:
+            root = tensors
         watch = None
         if root is not None:
-            steps.backward(root)
+            on_backward(root)
             # Only a process group's final callbacks (DDP's reducer, FSDP) wait after the graph:
             # without one, no hook (a few us a backward).
-            if distributed() and getattr(root, "requires_grad", False) and root.grad_fn is not None:
-                try:
-                    watch = root.register_hook(at_root)
-                except Exception:
-                    watch = None
-        start = steps.enter()
+            if (
+                initialized is not None
+                and initialized()
+                and getattr(root, "requires_grad", False)
+                and root.grad_fn is not None
+            ):
+                watch = watch_root(root)
+        start = enter()
         steps.mark = None
         try:
             return original(tensors, *args, **kwargs)
         finally:
             if watch is not None:
-                steps.backward_done()
+                backward_done()
                 watch.remove()
-            steps.leave(start)
+            leave(start)
 
     autograd.backward = backward
     return _restore(autograd, "backward", original)
@@ -167,11 +192,12 @@ def _patch_dataloader(torch: Any, steps: StepClock) -> Callable[[], None]:
     original = cls.__next__
     grad_enabled = torch.is_grad_enabled
     now = steps.clock
-    on_thread = steps.on_thread
+    get_ident, tid = threading.get_ident, steps.tid
+    fetched = steps.fetched
 
     @functools.wraps(original)
     def __next__(self: Any) -> Any:
-        if not grad_enabled() or not on_thread():
+        if get_ident() != tid or not grad_enabled():
             return original(self)
         start = now()
         batch = None
@@ -180,7 +206,7 @@ def _patch_dataloader(torch: Any, steps: StepClock) -> Callable[[], None]:
             return batch
         finally:
             seconds = now() - start
-            steps.fetched(seconds, batch_size(batch) if batch is not None else 0)
+            fetched(seconds, batch_size(batch) if batch is not None else 0)
 
     cls.__next__ = __next__
     return _restore(cls, "__next__", original)
@@ -191,18 +217,20 @@ def _patch_module(torch: Any, steps: StepClock) -> Callable[[], None]:
     original = cls.__call__
     grad_enabled = torch.is_grad_enabled
     compiling = torch.compiler.is_compiling
-    on_thread = steps.on_thread
+    get_ident, tid = threading.get_ident, steps.tid
+    enter, leave, forward = steps.enter, steps.leave, steps.forward
 
     @functools.wraps(original)
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if steps.depth or compiling() or not grad_enabled() or not on_thread():
+        # Nested calls (every layer of the model) stop at the first test.
+        if steps.depth or get_ident() != tid or compiling() or not grad_enabled():
             return original(self, *args, **kwargs)
-        start = steps.enter()
+        start = enter()
         try:
-            steps.forward(self, lambda: batch_size(args) or batch_size(kwargs))
+            forward(self, args, kwargs)
             return original(self, *args, **kwargs)
         finally:
-            steps.leave(start)
+            leave(start)
 
     cls.__call__ = __call__
     return _restore(cls, "__call__", original)
@@ -212,12 +240,12 @@ def _patch_wait(torch: Any, steps: StepClock) -> Callable[[], None]:
     cls = torch._C._distributed_c10d.Work  # a torch built without distributed: no comm waits
     original = cls.wait
     now = steps.clock
-    on_thread = steps.on_thread
+    get_ident, tid = threading.get_ident, steps.tid
     waited = steps.waited
 
     @functools.wraps(original)
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not on_thread():
+        if get_ident() != tid:
             return original(self, *args, **kwargs)
         start = now()
         try:

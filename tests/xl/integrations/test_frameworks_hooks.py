@@ -20,7 +20,13 @@ FRAMEWORKS = ("transformers", "pytorch_lightning", "lightning", "accelerate", "d
 def _start(code: str, **env: str) -> subprocess.Popen[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("XL_")}
     full.update({"PYTHONPATH": os.pathsep.join(sys.path), **env})
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full)
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full,
+    )
 
 
 def _result(proc: subprocess.Popen[str]) -> Any:
@@ -47,19 +53,25 @@ def test_the_rank_entry_imports_no_framework_ahead_of_the_script() -> None:
         "import sys, json\n"
         "from xl.launcher.rank import entry, instrument\n"
         "on = instrument.install()\n"
-        f"print(json.dumps({{'on': on, 'loaded': sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r})}}))\n",
+        "loaded = sorted(m for m in sys.modules\n"
+        f"                if m.split('.')[0] in {FRAMEWORKS!r})\n"
+        "print(json.dumps({'on': on, 'loaded': loaded}))\n",
         **_IN_RUN,
     )
     assert found == {"on": True, "loaded": []}
 
 
-IMPORTS = {"in-a-run": _IN_RUN, "no-instrument": {**_IN_RUN, "XL_INSTRUMENT": "0"}, "outside-xl": {}}
+IMPORTS = {
+    "in-a-run": _IN_RUN,
+    "no-instrument": {**_IN_RUN, "XL_INSTRUMENT": "0"},
+    "outside-xl": {},
+}
 
 
 @pytest.fixture(scope="module")
 def imported() -> dict[str, Any]:
-    """Each of IMPORTS' interpreters imports the Trainer, the Accelerator and torch after the hooks, all
-    three at once (each spends seconds importing them): what each found patched."""
+    """Each of IMPORTS' interpreters imports the Trainer, the Accelerator and torch after the hooks,
+    all three at once (each spends seconds importing them): what each found patched."""
     procs = {
         name: _start(
             "import json\n"
@@ -68,7 +80,8 @@ def imported() -> dict[str, Any]:
             "from transformers import Trainer\n"
             "from accelerate import Accelerator\n"
             "import torch\n"
-            "found = [bool(getattr(c, '_xl_instrumented', False)) for c in (Trainer, Accelerator)]\n"
+            "found = [bool(getattr(c, '_xl_instrumented', False))\n"
+            "         for c in (Trainer, Accelerator)]\n"
             "print(json.dumps([*found, bool(getattr(torch, '_xl_steps', False))]))\n",
             **env,
         )
@@ -83,8 +96,14 @@ def imported() -> dict[str, Any]:
                 proc.wait(10)
 
 
-@pytest.mark.parametrize(("name", "patched"), [("in-a-run", True), ("no-instrument", False), ("outside-xl", False)], ids=list(IMPORTS))
-def test_a_trainer_is_patched_when_imported_only_in_an_instrumented_run(imported: dict[str, Any], name: str, patched: bool) -> None:
+@pytest.mark.parametrize(
+    ("name", "patched"),
+    [("in-a-run", True), ("no-instrument", False), ("outside-xl", False)],
+    ids=list(IMPORTS),
+)
+def test_a_trainer_is_patched_when_imported_only_in_an_instrumented_run(
+    imported: dict[str, Any], name: str, patched: bool
+) -> None:
     assert imported[name] == [patched, patched, patched]  # the Trainer, the Accelerator, torch
 
 
@@ -123,18 +142,31 @@ def test_bars_that_are_not_training_are_not_progress(line: str) -> None:
     ("line", "expected"),
     [
         # the training bar beside a nested one still counts
-        (f" 50%|{BAR}| 3/6 [00:00<00:00, 42.25it/s]", {"step": 3, "total_steps": 6, "steps_per_s": 42.25}),
+        (
+            f" 50%|{BAR}| 3/6 [00:00<00:00, 42.25it/s]",
+            {"step": 3, "total_steps": 6, "steps_per_s": 42.25},
+        ),
         # Lightning's epoch bar counts on across epochs and has the train_loss the script logged
         (
-            f"Epoch 2:  50%|{BAR}| 6/12 [00:00<00:00, 14.15it/s, v_num=0, train_loss=2.380, val_loss=2.27]",
+            f"Epoch 2:  50%|{BAR}| 6/12 [00:00<00:00, 14.15it/s, "
+            "v_num=0, train_loss=2.380, val_loss=2.27]",
             {"step": 30, "epoch": 2, "loss": 2.38, "steps_per_s": 14.15},
         ),
         (
             "Epoch 0:  8%|▊         | 1/12 [00:00<00:00, 14.15it/s, train_loss=nan]",
-            {"step": 1, "epoch": 0, "loss": None, "nonfinite": {"loss": "nan"}, "steps_per_s": 14.15},
+            {
+                "step": 1,
+                "epoch": 0,
+                "loss": None,
+                "nonfinite": {"loss": "nan"},
+                "steps_per_s": 14.15,
+            },
         ),
         # a metric merely named like a loss is not the loss
-        (f" 50%|{BAR}| 3/6 [00:00<00:00, 4.2it/s, val_loss=1.5]", {"step": 3, "total_steps": 6, "steps_per_s": 4.2}),
+        (
+            f" 50%|{BAR}| 3/6 [00:00<00:00, 4.2it/s, val_loss=1.5]",
+            {"step": 3, "total_steps": 6, "steps_per_s": 4.2},
+        ),
     ],
 )
 def test_training_bars_and_their_loss(line: str, expected: dict) -> None:

@@ -50,7 +50,12 @@ def test_waits_inside_a_region_are_not_compute_and_the_parts_add_up() -> None:
     _t, line = steps.collect()
     assert line["step"] == 1 and line["samples"] == 8
     assert line["step_s"] == 0.65
-    assert (line["data_s"], line["compute_s"], line["comm_s"], line["other_s"]) == (0.0, 0.2, 0.25, 0.2)
+    assert (line["data_s"], line["compute_s"], line["comm_s"], line["other_s"]) == (
+        0.0,
+        0.2,
+        0.25,
+        0.2,
+    )
 
 
 def test_a_wait_in_a_later_final_callback_counts_once() -> None:

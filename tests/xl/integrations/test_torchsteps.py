@@ -78,7 +78,9 @@ def test_a_plain_loop_reports_each_step_its_loss_and_samples(steps: StepClock) -
     assert steps.collect() is None  # consumed
 
 
-def test_gradient_accumulation_counts_optimizer_steps_and_sums_micro_batches(steps: StepClock) -> None:
+def test_gradient_accumulation_counts_optimizer_steps_and_sums_micro_batches(
+    steps: StepClock,
+) -> None:
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     last = []
@@ -164,7 +166,9 @@ def test_lbfgs_with_a_closure_is_one_step_whose_loss_is_the_first_inside(steps: 
     for x, y in _loader(n=48, batch=16):
         evaluations: list[float] = []
 
-        def closure(x: torch.Tensor = x, y: torch.Tensor = y, seen: list[float] = evaluations) -> torch.Tensor:
+        def closure(
+            x: torch.Tensor = x, y: torch.Tensor = y, seen: list[float] = evaluations
+        ) -> torch.Tensor:
             opt.zero_grad()
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
@@ -183,7 +187,9 @@ def test_lbfgs_with_a_closure_is_one_step_whose_loss_is_the_first_inside(steps: 
         assert row[6] > 0  # the closure's forward and backward, inside step(): compute
 
 
-def test_amp_gradscaler_reports_the_unscaled_loss_and_a_skipped_step_is_no_step(steps: StepClock) -> None:
+def test_amp_gradscaler_reports_the_unscaled_loss_and_a_skipped_step_is_no_step(
+    steps: StepClock,
+) -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
@@ -264,7 +270,9 @@ def test_a_slow_dataset_is_data_time_and_a_slow_forward_is_compute(steps: StepCl
     fast, slow = _model(), SlowNet()
     for model, want in ((fast, "data"), (slow, "compute")):
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        for x in DataLoader(Slow() if want == "data" else TensorDataset(torch.randn(12, 8)), batch_size=4):
+        for x in DataLoader(
+            Slow() if want == "data" else TensorDataset(torch.randn(12, 8)), batch_size=4
+        ):
             x = x if want == "data" else x[0]
             model(x).mean().backward()
             opt.step()
@@ -278,7 +286,9 @@ def test_a_slow_dataset_is_data_time_and_a_slow_forward_is_compute(steps: StepCl
             if want == "data":
                 assert data >= 0.2 and data > max(compute, row[7], row[4] - data - compute - row[7])
             else:
-                assert compute >= 0.2 and compute > max(data, row[7], row[4] - data - compute - row[7])
+                assert compute >= 0.2 and compute > max(
+                    data, row[7], row[4] - data - compute - row[7]
+                )
 
 
 def test_torch_compile_steps_are_counted(steps: StepClock) -> None:
@@ -321,7 +331,11 @@ def test_what_the_script_logs_itself_is_left_out_of_the_steps_line(steps: StepCl
     ours = recs[-1]
     assert "loss" not in ours and ours["samples"] == 12 and ours["steps"] == 3
     assert {"step_s", "data_s", "compute_s", "comm_s", "other_s"} <= set(ours)
-    assert math.isclose(sum(ours[k] for k in ("data_s", "compute_s", "comm_s", "other_s")), ours["step_s"], abs_tol=1e-5)
+    assert math.isclose(
+        sum(ours[k] for k in ("data_s", "compute_s", "comm_s", "other_s")),
+        ours["step_s"],
+        abs_tol=1e-5,
+    )
     # A framework says so before its first step: nothing of its keys from the first line on.
     steps.collect()
     given.update(("samples",))
@@ -332,12 +346,20 @@ def test_what_the_script_logs_itself_is_left_out_of_the_steps_line(steps: StepCl
 
 
 def test_hooks_cost_nothing_outside_training_and_unhook_restores_torch() -> None:
-    before = (torch.autograd.backward, nn.Module.__call__, torch.utils.data.dataloader._BaseDataLoaderIter.__next__)
+    before = (
+        torch.autograd.backward,
+        nn.Module.__call__,
+        torch.utils.data.dataloader._BaseDataLoaderIter.__next__,
+    )
     clock = StepClock()
     unhook = torchsteps.hook(torch, clock)
     assert nn.Module.__call__ is not before[1]
     unhook()
-    after = (torch.autograd.backward, nn.Module.__call__, torch.utils.data.dataloader._BaseDataLoaderIter.__next__)
+    after = (
+        torch.autograd.backward,
+        nn.Module.__call__,
+        torch.utils.data.dataloader._BaseDataLoaderIter.__next__,
+    )
     assert after == before
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
