@@ -34,6 +34,8 @@ from xl.integrations.report import batch_size
 TAKEOVER = 2
 # How old a step must be before the sender reports it (see collect).
 HOLD_S = 0.05
+# How often a rank between steps that evaluates (DataLoader batches under no_grad) says it is alive.
+EVAL_EVERY_S = 1.0
 
 
 class StepClock:
@@ -74,6 +76,11 @@ class StepClock:
         # Ended steps waiting for the sender: (wall, step, loss, samples, step_s, data, compute,
         # comm, mem). Appends and pops are atomic; nothing else is shared between the threads.
         self.ended: deque[tuple[Any, ...]] = deque(maxlen=100_000)
+        # DataLoader batches handed out with grad disabled (an eval loop), counted by the hook;
+        # a long eval between steps is a rank at work, not a stall (see _evaluating).
+        self.eval_batches = 0
+        self.eval_told = 0
+        self.eval_told_at = 0.0
 
     # -- regions -------------------------------------------------------------------------------
 
@@ -290,7 +297,7 @@ class StepClock:
             if row[8] is not None and (mem is None or row[8] > mem):
                 mem = row[8]
         if last is None:
-            return None
+            return self._evaluating()
         other = max(0.0, step_s - data - compute - comm)
         out: dict[str, Any] = {}
         if "step" not in given:
@@ -312,3 +319,20 @@ class StepClock:
         if mem is not None and "mem_peak_mib" not in given:
             out["mem_peak_mib"] = round(mem, 1)
         return (last[0], out) if out else None
+
+    def _evaluating(self) -> tuple[float, dict[str, Any]] | None:
+        """No step ended since the last call. Once training began, when DataLoader batches were
+        handed out under no_grad meanwhile (an eval loop) and EVAL_EVERY_S passed since the last
+        such line: a line with ``eval_batches`` (how many so far) and no ``step``, which tells the
+        stall rule the rank is alive. Before the first step, nothing: the rank is not training."""
+        count = self.eval_batches
+        if not self.announced:
+            self.eval_told = count  # what came before training is not this sign of life
+            return None
+        if count == self.eval_told:
+            return None
+        now = self.wall()
+        if now - self.eval_told_at < EVAL_EVERY_S:
+            return None
+        self.eval_told, self.eval_told_at = count, now
+        return now, {"eval_batches": count}

@@ -197,8 +197,12 @@ def _patch_dataloader(torch: Any, steps: StepClock) -> Callable[[], None]:
 
     @functools.wraps(original)
     def __next__(self: Any) -> Any:
-        if get_ident() != tid or not grad_enabled():
+        if get_ident() != tid:
             return original(self)
+        if not grad_enabled():  # an eval loop: no samples, no data time, but a sign of life
+            batch = original(self)
+            steps.eval_batches += 1
+            return batch
         start = now()
         batch = None
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from xl.integrations.stepclock import HOLD_S, StepClock
+from xl.integrations.stepclock import EVAL_EVERY_S, HOLD_S, StepClock
 from xl.integrations.torchsteps import _cuda_peak
 
 
@@ -160,3 +160,29 @@ def test_a_script_that_times_its_own_steps_is_not_timed_twice() -> None:
     fake.now += 1.0
     _t, line = steps.collect({"step"})
     assert "step" not in line and line["step_s"] > 0
+
+
+def test_an_eval_between_steps_says_the_rank_is_alive_at_most_once_a_second_and_never_a_step() -> None:
+    steps, fake = _clock()
+    opt = Opt()
+    steps.eval_batches = 5  # an eval before training: the rank is not training yet
+    assert steps.collect() is None
+    steps.fetched(0.0, 8)
+    _step(steps, fake, opt)
+    _t, line = steps.collect()
+    assert line["step"] == 1
+    assert steps.collect() is None  # no step, no eval batch since: nothing to say
+    steps.eval_batches += 3
+    t, line = steps.collect()
+    assert line == {"eval_batches": 8} and t == 1000.0 + fake.now
+    steps.eval_batches += 3
+    assert steps.collect() is None  # within EVAL_EVERY_S of the last such line
+    fake.now += EVAL_EVERY_S
+    _t, line = steps.collect()
+    assert line == {"eval_batches": 11}
+    fake.now += EVAL_EVERY_S
+    assert steps.collect() is None  # the eval ended: no batch since
+    steps.fetched(0.0, 8)
+    _step(steps, fake, opt)
+    _t, line = steps.collect()
+    assert line["step"] == 2 and "eval_batches" not in line

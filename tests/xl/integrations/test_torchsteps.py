@@ -233,6 +233,7 @@ def test_an_eval_loop_between_steps_is_not_a_step_nor_samples_nor_data(steps: St
     evaluated = rows[2]  # the eval ran between steps 2 and 3: the script's own time
     other = evaluated[4] - sum(evaluated[5:8])
     assert other >= 0.08 and evaluated[5] < other
+    assert steps.eval_batches == 4  # the val loader's 4 batches under no_grad: a sign of life
 
 
 def test_two_losses_in_one_step_report_the_last(steps: StepClock) -> None:
