@@ -29,7 +29,7 @@ from xl.errors import EXIT_USAGE, ArgumentParser
 from xl.launcher.rundir.record import RunRecord, exit_code_for, is_final
 from xl.tui import fmt
 from xl.tui.backend import Backend, LocalBackend
-from xl.tui.runview import FINISHED, outcome_text
+from xl.tui.run_outcome import FINISHED, outcome_text
 from xl.tui.selection import DeviceSelection
 from xl.tui.terminal import NOT_A_TERMINAL, interactive
 

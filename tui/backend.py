@@ -161,7 +161,7 @@ class LocalBackend:
         stop_run(run_dir)
 
     def stacks(self, run_dir: Path) -> dict[str, Any]:
-        from xl.launcher.telemetry.stacks import run_document  # noqa: PLC0415 - loads only when stacks are asked for
+        from xl.launcher.telemetry.gather_stacks import run_document  # noqa: PLC0415 - loads only when stacks are asked for
 
         return run_document(run_dir)  # every rank: the verdict is the whole run's, never one rank's
 

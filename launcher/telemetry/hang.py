@@ -6,7 +6,7 @@ it); it writes ``stacks/<t>.json`` and one ``hang`` event naming the culprit(s),
 ``stalled`` events go out reworded: a culprit's says where it is, a victim's says what it waits in
 and for whom (``waiting_on``), so the two no longer read alike. Stalls that come later in the same
 hang reuse its verdict. With no usable stacks (ranks not started by xl's entry), the events go out
-unchanged. A stall is a hang only by the rule `xl stacks` follows (xl.launcher.telemetry.progress):
+unchanged. A stall is a hang only by the rule `xl stacks` follows (xl.launcher.telemetry.stall):
 while another rank still progresses, the events go out unchanged.
 
 A capture that names nobody (a rank had begun its collective only a moment before, as a loaded
@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.telemetry import stacks as capture
-from xl.launcher.telemetry.progress import STALLED, Progress, judge
+from xl.launcher.telemetry import gather_stacks as capture
+from xl.launcher.telemetry.stall import STALLED, Progress, judge
 from xl.launcher.telemetry.trouble import Trouble
 from xl.launcher.telemetry.verdict import busy, doing, position, ranges, where
 

@@ -1,4 +1,4 @@
-"""The collector's listening socket, opened again when it dies under it (issue 25, point 13).
+"""The collector's listening socket, opened again when it dies under it.
 
 ``ss -K`` (or any SOCK_DESTROY) can close a listening socket from outside: ``accept`` then fails
 with EINVAL for good and the selector keeps calling it readable, so before, no rank could connect

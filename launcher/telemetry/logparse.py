@@ -15,7 +15,7 @@ Two shapes are understood:
 
 Every parser here is linear in what it reads and reads a bounded part of a line: rank output is
 anyone's text, and one 60,000-digit line ending " it/s" once held the supervisor for 19 s in a
-regex that backtracked over every digit (issue 25). So each pattern is anchored where it may
+regex that backtracked over every digit. So each pattern is anchored where it may
 start (no retry at every position of a long run of digits) and each repeat has a bound; a line
 is looked at up to MAX_EXAMINED characters (the tail of a tqdm segment, where the counters are;
 a dict only when the whole dict is within MAX_DICT). A parser added here keeps to the same rules.

@@ -15,7 +15,6 @@ gone (a live rank replays its own spool when it reconnects).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import threading
@@ -26,10 +25,9 @@ from typing import Any
 
 from xl import envnames, settings, wire
 from xl.address import format_address
-from xl.atomic import write_json_atomic
 from xl.launcher.rundir.events import append_event
-from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.metrics import MetricsWriter
+from xl.launcher.telemetry import previous_port, write_collector_json
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser, quiet_spell
 from xl.launcher.telemetry.hang import HangCapture
@@ -107,14 +105,6 @@ class Telemetry:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def _previous_port(self) -> int:
-        try:
-            status = json.loads(RunLayout(self.run_dir).collector.read_text())
-            port = int(status.get("port", 0))
-        except (OSError, ValueError, TypeError, AttributeError):
-            return 0
-        return port if 0 < port < 65536 else 0
-
     def _collector(self, port: int) -> Collector:
         assert self.writer is not None
         return Collector(
@@ -132,7 +122,7 @@ class Telemetry:
     def start(self) -> dict[str, str]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.writer = MetricsWriter(self.run_dir)
-        port = self._port if self._port is not None else self._previous_port()
+        port = self._port if self._port is not None else previous_port(self.run_dir)
         try:
             collector = self._collector(port)
         except OSError:
@@ -329,7 +319,7 @@ class Telemetry:
             "printed_before_training": self.printed.dropped,
             "metrics_bytes_lost": self.writer.bytes_lost if self.writer is not None else 0,
         }
-        write_json_atomic(RunLayout(self.run_dir).collector, status)
+        write_collector_json(self.run_dir, status)
 
     def ingest_spool(self) -> int:
         """Store the spool files of rank processes that are gone; returns records stored."""

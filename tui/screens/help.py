@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-from xl.tui.runview import FINISHED
+from xl.tui.run_outcome import FINISHED
 
 GPUS = """\
 # GPUs

@@ -19,7 +19,7 @@ from textual.worker import get_current_worker
 from xl.launcher.rundir import timing
 from xl.textsafe import visible
 from xl.tui import fmt
-from xl.tui.runview import FINISHED
+from xl.tui.run_outcome import FINISHED
 from xl.tui.screens.base import XLScreen
 from xl.tui.screens.confirm import ConfirmScreen
 from xl.tui.screens.stacks import StacksScreen

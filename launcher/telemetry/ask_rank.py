@@ -124,7 +124,7 @@ def _ask_signal(run_dir: Path, rank: int, pid: int, signum: int, main_ident: int
     return parse_faulthandler(text, main_ident)
 
 
-def probe(run_dir: Path, info: dict[str, Any], timeout: float) -> dict[str, Any]:
+def ask_rank(run_dir: Path, info: dict[str, Any], timeout: float) -> dict[str, Any]:
     """One rank's entry of the stacks document: ``info`` holds its ``rank``, ``node`` and ``pid``."""
     rank, pid = info.get("rank"), info.get("pid")
     out: dict[str, Any] = {"rank": rank, "node": info.get("node"), "pid": pid}

@@ -18,8 +18,8 @@ from xl.launcher.rundir import record
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.telemetry import nodestacks
-from xl.launcher.telemetry.probe import probe
-from xl.launcher.telemetry.progress import Progress, judge, judged, recent_cpu
+from xl.launcher.telemetry.ask_rank import ask_rank
+from xl.launcher.telemetry.stall import Progress, judge, judged, recent_cpu
 
 TIMEOUT_S = 3.0  # "a few seconds": the socket door, then faulthandler's signal door
 NOT_ASKED = "not asked: on"  # the start of the error of a rank that lives on another node
@@ -32,7 +32,7 @@ def local_entries(run_dir: Path, ranks: list[dict[str, Any]], timeout: float = T
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only when stacks are asked for: not the supervisor's start
 
     with ThreadPoolExecutor(max_workers=min(32, len(ranks)), thread_name_prefix="xl-stacks") as pool:
-        return list(pool.map(lambda info: probe(run_dir, info, timeout), ranks))
+        return list(pool.map(lambda info: ask_rank(run_dir, info, timeout), ranks))
 
 
 def gather(run_dir: Path, ranks: list[dict[str, Any]], timeout: float = TIMEOUT_S) -> tuple[float, list[dict[str, Any]]]:
@@ -70,7 +70,7 @@ def assemble(run_dir: Path, run_id: str, t: float, entries: list[dict[str, Any]]
 
 def document(run_dir: Path, run_id: str, ranks: list[dict[str, Any]], *, timeout: float = TIMEOUT_S) -> dict[str, Any]:
     """The whole document: every rank's entry, sorted by rank, and the verdict, judged with the
-    run's progress (xl.launcher.telemetry.progress) over ``ranks``."""
+    run's progress (xl.launcher.telemetry.stall) over ``ranks``."""
     t, entries = gather(run_dir, ranks, timeout)
     return assemble(run_dir, run_id, t, entries, judge(run_dir, rank_ids(ranks), entries, now=t))
 
