@@ -183,11 +183,10 @@ class MonitorScreen(XLScreen):
         self._tailed: set[int] = set()
         self._stopping = False
         self.polls = 0
-        # One thread polls the reader for the screen's life (_poller): the reader's file offsets
-        # and RankViews are its alone while it polls, and a poll starts only once the last one has
-        # been shown (_shown). _wake cuts the wait short: a rank switch polls at once.
+        # One thread polls the reader for the screen's life (_poller): the reader is its alone,
+        # and what it posts is a snapshot (RunView) that the screen draws while the next poll
+        # goes on. _wake cuts the wait short: a rank switch polls at once.
         self._wake = threading.Event()
-        self._shown = threading.Event()
         self._stopped = False
         self._charts_chosen = False  # `c` pressed: the charts stay as the person left them
         self._close_when_done = CloseWhenDone(self)
@@ -231,7 +230,6 @@ class MonitorScreen(XLScreen):
 
     def on_unmount(self) -> None:
         self._stopped = True
-        self._shown.set()
         self._wake.set()
 
     @property
@@ -260,13 +258,8 @@ class MonitorScreen(XLScreen):
             return self._stopped or worker.is_cancelled
 
         while not ended():
-            self._shown.clear()  # before the check below: on_unmount sets it after _stopped
-            if ended() or not self.post_message(self._poll_once()):
+            if not self.post_message(self._poll_once()):
                 return
-            # The main thread is done with this view before the reader moves on.
-            while not self._shown.wait(1.0):
-                if ended():
-                    return
             self._wake.wait(self._delay)
             self._wake.clear()
 
@@ -289,12 +282,6 @@ class MonitorScreen(XLScreen):
             return self.Polled(None, None, None, f"{type(exc).__name__}: {exc}")
 
     def on_monitor_screen_polled(self, message: Polled) -> None:
-        try:
-            self._show(message)
-        finally:
-            self._shown.set()
-
-    def _show(self, message: Polled) -> None:
         self.polls += 1
         if message.view is not None:
             self.view = message.view
@@ -329,11 +316,15 @@ class MonitorScreen(XLScreen):
         self._render_progress(view.progress())
         self.query_one(RankTable).update_ranks(ranks, now, view.node_labels)
         if self.query_one("#charts").display:
-            t0 = view.record.started_at or min((rv.loss_history[0][0] for rv in ranks.values() if rv.loss_history), default=now)
-            losses = {r: rv.loss_history for r, rv in ranks.items()}
-            self.query_one("#chart-loss", MetricChart).set_series(losses, t0=t0, highlight=self._log_rank)
-            rates = {r: rv.samples_history for r, rv in ranks.items()}
-            self.query_one("#chart-sps", MetricChart).set_series(rates, t0=t0, highlight=self._log_rank)
+            self._render_charts(view, now)
+
+    def _render_charts(self, view: RunView, now: float) -> None:
+        ranks = view.ranks
+        t0 = view.record.started_at or min((rv.loss_history[0][0] for rv in ranks.values() if rv.loss_history), default=now)
+        losses = {r: rv.loss_history for r, rv in ranks.items()}
+        self.query_one("#chart-loss", MetricChart).set_series(losses, t0=t0, highlight=self._log_rank)
+        rates = {r: rv.samples_history for r, rv in ranks.items()}
+        self.query_one("#chart-sps", MetricChart).set_series(rates, t0=t0, highlight=self._log_rank)
 
     def _render_banners(self, view: RunView) -> None:
         banner = self.query_one("#failure-banner", Static)
@@ -381,9 +372,8 @@ class MonitorScreen(XLScreen):
         charts = self.query_one("#charts")
         charts.display = not charts.display
         if charts.display and self.view is not None:
-            # A fresh poll draws them: the last view's RankViews may be mid-update by a poll
-            # running right now in the worker thread, so they are only read once it is done.
-            self._request_poll()
+            # The last poll's snapshot draws them at once: nothing in it changes meanwhile.
+            self._render_charts(self.view, self.clock())
 
     def action_stacks(self) -> None:
         rank = self.query_one(RankTable).current_rank

@@ -74,8 +74,8 @@ def split_cell(step_s: float | None, parts: tuple[float, ...] | None, cells: int
 
 
 def rank_values(rv: RankView, now: float, node: str | None) -> tuple[Any, ...]:
-    """What a rank's row shows, as plain values: cheap to compare, and a snapshot (the reader
-    goes on updating its RankView objects while the table draws)."""
+    """What a rank's row shows, as plain values: cheap to compare with what the row showed last
+    (a row is drawn again only when they differ)."""
     # Read with getattr: a RunView from before the step split (an older reader) has no such fields.
     split = getattr(rv, "split", None)
     return (
