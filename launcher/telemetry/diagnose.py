@@ -143,6 +143,7 @@ class Diagnoser:
         self._ranks: dict[int, _Rank] = {}
         self._lock = threading.Lock()
         self._ticked: float | None = None  # monotonic, the last tick
+        self._stragglers = Stragglers(self)
         self._thawed_at: float | None = None  # wall clock, the end of the latest pause of this process
 
     def _rank(self, rank: int) -> _Rank:
@@ -250,7 +251,7 @@ class Diagnoser:
         with self._lock:
             self._notice_pause(now, mono)
             self._check_stalls(now)
-            self._check_stragglers(now)
+            self._stragglers.check(now)
 
     def _waiting_at_collective(self, now: float) -> dict[int, float]:
         """Ranks (watched by xl.watch) stuck in an all-reduce right now, and for how long."""
@@ -315,7 +316,45 @@ class Diagnoser:
         for event in stalled:
             self._send(event)
 
-    def _check_stragglers(self, now: float) -> None:
+    def any_stalled(self) -> bool:
+        with self._lock:
+            return any(st.stalled for st in self._ranks.values())
+
+    def state(self) -> dict[int, str]:
+        with self._lock:
+            out = {}
+            for rank, st in self._ranks.items():
+                if st.stalled:
+                    out[rank] = "stalled"
+                elif st.straggler:
+                    out[rank] = "straggler"
+            return out
+
+
+class Stragglers:
+    """The straggler half of the 1 Hz pass, on the Diagnoser's ranks and under its lock: each
+    live rank gets a vote each tick, from the best evidence the ranks give (their step split,
+    else their waits at the all-reduce, else their step times), and a rank is named a straggler
+    (and cleared again) only after ``straggler_sustain`` votes in a row."""
+
+    def __init__(self, diagnoser: Diagnoser) -> None:
+        self.d = diagnoser
+
+    @property
+    def th(self) -> Thresholds:
+        return self.d.th
+
+    @property
+    def _ranks(self) -> dict[int, _Rank]:
+        return self.d._ranks
+
+    def _rank(self, rank: int) -> _Rank:
+        return self.d._rank(rank)
+
+    def _event(self, kind: str, rank: int | None, message: str, **extra: Any) -> None:
+        self.d._event(kind, rank, message, **extra)
+
+    def check(self, now: float) -> None:
         since = now - self.th.straggler_window_s
         splits = _window_splits(self._ranks, since)
         if len(splits) >= 2:
@@ -408,20 +447,6 @@ class Diagnoser:
                     self._event(
                         "recovered", rank, f"rank {rank} is no longer a straggler", of="straggler"
                     )
-
-    def any_stalled(self) -> bool:
-        with self._lock:
-            return any(st.stalled for st in self._ranks.values())
-
-    def state(self) -> dict[int, str]:
-        with self._lock:
-            out = {}
-            for rank, st in self._ranks.items():
-                if st.stalled:
-                    out[rank] = "stalled"
-                elif st.straggler:
-                    out[rank] = "straggler"
-            return out
 
 
 def quiet_spell(d: Diagnoser, now: float | None = None) -> tuple[float | None, float]:

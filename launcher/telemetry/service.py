@@ -37,6 +37,79 @@ from xl.launcher.telemetry.spool import ingest_spool
 from xl.launcher.telemetry.trouble import Trouble
 
 
+class Drops:
+    """Records that ranks dropped (their xl.log queue was full, or the collector refused them),
+    counted from any thread and said as ``dropped`` events: one per rank and reason at most every
+    5 s, so a flood of drops is one line."""
+
+    def __init__(self, emit: Callable[[dict[str, Any]], None]) -> None:
+        self._emit = emit
+        self._dropped_lock = threading.Lock()
+        self._dropped_pending: dict[tuple[int, str], int] = {}
+        self._dropped_last_emit = 0.0
+
+    def add(self, rank: int, count: int, reason: str = "queue_full") -> None:
+        with self._dropped_lock:
+            key = (rank, reason)
+            self._dropped_pending[key] = self._dropped_pending.get(key, 0) + count
+
+    def flush(self, force: bool = False) -> None:
+        now = time.time()
+        with self._dropped_lock:
+            if not self._dropped_pending or (not force and now - self._dropped_last_emit < 5):
+                return
+            pending, self._dropped_pending = self._dropped_pending, {}
+            self._dropped_last_emit = now
+        for (rank, reason), count in sorted(pending.items()):
+            why = (
+                "its xl.log queue was full"
+                if reason == "queue_full"
+                else f"the collector rejected them: {reason}"
+            )
+            self._emit(
+                {
+                    "t": now,
+                    "kind": "dropped",
+                    "rank": rank,
+                    "message": f"rank {rank} dropped {count} records ({why})",
+                    "count": count,
+                    "reason": reason,
+                }
+            )
+
+
+class Roster:
+    """The ranks as the launcher last reported them (``set``, from the supervisor's thread), read
+    by the sampler's and the hang capture's threads: each read is a copy taken under the lock."""
+
+    def __init__(self) -> None:
+        self._ranks: list[dict[str, Any]] = []
+        self._ranks_lock = threading.Lock()
+
+    def set(self, ranks: list[dict[str, Any]]) -> None:
+        with self._ranks_lock:
+            self._ranks = [dict(r) for r in ranks]
+
+    def local(self, collector: Collector | None, multinode: bool) -> list[dict[str, Any]]:
+        """This node's live ranks, to sample."""
+        with self._ranks_lock:
+            ranks = [dict(r) for r in self._ranks]
+        known = {r.get("rank") for r in ranks if isinstance(r.get("pid"), int)}
+        # Ranks the launcher has not reported yet are still sampled from the pid they sent;
+        # not on node 0 of a multi-node run, where a peer's pid may be another machine's.
+        if collector is not None and not multinode:
+            for rank, peer in list(collector.peers.items()):
+                if rank not in known:
+                    ranks = [r for r in ranks if r.get("rank") != rank]
+                    ranks.append({"rank": rank, "pid": peer.pid})
+        return [r for r in ranks if r.get("exit_code") is None and not r.get("remote")]
+
+    def remote(self) -> list[dict[str, Any]]:
+        """Other nodes' live ranks."""
+        with self._ranks_lock:
+            return [dict(r) for r in self._ranks if r.get("remote") and r.get("exit_code") is None]
+
+
 class Telemetry:
     def __init__(
         self,
@@ -70,16 +143,13 @@ class Telemetry:
         self._on_node = on_node
         self._on_node_closed = on_node_closed
         self._forward = forward
-        self._ranks: list[dict[str, Any]] = []
-        self._ranks_lock = threading.Lock()
+        self.roster = Roster()
         # Ranks whose train metrics come from xl.log: their printed dicts are not parsed again.
         self._client_ranks: set[int] = set()
         # What ranks print is a step only where they do not report their own (logfeed.Printed).
         hold = settings.number(envnames.PRINTED_HOLD_S, HOLD_S, floor=0.0)
         self.printed = Printed(instrumented=instrumented, hold_s=hold)
-        self._dropped_pending: dict[tuple[int, str], int] = {}
-        self._dropped_lock = threading.Lock()
-        self._dropped_last_emit = 0.0
+        self.drops = Drops(self._emit)
         self.writer: MetricsWriter | None = None
         self.collector: Collector | None = None
         # A stall starts one capture of every rank's stacks, which names the culprit (hang.py).
@@ -113,7 +183,7 @@ class Telemetry:
             host=self.host,
             port=port,
             on_records=self._on_records,
-            on_dropped=self._on_dropped,
+            on_dropped=self.drops.add,
             on_node=self._on_node,
             on_node_closed=self._on_node_closed,
             on_event=self._emit,
@@ -145,8 +215,7 @@ class Telemetry:
         return {envnames.COLLECTOR: format_address(host, collector.port), envnames.TOKEN: self.token}
 
     def set_ranks(self, ranks: list[dict[str, Any]]) -> None:
-        with self._ranks_lock:
-            self._ranks = [dict(r) for r in ranks]
+        self.roster.set(ranks)
         for info in ranks:
             rank = info.get("rank")
             if isinstance(rank, int):
@@ -192,7 +261,7 @@ class Telemetry:
         if self.collector is not None:
             self.collector.stop()
         self.ingest_spool()
-        self._flush_dropped(force=True)
+        self.drops.flush(force=True)
         with contextlib.suppress(OSError):  # a full disk: the metrics below still close and count
             self._write_status()
         if self.writer is not None:
@@ -222,54 +291,12 @@ class Telemetry:
             self.printed.announced(rank)
         self.diagnoser.ingest(rank, records)
 
-    def _on_dropped(self, rank: int, count: int, reason: str = "queue_full") -> None:
-        with self._dropped_lock:
-            key = (rank, reason)
-            self._dropped_pending[key] = self._dropped_pending.get(key, 0) + count
-
-    def _flush_dropped(self, force: bool = False) -> None:
-        # One event per rank and reason at most every 5 s: a flood of drops is one line.
-        now = time.time()
-        with self._dropped_lock:
-            if not self._dropped_pending or (not force and now - self._dropped_last_emit < 5):
-                return
-            pending, self._dropped_pending = self._dropped_pending, {}
-            self._dropped_last_emit = now
-        for (rank, reason), count in sorted(pending.items()):
-            why = (
-                "its xl.log queue was full"
-                if reason == "queue_full"
-                else f"the collector rejected them: {reason}"
-            )
-            self._emit(
-                {
-                    "t": now,
-                    "kind": "dropped",
-                    "rank": rank,
-                    "message": f"rank {rank} dropped {count} records ({why})",
-                    "count": count,
-                    "reason": reason,
-                }
-            )
-
     def _rank_list(self) -> list[dict[str, Any]]:
-        with self._ranks_lock:
-            ranks = [dict(r) for r in self._ranks]
-        known = {r.get("rank") for r in ranks if isinstance(r.get("pid"), int)}
-        # Ranks the launcher has not reported yet are still sampled from the pid they sent;
-        # not on node 0 of a multi-node run, where a peer's pid may be another machine's.
-        if self.collector is not None and self._on_node is None:
-            for rank, peer in list(self.collector.peers.items()):
-                if rank not in known:
-                    ranks = [r for r in ranks if r.get("rank") != rank]
-                    ranks.append({"rank": rank, "pid": peer.pid})
-        return [r for r in ranks if r.get("exit_code") is None and not r.get("remote")]
+        return self.roster.local(self.collector, multinode=self._on_node is not None)
 
     def _hang_ranks(self) -> list[dict[str, Any]]:
         """This node's live ranks, and other nodes' (listed in the capture as asked there)."""
-        with self._ranks_lock:
-            far = [dict(r) for r in self._ranks if r.get("remote") and r.get("exit_code") is None]
-        return self._rank_list() + far
+        return self._rank_list() + self.roster.remote()
 
     def _loop(self) -> None:
         next_status = time.monotonic() + 5
@@ -302,7 +329,7 @@ class Telemetry:
         if not self.diagnoser.any_stalled():
             self.hang.over()
         self.hang.quiet(*quiet_spell(self.diagnoser))  # a mismatch is named before any stall
-        self._flush_dropped()
+        self.drops.flush()
         self.writer.maybe_flush()
 
     def _write_status(self) -> None:
