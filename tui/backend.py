@@ -87,6 +87,11 @@ class Backend(Protocol):
         one-line message for a damaged run, or one run twice)."""
         ...
 
+    def comparison_rows(self, comparison: Comparison) -> list[tuple[str, str, str]]:
+        """A comparison's side-by-side table as `xl compare` prints it: (label, A, B) per row;
+        a section's title row has empty cells."""
+        ...
+
 
 class LocalBackend:
     """The real backend: this machine's NVML, doctor, launcher and run store."""
@@ -169,3 +174,8 @@ class LocalBackend:
         from xl.launcher.rundir.comparison import compare  # noqa: PLC0415 - loads only when two runs are compared
 
         return compare(run_a, run_b)
+
+    def comparison_rows(self, comparison: Comparison) -> list[tuple[str, str, str]]:
+        from xl.launcher.rundir.comparison import rows  # noqa: PLC0415 - loaded once a comparison was made
+
+        return rows(comparison)

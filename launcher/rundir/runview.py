@@ -20,6 +20,7 @@ from typing import Any, overload
 
 from xl.launcher.rundir.outcome import Cause, Failure
 from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.rundir.timing import describe as describe_time
 from xl.stats import median
 
 # How each run and rank state is drawn (a Rich style), the same in the app and the console view.
@@ -356,6 +357,12 @@ class RunView:
 
     def elapsed(self, now: float) -> float | None:
         return elapsed(self.record, now)
+
+    @property
+    def time_spent(self) -> str | None:
+        """Where a finished run's time went, in one line (timing.describe); None while it runs
+        or when its record has no accounting."""
+        return describe_time(self.record.get("time")) if self.final else None
 
     @property
     def world_size(self) -> int:

@@ -150,14 +150,12 @@ class CompareScreen(XLScreen):
             self.post_message(self.Made(None, str(exc) or type(exc).__name__))
 
     def on_compare_screen_made(self, message: Made) -> None:
-        from xl.launcher.rundir.comparison import rows  # noqa: PLC0415 - the comparison's own table, loaded once one was made
-
         table = self.query_one("#compare-table", Static)
         if message.comparison is None:
             table.update(Text(f"Cannot compare: {message.error}", style="bold red"))
             return
         self.comparison = message.comparison
-        self._rows = rows(message.comparison)[1:]  # the runs are named in the line above
+        self._rows = self.backend.comparison_rows(message.comparison)[1:]  # the runs are named in the line above
         table.update(table_text(self._rows, max(40, self.size.width - 2)))
         self.query_one(CompareChart).show(message.comparison.series, {"a": "A", "b": "B"})
 

@@ -16,7 +16,6 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Label, Static
 from textual.worker import get_current_worker
 
-from xl.launcher.rundir import timing
 from xl.textsafe import visible
 from xl.tui import fmt
 from xl.tui.run_outcome import FINISHED
@@ -55,7 +54,7 @@ def header_text(view: RunView, dir_name: str, now: float) -> Text:
     elif nodes:
         header.append(f" on {nodes[0]}")  # the rank table has no Node column for one node
     header.append(f"   devices {view.devices_text}")
-    spent = timing.describe(rec.get("time")) if view.final else None
+    spent = view.time_spent
     if spent:  # a finished run: where its time went (docs/compare.md)
         header.append(f"\n{spent}", style="dim")
     return header
