@@ -29,5 +29,6 @@ def write_collector_json(run_dir: Path, status: dict[str, Any]) -> None:
 def previous_port(run_dir: Path) -> int:
     """The port an earlier collector of the run listened on, as its ranks know it; 0 for none."""
     port = (read_collector_json(run_dir) or {}).get("port")
-    valid = isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
-    return port if valid else 0
+    if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+        return port
+    return 0
