@@ -117,7 +117,9 @@ class LocalBackend:
     def plan(self, spec: LaunchSpec) -> Plan:
         from xl.launcher.plan import build_plan  # noqa: PLC0415 - the launcher loads only for the Launch screen
 
-        return build_plan(spec, self._inventory if self._inventory is not None else self.inventory())
+        return build_plan(
+            spec, self._inventory if self._inventory is not None else self.inventory()
+        )
 
     def start(self, spec: LaunchSpec) -> tuple[RunHandle, str | None]:
         """Node 0 of a multi-node run gets the run's token made here and handed to its supervisor

@@ -37,7 +37,9 @@ _MAX_EVENTS = 5000
 _NONFINITE = ("nan", "inf", "-inf")  # how xl.log names a non-finite figure
 
 # The keys of the train figures that fewer lines carry (RunReader._apply_rarer).
-_RARER = frozenset({"eval_loss", "epoch", "lr", "learning_rate", "step_s", *(k for k, _ in PLAIN_TRAIN)})
+_RARER = frozenset(
+    {"eval_loss", "epoch", "lr", "learning_rate", "step_s", *(k for k, _ in PLAIN_TRAIN)}
+)
 
 # RankView's fields as a fresh rank has them (its histories and totals are the reader's own).
 _FRESH = {
@@ -53,7 +55,16 @@ class _Rank:
     diagnosis in force. ``view()`` is what leaves the reader: a frozen RankView of it."""
 
     __slots__ = (
-        "flag", "loss", "rank", "samples", "step_s", "steps", "totals", "totals_view", "util", "values"
+        "flag",
+        "loss",
+        "rank",
+        "samples",
+        "step_s",
+        "steps",
+        "totals",
+        "totals_view",
+        "util",
+        "values",
     )
 
     def __init__(self, rank: int) -> None:
@@ -236,7 +247,9 @@ class RunReader:
                     v["loss"] = float(named) if named in _NONFINITE else None
             if "samples_per_s" in rec:
                 samples = rec["samples_per_s"]
-                if (type(samples) is not float and type(samples) is not int) or samples - samples != 0:
+                if (
+                    type(samples) is not float and type(samples) is not int
+                ) or samples - samples != 0:
                     samples = number(samples)
                 v["samples_per_s"] = samples
                 if samples is not None:
@@ -296,8 +309,13 @@ class RunReader:
                 state.flag = flag
                 v["diagnosis"] = str(event.get("message") or kind)
                 phase = event.get("phase") if kind == "straggler" else None
-                v["straggler_phase"] = phase if phase in ("data", "compute", "comm", "other") else None
-        elif kind == "recovered" and (event.get("of") == state.flag or (state.flag == "waiting" and event.get("of") == "stalled")):
+                v["straggler_phase"] = (
+                    phase if phase in ("data", "compute", "comm", "other") else None
+                )
+        elif kind == "recovered" and (
+            event.get("of") == state.flag
+            or (state.flag == "waiting" and event.get("of") == "stalled")
+        ):
             state.flag = None
             v["diagnosis"] = None
             v["straggler_phase"] = None
@@ -315,11 +333,18 @@ class RunReader:
         for state in self._ranks.values():
             v = state.values
             said = recorded.get(state.rank)
-            if v["exit_code"] is not None or stopped or (isinstance(said, str) and said in DONE_STATES):
+            if (
+                v["exit_code"] is not None
+                or stopped
+                or (isinstance(said, str) and said in DONE_STATES)
+            ):
                 # Ended (or ended by the run's stop): the one rank-outcome rule. A rank the
-                # supervisor ended because another one failed was stopped; only the root cause failed.
+                # supervisor ended because another one failed was stopped; only the root cause
+                # failed.
                 blamed = not isinstance(culprit, int) or state.rank == culprit
-                v["state"] = rank_outcome(v["exit_code"], stopped=stopped, recorded=said, blamed=blamed).value
+                v["state"] = rank_outcome(
+                    v["exit_code"], stopped=stopped, recorded=said, blamed=blamed
+                ).value
             else:
                 # Alive: a diagnosis in force, else what run.json says ("starting" until the
                 # supervisor learned its pid), else running.

@@ -121,7 +121,12 @@ class History(Sequence[tuple[float, float]]):
     def snapshot(self) -> Points:
         """The points as they are now, for a view to draw while this goes on taking new ones."""
         kept, snap = self._kept, self._snap
-        if snap is None or snap._n != len(kept) or snap._items is not kept or snap._latest is not self._latest:
+        if (
+            snap is None
+            or snap._n != len(kept)
+            or snap._items is not kept
+            or snap._latest is not self._latest
+        ):
             snap = self._snap = Points(kept, len(kept), self._latest)
         return snap
 
@@ -136,7 +141,9 @@ class Points(Sequence[Point]):
 
     __slots__ = ("_items", "_latest", "_n")
 
-    def __init__(self, items: Sequence[Point] = (), n: int = -1, latest: Point | None = None) -> None:
+    def __init__(
+        self, items: Sequence[Point] = (), n: int = -1, latest: Point | None = None
+    ) -> None:
         self._items = items
         self._n = len(items) if n < 0 else n
         self._latest = latest
@@ -188,7 +195,8 @@ class RankView:
     step: float | None = None
     total_steps: float | None = None
     loss: float | None = None
-    eval_loss: float | None = None  # the latest evaluation's, never a training loss (docs/frameworks.md)
+    # The latest evaluation's, never a training loss (docs/frameworks.md).
+    eval_loss: float | None = None
     epoch: float | None = None
     lr: float | None = None
     samples_per_s: float | None = None
@@ -232,7 +240,12 @@ class RankView:
     def split(self) -> dict[str, float] | None:
         """Its last step's split, {"data_s": .., "compute_s": .., "comm_s": .., "other_s": ..}
         (per-step seconds), when its latest line gave all four."""
-        parts = {"data_s": self.data_s, "compute_s": self.compute_s, "comm_s": self.comm_s, "other_s": self.other_s}
+        parts = {
+            "data_s": self.data_s,
+            "compute_s": self.compute_s,
+            "comm_s": self.comm_s,
+            "other_s": self.other_s,
+        }
         if any(v is None for v in parts.values()):
             return None
         return {k: float(v) for k, v in parts.items() if v is not None}
@@ -282,7 +295,13 @@ class HangRule:
         if kind == "hang":
             culprits = tuple(r for r in event.get("ranks") or () if isinstance(r, int))
             stacks = event.get("stacks")
-            self.hang = Hang(str(event.get("message") or ""), culprits, None if stacks is None else str(stacks), frozenset(culprits), hang_label(event))
+            self.hang = Hang(
+                str(event.get("message") or ""),
+                culprits,
+                None if stacks is None else str(stacks),
+                frozenset(culprits),
+                hang_label(event),
+            )
         elif kind == "recovered" and event.get("of") == "stalled" and hang is not None:
             stuck = hang.stuck - {event.get("rank")}
             self.hang = replace(hang, stuck=stuck) if stuck else None

@@ -67,7 +67,9 @@ class Thresholds:
             stall_factor=_env_float(env, envnames.STALL_FACTOR, d.stall_factor),
             straggler_window_s=_env_float(env, envnames.STRAGGLER_WINDOW_S, d.straggler_window_s),
             straggler_sustain=int(_env_float(env, envnames.STRAGGLER_SUSTAIN, d.straggler_sustain)),
-            straggler_min_wait_s=_env_float(env, envnames.STRAGGLER_MIN_WAIT_S, d.straggler_min_wait_s),
+            straggler_min_wait_s=_env_float(
+                env, envnames.STRAGGLER_MIN_WAIT_S, d.straggler_min_wait_s
+            ),
             gpu_mem_high=_env_float(env, envnames.GPU_MEM_HIGH, d.gpu_mem_high),
         )
 
@@ -80,7 +82,9 @@ class _Rank:
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     # Timed steps (train lines with the split): (t, steps, data_s, compute_s, comm_s, other_s); at
     # most ~10 lines a second come, so 512 cover the window (10 s) five times over.
-    splits: deque[tuple[float, int, float, float, float, float]] = field(default_factory=lambda: deque(maxlen=512))
+    splits: deque[tuple[float, int, float, float, float, float]] = field(
+        default_factory=lambda: deque(maxlen=512)
+    )
     waits: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
     # Latest xl.watch report: (when, seconds the oldest all-reduce bucket has been pending).
     pending: tuple[float, float] | None = None
@@ -144,7 +148,8 @@ class Diagnoser:
         self._lock = threading.Lock()
         self._ticked: float | None = None  # monotonic, the last tick
         self._stragglers = Stragglers(self)
-        self._thawed_at: float | None = None  # wall clock, the end of the latest pause of this process
+        # Wall clock, the end of the latest pause of this process.
+        self._thawed_at: float | None = None
 
     def _rank(self, rank: int) -> _Rank:
         st = self._ranks.get(rank)
@@ -379,7 +384,13 @@ class Stragglers:
         from xl.launcher.telemetry import straggler  # noqa: PLC0415 - once two ranks time their steps: after their torch imports, not beside them
 
         th = self.th
-        blame = straggler.judge(splits, min_wait_s=th.straggler_min_wait_s, wait_ratio=th.straggler_wait_ratio, min_share=th.straggler_min_share, step_ratio=th.step_time_ratio)
+        blame = straggler.judge(
+            splits,
+            min_wait_s=th.straggler_min_wait_s,
+            wait_ratio=th.straggler_wait_ratio,
+            min_share=th.straggler_min_share,
+            step_ratio=th.step_time_ratio,
+        )
         for rank in splits:
             is_it = blame is not None and blame.rank == rank
             if is_it:

@@ -87,7 +87,12 @@ class HangCapture:
                 if self._state == "idle":
                     self._state = "busy"
                     self._stop = threading.Event()
-                    self._thread = threading.Thread(target=self._capture, args=(self._stop,), name="xl-hang-capture", daemon=True)
+                    self._thread = threading.Thread(
+                        target=self._capture,
+                        args=(self._stop,),
+                        name="xl-hang-capture",
+                        daemon=True,
+                    )
                     self._thread.start()
                 return
             doc = self.doc
@@ -119,12 +124,19 @@ class HangCapture:
                 self._peeked_at, self._mismatch = 0.0, None
             return
         with self._lock:
-            if idle_s < 2 * self._peeked_at or self._state != "idle" or self._mismatch is not None or self._ended:
+            if (
+                idle_s < 2 * self._peeked_at
+                or self._state != "idle"
+                or self._mismatch is not None
+                or self._ended
+            ):
                 return
             if self._peeking is not None and self._peeking.is_alive():
                 return
             self._peeked_at = idle_s
-            self._peeking = threading.Thread(target=self._peek, name="xl-mismatch-peek", daemon=True)
+            self._peeking = threading.Thread(
+                target=self._peek, name="xl-mismatch-peek", daemon=True
+            )
             self._peeking.start()
 
     def _peek(self) -> None:
@@ -210,7 +222,8 @@ class HangCapture:
 
 
 def reword(event: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
-    """A stalled event told with the hang's verdict: the culprit stalled, the others waiting on it."""
+    """A stalled event told with the hang's verdict: the culprit stalled, the others waiting on
+    it."""
     rank = event.get("rank")
     culprits = list((doc.get("verdict") or {}).get("ranks") or [])
     entry = next((e for e in doc.get("ranks") or [] if e.get("rank") == rank), None)

@@ -134,7 +134,9 @@ class FrameServer:
     append the lines it keeps through ``writer`` and ack the frame; every failure is counted in
     ``rejects`` under its reason, and nothing a peer sends can stop the loop."""
 
-    def __init__(self, writer: MetricsWriter, host: str, port: int, idle_s: float, token: bytes) -> None:
+    def __init__(
+        self, writer: MetricsWriter, host: str, port: int, idle_s: float, token: bytes
+    ) -> None:
         self.writer = writer
         self._token = token  # proved by every peer in the handshake, never sent
         self.idle_s = idle_s  # read on every check: tests shorten it on a running server
@@ -331,7 +333,9 @@ class FrameServer:
         """Check a new connection's HELLO once all of it is in; False when it was closed."""
         if len(conn.buf) < handshake.HELLO_SIZE:
             return True
-        hello = handshake.check_hello(self._token, conn.nonce, bytes(conn.buf[: handshake.HELLO_SIZE]))
+        hello = handshake.check_hello(
+            self._token, conn.nonce, bytes(conn.buf[: handshake.HELLO_SIZE])
+        )
         del conn.buf[: handshake.HELLO_SIZE]
         conn.out += hello.answer
         if hello.ok:
@@ -346,7 +350,9 @@ class FrameServer:
 
     def _read(self, conn: Conn) -> None:
         try:
-            data = conn.sock.recv(1 << 20 if conn.valid else handshake.HELLO_SIZE - len(conn.buf))  # a stranger: 53 bytes
+            data = conn.sock.recv(
+                1 << 20 if conn.valid else handshake.HELLO_SIZE - len(conn.buf)
+            )  # a stranger: 53 bytes
         except (BlockingIOError, InterruptedError):
             return
         except OSError:

@@ -7,7 +7,8 @@
     t.stop()
 
 It owns the collector thread (rank frames -> metrics.jsonl), a 1 Hz thread that samples every
-rank's GPU and process and runs the diagnoses, the log parser, and the spool (``spool``): records a rank
+rank's GPU and process and runs the diagnoses, the log parser, and the spool (``spool``): records
+a rank
 wrote to ``<run_dir>/spool/`` while no collector was reachable are stored once that rank is
 gone (a live rank replays its own spool when it reconnects).
 """
@@ -212,7 +213,10 @@ class Telemetry:
         host = self._advertise
         if host is None:
             host = socket.getfqdn() if collector.host in ("0.0.0.0", "::", "") else collector.host
-        return {envnames.COLLECTOR: format_address(host, collector.port), envnames.TOKEN: self.token}
+        return {
+            envnames.COLLECTOR: format_address(host, collector.port),
+            envnames.TOKEN: self.token,
+        }
 
     def set_ranks(self, ranks: list[dict[str, Any]]) -> None:
         self.roster.set(ranks)
@@ -234,13 +238,16 @@ class Telemetry:
     def _log_found(self, rank: int, found: dict[str, Any]) -> None:
         if self.writer is None:
             return
-        if rank in self._client_ranks or (self.collector is not None and rank in self.collector.train_ranks):
+        if rank in self._client_ranks or (
+            self.collector is not None and rank in self.collector.train_ranks
+        ):
             self.printed.announced(rank)
             return
         self._write_printed(self.printed.found(rank, found, time.time()))
 
     def _write_printed(self, records: list[dict[str, Any]]) -> None:
-        """Train records from what ranks printed (logfeed.Printed let them through), stored and diagnosed."""
+        """Train records from what ranks printed (logfeed.Printed let them through), stored and
+        diagnosed."""
         if records and self.writer is not None:
             self.writer.write_lines([wire.dumps_record(rec) for rec in records])
             for rec in records:
@@ -270,7 +277,8 @@ class Telemetry:
 
     def _say_metrics_lost(self, writer: MetricsWriter) -> None:
         """Metrics lines the disk refused for so long that they were cut from memory: one event as
-        telemetry stops (docs/contracts.md, "events.jsonl"), so a gap in metrics.jsonl is explained."""
+        telemetry stops (docs/contracts.md, "events.jsonl"), so a gap in metrics.jsonl is
+        explained."""
         if not writer.bytes_lost:
             return
         why = f" ({writer.error.strerror or writer.error})" if writer.error is not None else ""
@@ -304,7 +312,9 @@ class Telemetry:
             try:
                 self._sample_once()
             except Exception as exc:  # sampling trouble must never take the supervisor down
-                self._trouble.say("telemetry's sample failed (stall detection waits for the next one)", exc)
+                self._trouble.say(
+                    "telemetry's sample failed (stall detection waits for the next one)", exc
+                )
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + 5
                 with contextlib.suppress(Exception):
