@@ -29,7 +29,7 @@ from xl.errors import EXIT_USAGE, ArgumentParser
 from xl.launcher.rundir.record import RunRecord, exit_code_for, is_final
 from xl.tui import fmt
 from xl.tui.backend import Backend, LocalBackend
-from xl.tui.runview import FINISHED, outcome_text
+from xl.tui.run_outcome import FINISHED, outcome_text
 from xl.tui.selection import DeviceSelection
 from xl.tui.terminal import NOT_A_TERMINAL, interactive
 
@@ -42,7 +42,8 @@ STOP_WAIT_S = 60.0
 # `xl launch` / `xl demo`: how long the Monitor shows the outcome of the run they started before it
 # closes, as torchrun returns when its run ends (a key pressed meanwhile keeps it open).
 CLOSE_AFTER_END_S = 3.0
-# The screen keys, one group in the footer ("1234 Screens") so `? Help` and `q Quit` fit at 80 columns.
+# The screen keys, one group in the footer ("1234 Screens") so `? Help` and `q Quit` fit at 80
+# columns.
 SCREENS = Binding.Group("Screens", compact=True)
 
 
@@ -75,7 +76,9 @@ class XLApp(App[None]):
         there is input (tui/driver.py) instead of waking ten times a second. A driver named in
         TEXTUAL_DRIVER is used as is."""
         driver_class = super().get_driver_class()
-        if driver_class.__module__ == "textual.drivers.linux_driver" and not os.environ.get("TEXTUAL_DRIVER"):
+        if driver_class.__module__ == "textual.drivers.linux_driver" and not os.environ.get(
+            "TEXTUAL_DRIVER"
+        ):
             try:
                 from xl.tui.driver import QuietLinuxDriver  # noqa: PLC0415 - Linux only; may fail (below)
             except ImportError:  # a Textual whose internals moved: its own driver still works
@@ -140,7 +143,10 @@ class XLApp(App[None]):
 
             assert self.monitor_run_dir is not None
             return MonitorScreen(
-                self.monitor_run_dir, standalone=True, interval=self.poll_interval, notice=self.notices.get(self.monitor_run_dir)
+                self.monitor_run_dir,
+                standalone=True,
+                interval=self.poll_interval,
+                notice=self.notices.get(self.monitor_run_dir),
             )
         from xl.tui.screens.gpus import GPUsScreen  # noqa: PLC0415 - not for `xl attach`
 
@@ -170,7 +176,9 @@ class XLApp(App[None]):
         from xl.tui.screens.help import HelpScreen, help_for  # noqa: PLC0415 - Markdown loads only for help
 
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(help_for(self.screen, owns_run=self._own_monitor() is not None)))
+            self.push_screen(
+                HelpScreen(help_for(self.screen, owns_run=self._own_monitor() is not None))
+            )
 
     def open_monitor(self, run_dir: Path | str, notice: str | None = None) -> None:
         from xl.tui.screens.monitor import MonitorScreen  # noqa: PLC0415 - only once a run is shown
@@ -179,7 +187,9 @@ class XLApp(App[None]):
         if notice is not None:
             self.notices[run_dir] = notice
         notice = self.notices.get(run_dir)
-        self.push_screen(MonitorScreen(run_dir, standalone=False, interval=self.poll_interval, notice=notice))
+        self.push_screen(
+            MonitorScreen(run_dir, standalone=False, interval=self.poll_interval, notice=notice)
+        )
 
     @property
     def owns_run(self) -> bool:
@@ -198,11 +208,16 @@ class XLApp(App[None]):
         return self.close_after_end_s if self.owns_run and run_dir == self.monitor_run_dir else None
 
     def _own_monitor(self) -> MonitorScreen | None:
-        """The Monitor of the run `xl launch` started, when it is the screen shown (under any dialog)."""
+        """The Monitor of the run `xl launch` started, when it is the screen shown (under any
+        dialog)."""
         from xl.tui.screens.monitor import MonitorScreen  # noqa: PLC0415 - only once a run is shown
 
         screen = next((s for s in reversed(self.screen_stack) if not s.is_modal), None)
-        if self.owns_run and isinstance(screen, MonitorScreen) and screen.run_dir == self.monitor_run_dir:
+        if (
+            self.owns_run
+            and isinstance(screen, MonitorScreen)
+            and screen.run_dir == self.monitor_run_dir
+        ):
             return screen
         return None
 
@@ -220,7 +235,8 @@ class XLApp(App[None]):
         to it while it runs; once it ended, its outcome (with the root cause of a failure),
         which the full-screen app would otherwise take with it."""
         if status not in FINISHED:
-            message = f"Detached: run {run_dir.name} keeps running. Reopen it with: xl attach {run_dir.name}"
+            message = (f"Detached: run {run_dir.name} keeps running. Reopen it with: xl attach "
+                f"{run_dir.name}")
             self.exit(return_code=0, message=message)
             return
         try:
@@ -229,7 +245,9 @@ class XLApp(App[None]):
             record = None
         if record is None:
             record = RunRecord.from_json({}, run_dir.name)
-        self.exit(return_code=0, message=outcome_text(record, run_dir.name, str(status), self.clock()))
+        self.exit(
+            return_code=0, message=outcome_text(record, run_dir.name, str(status), self.clock())
+        )
 
     def on_monitor_screen_notice_done(self, message: MonitorScreen.NoticeDone) -> None:
         # Every node joined or the run ended: the next Monitor of that run shows no notice.
@@ -251,7 +269,9 @@ class XLApp(App[None]):
             return
         self.exit(return_code=0)
 
-    def exit(self, result: None = None, return_code: int = 0, message: RenderableType | None = None) -> None:
+    def exit(
+        self, result: None = None, return_code: int = 0, message: RenderableType | None = None
+    ) -> None:
         self._leave.set()  # however the app closes, nothing waits on a run that is stopping
         super().exit(result, return_code, message)
 
@@ -265,14 +285,22 @@ class XLApp(App[None]):
         screen, even in `xl launch`): the same as `q`."""
         run_dir = self.monitor_run_dir
         monitor = self._own_monitor()
-        if run_dir is None or not (self._interrupted or (monitor is not None and monitor.status not in FINISHED)):
+        if run_dir is None or not (
+            self._interrupted or (monitor is not None and monitor.status not in FINISHED)
+        ):
             await self.action_quit()
             return
         if self._interrupted:
-            self.exit(return_code=130, message=f"Left run {run_dir.name} stopping; `xl runs` shows its status.")
+            self.exit(
+                return_code=130,
+                message=f"Left run {run_dir.name} stopping; `xl runs` shows its status.",
+            )
             return
         self._interrupted = True
-        self.notify(f"Stopping run {run_dir.name}: Ctrl-C again leaves it stopping in the background", timeout=30)
+        self.notify(
+            f"Stopping run {run_dir.name}: Ctrl-C again leaves it stopping in the background",
+            timeout=30,
+        )
         self._stop_own_run(run_dir)
 
     @work(thread=True, exclusive=True, group="interrupt")
@@ -296,7 +324,10 @@ class XLApp(App[None]):
 
     def _stopped_own_run(self, run_dir: Path, status: str | None) -> None:
         if status not in FINISHED:
-            self.exit(return_code=130, message=f"Left run {run_dir.name} stopping; `xl runs` shows its status.")
+            self.exit(
+                return_code=130,
+                message=f"Left run {run_dir.name} stopping; `xl runs` shows its status.",
+            )
             return
         self.run_outcome = status
         self.leave(run_dir, status)
@@ -340,8 +371,15 @@ def run_monitor(run_dir: Path, *, attach_only: bool = True, notice: str | None =
     ``attach_only=True`` shows that run alone (``xl attach``); ``False`` opens it over the full
     app (``xl launch`` / ``xl demo``), where escape leads to the other screens.
     """
-    close = None if attach_only else CLOSE_AFTER_END_S  # as torchrun, `xl launch` returns when its run ends
-    app = build_app(monitor_run_dir=Path(run_dir), attach_only=attach_only, notice=notice, close_after_end_s=close)
+    close = (
+        None if attach_only else CLOSE_AFTER_END_S
+    )  # as torchrun, `xl launch` returns when its run ends
+    app = build_app(
+        monitor_run_dir=Path(run_dir),
+        attach_only=attach_only,
+        notice=notice,
+        close_after_end_s=close,
+    )
     app.run()
     return exit_code(app)
 

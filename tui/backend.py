@@ -87,6 +87,11 @@ class Backend(Protocol):
         one-line message for a damaged run, or one run twice)."""
         ...
 
+    def comparison_rows(self, comparison: Comparison) -> list[tuple[str, str, str]]:
+        """A comparison's side-by-side table as `xl compare` prints it: (label, A, B) per row;
+        a section's title row has empty cells."""
+        ...
+
 
 class LocalBackend:
     """The real backend: this machine's NVML, doctor, launcher and run store."""
@@ -112,7 +117,9 @@ class LocalBackend:
     def plan(self, spec: LaunchSpec) -> Plan:
         from xl.launcher.plan import build_plan  # noqa: PLC0415 - the launcher loads only for the Launch screen
 
-        return build_plan(spec, self._inventory if self._inventory is not None else self.inventory())
+        return build_plan(
+            spec, self._inventory if self._inventory is not None else self.inventory()
+        )
 
     def start(self, spec: LaunchSpec) -> tuple[RunHandle, str | None]:
         """Node 0 of a multi-node run gets the run's token made here and handed to its supervisor
@@ -161,7 +168,7 @@ class LocalBackend:
         stop_run(run_dir)
 
     def stacks(self, run_dir: Path) -> dict[str, Any]:
-        from xl.launcher.telemetry.stacks import run_document  # noqa: PLC0415 - loads only when stacks are asked for
+        from xl.launcher.telemetry.gather_stacks import run_document  # noqa: PLC0415 - loads only when stacks are asked for
 
         return run_document(run_dir)  # every rank: the verdict is the whole run's, never one rank's
 
@@ -169,3 +176,8 @@ class LocalBackend:
         from xl.launcher.rundir.comparison import compare  # noqa: PLC0415 - loads only when two runs are compared
 
         return compare(run_a, run_b)
+
+    def comparison_rows(self, comparison: Comparison) -> list[tuple[str, str, str]]:
+        from xl.launcher.rundir.comparison import rows  # noqa: PLC0415 - loaded once a comparison was made
+
+        return rows(comparison)

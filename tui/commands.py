@@ -1,6 +1,7 @@
 """`xl launch`, `xl demo` and `xl attach` with the Textual monitor on a terminal.
 
-The launcher owns these commands but never imports the UI (docs/architecture.md, boundaries); this module
+The launcher owns these commands but never imports the UI (docs/architecture.md, boundaries); this
+module
 joins the two: on an interactive terminal it hands the launcher a viewer that opens the monitor,
 anywhere else (pipes, CI, TERM=dumb) the launcher's own Rich/plain view runs.
 """

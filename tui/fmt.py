@@ -63,7 +63,9 @@ def rate(value: float | None) -> str:
     return f"{value:.3g}"
 
 
-def meter(fraction: float | None, width: int = 10, label: str = "", style: str | None = None) -> Text:
+def meter(
+    fraction: float | None, width: int = 10, label: str = "", style: str | None = None
+) -> Text:
     """A bar like ``████▌     42%`` that stays readable without colour (NO_COLOR).
 
     Coloured by how full it is (green, yellow past 70%, red past 90%) unless ``style`` is given.

@@ -122,7 +122,10 @@ def _read(form: LaunchForm, *, lenient: bool) -> LaunchSpec:
 
     script, module = read(lambda: parse_target(form.target), (None, None))
     # Blank: the launcher's default (one process per chosen GPU, 1 on CPU).
-    nproc = read(lambda: _int(form.nproc, "processes per node", minimum=1) if form.nproc.strip() else None, None)
+    nproc = read(
+        lambda: _int(form.nproc, "processes per node", minimum=1) if form.nproc.strip() else None,
+        None,
+    )
     return LaunchSpec(
         script=script,
         module=module,

@@ -32,7 +32,8 @@ class DeviceSelection:
     other: str = ""
 
     def set_spec(self, spec: str | None) -> None:
-        """Take a ``--gpus`` value (the form's field, a remembered launch); "" or None: every GPU."""
+        """Take a ``--gpus`` value (the form's field, a remembered launch); "" or None: every
+        GPU."""
         spec = (spec or "").strip()
         words = [w.strip() for w in spec.split(",")]
         if spec and all(w.isdigit() for w in words) and len(set(words)) == len(words):
@@ -101,7 +102,10 @@ def selection_warnings(gpus: Sequence[GPU], order: Sequence[int]) -> list[str]:
         out.append(f"GPU {busy[0][0]} is busy ({', '.join(busy[0][1])}): ranks will share it")
     elif busy:
         # One line for them all: a line each filled the panel at 80x24 and hid the rest.
-        out.append(f"GPUs {', '.join(str(i) for i, _ in busy)} are busy (other processes or load): ranks will share them")
+        out.append(
+            f"GPUs {', '.join(str(i) for i, _ in busy)} are busy (other processes or load): ranks "
+            f"will share them"
+        )
     return out
 
 

@@ -50,9 +50,11 @@ MAX_TABS = 8
 def full_page(limit: int) -> str:
     """What a tab past the cap shows instead of the app."""
     return (
-        "<!doctype html><html><head><meta charset=utf-8><title>xl serve: all tabs in use</title></head>"
+        "<!doctype html><html><head><meta charset=utf-8><title>xl serve: all tabs in "
+        "use</title></head>"
         f"<body><h1>xl serve: {limit} tab{'s' if limit != 1 else ''} already open</h1>"
-        f"<p>This server runs at most {limit} apps at once (<code>xl serve --max-tabs {limit}</code>). "
+        f"<p>This server runs at most {limit} apps at once (<code>xl serve --max-tabs "
+        f"{limit}</code>). "
         "Close another tab of it, then reload this page.</p></body></html>\n"
     )
 
@@ -70,7 +72,9 @@ def origins(host: str, port: int, public_url: str | None) -> set[str]:
     return out
 
 
-def make_server(command: str, host: str, port: int, public_url: str | None, token: str, max_tabs: int = MAX_TABS) -> Any:
+def make_server(
+    command: str, host: str, port: int, public_url: str | None, token: str, max_tabs: int = MAX_TABS
+) -> Any:
     from aiohttp import web  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
     from textual_serve.server import Server  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
 
@@ -83,7 +87,9 @@ def make_server(command: str, host: str, port: int, public_url: str | None, toke
         tabs = 0  # websockets open now: each drives one app process until it closes
 
         def initialize_logging(self) -> None:
-            logging.basicConfig(level=logging.WARNING, format="xl serve: %(message)s", stream=sys.stderr)
+            logging.basicConfig(
+                level=logging.WARNING, format="xl serve: %(message)s", stream=sys.stderr
+            )
 
         async def on_startup(self, app: web.Application) -> None:
             pass  # textual-serve prints a banner here; the one line is printed once bound
@@ -94,11 +100,22 @@ def make_server(command: str, host: str, port: int, public_url: str | None, toke
             return app
 
         @web.middleware
-        async def guard(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        async def guard(
+            self,
+            request: web.Request,
+            handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+        ) -> web.StreamResponse:
             given = request.query.get("token")
-            if not (same_token(given, token) or same_token(request.cookies.get(self.cookie), token)):
-                raise web.HTTPForbidden(text="xl serve: open the URL that `xl serve` printed (with its ?token=)\n")
-            if request.path == "/ws" and (request.headers.get("Origin") or "").lower() not in self.allowed:
+            if not (
+                same_token(given, token) or same_token(request.cookies.get(self.cookie), token)
+            ):
+                raise web.HTTPForbidden(
+                    text="xl serve: open the URL that `xl serve` printed (with its ?token=)\n"
+                )
+            if (
+                request.path == "/ws"
+                and (request.headers.get("Origin") or "").lower() not in self.allowed
+            ):
                 raise web.HTTPForbidden(text="xl serve: this page's origin may not open the app\n")
             if request.path in ("/", "/ws") and self.tabs >= max_tabs:
                 raise web.HTTPServiceUnavailable(text=full_page(max_tabs), content_type="text/html")
@@ -131,7 +148,9 @@ async def serve(server: Any, host: str, port: int, public_url: str | None, token
     from aiohttp import web  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
 
     server.initialize_logging()
-    runner = web.AppRunner(await server._make_app(), shutdown_timeout=SHUTDOWN_S, handle_signals=False)
+    runner = web.AppRunner(
+        await server._make_app(), shutdown_timeout=SHUTDOWN_S, handle_signals=False
+    )
     await runner.setup()
     site = web.TCPSite(runner, host.strip("[]"), port)
     try:
@@ -181,13 +200,30 @@ def end_children() -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    p = ArgumentParser(prog=PROG, description="Serve the xl app in a browser: one app per tab, behind a token.")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p = ArgumentParser(
+        prog=PROG, description="Serve the xl app in a browser: one app per tab, behind a token."
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only)",
+    )
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
-    p.add_argument("--public-url", metavar="URL", help="the URL browsers use, behind an SSH tunnel or a proxy (e.g. https://host/xl)")
-    p.add_argument("--read-only", action="store_true", help="for viewers: no Launch screen, no stop")
-    p.add_argument("--max-tabs", type=int, default=MAX_TABS, metavar="N",
-                   help=f"apps (browser tabs) served at once; the next tab is told so (default {MAX_TABS})")
+    p.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="the URL browsers use, behind an SSH tunnel or a proxy (e.g. https://host/xl)",
+    )
+    p.add_argument(
+        "--read-only", action="store_true", help="for viewers: no Launch screen, no stop"
+    )
+    p.add_argument(
+        "--max-tabs",
+        type=int,
+        default=MAX_TABS,
+        metavar="N",
+        help=f"apps (browser tabs) served at once; the next tab is told so (default {MAX_TABS})",
+    )
     ns = p.parse_args(list(argv))
     if ns.max_tabs < 1:
         raise UsageError(f"--max-tabs {ns.max_tabs}: at least 1")
@@ -195,10 +231,14 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError(f"--port {ns.port} is not a port (0-65535)")
     if ns.public_url and urlsplit(ns.public_url).scheme not in ("http", "https"):
         raise UsageError(f"--public-url {ns.public_url!r} is not an http:// or https:// URL")
-    if importlib.util.find_spec("textual_serve") is None:  # an extra: say how to get it, not a traceback
+    if (
+        importlib.util.find_spec("textual_serve") is None
+    ):  # an extra: say how to get it, not a traceback
         raise UsageError("needs textual-serve: pip install 'xl-cluster[serve]'")
     token = token_from(TOKEN_VAR)
     os.environ.pop(TOKEN_VAR, None)  # the apps (and the runs they launch) never see it
-    command = f"exec {shlex.quote(sys.executable)} -m xl.tui.served" + (" --read-only" if ns.read_only else "")
+    command = f"exec {shlex.quote(sys.executable)} -m xl.tui.served" + (
+        " --read-only" if ns.read_only else ""
+    )
     server = make_server(command, ns.host, ns.port, ns.public_url, token, ns.max_tabs)
     return asyncio.run(serve(server, ns.host, ns.port, ns.public_url, token))

@@ -21,7 +21,8 @@ from xl.errors import ArgumentParser
 from xl.tui.app import XLApp, build_app
 from xl.tui.backend import LocalBackend
 
-READ_ONLY = "Read-only: this app was served with `xl serve --read-only`; launching and stopping runs are off"
+READ_ONLY = ("Read-only: this app was served with `xl serve --read-only`; launching and stopping "
+    "runs are off")
 
 
 class ReadOnlyBackend(LocalBackend):
@@ -56,7 +57,9 @@ class ViewerApp(XLApp):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = ArgumentParser(prog="xl serve's app", description="The xl app, as `xl serve` runs it for one browser tab.")
+    parser = ArgumentParser(
+        prog="xl serve's app", description="The xl app, as `xl serve` runs it for one browser tab."
+    )
     parser.add_argument("--read-only", action="store_true", help="no Launch screen, no stop")
     ns = parser.parse_args(list(argv) if argv is not None else None)
     app: XLApp = ViewerApp() if ns.read_only else build_app()

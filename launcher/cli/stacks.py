@@ -21,7 +21,7 @@ from xl.errors import EXIT_FAILED, ArgumentParser, UsageError
 from xl.launcher.rundir import record
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.rundir.store import resolve_run
-from xl.launcher.telemetry import stacks as capture
+from xl.launcher.telemetry import gather_stacks as capture
 from xl.launcher.telemetry import verdict
 from xl.textsafe import visible
 

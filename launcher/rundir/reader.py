@@ -12,16 +12,19 @@ to the run directory: the TUI, ``xl attach`` and the ``--no-tui`` view all use t
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections import deque
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
-from xl.figures import PLAIN_SYS, PLAIN_TRAIN, TIMED, number
+from xl.figures import PLAIN_SYS, PLAIN_TRAIN, TIMED, number, phases, steps_of
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import DONE_STATES, rank_outcome
 from xl.launcher.rundir.record import RankRow, RunRecord, RunStatus, read_object
-from xl.launcher.rundir.runview import HangRule, RankView, RunView, failure_of
+from xl.launcher.rundir.runview import HangRule, History, RankView, RunView, failure_of
 from xl.launcher.rundir.tail import Tail
 
 __all__ = ["RankView", "RunReader", "RunView"]  # the model's types, where the reader's users look
@@ -33,8 +36,94 @@ _MAX_EVENTS = 5000
 
 _NONFINITE = ("nan", "inf", "-inf")  # how xl.log names a non-finite figure
 
+# The keys of the train figures that fewer lines carry (RunReader._apply_rarer).
+_RARER = frozenset(
+    {"eval_loss", "epoch", "lr", "learning_rate", "step_s", *(k for k, _ in PLAIN_TRAIN)}
+)
+
+# RankView's fields as a fresh rank has them (its histories and totals are the reader's own).
+_FRESH = {
+    f.name: f.default
+    for f in dataclasses.fields(RankView)
+    if f.default is not dataclasses.MISSING and not f.name.endswith("_history")
+}
+
+
+class _Rank:
+    """One rank as the reader keeps it between polls, and no one else sees: its figures by
+    RankView's field names (``values``), its histories, the steps its ETA is taken from and the
+    diagnosis in force. ``view()`` is what leaves the reader: a frozen RankView of it."""
+
+    __slots__ = (
+        "flag",
+        "loss",
+        "rank",
+        "samples",
+        "step_s",
+        "steps",
+        "totals",
+        "totals_view",
+        "util",
+        "values",
+    )
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.values: dict[str, Any] = {**_FRESH, "rank": rank}
+        self.loss, self.samples, self.util, self.step_s = History(), History(), History(), History()
+        self.totals: dict[str, float] = {}
+        self.totals_view: MappingProxyType[str, float] | None = None  # the last view's, unchanged
+        self.steps: deque[tuple[float, float]] = deque(maxlen=64)
+        self.flag: str | None = None  # the stalled/straggler/waiting diagnosis in force
+
+    def took(self, t: float, rec: dict[str, Any]) -> None:
+        """A line with ``step_s``: its history, and its phases added to the totals."""
+        step_s = self.values["step_s"]
+        if step_s is not None:
+            self.step_s.append((t, step_s))
+        parts = phases(rec)
+        if parts is None:
+            return
+        n = steps_of(rec)
+        self.values["steps_timed"] += n
+        self.totals_view = None
+        totals = self.totals
+        for key, value in parts.items():
+            totals[key] = totals.get(key, 0.0) + value * n
+
+    def eta_s(self) -> float | None:
+        """Seconds to total_steps at the recent step rate (None when unknown)."""
+        step, total = self.values["step"], self.values["total_steps"]
+        if step is None or not total or len(self.steps) < 2:
+            return None
+        (t0, s0), (t1, s1) = self.steps[0], self.steps[-1]
+        if t1 <= t0 or s1 <= s0:
+            return None
+        return max(0.0, (total - step) / ((s1 - s0) / (t1 - t0)))
+
+    def view(self) -> RankView:
+        # Made without RankView.__init__ (a call per field, 40 of them, per rank and poll): the
+        # fields go in at once, as the frozen dataclass's own init would set them.
+        fields = self.values.copy()
+        if len(self.steps) > 1:  # else no rate yet, and eta_s stays None
+            fields["eta_s"] = self.eta_s()
+        fields["loss_history"] = self.loss.snapshot()
+        fields["samples_history"] = self.samples.snapshot()
+        fields["gpu_util_history"] = self.util.snapshot()
+        fields["step_s_history"] = self.step_s.snapshot()
+        if self.totals_view is None:  # new phases since the last view
+            self.totals_view = MappingProxyType(self.totals.copy())
+        fields["phase_totals"] = self.totals_view
+        view = object.__new__(RankView)
+        object.__setattr__(view, "__dict__", fields)
+        return view
+
 
 class RunReader:
+    """One run directory, read incrementally. Not for two threads at once: one thread polls it
+    (the Monitor's worker, a scrape, the console view), and what ``poll()`` returns is a snapshot
+    that any thread may read, since nothing in it changes afterwards."""
+
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         self.run_dir = Path(run_dir)
         self.layout = RunLayout(self.run_dir)
@@ -45,40 +134,37 @@ class RunReader:
         self._hangs = HangRule()
         self._failed: dict[str, Any] | None = None  # the newest failure event
         self._run_mtime: int | None = None
-        self._collector_mtime: int | None = None
-        self._collector: dict[str, Any] | None = None
-        self._ranks: dict[int, RankView] = {}
+        self._ranks: dict[int, _Rank] = {}
         self._event_list: list[dict[str, Any]] = []
         self._applied: tuple[int | None, int] | None = None  # (run.json mtime, ranks) last applied
+        self._views: dict[int, RankView] = {}  # the last poll's snapshots, while nothing changed
         self._log_tails: dict[int, Tail] = {}
 
-    def _rank(self, rank: int) -> RankView:
-        view = self._ranks.get(rank)
-        if view is None:
-            view = self._ranks[rank] = RankView(rank)
-        return view
+    def _rank(self, rank: int) -> _Rank:
+        state = self._ranks.get(rank)
+        if state is None:
+            state = self._ranks[rank] = _Rank(rank)
+        return state
 
     @staticmethod
-    def _read_json(path: Path, last_mtime: int | None) -> tuple[dict[str, Any] | None, int | None]:
+    def _changed(path: Path, last_mtime: int | None) -> tuple[bool, int | None]:
+        """(whether ``path`` changed since ``last_mtime``, its mtime now)."""
         try:
             mtime = os.stat(path).st_mtime_ns
         except OSError:
-            return None, last_mtime
-        if mtime == last_mtime:
-            return None, last_mtime
-        obj = read_object(path)
-        # None: mid-replace on some filesystems; the next poll reads it again.
-        return obj, (mtime if obj is not None else last_mtime)
+            return False, last_mtime
+        return mtime != last_mtime, mtime
 
     def poll(self) -> RunView:
-        run, self._run_mtime = self._read_json(self.layout.run, self._run_mtime)
+        changed, mtime = self._changed(self.layout.run, self._run_mtime)
+        run = read_object(self.layout.run) if changed else None
         if run is not None:  # parsed once per change of run.json, not once per view that draws it
+            # (None: mid-replace on some filesystems; the next poll reads it again.)
+            self._run_mtime = mtime
             self._loaded = True
             self._record = RunRecord.from_json(run, self.run_dir.name)
-        status, self._collector_mtime = self._read_json(self.layout.collector, self._collector_mtime)
-        if status is not None:
-            self._collector = status
-        self._apply_metrics(decode_lines(self._metrics.read()))
+        records = decode_lines(self._metrics.read())
+        self._apply_metrics(records)
         new_events: list[dict[str, Any]] = []
         for event in decode_lines(self._events.read()):
             if isinstance(event, dict):
@@ -90,15 +176,17 @@ class RunReader:
         # Rank states follow run.json, the events and which ranks exist: with none of them new,
         # they are what the last poll made them.
         applied = (self._run_mtime, len(self._ranks))
-        if new_events or applied != self._applied:
+        renewed = bool(new_events) or applied != self._applied
+        if renewed:
             self._apply_run()
             self._applied = applied
+        if renewed or records:  # else the last poll's snapshots still say it all
+            self._views = {r: self._ranks[r].view() for r in sorted(self._ranks)}
         return RunView(
             record=self._record,
-            ranks=dict(sorted(self._ranks.items())),
+            ranks=dict(self._views),
             events=list(self._event_list),
             new_events=new_events,
-            collector=self._collector,
             loaded=self._loaded,
             hang_found=self._hangs.hang,
             failure=failure_of(self._record, self._failed),
@@ -116,73 +204,92 @@ class RunReader:
             t = rec.get("t")
             if (type(t) is not float and type(t) is not int) or t - t != 0 or type(rank) is not int:
                 continue  # JSON's ints are exactly int (`true` is not rank 1); finite t only
-            view = ranks.get(rank)
-            if view is None:
-                view = self._rank(rank)
-            if view.last_seen is None or t > view.last_seen:
-                view.last_seen = t
+            state = ranks.get(rank)
+            if state is None:
+                state = self._rank(rank)
+            v = state.values
+            last_seen = v["last_seen"]
+            if last_seen is None or t > last_seen:
+                v["last_seen"] = t
             if rec.get("kind") == "sys":
-                self._apply_sys(view, t, rec)
+                self._apply_sys(state, t, rec)
                 continue
+            # Each figure below is taken as it is when it is a finite int or float (what JSON
+            # numbers nearly always are) and through number() only otherwise: a call less each.
             if "step" in rec:
-                step = number(rec["step"])
+                step = rec["step"]
+                if (type(step) is not float and type(step) is not int) or step - step != 0:
+                    step = number(step)
                 if step is not None:
-                    view.step = step
-                    steps = view._steps
+                    v["step"] = step
+                    steps = state.steps
                     if not steps or step > steps[-1][1]:
                         steps.append((t, step))
                     elif step < steps[-1][1]:  # a new run phase restarted the count
                         steps.clear()
                         steps.append((t, step))
             if "total_steps" in rec:
-                total = number(rec["total_steps"])
+                total = rec["total_steps"]
+                if (type(total) is not float and type(total) is not int) or total - total != 0:
+                    total = number(total)
                 if total is not None:
-                    view.total_steps = total
-            if "eval_loss" in rec or "epoch" in rec:
-                self._apply_eval(view, rec)
+                    v["total_steps"] = total
             if "loss" in rec and "eval_loss" not in rec:
-                loss = number(rec["loss"])
+                loss = rec["loss"]
+                if (type(loss) is not float and type(loss) is not int) or loss - loss != 0:
+                    loss = number(loss)
                 if loss is not None:
-                    view.loss = loss
-                    view.loss_history.append((t, loss))
+                    v["loss"] = loss
+                    state.loss.append((t, loss))
                 else:  # xl.log writes a nan / inf loss as null plus "nonfinite": shown as such
                     nonfinite = rec.get("nonfinite")
                     named = nonfinite.get("loss") if isinstance(nonfinite, dict) else None
-                    view.loss = float(named) if named in _NONFINITE else None
-            if "lr" in rec:
-                view.lr = number(rec["lr"])
-            if "learning_rate" in rec:
-                view.lr = number(rec["learning_rate"])
+                    v["loss"] = float(named) if named in _NONFINITE else None
             if "samples_per_s" in rec:
-                samples = view.samples_per_s = number(rec["samples_per_s"])
+                samples = rec["samples_per_s"]
+                if (
+                    type(samples) is not float and type(samples) is not int
+                ) or samples - samples != 0:
+                    samples = number(samples)
+                v["samples_per_s"] = samples
                 if samples is not None:
-                    view.samples_history.append((t, samples))
-            for key, attr in PLAIN_TRAIN:
-                if key in rec:
-                    setattr(view, attr, number(rec[key]))
-            if "step_s" in rec:  # a timed step: its split comes with it (xl.figures.TIMED)
-                for key in TIMED:
-                    setattr(view, key, number(rec.get(key)))
-                view._took(t, rec)
+                    state.samples.append((t, samples))
+            if not rec.keys().isdisjoint(_RARER):  # one test for most lines, not one a figure
+                self._apply_rarer(state, t, rec)
 
     @staticmethod
-    def _apply_eval(view: RankView, rec: dict[str, Any]) -> None:
+    def _apply_rarer(state: _Rank, t: float, rec: dict[str, Any]) -> None:
+        """The train figures that fewer lines carry (each sets fields of its own)."""
+        v = state.values
         for key in ("eval_loss", "epoch"):
-            value = number(rec.get(key))
-            if value is not None:  # finite figures only: a null leaves the last one shown
-                setattr(view, key, float(value))
+            if key in rec:
+                value = number(rec[key])
+                if value is not None:  # finite figures only: a null leaves the last one shown
+                    v[key] = float(value)
+        if "lr" in rec:
+            v["lr"] = number(rec["lr"])
+        if "learning_rate" in rec:
+            v["lr"] = number(rec["learning_rate"])
+        for key, attr in PLAIN_TRAIN:
+            if key in rec:
+                v[attr] = number(rec[key])
+        if "step_s" in rec:  # a timed step: its split comes with it (xl.figures.TIMED)
+            for key in TIMED:
+                v[key] = number(rec.get(key))
+            state.took(t, rec)
 
     @staticmethod
-    def _apply_sys(view: RankView, t: float, rec: dict[str, Any]) -> None:
+    def _apply_sys(state: _Rank, t: float, rec: dict[str, Any]) -> None:
+        v = state.values
         for key, attr in PLAIN_SYS:
             if key in rec:
-                setattr(view, attr, number(rec[key]))
+                v[attr] = number(rec[key])
         if "gpu" in rec:
-            view.gpu = _gpu(rec["gpu"])
-        if isinstance(rec.get("pid"), int) and view.pid is None:
-            view.pid = rec["pid"]
-        if view.gpu_util is not None and "gpu_util" in rec:
-            view.gpu_util_history.append((t, view.gpu_util))
+            v["gpu"] = _gpu(rec["gpu"])
+        if isinstance(rec.get("pid"), int) and v["pid"] is None:
+            v["pid"] = rec["pid"]
+        if v["gpu_util"] is not None and "gpu_util" in rec:
+            state.util.append((t, v["gpu_util"]))
 
     def _apply_event(self, event: dict[str, Any]) -> None:
         self._hangs.see(event)
@@ -192,20 +299,26 @@ class RunReader:
         if not isinstance(rank, int):
             return
         kind = event.get("kind")
-        view = self._rank(rank)
+        state = self._rank(rank)
+        v = state.values
         if kind in ("stalled", "straggler"):
             # stalled outranks straggler: a hung rank is the bigger news. A rank that waits in a
             # collective for the culprit of a hang (``waiting_on``) is its victim: "waiting".
             flag = "waiting" if kind == "stalled" and event.get("waiting_on") else kind
-            if kind == "stalled" or view._flag not in ("stalled", "waiting"):
-                view._flag = flag
-                view.diagnosis = str(event.get("message") or kind)
+            if kind == "stalled" or state.flag not in ("stalled", "waiting"):
+                state.flag = flag
+                v["diagnosis"] = str(event.get("message") or kind)
                 phase = event.get("phase") if kind == "straggler" else None
-                view.straggler_phase = phase if phase in ("data", "compute", "comm", "other") else None
-        elif kind == "recovered" and (event.get("of") == view._flag or (view._flag == "waiting" and event.get("of") == "stalled")):
-            view._flag = None
-            view.diagnosis = None
-            view.straggler_phase = None
+                v["straggler_phase"] = (
+                    phase if phase in ("data", "compute", "comm", "other") else None
+                )
+        elif kind == "recovered" and (
+            event.get("of") == state.flag
+            or (state.flag == "waiting" and event.get("of") == "stalled")
+        ):
+            state.flag = None
+            v["diagnosis"] = None
+            v["straggler_phase"] = None
 
     def _apply_run(self) -> None:
         stopped = self._record.status == RunStatus.STOPPED
@@ -215,20 +328,28 @@ class RunReader:
         for row in self._record.ranks:
             if row.rank is None:
                 continue
-            view = self._rank(row.rank)
-            _take_row(view, row)
-            recorded[view.rank] = row.state
-        for view in self._ranks.values():
-            said = recorded.get(view.rank)
-            if view.exit_code is not None or stopped or (isinstance(said, str) and said in DONE_STATES):
+            state = self._rank(row.rank)
+            _take_row(state.values, row)
+            recorded[state.rank] = row.state
+        for state in self._ranks.values():
+            v = state.values
+            said = recorded.get(state.rank)
+            if (
+                v["exit_code"] is not None
+                or stopped
+                or (isinstance(said, str) and said in DONE_STATES)
+            ):
                 # Ended (or ended by the run's stop): the one rank-outcome rule. A rank the
-                # supervisor ended because another one failed was stopped; only the root cause failed.
-                blamed = not isinstance(culprit, int) or view.rank == culprit
-                view.state = rank_outcome(view.exit_code, stopped=stopped, recorded=said, blamed=blamed).value
+                # supervisor ended because another one failed was stopped; only the root cause
+                # failed.
+                blamed = not isinstance(culprit, int) or state.rank == culprit
+                v["state"] = rank_outcome(
+                    v["exit_code"], stopped=stopped, recorded=said, blamed=blamed
+                ).value
             else:
                 # Alive: a diagnosis in force, else what run.json says ("starting" until the
                 # supervisor learned its pid), else running.
-                view.state = view._flag or ("starting" if said == "starting" else "running")
+                v["state"] = state.flag or ("starting" if said == "starting" else "running")
 
     # -- logs -------------------------------------------------------------------------------
 
@@ -270,14 +391,14 @@ def _gpu(value: Any) -> int | str | None:
     return value if isinstance(value, (int, str)) and not isinstance(value, bool) else None
 
 
-def _take_row(view: RankView, row: RankRow) -> None:
-    """A rank's row of run.json onto its view: where it runs, its pid and how it ended."""
+def _take_row(v: dict[str, Any], row: RankRow) -> None:
+    """A rank's row of run.json onto its figures: where it runs, its pid and how it ended."""
     if row.host is not None:
-        view.host = row.host
+        v["host"] = row.host
     if row.node_rank is not None:
-        view.node_rank = row.node_rank
+        v["node_rank"] = row.node_rank
     if row.gpu is not None:
-        view.gpu = row.gpu
+        v["gpu"] = row.gpu
     if row.pid is not None:
-        view.pid = row.pid
-    view.exit_code = row.exit_code
+        v["pid"] = row.pid
+    v["exit_code"] = row.exit_code

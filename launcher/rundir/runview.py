@@ -12,15 +12,15 @@ Standard library only (no Rich): the console view loads it before it knows it wi
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from itertools import chain, islice
 from typing import Any, overload
 
-from xl.figures import phases, steps_of
 from xl.launcher.rundir.outcome import Cause, Failure
 from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.rundir.timing import describe as describe_time
 from xl.stats import median
 
 # How each run and rank state is drawn (a Rich style), the same in the app and the console view.
@@ -40,6 +40,7 @@ STATE_STYLE: dict[str, str] = {
 }
 
 HISTORY = 600  # points kept per series and rank, spread over the whole run
+Point = tuple[float, float]  # (t, value)
 
 
 def state_style(state: str | None, default: str = "") -> str:
@@ -67,7 +68,7 @@ class History(Sequence[tuple[float, float]]):
     the first to the newest, which is always there (the view shows the latest value).
     """
 
-    __slots__ = ("_cap", "_kept", "_latest", "_skip", "_stride")
+    __slots__ = ("_cap", "_kept", "_latest", "_skip", "_snap", "_stride")
 
     def __init__(self, cap: int = HISTORY) -> None:
         self._cap = max(2, cap)
@@ -75,6 +76,7 @@ class History(Sequence[tuple[float, float]]):
         self._latest: tuple[float, float] | None = None  # newest point, when not kept
         self._stride = 1
         self._skip = 0
+        self._snap: Points | None = None  # the last snapshot: the next one while nothing came
 
     def append(self, point: tuple[float, float]) -> None:
         self._skip += 1
@@ -85,7 +87,9 @@ class History(Sequence[tuple[float, float]]):
         self._latest = None
         self._kept.append(point)
         if len(self._kept) >= self._cap:
-            del self._kept[1::2]
+            # A new list, not ``del kept[1::2]``: the old one stays as the snapshots taken of it
+            # saw it (Points shares it instead of copying it).
+            self._kept = self._kept[::2]
             if self._kept[-1] is not point:
                 # It went with the others: it stays shown until a newer one comes, and the next
                 # point kept is one new stride after the last one kept.
@@ -114,9 +118,74 @@ class History(Sequence[tuple[float, float]]):
     def __repr__(self) -> str:
         return f"History({self._points()!r})"
 
+    def snapshot(self) -> Points:
+        """The points as they are now, for a view to draw while this goes on taking new ones."""
+        kept, snap = self._kept, self._snap
+        if (
+            snap is None
+            or snap._n != len(kept)
+            or snap._items is not kept
+            or snap._latest is not self._latest
+        ):
+            snap = self._snap = Points(kept, len(kept), self._latest)
+        return snap
 
-@dataclass
+
+class Points(Sequence[Point]):
+    """A History as it was when a view was read: it never changes, and costs no copy.
+
+    It shares the History's list: that list is only ever appended to past the ``n`` points seen
+    here (a History thins into a new list), so the first ``n`` stay what they were, whichever
+    thread goes on reading the run. ``latest`` is the newest point when the list did not keep it.
+    """
+
+    __slots__ = ("_items", "_latest", "_n")
+
+    def __init__(
+        self, items: Sequence[Point] = (), n: int = -1, latest: Point | None = None
+    ) -> None:
+        self._items = items
+        self._n = len(items) if n < 0 else n
+        self._latest = latest
+
+    def __len__(self) -> int:
+        return self._n + (self._latest is not None)
+
+    def __iter__(self) -> Iterator[Point]:
+        kept = islice(self._items, self._n)
+        return kept if self._latest is None else chain(kept, (self._latest,))
+
+    @overload
+    def __getitem__(self, index: int) -> Point: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Point]: ...
+    def __getitem__(self, index: int | slice) -> Point | list[Point]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        size = len(self)
+        at = index + size if index < 0 else index
+        if not 0 <= at < size:
+            raise IndexError("Points index out of range")
+        return self._items[at] if at < self._n else self._latest  # type: ignore[return-value]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=False))
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Points({list(self)!r})"
+
+
+@dataclass(frozen=True)
 class RankView:
+    """One rank as one read of the run found it: a snapshot that nothing changes afterwards, so a
+    view may draw it on any thread while the reader goes on reading (reader.py keeps the live
+    state and hands out one of these per rank and poll)."""
+
     rank: int
     host: str | None = None  # the machine it runs on (run.json's key ``node``)
     node_rank: int | None = None  # xl's node rank: tells apart two nodes on one host
@@ -126,7 +195,8 @@ class RankView:
     step: float | None = None
     total_steps: float | None = None
     loss: float | None = None
-    eval_loss: float | None = None  # the latest evaluation's, never a training loss (docs/frameworks.md)
+    # The latest evaluation's, never a training loss (docs/frameworks.md).
+    eval_loss: float | None = None
     epoch: float | None = None
     lr: float | None = None
     samples_per_s: float | None = None
@@ -154,57 +224,37 @@ class RankView:
     exit_code: int | None = None
     diagnosis: str | None = None  # the message of the stalled/straggler event in force
     straggler_phase: str | None = None  # a straggler's: data, compute, comm or other (its event's)
-    loss_history: History = field(default_factory=History)
-    samples_history: History = field(default_factory=History)
-    gpu_util_history: History = field(default_factory=History)
-    step_s_history: History = field(default_factory=History)
+    eta_s: float | None = None  # seconds to total_steps at its recent step rate (None: unknown)
+    loss_history: Sequence[Point] = Points()
+    samples_history: Sequence[Point] = Points()
+    gpu_util_history: Sequence[Point] = Points()
+    step_s_history: Sequence[Point] = Points()
     # Seconds its steps spent in each phase since the reader began (phase_totals: "data_s" ->
     # seconds, summed over the lines it read, each line's per-step mean times its ``steps``),
     # and the steps those lines stand for. A huge file's reader starts at its tail: the run's
     # whole split is the digest's (digest.json ``ranks``).
-    phase_totals: dict[str, float] = field(default_factory=dict)
+    phase_totals: Mapping[str, float] = field(default_factory=dict)
     steps_timed: int = 0
-    _steps: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=64), repr=False)
-    _flag: str | None = field(default=None, repr=False)
 
     @property
     def split(self) -> dict[str, float] | None:
         """Its last step's split, {"data_s": .., "compute_s": .., "comm_s": .., "other_s": ..}
         (per-step seconds), when its latest line gave all four."""
-        parts = {"data_s": self.data_s, "compute_s": self.compute_s, "comm_s": self.comm_s, "other_s": self.other_s}
+        parts = {
+            "data_s": self.data_s,
+            "compute_s": self.compute_s,
+            "comm_s": self.comm_s,
+            "other_s": self.other_s,
+        }
         if any(v is None for v in parts.values()):
             return None
         return {k: float(v) for k, v in parts.items() if v is not None}
-
-    def _took(self, t: float, rec: Mapping[str, Any]) -> None:
-        """A line with ``step_s``: its history, and its phases added to the totals."""
-        if self.step_s is not None:
-            self.step_s_history.append((t, self.step_s))
-        parts = phases(rec)
-        if parts is None:
-            return
-        n = steps_of(rec)
-        self.steps_timed += n
-        totals = self.phase_totals
-        for key, value in parts.items():
-            totals[key] = totals.get(key, 0.0) + value * n
 
     @property
     def progress(self) -> float | None:
         if self.step is None or not self.total_steps:
             return None
         return max(0.0, min(1.0, self.step / self.total_steps))
-
-    @property
-    def eta_s(self) -> float | None:
-        """Seconds to total_steps at the recent step rate (None when unknown)."""
-        if self.step is None or not self.total_steps or len(self._steps) < 2:
-            return None
-        (t0, s0), (t1, s1) = self._steps[0], self._steps[-1]
-        if t1 <= t0 or s1 <= s0:
-            return None
-        rate = (s1 - s0) / (t1 - t0)
-        return max(0.0, (self.total_steps - self.step) / rate)
 
 
 @dataclass(frozen=True)
@@ -245,7 +295,13 @@ class HangRule:
         if kind == "hang":
             culprits = tuple(r for r in event.get("ranks") or () if isinstance(r, int))
             stacks = event.get("stacks")
-            self.hang = Hang(str(event.get("message") or ""), culprits, None if stacks is None else str(stacks), frozenset(culprits), hang_label(event))
+            self.hang = Hang(
+                str(event.get("message") or ""),
+                culprits,
+                None if stacks is None else str(stacks),
+                frozenset(culprits),
+                hang_label(event),
+            )
         elif kind == "recovered" and event.get("of") == "stalled" and hang is not None:
             stuck = hang.stuck - {event.get("rank")}
             self.hang = replace(hang, stuck=stuck) if stuck else None
@@ -272,7 +328,7 @@ def failure_of(record: RunRecord, event: Mapping[str, Any] | None) -> Failure | 
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Progress:
     step: int
     total: int
@@ -283,16 +339,16 @@ class Progress:
         return min(1.0, self.step / self.total) if self.total else 0.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunView:
     """One read of a run: what every view draws. ``loaded`` is False until run.json was read
-    (``record`` is then an empty one, status "unknown")."""
+    (``record`` is then an empty one, status "unknown"). Made for its readers alone: nothing in
+    it changes once the reader handed it out (its ranks are RankView snapshots, its lists new)."""
 
     record: RunRecord
     ranks: dict[int, RankView]
     events: list[dict[str, Any]]
     new_events: list[dict[str, Any]]
-    collector: dict[str, Any] | None = None
     loaded: bool = True
     hang_found: Hang | None = None  # the hang rule's, before the run's end is taken into account
     failure: Failure | None = None  # the root cause (failure_of), once any rank failed
@@ -320,6 +376,12 @@ class RunView:
 
     def elapsed(self, now: float) -> float | None:
         return elapsed(self.record, now)
+
+    @property
+    def time_spent(self) -> str | None:
+        """Where a finished run's time went, in one line (timing.describe); None while it runs
+        or when its record has no accounting."""
+        return describe_time(self.record.time) if self.final else None
 
     @property
     def world_size(self) -> int:

@@ -29,7 +29,7 @@ from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.nodewatch import node_timeout
 from xl.launcher.supervisor.stopping import Stopping, StopReason
 from xl.launcher.supervisor.torchrun import Torchrun
-from xl.launcher.telemetry import stacks as capture
+from xl.launcher.telemetry import gather_stacks as capture
 
 _MAX_ASKING = 4  # stacks requests answered at once; more are answered "busy"
 # torchrun's c10d client gives up on node 0's store after its read_timeout (60 s), while its

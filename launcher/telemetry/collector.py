@@ -9,7 +9,8 @@ or spooled by the client, and a frame whose sequence number this rank process al
 is acked without being stored again (nothing lost, nothing twice).
 
 On node 0 of a multi-node run it also takes node frames from the other nodes' supervisors
-(xl.launcher.multinode.nodelink): their sampled records are stored here like a rank's, the rest goes to
+(xl.launcher.multinode.nodelink): their sampled records are stored here like a rank's, the rest
+goes to
 ``on_node`` for the supervisor, and ``stop_nodes`` tells every node to end its part of the run.
 A node link whose handshake proves a wrong token (a node started with a mistyped XL_TOKEN) is
 answered REFUSED, so that node can say why and stop; ``on_node`` gets ``[{"type": "refused",
@@ -163,8 +164,11 @@ class Collector(FrameServer):
         except wire.FrameError as exc:
             self.rejects[exc.reason] += 1
             return None
-        if conn is not None and (conn.role == handshake.ROLE_NODE) != isinstance(header, wire.NodeHeader):
-            self.rejects["wrong_role"] += 1  # a rank's connection sending node frames, or the reverse
+        if conn is not None and (conn.role == handshake.ROLE_NODE) != isinstance(
+            header, wire.NodeHeader
+        ):
+            # A rank's connection sending node frames, or the reverse.
+            self.rejects["wrong_role"] += 1
             return None
         if isinstance(header, wire.NodeHeader):
             if conn is not None and header.node != conn.who:
@@ -293,7 +297,9 @@ class Collector(FrameServer):
         """Every connected node's answer to a stacks request within ``timeout`` (any thread): the
         entries, and the nodes asked. The node gets a little less time than its requester, for
         the answer to travel."""
-        ident = os.urandom(8).hex()  # a request's name, no secret: secrets' imports cost the supervisor's start ~5 ms
+        ident = os.urandom(
+            8
+        ).hex()  # a request's name, no secret: secrets' imports cost the supervisor's start ~5 ms
         deadline = time.monotonic() + timeout
         ask = _StacksAsk({"id": ident, "rank": rank, "timeout": round(max(0.2, timeout - 0.7), 2)})
         with self._stacks_lock:

@@ -68,7 +68,9 @@ class Thresholds:
             stall_factor=_env_float(env, envnames.STALL_FACTOR, d.stall_factor),
             straggler_window_s=_env_float(env, envnames.STRAGGLER_WINDOW_S, d.straggler_window_s),
             straggler_sustain=int(_env_float(env, envnames.STRAGGLER_SUSTAIN, d.straggler_sustain)),
-            straggler_min_wait_s=_env_float(env, envnames.STRAGGLER_MIN_WAIT_S, d.straggler_min_wait_s),
+            straggler_min_wait_s=_env_float(
+                env, envnames.STRAGGLER_MIN_WAIT_S, d.straggler_min_wait_s
+            ),
             gpu_mem_high=_env_float(env, envnames.GPU_MEM_HIGH, d.gpu_mem_high),
         )
 
@@ -81,7 +83,9 @@ class _Rank:
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     # Timed steps (train lines with the split): (t, steps, data_s, compute_s, comm_s, other_s); at
     # most ~10 lines a second come, so 512 cover the window (10 s) five times over.
-    splits: deque[tuple[float, int, float, float, float, float]] = field(default_factory=lambda: deque(maxlen=512))
+    splits: deque[tuple[float, int, float, float, float, float]] = field(
+        default_factory=lambda: deque(maxlen=512)
+    )
     waits: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
     # Latest xl.watch report: (when, seconds the oldest all-reduce bucket has been pending).
     pending: tuple[float, float] | None = None
@@ -147,7 +151,9 @@ class Diagnoser:
         self._ranks: dict[int, _Rank] = {}
         self._lock = threading.Lock()
         self._ticked: float | None = None  # monotonic, the last tick
-        self._thawed_at: float | None = None  # wall clock, the end of the latest pause of this process
+        self._stragglers = Stragglers(self)
+        # Wall clock, the end of the latest pause of this process.
+        self._thawed_at: float | None = None
 
     def _rank(self, rank: int) -> _Rank:
         st = self._ranks.get(rank)
@@ -254,7 +260,7 @@ class Diagnoser:
         with self._lock:
             self._notice_pause(now, mono)
             self._check_stalls(now)
-            self._check_stragglers(now)
+            self._stragglers.check(now)
 
     def _waiting_at_collective(self, now: float) -> dict[int, float]:
         """Ranks (watched by xl.watch) stuck in an all-reduce right now, and for how long."""
@@ -319,7 +325,45 @@ class Diagnoser:
         for event in stalled:
             self._send(event)
 
-    def _check_stragglers(self, now: float) -> None:
+    def any_stalled(self) -> bool:
+        with self._lock:
+            return any(st.stalled for st in self._ranks.values())
+
+    def state(self) -> dict[int, str]:
+        with self._lock:
+            out = {}
+            for rank, st in self._ranks.items():
+                if st.stalled:
+                    out[rank] = "stalled"
+                elif st.straggler:
+                    out[rank] = "straggler"
+            return out
+
+
+class Stragglers:
+    """The straggler half of the 1 Hz pass, on the Diagnoser's ranks and under its lock: each
+    live rank gets a vote each tick, from the best evidence the ranks give (their step split,
+    else their waits at the all-reduce, else their step times), and a rank is named a straggler
+    (and cleared again) only after ``straggler_sustain`` votes in a row."""
+
+    def __init__(self, diagnoser: Diagnoser) -> None:
+        self.d = diagnoser
+
+    @property
+    def th(self) -> Thresholds:
+        return self.d.th
+
+    @property
+    def _ranks(self) -> dict[int, _Rank]:
+        return self.d._ranks
+
+    def _rank(self, rank: int) -> _Rank:
+        return self.d._rank(rank)
+
+    def _event(self, kind: str, rank: int | None, message: str, **extra: Any) -> None:
+        self.d._event(kind, rank, message, **extra)
+
+    def check(self, now: float) -> None:
         since = now - self.th.straggler_window_s
         splits = _window_splits(self._ranks, since)
         if len(splits) >= 2:
@@ -344,7 +388,13 @@ class Diagnoser:
         from xl.launcher.telemetry import straggler  # noqa: PLC0415 - once two ranks time their steps: after their torch imports, not beside them
 
         th = self.th
-        blame = straggler.judge(splits, min_wait_s=th.straggler_min_wait_s, wait_ratio=th.straggler_wait_ratio, min_share=th.straggler_min_share, step_ratio=th.step_time_ratio)
+        blame = straggler.judge(
+            splits,
+            min_wait_s=th.straggler_min_wait_s,
+            wait_ratio=th.straggler_wait_ratio,
+            min_share=th.straggler_min_share,
+            step_ratio=th.step_time_ratio,
+        )
         for rank in splits:
             is_it = blame is not None and blame.rank == rank
             if is_it:
@@ -412,20 +462,6 @@ class Diagnoser:
                     self._event(
                         "recovered", rank, f"rank {rank} is no longer a straggler", of="straggler"
                     )
-
-    def any_stalled(self) -> bool:
-        with self._lock:
-            return any(st.stalled for st in self._ranks.values())
-
-    def state(self) -> dict[int, str]:
-        with self._lock:
-            out = {}
-            for rank, st in self._ranks.items():
-                if st.stalled:
-                    out[rank] = "stalled"
-                elif st.straggler:
-                    out[rank] = "straggler"
-            return out
 
 
 def quiet_spell(d: Diagnoser, now: float | None = None) -> tuple[float | None, float]:

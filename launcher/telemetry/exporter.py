@@ -131,7 +131,9 @@ def failure_labels(rec: RunRecord, failure: Failure | None, host: str) -> dict[s
 class RunsCollector(Collector):
     """Every live run under ``runs_root`` (default ``$XL_HOME/runs``), read on each ``collect``."""
 
-    def __init__(self, runs_root: Path | None = None, *, gpus: bool = True, clock: Any = time.time) -> None:
+    def __init__(
+        self, runs_root: Path | None = None, *, gpus: bool = True, clock: Any = time.time
+    ) -> None:
         self.runs_root = runs_root
         self.gpus = gpus
         self.clock = clock
@@ -141,7 +143,9 @@ class RunsCollector(Collector):
         self._ended: dict[str, int] = {}
         self._lock = threading.Lock()  # scrapes may come on two server threads at once
         self._host = socket.gethostname()
-        self._failed: dict[str, tuple[float, dict[str, str]]] = {}  # run id -> (its end, its failure's labels)
+        self._failed: dict[
+            str, tuple[float, dict[str, str]]
+        ] = {}  # run id -> (its end, its failure's labels)
 
     def _ended_run(self, rec: RunRecord | None) -> None:
         """A run found ended: its failure is kept for FAILED_KEPT_S (``xl_run_failure_info``)."""
@@ -197,22 +201,62 @@ class RunsCollector(Collector):
     def families(self, runs: list[LiveRun], now: float) -> list[Metric]:
         step = GaugeMetricFamily("xl_train_step", "The rank's last logged step.", labels=R)
         loss = GaugeMetricFamily("xl_train_loss", "The rank's last logged loss.", labels=R)
-        samples = CounterMetricFamily("xl_train_samples_total", "Samples the rank logged (xl.log(samples=...)) since the run started.", labels=R)
-        rate = GaugeMetricFamily("xl_train_samples_per_second", "The rank's samples per second at its last logged step.", labels=R)
-        last = GaugeMetricFamily("xl_train_last_step_timestamp_seconds", "Unix time of the rank's last logged step.", labels=R)
-        state = StateSetMetricFamily("xl_rank_state", "The rank's state as xl diagnoses it.", labels=R)
-        util = GaugeMetricFamily("xl_gpu_utilization_ratio", "The rank's GPU utilization, 0-1.", labels=G)
-        mem = GaugeMetricFamily("xl_gpu_memory_used_bytes", "Memory used on the rank's GPU.", labels=G)
-        rank_info = InfoMetricFamily("xl_rank", "A rank of a live run: its GPU and process.", labels=R)
+        samples = CounterMetricFamily(
+            "xl_train_samples_total",
+            "Samples the rank logged (xl.log(samples=...)) since the run started.",
+            labels=R,
+        )
+        rate = GaugeMetricFamily(
+            "xl_train_samples_per_second",
+            "The rank's samples per second at its last logged step.",
+            labels=R,
+        )
+        last = GaugeMetricFamily(
+            "xl_train_last_step_timestamp_seconds",
+            "Unix time of the rank's last logged step.",
+            labels=R,
+        )
+        state = StateSetMetricFamily(
+            "xl_rank_state", "The rank's state as xl diagnoses it.", labels=R
+        )
+        util = GaugeMetricFamily(
+            "xl_gpu_utilization_ratio", "The rank's GPU utilization, 0-1.", labels=G
+        )
+        mem = GaugeMetricFamily(
+            "xl_gpu_memory_used_bytes", "Memory used on the rank's GPU.", labels=G
+        )
+        rank_info = InfoMetricFamily(
+            "xl_rank", "A rank of a live run: its GPU and process.", labels=R
+        )
         run_info = InfoMetricFamily("xl_run", "A live run.", labels=("run_id",))
-        reporting = GaugeMetricFamily("xl_ranks_reporting", f"Ranks of the run whose figures arrived in the last {REPORTING_S:.0f} s.", labels=("run_id",))
-        # Where the rank's steps' time goes (xl.figures names each; the latest line's per-step means).
-        step_s = GaugeMetricFamily(_family("step_s"), "The rank's step time, in seconds: its last logged step's (a mean over the steps its line stands for).", labels=R)
-        phase = GaugeMetricFamily(_family("data_s"), "Of the rank's step time, the seconds in each phase (data, compute, comm, other); they sum to xl_rank_step_seconds.", labels=(*R, "phase"))
-        peak = GaugeMetricFamily(_family("mem_peak_mib"), "CUDA: the rank's peak allocated memory during its last logged step.", labels=R)
+        reporting = GaugeMetricFamily(
+            "xl_ranks_reporting",
+            f"Ranks of the run whose figures arrived in the last {REPORTING_S:.0f} s.",
+            labels=("run_id",),
+        )
+        # Where the rank's steps' time goes (xl.figures names each; the latest line's per-step
+        # means).
+        step_s = GaugeMetricFamily(
+            _family("step_s"),
+            "The rank's step time, in seconds: its last logged step's (a mean over the steps its "
+            "line stands for).",
+            labels=R,
+        )
+        phase = GaugeMetricFamily(
+            _family("data_s"),
+            "Of the rank's step time, the seconds in each phase (data, compute, comm, other); "
+            "they sum to xl_rank_step_seconds.",
+            labels=(*R, "phase"),
+        )
+        peak = GaugeMetricFamily(
+            _family("mem_peak_mib"),
+            "CUDA: the rank's peak allocated memory during its last logged step.",
+            labels=R,
+        )
         failed = InfoMetricFamily(
             "xl_run_failure",
-            f"A run's root cause: the rank that died first and why (kind); kept {FAILED_KEPT_S / 60:.0f} min after the run ended.",
+            f"A run's root cause: the rank that died first and why (kind); kept "
+            f"{FAILED_KEPT_S / 60:.0f} min after the run ended.",
             labels=("run_id",),
         )
         for run_id, (ended, said) in sorted(self._failed.items()):
@@ -270,7 +314,21 @@ class RunsCollector(Collector):
             why = failure_labels(rec, run.view.failure, self._host)
             if why is not None:
                 failed.add_metric([rec.run_id], why)
-        out: list[Metric] = [step, loss, samples, rate, last, step_s, phase, peak, state, rank_info, run_info, reporting, failed]
+        out: list[Metric] = [
+            step,
+            loss,
+            samples,
+            rate,
+            last,
+            step_s,
+            phase,
+            peak,
+            state,
+            rank_info,
+            run_info,
+            reporting,
+            failed,
+        ]
         if self.gpus:
             out += [util, mem]
         return out

@@ -6,7 +6,7 @@ it); it writes ``stacks/<t>.json`` and one ``hang`` event naming the culprit(s),
 ``stalled`` events go out reworded: a culprit's says where it is, a victim's says what it waits in
 and for whom (``waiting_on``), so the two no longer read alike. Stalls that come later in the same
 hang reuse its verdict. With no usable stacks (ranks not started by xl's entry), the events go out
-unchanged. A stall is a hang only by the rule `xl stacks` follows (xl.launcher.telemetry.progress):
+unchanged. A stall is a hang only by the rule `xl stacks` follows (xl.launcher.telemetry.stall):
 while another rank still progresses, the events go out unchanged.
 
 A capture that names nobody (a rank had begun its collective only a moment before, as a loaded
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from xl.launcher.rundir.events import Hang
-from xl.launcher.telemetry import stacks as capture
-from xl.launcher.telemetry.progress import STALLED, Progress, judge
+from xl.launcher.telemetry import gather_stacks as capture
+from xl.launcher.telemetry.stall import STALLED, Progress, judge
 from xl.launcher.telemetry.trouble import Trouble
 from xl.launcher.telemetry.verdict import busy, doing, position, ranges, where
 
@@ -88,7 +88,12 @@ class HangCapture:
                 if self._state == "idle":
                     self._state = "busy"
                     self._stop = threading.Event()
-                    self._thread = threading.Thread(target=self._capture, args=(self._stop,), name="xl-hang-capture", daemon=True)
+                    self._thread = threading.Thread(
+                        target=self._capture,
+                        args=(self._stop,),
+                        name="xl-hang-capture",
+                        daemon=True,
+                    )
                     self._thread.start()
                 return
             doc = self.doc
@@ -120,12 +125,19 @@ class HangCapture:
                 self._peeked_at, self._mismatch = 0.0, None
             return
         with self._lock:
-            if idle_s < 2 * self._peeked_at or self._state != "idle" or self._mismatch is not None or self._ended:
+            if (
+                idle_s < 2 * self._peeked_at
+                or self._state != "idle"
+                or self._mismatch is not None
+                or self._ended
+            ):
                 return
             if self._peeking is not None and self._peeking.is_alive():
                 return
             self._peeked_at = idle_s
-            self._peeking = threading.Thread(target=self._peek, name="xl-mismatch-peek", daemon=True)
+            self._peeking = threading.Thread(
+                target=self._peek, name="xl-mismatch-peek", daemon=True
+            )
             self._peeking.start()
 
     def _peek(self) -> None:
@@ -204,7 +216,8 @@ class HangCapture:
 
 
 def reword(event: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
-    """A stalled event told with the hang's verdict: the culprit stalled, the others waiting on it."""
+    """A stalled event told with the hang's verdict: the culprit stalled, the others waiting on
+    it."""
     rank = event.get("rank")
     culprits = list((doc.get("verdict") or {}).get("ranks") or [])
     entry = next((e for e in doc.get("ranks") or [] if e.get("rank") == rank), None)

@@ -1,4 +1,4 @@
-"""The collector's listening socket, opened again when it dies under it (issue 25, point 13).
+"""The collector's listening socket, opened again when it dies under it.
 
 ``ss -K`` (or any SOCK_DESTROY) can close a listening socket from outside: ``accept`` then fails
 with EINVAL for good and the selector keeps calling it readable, so before, no rank could connect
@@ -23,7 +23,14 @@ from xl.address import format_address
 REOPEN_S = 0.5
 ACCEPTS_PER_TURN = 64
 # accept() errors of one connection: the listening socket is fine.
-_ONE_CONNECTION = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO)
+_ONE_CONNECTION = (
+    errno.EMFILE,
+    errno.ENFILE,
+    errno.ENOBUFS,
+    errno.ENOMEM,
+    errno.ECONNABORTED,
+    errno.EPROTO,
+)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -93,9 +100,17 @@ class Listener:
         except OSError as exc:
             self._rejects["listener_reopen_failed"] += 1
             if self._rejects["listener_reopen_failed"] == 1:
-                self._event("collector_unavailable", f"the collector cannot listen on {self.where} again ({exc.strerror or exc}); retrying every {REOPEN_S:g} s")
+                self._event(
+                    "collector_unavailable",
+                    f"the collector cannot listen on {self.where} again ({exc.strerror or exc}); "
+                    f"retrying every {REOPEN_S:g} s",
+                )
             return
         self.sock = sock
         self.register()
         self._rejects["listener_reopened"] += 1
-        self._event("collector_reopened", f"the collector's socket on {self.where} was closed under it; it listens again and the ranks reconnect")
+        self._event(
+            "collector_reopened",
+            f"the collector's socket on {self.where} was closed under it; it listens again and "
+            f"the ranks reconnect",
+        )

@@ -152,7 +152,11 @@ class Printed:
         """The held records of every rank whose hold ran out by ``now`` (the 1 Hz loop asks: a
         bar-only script that stopped printing, hung or not, still gets its steps)."""
         with self._lock:
-            return [rec for rank in [r for r, t in self._since.items() if now - t >= self.hold_s] for rec in self._release(rank)]
+            return [
+                rec
+                for rank in [r for r, t in self._since.items() if now - t >= self.hold_s]
+                for rec in self._release(rank)
+            ]
 
     def _release(self, rank: int) -> list[dict[str, Any]]:
         self._free.add(rank)

@@ -15,7 +15,7 @@ Two shapes are understood:
 
 Every parser here is linear in what it reads and reads a bounded part of a line: rank output is
 anyone's text, and one 60,000-digit line ending " it/s" once held the supervisor for 19 s in a
-regex that backtracked over every digit (issue 25). So each pattern is anchored where it may
+regex that backtracked over every digit. So each pattern is anchored where it may
 start (no retry at every position of a long run of digits) and each repeat has a bound; a line
 is looked at up to MAX_EXAMINED characters (the tail of a tqdm segment, where the counters are;
 a dict only when the whole dict is within MAX_DICT). A parser added here keeps to the same rules.
@@ -34,7 +34,9 @@ MAX_DICT = 16384
 _DICT_TRIES = 4  # "{'" occurrences tried as the start of a dict, first ones first
 _DICT_KEY = re.compile(r"\{'[A-Za-z_][\w/.-]{0,128}': ")
 # (?<!\d): a match starts only at the first digit of a number, never again inside it.
-_TQDM = re.compile(r"(?<!\d)(?P<n>\d{1,18})/(?P<total>\d{1,18}|\?)\s{0,8}\[(?P<inside>[^\]]{0,256})\]")
+_TQDM = re.compile(
+    r"(?<!\d)(?P<n>\d{1,18})/(?P<total>\d{1,18}|\?)\s{0,8}\[(?P<inside>[^\]]{0,256})\]"
+)
 _RATE = re.compile(r"(?<![\d.])(?P<rate>[\d.]{1,32})\s{0,8}(?P<unit>[A-Za-z]{1,16})/s\b")
 _INV_RATE = re.compile(r"(?<![\d.])(?P<inv>[\d.]{1,32})\s{0,8}s/(?P<unit>[A-Za-z]{1,16})\b")
 # PrinterCallback prints raw floats, so a NaN loss appears as a bare ``nan`` token, which
@@ -45,7 +47,10 @@ _NESTED = "\x1b[A"  # tqdm's cursor-up after a bar drawn below another (position
 _NOT_TRAINING = ("Validation", "Sanity Checking", "Testing", "Predicting", "Evaluating")
 _EPOCH = re.compile(r"\s{0,8}Epoch (?P<epoch>\d{1,9})\s{0,8}:")
 # a postfix's loss: ", train_loss=2.38" (Lightning's prog_bar metrics) or ", loss=0.3"
-_POSTFIX_LOSS = re.compile(r"(?:^|[ ,])(?:train_)?loss=(?P<loss>-?\d{1,24}(?:\.\d{1,24})?(?:e[-+]?\d{1,4})?|nan|inf)(?=[,\]]|\s|$)")
+_POSTFIX_LOSS = re.compile(
+    r"(?:^|[ ,])(?:train_)?loss="
+    r"(?P<loss>-?\d{1,24}(?:\.\d{1,24})?(?:e[-+]?\d{1,4})?|nan|inf)(?=[,\]]|\s|$)"
+)
 _STEP_KEYS = ("step", "global_step")
 
 

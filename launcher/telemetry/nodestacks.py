@@ -45,7 +45,8 @@ class Door:
     def __init__(self, run_dir: Path, gather: Gather) -> None:
         self.run_dir = run_dir
         self._gather = gather
-        self._name = f"xl-nodes-stacks-{os.getpid()}-{os.urandom(16).hex()}"  # nobody can bind it first (os.urandom, as secrets.token_hex, without its imports)
+        # Nobody can bind it first (os.urandom, as secrets.token_hex, without its imports)
+        self._name = f"xl-nodes-stacks-{os.getpid()}-{os.urandom(16).hex()}"
         self._sock: socket.socket | None = None
         self._slots = threading.BoundedSemaphore(_MAX_AT_ONCE)
 
@@ -57,7 +58,9 @@ class Door:
         layout = RunLayout(self.run_dir)
         layout.ranks.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_json_atomic(layout.nodes_stacks_door, {"pid": os.getpid(), "socket": self._name})
-        threading.Thread(target=self._serve, args=(sock,), name="xl-nodes-stacks", daemon=True).start()
+        threading.Thread(
+            target=self._serve, args=(sock,), name="xl-nodes-stacks", daemon=True
+        ).start()
 
     def close(self) -> None:
         sock, self._sock = self._sock, None
@@ -78,7 +81,9 @@ class Door:
                 with contextlib.suppress(OSError), conn:
                     conn.sendall(b'{"error": "busy: other stacks requests are being answered"}')
                 continue
-            threading.Thread(target=self._answer, args=(conn,), name="xl-nodes-stacks-ask", daemon=True).start()
+            threading.Thread(
+                target=self._answer, args=(conn,), name="xl-nodes-stacks-ask", daemon=True
+            ).start()
 
     def _answer(self, conn: socket.socket) -> None:
         try:
@@ -90,7 +95,11 @@ class Door:
                 ask = json.loads(raw) if raw else {}
                 rank = ask.get("rank") if isinstance(ask, dict) else None
                 timeout = ask.get("timeout") if isinstance(ask, dict) else None
-                limit = min(float(timeout), 30.0) if isinstance(timeout, (int, float)) and timeout > 0 else 3.0
+                limit = (
+                    min(float(timeout), 30.0)
+                    if isinstance(timeout, (int, float)) and timeout > 0
+                    else 3.0
+                )
                 entries, asked = self._gather(rank if type(rank) is int else None, limit)
                 conn.settimeout(5.0)
                 conn.sendall(json.dumps({"ranks": entries, "asked": asked}, default=str).encode())

@@ -133,7 +133,11 @@ class Sampler:
             if footprint is not None and child_pss is not None:
                 footprint += child_pss
         entry.children = alive
-        figures: dict[str, Any] = {"rss_mib": round(rss / MIB, 1), "cpu_pct": round(cpu, 1), "nproc": 1 + len(alive)}
+        figures: dict[str, Any] = {
+            "rss_mib": round(rss / MIB, 1),
+            "cpu_pct": round(cpu, 1),
+            "nproc": 1 + len(alive),
+        }
         if footprint is not None:
             figures["mem_mib"] = round(footprint / MIB, 1)
         return figures
@@ -227,7 +231,9 @@ class Sampler:
         rec["gpu_util"] = gpu.util_gpu
         rec["gpu_mem_used_mib"] = gpu.memory_used_mib
         rec["gpu_mem_total_mib"] = gpu.memory_total_mib
-        figures = [gp.used_mib for g, gp in held if g is gpu and isinstance(gp.used_mib, (int, float))]
+        figures = [
+            gp.used_mib for g, gp in held if g is gpu and isinstance(gp.used_mib, (int, float))
+        ]
         if figures:
             rec["gpu_proc_mem_mib"] = round(float(sum(figures)), 1)
 

@@ -33,6 +33,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from xl import handshake, wire
@@ -88,12 +89,54 @@ class Conn:
     who: int = -1  # the rank or node it proved the token as
 
 
+class Acks:
+    """The collector's acks, cumulative and so batched: a connection's latest stored seq goes
+    back once ACK_EVERY frames are in, after ACK_DELAY_S, or at once when the sender asks (it is
+    flushing). ``flush`` sends what a connection has to send."""
+
+    def __init__(self, flush: Callable[[Conn], None]) -> None:
+        self._flush = flush
+        self._due: dict[int, tuple[float, Conn]] = {}  # by id(conn): (since, conn)
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._due)
+
+    def stored(self, conn: Conn, seqs: list[int], at_once: bool) -> None:
+        """The frames ``seqs`` of ``conn`` are stored: ack them now or soon."""
+        conn.ack_seq = seqs[-1]
+        conn.ack_frames += len(seqs)
+        if at_once or conn.ack_frames >= ACK_EVERY:
+            self._ack(conn)
+            self._due.pop(id(conn), None)
+        elif id(conn) not in self._due:
+            self._due[id(conn)] = (time.monotonic(), conn)
+
+    def send_due(self, now: float, *, all_: bool = False) -> None:
+        for key, (since, conn) in list(self._due.items()):
+            if all_ or now - since >= ACK_DELAY_S:
+                self._ack(conn)
+                self._due.pop(key, None)
+
+    def forget(self, conn: Conn) -> None:
+        self._due.pop(id(conn), None)
+
+    def _ack(self, conn: Conn) -> None:
+        if conn.ack_seq is None:
+            return
+        conn.out += ACK.pack(conn.ack_seq)
+        conn.ack_seq, conn.ack_frames = None, 0
+        self._flush(conn)
+
+
 class FrameServer:
     """Accept peers on ``host:port``, cut their streams into frames, hand each to ``_frame``,
     append the lines it keeps through ``writer`` and ack the frame; every failure is counted in
     ``rejects`` under its reason, and nothing a peer sends can stop the loop."""
 
-    def __init__(self, writer: MetricsWriter, host: str, port: int, idle_s: float, token: bytes) -> None:
+    def __init__(
+        self, writer: MetricsWriter, host: str, port: int, idle_s: float, token: bytes
+    ) -> None:
         self.writer = writer
         self._token = token  # proved by every peer in the handshake, never sent
         self.idle_s = idle_s  # read on every check: tests shorten it on a running server
@@ -103,7 +146,7 @@ class FrameServer:
         self.host, self.port = self._listener.host, self._listener.port
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._ack_due: dict[int, tuple[float, Conn]] = {}
+        self._acks = Acks(self._flush_out)
         self._fresh: dict[int, Conn] = {}  # connections with no valid frame yet, by id
         self._next_idle_check = 0.0
         # A socketpair wakes the loop at once on stop() instead of waiting for its timeout.
@@ -159,10 +202,10 @@ class FrameServer:
         try:
             while not self._stop.is_set():
                 try:
-                    self._tick(ACK_DELAY_S / 2 if self._ack_due else 0.2)
+                    self._tick(ACK_DELAY_S / 2 if self._acks.waiting else 0.2)
                     if not self._stop.is_set():
                         self._listener.reopen(time.monotonic())  # when it died (listener.py)
-                    self._send_due_acks(time.monotonic())
+                    self._acks.send_due(time.monotonic())
                     self._close_idle(time.monotonic())
                     self._tick_done()
                     self.writer.maybe_flush()
@@ -195,7 +238,7 @@ class FrameServer:
         discard input until the peer closes too (or a short grace ends). Frames arriving now are
         not acked, so their senders keep them.
         """
-        self._send_due_acks(time.monotonic(), all_=True)
+        self._acks.send_due(time.monotonic(), all_=True)
         conns = self._conns()
         for conn in conns:
             with contextlib.suppress(OSError):
@@ -278,7 +321,7 @@ class FrameServer:
             self._close(conn)
 
     def _close(self, conn: Conn) -> None:
-        self._ack_due.pop(id(conn), None)
+        self._acks.forget(conn)
         self._fresh.pop(id(conn), None)
         with contextlib.suppress(Exception):
             self._sel.unregister(conn.sock)
@@ -290,7 +333,9 @@ class FrameServer:
         """Check a new connection's HELLO once all of it is in; False when it was closed."""
         if len(conn.buf) < handshake.HELLO_SIZE:
             return True
-        hello = handshake.check_hello(self._token, conn.nonce, bytes(conn.buf[: handshake.HELLO_SIZE]))
+        hello = handshake.check_hello(
+            self._token, conn.nonce, bytes(conn.buf[: handshake.HELLO_SIZE])
+        )
         del conn.buf[: handshake.HELLO_SIZE]
         conn.out += hello.answer
         if hello.ok:
@@ -305,7 +350,9 @@ class FrameServer:
 
     def _read(self, conn: Conn) -> None:
         try:
-            data = conn.sock.recv(1 << 20 if conn.valid else handshake.HELLO_SIZE - len(conn.buf))  # a stranger: 53 bytes
+            data = conn.sock.recv(
+                1 << 20 if conn.valid else handshake.HELLO_SIZE - len(conn.buf)
+            )  # a stranger: 53 bytes
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -345,30 +392,10 @@ class FrameServer:
             return
         if lines:
             self.writer.write_lines(lines)
-        if acks:
-            # Acked only after the lines are handed to the writer (above).
-            conn.ack_seq = acks[-1]
-            conn.ack_frames += len(acks)
-            if ack_now or conn.ack_frames >= ACK_EVERY:
-                self._ack(conn)
-                self._ack_due.pop(id(conn), None)
-            elif id(conn) not in self._ack_due:
-                self._ack_due[id(conn)] = (time.monotonic(), conn)
+        if acks:  # acked only after the lines are handed to the writer (above)
+            self._acks.stored(conn, acks, ack_now)
 
     # -- writing back ---------------------------------------------------------------------------
-
-    def _send_due_acks(self, now: float, *, all_: bool = False) -> None:
-        for key, (since, conn) in list(self._ack_due.items()):
-            if all_ or now - since >= ACK_DELAY_S:
-                self._ack(conn)
-                self._ack_due.pop(key, None)
-
-    def _ack(self, conn: Conn) -> None:
-        if conn.ack_seq is None:
-            return
-        conn.out += ACK.pack(conn.ack_seq)
-        conn.ack_seq, conn.ack_frames = None, 0
-        self._flush_out(conn)
 
     def _flush_out(self, conn: Conn) -> None:
         if conn.out:

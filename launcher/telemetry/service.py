@@ -7,7 +7,8 @@
     t.stop()
 
 It owns the collector thread (rank frames -> metrics.jsonl), a 1 Hz thread that samples every
-rank's GPU and process and runs the diagnoses, the log parser, and the spool (``spool``): records a rank
+rank's GPU and process and runs the diagnoses, the log parser, and the spool (``spool``): records
+a rank
 wrote to ``<run_dir>/spool/`` while no collector was reachable are stored once that rank is
 gone (a live rank replays its own spool when it reconnects).
 """
@@ -15,7 +16,6 @@ gone (a live rank replays its own spool when it reconnects).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import threading
@@ -26,10 +26,9 @@ from typing import Any
 
 from xl import envnames, settings, wire
 from xl.address import format_address
-from xl.atomic import write_json_atomic
 from xl.launcher.rundir.events import Dropped, MetricsLost, Relayed, append_event
-from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.metrics import MetricsWriter
+from xl.launcher.telemetry import previous_port, write_collector_json
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser, quiet_spell
 from xl.launcher.telemetry.hang import HangCapture
@@ -37,6 +36,71 @@ from xl.launcher.telemetry.logfeed import HOLD_S, LogFeed, Printed
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
 from xl.launcher.telemetry.trouble import Trouble
+
+
+class Drops:
+    """Records that ranks dropped (their xl.log queue was full, or the collector refused them),
+    counted from any thread and said as ``dropped`` events: one per rank and reason at most every
+    5 s, so a flood of drops is one line."""
+
+    def __init__(self, emit: Callable[[dict[str, Any]], None]) -> None:
+        self._emit = emit
+        self._dropped_lock = threading.Lock()
+        self._dropped_pending: dict[tuple[int, str], int] = {}
+        self._dropped_last_emit = 0.0
+
+    def add(self, rank: int, count: int, reason: str = "queue_full") -> None:
+        with self._dropped_lock:
+            key = (rank, reason)
+            self._dropped_pending[key] = self._dropped_pending.get(key, 0) + count
+
+    def flush(self, force: bool = False) -> None:
+        now = time.time()
+        with self._dropped_lock:
+            if not self._dropped_pending or (not force and now - self._dropped_last_emit < 5):
+                return
+            pending, self._dropped_pending = self._dropped_pending, {}
+            self._dropped_last_emit = now
+        for (rank, reason), count in sorted(pending.items()):
+            why = (
+                "its xl.log queue was full"
+                if reason == "queue_full"
+                else f"the collector rejected them: {reason}"
+            )
+            message = f"rank {rank} dropped {count} records ({why})"
+            self._emit(Dropped(now, rank, message, count, reason).to_json())
+
+
+class Roster:
+    """The ranks as the launcher last reported them (``set``, from the supervisor's thread), read
+    by the sampler's and the hang capture's threads: each read is a copy taken under the lock."""
+
+    def __init__(self) -> None:
+        self._ranks: list[dict[str, Any]] = []
+        self._ranks_lock = threading.Lock()
+
+    def set(self, ranks: list[dict[str, Any]]) -> None:
+        with self._ranks_lock:
+            self._ranks = [dict(r) for r in ranks]
+
+    def local(self, collector: Collector | None, multinode: bool) -> list[dict[str, Any]]:
+        """This node's live ranks, to sample."""
+        with self._ranks_lock:
+            ranks = [dict(r) for r in self._ranks]
+        known = {r.get("rank") for r in ranks if isinstance(r.get("pid"), int)}
+        # Ranks the launcher has not reported yet are still sampled from the pid they sent;
+        # not on node 0 of a multi-node run, where a peer's pid may be another machine's.
+        if collector is not None and not multinode:
+            for rank, peer in list(collector.peers.items()):
+                if rank not in known:
+                    ranks = [r for r in ranks if r.get("rank") != rank]
+                    ranks.append({"rank": rank, "pid": peer.pid})
+        return [r for r in ranks if r.get("exit_code") is None and not r.get("remote")]
+
+    def remote(self) -> list[dict[str, Any]]:
+        """Other nodes' live ranks."""
+        with self._ranks_lock:
+            return [dict(r) for r in self._ranks if r.get("remote") and r.get("exit_code") is None]
 
 
 class Telemetry:
@@ -72,16 +136,13 @@ class Telemetry:
         self._on_node = on_node
         self._on_node_closed = on_node_closed
         self._forward = forward
-        self._ranks: list[dict[str, Any]] = []
-        self._ranks_lock = threading.Lock()
+        self.roster = Roster()
         # Ranks whose train metrics come from xl.log: their printed dicts are not parsed again.
         self._client_ranks: set[int] = set()
         # What ranks print is a step only where they do not report their own (logfeed.Printed).
         hold = settings.number(envnames.PRINTED_HOLD_S, HOLD_S, floor=0.0)
         self.printed = Printed(instrumented=instrumented, hold_s=hold)
-        self._dropped_pending: dict[tuple[int, str], int] = {}
-        self._dropped_lock = threading.Lock()
-        self._dropped_last_emit = 0.0
+        self.drops = Drops(self._emit)
         self.writer: MetricsWriter | None = None
         self.collector: Collector | None = None
         # A stall starts one capture of every rank's stacks, which names the culprit (hang.py).
@@ -107,14 +168,6 @@ class Telemetry:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def _previous_port(self) -> int:
-        try:
-            status = json.loads(RunLayout(self.run_dir).collector.read_text())
-            port = int(status.get("port", 0))
-        except (OSError, ValueError, TypeError, AttributeError):
-            return 0
-        return port if 0 < port < 65536 else 0
-
     def _collector(self, port: int) -> Collector:
         assert self.writer is not None
         return Collector(
@@ -123,7 +176,7 @@ class Telemetry:
             host=self.host,
             port=port,
             on_records=self._on_records,
-            on_dropped=self._on_dropped,
+            on_dropped=self.drops.add,
             on_node=self._on_node,
             on_node_closed=self._on_node_closed,
             on_event=self._emit,
@@ -132,7 +185,7 @@ class Telemetry:
     def start(self) -> dict[str, str]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.writer = MetricsWriter(self.run_dir)
-        port = self._port if self._port is not None else self._previous_port()
+        port = self._port if self._port is not None else previous_port(self.run_dir)
         try:
             collector = self._collector(port)
         except OSError:
@@ -152,11 +205,13 @@ class Telemetry:
         host = self._advertise
         if host is None:
             host = socket.getfqdn() if collector.host in ("0.0.0.0", "::", "") else collector.host
-        return {envnames.COLLECTOR: format_address(host, collector.port), envnames.TOKEN: self.token}
+        return {
+            envnames.COLLECTOR: format_address(host, collector.port),
+            envnames.TOKEN: self.token,
+        }
 
     def set_ranks(self, ranks: list[dict[str, Any]]) -> None:
-        with self._ranks_lock:
-            self._ranks = [dict(r) for r in ranks]
+        self.roster.set(ranks)
         for info in ranks:
             rank = info.get("rank")
             if isinstance(rank, int):
@@ -175,13 +230,16 @@ class Telemetry:
     def _log_found(self, rank: int, found: dict[str, Any]) -> None:
         if self.writer is None:
             return
-        if rank in self._client_ranks or (self.collector is not None and rank in self.collector.train_ranks):
+        if rank in self._client_ranks or (
+            self.collector is not None and rank in self.collector.train_ranks
+        ):
             self.printed.announced(rank)
             return
         self._write_printed(self.printed.found(rank, found, time.time()))
 
     def _write_printed(self, records: list[dict[str, Any]]) -> None:
-        """Train records from what ranks printed (logfeed.Printed let them through), stored and diagnosed."""
+        """Train records from what ranks printed (logfeed.Printed let them through), stored and
+        diagnosed."""
         if records and self.writer is not None:
             self.writer.write_lines([wire.dumps_record(rec) for rec in records])
             for rec in records:
@@ -202,7 +260,7 @@ class Telemetry:
         if self.collector is not None:
             self.collector.stop()
         self.ingest_spool()
-        self._flush_dropped(force=True)
+        self.drops.flush(force=True)
         with contextlib.suppress(OSError):  # a full disk: the metrics below still close and count
             self._write_status()
         if self.writer is not None:
@@ -211,7 +269,8 @@ class Telemetry:
 
     def _say_metrics_lost(self, writer: MetricsWriter) -> None:
         """Metrics lines the disk refused for so long that they were cut from memory: one event as
-        telemetry stops (docs/contracts.md, "events.jsonl"), so a gap in metrics.jsonl is explained."""
+        telemetry stops (docs/contracts.md, "events.jsonl"), so a gap in metrics.jsonl is
+        explained."""
         if not writer.bytes_lost:
             return
         why = f" ({writer.error.strerror or writer.error})" if writer.error is not None else ""
@@ -230,46 +289,12 @@ class Telemetry:
             self.printed.announced(rank)
         self.diagnoser.ingest(rank, records)
 
-    def _on_dropped(self, rank: int, count: int, reason: str = "queue_full") -> None:
-        with self._dropped_lock:
-            key = (rank, reason)
-            self._dropped_pending[key] = self._dropped_pending.get(key, 0) + count
-
-    def _flush_dropped(self, force: bool = False) -> None:
-        # One event per rank and reason at most every 5 s: a flood of drops is one line.
-        now = time.time()
-        with self._dropped_lock:
-            if not self._dropped_pending or (not force and now - self._dropped_last_emit < 5):
-                return
-            pending, self._dropped_pending = self._dropped_pending, {}
-            self._dropped_last_emit = now
-        for (rank, reason), count in sorted(pending.items()):
-            why = (
-                "its xl.log queue was full"
-                if reason == "queue_full"
-                else f"the collector rejected them: {reason}"
-            )
-            message = f"rank {rank} dropped {count} records ({why})"
-            self._emit(Dropped(now, rank, message, count, reason).to_json())
-
     def _rank_list(self) -> list[dict[str, Any]]:
-        with self._ranks_lock:
-            ranks = [dict(r) for r in self._ranks]
-        known = {r.get("rank") for r in ranks if isinstance(r.get("pid"), int)}
-        # Ranks the launcher has not reported yet are still sampled from the pid they sent;
-        # not on node 0 of a multi-node run, where a peer's pid may be another machine's.
-        if self.collector is not None and self._on_node is None:
-            for rank, peer in list(self.collector.peers.items()):
-                if rank not in known:
-                    ranks = [r for r in ranks if r.get("rank") != rank]
-                    ranks.append({"rank": rank, "pid": peer.pid})
-        return [r for r in ranks if r.get("exit_code") is None and not r.get("remote")]
+        return self.roster.local(self.collector, multinode=self._on_node is not None)
 
     def _hang_ranks(self) -> list[dict[str, Any]]:
         """This node's live ranks, and other nodes' (listed in the capture as asked there)."""
-        with self._ranks_lock:
-            far = [dict(r) for r in self._ranks if r.get("remote") and r.get("exit_code") is None]
-        return self._rank_list() + far
+        return self._rank_list() + self.roster.remote()
 
     def _loop(self) -> None:
         next_status = time.monotonic() + 5
@@ -277,7 +302,9 @@ class Telemetry:
             try:
                 self._sample_once()
             except Exception as exc:  # sampling trouble must never take the supervisor down
-                self._trouble.say("telemetry's sample failed (stall detection waits for the next one)", exc)
+                self._trouble.say(
+                    "telemetry's sample failed (stall detection waits for the next one)", exc
+                )
             if time.monotonic() >= next_status:
                 next_status = time.monotonic() + 5
                 with contextlib.suppress(Exception):
@@ -302,7 +329,7 @@ class Telemetry:
         if not self.diagnoser.any_stalled():
             self.hang.over()
         self.hang.quiet(*quiet_spell(self.diagnoser))  # a mismatch is named before any stall
-        self._flush_dropped()
+        self.drops.flush()
         self.writer.maybe_flush()
 
     def _write_status(self) -> None:
@@ -319,7 +346,7 @@ class Telemetry:
             "printed_before_training": self.printed.dropped,
             "metrics_bytes_lost": self.writer.bytes_lost if self.writer is not None else 0,
         }
-        write_json_atomic(RunLayout(self.run_dir).collector, status)
+        write_collector_json(self.run_dir, status)
 
     def ingest_spool(self) -> int:
         """Store the spool files of rank processes that are gone; returns records stored."""

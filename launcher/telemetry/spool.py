@@ -31,7 +31,9 @@ def ingest_spool(
         return 0
     stored = 0
     for path in sorted(folder.iterdir()):
-        owner = spool_owner(path.name)  # a rank's spool file, or one it claimed to replay and never finished
+        owner = spool_owner(
+            path.name
+        )  # a rank's spool file, or one it claimed to replay and never finished
         if owner is None:
             continue
         rank, pid = owner

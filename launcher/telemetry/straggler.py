@@ -33,7 +33,8 @@ _DOING = {
     "other": "in its own code between steps",
 }
 
-Split = Mapping[str, float]  # "data_s", "compute_s", "comm_s", "other_s" (per-step seconds), "comm_se_s"?
+# "data_s", "compute_s", "comm_s", "other_s" (per-step seconds), "comm_se_s"?
+Split = Mapping[str, float]
 _SIGMAS = 5.0  # how many standard errors apart the culprit's and the others' waits must be
 
 
@@ -51,10 +52,12 @@ class Blame(NamedTuple):
     method: str  # "step_phase" (synchronised ranks) or "step_time"
 
     def message(self) -> str:
-        own = f"rank {self.rank} is the straggler: {self.phase_s * 1000:.0f} ms of its {self.step_s * 1000:.0f} ms step {_DOING[self.phase]}"
+        own = (f"rank {self.rank} is the straggler: {self.phase_s * 1000:.0f} ms of its "
+            f"{self.step_s * 1000:.0f} ms step {_DOING[self.phase]}")
         if self.method == "step_phase":
             many = len(self.victims) > 1
-            return f"{own}; the other{'s' if many else ' rank'} wait{'' if many else 's'} ~{self.victims_wait_s * 1000:.0f} ms in communication for it"
+            return (f"{own}; the other{'s' if many else ' rank'} wait{'' if many else 's'} "
+                f"~{self.victims_wait_s * 1000:.0f} ms in communication for it")
         return f"{own}, the others {self.others_phase_s * 1000:.0f} ms"
 
     def fields(self) -> dict[str, Any]:
@@ -74,8 +77,11 @@ def _step(split: Split) -> float:
     return sum(split[k] for k in PHASE_KEYS)
 
 
-def _worst_phase(rank: int, splits: Mapping[int, Split], phases: tuple[str, ...]) -> tuple[str, float]:
-    """The phase among ``phases`` where ``rank`` exceeds the other ranks' median most, and that median."""
+def _worst_phase(
+    rank: int, splits: Mapping[int, Split], phases: tuple[str, ...]
+) -> tuple[str, float]:
+    """The phase among ``phases`` where ``rank`` exceeds the other ranks' median most, and that
+    median."""
     best: tuple[float, str, float] | None = None
     for phase in phases:
         key = f"{phase}_s"
@@ -87,7 +93,9 @@ def _worst_phase(rank: int, splits: Mapping[int, Split], phases: tuple[str, ...]
     return best[1], best[2]
 
 
-def synchronised(splits: Mapping[int, Split], min_wait_s: float, wait_ratio: float, min_share: float) -> Blame | None:
+def synchronised(
+    splits: Mapping[int, Split], min_wait_s: float, wait_ratio: float, min_share: float
+) -> Blame | None:
     """The straggler of synchronised ranks, or None. ``min_wait_s``: the others' median wait must
     be at least this; ``wait_ratio``: the culprit waits at most this fraction of it; ``min_share``:
     and the others' wait is at least this share of their step (a few ms of a 10 s step is noise)."""
@@ -97,11 +105,18 @@ def synchronised(splits: Mapping[int, Split], min_wait_s: float, wait_ratio: flo
     victims = tuple(sorted(r for r in splits if r != culprit))
     wait = median([splits[r]["comm_s"] for r in victims])
     typical_step = median([_step(splits[r]) for r in victims])
-    if wait < min_wait_s or splits[culprit]["comm_s"] > wait_ratio * wait or wait < min_share * typical_step:
+    if (
+        wait < min_wait_s
+        or splits[culprit]["comm_s"] > wait_ratio * wait
+        or wait < min_share * typical_step
+    ):
         return None
     # A difference chance explains is none: with every rank's batch jittering, one of them is
     # last more often than the others for a while (its waits' standard errors, when known).
-    noise = (splits[culprit].get("comm_se_s", 0.0) ** 2 + median([splits[r].get("comm_se_s", 0.0) for r in victims]) ** 2) ** 0.5
+    noise = (
+        splits[culprit].get("comm_se_s", 0.0) ** 2
+        + median([splits[r].get("comm_se_s", 0.0) for r in victims]) ** 2
+    ) ** 0.5
     if wait - splits[culprit]["comm_s"] < _SIGMAS * noise:
         return None
     phase, others = _worst_phase(culprit, splits, tuple(p for p in PHASES if p != "comm"))
@@ -123,7 +138,14 @@ def unsynchronised(splits: Mapping[int, Split], ratio: float) -> Blame | None:
     return Blame(slowest, phase, own[f"{phase}_s"], typical, _step(own), (), 0.0, "step_time")
 
 
-def judge(splits: Mapping[int, Split], *, min_wait_s: float, wait_ratio: float, min_share: float, step_ratio: float) -> Blame | None:
+def judge(
+    splits: Mapping[int, Split],
+    *,
+    min_wait_s: float,
+    wait_ratio: float,
+    min_share: float,
+    step_ratio: float,
+) -> Blame | None:
     """One window's straggler from the ranks' per-step means: synchronised ranks (their step
     times within ``step_ratio`` of each other) by who waits least, else by step time."""
     steps = [_step(s) for s in splits.values()]

@@ -58,7 +58,9 @@ def ranges(ranks: list[int]) -> str:
 
 def _main_frames(entry: dict[str, Any]) -> list[dict[str, Any]]:
     threads = entry.get("threads") or []
-    main = next((t for t in threads if t.get("name") == "MainThread"), threads[0] if threads else None)
+    main = next(
+        (t for t in threads if t.get("name") == "MainThread"), threads[0] if threads else None
+    )
     return list((main or {}).get("frames") or [])
 
 
@@ -68,7 +70,8 @@ def _is_user(frame: dict[str, Any]) -> bool:
 
 
 def _qualified(frame: dict[str, Any]) -> str:
-    """'re.match', 'torch.distributed.distributed_c10d.all_reduce': a library function by its module."""
+    """'re.match', 'torch.distributed.distributed_c10d.all_reduce': a library function by its
+    module."""
     path, function = str(frame.get("file") or ""), str(frame.get("function"))
     for root in _PACKAGE_ROOTS:
         if root in path:
@@ -89,12 +92,16 @@ def where(entry: dict[str, Any]) -> str:
     at = next((i for i in range(len(frames) - 1, -1, -1) if _is_user(frames[i])), None)
     if at is None:  # nothing of the person's (a library's own thread or entry point)
         last = frames[-1]
-        return f"{last.get('function')} at {os.path.basename(str(last.get('file')))}:{last.get('line')}"
+        return (f"{last.get('function')} at "
+            f"{os.path.basename(str(last.get('file')))}:{last.get('line')}")
     user = frames[at]
     inner = frames[at + 1 :]
-    callee = next((f for f in inner if f.get("function") not in _WRAPPERS), inner[-1] if inner else None)
+    callee = next(
+        (f for f in inner if f.get("function") not in _WRAPPERS), inner[-1] if inner else None
+    )
     calling = f" (calling {_qualified(callee)})" if callee is not None else ""
-    return f"{user.get('function')} at {os.path.basename(str(user.get('file')))}:{user.get('line')}{calling}"
+    return (f"{user.get('function')} at "
+        f"{os.path.basename(str(user.get('file')))}:{user.get('line')}{calling}")
 
 
 def figure(value: Any) -> float | None:
@@ -114,7 +121,8 @@ def doing(entry: dict[str, Any]) -> str:
     at train.py:88, working at 99% CPU (a long computation, or a loop that never ends)"."""
     if not busy(entry):
         return where(entry)
-    return f"{where(entry)}, working at {entry['cpu_pct']:.0f}% CPU (a long computation, or a loop that never ends)"
+    return (f"{where(entry)}, working at {entry['cpu_pct']:.0f}% CPU (a long computation, or a "
+        f"loop that never ends)")
 
 
 def _place(entry: dict[str, Any]) -> str:
@@ -160,7 +168,11 @@ def groups(entries: list[dict[str, Any]]) -> list[tuple[list[int], str]]:
     by: dict[str, list[int]] = {}
     for e in entries:
         error = str(e.get("error") or "")
-        label = (error if error.startswith(SILENT) else f"gave no stacks ({error})") if error else _label(e, position(e))
+        label = (
+            (error if error.startswith(SILENT) else f"gave no stacks ({error})")
+            if error
+            else _label(e, position(e))
+        )
         by.setdefault(label, []).append(int(e["rank"]))
     return sorted(((sorted(r), label) for label, r in by.items()), key=lambda g: (-len(g[0]), g[0]))
 
@@ -199,7 +211,11 @@ def _agree(a: tuple[str, str, str], b: tuple[str, str, str]) -> bool:
 
 def _shapes(c: dict[str, Any]) -> str:
     sizes = c.get("in") if c.get("in") else c.get("out")
-    return f" of {', '.join('x'.join(map(str, s)) or 'scalar' for s in sizes)}" if isinstance(sizes, list) and sizes else ""
+    return (
+        f" of {', '.join('x'.join(map(str, s)) or 'scalar' for s in sizes)}"
+        if isinstance(sizes, list) and sizes
+        else ""
+    )
 
 
 def _group(c: dict[str, Any]) -> str:
@@ -225,7 +241,9 @@ def mismatch(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
     - Two ranks each blocked in a collective of a different process group, both of which they
       use, neither having done the other's: each waits for the other.
     Ranks merely at different numbers (one behind, or NCCL's queue ahead) are no mismatch."""
-    answered = {int(e["rank"]): e for e in entries if not e.get("error") and type(e.get("rank")) is int}
+    answered = {
+        int(e["rank"]): e for e in entries if not e.get("error") and type(e.get("rank")) is int
+    }
     seen: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
     for rank, e in answered.items():
         for c in e.get("collectives") or []:
@@ -252,14 +270,21 @@ def mismatch(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
             what = f"{c.get('op')} #{seq}{_shapes(c) if len(ops) == 1 else ''}"
             many = len(ranks) > 1
             if c.get("state") == "completed":
-                told.append(f"rank{'s' if many else ''} {ranges(ranks)} did {what} and {'are' if many else 'is'} now at {_place(answered[ranks[0]])}")
+                told.append(
+                    f"rank{'s' if many else ''} {ranges(ranks)} did {what} and "
+                    f"{'are' if many else 'is'} now at {_place(answered[ranks[0]])}"
+                )
             else:
-                told.append(f"rank{'s' if many else ''} {ranges(ranks)} {'are' if many else 'is'} in {what} at {_place(answered[ranks[0]])}")
+                told.append(
+                    f"rank{'s' if many else ''} {ranges(ranks)} {'are' if many else 'is'} in "
+                    f"{what} at {_place(answered[ranks[0]])}"
+                )
         differ = "other tensor shapes" if len(ops) == 1 else "different collectives"
         return {
             "ranks": _culprits([ranks for _, ranks in kinds]),
             "mismatch": True,
-            "message": f"mismatch at #{seq} of process group {pg} ({differ}; they can never match): {'; '.join(told)}",
+            "message": f"mismatch at #{seq} of process group {pg} ({differ}; they can never "
+            f"match): {'; '.join(told)}",
         }
     return _crossed(answered)
 
@@ -267,7 +292,10 @@ def mismatch(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
 def _crossed(answered: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """Two ranks blocked (their main thread inside torch.distributed) in collectives of two
     process groups, each of which both ranks use, neither having done the other's."""
-    groups = {r: {_group(c) for c in e.get("collectives") or [] if isinstance(c, dict)} for r, e in answered.items()}
+    groups = {
+        r: {_group(c) for c in e.get("collectives") or [] if isinstance(c, dict)}
+        for r, e in answered.items()
+    }
     pos = {r: position(e) for r, e in answered.items() if _in_distributed(e)}
     blocked = sorted((r, p.waiting) for r, p in pos.items() if p.waiting is not None)
     for i, (x, (pg_x, seq_x, op_x)) in enumerate(blocked):
@@ -276,13 +304,20 @@ def _crossed(answered: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
                 continue
             if pos[x].done.get(pg_y, -1) >= seq_y or pos[y].done.get(pg_x, -1) >= seq_x:
                 continue
-            name = {_group(c): str(c.get("pg")) for e in answered.values() for c in e.get("collectives") or [] if isinstance(c, dict)}
+            name = {
+                _group(c): str(c.get("pg"))
+                for e in answered.values()
+                for c in e.get("collectives") or []
+                if isinstance(c, dict)
+            }
             return {
                 "ranks": [x, y],
                 "mismatch": True,
                 "message": (
-                    f"mismatch of process groups (each waits for the other): rank {x} is in {op_x} #{seq_x} of "
-                    f"process group {name[pg_x]} at {_place(answered[x])}; rank {y} is in {op_y} #{seq_y} of process "
+                    f"mismatch of process groups (each waits for the other): rank {x} is in "
+                    f"{op_x} #{seq_x} of "
+                    f"process group {name[pg_x]} at {_place(answered[x])}; rank {y} is in {op_y} "
+                    f"#{seq_y} of process "
                     f"group {name[pg_y]} at {_place(answered[y])}"
                 ),
             }
@@ -301,9 +336,16 @@ def verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:
     waits = Counter(p.waiting for p in positions.values() if p.waiting is not None)
     if not waits:
         if silent:
-            return {"ranks": silent, "message": f"rank{'s' if len(silent) > 1 else ''} {ranges(silent)} did not answer; no rank waits in a collective"}
+            return {
+                "ranks": silent,
+                "message": f"rank{'s' if len(silent) > 1 else ''} {ranges(silent)} did not answer; "
+                "no rank waits in a collective",
+            }
         where_all = "; ".join(group_lines(answered))
-        return {"ranks": [], "message": "no rank waits in a collective" + (f": {where_all}" if where_all else "")}
+        return {
+            "ranks": [],
+            "message": "no rank waits in a collective" + (f": {where_all}" if where_all else ""),
+        }
     meet, _ = waits.most_common(1)[0]
     pg, seq, op = meet
     waiting = sorted(r for r, p in positions.items() if p.waiting == meet)
@@ -318,16 +360,33 @@ def verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:
         elif pos.done.get(pg, -1) < seq and (pos.known or not _in_distributed(e)):
             reasons[rank] = f"never entered {op} #{seq}: it is in {doing(e)}"
     culprits = sorted(reasons) or silent
-    victims = f"rank{'s' if len(waiting) > 1 else ''} {ranges(waiting)} wait{'' if len(waiting) > 1 else 's'} in {op} #{seq}"
+    victims = (f"rank{'s' if len(waiting) > 1 else ''} {ranges(waiting)} "
+        f"wait{'' if len(waiting) > 1 else 's'} in {op} #{seq}")
     if not culprits:
-        unasked = sorted(int(e["rank"]) for e in entries if e.get("error") and int(e["rank"]) not in silent)
+        unasked = sorted(
+            int(e["rank"]) for e in entries if e.get("error") and int(e["rank"]) not in silent
+        )
         if unasked:
             # Every rank asked is in the collective: the one missing is among those not asked.
             first = next(str(e["error"]) for e in entries if e.get("rank") == unasked[0])
             them = f"rank{'s' if len(unasked) > 1 else ''} {ranges(unasked)}"
-            return {"ranks": unasked, "message": f"{victims} for {them}, whose stacks are not known here ({first})"}
-        return {"ranks": [], "message": f"{victims}; every rank is there (a collective timeout or a peer outside the group?)"}
+            return {
+                "ranks": unasked,
+                "message": f"{victims} for {them}, whose stacks are not known here ({first})",
+            }
+        return {
+            "ranks": [],
+            "message": f"{victims}; every rank is there "
+            "(a collective timeout or a peer outside the group?)",
+        }
     if not reasons:
-        return {"ranks": culprits, "message": f"{victims} for rank{'s' if len(silent) > 1 else ''} {ranges(silent)}, which did not answer"}
+        return {
+            "ranks": culprits,
+            "message": f"{victims} for rank{'s' if len(silent) > 1 else ''} {ranges(silent)}, "
+            "which did not answer",
+        }
     held = "; ".join(f"rank {r} {reasons[r]}" for r in culprits)
-    return {"ranks": culprits, "message": f"{held}. {victims} for {'it' if len(culprits) == 1 else 'them'}"}
+    return {
+        "ranks": culprits,
+        "message": f"{held}. {victims} for {'it' if len(culprits) == 1 else 'them'}",
+    }

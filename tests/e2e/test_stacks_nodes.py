@@ -21,8 +21,8 @@ from xl import wire
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.protocol import check_message, clip_stacks
 from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.telemetry import gather_stacks as capture
 from xl.launcher.telemetry import nodestacks
-from xl.launcher.telemetry import stacks as capture
 from xl.launcher.telemetry.service import Telemetry
 from xl.launcher.telemetry.verdict import verdict
 

@@ -21,7 +21,7 @@ from where import FIXTURES, REPO
 from xl.doctor.report import Check, Report
 from xl.tui.app import build_app
 from xl.tui.backend import LocalBackend
-from xl.tui.runview import FINISHED
+from xl.tui.run_outcome import FINISHED
 from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
 

@@ -61,11 +61,16 @@ Point = tuple[float, float]
 
 def points(series: dict[str, list[Any]], key: str) -> list[Point]:
     """(step, value) of one run's series, the steps that have a value."""
-    return [(float(s), float(v)) for s, v in zip(series.get("steps") or [], series.get(key) or [], strict=False) if isinstance(v, (int, float))]
+    return [
+        (float(s), float(v))
+        for s, v in zip(series.get("steps") or [], series.get(key) or [], strict=False)
+        if isinstance(v, (int, float))
+    ]
 
 
 class CompareChart(Widget):
-    """One chart over steps: both runs' loss in the upper half, both runs' samples/s in the lower."""
+    """One chart over steps: both runs' loss in the upper half, both runs' samples/s in the
+    lower."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -74,7 +79,10 @@ class CompareChart(Widget):
 
     def show(self, series: dict[str, dict[str, list[Any]]], names: dict[str, str]) -> None:
         self.panes = [
-            (title, [(names[side], COLOURS[side], points(series[side], key)) for side in ("a", "b")])
+            (
+                title,
+                [(names[side], COLOURS[side], points(series[side], key)) for side in ("a", "b")],
+            )
             for title, key in (("loss", "loss"), ("samples/s", "samples_per_s"))
         ]
         self._strips = None
@@ -87,7 +95,11 @@ class CompareChart(Widget):
         width, base = self.size.width, self.visual_style.rich_style
         if self._strips is None:
             self._strips = self._draw(width, self.size.height, base)
-        return self._strips[y].crop_extend(0, width, base) if y < len(self._strips) else Strip.blank(width, base)
+        return (
+            self._strips[y].crop_extend(0, width, base)
+            if y < len(self._strips)
+            else Strip.blank(width, base)
+        )
 
     def _draw(self, width: int, height: int, base: Style) -> list[Strip]:
         if not self.panes:
@@ -97,18 +109,32 @@ class CompareChart(Widget):
         for (title, lines), h in zip(self.panes, (upper, max(2, height - 1 - upper)), strict=True):
             drawn = [ln for ln in lines if ln[2]]
             strips = draw(title, drawn, base, width, h + 1)
-            out += strips[:h] if len(strips) > h else strips  # the x axis (in seconds) is ours below
+            out += (
+                strips[:h] if len(strips) > h else strips
+            )  # the x axis (in seconds) is ours below
         steps = [x for _, lines in self.panes for _, _, pts in lines for x, _ in pts]
         if steps:
             left, right = f"step {min(steps):g}", f"step {max(steps):g}"
-            out.append(Strip([Segment(" " + left + " " * max(1, width - len(left) - len(right) - 2) + right, base + Style(dim=True))]))
+            out.append(
+                Strip(
+                    [
+                        Segment(
+                            " " + left + " " * max(1, width - len(left) - len(right) - 2) + right,
+                            base + Style(dim=True),
+                        )
+                    ]
+                )
+            )
         return out
 
 
 class CompareScreen(XLScreen):
     """``fetch`` makes the comparison (the backend's, in a thread worker)."""
 
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "back", "Back"), Binding("r", "refresh", "Again")]
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "back", "Back"),
+        Binding("r", "refresh", "Again"),
+    ]
 
     class Made(Message):
         def __init__(self, comparison: Comparison | None, error: str | None) -> None:
@@ -127,7 +153,9 @@ class CompareScreen(XLScreen):
         yield Header(show_clock=False)
         yield Static(self._heading(), id="compare-runs")
         with VerticalScroll(id="compare-scroll"):
-            yield Static(Text(f"Comparing {self.run_a.name} and {self.run_b.name}…"), id="compare-table")
+            yield Static(
+                Text(f"Comparing {self.run_a.name} and {self.run_b.name}…"), id="compare-table"
+            )
         yield CompareChart(id="compare-chart")
         yield Footer()
 
@@ -150,20 +178,22 @@ class CompareScreen(XLScreen):
             self.post_message(self.Made(None, str(exc) or type(exc).__name__))
 
     def on_compare_screen_made(self, message: Made) -> None:
-        from xl.launcher.rundir.comparison import rows  # noqa: PLC0415 - the comparison's own table, loaded once one was made
-
         table = self.query_one("#compare-table", Static)
         if message.comparison is None:
             table.update(Text(f"Cannot compare: {message.error}", style="bold red"))
             return
         self.comparison = message.comparison
-        self._rows = rows(message.comparison)[1:]  # the runs are named in the line above
+        self._rows = self.backend.comparison_rows(message.comparison)[
+            1:
+        ]  # the runs are named in the line above
         table.update(table_text(self._rows, max(40, self.size.width - 2)))
         self.query_one(CompareChart).show(message.comparison.series, {"a": "A", "b": "B"})
 
     def on_resize(self) -> None:
         if self._rows:
-            self.query_one("#compare-table", Static).update(table_text(self._rows, max(40, self.size.width - 2)))
+            self.query_one("#compare-table", Static).update(
+                table_text(self._rows, max(40, self.size.width - 2))
+            )
 
     def action_refresh(self) -> None:
         self._make()

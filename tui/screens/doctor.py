@@ -18,7 +18,13 @@ if TYPE_CHECKING:
     from xl.doctor.report import Report
 
 ORDER = ("fail", "error", "warn", "ok", "skip")  # worst first: what needs attention on top
-STYLE = {"fail": "bold red", "error": "bold magenta", "warn": "yellow", "ok": "green", "skip": "dim"}
+STYLE = {
+    "fail": "bold red",
+    "error": "bold magenta",
+    "warn": "yellow",
+    "ok": "green",
+    "skip": "dim",
+}
 LABEL = {"fail": "FAIL", "error": "ERROR", "warn": "WARN", "ok": "ok", "skip": "skip"}
 
 
@@ -64,7 +70,9 @@ class DoctorScreen(XLScreen):
             report = self.backend.doctor_report()
             self.post_message(self.Done(report, None))
         except Exception as exc:  # run_doctor never raises; this is a missing module or a bug
-            self.post_message(self.Done(None, f"the doctor could not run: {type(exc).__name__}: {exc}"))
+            self.post_message(
+                self.Done(None, f"the doctor could not run: {type(exc).__name__}: {exc}")
+            )
 
     def on_doctor_screen_done(self, message: Done) -> None:
         self.query_one("#doctor-loading").display = False
@@ -110,7 +118,10 @@ class DoctorScreen(XLScreen):
             return
         text = Text()
         text.append(f"{check.title}  ", style="bold")
-        text.append(f"[{check.id}] {LABEL.get(check.status, check.status)}\n", style=STYLE.get(check.status, ""))
+        text.append(
+            f"[{check.id}] {LABEL.get(check.status, check.status)}\n",
+            style=STYLE.get(check.status, ""),
+        )
         text.append(check.detail + "\n")
         if check.fix:
             text.append("\nFix: ", style="bold")

@@ -60,7 +60,9 @@ class GPUsScreen(XLScreen):
         Binding("shift+up,K", "move(-1)", "Earlier", key_display="⇧↑", group=ORDER),
         Binding("shift+down,J", "move(1)", "Later", key_display="⇧↓", group=ORDER),
         Binding("c", "clear", "Clear"),
-        Binding("L", "launch", "Launch…", priority=True),  # as the screen keys (tui/app.py): typed on at once
+        Binding(
+            "L", "launch", "Launch…", priority=True
+        ),  # as the screen keys (tui/app.py): typed on at once
     ]
 
     class Polled(Message):
@@ -128,7 +130,9 @@ class GPUsScreen(XLScreen):
             if self._active:
                 try:
                     message = self.Polled(self.backend.inventory(), None)
-                except Exception as exc:  # NVML wrappers never raise; this is a missing module or a bug
+                except (
+                    Exception
+                ) as exc:  # NVML wrappers never raise; this is a missing module or a bug
                     message = self.Polled(None, f"{type(exc).__name__}: {exc}")
                 self.post_message(message)
             # Suspended: sleep until resumed (or unmounted) instead of waking every interval.
@@ -151,7 +155,9 @@ class GPUsScreen(XLScreen):
         else:
             panel.display = False
             main.display = True
-            if self.focused is None:  # hidden until the first poll, so not focused when the screen opened
+            if (
+                self.focused is None
+            ):  # hidden until the first poll, so not focused when the screen opened
                 self.query_one(GPUTable).focus()
             self.selection.prune(g.index for g in self.gpus)
             self.query_one(GPUHistory).update_gpus(self.gpus)
@@ -163,12 +169,16 @@ class GPUsScreen(XLScreen):
         spec = self.selection.gpus_spec
         if self.selection.other:
             # Typed in Launch's GPUs field and not a list of indices: the launcher resolves it.
-            text = f"The launch uses [b]--gpus {escape(spec)}[/b] (set in Launch).\nspace/enter/click a row to pick GPUs instead."
+            text = (f"The launch uses [b]--gpus {escape(spec)}[/b] (set in "
+                f"Launch).\nspace/enter/click a row to pick GPUs instead.")
         elif spec:
             text = f"CUDA_VISIBLE_DEVICES=[b]{spec}[/b]  (CUDA_DEVICE_ORDER=PCI_BUS_ID)\n"
-            text += "  ".join(f"LOCAL_RANK {k} → GPU {i}" for k, i in enumerate(self.selection.order))
+            text += "  ".join(
+                f"LOCAL_RANK {k} → GPU {i}" for k, i in enumerate(self.selection.order)
+            )
         else:
-            text = "No GPU picked: the launch uses every GPU.\nspace/enter/click a row to pick GPUs; shift+↑/↓ to order them."
+            text = ("No GPU picked: the launch uses every GPU.\nspace/enter/click a row to pick "
+                "GPUs; shift+↑/↓ to order them.")
         warnings = "\n".join(f"⚠ {w}" for w in selection_warnings(self.gpus, self.selection.order))
         # Only touch the panel when its text changes: an update re-lays out these auto-height boxes.
         if (text, warnings) != self._shown:

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-from xl.tui.runview import FINISHED
+from xl.tui.run_outcome import FINISHED
 
 GPUS = """\
 # GPUs
@@ -18,7 +18,8 @@ The machine's GPUs, refreshed every second; each process is labelled with the ru
 belongs to.
 
 - `space` / `enter` / click: pick a GPU for the next run, or drop it
-- `shift+↑` / `shift+↓` (or `K` / `J`): move the picked GPU earlier or later: LOCAL_RANK *k* uses the *k*-th
+- `shift+↑` / `shift+↓` (or `K` / `J`): move the picked GPU earlier or later: LOCAL_RANK *k* uses
+  the *k*-th
 - `c`: clear the pick (the run then uses every GPU)
 - `L`: open Launch
 
@@ -83,26 +84,39 @@ def monitor_help(*, running: bool, standalone: bool, owns_run: bool) -> str:
     keys = ["- `[` / `]` or `↑` / `↓`: choose the rank whose log (and chart line) is shown",
             "- `c`: charts on or off"]
     if running:
-        keys += ["- `s`: stop the run (it asks first): SIGTERM to every rank, SIGKILL after a grace period",
-                 "- `k`: ask every rank where it is now and show the chosen one's stacks",
-                 "- `d`: leave the run going: " + ("closes the monitor (`xl attach RUN` comes back)"
-                                                    if standalone or owns_run else "back, as `esc`")]
+        keys += [
+            "- `s`: stop the run (it asks first): SIGTERM to every rank, SIGKILL after a grace "
+            "period",
+            "- `k`: ask every rank where it is now and show the chosen one's stacks",
+            "- `d`: leave the run going: "
+            + (
+                "closes the monitor (`xl attach RUN` comes back)"
+                if standalone or owns_run
+                else "back, as `esc`"
+            ),
+        ]
     if not standalone:
         keys.append("- `esc`: back to the screen before")
     if owns_run and running:
-        keys.append("- `ctrl+c`: stop this run, as torchrun does, and close once it ended; a second `ctrl+c` "
-                    "closes at once and leaves it stopping")
-    text = "# Monitor\nEvery rank of one run, live: step, loss, samples/s, GPU, state (straggler, stalled, failed…), " \
-           "charts and the chosen rank's log. When a run hangs, a banner names the rank(s) the others wait for; " \
-           "a straggler's banner names the phase it loses its time in.\n\n" \
-           "Step time: a rank's last step and its split, a letter a share: `d` waiting for data, `c` compute, " \
-           "`n` communication not hidden by compute, `o` the rest (the script's own code between steps). " \
-           "Memory: the rank's footprint (PSS, with its children) where known. Columns that do not fit the " \
-           "terminal are left out, least needed first.\n\n"
+        keys.append(
+            "- `ctrl+c`: stop this run, as torchrun does, and close once it ended; a second "
+            "`ctrl+c` closes at once and leaves it stopping"
+        )
+    text = (
+        "# Monitor\nEvery rank of one run, live: step, loss, samples/s, GPU, state (straggler, "
+        "stalled, failed…), charts and the chosen rank's log. When a run hangs, a banner names "
+        "the rank(s) the others wait for; a straggler's banner names the phase it loses its time "
+        "in.\n\nStep time: a rank's last step and its split, a letter a share: `d` waiting for "
+        "data, `c` compute, `n` communication not hidden by compute, `o` the rest (the script's "
+        "own code between steps). Memory: the rank's footprint (PSS, with its children) where "
+        "known. Columns that do not fit the terminal are left out, least needed first.\n\n"
+    )
     text += "\n".join(keys) + "\n"
     if owns_run:
-        text += "\nWhen the run ends, this monitor (the one `xl launch` opened) closes after showing the outcome, " \
-                "which stays on the terminal; press any key first to keep it open.\n"
+        text += (
+            "\nWhen the run ends, this monitor (the one `xl launch` opened) closes after showing "
+            "the outcome, which stays on the terminal; press any key first to keep it open.\n"
+        )
     elif not running:
         text += "\nThe run has ended: nothing left to stop or detach from.\n"
     return text
@@ -112,8 +126,10 @@ def everywhere(*, standalone: bool, owns_run: bool, running: bool = False) -> st
     if standalone:
         goes_on = " (the run goes on; `xl attach RUN` comes back)" if running else ""
         return f"\n**Everywhere**: `q` leaves the monitor{goes_on} · `?` or `F1` this help.\n"
-    text = ("\n**Everywhere**: `1` GPUs · `2` Doctor · `3` Launch · `4` Runs · `?` or `F1` this help · `q` quit. "
-            "In a text field these keys type into it: `esc` leaves the field first.\n")
+    text = (
+        "\n**Everywhere**: `1` GPUs · `2` Doctor · `3` Launch · `4` Runs · `?` or `F1` this help "
+        "· `q` quit. In a text field these keys type into it: `esc` leaves the field first.\n"
+    )
     if not owns_run:
         text += "`ctrl+c` quits, as `q` does. Neither stops a run.\n"
     return text
@@ -128,8 +144,14 @@ def help_for(screen: Any, *, owns_run: bool) -> str:
     if kind == "MonitorScreen":
         body = monitor_help(running=running, standalone=standalone, owns_run=owns_run)
     else:
-        body = {"GPUsScreen": GPUS, "DoctorScreen": DOCTOR, "LaunchScreen": LAUNCH, "RunsScreen": RUNS,
-                "StacksScreen": STACKS, "CompareScreen": COMPARE}.get(kind, "# xl\n")
+        body = {
+            "GPUsScreen": GPUS,
+            "DoctorScreen": DOCTOR,
+            "LaunchScreen": LAUNCH,
+            "RunsScreen": RUNS,
+            "StacksScreen": STACKS,
+            "CompareScreen": COMPARE,
+        }.get(kind, "# xl\n")
     if kind == "StacksScreen":
         return body  # a dialog: the app's keys wait until it is closed
     return body + everywhere(standalone=standalone, owns_run=owns_run, running=running)

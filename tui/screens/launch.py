@@ -26,7 +26,14 @@ if TYPE_CHECKING:
 TEXT_FIELDS = ("target", "args", "gpus", "nproc", "nnodes", "node_rank", "rdzv", "env", "name")
 # What a script's memory fills in (settings.remember): each belongs to the script in Script.
 SCRIPT_FIELDS = ("args", "gpus", "nproc", "mixed_precision", "env", "name")
-LABELS = {"args": "Args", "gpus": "GPUs", "nproc": "Processes/node", "mixed_precision": "Mixed precision", "env": "Env", "name": "Name"}
+LABELS = {
+    "args": "Args",
+    "gpus": "GPUs",
+    "nproc": "Processes/node",
+    "mixed_precision": "Mixed precision",
+    "env": "Env",
+    "name": "Name",
+}
 BLANK = LaunchForm()
 # Terminal rows below which the fields drop their borders: the bordered form (three rows a
 # field) needs 33 with the header, the summary and the footer.
@@ -48,7 +55,9 @@ class LaunchScreen(XLScreen):
     ]
 
     class Started(Message):
-        def __init__(self, run_dir: Path | None, error: str | None, notice: str | None = None) -> None:
+        def __init__(
+            self, run_dir: Path | None, error: str | None, notice: str | None = None
+        ) -> None:
             super().__init__()
             self.run_dir = run_dir
             self.error = error
@@ -66,7 +75,9 @@ class LaunchScreen(XLScreen):
         self._loaded_key = self.initial.key  # whose remembered settings the form holds
         # The values a script's memory put in its fields, as put: they belong to that script and
         # leave with it (a field changed since is the person's and stays).
-        self._recalled: dict[str, str] = {name: getattr(self.initial, name) for name in SCRIPT_FIELDS} if saved else {}
+        self._recalled: dict[str, str] = (
+            {name: getattr(self.initial, name) for name in SCRIPT_FIELDS} if saved else {}
+        )
         if selection.gpus_spec:
             # Picked on the GPUs screen before the form opened: the person's, for this launch.
             self.initial.gpus = selection.gpus_spec
@@ -85,13 +96,17 @@ class LaunchScreen(XLScreen):
                 yield Label("Mixed precision", classes="form-label")
                 yield Select(
                     [(m, m) for m in MIXED_PRECISION],
-                    value=self.initial.mixed_precision if self.initial.mixed_precision in MIXED_PRECISION else "no",
+                    value=self.initial.mixed_precision
+                    if self.initial.mixed_precision in MIXED_PRECISION
+                    else "no",
                     allow_blank=False,
                     id="mixed_precision",
                 )
             yield from self._row("Env", "env", "KEY=VALUE KEY2=VALUE2")
             yield from self._row("Name", "name", "optional run name")
-            with Collapsible(title="Nodes and rendezvous (multi-node)", collapsed=True, id="advanced"):
+            with Collapsible(
+                title="Nodes and rendezvous (multi-node)", collapsed=True, id="advanced"
+            ):
                 yield from self._row("Nodes", "nnodes", "1")
                 yield from self._row("Node rank", "node_rank", "0")
                 yield from self._row("Rendezvous", "rdzv", "HOST:PORT of node 0")
@@ -118,7 +133,9 @@ class LaunchScreen(XLScreen):
 
     def on_mount(self) -> None:
         self.title = "xl — Launch"
-        self.query_one("#launch-command", Static).border_title = "equivalent command (ctrl+y copies)"
+        self.query_one(
+            "#launch-command", Static
+        ).border_title = "equivalent command (ctrl+y copies)"
         self.validate()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -158,7 +175,9 @@ class LaunchScreen(XLScreen):
         try:
             with self.prevent(Input.Changed, Select.Changed):
                 if name == "mixed_precision":
-                    self.query_one("#mixed_precision", Select).value = value if value in MIXED_PRECISION else "no"
+                    self.query_one("#mixed_precision", Select).value = (
+                        value if value in MIXED_PRECISION else "no"
+                    )
                 else:
                     self.query_one(f"#{name}", Input).value = value
             if name == "gpus":
@@ -168,14 +187,18 @@ class LaunchScreen(XLScreen):
 
     def _still_recalled(self) -> list[str]:
         """The fields that still hold what the script's memory put there (and say something)."""
-        return [n for n, v in self._recalled.items() if self._value(n) == v and v != getattr(BLANK, n)]
+        return [
+            n for n, v in self._recalled.items() if self._value(n) == v and v != getattr(BLANK, n)
+        ]
 
     def recall(self, key: str, form: LaunchForm | None) -> None:
         """Script now names ``key``, remembered as ``form`` (None: not remembered). What the last
         script's memory put in the fields and nobody changed since goes back to blank; then
         ``key``'s own settings fill the fields that are blank or were the last script's. The
         person's own values stay, and so does what they type in Script."""
-        ours = set(self._still_recalled()) | {n for n in SCRIPT_FIELDS if self._value(n) == getattr(BLANK, n)}
+        ours = set(self._still_recalled()) | {
+            n for n in SCRIPT_FIELDS if self._value(n) == getattr(BLANK, n)
+        }
         if "gpus" in ours and self.selection.gpus_spec != self._value("gpus"):
             ours.discard("gpus")  # picked since on the GPUs screen: the person's
         for name in self._still_recalled():
@@ -218,7 +241,8 @@ class LaunchScreen(XLScreen):
         ready = f"✓ ready: {plan.nproc} process(es) per node on {where}"
         if spec.nnodes > 1:
             # Said here, not only in the collapsed section below: this launch waits for the others.
-            ready += f"; node {spec.node_rank} of {spec.nnodes}, waits for the others at {spec.rdzv or 'node 0'}"
+            ready += (f"; node {spec.node_rank} of {spec.nnodes}, waits for the others at "
+                f"{spec.rdzv or 'node 0'}")
         out.update(Text(ready, style="green") + self._memory_note())
         return True
 

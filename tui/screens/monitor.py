@@ -16,10 +16,9 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, Label, Static
 from textual.worker import get_current_worker
 
-from xl.launcher.rundir import timing
 from xl.textsafe import visible
 from xl.tui import fmt
-from xl.tui.runview import FINISHED
+from xl.tui.run_outcome import FINISHED
 from xl.tui.screens.base import XLScreen
 from xl.tui.screens.confirm import ConfirmScreen
 from xl.tui.screens.stacks import StacksScreen
@@ -55,7 +54,7 @@ def header_text(view: RunView, dir_name: str, now: float) -> Text:
     elif nodes:
         header.append(f" on {nodes[0]}")  # the rank table has no Node column for one node
     header.append(f"   devices {view.devices_text}")
-    spent = timing.describe(rec.time) if view.final else None
+    spent = view.time_spent
     if spent:  # a finished run: where its time went (docs/compare.md)
         header.append(f"\n{spent}", style="dim")
     return header
@@ -120,7 +119,11 @@ class CloseWhenDone:
         if delay is None or not m.is_current:
             return
         self.timer = m.set_timer(delay, self._close)
-        m.notify(f"Run {m.run_dir.name} {m.status}: closing in {delay:g} s; any key keeps the monitor open", timeout=delay + 1)
+        m.notify(
+            f"Run {m.run_dir.name} {m.status}: closing in {delay:g} s; any key keeps the monitor "
+            f"open",
+            timeout=delay + 1,
+        )
 
     def keep_open(self) -> None:
         if self.timer is not None:
@@ -134,13 +137,48 @@ class CloseWhenDone:
             m.xl.detach(m.run_dir, m.status)
 
 
+class StopRun:
+    """`s`: once the person confirms, the run is stopped on a worker thread (the backend signals
+    every rank, and waits out the grace period before SIGKILL). Asked once: a second `s` while
+    it stops does nothing."""
+
+    def __init__(self, monitor: MonitorScreen) -> None:
+        self.monitor = monitor
+        self.stopping = False
+
+    def ask(self) -> None:
+        m = self.monitor
+        if m.status in FINISHED or self.stopping:
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.stopping = True
+                m.notify("Stopping the run: ranks get SIGTERM, then SIGKILL after a grace period")
+                m.run_worker(self._stop, thread=True, exclusive=True, group="monitor-stop")
+
+        m.app.push_screen(
+            ConfirmScreen(f"Stop run {m.run_dir.name}? Every rank is terminated.", yes="Stop"),
+            answered,
+        )
+
+    def _stop(self) -> None:
+        m = self.monitor
+        try:
+            m.backend.stop(m.run_dir)
+        except Exception as exc:  # show why it could not stop rather than dying
+            m.app.call_from_thread(m.notify, f"Could not stop the run: {exc}", severity="error")
+
+
 class MonitorScreen(XLScreen):
     AUTO_FOCUS = "#rank-table"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("s", "stop", "Stop run"),
         Binding("d", "detach", "Detach"),
         Binding("c", "charts", "Charts"),
-        Binding("k", "stacks", "Stacks", show=False),  # the hang banner and Help name it; the footer is full at 80 columns
+        Binding(
+            "k", "stacks", "Stacks", show=False
+        ),  # the hang banner and Help name it; the footer is full at 80 columns
         # One footer entry for both ("[] Rank"): with `? Help` and `q Quit` it fits 80 columns.
         Binding("left_square_bracket", "rank(-1)", "Prev rank", group=RANK_KEYS),
         Binding("right_square_bracket", "rank(1)", "Next rank", group=RANK_KEYS),
@@ -150,7 +188,13 @@ class MonitorScreen(XLScreen):
     class Polled(Message):
         """One poll's result; floods collapse to the newest one."""
 
-        def __init__(self, view: RunView | None, log_rank: int | None, log_lines: list[str] | None, error: str | None) -> None:
+        def __init__(
+            self,
+            view: RunView | None,
+            log_rank: int | None,
+            log_lines: list[str] | None,
+            error: str | None,
+        ) -> None:
             super().__init__()
             self.view = view
             self.log_rank = log_rank
@@ -181,16 +225,15 @@ class MonitorScreen(XLScreen):
         self._log_rank: int | None = None
         self._log_needs_reset = True
         self._tailed: set[int] = set()
-        self._stopping = False
         self.polls = 0
-        # One thread polls the reader for the screen's life (_poller): the reader's file offsets
-        # and RankViews are its alone while it polls, and a poll starts only once the last one has
-        # been shown (_shown). _wake cuts the wait short: a rank switch polls at once.
+        # One thread polls the reader for the screen's life (_poller): the reader is its alone,
+        # and what it posts is a snapshot (RunView) that the screen draws while the next poll
+        # goes on. _wake cuts the wait short: a rank switch polls at once.
         self._wake = threading.Event()
-        self._shown = threading.Event()
         self._stopped = False
         self._charts_chosen = False  # `c` pressed: the charts stay as the person left them
         self._close_when_done = CloseWhenDone(self)
+        self._stop_run = StopRun(self)
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -223,7 +266,10 @@ class MonitorScreen(XLScreen):
 
     def on_resize(self, event: events.Resize) -> None:
         # Opened small then the terminal grew (or shrank): the charts follow, until `c` decides.
-        if not self._charts_chosen and (event.size.height >= CHARTS_MIN_HEIGHT) != self.query_one("#charts").display:
+        if (
+            not self._charts_chosen
+            and (event.size.height >= CHARTS_MIN_HEIGHT) != self.query_one("#charts").display
+        ):
             self.action_charts(chosen=False)
 
     def _fit_charts(self, height: int) -> None:
@@ -231,7 +277,6 @@ class MonitorScreen(XLScreen):
 
     def on_unmount(self) -> None:
         self._stopped = True
-        self._shown.set()
         self._wake.set()
 
     @property
@@ -239,8 +284,11 @@ class MonitorScreen(XLScreen):
         return self.xl.clock
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if (action in ("stop", "detach", "stacks") and self.status in FINISHED) or (action == "stop" and self.backend.read_only):
-            return False  # off the footer: nothing left to stop, detach from or ask; a viewer stops nothing
+        if (action in ("stop", "detach", "stacks") and self.status in FINISHED) or (
+            action == "stop" and self.backend.read_only
+        ):
+            # Off the footer: nothing left to stop, detach from or ask; a viewer stops nothing.
+            return False
         return not (action == "back" and self.standalone)
 
     # -- polling -----------------------------------------------------------------------------
@@ -260,13 +308,8 @@ class MonitorScreen(XLScreen):
             return self._stopped or worker.is_cancelled
 
         while not ended():
-            self._shown.clear()  # before the check below: on_unmount sets it after _stopped
-            if ended() or not self.post_message(self._poll_once()):
+            if not self.post_message(self._poll_once()):
                 return
-            # The main thread is done with this view before the reader moves on.
-            while not self._shown.wait(1.0):
-                if ended():
-                    return
             self._wake.wait(self._delay)
             self._wake.clear()
 
@@ -282,19 +325,17 @@ class MonitorScreen(XLScreen):
             reader = self.reader
             view = reader.poll()
             rank = self._log_rank
-            lines = None if rank is None else _log_lines(reader, rank, self._log_needs_reset, self._tailed)
+            lines = (
+                None
+                if rank is None
+                else _log_lines(reader, rank, self._log_needs_reset, self._tailed)
+            )
             self._log_needs_reset = self._log_needs_reset and rank is None
             return self.Polled(view, rank, lines, None)
         except Exception as exc:  # a run dir that vanished or a reader bug: say so, keep the UI
             return self.Polled(None, None, None, f"{type(exc).__name__}: {exc}")
 
     def on_monitor_screen_polled(self, message: Polled) -> None:
-        try:
-            self._show(message)
-        finally:
-            self._shown.set()
-
-    def _show(self, message: Polled) -> None:
         self.polls += 1
         if message.view is not None:
             self.view = message.view
@@ -304,7 +345,10 @@ class MonitorScreen(XLScreen):
                 if table.current_rank is not None:
                     self._choose_rank(table.current_rank)
         elif message.error:
-            self._set_text("#run-header", Text(f"Cannot read {self.run_dir}: {message.error}", style="bold red"))
+            self._set_text(
+                "#run-header",
+                Text(f"Cannot read {self.run_dir}: {message.error}", style="bold red"),
+            )
         log = self.query_one(RankLog)
         rank = message.log_rank
         if message.log_lines is not None and rank is not None and rank == self._log_rank:
@@ -329,15 +373,25 @@ class MonitorScreen(XLScreen):
         self._render_progress(view.progress())
         self.query_one(RankTable).update_ranks(ranks, now, view.node_labels)
         if self.query_one("#charts").display:
-            t0 = view.record.started_at or min((rv.loss_history[0][0] for rv in ranks.values() if rv.loss_history), default=now)
-            losses = {r: rv.loss_history for r, rv in ranks.items()}
-            self.query_one("#chart-loss", MetricChart).set_series(losses, t0=t0, highlight=self._log_rank)
-            rates = {r: rv.samples_history for r, rv in ranks.items()}
-            self.query_one("#chart-sps", MetricChart).set_series(rates, t0=t0, highlight=self._log_rank)
+            self._render_charts(view, now)
+
+    def _render_charts(self, view: RunView, now: float) -> None:
+        ranks = view.ranks
+        t0 = view.record.started_at or min(
+            (rv.loss_history[0][0] for rv in ranks.values() if rv.loss_history), default=now
+        )
+        losses = {r: rv.loss_history for r, rv in ranks.items()}
+        self.query_one("#chart-loss", MetricChart).set_series(
+            losses, t0=t0, highlight=self._log_rank
+        )
+        rates = {r: rv.samples_history for r, rv in ranks.items()}
+        self.query_one("#chart-sps", MetricChart).set_series(rates, t0=t0, highlight=self._log_rank)
 
     def _render_banners(self, view: RunView) -> None:
         banner = self.query_one("#failure-banner", Static)
-        text = failure_text(view.failure, keep=6 if self.app.size.height >= CHARTS_MIN_HEIGHT else 3)
+        text = failure_text(
+            view.failure, keep=6 if self.app.size.height >= CHARTS_MIN_HEIGHT else 3
+        )
         banner.display = text is not None
         if text is not None:
             banner.update(text)
@@ -349,7 +403,8 @@ class MonitorScreen(XLScreen):
 
     def _render_progress(self, prog: Progress | None) -> None:
         """A line of text, not Textual's ProgressBar: that one repaints itself on a timer of its
-        own every second, between the Monitor's refreshes, which cost as much as the line is worth."""
+        own every second, between the Monitor's refreshes, which cost as much as the line is
+        worth."""
         self.query_one("#progress").display = prog is not None
         if prog is not None:
             self._set_text("#progress", progress_text(prog))
@@ -381,9 +436,8 @@ class MonitorScreen(XLScreen):
         charts = self.query_one("#charts")
         charts.display = not charts.display
         if charts.display and self.view is not None:
-            # A fresh poll draws them: the last view's RankViews may be mid-update by a poll
-            # running right now in the worker thread, so they are only read once it is done.
-            self._request_poll()
+            # The last poll's snapshot draws them at once: nothing in it changes meanwhile.
+            self._render_charts(self.view, self.clock())
 
     def action_stacks(self) -> None:
         rank = self.query_one(RankTable).current_rank
@@ -397,26 +451,7 @@ class MonitorScreen(XLScreen):
     # -- stop / detach -----------------------------------------------------------------------
 
     def action_stop(self) -> None:
-        if self.status in FINISHED or self._stopping:
-            return
-
-        def answered(yes: bool | None) -> None:
-            if yes:
-                self._stopping = True
-                self.notify("Stopping the run: ranks get SIGTERM, then SIGKILL after a grace period")
-                self._stop()
-
-        self.app.push_screen(
-            ConfirmScreen(f"Stop run {self.run_dir.name}? Every rank is terminated.", yes="Stop"),
-            answered,
-        )
-
-    @work(thread=True, exclusive=True, group="monitor-stop")
-    def _stop(self) -> None:
-        try:
-            self.backend.stop(self.run_dir)
-        except Exception as exc:  # show why it could not stop rather than dying
-            self.app.call_from_thread(self.notify, f"Could not stop the run: {exc}", severity="error")
+        self._stop_run.ask()
 
     def action_detach(self) -> None:
         if self.standalone or self.xl.closes_on_detach(self.run_dir):

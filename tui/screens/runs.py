@@ -21,7 +21,14 @@ if TYPE_CHECKING:
 
 # The id (what `xl attach` takes) right after the status, the free-length name last: at 80
 # columns a long name is what gets cut, never the id.
-COLUMNS = (("status", "Status"), ("id", "Run id"), ("start", "Started"), ("dur", "Duration"), ("world", "Ranks"), ("name", "Name"))
+COLUMNS = (
+    ("status", "Status"),
+    ("id", "Run id"),
+    ("start", "Started"),
+    ("dur", "Duration"),
+    ("world", "Ranks"),
+    ("name", "Name"),
+)
 
 
 # Narrower than this, Started gives way to Name (a run id begins with its start: 20260530-142501-…);
@@ -75,7 +82,9 @@ class RunsScreen(XLScreen):
         self._active = True
         self._next_list: Timer | None = None  # the one pending refresh (see on_runs_screen_listed)
         self.marked: list[str] = []  # run ids marked with space, two at most: `c` compares them
-        self._columns: tuple[tuple[str, str], ...] = ()  # the columns shown (their set depends on the width)
+        self._columns: tuple[
+            tuple[str, str], ...
+        ] = ()  # the columns shown (their set depends on the width)
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -92,7 +101,11 @@ class RunsScreen(XLScreen):
             self._list()  # the table is rebuilt with the columns that fit
 
     def _shown_columns(self) -> tuple[tuple[str, str], ...]:
-        return COLUMNS if self.size.width >= FULL_WIDTH else tuple(c for c in COLUMNS if c[0] != "start")
+        return (
+            COLUMNS
+            if self.size.width >= FULL_WIDTH
+            else tuple(c for c in COLUMNS if c[0] != "start")
+        )
 
     def on_screen_suspend(self) -> None:
         self._active = False
@@ -121,13 +134,17 @@ class RunsScreen(XLScreen):
         else:
             running = sum(1 for r in message.runs if r.status == "running")
             summary.update(
-                f"{len(message.runs)} run{'' if len(message.runs) == 1 else 's'}, {running} running.  enter: open in the monitor"
+                f"{len(message.runs)} run{'' if len(message.runs) == 1 else 's'}, {running} "
+                f"running.  enter: open in the monitor"
                 if message.runs
                 else "No runs yet: start one from Launch (3) or with `xl launch`."
             )
         ordered = sorted(message.runs, key=lambda r: r.started_at or 0, reverse=True)
         keys = [r.run_id for r in ordered]
-        rows = [self._with_mark(key, run_cells(info, now)) for key, info in zip(keys, ordered, strict=True)]
+        rows = [
+            self._with_mark(key, run_cells(info, now))
+            for key, info in zip(keys, ordered, strict=True)
+        ]
         columns = self._shown_columns()
         if keys != list(self._cells) or columns != self._columns:
             # New or removed runs change the order; rebuild the (short) list only then, with
@@ -137,7 +154,9 @@ class RunsScreen(XLScreen):
             table.clear(columns=True)
             self._columns = columns
             for col, label in columns:
-                width = max([len(label), MIN_WIDTH.get(col, 0), *(Text(str(r[col])).cell_len for r in rows)])
+                width = max(
+                    [len(label), MIN_WIDTH.get(col, 0), *(Text(str(r[col])).cell_len for r in rows)]
+                )
                 table.add_column(label, key=col, width=width)
             self._cells = {}
         for key, info, cells in zip(keys, ordered, rows, strict=True):
@@ -196,7 +215,11 @@ class RunsScreen(XLScreen):
                 cells["id"] = shown
                 table.update_cell(k, "id", shown)
         which = " and ".join(self.marked) or "none"
-        self.notify(f"marked: {which}" + ("; c compares them" if len(self.marked) == 2 else "; mark another with space"), timeout=3)
+        self.notify(
+            f"marked: {which}"
+            + ("; c compares them" if len(self.marked) == 2 else "; mark another with space"),
+            timeout=3,
+        )
 
     def action_compare(self) -> None:
         if len(self.marked) != 2 or any(k not in self.runs for k in self.marked):

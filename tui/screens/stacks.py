@@ -31,12 +31,16 @@ def doc_ranks(doc: dict[str, Any]) -> list[int]:
 
 
 def stacks_text(doc: dict[str, Any], rank: int) -> Text:
-    """The whole run's verdict, then ``rank``'s collectives and each thread's frames, innermost last."""
+    """The whole run's verdict, then ``rank``'s collectives and each thread's frames, innermost
+    last."""
     out = Text()
     verdict = (doc.get("verdict") or {}).get("message")
     if verdict:
         asked = len(doc_ranks(doc))
-        out.append(f"verdict (all {asked} rank{'s' if asked != 1 else ''}): {verdict}\n\n", style="bold yellow")
+        out.append(
+            f"verdict (all {asked} rank{'s' if asked != 1 else ''}): {verdict}\n\n",
+            style="bold yellow",
+        )
     entry = next((e for e in doc.get("ranks") or [] if e.get("rank") == rank), None)
     if entry is None:
         out.append(f"rank {rank} is not running here", style="bold")
@@ -49,11 +53,17 @@ def stacks_text(doc: dict[str, Any], rank: int) -> Text:
         out.append(f"({entry['note']})\n", style="dim")
     for c in entry.get("collectives") or []:
         style = "" if c.get("state") == "completed" else "bold"
-        out.append(f"  {c.get('pg')} #{c.get('seq')} {c.get('op')}: {c.get('state')}\n", style=style)
+        out.append(
+            f"  {c.get('pg')} #{c.get('seq')} {c.get('op')}: {c.get('state')}\n", style=style
+        )
     for thread in entry.get("threads") or []:
-        out.append(visible(f"\nthread {thread.get('name')}\n", lines=True), style="bold")  # the rank's names
+        out.append(
+            visible(f"\nthread {thread.get('name')}\n", lines=True), style="bold"
+        )  # the rank's names
         for f in thread.get("frames") or []:
-            out.append(visible(f"  {f.get('file')}:{f.get('line')} in {f.get('function')}\n", lines=True))
+            out.append(
+                visible(f"  {f.get('file')}:{f.get('line')} in {f.get('function')}\n", lines=True)
+            )
     return out
 
 

@@ -154,7 +154,10 @@ class GPUHistory(ScrollView):
             self._styles = {}
         label = f"GPU {index}"[:LABEL_WIDTH]
         # Label then blank, as the label widget of old drew it (the blank has no foreground).
-        segments = [Segment(label, base), Segment(" " * (LABEL_WIDTH - len(label)), Style(bgcolor=base.bgcolor))]
+        segments = [
+            Segment(label, base),
+            Segment(" " * (LABEL_WIDTH - len(label)), Style(bgcolor=base.bgcolor)),
+        ]
         for bar, ratio, columns in cells:
             style = self._styles.get(ratio)
             if style is None:

@@ -44,7 +44,13 @@ WIDENING = frozenset({"procs", "name"})
 
 # DataTable's private render caches, keyed by row (see _set_cells). Checked once: should a Textual
 # release rename them, the table falls back to update_cell (correct, only slower).
-_CACHES = ("_data", "_row_renderable_cache", "_cell_render_cache", "_row_render_cache", "_line_cache")
+_CACHES = (
+    "_data",
+    "_row_renderable_cache",
+    "_cell_render_cache",
+    "_row_render_cache",
+    "_line_cache",
+)
 
 
 def value_key(value: Any) -> Any:
@@ -105,10 +111,14 @@ def gpu_cells(gpu: GPU, position: int | None, compact: bool = False) -> dict[str
         if gpu.power_limit_w:
             power += f"/{gpu.power_limit_w:.0f}"
     return {
-        "sel": Text(f"[{position + 1}]", style="bold reverse") if position is not None else Text("[ ]", style="dim"),
+        "sel": Text(f"[{position + 1}]", style="bold reverse")
+        if position is not None
+        else Text("[ ]", style="dim"),
         "gpu": str(gpu.index),
         "name": name,
-        "util": fmt.meter(None if util is None else util / 100, bar, "-" if util is None else f"{util:3d}%"),
+        "util": fmt.meter(
+            None if util is None else util / 100, bar, "-" if util is None else f"{util:3d}%"
+        ),
         "mem": fmt.meter(mem_frac, bar, f"{fmt.mib(used)}/{fmt.mib(total)}"),
         "temp": "-" if gpu.temperature_c is None else f"{gpu.temperature_c}C",
         "power": power,
@@ -128,7 +138,8 @@ class LiveTable(DataTable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._fast = all(hasattr(self, name) for name in _CACHES)
-        # Rendered cells by value: utilization, memory, states keep coming back to values drawn before.
+        # Rendered cells by value: utilization, memory, states keep coming back to values drawn
+        # before.
         self._by_value: LRUCache[tuple[Any, ...], Any] = LRUCache(4096)
         self._paint_style: Style | None = None
 
@@ -141,7 +152,9 @@ class LiveTable(DataTable):
         ``pending`` maps row key -> {column key: new value}.
         """
         widening = self.widening
-        if not self._fast or any(col in widening for changed in pending.values() for col in changed):
+        if not self._fast or any(
+            col in widening for changed in pending.values() for col in changed
+        ):
             for key, changed in pending.items():
                 for col, value in changed.items():
                     self.update_cell(key, col, value, update_width=col in widening)
@@ -232,7 +245,9 @@ class LiveTable(DataTable):
         self._forget_renders()
 
     def _forget_renders(self) -> None:
-        by_value = getattr(self, "_by_value", None)  # DataTable.__init__ may clear before ours exists
+        by_value = getattr(
+            self, "_by_value", None
+        )  # DataTable.__init__ may clear before ours exists
         if by_value is not None:
             by_value.clear()
 

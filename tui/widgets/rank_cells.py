@@ -53,7 +53,9 @@ def bar_counts(parts: tuple[float, ...], cells: int) -> list[int]:
         return [0] * len(parts)
     exact = [max(0.0, p) / total * cells for p in parts]
     counts = [int(x) for x in exact]
-    for i in sorted(range(len(parts)), key=lambda i: exact[i] - counts[i], reverse=True)[: cells - sum(counts)]:
+    for i in sorted(range(len(parts)), key=lambda i: exact[i] - counts[i], reverse=True)[
+        : cells - sum(counts)
+    ]:
         counts[i] += 1
     return counts
 
@@ -74,8 +76,8 @@ def split_cell(step_s: float | None, parts: tuple[float, ...] | None, cells: int
 
 
 def rank_values(rv: RankView, now: float, node: str | None) -> tuple[Any, ...]:
-    """What a rank's row shows, as plain values: cheap to compare, and a snapshot (the reader
-    goes on updating its RankView objects while the table draws)."""
+    """What a rank's row shows, as plain values: cheap to compare with what the row showed last
+    (a row is drawn again only when they differ)."""
     # Read with getattr: a RunView from before the step split (an older reader) has no such fields.
     split = getattr(rv, "split", None)
     return (
@@ -102,7 +104,26 @@ def rank_values(rv: RankView, now: float, node: str | None) -> tuple[Any, ...]:
 
 def format_cells(values: tuple[Any, ...], bar: int = 6) -> dict[str, Any]:
     """The row's cells (str or rich Text) from rank_values; ``bar``: the cells of the step's bar."""
-    rank, state, step, total_steps, loss, sps, util, used, total, rss, gpu, node, seen, evl, epoch, step_s, split, footprint = values
+    (
+        rank,
+        state,
+        step,
+        total_steps,
+        loss,
+        sps,
+        util,
+        used,
+        total,
+        rss,
+        gpu,
+        node,
+        seen,
+        evl,
+        epoch,
+        step_s,
+        split,
+        footprint,
+    ) = values
     if footprint is not None:
         mem: Any = fmt.mib(footprint)  # the rank's footprint (PSS, with its children): its memory
     elif used is None and rss is not None:
@@ -136,7 +157,9 @@ def eval_cell(eval_loss: float | None, epoch: float | None) -> str:
     return fmt.number(eval_loss) + ("" if epoch is None else f" ep {epoch:.3g}")
 
 
-def cell_segments(value: Any, width: int, under: Style, over: Style, console: Console) -> list[Segment]:
+def cell_segments(
+    value: Any, width: int, under: Style, over: Style, console: Console
+) -> list[Segment]:
     """A cell as drawn in a row: padding, then its text cut or padded to ``width``, in the row's
     style under the cell's own and the cursor's colour over both."""
     pad = " " * PADDING
@@ -146,14 +169,20 @@ def cell_segments(value: Any, width: int, under: Style, over: Style, console: Co
         segments = [Segment(pad, under)]
         for seg in text_segments(text, console):
             if seg.text:
-                segments.append(Segment(seg.text, under + seg.style + over if seg.style else under + over))
+                segments.append(
+                    Segment(seg.text, under + seg.style + over if seg.style else under + over)
+                )
         segments.append(Segment(pad, under))
         return segments
     plain = str(value)  # most cells: plain text, one segment
     if cell_len(plain) > width:
         plain = set_cell_size(plain, width - 1) + "…"
     if over:
-        return [Segment(pad, under), Segment(set_cell_size(plain, width), under + over), Segment(pad, under)]
+        return [
+            Segment(pad, under),
+            Segment(set_cell_size(plain, width), under + over),
+            Segment(pad, under),
+        ]
     return [Segment(f"{pad}{set_cell_size(plain, width)}{pad}", under)]
 
 

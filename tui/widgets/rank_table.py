@@ -65,7 +65,20 @@ EVAL_COLUMN = ("eval", "Eval loss (ep)", 14)
 AFTER_NODE = COLUMNS
 NODE_WIDTH = (4, 24)
 # Lower is kept longer; the first four are kept whatever the width (the table then scrolls).
-PRIORITY = {"node": 0, "rank": 0, "state": 1, "step": 2, "loss": 3, "time": 4, "mem": 5, "gpu": 6, "util": 7, "sps": 8, "eval": 9, "seen": 10}
+PRIORITY = {
+    "node": 0,
+    "rank": 0,
+    "state": 1,
+    "step": 2,
+    "loss": 3,
+    "time": 4,
+    "mem": 5,
+    "gpu": 6,
+    "util": 7,
+    "sps": 8,
+    "eval": 9,
+    "seen": 10,
+}
 KEPT = 4
 # The step-time column grows with a wide terminal (a longer bar), up to this many columns.
 TIME_WIDEST = 24
@@ -119,6 +132,17 @@ def row_order(
     for r in order:
         firsts.setdefault(labels[r], r)
     return order, firsts
+
+
+def row_styles(table: RankTable) -> dict[str, tuple[Style, Style]]:
+    """(style under the cells, style over them) of each kind of row: zebra, or the cursor's."""
+    base = table.visual_style.rich_style
+    cursor = table.get_component_rich_style("rank-table--cursor")
+    # As DataTable does by default: the cursor's colour wins over the cell's own.
+    over = Style.from_color(cursor.color) if cursor.color else Style.null()
+    even = base + table.get_component_rich_style("rank-table--even-row")
+    none = Style.null()
+    return {"odd": (base, none), "even": (even, none), "cursor": (base + cursor, over)}
 
 
 class RankTable(ScrollView, can_focus=True):
@@ -262,7 +286,8 @@ class RankTable(ScrollView, can_focus=True):
     def _layout(self, nodes: list[str], evals: bool, timed: bool) -> Columns:
         # Once shown, the eval and step-time columns stay (no new layout each time a value comes);
         # a run whose steps are not timed (--no-instrument, an older xl) keeps its columns.
-        self._evals, self._timed, self._node_names = self._evals or evals, self._timed or timed, nodes
+        self._evals, self._timed = self._evals or evals, self._timed or timed
+        self._node_names = nodes
         head = node_column(nodes, self._columns[0][2] if self.grouped else 0)
         body = AFTER_NODE if self._timed else tuple(c for c in AFTER_NODE if c[0] != "time")
         return fit((*head, *body, *((EVAL_COLUMN,) if self._evals else ())), self.size.width)
@@ -282,7 +307,9 @@ class RankTable(ScrollView, can_focus=True):
         self._resize()
         return True
 
-    def update_ranks(self, ranks: Mapping[int, RankView], now: float, labels: Mapping[int, str | None]) -> None:
+    def update_ranks(
+        self, ranks: Mapping[int, RankView], now: float, labels: Mapping[int, str | None]
+    ) -> None:
         """Show ``ranks`` (the RunView's) as of ``now``, each on the node ``labels`` names
         (RunView.node_labels)."""
         nodes = node_order(labels)
@@ -356,18 +383,7 @@ class RankTable(ScrollView, can_focus=True):
     def _styles_for(self, row: int) -> tuple[Style, Style]:
         """(style under the cells, style over them) for a row: zebra, or the cursor's."""
         if self._row_styles is None:
-            base = self.visual_style.rich_style
-            cursor = self.get_component_rich_style("rank-table--cursor")
-            # As DataTable does by default: the cursor's colour wins over the cell's own.
-            over = Style.from_color(cursor.color) if cursor.color else Style.null()
-            self._row_styles = {
-                "odd": (base, Style.null()),
-                "even": (
-                    base + self.get_component_rich_style("rank-table--even-row"),
-                    Style.null(),
-                ),
-                "cursor": (base + cursor, over),
-            }
+            self._row_styles = row_styles(self)
         kind = "cursor" if row == self.cursor_row else ("even" if row % 2 else "odd")
         return self._row_styles[kind]
 
@@ -393,7 +409,10 @@ class RankTable(ScrollView, can_focus=True):
         cells = self._cells_of(rank)
         keys = self._cell_keys[rank]
         used = self.virtual_size.width
-        drawn_cells = (self._cell_segments(cells[col], keys[col], w, under, over) for col, _, w in self._columns)
+        drawn_cells = (
+            self._cell_segments(cells[col], keys[col], w, under, over)
+            for col, _, w in self._columns
+        )
         strip = Strip(join_row(drawn_cells, under, width - used), max(width, used))
         self._strips[rank] = (key, strip)
         return strip

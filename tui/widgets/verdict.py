@@ -1,4 +1,5 @@
-"""The Monitor's hang banner: who the other ranks wait for, from the hang the RunView says is in force.
+"""The Monitor's hang banner: who the other ranks wait for, from the hang the RunView says is in
+force.
 
 The supervisor writes one ``hang`` event when a stall is diagnosed (with the stacks it captured);
 whether it is still in force is the model's one rule (xl.launcher.rundir.runview.HangRule). The
@@ -21,7 +22,12 @@ if TYPE_CHECKING:
 
 # Where a straggler loses its time (its event's ``phase``), in the colour of its letter in the
 # rank table's step bar (rank_cells.PHASES).
-PHASE_STYLE = {"data": "black on yellow", "compute": "black on green", "comm": "black on magenta", "other": "black on bright_black"}
+PHASE_STYLE = {
+    "data": "black on yellow",
+    "compute": "black on green",
+    "comm": "black on magenta",
+    "other": "black on bright_black",
+}
 
 
 def verdict_text(hang: Hang | None, key: str = "k") -> Text | None:
@@ -50,7 +56,9 @@ class VerdictBanner(Static):
 def straggler_text(ranks: Iterable[RankView]) -> Text | None:
     """One line per straggler in force: its phase, then what its event said; None when none."""
     out = Text()
-    for rv in sorted((rv for rv in ranks if rv.state == "straggler" and rv.diagnosis), key=lambda rv: rv.rank):
+    for rv in sorted(
+        (rv for rv in ranks if rv.state == "straggler" and rv.diagnosis), key=lambda rv: rv.rank
+    ):
         if out:
             out.append("\n")
         out.append("straggler", style="bold yellow")

@@ -14,7 +14,7 @@ from xl.launcher.rundir import digest
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.record import RunRecord
 from xl.launcher.rundir.runview import RankView
-from xl.launcher.telemetry import progress
+from xl.launcher.telemetry import stall as progress
 from xl.launcher.telemetry.diagnose import Diagnoser, Thresholds
 from xl.launcher.telemetry.exporter import ExporterReader
 

@@ -1,5 +1,5 @@
 """Hostile rank output costs bounded work: every parser of telemetry/logparse.py is linear and
-reads a bounded part of a line, and parsing runs off the supervisor's loop (issue 25, point 11).
+reads a bounded part of a line, and parsing runs off the supervisor's loop.
 
 Before, one 60,000-digit line ending " it/s" held the supervisor's loop for 19 s (the tqdm regex
 backtracked over every digit). The lines below are parsed in a subprocess with a timeout: each

@@ -10,7 +10,7 @@ import pytest
 from procs import wait_for
 
 from xl.launcher.telemetry.diagnose import Thresholds
-from xl.launcher.telemetry.progress import judge, judged
+from xl.launcher.telemetry.stall import judge, judged
 from xl.launcher.telemetry.verdict import where
 
 NOW = 1_000_000.0
@@ -110,7 +110,7 @@ def test_where_names_the_persons_innermost_frame_and_what_it_calls() -> None:
 def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_lasts(tmp_path: Path, monkeypatch: Any) -> None:
     import time  # noqa: PLC0415 - only this test needs the wall clock
 
-    from xl.launcher.telemetry import stacks as capture  # noqa: PLC0415 - patched below
+    from xl.launcher.telemetry import gather_stacks as capture  # noqa: PLC0415 - patched below
     from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
 
     now = time.time()
@@ -141,7 +141,7 @@ def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_l
 def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(tmp_path: Path, monkeypatch: Any) -> None:
     import time  # noqa: PLC0415 - only this test needs the wall clock
 
-    from xl.launcher.telemetry import stacks as capture  # noqa: PLC0415 - patched below
+    from xl.launcher.telemetry import gather_stacks as capture  # noqa: PLC0415 - patched below
     from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
 
     asked: list[float] = []
@@ -181,7 +181,7 @@ def _sys(rank: int, now: float, cpu: float, n: int = 12) -> list[dict[str, Any]]
 
 
 def test_recent_cpu_is_the_mean_of_the_last_ten_seconds_and_needs_three_samples(tmp_path: Path) -> None:
-    from xl.launcher.telemetry.progress import recent_cpu  # noqa: PLC0415 - only this test reads it alone
+    from xl.launcher.telemetry.stall import recent_cpu  # noqa: PLC0415 - only this test reads it alone
 
     old = [{**r, "t": r["t"] - 60, "cpu_pct": 0.0} for r in _sys(0, NOW, 0.0)]  # before the window: not counted
     run = _write(tmp_path / "r", [*old, *_sys(0, NOW, 96.0), *_sys(1, NOW, 1.5), *_sys(2, NOW, 50.0, n=2)])
@@ -199,7 +199,7 @@ def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_h
     import time  # noqa: PLC0415 - only these tests need the wall clock
 
     from xl.launcher.rundir.runview import HangRule, hang_label  # noqa: PLC0415 - the readers of the event
-    from xl.launcher.telemetry import stacks as capture  # noqa: PLC0415 - patched below
+    from xl.launcher.telemetry import gather_stacks as capture  # noqa: PLC0415 - patched below
     from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
 
     now = time.time()
@@ -239,7 +239,7 @@ def _mismatch_snapshot() -> list[dict[str, Any]]:
 def test_a_quiet_spell_is_looked_at_for_a_mismatch_which_is_named_before_any_stall(tmp_path: Path, monkeypatch: Any) -> None:
     import time  # noqa: PLC0415 - only this test needs the wall clock
 
-    from xl.launcher.telemetry import stacks as capture  # noqa: PLC0415 - patched below
+    from xl.launcher.telemetry import gather_stacks as capture  # noqa: PLC0415 - patched below
     from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
 
     now = time.time()

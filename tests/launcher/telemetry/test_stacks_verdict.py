@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from xl.launcher.telemetry.ask_rank import parse_faulthandler
+from xl.launcher.telemetry.gather_stacks import document
 from xl.launcher.telemetry.hang import HangCapture
-from xl.launcher.telemetry.probe import parse_faulthandler
-from xl.launcher.telemetry.progress import Progress, judged
-from xl.launcher.telemetry.stacks import document
+from xl.launcher.telemetry.stall import Progress, judged
 from xl.launcher.telemetry.verdict import group_lines, mismatch, ranges, verdict
 
 

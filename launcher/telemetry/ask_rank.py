@@ -61,7 +61,9 @@ def _catches(pid: int, signum: int) -> bool:
 
 def _own_frame(frame: dict[str, Any]) -> bool:
     path = str(frame.get("file") or "")
-    return path.startswith("<frozen runpy") or path.endswith(("/runpy.py", "/launcher/entry.py", "/launcher/rank/entry.py"))
+    return path.startswith("<frozen runpy") or path.endswith(
+        ("/runpy.py", "/launcher/entry.py", "/launcher/rank/entry.py")
+    )
 
 
 def trim(threads: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -87,12 +89,16 @@ def parse_faulthandler(text: str, main_ident: int | None = None) -> list[dict[st
             continue
         frame = _FRAME.match(line)
         if frame and threads:
-            threads[-1]["frames"].insert(0, {"file": frame.group(1), "line": int(frame.group(2)), "function": frame.group(3)})
+            threads[-1]["frames"].insert(
+                0, {"file": frame.group(1), "line": int(frame.group(2)), "function": frame.group(3)}
+            )
     threads.sort(key=lambda t: not t.pop("_main"))
     return threads
 
 
-def _ask_signal(run_dir: Path, rank: int, pid: int, signum: int, main_ident: int | None, timeout: float) -> list[dict[str, Any]] | None:
+def _ask_signal(
+    run_dir: Path, rank: int, pid: int, signum: int, main_ident: int | None, timeout: float
+) -> list[dict[str, Any]] | None:
     path = RunLayout(run_dir).rank_stacks_text(rank)
     try:
         start = os.path.getsize(path)
@@ -124,8 +130,9 @@ def _ask_signal(run_dir: Path, rank: int, pid: int, signum: int, main_ident: int
     return parse_faulthandler(text, main_ident)
 
 
-def probe(run_dir: Path, info: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One rank's entry of the stacks document: ``info`` holds its ``rank``, ``node`` and ``pid``."""
+def ask_rank(run_dir: Path, info: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One rank's entry of the stacks document: ``info`` holds its ``rank``, ``node`` and
+    ``pid``."""
     rank, pid = info.get("rank"), info.get("pid")
     out: dict[str, Any] = {"rank": rank, "node": info.get("node"), "pid": pid}
     if not isinstance(rank, int) or not isinstance(pid, int):
@@ -135,7 +142,10 @@ def probe(run_dir: Path, info: dict[str, Any], timeout: float) -> dict[str, Any]
     except (OSError, ValueError):
         door = {}
     if not isinstance(door, dict) or door.get("pid") != pid:
-        return {**out, "error": "this rank has no stack handler (it was not started by xl's rank entry)"}
+        return {
+            **out,
+            "error": "this rank has no stack handler (it was not started by xl's rank entry)",
+        }
     if not Path(f"/proc/{pid}").exists():
         return {**out, "error": "the process is gone"}
     answer = _ask_socket(str(door.get("socket")), pid, min(SOCKET_S, timeout / 2))
@@ -146,10 +156,15 @@ def probe(run_dir: Path, info: dict[str, Any], timeout: float) -> dict[str, Any]
             out["note"] = answer["collectives_note"]
         return out
     left = max(0.2, timeout - min(SOCKET_S, timeout / 2))
-    threads = _ask_signal(run_dir, rank, pid, int(door.get("signal") or 0), door.get("main_thread"), left)
+    threads = _ask_signal(
+        run_dir, rank, pid, int(door.get("signal") or 0), door.get("main_thread"), left
+    )
     if threads is None:
         return {**out, "error": f"{SILENT} within {timeout:g} s"}
     out["threads"] = trim(threads)
     out["collectives"] = []
-    out["note"] = "Python could not run in this rank (C code holds the GIL): stacks from faulthandler, no collectives"
+    out["note"] = (
+        "Python could not run in this rank (C code holds the GIL): stacks from faulthandler, no "
+        "collectives"
+    )
     return out

@@ -18,24 +18,30 @@ from xl.launcher.rundir import record
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.telemetry import nodestacks
-from xl.launcher.telemetry.probe import probe
-from xl.launcher.telemetry.progress import Progress, judge, judged, recent_cpu
+from xl.launcher.telemetry.ask_rank import ask_rank
+from xl.launcher.telemetry.stall import Progress, judge, judged, recent_cpu
 
 TIMEOUT_S = 3.0  # "a few seconds": the socket door, then faulthandler's signal door
 NOT_ASKED = "not asked: on"  # the start of the error of a rank that lives on another node
 
 
-def local_entries(run_dir: Path, ranks: list[dict[str, Any]], timeout: float = TIMEOUT_S) -> list[dict[str, Any]]:
+def local_entries(
+    run_dir: Path, ranks: list[dict[str, Any]], timeout: float = TIMEOUT_S
+) -> list[dict[str, Any]]:
     """Stacks of the ranks running on this node (``ranks``: run.json's rank records)."""
     if not ranks:
         return []
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only when stacks are asked for: not the supervisor's start
 
-    with ThreadPoolExecutor(max_workers=min(32, len(ranks)), thread_name_prefix="xl-stacks") as pool:
-        return list(pool.map(lambda info: probe(run_dir, info, timeout), ranks))
+    with ThreadPoolExecutor(
+        max_workers=min(32, len(ranks)), thread_name_prefix="xl-stacks"
+    ) as pool:
+        return list(pool.map(lambda info: ask_rank(run_dir, info, timeout), ranks))
 
 
-def gather(run_dir: Path, ranks: list[dict[str, Any]], timeout: float = TIMEOUT_S) -> tuple[float, list[dict[str, Any]]]:
+def gather(
+    run_dir: Path, ranks: list[dict[str, Any]], timeout: float = TIMEOUT_S
+) -> tuple[float, list[dict[str, Any]]]:
     """(when, every rank's entry sorted by rank): the ranks of this node and, through node 0's
     door, the others'."""
     t = time.time()
@@ -56,7 +62,9 @@ def rank_ids(ranks: list[dict[str, Any]]) -> list[int]:
     return [r["rank"] for r in ranks if isinstance(r.get("rank"), int)]
 
 
-def assemble(run_dir: Path, run_id: str, t: float, entries: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
+def assemble(
+    run_dir: Path, run_id: str, t: float, entries: list[dict[str, Any]], progress: Progress
+) -> dict[str, Any]:
     """The document; its verdict names a culprit only when ``progress`` says the run is stalled.
     A stalled run's entries get each rank's recent CPU (``cpu_pct``), which tells a rank working
     from one waiting."""
@@ -65,17 +73,26 @@ def assemble(run_dir: Path, run_id: str, t: float, entries: list[dict[str, Any]]
         for e in entries:
             if e.get("rank") in cpu and not e.get("error"):
                 e["cpu_pct"] = cpu[e["rank"]]
-    return {"run_id": run_id, "t": round(t, 3), "ranks": entries, "verdict": judged(entries, progress)}
+    return {
+        "run_id": run_id,
+        "t": round(t, 3),
+        "ranks": entries,
+        "verdict": judged(entries, progress),
+    }
 
 
-def document(run_dir: Path, run_id: str, ranks: list[dict[str, Any]], *, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+def document(
+    run_dir: Path, run_id: str, ranks: list[dict[str, Any]], *, timeout: float = TIMEOUT_S
+) -> dict[str, Any]:
     """The whole document: every rank's entry, sorted by rank, and the verdict, judged with the
-    run's progress (xl.launcher.telemetry.progress) over ``ranks``."""
+    run's progress (xl.launcher.telemetry.stall) over ``ranks``."""
     t, entries = gather(run_dir, ranks, timeout)
     return assemble(run_dir, run_id, t, entries, judge(run_dir, rank_ids(ranks), entries, now=t))
 
 
-def remote_entries(ranks: list[dict[str, Any]], answer: dict[str, Any] | None, timeout: float) -> list[dict[str, Any]]:
+def remote_entries(
+    ranks: list[dict[str, Any]], answer: dict[str, Any] | None, timeout: float
+) -> list[dict[str, Any]]:
     """Other nodes' ranks from the door's answer (None: no door: they are not asked)."""
     if answer is None:
         return [not_asked(info) for info in ranks]
@@ -88,21 +105,36 @@ def remote_entries(ranks: list[dict[str, Any]], answer: dict[str, Any] | None, t
             out.append({**entry, "node": entry.get("node") or info.get("node")})
             continue
         node_rank = info.get("node_rank")
-        why = f"did not answer within {timeout:g} s" if node_rank in asked else "is not connected to node 0"
+        why = (
+            f"did not answer within {timeout:g} s"
+            if node_rank in asked
+            else "is not connected to node 0"
+        )
         out.append(not_asked(info, f"node {node_rank} {why}"))
     return out
 
 
 def not_asked(info: dict[str, Any], why: str = "") -> dict[str, Any]:
-    """A rank of another node: its stacks are asked on that node (its own run dir and `xl stacks`)."""
+    """A rank of another node: its stacks are asked on that node (its own run dir and `xl
+    stacks`)."""
     host = info.get("node")  # run.json's key for a rank's host
     where = f"node {info.get('node_rank')}" + (f" ({host})" if host else "")
-    error = f"{NOT_ASKED} {where}" + (f" ({why})" if why else "") + ": ask it there ('xl runs' names the run, 'xl stacks RUN' asks its ranks)"
-    return {"rank": info.get("rank"), "node": info.get("node"), "pid": info.get("pid"), "error": error}
+    error = (
+        f"{NOT_ASKED} {where}"
+        + (f" ({why})" if why else "")
+        + ": ask it there ('xl runs' names the run, 'xl stacks RUN' asks its ranks)"
+    )
+    return {
+        "rank": info.get("rank"),
+        "node": info.get("node"),
+        "pid": info.get("pid"),
+        "error": error,
+    }
 
 
 def save(run_dir: Path, doc: dict[str, Any]) -> str:
-    """Write ``doc`` to ``stacks/<unix-seconds>.json``; returns that path relative to the run dir."""
+    """Write ``doc`` to ``stacks/<unix-seconds>.json``; returns that path relative to the run
+    dir."""
     name = RunLayout(run_dir).stacks_capture(doc["t"])
     path = run_dir / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +156,9 @@ def live_ranks(rec: record.RunRecord) -> list[dict[str, Any]]:
     ]
 
 
-def run_document(run_dir: Path, rank: int | None = None, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+def run_document(
+    run_dir: Path, rank: int | None = None, timeout: float = TIMEOUT_S
+) -> dict[str, Any]:
     """Ask the run's live ranks now: what ``xl stacks`` and the Monitor show. ``rank`` keeps
     only that rank's entry in the document; the verdict is always the whole run's."""
     rec = record.load(run_dir)

@@ -26,7 +26,9 @@ def outcome_text(record: RunRecord, run_id: str, status: str, now: float) -> Tex
     if failure and failure.traceback:
         python = bool(failure.error) or "Traceback (most recent call last)" in failure.traceback
         out.append(f"xl: {'traceback' if python else 'last lines'} of rank {rank}:\n", style="bold")
-        out.append(visible(str(failure.traceback).rstrip("\n"), lines=True) + "\n")  # the rank's text
+        out.append(
+            visible(str(failure.traceback).rstrip("\n"), lines=True) + "\n"
+        )  # the rank's text
     took = elapsed(record, now)
     line = f"xl: run {run_id} {status}" + (f" after {took:.1f}s" if took is not None else "")
     why = failure.message if failure else None
@@ -38,7 +40,12 @@ def outcome_text(record: RunRecord, run_id: str, status: str, now: float) -> Tex
     out.append(visible(line), style=outcome_style(status))
     cause = failure.cause if failure else None
     if cause is not None:  # as the plain view says it: a line each; the rank's words drawn visibly
-        out.append(visible(f"\ncause: {cause.summary}" + (f"\nfix: {cause.fix}" if cause.fix else ""), lines=True))
+        out.append(
+            visible(
+                f"\ncause: {cause.summary}" + (f"\nfix: {cause.fix}" if cause.fix else ""),
+                lines=True,
+            )
+        )
     if status == "failed":
         whose = f" --rank {rank}" if isinstance(rank, int) else ""
         out.append(f"\nxl: every line it printed: xl logs {run_id}{whose}")

@@ -81,7 +81,11 @@ def recent_cpu(run_dir: Path, now: float) -> dict[int, float]:
         rank, t = head
         if rec.get("kind") == "train":
             progressed[rank] = max(progressed.get(rank, t), t)
-        elif rec.get("kind") == "sys" and (cpu := number(rec.get("cpu_pct"))) is not None and now - BUSY_WINDOW_S <= t <= now + 1:
+        elif (
+            rec.get("kind") == "sys"
+            and (cpu := number(rec.get("cpu_pct"))) is not None
+            and now - BUSY_WINDOW_S <= t <= now + 1
+        ):
             samples.setdefault(rank, []).append((t, cpu))
     out = {}
     for rank, seen in samples.items():
@@ -109,7 +113,11 @@ def _collective_times(entries: Sequence[dict[str, Any]]) -> dict[int, float]:
     out: dict[int, float] = {}
     for e in entries:
         found = [c.get("t") for c in e.get("collectives") or [] if isinstance(c, dict)]
-        times = [float(t) for t in found if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0]
+        times = [
+            float(t)
+            for t in found
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0
+        ]
         if type(e.get("rank")) is int and times:
             out[int(e["rank"])] = max(times)
     return out
@@ -167,7 +175,10 @@ def judge(
     silent = sorted(r for r in ranks if r not in idle)
     if silent:
         notes.append(f"{_ranges(silent)} report{'' if len(silent) > 1 else 's'} none")
-    return Progress(False, f"no hang: {_ranges(moving)} progressed in the last {window:.0f} s ({'; '.join(notes)})")
+    return Progress(
+        False,
+        f"no hang: {_ranges(moving)} progressed in the last {window:.0f} s ({'; '.join(notes)})",
+    )
 
 
 def judged(entries: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:

@@ -1,0 +1,141 @@
+"""Screens and widgets reach the domain only through typed views and the backend.
+
+The app's one door to the domain is the Backend protocol (tui/backend.py): everything that reads
+a file, asks a process or starts a run goes through it. Screens and widgets draw what it hands
+them, so what they import from ``xl.launcher`` and ``xl.doctor`` is:
+
+- at run time, only the typed view of a run (VIEWS: ``launcher/rundir/runview.py``, where every
+  state, hang and failure is decided once; docs/architecture.md, "Layers");
+- for type hints (under ``TYPE_CHECKING``), only the typed records the backend and the views hand
+  over (TYPES).
+
+An import inside a function counts as a run-time one. Anything else (a reader, the store, the
+control of a run) would let a screen do I/O behind the backend's back, or decide again what the
+view decided: the fix is a method of the backend or a field of the view.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOMAIN = ("xl.launcher", "xl.doctor")
+VIEWS = frozenset({"xl.launcher.rundir.runview"})
+TYPES = VIEWS | {
+    "xl.doctor.report",  # Report: the doctor's verdict (Backend.doctor_report)
+    "xl.launcher.rundir.comparison",  # Comparison (Backend.compare)
+    "xl.launcher.rundir.outcome",  # Failure: RunView.failure
+    "xl.launcher.rundir.reader",  # RunReader: what Backend.reader hands the Monitor
+    "xl.launcher.rundir.record",  # RunRecord: RunView.record, Backend.run_record
+    "xl.launcher.rundir.store",  # RunInfo (Backend.runs)
+    "xl.launcher.spec",  # LaunchSpec: what the Launch screen asks Backend.start for
+}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(source: str) -> list[tuple[int, str, bool]]:
+    """(line, module, for types only) of every import of ``source``, at any depth."""
+    out: list[tuple[int, str, bool]] = []
+
+    def visit(node: ast.AST, types_only: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for stmt in child.body:
+                    visit_stmt(stmt, True)
+                for stmt in child.orelse:
+                    visit_stmt(stmt, types_only)
+                continue
+            visit_stmt(child, types_only)
+
+    def visit_stmt(node: ast.AST, types_only: bool) -> None:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            out.append((node.lineno, _module_of(node.module, names), types_only))
+        elif isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name, types_only) for a in node.names)
+        visit(node, types_only)
+
+    visit(ast.parse(source), False)
+    return out
+
+
+def _module_of(module: str, names: list[str]) -> str:
+    """``from xl.launcher.rundir import timing`` imports the module xl.launcher.rundir.timing."""
+    for name in names:
+        if (ROOT / _path_of(name)).with_suffix(".py").exists():
+            return name
+    return module
+
+
+def _path_of(module: str) -> Path:
+    parts = module.split(".")[1:]  # xl.launcher.rundir.x -> launcher/rundir/x (package-dir)
+    if parts and parts[0] not in ("launcher", "doctor", "tui", "examples"):
+        parts = ["xl", *parts]
+    return Path(*parts) if parts else Path("xl")
+
+
+def breaches(source: str) -> list[str]:
+    """What ``source`` (a screen or widget) imports from the domain against the rule."""
+    found = []
+    for line, module, types_only in _imports(source):
+        if not module.startswith(DOMAIN) or module.split(".")[:2] == ["xl", "tui"]:
+            continue
+        allowed = TYPES if types_only else VIEWS
+        if module not in allowed:
+            found.append(f"line {line}: {module}{' (types)' if types_only else ''}")
+    return found
+
+
+def test_the_rule_names_what_breaks_it_and_leaves_the_views_alone() -> None:
+    good = (
+        "from typing import TYPE_CHECKING\n"
+        "from xl.launcher.rundir.runview import node_order\n"
+        "from xl.tui.backend import Backend\n"
+        "from xl import units\n"
+        "if TYPE_CHECKING:\n"
+        "    from xl.launcher.rundir.reader import RunReader\n"
+        "    from xl.doctor.report import Report\n"
+    )
+    assert breaches(good) == []
+    bad = (
+        "from typing import TYPE_CHECKING\n"
+        "from xl.launcher.rundir import timing\n"  # a domain module at run time
+        "import xl.launcher.control\n"
+        "if TYPE_CHECKING:\n"
+        "    from xl.launcher.supervisor.loop import Supervisor\n"  # no typed record of the views
+        "else:\n"
+        "    from xl.doctor.run import run_checks\n"
+        "def f():\n"
+        "    from xl.launcher.rundir.reader import RunReader  # noqa: PLC0415 - a reader made here\n"
+    )
+    assert breaches(bad) == [
+        "line 2: xl.launcher.rundir.timing",
+        "line 3: xl.launcher.control",
+        "line 5: xl.launcher.supervisor.loop (types)",
+        "line 7: xl.doctor.run",
+        "line 9: xl.launcher.rundir.reader",
+    ]
+
+
+def test_screens_and_widgets_reach_the_domain_only_through_typed_views() -> None:
+    files = sorted(
+        [*(ROOT / "tui" / "screens").rglob("*.py"), *(ROOT / "tui" / "widgets").rglob("*.py")]
+    )
+    assert len(files) > 10, files
+    found = {
+        str(path.relative_to(ROOT)): hits
+        for path in files
+        if (hits := breaches(path.read_text(encoding="utf-8")))
+    }
+    assert not found, found
+
+
+def test_every_module_the_rule_allows_exists() -> None:
+    for module in TYPES:
+        assert (ROOT / _path_of(module)).with_suffix(".py").exists(), module
