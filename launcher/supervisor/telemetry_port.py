@@ -48,6 +48,8 @@ class TelemetryPort:
         """One node: hold the collector's loopback port and return the ranks' XL_COLLECTOR and
         XL_TOKEN, before telemetry is imported. The port of an earlier supervisor of this run
         (collector.json) first, as its ranks know it; else one the system picks."""
+        # collector.json as xl.launcher.telemetry.previous_port reads it, read here by hand: that
+        # package is not on a one-node run's path to torchrun (tests/test_import_budgets.py).
         status = read_object(RunLayout(run_dir).collector) or {}
         previous = status.get("port")
         ports = [previous, 0] if isinstance(previous, int) and 0 < previous < 65536 else [0]

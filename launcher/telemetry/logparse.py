@@ -177,7 +177,11 @@ def parse_tqdm(text: str) -> dict[str, Any] | None:
 def worth_parsing(line: str) -> bool:
     """Whether ``parse_line`` could find anything in ``line`` (a linear test, for the caller's
     thread; the parse itself runs on telemetry's own)."""
-    return "{'" in line or ("/" in line and ("it/s" in line or "s/it" in line or "%|" in line))
+    # One byte first: a memchr for "{" and "/" is what most lines cost (a rank writing 100 MB
+    # paid 0.09 s of the supervisor's CPU for the two-character search alone).
+    return ("{" in line and "{'" in line) or (
+        "/" in line and ("it/s" in line or "s/it" in line or "%|" in line)
+    )
 
 
 def parse_line(line: str) -> dict[str, Any] | None:
