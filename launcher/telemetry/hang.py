@@ -204,7 +204,8 @@ class HangCapture:
     def _say_hang(self, doc: dict[str, Any]) -> None:
         v = doc["verdict"]
         culprits = list(v.get("ranks") or [])
-        working = [e["rank"] for e in doc["ranks"] if e.get("rank") in culprits and busy(e)]
+        entries = doc["ranks"]
+        working = [e["rank"] for e in entries if e.get("rank") in culprits and busy(e, entries)]
         # ``busy``: the culprits that were using the CPU: shown as a stall, not a hang.
         rank = culprits[0] if len(culprits) == 1 else None
         said = v.get("message") or ""
@@ -225,7 +226,7 @@ def reword(event: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
         return event
     out = dict(event)
     if rank in culprits:
-        out["message"] = f"{event.get('message')}; it is in {doing(entry)}"
+        out["message"] = f"{event.get('message')}; it is in {doing(entry, doc.get('ranks') or [])}"
         return out
     pos = position(entry)
     what = f"{pos.waiting[2]} #{pos.waiting[1]}" if pos.waiting else where(entry)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import xl
 from xl.figures import number
+from xl.stats import median
 
 SILENT = "did not answer"  # the start of the error of a rank that was asked and kept quiet
 # Not the person's code: installed packages, the standard library, frozen modules.
@@ -38,6 +40,12 @@ _XL_DIRS = (
 # on a loaded machine (a fifth, when ten processes want two cores).
 BUSY_CPU = 20.0
 BUSY_WINDOW_S = 10.0
+# Below BUSY_CPU, a rank is working still when it uses BUSY_OVER_PEERS times the CPU of the ranks
+# beside it (their median, taken as at least BUSY_PEER_FLOOR) and BUSY_MIN_CPU at least: at load
+# 19 on 2 cores a rank spinning in Python got 12-17% of a core while its waiting peer read 0.3%.
+BUSY_MIN_CPU = 5.0
+BUSY_OVER_PEERS = 5.0
+BUSY_PEER_FLOOR = 0.5
 # Decorators' inner functions: the call a person wrote is the one they wrap.
 _WRAPPERS = frozenset({"wrapper", "wrapped", "inner", "_fn", "decorate_context", "wrapper_fn"})
 
@@ -110,16 +118,28 @@ def figure(value: Any) -> float | None:
     return None if found is None else float(found)
 
 
-def busy(entry: dict[str, Any]) -> bool:
-    """The rank was using the CPU since its last progress (``cpu_pct`` in its entry)."""
+def busy(entry: dict[str, Any], peers: Sequence[dict[str, Any]] = ()) -> bool:
+    """The rank was using the CPU since its last progress (``cpu_pct`` in its entry): BUSY_CPU
+    or more, or several times what the other ranks of ``peers`` (the same capture) used."""
     cpu = figure(entry.get("cpu_pct"))
-    return cpu is not None and cpu >= BUSY_CPU
+    if cpu is None:
+        return False
+    if cpu >= BUSY_CPU:
+        return True
+    others = [
+        c
+        for p in peers
+        if p.get("rank") != entry.get("rank") and (c := figure(p.get("cpu_pct"))) is not None
+    ]
+    if not others or cpu < BUSY_MIN_CPU:
+        return False
+    return cpu >= BUSY_OVER_PEERS * max(median(others), BUSY_PEER_FLOOR)
 
 
-def doing(entry: dict[str, Any]) -> str:
+def doing(entry: dict[str, Any], peers: Sequence[dict[str, Any]] = ()) -> str:
     """where(), and for a rank that was using the CPU since its last progress, how much: "evaluate
     at train.py:88, working at 99% CPU (a long computation, or a loop that never ends)"."""
-    if not busy(entry):
+    if not busy(entry, peers):
         return where(entry)
     return (f"{where(entry)}, working at {entry['cpu_pct']:.0f}% CPU (a long computation, or a "
         f"loop that never ends)")
@@ -358,7 +378,7 @@ def verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:
             wop, wseq = pos.waiting[2], pos.waiting[1]
             reasons[rank] = f"is in {wop} #{wseq}, not {op} #{seq}, at {_place(e)}"
         elif pos.done.get(pg, -1) < seq and (pos.known or not _in_distributed(e)):
-            reasons[rank] = f"never entered {op} #{seq}: it is in {doing(e)}"
+            reasons[rank] = f"never entered {op} #{seq}: it is in {doing(e, answered)}"
     culprits = sorted(reasons) or silent
     victims = (f"rank{'s' if len(waiting) > 1 else ''} {ranges(waiting)} "
         f"wait{'' if len(waiting) > 1 else 's'} in {op} #{seq}")

@@ -58,6 +58,19 @@ def test_a_culprit_using_the_cpu_is_said_to_be_working_and_one_waiting_is_not() 
         assert "working" not in verdict([*waiting, {**evaluating, "cpu_pct": odd}])["message"]
 
 
+def test_on_a_loaded_machine_a_culprit_using_many_times_its_waiting_peers_cpu_is_working() -> None:
+    """Load 19 on 2 cores: a rank spinning in Python got 14% of a core, its waiting peers 0.3%."""
+    waiting = [{**_waiting(r, seq=21, op="barrier"), "cpu_pct": 0.3} for r in (1, 2)]
+    spinning = _rank(0, ("/home/me/train.py", 88, "evaluate"), [(20, "barrier", "completed")], cpu_pct=14.0)
+    assert "evaluate at train.py:88, working at 14% CPU" in verdict([*waiting, spinning])["message"]
+    # Left alone: blocked at 1.5% beside idle peers (under BUSY_MIN_CPU), 14% beside peers that use
+    # as much (the whole machine is slow, nobody stands out), and no peer figure to compare with.
+    for cpu, peers_cpu in ((1.5, 0.1), (14.0, 12.0), (14.0, None)):
+        culprit = {**spinning, "cpu_pct": cpu}
+        peers = [{k: v for k, v in w.items() if k != "cpu_pct"} if peers_cpu is None else {**w, "cpu_pct": peers_cpu} for w in waiting]
+        assert "working" not in verdict([*peers, culprit])["message"], (cpu, peers_cpu)
+
+
 def test_ranks_that_disagree_about_the_next_collective() -> None:
     v = verdict([_waiting(0), _waiting(2), _waiting(1, op="broadcast")])
     assert v == {
