@@ -50,7 +50,11 @@ def test_every_rank_of_a_plain_ddp_loop_reports_its_own_true_steps(tmp_path: Pat
     run_dir, out = _launch(tmp_path, "--steps", "24", "--accum", "2", "--eval-every", "5")
     for rank in (0, 1):
         truth = _truth(out, rank)
-        lines = _train(run_dir, rank)
+        every = _train(run_dir, rank)
+        # An eval's sign of life (eval_batches, at most once a second) is no step and no loss.
+        alive = [line for line in every if "eval_batches" in line]
+        assert all(set(line) == {"t", "rank", "kind", "eval_batches"} for line in alive), alive
+        lines = [line for line in every if "eval_batches" not in line]
         assert lines, f"rank {rank} has no train line"
         assert lines[-1]["step"] == truth["steps"] == 24
         assert sum(line.get("steps", 1) for line in lines) == 24  # every step once
