@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_tui.py [--seconds 20] [--warmup 5] [--windows 5]
 
-What issue 6 asks, in one run:
+What the app's benchmark measures, in one run:
 
   1. The xl app as a person runs it, in a real terminal (its own tmux server, 200x50): the
      Monitor on a run of 64 simulated ranks (8 nodes x 8) that a writer process keeps appending

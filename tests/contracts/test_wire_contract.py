@@ -5,7 +5,7 @@ connection opens with the collector's challenge (b"XLH1" + a 16-byte nonce Ns); 
 role b"r" + its rank (4 bytes big-endian) + its nonce Nc + HMAC-SHA256(XL_TOKEN, b"xl peer" +
 role + rank + Ns + Nc); the collector proves itself with HMAC-SHA256(XL_TOKEN, b"xl collector" +
 the same), and only then does the rank send frames. The token itself is never on the wire
-(issue 25: a squatter on the port read it from the first frame's header).
+(a squatter on the port once read it from the first frame's header: docs/security.md).
 
 A frame is a 4-byte big-endian payload length, then the payload, UTF-8 text whose line 1 is a
 JSON header and every further line one JSON record (the exact line the collector appends to

@@ -1,4 +1,4 @@
-"""The GPU's own health from NVML (issue 23, point 7) and the launch that acts on it (points 4
+"""The GPU's own health from NVML (docs/doctor.md: the GPUs' health) and the launch that acts on it (points 4
 and 7): compute mode, processes holding a GPU, uncorrectable ECC errors, pending row remaps and
 retired pages, read by the real nvidia-ml-py from the simulated driver (tests/support/simnvml.c
 carries these fields), judged by the real `xl doctor` and said or stopped by the real

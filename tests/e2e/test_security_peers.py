@@ -1,13 +1,13 @@
-"""Peers on the network, done for real on loopback (issue 25, points 2, 6 and 13).
+"""Peers on the network, done for real on loopback (docs/security.md, round 2: rows 2, 6, 13).
 
-- 25.13: the ranks' collector connections are destroyed from outside (``ss -K``), twice, and
+- row 13: the ranks' collector connections are destroyed from outside (``ss -K``), twice, and
   then the collector's listening socket too. Every record logged is stored exactly once (frames
   resent after a lost ack carry their sequence number and are not stored again), the listener is
   opened again, and the run's events say so.
-- 25.6: a peer that holds the token sends output for 25,000 made-up ranks to node 0: none of it
+- row 6: a peer that holds the token sends output for 25,000 made-up ranks to node 0: none of it
   is taken, node 0's supervisor keeps a bounded number of descriptors and goes on; the node's own
   rank's output is kept.
-- 25.2: a node's free-text host name reaches node 0's records with its control characters drawn.
+- row 2: a node's free-text host name reaches node 0's records with its control characters drawn.
 """
 
 from __future__ import annotations

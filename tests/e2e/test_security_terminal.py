@@ -1,4 +1,4 @@
-"""Nobody else's bytes on your terminal (issue 25, point 3): a rank's output may be OSC 52 (a
+"""Nobody else's bytes on your terminal (docs/security.md, round 2: row 3): a rank's output may be OSC 52 (a
 clipboard write), OSC 0 (the window title) or any other escape. Wherever xl shows text from a
 rank to a person's terminal, control characters are drawn (xl.textsafe.visible), never sent; the
 run dir keeps the raw bytes.

@@ -1,13 +1,13 @@
-"""Another user on the same machine (issue 25, points 1, 4 and 5), done for real: the test creates
+"""Another user on the same machine (docs/security.md, round 2: rows 1, 4, 5), done for real: the test creates
 a second local user (useradd), runs the real `xl` and real squatters as that user (runuser), and
 removes the user again.
 
-- 25.1: the user holds node 0's collector port: node 0 fails loudly (one line, exit 1, nothing
+- row 1: the user holds node 0's collector port: node 0 fails loudly (one line, exit 1, nothing
   left running) instead of training without telemetry; a node link that meets the squatter sends
   it no token and no record.
-- 25.4: the user binds the abstract socket names `xl stacks` used to derive from the next pids:
+- row 4: the user binds the abstract socket names `xl stacks` used to derive from the next pids:
   every rank still answers (the names are unpredictable now, and each side checks the other).
-- 25.5: the user's `xl stop`, `xl logs`, `xl stacks` and `xl attach` on a run they cannot read
+- row 5: the user's `xl stop`, `xl logs`, `xl stacks` and `xl attach` on a run they cannot read
   say "not yours (permission denied)" in one line, exit 1, and the run goes on; `xl runs` lists it
   as "not yours", not damaged. The owner's own `xl stop` still stops it.
 """

@@ -432,8 +432,8 @@ def run_doctor_json(
         raise AssertionError(
             f"not JSON (exit {proc.returncode}): {proc.stdout[:400]!r} {proc.stderr[:400]!r}"
         ) from exc
-    # Every fix any test sees: a published wheel, a path that exists (issue 15), and all of
-    # them pulling one way (issue 23).
+    # Every fix any test sees: a published wheel, a path that exists, and all of them
+    # pulling one way: a fix that broke another check was printed before this was asserted.
     assert_fixes_sound(data)
     assert_one_direction(data)
     return data, proc
