@@ -1,5 +1,5 @@
-"""The GPU's own health from NVML (docs/doctor.md: the GPUs' health) and the launch that acts on it (points 4
-and 7): compute mode, processes holding a GPU, uncorrectable ECC errors, pending row remaps and
+"""The GPU's own health from NVML (docs/doctor.md, "The GPU's own health") and the launch that
+acts on it: compute mode, processes holding a GPU, uncorrectable ECC errors, pending row remaps and
 retired pages, read by the real nvidia-ml-py from the simulated driver (tests/support/simnvml.c
 carries these fields), judged by the real `xl doctor` and said or stopped by the real
 `xl launch`. Each problem is flagged; each healthy-but-unusual GPU is left alone."""
