@@ -145,8 +145,11 @@ def test_a_relay_killed_mid_run_is_replaced_and_nothing_is_lost(rank: Rank) -> N
     os.kill(first["relay"], signal.SIGKILL)
     wait_for(lambda: _gone(first["relay"]), timeout=10, what="the relay to die")
     rank.tell("say two")  # perhaps written while no relay reads the pipe: it waits there
+    rank.tell("say three")
+    # Writes are what bring the new relay: "more" until it is there (a busy machine may take
+    # several), so "three" is said once however long that takes.
     now = wait_for(
-        lambda: (r := rank.tell("say three")) and r["relay"] != first["relay"] and r,
+        lambda: (r := rank.tell("say more")) and r["relay"] != first["relay"] and r,
         timeout=30,
         what="another relay",
     )
