@@ -19,8 +19,10 @@ TH = Thresholds(stall_min_s=30.0, stall_factor=10.0)
 
 
 def _write(
-    run_dir: Path, metrics: list[dict[str, Any]] = (), events: list[dict[str, Any]] = ()
-) -> Path:  # type: ignore[assignment]
+    run_dir: Path,
+    metrics: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    events: list[dict[str, Any]] = (),  # type: ignore[assignment]
+) -> Path:
     run_dir.mkdir(exist_ok=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
