@@ -1,6 +1,7 @@
 """Training overhead of full monitoring: the example's step time under `xl launch` vs torchrun.
 
-    .venv/bin/python bench/bench_overhead.py [--pairs 8] [--steps 1000] [--skip 150] [--ab-steps 1500]
+    .venv/bin/python bench/bench_overhead.py [--pairs 8] [--steps 1000] [--skip 150]
+        [--ab-steps 1500]
     .venv/bin/python bench/bench_overhead.py --gpu [--json OUT.json]   # on a GPU machine
 
 Both sides run examples/train.py (2 CPU ranks, DDP, a fixed ``--steps``, so identical work; with
@@ -19,8 +20,9 @@ Why it is built this way (a shared 2-core machine swings whole-run medians by +-
   (window / steps: throughput, so periodic costs such as the 10 Hz sender count; the verdict
   uses it) and the median step (typical step, blind to bursts of other load).
 - CPU seconds are counted too, which depend less on who else is on the machine (not nothing:
-  cache sharing and gloo's waits still move them by several %): per step of each rank (all threads; its main thread alone, which is the training's critical path; xl's
-  sender thread), and of every process of the launch tree (viewer, supervisor, torchrun's
+  cache sharing and gloo's waits still move them by several %): per step of each rank (all
+  threads; its main thread alone, which is the training's critical path; xl's sender thread),
+  and of every process of the launch tree (viewer, supervisor, torchrun's
   agent, ranks) over the same steady window.
 - One more `xl launch` runs two replicas of the example's model side by side in each rank, one
   watched by xl (comm hook, xl.log) and one as plain DDP, alternating step by step: neighbouring
@@ -197,7 +199,8 @@ def main() -> int:
     ap.add_argument(
         "--unwatched",
         action="store_true",
-        help="also run xl with xl.watch off (a third run per pair) to tell the comm hook's cost apart",
+        help="also run xl with xl.watch off (a third run per pair) to tell the comm hook's "
+        "cost apart",
     )
     ap.add_argument(
         "--ab-steps",
@@ -247,7 +250,8 @@ def main() -> int:
             print(
                 f"  pair {n + 1:2}: step torchrun {a['mean_step_s'] * 1e3:.3f} ms, "
                 f"xl {b['mean_step_s'] * 1e3:.3f} ms ({pct(b['mean_step_s'] / a['mean_step_s'])}); "
-                f"rank CPU {a['process_cpu_per_step_s'] * 1e3:.3f} vs {b['process_cpu_per_step_s'] * 1e3:.3f} ms"
+                f"rank CPU {a['process_cpu_per_step_s'] * 1e3:.3f} vs "
+                f"{b['process_cpu_per_step_s'] * 1e3:.3f} ms"
                 + (
                     f"; unwatched step {rows['xl-nowatch'][-1]['mean_step_s'] * 1e3:.3f} ms"
                     if args.unwatched
@@ -310,7 +314,8 @@ def report(
                 f"{pct(m):>8} [{pct(q1)}, {pct(q3)}]  [{pct(lo)}, {pct(hi)}]"
             )
     print(
-        f"  xl sender thread       {'':10} {med(mon, 'sender_cpu_per_step_s') * 1e3:7.3f} ms   (per rank, per step)"
+        f"  xl sender thread       {'':10} {med(mon, 'sender_cpu_per_step_s') * 1e3:7.3f} ms   "
+        "(per rank, per step)"
     )
     print("CPU per step of the whole launch tree over the same window (ms, median of runs):")
     roles = sorted({k for r in base + mon for k in r if k.startswith("tree:")} - {"tree:total"})
@@ -319,9 +324,11 @@ def report(
     extra = med(mon, "tree:total") - med(base, "tree:total")
     step = med(base, "mean_step_s")
     print(
-        f"  extra CPU of monitoring: {extra * 1e3:.3f} ms per step = {extra / step * 100:.1f}% of one core "
+        f"  extra CPU of monitoring: {extra * 1e3:.3f} ms per step = "
+        f"{extra / step * 100:.1f}% of one core "
         f"(machine has {os.cpu_count()} cores; the ranks use "
-        f"{args.nproc * med(base, 'process_cpu_per_step_s') / step * 100:.0f}% of one core between them)"
+        f"{args.nproc * med(base, 'process_cpu_per_step_s') / step * 100:.0f}% of one core "
+        "between them)"
     )
     ab_lo = ab_hi = 0.0
     if ab:
@@ -340,11 +347,15 @@ def report(
         verdict = f"MISSED: whole-run step time {pct(m)}, 95% CI lower end {pct(lo)} > +1%"
     elif ab_lo > 1.01:
         verdict = (
-            f"MISSED: the rank alone adds {pct(statistics.median(ab))} (95% CI lower end {pct(ab_lo)} > +1%);"
+            f"MISSED: the rank alone adds {pct(statistics.median(ab))} (95% CI lower end "
+            f"{pct(ab_lo)} > +1%);"
             f" whole-run {pct(m)}, CI [{pct(lo)}, {pct(hi)}] too wide to say more"
         )
     else:
-        verdict = f"NOT RESOLVED: whole-run step time {pct(m)}, 95% CI [{pct(lo)}, {pct(hi)}] straddles +1%"
+        verdict = (
+            f"NOT RESOLVED: whole-run step time {pct(m)}, 95% CI [{pct(lo)}, {pct(hi)}] "
+            "straddles +1%"
+        )
     print(f"goal <= 1% slower: {verdict}")
     return {
         "mode": "gpu" if args.gpu else "cpu",

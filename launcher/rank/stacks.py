@@ -41,17 +41,20 @@ from xl.launcher.rundir.layout import RunLayout
 
 # A real-time signal: training code and its frameworks use SIGUSR1/2 (Lightning's requeue, ...).
 SIGNAL = signal.SIGRTMIN + 6
-FR_BUFFER = "2000"  # Flight Recorder entries kept per process group: tiny, and enough to see the last ops
+# Flight Recorder entries kept per process group: tiny, and enough to see the last ops
+FR_BUFFER = "2000"
 MAX_FRAMES = 200
 MAX_COLLECTIVES = 8  # per process group: the newest only, the state of the hang is at the end
-MAX_SIZES = 32  # a collective's tensor shapes are kept up to this many tensors (coalesced ones are long)
+# a collective's tensor shapes are kept up to this many tensors (coalesced ones are long)
+MAX_SIZES = 32
 
 _state: dict[str, Any] = {}  # keeps the faulthandler file and the socket alive for the rank's life
 
 
 def socket_name(pid: int) -> str:
     """A new abstract Unix socket name for the rank with this pid: 128 random bits in it."""
-    return f"\0xl-stacks-{pid}-{os.urandom(16).hex()}"  # as secrets.token_hex(16), without hmac's imports
+    # as secrets.token_hex(16), without hmac's imports
+    return f"\0xl-stacks-{pid}-{os.urandom(16).hex()}"
 
 
 def peer_is(sock: socket.socket, pid: int) -> bool:
@@ -106,7 +109,11 @@ def collectives() -> tuple[list[dict[str, Any]], str | None]:
     try:
         dump = torch._C._distributed_c10d._dump_fr_trace_json
     except AttributeError:
-        return [], f"torch {getattr(torch, '__version__', '?')} has no Flight Recorder JSON dump: stacks only"
+        return (
+            [],
+            f"torch {getattr(torch, '__version__', '?')} "
+            "has no Flight Recorder JSON dump: stacks only",
+        )
     try:
         entries = json.loads(dump(True, False)).get("entries") or []
     except Exception as exc:  # a torch error must never reach the rank's own code
@@ -118,7 +125,11 @@ def collectives() -> tuple[list[dict[str, Any]], str | None]:
         pg = e.get("process_group") or [e.get("pg_id"), ""]
         name = str(pg[1] or pg[0]) if isinstance(pg, list) and pg else str(pg)
         op = str(e.get("profiling_name") or "?").split(":")[-1]
-        state = "completed" if e.get("retired") or e.get("state") == "completed" else str(e.get("state") or "?")
+        state = (
+            "completed"
+            if e.get("retired") or e.get("state") == "completed"
+            else str(e.get("state") or "?")
+        )
         began = e.get("time_created_ns")
         row = {"pg": name, "seq": e.get("collective_seq_id"), "op": op, "state": state}
         if isinstance(pg, list) and pg:
@@ -170,7 +181,8 @@ def install(run_dir: str | None, rank: int) -> bool:
     if not run_dir or _state:
         return False
     # Gloo and NCCL record into the Flight Recorder only with a buffer; set before torch starts.
-    set_buffer(os.environ, FR_BUFFER)  # under the one name this torch reads (no deprecation warning)
+    # under the one name this torch reads (no deprecation warning)
+    set_buffer(os.environ, FR_BUFFER)
     try:
         layout = RunLayout(run_dir)
         makedirs_private(layout.ranks)

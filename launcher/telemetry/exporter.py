@@ -280,12 +280,26 @@ class RunsCollector(Collector):
             hung = hang.stuck if hang is not None and hang.label == "hang" else frozenset()
             for rank, view in run.view.ranks.items():
                 entry = by_rank.get(rank) or RankRow(rank)
-                labels = [rec.run_id, str(rank), _text(entry.local_rank), _text(view.host or entry.host or host)]
+                labels = [
+                    rec.run_id,
+                    str(rank),
+                    _text(entry.local_rank),
+                    _text(view.host or entry.host or host),
+                ]
                 device = devices.get(view.gpu if isinstance(view.gpu, int) else entry.gpu)
-                gpu = _text(device.index if device is not None else view.gpu if isinstance(view.gpu, int) else None)
+                gpu = _text(
+                    device.index
+                    if device is not None
+                    else view.gpu
+                    if isinstance(view.gpu, int)
+                    else None
+                )
                 uuid = _text(entry.gpu_uuid or (device.uuid if device is not None else None))
                 model = device.name if device is not None else None
-                rank_info.add_metric(labels, {"gpu": gpu, "UUID": uuid, "modelName": _text(model), "pid": _text(view.pid)})
+                rank_info.add_metric(
+                    labels,
+                    {"gpu": gpu, "UUID": uuid, "modelName": _text(model), "pid": _text(view.pid)},
+                )
                 state.add_metric(labels, {s: s == _state(view, hung) for s in STATES})
                 if view.step is not None:
                     step.add_metric(labels, view.step)

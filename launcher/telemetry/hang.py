@@ -233,6 +233,8 @@ def reword(event: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
     many = len(culprits) > 1
     idle = event.get("idle_s")
     since = f" (no progress for {idle:.0f} s)" if isinstance(idle, (int, float)) else ""
-    out["message"] = f"rank {rank} waits in {what} for rank{'s' if many else ''} {ranges(culprits)}{since}"
+    out["message"] = (
+        f"rank {rank} waits in {what} for rank{'s' if many else ''} {ranges(culprits)}{since}"
+    )
     out["waiting_on"] = culprits
     return out

@@ -277,7 +277,8 @@ class Telemetry:
         self._emit(
             MetricsLost(
                 writer.bytes_lost,
-                f"{writer.bytes_lost} bytes of metrics lines were lost while the disk refused them{why}",
+                f"{writer.bytes_lost} bytes of metrics lines were lost while the disk refused "
+                f"them{why}",
             ).to_json()
         )
 

@@ -1,4 +1,5 @@
-"""Contract: the commands, their options and how bad usage ends (docs/contracts.md, "Commands and exit codes").
+"""Contract: the commands, their options and how bad usage ends (docs/contracts.md, "Commands and
+exit codes").
 
 Pinned against fixtures/cli.json (recorded from the code before the package moves): the command
 names `xl --help` lists, in order, and for each command the option strings its ``--help`` shows,

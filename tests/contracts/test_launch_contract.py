@@ -7,8 +7,8 @@ normalised: the interpreter (``sys.executable``) becomes ``<python>``. The GPUs 
 driver failing nvmlInit with library_not_found, which is what a machine without one looks like.
 
 Also pinned: the rendezvous id of a multi-node run is ``xl-`` and the first 12 hex digits of the
-SHA-256 of XL_TOKEN (docs/multinode.md, "The rendezvous"), the token never reaches the printed command, and
-bad specs exit 2 with one line on stderr.
+SHA-256 of XL_TOKEN (docs/multinode.md, "The rendezvous"), the token never reaches the printed
+command, and bad specs exit 2 with one line on stderr.
 
 Re-record the fixture on purpose (a contract change) with ``XL_CONTRACTS_RECORD=1``.
 """

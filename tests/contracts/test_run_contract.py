@@ -357,7 +357,9 @@ def test_run_dir_files_and_permissions(runs: dict[str, Run]) -> None:
         for rank in (0, 1):
             log = d / "logs" / f"rank-{rank}.log"
             assert log.is_file(), log
-            assert log.read_text().splitlines()[:2] == ["ready", "rank probe on stderr"], _late_log(run, log)
+            assert log.read_text().splitlines()[:2] == ["ready", "rank probe on stderr"], _late_log(
+                run, log
+            )
         for name in ("run.json", "events.jsonl", "metrics.jsonl"):
             assert (d / name).is_file(), name
         # run.json may hold the environment xl set (and a user's --env values): private.
@@ -449,8 +451,10 @@ def _late_log(run: Run, log: Path) -> str:
     time.sleep(3)
     sup = run.run_dir / "supervisor.log"
     return (
-        f"run {run.name}: {log.name} held {before} bytes as xl launch exited, {log.stat().st_size} 3 s later; "
-        f"status {run_json(run.run_dir).get('status')}; supervisor.log ends: {sup.read_text()[-1500:] if sup.exists() else None!r}"
+        f"run {run.name}: {log.name} held {before} bytes as xl launch exited, "
+        f"{log.stat().st_size} 3 s later; "
+        f"status {run_json(run.run_dir).get('status')}; supervisor.log ends: "
+        f"{sup.read_text()[-1500:] if sup.exists() else None!r}"
     )
 
 

@@ -177,7 +177,9 @@ def test_xl_log_frames_on_the_wire(tmp_path: Path) -> None:
     # The stream is the HELLO (as rank 3), then exactly the frames, each 4-byte big-endian
     # length + payload; the token is nowhere in it.
     assert collector.hello[:5] == b"r" + struct.pack(">I", 3)
-    assert collector.raw == collector.hello + b"".join(struct.pack(">I", len(f)) + f for f in frames)
+    assert collector.raw == collector.hello + b"".join(
+        struct.pack(">I", len(f)) + f for f in frames
+    )
     assert token.encode() not in collector.raw
     records: list[bytes] = []
     seqs: list[int] = []

@@ -66,16 +66,33 @@ def test_mem_mib_is_the_rank_s_footprint_with_and_without_workers(tmp_path: Path
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT))
     env = xl_env(home, OMP_NUM_THREADS="1")
-    proc = xl(["launch", "--nproc", "2", "--no-tui", "--", str(script), str(tmp_path / "truth")], env, cwd=tmp_path, timeout=300)
+    proc = xl(
+        ["launch", "--nproc", "2", "--no-tui", "--", str(script), str(tmp_path / "truth")],
+        env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_dir = only_run(home)
     wait_no_processes(run_dir, timeout=30)
-    sys_lines = [r for line in (run_dir / "metrics.jsonl").read_text().splitlines() if (r := json.loads(line))["kind"] == "sys"]
+    sys_lines = [
+        r
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if (r := json.loads(line))["kind"] == "sys"
+    ]
     for rank, workers in ((0, 2), (1, 0)):
         truth = json.loads((tmp_path / f"truth.{rank}.json").read_text())
-        assert truth and {t["workers"] for t in truth} == {workers} and {t["relays"] for t in truth} == {1}, truth
+        assert (
+            truth
+            and {t["workers"] for t in truth} == {workers}
+            and {t["relays"] for t in truth} == {1}
+        ), truth
         start, end = truth[0]["t"], truth[-1]["t"]
-        seen = [r for r in sys_lines if r["rank"] == rank and start <= r["t"] <= end and r["nproc"] == workers + 2]
+        seen = [
+            r
+            for r in sys_lines
+            if r["rank"] == rank and start <= r["t"] <= end and r["nproc"] == workers + 2
+        ]
         assert len(seen) >= 3, (rank, sys_lines)
         mem = statistics.median(r["mem_mib"] for r in seen)
         pss = statistics.median(t["pss_mib"] for t in truth)
@@ -83,7 +100,11 @@ def test_mem_mib_is_the_rank_s_footprint_with_and_without_workers(tmp_path: Path
         own = statistics.median(t["own_rss_mib"] for t in truth)
         # The same processes' PSS as the rank measured it, within a few percent.
         assert abs(mem - pss) <= 0.05 * pss + 10, (rank, mem, pss)
-        assert abs(statistics.median(r["rss_mib"] for r in seen) - own) <= 0.05 * own + 10, (rank, seen, own)
+        assert abs(statistics.median(r["rss_mib"] for r in seen) - own) <= 0.05 * own + 10, (
+            rank,
+            seen,
+            own,
+        )
         if rank == 0:
             # The 300 MiB counted once: more than the tensor, far less than RSS summed over the
             # rank, its two workers and the relay (the tensor three times over).

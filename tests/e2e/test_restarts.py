@@ -135,7 +135,8 @@ def test_each_failure_with_restarts_left_is_an_attempt_and_the_last_one_is_the_c
     for attempt in range(3):
         sup.act(sup.ranks.hello(0, _ended_pid(1)))
         assert st.attempt == attempt and st.state.value == "running"
-        sup.act([RankChange(Change.ENDED, st, 1)])  # what the rank's record (or its vanishing) tells Ranks
+        # what the rank's record (or its vanishing) tells Ranks
+        sup.act([RankChange(Change.ENDED, st, 1)])
         if attempt < 2:
             # torchrun has restarts left: no cause, no stop.
             assert sup.cause.failure is None and sup.stopping.state is None

@@ -1,4 +1,5 @@
-"""Every rank's steps and where their time goes, on real 2-rank gloo runs under the real `xl launch`.
+"""Every rank's steps and where their time goes, on real 2-rank gloo runs under the real
+`xl launch`.
 
 tests/support/phases_ddp.py logs each step's split as xl's torch instrumentation does (its own
 measurements, written to a truth file per rank at the end). A rank slow to load its data and a
@@ -49,10 +50,23 @@ def _lines(path: Path) -> list[dict[str, Any]]:
         return []
 
 
-def _launch(tmp_path: Path, *args: str, xl_args: tuple[str, ...] = (), env: dict[str, str] | None = None, timeout: float = 300) -> tuple[Path, str]:
+def _launch(
+    tmp_path: Path, *args: str, xl_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> tuple[Path, str]:
     home = tmp_path / "home"
-    argv = [*XL, "launch", "--no-tui", *xl_args, "--nproc", "2", str(SCRIPT), "--truth", str(tmp_path / "truth"), *args]
-    done = subprocess.run(argv, env=xl_env(home, **(env or {})), cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    argv = [
+        *XL, "launch", "--no-tui", *xl_args, "--nproc", "2", str(SCRIPT), "--truth",
+        str(tmp_path / "truth"), *args,
+    ]
+    done = subprocess.run(
+        argv,
+        env=xl_env(home, **(env or {})),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     run_dir = first_run(home)
     out = done.stdout + done.stderr
     assert run_dir is not None, out[-3000:]
@@ -65,7 +79,9 @@ def _truth(tmp_path: Path) -> dict[int, dict[str, float]]:
     return {r: json.loads((tmp_path / "truth" / f"rank-{r}.json").read_text()) for r in range(2)}
 
 
-def _check_split_against_truth(run_dir: Path, truth: dict[int, dict[str, float]], steps: int) -> None:
+def _check_split_against_truth(
+    run_dir: Path, truth: dict[int, dict[str, float]], steps: int
+) -> None:
     """digest.json's per-rank split and run.json's time.phases are the sums the ranks measured."""
     digest = json.loads((run_dir / "digest.json").read_text())
     for rank, t in truth.items():
@@ -79,7 +95,9 @@ def _check_split_against_truth(run_dir: Path, truth: dict[int, dict[str, float]]
 
 
 @pytest.mark.parametrize(("slow", "phase"), [("data", "data"), ("compute", "compute")])
-def test_the_slow_rank_is_the_straggler_with_its_phase(tmp_path: Path, slow: str, phase: str) -> None:
+def test_the_slow_rank_is_the_straggler_with_its_phase(
+    tmp_path: Path, slow: str, phase: str
+) -> None:
     run_dir, out = _launch(tmp_path, "--steps", "70", "--slow", slow, "--slow-s", "0.25", env=FAST)
     events = _lines(run_dir / "events.jsonl")
     stragglers = [e for e in events if e["kind"] == "straggler"]
@@ -98,28 +116,52 @@ def test_the_slow_rank_is_the_straggler_with_its_phase(tmp_path: Path, slow: str
     _check_split_against_truth(run_dir, truth, 70)
 
 
-def test_an_even_run_names_nobody_and_what_it_printed_before_training_is_no_step(tmp_path: Path) -> None:
+def test_an_even_run_names_nobody_and_what_it_printed_before_training_is_no_step(
+    tmp_path: Path,
+) -> None:
     run_dir, out = _launch(tmp_path, "--steps", "70", "--bars", env=FAST)
     events = _lines(run_dir / "events.jsonl")
     assert [e for e in events if e["kind"] == "straggler"] == [], out[-3000:]
     train = [r for r in _lines(run_dir / "metrics.jsonl") if r.get("kind") == "train"]
-    assert train and all(r.get("source") != "log" for r in train), [r for r in train if r.get("source") == "log"][:5]
-    steps = {r["rank"]: sorted(r["step"] for r in train if r["rank"] == rank) for rank in (0, 1) for r in train[:1]}
+    assert train and all(r.get("source") != "log" for r in train), [
+        r for r in train if r.get("source") == "log"
+    ][:5]
+    steps = {
+        r["rank"]: sorted(r["step"] for r in train if r["rank"] == rank)
+        for rank in (0, 1)
+        for r in train[:1]
+    }
     for rank in (0, 1):
         mine = [r["step"] for r in train if r["rank"] == rank]
         # The bars' 320 and 41 would come first and break the order (41 is also a true step, so
         # only its place can tell a bar's 41 from the script's own).
-        assert mine and mine[0] < 41 and mine == sorted(mine) and mine[-1] == 70 and 320 not in mine, steps
+        assert (
+            mine and mine[0] < 41 and mine == sorted(mine) and mine[-1] == 70 and 320 not in mine
+        ), steps
     assert not any("eos_token_id" in r for r in train)
     collector = json.loads((run_dir / "collector.json").read_text())
-    assert collector["printed_before_training"] >= 2  # each rank's Map and weights bars, held then dropped
+    # each rank's Map and weights bars, held then dropped
+    assert collector["printed_before_training"] >= 2
     _check_split_against_truth(run_dir, _truth(tmp_path), 70)
 
 
 def test_every_rank_slow_to_load_data_names_nobody(tmp_path: Path) -> None:
     """Every rank waits 0.25 s for each batch: slow, but nobody waits for anybody."""
-    run_dir, out = _launch(tmp_path, "--steps", "60", "--slow", "data", "--slow-rank", "-1", "--slow-s", "0.25", env=FAST)
-    assert [e for e in _lines(run_dir / "events.jsonl") if e["kind"] == "straggler"] == [], out[-3000:]
+    run_dir, out = _launch(
+        tmp_path,
+        "--steps",
+        "60",
+        "--slow",
+        "data",
+        "--slow-rank",
+        "-1",
+        "--slow-s",
+        "0.25",
+        env=FAST,
+    )
+    assert [e for e in _lines(run_dir / "events.jsonl") if e["kind"] == "straggler"] == [], out[
+        -3000:
+    ]
     truth = _truth(tmp_path)
     assert all(t["data_s"] > 0.8 * 60 * 0.25 for t in truth.values())  # both did wait for data
     phases = run_json(run_dir)["time"]["phases"]
@@ -130,8 +172,13 @@ def test_every_rank_slow_to_load_data_names_nobody(tmp_path: Path) -> None:
 def test_a_rank_asleep_mid_training_is_named_by_the_hang_capture(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = xl_env(home, XL_STALL_MIN_S="5")
-    argv = [*XL, "launch", "--no-tui", "--nproc", "2", str(SCRIPT), "--steps", "100000", "--hang-at", "30"]
-    proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    argv = [
+        *XL, "launch", "--no-tui", "--nproc", "2", str(SCRIPT), "--steps", "100000", "--hang-at",
+        "30",
+    ]
+    proc = subprocess.Popen(
+        argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     run_dir = wait_run(home)
     try:
         wait_ranks_running(run_dir, 2, timeout=120)
@@ -142,7 +189,11 @@ def test_a_rank_asleep_mid_training_is_named_by_the_hang_capture(tmp_path: Path)
         event = wait_for(hang, timeout=120, what="the hang event")
         assert event["ranks"] == [1], event
         assert "rank 1" in event["message"]
-        train = [r for r in _lines(run_dir / "metrics.jsonl") if r.get("kind") == "train" and r["rank"] == 1]
+        train = [
+            r
+            for r in _lines(run_dir / "metrics.jsonl")
+            if r.get("kind") == "train" and r["rank"] == 1
+        ]
         last = max(r["t"] for r in train)
         # How long after rank 1's last step the hang was named (the stall threshold is 5 s;
         # printed for the record, not asserted: the machine may be busy).
@@ -180,7 +231,14 @@ def test_a_script_of_bars_alone_keeps_its_bar_steps(tmp_path: Path, how: str) ->
     xl_args = ["--no-instrument"] if how == "no-instrument" else []
     argv = [*XL, "launch", "--no-tui", *xl_args, "--nproc", "1", str(script)]
     started = time.time()
-    done = subprocess.run(argv, env=xl_env(home, XL_PRINTED_HOLD_S="2"), cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        argv,
+        env=xl_env(home, XL_PRINTED_HOLD_S="2"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     run_dir = first_run(home)
     assert run_dir is not None and done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     wait_no_processes(run_dir, timeout=30)

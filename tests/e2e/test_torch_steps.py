@@ -27,7 +27,9 @@ def _launch(
     if not instrument:
         args.append("--no-instrument")
     args += ["--", str(SUPPORT / script)]
-    args += [str(out), *script_args] if script != "plain_ddp.py" else ["--out", str(out), *script_args]
+    args += (
+        [str(out), *script_args] if script != "plain_ddp.py" else ["--out", str(out), *script_args]
+    )
     proc = xl(args, xl_env(home, OMP_NUM_THREADS="1"), cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run_dir = only_run(home)
@@ -98,18 +100,26 @@ def _medians(lines: list[dict[str, Any]]) -> dict[str, float]:
     return {k: statistics.median(line[k] for line in body) for k in SPLIT}
 
 
-def test_a_rank_slow_to_load_data_shows_data_time_and_its_peer_waits_in_comm(tmp_path: Path) -> None:
+def test_a_rank_slow_to_load_data_shows_data_time_and_its_peer_waits_in_comm(
+    tmp_path: Path,
+) -> None:
     # Rank 1's Dataset sleeps 20 ms a sample: 160 ms a batch, a lower bound whatever the load.
-    run_dir, _ = _launch(tmp_path, "--steps", "10", "--slow-data-rank", "1", "--slow-data-s", "0.02")
+    run_dir, _ = _launch(
+        tmp_path, "--steps", "10", "--slow-data-rank", "1", "--slow-data-s", "0.02"
+    )
     slow, fast = _medians(_train(run_dir, 1)), _medians(_train(run_dir, 0))
     assert slow["data_s"] >= 0.16 and slow["data_s"] == max(slow.values())
     assert fast["comm_s"] == max(fast.values())  # it waits for rank 1 in the all-reduce
     assert fast["data_s"] < slow["data_s"] / 4
 
 
-def test_a_rank_slow_to_compute_shows_compute_time_and_its_peer_waits_in_comm(tmp_path: Path) -> None:
+def test_a_rank_slow_to_compute_shows_compute_time_and_its_peer_waits_in_comm(
+    tmp_path: Path,
+) -> None:
     # Rank 1's forward sleeps 150 ms: compute on rank 1; rank 0 waits at DDP's reducer.
-    run_dir, _ = _launch(tmp_path, "--steps", "10", "--slow-compute-rank", "1", "--slow-compute-s", "0.15")
+    run_dir, _ = _launch(
+        tmp_path, "--steps", "10", "--slow-compute-rank", "1", "--slow-compute-s", "0.15"
+    )
     slow, fast = _medians(_train(run_dir, 1)), _medians(_train(run_dir, 0))
     assert slow["compute_s"] >= 0.15 and slow["compute_s"] == max(slow.values())
     assert fast["comm_s"] == max(fast.values())

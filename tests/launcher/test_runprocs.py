@@ -50,7 +50,9 @@ def test_a_process_that_has_let_go_of_its_memory_is_not_called_escaped() -> None
 
 
 def test_a_real_child_is_alive_until_it_exits_and_gone_once_a_zombie() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     try:
         assert procfs.state(child.pid) in ("R", "S") and runprocs.alive(child.pid)
         assert child.stdin is not None
@@ -98,14 +100,19 @@ def test_a_stopped_process_is_frozen_until_it_is_resumed() -> None:
 
 
 def test_descendants_are_the_live_children_and_theirs() -> None:
-    code = "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\ntime.sleep(30)\n"
+    code = (
+        "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time; "
+        "time.sleep(30)'])\ntime.sleep(30)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code])
     try:
         deadline = time.monotonic() + 30
         while len(runprocs.descendants(parent.pid)) < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         (grandchild,) = runprocs.descendants(parent.pid)
-        assert parent.pid in runprocs.descendants(os.getpid()) and grandchild in runprocs.descendants(os.getpid())
+        assert parent.pid in runprocs.descendants(
+            os.getpid()
+        ) and grandchild in runprocs.descendants(os.getpid())
         os.kill(grandchild, signal.SIGKILL)  # a zombie until its parent reaps it: not live
         while runprocs.descendants(parent.pid) and time.monotonic() < deadline:
             time.sleep(0.02)

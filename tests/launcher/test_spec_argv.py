@@ -47,16 +47,24 @@ SPECS = {
     "gpus_all_auto": LaunchSpec(script="t.py", gpus="auto:2", nproc=2),
     "gpus_all": LaunchSpec(script="t.py", gpus="all"),
     "module": LaunchSpec(module="pkg.train", args=["--epochs", "3"]),
-    "module_args_like_xl_options": LaunchSpec(module="pkg.train", args=["--gpus", "7", "-m", "x", "--"]),
-    "script_args_like_xl_options": LaunchSpec(script="t.py", args=["--nproc", "9", "--env", "A=1", "-m", "m"]),
+    "module_args_like_xl_options": LaunchSpec(
+        module="pkg.train", args=["--gpus", "7", "-m", "x", "--"]
+    ),
+    "script_args_like_xl_options": LaunchSpec(
+        script="t.py", args=["--nproc", "9", "--env", "A=1", "-m", "m"]
+    ),
     "script_named_like_an_option": LaunchSpec(script="-weird.py", args=["--", "x"]),
-    "env_spaces_and_equals": LaunchSpec(script="t.py", env={"A": "x y", "B": "b=c=d", "C": "", "_D1": "--x"}),
+    "env_spaces_and_equals": LaunchSpec(
+        script="t.py", env={"A": "x y", "B": "b=c=d", "C": "", "_D1": "--x"}
+    ),
     "name_with_spaces": LaunchSpec(script="t.py", name="my run 1"),
     "name_like_an_option": LaunchSpec(script="t.py", name="--detach"),
     "mixed_precision": LaunchSpec(script="t.py", mixed_precision="bf16"),
     "mixed_precision_no": LaunchSpec(script="t.py", mixed_precision="no"),
     "multinode_node0": LaunchSpec(script="t.py", nnodes=2, rdzv="10.0.0.1:29500", nproc=4),
-    "multinode_node3_ipv6": LaunchSpec(script="t.py", nnodes=4, node_rank=3, rdzv="[fd00::1]:29500"),
+    "multinode_node3_ipv6": LaunchSpec(
+        script="t.py", nnodes=4, node_rank=3, rdzv="[fd00::1]:29500"
+    ),
     "another_python": LaunchSpec(script="t.py", python=sys.executable),
     "everything": LaunchSpec(
         module="a.b",
@@ -82,7 +90,10 @@ def _random_spec(rng: random.Random) -> LaunchSpec:
     words = ["a", "b c", "--gpus", "-m", "--", "x=y", "'q'", '"', "$HOME", "-", "--name=z", "é", ""]
 
     def text() -> str:
-        out = "".join(rng.choice(["a", " ", "=", "-", ",", ":", "'", "é", "0"]) for _ in range(rng.randint(1, 8)))
+        out = "".join(
+            rng.choice(["a", " ", "=", "-", ",", ":", "'", "é", "0"])
+            for _ in range(rng.randint(1, 8))
+        )
         # argparse drops an option's value that is exactly "--", however it is written.
         return "x" if out == "--" else out
 
@@ -112,14 +123,20 @@ def test_many_random_specs_round_trip() -> None:
 
 
 def test_defaults_are_left_out_and_the_script_follows_a_separator() -> None:
-    assert spec_to_argv(LaunchSpec(script="t.py", args=["--lr", "1"])) == ["--", "t.py", "--lr", "1"]
+    assert spec_to_argv(LaunchSpec(script="t.py", args=["--lr", "1"])) == [
+        "--",
+        "t.py",
+        "--lr",
+        "1",
+    ]
     assert spec_to_argv(LaunchSpec(module="m"), ["--no-tui"]) == ["--no-tui", "-m", "m"]
 
 
 def test_the_launch_form_shows_a_command_that_parses_to_its_spec() -> None:
     form = LaunchForm(
-        target="train.py", args="--lr 3e-4 --name 'a b'", gpus="3,1", nproc="2", nnodes="2", node_rank="1",
-        rdzv="h:29500", mixed_precision="bf16", env="NCCL_DEBUG=INFO X='a b=c'", name="t1",
+        target="train.py", args="--lr 3e-4 --name 'a b'", gpus="3,1", nproc="2", nnodes="2",
+        node_rank="1", rdzv="h:29500", mixed_precision="bf16", env="NCCL_DEBUG=INFO X='a b=c'",
+        name="t1",
     )  # fmt: skip
     argv = command(form)
     assert argv[:2] == ["xl", "launch"]
@@ -133,7 +150,9 @@ def test_the_launch_form_shows_a_command_that_parses_to_its_spec() -> None:
 
 
 def test_the_form_s_command_leaves_out_what_does_not_read_yet() -> None:
-    assert command(LaunchForm(target="t.py", nproc="two", gpus="0")) == ["xl", "launch", "--gpus", "0", "--", "t.py"]
+    assert command(LaunchForm(target="t.py", nproc="two", gpus="0")) == [
+        "xl", "launch", "--gpus", "0", "--", "t.py",
+    ]
     assert command(LaunchForm()) == ["xl", "launch"]
 
 
@@ -154,25 +173,43 @@ def test_the_join_command_runs_the_same_run_as_the_other_node() -> None:
 def test_the_slurm_node_command_is_the_run_without_its_nodes(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     parser = _sbatch_parser()
-    given = ["--nodes", "2", "--nproc", "4", "--name", "n", "--env", "A=1", "--accelerate-config", "--no-tui",
-             "--rdzv", "h:5", "-m", "pkg.train", "--lr", "1"]  # fmt: skip
+    given = ["--nodes", "2", "--nproc", "4", "--name", "n", "--env", "A=1", "--accelerate-config",
+             "--no-tui", "--rdzv", "h:5", "-m", "pkg.train", "--lr", "1"]  # fmt: skip
     opts, script, module, args = split_argv(given, value_options(parser))
     ns = parser.parse_args(opts)
     argv = node_launch_argv(ns, script, module, args, rdzv=ns.rdzv, no_tui=ns.no_tui)
-    assert argv == ["--nproc", "4", "--rdzv", "h:5", "--env", "A=1", "--name", "n", "--accelerate-config", "--no-tui",
-                    "-m", "pkg.train", "--lr", "1"]  # fmt: skip
+    assert argv == ["--nproc", "4", "--rdzv", "h:5", "--env", "A=1", "--name", "n",
+                    "--accelerate-config", "--no-tui", "-m", "pkg.train", "--lr", "1"]  # fmt: skip
     launch = launch_parser()
     opts, script, module, args = split_argv(argv, value_options(launch))
     ns = launch.parse_args(opts)
     assert ns.no_tui and ns.accelerate_config == ""
     assert spec_from_args(ns, script, module, args, read_config=False) == LaunchSpec(
-        module="pkg.train", args=["--lr", "1"], nproc=4, rdzv="h:5", env={"A": "1"}, name="n", cwd=str(tmp_path)
+        module="pkg.train",
+        args=["--lr", "1"],
+        nproc=4,
+        rdzv="h:5",
+        env={"A": "1"},
+        name="n",
+        cwd=str(tmp_path),
     )
 
 
 def test_torchruns_spellings_are_accepted() -> None:
-    argv = ["--nproc-per-node", "2", "--nnodes", "2", "--node_rank", "1", "--rdzv-endpoint", "h:1", "t.py", "--nproc_per_node", "9"]
-    assert spec_from_argv(argv) == _here(LaunchSpec(script="t.py", args=["--nproc_per_node", "9"], nproc=2, nnodes=2, node_rank=1, rdzv="h:1"))
+    argv = [
+        "--nproc-per-node", "2", "--nnodes", "2", "--node_rank", "1", "--rdzv-endpoint", "h:1",
+        "t.py", "--nproc_per_node", "9",
+    ]
+    assert spec_from_argv(argv) == _here(
+        LaunchSpec(
+            script="t.py",
+            args=["--nproc_per_node", "9"],
+            nproc=2,
+            nnodes=2,
+            node_rank=1,
+            rdzv="h:1",
+        )
+    )
     assert spec_from_argv(["--standalone", "--nproc_per_node=3", "t.py"]).nproc == 3
     with pytest.raises(UsageError, match="--standalone is a one-node run"):
         spec_from_argv(["--standalone", "--nnodes", "2", "t.py"])

@@ -50,7 +50,17 @@ class FakeBackend:
         return Inventory(Driver(None, None, error="the fake backend has no driver"))
 
     def doctor_report(self) -> Report:
-        return Report(checks=[Check(id="fake", status="warn", title="A fake check", detail="from the fake", fix="none")])
+        return Report(
+            checks=[
+                Check(
+                    id="fake",
+                    status="warn",
+                    title="A fake check",
+                    detail="from the fake",
+                    fix="none",
+                )
+            ]
+        )
 
     def plan(self, spec: LaunchSpec) -> Plan:
         return Plan(argv=["torchrun"], env={"CUDA_VISIBLE_DEVICES": "5"}, nproc=3)
@@ -61,7 +71,10 @@ class FakeBackend:
 
     def runs(self) -> list[RunInfo]:
         return [
-            RunInfo(self.run_dir.name, self.run_dir, "from-the-fake", "running", "train.py", runfixtures.T0, None, 2, [], True)
+            RunInfo(
+                self.run_dir.name, self.run_dir, "from-the-fake", "running", "train.py",
+                runfixtures.T0, None, 2, [], True,
+            )
         ]
 
     def resolve(self, run: str) -> Path:
@@ -74,7 +87,13 @@ class FakeBackend:
         return "failed"
 
     def run_record(self, run_dir: Path) -> RunRecord | None:
-        return RunRecord.from_json({"run_id": run_dir.name, "status": "failed", "failure": {"rank": 1, "exit_code": 3, "message": "from the fake"}})
+        return RunRecord.from_json(
+            {
+                "run_id": run_dir.name,
+                "status": "failed",
+                "failure": {"rank": 1, "exit_code": 3, "message": "from the fake"},
+            }
+        )
 
     def stop(self, run_dir: Path) -> None:
         self.stopped.append(run_dir)
@@ -85,8 +104,16 @@ class FakeBackend:
         return {
             "run_id": run_dir.name,
             "t": NOW,
-            "ranks": [{"rank": rank, "node": "here", "pid": 4240 + rank, "threads": [{"name": "MainThread", "frames": frames}], "collectives": []}
-                      for rank in (0, 1)],
+            "ranks": [
+                {
+                    "rank": rank,
+                    "node": "here",
+                    "pid": 4240 + rank,
+                    "threads": [{"name": "MainThread", "frames": frames}],
+                    "collectives": [],
+                }
+                for rank in (0, 1)
+            ],
             "verdict": {"ranks": [1], "message": "the others wait for rank 1"},
         }
 
@@ -110,9 +137,17 @@ def text_of(app, selector: str) -> str:
 async def test_every_screen_shows_what_the_backend_says_and_stop_goes_to_it(fake):
     app = build_app(fake, clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: "the fake backend has no driver" in text_of(app, "#no-gpu"), "the fake's inventory")
+        await until(
+            pilot,
+            lambda: "the fake backend has no driver" in text_of(app, "#no-gpu"),
+            "the fake's inventory",
+        )
         await pilot.press("2")
-        await until(pilot, lambda: app.screen.id == "doctor" and "A fake check" in text_of(app, "#doctor-detail"), "the fake's report")
+        await until(
+            pilot,
+            lambda: app.screen.id == "doctor" and "A fake check" in text_of(app, "#doctor-detail"),
+            "the fake's report",
+        )
         await pilot.press("4")
         await until(pilot, lambda: app.screen.id == "runs", "runs screen")
         table = app.screen.query_one("#runs-table", DataTable)
@@ -120,11 +155,15 @@ async def test_every_screen_shows_what_the_backend_says_and_stop_goes_to_it(fake
         assert str(table.get_cell(fake.run_dir.name, "name")) == "from-the-fake"
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "monitor opened")
-        await until(pilot, lambda: app.screen.status == "running", "the run read from its directory")
+        await until(
+            pilot, lambda: app.screen.status == "running", "the run read from its directory"
+        )
         await pilot.press("s")
         await until(pilot, lambda: app.screen.id == "confirm", "asked before stopping")
         await pilot.press("y")
-        await until(pilot, lambda: fake.stopped == [fake.run_dir], "the backend asked to stop the run")
+        await until(
+            pilot, lambda: fake.stopped == [fake.run_dir], "the backend asked to stop the run"
+        )
 
 
 async def test_launch_plans_and_starts_through_the_backend(fake, tmp_path):
@@ -145,9 +184,15 @@ async def test_launch_plans_and_starts_through_the_backend(fake, tmp_path):
         def verdict() -> str:
             return str(app.screen.query_one("#launch-validation", Static).render())
 
-        await until(pilot, lambda: "3 process(es) per node on CUDA_VISIBLE_DEVICES=5" in verdict(), "the fake's plan: " + verdict())
+        await until(
+            pilot,
+            lambda: "3 process(es) per node on CUDA_VISIBLE_DEVICES=5" in verdict(),
+            "the fake's plan: " + verdict(),
+        )
         await pilot.press("ctrl+r")
-        await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "the started run's monitor")
+        await until(
+            pilot, lambda: isinstance(app.screen, MonitorScreen), "the started run's monitor"
+        )
         assert [s.script for s in fake.started] == ["train.py"]
         assert app.screen.run_dir == fake.run_dir
         await until(pilot, lambda: app.screen.polls >= 2, "two polls")
@@ -157,7 +202,9 @@ async def test_launch_plans_and_starts_through_the_backend(fake, tmp_path):
 
 async def test_exit_code_asks_the_backend_when_left_from_another_screen(fake):
     """run.json in the fixture says running (exit 0); the backend says failed: the backend wins."""
-    app = build_app(fake, monitor_run_dir=fake.run_dir, attach_only=False, clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        fake, monitor_run_dir=fake.run_dir, attach_only=False, clock=lambda: NOW, poll_interval=0.2
+    )
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "monitor")
         await pilot.press("escape")
@@ -169,21 +216,43 @@ async def test_exit_code_asks_the_backend_when_left_from_another_screen(fake):
 
 async def test_a_hang_shows_its_verdict_and_k_opens_the_chosen_rank_s_stacks(fake):
     with open(fake.run_dir / "events.jsonl", "a", encoding="utf-8") as fh:
-        hang = {"t": NOW - 5, "kind": "hang", "rank": None, "ranks": [1], "stacks": "stacks/1.json",
-                "message": "ranks 0,2,3 wait in all_reduce #12 for rank 1, in load_batch at data.py:88"}
+        hang = {
+            "t": NOW - 5,
+            "kind": "hang",
+            "rank": None,
+            "ranks": [1],
+            "stacks": "stacks/1.json",
+            "message": "ranks 0,2,3 wait in all_reduce #12 for rank 1, in load_batch at data.py:88",
+        }
         fh.write(json.dumps(hang) + "\n")
-    app = build_app(fake, monitor_run_dir=fake.run_dir, attach_only=True, clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        fake, monitor_run_dir=fake.run_dir, attach_only=True, clock=lambda: NOW, poll_interval=0.2
+    )
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.status == "running", "monitor")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, MonitorScreen) and app.screen.status == "running",
+            "monitor",
+        )
         banner = app.screen.query_one("#verdict-banner")
-        await until(pilot, lambda: banner.display and "for rank 1, in load_batch at data.py:88" in str(banner.render()), "the verdict banner")
+        await until(
+            pilot,
+            lambda: (
+                banner.display and "for rank 1, in load_batch at data.py:88" in str(banner.render())
+            ),
+            "the verdict banner",
+        )
         await pilot.press("k")
         await until(pilot, lambda: app.screen.id == "stacks", "the stacks screen")
         text = app.screen.query_one("#stacks-text")
-        await until(pilot, lambda: "train.py:41 in load_batch" in str(text.render()), "the rank's frames")
+        await until(
+            pilot, lambda: "train.py:41 in load_batch" in str(text.render()), "the rank's frames"
+        )
         chosen = app.screen_stack[-2].query_one("#rank-table").current_rank
         # The whole run is asked, the chosen rank shown under the whole run's verdict.
         assert fake.asked_stacks == [fake.run_dir]
-        assert f"pid {4240 + chosen}" in str(text.render()) and "verdict (all 2 ranks): the others wait for rank 1" in str(text.render())
+        assert f"pid {4240 + chosen}" in str(
+            text.render()
+        ) and "verdict (all 2 ranks): the others wait for rank 1" in str(text.render())
         await pilot.press("escape")
         await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "back to the monitor")

@@ -25,7 +25,9 @@ async def test_doctor_lists_checks_worst_first_and_shows_the_fix(simnvml, monkey
             await until(pilot, lambda: table.row_count > 10, "checks listed")
             statuses = [str(table.get_cell_at((r, 0))).lower() for r in range(table.row_count)]
             assert statuses == sorted(statuses, key=ORDER.index)  # worst first
-            keys = [table.coordinate_to_cell_key((r, 0)).row_key.value for r in range(table.row_count)]
+            keys = [
+                table.coordinate_to_cell_key((r, 0)).row_key.value for r in range(table.row_count)
+            ]
             assert "cuda_visible_devices" in keys
             table.move_cursor(row=keys.index("cuda_visible_devices"))
             await pilot.pause()

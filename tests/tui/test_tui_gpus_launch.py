@@ -49,7 +49,9 @@ def _config_home(tmp_path, monkeypatch):
     monkeypatch.setenv("XL_HOME", str(tmp_path / "xlhome"))
 
 
-async def test_pick_and_reorder_gpus_sets_visible_devices_and_plan(four_gpus, tmp_path, monkeypatch):
+async def test_pick_and_reorder_gpus_sets_visible_devices_and_plan(
+    four_gpus, tmp_path, monkeypatch
+):
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     monkeypatch.chdir(tmp_path)
@@ -88,7 +90,11 @@ async def test_pick_and_reorder_gpus_sets_visible_devices_and_plan(four_gpus, tm
         await until(pilot, lambda: app.screen.id == "launch", "launch screen")
         assert app.screen.query_one("#gpus", Input).value == "2,0"
         app.screen.query_one("#target", Input).value = "train.py"
-        await until(pilot, lambda: "ready" in text_of(app, "#launch-validation"), "valid form: " + text_of(app, "#launch-validation"))
+        await until(
+            pilot,
+            lambda: "ready" in text_of(app, "#launch-validation"),
+            "valid form: " + text_of(app, "#launch-validation"),
+        )
         assert "CUDA_VISIBLE_DEVICES=2,0" in text_of(app, "#launch-validation")
         assert "2 process(es)" in text_of(app, "#launch-validation")
         form = app.screen.form()
@@ -99,10 +105,14 @@ async def test_pick_and_reorder_gpus_sets_visible_devices_and_plan(four_gpus, tm
         assert text_of(app, "#launch-command") == "xl launch --gpus 2,0 -- train.py"
 
 
-async def test_launch_form_validates_inline_and_remembers_settings(four_gpus, tmp_path, monkeypatch):
+async def test_launch_form_validates_inline_and_remembers_settings(
+    four_gpus, tmp_path, monkeypatch
+):
     (tmp_path / "train.py").write_text("print('hi')\n")
     monkeypatch.chdir(tmp_path)
-    settings.remember("train.py", LaunchForm(target="train.py", args="--lr 3e-4", nproc="2", gpus="1,3").to_dict())
+    settings.remember(
+        "train.py", LaunchForm(target="train.py", args="--lr 3e-4", nproc="2", gpus="1,3").to_dict()
+    )
     app = build_app(poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("3")
@@ -123,7 +133,10 @@ async def test_launch_form_validates_inline_and_remembers_settings(four_gpus, tm
         assert "ready" in await verdict("nproc", "2")
         assert "KEY=VALUE" in await verdict("env", "NCCL_DEBUG")
         assert "ready" in await verdict("env", "NCCL_DEBUG=INFO")
-        assert "no such" in (await verdict("target", "missing.py")).lower() or "not found" in text_of(app, "#launch-validation").lower()
+        assert (
+            "no such" in (await verdict("target", "missing.py")).lower()
+            or "not found" in text_of(app, "#launch-validation").lower()
+        )
         assert "ready" in await verdict("target", "train.py")
         assert "--rdzv" in await verdict("nnodes", "2")
         assert "ready" in await verdict("rdzv", "10.0.0.1:29500")
@@ -136,13 +149,27 @@ async def test_launch_form_validates_inline_and_remembers_settings(four_gpus, tm
 
 
 def test_command_and_spec_agree_for_modules() -> None:
-    form = LaunchForm(target="-m pkg.train", args="--x 'a b'", gpus="0", mixed_precision="bf16", env="A=1 B='x y'")
+    form = LaunchForm(
+        target="-m pkg.train", args="--x 'a b'", gpus="0", mixed_precision="bf16", env="A=1 B='x y'"
+    )
     spec = to_spec(form)
     assert (spec.script, spec.module, spec.args) == (None, "pkg.train", ["--x", "a b"])
     assert spec.env == {"A": "1", "B": "x y"}
     assert command(form) == [
-        "xl", "launch", "--gpus", "0", "--mixed-precision", "bf16", "--env", "A=1", "--env", "B=x y",
-        "-m", "pkg.train", "--x", "a b",
+        "xl",
+        "launch",
+        "--gpus",
+        "0",
+        "--mixed-precision",
+        "bf16",
+        "--env",
+        "A=1",
+        "--env",
+        "B=x y",
+        "-m",
+        "pkg.train",
+        "--x",
+        "a b",
     ]
 
 
@@ -151,7 +178,13 @@ async def test_gpus_table_names_the_rank_of_a_process(simnvml):
     its rank and run; another process shows its PID."""
     sleeper = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"]
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "XL_RUN_ID")}
-    ranked = {**base, "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "XL_RUN_ID": "20260530-ranks"}
+    ranked = {
+        **base,
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "XL_RUN_ID": "20260530-ranks",
+    }
     rank = subprocess.Popen(sleeper, env=ranked, stdout=subprocess.PIPE, text=True)
     other = subprocess.Popen(sleeper, env=base, stdout=subprocess.PIPE, text=True)
     try:
@@ -160,7 +193,11 @@ async def test_gpus_table_names_the_rank_of_a_process(simnvml):
         sim = simnvml(
             gpus=[
                 SimGPU(),
-                SimGPU(util_gpu=80, memory_used_mib=30_000, processes=[SimProcess(rank.pid, 20_000), SimProcess(other.pid, 500)]),
+                SimGPU(
+                    util_gpu=80,
+                    memory_used_mib=30_000,
+                    processes=[SimProcess(rank.pid, 20_000), SimProcess(other.pid, 500)],
+                ),
             ]
         )
         with sim.in_process():
@@ -190,15 +227,25 @@ async def test_number_keys_move_between_every_screen_and_back_to_gpus(four_gpus)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.screen.query_one("#gpu-table").row_count == 4, "4 GPU rows")
         gpus = app.screen
-        for key, screen_id in [("2", "doctor"), ("1", "gpus"), ("3", "launch"), ("1", "gpus"), ("4", "runs"),
-                               ("1", "gpus"), ("4", "runs"), ("3", "launch"), ("2", "doctor"), ("1", "gpus")]:
+        for key, screen_id in [
+            ("2", "doctor"), ("1", "gpus"), ("3", "launch"), ("1", "gpus"), ("4", "runs"),
+            ("1", "gpus"), ("4", "runs"), ("3", "launch"), ("2", "doctor"), ("1", "gpus"),
+        ]:
             if app.screen.id == "launch":
                 await pilot.press("escape")  # Launch opens in its Script field: esc leaves it
             await pilot.press(key)
-            await until(pilot, lambda screen_id=screen_id: app.screen.id == screen_id, f"{key} -> {screen_id}")
+            await until(
+                pilot,
+                lambda screen_id=screen_id: app.screen.id == screen_id,
+                f"{key} -> {screen_id}",
+            )
         assert app.is_running
         assert app.screen is gpus  # the same GPUs screen, with its selection and history
-        await until(pilot, lambda: app.screen.query_one("#gpu-table").row_count == 4, "the table still there")
+        await until(
+            pilot,
+            lambda: app.screen.query_one("#gpu-table").row_count == 4,
+            "the table still there",
+        )
 
 
 async def test_no_gpu_panel_says_what_still_works(simnvml):
@@ -253,5 +300,11 @@ async def test_no_color_starts_with_the_plain_terminal_theme(monkeypatch):
     monkeypatch.setenv("NO_COLOR", "1")
     app = build_app(poll_interval=0.2)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.screen.query_one("#no-gpu").display or app.screen.query_one("#gpu-main").display, "first poll")
+        await until(
+            pilot,
+            lambda: (
+                app.screen.query_one("#no-gpu").display or app.screen.query_one("#gpu-main").display
+            ),
+            "first poll",
+        )
         assert app.theme == "ansi-dark"

@@ -45,10 +45,23 @@ class Backend(LocalBackend):
         self.asked.append(run_dir)
         frames = {0: ("train.py", 41, "main"), 1: ("data.py", 30, "load")}
         return {
-            "run_id": run_dir.name, "t": NOW,
-            "ranks": [{"rank": r, "pid": 100 + r, "threads": [{"name": "MainThread", "frames": [
-                {"file": f, "line": n, "function": fn}]}], "collectives": []} for r, (f, n, fn) in frames.items()],
-            "verdict": {"ranks": [1], "message": "rank 1 never entered all_reduce #12: it is in load at data.py:30"},
+            "run_id": run_dir.name,
+            "t": NOW,
+            "ranks": [
+                {
+                    "rank": r,
+                    "pid": 100 + r,
+                    "threads": [
+                        {"name": "MainThread", "frames": [{"file": f, "line": n, "function": fn}]}
+                    ],
+                    "collectives": [],
+                }
+                for r, (f, n, fn) in frames.items()
+            ],
+            "verdict": {
+                "ranks": [1],
+                "message": "rank 1 never entered all_reduce #12: it is in load at data.py:30",
+            },
         }
 
 
@@ -79,15 +92,22 @@ async def test_help_is_the_keys_of_the_screen_it_was_pressed_on(simnvml, home):
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.screen.id == "gpus" and app.screen.gpus, "GPUs")
             gpus = await _help(pilot)
-            assert gpus.startswith("# GPUs") and "`c`: clear the pick" in gpus and "`4` Runs" in gpus
+            assert (
+                gpus.startswith("# GPUs") and "`c`: clear the pick" in gpus and "`4` Runs" in gpus
+            )
             await pilot.press("2")
             await until(pilot, lambda: app.screen.id == "doctor", "Doctor")
             doctor = await _help(pilot)
             assert doctor.startswith("# Doctor") and "`r`: run every check again" in doctor
             await pilot.press("3")
             await until(pilot, lambda: app.screen.id == "launch", "Launch")
-            launch = await _help(pilot, "f1")  # `?` types into the Script field, which has the focus
-            assert launch.startswith("# Launch") and "`ctrl+r`: launch" in launch and "`esc`: leave the field" in launch
+            # `?` types into the Script field, which has the focus
+            launch = await _help(pilot, "f1")
+            assert (
+                launch.startswith("# Launch")
+                and "`ctrl+r`: launch" in launch
+                and "`esc`: leave the field" in launch
+            )
             await pilot.press("escape", "4")
             await until(pilot, lambda: app.screen.id == "runs", "Runs")
             runs = await _help(pilot)
@@ -100,11 +120,24 @@ async def test_help_is_the_keys_of_the_screen_it_was_pressed_on(simnvml, home):
 
 async def test_the_stacks_view_has_a_footer_help_and_the_whole_run_s_verdict(home):
     backend = Backend()
-    app = build_app(backend, monitor_run_dir=home / "xlhome" / "runs" / LIVE, clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        backend,
+        monitor_run_dir=home / "xlhome" / "runs" / LIVE,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+    )
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.status == "running", "the Monitor")
+        await until(
+            pilot,
+            lambda: isinstance(app.screen, MonitorScreen) and app.screen.status == "running",
+            "the Monitor",
+        )
         monitor = await _help(pilot)
-        assert monitor.startswith("# Monitor") and "`k`: ask every rank" in monitor and "`s`: stop the run" in monitor
+        assert (
+            monitor.startswith("# Monitor")
+            and "`k`: ask every rank" in monitor
+            and "`s`: stop the run" in monitor
+        )
         assert "`1` GPUs" not in monitor  # `xl attach` shows the Monitor alone
         await pilot.press("k")
         await until(pilot, lambda: isinstance(app.screen, StacksScreen), "the stacks view")
@@ -120,7 +153,8 @@ async def test_the_stacks_view_has_a_footer_help_and_the_whole_run_s_verdict(hom
         await pilot.press("right_square_bracket")
         other = str(body.render())
         assert stacks.rank != rank and f"pid {100 + stacks.rank}" in other
-        assert "verdict (all 2 ranks): rank 1 never entered all_reduce #12" in other  # the same verdict
+        # the same verdict
+        assert "verdict (all 2 ranks): rank 1 never entered all_reduce #12" in other
         help_text = await _help(pilot)
         assert help_text.startswith("# Stacks") and "`[` / `]`" in help_text
         assert app.screen is stacks
@@ -132,7 +166,14 @@ async def test_a_multi_node_launch_is_not_remembered_for_its_script(simnvml, hom
     """Launched once as node 0 of 2: typing the script again brings back its other settings but
     not Nodes 2 (which made the next ctrl+r wait for a node that never came); settings an older
     xl remembered with nodes are read the same way."""
-    settings.remember("train.py", {**LaunchForm(target="train.py", args="lr=0.1", nnodes="2", rdzv="10.0.0.1:29400").to_dict()})
+    settings.remember(
+        "train.py",
+        {
+            **LaunchForm(
+                target="train.py", args="lr=0.1", nnodes="2", rdzv="10.0.0.1:29400"
+            ).to_dict()
+        },
+    )
     sim = simnvml(gpus=2)
     with sim.in_process():
         app = build_app(Backend(), clock=lambda: NOW, poll_interval=0.2)
@@ -140,18 +181,29 @@ async def test_a_multi_node_launch_is_not_remembered_for_its_script(simnvml, hom
             await pilot.press("3")
             await until(pilot, lambda: app.screen.id == "launch", "Launch")
             launch = app.screen
-            assert launch.query_one("#target", Input).value == "train.py"  # the last script, at start
+            # the last script, at start
+            assert launch.query_one("#target", Input).value == "train.py"
             assert launch.query_one("#args", Input).value == "lr=0.1"
-            assert launch.query_one("#nnodes", Input).value == "1" and launch.query_one("#rdzv", Input).value == ""
+            assert (
+                launch.query_one("#nnodes", Input).value == "1"
+                and launch.query_one("#rdzv", Input).value == ""
+            )
             await until(pilot, lambda: launch.valid, "a valid form")
             assert "of 2" not in str(launch.query_one("#launch-validation", Static).render())
 
             # A multi-node form says so where it shows at 80x24, not only in the collapsed section.
             launch.query_one("#nnodes", Input).value = "2"
             launch.query_one("#rdzv", Input).value = "10.0.0.1:29400"
-            await until(pilot, lambda: "node 0 of 2" in str(launch.query_one("#launch-validation", Static).render()),
-                        "the ready line names the nodes")
-            assert "waits for the others at 10.0.0.1:29400" in str(launch.query_one("#launch-validation", Static).render())
+            await until(
+                pilot,
+                lambda: (
+                    "node 0 of 2" in str(launch.query_one("#launch-validation", Static).render())
+                ),
+                "the ready line names the nodes",
+            )
+            assert "waits for the others at 10.0.0.1:29400" in str(
+                launch.query_one("#launch-validation", Static).render()
+            )
     form = LaunchForm(target="train.py", nnodes="2", node_rank="0", rdzv="10.0.0.1:29400")
     assert {"nnodes", "node_rank", "rdzv"}.isdisjoint(form.remembered())
     assert form.remembered()["target"] == "train.py"
@@ -161,7 +213,8 @@ async def test_typing_past_a_remembered_script_keeps_every_key(simnvml, home):
     """The form fills in a remembered script's settings when its name is typed; keys typed after
     the name (fast, before the fill was handled) stay, in order."""
     settings.remember("train.py", LaunchForm(target="train.py", args="lr=0.1").remembered())
-    settings.remember("other.py", LaunchForm(target="other.py").remembered())  # the last one: the form opens on it
+    # the last one: the form opens on it
+    settings.remember("other.py", LaunchForm(target="other.py").remembered())
     sim = simnvml(gpus=2)
     with sim.in_process():
         app = build_app(Backend(), clock=lambda: NOW, poll_interval=0.2)
@@ -173,8 +226,16 @@ async def test_typing_past_a_remembered_script_keeps_every_key(simnvml, home):
             await pilot.pause()
             for key in ("t", "r", "a", "i", "n", ".", "p", "y", "_", "v", "2"):
                 target.post_message(events.Key(key, key))  # queued at once, as a fast typist's keys
-            await until(pilot, lambda: target.value == "train.py_v2", f"every key, in order: {target.value!r}")
+            await until(
+                pilot,
+                lambda: target.value == "train.py_v2",
+                f"every key, in order: {target.value!r}",
+            )
             # train.py's settings came on the way and left with it: train.py_v2 has none.
             assert app.screen.query_one("#args", Input).value == ""
             target.value = "train.py"
-            await until(pilot, lambda: app.screen.query_one("#args", Input).value == "lr=0.1", "train.py's settings")
+            await until(
+                pilot,
+                lambda: app.screen.query_one("#args", Input).value == "lr=0.1",
+                "train.py's settings",
+            )

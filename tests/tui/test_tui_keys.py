@@ -73,7 +73,11 @@ def exit_message(capsys: pytest.CaptureFixture[str]) -> str:
 
 async def _monitor_shown(pilot: Any) -> MonitorScreen:
     app = pilot.app
-    await until(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.status is not None, "the Monitor")
+    await until(
+        pilot,
+        lambda: isinstance(app.screen, MonitorScreen) and app.screen.status is not None,
+        "the Monitor",
+    )
     return app.screen
 
 
@@ -84,7 +88,13 @@ async def test_ctrl_c_in_the_monitor_xl_launch_opened_stops_the_run(runs, capsys
     """As torchrun and `--no-tui`: Ctrl-C stops the run the command started, the app closes once
     it has ended and the command exits 1 (stopped)."""
     backend = StopBackend()
-    app = build_app(backend, monitor_run_dir=runs / LIVE, attach_only=False, clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        backend,
+        monitor_run_dir=runs / LIVE,
+        attach_only=False,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await _monitor_shown(pilot)
         await pilot.press("ctrl+c")
@@ -96,7 +106,13 @@ async def test_ctrl_c_in_the_monitor_xl_launch_opened_stops_the_run(runs, capsys
 
 async def test_second_ctrl_c_leaves_the_run_stopping(runs, capsys):
     backend = StopBackend(ends=False)
-    app = build_app(backend, monitor_run_dir=runs / LIVE, attach_only=False, clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        backend,
+        monitor_run_dir=runs / LIVE,
+        attach_only=False,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await _monitor_shown(pilot)
         await pilot.press("ctrl+c")
@@ -137,7 +153,11 @@ async def test_d_in_the_apps_monitor_goes_back_and_in_xl_launch_detaches(runs, c
     app = build_app(backend, clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("4")
-        await until(pilot, lambda: app.screen.id == "runs" and app.screen.query_one(DataTable).row_count == 5, "Runs")
+        await until(
+            pilot,
+            lambda: app.screen.id == "runs" and app.screen.query_one(DataTable).row_count == 5,
+            "Runs",
+        )
         runs_screen = app.screen
         table = app.screen.query_one(DataTable)
         table.move_cursor(row=table.get_row_index(LIVE))
@@ -149,7 +169,13 @@ async def test_d_in_the_apps_monitor_goes_back_and_in_xl_launch_detaches(runs, c
         assert app.is_running and backend.stopped == []
 
     # `xl launch`: d on the run it started closes the app, the run goes on (exit 0).
-    app = build_app(backend, monitor_run_dir=runs / LIVE, attach_only=False, clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        backend,
+        monitor_run_dir=runs / LIVE,
+        attach_only=False,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await _monitor_shown(pilot)
         await pilot.press("d")
@@ -166,24 +192,38 @@ async def test_each_screen_focuses_its_main_widget_and_escape_leaves_a_field(sim
     with sim.in_process():
         app = build_app(StopBackend(), clock=lambda: NOW, poll_interval=0.2)
         async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: isinstance(app.focused, GPUTable), "GPUs: the table has the focus")
+            await until(
+                pilot, lambda: isinstance(app.focused, GPUTable), "GPUs: the table has the focus"
+            )
             await pilot.press("2")
-            await until(pilot, lambda: app.focused is app.screen.query_one("#doctor-table"), "Doctor: its table")
+            await until(
+                pilot,
+                lambda: app.focused is app.screen.query_one("#doctor-table"),
+                "Doctor: its table",
+            )
             await pilot.press("3")
             await until(pilot, lambda: app.screen.id == "launch", "Launch")
             target = app.screen.query_one("#target", Input)
             assert app.focused is target  # typing goes into the Script field at once
             await pilot.press("t", "r", "a", "i", "n", ".", "p", "y", "3", "q")
             assert target.value == "train.py3q" and app.screen.id == "launch" and app.is_running
-            footer_keys = {b.key for _, b, enabled, _ in app.screen.active_bindings.values() if enabled and b.show}
+            footer_keys = {
+                b.key
+                for _, b, enabled, _ in app.screen.active_bindings.values()
+                if enabled and b.show
+            }
             assert "escape" in footer_keys  # "esc Leave field" in the footer while in a field
             await pilot.press("escape")
             assert not isinstance(app.focused, Input)
             await pilot.press("4")  # now a screen key, not text
             await until(pilot, lambda: app.screen.id == "runs", "Runs")
             assert target.value == "train.py3q"
-            await until(pilot, lambda: app.focused is app.screen.query_one("#runs-table"), "Runs: its table")
-            await until(pilot, lambda: app.screen.query_one(DataTable).row_count == 5, "runs listed")
+            await until(
+                pilot, lambda: app.focused is app.screen.query_one("#runs-table"), "Runs: its table"
+            )
+            await until(
+                pilot, lambda: app.screen.query_one(DataTable).row_count == 5, "runs listed"
+            )
             await pilot.press("enter")
             await _monitor_shown(pilot)
             assert isinstance(app.focused, RankTable)
@@ -264,40 +304,77 @@ async def test_picker_and_launch_form_show_one_selection(simnvml, runs):
             await pilot.press("escape", "1")
             await until(pilot, lambda: app.screen is gpus, "GPUs")
             assert "--gpus auto:2" in text_of(app, "#cvd")
-            assert all(str(gpus.query_one(GPUTable).get_cell(str(i), "sel")) == "[ ]" for i in range(4))
+            assert all(
+                str(gpus.query_one(GPUTable).get_cell(str(i), "sel")) == "[ ]" for i in range(4)
+            )
 
 
 async def test_a_scripts_remembered_gpus_are_its_own_never_the_next_xl_s_pick(simnvml, runs):
     """The GPUs last launched with train.py: the next `xl` opens with none picked; the Launch
     form brings them back with train.py (the picker then shows them), says so, and they leave
     with it when Script names another script or nothing."""
-    settings.remember("train.py", LaunchForm(target="train.py", args="--lr 3e-4", gpus="1,3").to_dict())
+    settings.remember(
+        "train.py", LaunchForm(target="train.py", args="--lr 3e-4", gpus="1,3").to_dict()
+    )
     sim = simnvml(gpus=4)
     with sim.in_process():
         app = build_app(StopBackend(), poll_interval=0.2)
         async with app.run_test(size=SIZE) as pilot:
             gpus = app.screen
             await until(pilot, lambda: gpus.query_one(GPUTable).row_count == 4, "GPU rows")
-            await until(pilot, lambda: "No GPU picked" in text_of(app, "#cvd"), "the picker says none is picked")
+            await until(
+                pilot,
+                lambda: "No GPU picked" in text_of(app, "#cvd"),
+                "the picker says none is picked",
+            )
             assert app.selection.order == []
-            assert all(str(gpus.query_one(GPUTable).get_cell(str(i), "sel")) == "[ ]" for i in range(4))
+            assert all(
+                str(gpus.query_one(GPUTable).get_cell(str(i), "sel")) == "[ ]" for i in range(4)
+            )
             await pilot.press("3")
             await until(pilot, lambda: app.screen.id == "launch", "Launch")
             launch = app.screen
-            field = {name: launch.query_one(f"#{name}", Input) for name in ("target", "args", "gpus")}
-            assert (field["target"].value, field["args"].value, field["gpus"].value) == ("train.py", "--lr 3e-4", "1,3")
+            field = {
+                name: launch.query_one(f"#{name}", Input) for name in ("target", "args", "gpus")
+            }
+            assert (field["target"].value, field["args"].value, field["gpus"].value) == (
+                "train.py",
+                "--lr 3e-4",
+                "1,3",
+            )
             assert app.selection.order == [1, 3]
-            await until(pilot, lambda: "Args, GPUs: as train.py was last launched" in text_of(app, "#launch-validation"), "the note")
+            await until(
+                pilot,
+                lambda: (
+                    "Args, GPUs: as train.py was last launched"
+                    in text_of(app, "#launch-validation")
+                ),
+                "the note",
+            )
             # Script emptied: train.py's settings go with it, the picker's too.
             field["target"].value = ""
-            await until(pilot, lambda: field["args"].value == "" and field["gpus"].value == "", "train.py's settings gone")
-            assert app.selection.order == [] and "last launched" not in text_of(app, "#launch-validation")
+            await until(
+                pilot,
+                lambda: field["args"].value == "" and field["gpus"].value == "",
+                "train.py's settings gone",
+            )
+            assert app.selection.order == [] and "last launched" not in text_of(
+                app, "#launch-validation"
+            )
             # Back to train.py: they come back; a value the person changes is theirs and stays.
             field["target"].value = "train.py"
-            await until(pilot, lambda: field["args"].value == "--lr 3e-4" and field["gpus"].value == "1,3", "train.py's settings back")
+            await until(
+                pilot,
+                lambda: field["args"].value == "--lr 3e-4" and field["gpus"].value == "1,3",
+                "train.py's settings back",
+            )
             field["args"].value = "--lr 1e-3"
             await pilot.pause()
-            await until(pilot, lambda: "GPUs: as train.py was last launched" in text_of(app, "#launch-validation"), "the note")
+            await until(
+                pilot,
+                lambda: "GPUs: as train.py was last launched" in text_of(app, "#launch-validation"),
+                "the note",
+            )
             field["target"].value = "other.py"
             await until(pilot, lambda: field["gpus"].value == "", "train.py's GPUs gone")
             assert field["args"].value == "--lr 1e-3" and app.selection.order == []
@@ -307,9 +384,15 @@ async def test_a_scripts_remembered_gpus_are_its_own_never_the_next_xl_s_pick(si
             await pilot.press("down", "down", "space")
             await until(pilot, lambda: app.selection.order == [2], "GPU 2 picked")
             await pilot.press("3")
-            await until(pilot, lambda: app.screen is launch and field["gpus"].value == "2", "the pick in the form")
+            await until(
+                pilot,
+                lambda: app.screen is launch and field["gpus"].value == "2",
+                "the pick in the form",
+            )
             field["target"].value = "train.py"
-            await until(pilot, lambda: field["args"].value == "--lr 1e-3", "the form handled train.py")
+            await until(
+                pilot, lambda: field["args"].value == "--lr 1e-3", "the form handled train.py"
+            )
             await pilot.pause()
             assert field["gpus"].value == "2" and app.selection.order == [2]
 

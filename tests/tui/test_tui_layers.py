@@ -112,7 +112,8 @@ def test_the_rule_names_what_breaks_it_and_leaves_the_views_alone() -> None:
         "else:\n"
         "    from xl.doctor.run import run_checks\n"
         "def f():\n"
-        "    from xl.launcher.rundir.reader import RunReader  # noqa: PLC0415 - a reader made here\n"
+        "    from xl.launcher.rundir.reader import RunReader  # noqa: PLC0415 - a reader made "
+        "here\n"
     )
     assert breaches(bad) == [
         "line 2: xl.launcher.rundir.timing",

@@ -25,7 +25,10 @@ SIZE = (120, 40)
 NOW = runfixtures.T0 + 130
 LIVE = "20260530-straggler"  # run.json says running
 FAILED = "20260530-failed"
-OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 1; 79.15 GiB total capacity)"
+OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 1; 79.15 GiB "
+    "total capacity)"
+)
 
 
 class StopBackend(LocalBackend):
@@ -64,7 +67,11 @@ def set_status(run_dir: Path, status: str, failed_from: Path | None = None) -> N
 
 async def _monitor_shown(pilot) -> MonitorScreen:
     app = pilot.app
-    await until(pilot, lambda: isinstance(app.screen, MonitorScreen) and app.screen.status is not None, "the Monitor")
+    await until(
+        pilot,
+        lambda: isinstance(app.screen, MonitorScreen) and app.screen.status is not None,
+        "the Monitor",
+    )
     return app.screen
 
 
@@ -75,7 +82,13 @@ async def test_ctrl_c_on_another_screen_of_xl_launch_leaves_the_run_going(runs, 
     """`esc` from the Monitor `xl launch` opened, then Ctrl-C on another screen: the app quits as
     `q` does, the run is not stopped, and the terminal says how to come back."""
     backend = StopBackend()
-    app = build_app(backend, monitor_run_dir=runs / LIVE, attach_only=False, clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        backend,
+        monitor_run_dir=runs / LIVE,
+        attach_only=False,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await _monitor_shown(pilot)
         await pilot.press("escape")
@@ -89,7 +102,13 @@ async def test_ctrl_c_on_another_screen_of_xl_launch_leaves_the_run_going(runs, 
 
 
 async def test_q_on_another_screen_of_xl_launch_says_detached(runs, capsys):
-    app = build_app(StopBackend(), monitor_run_dir=runs / LIVE, attach_only=False, clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        StopBackend(),
+        monitor_run_dir=runs / LIVE,
+        attach_only=False,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await _monitor_shown(pilot)
         await pilot.press("escape")
@@ -103,7 +122,13 @@ async def test_q_on_another_screen_of_xl_launch_says_detached(runs, capsys):
 async def test_ctrl_c_over_a_dialog_of_its_monitor_still_stops_the_run(runs):
     """Help open over the Monitor `xl launch` opened: that is still its Monitor."""
     backend = StopBackend()
-    app = build_app(backend, monitor_run_dir=runs / LIVE, attach_only=False, clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        backend,
+        monitor_run_dir=runs / LIVE,
+        attach_only=False,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await _monitor_shown(pilot)
         await pilot.press("question_mark")
@@ -121,13 +146,23 @@ async def test_an_app_closed_without_exit_lets_go_of_the_run_it_was_stopping(run
     """Closed by its driver or a harness (no exit()): the thread waiting for the stopped run
     quits too, instead of holding the process for STOP_WAIT_S."""
     backend = StopBackend()
-    app = build_app(backend, monitor_run_dir=runs / LIVE, attach_only=False, clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        backend,
+        monitor_run_dir=runs / LIVE,
+        attach_only=False,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await _monitor_shown(pilot)
         await pilot.press("ctrl+c")
         await until(pilot, lambda: backend.stopped, "the stop asked for")
     assert app._leave.is_set()
-    assert not [t for t in threading.enumerate() if t.name.startswith("_stop_own_run") or "interrupt" in t.name]
+    assert not [
+        t
+        for t in threading.enumerate()
+        if t.name.startswith("_stop_own_run") or "interrupt" in t.name
+    ]
 
 # -- 22.5: the outcome stays on the terminal -----------------------------------------------------
 
@@ -145,7 +180,8 @@ async def test_leaving_a_failed_run_prints_its_root_cause_and_where_its_output_i
     assert "xl: traceback of rank 1:" in out and OOM in out
     assert f"xl: run {FAILED} failed after 32.0s: rank 1 failed first (exit code 1)" in out
     assert f"xl logs {FAILED} --rank 1" in out
-    assert out.index("traceback of rank 1") < out.index(f"run {FAILED} failed")  # as the plain view orders them
+    # as the plain view orders them
+    assert out.index("traceback of rank 1") < out.index(f"run {FAILED} failed")
 
 
 async def test_a_run_that_succeeded_leaves_one_line(runs, capsys):
@@ -164,8 +200,14 @@ async def test_a_run_that_succeeded_leaves_one_line(runs, capsys):
 
 async def test_the_monitor_xl_launch_opened_closes_when_its_run_ends(runs, capsys):
     run_dir = runs / LIVE
-    app = build_app(StopBackend(), monitor_run_dir=run_dir, attach_only=False, clock=lambda: NOW, poll_interval=0.2,
-                    close_after_end_s=0.5)
+    app = build_app(
+        StopBackend(),
+        monitor_run_dir=run_dir,
+        attach_only=False,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+        close_after_end_s=0.5,
+    )
     async with app.run_test(size=SIZE) as pilot:
         monitor = await _monitor_shown(pilot)
         await pilot.pause(1.0)
@@ -175,13 +217,21 @@ async def test_the_monitor_xl_launch_opened_closes_when_its_run_ends(runs, capsy
         await until(pilot, lambda: not app.is_running, "the app closed by itself")
     out = exit_message(capsys)
     assert exit_code(app) == 1
-    assert OOM in out and f"xl: run {LIVE} failed after" in out and f"xl logs {LIVE} --rank 1" in out
+    assert (
+        OOM in out and f"xl: run {LIVE} failed after" in out and f"xl logs {LIVE} --rank 1" in out
+    )
 
 
 async def test_a_key_keeps_the_monitor_open_and_other_monitors_never_close(runs):
     run_dir = runs / LIVE
-    app = build_app(StopBackend(), monitor_run_dir=run_dir, attach_only=False, clock=lambda: NOW, poll_interval=0.2,
-                    close_after_end_s=1.0)
+    app = build_app(
+        StopBackend(),
+        monitor_run_dir=run_dir,
+        attach_only=False,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+        close_after_end_s=1.0,
+    )
     async with app.run_test(size=SIZE) as pilot:
         monitor = await _monitor_shown(pilot)
         set_status(run_dir, "succeeded")
@@ -204,8 +254,14 @@ async def test_a_key_keeps_the_monitor_open_and_other_monitors_never_close(runs)
 async def test_the_run_ending_while_the_person_is_elsewhere_keeps_the_app(runs, capsys):
     """After `esc` from its Monitor the person is doing something else: the app stays."""
     run_dir = runs / LIVE
-    app = build_app(StopBackend(), monitor_run_dir=run_dir, attach_only=False, clock=lambda: NOW, poll_interval=0.2,
-                    close_after_end_s=0.3)
+    app = build_app(
+        StopBackend(),
+        monitor_run_dir=run_dir,
+        attach_only=False,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+        close_after_end_s=0.3,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await _monitor_shown(pilot)
         await pilot.press("escape")

@@ -32,7 +32,12 @@ def run_dir(tmp_path, monkeypatch) -> Path:
 def append_lines(path: Path, start: int, count: int) -> int:
     """``count`` numbered lines of ~70 bytes appended to a rank log; the log's lines now."""
     with open(path, "ab") as fh:
-        fh.write(b"".join(b"[rank 1] step %07d loss 2.2470 lr 0.0003 samples/s 1234.5 ........\n" % i for i in range(start, start + count)))
+        fh.write(
+            b"".join(
+                b"[rank 1] step %07d loss 2.2470 lr 0.0003 samples/s 1234.5 ........\n" % i
+                for i in range(start, start + count)
+            )
+        )
     return sum(1 for _ in open(path, "rb"))
 
 
@@ -43,12 +48,15 @@ def skipped_lines(log: RankLog) -> list[str]:
 def starts_with(log: RankLog, text: str) -> bool:
     """The view's first rows are ``text`` (wrapped to its width, as every line is)."""
     rows = log.lines[: len(text)]
-    return "".join(rows).startswith(text) and all(len(row) <= log.scrollable_content_region.width for row in rows)
+    return "".join(rows).startswith(text) and all(
+        len(row) <= log.scrollable_content_region.width for row in rows
+    )
 
 
 async def test_a_log_larger_than_the_view_reads_says_how_many_lines_it_skipped_and_where(run_dir):
     big = run_dir / "logs" / "rank-1.log"
-    total = append_lines(big, 0, 40_000)  # ~2.8 MB: the view reads its last MiB, shows LOG_TAIL lines
+    # ~2.8 MB: the view reads its last MiB, shows LOG_TAIL lines
+    total = append_lines(big, 0, 40_000)
     app = build_app(monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=(200, 60)) as pilot:
         table = app.screen.query_one(RankTable)
@@ -64,7 +72,8 @@ async def test_a_log_larger_than_the_view_reads_says_how_many_lines_it_skipped_a
         assert starts_with(log, expected) and len(skipped_lines(log)) == 1
         assert log.lines[-1].startswith("[rank 1] step 0039999")
         assert [line for line in log.lines if line.startswith("[rank 1] step ")] == [
-            f"[rank 1] step {i:07d} loss 2.2470 lr 0.0003 samples/s 1234.5 ........" for i in range(total - 12 - LOG_TAIL, total - 12)
+            f"[rank 1] step {i:07d} loss 2.2470 lr 0.0003 samples/s 1234.5 ........"
+            for i in range(total - 12 - LOG_TAIL, total - 12)
         ]
         # Back to rank 0 (still small, still no line), then to rank 1 after it wrote more:
         # the view starts at its end again, and the count is the new one.
@@ -73,8 +82,12 @@ async def test_a_log_larger_than_the_view_reads_says_how_many_lines_it_skipped_a
         assert skipped_lines(log) == []
         total = append_lines(big, 40_000, 5_000)
         await pilot.press("]")
-        await until(pilot, lambda: log.rank == 1 and "step 0044999" in log.lines[-1], "rank 1's new end")
-        assert starts_with(log, f"… {total - LOG_TAIL:,} lines skipped: the whole output is in {big}")
+        await until(
+            pilot, lambda: log.rank == 1 and "step 0044999" in log.lines[-1], "rank 1's new end"
+        )
+        assert starts_with(
+            log, f"… {total - LOG_TAIL:,} lines skipped: the whole output is in {big}"
+        )
 
 
 async def test_lines_more_than_the_view_keeps_while_following_are_counted_as_skipped(run_dir):
@@ -86,9 +99,17 @@ async def test_lines_more_than_the_view_keeps_while_following_are_counted_as_ski
         assert skipped_lines(log) == []
         shown = log.line_count
         total = append_lines(small, 0, MAX_LINES // 2)  # fits: followed, nothing skipped
-        await until(pilot, lambda: log.lines and f"step {MAX_LINES // 2 - 1:07d}" in log.lines[-1], "the new lines")
+        await until(
+            pilot,
+            lambda: log.lines and f"step {MAX_LINES // 2 - 1:07d}" in log.lines[-1],
+            "the new lines",
+        )
         assert skipped_lines(log) == [] and log.line_count >= shown + MAX_LINES // 2
         total = append_lines(small, MAX_LINES // 2, MAX_LINES)  # more than it keeps
-        await until(pilot, lambda: f"step {MAX_LINES * 3 // 2 - 1:07d}" in log.lines[-1], "the newest lines")
-        assert starts_with(log, f"… {total - MAX_LINES:,} lines skipped: the whole output is in {small}")
+        await until(
+            pilot, lambda: f"step {MAX_LINES * 3 // 2 - 1:07d}" in log.lines[-1], "the newest lines"
+        )
+        assert starts_with(
+            log, f"… {total - MAX_LINES:,} lines skipped: the whole output is in {small}"
+        )
         assert len(skipped_lines(log)) == 1

@@ -74,7 +74,9 @@ async def test_runs_lists_runs_and_opens_one_in_the_monitor(xl_home):
 
 
 async def test_monitor_healthy_run(xl_home):
-    app = build_app(monitor_run_dir=xl_home / "20260530-healthy", clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        monitor_run_dir=xl_home / "20260530-healthy", clock=lambda: NOW, poll_interval=0.2
+    )
     async with app.run_test(size=SIZE) as pilot:
         screen = app.screen
         table = screen.query_one(RankTable)
@@ -107,13 +109,17 @@ async def test_monitor_healthy_run(xl_home):
 
 
 async def test_monitor_straggler_run_names_the_slow_rank(xl_home):
-    app = build_app(monitor_run_dir=xl_home / "20260530-straggler", clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        monitor_run_dir=xl_home / "20260530-straggler", clock=lambda: NOW, poll_interval=0.2
+    )
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one(RankTable)
         await until(pilot, lambda: table.row_count == 2, "two ranks")
         await until(pilot, lambda: cell(table, "1", "state") == "straggler", "rank 1 straggler")
         assert cell(table, "0", "state") != "straggler"
-        assert int(cell(table, "0", "step").split("/")[0]) > int(cell(table, "1", "step").split("/")[0])
+        assert int(cell(table, "0", "step").split("/")[0]) > int(
+            cell(table, "1", "step").split("/")[0]
+        )
         # The state reads in its colour (the row is drawn from segments, not a DataTable).
         row = table.render_line(1 + table.column("rank").index("1"))
         straggler = [seg for seg in row if "straggler" in seg.text]
@@ -125,7 +131,9 @@ async def test_monitor_straggler_run_names_the_slow_rank(xl_home):
 
 
 async def test_monitor_failed_run_shows_root_cause_and_traceback(xl_home):
-    app = build_app(monitor_run_dir=xl_home / "20260530-failed", clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        monitor_run_dir=xl_home / "20260530-failed", clock=lambda: NOW, poll_interval=0.2
+    )
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one(RankTable)
         await until(pilot, lambda: table.row_count == 2, "two ranks")
@@ -153,19 +161,25 @@ async def test_monitor_handles_64_ranks(xl_home):
 
 def _shown_ranks(table: RankTable) -> list[int]:
     """The ranks whose rows are on screen now, top to bottom, read from the drawn lines."""
-    lines = ["".join(s.text for s in table.render_line(y)) for y in range(1, table.scrollable_content_region.height)]
+    lines = [
+        "".join(s.text for s in table.render_line(y))
+        for y in range(1, table.scrollable_content_region.height)
+    ]
     col = table.column_keys.index("rank")
     return [int(line.split()[col]) for line in lines if line.strip()]
 
 
 async def test_rank_table_keys_and_mouse_keep_the_chosen_rank_on_screen(xl_home):
     """64 ranks in a table that shows about 14: the keys move the chosen rank, the table scrolls
-    to keep it in view, the header stays, a click picks the rank under the mouse; the log follows."""
+    to keep it in view, the header stays, a click picks the rank under the mouse; the log
+    follows."""
     app = build_app(monitor_run_dir=xl_home / "20260530-wide", clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=(100, 36)) as pilot:
         table = app.screen.query_one(RankTable)
         log = app.screen.query_one(RankLog)
-        await until(pilot, lambda: table.row_count == 64 and len(_shown_ranks(table)) > 5, "64 ranks shown")
+        await until(
+            pilot, lambda: table.row_count == 64 and len(_shown_ranks(table)) > 5, "64 ranks shown"
+        )
         table.focus()
         assert _shown_ranks(table)[0] == 0
         await pilot.press("end")
@@ -203,13 +217,17 @@ def _set_status(run_dir: Path, status: str) -> None:
     ],
 )
 @pytest.mark.parametrize("attach_only", [True, False], ids=["attach", "launch"])
-async def test_monitor_exit_code_is_the_runs_outcome(xl_home, capsys, run, status, key, code, attach_only):
+async def test_monitor_exit_code_is_the_runs_outcome(
+    xl_home, capsys, run, status, key, code, attach_only
+):
     """`xl attach` / `xl launch` / `xl demo` through the monitor exit like the plain view:
     0 succeeded, 1 failed or stopped, 0 when the person detaches from a run still going."""
     run_dir = xl_home / run
     if status:
         _set_status(run_dir, status)
-    app = build_app(monitor_run_dir=run_dir, attach_only=attach_only, clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        monitor_run_dir=run_dir, attach_only=attach_only, clock=lambda: NOW, poll_interval=0.2
+    )
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "monitor")
         table = app.screen.query_one(RankTable)
@@ -224,7 +242,12 @@ async def test_monitor_exit_code_is_the_runs_outcome(xl_home, capsys, run, statu
 async def test_launch_exit_code_when_left_from_another_screen(xl_home):
     """`xl launch`: leaving the monitor for the other screens and quitting there still exits
     with the launched run's outcome (read from run.json), not with whatever screen was last."""
-    app = build_app(monitor_run_dir=xl_home / "20260530-failed", attach_only=False, clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        monitor_run_dir=xl_home / "20260530-failed",
+        attach_only=False,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "monitor")
         await pilot.press("escape")
@@ -249,7 +272,9 @@ def _column(table: RankTable, col: str) -> list[str]:
 async def test_monitor_groups_ranks_by_node(xl_home):
     """Two nodes: node first, rows by node (in rank order, not name order) then rank, each
     node's first row naming it; the header says how many nodes. One node: as before."""
-    app = build_app(monitor_run_dir=xl_home / "20260530-twonode", clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        monitor_run_dir=xl_home / "20260530-twonode", clock=lambda: NOW, poll_interval=0.2
+    )
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one(RankTable)
         await until(pilot, lambda: table.row_count == 8, "eight ranks")
@@ -261,9 +286,13 @@ async def test_monitor_groups_ranks_by_node(xl_home):
         firsts = [r for r, node in enumerate(table.column("node")) if "bold" in str(node.style)]
         assert firsts == [0, 4]  # one label per node block
         assert "world size 8 on 2 nodes" in text_of(app, "#run-header")
-        await until(pilot, lambda: cell(table, "5", "state") == "straggler", "the straggler on node 2")
+        await until(
+            pilot, lambda: cell(table, "5", "state") == "straggler", "the straggler on node 2"
+        )
 
-    app = build_app(monitor_run_dir=xl_home / "20260530-straggler", clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        monitor_run_dir=xl_home / "20260530-straggler", clock=lambda: NOW, poll_interval=0.2
+    )
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one(RankTable)
         await until(pilot, lambda: table.row_count == 2, "two ranks")
@@ -273,8 +302,9 @@ async def test_monitor_groups_ranks_by_node(xl_home):
 
 
 async def test_monitor_tells_apart_two_nodes_on_one_host(xl_home):
-    """Two xl nodes started on one machine (as docs/multinode.md's try-it-on-one-machine does): run.json
-    names the same host for all ranks, and only the node rank differs. They are two groups."""
+    """Two xl nodes started on one machine (as docs/multinode.md's try-it-on-one-machine does):
+    run.json names the same host for all ranks, and only the node rank differs. They are two
+    groups."""
     run_dir = xl_home / "20260530-twonode"
     run = json.loads((run_dir / "run.json").read_text())
     for info in run["ranks"]:
@@ -303,7 +333,9 @@ async def test_monitor_regroups_when_the_second_nodes_ranks_arrive(xl_home):
     for name in ("metrics.jsonl", "events.jsonl"):
         lines = (run_dir / name).read_text().splitlines()
         later[name] = "".join(ln + "\n" for ln in lines if (json.loads(ln)["rank"] or 0) >= 4)
-        (run_dir / name).write_text("".join(ln + "\n" for ln in lines if (json.loads(ln)["rank"] or 0) < 4))
+        (run_dir / name).write_text(
+            "".join(ln + "\n" for ln in lines if (json.loads(ln)["rank"] or 0) < 4)
+        )
     app = build_app(monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one(RankTable)
@@ -328,7 +360,9 @@ async def test_monitor_polls_once_per_interval_however_often_the_rank_changes(xl
     each switch used to add one, so after a few switches the Monitor read the run many times a
     second (CPU a person would notice on a big run)."""
     interval = 0.2
-    app = build_app(monitor_run_dir=xl_home / "20260530-straggler", clock=lambda: NOW, poll_interval=interval)
+    app = build_app(
+        monitor_run_dir=xl_home / "20260530-straggler", clock=lambda: NOW, poll_interval=interval
+    )
     async with app.run_test(size=SIZE) as pilot:
         screen = app.screen
         table = screen.query_one(RankTable)
@@ -367,12 +401,17 @@ async def test_runs_list_refreshes_once_per_interval_however_often_r_is_pressed(
         t0 = time.monotonic()
         await pilot.pause(2.0)
         rate = (len(listings) - start) / (time.monotonic() - t0)
-        assert rate <= 1.5 / screen.interval, f"{rate:.1f} listings/s with a {screen.interval}s interval"
+        assert rate <= 1.5 / screen.interval, (
+            f"{rate:.1f} listings/s with a {screen.interval}s interval"
+        )
 
 
 @pytest.mark.parametrize(
     ("value", "shown"),
-    [(None, "-"), (3.214, "3.21"), (532.4, "532"), (999.9, "1k"), (12400.0, "12.4k"), (1234567.0, "1.23M")],
+    [
+        (None, "-"), (3.214, "3.21"), (532.4, "532"), (999.9, "1k"), (12400.0, "12.4k"),
+        (1234567.0, "1.23M"),
+    ],
 )
 def test_throughput_reads_as_k_and_m_not_exponents(value: float | None, shown: str) -> None:
     assert fmt.rate(value) == shown
@@ -389,13 +428,24 @@ async def test_node_0_shows_the_command_for_the_other_nodes_until_they_join(xl_h
     run["ranks"] = [r for r in both if r["node"] == first_node]
     run_file.write_text(json.dumps(run))
     # Script arguments in [brackets] (Hydra overrides) must show as typed, not as markup.
-    join = "xl: this is node 0 of 2; on the other node, in /work, run:\n  XL_TOKEN=abc xl launch --nnodes 2 --node-rank 1 train.py layers=[0,1] tag=[/]"
-    app = build_app(monitor_run_dir=run_dir, attach_only=False, clock=lambda: NOW, poll_interval=0.2, notice=join)
+    join = (
+        "xl: this is node 0 of 2; on the other node, in /work, run:\n  XL_TOKEN=abc xl launch "
+        "--nnodes 2 --node-rank 1 train.py layers=[0,1] tag=[/]"
+    )
+    app = build_app(
+        monitor_run_dir=run_dir,
+        attach_only=False,
+        clock=lambda: NOW,
+        poll_interval=0.2,
+        notice=join,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, MonitorScreen), "monitor opened")
         banner = app.screen.query_one("#notice-banner", Static)
         await until(pilot, lambda: app.screen.polls >= 2, "two polls")
-        assert banner.display and "--node-rank 1 train.py layers=[0,1] tag=[/]" in str(banner.render())
+        assert banner.display and "--node-rank 1 train.py layers=[0,1] tag=[/]" in str(
+            banner.render()
+        )
         run["ranks"] = both  # node 1's ranks arrive
         run_file.write_text(json.dumps(run))
         await until(pilot, lambda: not banner.display, "the notice goes once node 1 joined")
@@ -410,14 +460,21 @@ async def test_the_join_command_comes_back_with_the_monitor_until_the_nodes_join
     both = run["ranks"]
     run["ranks"] = [r for r in both if r["node"] == both[0]["node"]]
     run_file.write_text(json.dumps(run))
-    join = "xl: this is node 0 of 2; on the other node run:\n  XL_TOKEN=abc xl launch --nnodes 2 --node-rank 1 train.py"
+    join = (
+        "xl: this is node 0 of 2; on the other node run:\n  XL_TOKEN=abc xl launch --nnodes 2 "
+        "--node-rank 1 train.py"
+    )
     app = build_app(clock=lambda: NOW, poll_interval=0.2)
 
     async def reopen() -> Static:
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, MonitorScreen), "the Monitor left")
         await pilot.press("4")
-        await until(pilot, lambda: app.screen.id == "runs" and len(app.screen.query("#runs-table")), "runs screen")
+        await until(
+            pilot,
+            lambda: app.screen.id == "runs" and len(app.screen.query("#runs-table")),
+            "runs screen",
+        )
         runs = app.screen.query_one("#runs-table", DataTable)
         await until(pilot, lambda: runs.row_count == 5, "the runs listed")
         runs.move_cursor(row=runs.get_row_index(run_dir.name))
@@ -461,14 +518,20 @@ async def test_switching_ranks_never_reads_the_run_from_two_threads_at_once(xl_h
         def reader(self, run_dir: Path) -> RunReader:
             return SlowReader(run_dir)
 
-    app = build_app(Slow(), monitor_run_dir=xl_home / "20260530-wide", clock=lambda: NOW, poll_interval=0.2)
+    app = build_app(
+        Slow(), monitor_run_dir=xl_home / "20260530-wide", clock=lambda: NOW, poll_interval=0.2
+    )
     async with app.run_test(size=SIZE) as pilot:
         table = app.screen.query_one(RankTable)
         await until(pilot, lambda: table.row_count == 64, "64 ranks")
         for _ in range(20):
             await pilot.press("]")
             await pilot.pause(0.03)
-        await until(pilot, lambda: app.screen.query_one(RankLog).rank == table.current_rank, "the log follows the last rank chosen")
+        await until(
+            pilot,
+            lambda: app.screen.query_one(RankLog).rank == table.current_rank,
+            "the log follows the last rank chosen",
+        )
     assert calls[0] > 3 and overlaps[0] == 0, (calls[0], overlaps[0])
 
 
@@ -487,38 +550,61 @@ async def test_stop_and_detach_leave_the_footer_when_the_run_ends(xl_home):
         def footer() -> set[str]:
             return {k.action for k in screen.query(FooterKey) if not k.has_class("-disabled")}
 
-        await until(pilot, lambda: screen.status == "running" and {"stop", "detach"} <= footer(), "the footer of a live run")
+        await until(
+            pilot,
+            lambda: screen.status == "running" and {"stop", "detach"} <= footer(),
+            "the footer of a live run",
+        )
         await pilot.press("question_mark")
         await until(pilot, lambda: app.screen is not screen, "the help")
-        assert "`s`: stop the run" in app.screen.text and "`d`: leave the run going" in app.screen.text
+        assert (
+            "`s`: stop the run" in app.screen.text and "`d`: leave the run going" in app.screen.text
+        )
         await pilot.press("escape")
         _set_status(run_dir, "succeeded")
-        # The footer is redrawn at the end: judge one drawn (an empty one, mid-redraw, says nothing).
-        await until(pilot, lambda: screen.status == "succeeded" and _ended_footer(footer()), "Charts kept, Stop run and Detach gone")
+        # The footer is redrawn at the end: judge one drawn (an empty one, mid-redraw, says
+        # nothing).
+        await until(
+            pilot,
+            lambda: screen.status == "succeeded" and _ended_footer(footer()),
+            "Charts kept, Stop run and Detach gone",
+        )
         await pilot.press("s")  # nothing to stop: no question comes
         await pilot.pause(0.2)
         assert app.screen is screen
         await pilot.press("question_mark")
         await until(pilot, lambda: app.screen is not screen, "the help")
-        assert "stop the run" not in app.screen.text and "leave the run going" not in app.screen.text
+        assert (
+            "stop the run" not in app.screen.text and "leave the run going" not in app.screen.text
+        )
         assert "The run has ended" in app.screen.text and "the run goes on" not in app.screen.text
 
 
 async def test_the_log_wraps_long_lines_to_its_width_and_again_when_it_changes(xl_home):
     """A traceback's last line (104 characters) in a 80-column log: wrapped, not cut; the
     terminal grown: one row again."""
-    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 1; 79.15 GiB total capacity)"
-    app = build_app(monitor_run_dir=xl_home / "20260530-failed", clock=lambda: NOW, poll_interval=0.2)
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 1; 79.15 GiB "
+        "total capacity)"
+    )
+    app = build_app(
+        monitor_run_dir=xl_home / "20260530-failed", clock=lambda: NOW, poll_interval=0.2
+    )
     async with app.run_test(size=(80, 24)) as pilot:
         table = app.screen.query_one(RankTable)
         await until(pilot, lambda: table.row_count == 2, "two ranks")
         await pilot.press("]")
         log = app.screen.query_one(RankLog)
-        await until(pilot, lambda: log.rank == 1 and any("OutOfMemoryError" in line for line in log.lines), "rank 1's log")
+        await until(
+            pilot,
+            lambda: log.rank == 1 and any("OutOfMemoryError" in line for line in log.lines),
+            "rank 1's log",
+        )
         width = log.scrollable_content_region.width
         rows = list(log.lines)
         at = next(i for i, line in enumerate(rows) if line.startswith("torch.OutOfMemoryError"))
         assert width < len(oom) and all(len(line) <= width for line in rows)
         assert "".join(rows[at:at + 2]) == oom  # every character, on two rows
-        await pilot.resize_terminal(260, 60)  # charts and log side by side, the log wider than the line
+        # charts and log side by side, the log wider than the line
+        await pilot.resize_terminal(260, 60)
         await until(pilot, lambda: oom in log.lines, "one row once there is room")

@@ -112,7 +112,13 @@ def test_monitor_step_split(snap_compare, _env, size):
 def test_gpus(snap_compare, simnvml):
     sim = simnvml(
         gpus=[
-            SimGPU(util_gpu=87, memory_used_mib=61_000, temperature_c=71, power_w=350.0, processes=[SimProcess(4242, 61_000)]),
+            SimGPU(
+                util_gpu=87,
+                memory_used_mib=61_000,
+                temperature_c=71,
+                power_w=350.0,
+                processes=[SimProcess(4242, 61_000)],
+            ),
             SimGPU(util_gpu=3),
             SimGPU(model="H100", mig=1),
             SimGPU(model="L4", util_gpu=40, memory_used_mib=8_000),
@@ -125,7 +131,9 @@ def test_gpus(snap_compare, simnvml):
         await pilot.press("down", "space", "down", "space", "shift+up")
 
     with sim.in_process():
-        assert snap_compare(build_app(poll_interval=SLOW), terminal_size=(120, 36), run_before=ready)
+        assert snap_compare(
+            build_app(poll_interval=SLOW), terminal_size=(120, 36), run_before=ready
+        )
 
 
 def test_gpus_none(snap_compare, simnvml):
@@ -153,7 +161,9 @@ def test_launch(snap_compare, simnvml):
         await until(pilot, lambda: app.screen.valid)
 
     with sim.in_process():
-        assert snap_compare(build_app(poll_interval=SLOW), terminal_size=(120, 36), run_before=ready)
+        assert snap_compare(
+            build_app(poll_interval=SLOW), terminal_size=(120, 36), run_before=ready
+        )
 
 
 def test_launch_80x24(snap_compare, simnvml):
@@ -179,17 +189,30 @@ def test_launch_80x24(snap_compare, simnvml):
 
 
 def _stacks_doc(frames: int) -> dict:
-    calls = [{"file": f"/home/me/project/model/block_{i}.py", "line": 10 + i, "function": f"forward_{i}"} for i in range(frames)]
+    calls = [
+        {"file": f"/home/me/project/model/block_{i}.py", "line": 10 + i, "function": f"forward_{i}"}
+        for i in range(frames)
+    ]
     return {
         "run_id": "20260530-straggler",
         "t": NOW,
         "ranks": [
-            {"rank": r, "node": 0, "pid": 4100 + r, "threads": [{"name": "MainThread", "frames": calls}],
-             "collectives": [{"pg": "default_pg", "seq": 57, "op": op, "state": "scheduled"}]}
+            {
+                "rank": r,
+                "node": 0,
+                "pid": 4100 + r,
+                "threads": [{"name": "MainThread", "frames": calls}],
+                "collectives": [{"pg": "default_pg", "seq": 57, "op": op, "state": "scheduled"}],
+            }
             for r, op in ((0, "all_reduce"), (1, "broadcast"))
         ],
-        "verdict": {"ranks": [0, 1], "mismatch": True, "message": "mismatch at #57 of process group default_pg (different "
-                    "collectives; they can never match): rank 0 is in all_reduce #57 at train.py:41; rank 1 is in broadcast #57 at train.py:44"},
+        "verdict": {
+            "ranks": [0, 1],
+            "mismatch": True,
+            "message": "mismatch at #57 of process group default_pg (different "
+            "collectives; they can never match): rank 0 is in all_reduce #57 at train.py:41; "
+            "rank 1 is in broadcast #57 at train.py:44",
+        },
     }
 
 
@@ -201,12 +224,19 @@ def test_stacks_80x24(snap_compare, _env):
         def stacks(self, run_dir):
             return _stacks_doc(30)
 
-    app = build_app(FixedStacks(), monitor_run_dir=_env / "20260530-straggler", clock=lambda: NOW, poll_interval=SLOW)
+    app = build_app(
+        FixedStacks(),
+        monitor_run_dir=_env / "20260530-straggler",
+        clock=lambda: NOW,
+        poll_interval=SLOW,
+    )
 
     async def ready(pilot):
         await _monitor_ready(pilot, 2)
         await pilot.press("k")
-        await until(pilot, lambda: "forward_0" in str(pilot.app.screen.query_one("#stacks-text").render()))
+        await until(
+            pilot, lambda: "forward_0" in str(pilot.app.screen.query_one("#stacks-text").render())
+        )
         box = pilot.app.screen.query_one("#stacks-scroll")
         await until(pilot, lambda: box.border_subtitle.startswith("lines 1-"))
         assert not box.show_vertical_scrollbar or box.scrollbar_size_vertical == 0
@@ -220,12 +250,25 @@ def test_runs(snap_compare, simnvml):
     async def ready(pilot):
         app = pilot.app
         await pilot.press("4")
-        await until(pilot, lambda: app.screen.id == "runs" and app.screen.query_one("#runs-table").row_count == 5)
+        await until(
+            pilot,
+            lambda: app.screen.id == "runs" and app.screen.query_one("#runs-table").row_count == 5,
+        )
         # Column widths follow the rows a moment later: snapshot the laid-out table.
-        await until(pilot, lambda: app.screen.query_one("#runs-table").ordered_columns[1].content_width >= len("20260530-straggler"))
+        await until(
+            pilot,
+            lambda: (
+                app.screen.query_one("#runs-table").ordered_columns[1].content_width
+                >= len("20260530-straggler")
+            ),
+        )
 
     with sim.in_process():
-        assert snap_compare(build_app(clock=lambda: NOW, poll_interval=SLOW), terminal_size=(120, 24), run_before=ready)
+        assert snap_compare(
+            build_app(clock=lambda: NOW, poll_interval=SLOW),
+            terminal_size=(120, 24),
+            run_before=ready,
+        )
 
 
 def test_one_stylesheet():
@@ -237,7 +280,10 @@ def test_one_stylesheet():
     offenders = [
         str(p.relative_to(tui))
         for p in tui.rglob("*.py")
-        if any(line.lstrip().startswith(("DEFAULT_CSS", "CSS =", "CSS:")) for line in p.read_text().splitlines())
+        if any(
+            line.lstrip().startswith(("DEFAULT_CSS", "CSS =", "CSS:"))
+            for line in p.read_text().splitlines()
+        )
     ]
     assert offenders == []
 
@@ -251,19 +297,31 @@ def doctor_report():
         checks=[
             check("driver", "ok", "NVIDIA driver", "driver 550.54.15, supports CUDA up to 12.4"),
             check("gpus", "ok", "GPUs", "4 x NVIDIA A100-SXM4-80GB"),
-            check("cuda_home", "ok", "CUDA_HOME", "/usr/local/cuda-12.4 (same as the nvcc on PATH)"),
+            check(
+                "cuda_home", "ok", "CUDA_HOME", "/usr/local/cuda-12.4 (same as the nvcc on PATH)"
+            ),
             check("nvcc", "ok", "nvcc", "nvcc 12.4 at /usr/local/cuda-12.4/bin/nvcc"),
             check(
-                "torch_cuda_match", "fail", "torch CUDA vs nvcc",
+                "torch_cuda_match",
+                "fail",
+                "torch CUDA vs nvcc",
                 "torch 2.5.1 was built for CUDA 11.8 but nvcc is 12.4: extensions will not build",
                 fix="pip install torch --index-url https://download.pytorch.org/whl/cu124",
             ),
             check(
-                "host_compiler", "warn", "Host compiler",
+                "host_compiler",
+                "warn",
+                "Host compiler",
                 "gcc 14.1 is newer than nvcc 12.4 supports (up to gcc 13)",
                 fix="export CXX=g++-13 NVCC_PREPEND_FLAGS='-ccbin g++-13'",
             ),
-            check("nccl", "error", "NCCL", "the probe timed out after 2.0 s", fix="run `xl doctor` again"),
+            check(
+                "nccl",
+                "error",
+                "NCCL",
+                "the probe timed out after 2.0 s",
+                fix="run `xl doctor` again",
+            ),
             check("shm", "ok", "/dev/shm", "64.0 GiB free"),
             check("ninja", "skip", "ninja", "not needed: no JIT extension builds configured"),
         ],
@@ -280,7 +338,12 @@ def test_doctor(snap_compare, simnvml):
 
     async def ready(pilot):
         await pilot.press("2")
-        await until(pilot, lambda: app.screen.id == "doctor" and app.screen.query_one("#doctor-table").row_count == 9)
+        await until(
+            pilot,
+            lambda: (
+                app.screen.id == "doctor" and app.screen.query_one("#doctor-table").row_count == 9
+            ),
+        )
         await pilot.press("down", "down")  # the chosen check (the warning) shows its detail and fix
 
     with sim.in_process():
@@ -293,4 +356,6 @@ def test_help(snap_compare, _env):
         await pilot.press("question_mark")
         await pilot.pause(0.2)
 
-    assert snap_compare(_monitor("20260530-healthy", _env), terminal_size=(100, 36), run_before=ready)
+    assert snap_compare(
+        _monitor("20260530-healthy", _env), terminal_size=(100, 36), run_before=ready
+    )

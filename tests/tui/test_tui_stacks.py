@@ -15,14 +15,48 @@ DOC: dict[str, Any] = {
     "run_id": "r",
     "t": 1.0,
     "ranks": [
-        {"rank": 0, "node": 0, "pid": 10, "threads": [{"name": "MainThread", "frames": [{"file": "/x/train.py", "line": 41, "function": "main"}]}],
-         "collectives": [{"pg": "default_pg", "seq": 12, "op": "all_reduce", "state": "scheduled"}]},
-        {"rank": 1, "node": 0, "pid": 11, "threads": [{"name": "MainThread", "frames": [{"file": "/x/data.py", "line": 30, "function": "load"}]}],
-         "collectives": [{"pg": "default_pg", "seq": 11, "op": "all_reduce", "state": "completed"}]},
+        {
+            "rank": 0,
+            "node": 0,
+            "pid": 10,
+            "threads": [
+                {
+                    "name": "MainThread",
+                    "frames": [{"file": "/x/train.py", "line": 41, "function": "main"}],
+                }
+            ],
+            "collectives": [
+                {"pg": "default_pg", "seq": 12, "op": "all_reduce", "state": "scheduled"}
+            ],
+        },
+        {
+            "rank": 1,
+            "node": 0,
+            "pid": 11,
+            "threads": [
+                {
+                    "name": "MainThread",
+                    "frames": [{"file": "/x/data.py", "line": 30, "function": "load"}],
+                }
+            ],
+            "collectives": [
+                {"pg": "default_pg", "seq": 11, "op": "all_reduce", "state": "completed"}
+            ],
+        },
     ],
-    "verdict": {"ranks": [1], "message": "rank 1 never entered all_reduce #12: it is in load at data.py:30"},
+    "verdict": {
+        "ranks": [1],
+        "message": "rank 1 never entered all_reduce #12: it is in load at data.py:30",
+    },
 }
-HANG = {"t": 5.0, "kind": "hang", "rank": 1, "ranks": [1], "message": DOC["verdict"]["message"], "stacks": "stacks/1.json"}
+HANG = {
+    "t": 5.0,
+    "kind": "hang",
+    "rank": 1,
+    "ranks": [1],
+    "message": DOC["verdict"]["message"],
+    "stacks": "stacks/1.json",
+}
 
 
 def _hang(*events: dict[str, Any]) -> Hang | None:
@@ -42,7 +76,8 @@ def test_the_banner_shows_the_verdict_until_the_culprit_moves() -> None:
     # A culprit that was working on the CPU (an evaluation, or an endless loop): a stall, said so.
     working = verdict_text(_hang({**HANG, "busy": [1]}))
     assert working is not None and working.plain.startswith("stalled: rank 1 never entered")
-    assert verdict_text(_hang(HANG, {"kind": "recovered", "of": "stalled", "rank": 0})) is not None  # a victim moving
+    # a victim moving
+    assert verdict_text(_hang(HANG, {"kind": "recovered", "of": "stalled", "rank": 0})) is not None
     assert verdict_text(_hang(HANG, {"kind": "recovered", "of": "stalled", "rank": 1})) is None
 
 
@@ -68,7 +103,11 @@ async def test_the_stacks_screen_shows_the_chosen_rank_and_asks_again() -> None:
         await app.workers.wait_for_complete()
         await pilot.pause()
         text = str(app.screen.query_one("#stacks-text", Static).render())
-        assert "rank 1  pid 11" in text and "/x/data.py:30 in load" in text and "default_pg #11 all_reduce: completed" in text
+        assert (
+            "rank 1  pid 11" in text
+            and "/x/data.py:30 in load" in text
+            and "default_pg #11 all_reduce: completed" in text
+        )
         assert "/x/train.py" not in text  # only the chosen rank
         await pilot.press("r")
         await app.workers.wait_for_complete()

@@ -33,16 +33,29 @@ def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_the_step_bar_adds_up_and_reads_without_colour() -> None:
-    assert [step_time(s) for s in (0.35, 0.0004, 1.25, 12.5, 125.0, None, -1.0)] == ["350ms", "0ms", "1.25s", "12.5s", "125s", "-", "-"]
+    assert [step_time(s) for s in (0.35, 0.0004, 1.25, 12.5, 125.0, None, -1.0)] == [
+        "350ms", "0ms", "1.25s", "12.5s", "125s", "-", "-",
+    ]
     # Rank 0 of the recorded run: 6% data, 57% compute, 34% comm, 3% other, in 14 cells.
     assert bar_counts((0.02, 0.2, 0.12, 0.01), 14) == [1, 8, 5, 0]
-    for parts in ((0.02, 0.2, 0.12, 0.01), (1.0, 0.0, 0.0, 0.0), (0.1, 0.1, 0.1, 0.1), (0.0, 0.0, 0.0, 0.0)):
+    for parts in (
+        (0.02, 0.2, 0.12, 0.01),
+        (1.0, 0.0, 0.0, 0.0),
+        (0.1, 0.1, 0.1, 0.1),
+        (0.0, 0.0, 0.0, 0.0),
+    ):
         for cells in (1, 6, 13):
             counts = bar_counts(parts, cells)
-            assert sum(counts) == (cells if sum(parts) else 0) and all(n == 0 for n, p in zip(counts, parts, strict=True) if p == 0)
+            assert sum(counts) == (cells if sum(parts) else 0) and all(
+                n == 0 for n, p in zip(counts, parts, strict=True) if p == 0
+            )
     cell = split_cell(0.35, (0.21, 0.12, 0.01, 0.01), 6)
-    assert cell.plain == "350ms " + "".join(letter * n for letter, n in zip("dcno", bar_counts((0.21, 0.12, 0.01, 0.01), 6), strict=True))
-    assert {span.style for span in cell.spans} == {"black on yellow", "black on green"}  # the letters carry colours too
+    assert cell.plain == "350ms " + "".join(
+        letter * n
+        for letter, n in zip("dcno", bar_counts((0.21, 0.12, 0.01, 0.01), 6), strict=True)
+    )
+    # the letters carry colours too
+    assert {span.style for span in cell.spans} == {"black on yellow", "black on green"}
     assert split_cell(0.35, None, 6).plain == "350ms"  # timed, not split (an older xl's lines)
     assert split_cell(None, None, 6).plain == "-"
 
@@ -66,23 +79,38 @@ def test_the_columns_fit_the_terminal_least_needed_left_out_first() -> None:
 
 
 @pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
-async def test_each_rank_shows_its_split_memory_and_the_straggler_its_phase(runs: Path, size: tuple[int, int]) -> None:
-    app = build_app(monitor_run_dir=runs / "20260530-straggler", clock=lambda: NOW, poll_interval=0.2)
+async def test_each_rank_shows_its_split_memory_and_the_straggler_its_phase(
+    runs: Path, size: tuple[int, int]
+) -> None:
+    app = build_app(
+        monitor_run_dir=runs / "20260530-straggler", clock=lambda: NOW, poll_interval=0.2
+    )
     async with app.run_test(size=size) as pilot:
         table = app.screen.query_one(RankTable)
-        await until(pilot, lambda: table.row_count == 2 and str(table.cell(1, "time")) != "-", "the ranks' split")
+        await until(
+            pilot,
+            lambda: table.row_count == 2 and str(table.cell(1, "time")) != "-",
+            "the ranks' split",
+        )
         bar = 14 if size[0] == 80 else 18  # what is left of the column after the time
         for rank, (step_s, *parts, mem) in runfixtures.SPLIT.items():
             counts = bar_counts(tuple(parts), bar)
-            assert table.cell(rank, "time").plain == f"{step_time(step_s)} " + "".join(c * n for c, n in zip("dcno", counts, strict=True))
-            assert table.cell(rank, "mem") == f"{mem / 1024:.1f}G"  # the footprint, not the GPU's memory
+            assert table.cell(rank, "time").plain == f"{step_time(step_s)} " + "".join(
+                c * n for c, n in zip("dcno", counts, strict=True)
+            )
+            # the footprint, not the GPU's memory
+            assert table.cell(rank, "mem") == f"{mem / 1024:.1f}G"
         assert "sps" not in table.column_keys if size[0] == 80 else "sps" in table.column_keys
         banner = app.screen.query_one("#straggler-banner", TextLines)
         assert banner.display
         assert banner.text.plain == f"straggler  data : {runfixtures.STRAGGLER_DATA}"
         if size[0] == 80:  # the terminal grows: the columns left out come back, the bar grows
             await pilot.resize_terminal(200, 60)
-            await until(pilot, lambda: "sps" in table.column_keys and "util" in table.column_keys, "every column")
+            await until(
+                pilot,
+                lambda: "sps" in table.column_keys and "util" in table.column_keys,
+                "every column",
+            )
             assert len(table.cell(1, "time").plain) == len("350ms ") + 18
 
 
@@ -93,7 +121,11 @@ async def test_a_run_without_the_split_shows_what_it_showed(runs: Path) -> None:
     async with app.run_test(size=(80, 24)) as pilot:
         table = app.screen.query_one(RankTable)
         await until(pilot, lambda: table.row_count == 2, "the ranks")
-        assert str(table.cell(0, "time")) == "-" and "39.1G" in str(table.cell(0, "mem")) and "█" in str(table.cell(0, "mem"))
+        assert (
+            str(table.cell(0, "time")) == "-"
+            and "39.1G" in str(table.cell(0, "mem"))
+            and "█" in str(table.cell(0, "mem"))
+        )
         assert not app.screen.query_one("#straggler-banner").display
 
 
@@ -103,6 +135,17 @@ def test_the_reader_keeps_the_straggler_s_phase_until_it_recovers(runs: Path) ->
     assert view.ranks[1].state == "straggler" and view.ranks[1].straggler_phase == "data"
     assert view.ranks[0].straggler_phase is None
     with (run / "events.jsonl").open("a") as fh:
-        fh.write(json.dumps({"t": NOW, "kind": "recovered", "rank": 1, "of": "straggler", "message": "rank 1 is no longer a straggler"}) + "\n")
+        fh.write(
+            json.dumps(
+                {
+                    "t": NOW,
+                    "kind": "recovered",
+                    "rank": 1,
+                    "of": "straggler",
+                    "message": "rank 1 is no longer a straggler",
+                }
+            )
+            + "\n"
+        )
     view = RunReader(run).poll()
     assert view.ranks[1].state != "straggler" and view.ranks[1].straggler_phase is None

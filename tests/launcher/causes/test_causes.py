@@ -27,104 +27,192 @@ from xl.launcher.rundir.outcome import CauseKind
 
 PY = "/opt/venv/bin/python3"
 LAUNCH = ["--nproc", "2", "--", "train.py", "--batch", "64"]
-TORCH = TorchInfo(python=PY, found=True, version="2.6.0+cu126", cuda="12.6", nccl="2.21.5", location="/opt/venv/lib/python3.11/site-packages/torch")
+TORCH = TorchInfo(
+    python=PY,
+    found=True,
+    version="2.6.0+cu126",
+    cuda="12.6",
+    nccl="2.21.5",
+    location="/opt/venv/lib/python3.11/site-packages/torch",
+)
 
 # torch 2.x's c10/cuda/CUDACachingAllocator.cpp, as printed.
 CUDA_OOM = (
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which "
-    "1.20 GiB is free. Including non-PyTorch memory, this process has 77.89 GiB memory in use. Of the allocated memory 70.12 GiB "
-    "is allocated by PyTorch, and {slack} is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
-    "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  "
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+    "capacity of 79.10 GiB of which "
+    "1.20 GiB is free. Including non-PyTorch memory, this process has 77.89 GiB memory in use. "
+    "Of the allocated memory 70.12 GiB "
+    "is allocated by PyTorch, and {slack} is reserved by PyTorch but unallocated. If reserved "
+    "but unallocated memory is large try "
+    "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+    "documentation for Memory Management  "
     "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
 )
 CUDA_OOM_OLD = (
-    "RuntimeError: CUDA out of memory. Tried to allocate 36.00 MiB (GPU 0; 7.93 GiB total capacity; 130.35 MiB already allocated; "
-    "47.06 MiB free; 188.00 MiB reserved in total by PyTorch) If reserved memory is >> allocated memory try setting max_split_size_mb"
+    "RuntimeError: CUDA out of memory. Tried to allocate 36.00 MiB (GPU 0; 7.93 GiB total "
+    "capacity; 130.35 MiB already allocated; "
+    "47.06 MiB free; 188.00 MiB reserved in total by PyTorch) If reserved memory is >> allocated "
+    "memory try setting max_split_size_mb"
 )
 # c10d's ProcessGroupNCCL (NCCL_CHECK) and ncclGetErrorString / ncclGetLastError, as printed.
 NCCL_SYSTEM = (
-    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system "
+    "torch.distributed.DistBackendError: NCCL error in: "
+    "../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled system "
     "error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
-    "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. \n"
-    "Last error:\nsocket startConnect: Connect to 10.0.0.2<43531> failed : Software caused connection abort"
+    "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or "
+    "device error. \n"
+    "Last error:\nsocket startConnect: Connect to 10.0.0.2<43531> failed : Software caused "
+    "connection abort"
 )
 NCCL_REMOTE = (
-    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, remote process exited or "
+    "torch.distributed.DistBackendError: NCCL error in: "
+    "../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, remote process exited or "
     "there was a network error, NCCL version 2.21.5\n"
-    "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.\nLast error:\n"
-    "NET/IB : Got completion from peer 10.0.0.3<54321> with status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129"
+    "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+    "prematurely.\nLast error:\n"
+    "NET/IB : Got completion from peer 10.0.0.3<54321> with status=IBV_WC_RETRY_EXC_ERR(12) "
+    "opcode=0 len=0 vendor err 129"
 )
 WATCHDOG = (
-    "[rank0]:[E1128 01:02:03.456789 123 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: "
-    "WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600060 milliseconds before timing out."
+    "[rank0]:[E1128 01:02:03.456789 123 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught "
+    "collective operation timeout: "
+    "WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+    "600060 milliseconds before timing out."
 )
 CUDA_TAIL = (
-    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\n"
-    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+    "stacktrace below might be incorrect.\n"
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to "
+    "enable device-side assertions.\n"
 )
-GLOO_PEER = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:52345"
+GLOO_PEER = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+    "[127.0.0.1]:52345"
+)
 KERNEL = [
     "python3 invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0",
     "memory: usage 65536kB, limit 65536kB, failcnt 0",
     "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/xl-test-b863b7dc,"
     "task_memcg=/xl-test-b863b7dc,task=python3,pid=10513,uid=0",
-    "Memory cgroup out of memory: Killed process 10513 (python3) total-vm:229844kB, anon-rss:72960kB, file-rss:6404kB, "
+    "Memory cgroup out of memory: Killed process 10513 (python3) total-vm:229844kB, "
+    "anon-rss:72960kB, file-rss:6404kB, "
     "shmem-rss:0kB, UID:0 pgtables:220kB oom_score_adj:0",
 ]
 
 
 def _doctor(**facts: object) -> Doctor:
-    base: dict[str, object] = {"env": {}, "python": PY, "driver": Driver("570.124.06", "12.8"), "gpus": (idle_gpu(0),), "torch": TORCH,
-                               "net_ifaces": ["eth0", "lo"], "ib_devices": [], "shm_total": 64 << 30, "shm_free": 64 << 30}
+    base: dict[str, object] = {
+        "env": {},
+        "python": PY,
+        "driver": Driver("570.124.06", "12.8"),
+        "gpus": (idle_gpu(0),),
+        "torch": TORCH,
+        "net_ifaces": ["eth0", "lo"],
+        "ib_devices": [],
+        "shm_total": 64 << 30,
+        "shm_free": 64 << 30,
+    }
     base.update(facts)
     return Doctor(PY, facts=Facts(**base))  # type: ignore[arg-type]
 
 
-def _why(error: str | None = None, code: int | None = 1, tail: list[str] | None = None, doctor: Doctor | None = None,
-         kernel: list[str] | None = None, **kw: object) -> object:
-    ev = Evidence(rank=1, exit_code=code, error=error, traceback="Traceback ...\n" + (error or "") if error else None,
-                  log_tail=tail or [], python=PY, launch_args=LAUNCH, **kw)  # type: ignore[arg-type]
+def _why(
+    error: str | None = None, code: int | None = 1, tail: list[str] | None = None,
+    doctor: Doctor | None = None, kernel: list[str] | None = None, **kw: object,
+) -> object:
+    ev = Evidence(
+        rank=1,
+        exit_code=code,
+        error=error,
+        traceback="Traceback ...\n" + (error or "") if error else None,
+        log_tail=tail or [],
+        python=PY,
+        launch_args=LAUNCH,
+        **kw,
+    )  # type: ignore[arg-type]
     return explain(ev, doctor or _doctor(), kernel if kernel is not None else [])
 
 
 # ---------------------------------------------------------------- one line, and peers' losses
 def test_one_line_is_the_real_error_never_a_joined_traceback() -> None:
-    worker = ("RuntimeError: Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
-              '  File "torch/utils/data/_utils/worker.py", line 308, in _worker_loop\n    data = fetcher.fetch(index)\n'
-              "RuntimeError: unable to allocate shared memory(shm) for file </torch_13404_2056025742_0>: No space left on device (28)")
-    assert one_line(worker) == "RuntimeError: unable to allocate shared memory(shm) for file </torch_13404_2056025742_0>: No space left on device (28)"
-    assert one_line(NCCL_SYSTEM) == "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error."
+    worker = (
+        "RuntimeError: Caught RuntimeError in DataLoader worker process 0.\nOriginal Traceback "
+        "(most recent call last):\n"
+        '  File "torch/utils/data/_utils/worker.py", line 308, in _worker_loop\n    data = '
+        'fetcher.fetch(index)\n'
+        "RuntimeError: unable to allocate shared memory(shm) for file "
+        "</torch_13404_2056025742_0>: No space left on device (28)"
+    )
+    assert (
+        one_line(worker)
+        == "RuntimeError: unable to allocate shared memory(shm) for file "
+        "</torch_13404_2056025742_0>: No space left on device (28)"
+    )
+    assert (
+        one_line(NCCL_SYSTEM)
+        == "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or "
+        "device error."
+    )
     assert one_line("ValueError: bad batch") == "ValueError: bad batch"
-    assert one_line("RuntimeError: shared table full\nsee cache.py") == "RuntimeError: shared table full"
+    assert (
+        one_line("RuntimeError: shared table full\nsee cache.py")
+        == "RuntimeError: shared table full"
+    )
     assert one_line("x" * 1000) is not None and len(one_line("x" * 1000) or "") == 300
     assert one_line(None) is None and one_line("  \n") is None
 
 
-@pytest.mark.parametrize("said", [
-    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error [127.0.0.1]:4321: Connection reset by peer",
-    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Write error [127.0.0.1]:4321: Broken pipe",
-    GLOO_PEER, NCCL_REMOTE, WATCHDOG,
-    "torch.distributed.DistNetworkError: failed to recv, got 0 bytes",
-])
+@pytest.mark.parametrize(
+    "said",
+    [
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error "
+        "[127.0.0.1]:4321: Connection reset by peer",
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Write error "
+        "[127.0.0.1]:4321: Broken pipe",
+        GLOO_PEER,
+        NCCL_REMOTE,
+        WATCHDOG,
+        "torch.distributed.DistNetworkError: failed to recv, got 0 bytes",
+    ],
+)
 def test_a_peer_s_loss_is_recognised(said: str) -> None:
     assert peer_loss(said) is not None
 
 
-@pytest.mark.parametrize("said", ["ValueError: bad batch", CUDA_OOM.format(slack="1.00 GiB"), NCCL_SYSTEM, "RuntimeError: the peer table is full"])
+@pytest.mark.parametrize(
+    "said",
+    [
+        "ValueError: bad batch",
+        CUDA_OOM.format(slack="1.00 GiB"),
+        NCCL_SYSTEM,
+        "RuntimeError: the peer table is full",
+    ],
+)
 def test_a_rank_s_own_error_is_no_peer_s_loss(said: str) -> None:
     assert peer_loss(said) is None
 
 
-# ---------------------------------------------------------------- GPU kinds, torch's and NCCL's words
+# -------------------------------------------------------------- GPU kinds, torch's and NCCL's words
 def test_cuda_oom_with_torch_s_figures_and_a_fix_that_fits() -> None:
     cause = _why(CUDA_OOM.format(slack="3.50 GiB"))
     assert cause.kind is CauseKind.CUDA_OOM
-    assert cause.summary == "GPU 0 out of memory: asked for 2.00 GiB with 1.20 GiB free of 79.10 GiB; 3.50 GiB reserved by PyTorch but unallocated"
-    # Fragmentation (more reserved-but-unallocated than was asked): expandable segments, on this very launch.
-    assert cause.fix == "xl launch --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --nproc 2 -- train.py --batch 64"
+    assert (
+        cause.summary
+        == "GPU 0 out of memory: asked for 2.00 GiB with 1.20 GiB free of 79.10 GiB; 3.50 GiB "
+        "reserved by PyTorch but unallocated"
+    )
+    # Fragmentation (more reserved-but-unallocated than was asked): expandable segments, on this
+    # very launch.
+    assert (
+        cause.fix
+        == "xl launch --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True --nproc 2 -- "
+        "train.py --batch 64"
+    )
     tight = _why(CUDA_OOM.format(slack="20.00 MiB"))
     assert tight.kind is CauseKind.CUDA_OOM and "expandable_segments" not in (tight.fix or "")
-    assert "gradient accumulation" in (tight.fix or "") and "torch.utils.checkpoint" in (tight.fix or "")
+    assert "gradient accumulation" in (tight.fix or "") and "torch.utils.checkpoint" in (
+        tight.fix or ""
+    )
     old = _why(CUDA_OOM_OLD)
     assert old.summary == "GPU 0 out of memory: asked for 36.00 MiB with 47.06 MiB free of 7.93 GiB"
 
@@ -132,65 +220,129 @@ def test_cuda_oom_with_torch_s_figures_and_a_fix_that_fits() -> None:
 def test_nccl_error_gets_the_debug_rerun_or_the_doctor_s_fix_for_a_trap() -> None:
     cause = _why(NCCL_SYSTEM)
     assert cause.kind is CauseKind.NCCL_ERROR
-    assert cause.summary == ("NCCL unhandled system error (ncclSystemError): socket startConnect: Connect to 10.0.0.2<43531> failed : "
-                             "Software caused connection abort")
+    assert cause.summary == (
+        "NCCL unhandled system error (ncclSystemError): socket startConnect: Connect to "
+        "10.0.0.2<43531> failed : "
+        "Software caused connection abort"
+    )
     assert cause.fix == "xl launch --env NCCL_DEBUG=INFO --nproc 2 -- train.py --batch 64"
-    assert "network interfaces: eth0, lo" in cause.evidence and "InfiniBand devices: none" in cause.evidence
+    assert (
+        "network interfaces: eth0, lo" in cause.evidence
+        and "InfiniBand devices: none" in cause.evidence
+    )
     # A trap the doctor knows (an interface that is not here): its exact fix, not a rerun.
     trap = _why(NCCL_SYSTEM, doctor=_doctor(env={"NCCL_SOCKET_IFNAME": "eth9"}))
-    assert trap.fix == "export NCCL_SOCKET_IFNAME=eth0" and "NCCL_SOCKET_IFNAME=eth9 matches no interface" in trap.summary
+    assert (
+        trap.fix == "export NCCL_SOCKET_IFNAME=eth0"
+        and "NCCL_SOCKET_IFNAME=eth9 matches no interface" in trap.summary
+    )
 
 
 def test_a_watchdog_timeout_names_the_collective_and_xl_s_own_verdict() -> None:
-    cause = _why(None, code=-6, tail=["step 12", WATCHDOG, "terminate called after throwing an instance of 'c10::DistBackendError'"],
-                 hang="rank 1 stuck in train.py:42 (load_batch); ranks 0, 2, 3 wait for it in all_reduce")
+    cause = _why(
+        None,
+        code=-6,
+        tail=[
+            "step 12",
+            WATCHDOG,
+            "terminate called after throwing an instance of 'c10::DistBackendError'",
+        ],
+        hang="rank 1 stuck in train.py:42 (load_batch); ranks 0, 2, 3 wait for it in all_reduce",
+    )
     assert cause.kind is CauseKind.COLLECTIVE_TIMEOUT
-    assert cause.summary == ("ALLREDUCE #6 timed out after 600 s (then SIGABRT); xl's hang verdict: rank 1 stuck in train.py:42 "
-                             "(load_batch); ranks 0, 2, 3 wait for it in all_reduce")
+    assert cause.summary == (
+        "ALLREDUCE #6 timed out after 600 s (then SIGABRT); xl's hang verdict: rank 1 stuck in "
+        "train.py:42 "
+        "(load_batch); ranks 0, 2, 3 wait for it in all_reduce"
+    )
     assert cause.fix is None
 
 
 def test_no_kernel_image_gets_the_doctor_s_wheel() -> None:
     blackwell = _doctor(gpus=(idle_gpu(0, "NVIDIA GeForce RTX 5090", "12.0"),))
-    cause = _why("RuntimeError: CUDA error: no kernel image is available for execution on the device\n" + CUDA_TAIL, doctor=blackwell)
+    cause = _why(
+        "RuntimeError: CUDA error: no kernel image is available for execution on the device\n"
+        + CUDA_TAIL,
+        doctor=blackwell,
+    )
     assert cause.kind is CauseKind.NO_KERNEL_IMAGE
     assert "RTX 5090 (sm_120)" in cause.summary and "5.0;6.0;7.0;7.5;8.0;8.6;9.0" in cause.summary
-    assert cause.fix == f"{PY} -m pip install --force-reinstall torch==2.7.0 --index-url https://download.pytorch.org/whl/cu128"
-    # The doctor finds the wheel right for these GPUs (an extension built without the arch): no wheel fix.
-    fine = _why("RuntimeError: CUDA error: no kernel image is available for execution on the device", doctor=_doctor())
+    assert (
+        cause.fix
+        == f"{PY} -m pip install --force-reinstall torch==2.7.0 --index-url "
+        "https://download.pytorch.org/whl/cu128"
+    )
+    # The doctor finds the wheel right for these GPUs (an extension built without the arch): no
+    # wheel fix.
+    fine = _why(
+        "RuntimeError: CUDA error: no kernel image is available for execution on the device",
+        doctor=_doctor(),
+    )
     assert fine.kind is CauseKind.NO_KERNEL_IMAGE and "pip install" not in (fine.fix or "")
 
 
 def test_device_busy_names_the_compute_mode_and_the_process_holding_the_gpu() -> None:
-    held = dataclasses.replace(idle_gpu(0), processes=(GPUProcess(pid=4242, used_mib=1024.0, name="python", rank=None, local_rank=None, run_id=None),))
+    held = dataclasses.replace(
+        idle_gpu(0),
+        processes=(
+            GPUProcess(
+                pid=4242, used_mib=1024.0, name="python", rank=None, local_rank=None, run_id=None
+            ),
+        ),
+    )
     doctor = _doctor(gpus=(held,), health={0: Health(0, compute_mode="exclusive_process")})
-    cause = _why("RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable\n" + CUDA_TAIL, doctor=doctor)
+    cause = _why(
+        "RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable\n" + CUDA_TAIL,
+        doctor=doctor,
+    )
     assert cause.kind is CauseKind.DEVICE_BUSY
-    assert "exclusive-process mode and held by pid 4242" in cause.summary and cause.fix == "sudo kill 4242"
+    assert (
+        "exclusive-process mode and held by pid 4242" in cause.summary
+        and cause.fix == "sudo kill 4242"
+    )
 
 
 def test_a_device_side_assert_gets_the_blocking_rerun() -> None:
-    assertion = ('../aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [0,0,0], thread: [0,0,0] Assertion '
-                 '`-sizes[i] <= index && index < sizes[i] && "index out of bounds"` failed.')
-    cause = _why("RuntimeError: CUDA error: device-side assert triggered\n" + CUDA_TAIL, tail=[assertion])
+    assertion = (
+        "../aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [0,0,0], thread: "
+        "[0,0,0] Assertion "
+        '`-sizes[i] <= index && index < sizes[i] && "index out of bounds"` failed.'
+    )
+    cause = _why(
+        "RuntimeError: CUDA error: device-side assert triggered\n" + CUDA_TAIL, tail=[assertion]
+    )
     assert cause.kind is CauseKind.CUDA_ERROR and "index out of bounds" in cause.summary
     assert cause.fix == "xl launch --env CUDA_LAUNCH_BLOCKING=1 --nproc 2 -- train.py --batch 64"
     other = _why("RuntimeError: CUDA error: an illegal memory access was encountered\n" + CUDA_TAIL)
-    assert other.kind is CauseKind.CUDA_ERROR and other.summary == "CUDA error: an illegal memory access was encountered"
+    assert (
+        other.kind is CauseKind.CUDA_ERROR
+        and other.summary == "CUDA error: an illegal memory access was encountered"
+    )
 
 
 # ---------------------------------------------------------------- host kinds
 def test_the_oom_killer_in_a_memory_cgroup_from_the_kernel_s_own_lines() -> None:
     oom = oom_kill({10513}, KERNEL)
-    assert oom is not None and oom.memcg == "/xl-test-b863b7dc" and oom.limit == 64 << 20  # the report's, the cgroup being gone
+    # the report's, the cgroup being gone
+    assert oom is not None and oom.memcg == "/xl-test-b863b7dc" and oom.limit == 64 << 20
     assert oom.rss == (72960 + 6404) * 1024
     cause = _why(None, code=-9, pids={10513}, kernel=KERNEL)
     assert cause.kind is CauseKind.HOST_OOM
-    assert cause.summary.startswith("killed by the kernel's OOM killer: its memory cgroup /xl-test-b863b7dc has a limit of 64 MiB; it held 78 MiB")
+    assert cause.summary.startswith(
+        "killed by the kernel's OOM killer: its memory cgroup /xl-test-b863b7dc has a limit of "
+        "64 MiB; it held 78 MiB"
+    )
     # Another process's kill is not this rank's: a SIGKILL from outside.
     other = _why(None, code=-9, pids={777}, kernel=KERNEL)
-    assert other.kind is CauseKind.KILLED and other.summary == "killed by SIGKILL from outside xl (the kernel's OOM killer did not log it)"
-    whole = ["Out of memory: Killed process 4321 (python) total-vm:9000000kB, anon-rss:8000000kB, file-rss:0kB, shmem-rss:0kB, UID:0"]
+    assert (
+        other.kind is CauseKind.KILLED
+        and other.summary
+        == "killed by SIGKILL from outside xl (the kernel's OOM killer did not log it)"
+    )
+    whole = [
+        "Out of memory: Killed process 4321 (python) total-vm:9000000kB, anon-rss:8000000kB, "
+        "file-rss:0kB, shmem-rss:0kB, UID:0"
+    ]
     machine = _why(None, code=-9, pids={4321}, kernel=whole)
     assert machine.kind is CauseKind.HOST_OOM and "the machine ran out of memory" in machine.summary
 
@@ -202,47 +354,114 @@ def test_a_dataloader_worker_the_oom_killer_ended() -> None:
 
 
 def test_shm_full_with_the_doctor_s_way_to_grow_it() -> None:
-    cause = _why("RuntimeError: unable to write to file </torch_123_456_0>: No space left on device (28)",
-                 doctor=_doctor(shm_total=1 << 20, shm_free=0))
-    assert cause.kind is CauseKind.SHM_FULL and cause.summary.startswith("shared memory /dev/shm (1 MiB, 0 B free now) is too small")
+    cause = _why(
+        "RuntimeError: unable to write to file </torch_123_456_0>: No space left on device (28)",
+        doctor=_doctor(shm_total=1 << 20, shm_free=0),
+    )
+    assert cause.kind is CauseKind.SHM_FULL and cause.summary.startswith(
+        "shared memory /dev/shm (1 MiB, 0 B free now) is too small"
+    )
     assert cause.fix == "sudo mount -o remount,size=16G /dev/shm"
-    docker = _why("RuntimeError: unable to write to file </torch_123_456_0>: No space left on device (28)",
-                  doctor=_doctor(shm_total=64 << 20, shm_free=0, container="docker"))
+    docker = _why(
+        "RuntimeError: unable to write to file </torch_123_456_0>: No space left on device (28)",
+        doctor=_doctor(shm_total=64 << 20, shm_free=0, container="docker"),
+    )
     assert docker.fix is not None and "--shm-size=16g" in docker.fix
 
 
 def test_slurm_s_time_limit_is_who_killed_it() -> None:
-    tail = ["step 900", "slurmstepd: error: *** STEP 1234.0 ON node01 CANCELLED AT 2026-11-28T01:00:00 DUE TO TIME LIMIT ***"]
+    tail = [
+        "step 900",
+        "slurmstepd: error: *** STEP 1234.0 ON node01 CANCELLED AT 2026-11-28T01:00:00 DUE TO "
+        "TIME LIMIT ***",
+    ]
     cause = _why(None, code=-15, tail=tail)
-    assert cause.kind is CauseKind.KILLED and cause.summary == "killed by SIGTERM: Slurm ended the job at its time limit"
+    assert (
+        cause.kind is CauseKind.KILLED
+        and cause.summary == "killed by SIGTERM: Slurm ended the job at its time limit"
+    )
     assert cause.fix == "give the job a longer time limit (sbatch --time=HH:MM:SS)"
 
 
 # ---------------------------------------------------------------- Python's own
-@pytest.mark.parametrize(("module", "dist"), [("cv2", "opencv-python"), ("sklearn", "scikit-learn"), ("yaml", "PyYAML"),
-                                              ("PIL", "pillow"), ("einops", "einops")])
+@pytest.mark.parametrize(
+    ("module", "dist"),
+    [
+        ("cv2", "opencv-python"), ("sklearn", "scikit-learn"), ("yaml", "PyYAML"),
+        ("PIL", "pillow"), ("einops", "einops"),
+    ],
+)
 def test_a_missing_module_is_installed_under_its_distribution_name(module: str, dist: str) -> None:
     cause = _why(f"ModuleNotFoundError: No module named '{module}'")
     assert cause.kind is CauseKind.MODULE_NOT_FOUND and cause.fix == f"{PY} -m pip install {dist}"
 
 
-def test_a_missing_module_that_is_the_script_s_own_file_or_a_submodule_gets_no_pip_guess(tmp_path: Path) -> None:
+def test_a_missing_module_that_is_the_script_s_own_file_or_a_submodule_gets_no_pip_guess(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "model.py").write_text("")
-    local = explain(Evidence(rank=0, exit_code=1, error="ModuleNotFoundError: No module named 'model'", python=PY,
-                             cwd=str(tmp_path / "elsewhere"), script=str(tmp_path / "train.py")), _doctor(), [])
-    assert local.kind is CauseKind.MODULE_NOT_FOUND and local.fix is None and str(tmp_path / "model.py") in local.summary
+    local = explain(
+        Evidence(
+            rank=0,
+            exit_code=1,
+            error="ModuleNotFoundError: No module named 'model'",
+            python=PY,
+            cwd=str(tmp_path / "elsewhere"),
+            script=str(tmp_path / "train.py"),
+        ),
+        _doctor(),
+        [],
+    )
+    assert (
+        local.kind is CauseKind.MODULE_NOT_FOUND
+        and local.fix is None
+        and str(tmp_path / "model.py") in local.summary
+    )
     sub = _why("ModuleNotFoundError: No module named 'transformers.models.llama4'")
     assert sub.kind is CauseKind.MODULE_NOT_FOUND and sub.fix is None
-    spaced = explain(Evidence(rank=0, exit_code=1, error="ModuleNotFoundError: No module named 'cv2'", python="/opt/my env/bin/python"), _doctor(), [])
-    assert shlex.split(spaced.fix or "") == ["/opt/my env/bin/python", "-m", "pip", "install", "opencv-python"]
+    spaced = explain(
+        Evidence(
+            rank=0,
+            exit_code=1,
+            error="ModuleNotFoundError: No module named 'cv2'",
+            python="/opt/my env/bin/python",
+        ),
+        _doctor(),
+        [],
+    )
+    assert shlex.split(spaced.fix or "") == [
+        "/opt/my env/bin/python", "-m", "pip", "install", "opencv-python",
+    ]
 
 
 def test_usage_errors_of_argparse_and_click() -> None:
-    argparse = _why(None, code=2, tail=["usage: train.py [-h] [--lr LR]", "train.py: error: unrecognized arguments: --lr-warmup 3"],
-                    script="train.py", cwd="/work")
+    argparse = _why(
+        None,
+        code=2,
+        tail=[
+            "usage: train.py [-h] [--lr LR]",
+            "train.py: error: unrecognized arguments: --lr-warmup 3",
+        ],
+        script="train.py",
+        cwd="/work",
+    )
     assert argparse.kind is CauseKind.USAGE_ERROR and argparse.fix == f"{PY} /work/train.py --help"
-    click = _why(None, code=2, tail=["Usage: train [OPTIONS]", "Try 'train --help' for help.", "", "Error: No such option: --lrr"], module="train")
-    assert click.kind is CauseKind.USAGE_ERROR and click.summary.endswith("Error: No such option: --lrr") and click.fix == f"{PY} -m train --help"
+    click = _why(
+        None,
+        code=2,
+        tail=[
+            "Usage: train [OPTIONS]",
+            "Try 'train --help' for help.",
+            "",
+            "Error: No such option: --lrr",
+        ],
+        module="train",
+    )
+    assert (
+        click.kind is CauseKind.USAGE_ERROR
+        and click.summary.endswith("Error: No such option: --lrr")
+        and click.fix == f"{PY} -m train --help"
+    )
     # Exit 2 without argparse's words, or "error:" with another exit code: not a usage error.
     assert _why(None, code=2, tail=["done"]).kind is CauseKind.EXCEPTION
     assert _why(None, code=1, tail=["train.py: error: something"]).kind is CauseKind.EXCEPTION
@@ -255,19 +474,40 @@ def test_usage_errors_of_argparse_and_click() -> None:
     "RuntimeError: NCCL-like ring of my own broke: connection dropped",
 ])
 def test_a_script_s_own_error_that_mentions_memory_is_its_own_exception(said: str) -> None:
-    cause = _why(said, tail=["CUDA out of memory. Tried to allocate 2.00 GiB (an old warning the script printed)"])
-    assert cause.kind is CauseKind.EXCEPTION and cause.summary == said and cause.fix is None and cause.evidence == [said]
+    cause = _why(
+        said,
+        tail=["CUDA out of memory. Tried to allocate 2.00 GiB (an old warning the script printed)"],
+    )
+    assert (
+        cause.kind is CauseKind.EXCEPTION
+        and cause.summary == said
+        and cause.fix is None
+        and cause.evidence == [said]
+    )
 
 
 def test_a_segfault_from_faulthandler_s_dump() -> None:
-    tail = ["ready", "Fatal Python error: Segmentation fault", "", "Current thread 0x00007f01 (most recent call first):",
-            f'  File "{sys.prefix}/lib/python3.11/ctypes/__init__.py", line 519 in string_at',
-            '  File "/work/train.py", line 5 in <module>', '  File "<frozen runpy>", line 88 in _run_code']
+    tail = [
+        "ready",
+        "Fatal Python error: Segmentation fault",
+        "",
+        "Current thread 0x00007f01 (most recent call first):",
+        f'  File "{sys.prefix}/lib/python3.11/ctypes/__init__.py", line 519 in string_at',
+        '  File "/work/train.py", line 5 in <module>',
+        '  File "<frozen runpy>", line 88 in _run_code',
+    ]
     cause = _why(None, code=-11, tail=tail)
     assert cause.kind is CauseKind.SEGFAULT
-    assert cause.summary == f"segmentation fault in native code called from /work/train.py:5 in <module> (inside {sys.prefix}/lib/python3.11/ctypes/__init__.py:519 in string_at)"
+    assert (
+        cause.summary
+        == "segmentation fault in native code called from /work/train.py:5 in <module> (inside "
+        f"{sys.prefix}/lib/python3.11/ctypes/__init__.py:519 in string_at)"
+    )
     bare = _why(None, code=-11, tail=["ready"])
-    assert bare.kind is CauseKind.SEGFAULT and bare.summary == "segmentation fault in native code (no Python line was printed)"
+    assert (
+        bare.kind is CauseKind.SEGFAULT
+        and bare.summary == "segmentation fault in native code (no Python line was printed)"
+    )
 
 
 def test_a_failure_s_cause_crosses_the_node_link_clipped_and_a_malformed_one_is_refused() -> None:
@@ -279,12 +519,34 @@ def test_a_failure_s_cause_crosses_the_node_link_clipped_and_a_malformed_one_is_
     from xl.wire import FrameError  # noqa: PLC0415 - this test only
 
     cause = {"kind": "cuda_oom", "summary": "s" * 9000, "fix": None, "evidence": ["x" * 9000] * 40}
-    failure = {"rank": 1, "exit_code": 1, "traceback": "t", "error": "e", "message": "m", "node": "vm", "node_rank": 1, "cause": cause}
+    failure = {
+        "rank": 1,
+        "exit_code": 1,
+        "traceback": "t",
+        "error": "e",
+        "message": "m",
+        "node": "vm",
+        "node_rank": 1,
+        "cause": cause,
+    }
     for kind in ("failure", "end"):
-        msg = {"type": kind, "failure": clip_failure(failure), "at": 1.0, **({"status": "failed"} if kind == "end" else {})}
+        msg = {
+            "type": kind,
+            "failure": clip_failure(failure),
+            "at": 1.0,
+            **({"status": "failed"} if kind == "end" else {}),
+        }
         took = check_message(json.loads(json.dumps(msg)))["failure"]["cause"]
-        assert took["kind"] == "cuda_oom" and len(took["summary"]) <= 4096 and len(took["evidence"]) == 16
-    for bad in ({"kind": "x", "summary": "s", "evidence": [{"a": 1}]}, {"kind": "x", "summary": "s", "extra": 1}, ["kind"]):
+        assert (
+            took["kind"] == "cuda_oom"
+            and len(took["summary"]) <= 4096
+            and len(took["evidence"]) == 16
+        )
+    for bad in (
+        {"kind": "x", "summary": "s", "evidence": [{"a": 1}]},
+        {"kind": "x", "summary": "s", "extra": 1},
+        ["kind"],
+    ):
         with pytest.raises(FrameError):
             check_message({"type": "failure", "failure": {**failure, "cause": bad}, "at": 1.0})
 

@@ -18,11 +18,23 @@ def _config(tmp_path: Path, **data: object) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("ip", "rdzv"), [("10.0.0.1", "10.0.0.1:29500"), ("fd00::1", "[fd00::1]:29500"), ("[fd00::1]", "[fd00::1]:29500")])
+@pytest.mark.parametrize(
+    ("ip", "rdzv"),
+    [
+        ("10.0.0.1", "10.0.0.1:29500"),
+        ("fd00::1", "[fd00::1]:29500"),
+        ("[fd00::1]", "[fd00::1]:29500"),
+    ],
+)
 def test_the_main_process_is_the_rendezvous(tmp_path: Path, ip: str, rdzv: str) -> None:
     settings = read_settings(_config(tmp_path, main_process_ip=ip, main_process_port=29500))
     assert (settings.rdzv, settings.nnodes, settings.nproc, settings.node_rank) == (rdzv, 2, 4, 1)
 
 
 def test_one_machine_has_no_rendezvous(tmp_path: Path) -> None:
-    assert read_settings(_config(tmp_path, num_machines=1, main_process_ip="10.0.0.1", main_process_port=29500)).rdzv is None
+    assert (
+        read_settings(
+            _config(tmp_path, num_machines=1, main_process_ip="10.0.0.1", main_process_port=29500)
+        ).rdzv
+        is None
+    )

@@ -26,7 +26,13 @@ TOKEN = "test-token-0123456789abcdef"
 
 
 def _collector(run_dir: Path, got: list[dict[str, Any]], **kw: Any) -> tuple[Telemetry, str, int]:
-    tel = Telemetry(run_dir, token=TOKEN, inventory=False, on_node=lambda n, h, msgs: got.extend({"node": n, "host": h, **m} for m in msgs), **kw)
+    tel = Telemetry(
+        run_dir,
+        token=TOKEN,
+        inventory=False,
+        on_node=lambda n, h, msgs: got.extend({"node": n, "host": h, **m} for m in msgs),
+        **kw,
+    )
     host, port = tel.start()["XL_COLLECTOR"].rsplit(":", 1)
     return tel, host, int(port)
 
@@ -42,14 +48,25 @@ def test_node_link_to_node_0_collector_and_back(tmp_path: Path) -> None:
         link.send_log(1, b"hello \xff world\n")
         rec = {"t": time.time(), "rank": 1, "kind": "sys", "rss_mib": 12.5}
         link.send({"type": "rec", "rank": 1, "line": json.dumps(rec)})
-        link.send({"type": "event", "event": {"kind": "rank_started", "rank": 1, "message": "rank 1 started"}})
-        link.send({"type": "event", "event": {"kind": "stalled", "rank": 1}})  # not a forwarded kind
+        link.send(
+            {
+                "type": "event",
+                "event": {"kind": "rank_started", "rank": 1, "message": "rank 1 started"},
+            }
+        )
+        # not a forwarded kind
+        link.send({"type": "event", "event": {"kind": "stalled", "rank": 1}})
         link.send({"type": "ranks", "ranks": [{"rank": "one"}]})
         wait_for(lambda: len(got) >= 2, timeout=10, what="the link's messages")
-        assert [(m["node"], m["host"], m["type"]) for m in got] == [(1, "node-b", "log"), (1, "node-b", "event")]
+        assert [(m["node"], m["host"], m["type"]) for m in got] == [
+            (1, "node-b", "log"),
+            (1, "node-b", "event"),
+        ]
         assert got[0]["data"].encode("utf-8", "surrogateescape") == b"hello \xff world\n"
         assert link.heard_at is not None  # node 0 answers: the follower knows it is there
-        tel.stop_nodes({"reason": "failure", "failure": {"rank": 0, "node_rank": 0, "message": "boom"}})
+        tel.stop_nodes(
+            {"reason": "failure", "failure": {"rank": 0, "node_rank": 0, "message": "boom"}}
+        )
         [cmd] = wait_for(link.commands, timeout=10, what="node 0's stop")
         assert cmd["stop"]["failure"]["message"] == "boom"
         assert link.close(5.0)
@@ -58,16 +75,33 @@ def test_node_link_to_node_0_collector_and_back(tmp_path: Path) -> None:
         tel.stop()
     status = json.loads((tmp_path / "collector.json").read_text())
     assert status["rejects"] == {"bad_kind": 1, "bad_rank": 1}, status
-    assert [json.loads(x)["rss_mib"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [12.5]
+    assert [
+        json.loads(x)["rss_mib"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ] == [12.5]
 
 
 def test_node_link_clips_a_long_failure_so_node_0_takes_it(tmp_path: Path) -> None:
     """A load_state_dict error easily exceeds node 0's caps (4096 characters for the error and
     message, 64 KiB for the traceback): the link clips it, keeping the head of the error and
     message and the tail of the traceback, and node 0 takes both the failure and the end."""
-    error = "RuntimeError: Error(s) in loading state_dict: " + "Missing key(s): 'layer.weight', " * 2000
-    traceback = "Traceback (most recent call last):\n" + '  File "train.py", line 1, in <module>\n' * 5000 + error + "\n"
-    failure = {"rank": 1, "exit_code": 1, "traceback": traceback, "error": error, "message": f"rank 1 failed first: {error}", "node": "node-b", "node_rank": 1}
+    error = (
+        "RuntimeError: Error(s) in loading state_dict: " + "Missing key(s): 'layer.weight', " * 2000
+    )
+    traceback = (
+        "Traceback (most recent call last):\n"
+        + '  File "train.py", line 1, in <module>\n' * 5000
+        + error
+        + "\n"
+    )
+    failure = {
+        "rank": 1,
+        "exit_code": 1,
+        "traceback": traceback,
+        "error": error,
+        "message": f"rank 1 failed first: {error}",
+        "node": "node-b",
+        "node_rank": 1,
+    }
     got: list[dict[str, Any]] = []
     tel, host, port = _collector(tmp_path, got)
     link = nodelink.NodeLink(host, port, TOKEN, 1, "node-b")
@@ -84,8 +118,12 @@ def test_node_link_clips_a_long_failure_so_node_0_takes_it(tmp_path: Path) -> No
     for msg in got:
         sent = msg["failure"]
         assert len(sent["error"]) <= 4096 and error.startswith(sent["error"].removesuffix("[...]"))
-        assert len(sent["message"]) <= 4096 and sent["message"].startswith("rank 1 failed first: RuntimeError: Error(s)")
-        assert len(sent["traceback"]) <= 64 << 10 and sent["traceback"].endswith(error[-1000:] + "\n")
+        assert len(sent["message"]) <= 4096 and sent["message"].startswith(
+            "rank 1 failed first: RuntimeError: Error(s)"
+        )
+        assert len(sent["traceback"]) <= 64 << 10 and sent["traceback"].endswith(
+            error[-1000:] + "\n"
+        )
         assert {k: v for k, v in sent.items() if k not in ("error", "message", "traceback")} == {
             "rank": 1, "exit_code": 1, "node": "node-b", "node_rank": 1,
         }
@@ -128,7 +166,9 @@ def test_what_was_sent_before_node_0_listened_arrives_once_it_does(tmp_path: Pat
             tel.stop()
 
 
-def test_a_wrong_token_is_refused_for_good_and_said_once(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_wrong_token_is_refused_for_good_and_said_once(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     got: list[dict[str, Any]] = []
     tel, host, port = _collector(tmp_path, got)
     link = nodelink.NodeLink(host, port, TOKEN[:-1] + "X", 1, "node-b")
@@ -143,13 +183,17 @@ def test_a_wrong_token_is_refused_for_good_and_said_once(tmp_path: Path, capfd: 
         link.close(0.1)
         tel.stop()
     # Node 0 hears of the attempt (to say so), and nothing the node sent.
-    assert [(m["node"], m.get("reason")) for m in got] == [(1, "bad_token")] and "data" not in got[0], got
+    assert [(m["node"], m.get("reason")) for m in got] == [(1, "bad_token")] and "data" not in got[
+        0
+    ], got
     assert json.loads((tmp_path / "collector.json").read_text())["rejects"] == {"bad_token": 1}
     err = capfd.readouterr().err
     assert err.count("refused this node's XL_TOKEN (not the run's token); the link stops") == 1, err
 
 
-def test_a_listener_that_cannot_prove_the_token_gets_nothing(capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_listener_that_cannot_prove_the_token_gets_nothing(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     """Another program on node 0's port (or one pretending to be node 0): it sends a challenge and a
     made-up proof; the link sends it no message, says so, and tries again later."""
     received: list[bytes] = []
@@ -186,7 +230,9 @@ def test_a_listener_that_cannot_prove_the_token_gets_nothing(capfd: pytest.Captu
     assert "did not prove it holds this run's XL_TOKEN" in capfd.readouterr().err
 
 
-def test_node_0_s_collector_gone_for_a_while_loses_nothing_of_what_came_meanwhile(tmp_path: Path) -> None:
+def test_node_0_s_collector_gone_for_a_while_loses_nothing_of_what_came_meanwhile(
+    tmp_path: Path,
+) -> None:
     """The connection to node 0 drops (here its collector is gone and comes back): what this node
     sent meanwhile waits and arrives once node 0 listens again, each line once, in order."""
     got: list[dict[str, Any]] = []
@@ -210,7 +256,11 @@ def test_node_0_s_collector_gone_for_a_while_loses_nothing_of_what_came_meanwhil
         assert link.close(5.0)
         # ("before" may come twice: a collector started anew cannot know it had it, if its ack
         # had not reached this node yet.)
-        assert got[0]["data"] == "before\n" and meanwhile() == ["meanwhile 0\n", "meanwhile 1\n", "meanwhile 2\n"]
+        assert got[0]["data"] == "before\n" and meanwhile() == [
+            "meanwhile 0\n",
+            "meanwhile 1\n",
+            "meanwhile 2\n",
+        ]
     finally:
         link.close(0.1)
         tel.stop()

@@ -25,7 +25,10 @@ from xl.launcher.multinode import slurm
 
 # --------------------------------------------------------------------------------- nodelists
 NODELISTS = [
-    ("node[01-03,07],gpu-a,rack1-[2-3]", ["node01", "node02", "node03", "node07", "gpu-a", "rack1-2", "rack1-3"]),
+    (
+        "node[01-03,07],gpu-a,rack1-[2-3]",
+        ["node01", "node02", "node03", "node07", "gpu-a", "rack1-2", "rack1-3"],
+    ),
     ("gpu-a", ["gpu-a"]),
     ("node[8-11]", ["node8", "node9", "node10", "node11"]),
     ("x[009-011]", ["x009", "x010", "x011"]),
@@ -58,7 +61,9 @@ def test_table_agrees_with_scontrol(tmp_path: Path, text: str, hosts: list[str])
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=x\nSlurmctldHost=localhost\n")
     env = {**os.environ, "SLURM_CONF": str(conf)}
-    proc = subprocess.run(["scontrol", "show", "hostnames", text], capture_output=True, text=True, timeout=10, env=env)
+    proc = subprocess.run(
+        ["scontrol", "show", "hostnames", text], capture_output=True, text=True, timeout=10, env=env
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == hosts
 
@@ -78,7 +83,10 @@ def test_hostnames_prefers_scontrol_then_falls_back() -> None:
 
 
 def test_node_address_is_slurms_nodeaddr() -> None:
-    out = "NodeName=node01 Arch=x86_64 CoresPerSocket=2 NodeAddr=10.1.2.3 NodeHostName=vm Version=22.05.8\n"
+    out = (
+        "NodeName=node01 Arch=x86_64 CoresPerSocket=2 NodeAddr=10.1.2.3 NodeHostName=vm "
+        "Version=22.05.8\n"
+    )
     assert slurm.node_address("node01", lambda _argv: out) == "10.1.2.3"
     assert slurm.node_address("node01", lambda _argv: None) == "node01"
 
@@ -89,7 +97,12 @@ def test_allocation_from_env() -> None:
     assert (alloc.job_id, alloc.nodes, alloc.nnodes) == ("4242", ["gpu07", "gpu08", "gpu10"], 3)
     assert (alloc.gpus_per_node, alloc.cpus_per_node) == (4, 32)
     # SLURM_GPUS_PER_NODE may carry a type; the old variable names still work.
-    env = {"SLURM_JOBID": "7", "SLURM_NODELIST": "n1", "SLURM_NNODES": "1", "SLURM_GPUS_PER_NODE": "a100:8"}
+    env = {
+        "SLURM_JOBID": "7",
+        "SLURM_NODELIST": "n1",
+        "SLURM_NNODES": "1",
+        "SLURM_GPUS_PER_NODE": "a100:8",
+    }
     alloc = slurm.allocation_from_env(env, lambda _argv: None)
     assert alloc is not None and alloc.gpus_per_node == 8 and alloc.cpus_per_node is None
     assert slurm.allocation_from_env({"SLURM_JOB_ID": "1"}, lambda _argv: None) is None
@@ -101,7 +114,9 @@ def test_allocation_from_env() -> None:
 def test_srun_runs_one_xl_per_node_with_the_whole_node() -> None:
     alloc = slurm.allocation_from_env(fake_alloc_env(), lambda _argv: None)
     assert alloc is not None
-    task = slurm.node_argv(alloc, "gpu07:21000", "RID", ["--nproc", "4", "--", "t.py", "--lr", "1"], xl=["XL"])
+    task = slurm.node_argv(
+        alloc, "gpu07:21000", "RID", ["--nproc", "4", "--", "t.py", "--lr", "1"], xl=["XL"]
+    )
     assert task == [
         "XL", "launch", "--slurm-node", "--nnodes", "3", "--rdzv", "gpu07:21000", "--run-id", "RID",
         "--no-tui", "--nproc", "4", "--", "t.py", "--lr", "1",
@@ -135,24 +150,39 @@ def test_step_is_found_by_name_and_signalled() -> None:
     assert calls[-2:] == [["scancel", "--signal=INT", "4242.1"], ["scancel", "4242.1"]]
 
 
-def test_first_ctrl_c_never_kills_srun_when_no_step_is_found(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_first_ctrl_c_never_kills_srun_when_no_step_is_found(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """No run of node 0 here and squeue shows no step yet: the first signal says so and leaves
     srun alone; the next one (still no step to scancel) ends srun."""
 
     asked: list[str] = []
     monkeypatch.setattr(cmd_slurm, "_stop_here", lambda run_id: asked.append("stop_here") or False)
-    monkeypatch.setattr(slurm, "find_step", lambda job_id, name, run=None: asked.append("find_step") or None)
+    monkeypatch.setattr(
+        slurm, "find_step", lambda job_id, name, run=None: asked.append("find_step") or None
+    )
     alive_after_first: list[bool] = []
 
     def interrupt() -> None:
         time.sleep(0.5)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.5)
-        alive_after_first.append(all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in psutil.Process().children()))
+        alive_after_first.append(
+            all(
+                p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                for p in psutil.Process().children()
+            )
+        )
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
-    code = cmd_slurm._run_srun([sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ), "4242", "xl-RID", "RID")
+    code = cmd_slurm._run_srun(
+        [sys.executable, "-c", "import time; time.sleep(30)"],
+        dict(os.environ),
+        "4242",
+        "xl-RID",
+        "RID",
+    )
     assert code == 130 and alive_after_first == [True]
     assert asked == ["stop_here", "find_step", "find_step"]  # _stop_here first, squeue after it
     err = capsys.readouterr().err

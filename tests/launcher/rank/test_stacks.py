@@ -45,9 +45,16 @@ class Rank:
     def __init__(self, run_dir: Path, **env: str) -> None:
         self.run_dir = run_dir
         # Where the rank says its doors are open, and where faulthandler writes (docs/contracts.md).
-        self.door, self.text = run_dir / "ranks" / "rank-2.stacks.json", run_dir / "ranks" / "rank-2.stacks.txt"
+        self.door, self.text = (
+            run_dir / "ranks" / "rank-2.stacks.json",
+            run_dir / "ranks" / "rank-2.stacks.txt",
+        )
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", RANK, str(run_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **env}
+            [sys.executable, "-c", RANK, str(run_dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
         )
         assert self.proc.stdout is not None
         self.installed: dict[str, bool] = json.loads(self.proc.stdout.readline())
@@ -93,11 +100,16 @@ def test_the_socket_door_says_where_every_thread_is(rank: Rank) -> None:
     doc = rank.ask()
     assert doc["pid"] == rank.proc.pid
     main, *others = doc["threads"]
-    assert main["name"] == "MainThread" and main["frames"][-1]["function"] == "waiting_in_train_step"
+    assert (
+        main["name"] == "MainThread" and main["frames"][-1]["function"] == "waiting_in_train_step"
+    )
     assert main["frames"][0]["function"] == "<module>"  # outermost first, innermost last
     assert "loader" in [t["name"] for t in others]
-    assert "xl-stacks" not in [t["name"] for t in doc["threads"]]  # the door's own thread is no news
-    assert doc["collectives"] == [] and doc["collectives_note"] == "torch is not loaded in this rank"
+    # the door's own thread is no news
+    assert "xl-stacks" not in [t["name"] for t in doc["threads"]]
+    assert (
+        doc["collectives"] == [] and doc["collectives_note"] == "torch is not loaded in this rank"
+    )
     rank.ask()  # and again: the door stays open
     assert rank.go_on() == "alive"
 
@@ -106,7 +118,11 @@ def test_the_signal_door_writes_the_stacks_and_the_rank_lives_on(rank: Rank) -> 
     """A rank whose C code holds the GIL cannot answer on the socket; faulthandler still writes
     where it is on the signal, and the signal (whose default action would end it) does not."""
     os.kill(rank.proc.pid, rank.info()["signal"])
-    dumped = wait_for(lambda: "waiting_in_train_step" in rank.text.read_text() and rank.text.read_text(), timeout=20, what="the stacks dump")
+    dumped = wait_for(
+        lambda: "waiting_in_train_step" in rank.text.read_text() and rank.text.read_text(),
+        timeout=20,
+        what="the stacks dump",
+    )
     assert "Current thread" in dumped or "Thread 0x" in dumped, dumped
     assert rank.go_on() == "alive"
 
@@ -132,12 +148,16 @@ def test_each_rank_s_socket_name_is_its_own_and_unpredictable() -> None:
 
 def test_a_socket_bound_by_another_process_is_not_believed(tmp_path: Path) -> None:
     name = stacks.socket_name(os.getpid())
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+    with (
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server,
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client,
+    ):
         server.bind(name)
         server.listen(1)
         client.connect(name)
         assert stacks.peer_is(client, os.getpid())
-        assert not stacks.peer_is(client, os.getpid() + 1)  # the pid the info file named is not who bound it
+        # the pid the info file named is not who bound it
+        assert not stacks.peer_is(client, os.getpid() + 1)
 
 
 @pytest.mark.e2e

@@ -25,7 +25,9 @@ def test_an_event_gets_its_time_and_a_null_rank_when_missing() -> None:
     event = json.loads(line)
     assert line.endswith("\n") and line.count("\n") == 1
     assert event["rank"] is None and isinstance(event["t"], float)
-    given = json.loads(event_line(Relayed({"kind": "rank_exited", "rank": 1, "t": 5.0, "exit_code": 1})))
+    given = json.loads(
+        event_line(Relayed({"kind": "rank_exited", "rank": 1, "t": 5.0, "exit_code": 1}))
+    )
     assert (given["rank"], given["t"]) == (1, 5.0)
 
 

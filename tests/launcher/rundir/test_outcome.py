@@ -37,12 +37,28 @@ def test_otherwise_failed() -> None:
 
 def test_states_are_run_json_s() -> None:
     assert {"exited", "failed", "stopped"} == DONE_STATES and {"starting", "running"} == LIVE_STATES
-    assert all(RankPhase(s).done for s in DONE_STATES) and not any(RankPhase(s).done for s in LIVE_STATES)
+    assert all(RankPhase(s).done for s in DONE_STATES) and not any(
+        RankPhase(s).done for s in LIVE_STATES
+    )
 
 
 def test_failure_round_trips_run_json_s_keys_host_under_node() -> None:
-    cause = {"kind": "exception", "summary": "ValueError: x", "fix": None, "evidence": ["ValueError: x"]}
-    data = {"rank": 1, "exit_code": 1, "traceback": "tb", "error": "ValueError: x", "message": "m", "node": "vm", "node_rank": 0, "cause": cause}
+    cause = {
+        "kind": "exception",
+        "summary": "ValueError: x",
+        "fix": None,
+        "evidence": ["ValueError: x"],
+    }
+    data = {
+        "rank": 1,
+        "exit_code": 1,
+        "traceback": "tb",
+        "error": "ValueError: x",
+        "message": "m",
+        "node": "vm",
+        "node_rank": 0,
+        "cause": cause,
+    }
     failure = Failure.from_json(data)
     assert failure.host == "vm" and failure.node_rank == 0
     assert failure.cause is not None and failure.cause.kind.value == "exception"
@@ -50,6 +66,8 @@ def test_failure_round_trips_run_json_s_keys_host_under_node() -> None:
     # A run recorded before causes existed has none; an unknown kind (a newer xl's) reads as
     # the script's own exception, never an error.
     old = {k: v for k, v in data.items() if k != "cause"}
-    assert Failure.from_json(old).cause is None and Failure.from_json(old).to_json()["cause"] is None
+    assert (
+        Failure.from_json(old).cause is None and Failure.from_json(old).to_json()["cause"] is None
+    )
     newer = Failure.from_json({**data, "cause": {**cause, "kind": "quantum_flux", "fix": 3}}).cause
     assert newer is not None and newer.kind.value == "exception" and newer.fix is None

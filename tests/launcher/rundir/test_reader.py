@@ -201,7 +201,9 @@ def test_each_line_parses_as_json_loads_would(tmp_path: Path, decoder: str) -> N
         fh.write(b'{"t": 6.0, "rank": 0, "step": 12}{"t": 6.1, "rank": 0, "step": 13}\n')
         fh.write(b'{"t": 7.0, "rank": 2, "kind": "train", "step": 1, "unit": "\xc2\xb5s"}\n')
         # NaN and a lone surrogate: json.loads takes both (orjson does not).
-        fh.write(b'{"t": 8.0, "rank": 3, "kind": "train", "step": 4, "loss": NaN, "n": "\\ud800"}\n')
+        fh.write(
+            b'{"t": 8.0, "rank": 3, "kind": "train", "step": 4, "loss": NaN, "n": "\\ud800"}\n'
+        )
     view = RunReader(tmp_path).poll()
     assert sorted(view.ranks) == [0, 1, 2, 3]
     r0 = view.ranks[0]
@@ -330,7 +332,13 @@ def test_a_hang_s_victims_read_as_waiting_and_its_culprit_as_stalled(tmp_path: P
     (run / "metrics.jsonl").write_text("")
     events = [
         {"t": 1.0, "kind": "stalled", "rank": 1, "message": "rank 1 is in astray at hang.py:25"},
-        {"t": 1.0, "kind": "stalled", "rank": 0, "waiting_on": [1], "message": "rank 0 waits in all_reduce #4 for rank 1"},
+        {
+            "t": 1.0,
+            "kind": "stalled",
+            "rank": 0,
+            "waiting_on": [1],
+            "message": "rank 0 waits in all_reduce #4 for rank 1",
+        },
     ]
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     reader = RunReader(run)

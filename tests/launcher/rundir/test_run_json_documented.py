@@ -31,12 +31,16 @@ RUN_JSON = _section("run.json")
 
 @pytest.mark.parametrize("key", sorted(get_type_hints(RunJson)))
 def test_every_key_of_the_record_is_in_the_run_json_table(key: str) -> None:
-    assert re.search(rf"^\| `{key}`|, `{key}` \|", RUN_JSON, re.M), f"run.json's {key!r} has no row in docs/contracts.md"
+    assert re.search(rf"^\| `{key}`|, `{key}` \|", RUN_JSON, re.M), (
+        f"run.json's {key!r} has no row in docs/contracts.md"
+    )
 
 
 @pytest.mark.parametrize("key", sorted(RankRow.json_keys()))
 def test_every_key_of_a_rank_is_documented(key: str) -> None:
-    assert key in _named(RUN_JSON.split("\nA rank:", 1)[1].split("\n\n", 1)[0]), f"a rank's {key!r} is not in docs/contracts.md"
+    assert key in _named(RUN_JSON.split("\nA rank:", 1)[1].split("\n\n", 1)[0]), (
+        f"a rank's {key!r} is not in docs/contracts.md"
+    )
 
 
 def test_every_key_of_a_device_is_documented() -> None:
@@ -46,4 +50,6 @@ def test_every_key_of_a_device_is_documented() -> None:
 
 @pytest.mark.parametrize("key", sorted(Failure.from_json({}).to_json()))
 def test_every_key_of_the_failure_is_documented(key: str) -> None:
-    assert key in _named(RUN_JSON.split("\n`failure`:", 1)[1].split("\n\n", 1)[0]), f"failure's {key!r} is not in docs/contracts.md"
+    assert key in _named(RUN_JSON.split("\n`failure`:", 1)[1].split("\n\n", 1)[0]), (
+        f"failure's {key!r} is not in docs/contracts.md"
+    )

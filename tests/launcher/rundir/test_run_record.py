@@ -60,7 +60,10 @@ def test_unknown_keys_survive_a_change_in_their_order(tmp_path: Path) -> None:
 
 
 def test_a_record_saved_unchanged_is_the_same_file(tmp_path: Path) -> None:
-    text = json.dumps({"run_id": "r2", "name": "x", "status": "succeeded", "extra": [1, 2]}, indent=2) + "\n"
+    text = (
+        json.dumps({"run_id": "r2", "name": "x", "status": "succeeded", "extra": [1, 2]}, indent=2)
+        + "\n"
+    )
     _write(tmp_path, text)
     rec = record.load(tmp_path)
     assert rec is not None
@@ -144,7 +147,12 @@ def test_rows_read_typed_and_write_back_what_they_read(tmp_path: Path) -> None:
     """A rank's and a device's row: typed for xl, and another tool's keys, a value of a type xl
     does not expect and the order all survive a rewrite; what xl changed is written over."""
     rank = {
-        "theirs": [1], "rank": 3, "node": "vm-a", "pid": "1234", "state": "running", "started_at": 5,
+        "theirs": [1],
+        "rank": 3,
+        "node": "vm-a",
+        "pid": "1234",
+        "state": "running",
+        "started_at": 5,
     }
     device = {"index": 1, "name": "A100", "vendor_note": "spare", "uuid": None}
     _write(tmp_path, json.dumps({"run_id": "r10", "ranks": [rank, "junk"], "devices": [device, 7]}))
@@ -217,7 +225,8 @@ def test_ending_a_run_records_its_status_and_time(tmp_path: Path) -> None:
     [("succeeded", 0), ("failed", 1), ("stopped", 1), ("running", 1), ("unknown", 1), (None, 1)],
 )
 def test_exit_codes_follow_the_status(status: object, code: int) -> None:
-    """docs/contracts.md, exit codes: 0 success; 1 the run failed (a stopped run did not succeed either)."""
+    """docs/contracts.md, exit codes: 0 success; 1 the run failed (a stopped run did not succeed
+    either)."""
     assert exit_code_for(status) == code
     if isinstance(status, str) and status in {s.value for s in RunStatus}:
         assert RunStatus(status).exit_code == code

@@ -21,7 +21,14 @@ from xl.launcher.rundir.runview import (
     state_style,
 )
 
-HANG = {"t": 5.0, "kind": "hang", "rank": None, "ranks": [1, 3], "message": "ranks 1,3 never entered all_reduce #12", "stacks": "stacks/5.json"}
+HANG = {
+    "t": 5.0,
+    "kind": "hang",
+    "rank": None,
+    "ranks": [1, 3],
+    "message": "ranks 1,3 never entered all_reduce #12",
+    "stacks": "stacks/5.json",
+}
 
 
 def _recovered(rank: int, of: str = "stalled") -> dict[str, Any]:
@@ -41,7 +48,8 @@ def test_a_hang_lasts_until_every_culprit_moved_again() -> None:
     assert hang is not None and hang.culprits == (1, 3) and hang.stacks == "stacks/5.json"
     assert hang.message == "ranks 1,3 never entered all_reduce #12"
     assert _seen(HANG, _recovered(0)).hang is not None  # a victim moving ends nothing
-    assert _seen(HANG, _recovered(1, of="straggler")).hang is not None  # nor a straggler catching up
+    # nor a straggler catching up
+    assert _seen(HANG, _recovered(1, of="straggler")).hang is not None
     rule = _seen(HANG, _recovered(1))
     assert rule.hang is not None and rule.hang.stuck == {3} and rule.hang.culprits == (1, 3)
     assert _seen(HANG, _recovered(1), _recovered(3)).hang is None
@@ -53,7 +61,14 @@ def test_a_hang_lasts_until_every_culprit_moved_again() -> None:
 def _view(run: dict[str, Any], events: list[dict[str, Any]], **kw: Any) -> RunView:
     record = RunRecord.from_json(run, "r")
     failed = next((e for e in reversed(events) if e.get("kind") == "failure"), None)
-    return RunView(record=record, ranks={}, events=events, new_events=[], failure=failure_of(record, failed), **kw)
+    return RunView(
+        record=record,
+        ranks={},
+        events=events,
+        new_events=[],
+        failure=failure_of(record, failed),
+        **kw,
+    )
 
 
 def test_no_hang_once_the_run_ended() -> None:
@@ -66,43 +81,89 @@ def test_the_failure_is_run_json_s_else_the_newest_failure_event() -> None:
     event = {"t": 1.0, "kind": "failure", "rank": 2, "message": "rank 2 exited with code 1"}
     assert _view({"status": "running"}, []).failure is None
     early = _view({"status": "running"}, [event]).failure
-    assert early is not None and (early.rank, early.message, early.traceback) == (2, "rank 2 exited with code 1", None)
+    assert early is not None and (early.rank, early.message, early.traceback) == (
+        2,
+        "rank 2 exited with code 1",
+        None,
+    )
     recorded = {"rank": 1, "exit_code": 3, "traceback": "Traceback ...", "message": "rank 1 failed"}
     view = _view({"status": "failed", "failure": recorded}, [event])
     assert view.failed and view.failure is not None
-    assert (view.failure.rank, view.failure.exit_code, view.failure.traceback) == (1, 3, "Traceback ...")
+    assert (view.failure.rank, view.failure.exit_code, view.failure.traceback) == (
+        1,
+        3,
+        "Traceback ...",
+    )
 
 
 def test_one_style_table_for_states() -> None:
-    assert state_style("failed") == "bold red" and state_style("exited") == state_style("stopped") == "dim"
+    assert (
+        state_style("failed") == "bold red"
+        and state_style("exited") == state_style("stopped") == "dim"
+    )
     assert state_style("nonsense") == "" and state_style(None, "bold") == "bold"
-    # The run's last line, the same in the app and the console view: only success and failure stand out.
-    assert (outcome_style("succeeded"), outcome_style("failed"), outcome_style("stopped")) == ("bold green", "bold red", "bold yellow")
-    assert {"running", "starting", "straggler", "stalled", "waiting", "exited", "failed", "stopped", "succeeded"} <= set(STATE_STYLE)
+    # The run's last line, the same in the app and the console view: only success and failure stand
+    # out.
+    assert (outcome_style("succeeded"), outcome_style("failed"), outcome_style("stopped")) == (
+        "bold green",
+        "bold red",
+        "bold yellow",
+    )
+    assert {
+        "running",
+        "starting",
+        "straggler",
+        "stalled",
+        "waiting",
+        "exited",
+        "failed",
+        "stopped",
+        "succeeded",
+    } <= set(STATE_STYLE)
 
 
 def test_two_nodes_on_one_host_are_told_apart() -> None:
-    ranks = {0: RankView(0, host="h", node_rank=0), 1: RankView(1, host="h", node_rank=1), 2: RankView(2, host="g")}
+    ranks = {
+        0: RankView(0, host="h", node_rank=0),
+        1: RankView(1, host="h", node_rank=1),
+        2: RankView(2, host="g"),
+    }
     assert node_labels(ranks) == {0: "h #0", 1: "h #1", 2: "g"}
     assert node_labels({0: RankView(0, node_rank=2)}) == {0: "node 2"}
 
 
 def test_the_reader_builds_the_view_once_per_poll(tmp_path: Path) -> None:
-    write_json_atomic(tmp_path / "run.json", {
-        "run_id": "r", "status": "running", "started_at": 100.0, "world_size": 4, "nnodes": 1,
-        "devices": [{"index": 1, "name": "A"}, {"index": 0, "name": "A"}],
-        "ranks": [{"rank": 0, "node": "h", "pid": 5, "state": "running"}, {"rank": 1, "node": "h", "state": "starting"},
-                  {"rank": 2, "node": "h", "pid": 7, "state": "failed"}],
-    })
-    lines = [{"t": 101.0, "rank": r, "kind": "train", "step": s, "total_steps": 10} for r, s in ((0, 4), (1, 2))]
+    write_json_atomic(
+        tmp_path / "run.json",
+        {
+            "run_id": "r",
+            "status": "running",
+            "started_at": 100.0,
+            "world_size": 4,
+            "nnodes": 1,
+            "devices": [{"index": 1, "name": "A"}, {"index": 0, "name": "A"}],
+            "ranks": [
+                {"rank": 0, "node": "h", "pid": 5, "state": "running"},
+                {"rank": 1, "node": "h", "state": "starting"},
+                {"rank": 2, "node": "h", "pid": 7, "state": "failed"},
+            ],
+        },
+    )
+    lines = [
+        {"t": 101.0, "rank": r, "kind": "train", "step": s, "total_steps": 10}
+        for r, s in ((0, 4), (1, 2))
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     (tmp_path / "events.jsonl").write_text(json.dumps({**HANG, "ranks": [1]}) + "\n")
     reader = RunReader(tmp_path)
     assert not RunReader(tmp_path / "nothing").poll().loaded
     view = reader.poll()
     assert view.loaded and view.record.run_id == "r" and view.world_size == 4
-    assert view.elapsed(130.0) == 30.0 and view.devices_text == "GPU 1,0 (A)" and view.all_nodes_joined
-    # run.json's word on a rank that ended stands without an exit code; "starting" until its pid is known.
+    assert (
+        view.elapsed(130.0) == 30.0 and view.devices_text == "GPU 1,0 (A)" and view.all_nodes_joined
+    )
+    # run.json's word on a rank that ended stands without an exit code; "starting" until its pid is
+    # known.
     assert {r: v.state for r, v in view.ranks.items()} == {0: "running", 1: "starting", 2: "failed"}
     assert view.nodes == ["h"] and view.hang is not None and view.hang.culprits == (1,)
     progress = view.progress()

@@ -19,7 +19,10 @@ from xl import wire
 from xl.launcher.rundir import settle
 
 HOST = "trn-a07"
-TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\nValueError: bad batch\n'
+TRACEBACK = (
+    'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\nValueError: bad '
+    'batch\n'
+)
 
 
 def _run_dir(tmp_path: Path, nproc: int = 2, **fields: Any) -> Path:
@@ -40,7 +43,15 @@ def _run_dir(tmp_path: Path, nproc: int = 2, **fields: Any) -> Path:
         "ended_at": None,
         "failure": None,
         "ranks": [
-            {"rank": r, "local_rank": r, "node": HOST, "node_rank": 0, "pid": 1000 + r, "state": "running", "started_at": started}
+            {
+                "rank": r,
+                "local_rank": r,
+                "node": HOST,
+                "node_rank": 0,
+                "pid": 1000 + r,
+                "state": "running",
+                "started_at": started,
+            }
             for r in range(nproc)
         ],
         **fields,
@@ -50,7 +61,14 @@ def _run_dir(tmp_path: Path, nproc: int = 2, **fields: Any) -> Path:
 
 
 def _rank_left(run_dir: Path, rank: int, exit_code: int, ended_at: float, **more: Any) -> None:
-    report = {"rank": rank, "local_rank": rank, "pid": 1000 + rank, "exit_code": exit_code, "ended_at": ended_at, **more}
+    report = {
+        "rank": rank,
+        "local_rank": rank,
+        "pid": 1000 + rank,
+        "exit_code": exit_code,
+        "ended_at": ended_at,
+        **more,
+    }
     (run_dir / "ranks" / f"rank-{rank}.json").write_text(json.dumps(report))
 
 
@@ -83,11 +101,19 @@ def test_every_rank_exited_0_the_run_succeeded_when_it_last_did_something(tmp_pa
     assert rec is not None and rec.status == "succeeded"
     run = _json(run_dir)
     assert run["status"] == "succeeded" and run["failure"] is None
-    assert run["ended_at"] is not None and abs(run["ended_at"] - ended) < 1, (run["ended_at"], ended)
-    assert [(r["rank"], r["state"], r["exit_code"]) for r in run["ranks"]] == [(0, "exited", 0), (1, "exited", 0)]
+    assert run["ended_at"] is not None and abs(run["ended_at"] - ended) < 1, (
+        run["ended_at"],
+        ended,
+    )
+    assert [(r["rank"], r["state"], r["exit_code"]) for r in run["ranks"]] == [
+        (0, "exited", 0),
+        (1, "exited", 0),
+    ]
     [end] = [e for e in _events(run_dir) if e["kind"] == "run_ended"]
     assert end["status"] == "succeeded"
-    assert end["message"] == "run succeeded (its supervisor was gone; told from what the ranks left)"
+    assert (
+        end["message"] == "run succeeded (its supervisor was gone; told from what the ranks left)"
+    )
 
 
 def test_the_first_rank_to_fail_is_the_cause_with_its_traceback(tmp_path: Path) -> None:
@@ -99,8 +125,12 @@ def test_the_first_rank_to_fail_is_the_cause_with_its_traceback(tmp_path: Path) 
     run = _json(run_dir)
     assert run["status"] == "failed"
     failure = run["failure"]
-    assert (failure["rank"], failure["exit_code"], failure["traceback"]) == (1, 1, TRACEBACK), failure
-    assert failure["message"] == "rank 1 failed first: ValueError: bad batch (its supervisor was gone)"
+    assert (failure["rank"], failure["exit_code"], failure["traceback"]) == (1, 1, TRACEBACK), (
+        failure
+    )
+    assert (
+        failure["message"] == "rank 1 failed first: ValueError: bad batch (its supervisor was gone)"
+    )
     assert failure["node"] == HOST and failure["node_rank"] == 0
     assert {r["rank"]: r["state"] for r in run["ranks"]} == {0: "failed", 1: "failed"}
 
@@ -114,8 +144,14 @@ def test_a_rank_that_left_no_exit_code_fails_the_run(tmp_path: Path) -> None:
     run = _json(run_dir)
     assert run["status"] == "failed"
     assert run["failure"]["rank"] == 1 and run["failure"]["exit_code"] is None
-    assert run["failure"]["message"] == "rank 1 failed first: it ended without an exit code (every process of it was gone)"
-    assert _events(run_dir)[-1]["message"] == "run failed (every process of it was gone; told from what the ranks left)"
+    assert (
+        run["failure"]["message"]
+        == "rank 1 failed first: it ended without an exit code (every process of it was gone)"
+    )
+    assert (
+        _events(run_dir)[-1]["message"]
+        == "run failed (every process of it was gone; told from what the ranks left)"
+    )
 
 
 def test_a_stop_that_was_asked_for_makes_the_run_stopped_not_failed(tmp_path: Path) -> None:
@@ -151,13 +187,18 @@ def test_ranks_the_supervisor_never_listed_are_taken_from_their_own_records(tmp_
     assert rows == [(0, HOST, 0, 1000, "exited"), (1, HOST, 0, 1001, "exited")]
 
 
-def test_what_gone_ranks_spooled_reaches_metrics_and_a_torn_last_line_is_dropped(tmp_path: Path) -> None:
+def test_what_gone_ranks_spooled_reaches_metrics_and_a_torn_last_line_is_dropped(
+    tmp_path: Path,
+) -> None:
     run_dir = _run_dir(tmp_path, nproc=1)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait(10)  # a rank process that no longer exists
     spool = Path(wire.spool_file(str(run_dir), 0, gone.pid))
     spool.parent.mkdir()
-    lines = [json.dumps({"t": time.time(), "rank": 0, "kind": "train", "step": s, "loss": 1.0 / (s + 1)}) for s in range(3)]
+    lines = [
+        json.dumps({"t": time.time(), "rank": 0, "kind": "train", "step": s, "loss": 1.0 / (s + 1)})
+        for s in range(3)
+    ]
     spool.write_text("\n".join(lines) + '\n{"t": 1, "rank": 0, "ki')
     _rank_left(run_dir, 0, 0, time.time())
     settle.settle(run_dir, stopped=False)
@@ -182,7 +223,11 @@ def test_a_run_is_settled_once_whoever_comes_second(tmp_path: Path) -> None:
 def test_a_run_already_ended_by_its_supervisor_is_left_as_it_is(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, nproc=1)
     data = _json(run_dir)
-    data.update(status="failed", ended_at=time.time() - 50, failure={"rank": 0, "message": "rank 0 failed first: OOM"})
+    data.update(
+        status="failed",
+        ended_at=time.time() - 50,
+        failure={"rank": 0, "message": "rank 0 failed first: OOM"},
+    )
     (run_dir / "run.json").write_text(json.dumps(data))
     before = (run_dir / "run.json").read_bytes()
     _rank_left(run_dir, 0, 0, time.time())  # whatever the rank says now

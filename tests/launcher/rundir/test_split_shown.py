@@ -23,7 +23,8 @@ T0 = 1_780_000_000.0
 
 def _timed_run(root: Path, run_id: str, slow: dict[int, str], seed: int) -> dict[int, list[float]]:
     """A finished 2-rank run (runfixtures' healthy one) whose ranks also timed 50 lines of steps;
-    rank r slow in ``slow[r]``. Returns each rank's truth: [steps, data, compute, comm, other] summed."""
+    rank r slow in ``slow[r]``. Returns each rank's truth: [steps, data, compute, comm, other]
+    summed."""
     run_dir = make_run(root, "healthy", t0=T0, run_id=run_id)
     rng = random.Random(seed)
     truth = {r: [0, 0.0, 0.0, 0.0, 0.0] for r in (0, 1)}
@@ -34,7 +35,14 @@ def _timed_run(root: Path, run_id: str, slow: dict[int, str], seed: int) -> dict
                 if r in slow:
                     parts[PHASES.index(slow[r])] += 0.2
                 n = rng.randint(1, 3)
-                rec = {"t": T0 + 2 + i, "rank": r, "kind": "train", "step": 100 + i, "steps": n, "step_s": round(sum(parts), 6)}
+                rec = {
+                    "t": T0 + 2 + i,
+                    "rank": r,
+                    "kind": "train",
+                    "step": 100 + i,
+                    "steps": n,
+                    "step_s": round(sum(parts), 6),
+                }
                 rec.update(zip(PHASE_KEYS, parts, strict=True))
                 fh.write(json.dumps(rec) + "\n")
                 truth[r][0] += n
@@ -63,7 +71,9 @@ def test_the_end_table_shows_each_ranks_step_split(tmp_path: Path) -> None:
         for cell, key in zip(row[3:], PHASE_KEYS, strict=True):
             assert cell.endswith(f" {want[key] / step:.0%}"), (cell, key, want)
     text = splittable.render(ranks)
-    assert text.startswith("where the step time went (per step)\nrank  steps  step") and "data" in text
+    assert (
+        text.startswith("where the step time went (per step)\nrank  steps  step") and "data" in text
+    )
     # A run whose steps were not timed has no such table.
     plain = make_run(tmp_path, "failed", t0=T0, run_id="20260530-130000-b")
     assert splittable.render(RunReader(plain).poll().ranks) == ""
@@ -75,7 +85,8 @@ def test_the_plain_view_ends_with_the_split_table(tmp_path: Path) -> None:
     console.watch_plain(console.RunState(tmp_path / "20260530-120000-a"), out, lines=False)
     text = out.getvalue()
     assert "where the step time went (per step)" in text
-    assert text.index("where the step time went") < text.rindex("xl: run ")  # before the outcome line
+    # before the outcome line
+    assert text.index("where the step time went") < text.rindex("xl: run ")
     assert "\ntime in steps (" in text and " per rank): data " in text
 
 
@@ -105,10 +116,16 @@ def test_compare_shows_both_splits_side_by_side(tmp_path: Path) -> None:
     for side, truth in (("a", ta), ("b", tb)):
         split = c.doc["split"][side]
         for key in PHASE_KEYS:
-            assert split[key] == pytest.approx((_per_step(truth[0])[key] + _per_step(truth[1])[key]) / 2, abs=1e-5)
+            assert split[key] == pytest.approx(
+                (_per_step(truth[0])[key] + _per_step(truth[1])[key]) / 2, abs=1e-5
+            )
     assert c.doc["split"]["a"]["data_s"] > 0.1 > c.doc["split"]["b"]["data_s"]
     rows = {label: (a, b) for label, a, b in comparison.rows(c)}
-    assert "step split (mean of ranks)" in rows and rows["  data"][0].endswith("%") and rows["  data"][1].endswith("%")
+    assert (
+        "step split (mean of ranks)" in rows
+        and rows["  data"][0].endswith("%")
+        and rows["  data"][1].endswith("%")
+    )
     assert "step split (mean of ranks)" in render(c)
     # One side untimed: its column says so, the other still shows.
     c = comparison.compare(tmp_path / "20260530-120000-a", tmp_path / "20260530-140000-c")

@@ -1,7 +1,8 @@
 """Where a run's time went: the accounting's rules (xl.launcher.rundir.timing) and the digest that
 reads them off a run dir (xl.launcher.rundir.digest), on run dirs written here line by line.
 
-The real runs (a rank stalled for a known time, through the real `xl launch`) are in test_compare.py.
+The real runs (a rank stalled for a known time, through the real `xl launch`) are in
+test_compare.py.
 """
 
 from __future__ import annotations
@@ -24,12 +25,26 @@ def _sum(t: dict[str, float]) -> float:
 
 def test_a_plain_run_is_startup_training_and_shutdown_summing_to_its_length() -> None:
     t = account(Moments(T0, T0 + 100, first_step_at=T0 + 10, last_step_at=T0 + 95))
-    assert t == {"total_s": 100.0, "startup_s": 10.0, "training_s": 85.0, "stalled_s": 0.0, "restarts_s": 0.0, "shutdown_s": 5.0}
+    assert t == {
+        "total_s": 100.0,
+        "startup_s": 10.0,
+        "training_s": 85.0,
+        "stalled_s": 0.0,
+        "restarts_s": 0.0,
+        "shutdown_s": 5.0,
+    }
 
 
 def test_a_stall_is_cut_out_of_training_and_a_restart_out_of_both() -> None:
     t = account(
-        Moments(T0, T0 + 100, T0 + 10, T0 + 95, stalled=[(T0 + 20, T0 + 30), (T0 + 25, T0 + 35)], restarts=[(T0 + 50, T0 + 60), (T0 + 33, T0 + 40)])
+        Moments(
+            T0,
+            T0 + 100,
+            T0 + 10,
+            T0 + 95,
+            stalled=[(T0 + 20, T0 + 30), (T0 + 25, T0 + 35)],
+            restarts=[(T0 + 50, T0 + 60), (T0 + 33, T0 + 40)],
+        )
     )
     # stalled 20..35 less the restart 33..35; restarts 33..40 and 50..60.
     assert t["stalled_s"] == 13.0 and t["restarts_s"] == 17.0
@@ -49,15 +64,36 @@ def test_a_run_that_never_logged_a_step_is_all_startup() -> None:
 
 
 def test_spans_outside_the_run_and_nonsense_count_for_nothing() -> None:
-    t = account(Moments(T0, T0 + 10, T0 + 1, T0 + 9, stalled=[(T0 - 50, T0 - 40), (float("nan"), T0 + 5), (T0 + 8, T0 + 3)]))
+    t = account(
+        Moments(
+            T0,
+            T0 + 10,
+            T0 + 1,
+            T0 + 9,
+            stalled=[(T0 - 50, T0 - 40), (float("nan"), T0 + 5), (T0 + 8, T0 + 3)],
+        )
+    )
     assert t["stalled_s"] == 0.0 and t["training_s"] == 8.0
 
 
 def test_the_line_names_each_part_that_took_time() -> None:
-    line = timing.describe({"total_s": 155, "startup_s": 14, "training_s": 131, "stalled_s": 8, "restarts_s": 0, "shutdown_s": 2})
-    assert line == "time: startup 14 s (9%), training 131 s (85%), stalled 8.0 s (5%), shutdown 2.0 s (1%)"
+    line = timing.describe(
+        {
+            "total_s": 155,
+            "startup_s": 14,
+            "training_s": 131,
+            "stalled_s": 8,
+            "restarts_s": 0,
+            "shutdown_s": 2,
+        }
+    )
+    assert (
+        line
+        == "time: startup 14 s (9%), training 131 s (85%), stalled 8.0 s (5%), shutdown 2.0 s (1%)"
+    )
     assert timing.describe(None) is None
-    assert timing.describe({"total_s": "x"}) is None  # a damaged record says nothing rather than nonsense
+    # a damaged record says nothing rather than nonsense
+    assert timing.describe({"total_s": "x"}) is None
 
 
 def test_a_run_without_steps_is_not_called_all_startup() -> None:
@@ -65,15 +101,23 @@ def test_a_run_without_steps_is_not_called_all_startup() -> None:
     the line and the table say that no step was logged, not "startup 31 s (100%)"."""
     t = account(Moments(T0, T0 + 31))
     assert t["startup_s"] == t["total_s"] == 31.0
-    assert timing.describe(t) == "time: 31 s (not split into startup and training: no rank logged a step)"
+    assert (
+        timing.describe(t)
+        == "time: 31 s (not split into startup and training: no rank logged a step)"
+    )
     assert dict(timing.rows(t))["startup"] == "31 s (no step logged)"
     # A run that did log steps, even late, is split as usual.
     late = account(Moments(T0, T0 + 31, T0 + 30, T0 + 30.5))
-    assert timing.describe(late) == "time: startup 30 s (97%), training 0.5 s (2%), shutdown 0.5 s (2%)"
+    assert (
+        timing.describe(late)
+        == "time: startup 30 s (97%), training 0.5 s (2%), shutdown 0.5 s (2%)"
+    )
 
 
 # ---------------------------------------------------------------------------------- the digest
-def _run(tmp_path: Path, lines: list[dict[str, Any]], events: list[dict[str, Any]], end: float) -> Path:
+def _run(
+    tmp_path: Path, lines: list[dict[str, Any]], events: list[dict[str, Any]], end: float
+) -> Path:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     rec = record.RunRecord("run", "succeeded", {"started_at": T0, "ended_at": end, "ranks": []})
@@ -83,16 +127,23 @@ def _run(tmp_path: Path, lines: list[dict[str, Any]], events: list[dict[str, Any
     return run_dir
 
 
-def _steps(ranks: int, steps: range, start: float, dt: float, gap: tuple[int, float] = (0, 0.0)) -> list[dict[str, Any]]:
+def _steps(
+    ranks: int, steps: range, start: float, dt: float, gap: tuple[int, float] = (0, 0.0)
+) -> list[dict[str, Any]]:
     """Lockstep train lines; ``gap``: (step, seconds) added before that step on every rank."""
     out, t = [], start
     for s in steps:
         t += dt + (gap[1] if s == gap[0] else 0.0)
-        out += [{"t": t, "rank": r, "kind": "train", "step": s, "loss": 1.0 / s, "samples_per_s": 100.0} for r in range(ranks)]
+        out += [
+            {"t": t, "rank": r, "kind": "train", "step": s, "loss": 1.0 / s, "samples_per_s": 100.0}
+            for r in range(ranks)
+        ]
     return out
 
 
-def test_a_stall_seen_by_telemetry_counts_from_last_progress_to_progress_again(tmp_path: Path) -> None:
+def test_a_stall_seen_by_telemetry_counts_from_last_progress_to_progress_again(
+    tmp_path: Path,
+) -> None:
     lines = _steps(2, range(1, 41), T0 + 5, 0.1, gap=(20, 8.0))  # step 19 at 6.9, step 20 at 15.0
     events = [
         {"t": T0 + 9.0, "kind": "stalled", "rank": 1, "idle_s": 2.1},
@@ -111,18 +162,25 @@ def test_lines_that_came_late_from_a_spool_are_placed_by_their_time(tmp_path: Pa
     events = [{"t": T0 + 9.0, "kind": "stalled", "rank": 1, "idle_s": 2.1}]
     run_dir = _run(tmp_path, lines[20:] + late, events, end=T0 + 20)
     t = digest.build(run_dir, record.load(run_dir))["time"]  # type: ignore[arg-type]
-    assert t["stalled_s"] == pytest.approx(8.1, abs=1e-3) and t["startup_s"] == pytest.approx(5.1, abs=1e-3)
+    assert t["stalled_s"] == pytest.approx(8.1, abs=1e-3) and t["startup_s"] == pytest.approx(
+        5.1, abs=1e-3
+    )
 
 
 def test_a_slow_step_nobody_called_a_stall_is_training(tmp_path: Path) -> None:
     run_dir = _run(tmp_path, _steps(2, range(1, 41), T0 + 5, 0.1, gap=(20, 8.0)), [], end=T0 + 20)
     t = digest.build(run_dir, record.load(run_dir))["time"]  # type: ignore[arg-type]
     # Steps 1..40 from 5.1 s to 17.0 s, the 8 s gap inside: all of it training.
-    assert t["stalled_s"] == 0.0 and t["training_s"] == pytest.approx(11.9) and t["shutdown_s"] == pytest.approx(3.0)
+    assert (
+        t["stalled_s"] == 0.0
+        and t["training_s"] == pytest.approx(11.9)
+        and t["shutdown_s"] == pytest.approx(3.0)
+    )
 
 
 def test_a_restart_lasts_from_the_failure_until_the_ranks_log_again(tmp_path: Path) -> None:
-    lines = _steps(2, range(1, 11), T0 + 2, 0.1) + _steps(2, range(1, 11), T0 + 10, 0.1)  # attempt 2 logs from 10.1
+    # attempt 2 logs from 10.1
+    lines = _steps(2, range(1, 11), T0 + 2, 0.1) + _steps(2, range(1, 11), T0 + 10, 0.1)
     events = [
         {"t": T0 + 4.0, "kind": "rank_exited", "rank": 1, "exit_code": 1},
         {"t": T0 + 4.1, "kind": "rank_exited", "rank": 0, "exit_code": -15},
@@ -136,7 +194,10 @@ def test_a_restart_lasts_from_the_failure_until_the_ranks_log_again(tmp_path: Pa
 
 def test_waits_speed_and_series(tmp_path: Path) -> None:
     lines = _steps(2, range(1, 101), T0 + 1, 0.05)
-    lines += [{"t": T0 + 3, "rank": 0, "kind": "sys", "comm_wait_s": 0.2, "comm_steps": 10}, {"t": T0 + 3, "rank": 1, "kind": "sys", "gpu_util": 5}]
+    lines += [
+        {"t": T0 + 3, "rank": 0, "kind": "sys", "comm_wait_s": 0.2, "comm_steps": 10},
+        {"t": T0 + 3, "rank": 1, "kind": "sys", "gpu_util": 5},
+    ]
     run_dir = _run(tmp_path, lines, [], end=T0 + 7)
     doc = digest.build(run_dir, record.load(run_dir))  # type: ignore[arg-type]
     assert doc["waited_s"] == {"0": 2.0}  # rank 1 was not watched: no figure rather than 0
@@ -145,7 +206,10 @@ def test_waits_speed_and_series(tmp_path: Path) -> None:
 
 
 def test_a_long_run_keeps_the_same_steps_as_another_of_about_its_length() -> None:
-    a, b = digest._thin([float(s) for s in range(1, 100_001)]), digest._thin([float(s) for s in range(1, 90_001)])
+    a, b = (
+        digest._thin([float(s) for s in range(1, 100_001)]),
+        digest._thin([float(s) for s in range(1, 90_001)]),
+    )
     assert len(a) <= digest.SERIES_POINTS and len(b) <= digest.SERIES_POINTS
     assert len(set(a) & set(b)) >= len(b) - 1
 
@@ -153,12 +217,17 @@ def test_a_long_run_keeps_the_same_steps_as_another_of_about_its_length() -> Non
 def test_a_damaged_metrics_file_is_read_around(tmp_path: Path) -> None:
     run_dir = _run(tmp_path, _steps(1, range(1, 11), T0 + 1, 0.1), [], end=T0 + 3)
     with open(run_dir / "metrics.jsonl", "ab") as fh:
-        fh.write(b'{"t": "soon", "rank": 0, "kind": "train"}\n\xff\xfe not json\n{"t": 1e999, "rank": true}\n[1,2]\n')
+        fh.write(
+            b'{"t": "soon", "rank": 0, "kind": "train"}\n\xff\xfe not json\n{"t": 1e999, "rank": '
+            b'true}\n[1,2]\n'
+        )
     doc = digest.build(run_dir, record.load(run_dir))  # type: ignore[arg-type]
     assert doc["time"]["startup_s"] == pytest.approx(1.1) and len(doc["steps"]) == 10
 
 
-def test_a_digest_followed_as_the_run_goes_comes_to_what_one_read_whole_does(tmp_path: Path) -> None:
+def test_a_digest_followed_as_the_run_goes_comes_to_what_one_read_whole_does(
+    tmp_path: Path,
+) -> None:
     lines = _steps(2, range(1, 41), T0 + 5, 0.1, gap=(20, 8.0))  # the stall: after step 19 (6.9 s)
     stall = {"t": T0 + 9.0, "kind": "stalled", "rank": 1, "idle_s": 2.1}
     run_dir = _run(tmp_path, [], [], end=T0 + 20)
@@ -178,13 +247,21 @@ def test_a_digest_followed_as_the_run_goes_comes_to_what_one_read_whole_does(tmp
     live.poll()
     followed, whole = live.doc(rec), digest.build(run_dir, rec)
     assert followed == whole
-    assert followed["time"]["stalled_s"] == pytest.approx(8.1, abs=1e-3) and len(followed["steps"]) == 40
+    assert (
+        followed["time"]["stalled_s"] == pytest.approx(8.1, abs=1e-3)
+        and len(followed["steps"]) == 40
+    )
 
 
 @pytest.mark.parametrize(
     "damage",
-    [b"{not json", b'{"version": 1, "steps": "abc", "loss": [], "samples_per_s": [], "speed": {}, "time": null, "waited_s": {}}',
-     b'{"version": 1, "steps": [1, 2], "loss": [1.0], "samples_per_s": [null, null], "speed": {"step_s": "fast"}, "time": null, "waited_s": {}}'],
+    [
+        b"{not json",
+        b'{"version": 1, "steps": "abc", "loss": [], "samples_per_s": [], "speed": {}, "time": '
+        b'null, "waited_s": {}}',
+        b'{"version": 1, "steps": [1, 2], "loss": [1.0], "samples_per_s": [null, null], "speed": '
+        b'{"step_s": "fast"}, "time": null, "waited_s": {}}',
+    ],
 )
 def test_a_damaged_digest_is_made_again_from_the_run(tmp_path: Path, damage: bytes) -> None:
     run_dir = _run(tmp_path, _steps(2, range(1, 11), T0 + 1, 0.1), [], end=T0 + 3)

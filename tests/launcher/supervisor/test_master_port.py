@@ -13,8 +13,10 @@ from xl.address import LOOPBACK
 from xl.launcher.plan import ENTRY_MODULE, HELD_PORT
 from xl.launcher.supervisor.torchrun import hold_master_port
 
-PLAN = ["py", "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", LOOPBACK, "--master-port", HELD_PORT,
-        "--max-restarts", "0", "-m", ENTRY_MODULE, "train.py", "--lr", "1"]
+PLAN = [
+    "py", "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", LOOPBACK,
+    "--master-port", HELD_PORT, "--max-restarts", "0", "-m", ENTRY_MODULE, "train.py", "--lr", "1",
+]
 
 
 def test_the_held_port_is_the_stores_and_nobody_elses() -> None:
@@ -47,11 +49,20 @@ def test_the_held_port_is_the_stores_and_nobody_elses() -> None:
     "argv",
     [
         # restarts and several nodes: c10d, nothing to hold
-        ["py", "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m", ENTRY_MODULE, "t.py"],
+        [
+            "py", "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            "127.0.0.1:0", "-m", ENTRY_MODULE, "t.py",
+        ],
         # the script's own --master-port 0 is its business
-        ["py", "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--max-restarts", "1", "-m", ENTRY_MODULE, "t.py", "--master-addr", LOOPBACK, "--master-port", "0"],
+        [
+            "py", "-m", "torch.distributed.run", "--rdzv-backend", "c10d", "--max-restarts", "1",
+            "-m", ENTRY_MODULE, "t.py", "--master-addr", LOOPBACK, "--master-port", "0",
+        ],
         # a port already chosen
-        ["py", "-m", "torch.distributed.run", "--master-addr", LOOPBACK, "--master-port", "29500", "-m", ENTRY_MODULE, "t.py"],
+        [
+            "py", "-m", "torch.distributed.run", "--master-addr", LOOPBACK, "--master-port",
+            "29500", "-m", ENTRY_MODULE, "t.py",
+        ],
     ],
 )
 def test_other_commands_are_left_as_they_are(argv: list[str]) -> None:

@@ -43,13 +43,26 @@ def _run_dir(tmp_path: Path) -> Path:
     return run_dir
 
 
-def test_torchrun_starts_before_telemetry_and_its_ranks_are_given_the_port_the_collector_then_listens_on(tmp_path: Path) -> None:
+def test_torchrun_starts_before_telemetry_and_its_ranks_are_given_the_port_the_collector_then_listens_on(
+    tmp_path: Path,
+) -> None:
     run_dir = _run_dir(tmp_path)
     env = dict(os.environ, XL_DEBUG_TIMING="1")
-    done = subprocess.run([sys.executable, "-m", "xl.launcher.supervisor", str(run_dir)], env=env, cwd=run_dir,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "xl.launcher.supervisor", str(run_dir)],
+        env=env,
+        cwd=run_dir,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     stamps = [line.split(" ", 1)[1] for line in done.stderr.splitlines() if line[:1].isdigit()]
-    assert stamps.index("torchrun started") < stamps.index("telemetry started") < stamps.index("loop ready"), done.stderr
+    assert (
+        stamps.index("torchrun started")
+        < stamps.index("telemetry started")
+        < stamps.index("loop ready")
+    ), done.stderr
     port = json.loads((run_dir / "collector.json").read_text())["port"]
     assert (run_dir / "collector").read_text() == f"127.0.0.1:{port}"
     run = json.loads((run_dir / "run.json").read_text())

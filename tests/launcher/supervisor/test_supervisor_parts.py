@@ -54,7 +54,9 @@ def _fake_rank(ignore_term: bool = False) -> subprocess.Popen[str]:
     if ignore_term:
         body += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     body += "print('ready', flush=True)\ntime.sleep(60)\n"
-    proc = subprocess.Popen([sys.executable, "-c", body], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", body], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     return proc
 
@@ -70,8 +72,11 @@ def _events(run_dir: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
-def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
-    run_dir = _unit_run_dir(tmp_path, grace=2.0)  # the cause's first reading (its imports) is within it
+def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(
+    tmp_path: Path,
+) -> None:
+    # the cause's first reading (its imports) is within it
+    run_dir = _unit_run_dir(tmp_path, grace=2.0)
     sup = Supervisor(run_dir)
     failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     failed.wait(10)
@@ -81,11 +86,20 @@ def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(t
         sup.act(sup.ranks.hello(1, stubborn.pid))
         tb = "Traceback (most recent call last):\nValueError: boom\n"
         (run_dir / "ranks" / "rank-0.json").write_text(
-            json.dumps({"pid": failed.pid, "local_rank": 0, "exit_code": 3, "traceback": tb, "ended_at": time.time()})
+            json.dumps(
+                {
+                    "pid": failed.pid,
+                    "local_rank": 0,
+                    "exit_code": 3,
+                    "traceback": tb,
+                    "ended_at": time.time(),
+                }
+            )
         )
         sup.act(sup.ranks.scan_records())
         assert sup.stopping.state is not None and sup.stopping.state.reason is StopReason.FAILURE
-        assert sup.cause.decide(sup.ranks, None, sup.sink.drain) is not None  # what the loop's turn does next
+        # what the loop's turn does next
+        assert sup.cause.decide(sup.ranks, None, sup.sink.drain) is not None
         time.sleep(0.1)
         sup.stopping.advance()
         assert stubborn.poll() is None  # SIGTERM ignored, and the grace is not over
@@ -107,11 +121,21 @@ def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(t
         "message": "rank 0 failed first: rank 0 exited with code 3",
         "node": "here",
         "node_rank": 0,
-        "cause": {"kind": "exception", "summary": "ValueError: boom", "fix": None, "evidence": ["ValueError: boom"]},
+        "cause": {
+            "kind": "exception",
+            "summary": "ValueError: boom",
+            "fix": None,
+            "evidence": ["ValueError: boom"],
+        },
     }
-    assert [(r["rank"], r["state"], r["exit_code"]) for r in run["ranks"]] == [(0, "failed", 3), (1, "stopped", -9)]
+    assert [(r["rank"], r["state"], r["exit_code"]) for r in run["ranks"]] == [
+        (0, "failed", 3),
+        (1, "stopped", -9),
+    ]
     events = _events(run_dir)
-    assert [e["kind"] for e in events] == ["rank_started", "rank_started", "rank_exited", "failure", "rank_exited", "run_ended"]
+    assert [e["kind"] for e in events] == [
+        "rank_started", "rank_started", "rank_exited", "failure", "rank_exited", "run_ended",
+    ]
     assert events[-1]["status"] == "failed" and events[-1]["message"] == "run failed"
     # As the rank table shows it: stopped, with its code (not "killed", not "exit code unknown").
     assert events[4]["message"] == "rank 1 stopped (-9)"
@@ -134,7 +158,10 @@ def test_a_requested_stop_ends_every_rank_as_stopped(tmp_path: Path) -> None:
     assert status is RunStatus.STOPPED and status.exit_code == 1
     run = run_json(run_dir)
     assert run["status"] == "stopped" and run["failure"] is None
-    assert [(r["state"], r["exit_code"]) for r in run["ranks"]] == [("stopped", -15), ("stopped", -15)]
+    assert [(r["state"], r["exit_code"]) for r in run["ranks"]] == [
+        ("stopped", -15),
+        ("stopped", -15),
+    ]
     exits = [e["message"] for e in _events(run_dir) if e["kind"] == "rank_exited"]
     assert exits == ["rank 0 stopped (-15)", "rank 1 stopped (-15)"], exits
 
@@ -166,20 +193,32 @@ def test_torchrun_summary_names_the_rank_that_really_failed(tmp_path: Path) -> N
     (run_dir / "logs" / "torchrun.log").write_text(
         "Sending process 1000 closing signal SIGTERM\n"
         "Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 1001)\n"
-        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 1000)\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode "
+        " : -15 (pid: 1000)\n"
     )
-    assert cause.decide(ranks, None, lambda rank: None) is None  # gone without a word: torchrun's summary first
+    # gone without a word: torchrun's summary first
+    assert cause.decide(ranks, None, lambda rank: None) is None
     failure = cause.decide(ranks, 1, lambda rank: None)
     assert failure is not None and cause.failure is failure
     assert (failure.rank, failure.exit_code) == (1, -6)
     assert failure.message == "rank 1 failed first: rank 1 was killed by SIGABRT"
-    assert failure.cause is not None and failure.cause.kind.value == "exception" and failure.cause.summary.startswith("aborted (SIGABRT)")
+    assert (
+        failure.cause is not None
+        and failure.cause.kind.value == "exception"
+        and failure.cause.summary.startswith("aborted (SIGABRT)")
+    )
     assert [(st.state.value, st.exit_code) for st in ranks] == [("stopped", -15), ("failed", -6)]
     failures = [e for e in _events(run_dir) if e["kind"] == "failure"]
-    assert len(failures) == 1 and failures[0]["rank"] == 1 and failures[0]["cause"]["kind"] == "exception"
+    assert (
+        len(failures) == 1
+        and failures[0]["rank"] == 1
+        and failures[0]["cause"]["kind"] == "exception"
+    )
 
 
-def test_a_rank_whose_script_returned_and_whose_process_then_aborted_is_the_cause(tmp_path: Path) -> None:
+def test_a_rank_whose_script_returned_and_whose_process_then_aborted_is_the_cause(
+    tmp_path: Path,
+) -> None:
     """Both ranks' records say 0 (their scripts returned); torchrun failed, and its summary has
     rank 0 killed by SIGABRT (a C++ abort at interpreter exit): rank 0 failed, and is named with
     its signal, not "rank None" with torchrun's traceback; its last line is evidence in its
@@ -187,16 +226,25 @@ def test_a_rank_whose_script_returned_and_whose_process_then_aborted_is_the_caus
     run_dir, journal, ranks, cause = _ended_ranks(tmp_path)
     for st in ranks:
         st.end(0, st.ended_at, stopped=False)
-    (run_dir / "logs" / "rank-0.log").write_text("step 6/6\nterminate called without an active exception\n")
+    (run_dir / "logs" / "rank-0.log").write_text(
+        "step 6/6\nterminate called without an active exception\n"
+    )
     (run_dir / "logs" / "torchrun.log").write_text(
-        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 1000)\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode "
+        " : -6 (pid: 1000)\n"
     )
     cause.fill_from_torchrun_log(ranks, torchrun_code=1)
     assert cause.conclude(False, 1, False, ranks) is RunStatus.FAILED
     assert cause.failure is not None and (cause.failure.rank, cause.failure.exit_code) == (0, -6)
-    assert cause.failure.message == "rank 0 failed first: rank 0 was killed by SIGABRT after its script had returned"
+    assert (
+        cause.failure.message
+        == "rank 0 failed first: rank 0 was killed by SIGABRT after its script had returned"
+    )
     assert cause.failure.cause is not None
-    assert cause.failure.cause.summary == "aborted (SIGABRT) after: terminate called without an active exception"
+    assert (
+        cause.failure.cause.summary
+        == "aborted (SIGABRT) after: terminate called without an active exception"
+    )
     assert cause.failure.traceback == "step 6/6\nterminate called without an active exception\n"
     assert [(st.state.value, st.exit_code) for st in ranks] == [("failed", -6), ("exited", 0)]
     failures = [e for e in _events(run_dir) if e["kind"] == "failure"]
@@ -212,7 +260,9 @@ def test_a_rank_whose_script_returned_and_whose_process_then_aborted_is_the_caus
 def test_no_rank_started_the_failure_quotes_torchrun(tmp_path: Path) -> None:
     run_dir = _unit_run_dir(tmp_path)
     sup = Supervisor(run_dir)
-    (run_dir / "logs" / "torchrun.log").write_text("\nusage: torchrun ...\n\ntorchrun: error: bad --nnodes\n")
+    (run_dir / "logs" / "torchrun.log").write_text(
+        "\nusage: torchrun ...\n\ntorchrun: error: bad --nnodes\n"
+    )
     sup.torchrun.code = 2
     assert sup.ranks.all_done(sup.torchrun.code, stopping=False)
     status = sup.finish()
@@ -262,7 +312,12 @@ def test_log_chunks_nothing_may_use_are_not_split_into_lines(tmp_path: Path) -> 
         asked.append(text)
         return worth_parsing(text)
 
-    sink = LogSink(run_dir, lambda what, exc: None, on_line=lambda rank, line: lines.append((rank, line)), wants=wants)
+    sink = LogSink(
+        run_dir,
+        lambda what, exc: None,
+        on_line=lambda rank, line: lines.append((rank, line)),
+        wants=wants,
+    )
     log = run_dir / "logs" / "rank-0.log"
     log.write_bytes(b"".join(b"plain line %d\n" % i for i in range(5000)))
     sink.tail()
@@ -270,7 +325,11 @@ def test_log_chunks_nothing_may_use_are_not_split_into_lines(tmp_path: Path) -> 
     with open(log, "ab") as fh:
         fh.write(b"before\n 50%|#####     | 5/10 [00:01<00:01, 4.00it/s]\nafter\n")
     sink.tail()
-    assert lines == [(0, "before"), (0, " 50%|#####     | 5/10 [00:01<00:01, 4.00it/s]"), (0, "after")]
+    assert lines == [
+        (0, "before"),
+        (0, " 50%|#####     | 5/10 [00:01<00:01, 4.00it/s]"),
+        (0, "after"),
+    ]
     with open(log, "ab") as fh:
         fh.write(b"\r 60%|######    | 6/10 [00:01<00:01, 4.00it/s]")
     sink.tail()
@@ -333,7 +392,11 @@ def test_worth_parsing_holds_for_a_chunk_whenever_for_one_of_its_lines() -> None
     """The supervisor tests whole chunks of output with it before splitting them into lines."""
     from xl.launcher.telemetry.logparse import worth_parsing  # noqa: PLC0415 - the property the supervisor relies on
 
-    worth = ["{'loss': 0.5, 'epoch': 1.0}", " 50%|#####     | 5/10 [00:01<00:01, 4.00it/s]", "Epoch 1: 3/9 [00:02, 1.50s/it]"]
+    worth = [
+        "{'loss': 0.5, 'epoch': 1.0}",
+        " 50%|#####     | 5/10 [00:01<00:01, 4.00it/s]",
+        "Epoch 1: 3/9 [00:02, 1.50s/it]",
+    ]
     for line in worth:
         assert worth_parsing(line)
         for chunk in (f"a\n{line}\nb", f"{line}\n" * 2, f"x\r{line}"):
@@ -341,8 +404,12 @@ def test_worth_parsing_holds_for_a_chunk_whenever_for_one_of_its_lines() -> None
     assert not worth_parsing("plain\nlines 1/2\nonly")
 
 
-@pytest.mark.parametrize(("value", "grace"), [(None, 10.0), ("2.5", 2.5), ("-3", 0.0), ("soon", 10.0)])
-def test_stop_grace_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str | None, grace: float) -> None:
+@pytest.mark.parametrize(
+    ("value", "grace"), [(None, 10.0), ("2.5", 2.5), ("-3", 0.0), ("soon", 10.0)]
+)
+def test_stop_grace_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, grace: float
+) -> None:
     if value is None:
         monkeypatch.delenv("XL_STOP_GRACE", raising=False)
     else:
@@ -351,7 +418,9 @@ def test_stop_grace_from_the_environment(monkeypatch: pytest.MonkeyPatch, value:
 
 
 @pytest.mark.parametrize("given", [0, 1])
-def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_first(tmp_path: Path, given: int) -> None:
+def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_first(
+    tmp_path: Path, given: int
+) -> None:
     """Node 1 of two, one rank: torch numbers nodes in the order they join, so its rank is 1
     (it joined second) or 0 (it joined first). Until the rank reports, its number is only a
     guess (1) and run.json lists no row; once it reports, one row with the rank torch gave it.
@@ -369,16 +438,37 @@ def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_fi
     reader = RunReader(run_dir)
     journal.save(ranks.to_json(), None)
     assert run_json(run_dir)["ranks"] == [] and reader.poll().ranks == {}
-    env = {**os.environ, "XL_RUN_ID": record.run_id, "LOCAL_RANK": "0", "RANK": str(given), "WORLD_SIZE": "2"}
+    env = {
+        **os.environ,
+        "XL_RUN_ID": record.run_id,
+        "LOCAL_RANK": "0",
+        "RANK": str(given),
+        "WORLD_SIZE": "2",
+    }
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     try:
-        wait_for(lambda: f"XL_RUN_ID={record.run_id}".encode() in Path(f"/proc/{rank.pid}/environ").read_bytes(), timeout=10, what="the rank's environment")
-        (run_dir / "ranks" / f"rank-{given}.json").write_text(json.dumps({"rank": given, "local_rank": 0, "pid": rank.pid, "started_at": time.time()}))
+        wait_for(
+            lambda: (
+                f"XL_RUN_ID={record.run_id}".encode()
+                in Path(f"/proc/{rank.pid}/environ").read_bytes()
+            ),
+            timeout=10,
+            what="the rank's environment",
+        )
+        (run_dir / "ranks" / f"rank-{given}.json").write_text(
+            json.dumps({"rank": given, "local_rank": 0, "pid": rank.pid, "started_at": time.time()})
+        )
         changes = ranks.scan_records()
         journal.save(ranks.to_json(), None)
         rows = run_json(run_dir)["ranks"]
-        assert [(r["rank"], r["pid"], r["state"]) for r in rows] == [(given, rank.pid, "running")], rows
-        started = [(c.change, c.st.rank) for c in changes if c.change is Change.STARTED and c.st is not None]
+        assert [(r["rank"], r["pid"], r["state"]) for r in rows] == [
+            (given, rank.pid, "running")
+        ], rows
+        started = [
+            (c.change, c.st.rank)
+            for c in changes
+            if c.change is Change.STARTED and c.st is not None
+        ]
         assert started == [(Change.STARTED, given)]
         assert sorted(reader.poll().ranks) == [given]
     finally:
@@ -386,14 +476,24 @@ def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_fi
         rank.wait(5)
 
 
-@pytest.mark.parametrize("said", [
-    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error [127.0.0.1]:4321: Connection reset by peer",
-    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Write error [127.0.0.1]:4321: Broken pipe",
-    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:52345",
-    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, remote process exited or "
-    "there was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
-])
-def test_a_survivor_s_broken_collective_never_beats_the_rank_that_was_killed(tmp_path: Path, said: str) -> None:
+@pytest.mark.parametrize(
+    "said",
+    [
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error "
+        "[127.0.0.1]:4321: Connection reset by peer",
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Write error "
+        "[127.0.0.1]:4321: Broken pipe",
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by "
+        "peer [127.0.0.1]:52345",
+        "torch.distributed.DistBackendError: NCCL error in: "
+        "../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, remote process exited or "
+        "there was a network error, NCCL version 2.21.5\nncclRemoteError: A call failed possibly "
+        "due to a network error or a remote process exiting prematurely.",
+    ],
+)
+def test_a_survivor_s_broken_collective_never_beats_the_rank_that_was_killed(
+    tmp_path: Path, said: str
+) -> None:
     """The survivor's record (its collective broke) is read first, the killed rank is found gone
     on the same turn: the killed rank is the cause, decided once its signal is known; the
     survivor is not blamed in between (no failure event until then)."""
@@ -405,9 +505,13 @@ def test_a_survivor_s_broken_collective_never_beats_the_rank_that_was_killed(tmp
     cause.suspect(survivor)
     killed.vanished, killed.alive_at = True, 100.2
     killed.end(None, None, stopped=True)  # found gone once the stop had begun
-    assert cause.decide(ranks, None, lambda rank: None) is None and not (run_dir / "events.jsonl").exists()
+    assert (
+        cause.decide(ranks, None, lambda rank: None) is None
+        and not (run_dir / "events.jsonl").exists()
+    )
     (run_dir / "logs" / "torchrun.log").write_text(
-        "E1128 01:02:03.000000 99 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 1001) of binary: python\n"
+        "E1128 01:02:03.000000 99 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+        "(exitcode: -9) local_rank: 1 (pid: 1001) of binary: python\n"
     )
     failure = cause.decide(ranks, 1, lambda rank: None)
     assert failure is not None and (failure.rank, failure.exit_code) == (1, -9)
@@ -423,20 +527,35 @@ def test_a_rank_s_own_error_before_a_later_kill_is_the_cause(tmp_path: Path) -> 
     run_dir, _journal, ranks, cause = _ended_ranks(tmp_path)
     first, later = ranks.get(0), ranks.get(1)
     assert first is not None and later is not None
-    first.error, first.traceback = "ValueError: bad batch", "Traceback (most recent call last):\nValueError: bad batch"
+    first.error, first.traceback = (
+        "ValueError: bad batch",
+        "Traceback (most recent call last):\nValueError: bad batch",
+    )
     first.end(1, 100.0, stopped=False)
     cause.suspect(first)
     later.pid = os.getpid()  # running still (as this process is)
     failure = cause.decide(ranks, None, lambda rank: None)
-    assert failure is not None and failure.rank == 0 and failure.message == "rank 0 failed first: ValueError: bad batch"
-    assert failure.cause is not None and failure.cause.kind.value == "exception" and failure.cause.summary == "ValueError: bad batch"
+    assert (
+        failure is not None
+        and failure.rank == 0
+        and failure.message == "rank 0 failed first: ValueError: bad batch"
+    )
+    assert (
+        failure.cause is not None
+        and failure.cause.kind.value == "exception"
+        and failure.cause.summary == "ValueError: bad batch"
+    )
     later.pid, later.vanished, later.alive_at = 1001, True, 100.4
     later.end(-9, None, stopped=True)
-    assert cause.decide(ranks, 1, lambda rank: None, final=True) is None and cause.failure is failure
+    assert (
+        cause.decide(ranks, 1, lambda rank: None, final=True) is None and cause.failure is failure
+    )
     assert [e["rank"] for e in _events(run_dir) if e["kind"] == "failure"] == [0]
 
 
-def test_a_survivor_aborted_by_its_watchdog_never_beats_the_rank_that_was_killed(tmp_path: Path) -> None:
+def test_a_survivor_aborted_by_its_watchdog_never_beats_the_rank_that_was_killed(
+    tmp_path: Path,
+) -> None:
     """NCCL's watchdog aborts the survivor (SIGABRT, its last words the timeout) after its peer
     was killed: both died of a signal, the survivor's says it lost its peer, the killed rank is
     the cause."""
@@ -444,18 +563,23 @@ def test_a_survivor_aborted_by_its_watchdog_never_beats_the_rank_that_was_killed
     survivor, killed = ranks.get(0), ranks.get(1)
     assert survivor is not None and killed is not None
     (run_dir / "logs" / "rank-0.log").write_text(
-        "step 120\n[rank0]:[E1128 01:02:03.456789 123 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
-        "timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600060 milliseconds "
-        "before timing out.\nterminate called after throwing an instance of 'c10::DistBackendError'\n"
+        "step 120\n[rank0]:[E1128 01:02:03.456789 123 ProcessGroupNCCL.cpp:616] [Rank 0] "
+        "Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=6, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+        "Timeout(ms)=600000) ran for 600060 milliseconds "
+        "before timing out.\nterminate called after throwing an instance of "
+        "'c10::DistBackendError'\n"
     )
-    survivor.vanished, survivor.alive_at = True, 99.0  # last seen before the killed rank was: time alone would blame it
+    # last seen before the killed rank was: time alone would blame it
+    survivor.vanished, survivor.alive_at = True, 99.0
     survivor.end(None, None, stopped=False)
     cause.suspect(survivor)
     killed.vanished, killed.alive_at = True, 100.0
     killed.end(None, None, stopped=True)
     (run_dir / "logs" / "torchrun.log").write_text(
         "Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 1001)\n"
-        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 1000)\n"
+        "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode "
+        " : -6 (pid: 1000)\n"
     )
     failure = cause.decide(ranks, 1, lambda rank: None)
     assert failure is not None and (failure.rank, failure.exit_code) == (1, -9)

@@ -13,7 +13,9 @@ from xl.launcher.rundir.events import Event
 from xl.launcher.supervisor.telemetry_port import TelemetryPort
 
 
-def test_the_ranks_get_the_collector_s_port_before_telemetry_starts_and_it_listens_there(tmp_path: Path) -> None:
+def test_the_ranks_get_the_collector_s_port_before_telemetry_starts_and_it_listens_there(
+    tmp_path: Path,
+) -> None:
     port = TelemetryPort("t" * 32)
     env = port.reserve(tmp_path)
     host, _, number = env["XL_COLLECTOR"].rpartition(":")
@@ -57,7 +59,9 @@ def test_without_telemetry_every_call_is_a_no_op(tmp_path: Path) -> None:
     assert not port.running and port.telemetry is None
 
 
-def test_a_telemetry_call_that_fails_is_said_and_the_run_goes_on(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_a_telemetry_call_that_fails_is_said_and_the_run_goes_on(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     port = TelemetryPort("t" * 32)
     port.start(tmp_path, lambda event: None)
     assert port.telemetry is not None

@@ -186,7 +186,9 @@ def test_fuzzed_collector_keeps_every_real_record_and_counts_rejects(tmp_path: P
     rejects = status["rejects"]
     assert rejects["oversized"] == oversized
     assert rejects["bad_token"] == refused == 60
-    assert rejects["rank_mismatch"] > 500 and rejects["bad_json"] > 500 and rejects["wrong_rank"] > 500
+    assert (
+        rejects["rank_mismatch"] > 500 and rejects["bad_json"] > 500 and rejects["wrong_rank"] > 500
+    )
     assert sum(rejects.values()) >= sent
     assert "internal_error" not in rejects
     # Bad records under a valid token are a client bug, not noise: they reach the events.
@@ -222,17 +224,26 @@ SILENT_PEER = (
 
 
 @pytest.mark.e2e
-def test_connections_that_send_nothing_valid_are_closed_after_the_idle_timeout(tmp_path: Path) -> None:
+def test_connections_that_send_nothing_valid_are_closed_after_the_idle_timeout(
+    tmp_path: Path,
+) -> None:
     """A peer that connects and says nothing, trickles a frame that never completes, or sends only
-    a HELLO with a wrong token is refused at once; the others are cut after the collector's idle timeout (IDLE_S, 30 s; shortened
-    here) and counted as ``idle``. A real rank that logs rarely and a real node link (heartbeat
-    every HEARTBEAT_S, well within IDLE_S) are never cut."""
+    a HELLO with a wrong token is refused at once; the others are cut after the collector's idle
+    timeout (IDLE_S, 30 s; shortened here) and counted as ``idle``. A real rank that logs rarely
+    and a real node link (heartbeat every HEARTBEAT_S, well within IDLE_S) are never cut."""
     assert nodelink.HEARTBEAT_S * 10 <= collector.IDLE_S  # a link's first frame comes long before
     closed: list[int] = []
-    tel = Telemetry(tmp_path, token="tok-0123456789abcdef", inventory=False, on_node=lambda *_: None, on_node_closed=closed.append)
+    tel = Telemetry(
+        tmp_path,
+        token="tok-0123456789abcdef",
+        inventory=False,
+        on_node=lambda *_: None,
+        on_node_closed=closed.append,
+    )
     env = {**tel.start(), "XL_RUN_DIR": str(tmp_path), "RANK": "0"}
     assert tel.collector is not None and tel.collector.idle_s == collector.IDLE_S == 30.0
-    idle = nodelink.HEARTBEAT_S + 1.5  # a link's first heartbeat is due HEARTBEAT_S after it connects
+    # a link's first heartbeat is due HEARTBEAT_S after it connects
+    idle = nodelink.HEARTBEAT_S + 1.5
     tel.collector.idle_s = idle
     host, port = env["XL_COLLECTOR"].rsplit(":", 1)
     peers = {
@@ -251,7 +262,8 @@ def test_connections_that_send_nothing_valid_are_closed_after_the_idle_timeout(t
         start = time.monotonic()
         for mode, proc in peers.items():
             out, err = proc.communicate(timeout=idle + 20)
-            said = "XL-REFUSED-BAD-TOKEN" if mode == "bad_token" else "-"  # refused at once, the others cut idle
+            # refused at once, the others cut idle
+            said = "XL-REFUSED-BAD-TOKEN" if mode == "bad_token" else "-"
             assert out.split() == ["connected", "closed", said], (mode, out, err)
         took = time.monotonic() - start
         assert idle - 0.5 <= took <= idle + 5, took

@@ -22,8 +22,19 @@ def test_step_time_by_phase_per_rank(tmp_path: Path) -> None:
     with open(run_dir / "metrics.jsonl", "a") as fh:
         for rank in (0, 5):
             for i, data in enumerate((0.01, 0.02, 0.25 if rank == 5 else 0.03)):
-                rec = {"t": now - 3 + i, "rank": rank, "kind": "train", "step": 60 + i, "steps": 2, "step_s": round(data + 0.3, 6),
-                       "data_s": data, "compute_s": 0.2, "comm_s": 0.08, "other_s": 0.02, "mem_peak_mib": 1024.0 + rank}
+                rec = {
+                    "t": now - 3 + i,
+                    "rank": rank,
+                    "kind": "train",
+                    "step": 60 + i,
+                    "steps": 2,
+                    "step_s": round(data + 0.3, 6),
+                    "data_s": data,
+                    "compute_s": 0.2,
+                    "comm_s": 0.08,
+                    "other_s": 0.02,
+                    "mem_peak_mib": 1024.0 + rank,
+                }
                 fh.write(json.dumps(rec) + "\n")
     registry = CollectorRegistry()
     registry.register(RunsCollector(runs, gpus=False))
@@ -38,5 +49,8 @@ def test_step_time_by_phase_per_rank(tmp_path: Path) -> None:
         ("0", "data"): 0.03, ("0", "compute"): 0.2, ("0", "comm"): 0.08, ("0", "other"): 0.02,
         ("5", "data"): 0.25, ("5", "compute"): 0.2, ("5", "comm"): 0.08, ("5", "other"): 0.02,
     }
-    assert got["xl_rank_memory_peak_bytes"] == {("0", ""): 1024.0 * (1 << 20), ("5", ""): 1029.0 * (1 << 20)}
+    assert got["xl_rank_memory_peak_bytes"] == {
+        ("0", ""): 1024.0 * (1 << 20),
+        ("5", ""): 1029.0 * (1 << 20),
+    }
     assert len(got["xl_train_step"]) == 8  # every rank is there; only the timed ones have a split

@@ -45,24 +45,36 @@ def test_a_rank_that_never_announces_gets_its_bars_after_the_hold_in_order() -> 
 
 def _train(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines() if '"train"' in x] if path.exists() else []
+    return (
+        [json.loads(x) for x in path.read_text().splitlines() if '"train"' in x]
+        if path.exists()
+        else []
+    )
 
 
-def test_telemetry_holds_bars_when_instrumented_and_stores_them_after_the_hold(tmp_path: Path, monkeypatch) -> None:
+def test_telemetry_holds_bars_when_instrumented_and_stores_them_after_the_hold(
+    tmp_path: Path, monkeypatch
+) -> None:
     bar = "Map: 100%|##########| 320/320 [00:00<00:00, 5000.00 examples/s]"
     monkeypatch.setenv("XL_PRINTED_HOLD_S", "3600")
-    held = Telemetry(tmp_path / "held", token="tok-0123456789abcdef", inventory=False, instrumented=True)
+    held = Telemetry(
+        tmp_path / "held", token="tok-0123456789abcdef", inventory=False, instrumented=True
+    )
     held.start()
     held.feed_log_line(0, bar)
     held.stop()  # every line queued is parsed first
     assert _train(tmp_path / "held") == [] and held.printed.dropped == 0
-    plain = Telemetry(tmp_path / "plain", token="tok-0123456789abcdef", inventory=False, instrumented=False)
+    plain = Telemetry(
+        tmp_path / "plain", token="tok-0123456789abcdef", inventory=False, instrumented=False
+    )
     plain.start()
     plain.feed_log_line(0, bar)
     plain.stop()
     assert [(r["rank"], r["step"]) for r in _train(tmp_path / "plain")] == [(0, 320)]
     monkeypatch.setenv("XL_PRINTED_HOLD_S", "0.2")
-    tel = Telemetry(tmp_path / "due", token="tok-0123456789abcdef", inventory=False, instrumented=True)
+    tel = Telemetry(
+        tmp_path / "due", token="tok-0123456789abcdef", inventory=False, instrumented=True
+    )
     tel.start()
     try:
         tel.feed_log_line(0, bar)
@@ -75,7 +87,9 @@ def test_telemetry_holds_bars_when_instrumented_and_stores_them_after_the_hold(t
     assert [(r["rank"], r["step"]) for r in _train(tmp_path / "due")] == [(0, 320)]
 
 
-def test_a_rank_that_reports_its_own_steps_is_never_stepped_by_what_it_prints(tmp_path: Path) -> None:
+def test_a_rank_that_reports_its_own_steps_is_never_stepped_by_what_it_prints(
+    tmp_path: Path,
+) -> None:
     """Held bars are dropped when the rank's own train line comes, and later bars are not steps."""
     tel = Telemetry(tmp_path, token="tok-0123456789abcdef", inventory=False, instrumented=True)
     tel.start()

@@ -16,7 +16,10 @@ def test_printer_callback_dict() -> None:
 
 def test_progress_callback_dict_with_formatted_strings() -> None:
     # ProgressCallback writes floats through "%.4g" as strings, inside tqdm's output.
-    line = "\r 20%|██        | 2/10 [00:01<00:04]{'loss': '4.567', 'grad_norm': '0.8459', 'learning_rate': '0.0001', 'epoch': '0.2'}"
+    line = (
+        "\r 20%|██        | 2/10 [00:01<00:04]{'loss': '4.567', 'grad_norm': '0.8459', "
+        "'learning_rate': '0.0001', 'epoch': '0.2'}"
+    )
     assert parse_line(line) == {"loss": 4.567, "grad_norm": 0.8459, "lr": 0.0001, "epoch": 0.2}
 
 
@@ -64,7 +67,10 @@ def test_tqdm_lines(line: str, expected: dict) -> None:
 
 
 def test_carriage_returns_keep_the_last_update() -> None:
-    line = " 10%|█         | 1/10 [00:00<00:05,  1.50it/s]\r 20%|██        | 2/10 [00:01<00:04,  1.90it/s]"
+    line = (
+        " 10%|█         | 1/10 [00:00<00:05,  1.50it/s]\r 20%|██        | 2/10 [00:01<00:04,  "
+        "1.90it/s]"
+    )
     assert parse_line(line) == {"step": 2, "total_steps": 10, "steps_per_s": 1.9}
 
 
@@ -92,7 +98,8 @@ def test_values_are_finite_numbers_or_null() -> None:
 @pytest.mark.parametrize(
     "line",
     [
-        "{'eos_token_id': 0, 'bos_token_id': 0}",  # transformers' run_clm.py prints its generation config
+        # transformers' run_clm.py prints its generation config
+        "{'eos_token_id': 0, 'bos_token_id': 0}",
         "{'lr': 0.0003, 'batch_size': 64, 'epochs': 10}",  # a plain script's hyperparameters
         "config: {'n_layer': 12, 'n_head': 12, 'dropout': 0.0}",
         "{'loss': 'mse', 'optimizer': 'adam'}",  # a loss named, not a value

@@ -20,12 +20,15 @@ def _events(run_dir: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_the_writer_counts_what_it_cut_while_the_disk_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_writer_counts_what_it_cut_while_the_disk_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(metrics, "PENDING_CAP", 64 * 1024)
     writer = MetricsWriter(tmp_path)
     writer.error = OSError(28, "No space left on device")  # as after a failed write: lines wait
     writer.write_lines([b"x" * 1023] * 74)
-    assert writer.bytes_lost >= 10 * 1024 and writer.bytes_lost % 1024 == 0  # the oldest whole lines
+    # the oldest whole lines
+    assert writer.bytes_lost >= 10 * 1024 and writer.bytes_lost % 1024 == 0
     writer.close()
     kept = RunLayout(tmp_path).metrics.stat().st_size  # the newest, once the disk took them
     assert kept <= 64 * 1024 and kept + writer.bytes_lost == 74 * 1024

@@ -55,14 +55,19 @@ time.sleep(120)
 """
 
 
-def _start(tmp_path: Path, held: int, workers: int, relay_mib: int) -> tuple[subprocess.Popen, dict]:
+def _start(
+    tmp_path: Path, held: int, workers: int, relay_mib: int
+) -> tuple[subprocess.Popen, dict]:
     ready = tmp_path / f"ready-{held}-{workers}.json"
     proc = subprocess.Popen(
-        [sys.executable, "-c", _RANK, str(ready), str(held), str(workers), str(relay_mib)], env=rank_env()
+        [sys.executable, "-c", _RANK, str(ready), str(held), str(workers), str(relay_mib)],
+        env=rank_env(),
     )
     deadline = time.monotonic() + 60
     while not ready.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "the fake rank did not get ready"
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            "the fake rank did not get ready"
+        )
         time.sleep(0.05)
     return proc, json.loads(ready.read_text())
 
@@ -126,19 +131,29 @@ def test_a_rank_without_workers_is_its_own_memory(tmp_path: Path) -> None:
     assert kids["workers"] == []
     assert 200 <= rec["mem_mib"] < 200 + 100 and abs(rec["mem_mib"] - truth) < 8, (rec, truth)
     # Alone with its pages (the relay forked before the 200 MiB existed), its PSS is about its RSS.
-    assert abs(rec["mem_mib"] - rec["rss_mib"]) < 0.2 * rec["rss_mib"] and abs(rec["rss_mib"] - own_rss) < 8, rec
+    assert (
+        abs(rec["mem_mib"] - rec["rss_mib"]) < 0.2 * rec["rss_mib"]
+        and abs(rec["rss_mib"] - own_rss) < 8
+    ), rec
     assert rec["nproc"] == 2
     assert_gone(pids)
 
 
-def test_gpu_proc_mem_is_the_rank_s_processes_on_its_gpu(tmp_path: Path, simnvml, simnvml_gpu) -> None:
+def test_gpu_proc_mem_is_the_rank_s_processes_on_its_gpu(
+    tmp_path: Path, simnvml, simnvml_gpu
+) -> None:
     """NVML per process: the rank and its worker each hold memory on the rank's GPU, another
     process (another job) holds more there, and the relay holds none. The rank's figure is its
     processes' sum; the GPU's used memory stays the whole GPU's."""
     proc, kids = _start(tmp_path, held=1, workers=1, relay_mib=1)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        sim = simnvml(gpus=[simnvml_gpu(model="A100", memory_used_mib=30000), simnvml_gpu(model="A100", memory_used_mib=5000)])
+        sim = simnvml(
+            gpus=[
+                simnvml_gpu(model="A100", memory_used_mib=30000),
+                simnvml_gpu(model="A100", memory_used_mib=5000),
+            ]
+        )
         sim.add_process(0, proc.pid, 2048)
         sim.add_process(0, kids["workers"][0], 512)
         sim.add_process(0, other.pid, 20000)
@@ -154,7 +169,9 @@ def test_gpu_proc_mem_is_the_rank_s_processes_on_its_gpu(tmp_path: Path, simnvml
     assert_gone(pids | {other.pid})
 
 
-def test_between_pss_reads_the_footprint_follows_the_rank_s_rss(tmp_path: Path, monkeypatch) -> None:
+def test_between_pss_reads_the_footprint_follows_the_rank_s_rss(
+    tmp_path: Path, monkeypatch
+) -> None:
     """PSS is read again only when its cost allows (a big rank's costs the kernel milliseconds):
     in between, memory the rank gains shows at once, through its RSS."""
     from xl.launcher.telemetry import sampler as sampler_module  # noqa: PLC0415 - its knobs, this test only
@@ -193,5 +210,9 @@ def test_between_pss_reads_the_footprint_follows_the_rank_s_rss(tmp_path: Path, 
     finally:
         pids = _end(proc)
     assert reads == [proc.pid]  # read once: the next read is not due
-    assert 190 <= after["mem_mib"] - before <= 230 and abs(after["mem_mib"] - truth) < 20, (before, after, truth)
+    assert 190 <= after["mem_mib"] - before <= 230 and abs(after["mem_mib"] - truth) < 20, (
+        before,
+        after,
+        truth,
+    )
     assert_gone(pids)

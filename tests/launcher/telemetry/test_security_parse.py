@@ -37,7 +37,11 @@ def test_hostile_lines_are_parsed_in_bounded_time() -> None:
         "    print(name, out, flush=True)\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [f"{name} None" for name in HOSTILE]
@@ -49,7 +53,11 @@ def test_real_bars_and_dicts_are_still_read_beside_long_text() -> None:
     assert parse_line(bar) == {"step": 4, "total_steps": 10, "steps_per_s": 2.95}
     # A dict after a long prefix, and a number that only starts after other text.
     assert parse_line("#" * 5_000 + "{'loss': 0.25, 'epoch': 1.0}") == {"loss": 0.25, "epoch": 1.0}
-    assert parse_line("step 12/20 [00:01<00:01, 10.5it/s]") == {"step": 12, "total_steps": 20, "steps_per_s": 10.5}
+    assert parse_line("step 12/20 [00:01<00:01, 10.5it/s]") == {
+        "step": 12,
+        "total_steps": 20,
+        "steps_per_s": 10.5,
+    }
     # Too large a dict (over MAX_DICT) is left alone instead of evaluated.
     assert parse_line("{'loss': 1.0, 'pad': '" + "a" * 20_000 + "'}") is None
 

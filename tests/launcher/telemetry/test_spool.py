@@ -1,5 +1,6 @@
 """What ranks left in ``spool/`` is stored once the rank that wrote it is gone
-(xl.launcher.telemetry.spool): each line once, torn lines left out, a live rank's file left to it."""
+(xl.launcher.telemetry.spool): each line once, torn lines left out, a live rank's file left to
+it."""
 
 from __future__ import annotations
 
@@ -17,21 +18,27 @@ GONE = 4_194_999  # above any pid_max Linux allows: no such process
 
 
 def _line(rank: int, step: int) -> bytes:
-    return wire.dumps_record({"t": 1795569985.0 + step, "rank": rank, "kind": "train", "step": step, "loss": 1.0 / step})
+    return wire.dumps_record(
+        {"t": 1795569985.0 + step, "rank": rank, "kind": "train", "step": step, "loss": 1.0 / step}
+    )
 
 
 def _ingest(run_dir: Path) -> tuple[int, dict[int, list[dict[str, Any]]], list[dict[str, Any]]]:
     seen: dict[int, list[dict[str, Any]]] = {}
     writer = MetricsWriter(run_dir)
     try:
-        stored = ingest_spool(run_dir, writer, lambda rank, recs: seen.setdefault(rank, []).extend(recs))
+        stored = ingest_spool(
+            run_dir, writer, lambda rank, recs: seen.setdefault(rank, []).extend(recs)
+        )
     finally:
         writer.close()
     metrics = RunLayout(run_dir).metrics.read_text().splitlines()
     return stored, seen, [json.loads(line) for line in metrics]
 
 
-def test_a_gone_rank_s_lines_are_stored_once_and_its_torn_last_line_left_out(tmp_path: Path) -> None:
+def test_a_gone_rank_s_lines_are_stored_once_and_its_torn_last_line_left_out(
+    tmp_path: Path,
+) -> None:
     run = RunLayout(tmp_path)
     run.spool.mkdir()
     run.spool_file(1, GONE).write_bytes(_line(1, 1) + b"\n" + _line(1, 2) + b"\n" + b'{"t": 17955')
@@ -42,7 +49,9 @@ def test_a_gone_rank_s_lines_are_stored_once_and_its_torn_last_line_left_out(tmp
     assert _ingest(tmp_path)[0] == 0
 
 
-def test_a_replay_the_rank_never_finished_is_stored_and_a_live_rank_s_file_is_left_to_it(tmp_path: Path) -> None:
+def test_a_replay_the_rank_never_finished_is_stored_and_a_live_rank_s_file_is_left_to_it(
+    tmp_path: Path,
+) -> None:
     run = RunLayout(tmp_path)
     run.spool.mkdir()
     replay = run.spool_file(0, GONE).with_name(run.spool_file(0, GONE).name + ".replay")
@@ -60,7 +69,9 @@ def test_a_line_of_another_rank_is_not_stored(tmp_path: Path) -> None:
     run.spool.mkdir()
     run.spool_file(3, GONE).write_bytes(_line(4, 1) + b"\n" + _line(3, 1) + b"\n")
     stored, seen, metrics = _ingest(tmp_path)
-    assert stored == 1 and [m["rank"] for m in metrics] == [3] and [r["rank"] for r in seen[3]] == [3]
+    assert (
+        stored == 1 and [m["rank"] for m in metrics] == [3] and [r["rank"] for r in seen[3]] == [3]
+    )
 
 
 def test_no_spool_no_work(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The rule before a stacks verdict may name a culprit: the run is stalled, read from its run dir."""
+"""The rule before a stacks verdict may name a culprit: the run is stalled, read from its run
+dir."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ NOW = 1_000_000.0
 TH = Thresholds(stall_min_s=30.0, stall_factor=10.0)
 
 
-def _write(run_dir: Path, metrics: list[dict[str, Any]] = (), events: list[dict[str, Any]] = ()) -> Path:  # type: ignore[assignment]
+def _write(
+    run_dir: Path,
+    metrics: list[dict[str, Any]] = (),  # type: ignore[assignment]
+    events: list[dict[str, Any]] = (),  # type: ignore[assignment]
+) -> Path:
     run_dir.mkdir(exist_ok=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
@@ -25,16 +30,55 @@ def _write(run_dir: Path, metrics: list[dict[str, Any]] = (), events: list[dict[
 
 
 def _steps(rank: int, last_t: float, step_s: float, n: int = 20) -> list[dict[str, Any]]:
-    return [{"t": last_t - (n - 1 - i) * step_s, "rank": rank, "kind": "train", "step": i + 1, "loss": 1.0} for i in range(n)]
+    return [
+        {
+            "t": last_t - (n - 1 - i) * step_s,
+            "rank": rank,
+            "kind": "train",
+            "step": i + 1,
+            "loss": 1.0,
+        }
+        for i in range(n)
+    ]
 
 
 def _culprit_snapshot() -> list[dict[str, Any]]:
-    """Rank 0 waits in all_reduce #12, rank 1 computes: what a one-look verdict blames rank 1 for."""
+    """Rank 0 waits in all_reduce #12, rank 1 computes: what a one-look verdict blames rank 1
+    for."""
     frames = [{"file": "/home/me/train.py", "line": 40, "function": "main"}]
-    waiting = {"rank": 0, "threads": [{"name": "MainThread", "frames": [*frames, {"file": "/v/site-packages/torch/distributed/distributed_c10d.py", "line": 1, "function": "all_reduce"}]}],
-               "collectives": [{"pg": "0", "seq": 11, "op": "all_reduce", "state": "completed"}, {"pg": "0", "seq": 12, "op": "all_reduce", "state": "scheduled"}]}
-    computing = {"rank": 1, "threads": [{"name": "MainThread", "frames": [*frames, {"file": "/home/me/train.py", "line": 21, "function": "compute"}]}],
-                 "collectives": [{"pg": "0", "seq": 11, "op": "all_reduce", "state": "completed"}]}
+    waiting = {
+        "rank": 0,
+        "threads": [
+            {
+                "name": "MainThread",
+                "frames": [
+                    *frames,
+                    {
+                        "file": "/v/site-packages/torch/distributed/distributed_c10d.py",
+                        "line": 1,
+                        "function": "all_reduce",
+                    },
+                ],
+            }
+        ],
+        "collectives": [
+            {"pg": "0", "seq": 11, "op": "all_reduce", "state": "completed"},
+            {"pg": "0", "seq": 12, "op": "all_reduce", "state": "scheduled"},
+        ],
+    }
+    computing = {
+        "rank": 1,
+        "threads": [
+            {
+                "name": "MainThread",
+                "frames": [
+                    *frames,
+                    {"file": "/home/me/train.py", "line": 21, "function": "compute"},
+                ],
+            }
+        ],
+        "collectives": [{"pg": "0", "seq": 11, "op": "all_reduce", "state": "completed"}],
+    }
     return [waiting, computing]
 
 
@@ -42,7 +86,10 @@ def test_progressing_ranks_get_no_culprit_whatever_the_snapshot_shows(tmp_path: 
     run = _write(tmp_path / "r", _steps(0, NOW - 0.2, 0.3) + _steps(1, NOW - 0.5, 0.3))
     progress = judge(run, [0, 1], _culprit_snapshot(), now=NOW, thresholds=TH)
     assert progress.stalled is False
-    assert judged(_culprit_snapshot(), progress) == {"ranks": [], "message": "no hang: every rank progressed in the last 30 s"}
+    assert judged(_culprit_snapshot(), progress) == {
+        "ranks": [],
+        "message": "no hang: every rank progressed in the last 30 s",
+    }
 
 
 def test_no_progress_for_the_threshold_names_the_culprit(tmp_path: Path) -> None:
@@ -50,14 +97,19 @@ def test_no_progress_for_the_threshold_names_the_culprit(tmp_path: Path) -> None
     progress = judge(run, [0, 1], _culprit_snapshot(), now=NOW, thresholds=TH)
     assert progress.stalled is True
     v = judged(_culprit_snapshot(), progress)
-    assert v["ranks"] == [1] and v["message"].startswith("rank 1 never entered all_reduce #12: it is in compute at train.py:21")
+    assert v["ranks"] == [1] and v["message"].startswith(
+        "rank 1 never entered all_reduce #12: it is in compute at train.py:21"
+    )
 
 
 def test_a_slow_step_stretches_the_threshold_as_the_diagnoser_does(tmp_path: Path) -> None:
     # 5 s steps: 10 x 5 s = 50 s before a rank counts as stalled; 40 s without a step is no hang.
     run = _write(tmp_path / "r", _steps(0, NOW - 40, 5.0) + _steps(1, NOW - 40, 5.0))
     progress = judge(run, [0, 1], now=NOW, thresholds=TH)
-    assert progress.stalled is False and progress.message == "no hang: every rank progressed in the last 50 s"
+    assert (
+        progress.stalled is False
+        and progress.message == "no hang: every rank progressed in the last 50 s"
+    )
     assert judge(run, [0, 1], now=NOW + 11, thresholds=TH).stalled is True
 
 
@@ -65,7 +117,11 @@ def test_one_rank_behind_while_another_progresses_is_no_hang_and_says_which(tmp_
     run = _write(tmp_path / "r", _steps(0, NOW - 1, 0.3) + _steps(1, NOW - 45, 0.3))
     progress = judge(run, [0, 1, 2], now=NOW, thresholds=TH)
     assert progress.stalled is False
-    assert progress.message == "no hang: rank 0 progressed in the last 30 s (rank 1: none for 45 s; rank 2 reports none)"
+    assert (
+        progress.message
+        == "no hang: rank 0 progressed in the last 30 s (rank 1: none for 45 s; rank 2 reports "
+        "none)"
+    )
 
 
 def test_the_hang_diagnosis_stands_until_a_rank_recovers(tmp_path: Path) -> None:
@@ -100,14 +156,34 @@ def test_where_names_the_persons_innermost_frame_and_what_it_calls() -> None:
     ]
     entry = {"rank": 1, "threads": [{"name": "MainThread", "frames": frames}]}
     assert where(entry) == "parse_record at train.py:19 (calling re.match)"
-    # A decorator's wrapper is skipped for the call the person wrote; the innermost user frame alone has no call.
-    torch_call = [*frames[:3], {"file": "/v/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", "line": 81, "function": "wrapper"},
-                  {"file": "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", "line": 2700, "function": "all_reduce"}]
-    assert where({"threads": [{"name": "MainThread", "frames": torch_call}]}) == "parse_record at train.py:19 (calling torch.distributed.distributed_c10d.all_reduce)"
-    assert where({"threads": [{"name": "MainThread", "frames": frames[:3]}]}) == "parse_record at train.py:19"
+    # A decorator's wrapper is skipped for the call the person wrote; the innermost user frame alone
+    # has no call.
+    torch_call = [
+        *frames[:3],
+        {
+            "file": "/v/lib/python3.11/site-packages/torch/distributed/c10d_logger.py",
+            "line": 81,
+            "function": "wrapper",
+        },
+        {
+            "file": "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py",
+            "line": 2700,
+            "function": "all_reduce",
+        },
+    ]
+    assert (
+        where({"threads": [{"name": "MainThread", "frames": torch_call}]})
+        == "parse_record at train.py:19 (calling torch.distributed.distributed_c10d.all_reduce)"
+    )
+    assert (
+        where({"threads": [{"name": "MainThread", "frames": frames[:3]}]})
+        == "parse_record at train.py:19"
+    )
 
 
-def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_lasts(tmp_path: Path, monkeypatch: Any) -> None:
+def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_lasts(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
     import time  # noqa: PLC0415 - only this test needs the wall clock
 
     from xl.launcher.telemetry import gather_stacks as capture  # noqa: PLC0415 - patched below
@@ -118,7 +194,14 @@ def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_l
     monkeypatch.setattr(capture, "gather", lambda *a, **k: (time.time(), _culprit_snapshot()))
     monkeypatch.setenv("XL_STALL_MIN_S", "30")
     sent: list[dict[str, Any]] = []
-    hang = HangCapture(run, sent.append, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5, retry_s=0.1, retries=100)
+    hang = HangCapture(
+        run,
+        sent.append,
+        lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}],
+        timeout=0.5,
+        retry_s=0.1,
+        retries=100,
+    )
     stalled = {"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 31 s"}
     hang.on_stall([stalled])
     # Rank 0 still progresses: no hang event, no stacks file, the stall as the diagnoser said it.
@@ -129,16 +212,26 @@ def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_l
     # stall once; a loaded machine's first look can come while a rank has just begun its op).
     _write(run, _steps(0, now - 40, 0.3) + _steps(1, now - 40, 0.3))
     wait_for(lambda: len(sent) == 3, timeout=10, what="the hang, named on a retry")
-    assert sent[1]["kind"] == "hang" and sent[1]["ranks"] == [1] and (run / sent[1]["stacks"]).is_file()
+    assert (
+        sent[1]["kind"] == "hang"
+        and sent[1]["ranks"] == [1]
+        and (run / sent[1]["stacks"]).is_file()
+    )
     # The stall said before the verdict is said again with it: the culprit, and where it is.
-    assert sent[2]["kind"] == "stalled" and sent[2]["rank"] == 1 and sent[2]["message"].startswith(stalled["message"] + "; it is in ")
+    assert (
+        sent[2]["kind"] == "stalled"
+        and sent[2]["rank"] == 1
+        and sent[2]["message"].startswith(stalled["message"] + "; it is in ")
+    )
     hang.on_stall([{**stalled, "rank": 0}])  # later stalls of the same hang take its verdict
     hang.join(5)
     assert [e["kind"] for e in sent] == ["stalled", "hang", "stalled", "stalled"]
     assert sent[3]["waiting_on"] == [1] and sent[3]["message"].startswith("rank 0 waits in ")
 
 
-def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
     import time  # noqa: PLC0415 - only this test needs the wall clock
 
     from xl.launcher.telemetry import gather_stacks as capture  # noqa: PLC0415 - patched below
@@ -148,7 +241,8 @@ def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(tmp_pa
 
     def gather(*_a: Any, **_k: Any) -> tuple[float, list[dict[str, Any]]]:
         asked.append(time.time())
-        _write(run, _steps(0, time.time(), 0.3) + _steps(1, time.time(), 0.3))  # both ranks keep training
+        # both ranks keep training
+        _write(run, _steps(0, time.time(), 0.3) + _steps(1, time.time(), 0.3))
         return time.time(), _culprit_snapshot()
 
     run = _write(tmp_path / "r")
@@ -177,14 +271,22 @@ def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(tmp_pa
 
 def _sys(rank: int, now: float, cpu: float, n: int = 12) -> list[dict[str, Any]]:
     """The sampler's 1 Hz records of a rank, the newest a second before ``now``."""
-    return [{"t": now - n + i, "rank": rank, "kind": "sys", "pid": 100 + rank, "cpu_pct": cpu} for i in range(n)]
+    return [
+        {"t": now - n + i, "rank": rank, "kind": "sys", "pid": 100 + rank, "cpu_pct": cpu}
+        for i in range(n)
+    ]
 
 
-def test_recent_cpu_is_the_mean_of_the_last_ten_seconds_and_needs_three_samples(tmp_path: Path) -> None:
+def test_recent_cpu_is_the_mean_of_the_last_ten_seconds_and_needs_three_samples(
+    tmp_path: Path,
+) -> None:
     from xl.launcher.telemetry.stall import recent_cpu  # noqa: PLC0415 - only this test reads it alone
 
-    old = [{**r, "t": r["t"] - 60, "cpu_pct": 0.0} for r in _sys(0, NOW, 0.0)]  # before the window: not counted
-    run = _write(tmp_path / "r", [*old, *_sys(0, NOW, 96.0), *_sys(1, NOW, 1.5), *_sys(2, NOW, 50.0, n=2)])
+    # before the window: not counted
+    old = [{**r, "t": r["t"] - 60, "cpu_pct": 0.0} for r in _sys(0, NOW, 0.0)]
+    run = _write(
+        tmp_path / "r", [*old, *_sys(0, NOW, 96.0), *_sys(1, NOW, 1.5), *_sys(2, NOW, 50.0, n=2)]
+    )
     assert recent_cpu(run, NOW) == {0: 96.0, 1: 1.5}
     # Only since the rank's last progress: the steps before its stall are not what it does now.
     training = [{**r, "cpu_pct": 100.0} for r in _sys(0, NOW - 4, 0.0, n=6)]
@@ -193,7 +295,9 @@ def test_recent_cpu_is_the_mean_of_the_last_ten_seconds_and_needs_three_samples(
 
 
 @pytest.mark.parametrize(("cpu", "label"), [(97.0, "stalled"), (1.0, "hang")])
-def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_hang(tmp_path: Path, monkeypatch: Any, cpu: float, label: str) -> None:
+def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_hang(
+    tmp_path: Path, monkeypatch: Any, cpu: float, label: str
+) -> None:
     """Rank 1 has made no progress for 40 s while rank 0 waits for it: computing at 97% CPU (a long
     evaluation, or an endless loop) it is a stall that says so; at 1% (blocked) it is a hang."""
     import time  # noqa: PLC0415 - only these tests need the wall clock
@@ -203,11 +307,16 @@ def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_h
     from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
 
     now = time.time()
-    run = _write(tmp_path / "r", _steps(0, now - 40, 0.3) + _steps(1, now - 40, 0.3) + _sys(0, now, 0.5) + _sys(1, now, cpu))
+    run = _write(
+        tmp_path / "r",
+        _steps(0, now - 40, 0.3) + _steps(1, now - 40, 0.3) + _sys(0, now, 0.5) + _sys(1, now, cpu),
+    )
     monkeypatch.setattr(capture, "gather", lambda *a, **k: (time.time(), _culprit_snapshot()))
     monkeypatch.setenv("XL_STALL_MIN_S", "30")
     sent: list[dict[str, Any]] = []
-    hang = HangCapture(run, sent.append, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5)
+    hang = HangCapture(
+        run, sent.append, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5
+    )
     hang.on_stall([{"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 40 s"}])
     wait_for(lambda: len(sent) == 2, timeout=10, what="the hang and the stall")
     hang.join(5)
@@ -215,7 +324,9 @@ def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_h
     working = f"working at {cpu:.0f}% CPU (a long computation, or a loop that never ends)"
     assert event["kind"] == "hang" and event["ranks"] == [1]
     assert event["busy"] == ([1] if label == "stalled" else [])
-    assert (working in event["message"]) == (label == "stalled") and (working in stall["message"]) == (label == "stalled")
+    assert (working in event["message"]) == (label == "stalled") and (
+        working in stall["message"]
+    ) == (label == "stalled")
     assert "it is in compute at train.py:21" in event["message"]
     saved = json.loads((run / event["stacks"]).read_text())
     assert {e["rank"]: e["cpu_pct"] for e in saved["ranks"]} == {0: 0.5, 1: cpu}
@@ -230,20 +341,39 @@ def _mismatch_snapshot() -> list[dict[str, Any]]:
     """Rank 0 in all_reduce #12, rank 1 in broadcast #12: a certain deadlock from one look."""
     out = []
     for rank, op, line in ((0, "all_reduce", 41), (1, "broadcast", 44)):
-        frames = [{"file": "/home/me/train.py", "line": line, "function": "main"}, {"file": "/v/site-packages/torch/distributed/distributed_c10d.py", "line": 1, "function": op}]
-        colls = [{"pg": "0", "seq": 11, "op": "all_reduce", "state": "completed"}, {"pg": "0", "seq": 12, "op": op, "state": "scheduled"}]
-        out.append({"rank": rank, "threads": [{"name": "MainThread", "frames": frames}], "collectives": colls})
+        frames = [
+            {"file": "/home/me/train.py", "line": line, "function": "main"},
+            {
+                "file": "/v/site-packages/torch/distributed/distributed_c10d.py",
+                "line": 1,
+                "function": op,
+            },
+        ]
+        colls = [
+            {"pg": "0", "seq": 11, "op": "all_reduce", "state": "completed"},
+            {"pg": "0", "seq": 12, "op": op, "state": "scheduled"},
+        ]
+        out.append(
+            {
+                "rank": rank,
+                "threads": [{"name": "MainThread", "frames": frames}],
+                "collectives": colls,
+            }
+        )
     return out
 
 
-def test_a_quiet_spell_is_looked_at_for_a_mismatch_which_is_named_before_any_stall(tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_quiet_spell_is_looked_at_for_a_mismatch_which_is_named_before_any_stall(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
     import time  # noqa: PLC0415 - only this test needs the wall clock
 
     from xl.launcher.telemetry import gather_stacks as capture  # noqa: PLC0415 - patched below
     from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
 
     now = time.time()
-    run = _write(tmp_path / "r", _steps(0, now - 4, 0.3) + _steps(1, now - 4, 0.3))  # both progressed 4 s ago
+    # both progressed 4 s ago
+    run = _write(tmp_path / "r", _steps(0, now - 4, 0.3) + _steps(1, now - 4, 0.3))
     asked: list[float] = []
     snapshot = [_culprit_snapshot()]
 
@@ -253,7 +383,9 @@ def test_a_quiet_spell_is_looked_at_for_a_mismatch_which_is_named_before_any_sta
 
     monkeypatch.setattr(capture, "gather", gather)
     sent: list[dict[str, Any]] = []
-    hang = HangCapture(run, sent.append, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5)
+    hang = HangCapture(
+        run, sent.append, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5
+    )
 
     def look(idle: float | None) -> None:
         hang.quiet(idle, 3.0)
@@ -270,13 +402,17 @@ def test_a_quiet_spell_is_looked_at_for_a_mismatch_which_is_named_before_any_sta
     look(6.0)
     look(30.0)
     assert len(asked) == 4 and [e["kind"] for e in sent] == ["hang"]
-    assert sent[0]["ranks"] == [0, 1] and sent[0]["message"].startswith("mismatch at #12 of process group 0 (different collectives")
+    assert sent[0]["ranks"] == [0, 1] and sent[0]["message"].startswith(
+        "mismatch at #12 of process group 0 (different collectives"
+    )
     assert json.loads((run / sent[0]["stacks"]).read_text())["verdict"]["mismatch"] is True
     # The stall that comes later takes its verdict: no second capture, no second hang event.
     hang.on_stall([{"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 31 s"}])
     hang.join(5)
     assert len(asked) == 4 and [e["kind"] for e in sent] == ["hang", "stalled"]
-    assert sent[1]["message"].startswith("rank 1 made no progress for 31 s; it is in main at train.py:44")
+    assert sent[1]["message"].startswith(
+        "rank 1 made no progress for 31 s; it is in main at train.py:44"
+    )
 
 
 def test_the_diagnoser_says_how_long_no_rank_progressed() -> None:
@@ -286,6 +422,7 @@ def test_the_diagnoser_says_how_long_no_rank_progressed() -> None:
     assert quiet_spell(d, NOW) == (None, 3.0)  # nobody reported progress: nothing to look at
     d.ingest(0, _steps(0, NOW - 5, 0.5))
     d.ingest(1, _steps(1, NOW - 2, 2.0))
-    assert quiet_spell(d, NOW) == (2.0, 6.0)  # the newest progress (rank 1's), three of the slowest steps
+    # the newest progress (rank 1's), three of the slowest steps
+    assert quiet_spell(d, NOW) == (2.0, 6.0)
     d.set_alive(1, False)
     assert quiet_spell(d, NOW) == (5.0, 3.0)

@@ -33,7 +33,9 @@ def even(rank: int, rng: random.Random) -> tuple[float, float, float]:
     return data, _jitter(rng, 0.080), _jitter(rng, 0.002, 0.5)
 
 
-def simulate(diag: Diagnoser, work: Work, ranks: int, seconds: float, t0: float = 1000.0, seed: int = 1) -> list[dict[str, Any]]:
+def simulate(
+    diag: Diagnoser, work: Work, ranks: int, seconds: float, t0: float = 1000.0, seed: int = 1
+) -> list[dict[str, Any]]:
     """Steps for ``seconds`` of simulated time, ticking the diagnoser once a second."""
     rng = random.Random(seed)
     t = t0
@@ -54,9 +56,17 @@ def simulate(diag: Diagnoser, work: Work, ranks: int, seconds: float, t0: float 
                 n = len(pending[r])
                 means = [sum(p[i] for p in pending[r]) / n for i in range(4)]
                 rec = {
-                    "t": round(t, 6), "rank": r, "kind": "train", "step": step, "steps": n, "loss": 1.0,
-                    "step_s": round(sum(means), 6), "data_s": round(means[0], 6), "compute_s": round(means[1], 6),
-                    "comm_s": round(means[2], 6), "other_s": round(means[3], 6),
+                    "t": round(t, 6),
+                    "rank": r,
+                    "kind": "train",
+                    "step": step,
+                    "steps": n,
+                    "loss": 1.0,
+                    "step_s": round(sum(means), 6),
+                    "data_s": round(means[0], 6),
+                    "compute_s": round(means[1], 6),
+                    "comm_s": round(means[2], 6),
+                    "other_s": round(means[3], 6),
                 }
                 diag.ingest(r, [rec])
                 pending[r].clear()
@@ -94,7 +104,10 @@ def test_a_rank_slow_to_load_data_is_named_with_phase_data() -> None:
     assert 0.18 < e["phase_s"] < 0.23 and e["others_phase_s"] < 0.02
     assert 0.17 < e["victims_wait_s"] < 0.23 and e["step_s"] > 0.28
     assert e["message"].startswith("rank 1 is the straggler: ")
-    assert "step waiting for data; the others wait ~" in e["message"] and "ms in communication for it" in e["message"]
+    assert (
+        "step waiting for data; the others wait ~" in e["message"]
+        and "ms in communication for it" in e["message"]
+    )
 
 
 def test_a_rank_slow_to_compute_is_named_with_phase_compute_then_recovers() -> None:
@@ -173,7 +186,16 @@ def test_unsynchronised_ranks_compare_step_times_and_name_the_phase() -> None:
     blame = judge(splits, min_wait_s=0.02, wait_ratio=0.5, min_share=0.1, step_ratio=1.2)
     assert blame is not None and (blame.rank, blame.phase, blame.method) == (1, "comm", "step_time")
     assert blame.victims == () and "80 ms of its 192 ms step in communication" in blame.message()
-    assert judge({0: splits[0], 2: splits[2]}, min_wait_s=0.02, wait_ratio=0.5, min_share=0.1, step_ratio=1.2) is None
+    assert (
+        judge(
+            {0: splits[0], 2: splits[2]},
+            min_wait_s=0.02,
+            wait_ratio=0.5,
+            min_share=0.1,
+            step_ratio=1.2,
+        )
+        is None
+    )
 
 
 def test_small_waits_on_long_steps_are_noise() -> None:
@@ -183,4 +205,6 @@ def test_small_waits_on_long_steps_are_noise() -> None:
         1: {"data_s": 0.03, "compute_s": 2.97, "comm_s": 0.0, "other_s": 0.0},
     }
     assert judge(splits, min_wait_s=0.02, wait_ratio=0.5, min_share=0.1, step_ratio=1.2) is None
-    assert judge(splits, min_wait_s=0.02, wait_ratio=0.5, min_share=0.005, step_ratio=1.2) is not None
+    assert (
+        judge(splits, min_wait_s=0.02, wait_ratio=0.5, min_share=0.005, step_ratio=1.2) is not None
+    )

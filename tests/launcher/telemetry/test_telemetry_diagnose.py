@@ -176,5 +176,6 @@ def test_a_paused_supervisor_judges_ranks_by_their_own_records_after_it() -> Non
     for second in range(26, 32):
         diag.tick(1055.0 + second, mono=60.0 + second)
     assert _kinds(events, "stalled") == [1]
-    assert "no progress for 81 s" in events[-1]["message"]  # its real idle time, the pause's included
+    # its real idle time, the pause's included
+    assert "no progress for 81 s" in events[-1]["message"]
     assert len([e for e in events if e["kind"] == "supervisor_paused"]) == 1

@@ -117,7 +117,14 @@ def test_cpu_is_a_busy_rank_s_and_not_an_idle_one_s() -> None:
     alongside: on a shared machine the spinning rank gets what the scheduler gives it (a quarter
     of a core as well as a whole one), so no fixed share is expected of it; only that the figure
     is what it used, and that the busy rank reads above the idle one measured with it."""
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 120\nwhile time.time() < end: pass"], env=rank_env())
+    busy = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nend = time.time() + 120\nwhile time.time() < end: pass",
+        ],
+        env=rank_env(),
+    )
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=rank_env())
     ranks = [{"rank": 0, "pid": busy.pid}, {"rank": 1, "pid": idle.pid}]
     procs = (busy, idle)
@@ -131,7 +138,9 @@ def test_cpu_is_a_busy_rank_s_and_not_an_idle_one_s() -> None:
         # One sampling period at least, and long enough for the busy rank to have used 0.2 s of
         # CPU however loaded the machine is (the clock tick is 10 ms).
         deadline = time.monotonic() + 60
-        while (time.monotonic() - wall1 < 1.0 or _cpu_s(busy) - cpu1[0] < 0.2) and time.monotonic() < deadline:
+        while (
+            time.monotonic() - wall1 < 1.0 or _cpu_s(busy) - cpu1[0] < 0.2
+        ) and time.monotonic() < deadline:
             time.sleep(0.1)
         wall2, cpu2 = time.monotonic(), [_cpu_s(p) for p in procs]
         records, gone = sampler.sample(ranks)
@@ -147,7 +156,12 @@ def test_cpu_is_a_busy_rank_s_and_not_an_idle_one_s() -> None:
     for i in (0, 1):
         low = 100 * (cpu2[i] - cpu1[i]) / (wall3 - wall0)
         high = 100 * (cpu3[i] - cpu0[i]) / (wall2 - wall1)
-        assert low - tick <= by_rank[i]["cpu_pct"] <= high + tick, (i, low, by_rank[i]["cpu_pct"], high)
+        assert low - tick <= by_rank[i]["cpu_pct"] <= high + tick, (
+            i,
+            low,
+            by_rank[i]["cpu_pct"],
+            high,
+        )
     assert by_rank[0]["cpu_pct"] > by_rank[1]["cpu_pct"], by_rank
     assert all(r["nproc"] == 1 and r["rss_mib"] > 1 for r in records)
     assert_gone({busy.pid, idle.pid})
@@ -164,7 +178,8 @@ def test_a_rank_whose_pid_now_belongs_to_another_process_is_gone(monkeypatch) ->
 
         def reused(pid: int) -> tuple[int, float, int] | None:
             figures = real(pid)
-            return None if figures is None else (figures[0] + 1, figures[1], figures[2])  # started later
+            # started later
+            return None if figures is None else (figures[0] + 1, figures[1], figures[2])
 
         monkeypatch.setattr(sampler_module, "cpu_rss", reused)
         records, gone = sampler.sample(ranks)
@@ -200,4 +215,10 @@ def test_a_sample_that_keeps_failing_is_said_once_in_the_supervisor_log(tmp_path
         telemetry.stop()
     assert len(tried) >= 5  # it went on sampling
     err = capfd.readouterr().err
-    assert err.count("xl: telemetry's sample failed (stall detection waits for the next one): OSError(5, 'Input/output error')") == 1, err
+    assert (
+        err.count(
+            "xl: telemetry's sample failed (stall detection waits for the next one): OSError(5, "
+            "'Input/output error')"
+        )
+        == 1
+    ), err

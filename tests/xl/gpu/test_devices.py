@@ -196,7 +196,11 @@ def test_find_gpu(token, expected):
     ],
 )
 def test_one_verdict_for_doctor_and_launch(value, have_driver, gpus, status, devices):
-    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if value is None else {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": value}
+    env = (
+        {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        if value is None
+        else {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": value}
+    )
     verdict = judge_visible_devices(gpus, env, have_driver=have_driver)
     assert (verdict.status, [g.index for g in verdict.devices]) == (status, devices), verdict
     assert (verdict.fix is None) == (status in ("ok", "skip")), verdict

@@ -27,4 +27,6 @@ def test_alike_gpus_say_nothing() -> None:
 
 def test_mixed_gpus_are_said_in_one_sentence() -> None:
     said = mixed_models(gpu(i, name) for i, name in enumerate(["A100", "A100", "Tesla T4"]))
-    assert said == "mixed models: 2x A100, 1x Tesla T4; DDP runs every rank at the slowest GPU's pace"
+    assert (
+        said == "mixed models: 2x A100, 1x Tesla T4; DDP runs every rank at the slowest GPU's pace"
+    )

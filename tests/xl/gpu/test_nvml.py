@@ -497,7 +497,11 @@ def test_per_gpu_health_leaves_out_what_it_cannot_read(simnvml):
     from xl.gpu import health  # noqa: PLC0415 - the module under test beside nvml's own tests
 
     sim = simnvml(
-        gpus=[SimGPU(compute_mode=2), SimGPU(lost=1), SimGPU(errors={"nvmlDeviceGetComputeMode": NOT_SUPPORTED})],
+        gpus=[
+            SimGPU(compute_mode=2),
+            SimGPU(lost=1),
+            SimGPU(errors={"nvmlDeviceGetComputeMode": NOT_SUPPORTED}),
+        ],
         missing=("nvmlDeviceGetRemappedRows",),
     )
     with sim.in_process():
@@ -513,10 +517,27 @@ def test_per_gpu_health_leaves_out_what_it_cannot_read(simnvml):
 def test_no_driver_is_said_without_loading_pynvml(simnvml):
     """Without libnvidia-ml the inventory says "no NVIDIA driver" and never imports pynvml (every
     `xl launch` on a machine without GPUs asks); with a driver, pynvml reads the GPUs."""
-    probe = "import sys, json; from xl.gpu import nvml; inv = nvml.inventory(); print(json.dumps([inv.driver.error_kind, len(inv.gpus), 'pynvml' in sys.modules]))"
+    probe = (
+        "import sys, json; from xl.gpu import nvml; inv = nvml.inventory(); "
+        "print(json.dumps([inv.driver.error_kind, len(inv.gpus), 'pynvml' in sys.modules]))"
+    )
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    bare = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60, check=True)
+    bare = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert json.loads(bare.stdout) == ["library_not_found", 0, False]
     sim = simnvml(gpus=2)
-    driven = subprocess.run([sys.executable, "-c", probe], env={**env, **sim.env}, capture_output=True, text=True, timeout=60, check=True)
+    driven = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**env, **sim.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert json.loads(driven.stdout) == [None, 2, True]

@@ -162,7 +162,9 @@ def test_a_script_that_times_its_own_steps_is_not_timed_twice() -> None:
     assert "step" not in line and line["step_s"] > 0
 
 
-def test_an_eval_between_steps_says_the_rank_is_alive_at_most_once_a_second_and_never_a_step() -> None:
+def test_an_eval_between_steps_says_the_rank_is_alive_at_most_once_a_second_and_never_a_step() -> (
+    None
+):
     steps, fake = _clock()
     opt = Opt()
     steps.eval_batches = 5  # an eval before training: the rank is not training yet
