@@ -85,7 +85,8 @@ finally:
         rep["tree_cpu_per_step_s"] = {
             k: (v - start["tree"].get(k, 0.0)) / n for k, v in end["tree"].items()
         }
-    path = os.path.join(os.environ["BENCH_OUT"], f"rank-{os.environ.get('RANK', '0')}-{os.getpid()}.json")
+    name = f"rank-{os.environ.get('RANK', '0')}-{os.getpid()}.json"
+    path = os.path.join(os.environ["BENCH_OUT"], name)
     with open(path, "w") as fh:
         json.dump(rep, fh)
 """
@@ -106,7 +107,10 @@ from xl import client
 assert client.active(), "the A/B driver must run under xl launch"
 ex = runpy.run_path(sys.argv[1], run_name="bench")
 steps, width, batch = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-dev = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if os.environ.get("BENCH_GPU") else torch.device("cpu")
+if os.environ.get("BENCH_GPU"):
+    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+else:
+    dev = torch.device("cpu")
 if dev.type == "cuda":
     torch.cuda.set_device(dev)
 dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")

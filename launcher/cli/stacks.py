@@ -1,8 +1,8 @@
 """``xl stacks RUN [--rank R] [--json]``: where every live rank is, and who the others wait for.
 
-Asks each rank of the run on this node (``xl.launcher.telemetry.gather_stacks``): its threads' Python
-stacks and its collectives from PyTorch's Flight Recorder. On node 0 of a multi-node run, the other
-nodes' ranks too, through node 0's supervisor and each node's link
+Asks each rank of the run on this node (``xl.launcher.telemetry.gather_stacks``): its threads'
+Python stacks and its collectives from PyTorch's Flight Recorder. On node 0 of a multi-node run, the
+other nodes' ranks too, through node 0's supervisor and each node's link
 (``xl.launcher.telemetry.nodestacks``). Prints ranks grouped by where they are, the verdict, then
 each group's stack once. ``--json`` prints the stacks document (docs/launch.md). ``--rank R`` shows
 that rank only; the verdict is always the whole run's, and names a culprit only when the run is

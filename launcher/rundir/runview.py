@@ -406,7 +406,9 @@ class RunView:
     def all_nodes_joined(self) -> bool:
         """Every node of a multi-node run has a rank with a pid in node 0's run.json."""
         nnodes = self.record.nnodes
-        joined = {r.node_rank if r.node_rank is not None else r.host for r in self.record.ranks if r.pid}
+        joined = {
+            r.node_rank if r.node_rank is not None else r.host for r in self.record.ranks if r.pid
+        }
         return len(joined) >= nnodes
 
     @cached_property

@@ -282,9 +282,13 @@ class Diagnoser:
         if gap < PAUSED_AFTER_S:
             return
         self._thawed_at = now
-        self._event("supervisor_paused", None, f"the supervisor itself did not run for {gap:.0f} s "
-                    "(stopped, or a swapping or overloaded host); the ranks are judged by their own records' times",
-                    paused_s=round(gap, 1))
+        self._event(
+            "supervisor_paused",
+            None,
+            f"the supervisor itself did not run for {gap:.0f} s (stopped, or a swapping or "
+            "overloaded host); the ranks are judged by their own records' times",
+            paused_s=round(gap, 1),
+        )
 
     def _check_stalls(self, now: float) -> None:
         waiting: dict[int, float] | None = None

@@ -164,7 +164,10 @@ def run_document(
     rec = record.load(run_dir)
     if rec is None or rec.status != RunStatus.RUNNING:
         status = rec.status if rec else "unreadable"
-        raise NotRunning(f"run {run_dir.name} is not running ({status}): no stacks to ask for; 'xl logs {run_dir.name}' shows its output")
+        raise NotRunning(
+            f"run {run_dir.name} is not running ({status}): no stacks to ask for; "
+            f"'xl logs {run_dir.name}' shows its output"
+        )
     here = rec.node_rank
     ranks = live_ranks(rec) + [
         {**r.to_json(), "remote": True}

@@ -1,7 +1,8 @@
-"""Rules that depend on which torch, which toolkit and which libcuda are installed, each on a world built for real: fake toolkits, fake torch installs read through
-the interpreter's path, the simulated NVML, run through the real `xl doctor`. Each rule has its
-broken setups flagged and its healthy-but-unusual ones left alone. Every report also passes
-fakecuda.assert_one_direction (run_doctor_json): no two fixes in it pull apart."""
+"""Rules that depend on which torch, which toolkit and which libcuda are installed, each on a world
+built for real: fake toolkits, fake torch installs read through the interpreter's path, the
+simulated NVML, run through the real `xl doctor`. Each rule has its broken setups flagged and its
+healthy-but-unusual ones left alone. Every report also passes fakecuda.assert_one_direction
+(run_doctor_json): no two fixes in it pull apart."""
 
 from __future__ import annotations
 

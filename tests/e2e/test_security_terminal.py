@@ -1,7 +1,7 @@
-"""Nobody else's bytes on your terminal (docs/security.md, round 2: row 3): a rank's output may be OSC 52 (a
-clipboard write), OSC 0 (the window title) or any other escape. Wherever xl shows text from a
-rank to a person's terminal, control characters are drawn (xl.textsafe.visible), never sent; the
-run dir keeps the raw bytes.
+"""Nobody else's bytes on your terminal (docs/security.md, round 2: row 3): a rank's output may be
+OSC 52 (a clipboard write), OSC 0 (the window title) or any other escape. Wherever xl shows text
+from a rank to a person's terminal, control characters are drawn (xl.textsafe.visible), never sent;
+the run dir keeps the raw bytes.
 
 A real run (torchrun, CPU ranks) prints escapes, names a thread with one and fails with one in its
 exception; the Rich view runs in a pseudo-terminal, `xl stacks` asks the live ranks, `xl logs`

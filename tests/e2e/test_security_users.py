@@ -1,6 +1,6 @@
-"""Another user on the same machine (docs/security.md, round 2: rows 1, 4, 5), done for real: the test creates
-a second local user (useradd), runs the real `xl` and real squatters as that user (runuser), and
-removes the user again.
+"""Another user on the same machine (docs/security.md, round 2: rows 1, 4, 5), done for real: the
+test creates a second local user (useradd), runs the real `xl` and real squatters as that user
+(runuser), and removes the user again.
 
 - row 1: the user holds node 0's collector port: node 0 fails loudly (one line, exit 1, nothing
   left running) instead of training without telemetry; a node link that meets the squatter sends

@@ -27,7 +27,9 @@ ok = stacks.install(sys.argv[1], 2)  # before user code, as the rank entry does
 again = stacks.install(sys.argv[1], 2)
 if os.environ.get("WITH_TORCH"):
     import torch, torch.distributed as dist
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=0, world_size=1)
+    dist.init_process_group(
+        "gloo", init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=0, world_size=1
+    )
     for _ in range(3):
         dist.all_reduce(torch.ones(1))
 threading.Thread(target=time.sleep, args=(60,), name="loader", daemon=True).start()

@@ -43,7 +43,7 @@ def _run_dir(tmp_path: Path) -> Path:
     return run_dir
 
 
-def test_torchrun_starts_before_telemetry_and_its_ranks_are_given_the_port_the_collector_then_listens_on(
+def test_torchrun_starts_before_telemetry_and_its_ranks_are_given_the_port_the_collector_then_listens_on(  # noqa: E501 - a test's name is its id
     tmp_path: Path,
 ) -> None:
     run_dir = _run_dir(tmp_path)
