@@ -4,62 +4,28 @@ live ones and a backend that records stop() stands in for the supervisor."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-import runfixtures
+from monitorpilot import LIVE, NOW, StopBackend, copy_runs, launched_app, monitor_shown
 from pilotwait import until
 from textual.widgets import DataTable, Input, Static
-from where import FIXTURES
 
-from xl.doctor.report import Report
 from xl.tui import settings
 from xl.tui.app import build_app, exit_code
-from xl.tui.backend import LocalBackend
 from xl.tui.launchform import LaunchForm
-from xl.tui.screens.monitor import MonitorScreen
 from xl.tui.widgets.gpu_table import GPUTable
 from xl.tui.widgets.rank_table import RankTable
 
-RUNS_FIXTURES = FIXTURES / "runs"
 SIZE = (120, 40)
-NOW = runfixtures.T0 + 130
-LIVE = "20260530-straggler"  # run.json says running
 DONE = "20260530-healthy"  # succeeded
-
-
-class StopBackend(LocalBackend):
-    """This machine, except that stop() records the call and the run then reads as stopped
-    (``ends=False``: it never ends, as a run whose ranks ignore SIGTERM past the wait)."""
-
-    def __init__(self, ends: bool = True) -> None:
-        super().__init__()
-        self.ends = ends
-        self.stopped: list[Path] = []
-
-    def stop(self, run_dir: Path) -> None:
-        self.stopped.append(run_dir)
-
-    def run_status(self, run_dir: Path) -> str | None:
-        if run_dir in self.stopped and self.ends:
-            return "stopped"
-        return super().run_status(run_dir)
-
-    def doctor_report(self) -> Report:
-        return Report(checks=[])  # the Doctor's content is not the point here
 
 
 @pytest.fixture
 def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    runs = tmp_path / "xlhome" / "runs"
-    shutil.copytree(RUNS_FIXTURES, runs)
-    monkeypatch.setenv("XL_HOME", str(tmp_path / "xlhome"))
-    monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("print('hi')\n")
-    return runs
+    return copy_runs(tmp_path, monkeypatch)
 
 
 def text_of(app: Any, selector: str) -> str:
@@ -71,32 +37,16 @@ def exit_message(capsys: pytest.CaptureFixture[str]) -> str:
     return " ".join(capsys.readouterr().err.split())
 
 
-async def _monitor_shown(pilot: Any) -> MonitorScreen:
-    app = pilot.app
-    await until(
-        pilot,
-        lambda: isinstance(app.screen, MonitorScreen) and app.screen.status is not None,
-        "the Monitor",
-    )
-    return app.screen
-
-
-# -- 1. Ctrl-C ---------------------------------------------------------------------------------
+# -- Ctrl-C ------------------------------------------------------------------------------------
 
 
 async def test_ctrl_c_in_the_monitor_xl_launch_opened_stops_the_run(runs, capsys):
     """As torchrun and `--no-tui`: Ctrl-C stops the run the command started, the app closes once
     it has ended and the command exits 1 (stopped)."""
     backend = StopBackend()
-    app = build_app(
-        backend,
-        monitor_run_dir=runs / LIVE,
-        attach_only=False,
-        clock=lambda: NOW,
-        poll_interval=0.2,
-    )
+    app = launched_app(backend, runs / LIVE)
     async with app.run_test(size=SIZE) as pilot:
-        await _monitor_shown(pilot)
+        await monitor_shown(pilot)
         await pilot.press("ctrl+c")
         await until(pilot, lambda: not app.is_running, "the app closed once the run ended")
     assert backend.stopped == [runs / LIVE]
@@ -106,15 +56,9 @@ async def test_ctrl_c_in_the_monitor_xl_launch_opened_stops_the_run(runs, capsys
 
 async def test_second_ctrl_c_leaves_the_run_stopping(runs, capsys):
     backend = StopBackend(ends=False)
-    app = build_app(
-        backend,
-        monitor_run_dir=runs / LIVE,
-        attach_only=False,
-        clock=lambda: NOW,
-        poll_interval=0.2,
-    )
+    app = launched_app(backend, runs / LIVE)
     async with app.run_test(size=SIZE) as pilot:
-        await _monitor_shown(pilot)
+        await monitor_shown(pilot)
         await pilot.press("ctrl+c")
         await until(pilot, lambda: backend.stopped, "the stop asked for")
         assert app.is_running  # waiting for the run to end, the Monitor still showing it
@@ -130,7 +74,7 @@ async def test_ctrl_c_elsewhere_quits_as_q_does(runs, capsys):
     backend = StopBackend()
     app = build_app(backend, monitor_run_dir=runs / LIVE, clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
-        await _monitor_shown(pilot)
+        await monitor_shown(pilot)
         await pilot.press("ctrl+c")
         await until(pilot, lambda: not app.is_running, "`xl attach` closed")
     assert backend.stopped == [] and exit_code(app) == 0
@@ -145,7 +89,7 @@ async def test_ctrl_c_elsewhere_quits_as_q_does(runs, capsys):
     assert backend.stopped == [] and app.return_code == 0
 
 
-# -- 4. `d` ------------------------------------------------------------------------------------
+# -- `d` ---------------------------------------------------------------------------------------
 
 
 async def test_d_in_the_apps_monitor_goes_back_and_in_xl_launch_detaches(runs, capsys):
@@ -162,29 +106,23 @@ async def test_d_in_the_apps_monitor_goes_back_and_in_xl_launch_detaches(runs, c
         table = app.screen.query_one(DataTable)
         table.move_cursor(row=table.get_row_index(LIVE))
         await pilot.press("enter")
-        monitor = await _monitor_shown(pilot)
+        monitor = await monitor_shown(pilot)
         assert monitor.status == "running"
         await pilot.press("d")
         await until(pilot, lambda: app.screen is runs_screen, "back on Runs, as escape does")
         assert app.is_running and backend.stopped == []
 
     # `xl launch`: d on the run it started closes the app, the run goes on (exit 0).
-    app = build_app(
-        backend,
-        monitor_run_dir=runs / LIVE,
-        attach_only=False,
-        clock=lambda: NOW,
-        poll_interval=0.2,
-    )
+    app = launched_app(backend, runs / LIVE)
     async with app.run_test(size=SIZE) as pilot:
-        await _monitor_shown(pilot)
+        await monitor_shown(pilot)
         await pilot.press("d")
         await until(pilot, lambda: not app.is_running, "detached")
     assert backend.stopped == [] and exit_code(app) == 0
     assert "keeps running" in exit_message(capsys)
 
 
-# -- 2. Focus and Escape -----------------------------------------------------------------------
+# -- Focus and Escape --------------------------------------------------------------------------
 
 
 async def test_each_screen_focuses_its_main_widget_and_escape_leaves_a_field(simnvml, runs):
@@ -225,7 +163,7 @@ async def test_each_screen_focuses_its_main_widget_and_escape_leaves_a_field(sim
                 pilot, lambda: app.screen.query_one(DataTable).row_count == 5, "runs listed"
             )
             await pilot.press("enter")
-            await _monitor_shown(pilot)
+            await monitor_shown(pilot)
             assert isinstance(app.focused, RankTable)
 
 
@@ -253,7 +191,7 @@ async def test_back_from_the_monitor_no_launch_field_takes_the_screen_keys(simnv
             launch.query_one("#gpus", Input).value = "1,3"
             await until(pilot, lambda: launch.valid, "a valid form")
             await pilot.press("ctrl+r")
-            await _monitor_shown(pilot)
+            await monitor_shown(pilot)
             await pilot.press("escape")
             await until(pilot, lambda: app.screen is launch, "back on Launch")
             await pilot.press("4")
@@ -261,7 +199,7 @@ async def test_back_from_the_monitor_no_launch_field_takes_the_screen_keys(simnv
             assert launch.query_one("#gpus", Input).value == "1,3"
 
 
-# -- 3. One GPU selection ----------------------------------------------------------------------
+# -- One GPU selection -------------------------------------------------------------------------
 
 
 async def test_picker_and_launch_form_show_one_selection(simnvml, runs):
@@ -397,13 +335,13 @@ async def test_a_scripts_remembered_gpus_are_its_own_never_the_next_xl_s_pick(si
             assert field["gpus"].value == "2" and app.selection.order == [2]
 
 
-# -- 8. A Monitor opened small ----------------------------------------------------------------
+# -- A Monitor opened small -------------------------------------------------------------------
 
 
 async def test_a_monitor_opened_small_shows_its_charts_once_the_terminal_grows(runs):
     app = build_app(monitor_run_dir=runs / "20260530-twonode", clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=(80, 24)) as pilot:
-        await _monitor_shown(pilot)
+        await monitor_shown(pilot)
         charts = app.screen.query_one("#charts")
         assert not charts.display  # no room at 80x24
         await pilot.resize_terminal(200, 60)

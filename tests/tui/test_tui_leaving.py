@@ -7,23 +7,18 @@ backend that records stop() stands in for the supervisor."""
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 from pathlib import Path
 
 import pytest
 import runfixtures
+from monitorpilot import LIVE, NOW, StopBackend, copy_runs, launched_app, monitor_shown
 from pilotwait import until
-from where import FIXTURES
 
 from xl.tui.app import build_app, exit_code
-from xl.tui.backend import LocalBackend
 from xl.tui.screens.monitor import MonitorScreen
 
-RUNS_FIXTURES = FIXTURES / "runs"
 SIZE = (120, 40)
-NOW = runfixtures.T0 + 130
-LIVE = "20260530-straggler"  # run.json says running
 FAILED = "20260530-failed"
 OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 1; 79.15 GiB "
@@ -31,25 +26,9 @@ OOM = (
 )
 
 
-class StopBackend(LocalBackend):
-    """This machine, except that stop() is recorded, not done."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stopped: list[Path] = []
-
-    def stop(self, run_dir: Path) -> None:
-        self.stopped.append(run_dir)
-
-
 @pytest.fixture
 def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    runs = tmp_path / "xlhome" / "runs"
-    shutil.copytree(RUNS_FIXTURES, runs)
-    monkeypatch.setenv("XL_HOME", str(tmp_path / "xlhome"))
-    monkeypatch.setenv("XL_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.chdir(tmp_path)
-    return runs
+    return copy_runs(tmp_path, monkeypatch)
 
 
 def exit_message(capsys: pytest.CaptureFixture[str]) -> str:
@@ -65,32 +44,16 @@ def set_status(run_dir: Path, status: str, failed_from: Path | None = None) -> N
     (run_dir / "run.json").write_text(json.dumps(run))
 
 
-async def _monitor_shown(pilot) -> MonitorScreen:
-    app = pilot.app
-    await until(
-        pilot,
-        lambda: isinstance(app.screen, MonitorScreen) and app.screen.status is not None,
-        "the Monitor",
-    )
-    return app.screen
-
-
-# -- 22.4: Ctrl-C and q away from the Monitor ----------------------------------------------------
+# -- Ctrl-C and q away from the Monitor -----------------------------------------------------------
 
 
 async def test_ctrl_c_on_another_screen_of_xl_launch_leaves_the_run_going(runs, capsys):
     """`esc` from the Monitor `xl launch` opened, then Ctrl-C on another screen: the app quits as
     `q` does, the run is not stopped, and the terminal says how to come back."""
-    backend = StopBackend()
-    app = build_app(
-        backend,
-        monitor_run_dir=runs / LIVE,
-        attach_only=False,
-        clock=lambda: NOW,
-        poll_interval=0.2,
-    )
+    backend = StopBackend(ends=False)
+    app = launched_app(backend, runs / LIVE)
     async with app.run_test(size=SIZE) as pilot:
-        await _monitor_shown(pilot)
+        await monitor_shown(pilot)
         await pilot.press("escape")
         await until(pilot, lambda: app.screen.id == "gpus", "back on the GPUs screen")
         await pilot.press("4")
@@ -102,15 +65,9 @@ async def test_ctrl_c_on_another_screen_of_xl_launch_leaves_the_run_going(runs, 
 
 
 async def test_q_on_another_screen_of_xl_launch_says_detached(runs, capsys):
-    app = build_app(
-        StopBackend(),
-        monitor_run_dir=runs / LIVE,
-        attach_only=False,
-        clock=lambda: NOW,
-        poll_interval=0.2,
-    )
+    app = launched_app(StopBackend(ends=False), runs / LIVE)
     async with app.run_test(size=SIZE) as pilot:
-        await _monitor_shown(pilot)
+        await monitor_shown(pilot)
         await pilot.press("escape")
         await until(pilot, lambda: app.screen.id == "gpus", "back on the GPUs screen")
         await pilot.press("q")
@@ -121,16 +78,10 @@ async def test_q_on_another_screen_of_xl_launch_says_detached(runs, capsys):
 
 async def test_ctrl_c_over_a_dialog_of_its_monitor_still_stops_the_run(runs):
     """Help open over the Monitor `xl launch` opened: that is still its Monitor."""
-    backend = StopBackend()
-    app = build_app(
-        backend,
-        monitor_run_dir=runs / LIVE,
-        attach_only=False,
-        clock=lambda: NOW,
-        poll_interval=0.2,
-    )
+    backend = StopBackend(ends=False)
+    app = launched_app(backend, runs / LIVE)
     async with app.run_test(size=SIZE) as pilot:
-        await _monitor_shown(pilot)
+        await monitor_shown(pilot)
         await pilot.press("question_mark")
         await until(pilot, lambda: not isinstance(app.screen, MonitorScreen), "the help")
         await pilot.press("ctrl+c")
@@ -141,20 +92,13 @@ async def test_ctrl_c_over_a_dialog_of_its_monitor_still_stops_the_run(runs):
     assert backend.stopped == [runs / LIVE]
 
 
-
 async def test_an_app_closed_without_exit_lets_go_of_the_run_it_was_stopping(runs):
     """Closed by its driver or a harness (no exit()): the thread waiting for the stopped run
     quits too, instead of holding the process for STOP_WAIT_S."""
-    backend = StopBackend()
-    app = build_app(
-        backend,
-        monitor_run_dir=runs / LIVE,
-        attach_only=False,
-        clock=lambda: NOW,
-        poll_interval=0.2,
-    )
+    backend = StopBackend(ends=False)
+    app = launched_app(backend, runs / LIVE)
     async with app.run_test(size=SIZE) as pilot:
-        await _monitor_shown(pilot)
+        await monitor_shown(pilot)
         await pilot.press("ctrl+c")
         await until(pilot, lambda: backend.stopped, "the stop asked for")
     assert app._leave.is_set()
@@ -164,7 +108,8 @@ async def test_an_app_closed_without_exit_lets_go_of_the_run_it_was_stopping(run
         if t.name.startswith("_stop_own_run") or "interrupt" in t.name
     ]
 
-# -- 22.5: the outcome stays on the terminal -----------------------------------------------------
+
+# -- the outcome stays on the terminal ------------------------------------------------------------
 
 
 async def test_leaving_a_failed_run_prints_its_root_cause_and_where_its_output_is(runs, capsys):
@@ -172,7 +117,7 @@ async def test_leaving_a_failed_run_prints_its_root_cause_and_where_its_output_i
     on the terminal (the traceback, the outcome line, the `xl logs` command), exit 1."""
     app = build_app(monitor_run_dir=runs / FAILED, clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
-        await _monitor_shown(pilot)
+        await monitor_shown(pilot)
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, "the app closed")
     out = exit_message(capsys)
@@ -187,7 +132,7 @@ async def test_leaving_a_failed_run_prints_its_root_cause_and_where_its_output_i
 async def test_a_run_that_succeeded_leaves_one_line(runs, capsys):
     app = build_app(monitor_run_dir=runs / "20260530-healthy", clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
-        await _monitor_shown(pilot)
+        await monitor_shown(pilot)
         await pilot.press("q")
         await until(pilot, lambda: not app.is_running, "the app closed")
     out = exit_message(capsys).strip()
@@ -195,13 +140,13 @@ async def test_a_run_that_succeeded_leaves_one_line(runs, capsys):
     assert out == "xl: run 20260530-healthy succeeded after 102.0s", out
 
 
-# -- 26.9: the Monitor `xl launch` opened closes once its run ended ------------------------------
+# -- the Monitor `xl launch` opened closes once its run ended -------------------------------------
 
 
 async def test_the_monitor_xl_launch_opened_closes_when_its_run_ends(runs, capsys):
     run_dir = runs / LIVE
     app = build_app(
-        StopBackend(),
+        StopBackend(ends=False),
         monitor_run_dir=run_dir,
         attach_only=False,
         clock=lambda: NOW,
@@ -209,7 +154,7 @@ async def test_the_monitor_xl_launch_opened_closes_when_its_run_ends(runs, capsy
         close_after_end_s=0.5,
     )
     async with app.run_test(size=SIZE) as pilot:
-        monitor = await _monitor_shown(pilot)
+        monitor = await monitor_shown(pilot)
         await pilot.pause(1.0)
         assert app.is_running  # a running run keeps it open
         set_status(run_dir, "failed", failed_from=runs / FAILED)
@@ -225,7 +170,7 @@ async def test_the_monitor_xl_launch_opened_closes_when_its_run_ends(runs, capsy
 async def test_a_key_keeps_the_monitor_open_and_other_monitors_never_close(runs):
     run_dir = runs / LIVE
     app = build_app(
-        StopBackend(),
+        StopBackend(ends=False),
         monitor_run_dir=run_dir,
         attach_only=False,
         clock=lambda: NOW,
@@ -233,7 +178,7 @@ async def test_a_key_keeps_the_monitor_open_and_other_monitors_never_close(runs)
         close_after_end_s=1.0,
     )
     async with app.run_test(size=SIZE) as pilot:
-        monitor = await _monitor_shown(pilot)
+        monitor = await monitor_shown(pilot)
         set_status(run_dir, "succeeded")
         await until(pilot, lambda: monitor.status == "succeeded", "the Monitor saw the run end")
         await pilot.press("c")  # any key
@@ -244,7 +189,7 @@ async def test_a_key_keeps_the_monitor_open_and_other_monitors_never_close(runs)
     set_status(run_dir, "running")
     app = build_app(monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=SIZE) as pilot:
-        monitor = await _monitor_shown(pilot)
+        monitor = await monitor_shown(pilot)
         set_status(run_dir, "succeeded")
         await until(pilot, lambda: monitor.status == "succeeded", "the Monitor saw the run end")
         await pilot.pause(1.5)
@@ -255,7 +200,7 @@ async def test_the_run_ending_while_the_person_is_elsewhere_keeps_the_app(runs, 
     """After `esc` from its Monitor the person is doing something else: the app stays."""
     run_dir = runs / LIVE
     app = build_app(
-        StopBackend(),
+        StopBackend(ends=False),
         monitor_run_dir=run_dir,
         attach_only=False,
         clock=lambda: NOW,
@@ -263,7 +208,7 @@ async def test_the_run_ending_while_the_person_is_elsewhere_keeps_the_app(runs, 
         close_after_end_s=0.3,
     )
     async with app.run_test(size=SIZE) as pilot:
-        await _monitor_shown(pilot)
+        await monitor_shown(pilot)
         await pilot.press("escape")
         await until(pilot, lambda: app.screen.id == "gpus", "GPUs")
         set_status(run_dir, "succeeded")
