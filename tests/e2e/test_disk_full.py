@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from procs import (
     XL,
+    end_run,
     kill_run,
     run_json,
     wait_for,
@@ -93,6 +94,25 @@ def _steps(tmp_path: Path, rank: int) -> int:
     return len(path.read_text().split()) if path.exists() else 0
 
 
+def _listed_status(env: dict[str, str]) -> str:
+    """The one run's status as `xl runs --json` tells it."""
+    listed = xl(["runs", "--json"], env, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    (row,) = json.loads(listed.stdout)
+    return row["status"]
+
+
+def _end_launch(
+    tmp_path: Path, filler: Path | None, launch: subprocess.Popen, run_dir: Path | None
+) -> None:
+    """Whatever the test saw: the ranks told to end, the disk's space back, the launch and every
+    process of the run gone."""
+    (tmp_path / "end").touch()
+    if filler is not None:
+        filler.unlink(missing_ok=True)
+    end_run(launch, run_dir)
+
+
 @pytest.mark.parametrize("rank1_exit", [0, 3], ids=["both-succeed", "rank1-fails"])
 def test_a_full_disk_neither_falsifies_the_record_nor_holds_up_xl(
     tmp_path: Path, small_disk: Path, rank1_exit: int
@@ -154,22 +174,9 @@ def test_a_full_disk_neither_falsifies_the_record_nor_holds_up_xl(
         # Space back: the run reads the same, nothing about it is "running" or "gone".
         filler.unlink()
         filler = None
-        listed = xl(["runs", "--json"], env, timeout=60)
-        assert listed.returncode == 0, listed.stderr
-        (row,) = json.loads(listed.stdout)
-        assert row["status"] == rec["status"], row
+        assert _listed_status(env) == rec["status"]
     finally:
-        (tmp_path / "end").touch()
-        if filler is not None:
-            filler.unlink(missing_ok=True)
-        if launch.poll() is None:
-            launch.kill()
-            launch.wait(timeout=30)
-        if run_dir is not None:
-            try:
-                wait_no_processes(run_dir, timeout=60)
-            finally:
-                kill_run(run_dir)
+        _end_launch(tmp_path, filler, launch, run_dir)
 
 
 def test_a_run_whose_supervisor_died_on_a_full_disk_is_settled_true_once_space_is_back(
@@ -206,24 +213,12 @@ def test_a_run_whose_supervisor_died_on_a_full_disk_is_settled_true_once_space_i
         wait_no_processes(run_dir, timeout=60)
         filler.unlink()
         filler = None
-        listed = xl(["runs", "--json"], env, timeout=60)
-        assert listed.returncode == 0, listed.stderr
-        (row,) = json.loads(listed.stdout)
-        assert row["status"] == "succeeded", row  # from the ranks' own records, written in place
+        # from the ranks' own records, written in place
+        assert _listed_status(env) == "succeeded"
         rec = run_json(run_dir)
         assert rec["status"] == "succeeded" and {r["exit_code"] for r in rec["ranks"]} == {0}, rec
     finally:
-        (tmp_path / "end").touch()
-        if filler is not None:
-            filler.unlink(missing_ok=True)
-        if launch.poll() is None:
-            launch.kill()
-            launch.wait(timeout=30)
-        if run_dir is not None:
-            try:
-                wait_no_processes(run_dir, timeout=60)
-            finally:
-                kill_run(run_dir)
+        _end_launch(tmp_path, filler, launch, run_dir)
 
 
 def _leave_free(disk: Path, free: int) -> Path:
@@ -365,19 +360,6 @@ def test_a_disk_full_from_the_start_still_ends_true_and_xl_launch_returns(
         assert "the disk refused writes: never written:" in shown, shown[-3000:]
         filler.unlink()
         filler = None
-        listed = xl(["runs", "--json"], env, timeout=60)
-        assert listed.returncode == 0, listed.stderr
-        (row,) = json.loads(listed.stdout)
-        assert row["status"] == rec["status"], row
+        assert _listed_status(env) == rec["status"]
     finally:
-        (tmp_path / "end").touch()
-        if filler is not None:
-            filler.unlink(missing_ok=True)
-        if launch.poll() is None:
-            launch.kill()
-            launch.wait(timeout=30)
-        if run_dir is not None:
-            try:
-                wait_no_processes(run_dir, timeout=60)
-            finally:
-                kill_run(run_dir)
+        _end_launch(tmp_path, filler, launch, run_dir)

@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 from procs import (
     XL,
-    kill_run,
+    end_run,
     run_json,
     wait_for,
-    wait_no_processes,
     wait_ranks_running,
     wait_run,
     xl_env,
@@ -151,11 +150,4 @@ def test_a_frozen_supervisor_loses_no_record_and_blames_only_the_rank_that_stopp
         (tmp_path / "hold").unlink(missing_ok=True)
         if supervisor is not None:
             os.kill(supervisor, signal.SIGCONT)
-        if launch.poll() is None:
-            launch.kill()
-            launch.wait(timeout=30)
-        if run_dir is not None:
-            try:
-                wait_no_processes(run_dir, timeout=60)
-            finally:
-                kill_run(run_dir)
+        end_run(launch, run_dir)

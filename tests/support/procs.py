@@ -211,6 +211,19 @@ def kill_run(run_dir: Path) -> None:
             pass
 
 
+def end_run(launch: subprocess.Popen[Any] | None, run_dir: Path | None) -> None:
+    """Test cleanup: the launch command gone (killed if it is still there), then every process
+    of its run, checked gone (and SIGKILLed if not, the check failing the test)."""
+    if launch is not None and launch.poll() is None:
+        launch.kill()
+        launch.wait(timeout=30)
+    if run_dir is not None:
+        try:
+            wait_no_processes(run_dir, timeout=60)
+        finally:
+            kill_run(run_dir)
+
+
 def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
     """A port free on ``host``, with the ``count - 1`` after it free too, outside the kernel's
     ephemeral range. A port the kernel hands out (a bind to 0, or any outgoing connection of
