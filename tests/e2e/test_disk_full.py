@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from procs import (
     xl,
     xl_env,
 )
+from smalldisk import fill, tmpfs
 
 pytestmark = pytest.mark.e2e
 
@@ -54,39 +56,14 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path):
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(disk)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    with tmpfs(tmp_path / "disk", "16m", mode="0700") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=30)
 
 
 def _fill(disk: Path) -> Path:
     """A file that takes every byte left on ``disk``."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (1 << 20, 1 << 16, 4096, 1):  # the last pages too
-            try:
-                while os.write(fd, b"\0" * size):
-                    pass
-            except OSError:
-                continue
-    finally:
-        os.close(fd)
-    return filler
+    return fill(disk / "filler")
 
 
 def _steps(tmp_path: Path, rank: int) -> int:

@@ -20,6 +20,7 @@ import struct
 import subprocess
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from procs import (
     xl,
     xl_env,
 )
+from smalldisk import fill, tmpfs
 
 pytestmark = pytest.mark.e2e
 GRACE = 1.0
@@ -58,7 +60,13 @@ def _launch(tmp_path: Path, body: str, env: dict[str, str], **popen: Any) -> Pat
     home = Path(env["XL_HOME"])
     done = subprocess.run(
         [*XL, "launch", "--detach", "--nproc", "2", str(script), str(tmp_path / "go")],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False, **popen,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        **popen,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return wait_run(home)
@@ -125,31 +133,10 @@ def test_a_frozen_supervisor_blocks_no_print_and_xl_stop_still_ends_the_run(tmp_
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Any:
-    """An 8 MiB tmpfs for XL_HOME (root only: skipped where mount is not allowed)."""
-    mnt = tmp_path / "home"
-    mnt.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs for XL_HOME."""
+    with tmpfs(tmp_path / "home", "8m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30, check=False)
-
-
-def _fill(path: Path) -> None:
-    with open(path, "wb") as fh:
-        chunk = b"\0" * (64 << 10)
-        with contextlib.suppress(OSError):
-            while True:
-                fh.write(chunk)
-                fh.flush()
 
 
 def test_a_full_disk_loses_no_output_or_metrics_that_fit_in_memory_and_ends_nothing(
@@ -170,7 +157,7 @@ def test_a_full_disk_loses_no_output_or_metrics_that_fit_in_memory_and_ends_noth
     run_dir = _launch(tmp_path, body, xl_env(small_disk))
     try:
         wait_ranks_running(run_dir, 2)
-        _fill(small_disk / "filler")
+        fill(small_disk / "filler")
         (tmp_path / "go").touch()
         wait_for(
             lambda: psutil.disk_usage(str(small_disk)).free == 0,
@@ -253,8 +240,15 @@ def test_secrets_given_with_env_reach_no_command_line_and_run_files_are_private(
     env = xl_env(tmp_path / "home")
     proc = subprocess.Popen(
         [
-            *XL, "launch", "--no-tui", "--nproc", "2", "--env", f"WANDB_API_KEY={secret}",
-            str(script), str(tmp_path / "go"),
+            *XL,
+            "launch",
+            "--no-tui",
+            "--nproc",
+            "2",
+            "--env",
+            f"WANDB_API_KEY={secret}",
+            str(script),
+            str(tmp_path / "go"),
         ],
         env=env,
         cwd=tmp_path,

@@ -34,6 +34,7 @@ from procs import (
     xl,
     xl_env,
 )
+from smalldisk import fill, tmpfs
 
 pytestmark = pytest.mark.e2e
 
@@ -88,26 +89,8 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs for XL_HOME (a run needs the 1 MiB it keeps for its end, and its files),
     unmounted after the test (root only: skipped elsewhere)."""
-    mnt = tmp_path / "home"
-    mnt.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "home", "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30, check=False)
-
-
-def _fill(path: Path) -> None:
-    with open(path, "wb", buffering=0) as fh, contextlib.suppress(OSError):
-        while True:
-            fh.write(b"\0" * 4096)
 
 
 def test_a_full_disk_before_launch_is_one_line_exit_2_and_leaves_no_run(
@@ -115,7 +98,7 @@ def test_a_full_disk_before_launch_is_one_line_exit_2_and_leaves_no_run(
 ) -> None:
     env = xl_env(tiny_disk)
     (tiny_disk / "runs").mkdir()
-    _fill(tiny_disk / "filler")
+    fill(tiny_disk / "filler")
     done = xl(
         ["launch", "--nproc", "2", str(_script(tmp_path)), str(tmp_path / "go")], env, cwd=tmp_path
     )
