@@ -20,7 +20,6 @@ import pytest
 from procs import (
     XL,
     end_run,
-    kill_run,
     run_json,
     wait_for,
     wait_no_processes,
@@ -257,10 +256,7 @@ def test_a_disk_without_room_for_the_run_s_reserve_refuses_the_run_in_one_line(
         filler.unlink()
         for started in (home / "runs").iterdir():  # a run that should not have started
             (tmp_path / "end").touch()
-            try:
-                wait_no_processes(started, timeout=60)
-            finally:
-                kill_run(started)
+            end_run(None, started, timeout=60)
     # Room again: the same launch runs, and its reserve is given back at its end.
     (tmp_path / "end").touch()
     done = xl(
@@ -275,10 +271,7 @@ def test_a_disk_without_room_for_the_run_s_reserve_refuses_the_run_in_one_line(
         assert run_json(run_dir)["status"] == "succeeded"
         assert not (run_dir / ".reserve").exists()
     finally:
-        try:
-            wait_no_processes(run_dir, timeout=60)
-        finally:
-            kill_run(run_dir)
+        end_run(None, run_dir, timeout=60)
 
 
 @pytest.mark.parametrize("rank1_exit", [0, 3], ids=["both-succeed", "rank1-fails"])

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from procs import (
     XL,
+    end_run,
     kill_run,
     run_dirs,
     run_json,
@@ -161,10 +162,7 @@ def test_a_stopped_rank_is_ended_by_xl_stop_with_the_rest_and_the_run_says_stopp
         assert rec["status"] == "stopped", rec
         wait_no_processes(run_dir, timeout=60)
     finally:
-        try:
-            wait_no_processes(run_dir, timeout=30)
-        finally:
-            kill_run(run_dir)
+        end_run(None, run_dir, timeout=30)
 
 
 def test_ten_launches_at_once_make_ten_runs_that_all_succeed(tmp_path: Path) -> None:
@@ -204,10 +202,7 @@ def test_ten_launches_at_once_make_ten_runs_that_all_succeed(tmp_path: Path) -> 
         assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 10, listed.stderr
     finally:
         for run_dir in run_dirs(home):
-            try:
-                wait_no_processes(run_dir, timeout=60)
-            finally:
-                kill_run(run_dir)
+            end_run(None, run_dir, timeout=60)
 
 
 def test_xl_stop_while_xl_attach_follows_the_run_ends_both_truthfully(tmp_path: Path) -> None:
@@ -250,10 +245,7 @@ def test_xl_stop_while_xl_attach_follows_the_run_ends_both_truthfully(tmp_path: 
         if attach.poll() is None:
             attach.kill()
             attach.wait(timeout=30)
-        try:
-            wait_no_processes(run_dir, timeout=30)
-        finally:
-            kill_run(run_dir)
+        end_run(None, run_dir, timeout=30)
 
 
 MANY_KEYS = textwrap.dedent(
@@ -424,7 +416,4 @@ def test_a_rank_that_prints_huge_digit_lines_holds_up_neither_the_records_nor_xl
         wait_no_processes(run_dir, timeout=60)
     finally:
         (tmp_path / "go").touch()
-        try:
-            wait_no_processes(run_dir, timeout=30)
-        finally:
-            kill_run(run_dir)
+        end_run(None, run_dir, timeout=30)

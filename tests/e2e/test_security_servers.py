@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from procs import kill_run, wait_no_processes, wait_ranks_running, wait_run, xl, xl_env
+from procs import end_run, wait_ranks_running, wait_run, xl, xl_env
 from runfixtures import make_run
 from servers import served
 
@@ -144,7 +144,4 @@ def test_a_run_name_cannot_inject_labels_or_series_into_the_exporter(tmp_path: P
             }
     finally:
         go.touch()
-        try:
-            wait_no_processes(run_dir, timeout=60)
-        finally:
-            kill_run(run_dir)
+        end_run(None, run_dir, timeout=60)

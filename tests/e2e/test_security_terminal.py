@@ -26,9 +26,8 @@ from pathlib import Path
 
 from procs import (
     XL,
-    kill_run,
+    end_run,
     wait_for,
-    wait_no_processes,
     wait_ranks_running,
     wait_run,
     xl,
@@ -203,11 +202,7 @@ def test_escapes_from_ranks_are_drawn_on_every_terminal_view(tmp_path: Path) -> 
         (tmp_path / "go").touch()
         if view.poll() is None:
             view.kill()
-        if run_dir is not None:
-            try:
-                wait_no_processes(run_dir, timeout=30)
-            finally:
-                kill_run(run_dir)
+        end_run(None, run_dir, timeout=30)
 
 
 def test_the_apps_banners_and_stacks_draw_control_characters() -> None:

@@ -34,6 +34,7 @@ import psutil
 import pytest
 from procs import (
     XL,
+    end_run,
     first_run,
     kill_run,
     rdzv_port,
@@ -271,11 +272,7 @@ def test_xl_stacks_answers_when_another_user_squats_the_next_pids_names(
         if squat.stdin is not None:
             squat.stdin.close()
         squat.wait(timeout=30)
-        if run_dir is not None:
-            try:
-                wait_no_processes(run_dir, timeout=60)
-            finally:
-                kill_run(run_dir)
+        end_run(None, run_dir, timeout=60)
 
 
 def test_a_requester_reads_nothing_from_a_socket_another_process_bound(stranger: str) -> None:
@@ -354,10 +351,7 @@ def test_another_user_who_finds_a_rank_s_stacks_socket_is_told_nothing(
         assert run_json(run_dir)["status"] == "running"  # the rank goes on
     finally:
         (tmp_path / "go").touch()
-        try:
-            wait_no_processes(run_dir, timeout=60)
-        finally:
-            kill_run(run_dir)
+        end_run(None, run_dir, timeout=60)
 
 
 def holder_pid(runuser_pid: int) -> int:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from procs import XL, kill_run, run_json, wait_no_processes
+from procs import XL, end_run, run_json
 from tmuxterm import Tmux, wait_for
 
 pytestmark = [
@@ -113,10 +113,7 @@ def test_a_failed_run_closes_its_monitor_and_leaves_the_cause_on_the_terminal(
                 capture_output=True,
                 timeout=60,
             )
-    try:
-        wait_no_processes(run_dir, timeout=15)
-    finally:
-        kill_run(run_dir)
+    end_run(None, run_dir, timeout=15)
 
 
 def test_a_run_that_succeeded_returns_and_the_next_command_runs(simnvml, tmp_path):
@@ -138,7 +135,4 @@ def test_a_run_that_succeeded_returns_and_the_next_command_runs(simnvml, tmp_pat
                 capture_output=True,
                 timeout=60,
             )
-    try:
-        wait_no_processes(run_dir, timeout=15)
-    finally:
-        kill_run(run_dir)
+    end_run(None, run_dir, timeout=15)

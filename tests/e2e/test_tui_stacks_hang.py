@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from procs import XL, kill_run, run_json, wait_no_processes
+from procs import XL, end_run, run_json
 from tmuxterm import Tmux, wait_for
 from where import SUPPORT
 
@@ -138,7 +138,4 @@ def test_k_on_a_hang_shows_the_whole_run_s_verdict_with_its_keys(simnvml, tmp_pa
                 capture_output=True,
                 timeout=60,
             )
-    try:
-        wait_no_processes(run_dir, timeout=15)
-    finally:
-        kill_run(run_dir)
+    end_run(None, run_dir, timeout=15)

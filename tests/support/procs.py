@@ -211,7 +211,9 @@ def kill_run(run_dir: Path) -> None:
             pass
 
 
-def end_run(launch: subprocess.Popen[Any] | None, run_dir: Path | None) -> None:
+def end_run(
+    launch: subprocess.Popen[Any] | None, run_dir: Path | None, *, timeout: float = 60
+) -> None:
     """Test cleanup: the launch command gone (killed if it is still there), then every process
     of its run, checked gone (and SIGKILLed if not, the check failing the test)."""
     if launch is not None and launch.poll() is None:
@@ -219,7 +221,7 @@ def end_run(launch: subprocess.Popen[Any] | None, run_dir: Path | None) -> None:
         launch.wait(timeout=30)
     if run_dir is not None:
         try:
-            wait_no_processes(run_dir, timeout=60)
+            wait_no_processes(run_dir, timeout=timeout)
         finally:
             kill_run(run_dir)
 
