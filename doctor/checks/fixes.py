@@ -86,16 +86,21 @@ def with_torch(tag: str, version: str | None) -> Apply:
     return apply
 
 
+def torch_candidates(
+    python: str, current: str | None, tags: Sequence[str]
+) -> list[tuple[str, Apply]]:
+    """For each index tag, the `pip install torch ... --index-url .../<tag>` for ``python``
+    (keeping ``current``'s version where that index has it; a downgrade is said in the
+    command's note) and what it does to the facts."""
+    return [
+        (install_command(python, tag, current), with_torch(tag, version_for(tag, current)))
+        for tag in tags
+    ]
+
+
 def torch_fix(f: Facts, check_id: str, tags: Sequence[str], strict: bool = False) -> str | None:
-    """The first `pip install torch ... --index-url .../<tag>` among `tags` that is published
-    (wheels.py) and breaks no other check (a downgrade is said in the command's note); `strict`
-    as in first_safe."""
-    py = python_of(f)
-    cands = []
-    for tag in tags:
-        pin = version_for(tag, torch_version(f))
-        cands.append((install_command(py, tag, torch_version(f)), with_torch(tag, pin)))
-    return first_safe(f, check_id, cands, strict)
+    """The first of torch_candidates that breaks no other check; `strict` as in first_safe."""
+    return first_safe(f, check_id, torch_candidates(python_of(f), torch_version(f), tags), strict)
 
 
 def with_toolkit(tk: Toolkit) -> Apply:
@@ -124,6 +129,11 @@ def with_toolkit(tk: Toolkit) -> Apply:
     return apply
 
 
+def toolkit_candidates(tks: Sequence[Toolkit]) -> list[tuple[str, Apply]]:
+    """For each toolkit, its `export CUDA_HOME=... PATH=...` and what it does to the facts."""
+    return [(export_toolkit(tk), with_toolkit(tk)) for tk in tks]
+
+
 def toolkit_fix(f: Facts, check_id: str, tks: Sequence[Toolkit]) -> str | None:
-    """The first `export CUDA_HOME=... PATH=...` among these toolkits that breaks no other check."""
-    return first_safe(f, check_id, [(export_toolkit(tk), with_toolkit(tk)) for tk in tks])
+    """The first of toolkit_candidates that breaks no other check."""
+    return first_safe(f, check_id, toolkit_candidates(tks))

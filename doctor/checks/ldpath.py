@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence, Set
 
 from xl.doctor.checks.compat import unusable
 from xl.doctor.checks.derived import torch_cuda
 from xl.doctor.checks.loaded import older_on_ld_path, unknown_nccl_on_path
 from xl.doctor.checks.toolkit_choice import in_use_toolkit
-from xl.doctor.facts import Facts, LdEntry, vtuple
+from xl.doctor.facts import Facts, LdEntry, Toolkit, vtuple
 
 
 def shadowed_torch_libs(f: Facts) -> list[tuple[LdEntry, str, str, str]]:
@@ -42,17 +43,23 @@ def ld_fix(f: Facts) -> str:
     without cuDNN, NCCL or cuBLAS older than torch's pins, without a libcuda that cannot work;
     with the toolkit in use's own library folder when none of its folders is there.
     `unset LD_LIBRARY_PATH` when nothing is left."""
-    tk = in_use_toolkit(f)
-    lib_dirs = tk.lib_dirs if tk is not None else []
     drop = {e.path for e, *_ in shadowed_torch_libs(f)}
     drop |= {x.where for x in older_on_ld_path(f)}
     drop |= set(unknown_nccl_on_path(f))
     bad = unusable(f)
     if bad is not None and bad.source == "LD_LIBRARY_PATH":
         drop.add(bad.folder)
+    return ld_command(f.ld_entries, drop, in_use_toolkit(f))
+
+
+def ld_command(entries: Sequence[LdEntry], drop: Set[str], tk: Toolkit | None) -> str:
+    """The LD_LIBRARY_PATH that keeps ``entries`` in their order, less those in ``drop``, those
+    that are not readable folders, and CUDA runtimes that are not toolkit ``tk``'s; with ``tk``'s
+    own library folder first when none of its folders is there."""
+    lib_dirs = tk.lib_dirs if tk is not None else []
     keep = [
         e.path
-        for e in f.ld_entries
+        for e in entries
         if e.path
         and e.path not in drop
         and e.exists
@@ -60,7 +67,7 @@ def ld_fix(f: Facts) -> str:
         and not e.problem
         and (not e.cudart or e.real in lib_dirs)
     ]
-    if tk is not None and tk.lib_dirs and not any(e.real in tk.lib_dirs for e in f.ld_entries):
+    if tk is not None and tk.lib_dirs and not any(e.real in tk.lib_dirs for e in entries):
         keep.insert(0, f"{tk.root}/lib64")
     keep = list(dict.fromkeys(keep))
     return f"export LD_LIBRARY_PATH={':'.join(keep)}" if keep else "unset LD_LIBRARY_PATH"
