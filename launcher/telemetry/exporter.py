@@ -38,6 +38,7 @@ from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.reader import RankView, RunReader, RunView
 from xl.launcher.rundir.record import DeviceRow, RankRow, RunRecord, RunStatus
 from xl.launcher.rundir.store import run_owner
+from xl.launcher.telemetry.exporter_nodes import NodeSeries, per_node
 
 R = ("run_id", "rank", "local_rank", "hostname")
 G = (*R, "gpu", "UUID")
@@ -63,8 +64,11 @@ class ExporterReader(RunReader):
 
     def _apply_metrics(self, records: list[Any]) -> None:
         for rec in records:
+            # train lines only (a third of a big run's lines are sys lines: not stamped at all)
+            if type(rec) is not dict or rec.get("kind") != "train":
+                continue
             head = figures.stamp(rec)  # the one rule for a line (a line with no finite t is none)
-            if head is None or rec.get("kind") != "train":
+            if head is None:
                 continue
             rank, t = head
             samples = figures.number(rec.get("samples"))
@@ -132,10 +136,17 @@ class RunsCollector(Collector):
     """Every live run under ``runs_root`` (default ``$XL_HOME/runs``), read on each ``collect``."""
 
     def __init__(
-        self, runs_root: Path | None = None, *, gpus: bool = True, clock: Any = time.time
+        self,
+        runs_root: Path | None = None,
+        *,
+        gpus: bool = True,
+        clock: Any = time.time,
+        per_rank: bool = False,
     ) -> None:
         self.runs_root = runs_root
         self.gpus = gpus
+        # every run's series per rank, also past exporter_nodes.PER_NODE_PAST ranks
+        self.per_rank = per_rank
         self.clock = clock
         self._readers: dict[str, tuple[ExporterReader, str]] = {}
         # Runs found ended, by the run.json mtime they were found ended at: not read again
@@ -259,6 +270,7 @@ class RunsCollector(Collector):
             f"{FAILED_KEPT_S / 60:.0f} min after the run ended.",
             labels=("run_id",),
         )
+        nodes = NodeSeries(STATES)  # runs past PER_NODE_PAST ranks (docs/exporter.md)
         for run_id, (ended, said) in sorted(self._failed.items()):
             if now - ended > FAILED_KEPT_S:
                 del self._failed[run_id]
@@ -278,6 +290,26 @@ class RunsCollector(Collector):
             # A culprit that was working on the CPU is `stalled`, as the app shows it, not `hung`.
             hang = run.view.hang
             hung = hang.stuck if hang is not None and hang.label == "hang" else frozenset()
+            if per_node(len(run.view.ranks), self.per_rank):
+                views = run.view.ranks
+                nodes.add(
+                    rec.run_id,
+                    views,
+                    {rank: _state(view, hung) for rank, view in views.items()},
+                    run.reader.samples_total,
+                    run.reader.last_step_t,
+                    host,
+                )
+                fresh = sum(
+                    1
+                    for view in views.values()
+                    if view.last_seen is not None and now - view.last_seen <= REPORTING_S
+                )
+                reporting.add_metric([rec.run_id], fresh)
+                why = failure_labels(rec, run.view.failure, self._host)
+                if why is not None:
+                    failed.add_metric([rec.run_id], why)
+                continue
             for rank, view in run.view.ranks.items():
                 entry = by_rank.get(rank) or RankRow(rank)
                 labels = [
@@ -345,4 +377,4 @@ class RunsCollector(Collector):
         ]
         if self.gpus:
             out += [util, mem]
-        return out
+        return out + (nodes.families() if nodes.nodes else [])
