@@ -218,13 +218,13 @@ def watch_plain(
     plain.flush()
     # Where no live table can redraw (a pipe, a file, CI's log), the table comes once, at the end:
     # every rank's state, pid, GPU, exit code and last figures, plain and aligned.
-    from xl.launcher.cli import splittable  # noqa: PLC0415 - the run's end only: not on the way to its start
+    from xl.launcher.cli import console_summary, splittable  # noqa: PLC0415 - the run's end only: not on the way to its start
 
-    print(
-        render_text(state, width=max(100, _width(out))) + splittable.render(state.ranks),
-        file=out,
-        end="",
-    )
+    if console_summary.summarised(state.ranks):  # past 64 ranks: nodes and outliers, no rows
+        table = console_summary.render_summary(state.ranks, _title(state))
+    else:
+        table = render_text(state, width=max(100, _width(out))) + splittable.render(state.ranks)
+    print(table, file=out, end="")
     failure = state.failure
     if failure is not None and failure.traceback:
         print(
@@ -237,6 +237,11 @@ def watch_plain(
 
 def _width(out: TextIO) -> int:
     return shutil.get_terminal_size((120, 24)).columns if out.isatty() else 120
+
+
+def _title(state: RunState) -> str:
+    name = (state.record.name if state.record else None) or ""
+    return f"{name}  {state.title}  {state.status}  {state.elapsed():.0f}s"
 
 
 def render_text(state: RunState, width: int = 120) -> str:
@@ -271,8 +276,7 @@ def render_text(state: RunState, width: int = 120) -> str:
             out.append(cell.rjust(w) if i in right else cell.ljust(w))
         return "| " + " | ".join(out) + " |"
 
-    name = (state.record.name if state.record else None) or ""
-    title = f"{name}  {state.title}  {state.status}  {state.elapsed():.0f}s"
+    title = _title(state)
     border = "+" + "-" * (len(line(list(headers))) - 2) + "+"
     text = [title.ljust(len(border)), border, line(list(headers))]
     text.append("|" + "+".join("-" * (w + 2) for w in widths) + "|")
@@ -365,6 +369,13 @@ def render(
     from rich.table import Table  # noqa: PLC0415 - as above
     from rich.text import Text  # noqa: PLC0415 - as above
 
+    from xl.launcher.cli import console_summary  # noqa: PLC0415 - drawn with Rich, as above
+
+    if console_summary.summarised(state.ranks):  # past 64 ranks: nodes and outliers, no rows
+        parts: list[RenderableType] = [
+            Text(console_summary.render_summary(state.ranks, _title(state)).rstrip("\n"))
+        ]
+        return Group(*parts, *_tail(state, events, Text))
     name = (state.record.name if state.record else None) or ""
     title = f"{name}  [b]{state.title}[/b]  {state.status}  {state.elapsed():.0f}s"
     table = Table(
@@ -398,12 +409,15 @@ def render(
             *cells[2:-1],
             _last_line(r, last, Text),
         )
-    parts: list[RenderableType] = [table]
-    if state.verdict:
-        parts.append(Text(f"hang: {visible(state.verdict)}", style="bold yellow"))
+    return Group(table, *_tail(state, events, Text))
+
+
+def _tail(state: RunState, events: bool, text: type[Text]) -> list[Text]:
+    """Under the table: the hang verdict in force, and the last events."""
+    parts = [text(f"hang: {visible(state.verdict)}", style="bold yellow")] if state.verdict else []
     for ev in state.events[-5:] if events else []:
-        parts.append(Text(_plain_event(ev), style=_EVENT_STYLE.get(str(ev.get("kind")), "dim")))
-    return Group(*parts)
+        parts.append(text(_plain_event(ev), style=_EVENT_STYLE.get(str(ev.get("kind")), "dim")))
+    return parts
 
 
 # narrower, an eval column would squeeze the loss to "0.…" (the end table has it)

@@ -134,8 +134,7 @@ class NodeSeries:
             if node.step_s:
                 for stat, value in spread(node.step_s).items():
                     step_s.add_metric([*labels, stat], value)
-            for name in PHASES:
-                short = name.removesuffix("_s")
+            for short in PHASES:
                 values = node.phases.get(short)
                 if values:
                     got = spread(values)

@@ -46,7 +46,7 @@ def make_big_run(
             "node_rank": r // per_node,
             "pid": 100_000 + r,
             "gpu": r % per_node,
-            "exit_code": 1 if r in gone else None,
+            "exit_code": 1 if r in gone else _end_code(status),
         }
         for r in range(ranks)
     ]
@@ -67,6 +67,13 @@ def make_big_run(
         "supervisor_pid": None,
         "ranks": rows,
     }
+    if status == "failed" and gone:
+        first = min(gone)
+        run["failure"] = {
+            "rank": first,
+            "exit_code": 1,
+            "message": f"rank {first} failed first: exit code 1",
+        }
     (run_dir / "run.json").write_text(json.dumps(run) + "\n", encoding="utf-8")
     events = [{"t": t0, "kind": "run_started", "rank": None, "message": f"started {ranks} ranks"}]
     events += [
@@ -86,6 +93,12 @@ def make_big_run(
         for second in range(seconds):
             fh.write(chunk(ranks, second, t0, skip=gone if second else (), slow=slow))
     return run_dir
+
+
+def _end_code(status: str) -> int | None:
+    """A rank's exit code that did not fail: none while running; 0 in a run that succeeded; xl's
+    stop (SIGTERM) in one that failed."""
+    return {"running": None, "succeeded": 0}.get(status, -15)
 
 
 def chunk(
