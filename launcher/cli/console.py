@@ -24,7 +24,7 @@ from xl.textsafe import bytes_for_terminal, visible
 from xl.units import mib
 
 if TYPE_CHECKING:
-    from rich.console import Group, RenderableType
+    from rich.console import Group
     from rich.text import Text
 
 # new lines 20 times a second: prompt for a person and for the run's end, cheap beside the ranks
@@ -136,12 +136,25 @@ class _Plain:
     def events(self, new: list[dict[str, Any]], *, force: bool = False) -> None:
         now = time.monotonic()
         self.held += [(now, ev) for ev in new]
+        ready = []
         while self.held:
             since, ev = self.held[0]
             if not force and now - since < _SETTLE_S and not self._ready(ev):
-                return
+                break
             self.held.pop(0)
-            self.write((_plain_event(ev) + "\n").encode())
+            ready.append(ev)
+        if ready:
+            self.write("".join(line + "\n" for line in self._said(ready)).encode())
+
+    def _said(self, events: list[dict[str, Any]]) -> list[str]:
+        """A line an event; past 64 ranks, ranks that started or ended cleanly together: one."""
+        if len(events) < 2:
+            return [_plain_event(ev) for ev in events]
+        from xl.launcher.cli import console_summary  # noqa: PLC0415 - not on the way to the start
+
+        rec = self.state.record
+        world = max(len(self.state.ranks), (rec.world_size or 0) if rec else 0)
+        return console_summary.fold_events(events, _plain_event, world)
 
     def _ready(self, ev: dict[str, Any]) -> bool:
         rank = ev.get("rank")
@@ -369,13 +382,11 @@ def render(
     from rich.table import Table  # noqa: PLC0415 - as above
     from rich.text import Text  # noqa: PLC0415 - as above
 
-    from xl.launcher.cli import console_summary  # noqa: PLC0415 - drawn with Rich, as above
+    from xl.launcher.cli import console_summary  # noqa: PLC0415 - as above: drawn with Rich
 
     if console_summary.summarised(state.ranks):  # past 64 ranks: nodes and outliers, no rows
-        parts: list[RenderableType] = [
-            Text(console_summary.render_summary(state.ranks, _title(state)).rstrip("\n"))
-        ]
-        return Group(*parts, *_tail(state, events, Text))
+        summary = console_summary.render_summary(state.ranks, _title(state)).rstrip("\n")
+        return Group(Text(summary), *_tail(state, events, Text))
     name = (state.record.name if state.record else None) or ""
     title = f"{name}  [b]{state.title}[/b]  {state.status}  {state.elapsed():.0f}s"
     table = Table(

@@ -21,9 +21,10 @@ the end of a run is drawn without Rich.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from xl.figures import PHASES
 from xl.launcher.rundir.runview import RankView
@@ -37,6 +38,14 @@ SLOWEST_SHOWN = 3
 NAMED = 8  # slow ranks, and diagnoses of ranks not running, named one a line at most
 HEADERS = ("node", "host", "ranks", "ok", "step", "step time min / median / max", *PHASES)
 HEADERS_RIGHT = {0, 2, 3}
+
+
+def median(values: list[float]) -> float:
+    """The median of ``values`` (not empty): statistics' own costs its import ~5 ms at a run's
+    start, and this module is imported with the view."""
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def summarised(ranks: Mapping[int, RankView]) -> bool:
@@ -78,11 +87,11 @@ class _Row:
         times = sorted(r.step_s for r in views if r.step_s is not None)
         spread = ""
         if times:
-            spread = f"{times[0]:.3f} / {statistics.median(times):.3f} / {times[-1]:.3f} s"
+            spread = f"{times[0]:.3f} / {median(times):.3f} / {times[-1]:.3f} s"
         phases = []
         for name in PHASES:
             values = [v for r in views if (v := getattr(r, f"{name}_s")) is not None]
-            phases.append(_seconds(statistics.median(values)) if values else "")
+            phases.append(_seconds(median(values)) if values else "")
         return [self.label, visible(host), str(len(views)), str(running), step, spread, *phases]
 
 
@@ -127,20 +136,20 @@ def slow_lines(ranks: Mapping[int, RankView]) -> list[str]:
     ]
     if not timed:
         return []
-    median = statistics.median(r.step_s for r in timed if r.step_s is not None)
+    middle = median([r.step_s for r in timed if r.step_s is not None])
     by_time = sorted(timed, key=lambda r: (-(r.step_s or 0.0), r.rank))
     slowest = ", ".join(f"rank {r.rank} {r.step_s:.3f} s" for r in by_time[:SLOWEST_SHOWN])
-    lines = [f"slowest steps: {slowest} (median of all {median:.3f} s)"]
+    lines = [f"slowest steps: {slowest} (median of all {middle:.3f} s)"]
     slow = [
         r
         for r in by_time
-        if r.state == "straggler" or (median > 0 and (r.step_s or 0.0) >= SLOW_X * median)
+        if r.state == "straggler" or (middle > 0 and (r.step_s or 0.0) >= SLOW_X * middle)
     ]
     for r in slow[:NAMED]:
         split = r.split or {}
         worst = max(split, key=lambda k: split[k]) if split else None
         where = f"; {worst.removesuffix('_s')} {split[worst]:.3f} s" if worst else ""
-        ratio = f"{(r.step_s or 0.0) / median:.1f}x the median" if median > 0 else "slow"
+        ratio = f"{(r.step_s or 0.0) / middle:.1f}x the median" if middle > 0 else "slow"
         told = f"  xl: {visible(r.diagnosis)}" if r.diagnosis else ""
         lines.append(f"slow: rank {r.rank} {r.step_s:.3f} s ({ratio}{where}){told}")
     if len(slow) > NAMED:
@@ -191,3 +200,43 @@ def render_summary(ranks: Mapping[int, RankView], title: str) -> str:
         *not_running_lines(ranks),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _fold_kind(ev: dict[str, Any]) -> str | None:
+    """What an event says of its rank when it is one of many alike: started, or ended cleanly."""
+    if not isinstance(ev.get("rank"), int):
+        return None
+    if ev.get("kind") == "rank_started":
+        return "started"
+    if ev.get("kind") == "rank_exited" and ev.get("exit_code") == 0:
+        return "exited with code 0"
+    return None
+
+
+def fold_events(
+    events: list[dict[str, Any]], say: Callable[[dict[str, Any]], str], world: int
+) -> list[str]:
+    """The plain view's lines for ``events`` of a run of ``world`` ranks: past SUMMARY_PAST,
+    consecutive ranks that started (or exited with code 0) are one line, ``HH:MM:SS xl: ranks
+    0-4095 started (4096)``; every other event is ``say(event)``, in order."""
+    if world <= SUMMARY_PAST:
+        return [say(ev) for ev in events]
+    out: list[str] = []
+    i = 0
+    while i < len(events):
+        kind = _fold_kind(events[i])
+        j = i + 1
+        while kind is not None and j < len(events) and _fold_kind(events[j]) == kind:
+            j += 1
+        if j - i < 2:
+            out.append(say(events[i]))
+            i += 1
+            continue
+        ranks = [int(ev["rank"]) for ev in events[i:j]]
+        t = events[j - 1].get("t")
+        stamp = time.strftime(
+            "%H:%M:%S", time.localtime(float(t) if isinstance(t, (int, float)) else time.time())
+        )
+        out.append(f"{stamp} xl: ranks {ranges(ranks)} {kind} ({len(ranks)})")
+        i = j
+    return out

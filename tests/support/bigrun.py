@@ -77,6 +77,10 @@ def make_big_run(
     (run_dir / "run.json").write_text(json.dumps(run) + "\n", encoding="utf-8")
     events = [{"t": t0, "kind": "run_started", "rank": None, "message": f"started {ranks} ranks"}]
     events += [
+        {"t": t0 + 0.2, "kind": "rank_started", "rank": r, "message": f"rank {r} started"}
+        for r in range(ranks)
+    ]
+    events += [
         {
             "t": t0 + 1,
             "kind": "rank_exited",
@@ -86,6 +90,17 @@ def make_big_run(
         }
         for r in sorted(gone)
     ]
+    if status == "succeeded":
+        events += [
+            {
+                "t": t0 + seconds,
+                "kind": "rank_exited",
+                "rank": r,
+                "message": f"rank {r} exited with code 0",
+                "exit_code": 0,
+            }
+            for r in range(ranks)
+        ]
     (run_dir / "events.jsonl").write_text(
         "".join(json.dumps(e) + "\n" for e in events), encoding="utf-8"
     )

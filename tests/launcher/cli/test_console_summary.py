@@ -96,3 +96,22 @@ def test_the_live_view_draws_the_summary_past_64_ranks(tmp_path: Path) -> None:
     assert text.rstrip("\n").startswith(render_summary(state.ranks, console._title(state))[:40])
     assert "failed (1): rank 5 (exit 1)" in text
     assert len(text.splitlines()) < 60
+
+
+def test_ranks_starting_and_ending_together_are_one_line_past_64_ranks(tmp_path: Path) -> None:
+    big = make_big_run(tmp_path / "b", 4096, t0=time.time() - 30, seconds=2, status="succeeded")
+    text = end_view(big)
+    assert len(re.findall(r"xl: ranks 0-4095 started \(4096\)$", text, flags=re.M)) == 1
+    assert len(re.findall(r"xl: ranks 0-4095 exited with code 0 \(4096\)$", text, flags=re.M)) == 1
+    assert not re.search(r"xl: rank \d+ (started|exited)", text)
+    assert len(text.splitlines()) < 90
+    failed = make_big_run(
+        tmp_path / "f", 100, t0=time.time() - 30, seconds=2, failed=[7], status="failed"
+    )
+    text = end_view(failed)
+    assert "xl: ranks 0-99 started (100)" in text
+    assert "xl: rank 7 exited with code 1" in text  # news: a line of its own, as ever
+    small = make_big_run(tmp_path / "s", 64, t0=time.time() - 30, seconds=2, status="succeeded")
+    text = end_view(small)
+    assert len(re.findall(r"xl: rank \d+ started$", text, flags=re.M)) == 64
+    assert len(re.findall(r"xl: rank \d+ exited with code 0$", text, flags=re.M)) == 64
