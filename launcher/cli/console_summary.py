@@ -3,20 +3,20 @@
 
     big-4096  20261128-big-4096  running  312s  4096 ranks on 512 nodes
     ranks: 4093 running, 1 straggler, 1 failed, 1 stalled
-    node  host   ranks  ok  step     step time min / median / max  data   compute  ...
-       0  node0      8   8  611-612  0.500 / 0.513 / 0.530 s       10 ms  313 ms   ...
-    slowest steps: rank 77 2.000 s, rank 6 0.530 s, rank 13 0.530 s (median of all 0.515 s)
-    slow: rank 77 2.000 s (3.9x the median; compute 1.800 s)
     not running:
       failed (1): rank 1234 (exit 1)
       stalled (1): rank 3017
       rank 3017: xl: rank 3017 has not stepped for 95 s (...)
+    slowest steps: rank 77 2.000 s, rank 6 0.530 s, rank 13 0.530 s (median of all 0.515 s)
+    slow: rank 77 2.000 s (3.9x the median; compute 1.800 s)
+    node  host   ranks  ok  step     step time min / median / max  data   compute  ...
+       0  node0      8   8  611-612  0.500 / 0.513 / 0.530 s       10 ms  313 ms   ...
 
-A row per node (past ``ROWS`` nodes, a row per group of consecutive nodes) with the spread of
-its ranks' step times and the median of each phase (``ok``: its ranks running or ended
-cleanly); the slowest ranks, a plain list; the ranks slower than ``SLOW_X`` times the median (or
-diagnosed stragglers) named as slow; then every rank that is not running, by state. Plain text:
-the end of a run is drawn without Rich.
+Every rank that is not running, by state; the slowest ranks, a plain list; the ranks slower
+than ``SLOW_X`` times the median (or diagnosed stragglers) named as slow; then a row per node
+(past ``ROWS`` nodes, a row per group of consecutive nodes) with the spread of its ranks' step
+times and the median of each phase (``ok``: its ranks running or ended cleanly). Plain text: the
+end of a run is drawn without Rich.
 """
 
 from __future__ import annotations
@@ -195,9 +195,10 @@ def render_summary(ranks: Mapping[int, RankView], title: str) -> str:
     lines = [
         f"{title}  {len(ranks)} ranks on {node_count} node{'s' if node_count != 1 else ''}",
         f"ranks: {states}",
-        *_table([row.cells() for row in nodes]),
-        *slow_lines(ranks),
+        # what needs a look first: a live view too short for the nodes crops their last rows
         *not_running_lines(ranks),
+        *slow_lines(ranks),
+        *_table([row.cells() for row in nodes]),
     ]
     return "\n".join(lines) + "\n"
 
