@@ -168,7 +168,8 @@ def not_running_lines(ranks: Mapping[int, RankView]) -> list[str]:
     if not out:
         return []
     lines = ["not running:"]
-    for state in sorted(out, key=lambda s: (s != "failed", s)):
+    order = sorted(out, key=lambda s: (s != "failed", s))  # failed, then stalled before waiting
+    for state in order:
         views = out[state]
         codes: dict[int | None, list[int]] = {}
         for r in views:
@@ -179,7 +180,7 @@ def not_running_lines(ranks: Mapping[int, RankView]) -> list[str]:
             for code, ids in codes.items()
         )
         lines.append(f"  {state} ({len(views)}): {said}")
-    told = [r for views in out.values() for r in views if r.diagnosis][:NAMED]
+    told = [r for state in order for r in out[state] if r.diagnosis][:NAMED]
     lines += [f"  rank {r.rank}: xl: {visible(r.diagnosis or '')}" for r in told]
     return lines
 

@@ -6,6 +6,7 @@ lines carry the ground truth (bigrun.step_time)."""
 from __future__ import annotations
 
 import io
+import json
 import re
 import time
 from pathlib import Path
@@ -115,3 +116,62 @@ def test_ranks_starting_and_ending_together_are_one_line_past_64_ranks(tmp_path:
     text = end_view(small)
     assert len(re.findall(r"xl: rank \d+ started$", text, flags=re.M)) == 64
     assert len(re.findall(r"xl: rank \d+ exited with code 0$", text, flags=re.M)) == 64
+
+
+def _add_events(run_dir: Path, events: list[dict]) -> None:
+    with (run_dir / "events.jsonl").open("a", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(ev) + "\n" for ev in events)
+
+
+def _live_summary(run_dir: Path) -> list[str]:
+    state = RunState(run_dir)
+    state.poll()
+    return render_summary(state.ranks, console._title(state)).splitlines()
+
+
+def test_a_hang_names_its_culprit_first_and_its_waiting_ranks_as_ranges(tmp_path: Path) -> None:
+    t0 = time.time() - 120
+    run = make_big_run(tmp_path, 128, t0=t0, seconds=2)
+    culprit = "rank 100 has not stepped for 95 s; the others wait for it in all_reduce #12"
+    _add_events(
+        run,
+        [
+            {
+                "t": t0 + 100,
+                "kind": "stalled",
+                "rank": r,
+                "message": f"rank {r} waits for 100",
+                "waiting_on": [100],
+            }
+            for r in range(128)
+            if r != 100
+        ]
+        + [{"t": t0 + 100, "kind": "stalled", "rank": 100, "message": culprit}],
+    )
+    lines = _live_summary(run)
+    at = lines.index("not running:")
+    assert lines[at + 1 : at + 4] == [
+        "  stalled (1): rank 100",
+        "  waiting (127): ranks 0-99,101-127",
+        f"  rank 100: xl: {culprit}",
+    ]
+    assert sum(1 for ln in lines if re.match(r"  rank \d+: xl:", ln)) == 8  # the first 8 said
+    assert not [ln for ln in lines if ln.startswith("slow:")]
+
+
+def test_a_diagnosed_straggler_is_slow_and_still_running(tmp_path: Path) -> None:
+    t0 = time.time() - 120
+    run = make_big_run(tmp_path, 128, t0=t0, seconds=2, slow=[5])
+    said = "rank 5 is 3.9x slower than the median (its time goes to compute)"
+    _add_events(
+        run,
+        [{"t": t0 + 60, "kind": "straggler", "rank": 5, "message": said, "phase": "compute"}],
+    )
+    lines = _live_summary(run)
+    assert [ln for ln in lines if ln.startswith("slow:")] == [
+        f"slow: rank 5 2.000 s (3.9x the median; compute 1.800 s)  xl: {said}"
+    ]
+    assert "not running:" not in lines
+    assert lines[1] == "ranks: 127 running, 1 straggler"
+    [node0] = [ln.split() for ln in lines if re.match(r"^\s*0\s+node0 ", ln)]
+    assert node0[3] == "8"  # a straggler is running: ok
