@@ -5,6 +5,7 @@ ranks exactly as before. Figures are checked against the lines' own ground truth
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections import defaultdict
@@ -132,3 +133,20 @@ def test_the_size_where_series_turn_per_node(tmp_path: Path) -> None:
         else:
             assert len(got["xl_train_step"]) == ranks
             assert not [n for n in got if n.startswith("xl_node_")]
+
+
+def test_a_stalled_rank_and_its_waiting_peers_are_counted_on_their_nodes(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    t0 = time.time() - 200
+    big = make_big_run(runs, 512, t0=t0, seconds=2)
+    with (big / "events.jsonl").open("a", encoding="utf-8") as fh:
+        for r in range(512):
+            ev = {"t": t0 + 100, "kind": "stalled", "rank": r, "message": "m"}
+            fh.write(json.dumps(ev if r == 300 else {**ev, "waiting_on": [300]}) + "\n")
+    got = samples_of(scrape(runs, now=t0 + 101), big.name)
+    counts = {(s.labels["node"], s.labels["state"]): s.value for s in got["xl_node_ranks"]}
+    assert counts[("37", "stalled")] == 1 and counts[("37", "waiting")] == 7
+    assert sum(v for (_, st), v in counts.items() if st == "stalled") == 1
+    assert sum(v for (_, st), v in counts.items() if st == "waiting") == 511
+    assert sum(v for (_, st), v in counts.items() if st == "running") == 0
