@@ -290,8 +290,9 @@ class RunsCollector(Collector):
             # A culprit that was working on the CPU is `stalled`, as the app shows it, not `hung`.
             hang = run.view.hang
             hung = hang.stuck if hang is not None and hang.label == "hang" else frozenset()
-            if per_node(len(run.view.ranks), self.per_rank):
-                views = run.view.ranks
+            views = run.view.ranks
+            big = per_node(len(views), self.per_rank)  # its nodes' series instead of its ranks'
+            if big:
                 nodes.add(
                     rec.run_id,
                     views,
@@ -305,12 +306,7 @@ class RunsCollector(Collector):
                     for view in views.values()
                     if view.last_seen is not None and now - view.last_seen <= REPORTING_S
                 )
-                reporting.add_metric([rec.run_id], fresh)
-                why = failure_labels(rec, run.view.failure, self._host)
-                if why is not None:
-                    failed.add_metric([rec.run_id], why)
-                continue
-            for rank, view in run.view.ranks.items():
+            for rank, view in () if big else views.items():
                 entry = by_rank.get(rank) or RankRow(rank)
                 labels = [
                     rec.run_id,
