@@ -231,7 +231,7 @@ def watch_plain(
     plain.flush()
     # Where no live table can redraw (a pipe, a file, CI's log), the table comes once, at the end:
     # every rank's state, pid, GPU, exit code and last figures, plain and aligned.
-    from xl.launcher.cli import console_summary, splittable  # noqa: PLC0415 - the run's end only: not on the way to its start
+    from xl.launcher.cli import console_summary, splittable  # noqa: PLC0415 - the run's end only
 
     if console_summary.summarised(state.ranks):  # past 64 ranks: nodes and outliers, no rows
         table = console_summary.render_summary(state.ranks, _title(state))
@@ -444,7 +444,7 @@ def _last_line(r: RankView, last: str, text: type[Text]) -> Text:
 
 
 def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> int:
-    from rich.console import Console  # noqa: PLC0415 - Rich costs ~40 ms; `xl launch --detach` never draws
+    from rich.console import Console  # noqa: PLC0415 - Rich: ~40 ms; --detach never draws
     from rich.live import Live  # noqa: PLC0415 - as above
     from rich.panel import Panel  # noqa: PLC0415 - as above
 
@@ -465,7 +465,7 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
             if on_tick is not None:
                 on_tick()
             time.sleep(POLL_S)
-    from xl.launcher.cli import splittable  # noqa: PLC0415 - the run's end only: not on the way to its start
+    from xl.launcher.cli import splittable  # noqa: PLC0415 - the run's end only
 
     if split := splittable.render(state.ranks):
         console.print(split, end="", highlight=False)

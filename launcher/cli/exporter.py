@@ -61,7 +61,7 @@ def load_token() -> tuple[str, str]:
 
 
 def make_handler(registry: CollectorRegistry, token: str) -> type[HeadFirstHandler]:
-    from prometheus_client.exposition import choose_encoder  # noqa: PLC0415 - an extra: main() checked it is there
+    from prometheus_client.exposition import choose_encoder  # noqa: PLC0415 - an extra
 
     class MetricsHandler(HeadFirstHandler):
         server_version = "xl-exporter"
@@ -122,9 +122,9 @@ def main(argv: Sequence[str]) -> int:
     if not 0 <= ns.port <= 65535:
         raise UsageError(f"--port {ns.port} is not a port (0-65535)")
     try:
-        from prometheus_client import CollectorRegistry  # noqa: PLC0415 - an extra (xl-cluster[exporter])
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415 - an extra
 
-        from xl.launcher.telemetry.exporter import RunsCollector  # noqa: PLC0415 - needs prometheus-client
+        from xl.launcher.telemetry.exporter import RunsCollector  # noqa: PLC0415 - an extra
     except ImportError:
         raise UsageError("needs prometheus-client: pip install 'xl-cluster[exporter]'") from None
     token, where = load_token()
