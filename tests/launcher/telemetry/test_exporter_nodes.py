@@ -6,16 +6,20 @@ ranks exactly as before. Figures are checked against the lines' own ground truth
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
 from bigrun import make_big_run, step_time
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from runfixtures import make_run
 
+from xl.launcher.telemetry import exporter
 from xl.launcher.telemetry.exporter import RunsCollector
 from xl.launcher.telemetry.exporter_nodes import PER_NODE_PAST
 
@@ -150,3 +154,49 @@ def test_a_stalled_rank_and_its_waiting_peers_are_counted_on_their_nodes(tmp_pat
     assert sum(v for (_, st), v in counts.items() if st == "stalled") == 1
     assert sum(v for (_, st), v in counts.items() if st == "waiting") == 511
     assert sum(v for (_, st), v in counts.items() if st == "running") == 0
+
+
+def test_a_big_run_s_figures_are_those_of_reading_every_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past 256 ranks the exporter hands its reader only each rank's last line of each shape
+    (exporter.latest_lines): every series, per rank and per node, is what reading every line
+    gives, lines that carry rarer keys (a null loss, lr, memory) between them included."""
+    t0 = time.time() - 100
+    a = make_big_run(tmp_path / "a" / "runs", 300, t0=t0, seconds=3, slow=[7])
+    b = shutil.copytree(a, tmp_path / "b" / "runs" / a.name)
+    extra = []
+    for r in range(300):
+        extra += [
+            {"t": t0 + 3.1, "rank": r, "kind": "train", "step": 7, "loss": 1.5, "lr": 0.01},
+            {
+                "t": t0 + 3.2,
+                "rank": r,
+                "kind": "train",
+                "step": 8,
+                "loss": None,
+                "nonfinite": {"loss": "nan"},
+                "samples": 4,
+                "mem_peak_mib": 100.0 + r,
+            },
+            {"t": t0 + 3.3, "rank": r, "kind": "sys", "gpu_util": 10 + r % 50, "gpu": r % 8},
+        ]
+        if r % 3 == 0:  # some ranks' last line has no loss: an earlier one's stays
+            extra.append({"t": t0 + 3.4, "rank": r, "kind": "train", "step": 9, "samples": 4})
+    for run in (a, b):
+        with (run / "metrics.jsonl").open("a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(e) + "\n" for e in extra)
+    kept: list[int] = []
+    latest = exporter.latest_lines
+    monkeypatch.setattr(
+        exporter, "latest_lines", lambda recs: kept.append(len(latest(recs))) or latest(recs)
+    )
+    filtered = [scrape(a.parent, now=t0 + 4, per_rank=per_rank) for per_rank in (True, False)]
+    assert kept and max(kept) < 300 * 8  # the reader was handed a few lines a rank
+    monkeypatch.setattr(exporter, "PER_NODE_PAST", 10**9)  # the reader reads every line
+    whole = [scrape(b.parent, now=t0 + 4, per_rank=per_rank) for per_rank in (True, False)]
+    assert filtered == whole
+    steps = {s.labels["rank"]: s.value for s in samples_of(filtered[0], a.name)["xl_train_step"]}
+    assert steps["0"] == 9 and steps["1"] == 8  # the checks see the lines above
+    losses = {s.labels["rank"]: s.value for s in samples_of(filtered[0], a.name)["xl_train_loss"]}
+    assert math.isnan(losses["1"]) and math.isnan(losses["0"])
