@@ -87,10 +87,10 @@ def latest_lines(records: list[Any]) -> list[Any]:
     scrapes 15 s apart, the reader's work cut as much). Every key's last value is on the last line
     that has it, and that line is kept, so each figure the exporter shows is the one the whole
     read would give; what it does not show (histories, phase totals) is not kept whole."""
-    last: dict[tuple[Any, ...], int] = {}
+    last: dict[tuple[Any, Any, tuple[str, ...]], int] = {}
     for i, rec in enumerate(records):
         if type(rec) is dict:
-            last[(rec.get("rank"), rec.get("kind"), *rec)] = i
+            last[(rec.get("rank"), rec.get("kind"), tuple(rec))] = i
     return [records[i] for i in sorted(last.values())]
 
 
