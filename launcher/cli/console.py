@@ -24,7 +24,7 @@ from xl.textsafe import bytes_for_terminal, visible
 from xl.units import mib
 
 if TYPE_CHECKING:
-    from rich.console import Group, RenderableType
+    from rich.console import Group
     from rich.text import Text
 
 # new lines 20 times a second: prompt for a person and for the run's end, cheap beside the ranks
@@ -136,12 +136,25 @@ class _Plain:
     def events(self, new: list[dict[str, Any]], *, force: bool = False) -> None:
         now = time.monotonic()
         self.held += [(now, ev) for ev in new]
+        ready = []
         while self.held:
             since, ev = self.held[0]
             if not force and now - since < _SETTLE_S and not self._ready(ev):
-                return
+                break
             self.held.pop(0)
-            self.write((_plain_event(ev) + "\n").encode())
+            ready.append(ev)
+        if ready:
+            self.write("".join(line + "\n" for line in self._said(ready)).encode())
+
+    def _said(self, events: list[dict[str, Any]]) -> list[str]:
+        """A line an event; past 64 ranks, ranks that started or ended cleanly together: one."""
+        if len(events) < 2:
+            return [_plain_event(ev) for ev in events]
+        from xl.launcher.cli import console_summary  # noqa: PLC0415 - not on the way to the start
+
+        rec = self.state.record
+        world = max(len(self.state.ranks), (rec.world_size or 0) if rec else 0)
+        return console_summary.fold_events(events, _plain_event, world)
 
     def _ready(self, ev: dict[str, Any]) -> bool:
         rank = ev.get("rank")
@@ -218,13 +231,13 @@ def watch_plain(
     plain.flush()
     # Where no live table can redraw (a pipe, a file, CI's log), the table comes once, at the end:
     # every rank's state, pid, GPU, exit code and last figures, plain and aligned.
-    from xl.launcher.cli import splittable  # noqa: PLC0415 - the run's end only: not on the way to its start
+    from xl.launcher.cli import console_summary, splittable  # noqa: PLC0415 - the run's end only
 
-    print(
-        render_text(state, width=max(100, _width(out))) + splittable.render(state.ranks),
-        file=out,
-        end="",
-    )
+    if console_summary.summarised(state.ranks):  # past 64 ranks: nodes and outliers, no rows
+        table = console_summary.render_summary(state.ranks, _title(state))
+    else:
+        table = render_text(state, width=max(100, _width(out))) + splittable.render(state.ranks)
+    print(table, file=out, end="")
     failure = state.failure
     if failure is not None and failure.traceback:
         print(
@@ -237,6 +250,11 @@ def watch_plain(
 
 def _width(out: TextIO) -> int:
     return shutil.get_terminal_size((120, 24)).columns if out.isatty() else 120
+
+
+def _title(state: RunState) -> str:
+    name = (state.record.name if state.record else None) or ""
+    return f"{name}  {state.title}  {state.status}  {state.elapsed():.0f}s"
 
 
 def render_text(state: RunState, width: int = 120) -> str:
@@ -271,8 +289,7 @@ def render_text(state: RunState, width: int = 120) -> str:
             out.append(cell.rjust(w) if i in right else cell.ljust(w))
         return "| " + " | ".join(out) + " |"
 
-    name = (state.record.name if state.record else None) or ""
-    title = f"{name}  {state.title}  {state.status}  {state.elapsed():.0f}s"
+    title = _title(state)
     border = "+" + "-" * (len(line(list(headers))) - 2) + "+"
     text = [title.ljust(len(border)), border, line(list(headers))]
     text.append("|" + "+".join("-" * (w + 2) for w in widths) + "|")
@@ -365,6 +382,11 @@ def render(
     from rich.table import Table  # noqa: PLC0415 - as above
     from rich.text import Text  # noqa: PLC0415 - as above
 
+    from xl.launcher.cli import console_summary  # noqa: PLC0415 - as above: drawn with Rich
+
+    if console_summary.summarised(state.ranks):  # past 64 ranks: nodes and outliers, no rows
+        summary = console_summary.render_summary(state.ranks, _title(state)).rstrip("\n")
+        return Group(Text(summary), *_tail(state, events, Text))
     name = (state.record.name if state.record else None) or ""
     title = f"{name}  [b]{state.title}[/b]  {state.status}  {state.elapsed():.0f}s"
     table = Table(
@@ -398,12 +420,15 @@ def render(
             *cells[2:-1],
             _last_line(r, last, Text),
         )
-    parts: list[RenderableType] = [table]
-    if state.verdict:
-        parts.append(Text(f"hang: {visible(state.verdict)}", style="bold yellow"))
+    return Group(table, *_tail(state, events, Text))
+
+
+def _tail(state: RunState, events: bool, text: type[Text]) -> list[Text]:
+    """Under the table: the hang verdict in force, and the last events."""
+    parts = [text(f"hang: {visible(state.verdict)}", style="bold yellow")] if state.verdict else []
     for ev in state.events[-5:] if events else []:
-        parts.append(Text(_plain_event(ev), style=_EVENT_STYLE.get(str(ev.get("kind")), "dim")))
-    return Group(*parts)
+        parts.append(text(_plain_event(ev), style=_EVENT_STYLE.get(str(ev.get("kind")), "dim")))
+    return parts
 
 
 # narrower, an eval column would squeeze the loss to "0.…" (the end table has it)
@@ -419,7 +444,7 @@ def _last_line(r: RankView, last: str, text: type[Text]) -> Text:
 
 
 def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> int:
-    from rich.console import Console  # noqa: PLC0415 - Rich costs ~40 ms; `xl launch --detach` never draws
+    from rich.console import Console  # noqa: PLC0415 - Rich: ~40 ms; --detach never draws
     from rich.live import Live  # noqa: PLC0415 - as above
     from rich.panel import Panel  # noqa: PLC0415 - as above
 
@@ -440,7 +465,7 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
             if on_tick is not None:
                 on_tick()
             time.sleep(POLL_S)
-    from xl.launcher.cli import splittable  # noqa: PLC0415 - the run's end only: not on the way to its start
+    from xl.launcher.cli import splittable  # noqa: PLC0415 - the run's end only
 
     if split := splittable.render(state.ranks):
         console.print(split, end="", highlight=False)

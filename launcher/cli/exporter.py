@@ -61,7 +61,7 @@ def load_token() -> tuple[str, str]:
 
 
 def make_handler(registry: CollectorRegistry, token: str) -> type[HeadFirstHandler]:
-    from prometheus_client.exposition import choose_encoder  # noqa: PLC0415 - an extra: main() checked it is there
+    from prometheus_client.exposition import choose_encoder  # noqa: PLC0415 - an extra
 
     class MetricsHandler(HeadFirstHandler):
         server_version = "xl-exporter"
@@ -112,18 +112,24 @@ def main(argv: Sequence[str]) -> int:
         action="store_true",
         help="leave out the per-GPU series (dcgm-exporter already has them)",
     )
+    p.add_argument(
+        "--per-rank",
+        action="store_true",
+        help="every rank's series also for runs of more than 256 ranks (default: a series set "
+        "per node for those; docs/exporter.md)",
+    )
     ns = p.parse_args(list(argv))
     if not 0 <= ns.port <= 65535:
         raise UsageError(f"--port {ns.port} is not a port (0-65535)")
     try:
-        from prometheus_client import CollectorRegistry  # noqa: PLC0415 - an extra (xl-cluster[exporter])
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415 - an extra
 
-        from xl.launcher.telemetry.exporter import RunsCollector  # noqa: PLC0415 - needs prometheus-client
+        from xl.launcher.telemetry.exporter import RunsCollector  # noqa: PLC0415 - an extra
     except ImportError:
         raise UsageError("needs prometheus-client: pip install 'xl-cluster[exporter]'") from None
     token, where = load_token()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunsCollector(gpus=not ns.no_gpus))
+    registry.register(RunsCollector(gpus=not ns.no_gpus, per_rank=ns.per_rank))
     try:
         server = BoundedServer(ns.host.strip("[]"), ns.port, make_handler(registry, token))
     except OSError as exc:

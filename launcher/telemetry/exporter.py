@@ -38,6 +38,7 @@ from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.reader import RankView, RunReader, RunView
 from xl.launcher.rundir.record import DeviceRow, RankRow, RunRecord, RunStatus
 from xl.launcher.rundir.store import run_owner
+from xl.launcher.telemetry.exporter_nodes import PER_NODE_PAST, NodeSeries, per_node
 
 R = ("run_id", "rank", "local_rank", "hostname")
 G = (*R, "gpu", "UUID")
@@ -63,8 +64,11 @@ class ExporterReader(RunReader):
 
     def _apply_metrics(self, records: list[Any]) -> None:
         for rec in records:
+            # train lines only (a third of a big run's lines are sys lines: not stamped at all)
+            if type(rec) is not dict or rec.get("kind") != "train":
+                continue
             head = figures.stamp(rec)  # the one rule for a line (a line with no finite t is none)
-            if head is None or rec.get("kind") != "train":
+            if head is None:
                 continue
             rank, t = head
             samples = figures.number(rec.get("samples"))
@@ -72,7 +76,22 @@ class ExporterReader(RunReader):
                 self.samples_total[rank] = self.samples_total.get(rank, 0.0) + samples
             if "step" in rec and t > self.last_step_t.get(rank, float("-inf")):
                 self.last_step_t[rank] = float(t)
+        if len(self.last_step_t) > PER_NODE_PAST:
+            records = latest_lines(records)
         super()._apply_metrics(records)
+
+
+def latest_lines(records: list[Any]) -> list[Any]:
+    """Of each rank's lines of one kind and the same keys, the last, in the file's order: what a
+    big run's figures are made of at a scrape (4,096 ranks: ~12,000 of 184,000 lines between two
+    scrapes 15 s apart, the reader's work cut as much). Every key's last value is on the last line
+    that has it, and that line is kept, so each figure the exporter shows is the one the whole
+    read would give; what it does not show (histories, phase totals) is not kept whole."""
+    last: dict[tuple[Any, Any, tuple[str, ...]], int] = {}
+    for i, rec in enumerate(records):
+        if type(rec) is dict:
+            last[(rec.get("rank"), rec.get("kind"), tuple(rec))] = i
+    return [records[i] for i in sorted(last.values())]
 
 
 @dataclass
@@ -132,10 +151,17 @@ class RunsCollector(Collector):
     """Every live run under ``runs_root`` (default ``$XL_HOME/runs``), read on each ``collect``."""
 
     def __init__(
-        self, runs_root: Path | None = None, *, gpus: bool = True, clock: Any = time.time
+        self,
+        runs_root: Path | None = None,
+        *,
+        gpus: bool = True,
+        clock: Any = time.time,
+        per_rank: bool = False,
     ) -> None:
         self.runs_root = runs_root
         self.gpus = gpus
+        # every run's series per rank, also past exporter_nodes.PER_NODE_PAST ranks
+        self.per_rank = per_rank
         self.clock = clock
         self._readers: dict[str, tuple[ExporterReader, str]] = {}
         # Runs found ended, by the run.json mtime they were found ended at: not read again
@@ -259,6 +285,7 @@ class RunsCollector(Collector):
             f"{FAILED_KEPT_S / 60:.0f} min after the run ended.",
             labels=("run_id",),
         )
+        nodes = NodeSeries(STATES)  # runs past PER_NODE_PAST ranks (docs/exporter.md)
         for run_id, (ended, said) in sorted(self._failed.items()):
             if now - ended > FAILED_KEPT_S:
                 del self._failed[run_id]
@@ -278,7 +305,23 @@ class RunsCollector(Collector):
             # A culprit that was working on the CPU is `stalled`, as the app shows it, not `hung`.
             hang = run.view.hang
             hung = hang.stuck if hang is not None and hang.label == "hang" else frozenset()
-            for rank, view in run.view.ranks.items():
+            views = run.view.ranks
+            big = per_node(len(views), self.per_rank)  # its nodes' series instead of its ranks'
+            if big:
+                nodes.add(
+                    rec.run_id,
+                    views,
+                    {rank: _state(view, hung) for rank, view in views.items()},
+                    run.reader.samples_total,
+                    run.reader.last_step_t,
+                    host,
+                )
+                fresh = sum(
+                    1
+                    for view in views.values()
+                    if view.last_seen is not None and now - view.last_seen <= REPORTING_S
+                )
+            for rank, view in () if big else views.items():
                 entry = by_rank.get(rank) or RankRow(rank)
                 labels = [
                     rec.run_id,
@@ -345,4 +388,4 @@ class RunsCollector(Collector):
         ]
         if self.gpus:
             out += [util, mem]
-        return out
+        return out + (nodes.families() if nodes.nodes else [])

@@ -31,7 +31,7 @@ def local_entries(
     """Stacks of the ranks running on this node (``ranks``: run.json's rank records)."""
     if not ranks:
         return []
-    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only when stacks are asked for: not the supervisor's start
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - when asked only
 
     with ThreadPoolExecutor(
         max_workers=min(32, len(ranks)), thread_name_prefix="xl-stacks"
@@ -46,7 +46,7 @@ def gather(
     door, the others'."""
     t = time.time()
     elsewhere = [r for r in ranks if r.get("remote")]
-    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - only when stacks are asked for: not the supervisor's start
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - when asked only
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="xl-stacks-nodes") as pool:
         only = elsewhere[0].get("rank") if len(elsewhere) == 1 and len(ranks) == 1 else None
