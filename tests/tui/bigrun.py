@@ -88,11 +88,13 @@ class FakeRun:
                 if rv.state != "running":
                     continue
                 t = T0 + self.now
+                loss = rv.loss_history[-1][1] - 0.01
                 self.ranks[r] = dataclasses.replace(
                     rv,
                     step=(rv.step or 0) + 1,
                     last_seen=t,
-                    loss_history=(*rv.loss_history[1:], (t, rv.loss_history[-1][1] - 0.01)),
+                    loss=loss,
+                    loss_history=(*rv.loss_history[1:], (t, loss)),
                     samples_history=(*rv.samples_history[1:], (t, rv.samples_history[-1][1])),
                 )
 

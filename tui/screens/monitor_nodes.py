@@ -87,7 +87,12 @@ class NodesView:
         if name is None:
             return
         labels = view.node_labels
-        subset: dict[int, RankView] = {r: rv for r, rv in view.ranks.items() if labels[r] == name}
+        row = (
+            next((r for r in self.summary.nodes if r.node == name), None) if self.summary else None
+        )
+        if row is None:
+            return
+        subset: dict[int, RankView] = {r: view.ranks[r] for r in row.ranks if r in view.ranks}
         self.screen.query_one(RankTable).update_ranks(subset, now, {r: labels[r] for r in subset})
 
     def charts(self, view: RunView, t0: float, followed: int | None) -> bool:
@@ -96,9 +101,12 @@ class NodesView:
             return False
         ranks = view.ranks
         rv = ranks.get(followed) if followed is not None else None
-        for key, attr in (("loss", "loss_history"), ("sps", "samples_history")):
+        for key, value, attr in (
+            ("loss", "loss", "loss_history"),
+            ("sps", "samples_per_s", "samples_history"),
+        ):
             spread = self.spreads[key]
-            spread.update({r: getattr(v, attr) for r, v in ranks.items()})
+            spread.update(ranks, value, attr)
             self.screen.query_one(f"#chart-{key}", MetricChart).set_spread(
                 spread,
                 t0=t0,

@@ -16,6 +16,7 @@ more: the slowest ranks of an even run are listed, and nothing calls them slow.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from statistics import median
@@ -123,13 +124,6 @@ def phase_of(sums: Mapping[str, float]) -> tuple[str | None, float | None]:
     return name, max(0.0, sums.get(key, 0.0)) / total
 
 
-def _split(rv: RankView) -> tuple[float, float, float, float] | None:
-    parts = (rv.data_s, rv.compute_s, rv.comm_s, rv.other_s)
-    if any(p is None for p in parts):
-        return None
-    return parts  # type: ignore[return-value]
-
-
 def is_down(rv: RankView, run_over: bool) -> bool:
     """Not running: failed, stalled or stopped; exited while the run goes on (early). Once the
     run is over its ranks have all exited or been stopped: only a failure stands out then."""
@@ -140,6 +134,39 @@ def is_down(rv: RankView, run_over: bool) -> bool:
     return rv.state in DOWN
 
 
+class _Node:
+    """A node's figures as the one pass over the ranks gathers them."""
+
+    __slots__ = ("down", "ranks", "running", "step", "sums", "times")
+
+    def __init__(self) -> None:
+        self.ranks: list[int] = []
+        self.running = 0
+        self.step: float | None = None
+        self.times: list[float] = []
+        self.sums = [0.0, 0.0, 0.0, 0.0]  # PHASES' seconds over its stepping ranks
+        self.down: dict[str, int] = {}
+
+    def row(self, node: str, run_median: float | None) -> NodeRow:
+        times = sorted(self.times)
+        mid = median(times) if times else None
+        slow = mid / run_median if mid is not None and run_median else None
+        phase, share = phase_of(dict(zip((k for _, k in PHASES), self.sums, strict=True)))
+        return NodeRow(
+            node=node,
+            ranks=tuple(self.ranks),
+            running=self.running,
+            step=self.step,
+            time_min=times[0] if times else None,
+            time_median=mid,
+            time_max=times[-1] if times else None,
+            phase=phase,
+            phase_share=share,
+            down=self.down,
+            slow=slow if slow is not None and slow >= SLOW_RATIO else None,
+        )
+
+
 def summarise(
     ranks: Mapping[int, RankView],
     labels: Mapping[int, str | None],
@@ -147,73 +174,49 @@ def summarise(
     *,
     run_over: bool = False,
 ) -> Summary:
-    """Nodes (in ``nodes`` order, RunView.nodes), the slowest ranks and the ranks not running."""
-    by_node: dict[str, list[RankView]] = {node: [] for node in nodes}
-    stepping_times: list[float] = []
+    """Nodes (in ``nodes`` order, RunView.nodes), the slowest ranks and the ranks not running.
+    One pass over the ranks: at 4,096 it runs on every poll."""
+    by_node: dict[str, _Node] = {node: _Node() for node in nodes}
+    times: list[float] = []
+    timed: list[tuple[float, int]] = []  # (-step time, rank) of the stepping ranks
+    down: list[Down] = []
     for rank in sorted(ranks):
         rv = ranks[rank]
-        by_node.setdefault(labels.get(rank) or "?", []).append(rv)
-        if rv.state in STEPPING and rv.step_s is not None:
-            stepping_times.append(rv.step_s)
-    run_median = median(stepping_times) if stepping_times else None
-
-    rows: list[NodeRow] = []
-    for node, rvs in by_node.items():
-        if rvs:
-            rows.append(_node_row(node, rvs, run_median, run_over))
-
-    def ratio(step_s: float) -> float | None:
-        return step_s / run_median if run_median else None
-
-    timed = [rv for rv in ranks.values() if rv.state in STEPPING and rv.step_s is not None]
-    timed.sort(key=lambda rv: (-(rv.step_s or 0.0), rv.rank))
+        label = labels.get(rank)
+        acc = by_node.get(label or "?")
+        if acc is None:
+            acc = by_node[label or "?"] = _Node()
+        acc.ranks.append(rank)
+        if rv.step is not None and (acc.step is None or rv.step < acc.step):
+            acc.step = rv.step
+        if rv.state in STEPPING:
+            acc.running += 1
+            if rv.step_s is not None:
+                acc.times.append(rv.step_s)
+                times.append(rv.step_s)
+                timed.append((-rv.step_s, rank))
+            parts = (rv.data_s, rv.compute_s, rv.comm_s, rv.other_s)
+            if None not in parts:
+                sums = acc.sums
+                for k in range(4):
+                    sums[k] += parts[k]  # type: ignore[operator]
+        elif is_down(rv, run_over):
+            acc.down[rv.state] = acc.down.get(rv.state, 0) + 1
+            down.append(Down(rank, label, rv.state, rv.exit_code, rv.diagnosis))
+    run_median = median(times) if times else None
+    rows = [acc.row(node, run_median) for node, acc in by_node.items() if acc.ranks]
     slowest = []
-    for rv in timed[:SLOWEST_SHOWN]:
-        split = _split(rv)
+    for minus, rank in heapq.nsmallest(SLOWEST_SHOWN, timed):
+        rv = ranks[rank]
+        parts = (rv.data_s, rv.compute_s, rv.comm_s, rv.other_s)
         phase = rv.straggler_phase or (
-            phase_of(dict(zip((k for _, k in PHASES), split, strict=True)))[0] if split else None
+            None
+            if None in parts
+            else phase_of(dict(zip((k for _, k in PHASES), parts, strict=True)))[0]  # type: ignore[arg-type]
         )
-        slowest.append(
-            Slow(rv.rank, labels.get(rv.rank), rv.step_s or 0.0, ratio(rv.step_s or 0.0), phase)
-        )
-    down = [
-        Down(rv.rank, labels.get(rv.rank), rv.state, rv.exit_code, rv.diagnosis)
-        for rank, rv in sorted(ranks.items())
-        if is_down(rv, run_over)
-    ]
+        ratio = -minus / run_median if run_median else None
+        slowest.append(Slow(rank, labels.get(rank), -minus, ratio, phase))
     return Summary(rows, slowest, down, run_median)
-
-
-def _node_row(node: str, rvs: list[RankView], run_median: float | None, run_over: bool) -> NodeRow:
-    stepping = [rv for rv in rvs if rv.state in STEPPING]
-    times = sorted(rv.step_s for rv in stepping if rv.step_s is not None)
-    sums = dict.fromkeys((k for _, k in PHASES), 0.0)
-    for rv in stepping:
-        split = _split(rv)
-        if split is not None:
-            for (_, key), value in zip(PHASES, split, strict=True):
-                sums[key] += value
-    phase, share = phase_of(sums)
-    down: dict[str, int] = {}
-    for rv in rvs:
-        if is_down(rv, run_over):
-            down[rv.state] = down.get(rv.state, 0) + 1
-    steps = [rv.step for rv in rvs if rv.step is not None]
-    mid = median(times) if times else None
-    slow = mid / run_median if mid is not None and run_median else None
-    return NodeRow(
-        node=node,
-        ranks=tuple(rv.rank for rv in rvs),
-        running=len(stepping),
-        step=min(steps) if steps else None,
-        time_min=times[0] if times else None,
-        time_median=mid,
-        time_max=times[-1] if times else None,
-        phase=phase,
-        phase_share=share,
-        down=down,
-        slow=slow if slow is not None and slow >= SLOW_RATIO else None,
-    )
 
 
 def ranges(ranks: Iterable[int]) -> str:

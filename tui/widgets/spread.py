@@ -2,20 +2,27 @@
 
 MetricChart's bands bucket every rank's whole history by time: at 4,096 ranks that is a quarter
 of a million points sorted on the Monitor's main thread each time a chart redraws. Past
-node_summary.BIG_RUN ranks the Monitor keeps this instead: each poll takes every rank's newest
-point (one look per rank), and adds one (time, min, median, max) to the chart when any rank has a
-newer point than the last one added. The history from before the Monitor opened comes once, at
-its first poll, from the bands of an even sample of the ranks (SEED_RANKS).
+node_summary.BIG_RUN ranks the Monitor keeps this instead: each poll takes every rank's latest
+value (RankView.loss, .samples_per_s: one look per rank), and adds one (time, min, median, max)
+to the chart when any rank was seen since the last one added. The history from before the
+Monitor opened comes once, at its first poll, from the bands of an even sample of the ranks
+(SEED_RANKS).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
+from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from xl.tui.widgets.charts import bands
 
+if TYPE_CHECKING:
+    from xl.launcher.rundir.runview import RankView
+
 Point = tuple[float, float]
 SEED_RANKS = 256  # ranks whose histories give the spread from before the Monitor opened
+_LAST_SEEN = attrgetter("last_seen")
 KEEP = 600  # points kept a line: the older half is thinned to every other point past it
 
 
@@ -30,41 +37,30 @@ class Spread:
         self.seeded = False
         self.version = 0  # bumped whenever a point is added
 
-    def update(self, histories: Mapping[int, Sequence[Point]]) -> bool:
-        """Take this poll's histories (rank -> its points); True when a point was added."""
+    def update(self, ranks: Mapping[int, RankView], value: str, history: str) -> bool:
+        """Take this poll's ranks: their latest ``value`` (a RankView field, e.g. ``loss``) at
+        the newest ``last_seen``; the first time, the spread of their ``history`` (e.g.
+        ``loss_history``) before it. True when a point was added."""
         if not self.seeded:
             self.seeded = True
-            self._seed(histories)
-        latest_t: float | None = None
-        values: list[float] = []
-        for pts in histories.values():
-            if not pts:
-                continue
-            t, v = pts[-1]
-            if v - v == 0:  # finite: NaN and inf fail this
-                values.append(v)
-                if latest_t is None or t > latest_t:
-                    latest_t = t
-        if latest_t is None or (self.xs and latest_t <= self.xs[-1]):
-            return self._bumped(False)
+            self._seed(ranks, history)
+        rvs = ranks.values()
+        values = [v for v in map(attrgetter(value), rvs) if v is not None and v - v == 0]
+        latest = max((t for t in map(_LAST_SEEN, rvs) if t is not None), default=None)
+        if not values or latest is None or (self.xs and latest <= self.xs[-1]):
+            return False
         values.sort()
         n = len(values)
         mid = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
-        self._add(latest_t, values[0], mid, values[-1])
-        return self._bumped(True)
+        self._add(latest, values[0], mid, values[-1])
+        self.version += 1
+        return True
 
-    def _bumped(self, added: bool) -> bool:
-        if added:
-            self.version += 1
-        return added
-
-    def _seed(self, histories: Mapping[int, Sequence[Point]]) -> None:
-        ranks = sorted(r for r, pts in histories.items() if len(pts) > 1)
-        if not ranks:
-            return
-        step = max(1, len(ranks) // SEED_RANKS)
-        sample = {r: histories[r] for r in ranks[::step]}
-        xs, lo, mid, hi = bands(sample)
+    def _seed(self, ranks: Mapping[int, RankView], history: str) -> None:
+        chosen = sorted(ranks)
+        step = max(1, len(chosen) // SEED_RANKS)
+        sample = {r: getattr(ranks[r], history) for r in chosen[::step]}
+        xs, lo, mid, hi = bands({r: pts for r, pts in sample.items() if len(pts) > 1})
         for point in zip(xs, lo, mid, hi, strict=True):
             self._add(*point)
 
