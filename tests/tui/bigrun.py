@@ -1,6 +1,10 @@
 """A big run in memory for the Monitor's tests and its timing script: RankViews of N ranks on
 nodes of 8, served by a reader that hands out a new RunView each poll (no run directory).
 
+``python tests/tui/bigrun.py [RANKS [PID_FILE]]`` opens the Monitor on the troubled run in this
+terminal (as `xl attach` would), its ranks stepping every second, having written its pid to
+PID_FILE: the tmux test's app.
+
 The run's ground truth is the ``FakeRun`` itself: each rank's step time, split and state are what
 the test set, so a test checks the Monitor's node rows and outliers against them.
 """
@@ -8,6 +12,8 @@ the test set, so a test checks the Monitor's node rows and outliers against them
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,6 +25,8 @@ from xl.tui.backend import LocalBackend
 
 T0 = 1_780_000_000.0
 PER_NODE = 8
+SLOW_NODE = 5  # troubled(): its ranks wait 0.6 s a step longer for data, 1.1 s against 0.5 s
+FAILED, STALLED = 77, 100
 # A healthy rank's split of its step: data, compute, comm, other (seconds), 0.5 s in all.
 SPLIT = (0.02, 0.40, 0.05, 0.03)
 
@@ -146,3 +154,49 @@ class FakeRunBackend(LocalBackend):
 
     def run_status(self, run_dir: Path) -> str | None:
         return self.run.status
+
+
+def troubled(ranks: int = 128) -> FakeRun:
+    """``ranks`` ranks, of which SLOW_NODE's are slow in data (one a straggler), FAILED failed
+    (exit code 3) and STALLED stalled."""
+    run = FakeRun(ranks)
+    for r in range(SLOW_NODE * PER_NODE, SLOW_NODE * PER_NODE + PER_NODE):
+        run.set(r, split=(0.62, 0.40, 0.05, 0.03))
+    run.set(
+        SLOW_NODE * PER_NODE + 1,
+        split=(0.64, 0.40, 0.05, 0.03),
+        state="straggler",
+        diagnosis="rank 41 is 2.2x slower than the median rank",
+        straggler_phase="data",
+    )
+    run.set(FAILED, state="failed", exit_code=3)
+    run.set(STALLED, state="stalled", diagnosis="rank 100 has not stepped for 45 s")
+    return run
+
+
+def main(argv: list[str]) -> int:
+    from xl.tui.app import build_app  # noqa: PLC0415 - the script's alone: the tests need no app
+
+    run = troubled(int(argv[0]) if argv else 128)
+    if len(argv) > 1:
+        Path(argv[1]).write_text(str(os.getpid()))
+    stop = threading.Event()
+
+    def step() -> None:
+        while not stop.wait(1.0):
+            run.tick()
+
+    threading.Thread(target=step, daemon=True).start()
+    app = build_app(
+        FakeRunBackend(run),
+        monitor_run_dir=Path("/nonexistent/20261128-big"),
+        attach_only=True,
+        clock=lambda: T0 + run.now,
+    )
+    app.run()
+    stop.set()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,5 +1,5 @@
 """The Monitor past 64 ranks: nodes and outliers first, a node's ranks on `enter`
-(docs/tui.md, 'Big runs'). Runs held in memory (bigrun.py): 16 nodes of 8 ranks, the test sets
+(README.md, 'Past 64 ranks'). Runs held in memory (bigrun.py): 16 nodes of 8 ranks, the test sets
 which node is slow and which ranks failed or stalled, and checks what the Monitor names against
 that."""
 
@@ -24,28 +24,11 @@ bigrun = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bigrun)
 
 SIZE = (120, 40)
-SLOW_NODE = 5  # its ranks wait 0.6 s a step longer for data: 1.1 s against 0.5 s
-FAILED, STALLED = 77, 100
+SLOW_NODE, FAILED, STALLED = bigrun.SLOW_NODE, bigrun.FAILED, bigrun.STALLED
 
 
 def text_of(app, selector: str) -> str:
     return app.screen.query_one(selector, TextLines).text.plain
-
-
-def troubled_run() -> object:
-    run = bigrun.FakeRun(128)
-    for r in range(SLOW_NODE * 8, SLOW_NODE * 8 + 8):
-        run.set(r, split=(0.62, 0.40, 0.05, 0.03))
-    run.set(
-        SLOW_NODE * 8 + 1,
-        split=(0.64, 0.40, 0.05, 0.03),
-        state="straggler",
-        diagnosis="rank 41 is 2.2x slower than the median rank",
-        straggler_phase="data",
-    )
-    run.set(FAILED, state="failed", exit_code=3)
-    run.set(STALLED, state="stalled", diagnosis="rank 100 has not stepped for 45 s")
-    return run
 
 
 def monitor(run, size=SIZE):
@@ -58,7 +41,7 @@ def monitor(run, size=SIZE):
 
 
 async def test_a_big_run_leads_with_its_nodes_and_outliers():
-    app, size = monitor(troubled_run())
+    app, size = monitor(bigrun.troubled())
     async with app.run_test(size=size) as pilot:
         screen = app.screen
         nodes = screen.query_one(NodeTable)
@@ -77,7 +60,7 @@ async def test_a_big_run_leads_with_its_nodes_and_outliers():
         out = text_of(app, "#outliers")
         # The slowest three are the slow node's: the straggler first.
         assert (
-            "slowest (median rank 500ms):  rank 41 1.12s on gpu-node-005  data  ×2.2 the median"
+            "slowest (median rank 500ms):  rank 41 1.12s ×2.2 data on gpu-node-005  rank 4"
         ) in out, out
         assert "slow nodes:  gpu-node-005 ×2.2 data" in out
         assert "failed:  rank 77 on gpu-node-009 exit 3" in out
@@ -157,3 +140,42 @@ async def test_a_big_run_charts_the_spread_a_poll_at_a_time():
         run.tick(0)  # no newer point: nothing added
         await pilot.pause(0.6)
         assert len(spread.xs) == before + 1
+
+
+async def test_ranks_not_running_are_listed_while_the_run_goes_on_not_once_it_ended():
+    """A node whose 8 ranks exited early is one line of ranges; once the run has ended, every
+    rank exited and none is listed, and nothing is called slow."""
+    run = bigrun.FakeRun(128)
+    for r in range(120, 128):
+        run.set(r, state="exited", exit_code=0)
+    app, size = monitor(run)
+    async with app.run_test(size=size) as pilot:
+        nodes = app.screen.query_one(NodeTable)
+        await until(pilot, lambda: len(nodes.rows) == 16, "a row per node")
+        out = text_of(app, "#outliers")
+        assert "exited:  8 ranks on 1 node: 120-127" in out, out
+        assert "0/8" in nodes.row_text(bigrun.host(15)) and "8 exited" in nodes.row_text(
+            bigrun.host(15)
+        )
+        await pilot.press("question_mark")
+        await until(pilot, lambda: app.screen is not nodes.screen, "the help")
+        assert "Past 64 ranks" in str(app.screen.text) and "`enter`: that node" in app.screen.text
+        await pilot.press("escape")
+        for r in range(128):
+            run.set(r, state="exited", exit_code=0)
+        run.status = "succeeded"
+        await until(
+            pilot, lambda: "exited" not in text_of(app, "#outliers"), "no rank listed once over"
+        )
+        assert all(not row.down and row.slow is None for row in nodes.rows)
+
+
+async def test_help_of_a_small_run_has_no_nodes_view():
+    app, size = monitor(bigrun.FakeRun(16))
+    async with app.run_test(size=size) as pilot:
+        table = app.screen.query_one(RankTable)
+        await until(pilot, lambda: table.row_count == 16, "a row per rank")
+        screen = app.screen
+        await pilot.press("question_mark")
+        await until(pilot, lambda: app.screen is not screen, "the help")
+        assert "# Monitor" in app.screen.text and "Past 64 ranks" not in app.screen.text

@@ -1,7 +1,7 @@
 """The Monitor's view of a big run: its outliers in a few lines, then a row per node.
 
-Past node_summary.BIG_RUN ranks the Monitor shows these in place of the rank table (docs/tui.md,
-'Big runs'); `enter` on a node shows that node's ranks in the rank table, `escape` comes back.
+Past node_summary.BIG_RUN ranks the Monitor shows these in place of the rank table (README.md,
+'Past 64 ranks'); `enter` on a node shows that node's ranks in the rank table, `escape` comes back.
 Like the rank table, a line-API widget: only rows on screen are drawn, and a row only when what
 it shows changed (NodeRow.key), so 512 nodes cost a comparison each per refresh.
 """
@@ -29,13 +29,14 @@ from xl.tui.widgets.verdict import PHASE_STYLE
 PADDING = 1
 NODE_WIDTH = (4, 20)
 # (key, header, width); the node's width follows its names, the status takes what is left.
+# At 80 columns (a scrollbar's 2 taken) the status keeps 12: "slow ×2.2", "1 failed".
 COLUMNS = (
-    ("ranks", "Ranks", 7),
-    ("step", "Step", 8),
+    ("ranks", "Ranks", 5),
+    ("step", "Step", 7),
     ("time", "Step min/med/max", 17),
     ("phase", "Phase", 11),
 )
-STATUS_MIN = 10
+STATUS_MIN = 8
 DOWN_WORDS = {"failed": "failed", "stalled": "stalled", "stopped": "stopped", "exited": "exited"}
 
 
@@ -81,13 +82,13 @@ def outliers_text(summary: Summary) -> Text:
         for s in summary.slowest:
             text.append(f"  rank {s.rank}", style="bold yellow" if s.flagged else "bold")
             text.append(f" {step_time(s.step_s)}")
-            if s.node:
-                text.append(f" on {visible(s.node)}", style="dim")
+            if s.flagged and s.ratio is not None:
+                text.append(f" ×{s.ratio:.1f}", style="bold yellow")
             if s.phase in PHASE_STYLE:
                 text.append(" ")
-                text.append(f" {s.phase} ", style=PHASE_STYLE[s.phase])
-            if s.flagged and s.ratio is not None:
-                text.append(f" ×{s.ratio:.1f} the median", style="bold yellow")
+                text.append(s.phase, style=PHASE_STYLE[s.phase])
+            if s.node:
+                text.append(f" on {visible(s.node)}", style="dim")
     slow_nodes = summary.slow_nodes
     if slow_nodes:
         text.append("\n" if text else "")
