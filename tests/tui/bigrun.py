@@ -20,7 +20,7 @@ from typing import Any
 
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.record import RunRecord
-from xl.launcher.rundir.runview import RankView, RunView
+from xl.launcher.rundir.runview import Point, Points, RankView, RunView
 from xl.tui.backend import LocalBackend
 
 T0 = 1_780_000_000.0
@@ -44,6 +44,7 @@ class FakeRun:
         self.status = "running"
         self.history = history
         self.ranks: dict[int, RankView] = {}
+        self._histories: dict[int, tuple[list[Point], list[Point]]] = {}  # rank -> loss, samples/s
         for r in range(ranks):
             jitter = 1.0 + 0.02 * ((r * 7) % 5 - 2) / 2  # within ±2%: an even run
             self.set(r, split=tuple(p * jitter for p in SPLIT))
@@ -61,8 +62,10 @@ class FakeRun:
         split = split or SPLIT
         step_s = sum(split)
         n = self.history
-        losses = tuple((T0 + self.now - n + i, 4.0 - i * 0.01 + rank * 1e-4) for i in range(n))
-        rates = tuple((T0 + self.now - n + i, 8 / step_s) for i in range(n))
+        # Grown by tick() and handed out as the reader does: Points over a list only appended to.
+        losses = [(T0 + self.now - n + i, 4.0 - i * 0.01 + rank * 1e-4) for i in range(n)]
+        rates = [(T0 + self.now - n + i, 8 / step_s) for i in range(n)]
+        self._histories[rank] = (losses, rates)
         with self.lock:
             self.ranks[rank] = RankView(
                 rank=rank,
@@ -84,8 +87,8 @@ class FakeRun:
                 exit_code=exit_code,
                 diagnosis=diagnosis,
                 straggler_phase=straggler_phase,
-                loss_history=losses,
-                samples_history=rates,
+                loss_history=Points(losses),
+                samples_history=Points(rates),
             )
 
     def tick(self, seconds: float = 1.0) -> None:
@@ -96,14 +99,16 @@ class FakeRun:
                 if rv.state != "running":
                     continue
                 t = T0 + self.now
-                loss = rv.loss_history[-1][1] - 0.01
+                losses, rates = self._histories[r]
+                losses.append((t, losses[-1][1] - 0.01))
+                rates.append((t, rates[-1][1]))
                 self.ranks[r] = dataclasses.replace(
                     rv,
                     step=(rv.step or 0) + 1,
                     last_seen=t,
-                    loss=loss,
-                    loss_history=(*rv.loss_history[1:], (t, loss)),
-                    samples_history=(*rv.samples_history[1:], (t, rv.samples_history[-1][1])),
+                    loss=losses[-1][1],
+                    loss_history=Points(losses),
+                    samples_history=Points(rates),
                 )
 
     def view(self) -> RunView:

@@ -64,6 +64,10 @@ class NodesView:
         ranks = view.ranks
         table = self.screen.query_one(RankTable)
         if not is_big(ranks):
+            if self.active:  # ranks gone from the view (a reader started over): a row each again
+                self.active, self.drilled = False, None
+                self._show(False)
+                self.screen.set_focus(table)
             table.update_ranks(ranks, now, view.node_labels)
             return
         labels = view.node_labels

@@ -61,7 +61,7 @@ def node_cells(row: NodeRow) -> dict[str, Text]:
             style="bold red" if state in ("failed", "stalled") else "dim",
         )
     return {
-        "node": Text(row.node),
+        "node": Text(visible(row.node)),
         "ranks": ranks,
         "step": step,
         "time": time,
