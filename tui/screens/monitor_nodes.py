@@ -12,7 +12,7 @@ docs/tui.md, 'Big runs'.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 class NodesView:
     """The nodes-and-outliers half of a Monitor screen (``screen``)."""
 
-    def __init__(self, screen: Screen[object]) -> None:
+    def __init__(self, screen: Screen[Any]) -> None:
         self.screen = screen
         self.active = False  # the run is past BIG_RUN ranks: nodes lead
         self.drilled: str | None = None  # the node whose ranks the rank table shows
