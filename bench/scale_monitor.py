@@ -9,7 +9,8 @@ terminal to write to. It touches OUT_JSON's ``.shown`` twin once it first showed
 refresh is timed from the start of the reader's poll (the Monitor's poll thread) to the end of the
 repaint that shows it (as bench_tui.py times its apply). It runs until SIGTERM, then writes
 ``{"refresh_s": [...], "refresh_at": [when each ended], "poll_s": [...], "started": t,
-"first_shown": t}`` to OUT_JSON, with ``rows``: the rows of its rank table at the last refresh.
+"first_shown": t}`` to OUT_JSON, with ``rows``: the rows of its rank table at the last refresh
+(past 64 ranks, the chosen node's ranks) and ``node_rows``: its node table's (None: none shown).
 Its CPU is measured from outside, by the bench, over the bench's window.
 """
 
@@ -41,6 +42,7 @@ def main(argv: list[str]) -> int:
         "first_shown": None,
         "views": 0,
         "rows": 0,
+        "node_rows": None,
     }
     began: list[float] = []
     poll_once = MonitorScreen._poll_once
@@ -69,6 +71,10 @@ def main(argv: list[str]) -> int:
                 record["first_shown"] = time.time()
                 out.with_suffix(".shown").touch()  # the bench opens its window after this
             record["rows"] = self.query_one(RankTable).row_count  # the ranks the table holds
+            # Past 64 ranks the Monitor leads with a row per node (the rank table then holds the
+            # chosen node's ranks); an older Monitor has no node table.
+            nodes = self.query("#node-table")
+            record["node_rows"] = len(getattr(nodes.first(), "rows", ())) if nodes else None
 
         self.call_after_refresh(done)
 

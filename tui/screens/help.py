@@ -80,7 +80,18 @@ rank is shown.
 """
 
 
-def monitor_help(*, running: bool, standalone: bool, owns_run: bool) -> str:
+BIG_RUN = """\
+Past 64 ranks the Monitor leads with the outliers (the slowest ranks, slow nodes, every rank not \
+running) and a row per node: its ranks stepping, its least advanced step, its ranks' min / median \
+/ max step time, the phase its time goes to, and what is wrong there. A rank or node is called \
+slow at 1.25 times the median rank's step time or more.
+
+- `↑` / `↓`: choose a node (the log follows its first rank)
+- `enter`: that node's ranks, one row each; `esc` back to the nodes
+"""
+
+
+def monitor_help(*, running: bool, standalone: bool, owns_run: bool, big: bool = False) -> str:
     keys = ["- `[` / `]` or `↑` / `↓`: choose the rank whose log (and chart line) is shown",
             "- `c`: charts on or off"]
     if running:
@@ -112,6 +123,8 @@ def monitor_help(*, running: bool, standalone: bool, owns_run: bool) -> str:
         "known. Columns that do not fit the terminal are left out, least needed first.\n\n"
     )
     text += "\n".join(keys) + "\n"
+    if big:
+        text += "\n" + BIG_RUN
     if owns_run:
         text += (
             "\nWhen the run ends, this monitor (the one `xl launch` opened) closes after showing "
@@ -142,7 +155,9 @@ def help_for(screen: Any, *, owns_run: bool) -> str:
     standalone = bool(getattr(screen, "standalone", False))
     running = getattr(screen, "status", None) not in FINISHED
     if kind == "MonitorScreen":
-        body = monitor_help(running=running, standalone=standalone, owns_run=owns_run)
+        # Past 64 ranks: the nodes and outliers view (monitor_nodes.py) and its keys.
+        big = bool(getattr(getattr(screen, "_node_view", None), "active", False))
+        body = monitor_help(running=running, standalone=standalone, owns_run=owns_run, big=big)
     else:
         body = {
             "GPUsScreen": GPUS,

@@ -21,8 +21,10 @@ from xl.tui import fmt
 from xl.tui.run_outcome import FINISHED
 from xl.tui.screens.base import XLScreen
 from xl.tui.screens.confirm import ConfirmScreen
+from xl.tui.screens.monitor_nodes import NodesView
 from xl.tui.screens.stacks import StacksScreen
 from xl.tui.widgets.charts import MetricChart
+from xl.tui.widgets.node_table import NodeTable
 from xl.tui.widgets.rank_log import LogLines, RankLog
 from xl.tui.widgets.rank_table import RankTable
 from xl.tui.widgets.text_lines import TextLines
@@ -234,6 +236,7 @@ class MonitorScreen(XLScreen):
         self._charts_chosen = False  # `c` pressed: the charts stay as the person left them
         self._close_when_done = CloseWhenDone(self)
         self._stop_run = StopRun(self)
+        self._node_view = NodesView(self)  # past BIG_RUN ranks: nodes and outliers lead
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -244,6 +247,7 @@ class MonitorScreen(XLScreen):
         # Text, not markup: a command with [brackets] must show (and copy) as it is.
         yield Static(Text(self._notice or ""), id="notice-banner")
         yield TextLines("", id="progress")
+        yield from self._node_view.compose()
         yield RankTable(id="rank-table")
         with Horizontal(id="monitor-lower"):
             with Vertical(id="charts"):
@@ -260,8 +264,9 @@ class MonitorScreen(XLScreen):
         self.query_one("#notice-banner").display = self._notice is not None
         self.query_one("#progress").display = False
         self.query_one("#straggler-banner").display = False
+        self._node_view.on_mount()
         # Charts need room; on a small terminal (80x24) they start hidden and `c` shows them.
-        self._fit_charts(self.app.size.height)
+        self.query_one("#charts").display = self.app.size.height >= CHARTS_MIN_HEIGHT
         self._poller()
 
     def on_resize(self, event: events.Resize) -> None:
@@ -271,9 +276,6 @@ class MonitorScreen(XLScreen):
             and (event.size.height >= CHARTS_MIN_HEIGHT) != self.query_one("#charts").display
         ):
             self.action_charts(chosen=False)
-
-    def _fit_charts(self, height: int) -> None:
-        self.query_one("#charts").display = height >= CHARTS_MIN_HEIGHT
 
     def on_unmount(self) -> None:
         self._stopped = True
@@ -289,7 +291,7 @@ class MonitorScreen(XLScreen):
         ):
             # Off the footer: nothing left to stop, detach from or ask; a viewer stops nothing.
             return False
-        return not (action == "back" and self.standalone)
+        return not (action == "back" and self.standalone and self._node_view.drilled is None)
 
     # -- polling -----------------------------------------------------------------------------
 
@@ -358,7 +360,7 @@ class MonitorScreen(XLScreen):
                 log.follow(message.log_lines)
 
     def _render_view(self, view: RunView) -> None:
-        ranks, now = view.ranks, self.clock()
+        now = self.clock()
         if view.status != self.status:
             self.status = view.status
             self.refresh_bindings()  # the footer drops "Stop run" and "Detach" once the run is over
@@ -371,7 +373,7 @@ class MonitorScreen(XLScreen):
         self._set_text("#run-header", header_text(view, self.run_dir.name, now))
         self._render_banners(view)
         self._render_progress(view.progress())
-        self.query_one(RankTable).update_ranks(ranks, now, view.node_labels)
+        self._node_view.render(view, now)  # every rank's row, or past BIG_RUN the nodes'
         if self.query_one("#charts").display:
             self._render_charts(view, now)
 
@@ -380,6 +382,8 @@ class MonitorScreen(XLScreen):
         t0 = view.record.started_at or min(
             (rv.loss_history[0][0] for rv in ranks.values() if rv.loss_history), default=now
         )
+        if self._node_view.charts(view, t0, self._log_rank):
+            return
         losses = {r: rv.loss_history for r, rv in ranks.items()}
         self.query_one("#chart-loss", MetricChart).set_series(
             losses, t0=t0, highlight=self._log_rank
@@ -416,6 +420,9 @@ class MonitorScreen(XLScreen):
 
     def on_rank_table_rank_chosen(self, message: RankTable.RankChosen) -> None:
         self._choose_rank(message.rank)
+
+    def on_node_table_node_moved(self, message: NodeTable.NodeMoved) -> None:
+        self._node_view.moved(message.node, message.chosen)
 
     def _choose_rank(self, rank: int) -> None:
         if rank == self._log_rank:
@@ -461,5 +468,7 @@ class MonitorScreen(XLScreen):
         self.action_back()
 
     def action_back(self) -> None:
+        if self._node_view.back():  # from a node's ranks to every node
+            return
         if not self.standalone:
             self.app.pop_screen()

@@ -18,12 +18,15 @@ import math
 import operator
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.segment import Segment
 from rich.style import Style
 from textual.strip import Strip
 from textual.widget import Widget
+
+if TYPE_CHECKING:
+    from xl.tui.widgets.spread import Spread
 
 # Past this many ranks, per-rank lines become an unreadable tangle: draw the spread instead.
 BAND_THRESHOLD = 8
@@ -261,6 +264,35 @@ class MetricChart(Widget):
         else:
             for i, (rank, pts) in enumerate(sorted(drawn.items())):
                 lines.append((f"r{rank}", PALETTE[i % len(PALETTE)], [(t - t0, v) for t, v in pts]))
+        self._lines = lines
+        self._strips = None
+        self.refresh()
+
+    def set_spread(
+        self,
+        spread: Spread,
+        *,
+        t0: float,
+        highlight: int | None = None,
+        followed: Sequence[tuple[float, float]] = (),
+    ) -> None:
+        """A big run's chart: the min / median / max lines its Spread kept (one point a poll),
+        and the followed rank's own line; drawn again only when either changed."""
+        signature = (
+            "spread",
+            spread.version,
+            highlight,
+            len(followed),
+            followed[-1][0] if followed else None,
+        )
+        if signature == self._signature:
+            return
+        self._signature = signature
+        lines: list[Line] = [
+            (label, BAND_COLORS[label], points) for label, points in spread.lines(t0)
+        ]
+        if highlight is not None and followed:
+            lines.append((f"rank {highlight}", HIGHLIGHT_COLOR, [(t - t0, v) for t, v in followed]))
         self._lines = lines
         self._strips = None
         self.refresh()

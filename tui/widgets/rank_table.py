@@ -20,7 +20,7 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual import events
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.message import Message
@@ -28,6 +28,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from xl.launcher.rundir.runview import node_order
+from xl.tui.widgets.cursor_keys import CursorKeys
 from xl.tui.widgets.gpu_table import value_key
 from xl.tui.widgets.rank_cells import (
     PADDING,
@@ -145,21 +146,14 @@ def row_styles(table: RankTable) -> dict[str, tuple[Style, Style]]:
     return {"odd": (base, none), "even": (even, none), "cursor": (base + cursor, over)}
 
 
-class RankTable(ScrollView, can_focus=True):
+class RankTable(CursorKeys, ScrollView, can_focus=True):
     """Ranks as rows under a header that stays put; the cursor row is the rank being followed.
 
     Keys move the cursor (up/down, page up/down, home/end), left/right scroll a table wider than
     the terminal, a click picks a row. Moving to another rank posts RankChosen.
     """
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up", "cursor(-1)", "Up", show=False),
-        Binding("down", "cursor(1)", "Down", show=False),
-        Binding("pageup", "page(-1)", "Page up", show=False),
-        Binding("pagedown", "page(1)", "Page down", show=False),
-        Binding("home", "edge(0)", "First rank", show=False),
-        Binding("end", "edge(1)", "Last rank", show=False),
-    ]
+    BINDINGS: ClassVar[list[BindingType]] = CursorKeys.CURSOR_BINDINGS
     # Styled in the app's stylesheet (tui/xl.tcss), like every other widget of the app.
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "rank-table--header",
@@ -246,15 +240,6 @@ class RankTable(ScrollView, can_focus=True):
         self._announce()
 
     # -- keys and mouse ----------------------------------------------------------------------
-
-    def action_cursor(self, delta: int) -> None:
-        self.move_cursor(self.cursor_row + delta)
-
-    def action_page(self, direction: int) -> None:
-        self.move_cursor(self.cursor_row + direction * max(1, self._visible_rows()))
-
-    def action_edge(self, end: int) -> None:
-        self.move_cursor(len(self._rows) - 1 if end else 0)
 
     def on_click(self, event: events.Click) -> None:
         if event.y >= 1:  # the header is line 0
