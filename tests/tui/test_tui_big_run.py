@@ -1,7 +1,7 @@
 """The Monitor past 64 ranks: nodes and outliers first, a node's ranks on `enter`
-(README.md, 'Past 64 ranks'). Runs held in memory (bigrun.py): 16 nodes of 8 ranks, the test sets
-which node is slow and which ranks failed or stalled, and checks what the Monitor names against
-that."""
+(README.md, 'Past 64 ranks'). Runs held in memory (big_monitor_run.py): 16 nodes of 8 ranks,
+the test sets which node is slow and which ranks failed or stalled, and checks what the Monitor
+names against that."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
 from xl.tui.widgets.text_lines import TextLines
 
-_spec = importlib.util.spec_from_file_location("bigrun", Path(__file__).with_name("bigrun.py"))
+_spec = importlib.util.spec_from_file_location(
+    "big_monitor_run", Path(__file__).with_name("big_monitor_run.py")
+)
 assert _spec is not None and _spec.loader is not None
 bigrun = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bigrun)
@@ -152,8 +154,11 @@ async def test_ranks_not_running_are_listed_while_the_run_goes_on_not_once_it_en
     async with app.run_test(size=size) as pilot:
         nodes = app.screen.query_one(NodeTable)
         await until(pilot, lambda: len(nodes.rows) == 16, "a row per node")
-        out = text_of(app, "#outliers")
-        assert "exited:  8 ranks on 1 node: 120-127" in out, out
+        await until(
+            pilot,
+            lambda: "exited:  8 ranks on 1 node: 120-127" in text_of(app, "#outliers"),
+            "the exited node's ranks as one line",
+        )
         assert "0/8" in nodes.row_text(bigrun.host(15)) and "8 exited" in nodes.row_text(
             bigrun.host(15)
         )
@@ -161,6 +166,7 @@ async def test_ranks_not_running_are_listed_while_the_run_goes_on_not_once_it_en
         await until(pilot, lambda: app.screen is not nodes.screen, "the help")
         assert "Past 64 ranks" in str(app.screen.text) and "`enter`: that node" in app.screen.text
         await pilot.press("escape")
+        await until(pilot, lambda: app.screen is nodes.screen, "back on the Monitor")
         for r in range(128):
             run.set(r, state="exited", exit_code=0)
         run.status = "succeeded"

@@ -1,6 +1,6 @@
 """The Monitor of a 128-rank run in a real terminal (tmux) at 80x24: the outliers and a row per
 node fit, `enter` shows a node's ranks and `esc` comes back. The run is held in memory
-(bigrun.py, run as a script): its slow node, failed and stalled ranks are the test's."""
+(big_monitor_run.py, run as a script): its slow node, failed and stalled ranks are the test's."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
 ]
 
-BIGRUN = Path(__file__).with_name("bigrun.py")
+BIGRUN = Path(__file__).with_name("big_monitor_run.py")
 
 
 def _row(screen: str, start: str) -> str:

@@ -1,8 +1,8 @@
 """A big run in memory for the Monitor's tests and its timing script: RankViews of N ranks on
 nodes of 8, served by a reader that hands out a new RunView each poll (no run directory).
 
-``python tests/tui/bigrun.py [RANKS [PID_FILE]]`` opens the Monitor on the troubled run in this
-terminal (as `xl attach` would), its ranks stepping every second, having written its pid to
+``python tests/tui/big_monitor_run.py [RANKS [PID_FILE]]`` opens the Monitor on the troubled run
+in this terminal (as `xl attach` would), its ranks stepping every second, having written its pid to
 PID_FILE: the tmux test's app.
 
 The run's ground truth is the ``FakeRun`` itself: each rank's step time, split and state are what
