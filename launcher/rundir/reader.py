@@ -134,7 +134,7 @@ class RunReader:
         self._failed: dict[str, Any] | None = None  # the newest failure event
         self._run_mtime: int | None = None
         self._ranks: dict[int, _Rank] = {}
-        self._event_list: list[dict[str, Any]] = []
+        self._event_list: list[dict[str, Any]] = []  # the newest _MAX_EVENTS, as handed out
         self._applied: tuple[int | None, int] | None = None  # (run.json mtime, ranks) last applied
         self._views: dict[int, RankView] = {}  # the last poll's snapshots, while nothing changed
         self._log_tails: dict[int, Tail] = {}
@@ -168,17 +168,17 @@ class RunReader:
             if isinstance(event, dict):
                 new_events.append(event)
                 self._apply_event(event)
-        self._event_list.extend(new_events)
-        if len(self._event_list) > _MAX_EVENTS:
-            del self._event_list[: len(self._event_list) - _MAX_EVENTS]
+        if new_events:
+            # A new list a change, not a copy a poll (of up to _MAX_EVENTS): the views share one
+            # until an event comes, and nothing changes it once handed out.
+            self._event_list = (self._event_list + new_events)[-_MAX_EVENTS:]
         # Rank states follow run.json, the events and which ranks exist: with none of them new,
         # they are what the last poll made them.
         applied = (self._run_mtime, len(self._ranks))
         renewed = bool(new_events) or applied != self._applied
-        if renewed:
+        if renewed:  # any rank's state may have moved: a snapshot of each
             self._apply_run()
             self._applied = applied
-        if renewed:  # any rank's state may have moved: a snapshot of each
             self._views = {r: self._ranks[r].view() for r in sorted(self._ranks)}
         else:
             # Only the ranks whose lines came have changed: the others' snapshots still say it
@@ -189,7 +189,7 @@ class RunReader:
         return RunView(
             record=self._record,
             ranks=dict(self._views),
-            events=list(self._event_list),
+            events=self._event_list,
             new_events=new_events,
             loaded=self._loaded,
             hang_found=self._hangs.hang,

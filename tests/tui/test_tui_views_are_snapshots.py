@@ -182,6 +182,7 @@ def test_a_rank_with_nothing_new_keeps_its_snapshot_and_the_others_get_new_ones(
     assert second.ranks[0] is first.ranks[0]  # rank 0 read nothing new
     assert second.ranks[1] is not first.ranks[1]
     assert (first.ranks[1].step, second.ranks[1].step) == (1, 2)
+    assert second.events is first.events == []  # no event came: the same (never changed) list
     assert list(second.ranks[1].loss_history) == [(100.0, 2.0), (101.0, 1.5)]
     assert list(second.ranks) == [0, 1] and second.ranks is not first.ranks
 
@@ -191,6 +192,7 @@ def test_a_rank_with_nothing_new_keeps_its_snapshot_and_the_others_get_new_ones(
     assert third.ranks[0] is not second.ranks[0]
     assert (second.ranks[0].state, third.ranks[0].state) == ("running", "stalled")
     assert third.ranks[0].step == 1 and list(third.ranks) == [0, 1]
+    assert [e["kind"] for e in third.events] == ["stalled"] and second.events == []
 
     # A rank seen for the first time joins the view in rank order.
     _append(metrics, _train(103.0, 2, 1, 2.0), _train(103.0, 1, 3, 1.0))
