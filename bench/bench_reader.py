@@ -16,7 +16,14 @@ the whole poll costs no more than decoding the lines one json.loads at a time).
 Prints the median and 90th percentile per-poll CPU time (time.process_time) and wall time, for
 the reader and the anchor, and the ratio of the medians. ``--against PATH`` times another copy
 of reader.py too (e.g. ``git show HEAD~1:launcher/rundir/reader.py > /tmp/old.py``), in the same
-run.
+run, with this tree's other modules.
+
+``--ref REV`` compares this tree's reader with the whole package as it was at git revision REV
+(e.g. one before a change to the RankViews it builds, which reader.py alone cannot show): REV is
+unpacked into a temporary folder, and each round runs this bench once in a process of its own
+on this tree and once on REV's (``--rounds``, alternating, so a change of load lands on both).
+Each process reports its poll / json.loads ratio; the verdict is the median over the rounds of
+this tree's ratio over REV's, with its range (<= 1: no slower than REV).
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,9 +45,8 @@ from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-
-import runfixtures  # noqa: E402
+# The package's folders, as pyproject.toml's package-dir maps them under ``xl``.
+MAPPED = ("launcher", "doctor", "tui", "examples")
 
 RANKS = 64
 HZ = 10
@@ -108,6 +116,8 @@ def measure(
     name: str, make: Callable[[Path], Any], chunks: list[bytes], t0: float
 ) -> dict[str, Any]:
     """Time ``make(run_dir).poll()`` once per appended chunk, on a fresh copy of the wide run."""
+    import runfixtures  # noqa: PLC0415 - from the tree being timed (--root), put on sys.path in main
+
     root = Path(tempfile.mkdtemp(prefix="xl-bench-reader-"))
     try:
         run_dir = runfixtures.make_run(root, "wide", t0=t0)
@@ -132,15 +142,80 @@ def summary(samples: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1e3, ordered[int(len(ordered) * 0.9)] * 1e3
 
 
+def unpack(rev: str, into: Path) -> Path:
+    """``rev``'s tree in ``into``/tree, and a folder (returned) where ``xl`` is that tree's
+    package laid out as installed: put first on PYTHONPATH, it is what ``import xl`` finds."""
+    tree, pkg = into / "tree", into / "pkg" / "xl"
+    tree.mkdir()
+    pkg.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True, timeout=120
+    )
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True, timeout=120)
+    for item in (tree / "xl").iterdir():
+        (pkg / item.name).symlink_to(item)
+    for name in MAPPED:
+        (pkg / name).symlink_to(tree / name)
+    return pkg.parent
+
+
+def one_run(tree: Path, pkg: Path | None, seconds: int) -> float:
+    """This bench in a process of its own on ``tree`` (``pkg``: its package folder, else the
+    installed one): its poll / json.loads ratio of CPU medians."""
+    env = dict(os.environ)
+    if pkg is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pkg), env.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, __file__, "--root", str(tree), "--seconds", str(seconds), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=tempfile.gettempdir(),
+        timeout=600,
+    )
+    return float(json.loads(out.stdout.splitlines()[-1])["ratio"])
+
+
+def against_rev(rev: str, rounds: int, seconds: int) -> int:
+    with tempfile.TemporaryDirectory(prefix="xl-bench-reader-rev-") as tmp:
+        pkg = unpack(rev, Path(tmp))
+        ours: list[float] = []
+        theirs: list[float] = []
+        for r in range(rounds):
+            ours.append(one_run(ROOT, None, seconds))
+            theirs.append(one_run(Path(tmp) / "tree", pkg, seconds))
+            print(
+                f"  round {r + 1}: this tree {ours[-1]:.3f}, {rev} {theirs[-1]:.3f} "
+                f"(poll / json.loads)",
+                flush=True,
+            )
+    paired = [a / b for a, b in zip(ours, theirs, strict=True)]
+    print(
+        f"bench_reader: this tree / {rev}: {statistics.median(paired):.3f}x "
+        f"[{min(paired):.3f}, {max(paired):.3f}] over {rounds} rounds of {seconds} polls "
+        f"(poll / json.loads: {statistics.median(ours):.3f} vs {statistics.median(theirs):.3f}); "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--seconds", type=int, default=200, help="chunks (polls) to time per reader")
     ap.add_argument("--against", type=Path, help="another reader.py to time in the same run")
+    ap.add_argument("--ref", metavar="REV", help="compare with the package at git revision REV")
+    ap.add_argument("--rounds", type=int, default=8, help="--ref: rounds, each tree once a round")
+    ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)  # --ref's children
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.ref:
+        return against_rev(args.ref, args.rounds, args.seconds)
+    sys.path.insert(0, str(args.root / "tests" / "support"))
 
     t0 = time.time() - 60
     chunks = [chunk(s, t0 + 100) for s in range(args.seconds)]
-    readers = {"poll": ROOT / "launcher" / "rundir" / "reader.py"}
+    readers = {"poll": args.root / "launcher" / "rundir" / "reader.py"}
     if args.against:
         readers[f"poll ({args.against})"] = args.against
     makers: dict[str, Callable[[Path], Any]] = {"json.loads": lambda d: Anchor(d / "metrics.jsonl")}
@@ -158,6 +233,10 @@ def main() -> int:
             results[name]["cpu"] += got["cpu"]
             results[name]["wall"] += got["wall"]
 
+    anchor = summary(results["json.loads"]["cpu"])[0]
+    if args.json:
+        print(json.dumps({"ratio": summary(results["poll"]["cpu"])[0] / anchor}))
+        return 0
     lines = chunks[0].count(b"\n")
     print(
         f"bench_reader: {RANKS} ranks, {lines} lines ({len(chunks[0]) / 1024:.0f} KiB) per poll, "

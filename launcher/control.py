@@ -203,6 +203,8 @@ def start_run(
 ) -> RunHandle:
     """Create the run dir, spawn its detached supervisor and return at once.
 
+    ``plan``: the one already made for ``spec`` (by `xl launch`, or the one the app's Launch
+    form showed), which the run then is; without it, one is made here from a fresh inventory.
     ``fork=True`` (the ``xl launch`` command) forks the supervisor instead of starting a new
     interpreter; threaded callers (the TUI) keep the default, and may give the supervisor an
     ``env`` of its own (e.g. a multi-node run's XL_TOKEN) instead of this process's.

@@ -47,9 +47,10 @@ class Backend(Protocol):
         spec cannot run here."""
         ...
 
-    def start(self, spec: LaunchSpec) -> tuple[RunHandle, str | None]:
-        """Start ``spec``'s run: its handle, and what the person must still do (node 0's command
-        for the other nodes of a multi-node run) or None."""
+    def start(self, spec: LaunchSpec, plan: Plan | None = None) -> tuple[RunHandle, str | None]:
+        """Start ``spec``'s run, on ``plan`` when given (the one ``plan(spec)`` made and the
+        Launch screen shows: the run is what the person saw): its handle, and what the person
+        must still do (node 0's command for the other nodes of a multi-node run) or None."""
         ...
 
     def runs(self) -> list[RunInfo]:
@@ -121,13 +122,14 @@ class LocalBackend:
             spec, self._inventory if self._inventory is not None else self.inventory()
         )
 
-    def start(self, spec: LaunchSpec) -> tuple[RunHandle, str | None]:
+    def start(self, spec: LaunchSpec, plan: Plan | None = None) -> tuple[RunHandle, str | None]:
         """Node 0 of a multi-node run gets the run's token made here and handed to its supervisor
-        through the environment (never a command line, never run.json)."""
+        through the environment (never a command line, never run.json). Its rendezvous id comes
+        from that token (plan.rdzv_id), so a multi-node run is planned here, with it."""
         from xl.launcher.control import start_run  # noqa: PLC0415 - the launcher loads only once a run starts
 
         if spec.nnodes < 2:
-            return start_run(spec), None
+            return start_run(spec, plan), None
         from xl.launcher.multinode.join import prepare_launch  # noqa: PLC0415 - multi-node runs only
 
         # The token goes to this run's supervisor only, never into the app's own environment

@@ -30,7 +30,7 @@ class ReadOnlyBackend(LocalBackend):
 
     read_only = True
 
-    def start(self, spec: Any) -> Any:
+    def start(self, spec: Any, plan: Any = None) -> Any:
         raise PermissionError(READ_ONLY)
 
     def stop(self, run_dir: Path) -> None:

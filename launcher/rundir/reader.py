@@ -42,6 +42,8 @@ _RARER = frozenset(
 )
 
 # RankView's fields as a fresh rank has them (its histories and totals are the reader's own).
+_new, _set = object.__new__, object.__setattr__  # how _Rank.view() makes a frozen RankView
+
 _FRESH = {
     f.name: f.default
     for f in dataclasses.fields(RankView)
@@ -91,22 +93,19 @@ class _Rank:
         for key, value in parts.items():
             totals[key] = totals.get(key, 0.0) + value * n
 
-    def eta_s(self) -> float | None:
-        """Seconds to total_steps at the recent step rate (None when unknown)."""
-        step, total = self.values["step"], self.values["total_steps"]
-        if step is None or not total or len(self.steps) < 2:
-            return None
-        (t0, s0), (t1, s1) = self.steps[0], self.steps[-1]
-        if t1 <= t0 or s1 <= s0:
-            return None
-        return max(0.0, (total - step) / ((s1 - s0) / (t1 - t0)))
-
     def view(self) -> RankView:
         # Made without RankView.__init__ (a call per field, 40 of them, per rank and poll): the
-        # fields go in at once, as the frozen dataclass's own init would set them.
-        fields = self.values.copy()
-        if len(self.steps) > 1:  # else no rate yet, and eta_s stays None
-            fields["eta_s"] = self.eta_s()
+        # fields go in at once, as the frozen dataclass's own init would set them. The ETA is
+        # worked out inline (a call less per rank and poll): seconds to total_steps at the
+        # recent step rate, None when unknown.
+        values = self.values
+        fields = values.copy()
+        steps = self.steps
+        if len(steps) > 1:  # else no rate yet, and eta_s stays None (as values has it)
+            step, total = values["step"], values["total_steps"]
+            (t0, s0), (t1, s1) = steps[0], steps[-1]
+            if step is not None and total and t1 > t0 and s1 > s0:
+                fields["eta_s"] = max(0.0, (total - step) / ((s1 - s0) / (t1 - t0)))
         fields["loss_history"] = self.loss.snapshot()
         fields["samples_history"] = self.samples.snapshot()
         fields["gpu_util_history"] = self.util.snapshot()
@@ -114,8 +113,8 @@ class _Rank:
         if self.totals_view is None:  # new phases since the last view
             self.totals_view = MappingProxyType(self.totals.copy())
         fields["phase_totals"] = self.totals_view
-        view = object.__new__(RankView)
-        object.__setattr__(view, "__dict__", fields)
+        view = _new(RankView)
+        _set(view, "__dict__", fields)
         return view
 
 
@@ -135,9 +134,10 @@ class RunReader:
         self._failed: dict[str, Any] | None = None  # the newest failure event
         self._run_mtime: int | None = None
         self._ranks: dict[int, _Rank] = {}
-        self._event_list: list[dict[str, Any]] = []
+        self._event_list: list[dict[str, Any]] = []  # the newest _MAX_EVENTS, as handed out
         self._applied: tuple[int | None, int] | None = None  # (run.json mtime, ranks) last applied
         self._views: dict[int, RankView] = {}  # the last poll's snapshots, while nothing changed
+        self._touched: dict[int, _Rank] = {}  # the ranks this poll's metrics lines touched
         self._log_tails: dict[int, Tail] = {}
 
     def _rank(self, rank: int) -> _Rank:
@@ -163,29 +163,34 @@ class RunReader:
             self._run_mtime = mtime
             self._loaded = True
             self._record = RunRecord.from_json(run, self.run_dir.name)
-        records = decode_lines(self._metrics.read())
-        self._apply_metrics(records)
+        self._apply_metrics(decode_lines(self._metrics.read()))
         new_events: list[dict[str, Any]] = []
         for event in decode_lines(self._events.read()):
             if isinstance(event, dict):
                 new_events.append(event)
                 self._apply_event(event)
-        self._event_list.extend(new_events)
-        if len(self._event_list) > _MAX_EVENTS:
-            del self._event_list[: len(self._event_list) - _MAX_EVENTS]
+        if new_events:
+            # A new list a change, not a copy a poll (of up to _MAX_EVENTS): the views share one
+            # until an event comes, and nothing changes it once handed out.
+            self._event_list = (self._event_list + new_events)[-_MAX_EVENTS:]
         # Rank states follow run.json, the events and which ranks exist: with none of them new,
         # they are what the last poll made them.
         applied = (self._run_mtime, len(self._ranks))
         renewed = bool(new_events) or applied != self._applied
-        if renewed:
+        if renewed:  # any rank's state may have moved: a snapshot of each
             self._apply_run()
             self._applied = applied
-        if renewed or records:  # else the last poll's snapshots still say it all
             self._views = {r: self._ranks[r].view() for r in sorted(self._ranks)}
+        else:
+            # Only the ranks whose lines came have changed: the others' snapshots still say it
+            # all (frozen, so two RunViews may share them). No new rank here, so the order holds.
+            views = self._views
+            for r, state in self._touched.items():
+                views[r] = state.view()
         return RunView(
             record=self._record,
             ranks=dict(self._views),
-            events=list(self._event_list),
+            events=self._event_list,
             new_events=new_events,
             loaded=self._loaded,
             hang_found=self._hangs.hang,
@@ -193,10 +198,15 @@ class RunReader:
         )
 
     def _apply_metrics(self, records: list[Any]) -> None:
+        """The records onto their ranks; ``_touched`` is then the ranks they touched (by rank).
+        A subclass may see the records first (the exporter's reader does), then call this."""
         # The per-record hot path (640 records a second on a 64-rank run). Lines are decoded by
         # the one rule of xl.figures (no finite t or int rank: skipped), inlined here: a finite
-        # float, what nearly every figure is, is taken without a call to number().
+        # float, what nearly every figure is, is taken without a call to number(). The ranks
+        # touched are the lookup table itself: a miss only on a rank's first line of the poll.
         ranks = self._ranks
+        touched: dict[int, _Rank] = {}
+        self._touched = touched
         for rec in records:
             if type(rec) is not dict and not isinstance(rec, dict):
                 continue
@@ -204,9 +214,9 @@ class RunReader:
             t = rec.get("t")
             if (type(t) is not float and type(t) is not int) or t - t != 0 or type(rank) is not int:
                 continue  # JSON's ints are exactly int (`true` is not rank 1); finite t only
-            state = ranks.get(rank)
+            state = touched.get(rank)
             if state is None:
-                state = self._rank(rank)
+                state = touched[rank] = ranks.get(rank) or self._rank(rank)
             v = state.values
             last_seen = v["last_seen"]
             if last_seen is None or t > last_seen:
@@ -254,7 +264,7 @@ class RunReader:
                 v["samples_per_s"] = samples
                 if samples is not None:
                     state.samples.append((t, samples))
-            if not rec.keys().isdisjoint(_RARER):  # one test for most lines, not one a figure
+            if not _RARER.isdisjoint(rec):  # one test for most lines, not one a figure
                 self._apply_rarer(state, t, rec)
 
     @staticmethod
@@ -283,7 +293,10 @@ class RunReader:
         v = state.values
         for key, attr in PLAIN_SYS:
             if key in rec:
-                v[attr] = number(rec[key])
+                value = rec[key]  # a finite int or float as it is, as in _apply_metrics
+                if (type(value) is not float and type(value) is not int) or value - value != 0:
+                    value = number(value)
+                v[attr] = value
         if "gpu" in rec:
             v["gpu"] = _gpu(rec["gpu"])
         if isinstance(rec.get("pid"), int) and v["pid"] is None:

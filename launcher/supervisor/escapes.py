@@ -8,30 +8,29 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from xl.launcher import runprocs
 from xl.launcher.rundir import layout
+from xl.launcher.supervisor.journal import WriteFailed
 
 SCAN_S = 2.0  # how often the processes that left the run's environment are looked for
 
 
 class Escapes:
-    def __init__(
-        self, run_dir: Path, run_id: str, write_failed: Callable[[str, OSError], None]
-    ) -> None:
-        self.run_dir, self.run_id, self.write_failed = run_dir, run_id, write_failed
+    def __init__(self, run_dir: Path, run_id: str) -> None:
+        self.run_dir, self.run_id = run_dir, run_id
         self.recorded: list[tuple[int, float]] = []  # (pid, start time) in escaped.json
         self.seen: list[tuple[int, float]] = []  # the last scan's finds, recorded once seen twice
         self.scan_at = 0.0  # monotonic
 
-    def scan(self) -> None:
+    def scan(self) -> list[WriteFailed]:
         """At most every SCAN_S: record what is still outside the run's environment a scan later
-        (a process in the middle of exiting has lost its environment too)."""
+        (a process in the middle of exiting has lost its environment too). Returns the write of
+        escaped.json the disk refused, if it did (tried again on the next scan)."""
         now = time.monotonic()
         if now < self.scan_at:
-            return
+            return []
         self.scan_at = now + SCAN_S
         seen = runprocs.escaped_descendants(os.getpid(), self.run_id)
         found = [item for item in seen if item in self.seen]
@@ -41,4 +40,5 @@ class Escapes:
                 runprocs.save_escaped(self.run_dir, found)
                 self.recorded = found
             except OSError as exc:
-                self.write_failed(layout.ESCAPED, exc)
+                return [WriteFailed(layout.ESCAPED, exc)]
+        return []

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +60,15 @@ def say(what: str) -> None:
     """One line in supervisor.log (the supervisor's stderr); a full disk loses the line, never
     the supervisor."""
     crash_line(what)
+
+
+@dataclass(frozen=True)
+class WriteFailed:
+    """A write the disk refused: the file (relative to the run dir) and why. The parts that write
+    files of their own (``LogSink``, ``Escapes``) return these; the loop hands them here."""
+
+    what: str
+    error: OSError
 
 
 class Journal:
@@ -142,6 +153,11 @@ class Journal:
         except OSError as exc:
             self.dirty = True  # the previous run.json stays whole; retried next turn
             self.write_failed(layout.RUN, exc)
+
+    def refused(self, failures: Iterable[WriteFailed]) -> None:
+        """Writes the disk refused elsewhere: each kind said once, as this journal's own are."""
+        for failure in failures:
+            self.write_failed(failure.what, failure.error)
 
     def write_failed(self, what: str, exc: OSError) -> None:
         if what not in self._write_errors:

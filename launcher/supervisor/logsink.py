@@ -19,6 +19,7 @@ from pathlib import Path
 from xl.launcher.rundir import layout
 from xl.launcher.rundir.layout import RunLayout, log_rank
 from xl.launcher.rundir.tail import writing
+from xl.launcher.supervisor.journal import WriteFailed
 
 _MAX_LINE = 65536
 _TICK_BUDGET = 1 << 20  # per file and tick: a flood of output cannot stall the loop
@@ -39,7 +40,6 @@ class LogSink:
     def __init__(
         self,
         run_dir: Path,
-        write_failed: Callable[[str, OSError], None],
         *,
         on_line: Callable[[int, str], None] | None = None,
         forward: Callable[[int, bytes], None] | None = None,
@@ -47,7 +47,9 @@ class LogSink:
     ) -> None:
         self.run_dir = run_dir
         self.layout = RunLayout(run_dir)
-        self.write_failed = write_failed
+        # Writes of other nodes' output the disk refused, by file, until the loop takes them
+        # (``refused``): one a file, however many writes to it failed meanwhile.
+        self.failed: dict[str, WriteFailed] = {}
         self.on_line = on_line
         # Whether any line of a text may matter to ``on_line`` (None: every line does). A chunk of
         # output it rules out is not split into lines at all: a rank writing 100 MB of plain lines
@@ -166,8 +168,15 @@ class LogSink:
             self.log_fds[rank] = fd
             os.write(fd, data)
         except OSError as exc:
-            self.write_failed(f"{layout.LOGS}/{layout.rank_log_name(rank)}", exc)
+            what = f"{layout.LOGS}/{layout.rank_log_name(rank)}"
+            self.failed.setdefault(what, WriteFailed(what, exc))
         return self._lines(rank, data, partial)
+
+    def refused(self) -> list[WriteFailed]:
+        """The writes the disk refused since the last call (for the journal to say)."""
+        failed = list(self.failed.values())
+        self.failed.clear()
+        return failed
 
     def _lines(self, rank: int, data: bytes, partial: bytes) -> bytes:
         """Hand on the whole lines of ``partial + data``; returns what is left unfinished (a

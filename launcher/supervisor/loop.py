@@ -24,8 +24,10 @@ read here (``LogSink``): training never waits on the supervisor.
 Each job is a collaborator: ``Ranks`` (who is who, how each ended), ``Lifecycle`` (what a rank's
 start or end means), ``LogSink`` (rank output), ``RootCause`` (the failure), ``Stopping`` (the
 stop), ``Hub`` / ``Follower`` (other nodes), ``Journal`` (run.json, events), ``TelemetryPort``,
-``Escapes``. Each turn the loop takes what ``Ranks`` found changed and hands it on, and keeps its
-own ``Phase``. Torchrun starts first: what only the loop, the end or several nodes need is
+``Escapes``. Each turn the loop takes what its parts return and acts on it: what ``Ranks``
+found changed goes to ``Lifecycle``, a stop begun (by whichever part) is saved in run.json, the
+writes the disk refused (``Escapes``, ``LogSink``) go to the journal, which says each once. It
+keeps its own ``Phase``. Torchrun starts first: what only the loop, the end or several nodes need is
 imported after it, or there only.
 """
 
@@ -57,7 +59,13 @@ from xl.launcher.supervisor.journal import Journal, hold_reserve
 from xl.launcher.supervisor.logsink import LogSink
 from xl.launcher.supervisor.nodes import Nodes, resolve
 from xl.launcher.supervisor.ranks import RankChange, Ranks, become_subreaper
-from xl.launcher.supervisor.stopping import Stopping, StopReason, StopSignals, grace_from_env
+from xl.launcher.supervisor.stopping import (
+    Stop,
+    Stopping,
+    StopReason,
+    StopSignals,
+    grace_from_env,
+)
 from xl.launcher.supervisor.telemetry_port import TelemetryPort
 from xl.launcher.supervisor.torchrun import Torchrun
 
@@ -124,13 +132,13 @@ class Supervisor:
         self.ranks = Ranks(run_dir, record)
         # Every line goes to telemetry's parser (nothing while it is not running); a node > 0's
         # output also goes to node 0 (nothing without a link).
-        self.sink = LogSink(run_dir, self.journal.write_failed, on_line=self.port.feed_log_line,
+        self.sink = LogSink(run_dir, on_line=self.port.feed_log_line,
                             forward=self.journal.send_log, wants=self.port.wants_lines)
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
         # reads the run as it goes, from torchrun's start: its end reads only the rest
         self.digester: Digester | None = None
-        self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun,
-                                 self.journal.changed)
+        self.stopping = Stopping(self.run_id, grace, self.ranks, self.torchrun)
+        self.saved_stop: Stop | None = None  # the stop run.json was last saved with
         self.nodes = Nodes.of(hub_address, record, self.journal, self.cause, self.stopping,
                               self.sink, self.torchrun)
 
@@ -261,9 +269,12 @@ class Supervisor:
         # it, with its cause.
         self.nodes.tell(self.port)
         self.stopping.advance()
-        self.escapes.scan()
-        self.stopping.end_exit_barrier(self.nodes.busy(), self.journal.emit)
-        if self.journal.dirty:
+        self.journal.refused(self.escapes.scan())
+        self.journal.refused(self.sink.refused())  # other nodes' output, written here
+        if (ended := self.stopping.end_exit_barrier(self.nodes.busy())) is not None:
+            self.journal.emit(ended)
+        if self.journal.dirty or self.stopping.state is not self.saved_stop:  # a stop began
+            self.saved_stop = self.stopping.state
             self.save()
         if (self.port.running and self.ranks.gone() and not self.nodes.pending()
                 and not self.life.restart_due):
@@ -279,7 +290,7 @@ class Supervisor:
         """The run's descendants that left it: looked for once torchrun runs (``_started``)."""
         from xl.launcher.supervisor.escapes import Escapes  # noqa: PLC0415 - after torchrun started: its start does not wait for this
 
-        return Escapes(self.run_dir, self.run_id, self.journal.write_failed)
+        return Escapes(self.run_dir, self.run_id)
 
     @cached_property
     def life(self) -> Lifecycle:
@@ -337,6 +348,7 @@ class Supervisor:
         self.port.stop()
         _debug("telemetry stopped")
         self.sink.close_logs()
+        self.journal.refused(self.sink.refused())
         self.journal.at_end(self.port.metrics_bytes_lost())
         self.record.end(status)
         # The time accounting goes in with the final status: whoever sees the end sees it too.

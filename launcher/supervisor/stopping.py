@@ -13,7 +13,6 @@ import os
 import selectors
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -94,13 +93,13 @@ class Stopping:
         grace: float,
         ranks: Ranks,
         torchrun: Torchrun,
-        on_changed: Callable[[], None],
     ) -> None:
         self.run_id = run_id
         self.grace = grace
         self.ranks = ranks
         self.torchrun = torchrun
-        self.on_changed = on_changed
+        # The stop in force (None: none). A new one is a change of the run's record: the loop
+        # compares it with the one it last saved (``Supervisor._turn``), wherever it began.
         self.state: Stop | None = None
         self.barrier_since: float | None = None  # multi-node: when torchrun outlived its ranks
         self.barrier_ended = False  # xl ended torchrun stuck at its exit barrier
@@ -109,10 +108,10 @@ class Stopping:
     def requested(self) -> bool:
         return self.state is not None and self.state.reason is StopReason.REQUESTED
 
-    def begin(self, reason: StopReason) -> None:
+    def begin(self, reason: StopReason) -> bool:
+        """Stop the run for ``reason``; False when a stop was already under way (it stays)."""
         if self.state is not None:
-            return
-        self.on_changed()
+            return False
         self.state = Stop(reason=reason, since=time.monotonic())
         if reason is StopReason.REQUESTED:
             self.torchrun.signal(signal.SIGTERM)
@@ -123,6 +122,7 @@ class Stopping:
         self.state.extra = self._unknown_pids()
         for pid in self.state.extra:
             runprocs.signal_rank(pid, signal.SIGTERM)
+        return True
 
     def catch_up(self, st: RankState) -> None:
         """A rank that started while everything is being stopped gets the same treatment."""
@@ -156,7 +156,7 @@ class Stopping:
             runprocs.kill_all(pids)
         return True
 
-    def end_exit_barrier(self, nodes_busy: bool, emit: Callable[[Event], None]) -> None:
+    def end_exit_barrier(self, nodes_busy: bool) -> Event | None:
         """Multi-node: a torchrun whose ranks have all ended waits at its exit barrier for every
         other node's torchrun (up to 300 s), and the torchrun of a node that failed never comes.
         This node's ranks are done, so its run is over: after the grace, end torchrun; the
@@ -167,16 +167,17 @@ class Stopping:
         Node 0's torchrun serves the c10d store: ending it while another node's ranks work on
         (they may finish well after these, e.g. saving a checkpoint) has that node's torchrun
         lose its store and kill them. Its barrier is ended only once no node is busy
-        (``nodes_busy``)."""
+        (``nodes_busy``). Returns the event that says so, the turn it ends it, for the loop to
+        record."""
         if not self.ranks.multi_node or self.state is not None or self.torchrun.proc is None:
-            return
+            return None
         if self.torchrun.code is not None or not self.ranks.gone() or nodes_busy:
             self.barrier_since = None
-            return
+            return None
         now = time.monotonic()
         if self.barrier_since is None:
             self.barrier_since = now
-            return
+            return None
         # Not less than 2 s: on success the other nodes arrive within torchrun's monitor tick.
         wait = max(self.grace, 2.0)
         if not self.barrier_ended and now - self.barrier_since >= wait:
@@ -184,16 +185,17 @@ class Stopping:
             # The launch imports this module for grace_from_env alone: the events load here.
             from xl.launcher.rundir.events import EventKind, Notice  # noqa: PLC0415 - see above
 
-            emit(Notice(
+            self.torchrun.signal(signal.SIGTERM)
+            return Notice(
                 EventKind.EXIT_BARRIER,
                 "this node's ranks are done but torchrun still waited for the other nodes "
                 f"after {wait:g}s (one failed or was stopped?); ending it",
-            ))
-            self.torchrun.signal(signal.SIGTERM)
-        elif self.barrier_ended and now - self.barrier_since >= wait + 1.0:
+            )
+        if self.barrier_ended and now - self.barrier_since >= wait + 1.0:
             # Its SIGTERM handler only runs once the store call it blocks in returns; it has
             # no rank left to tear down, so SIGKILL loses nothing.
             self.torchrun.signal(signal.SIGKILL)
+        return None
 
     def _unknown_pids(self) -> list[int]:
         known = self._known_pids()

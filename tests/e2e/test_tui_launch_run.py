@@ -8,12 +8,16 @@ import re
 import shlex
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pilotwait import until
 from procs import XL, kill_run, rdzv_port, run_json, wait_no_processes, xl_env
 from textual.widgets import Input, Static
 
+from xl.launcher import control
+from xl.launcher import plan as plan_module
+from xl.launcher.plan import Plan
 from xl.tui.app import build_app
 from xl.tui.screens.monitor import MonitorScreen
 from xl.tui.widgets.rank_table import RankTable
@@ -54,7 +58,25 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(simnvml, home):
+@pytest.fixture
+def plans(monkeypatch: pytest.MonkeyPatch) -> list[Plan]:
+    """Every plan made in this process (the Launch screen's, through the backend, and any
+    start_run would make), in order."""
+    made: list[Plan] = []
+    build = plan_module.build_plan
+
+    def counted(*args: Any, **kwargs: Any) -> Plan:
+        made.append(build(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(plan_module, "build_plan", counted)
+    monkeypatch.setattr(control, "build_plan", counted)
+    return made
+
+
+async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(
+    simnvml, home, plans
+):
     # no GPU: CPU ranks, whatever this machine has
     sim = simnvml(gpus=0, init_error="driver_not_loaded")
     run_dir: Path | None = None
@@ -71,6 +93,7 @@ async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(s
                     pilot, lambda: "ready" in text_of(app, "#launch-validation"), "a valid form"
                 )
                 assert "2 process(es) per node on CPU" in text_of(app, "#launch-validation")
+                before = len(plans)
                 await pilot.press("ctrl+r")
 
                 await until(
@@ -84,6 +107,11 @@ async def test_launch_opens_the_monitor_on_the_new_run_and_stop_leaves_nothing(s
                 assert run_dir.parent == home / "runs"
                 assert run_json(run_dir)["name"] == "tiny-cpu"
                 assert run_json(run_dir)["spec"]["nproc"] == 2
+                # One plan for the launch: the one its form showed on the key press is the one
+                # started (run.json's command is that plan's, up to the port torchrun's store got).
+                assert len(plans) == before + 1, plans[before:]
+                assert run_json(run_dir)["nproc_per_node"] == plans[-1].nproc == 2
+                assert run_json(run_dir)["argv"][:6] == plans[-1].argv[:6]
                 table = monitor.query_one(RankTable)
                 await until(pilot, lambda: table.row_count == 2, "both ranks listed", timeout=60)
                 await until(

@@ -43,6 +43,8 @@ class FakeBackend:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.started: list[LaunchSpec] = []
+        self.started_plans: list[Plan | None] = []
+        self.plans: list[Plan] = []  # every plan handed out, in order
         self.stopped: list[Path] = []
         self.asked_stacks: list[int] = []
 
@@ -63,10 +65,12 @@ class FakeBackend:
         )
 
     def plan(self, spec: LaunchSpec) -> Plan:
-        return Plan(argv=["torchrun"], env={"CUDA_VISIBLE_DEVICES": "5"}, nproc=3)
+        self.plans.append(Plan(argv=["torchrun"], env={"CUDA_VISIBLE_DEVICES": "5"}, nproc=3))
+        return self.plans[-1]
 
-    def start(self, spec: LaunchSpec) -> tuple[RunHandle, str | None]:
+    def start(self, spec: LaunchSpec, plan: Plan | None = None) -> tuple[RunHandle, str | None]:
         self.started.append(spec)
+        self.started_plans.append(plan)
         return RunHandle(self.run_dir.name, self.run_dir, pid=0), NOTICE
 
     def runs(self) -> list[RunInfo]:
@@ -194,6 +198,8 @@ async def test_launch_plans_and_starts_through_the_backend(fake, tmp_path):
             pilot, lambda: isinstance(app.screen, MonitorScreen), "the started run's monitor"
         )
         assert [s.script for s in fake.started] == ["train.py"]
+        # The run started on the plan the form showed as the key was pressed, not a new one.
+        assert len(fake.started_plans) == 1 and fake.started_plans[0] is fake.plans[-1]
         assert app.screen.run_dir == fake.run_dir
         await until(pilot, lambda: app.screen.polls >= 2, "two polls")
         banner = app.screen.query_one("#notice-banner", Static)

@@ -172,7 +172,7 @@ async def test_back_from_the_monitor_no_launch_field_takes_the_screen_keys(simnv
     field ("1,3" became "1,34"); now it opens Runs."""
 
     class Starts(StopBackend):
-        def start(self, spec: Any) -> Any:
+        def start(self, spec: Any, plan: Any = None) -> Any:
             class Handle:
                 run_dir = runs / LIVE
 

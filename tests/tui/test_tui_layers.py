@@ -29,6 +29,7 @@ TYPES = VIEWS | {
     "xl.launcher.rundir.reader",  # RunReader: what Backend.reader hands the Monitor
     "xl.launcher.rundir.record",  # RunRecord: RunView.record, Backend.run_record
     "xl.launcher.rundir.store",  # RunInfo (Backend.runs)
+    "xl.launcher.plan",  # Plan: what Backend.plan shows the Launch screen, and Backend.start runs
     "xl.launcher.spec",  # LaunchSpec: what the Launch screen asks Backend.start for
 }
 

@@ -163,3 +163,39 @@ def test_a_view_read_on_another_thread_while_the_reader_polls_stays_whole(tmp_pa
     for view in views:  # each still holds its points in time order, as it was read
         times = [t for t, _ in view.ranks[0].loss_history]
         assert times == sorted(times)
+
+
+def test_a_rank_with_nothing_new_keeps_its_snapshot_and_the_others_get_new_ones(
+    tmp_path: Path,
+) -> None:
+    """A poll makes new snapshots only of the ranks whose lines came (the others' still say it
+    all, and being frozen they may be shared); anything that can move every rank's state (an
+    event, run.json) makes a new snapshot of each."""
+    metrics, events = tmp_path / "metrics.jsonl", tmp_path / "events.jsonl"
+    _run_json(tmp_path, "running", {0: None, 1: None})
+    _append(metrics, _train(100.0, 0, 1, 2.0), _train(100.0, 1, 1, 2.0))
+    reader = RunReader(tmp_path)
+    first = reader.poll()
+
+    _append(metrics, _train(101.0, 1, 2, 1.5))
+    second = reader.poll()
+    assert second.ranks[0] is first.ranks[0]  # rank 0 read nothing new
+    assert second.ranks[1] is not first.ranks[1]
+    assert (first.ranks[1].step, second.ranks[1].step) == (1, 2)
+    assert second.events is first.events == []  # no event came: the same (never changed) list
+    assert list(second.ranks[1].loss_history) == [(100.0, 2.0), (101.0, 1.5)]
+    assert list(second.ranks) == [0, 1] and second.ranks is not first.ranks
+
+    # A diagnosis of rank 0 with no line of its own: its state is new, so is its snapshot.
+    _append(events, {"t": 102.0, "kind": "stalled", "rank": 0, "message": "rank 0 stalled"})
+    third = reader.poll()
+    assert third.ranks[0] is not second.ranks[0]
+    assert (second.ranks[0].state, third.ranks[0].state) == ("running", "stalled")
+    assert third.ranks[0].step == 1 and list(third.ranks) == [0, 1]
+    assert [e["kind"] for e in third.events] == ["stalled"] and second.events == []
+
+    # A rank seen for the first time joins the view in rank order.
+    _append(metrics, _train(103.0, 2, 1, 2.0), _train(103.0, 1, 3, 1.0))
+    fourth = reader.poll()
+    assert list(fourth.ranks) == [0, 1, 2] and fourth.ranks[2].step == 1
+    assert list(third.ranks) == [0, 1] and third.ranks[1].step == 2

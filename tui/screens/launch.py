@@ -21,6 +21,7 @@ from xl.tui.screens.base import XLScreen
 from xl.tui.selection import DeviceSelection
 
 if TYPE_CHECKING:
+    from xl.launcher.plan import Plan
     from xl.launcher.spec import LaunchSpec
 
 TEXT_FIELDS = ("target", "args", "gpus", "nproc", "nnodes", "node_rank", "rdzv", "env", "name")
@@ -69,6 +70,9 @@ class LaunchScreen(XLScreen):
         self.valid = False
         self._filling = False
         self._launching = False
+        # What the form says now, as its last validation planned it (None: it cannot run): the
+        # plan shown is the plan started.
+        self._ready: tuple[LaunchSpec, Plan] | None = None
         last = settings.last_target()
         saved = settings.recall(last) if last else None
         self.initial = LaunchForm.recalled(saved) if saved else LaunchForm()
@@ -222,6 +226,7 @@ class LaunchScreen(XLScreen):
         argv = command(form)
         self.query_one("#launch-command", Static).update(Text(shlex.join(argv), style="bold"))
         out = self.query_one("#launch-validation", Static)
+        self._ready = None
         try:
             spec = to_spec(form)
             plan = self.backend.plan(spec)
@@ -235,6 +240,7 @@ class LaunchScreen(XLScreen):
             out.update(Text(f"✗ the launcher is not available: {exc}", style="bold red"))
             return False
         self.valid = True
+        self._ready = (spec, plan)
         out.set_class(False, "invalid")
         cvd = plan.env.get("CUDA_VISIBLE_DEVICES")
         where = f"CUDA_VISIBLE_DEVICES={cvd}" if cvd else "CPU (gloo)"
@@ -284,19 +290,18 @@ class LaunchScreen(XLScreen):
 
     @on(Button.Pressed, "#btn-launch")
     def action_launch(self) -> None:
-        if self._launching or not self.validate():
+        if self._launching or not self.validate() or self._ready is None:
             if not self.valid:
                 self.notify("Fix the form first: see the red line above", severity="error")
             return
-        form = self.form()
-        spec = to_spec(form)
+        spec, plan = self._ready  # what the form says now, as shown: planned once
         self._launching = True
-        self._start(spec, form)
+        self._start(spec, plan, self.form())
 
     @work(thread=True, exclusive=True, group="launch")
-    def _start(self, spec: LaunchSpec, form: LaunchForm) -> None:
+    def _start(self, spec: LaunchSpec, plan: Plan, form: LaunchForm) -> None:
         try:
-            handle, notice = self.backend.start(spec)
+            handle, notice = self.backend.start(spec, plan)
             settings.remember(form.key, form.remembered())
             self.post_message(self.Started(handle.run_dir, None, notice))
         except UsageError as exc:

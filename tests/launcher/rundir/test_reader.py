@@ -12,6 +12,7 @@ from xl.atomic import write_json_atomic
 from xl.launcher.rundir import jsonl
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.runview import HISTORY, History
+from xl.launcher.telemetry.exporter import ExporterReader
 
 
 def _append(path: Path, *objs: dict, raw: str = "") -> None:
@@ -349,3 +350,21 @@ def test_a_hang_s_victims_read_as_waiting_and_its_culprit_as_stalled(tmp_path: P
         fh.write(json.dumps({"t": 2.0, "kind": "recovered", "rank": 0, "of": "stalled"}) + "\n")
     view = reader.poll()
     assert (view.ranks[0].state, view.ranks[1].state) == ("running", "running")
+
+
+@pytest.mark.parametrize("reader", [RunReader, ExporterReader])
+def test_each_poll_shows_the_new_lines_of_the_ranks_they_came_for(tmp_path: Path, reader) -> None:
+    """Polls with nothing but new metrics lines renew the snapshots of those ranks only, in
+    RunReader and in the exporter's, which sees each line first."""
+    metrics = tmp_path / "metrics.jsonl"
+    _append(metrics, _train(100.0, 0, 1, samples=4), _train(100.0, 1, 1, samples=4))
+    r = reader(tmp_path)
+    first = r.poll()
+    for step in (2, 3):
+        _append(metrics, _train(100.0 + step, 1, step, samples=4))
+        view = r.poll()
+        assert (view.ranks[0].step, view.ranks[1].step) == (1, step)
+        assert view.ranks[0] is first.ranks[0]
+    assert first.ranks[1].step == 1
+    if isinstance(r, ExporterReader):
+        assert r.samples_total == {0: 4.0, 1: 12.0} and r.last_step_t[1] == 103.0

@@ -278,7 +278,7 @@ def test_log_sink_reads_each_rank_log_as_it_grows_and_parses_whole_lines(tmp_pat
     run_dir = _unit_run_dir(tmp_path)
     lines: list[tuple[int, str]] = []
     forwarded: list[tuple[int, bytes]] = []
-    sink = LogSink(run_dir, lambda what, exc: None)
+    sink = LogSink(run_dir)
     sink.on_line = lambda rank, line: lines.append((rank, line))
     sink.forward = lambda rank, data: forwarded.append((rank, data))
     log = run_dir / "logs" / "rank-1.log"
@@ -314,7 +314,6 @@ def test_log_chunks_nothing_may_use_are_not_split_into_lines(tmp_path: Path) -> 
 
     sink = LogSink(
         run_dir,
-        lambda what, exc: None,
         on_line=lambda rank, line: lines.append((rank, line)),
         wants=wants,
     )
@@ -364,7 +363,6 @@ def test_log_sink_hands_on_every_line_once_in_order_however_the_log_grows(
     forwarded: list[bytes] = []
     sink = LogSink(
         run_dir,
-        lambda what, exc: None,
         on_line=lambda rank, line: lines.append((rank, line)),
         wants=worth_parsing if chunk_test else None,
     )
