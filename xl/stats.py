@@ -1,4 +1,4 @@
-"""Medians and means without the statistics module.
+"""Medians and means without the statistics module, and the running ones the diagnoses keep.
 
 Importing ``statistics`` loads fractions, decimal and random: ~4 ms of CPU in each of a launch's
 command and supervisor, on two cores that torch's imports fill (docs/launch.md, "How a launch
@@ -8,7 +8,10 @@ starts"), for a line of arithmetic each. The results are the statistics module's
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable
+from itertools import islice
+from typing import Any, Generic, TypeVar
 
 
 def median(values: Iterable[float]) -> float:
@@ -35,3 +38,90 @@ def fmean(values: Iterable[float]) -> float:
     if not data:
         raise ValueError("fmean requires at least one data point")
     return math.fsum(data) / len(data)
+
+
+_Item = TypeVar("_Item", bound=tuple[Any, ...])
+
+
+class TimedWindow(Generic[_Item]):
+    """The newest ``maxlen`` of a rank's timed items ((t, ...) tuples, in the order they came),
+    and those of a window, for the supervisor's diagnoses: once the items are in time order (the
+    usual case: a rank's spool, merged late, is what puts them out of it), the window is read
+    from the newest end and costs the lines inside it, not every line kept (thousands of ranks,
+    every second)."""
+
+    __slots__ = ("_unordered", "items")
+
+    def __init__(self, maxlen: int) -> None:
+        self.items: deque[_Item] = deque(maxlen=maxlen)
+        # Appends to come before every item out of time order has left: a pair out of order
+        # stays adjacent until its older item leaves, at most maxlen appends later.
+        self._unordered = 0
+
+    def append(self, item: _Item) -> None:
+        items = self.items
+        if items and item[0] < items[-1][0]:
+            self._unordered = items.maxlen or 0
+        elif self._unordered:
+            self._unordered -= 1
+        items.append(item)
+
+    def since(self, t: float) -> list[_Item]:
+        """The items at ``t`` or later, in the order they came."""
+        if self._unordered:
+            return [s for s in self.items if s[0] >= t]
+        out = []
+        for s in reversed(self.items):
+            if s[0] < t:
+                break
+            out.append(s)
+        out.reverse()
+        return out
+
+
+class RunningMedian:
+    """The last ``maxlen`` values (a rank's step times) and, beside them, the same values sorted:
+    the supervisor's diagnoses read each rank's median every second (the stall rule, the quiet
+    spell), and sorting 200 values of each of thousands of ranks each time was most of their
+    work."""
+
+    __slots__ = ("ordered", "values")
+
+    def __init__(self, maxlen: int = 200) -> None:
+        self.values: deque[float] = deque(maxlen=maxlen)
+        self.ordered: list[float] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def append(self, dt: float) -> None:
+        values, ordered = self.values, self.ordered
+        if len(values) == values.maxlen:
+            ordered.remove(values[0])  # one equal to the value leaving: the same sorted list
+        values.append(dt)
+        # Its place by bisection, written out: the bisect module would cost the supervisor's
+        # start a module.
+        lo, hi = 0, len(ordered)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ordered[mid] <= dt:
+                lo = mid + 1
+            else:
+                hi = mid
+        ordered.insert(lo, dt)
+
+    def median(self) -> float:
+        """As ``median`` of the values (the same sorted list, the same arithmetic)."""
+        data = self.ordered
+        n = len(data)
+        if not n:
+            raise ValueError("no median for empty data")
+        mid = n // 2
+        return data[mid] if n % 2 else (data[mid - 1] + data[mid]) / 2
+
+    def last(self, n: int) -> list[float]:
+        """The newest ``n`` values, newest first."""
+        return list(islice(reversed(self.values), n))

@@ -15,7 +15,6 @@ decides. docs/compare.md says what each part means; in short, an instant belongs
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -88,19 +87,19 @@ def _clip(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
 
 
 def _covered(mids: list[float], spans: list[Span]) -> list[bool]:
-    """For each of ``mids`` (ascending), whether a span holds it (its ends included): one sweep,
-    not a look at every span per point (thousands of ranks stalled made that O(ranks^2))."""
+    """For each of ``mids`` (ascending), whether a span holds it (its ends included): a span
+    holds ``t`` exactly when the latest end of the spans begun by ``t`` is ``t`` or later. One
+    sweep, not a look at every span per point (thousands of ranks stalled made that
+    O(ranks^2))."""
     starts = sorted(spans)
-    ends: list[float] = []  # a heap of the ends of the spans begun by the point
+    latest = -math.inf  # the latest end of the spans begun so far
     out = []
     i = 0
     for t in mids:
         while i < len(starts) and starts[i][0] <= t:
-            heapq.heappush(ends, starts[i][1])
+            latest = max(latest, starts[i][1])
             i += 1
-        while ends and ends[0] < t:
-            heapq.heappop(ends)
-        out.append(bool(ends))
+        out.append(latest >= t)
     return out
 
 

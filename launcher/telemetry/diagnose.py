@@ -25,15 +25,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from xl import envnames, settings
 from xl.figures import PHASE_KEYS, decode, number, phases, steps_of
 from xl.launcher.rundir.events import Diagnosis, EventKind
-from xl.stats import fmean, median, median_low
+from xl.stats import RunningMedian, TimedWindow, fmean, median, median_low
 
 Emit = Callable[[dict[str, Any]], None]
 # Ticks come once a second; one this much later than the last means this process was paused.
@@ -80,13 +79,13 @@ class _Rank:
     last_step: float | None = None
     last_step_t: float | None = None
     last_progress_t: float | None = None
-    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    step_times: RunningMedian = field(default_factory=RunningMedian)
     # Timed steps (train lines with the split): (t, steps, data_s, compute_s, comm_s, other_s); at
     # most ~10 lines a second come, so 512 cover the window (10 s) five times over.
-    splits: deque[tuple[float, int, float, float, float, float]] = field(
-        default_factory=lambda: deque(maxlen=512)
+    splits: TimedWindow[tuple[float, int, float, float, float, float]] = field(
+        default_factory=lambda: TimedWindow(512)
     )
-    waits: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
+    waits: TimedWindow[tuple[float, float]] = field(default_factory=lambda: TimedWindow(4096))
     # Latest xl.watch report: (when, seconds the oldest all-reduce bucket has been pending).
     pending: tuple[float, float] | None = None
     alive: bool = True
@@ -98,7 +97,7 @@ class _Rank:
     mem_high: bool = False
 
 
-def _trimmed(values: list[float]) -> float:
+def _trimmed(values: Sequence[float]) -> float:
     """The mean of ``values`` without their highest and lowest tenth, and at least without the
     highest and the lowest one: on slow steps (a second or two) the window holds a handful of
     lines, and one eval loop between epochs, on one rank's side of the window only, would
@@ -109,7 +108,7 @@ def _trimmed(values: list[float]) -> float:
     return sum(kept) / len(kept)
 
 
-def _standard_error(values: list[float]) -> float:
+def _standard_error(values: Sequence[float]) -> float:
     n = len(values)
     mean = sum(values) / n
     return (sum((v - mean) ** 2 for v in values) / max(1, n - 1) / n) ** 0.5
@@ -125,11 +124,12 @@ def _window_splits(ranks: dict[int, _Rank], since: float) -> dict[int, dict[str,
     for rank, st in ranks.items():
         if not st.alive or st.stalled:
             continue
-        recent = [s for s in st.splits if s[0] >= since]
+        recent = st.splits.since(since)
         if len(recent) < 3:
             continue
-        out[rank] = {key: _trimmed([s[2 + i] for s in recent]) for i, key in enumerate(PHASE_KEYS)}
-        out[rank]["comm_se_s"] = _standard_error([s[4] for s in recent])
+        cols = list(zip(*recent, strict=True))  # (t, steps, data_s, compute_s, comm_s, other_s)
+        out[rank] = {key: _trimmed(cols[2 + i]) for i, key in enumerate(PHASE_KEYS)}
+        out[rank]["comm_se_s"] = _standard_error(cols[4])
     return out
 
 
@@ -297,10 +297,13 @@ class Diagnoser:
             if not st.alive or st.stalled or st.last_progress_t is None:
                 continue
             limit = self.th.stall_min_s
+            quiet = now - max(st.last_progress_t, self._thawed_at or 0.0)
+            if quiet <= limit:
+                continue  # within the least threshold: no need of the rank's median step
             if st.step_times:
-                limit = max(limit, self.th.stall_factor * median(st.step_times))
+                limit = max(limit, self.th.stall_factor * st.step_times.median())
             idle = now - st.last_progress_t
-            if now - max(st.last_progress_t, self._thawed_at or 0.0) <= limit:
+            if quiet <= limit:
                 continue
             st.stalled = True
             if waiting is None:
@@ -375,7 +378,7 @@ class Stragglers:
             return
         waits: dict[int, float] = {}
         for rank, st in self._ranks.items():
-            recent = [w for t, w in st.waits if t >= since]
+            recent = [w for _, w in st.waits.since(since)]
             if st.alive and recent:
                 waits[rank] = fmean(recent)
         if len(waits) >= 2:
@@ -384,7 +387,7 @@ class Stragglers:
         steps: dict[int, float] = {}
         for rank, st in self._ranks.items():
             if st.alive and not st.stalled and len(st.step_times) >= 3:
-                steps[rank] = median(list(st.step_times)[-20:])
+                steps[rank] = median(st.step_times.last(20))
         if len(steps) >= 2:
             self._vote_by_step_time(steps)
 
@@ -474,6 +477,6 @@ def quiet_spell(d: Diagnoser, now: float | None = None) -> tuple[float | None, f
     now = time.time() if now is None else now
     with d._lock:
         live = [st for st in d._ranks.values() if st.alive and st.last_progress_t is not None]
-        step = max((median(st.step_times) for st in live if st.step_times), default=0.0)
+        step = max((st.step_times.median() for st in live if st.step_times), default=0.0)
         idle = max(0.0, now - max(st.last_progress_t or 0.0 for st in live)) if live else None
     return idle, max(d.th.mismatch_after_s, d.th.mismatch_steps * step)

@@ -102,9 +102,7 @@ def test_a_restart_after_thousands_of_stalls_ends_each_of_them(tmp_path: Path) -
     lines_after = [_line(r, s, T0 + 40 + s) for s in range(1, 11) for r in range(RANKS)]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    rec = record.RunRecord(
-        "run", "succeeded", {"started_at": T0, "ended_at": T0 + 55, "ranks": []}
-    )
+    rec = record.RunRecord("run", "succeeded", {"started_at": T0, "ended_at": T0 + 55, "ranks": []})
     record.save(run_dir, rec)
     metrics, events = run_dir / "metrics.jsonl", run_dir / "events.jsonl"
     metrics.write_text("".join(json.dumps(x) + "\n" for x in lines))
