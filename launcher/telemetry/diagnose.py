@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xl import envnames, settings
-from xl.figures import PHASE_KEYS, decode, number, phases, steps_of
+from xl.figures import PHASE_KEYS, finite, number, stamp, steps_of
 from xl.launcher.rundir.events import Diagnosis, EventKind
 from xl.stats import RunningMedian, TimedWindow, fmean, median, median_low
 
@@ -178,19 +178,22 @@ class Diagnoser:
         with self._lock:
             st = self._rank(rank)
             for rec in records:
-                line = decode(rec)
-                if line is None:
+                # xl.figures.stamp: the rule of decode() for a line, without decoding every
+                # figure of it (none but the few read below are used here).
+                head = stamp(rec)
+                if head is None:
                     continue
-                if line.kind == "sys":
-                    self._ingest_sys(rank, st, line.t, rec)
+                if rec.get("kind") == "sys":
+                    self._ingest_sys(rank, st, head[1], rec)
                 else:
-                    self._ingest_train(rank, st, line.t, rec)
+                    self._ingest_train(rank, st, head[1], rec)
 
     def _ingest_train(self, rank: int, st: _Rank, t: float, rec: dict[str, Any]) -> None:
         step = number(rec.get("step"))
-        split = phases(rec)
-        if split is not None:
-            st.splits.append((t, steps_of(rec), *split.values()))  # type: ignore[arg-type]
+        # xl.figures.phases' rule (all four parts, each a finite number >= 0), as one tuple.
+        d, c, m, o = rec.get("data_s"), rec.get("compute_s"), rec.get("comm_s"), rec.get("other_s")
+        if finite(d) and finite(c) and finite(m) and finite(o) and min(d, c, m, o) >= 0:
+            st.splits.append((t, steps_of(rec), float(d), float(c), float(m), float(o)))
         if step is not None:
             if st.last_step is None or step != st.last_step:
                 if st.last_step is not None and st.last_step_t is not None and step > st.last_step:

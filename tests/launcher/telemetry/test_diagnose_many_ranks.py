@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from xl.figures import phases
 from xl.launcher.telemetry.diagnose import Diagnoser, Thresholds
 from xl.stats import RunningMedian, TimedWindow, median
 
@@ -137,3 +138,24 @@ def test_the_kept_median_is_the_median_of_the_values_kept(seed: int) -> None:
         kept = [*kept, dt][-maxlen:]
         assert times.median() == median(kept)
         assert sorted(times.last(20)) == sorted(kept[-20:])
+
+
+ODD: list[Any] = [0.0, 0.2, 3, -0.1, -1, None, True, False, "0.1", float("nan"), float("inf"), [1]]
+
+
+@pytest.mark.parametrize("odd", ODD)
+@pytest.mark.parametrize("where", ["data_s", "compute_s", "comm_s", "other_s"])
+def test_a_line_s_split_counts_exactly_when_the_figures_rule_reads_one(
+    odd: Any, where: str
+) -> None:
+    """The diagnoser reads a line's four parts as xl.figures.phases does: a line whose split
+    that rule refuses times no step of the straggler check (its window has no line)."""
+    rec = {"t": T0, "rank": 0, "kind": "train", "step": 1}
+    rec |= {"data_s": 0.01, "compute_s": 0.2, "comm_s": 0.05, "other_s": 0.001, where: odd}
+    diag = Diagnoser(lambda e: None, TH)
+    diag.ingest(0, [rec, {**rec, "t": T0 + 0.5, "step": 2}, {**rec, "t": T0 + 1, "step": 3}])
+    window = diag._ranks[0].splits.since(T0)
+    if phases(rec) is None:
+        assert window == []
+    else:
+        assert [s[2:] for s in window] == [tuple(phases(rec).values())] * 3  # type: ignore[union-attr]
