@@ -111,7 +111,7 @@ def _trimmed(values: Sequence[float]) -> float:
 def _standard_error(values: Sequence[float]) -> float:
     n = len(values)
     mean = sum(values) / n
-    return (sum((v - mean) ** 2 for v in values) / max(1, n - 1) / n) ** 0.5
+    return (sum([(v - mean) ** 2 for v in values]) / max(1, n - 1) / n) ** 0.5
 
 
 def _window_splits(ranks: dict[int, _Rank], since: float) -> dict[int, dict[str, float]]:
