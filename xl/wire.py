@@ -61,7 +61,7 @@ _decode = _decoder.decode
 # Its scanner alone reads a line that is one JSON value from its first character to its last
 # (every line a client sends), without decode()'s two whitespace matches; any other line goes
 # through decode(), which accepts or rejects it as before.
-_scan = _decoder.scan_once
+_scan = _decoder.scan_once  # type: ignore[attr-defined]  # made by JSONDecoder(), untyped
 # One encoder of each kind, made once: json.dumps with options builds one per call.
 _encode_record = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 _encode_header = json.JSONEncoder(separators=(",", ":")).encode

@@ -191,7 +191,8 @@ class Diagnoser:
     def _ingest_train(self, rank: int, st: _Rank, t: float, rec: dict[str, Any]) -> None:
         step = number(rec.get("step"))
         # xl.figures.phases' rule (all four parts, each a finite number >= 0), as one tuple.
-        d, c, m, o = rec.get("data_s"), rec.get("compute_s"), rec.get("comm_s"), rec.get("other_s")
+        get: Callable[[str], Any] = rec.get
+        d, c, m, o = get("data_s"), get("compute_s"), get("comm_s"), get("other_s")
         if finite(d) and finite(c) and finite(m) and finite(o) and min(d, c, m, o) >= 0:
             st.splits.append((t, steps_of(rec), float(d), float(c), float(m), float(o)))
         if step is not None:
