@@ -80,16 +80,17 @@ class TimedWindow(Generic[_Item]):
 
 
 class RunningMedian:
-    """The last ``maxlen`` values (a rank's step times) and, beside them, the same values sorted:
-    the supervisor's diagnoses read each rank's median every second (the stall rule, the quiet
-    spell), and sorting 200 values of each of thousands of ranks each time was most of their
-    work."""
+    """The last ``maxlen`` values (a rank's step times) and their median, sorted once however
+    many values came since it was last read: the supervisor's diagnoses read each rank's median
+    every second (the quiet spell; the stall rule past its least threshold), while the values
+    come with the collector's records, up to ten a second a rank (sorting them at each of two
+    reads a second was most of the diagnoses' work at thousands of ranks)."""
 
-    __slots__ = ("ordered", "values")
+    __slots__ = ("_ordered", "values")
 
     def __init__(self, maxlen: int = 200) -> None:
         self.values: deque[float] = deque(maxlen=maxlen)
-        self.ordered: list[float] = []
+        self._ordered: list[float] | None = None  # the values sorted; None: changed since
 
     def __bool__(self) -> bool:
         return bool(self.values)
@@ -98,24 +99,14 @@ class RunningMedian:
         return len(self.values)
 
     def append(self, dt: float) -> None:
-        values, ordered = self.values, self.ordered
-        if len(values) == values.maxlen:
-            ordered.remove(values[0])  # one equal to the value leaving: the same sorted list
-        values.append(dt)
-        # Its place by bisection, written out: the bisect module would cost the supervisor's
-        # start a module.
-        lo, hi = 0, len(ordered)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ordered[mid] <= dt:
-                lo = mid + 1
-            else:
-                hi = mid
-        ordered.insert(lo, dt)
+        self.values.append(dt)
+        self._ordered = None
 
     def median(self) -> float:
         """As ``median`` of the values (the same sorted list, the same arithmetic)."""
-        data = self.ordered
+        data = self._ordered
+        if data is None:
+            data = self._ordered = sorted(self.values)
         n = len(data)
         if not n:
             raise ValueError("no median for empty data")
