@@ -11,7 +11,7 @@ result (they must):
   fell behind saw at 4,096 ranks), read whole (``digest.build``);
 - ``tick``: the diagnoser's once-a-second pass (stalls, stragglers) over every rank after 20 s
   of lines, two steps a second with their split, as bench_scale's simulated ranks send, and
-  the quiet spell the supervisor asks for each second;
+  the quiet spell the supervisor asks for each second; again with steps of 2.5 s;
 - ``ingest``: one second of those ranks' train lines into the diagnoser;
 - ``parse``: the collector's check of one second of those lines (``wire.parse_record``);
 - ``dumps``: the client's (and a node's) writing of them (``wire.dumps_record``).
@@ -119,17 +119,20 @@ def _stalled_run(ranks: int) -> Path:
     return run_dir
 
 
-def _fed(module: Any, ranks: int, seconds: int) -> Any:
-    """A diagnoser of ``module`` fed ``seconds`` of every rank's lines (two steps a second)."""
+def _fed(module: Any, ranks: int, seconds: int, step_s: float = 0.5) -> Any:
+    """A diagnoser of ``module`` fed ``seconds`` of every rank's lines (a step each ``step_s``),
+    ticked once a second."""
     th = module.Thresholds(stall_min_s=30, straggler_window_s=10, straggler_sustain=5)
     events: list[dict[str, Any]] = []
     diag = module.Diagnoser(events.append, th)
-    for step in range(1, 2 * seconds + 1):
-        t = T0 + step / 2
+    tick = T0 + 1
+    for step in range(1, int(seconds / step_s) + 1):
+        t = T0 + step * step_s
+        while tick <= t:
+            diag.tick(tick, mono=tick)
+            tick += 1
         for r in range(ranks):
             diag.ingest(r, [_line(r, step, t)])
-        if step % 2 == 0:
-            diag.tick(t, mono=t)
     diag.events = events
     return diag
 
@@ -186,6 +189,27 @@ def main() -> int:
         (
             f"tick + quiet spell, {n} ranks",
             _pairs(pairs, tick("base", old_diagnose), tick("now", diagnose)),
+        )
+    )
+    # Slow steps (2.5 s, as big models take): a tick between two lines of most ranks.
+    slow = {"base": _fed(old_diagnose, n, seconds, 2.5), "now": _fed(diagnose, n, seconds, 2.5)}
+    assert slow["base"].events == slow["now"].events
+    slow_clock = {"base": T0 + seconds, "now": T0 + seconds}
+
+    def slow_tick(which: str, module: Any) -> Callable[[], Any]:
+        def run() -> Any:
+            diag = slow[which]
+            slow_clock[which] += 1
+            t = slow_clock[which]
+            diag.tick(t, mono=t)
+            return module.quiet_spell(diag, t), diag.state()
+
+        return run
+
+    rows.append(
+        (
+            f"tick, {n} ranks, 2.5 s steps",
+            _pairs(pairs, slow_tick("base", old_diagnose), slow_tick("now", diagnose)),
         )
     )
     # The lines of the seconds after the ticks' (every pair its own second), into the diagnosers

@@ -66,6 +66,11 @@ class TimedWindow(Generic[_Item]):
             self._unordered -= 1
         items.append(item)
 
+    @property
+    def ordered(self) -> bool:
+        """Every item kept is in time order (none came before the one before it)."""
+        return not self._unordered
+
     def since(self, t: float) -> list[_Item]:
         """The items at ``t`` or later, in the order they came."""
         if self._unordered:

@@ -86,6 +86,8 @@ class _Rank:
         default_factory=lambda: TimedWindow(512)
     )
     waits: TimedWindow[tuple[float, float]] = field(default_factory=lambda: TimedWindow(4096))
+    # The last window's (first line, last line, per-step phases): the same lines give the same.
+    window: tuple[Any, Any, dict[str, float]] | None = None
     # Latest xl.watch report: (when, seconds the oldest all-reduce bucket has been pending).
     pending: tuple[float, float] | None = None
     alive: bool = True
@@ -127,9 +129,16 @@ def _window_splits(ranks: dict[int, _Rank], since: float) -> dict[int, dict[str,
         recent = st.splits.since(since)
         if len(recent) < 3:
             continue
+        memo = st.window
+        # In time order the window is the newest lines: the same first and last, the same lines
+        # (slow steps, a line every few seconds, leave most ranks' windows as they were).
+        if memo and memo[0] is recent[0] and memo[1] is recent[-1] and st.splits.ordered:
+            out[rank] = memo[2]
+            continue
         cols = list(zip(*recent, strict=True))  # (t, steps, data_s, compute_s, comm_s, other_s)
         out[rank] = {key: _trimmed(cols[2 + i]) for i, key in enumerate(PHASE_KEYS)}
         out[rank]["comm_se_s"] = _standard_error(cols[4])
+        st.window = (recent[0], recent[-1], out[rank])
     return out
 
 

@@ -31,6 +31,7 @@ def _run(
     split: bool = True,
     stops: dict[int, float] | None = None,
     stalls: bool = False,
+    step_s: float = STEP_S,
 ) -> list[dict[str, Any]]:
     """Synchronous steps of every rank, one train line a step (its split when ``split``), the
     diagnoser ticked once a second; ``work``: a rank's (data, compute, other) when not the even
@@ -40,7 +41,7 @@ def _run(
     rng = random.Random(7)
     stops = stops or {}
     t, step, next_tick = T0, 0, T0 + 1
-    even = (0.02, STEP_S - 0.03, 0.01)
+    even = (0.02, step_s - 0.03, 0.01)
     while t < T0 + seconds:
         own = {r: work.get(r, even) for r in range(RANKS)}
         jitter = {r: rng.uniform(0.0, 0.004) for r in range(RANKS)}
@@ -83,6 +84,17 @@ def test_one_straggler_among_4096_synchronised_ranks_is_named_with_its_phase() -
     assert named[0]["phase"] == "data" and named[0]["method"] == "step_phase"
     assert named[0]["victims"] == [r for r in range(RANKS) if r != slow]
     assert named[0]["phase_s"] == pytest.approx(0.2, abs=0.005)
+
+
+def test_slow_steps_of_4096_ranks_name_the_straggler_and_an_even_run_nobody() -> None:
+    """Steps of 2.5 s: a line every few ticks, so most ticks see most ranks' windows as they
+    were (and the diagnoser reuses what it made of them); the verdicts are the same."""
+    slow = 77
+    events = _run({slow: (1.0, 2.5 - 0.03, 0.01)}, seconds=30, step_s=2.5)
+    named = _kinds(events, "straggler")
+    assert [e["rank"] for e in named] == [slow]
+    assert named[0]["phase"] == "data" and named[0]["phase_s"] == pytest.approx(1.0, abs=0.005)
+    assert _kinds(_run({}, seconds=30, step_s=2.5), "straggler") == []
 
 
 def test_an_even_run_of_4096_ranks_names_nobody() -> None:
