@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Any, Generic, TypeVar
 
@@ -38,6 +38,23 @@ def fmean(values: Iterable[float]) -> float:
     if not data:
         raise ValueError("fmean requires at least one data point")
     return math.fsum(data) / len(data)
+
+
+def trimmed_mean(values: Sequence[float]) -> float:
+    """The mean of ``values`` without their highest and lowest tenth, and at least without the
+    highest and the lowest one when there are three or more."""
+    values = sorted(values)
+    cut = max(1, len(values) // 10) if len(values) >= 3 else 0
+    kept = values[cut : len(values) - cut]
+    return sum(kept) / len(kept)
+
+
+def standard_error(values: Sequence[float]) -> float:
+    """The standard error of the mean of ``values`` (their sample standard deviation over the
+    square root of their number; 0 for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    return (sum([(v - mean) ** 2 for v in values]) / max(1, n - 1) / n) ** 0.5
 
 
 _Item = TypeVar("_Item", bound=tuple[Any, ...])

@@ -25,14 +25,22 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from xl import envnames, settings
 from xl.figures import PHASE_KEYS, finite, number, stamp, steps_of
 from xl.launcher.rundir.events import Diagnosis, EventKind
-from xl.stats import RunningMedian, TimedWindow, fmean, median, median_low
+from xl.stats import (
+    RunningMedian,
+    TimedWindow,
+    fmean,
+    median,
+    median_low,
+    standard_error,
+    trimmed_mean,
+)
 
 Emit = Callable[[dict[str, Any]], None]
 # Ticks come once a second; one this much later than the last means this process was paused.
@@ -99,27 +107,12 @@ class _Rank:
     mem_high: bool = False
 
 
-def _trimmed(values: Sequence[float]) -> float:
-    """The mean of ``values`` without their highest and lowest tenth, and at least without the
-    highest and the lowest one: on slow steps (a second or two) the window holds a handful of
-    lines, and one eval loop between epochs, on one rank's side of the window only, would
-    otherwise name it the straggler."""
-    values = sorted(values)
-    cut = max(1, len(values) // 10) if len(values) >= 3 else 0
-    kept = values[cut : len(values) - cut]
-    return sum(kept) / len(kept)
-
-
-def _standard_error(values: Sequence[float]) -> float:
-    n = len(values)
-    mean = sum(values) / n
-    return (sum([(v - mean) ** 2 for v in values]) / max(1, n - 1) / n) ** 0.5
-
-
 def _window_splits(ranks: dict[int, _Rank], since: float) -> dict[int, dict[str, float]]:
     """Each live rank's per-step phases over its window: per phase, the mean of its timed
-    lines since ``since`` with the highest and lowest tenth left out (one odd step, a GC pause
-    or a checkpoint, would move a plain mean for the whole window), and ``comm_se_s``, the
+    lines since ``since`` with the highest and lowest tenth left out, and at least the highest
+    and the lowest one (one odd step, a GC pause, a checkpoint or an eval loop between epochs on
+    one rank's side of the window only, would move a plain mean for the whole window, and on
+    slow steps the window holds a handful of lines), and ``comm_se_s``, the
     standard error of its comm_s there (how much of a difference in waits chance explains);
     ranks with fewer than 3 lines there left out."""
     out: dict[int, dict[str, float]] = {}
@@ -136,8 +129,8 @@ def _window_splits(ranks: dict[int, _Rank], since: float) -> dict[int, dict[str,
             out[rank] = memo[2]
             continue
         cols = list(zip(*recent, strict=True))  # (t, steps, data_s, compute_s, comm_s, other_s)
-        out[rank] = {key: _trimmed(cols[2 + i]) for i, key in enumerate(PHASE_KEYS)}
-        out[rank]["comm_se_s"] = _standard_error(cols[4])
+        out[rank] = {key: trimmed_mean(cols[2 + i]) for i, key in enumerate(PHASE_KEYS)}
+        out[rank]["comm_se_s"] = standard_error(cols[4])
         st.window = (recent[0], recent[-1], out[rank])
     return out
 
@@ -416,12 +409,10 @@ class Stragglers:
             step_ratio=th.step_time_ratio,
         )
         for rank in splits:
-            is_it = blame is not None and blame.rank == rank
-            if is_it:
-                assert blame is not None
+            if blame is not None and blame.rank == rank:
                 self._vote(rank, True, blame.message, **blame.fields())
             else:
-                self._vote(rank, False, str)
+                self._not_it(rank)
 
     def _vote_by_wait(self, waits: dict[int, float]) -> None:
         culprit = min(waits, key=lambda r: waits[r])
@@ -432,10 +423,12 @@ class Stragglers:
             and waits[culprit] <= self.th.straggler_wait_ratio * victims_wait
         )
         for rank in waits:
-            is_it = suspect and rank == culprit
+            if not (suspect and rank == culprit):
+                self._not_it(rank)  # the others' lists below made for the culprit alone
+                continue
             self._vote(
                 rank,
-                is_it,
+                True,
                 lambda r=rank: (  # type: ignore[misc]
                     f"rank {r} is the straggler: it waits {waits[r] * 1000:.0f} ms per step at "
                     f"the all-reduce while the other ranks wait {victims_wait * 1000:.0f} ms for it"
@@ -450,10 +443,12 @@ class Stragglers:
     def _vote_by_step_time(self, steps: dict[int, float]) -> None:
         typical = median_low(list(steps.values()))
         for rank, step_s in steps.items():
-            is_it = typical > 0 and step_s >= self.th.step_time_ratio * typical
+            if not (typical > 0 and step_s >= self.th.step_time_ratio * typical):
+                self._not_it(rank)
+                continue
             self._vote(
                 rank,
-                is_it,
+                True,
                 lambda r=rank, s=step_s: (  # type: ignore[misc]
                     f"rank {r} is the straggler: {s * 1000:.0f} ms per step vs a median of "
                     f"{typical * 1000:.0f} ms ({s / typical:.1f}x)"
@@ -463,6 +458,13 @@ class Stragglers:
                 step_s=round(step_s, 4),
                 median_step_s=round(typical, 4),
             )
+
+    def _not_it(self, rank: int) -> None:
+        """A vote that ``rank`` is not the straggler; nothing to count for a rank with no votes
+        and not named (most ranks, every tick: thousands of calls a second spared)."""
+        st = self._rank(rank)
+        if st.straggle_votes or st.straggler:
+            self._vote(rank, False, str)
 
     def _vote(self, rank: int, is_it: bool, message: Callable[[], str], **extra: Any) -> None:
         st = self._rank(rank)

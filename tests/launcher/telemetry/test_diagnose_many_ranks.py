@@ -112,6 +112,28 @@ def test_a_slow_rank_of_4096_unsynchronised_ones_is_named_by_its_step_time() -> 
     assert named[0]["median_step_s"] == pytest.approx(STEP_S, abs=0.01)
 
 
+@pytest.mark.parametrize("culprit", [None, 2222])
+def test_xl_watch_waits_of_4096_ranks_name_the_one_the_others_wait_for(culprit: int | None) -> None:
+    """Without a step split, xl.watch's waits at the all-reduce: the rank that waits least while
+    the others wait much is named, with every other rank as its victim; even waits, nobody."""
+    events: list[dict[str, Any]] = []
+    diag = Diagnoser(events.append, TH)
+    for second in range(1, 12):
+        t = T0 + second
+        for r in range(RANKS):
+            wait = 0.001 if r == culprit else 0.2 + (r % 5) / 1000
+            diag.ingest(r, [{"t": t, "rank": r, "kind": "sys", "comm_wait_s": wait}])
+        diag.tick(t + 0.5, mono=t + 0.5)
+    named = _kinds(events, "straggler")
+    if culprit is None:
+        assert named == []
+        return
+    assert [e["rank"] for e in named] == [culprit]
+    assert named[0]["method"] == "collective_wait"
+    assert named[0]["victims"] == [r for r in range(RANKS) if r != culprit]
+    assert named[0]["victims_wait_s"] == pytest.approx(0.202, abs=0.001)
+
+
 def test_one_rank_of_4096_that_stops_is_called_stalled_and_no_other() -> None:
     events = _run({}, seconds=14, stops={2048: T0 + 3}, stalls=True)
     stalled = _kinds(events, "stalled")
