@@ -120,11 +120,13 @@ class Digester:
             and len(self._of_rank.get(rank, ())) < _MAX_QUERIES
         ):
             self._of_rank.setdefault(rank, []).append(self._query(e, [rank]))
+            # Kept as it grows (rebuilding it per event cost O(ranks^2) when thousands stall).
+            self._near[rank] = [*self._of_rank[rank], *self._every]
         elif e["kind"] == "restarted" and len(self._every) < _MAX_QUERIES:
-            self._every.append(self._query(e, list(self.spans)))
-        else:
-            return
-        self._near = {r: [*js, *self._every] for r, js in self._of_rank.items()}
+            j = self._query(e, list(self.spans))
+            self._every.append(j)
+            for near in self._near.values():
+                near.append(j)
 
     def _query(self, e: dict[str, Any], ranks: list[int]) -> int:
         """A new moment (the event's); what was read already is its ``before`` where it came
@@ -231,50 +233,46 @@ class Digester:
 
     # ---------------------------------------------------------------- what it comes to
     def _spans(self, end: float) -> tuple[list[timing.Span], list[timing.Span]]:
-        events = self.events
+        # The events each stall's end is looked for in, indexed once: a scan of every event per
+        # stall cost O(ranks^2) when thousands stalled. Only a number can equal a rank.
+        recovered: dict[Any, list[float]] = {}  # rank -> its `recovered` (of a stall) times
+        exited: dict[Any, list[float]] = {}  # rank -> its `rank_exited` times
+        restarted: list[float] = []
+        failed: list[float] = []  # the times of `rank_exited` with an exit code besides 0
+        for f in self.events:
+            kind, who = f["kind"], f.get("rank")
+            numbered = type(who) in (int, float, bool)
+            if kind == "recovered" and f.get("of") == "stalled" and numbered:
+                recovered.setdefault(who, []).append(f["t"])
+            elif kind == "restarted":
+                restarted.append(f["t"])
+            elif kind == "rank_exited":
+                if numbered:
+                    exited.setdefault(who, []).append(f["t"])
+                if f.get("exit_code") not in (0, None):
+                    failed.append(f["t"])
         stalled = []
         for rank, queries in self._of_rank.items():
             for j in queries:
                 # From the rank's last line before the stall was seen (its last progress: the
                 # event's idle_s is rounded) to its first line after (its progress again) or its
-                # end.
+                # end: the earliest of those after it (timing.span_end), so their order is moot.
                 seen = self.queries[j]
                 idle: Any = self.moments[j].get("idle_s")
                 since = self.before[j].get(
                     rank, seen - (idle if _finite(idle) and idle > 0 else 0.0)
                 )
                 ends: list[Any] = [self.after[j].get(rank)]
-                ends += [
-                    f["t"]
-                    for f in events
-                    if f["t"] >= seen
-                    and f["kind"] == "recovered"
-                    and f.get("of") == "stalled"
-                    and f.get("rank") == rank
-                ]
-                ends += [
-                    f["t"]
-                    for f in events
-                    if f["t"] >= seen
-                    and (
-                        f["kind"] == "restarted"
-                        or (f["kind"] == "rank_exited" and f.get("rank") == rank)
-                    )
-                ]
+                for times in (recovered.get(rank, ()), restarted, exited.get(rank, ())):
+                    ends += [t for t in times if t >= seen]
                 stalled.append((since, timing.span_end(since, ends, end)))
         restarts = []
         before = -math.inf
         for j in self._every:
             at = self.queries[j]
-            failed = [
-                f["t"]
-                for f in events
-                if before < f["t"] <= at
-                and f["kind"] == "rank_exited"
-                and f.get("exit_code") not in (0, None)
-            ]
             back = list(self.after[j].values())
-            restarts.append((min(failed, default=at), max(back) if back else end))
+            earliest = min((t for t in failed if before < t <= at), default=at)
+            restarts.append((earliest, max(back) if back else end))
             before = at
         return stalled, restarts
 

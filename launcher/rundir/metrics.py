@@ -40,7 +40,9 @@ class MetricsWriter:
         with self._lock:
             if self._closed:
                 return
-            self._buf += b"\n".join(lines) + b"\n"
+            # Appended in place, the newline after: no copy of the batch made on the way.
+            self._buf += b"\n".join(lines)
+            self._buf += b"\n"
             self.lines_written += len(lines)
             if len(self._buf) > PENDING_CAP:
                 # Keep whole lines: cut at the first newline past the excess.

@@ -60,11 +60,13 @@ def account(m: Moments) -> dict[str, float]:
     restarts = _clip(m.restarts, start, end)
     stalled = _clip(m.stalled, start, end)
     cuts = sorted({start, end, first, last, *(x for s in (*restarts, *stalled) for x in s)})
-    for a, b in pairwise(cuts):
-        mid = (a + b) / 2
-        if _inside(mid, restarts):
+    mids = [(a + b) / 2 for a, b in pairwise(cuts)]
+    in_restarts, in_stalled = _covered(mids, restarts), _covered(mids, stalled)
+    for i, (a, b) in enumerate(pairwise(cuts)):
+        mid = mids[i]
+        if in_restarts[i]:
             part = "restarts_s"
-        elif _inside(mid, stalled):
+        elif in_stalled[i]:
             part = "stalled_s"
         elif mid < first:
             part = "startup_s"
@@ -84,8 +86,21 @@ def _clip(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
     ]
 
 
-def _inside(t: float, spans: list[Span]) -> bool:
-    return any(a <= t <= b for a, b in spans)
+def _covered(mids: list[float], spans: list[Span]) -> list[bool]:
+    """For each of ``mids`` (ascending), whether a span holds it (its ends included): a span
+    holds ``t`` exactly when the latest end of the spans begun by ``t`` is ``t`` or later. One
+    sweep, not a look at every span per point (thousands of ranks stalled made that
+    O(ranks^2))."""
+    starts = sorted(spans)
+    latest = -math.inf  # the latest end of the spans begun so far
+    out = []
+    i = 0
+    for t in mids:
+        while i < len(starts) and starts[i][0] <= t:
+            latest = max(latest, starts[i][1])
+            i += 1
+        out.append(latest >= t)
+    return out
 
 
 def _rounded(parts: dict[str, float]) -> dict[str, float]:

@@ -25,15 +25,22 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from xl import envnames, settings
-from xl.figures import PHASE_KEYS, decode, number, phases, steps_of
+from xl.figures import PHASE_KEYS, finite, number, stamp, steps_of
 from xl.launcher.rundir.events import Diagnosis, EventKind
-from xl.stats import fmean, median, median_low
+from xl.stats import (
+    RunningMedian,
+    TimedWindow,
+    fmean,
+    median,
+    median_low,
+    standard_error,
+    trimmed_mean,
+)
 
 Emit = Callable[[dict[str, Any]], None]
 # Ticks come once a second; one this much later than the last means this process was paused.
@@ -80,13 +87,15 @@ class _Rank:
     last_step: float | None = None
     last_step_t: float | None = None
     last_progress_t: float | None = None
-    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    step_times: RunningMedian = field(default_factory=RunningMedian)
     # Timed steps (train lines with the split): (t, steps, data_s, compute_s, comm_s, other_s); at
     # most ~10 lines a second come, so 512 cover the window (10 s) five times over.
-    splits: deque[tuple[float, int, float, float, float, float]] = field(
-        default_factory=lambda: deque(maxlen=512)
+    splits: TimedWindow[tuple[float, int, float, float, float, float]] = field(
+        default_factory=lambda: TimedWindow(512)
     )
-    waits: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=4096))
+    waits: TimedWindow[tuple[float, float]] = field(default_factory=lambda: TimedWindow(4096))
+    # The last window's (first line, last line, per-step phases): the same lines give the same.
+    window: tuple[Any, Any, dict[str, float]] | None = None
     # Latest xl.watch report: (when, seconds the oldest all-reduce bucket has been pending).
     pending: tuple[float, float] | None = None
     alive: bool = True
@@ -98,38 +107,31 @@ class _Rank:
     mem_high: bool = False
 
 
-def _trimmed(values: list[float]) -> float:
-    """The mean of ``values`` without their highest and lowest tenth, and at least without the
-    highest and the lowest one: on slow steps (a second or two) the window holds a handful of
-    lines, and one eval loop between epochs, on one rank's side of the window only, would
-    otherwise name it the straggler."""
-    values = sorted(values)
-    cut = max(1, len(values) // 10) if len(values) >= 3 else 0
-    kept = values[cut : len(values) - cut]
-    return sum(kept) / len(kept)
-
-
-def _standard_error(values: list[float]) -> float:
-    n = len(values)
-    mean = sum(values) / n
-    return (sum((v - mean) ** 2 for v in values) / max(1, n - 1) / n) ** 0.5
-
-
 def _window_splits(ranks: dict[int, _Rank], since: float) -> dict[int, dict[str, float]]:
     """Each live rank's per-step phases over its window: per phase, the mean of its timed
-    lines since ``since`` with the highest and lowest tenth left out (one odd step, a GC pause
-    or a checkpoint, would move a plain mean for the whole window), and ``comm_se_s``, the
+    lines since ``since`` with the highest and lowest tenth left out, and at least the highest
+    and the lowest one (one odd step, a GC pause, a checkpoint or an eval loop between epochs on
+    one rank's side of the window only, would move a plain mean for the whole window, and on
+    slow steps the window holds a handful of lines), and ``comm_se_s``, the
     standard error of its comm_s there (how much of a difference in waits chance explains);
     ranks with fewer than 3 lines there left out."""
     out: dict[int, dict[str, float]] = {}
     for rank, st in ranks.items():
         if not st.alive or st.stalled:
             continue
-        recent = [s for s in st.splits if s[0] >= since]
+        recent = st.splits.since(since)
         if len(recent) < 3:
             continue
-        out[rank] = {key: _trimmed([s[2 + i] for s in recent]) for i, key in enumerate(PHASE_KEYS)}
-        out[rank]["comm_se_s"] = _standard_error([s[4] for s in recent])
+        memo = st.window
+        # In time order the window is the newest lines: the same first and last, the same lines
+        # (slow steps, a line every few seconds, leave most ranks' windows as they were).
+        if memo and memo[0] is recent[0] and memo[1] is recent[-1] and st.splits.ordered:
+            out[rank] = memo[2]
+            continue
+        cols = list(zip(*recent, strict=True))  # (t, steps, data_s, compute_s, comm_s, other_s)
+        out[rank] = {key: trimmed_mean(cols[2 + i]) for i, key in enumerate(PHASE_KEYS)}
+        out[rank]["comm_se_s"] = standard_error(cols[4])
+        st.window = (recent[0], recent[-1], out[rank])
     return out
 
 
@@ -178,19 +180,23 @@ class Diagnoser:
         with self._lock:
             st = self._rank(rank)
             for rec in records:
-                line = decode(rec)
-                if line is None:
+                # xl.figures.stamp: the rule of decode() for a line, without decoding every
+                # figure of it (none but the few read below are used here).
+                head = stamp(rec)
+                if head is None:
                     continue
-                if line.kind == "sys":
-                    self._ingest_sys(rank, st, line.t, rec)
+                if rec.get("kind") == "sys":
+                    self._ingest_sys(rank, st, head[1], rec)
                 else:
-                    self._ingest_train(rank, st, line.t, rec)
+                    self._ingest_train(rank, st, head[1], rec)
 
     def _ingest_train(self, rank: int, st: _Rank, t: float, rec: dict[str, Any]) -> None:
         step = number(rec.get("step"))
-        split = phases(rec)
-        if split is not None:
-            st.splits.append((t, steps_of(rec), *split.values()))  # type: ignore[arg-type]
+        # xl.figures.phases' rule (all four parts, each a finite number >= 0), as one tuple.
+        get: Callable[[str], Any] = rec.get
+        d, c, m, o = get("data_s"), get("compute_s"), get("comm_s"), get("other_s")
+        if finite(d) and finite(c) and finite(m) and finite(o) and min(d, c, m, o) >= 0:
+            st.splits.append((t, steps_of(rec), float(d), float(c), float(m), float(o)))
         if step is not None:
             if st.last_step is None or step != st.last_step:
                 if st.last_step is not None and st.last_step_t is not None and step > st.last_step:
@@ -297,10 +303,13 @@ class Diagnoser:
             if not st.alive or st.stalled or st.last_progress_t is None:
                 continue
             limit = self.th.stall_min_s
+            quiet = now - max(st.last_progress_t, self._thawed_at or 0.0)
+            if quiet <= limit:
+                continue  # within the least threshold: no need of the rank's median step
             if st.step_times:
-                limit = max(limit, self.th.stall_factor * median(st.step_times))
+                limit = max(limit, self.th.stall_factor * st.step_times.median())
             idle = now - st.last_progress_t
-            if now - max(st.last_progress_t, self._thawed_at or 0.0) <= limit:
+            if quiet <= limit:
                 continue
             st.stalled = True
             if waiting is None:
@@ -375,7 +384,7 @@ class Stragglers:
             return
         waits: dict[int, float] = {}
         for rank, st in self._ranks.items():
-            recent = [w for t, w in st.waits if t >= since]
+            recent = [w for _, w in st.waits.since(since)]
             if st.alive and recent:
                 waits[rank] = fmean(recent)
         if len(waits) >= 2:
@@ -384,7 +393,7 @@ class Stragglers:
         steps: dict[int, float] = {}
         for rank, st in self._ranks.items():
             if st.alive and not st.stalled and len(st.step_times) >= 3:
-                steps[rank] = median(list(st.step_times)[-20:])
+                steps[rank] = median(st.step_times.last(20))
         if len(steps) >= 2:
             self._vote_by_step_time(steps)
 
@@ -400,12 +409,10 @@ class Stragglers:
             step_ratio=th.step_time_ratio,
         )
         for rank in splits:
-            is_it = blame is not None and blame.rank == rank
-            if is_it:
-                assert blame is not None
+            if blame is not None and blame.rank == rank:
                 self._vote(rank, True, blame.message, **blame.fields())
             else:
-                self._vote(rank, False, str)
+                self._not_it(rank)
 
     def _vote_by_wait(self, waits: dict[int, float]) -> None:
         culprit = min(waits, key=lambda r: waits[r])
@@ -416,10 +423,12 @@ class Stragglers:
             and waits[culprit] <= self.th.straggler_wait_ratio * victims_wait
         )
         for rank in waits:
-            is_it = suspect and rank == culprit
+            if not (suspect and rank == culprit):
+                self._not_it(rank)  # the others' lists below made for the culprit alone
+                continue
             self._vote(
                 rank,
-                is_it,
+                True,
                 lambda r=rank: (  # type: ignore[misc]
                     f"rank {r} is the straggler: it waits {waits[r] * 1000:.0f} ms per step at "
                     f"the all-reduce while the other ranks wait {victims_wait * 1000:.0f} ms for it"
@@ -434,10 +443,12 @@ class Stragglers:
     def _vote_by_step_time(self, steps: dict[int, float]) -> None:
         typical = median_low(list(steps.values()))
         for rank, step_s in steps.items():
-            is_it = typical > 0 and step_s >= self.th.step_time_ratio * typical
+            if not (typical > 0 and step_s >= self.th.step_time_ratio * typical):
+                self._not_it(rank)
+                continue
             self._vote(
                 rank,
-                is_it,
+                True,
                 lambda r=rank, s=step_s: (  # type: ignore[misc]
                     f"rank {r} is the straggler: {s * 1000:.0f} ms per step vs a median of "
                     f"{typical * 1000:.0f} ms ({s / typical:.1f}x)"
@@ -447,6 +458,13 @@ class Stragglers:
                 step_s=round(step_s, 4),
                 median_step_s=round(typical, 4),
             )
+
+    def _not_it(self, rank: int) -> None:
+        """A vote that ``rank`` is not the straggler; nothing to count for a rank with no votes
+        and not named (most ranks, every tick: thousands of calls a second spared)."""
+        st = self._rank(rank)
+        if st.straggle_votes or st.straggler:
+            self._vote(rank, False, str)
 
     def _vote(self, rank: int, is_it: bool, message: Callable[[], str], **extra: Any) -> None:
         st = self._rank(rank)
@@ -474,6 +492,6 @@ def quiet_spell(d: Diagnoser, now: float | None = None) -> tuple[float | None, f
     now = time.time() if now is None else now
     with d._lock:
         live = [st for st in d._ranks.values() if st.alive and st.last_progress_t is not None]
-        step = max((median(st.step_times) for st in live if st.step_times), default=0.0)
+        step = max((st.step_times.median() for st in live if st.step_times), default=0.0)
         idle = max(0.0, now - max(st.last_progress_t or 0.0 for st in live)) if live else None
     return idle, max(d.th.mismatch_after_s, d.th.mismatch_steps * step)

@@ -212,16 +212,36 @@ class HangCapture:
         self._emit(Hang(doc["t"], rank, culprits, said, doc["file"], working).to_json())
 
     def _send(self, events: list[dict[str, Any]], doc: dict[str, Any] | None) -> None:
+        # Each event's rank found in one index, not by a scan of the capture's entries per event
+        # (O(ranks^2) when thousands stall at once).
+        entries = _by_rank(doc) if doc is not None else {}
         for event in events:
-            self._emit(reword(event, doc) if doc is not None else event)
+            self._emit(reword(event, doc, entries) if doc is not None else event)
 
 
-def reword(event: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+def _by_rank(doc: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+    """The capture's entries by rank, the first of each rank's kept (as a scan would find)."""
+    out: dict[Any, dict[str, Any]] = {}
+    for e in doc.get("ranks") or []:
+        rank = e.get("rank")
+        if type(rank) in (int, float, bool):  # what can equal an event's rank
+            out.setdefault(rank, e)
+    return out
+
+
+def reword(
+    event: dict[str, Any],
+    doc: dict[str, Any],
+    entries: dict[Any, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """A stalled event told with the hang's verdict: the culprit stalled, the others waiting on
-    it."""
+    it. ``entries``: the capture's entries by rank (``_by_rank``), when the caller has them."""
     rank = event.get("rank")
     culprits = list((doc.get("verdict") or {}).get("ranks") or [])
-    entry = next((e for e in doc.get("ranks") or [] if e.get("rank") == rank), None)
+    if entries is not None and type(rank) is int:
+        entry = entries.get(rank)
+    else:
+        entry = next((e for e in doc.get("ranks") or [] if e.get("rank") == rank), None)
     if entry is None or entry.get("error") or not culprits:
         return event
     out = dict(event)

@@ -318,8 +318,15 @@ def _crossed(answered: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     }
     pos = {r: position(e) for r, e in answered.items() if _in_distributed(e)}
     blocked = sorted((r, p.waiting) for r, p in pos.items() if p.waiting is not None)
+    # Only a rank blocked in another group that x uses can be its pair: found through the
+    # groups, not by a look at every later rank (thousands blocked in one all-reduce made that
+    # O(ranks^2)); the pairs are looked at in the same order, so the same pair is named.
+    by_group: dict[Any, list[int]] = {}
+    for j, (_, (pg, _, _)) in enumerate(blocked):
+        by_group.setdefault(pg, []).append(j)
     for i, (x, (pg_x, seq_x, op_x)) in enumerate(blocked):
-        for y, (pg_y, seq_y, op_y) in blocked[i + 1 :]:
+        later = sorted(j for g in groups[x] if g != pg_x for j in by_group.get(g, ()) if j > i)
+        for y, (pg_y, seq_y, op_y) in (blocked[j] for j in later):
             if pg_x == pg_y or pg_y not in groups[x] or pg_x not in groups[y]:
                 continue
             if pos[x].done.get(pg_y, -1) >= seq_y or pos[y].done.get(pg_x, -1) >= seq_x:
