@@ -11,6 +11,8 @@ A node frame is a wire frame whose header names the node instead of a rank
     failure  {"failure": {...}, "at": t}      its root cause, and when it happened
     end      {"status", "failure", "at"}      its run ended
     rec      {"rank", "line"}                 a metrics.jsonl line it sampled
+    train    {"rows": [{...}, ...]}           its ranks' train lines of the last second, one row a
+                                              rank standing for its ``steps`` (multinode.summary)
     stacks   {"id", "ranks": [...]}           its ranks' entries of the stacks document, answering
                                               node 0's ``{"stacks": {"id", "rank", "timeout"}}``
 
@@ -32,9 +34,12 @@ from xl.launcher.rundir.record import is_final
 FORWARDED_EVENTS = frozenset(
     {"run_started", "rank_started", "rank_exited", "stop_requested", "run_ended", "exit_barrier"}
 )
-MESSAGE_TYPES = frozenset({"ranks", "log", "event", "failure", "end", "rec", "stacks"})
+MESSAGE_TYPES = frozenset(
+    {"ranks", "log", "event", "failure", "end", "rec", "stacks", "train"}
+)
 MAX_RANKS = 1 << 16
 MAX_LOG_CHUNK = 16 << 10
+MAX_TRAIN_ROWS = 256  # rows of one train message (summary.ROWS_PER_MESSAGE)
 _MAX_TEXT = 64 << 10  # a traceback
 _MAX_FIELD_TEXT = 4096  # any other text of an event, rank or failure
 _CLIPPED = "[...]"
@@ -107,6 +112,11 @@ def check_message(obj: object) -> dict[str, Any]:
         line = obj.get("line")
         if type(line) is not str or len(line) > wire.MAX_RECORD:
             raise wire.FrameError("record_too_large")
+    elif kind == "train":
+        # each row is checked as a rank's record is (wire.parse_record) where it is stored
+        rows = _list(obj.get("rows"), MAX_TRAIN_ROWS)
+        if not all(type(row) is dict and row.get("kind") == "train" for row in rows):
+            raise wire.FrameError("bad_kind")
     elif kind == "event":
         event = _check_fields(obj.get("event"))
         if event.get("kind") not in FORWARDED_EVENTS:

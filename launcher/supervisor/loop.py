@@ -159,7 +159,8 @@ class Supervisor:
         _debug("after telemetry")
         env.update({envnames.RUN_ID: self.run_id, envnames.RUN_DIR: str(self.run_dir),
                     envnames.SUPERVISOR_PID: str(os.getpid())})
-        env.update(self.nodes.ranks_env(str(self.record.spec.get("rdzv") or ""), self._stop_came))
+        rdzv = str(self.record.spec.get("rdzv") or "")
+        env.update(self.nodes.ranks_env(rdzv, self._stop_came, self.port))
         if self._stopped_before_start():  # asked while telemetry started, or node 0 was awaited
             return
         # The record's command as it is (a broken one fails here as it always did: test_resilience),

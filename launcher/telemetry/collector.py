@@ -9,9 +9,9 @@ or spooled by the client, and a frame whose sequence number this rank process al
 is acked without being stored again (nothing lost, nothing twice).
 
 On node 0 of a multi-node run it also takes node frames from the other nodes' supervisors
-(xl.launcher.multinode.nodelink): their sampled records are stored here like a rank's, the rest
-goes to
-``on_node`` for the supervisor, and ``stop_nodes`` tells every node to end its part of the run.
+(xl.launcher.multinode.nodelink): their sampled records and their ranks' summary rows
+(``train``) are stored here like a rank's records, the rest goes to ``on_node`` for the
+supervisor, and ``stop_nodes`` tells every node to end its part of the run.
 A node link whose handshake proves a wrong token (a node started with a mistyped XL_TOKEN) is
 answered REFUSED, so that node can say why and stop; ``on_node`` gets ``[{"type": "refused",
 ...}]`` for it, with the node number it claimed and the address the kernel gave, never text of
@@ -30,6 +30,7 @@ import json
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,26 @@ __all__ = ["ACK", "IDLE_S", "Collector", "PeerInfo"]
 
 # Rank processes whose last stored sequence number is kept (for resent frames); the oldest go.
 MAX_SEQ_KEYS = 1 << 16
+
+
+def checked_rows(
+    rows: list[dict[str, Any]], rejects: Counter[str]
+) -> list[tuple[int, bytes, dict[str, Any]]]:
+    """Another node's summary rows (a ``train`` message): each one a metrics.jsonl train line,
+    checked as a rank's line is; a bad row is counted in ``rejects`` and the others kept."""
+    out = []
+    for row in rows:
+        try:
+            rank = row.get("rank")
+            if type(rank) is not int:
+                raise wire.FrameError("bad_rank")
+            line = json.dumps(row, separators=(",", ":"), allow_nan=False).encode()
+            out.append((rank, line, wire.parse_record(line, rank)))
+        except wire.FrameError as exc:
+            rejects[exc.reason] += 1
+        except (ValueError, TypeError):
+            rejects["bad_value"] += 1
+    return out
 
 
 @dataclass
@@ -130,6 +151,7 @@ class Collector(FrameServer):
             "frames": self.frames,
             "records": self.records,
             "node_frames": self.node_frames,
+            "rank_peers": len(self.peers),
             "duplicate_frames": self.duplicates,
             "rejects": dict(self.rejects),
         }
@@ -254,11 +276,11 @@ class Collector(FrameServer):
                         continue
                     if msg["type"] == "rec":
                         line = msg["line"].encode()
-                        rec = wire.parse_record(line, msg["rank"])
-                        lines.append(line)
-                        self.records += 1
-                        if self._on_records is not None:
-                            self._on_records(msg["rank"], [rec])
+                        rank = msg["rank"]
+                        self._node_records([(rank, line, wire.parse_record(line, rank))], lines)
+                        continue
+                    if msg["type"] == "train":
+                        self._node_records(checked_rows(msg["rows"], self.rejects), lines)
                         continue
                 except wire.FrameError as exc:
                     self.rejects[exc.reason] += 1
@@ -277,6 +299,16 @@ class Collector(FrameServer):
             conn.stop_sent = True
             conn.out += reply({"stop": self._node_stop})
         self._flush_out(conn)
+
+    def _node_records(
+        self, checked: list[tuple[int, bytes, dict[str, Any]]], lines: list[bytes]
+    ) -> None:
+        """Metrics lines another node sent, checked as a rank's: stored and diagnosed here."""
+        for rank, line, rec in checked:
+            lines.append(line)
+            self.records += 1
+            if self._on_records is not None:
+                self._on_records(rank, [rec])
 
     def stop_nodes(self, stop: dict[str, Any]) -> None:
         """Tell every node (connected now or later) to end its part of the run; any thread."""
