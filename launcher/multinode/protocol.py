@@ -15,8 +15,13 @@ A node frame is a wire frame whose header names the node instead of a rank
                                               rank standing for its ``steps`` (multinode.summary)
     stacks   {"id", "ranks": [...]}           its ranks' entries of the stacks document, answering
                                               node 0's ``{"stacks": {"id", "rank", "timeout"}}``
+    logs     {"id", "rank", "offset", "data", "size"}
+                                              a piece of a rank's output file (up to MAX_LOGS_DATA
+                                              from ``offset``; ``size`` the file's), answering
+                                              node 0's ``{"logs": {"id", "rank", "offset"}}``
 
-Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"stacks": {...}}``). The
+Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"stacks": {...}}``,
+``{"logs": {...}}``). The
 sending side is xl.launcher.multinode.nodelink; the receiving side is the collector
 (xl.launcher.telemetry.collector), which calls check_message on every body line. """
 
@@ -35,10 +40,13 @@ FORWARDED_EVENTS = frozenset(
     {"run_started", "rank_started", "rank_exited", "stop_requested", "run_ended", "exit_barrier"}
 )
 MESSAGE_TYPES = frozenset(
-    {"ranks", "log", "event", "failure", "end", "rec", "stacks", "train"}
+    {"ranks", "log", "event", "failure", "end", "rec", "stacks", "train", "logs"}
 )
 MAX_RANKS = 1 << 16
 MAX_LOG_CHUNK = 16 << 10
+# A piece of a rank's output that node 0 asked for (``xl logs`` there): its bytes as text, escaped
+# where they are not UTF-8, so one JSON line stays well within a frame.
+MAX_LOGS_DATA = 64 << 10
 MAX_TRAIN_ROWS = 256  # rows of one train message (summary.ROWS_PER_MESSAGE)
 _MAX_TEXT = 64 << 10  # a traceback
 _MAX_FIELD_TEXT = 4096  # any other text of an event, rank or failure
@@ -129,6 +137,8 @@ def check_message(obj: object) -> dict[str, Any]:
             _rank(_check_fields(info).get("rank"))
     elif kind == "stacks":
         _check_stacks(obj)
+    elif kind == "logs":
+        _check_logs(obj)
     elif kind == "failure":
         _check_failure(obj.get("failure"))
         _time(obj.get("at"))
@@ -170,6 +180,19 @@ def _list(value: Any, cap: int) -> list[Any]:
     if type(value) is not list or len(value) > cap:
         raise wire.FrameError("bad_node_message")
     return value
+
+
+def _check_logs(obj: dict[str, Any]) -> None:
+    """A node's answer to a logs request: a piece of one rank's output file."""
+    ident, data = obj.get("id"), obj.get("data")
+    if type(ident) is not str or not 0 < len(ident) <= MAX_STACKS_ID:
+        raise wire.FrameError("bad_value")
+    _rank(obj.get("rank"))
+    if data is not None and (type(data) is not str or len(data) > MAX_LOGS_DATA):
+        raise wire.FrameError("bad_value")
+    for key in ("offset", "size"):
+        if type(obj.get(key)) is not int or not 0 <= obj[key] < 1 << 62:
+            raise wire.FrameError("bad_value")
 
 
 def _check_stacks(obj: dict[str, Any]) -> None:

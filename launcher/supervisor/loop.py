@@ -122,10 +122,11 @@ class Supervisor:
         self.port = TelemetryPort(self.token)
         self.journal = Journal(run_dir, record, link)  # node > 0: every record goes to node 0 too
         self.ranks = Ranks(run_dir, record)
-        # Every line goes to telemetry's parser (nothing while it is not running); a node > 0's
-        # output also goes to node 0 (nothing without a link).
+        # Every line goes to telemetry's parser (nothing while it is not running). A node > 0's
+        # output stays in its run dir: node 0 asks for it (xl logs there) and takes its ranks'
+        # last lines as each exits (Follower.send_tails).
         self.sink = LogSink(run_dir, self.journal.write_failed, on_line=self.port.feed_log_line,
-                            forward=self.journal.send_log, wants=self.port.wants_lines)
+                            wants=self.port.wants_lines)
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
         # reads the run as it goes, from torchrun's start: its end reads only the rest
         self.digester: Digester | None = None

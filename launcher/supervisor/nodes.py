@@ -154,11 +154,12 @@ class Nodes:
             self.hub.settle(status)
 
     def end(self, status: RunStatus, cause: RootCause) -> None:
-        """Node > 0: node 0 hears this node's end (with its own failure), and takes its last
-        records within _LINK_CLOSE_S."""
+        """Node > 0: node 0 hears this node's end (with its own failure, after the last lines of
+        its ranks' output), and takes its last records within _LINK_CLOSE_S."""
         if self.follower is None:
             return
         link = self.follower.link
+        self.follower.send_tails()
         failure = None if cause.remote else cause.to_json()
         link.send(
             {

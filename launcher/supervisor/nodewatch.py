@@ -76,8 +76,8 @@ def supervisor_gone_message(node: int, host: str, closed: bool, ranks: list[int]
     which = ", ".join(map(str, ranks)) or "?"
     return (
         f"node {node} ({host or '?'}): its supervisor {how}, but its rank(s) {which} still send: "
-        "training goes on (their metrics still come here; their output from now on is in "
-        f"node {node}'s own run dir)"
+        "training goes on (their metrics still come here; their output is in "
+        f"node {node}'s own run dir, and its last lines no longer come here at the end)"
     )
 
 

@@ -18,9 +18,9 @@ answered REFUSED, so that node can say why and stop; ``on_node`` gets ``[{"type"
 its own. A node's ``host`` (from a peer that proved the token) is recorded with its control
 characters drawn (xl.textsafe).
 
-``ask_nodes`` asks every connected node for its ranks' stacks (``{"stacks": {...}}`` in a reply
-frame) and waits for their ``stacks`` messages until a deadline; node 0's ``xl stacks`` and hang
-capture reach it through the door of xl.launcher.telemetry.nodestacks, opened here.
+``ask_nodes`` asks every connected node for its ranks' stacks, ``ask_logs`` one node for a piece
+of a rank's output (``NodeAsks``); node 0's ``xl stacks``, ``xl logs`` and hang
+capture reach them through the door of xl.launcher.telemetry.nodestacks, opened here.
 """
 
 from __future__ import annotations
@@ -68,14 +68,95 @@ def checked_rows(
     return out
 
 
-@dataclass
-class _StacksAsk:
-    """One stacks request to the other nodes: who was asked, what came back."""
+# The node gets a little less time than its requester, for the answer to travel.
+_TRAVEL_S = 0.7
 
+
+@dataclass
+class _Ask:
+    """One request to the other nodes: who was asked, what came back."""
+
+    what: str  # "stacks" or "logs"
     ask: dict[str, Any]
+    node: int | None = None  # None: every node
     asked: set[int] | None = None  # set by the collector's thread once it is sent
-    answers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    answers: dict[int, dict[str, Any]] = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
+
+
+class NodeAsks(FrameServer):
+    """Node 0 asking the other nodes over their links: their ranks' stacks, a piece of a rank's
+    output. A request goes out as a reply frame on the nodes' links, the nodes
+    answer with ``stacks`` / ``logs`` messages (xl.launcher.multinode.protocol), which
+    ``_node_frame`` hands to ``_answered``; the asking thread waits until every node asked has
+    answered or its deadline passed."""
+
+    def _asks_init(self) -> None:
+        self._asks_lock = threading.Lock()
+        self._asks: dict[str, _Ask] = {}
+
+    def _ask(
+        self, what: str, body: dict[str, Any], node: int | None, timeout: float
+    ) -> tuple[dict[int, dict[str, Any]], list[int]]:
+        # a request's name, no secret: secrets' imports cost the supervisor's start ~5 ms
+        ident = os.urandom(8).hex()
+        deadline = time.monotonic() + timeout
+        ask = _Ask(what, {"id": ident, **body}, node)
+        with self._asks_lock:
+            self._asks[ident] = ask
+        self._wake(b"s")
+        try:
+            ask.done.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._asks_lock:
+                self._asks.pop(ident, None)
+                answers, asked = dict(ask.answers), sorted(ask.asked or ())
+        return answers, asked
+
+    def ask_nodes(self, rank: int | None, timeout: float) -> tuple[list[dict[str, Any]], list[int]]:
+        """Every connected node's answer to a stacks request within ``timeout`` (any thread): the
+        entries, and the nodes asked."""
+        body = {"rank": rank, "timeout": round(max(0.2, timeout - _TRAVEL_S), 2)}
+        answers, asked = self._ask("stacks", body, None, timeout)
+        entries = [
+            {**e, "node_rank": node} for node in sorted(answers) for e in answers[node]["ranks"]
+        ]
+        return entries, asked
+
+    def ask_logs(self, rank: int, node: int, offset: int, timeout: float) -> dict[str, Any] | None:
+        """A piece of ``rank``'s output from ``node`` (its ``logs`` message: ``data`` from
+        ``offset``, ``size``), or None when that node is not connected or did not answer in
+        time (any thread)."""
+        answers, _ = self._ask("logs", {"rank": rank, "offset": offset}, node, timeout)
+        return answers.get(node)
+
+    def _deliver_asks(self) -> None:
+        if not self._asks:
+            return
+        with self._asks_lock:
+            fresh = [a for a in self._asks.values() if a.asked is None]
+        for a in fresh:
+            nodes: set[int] = set()
+            for conn in self._conns():
+                if conn.node is not None and a.node in (None, conn.node):
+                    nodes.add(conn.node)
+                    conn.out += reply({a.what: a.ask})
+                    self._flush_out(conn)
+            with self._asks_lock:
+                a.asked = nodes  # answers are read on this thread too: none came in meanwhile
+            if not nodes:
+                a.done.set()  # no node to ask
+
+    def _answered(self, node: int, msg: dict[str, Any]) -> None:
+        with self._asks_lock:
+            ask = self._asks.get(msg["id"])
+            if ask is None or ask.asked is None or node not in ask.asked:
+                return  # too late, or not asked
+            if msg["type"] != ask.what or (ask.what == "logs" and msg["rank"] != ask.ask["rank"]):
+                return
+            ask.answers[node] = msg
+            if set(ask.answers) >= ask.asked:
+                ask.done.set()
 
 
 @dataclass
@@ -87,7 +168,7 @@ class PeerInfo:
     cuda: dict[str, float] | None = None
 
 
-class Collector(FrameServer):
+class Collector(NodeAsks):
     """Receive frames on ``host:port`` and append good records through ``writer``.
 
     ``on_records(rank, records)`` gets the parsed records of each frame (for diagnoses);
@@ -125,14 +206,13 @@ class Collector(FrameServer):
         self.records = 0
         self.peers: dict[int, PeerInfo] = {}
         self.train_ranks: set[int] = set()
-        self._stacks_lock = threading.Lock()
-        self._stacks_asks: dict[str, _StacksAsk] = {}
+        self._asks_init()
         self._door: Door | None = None
 
     def start(self) -> None:
         super().start()
         if self._on_node is not None:  # node 0 of several: its other nodes' stacks
-            door = Door(self.writer.path.parent, self.ask_nodes)
+            door = Door(self.writer.path.parent, self.ask_nodes, self.ask_logs)
             try:
                 door.open()
             except OSError:
@@ -271,8 +351,8 @@ class Collector(FrameServer):
             for raw in body:
                 try:
                     msg = check_message(json.loads(raw))
-                    if msg["type"] == "stacks":
-                        self._stacks_answer(header.node, msg)
+                    if msg["type"] in ("stacks", "logs"):
+                        self._answered(header.node, msg)
                         continue
                     if msg["type"] == "rec":
                         line = msg["line"].encode()
@@ -320,54 +400,7 @@ class Collector(FrameServer):
     def _tick_done(self) -> None:
         if self._node_stop is not None:
             self._deliver_stop()
-        if self._stacks_asks:
-            self._deliver_stacks()
-
-    # -- other nodes' stacks --------------------------------------------------------------------
-
-    def ask_nodes(self, rank: int | None, timeout: float) -> tuple[list[dict[str, Any]], list[int]]:
-        """Every connected node's answer to a stacks request within ``timeout`` (any thread): the
-        entries, and the nodes asked. The node gets a little less time than its requester, for
-        the answer to travel."""
-        ident = os.urandom(
-            8
-        ).hex()  # a request's name, no secret: secrets' imports cost the supervisor's start ~5 ms
-        deadline = time.monotonic() + timeout
-        ask = _StacksAsk({"id": ident, "rank": rank, "timeout": round(max(0.2, timeout - 0.7), 2)})
-        with self._stacks_lock:
-            self._stacks_asks[ident] = ask
-        self._wake(b"s")
-        try:
-            ask.done.wait(max(0.0, deadline - time.monotonic()))
-        finally:
-            with self._stacks_lock:
-                self._stacks_asks.pop(ident, None)
-                answers, asked = dict(ask.answers), sorted(ask.asked or ())
-        return [e for node in sorted(answers) for e in answers[node]], asked
-
-    def _deliver_stacks(self) -> None:
-        with self._stacks_lock:
-            fresh = [a for a in self._stacks_asks.values() if a.asked is None]
-        for a in fresh:
-            nodes: set[int] = set()
-            for conn in self._conns():
-                if conn.node is not None:
-                    nodes.add(conn.node)
-                    conn.out += reply({"stacks": a.ask})
-                    self._flush_out(conn)
-            with self._stacks_lock:
-                a.asked = nodes  # answers are read on this thread too: none came in meanwhile
-            if not nodes:
-                a.done.set()  # no node to ask
-
-    def _stacks_answer(self, node: int, msg: dict[str, Any]) -> None:
-        with self._stacks_lock:
-            ask = self._stacks_asks.get(msg["id"])
-            if ask is None or ask.asked is None or node not in ask.asked:
-                return  # too late, or not asked
-            ask.answers[node] = [{**e, "node_rank": node} for e in msg["ranks"]]
-            if set(ask.answers) >= ask.asked:
-                ask.done.set()
+        self._deliver_asks()
 
     def _deliver_stop(self) -> None:
         for conn in self._conns():

@@ -252,7 +252,10 @@ class Telemetry:
         if records and self.writer is not None:
             self.writer.write_lines([wire.dumps_record(rec) for rec in records])
             for rec in records:
-                self.diagnoser.ingest(rec["rank"], [rec])
+                if self.summary is not None:
+                    self.summary.add(rec["rank"], [rec])  # node 0 diagnoses them
+                else:
+                    self.diagnoser.ingest(rec["rank"], [rec])
 
     def stop_nodes(self, stop: dict[str, Any]) -> None:
         """Node 0: tell every other node to end its part of the run."""

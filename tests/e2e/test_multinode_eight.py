@@ -3,8 +3,9 @@ one XL_TOKEN), 32 gloo ranks in one world.
 
 Each node's ranks send their metrics to their own node's supervisor, which sends node 0 a
 summary over its link: node 0 holds no connection of another node's rank, and still shows every
-rank's figures (checked against the losses each rank wrote), every rank's output (`xl logs` of a
-remote rank), every rank's end, and names a remote rank's hang and no other rank.
+rank's figures (checked against the losses each rank wrote), a remote rank's output (`xl logs`
+reads it through its node while the run lives; the last lines of it once it ended), every rank's
+end, and names a remote rank's hang and no other rank.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import XL, kill_run, rdzv_port, run_json, wait_for, wait_no_processes, xl, xl_env
+from procs import XL, kill_run, rdzv_port, run_json, wait_for, wait_no_processes, xl_env
 from where import SUPPORT
 
 pytestmark = pytest.mark.e2e
@@ -74,6 +75,7 @@ def test_eight_nodes_of_four_ranks_gather_on_node_0(tmp_path: Path) -> None:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
+                errors="replace",  # the astray rank prints bytes that are not UTF-8
             )
         )
     env0 = xl_env(homes[0], XL_TOKEN=TOKEN)
@@ -104,6 +106,20 @@ def test_eight_nodes_of_four_ranks_gather_on_node_0(tmp_path: Path) -> None:
             what="node 0's hang event",
         )
         assert hang["ranks"] == [stray] and "astray at eight_nodes.py:" in hang["message"], hang
+        # Its output stays on its node; node 0's `xl logs` reads it through that node, byte for
+        # byte, in pieces.
+        assert not (run0 / "logs" / f"rank-{stray}.log").exists()
+        there = (runs[STRAY_NODE] / "logs" / f"rank-{stray}.log").read_bytes()
+        assert len(there) > 150_000 and there.endswith(
+            b"line 1999 of its dump \xff " + b"x" * 60 + b"\n"
+        )
+        fetched = subprocess.run(
+            [*XL, "logs", run0.name, "--rank", str(stray)],
+            env=env0,
+            capture_output=True,
+            timeout=60,
+        )
+        assert fetched.returncode == 0 and fetched.stdout == there, fetched.stderr
         release.write_text("go")
         results = []
         for p in procs:
@@ -148,11 +164,20 @@ def test_eight_nodes_of_four_ranks_gather_on_node_0(tmp_path: Path) -> None:
             if e["kind"] == "stalled":
                 assert e["rank"] == stray or e.get("waiting_on") == [stray], e
             assert e["kind"] != "hang" or e["ranks"] == [stray], e
-        # A remote rank's output, through node 0.
-        shown = xl(["logs", run0.name, "--rank", str(stray)], env0, timeout=60)
+        # After the run, node 0 has the last lines its node sent as the rank exited.
+        shown = subprocess.run(
+            [*XL, "logs", run0.name, "--rank", str(stray)],
+            env=env0,
+            capture_output=True,
+            timeout=60,
+        )
         assert shown.returncode == 0, shown.stderr
-        assert f"rank {stray} goes astray" in shown.stdout
-        assert f"rank {stray} done" in shown.stdout
+        # the whole lines at the end of the rank's output, as its node has it
+        whole = (runs[STRAY_NODE] / "logs" / f"rank-{stray}.log").read_bytes()
+        assert shown.stdout.endswith(f"rank {stray} done\n".encode()), shown.stdout[-500:]
+        assert whole.endswith(shown.stdout) and whole[-len(shown.stdout) - 1 :][:1] == b"\n"
+        kept = (run0 / "logs" / f"rank-{stray}.log").stat().st_size
+        assert 0 < kept <= 64 << 10, kept
         for run_dir in runs:
             wait_no_processes(run_dir, timeout=30)
     finally:

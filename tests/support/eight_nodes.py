@@ -1,13 +1,15 @@
 """The training script of tests/e2e/test_multinode_eight.py: a gloo CPU rank that trains
 E8_STEPS steps and writes the losses it computed to E8_OUT/rank-<r>.json (the test's ground
 truth); the rank of local rank E8_ASTRAY_LOCAL on the node launched with HANG_HERE=1 goes
-astray at step E8_HANG_AT, outside any collective, until the file E8_RELEASE exists.
+astray at step E8_HANG_AT (after printing ~180 KB, some of it not UTF-8), outside any
+collective, until the file E8_RELEASE exists.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +39,10 @@ def main() -> None:
     for step in range(steps):
         if step == hang_at and strays:
             print(f"rank {rank} goes astray", flush=True)
+            # more output than node 0 takes in one piece, with bytes that are not UTF-8
+            for i in range(2000):
+                sys.stdout.buffer.write(b"line %d of its dump \xff " % i + b"x" * 60 + b"\n")
+            sys.stdout.buffer.flush()
             astray(Path(os.environ["E8_RELEASE"]))
         total = torch.tensor([float(rank + 1)])
         dist.all_reduce(total)

@@ -167,7 +167,8 @@ def own_ranks(run_dir: Path) -> list[int]:
 
 
 def logs_say(run_dir: Path, count: int, text: str) -> bool:
-    """``count`` rank logs in ``run_dir`` and each says ``text`` (node 0's has every node's)."""
+    """``count`` rank logs in ``run_dir`` and each says ``text`` (a node's own ranks' while the run
+    lives: node 0 gets another node's last lines at that node's end)."""
     logs = list((run_dir / "logs").glob("rank-*.log"))
     return len(logs) == count and all(text in p.read_text(errors="replace") for p in logs)
 
