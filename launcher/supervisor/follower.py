@@ -263,10 +263,10 @@ class Follower:
         """Node 0 wants a piece of one of this node's ranks' output (``xl logs`` there): up to
         MAX_LOGS_DATA bytes of its file from ``offset``, and the file's size."""
         ident, rank, offset = str(ask.get("id") or "")[:64], ask.get("rank"), ask.get("offset")
-        if not ident or not self._mine(rank):
+        if not ident or type(rank) is not int or not self._mine(rank):
             return
         start = offset if type(offset) is int and offset >= 0 else 0
-        data, size = read_piece(RunLayout(self.journal.run_dir).rank_log(int(rank)), start)
+        data, size = read_piece(RunLayout(self.journal.run_dir).rank_log(rank), start)
         self.journal.send(
             {"type": "logs", "id": ident, "rank": rank, "offset": start, "data": data, "size": size}
         )

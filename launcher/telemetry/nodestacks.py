@@ -120,9 +120,10 @@ class Door:
     def _logs(self, want: dict[str, Any], limit: float) -> dict[str, Any]:
         """A piece of a rank's output, from the node that has it (``{"logs": null}``: none)."""
         rank, node, offset = want.get("rank"), want.get("node"), want.get("offset", 0)
-        if self._fetch_logs is None or not all(type(v) is int for v in (rank, node, offset)):
+        if self._fetch_logs is None or type(rank) is not int or type(node) is not int:
             return {"logs": None}
-        return {"logs": self._fetch_logs(rank, node, max(0, offset), limit)}
+        start = offset if type(offset) is int and offset > 0 else 0
+        return {"logs": self._fetch_logs(rank, node, start, limit)}
 
 
 def ask_logs(
