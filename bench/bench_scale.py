@@ -11,9 +11,10 @@ What runs, each in processes of its own:
   Only torchrun is stood in for (bench/scale_node0.py): its rendezvous would wait for the other
   nodes' agents, which are simulated.
 - **the other nodes**: bench/scale_sim.py, in ``--sim-procs`` processes: each node is xl's own
-  ``NodeLink`` carrying what a follower sends (events, ranks, 1 Hz sys lines, output, stacks
-  answers), and each of its ranks a socket that proves the token with xl's handshake and sends
-  ``xl.log`` frames built by the client's encoders, one a step (``--steps-per-s``).
+  ``NodeLink`` carrying what a follower sends (events, ranks, output, stacks answers, and once a
+  second what its telemetry forwards: a sys line per rank and xl's own summary of its ranks'
+  train lines, one row a rank), its ranks stepping ``--steps-per-s`` with the client's encoder
+  into their node's summary (a node's ranks talk to their own node, never to node 0).
 - **the viewers**: the Monitor, as ``xl attach`` opens it, headless (bench/scale_monitor.py); and
   the exporter's collector (``RunsCollector``, launcher/telemetry/exporter.py) in this process.
 
@@ -402,7 +403,7 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
         result["connect_s"] = round(time.monotonic() - t_ready, 2)
         result["sim_procs"] = len(workers)
         _say(
-            f"{ranks - rpn} simulated ranks on {nodes - 1} nodes connected in "
+            f"{ranks - rpn} simulated ranks on {nodes - 1} nodes started in "
             f"{result['connect_s']} s"
         )
 
@@ -476,15 +477,16 @@ def bench(ns: argparse.Namespace) -> dict[str, Any]:
                 "monitor_cpu_cores": round((mcpu1 - mcpu0) / wall, 3),
                 # the simulator's own load, for context
                 "sim_cpu_cores": round((scpu1 - scpu0) / wall, 3),
-                # Whether node 0 kept up: what its collector stored against what the ranks offered
-                # (train records, and a sys line a second of every other node's rank), and how old
-                # the newest train record in metrics.jsonl was at the window's end.
+                # Whether node 0 kept up: what its collector stored against what was offered (its
+                # own ranks' train records; a summary row and a sys line a second of every other
+                # node's rank), and how old the newest train record in metrics.jsonl was at the
+                # window's end.
                 "stored_records_per_s": round(
                     (counted1[1] - counted0[1]) / (counted1[0] - counted0[0]), 1
                 )
                 if counted1[0] > counted0[0]
                 else None,
-                "offered_records_per_s": round(ranks * ns.steps_per_s + ranks - rpn, 1),
+                "offered_records_per_s": round(rpn * ns.steps_per_s + 2 * (ranks - rpn), 1),
                 "metrics_lag_s": round(lag, 2) if lag is not None else None,
                 "scrape_s": round(max(scrapes), 4),  # the slowest of the window's
                 "scrapes": len(scrapes),

@@ -2,23 +2,23 @@
 
     python bench/scale_sim.py CONFIG_JSON      (started by bench_scale.py; commands on stdin)
 
-Each simulated node is what a real node > 0 sends node 0 today (docs/multinode.md):
+Each simulated node is what a real node > 0 sends node 0 (docs/multinode.md, "Node links"): its
+supervisor's **node link**, xl's own ``NodeLink`` (launcher/multinode/nodelink.py: its thread,
+handshake, heartbeat, acks), carrying what a follower's journal sends: ``run_started`` and
+``rank_started`` events, its ``ranks`` rows, its ranks' output (``log``), its answers to node 0's
+stacks requests, at the end its ranks' exits and its ``end``; and once a second what its
+telemetry forwards (``forward_records``, launcher/supervisor/telemetry_port.py): one ``sys`` line
+per rank as its sampler gives it, and its ranks' training as xl's own ``Summary``
+(launcher/multinode/summary.py) sums it up: one ``train`` row a rank standing for its steps of
+that second. Its ranks talk to their own node (they are simulated in this process): each step is
+one train line built with the client's encoder (``xl.client.records.train_line``), handed to the
+node's summary as its collector would.
 
-- its supervisor's **node link**: xl's own ``NodeLink`` (launcher/multinode/nodelink.py: its
-  thread, handshake, heartbeat, acks), carrying what a follower's journal sends: ``run_started``
-  and ``rank_started`` events, its ``ranks`` rows, one ``sys`` line per rank every second as its
-  sampler would (``rec``), its ranks' output (``log``), its answers to node 0's stacks requests,
-  and at the end its ranks' exits and its ``end``;
-- its ranks' own connections: each rank dials node 0's collector, proves the token with
-  ``xl.handshake.client_handshake`` (the sender's own call) and sends ``xl.log`` frames built with
-  the client's encoders (``xl.client.records.train_line``, ``xl.wire.encode_batch``): one frame per
-  step, as the sender's 10 Hz batching gives at a few steps a second.
-
-Everything runs on one asyncio loop (the ranks' sockets, non-blocking) beside the links' threads:
-a rank costs a socket and a few microseconds a step, so thousands fit in a process or two.
+Everything runs on one asyncio loop beside the links' threads: a rank costs a few microseconds a
+step, so thousands fit in a process or two.
 
 Commands on stdin, one per line: ``stall`` (the culprit rank stops stepping: no more train
-frames, its connection and its node's sys lines go on, as a rank stuck in user code), ``block N``
+lines, its node's sys lines go on, as a rank stuck in user code), ``block N``
 (every other rank stops too, waiting in all-reduce #N for it, as the ranks of a synchronous job
 do: their stacks answers say so, the culprit's says it is in the person's code with #N-1 its
 last collective done), ``stats``
@@ -35,17 +35,17 @@ import math
 import os
 import random
 import resource
-import socket
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from xl import handshake, wire
 from xl.client.records import train_line
 from xl.launcher.multinode.nodelink import NodeLink
 from xl.launcher.multinode.protocol import clip_stacks
+from xl.launcher.multinode.summary import Summary
+from xl.launcher.supervisor.telemetry_port import forward_records
 
 # The stack a simulated rank answers with: a training loop, the main thread in the script.
 _SCRIPT = "/work/proj/train.py"
@@ -85,14 +85,10 @@ def _frames(where: str) -> list[dict[str, Any]]:
 
 
 class Rank:
-    __slots__ = (
-        "last_step_t", "local", "pid", "rank", "rates", "seq", "sock", "step", "stopped", "waiting",
-    )
+    __slots__ = ("last_step_t", "local", "pid", "rank", "rates", "step", "stopped", "waiting")
 
     def __init__(self, rank: int, local: int, pid: int) -> None:
         self.rank, self.local, self.pid = rank, local, pid
-        self.sock: socket.socket | None = None
-        self.seq = 0
         self.step = 0
         self.rates: dict[str, float] = {}
         self.stopped = False  # the culprit, once stalled; every rank once blocked
@@ -108,6 +104,9 @@ class Node:
         rpn = sim.rpn
         self.ranks = [Rank(node * rpn + i, i, 100_000 + node * rpn + i) for i in range(rpn)]
         self.link = NodeLink(sim.host, sim.port, sim.token, node, self.host)
+        # its supervisor's telemetry: the ranks' lines summed up, forwarded once a second
+        self.summary = Summary()
+        self.forward = forward_records(self.link)  # type: ignore[arg-type]  # its journal's send
         self.started = time.time()
         self.ended = False
 
@@ -159,25 +158,31 @@ class Node:
         self.link.send({"type": "ranks", "ranks": self.rows()})
 
     def sample(self, now: float) -> None:
-        """What the node's 1 Hz sampler forwards: a sys line per rank (xl's forward_records)."""
+        """What the node's telemetry forwards each second (xl's forward_records): a sys line per
+        rank as its sampler gives it, and its ranks' summary rows."""
+        records: list[dict[str, Any]] = []
         for r in self.ranks:
             # waiting in I/O; or stepping, or spinning in NCCL
             stuck = 1.0 if r.stopped and r.waiting is None else 98.0
-            rec = {
-                "t": round(now, 3),
-                "rank": r.rank,
-                "kind": "sys",
-                "pid": r.pid,
-                "rss_mib": round(5200 + 3 * r.local + random.random(), 1),
-                "cpu_pct": round(stuck + random.random() * 4, 1),
-                "nproc": 6,
-                "gpu": r.local,
-                "gpu_util": 97 if not r.stopped else 0,
-                "gpu_mem_used_mib": 61000 + r.local,
-                "gpu_mem_total_mib": 81559,
-                "proc_gpu_mem_mib": 60500,
-            }
-            self.link.send({"type": "rec", "rank": r.rank, "line": wire.dumps_record(rec).decode()})
+            records.append(
+                {
+                    "t": round(now, 3),
+                    "rank": r.rank,
+                    "kind": "sys",
+                    "pid": r.pid,
+                    "rss_mib": round(5200 + 3 * r.local + random.random(), 1),
+                    "cpu_pct": round(stuck + random.random() * 4, 1),
+                    "nproc": 6,
+                    "gpu": r.local,
+                    "gpu_util": 97 if not r.stopped else 0,
+                    "gpu_mem_used_mib": 61000 + r.local,
+                    "gpu_mem_total_mib": 81559,
+                    "proc_gpu_mem_mib": 60500,
+                }
+            )
+        rows = self.summary.take()
+        self.sim.rows += sum(1 for row in rows if row.get("kind") == "train")
+        self.forward(records + rows)
 
     def stacks(self, ask: dict[str, Any]) -> None:
         """Answer node 0's stacks request as a follower does: every rank's entry, one message."""
@@ -268,8 +273,8 @@ class Sim:
         self.log_every = int(cfg["log_every"])
         self.culprit = int(cfg["culprit"])
         self.nodes = [Node(self, n) for n in cfg["nodes"]]
-        self.frames = 0
-        self.records = 0
+        self.rows = 0  # summary rows sent
+        self.records = 0  # train lines the ranks gave their node
         self.log_lines = 0
         self.stacks_answered = 0
         self.connected = 0
@@ -278,76 +283,11 @@ class Sim:
         self.block_seq: int | None = None
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sim-connect")
-
-    # -- ranks' connections ---------------------------------------------------------------------
-
-    def _dial(self, rank: int) -> socket.socket | None:
-        """The sender's _open: connect, then prove the token (xl.handshake) before any frame."""
-        for _ in range(20):
-            try:
-                sock = socket.create_connection((self.host, self.port), timeout=10.0)
-            except OSError:
-                time.sleep(0.5)
-                continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(10.0)
-            verdict = handshake.client_handshake(
-                sock, self.token.encode(), handshake.ROLE_RANK, rank
-            )
-            if verdict == handshake.OK:
-                sock.setblocking(False)
-                return sock
-            sock.close()
-            if verdict == handshake.REFUSED_TOKEN:
-                return None
-            time.sleep(0.5)
-        return None
+        self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sim-stacks")
 
     async def connect_all(self) -> None:
-        assert self.loop is not None
-        ranks = [r for n in self.nodes for r in n.ranks]
-        socks = await asyncio.gather(
-            *(self.loop.run_in_executor(self.pool, self._dial, r.rank) for r in ranks)
-        )
-        for r, sock in zip(ranks, socks, strict=True):
-            r.sock = sock
-            if sock is None:
-                self.refused += 1
-            else:
-                self.connected += 1
-
-    def _send(self, r: Rank, lines: list[bytes]) -> None:
-        sock = r.sock
-        if sock is None:
-            return
-        r.seq += 1
-        header = {
-            "v": wire.VERSION,
-            "rank": r.rank,
-            "pid": r.pid,
-            "seq": r.seq,
-            "dropped": 0,
-            "train": True,
-        }
-        frame = wire.encode_batch(header, lines)
-        try:
-            sent = sock.send(frame)
-            if sent < len(frame):
-                sock.setblocking(True)  # rare: a full buffer; finish this frame as sendall would
-                sock.sendall(frame[sent:])
-                sock.setblocking(False)
-            with contextlib.suppress(BlockingIOError, InterruptedError):
-                # its acks (8 bytes a frame): read and let go, as the sender does
-                while sock.recv(4096):
-                    pass
-        except OSError:
-            r.sock = None
-            with contextlib.suppress(OSError):
-                sock.close()
-            return
-        self.frames += 1
-        self.records += len(lines)
+        """Its ranks talk to their own node (simulated here): nothing dials node 0 per rank."""
+        self.connected = sum(len(n.ranks) for n in self.nodes)
 
     def _step(self, node: Node, r: Rank, now: float) -> None:
         r.step += 1
@@ -366,7 +306,8 @@ class Sim:
         }
         line = train_line(now, scalars, r.rank, r.rates)
         if line is not None:
-            self._send(r, [line])
+            node.summary.add(r.rank, [json.loads(line)])  # as its node's collector takes it
+            self.records += 1
             r.last_step_t = round(now, 6)
         if self.log_every and r.step % self.log_every == 0:
             node.link.send_log(
@@ -431,7 +372,7 @@ class Sim:
 
     def stats(self) -> dict[str, Any]:
         return {
-            "frames": self.frames,
+            "frames": self.rows,
             "records": self.records,
             "log_lines": self.log_lines,
             "connected": self.connected,
@@ -475,11 +416,6 @@ class Sim:
         await asyncio.gather(
             *(self.loop.run_in_executor(self.pool, n.link.close, 5.0) for n in self.nodes)
         )
-        for node in self.nodes:
-            for r in node.ranks:
-                if r.sock is not None:
-                    with contextlib.suppress(OSError):
-                        r.sock.close()
         _say({"done": self.stats()})
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 RUN_ID = "XL_RUN_ID"  # how every process of the run is found (`xl stop`, `xl gpus`)
 RUN_DIR = "XL_RUN_DIR"
 COLLECTOR = "XL_COLLECTOR"  # host:port that `xl.log` sends to
+# a node > 0's ranks: node 0's collector, dialled only while their own node's cannot be reached
+COLLECTOR_NODE_0 = "XL_COLLECTOR_NODE_0"
 TOKEN = "XL_TOKEN"  # the run's secret: proven in the handshake, never sent
 SUPERVISOR_PID = "XL_SUPERVISOR_PID"  # the last rank to end settles the run when it is gone
 
@@ -49,4 +51,4 @@ DOCTOR_SHM = "XL_DOCTOR_SHM"  # the doctor's /dev/shm, moved for tests
 NODE_END_WAIT = "XL_NODE_END_WAIT"
 
 # Every variable that is the run's own (what a rank gets from the supervisor).
-RUN_VARS = (RUN_ID, RUN_DIR, COLLECTOR, TOKEN, SUPERVISOR_PID)
+RUN_VARS = (RUN_ID, RUN_DIR, COLLECTOR, COLLECTOR_NODE_0, TOKEN, SUPERVISOR_PID)

@@ -1,4 +1,10 @@
-"""``xl logs RUN [--rank R] [-f]``: a run's per-rank output (never interleaved mid-line)."""
+"""``xl logs RUN [--rank R] [-f]``: a run's per-rank output (never interleaved mid-line).
+
+On node 0 of a multi-node run, another node's rank's output stays in that node's run dir: ``xl
+logs RUN --rank R`` reads it through that node while the run lives (node 0's supervisor asks it
+over its link, a piece at a time: xl.launcher.telemetry.nodestacks); once the run is over, node 0
+has the last lines the node sent as each rank exited.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from xl.launcher.rundir import record
 from xl.launcher.rundir.layout import RunLayout, log_rank
 from xl.launcher.rundir.store import resolve_run
 from xl.launcher.rundir.tail import RankLogs, Tail
+from xl.launcher.telemetry.nodestacks import ask_logs
 from xl.textsafe import bytes_for_terminal
 
 
@@ -27,6 +34,51 @@ def _ranks(run_dir: Path) -> list[int]:
         names = []
     found.update(r for r in map(log_rank, names) if r is not None)
     return sorted(found)
+
+
+def _remote(run_dir: Path, rank: int) -> tuple[int, str] | None:
+    """(its node, that node's host) when this is node 0's run dir and ``rank`` ran on another
+    node; None otherwise."""
+    rec = record.load(run_dir)
+    if rec is None or rec.nnodes < 2 or rec.node_rank != 0:
+        return None
+    row = next((r for r in rec.ranks if r.rank == rank), None)
+    if row is None or not row.node_rank:
+        return None
+    return row.node_rank, row.host or "?"
+
+
+def _fetch(run_dir: Path, rank: int, where: tuple[int, str], follow: bool) -> bool:
+    """Another node's rank: its output through node 0's supervisor while the run lives (True:
+    printed); else what node 0 kept of it (the last lines its node sent: False, printed as a local
+    log); with neither, says where it is (UsageError)."""
+    node, host = where
+    out = bytes_for_terminal(sys.stdout.buffer)
+    offset, fetched = 0, False
+    while True:
+        piece = ask_logs(run_dir, rank, node, offset)
+        if piece is None:
+            break
+        data = str(piece["data"]).encode("utf-8", "surrogateescape")
+        out.write(data)
+        fetched = True
+        offset = int(piece.get("offset") or 0) + len(data)
+        if offset < int(piece.get("size") or 0):
+            continue
+        rec = record.load(run_dir)
+        if not follow or rec is None or rec.final:
+            break
+        out.flush()
+        time.sleep(0.5)
+    out.flush()
+    if fetched:
+        return True
+    if RunLayout(run_dir).rank_log(rank).exists():
+        return False
+    raise UsageError(
+        f"rank {rank} ran on node {node} ({host}), which keeps its output, and node 0 cannot "
+        f"ask it now; on node {node}, run: xl logs RUN --rank {rank} (its 'xl runs' names RUN)"
+    )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -44,6 +96,10 @@ def main(argv: Sequence[str]) -> int:
             known = ", ".join(map(str, ranks)) or "none yet"
             raise UsageError(f"run {run_dir.name} has no rank {ns.rank} (ranks: {known})")
         ranks = [ns.rank]
+    if ns.rank is not None:
+        remote = _remote(run_dir, ns.rank)
+        if remote is not None and _fetch(run_dir, ns.rank, remote, ns.follow):
+            return 0
     prefix = ns.rank is None and len(ranks) > 1
     # Bytes, in large reads and writes: a 100 MB log (or one 100 MB line) costs a few MiB here.
     layout = RunLayout(run_dir)

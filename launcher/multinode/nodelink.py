@@ -7,14 +7,15 @@ defines and node 0 checks.
 
 A frame without body lines, every second, is the heartbeat. Node 0 answers each frame with a reply
 frame ``{"ack": seq}`` (same length prefix) and tells every node ``{"stop": {"reason", "failure"}}``
-when the run ends anywhere, and ``{"stacks": {"id", "rank", "timeout"}}`` when it wants this node's
-ranks' stacks (``xl stacks`` or a hang on node 0; the supervisor answers). Frames are resent after a
-reconnect until acked; node 0 drops the ones it already has (by seq). Each connection opens with
-``xl.handshake`` (role
-``n``, this node's number): node 0 proves it holds the run's token before this node sends it
-anything, and the token never travels. When node 0 answers that this node's proof is wrong, the
-link stops for good and ``commands()`` returns ``{"refused": "bad_token"}``, for the supervisor to
-say so and end this node's part (retrying with the same token could never succeed). A listener
+when the run ends anywhere, ``{"stacks": {"id", "rank", "timeout"}}`` when it wants this node's
+ranks' stacks (``xl stacks`` or a hang on node 0; the supervisor answers), and ``{"logs": {"id",
+"rank", "offset"}}`` when it wants a piece of a rank's output (``xl logs`` on node 0). Frames
+are resent after a reconnect until acked; node 0 drops the ones it already has (by seq). Each
+connection opens with ``xl.handshake`` (role ``n``, this node's number): node 0 proves it holds
+the run's token before this node sends it anything, and the token never travels. When node 0
+answers that this node's proof is wrong, the link stops for good and ``commands()`` returns
+``{"refused": "bad_token"}``, for the supervisor to say so and end this node's part (retrying
+with the same token could never succeed). A listener
 that proves nothing (another program on node 0's port) gets nothing; the link says so and tries
 again later.
 """
@@ -287,7 +288,7 @@ class NodeLink:
                 if type(ack) is int:
                     while self._unacked and self._unacked[0][0] <= ack:
                         self._unacked.popleft()
-                elif isinstance(msg.get("stop"), dict) or isinstance(msg.get("stacks"), dict):
+                elif any(isinstance(msg.get(k), dict) for k in ("stop", "stacks", "logs")):
                     self._commands.append(msg)
         self._inbuf = buf
 

@@ -11,10 +11,17 @@ A node frame is a wire frame whose header names the node instead of a rank
     failure  {"failure": {...}, "at": t}      its root cause, and when it happened
     end      {"status", "failure", "at"}      its run ended
     rec      {"rank", "line"}                 a metrics.jsonl line it sampled
+    train    {"rows": [{...}, ...]}           its ranks' train lines of the last second, one row a
+                                              rank standing for its ``steps`` (multinode.summary)
     stacks   {"id", "ranks": [...]}           its ranks' entries of the stacks document, answering
                                               node 0's ``{"stacks": {"id", "rank", "timeout"}}``
+    logs     {"id", "rank", "offset", "data", "size"}
+                                              a piece of a rank's output file (up to MAX_LOGS_DATA
+                                              from ``offset``; ``size`` the file's), answering
+                                              node 0's ``{"logs": {"id", "rank", "offset"}}``
 
-Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"stacks": {...}}``). The
+Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"stacks": {...}}``,
+``{"logs": {...}}``). The
 sending side is xl.launcher.multinode.nodelink; the receiving side is the collector
 (xl.launcher.telemetry.collector), which calls check_message on every body line. """
 
@@ -32,9 +39,15 @@ from xl.launcher.rundir.record import is_final
 FORWARDED_EVENTS = frozenset(
     {"run_started", "rank_started", "rank_exited", "stop_requested", "run_ended", "exit_barrier"}
 )
-MESSAGE_TYPES = frozenset({"ranks", "log", "event", "failure", "end", "rec", "stacks"})
+MESSAGE_TYPES = frozenset(
+    {"ranks", "log", "event", "failure", "end", "rec", "stacks", "train", "logs"}
+)
 MAX_RANKS = 1 << 16
 MAX_LOG_CHUNK = 16 << 10
+# A piece of a rank's output that node 0 asked for (``xl logs`` there): its bytes as text, escaped
+# where they are not UTF-8, so one JSON line stays well within a frame.
+MAX_LOGS_DATA = 64 << 10
+MAX_TRAIN_ROWS = 256  # rows of one train message (summary.ROWS_PER_MESSAGE)
 _MAX_TEXT = 64 << 10  # a traceback
 _MAX_FIELD_TEXT = 4096  # any other text of an event, rank or failure
 _CLIPPED = "[...]"
@@ -107,6 +120,11 @@ def check_message(obj: object) -> dict[str, Any]:
         line = obj.get("line")
         if type(line) is not str or len(line) > wire.MAX_RECORD:
             raise wire.FrameError("record_too_large")
+    elif kind == "train":
+        # each row is checked as a rank's record is (wire.parse_record) where it is stored
+        rows = _list(obj.get("rows"), MAX_TRAIN_ROWS)
+        if not all(type(row) is dict and row.get("kind") == "train" for row in rows):
+            raise wire.FrameError("bad_kind")
     elif kind == "event":
         event = _check_fields(obj.get("event"))
         if event.get("kind") not in FORWARDED_EVENTS:
@@ -119,6 +137,8 @@ def check_message(obj: object) -> dict[str, Any]:
             _rank(_check_fields(info).get("rank"))
     elif kind == "stacks":
         _check_stacks(obj)
+    elif kind == "logs":
+        _check_logs(obj)
     elif kind == "failure":
         _check_failure(obj.get("failure"))
         _time(obj.get("at"))
@@ -160,6 +180,19 @@ def _list(value: Any, cap: int) -> list[Any]:
     if type(value) is not list or len(value) > cap:
         raise wire.FrameError("bad_node_message")
     return value
+
+
+def _check_logs(obj: dict[str, Any]) -> None:
+    """A node's answer to a logs request: a piece of one rank's output file."""
+    ident, data = obj.get("id"), obj.get("data")
+    if type(ident) is not str or not 0 < len(ident) <= MAX_STACKS_ID:
+        raise wire.FrameError("bad_value")
+    _rank(obj.get("rank"))
+    if data is not None and (type(data) is not str or len(data) > MAX_LOGS_DATA):
+        raise wire.FrameError("bad_value")
+    for key in ("offset", "size"):
+        if type(obj.get(key)) is not int or not 0 <= obj[key] < 1 << 62:
+            raise wire.FrameError("bad_value")
 
 
 def _check_stacks(obj: dict[str, Any]) -> None:

@@ -3,7 +3,9 @@
 Node 0 stops the others when the run is stopped or fails anywhere (its failure comes along and
 becomes this node's too), refuses a node whose XL_TOKEN is not the run's, and asks for this
 node's ranks' stacks (``xl stacks`` or a hang on node 0): a thread of its own asks them, as
-``xl stacks`` would here, and sends the entries back as one ``stacks`` message.
+``xl stacks`` would here, and sends the entries back as one ``stacks`` message. Its ranks' output
+stays here: node 0 asks for a piece of it when ``xl logs`` there wants it (a ``logs`` message
+answers), and takes the last lines of each as it exits (``send_tails``).
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from xl import envnames, settings
 from xl.errors import UsageError
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.join import TOKEN_VAR, format_address
-from xl.launcher.multinode.protocol import clip_stacks
+from xl.launcher.multinode.protocol import MAX_LOGS_DATA, clip_stacks
 from xl.launcher.plan import parse_rdzv
 from xl.launcher.rundir.events import EventKind, NodeNotice, Notice
+from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal
@@ -32,6 +36,21 @@ from xl.launcher.supervisor.torchrun import Torchrun
 from xl.launcher.telemetry import gather_stacks as capture
 
 _MAX_ASKING = 4  # stacks requests answered at once; more are answered "busy"
+# What node 0 keeps of a rank's output at this node's end (every line stays here).
+TAIL_BYTES = 64 << 10
+
+
+def read_piece(path: Path, offset: int, limit: int = MAX_LOGS_DATA) -> tuple[str | None, int]:
+    """Up to ``limit`` bytes of ``path`` from ``offset`` as text (bytes that are not UTF-8
+    escaped: they come out unchanged), and its size; (None, 0) when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(min(offset, size))
+            data = fh.read(limit)
+    except OSError:
+        return None, 0
+    return data.decode("utf-8", "surrogateescape"), size
 # torchrun's c10d client gives up on node 0's store after its read_timeout (60 s), while its
 # rendezvous waits this long for every node (join_timeout): a node > 0 waits as long for node 0.
 RDZV_JOIN_S = 600.0
@@ -67,16 +86,22 @@ class Follower:
         self.give_up_s = node_0_lost_s(self.timeout)
         self.node_0_silent = False  # said that node 0 stopped answering
         self.probe_at = 0.0  # monotonic: when node 0's rendezvous is next tried
+        self.tailed: dict[int, int] = {}  # rank -> how far node 0 has its output (send_tails)
 
     def poll(self) -> None:
-        """Node 0's commands since the last turn; and whether node 0 still answers."""
+        """Node 0's commands since the last turn; and whether node 0 still answers; the last
+        lines of a rank that exited."""
         self._check_node_0()
+        self.send_tails(exited_only=True)
         for cmd in self.link.commands():
             if cmd.get("refused"):
                 self._token_refused()
                 continue
             if isinstance(cmd.get("stacks"), dict):
                 self._stacks(cmd["stacks"])
+                continue
+            if isinstance(cmd.get("logs"), dict):
+                self._logs(cmd["logs"])
                 continue
             stop = cmd.get("stop")
             if not isinstance(stop, dict) or self.stopping.state is not None:
@@ -230,6 +255,45 @@ class Follower:
                 self._asking.release()
 
         threading.Thread(target=answer, name="xl-node-stacks", daemon=True).start()
+
+    def _mine(self, rank: Any) -> bool:
+        return type(rank) is int and any(r.rank == rank for r in self.journal.record.ranks)
+
+    def _logs(self, ask: dict[str, Any]) -> None:
+        """Node 0 wants a piece of one of this node's ranks' output (``xl logs`` there): up to
+        MAX_LOGS_DATA bytes of its file from ``offset``, and the file's size."""
+        ident, rank, offset = str(ask.get("id") or "")[:64], ask.get("rank"), ask.get("offset")
+        if not ident or type(rank) is not int or not self._mine(rank):
+            return
+        start = offset if type(offset) is int and offset >= 0 else 0
+        data, size = read_piece(RunLayout(self.journal.run_dir).rank_log(rank), start)
+        self.journal.send(
+            {"type": "logs", "id": ident, "rank": rank, "offset": start, "data": data, "size": size}
+        )
+
+    def send_tails(self, *, exited_only: bool = False) -> None:
+        """The last lines of each of this node's ranks' output go to node 0, which keeps them
+        (its ``xl logs`` after the run; while it runs, node 0 asks, ``_logs``): as each rank
+        exits (``exited_only``, every turn), then at this node's end what came after, so node 0
+        has them even when it stopped waiting for this node's end. At most TAIL_BYTES a time."""
+        layout = RunLayout(self.journal.run_dir)
+        for info in self.journal.record.ranks:
+            rank = info.rank
+            if rank is None or (exited_only and (info.exit_code is None or rank in self.tailed)):
+                continue
+            path = layout.rank_log(rank)
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            sent = self.tailed.get(rank, 0)
+            start = max(sent, size - TAIL_BYTES)
+            text, _ = read_piece(path, start, TAIL_BYTES)
+            self.tailed[rank] = start + len((text or "").encode("utf-8", "surrogateescape"))
+            if text and start > sent:
+                text = text.partition("\n")[2]  # whole lines only
+            if text:
+                self.journal.send_log(rank, text.encode("utf-8", "surrogateescape"))
 
     def _token_refused(self) -> None:
         """Node 0 refused this node's XL_TOKEN: this node can never join the run (its torchrun

@@ -1,10 +1,11 @@
 """Node 0 of a multi-node run: its view of the other nodes (xl.launcher.multinode.nodelink).
 
 Node 0's collector listens where every node can reach it and node 0's run dir becomes the run's
-one view. Every other node keeps its own run dir and also sends node 0 its ranks, their output,
-lifecycle events, sampled metrics and its failure; node 0 adds them (``ranks`` of every node,
-``node_rank`` on each), ends its part when another node fails or is lost, tells the others to
-end theirs, and waits for their ends before finishing.
+one view. Every other node gathers its own ranks' metrics and output in its own run dir and
+sends node 0 its ranks, their last output lines, lifecycle events, a summary of their metrics
+each second and its failure; node 0 adds them (``ranks`` of every node, ``node_rank`` on each),
+ends its part when another node fails or is lost, tells the others to end theirs, and waits for
+their ends before finishing.
 
 The collector's thread puts what arrives in ``inbox``; the supervisor's loop takes it out each
 turn (``poll``), so the state here is only ever touched by the loop.

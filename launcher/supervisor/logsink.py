@@ -4,8 +4,9 @@ Each rank writes its own log through a relay process of its own (``xl.launcher.r
 nothing a rank prints goes through the supervisor, so a frozen, killed or disk-starved
 supervisor never blocks nor ends training. The supervisor reads every local rank's file as it
 grows (``tail``, once a tick, a bounded amount): whole lines are handed on (telemetry parses
-them), and a node > 0 sends its ranks' output to node 0 through ``forward``. Node 0 of several
-also writes the other nodes' ranks' output here (``append``); those files are not read back.
+them). A node > 0's output stays here: node 0 asks for it (``xl logs`` there) and takes each
+rank's last lines as it exits. Node 0 of several writes what it took of the other nodes' ranks'
+output here (``append``); those files are not read back.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ class LogSink:
         run_dir: Path,
         *,
         on_line: Callable[[int, str], None] | None = None,
-        forward: Callable[[int, bytes], None] | None = None,
         wants: Callable[[str], bool] | None = None,
     ) -> None:
         self.run_dir = run_dir
@@ -55,7 +55,6 @@ class LogSink:
         # output it rules out is not split into lines at all: a rank writing 100 MB of plain lines
         # cost the supervisor ~0.5 s of CPU a run in per-line calls that led nowhere.
         self.wants = wants
-        self.forward = forward  # node > 0: every local rank's output also goes to node 0
         self.read_fds: dict[int, int] = {}  # local ranks' logs, open for reading
         self.partial: dict[int, bytes] = {}
         self.offsets: dict[int, int] = {}  # bytes read of each local rank's log
@@ -133,8 +132,6 @@ class LogSink:
             self.offsets[rank] = self.offsets.get(rank, 0) + n
             budget -= n
             got += n
-            if self.forward is not None:
-                self.forward(rank, bytes(chunk[len(partial) :]))
             self.partial[rank] = self._hand_on(rank, chunk)
         return got
 

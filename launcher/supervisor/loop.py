@@ -130,10 +130,10 @@ class Supervisor:
         self.port = TelemetryPort(self.token)
         self.journal = Journal(run_dir, record, link)  # node > 0: every record goes to node 0 too
         self.ranks = Ranks(run_dir, record)
-        # Every line goes to telemetry's parser (nothing while it is not running); a node > 0's
-        # output also goes to node 0 (nothing without a link).
-        self.sink = LogSink(run_dir, on_line=self.port.feed_log_line,
-                            forward=self.journal.send_log, wants=self.port.wants_lines)
+        # Every line goes to telemetry's parser (nothing while it is not running). A node > 0's
+        # output stays in its run dir: node 0 asks for it (xl logs there) and takes its ranks'
+        # last lines as each exits (Follower.send_tails).
+        self.sink = LogSink(run_dir, on_line=self.port.feed_log_line, wants=self.port.wants_lines)
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
         # reads the run as it goes, from torchrun's start: its end reads only the rest
         self.digester: Digester | None = None
@@ -167,7 +167,8 @@ class Supervisor:
         _debug("after telemetry")
         env.update({envnames.RUN_ID: self.run_id, envnames.RUN_DIR: str(self.run_dir),
                     envnames.SUPERVISOR_PID: str(os.getpid())})
-        env.update(self.nodes.ranks_env(str(self.record.spec.get("rdzv") or ""), self._stop_came))
+        rdzv = str(self.record.spec.get("rdzv") or "")
+        env.update(self.nodes.ranks_env(rdzv, self._stop_came, self.port))
         if self._stopped_before_start():  # asked while telemetry started, or node 0 was awaited
             return
         # The record's command as it is (a broken one fails here as it always did: test_resilience),

@@ -97,14 +97,24 @@ class Nodes:
         if port.telemetry is None and self.hub is not None:
             raise RuntimeError(self.hub.collector_failed(port.error))
 
-    def ranks_env(self, rdzv: str, stop_came: Callable[[float], bool]) -> dict[str, str]:
-        """Node > 0: its ranks send their xl.log frames straight to node 0's collector; and it
-        waits for node 0's rendezvous (``Follower.wait_for_node_0``)."""
+    def ranks_env(
+        self, rdzv: str, stop_came: Callable[[float], bool], port: TelemetryPort
+    ) -> dict[str, str]:
+        """Node > 0: its ranks send their xl.log frames to this node's own collector (loopback),
+        whose summary goes to node 0 over the link, and know node 0's collector for when this
+        supervisor is gone or frozen (``XL_COLLECTOR_NODE_0``); without a collector here, to
+        node 0's straight. And it waits for node 0's rendezvous
+        (``Follower.wait_for_node_0``)."""
         if self.follower is None:
             return {}
         from xl.launcher.multinode.join import format_address  # noqa: PLC0415 - several nodes only
 
-        env = {envnames.COLLECTOR: format_address(*self.follower.hub)}
+        node_0 = format_address(*self.follower.hub)
+        env = (
+            {envnames.COLLECTOR_NODE_0: node_0}
+            if port.running
+            else {envnames.COLLECTOR: node_0}
+        )
         self.follower.wait_for_node_0(rdzv, stop_came)
         return env
 
@@ -144,11 +154,12 @@ class Nodes:
             self.hub.settle(status)
 
     def end(self, status: RunStatus, cause: RootCause) -> None:
-        """Node > 0: node 0 hears this node's end (with its own failure), and takes its last
-        records within _LINK_CLOSE_S."""
+        """Node > 0: node 0 hears this node's end (with its own failure, after the last lines of
+        its ranks' output), and takes its last records within _LINK_CLOSE_S."""
         if self.follower is None:
             return
         link = self.follower.link
+        self.follower.send_tails()
         failure = None if cause.remote else cause.to_json()
         link.send(
             {

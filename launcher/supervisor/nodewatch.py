@@ -1,9 +1,10 @@
 """How node 0 judges another node: by its supervisor's link, and by its ranks' own frames.
 
 A node's supervisor is a helper: training outlives it on two nodes as on one. Its ranks send
-their ``xl.log`` frames straight to node 0's collector (a sampled ``sys`` line every second while
-they live), so when the link falls silent or closes and those frames keep coming, the node is up
-and training: its supervisor alone is gone (killed) or frozen. Only a node whose link and ranks
+their ``xl.log`` frames to it (it sends node 0 their summary), and turn to node 0's collector
+when it cannot be reached or stops acking (``XL_COLLECTOR_NODE_0``, xl.client.link), so when the
+link falls silent or closes and those ranks' own frames then reach node 0, the node is up and
+training: its supervisor alone is gone (killed) or frozen. Only a node whose link and ranks
 both fall silent is lost (its machine, or the network to it, went down).
 
 ``judge`` says which, from the times node 0 last heard each (monotonic seconds):
@@ -75,8 +76,8 @@ def supervisor_gone_message(node: int, host: str, closed: bool, ranks: list[int]
     which = ", ".join(map(str, ranks)) or "?"
     return (
         f"node {node} ({host or '?'}): its supervisor {how}, but its rank(s) {which} still send: "
-        "training goes on (their metrics still come here; their output from now on is in "
-        f"node {node}'s own run dir)"
+        "training goes on (their metrics still come here; their output is in "
+        f"node {node}'s own run dir, and its last lines no longer come here at the end)"
     )
 
 

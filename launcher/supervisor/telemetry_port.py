@@ -155,11 +155,17 @@ class TelemetryPort:
 
 
 def forward_records(journal: Journal) -> Callable[[list[dict[str, Any]]], None]:
-    """Node > 0: what its telemetry samples goes to node 0 over the link, as metrics lines."""
+    """Node > 0: what its telemetry samples goes to node 0 over the link as metrics lines, and
+    its ranks' summary rows (xl.launcher.multinode.summary) as ``train`` messages."""
+    from xl.launcher.multinode.summary import ROWS_PER_MESSAGE  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
+
     def forward(records: list[dict[str, Any]]) -> None:
+        rows = [rec for rec in records if rec.get("kind") == "train"]
         for rec in records:
-            journal.send(
-                {"type": "rec", "rank": rec["rank"], "line": wire.dumps_record(rec).decode()}
-            )
+            if rec.get("kind") != "train":
+                line = wire.dumps_record(rec).decode()
+                journal.send({"type": "rec", "rank": rec["rank"], "line": line})
+        for i in range(0, len(rows), ROWS_PER_MESSAGE):
+            journal.send({"type": "train", "rows": rows[i : i + ROWS_PER_MESSAGE]})
 
     return forward

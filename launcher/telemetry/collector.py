@@ -9,18 +9,18 @@ or spooled by the client, and a frame whose sequence number this rank process al
 is acked without being stored again (nothing lost, nothing twice).
 
 On node 0 of a multi-node run it also takes node frames from the other nodes' supervisors
-(xl.launcher.multinode.nodelink): their sampled records are stored here like a rank's, the rest
-goes to
-``on_node`` for the supervisor, and ``stop_nodes`` tells every node to end its part of the run.
+(xl.launcher.multinode.nodelink): their sampled records and their ranks' summary rows
+(``train``) are stored here like a rank's records, the rest goes to ``on_node`` for the
+supervisor, and ``stop_nodes`` tells every node to end its part of the run.
 A node link whose handshake proves a wrong token (a node started with a mistyped XL_TOKEN) is
 answered REFUSED, so that node can say why and stop; ``on_node`` gets ``[{"type": "refused",
 ...}]`` for it, with the node number it claimed and the address the kernel gave, never text of
 its own. A node's ``host`` (from a peer that proved the token) is recorded with its control
 characters drawn (xl.textsafe).
 
-``ask_nodes`` asks every connected node for its ranks' stacks (``{"stacks": {...}}`` in a reply
-frame) and waits for their ``stacks`` messages until a deadline; node 0's ``xl stacks`` and hang
-capture reach it through the door of xl.launcher.telemetry.nodestacks, opened here.
+``ask_nodes`` asks every connected node for its ranks' stacks, ``ask_logs`` one node for a piece
+of a rank's output (``NodeAsks``); node 0's ``xl stacks``, ``xl logs`` and hang
+capture reach them through the door of xl.launcher.telemetry.nodestacks, opened here.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import json
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,14 +48,115 @@ __all__ = ["ACK", "IDLE_S", "Collector", "PeerInfo"]
 MAX_SEQ_KEYS = 1 << 16
 
 
-@dataclass
-class _StacksAsk:
-    """One stacks request to the other nodes: who was asked, what came back."""
+def checked_rows(
+    rows: list[dict[str, Any]], rejects: Counter[str]
+) -> list[tuple[int, bytes, dict[str, Any]]]:
+    """Another node's summary rows (a ``train`` message): each one a metrics.jsonl train line,
+    checked as a rank's line is; a bad row is counted in ``rejects`` and the others kept."""
+    out = []
+    for row in rows:
+        try:
+            rank = row.get("rank")
+            if type(rank) is not int:
+                raise wire.FrameError("bad_rank")
+            line = json.dumps(row, separators=(",", ":"), allow_nan=False).encode()
+            out.append((rank, line, wire.parse_record(line, rank)))
+        except wire.FrameError as exc:
+            rejects[exc.reason] += 1
+        except (ValueError, TypeError):
+            rejects["bad_value"] += 1
+    return out
 
+
+# The node gets a little less time than its requester, for the answer to travel.
+_TRAVEL_S = 0.7
+
+
+@dataclass
+class _Ask:
+    """One request to the other nodes: who was asked, what came back."""
+
+    what: str  # "stacks" or "logs"
     ask: dict[str, Any]
+    node: int | None = None  # None: every node
     asked: set[int] | None = None  # set by the collector's thread once it is sent
-    answers: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    answers: dict[int, dict[str, Any]] = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
+
+
+class NodeAsks(FrameServer):
+    """Node 0 asking the other nodes over their links: their ranks' stacks, a piece of a rank's
+    output. A request goes out as a reply frame on the nodes' links, the nodes
+    answer with ``stacks`` / ``logs`` messages (xl.launcher.multinode.protocol), which
+    ``_node_frame`` hands to ``_answered``; the asking thread waits until every node asked has
+    answered or its deadline passed."""
+
+    def _asks_init(self) -> None:
+        self._asks_lock = threading.Lock()
+        self._asks: dict[str, _Ask] = {}
+
+    def _ask(
+        self, what: str, body: dict[str, Any], node: int | None, timeout: float
+    ) -> tuple[dict[int, dict[str, Any]], list[int]]:
+        # a request's name, no secret: secrets' imports cost the supervisor's start ~5 ms
+        ident = os.urandom(8).hex()
+        deadline = time.monotonic() + timeout
+        ask = _Ask(what, {"id": ident, **body}, node)
+        with self._asks_lock:
+            self._asks[ident] = ask
+        self._wake(b"s")
+        try:
+            ask.done.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            with self._asks_lock:
+                self._asks.pop(ident, None)
+                answers, asked = dict(ask.answers), sorted(ask.asked or ())
+        return answers, asked
+
+    def ask_nodes(self, rank: int | None, timeout: float) -> tuple[list[dict[str, Any]], list[int]]:
+        """Every connected node's answer to a stacks request within ``timeout`` (any thread): the
+        entries, and the nodes asked."""
+        body = {"rank": rank, "timeout": round(max(0.2, timeout - _TRAVEL_S), 2)}
+        answers, asked = self._ask("stacks", body, None, timeout)
+        entries = [
+            {**e, "node_rank": node} for node in sorted(answers) for e in answers[node]["ranks"]
+        ]
+        return entries, asked
+
+    def ask_logs(self, rank: int, node: int, offset: int, timeout: float) -> dict[str, Any] | None:
+        """A piece of ``rank``'s output from ``node`` (its ``logs`` message: ``data`` from
+        ``offset``, ``size``), or None when that node is not connected or did not answer in
+        time (any thread)."""
+        answers, _ = self._ask("logs", {"rank": rank, "offset": offset}, node, timeout)
+        return answers.get(node)
+
+    def _deliver_asks(self) -> None:
+        if not self._asks:
+            return
+        with self._asks_lock:
+            fresh = [a for a in self._asks.values() if a.asked is None]
+        for a in fresh:
+            nodes: set[int] = set()
+            for conn in self._conns():
+                if conn.node is not None and a.node in (None, conn.node):
+                    nodes.add(conn.node)
+                    conn.out += reply({a.what: a.ask})
+                    self._flush_out(conn)
+            with self._asks_lock:
+                a.asked = nodes  # answers are read on this thread too: none came in meanwhile
+            if not nodes:
+                a.done.set()  # no node to ask
+
+    def _answered(self, node: int, msg: dict[str, Any]) -> None:
+        with self._asks_lock:
+            ask = self._asks.get(msg["id"])
+            if ask is None or ask.asked is None or node not in ask.asked:
+                return  # too late, or not asked
+            if msg["type"] != ask.what or (ask.what == "logs" and msg["rank"] != ask.ask["rank"]):
+                return
+            ask.answers[node] = msg
+            if set(ask.answers) >= ask.asked:
+                ask.done.set()
 
 
 @dataclass
@@ -66,7 +168,7 @@ class PeerInfo:
     cuda: dict[str, float] | None = None
 
 
-class Collector(FrameServer):
+class Collector(NodeAsks):
     """Receive frames on ``host:port`` and append good records through ``writer``.
 
     ``on_records(rank, records)`` gets the parsed records of each frame (for diagnoses);
@@ -104,14 +206,13 @@ class Collector(FrameServer):
         self.records = 0
         self.peers: dict[int, PeerInfo] = {}
         self.train_ranks: set[int] = set()
-        self._stacks_lock = threading.Lock()
-        self._stacks_asks: dict[str, _StacksAsk] = {}
+        self._asks_init()
         self._door: Door | None = None
 
     def start(self) -> None:
         super().start()
         if self._on_node is not None:  # node 0 of several: its other nodes' stacks
-            door = Door(self.writer.path.parent, self.ask_nodes)
+            door = Door(self.writer.path.parent, self.ask_nodes, self.ask_logs)
             try:
                 door.open()
             except OSError:
@@ -130,6 +231,7 @@ class Collector(FrameServer):
             "frames": self.frames,
             "records": self.records,
             "node_frames": self.node_frames,
+            "rank_peers": len(self.peers),
             "duplicate_frames": self.duplicates,
             "rejects": dict(self.rejects),
         }
@@ -249,16 +351,16 @@ class Collector(FrameServer):
             for raw in body:
                 try:
                     msg = check_message(json.loads(raw))
-                    if msg["type"] == "stacks":
-                        self._stacks_answer(header.node, msg)
+                    if msg["type"] in ("stacks", "logs"):
+                        self._answered(header.node, msg)
                         continue
                     if msg["type"] == "rec":
                         line = msg["line"].encode()
-                        rec = wire.parse_record(line, msg["rank"])
-                        lines.append(line)
-                        self.records += 1
-                        if self._on_records is not None:
-                            self._on_records(msg["rank"], [rec])
+                        rank = msg["rank"]
+                        self._node_records([(rank, line, wire.parse_record(line, rank))], lines)
+                        continue
+                    if msg["type"] == "train":
+                        self._node_records(checked_rows(msg["rows"], self.rejects), lines)
                         continue
                 except wire.FrameError as exc:
                     self.rejects[exc.reason] += 1
@@ -278,6 +380,16 @@ class Collector(FrameServer):
             conn.out += reply({"stop": self._node_stop})
         self._flush_out(conn)
 
+    def _node_records(
+        self, checked: list[tuple[int, bytes, dict[str, Any]]], lines: list[bytes]
+    ) -> None:
+        """Metrics lines another node sent, checked as a rank's: stored and diagnosed here."""
+        for rank, line, rec in checked:
+            lines.append(line)
+            self.records += 1
+            if self._on_records is not None:
+                self._on_records(rank, [rec])
+
     def stop_nodes(self, stop: dict[str, Any]) -> None:
         """Tell every node (connected now or later) to end its part of the run; any thread."""
         if self._node_stop is not None:
@@ -288,54 +400,7 @@ class Collector(FrameServer):
     def _tick_done(self) -> None:
         if self._node_stop is not None:
             self._deliver_stop()
-        if self._stacks_asks:
-            self._deliver_stacks()
-
-    # -- other nodes' stacks --------------------------------------------------------------------
-
-    def ask_nodes(self, rank: int | None, timeout: float) -> tuple[list[dict[str, Any]], list[int]]:
-        """Every connected node's answer to a stacks request within ``timeout`` (any thread): the
-        entries, and the nodes asked. The node gets a little less time than its requester, for
-        the answer to travel."""
-        ident = os.urandom(
-            8
-        ).hex()  # a request's name, no secret: secrets' imports cost the supervisor's start ~5 ms
-        deadline = time.monotonic() + timeout
-        ask = _StacksAsk({"id": ident, "rank": rank, "timeout": round(max(0.2, timeout - 0.7), 2)})
-        with self._stacks_lock:
-            self._stacks_asks[ident] = ask
-        self._wake(b"s")
-        try:
-            ask.done.wait(max(0.0, deadline - time.monotonic()))
-        finally:
-            with self._stacks_lock:
-                self._stacks_asks.pop(ident, None)
-                answers, asked = dict(ask.answers), sorted(ask.asked or ())
-        return [e for node in sorted(answers) for e in answers[node]], asked
-
-    def _deliver_stacks(self) -> None:
-        with self._stacks_lock:
-            fresh = [a for a in self._stacks_asks.values() if a.asked is None]
-        for a in fresh:
-            nodes: set[int] = set()
-            for conn in self._conns():
-                if conn.node is not None:
-                    nodes.add(conn.node)
-                    conn.out += reply({"stacks": a.ask})
-                    self._flush_out(conn)
-            with self._stacks_lock:
-                a.asked = nodes  # answers are read on this thread too: none came in meanwhile
-            if not nodes:
-                a.done.set()  # no node to ask
-
-    def _stacks_answer(self, node: int, msg: dict[str, Any]) -> None:
-        with self._stacks_lock:
-            ask = self._stacks_asks.get(msg["id"])
-            if ask is None or ask.asked is None or node not in ask.asked:
-                return  # too late, or not asked
-            ask.answers[node] = [{**e, "node_rank": node} for e in msg["ranks"]]
-            if set(ask.answers) >= ask.asked:
-                ask.done.set()
+        self._deliver_asks()
 
     def _deliver_stop(self) -> None:
         for conn in self._conns():

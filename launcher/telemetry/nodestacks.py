@@ -4,7 +4,9 @@ capture reach the collector that holds every node's link.
 Node 0's collector opens an abstract Unix socket and writes ``ranks/nodes.stacks.json`` (pid,
 socket) next to the ranks' own doors. A requester connects, sends one JSON line ``{"rank",
 "timeout"}`` and reads one JSON answer ``{"ranks": [entries], "asked": [nodes]}``: the other
-nodes' entries, gathered through their links within ``timeout``. As with a rank's door, the
+nodes' entries, gathered through their links within ``timeout``; or ``{"logs": {"rank", "node",
+"offset"}, "timeout"}`` and reads ``{"logs": {"data", "offset", "size", ...} | null}``: a piece
+of a rank's output from the node that has it (``xl logs`` on node 0). As with a rank's door, the
 kernel's word on the caller's uid (SO_PEERCRED) is the lock: an abstract socket has no file
 permissions, and the run dir that names it is private. Nothing polls: the door's thread waits in
 ``accept()``; each request gets a short-lived thread (a few at once, the rest are told "busy").
@@ -32,6 +34,8 @@ _SLACK_S = 1.0  # the requester waits this much past the deadline it gave, for t
 
 # (rank or None, timeout) -> (entries of the other nodes' ranks, the nodes that were asked)
 Gather = Callable[[int | None, float], tuple[list[dict[str, Any]], list[int]]]
+# (rank, node, offset, timeout) -> that node's ``logs`` answer, or None
+FetchLogs = Callable[[int, int, int, float], dict[str, Any] | None]
 
 
 def _same_user(conn: socket.socket) -> bool:
@@ -42,9 +46,10 @@ def _same_user(conn: socket.socket) -> bool:
 class Door:
     """The serving side, in node 0's supervisor (opened by the collector when it takes nodes)."""
 
-    def __init__(self, run_dir: Path, gather: Gather) -> None:
+    def __init__(self, run_dir: Path, gather: Gather, fetch_logs: FetchLogs | None = None) -> None:
         self.run_dir = run_dir
         self._gather = gather
+        self._fetch_logs = fetch_logs
         # Nobody can bind it first (os.urandom, as secrets.token_hex, without its imports)
         self._name = f"xl-nodes-stacks-{os.getpid()}-{os.urandom(16).hex()}"
         self._sock: socket.socket | None = None
@@ -100,15 +105,46 @@ class Door:
                     if isinstance(timeout, (int, float)) and timeout > 0
                     else 3.0
                 )
-                entries, asked = self._gather(rank if type(rank) is int else None, limit)
+                logs = ask.get("logs") if isinstance(ask, dict) else None
+                if isinstance(logs, dict):
+                    answer = self._logs(logs, limit)
+                else:
+                    entries, asked = self._gather(rank if type(rank) is int else None, limit)
+                    answer = {"ranks": entries, "asked": asked}
                 conn.settimeout(5.0)
-                conn.sendall(json.dumps({"ranks": entries, "asked": asked}, default=str).encode())
+                conn.sendall(json.dumps(answer, default=str).encode())
         finally:
             self._slots.release()
 
 
+    def _logs(self, want: dict[str, Any], limit: float) -> dict[str, Any]:
+        """A piece of a rank's output, from the node that has it (``{"logs": null}``: none)."""
+        rank, node, offset = want.get("rank"), want.get("node"), want.get("offset", 0)
+        if self._fetch_logs is None or type(rank) is not int or type(node) is not int:
+            return {"logs": None}
+        start = offset if type(offset) is int and offset > 0 else 0
+        return {"logs": self._fetch_logs(rank, node, start, limit)}
+
+
+def ask_logs(
+    run_dir: Path, rank: int, node: int, offset: int, timeout: float = 5.0
+) -> dict[str, Any] | None:
+    """A piece of ``rank``'s output from ``offset``, asked of ``node`` through node 0's door
+    (``{"data", "offset", "size"}``), or None (no door: the run is over; the node did not
+    answer)."""
+    doc = _request(run_dir, {"logs": {"rank": rank, "node": node, "offset": offset}}, timeout)
+    logs = doc.get("logs") if doc is not None else None
+    return logs if isinstance(logs, dict) and isinstance(logs.get("data"), str) else None
+
+
 def ask(run_dir: Path, rank: int | None, timeout: float) -> dict[str, Any] | None:
     """The other nodes' entries through node 0's door (None: no door, or it did not answer)."""
+    doc = _request(run_dir, {"rank": rank}, timeout)
+    return doc if doc is not None and isinstance(doc.get("ranks"), list) else None
+
+
+def _request(run_dir: Path, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
+    """One request through node 0's door and its answer (None: no door, or no answer)."""
     try:
         door = json.loads(RunLayout(run_dir).nodes_stacks_door.read_text())
         name, pid = str(door["socket"]), int(door["pid"])
@@ -120,11 +156,11 @@ def ask(run_dir: Path, rank: int | None, timeout: float) -> dict[str, Any] | Non
             sock.connect("\0" + name)
             if not peer_is(sock, pid):
                 return None  # not node 0's supervisor: someone else's socket under its name
-            sock.sendall(json.dumps({"rank": rank, "timeout": timeout}).encode() + b"\n")
+            sock.sendall(json.dumps({**request, "timeout": timeout}).encode() + b"\n")
             chunks = []
             while chunk := sock.recv(1 << 16):
                 chunks.append(chunk)
             doc = json.loads(b"".join(chunks))
         except (OSError, ValueError):
             return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("ranks"), list) else None
+    return doc if isinstance(doc, dict) else None

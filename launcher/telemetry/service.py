@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xl import envnames, settings, wire
 from xl.address import format_address
@@ -36,6 +36,9 @@ from xl.launcher.telemetry.logfeed import HOLD_S, LogFeed, Printed
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
 from xl.launcher.telemetry.trouble import Trouble
+
+if TYPE_CHECKING:
+    from xl.launcher.multinode.summary import Summary
 
 
 class Drops:
@@ -132,10 +135,16 @@ class Telemetry:
         self._interval = sample_interval
         self._inventory = inventory
         # Multi-node: node 0 takes the other nodes' links (on_node*); another node hands what it
-        # samples to ``forward`` (its link to node 0).
+        # samples, and a summary of what its ranks send each second, to ``forward`` (its link to
+        # node 0), which diagnoses them: this node does not.
         self._on_node = on_node
         self._on_node_closed = on_node_closed
         self._forward = forward
+        self.summary: Summary | None = None
+        if forward is not None:
+            from xl.launcher.multinode.summary import Summary  # noqa: PLC0415 - several nodes only: not on a one-node run's imports
+
+            self.summary = Summary()
         self.roster = Roster()
         # Ranks whose train metrics come from xl.log: their printed dicts are not parsed again.
         self._client_ranks: set[int] = set()
@@ -243,7 +252,10 @@ class Telemetry:
         if records and self.writer is not None:
             self.writer.write_lines([wire.dumps_record(rec) for rec in records])
             for rec in records:
-                self.diagnoser.ingest(rec["rank"], [rec])
+                if self.summary is not None:
+                    self.summary.add(rec["rank"], [rec])  # node 0 diagnoses them
+                else:
+                    self.diagnoser.ingest(rec["rank"], [rec])
 
     def stop_nodes(self, stop: dict[str, Any]) -> None:
         """Node 0: tell every other node to end its part of the run."""
@@ -260,6 +272,10 @@ class Telemetry:
         if self.collector is not None:
             self.collector.stop()
         self.ingest_spool()
+        if self.summary is not None and self._forward is not None:
+            rows = self.summary.take()  # the ranks' last steps
+            if rows:
+                self._forward(rows)
         self.drops.flush(force=True)
         with contextlib.suppress(OSError):  # a full disk: the metrics below still close and count
             self._write_status()
@@ -288,6 +304,9 @@ class Telemetry:
         if rank not in self._client_ranks and any(r.get("kind") == "train" for r in records):
             self._client_ranks.add(rank)
             self.printed.announced(rank)
+        if self.summary is not None:
+            self.summary.add(rank, records)  # node 0 diagnoses them
+            return
         self.diagnoser.ingest(rank, records)
 
     def _rank_list(self) -> list[dict[str, Any]]:
@@ -321,8 +340,10 @@ class Telemetry:
             self.writer.write_lines([wire.dumps_record(r) for r in records])
             for rec in records:
                 self.diagnoser.ingest(rec["rank"], [rec])
-            if self._forward is not None:
-                self._forward(records)
+        if self._forward is not None:
+            rows = self.summary.take() if self.summary is not None else []
+            if records or rows:
+                self._forward(records + rows)
         for rank in dead:
             self.diagnoser.set_alive(rank, False)
         self._write_printed(self.printed.due(time.time()))
@@ -353,6 +374,7 @@ class Telemetry:
         """Store the spool files of rank processes that are gone; returns records stored."""
         if self.writer is None:
             return 0
-        stored = ingest_spool(self.run_dir, self.writer, self.diagnoser.ingest)
+        ingest = self.diagnoser.ingest if self.summary is None else self.summary.add
+        stored = ingest_spool(self.run_dir, self.writer, ingest)
         self.spooled_records += stored
         return stored

@@ -148,7 +148,7 @@ def test_node_1_trains_on_when_only_its_supervisor_is_killed_or_frozen(
         wait_for(lambda: all(run_dirs(h) for h in homes), timeout=60, what="both runs")
         run0, run1 = only_run(homes[0]), only_run(homes[1])
         wait_for(
-            lambda: logs_say(run0, 2, "ready") and logs_say(run1, 1, "ready"),
+            lambda: logs_say(run0, 1, "ready") and logs_say(run1, 1, "ready"),
             timeout=60,
             what="both nodes to train",
         )
@@ -171,6 +171,11 @@ def test_node_1_trains_on_when_only_its_supervisor_is_killed_or_frozen(
         # Rank 1's records kept coming after its supervisor was gone, to its last step.
         assert steps - 1 in {m["step"] for m in train_records(run0) if m["rank"] == r1}
         assert {r["rank"]: r["state"] for r in run["ranks"]}[r1] == "exited", run["ranks"]
+        # No supervisor there sent rank 1's last lines: node 0's `xl logs` says where they are,
+        # in one line.
+        said = xl(["logs", run0.name, "--rank", str(r1)], xl_env(homes[0]))
+        assert said.returncode == 2 and said.stdout == "", said
+        assert f"rank {r1} ran on node 1" in said.stderr and said.stderr.count("\n") == 1, said
         if frozen is not None:
             os.kill(frozen, signal.SIGCONT)
             frozen = None
@@ -273,7 +278,7 @@ def test_a_link_going_down_between_the_nodes_is_noticed_on_both(
             wait_for(lambda: all(run_dirs(h) for h in homes), timeout=60, what="both runs")
             run0, run1 = only_run(homes[0]), only_run(homes[1])
             wait_for(
-                lambda: logs_say(run0, 2, "ready") and logs_say(run1, 1, "ready"),
+                lambda: logs_say(run0, 1, "ready") and logs_say(run1, 1, "ready"),
                 timeout=90,
                 what="both nodes to train",
             )

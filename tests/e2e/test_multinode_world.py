@@ -68,6 +68,9 @@ def test_two_nodes_on_localhost_form_one_world(tmp_path: Path) -> None:
         [r0], [r1] = own_ranks(run0), own_ranks(run1)
         by_step = {m["step"]: m for m in train_records(run0) if m["rank"] == r1}
         assert by_step[2]["loss"] == pytest.approx(1 / 3)
+        # Node 1's rank sent its frames to node 1's own collector (node 0 holds no connection
+        # of it): node 0 took its figures as node 1's summary over the link.
+        assert json.loads((run0 / "collector.json").read_text())["rank_peers"] == 1
         # Node 1 still keeps its own rank only; its xl.log metrics went to node 0.
         assert [r["rank"] for r in run_json(run1)["ranks"]] == [r1]
         assert not (run1 / "logs" / f"rank-{r0}.log").exists()

@@ -21,7 +21,6 @@ from procs import (
     run_json,
     wait_for,
     wait_no_processes,
-    wait_ranks_running,
     xl,
     xl_env,
 )
@@ -39,6 +38,18 @@ def _run_dirs(home: Path) -> dict[int, Path]:
         if isinstance(node, int):
             found[node] = d
     return found
+
+
+def _ready(run_dir: Path) -> bool:
+    """This node's ranks have their pids and said "ready" (in its own run dir)."""
+    node = run_json(run_dir).get("node_rank")
+    mine = [r for r in run_json(run_dir).get("ranks") or [] if r.get("node_rank", 0) == node]
+    return bool(mine) and all(
+        r.get("pid")
+        and (log := run_dir / "logs" / f"rank-{r['rank']}.log").exists()
+        and "ready" in log.read_text(errors="replace")
+        for r in mine
+    )
 
 
 def test_a_hang_on_node_1_is_named_from_node_0(tmp_path: Path) -> None:
@@ -79,7 +90,8 @@ def test_a_hang_on_node_1_is_named_from_node_0(tmp_path: Path) -> None:
             what="both nodes' run dirs",
         )
         run0, run1 = dirs[0], dirs[1]
-        wait_ranks_running(run0, 2, timeout=90)
+        # each node's own ranks (a rank's output stays in its node's run dir)
+        wait_for(lambda: _ready(run0) and _ready(run1), timeout=90, what="both nodes' ranks ready")
         [far] = [r["rank"] for r in run_json(run1)["ranks"]]
         [near] = [r["rank"] for r in run_json(run0)["ranks"] if r["rank"] != far]
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from procs import XL, kill_run, rdzv_port, run_json, xl_env
 
 SCRIPT = '''
@@ -126,6 +127,21 @@ def train_records(run_dir: Path) -> list[dict[str, Any]]:
     return [m for m in map(json.loads, lines) if m["kind"] == "train"]
 
 
+def assert_steps(run_dir: Path, rank: int, count: int, *, every: bool) -> None:
+    """``run_dir``'s metrics.jsonl has ``rank``'s steps 0..count-1 with SCRIPT's losses: a line a
+    step (``every``), or rows that each stand for ``steps`` of them (another node's summary: the
+    step and loss its last one's, the samples summed), every step counted once."""
+    lines = [m for m in train_records(run_dir) if m["rank"] == rank and "step" in m]
+    steps = [m["step"] for m in lines]
+    assert steps == sorted(steps) and steps and steps[-1] == count - 1, (rank, steps)
+    assert sum(m.get("steps", 1) for m in lines) == count, (rank, lines)
+    assert sum(m["samples"] for m in lines) == 4 * count, (rank, lines)
+    for m in lines:
+        assert m["loss"] == pytest.approx(1.0 / (m["step"] + 1)), m
+    if every:
+        assert steps == list(range(count)), (rank, steps)
+
+
 def run_events(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
@@ -151,7 +167,8 @@ def own_ranks(run_dir: Path) -> list[int]:
 
 
 def logs_say(run_dir: Path, count: int, text: str) -> bool:
-    """``count`` rank logs in ``run_dir`` and each says ``text`` (node 0's has every node's)."""
+    """``count`` rank logs in ``run_dir`` and each says ``text`` (a node's own ranks' while the run
+    lives: node 0 gets another node's last lines at that node's end)."""
     logs = list((run_dir / "logs").glob("rank-*.log"))
     return len(logs) == count and all(text in p.read_text(errors="replace") for p in logs)
 
@@ -186,11 +203,13 @@ def assert_one_view(run0: Path, run1: Path, counts: dict[int, int]) -> None:
     assert all(r["node"] == socket.gethostname() and r["exit_code"] == 0 for r in run["ranks"]), (
         run["ranks"]
     )
-    for rank in nodes:
+    for rank, node in nodes.items():
         log = (run0 / "logs" / f"rank-{rank}.log").read_text()
         assert f"rank {rank} of {len(nodes)}" in log and "done" in log, log
-        steps = sorted(m["step"] for m in train_records(run0) if m["rank"] == rank)
-        assert steps == [0, 1, 2], (rank, steps)
+        # Node 0's own ranks' every step; node 1's as its summary rows, standing for each step.
+        assert_steps(run0, rank, 3, every=node == 0)
+        if node == 1:
+            assert_steps(run1, rank, 3, every=True)  # node 1's own file has every step
     events = run_events(run0)
     for rank, node in nodes.items():
         assert any(

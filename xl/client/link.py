@@ -9,6 +9,12 @@ numbers); after a lost connection they are sent again first, with their own sequ
 collector acks one it had already stored and does not store it again). What to do with frames
 that stay unacked (the spool) is the sender's business (``xl.client.sender``).
 
+A rank of a node > 0 dials its own node's supervisor (``XL_COLLECTOR``, loopback), which sends node
+0 a summary of its ranks; it also knows node 0's collector (``XL_COLLECTOR_NODE_0``, the
+``fallback``), dialled only when its own cannot be reached or stops acking for ``ack_stale_s``
+(that supervisor was killed or is frozen): training outlives its supervisor, and node 0 then
+hears the rank itself (docs/multinode.md, "Node links").
+
 Everything here runs on the sender thread, which holds the GIL between system calls while the
 training thread may want it: the steady state is one ``recv`` for the acks and one ``sendall``
 a wake-up, and nothing when there is nothing to send or to read.
@@ -28,6 +34,11 @@ from typing import Any
 from xl import wire
 
 ACK_SIZE = 8
+# Frames unacked this long on a live connection while a fallback is known: the collector is
+# frozen (its supervisor stopped), so the fallback is dialled. A quarter of node 0's patience
+# with a silent node (XL_NODE_TIMEOUT, 30 s by default): node 0 must hear the rank before it
+# judges its node lost.
+ACK_STALE_S = 7.5
 
 
 class Link:
@@ -39,8 +50,14 @@ class Link:
         token: bytes,
         rank: int,
         header: Callable[[int], dict[str, Any]],
+        fallback: tuple[str, int] | None = None,
     ) -> None:
         self.address, self.token, self.rank = address, token, rank
+        self.fallback = fallback
+        self.ack_stale_s = ACK_STALE_S
+        self.frozen = False  # the last collector stopped acking: the fallback first next time
+        self.on_fallback = False  # connected to the fallback (it stays there while it lasts)
+        self.acked_at = 0.0  # monotonic: the last ack, or when frames began to wait for one
         self.header = header
         self.sock: socket.socket | None = None
         self.fd = -1  # the socket's descriptor while connected (acks are read from it directly)
@@ -67,7 +84,17 @@ class Link:
     def connect(self) -> bool:
         """Open a connection (when the backoff allows) and resend what the last one left
         unacked, as it was; True when connected."""
-        sock, listener = _open(self.address, self.token, self.rank)
+        order = [self.address] if self.fallback is None else [self.address, self.fallback]
+        if self.frozen:
+            order.reverse()  # a frozen collector would still take the connection, and stall
+        self.frozen, self.on_fallback = False, False
+        sock, listener = None, 0
+        for address in order:
+            sock, more = _open(address, self.token, self.rank)
+            listener += more
+            if sock is not None:
+                self.on_fallback = address != self.address
+                break
         if sock is None:
             self.unverified += listener  # it answered, and did not prove the token: it got nothing
             self.next_connect = time.monotonic() + self.backoff
@@ -77,6 +104,7 @@ class Link:
         self.backoff = 0.2
         self.ack_buf = b""
         self.disconnected_at = None
+        self.acked_at = time.monotonic()
         # The collector drops what it had already stored (by seq).
         for seq, chunk, _replay in list(self.unacked):
             self.write(seq, chunk)
@@ -87,6 +115,8 @@ class Link:
     def send(self, chunk: list[bytes], from_replay: bool) -> None:
         """One frame of ``chunk``, kept until acked (the caller checks ``sock`` first)."""
         self.seq += 1
+        if not self.unacked:
+            self.acked_at = time.monotonic()
         self.unacked.append((self.seq, chunk, from_replay))
         self.write(self.seq, chunk)
 
@@ -144,7 +174,22 @@ class Link:
             self.disconnect()
             return None
 
+    def check_stale(self, now: float) -> None:
+        """With a fallback known: a collector that took frames and acked none for ACK_STALE_S is
+        frozen; let go of it (the frames are resent wherever the next connection goes)."""
+        if (
+            self.fallback is not None
+            and self.sock is not None
+            and not self.on_fallback
+            and self.unacked
+            and now - self.acked_at > self.ack_stale_s
+        ):
+            self.frozen = True
+            self.disconnect()
+            self.next_connect = now  # the fallback at once: nothing is to be waited for here
+
     def _acked(self, seq: int) -> None:
+        self.acked_at = time.monotonic()
         unacked = self.unacked
         while unacked and unacked[0][0] <= seq:
             unacked.popleft()

@@ -84,7 +84,9 @@ def test_a_stop_begun_by_another_part_is_saved_on_the_loop_s_turn(tmp_path: Path
         assert sup.stopping.begin(StopReason.FAILURE) is False  # the first stop stays
         sup._turn()
         assert _run_json(run_dir)["stop_requested_at"] == 1234.5
-        assert rank.wait(10) == -15
+        # The stop ended the rank. Its code is not asserted: the loop's reaper (waitpid(-1), as
+        # for torchrun's orphans) may take this test's child before Popen does (it reads 0 then).
+        rank.wait(10)
         sup.act(sup.ranks.check_alive())
         sup._turn()
         saved = os.stat(run_dir / "run.json").st_ino
