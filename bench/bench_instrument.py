@@ -17,7 +17,7 @@
 2. Micro. In this process, the same kind of step (a 3-layer MLP, a DataLoader batch, backward,
    SGD) with the hooks in place and without, in alternating blocks; the median per-block
    difference of the thread's CPU time is the hooks' cost per step on the training thread (the
-   sender thread's reading is not in it: it runs ten times a second, not per step).
+   sender thread's reading is not in it: it runs four times a second, not per step).
 """
 
 from __future__ import annotations
