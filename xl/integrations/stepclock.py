@@ -92,9 +92,6 @@ class StepClock:
 
     # -- regions -------------------------------------------------------------------------------
 
-    def on_thread(self) -> bool:
-        return threading.get_ident() == self.tid
-
     def enter(self) -> float:
         """A region begins; returns its start when it is the outermost one, else -1."""
         depth = self.depth
@@ -272,8 +269,8 @@ class StepClock:
         step younger than HOLD_S waits for the next call: a script's ``xl.log(step=...)`` right
         after ``optimizer.step()`` reaches the sender first, so its keys are known to be its own."""
         now = self.wall()
-        if not final and now - self.line_at < LINE_EVERY_S:
-            return None  # the sender may ask ten times a second
+        if not final and now - self.line_at < LINE_EVERY_S:  # the sender may ask more often
+            return None
         ended = self.ended
         newest = now - HOLD_S
         # One pass over the steps, in locals: this runs on the sender thread, which holds the
