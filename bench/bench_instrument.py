@@ -17,7 +17,7 @@
 2. Micro. In this process, the same kind of step (a 3-layer MLP, a DataLoader batch, backward,
    SGD) with the hooks in place and without, in alternating blocks; the median per-block
    difference of the thread's CPU time is the hooks' cost per step on the training thread (the
-   sender thread's reading is not in it: it runs ten times a second, not per step).
+   sender thread's reading is not in it: it runs four times a second, not per step).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from bench_overhead import median_ci, pct  # bench/ is sys.path[0] when run as a
 REPO = Path(__file__).resolve().parent.parent
 
 SCRIPT = """
-import os, sys, time, json
+import os, sys, time, json, threading
 import torch, torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -55,8 +55,21 @@ model = nn.parallel.DistributedDataParallel(
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 x = torch.randn(steps * 32, width)
 loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=32)
+def cpu_by_thread():
+    # Each thread's CPU seconds (schedstat), by its Python name: MainThread, xl-log (the sender).
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    got = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as fh:
+                got[names.get(int(tid), tid)] = int(fh.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            pass
+    return got
 marks = []
 for i, (xb, yb) in enumerate(loader):
+    if i == skip + 1:
+        cpu0 = cpu_by_thread()
     loss = nn.functional.mse_loss(model(xb), yb)
     opt.zero_grad()
     loss.backward()
@@ -64,10 +77,13 @@ for i, (xb, yb) in enumerate(loader):
     marks.append(time.perf_counter())
     if i % 100 == 0 and rank == 0:
         print(f"step {i} loss {loss.item():.3f}", flush=True)
+cpu1 = cpu_by_thread()
 if rank == 0:
     window = marks[skip:]
+    n = len(window) - 1
+    cpu = {k: (cpu1[k] - cpu0.get(k, 0.0)) / n for k in ("MainThread", "xl-log") if k in cpu1}
     with open(out, "w") as fh:
-        json.dump({"mean_step_s": (window[-1] - window[0]) / (len(window) - 1)}, fh)
+        json.dump({"mean_step_s": (window[-1] - window[0]) / n, "cpu_per_step_s": cpu}, fh)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -109,7 +125,18 @@ def run_once(side: str, args: argparse.Namespace, tmp: Path, n: int) -> float:
     proc = subprocess.run(argv, env=env, cwd=tmp, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 or not out.exists():
         raise SystemExit(f"run {n} failed: {proc.stderr[-1500:]}")
-    return float(json.loads(out.read_text())["mean_step_s"])
+    got = json.loads(out.read_text())
+    CPU[side].append(got.get("cpu_per_step_s", {}))
+    return float(got["mean_step_s"])
+
+
+# Rank 0's CPU per step by thread (training thread, sender), per side, run by run.
+CPU: dict[str, list[dict[str, float]]] = {"on": [], "off": [], "before": []}
+
+
+def _thread_cpu_us(side: str, thread: str) -> float | None:
+    values = [run[thread] * 1e6 for run in CPU[side] if thread in run]
+    return round(statistics.median(values), 1) if values else None
 
 
 def launch_pairs(args: argparse.Namespace) -> dict[str, object]:
@@ -158,6 +185,39 @@ def launch_pairs(args: argparse.Namespace) -> dict[str, object]:
         + ", ".join(f"{side} {figures[f'step_ms_{side}']} ms" for side in sides)
         + f"; load {figures['load_1min']} (min, median, max)"
     )
+    # CPU time is far less moved by other processes than the wall clock: what each side's rank 0
+    # spent per step on its training thread and on its sender thread (none under off).
+    for side in sides:
+        for thread, key in (("MainThread", "train_thread"), ("xl-log", "sender_thread")):
+            figures[f"{key}_cpu_us_{side}"] = _thread_cpu_us(side, thread)
+        print(
+            f"rank 0's CPU per step, {side}: training thread "
+            f"{figures[f'train_thread_cpu_us_{side}']} us, "
+            f"sender thread {figures[f'sender_thread_cpu_us_{side}']} us"
+        )
+    # The same round's runs paired: the training thread's extra CPU per step against off, and
+    # the sender's against the commit before.
+    pairs = [("MainThread", "on", "off")]
+    if args.before:
+        pairs += [("MainThread", "before", "off"), ("xl-log", "on", "before")]
+    for thread, a, b in pairs:
+        diffs = [
+            (x[thread] - y[thread]) * 1e6
+            for x, y in zip(CPU[a], CPU[b], strict=True)
+            if thread in x and thread in y
+        ]
+        if len(diffs) < 2:
+            continue
+        lo, hi = median_ci(diffs)
+        med = statistics.median(diffs)
+        figures[f"cpu_us_{thread}_{a}-{b}"] = {
+            "median": round(med, 1),
+            "ci95": [round(lo, 1), round(hi, 1)],
+        }
+        print(
+            f"{thread} CPU per step, {a} - {b}: median {med:+.1f} us "
+            f"(95% CI {lo:+.1f} .. {hi:+.1f})"
+        )
     return figures
 
 

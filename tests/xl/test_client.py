@@ -207,3 +207,25 @@ def test_odd_values_never_raise_and_what_can_be_stored_is(tmp_path: Path) -> Non
     assert not {"broken", "vec", "obj"} & set(first)
     assert 40 <= len(by_step[2]) <= 64  # capped, not rejected
     assert by_step[3]["x" * 64] == 1.0
+
+
+def test_a_rank_whose_only_lines_are_torchs_steps_wakes_less_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each wake-up takes the GIL from the training thread: with nothing but the steps' line (at
+    # most one every LINE_EVERY_S) the sender sleeps STEPS_ONLY_INTERVAL_S; an xl.log call brings
+    # back INTERVAL_S for its lines' latency, until a wake-up finds nothing logged again.
+    from xl.client import sender as sender_mod  # noqa: PLC0415 - the module under test, in-process
+    from xl.integrations.stepclock import LINE_EVERY_S  # noqa: PLC0415 - as above
+
+    monkeypatch.delenv("XL_COLLECTOR", raising=False)
+    sender = sender_mod.Sender()  # its thread is never started here
+    assert sender.interval() == sender_mod.INTERVAL_S  # plain xl.log, no torch: as always
+    sender.step_source = lambda given, final: None
+    assert sender.interval() == sender_mod.STEPS_ONLY_INTERVAL_S
+    assert LINE_EVERY_S <= sender_mod.STEPS_ONLY_INTERVAL_S < 1.0  # a line each wake-up
+    sender.queue.append((1.0, {"accuracy": 0.5}))
+    sender._drain_queue()
+    assert sender.interval() == sender_mod.INTERVAL_S
+    sender._drain_queue()  # nothing logged since
+    assert sender.interval() == sender_mod.STEPS_ONLY_INTERVAL_S

@@ -1,10 +1,11 @@
 """The sender: one daemon thread per rank process that turns queued ``xl.log`` calls into
 frames and gets them to the run's collector.
 
-It wakes ten times a second, turns queued calls into record lines (``xl.client.records``),
-adds a ``sys`` line once a second, and sends them in batches over one TCP connection to
-``XL_COLLECTOR`` (``xl.client.link``: the handshake, frames and acks). A listener that cannot
-prove it holds the run's token gets nothing: the records wait in the spool.
+It wakes ten times a second (four when torch's steps are all it sends), turns queued calls into
+record lines (``xl.client.records``), adds a ``sys`` line once a second, and sends them in
+batches over one TCP connection to ``XL_COLLECTOR`` (``xl.client.link``: the handshake, frames
+and acks). A listener that cannot prove it holds the run's token gets nothing: the records wait
+in the spool.
 
 Nothing is lost and nothing is stored twice: frames stay in memory until the collector acks them
 and are sent again first after a lost connection; when the collector stays out of reach for
@@ -31,6 +32,10 @@ from xl.client.watch import CommWatch
 
 MAX_QUEUE = 100_000
 INTERVAL_S = 0.1
+# A rank whose only lines are torch's steps (xl.integrations.torchsteps: at most one line every
+# 0.2 s) wakes this often instead: each wake-up takes the GIL and caches from the training thread
+# on cores the ranks keep busy. The first xl.log call brings back INTERVAL_S.
+STEPS_ONLY_INTERVAL_S = 0.25
 SYS_INTERVAL_S = 1.0
 MAX_UNACKED = 64
 # Frames are cut well under the collector's cap so one batch never trips it; with at most
@@ -85,6 +90,7 @@ class Sender:
         self.owns_train = False
         self.given: set[str] = set()  # train keys the rank gives itself (records.drain)
         self.step_source: Any = None  # xl.client.attach_steps
+        self.logged = False  # the last wake-up found xl.log calls queued
         self.spooled_live = False  # lines went to the spool since it was last claimed
         self.last_rate_t: dict[str, float] = {}
         self.last_sys = 0.0
@@ -132,9 +138,15 @@ class Sender:
 
     # -- the background loop ----------------------------------------------------------------
 
+    def interval(self) -> float:
+        """How long the thread sleeps before its next wake-up (unless woken)."""
+        if self.step_source is not None and not self.logged:
+            return STEPS_ONLY_INTERVAL_S
+        return INTERVAL_S
+
     def _run(self) -> None:
         while not self.stopping:
-            self.wake.wait(INTERVAL_S)
+            self.wake.wait(self.interval())
             self.wake.clear()
             try:
                 with self.io_lock:
@@ -178,7 +190,8 @@ class Sender:
                 self._spool(lines)
 
     def _drain_queue(self) -> list[bytes]:
-        if self.queue:
+        self.logged = bool(self.queue)
+        if self.logged:
             self.owns_train = True
         final = self.flushing or self.stopping  # every step, even one that just ended
         out, dropped = drain(

@@ -1,9 +1,10 @@
 """The step clock: where each optimizer step's wall time went, kept with plain arithmetic.
 
 ``xl.integrations.torchsteps`` calls it from torch's hooks on the training thread; the client's
-sender thread calls ``collect`` ten times a second and gets one ``train`` line's scalars for the
-steps that ended since. Nothing here imports torch or reads a tensor: the loss stays a detached
-tensor until the sender reads it. docs/frameworks.md ("Plain PyTorch") says what each key means.
+sender thread calls ``collect`` up to ten times a second and gets, at most every LINE_EVERY_S,
+one ``train`` line's scalars for the steps that ended since. Nothing here imports torch or reads
+a tensor: the loss stays a detached tensor until the sender reads it. docs/frameworks.md ("Plain
+PyTorch") says what each key means.
 
 The split of a step (end of the previous step to the end of this one):
 
@@ -36,6 +37,12 @@ TAKEOVER = 2
 HOLD_S = 0.05
 # How often a rank between steps that evaluates (DataLoader batches under no_grad) says it is alive.
 EVAL_EVERY_S = 1.0
+# The steps' line goes at most this often (the last steps go at once when the rank flushes or
+# ends). Every line costs the rank's sender thread a wake-up with the GIL, a frame and a system
+# call, and the collector a record, on cores the ranks themselves keep busy: at ten lines a second
+# that was of the size of the hooks' own cost per step. The Monitor reads once a second, and the
+# stall and straggler rules judge windows of seconds.
+LINE_EVERY_S = 0.2
 
 
 class StepClock:
@@ -81,11 +88,9 @@ class StepClock:
         self.eval_batches = 0
         self.eval_told = 0
         self.eval_told_at = 0.0
+        self.line_at = 0.0  # wall time of the last steps' line (LINE_EVERY_S)
 
     # -- regions -------------------------------------------------------------------------------
-
-    def on_thread(self) -> bool:
-        return threading.get_ident() == self.tid
 
     def enter(self) -> float:
         """A region begins; returns its start when it is the outermost one, else -1."""
@@ -263,10 +268,13 @@ class StepClock:
         None. Keys in ``given`` (the rank gives them itself) are left out. Unless ``final``, a
         step younger than HOLD_S waits for the next call: a script's ``xl.log(step=...)`` right
         after ``optimizer.step()`` reaches the sender first, so its keys are known to be its own."""
+        now = self.wall()
+        if not final and now - self.line_at < LINE_EVERY_S:  # the sender may ask more often
+            return None
         ended = self.ended
-        newest = self.wall() - HOLD_S
+        newest = now - HOLD_S
         # One pass over the steps, in locals: this runs on the sender thread, which holds the
-        # GIL meanwhile (the training thread waits for it), ten times a second.
+        # GIL meanwhile (the training thread waits for it), at most five times a second.
         n = 0
         step_s = data = compute = comm = 0.0
         samples = 0
@@ -318,6 +326,7 @@ class StepClock:
             out["other_s"] = round(other / n, 6)
         if mem is not None and "mem_peak_mib" not in given:
             out["mem_peak_mib"] = round(mem, 1)
+        self.line_at = now
         return (last[0], out) if out else None
 
     def _evaluating(self) -> tuple[float, dict[str, Any]] | None:

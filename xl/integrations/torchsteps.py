@@ -18,7 +18,8 @@ the training thread, no graph change):
 - ``Work.wait``: blocking collectives and ``.wait()`` on async ones are communication.
 - On CUDA, the allocator's peak (host-side counters, no sync), reset at each step.
 
-Everything is read by the client's sender thread (``StepClock.collect``) ten times a second.
+Everything is read by the client's sender thread (``StepClock.collect``), one line at most every
+0.2 s.
 """
 
 from __future__ import annotations

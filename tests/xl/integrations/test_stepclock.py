@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from xl.integrations.stepclock import EVAL_EVERY_S, HOLD_S, StepClock
+from xl.integrations.stepclock import EVAL_EVERY_S, HOLD_S, LINE_EVERY_S, StepClock
 from xl.integrations.torchsteps import _cuda_peak
 
 
@@ -108,6 +108,34 @@ def test_a_step_just_ended_waits_for_the_next_call_unless_final() -> None:
     assert steps.collect(final=False) is not None
     _step(steps, fake, Opt())
     assert steps.collect(final=True) is not None
+
+
+def test_one_line_at_most_every_line_every_s_and_no_step_lost() -> None:
+    # The sender asks up to ten times a second: the steps wait for the next line, and that line
+    # carries all of them (how many, the last step and its loss, the per-step mean).
+    steps, fake = _clock()
+    opt = Opt()
+    _step(steps, fake, opt, seconds=0.01)
+    fake.now += HOLD_S * 2
+    sent_at = fake.now
+    _t, first = steps.collect(final=False)
+    assert first["step"] == 1 and "steps" not in first
+    for _ in range(3):
+        steps.loss = SimpleNamespace(ndim=0)
+        _step(steps, fake, opt, seconds=0.01)
+    fake.now += HOLD_S * 1.5  # old enough, but within LINE_EVERY_S of the last line
+    assert fake.now - sent_at < LINE_EVERY_S
+    assert steps.collect(final=False) is None
+    fake.now += LINE_EVERY_S
+    _t, line = steps.collect(final=False)
+    assert line["step"] == 4 and line["steps"] == 3
+    # A mean over its own three steps (from step 1's end to step 4's), not the time between lines.
+    assert abs(line["step_s"] - (HOLD_S * 2 + 0.03) / 3) < 1e-6
+    # The rank's end (or xl.flush) sends the last steps at once, however recent the last line.
+    _step(steps, fake, opt)
+    _t, last = steps.collect(final=True)
+    assert last["step"] == 5
+    assert steps.collect(final=True) is None  # nothing ended since: nothing to say
 
 
 def test_keys_the_rank_gives_itself_are_left_out() -> None:
