@@ -18,7 +18,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from xl import envnames
@@ -237,10 +237,24 @@ def rdzv_id(host: str, port: int, env: Mapping[str, str]) -> str:
     run on node 0) it falls back to the endpoint."""
     token = env.get(envnames.TOKEN, "")
     if token:
-        import hashlib  # noqa: PLC0415 - several nodes only: not a one-node launch's start
-
-        return "xl-" + hashlib.sha256(token.encode()).hexdigest()[:12]
+        return token_rdzv_id(token)
     return "xl-" + re.sub(r"[^A-Za-z0-9.-]", "-", f"{host}-{port}")
+
+
+def token_rdzv_id(token: str) -> str:
+    """The rendezvous id of the run whose token is ``token`` (rdzv_id)."""
+    import hashlib  # noqa: PLC0415 - several nodes only: not a one-node launch's start
+
+    return "xl-" + hashlib.sha256(token.encode()).hexdigest()[:12]
+
+
+def with_token(plan: Plan, token: str) -> Plan:
+    """``plan`` as it is, its rendezvous id now the run's token's: the app's Launch form shows a
+    multi-node plan before node 0's token is made (as the run starts), and the run is that plan."""
+    argv = list(plan.argv)
+    if "--rdzv-id" in argv:
+        argv[argv.index("--rdzv-id") + 1] = token_rdzv_id(token)
+    return replace(plan, argv=argv)
 
 
 def _mixed_models(devices: Sequence[GPU]) -> str | None:

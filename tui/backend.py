@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from xl import envnames
+
 if TYPE_CHECKING:
     from xl.doctor.report import Report
     from xl.gpu.nvml import Inventory
@@ -125,18 +127,21 @@ class LocalBackend:
     def start(self, spec: LaunchSpec, plan: Plan | None = None) -> tuple[RunHandle, str | None]:
         """Node 0 of a multi-node run gets the run's token made here and handed to its supervisor
         through the environment (never a command line, never run.json). Its rendezvous id comes
-        from that token (plan.rdzv_id), so a multi-node run is planned here, with it."""
+        from that token (plan.rdzv_id): the plan shown is started with that id put in."""
         from xl.launcher.control import start_run  # noqa: PLC0415 - the launcher loads only once a run starts
 
         if spec.nnodes < 2:
             return start_run(spec, plan), None
         from xl.launcher.multinode.join import prepare_launch  # noqa: PLC0415 - multi-node runs only
+        from xl.launcher.plan import with_token  # noqa: PLC0415 - multi-node runs only
 
         # The token goes to this run's supervisor only, never into the app's own environment
         # (its later runs, the doctor's probes).
         env = dict(os.environ)
         join = prepare_launch(spec, env)
-        return start_run(spec, env=env), join.strip() if join else None
+        if plan is not None and env.get(envnames.TOKEN):
+            plan = with_token(plan, env[envnames.TOKEN])
+        return start_run(spec, plan, env=env), join.strip() if join else None
 
     def runs(self) -> list[RunInfo]:
         from xl.launcher.rundir.store import list_runs  # noqa: PLC0415 - the launcher loads only for the Runs screen
