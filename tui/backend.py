@@ -76,6 +76,15 @@ class Backend(Protocol):
         leaves on the terminal as it closes."""
         ...
 
+    def rank_output(
+        self, run_dir: Path, rank: int, node: int, offset: int
+    ) -> dict[str, Any] | None:
+        """A piece of another node's rank's output from ``offset`` (``{"data", "offset",
+        "size"}``, at most 64 KiB), asked of ``node`` through node 0's supervisor, as ``xl logs
+        RUN --rank R`` does; None when it cannot answer (the node is unreachable, the run is
+        over). Waits at most a few seconds."""
+        ...
+
     def stop(self, run_dir: Path) -> None:
         """Stop the run: SIGTERM to every rank, SIGKILL after the grace period."""
         ...
@@ -168,6 +177,14 @@ class LocalBackend:
         from xl.launcher.rundir.record import load  # noqa: PLC0415 - read once, as the app exits
 
         return load(run_dir)
+
+    def rank_output(
+        self, run_dir: Path, rank: int, node: int, offset: int
+    ) -> dict[str, Any] | None:
+        from xl.launcher.telemetry.nodestacks import ask_logs  # noqa: PLC0415 - remote ranks only
+
+        # Short: the Monitor's poller waits for it (RemoteLog asks a silent node rarely).
+        return ask_logs(run_dir, rank, node, offset, timeout=2.0)
 
     def stop(self, run_dir: Path) -> None:
         from xl.launcher.control import stop_run  # noqa: PLC0415 - the launcher loads only once a run is stopped

@@ -22,6 +22,7 @@ from xl.tui.run_outcome import FINISHED
 from xl.tui.screens.base import XLScreen
 from xl.tui.screens.confirm import ConfirmScreen
 from xl.tui.screens.monitor_nodes import NodesView
+from xl.tui.screens.monitor_remote_log import RemoteLog
 from xl.tui.screens.stacks import StacksScreen
 from xl.tui.widgets.charts import MetricChart
 from xl.tui.widgets.node_table import NodeTable
@@ -226,7 +227,7 @@ class MonitorScreen(XLScreen):
         self.status: str | None = None
         self._log_rank: int | None = None
         self._log_needs_reset = True
-        self._tailed: set[int] = set()
+        self._log_feed = RemoteLog(self.run_dir, LOG_TAIL, _log_lines)  # a rank's lines, any node
         self.polls = 0
         # One thread polls the reader for the screen's life (_poller): the reader is its alone,
         # and what it posts is a snapshot (RunView) that the screen draws while the next poll
@@ -330,7 +331,7 @@ class MonitorScreen(XLScreen):
             lines = (
                 None
                 if rank is None
-                else _log_lines(reader, rank, self._log_needs_reset, self._tailed)
+                else self._log_feed.lines(self.backend, reader, view, rank, self._log_needs_reset)
             )
             self._log_needs_reset = self._log_needs_reset and rank is None
             return self.Polled(view, rank, lines, None)
@@ -354,7 +355,7 @@ class MonitorScreen(XLScreen):
         log = self.query_one(RankLog)
         rank = message.log_rank
         if message.log_lines is not None and rank is not None and rank == self._log_rank:
-            if log.rank != rank:
+            if log.rank != rank or isinstance(message.log_lines, LogLines):
                 log.show(rank, message.log_lines)
             else:
                 log.follow(message.log_lines)
