@@ -21,6 +21,7 @@ from xl.launcher.rundir.layout import RunLayout, log_rank
 from xl.launcher.rundir.store import resolve_run
 from xl.launcher.rundir.tail import RankLogs, Tail
 from xl.launcher.telemetry.nodestacks import ask_logs
+from xl.launcher.telemetry.verdict import ranges
 from xl.textsafe import bytes_for_terminal
 
 
@@ -46,6 +47,49 @@ def _remote(run_dir: Path, rank: int) -> tuple[int, str] | None:
     if row is None or not row.node_rank:
         return None
     return row.node_rank, row.host or "?"
+
+
+def _elsewhere(run_dir: Path) -> str | None:
+    """On node 0 of a multi-node run, the one line that says which ranks' output stays on their
+    own nodes and the command that reads one (``xl logs RUN`` shows only what node 0 holds);
+    None on any other run dir."""
+    rec = record.load(run_dir)
+    if rec is None or rec.nnodes < 2 or rec.node_rank != 0:
+        return None
+    nodes: dict[int, tuple[str, list[int]]] = {}
+    for row in rec.ranks:
+        if row.rank is not None and row.node_rank:
+            nodes.setdefault(row.node_rank, (row.host or "?", []))[1].append(row.rank)
+    if not nodes:
+        return None
+    where = "; ".join(
+        f"{_ranks_text(ranks)} on node {node} ({host})"
+        for node, (host, ranks) in sorted(nodes.items())
+    )
+    first = min(min(ranks) for _, ranks in nodes.values())
+    layout = RunLayout(run_dir)
+    kept = sorted(r for _, ranks in nodes.values() for r in ranks if _size(layout.rank_log(r)) > 0)
+    held = (
+        f" (node 0 kept only the last lines of {_ranks_text(kept)}, as they exited)"
+        if kept
+        else " (none of it is here)"
+    )
+    there = "that node" if len(nodes) == 1 else "each one"
+    return (
+        f"xl logs: the output of {where} stays on {there}{held}; read one with: "
+        f"xl logs {run_dir.name} --rank {first}"
+    )
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _fetch(run_dir: Path, rank: int, where: tuple[int, str], follow: bool) -> bool:
@@ -109,19 +153,30 @@ def main(argv: Sequence[str]) -> int:
     )
     # a terminal sees control characters drawn, a pipe the bytes
     out = bytes_for_terminal(sys.stdout.buffer)
+    shown = 0
+
+    def write(data: bytes) -> None:
+        nonlocal shown
+        shown += len(data)
+        out.write(data)
+
     while True:
         rec = record.load(run_dir)
         # A run whose run.json is damaged is over once no process carries its id.
         done = rec.final if rec is not None else not runprocs.find_run_pids(run_dir.name)
         logs.discover()
         if not ns.follow or done:
-            logs.copy(out.write, drain=True)
+            logs.copy(write, drain=True)
             break
         # Following: a round of every rank at a time, so one chatty rank cannot hold back the
         # others.
-        if not logs.copy(out.write):
+        if not logs.copy(write):
             out.flush()
             time.sleep(0.2)
-    logs.finish(out.write)  # a last line without its newline yet
+    logs.finish(write)  # a last line without its newline yet
     out.flush()
-    return 0
+    elsewhere = _elsewhere(run_dir) if ns.rank is None else None
+    if elsewhere is None:
+        return 0
+    print(elsewhere, file=sys.stderr)
+    return 0 if shown else 1  # nothing at all could be shown
