@@ -5,7 +5,7 @@ is over, the lines node 0 kept. A rank of node 0 is read from its log and node 1
 
 The backend here answers as node 0's supervisor does (``ask_logs``: pieces of at most 64 KiB of
 a growing output, with its size); the door itself is tested in
-tests/launcher/multinode/test_logs_fetch.py.
+tests/launcher/multinode/test_logs_fetch.py; the last test here puts LocalBackend in front of it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,12 @@ from typing import Any
 import pytest
 import runfixtures
 from pilotwait import until
+from procs import wait_for
 from where import FIXTURES
 
+from xl.launcher.multinode import nodelink
+from xl.launcher.supervisor.follower import read_piece
+from xl.launcher.telemetry.service import Telemetry
 from xl.tui.app import build_app
 from xl.tui.backend import LocalBackend
 from xl.tui.screens.monitor import LOG_TAIL
@@ -172,3 +176,54 @@ async def test_once_the_run_is_over_the_pane_shows_the_lines_node_0_kept(run_dir
         assert "never asked" not in text(log)
         with nodes.lock:
             assert nodes.asked == []
+
+
+async def test_this_machine_s_backend_asks_through_node_0_s_real_door(run_dir: Path) -> None:
+    """LocalBackend.rank_output end to end: node 0's real collector and door, a link from node 1
+    that answers as a follower does (``read_piece`` of its rank's log file)."""
+    token = "test-token-0123456789abcdef"
+    node1_log = run_dir.parent / "node1-rank-5.log"
+    node1_log.write_bytes(b"[rank 5] from node 1\n")
+    tel = Telemetry(run_dir, token=token, inventory=False, on_node=lambda *_: None)
+    host, port = tel.start()["XL_COLLECTOR"].rsplit(":", 1)
+    link = nodelink.NodeLink(host, int(port), token, 1, "trn-a07")
+    stop = threading.Event()
+
+    def answer() -> None:
+        while not stop.is_set():
+            for cmd in link.commands():
+                ask: dict[str, Any] = cmd.get("logs") or {}
+                if ask.get("rank") == 5:
+                    data, size = read_piece(node1_log, int(ask["offset"]))
+                    link.send(
+                        {
+                            "type": "logs",
+                            "id": ask["id"],
+                            "rank": 5,
+                            "offset": ask["offset"],
+                            "data": data,
+                            "size": size,
+                        }
+                    )
+            stop.wait(0.05)
+
+    answering = threading.Thread(target=answer, daemon=True)
+    try:
+        link.start()
+        answering.start()
+        wait_for(lambda: link.heard_at is not None, timeout=30, what="node 1's link")
+        app = build_app(
+            LocalBackend(), monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2
+        )
+        async with app.run_test(size=(220, 60)) as pilot:
+            log = await follow(pilot, 5)
+            await until(pilot, lambda: "[rank 5] from node 1" in text(log), "node 1's output")
+            with open(node1_log, "ab") as fh:
+                fh.write(b"[rank 5] and later\n")
+            await until(pilot, lambda: "[rank 5] and later" in text(log), "more", timeout=30)
+    finally:
+        stop.set()
+        answering.join(timeout=10)
+        link.close(0.5)
+        tel.stop()
+    assert not answering.is_alive()
