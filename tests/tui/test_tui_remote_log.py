@@ -138,6 +138,28 @@ async def test_a_followed_rank_of_another_node_shows_what_its_node_sends(run_dir
             assert nodes.asked[before:] == []
 
 
+async def test_more_lines_than_the_pane_starts_with_are_said_to_be_left_out(
+    run_dir: Path,
+) -> None:
+    # under 64 KiB, over LOG_TAIL lines: the pane starts with LOG_TAIL, and says so
+    nodes = Nodes({5: numbered(0, 1000)})
+    assert len(numbered(0, 1000)) < PIECE
+    app = build_app(nodes, monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=(220, 60)) as pilot:
+        log = await follow(pilot, 5)
+        await until(pilot, lambda: "step 000999" in text(log), "rank 5's last line")
+        assert log.lines[0].startswith("… earlier output skipped: it is on node 1 (trn-a07)")
+        shown = [line for line in log.lines if line.startswith("[rank 5] step ")]
+        assert shown == [f"[rank 5] step {i:06d} loss 2.1" for i in range(1000 - LOG_TAIL, 1000)]
+    # a short output: all of it, no such line
+    nodes = Nodes({5: numbered(0, 10)})
+    app = build_app(nodes, monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=(220, 60)) as pilot:
+        log = await follow(pilot, 5)
+        await until(pilot, lambda: "step 000009" in text(log), "rank 5's last line")
+        assert log.lines == [f"[rank 5] step {i:06d} loss 2.1" for i in range(10)]
+
+
 async def test_a_node_that_cannot_answer_is_named_in_one_line(run_dir: Path) -> None:
     nodes = Nodes(None)
     app = build_app(nodes, monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2)

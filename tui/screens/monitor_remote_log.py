@@ -135,9 +135,13 @@ class RemoteLog:
             state.next_at, state.told = now + FETCH_EVERY_S, False
             if not reset:
                 return piece
-            # Its first line says what was left out (always, when the output was cut).
-            head = piece[:1] if piece and piece[0].startswith("… ") else []
-            return LogLines(head + piece[len(head) :][-self.tail :])
+            # Its first line says what was left out, when anything was.
+            note = skipped_note(self.run, rank, state.node, state.host)
+            cut = bool(piece) and piece[0] == note
+            body = piece[1:] if cut else piece
+            if cut or len(body) > self.tail:
+                return LogLines([note, *body[-self.tail :]])
+            return LogLines(body)
         state.next_at = now + RETRY_S
         if reader.log_path(rank).is_file():
             # The run is over (or the node is gone) and node 0 kept the rank's last lines.
