@@ -78,6 +78,21 @@ def _listed_status(env: dict[str, str]) -> str:
     return row["status"]
 
 
+def _launch(
+    tmp_path: Path, env: dict[str, str], rank1_exit: int, *, shown: bool = True
+) -> subprocess.Popen[bytes]:
+    """`xl launch --no-tui` of the test's 2 ranks (rank 1 exits with ``rank1_exit``); what it
+    prints comes back on its stdout (``shown``), or is dropped."""
+    out = subprocess.PIPE if shown else subprocess.DEVNULL
+    return subprocess.Popen(
+        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), str(rank1_exit)],
+        env=env,
+        cwd=tmp_path,
+        stdout=out,
+        stderr=subprocess.STDOUT if shown else subprocess.DEVNULL,
+    )
+
+
 def _end_launch(
     tmp_path: Path, filler: Path | None, launch: subprocess.Popen, run_dir: Path | None
 ) -> None:
@@ -96,13 +111,7 @@ def test_a_full_disk_neither_falsifies_the_record_nor_holds_up_xl(
     (tmp_path / "train.py").write_text(SCRIPT)
     home = small_disk / "home"
     env = xl_env(home)
-    launch = subprocess.Popen(
-        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), str(rank1_exit)],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    launch = _launch(tmp_path, env, rank1_exit)
     run_dir = None
     filler = None
     try:
@@ -161,13 +170,7 @@ def test_a_run_whose_supervisor_died_on_a_full_disk_is_settled_true_once_space_i
     (tmp_path / "train.py").write_text(SCRIPT)
     home = small_disk / "home"
     env = xl_env(home)
-    launch = subprocess.Popen(
-        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), "0"],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    launch = _launch(tmp_path, env, 0, shown=False)
     run_dir = None
     filler = None
     try:
@@ -286,13 +289,7 @@ def test_a_disk_full_from_the_start_still_ends_true_and_xl_launch_returns(
     (home / "runs").mkdir(parents=True)
     env = xl_env(home)
     filler = _leave_free(small_disk, (1 << 20) + (32 << 10))
-    launch = subprocess.Popen(
-        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(tmp_path), str(rank1_exit)],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    launch = _launch(tmp_path, env, rank1_exit)
     run_dir = None
     try:
         wait_for(

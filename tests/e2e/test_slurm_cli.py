@@ -161,36 +161,15 @@ def test_sbatch_help_and_bad_input(work: Path) -> None:
     proc = xl(["sbatch", "--help"], env_without_slurm(work), cwd=work)
     assert proc.returncode == 0 and "--gpus-per-node" in proc.stdout and "--nproc" in proc.stdout
     assert "sbatch" in xl(["--help"], env_without_slurm(work)).stdout
-    _one_line(
-        xl(["sbatch", "--nodes", "0", "train.py"], env_without_slurm(work), cwd=work),
-        "xl sbatch: ",
-        "--nodes must be at least 1",
-    )
-    _one_line(
-        xl(["sbatch", "--time", "1 h", "train.py"], env_without_slurm(work), cwd=work),
-        "xl sbatch: ",
-        "cannot be empty or hold spaces",
-    )
-    _one_line(
-        xl(["sbatch", "--nnodes", "2", "train.py"], env_without_slurm(work), cwd=work),
-        "xl sbatch: ",
-        "unknown option --nnodes; did you mean --nodes?",
-    )
-    _one_line(
-        xl(["sbatch", "missing.py"], env_without_slurm(work), cwd=work),
-        "xl sbatch: ",
-        "no such script: missing.py",
-    )
-    _one_line(
-        xl(["sbatch", "--sbatch", "qos", "train.py"], env_without_slurm(work), cwd=work),
-        "xl sbatch: ",
-        "give an sbatch option as written",
-    )
-    _one_line(
-        xl(["sbatch", "--rdzv", "nohost", "train.py"], env_without_slurm(work), cwd=work),
-        "xl sbatch: ",
-        "--rdzv 'nohost' is not HOST:PORT",
-    )
+    for argv, said in [
+        (["sbatch", "--nodes", "0", "train.py"], "--nodes must be at least 1"),
+        (["sbatch", "--time", "1 h", "train.py"], "cannot be empty or hold spaces"),
+        (["sbatch", "--nnodes", "2", "train.py"], "unknown option --nnodes; did you mean --nodes?"),
+        (["sbatch", "missing.py"], "no such script: missing.py"),
+        (["sbatch", "--sbatch", "qos", "train.py"], "give an sbatch option as written"),
+        (["sbatch", "--rdzv", "nohost", "train.py"], "--rdzv 'nohost' is not HOST:PORT"),
+    ]:
+        _one_line(xl(argv, env_without_slurm(work), cwd=work), "xl sbatch: ", said)
 
 
 # A stand-in srun: runs the task once per node on this machine with the node's SLURM_NODEID, as

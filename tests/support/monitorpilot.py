@@ -54,14 +54,16 @@ def copy_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return runs
 
 
-def launched_app(backend: LocalBackend, run_dir: Path) -> Any:
-    """The app `xl launch` opens on its run: its Monitor, which may stop the run."""
+def launched_app(backend: LocalBackend, run_dir: Path, **options: Any) -> Any:
+    """The app `xl launch` opens on its run: its Monitor, which may stop the run (``options``:
+    build_app's others, e.g. ``close_after_end_s``)."""
     return build_app(
         backend,
         monitor_run_dir=run_dir,
         attach_only=False,
         clock=lambda: NOW,
         poll_interval=0.2,
+        **options,
     )
 
 

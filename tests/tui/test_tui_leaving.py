@@ -145,14 +145,7 @@ async def test_a_run_that_succeeded_leaves_one_line(runs, capsys):
 
 async def test_the_monitor_xl_launch_opened_closes_when_its_run_ends(runs, capsys):
     run_dir = runs / LIVE
-    app = build_app(
-        StopBackend(ends=False),
-        monitor_run_dir=run_dir,
-        attach_only=False,
-        clock=lambda: NOW,
-        poll_interval=0.2,
-        close_after_end_s=0.5,
-    )
+    app = launched_app(StopBackend(ends=False), run_dir, close_after_end_s=0.5)
     async with app.run_test(size=SIZE) as pilot:
         monitor = await monitor_shown(pilot)
         await pilot.pause(1.0)
@@ -169,14 +162,7 @@ async def test_the_monitor_xl_launch_opened_closes_when_its_run_ends(runs, capsy
 
 async def test_a_key_keeps_the_monitor_open_and_other_monitors_never_close(runs):
     run_dir = runs / LIVE
-    app = build_app(
-        StopBackend(ends=False),
-        monitor_run_dir=run_dir,
-        attach_only=False,
-        clock=lambda: NOW,
-        poll_interval=0.2,
-        close_after_end_s=1.0,
-    )
+    app = launched_app(StopBackend(ends=False), run_dir, close_after_end_s=1.0)
     async with app.run_test(size=SIZE) as pilot:
         monitor = await monitor_shown(pilot)
         set_status(run_dir, "succeeded")
@@ -199,14 +185,7 @@ async def test_a_key_keeps_the_monitor_open_and_other_monitors_never_close(runs)
 async def test_the_run_ending_while_the_person_is_elsewhere_keeps_the_app(runs, capsys):
     """After `esc` from its Monitor the person is doing something else: the app stays."""
     run_dir = runs / LIVE
-    app = build_app(
-        StopBackend(ends=False),
-        monitor_run_dir=run_dir,
-        attach_only=False,
-        clock=lambda: NOW,
-        poll_interval=0.2,
-        close_after_end_s=0.3,
-    )
+    app = launched_app(StopBackend(ends=False), run_dir, close_after_end_s=0.3)
     async with app.run_test(size=SIZE) as pilot:
         await monitor_shown(pilot)
         await pilot.press("escape")
