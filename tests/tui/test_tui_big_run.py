@@ -66,7 +66,7 @@ async def test_a_big_run_leads_with_its_nodes_and_outliers():
         ) in out, out
         assert "slow nodes:  gpu-node-005 ×2.2 data" in out
         assert "failed:  rank 77 on gpu-node-009 exit 3" in out
-        assert "stalled:  rank 100 on gpu-node-012 rank 100 has not stepped for 45 s" in out
+        assert "stalled:  rank 100 on gpu-node-012: has not stepped for 45 s" in out
         # The straggler banner keeps its phase.
         banner = screen.query_one("#straggler-banner")
         assert banner.display and "straggler  data : rank 41" in text_of(app, "#straggler-banner")

@@ -114,7 +114,10 @@ def outliers_text(summary: Summary) -> Text:
                 if d.exit_code is not None:
                     text.append(f" exit {d.exit_code}")
                 elif d.diagnosis:
-                    text.append(f" {visible(d.diagnosis)[:60]}", style="dim")
+                    # The diagnosis names its rank first ("rank 100 has not stepped ..."): said
+                    # once already on this line.
+                    note = visible(d.diagnosis).removeprefix(f"rank {d.rank} ")
+                    text.append(f": {note[:60]}", style="dim")
         else:
             nodes = {d.node for d in downs}
             text.append(f"  {len(downs)} ranks on {len(nodes)} node{'s' * (len(nodes) != 1)}: ")
