@@ -17,3 +17,10 @@ def url_host(host: str) -> str:
 def format_address(host: str, port: int | str) -> str:
     """``host:port``, e.g. ``node0:29500`` or ``[fd00::1]:29500``."""
     return f"{url_host(host)}:{port}"
+
+
+def split_address(raw: str) -> tuple[str, int]:
+    """``host:port`` as format_address writes it, back to (host, port): brackets dropped, an
+    empty host read as loopback, a port that is not a number as 0 (nothing listens there)."""
+    host, _, port = raw.rpartition(":")
+    return host.strip("[]") or LOOPBACK, int(port) if port.isdigit() else 0

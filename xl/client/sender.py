@@ -24,7 +24,8 @@ import time
 from collections import deque
 from typing import Any
 
-from xl import envnames, wire
+from xl import envnames, settings, wire
+from xl.address import split_address
 from xl.client.link import Link
 from xl.client.records import cuda_counters, drain, sys_line
 from xl.client.spool import Spool
@@ -45,19 +46,6 @@ FRAME_BUDGET = wire.MAX_FRAME // 4
 RESEND_WAIT_S = 5.0
 
 
-def _address(raw: str) -> tuple[str, int]:
-    host, _, port = raw.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port) if port.isdigit() else 0
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        value = float(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return value if value > 0 and value != float("inf") else default
-
-
 def _env_int(name: str, default: int) -> int:
     try:
         return int(os.environ.get(name, default))
@@ -69,16 +57,16 @@ class Sender:
     """Everything the background thread owns. One instance per process (reset after fork)."""
 
     def __init__(self) -> None:
-        self.address = _address(os.environ.get(envnames.COLLECTOR, ""))
+        self.address = split_address(os.environ.get(envnames.COLLECTOR, ""))
         node_0 = os.environ.get(envnames.COLLECTOR_NODE_0, "")
-        fallback = _address(node_0) if node_0 else None
+        fallback = split_address(node_0) if node_0 else None
         self.token = os.environ.get(envnames.TOKEN, "").encode()
         self.rank = _env_int("RANK", 0)
         self.local_rank = _env_int("LOCAL_RANK", 0)
         self.pid = os.getpid()
         self.link = Link(self.address, self.token, self.rank, self._header, fallback)
         if fallback is not None:
-            node_timeout = _env_float(envnames.NODE_TIMEOUT, 30.0)
+            node_timeout = settings.number(envnames.NODE_TIMEOUT, 30.0, positive=True)
             self.link.ack_stale_s = min(self.link.ack_stale_s, max(1.0, node_timeout / 4))
         self.link.on_acked = self._replay_acked
         self.spool = Spool(os.environ.get(envnames.RUN_DIR), self.rank, self.pid)
