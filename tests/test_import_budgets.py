@@ -5,10 +5,10 @@ importing its loop) and, in every rank, the rank entry before the user's script:
 imports are on the path from the command to the first step, so each has its own budget. The
 supervisor's is what it imports before it starts torchrun; the rest of its loop loads while
 torchrun starts. The
-figures are the modules each adds to a bare interpreter (deterministic) and the CPU time its
-imports take beyond a bare interpreter's start (best of three), held to 2.5x the budget (a busy
-machine must not fail it). Where
-the time goes today is in bench/README.md.
+test holds each to the modules it adds to a bare interpreter: a count, the same on a busy machine
+as on an idle one. The CPU those imports take is a benchmark's, not a test's
+(bench/bench_imports.py prints it beside each process's ``cpu_ms``); where the time goes today is
+in bench/README.md.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 class Budget(NamedTuple):
     statement: str  # what the process imports
     modules: int  # how many modules it may add
-    cpu_ms: int  # the CPU its imports may take (today's cost)
+    cpu_ms: int  # the CPU its imports took when last measured (bench/bench_imports.py)
     never: tuple[str, ...]  # top-level packages it must never load
     after: str = "pass"  # what the process already has: counted neither in modules nor in time
 
@@ -105,24 +105,6 @@ def _added(statement: str, after: str = "pass") -> list[str]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _import_ms(statement: str, after: str = "pass") -> float:
-    """What ``statement``'s imports cost in an interpreter that already ran ``after``: the CPU
-    time (user + system) of that statement alone, measured inside the process, best of five
-    fresh interpreters. (Subtracting two whole interpreters' CPU, as before, was a difference of
-    two ~300 ms figures: noise of +-30 ms around a 15 ms budget.)"""
-    code = (
-        f"{after}\nimport time\nstart = "
-        f"time.process_time()\n{statement}\nprint((time.process_time() - start) * 1000)\n"
-    )
-    runs = [
-        subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-        )
-        for _ in range(5)
-    ]
-    return min(float(run.stdout.strip().splitlines()[-1]) for run in runs)
-
-
 @pytest.mark.parametrize("process", list(PROCESSES))
 def test_each_process_imports_only_what_it_needs(process: str) -> None:
     budget = PROCESSES[process]
@@ -134,15 +116,6 @@ def test_each_process_imports_only_what_it_needs(process: str) -> None:
     )
 
 
-@pytest.mark.parametrize("process", list(PROCESSES))
-def test_each_process_s_imports_stay_within_their_time_budget(process: str) -> None:
-    budget = PROCESSES[process]
-    took = _import_ms(budget.statement, budget.after)
-    assert took < 2.5 * budget.cpu_ms, (
-        f"{process}: imports took {took:.1f} ms of CPU (budget {budget.cpu_ms} ms, bound 2.5x)"
-    )
-
-
 def test_the_supervisor_starts_torchrun_before_importing_what_only_its_loop_needs() -> None:
     loaded = sorted(set(AFTER_TORCHRUN) & set(_added("import xl.launcher.supervisor.loop")))
     assert not loaded, f"the supervisor imports {loaded} before it starts torchrun"
@@ -151,4 +124,3 @@ def test_the_supervisor_starts_torchrun_before_importing_what_only_its_loop_need
 def test_the_budget_counts_what_a_statement_adds() -> None:
     # The counter itself: a heavy import shows up, a module already loaded does not.
     assert "json" in _added("import json") and _added("import sys") == []
-    assert _import_ms("import json, decimal, email.parser, http.client") > 1
