@@ -36,6 +36,14 @@
  *                                  started, 2 in progress, 3 completed)
  *   gpu.<i>.fabric_status N        its status (an nvmlReturn_t; 0 success)
  *                                  (make any of these NOT_SUPPORTED with gpu.<i>.errors)
+ *   gpu.<i>.clock_reasons 0x40     nvmlDeviceGetCurrentClocksEventReasons (and the older
+ *                                  ...ThrottleReasons): the bitmask of why the clocks are held down
+ *   gpu.<i>.sm_clock / sm_clock_max / mem_clock   MHz (current and maximum SM clock, memory clock)
+ *   gpu.<i>.xids 13,79             every XID the GPU has had since the driver loaded, oldest first:
+ *                                  an event set registered for XIDs gets those listed after it was
+ *                                  registered (so a test appends one while a process watches)
+ *   gpu.<i>.event_types 0x1f       nvmlDeviceGetSupportedEventTypes (default: ECC, P-state, XID,
+ *                                  clock); registering a type outside it is NOT_SUPPORTED
  *   gpu.<i>.procs 1234:1073741824,5678:0     compute processes (pid:used bytes)
  *   gpu.<i>.gprocs ...                        graphics processes
  *
@@ -58,6 +66,9 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_NOT_SUPPORTED 3
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_TIMEOUT 10
+#define NVML_EVENT_XID 0x8ULL
+#define MAXXID 64
 #define NVML_ERROR_GPU_IS_LOST 15
 #define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 
@@ -95,6 +106,11 @@ typedef struct sim_gpu {
     unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
     unsigned int retired_sbe, retired_dbe, retired_pending;
     int fabric_state, fabric_status;
+    unsigned long long clock_reasons;
+    unsigned int sm_clock, sm_clock_max, mem_clock;
+    unsigned int xids[MAXXID];
+    int nxids;
+    unsigned long long event_types;
     char errors[1024];
     sim_proc procs[MAXPROC];
     int nprocs;
@@ -199,6 +215,23 @@ static void set_defaults(void) {
         g->cc_major = 8;
         g->cc_minor = 0;
         g->fabric_state = -1;
+        g->sm_clock = 1410;
+        g->sm_clock_max = 1410;
+        g->mem_clock = 1593;
+        g->event_types = 0x1fULL;
+    }
+}
+
+static void parse_xids(const char *v, sim_gpu *g) {
+    g->nxids = 0;
+    const char *p = v;
+    while (*p && g->nxids < MAXXID) {
+        char *end;
+        unsigned long x = strtoul(p, &end, 10);
+        if (end == p) break;
+        g->xids[g->nxids++] = (unsigned int)x;
+        p = end;
+        while (*p == ',' || *p == ' ') p++;
     }
 }
 
@@ -272,6 +305,12 @@ static void set_gpu_key(sim_gpu *g, const char *k, const char *v) {
     else if (!strcmp(k, "retired_pending")) g->retired_pending = (unsigned int)atoi(v);
     else if (!strcmp(k, "fabric_state")) g->fabric_state = atoi(v);
     else if (!strcmp(k, "fabric_status")) g->fabric_status = atoi(v);
+    else if (!strcmp(k, "clock_reasons")) g->clock_reasons = strtoull(v, NULL, 0);
+    else if (!strcmp(k, "sm_clock")) g->sm_clock = (unsigned int)strtoul(v, NULL, 10);
+    else if (!strcmp(k, "sm_clock_max")) g->sm_clock_max = (unsigned int)strtoul(v, NULL, 10);
+    else if (!strcmp(k, "mem_clock")) g->mem_clock = (unsigned int)strtoul(v, NULL, 10);
+    else if (!strcmp(k, "xids")) parse_xids(v, g);
+    else if (!strcmp(k, "event_types")) g->event_types = strtoull(v, NULL, 0);
     else if (!strcmp(k, "errors")) snprintf(g->errors, sizeof(g->errors), ",%s,", v);
     else if (!strcmp(k, "procs")) parse_procs(v, g->procs, &g->nprocs);
     else if (!strcmp(k, "gprocs")) parse_procs(v, g->gprocs, &g->ngprocs);
@@ -905,10 +944,19 @@ EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, 
 }
 #endif
 
+/* ---- clocks and what holds them down ------------------------------------------------ */
+
+/* nvmlClockType_t: 0 graphics, 1 SM, 2 memory, 3 video */
+static unsigned int clock_of(const sim_gpu *g, int type, int max) {
+    if (type == 2) return g->mem_clock;
+    return max ? g->sm_clock_max : g->sm_clock;
+}
+
 #ifndef SIM_NO_nvmlDeviceGetClockInfo
 EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, int type, unsigned int *mhz) {
     DEV_ENTER("nvmlDeviceGetClockInfo");
-    *mhz = type == 2 ? 1593 : 1410; /* 2 = memory clock */
+    if (!mhz) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *mhz = clock_of(g, type, 0);
     LEAVE(NVML_SUCCESS);
 }
 #endif
@@ -916,8 +964,138 @@ EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, int type, unsign
 #ifndef SIM_NO_nvmlDeviceGetMaxClockInfo
 EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, int type, unsigned int *mhz) {
     DEV_ENTER("nvmlDeviceGetMaxClockInfo");
-    *mhz = type == 2 ? 1593 : 1410;
+    if (!mhz) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *mhz = clock_of(g, type, 1);
     LEAVE(NVML_SUCCESS);
+}
+#endif
+
+#ifndef SIM_NO_nvmlDeviceGetCurrentClocksEventReasons
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device,
+                                                           unsigned long long *reasons) {
+    DEV_ENTER("nvmlDeviceGetCurrentClocksEventReasons");
+    if (!reasons) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *reasons = g->clock_reasons;
+    LEAVE(NVML_SUCCESS);
+}
+#endif
+
+#ifndef SIM_NO_nvmlDeviceGetCurrentClocksThrottleReasons
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
+                                                              unsigned long long *reasons) {
+    DEV_ENTER("nvmlDeviceGetCurrentClocksThrottleReasons");
+    if (!reasons) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *reasons = g->clock_reasons;
+    LEAVE(NVML_SUCCESS);
+}
+#endif
+
+/* ---- events: XIDs --------------------------------------------------------------------- */
+
+/* As in nvml.h (and pynvml's c_nvmlEventData_t). */
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+typedef struct {
+    int n;
+    struct {
+        int index;    /* the GPU's index: its sim_gpu is rewritten on every reload */
+        int seen;     /* how many of its XIDs were there before, or have been delivered */
+    } reg[MAXGPU];
+} sim_event_set;
+
+#ifndef SIM_NO_nvmlEventSetCreate
+EXPORT nvmlReturn_t nvmlEventSetCreate(sim_event_set **set) {
+    nvmlReturn_t rc = enter();
+    if (rc) LEAVE(rc);
+    if (!set) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *set = calloc(1, sizeof(sim_event_set));
+    LEAVE(*set ? NVML_SUCCESS : 20);
+}
+#endif
+
+#ifndef SIM_NO_nvmlEventSetFree
+EXPORT nvmlReturn_t nvmlEventSetFree(sim_event_set *set) {
+    nvmlReturn_t rc = enter();
+    if (rc) LEAVE(rc);
+    free(set);
+    LEAVE(NVML_SUCCESS);
+}
+#endif
+
+#ifndef SIM_NO_nvmlDeviceGetSupportedEventTypes
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device,
+                                                     unsigned long long *types) {
+    DEV_ENTER("nvmlDeviceGetSupportedEventTypes");
+    if (!types) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    *types = g->event_types;
+    LEAVE(NVML_SUCCESS);
+}
+#endif
+
+#ifndef SIM_NO_nvmlDeviceRegisterEvents
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types,
+                                             sim_event_set *set) {
+    DEV_ENTER("nvmlDeviceRegisterEvents");
+    if (!set) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (types & ~g->event_types) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    if (!(types & NVML_EVENT_XID)) LEAVE(NVML_SUCCESS);
+    for (int i = 0; i < set->n; i++)
+        if (set->reg[i].index == g->index) LEAVE(NVML_SUCCESS);
+    if (set->n >= MAXGPU) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    set->reg[set->n].index = g->index;
+    set->reg[set->n].seen = g->nxids; /* only XIDs from now on, as the driver delivers them */
+    set->n++;
+    LEAVE(NVML_SUCCESS);
+}
+#endif
+
+static int next_xid(sim_event_set *set, nvmlEventData_t *data) {
+    for (int i = 0; i < set->n; i++) {
+        sim_gpu *g = &gpus[set->reg[i].index];
+        if (set->reg[i].seen > g->nxids) set->reg[i].seen = g->nxids; /* the list was rewritten */
+        if (set->reg[i].seen < g->nxids) {
+            memset(data, 0, sizeof(*data));
+            data->device = g;
+            data->eventType = NVML_EVENT_XID;
+            data->eventData = g->xids[set->reg[i].seen++];
+            data->gpuInstanceId = 0xFFFFFFFF;
+            data->computeInstanceId = 0xFFFFFFFF;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static nvmlReturn_t event_wait(sim_event_set *set, nvmlEventData_t *data, unsigned int ms) {
+    nvmlReturn_t rc = enter();
+    if (rc) LEAVE(rc);
+    if (!set || !data) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    if (next_xid(set, data)) LEAVE(NVML_SUCCESS);
+    if (ms == 0) LEAVE(NVML_ERROR_TIMEOUT);
+    pthread_mutex_unlock(&lock);
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&lock);
+    reload_if_changed();
+    LEAVE(next_xid(set, data) ? NVML_SUCCESS : NVML_ERROR_TIMEOUT);
+}
+
+#ifndef SIM_NO_nvmlEventSetWait_v2
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(sim_event_set *set, nvmlEventData_t *data,
+                                        unsigned int timeoutms) {
+    return event_wait(set, data, timeoutms);
+}
+#endif
+#ifndef SIM_NO_nvmlEventSetWait
+EXPORT nvmlReturn_t nvmlEventSetWait(sim_event_set *set, nvmlEventData_t *data,
+                                     unsigned int timeoutms) {
+    return event_wait(set, data, timeoutms);
 }
 #endif
 
@@ -984,5 +1162,6 @@ EXPORT size_t simnvml_sizeof(const char *name) {
     if (!strcmp(name, "nvmlProcessInfo_v2_t")) return sizeof(nvmlProcessInfo_v2_t);
     if (!strcmp(name, "nvmlTemperature_v1_t")) return sizeof(nvmlTemperature_v1_t);
     if (!strcmp(name, "nvmlBAR1Memory_t")) return sizeof(nvmlBAR1Memory_t);
+    if (!strcmp(name, "nvmlEventData_t")) return sizeof(nvmlEventData_t);
     return 0;
 }

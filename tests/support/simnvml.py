@@ -69,6 +69,18 @@ MODELS: dict[str, tuple[str, int, str, int, int]] = {
     "T4": ("Tesla T4", 0x1EB810DE, "7.5", 15360, 70),
 }
 
+# Each model's top SM clock (MHz): what nvmlDeviceGetMaxClockInfo(SM) answers.
+MAX_SM_CLOCK_MHZ: dict[str, int] = {
+    "A100": 1410,
+    "A100-40GB": 1410,
+    "H100": 1980,
+    "H200": 1980,
+    "L4": 2040,
+    "RTX4090": 2520,
+    "V100": 1530,
+    "T4": 1590,
+}
+
 # A DGX-like PCI layout: nvidia-smi order is PCI bus order.
 _BUSES = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)
 
@@ -129,6 +141,16 @@ class SimGPU:
     # state: 1 not started (Fabric Manager not running), 2 in progress, 3 completed
     fabric_state: int = -1
     fabric_status: int = 0  # an nvmlReturn_t: the fabric's own result once completed
+    # Why the clocks are held down (nvmlDeviceGetCurrentClocksEventReasons' bitmask, e.g. 0x40
+    # HW thermal slowdown, 0x4 SW power cap; 0x1 idle) and the SM clock against its maximum
+    # (None: the model's top clock, MAX_SM_CLOCK_MHZ)
+    clock_event_reasons: int = 0
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    # Every XID the GPU has had since the driver loaded, oldest first: a process watching XIDs
+    # (an NVML event set) gets those added after it began to watch
+    xids: tuple[int, ...] = ()
+    event_types: int = 0x1F  # nvmlDeviceGetSupportedEventTypes (0x8: XIDs; 0: no events here)
     # NVML function name -> nvmlReturn_t it returns for this GPU (e.g. NOT_SUPPORTED)
     errors: dict[str, int] = field(default_factory=dict)
     processes: list[SimProcess] = field(default_factory=list)
@@ -138,6 +160,7 @@ class SimGPU:
             name, devid, cc, mem, limit = MODELS[self.model]
         except KeyError:
             raise ValueError(f"unknown model {self.model!r}; known: {', '.join(MODELS)}") from None
+        top = self.sm_clock_max_mhz or MAX_SM_CLOCK_MHZ[self.model]
         return dataclasses.replace(
             self,
             name=self.name or name,
@@ -147,6 +170,8 @@ class SimGPU:
             memory_total_mib=self.memory_total_mib if self.memory_total_mib is not None else mem,
             power_limit_w=self.power_limit_w if self.power_limit_w is not None else limit,
             compute_capability=self.compute_capability or cc,
+            sm_clock_max_mhz=top,
+            sm_clock_mhz=self.sm_clock_mhz if self.sm_clock_mhz is not None else top,
             mig_pending=self.mig_pending if self.mig_pending is not None else self.mig,
             errors=dict(self.errors),
             processes=[dataclasses.replace(p) for p in self.processes],
@@ -292,6 +317,11 @@ def render_config(
             f"{p}retired_pending {int(g.retired_pending)}",
             f"{p}fabric_state {int(g.fabric_state)}",
             f"{p}fabric_status {int(g.fabric_status)}",
+            f"{p}clock_reasons {int(g.clock_event_reasons):#x}",
+            f"{p}sm_clock {int(g.sm_clock_mhz or 0)}",
+            f"{p}sm_clock_max {int(g.sm_clock_max_mhz or 0)}",
+            f"{p}xids {','.join(str(int(x)) for x in g.xids)}",
+            f"{p}event_types {int(g.event_types):#x}",
             f"{p}errors {','.join(f'{k}={v}' for k, v in g.errors.items())}",
             f"{p}procs {_procs(g, graphics=False)}",
             f"{p}gprocs {_procs(g, graphics=True)}",

@@ -294,6 +294,7 @@ def test_struct_layouts_match_pynvml(simnvml):
         "nvmlProcessInfo_v2_t": pynvml.c_nvmlProcessInfo_v3_t,
         "nvmlTemperature_v1_t": pynvml.c_nvmlTemperature_v1_t,
         "nvmlBAR1Memory_t": pynvml.c_nvmlBAR1Memory_t,
+        "nvmlEventData_t": pynvml.c_nvmlEventData_t,
     }
     for name, struct in pairs.items():
         assert lib.simnvml_sizeof(name.encode()) == ctypes.sizeof(struct), name
