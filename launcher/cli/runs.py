@@ -14,7 +14,7 @@ from xl.launcher.rundir import record, timing
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Cause
 from xl.launcher.rundir.record import RunRecord, RunStatus, read_object
-from xl.launcher.rundir.store import NOT_YOURS, UNREADABLE, RunInfo, list_runs
+from xl.launcher.rundir.store import GONE, NOT_YOURS, STARTING, UNREADABLE, RunInfo, list_runs
 from xl.textsafe import visible
 
 
@@ -29,7 +29,9 @@ def _duration(info: RunInfo) -> str:
 def _status(info: RunInfo) -> str:
     if info.status == UNREADABLE:
         return "unreadable (run.json damaged)"
-    if info.status == RunStatus.RUNNING and not info.supervisor_alive:
+    if info.supervisor == STARTING:
+        return STARTING
+    if info.status == RunStatus.RUNNING and info.supervisor == GONE:
         return "running (supervisor gone; 'xl stop' cleans up)"
     return info.status
 

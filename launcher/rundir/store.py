@@ -37,6 +37,9 @@ class RunInfo:
     world_size: int
     devices: list[dict[str, Any]]
     supervisor_alive: bool
+    # ``starting`` (launched, its supervisor not yet known by pid), ``running`` or ``gone`` (a
+    # supervisor that was there is gone) while the run runs; None once it ended.
+    supervisor: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,12 +53,14 @@ class RunInfo:
             "world_size": self.world_size,
             "devices": self.devices,
             "supervisor_alive": self.supervisor_alive,
+            "supervisor": self.supervisor,
         }
 
     @classmethod
     def of(cls, run_dir: Path, rec: RunRecord) -> RunInfo:
         spec = rec.spec
         target = spec.get("script") or (f"-m {spec['module']}" if spec.get("module") else "?")
+        supervisor = supervisor_state(run_dir, rec)
         return cls(
             run_id=rec.run_id,
             run_dir=run_dir,
@@ -66,9 +71,39 @@ class RunInfo:
             ended_at=rec.ended_at,
             world_size=rec.world_size or len(rec.ranks),
             devices=[d.to_json() for d in rec.devices],
-            # Only a running run has a supervisor worth asking about (a PID check per run).
-            supervisor_alive=rec.status == RunStatus.RUNNING and runprocs.supervisor_alive(rec),
+            # A supervisor being started counts as there: nothing of the run needs cleaning up.
+            supervisor_alive=supervisor in (STARTING, SUPERVISED),
+            supervisor=supervisor,
         )
+
+
+STARTING, SUPERVISED, GONE = "starting", "running", "gone"
+# How long after its launch a run whose supervisor has no pid in run.json and cannot be seen yet
+# is still taken to be starting: between the fork (or spawn) and its first chdir, no process names
+# the run dir; a supervisor that died before writing its pid is gone once this has passed.
+START_UNSEEN_S = 30.0
+
+
+def supervisor_state(run_dir: Path, rec: RunRecord) -> str | None:
+    """Whether a running run's supervisor is ``starting`` (launched, not yet known by pid: its
+    process, found by its cwd, or a launch too recent for it to show), ``running`` or ``gone``;
+    None for a run that ended. Only a running run is asked about (a PID check; a /proc scan only
+    while one starts)."""
+    if rec.status != RunStatus.RUNNING:
+        return None
+    if rec.supervisor_pid is not None:
+        if runprocs.supervisor_alive(rec):
+            return SUPERVISED
+        return GONE
+    started = rec.started_at
+    if runprocs.find_supervisor(str(run_dir)) is not None:
+        return STARTING
+    fresh = record.load(run_dir)
+    if fresh is not None and fresh.supervisor_pid is not None:
+        return SUPERVISED if runprocs.supervisor_alive(fresh) else GONE
+    if started is not None and time.time() - started < START_UNSEEN_S:
+        return STARTING
+    return GONE
 
 
 def runs_root(create: bool) -> Path:

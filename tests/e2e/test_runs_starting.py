@@ -1,0 +1,134 @@
+"""`xl runs` of a run being started, and of a run whose supervisor is gone (real `xl launch
+--detach`, real torchrun with CPU ranks, the real `xl runs`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import kill_run, run_json, wait_for, wait_no_processes, wait_ranks_running, xl, xl_env
+
+pytestmark = pytest.mark.e2e
+
+# Ranks wait for the test's go file, then end at once.
+SCRIPT = """
+import os, sys, time
+print("ready", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+print("done", flush=True)
+"""
+
+# A supervisor whose interpreter takes seconds to start (a slow disk, a loaded node): its run is
+# starting all that time, and its run.json has no supervisor pid yet.
+SLOW_SITE = """
+import os, time
+with open("/proc/self/cmdline", "rb") as fh:
+    if b"xl.launcher.supervisor" in fh.read():
+        time.sleep(float(os.environ.get("XL_TEST_SLOW_START_S", "0")))
+"""
+
+GONE = "supervisor gone"
+
+
+def _launch(tmp_path: Path, env: dict[str, str], name: str) -> Path:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    proc = xl(
+        ["launch", "--detach", "--nproc", "2", "--name", name, str(script), str(tmp_path / "go")],
+        env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = sorted((Path(env["XL_HOME"]) / "runs").glob(f"*-{name}-*"))
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def _listed(env: dict[str, str], run_dir: Path) -> tuple[str, dict[str, Any]]:
+    """The run's row of `xl runs` and its object of `xl runs --json`."""
+    table = xl(["runs"], env)
+    assert table.returncode == 0, table.stderr
+    row = next(ln for ln in table.stdout.splitlines() if ln.startswith(run_dir.name))
+    listed = xl(["runs", "--json"], env)
+    assert listed.returncode == 0, listed.stderr
+    return row, next(r for r in json.loads(listed.stdout) if r["run_id"] == run_dir.name)
+
+
+def test_a_run_just_launched_is_starting_never_supervisor_gone(tmp_path: Path) -> None:
+    env = xl_env(tmp_path / "home", OMP_NUM_THREADS="1")
+    for n in range(3):
+        run_dir = _launch(tmp_path, env, f"fresh{n}")
+        try:
+            seen = []
+            # From the launch's return until its supervisor is known, and a look after that.
+            while True:
+                known = run_json(run_dir).get("supervisor_pid") is not None
+                row, obj = _listed(env, run_dir)
+                seen.append(obj["supervisor"])
+                assert GONE not in row, row
+                # (the two looks are apart: the supervisor may become known between them)
+                assert row.split()[2] in ("starting", "running"), row
+                assert obj["status"] == "running" and obj["supervisor_alive"], obj
+                assert obj["supervisor"] in ("starting", "running"), obj
+                if known:
+                    break
+            assert seen[-1] == "running", seen
+        finally:
+            (tmp_path / "go").touch()
+        try:
+            wait_no_processes(run_dir, timeout=60)
+        finally:
+            kill_run(run_dir)
+        (tmp_path / "go").unlink()
+
+
+def test_a_run_whose_supervisor_is_slow_to_start_is_listed_starting(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_SITE)
+    env = xl_env(
+        tmp_path / "home",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+        XL_TEST_SLOW_START_S="6",
+        OMP_NUM_THREADS="1",
+    )
+    run_dir = _launch(tmp_path, env, "slow")
+    try:
+        assert run_json(run_dir)["supervisor_pid"] is None
+        row, obj = _listed(env, run_dir)
+        assert row.split()[2] == "starting" and GONE not in row, row
+        assert obj["supervisor"] == "starting" and obj["supervisor_alive"], obj
+        assert run_json(run_dir)["supervisor_pid"] is None  # it was starting all the while
+    finally:
+        (tmp_path / "go").touch()
+    try:
+        wait_no_processes(run_dir, timeout=90)
+    finally:
+        kill_run(run_dir)
+
+
+def test_a_supervisor_killed_while_its_ranks_train_is_said_gone(tmp_path: Path) -> None:
+    env = xl_env(tmp_path / "home", OMP_NUM_THREADS="1")
+    run_dir = _launch(tmp_path, env, "orphan")
+    try:
+        run = wait_ranks_running(run_dir, 2)
+        os.kill(run["supervisor_pid"], signal.SIGKILL)
+        row, obj = wait_for(
+            lambda: (got := _listed(env, run_dir))[1]["supervisor"] == "gone" and got,
+            timeout=30,
+            what="the supervisor said gone",
+        )
+        assert "running (supervisor gone; 'xl stop' cleans up)" in row, row
+        assert obj["status"] == "running" and not obj["supervisor_alive"], obj
+        stop = xl(["stop", run_dir.name], env)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        wait_no_processes(run_dir, timeout=30)
+    finally:
+        (tmp_path / "go").touch()
+        kill_run(run_dir)
