@@ -8,12 +8,16 @@ LOCAL_RANK and CUDA_VISIBLE_DEVICES (read from /proc/<pid>/environ).
 A rank's memory (docs/contracts.md, ``sys`` lines): ``mem_mib`` its footprint, PSS over its
 process and its children without xl's relay; ``rss_mib`` its own process's RSS;
 ``gpu_proc_mem_mib`` what its processes hold on its GPU; ``gpu_mem_used_mib`` the whole GPU's.
+
+What holds the rank's GPU back (docs/contracts.md, ``sys`` lines: ``clock_event_reasons``,
+``sm_clock_mhz`` ... ``xid_t``) comes from xl.gpu.clocks, which reads each GPU at most once a
+second however many ranks share it; a figure NVML does not give is left out.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +76,12 @@ def _nvml_inventory() -> Any:
     return nvml.inventory(processes=True)
 
 
+def _nvml_clocks() -> Callable[[Sequence[int]], Mapping[int, Any]]:
+    from xl.gpu.clocks import ClockReader  # noqa: PLC0415 - GPU runs only: not every supervisor's start
+
+    return ClockReader().read
+
+
 def _read_environ(pid: int) -> dict[str, str]:
     return read_environ(pid)
 
@@ -90,7 +100,15 @@ def _gpu_key(gpu: Any) -> tuple[int | None, str | None]:
 
 
 class Sampler:
-    def __init__(self, inventory: Callable[[], Any] | bool | None = True) -> None:
+    def __init__(
+        self,
+        inventory: Callable[[], Any] | bool | None = True,
+        clocks: Callable[[Sequence[int]], Mapping[int, Any]] | None = None,
+    ) -> None:
+        """``inventory``: True for NVML's (its clocks too), a callable for a fake one (tests;
+        ``clocks`` then gives each GPU index's xl.gpu.clocks.Clocks), None/False for none."""
+        self._clocks = clocks
+        self._real_nvml = inventory is True
         if inventory is True:
             self._inventory: Callable[[], Any] | None = _nvml_inventory
         else:
@@ -203,6 +221,8 @@ class Sampler:
                     if isinstance(value, (int, float)):
                         rec[key] = value
             records.append(rec)
+        if gpus:
+            self._clock_figures(records)
         for pid in list(self._procs):
             if pid not in live_pids:
                 del self._procs[pid]
@@ -210,6 +230,22 @@ class Sampler:
             del self._pss[pid]
         self._pss_seen = set()
         return records, dead
+
+    def _clock_figures(self, records: list[dict[str, Any]]) -> None:
+        """Each record's GPU's clocks, power, ECC and XID: one read per GPU, not per rank."""
+        if self._clocks is None and self._real_nvml:
+            self._clocks = _nvml_clocks()
+        indices = sorted({r["gpu"] for r in records if isinstance(r.get("gpu"), int)})
+        if self._clocks is None or not indices:
+            return
+        try:
+            read = self._clocks(indices)
+        except Exception:  # NVML trouble: the lines go out without these figures
+            return
+        for rec in records:
+            got = read.get(rec.get("gpu"))  # type: ignore[arg-type]
+            if got is not None:
+                rec.update(got.to_fields())
 
     def _gpu_figures(
         self,
