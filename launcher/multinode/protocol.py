@@ -15,6 +15,8 @@ A node frame is a wire frame whose header names the node instead of a rank
                                               rank standing for its ``steps`` (multinode.summary)
     stacks   {"id", "ranks": [...]}           its ranks' entries of the stacks document, answering
                                               node 0's ``{"stacks": {"id", "rank", "timeout"}}``
+    fingerprint {"fingerprint": {...}}        what must match across the nodes
+                                              (xl.doctor.fingerprint): a link's first message
     logs     {"id", "rank", "offset", "data", "size"}
                                               a piece of a rank's output file (up to MAX_LOGS_DATA
                                               from ``offset``; ``size`` the file's), answering
@@ -40,7 +42,7 @@ FORWARDED_EVENTS = frozenset(
     {"run_started", "rank_started", "rank_exited", "stop_requested", "run_ended", "exit_barrier"}
 )
 MESSAGE_TYPES = frozenset(
-    {"ranks", "log", "event", "failure", "end", "rec", "stacks", "train", "logs"}
+    {"ranks", "log", "event", "failure", "end", "rec", "stacks", "train", "logs", "fingerprint"}
 )
 MAX_RANKS = 1 << 16
 MAX_LOG_CHUNK = 16 << 10
@@ -139,6 +141,8 @@ def check_message(obj: object) -> dict[str, Any]:
         _check_stacks(obj)
     elif kind == "logs":
         _check_logs(obj)
+    elif kind == "fingerprint":
+        _check_fingerprint(obj.get("fingerprint"))
     elif kind == "failure":
         _check_failure(obj.get("failure"))
         _time(obj.get("at"))
@@ -180,6 +184,35 @@ def _list(value: Any, cap: int) -> list[Any]:
     if type(value) is not list or len(value) > cap:
         raise wire.FrameError("bad_node_message")
     return value
+
+
+# A fingerprint's variables (the ranks' NCCL_*, TORCH_*, CUDA_*) and facts: more than an event's
+# fields, each text capped as an event's are.
+_MAX_FINGERPRINT_VARS = 512
+_MAX_FINGERPRINT_FIELDS = 64
+
+
+def _check_fingerprint(obj: Any) -> None:
+    """A node's fingerprint: flat scalars (``fields``), text variables (``env``), and texts."""
+    if type(obj) is not dict or set(obj) - {
+        "host", "fields", "env", "python", "nproc", "nccl_from", "ifname", "ld_library_path"
+    }:
+        raise wire.FrameError("bad_node_message")
+    fields, env = obj.get("fields", {}), obj.get("env", {})
+    if type(fields) is not dict or len(fields) > _MAX_FINGERPRINT_FIELDS:
+        raise wire.FrameError("bad_node_message")
+    if type(env) is not dict or len(env) > _MAX_FINGERPRINT_VARS:
+        raise wire.FrameError("bad_node_message")
+    for key, value in (*fields.items(), *env.items()):
+        if type(key) is not str or len(key) > wire.MAX_KEY_LEN:
+            raise wire.FrameError("bad_key")
+        _check_value(value, _MAX_FIELD_TEXT)
+    for key in env.values():
+        if type(key) is not str:
+            raise wire.FrameError("bad_value")
+    rest = {k: v for k, v in obj.items() if k not in ("fields", "env")}
+    for key, value in rest.items():
+        _check_value(value, _MAX_TEXT if key == "ld_library_path" else _MAX_FIELD_TEXT)
 
 
 def _check_logs(obj: dict[str, Any]) -> None:

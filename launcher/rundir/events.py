@@ -54,6 +54,7 @@ class EventKind(str, Enum):
     NODES_UNFINISHED = "nodes_unfinished"
     NODES_NEVER_JOINED = "nodes_never_joined"
     WAITING_FOR_NODE_0 = "waiting_for_node_0"
+    ENV_DIFF = "env_diff"
 
 
 def _timed(t: float, kind: EventKind, rank: int | None, message: str) -> dict[str, Any]:
@@ -199,6 +200,35 @@ class NodeRefused(Event):
             "node": self.node,
             "node_rank": self.node_rank,
             "peer": self.peer,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class EnvDiff(Event):
+    """Node 0's word on one field in which one node's environment differs from the others'
+    (docs/multinode.md, "One environment across nodes"): ``node`` is its node rank here."""
+
+    node: int
+    host: str
+    field: str
+    value: str | int | None
+    others: str | int | None
+    severity: str  # stop | warn
+    fix: str | None
+    message: str
+    kind: EventKind = field(default=EventKind.ENV_DIFF, init=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "node": self.node,
+            "host": self.host,
+            "field": self.field,
+            "value": self.value,
+            "others": self.others,
+            "severity": self.severity,
+            "fix": self.fix,
             "message": self.message,
         }
 
