@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from xl import cgroup as xl_cgroup
 from xl.errors import UsageError
 from xl.gpu import nvml
-from xl.launcher import runprocs
+from xl.launcher import runcgroup, runprocs
 from xl.launcher.plan import Plan, build_plan
 from xl.launcher.rundir import layout, record, stopmark
 from xl.launcher.rundir.layout import RunLayout
@@ -60,6 +61,7 @@ class RunHandle:
     run_dir: Path
     pid: int
     proc: subprocess.Popen[bytes] | ForkedSupervisor | None = None
+    cgroup_reason: str | None = None  # why the run has no cgroup (None: it has one)
 
 
 def _fork_supervisor(run_dir: Path) -> ForkedSupervisor:
@@ -168,7 +170,9 @@ def _hold_reserve(run_dir: Path) -> None:
         os.close(fd)
 
 
-def _new_record(run_id: str, spec: LaunchSpec, plan: Plan) -> RunRecord:
+def _new_record(
+    run_id: str, spec: LaunchSpec, plan: Plan, cgroup: tuple[str | None, str | None]
+) -> RunRecord:
     """run.json as it is before the supervisor starts (docs/contracts.md, "run.json")."""
     data: RunJson = {
         "name": spec.name or (Path(spec.script).name if spec.script else spec.module or ""),
@@ -189,7 +193,10 @@ def _new_record(run_id: str, spec: LaunchSpec, plan: Plan) -> RunRecord:
         "grace_s": grace_from_env(),
         "ranks": [],
         "failure": None,
+        "cgroup": cgroup[0],
     }
+    if cgroup[1] is not None:
+        data["cgroup_reason"] = cgroup[1]
     return RunRecord(run_id=run_id, status=RunStatus.RUNNING.value, data=dict(data))
 
 
@@ -219,22 +226,30 @@ def start_run(
     except OSError as exc:
         raise _no_room(runs_root(create=False), exc) from None
     run_id = run_dir.name
+    import shutil  # noqa: PLC0415 - a run that cannot start only
+
+    try:
+        # Its processes are the cgroup's from torchrun's start (launcher/runcgroup.py).
+        cgroup = runcgroup.make(run_id, spec.node_rank, spec.memory_limit)
+    except UsageError:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     try:
         _hold_reserve(run_dir)
         for folder in layout.MADE_FOLDERS:
             (run_dir / folder).mkdir(mode=0o700)
-        record.save(run_dir, _new_record(run_id, spec, plan))
+        record.save(run_dir, _new_record(run_id, spec, plan, cgroup))
         for name in layout.MADE_FILES:
             (run_dir / name).touch(mode=0o600)
     except OSError as exc:
         # A full disk (or quota) before anything started: no half-made run is left behind.
-        import shutil  # noqa: PLC0415 - a full disk only
-
         shutil.rmtree(run_dir, ignore_errors=True)
+        if cgroup[0] is not None:
+            xl_cgroup.remove(cgroup[0])
         raise _no_room(run_dir.parent, exc) from None
     if fork:
         forked = _fork_supervisor(run_dir)
-        return RunHandle(run_id=run_id, run_dir=run_dir, pid=forked.pid, proc=forked)
+        return RunHandle(run_id, run_dir, forked.pid, forked, cgroup[1])
     log_fd = os.open(
         RunLayout(run_dir).supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
     )
@@ -249,7 +264,7 @@ def start_run(
             cwd=str(run_dir),
             env=None if env is None else dict(env),
         )
-    return RunHandle(run_id=run_id, run_dir=run_dir, pid=proc.pid, proc=proc)
+    return RunHandle(run_id, run_dir, proc.pid, proc, cgroup[1])
 
 
 def grace_for(rec: RunRecord) -> float:

@@ -45,6 +45,7 @@ class LaunchSpec:
     cwd: str | None = None
     python: str | None = None
     max_restarts: int = 0  # torchrun's --max-restarts: restarts of every rank after a failure
+    memory_limit: str | None = None  # --memory-limit as written ("64G"): the run's cgroup's
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +117,8 @@ def spec_to_argv(spec: LaunchSpec, options: Sequence[str] = ()) -> list[str]:
         argv += ["--mixed-precision", spec.mixed_precision]
     if spec.max_restarts:
         argv += ["--max-restarts", str(spec.max_restarts)]
+    if spec.memory_limit is not None:
+        argv += ["--memory-limit", spec.memory_limit]
     for key, value in spec.env.items():
         argv += ["--env", f"{key}={value}"]
     if spec.name is not None:

@@ -26,6 +26,8 @@ COLLECTOR_PORT = "XL_COLLECTOR_PORT"
 # -- where xl keeps things
 HOME = "XL_HOME"
 CONFIG_HOME = "XL_CONFIG_HOME"
+# the cgroup folder run cgroups are made in, instead of under this process's own (xl.cgroup)
+CGROUP_ROOT = "XL_CGROUP_ROOT"
 
 # -- tunables (docs/contracts.md, "Tunables")
 STOP_GRACE = "XL_STOP_GRACE"

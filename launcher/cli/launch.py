@@ -174,6 +174,10 @@ def launch(
     from xl.launcher.control import start_run  # noqa: PLC0415 - only a run that starts needs it
 
     handle = start_run(spec, plan, fork=True, run_id=run_id)
+    if handle.cgroup_reason is not None:
+        from xl.launcher.runcgroup import FALLBACK  # noqa: PLC0415 - as start_run
+
+        sys.stderr.write(f"xl: no cgroup for this run ({handle.cgroup_reason}); {FALLBACK}\n")
     if detach:
         print(handle.run_id)
         sys.stderr.write(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from xl import envnames
 from xl.address import format_address
+from xl.cgroup import parse_size
 from xl.errors import ArgumentParser, UsageError
 from xl.launcher.spec import MIXED_PRECISION, LaunchSpec, parse_env_pairs
 
@@ -95,6 +96,15 @@ def positive_seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0 (e.g. 60)")
     return value
+
+
+def memory_size(text: str) -> str:
+    """An argparse type: --memory-limit SIZE as written (64G, 512M), once it reads as a size."""
+    try:
+        parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip()
 
 
 def nproc_value(text: str) -> int | str:
@@ -173,6 +183,13 @@ def launch_parser(prog: str = "xl launch", *, sbatch: bool = False) -> ArgumentP
         "--env", action="append", default=[], metavar="K=V", help="extra variable (repeatable)"
     )
     p.add_argument("--name", help="a name for the run")
+    p.add_argument(
+        "--memory-limit",
+        type=memory_size,
+        metavar="SIZE",
+        help="the most memory (e.g. 64G) every process of the run together may use on a node; "
+        "past it the kernel's OOM killer ends one (the run's cgroup, docs/launch.md)",
+    )
     p.add_argument(
         "--accelerate-config",
         nargs="?",
@@ -380,6 +397,7 @@ def spec_from_args(
         "mixed_precision",
         "max_restarts",
         "python",
+        "memory_limit",
     )
     given = {k: getattr(ns, k, None) for k in keys}
     if isinstance(given["nproc"], str):

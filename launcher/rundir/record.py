@@ -122,6 +122,10 @@ class RunJson(TypedDict, total=False):
     time: dict[str, float]
     metrics_bytes_lost: int
     write_lost: dict[str, int]
+    cgroup: str | None  # the run's cgroup on this node (xl.cgroup), null when none was made
+    cgroup_reason: str  # why none was made
+    ended_in_cgroup: int  # processes still in it at the run's end, ended then
+    cgroup_memory: dict[str, int | None]  # the kernel's count of its memory at the end
 
 
 class RunStatus(str, Enum):

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xl.launcher import runprocs
+from xl.launcher import runcgroup, runprocs
 from xl.launcher.rundir import digest, record
 from xl.launcher.rundir.events import RunEnded, append_event
 from xl.launcher.rundir.layout import RESERVE, SETTLED, RunLayout
@@ -165,8 +165,10 @@ def settle(
         return None
     except OSError:
         pass  # a read-only or full disk: settle all the same, once is best effort there
-    # What the run left behind in sessions and environments of their own ends with it.
+    # What the run left behind in sessions and environments of their own ends with it, and
+    # whatever else is still in its cgroup, however it was started.
     runprocs.end_escaped(run_dir)
+    runcgroup.end_settled(run_dir, rec, rec.grace_s if rec.grace_s is not None else 1.0)
     with contextlib.suppress(OSError):
         merge_spool(run_dir)
     left = read_rank_reports(run_dir)

@@ -8,6 +8,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from xl import cgroup as xl_cgroup
 from xl.address import LOOPBACK
 from xl.launcher import runprocs
 
@@ -25,11 +26,19 @@ class Torchrun:
         return self.proc is not None and self.code is None
 
     def start(
-        self, argv: list[str], *, cwd: str | None, env: dict[str, str], log: Path, umask: int
+        self,
+        argv: list[str],
+        *,
+        cwd: str | None,
+        env: dict[str, str],
+        log: Path,
+        umask: int,
+        cgroup: str | None = None,
     ) -> list[str]:
-        """Start it: no stdin, its own output appended to ``log`` (logs/torchrun.log). Returns
-        the command started: a one-node plan's with the port held for its store
-        (hold_master_port)."""
+        """Start it: no stdin, its own output appended to ``log`` (logs/torchrun.log), in the
+        run's ``cgroup`` when it has one (entered between fork and exec: nothing of it runs
+        outside). Returns the command started: a one-node plan's with the port held for its
+        store (hold_master_port)."""
         argv, self.held_port = hold_master_port(list(argv))
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
@@ -41,6 +50,8 @@ class Torchrun:
                 stderr=subprocess.STDOUT,
                 close_fds=True,
                 umask=umask,  # the run dir is private; the training's own files are not
+                # one write of its pid, no lock taken: safe in a forked child with threads
+                preexec_fn=None if cgroup is None else xl_cgroup.enter(cgroup),
             )
         return argv
 

@@ -1,0 +1,127 @@
+"""A run's cgroup on this node, as the run uses it: made by the launch before the supervisor
+exists, torchrun started in it, ended and removed at the run's end by whoever ends the run
+(docs/launch.md, "A run's cgroup"; the cgroup itself is ``xl.cgroup``'s).
+
+Whoever ends a run ends its cgroup: the supervisor in ``finish``; ``xl stop`` or any later xl
+command that settles a run whose supervisor is gone (``launcher/rundir/settle.py``). A rank that
+settles its own run is inside the cgroup, where it can neither end torchrun (its parent, still
+waiting for it) nor remove the cgroup: it starts ``python -m xl.launcher.runcgroup`` outside it,
+which waits for that rank and torchrun to be gone and then ends the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from xl import cgroup, envnames
+from xl.errors import UsageError
+from xl.launcher import runprocs
+from xl.launcher.rundir import record
+from xl.launcher.rundir.record import RunRecord
+
+# What the launch says where no cgroup could be made: how the run is kept together instead.
+FALLBACK = "its processes are followed by their process tree and environment instead"
+_FINISHER_WAIT_S = 60.0  # the settling rank and torchrun end within this (torchrun: ~1 s)
+
+
+def make(run_id: str, node_rank: int, memory_limit: str | None) -> tuple[str | None, str | None]:
+    """The run's cgroup, made now: (its path, None), or (None, why none could be). A run with
+    ``--memory-limit`` that cannot have its limit does not start (UsageError)."""
+    limit = cgroup.parse_size(memory_limit) if memory_limit else None
+    try:
+        return cgroup.make(cgroup.find_place(), cgroup.run_name(run_id, node_rank), limit), None
+    except cgroup.CgroupError as exc:
+        if memory_limit:
+            raise UsageError(
+                f"--memory-limit {memory_limit} needs a cgroup for the run, and none can be made "
+                f"here: {exc}; run without --memory-limit (or as root)"
+            ) from None
+        return None, str(exc)
+
+
+def started_in(path: str, pid: int) -> bool:
+    """``pid`` (torchrun, just started) is in the cgroup, or already gone (nothing to say)."""
+    return cgroup.holds(path, pid) or not runprocs.alive(pid)
+
+
+def path_of(rec: RunRecord) -> str | None:
+    path = rec.data.get("cgroup")
+    return path if isinstance(path, str) and path else None
+
+
+def end(rec: RunRecord, grace: float) -> None:
+    """End what is left in the run's cgroup (SIGTERM, SIGKILL after ``grace``), remove it, and
+    say so in ``rec`` (``ended_in_cgroup``, ``cgroup_memory``). Once: a record that says it
+    already is left alone."""
+    path = path_of(rec)
+    if path is None or "ended_in_cgroup" in rec.data:
+        return
+    ended = cgroup.end(path, grace)
+    used = cgroup.memory(path)  # after the end: what the kernel killed for memory counts too
+    cgroup.remove(path)
+    rec.update(ended_in_cgroup=ended)
+    if used is not None:
+        rec.update(cgroup_memory={k: v for k, v in used.items() if k != "current"})
+
+
+def end_settled(run_dir: Path, rec: RunRecord, grace: float) -> None:
+    """The cgroup's end for a run being settled: here, or, when this process is in it (a rank),
+    by a process of its own started outside it."""
+    path = path_of(rec)
+    if path is None or "ended_in_cgroup" in rec.data:
+        return
+    try:
+        if cgroup.holds(path, os.getpid()):
+            _finish_later(run_dir, path, rec)
+        else:
+            end(rec, grace)
+    except Exception as exc:  # the run's outcome is what settling is for: written all the same
+        rec.update(cgroup_reason=f"its cgroup could not be ended: {exc!r}")
+
+
+def _finish_later(run_dir: Path, path: str, rec: RunRecord) -> None:
+    """Start ``python -m xl.launcher.runcgroup`` outside the cgroup, in a session of its own and
+    without the run's variables (no process of the run), to end it after this one."""
+    env = {k: v for k, v in os.environ.items() if k not in envnames.RUN_VARS}
+    torchrun = rec.data.get("torchrun_pid")
+    wait = [str(os.getpid())] + ([str(torchrun)] if type(torchrun) is int else [])
+    try:
+        subprocess.Popen(
+            [sys.executable, "-m", "xl.launcher.runcgroup", str(run_dir), *wait],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            env=env,
+            preexec_fn=cgroup.leave(path),  # one write of its pid, no lock taken
+        )
+    except OSError:
+        pass  # the next xl command that reads the run ends it (``end_settled``)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m xl.launcher.runcgroup RUN_DIR PID...``: once the PIDs are gone (the rank
+    that settled the run, torchrun), end the run's cgroup and record it."""
+    if len(argv) < 1:
+        print("usage: python -m xl.launcher.runcgroup RUN_DIR [PID ...]", file=sys.stderr)
+        return 2
+    run_dir = Path(argv[0])
+    waits = [int(a) for a in argv[1:] if a.isdigit()]
+    deadline = time.monotonic() + _FINISHER_WAIT_S
+    while any(runprocs.alive(p) for p in waits) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    rec = record.load(run_dir)
+    if rec is None or path_of(rec) is None or "ended_in_cgroup" in rec.data:
+        return 0
+    end(rec, rec.grace_s if rec.grace_s is not None else 1.0)
+    record.save(run_dir, rec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
