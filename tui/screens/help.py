@@ -93,7 +93,9 @@ slow at 1.25 times the median rank's step time or more.
 
 def monitor_help(*, running: bool, standalone: bool, owns_run: bool, big: bool = False) -> str:
     keys = ["- `[` / `]` or `↑` / `↓`: choose the rank whose log (and chart line) is shown",
-            "- `c`: charts on or off"]
+            "- `c`: charts on or off",
+            "- the log shows the newest lines as they come; scrolled back (wheel, or `tab` to the "
+            "log and `↑` / `pgup`), it stays where it is until scrolled to the end or `f`"]
     if running:
         keys += [
             "- `s`: stop the run (it asks first): SIGTERM to every rank, SIGKILL after a grace "

@@ -182,6 +182,7 @@ class MonitorScreen(XLScreen):
         Binding(
             "k", "stacks", "Stacks", show=False
         ),  # the hang banner and Help name it; the footer is full at 80 columns
+        Binding("f", "follow", "Follow log", show=False),  # the log's title names it
         # One footer entry for both ("[] Rank"): with `? Help` and `q Quit` it fits 80 columns.
         Binding("left_square_bracket", "rank(-1)", "Prev rank", group=RANK_KEYS),
         Binding("right_square_bracket", "rank(1)", "Next rank", group=RANK_KEYS),
@@ -430,9 +431,21 @@ class MonitorScreen(XLScreen):
             return
         self._log_rank = rank
         self._log_needs_reset = True
-        self.query_one("#log-title", Label).update(f"Log — rank {rank} (following)")
+        self._log_title(following=True)  # a rank's log opens at its end
         if self.view is not None:
             self._request_poll()
+
+    def _log_title(self, following: bool) -> None:
+        if self._log_rank is None:
+            return
+        state = "following" if following else "scrolled back: f follows"
+        self.query_one("#log-title", Label).update(f"Log — rank {self._log_rank} ({state})")
+
+    def on_rank_log_following(self, message: RankLog.Following) -> None:
+        self._log_title(message.following)
+
+    def action_follow(self) -> None:
+        self.query_one(RankLog).follow_end()
 
     def action_rank(self, delta: int) -> None:
         table = self.query_one(RankTable)

@@ -1,6 +1,12 @@
 """The selected rank's output, following the end of its log, long lines wrapped as a terminal
 wraps them (a traceback's last line, the one that says what went wrong, is often the longest).
 
+Following is a state of the view, not of its scroll position at the moment lines come: it shows
+the newest line whatever happens around it (a log already long when the view opens, a banner or
+a second header line that makes the pane shorter, a narrower terminal), until the person scrolls
+back; scrolled to the end again (or ``follow_end``, the Monitor's `f`), it follows again. Each
+change of the state is posted (``RankLog.Following``) so the pane's title can say it.
+
 The view holds a rank's last lines only: when it starts at a log's end, or more lines come than it
 keeps, its first line says how many of the log's lines are not in it and where they all are
 (docs/output.md)."""
@@ -8,11 +14,13 @@ keeps, its first line says how many of the log's lines are not in it and where t
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.cells import cell_len, chop_cells
 from textual import events
+from textual.message import Message
 from textual.widgets import Log
 
 from xl.textsafe import visible
@@ -49,14 +57,27 @@ def skipped_line(count: int, path: Path | None) -> str:
 
 
 class RankLog(Log):
+    class Following(Message):
+        """The view started or stopped following its log's end."""
+
+        def __init__(self, following: bool) -> None:
+            super().__init__()
+            self.following = following
+
     def __init__(self, **kwargs) -> None:
-        super().__init__(max_lines=None, auto_scroll=True, **kwargs)
+        # Log's own auto_scroll follows only while the view is at the end as lines come: once
+        # the pane got shorter after a scroll to the end, it stopped for good.
+        super().__init__(max_lines=None, auto_scroll=False, **kwargs)
+        self.following = True
+        self._moving = False  # the view scrolls itself: not the person scrolling back
         self.rank: int | None = None
         # The lines as the rank wrote them (each with its rows at the width it was wrapped at):
         # wrapped again when the width changes.
         self._raw: deque[tuple[str, int]] = deque()
         self._rows = 0
         self._wrapped_at = 0
+        self._gone = 0  # lines dropped from the view's start since show(): _raw[i] is line _gone+i
+        self._head_rows = 0  # rows the skipped line takes as drawn
         self.skipped = 0  # lines of the log before the first one in the view
         self.path: Path | None = None
 
@@ -64,27 +85,72 @@ class RankLog(Log):
         return self.scrollable_content_region.width
 
     def show(self, rank: int, lines: Iterable[str]) -> None:
-        """Replace the content with another rank's recent lines."""
+        """Replace the content with another rank's recent lines, and follow its end."""
         self.rank = rank
         self._raw.clear()
-        self._rows = 0
+        self._rows = self._gone = 0
         self.skipped = lines.skipped if isinstance(lines, LogLines) else 0
         self.path = lines.path if isinstance(lines, LogLines) else None
-        self.clear()
-        if self.skipped:
-            self.write_lines(wrap(skipped_line(self.skipped, self.path), self._wrap_width()))
+        self._set_following(True)
+        with self._scrolling():  # clearing scrolls to the top on its own
+            self.clear()
+            head = self._head(self._wrap_width())
+            self.write_lines(head)
+        self._head_rows = len(head)
         self.follow(lines)
+        self._to_end()
 
     def follow(self, lines: Iterable[str]) -> None:
+        """Add a rank's new lines."""
         lines = list(lines)
         if not lines:
             return
+        top = self._top_line()
         width = self._wrapped_at = self._wrap_width()
         rows = [row for line in lines for row in self._add(line, width)]
         if self._trim():
-            self._redraw(width)
+            self._redraw(width, top)
         else:
             self.write_lines(rows)
+            self._to_end()
+
+    def follow_end(self) -> None:
+        """Show the newest line and follow the log again."""
+        self._set_following(True)
+        self._to_end()
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if not self._moving:  # the person scrolled (wheel, keys, scrollbar): back, or to the end
+            self._set_following(round(new_value) >= self.max_scroll_y)
+
+    def on_resize(self, event: events.Resize) -> None:
+        width = self._wrap_width()
+        if width != self._wrapped_at and self._raw:
+            self._redraw(width, self._top_line())
+        else:  # only shorter or taller: the newest line stays at the bottom
+            self._to_end()
+
+    @contextmanager
+    def _scrolling(self) -> Iterator[None]:
+        self._moving = True
+        try:
+            yield
+        finally:
+            self._moving = False
+
+    def _to_end(self) -> None:
+        if self.following:
+            with self._scrolling():
+                self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+    def _set_following(self, following: bool) -> None:
+        if following != self.following:
+            self.following = following
+            self.post_message(self.Following(following))
+
+    def _head(self, width: int) -> list[str]:
+        return wrap(skipped_line(self.skipped, self.path), width) if self.skipped else []
 
     def _add(self, line: str, width: int) -> list[str]:
         rows = wrap(line, width)
@@ -100,22 +166,38 @@ class RankLog(Log):
             self._rows -= self._raw.popleft()[1]
             dropped += 1
         self.skipped += dropped
+        self._gone += dropped
         return dropped
 
-    def _redraw(self, width: int) -> None:
-        """Everything again at ``width``: the skipped line first, then the rank's lines."""
+    def _top_line(self) -> int:
+        """The number (since show()) of the line drawn at the top of the view; -1: the skipped
+        line."""
+        row = round(self.scroll_y) - self._head_rows
+        if row < 0:
+            return -1
+        for index, (_, rows) in enumerate(self._raw):
+            if row < rows:
+                return self._gone + index
+            row -= rows
+        return self._gone + len(self._raw) - 1
+
+    def _redraw(self, width: int, top: int) -> None:
+        """Everything again at ``width``: the skipped line first, then the rank's lines. A person
+        reading back keeps the line they read at the top (the oldest kept once it is dropped)."""
         self._wrapped_at = width
         raw = [line for line, _ in self._raw]
         self._raw.clear()
         self._rows = 0
         wrapped = [self._add(line, width) for line in raw]
         dropped = self._trim()  # narrower: more rows, perhaps too many
-        rows = wrap(skipped_line(self.skipped, self.path), width) if self.skipped else []
-        rows += [row for line_rows in wrapped[dropped:] for row in line_rows]
-        self.clear()
-        self.write_lines(rows)
-
-    def on_resize(self, event: events.Resize) -> None:
-        width = self._wrap_width()
-        if width != self._wrapped_at and self._raw:
-            self._redraw(width)
+        head = self._head(width)
+        rows = head + [row for line_rows in wrapped[dropped:] for row in line_rows]
+        self._head_rows = len(head)
+        with self._scrolling():
+            self.clear()
+            self.write_lines(rows)
+            if not self.following:
+                kept = top - self._gone
+                row = 0 if kept < 0 else self._head_rows + sum(n for _, n in list(self._raw)[:kept])
+                self.scroll_to(y=row, animate=False, immediate=True)
+        self._to_end()
