@@ -105,6 +105,7 @@ class _Rank:
     clear_votes: int = 0
     nan_reported: bool = False
     mem_high: bool = False
+    gpu_seen: dict[str, Any] | None = None  # its last sys line with its GPU's figures
 
 
 def _window_splits(ranks: dict[int, _Rank], since: float) -> dict[int, dict[str, float]]:
@@ -231,6 +232,8 @@ class Diagnoser:
             self._event("recovered", rank, f"rank {rank} made progress again{at}", of="stalled")
 
     def _ingest_sys(self, rank: int, st: _Rank, t: float, rec: dict[str, Any]) -> None:
+        if "gpu" in rec:
+            st.gpu_seen = rec  # what the culprit's GPU was doing, for a straggler event
         wait = rec.get("comm_wait_s")
         if isinstance(wait, (int, float)) and not isinstance(wait, bool):
             st.waits.append((t, float(wait)))
@@ -361,6 +364,8 @@ class Stragglers:
 
     def __init__(self, diagnoser: Diagnoser) -> None:
         self.d = diagnoser
+        self.now = 0.0  # the tick's
+        self.spells: Any = None  # straggler.Spells: naming and spells, made at the first vote
 
     @property
     def th(self) -> Thresholds:
@@ -377,6 +382,9 @@ class Stragglers:
         self.d._event(kind, rank, message, **extra)
 
     def check(self, now: float) -> None:
+        self.now = now
+        if self.spells is not None:
+            self.spells.tick(now)
         since = now - self.th.straggler_window_s
         splits = _window_splits(self._ranks, since)
         if len(splits) >= 2:
@@ -467,23 +475,18 @@ class Stragglers:
             self._vote(rank, False, str)
 
     def _vote(self, rank: int, is_it: bool, message: Callable[[], str], **extra: Any) -> None:
-        st = self._rank(rank)
-        if is_it:
-            st.clear_votes = 0
-            st.straggle_votes += 1
-            if not st.straggler and st.straggle_votes >= self.th.straggler_sustain:
-                st.straggler = True
-                self._event("straggler", rank, message(), **extra)
-        else:
-            st.straggle_votes = 0
-            if st.straggler:
-                st.clear_votes += 1
-                if st.clear_votes >= self.th.straggler_sustain:
-                    st.straggler = False
-                    st.clear_votes = 0
-                    self._event(
-                        "recovered", rank, f"rank {rank} is no longer a straggler", of="straggler"
-                    )
+        if self.spells is None:
+            from xl.launcher.telemetry.straggler import Spells  # noqa: PLC0415 - at the first vote, as straggler.judge
+
+            self.spells = Spells(
+                self.th.straggler_sustain, self.th.straggler_window_s, self._event, self._gpu
+            )
+        self.spells.vote(self._rank(rank), rank, self.now, is_it, message, extra)
+
+    def _gpu(self, rank: int, phase: str | None) -> dict[str, Any]:
+        from xl.launcher.telemetry.straggler import explain_gpu  # noqa: PLC0415 - as above
+
+        return explain_gpu(self._rank(rank).gpu_seen, phase, self.now)
 
 
 def quiet_spell(d: Diagnoser, now: float | None = None) -> tuple[float | None, float]:
