@@ -1,77 +1,93 @@
 """A dead rank's evidence (its exit, its error, its last lines, the kernel's word) as a cause:
 ``kind``, a one-line ``summary``, a ``fix`` that works or None, and the evidence it was read from.
 
+The evidence is everything the rank left: the exception xl's entry caught, and its last output
+read as a person reads a log (``reading``): the last traceback's error, and the lines libraries
+print in their own voice (NCCL, c10's C++ logging, C++'s ``what():``, the DataLoader's workers).
 The first reading that fits wins, most specific first: a signal is read with what explains it
-(the OOM killer, faulthandler's dump, a watchdog's abort, Slurm's time limit); an exit with a
-Python error by that error's own words; anything else is the script's own ``exception``, with its
-last line and no fix. A pattern is only looked for where its author writes it (torch's messages
-in the error, argparse's in the last lines): a script's own error that merely mentions memory
-stays an ``exception``.
+(the OOM killer, faulthandler's dump, a watchdog's abort, Slurm's time limit); an exit by the
+error's own words (``no kernel image``, ``busy or unavailable`` and ``out of memory`` before any
+``CUDA error``); anything else is the script's own ``exception``, with its last error line and no
+fix. A pattern is only looked for where its author writes it: a line the script printed, or a
+script's own exception that merely mentions memory or files, stays an ``exception``.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shlex
 import signal
 import time
-from dataclasses import dataclass, field
 
-from xl.launcher.causes import host, words
+from xl.cgroup import format_size, is_run_cgroup
+from xl.launcher.causes import host, reading, words
 from xl.launcher.causes.distributions import DISTRIBUTIONS
 from xl.launcher.causes.door import Doctor
+from xl.launcher.causes.evidence import Evidence, cause, signame
+from xl.launcher.causes.gpu import gpu_cause, shm_cause, shm_small
 from xl.launcher.rundir.outcome import Cause, CauseKind
 
 _SIGNALS = {-signal.SIGSEGV: "Segmentation fault", -signal.SIGBUS: "Bus error"}
-
-
-@dataclass
-class Evidence:
-    """What is known of a rank that died, for ``explain``."""
-
-    rank: int | None
-    exit_code: int | None  # negative: the signal; None: unknown (it vanished)
-    error: str | None = None  # its exception as Python prints it (possibly several lines)
-    traceback: str | None = None
-    log_tail: list[str] = field(default_factory=list)  # its last lines of output
-    pids: set[int] = field(default_factory=set)  # the rank's process (and its children, when known)
-    python: str = "python"  # the ranks' interpreter
-    cwd: str | None = None  # where the ranks ran
-    script: str | None = None  # the script as given, or None for -m
-    module: str | None = None  # -m MODULE
-    launch_args: list[str] | None = None  # this run's `xl launch` arguments (for a rerun line)
-    hang: str | None = None  # xl's own hang verdict, when it said one
-    vanished: bool = False  # gone without a word (a signal xl did not send)
+# Most specific first: a CUDA error's own words before the generic one, NCCL's shared memory and
+# CUDA failures before NCCL's error.
+_GPU_READERS = (
+    words.cuda_oom,
+    words.no_kernel_image,
+    words.device_busy,
+    words.shm_full,
+    words.collective_timeout,
+    words.nccl_error,
+    words.cuda_error,
+)
+# Exceptions libraries wrap others' words in: the lines libraries printed are read with them.
+# A script's own exception type (ValueError, KeyError, its own) is its own words alone.
+_WRAPPERS = re.compile(r"^(?:RuntimeError|SystemExit|Exception|OSError|torch\.[\w.]+|c10::\w+):")
 
 
 def explain(ev: Evidence, doctor: Doctor | None = None, kernel: list[str] | None = None) -> Cause:
     """Why ``ev``'s rank died. ``doctor``: the doctor's checks (read here when a GPU kind needs
     them); ``kernel``: the kernel log's lines (read here when a signal needs them)."""
     doctor = doctor or Doctor(ev.python, {})
-    tail = "\n".join(ev.log_tail)
-    # The rank's own exception: torch's and NCCL's words are in it (its traceback's end when
-    # no error line was recorded).
-    said = ev.error or "\n".join((ev.traceback or "").strip().splitlines()[-5:])
+    log = reading.read(ev.log_tail)
+    said = trusted(ev, log)
     killed = ev.exit_code is None or ev.exit_code < 0
     if killed:
-        return _signal(ev, tail, doctor, kernel)
-    found = words.usage_error(tail, ev.exit_code) if not ev.traceback else None
+        return _signal(ev, said, log, doctor, kernel)
+    found = words.usage_error(log.text, ev.exit_code) if not ev.traceback else None
     if found is not None:
-        return _cause(
+        return cause(
             found, f"the script refused its command line: {found.facts['message']}", _help(ev)
         )
-    for reader in (_python_kinds, _gpu_kinds):
-        cause = reader(ev, said, doctor, kernel)
-        if cause is not None:
-            return cause
-    return _exception(ev, tail)
+    found = _python_kinds(ev, said, doctor, kernel)
+    if found is not None:
+        return found
+    for read in _GPU_READERS:
+        hit = read(said)
+        if hit is not None:
+            return gpu_cause(hit, ev, doctor, None)
+    return _exception(ev, log)
+
+
+def trusted(ev: Evidence, log: reading.Said) -> str:
+    """The text kinds are read from: the exception xl caught (else the last one the log shows),
+    and, when it is a wrapper of others' words or there is none, the lines libraries printed."""
+    caught = ev.error or "\n".join((ev.traceback or "").strip().splitlines()[-5:])
+    if caught.startswith("SystemExit"):
+        caught = ""  # sys.exit("..."): the words before it are the rank's
+    own = caught or log.error or ""
+    if own and not _WRAPPERS.match(own):
+        return own
+    return "\n".join([own, *log.library]).strip()
 
 
 # ---------------------------------------------------------------- signals
-def _signal(ev: Evidence, tail: str, doctor: Doctor, kernel: list[str] | None) -> Cause:
+def _signal(
+    ev: Evidence, said: str, log: reading.Said, doctor: Doctor, kernel: list[str] | None
+) -> Cause:
     code = ev.exit_code
-    name = _signame(code)
+    name = signame(code)
     read_here = kernel is None and code in (None, -signal.SIGKILL)
     kernel = host.kernel_lines() if read_here else kernel
     if code in (None, -signal.SIGKILL):
@@ -85,24 +101,18 @@ def _signal(ev: Evidence, tail: str, doctor: Doctor, kernel: list[str] | None) -
             time.sleep(0.2)
             oom = host.oom_kill(ev.pids, host.kernel_lines())
         if oom is not None:
-            return _host_oom(oom)
+            return _host_oom(oom, ev)
     # A C++ abort after a watchdog's or NCCL's own message, a CUDA error: their words first.
-    for read in (
-        words.collective_timeout,
-        words.nccl_error,
-        words.cuda_oom,
-        words.cuda_error,
-        words.shm_full,
-    ):
-        found = read(tail)
+    for read in _GPU_READERS:
+        found = read(said)
         if found is not None:
-            return _gpu(found, ev, doctor, name)
-    crash = words.fatal_signal(tail)
+            return gpu_cause(found, ev, doctor, name)
+    crash = words.fatal_signal(log.text)
     if code == -signal.SIGABRT or (crash is not None and crash.facts.get("signal") == "Aborted"):
-        return _aborted(crash, ev.log_tail)
+        return _aborted(crash, log.lines)
     if crash is not None or code in _SIGNALS:
-        if code == -signal.SIGBUS and _shm_small(doctor):
-            return _shm(
+        if code == -signal.SIGBUS and shm_small(doctor):
+            return shm_cause(
                 words.Found(
                     "shm_full",
                     {},
@@ -111,7 +121,7 @@ def _signal(ev: Evidence, tail: str, doctor: Doctor, kernel: list[str] | None) -
                 doctor,
             )
         return _segfault(crash, code)
-    who = _who(tail)
+    who = _who(log.text)
     if who is not None:
         return Cause(CauseKind.KILLED, f"killed by {name}: {who[0]}", who[1], [who[2]])
     if code is None:
@@ -145,8 +155,10 @@ def _who(tail: str) -> tuple[str, str | None, str] | None:
     return None
 
 
-def _host_oom(oom: host.OomKill) -> Cause:
+def _host_oom(oom: host.OomKill, ev: Evidence | None = None) -> Cause:
     held = f"it held {host.size(oom.rss)} when it died"
+    if oom.memcg is not None and oom.limit and is_run_cgroup(oom.memcg):
+        return _over_memory_limit(oom, oom.limit, held, ev)
     if oom.memcg is not None:
         limit = f"a limit of {host.size(oom.limit)}" if oom.limit else "its limit"
         summary = (
@@ -168,6 +180,25 @@ def _host_oom(oom: host.OomKill) -> Cause:
         )
     pid = f" (pid {oom.pid}, {oom.name})"
     return Cause(CauseKind.HOST_OOM, summary + pid, fix, [oom.line])
+
+
+def _over_memory_limit(oom: host.OomKill, limit: int, held: str, ev: Evidence | None) -> Cause:
+    """The run's own cgroup (xl.cgroup) and its `--memory-limit`: the same launch with twice
+    the limit is the fix."""
+    summary = (
+        f"killed by the kernel's OOM killer: the run's --memory-limit of {host.size(limit)} "
+        f"(its cgroup {oom.memcg}); {held} (pid {oom.pid}, {oom.name})"
+    )
+    bigger = format_size(2 * limit)
+    args = list(ev.launch_args) if ev is not None and ev.launch_args is not None else None
+    if args is None:
+        fix = f"launch it again with --memory-limit {bigger}, or use less memory per rank"
+    else:
+        while "--memory-limit" in args:
+            i = args.index("--memory-limit")
+            del args[i : i + 2]
+        fix = shlex.join(["xl", "launch", "--memory-limit", bigger, *args])
+    return Cause(CauseKind.HOST_OOM, summary, fix, [oom.line])
 
 
 def _aborted(crash: words.Found | None, lines: list[str]) -> Cause:
@@ -212,7 +243,7 @@ def _segfault(crash: words.Found | None, code: int | None) -> Cause:
         CauseKind.SEGFAULT,
         f"{what.lower()} in native code (no Python line was printed)",
         None,
-        crash.evidence if crash else [f"exit code {code} ({_signame(code)})"],
+        crash.evidence if crash else [f"exit code {code} ({signame(code)})"],
     )
 
 
@@ -223,12 +254,12 @@ def _python_kinds(
     found = words.module_not_found(said)
     if found is not None:
         return _module(ev, found)
-    worker = _worker_oom(ev, said, kernel)
+    worker = _worker(ev, said, doctor, kernel)
     if worker is not None:
         return worker
     found = words.shm_full(said)
     if found is not None:
-        return _shm(found, doctor)
+        return shm_cause(found, doctor)
     found = words.port_in_use(said)
     if found is not None:
         return _port(found)
@@ -243,12 +274,22 @@ def _module(ev: Evidence, found: words.Found) -> Cause:
     top = module.split(".")[0]
     local = _local(ev, top)
     if local is not None:
-        return _cause(
+        return cause(
             found, f"no module named '{module}' on the ranks' sys.path, though {local} exists", None
         )
-    dist = DISTRIBUTIONS.get(module) or DISTRIBUTIONS.get(top) or (top if module == top else None)
-    fix = f"{shlex.quote(ev.python)} -m pip install {shlex.quote(dist)}" if dist else None
-    return _cause(found, f"the ranks' Python ({ev.python}) has no module named '{module}'", fix)
+    # A library that names several (transformers' "requires the following packages"): all.
+    names = found.facts.get("modules", module).split()
+    dists = [
+        DISTRIBUTIONS.get(m) or DISTRIBUTIONS.get(m.split(".")[0])
+        or (m if "." not in m else None)
+        for m in names
+    ]
+    fix = None
+    if all(dists):
+        fix = shlex.join([ev.python, "-m", "pip", "install", *(d for d in dists if d)])
+    said = f"'{module}'" if len(names) == 1 else ", ".join(f"'{m}'" for m in names)
+    plural = "module" if len(names) == 1 else "modules"
+    return cause(found, f"the ranks' Python ({ev.python}) has no {plural} named {said}", fix)
 
 
 def _local(ev: Evidence, name: str) -> str | None:
@@ -268,194 +309,97 @@ def _local(ev: Evidence, name: str) -> str | None:
 
 def _file(ev: Evidence, found: words.Found) -> Cause:
     path = found.facts["path"]
+    script = os.path.abspath(os.path.join(ev.cwd or "", ev.script)) if ev.script else None
+    if found.facts.get("script") or (script is not None and os.path.abspath(path) == script):
+        return _no_script(ev, found, path)
     where = f" (relative to {ev.cwd})" if ev.cwd and not os.path.isabs(path) else ""
     fix = None
-    if ev.script and not os.path.isabs(path):
-        beside = os.path.dirname(os.path.abspath(os.path.join(ev.cwd or "", ev.script)))
-        if beside != os.path.abspath(ev.cwd or ".") and os.path.exists(os.path.join(beside, path)):
-            fix = f"launch from {beside} (cd {shlex.quote(beside)}), where {path} exists"
-    return _cause(found, f"no such file: {path}{where}", fix)
+    if script is not None and not os.path.isabs(path):
+        beside = os.path.dirname(script)
+        args = ev.launch_args
+        if (beside != os.path.abspath(ev.cwd or ".") and os.path.exists(os.path.join(beside, path))
+                and args is not None and ev.script in args):
+            # the same launch from the script's folder, where the file is
+            args = [script if a == ev.script else a for a in args]
+            fix = f"cd {shlex.quote(beside)} && {shlex.join(['xl', 'launch', *args])}"
+    return cause(found, f"no such file: {path}{where}", fix)
+
+
+def _no_script(ev: Evidence, found: words.Found, path: str) -> Cause:
+    """The script itself is not there: its path, where the ranks ran, and the launch again with
+    the file of that folder whose name is closest, when one is close."""
+    ran = f" (the ranks ran in {ev.cwd})" if ev.cwd else ""
+    folder = os.path.dirname(os.path.abspath(os.path.join(ev.cwd or "", path)))
+    try:
+        names = [n for n in os.listdir(folder) if n.endswith(".py")]
+    except OSError:
+        names = []
+    close = difflib.get_close_matches(os.path.basename(path), names, n=1, cutoff=0.8)
+    fix = None
+    if close and ev.launch_args is not None and ev.script in ev.launch_args:
+        other = os.path.join(os.path.dirname(ev.script or ""), close[0])
+        args = list(ev.launch_args)
+        args[args.index(ev.script or "")] = other
+        fix = shlex.join(["xl", "launch", *args])
+    return cause(found, f"the script {path} does not exist{ran}", fix)
 
 
 def _port(found: words.Found) -> Cause:
     port = found.facts.get("port")
     holder = host.port_holder(int(port)) if port and port.isdigit() else None
     who = f", held by pid {holder} ({host.process_name(holder) or '?'})" if holder else ""
-    return _cause(
+    return cause(
         found,
         f"port {port} is already in use{who}" if port else "an address is already in use",
         None,
     )
 
 
-def _worker_oom(ev: Evidence, said: str, kernel: list[str] | None) -> Cause | None:
-    """A DataLoader worker the OOM killer ended ("DataLoader worker (pid(s) 123) exited
-    unexpectedly" / "is killed by signal: Killed"): host memory, when the kernel says so."""
-    if "DataLoader worker" not in said:
+_WORKER = re.compile(
+    r"DataLoader worker \(pid\(?s?\)? ([\d, ]+)\) (?:exited unexpectedly|is killed by signal: "
+    r"Killed)"
+)
+
+
+def _worker(ev: Evidence, said: str, doctor: Doctor, kernel: list[str] | None) -> Cause | None:
+    """A DataLoader worker that died without a word of its own ("DataLoader worker (pid(s) 123)
+    exited unexpectedly" / "is killed by signal: Killed"): the OOM killer when the kernel log
+    names it or the run's cgroup counted a kill; else shared memory, when /dev/shm is small or
+    full (a worker dies of it writing a batch there); else the script's own ``exception``."""
+    m = _WORKER.search(said)
+    if m is None:
         return None
-    pids = {
-        int(p) for p in re.findall(r"\b(\d{2,9})\b", said.split("DataLoader worker", 1)[1][:200])
-    }
-    oom = host.oom_kill(pids, kernel) if pids else None
-    return _host_oom(oom) if oom is not None else None
-
-
-# ---------------------------------------------------------------- the GPU's and NCCL's
-def _gpu_kinds(ev: Evidence, said: str, doctor: Doctor, kernel: list[str] | None) -> Cause | None:
-    tail = "\n".join(ev.log_tail)
-    for read in (
-        words.cuda_oom,
-        words.no_kernel_image,
-        words.device_busy,
-        words.collective_timeout,
-        words.nccl_error,
-        words.cuda_error,
-    ):
-        # A device-side assert's own line (which assert, where) is printed by the kernel to the log.
-        found = read(f"{said}\n{tail}" if read is words.cuda_error else said)
-        if found is not None:
-            return _gpu(found, ev, doctor, None)
+    pids = {int(p) for p in re.findall(r"\d+", m.group(1))}
+    oom = host.oom_kill(pids, kernel)
+    if oom is not None:
+        return _host_oom(oom, ev)
+    line = m.group(0)
+    kills = host.cgroup_oom_kills(ev.cgroup) if ev.cgroup else None
+    if kills:
+        limit = host.memory_limit(ev.cgroup or "")
+        of = f" (its limit {host.size(limit)})" if limit else ""
+        return Cause(
+            CauseKind.HOST_OOM,
+            f"killed by the kernel's OOM killer: a DataLoader worker, in the run's memory cgroup "
+            f"{ev.cgroup}{of}, which counted {kills} OOM kill{'s' if kills > 1 else ''}",
+            "use less host memory per rank (fewer DataLoader workers, a smaller batch)",
+            [line, f"{ev.cgroup}: oom_kill {kills}"],
+        )
+    if shm_small(doctor):
+        return shm_cause(words.Found("shm_full", {}, [line]), doctor)
     return None
 
 
-def _gpu(found: words.Found, ev: Evidence, doctor: Doctor, signame: str | None) -> Cause:
-    f = found.facts
-    by = f" (then {signame})" if signame else ""
-    if found.kind == "cuda_oom":
-        return _cuda_oom(found, ev)
-    if found.kind == "shm_full":
-        return _shm(found, doctor)
-    if found.kind == "no_kernel_image":
-        for check in ("torch", "arch_list"):
-            answer = doctor.ask(check)
-            if answer.status in ("fail", "warn") and answer.fix:
-                return _cause(
-                    found, answer.detail, answer.fix, [f"xl doctor ({check}): {answer.detail}"]
-                )
-        return _cause(found, "the GPU has no kernel of this build for its architecture", None)
-    if found.kind == "device_busy":
-        answer = doctor.ask("gpus")
-        if answer.status in ("fail", "warn") and answer.fix:
-            return _cause(
-                found,
-                f"the GPU is busy or unavailable: {answer.detail}",
-                answer.fix,
-                [f"xl doctor (gpus): {answer.detail}"],
-            )
-        return _cause(
-            found,
-            "the GPU is busy or unavailable (exclusive-process mode held by another process, or "
-            "Prohibited)",
-            "nvidia-smi -q -d COMPUTE,PIDS",
-        )
-    if found.kind == "collective_timeout":
-        op = f"{f.get('op', 'a collective')}" + (f" #{f['seq']}" if "seq" in f else "")
-        summary = f"{op} timed out after {f.get('timeout_s', '?')} s{by}"
-        if ev.hang:
-            summary += f"; xl's hang verdict: {ev.hang}"
-        return _cause(found, summary, None)
-    if found.kind == "nccl_error":
-        what = f.get("what") or "error"
-        summary = (
-            f"NCCL {what}"
-            + (f" ({f['code']})" if "code" in f else "")
-            + (f": {f['last']}" if "last" in f else "")
-            + by
-        )
-        answer = doctor.ask("nccl")
-        facts = _network_facts(doctor)
-        if answer.status in ("fail", "warn") and answer.fix:
-            return _cause(found, f"{summary}; xl doctor: {answer.detail}", answer.fix, facts)
-        return _cause(found, summary, _rerun(ev, "NCCL_DEBUG=INFO"), facts)
-    what = f.get("what", "?")
-    if "assert" in f:
-        return _cause(
-            found,
-            f"a device-side assert failed{by}: {f.get('assertion', what)}",
-            _rerun(ev, "CUDA_LAUNCH_BLOCKING=1"),
-        )
-    return _cause(
-        found,
-        f"CUDA error: {what}{by}",
-        _rerun(ev, "CUDA_LAUNCH_BLOCKING=1") if "launch" in what else None,
-    )
-
-
-def _cuda_oom(found: words.Found, ev: Evidence) -> Cause:
-    f = found.facts
-    summary = f"CUDA out of memory: asked for {f['asked']}"
-    if "gpu" in f:
-        summary = (
-            f"GPU {f['gpu']} out of memory: asked for {f['asked']} with {f['free']} free of "
-            f"{f['total']}"
-        )
-    slack = _bytes(f.get("unallocated"))
-    if slack:
-        summary += f"; {f['unallocated']} reserved by PyTorch but unallocated"
-    if slack and slack >= (_bytes(f["asked"]) or 0):
-        fix = _rerun(ev, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
-    else:
-        fix = (
-            "halve the per-GPU batch size and double the gradient accumulation steps (the same "
-            "global batch), or checkpoint activations (torch.utils.checkpoint)"
-        )
-    return _cause(found, summary, fix)
-
-
-def _bytes(text: str | None) -> float | None:
-    if not text:
-        return None
-    if text == "0 bytes":
-        return 0.0
-    number, unit = text.split()
-    return float(number) * {
-        "B": 1,
-        "KiB": 1 << 10,
-        "MiB": 1 << 20,
-        "GiB": 1 << 30,
-        "TiB": 1 << 40,
-    }.get(unit, 1)
-
-
-def _shm_small(doctor: Doctor) -> bool:
-    return doctor.ask("shm").status in ("warn", "fail")
-
-
-def _shm(found: words.Found, doctor: Doctor) -> Cause:
-    facts = doctor.facts()
-    total, free = facts.shm_total, facts.shm_free
-    size = f" ({host.size(total)}, {host.size(free or 0)} free now)" if total is not None else ""
-    answer = doctor.ask("shm")
-    fix = answer.fix or doctor.grow_shm()
-    summary = (
-        f"shared memory {facts.shm_path}{size} is too small: DataLoader workers hand batches over "
-        "through it (fewer workers, or torch.multiprocessing.set_sharing_strategy('file_system') "
-        "for many tensors, also help)"
-    )
-    return _cause(
-        found, summary, fix, [f"xl doctor (shm): {answer.detail}"] if answer.detail else []
-    )
-
-
-def _network_facts(doctor: Doctor) -> list[str]:
-    facts = doctor.facts()
-    said = []
-    if facts.net_ifaces is not None:
-        said.append(f"network interfaces: {', '.join(facts.net_ifaces) or 'none'}")
-    if facts.ib_devices is not None:
-        said.append(f"InfiniBand devices: {', '.join(facts.ib_devices) or 'none'}")
-    nccl = {k: v for k, v in facts.env.items() if k.startswith("NCCL_")}
-    if nccl:
-        said.append("NCCL variables: " + " ".join(f"{k}={v}" for k, v in sorted(nccl.items())))
-    return said
-
-
 # ---------------------------------------------------------------- the rest
-def _exception(ev: Evidence, tail: str) -> Cause:
-    line = words.one_line(ev.error) or words.one_line(ev.traceback)
+def _exception(ev: Evidence, log: reading.Said) -> Cause:
+    # The exception xl caught, else the last one the log shows; sys.exit("...")'s only when
+    # there is no other.
+    named = [words.one_line(x) for x in (ev.error, ev.traceback, log.error)]
+    real = [x for x in named if x and not x.startswith("SystemExit")]
+    line = real[0] if real else next((x for x in named if x), None)
     if line is not None:
         return Cause(CauseKind.EXCEPTION, line, None, [line])
-    last = next((ln.strip() for ln in reversed(ev.log_tail) if ln.strip()), None)
+    last = next((ln.strip() for ln in reversed(log.lines) if ln.strip()), None)
     summary = f"exited with code {ev.exit_code}" + (
         f" after: {words.one_line(last)}" if last else " without a Python error"
     )
@@ -473,25 +417,3 @@ def _help(ev: Evidence) -> str | None:
             [ev.python, os.path.join(ev.cwd, ev.script) if ev.cwd else ev.script, "--help"]
         )
     return None
-
-
-def _rerun(ev: Evidence, env: str) -> str | None:
-    """The same launch again with ``env`` set (``xl launch --env K=V ...``)."""
-    if ev.launch_args is None:
-        return None
-    return shlex.join(["xl", "launch", "--env", env, *ev.launch_args])
-
-
-def _signame(code: int | None) -> str:
-    if code is None:
-        return "a signal"
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
-
-
-def _cause(
-    found: words.Found, summary: str, fix: str | None, more: list[str] | None = None
-) -> Cause:
-    return Cause(CauseKind(found.kind), summary, fix, [*found.evidence, *(more or [])])

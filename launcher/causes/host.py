@@ -201,3 +201,23 @@ def size(n: int) -> str:
                 else f"{value:.0f} {unit}"
             )
     return f"{n} B"
+
+
+def cgroup_oom_kills(cgroup: str) -> int | None:
+    """How many processes the kernel's OOM killer ended in memory cgroup ``cgroup`` (a path
+    under a cgroup root, or the folder itself): v2's ``memory.events`` and v1's
+    ``memory.oom_control`` count them as ``oom_kill N``; None when neither can be read."""
+    folders = [cgroup] if os.path.isabs(cgroup) and os.path.isdir(cgroup) else []
+    folders += [os.path.join(root, cgroup.lstrip("/")) for root in _CGROUP_ROOTS]
+    for folder in folders:
+        for name in ("memory.events", "memory.oom_control"):
+            try:
+                with open(os.path.join(folder, name), encoding="ascii") as fh:
+                    text = fh.read(4096)
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    return int(value)
+    return None

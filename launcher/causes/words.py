@@ -82,36 +82,93 @@ def _first(kind: str, text: str, pattern: re.Pattern[str], fact: str | None = No
 
 # ---------------------------------------------------------------- Python's and the shell's
 _NO_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([^']+)'")
+# transformers' words for a package it needs and does not find, inside its own import.
+_NOT_INSTALLED = re.compile(
+    r"ImportError: .*?the package (\w+) seems to be not installed"
+    r"|ImportError: This modeling file requires the following packages that were not found in "
+    r"your environment: ([\w, .-]+?)\. Run"
+)
 _NO_FILE = re.compile(r"FileNotFoundError: \[Errno 2\] No such file or directory: '([^']*)'")
+# Python itself, for a script path that is not there: "python3: can't open file '/a/b.py':
+# [Errno 2] No such file or directory" (exit 2).
+_NO_SCRIPT = re.compile(r"can't open file '([^']*)': \[Errno 2\]")
 _USAGE = re.compile(r"^(?:usage|Usage): ")
 _ARGPARSE_ERROR = re.compile(r"^\S+: error: (.+)$")
 _CLICK_ERROR = re.compile(r"^Error: (.+)$")
+# jsonargparse (LightningCLI) prints argparse's usage, then "error: ..." without the program.
+_BARE_ERROR = re.compile(r"^error: (.+)$")
+# typer (rich) draws click's error in a box: "╭─ Error ───╮", "│ No such option: --x │".
+_BOX_TOP = re.compile(r"^\s*[\u256d\u250c+][\u2500\u2501-]+ Error [\u2500\u2501-]+")
+_BOX_ROW = re.compile(r"^\s*[\u2502|]\s?(.*?)\s*[\u2502|]\s*$")
+# hydra refuses an override in a few lines ending with how to see its stack, and exits 1.
+_HYDRA_FULL = "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace."
+_HYDRA_OVERRIDE = re.compile(
+    r"^(?:Could not override '|Could not append to config|Could not delete from config|Error "
+    r"merging override|Error parsing override|mismatched input|no viable alternative at input"
+    r"|extraneous input|Key '[^']*' is not in struct|Ambiguous value for argument)"
+)
 _ADDR_IN_USE = re.compile(r"(?:Address already in use|EADDRINUSE|address already in use)")
-_PORT = re.compile(r"port:? (\d{1,5})\b|:(\d{1,5})\b")
+# TCPStore's "port: 29500", "[::]:29500", "0.0.0.0:29500", "host:29500" (never a "file.cpp:464")
+_PORT = re.compile(r"\bport:? (\d{1,5})\b|(?:\]|\b\d+\.\d+\.\d+\.\d+|\blocalhost):(\d{1,5})\b")
 
 
 def module_not_found(text: str) -> Found | None:
-    return _first("module_not_found", text, _NO_MODULE, "module")
+    found = _first("module_not_found", text, _NO_MODULE, "module")
+    if found is not None:
+        return found
+    hit = _line_of(text, _NOT_INSTALLED)
+    if hit is None:
+        return None
+    m, line = hit
+    names = [n.strip() for n in (m.group(1) or m.group(2)).split(",") if n.strip()]
+    return Found("module_not_found", {"module": names[0], "modules": " ".join(names)}, [line[:400]])
 
 
 def file_not_found(text: str) -> Found | None:
+    found = _first("file_not_found", text, _NO_SCRIPT, "path")
+    if found is not None:
+        found.facts["script"] = "1"
+        return found
     return _first("file_not_found", text, _NO_FILE, "path")
 
 
 def usage_error(text: str, exit_code: int | None) -> Found | None:
-    """argparse's (``prog: error: ...``) or click's (``Error: ...``) refusal of the command
-    line, which exits 2 with a usage line and no traceback."""
+    """A command line refused: argparse's ``prog: error: ...`` and jsonargparse's ``error: ...``
+    after a usage line, click's ``Error: ...`` and typer's boxed error after ``Usage:``, all
+    exiting 2; hydra's override errors, exiting 1."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    if exit_code == 1 and _HYDRA_FULL in (ln.strip() for ln in lines):
+        end = max(i for i, ln in enumerate(lines) if ln.strip() == _HYDRA_FULL)
+        said = [ln.strip() for ln in lines[max(0, end - 8):end]]
+        first = next((i for i, ln in enumerate(said) if _HYDRA_OVERRIDE.match(ln)), None)
+        if first is None:
+            return None
+        message = ": ".join(
+            ln.rstrip(".") for ln in said[first:] if not ln.startswith(("full_key", "object_type"))
+            and not ln.startswith("To append")
+        )
+        return Found("usage_error", {"message": message[:300]}, [*said[first:], _HYDRA_FULL])
     if exit_code != 2:
         return None
-    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
-    for line in reversed(lines):
+    usage = next((x.strip() for x in lines if _USAGE.match(x)), None)
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
         m = _ARGPARSE_ERROR.match(line) or (
-            _CLICK_ERROR.match(line) if any(_USAGE.match(x) for x in lines) else None
+            (_CLICK_ERROR.match(line) or _BARE_ERROR.match(line)) if usage else None
         )
+        message = line.strip()
+        if m is None and usage and _BOX_TOP.match(line):
+            rows = [r.group(1) for ln in lines[i + 1:] if (r := _BOX_ROW.match(ln))]
+            if rows:
+                message = "Error: " + " ".join(r.strip() for r in rows if r.strip())
+                m = _CLICK_ERROR.match(message)
+        if m and m.re is _BARE_ERROR:
+            # jsonargparse's message goes on, indented, on the lines under it
+            more = [ln.strip() for ln in lines[i + 1:i + 4] if ln.startswith((" ", "\t"))]
+            message = " ".join([message, *more])
         if m:
-            usage = next((x.strip() for x in lines if _USAGE.match(x)), None)
             return Found(
-                "usage_error", {"message": line.strip()}, [x for x in (usage, line.strip()) if x]
+                "usage_error", {"message": message[:300]}, [x for x in (usage, message) if x]
             )
     return None
 
@@ -140,14 +197,19 @@ _SHM = re.compile(
     r"unable to allocate shared memory\(shm\)|unable to write to file </torch_|unable to open "
     r"shared memory object|insufficient shared memory|Couldn't allocate shared memory "
     r"segment|failed to extend /dev/shm"
-    r"|/dev/shm/nccl-\S+ .*(?:No space left|failed)",
+    r"|/dev/shm/nccl-\S+ .*(?:No space left|failed)|shared memory segment /dev/shm/"
+    r"|Unexpected bus error encountered in worker"
+    r"|DataLoader worker \(pid\(?s?\)? [\d, ]+\) is killed by signal: Bus error",
 )
+# The CUDA runtime's own word for an allocation that failed outside torch's allocator (a
+# context, cuBLAS's workspace, NCCL's buffers): no figures.
+_CUDA_OOM_BARE = re.compile(r"CUDA error: out of memory|Cuda failure '?out of memory'?")
 
 
 def cuda_oom(text: str) -> Found | None:
     hit = _line_of(text, _CUDA_OOM)
     if hit is None:
-        return None
+        return _first("cuda_oom", text, _CUDA_OOM_BARE)
     m, line = hit
     facts = {"asked": m.group(1)}
     gpu = _OOM_NEW.search(text) or _OOM_OLD.search(text)

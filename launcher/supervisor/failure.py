@@ -219,6 +219,7 @@ class RootCause:
             launch_args=_launch_args(spec),
             hang=latest_hang(self.run_dir),
             vanished=st.vanished,
+            cgroup=getattr(record, "cgroup", None),  # the run's own, where one was made
         )
         # The doctor asks about the ranks' interpreter and environment (what xl added to it).
         env = {**os.environ, **record.env}

@@ -14,27 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deadrank import KERNEL, PY
+from deadrank import make_doctor as _doctor
+from deadrank import why as _why
 from gpus import idle_gpu
 
-from xl.doctor.facts import Facts, TorchInfo
 from xl.gpu.health import Health
-from xl.gpu.nvml import Driver
 from xl.gpu.records import GPUProcess
 from xl.launcher.causes import Evidence, explain, one_line, peer_loss
 from xl.launcher.causes.door import Doctor
 from xl.launcher.causes.host import oom_kill
 from xl.launcher.rundir.outcome import CauseKind
-
-PY = "/opt/venv/bin/python3"
-LAUNCH = ["--nproc", "2", "--", "train.py", "--batch", "64"]
-TORCH = TorchInfo(
-    python=PY,
-    found=True,
-    version="2.6.0+cu126",
-    cuda="12.6",
-    nccl="2.21.5",
-    location="/opt/venv/lib/python3.11/site-packages/torch",
-)
 
 # torch 2.x's c10/cuda/CUDACachingAllocator.cpp, as printed.
 CUDA_OOM = (
@@ -89,50 +79,6 @@ GLOO_PEER = (
     "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
     "[127.0.0.1]:52345"
 )
-KERNEL = [
-    "python3 invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0",
-    "memory: usage 65536kB, limit 65536kB, failcnt 0",
-    "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/xl-test-b863b7dc,"
-    "task_memcg=/xl-test-b863b7dc,task=python3,pid=10513,uid=0",
-    "Memory cgroup out of memory: Killed process 10513 (python3) total-vm:229844kB, "
-    "anon-rss:72960kB, file-rss:6404kB, "
-    "shmem-rss:0kB, UID:0 pgtables:220kB oom_score_adj:0",
-]
-
-
-def _doctor(**facts: object) -> Doctor:
-    base: dict[str, object] = {
-        "env": {},
-        "python": PY,
-        "driver": Driver("570.124.06", "12.8"),
-        "gpus": (idle_gpu(0),),
-        "torch": TORCH,
-        "net_ifaces": ["eth0", "lo"],
-        "ib_devices": [],
-        "shm_total": 64 << 30,
-        "shm_free": 64 << 30,
-    }
-    base.update(facts)
-    return Doctor(PY, facts=Facts(**base))  # type: ignore[arg-type]
-
-
-def _why(
-    error: str | None = None, code: int | None = 1, tail: list[str] | None = None,
-    doctor: Doctor | None = None, kernel: list[str] | None = None, **kw: object,
-) -> object:
-    ev = Evidence(
-        rank=1,
-        exit_code=code,
-        error=error,
-        traceback="Traceback ...\n" + (error or "") if error else None,
-        log_tail=tail or [],
-        python=PY,
-        launch_args=LAUNCH,
-        **kw,
-    )  # type: ignore[arg-type]
-    return explain(ev, doctor or _doctor(), kernel if kernel is not None else [])
-
-
 # ---------------------------------------------------------------- one line, and peers' losses
 def test_one_line_is_the_real_error_never_a_joined_traceback() -> None:
     worker = (
