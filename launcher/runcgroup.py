@@ -49,8 +49,7 @@ def started_in(path: str, pid: int) -> bool:
 
 
 def path_of(rec: RunRecord) -> str | None:
-    path = rec.data.get("cgroup")
-    return path if isinstance(path, str) and path else None
+    return rec.cgroup
 
 
 def end(rec: RunRecord, grace: float) -> None:

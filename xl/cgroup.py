@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from xl import envnames
 
-PREFIX = "xl-"  # every run cgroup's name starts so: `xl-<run id>`, `.node<k>` on nodes > 0
+PREFIX = "xl-run-"  # every run cgroup's name starts so: `xl-run-<run id>`, `.node<k>` on nodes > 0
 _V1_MEMORY = "memory"
 _NO_LIMIT = 1 << 62  # v1's "no limit" is PAGE_COUNTER_MAX pages, about 2**63
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -57,6 +57,19 @@ def parse_size(text: str) -> int:
     if size <= 0:
         raise ValueError(f"{text!r} is not a size above 0")
     return size
+
+
+def format_size(size: int) -> str:
+    """Bytes as ``--memory-limit`` takes them, exact: 1G, 768M, 1536K."""
+    for unit, shift in (("T", 40), ("G", 30), ("M", 20), ("K", 10)):
+        if size % (1 << shift) == 0:
+            return f"{size >> shift}{unit}"
+    return str(size)
+
+
+def is_run_cgroup(path: str) -> bool:
+    """``path`` (a cgroup's, as the kernel or run.json names it) is a run's cgroup."""
+    return os.path.basename(path.rstrip("/")).startswith(PREFIX)
 
 
 def _mounts(mountinfo: str) -> list[tuple[str, str, str, str]]:

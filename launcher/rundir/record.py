@@ -270,6 +270,12 @@ class RunRecord:
         return grace if grace else None
 
     @property
+    def cgroup(self) -> str | None:
+        """The run's cgroup on this node (xl.cgroup; None: it has none)."""
+        path = self.data.get("cgroup")
+        return path if isinstance(path, str) and path else None
+
+    @property
     def stop_requested_at(self) -> float | None:
         """When a stop was asked (None: none was, or it is not a number)."""
         return as_number(self.data.get("stop_requested_at"))

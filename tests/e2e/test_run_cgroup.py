@@ -1,0 +1,334 @@
+"""A run's cgroup holds every process of the run, however it was started, and ends with it (real
+torchrun, CPU ranks, this machine's cgroups: root and cgroup v1's memory controller).
+
+A sidecar a rank starts in a session of its own with an empty environment (no XL_RUN_ID), or
+after a double fork, is found by nothing but the cgroup once the supervisor is gone: the tests
+SIGKILL the supervisor before the sidecar starts, so nothing recorded it. Every test checks that
+no process of the run is left, that the cgroup is removed, and that a process of the test's own
+(started beside the run, in the same cgroup as `xl launch`) is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from procs import (
+    XL,
+    kill_run,
+    run_json,
+    wait_final,
+    wait_for,
+    wait_no_processes,
+    wait_ranks_running,
+    wait_run,
+    xl,
+    xl_env,
+)
+
+from xl import cgroup
+
+pytestmark = pytest.mark.e2e
+GRACE = 1.0
+PLACE = cgroup.find_place()
+needs_cgroup = pytest.mark.skipif(
+    PLACE.parent is None or not PLACE.memory,
+    reason=f"no cgroup with the memory controller can be made here: {PLACE.reason}",
+)
+
+# Ranks print "ready" and wait for the test's go file; rank 0 then starts its sidecar (SIDECAR or
+# DOUBLE_FORK) and writes its pid; every rank ends once the end file appears.
+PRELUDE = """
+import os, subprocess, sys, time
+rank = int(os.environ["RANK"])
+go = sys.argv[1]
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.02)
+"""
+SIDECAR = """
+if rank == 0:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"], env={}, start_new_session=True
+    )
+    with open(go + ".child", "w") as fh:
+        fh.write(str(child.pid))
+"""
+# A daemon as a C programmer writes one: fork, setsid, fork again, the middle one exits; the
+# grandchild clears its environment by exec.
+DOUBLE_FORK = """
+if rank == 0:
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(go + ".child", "w") as fh:
+                fh.write(str(os.getpid()))
+            os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(300)"], {})
+        os._exit(0)
+"""
+THE_END = """
+while not os.path.exists(go + ".end"):
+    time.sleep(0.02)
+"""
+
+
+@pytest.fixture
+def bystander() -> Iterator[psutil.Process]:
+    """A process of the test's own, in the cgroup `xl launch` runs in: no run may touch it."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        yield psutil.Process(proc.pid)
+        assert proc.poll() is None, "a process of the test's own was ended"
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def _launch(tmp_path: Path, body: str, env: dict[str, str], *opts: str) -> tuple[Path, str]:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(PRELUDE) + textwrap.dedent(body))
+    done = subprocess.run(
+        [*XL, "launch", "--detach", "--nproc", "2", *opts, str(script), str(tmp_path / "go")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return wait_run(Path(env["XL_HOME"])), done.stderr
+
+
+def _live(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _sidecar(tmp_path: Path, group: str, rank0: int) -> psutil.Process:
+    """The sidecar, once rank 0 started it: in a session of its own, without the run's
+    environment, and in the run's cgroup."""
+    session = os.getsid(rank0)
+    (tmp_path / "go").touch()
+    pid_file = tmp_path / "go.child"
+    pid = wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="sidecar")
+    child = psutil.Process(int(pid))
+    wait_for(lambda: "XL_RUN_ID" not in child.environ(), timeout=10, what="its clean environment")
+    assert os.getsid(child.pid) not in (session, os.getsid(0))
+    assert child.pid in cgroup.pids(group), (child.pid, cgroup.pids(group))
+    return child
+
+
+def _rank0(run: dict[str, Any]) -> int:
+    return next(int(r["pid"]) for r in run["ranks"] if r["rank"] == 0)
+
+
+def _ended(child: psutil.Process | None, run_dir: Path, group: str) -> None:
+    if child is not None:
+        wait_for(lambda: not _live(child), timeout=GRACE + 30, what="the sidecar to end")
+    wait_no_processes(run_dir, timeout=GRACE + 10)
+    wait_for(lambda: not os.path.exists(group), timeout=30, what="the cgroup to be removed")
+
+
+@needs_cgroup
+@pytest.mark.parametrize("body", [SIDECAR, DOUBLE_FORK], ids=["own_session", "double_fork"])
+def test_a_sidecar_started_after_the_supervisor_was_killed_ends_when_the_ranks_finish(
+    tmp_path: Path, bystander: psutil.Process, body: str
+) -> None:
+    env = xl_env(tmp_path / "home")
+    run_dir, said = _launch(tmp_path, body + THE_END, env)
+    child = None
+    try:
+        run = wait_ranks_running(run_dir, 2)
+        group = run["cgroup"]
+        assert "no cgroup" not in said and group.startswith(f"{PLACE.parent}/xl-"), (said, run)
+        os.kill(run["supervisor_pid"], signal.SIGKILL)
+        child = _sidecar(tmp_path, group, _rank0(run))
+        (tmp_path / "go.end").touch()
+        # The last rank settles the run; what is left in its cgroup is ended after it.
+        _ended(child, run_dir, group)
+        final = wait_for(
+            lambda: "ended_in_cgroup" in run_json(run_dir) and run_json(run_dir),
+            timeout=30,
+            what="run.json's ended_in_cgroup",
+        )
+        assert final["status"] == "succeeded", final
+        assert final["ended_in_cgroup"] == 1, final
+        assert _live(bystander)
+    finally:
+        if child is not None:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        kill_run(run_dir)
+
+
+@needs_cgroup
+def test_a_sidecar_ends_with_a_run_whose_supervisor_lives(
+    tmp_path: Path, bystander: psutil.Process
+) -> None:
+    """The supervisor ends the run (its ranks finished): the sidecar it never knew is gone too;
+    the cgroup's memory figures are the run's."""
+    env = xl_env(tmp_path / "home")
+    run_dir, _ = _launch(tmp_path, DOUBLE_FORK + THE_END, env)
+    child = None
+    try:
+        run = wait_ranks_running(run_dir, 2)
+        group = run["cgroup"]
+        child = _sidecar(tmp_path, group, _rank0(run))
+        (tmp_path / "go.end").touch()
+        final = wait_final(run_dir, timeout=60)
+        _ended(child, run_dir, group)
+        assert final["status"] == "succeeded", final
+        assert isinstance(final["ended_in_cgroup"], int), final
+        # Two ranks of Python and torchrun together: more than 50 MiB at their peak.
+        memory = final["cgroup_memory"]
+        assert memory["peak"] > 50 << 20 and memory["limit"] is None, memory
+        assert memory["oom_kills"] == 0, memory
+        assert _live(bystander)
+    finally:
+        if child is not None:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        kill_run(run_dir)
+
+
+@needs_cgroup
+@pytest.mark.parametrize("supervisor", ["alive", "killed"])
+def test_xl_stop_ends_a_double_forked_sidecar(
+    tmp_path: Path, bystander: psutil.Process, supervisor: str
+) -> None:
+    env = xl_env(tmp_path / "home")
+    run_dir, _ = _launch(tmp_path, DOUBLE_FORK + "time.sleep(300)\n", env)
+    child = None
+    try:
+        run = wait_ranks_running(run_dir, 2)
+        group = run["cgroup"]
+        if supervisor == "killed":
+            os.kill(run["supervisor_pid"], signal.SIGKILL)
+        child = _sidecar(tmp_path, group, _rank0(run))
+        stop = xl(["stop", run_dir.name], env, timeout=90)
+        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", (
+            stop.stdout + stop.stderr
+        )
+        _ended(child, run_dir, group)
+        final = run_json(run_dir)
+        assert final["status"] == "stopped" and isinstance(final["ended_in_cgroup"], int), final
+        assert _live(bystander)
+    finally:
+        if child is not None:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        kill_run(run_dir)
+
+
+def test_a_run_that_cannot_have_a_cgroup_says_so_and_is_still_kept_together(
+    tmp_path: Path, bystander: psutil.Process
+) -> None:
+    """XL_CGROUP_ROOT names a folder that is no cgroup: the launch says so in one line, run.json
+    says why, and the run is followed as before (the sidecar, seen by the live supervisor,
+    ends with `xl stop`)."""
+    env = xl_env(tmp_path / "home", XL_CGROUP_ROOT=str(tmp_path / "no-cgroup"))
+    run_dir, said = _launch(tmp_path, SIDECAR + "time.sleep(300)\n", env)
+    child = None
+    try:
+        run = wait_ranks_running(run_dir, 2)
+        reason = f"XL_CGROUP_ROOT: {tmp_path / 'no-cgroup'} is not a cgroup folder"
+        assert said.splitlines()[0] == (
+            f"xl: no cgroup for this run ({reason}); its processes are followed by their process "
+            "tree and environment instead"
+        ), said
+        assert run["cgroup"] is None and run["cgroup_reason"] == reason, run
+        (tmp_path / "go").touch()
+        pid_file = tmp_path / "go.child"
+        pid = wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="child")
+        child = psutil.Process(int(pid))
+        stop = xl(["stop", run_dir.name], env, timeout=90)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        wait_for(lambda: not _live(child), timeout=GRACE + 30, what="the sidecar to end")
+        wait_no_processes(run_dir, timeout=GRACE + 10)
+        assert "ended_in_cgroup" not in run_json(run_dir)
+        assert _live(bystander)
+    finally:
+        if child is not None:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        kill_run(run_dir)
+
+
+@needs_cgroup
+def test_memory_limit_is_the_kernel_s_and_its_oom_kill_is_host_oom_naming_it(
+    tmp_path: Path, bystander: psutil.Process
+) -> None:
+    """Rank 1 allocates past the run's --memory-limit 512M (torchrun and two ranks hold about
+    200 MiB); rank 0 stays small. The kernel's OOM killer ends rank 1, the largest; the cause
+    says host_oom with the limit and a rerun with a larger one."""
+    body = """
+    chunks = []
+    if rank == 1:
+        for _ in range(48):
+            chunks.append(bytearray(16 << 20))
+    time.sleep(300)
+    """
+    env = xl_env(tmp_path / "home")
+    run_dir, _ = _launch(tmp_path, body, env, "--memory-limit", "512M")
+    try:
+        run = wait_ranks_running(run_dir, 2)
+        assert run["spec"]["memory_limit"] == "512M"
+        assert cgroup.memory(run["cgroup"])["limit"] == 512 << 20
+        (tmp_path / "go").touch()
+        final = wait_final(run_dir, timeout=90)
+        assert final["status"] == "failed", final
+        failure = final["failure"]
+        assert failure["rank"] == 1 and failure["exit_code"] == -signal.SIGKILL, failure
+        cause = failure["cause"]
+        assert cause["kind"] == "host_oom", cause
+        assert "--memory-limit of 512 MiB" in cause["summary"], cause
+        assert cause["fix"].startswith("xl launch --memory-limit 1G "), cause
+        assert final["cgroup_memory"]["limit"] == 512 << 20, final
+        assert final["cgroup_memory"]["oom_kills"] >= 1, final
+        wait_no_processes(run_dir, timeout=GRACE + 10)
+        assert not os.path.exists(run["cgroup"])
+        assert _live(bystander)
+    finally:
+        kill_run(run_dir)
+
+
+@needs_cgroup
+def test_a_run_under_its_memory_limit_is_left_alone(tmp_path: Path) -> None:
+    """The same limit, a rank that stays under it: the run succeeds, nothing was OOM-killed."""
+    env = xl_env(tmp_path / "home")
+    run_dir, _ = _launch(tmp_path, "x = bytearray(8 << 20)\n", env, "--memory-limit", "1G")
+    try:
+        wait_ranks_running(run_dir, 2)
+        (tmp_path / "go").touch()
+        final = wait_final(run_dir, timeout=90)
+        assert final["status"] == "succeeded", final
+        assert final["cgroup_memory"]["oom_kills"] == 0, final
+        assert final["cgroup_memory"]["limit"] == 1 << 30, final
+        wait_no_processes(run_dir, timeout=GRACE + 10)
+    finally:
+        kill_run(run_dir)
+
+
+def test_memory_limit_where_no_cgroup_can_be_made_starts_nothing(tmp_path: Path) -> None:
+    env = xl_env(tmp_path / "home", XL_CGROUP_ROOT=str(tmp_path / "no-cgroup"))
+    script = tmp_path / "train.py"
+    script.write_text("print('never')\n")
+    done = xl(["launch", "--memory-limit", "64G", "--no-tui", str(script)], env, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("xl launch: --memory-limit 64G needs a cgroup for the run"), (
+        done.stderr
+    )
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not list((tmp_path / "home" / "runs").glob("*/run.json")), "a run dir was left"
