@@ -28,7 +28,7 @@ PHASE_KEYS = ("data_s", "compute_s", "comm_s", "other_s")
 class Figure(NamedTuple):
     key: str  # in the metrics.jsonl line
     kind: str  # "train" or "sys"
-    unit: str  # "s", "MiB", "1/s", "%", "count", "" (a plain number)
+    unit: str  # "s", "MiB", "1/s", "%", "count", "MHz", "°C", "W", "" (a plain number)
     field: str | None  # the RankView attribute holding its latest value (None: not shown per rank)
     family: str | None  # the exporter's metric family (None: not exported)
     text: str  # what it is, in a few words
@@ -145,7 +145,7 @@ FIGURES: tuple[Figure, ...] = (
         "sys",
         "MiB",
         "gpu_mem_used_mib",
-        "xl_gpu_memory_used_bytes",
+        None,
         "memory used on the rank's GPU, by every process",
     ),
     Figure("gpu_mem_total_mib", "sys", "MiB", "gpu_mem_total_mib", None, "the rank's GPU's memory"),
@@ -154,7 +154,7 @@ FIGURES: tuple[Figure, ...] = (
         "sys",
         "MiB",
         "gpu_proc_mem_mib",
-        None,
+        "xl_gpu_memory_used_bytes",
         "what the rank's processes hold on its GPU (NVML, per process)",
     ),
     Figure(
@@ -162,9 +162,26 @@ FIGURES: tuple[Figure, ...] = (
         "sys",
         "MiB",
         "mem_mib",
-        None,
+        "xl_rank_memory_bytes",
         "the rank's footprint: PSS over the rank and its children",
     ),
+    # What holds the rank's GPU back (xl.gpu.clocks), per GPU
+    Figure(
+        "clock_event_reasons",
+        "sys",
+        "",
+        None,
+        "xl_gpu_clock_event_reasons",
+        "NVML's bitmask of why the GPU's clocks are down",
+    ),
+    Figure("sm_clock_mhz", "sys", "MHz", None, None, "the GPU's SM clock"),
+    Figure("sm_clock_max_mhz", "sys", "MHz", None, None, "the GPU's top SM clock"),
+    Figure("temp_c", "sys", "°C", None, None, "the GPU's temperature"),
+    Figure("power_w", "sys", "W", None, None, "the GPU's power draw"),
+    Figure("power_limit_w", "sys", "W", None, None, "the GPU's power limit"),
+    Figure("ecc_volatile", "sys", "count", None, None, "uncorrectable ECC errors since load"),
+    Figure("xid", "sys", "", None, None, "the GPU's last XID"),
+    Figure("xid_t", "sys", "s", None, None, "unix time the last XID was read"),
     Figure("rss_mib", "sys", "MiB", "rss_mib", None, "resident memory"),
     Figure("cpu_pct", "sys", "%", "cpu_pct", None, "CPU, percent of one core, with its children"),
     Figure("cuda_alloc_mib", "sys", "MiB", "cuda_alloc_mib", None, "torch's allocated CUDA memory"),

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 PROG = "xl exporter"
 TOKEN_VAR = envnames.EXPORTER_TOKEN
 TOKEN_FILE = "exporter.token"
+# Not 9400 (dcgm-exporter's, on the same GPU nodes) nor any port on Prometheus's list of default
+# port allocations (9100-9999 all taken; new exporters get ports counted up from 10000):
+# docs/exporter.md, "The port".
+DEFAULT_PORT = 19400
 
 
 def token_file() -> Path:
@@ -106,7 +110,12 @@ def main(argv: Sequence[str]) -> int:
         default="127.0.0.1",
         help="address to listen on (default 127.0.0.1: this machine only)",
     )
-    p.add_argument("--port", type=int, default=9400, help="port (default 9400; 0 picks a free one)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port (default {DEFAULT_PORT}; 0 picks a free one)",
+    )
     p.add_argument(
         "--no-gpus",
         action="store_true",

@@ -6,9 +6,9 @@ nothing is kept between scrapes but where each live run's files were last read t
 ``RunReader`` per live run: a scrape reads only what was appended since the previous one).
 
 Names follow Prometheus's rules (base units, ``_total`` on counters, ratios 0-1); label names
-follow dcgm-exporter where they meet (``gpu``, ``UUID``, ``modelName``, ``hostname``) so
-``on(UUID)`` joins xl's series to the GPU's. No ``job``/``instance``/``pod``/``namespace``/
-``container`` label: those are the scraper's to set.
+follow dcgm-exporter's releases where they meet (``gpu``, ``UUID``, ``pci_bus_id``, ``device``,
+``modelName``, ``Hostname``) so ``on(UUID)`` joins xl's series to the GPU's. No ``job``/
+``instance``/``pod``/``namespace``/``container`` label: those are the scraper's to set.
 """
 
 from __future__ import annotations
@@ -40,13 +40,27 @@ from xl.launcher.rundir.record import DeviceRow, RankRow, RunRecord, RunStatus
 from xl.launcher.rundir.store import run_owner
 from xl.launcher.telemetry.exporter_nodes import PER_NODE_PAST, NodeSeries, per_node
 
-R = ("run_id", "rank", "local_rank", "hostname")
-G = (*R, "gpu", "UUID")
+R = ("run_id", "rank", "local_rank", "Hostname")
+GPU = ("gpu", "UUID", "pci_bus_id", "device", "modelName")  # a GPU, as dcgm-exporter names one
+G = (*R, *GPU)
+GPUS = ("Hostname", *GPU)  # a GPU's own series (one per GPU, however many ranks share it)
 STATES = ("running", "waiting", "straggler", "stalled", "hung", "exited", "failed")
 # A rank "reports" while its newest line (a train line, or the sampler's sys line that every
 # live rank gets each second) is at most this old.
 REPORTING_S = 10.0
 MIB = 1 << 20
+# NVML's clock-event reasons as dcgm-exporter names them (its ``clock_event`` label).
+CLOCK_EVENTS = (
+    (0x1, "gpu_idle"),
+    (0x2, "clocks_setting"),
+    (0x4, "power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal"),
+    (0x40, "hw_thermal"),
+    (0x80, "hw_power_brake"),
+    (0x100, "display_clocks"),
+)
 # A failed run's failure stays exported this long after its end, so that a scrape every minute
 # or so (and an alert on it) sees it; then it is gone as every ended run is.
 FAILED_KEPT_S = 900.0
@@ -54,18 +68,37 @@ FAILED_KEPT_S = 900.0
 
 class ExporterReader(RunReader):
     """A run's reader that also keeps what the exporter needs and the app does not: each rank's
-    samples so far (``samples=`` is a count per call) and when its step last moved. The hang in
-    force is the RunView's (its one rule, runview.HangRule)."""
+    samples so far (``samples=`` is a count per call), when its step last moved, its GPU's
+    clock-event reasons and the straggler event in force. The hang in force is the RunView's
+    (its one rule, runview.HangRule)."""
 
     def __init__(self, run_dir: Path) -> None:
         super().__init__(run_dir)
         self.samples_total: dict[int, float] = {}
         self.last_step_t: dict[int, float] = {}
+        self.clock_reasons: dict[int, tuple[int, int]] = {}  # rank -> (its GPU, the bitmask)
+        self.straggling: dict[int, dict[str, Any]] = {}  # rank -> its straggler event in force
+
+    def _apply_event(self, event: dict[str, Any]) -> None:
+        super()._apply_event(event)
+        rank, kind = event.get("rank"), event.get("kind")
+        if type(rank) is not int:
+            return
+        if kind == "straggler":
+            self.straggling[rank] = event
+        elif kind == "recovered" and event.get("of") == "straggler":
+            self.straggling.pop(rank, None)
 
     def _apply_metrics(self, records: list[Any]) -> None:
         for rec in records:
+            kind = rec.get("kind") if type(rec) is dict else None
+            if kind == "sys":  # stamped only where they carry a GPU's reasons
+                reasons, gpu, rank = rec.get("clock_event_reasons"), rec.get("gpu"), rec.get("rank")
+                if type(reasons) is int and type(gpu) is int and type(rank) is int:
+                    self.clock_reasons[rank] = (gpu, reasons)
+                continue
             # train lines only (a third of a big run's lines are sys lines: not stamped at all)
-            if type(rec) is not dict or rec.get("kind") != "train":
+            if kind != "train":
                 continue
             head = figures.stamp(rec)  # the one rule for a line (a line with no finite t is none)
             if head is None:
@@ -139,7 +172,7 @@ def failure_labels(rec: RunRecord, failure: Failure | None, host: str) -> dict[s
     cause = failure.cause
     return {
         "rank": _text(failure.rank),
-        "hostname": _text(failure.host or rec.host or host),
+        "Hostname": _text(failure.host or rec.host or host),
         "exit_code": _text(failure.exit_code),
         "kind": cause.kind.value if cause is not None else "",
         "summary": cause.summary if cause is not None else failure.message,
@@ -172,6 +205,21 @@ class RunsCollector(Collector):
         self._failed: dict[
             str, tuple[float, dict[str, str]]
         ] = {}  # run id -> (its end, its failure's labels)
+        self._buses: dict[str, str] = {}  # GPU UUID -> its PCI bus id, as NVML here says
+        self._buses_read = float("-inf")  # monotonic: NVML asked at most once a minute
+
+    def _bus(self, uuid: str) -> str:
+        """The PCI bus id of the GPU ``uuid`` on this machine (dcgm-exporter's ``pci_bus_id``);
+        "" where NVML does not know it (a run on another node, no driver here)."""
+        if not uuid or uuid in self._buses or time.monotonic() - self._buses_read < 60:
+            return self._buses.get(uuid, "")
+        self._buses_read = time.monotonic()
+        from xl.gpu import nvml  # noqa: PLC0415 - only a scrape of a run on GPUs asks NVML
+
+        for gpu in nvml.inventory(processes=False).gpus:
+            if gpu.uuid:
+                self._buses[gpu.uuid] = gpu.pci_bus_id
+        return self._buses.get(uuid, "")
 
     def _ended_run(self, rec: RunRecord | None) -> None:
         """A run found ended: its failure is kept for FAILED_KEPT_S (``xl_run_failure_info``)."""
@@ -225,21 +273,26 @@ class RunsCollector(Collector):
         yield from self.families(runs, self.clock())
 
     def families(self, runs: list[LiveRun], now: float) -> list[Metric]:
-        step = GaugeMetricFamily("xl_train_step", "The rank's last logged step.", labels=R)
-        loss = GaugeMetricFamily("xl_train_loss", "The rank's last logged loss.", labels=R)
+        step = GaugeMetricFamily(
+            "xl_train_step",
+            "The rank's last step (its optimizer steps as xl counts them, or the step it logged).",
+            labels=R,
+        )
+        loss = GaugeMetricFamily("xl_train_loss", "The rank's loss at its last step.", labels=R)
         samples = CounterMetricFamily(
             "xl_train_samples_total",
-            "Samples the rank logged (xl.log(samples=...)) since the run started.",
+            "Samples the rank's steps took since the run started (its batches as xl counts "
+            "them, or the samples it logged).",
             labels=R,
         )
         rate = GaugeMetricFamily(
             "xl_train_samples_per_second",
-            "The rank's samples per second at its last logged step.",
+            "The rank's samples per second at its last step.",
             labels=R,
         )
         last = GaugeMetricFamily(
             "xl_train_last_step_timestamp_seconds",
-            "Unix time of the rank's last logged step.",
+            "Unix time of the rank's last step.",
             labels=R,
         )
         state = StateSetMetricFamily(
@@ -249,7 +302,35 @@ class RunsCollector(Collector):
             "xl_gpu_utilization_ratio", "The rank's GPU utilization, 0-1.", labels=G
         )
         mem = GaugeMetricFamily(
-            "xl_gpu_memory_used_bytes", "Memory used on the rank's GPU.", labels=G
+            "xl_gpu_memory_used_bytes",
+            "Memory the rank's own processes hold on its GPU (NVML's per-process figure; the "
+            "GPU's total used is dcgm-exporter's DCGM_FI_DEV_FB_USED).",
+            labels=G,
+        )
+        host_mem = GaugeMetricFamily(
+            _family("mem_mib"),
+            "The rank's host memory: its footprint (PSS) over its process and its children.",
+            labels=R,
+        )
+        reasons = GaugeMetricFamily(
+            _family("clock_event_reasons"),
+            "Why the GPU's clocks are down: NVML's clock-event reasons bitmask (0x4 power cap, "
+            "0x8 HW slowdown, 0x20 SW thermal, 0x40 HW thermal, 0x80 power brake slow its "
+            "work; 0x1 idle, 0x2 applications clocks are as set).",
+            labels=GPUS,
+        )
+        reason = GaugeMetricFamily(
+            "xl_gpu_clock_event_active",
+            "1 while the clock-event reason clock_event (dcgm-exporter's names) holds the GPU's "
+            "clocks down, else 0.",
+            labels=(*GPUS, "clock_event"),
+        )
+        straggler = InfoMetricFamily(
+            "xl_rank_straggler",
+            "A rank named the straggler, while it is: where it loses its time (phase), why its "
+            "GPU holds it back (gpu_reason, gpu_detail; empty: nothing on its GPU) and whether "
+            "it is chronic or transient (lasting).",
+            labels=R,
         )
         rank_info = InfoMetricFamily(
             "xl_rank", "A rank of a live run: its GPU and process.", labels=R
@@ -276,7 +357,7 @@ class RunsCollector(Collector):
         )
         peak = GaugeMetricFamily(
             _family("mem_peak_mib"),
-            "CUDA: the rank's peak allocated memory during its last logged step.",
+            "CUDA: the rank's peak allocated memory during its last step.",
             labels=R,
         )
         failed = InfoMetricFamily(
@@ -286,6 +367,7 @@ class RunsCollector(Collector):
             labels=("run_id",),
         )
         nodes = NodeSeries(STATES)  # runs past PER_NODE_PAST ranks (docs/exporter.md)
+        gpus: dict[tuple[str, int], tuple[list[str], int]] = {}  # (host, GPU) -> labels, bitmask
         for run_id, (ended, said) in sorted(self._failed.items()):
             if now - ended > FAILED_KEPT_S:
                 del self._failed[run_id]
@@ -339,10 +421,21 @@ class RunsCollector(Collector):
                 )
                 uuid = _text(entry.gpu_uuid or (device.uuid if device is not None else None))
                 model = device.name if device is not None else None
+                where = [gpu, uuid, self._bus(uuid), f"nvidia{gpu}" if gpu else "", _text(model)]
                 rank_info.add_metric(
-                    labels,
-                    {"gpu": gpu, "UUID": uuid, "modelName": _text(model), "pid": _text(view.pid)},
+                    labels, {**dict(zip(GPU, where, strict=True)), "pid": _text(view.pid)}
                 )
+                said = run.reader.straggling.get(rank)
+                if said is not None and view.state == "straggler":
+                    straggler.add_metric(labels, {
+                        k: _text(said.get(k))
+                        for k in ("phase", "gpu", "gpu_reason", "gpu_detail", "lasting")
+                    })  # fmt: skip
+                if view.mem_mib is not None:
+                    host_mem.add_metric(labels, view.mem_mib * MIB)
+                seen = run.reader.clock_reasons.get(rank)
+                if seen is not None and gpu and seen[0] == int(gpu):
+                    gpus[(labels[3], seen[0])] = ([labels[3], *where], seen[1])
                 state.add_metric(labels, {s: s == _state(view, hung) for s in STATES})
                 if view.step is not None:
                     step.add_metric(labels, view.step)
@@ -364,13 +457,18 @@ class RunsCollector(Collector):
                     fresh += 1
                 if self.gpus and gpu:
                     if view.gpu_util is not None:
-                        util.add_metric([*labels, gpu, uuid], view.gpu_util / 100.0)
-                    if view.gpu_mem_used_mib is not None:
-                        mem.add_metric([*labels, gpu, uuid], view.gpu_mem_used_mib * MIB)
+                        util.add_metric([*labels, *where], view.gpu_util / 100.0)
+                    if view.gpu_proc_mem_mib is not None:
+                        mem.add_metric([*labels, *where], view.gpu_proc_mem_mib * MIB)
             reporting.add_metric([rec.run_id], fresh)
             why = failure_labels(rec, run.view.failure, self._host)
             if why is not None:
                 failed.add_metric([rec.run_id], why)
+        for key in sorted(gpus):
+            got, mask = gpus[key]
+            reasons.add_metric(got, mask)
+            for bit, name in CLOCK_EVENTS:
+                reason.add_metric([*got, name], 1 if mask & bit else 0)
         out: list[Metric] = [
             step,
             loss,
@@ -380,12 +478,14 @@ class RunsCollector(Collector):
             step_s,
             phase,
             peak,
+            host_mem,
             state,
+            straggler,
             rank_info,
             run_info,
             reporting,
             failed,
         ]
         if self.gpus:
-            out += [util, mem]
+            out += [util, mem, reasons, reason]
         return out + (nodes.families() if nodes.nodes else [])

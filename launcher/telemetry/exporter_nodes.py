@@ -20,7 +20,7 @@ from xl.launcher.rundir.runview import RankView
 # A run of more ranks than this exports per-node series unless --per-rank is given: 256 ranks are
 # ~5,000 per-rank series (about 0.5 MiB a scrape), 4,096 ranks would be ~82,000.
 PER_NODE_PAST = 256
-N = ("run_id", "node", "hostname")
+N = ("run_id", "node", "Hostname")  # Hostname: dcgm-exporter's spelling
 SPREAD = ("min", "median", "max")
 PHASE_STATS = ("median", "max")  # where the node's typical rank and its worst lose time
 
@@ -121,7 +121,7 @@ class NodeSeries:
         )
         samples = CounterMetricFamily(
             "xl_node_samples",
-            "Samples the node's ranks logged since the run started, summed.",
+            "Samples the node's ranks' steps took since the run started, summed.",
             labels=N,
         )
         ranks = GaugeMetricFamily(

@@ -9,6 +9,7 @@ data from it, first from recorded runs, then from a real run on simulated GPUs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ import pytest
 from procs import kill_run, only_run, wait_no_processes, xl, xl_env
 from prometheus_client.parser import text_string_to_metric_families
 from promserver import prometheus
-from runfixtures import make_run
+from runfixtures import TWONODE_HOSTS, make_run
 from servers import served
 from where import REPO
 
@@ -33,8 +34,10 @@ from xl.launcher.telemetry.exporter import STATES, RunsCollector
 
 ROOT = REPO
 DASHBOARD = ROOT / "examples" / "grafana-dashboard.json"
-R = {"run_id", "rank", "local_rank", "hostname"}
-G = R | {"gpu", "UUID"}
+R = {"run_id", "rank", "local_rank", "Hostname"}
+GPU = {"gpu", "UUID", "pci_bus_id", "device", "modelName"}  # as dcgm-exporter's releases spell them
+G = R | GPU
+STRAGGLER = {"phase", "gpu", "gpu_reason", "gpu_detail", "lasting"}
 TABLE = {  # the contract: name -> (type as parsed from the text format, label names)
     "xl_train_step": ("gauge", R),
     "xl_train_loss": ("gauge", R),
@@ -44,19 +47,53 @@ TABLE = {  # the contract: name -> (type as parsed from the text format, label n
     "xl_rank_state": ("gauge", R | {"xl_rank_state"}),
     "xl_gpu_utilization_ratio": ("gauge", G),
     "xl_gpu_memory_used_bytes": ("gauge", G),
-    "xl_rank_info": ("gauge", R | {"gpu", "UUID", "modelName", "pid"}),
+    "xl_rank_memory_bytes": ("gauge", R),
+    "xl_gpu_clock_event_reasons": ("gauge", GPU | {"Hostname"}),
+    "xl_gpu_clock_event_active": ("gauge", GPU | {"Hostname", "clock_event"}),
+    "xl_rank_straggler_info": ("gauge", R | STRAGGLER),
+    "xl_rank_info": ("gauge", R | GPU | {"pid"}),
     "xl_run_info": ("gauge", {"run_id", "name", "world_size", "nnodes", "user", "slurm_job_id"}),
     "xl_ranks_reporting": ("gauge", {"run_id"}),
     # A failed run's root cause (the fixtures' failed run ended moments ago: it is kept 15 min).
     "xl_run_failure_info": (
         "gauge",
-        {"run_id", "rank", "hostname", "exit_code", "kind", "summary", "fix"},
+        {"run_id", "rank", "Hostname", "exit_code", "kind", "summary", "fix"},
     ),
 }
 FORBIDDEN = {"job", "instance", "pod", "namespace", "container"}
-# dcgm-exporter's spelling `modelName` is the contract's, and promtool's linter asks for
-# snake_case label names: that finding, on that metric, is the only one allowed.
-CAMEL = "xl_rank_info label names should be written in 'snake_case' not 'camelCase'"
+# dcgm-exporter's spellings `modelName` and `Hostname` are the contract's, and promtool's linter
+# asks for snake_case label names: that finding, on the metrics with those labels, is the only one
+# allowed.
+CAMEL = "label names should be written in 'snake_case' not 'camelCase'"
+# The twonode fixture's GPUs as the sampler reads them: rank 5's GPU held down by a thermal
+# slowdown (it is the run's straggler), every other one idle-clocked or free.
+HOT_RANK = 5
+
+
+def gpu_lines(run_dir: Path) -> None:
+    """Each rank's sys line with its own GPU memory, its host memory and its GPU's clock-event
+    reasons, and rank 5's straggler event with its GPU's reason, as a live run writes them."""
+    run = json.loads((run_dir / "run.json").read_text())
+    now = time.time()
+    lines = [
+        {
+            "t": now, "rank": r["rank"], "kind": "sys", "gpu": r["gpu"],
+            "gpu_proc_mem_mib": 20_000.0 + 10 * r["rank"], "mem_mib": 3_000.0 + r["rank"],
+            "clock_event_reasons": 0x40 if r["rank"] == HOT_RANK else 0x1,
+        }
+        for r in run["ranks"]
+    ]  # fmt: skip
+    with (run_dir / "metrics.jsonl").open("a") as fh:
+        fh.writelines(json.dumps(line) + "\n" for line in lines)
+    event = {
+        "t": now, "kind": "straggler", "rank": HOT_RANK, "phase": "compute",
+        "message": "rank 5 is the straggler: 300 ms of its 310 ms step computing",
+        "gpu": 1, "gpu_reason": "hw_thermal_slowdown",
+        "gpu_detail": "GPU 1: thermal slowdown at 87 °C, SM 1,290 of 1,410 MHz",
+        "lasting": "transient", "since_s": 5.0, "spells": 1, "spells_since_s": 5.0,
+    }  # fmt: skip
+    with (run_dir / "events.jsonl").open("a") as fh:
+        fh.write(json.dumps(event) + "\n")
 
 
 def fetch(url: str, token: str | None, accept: str | None = None) -> tuple[int, str]:
@@ -86,8 +123,10 @@ def fixtures(home: Path) -> dict[str, Path]:
     runs = home / "runs"
     runs.mkdir(parents=True)
     now = time.time()
+    twonode = make_run(runs, "twonode", t0=now - 52)  # its last lines: ~2 s old
+    gpu_lines(twonode)
     return {
-        "twonode": make_run(runs, "twonode", t0=now - 52),  # its last lines: ~2 s old
+        "twonode": twonode,
         "straggler": make_run(runs, "straggler", t0=now - 300),  # live, but nothing new for minutes
         "healthy": make_run(runs, "healthy", t0=now - 500),
         "failed": make_run(runs, "failed", t0=now - 400),
@@ -165,16 +204,45 @@ def test_exposition_is_the_metric_table_of_live_runs_only(tmp_path: Path) -> Non
             "run_id": "20260530-twonode",
             "rank": "5",
             "local_rank": "1",
-            "hostname": "trn-a07",
+            "Hostname": "trn-a07",
             "gpu": "1",
             "UUID": run["devices"][1]["uuid"],
+            "pci_bus_id": "",  # no NVML on this machine to tell it
+            "device": "nvidia1",
             "modelName": "NVIDIA A100-SXM4-80GB",
             "pid": "40005",
         }
         (util,) = series(text, "xl_gpu_utilization_ratio", run_id="20260530-twonode", rank="0")
         assert 0 < util.value <= 1 and util.labels["UUID"] == run["devices"][0]["uuid"]
-        (mem,) = series(text, "xl_gpu_memory_used_bytes", run_id="20260530-twonode", rank="0")
-        assert mem.value % (1 << 20) == 0 and mem.value > 1e9
+        # Each rank's own memory on its GPU (the sampler's gpu_proc_mem_mib), not the GPU's total
+        # (40,000 MiB and more in the fixture's sys lines), and its host memory.
+        for rank in range(8):
+            at = {"run_id": "20260530-twonode", "rank": str(rank)}
+            (mem,) = series(text, "xl_gpu_memory_used_bytes", **at)
+            assert mem.value == (20_000 + 10 * rank) * (1 << 20)
+            (host,) = series(text, "xl_rank_memory_bytes", **at)
+            assert host.value == (3_000 + rank) * (1 << 20)
+        # One bitmask a GPU, on each node, whichever ranks share it; rank 5's GPU 1 on trn-a07.
+        masks = {
+            (s.labels["Hostname"], s.labels["gpu"]): s.value
+            for s in series(text, "xl_gpu_clock_event_reasons")
+        }
+        assert masks == {
+            (host, str(gpu)): (0x40 if (host, gpu) == ("trn-a07", 1) else 0x1)
+            for host in TWONODE_HOSTS
+            for gpu in range(4)
+        }, masks
+        active = {
+            s.labels["clock_event"]
+            for s in series(text, "xl_gpu_clock_event_active", Hostname="trn-a07", gpu="1")
+            if s.value == 1
+        }
+        assert active == {"hw_thermal"}
+        (said,) = series(text, "xl_rank_straggler_info", run_id="20260530-twonode")
+        assert {k: said.labels[k] for k in ("rank", "phase", "gpu", "gpu_reason", "lasting")} == {
+            "rank": "5", "phase": "compute", "gpu": "1", "gpu_reason": "hw_thermal_slowdown",
+            "lasting": "transient",
+        }  # fmt: skip
         (runinfo,) = series(text, "xl_run_info", run_id="20260530-twonode")
         assert {k: runinfo.labels[k] for k in ("name", "world_size", "nnodes")} == {
             "name": "gpt2-2node",
@@ -194,7 +262,7 @@ def test_exposition_is_the_metric_table_of_live_runs_only(tmp_path: Path) -> Non
             == len(STATES)
             for r in range(8)
         )
-        assert set(promtool_findings(text)) <= {CAMEL}
+        assert {ln.split(" ", 1)[1] for ln in promtool_findings(text)} <= {CAMEL}
 
         # The run ends: its series are gone from the very next scrape; the other stays.
         record = json.loads((dirs["twonode"] / "run.json").read_text())
@@ -344,7 +412,13 @@ def test_prometheus_scrapes_recorded_runs_and_every_dashboard_query_has_data(
 def test_a_real_run_on_simulated_gpus_reaches_prometheus_and_leaves_it(
     tmp_path: Path, simnvml, simnvml_gpu
 ) -> None:
-    sim = simnvml(gpus=[simnvml_gpu(util_gpu=90), simnvml_gpu(util_gpu=40)])
+    # GPU 1 held down by a thermal slowdown, GPU 0 idle-clocked: each GPU's bitmask as NVML says.
+    sim = simnvml(
+        gpus=[
+            simnvml_gpu(util_gpu=90, clock_event_reasons=0x1, memory_used_mib=50_000),
+            simnvml_gpu(util_gpu=40, clock_event_reasons=0x40, memory_used_mib=50_000),
+        ]
+    )
     home = tmp_path / "home"
     env = xl_env(home, **sim.env)
     env.pop("XL_EXPORTER_TOKEN", None)
@@ -370,6 +444,29 @@ def test_a_real_run_on_simulated_gpus_reaches_prometheus_and_leaves_it(
             prom.wait(
                 f'xl_train_step{{run_id="{run_id}"}} > 0', timeout=90, check=lambda r: len(r) == 2
             )
+            # NVML lists each rank's process on its GPU with what it holds, as a real driver
+            # does: the rank's series is that, not the GPU's 50,000 MiB.
+            ranks = json.loads((run_dir / "run.json").read_text())["ranks"]
+            for r in ranks:
+                sim.add_process(r["gpu"], r["pid"], 1000 + 100 * r["rank"])
+            own = prom.wait(
+                f'xl_gpu_memory_used_bytes{{run_id="{run_id}"}}',
+                timeout=60,
+                check=lambda r: len(r) == 2 and all(float(x["value"][1]) < 5e9 for x in r),
+            )
+            assert {x["metric"]["rank"]: float(x["value"][1]) for x in own} == {
+                str(r["rank"]): (1000 + 100 * r["rank"]) * (1 << 20) for r in ranks
+            }
+            masks = prom.wait("xl_gpu_clock_event_reasons", check=lambda r: len(r) == 2)
+            assert {x["metric"]["gpu"]: float(x["value"][1]) for x in masks} == {
+                "0": 0x1,
+                "1": 0x40,
+            }
+            # Labelled as dcgm-exporter labels the same GPU (its NVML PCI bus id, nvidiaN).
+            assert {
+                (x["metric"]["gpu"], x["metric"]["pci_bus_id"], x["metric"]["device"])
+                for x in masks
+            } == {(str(i), g.resolved(i).pci_bus_id, f"nvidia{i}") for i, g in enumerate(sim.gpus)}
             util = prom.wait(
                 f'xl_gpu_utilization_ratio{{run_id="{run_id}"}}', check=lambda r: len(r) == 2
             )
@@ -404,6 +501,22 @@ def test_bad_ports_are_one_line(tmp_path: Path) -> None:
     assert done.stderr.count("\n") == 1 and f"cannot listen on 127.0.0.1:{port}" in done.stderr
     done = xl(["exporter", "--port", "70000"], env)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not a port" in done.stderr
+
+
+def test_the_default_port_is_none_a_common_exporter_uses(tmp_path: Path) -> None:
+    """Beside dcgm-exporter (9400) and node_exporter (9100) on a GPU node: with both their ports
+    held, the exporter starts on its default, 19400, a port outside Prometheus's default port
+    allocations (docs/exporter.md)."""
+    env = xl_env(tmp_path / "home", XL_EXPORTER_TOKEN="t")
+    helped = xl(["exporter", "--help"], env)
+    assert "default 19400" in helped.stdout, helped.stdout
+    with contextlib.ExitStack() as held:
+        for theirs in (9400, 9100):  # dcgm-exporter's and node_exporter's, when free here
+            with contextlib.suppress(OSError):
+                held.enter_context(socket.create_server(("127.0.0.1", theirs)))
+        with served(["exporter"], env) as ex:
+            assert ex.url == "http://127.0.0.1:19400/metrics", ex.line
+            assert fetch(ex.url, "t")[0] == 200
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:
