@@ -14,14 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from xl.launcher.cli import endtable
+from xl.launcher.cli.endtable import render_text  # noqa: F401 - the plain table, where its users look
 from xl.launcher.cli.runstate import RunState
-from xl.launcher.rundir import timing
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.outcome import Cause, Failure
+from xl.launcher.rundir.outcome import Cause
 from xl.launcher.rundir.runview import RankView, hang_label, outcome_style, state_style
 from xl.launcher.rundir.tail import RankLogs
 from xl.textsafe import bytes_for_terminal, visible
-from xl.units import mib
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -30,42 +30,6 @@ if TYPE_CHECKING:
 # new lines 20 times a second: prompt for a person and for the run's end, cheap beside the ranks
 POLL_S = 0.05
 RENDER_S = 0.25
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "" if value is None else format(value, spec)
-
-
-def cause_lines(failure: Failure | None) -> list[str]:
-    """``cause: SUMMARY`` and ``fix: FIX``, a line each, said after the root cause (no fix line
-    when none is known)."""
-    cause = failure.cause if failure is not None else None
-    if cause is None:
-        return []
-    lines = [f"cause: {visible(cause.summary)}"]
-    return lines + ([f"fix: {visible(cause.fix)}"] if cause.fix else [])
-
-
-def traceback_title(failure: Failure) -> str:
-    """What the root cause's text is: a Python traceback, or (an argparse refusal, a signal, an
-    exit without an exception) the rank's last lines of output."""
-    python = bool(failure.error) or "Traceback (most recent call last)" in (failure.traceback or "")
-    return f"{'traceback' if python else 'last lines'} of rank {failure.rank}"
-
-
-def _summary(state: RunState) -> str:
-    text = f"run {state.title} {state.status} after {state.elapsed():.1f}s"
-    if state.failure:
-        text += "".join(
-            [
-                f": {visible(state.failure.message)}",
-                *(f"\n{line}" for line in cause_lines(state.failure)),
-            ]
-        )
-    spent = timing.describe(state.record.time) if state.final and state.record else None
-    phases = timing.describe_phases(state.record.time) if spent and state.record else None
-    # where the time went (docs/compare.md), and the steps' time by phase where they were timed
-    return "\n".join(x for x in (text, spent, phases) if x)
 
 
 # ---------------------------------------------------------------------------------- plain lines
@@ -126,8 +90,8 @@ class _Plain:
             return 0
         self.logs.discover()
         moved = self.logs.copy(self.write)
-        for rank, line in self.logs.last_line.items():
-            # for the table's last-line column
+        for rank, line in () if self.state.ended_lines else self.logs.last_line.items():
+            # for the table's last-line column (once the run ended: each log's end, taken whole)
             text = visible(line.decode("utf-8", "replace").strip())
             if text and rank in self.state.ranks:
                 self.state.last_line[rank] = text
@@ -230,143 +194,13 @@ def watch_plain(
         plain.logs.finish(plain.write)
     plain.flush()
     # Where no live table can redraw (a pipe, a file, CI's log), the table comes once, at the end:
-    # every rank's state, pid, GPU, exit code and last figures, plain and aligned.
-    from xl.launcher.cli import console_summary, splittable  # noqa: PLC0415 - the run's end only
-
-    if console_summary.summarised(state.ranks):  # past 64 ranks: nodes and outliers, no rows
-        table = console_summary.render_summary(state.ranks, _title(state))
-    else:
-        table = render_text(state, width=max(100, _width(out))) + splittable.render(state.ranks)
-    print(table, file=out, end="")
-    failure = state.failure
-    if failure is not None and failure.traceback:
-        print(
-            f"xl: {traceback_title(failure)}:\n{visible(str(failure.traceback), lines=True)}",
-            file=out,
-        )
-    print(f"xl: {_summary(state)}", file=out, flush=True)
+    # every rank's state, pid, GPU, exit code and the run's figures, plain and aligned.
+    print(endtable.end_text(state, width=max(100, _width(out))), file=out, end="", flush=True)
     return state.exit_code
 
 
 def _width(out: TextIO) -> int:
     return shutil.get_terminal_size((120, 24)).columns if out.isatty() else 120
-
-
-def _title(state: RunState) -> str:
-    name = (state.record.name if state.record else None) or ""
-    return f"{name}  {state.title}  {state.status}  {state.elapsed():.0f}s"
-
-
-def render_text(state: RunState, width: int = 120) -> str:
-    """The rank table as plain ASCII text (no colour, no control codes): for pipes and log files.
-
-    Drawn here rather than by Rich (the same look as Rich's ASCII box): importing and setting up
-    Rich cost a run's end ~50 ms, a few percent of a short job's wall time."""
-    evals = _has_eval(state)
-    headers = _headers(evals)
-    right = _RIGHT | ({len(headers) - 2} if evals else set())
-    rows = [
-        _cells(state.ranks[rank], state.last_line.get(rank, ""), evals)
-        for rank in sorted(state.ranks)
-    ]
-    rows = [
-        [
-            *row[:-1],
-            row[-1]
-            + (f"{'  ' if row[-1] else ''}xl: {visible(r.diagnosis)}" if r.diagnosis else ""),
-        ]
-        for row, r in zip(rows, (state.ranks[k] for k in sorted(state.ranks)), strict=True)
-    ]
-    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers[:-1])]
-    last = max(len(headers[-1]) // 2, width - 1 - 3 * len(headers) - sum(widths))
-    widths.append(last)
-
-    def line(cells: list[str]) -> str:
-        out = []
-        for i, (cell, w) in enumerate(zip(cells, widths, strict=True)):
-            if len(cell) > w:
-                cell = cell[: w - 1] + "\u2026"
-            out.append(cell.rjust(w) if i in right else cell.ljust(w))
-        return "| " + " | ".join(out) + " |"
-
-    title = _title(state)
-    border = "+" + "-" * (len(line(list(headers))) - 2) + "+"
-    text = [title.ljust(len(border)), border, line(list(headers))]
-    text.append("|" + "+".join("-" * (w + 2) for w in widths) + "|")
-    text += [line(row) for row in rows]
-    text.append(border)
-    return "\n".join(text) + "\n"
-
-
-_HEADERS = (
-    "rank",
-    "state",
-    "pid",
-    "GPU",
-    "step",
-    "samples/s",
-    "loss",
-    "util",
-    "mem",
-    "last log line",
-)
-_RIGHT = {0, 2, 3, 4, 5, 6, 7, 8}  # right-justified columns (numbers)
-
-
-def _has_eval(state: RunState) -> bool:
-    """Whether any rank has evaluated: only then do the tables have an eval column."""
-    return any(r.eval_loss is not None for r in state.ranks.values())
-
-
-def _headers(evals: bool) -> tuple[str, ...]:
-    return (*_HEADERS[:-1], "eval", _HEADERS[-1]) if evals else _HEADERS
-
-
-def _eval(r: RankView) -> str:
-    """The latest eval loss and, where logged, its epoch: "5.381 ep 2"."""
-    if r.eval_loss is None:
-        return ""
-    return format(r.eval_loss, ".4g") + ("" if r.epoch is None else f" ep {r.epoch:.3g}")
-
-
-def _cells(r: RankView, last_line: str, evals: bool = False) -> list[str]:
-    """One rank's row of the table, as text."""
-    shown = r.state
-    if r.exit_code not in (None, 0):
-        shown = f"{shown} ({r.exit_code})"
-    step = (
-        ""
-        if r.step is None
-        else f"{r.step:.0f}" + (f"/{r.total_steps:.0f}" if r.total_steps else "")
-    )
-    # GPU figures where there is a GPU (what the rank's processes hold on it, else the whole
-    # GPU's use); the rank's footprint (PSS with its workers) and its CPU for CPU ranks.
-    mem, util = "", "" if r.gpu_util is None else f"{r.gpu_util:.0f}%"
-    used = r.gpu_proc_mem_mib if r.gpu_proc_mem_mib is not None else r.gpu_mem_used_mib
-    if used is not None:
-        mem = mib(used)
-        if r.gpu_mem_total_mib:
-            mem += f"/{mib(r.gpu_mem_total_mib)}"
-    elif r.gpu is None and r.mem_mib is not None:
-        mem = mib(r.mem_mib)
-    elif r.gpu is None and r.rss_mib is not None:
-        mem = f"{mib(r.rss_mib)} rss"
-    if r.gpu is None and r.cpu_pct is not None:
-        util = f"{r.cpu_pct:.0f}% cpu"
-    pid = "" if r.pid is None else str(r.pid)
-    gpu = "cpu" if r.gpu is None else str(r.gpu)
-    cells = [
-        str(r.rank),
-        shown,
-        pid,
-        gpu,
-        step,
-        _fmt(r.samples_per_s, ".1f"),
-        _fmt(r.loss, ".4g"),
-        util,
-        mem,
-    ]
-    return [*cells, _eval(r), last_line] if evals else [*cells, last_line]
 
 
 # ---------------------------------------------------------------------------------- Rich live view
@@ -385,8 +219,8 @@ def render(
     from xl.launcher.cli import console_summary  # noqa: PLC0415 - as above: drawn with Rich
 
     if console_summary.summarised(state.ranks):  # past 64 ranks: nodes and outliers, no rows
-        summary = console_summary.render_summary(state.ranks, _title(state)).rstrip("\n")
-        return Group(Text(summary), *_tail(state, events, Text))
+        big = console_summary.render_summary(state.ranks, endtable.title(state)).rstrip("\n")
+        return Group(Text(big), *_tail(state, events, Text))
     name = (state.record.name if state.record else None) or ""
     title = f"{name}  [b]{state.title}[/b]  {state.status}  {state.elapsed():.0f}s"
     table = Table(
@@ -396,7 +230,7 @@ def render(
         show_lines=False,
         box=box.ASCII if ascii_only else box.HEAVY_HEAD,
     )
-    evals = _has_eval(state) and (width is None or width >= _EVAL_MIN_WIDTH)
+    evals = endtable.has_eval(state) and (width is None or width >= _EVAL_MIN_WIDTH)
     for col, kw in (
         ("rank", {"justify": "right"}),
         ("state", {"no_wrap": True}),  # "failed (1)" on one line, even at 80 columns
@@ -413,12 +247,12 @@ def render(
         table.add_column(col, **kw)
     for rank in sorted(state.ranks):
         r, last = state.ranks[rank], state.last_line.get(rank, "")
-        cells = _cells(r, last, evals)
+        row = endtable.cells(r, last, evals, ended=state.final)
         table.add_row(
-            cells[0],
-            Text(cells[1], style=state_style(r.state)),
-            *cells[2:-1],
-            _last_line(r, last, Text),
+            row[0],
+            Text(row[1], style=state_style(r.state)),
+            *row[2:-1],
+            _last_line(r, last, Text, diagnosis=not state.final),
         )
     return Group(table, *_tail(state, events, Text))
 
@@ -435,10 +269,11 @@ def _tail(state: RunState, events: bool, text: type[Text]) -> list[Text]:
 _EVAL_MIN_WIDTH = 100
 
 
-def _last_line(r: RankView, last: str, text: type[Text]) -> Text:
-    """What the rank last printed, first; xl's diagnosis of it after, never in its place."""
+def _last_line(r: RankView, last: str, text: type[Text], *, diagnosis: bool = True) -> Text:
+    """What the rank last printed, first; while the run goes, xl's diagnosis of it after, never
+    in its place (once it ended, the events said it)."""
     out = text(last)
-    if r.diagnosis:
+    if r.diagnosis and diagnosis:
         out.append(("  " if last else "") + f"xl: {visible(r.diagnosis)}", style="yellow")
     return out
 
@@ -474,11 +309,13 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
         console.print(
             Panel(
                 visible(str(failure.traceback), lines=True),
-                title=traceback_title(failure),
+                title=endtable.traceback_title(failure),
                 border_style="red",
             )
         )
-    console.print(_summary(state), style=outcome_style(state.status), highlight=False, markup=False)
+    console.print(
+        endtable.summary(state), style=outcome_style(state.status), highlight=False, markup=False
+    )
     return state.exit_code
 
 

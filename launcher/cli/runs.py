@@ -1,20 +1,31 @@
-"""``xl runs [--json]``: every run under XL_HOME, newest first as in the app's Runs screen
-(``--json``: the store's order, oldest first, as scripts have read it)."""
+"""``xl runs [RUN] [--json]``: every run under XL_HOME, newest first as in the app's Runs screen
+(``--json``: the store's order, oldest first, as scripts have read it); with RUN, that run:
+its ranks' last figures, its time and its cause."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from xl.errors import ArgumentParser
+from xl.errors import ArgumentParser, UsageError
 from xl.launcher.rundir import record, timing
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Cause
 from xl.launcher.rundir.record import RunRecord, RunStatus, read_object
-from xl.launcher.rundir.store import GONE, NOT_YOURS, STARTING, UNREADABLE, RunInfo, list_runs
+from xl.launcher.rundir.store import (
+    GONE,
+    NOT_YOURS,
+    STARTING,
+    UNREADABLE,
+    RunInfo,
+    list_runs,
+    resolve_run,
+)
 from xl.textsafe import visible
 
 
@@ -58,76 +69,152 @@ def _failure(rec: RunRecord | None) -> dict[str, Any]:
     return {"failure": failure, "cause": cause.to_json() if cause is not None else None}
 
 
+HEADER = ("RUN", "NAME", "STATUS", "RANKS", "GPUS", "STARTED", "TIME", "SCRIPT", "CAUSE")
+# What gives way when a line is too wide, in this order: first each of these cells is cut (with
+# "…") down to its width here, then whole columns go (the run id and its status never: the id is
+# what every other command takes).
+_SHRINK = ((8, 12), (7, 10), (1, 6), (2, 9))
+_DROP = (8, 7, 4, 3, 5, 1, 6)
+
+
+def _cut(cell: str, width: int) -> str:
+    return cell if len(cell) <= width else cell[: max(0, width - 1)] + "\u2026"
+
+
+def fit(rows: list[tuple[str, ...]], width: int | None) -> list[str]:
+    """The table's lines (header first), two spaces between columns, within ``width`` columns
+    where cutting cells and leaving out columns can make it so; else (or with no ``width``)
+    whole lines. A run id is never cut."""
+    natural = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(HEADER)]
+    keep, widths = list(range(len(HEADER))), list(natural)
+    if width is not None:
+        least = list(natural)
+        for col, floor in _SHRINK:
+            least[col] = min(natural[col], max(floor, len(HEADER[col])))
+        # As few columns left out as the narrowest cells allow; then each cell cut only as far
+        # as the line needs, in _SHRINK's order.
+        drops = list(_DROP)
+        while drops and _span(least, keep) > width:
+            keep.remove(drops.pop(0))
+        if _span(least, keep) <= width:
+            for col, _ in _SHRINK:
+                over = _span(widths, keep) - width
+                if over > 0 and col in keep:
+                    widths[col] = max(least[col], widths[col] - over)
+        else:
+            keep = list(range(len(HEADER)))
+    return [
+        "  ".join(_cut(row[i], widths[i]).ljust(widths[i]) for i in keep).rstrip()
+        for row in (HEADER, *rows)
+    ]
+
+
+def _span(widths: list[int], keep: list[int]) -> int:
+    return sum(widths[i] for i in keep) + 2 * (len(keep) - 1)
+
+
+def _width() -> int | None:
+    """The columns to fit: the terminal's; in a pipe, ``COLUMNS`` where set, else none (whole
+    lines, for the scripts that read them)."""
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return None
+    return columns if columns > 0 else None
+
+
+def _row(r: RunInfo) -> tuple[str, ...]:
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else ""
+    devices = ",".join(str(d.get("index")) for d in r.devices) or ("cpu" if r.world_size else "")
+    ranks = str(r.world_size) if r.world_size else ""
+    why = _failure(record.load(r.run_dir)) if r.status == RunStatus.FAILED else {}
+    cause = why.get("cause") or {}
+    said = (
+        f"rank {why['failure'].get('rank')}: {cause.get('kind')}: {cause.get('summary')}"
+        if cause and why.get("failure")
+        else ""
+    )
+    return (
+        r.run_id,
+        visible(r.name or ""),
+        _status(r),
+        ranks,
+        devices,
+        started,
+        _duration(r),
+        visible(r.target),
+        visible(said)[:80],
+    )
+
+
+def _json(r: RunInfo) -> dict[str, Any]:
+    # ``time``: where a finished run's time went (docs/compare.md), null while it runs;
+    # ``split``: where each rank's steps' time went, per step;
+    # ``failure``: its root cause with ``cause`` (docs/contracts.md), null unless it failed.
+    rec = record.load(r.run_dir)
+    spent = timing.valid(rec.time if rec is not None else None)
+    return {**r.to_json(), "time": spent, "split": _split(r), **_failure(rec)}
+
+
+def _one(token: str, as_json: bool) -> int:
+    """``xl runs RUN``: the run's line of the listing, then its end table (each rank's state and
+    the run's figures), where its time went and its cause; ``--json``: its object of ``xl runs
+    --json`` with run.json's ``ranks``."""
+    run_dir = resolve_run(token, "runs")
+    info = next((r for r in list_runs() if r.run_dir == run_dir), None)
+    if info is None:  # removed since it was resolved
+        raise UsageError(f"no run matches {token!r} (see 'xl runs')")
+    if as_json:
+        rec = record.load(run_dir)
+        ranks = [row.to_json() for row in rec.ranks] if rec is not None else []
+        print(json.dumps({**_json(info), "ranks": ranks}, indent=2))
+        return 0
+    print("\n".join(fit([_row(info)], _width())))
+    if info.status in (UNREADABLE, NOT_YOURS):
+        return 0
+    from xl.launcher.cli.endtable import end_text  # noqa: PLC0415 - one run's table only
+    from xl.launcher.cli.runstate import RunState  # noqa: PLC0415 - as above
+
+    state = RunState(run_dir, read_lines=False)
+    state.poll()
+    state.take_last_lines()
+    print(end_text(state, width=max(100, _width() or 120)), end="")
+    return 0
+
+
 def main(argv: Sequence[str]) -> int:
     p = ArgumentParser(
         prog="xl runs",
         description=(
-            "List runs, newest first (as the app's Runs screen); --json lists them oldest first."
+            "List runs, newest first (as the app's Runs screen); --json lists them oldest first. "
+            "With RUN: that run, its ranks' last figures, its time and its cause."
         ),
+    )
+    p.add_argument(
+        "run",
+        nargs="?",
+        metavar="RUN",
+        help="one run: its id, a unique start of one, or 'last'",
     )
     p.add_argument(
         "--json",
         action="store_true",
-        help="one JSON array of runs, oldest first (the order runs were made)",
+        help="one JSON array of runs, oldest first (the order runs were made); with RUN: its own",
     )
     ns = p.parse_args(list(argv))
+    if ns.run is not None:
+        return _one(ns.run, ns.json)
     runs = list_runs()
     if ns.json:
-        # ``time``: where a finished run's time went (docs/compare.md), null while it runs;
-        # ``split``: where each rank's steps' time went, per step;
-        # ``failure``: its root cause with ``cause`` (docs/contracts.md), null unless it failed.
-        out = []
-        for r in runs:
-            rec = record.load(r.run_dir)
-            spent = timing.valid(rec.time if rec is not None else None)
-            out.append({**r.to_json(), "time": spent, "split": _split(r), **_failure(rec)})
-        print(json.dumps(out, indent=2))
+        print(json.dumps([_json(r) for r in runs], indent=2))
         return 0
     if not runs:
         print("no runs yet; start one with 'xl launch SCRIPT' or 'xl demo'")
         return 0
-    rows = []
     # The app's order (tui/screens/runs.py): newest start first; a stable sort keeps the
     # store's order among equal starts, as the app's does.
-    for r in sorted(runs, key=lambda r: r.started_at or 0, reverse=True):
-        started = (
-            time.strftime("%Y-%m-%d %H:%M", time.localtime(r.started_at)) if r.started_at else ""
-        )
-        devices = ",".join(str(d.get("index")) for d in r.devices) or (
-            "cpu" if r.world_size else ""
-        )
-        ranks = str(r.world_size) if r.world_size else ""
-        why = _failure(record.load(r.run_dir)) if r.status == RunStatus.FAILED else {}
-        cause = why.get("cause") or {}
-        said = (
-            f"rank {why['failure'].get('rank')}: {cause.get('kind')}: {cause.get('summary')}"
-            if cause and why.get("failure")
-            else ""
-        )
-        rows.append(
-            (
-                r.run_id,
-                r.name or "",
-                _status(r),
-                ranks,
-                devices,
-                started,
-                _duration(r),
-                r.target,
-                visible(said)[:80],
-            )
-        )
-    header = ("RUN", "NAME", "STATUS", "RANKS", "GPUS", "STARTED", "TIME", "SCRIPT", "CAUSE")
-    if sys.stdout.isatty():
-        from rich.console import Console  # noqa: PLC0415 - Rich loads only for a terminal; a pipe gets plain columns
-        from rich.table import Table  # noqa: PLC0415 - as above
-
-        table = Table(*header, box=None, pad_edge=False)
-        for row in rows:
-            table.add_row(*row)
-        Console().print(table)
-        return 0
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    for row in (header, *rows):
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    ordered = sorted(runs, key=lambda r: r.started_at or 0, reverse=True)
+    print("\n".join(fit([_row(r) for r in ordered], _width())))
     return 0

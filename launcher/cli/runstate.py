@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xl.launcher.rundir.lastbytes import last_output_line
+from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.reader import RunReader
 from xl.launcher.rundir.record import RunRecord
@@ -28,6 +30,7 @@ class RunState:
     reader: RunReader = field(init=False)
     # new_lines from the reader (False: the plain view copies the logs itself)
     read_lines: bool = True
+    ended_lines: bool = False  # last_line holds each rank's last line as its log ended
 
     def __post_init__(self) -> None:
         self.reader = RunReader(self.run_dir)
@@ -85,8 +88,18 @@ class RunState:
                 # a tqdm redraw: its latest state, shown safely
                 text = visible(text.rsplit("\r", 1)[-1])
                 self.new_lines.append((rank, text))
-                if text.strip():
+                if text.strip() and not self.ended_lines:
                     self.last_line[rank] = text.strip()
+        if self.final and not self.ended_lines:
+            self.take_last_lines()
+
+    def take_last_lines(self) -> None:
+        """Each rank's last line as its log ends (lastbytes.last_output_line): what the end
+        tables show, the same wherever they are drawn."""
+        layout = RunLayout(self.run_dir)
+        for rank in self.ranks:
+            self.last_line[rank] = visible(last_output_line(layout.rank_log(rank)))
+        self.ended_lines = True
 
     def elapsed(self) -> float:
         took = self.view.elapsed(time.time()) if self.view is not None else None

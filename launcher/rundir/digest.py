@@ -28,7 +28,7 @@ from xl.launcher.rundir.layout import EVENTS, METRICS, RunLayout
 from xl.launcher.rundir.record import RunRecord, read_object
 from xl.stats import median
 
-VERSION = 2  # 2: each rank's step split (``ranks``)
+VERSION = 3  # 2: each rank's step split (``ranks``); 3: its samples/s (``rank_samples_per_s``)
 SERIES_POINTS = 2000  # at most this many steps kept for the loss and samples/s series
 _CHUNK = 8 << 20  # metrics.jsonl is read this much at a time: memory stays bounded
 _MAX_STEPS = 1_000_000  # distinct steps tracked; a file with more keeps its first ones
@@ -57,6 +57,9 @@ class Digester:
         self.events: list[dict[str, Any]] = []
         self.spans: dict[int, list[float]] = {}  # rank -> [its first train line's t, its last's]
         self.waited: dict[int, float] = {}
+        # rank -> [samples, seconds] of its lines that gave a count and its rate (RankView's
+        # run_samples_per_s: the same rule, over the whole run)
+        self.counted: dict[int, list[float]] = {}
         # rank -> [steps timed, data_s, compute_s, comm_s, other_s] summed (per-step means x steps)
         self.split: dict[int, list[float]] = {}
         # step -> [its latest line's t, loss sum, loss count, samples/s sum, samples/s count]
@@ -172,6 +175,8 @@ class Digester:
                 self._beside(rank, t, near)
             if "step_s" in rec:
                 self._split(rank, rec)
+            if "samples" in rec:
+                self._count(rank, rec)
             step: Any = rec.get("step")
             if not _finite(step):
                 continue
@@ -190,6 +195,17 @@ class Digester:
             if _finite(v):
                 acc[3] += v
                 acc[4] += 1
+
+    def _count(self, rank: int, rec: dict[str, Any]) -> None:
+        """A line's samples and the time they took (its count over its rate), onto its rank's."""
+        n, rate = rec.get("samples"), rec.get("samples_per_s")
+        if not (_finite(n) and _finite(rate) and n > 0 and rate > 0):
+            return
+        got = self.counted.get(rank)
+        if got is None:
+            got = self.counted[rank] = [0.0, 0.0]
+        got[0] += n
+        got[1] += n / rate
 
     def _split(self, rank: int, rec: dict[str, Any]) -> None:
         """A line's phases (per-step means) times the steps it stands for, onto its rank's sums."""
@@ -301,6 +317,10 @@ class Digester:
             "time": time_doc,
             "waited_s": {str(r): round(w, 3) for r, w in sorted(self.waited.items())},
             "ranks": {str(r): timing.rank_split(acc) for r, acc in sorted(self.split.items())},
+            # each rank's samples / time in steps, where its lines counted samples
+            "rank_samples_per_s": {
+                str(r): round(n / took, 3) for r, (n, took) in sorted(self.counted.items())
+            },
             "speed": _speed(at),
             "steps": steps,
             "loss": [round(at[s][1] / at[s][2], 6) if at[s][2] else None for s in steps],
@@ -366,6 +386,9 @@ def _whole(doc: dict[str, Any]) -> bool:
         isinstance(v, dict) and all(_finite(x) for x in v.values()) for v in ranks.values()
     ):
         return False
+    rates = doc.get("rank_samples_per_s")
+    if not isinstance(rates, dict) or not all(_finite(r) for r in rates.values()):
+        return False
     return time_ok and isinstance(waited, dict) and all(_finite(w) for w in waited.values())
 
 
@@ -381,10 +404,14 @@ def load(run_dir: Path, rec: RunRecord) -> dict[str, Any]:
     return doc
 
 
-def close_run(run_dir: Path, rec: RunRecord, digester: Digester | None = None) -> dict[int, float]:
-    """At a run's end (after ``rec.end``): digest.json written, ``time`` put in ``rec``; the
-    wait of each rank xl.watch measured, for its row. ``digester``: the one that followed the run
-    (it reads only the rest). A failure here costs the accounting only."""
+RankFigures = dict[int, dict[str, float]]  # rank -> what its run.json row gains at the end
+
+
+def close_run(run_dir: Path, rec: RunRecord, digester: Digester | None = None) -> RankFigures:
+    """At a run's end (after ``rec.end``): digest.json written, ``time`` put in ``rec``; for each
+    rank's row, its ``waited_s`` (where xl.watch measured it) and ``samples_per_s`` (samples /
+    time in steps, where it counted samples). ``digester``: the one that followed the run (it
+    reads only the rest). A failure here costs the accounting only."""
     try:
         if digester is None:
             digester = Digester(run_dir)
@@ -397,12 +424,13 @@ def close_run(run_dir: Path, rec: RunRecord, digester: Digester | None = None) -
         rec.update(time=doc["time"])
     with contextlib.suppress(OSError):
         write_json_atomic(RunLayout(run_dir).digest, doc)
-    return {int(r): w for r, w in doc["waited_s"].items()}
+    out: RankFigures = {}
+    for key, of in (("waited_s", "waited_s"), ("samples_per_s", "rank_samples_per_s")):
+        for r, value in doc[of].items():
+            out.setdefault(int(r), {})[key] = value
+    return out
 
 
-def with_waits(ranks: list[dict[str, Any]], waited: dict[int, float]) -> list[dict[str, Any]]:
-    """run.json's rank rows, each measured one with its ``waited_s``."""
-    return [
-        {**row, "waited_s": waited[row["rank"]]} if row.get("rank") in waited else row
-        for row in ranks
-    ]
+def with_waits(ranks: list[dict[str, Any]], figures: RankFigures) -> list[dict[str, Any]]:
+    """run.json's rank rows, each with what the end measured of it (close_run)."""
+    return [{**row, **figures.get(row.get("rank"), {})} for row in ranks]

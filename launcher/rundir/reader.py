@@ -41,6 +41,10 @@ _RARER = frozenset(
     {"eval_loss", "epoch", "lr", "learning_rate", "step_s", *(k for k, _ in PLAIN_TRAIN)}
 )
 
+# A rank's own memory: a live process always holds some, so a zero (or nothing) after a reading
+# is the sampler catching the process as it ended, never the rank's footprint.
+_OWN_MEMORY = frozenset({"mem_mib", "rss_mib", "gpu_proc_mem_mib"})
+
 # RankView's fields as a fresh rank has them (its histories and totals are the reader's own).
 _new, _set = object.__new__, object.__setattr__  # how _Rank.view() makes a frozen RankView
 
@@ -264,6 +268,10 @@ class RunReader:
                 v["samples_per_s"] = samples
                 if samples is not None:
                     state.samples.append((t, samples))
+                    count = rec.get("samples")
+                    if samples > 0 and (type(count) is int or type(count) is float) and count > 0:
+                        v["samples_counted"] += count
+                        v["samples_time_s"] += count / samples
             if not _RARER.isdisjoint(rec):  # one test for most lines, not one a figure
                 self._apply_rarer(state, t, rec)
 
@@ -276,6 +284,10 @@ class RunReader:
                 value = number(rec[key])
                 if value is not None:  # finite figures only: a null leaves the last one shown
                     v[key] = float(value)
+        if "eval_loss" in rec and number(rec["eval_loss"]) is not None:
+            # Its own epoch: the line's, else the epoch in force when it came (a later epoch's
+            # training lines move ``epoch`` on, never the eval's).
+            v["eval_epoch"] = v["epoch"]
         if "lr" in rec:
             v["lr"] = number(rec["lr"])
         if "learning_rate" in rec:
@@ -296,6 +308,8 @@ class RunReader:
                 value = rec[key]  # a finite int or float as it is, as in _apply_metrics
                 if (type(value) is not float and type(value) is not int) or value - value != 0:
                     value = number(value)
+                if not value and attr in _OWN_MEMORY and v[attr]:
+                    continue  # read as the rank died: its last good reading stands
                 v[attr] = value
         if "gpu" in rec:
             v["gpu"] = _gpu(rec["gpu"])

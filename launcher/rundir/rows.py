@@ -99,6 +99,7 @@ class RankRow(Row):
     ended_at: float | None = None
     attempt: int | None = None
     waited_s: float | None = None  # once the run ended, for ranks xl.watch measured
+    samples_per_s: float | None = None  # once the run ended: samples / time in steps
 
     _KEYS: ClassVar[_Keys] = (
         ("rank", "rank", as_int),
@@ -114,4 +115,5 @@ class RankRow(Row):
         ("ended_at", "ended_at", as_number),
         ("attempt", "attempt", as_int),
         ("waited_s", "waited_s", as_number),
+        ("samples_per_s", "samples_per_s", as_number),
     )

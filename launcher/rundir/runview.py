@@ -203,6 +203,7 @@ class RankView:
     loss: float | None = None
     # The latest evaluation's, never a training loss (docs/frameworks.md).
     eval_loss: float | None = None
+    eval_epoch: float | None = None  # the epoch that evaluation was taken at, where told
     epoch: float | None = None
     lr: float | None = None
     samples_per_s: float | None = None
@@ -241,6 +242,19 @@ class RankView:
     # whole split is the digest's (digest.json ``ranks``).
     phase_totals: Mapping[str, float] = field(default_factory=dict)
     steps_timed: int = 0
+    # The samples of the lines that gave both a count and its rate, and the time they took (each
+    # line's count over its rate: the steps' own time for the step hooks' lines, the time since
+    # the previous count for xl.log's): the run's samples/s is one over the other.
+    samples_counted: float = 0.0
+    samples_time_s: float = 0.0
+
+    @property
+    def run_samples_per_s(self) -> float | None:
+        """Samples / time in steps over what was read of the run, where lines gave counts; else
+        the last line's rate (a parsed log's rate comes without a count)."""
+        if self.samples_time_s > 0:
+            return self.samples_counted / self.samples_time_s
+        return self.samples_per_s
 
     @property
     def split(self) -> dict[str, float] | None:

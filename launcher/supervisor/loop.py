@@ -321,7 +321,7 @@ class Supervisor:
         remote = self.nodes.remote_ranks()
         self.port.set_ranks(self.ranks.to_json() + [{**r, "remote": True} for r in remote])
 
-    def save(self, waited: dict[int, float] | None = None) -> None:
+    def save(self, waited: dict[int, dict[str, float]] | None = None) -> None:
         local = self.ranks.to_json()
         self.journal.send({"type": "ranks", "ranks": local})
         remote = self.nodes.remote_ranks()

@@ -14,7 +14,7 @@ from pathlib import Path
 from bigrun import make_big_run, step_time
 from rich.console import Console
 
-from xl.launcher.cli import console
+from xl.launcher.cli import console, endtable
 from xl.launcher.cli.console_summary import render_summary
 from xl.launcher.cli.runstate import RunState
 
@@ -94,7 +94,7 @@ def test_the_live_view_draws_the_summary_past_64_ranks(tmp_path: Path) -> None:
     shown = Console(width=140, record=True, file=io.StringIO())
     shown.print(console.render(state, width=140))
     text = shown.export_text()
-    assert text.rstrip("\n").startswith(render_summary(state.ranks, console._title(state))[:40])
+    assert text.rstrip("\n").startswith(render_summary(state.ranks, endtable.title(state))[:40])
     assert "failed (1): rank 5 (exit 1)" in text
     assert len(text.splitlines()) < 60
 
@@ -126,7 +126,7 @@ def _add_events(run_dir: Path, events: list[dict]) -> None:
 def _live_summary(run_dir: Path) -> list[str]:
     state = RunState(run_dir)
     state.poll()
-    return render_summary(state.ranks, console._title(state)).splitlines()
+    return render_summary(state.ranks, endtable.title(state)).splitlines()
 
 
 def test_a_hang_names_its_culprit_first_and_its_waiting_ranks_as_ranges(tmp_path: Path) -> None:
