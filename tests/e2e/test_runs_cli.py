@@ -167,3 +167,83 @@ def test_runs_table_names_each_run_and_lists_newest_first(home: Path) -> None:
     assert rows["20260530-121000-llama-bbbb"].split()[1:3] == ["llama-oom", "failed"]
     assert "unreadable (run.json damaged)" in rows["20260530-130000-bad-cccc"]
     assert not re.search(r"\b\d+:\d\d:\d\d\b", rows["20260530-130000-bad-cccc"])  # no TIME for it
+
+
+def _long_runs(home: Path) -> list[str]:
+    """Two runs with ids, names and scripts as long as real ones get."""
+    ids = ["20261207-081502-llama-70b-pretrain-stage-2-a1b2", "20261207-091502-bert-c3d4"]
+    for run_id in ids:
+        run_dir = make_run(home / "runs", "failed", run_id=run_id)
+        run = run_json(run_dir)
+        run["name"] = "llama-70b-pretrain-stage-2-long-context"
+        run["spec"]["script"] = "/home/ada/projects/llm/training/scripts/pretrain_long_context.py"
+        (run_dir / "run.json").write_text(json.dumps(run))
+    return ids
+
+
+def _on_a_terminal(args: list[str], env: dict[str, str], columns: int) -> str:
+    """`xl ARGS` with its stdout a terminal of ``columns`` columns: what it drew."""
+    import fcntl  # noqa: PLC0415 - the terminal test only
+    import os  # noqa: PLC0415 - as above
+    import pty  # noqa: PLC0415 - as above
+    import struct  # noqa: PLC0415 - as above
+    import termios  # noqa: PLC0415 - as above
+
+    main, side = pty.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xl", *args], env=env, stdout=side, stderr=subprocess.PIPE
+    )
+    os.close(side)
+    out = b""
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        out += data
+    proc.wait(timeout=60)
+    os.close(main)
+    return re.sub(r"\x1b\[[0-9;]*m", "", out.decode()).replace("\r\n", "\n")
+
+
+def test_runs_never_cuts_a_run_id_other_columns_give_way(home: Path) -> None:
+    ids = _long_runs(home)
+    for columns in (80, 120):
+        lines = xl(["runs"], xl_env(home, COLUMNS=str(columns))).stdout.splitlines()
+        assert all(len(ln) <= columns for ln in lines), lines
+        for run_id in ids:
+            assert any(ln.startswith(run_id + " ") for ln in lines), (run_id, lines)
+        assert "STATUS" in lines[0] and "failed" in "\n".join(lines)
+        drawn = _on_a_terminal(["runs"], xl_env(home), columns).splitlines()
+        assert drawn and all(len(ln) <= columns for ln in drawn), drawn
+        for run_id in ids:
+            assert any(ln.startswith(run_id + " ") for ln in drawn), (run_id, drawn)
+    # A pipe without COLUMNS (a script reading it), or too narrow for the id and status: every
+    # line whole, the script's path too.
+    piped = xl_env(home)
+    piped.pop("COLUMNS", None)
+    script = "/home/ada/projects/llm/training/scripts/pretrain_long_context.py"
+    for env in (piped, xl_env(home, COLUMNS="30")):
+        lines = xl(["runs"], env).stdout.splitlines()
+        assert any(script in ln for ln in lines), lines
+        assert all(any(ln.startswith(i + " ") for ln in lines) for i in ids), lines
+
+
+def test_runs_run_shows_one_run_its_ranks_and_cause(home: Path) -> None:
+    shown = xl(["runs", "20260530-1210"], xl_env(home))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[1].startswith("20260530-121000-llama-bbbb ") and " failed " in lines[1]
+    rows = [ln for ln in lines if re.match(r"\|\s+[01] \| ", ln)]
+    assert len(rows) == 2 and "failed (1)" in rows[1] and "stopped (-15)" in rows[0], lines
+    assert "traceback of rank 1" in shown.stdout and TRACEBACK.splitlines()[-1] in shown.stdout
+    assert lines[-1].startswith("xl: run 20260530-121000-llama-bbbb failed")
+    one = json.loads(xl(["runs", "last", "--json"], xl_env(home)).stdout)
+    assert one["run_id"] == "20260530-121000-llama-bbbb" and one["status"] == "failed"
+    assert [r["rank"] for r in one["ranks"]] == [0, 1]
+    assert "no run matches 'zzz'" in _one_line_exit_2(xl(["runs", "zzz"], xl_env(home)))
+    assert "matches 2 runs" in _one_line_exit_2(xl(["runs", "20260530"], xl_env(home)))
