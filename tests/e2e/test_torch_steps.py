@@ -62,7 +62,7 @@ def test_every_rank_of_a_plain_ddp_loop_reports_its_own_true_steps(tmp_path: Pat
         assert sum(line.get("steps", 1) for line in lines) == 24  # every step once
         assert [line["step"] for line in lines] == sorted({line["step"] for line in lines})
         for line in lines:
-            # The loss is the rank's own: the value backward() last ran on before that step.
+            # The loss is the rank's own: the sum of the losses backward() ran on in that step.
             assert line["loss"] == pytest.approx(truth["losses"][line["step"] - 1], rel=1e-6)
             parts = sum(line[k] for k in SPLIT)
             assert parts == pytest.approx(line["step_s"], abs=1e-5)

@@ -1,8 +1,9 @@
 """A plain DDP training loop that never touches xl (run under torchrun): the ground truth for
 the steps torch's own hooks report.
 
-Each rank writes ``<out>/rank<R>.json``: the losses it passed to backward() before each
-optimizer step, its step count and the samples its DataLoader handed it. Only rank 0 prints.
+Each rank writes ``<out>/rank<R>.json``: each optimizer step's loss (the sum of the losses it
+passed to backward() before that step), its step count and the samples its DataLoader handed
+it. Only rank 0 prints.
 
 --accum K : K micro-batches per optimizer step (DDP's no_sync() on all but the last)
 --eval-every N : an eval loop under no_grad every N steps (not steps, no samples)
@@ -84,6 +85,7 @@ def main() -> None:
     losses: list[float] = []
     samples = 0
     for step in range(args.steps):
+        total = 0.0  # what the step optimized: the sum of its micro-batches' losses
         for k in range(args.accum):
             if args.no_loader:
                 x = torch.randn(args.batch, 16, generator=gen)
@@ -95,7 +97,8 @@ def main() -> None:
             with contextlib.nullcontext() if sync else model.no_sync():
                 loss = nn.functional.mse_loss(model(x), y)
                 loss.backward()
-        losses.append(loss.item())
+            total += loss.item()
+        losses.append(total)
         opt.step()
         opt.zero_grad()
         if rank == 0 and (step + 1) % 10 == 0:

@@ -212,9 +212,10 @@ def test_odd_values_never_raise_and_what_can_be_stored_is(tmp_path: Path) -> Non
 def test_a_rank_whose_only_lines_are_torchs_steps_wakes_less_often(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Each wake-up takes the GIL from the training thread: with nothing but the steps' line (at
-    # most one every LINE_EVERY_S) the sender sleeps STEPS_ONLY_INTERVAL_S; an xl.log call brings
-    # back INTERVAL_S for its lines' latency, until a wake-up finds nothing logged again.
+    # Each wake-up takes the GIL from the training thread: with nothing but the steps' line (one
+    # per LINE_EVERY_S slot of the wall-clock grid) the sender wakes once a slot, just after its
+    # line is due; an xl.log call brings back INTERVAL_S for its lines' latency, until a wake-up
+    # finds nothing logged again.
     from xl.client import sender as sender_mod  # noqa: PLC0415 - the module under test, in-process
     from xl.integrations.stepclock import LINE_EVERY_S  # noqa: PLC0415 - as above
 
@@ -222,10 +223,11 @@ def test_a_rank_whose_only_lines_are_torchs_steps_wakes_less_often(
     sender = sender_mod.Sender()  # its thread is never started here
     assert sender.interval() == sender_mod.INTERVAL_S  # plain xl.log, no torch: as always
     sender.step_source = lambda given, final: None
-    assert sender.interval() == sender_mod.STEPS_ONLY_INTERVAL_S
-    assert LINE_EVERY_S <= sender_mod.STEPS_ONLY_INTERVAL_S < 1.0  # a line each wake-up
+    sender.step_grid = (LINE_EVERY_S, 0.05)
+    assert 0 < sender.interval() <= LINE_EVERY_S
+    assert LINE_EVERY_S < 1.0  # a line each wake-up, several a second
     sender.queue.append((1.0, {"accuracy": 0.5}))
     sender._drain_queue()
     assert sender.interval() == sender_mod.INTERVAL_S
     sender._drain_queue()  # nothing logged since
-    assert sender.interval() == sender_mod.STEPS_ONLY_INTERVAL_S
+    assert 0 < sender.interval() <= LINE_EVERY_S

@@ -84,13 +84,16 @@ def announce(*keys: str) -> None:
         sender.wake.set()
 
 
-def attach_steps(source: Any) -> bool:
+def attach_steps(source: Any, every: float = 0.0, hold: float = 0.0) -> bool:
     """Have the sender thread call ``source(given, final)`` at each wake-up for the scalars of one
     ``train`` line (``(t, scalars)`` or None): the steps torch's hooks counted since
-    (``xl.integrations.stepclock``). False outside an xl run."""
+    (``xl.integrations.stepclock``). ``every``: the wall-clock grid its lines are cut on, due
+    ``hold`` seconds after each grid point (the sender wakes then). False outside an xl run."""
     sender = _sender
     if sender is None:
         return False
+    if every > 0:
+        sender.step_grid = (every, hold)
     sender.step_source = source
     return True
 

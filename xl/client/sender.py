@@ -33,10 +33,14 @@ from xl.client.watch import CommWatch
 
 MAX_QUEUE = 100_000
 INTERVAL_S = 0.1
-# A rank whose only lines are torch's steps (xl.integrations.torchsteps: at most one line every
-# 0.2 s) wakes this often instead: each wake-up takes the GIL and caches from the training thread
-# on cores the ranks keep busy. The first xl.log call brings back INTERVAL_S.
+# A rank whose only lines are torch's steps (xl.integrations.torchsteps: one line per slot of a
+# wall-clock grid) wakes once per slot instead, just after the slot's line is due: each wake-up
+# takes the GIL and caches from the training thread on cores the ranks keep busy, and ranks that
+# wake at the same grid points send their lines together. The first xl.log call brings back
+# INTERVAL_S. This slot is the one a step source attached without a grid of its own gets.
 STEPS_ONLY_INTERVAL_S = 0.25
+# How long after a line is due the sender wakes for it (so the line is surely due by then).
+WAKE_LATE_S = 0.01
 SYS_INTERVAL_S = 1.0
 MAX_UNACKED = 64
 # Frames are cut well under the collector's cap so one batch never trips it; with at most
@@ -78,6 +82,7 @@ class Sender:
         self.owns_train = False
         self.given: set[str] = set()  # train keys the rank gives itself (records.drain)
         self.step_source: Any = None  # xl.client.attach_steps
+        self.step_grid = (STEPS_ONLY_INTERVAL_S, 0.0)  # its lines' slot and hold (attach_steps)
         self.logged = False  # the last wake-up found xl.log calls queued
         self.spooled_live = False  # lines went to the spool since it was last claimed
         self.last_rate_t: dict[str, float] = {}
@@ -127,10 +132,15 @@ class Sender:
     # -- the background loop ----------------------------------------------------------------
 
     def interval(self) -> float:
-        """How long the thread sleeps before its next wake-up (unless woken)."""
-        if self.step_source is not None and not self.logged:
-            return STEPS_ONLY_INTERVAL_S
-        return INTERVAL_S
+        """How long the thread sleeps before its next wake-up (unless woken): INTERVAL_S while
+        the script logs, else until just after the steps' next line is due (the end of the grid
+        slot under way, plus the steps' hold)."""
+        if self.step_source is None or self.logged:
+            return INTERVAL_S
+        every, hold = self.step_grid
+        late = hold + WAKE_LATE_S
+        now = time.time()
+        return ((now - late) // every + 1) * every + late - now
 
     def _run(self) -> None:
         while not self.stopping:

@@ -11,12 +11,19 @@ The split of a step (end of the previous step to the end of this one):
 - ``data_s``: time in the DataLoader iterator's ``__next__`` (batches fetched with grad enabled).
 - ``comm_s``: time waiting on communication: the tail of backward after the autograd graph is
   done (DDP's reducer waiting for its buckets) and ``Work.wait()`` (blocking collectives).
-- ``compute_s``: time inside a region (a top-level module forward with grad enabled, backward,
-  ``optimizer.step``) less the waits inside it.
-- ``other_s``: the rest, so that the four add up to ``step_s``.
+- ``other_s``: from the end of the previous step to the step's first piece of work (its first
+  batch request, else its first top-level forward, backward or optimizer step), less the waits
+  in between: the script's logging and checkpoints after its optimizer step.
+- ``compute_s``: the rest, from that first piece of work to the end of the optimizer step less
+  the waits inside it, so that tensor math between forward and backward outside any module (a
+  custom loss, a metric) is compute.
 
-Regions nest (a forward inside LBFGS's closure, inside ``optimizer.step``): only the outermost
-one is timed. A region still open when a step ends is cut there, so no time counts twice.
+Regions (a top-level module forward with grad enabled, backward, ``optimizer.step``) nest (a
+forward inside LBFGS's closure, inside ``optimizer.step``): the depth tells a nested call from
+an outermost one, and the outermost one's start may be the step's first piece of work.
+
+A step's loss is the sum of the losses backward ran on since the previous optimizer step (with
+``loss / n`` per micro-batch, their mean); the tensors are summed on the sender thread.
 """
 
 from __future__ import annotations
@@ -37,12 +44,19 @@ TAKEOVER = 2
 HOLD_S = 0.05
 # How often a rank between steps that evaluates (DataLoader batches under no_grad) says it is alive.
 EVAL_EVERY_S = 1.0
-# The steps' line goes at most this often (the last steps go at once when the rank flushes or
-# ends). Every line costs the rank's sender thread a wake-up with the GIL, a frame and a system
-# call, and the collector a record, on cores the ranks themselves keep busy: at ten lines a second
-# that was of the size of the hooks' own cost per step. The Monitor reads once a second, and the
-# stall and straggler rules judge windows of seconds.
-LINE_EVERY_S = 0.2
+# The steps' line covers the steps that ended in one slot of a wall-clock grid this wide (the
+# last steps go at once when the rank flushes or ends). Every line costs the rank's sender thread
+# a wake-up with the GIL, a frame and a system call, and the collector a record, on cores the
+# ranks themselves keep busy: at ten lines a second that was of the size of the hooks' own cost
+# per step. The Monitor reads once a second, and the stall and straggler rules judge windows of
+# seconds. The grid is the same for every rank (wall time), so ranks that step together cut their
+# lines after the same step and average their rates over the same steps; the sender wakes just
+# after each slot is HOLD_S old (xl.client.attach_steps), so their lines arrive together too.
+LINE_EVERY_S = 0.25
+# Micro-batch losses kept as tensors before they are summed into one on the training thread
+# (an asynchronous tensor add, once per this many backward calls): a loop that never calls an
+# optimizer (parameters updated by hand) must not keep every loss it ever had.
+FOLD_LOSSES = 64
 
 
 class StepClock:
@@ -55,17 +69,20 @@ class StepClock:
         self.wall = wall
         self.tid = threading.main_thread().ident
         self.depth = 0  # regions open on the training thread
-        self.open_start = 0.0  # when the outermost open region began (or was last cut)
-        self.open_waits = 0.0  # self.waits then
-        self.waits = 0.0  # data + comm waited so far, ever (to take out of regions)
+        self.waits = 0.0  # data + comm waited so far, ever (to take out of other and compute)
         self.started: float | None = None  # the first step's start: the first thing seen
         self.last_end: float | None = None
-        self.data = self.comm = self.compute = 0.0
+        self.end_waits = 0.0  # self.waits at the last step's end
+        self.work_at: float | None = None  # this step's first piece of work (other ends there)
+        self.work_waits = 0.0  # self.waits then
+        self.data = self.comm = 0.0
         self.samples = 0  # from the DataLoader, this step
         self.batches = 0
         self.fwd_samples = 0  # fallback: the model's top-level forward inputs, this step
         self.model: Any = None  # weakref to the first module run at the top with grad enabled
-        self.loss: Any = None  # detached tensor backward last ran on, this step
+        # What backward ran on this step: None, one detached tensor, or a list of them (summed
+        # on the sender thread).
+        self.loss: Any = None
         self.scaled: tuple[Any, Any] | None = None  # (weakref to GradScaler output, unscaled loss)
         self.mark: float | None = None  # when the autograd graph finished (final callbacks)
         self.mark_waits = 0.0  # self.waits then
@@ -88,7 +105,7 @@ class StepClock:
         self.eval_batches = 0
         self.eval_told = 0
         self.eval_told_at = 0.0
-        self.line_at = 0.0  # wall time of the last steps' line (LINE_EVERY_S)
+        self.line_cut = 0.0  # the grid point the last steps' line was cut at (LINE_EVERY_S)
 
     # -- regions -------------------------------------------------------------------------------
 
@@ -99,15 +116,14 @@ class StepClock:
         if depth:
             return -1.0
         now = self.clock()
-        if self.started is None:
-            self.started = now
-        self.open_start, self.open_waits = now, self.waits
+        if self.work_at is None:
+            if self.started is None:
+                self.started = now
+            self.work_at, self.work_waits = now, self.waits
         return now
 
     def leave(self, start: float) -> None:
         self.depth -= 1
-        if start >= 0.0:
-            self.compute += self.clock() - self.open_start - (self.waits - self.open_waits)
 
     def waited(self, seconds: float, *, data: bool) -> None:
         if seconds <= 0.0:
@@ -122,8 +138,11 @@ class StepClock:
 
     def fetched(self, seconds: float, samples: int) -> None:
         """A DataLoader batch of ``samples`` that took ``seconds`` to come."""
-        if self.started is None:
-            self.started = self.clock() - seconds
+        if self.work_at is None:  # the batch was asked for: the step's work begins
+            at = self.clock() - seconds
+            if self.started is None:
+                self.started = at
+            self.work_at, self.work_waits = at, self.waits
         self.waited(seconds, data=True)
         self.samples += samples
         self.batches += 1
@@ -143,8 +162,8 @@ class StepClock:
         self.fwd_samples += batch_size(args) or batch_size(kwargs)
 
     def backward(self, tensor: Any) -> None:
-        """backward() begins on ``tensor``: the step's loss is the last one before the step, or
-        the first one inside it (LBFGS's closure)."""
+        """backward() begins on ``tensor``: the step's loss is the sum of those before the step
+        (its micro-batches), or the first one inside it (LBFGS's closure)."""
         if getattr(tensor, "ndim", None) != 0:
             return
         scaled = self.scaled
@@ -153,9 +172,17 @@ class StepClock:
             self.scaled = None
         else:
             value = tensor
-        if self.in_opt and self.loss is not None:
+        loss = self.loss
+        if loss is None:
+            self.loss = value.detach()
+        elif self.in_opt:
             return
-        self.loss = value.detach()
+        elif type(loss) is list:
+            loss.append(value.detach())
+            if len(loss) >= FOLD_LOSSES:
+                self.loss = _fold(loss)
+        else:
+            self.loss = [loss, value.detach()]
 
     def scale(self, out: Any, loss: Any) -> None:
         if getattr(loss, "ndim", None) == 0:
@@ -187,17 +214,20 @@ class StepClock:
         self.in_opt += 1
         self.opt_start = self.enter()
 
+    def skipped(self) -> None:
+        """GradScaler skipped an optimizer step (or stepped another optimizer): the losses so
+        far are no step's."""
+        if not self.in_opt:
+            self.loss = None
+
     def opt_post(self, optimizer: Any) -> None:
         self.in_opt = max(0, self.in_opt - 1)
-        if not self.leads(optimizer):
-            self.leave(self.opt_start)
-            self.opt_start = -1.0
-            return
-        now = self.clock()
-        self._cut(now)
         self.depth -= 1
         self.opt_start = -1.0
-        self._end(now)
+        if not self.leads(optimizer):
+            self.skipped()  # another optimizer's step (a GAN's generator): its losses were its own
+            return
+        self._end(self.clock())
 
     def leads(self, optimizer: Any) -> bool:
         leader = self.leader
@@ -217,16 +247,15 @@ class StepClock:
         self.rival, self.rival_steps = None, 0
         return True
 
-    def _cut(self, now: float) -> None:
-        # The open regions' time so far belongs to the step that ends now.
-        if self.depth:
-            self.compute += now - self.open_start - (self.waits - self.open_waits)
-            self.open_start, self.open_waits = now, self.waits
-
     def _end(self, now: float) -> None:
         start = self.last_end if self.last_end is not None else self.started
-        step_s = now - start if start is not None else 0.0
-        self.last_end = now
+        if start is None:
+            start = now
+        step_s = now - start
+        work_at = self.work_at if self.work_at is not None else now
+        other = max(0.0, work_at - start - (self.work_waits - self.end_waits))
+        compute = max(0.0, step_s - other - self.data - self.comm)
+        self.last_end, self.end_waits, self.work_at = now, self.waits, None
         self.step += 1
         if self.batches and self.samples:
             samples: int | None = self.samples
@@ -246,12 +275,12 @@ class StepClock:
                 samples,
                 step_s,
                 self.data,
-                self.compute,
+                compute,
                 self.comm,
                 mem,
             )
         )
-        self.data = self.comm = self.compute = 0.0
+        self.data = self.comm = 0.0
         self.samples = self.batches = self.fwd_samples = 0
         self.loss = None
         if not self.announced:
@@ -265,69 +294,23 @@ class StepClock:
         self, given: set[str] | frozenset[str] = frozenset(), final: bool = True
     ) -> tuple[float, dict[str, Any]] | None:
         """The steps ended since the last call as one line's scalars (time of its last step), or
-        None. Keys in ``given`` (the rank gives them itself) are left out. Unless ``final``, a
-        step younger than HOLD_S waits for the next call: a script's ``xl.log(step=...)`` right
-        after ``optimizer.step()`` reaches the sender first, so its keys are known to be its own."""
-        now = self.wall()
-        if not final and now - self.line_at < LINE_EVERY_S:  # the sender may ask more often
-            return None
+        None. Keys in ``given`` (the rank gives them itself) are left out. Unless ``final``, the
+        line holds the steps that ended before the latest point of the LINE_EVERY_S grid that is
+        HOLD_S old, and comes once per grid point: a script's ``xl.log(step=...)`` right after
+        ``optimizer.step()`` reaches the sender first, so its keys are known to be its own."""
         ended = self.ended
-        newest = now - HOLD_S
-        # One pass over the steps, in locals: this runs on the sender thread, which holds the
-        # GIL meanwhile (the training thread waits for it), at most five times a second.
-        n = 0
-        step_s = data = compute = comm = 0.0
-        samples = 0
-        counted = False
-        loss: Any = None
-        mem: float | None = None
-        last: tuple[Any, ...] | None = None
-        popleft = ended.popleft
-        while ended:
-            try:
-                row = ended[0]
-            except IndexError:
-                break
-            if not final and row[0] > newest:
-                break
-            popleft()
-            last = row
-            n += 1
-            step_s += row[4]
-            data += row[5]
-            compute += row[6]
-            comm += row[7]
-            if row[2] is not None:
-                loss = row[2]  # the last step's; if it ran no backward of its own, the latest
-            if row[3] is not None:
-                samples += row[3]
-                counted = True
-            if row[8] is not None and (mem is None or row[8] > mem):
-                mem = row[8]
-        if last is None:
+        if final:
+            newest = self.wall()
+        else:
+            newest = (self.wall() - HOLD_S) // LINE_EVERY_S * LINE_EVERY_S
+            if newest <= self.line_cut:  # the sender may ask more often
+                return None if ended else self._evaluating()
+            self.line_cut = newest
+        rows = _take(ended, newest, final)
+        if not rows:
             return self._evaluating()
-        other = max(0.0, step_s - data - compute - comm)
-        out: dict[str, Any] = {}
-        if "step" not in given:
-            out["step"] = last[1]
-        if loss is not None and "loss" not in given:
-            out["loss"] = loss
-        if counted and "samples" not in given:
-            out["samples"] = samples
-            if step_s > 0:
-                out["samples_per_s"] = round(samples / step_s, 3)
-        if "step_s" not in given:  # the script times its steps itself: its split is the one
-            if n > 1:
-                out["steps"] = n
-            out["step_s"] = round(step_s / n, 6)
-            out["data_s"] = round(data / n, 6)
-            out["compute_s"] = round(compute / n, 6)
-            out["comm_s"] = round(comm / n, 6)
-            out["other_s"] = round(other / n, 6)
-        if mem is not None and "mem_peak_mib" not in given:
-            out["mem_peak_mib"] = round(mem, 1)
-        self.line_at = now
-        return (last[0], out) if out else None
+        line = _line(rows, given)
+        return (rows[-1][0], line) if line else None
 
     def _evaluating(self) -> tuple[float, dict[str, Any]] | None:
         """No step ended since the last call. Once training began, when DataLoader batches were
@@ -345,3 +328,87 @@ class StepClock:
             return None
         self.eval_told, self.eval_told_at = count, now
         return now, {"eval_batches": count}
+
+
+def _fold(losses: list[Any]) -> list[Any]:
+    """``losses`` as one tensor (a list of it), added on the training thread: asynchronous on a
+    device, and once per FOLD_LOSSES backward calls. Tensors that cannot be added (devices or
+    shapes that differ) keep the last one only."""
+    try:
+        return [sum(losses[1:], losses[0])]
+    except Exception:
+        return [losses[-1]]
+
+
+def _summed(losses: list[Any]) -> float | None:
+    """The sum of the losses' values, read on the sender thread (``.item()`` waits for the
+    device there, never on the training thread); None when one cannot be read."""
+    total = 0.0
+    try:
+        for loss in losses:
+            total += float(loss.item())
+    except Exception:
+        return None
+    return total
+
+
+def _take(ended: deque[tuple[Any, ...]], newest: float, final: bool) -> list[tuple[Any, ...]]:
+    """The ended steps up to wall time ``newest``, oldest first, taken off ``ended``."""
+    rows = []
+    while ended:
+        try:
+            row = ended[0]
+        except IndexError:
+            break
+        if row[0] > newest:
+            break
+        ended.popleft()
+        rows.append(row)
+    return rows
+
+
+def _line(rows: list[tuple[Any, ...]], given: set[str] | frozenset[str]) -> dict[str, Any]:
+    """One train line's scalars for ``rows`` (StepClock.ended's), less the keys in ``given``.
+    This runs on the sender thread, which holds the GIL meanwhile (the training thread waits
+    for it), a few times a second: one pass, in locals."""
+    step_s = data = compute = comm = 0.0
+    samples = 0
+    counted = False
+    loss: Any = None
+    mem: float | None = None
+    for row in rows:
+        step_s += row[4]
+        data += row[5]
+        compute += row[6]
+        comm += row[7]
+        if row[2] is not None:
+            loss = row[2]  # the last step's; if it ran no backward of its own, the latest
+        if row[3] is not None:
+            samples += row[3]
+            counted = True
+        if row[8] is not None and (mem is None or row[8] > mem):
+            mem = row[8]
+    n = len(rows)
+    other = max(0.0, step_s - data - compute - comm)
+    out: dict[str, Any] = {}
+    if "step" not in given:
+        out["step"] = rows[-1][1]
+    if type(loss) is list:
+        loss = _summed(loss)
+    if loss is not None and "loss" not in given:
+        out["loss"] = loss
+    if counted and "samples" not in given:
+        out["samples"] = samples
+        if step_s > 0:
+            out["samples_per_s"] = round(samples / step_s, 3)
+    if "step_s" not in given:  # the script times its steps itself: its split is the one
+        if n > 1:
+            out["steps"] = n
+        out["step_s"] = round(step_s / n, 6)
+        out["data_s"] = round(data / n, 6)
+        out["compute_s"] = round(compute / n, 6)
+        out["comm_s"] = round(comm / n, 6)
+        out["other_s"] = round(other / n, 6)
+    if mem is not None and "mem_peak_mib" not in given:
+        out["mem_peak_mib"] = round(mem, 1)
+    return out

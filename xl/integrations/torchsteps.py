@@ -6,20 +6,20 @@ The patches, each a Python call around what torch does anyway (no device sync, n
 the training thread, no graph change):
 
 - torch's global optimizer step hooks: a step is one ``optimizer.step()`` of the leading
-  optimizer (``StepClock.leads``); the time inside any ``optimizer.step`` is compute.
-- ``torch.autograd.backward`` (``Tensor.backward`` calls it): the loss, backward's time, and a
+  optimizer (``StepClock.leads``); its end ends the step's compute.
+- ``torch.autograd.backward`` (``Tensor.backward`` calls it): the loss, and a
   hook on the loss that queues an autograd final callback. Final callbacks run in order, so it
   runs before DDP's reducer finalizes; from it to backward's return is the wait for the buckets.
 - ``GradScaler.scale``: the loss it scaled, so the loss kept is the unscaled one.
 - ``_BaseDataLoaderIter.__next__``: the wait for each batch and its size (grad enabled only, so
   an eval loop under ``no_grad`` neither counts samples nor data time).
-- ``nn.Module.__call__``: a top-level forward with grad enabled is compute; nested calls go
-  straight through after one attribute check.
+- ``nn.Module.__call__``: a top-level forward with grad enabled may begin the step's compute;
+  nested calls go straight through after one attribute check.
 - ``Work.wait``: blocking collectives and ``.wait()`` on async ones are communication.
 - On CUDA, the allocator's peak (host-side counters, no sync), reset at each step.
 
-Everything is read by the client's sender thread (``StepClock.collect``), one line at most every
-0.2 s.
+Everything is read by the client's sender thread (``StepClock.collect``), one line per slot of
+a quarter-second wall-clock grid at most.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 from xl import client
 from xl.integrations.report import batch_size
-from xl.integrations.stepclock import StepClock
+from xl.integrations.stepclock import HOLD_S, LINE_EVERY_S, StepClock
 
 _clock: StepClock | None = None
 
@@ -54,7 +54,7 @@ def instrument(torch: Any) -> None:
     hook(torch, steps)
     torch._xl_steps = True
     _clock = steps
-    client.attach_steps(steps.collect)
+    client.attach_steps(steps.collect, LINE_EVERY_S, HOLD_S)
 
 
 def hook(torch: Any, steps: StepClock) -> Callable[[], None]:
@@ -176,6 +176,8 @@ def _patch_backward(torch: Any, steps: StepClock) -> Callable[[], None]:
 def _patch_scaler(torch: Any, steps: StepClock) -> Callable[[], None]:
     cls = importlib.import_module("torch.amp.grad_scaler").GradScaler
     original = cls.scale
+    original_step = cls.step
+    get_ident, tid = threading.get_ident, steps.tid
 
     @functools.wraps(original)
     def scale(self: Any, outputs: Any) -> Any:
@@ -184,8 +186,21 @@ def _patch_scaler(torch: Any, steps: StepClock) -> Callable[[], None]:
             steps.scale(out, outputs)
         return out
 
-    cls.scale = scale
-    return _restore(cls, "scale", original)
+    @functools.wraps(original_step)
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = steps.step
+        try:
+            return original_step(self, *args, **kwargs)
+        finally:
+            if steps.step == before and get_ident() == tid:
+                steps.skipped()  # inf or NaN gradients: no step, and its loss is not the next's
+
+    cls.scale, cls.step = scale, step
+
+    def undo() -> None:
+        cls.scale, cls.step = original, original_step
+
+    return undo
 
 
 def _patch_dataloader(torch: Any, steps: StepClock) -> Callable[[], None]:

@@ -32,14 +32,21 @@ def _step(steps: StepClock, fake: Fake, opt: Any, seconds: float = 0.001) -> Non
     steps.opt_post(opt)
 
 
-def test_waits_inside_a_region_are_not_compute_and_the_parts_add_up() -> None:
+def test_compute_runs_from_the_batch_to_the_optimizer_less_the_waits_and_other_is_after() -> None:
     steps, fake = _clock()
     opt = Opt()
     steps.fetched(0.0, 8)  # the first step starts here
-    fake.now += 0.2  # the script's own code: other
+    _step(steps, fake, opt, 0.01)
+    fake.now += 0.3  # the script logs after its optimizer step: other
+    steps.waited(0.05, data=False)  # its own all_reduce of the loss for the log: comm, not other
+    fake.now += 0.05
+    fake.now += 0.1  # the next batch takes 0.1 s to come: asked for at the end of the logging
+    steps.fetched(0.1, 8)
+    fake.now += 0.2  # a custom loss's tensor math, outside any module: compute
     start = steps.enter()  # forward
     fake.now += 0.1
     steps.leave(start)
+    fake.now += 0.15  # a metric between forward and backward: compute
     start = steps.enter()  # backward: 0.3 s, of which the last 0.25 s wait for DDP's buckets
     fake.now += 0.05
     steps.graph_done()
@@ -47,15 +54,95 @@ def test_waits_inside_a_region_are_not_compute_and_the_parts_add_up() -> None:
     steps.backward_done()
     steps.leave(start)
     _step(steps, fake, opt, 0.05)
+    rows = list(steps.ended)
+    step_s, data, compute, comm = rows[1][4:8]
+    assert round(step_s, 9) == 1.25
+    assert (round(data, 9), round(compute, 9), round(comm, 9)) == (0.1, 0.55, 0.3)
+    steps.collect()  # the first line: step 1
+    steps.ended.extend(rows[1:])
     _t, line = steps.collect()
-    assert line["step"] == 1 and line["samples"] == 8
-    assert line["step_s"] == 0.65
+    assert line["step"] == 2
     assert (line["data_s"], line["compute_s"], line["comm_s"], line["other_s"]) == (
-        0.0,
-        0.2,
-        0.25,
-        0.2,
+        0.1,
+        0.55,
+        0.3,
+        0.3,
     )
+
+
+def test_a_step_without_a_dataloader_starts_its_compute_at_its_first_forward() -> None:
+    steps, fake = _clock()
+    opt = Opt()
+    _step(steps, fake, opt, 0.01)
+    fake.now += 0.4  # logging, a checkpoint, and the next batch made in the loop: other
+    start = steps.enter()
+    fake.now += 0.1
+    steps.leave(start)
+    fake.now += 0.2  # the loss computed outside the model: compute
+    _step(steps, fake, opt, 0.05)
+    _t, line = steps.collect()
+    assert line["steps"] == 2
+    row = steps.ended  # consumed
+    assert not row
+    assert round(line["other_s"] * 2, 9) == 0.4
+    assert round(line["compute_s"] * 2, 9) == round(0.01 + 0.1 + 0.2 + 0.05, 9)
+
+
+def test_the_loss_is_the_sum_of_the_micro_batches_since_the_last_optimizer_step() -> None:
+    steps, fake = _clock()
+    opt = Opt()
+    for value in (0.25, 0.5, 0.125, 0.0625):  # four micro-batches, each loss / 4
+        steps.backward(SimpleNamespace(ndim=0, detach=lambda v=value: Value(v)))
+    _step(steps, fake, opt)
+    steps.backward(SimpleNamespace(ndim=0, detach=lambda: Value(2.0)))  # one backward: as it is
+    _step(steps, fake, opt)
+    rows = list(steps.ended)
+    _t, line = steps.collect()
+    assert line["loss"].item() == 2.0  # one backward: the tensor itself, read by the sender
+    steps.ended.extend(rows[:1])
+    _t, line = steps.collect()
+    assert line["loss"] == 0.9375
+
+
+def test_another_optimizers_step_starts_the_sum_again() -> None:
+    # A GAN: the discriminator leads; the generator's loss belongs to the generator's step.
+    steps, fake = _clock()
+    d, g = Opt(), Opt()
+    for _ in range(2):
+        steps.backward(SimpleNamespace(ndim=0, detach=lambda: Value(1.0)))  # errD_real
+        steps.backward(SimpleNamespace(ndim=0, detach=lambda: Value(0.5)))  # errD_fake
+        _step(steps, fake, d)
+        steps.backward(SimpleNamespace(ndim=0, detach=lambda: Value(7.0)))  # errG
+        _step(steps, fake, g)
+    _t, line = steps.collect()
+    assert line["step"] == 2 and line["loss"] == 1.5  # errD, as the DCGAN tutorial prints it
+
+
+class Value:
+    """A detached 0-d tensor's stand-in: ``item()`` and ``+`` (the fold)."""
+
+    ndim = 0
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def item(self) -> float:
+        return self.value
+
+    def __add__(self, other: Value) -> Value:
+        return Value(self.value + other.value)
+
+
+def test_a_loop_that_never_steps_keeps_its_losses_bounded() -> None:
+    from xl.integrations.stepclock import FOLD_LOSSES  # noqa: PLC0415 - beside its test
+
+    steps, fake = _clock()
+    for _ in range(FOLD_LOSSES * 3 + 1):
+        steps.backward(SimpleNamespace(ndim=0, detach=lambda: Value(1.0)))
+    assert len(steps.loss) <= FOLD_LOSSES
+    _step(steps, fake, Opt())
+    _t, line = steps.collect()
+    assert line["loss"] == FOLD_LOSSES * 3 + 1
 
 
 def test_a_wait_in_a_later_final_callback_counts_once() -> None:
@@ -100,42 +187,53 @@ def test_the_leader_and_the_takeover() -> None:
     assert steps.step == 5
 
 
-def test_a_step_just_ended_waits_for_the_next_call_unless_final() -> None:
-    steps, fake = _clock()
-    _step(steps, fake, Opt())
-    assert steps.collect(final=False) is None  # younger than HOLD_S
-    fake.now += HOLD_S * 2
+def test_a_step_just_ended_waits_for_the_next_grid_point_unless_final() -> None:
+    steps, fake = _clock()  # wall 1100.0: a grid point
+    fake.now += LINE_EVERY_S - HOLD_S / 2
+    _step(steps, fake, Opt())  # ends just before the next grid point
+    fake.now = 100.0 + LINE_EVERY_S + HOLD_S / 2
+    assert steps.collect(final=False) is None  # that point is not HOLD_S old yet
+    fake.now += HOLD_S
     assert steps.collect(final=False) is not None
     _step(steps, fake, Opt())
     assert steps.collect(final=True) is not None
 
 
-def test_one_line_at_most_every_line_every_s_and_no_step_lost() -> None:
-    # The sender asks up to ten times a second: the steps wait for the next line, and that line
-    # carries all of them (how many, the last step and its loss, the per-step mean).
-    steps, fake = _clock()
-    opt = Opt()
-    _step(steps, fake, opt, seconds=0.01)
-    fake.now += HOLD_S * 2
-    sent_at = fake.now
-    _t, first = steps.collect(final=False)
-    assert first["step"] == 1 and "steps" not in first
-    for _ in range(3):
-        steps.loss = SimpleNamespace(ndim=0)
-        _step(steps, fake, opt, seconds=0.01)
-    fake.now += HOLD_S * 1.5  # old enough, but within LINE_EVERY_S of the last line
-    assert fake.now - sent_at < LINE_EVERY_S
-    assert steps.collect(final=False) is None
-    fake.now += LINE_EVERY_S
-    _t, line = steps.collect(final=False)
-    assert line["step"] == 4 and line["steps"] == 3
-    # A mean over its own three steps (from step 1's end to step 4's), not the time between lines.
-    assert abs(line["step_s"] - (HOLD_S * 2 + 0.03) / 3) < 1e-6
-    # The rank's end (or xl.flush) sends the last steps at once, however recent the last line.
-    _step(steps, fake, opt)
-    _t, last = steps.collect(final=True)
-    assert last["step"] == 5
-    assert steps.collect(final=True) is None  # nothing ended since: nothing to say
+def test_lines_are_cut_on_the_wall_clock_grid_and_no_step_is_lost() -> None:
+    # Ranks that step together end each step within a moment of each other: whenever their
+    # senders ask, their lines are cut after the same step and carry the same steps' rates.
+    lines: list[list[tuple[int, int]]] = []
+    for phase in (0.0, 0.07, 0.19):  # when the rank's sender first asks, in its wake cycle
+        steps, fake = _clock()
+        opt = Opt()
+        got: list[tuple[int, int]] = []
+        asked = 1100.0 + phase
+        for _ in range(100):  # a 10 ms step; the sender asks every 0.1 s from its phase on
+            steps.fetched(0.0, 4)
+            _step(steps, fake, opt, seconds=0.01)
+            if 1000.0 + fake.now >= asked:
+                asked += 0.1
+                out = steps.collect(final=False)
+                if out is not None:
+                    got.append((out[1]["step"], out[1].get("steps", 1)))
+        lines.append(got)
+    assert lines[0] == lines[1] == lines[2], lines
+    # One line per grid point, each holding the steps of its slot: 25 steps of 10 ms.
+    assert [n for _, n in lines[0][1:]] == [25] * (len(lines[0]) - 1)
+
+
+def test_the_sender_wakes_just_after_each_line_is_due() -> None:
+    from xl.client.sender import Sender  # noqa: PLC0415 - the client's side of the grid
+
+    sender = Sender.__new__(Sender)
+    sender.step_source, sender.logged = (lambda given, final: None), False
+    sender.step_grid = (LINE_EVERY_S, HOLD_S)
+    import time  # noqa: PLC0415 - the wall clock the grid is on
+
+    wait = sender.interval()
+    due = time.time() + wait - HOLD_S  # the grid point the wake-up is for
+    assert 0 < wait <= LINE_EVERY_S + 0.001
+    assert abs(due / LINE_EVERY_S - round(due / LINE_EVERY_S)) < 0.1
 
 
 def test_keys_the_rank_gives_itself_are_left_out() -> None:

@@ -81,20 +81,29 @@ def test_a_plain_loop_reports_each_step_its_loss_and_samples(steps: StepClock) -
 def test_gradient_accumulation_counts_optimizer_steps_and_sums_micro_batches(
     steps: StepClock,
 ) -> None:
+    # nanoGPT's way: each micro-batch's loss / 3, and the step's loss the sum it prints.
     model = _model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    last = []
+    printed, last, total = [], [], 0.0
     for i, (x, y) in enumerate(_loader(n=48, batch=4)):
         loss = nn.functional.mse_loss(model(x), y) / 3
         loss.backward()
+        total += loss.item()
         if i % 3 == 2:
             opt.step()
             opt.zero_grad()
+            printed.append(total)
             last.append(loss.item())
+            total = 0.0
     rows = _rows(steps)
     assert [r[1] for r in rows] == [1, 2, 3, 4]
     assert [r[3] for r in rows] == [12] * 4
-    assert [r[2].item() for r in rows] == pytest.approx(last)
+    for row, want, wrong in zip(rows, printed, last, strict=True):
+        steps.ended.clear()
+        steps.ended.append(row)
+        _t, line = steps.collect()
+        assert line["loss"] == pytest.approx(want, rel=1e-6)
+        assert line["loss"] != pytest.approx(wrong, rel=1e-3)  # not the last micro-batch's
 
 
 def test_no_dataloader_counts_the_models_batch(steps: StepClock) -> None:
@@ -236,7 +245,9 @@ def test_an_eval_loop_between_steps_is_not_a_step_nor_samples_nor_data(steps: St
     assert steps.eval_batches == 4  # the val loader's 4 batches under no_grad: a sign of life
 
 
-def test_two_losses_in_one_step_report_the_last(steps: StepClock) -> None:
+def test_two_losses_in_one_step_report_their_sum(steps: StepClock) -> None:
+    # Two backward calls before one optimizer step: their gradients add up, so the step
+    # optimized a + b.
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(4, 8)
@@ -246,7 +257,8 @@ def test_two_losses_in_one_step_report_the_last(steps: StepClock) -> None:
     b.backward()
     opt.step()
     (row,) = _rows(steps)
-    assert row[2].item() == pytest.approx(b.item())
+    _t, line = steps.collect()
+    assert line["loss"] == pytest.approx(a.item() + b.item(), rel=1e-6)
     assert row[3] == 8  # two forwards of the model on a batch of 4
 
 
