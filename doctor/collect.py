@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from xl import envnames
+from xl.cgroup import find_place
 from xl.doctor.facts import CmdResult, Compiler, Facts, TorchInfo, parse_nvcc_version
 from xl.doctor.probes import compilers, files, kernel, libraries, shm, system, toolkits
 from xl.doctor.probes.commands import CMD_TIMEOUT, Job, Outcome, run_cmd
@@ -105,12 +106,15 @@ def _start(facts: Facts, env: Mapping[str, str]) -> _Jobs:
 def read_host(facts: Facts) -> None:
     """What the host says of itself from files, with no subprocess: the shared memory mount at
     ``facts.shm_path`` (its size and the stale segments in it), the network interfaces, the
-    InfiniBand devices, and the container this runs in."""
+    InfiniBand devices, the container this runs in, and where a run's cgroup would be made."""
     facts.shm_total, facts.shm_free, facts.shm_problem = system.shm_size(facts.shm_path)
     facts.shm_segments = shm.segments(facts.shm_path)
     facts.net_ifaces = system.net_interfaces() or None
     facts.ib_devices = system.infiniband_devices()
     facts.container = system.container_kind()
+    place = find_place()
+    facts.cgroup_parent, facts.cgroup_reason = place.parent, place.reason
+    facts.cgroup_memory = place.memory
 
 
 def put_inventory(facts: Facts, probed: Probed) -> None:

@@ -229,6 +229,10 @@ class Facts:
     ninja_run: CmdResult | None = None
     ninja_in_bin: str | None = None  # ninja beside the --python interpreter when not on PATH
     container: str | None = None  # docker | podman when this runs in one (its marker file)
+    # where a run's cgroup would be made (xl.cgroup.find_place), or why none can be
+    cgroup_parent: str | None = None
+    cgroup_reason: str | None = None
+    cgroup_memory: bool = False  # its memory controller is there (`xl launch --memory-limit`)
     net_ifaces: list[str] | None = None
     ib_devices: list[str] | None = None
     ib_ports: dict[str, dict[str, str]] = field(default_factory=dict)  # device -> port -> state

@@ -264,6 +264,16 @@ CHECKS: tuple[CheckSpec, ...] = (
             "missing); 803/804 fail with the libcuda fix; a fabric setup that failed fails"
         ),
     ),
+    CheckSpec(
+        "cgroup",
+        "run cgroup",
+        SYSTEM,
+        system.check_cgroup,
+        decides=(
+            "where each run's cgroup would be made (v1's memory controller as root, a writable "
+            "v2 subtree, XL_CGROUP_ROOT), and whether --memory-limit can work; none warns"
+        ),
+    ),
 )
 
 

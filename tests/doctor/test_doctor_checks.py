@@ -24,7 +24,7 @@ from xl.doctor.checks.devices import check_cuda_visible_devices
 from xl.doctor.checks.finding import Finding
 from xl.doctor.checks.gpu import check_gpus
 from xl.doctor.checks.pytorch import check_driver_cuda, check_torch_cuda_match
-from xl.doctor.checks.system import check_nccl, check_shm
+from xl.doctor.checks.system import check_cgroup, check_nccl, check_shm
 from xl.doctor.checks.toolkit import check_ld_library_path
 from xl.doctor.facts import (
     CmdResult,
@@ -266,6 +266,19 @@ def test_shm_under_512_mib_warns() -> None:
     assert check_shm(facts(shm_total=8 << 30, shm_free=8 << 30)).status == "ok"
 
 
+def test_cgroup_says_where_runs_get_one_and_warns_where_none_can_be() -> None:
+    here = check_cgroup(facts(cgroup_parent="/sys/fs/cgroup/memory/u", cgroup_memory=True))
+    assert here.status == "ok" and "/sys/fs/cgroup/memory/u" in here.detail
+    assert "--memory-limit works" in here.detail
+    v2 = check_cgroup(facts(cgroup_parent="/sys/fs/cgroup/user.slice/app.scope"))
+    assert v2.status == "ok" and "no --memory-limit" in v2.detail
+    root = check_cgroup(facts(cgroup_reason="XL_CGROUP_ROOT: /x is not a cgroup folder"))
+    assert root.status == "warn" and root.fix == "unset XL_CGROUP_ROOT"
+    user = "this process's cgroup /sys/fs/cgroup/memory/u is not writable by this user"
+    none = check_cgroup(facts(cgroup_reason=user))
+    assert none.status == "warn" and user in none.detail and not none.fix
+
+
 def test_gpus_mixed_models_and_lost() -> None:
     mixed = check_gpus(facts(gpus=(gpu(0), gpu(1, "Tesla T4", "7.5"))))
     assert mixed.status == "warn" and "1x Tesla T4" in mixed.detail
@@ -413,7 +426,7 @@ def test_run_doctor_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     report = run.run_doctor()
     assert [c.id for c in report.checks] == [spec.id for spec in checks.CHECKS]
     assert (
-        len(report.checks) == len(checks.CHECKS) == 18
+        len(report.checks) == len(checks.CHECKS) == 19
         and report.status == "error"
         and report.exit_code() == 0
     )
@@ -425,7 +438,7 @@ def test_the_registry_names_every_check_once_and_orders_the_areas() -> None:
     order docs/contracts.md lists them."""
     ids = [spec.id for spec in checks.CHECKS]
     titles = [spec.title for spec in checks.CHECKS]
-    assert len(set(ids)) == len(ids) == 18 and len(set(titles)) == len(titles)
+    assert len(set(ids)) == len(ids) == 19 and len(set(titles)) == len(titles)
     report = Report(checks.run_checks(facts()))
     assert [(c.id, c.title, c.area) for c in report.checks] == [
         (spec.id, spec.title, spec.area) for spec in checks.CHECKS

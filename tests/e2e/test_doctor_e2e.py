@@ -82,7 +82,7 @@ def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
     text = run_doctor(env)
     assert text.returncode == 0
     assert "hf_topsecretvalue123" not in text.stdout and "hunter2hunter2" not in text.stdout
-    assert text.stdout.rstrip().splitlines()[-1].startswith("18 checks: 18 ok")
+    assert text.stdout.rstrip().splitlines()[-1].startswith("19 checks: 19 ok")
     assert "\x1b[" not in text.stdout  # not a terminal: plain text
 
 
@@ -356,7 +356,7 @@ def test_real_machine(tmp_path: Path) -> None:
     assert strict.returncode == (1 if report["status"] in ("warn", "error") else 0)
     plain = run_doctor({**env, "NO_COLOR": "1"})
     assert "\x1b[" not in plain.stdout and plain.stdout.rstrip().splitlines()[-1].startswith(
-        "18 checks:"
+        "19 checks:"
     )
     assert "Traceback" not in plain.stderr
 

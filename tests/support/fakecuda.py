@@ -458,6 +458,7 @@ ALL_IDS = [
     "arch_list",
     "cuda_libraries",
     "cuda_init",
+    "cgroup",
 ]
 
 
