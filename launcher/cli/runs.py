@@ -153,9 +153,25 @@ def _json(r: RunInfo) -> dict[str, Any]:
     # ``time``: where a finished run's time went (docs/compare.md), null while it runs;
     # ``split``: where each rank's steps' time went, per step;
     # ``failure``: its root cause with ``cause`` (docs/contracts.md), null unless it failed.
+    # ``stragglers``: each rank named the straggler, by its last such event (its GPU's reason).
     rec = record.load(r.run_dir)
     spent = timing.valid(rec.time if rec is not None else None)
-    return {**r.to_json(), "time": spent, "split": _split(r), **_failure(rec)}
+    return {
+        **r.to_json(),
+        "time": spent,
+        "split": _split(r),
+        **_failure(rec),
+        "stragglers": _stragglers(r),
+    }
+
+
+def _stragglers(r: RunInfo) -> list[dict[str, Any]]:
+    from xl.launcher.rundir.jsonl import decode_lines  # noqa: PLC0415 - --json only
+    from xl.launcher.rundir.tail import Tail  # noqa: PLC0415 - as above
+    from xl.launcher.telemetry.straggler import said  # noqa: PLC0415 - as above
+
+    events = decode_lines(Tail(RunLayout(r.run_dir).events).read())
+    return said([e for e in events if type(e) is dict])
 
 
 def _one(token: str, as_json: bool) -> int:

@@ -346,3 +346,29 @@ class Spells:
 def _ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
+
+
+# --------------------------------------------------------------------------- what was said
+# `xl runs --json`'s ``stragglers`` (docs/contracts.md): each rank named in the run, by its last
+# ``straggler`` event, and whether a ``recovered`` event followed it.
+SAID = ("rank", "phase", "gpu", "gpu_reason", "gpu_detail", "lasting", "since_s", "spells")
+
+
+def said(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each named rank's last straggler event's fields, with ``t``, ``message`` and
+    ``recovered`` (a ``recovered`` event of ``straggler`` came after it), by rank."""
+    last: dict[int, dict[str, Any]] = {}
+    for event in events:
+        rank, kind = event.get("rank"), event.get("kind")
+        if type(rank) is not int:
+            continue
+        if kind == "straggler":
+            last[rank] = {
+                **{key: event.get(key) for key in SAID},
+                "t": event.get("t"),
+                "message": event.get("message"),
+                "recovered": False,
+            }
+        elif kind == "recovered" and event.get("of") == "straggler" and rank in last:
+            last[rank]["recovered"] = True
+    return [last[rank] for rank in sorted(last)]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xl.launcher.telemetry.diagnose import Diagnoser, Thresholds
+from xl.launcher.telemetry.straggler import said
 
 TH = Thresholds(stall_min_s=300, straggler_window_s=10, straggler_sustain=5)
 HEALTHY: dict[str, Any] = {
@@ -154,3 +155,21 @@ def test_one_that_came_and_went_is_transient_with_how_often() -> None:
     assert 55 <= second["spells_since_s"] <= 75  # from the first spell's first vote
     said = f"(transient: the 2nd time in {int(second['spells_since_s'])} s)"
     assert second["message"].endswith(said), second["message"]
+
+
+def test_what_was_said_is_each_rank_s_last_straggler_event_and_whether_it_recovered() -> None:
+    def work(rank: int, t: float) -> tuple[float, float, float]:
+        slow = (rank == 1 and t < 1030) or (rank == 2 and t >= 1060)
+        return 0.002, 0.300 if slow else 0.080, 0.002
+
+    def gpu(rank: int, t: float) -> dict[str, Any]:
+        return HOT if rank == 2 else HEALTHY
+
+    events: list[dict[str, Any]] = []
+    simulate(Diagnoser(events.append, TH), work, gpu, 100)
+    got = said(events)
+    assert [(s["rank"], s["recovered"], s["gpu_reason"]) for s in got] == [
+        (1, True, None),
+        (2, False, "hw_thermal_slowdown"),
+    ]
+    assert got[1]["message"] == [e for e in events if e["kind"] == "straggler"][-1]["message"]
