@@ -1,8 +1,12 @@
-"""xl's demo job: a small DDP model on synthetic data, about 90 seconds by default.
+"""xl's demo job: a small DDP model on synthetic data, 2,500 steps by default.
 
     xl demo                                   # one rank per GPU, or 2 CPU ranks
-    xl launch --nproc 2 examples/train.py --seconds 30
+    xl launch --nproc 2 examples/train.py --steps 500
+    xl launch --nproc 2 examples/train.py --seconds 30   # as many steps as fit in ~30 s here
     python examples/train.py                  # one process, no torchrun
+
+The step count is fixed (the same total on every run and machine: about 90 s on 2 CPU ranks of a
+laptop, less on GPUs); only ``--seconds`` sizes it from this machine's speed instead.
 
 CUDA + NCCL where there are GPUs, CPU + gloo otherwise. The target is a fixed random "teacher"
 network, so the loss really falls. Each step logs loss and throughput with ``xl.log`` (a no-op
@@ -21,19 +25,30 @@ from torch import nn
 
 import xl
 
+STEPS = 2500  # the demo's total: the same on every run
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--seconds", type=float, default=90.0, help="about how long to train (sets the step count)"
+        "--steps",
+        type=int,
+        default=0,
+        help=f"exact number of steps (default {STEPS}, unless --seconds is given)",
     )
     p.add_argument(
-        "--steps", type=int, default=0, help="exact number of steps (overrides --seconds)"
+        "--seconds",
+        type=float,
+        default=0.0,
+        help="instead of a fixed count, about how long to train (sized from this machine's steps)",
     )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--width", type=int, default=512)
     p.add_argument("--lr", type=float, default=3e-3)
-    return p.parse_args()
+    args = p.parse_args()
+    if not args.steps and not args.seconds:
+        args.steps = STEPS
+    return args
 
 
 def model_for(width: int, n_in: int = 128, n_out: int = 10) -> nn.Module:
@@ -94,8 +109,8 @@ def main() -> None:
         opt.step()
         return float(loss.detach())
 
-    # Size the run from a few timed steps on rank 0, so every rank runs the same step count; with
-    # --seconds, rank 0 sizes it again every 20 steps from the time left and the recent steps
+    # A few warm-up steps, timed. With --seconds, rank 0 sizes the run from them (every rank
+    # then runs its count) and again every 20 steps from the time left and the recent steps
     # (warm-up steps on a busy machine can be many times slower than the rest).
     warmup = 5
     started = t0 = time.perf_counter()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
-from procs import kill_run, only_run, run_json, wait_no_processes, xl, xl_env
+from procs import kill_run, only_run, run_json, wait_for, wait_no_processes, xl, xl_env
 
 pytestmark = pytest.mark.e2e
 
@@ -84,5 +84,57 @@ def test_without_numpy_the_demo_log_carries_torchs_warning(tmp_path: Path) -> No
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
         assert NO_NUMPY in (run_dir / "logs" / "rank-0.log").read_text()
         wait_no_processes(run_dir, timeout=3)
+    finally:
+        kill_run(run_dir)
+
+
+def _total_steps(run_dir: Path) -> dict[int, float]:
+    """Each rank's total_steps, as its metrics give it."""
+    out: dict[int, float] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        if m.get("kind") == "train" and "total_steps" in m:
+            out[m["rank"]] = m["total_steps"]
+    return out
+
+
+def test_the_demo_takes_the_same_number_of_steps_every_time(tmp_path: Path) -> None:
+    # The total never comes from this machine's speed (it once moved 2554, 2493, 2200, 4059 from
+    # one demo to the next): every launch of `xl demo` trains 2,500 steps on every rank.
+    for n in range(2):
+        home = tmp_path / f"home{n}"
+        env = xl_env(home, OMP_NUM_THREADS="1")
+        started = xl(["demo", "--detach"], env, cwd=tmp_path, timeout=120)
+        assert started.returncode == 0, started.stdout + started.stderr
+        run_dir = only_run(home)
+        try:
+            assert run_json(run_dir)["spec"]["args"] == ["--steps", "2500"]
+            totals = wait_for(
+                lambda d=run_dir: len(t := _total_steps(d)) == 2 and t,
+                timeout=120,
+                what="both ranks' first steps",
+            )
+            assert totals == {0: 2500, 1: 2500}
+            for rank in (0, 1):
+                log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+                assert f"rank {rank}: 2500 steps" in log, log
+            stop = xl(["stop", run_dir.name], env)
+            assert stop.returncode == 0, stop.stdout + stop.stderr
+            wait_no_processes(run_dir, timeout=30)
+        finally:
+            kill_run(run_dir)
+
+
+def test_the_demo_with_seconds_sizes_its_steps_from_this_machine(tmp_path: Path) -> None:
+    # Asked for a time instead, the count is this machine's: rank 0's, agreed by every rank.
+    home = tmp_path / "home"
+    proc = xl(["demo", "--no-tui", "--seconds", "1"], xl_env(home), cwd=tmp_path, timeout=180)
+    run_dir = only_run(home)
+    try:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+        assert run_json(run_dir)["spec"]["args"] == ["--seconds", "1.0"]
+        totals = _total_steps(run_dir)
+        assert totals[0] == totals[1] and 25 <= totals[0] < 2500, totals
+        wait_no_processes(run_dir, timeout=10)
     finally:
         kill_run(run_dir)
