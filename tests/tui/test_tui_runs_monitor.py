@@ -84,7 +84,7 @@ async def test_monitor_healthy_run(xl_home):
         header = text_of(app, "#run-header")
         assert "bert-finetune" in header and "succeeded" in header
         assert "world size 2" in header and "elapsed 1m42s" in header
-        assert "GPU 1,0 (NVIDIA A100" in header  # devices in the chosen order
+        assert "devices GPU 1,0" in header  # in the chosen order (at 120 columns, not the model)
         assert cell(table, "0", "step") == "100/100"
         assert cell(table, "1", "gpu") == "0"
         assert cell(table, "0", "state") == "exited"

@@ -67,8 +67,17 @@ def test_the_columns_fit_the_terminal_least_needed_left_out_first() -> None:
     def used(width: int) -> int:
         return sum(w + 2 for _, _, w in fit(COLUMNS, width))
 
-    # 80 columns: the step split in, throughput and utilisation out, nothing off to the right.
-    assert keys(80) == ["rank", "gpu", "state", "step", "loss", "time", "mem"] and used(80) <= 80
+    def width_of(width: int, key: str) -> int:
+        return next(w for k, _, w in fit(COLUMNS, width) if k == key)
+
+    # 80 columns: every figure a step gives (samples/s too) with the split's bar in what is left
+    # (3 cells), utilisation out, nothing off to the right.
+    assert keys(80) == ["rank", "gpu", "state", "step", "loss", "time", "sps", "mem"]
+    assert used(80) == 80 and width_of(80, "time") == len("350ms") + 1 + 3
+    # Narrower still: the bar goes before any figure does, then the least needed figure.
+    assert keys(76) == keys(80) and width_of(76, "time") == len("350ms")
+    assert keys(75) == ["rank", "state", "step", "loss", "time", "sps", "mem"]
+    assert split_cell(0.35, (0.21, 0.12, 0.01, 0.01), 0).plain == "350ms"  # no bar, no ellipsis
     # Wide: every column, the step-time column grown to show a longer bar and its legend.
     wide = fit(COLUMNS, 200)
     assert [k for k, _, _ in wide] == [k for k, _, _ in COLUMNS]
@@ -92,7 +101,7 @@ async def test_each_rank_shows_its_split_memory_and_the_straggler_its_phase(
             lambda: table.row_count == 2 and str(table.cell(1, "time")) != "-",
             "the ranks' split",
         )
-        bar = 14 if size[0] == 80 else 18  # what is left of the column after the time
+        bar = 3 if size[0] == 80 else 18  # what is left of the column after the time
         for rank, (step_s, *parts, mem) in runfixtures.SPLIT.items():
             counts = bar_counts(tuple(parts), bar)
             assert table.cell(rank, "time").plain == f"{step_time(step_s)} " + "".join(
@@ -100,7 +109,11 @@ async def test_each_rank_shows_its_split_memory_and_the_straggler_its_phase(
             )
             # the footprint, not the GPU's memory
             assert table.cell(rank, "mem") == f"{mem / 1024:.1f}G"
-        assert "sps" not in table.column_keys if size[0] == 80 else "sps" in table.column_keys
+        # Samples/s stays at 80 columns, as the rank's last line gave it.
+        view = RunReader(runs / "20260530-straggler").poll()
+        for rank, rv in view.ranks.items():
+            assert rv.samples_per_s and table.cell(rank, "sps") == f"{rv.samples_per_s:.3g}"
+        assert ("util" in table.column_keys) is (size[0] != 80)
         banner = app.screen.query_one("#straggler-banner", TextLines)
         assert banner.display
         assert banner.text.plain == f"straggler  data : {runfixtures.STRAGGLER_DATA}"

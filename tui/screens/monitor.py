@@ -13,7 +13,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.timer import Timer
-from textual.widgets import Footer, Header, Label, Static
+from textual.widgets import Footer, Header, Static
 from textual.worker import get_current_worker
 
 from xl.textsafe import visible
@@ -21,12 +21,13 @@ from xl.tui import fmt
 from xl.tui.run_outcome import FINISHED
 from xl.tui.screens.base import XLScreen
 from xl.tui.screens.confirm import ConfirmScreen
+from xl.tui.screens.monitor_header import header_text
 from xl.tui.screens.monitor_nodes import NodesView
 from xl.tui.screens.monitor_remote_log import RemoteLog
 from xl.tui.screens.stacks import StacksScreen
 from xl.tui.widgets.charts import MetricChart
 from xl.tui.widgets.node_table import NodeTable
-from xl.tui.widgets.rank_log import LogLines, RankLog
+from xl.tui.widgets.rank_log import LogLines, LogPane
 from xl.tui.widgets.rank_table import RankTable
 from xl.tui.widgets.text_lines import TextLines
 from xl.tui.widgets.verdict import VerdictBanner, straggler_text
@@ -40,27 +41,6 @@ RANK_KEYS = Binding.Group("Rank", compact=True)
 CHARTS_MIN_HEIGHT = 32
 PROGRESS_WIDTH = 32  # cells of the progress bar
 LOG_TAIL = 400  # lines shown when switching to a rank; older output stays in the run dir
-
-
-def header_text(view: RunView, dir_name: str, now: float) -> Text:
-    """The Monitor's first line: the run's name, id and status, elapsed time, world size, its
-    node (the number of nodes when more than one) and devices."""
-    rec, nodes = view.record, view.nodes
-    header = Text()
-    header.append(f"{rec.name or dir_name}", style="bold")
-    header.append(f"  [{rec.run_id or dir_name}]  ", style="dim")
-    header.append(rec.status, style=fmt.state_style(rec.status, "bold"))
-    header.append(f"   elapsed {fmt.duration(view.elapsed(now))}")
-    header.append(f"   world size {view.world_size}")
-    if len(nodes) > 1:
-        header.append(f" on {len(nodes)} nodes")
-    elif nodes:
-        header.append(f" on {nodes[0]}")  # the rank table has no Node column for one node
-    header.append(f"   devices {view.devices_text}")
-    spent = view.time_spent
-    if spent:  # a finished run: where its time went (docs/compare.md)
-        header.append(f"\n{spent}", style="dim")
-    return header
 
 
 def failure_text(failure: Failure | None, keep: int) -> Text | None:
@@ -255,9 +235,7 @@ class MonitorScreen(XLScreen):
             with Vertical(id="charts"):
                 yield MetricChart("loss", id="chart-loss")
                 yield MetricChart("samples/s", id="chart-sps")
-            with Vertical(id="log-pane"):
-                yield Label("Log", id="log-title")
-                yield RankLog(id="rank-log")
+            yield LogPane(id="log-pane")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -353,13 +331,8 @@ class MonitorScreen(XLScreen):
                 "#run-header",
                 Text(f"Cannot read {self.run_dir}: {message.error}", style="bold red"),
             )
-        log = self.query_one(RankLog)
-        rank = message.log_rank
-        if message.log_lines is not None and rank is not None and rank == self._log_rank:
-            if log.rank != rank or isinstance(message.log_lines, LogLines):
-                log.show(rank, message.log_lines)
-            else:
-                log.follow(message.log_lines)
+        if message.log_lines is not None and message.log_rank is not None:
+            self.query_one(LogPane).take(message.log_rank, message.log_lines)
 
     def _render_view(self, view: RunView) -> None:
         now = self.clock()
@@ -372,7 +345,8 @@ class MonitorScreen(XLScreen):
             self._notice = None
             self.post_message(self.NoticeDone(self.run_dir))
             self.query_one("#notice-banner").display = False
-        self._set_text("#run-header", header_text(view, self.run_dir.name, now))
+        width = self.query_one("#run-header").size.width or self.app.size.width
+        self._set_text("#run-header", header_text(view, self.run_dir.name, now, width))
         self._render_banners(view)
         self._render_progress(view.progress())
         self._node_view.render(view, now)  # every rank's row, or past BIG_RUN the nodes'
@@ -431,21 +405,12 @@ class MonitorScreen(XLScreen):
             return
         self._log_rank = rank
         self._log_needs_reset = True
-        self._log_title(following=True)  # a rank's log opens at its end
+        self.query_one(LogPane).choose(rank)
         if self.view is not None:
             self._request_poll()
 
-    def _log_title(self, following: bool) -> None:
-        if self._log_rank is None:
-            return
-        state = "following" if following else "scrolled back: f follows"
-        self.query_one("#log-title", Label).update(f"Log — rank {self._log_rank} ({state})")
-
-    def on_rank_log_following(self, message: RankLog.Following) -> None:
-        self._log_title(message.following)
-
     def action_follow(self) -> None:
-        self.query_one(RankLog).follow_end()
+        self.query_one(LogPane).follow_end()
 
     def action_rank(self, delta: int) -> None:
         table = self.query_one(RankTable)

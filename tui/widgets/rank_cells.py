@@ -66,7 +66,7 @@ def split_cell(step_s: float | None, parts: tuple[float, ...] | None, cells: int
     if shown == "-":
         return Text("-", style="dim")
     text = Text(shown.rjust(TIME_WIDTH))
-    if parts is None:
+    if parts is None or cells <= 0:  # not split, or no room for the bar: the time alone
         return text
     text.append(" ")
     for (_, letter, _, style), n in zip(PHASES, bar_counts(parts, cells), strict=True):

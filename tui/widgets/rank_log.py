@@ -20,8 +20,10 @@ from pathlib import Path
 
 from rich.cells import cell_len, chop_cells
 from textual import events
+from textual.app import ComposeResult
+from textual.containers import Vertical
 from textual.message import Message
-from textual.widgets import Log
+from textual.widgets import Label, Log
 
 from xl.textsafe import visible
 
@@ -201,3 +203,42 @@ class RankLog(Log):
                 row = 0 if kept < 0 else self._head_rows + sum(n for _, n in list(self._raw)[:kept])
                 self.scroll_to(y=row, animate=False, immediate=True)
         self._to_end()
+
+
+class LogPane(Vertical):
+    """The chosen rank's log under a title that names the rank and says whether the view
+    follows the log's end (styled in tui/xl.tcss: ``#log-title``, ``#rank-log``)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.rank: int | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Label("Log", id="log-title")
+        yield RankLog(id="rank-log")
+
+    def choose(self, rank: int) -> None:
+        """Another rank: its lines come with the next poll, from its end."""
+        self.rank = rank
+        self._title(following=True)
+
+    def take(self, rank: int, lines: list[str]) -> None:
+        """A poll's lines of ``rank``: its last ones after a switch (LogLines), else new ones."""
+        log = self.query_one(RankLog)
+        if rank != self.rank:
+            return
+        if log.rank != rank or isinstance(lines, LogLines):
+            log.show(rank, lines)
+        else:
+            log.follow(lines)
+
+    def follow_end(self) -> None:
+        self.query_one(RankLog).follow_end()
+
+    def on_rank_log_following(self, message: RankLog.Following) -> None:
+        self._title(message.following)
+
+    def _title(self, following: bool) -> None:
+        if self.rank is not None:
+            state = "following" if following else "scrolled back: f follows"
+            self.query_one("#log-title", Label).update(f"Log — rank {self.rank} ({state})")

@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 # Columns in the order shown, at fixed widths (a value that outgrows its column is cut with an
 # ellipsis): no update changes the table's layout, only the terminal's width does. What does not
 # fit the width is left out, least needed first (PRIORITY), so that 80 columns show the rank, its
-# GPU, state, step, loss, step time with its split and memory, and nothing scrolls off sideways.
+# GPU, state, step, loss, step time with its split, samples/s and memory, and nothing scrolls off
+# sideways. The step's split bar is no figure: it shrinks (to nothing) before a figure goes.
 # One node: no Node column (the same host on every row; the Monitor's header names it).
 COLUMNS = (
     ("rank", "Rank", 4),
@@ -73,10 +74,10 @@ PRIORITY = {
     "step": 2,
     "loss": 3,
     "time": 4,
-    "mem": 5,
-    "gpu": 6,
-    "util": 7,
-    "sps": 8,
+    "sps": 5,
+    "mem": 6,
+    "gpu": 7,
+    "util": 8,
     "eval": 9,
     "seen": 10,
 }
@@ -99,23 +100,30 @@ def node_column(nodes: list[str], had: int) -> Columns:
 
 def fit(columns: Columns, width: int) -> Columns:
     """The columns that fit ``width`` (0: not laid out yet: all), least needed left out first,
-    the step-time column widened with what is left over."""
-    def used(cols: Columns) -> int:
-        return sum(w + 2 * PADDING for _, _, w in cols)
-
+    the step-time column at its narrowest (the time alone) meanwhile, then widened with what is
+    left over (its bar)."""
     if width <= 0:
         return columns
-    shown = list(columns)
-    for key in sorted((k for k, _, _ in columns), key=lambda k: -PRIORITY.get(k, 99)):
-        if used(tuple(shown)) <= width or PRIORITY.get(key, 99) < KEPT:
+    narrow = {k: (TIME_WIDTH if k == "time" else w) + 2 * PADDING for k, _, w in columns}
+    by_need = sorted(narrow, key=lambda k: PRIORITY.get(k, 99))
+    kept = set(by_need)
+    for key in reversed(by_need):
+        if sum(narrow[k] for k in kept) <= width or PRIORITY.get(key, 99) < KEPT:
             break
-        shown = [c for c in shown if c[0] != key]
-    spare = width - used(tuple(shown))
+        kept.discard(key)
+    # A narrow column left out on the way (the GPU's index) comes back where there is room.
+    for key in by_need:
+        if key not in kept and sum(narrow[k] for k in kept) + narrow[key] <= width:
+            kept.add(key)
+    spare = max(0, width - sum(narrow[k] for k in kept))
     out = []
-    for key, label, w in shown:
-        if key == "time" and spare > 0:
-            w = min(TIME_WIDEST, w + spare)
+    for key, label, w in columns:
+        if key not in kept:
+            continue
+        if key == "time":
+            w = min(TIME_WIDEST, TIME_WIDTH + spare)
             label = TIME_HEADER_WIDE if w >= len(TIME_HEADER_WIDE) else label
+            label = label if w >= len(label) else "Time"
         out.append((key, label, w))
     return tuple(out)
 
