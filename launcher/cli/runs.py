@@ -56,7 +56,7 @@ def _split(info: RunInfo) -> dict[str, Any] | None:
     if not isinstance(ranks, dict):
         return None
     return {
-        rank: split
+        rank: {**split, "clock": timing.clock(entry)}
         for rank, entry in ranks.items()
         if (split := timing.per_step(entry)) is not None
     }

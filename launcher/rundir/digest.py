@@ -216,10 +216,12 @@ class Digester:
         n = n if _finite(n) and n >= 1 else 1
         acc = self.split.get(rank)
         if acc is None:
-            acc = self.split[rank] = [0.0, 0.0, 0.0, 0.0, 0.0]
+            acc = self.split[rank] = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
         acc[0] += n
         for i, v in enumerate(parts, 1):
             acc[i] += v * n
+        if rec.get("clock") == "cuda":  # timed on the GPU's clock (docs/frameworks.md)
+            acc[5] += n
 
     def _beside(self, rank: int, t: float, near: list[int]) -> None:
         for j in near:

@@ -131,14 +131,28 @@ def _number(v: object) -> bool:
 
 def rank_split(acc: Sequence[float]) -> dict[str, float]:
     """A rank's steps in brief (digest.json's ``ranks``): ``steps`` timed, the seconds they
-    spent in each phase (each line's per-step means times its ``steps``, summed) and ``step_s``,
-    their mean step time."""
+    spent in each phase (each line's per-step means times its ``steps``, summed), ``step_s``,
+    their mean step time, and ``cuda_steps`` when some were timed on the GPU's clock (``acc``'s
+    sixth figure, where there is one)."""
     steps = acc[0]
     out: dict[str, float] = {"steps": int(steps)}
-    for key, total in zip(PHASE_KEYS, acc[1:], strict=True):
+    for key, total in zip(PHASE_KEYS, acc[1:5], strict=True):
         out[key] = round(total, 3)
-    out["step_s"] = round(sum(acc[1:]) / steps, 6) if steps > 0 else 0.0
+    out["step_s"] = round(sum(acc[1:5]) / steps, 6) if steps > 0 else 0.0
+    if len(acc) > 5 and acc[5] > 0:
+        out["cuda_steps"] = int(acc[5])
     return out
+
+
+def clock(split: object) -> str:
+    """Which clock a rank's split (digest.json's ``ranks`` entry) is on: ``cuda`` when most of
+    its timed steps were timed with CUDA events, else ``host``."""
+    if not isinstance(split, Mapping):
+        return "host"
+    on_device, steps = split.get("cuda_steps"), split.get("steps")
+    if isinstance(on_device, (int, float)) and isinstance(steps, (int, float)):
+        return "cuda" if on_device * 2 > steps else "host"
+    return "host"
 
 
 def by_phase(split: Mapping[int, Sequence[float]]) -> dict[str, float] | None:

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from xl.integrations.devclock import DeviceClock, fit
 from xl.integrations.report import batch_size
 
 # A non-leading optimizer that steps this many times while the leader does not takes the lead
@@ -97,8 +98,15 @@ class StepClock:
         self.announced = False
         self.on_first_step: Callable[[], None] | None = None
         self.memory: Callable[[], float | None] | None = None  # peak MiB this step (CUDA), reset
+        # The device's clock (xl.integrations.devclock): the one torch offers, and the one in use
+        # once a loss was a CUDA tensor (from the step after it: a step is on one clock).
+        self.cuda_clock: DeviceClock | None = None
+        self.device: DeviceClock | None = None
+        self.wants_device = False
+        self.dev_mark: Any = None  # the event at the end of the autograd graph
         # Ended steps waiting for the sender: (wall, step, loss, samples, step_s, data, compute,
-        # comm, mem). Appends and pops are atomic; nothing else is shared between the threads.
+        # comm, mem, device events or None). Appends and pops are atomic; nothing else is shared
+        # between the threads.
         self.ended: deque[tuple[Any, ...]] = deque(maxlen=100_000)
         # DataLoader batches handed out with grad disabled (an eval loop), counted by the hook;
         # a long eval between steps is a rank at work, not a stall (see _evaluating).
@@ -116,10 +124,15 @@ class StepClock:
         if depth:
             return -1.0
         now = self.clock()
+        device = self.device
         if self.work_at is None:
             if self.started is None:
                 self.started = now
             self.work_at, self.work_waits = now, self.waits
+            if device is not None:
+                device.begin(False)
+        elif device is not None and device.copying:
+            device.region()
         return now
 
     def leave(self, start: float) -> None:
@@ -143,6 +156,8 @@ class StepClock:
             if self.started is None:
                 self.started = at
             self.work_at, self.work_waits = at, self.waits
+            if self.device is not None:
+                self.device.begin(True)
         self.waited(seconds, data=True)
         self.samples += samples
         self.batches += 1
@@ -172,6 +187,8 @@ class StepClock:
             self.scaled = None
         else:
             value = tensor
+        if self.device is None and self.cuda_clock is not None and getattr(value, "is_cuda", 0):
+            self.wants_device = True
         loss = self.loss
         if loss is None:
             self.loss = value.detach()
@@ -196,6 +213,8 @@ class StepClock:
         DDP's buckets (the reducer's callback) and other final callbacks."""
         self.mark_waits = self.waits
         self.mark = self.clock()
+        if self.device is not None:
+            self.dev_mark = self.device.record()
 
     def backward_done(self) -> None:
         mark = self.mark
@@ -203,6 +222,9 @@ class StepClock:
             self.mark = None
             # A Work.wait() in a later final callback (FSDP2's reduce-scatter) counted already.
             self.waited(self.clock() - mark - (self.waits - self.mark_waits), data=False)
+            if self.device is not None:
+                self.device.waited(self.dev_mark)
+                self.dev_mark = None
 
     # -- optimizer steps -------------------------------------------------------------------------
 
@@ -256,6 +278,9 @@ class StepClock:
         other = max(0.0, work_at - start - (self.work_waits - self.end_waits))
         compute = max(0.0, step_s - other - self.data - self.comm)
         self.last_end, self.end_waits, self.work_at = now, self.waits, None
+        timed = self.device.end() if self.device is not None else None
+        if self.wants_device:
+            self.device, self.wants_device = self.cuda_clock, False
         self.step += 1
         if self.batches and self.samples:
             samples: int | None = self.samples
@@ -278,6 +303,7 @@ class StepClock:
                 compute,
                 self.comm,
                 mem,
+                timed,
             )
         )
         self.data = self.comm = 0.0
@@ -353,7 +379,10 @@ def _summed(losses: list[Any]) -> float | None:
 
 
 def _take(ended: deque[tuple[Any, ...]], newest: float, final: bool) -> list[tuple[Any, ...]]:
-    """The ended steps up to wall time ``newest``, oldest first, taken off ``ended``."""
+    """The ended steps up to wall time ``newest``, oldest first, taken off ``ended``. A step
+    timed on the device gets its device figures once its events are done; until then it and
+    the steps after it wait for a later call, unless ``final`` (the rank flushes or ends, maybe
+    on the training thread, which never waits for the device): then its host figures."""
     rows = []
     while ended:
         try:
@@ -362,6 +391,17 @@ def _take(ended: deque[tuple[Any, ...]], newest: float, final: bool) -> list[tup
             break
         if row[0] > newest:
             break
+        timed = row[9]
+        if timed is not None:
+            got = timed.read()
+            if got is not None:
+                copy, compute, comm = got
+                data, compute, comm = fit(row[4], row[5] + copy, compute, comm)
+                row = (*row[:5], data, compute, comm, row[8], True)
+            elif not final:
+                break
+            else:
+                row = (*row[:9], None)
         ended.popleft()
         rows.append(row)
     return rows
@@ -376,6 +416,7 @@ def _line(rows: list[tuple[Any, ...]], given: set[str] | frozenset[str]) -> dict
     counted = False
     loss: Any = None
     mem: float | None = None
+    on_device = 0
     for row in rows:
         step_s += row[4]
         data += row[5]
@@ -388,6 +429,8 @@ def _line(rows: list[tuple[Any, ...]], given: set[str] | frozenset[str]) -> dict
             counted = True
         if row[8] is not None and (mem is None or row[8] > mem):
             mem = row[8]
+        if row[9]:
+            on_device += 1
     n = len(rows)
     other = max(0.0, step_s - data - compute - comm)
     out: dict[str, Any] = {}
@@ -409,6 +452,8 @@ def _line(rows: list[tuple[Any, ...]], given: set[str] | frozenset[str]) -> dict
         out["compute_s"] = round(compute / n, 6)
         out["comm_s"] = round(comm / n, 6)
         out["other_s"] = round(other / n, 6)
+        if on_device * 2 > n:  # the line's steps timed on the device, most of them
+            out["clock"] = "cuda"
     if mem is not None and "mem_peak_mib" not in given:
         out["mem_peak_mib"] = round(mem, 1)
     return out

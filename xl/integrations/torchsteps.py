@@ -16,7 +16,9 @@ the training thread, no graph change):
 - ``nn.Module.__call__``: a top-level forward with grad enabled may begin the step's compute;
   nested calls go straight through after one attribute check.
 - ``Work.wait``: blocking collectives and ``.wait()`` on async ones are communication.
-- On CUDA, the allocator's peak (host-side counters, no sync), reset at each step.
+- On CUDA, the allocator's peak (host-side counters, no sync), reset at each step, and once a
+  loss is a CUDA tensor, CUDA events at the same boundaries (``xl.integrations.devclock``): the
+  split on the device's clock, read by the sender thread once done.
 
 Everything is read by the client's sender thread (``StepClock.collect``), one line per slot of
 a quarter-second wall-clock grid at most.
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xl import client
+from xl.integrations.devclock import DeviceClock
 from xl.integrations.report import batch_size
 from xl.integrations.stepclock import HOLD_S, LINE_EVERY_S, StepClock
 
@@ -66,6 +69,8 @@ def hook(torch: Any, steps: StepClock) -> Callable[[], None]:
         except Exception:  # a torch we do not know: that part of the split stays empty
             pass
     steps.memory = _cuda_peak(torch)
+    if getattr(torch.cuda, "Event", None) is not None:  # used once a loss is a CUDA tensor
+        steps.cuda_clock = DeviceClock(torch.cuda)
 
     def unhook() -> None:
         for one in reversed(undo):
@@ -209,7 +214,7 @@ def _patch_dataloader(torch: Any, steps: StepClock) -> Callable[[], None]:
     grad_enabled = torch.is_grad_enabled
     now = steps.clock
     get_ident, tid = threading.get_ident, steps.tid
-    fetched = steps.fetched
+    fetched, waited = steps.fetched, steps.waited
 
     @functools.wraps(original)
     def __next__(self: Any) -> Any:
@@ -226,7 +231,10 @@ def _patch_dataloader(torch: Any, steps: StepClock) -> Callable[[], None]:
             return batch
         finally:
             seconds = now() - start
-            fetched(seconds, batch_size(batch) if batch is not None else 0)
+            if batch is not None:
+                fetched(seconds, batch_size(batch))
+            else:  # the epoch's end (StopIteration): what follows it (an eval) is not a step's work
+                waited(seconds, data=True)
 
     cls.__next__ = __next__
     return _restore(cls, "__next__", original)
@@ -267,11 +275,15 @@ def _patch_wait(torch: Any, steps: StepClock) -> Callable[[], None]:
     def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
         if get_ident() != tid:
             return original(self, *args, **kwargs)
+        device = steps.device
+        before = device.record() if device is not None else None
         start = now()
         try:
             return original(self, *args, **kwargs)
         finally:
             waited(now() - start, data=False)
+            if device is not None:
+                device.waited(before)  # on NCCL the host returns at once: the stream waits
 
     cls.wait = wait
     return _restore(cls, "wait", original)

@@ -379,3 +379,31 @@ def test_hooks_cost_nothing_outside_training_and_unhook_restores_torch() -> None
     model(torch.randn(2, 8)).mean().backward()
     opt.step()
     assert not clock.ended  # unhooked: nothing counted
+
+
+def test_what_the_script_does_between_epochs_is_other_not_the_next_steps_compute() -> None:
+    # The epoch's last __next__ raises StopIteration: no step's work begins there, so an eval or
+    # a checkpoint at the epoch's end is the next step's other. A fake clock: exact figures.
+    now = [100.0]
+    steps = StepClock(clock=lambda: now[0], wall=lambda: now[0])
+    unhook = torchsteps.hook(torch, steps)
+    try:
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = _loader(n=8, batch=4)
+        for _epoch in range(2):
+            for x, y in loader:
+                now[0] += 0.25  # a custom loss's math: compute
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                now[0] += 0.5  # logging: other
+            now[0] += 4.0  # the eval and the checkpoint at the epoch's end: other
+    finally:
+        unhook()
+    rows = _rows(steps)
+    assert [r[1] for r in rows] == [1, 2, 3, 4]
+    first_of_epoch_2 = rows[2]
+    step_s, data, compute, comm = first_of_epoch_2[4:8]
+    assert step_s == pytest.approx(4.75) and compute == pytest.approx(0.25)
+    assert step_s - data - compute - comm == pytest.approx(4.5)
