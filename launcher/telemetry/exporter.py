@@ -425,10 +425,10 @@ class RunsCollector(Collector):
                 rank_info.add_metric(
                     labels, {**dict(zip(GPU, where, strict=True)), "pid": _text(view.pid)}
                 )
-                said = run.reader.straggling.get(rank)
-                if said is not None and view.state == "straggler":
+                named = run.reader.straggling.get(rank)
+                if named is not None and view.state == "straggler":
                     straggler.add_metric(labels, {
-                        k: _text(said.get(k))
+                        k: _text(named.get(k))
                         for k in ("phase", "gpu", "gpu_reason", "gpu_detail", "lasting")
                     })  # fmt: skip
                 if view.mem_mib is not None:
