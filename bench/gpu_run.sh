@@ -8,7 +8,8 @@
 # Wheels in .whl/ (xl's dependencies the machine lacks, see bench/README.md 'GPU acceptance')
 # are installed under /tmp/site; xl itself is installed editable, so `python -m xl` run from
 # the repo root (the suite does) finds doctor/, launcher/, tui/ mapped under `xl`.
-# Writes: install.log env.txt diag.json pytest.log junit.xml bench.log overhead.json.
+# Writes: install.log env.txt diag.json pytest.log junit.xml bench.log overhead.json, and the
+# step hooks' own bench (bench/gpu_steps_bench.py): steps_bench.log steps_overhead.json.
 set -u -o pipefail
 OUT=${OUT:-$(mktemp -d)}
 PY=${PY:-python3}
@@ -134,5 +135,11 @@ if [ "$BENCH_S" -gt 0 ]; then
         --steps "$STEPS" --skip 100 --ab-steps "$AB_STEPS" --json "$OUT/overhead.json" 2>&1 \
         | tee "$OUT/bench.log"
     echo "bench rc=$?"
+fi
+if [ "${STEPS_BENCH_S:-240}" -gt 0 ]; then
+    step "bench: gpu_steps_bench.py --pairs ${STEPS_PAIRS:-4} (the step hooks on CUDA events vs --no-instrument, timeout ${STEPS_BENCH_S:-240} s)"
+    timeout -k 10 "${STEPS_BENCH_S:-240}" "$PY" bench/gpu_steps_bench.py --pairs "${STEPS_PAIRS:-4}" \
+        --steps "$STEPS" --json "$OUT/steps_overhead.json" 2>&1 | tee "$OUT/steps_bench.log"
+    echo "steps bench rc=$?"
 fi
 step "done"
