@@ -118,10 +118,11 @@ async def test_launch_form_validates_inline_and_remembers_settings(
         await pilot.press("3")
         await until(pilot, lambda: app.screen.id == "launch", "launch screen")
         screen = app.screen
-        # The last script's settings come back.
+        # The last script's settings come back, but for its GPUs: the pick (none) stays.
         assert screen.query_one("#target", Input).value == "train.py"
         assert screen.query_one("#args", Input).value == "--lr 3e-4"
-        assert screen.query_one("#gpus", Input).value == "1,3"
+        assert screen.query_one("#gpus", Input).value == ""
+        screen.query_one("#gpus", Input).value = "1,3"
 
         async def verdict(field: str, value: str) -> str:
             screen.query_one(f"#{field}", Input).value = value

@@ -82,12 +82,10 @@ class LaunchScreen(XLScreen):
         self._recalled: dict[str, str] = (
             {name: getattr(self.initial, name) for name in SCRIPT_FIELDS} if saved else {}
         )
-        if selection.gpus_spec:
-            # Picked on the GPUs screen before the form opened: the person's, for this launch.
-            self.initial.gpus = selection.gpus_spec
-            self._recalled.pop("gpus", None)
-        else:
-            selection.set_spec(self.initial.gpus)  # the script's own GPUs, shown on both screens
+        # The GPUs field is the GPUs screen's pick (every GPU when none): opening the form changes
+        # no pick. A remembered launch's GPUs come back when its script is typed (recall).
+        self.initial.gpus = selection.gpus_spec
+        self._recalled.pop("gpus", None)
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -105,6 +103,10 @@ class LaunchScreen(XLScreen):
                     else "no",
                     allow_blank=False,
                     id="mixed_precision",
+                )
+                # All it does: a script that is not Accelerate's never reads the variable.
+                yield Label(
+                    "Accelerate only: sets ACCELERATE_MIXED_PRECISION", classes="form-hint"
                 )
             yield from self._row("Env", "env", "KEY=VALUE KEY2=VALUE2")
             yield from self._row("Name", "name", "optional run name")
