@@ -36,6 +36,7 @@ class DeviceClock:
     def __init__(self, cuda: Any) -> None:
         self.cuda = cuda  # torch.cuda (tests: tests/support/fakecudaevents.py)
         self.free: deque[Any] = deque()  # events read and done with: appends, pops are atomic
+        self.dropped: deque[Timed] = deque()  # steps sent on the host's clock, events in flight
         self.made = 0
         self.start: Any = None  # this step's first piece of work
         self.copy_end: Any = None  # the first region after the batch: its copy ends there
@@ -83,36 +84,53 @@ class DeviceClock:
         self.pairs = []
         if lost or start is None or last is None:
             return None
-        return Timed(self.free, start, copy_end, pairs, last)
+        return Timed(self, start, copy_end, pairs, last)
 
 
 class Timed:
     """One step's events; ``read`` on the sender thread."""
 
-    __slots__ = ("copy_end", "end", "free", "pairs", "start")
+    __slots__ = ("clock", "copy_end", "end", "pairs", "start")
 
     def __init__(
-        self, free: deque[Any], start: Any, copy_end: Any, pairs: list[tuple[Any, Any]], end: Any
+        self, clock: DeviceClock, start: Any, copy_end: Any, pairs: list[tuple[Any, Any]], end: Any
     ) -> None:
-        self.free, self.start, self.copy_end = free, start, copy_end
+        self.clock, self.start, self.copy_end = clock, start, copy_end
         self.pairs, self.end = pairs, end
 
-    def read(self) -> tuple[float, float, float] | None:
-        """(the batch's copy, compute, communication) in seconds on the device, once every event
-        of the step is done; None before (ask again later). The events go back to the pool."""
+    def events(self) -> list[Any]:
         events = [self.start, self.end]
         if self.copy_end is not None:
             events.append(self.copy_end)
         for before, after in self.pairs:
             events += (before, after)
-        for event in events:
-            if not event.query():
-                return None
+        return events
+
+    def done(self) -> bool:
+        return all(event.query() for event in self.events())
+
+    def drop(self) -> None:
+        """The step went out on the host's clock before its events were done: they go back to
+        the pool once they are (``read`` of a later step looks)."""
+        self.clock.dropped.append(self)
+
+    def read(self) -> tuple[float, float, float] | None:
+        """(the batch's copy, compute, communication) in seconds on the device, once every event
+        of the step is done; None before (ask again later). The events go back to the pool."""
+        dropped = self.clock.dropped
+        for _ in range(len(dropped)):
+            late = dropped.popleft()
+            if late.done():
+                self.clock.free.extend(late.events())
+            else:
+                dropped.append(late)
+        if not self.done():
+            return None
         start = self.start
         span = start.elapsed_time(self.end)
         copy = start.elapsed_time(self.copy_end) if self.copy_end is not None else 0.0
         comm = sum(before.elapsed_time(after) for before, after in self.pairs)
-        self.free.extend(events)
+        self.clock.free.extend(self.events())
         copy = max(0.0, copy)
         comm = max(0.0, comm)
         return copy / 1000.0, max(0.0, span - copy - comm) / 1000.0, comm / 1000.0

@@ -401,6 +401,7 @@ def _take(ended: deque[tuple[Any, ...]], newest: float, final: bool) -> list[tup
             elif not final:
                 break
             else:
+                timed.drop()
                 row = (*row[:9], None)
         ended.popleft()
         rows.append(row)

@@ -256,3 +256,21 @@ def test_real_torch_hooks_record_the_boundaries_on_the_current_stream() -> None:
     finally:
         dist.destroy_process_group()
         unhook()
+
+
+def test_events_of_a_step_sent_on_the_hosts_clock_go_back_to_the_pool_once_done() -> None:
+    # A script that calls xl.flush() while its device is behind: those steps go out on the
+    # host's clock, and their events are reused once the device is past them.
+    steps, fake, dev = _clocks()
+    opt = Opt()
+    _warm(steps, fake, dev, opt)
+    for _ in range(30):
+        _step(steps, fake, dev, opt, fwd=1.0, after=0.01)
+        steps.collect(final=True)  # flushed on the training thread: the device is behind
+    made = dev.made
+    fake.now = dev.queued_until + 1.0
+    for _ in range(30):
+        _step(steps, fake, dev, opt, after=0.3)
+        _next_grid(fake)
+        _on_sender(steps)
+    assert dev.made <= made + 12  # the flushed steps' events served the later steps
