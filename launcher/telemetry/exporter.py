@@ -38,29 +38,16 @@ from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.reader import RankView, RunReader, RunView
 from xl.launcher.rundir.record import DeviceRow, RankRow, RunRecord, RunStatus
 from xl.launcher.rundir.store import run_owner
+from xl.launcher.telemetry.exporter_gpus import GPU, Buses, clock_families
 from xl.launcher.telemetry.exporter_nodes import PER_NODE_PAST, NodeSeries, per_node
 
 R = ("run_id", "rank", "local_rank", "Hostname")
-GPU = ("gpu", "UUID", "pci_bus_id", "device", "modelName")  # a GPU, as dcgm-exporter names one
 G = (*R, *GPU)
-GPUS = ("Hostname", *GPU)  # a GPU's own series (one per GPU, however many ranks share it)
 STATES = ("running", "waiting", "straggler", "stalled", "hung", "exited", "failed")
 # A rank "reports" while its newest line (a train line, or the sampler's sys line that every
 # live rank gets each second) is at most this old.
 REPORTING_S = 10.0
 MIB = 1 << 20
-# NVML's clock-event reasons as dcgm-exporter names them (its ``clock_event`` label).
-CLOCK_EVENTS = (
-    (0x1, "gpu_idle"),
-    (0x2, "clocks_setting"),
-    (0x4, "power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal"),
-    (0x40, "hw_thermal"),
-    (0x80, "hw_power_brake"),
-    (0x100, "display_clocks"),
-)
 # A failed run's failure stays exported this long after its end, so that a scrape every minute
 # or so (and an alert on it) sees it; then it is gone as every ended run is.
 FAILED_KEPT_S = 900.0
@@ -205,21 +192,7 @@ class RunsCollector(Collector):
         self._failed: dict[
             str, tuple[float, dict[str, str]]
         ] = {}  # run id -> (its end, its failure's labels)
-        self._buses: dict[str, str] = {}  # GPU UUID -> its PCI bus id, as NVML here says
-        self._buses_read = float("-inf")  # monotonic: NVML asked at most once a minute
-
-    def _bus(self, uuid: str) -> str:
-        """The PCI bus id of the GPU ``uuid`` on this machine (dcgm-exporter's ``pci_bus_id``);
-        "" where NVML does not know it (a run on another node, no driver here)."""
-        if not uuid or uuid in self._buses or time.monotonic() - self._buses_read < 60:
-            return self._buses.get(uuid, "")
-        self._buses_read = time.monotonic()
-        from xl.gpu import nvml  # noqa: PLC0415 - only a scrape of a run on GPUs asks NVML
-
-        for gpu in nvml.inventory(processes=False).gpus:
-            if gpu.uuid:
-                self._buses[gpu.uuid] = gpu.pci_bus_id
-        return self._buses.get(uuid, "")
+        self._bus = Buses()
 
     def _ended_run(self, rec: RunRecord | None) -> None:
         """A run found ended: its failure is kept for FAILED_KEPT_S (``xl_run_failure_info``)."""
@@ -311,19 +284,6 @@ class RunsCollector(Collector):
             _family("mem_mib"),
             "The rank's host memory: its footprint (PSS) over its process and its children.",
             labels=R,
-        )
-        reasons = GaugeMetricFamily(
-            _family("clock_event_reasons"),
-            "Why the GPU's clocks are down: NVML's clock-event reasons bitmask (0x4 power cap, "
-            "0x8 HW slowdown, 0x20 SW thermal, 0x40 HW thermal, 0x80 power brake slow its "
-            "work; 0x1 idle, 0x2 applications clocks are as set).",
-            labels=GPUS,
-        )
-        reason = GaugeMetricFamily(
-            "xl_gpu_clock_event_active",
-            "1 while the clock-event reason clock_event (dcgm-exporter's names) holds the GPU's "
-            "clocks down, else 0.",
-            labels=(*GPUS, "clock_event"),
         )
         straggler = InfoMetricFamily(
             "xl_rank_straggler",
@@ -464,11 +424,6 @@ class RunsCollector(Collector):
             why = failure_labels(rec, run.view.failure, self._host)
             if why is not None:
                 failed.add_metric([rec.run_id], why)
-        for key in sorted(gpus):
-            got, mask = gpus[key]
-            reasons.add_metric(got, mask)
-            for bit, name in CLOCK_EVENTS:
-                reason.add_metric([*got, name], 1 if mask & bit else 0)
         out: list[Metric] = [
             step,
             loss,
@@ -487,5 +442,5 @@ class RunsCollector(Collector):
             failed,
         ]
         if self.gpus:
-            out += [util, mem, reasons, reason]
+            out += [util, mem, *clock_families(gpus)]
         return out + (nodes.families() if nodes.nodes else [])
