@@ -9,6 +9,14 @@ hang reuse its verdict. With no usable stacks (ranks not started by xl's entry),
 unchanged. A stall is a hang only by the rule `xl stacks` follows (xl.launcher.telemetry.stall):
 while another rank still progresses, the events go out unchanged.
 
+A hang's culprit stalls first; the ranks waiting on it pass their own thresholds a step or so
+later, so the first capture often finds them still progressing by the rule. When they are all due
+within ``hold_s``, every rank is asked again as the last of them is due, the stalls held
+meanwhile: the hang is named within the threshold and a few seconds, its culprit's line first,
+never a "made no progress" line a rank before it. A held stall whose rank progresses again is
+dropped with its ``recovered`` (``gate``). Stalls said later than they were seen are dated when
+said (``said_at``): the events stay in time order.
+
 A capture that names nobody (a rank had begun its collective only a moment before, as a loaded
 machine makes it; or no rank answered) is asked again every ``retry_s`` while the stall lasts, a
 bounded number of times: the diagnoser says a stall once, so without it such a hang would never
@@ -27,7 +35,9 @@ once, and the stalls that come later take its verdict.
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +53,12 @@ Emit = Callable[[dict[str, Any]], None]
 
 RETRY_S = 5.0  # an inconclusive capture is asked again this often while the stall lasts ...
 RETRIES = 12  # ... at most this many times (a minute): each asks every rank for its stacks
+# The first stall of a hang is its culprit's; the others' come as each passes its own threshold,
+# a step or so later. While they are due within this long, their stalls and the culprit's are
+# held and every rank is asked again as the last is due: the hang is named within the threshold
+# and a few seconds, in one line, instead of a "made no progress" line a rank first.
+HOLD_S = 4.0
+_DUE_MARGIN_S = 0.25  # asked this long after the last rank is due (the sampler's tick is 1 s)
 
 
 class HangCapture:
@@ -55,6 +71,7 @@ class HangCapture:
         *,
         retry_s: float = RETRY_S,
         retries: int = RETRIES,
+        hold_s: float = HOLD_S,
     ) -> None:
         self.run_dir = run_dir
         self._emit = emit
@@ -62,6 +79,7 @@ class HangCapture:
         self._timeout = timeout
         self._retry_s = retry_s
         self._retries = retries
+        self._hold_s = hold_s
         self._lock = threading.Lock()
         self._held: list[dict[str, Any]] = []
         self._plain: list[dict[str, Any]] = []  # this hang's stalls sent as they came (retrying)
@@ -100,6 +118,23 @@ class HangCapture:
             if doc is None:
                 self._plain.extend(events)
         self._send(events, doc)
+
+    def gate(self, emit: Emit) -> Emit:
+        """``emit`` for the diagnoser's other events: a ``recovered`` of a stall still held here
+        (never said, as the hang's verdict is awaited) drops that stall and is dropped itself,
+        so no event says a rank recovered from a stall nobody was told of."""
+
+        def gated(event: dict[str, Any]) -> None:
+            if event.get("kind") == "recovered" and event.get("of") == "stalled":
+                rank = event.get("rank")
+                with self._lock:
+                    held = [e for e in self._held if e.get("rank") != rank]
+                    dropped, self._held = len(held) < len(self._held), held
+                if dropped:
+                    return
+            emit(event)
+
+        return gated
 
     def over(self) -> None:
         """No rank is stalled any more: the next stall is a new hang, with a capture of its own."""
@@ -157,18 +192,28 @@ class HangCapture:
         self._say_hang(doc)
 
     def _capture(self, stop: threading.Event) -> None:
-        doc = self._attempt()
+        doc, due = self._attempt()
+        # The other ranks are not stalled yet, but will be soon if this is a hang: asked again as
+        # the last of them is due, the stalls held meanwhile (HOLD_S).
+        deadline = time.monotonic() + self._hold_s
+        while (
+            doc is None
+            and due is not None
+            and time.monotonic() + due + _DUE_MARGIN_S <= deadline
+            and not stop.wait(due + _DUE_MARGIN_S)
+        ):
+            doc, due = self._attempt()
         with self._lock:
             self.doc, self._state = doc, "done" if doc is not None else "retrying"
             held, self._held = self._held, []
             self._plain = [] if doc is not None else list(held)
         if doc is not None:
             self._say_hang(doc)
-        self._send(held, doc)
+        self._send(held, doc, late=True)
         tries = 0
         while doc is None and tries < self._retries and not stop.wait(self._retry_s):
             tries += 1
-            doc = self._attempt()
+            doc, _ = self._attempt()
             with self._lock:
                 if stop.is_set():  # over() came while it asked: a later stall asks anew
                     return
@@ -182,24 +227,27 @@ class HangCapture:
             if self._state == "retrying" and not stop.is_set():
                 self._state = "idle"  # nobody named after its retries: the next stall asks again
 
-    def _attempt(self) -> dict[str, Any] | None:
-        """Every rank's stacks, once: the hang's document, or None when it names nobody."""
+    def _attempt(self) -> tuple[dict[str, Any] | None, float | None]:
+        """Every rank's stacks, once: the hang's document, or None when it names nobody; and
+        then, where some ranks still progressed, in how long the last of them is due."""
         try:
             ranks = self._ranks()
             t, entries = capture.gather(self.run_dir, ranks, timeout=self._timeout)
             # The rule `xl stacks` follows: a culprit only when no rank progressed for the stall
             # threshold (one rank stalled while the others train on is no hang).
             progress = judge(self.run_dir, capture.rank_ids(ranks), entries, now=t)
-            if progress.stalled is False or not any(not e.get("error") for e in entries):
-                return None
+            if progress.stalled is False:
+                return None, progress.due_s
+            if not any(not e.get("error") for e in entries):
+                return None, None
             if progress.stalled is None:  # the files tell nothing: the diagnoser's stall stands
                 progress = STALLED
             doc = capture.assemble(self.run_dir, self.run_dir.name, t, entries, progress)
             doc["file"] = capture.save(self.run_dir, {k: v for k, v in doc.items() if k != "file"})
-            return doc
+            return doc, None
         except Exception as exc:  # a capture that fails leaves the stall reported as it was
             self._trouble.say("the hang capture failed", exc)
-            return None
+            return None, None
 
     def _say_hang(self, doc: dict[str, Any]) -> None:
         v = doc["verdict"]
@@ -211,12 +259,39 @@ class HangCapture:
         said = v.get("message") or ""
         self._emit(Hang(doc["t"], rank, culprits, said, doc["file"], working).to_json())
 
-    def _send(self, events: list[dict[str, Any]], doc: dict[str, Any] | None) -> None:
+    def _send(
+        self, events: list[dict[str, Any]], doc: dict[str, Any] | None, *, late: bool = False
+    ) -> None:
+        """The stalls, reworded with the hang's verdict where there is one. Each is dated when
+        it is said, never before the hang it follows (``late``: held until now), so the events
+        stay in time order."""
         # Each event's rank found in one index, not by a scan of the capture's entries per event
         # (O(ranks^2) when thousands stall at once).
         entries = _by_rank(doc) if doc is not None else {}
+        floor = doc["t"] if doc is not None else (time.time() if late else None)
         for event in events:
-            self._emit(reword(event, doc, entries) if doc is not None else event)
+            out = reword(event, doc, entries) if doc is not None else event
+            self._emit(said_at(out, floor) if floor is not None else out)
+
+
+_IDLE = re.compile(r"(no progress for )(\d+)( s)")
+
+
+def said_at(event: dict[str, Any], t: float) -> dict[str, Any]:
+    """A stall said at ``t`` rather than when it was seen (held for the hang's verdict, or said
+    again after it): dated ``t``, its idle time and the message's "no progress for N s" grown by
+    the wait. An event at ``t`` or later is left as it is."""
+    seen = event.get("t")
+    if not isinstance(seen, (int, float)) or isinstance(seen, bool) or t <= seen:
+        return event
+    out = {**event, "t": round(t, 6)}
+    idle = event.get("idle_s")
+    if isinstance(idle, (int, float)) and not isinstance(idle, bool):
+        out["idle_s"] = round(idle + (t - seen), 1)
+        message = event.get("message")
+        if isinstance(message, str):
+            out["message"] = _IDLE.sub(lambda m: f"{m[1]}{out['idle_s']:.0f}{m[3]}", message)
+    return out
 
 
 def _by_rank(doc: dict[str, Any]) -> dict[Any, dict[str, Any]]:

@@ -156,7 +156,7 @@ class Telemetry:
         self.collector: Collector | None = None
         # A stall starts one capture of every rank's stacks, which names the culprit (hang.py).
         self.hang = HangCapture(self.run_dir, self._emit, self._hang_ranks)
-        self.diagnoser = Diagnoser(self._emit, on_stall=self.hang.on_stall)
+        self.diagnoser = Diagnoser(self.hang.gate(self._emit), on_stall=self.hang.on_stall)
         self.sampler: Sampler | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

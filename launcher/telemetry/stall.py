@@ -38,10 +38,13 @@ _STEP_TIMES = 200  # as the diagnoser keeps per rank
 @dataclass(frozen=True)
 class Progress:
     """``stalled``: True (a culprit may be named), False (progressing), None (nothing tells);
-    ``message``: the verdict's message when it is not True."""
+    ``message``: the verdict's message when it is not True; ``due_s``: when it is False, in how
+    many seconds the last of the progressing ranks reaches its threshold if it makes no more
+    progress (a hang's other ranks stall a step or so after its culprit)."""
 
     stalled: bool | None
     message: str = ""
+    due_s: float | None = None
 
 
 STALLED = Progress(True)  # what a caller that knows the run is stalled passes
@@ -166,8 +169,9 @@ def judge(
     if not moving:
         return STALLED
     window = max(limits[r] for r in moving)
+    due = max(limits[r] - idle[r] for r in moving)
     if len(moving) == len(ranks):
-        return Progress(False, f"no hang: every rank progressed in the last {window:.0f} s")
+        return Progress(False, f"no hang: every rank progressed in the last {window:.0f} s", due)
     notes = []
     quiet = sorted(r for r in idle if r not in moving)
     if quiet:
@@ -178,6 +182,7 @@ def judge(
     return Progress(
         False,
         f"no hang: {_ranges(moving)} progressed in the last {window:.0f} s ({'; '.join(notes)})",
+        due,
     )
 
 
