@@ -187,7 +187,7 @@ class StepClock:
             self.scaled = None
         else:
             value = tensor
-        if self.device is None and self.cuda_clock is not None and getattr(value, "is_cuda", 0):
+        if self.device is None and self.cuda_clock is not None and getattr(value, "is_cuda", False):
             self.wants_device = True
         loss = self.loss
         if loss is None:
