@@ -198,7 +198,8 @@ class Digester:
 
     def _count(self, rank: int, rec: dict[str, Any]) -> None:
         """A line's samples and the time they took (its count over its rate), onto its rank's."""
-        n, rate = rec.get("samples"), rec.get("samples_per_s")
+        n: Any = rec.get("samples")
+        rate: Any = rec.get("samples_per_s")
         if not (_finite(n) and _finite(rate) and n > 0 and rate > 0):
             return
         got = self.counted.get(rank)
@@ -435,4 +436,4 @@ def close_run(run_dir: Path, rec: RunRecord, digester: Digester | None = None) -
 
 def with_waits(ranks: list[dict[str, Any]], figures: RankFigures) -> list[dict[str, Any]]:
     """run.json's rank rows, each with what the end measured of it (close_run)."""
-    return [{**row, **figures.get(row.get("rank"), {})} for row in ranks]
+    return [{**row, **figures.get(row.get("rank", -1), {})} for row in ranks]
