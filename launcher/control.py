@@ -413,6 +413,7 @@ def stop_unreadable(run_dir: Path) -> None:
     if sup is not None:
         runprocs.signal_pid(sup, signal.SIGKILL)  # frozen, or never done: it must not wake up later
     _terminate(runprocs.find_run_pids(run_id) + runprocs.escaped(run_dir), run_id, grace_from_env())
+    runcgroup.end_named(run_id, grace_from_env())
 
 
 def wait_for_end(run_dir: Path, timeout: float) -> RunRecord | None:

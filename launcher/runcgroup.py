@@ -67,6 +67,24 @@ def end(rec: RunRecord, grace: float) -> None:
         rec.update(cgroup_memory={k: v for k, v in used.items() if k != "current"})
 
 
+def end_named(run_id: str, grace: float) -> int:
+    """A run whose run.json cannot be read: its cgroups (every node's made here) found by name
+    where this process would make them, ended and removed; how many processes were ended."""
+    parent = cgroup.find_place().parent
+    name = cgroup.run_name(run_id)
+    if parent is None:
+        return 0
+    try:
+        found = [n for n in os.listdir(parent) if n == name or n.startswith(name + ".node")]
+    except OSError:
+        return 0
+    ended = 0
+    for n in found:
+        ended += cgroup.end(os.path.join(parent, n), grace)
+        cgroup.remove(os.path.join(parent, n))
+    return ended
+
+
 def end_settled(run_dir: Path, rec: RunRecord, grace: float) -> None:
     """The cgroup's end for a run being settled: here, or, when this process is in it (a rank),
     by a process of its own started outside it."""

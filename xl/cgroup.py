@@ -116,7 +116,12 @@ def _judge(parent: str, *, said: str) -> Place:
             "(a run's cgroup needs root, or a cgroup v2 subtree delegated to you)"
         )
     if v2:
-        memory = "memory" in (_read(os.path.join(parent, "cgroup.controllers")) or "").split()
+        # A v2 cgroup's children get the memory controller once it is in the parent's
+        # subtree_control, which a non-root cgroup holding processes cannot enable.
+        offered = (_read(os.path.join(parent, "cgroup.controllers")) or "").split()
+        enabled = (_read(os.path.join(parent, "cgroup.subtree_control")) or "").split()
+        empty = not (_read(os.path.join(parent, "cgroup.procs")) or "").split()
+        memory = "memory" in enabled or ("memory" in offered and empty)
     else:
         memory = os.path.exists(os.path.join(parent, "memory.limit_in_bytes"))
     return Place(parent, v2=v2, memory=memory)

@@ -173,6 +173,52 @@ def test_a_sidecar_started_after_the_supervisor_was_killed_ends_when_the_ranks_f
         kill_run(run_dir)
 
 
+V2 = Path("/sys/fs/cgroup/unified")
+
+
+@pytest.fixture
+def v2_folder() -> Iterator[Path]:
+    """A folder of this machine's cgroup v2 tree (beside v1, with no memory controller) for
+    XL_CGROUP_ROOT: a delegated subtree as a user of a v2-only host has one."""
+    if os.geteuid() != 0 or not (V2 / "cgroup.controllers").exists():
+        pytest.skip("needs root and a cgroup v2 tree at /sys/fs/cgroup/unified")
+    folder = V2 / f"xl-test-{os.getpid()}-{os.urandom(3).hex()}"
+    folder.mkdir()
+    try:
+        yield folder
+    finally:
+        cgroup.remove(str(folder))
+
+
+def test_on_cgroup_v2_the_run_s_cgroup_holds_it_together_without_memory_figures(
+    tmp_path: Path, bystander: psutil.Process, v2_folder: Path
+) -> None:
+    env = xl_env(tmp_path / "home", XL_CGROUP_ROOT=str(v2_folder))
+    run_dir, said = _launch(tmp_path, SIDECAR + THE_END, env)
+    child = None
+    try:
+        run = wait_ranks_running(run_dir, 2)
+        group = run["cgroup"]
+        assert "no cgroup" not in said and group.startswith(f"{v2_folder}/xl-run-"), (said, run)
+        os.kill(run["supervisor_pid"], signal.SIGKILL)
+        child = _sidecar(tmp_path, group, _rank0(run))
+        (tmp_path / "go.end").touch()
+        _ended(child, run_dir, group)
+        final = wait_for(
+            lambda: "ended_in_cgroup" in run_json(run_dir) and run_json(run_dir),
+            timeout=30,
+            what="run.json's ended_in_cgroup",
+        )
+        assert final["status"] == "succeeded" and final["ended_in_cgroup"] == 1, final
+        assert "cgroup_memory" not in final, final  # no memory controller in that tree
+        assert _live(bystander)
+    finally:
+        if child is not None:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        kill_run(run_dir)
+
+
 @needs_cgroup
 def test_a_sidecar_ends_with_a_run_whose_supervisor_lives(
     tmp_path: Path, bystander: psutil.Process
@@ -230,6 +276,39 @@ def test_xl_stop_ends_a_double_forked_sidecar(
             with contextlib.suppress(psutil.Error):
                 child.kill()
         kill_run(run_dir)
+
+
+@needs_cgroup
+def test_xl_stop_of_a_run_with_a_damaged_run_json_ends_its_cgroup_by_name(
+    tmp_path: Path, bystander: psutil.Process
+) -> None:
+    env = xl_env(tmp_path / "home")
+    run_dir, _ = _launch(tmp_path, DOUBLE_FORK + "time.sleep(300)\n", env)
+    child = None
+    try:
+        run = wait_ranks_running(run_dir, 2)
+        group = run["cgroup"]
+        os.kill(run["supervisor_pid"], signal.SIGKILL)
+        child = _sidecar(tmp_path, group, _rank0(run))
+        (run_dir / "run.json").write_text("{")
+        stop = xl(["stop", run_dir.name], env, timeout=90)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        wait_for(lambda: not _live(child), timeout=GRACE + 30, what="the sidecar to end")
+        wait_for(lambda: not os.path.exists(group), timeout=30, what="the cgroup to be removed")
+        assert not [p for p in psutil.process_iter() if _in_run(p, run["run_id"])]
+        assert _live(bystander)
+    finally:
+        if child is not None:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        kill_run(run_dir)
+
+
+def _in_run(proc: psutil.Process, run_id: str) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get("XL_RUN_ID") == run_id
+    except psutil.Error:
+        return False
 
 
 def test_a_run_that_cannot_have_a_cgroup_says_so_and_is_still_kept_together(

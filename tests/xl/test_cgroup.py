@@ -79,6 +79,15 @@ def test_a_run_s_cgroup_is_told_from_another_by_its_name() -> None:
     assert not cgroup.is_run_cgroup("/xl-test-1234") and not cgroup.is_run_cgroup("/docker/ab12")
 
 
+def test_a_memory_limit_without_the_memory_controller_is_refused_before_anything_is_made(
+    tmp_path: Path,
+) -> None:
+    place = cgroup.Place(str(tmp_path), v2=True, memory=False)
+    with pytest.raises(cgroup.CgroupError, match="no memory controller"):
+        cgroup.make(place, "xl-run-r", 64 << 20)
+    assert list(tmp_path.iterdir()) == []
+
+
 PLACE = cgroup.find_place()
 
 
