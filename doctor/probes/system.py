@@ -4,7 +4,7 @@ environment as text, and the NVML inventory."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from xl.doctor.probes.files import listdir
 from xl.doctor.probes.kernel import at
@@ -57,24 +57,50 @@ def probe_inventory() -> tuple[Inventory, dict[int, Health], dict[int, tuple[str
     return inv, health.health(ok), fabric(ok)
 
 
-def fabric(indices: list[int]) -> dict[int, tuple[str, str | None]]:
-    """{GPU: (fabric state, its status when not success)} from nvmlDeviceGetGpuFabricInfo, for
-    the GPUs on an NVSwitch fabric (HGX/DGX Hopper and later); others are left out (NVML says
-    NOT_SUPPORTED, or the driver predates the function)."""
+def _fabric_info(pynvml: Any, handle: Any) -> Any | None:
+    """One GPU's fabric info from the first of NVML's calls that answers: the versioned
+    nvmlDeviceGetGpuFabricInfoV (v3, then v2: a driver refuses a version it does not know) and
+    the original nvmlDeviceGetGpuFabricInfo, which newer drivers may no longer answer; None when
+    none does (NOT_SUPPORTED on a GPU with no NVSwitch fabric, or a driver without them)."""
     import ctypes  # noqa: PLC0415 - only with GPUs
 
+    tries = [
+        (getattr(pynvml, "nvmlDeviceGetGpuFabricInfoV", None), name)
+        for name in ("c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t")
+    ]
+    tries.append((getattr(pynvml, "nvmlDeviceGetGpuFabricInfo", None), "c_nvmlGpuFabricInfo_t"))
+    for call, struct in tries:
+        kind = getattr(pynvml, struct, None)
+        if call is None or kind is None:
+            continue
+        try:
+            info = kind()
+            call(handle, ctypes.byref(info))
+        except Exception:
+            continue  # NOT_SUPPORTED, a version the driver refuses, FunctionNotFound
+        return info
+    return None
+
+
+def fabric(indices: list[int]) -> dict[int, tuple[str, str | None]]:
+    """{GPU: (fabric state, its status when not success)} for the GPUs on an NVSwitch fabric
+    (HGX/DGX Hopper and later); others are left out (NVML says NOT_SUPPORTED, or the driver
+    predates the calls)."""
     import pynvml  # noqa: PLC0415 - NVML is loaded already (the inventory); `import xl` stays free
 
     out: dict[int, tuple[str, str | None]] = {}
     for i in indices:
         try:
-            info = pynvml.c_nvmlGpuFabricInfo_t()
-            pynvml.nvmlDeviceGetGpuFabricInfo(
-                pynvml.nvmlDeviceGetHandleByIndex(i), ctypes.byref(info)
-            )
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
         except Exception:
-            continue  # NOT_SUPPORTED, FunctionNotFound: no fabric to judge
-        state = FABRIC_STATES.get(int(info.state), str(info.state))
+            continue
+        info = _fabric_info(pynvml, handle)
+        if info is None:
+            continue
+        # nvml.h's nvmlGpuFabricState_t is one byte; the bindings read four, so the padding
+        # after it (which NVML does not clear) is masked off.
+        code = int(info.state) & 0xFF
+        state = FABRIC_STATES.get(code, str(code))
         if state == "not_supported":
             continue
         status = None

@@ -28,14 +28,17 @@ def _root(tmp_path: Path, distro: str = "ubuntu", fabric_manager: bool = False) 
     return root
 
 
-def _doctor(tmp_path: Path, simnvml, *, code: int, gpus: list[SimGPU], driver: str = "570.124.06",
-            cuda: int = 12080, libcuda_version: str | None = None, **root_kw) -> dict:
-    sim = simnvml(gpus=gpus, driver_version=driver, cuda_version=cuda)
+def _doctor(tmp_path: Path, simnvml, *, code: int | None, gpus: list[SimGPU],
+            driver: str = "570.124.06", cuda: int = 12080, libcuda_version: str | None = None,
+            missing: tuple[str, ...] = (), **root_kw) -> dict:
+    """`code`: what cuInit returns (None: no libcuda to load, so NVML's word stands alone);
+    `missing`: NVML functions the driver lacks."""
+    sim = simnvml(gpus=gpus, driver_version=driver, cuda_version=cuda, missing=missing)
     box = Sandbox(tmp_path / "box")
-    lib = box.libcuda(code=code, version=libcuda_version)
+    libs = [] if code is None else [str(box.libcuda(code=code, version=libcuda_version))]
     env = box.env(
         PYTHONPATH=box.torch("2.7.0+cu128", cuda="12.8"),
-        LD_LIBRARY_PATH=f"{lib}:{sim.library_dir}",
+        LD_LIBRARY_PATH=":".join([*libs, str(sim.library_dir)]),
         XL_SIMNVML_CONFIG=sim.env["XL_SIMNVML_CONFIG"],
         XL_DOCTOR_ROOT=_root(tmp_path, **root_kw),
     )
@@ -66,6 +69,47 @@ def test_hgx_whose_fabric_manager_is_not_running_fails_with_its_install_and_star
     assert st["driver"] == "ok" and st["gpus"] == "ok" and st["driver_cuda"] == "ok", report[
         "checks"
     ]
+
+
+# The fabric's calls a driver may answer: both (the simulated default), only the versioned one
+# (a driver that dropped the original), only the original (one before the versioned one).
+ONLY_V = ("nvmlDeviceGetGpuFabricInfo",)
+ONLY_ORIGINAL = ("nvmlDeviceGetGpuFabricInfoV",)
+
+
+@pytest.mark.parametrize("missing", [(), ONLY_V, ONLY_ORIGINAL], ids=["both", "v-only", "original"])
+def test_nvml_alone_says_the_fabric_is_not_started_whichever_call_the_driver_answers(
+    tmp_path: Path, simnvml, missing: tuple[str, ...]
+) -> None:
+    """No libcuda here to start (cuInit not tried): NVML's fabric state is the only word, read
+    through nvmlDeviceGetGpuFabricInfoV (whose one-byte state sits before padding NVML does not
+    clear) or the original call."""
+    report = _doctor(
+        tmp_path, simnvml, code=None, missing=missing, fabric_manager=True,
+        gpus=[SimGPU(model="H100", fabric_state=1) for _ in range(8)],
+    )
+    c = by_id(report)["cuda_init"]
+    assert c["status"] == "fail" and report["status"] == "fail", c
+    assert "NVSwitch fabric is not started on GPU 0, 1, 2, 3, 4, 5, 6, 7" in c["detail"], c
+    assert "cuInit fails with 802 (CUDA_ERROR_SYSTEM_NOT_READY) until it is" in c["detail"]
+    assert c["fix"] == "sudo systemctl enable --now nvidia-fabricmanager"
+    assert c["data"]["fabric"]["3"] == {"state": "not_started", "status": None}
+
+
+@pytest.mark.parametrize("missing", [ONLY_V, ONLY_ORIGINAL], ids=["v-only", "original"])
+@pytest.mark.parametrize("state", [3, -1], ids=["fabric-set-up", "no-nvswitch"])
+def test_a_set_up_fabric_or_none_at_all_is_left_alone_whichever_call_answers(
+    tmp_path: Path, simnvml, missing: tuple[str, ...], state: int
+) -> None:
+    report = _doctor(
+        tmp_path, simnvml, code=None, missing=missing,
+        gpus=[SimGPU(model="H100", fabric_state=state) for _ in range(4)],
+    )
+    c = by_id(report)["cuda_init"]
+    assert c["status"] == "skip" and "fabric" not in c["detail"].lower(), c
+    assert c["data"]["fabric"] == (
+        {str(i): {"state": "completed", "status": None} for i in range(4)} if state == 3 else {}
+    )
 
 
 @pytest.mark.parametrize(

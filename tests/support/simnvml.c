@@ -31,9 +31,10 @@
  *                                  loaded / over the GPU's life)
  *   gpu.<i>.remap_corr / remap_unc / remap_pending / remap_failure   nvmlDeviceGetRemappedRows
  *   gpu.<i>.retired_sbe / retired_dbe / retired_pending   retired pages (pre-Ampere ECC)
- *   gpu.<i>.fabric_state -1|0..3   nvmlDeviceGetGpuFabricInfo: -1 NOT_SUPPORTED (no NVSwitch
- *                                  fabric: the default), else nvmlGpuFabricState_t (1 not
- *                                  started, 2 in progress, 3 completed)
+ *   gpu.<i>.fabric_state -1|0..3   nvmlDeviceGetGpuFabricInfo and ...InfoV (v2, v3): -1
+ *                                  NOT_SUPPORTED (no NVSwitch fabric: the default), else
+ *                                  nvmlGpuFabricState_t (1 not started, 2 in progress,
+ *                                  3 completed)
  *   gpu.<i>.fabric_status N        its status (an nvmlReturn_t; 0 success)
  *                                  (make any of these NOT_SUPPORTED with gpu.<i>.errors)
  *   gpu.<i>.clock_reasons 0x40     nvmlDeviceGetCurrentClocksEventReasons (and the older
@@ -916,6 +917,39 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, sim_fabric_i
     memset(info, 0, sizeof(*info));
     info->status = g->fabric_status;
     info->state = (unsigned int)g->fabric_state;
+    LEAVE(NVML_SUCCESS);
+}
+#endif
+
+#ifndef SIM_NO_nvmlDeviceGetGpuFabricInfoV
+/* nvml.h's nvmlGpuFabricInfo_v2_t and _v3_t (v3 adds healthSummary). nvmlGpuFabricState_t is one
+ * byte there, and NVML leaves the padding after it as it was: here 0xAB, so a reader that takes
+ * the state as four bytes reads garbage, as it would from a real driver. */
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} sim_fabric_info_v3;
+#define SIM_FABRIC_V2 0x02000024u
+#define SIM_FABRIC_V3 0x03000028u
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, sim_fabric_info_v3 *info) {
+    DEV_ENTER("nvmlDeviceGetGpuFabricInfoV");
+    if (!info) LEAVE(NVML_ERROR_INVALID_ARGUMENT);
+    unsigned int v = info->version;
+    if (v != SIM_FABRIC_V2 && v != SIM_FABRIC_V3) LEAVE(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    if (g->fabric_state < 0) LEAVE(NVML_ERROR_NOT_SUPPORTED);
+    memset((char *)info + sizeof(info->version), 0xAB, (v & 0xffffffu) - sizeof(info->version));
+    memset(info->clusterUuid, 0, sizeof(info->clusterUuid));
+    info->status = g->fabric_status;
+    info->cliqueId = 0;
+    info->state = (unsigned char)g->fabric_state;
+    info->healthMask = 0;
+    if (v == SIM_FABRIC_V3) info->healthSummary = 0;
     LEAVE(NVML_SUCCESS);
 }
 #endif
