@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -29,6 +30,7 @@ from runfixtures import make_run
 from servers import Served, served
 
 from xl.listen import warn_if_exposed
+from xl.tui.serve import KILL_AFTER_S, SHUTDOWN_S
 from xl.tui.served import READ_ONLY, ReadOnlyBackend
 
 pytestmark = pytest.mark.e2e
@@ -415,3 +417,51 @@ def test_tabs_past_the_cap_get_a_page_that_says_so_and_no_app(tmp_path: Path) ->
         tabs.append(open_tab(context, server.url))
         wait_for(lambda: len(apps(server)) == 2, timeout=30, what="the new tab's app")
         tabs[2].wait_text("20260530-failed", tabs[2].press("4"))
+
+
+def _steps(log: Path, start: int, count: int) -> str:
+    """``count`` numbered lines appended to a rank's log; the last one."""
+    lines = [f"[rank 0] step {i:06d} loss 2.2470" for i in range(start, start + count)]
+    with open(log, "a") as fh:
+        fh.write("".join(line + "\n" for line in lines))
+    return lines[-1]
+
+
+def test_the_monitor_in_the_browser_follows_a_log_already_long(tmp_path: Path) -> None:
+    """The same app as in a terminal: a rank's log 3,000 lines long when its Monitor opens shows
+    its newest line, and the lines it writes next (a view left behind its end never drew them)."""
+    home = home_with_runs(tmp_path)
+    run = make_run(home / "runs", "straggler", t0=time.time() - 30, run_id="live-run")
+    last = _steps(run / "logs" / "rank-0.log", 0, 3000)
+    with served(["serve", "--port", "0"], xl_env(home)) as server, browser() as context:
+        tab = open_tab(context, server.url)
+        tab.wait_text("live-run", tab.press("4"))
+        since = tab.press("Enter")
+        tab.wait_text("Log — rank 0 (following)", since)
+        tab.wait_text(last, since)
+        for start in (3000, 3040):
+            since = tab.mark()
+            last = _steps(run / "logs" / "rank-0.log", start, 40)
+            tab.wait_text(last, since)
+
+
+@pytest.mark.parametrize("tabs", [1, 0], ids=["a tab open", "no tab"])
+def test_sigterm_ends_the_server_and_every_app_at_once(tmp_path: Path, tabs: int) -> None:
+    """SIGTERM with a tab open: the server and the tab's app are gone within 2 s (asking the app
+    to quit took 12 s); with none open, as fast."""
+    home = home_with_runs(tmp_path)
+    with browser() as context, served(["serve", "--port", "0"], xl_env(home)) as server:
+        for _ in range(tabs):
+            open_tab(context, server.url)
+        wait_for(lambda: len(apps(server)) == tabs, timeout=30, what="the tabs' apps")
+        running = apps(server)
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(timeout=30)
+        took = time.monotonic() - started
+        assert code == 0
+        assert not [p for p in running if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        # The server's own waits add up to 2 s at most (SHUTDOWN_S + 2 x KILL_AFTER_S, checked
+        # below); what is over them is a busy machine's scheduling, given a second.
+        assert took < 3.0, f"xl serve took {took:.1f} s to end after SIGTERM"
+    assert SHUTDOWN_S + 2 * KILL_AFTER_S <= 2.0
