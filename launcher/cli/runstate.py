@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rundir.lastbytes import last_output_line
+from xl.launcher.rundir.lastbytes import last_output_line, said
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.reader import RunReader
@@ -31,6 +31,7 @@ class RunState:
     # new_lines from the reader (False: the plain view copies the logs itself)
     read_lines: bool = True
     ended_lines: bool = False  # last_line holds each rank's last line as its log ended
+    _before: dict[int, str] = field(default_factory=dict, init=False, repr=False)  # its last line
 
     def __post_init__(self) -> None:
         self.reader = RunReader(self.run_dir)
@@ -88,8 +89,10 @@ class RunState:
                 # a tqdm redraw: its latest state, shown safely
                 text = visible(text.rsplit("\r", 1)[-1])
                 self.new_lines.append((rank, text))
-                if text.strip() and not self.ended_lines:
-                    self.last_line[rank] = text.strip()
+                shown = said(text, self._before.get(rank, ""))
+                self._before[rank] = text
+                if shown is not None and not self.ended_lines:
+                    self.last_line[rank] = shown
         if self.final and not self.ended_lines:
             self.take_last_lines()
 

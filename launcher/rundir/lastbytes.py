@@ -29,33 +29,38 @@ def last_lines(path: Path, limit: int) -> list[bytes]:
 
 _LAST_LINE_BYTES = 64 << 10
 # The line Python's warnings module prints under a warning: the source line that warned, indented.
-_WARNING = re.compile(rb"^(\S.*?):(\d+): (\w*Warning: .*)$")
+_WARNING = re.compile(r"^(\S.*?):(\d+): (\w*Warning: .*)$")
+
+
+def said(line: str, before: str = "") -> str | None:
+    """What a table's last-line cell shows for ``line`` of a rank's output (``before``: the line
+    it follows, as said here): the line as last drawn (a progress bar's last frame, after its last
+    carriage return), a warning as "UserWarning: MESSAGE (FILE:LINE)" (a path would fill the
+    cell); None for what is not the rank's word: a blank line, a note xl wrote into the log
+    (``[xl: ...]``), or the source line a warning echoes under itself (``  warnings.warn(``)."""
+    frames = [f for f in line.split("\r") if f.strip()]
+    text = frames[-1].rstrip() if frames else ""
+    if not text.strip() or text.startswith("[xl: "):
+        return None
+    if text[:1].isspace() and _WARNING.match(before):
+        return None  # the warning's echo: the warning itself, the line before, was said
+    warned = _WARNING.match(text)
+    if warned:
+        return f"{warned[3]} ({os.path.basename(warned[1])}:{int(warned[2])})"
+    return text.strip()
 
 
 def last_output_line(path: Path) -> str:
-    """What a rank last said, for a table's last-line cell: its last line that is not blank, as
-    last drawn (a progress bar's last frame: the text after its last carriage return), never a
-    note xl wrote into the log (``[xl: ...]``) and never the source line a warning echoes under
-    itself (``  warnings.warn(``: the warning above it is what was said, shown as "UserWarning:
-    MESSAGE (FILE:LINE)"). "" when there is none.
-    """
-    lines = last_lines(path, _LAST_LINE_BYTES)
-    shown = [_drawn(line) for line in lines]
+    """What a rank last said (``said``), from the end of its log; "" when there is none."""
+    lines = [ln.decode("utf-8", "replace") for ln in last_lines(path, _LAST_LINE_BYTES)]
     for i in range(len(lines) - 1, -1, -1):
-        text = shown[i]
-        if not text.strip() or text.startswith(b"[xl: "):
-            continue
-        if text[:1].isspace() and i > 0 and _WARNING.match(shown[i - 1]):
-            continue  # the warning's echo: the warning itself is the line before
-        warned = _WARNING.match(text.strip())
-        if warned:  # what it warns of first, where from after (a path would fill the cell)
-            where = os.path.basename(warned[1].decode("utf-8", "replace"))
-            return f"{warned[3].decode('utf-8', 'replace')} ({where}:{int(warned[2])})"
-        return text.decode("utf-8", "replace").strip()
+        shown = said(lines[i], _drawn(lines[i - 1]) if i > 0 else "")
+        if shown is not None:
+            return shown
     return ""
 
 
-def _drawn(line: bytes) -> bytes:
+def _drawn(line: str) -> str:
     """A line as a terminal last showed it: its last frame that is not empty."""
-    frames = [f for f in line.split(b"\r") if f.strip()]
-    return frames[-1] if frames else b""
+    frames = [f for f in line.split("\r") if f.strip()]
+    return frames[-1].rstrip() if frames else ""
