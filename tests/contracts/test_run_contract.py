@@ -40,7 +40,11 @@ from procs import kill_run, run_json, run_processes, wait_for, wait_ranks_runnin
 pytestmark = pytest.mark.e2e
 
 PROBE = FIXTURES / "rank_probe.py"
-GPU_FIGURES = {"gpu", "gpu_util", "gpu_mem_used_mib", "gpu_mem_total_mib"}
+GPU_FIGURES = {"gpu", "gpu_util", "gpu_mem_used_mib", "gpu_mem_total_mib"} | {
+    # what holds the GPU back (xl.gpu.clocks), with the GPU's figures
+    "clock_event_reasons", "sm_clock_mhz", "sm_clock_max_mhz", "temp_c", "power_w",
+    "power_limit_w", "ecc_volatile",
+}  # fmt: skip
 XL = [sys.executable, "-m", "xl"]
 
 
