@@ -23,7 +23,7 @@ from pathlib import Path
 from xl import cgroup as xl_cgroup
 from xl.errors import UsageError
 from xl.gpu import nvml
-from xl.launcher import runcgroup, runprocs
+from xl.launcher import runprocs
 from xl.launcher.plan import Plan, build_plan
 from xl.launcher.rundir import layout, record, stopmark
 from xl.launcher.rundir.layout import RunLayout
@@ -170,6 +170,24 @@ def _hold_reserve(run_dir: Path) -> None:
         os.close(fd)
 
 
+def _make_cgroup(
+    run_id: str, node_rank: int, memory_limit: str | None
+) -> tuple[str | None, str | None]:
+    """The run's cgroup, made now: (its path, None), or (None, why none could be). A run with
+    ``--memory-limit`` that cannot have its limit does not start (UsageError)."""
+    limit = xl_cgroup.parse_size(memory_limit) if memory_limit else None
+    try:
+        place = xl_cgroup.find_place()
+        return xl_cgroup.make(place, xl_cgroup.run_name(run_id, node_rank), limit), None
+    except xl_cgroup.CgroupError as exc:
+        if memory_limit:
+            raise UsageError(
+                f"--memory-limit {memory_limit} needs a cgroup for the run, and none can be made "
+                f"here: {exc}; run without --memory-limit (or as root)"
+            ) from None
+        return None, str(exc)
+
+
 def _new_record(
     run_id: str, spec: LaunchSpec, plan: Plan, cgroup: tuple[str | None, str | None]
 ) -> RunRecord:
@@ -229,8 +247,8 @@ def start_run(
     import shutil  # noqa: PLC0415 - a run that cannot start only
 
     try:
-        # Its processes are the cgroup's from torchrun's start (launcher/runcgroup.py).
-        cgroup = runcgroup.make(run_id, spec.node_rank, spec.memory_limit)
+        # Its processes are the cgroup's from torchrun's start (docs/launch.md).
+        cgroup = _make_cgroup(run_id, spec.node_rank, spec.memory_limit)
     except UsageError:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
@@ -413,7 +431,9 @@ def stop_unreadable(run_dir: Path) -> None:
     if sup is not None:
         runprocs.signal_pid(sup, signal.SIGKILL)  # frozen, or never done: it must not wake up later
     _terminate(runprocs.find_run_pids(run_id) + runprocs.escaped(run_dir), run_id, grace_from_env())
-    runcgroup.end_named(run_id, grace_from_env())
+    from xl.launcher.runcgroup import end_named  # noqa: PLC0415 - a damaged run's stop only
+
+    end_named(run_id, grace_from_env())
 
 
 def wait_for_end(run_dir: Path, timeout: float) -> RunRecord | None:

@@ -1,6 +1,6 @@
-"""A run's cgroup on this node, as the run uses it: made by the launch before the supervisor
-exists, torchrun started in it, ended and removed at the run's end by whoever ends the run
-(docs/launch.md, "A run's cgroup"; the cgroup itself is ``xl.cgroup``'s).
+"""A run's cgroup on this node at the run's end: ended and removed by whoever ends the run
+(docs/launch.md, "A run's cgroup"; the cgroup itself is ``xl.cgroup``'s; ``xl launch`` makes
+it, ``launcher/control.py``, and the supervisor starts torchrun in it).
 
 Whoever ends a run ends its cgroup: the supervisor in ``finish``; ``xl stop`` or any later xl
 command that settles a run whose supervisor is gone (``launcher/rundir/settle.py``). A rank that
@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 from xl import cgroup, envnames
-from xl.errors import UsageError
 from xl.launcher import runprocs
 from xl.launcher.rundir import record
 from xl.launcher.rundir.record import RunRecord
@@ -28,35 +27,11 @@ FALLBACK = "its processes are followed by their process tree and environment ins
 _FINISHER_WAIT_S = 60.0  # the settling rank and torchrun end within this (torchrun: ~1 s)
 
 
-def make(run_id: str, node_rank: int, memory_limit: str | None) -> tuple[str | None, str | None]:
-    """The run's cgroup, made now: (its path, None), or (None, why none could be). A run with
-    ``--memory-limit`` that cannot have its limit does not start (UsageError)."""
-    limit = cgroup.parse_size(memory_limit) if memory_limit else None
-    try:
-        return cgroup.make(cgroup.find_place(), cgroup.run_name(run_id, node_rank), limit), None
-    except cgroup.CgroupError as exc:
-        if memory_limit:
-            raise UsageError(
-                f"--memory-limit {memory_limit} needs a cgroup for the run, and none can be made "
-                f"here: {exc}; run without --memory-limit (or as root)"
-            ) from None
-        return None, str(exc)
-
-
-def started_in(path: str, pid: int) -> bool:
-    """``pid`` (torchrun, just started) is in the cgroup, or already gone (nothing to say)."""
-    return cgroup.holds(path, pid) or not runprocs.alive(pid)
-
-
-def path_of(rec: RunRecord) -> str | None:
-    return rec.cgroup
-
-
 def end(rec: RunRecord, grace: float) -> None:
     """End what is left in the run's cgroup (SIGTERM, SIGKILL after ``grace``), remove it, and
     say so in ``rec`` (``ended_in_cgroup``, ``cgroup_memory``). Once: a record that says it
     already is left alone."""
-    path = path_of(rec)
+    path = rec.cgroup
     if path is None or "ended_in_cgroup" in rec.data:
         return
     ended = cgroup.end(path, grace)
@@ -88,7 +63,7 @@ def end_named(run_id: str, grace: float) -> int:
 def end_settled(run_dir: Path, rec: RunRecord, grace: float) -> None:
     """The cgroup's end for a run being settled: here, or, when this process is in it (a rank),
     by a process of its own started outside it."""
-    path = path_of(rec)
+    path = rec.cgroup
     if path is None or "ended_in_cgroup" in rec.data:
         return
     try:
@@ -133,7 +108,7 @@ def main(argv: list[str]) -> int:
     while any(runprocs.alive(p) for p in waits) and time.monotonic() < deadline:
         time.sleep(0.05)
     rec = record.load(run_dir)
-    if rec is None or path_of(rec) is None or "ended_in_cgroup" in rec.data:
+    if rec is None or rec.cgroup is None or "ended_in_cgroup" in rec.data:
         return 0
     end(rec, rec.grace_s if rec.grace_s is not None else 1.0)
     record.save(run_dir, rec)

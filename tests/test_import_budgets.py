@@ -40,8 +40,9 @@ PROCESSES = {
     # the end-of-run table is drawn without it).
     "launch": Budget(
         LAUNCH + ", xl.launcher.cli.console",
-        # `--slurm`'s job submission, `--rdzv`'s and `--python`'s code load only when asked for
-        102,
+        # `--slurm`'s job submission, `--rdzv`'s and `--python`'s code load only when asked for;
+        # xl.cgroup makes the run's cgroup before the fork
+        103,
         90,
         # psutil once torchrun runs; pynvml only where libnvidia-ml loads; orjson for big polls
         # only, and statistics (fractions, decimal, random) never: xl.stats has the medians.
@@ -49,9 +50,10 @@ PROCESSES = {
     ),
     # The supervisor up to torchrun's start, in a fresh interpreter (the app starts it so):
     # telemetry, the digest and provenance load once torchrun runs, the hub and the follower on
-    # several nodes only (launcher/supervisor/loop.py, Supervisor.start).
+    # several nodes only (launcher/supervisor/loop.py, Supervisor.start); xl.cgroup starts
+    # torchrun in the run's cgroup.
     "supervisor": Budget(
-        "import xl.launcher.supervisor.loop", 75, 40, (*UI, *RARE, "traceback", "psutil")
+        "import xl.launcher.supervisor.loop", 76, 40, (*UI, *RARE, "traceback", "psutil")
     ),
     # ... and forked from `xl launch` (what it imported is there already): what it adds before
     # torchrun starts, on the path from the command to the first step. The typed events

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from xl import cgroup as xl_cgroup
 from xl import envnames
-from xl.launcher import runcgroup, runprocs
+from xl.launcher import runprocs
 from xl.launcher.rundir import layout
 from xl.launcher.rundir import record as run_record
 from xl.launcher.rundir.events import EventKind, Notice, RunEnded
@@ -174,14 +174,13 @@ class Supervisor:
             return
         # The record's command as it is (a broken one fails here as it always did: test_resilience),
         # with the port torchrun's store gets on one node (Torchrun.start).
-        cgroup = runcgroup.path_of(self.record)
+        cgroup = self.record.cgroup
         argv = self.torchrun.start(self.record.argv, cwd=self.record.cwd, env=env,
                                    log=self.layout.torchrun_log, umask=self.user_umask,
                                    cgroup=cgroup)
         self.record.update(argv=argv)
-        if cgroup is not None and self.torchrun.proc is not None and not runcgroup.started_in(
-            cgroup, self.torchrun.proc.pid
-        ):
+        pid = self.torchrun.proc.pid if self.torchrun.proc is not None else None
+        if cgroup and pid and not xl_cgroup.holds(cgroup, pid) and runprocs.alive(pid):
             self.record.update(cgroup=None, cgroup_reason=f"torchrun could not enter {cgroup}")
             xl_cgroup.remove(cgroup, wait=0.0)
         self.phase = Phase.RUNNING
@@ -349,6 +348,8 @@ class Supervisor:
 
     def finish(self) -> RunStatus:
         # The run's end is its cgroup's: whatever is still in it (however it was started) ends.
+        from xl.launcher import runcgroup  # noqa: PLC0415 - the end only: not on the path to torchrun
+
         runcgroup.end(self.record, self.stopping.grace)
         self.cause.fill_from_torchrun_log(self.ranks, self.torchrun.code)
         status = self.cause.conclude(self.stopping.requested, self.torchrun.code,
