@@ -9,6 +9,9 @@ inside the doctor without the launcher noticing. Each question takes what its ca
   ranks' torch is wrong for the GPUs.
 - `failure_facts`, `check`, `grow_shm`: a failed run's causes (docs/launch.md, "Why a rank
   died") read the facts a failure needs once, and ask the doctor's own checks on them.
+- `gather_fingerprint`, `compare_fingerprints`: a multi-node launch's nodes, each its own
+  fingerprint, node 0 comparing them before any rank starts (docs/multinode.md, "One
+  environment across nodes").
 
 Only the question asked loads the doctor's modules: callers import this module inside the function
 that needs it, so a launch on CPUs never pays for the doctor.
@@ -25,17 +28,25 @@ from xl.doctor.checks.finding import Finding
 from xl.doctor.checks.system import grow_shm_fix
 from xl.doctor.collect import collect, put_inventory, read_host
 from xl.doctor.facts import Facts, vtuple
+from xl.doctor.fingerprint import Diff, Fingerprint, node_lines
+from xl.doctor.fingerprint import compare as compare_fingerprints
+from xl.doctor.fingerprint import gather as gather_fingerprint
 from xl.doctor.probes import system
 from xl.doctor.probes.pytorch import probe_torch, probe_torch_here
 from xl.doctor.status import Status
 
 __all__ = [
+    "Diff",
     "Facts",
     "Finding",
+    "Fingerprint",
     "Status",
     "check",
+    "compare_fingerprints",
     "failure_facts",
+    "gather_fingerprint",
     "grow_shm",
+    "node_lines",
     "torch_for_gpus",
 ]
 

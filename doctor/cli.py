@@ -72,8 +72,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "nvcc, host compiler, include folders and arch flags) and report it as the `build` "
         "check; takes the compile's time (a few seconds)",
     )
+    ap.add_argument(
+        "--nodes",
+        nargs="*",
+        metavar="HOST",
+        help="compare these hosts' environments, as a multi-node launch does before its ranks "
+        "start (inside a Slurm allocation, without HOST: its nodes); each is asked over ssh "
+        "(BatchMode); exit 1 when a difference stops a run or a host cannot be asked",
+    )
+    # What --nodes runs on each host (one JSON line): hidden, not for people.
+    ap.add_argument("--fingerprint", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     python = _python_arg(args.python) if args.python else None
+    if args.nodes is not None or args.fingerprint:
+        from xl.doctor import nodes  # noqa: PLC0415 - only --nodes asks other hosts
+
+        if args.fingerprint:
+            return nodes.print_fingerprint(python)
+        return nodes.main_nodes(args.nodes, python, args.json)
     report = run_doctor(python, build=args.build)
     # Text may carry U+FFFD from undecodable environment bytes; never die on a narrow locale.
     if hasattr(sys.stdout, "reconfigure"):
