@@ -46,6 +46,8 @@ class LaunchSpec:
     python: str | None = None
     max_restarts: int = 0  # torchrun's --max-restarts: restarts of every rank after a failure
     memory_limit: str | None = None  # --memory-limit as written ("64G"): the run's cgroup's
+    # several nodes: start even when the nodes' environments differ where a run cannot work
+    allow_env_diff: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,6 +121,8 @@ def spec_to_argv(spec: LaunchSpec, options: Sequence[str] = ()) -> list[str]:
         argv += ["--max-restarts", str(spec.max_restarts)]
     if spec.memory_limit is not None:
         argv += ["--memory-limit", spec.memory_limit]
+    if spec.allow_env_diff:
+        argv += ["--allow-env-diff"]
     for key, value in spec.env.items():
         argv += ["--env", f"{key}={value}"]
     if spec.name is not None:

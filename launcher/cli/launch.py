@@ -217,6 +217,11 @@ def main(argv: Sequence[str], viewer: Viewer | None = None) -> int:
     ns, script, module, args = parse_command(parser, argv, "xl launch train.py")
     if ns.json and not ns.dry_run:
         raise UsageError("--json only goes with --dry-run")
+    if not (ns.slurm or ns.slurm_node):
+        # Kubernetes: torchrun's options from PET_* when the command line leaves them out
+        from xl.launcher.multinode.petenv import apply  # noqa: PLC0415 - a few variables read: not worth a module load on every import
+
+        apply(ns, parser, os.environ)
     if ns.slurm:
         from xl.launcher.cli.sbatch import launch_slurm  # noqa: PLC0415 - only `xl launch --slurm` submits a job: not every launch's start
 

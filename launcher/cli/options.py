@@ -191,6 +191,12 @@ def launch_parser(prog: str = "xl launch", *, sbatch: bool = False) -> ArgumentP
         "past it the kernel's OOM killer ends one (the run's cgroup, docs/launch.md)",
     )
     p.add_argument(
+        "--allow-env-diff",
+        action="store_true",
+        help="several nodes: start even when a node's environment differs from the others' where "
+        "a run cannot work (another torch or NCCL, ...; docs/multinode.md)",
+    )
+    p.add_argument(
         "--accelerate-config",
         nargs="?",
         const="",
@@ -422,6 +428,7 @@ def spec_from_args(
         [*ns.env, *([f"{envnames.INSTRUMENT}=0"] if ns.no_instrument else [])]
     )
     spec.name = ns.name
+    spec.allow_env_diff = bool(getattr(ns, "allow_env_diff", False))
     return spec
 
 

@@ -211,7 +211,7 @@ class EnvDiff(Event):
 
     node: int
     host: str
-    field: str
+    name: str  # the fingerprint's field (its key "field")
     value: str | int | None
     others: str | int | None
     severity: str  # stop | warn
@@ -224,7 +224,7 @@ class EnvDiff(Event):
             "kind": self.kind.value,
             "node": self.node,
             "host": self.host,
-            "field": self.field,
+            "field": self.name,
             "value": self.value,
             "others": self.others,
             "severity": self.severity,

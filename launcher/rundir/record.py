@@ -126,6 +126,7 @@ class RunJson(TypedDict, total=False):
     cgroup_reason: str  # why none was made
     ended_in_cgroup: int  # processes still in it at the run's end, ended then
     cgroup_memory: dict[str, int | None]  # the kernel's count of its memory at the end
+    env_check: dict[str, Any]  # node 0 of several: the nodes' environments compared (envcheck)
 
 
 class RunStatus(str, Enum):

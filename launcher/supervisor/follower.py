@@ -125,7 +125,8 @@ class Follower:
     def wait_for_node_0(self, rdzv: str, stop_came: Callable[[float], bool]) -> None:
         """Before torchrun starts: wait until node 0's rendezvous (its torchrun's c10d store)
         listens, up to RDZV_JOIN_S, so that a node 0 started a minute late is still joined;
-        ``stop_came(wait)`` waits and says whether the run was stopped meanwhile."""
+        ``stop_came(wait)`` waits and says whether the run was stopped meanwhile, here or by
+        node 0."""
         try:
             host, port = parse_rdzv(rdzv)
         except UsageError:
@@ -150,6 +151,9 @@ class Follower:
                     )
                 )
             if stop_came(0.5):
+                return
+            self.poll()  # node 0 may end the run first (the nodes' environments differ)
+            if self.stopping.state is not None:
                 return
 
     def _check_node_0(self) -> None:

@@ -119,6 +119,10 @@ class RemoteNode:
     orphaned: bool = False  # its link is down while its ranks still send (nodewatch)
     quiet: bool = False  # orphaned, then its ranks stopped sending too: its part is over
     strange_logs: int = 0  # output it sent for ranks it does not have (dropped)
+    # Its fingerprint (its link's first message); ``joined`` once it sent that or anything else
+    # (a node without one is compared without it).
+    fingerprint: dict[str, Any] | None = None
+    joined: bool = False
 
     @property
     def busy(self) -> bool:
@@ -140,6 +144,28 @@ class RemoteNode:
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = time.monotonic()
+
+
+def never_joined(never: list[int]) -> Notice:
+    """Which nodes never joined a run that ended first."""
+    names = ", ".join(map(str, never))
+    return Notice(EventKind.NODES_NEVER_JOINED, f"node(s) {names} never joined: the run ended "
+                  "before they did")
+
+
+def joined(nodes: dict[int, RemoteNode]) -> list[int]:
+    """The other nodes that joined: sent their fingerprint, or anything at all."""
+    return sorted(n for n, remote in nodes.items() if remote.joined)
+
+
+def fingerprints(nodes: dict[int, RemoteNode]) -> dict[int, dict[str, Any] | None]:
+    """What each node that joined sent of itself (None: nothing)."""
+    return {n: r.fingerprint for n, r in sorted(nodes.items()) if r.joined}
+
+
+def ended(nodes: dict[int, RemoteNode], which: list[int]) -> bool:
+    """Each of these nodes ended its part, or its link closed."""
+    return all((r := nodes.get(n)) is None or r.over or r.closed_at is not None for n in which)
 
 
 class Hub:
@@ -214,6 +240,7 @@ class Hub:
                 continue
             remote.host = host or remote.host
             remote.seen, remote.closed_at = time.monotonic(), None
+            remote.joined = remote.joined or bool(msgs)
             for msg in msgs:
                 try:
                     ranks_changed = self._message(remote, msg) or ranks_changed
@@ -258,6 +285,8 @@ class Hub:
                 # Someone stopped that node: its collectives are gone, so is the run.
                 self.journal.record.update(stop_requested_at=time.time())
                 self.stopping.begin(StopReason.REQUESTED)
+        elif kind == "fingerprint":
+            remote.fingerprint = dict(msg["fingerprint"])
         elif kind == "failure":
             self._failure(remote, msg["failure"], float(msg["at"]))
         elif kind == "end":
@@ -385,9 +414,7 @@ class Hub:
             waiting = [n for n in waiting if n in self.nodes]
             if not self.never_said:
                 self.never_said = True
-                names = ", ".join(map(str, never))
-                never_joined = f"node(s) {names} never joined: the run ended before they did"
-                self.journal.emit(Notice(EventKind.NODES_NEVER_JOINED, never_joined))
+                self.journal.emit(never_joined(never))
         if not waiting:
             return False
         limit = self.stopping.grace + _node_end_wait()

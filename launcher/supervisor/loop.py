@@ -170,7 +170,9 @@ class Supervisor:
                     envnames.SUPERVISOR_PID: str(os.getpid())})
         rdzv = str(self.record.spec.get("rdzv") or "")
         env.update(self.nodes.ranks_env(rdzv, self._stop_came, self.port))
-        if self._stopped_before_start():  # asked while telemetry started, or node 0 was awaited
+        # asked while telemetry started, or node 0 was awaited; or the nodes' environments
+        # differ where a run cannot work (Nodes.check_env): it ends before torchrun starts
+        if self._stopped_before_start() or self.stopping.state is not None:
             return
         # The record's command as it is (a broken one fails here as it always did: test_resilience),
         # with the port torchrun's store gets on one node (Torchrun.start).

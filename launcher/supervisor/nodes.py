@@ -17,16 +17,21 @@ from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal, say
 from xl.launcher.supervisor.logsink import LogSink
-from xl.launcher.supervisor.stopping import Stopping
+from xl.launcher.supervisor.stopping import Stopping, StopReason
 from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
 from xl.launcher.supervisor.torchrun import Torchrun
 
 if TYPE_CHECKING:  # several nodes only
+    from xl.launcher.multinode.envcheck import Judge
     from xl.launcher.multinode.nodelink import NodeLink
     from xl.launcher.supervisor.follower import Follower
     from xl.launcher.supervisor.hub import Hub
 
 _LINK_CLOSE_S = 3.0
+_ENV_POLL_S = 0.1
+# Node 0, its launch stopped by the nodes' environments: how long it waits for the other nodes to
+# end their part (they were told) before its collector closes.
+_ENV_TOLD_S = 10.0
 
 
 def resolve(
@@ -52,6 +57,7 @@ class Nodes:
 
     def __init__(self, hub: Hub | None = None, follower: Follower | None = None) -> None:
         self.hub, self.follower = hub, follower
+        self.env: Judge | None = None  # node 0 of several: its verdicts on the nodes' fingerprints
 
     @classmethod
     def of(
@@ -80,9 +86,19 @@ class Nodes:
 
     # ---------------------------------------------------------------- before torchrun starts
     def link(self) -> None:
-        """Node > 0: its link to node 0 starts (what was recorded before goes first)."""
-        if self.follower is not None:
-            self.follower.link.start()
+        """Node > 0: its link to node 0 starts, its fingerprint the first message (node 0
+        compares every node's before any rank starts: ``check_env``)."""
+        if self.follower is None:
+            return
+        from xl.launcher.multinode import envcheck  # noqa: PLC0415 - several nodes only
+
+        try:
+            fingerprint = envcheck.gather_here(self.follower.journal.record)
+        except Exception as exc:  # a probe that breaks: node 0 compares the others without it
+            say(f"this node's fingerprint could not be taken: {exc!r}")
+        else:
+            self.follower.link.send(envcheck.message(fingerprint))
+        self.follower.link.start()
 
     def telemetry_hooks(self, journal: Journal) -> dict[str, Any]:
         """Where this node's collector listens and what it does with what nodes send."""
@@ -104,7 +120,10 @@ class Nodes:
         whose summary goes to node 0 over the link, and know node 0's collector for when this
         supervisor is gone or frozen (``XL_COLLECTOR_NODE_0``); without a collector here, to
         node 0's straight. And it waits for node 0's rendezvous
-        (``Follower.wait_for_node_0``)."""
+        (``Follower.wait_for_node_0``). Node 0 compares the nodes' environments first
+        (``check_env``)."""
+        if self.hub is not None:
+            self.check_env(stop_came, port)
         if self.follower is None:
             return {}
         from xl.launcher.multinode.join import format_address  # noqa: PLC0415 - several nodes only
@@ -118,6 +137,62 @@ class Nodes:
         self.follower.wait_for_node_0(rdzv, stop_came)
         return env
 
+    def check_env(self, stop_came: Callable[[float], bool], port: TelemetryPort) -> None:
+        """Node 0, before torchrun starts (no rank anywhere starts before it does: it serves the
+        rendezvous): wait for every other node to join, up to XL_NODE_TIMEOUT (a node that cannot
+        reach this collector trains on all the same; one that joins later is judged as it comes,
+        ``poll``), and compare their fingerprints with this node's. A difference that breaks the
+        run ends it here (unless --allow-env-diff), and the other nodes are told first."""
+        from xl.launcher.multinode import envcheck  # noqa: PLC0415 - node 0 of several only
+        from xl.launcher.supervisor.hub import ended, joined, never_joined  # noqa: PLC0415 - node 0 of several only
+
+        hub = self.hub
+        assert hub is not None
+        self.env = envcheck.Judge(envcheck.gather_here(hub.journal.record))
+        deadline = time.monotonic() + hub.timeout
+        while len(joined(hub.nodes)) < hub.nnodes - 1 and time.monotonic() < deadline:
+            if stop_came(_ENV_POLL_S):  # the loop ends the run as stopped
+                never = [n for n in range(1, hub.nnodes) if n not in joined(hub.nodes)]
+                if not hub.never_said:  # said once, here or as the loop ends
+                    hub.never_said = True
+                    hub.journal.emit(never_joined(never))
+                return
+            hub.poll()
+        if not self._judge_env(port):
+            return
+        came, deadline = joined(hub.nodes), time.monotonic() + _ENV_TOLD_S
+        while not ended(hub.nodes, came) and time.monotonic() < deadline:  # they hear it first
+            stop_came(_ENV_POLL_S)
+            hub.poll()
+
+    def _judge_env(self, port: TelemetryPort) -> bool:
+        """Node 0's verdict on the fingerprints so far: the differences not said before become
+        events, run.json's and the run dir's records are brought up to date, and a new one that
+        breaks the run ends it (True)."""
+        from xl.launcher.multinode import envcheck  # noqa: PLC0415 - node 0 of several only
+        from xl.launcher.supervisor.hub import fingerprints  # noqa: PLC0415 - node 0 of several only
+
+        hub, judge = self.hub, self.env
+        assert hub is not None and judge is not None
+        verdict, prints, new = judge.run(fingerprints(hub.nodes), hub.nnodes)
+        for event in new:
+            hub.journal.emit(event)
+        hub.journal.record.update(**{envcheck.RECORD_KEY: verdict.to_json()})
+        hub.journal.changed()
+        try:
+            envcheck.write(hub.journal.run_dir, prints)
+        except OSError as exc:
+            say(f"the nodes' fingerprints could not be written: {exc}")
+        stops = any(e.severity == "stop" for e in new)
+        allowed = hub.journal.record.spec.get("allow_env_diff")
+        if not stops or allowed or hub.stopping.state is not None:
+            return False
+        failure = hub.cause.local(None, None, None, None, verdict.failure_message())
+        hub.cause.set(failure, time.time())
+        hub.stopping.begin(StopReason.FAILURE)
+        self.tell(port)
+        return True
+
     # ---------------------------------------------------------------- each turn
     def poll(self, port: TelemetryPort) -> bool:
         """What the other nodes (or node 0) said since the last turn; True when another node's
@@ -128,6 +203,10 @@ class Nodes:
         if self.hub is None:
             return False
         changed = self.hub.poll()
+        from xl.launcher.supervisor.hub import fingerprints  # noqa: PLC0415 - node 0 of several only
+
+        if self.env is not None and self.env.waiting(fingerprints(self.hub.nodes)):
+            self._judge_env(port)  # a node that joined late
         self.hub.check_nodes(port.rank_frames)
         return changed
 

@@ -152,9 +152,10 @@ def test_bad_node_contract_is_one_line_and_exit_2(
 
 
 def test_stopping_node_0_while_node_1_never_joined_is_prompt_and_says_so(tmp_path: Path) -> None:
-    """Node 0 waits in the rendezvous for a node 1 nobody started; `xl stop` ends it at once
-    (no wait for a node that has nothing to end), and the record says node 1 never joined,
-    not that it "had not reported the end of its part"."""
+    """Node 0 waits for a node 1 nobody started (to compare its environment before its
+    rendezvous starts); `xl stop` ends it at once (no wait for a node that has nothing to end),
+    and the record says node 1 never joined, not that it "had not reported the end of its
+    part"."""
     home = tmp_path / "home"
     (tmp_path / "mn.py").write_text(SCRIPT)
     argv = [
@@ -171,8 +172,8 @@ def test_stopping_node_0_while_node_1_never_joined_is_prompt_and_says_so(tmp_pat
     )
     try:
         run0 = wait_for(lambda: first_run(home), timeout=60, what="node 0's run")
-        wait_for(lambda: run_json(run0).get("torchrun_pid"), timeout=60, what="node 0's torchrun")
-        time.sleep(2)  # in the rendezvous
+        wait_for(lambda: (run0 / "collector.json").exists(), timeout=60, what="node 0's collector")
+        time.sleep(2)  # waiting for node 1
         asked = time.monotonic()
         stop = xl(["stop", run0.name], xl_env(home))
         took = time.monotonic() - asked

@@ -148,11 +148,6 @@ def test_node_0_takes_output_only_for_ranks_a_node_has(tmp_path: Path) -> None:
     run_dir = wait_run(home)
     link = None
     try:
-        sup = psutil.Process(
-            wait_for(
-                lambda: run_json(run_dir).get("supervisor_pid"), timeout=60, what="the supervisor"
-            )
-        )
         wait_for(
             lambda: (run_dir / "collector.json").exists(), timeout=60, what="node 0's collector"
         )
@@ -163,6 +158,12 @@ def test_node_0_takes_output_only_for_ranks_a_node_has(tmp_path: Path) -> None:
                 "type": "ranks",
                 "ranks": [{"rank": 1, "local_rank": 0, "state": "running", "pid": 4242}],
             }
+        )
+        # Node 0 starts its torchrun once every node joined (this one sent no fingerprint).
+        sup = psutil.Process(
+            wait_for(
+                lambda: run_json(run_dir).get("supervisor_pid"), timeout=60, what="the supervisor"
+            )
         )
         link.send({"type": "log", "rank": 1, "data": "rank 1 is real\n"})
         for rank in range(2, 25_002):  # made up: this node has rank 1 only

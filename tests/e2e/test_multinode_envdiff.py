@@ -1,0 +1,213 @@
+"""One environment across nodes, for real: two and three `xl launch` nodes on loopback
+(tests/support/twonodes.py's script, CPU/gloo ranks), one node given an environment of its own.
+
+A difference that breaks a run (an NCCL_SOCKET_IFNAME naming no interface there, another torch)
+stops the launch before any rank starts, naming that node, what it has, what the others have and
+the fix, on every node, exit 1; ``--allow-env-diff`` starts it anyway. A difference that slows or
+unsettles a run (an NCCL variable on one node only) is a warning and the run trains. Nodes that
+differ only in what does not matter (their XL_HOME, unrelated variables, NCCL_DEBUG) say nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from procs import XL, rdzv_port, run_json, wait_no_processes, xl_env
+from twonodes import SCRIPT, TOKEN, cleanup, finish, run_events
+
+pytestmark = pytest.mark.e2e
+
+# A torch as the doctor's probe reads it (torch/version.py, its dist-info, the NCCL wheel beside
+# it), put first on one node's PYTHONPATH: that node's ranks would import another torch.
+FAKE_TORCH_VERSION = "2.12.1+cu126"
+FAKE_NCCL = "2.26.2"
+
+
+def _fake_torch(site: Path) -> Path:
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("raise ImportError('a fake torch')\n")
+    (site / "torch" / "version.py").write_text(
+        f"__version__ = '{FAKE_TORCH_VERSION}'\ncuda = '12.6'\nhip = None\n"
+    )
+    (site / "torch-2.12.1.dist-info").mkdir()
+    (site / "torch-2.12.1.dist-info" / "METADATA").write_text(
+        f"Name: torch\nVersion: 2.12.1\nRequires-Dist: nvidia-nccl-cu12=={FAKE_NCCL}\n"
+    )
+    (site / f"nvidia_nccl_cu12-{FAKE_NCCL}.dist-info").mkdir()
+    return site
+
+
+def _start(
+    tmp_path: Path, envs: list[dict[str, str]], *extra: str, steps: str = "3"
+) -> tuple[list[subprocess.Popen[str]], list[Path]]:
+    """Every node's `xl launch --no-tui` at once (each its own XL_HOME), one CPU rank each."""
+    (tmp_path / "mn.py").write_text(SCRIPT)
+    rdzv = f"127.0.0.1:{rdzv_port()}"
+    homes = [tmp_path / f"node{n}" for n in range(len(envs))]
+    procs = []
+    for node, (home, own) in enumerate(zip(homes, envs, strict=True)):
+        argv = [
+            *XL,
+            "launch",
+            "--no-tui",
+            "--nnodes",
+            str(len(envs)),
+            "--node-rank",
+            str(node),
+            "--rdzv",
+            rdzv,
+            "--nproc",
+            "1",
+            *extra,
+            "mn.py",
+        ]
+        env = xl_env(home, XL_TOKEN=TOKEN, MN_WORLD=str(len(envs)), MN_STEPS=steps, **own)
+        procs.append(
+            subprocess.Popen(
+                argv,
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    return procs, homes
+
+
+def _run_dir(home: Path) -> Path:
+    [run_dir] = list((home / "runs").iterdir())
+    return run_dir
+
+
+def _diffs(run_dir: Path) -> list[dict[str, Any]]:
+    return [e for e in run_events(run_dir) if e["kind"] == "env_diff"]
+
+
+def _gone(homes: list[Path]) -> None:
+    for home in homes:
+        wait_no_processes(_run_dir(home), timeout=60)
+
+
+def test_an_interface_node_1_lacks_stops_the_launch_before_any_rank(tmp_path: Path) -> None:
+    procs, homes = _start(tmp_path, [{}, {"NCCL_SOCKET_IFNAME": "=xlnosuch9"}])
+    try:
+        (code0, out0), (code1, out1) = finish(procs, timeout=120)
+        assert (code0, code1) == (1, 1), out0 + out1
+        run0, run1 = _run_dir(homes[0]), _run_dir(homes[1])
+        [diff] = _diffs(run0)
+        assert diff["node"] == 1 and diff["field"] == "nccl_ifaces", diff
+        assert diff["severity"] == "stop" and diff["value"] == "" and diff["others"], diff
+        assert diff["fix"] == "unset NCCL_SOCKET_IFNAME", diff
+        # The variable's own value differs too, which alone would not matter: said once.
+        assert [d["field"] for d in _diffs(run0)] == ["nccl_ifaces"]
+        record = run_json(run0)
+        assert record["status"] == "failed" and record["env_check"]["diffs"] == [
+            {k: diff[k] for k in ("node", "host", "field", "value", "others", "severity", "fix")}
+        ]
+        prints = json.loads((run0 / "fingerprints.json").read_text())
+        assert sorted(prints) == ["0", "1"]
+        assert prints["1"]["ifname"] == "=xlnosuch9" and prints["0"]["ifname"] is None
+        # Node 0 says which node, what it has and the fix, and why the run ended; node 1 too.
+        assert "node 1 (" in out0 and "fix there: unset NCCL_SOCKET_IFNAME" in out0, out0
+        assert "--allow-env-diff" in out0 and "--allow-env-diff" in out1, out1
+        assert "node 1 (" in out1, out1
+        # No rank started anywhere: node 0 decided before its torchrun (the rendezvous) began.
+        for run_dir in (run0, run1):
+            assert not list((run_dir / "ranks").glob("rank-*.json")), run_dir
+            assert "rank_started" not in {e["kind"] for e in run_events(run_dir)}
+        _gone(homes)
+    finally:
+        cleanup((homes[0], homes[1]), procs)
+
+
+def test_allow_env_diff_starts_the_run_anyway(tmp_path: Path) -> None:
+    procs, homes = _start(tmp_path, [{}, {"NCCL_SOCKET_IFNAME": "=xlnosuch9"}], "--allow-env-diff")
+    try:
+        (code0, out0), (code1, out1) = finish(procs, timeout=180)
+        assert (code0, code1) == (0, 0), out0 + out1  # gloo does not read NCCL_SOCKET_IFNAME
+        run0 = _run_dir(homes[0])
+        assert [(d["node"], d["severity"]) for d in _diffs(run0)] == [(1, "stop")]
+        assert "fix there: unset NCCL_SOCKET_IFNAME" in out0, out0
+        assert run_json(run0)["status"] == "succeeded"
+        _gone(homes)
+    finally:
+        cleanup((homes[0], homes[1]), procs)
+
+
+def test_an_nccl_variable_on_one_node_only_warns_and_the_run_trains(tmp_path: Path) -> None:
+    procs, homes = _start(tmp_path, [{"NCCL_IB_DISABLE": "1"}, {}])
+    try:
+        (code0, out0), (code1, out1) = finish(procs, timeout=180)
+        assert (code0, code1) == (0, 0), out0 + out1
+        run0 = _run_dir(homes[0])
+        # With two nodes the others' value is node 0's (a tie): node 1 lacks the variable.
+        [diff] = _diffs(run0)
+        assert (diff["node"], diff["field"], diff["severity"]) == (1, "env.NCCL_IB_DISABLE", "warn")
+        assert (diff["value"], diff["others"], diff["fix"]) == (
+            None,
+            "1",
+            "export NCCL_IB_DISABLE=1",
+        )
+        assert "node 1 (" in out0 and "NCCL_IB_DISABLE unset where the others have 1" in out0
+        assert run_json(run0)["status"] == "succeeded"
+        _gone(homes)
+    finally:
+        cleanup((homes[0], homes[1]), procs)
+
+
+def test_three_nodes_one_with_another_torch_is_named_alone(tmp_path: Path) -> None:
+    """Node 2's ranks would import another torch (its PYTHONPATH): node 2 is named with torch's
+    version, its CUDA and its NCCL, each with the others' and the fix; nodes 0 and 1, alike
+    though their unrelated variables and XL_HOME differ, are not named."""
+    site = _fake_torch(tmp_path / "site")
+    envs = [{"XL_SOMETHING": "a"}, {"NCCL_DEBUG": "INFO"}, {"PYTHONPATH": str(site)}]
+    procs, homes = _start(tmp_path, envs)
+    try:
+        results = finish(procs, timeout=120)
+        assert [code for code, _ in results] == [1, 1, 1], results
+        out0 = results[0][1]
+        run0 = _run_dir(homes[0])
+        diffs = _diffs(run0)
+        assert {d["node"] for d in diffs} == {2}, diffs
+        by_field = {d["field"]: d for d in diffs}
+        torch = by_field["torch"]
+        assert torch["value"] == FAKE_TORCH_VERSION and torch["severity"] == "stop", torch
+        assert torch["others"].startswith("2.13"), torch
+        assert "-m pip install --force-reinstall torch==" in torch["fix"], torch
+        assert "--index-url https://download.pytorch.org/whl/cpu" in torch["fix"], torch
+        cuda = by_field["torch_cuda"]
+        assert (cuda["value"], cuda["others"], cuda["severity"]) == ("12.6", None, "stop")
+        # Its NCCL is not compared: the others' CPU torch loads none.
+        assert "nccl" not in by_field
+        # The failure that ends the launch has one line per odd node: node 2 alone.
+        said = run_json(run0)["failure"]["message"]
+        assert said.count("differs [stops the run]") == 1 and "node 2 (" in said, said
+        assert "node 0 (" not in out0 and "node 1 (" not in out0, out0
+        assert "node 2 (" in results[1][1] and "node 2 (" in results[2][1], results
+        _gone(homes)
+    finally:
+        cleanup((homes[0], homes[1]), procs)
+        for home in homes[2:]:
+            cleanup((home, home))
+
+
+def test_nodes_that_differ_in_nothing_that_matters_say_nothing(tmp_path: Path) -> None:
+    procs, homes = _start(
+        tmp_path,
+        [{"XL_SOMETHING": "a", "NCCL_DEBUG": "WARN"}, {"OTHER_VAR": "b", "NCCL_DEBUG": "INFO"}],
+    )
+    try:
+        (code0, out0), (code1, out1) = finish(procs, timeout=180)
+        assert (code0, code1) == (0, 0), out0 + out1
+        run0 = _run_dir(homes[0])
+        assert _diffs(run0) == [] and run_json(run0)["env_check"]["diffs"] == []
+        assert run_json(run0)["env_check"]["compared"] == [0, 1]
+        assert "differs" not in out0 and "where the others have" not in out0, out0
+        _gone(homes)
+    finally:
+        cleanup((homes[0], homes[1]), procs)
