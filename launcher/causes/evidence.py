@@ -30,6 +30,7 @@ class Evidence:
     hang: str | None = None  # xl's own hang verdict, when it said one
     vanished: bool = False  # gone without a word (a signal xl did not send)
     cgroup: str | None = None  # the run's memory cgroup, when it has one (its OOM kills)
+    died_at: float | None = None  # unix time it was last seen alive (None: now)
 
 
 def rerun(ev: Evidence, env: str) -> str | None:

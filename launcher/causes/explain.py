@@ -30,6 +30,8 @@ from xl.launcher.causes.gpu import gpu_cause, shm_cause, shm_small
 from xl.launcher.rundir.outcome import Cause, CauseKind
 
 _SIGNALS = {-signal.SIGSEGV: "Segmentation fault", -signal.SIGBUS: "Bus error"}
+OOM_LOG_S = 0.3  # after a SIGKILL, the longest the OOM killer's line is waited for (the kernel
+# logs it right after sending the signal, in the same call)
 # Most specific first: a CUDA error's own words before the generic one, NCCL's shared memory and
 # CUDA failures before NCCL's error.
 _GPU_READERS = (
@@ -60,9 +62,9 @@ def explain(ev: Evidence, doctor: Doctor | None = None, kernel: list[str] | None
         return cause(
             found, f"the script refused its command line: {found.facts['message']}", _help(ev)
         )
-    found = _python_kinds(ev, said, doctor, kernel)
-    if found is not None:
-        return found
+    python = _python_kinds(ev, said, doctor, kernel)
+    if python is not None:
+        return python
     for read in _GPU_READERS:
         hit = read(said)
         if hit is not None:
@@ -94,11 +96,13 @@ def _signal(
         oom = host.oom_kill(ev.pids, kernel) if ev.pids else None
         # The OOM killer sends its SIGKILL before it logs "Killed process": on a busy machine the
         # rank can be dead and reaped first. A SIGKILL the log does not explain yet is looked
-        # for again for a second before it is called a kill from outside.
-        for _ in range(5 if read_here and code == -signal.SIGKILL and ev.pids else 0):
-            if oom is not None:
+        # for again until OOM_LOG_S after the death before it is called a kill from outside (a
+        # death found later costs no wait: the run's end waits for this).
+        until = (ev.died_at or time.time()) + OOM_LOG_S
+        while oom is None and read_here and code == -signal.SIGKILL and ev.pids:
+            if time.time() >= until:
                 break
-            time.sleep(0.2)
+            time.sleep(0.1)
             oom = host.oom_kill(ev.pids, host.kernel_lines())
         if oom is not None:
             return _host_oom(oom, ev)

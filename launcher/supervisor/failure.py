@@ -4,10 +4,12 @@
 The first rank to die is the cause; the ranks that die after it (their peers are gone) are not.
 A failed rank makes a *suspect* at once (the loop starts the stop), and the cause is *decided*
 when the facts are in, within a few seconds:
-- a rank gone without a word (killed: no exit record) waits for torchrun's summary, which names
-  the signal; it died when it was last seen alive, so it beats the ranks whose collectives then
-  broke ("Connection reset by peer", gloo's "Connection closed by peer", NCCL's remote errors, a
-  watchdog's timeout): such a peer's loss is never the cause while a rank that died is known;
+- a rank gone without a word (killed: no exit record) waits for its signal (its zombie,
+  torchrun's first report or its summary): the failure is decided with it, so its one event and
+  run.json say the same exit; it died when it was last seen alive, so it beats the ranks whose
+  collectives then broke ("Connection reset by peer", gloo's "Connection closed by peer", NCCL's
+  remote errors, a watchdog's timeout): such a peer's loss is never the cause while a rank that
+  died is known;
 - ranks torchrun itself ended ("Sending process N closing signal") and ranks xl stopped are
   not causes.
 Why: ``xl.launcher.causes`` reads the rank's error, its last lines, its signal and the kernel's
@@ -52,6 +54,8 @@ _OBSERVED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d
 # decided with what is known: torchrun reports within its monitor interval (0.1 s) of a rank's
 # end, and the stop that the first failure starts ends the others within the stop's grace.
 DECIDE_S = 5.0
+# The longest a failure waits for the signal of a rank gone without a word, while torchrun lives.
+UNKNOWN_EXIT_S = 2 * DECIDE_S
 
 
 def tail(path: Path, lines: int, limit: int, skip_blank: bool = False) -> list[str]:
@@ -74,6 +78,14 @@ class RootCause:
         self.at: float | None = None
         self.remote = False  # another node's failure, adopted: not sent back
         self.suspected_at: float | None = None  # a rank failed; the cause is not decided yet
+        # Told once the ranks' states are decided, before the failure event (``Lifecycle`` says
+        # the ends it held back).
+        self.on_decided: Callable[[], None] = lambda: None
+
+    @property
+    def deciding(self) -> bool:
+        """A rank failed and which rank is the cause is not decided yet."""
+        return self.suspected_at is not None and self.failure is None
 
     def to_json(self) -> dict[str, Any] | None:
         return self.failure.to_json() if self.failure is not None else None
@@ -88,6 +100,7 @@ class RootCause:
         sent to node 0."""
         self.failure, self.at = failure, at
         self.suspected_at = None
+        self.on_decided()
         self.journal.changed()
         self.journal.emit(FailureEvent(failure))
         if not self.remote:
@@ -106,15 +119,14 @@ class RootCause:
         run's end); None while it waits, or when nothing is to blame."""
         if self.suspected_at is None or self.failure is not None:
             return None
-        self._codes_of_the_gone(ranks)
-        closed = self._closed_by_torchrun() if torchrun_code is not None or final else frozenset()
+        self.codes_of_the_gone(ranks)
+        closed = self._closed_by_torchrun()
         if not final and not self._ready(ranks, torchrun_code, drain, closed):
             return None
         self.suspected_at = None
-        if torchrun_code is not None or final:
-            self._codes_from_torchrun(ranks)
         suspects = self._suspects(ranks, closed)
         if not suspects:
+            self.on_decided()
             return None
         root = min(suspects, key=lambda st: self._order(st, drain))
         for st in ranks:  # one rank failed; the others that ended ended because of it
@@ -124,15 +136,21 @@ class RootCause:
 
     def _ready(self, ranks: Ranks, torchrun_code: int | None, drain: Callable[[int], None],
                closed: frozenset[int]) -> bool:
-        if torchrun_code is not None or time.monotonic() - (self.suspected_at or 0.0) >= DECIDE_S:
+        if torchrun_code is not None:
+            return True
+        waited = time.monotonic() - (self.suspected_at or 0.0)
+        suspects = self._suspects(ranks, closed)
+        if any(st.exit_code is None for st in suspects):
+            # Gone without a word: torchrun's report will name its signal (it reports within
+            # its monitor interval, and ends once its ranks have). Decided with its signal, so
+            # the failure event and run.json say the same exit.
+            return waited >= UNKNOWN_EXIT_S
+        if waited >= DECIDE_S:
             return True
         from xl.launcher import runprocs  # noqa: PLC0415 - already loaded by the ranks' table; named here for its alive()
 
         if any(not st.done and st.pid is not None and not runprocs.alive(st.pid) for st in ranks):
             return False  # a rank died and was not looked at yet: the next turn finds it
-        suspects = self._suspects(ranks, closed)
-        if any(st.exit_code is None for st in suspects):
-            return False  # gone without a word: torchrun's summary will name its signal
         # Only ranks that lost a peer so far: the peer that died is found soon.
         return not suspects or not all(self._peer_lost(st, drain) for st in suspects)
 
@@ -220,6 +238,7 @@ class RootCause:
             hang=latest_hang(self.run_dir),
             vanished=st.vanished,
             cgroup=getattr(record, "cgroup", None),  # the run's own, where one was made
+            died_at=(st.alive_at if st.vanished else None) or st.ended_at,
         )
         # The doctor asks about the ranks' interpreter and environment (what xl added to it).
         env = {**os.environ, **record.env}
@@ -293,17 +312,18 @@ class RootCause:
             return
         self._codes_from_torchrun(ranks)
 
-    @staticmethod
-    def _codes_of_the_gone(ranks: Ranks) -> None:
+    def codes_of_the_gone(self, ranks: Ranks) -> None:
         """The signal of a rank gone without an exit record, while it can still be read: its
-        zombie (torchrun has not reaped it yet), or its exit once this subreaper reaped it
-        (torchrun died first)."""
+        zombie (torchrun has not reaped it yet), its exit once this subreaper reaped it
+        (torchrun died first), or torchrun's own report of it."""
         from xl.launcher.causes.host import zombie_exit  # noqa: PLC0415 - a failure only: not on the path to torchrun
 
         for st in ranks:
             if st.vanished and st.exit_code is None and st.pid is not None:
                 code = zombie_exit(st.pid)
                 st.exit_code = code if code is not None else ranks.reparented.get(st.pid)
+        if any(st.vanished and st.exit_code is None for st in ranks):
+            self._codes_from_torchrun(ranks)
 
     def _codes_from_torchrun(self, ranks: Ranks) -> None:
         text = self._torchrun_text()
@@ -327,17 +347,6 @@ class RootCause:
                 st.state = rank_outcome(code, stopped=False)
                 if self.failure is None and self.suspected_at is None:
                     self.suspected_at = time.monotonic()
-        failure = self.failure
-        if (failure is not None and failure.exit_code is None and failure.rank is not None
-                and failure.node_rank == self.node_rank):
-            # Decided before torchrun's summary (it took longer than DECIDE_S): its signal now,
-            # in run.json only (the event was written once, when it was decided).
-            st = ranks.get(int(failure.rank))
-            if st is not None and st.exit_code is not None:
-                failure.exit_code = st.exit_code
-                failure.message = f"rank {st.rank} failed first: {what_of(st)}"
-                failure.cause = self._explain(st, self._log_lines(st.rank))
-                self.journal.changed()
 
     def _closed_by_torchrun(self) -> frozenset[int]:
         """The pids torchrun itself sent its closing signal (after another rank's failure)."""

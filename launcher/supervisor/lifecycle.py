@@ -2,6 +2,11 @@
 suspect and the stop.
 
 ``Ranks`` finds what changed (``RankChange``); the loop hands the changes here, in their order.
+A rank's end is said (its ``rank_exited`` event, the live line people read) once it is known:
+a rank gone without a word waits for its exit code (its zombie, torchrun's report), and while a
+failure is being decided every end waits for the decision, so the rank that failed first is
+"failed" and the others are what they are, in every place, whatever order they were found in
+(docs/launch.md, "Why a rank died").
 ``--max-restarts N``: torchrun restarts every rank of the node after a failure, N times at most.
 While it has restarts left a failed rank is no cause and starts no stop; its next process is
 attempt k (``restarted`` event, ``attempt`` in run.json). The run fails when torchrun gives up.
@@ -10,7 +15,7 @@ attempt k (``restarted`` event, ``attempt`` in run.json). The run fails when tor
 from __future__ import annotations
 
 from xl.launcher.rundir.events import RankExited, RankStarted, Restarted
-from xl.launcher.rundir.outcome import RankPhase
+from xl.launcher.rundir.outcome import RankPhase, rank_outcome
 from xl.launcher.rundir.record import RunRecord
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal
@@ -35,11 +40,14 @@ class Lifecycle:
         self.cause, self.stopping = cause, stopping
         self.attempt = 0  # torchrun's restarts so far (the highest attempt any rank reached)
         self.restart_reason: str | None = None  # the failure that will make torchrun restart
+        self.held: list[RankState] = []  # ended; their end is said once it is known
+        cause.on_decided = self.say_held  # the decision's states, before its failure event
 
     def act(self, changes: list[RankChange]) -> bool:
         """Act on ``changes`` in their order; True when a rank started or ended (telemetry's
         set of ranks is told again)."""
         told = False
+        self._say_known()
         for change in changes:
             self.journal.changed()
             st = change.st
@@ -74,7 +82,13 @@ class Lifecycle:
             when,
             stopped=st.signalled is not None or (stop is not None and stop.explains(code)),
         )
-        self.journal.emit(RankExited(st.rank, code, describe_end(st)))
+        self._judge(st)
+        self.held.append(st)
+        self._say_known()
+
+    def _judge(self, st: RankState) -> None:
+        """What ``st``'s end means for the run: a restart to come, or a failure (suspected now,
+        decided by ``RootCause.decide``; the stop begins at once)."""
         if (
             st.state is not RankPhase.FAILED
             or self.cause.failure is not None
@@ -90,6 +104,36 @@ class Lifecycle:
         # Which rank is the cause is decided once its facts are in (RootCause.decide, each turn).
         self.cause.suspect(st)
         self.stopping.begin(StopReason.FAILURE)
+
+    def _say_known(self) -> None:
+        """Say the held ends that are known: none while a failure is being decided; a rank gone
+        without a word once its exit code is read (or torchrun, which would say it, is gone)."""
+        if not self.held or self.cause.deciding:
+            return
+        if any(st.exit_code is None for st in self.held) and self.torchrun.code is None:
+            self.cause.codes_of_the_gone(self.ranks)
+        for st in list(self.held):
+            if st.exit_code is None and self.torchrun.code is None:
+                continue
+            self.held.remove(st)
+            # Its outcome by the one rule, with what is known now (its code may have come
+            # later; a failure decided before it ended is another rank's).
+            stop, failure = self.stopping.state, self.cause.failure
+            stopped = st.signalled is not None or (
+                stop is not None and stop.explains(st.exit_code)
+            )
+            blamed = failure is None or (
+                failure.rank == st.rank and failure.node_rank == st.node_rank
+            )
+            st.state = rank_outcome(st.exit_code, stopped=stopped, blamed=blamed)
+            self.journal.emit(RankExited(st.rank, st.exit_code, describe_end(st)))
+
+    def say_held(self) -> None:
+        """The failure is decided (its states set): every held end is said, in the order the
+        ranks were found, before the failure event."""
+        held, self.held = self.held, []
+        for st in held:
+            self.journal.emit(RankExited(st.rank, st.exit_code, describe_end(st)))
 
     def _restarted(self, st: RankState) -> None:
         """torchrun started ``st`` again: its first rank of a new attempt announces the restart."""

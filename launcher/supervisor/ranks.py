@@ -62,9 +62,10 @@ def describe_exit(rank: int, code: int | None) -> str:
 
 
 def describe_end(st: RankState) -> str:
-    """A rank's end as the rank table shows it: a rank xl stopped reads "stopped (-15)", not
-    "exit code unknown" (its exit code may come later, from torchrun)."""
-    if st.state is RankPhase.STOPPED:
+    """A rank's end as the rank table shows it: a rank xl stopped (it sent it a signal) reads
+    "stopped (-15)"; any other rank its exit ("was killed by SIGKILL", "exited with code 1"),
+    never "stopped": xl did not stop it, whatever its outcome in the table."""
+    if st.state is RankPhase.STOPPED and st.signalled is not None:
         code = (
             st.exit_code if st.exit_code is not None else (-st.signalled if st.signalled else None)
         )
@@ -360,9 +361,19 @@ class Ranks:
             self._scan()
             if not st.done and not self._ending(st):
                 st.vanished = True
-                code = -st.signalled if st.signalled is not None else None
-                self._changes.append(RankChange(Change.ENDED, st, code))
+                self._changes.append(RankChange(Change.ENDED, st, self._code_of_gone(st)))
         return self._take()
+
+    def _code_of_gone(self, st: RankState) -> int | None:
+        """How a rank gone without a record ended, while that can still be read: its zombie
+        (torchrun has not reaped it yet), else the signal xl sent it; None: torchrun's log will
+        say (``RootCause``)."""
+        from xl.launcher.causes.host import zombie_exit  # noqa: PLC0415 - a rank gone without a word only
+
+        code = zombie_exit(st.pid) if st.pid is not None else None
+        if code is None and st.signalled is not None:
+            code = -st.signalled
+        return code
 
     def reap(self, torchrun: Torchrun) -> bool:
         """Collect ended children; True when torchrun was one of them.

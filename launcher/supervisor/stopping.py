@@ -27,6 +27,13 @@ if TYPE_CHECKING:
     from xl.launcher.supervisor.torchrun import Torchrun
 
 DEFAULT_GRACE_S = 10.0
+# After the grace's SIGKILL of the ranks, torchrun's own: this much later, so that it reaps them
+# and says how each ended (how a rank gone without a word died is only in its report).
+TORCHRUN_AFTER_S = 1.0
+# A failure's stop: how long a rank in its teardown whose own error is the loss of a peer that
+# died is let go on before SIGKILL (xl's entry lets SIGTERM pass in teardown, so that a rank's own
+# failure prints whole; torchrun's SIGTERM would end this one at once).
+TEARDOWN_S = 0.2
 
 
 def grace_from_env() -> float:
@@ -44,7 +51,10 @@ class StopReason(str, Enum):
 class Stop:
     reason: StopReason
     since: float  # monotonic
-    killed: bool = False  # the grace ran out: SIGKILL was sent
+    killed: bool = False  # the grace ran out: SIGKILL was sent to the ranks
+    killed_at: float = 0.0  # monotonic, when it was
+    torchrun_killed: bool = False  # TORCHRUN_AFTER_S later: SIGKILL to torchrun too
+    cut: set[int] = field(default_factory=set)  # pids of the teardowns it ended (TEARDOWN_S)
     extra: list[int] = field(default_factory=list)  # processes of the run that never reported
 
     def explains(self, code: int | None) -> bool:
@@ -130,16 +140,45 @@ class Stopping:
             st.signal(signal.SIGKILL if self.state.killed else signal.SIGTERM)
 
     def advance(self) -> None:
-        """SIGKILL for everything left once the grace has passed."""
-        if self.state is None or self.state.killed:
+        """SIGKILL for every rank left once the grace has passed; for torchrun a moment later
+        (``TORCHRUN_AFTER_S``), if it has not ended by then."""
+        stop = self.state
+        if stop is None or stop.torchrun_killed:
             return
-        if time.monotonic() - self.state.since < self.grace:
+        now = time.monotonic()
+        if not stop.killed:
+            if stop.reason is StopReason.FAILURE and now - stop.since >= TEARDOWN_S:
+                self._cut_teardowns(stop)
+            if now - stop.since < self.grace:
+                return
+            stop.killed, stop.killed_at = True, now
+            for st in self.ranks:
+                st.signal(signal.SIGKILL)
+            runprocs.kill_all(stop.extra + self._unknown_pids())
+        if now - stop.killed_at >= TORCHRUN_AFTER_S:
+            stop.torchrun_killed = True
+            self.torchrun.signal(signal.SIGKILL)
+
+    def _cut_teardowns(self, stop: Stop) -> None:
+        """A rank whose script ended with the loss of a peer (its collective broke) while that
+        peer died of its own, and whose process still tears down: ended now, as torchrun's
+        closing signal ends it, not at the grace's end (it has nothing left to save)."""
+        from xl.launcher.causes.words import peer_loss  # noqa: PLC0415 - a failure only
+
+        def lost_peer(st: RankState) -> bool:
+            return peer_loss(f"{st.error or ''}\n{st.traceback or ''}") is not None
+
+        died = any(
+            st.done and (st.vanished or st.exit_code not in (0, None)) and not lost_peer(st)
+            for st in self.ranks
+        )
+        if not died:
             return
-        self.state.killed = True
         for st in self.ranks:
-            st.signal(signal.SIGKILL)
-        runprocs.kill_all(self.state.extra + self._unknown_pids())
-        self.torchrun.signal(signal.SIGKILL)
+            if (st.done and not st.vanished and st.exit_code not in (0, None)
+                    and st.pid is not None and st.pid not in stop.cut and lost_peer(st)):
+                stop.cut.add(st.pid)
+                st.signal(signal.SIGKILL)
 
     def leftovers(self, signalled: bool) -> bool:
         """Kill any process still carrying this run's id, or descending from this supervisor;

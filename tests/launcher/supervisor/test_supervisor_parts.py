@@ -13,6 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from fakeranks import end_rank as _end
+from fakeranks import events as _events
+from fakeranks import fake_rank as _fake_rank
+from fakeranks import unit_run_dir as _unit_run_dir
 from procs import run_json, wait_for
 
 from xl.launcher.rundir import record as run_record
@@ -23,53 +27,6 @@ from xl.launcher.supervisor.logsink import LogSink
 from xl.launcher.supervisor.loop import Supervisor
 from xl.launcher.supervisor.ranks import Change, Ranks
 from xl.launcher.supervisor.stopping import StopReason, grace_from_env
-
-
-def _unit_run_dir(tmp_path: Path, nproc: int = 2, grace: float = 0.3) -> Path:
-    """A run dir as start_run leaves it, for a supervisor that is never started."""
-    run_dir = tmp_path / "run"
-    (run_dir / "ranks").mkdir(parents=True)
-    (run_dir / "logs").mkdir()
-    record = {
-        "run_id": f"unit-{os.getpid()}-{time.monotonic_ns()}",
-        "name": "unit",
-        "status": "running",
-        "nnodes": 1,
-        "node_rank": 0,
-        "nproc_per_node": nproc,
-        "world_size": nproc,
-        "host": "here",
-        "ended_at": None,
-        "grace_s": grace,
-        "ranks": [],
-        "failure": None,
-    }
-    (run_dir / "run.json").write_text(json.dumps(record))
-    return run_dir
-
-
-def _fake_rank(ignore_term: bool = False) -> subprocess.Popen[str]:
-    """A process that sleeps like a rank at work, in its own session as torchrun starts ranks."""
-    body = "import signal, time\n"
-    if ignore_term:
-        body += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-    body += "print('ready', flush=True)\ntime.sleep(60)\n"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", body], stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
-    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-    return proc
-
-
-def _end(proc: subprocess.Popen[str]) -> None:
-    proc.kill()
-    proc.wait(5)
-    if proc.stdout is not None:
-        proc.stdout.close()
-
-
-def _events(run_dir: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
 def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(
@@ -190,14 +147,14 @@ def test_torchrun_summary_names_the_rank_that_really_failed(tmp_path: Path) -> N
     rank1.end(None, 101.0, stopped=True)  # found while the stop was under way
     rank0.alive_at, rank1.alive_at = 100.0, 99.0
     cause.suspect(rank0)
+    # gone without a word: their signals first (torchrun's report has not come)
+    assert cause.decide(ranks, None, lambda rank: None) is None and cause.deciding
     (run_dir / "logs" / "torchrun.log").write_text(
         "Sending process 1000 closing signal SIGTERM\n"
         "Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 1001)\n"
         "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode "
         " : -15 (pid: 1000)\n"
     )
-    # gone without a word: torchrun's summary first
-    assert cause.decide(ranks, None, lambda rank: None) is None
     failure = cause.decide(ranks, 1, lambda rank: None)
     assert failure is not None and cause.failure is failure
     assert (failure.rank, failure.exit_code) == (1, -6)
