@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import XL, rdzv_port, run_json, wait_no_processes, xl_env
+from procs import XL, first_run, rdzv_port, run_json, wait_for, wait_no_processes, xl_env
 from twonodes import SCRIPT, TOKEN, cleanup, finish, run_events
 
 pytestmark = pytest.mark.e2e
@@ -208,6 +208,43 @@ def test_nodes_that_differ_in_nothing_that_matters_say_nothing(tmp_path: Path) -
         assert _diffs(run0) == [] and run_json(run0)["env_check"]["diffs"] == []
         assert run_json(run0)["env_check"]["compared"] == [0, 1]
         assert "differs" not in out0 and "where the others have" not in out0, out0
+        _gone(homes)
+    finally:
+        cleanup((homes[0], homes[1]), procs)
+
+
+def test_a_node_that_joins_after_node_0_stopped_waiting_is_judged_as_it_comes(
+    tmp_path: Path,
+) -> None:
+    """Node 0 waits XL_NODE_TIMEOUT (3 s here) for the nodes, then starts its rendezvous; node 1,
+    started later with an interface it lacks, is judged as its link comes, before any rank of
+    the run starts, and the launch ends on both nodes."""
+    (tmp_path / "mn.py").write_text(SCRIPT)
+    rdzv = f"127.0.0.1:{rdzv_port()}"
+    homes = [tmp_path / "node0", tmp_path / "node1"]
+
+    def launch(node: int, **own: str) -> subprocess.Popen[str]:
+        argv = [
+            *XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv,
+            "--nproc", "1", "mn.py",
+        ]
+        return subprocess.Popen(
+            argv, env=xl_env(homes[node], XL_TOKEN=TOKEN, **own), cwd=tmp_path,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    procs = [launch(0, XL_NODE_TIMEOUT="3")]
+    try:
+        run0 = wait_for(lambda: first_run(homes[0]), timeout=60, what="node 0's run")
+        wait_for(lambda: run_json(run0).get("torchrun_pid"), timeout=60, what="node 0's torchrun")
+        procs.append(launch(1, NCCL_SOCKET_IFNAME="=xlnosuch9"))
+        (code0, out0), (code1, out1) = finish(procs, timeout=120)
+        assert (code0, code1) == (1, 1), out0 + out1
+        [diff] = _diffs(run0)
+        assert (diff["node"], diff["field"], diff["severity"]) == (1, "nccl_ifaces", "stop")
+        assert "fix there: unset NCCL_SOCKET_IFNAME" in out0 and "--allow-env-diff" in out1
+        for run_dir in (run0, _run_dir(homes[1])):
+            assert not list((run_dir / "ranks").glob("rank-*.json")), run_dir
         _gone(homes)
     finally:
         cleanup((homes[0], homes[1]), procs)
