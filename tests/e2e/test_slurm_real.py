@@ -247,6 +247,9 @@ def test_real_salloc_two_nodes(tmp_path: Path, cluster: dict[str, str]) -> None:
     assert proc.returncode == 0, output[-3000:]
     assert "rendezvous at 127.0.0.1:" in output  # the first node's NodeAddr, from scontrol
     runs = _check_two_node_run(tmp_path / "home", output)
+    # Node 0 compared both nodes' environments before the ranks started: alike, so not a word.
+    assert run_json(runs[0])["env_check"]["compared"] == [0, 1], run_json(runs[0])
+    assert run_json(runs[0])["env_check"]["diffs"] == [] and "differs" not in output
     _assert_nothing_left(runs, env)
 
 
