@@ -30,10 +30,6 @@ DEFAULT_GRACE_S = 10.0
 # After the grace's SIGKILL of the ranks, torchrun's own: this much later, so that it reaps them
 # and says how each ended (how a rank gone without a word died is only in its report).
 TORCHRUN_AFTER_S = 1.0
-# A failure's stop: how long a rank in its teardown whose own error is the loss of a peer that
-# died is let go on before SIGKILL (xl's entry lets SIGTERM pass in teardown, so that a rank's own
-# failure prints whole; torchrun's SIGTERM would end this one at once).
-TEARDOWN_S = 0.2
 
 
 def grace_from_env() -> float:
@@ -54,7 +50,7 @@ class Stop:
     killed: bool = False  # the grace ran out: SIGKILL was sent to the ranks
     killed_at: float = 0.0  # monotonic, when it was
     torchrun_killed: bool = False  # TORCHRUN_AFTER_S later: SIGKILL to torchrun too
-    cut: set[int] = field(default_factory=set)  # pids of the teardowns it ended (TEARDOWN_S)
+    cut: set[int] = field(default_factory=set)  # pids of the teardowns it ended at once
     extra: list[int] = field(default_factory=list)  # processes of the run that never reported
 
     def explains(self, code: int | None) -> bool:
@@ -147,7 +143,7 @@ class Stopping:
             return
         now = time.monotonic()
         if not stop.killed:
-            if stop.reason is StopReason.FAILURE and now - stop.since >= TEARDOWN_S:
+            if stop.reason is StopReason.FAILURE:
                 self._cut_teardowns(stop)
             if now - stop.since < self.grace:
                 return
@@ -162,7 +158,9 @@ class Stopping:
     def _cut_teardowns(self, stop: Stop) -> None:
         """A rank whose script ended with the loss of a peer (its collective broke) while that
         peer died of its own, and whose process still tears down: ended now, as torchrun's
-        closing signal ends it, not at the grace's end (it has nothing left to save)."""
+        closing signal ends it, not at the grace's end (it has nothing left to save). xl's entry
+        lets a stop's SIGTERM pass in a rank's teardown so that a rank's own failure prints
+        whole; that one keeps its teardown until the grace."""
         from xl.launcher.causes.words import peer_loss  # noqa: PLC0415 - a failure only
 
         def lost_peer(st: RankState) -> bool:
