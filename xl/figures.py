@@ -183,6 +183,10 @@ FIGURES: tuple[Figure, ...] = (
     Figure("xid", "sys", "", None, None, "the GPU's last XID"),
     Figure("xid_t", "sys", "s", None, None, "unix time the last XID was read"),
     Figure("rss_mib", "sys", "MiB", "rss_mib", None, "resident memory"),
+    Figure(
+        "cgroup_mem_mib", "sys", "MiB", None, None, "the run's processes on the node, together"
+    ),
+    Figure("cgroup_mem_limit_mib", "sys", "MiB", None, None, "the run's --memory-limit"),
     Figure("cpu_pct", "sys", "%", "cpu_pct", None, "CPU, percent of one core, with its children"),
     Figure("cuda_alloc_mib", "sys", "MiB", "cuda_alloc_mib", None, "torch's allocated CUDA memory"),
     Figure(

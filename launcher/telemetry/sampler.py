@@ -8,6 +8,9 @@ LOCAL_RANK and CUDA_VISIBLE_DEVICES (read from /proc/<pid>/environ).
 A rank's memory (docs/contracts.md, ``sys`` lines): ``mem_mib`` its footprint, PSS over its
 process and its children without xl's relay; ``rss_mib`` its own process's RSS;
 ``gpu_proc_mem_mib`` what its processes hold on its GPU; ``gpu_mem_used_mib`` the whole GPU's.
+Where the run has a cgroup with the memory controller (xl.cgroup), ``cgroup_mem_mib`` is what the
+kernel counts for every process of the run on this node together, and ``cgroup_mem_limit_mib``
+its ``--memory-limit``: the same on each of the node's ranks' lines.
 
 What holds the rank's GPU back (docs/contracts.md, ``sys`` lines: ``clock_event_reasons``,
 ``sm_clock_mhz`` ... ``xid_t``) comes from xl.gpu.clocks, which reads each GPU at most once a
@@ -21,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from xl import cgroup as xl_cgroup
 from xl.gpu import nvml
 from xl.launcher.rank.relay import RELAY_NAME
 from xl.procfs import cpu_rss, descendants, process_tree, pss, read_comm, read_environ
@@ -104,10 +108,13 @@ class Sampler:
         self,
         inventory: Callable[[], Any] | bool | None = True,
         clocks: Callable[[Sequence[int]], Mapping[int, Any]] | None = None,
+        cgroup: str | None = None,
     ) -> None:
         """``inventory``: True for NVML's (its clocks too), a callable for a fake one (tests;
-        ``clocks`` then gives each GPU index's xl.gpu.clocks.Clocks), None/False for none."""
+        ``clocks`` then gives each GPU index's xl.gpu.clocks.Clocks), None/False for none.
+        ``cgroup``: the run's on this node (run.json's), for its memory."""
         self._clocks = clocks
+        self._cgroup = cgroup
         self._real_nvml = inventory is True
         if inventory is True:
             self._inventory: Callable[[], Any] | None = _nvml_inventory
@@ -200,6 +207,7 @@ class Sampler:
         dead: list[int] = []
         live_pids: set[int] = set()
         tree = process_tree() if ranks else {}  # one scan of /proc for every rank's children
+        node = self._cgroup_figures() if ranks else {}
         for info in ranks:
             rank, pid = info.get("rank"), info.get("pid")
             if not isinstance(rank, int) or not isinstance(pid, int):
@@ -213,6 +221,7 @@ class Sampler:
             live_pids.add(pid)
             rec: dict[str, Any] = {"t": round(now, 3), "rank": rank, "kind": "sys", "pid": pid}
             rec.update(figures)
+            rec.update(node)
             if gpus:
                 self._gpu_figures(rec, info, entry, gpus, by_pid)
             counters = (cuda or {}).get(rank)
@@ -230,6 +239,16 @@ class Sampler:
             del self._pss[pid]
         self._pss_seen = set()
         return records, dead
+
+    def _cgroup_figures(self) -> dict[str, float]:
+        """The run's cgroup's memory on this node: read once a pass, for every rank's line."""
+        used = xl_cgroup.memory(self._cgroup) if self._cgroup else None
+        out: dict[str, float] = {}
+        for key, name in (("current", "cgroup_mem_mib"), ("limit", "cgroup_mem_limit_mib")):
+            value = used.get(key) if used else None
+            if value is not None:
+                out[name] = round(value / MIB, 1)
+        return out
 
     def _clock_figures(self, records: list[dict[str, Any]]) -> None:
         """Each record's GPU's clocks, power, ECC and XID: one read per GPU, not per rank."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from xl import envnames, settings, wire
 from xl.address import format_address
+from xl.launcher.rundir import record
 from xl.launcher.rundir.events import Dropped, MetricsLost, Relayed, append_event
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.telemetry import previous_port, write_collector_json
@@ -104,6 +105,12 @@ class Roster:
         """Other nodes' live ranks."""
         with self._ranks_lock:
             return [dict(r) for r in self._ranks if r.get("remote") and r.get("exit_code") is None]
+
+
+def _run_cgroup(run_dir: Path) -> str | None:
+    """The run's cgroup on this node, as run.json names it (launcher/runcgroup.py)."""
+    rec = record.load(run_dir)
+    return rec.cgroup if rec is not None else None
 
 
 class Telemetry:
@@ -204,7 +211,7 @@ class Telemetry:
             collector = self._collector(0)
         self.collector = collector
         collector.start()
-        self.sampler = Sampler(self._inventory)
+        self.sampler = Sampler(self._inventory, cgroup=_run_cgroup(self.run_dir))
         self._write_status()
         # A restarted supervisor stores what dead ranks left in the spool.
         self.ingest_spool()

@@ -11,6 +11,7 @@ no process of the run is left, that the cgroup is removed, and that a process of
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -384,20 +385,51 @@ def test_memory_limit_is_the_kernel_s_and_its_oom_kill_is_host_oom_naming_it(
 
 
 @needs_cgroup
-def test_a_run_under_its_memory_limit_is_left_alone(tmp_path: Path) -> None:
-    """The same limit, a rank that stays under it: the run succeeds, nothing was OOM-killed."""
+def test_a_run_under_its_memory_limit_is_left_alone_and_its_memory_is_on_the_sys_lines(
+    tmp_path: Path,
+) -> None:
+    """The same kind of limit, 1G, and rank 1 holding 400 MiB under it: the run succeeds, nothing
+    was OOM-killed, and the sys lines carry the run's memory (under 400 MiB before rank 1
+    allocates, at least that after) and its limit."""
+    body = """
+    held = b"x" * (400 << 20) if rank == 1 else b""
+    open(go + f".held{rank}", "w").close()
+    while not os.path.exists(go + ".end"):
+        time.sleep(0.02)
+    """
     env = xl_env(tmp_path / "home")
-    run_dir, _ = _launch(tmp_path, "x = bytearray(8 << 20)\n", env, "--memory-limit", "1G")
+    run_dir, _ = _launch(tmp_path, body, env, "--memory-limit", "1G")
     try:
         wait_ranks_running(run_dir, 2)
+        before = wait_for(lambda: _cgroup_lines(run_dir), timeout=30, what="a sys line")
+        assert before[-1]["cgroup_mem_limit_mib"] == 1024.0, before[-1]
+        assert before[-1]["cgroup_mem_mib"] < 400, before[-1]
         (tmp_path / "go").touch()
+        wait_for(lambda: (tmp_path / "go.held1").exists(), timeout=60, what="rank 1's 400 MiB")
+        after = wait_for(
+            lambda: [r for r in _cgroup_lines(run_dir) if r["cgroup_mem_mib"] >= 400],
+            timeout=30,
+            what="a sys line with the 400 MiB",
+        )
+        assert after[-1]["cgroup_mem_limit_mib"] == 1024.0, after[-1]
+        (tmp_path / "go.end").touch()
         final = wait_final(run_dir, timeout=90)
         assert final["status"] == "succeeded", final
         assert final["cgroup_memory"]["oom_kills"] == 0, final
         assert final["cgroup_memory"]["limit"] == 1 << 30, final
+        assert final["cgroup_memory"]["peak"] >= 400 << 20, final
         wait_no_processes(run_dir, timeout=GRACE + 10)
     finally:
         kill_run(run_dir)
+
+
+def _cgroup_lines(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        text = (run_dir / "metrics.jsonl").read_text()
+    except OSError:
+        return []
+    lines = [json.loads(x) for x in text.splitlines() if '"cgroup_mem_mib"' in x]
+    return [r for r in lines if r.get("kind") == "sys"]
 
 
 def test_memory_limit_where_no_cgroup_can_be_made_starts_nothing(tmp_path: Path) -> None:
