@@ -5,10 +5,10 @@ together, and the comparison of several (docs/multinode.md, "One environment acr
 torch probe, NVML's inventory, a few files): the driver's branch and CUDA, the GPUs, the ranks'
 torch and its CUDA, the NCCL and cuDNN torch will load (LD_PRELOAD first, then LD_LIBRARY_PATH,
 then torch's own wheels, as the loader takes them), Python, the ``NCCL_*`` / ``TORCH_*`` /
-``CUDA_*`` variables the ranks get, /dev/shm, the interfaces NCCL would use, the InfiniBand
-devices, the kernel and the container. ``compare`` says, field by field, which node differs from
-the others, how much that matters (``stop``: the run cannot work; ``warn``: it runs slower or
-not alike) and the command that makes it alike; what differs harmlessly says nothing.
+``CUDA_*`` variables the ranks get, /dev/shm, the interfaces and InfiniBand devices NCCL would
+use, the kernel and the container. ``compare`` says, field by field, which node differs from the
+others, how much that matters (``stop``: the run cannot work; ``warn``: it runs slower or not
+alike) and the command that makes it alike; what differs harmlessly says nothing.
 """
 
 from __future__ import annotations
@@ -208,6 +208,15 @@ def nccl_interfaces(ifname: str | None, present: Sequence[str]) -> list[str]:
     return [n for n in present if hit(n) != exclude]
 
 
+def ib_devices(env: Mapping[str, str], present: Sequence[str]) -> list[str]:
+    """The InfiniBand devices NCCL would use here: none under NCCL_IB_DISABLE=1, those
+    NCCL_IB_HCA selects (the interfaces' syntax, each device's ``:port`` aside), else all."""
+    if env.get("NCCL_IB_DISABLE", "").strip() == "1":
+        return []
+    hca = re.sub(r":\d+", "", env.get("NCCL_IB_HCA", "")).strip()
+    return nccl_interfaces(hca, present) if hca else list(present)
+
+
 def _loaded(soname_prefix: str, env: Mapping[str, str]) -> tuple[str | None, str]:
     """(version, where) of the library the loader takes first for ``soname_prefix``: LD_PRELOAD,
     then LD_LIBRARY_PATH's folders; (None, "") when neither has it (torch's own then)."""
@@ -279,7 +288,7 @@ def gather(
     fields["shm_bytes"] = total
     ifname = env.get("NCCL_SOCKET_IFNAME")
     fields["nccl_ifaces"] = ",".join(nccl_interfaces(ifname, system.net_interfaces()))
-    fields["ib_devices"] = ",".join(sorted(system.infiniband_devices()))
+    fields["ib_devices"] = ",".join(ib_devices(env, sorted(system.infiniband_devices())))
     fields["kernel"] = platform.release()
     fields["container"] = _container(env)
     return Fingerprint(

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 from simnvml import SimGPU
 
-from xl.doctor.fingerprint import Fingerprint, compare, gather, nccl_interfaces, node_lines
+from xl.doctor.fingerprint import (
+    Fingerprint,
+    compare,
+    gather,
+    ib_devices,
+    nccl_interfaces,
+    node_lines,
+)
 
 BASE: dict[str, Any] = {
     "driver": "570",
@@ -246,3 +253,18 @@ def test_the_nccl_torch_would_load_comes_from_the_library_path_first(tmp_path: P
     (new / "libnccl.so.2.26.5").write_bytes(b"")
     newer = gather(sys.executable, {**env, "LD_LIBRARY_PATH": str(new)})
     assert [d.severity for d in compare([(0, wheel), (1, newer)]) if d.field == "nccl"] == ["warn"]
+
+
+@pytest.mark.parametrize(
+    ("env", "used"),
+    [
+        ({}, ["mlx5_0", "mlx5_1", "mlx5_10"]),
+        ({"NCCL_IB_DISABLE": "1"}, []),
+        ({"NCCL_IB_DISABLE": "0"}, ["mlx5_0", "mlx5_1", "mlx5_10"]),
+        ({"NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1"}, ["mlx5_0", "mlx5_1"]),
+        ({"NCCL_IB_HCA": "mlx5_1"}, ["mlx5_1", "mlx5_10"]),
+        ({"NCCL_IB_HCA": "^mlx5_1"}, ["mlx5_0"]),
+    ],
+)
+def test_the_infiniband_devices_nccl_would_use(env: dict[str, str], used: list[str]) -> None:
+    assert ib_devices(env, ["mlx5_0", "mlx5_1", "mlx5_10"]) == used
