@@ -1,5 +1,5 @@
 """The Monitor past 64 ranks: nodes and outliers first, a node's ranks on `enter`
-(README.md, 'Past 64 ranks'). Runs held in memory (big_monitor_run.py): 16 nodes of 8 ranks,
+(docs/app.md, 'Past 64 ranks'). Runs held in memory (big_monitor_run.py): 16 nodes of 8 ranks,
 the test sets which node is slow and which ranks failed or stalled, and checks what the Monitor
 names against that."""
 

@@ -1,6 +1,6 @@
 """The Monitor's view of a big run: its outliers in a few lines, then a row per node.
 
-Past node_summary.BIG_RUN ranks the Monitor shows these in place of the rank table (README.md,
+Past node_summary.BIG_RUN ranks the Monitor shows these in place of the rank table (docs/app.md,
 'Past 64 ranks'); `enter` on a node shows that node's ranks in the rank table, `escape` comes back.
 Like the rank table, a line-API widget: only rows on screen are drawn, and a row only when what
 it shows changed (NodeRow.key), so 512 nodes cost a comparison each per refresh.
