@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from procs import XL, first_run, rdzv_port, run_json, wait_for, wait_no_processes, xl_env
+from simnvml import SimGPU
 from twonodes import SCRIPT, TOKEN, cleanup, finish, run_events
 
 pytestmark = pytest.mark.e2e
@@ -245,6 +246,32 @@ def test_a_node_that_joins_after_node_0_stopped_waiting_is_judged_as_it_comes(
         assert "fix there: unset NCCL_SOCKET_IFNAME" in out0 and "--allow-env-diff" in out1
         for run_dir in (run0, _run_dir(homes[1])):
             assert not list((run_dir / "ranks").glob("rank-*.json")), run_dir
+        _gone(homes)
+    finally:
+        cleanup((homes[0], homes[1]), procs)
+
+
+def test_nodes_on_simulated_gpus_of_another_model_warn_and_train(
+    tmp_path: Path, simnvml: Any
+) -> None:
+    """Each node's NVML (the simulated driver, one H100 on node 0, one A100 on node 1): another
+    GPU model is a warning with no fix, the run trains; the driver, alike, says nothing."""
+    h100 = simnvml(gpus=[SimGPU(model="H100")], driver_version="570.86.15", cuda_version=12080)
+    a100 = simnvml(gpus=[SimGPU(model="A100")], driver_version="570.86.15", cuda_version=12080)
+    procs, homes = _start(tmp_path, [dict(h100.env), dict(a100.env)])
+    try:
+        (code0, out0), (code1, out1) = finish(procs, timeout=180)
+        assert (code0, code1) == (0, 0), out0 + out1
+        run0 = _run_dir(homes[0])
+        by_field = {d["field"]: d for d in _diffs(run0)}
+        model = by_field["gpu_model"]
+        assert (model["node"], model["severity"], model["fix"]) == (1, "warn", None)
+        assert "A100" in model["value"] and "H100" in model["others"], model
+        assert not {"driver", "driver_cuda", "gpu_count"} & set(by_field), by_field
+        assert all(d["severity"] == "warn" for d in by_field.values()), by_field
+        prints = json.loads((run0 / "fingerprints.json").read_text())
+        assert prints["0"]["fields"]["gpu_count"] == prints["1"]["fields"]["gpu_count"] == 1
+        assert prints["0"]["fields"]["driver"] == "570"
         _gone(homes)
     finally:
         cleanup((homes[0], homes[1]), procs)
