@@ -18,6 +18,7 @@ import platform
 import re
 import shlex
 import socket
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from typing import Any
 from xl.doctor import wheels
 from xl.doctor.facts import TorchInfo, major_minor, vtuple
 from xl.doctor.probes import libraries, system
+from xl.doctor.probes.commands import run_cmd
 
 Value = str | int | None
 
@@ -304,13 +306,9 @@ def gather(
 
 
 def _python_version(python: str) -> str | None:
-    """X.Y.Z of ``python``, read off its name when it is this interpreter, else asked."""
-    import sys  # noqa: PLC0415 - only here
-
+    """X.Y.Z of ``python``: this interpreter's own, else asked (one short subprocess)."""
     if os.path.realpath(python) == os.path.realpath(sys.executable):
         return platform.python_version()
-    from xl.doctor.probes.commands import run_cmd  # noqa: PLC0415 - another interpreter only
-
     res = run_cmd([python, "-c", "import platform; print(platform.python_version())"])
     return res.stdout.strip() or None if res.ok else None
 
