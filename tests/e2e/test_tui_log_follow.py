@@ -39,6 +39,9 @@ for step in range(1, 100_000):
 """
 
 
+NAME = "lightning_image_classifier_resnet50_finetune"
+
+
 def _env(home: Path, sim_env: dict[str, str]) -> dict[str, str]:
     return {
         "XL_HOME": str(home / "xlhome"),
@@ -50,10 +53,10 @@ def _env(home: Path, sim_env: dict[str, str]) -> dict[str, str]:
     }
 
 
-def _launch_detached(home: Path, env: dict[str, str]) -> Path:
-    """`xl launch --detach --nproc 2 train.py`; its run dir."""
+def _launch_detached(home: Path, env: dict[str, str], *options: str) -> Path:
+    """`xl launch --detach --nproc 2 OPTIONS train.py`; its run dir."""
     started = subprocess.run(
-        [*XL, "launch", "--detach", "--nproc", "2", "train.py"],
+        [*XL, "launch", "--detach", "--nproc", "2", *options, "train.py"],
         cwd=home, env=env, capture_output=True, text=True, timeout=120,
     )
     assert started.returncode == 0, started.stderr
@@ -76,15 +79,19 @@ def _stop(run_dir: Path | None, env: dict[str, str]) -> None:
         subprocess.run([*XL, "stop", run_dir.name], env=env, capture_output=True, timeout=60)
 
 
-@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+@pytest.mark.parametrize(
+    "size", [(80, 24), (120, 40), (200, 60)], ids=["80x24", "120x40", "200x60"]
+)
 def test_attached_to_a_long_log_the_pane_shows_its_newest_line(simnvml, tmp_path, size):
+    """Also what the rest of the Monitor keeps at these sizes: samples/s in the rank table at 80
+    columns, the header on one line from 120 (a long run name, as `--name` gives it)."""
     (tmp_path / "train.py").write_text(SCRIPT)
     sim = simnvml(gpus=0, init_error="driver_not_loaded")  # CPU ranks
     env = {**os.environ, **_env(tmp_path, sim.env), "BURST": "5000"}
     tmux = Tmux()
     run_dir: Path | None = None
     try:
-        run_dir = _launch_detached(tmp_path, env)
+        run_dir = _launch_detached(tmp_path, env, "--name", NAME)
         log = run_dir / "logs" / "rank-0.log"
         wait_for(lambda: log.is_file() and _lines_in(log) > 5000, "5,000 lines written", 120)
         written = _lines_in(log)
@@ -96,7 +103,12 @@ def test_attached_to_a_long_log_the_pane_shows_its_newest_line(simnvml, tmp_path
             timeout=90,
             screen=lambda: tmux.screen("w"),
         )
-        assert "Log — rank 0 (following)" in tmux.screen("w")
+        screen = tmux.screen("w")
+        assert "Log — rank 0 (following)" in screen
+        assert "Samples/s" in screen  # the table's header: kept at 80 columns too
+        header = next(line for line in screen.splitlines() if f"[{run_dir.name}]" in line)
+        if size[0] >= 120:  # the whole header on its one line
+            assert "running" in header and "world size 2" in header and "devices CPU" in header
         written = _lines_in(log)  # and it goes on following
         wait_for(
             lambda: _newest_shown(tmux.screen("w")) >= written,
