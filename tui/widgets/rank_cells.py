@@ -95,7 +95,7 @@ def rank_values(rv: RankView, now: float, node: str | None) -> tuple[Any, ...]:
         node,
         fmt.ago(rv.last_seen, now),
         rv.eval_loss,
-        rv.epoch,
+        getattr(rv, "eval_epoch", None),  # the eval's own epoch, not where training is now
         getattr(rv, "step_s", None),
         None if split is None else tuple(split[key] for key, _, _, _ in PHASES),
         getattr(rv, "mem_mib", None),
@@ -119,7 +119,7 @@ def format_cells(values: tuple[Any, ...], bar: int = 6) -> dict[str, Any]:
         node,
         seen,
         evl,
-        epoch,
+        eval_epoch,
         step_s,
         split,
         footprint,
@@ -146,7 +146,7 @@ def format_cells(values: tuple[Any, ...], bar: int = 6) -> dict[str, Any]:
         "loss": fmt.number(loss),
         "seen": seen,
         "state": fmt.state(state),
-        "eval": eval_cell(evl, epoch),
+        "eval": eval_cell(evl, eval_epoch),
     }
 
 
