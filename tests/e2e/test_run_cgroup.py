@@ -443,3 +443,59 @@ def test_memory_limit_where_no_cgroup_can_be_made_starts_nothing(tmp_path: Path)
     )
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
     assert not list((tmp_path / "home" / "runs").glob("*/run.json")), "a run dir was left"
+
+
+# Each node's rank starts a double-forked sidecar once the world is formed, then trains on.
+TWO_NODES = """
+import os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        with open("sidecar-" + os.environ["GROUP_RANK"], "w") as fh:
+            fh.write(str(os.getpid()))
+        os.execve(sys.executable, [sys.executable, "-c", "import time; time.sleep(300)"], {})
+    os._exit(0)
+while not os.path.exists("sidecar-" + os.environ["GROUP_RANK"]):
+    time.sleep(0.02)
+dist.barrier()
+dist.destroy_process_group()
+print("done", flush=True)
+"""
+
+
+@needs_cgroup
+def test_each_node_s_supervisor_ends_its_own_cgroup(
+    tmp_path: Path, bystander: psutil.Process, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import twonodes  # noqa: PLC0415 - the multi-node helpers, for this test only
+
+    monkeypatch.setattr(twonodes, "SCRIPT", TWO_NODES)
+    home = tmp_path / "home"
+    homes = (home, home)
+    sidecars: list[psutil.Process] = []
+    try:
+        results = twonodes.finish(twonodes.start_nodes(tmp_path, homes), timeout=90)
+        for code, out in results:
+            assert code == 0, out[-3000:]
+        runs = twonodes.node_runs(homes)
+        groups = [run_json(r)["cgroup"] for r in runs]
+        assert groups[0] != groups[1] and groups[1].endswith(".node1"), groups
+        for node, run_dir in enumerate(runs):
+            run = run_json(run_dir)
+            assert run["status"] == "succeeded" and isinstance(run["ended_in_cgroup"], int), run
+            pid = int((tmp_path / f"sidecar-{node}").read_text())
+            with contextlib.suppress(psutil.NoSuchProcess):
+                sidecars.append(psutil.Process(pid))
+            wait_no_processes(run_dir, timeout=GRACE + 10)
+        for child in sidecars:
+            wait_for(lambda c=child: not _live(c), timeout=GRACE + 30, what="a sidecar to end")
+        for group in groups:
+            wait_for(lambda g=group: not os.path.exists(g), timeout=30, what="a cgroup removed")
+        assert _live(bystander)
+    finally:
+        for child in sidecars:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        twonodes.cleanup(homes)
