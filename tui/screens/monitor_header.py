@@ -66,9 +66,9 @@ def header_text(view: RunView, dir_name: str, now: float, width: int = 0) -> Tex
 def gpu_indices(view: RunView) -> str | None:
     """``GPU 0-7``: the run's GPUs by index, a run of three or more in a row as a range; None on
     CPU."""
-    indices = [d.index for d in view.record.devices]
-    if not indices or None in indices:
-        return None
+    indices = [d.index for d in view.record.devices if d.index is not None]
+    if not indices or len(indices) < len(view.record.devices):
+        return None  # an index not recorded: RunView.devices_text says what is known
     groups: list[list[int]] = []
     for i in indices:
         if groups and i == groups[-1][-1] + 1:
