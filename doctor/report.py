@@ -2,10 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from xl.doctor.status import NOT_CLEAN, Status, worst
+
+
+class Fix(str):
+    """A fix: the command a person pastes into a shell as it is printed, and a note that belongs
+    beside it (a downgrade said, which machine runs it, a download it needs first). The finding
+    that takes a Fix puts the note in its detail (xl.doctor.checks.finding), so the fix stays a
+    command: a note in parentheses would stop bash at the `(`."""
+
+    note: str
+
+    def __new__(cls, command: str, note: str = "") -> Fix:
+        made = super().__new__(cls, command)
+        made.note = note
+        return made
+
+    @classmethod
+    def said(cls, text: str) -> Fix:
+        """A fix written as "command (note)" (xl.gpu's words, which the launch and the app print
+        too), as its command and its note."""
+        command, sep, note = text.partition(" (")
+        if sep and note.endswith(")"):
+            return cls(command, note[:-1])
+        return cls(text)
+
+    @classmethod
+    def joined(cls, fixes: Iterable[str]) -> Fix:
+        """Several fixes as one command line ("; " between them, each once), their notes one."""
+        made = [f if isinstance(f, Fix) else cls.said(f) for f in fixes]
+        notes = [f.note for f in made if f.note]
+        return cls("; ".join(dict.fromkeys(str(f) for f in made)), "; ".join(dict.fromkeys(notes)))
 
 
 def clean_text(value: str) -> str:

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from xl._version import __version__
-from xl.doctor.checks import all_errored, run_checks
+from xl.doctor.checks import REPORT_BUG, all_errored, run_checks
 from xl.doctor.collect import collect
 from xl.doctor.facts import Facts
 from xl.doctor.probes.compile import run_build
@@ -112,4 +112,4 @@ def run_doctor(python: str | None = None, build: bool = False) -> Report:
         return build_report(facts)
     except Exception as exc:
         why = f"the doctor could not collect facts: {type(exc).__name__}: {exc}"
-        return Report(checks=all_errored(why, fix="please report this as an xl bug"))
+        return Report(checks=all_errored(why, fix=REPORT_BUG))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from xl.doctor.archs import parse_arch_list
 from xl.doctor.facts import vtuple
+from xl.doctor.report import Fix
 
 # torch version -> the CUDA tags it was published for.
 _PUBLISHED: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
@@ -135,21 +136,22 @@ def is_downgrade(tag: str, current: str | None) -> bool:
     return bool(pin and cur and vtuple(pin) < cur)
 
 
-def install_command(python: str, tag: str, current: str | None) -> str:
+def install_command(python: str, tag: str, current: str | None) -> Fix:
     """`pip install torch` from the tag's index, pinned only to a version the table says exists.
-    A pin older than the installed torch is a downgrade, and the command says so after it (pip
-    would take it back silently otherwise)."""
+    A pin older than the installed torch is a downgrade, said in the note (pip would take it back
+    silently otherwise)."""
     pin = version_for(tag, current)
     spec = f"torch=={pin}" if pin else "torch"
     note = (
-        f" (a downgrade from torch {base_version(current)}: {pin} is the newest torch published "
-        f"for {tag})"
+        f"the wheel is a downgrade from torch {base_version(current)}: {pin} is the newest torch "
+        f"published for {tag}"
         if is_downgrade(tag, current)
         else ""
     )
-    return (
+    return Fix(
         f"{python} -m pip install --force-reinstall {spec} "
-        f"--index-url https://download.pytorch.org/whl/{tag}{note}"
+        f"--index-url https://download.pytorch.org/whl/{tag}",
+        note,
     )
 
 

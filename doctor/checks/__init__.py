@@ -29,7 +29,7 @@ from xl.doctor.checks import (
 )
 from xl.doctor.checks.finding import Finding, error
 from xl.doctor.facts import Facts
-from xl.doctor.report import Check
+from xl.doctor.report import Check, Fix
 from xl.doctor.status import Status
 
 DRIVER_GPUS = "Driver & GPUs"
@@ -277,6 +277,13 @@ CHECKS: tuple[CheckSpec, ...] = (
 )
 
 
+# What a check that raised, or a doctor that could not collect facts, asks of the person.
+REPORT_BUG = Fix(
+    "xl doctor --json > xl-doctor.json",
+    "please report this as an xl bug, with xl-doctor.json attached",
+)
+
+
 def _statuses(f: Facts) -> dict[str, Status]:
     """Every check's status for these facts: how a fix is tried before it is printed."""
     out: dict[str, Status] = {}
@@ -308,8 +315,7 @@ def run_checks(f: Facts) -> list[Check]:
             out.append(spec.check(spec.run(f)))
         except Exception as exc:
             why = f"the check itself failed: {type(exc).__name__}: {exc}"
-            fix = "please report this as an xl bug (run `xl doctor --json` and attach the output)"
-            out.append(spec.check(error(why, fix=fix)))
+            out.append(spec.check(error(why, fix=REPORT_BUG)))
     if f.build is not None:
         out.append(BUILD.check(proof.check_build(f, out)))
     return out

@@ -13,6 +13,7 @@ from xl.doctor.checks.finding import Finding, fail, ok, skip, warn
 from xl.doctor.checks.fixes import Apply, first_safe, toolkit_fix
 from xl.doctor.checks.toolkit_choice import toolkit_choices
 from xl.doctor.facts import Facts, major_minor, vtuple
+from xl.doctor.report import Fix
 from xl.doctor.tables import NVCC_ARCH_RANGE, first_nvcc_for, nvcc_newest_arch
 from xl.doctor.wheels import newest_sm
 
@@ -97,7 +98,9 @@ def _too_new(tk_ver: str | None, items: list[str]) -> tuple[list[str], tuple[int
     return [a for a in items if _major_minor(a) > newest], newest
 
 
-def _unset_fix(f: Facts, caps: list[str], newest: tuple[int, int], need: tuple[int, int]) -> str:
+def _unset_fix(
+    f: Facts, caps: list[str], newest: tuple[int, int], need: tuple[int, int]
+) -> str:
     """A toolkit that builds every GPU here (the one matching torch first, as every other fix
     names), else the GPUs' list cut to what this nvcc builds, the newest as PTX."""
     able = [t for t in toolkit_choices(f) if (nvcc_newest_arch(t.version) or (0, 0)) >= need]
@@ -107,11 +110,12 @@ def _unset_fix(f: Facts, caps: list[str], newest: tuple[int, int], need: tuple[i
     keep = sorted({_cc_text(min(_major_minor(c), newest)) for c in caps})
     value = ";".join([*keep[:-1], keep[-1] + "+PTX"])
     first = first_nvcc_for(need)
-    return _arch_fix(f, [value]) + (
-        f" (PTX, compiled at first start; CUDA {first}+ builds sm_{need[0]}{need[1]})"
+    note = (
+        f"the newest as PTX, compiled at first start; CUDA {first}+ builds sm_{need[0]}{need[1]}"
         if first
         else ""
     )
+    return Fix(_arch_fix(f, [value]), note)
 
 
 def _thor_finding(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any
 
 from xl.doctor.checks.derived import home_cuda, nvcc_versions, python_of
 from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
 from xl.doctor.checks.toolkit_choice import in_use_toolkit
 from xl.doctor.facts import Compiler, Facts, Toolkit, major_minor
+from xl.doctor.report import Fix
 from xl.doctor.tables import TORCH_COMPILER_REFUSES, compiler_max_from_table
 
 
@@ -49,39 +51,55 @@ def _compiler_fix(f: Facts, c: Compiler, kind: str, lo: int | None, hi: int) -> 
         fix = f"export NVCC_CCBIN={pick[0]} CC={cc} CXX={pick[0]}"
     elif kind == "gcc":
         fix = (
-            f"install {kind} {hi} (e.g. sudo apt install g++-{hi}) and export "
+            f"sudo apt-get install -y g++-{hi} && export "
             f"NVCC_CCBIN=/usr/bin/g++-{hi} CC=/usr/bin/gcc-{hi} CXX=/usr/bin/g++-{hi}"
         )
     else:
         fix = (
-            f"install clang {hi} and export NVCC_CCBIN=/usr/bin/clang++-{hi} "
+            f"sudo apt-get install -y clang-{hi} && export NVCC_CCBIN=/usr/bin/clang++-{hi} "
             f"CC=/usr/bin/clang-{hi} CXX=/usr/bin/clang++-{hi}"
         )
     if c.source == "NVCC_APPEND_FLAGS":
         # Its -ccbin comes last on nvcc's command line and beats every variable.
-        fix = f"remove -ccbin from NVCC_APPEND_FLAGS; {fix}"
+        fix = f"{without_ccbin(f, c.source)} && {fix}"
     return fix
 
 
-_VAR_FIX = {
-    "CC": "unset CC",
-    "NVCC_CCBIN": "unset NVCC_CCBIN",
-    "NVCC_APPEND_FLAGS": "remove -ccbin from NVCC_APPEND_FLAGS",
-    "NVCC_PREPEND_FLAGS": "remove -ccbin from NVCC_PREPEND_FLAGS",
-}
+_CCBIN = ("-ccbin", "--compiler-bindir")
+
+
+def without_ccbin(f: Facts, var: str) -> str:
+    """The command that keeps an NVCC_*_FLAGS variable's other flags and drops its -ccbin."""
+    try:
+        words = shlex.split(f.env.get(var) or "")
+    except ValueError:
+        words = (f.env.get(var) or "").split()
+    keep: list[str] = []
+    skip_next = False
+    for w in words:
+        if skip_next:
+            skip_next = False
+        elif w in _CCBIN:
+            skip_next = True
+        elif not w.startswith(tuple(c + "=" for c in _CCBIN)):
+            keep.append(w)
+    return f"export {var}={shlex.quote(' '.join(keep))}" if keep else f"unset {var}"
+
+
+_CCBIN_VARS = ("NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS")
 _ALLOW = ("-allow-unsupported-compiler", "--allow-unsupported-compiler")
 
 
-def _var_fix(f: Facts, c: Compiler) -> str:
+def _var_fix(f: Facts, c: Compiler) -> Fix:
     """Stop the variable naming a broken compiler; name an installed one when there is one."""
-    fix = _VAR_FIX.get(c.source, f"unset {c.source}")
+    fix = without_ccbin(f, c.source) if c.source in _CCBIN_VARS else f"unset {c.source}"
     gccs = sorted(
         (x for x in f.other_compilers if x[1] == "gcc" and "++" not in os.path.basename(x[0])),
         key=lambda x: -x[2],
     )
     if c.source == "CC" and gccs:
-        fix += f" (or export CC={gccs[0][0]})"
-    return fix
+        return Fix(fix, f"or point CC at an installed gcc: export CC={gccs[0][0]}")
+    return Fix(fix)
 
 
 def _allow_flag(f: Facts) -> str | None:
@@ -122,9 +140,9 @@ def _allowed_unsupported(
             f"{label}: -allow-unsupported-compiler in {var} switches off nvcc's own check, but "
             "torch's builder "
             f"still refuses {kind} >= {refuses} for CUDA {mm} (its compiler table)",
-            fix=(
-                f"{_compiler_fix(f, c, kind, lo, hi)} (or keep this compiler: export "
-                "TORCH_DONT_CHECK_COMPILER_ABI=1)"
+            fix=Fix(
+                _compiler_fix(f, c, kind, lo, hi),
+                "or keep this compiler: export TORCH_DONT_CHECK_COMPILER_ABI=1",
             ),
             data=data,
         )
@@ -148,7 +166,10 @@ def check_host_compiler(f: Facts) -> Finding:
             return warn(
                 "no host compiler for nvcc: no `gcc` on PATH, and neither CC nor NVCC_CCBIN names "
                 "one",
-                fix="install one: sudo apt install g++ (or point NVCC_CCBIN and CC at a compiler)",
+                fix=Fix(
+                    "sudo apt-get install -y g++",
+                    "or point NVCC_CCBIN and CC at a compiler that is installed",
+                ),
             )
         return skip("no compiler and no nvcc")
     data: dict[str, Any] = {
@@ -169,8 +190,10 @@ def check_host_compiler(f: Facts) -> Finding:
     if c.problem:
         return error(
             f"{c.path} (from {c.source}): {c.problem}",
-            fix=f"check `{c.path} --version`; "
-            + (_var_fix(f, c) if c.source != "gcc" else "point NVCC_CCBIN at a working gcc/g++"),
+            fix=Fix(
+                _var_fix(f, c) if c.source != "gcc" else "sudo apt-get install -y --reinstall g++",
+                f"`{c.path} --version` shows what is wrong with it",
+            ),
             data=data,
         )
     if not cuda_ver:
@@ -180,9 +203,10 @@ def check_host_compiler(f: Facts) -> Finding:
     data.update({"max_major": hi, "min_major": lo, "limit_from": src, "cuda": cuda_ver})
     label = f"{kind} {c.version} ({c.path}, from {c.source})"
     if hi is None:
-        return warn(
-            f"{label}: no known limit for CUDA {major_minor(cuda_ver)}",
-            fix="check NVIDIA's installation guide for the supported compilers",
+        # Nothing to judge it by, and so nothing to fix: NVIDIA's guide says what it supports.
+        return skip(
+            f"{label}: no known limit for CUDA {major_minor(cuda_ver)} (NVIDIA's installation "
+            "guide for it lists the supported compilers)",
             data=data,
         )
     major = c.major or 0

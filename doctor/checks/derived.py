@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from xl.doctor.facts import Facts, parse_nvcc_version
+from xl.doctor.report import Fix
 
 if TYPE_CHECKING:
     from xl.gpu.records import GPU
@@ -60,9 +61,11 @@ def home_cuda(f: Facts) -> tuple[str | None, str]:
     return None, ""
 
 
-def on_host(f: Facts, text: str) -> str:
+def on_host(f: Facts, text: str) -> Fix:
     """A driver fix as said in an NVIDIA container (NVIDIA_VISIBLE_DEVICES set): the driver is the
-    host's, mounted in by the runtime; installing one inside the container would break it."""
+    host's, mounted in by the runtime; installing one inside the container would break it. The
+    command stays the command; where it runs is its note."""
+    note = getattr(text, "note", "")
     if (f.env.get("NVIDIA_VISIBLE_DEVICES") or "").strip() not in ("", "void", "none"):
-        return f"on the host, not in this container, {text}"
-    return text
+        note = "; ".join(n for n in ("run it on the host, not in this container", note) if n)
+    return Fix(str(text), note)

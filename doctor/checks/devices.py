@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from xl.doctor.checks.derived import working_gpus
 from xl.doctor.checks.finding import Finding, ok, skip, warn
 from xl.doctor.facts import Facts
+from xl.doctor.report import Fix
 from xl.doctor.status import Status
 from xl.gpu.models import model_names
 
@@ -31,7 +32,9 @@ def check_cuda_visible_devices(f: Facts) -> Finding:
     have_driver = f.driver is not None and not f.driver.error
     v = judge_visible_devices(list(f.gpus), f.env, have_driver=have_driver)
     # xl.gpu says the same words, below the doctor's layer: one Status from here on.
-    return Finding(status=Status(v.status), detail=v.detail, fix=v.fix or "", data=dict(v.data))
+    return Finding(
+        status=Status(v.status), detail=v.detail, fix=Fix.said(v.fix or ""), data=dict(v.data)
+    )
 
 
 def check_cuda_device_order(f: Facts) -> Finding:
@@ -54,7 +57,7 @@ def check_cuda_device_order(f: Facts) -> Finding:
         return warn(
             f"{value or 'unset'} (FASTEST_FIRST) with different GPUs ({models}): CUDA's device "
             "indices differ from nvidia-smi's",
-            fix="export CUDA_DEVICE_ORDER=PCI_BUS_ID (xl launch sets it for its runs)",
+            fix=Fix("export CUDA_DEVICE_ORDER=PCI_BUS_ID", "xl launch sets it for its runs"),
             data=data,
         )
     return ok(f"{value or 'unset'}; all GPUs are alike, so the orders agree", data=data)

@@ -11,7 +11,9 @@ from typing import Any
 from xl.doctor.checks.compat import unusable
 from xl.doctor.checks.derived import on_host, working_gpus
 from xl.doctor.checks.finding import Finding, fail, ok, skip, warn
+from xl.doctor.checks.kmod import RELOAD
 from xl.doctor.facts import Facts, vtuple
+from xl.doctor.report import Fix
 
 _CU = {
     802: "CUDA_ERROR_SYSTEM_NOT_READY",
@@ -20,10 +22,6 @@ _CU = {
     100: "CUDA_ERROR_NO_DEVICE",
     999: "CUDA_ERROR_UNKNOWN",
 }
-_RELOAD = (
-    "sudo reboot (or unload and reload the kernel module: "
-    "sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia)"
-)
 
 
 def fabric_manager_fix(f: Facts) -> str:
@@ -89,8 +87,10 @@ def check_cuda_init(f: Facts) -> Finding:
             "between the GPUs",
             fix=on_host(
                 f,
-                "sudo systemctl restart nvidia-fabricmanager (`journalctl -u "
-                "nvidia-fabricmanager` says why)",
+                Fix(
+                    "sudo systemctl restart nvidia-fabricmanager",
+                    "journalctl -u nvidia-fabricmanager says why it failed",
+                ),
             ),
             data=data,
         )
@@ -105,11 +105,13 @@ def check_cuda_init(f: Facts) -> Finding:
             return fail(
                 f"{_said(code)}: {why} ({bad.path}; driver_cuda gives the fix)", fix="", data=data
             )
-        return fail(f"{_said(code)}: {why}", fix=on_host(f, _RELOAD), data=data)
+        return fail(f"{_said(code)}: {why}", fix=on_host(f, RELOAD), data=data)
     if code not in (0, None):
         return warn(
             f"{_said(code)} although NVML lists {len(gpus)} GPU(s)",
-            fix="sudo dmesg | grep -i -E 'nvidia|xid' (the kernel log says why CUDA can't start)",
+            fix=Fix(
+                "sudo dmesg | grep -i -E 'nvidia|xid'", "the kernel log says why CUDA can't start"
+            ),
             data=data,
         )
     if code is None:

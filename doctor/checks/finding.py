@@ -17,12 +17,17 @@ class Finding:
 
     status: Status
     detail: str  # one line
-    fix: str = ""  # what to type or change; empty when there is nothing to do
+    fix: str = ""  # a command a shell takes as printed (a Fix's note joins the detail); or empty
     data: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A check may still say the word ("warn"); the finding holds the one value.
         self.status = Status(self.status)
+        # A fix is a command only; what it needs said goes beside it, in the detail.
+        note = getattr(self.fix, "note", "")
+        self.fix = str(self.fix)
+        if note:
+            self.detail = f"{self.detail}; {note}"
 
 
 def ok(detail: str, *, data: dict[str, Any] | None = None) -> Finding:

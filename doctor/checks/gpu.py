@@ -8,9 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from xl.doctor.checks.derived import torch_cuda
 from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
-from xl.doctor.checks.kmod import not_loaded
-from xl.doctor.facts import Facts
+from xl.doctor.checks.kmod import RELOAD, not_loaded
+from xl.doctor.checks.upgrade import branch_for, driver_upgrade
+from xl.doctor.facts import Facts, vtuple
+from xl.doctor.report import Fix
 from xl.doctor.status import Status
+from xl.doctor.tables import DRIVER_FOR_CUDA
 from xl.gpu.models import mixed_models, model_counts, models_text
 
 if TYPE_CHECKING:
@@ -18,10 +21,11 @@ if TYPE_CHECKING:
     from xl.gpu.records import GPU
 
 _DRIVER_FIXES = {
-    "version_mismatch": "reboot, or unload and reload the kernel module: sudo rmmod nvidia_uvm "
-    "nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia",
-    "no_permission": "add yourself to the group that owns /dev/nvidia* (often `video`): sudo "
-    "usermod -aG video $USER, then log in again",
+    "version_mismatch": RELOAD,
+    "no_permission": Fix(
+        "sudo usermod -aG video $USER",
+        "the group that owns /dev/nvidia* is most often video; log in again after joining it",
+    ),
 }
 
 
@@ -30,7 +34,7 @@ def check_driver(f: Facts) -> Finding:
     if d is None:
         return error(
             f"could not query NVML: {f.nvml_problem or 'no answer'}",
-            fix="run `nvidia-smi` to see whether the driver answers",
+            fix=Fix("nvidia-smi", "nvidia-smi says whether the driver answers"),
         )
     if d.error:
         kind = d.error_kind or "other"
@@ -41,11 +45,16 @@ def check_driver(f: Facts) -> Finding:
             why, fix = not_loaded(f)
             if f.kernel is not None:
                 data["kernel_module"] = f.kernel.to_json()
-            return fail(f"{d.error}; {why}" if why else d.error, fix=fix, data=data)
+            # NVML's own words end with "load it with modprobe", which is wrong when no module
+            # is built for this kernel: only the part before them is kept.
+            said = d.error.split("; load it with", 1)[0] if why else d.error
+            return fail(f"{said}; {why}" if why else said, fix=fix, data=data)
         return Finding(
             status=Status.ERROR if kind == "other" else Status.FAIL,
             detail=d.error,
-            fix=_DRIVER_FIXES.get(kind, "run `nvidia-smi`; reinstall the driver if it fails too"),
+            fix=_DRIVER_FIXES.get(
+                kind, Fix("nvidia-smi", "if nvidia-smi fails too, reinstall the driver")
+            ),
             data=data,
         )
     cuda = f" supports CUDA up to {d.cuda_version}" if d.cuda_version else ""
@@ -57,11 +66,12 @@ def check_driver(f: Facts) -> Finding:
 
 # The container runtime's fix: GPUs are passed in by the host, never installed inside (a driver
 # installed in a container does not match the host's kernel module and breaks it).
-CONTAINER_FIX = (
-    "start the container with GPU access: docker run --gpus all ... (podman: --device "
-    "nvidia.com/gpu=all; Kubernetes: resources.limits nvidia.com/gpu); the host needs the NVIDIA "
-    "Container Toolkit: sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl "
-    "restart docker"
+CONTAINER_FIX = Fix(
+    "sudo nvidia-ctk runtime configure --runtime=docker && sudo systemctl restart docker && "
+    "docker run --gpus all ...",
+    "on the host, not in this container: the NVIDIA Container Toolkit's runtime, then the "
+    "container started again with GPU access (podman: --device nvidia.com/gpu=all; Kubernetes: "
+    "resources.limits nvidia.com/gpu)",
 )
 
 
@@ -78,11 +88,13 @@ def _no_driver(f: Facts, why: str, data: dict[str, Any]) -> Finding:
             fix=CONTAINER_FIX,
             data=data,
         )
-    fix = (
-        CONTAINER_FIX
-        if f.container
-        else "install the NVIDIA driver to train on GPUs (CPU training with gloo works without one)"
-    )
+    fix: str = ""
+    if f.container:
+        fix = CONTAINER_FIX
+    elif torch_cuda(f):
+        newest = max(vtuple(v)[0] for v in DRIVER_FOR_CUDA.values())
+        fix = driver_upgrade(f, branch_for(torch_cuda(f)) or newest)
+        why += "; CPU training with gloo works without one"
     # No driver is a valid CPU setup; it only matters when torch wants CUDA.
     return Finding(
         status=Status.WARN if torch_cuda(f) else Status.SKIP, detail=why, fix=fix, data=data
@@ -102,25 +114,23 @@ def _one_model_fix(f: Facts, names: Counter[str]) -> str:
 
     model, indices = _majority(f.gpus, names)
     good = [i for i in healthy(f.gpus, f.health) if i in indices] or indices
-    return (
-        f"train on one model: xl launch --gpus {','.join(map(str, good))} ...  "
-        f"(the {len(good)}x {model})"
+    return Fix(
+        f"xl launch --gpus {','.join(map(str, good))} ...", f"train on the {len(good)}x {model}"
     )
 
 
 def check_gpus(f: Facts) -> Finding:
     d = f.driver
     if d is None or d.error:
-        return skip(
-            "no GPUs can be listed without a working NVIDIA driver",
-            fix="see the driver check"
-            if d is not None and d.error_kind != "library_not_found"
-            else "",
-        )
+        see = "; the driver check says why" if d is not None and d.error_kind else ""
+        return skip(f"no GPUs can be listed without a working NVIDIA driver{see}")
     if not f.gpus:
         return warn(
             "the driver is loaded but reports no GPUs",
-            fix="check `nvidia-smi`; in a container pass the GPUs in (docker run --gpus all)",
+            fix=Fix(
+                "nvidia-smi -L",
+                "in a container, the GPUs are passed in when it starts: docker run --gpus all",
+            ),
         )
     lost = [g for g in f.gpus if g.lost]
     names = model_counts(g for g in f.gpus if not g.lost)
@@ -136,7 +146,11 @@ def check_gpus(f: Facts) -> Finding:
         )
         return fail(
             f"{which} lost (stopped answering the driver); working: {models or 'none'}",
-            fix="check `dmesg` for Xid errors, then `sudo nvidia-smi -r -i <index>` or reboot",
+            fix=Fix(
+                " && ".join(f"sudo nvidia-smi -r -i {g.index}" for g in lost),
+                "the kernel log says why (sudo dmesg | grep -i xid); a reboot, when the reset "
+                "fails",
+            ),
             data=data,
         )
     among = _majority(f.gpus, names)[1] if len(names) > 1 else None
@@ -148,7 +162,7 @@ def check_gpus(f: Facts) -> Finding:
     if mixed:
         return warn(
             "; ".join([mixed] + [p.detail for p in health]),
-            fix="; ".join(dict.fromkeys([_one_model_fix(f, names)] + [p.fix for p in health])),
+            fix=Fix.joined([_one_model_fix(f, names)] + [p.fix for p in health]),
             data=data,
         )
     if health:
@@ -157,7 +171,7 @@ def check_gpus(f: Facts) -> Finding:
         g = errors[0]
         return warn(
             f"{models}; GPU {g.index}: {g.error}",
-            fix=f"run `nvidia-smi -q -i {g.index}` to see the GPU's state",
+            fix=Fix(f"nvidia-smi -q -i {g.index}", "nvidia-smi -q shows the GPU's state"),
             data=data,
         )
     exclusive = [i for i, h in sorted(f.health.items()) if h.compute_mode == "exclusive_process"]
@@ -176,7 +190,7 @@ def _said(
     """The GPUs' health problems, after the models, as one finding (fails first)."""
     return verdict(
         f"{models}; " + "; ".join(p.detail for p in health),
-        fix="; ".join(dict.fromkeys(p.fix for p in health)),
+        fix=Fix.joined(p.fix for p in health),
         data=data,
     )
 

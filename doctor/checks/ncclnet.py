@@ -88,8 +88,8 @@ def ib_hca(f: Facts) -> tuple[str, str, bool] | None:
         )
         return (
             f"NCCL_IB_HCA={value} selects none of this node's HCAs with an active port "
-            f"({_listing(f)}): {what}",
-            "unset NCCL_IB_HCA (NCCL then uses every active HCA)",
+            f"({_listing(f)}): {what}; unset, NCCL uses every active HCA",
+            "unset NCCL_IB_HCA",
             stop,
         )
     if absent:

@@ -9,8 +9,9 @@ from typing import Any
 
 from xl.doctor.checks.derived import torch_cuda
 from xl.doctor.checks.finding import Finding, fail, ok, skip
+from xl.doctor.checks.toolkit_choice import install_toolkit
 from xl.doctor.facts import Facts
-from xl.doctor.report import Check
+from xl.doctor.report import Check, Fix
 from xl.doctor.status import NOT_CLEAN, Status
 
 # Static checks about the compile itself: the proof confirms or overrules them.
@@ -20,27 +21,30 @@ ON_THE_PATH = ("cuda_home", "nvcc", "host_compiler", "arch_list")
 TORCH_REFUSES = ("torch_cuda_match",)
 
 
-def _guess_fix(f: Facts, err: str, cmd: str) -> str:
+def _guess_fix(f: Facts, err: str, cmd: str) -> Fix:
     """A fix from the compiler's words when no static check had one."""
     low = err.lower()
     if "unsupported gnu version" in low or "unsupported clang version" in low:
-        return (
-            "point CC at a compiler this nvcc supports (torch passes -ccbin $CC): export "
-            "CC=/usr/bin/gcc-12 CXX=/usr/bin/g++-12"
+        return Fix(
+            "sudo apt-get install -y g++-12 && export CC=/usr/bin/gcc-12 CXX=/usr/bin/g++-12",
+            "a compiler this nvcc supports (torch passes -ccbin $CC)",
         )
     if "unsupported gpu architecture" in low:
-        return 'export TORCH_CUDA_ARCH_LIST="8.0;9.0+PTX" (architectures this nvcc builds)'
+        return Fix('export TORCH_CUDA_ARCH_LIST="8.0;9.0+PTX"', "architectures this nvcc builds")
     if "cuda_runtime" in low and ("no such file" in low or "not found" in low):
         tk = f.cuda_home_dir
         if tk is not None and tk.target_include:
-            return f"export CPATH={tk.target_include}${{CPATH:+:$CPATH}}"
-        return "point CUDA_HOME at a toolkit with include/cuda_runtime.h"
+            return Fix(f"export CPATH={tk.target_include}${{CPATH:+:$CPATH}}")
+        return Fix(install_toolkit(torch_cuda(f)), "a toolkit with include/cuda_runtime.h")
     if "-lcudart" in low:
-        return f"point CUDA_HOME at a toolkit with lib64/libcudart.so (now {f.cuda_home})"
+        return Fix(
+            install_toolkit(torch_cuda(f)),
+            f"a toolkit with lib64/libcudart.so (CUDA_HOME is {f.cuda_home})",
+        )
     cc = f.env.get("CC")
     if cc and cc in err:
-        return "unset CC, or export CC= a compiler that exists (torch passes -ccbin $CC to nvcc)"
-    return f"run `xl doctor --build --json` and read checks[build].data.output ({cmd} printed it)"
+        return Fix("unset CC", "or export CC= a compiler that exists (torch passes -ccbin $CC)")
+    return Fix("xl doctor --build --json", f"its checks[build].data.output is what {cmd} printed")
 
 
 def check_build(f: Facts, static: list[Check]) -> Finding:

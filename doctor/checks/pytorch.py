@@ -20,9 +20,10 @@ from xl.doctor.checks.derived import (
 from xl.doctor.checks.finding import Finding, error, fail, ok, skip, warn
 from xl.doctor.checks.fixes import Apply, first_safe, toolkit_fix, torch_fix, with_torch
 from xl.doctor.checks.ldpath import ld_fix
-from xl.doctor.checks.toolkit_choice import toolkit_with
-from xl.doctor.checks.upgrade import RUNFILE, branch_for, driver_upgrade
+from xl.doctor.checks.toolkit_choice import install_toolkit, toolkit_with
+from xl.doctor.checks.upgrade import RUNFILE, branch_for, driver_upgrade, runfile_command
 from xl.doctor.facts import Facts, major_minor, vtuple
+from xl.doctor.report import Fix
 from xl.doctor.tables import DRIVER_FOR_CUDA, deepspeed_verdict
 from xl.doctor.wheels import (
     TAG_CUDA,
@@ -184,7 +185,7 @@ def check_torch(f: Facts) -> Finding:
         why = t.problem if t is not None else "the probe did not run"
         return error(
             f"could not inspect torch in {py}: {why}",
-            fix=f"run `{py} -c 'import torch; print(torch.__version__)'` to see the error",
+            fix=f"{py} -c 'import torch; print(torch.__version__)'",
         )
     gpus = working_gpus(f)
     caps = sorted({g.compute_capability for g in gpus if g.compute_capability})
@@ -205,7 +206,7 @@ def check_torch(f: Facts) -> Finding:
     if t.problem:
         return error(
             f"torch at {t.location}: {t.problem}",
-            fix=f"reinstall torch: {py} -m pip install --force-reinstall torch",
+            fix=f"{py} -m pip install --force-reinstall torch",
             data=data,
         )
     if t.hip:
@@ -266,11 +267,10 @@ def check_torch_cuda_match(f: Facts) -> Finding:
     if fix is None and tag:
         wheel = torch_fix(f, "torch_cuda_match", [tag])
         if wheel:
-            fix = (
-                f"install toolkit {major_minor(tc)}, or a torch built for {major_minor(tk_ver)}: "
-                f"{wheel}"
-            )
-    fix = fix or f"install CUDA toolkit {major_minor(tc)} and export CUDA_HOME to it"
+            # The other way round (the toolkit torch was built with) is said beside it.
+            other = f"the other way: {install_toolkit(tc)}"
+            fix = Fix(wheel, "; ".join(n for n in (getattr(wheel, "note", ""), other) if n))
+    fix = fix or install_toolkit(tc)
     mismatch = f"nvcc is CUDA {major_minor(tk_ver)} but {torch_label(f)} was built with {tc}"
     if a[0] != b[0]:
         return fail(
@@ -348,7 +348,10 @@ def _driver_cuda_fix(f: Facts, tc: str, dc: str) -> tuple[str, str]:
     upgrade = (
         driver_upgrade(f, branch)
         if branch is not None
-        else f"install the newest NVIDIA driver from {RUNFILE}"
+        else Fix(
+            runfile_command(None),
+            f"download the newest .run installer from {RUNFILE} into this folder first",
+        )
     )
     down = torch_fix(f, "driver_cuda", [t for t in full if is_downgrade(t, current)])
     alternative = (

@@ -15,6 +15,7 @@ from xl.doctor.checks.loaded import unknown_nccl_on_path
 from xl.doctor.checks.ncclnet import ib_hca, net_plugin
 from xl.doctor.checks.upgrade import driver_upgrade
 from xl.doctor.facts import Facts, vtuple
+from xl.doctor.report import Fix
 
 MIB = 1024 * 1024
 SHM_MIN = 512 * MIB
@@ -28,22 +29,26 @@ def _size(n: int) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
-def grow_shm_fix(container: str | None, shm_path: str) -> str:
+def grow_shm_fix(container: str | None, shm_path: str) -> Fix:
     """How to give shared memory more room: in a container (``container``: its kind), its start
     options; elsewhere a remount of the mount at ``shm_path``."""
     if container:
-        return (
-            "start the container with --shm-size=16g (or --ipc=host); Kubernetes: an emptyDir with "
-            "medium: Memory at /dev/shm"
+        return Fix(
+            f"{'podman' if container == 'podman' else 'docker'} run --shm-size=16g ...",
+            "the container started again with more shared memory (--ipc=host shares the "
+            "host's; Kubernetes: an emptyDir with medium: Memory at /dev/shm)",
         )
-    return f"sudo mount -o remount,size=16G {shm_path}"
+    return Fix(f"sudo mount -o remount,size=16G {shm_path}")
 
 
 def check_shm(f: Facts) -> Finding:
     if f.shm_total is None:
         return warn(
             f"can't read the shared memory mount: {f.shm_problem}",
-            fix="mount a tmpfs at /dev/shm (docker: --shm-size=16g or --ipc=host)",
+            fix=Fix(
+                "sudo mount -t tmpfs -o size=16G tmpfs /dev/shm",
+                "in a container: docker run --shm-size=16g (or --ipc=host)",
+            ),
         )
     stale = [s for s in f.shm_segments if s.stale]
     data: dict[str, Any] = {
@@ -118,8 +123,9 @@ def _fatal_nccl(f: Facts) -> list[tuple[str, str]]:
             (
                 "NCCL_NET=IB but this machine has no InfiniBand device (/sys/class/infiniband is "
                 "empty): "
-                'NCCL stops at init ("Failed to initialize any NET plugin")',
-                "unset NCCL_NET (NCCL takes InfiniBand when there is some, sockets otherwise)",
+                'NCCL stops at init ("Failed to initialize any NET plugin"); unset, NCCL takes '
+                "InfiniBand when there is some, sockets otherwise",
+                "unset NCCL_NET",
             )
         )
     ifname_trap = _socket_ifname_trap(f)
@@ -222,8 +228,8 @@ def _nccl_traps(f: Facts) -> list[tuple[str, str]]:
     if (env.get("NCCL_DEBUG") or "").upper() == "TRACE":
         traps.append(
             (
-                "NCCL_DEBUG=TRACE logs every call and slows training",
-                "export NCCL_DEBUG=WARN (or INFO while debugging)",
+                "NCCL_DEBUG=TRACE logs every call and slows training (INFO while debugging)",
+                "export NCCL_DEBUG=WARN",
             )
         )
     # An NCCL on LD_LIBRARY_PATH is the cuda_libraries check's: older than torch's pin fails
@@ -266,6 +272,7 @@ def check_nccl(f: Facts) -> Finding:
         "torch's NCCL is built in (no separate nvidia-nccl package); no NCCL_* traps set",
         data=data,
     )
+
 
 def check_cgroup(f: Facts) -> Finding:
     """A run's cgroup (docs/launch.md, "A run's cgroup"): without one, a process a rank starts in

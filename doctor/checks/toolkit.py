@@ -4,6 +4,7 @@ one PATH, CUDA_HOME and LD_LIBRARY_PATH each select, and the loader's path to th
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Any
 
 from xl.doctor.checks.derived import nvcc_versions, torch_cuda, torch_label
@@ -14,12 +15,14 @@ from xl.doctor.checks.loaded import all_loaded, older_on_ld_path
 from xl.doctor.checks.toolkit_choice import (
     export_toolkit,
     in_use_toolkit,
+    install_toolkit,
     preferred_toolkit,
     toolkit_choices,
     toolkit_with,
     usable_toolkit,
 )
 from xl.doctor.facts import Facts, Toolkit, major_minor, parse_nvcc_version, vtuple
+from xl.doctor.report import Fix
 from xl.doctor.status import Status
 
 
@@ -44,9 +47,7 @@ def _cuda_home_unresolved(f: Facts, data: dict[str, Any]) -> Finding:
         return warn(
             "unresolved (no CUDA_HOME, CUDA_PATH, nvcc on PATH or /usr/local/cuda): CUDA extension "
             "builds fail",
-            fix=export_toolkit(tk)
-            if tk
-            else f"install CUDA toolkit {tc} and export CUDA_HOME=/usr/local/cuda-{tc}",
+            fix=export_toolkit(tk) if tk else install_toolkit(tc),
             data=data,
         )
     return skip("no CUDA toolkit anywhere (only needed to build CUDA extensions)", data=data)
@@ -86,21 +87,6 @@ def conda_headers_fix(tk: Toolkit, short: str) -> str:
     return cmd
 
 
-def _install_toolkit(cuda: str | None) -> str:
-    """No complete toolkit anywhere: NVIDIA's package of the one wanted (its apt repository's
-    name; /usr/local/cuda-X.Y is where it installs)."""
-    if not cuda or major_minor(cuda) is None:
-        return (
-            "sudo apt-get install -y cuda-toolkit && export CUDA_HOME=/usr/local/cuda "
-            "PATH=/usr/local/cuda/bin:$PATH"
-        )
-    mm = major_minor(cuda)
-    return (
-        f"sudo apt-get install -y cuda-toolkit-{str(mm).replace('.', '-')} && "
-        f"export CUDA_HOME=/usr/local/cuda-{mm} PATH=/usr/local/cuda-{mm}/bin:$PATH"
-    )
-
-
 def check_cuda_home(f: Facts) -> Finding:
     home, src = f.cuda_home, f.cuda_home_from
     data: dict[str, Any] = {"cuda_home": home, "from": src}
@@ -113,27 +99,27 @@ def check_cuda_home(f: Facts) -> Finding:
     if d is None or d.problem:
         why = d.problem if d is not None and d.problem else f"{home} is not readable"
         fix = alt or (f"unset {src}" if src in ("CUDA_HOME", "CUDA_PATH") else "")
-        return fail(
-            f"{src}={home}: {why}", fix=fix or f"point {src} at an installed toolkit", data=data
-        )
+        return fail(f"{src}={home}: {why}", fix=fix or install_toolkit(torch_cuda(f)), data=data)
     if d.nvcc is None:
         return fail(
             f'{home} (from {src}) has no bin/nvcc: torch raises "nvcc not found" on every CUDA '
             "extension build",
-            fix=alt or "install the CUDA toolkit there or point CUDA_HOME at one",
+            fix=alt or install_toolkit(torch_cuda(f)),
             data=data,
         )
     home_short, home_full = nvcc_versions(f, "home")
     run = f.cuda_home_nvcc_run
     if run is not None and not run.ok:
         return error(
-            f"{home}/bin/nvcc: {run.problem}", fix=alt or "reinstall the toolkit's nvcc", data=data
+            f"{home}/bin/nvcc: {run.problem}",
+            fix=alt or install_toolkit(home_short or torch_cuda(f)),
+            data=data,
         )
     if run is not None and home_short is None:
         return error(
             f"{home}/bin/nvcc --version printed no 'release X.Y' "
             f"(first line: {run.first_line()!r})",
-            fix=alt or "check that this is NVIDIA's nvcc; reinstall the toolkit",
+            fix=alt or Fix(install_toolkit(torch_cuda(f)), "check that this is NVIDIA's nvcc"),
             data=data,
         )
     data["nvcc_version"] = home_full or home_short
@@ -153,7 +139,7 @@ def check_cuda_home(f: Facts) -> Finding:
         return warn(
             f"{home} ({where}) has no include/cuda_runtime.h{lead}: extension builds won't find "
             "CUDA headers and libraries",
-            fix=fix or _install_toolkit(home_short or torch_cuda(f)),
+            fix=fix or install_toolkit(home_short or torch_cuda(f)),
             data=data,
         )
     path_short, _ = nvcc_versions(f, "path")
@@ -175,9 +161,15 @@ def _nvcc_not_on_path(f: Facts) -> Finding:
     home_nvcc = f.cuda_home_dir.nvcc if f.cuda_home_dir is not None else None
     if home_nvcc:
         short, _ = nvcc_versions(f, "home")
+        tc = torch_cuda(f)
+        on_path = f"export PATH={os.path.dirname(home_nvcc)}:$PATH"
+        if tc and short and major_minor(short) != major_minor(tc):
+            # Every fix names the toolkit of torch's CUDA: not another one put on PATH here.
+            match = toolkit_with(f, tc)
+            on_path = export_toolkit(match) if match is not None else install_toolkit(tc)
         return warn(
             f"not on PATH; CUDA_HOME has {home_nvcc}" + (f" ({short})" if short else ""),
-            fix=f"export PATH={os.path.dirname(home_nvcc)}:$PATH",
+            fix=on_path,
         )
     choices = toolkit_choices(f)
     fix = toolkit_fix(f, "nvcc", choices)
@@ -187,10 +179,7 @@ def _nvcc_not_on_path(f: Facts) -> Finding:
     if torch_cuda(f):
         return warn(
             "no nvcc anywhere: CUDA extensions (DeepSpeed ops, JIT kernels) can't be built",
-            fix=(
-                f"install the CUDA {torch_cuda(f)} toolkit (nvcc), e.g. from "
-                "developer.nvidia.com/cuda-downloads"
-            ),
+            fix=install_toolkit(torch_cuda(f)),
         )
     return skip("no nvcc (only needed to build CUDA extensions)")
 
@@ -203,13 +192,19 @@ def check_nvcc(f: Facts) -> Finding:
         why = run.problem if run is not None else "was not run"
         return error(
             f"{f.path_nvcc}: {why}",
-            fix="run `nvcc --version` by hand; reinstall the toolkit if it fails",
+            fix=Fix(
+                install_toolkit(torch_cuda(f)),
+                "`nvcc --version` run by hand shows the error; this reinstalls the toolkit",
+            ),
         )
     short, full = parse_nvcc_version(run.stdout + run.stderr)
     if short is None:
         return error(
             f"{f.path_nvcc} --version printed no 'release X.Y' (first line: {run.first_line()!r})",
-            fix="check that this file is NVIDIA's nvcc (`file $(which nvcc)`)",
+            fix=Fix(
+                install_toolkit(torch_cuda(f)),
+                f"check that {f.path_nvcc} is NVIDIA's nvcc; this installs one",
+            ),
         )
     return ok(
         f"CUDA {short} (V{full or short}) at {f.path_nvcc}",
@@ -247,7 +242,7 @@ def check_toolkits(f: Facts) -> Finding:
                 "none found (/usr/local/cuda*, /opt/cuda*, CUDA_HOME, CUDA_PATH, PATH, "
                 "$CONDA_PREFIX, pip)"
             ),
-            fix=f"install CUDA toolkit {tc} to build extensions" if tc else "",
+            fix=Fix(install_toolkit(tc), "only extension builds need it") if tc else "",
             data=data,
         )
     listing = "; ".join(f"{t.root} {t.version or '?'}" for t in f.toolkits)
@@ -287,13 +282,16 @@ def check_toolkits(f: Facts) -> Finding:
         )
         return warn(
             f"they disagree: {pairs} (found: {listing})",
-            fix=fix or "make PATH, CUDA_HOME and LD_LIBRARY_PATH name the same toolkit",
+            fix=fix or install_toolkit(tc),
             data=data,
         )
     if broken and not usable:
         return fail(
             f"{broken[0].root}: {broken[0].problem}",
-            fix="fix the folder's permissions or point CUDA_HOME elsewhere",
+            fix=Fix(
+                f"sudo chmod -R a+rX {shlex.quote(broken[0].root)}",
+                "or point CUDA_HOME at another toolkit",
+            ),
             data=data,
         )
     unknown = [t for t in usable if t.version is None and t.nvcc]
@@ -307,7 +305,10 @@ def check_toolkits(f: Facts) -> Finding:
         )
         return error(
             f"{t.root}: version unknown, {why}; found: {listing}",
-            fix=f"run `{t.nvcc} --version` by hand; remove or repair this toolkit",
+            fix=Fix(
+                install_toolkit(torch_cuda(f)),
+                f"`{t.nvcc} --version` run by hand shows the error; remove or repair {t.root}",
+            ),
             data=data,
         )
     return ok(f"{listing}; {sel}", data=data)

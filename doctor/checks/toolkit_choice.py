@@ -71,3 +71,13 @@ def toolkit_choices(f: Facts, exclude: str | None = None) -> list[Toolkit]:
 def export_toolkit(tk: Toolkit) -> str:
     """The shell line that makes both torch's builder and `nvcc` on PATH use this toolkit."""
     return f"export CUDA_HOME={tk.root} PATH={tk.root}/bin:$PATH"
+
+
+def install_toolkit(cuda: str | None) -> str:
+    """NVIDIA's package of toolkit `cuda` (major.minor; the newest when None), as its apt
+    repository names it, installed to /usr/local/cuda-X.Y, with torch's builder and PATH pointed
+    at it."""
+    mm = major_minor(cuda) if cuda else None
+    pkg = f"cuda-toolkit-{mm.replace('.', '-')}" if mm else "cuda-toolkit"
+    root = f"/usr/local/cuda-{mm}" if mm else "/usr/local/cuda"
+    return f"sudo apt-get install -y {pkg} && export CUDA_HOME={root} PATH={root}/bin:$PATH"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from xl.doctor.checks.derived import working_gpus
 from xl.doctor.facts import Facts, vtuple
+from xl.doctor.report import Fix
 from xl.doctor.tables import DRIVER_FOR_CUDA
 
 RUNFILE = "https://www.nvidia.com/en-us/drivers/unix/"
@@ -85,38 +86,52 @@ def _install(host: DriverHost, branch: int) -> str | None:
     return None
 
 
-def driver_upgrade(f: Facts, branch: int, then: str | None = None) -> str:
+def driver_upgrade(f: Facts, branch: int, then: str | None = None) -> Fix:
     """upgrade_command for this machine (DriverHost.of the facts)."""
     return upgrade_command(DriverHost.of(f), branch, then)
 
 
-def upgrade_command(host: DriverHost, branch: int, then: str | None = None) -> str:
+def runfile_command(branch: int | None) -> str:
+    """NVIDIA's .run installer of a branch (any branch when None), run from the folder it was
+    downloaded to, then the reboot that loads its module."""
+    name = f"NVIDIA-Linux-*-{branch}.*.run" if branch else "NVIDIA-Linux-*.run"
+    return f"sudo sh ./{name} && sudo reboot"
+
+
+def upgrade_command(host: DriverHost, branch: int, then: str | None = None) -> Fix:
     """The command that installs driver `branch` (the open flavour where Blackwell needs it) and
     reboots to load it; `then`, a command to run in this environment too (a torch wheel), goes
-    before the reboot. In a container the driver's part is said for the host."""
+    before the reboot. What the command cannot say is the note: the Windows driver under WSL2,
+    the .run installer's download, and in a container the driver's part, which is the host's
+    (the fix is then what runs here)."""
+    notes = [getattr(then, "note", "")] if then else []
     if host.driver_os == "wsl":
         # WSL2 runs on the Windows driver (/usr/lib/wsl/lib): nothing installed in Linux replaces
         # it, and a Linux driver package there breaks it. The fix is Windows', then a restart of
-        # WSL.
-        driver = (
-            f"on Windows, not in WSL: install NVIDIA's Windows driver, branch {branch} or newer, "
-            "from "
-            f"{WINDOWS_DRIVERS}, then run 'wsl --shutdown' in PowerShell and reopen this shell"
+        # WSL (wsl.exe is reachable from inside it).
+        notes.append(
+            f"the GPU driver is Windows': install NVIDIA's Windows driver, branch {branch} or "
+            f"newer, from {WINDOWS_DRIVERS} first (the command then restarts WSL)"
         )
-        return f"{then}; then {driver}" if then else driver
+        restart = "wsl.exe --shutdown"
+        return _fix(f"{then} && {restart}" if then else restart, notes)
     install = _install(host, branch)
-    note = ""
-    if then and " (" in then:  # a wheel's note (a downgrade, said) goes last
-        then, note = then.split(" (", 1)
-        note = " (" + note
-    where = "on the host, not in this container: " if host.in_container else ""
     if install is None:
-        driver = (
-            f"{where}install NVIDIA driver branch {branch} (its newest release) with its .run "
-            f"installer from {RUNFILE}"
+        notes.append(
+            f"download driver branch {branch}'s newest .run installer from {RUNFILE} into this "
+            "folder first"
         )
-        return f"{then}{note}; then {driver}" if then else driver
-    if where:
-        driver = f"{where}{install} && sudo reboot"
-        return f"{then}{note}; {driver}" if then else driver
-    return f"{install} && {then} && sudo reboot{note}" if then else f"{install} && sudo reboot"
+        install = runfile_command(branch).removesuffix(" && sudo reboot")
+    if host.in_container:
+        driver = f"{install} && sudo reboot"
+        if then:
+            notes.append(f"the driver is the host's: on the host, not in this container, {driver}")
+            return _fix(str(then), notes)
+        notes.append("the driver is the host's: run this on the host, not in this container")
+        return _fix(driver, notes)
+    steps = [install, str(then)] if then else [install]
+    return _fix(" && ".join([*steps, "sudo reboot"]), notes)
+
+
+def _fix(command: str, notes: list[str]) -> Fix:
+    return Fix(command, "; ".join(n for n in notes if n))

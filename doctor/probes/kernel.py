@@ -41,7 +41,11 @@ def _has_nvidia(release: str) -> str | None:
     m = re.search(r"^(\S*/nvidia\.ko(?:\.\w+)?):", dep, re.MULTILINE)
     if m:
         return os.path.join(f"/lib/modules/{release}", m.group(1))
-    for sub in ("updates/dkms", "extra", "kernel/drivers/video", "updates"):
+    # Ubuntu's signed modules (linux-modules-nvidia-<branch>-<release>) live in
+    # kernel/nvidia-<branch>[srv]/.
+    kernel = listdir(os.path.join(base, "kernel"))
+    ubuntu = [f"kernel/{d}" for d in kernel if d.startswith("nvidia")]
+    for sub in ("updates/dkms", "extra", "kernel/drivers/video", "updates", "misc", *ubuntu):
         for name in listdir(os.path.join(base, sub)):
             if re.fullmatch(r"nvidia\.ko(?:\.\w+)?", name):
                 return f"/lib/modules/{release}/{sub}/{name}"

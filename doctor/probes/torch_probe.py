@@ -133,7 +133,11 @@ def pip_libs(site: str) -> list[tuple[str, str, str]]:
     return out
 
 
-_NVIDIA_REQ = re.compile(r"^Requires-Dist:\s*(nvidia-[\w.-]+?)\s*==\s*([0-9][\w.]*)", re.MULTILINE)
+# "nvidia-nccl-cu12==2.21.5; ..." as today's wheels write it, "nvidia-nccl-cu12 (==2.18.1) ; ..."
+# as older ones (torch 2.1 and before) did.
+_NVIDIA_REQ = re.compile(
+    r"^Requires-Dist:\s*(nvidia-[\w.-]+?)\s*\(?\s*==\s*([0-9][\w.]*)", re.MULTILINE
+)
 
 
 def nvidia_required(metadata: str) -> dict[str, str]:
@@ -157,7 +161,9 @@ def nvidia_dists(site: str) -> dict[str, str]:
     return out
 
 
-_NCCL_REQ = re.compile(r"^Requires-Dist:\s*(nvidia-nccl-cu\d+)\s*==\s*([0-9][\w.]*)", re.MULTILINE)
+_NCCL_REQ = re.compile(
+    r"^Requires-Dist:\s*(nvidia-nccl-cu\d+)\s*\(?\s*==\s*([0-9][\w.]*)", re.MULTILINE
+)
 
 
 def nccl_required(metadata: str) -> list[str] | None:

@@ -100,7 +100,8 @@ def test_working_gpus_leave_the_lost_out() -> None:
 def test_a_driver_fix_in_a_container_is_for_the_host() -> None:
     assert on_host(facts(), "install it") == "install it"
     inside = facts(env={"NVIDIA_VISIBLE_DEVICES": "all"})
-    assert on_host(inside, "install it") == "on the host, not in this container, install it"
+    said = on_host(inside, "install it")
+    assert said == "install it" and said.note == "run it on the host, not in this container"
 
 
 # -- toolkit_choice ----------------------------------------------------------------------------

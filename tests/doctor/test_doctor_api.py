@@ -39,7 +39,7 @@ def test_growing_shared_memory_is_said_as_the_shm_check_says_it() -> None:
     host = _facts(shm_total=64 * MIB, shm_free=60 * MIB, shm_path="/mnt/shm")
     boxed = _facts(shm_total=64 * MIB, shm_free=60 * MIB, container="docker")
     assert api.grow_shm(host) == "sudo mount -o remount,size=16G /mnt/shm"
-    assert api.grow_shm(boxed).startswith("start the container with --shm-size=16g")
+    assert api.grow_shm(boxed) == "docker run --shm-size=16g ..."
     for f in (host, boxed):
         assert api.check(f, "shm").fix == api.grow_shm(f)
     # Also when the mount is large enough: a cause may still need the way to grow it.

@@ -26,7 +26,10 @@ def _machine(
     built_for: tuple[str, ...] = (OLD,),
     loaded: bool = False,
     secure_boot: bool | None = None,
+    signed: bool = False,
 ) -> None:
+    """`signed`: the module is Ubuntu's signed one (linux-modules-nvidia-570-server), a file in
+    kernel/nvidia-570srv/ that modules.dep does not list, instead of DKMS's listed build."""
     (root / "proc" / "sys" / "kernel").mkdir(parents=True)
     (root / "proc" / "sys" / "kernel" / "osrelease").write_text(RUNNING + "\n")
     mods = "nvidia 54341632 0 - Live 0x0000000000000000 (POE)\n" if loaded else ""
@@ -35,7 +38,10 @@ def _machine(
         d = root / "lib" / "modules" / rel
         d.mkdir(parents=True)
         dep = "kernel/fs/ext4/ext4.ko.zst: kernel/fs/jbd2/jbd2.ko.zst\n"
-        if rel in built_for:
+        if rel in built_for and signed:
+            (d / "kernel" / "nvidia-570srv").mkdir(parents=True)
+            (d / "kernel" / "nvidia-570srv" / "nvidia.ko").write_bytes(b"\x7fELF fake")
+        elif rel in built_for:
             dep += "updates/dkms/nvidia.ko.zst:\n"
         (d / "modules.dep").write_text(dep)
     like = {
@@ -95,6 +101,33 @@ def test_a_new_kernel_dkms_did_not_build_for_gets_the_dkms_build(tmp_path: Path,
     assert c["data"]["kernel_module"]["release"] == RUNNING
 
 
+@pytest.mark.parametrize("signed", [False, True], ids=["dkms-build", "ubuntu-signed"])
+def test_after_a_kernel_upgrade_the_fix_builds_the_module_and_nothing_says_modprobe_alone(
+    tmp_path: Path, simnvml, signed: bool
+) -> None:
+    """The module is there for the old kernel only (DKMS's build, or Ubuntu's signed package in
+    kernel/nvidia-570srv/), `dkms status` names that kernel: NVML's own "load it with modprobe"
+    is not repeated, and the fix builds the module for the running kernel first."""
+    c = _driver(
+        tmp_path, simnvml, dkms=f"nvidia/570.124.06, {OLD}, x86_64: installed\n", signed=signed
+    )
+    assert f"built for {OLD} only" in c["detail"], c
+    assert "load it with" not in c["detail"], c
+    assert c["fix"].startswith(f"sudo apt-get install -y linux-headers-{RUNNING} && "), c
+    assert f"sudo dkms autoinstall -k {RUNNING}" in c["fix"]
+
+
+def test_ubuntus_signed_module_built_for_the_running_kernel_is_only_modprobed(
+    tmp_path: Path, simnvml
+) -> None:
+    """The healthy side: the signed module is there for this kernel, only not loaded."""
+    c = _driver(tmp_path, simnvml, built_for=(RUNNING, OLD), signed=True)
+    assert c["fix"] == "sudo modprobe nvidia", c
+    assert f"/lib/modules/{RUNNING}/kernel/nvidia-570srv/nvidia.ko is built for kernel" in (
+        c["detail"]
+    )
+
+
 def test_rhel_likes_get_dnf_and_ubuntu_without_dkms_gets_its_module_package(
     tmp_path: Path, simnvml
 ) -> None:
@@ -143,5 +176,5 @@ def test_a_module_that_is_there_and_allowed_gets_modprobe(
 def test_in_a_gpu_container_the_module_is_the_hosts(tmp_path: Path, simnvml) -> None:
     """A container's /lib/modules is not the host's: no package is installed in it for the host."""
     c = _driver(tmp_path, simnvml, env_extra={"NVIDIA_VISIBLE_DEVICES": "all"})
-    assert c["fix"].startswith("on the host, not in this container: sudo modprobe nvidia"), c
-    assert "apt-get" not in c["fix"]
+    assert c["fix"] == "sudo modprobe nvidia", c
+    assert "run it on the host, not in this container" in c["detail"]

@@ -6,6 +6,7 @@ NGC's builds, WSL2's driver folder)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,29 @@ def test_an_installed_nccl_wheel_older_than_torchs_pin_fails_with_the_pin(
     fixed = box.torch("2.7.0+cu128", cuda="12.8", requires=PINS, wheels=PINS, name="site-fixed")
     after, _ = run_doctor_json({**env, "PYTHONPATH": str(fixed)})
     assert statuses(after)["cuda_libraries"] == "ok"
+
+
+@pytest.mark.parametrize("installed", ["2.18.1", "2.26.2"], ids=["below-the-pin", "the-pin"])
+def test_torchs_pin_in_the_older_metadata_form_is_read_too(
+    tmp_path: Path, simnvml, installed: str
+) -> None:
+    """Wheels built before 2023 write `Requires-Dist: nvidia-nccl-cu12 (==2.26.2) ; ...`: the
+    pin is the same, and an NCCL wheel pinned below it fails with pip's exact pin; the pinned
+    version itself is fine."""
+    sim = _sim(simnvml)
+    box = Sandbox(tmp_path)
+    env, site, _ = _world(box, sim, wheels={**PINS, "nvidia-nccl-cu12": installed})
+    meta = site / "torch-2.7.0+cu128.dist-info" / "METADATA"
+    meta.write_text(meta.read_text().replace("==", " (==").replace("; platform", ") ; platform"))
+    assert "Requires-Dist: nvidia-nccl-cu12 (==2.26.2) ; platform_system" in meta.read_text()
+    report, proc = run_doctor_json(env)
+    c = by_id(report)["cuda_libraries"]
+    if installed == "2.26.2":
+        assert c["status"] == "ok" and proc.returncode == 0, c
+        return
+    assert c["status"] == "fail" and "the installed nvidia-nccl-cu12 2.18.1" in c["detail"], c
+    assert "NCCL 2.26.2" in c["detail"] and "undefined symbol" in c["detail"]
+    assert c["fix"] == f"{sys.executable} -m pip install nvidia-nccl-cu12==2.26.2"
 
 
 def test_a_newer_nccl_first_on_ld_library_path_is_fine(tmp_path: Path, simnvml) -> None:

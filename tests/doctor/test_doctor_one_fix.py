@@ -33,8 +33,8 @@ def _doctor_env(box: Sandbox, sim, tk: Path | None, site: Path) -> dict[str, str
     )
 
 
-def _launch_fix(tmp_path: Path, sim, site: Path) -> str:
-    """What `xl launch --gpus 0` stops with, its fix part."""
+def _launch_line(tmp_path: Path, sim, site: Path) -> str:
+    """What `xl launch --gpus 0` stops with: one line, the finding's detail then its fix."""
     (tmp_path / "t.py").write_text("print('hi')\n")
     env = xl_env(tmp_path / "home", **sim.env, PYTHONPATH=str(site))
     env.pop("XL_SIMULATED_GPUS")  # a real driver's GPUs: the CPU torch can't run them
@@ -42,7 +42,12 @@ def _launch_fix(tmp_path: Path, sim, site: Path) -> str:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     [line] = proc.stderr.strip().splitlines()
     assert not (tmp_path / "home" / "runs").exists() or not os.listdir(tmp_path / "home" / "runs")
-    return line.split("; fix: ", 1)[1]
+    return line
+
+
+def _launch_fix(tmp_path: Path, sim, site: Path) -> str:
+    """What `xl launch --gpus 0` stops with, its fix part."""
+    return _launch_line(tmp_path, sim, site).split("; fix: ", 1)[1]
 
 
 def test_a_cpu_torch_on_a_575_driver_gets_one_fix_from_launch_and_doctor(
@@ -82,10 +87,14 @@ def test_a_downgrade_is_said_out_loud_by_both(tmp_path: Path, simnvml) -> None:
     fix = by_id(report)["torch"]["fix"]
     m = PIP.search(fix)
     assert m and m.group(2) == "2.7.1" and m.group(3) == "cu118", fix
-    assert fix.endswith(
-        "(a downgrade from torch 2.13.0: 2.7.1 is the newest torch published for cu118)"
+    # The fix is the command; the downgrade is said beside it, in the detail, by both.
+    assert fix.endswith("/whl/cu118"), fix
+    said = (
+        "the wheel is a downgrade from torch 2.13.0: 2.7.1 is the newest torch published for cu118"
     )
-    assert _launch_fix(tmp_path, sim, site) == fix
+    assert said in by_id(report)["torch"]["detail"]
+    line = _launch_line(tmp_path, sim, site)
+    assert said in line and line.endswith(f"; fix: {fix}"), line
 
 
 @pytest.mark.parametrize("torch", ["2.9.0+cu126", "2.13.0+cu126"])

@@ -109,7 +109,8 @@ def test_host_compiler_is_the_one_nvcc_runs(
         want = f"NVCC_CCBIN={box.bin / 'g++-13'} CC={box.bin / 'g++-13'} CXX={box.bin / 'g++-13'}"
     assert hc["fix"].endswith(f"export {want}"), hc["fix"]
     if source == "NVCC_APPEND_FLAGS":
-        assert hc["fix"].startswith("remove -ccbin from NVCC_APPEND_FLAGS; ")
+        # Its -ccbin beats every variable: the flags are kept, without it, before the rest.
+        assert hc["fix"].startswith("export NVCC_APPEND_FLAGS=-lineinfo && "), hc["fix"]
 
 
 def test_host_compiler_without_an_older_one_says_what_to_install(tmp_path: Path) -> None:
@@ -120,8 +121,10 @@ def test_host_compiler_without_an_older_one_says_what_to_install(tmp_path: Path)
     report, proc = run_doctor_json(box.env(PATH=[tk / "bin"], CUDA_HOME=tk))
     hc = by_id(report)["host_compiler"]
     assert hc["status"] == "fail" and proc.returncode == 1
-    assert hc["fix"].startswith("install gcc 11 (e.g. sudo apt install g++-11)")
-    assert "NVCC_CCBIN=/usr/bin/g++-11" in hc["fix"]
+    assert hc["fix"] == (
+        "sudo apt-get install -y g++-11 && "
+        "export NVCC_CCBIN=/usr/bin/g++-11 CC=/usr/bin/gcc-11 CXX=/usr/bin/g++-11"
+    )
 
 
 # -- CUDA_HOME ------------------------------------------------------------------------------------

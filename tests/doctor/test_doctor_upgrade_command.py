@@ -11,53 +11,68 @@ import pytest
 
 from xl.doctor.checks.upgrade import RUNFILE, DriverHost, driver_upgrade, upgrade_command
 from xl.doctor.facts import Facts
+from xl.doctor.report import Fix
 from xl.gpu.records import empty_gpu
 
 UBUNTU = DriverHost(driver_os="ubuntu 24.04")
 
 
 @pytest.mark.parametrize(
-    ("host", "expected"),
+    ("host", "expected", "note"),
     [
-        (UBUNTU, "sudo apt-get install -y nvidia-driver-580 && sudo reboot"),
+        (UBUNTU, "sudo apt-get install -y nvidia-driver-580 && sudo reboot", ""),
         (
             DriverHost(driver_os="ubuntu 24.04", open_only=True),
             "sudo apt-get install -y nvidia-driver-580-open && sudo reboot",
+            "",
         ),
         (
             DriverHost(driver_os="ubuntu 24.04", in_container=True),
-            "on the host, not in this container: sudo apt-get install -y nvidia-driver-580 "
-            "&& sudo reboot",
+            "sudo apt-get install -y nvidia-driver-580 && sudo reboot",
+            "the driver is the host's: run this on the host, not in this container",
         ),
         (
             DriverHost(driver_os="rhel 9"),
             "sudo dnf module install -y nvidia-driver:580-dkms && sudo reboot",
+            "",
         ),
         (
             DriverHost(),
-            f"install NVIDIA driver branch 580 (its newest release) with its .run installer "
-            f"from {RUNFILE}",
+            "sudo sh ./NVIDIA-Linux-*-580.*.run && sudo reboot",
+            f"download driver branch 580's newest .run installer from {RUNFILE} into this folder "
+            "first",
         ),
     ],
     ids=["ubuntu", "ubuntu-open", "container", "rhel9", "unknown-os"],
 )
-def test_the_command_follows_the_host(host: DriverHost, expected: str) -> None:
-    assert upgrade_command(host, 580) == expected
+def test_the_command_follows_the_host(host: DriverHost, expected: str, note: str) -> None:
+    """The fix is the command alone; where it runs and what it needs first is its note (the
+    finding's detail)."""
+    fix = upgrade_command(host, 580)
+    assert fix == expected and fix.note == note
 
 
-def test_a_wheel_goes_before_the_reboot_and_its_note_last() -> None:
-    wheel = "python -m pip install torch==2.7.0 --index-url https://x/cu128 (downgrades torch)"
-    assert upgrade_command(UBUNTU, 570, wheel) == (
+def test_a_wheel_goes_before_the_reboot_and_its_note_stays_a_note() -> None:
+    wheel = Fix("python -m pip install torch==2.7.0 --index-url https://x/cu128", "downgrades")
+    fix = upgrade_command(UBUNTU, 570, wheel)
+    assert fix == (
         "sudo apt-get install -y nvidia-driver-570 && "
         "python -m pip install torch==2.7.0 --index-url https://x/cu128 && sudo reboot"
-        " (downgrades torch)"
+    )
+    assert fix.note == "downgrades"
+    # In a container the driver is the host's: the fix is what runs here, the host's part said.
+    inside = upgrade_command(DriverHost(driver_os="ubuntu 24.04", in_container=True), 570, wheel)
+    assert inside == "python -m pip install torch==2.7.0 --index-url https://x/cu128"
+    assert "on the host, not in this container, sudo apt-get install -y nvidia-driver-570" in (
+        inside.note
     )
 
 
 def test_under_wsl_the_driver_is_windows_and_never_an_apt_package() -> None:
-    text = upgrade_command(DriverHost(driver_os="wsl", open_only=True), 580)
-    assert text.startswith("on Windows, not in WSL: install NVIDIA's Windows driver, branch 580")
-    assert "apt-get" not in text and "wsl --shutdown" in text
+    fix = upgrade_command(DriverHost(driver_os="wsl", open_only=True), 580)
+    assert fix == "wsl.exe --shutdown"
+    assert "install NVIDIA's Windows driver, branch 580 or newer" in fix.note
+    assert "apt-get" not in fix + fix.note
 
 
 def _facts(**kw: object) -> Facts:

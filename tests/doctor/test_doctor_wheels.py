@@ -48,7 +48,8 @@ def test_the_pin_is_always_a_published_wheel(
     tag: str, current: str | None, pin: str | None
 ) -> None:
     assert version_for(tag, current) == pin
-    cmd, _, note = install_command("/py", tag, current).partition(" (")
+    fix = install_command("/py", tag, current)
+    cmd, note = str(fix), fix.note
     assert cmd.endswith(f"--index-url https://download.pytorch.org/whl/{tag}")
     # A pin older than the installed torch is said to be a downgrade; nothing else is.
     older = bool(pin and current and vtuple(pin) < vtuple(current.split("+")[0]))

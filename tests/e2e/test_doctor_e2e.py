@@ -216,7 +216,7 @@ def test_minor_mismatch_disagreeing_toolkits_and_driver_not_loaded(tmp_path: Pat
 @pytest.mark.parametrize(
     ("init_error", "status", "words"),
     [
-        ("version_mismatch", "fail", "reboot"),
+        ("version_mismatch", "fail", "sudo modprobe nvidia"),
         ("no_permission", "fail", "video"),
         ("unknown", "error", "nvidia-smi"),
     ],

@@ -274,7 +274,7 @@ def test_more_than_one_mig_instance_is_refused(tmp_path: Path, simnvml) -> None:
     c = by_id(report)["cuda_visible_devices"]
     assert c["status"] == "fail" and proc.returncode == 1
     assert "2 MIG instances" in c["detail"] and "only one" in c["detail"]
-    assert c["fix"].startswith(f"export CUDA_VISIBLE_DEVICES={a} ")
+    assert c["fix"] == f"export CUDA_VISIBLE_DEVICES={a}"
     assert_fix_works(box, env, "cuda_visible_devices")
     one, _ = run_doctor_json({**env, "CUDA_VISIBLE_DEVICES": b})
     assert statuses(one)["cuda_visible_devices"] == "ok"
@@ -304,9 +304,10 @@ def test_a_wheel_the_driver_runs_comes_before_a_driver_upgrade_even_against_the_
     t = by_id(report)["torch"]
     assert t["status"] == "fail" and "upgrade" not in t["fix"]
     assert "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124" in t["fix"]
-    assert t["fix"].endswith(
-        "(a downgrade from torch 2.8.0: 2.6.0 is the newest torch published for cu124)"
-    )
+    assert t["fix"].endswith("/whl/cu124")
+    assert (
+        "the wheel is a downgrade from torch 2.8.0: 2.6.0 is the newest torch published for cu124"
+    ) in t["detail"]
     # With a 12.x toolkit a wheel the driver runs exists: no upgrade asked for.
     tk12 = box.toolkit("cuda-12.4", "12.4.131", gcc_max=13)
     plain, _ = run_doctor_json(

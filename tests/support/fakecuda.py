@@ -436,6 +436,7 @@ def run_doctor_json(
     # pulling one way: a fix that broke another check was printed before this was asserted.
     assert_fixes_sound(data)
     assert_one_direction(data)
+    assert_fixes_are_commands(data)
     return data, proc
 
 
@@ -514,6 +515,65 @@ def assert_fixes_sound(report: dict[str, Any]) -> None:
 
 
 _TOOLKIT_IN_FIX = re.compile(r"\bCUDA_HOME=(\S+)|\bPATH=([^\s:$]+)/bin:")
+
+
+# The programs a doctor fix may start: the first word of each command in it (after `sudo` and
+# VAR=value). A fix is pasted into a shell as it is printed, so prose in it ("install ...",
+# "check ...", "see ...") is a command that fails, and a note in parentheses stops bash at `(`.
+FIX_PROGRAMS = frozenset(
+    {
+        "apt-get", "chmod", "conda", "dkms", "dmesg", "dnf", "docker", "dpkg", "export", "grep",
+        "journalctl", "kill", "ldconfig", "modprobe", "mokutil", "mount", "nvidia-ctk",
+        "nvidia-smi", "podman", "python", "python3", "reboot", "rm", "rmmod", "sed", "sh",
+        "systemctl", "ubuntu-drivers", "unset", "usermod", "wget", "wsl.exe", "xl",
+    }
+)  # fmt: skip
+_REDIRECTS = frozenset({">", ">>", "<", "2>", "&>"})
+
+
+def fix_problem(fix: str) -> str | None:
+    """Why this fix is not a command a shell accepts pasted as it is, or None when it is one:
+    bash's own syntax check (`bash -n`), no backticks or parentheses (a quoted command or a
+    note), and every command in it one of FIX_PROGRAMS or a path (an interpreter's)."""
+    if not fix:
+        return None
+    if "`" in fix:
+        return "backticks: a command quoted in prose, which the shell would run"
+    run = subprocess.run(
+        ["bash", "-n", "-c", fix], capture_output=True, text=True, timeout=30, check=False
+    )
+    if run.returncode or run.stderr.strip():
+        return f"bash -n: {run.stderr.strip() or run.returncode}"
+    lex = shlex.shlex(fix, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    start, skip_next = True, False
+    for tok in lex:
+        if skip_next:
+            skip_next = False
+            continue
+        if tok in ("&&", "||", ";", "|"):
+            start = True
+            continue
+        if tok in ("(", ")"):
+            return "parentheses: a note belongs in the detail"
+        if tok in _REDIRECTS:
+            skip_next = True
+            continue
+        if not start:
+            continue
+        if re.fullmatch(r"[A-Za-z_]\w*=.*", tok) or tok == "sudo" or tok.startswith("-"):
+            continue  # an assignment before the command, sudo and its options
+        if tok not in FIX_PROGRAMS and not tok.startswith("/"):
+            return f"{tok!r} is not a program a fix runs (prose?)"
+        start = False
+    return None
+
+
+def assert_fixes_are_commands(report: dict[str, Any]) -> None:
+    """Every fix in the report is a command a shell takes pasted as it is (fix_problem)."""
+    for c in report["checks"]:
+        why = fix_problem(c["fix"] or "")
+        assert why is None, f"{c['id']}'s fix is not a command ({why}): {c['fix']!r}"
 
 
 def assert_one_direction(report: dict[str, Any]) -> None:
