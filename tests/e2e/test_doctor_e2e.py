@@ -34,6 +34,15 @@ def _no_leftovers(tmp_path: Path):
     assert survivors(str(tmp_path)) == []
 
 
+def _cgroup_folder(tmp_path: Path) -> Path:
+    """A folder as a delegated cgroup v2 subtree shows itself (the memory controller offered)."""
+    folder = tmp_path / "cgroup"
+    folder.mkdir()
+    (folder / "cgroup.procs").touch()
+    (folder / "cgroup.controllers").write_text("cpu memory pids\n")
+    return folder
+
+
 def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
     sim = simnvml(
         gpus=[SimGPU(model="A100"), SimGPU(model="A100")],
@@ -56,6 +65,8 @@ def test_healthy_gpu_box_every_check_ok(tmp_path: Path, simnvml) -> None:
         TORCH_CUDA_ARCH_LIST="8.0",
         HF_TOKEN="hf_topsecretvalue123",
         DB_PASSWORD="hunter2hunter2",
+        # a cgroup v2 folder delegated to whoever runs the test (root or not): runs get one
+        XL_CGROUP_ROOT=_cgroup_folder(tmp_path),
     )
     report, proc = run_doctor_json(env)
     _complete(report)
