@@ -10,15 +10,35 @@ docs/contracts.md).
   mode), the one way a cause reaches them;
 - ``evidence``: what is known of a dead rank, and what every cause is made of;
 - ``gpu``: the GPU's, NCCL's and shared memory's causes, with the doctor's fixes;
-- ``explain``: the evidence of one dead rank as a ``Cause``.
+- ``why``: the evidence of one dead rank as a ``Cause`` (``explain``).
 
 Loaded only when a rank failed: not on any run's path to its first step.
 """
 
 from __future__ import annotations
 
-from xl.launcher.causes.evidence import Evidence
-from xl.launcher.causes.explain import explain
-from xl.launcher.causes.words import one_line, peer_loss
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from xl.launcher.causes.evidence import Evidence
+    from xl.launcher.causes.why import explain
+    from xl.launcher.causes.words import one_line, peer_loss
 
 __all__ = ["Evidence", "explain", "one_line", "peer_loss"]
+
+# Exported lazily: the supervisor reads a zombie's exit (``host``) and a peer's loss (``words``)
+# the moment a rank dies, before anything is explained; ``explain`` and the doctor's door load
+# only when a cause is made.
+_HOMES = {
+    "Evidence": "evidence",
+    "explain": "why",
+    "one_line": "words",
+    "peer_loss": "words",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

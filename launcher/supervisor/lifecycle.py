@@ -61,6 +61,9 @@ class Lifecycle:
                 told = True
             elif change.change is Change.RESTARTED:
                 self._restarted(st)
+        if told:
+            # A survivor tearing down after its peer died ends now, before the cause is read.
+            self.stopping.cut_teardowns()
         return told
 
     @property

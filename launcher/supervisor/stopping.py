@@ -143,8 +143,7 @@ class Stopping:
             return
         now = time.monotonic()
         if not stop.killed:
-            if stop.reason is StopReason.FAILURE:
-                self._cut_teardowns(stop)
+            self.cut_teardowns()
             if now - stop.since < self.grace:
                 return
             stop.killed, stop.killed_at = True, now
@@ -155,12 +154,16 @@ class Stopping:
             stop.torchrun_killed = True
             self.torchrun.signal(signal.SIGKILL)
 
-    def _cut_teardowns(self, stop: Stop) -> None:
+    def cut_teardowns(self) -> None:
         """A rank whose script ended with the loss of a peer (its collective broke) while that
         peer died of its own, and whose process still tears down: ended now, as torchrun's
         closing signal ends it, not at the grace's end (it has nothing left to save). xl's entry
         lets a stop's SIGTERM pass in a rank's teardown so that a rank's own failure prints
-        whole; that one keeps its teardown until the grace."""
+        whole; that one keeps its teardown until the grace. Asked as soon as ends are known
+        (``Lifecycle``), before anything is explained, and on each turn of the stop."""
+        stop = self.state
+        if stop is None or stop.reason is not StopReason.FAILURE or stop.killed:
+            return
         from xl.launcher.causes.words import peer_loss  # noqa: PLC0415 - a failure only
 
         def lost_peer(st: RankState) -> bool:
