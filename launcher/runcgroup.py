@@ -1,6 +1,6 @@
 """A run's cgroup on this node at the run's end: ended and removed by whoever ends the run
-(docs/launch.md, "A run's cgroup"; the cgroup itself is ``xl.cgroup``'s; ``xl launch`` makes
-it, ``launcher/control.py``, and the supervisor starts torchrun in it).
+(docs/launch.md, "A run's cgroup"). The cgroup itself is ``xl.cgroup``'s; ``xl launch`` makes
+it (``launcher/control.py``) and the supervisor starts torchrun in it.
 
 Whoever ends a run ends its cgroup: the supervisor in ``finish``; ``xl stop`` or any later xl
 command that settles a run whose supervisor is gone (``launcher/rundir/settle.py``). A rank that
@@ -24,7 +24,8 @@ from xl.launcher.rundir.record import RunRecord
 
 # What the launch says where no cgroup could be made: how the run is kept together instead.
 FALLBACK = "its processes are followed by their process tree and environment instead"
-_FINISHER_WAIT_S = 60.0  # the settling rank and torchrun end within this (torchrun: ~1 s)
+# the settling rank and torchrun end within this (torchrun: about 3 s on a busy machine)
+_FINISHER_WAIT_S = 60.0
 
 
 def end(rec: RunRecord, grace: float) -> None:
