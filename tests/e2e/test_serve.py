@@ -429,7 +429,9 @@ def _steps(log: Path, start: int, count: int) -> str:
 
 def test_the_monitor_in_the_browser_follows_a_log_already_long(tmp_path: Path) -> None:
     """The same app as in a terminal: a rank's log 3,000 lines long when its Monitor opens shows
-    its newest line, and the lines it writes next (a view left behind its end never drew them)."""
+    its newest line, and the lines it writes next (a view left behind its end never drew them);
+    the mouse wheel scrolls it back (its title says so, and new lines leave it where it is), `f`
+    follows again."""
     home = home_with_runs(tmp_path)
     run = make_run(home / "runs", "straggler", t0=time.time() - 30, run_id="live-run")
     last = _steps(run / "logs" / "rank-0.log", 0, 3000)
@@ -443,6 +445,17 @@ def test_the_monitor_in_the_browser_follows_a_log_already_long(tmp_path: Path) -
             since = tab.mark()
             last = _steps(run / "logs" / "rank-0.log", start, 40)
             tab.wait_text(last, since)
+        since = tab.mark()
+        tab.page.mouse.move(1000, 650)  # over the log pane, in the page's lower right
+        tab.page.mouse.wheel(0, -600)
+        tab.wait_text("scrolled back: f follows", since)
+        since = tab.mark()
+        last = _steps(run / "logs" / "rank-0.log", 3080, 40)
+        tab.page.wait_for_timeout(3000)  # polls enough to have drawn them, were it following
+        assert last not in tab.text(since)
+        since = tab.press("f")
+        tab.wait_text("Log — rank 0 (following)", since)
+        tab.wait_text(last, since)
 
 
 @pytest.mark.parametrize("tabs", [1, 0], ids=["a tab open", "no tab"])
