@@ -14,7 +14,7 @@ from pilotwait import until
 from where import FIXTURES
 
 from xl.tui.app import build_app
-from xl.tui.widgets.rank_log import RankLog
+from xl.tui.widgets.rank_log import MAX_LINES, RankLog
 
 NOW = runfixtures.T0 + 130
 
@@ -104,3 +104,23 @@ async def test_a_person_who_scrolled_back_stays_there_until_the_end_or_f(run_dir
         await until(pilot, lambda: "(following)" in title(app), "at the end: following")
         last = write_steps(run_dir, 680, 40)
         await until(pilot, lambda: shows(log, last), "following after scrolling to the end")
+
+
+async def test_a_person_reading_back_keeps_their_lines_when_the_oldest_are_dropped(run_dir):
+    """Past MAX_LINES the view drops its oldest lines as new ones come (and draws again): a
+    person reading back still sees the lines they were reading, not the top or the end."""
+    app = build_app(monitor_run_dir=run_dir, clock=lambda: NOW, poll_interval=0.2)
+    async with app.run_test(size=(120, 40)) as pilot:
+        log = app.screen.query_one(RankLog)
+        await until(pilot, lambda: log.rank == 0 and log.line_count > 0, "rank 0's log")
+        last = write_steps(run_dir, 0, MAX_LINES)
+        await until(pilot, lambda: shows(log, last), "the view full")
+        log.focus()
+        await pilot.press("pageup", "pageup")
+        await until(pilot, lambda: "scrolled back" in title(app), "scrolled back")
+        read = on_screen(log)
+        skipped = log.skipped
+        last = write_steps(run_dir, MAX_LINES, 100)
+        await until(pilot, lambda: log.lines[-1] == last and log.skipped > skipped, "lines dropped")
+        await pilot.pause(0.5)
+        assert on_screen(log) == read and "scrolled back" in title(app)
