@@ -81,14 +81,19 @@ def test_a_steps_loss_is_what_the_script_optimized_and_lockstep_ranks_agree(
             assert sum(line[k] for k in SPLIT) == pytest.approx(line["step_s"], abs=1e-5)
         assert sum(line["samples"] for line in mine) == truth["samples"]
     # Both ranks step together (DDP's all-reduce every step): their lines are cut after the same
-    # steps, so both show the same step, and each line's rate is over the same steps (cut where
-    # each rank's sender happened to wake, about half the lines differed by a dozen steps; a
-    # step that ends right at a cut on one rank and just after it on the other may still
-    # straddle it).
+    # steps, so both show the same step, and each line's rate is over the same steps. (Cut where
+    # each rank's sender happened to wake, the cuts drift apart over a long run as the senders'
+    # wake-ups do; tests/xl/integrations/test_stepclock.py holds the grid to any wake-up phase.)
+    # A step that ends right at a grid point on one rank and just after it on the other (a rank
+    # descheduled on a busy machine) moves that cut by a step or two at most: neither rank can
+    # end a step before the other's all-reduce of the step before. A sender starved past a grid
+    # point cuts at the next one: the rank with fewer lines is held to the other's.
     cuts = [{line["step"]: line for line in lines[rank]} for rank in (0, 1)]
     shared = sorted(set(cuts[0]) & set(cuts[1]))
-    everyone = set(cuts[0]) | set(cuts[1])
-    assert len(shared) >= 0.85 * len(everyone), (sorted(cuts[0]), sorted(cuts[1]))
+    fewer, more = sorted(cuts, key=len)
+    apart = [min(abs(a - b) for b in more) for a in fewer]
+    close = [d for d in apart if d <= 2]
+    assert len(close) >= 0.9 * len(apart), (sorted(cuts[0]), sorted(cuts[1]))
     ratios = [
         cuts[1][s]["samples_per_s"] / cuts[0][s]["samples_per_s"]
         for s in shared[1:]  # the first carries each rank's own start
