@@ -148,7 +148,11 @@ class Nodes:
 
         hub = self.hub
         assert hub is not None
-        self.env = envcheck.Judge(envcheck.gather_here(hub.journal.record))
+        try:
+            self.env = envcheck.Judge(envcheck.gather_here(hub.journal.record))
+        except Exception as exc:  # a probe that breaks: no comparison, the run goes as before
+            say(f"this node's fingerprint could not be taken, the nodes are not compared: {exc!r}")
+            return
         deadline = time.monotonic() + hub.timeout
         while len(joined(hub.nodes)) < hub.nnodes - 1 and time.monotonic() < deadline:
             if stop_came(_ENV_POLL_S):  # the loop ends the run as stopped
