@@ -142,7 +142,7 @@ def _read_files(facts: Facts, env: Mapping[str, str], jobs: _Jobs) -> None:
     if facts.path_nvcc:
         facts.path_toolkit = toolkits.toolkit_root_of_nvcc(facts.path_nvcc)
     facts.ld_entries = libraries.scan_ld_library_path(env.get("LD_LIBRARY_PATH"))
-    facts.preload = libraries.scan_preload(env.get("LD_PRELOAD"))
+    facts.preload = libraries.scan_preload(env.get("LD_PRELOAD"), env.get("LD_LIBRARY_PATH"))
     # XL_DOCTOR_SHM: check another mount (containers that bind shared memory elsewhere; tests).
     facts.shm_path = env.get(envnames.DOCTOR_SHM) or "/dev/shm"
     read_host(facts)
@@ -150,6 +150,7 @@ def _read_files(facts: Facts, env: Mapping[str, str], jobs: _Jobs) -> None:
     if facts.ib_devices:
         facts.ib_ports = kernel.infiniband_ports(facts.ib_devices)
     facts.fabric_manager = kernel.fabric_manager_installed()
+    facts.fabric_manager_version = kernel.fabric_manager_version()
     facts.distro = kernel.distro()
     visible = (env.get("NVIDIA_VISIBLE_DEVICES") or "").strip() not in ("", "void", "none")
     facts.driver_os = kernel.driver_os(bool(facts.container) or visible)

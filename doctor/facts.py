@@ -246,6 +246,7 @@ class Facts:
         default_factory=dict
     )  # GPU -> (state, status)
     fabric_manager: bool = False  # its daemon or unit is installed
+    fabric_manager_version: str | None = None  # the installed package's, from dpkg's status
     distro: str | None = None  # /etc/os-release ID and ID_LIKE ("ubuntu debian")
     # The distribution that installs the driver, as "<family> <major>" ("ubuntu 24", "debian 12",
     # "rhel 9", "fedora 42"): this one's, or in a container the host's (from its kernel release)

@@ -26,12 +26,13 @@ _CU = {
 
 def fabric_manager_fix(f: Facts) -> str:
     """Start NVIDIA's Fabric Manager, installing it first at exactly the driver's version (it
-    refuses to run beside another): NVIDIA's packages are nvidia-fabricmanager-<branch> up to
-    R575 and nvidia-fabricmanager from R580 (apt), nvidia-fabric-manager (dnf)."""
+    refuses to run beside another): when it is missing, or when the installed one's version is
+    not the driver's. NVIDIA's packages are nvidia-fabricmanager-<branch> up to R575 and
+    nvidia-fabricmanager from R580 (apt), nvidia-fabric-manager (dnf)."""
     start = "sudo systemctl enable --now nvidia-fabricmanager"
     d = f.driver
     version = d.version if d is not None and d.version else None
-    if f.fabric_manager or version is None:
+    if version is None or (f.fabric_manager and fabric_manager_matches(f)):
         return on_host(f, start)
     branch = vtuple(version)[0]
     if any(
@@ -40,8 +41,18 @@ def fabric_manager_fix(f: Facts) -> str:
         install = f"sudo dnf install -y nvidia-fabric-manager-{version}-1"
     else:
         name = "nvidia-fabricmanager" if branch >= 580 else f"nvidia-fabricmanager-{branch}"
-        install = f"sudo apt-get install -y {name}={version}-1"
+        install = f"sudo apt-get install -y --allow-downgrades {name}={version}-1"
+        if not f.fabric_manager:
+            install = install.replace(" --allow-downgrades", "")
     return on_host(f, f"{install} && {start}")
+
+
+def fabric_manager_matches(f: Facts) -> bool:
+    """Whether the installed Fabric Manager is the driver's version (True when either is not
+    known: nothing says otherwise)."""
+    d = f.driver
+    have = f.fabric_manager_version
+    return not (have and d is not None and d.version) or have == d.version
 
 
 def _said(code: int) -> str:
@@ -74,6 +85,11 @@ def check_cuda_init(f: Facts) -> Finding:
             else "cuInit fails with 802 (CUDA_ERROR_SYSTEM_NOT_READY) until it is"
         )
         installed = "" if f.fabric_manager else " (it is not installed)"
+        if f.fabric_manager and not fabric_manager_matches(f) and f.driver is not None:
+            installed = (
+                f" (the installed one is {f.fabric_manager_version}, the driver "
+                f"{f.driver.version}: it does not start beside another version)"
+            )
         verdict = warn if code == 0 and states == ["in progress"] else fail
         return verdict(
             f"{where}: NVIDIA's Fabric Manager has not set it up{installed}; {what}",

@@ -11,7 +11,7 @@ from typing import Any
 from xl.doctor.checks.derived import python_of, torch_cuda, torch_label
 from xl.doctor.checks.finding import Finding, fail, ok, skip
 from xl.doctor.checks.ldpath import ld_fix
-from xl.doctor.checks.loaded import Loaded, all_loaded
+from xl.doctor.checks.loaded import Loaded, all_loaded, older_on_ld_path
 from xl.doctor.facts import Facts
 
 
@@ -27,13 +27,17 @@ def _fix(f: Facts, old: list[Loaded]) -> str:
     preloaded = {x.where for x in old if x.source == "LD_PRELOAD"}
     if preloaded:
         fixes.append(preload_fix(f, preloaded))
-    if any(x.source == "LD_LIBRARY_PATH" for x in old):
+    if any(x.source == "LD_LIBRARY_PATH" for x in old) or older_on_ld_path(f):
         fixes.append(ld_fix(f))
     # torch's own wheel older than its pin, or none installed and the cache's older: the pin.
     pins = [f"{x.dist}=={x.need}" for x in old if x.source in ("wheel", "ldconfig")]
     if pins:
         fixes.append(f"{py} -m pip install {' '.join(pins)}")
     return "; ".join(dict.fromkeys(fixes))
+
+
+def _keys(found: list[Loaded]) -> set[tuple[str, str]]:
+    return {(x.where, x.soname) for x in found}
 
 
 def _said(x: Loaded) -> str:
@@ -70,6 +74,8 @@ def check_cuda_libraries(f: Facts) -> Finding:
             data=data,
         )
     old = [x for x in found if x.older]
+    # An older one on LD_LIBRARY_PATH behind an LD_PRELOAD loads once the preload is gone.
+    old += [y for y in older_on_ld_path(f) if old and (y.where, y.soname) not in _keys(old)]
     if old:
         said = "; ".join(
             f"{_said(x)} is older than the {x.family.name} {x.need} {torch_label(f)} pins "

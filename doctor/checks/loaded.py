@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xl.doctor.checks.derived import torch_cuda
 from xl.doctor.facts import Facts, vtuple
@@ -130,8 +130,10 @@ def all_loaded(f: Facts) -> list[Loaded]:
 
 
 def older_on_ld_path(f: Facts) -> list[Loaded]:
-    """The libraries LD_LIBRARY_PATH brings that are older than torch's pins."""
-    return [x for x in all_loaded(f) if x.source == "LD_LIBRARY_PATH" and x.older]
+    """The libraries LD_LIBRARY_PATH brings that are older than torch's pins, also those an
+    LD_PRELOAD hides now: they load once it is gone, so a fix takes them out with it."""
+    behind = replace(f, preload=[])
+    return [x for x in all_loaded(behind) if x.source == "LD_LIBRARY_PATH" and x.older]
 
 
 def unknown_nccl_on_path(f: Facts) -> list[str]:

@@ -69,9 +69,7 @@ def check_build(f: Facts, static: list[Check]) -> Finding:
         home = by.get("cuda_home")
         return fail(
             f"torch's extension builder can't start: {r.cannot}",
-            fix=home.fix
-            if home is not None and home.fix
-            else "install the CUDA toolkit and export CUDA_HOME to it",
+            fix=home.fix if home is not None and home.fix else install_toolkit(torch_cuda(f)),
             data=data,
         )
     step = r.failed

@@ -188,3 +188,19 @@ def fabric_manager_installed() -> bool:
             "/lib/systemd/system/nvidia-fabricmanager.service",
         )
     )
+
+
+def fabric_manager_version() -> str | None:
+    """The installed Fabric Manager package's version (570.124.06 of 570.124.06-1), read from
+    dpkg's status file: NVIDIA's packages are nvidia-fabricmanager-<branch> up to R575 and
+    nvidia-fabricmanager from R580. None when dpkg lists none (or on an RPM system)."""
+    text = read_text(at("/var/lib/dpkg/status"), limit=64 << 20) or ""
+    for block in text.split("\n\n"):
+        if not re.search(r"^Package: nvidia-fabricmanager(?:-\d+)?$", block, re.MULTILINE):
+            continue
+        if not re.search(r"^Status: install ok installed$", block, re.MULTILINE):
+            continue
+        m = re.search(r"^Version: (?:\d+:)?([\d.]+)", block, re.MULTILINE)
+        if m:
+            return m.group(1)
+    return None

@@ -117,13 +117,39 @@ def lib_version(path: str) -> tuple[str, str | None] | None:
     return (m.group(1), None) if m else None
 
 
-def scan_preload(value: str | None) -> list[tuple[str, str, str | None]]:
-    """(path, soname, version) of each CUDA library LD_PRELOAD names (split on spaces and
-    colons, as the loader does); the loader takes these before anything else."""
+# Where the loader looks for a library named without a folder after LD_LIBRARY_PATH, for the
+# distributions' usual layouts (the ldconfig cache lists these).
+_SYSTEM_LIB_DIRS = (
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib64",
+    "/usr/lib64",
+    "/lib",
+    "/usr/lib",
+)
+
+
+def scan_preload(
+    value: str | None, ld_value: str | None = None
+) -> list[tuple[str, str, str | None]]:
+    """(entry, soname, version) of each CUDA library LD_PRELOAD names (split on spaces and
+    colons, as the loader does); the loader takes these before anything else. An entry without a
+    folder (`libnccl.so.2`) is found as the loader finds it: LD_LIBRARY_PATH's folders, then the
+    system's."""
     out: list[tuple[str, str, str | None]] = []
+    folders = [d for d in (ld_value or "").split(":") if d] + list(_SYSTEM_LIB_DIRS)
     for raw in re.split(r"[\s:]+", value or "")[:64]:
-        found = lib_version(raw) if raw else None
-        if found is not None and is_file(raw):
+        if not raw:
+            continue
+        path = raw
+        if "/" not in raw:
+            path = next(
+                (os.path.join(d, raw) for d in folders if is_file(os.path.join(d, raw))), ""
+            )
+        found = lib_version(path) if path else None
+        if found is not None and is_file(path):
             out.append((raw, found[0], found[1]))
     return out
 

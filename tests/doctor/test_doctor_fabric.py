@@ -15,7 +15,10 @@ from simnvml import SimGPU
 pytestmark = pytest.mark.e2e
 
 
-def _root(tmp_path: Path, distro: str = "ubuntu", fabric_manager: bool = False) -> Path:
+def _root(
+    tmp_path: Path, distro: str = "ubuntu", fabric_manager: bool = False, dpkg: str | None = None
+) -> Path:
+    """`dpkg`: the Fabric Manager package dpkg lists as installed, at that version."""
     root = tmp_path / "root"
     (root / "etc").mkdir(parents=True)
     os_release = {"ubuntu": "ID=ubuntu\nID_LIKE=debian\n", "rhel": 'ID="rhel"\nID_LIKE="fedora"\n'}[
@@ -25,6 +28,13 @@ def _root(tmp_path: Path, distro: str = "ubuntu", fabric_manager: bool = False) 
     if fabric_manager:
         (root / "usr" / "bin").mkdir(parents=True)
         (root / "usr" / "bin" / "nv-fabricmanager").write_text("")
+    if dpkg:
+        (root / "var" / "lib" / "dpkg").mkdir(parents=True)
+        (root / "var" / "lib" / "dpkg" / "status").write_text(
+            "Package: libc6\nStatus: install ok installed\nVersion: 2.39-0ubuntu8\n\n"
+            f"Package: nvidia-fabricmanager-570\nStatus: install ok installed\n"
+            f"Priority: optional\nVersion: {dpkg}-1\n\n"
+        )
     return root
 
 
@@ -69,6 +79,29 @@ def test_hgx_whose_fabric_manager_is_not_running_fails_with_its_install_and_star
     assert st["driver"] == "ok" and st["gpus"] == "ok" and st["driver_cuda"] == "ok", report[
         "checks"
     ]
+
+
+@pytest.mark.parametrize("installed", ["570.86.10", "570.124.06"], ids=["another", "the-drivers"])
+def test_a_fabric_manager_of_another_version_than_the_driver_is_installed_at_the_drivers(
+    tmp_path: Path, simnvml, installed: str
+) -> None:
+    """Fabric Manager refuses to start beside a driver of another version: then the fix installs
+    the driver's version before the start; at the driver's version the start alone."""
+    report = _doctor(
+        tmp_path, simnvml, code=802, gpus=[SimGPU(model="H100", fabric_state=1)] * 4,
+        fabric_manager=True, dpkg=installed,
+    )
+    c = by_id(report)["cuda_init"]
+    assert c["status"] == "fail", c
+    start = "sudo systemctl enable --now nvidia-fabricmanager"
+    if installed == "570.124.06":
+        assert c["fix"] == start and "the installed one" not in c["detail"], c
+        return
+    assert "the installed one is 570.86.10, the driver 570.124.06" in c["detail"], c
+    assert c["fix"] == (
+        "sudo apt-get install -y --allow-downgrades nvidia-fabricmanager-570=570.124.06-1 && "
+        + start
+    )
 
 
 # The fabric's calls a driver may answer: both (the simulated default), only the versioned one

@@ -95,6 +95,29 @@ def test_an_older_nccl_in_ld_preload_fails_with_the_preload_taken_out(
     assert by_id(alone)["cuda_libraries"]["fix"] == "unset LD_PRELOAD"
 
 
+@pytest.mark.parametrize("version", ["2.18.3", "2.27.7"], ids=["older", "newer"])
+def test_an_nccl_preloaded_by_its_soname_is_the_one_ld_library_path_finds(
+    tmp_path: Path, simnvml, version: str
+) -> None:
+    """`LD_PRELOAD=libnccl.so.2` names no folder: the loader finds it on LD_LIBRARY_PATH. An
+    older one fails, and the fix takes out the preload and the folder (else the same old NCCL
+    loads through LD_LIBRARY_PATH next); a newer one, the usual early NCCL fix, is fine."""
+    sim = _sim(simnvml)
+    box = Sandbox(tmp_path)
+    nccl = box.lib_dir(f"nccl-{version}/lib", libs={"libnccl.so.2": version})
+    env, _, tk = _world(box, sim, ld=[nccl], LD_PRELOAD="libnccl.so.2")
+    report, proc = run_doctor_json(env)
+    c = by_id(report)["cuda_libraries"]
+    if version == "2.27.7":
+        assert c["status"] == "ok" and "newer than torch's 2.26.2" in c["detail"], c
+        assert proc.returncode == 0
+        return
+    assert c["status"] == "fail" and "LD_PRELOAD's libnccl.so.2 (2.18.3)" in c["detail"], c
+    assert f"LD_LIBRARY_PATH's {nccl}/libnccl.so.2 (2.18.3)" in c["detail"]
+    assert c["fix"] == f"unset LD_PRELOAD; export LD_LIBRARY_PATH={tk / 'lib64'}:{sim.library_dir}"
+    assert_fix_works(box, env, "cuda_libraries")
+
+
 def test_an_installed_nccl_wheel_older_than_torchs_pin_fails_with_the_pin(
     tmp_path: Path, simnvml
 ) -> None:

@@ -53,7 +53,8 @@ def test_same_major_newer_minor_warns_and_the_fix_works(tmp_path: Path, simnvml)
     assert "torch==2.6.0 --index-url https://download.pytorch.org/whl/cu124" in dc["detail"]
     assert proc.returncode == 0
     # The alternative said in the detail, applied: the warning goes and nothing else starts failing.
-    after, _ = run_doctor_json(apply_fix(box, env, dc["detail"].split("a torch downgrade: ", 1)[1]))
+    downgrade = dc["detail"].split("a torch downgrade: ", 1)[1].split("; ")[0]
+    after, _ = run_doctor_json(apply_fix(box, env, downgrade))
     assert statuses(after)["driver_cuda"] == "ok"
     assert not [k for k, s in statuses(after).items() if s == "fail"]
 

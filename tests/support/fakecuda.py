@@ -603,28 +603,32 @@ def assert_one_direction(report: dict[str, Any]) -> None:
 
 
 def apply_fix(box: Sandbox, env: Mapping[str, str], fix: str) -> dict[str, str]:
-    """The environment after a person ran the fix: exports and unsets applied (with $VAR and
-    ${VAR:+:$VAR} expanded), a pip install of torch replaced by that wheel, faked."""
+    """The environment after a person ran the fix, each of its commands in turn: exports and
+    unsets applied (with $VAR and ${VAR:+:$VAR} expanded), a pip install of torch replaced by that
+    wheel, faked."""
     from xl.doctor.wheels import NEWEST_KNOWN, TAG_CUDA  # noqa: PLC0415 - tests only
 
     out = dict(env)
-    cmd = fix_command(fix)
-    m = _PIP_FIX.search(cmd)
-    if m:
-        version, tag = m.group(2) or NEWEST_KNOWN, m.group(3)
-        site = box.torch(f"{version}+{tag}", cuda=TAG_CUDA[tag], name=f"site-{tag}-{version}")
-        out["PYTHONPATH"] = str(site)
-        return out
-    if cmd.startswith("unset "):
-        for var in cmd.split()[1:]:
-            out.pop(var, None)
-        return out
-    assert cmd.startswith("export "), f"not a command a test can apply: {fix!r}"
-    for word in shlex.split(cmd)[1:]:
-        var, _, value = word.partition("=")
-        old = out.get(var, "")
-        value = re.sub(r"\$\{(\w+):\+:\$\1\}", (":" + old) if old else "", value)
-        out[var] = value.replace(f"${var}", old)
+    for cmd in re.split(r"; | && ", fix):
+        cmd = cmd.strip()
+        m = _PIP_FIX.search(cmd)
+        if m:
+            version, tag = m.group(2) or NEWEST_KNOWN, m.group(3)
+            site = box.torch(f"{version}+{tag}", cuda=TAG_CUDA[tag], name=f"site-{tag}-{version}")
+            out["PYTHONPATH"] = str(site)
+            continue
+        if cmd.startswith("unset "):
+            for var in cmd.split()[1:]:
+                out.pop(var, None)
+            continue
+        if cmd == "sudo reboot":
+            continue  # a new driver loads: the test gives the simulated one itself
+        assert cmd.startswith("export "), f"not a command a test can apply: {fix!r}"
+        for word in shlex.split(cmd)[1:]:
+            var, _, value = word.partition("=")
+            old = out.get(var, "")
+            value = re.sub(r"\$\{(\w+):\+:\$\1\}", (":" + old) if old else "", value)
+            out[var] = value.replace(f"${var}", old)
     return out
 
 
