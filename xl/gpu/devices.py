@@ -312,9 +312,9 @@ def judge_visible_devices(
             "fail",
             f"{value!r} names {len(vis.mig_ids)} MIG instances, but one CUDA process enumerates "
             "only one "
-            f"(the first, {vis.mig_ids[0]}): the others are never used",
-            f"export CUDA_VISIBLE_DEVICES={vis.mig_ids[0]} (one MIG instance per process; "
-            "give each process its own instance)",
+            f"(the first, {vis.mig_ids[0]}): the others are never used; one MIG instance per "
+            "process, each process its own",
+            f"export CUDA_VISIBLE_DEVICES={vis.mig_ids[0]}",
             devices,
             {**data, "mig": list(vis.mig_ids)},
         )
@@ -328,12 +328,13 @@ def judge_visible_devices(
         fatal = bool(vis.duplicates) or any("CUDA stops there" in p for p in problems)
         keep = ",".join(str(g.index) for g in devices) or ",".join(str(g.index) for g in gpus)
         fix = (
-            f"export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={keep} (indices from "
-            "`nvidia-smi -L`)"
+            f"export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={keep}"
             if keep
             else "unset CUDA_VISIBLE_DEVICES"
         )
-        return VisibleVerdict("fail" if fatal else "warn", "; ".join(problems), fix, devices, data)
+        numbered = "; the fix numbers GPUs as `nvidia-smi -L` does" if keep else ""
+        said = "; ".join(problems) + numbered
+        return VisibleVerdict("fail" if fatal else "warn", said, fix, devices, data)
     shown = ", ".join(f"{g.index}" for g in devices)
     return VisibleVerdict(
         "ok", f"{value!r}: CUDA sees nvidia-smi GPU(s) {shown}", None, devices, data

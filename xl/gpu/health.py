@@ -131,8 +131,9 @@ def judge(g: GPU, h: Health | None, others: Sequence[int] = ()) -> list[Problem]
                 "fail",
                 f"GPU {i} is in exclusive-process mode and held by "
                 f"{', '.join(_who(p) for p in procs)}: "
-                'a rank on it fails with "CUDA-capable device(s) is/are busy or unavailable"',
-                _free_them(procs) + (f" (or {leave_out})" if leave_out else ""),
+                'a rank on it fails with "CUDA-capable device(s) is/are busy or unavailable"'
+                + (f" (or {leave_out})" if leave_out else ""),
+                _free_them(procs),
             )
         )
     if h is not None:
@@ -144,8 +145,8 @@ def judge(g: GPU, h: Health | None, others: Sequence[int] = ()) -> list[Problem]
                 Problem(
                     "fail",
                     f"GPU {i} has {h.ecc_uncorrected} uncorrectable ECC error(s) since the driver "
-                    "loaded: its memory can't be trusted until a reset",
-                    reset + " (or reboot)",
+                    "loaded: its memory can't be trusted until a reset (or a reboot)",
+                    reset,
                 )
             )
         if h.remap_failed:
@@ -153,31 +154,31 @@ def judge(g: GPU, h: Health | None, others: Sequence[int] = ()) -> list[Problem]
                 Problem(
                     "fail",
                     f"GPU {i} failed to remap a memory row (no spare rows left): it needs "
-                    "replacing",
-                    f"xl launch --gpus {rest} ... (leave GPU {i} out until it is replaced)"
-                    if rest
-                    else
-                        f"export CUDA_VISIBLE_DEVICES= (no other GPU here: CPU until GPU {i} is "
-                        "replaced)"
-                    ,
+                    "replacing; "
+                    + (
+                        "until then, leave it out"
+                        if rest
+                        else "until then, with no other GPU here, train on the CPU"
+                    ),
+                    f"xl launch --gpus {rest} ..." if rest else "export CUDA_VISIBLE_DEVICES=",
                 )
             )
         elif h.remap_pending:
             out.append(
                 Problem(
                     "fail",
-                    f"GPU {i} has a memory row remap pending: until a reset, the bad row is "
-                    "still in use",
-                    reset + " (or reboot)",
+                    f"GPU {i} has a memory row remap pending: until a reset (or a reboot), the "
+                    "bad row is still in use",
+                    reset,
                 )
             )
         if h.retired_pending:
             out.append(
                 Problem(
                     "fail",
-                    f"GPU {i} has a page retirement pending: until a reset, the bad page "
-                    "is still in use",
-                    reset + " (or reboot)",
+                    f"GPU {i} has a page retirement pending: until a reset (or a reboot), the "
+                    "bad page is still in use",
+                    reset,
                 )
             )
     if procs and mode not in ("exclusive_process", "exclusive_thread"):
@@ -185,8 +186,8 @@ def judge(g: GPU, h: Health | None, others: Sequence[int] = ()) -> list[Problem]
             Problem(
                 "warn",
                 f"GPU {i} is in use by {', '.join(_who(p) for p in procs)}: ranks will share its "
-                "memory and time",
-                _free_them(procs) + (f" (or {leave_out})" if leave_out else ""),
+                "memory and time" + (f" (or {leave_out})" if leave_out else ""),
+                _free_them(procs),
             )
         )
     return out
