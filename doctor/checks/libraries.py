@@ -27,7 +27,7 @@ def _fix(f: Facts, old: list[Loaded]) -> str:
     preloaded = {x.where for x in old if x.source == "LD_PRELOAD"}
     if preloaded:
         fixes.append(preload_fix(f, preloaded))
-    if any(x.source == "LD_LIBRARY_PATH" for x in old) or older_on_ld_path(f):
+    if any(x.source == "LD_LIBRARY_PATH" for x in old):
         fixes.append(ld_fix(f))
     # torch's own wheel older than its pin, or none installed and the cache's older: the pin.
     pins = [f"{x.dist}=={x.need}" for x in old if x.source in ("wheel", "ldconfig")]
@@ -36,8 +36,8 @@ def _fix(f: Facts, old: list[Loaded]) -> str:
     return "; ".join(dict.fromkeys(fixes))
 
 
-def _keys(found: list[Loaded]) -> set[tuple[str, str]]:
-    return {(x.where, x.soname) for x in found}
+def _key(x: Loaded) -> tuple[str, str]:
+    return x.where, x.soname
 
 
 def _said(x: Loaded) -> str:
@@ -75,7 +75,8 @@ def check_cuda_libraries(f: Facts) -> Finding:
         )
     old = [x for x in found if x.older]
     # An older one on LD_LIBRARY_PATH behind an LD_PRELOAD loads once the preload is gone.
-    old += [y for y in older_on_ld_path(f) if old and (y.where, y.soname) not in _keys(old)]
+    failing = {x.family for x in old}
+    old += [y for y in older_on_ld_path(f) if y.family in failing and _key(y) not in map(_key, old)]
     if old:
         said = "; ".join(
             f"{_said(x)} is older than the {x.family.name} {x.need} {torch_label(f)} pins "

@@ -397,7 +397,9 @@ def check_ld_library_path(f: Facts) -> Finding:
             fix=ld_fix(f),
             data={**data, "shadowed": [[x.path, n, a, b] for x, n, a, b in shadows]},
         )
-    older = older_on_ld_path(f)
+    # Said where cuda_libraries says it: behind a newer LD_PRELOAD an older one never loads.
+    failing = {x.family for x in all_loaded(f) if x.older}
+    older = [y for y in older_on_ld_path(f) if y.family in failing]
     refer = ""
     if older:
         data["older"] = [[y.where, y.soname, y.version, y.need] for y in older]

@@ -118,6 +118,23 @@ def test_an_nccl_preloaded_by_its_soname_is_the_one_ld_library_path_finds(
     assert_fix_works(box, env, "cuda_libraries")
 
 
+def test_a_newer_nccl_preloaded_over_an_older_one_on_the_path_is_fine(
+    tmp_path: Path, simnvml
+) -> None:
+    """The preload is what loads: the older NCCL behind it on LD_LIBRARY_PATH never does, so
+    nothing fails and nothing calls it older than torch's pin."""
+    sim = _sim(simnvml)
+    box = Sandbox(tmp_path)
+    old = box.lib_dir("nccl-2.18/lib", libs={"libnccl.so.2": "2.18.3"})
+    new = box.lib_dir("nccl-2.27/lib", libs={"libnccl.so.2": "2.27.7"})
+    env, _, _ = _world(box, sim, ld=[old], LD_PRELOAD=f"{new}/libnccl.so.2")
+    report, proc = run_doctor_json(env)
+    c, ld = by_id(report)["cuda_libraries"], by_id(report)["ld_library_path"]
+    assert c["status"] == "ok" and "NCCL 2.27.7" in c["detail"], c
+    assert ld["status"] == "ok" and "older than torch's pin" not in ld["detail"], ld
+    assert proc.returncode == 0
+
+
 def test_an_installed_nccl_wheel_older_than_torchs_pin_fails_with_the_pin(
     tmp_path: Path, simnvml
 ) -> None:
