@@ -393,15 +393,19 @@ def _take(ended: deque[tuple[Any, ...]], newest: float, final: bool) -> list[tup
             break
         timed = row[9]
         if timed is not None:
-            got = timed.read()
-            if got is not None:
+            try:
+                got = timed.read()
+            except Exception:  # events CUDA cannot compare (the script changed device): the host's
+                got = False
+            if got:
                 copy, compute, comm = got
                 data, compute, comm = fit(row[4], row[5] + copy, compute, comm)
                 row = (*row[:5], data, compute, comm, row[8], True)
-            elif not final:
+            elif got is None and not final:
                 break
             else:
-                timed.drop()
+                if got is None:
+                    timed.drop()
                 row = (*row[:9], None)
         ended.popleft()
         rows.append(row)

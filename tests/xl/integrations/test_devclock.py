@@ -274,3 +274,24 @@ def test_events_of_a_step_sent_on_the_hosts_clock_go_back_to_the_pool_once_done(
         _next_grid(fake)
         _on_sender(steps)
     assert dev.made <= made + 12  # the flushed steps' events served the later steps
+
+
+def test_events_cuda_cannot_compare_leave_the_step_on_the_hosts_clock() -> None:
+    # elapsed_time between events of two devices raises: that step goes out with its host
+    # figures, and the steps after it are not held up behind it.
+    steps, fake, dev = _clocks()
+    opt = Opt()
+    _warm(steps, fake, dev, opt)
+    _step(steps, fake, dev, opt)
+    _step(steps, fake, dev, opt)
+    broken = steps.ended[0][9]
+
+    def elapsed(end: Any) -> float:
+        raise RuntimeError("events recorded on different devices")
+
+    broken.start.elapsed_time = elapsed
+    _next_grid(fake)
+    _t, line = _on_sender(steps)
+    assert line["step"] == 3 and line["steps"] == 2
+    assert "clock" not in line  # one of two steps on the device: the line is the host's
+    assert not steps.ended
