@@ -89,7 +89,7 @@ def _no_driver(f: Facts, why: str, data: dict[str, Any]) -> Finding:
             data=data,
         )
     fix: str = ""
-    if f.container:
+    if torch_cuda(f) and f.container:
         fix = CONTAINER_FIX
     elif torch_cuda(f):
         newest = max(vtuple(v)[0] for v in DRIVER_FOR_CUDA.values())

@@ -60,6 +60,27 @@ def test_a_container_started_without_gpus_gets_the_runtimes_fix(
     assert not [c for c in report["checks"] if "install the NVIDIA driver" in (c["fix"] or "")]
 
 
+@pytest.mark.parametrize("torch", ["2.7.0+cpu", "2.7.0+cu128"])
+def test_a_container_without_a_driver_asks_for_gpus_only_when_torch_wants_them(
+    tmp_path: Path, simnvml, torch: str
+) -> None:
+    """A CPU image in docker (its marker, no driver) is a CPU setup: skipped, nothing to run. With
+    a CUDA torch it warns with the runtime's command for the host."""
+    sim = simnvml(gpus=0, init_error="library_not_found")
+    box = Sandbox(tmp_path)
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / ".dockerenv").write_text("")
+    site = box.torch(torch, cuda="12.8" if "cu" in torch else None)
+    report, _ = run_doctor_json(_env(box, sim, site, XL_DOCTOR_ROOT=str(root)))
+    d = by_id(report)["driver"]
+    if torch.endswith("+cpu"):
+        assert d["status"] == "skip" and d["fix"] == "", d
+        return
+    assert d["status"] == "warn" and d["fix"].startswith("sudo nvidia-ctk runtime configure"), d
+    assert "on the host, not in this container" in d["detail"]
+
+
 def test_in_a_gpu_container_a_driver_upgrade_is_the_hosts(tmp_path: Path, simnvml) -> None:
     sim = simnvml(gpus=[SimGPU()], driver_version="520.61.05", cuda_version=11080)
     box = Sandbox(tmp_path)
