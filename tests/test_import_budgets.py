@@ -41,8 +41,10 @@ PROCESSES = {
     "launch": Budget(
         LAUNCH + ", xl.launcher.cli.console",
         # `--slurm`'s job submission, `--rdzv`'s and `--python`'s code load only when asked for;
-        # xl.cgroup makes the run's cgroup before the fork
-        103,
+        # xl.cgroup makes the run's cgroup before the fork; the plain view's rank cells are
+        # endtable's (the live table and the end table are one row format) and the run's
+        # figures take their medians from xl.stats
+        105,
         90,
         # psutil once torchrun runs; pynvml only where libnvidia-ml loads; orjson for big polls
         # only, and statistics (fractions, decimal, random) never: xl.stats has the medians.

@@ -55,10 +55,12 @@ CHECK_IDS = [
     "arch_list",
     "cuda_libraries",
     "cuda_init",
+    "cgroup",
 ]
 STATUSES = ("ok", "skip", "warn", "error", "fail")  # mildest first
 CHECK_KEYS = {"id", "status", "title", "detail", "fix"}
-MACHINE_DEPENDENT = {"shm"}
+# /dev/shm's size and whether this user may make a cgroup are the machine's, not the setup's
+MACHINE_DEPENDENT = {"shm", "cgroup"}
 
 CUDA = Path("/usr/local/cuda")
 PATH_WITH_CUDA = f"{CUDA}/bin:/usr/bin:/bin"
