@@ -196,7 +196,9 @@ def _new_record(
         "name": spec.name or (Path(spec.script).name if spec.script else spec.module or ""),
         "spec": spec.to_json(),
         "argv": plan.argv,
-        "env": plan.env,
+        "rank_env": plan.env,
+        # the nodes' environments compared: node 0 of several fills it in before any rank starts
+        "env": {"diffs": []},
         "cwd": plan.cwd,
         "devices": [{"index": g.index, "uuid": g.uuid, "name": g.name} for g in plan.devices],
         "nnodes": spec.nnodes,

@@ -56,6 +56,51 @@ def _plain_event(ev: dict[str, Any]) -> str:
     return visible(text)
 
 
+def fold_env_diffs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``events`` with each run of consecutive ``env_diff`` events (one per field in which a node
+    differs, written together) made one event per node: a person reads one line per odd node,
+    with every field that differs there, its value beside the others' and the fixes."""
+    if not any(ev.get("kind") == "env_diff" for ev in events):
+        return events
+    out: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+    for ev in [*events, {}]:
+        if ev.get("kind") == "env_diff":
+            run.append(ev)
+            continue
+        if run:
+            out += _node_events(run)
+            run = []
+        if ev:
+            out.append(ev)
+    return out
+
+
+def _node_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One event per node of these ``env_diff`` events (by node rank), its message the node's
+    line; its time the node's first event's."""
+    from xl.doctor.api import Diff, node_lines  # noqa: PLC0415 - several nodes only
+
+    def value(v: object) -> str | int | None:
+        return v if v is None or (isinstance(v, (str, int)) and not isinstance(v, bool)) else str(v)
+
+    diffs: list[Diff] = []
+    first: dict[int, dict[str, Any]] = {}
+    for ev in events:
+        node, fix = ev.get("node"), ev.get("fix")
+        node = node if isinstance(node, int) and not isinstance(node, bool) else -1
+        host, name, severity = (str(ev.get(k) or "") for k in ("host", "field", "severity"))
+        fix = fix if isinstance(fix, str) else None
+        diffs.append(
+            Diff(node, host, name, value(ev.get("value")), value(ev.get("others")), severity, fix)
+        )
+        first.setdefault(node, ev)
+    lines = node_lines(diffs)  # one per node, by node rank
+    return [
+        {**first[node], "message": line} for node, line in zip(sorted(first), lines, strict=True)
+    ]
+
+
 # after the end (or a rank's exit): how long its relay may take to write its last lines
 _SETTLE_S = 3.0
 _END_POLL_S = 0.005  # once every rank has ended, run.json is looked at this often (a stat)
@@ -105,13 +150,27 @@ class _Plain:
             since, ev = self.held[0]
             if not force and now - since < _SETTLE_S and not self._ready(ev):
                 break
+            if not force and self._more_diffs(ev, now):
+                break
             self.held.pop(0)
             ready.append(ev)
         if ready:
             self.write("".join(line + "\n" for line in self._said(ready)).encode())
 
+    def _more_diffs(self, ev: dict[str, Any], now: float) -> bool:
+        """``ev`` is an ``env_diff`` and only ``env_diff`` events are held after it: another of
+        the same verdict may come in the next poll (the line of a node takes all of them), so
+        they wait for another event, or _SETTLE_S after the last."""
+        if ev.get("kind") != "env_diff":
+            return False
+        if any(e.get("kind") != "env_diff" for _, e in self.held):
+            return False
+        return now - self.held[-1][0] < _SETTLE_S
+
     def _said(self, events: list[dict[str, Any]]) -> list[str]:
-        """A line an event; past 64 ranks, ranks that started or ended cleanly together: one."""
+        """A line an event, a line an odd node for its ``env_diff`` events; past 64 ranks, ranks
+        that started or ended cleanly together: one."""
+        events = fold_env_diffs(events)
         if len(events) < 2:
             return [_plain_event(ev) for ev in events]
         from xl.launcher.cli import console_summary  # noqa: PLC0415 - not on the way to the start
@@ -257,10 +316,15 @@ def render(
     return Group(table, *_tail(state, events, Text))
 
 
+# the last events looked at for the tail's 5 lines: enough that the env_diff events of the
+# odd nodes (one per field) make their lines whole
+_TAIL_FOLDED = 64
+
+
 def _tail(state: RunState, events: bool, text: type[Text]) -> list[Text]:
     """Under the table: the hang verdict in force, and the last events."""
     parts = [text(f"hang: {visible(state.verdict)}", style="bold yellow")] if state.verdict else []
-    for ev in state.events[-5:] if events else []:
+    for ev in fold_env_diffs(state.events[-_TAIL_FOLDED:])[-5:] if events else []:
         parts.append(text(_plain_event(ev), style=_EVENT_STYLE.get(str(ev.get("kind")), "dim")))
     return parts
 

@@ -4,7 +4,7 @@ rank starts (docs/multinode.md, "One environment across nodes").
 Every node other than 0 sends its fingerprint as the first message of its link (``message``);
 node 0 takes its own, waits for every node's (``Nodes.check_env``, up to XL_NODE_TIMEOUT; a node
 that joins later is judged as it comes, ``Judge``), and ``judge`` compares them: one
-``env_diff`` event per field in which a node differs, run.json's ``env_check``, the
+``env_diff`` event per field in which a node differs, run.json's ``env``, the
 fingerprints in the run dir (``fingerprints.json``), and when a difference breaks the run
 (unless ``--allow-env-diff``) the failure that ends it before torchrun starts.
 """
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from xl.doctor.api import Diff, Fingerprint
 
 FINGERPRINTS = "fingerprints.json"  # in the run dir: every node's, by node rank
-RECORD_KEY = "env_check"  # run.json: {"diffs": [...], "fingerprints": FINGERPRINTS}
+RECORD_KEY = "env"  # run.json: {"diffs": [...], "fingerprints": FINGERPRINTS, ...}
 ALLOW_OPTION = "--allow-env-diff"
 
 
@@ -39,7 +39,7 @@ def gather_here(record: RunRecord) -> Fingerprint:
     """This node's fingerprint for its ranks: their interpreter and their whole environment."""
     from xl.doctor import api  # noqa: PLC0415 - several nodes only: a one-node run never loads the doctor
 
-    env = {**os.environ, **record.env}
+    env = {**os.environ, **record.rank_env}
     return api.gather_fingerprint(ranks_python(record), env, nproc=record.nproc_per_node or 0)
 
 
@@ -67,15 +67,20 @@ class Verdict:
         ]
 
     def failure_message(self) -> str:
-        """Why the launch stopped: each odd node on its own line, then how to go anyway."""
-        from xl.doctor.api import node_lines  # noqa: PLC0415 - only when a launch stops
-
-        lines = node_lines(self.stops)
-        head = (
-            "the nodes' environments differ where a run cannot work "
-            f"({len(lines)} node{'' if len(lines) == 1 else 's'}): "
+        """Why the launch stopped, in one line: the odd nodes and what differs on each. Each
+        node's whole line (its values beside the others', its fixes) is its ``env_diff``
+        events', said once in the view on node 0; run.json's ``env`` keeps them too."""
+        by_node: dict[int, list[Diff]] = {}
+        for diff in self.stops:
+            by_node.setdefault(diff.node, []).append(diff)
+        nodes = "; ".join(
+            f"node {node} ({found[0].host or '?'}) in {', '.join(d.label for d in found)}"
+            for node, found in sorted(by_node.items())
         )
-        return head + " | ".join(lines) + f"; fix them, or start anyway with {ALLOW_OPTION}"
+        return (
+            f"the nodes' environments differ where a run cannot work: {nodes}; fix them "
+            f"as node 0 says, or start anyway with {ALLOW_OPTION}"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

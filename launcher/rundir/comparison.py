@@ -49,7 +49,7 @@ def facts(rec: RunRecord) -> dict[str, Any]:
         "python": spec.get("python"),
     }
     out.update({name: versions.get(name) for name in _VERSIONS})
-    for key, value in sorted(rec.env.items()):
+    for key, value in sorted(rec.rank_env.items()):
         out[f"env.{key}"] = value
     return out
 

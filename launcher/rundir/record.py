@@ -99,7 +99,10 @@ class RunJson(TypedDict, total=False):
     status: str  # RunStatus
     spec: dict[str, Any]  # launcher.spec.LaunchSpec as JSON
     argv: list[str]
-    env: dict[str, str]
+    rank_env: dict[str, str]  # the variables xl sets for the ranks
+    # the nodes' environments compared: {"diffs": [...]} always; node 0 of several adds
+    # "fingerprints", "compared" and "missing" (launcher/multinode/envcheck.py)
+    env: dict[str, Any]
     cwd: str
     devices: list[dict[str, Any]]  # DeviceRow as JSON
     nnodes: int
@@ -126,7 +129,6 @@ class RunJson(TypedDict, total=False):
     cgroup_reason: str  # why none was made
     ended_in_cgroup: int  # processes still in it at the run's end, ended then
     cgroup_memory: dict[str, int | None]  # the kernel's count of its memory at the end
-    env_check: dict[str, Any]  # node 0 of several: the nodes' environments compared (envcheck)
 
 
 class RunStatus(str, Enum):
@@ -246,10 +248,15 @@ class RunRecord:
         return [str(a) for a in argv] if isinstance(argv, list) else []
 
     @property
-    def env(self) -> dict[str, str]:
-        """The variables xl set for the ranks ({} when missing)."""
-        env = self.data.get("env")
-        return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+    def rank_env(self) -> dict[str, str]:
+        """The variables xl set for the ranks ({} when missing). A run.json written before they
+        moved to ``rank_env`` has them as ``env``, a flat map of strings: read there."""
+        env = self.data.get("rank_env")
+        if not isinstance(env, dict):
+            env = self.data.get("env")
+            if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+                return {}
+        return {str(k): str(v) for k, v in env.items()}
 
     @property
     def cwd(self) -> str | None:

@@ -241,7 +241,7 @@ class RootCause:
             died_at=(st.alive_at if st.vanished else None) or st.ended_at,
         )
         # The doctor asks about the ranks' interpreter and environment (what xl added to it).
-        env = {**os.environ, **record.env}
+        env = {**os.environ, **record.rank_env}
         try:
             return explain(ev, Doctor(ev.python, env))
         except Exception as exc:  # the failure is recorded all the same, with a cause that says so

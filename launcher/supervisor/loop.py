@@ -161,7 +161,7 @@ class Supervisor:
         starting = _starting(len(self.ranks), self.record.devices)
         self.journal.emit(Notice(EventKind.RUN_STARTED, starting))
         env = dict(os.environ)
-        env.update(self.record.env)
+        env.update(self.record.rank_env)
         one_node = self.nodes.alone
         _debug("before telemetry")
         env.update(self.port.reserve(self.run_dir) if one_node else self._start_telemetry())
@@ -234,7 +234,7 @@ class Supervisor:
         return True
 
     def _start_telemetry(self) -> dict[str, str]:
-        instrumented = _instrumented({**os.environ, **self.record.env})
+        instrumented = _instrumented({**os.environ, **self.record.rank_env})
         hooks = self.nodes.telemetry_hooks(self.journal)
         env = self.port.start(self.run_dir, self.journal.emit, instrumented=instrumented, **hooks)
         _debug("telemetry started")

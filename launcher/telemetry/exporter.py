@@ -338,7 +338,7 @@ class RunsCollector(Collector):
             devices: dict[int | str | None, DeviceRow] = {d.index: d for d in rec.devices}
             by_rank = {r.rank: r for r in rec.ranks if r.rank is not None}
             host = rec.host or self._host
-            slurm = rec.env.get("SLURM_JOB_ID")
+            slurm = rec.rank_env.get("SLURM_JOB_ID")
             run_info.add_metric([rec.run_id], {
                 "name": _text(rec.name), "world_size": _text(rec.world_size or len(by_rank)),
                 "nnodes": _text(rec.nnodes), "user": run.user, "slurm_job_id": _text(slurm),

@@ -268,11 +268,13 @@ def test_run_json_keys_and_values(runs: dict[str, Run]) -> None:
     assert all(isinstance(r["pid"], int) and r["pid"] > 0 for r in rows)
     assert run["world_size"] == 2 and run["nproc_per_node"] == 2 and run["nnodes"] == 1
     assert isinstance(run["started_at"], float) and run["ended_at"] >= run["started_at"]
-    # argv is the torchrun command; env what xl set (the --env values included).
+    # argv is the torchrun command; rank_env what xl set (the --env values included); env the
+    # nodes' environments compared, nothing to compare on one node.
     assert run["argv"][1:3] == ["-m", "torch.distributed.run"]
-    assert run["env"]["CUDA_VISIBLE_DEVICES"] == "1,0"
-    assert run["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert run["env"]["CONTRACT_OUT"] == str(ok.out)
+    assert run["rank_env"]["CUDA_VISIBLE_DEVICES"] == "1,0"
+    assert run["rank_env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert run["rank_env"]["CONTRACT_OUT"] == str(ok.out)
+    assert run["env"] == {"diffs": []} and failed["env"] == {"diffs": []}
     # The root cause of the failed run.
     failure = failed["failure"]
     assert failure["rank"] == 1 and failure["exit_code"] == 1

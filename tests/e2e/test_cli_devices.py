@@ -44,7 +44,7 @@ def test_no_driver_a_gpu_index_is_a_skip_and_the_demo_runs_on_cpu(work: Path) ->
         assert "--gpus" not in proc.stderr
         run = run_json(run_dir)
         assert run["status"] == "succeeded" and run["devices"] == []
-        assert run["env"]["CUDA_VISIBLE_DEVICES"] == ""
+        assert run["rank_env"]["CUDA_VISIBLE_DEVICES"] == ""
         wait_no_processes(run_dir, timeout=3)
     finally:
         kill_run(run_dir)

@@ -89,6 +89,13 @@ def _diffs(run_dir: Path) -> list[dict[str, Any]]:
     return [e for e in run_events(run_dir) if e["kind"] == "env_diff"]
 
 
+def _node_lines(out: str, node: int) -> list[str]:
+    """The view's lines about one odd node (its failure line names it too, in brief)."""
+    return [
+        line for line in out.splitlines() if f"xl: node {node} (" in line and " differs [" in line
+    ]
+
+
 def _gone(homes: list[Path]) -> None:
     for home in homes:
         wait_no_processes(_run_dir(home), timeout=60)
@@ -107,20 +114,57 @@ def test_an_interface_node_1_lacks_stops_the_launch_before_any_rank(tmp_path: Pa
         # The variable's own value differs too, which alone would not matter: said once.
         assert [d["field"] for d in _diffs(run0)] == ["nccl_ifaces"]
         record = run_json(run0)
-        assert record["status"] == "failed" and record["env_check"]["diffs"] == [
+        assert record["status"] == "failed" and record["env"]["diffs"] == [
             {k: diff[k] for k in ("node", "host", "field", "value", "others", "severity", "fix")}
         ]
         prints = json.loads((run0 / "fingerprints.json").read_text())
         assert sorted(prints) == ["0", "1"]
         assert prints["1"]["ifname"] == "=xlnosuch9" and prints["0"]["ifname"] is None
         # Node 0 says which node, what it has and the fix, and why the run ended; node 1 too.
-        assert "node 1 (" in out0 and "fix there: unset NCCL_SOCKET_IFNAME" in out0, out0
+        [line] = _node_lines(out0, 1)
+        assert "differs [stops the run]: interfaces NCCL_SOCKET_IFNAME selects none" in line
+        assert line.endswith("; fix there: unset NCCL_SOCKET_IFNAME"), line
         assert "--allow-env-diff" in out0 and "--allow-env-diff" in out1, out1
         assert "node 1 (" in out1, out1
         # No rank started anywhere: node 0 decided before its torchrun (the rendezvous) began.
         for run_dir in (run0, run1):
             assert not list((run_dir / "ranks").glob("rank-*.json")), run_dir
             assert "rank_started" not in {e["kind"] for e in run_events(run_dir)}
+        _gone(homes)
+    finally:
+        cleanup((homes[0], homes[1]), procs)
+
+
+def test_a_node_that_differs_in_two_fields_is_one_line_naming_both(tmp_path: Path) -> None:
+    """Node 1 has an interface it lacks and another torch: one env_diff event a field, one
+    line for the node with each field, its value beside the others' and each fix; node 0,
+    alike with itself, is never named."""
+    site = _fake_torch(tmp_path / "site")
+    envs = [{}, {"NCCL_SOCKET_IFNAME": "=xlnosuch9", "PYTHONPATH": str(site)}]
+    procs, homes = _start(tmp_path, envs)
+    try:
+        (code0, out0), (code1, out1) = finish(procs, timeout=120)
+        assert (code0, code1) == (1, 1), out0 + out1
+        run0 = _run_dir(homes[0])
+        fields = [d["field"] for d in _diffs(run0)]
+        assert sorted(fields) == ["nccl_ifaces", "torch", "torch_cuda"], fields
+        assert run_json(run0)["env"]["diffs"] == [
+            {k: d[k] for k in ("node", "host", "field", "value", "others", "severity", "fix")}
+            for d in _diffs(run0)
+        ]
+        [line] = _node_lines(out0, 1)
+        assert "interfaces NCCL_SOCKET_IFNAME selects none (others " in line, line
+        assert f"torch {FAKE_TORCH_VERSION} (others 2.13" in line, line
+        assert "torch's CUDA 12.6 (others none)" in line, line
+        assert "fix there: unset NCCL_SOCKET_IFNAME; " in line, line
+        assert "-m pip install --force-reinstall torch==" in line, line
+        assert "where the others have" not in out0, out0  # no line a field
+        assert not _node_lines(out0, 0) and "node 0 (" not in out0, out0
+        # The failure, on both nodes: the odd node and its fields, in one line.
+        failure = run_json(run0)["failure"]["message"]
+        assert "node 1 (" in failure and "torch, torch's CUDA" in failure, failure
+        assert failure.endswith("start anyway with --allow-env-diff"), failure
+        assert failure in out1 and not _node_lines(out1, 1), out1
         _gone(homes)
     finally:
         cleanup((homes[0], homes[1]), procs)
@@ -154,7 +198,12 @@ def test_an_nccl_variable_on_one_node_only_warns_and_the_run_trains(tmp_path: Pa
             "1",
             "export NCCL_IB_DISABLE=1",
         )
-        assert "node 1 (" in out0 and "NCCL_IB_DISABLE unset where the others have 1" in out0
+        [line] = _node_lines(out0, 1)
+        assert line.endswith(
+            " differs [warning]: NCCL_IB_DISABLE unset (others 1); "
+            "fix there: export NCCL_IB_DISABLE=1"
+        ), line
+        assert not _node_lines(out0, 0) and not _node_lines(out1, 1), out0 + out1
         assert run_json(run0)["status"] == "succeeded"
         _gone(homes)
     finally:
@@ -185,9 +234,12 @@ def test_three_nodes_one_with_another_torch_is_named_alone(tmp_path: Path) -> No
         assert (cuda["value"], cuda["others"], cuda["severity"]) == ("12.6", None, "stop")
         # Its NCCL is not compared: the others' CPU torch loads none.
         assert "nccl" not in by_field
-        # The failure that ends the launch has one line per odd node: node 2 alone.
+        # One line for node 2, with both fields; the failure that ends the launch names node 2
+        # alone.
+        [line] = _node_lines(out0, 2)
+        assert "torch " in line and "torch's CUDA 12.6 (others none)" in line, line
         said = run_json(run0)["failure"]["message"]
-        assert said.count("differs [stops the run]") == 1 and "node 2 (" in said, said
+        assert "node 2 (" in said and "in torch, torch's CUDA;" in said, said
         assert "node 0 (" not in out0 and "node 1 (" not in out0, out0
         assert "node 2 (" in results[1][1] and "node 2 (" in results[2][1], results
         _gone(homes)
@@ -206,9 +258,10 @@ def test_nodes_that_differ_in_nothing_that_matters_say_nothing(tmp_path: Path) -
         (code0, out0), (code1, out1) = finish(procs, timeout=180)
         assert (code0, code1) == (0, 0), out0 + out1
         run0 = _run_dir(homes[0])
-        assert _diffs(run0) == [] and run_json(run0)["env_check"]["diffs"] == []
-        assert run_json(run0)["env_check"]["compared"] == [0, 1]
-        assert "differs" not in out0 and "where the others have" not in out0, out0
+        assert _diffs(run0) == [] and run_json(run0)["env"]["diffs"] == []
+        assert run_json(run0)["env"]["compared"] == [0, 1]
+        assert "differs" not in out0 and "(others " not in out0, out0
+        assert "differs" not in out1 and "(others " not in out1, out1
         _gone(homes)
     finally:
         cleanup((homes[0], homes[1]), procs)
@@ -226,12 +279,26 @@ def test_a_node_that_joins_after_node_0_stopped_waiting_is_judged_as_it_comes(
 
     def launch(node: int, **own: str) -> subprocess.Popen[str]:
         argv = [
-            *XL, "launch", "--no-tui", "--nnodes", "2", "--node-rank", str(node), "--rdzv", rdzv,
-            "--nproc", "1", "mn.py",
+            *XL,
+            "launch",
+            "--no-tui",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--rdzv",
+            rdzv,
+            "--nproc",
+            "1",
+            "mn.py",
         ]
         return subprocess.Popen(
-            argv, env=xl_env(homes[node], XL_TOKEN=TOKEN, **own), cwd=tmp_path,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            argv,
+            env=xl_env(homes[node], XL_TOKEN=TOKEN, **own),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
 
     procs = [launch(0, XL_NODE_TIMEOUT="3")]

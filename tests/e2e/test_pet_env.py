@@ -89,7 +89,7 @@ def test_two_pods_given_a_pytorchjob_s_variables_form_one_run(tmp_path: Path) ->
         ), record["ranks"]
         assert all(r["state"] == "exited" for r in record["ranks"]), record["ranks"]
         # The pods' fingerprints were compared before the ranks started: alike, so not a word.
-        assert record["env_check"]["compared"] == [0, 1] and record["env_check"]["diffs"] == []
+        assert record["env"]["compared"] == [0, 1] and record["env"]["diffs"] == []
         assert not [e for e in run_events(run0) if e["kind"] == "env_diff"]
         for run_dir in (run0, run1):
             wait_no_processes(run_dir, timeout=60)

@@ -248,8 +248,8 @@ def test_real_salloc_two_nodes(tmp_path: Path, cluster: dict[str, str]) -> None:
     assert "rendezvous at 127.0.0.1:" in output  # the first node's NodeAddr, from scontrol
     runs = _check_two_node_run(tmp_path / "home", output)
     # Node 0 compared both nodes' environments before the ranks started: alike, so not a word.
-    assert run_json(runs[0])["env_check"]["compared"] == [0, 1], run_json(runs[0])
-    assert run_json(runs[0])["env_check"]["diffs"] == [] and "differs" not in output
+    assert run_json(runs[0])["env"]["compared"] == [0, 1], run_json(runs[0])
+    assert run_json(runs[0])["env"]["diffs"] == [] and "differs" not in output
     _assert_nothing_left(runs, env)
 
 

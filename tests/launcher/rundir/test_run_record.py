@@ -257,5 +257,38 @@ def test_run_json_is_private(tmp_path: Path) -> None:
     """run.json holds the run's environment (tokens, keys): only its owner may read it."""
     (tmp_path / "run.json").write_text("{}")
     os.chmod(tmp_path / "run.json", 0o644)
-    record.save(tmp_path, RunRecord(run_id="r9", data={"env": {"XL_TOKEN": "secret"}}))
+    record.save(tmp_path, RunRecord(run_id="r9", data={"rank_env": {"XL_TOKEN": "secret"}}))
     assert stat.S_IMODE(os.stat(tmp_path / "run.json").st_mode) == 0o600
+
+
+# ---------------------------------------------------------------------------------- the ranks' env
+def test_the_ranks_variables_are_read_from_rank_env_beside_the_nodes_comparison(
+    tmp_path: Path,
+) -> None:
+    diffs = [{"node": 1, "host": "b", "field": "torch", "value": "2.6", "others": "2.7"}]
+    _write(
+        tmp_path,
+        json.dumps(
+            {
+                "run_id": "r10",
+                "rank_env": {"CUDA_VISIBLE_DEVICES": "1,0"},
+                "env": {"diffs": diffs, "compared": [0, 1]},
+            }
+        ),
+    )
+    rec = record.load(tmp_path)
+    assert rec is not None and rec.rank_env == {"CUDA_VISIBLE_DEVICES": "1,0"}
+    assert rec.data["env"]["diffs"] == diffs
+
+
+def test_a_run_json_from_before_rank_env_still_gives_the_ranks_variables(tmp_path: Path) -> None:
+    """Written before the move, ``env`` is the ranks' variables, a flat map of strings."""
+    _write(tmp_path, json.dumps({"run_id": "r11", "env": {"CUDA_VISIBLE_DEVICES": "2"}}))
+    rec = record.load(tmp_path)
+    assert rec is not None and rec.rank_env == {"CUDA_VISIBLE_DEVICES": "2"}
+
+
+def test_a_run_with_only_the_nodes_comparison_has_no_ranks_variables(tmp_path: Path) -> None:
+    _write(tmp_path, json.dumps({"run_id": "r12", "env": {"diffs": []}}))
+    rec = record.load(tmp_path)
+    assert rec is not None and rec.rank_env == {}

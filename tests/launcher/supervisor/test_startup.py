@@ -32,7 +32,7 @@ def _run_dir(tmp_path: Path) -> Path:
         "host": "here",
         "argv": [sys.executable, "-c", FAKE_TORCHRUN],
         "cwd": str(run_dir),
-        "env": {},
+        "rank_env": {},
         "spec": {},
         "ended_at": None,
         "grace_s": 0.3,
