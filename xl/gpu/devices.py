@@ -280,9 +280,10 @@ def judge_visible_devices(
             )
         return VisibleVerdict(
             "warn",
-            f"{shown}: CUDA sees no GPU at all (torch.cuda.is_available() is False)",
-            "unset CUDA_VISIBLE_DEVICES (or list the GPUs to use, e.g. export "
-            "CUDA_VISIBLE_DEVICES=0,1)",
+            # The alternative is said in the detail, so the fix stays one command to paste.
+            f"{shown}: CUDA sees no GPU at all (torch.cuda.is_available() is False); or list "
+            "the GPUs to use, e.g. export CUDA_VISIBLE_DEVICES=0,1",
+            "unset CUDA_VISIBLE_DEVICES",
             (),
             data,
         )
