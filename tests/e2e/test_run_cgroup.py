@@ -110,6 +110,27 @@ def _launch(tmp_path: Path, body: str, env: dict[str, str], *opts: str) -> tuple
     return wait_run(Path(env["XL_HOME"])), done.stderr
 
 
+@contextlib.contextmanager
+def _launched(
+    tmp_path: Path, body: str, env: dict[str, str], *opts: str
+) -> Iterator[tuple[Path, str, list[psutil.Process]]]:
+    """`_launch`'s run and the list its test keeps the sidecars in: whatever is left of them and
+    of the run is killed when the test ends, however it ends."""
+    run_dir, said = _launch(tmp_path, body, env, *opts)
+    sidecars: list[psutil.Process] = []
+    try:
+        yield run_dir, said, sidecars
+    finally:
+        _kill(sidecars)
+        kill_run(run_dir)
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+
+
 def _live(proc: psutil.Process) -> bool:
     try:
         return proc.status() != psutil.STATUS_ZOMBIE
@@ -117,14 +138,23 @@ def _live(proc: psutil.Process) -> bool:
         return False
 
 
-def _sidecar(tmp_path: Path, group: str, rank0: int) -> psutil.Process:
-    """The sidecar, once rank 0 started it: in a session of its own, without the run's
-    environment, and in the run's cgroup."""
-    session = os.getsid(rank0)
+def _started(tmp_path: Path, sidecars: list[psutil.Process]) -> psutil.Process:
+    """The ranks let go, the process rank 0 then starts, kept in ``sidecars``."""
     (tmp_path / "go").touch()
     pid_file = tmp_path / "go.child"
     pid = wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="sidecar")
     child = psutil.Process(int(pid))
+    sidecars.append(child)
+    return child
+
+
+def _sidecar(
+    tmp_path: Path, group: str, rank0: int, sidecars: list[psutil.Process]
+) -> psutil.Process:
+    """The sidecar, once rank 0 started it: in a session of its own, without the run's
+    environment, and in the run's cgroup."""
+    session = os.getsid(rank0)
+    child = _started(tmp_path, sidecars)
     wait_for(lambda: "XL_RUN_ID" not in child.environ(), timeout=10, what="its clean environment")
     assert os.getsid(child.pid) not in (session, os.getsid(0))
     assert child.pid in cgroup.pids(group), (child.pid, cgroup.pids(group))
@@ -135,11 +165,34 @@ def _rank0(run: dict[str, Any]) -> int:
     return next(int(r["pid"]) for r in run["ranks"] if r["rank"] == 0)
 
 
-def _ended(child: psutil.Process | None, run_dir: Path, group: str) -> None:
-    if child is not None:
-        wait_for(lambda: not _live(child), timeout=GRACE + 30, what="the sidecar to end")
+def _ended(child: psutil.Process, run_dir: Path, group: str) -> None:
+    _sidecar_ended(child)
     wait_no_processes(run_dir, timeout=GRACE + 10)
+    _removed(group)
+
+
+def _sidecar_ended(child: psutil.Process) -> None:
+    wait_for(lambda: not _live(child), timeout=GRACE + 30, what="the sidecar to end")
+
+
+def _removed(group: str) -> None:
     wait_for(lambda: not os.path.exists(group), timeout=30, what="the cgroup to be removed")
+
+
+def _ended_in_cgroup(run_dir: Path) -> dict[str, Any]:
+    """run.json once the supervisor (or the run's last rank, where it was killed) wrote what it
+    ended in the cgroup."""
+    return wait_for(
+        lambda: "ended_in_cgroup" in run_json(run_dir) and run_json(run_dir),
+        timeout=30,
+        what="run.json's ended_in_cgroup",
+    )
+
+
+def _stop(run_dir: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    stop = xl(["stop", run_dir.name], env, timeout=90)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    return stop
 
 
 @needs_cgroup
@@ -148,30 +201,19 @@ def test_a_sidecar_started_after_the_supervisor_was_killed_ends_when_the_ranks_f
     tmp_path: Path, bystander: psutil.Process, body: str
 ) -> None:
     env = xl_env(tmp_path / "home")
-    run_dir, said = _launch(tmp_path, body + THE_END, env)
-    child = None
-    try:
+    with _launched(tmp_path, body + THE_END, env) as (run_dir, said, sidecars):
         run = wait_ranks_running(run_dir, 2)
         group = run["cgroup"]
         assert "no cgroup" not in said and group.startswith(f"{PLACE.parent}/xl-"), (said, run)
         os.kill(run["supervisor_pid"], signal.SIGKILL)
-        child = _sidecar(tmp_path, group, _rank0(run))
+        child = _sidecar(tmp_path, group, _rank0(run), sidecars)
         (tmp_path / "go.end").touch()
         # The last rank settles the run; what is left in its cgroup is ended after it.
         _ended(child, run_dir, group)
-        final = wait_for(
-            lambda: "ended_in_cgroup" in run_json(run_dir) and run_json(run_dir),
-            timeout=30,
-            what="run.json's ended_in_cgroup",
-        )
+        final = _ended_in_cgroup(run_dir)
         assert final["status"] == "succeeded", final
         assert final["ended_in_cgroup"] == 1, final
         assert _live(bystander)
-    finally:
-        if child is not None:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        kill_run(run_dir)
 
 
 V2 = Path("/sys/fs/cgroup/unified")
@@ -195,29 +237,18 @@ def test_on_cgroup_v2_the_run_s_cgroup_holds_it_together_without_memory_figures(
     tmp_path: Path, bystander: psutil.Process, v2_folder: Path
 ) -> None:
     env = xl_env(tmp_path / "home", XL_CGROUP_ROOT=str(v2_folder))
-    run_dir, said = _launch(tmp_path, SIDECAR + THE_END, env)
-    child = None
-    try:
+    with _launched(tmp_path, SIDECAR + THE_END, env) as (run_dir, said, sidecars):
         run = wait_ranks_running(run_dir, 2)
         group = run["cgroup"]
         assert "no cgroup" not in said and group.startswith(f"{v2_folder}/xl-run-"), (said, run)
         os.kill(run["supervisor_pid"], signal.SIGKILL)
-        child = _sidecar(tmp_path, group, _rank0(run))
+        child = _sidecar(tmp_path, group, _rank0(run), sidecars)
         (tmp_path / "go.end").touch()
         _ended(child, run_dir, group)
-        final = wait_for(
-            lambda: "ended_in_cgroup" in run_json(run_dir) and run_json(run_dir),
-            timeout=30,
-            what="run.json's ended_in_cgroup",
-        )
+        final = _ended_in_cgroup(run_dir)
         assert final["status"] == "succeeded" and final["ended_in_cgroup"] == 1, final
         assert "cgroup_memory" not in final, final  # no memory controller in that tree
         assert _live(bystander)
-    finally:
-        if child is not None:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        kill_run(run_dir)
 
 
 @needs_cgroup
@@ -227,12 +258,10 @@ def test_a_sidecar_ends_with_a_run_whose_supervisor_lives(
     """The supervisor ends the run (its ranks finished): the sidecar it never knew is gone too;
     the cgroup's memory figures are the run's."""
     env = xl_env(tmp_path / "home")
-    run_dir, _ = _launch(tmp_path, DOUBLE_FORK + THE_END, env)
-    child = None
-    try:
+    with _launched(tmp_path, DOUBLE_FORK + THE_END, env) as (run_dir, _, sidecars):
         run = wait_ranks_running(run_dir, 2)
         group = run["cgroup"]
-        child = _sidecar(tmp_path, group, _rank0(run))
+        child = _sidecar(tmp_path, group, _rank0(run), sidecars)
         (tmp_path / "go.end").touch()
         final = wait_final(run_dir, timeout=60)
         _ended(child, run_dir, group)
@@ -243,11 +272,6 @@ def test_a_sidecar_ends_with_a_run_whose_supervisor_lives(
         assert memory["peak"] > 50 << 20 and memory["limit"] is None, memory
         assert memory["oom_kills"] == 0, memory
         assert _live(bystander)
-    finally:
-        if child is not None:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        kill_run(run_dir)
 
 
 @needs_cgroup
@@ -256,27 +280,18 @@ def test_xl_stop_ends_a_double_forked_sidecar(
     tmp_path: Path, bystander: psutil.Process, supervisor: str
 ) -> None:
     env = xl_env(tmp_path / "home")
-    run_dir, _ = _launch(tmp_path, DOUBLE_FORK + "time.sleep(300)\n", env)
-    child = None
-    try:
+    with _launched(tmp_path, DOUBLE_FORK + "time.sleep(300)\n", env) as (run_dir, _, sidecars):
         run = wait_ranks_running(run_dir, 2)
         group = run["cgroup"]
         if supervisor == "killed":
             os.kill(run["supervisor_pid"], signal.SIGKILL)
-        child = _sidecar(tmp_path, group, _rank0(run))
-        stop = xl(["stop", run_dir.name], env, timeout=90)
-        assert stop.returncode == 0 and stop.stdout.strip() == f"{run_dir.name} stopped", (
-            stop.stdout + stop.stderr
-        )
+        child = _sidecar(tmp_path, group, _rank0(run), sidecars)
+        stop = _stop(run_dir, env)
+        assert stop.stdout.strip() == f"{run_dir.name} stopped", stop.stdout + stop.stderr
         _ended(child, run_dir, group)
         final = run_json(run_dir)
         assert final["status"] == "stopped" and isinstance(final["ended_in_cgroup"], int), final
         assert _live(bystander)
-    finally:
-        if child is not None:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        kill_run(run_dir)
 
 
 @needs_cgroup
@@ -284,25 +299,17 @@ def test_xl_stop_of_a_run_with_a_damaged_run_json_ends_its_cgroup_by_name(
     tmp_path: Path, bystander: psutil.Process
 ) -> None:
     env = xl_env(tmp_path / "home")
-    run_dir, _ = _launch(tmp_path, DOUBLE_FORK + "time.sleep(300)\n", env)
-    child = None
-    try:
+    with _launched(tmp_path, DOUBLE_FORK + "time.sleep(300)\n", env) as (run_dir, _, sidecars):
         run = wait_ranks_running(run_dir, 2)
         group = run["cgroup"]
         os.kill(run["supervisor_pid"], signal.SIGKILL)
-        child = _sidecar(tmp_path, group, _rank0(run))
+        child = _sidecar(tmp_path, group, _rank0(run), sidecars)
         (run_dir / "run.json").write_text("{")
-        stop = xl(["stop", run_dir.name], env, timeout=90)
-        assert stop.returncode == 0, stop.stdout + stop.stderr
-        wait_for(lambda: not _live(child), timeout=GRACE + 30, what="the sidecar to end")
-        wait_for(lambda: not os.path.exists(group), timeout=30, what="the cgroup to be removed")
+        _stop(run_dir, env)
+        _sidecar_ended(child)
+        _removed(group)
         assert not [p for p in psutil.process_iter() if _in_run(p, run["run_id"])]
         assert _live(bystander)
-    finally:
-        if child is not None:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        kill_run(run_dir)
 
 
 def _in_run(proc: psutil.Process, run_id: str) -> bool:
@@ -319,9 +326,7 @@ def test_a_run_that_cannot_have_a_cgroup_says_so_and_is_still_kept_together(
     says why, and the run is followed as before (the sidecar, seen by the live supervisor,
     ends with `xl stop`)."""
     env = xl_env(tmp_path / "home", XL_CGROUP_ROOT=str(tmp_path / "no-cgroup"))
-    run_dir, said = _launch(tmp_path, SIDECAR + "time.sleep(300)\n", env)
-    child = None
-    try:
+    with _launched(tmp_path, SIDECAR + "time.sleep(300)\n", env) as (run_dir, said, sidecars):
         run = wait_ranks_running(run_dir, 2)
         reason = f"XL_CGROUP_ROOT: {tmp_path / 'no-cgroup'} is not a cgroup folder"
         assert said.splitlines()[0] == (
@@ -329,21 +334,12 @@ def test_a_run_that_cannot_have_a_cgroup_says_so_and_is_still_kept_together(
             "tree and environment instead"
         ), said
         assert run["cgroup"] is None and run["cgroup_reason"] == reason, run
-        (tmp_path / "go").touch()
-        pid_file = tmp_path / "go.child"
-        pid = wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="child")
-        child = psutil.Process(int(pid))
-        stop = xl(["stop", run_dir.name], env, timeout=90)
-        assert stop.returncode == 0, stop.stdout + stop.stderr
-        wait_for(lambda: not _live(child), timeout=GRACE + 30, what="the sidecar to end")
+        child = _started(tmp_path, sidecars)
+        _stop(run_dir, env)
+        _sidecar_ended(child)
         wait_no_processes(run_dir, timeout=GRACE + 10)
         assert "ended_in_cgroup" not in run_json(run_dir)
         assert _live(bystander)
-    finally:
-        if child is not None:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        kill_run(run_dir)
 
 
 @needs_cgroup
@@ -361,8 +357,7 @@ def test_memory_limit_is_the_kernel_s_and_its_oom_kill_is_host_oom_naming_it(
     time.sleep(300)
     """
     env = xl_env(tmp_path / "home")
-    run_dir, _ = _launch(tmp_path, body, env, "--memory-limit", "512M")
-    try:
+    with _launched(tmp_path, body, env, "--memory-limit", "512M") as (run_dir, _, _):
         run = wait_ranks_running(run_dir, 2)
         assert run["spec"]["memory_limit"] == "512M"
         assert cgroup.memory(run["cgroup"])["limit"] == 512 << 20
@@ -380,8 +375,6 @@ def test_memory_limit_is_the_kernel_s_and_its_oom_kill_is_host_oom_naming_it(
         wait_no_processes(run_dir, timeout=GRACE + 10)
         assert not os.path.exists(run["cgroup"])
         assert _live(bystander)
-    finally:
-        kill_run(run_dir)
 
 
 @needs_cgroup
@@ -398,8 +391,7 @@ def test_a_run_under_its_memory_limit_is_left_alone_and_its_memory_is_on_the_sys
         time.sleep(0.02)
     """
     env = xl_env(tmp_path / "home")
-    run_dir, _ = _launch(tmp_path, body, env, "--memory-limit", "1G")
-    try:
+    with _launched(tmp_path, body, env, "--memory-limit", "1G") as (run_dir, _, _):
         wait_ranks_running(run_dir, 2)
         before = wait_for(lambda: _cgroup_lines(run_dir), timeout=30, what="a sys line")
         assert before[-1]["cgroup_mem_limit_mib"] == 1024.0, before[-1]
@@ -419,8 +411,6 @@ def test_a_run_under_its_memory_limit_is_left_alone_and_its_memory_is_on_the_sys
         assert final["cgroup_memory"]["limit"] == 1 << 30, final
         assert final["cgroup_memory"]["peak"] >= 400 << 20, final
         wait_no_processes(run_dir, timeout=GRACE + 10)
-    finally:
-        kill_run(run_dir)
 
 
 def _cgroup_lines(run_dir: Path) -> list[dict[str, Any]]:
@@ -490,12 +480,10 @@ def test_each_node_s_supervisor_ends_its_own_cgroup(
                 sidecars.append(psutil.Process(pid))
             wait_no_processes(run_dir, timeout=GRACE + 10)
         for child in sidecars:
-            wait_for(lambda c=child: not _live(c), timeout=GRACE + 30, what="a sidecar to end")
+            _sidecar_ended(child)
         for group in groups:
-            wait_for(lambda g=group: not os.path.exists(g), timeout=30, what="a cgroup removed")
+            _removed(group)
         assert _live(bystander)
     finally:
-        for child in sidecars:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
+        _kill(sidecars)
         twonodes.cleanup(homes)
