@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import XL, first_run, rdzv_port, run_json, wait_for, wait_no_processes, xl_env
+from procs import first_run, rdzv_port, run_json, wait_for, wait_no_processes
 from simnvml import SimGPU
-from twonodes import SCRIPT, TOKEN, cleanup, finish, run_events
+from twonodes import SCRIPT, cleanup, finish, launch_node, run_events
 
 pytestmark = pytest.mark.e2e
 
@@ -49,34 +49,13 @@ def _start(
     (tmp_path / "mn.py").write_text(SCRIPT)
     rdzv = f"127.0.0.1:{rdzv_port()}"
     homes = [tmp_path / f"node{n}" for n in range(len(envs))]
-    procs = []
-    for node, (home, own) in enumerate(zip(homes, envs, strict=True)):
-        argv = [
-            *XL,
-            "launch",
-            "--no-tui",
-            "--nnodes",
-            str(len(envs)),
-            "--node-rank",
-            str(node),
-            "--rdzv",
-            rdzv,
-            "--nproc",
-            "1",
-            *extra,
-            "mn.py",
-        ]
-        env = xl_env(home, XL_TOKEN=TOKEN, MN_WORLD=str(len(envs)), MN_STEPS=steps, **own)
-        procs.append(
-            subprocess.Popen(
-                argv,
-                env=env,
-                cwd=tmp_path,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+    procs = [
+        launch_node(
+            tmp_path, home, node, rdzv, *extra, nnodes=len(envs), MN_WORLD=str(len(envs)),
+            MN_STEPS=steps, **own,
         )
+        for node, (home, own) in enumerate(zip(homes, envs, strict=True))
+    ]  # fmt: skip
     return procs, homes
 
 
@@ -278,28 +257,7 @@ def test_a_node_that_joins_after_node_0_stopped_waiting_is_judged_as_it_comes(
     homes = [tmp_path / "node0", tmp_path / "node1"]
 
     def launch(node: int, **own: str) -> subprocess.Popen[str]:
-        argv = [
-            *XL,
-            "launch",
-            "--no-tui",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            str(node),
-            "--rdzv",
-            rdzv,
-            "--nproc",
-            "1",
-            "mn.py",
-        ]
-        return subprocess.Popen(
-            argv,
-            env=xl_env(homes[node], XL_TOKEN=TOKEN, **own),
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        return launch_node(tmp_path, homes[node], node, rdzv, **own)
 
     procs = [launch(0, XL_NODE_TIMEOUT="3")]
     try:

@@ -97,6 +97,31 @@ def start_nodes(
     return procs
 
 
+def launch_node(
+    tmp_path: Path,
+    home: Path,
+    node: int,
+    rdzv: str,
+    *opts: str,
+    nnodes: int = 2,
+    **extra: str,
+) -> subprocess.Popen[str]:
+    """One node's `xl launch` of ``nnodes``, one rank, running SCRIPT (mn.py in ``tmp_path``,
+    written by the caller) with ``opts`` before it, XL_TOKEN and ``extra`` in its environment."""
+    argv = [
+        *XL, "launch", "--no-tui", "--nnodes", str(nnodes), "--node-rank", str(node),
+        "--rdzv", rdzv, "--nproc", "1", *opts, "mn.py",
+    ]  # fmt: skip
+    return subprocess.Popen(
+        argv,
+        env=xl_env(home, XL_TOKEN=TOKEN, **extra),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def finish(procs: list[subprocess.Popen[str]], timeout: float = 45) -> list[tuple[int, str]]:
     out = []
     for p in procs:
