@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import kill_run, run_json, wait_for, wait_no_processes, wait_ranks_running, xl, xl_env
+from procs import (
+    end_run,
+    kill_run,
+    run_json,
+    wait_for,
+    wait_no_processes,
+    wait_ranks_running,
+    xl,
+    xl_env,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -81,10 +90,7 @@ def test_a_run_just_launched_is_starting_never_supervisor_gone(tmp_path: Path) -
             assert seen[-1] == "running", seen
         finally:
             (tmp_path / "go").touch()
-        try:
-            wait_no_processes(run_dir, timeout=60)
-        finally:
-            kill_run(run_dir)
+        end_run(None, run_dir, timeout=60)
         (tmp_path / "go").unlink()
 
 
@@ -107,10 +113,7 @@ def test_a_run_whose_supervisor_is_slow_to_start_is_listed_starting(tmp_path: Pa
         assert run_json(run_dir)["supervisor_pid"] is None  # it was starting all the while
     finally:
         (tmp_path / "go").touch()
-    try:
-        wait_no_processes(run_dir, timeout=90)
-    finally:
-        kill_run(run_dir)
+    end_run(None, run_dir, timeout=90)
 
 
 def test_a_supervisor_killed_while_its_ranks_train_is_said_gone(tmp_path: Path) -> None:
