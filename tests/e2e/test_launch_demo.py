@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,11 +15,24 @@ from procs import kill_run, only_run, run_json, wait_for, wait_no_processes, xl,
 pytestmark = pytest.mark.e2e
 
 
-def test_demo_trains_on_two_cpu_ranks_and_logs_loss(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _demo(
+    tmp_path: Path, seconds: str, **extra: str
+) -> Iterator[tuple[subprocess.CompletedProcess[str], Path]]:
+    """`xl demo --no-tui --seconds SECONDS` to its end, and its run dir; whatever is left of the
+    run is killed when the test ends, however it ends."""
     home = tmp_path / "home"
-    proc = xl(["demo", "--no-tui", "--seconds", "2"], xl_env(home), cwd=tmp_path, timeout=180)
+    env = xl_env(home, **extra)
+    proc = xl(["demo", "--no-tui", "--seconds", seconds], env, cwd=tmp_path, timeout=180)
     run_dir = only_run(home)
     try:
+        yield proc, run_dir
+    finally:
+        kill_run(run_dir)
+
+
+def test_demo_trains_on_two_cpu_ranks_and_logs_loss(tmp_path: Path) -> None:
+    with _demo(tmp_path, "2") as (proc, run_dir):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
         run = run_json(run_dir)
         assert run["status"] == "succeeded" and run["world_size"] == 2 and run["devices"] == []
@@ -43,8 +59,6 @@ def test_demo_trains_on_two_cpu_ranks_and_logs_loss(tmp_path: Path) -> None:
         tail = [m["loss"] for m in train if m["rank"] == 0][-10:]
         assert sum(tail) / len(tail) < first
         wait_no_processes(run_dir, timeout=3)
-    finally:
-        kill_run(run_dir)
 
 
 NO_NUMPY = "Failed to initialize NumPy"
@@ -76,16 +90,10 @@ def test_without_numpy_the_demo_log_carries_torchs_warning(tmp_path: Path) -> No
     (hidden / "__init__.py").write_text(
         'raise ModuleNotFoundError("No module named \'numpy\'", name="numpy")\n'
     )
-    home = tmp_path / "home"
-    env = xl_env(home, PYTHONPATH=str(hidden.parent))
-    proc = xl(["demo", "--no-tui", "--seconds", "1"], env, cwd=tmp_path, timeout=180)
-    run_dir = only_run(home)
-    try:
+    with _demo(tmp_path, "1", PYTHONPATH=str(hidden.parent)) as (proc, run_dir):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
         assert NO_NUMPY in (run_dir / "logs" / "rank-0.log").read_text()
         wait_no_processes(run_dir, timeout=3)
-    finally:
-        kill_run(run_dir)
 
 
 def _total_steps(run_dir: Path) -> dict[int, float]:
@@ -127,14 +135,9 @@ def test_the_demo_takes_the_same_number_of_steps_every_time(tmp_path: Path) -> N
 
 def test_the_demo_with_seconds_sizes_its_steps_from_this_machine(tmp_path: Path) -> None:
     # Asked for a time instead, the count is this machine's: rank 0's, agreed by every rank.
-    home = tmp_path / "home"
-    proc = xl(["demo", "--no-tui", "--seconds", "1"], xl_env(home), cwd=tmp_path, timeout=180)
-    run_dir = only_run(home)
-    try:
+    with _demo(tmp_path, "1") as (proc, run_dir):
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
         assert run_json(run_dir)["spec"]["args"] == ["--seconds", "1.0"]
         totals = _total_steps(run_dir)
         assert totals[0] == totals[1] and 25 <= totals[0] < 2500, totals
         wait_no_processes(run_dir, timeout=10)
-    finally:
-        kill_run(run_dir)
