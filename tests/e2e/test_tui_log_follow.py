@@ -6,15 +6,17 @@ of the log below it). No process of the run is left."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from procs import XL, end_run, run_json
-from tmuxterm import Tmux, wait_for
+from tmuxterm import Tmux, tui_env, wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -42,22 +44,15 @@ for step in range(1, 100_000):
 NAME = "lightning_image_classifier_resnet50_finetune"
 
 
-def _env(home: Path, sim_env: dict[str, str]) -> dict[str, str]:
-    return {
-        "XL_HOME": str(home / "xlhome"),
-        "XL_CONFIG_HOME": str(home / "config"),
-        "TERM": "xterm-256color",
-        "PATH": os.environ["PATH"],
-        "XL_STOP_GRACE": "1",
-        **sim_env,
-    }
-
-
 def _launch_detached(home: Path, env: dict[str, str], *options: str) -> Path:
     """`xl launch --detach --nproc 2 OPTIONS train.py`; its run dir."""
     started = subprocess.run(
         [*XL, "launch", "--detach", "--nproc", "2", *options, "train.py"],
-        cwd=home, env=env, capture_output=True, text=True, timeout=120,
+        cwd=home,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert started.returncode == 0, started.stderr
     runs = home / "xlhome" / "runs"
@@ -79,6 +74,27 @@ def _stop(run_dir: Path | None, env: dict[str, str]) -> None:
         subprocess.run([*XL, "stop", run_dir.name], env=env, capture_output=True, timeout=60)
 
 
+@contextlib.contextmanager
+def _detached(tmp_path: Path, env: dict[str, str], *options: str) -> Iterator[tuple[Tmux, Path]]:
+    """`_launch_detached`'s run and a tmux server to attach to it in: when the test ends the
+    server is killed and the run stopped; a test that passed then checks every process of the
+    run gone."""
+    tmux = Tmux()
+    run_dir: Path | None = None
+    try:
+        run_dir = _launch_detached(tmp_path, env, *options)
+        yield tmux, run_dir
+    finally:
+        tmux.kill()
+        _stop(run_dir, env)
+    end_run(None, run_dir, timeout=15)
+
+
+def _quit(tmux: Tmux) -> None:
+    tmux.keys("w", "q")
+    wait_for(lambda: "xl-exit=" in tmux.screen("w"), "the app left", timeout=30)
+
+
 @pytest.mark.parametrize(
     "size", [(80, 24), (120, 40), (200, 60)], ids=["80x24", "120x40", "200x60"]
 )
@@ -87,15 +103,12 @@ def test_attached_to_a_long_log_the_pane_shows_its_newest_line(simnvml, tmp_path
     columns, the header on one line from 120 (a long run name, as `--name` gives it)."""
     (tmp_path / "train.py").write_text(SCRIPT)
     sim = simnvml(gpus=0, init_error="driver_not_loaded")  # CPU ranks
-    env = {**os.environ, **_env(tmp_path, sim.env), "BURST": "5000"}
-    tmux = Tmux()
-    run_dir: Path | None = None
-    try:
-        run_dir = _launch_detached(tmp_path, env, "--name", NAME)
+    env = {**os.environ, **tui_env(tmp_path, **sim.env), "BURST": "5000"}
+    with _detached(tmp_path, env, "--name", NAME) as (tmux, run_dir):
         log = run_dir / "logs" / "rank-0.log"
         wait_for(lambda: log.is_file() and _lines_in(log) > 5000, "5,000 lines written", 120)
         written = _lines_in(log)
-        tmux.start("w", [*XL, "attach", run_dir.name], _env(tmp_path, sim.env), size=size)
+        tmux.start("w", [*XL, "attach", run_dir.name], tui_env(tmp_path, **sim.env), size=size)
         # The end of the log as it was when attached, or newer: not a line thousands back.
         wait_for(
             lambda: _newest_shown(tmux.screen("w")) >= written,
@@ -116,12 +129,7 @@ def test_attached_to_a_long_log_the_pane_shows_its_newest_line(simnvml, tmp_path
             timeout=60,
             screen=lambda: tmux.screen("w"),
         )
-        tmux.keys("w", "q")
-        wait_for(lambda: "xl-exit=" in tmux.screen("w"), "the app left", timeout=30)
-    finally:
-        tmux.kill()
-        _stop(run_dir, env)
-    end_run(None, run_dir, timeout=15)
+        _quit(tmux)
 
 
 def _last_line(log: Path) -> str:
@@ -143,13 +151,10 @@ def _pane(screen: str) -> list[str]:
 def test_after_a_stop_the_rank_s_last_line_stays_in_view(simnvml, tmp_path, size):
     (tmp_path / "train.py").write_text(SCRIPT)
     sim = simnvml(gpus=0, init_error="driver_not_loaded")  # CPU ranks
-    env = {**os.environ, **_env(tmp_path, sim.env)}
-    tmux = Tmux()
-    run_dir: Path | None = None
-    try:
-        run_dir = _launch_detached(tmp_path, env)
+    env = {**os.environ, **tui_env(tmp_path, **sim.env)}
+    with _detached(tmp_path, env) as (tmux, run_dir):
         log = run_dir / "logs" / "rank-0.log"
-        tmux.start("w", [*XL, "attach", run_dir.name], _env(tmp_path, sim.env), size=size)
+        tmux.start("w", [*XL, "attach", run_dir.name], tui_env(tmp_path, **sim.env), size=size)
         # Running, and more lines than the pane holds: the newest is on screen as they come.
         wait_for(
             lambda: "wrote line 000080" in "\n".join(_pane(tmux.screen("w"))),
@@ -180,9 +185,4 @@ def test_after_a_stop_the_rank_s_last_line_stays_in_view(simnvml, tmp_path, size
             wait_for(lambda: "stopped" in tmux.screen("w"), "the Monitor", timeout=10)
             assert last in _pane(tmux.screen("w")), tmux.screen("w")
             subprocess.run(["sleep", "1"], timeout=5)
-        tmux.keys("w", "q")
-        wait_for(lambda: "xl-exit=" in tmux.screen("w"), "the app left", timeout=30)
-    finally:
-        tmux.kill()
-        _stop(run_dir, env)
-    end_run(None, run_dir, timeout=15)
+        _quit(tmux)

@@ -8,6 +8,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -74,3 +75,16 @@ def wait_for(
         time.sleep(0.3)
     shown = f"\n{screen()}" if screen is not None else ""
     raise AssertionError(f"timed out waiting for: {what}{shown}")
+
+
+def tui_env(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of `xl` in a pane: XL_HOME and XL_CONFIG_HOME under ``home``, a colour
+    terminal, this PATH and the short stop grace of procs.xl_env, then ``extra``."""
+    return {
+        "XL_HOME": str(home / "xlhome"),
+        "XL_CONFIG_HOME": str(home / "config"),
+        "TERM": "xterm-256color",
+        "PATH": os.environ["PATH"],
+        "XL_STOP_GRACE": "1",
+        **extra,
+    }
