@@ -10,12 +10,11 @@ The GPU's state is the test's own: it set it in the simulated driver.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from procs import XL, first_run, run_json, wait_no_processes, xl, xl_env
+from procs import first_run, run_json, wait_no_processes, xl, xl_env
 from where import SUPPORT
 
 pytestmark = pytest.mark.e2e
@@ -43,18 +42,11 @@ def test_a_compute_straggler_names_its_gpu_s_reason_only_when_it_has_one(
         ]
     )
     home = tmp_path / "home"
-    argv = [
-        *XL, "launch", "--no-tui", "--gpus", "0,1", str(SCRIPT), "--steps", "70",
+    args = [
+        "launch", "--no-tui", "--gpus", "0,1", str(SCRIPT), "--steps", "70",
         "--slow", "compute", "--slow-s", "0.25",
     ]  # fmt: skip
-    done = subprocess.run(
-        argv,
-        env=xl_env(home, **sim.env, **FAST),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = xl(args, xl_env(home, **sim.env, **FAST), cwd=tmp_path, timeout=300)
     out = done.stdout + done.stderr
     run_dir = first_run(home)
     assert run_dir is not None, out[-3000:]
