@@ -133,17 +133,19 @@ def cells(r: RankView, last_line: str, evals: bool = False, *, ended: bool = Fal
         if r.step is None
         else f"{r.step:.0f}" + (f"/{r.total_steps:.0f}" if r.total_steps else "")
     )
-    # GPU figures where there is a GPU (what the rank's processes hold on it, else the whole
-    # GPU's use); the rank's footprint (PSS with its workers) and its CPU for CPU ranks.
+    # GPU figures where there is a GPU: what the rank's own processes hold on it, never the
+    # whole GPU's use (every process's, shared by ranks on one GPU: the GPU table's figure), so
+    # a rank NVML lists no process of shows none. The rank's footprint (PSS with its workers)
+    # and its CPU for CPU ranks.
     mem, util = "", "" if r.gpu_util is None else f"{r.gpu_util:.0f}%"
-    used = r.gpu_proc_mem_mib if r.gpu_proc_mem_mib is not None else r.gpu_mem_used_mib
-    if used is not None:
-        mem = mib(used)
-        if r.gpu_mem_total_mib:
-            mem += f"/{mib(r.gpu_mem_total_mib)}"
-    elif r.gpu is None and r.mem_mib is not None:
+    if r.gpu is not None:
+        if r.gpu_proc_mem_mib is not None:
+            mem = mib(r.gpu_proc_mem_mib)
+            if r.gpu_mem_total_mib:
+                mem += f"/{mib(r.gpu_mem_total_mib)}"
+    elif r.mem_mib is not None:
         mem = mib(r.mem_mib)
-    elif r.gpu is None and r.rss_mib is not None:
+    elif r.rss_mib is not None:
         mem = f"{mib(r.rss_mib)} rss"
     if r.gpu is None and r.cpu_pct is not None:
         util = f"{r.cpu_pct:.0f}% cpu"
@@ -174,7 +176,5 @@ def end_text(state: RunState, width: int = 120) -> str:
         text = render_text(state, width=width) + splittable.render(state.ranks)
     failure = state.failure
     if failure is not None and failure.traceback:
-        text += (
-            f"xl: {traceback_title(failure)}:\n{visible(str(failure.traceback), lines=True)}\n"
-        )
+        text += f"xl: {traceback_title(failure)}:\n{visible(str(failure.traceback), lines=True)}\n"
     return text + f"xl: {summary(state)}\n"

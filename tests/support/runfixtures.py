@@ -125,6 +125,8 @@ def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None
                         "gpu_util": 92 - (30 if r == slow_rank else 0) - (r % 5),
                         "gpu_mem_used_mib": 40_000 + 100 * r,
                         "gpu_mem_total_mib": 81_920,
+                        # one rank a GPU: its own processes hold all the GPU's use
+                        "gpu_proc_mem_mib": 40_000 + 100 * r,
                         "rss_mib": 3_000 + r,
                     }
                 )
@@ -221,7 +223,10 @@ def make_run(root: Path, kind: str, *, t0: float = T0, run_id: str | None = None
             "nnodes": nodes,
         },
         "argv": [
-            sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={per_node}",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={per_node}",
             "train.py",
         ],
         "devices": devices,
@@ -263,6 +268,8 @@ def append_live(run_dir: Path, *, ranks: int, step: int, t: float | None = None)
 # Per rank: (step_s, data_s, compute_s, comm_s, other_s, mem_mib). Rank 1 waits for data; rank 0
 # waits in communication for it: the straggler run seen with the step split (xl.figures).
 SPLIT = {0: (0.35, 0.02, 0.2, 0.12, 0.01, 5120.0), 1: (0.35, 0.21, 0.12, 0.01, 0.01, 5220.0)}
+# Per rank: what its own processes hold on its GPU (NVML), less than the GPU's 40000 MiB in all.
+SPLIT_GPU_MEM = {0: 30_000.0, 1: 30_400.0}
 STRAGGLER_DATA = (
     "rank 1 is the straggler: 210 ms of its 350 ms step waiting for data; the other rank waits "
     "~120 ms in communication for it"
@@ -300,6 +307,7 @@ def add_step_split(run_dir: Path, *, t0: float = T0) -> Path:
                     "gpu_util": 90,
                     "gpu_mem_used_mib": 40000,
                     "gpu_mem_total_mib": 81920,
+                    "gpu_proc_mem_mib": SPLIT_GPU_MEM[r],
                     "rss_mib": 3000,
                     "mem_mib": mem,
                 }

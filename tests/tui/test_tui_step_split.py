@@ -1,5 +1,5 @@
 """The Monitor's step split: each rank's step time with a bar of where it went (data, compute,
-comm, other), the straggler's phase in its banner, and the rank's footprint as its memory; the
+comm, other), the straggler's phase in its banner, and its own memory on its GPU as its memory; the
 table's columns follow the terminal's width. Fed recorded runs (runfixtures.add_step_split)."""
 
 from __future__ import annotations
@@ -34,7 +34,13 @@ def runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_the_step_bar_adds_up_and_reads_without_colour() -> None:
     assert [step_time(s) for s in (0.35, 0.0004, 1.25, 12.5, 125.0, None, -1.0)] == [
-        "350ms", "0ms", "1.25s", "12.5s", "125s", "-", "-",
+        "350ms",
+        "0ms",
+        "1.25s",
+        "12.5s",
+        "125s",
+        "-",
+        "-",
     ]
     # Rank 0 of the recorded run: 6% data, 57% compute, 34% comm, 3% other, in 14 cells.
     assert bar_counts((0.02, 0.2, 0.12, 0.01), 14) == [1, 8, 5, 0]
@@ -107,8 +113,11 @@ async def test_each_rank_shows_its_split_memory_and_the_straggler_its_phase(
             assert table.cell(rank, "time").plain == f"{step_time(step_s)} " + "".join(
                 c * n for c, n in zip("dcno", counts, strict=True)
             )
-            # the footprint, not the GPU's memory
-            assert table.cell(rank, "mem") == f"{mem / 1024:.1f}G"
+            # what the rank's own processes hold on its GPU: not its footprint in host memory
+            # (mem), nor the whole GPU's use (39.1G)
+            own = runfixtures.SPLIT_GPU_MEM[rank]
+            shown = str(table.cell(rank, "mem"))
+            assert shown.split()[-1] == f"{own / 1024:.1f}G" != f"{mem / 1024:.1f}G", shown
         # Samples/s stays at 80 columns, as the rank's last line gave it.
         view = RunReader(runs / "20260530-straggler").poll()
         for rank, rv in view.ranks.items():
@@ -128,8 +137,8 @@ async def test_each_rank_shows_its_split_memory_and_the_straggler_its_phase(
 
 
 async def test_a_run_without_the_split_shows_what_it_showed(runs: Path) -> None:
-    """The healthy fixture (no step_s, no mem_mib): a dash for the step time, the GPU meter for
-    memory, and no straggler banner."""
+    """The healthy fixture (no step_s, no mem_mib): a dash for the step time, the meter of the
+    rank's own memory on its GPU, and no straggler banner."""
     app = build_app(monitor_run_dir=runs / "20260530-healthy", clock=lambda: NOW, poll_interval=0.2)
     async with app.run_test(size=(80, 24)) as pilot:
         table = app.screen.query_one(RankTable)

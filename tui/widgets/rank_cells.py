@@ -88,7 +88,9 @@ def rank_values(rv: RankView, now: float, node: str | None) -> tuple[Any, ...]:
         rv.loss,
         rv.samples_per_s,
         rv.gpu_util,
-        rv.gpu_mem_used_mib,
+        # The rank's own memory on its GPU: the whole GPU's use is every process's, and the
+        # GPU table shows it.
+        rv.gpu_proc_mem_mib,
         rv.gpu_mem_total_mib,
         rv.rss_mib,
         rv.gpu,
@@ -112,7 +114,7 @@ def format_cells(values: tuple[Any, ...], bar: int = 6) -> dict[str, Any]:
         loss,
         sps,
         util,
-        used,
+        own,
         total,
         rss,
         gpu,
@@ -124,12 +126,15 @@ def format_cells(values: tuple[Any, ...], bar: int = 6) -> dict[str, Any]:
         split,
         footprint,
     ) = values
-    if footprint is not None:
-        mem: Any = fmt.mib(footprint)  # the rank's footprint (PSS, with its children): its memory
-    elif used is None and rss is not None:
+    mem: Any
+    if gpu is not None:  # what the rank's processes hold on its GPU, against the GPU's size
+        mem = "-" if own is None else fmt.meter(own / total if total else None, 4, fmt.mib(own))
+    elif footprint is not None:
+        mem = fmt.mib(footprint)  # the rank's footprint (PSS, with its children): its memory
+    elif rss is not None:
         mem = f"{fmt.mib(rss)} rss"
     else:
-        mem = fmt.meter(used / total if used is not None and total else None, 4, fmt.mib(used))
+        mem = "-"
     return {
         "time": split_cell(step_s, split, bar),
         "rank": str(rank),
