@@ -14,7 +14,8 @@ aiohttp middleware that every request passes:
   the page was had.
 
 It prints one line on stdout and nothing else there (textual-serve's own logs go to stderr), and
-runs until SIGINT/SIGTERM; then every app process it started is ended too.
+runs until SIGINT/SIGTERM; then every app process it started is ended too, and no run: a run
+launched from a tab lives in its own session and outlives the server, as it outlives a terminal.
 """
 
 from __future__ import annotations
@@ -186,9 +187,29 @@ async def serve(server: Any, host: str, port: int, public_url: str | None, token
     return 0
 
 
+def children() -> list[psutil.Process]:
+    """The processes under `xl serve` that are its to end: the tabs' apps and what they run in
+    serve's own session. A process in a session of its own is never one of them, nor is anything
+    under it: a run's supervisor starts its own session (setsid) because a run outlives the app
+    that launched it, and its ranks are in that session or a newer one, never serve's."""
+    try:
+        own = os.getsid(0)
+    except OSError:
+        return []
+    out = []
+    for kid in psutil.Process().children(recursive=True):
+        try:
+            if os.getsid(kid.pid) == own:
+                out.append(kid)
+        except OSError:  # gone already
+            continue
+    return out
+
+
 def terminate_children() -> list[psutil.Process]:
-    """SIGTERM to every process `xl serve` started (the tabs' apps); those processes."""
-    kids = psutil.Process().children(recursive=True)
+    """SIGTERM to every process of `xl serve`'s own (the tabs' apps, never a run they
+    launched); those processes."""
+    kids = children()
     for kid in kids:
         try:
             kid.terminate()

@@ -25,7 +25,16 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 from browser import Tab, browser, png_pixels
-from procs import XL, wait_for, xl_env
+from procs import (
+    XL,
+    kill_run,
+    run_dirs,
+    run_json,
+    run_processes,
+    wait_for,
+    wait_no_processes,
+    xl_env,
+)
 from runfixtures import make_run
 from servers import Served, served
 
@@ -478,3 +487,88 @@ def test_sigterm_ends_the_server_and_every_app_at_once(tmp_path: Path, tabs: int
         # below); what is over them is a busy machine's scheduling, given a second.
         assert took < 3.0, f"xl serve took {took:.1f} s to end after SIGTERM"
     assert SHUTDOWN_S + 2 * KILL_AFTER_S <= 2.0
+
+
+TRAIN = """
+import time
+import xl
+
+for step in range(1, 41):
+    time.sleep(0.25)
+    xl.log(step=step, total_steps=40, loss=1.0 / step)
+print("trained to the last step", flush=True)
+"""
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def type_text(tab: Tab, text: str) -> None:
+    tab.page.focus("textarea.xterm-helper-textarea")
+    tab.page.keyboard.type(text)
+
+
+def test_sigterm_to_serve_leaves_a_run_launched_from_a_tab_training(tmp_path: Path) -> None:
+    """A run launched in a browser tab outlives `xl serve` as it outlives a terminal: SIGTERM to
+    the server ends the tab's app (and the server), never the run's supervisor or its ranks,
+    which train to their last step and leave no process behind."""
+    home = tmp_path / "home"
+    (tmp_path / "train.py").write_text(TRAIN)
+    with browser() as context, served(["serve", "--port", "0"], xl_env(home)) as server:
+        tab = open_tab(context, server.url)
+        (app,) = apps(server)
+        since = tab.press("3")
+        tab.wait_text("xl — Launch", since)
+        since = tab.mark()
+        type_text(tab, str(tmp_path / "train.py"))  # the Script field has the focus
+        for _ in range(3):  # Args, GPUs, then Processes/node
+            tab.press("Tab")
+        type_text(tab, "2")
+        tab.wait_text("✓ ready: 2 process(es)", since)
+        since = tab.press("Control+r")
+        run_dir = wait_for(
+            lambda: next(iter(run_dirs(home)), None),
+            timeout=60,
+            what="the tab's run",
+            explain=lambda: tab.text()[-3000:],
+        )
+        try:
+            tab.wait_text("rank", since)
+            wait_for(
+                lambda: (
+                    len(run_processes(run_dir)) >= 3
+                    and all(r.get("pid") for r in run_json(run_dir).get("ranks") or [{}])
+                ),
+                timeout=90,
+                what="the run's supervisor and its two ranks",
+            )
+            supervisor = psutil.Process(run_json(run_dir)["supervisor_pid"])
+            ranks = [psutil.Process(r["pid"]) for r in run_json(run_dir)["ranks"]]
+            assert len(ranks) == 2
+            # The case in question: the run's processes are under the tab's app, so under serve.
+            under_app = {p.pid for p in app.children(recursive=True)}
+            assert {supervisor.pid, *(r.pid for r in ranks)} <= under_app
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.proc.wait(timeout=30) == 0
+            psutil.wait_procs([app], timeout=10)
+            assert not _running(app), "the tab's app outlived xl serve"
+            assert all(_running(p) for p in (supervisor, *ranks)), (
+                "SIGTERM to xl serve ended the run"
+            )
+            wait_for(
+                lambda: run_json(run_dir).get("status") not in (None, "running", "starting"),
+                timeout=120,
+                what="the run to finish",
+            )
+            run = run_json(run_dir)
+            assert run["status"] == "succeeded", run
+            for rank in range(len(ranks)):
+                log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+                assert "trained to the last step" in log, log[-500:]
+            wait_no_processes(run_dir, timeout=30)
+        finally:
+            kill_run(run_dir)
