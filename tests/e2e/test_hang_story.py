@@ -120,18 +120,12 @@ def test_a_hang_is_named_first_within_the_threshold_and_its_lines_keep_time_orde
 
 def test_a_slow_rank_that_progresses_is_no_stall_and_no_hang(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    argv = [
-        *XL, "launch", "--no-tui", "--nproc", "2", str(SUPPORT / "hang_ddp.py"), "--mode", "slow",
+    args = [
+        "launch", "--no-tui", "--nproc", "2", str(SUPPORT / "hang_ddp.py"), "--mode", "slow",
         "--rank", "1", "--slow-s", "0.6", "--steps", "25",
     ]  # fmt: skip
-    done = subprocess.run(
-        argv,
-        env=xl_env(home, XL_STALL_MIN_S="3", OMP_NUM_THREADS="1"),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    env = xl_env(home, XL_STALL_MIN_S="3", OMP_NUM_THREADS="1")
+    done = xl(args, env, cwd=tmp_path, timeout=240)
     run_dir = first_run(home)
     assert run_dir is not None, done.stdout[-3000:] + done.stderr[-3000:]
     try:
