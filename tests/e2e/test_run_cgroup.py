@@ -195,6 +195,23 @@ def _stop(run_dir: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str
     return stop
 
 
+def _orphaned_sidecar(
+    tmp_path: Path, run_dir: Path, said: str, sidecars: list[psutil.Process], place: str
+) -> dict[str, Any]:
+    """The run's cgroup under ``place``; its supervisor SIGKILLed before rank 0 starts the
+    sidecar, then the ranks let finish: run.json once it says what was ended in the cgroup, the
+    sidecar, every process of the run and the cgroup gone by then."""
+    run = wait_ranks_running(run_dir, 2)
+    group = run["cgroup"]
+    assert "no cgroup" not in said and group.startswith(place), (said, run)
+    os.kill(run["supervisor_pid"], signal.SIGKILL)
+    child = _sidecar(tmp_path, group, _rank0(run), sidecars)
+    (tmp_path / "go.end").touch()
+    # The last rank settles the run; what is left in its cgroup is ended after it.
+    _ended(child, run_dir, group)
+    return _ended_in_cgroup(run_dir)
+
+
 @needs_cgroup
 @pytest.mark.parametrize("body", [SIDECAR, DOUBLE_FORK], ids=["own_session", "double_fork"])
 def test_a_sidecar_started_after_the_supervisor_was_killed_ends_when_the_ranks_finish(
@@ -202,15 +219,7 @@ def test_a_sidecar_started_after_the_supervisor_was_killed_ends_when_the_ranks_f
 ) -> None:
     env = xl_env(tmp_path / "home")
     with _launched(tmp_path, body + THE_END, env) as (run_dir, said, sidecars):
-        run = wait_ranks_running(run_dir, 2)
-        group = run["cgroup"]
-        assert "no cgroup" not in said and group.startswith(f"{PLACE.parent}/xl-"), (said, run)
-        os.kill(run["supervisor_pid"], signal.SIGKILL)
-        child = _sidecar(tmp_path, group, _rank0(run), sidecars)
-        (tmp_path / "go.end").touch()
-        # The last rank settles the run; what is left in its cgroup is ended after it.
-        _ended(child, run_dir, group)
-        final = _ended_in_cgroup(run_dir)
+        final = _orphaned_sidecar(tmp_path, run_dir, said, sidecars, f"{PLACE.parent}/xl-")
         assert final["status"] == "succeeded", final
         assert final["ended_in_cgroup"] == 1, final
         assert _live(bystander)
@@ -238,14 +247,7 @@ def test_on_cgroup_v2_the_run_s_cgroup_holds_it_together_without_memory_figures(
 ) -> None:
     env = xl_env(tmp_path / "home", XL_CGROUP_ROOT=str(v2_folder))
     with _launched(tmp_path, SIDECAR + THE_END, env) as (run_dir, said, sidecars):
-        run = wait_ranks_running(run_dir, 2)
-        group = run["cgroup"]
-        assert "no cgroup" not in said and group.startswith(f"{v2_folder}/xl-run-"), (said, run)
-        os.kill(run["supervisor_pid"], signal.SIGKILL)
-        child = _sidecar(tmp_path, group, _rank0(run), sidecars)
-        (tmp_path / "go.end").touch()
-        _ended(child, run_dir, group)
-        final = _ended_in_cgroup(run_dir)
+        final = _orphaned_sidecar(tmp_path, run_dir, said, sidecars, f"{v2_folder}/xl-run-")
         assert final["status"] == "succeeded" and final["ended_in_cgroup"] == 1, final
         assert "cgroup_memory" not in final, final  # no memory controller in that tree
         assert _live(bystander)
