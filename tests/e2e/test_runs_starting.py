@@ -10,17 +10,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import procs
 import pytest
-from procs import (
-    end_run,
-    kill_run,
-    run_json,
-    wait_for,
-    wait_no_processes,
-    wait_ranks_running,
-    xl,
-    xl_env,
-)
+from procs import kill_run, run_json, wait_for, wait_no_processes, wait_ranks_running, xl, xl_env
 
 pytestmark = pytest.mark.e2e
 
@@ -90,7 +82,7 @@ def test_a_run_just_launched_is_starting_never_supervisor_gone(tmp_path: Path) -
             assert seen[-1] == "running", seen
         finally:
             (tmp_path / "go").touch()
-        end_run(None, run_dir, timeout=60)
+        procs.end_run(None, run_dir, timeout=60)
         (tmp_path / "go").unlink()
 
 
@@ -113,7 +105,7 @@ def test_a_run_whose_supervisor_is_slow_to_start_is_listed_starting(tmp_path: Pa
         assert run_json(run_dir)["supervisor_pid"] is None  # it was starting all the while
     finally:
         (tmp_path / "go").touch()
-    end_run(None, run_dir, timeout=90)
+    procs.end_run(None, run_dir, timeout=90)
 
 
 def test_a_supervisor_killed_while_its_ranks_train_is_said_gone(tmp_path: Path) -> None:
