@@ -9,8 +9,9 @@ output, with the prefixes torchrun (``[rank1]:``, ``[default1]:``), c10's loggin
 Python's logging (a timestamp, a level) put on its lines. ``read`` takes those off and keeps two
 things a reader of causes may trust:
 
-- ``error``: the last traceback's exception (from its ``Name: message`` line to the block's end),
-  or without a traceback the last line that names an exception, with its continuation lines;
+- ``error``: the last traceback's exception (from its ``Name: message`` line to the block's end,
+  less torch's advice under a CUDA error), or without a traceback the last line that names an
+  exception, with its continuation lines; its ``headline`` is the line that names it;
 - ``library``: the lines libraries print in their own voice, wherever they are: NCCL's ``WARN``
   lines, c10's C++ log lines, C++'s ``terminate called`` and ``what():``, faulthandler's
   ``Fatal Python error``, a kernel's ``Assertion ... failed``, the DataLoader's worker messages,
@@ -54,6 +55,14 @@ _LIBRARY = re.compile(
     r"|DataLoader worker \(pid\(?s?\)? [\d, ]+\) (?:is killed by signal|exited unexpectedly)"
     r"|^\S*python[\d.]*: can't open file |^slurmstepd: error: "
 )
+# What torch prints under every CUDA error's own line, whatever the error: advice, not the error
+# (a reader takes the error's line for its headline, and its kind from the error's words).
+_TRAILER = re.compile(
+    r"^(?:CUDA kernel errors might be asynchronously reported at some other API call"
+    r"|For debugging consider passing CUDA_LAUNCH_BLOCKING=1"
+    r"|Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions"
+    r"|Device-side assertions? (?:tracking was not enabled|were explicitly omitted))"
+)
 _ERROR_LINES = 40  # an exception's text: its line and what follows it in the block, at most
 
 
@@ -69,6 +78,16 @@ class Said:
     @property
     def text(self) -> str:
         return "\n".join(self.lines)
+
+    @property
+    def headline(self) -> str | None:
+        """The error's line that names its exception (a wrapper's last one: the real error under
+        it), else its first line; None when it printed no error."""
+        if not self.error:
+            return None
+        lines = self.error.splitlines()
+        named = [ln for ln in lines if _NAMED.match(ln)]
+        return named[-1] if named else lines[0]
 
 
 def clean(line: str) -> tuple[str, bool]:
@@ -120,7 +139,7 @@ def _last_error(lines: list[str]) -> str | None:
         at = next((i for i in range(start + 1, len(lines)) if _NAMED.match(lines[i])), None)
         if at is None:
             return None  # cut before its error line
-        return "\n".join(ln.strip() for ln in lines[at:at + _ERROR_LINES] if ln.strip()) or None
+        return _error_text(lines[at:at + _ERROR_LINES])
     at = next((i for i in range(len(lines) - 1, -1, -1) if _NAMED.match(lines[i])), None)
     if at is None:
         return None
@@ -128,4 +147,11 @@ def _last_error(lines: list[str]) -> str | None:
     # one error, from its first line.
     while at > 0 and _NAMED.match(lines[at - 1]):
         at -= 1
-    return "\n".join(ln.strip() for ln in lines[at:at + _ERROR_LINES // 4] if ln.strip()) or None
+    return _error_text(lines[at:at + _ERROR_LINES // 4])
+
+
+def _error_text(lines: list[str]) -> str | None:
+    """An exception's lines as the script printed them, every one of its own message kept, less
+    the advice torch prints under each CUDA error."""
+    kept = [ln.strip() for ln in lines if ln.strip() and not _TRAILER.match(ln.strip())]
+    return "\n".join(kept) or None

@@ -129,9 +129,14 @@ class RootCause:
             self.on_decided()
             return None
         root = min(suspects, key=lambda st: self._order(st, drain))
-        for st in ranks:  # one rank failed; the others that ended ended because of it
+        for st in ranks:
+            # One rank failed first; the others that ended ended because of it (they lost it,
+            # torchrun closed them), unless they failed of their own too (their own error).
             if st is root or st.state is RankPhase.FAILED:
-                st.state = rank_outcome(st.exit_code, stopped=False, blamed=st is root)
+                own = st is root or (
+                    any(s is st for s in suspects) and not self.peer_lost(st, drain)
+                )
+                st.state = rank_outcome(st.exit_code, stopped=False, blamed=own)
         return self.blame_rank(root, drain)
 
     def _ready(self, ranks: Ranks, torchrun_code: int | None, drain: Callable[[int], None],
@@ -152,7 +157,7 @@ class RootCause:
         if any(not st.done and st.pid is not None and not runprocs.alive(st.pid) for st in ranks):
             return False  # a rank died and was not looked at yet: the next turn finds it
         # Only ranks that lost a peer so far: the peer that died is found soon.
-        return not suspects or not all(self._peer_lost(st, drain) for st in suspects)
+        return not suspects or not all(self.peer_lost(st, drain) for st in suspects)
 
     @staticmethod
     def _suspects(ranks: Ranks, closed: frozenset[int]) -> list[RankState]:
@@ -172,9 +177,9 @@ class RootCause:
         time (a killed rank died before the last time it was not seen alive)."""
         when = (st.alive_at if st.vanished else None) or st.ended_at or time.time()
         # SIGTERM is a stop (a scheduler's, a person's): after ranks that died of their own.
-        return self._peer_lost(st, drain), st.exit_code == -signal.SIGTERM, when
+        return self.peer_lost(st, drain), st.exit_code == -signal.SIGTERM, when
 
-    def _peer_lost(self, st: RankState, drain: Callable[[int], None]) -> bool:
+    def peer_lost(self, st: RankState, drain: Callable[[int], None]) -> bool:
         from xl.launcher.causes import peer_loss  # noqa: PLC0415 - a failure only: not on the path to torchrun
 
         if st.error or st.traceback:
@@ -187,7 +192,7 @@ class RootCause:
     # ---------------------------------------------------------------- why
     def blame_rank(self, st: RankState, drain: Callable[[int], None]) -> Failure:
         """``st`` failed first: it is the run's cause."""
-        from xl.launcher.causes import one_line  # noqa: PLC0415 - a failure only: not on the path to torchrun
+        from xl.launcher.causes import one_line, reading  # noqa: PLC0415 - a failure only: not on the path to torchrun
 
         error = one_line(st.error)
         what = error or (what_of(st) if st.exit_code is not None else "died")
@@ -205,7 +210,9 @@ class RootCause:
             # wrote it). A rank that exited on its own says its last line; a killed one's last
             # line is only what it printed before the signal, never the cause.
             traceback = "\n".join(lines[-15:]) + "\n" if lines else None
-            last = lines[-1].strip() if lines and lines[-1].strip() else ""
+            # Its printed traceback's error line when it printed one (torch's CUDA advice
+            # after it is no headline), else its last line.
+            last = reading.read(lines).headline or (lines[-1].strip() if lines else "")
             if last and st.exit_code is not None and st.exit_code > 0:
                 message += f": {one_line(last) or last}"[:202]
         # When it happened, to compare with other nodes' failures: a killed rank died between

@@ -79,15 +79,20 @@ class Lifecycle:
         self.stopping.catch_up(st)
 
     def _ended(self, st: RankState, code: int | None, when: float | None) -> None:
-        stop = self.stopping.state
-        st.end(
-            code,
-            when,
-            stopped=st.signalled is not None or (stop is not None and stop.explains(code)),
-        )
+        st.end(code, when, stopped=self._stopped(st, code, when))
         self._judge(st)
         self.held.append(st)
         self._say_known()
+
+    def _stopped(self, st: RankState, code: int | None, when: float | None) -> bool:
+        """xl's stop ended ``st``: otherwise its end is its own, and a signal xl sent it after
+        that end (or that did not make it) is forgotten, so it is said by its exit and may be
+        the cause."""
+        stop = self.stopping.state
+        stopped = stop is not None and stop.ended(st, code, when)
+        if not stopped:
+            st.signalled = None
+        return stopped
 
     def _judge(self, st: RankState) -> None:
         """What ``st``'s end means for the run: a restart to come, or a failure (suspected now,
@@ -120,13 +125,14 @@ class Lifecycle:
                 continue
             self.held.remove(st)
             # Its outcome by the one rule, with what is known now (its code may have come
-            # later; a failure decided before it ended is another rank's).
-            stop, failure = self.stopping.state, self.cause.failure
-            stopped = st.signalled is not None or (
-                stop is not None and stop.explains(st.exit_code)
-            )
-            blamed = failure is None or (
-                failure.rank == st.rank and failure.node_rank == st.node_rank
+            # later; a failure decided before it ended is another rank's, and ended it unless
+            # it failed of its own).
+            failure = self.cause.failure
+            stopped = self._stopped(st, st.exit_code, st.ended_at)
+            blamed = (
+                failure is None
+                or (failure.rank == st.rank and failure.node_rank == st.node_rank)
+                or (not stopped and not self.cause.peer_lost(st, lambda rank: None))
             )
             st.state = rank_outcome(st.exit_code, stopped=stopped, blamed=blamed)
             self.journal.emit(RankExited(st.rank, st.exit_code, describe_end(st)))

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from xl.launcher.supervisor.torchrun import Torchrun
 
 DEFAULT_GRACE_S = 10.0
+# The ends a stop's signal gives a rank: its death by SIGTERM or SIGKILL, or 128 + the signal,
+# as a script's own handler or a shell between torchrun and Python exits.
+STOP_EXITS = frozenset(
+    {-signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGKILL}
+)
 # After the grace's SIGKILL of the ranks, torchrun's own: this much later, so that it reaps them
 # and says how each ended (how a rank gone without a word died is only in its report).
 TORCHRUN_AFTER_S = 1.0
@@ -47,6 +52,7 @@ class StopReason(str, Enum):
 class Stop:
     reason: StopReason
     since: float  # monotonic
+    at: float = field(default_factory=time.time)  # the same moment by the clock ranks record
     killed: bool = False  # the grace ran out: SIGKILL was sent to the ranks
     killed_at: float = 0.0  # monotonic, when it was
     torchrun_killed: bool = False  # TORCHRUN_AFTER_S later: SIGKILL to torchrun too
@@ -58,6 +64,17 @@ class Stop:
         code xl could read (torchrun reaped it), or, on a requested stop, by losing a peer
         that was stopped first."""
         return code is None or code < 0 or self.reason is StopReason.REQUESTED
+
+    def ended(self, st: RankState, code: int | None, when: float | None) -> bool:
+        """This stop ended ``st`` (its end: ``code``, ``when`` by its record): not a rank that
+        recorded its own end before the stop began, nor a rank xl signalled whose end is not the
+        one its signal gives (a rank that recorded its own exit ignores SIGTERM through its
+        teardown, so its exit 3 or its exception's 1 is its own; a running rank dies of it)."""
+        if code is not None and code > 0 and when is not None and when <= self.at:
+            return False
+        if st.signalled is None or self.reason is StopReason.REQUESTED:
+            return self.explains(code)
+        return code is None or code in STOP_EXITS
 
 
 class StopSignals:

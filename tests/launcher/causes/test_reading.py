@@ -151,6 +151,41 @@ def test_a_script_s_own_exception_is_not_read_with_a_library_s_old_lines() -> No
     assert wrapped.kind is CauseKind.CUDA_OOM
 
 
+CUDA_ADVICE = [
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+    "stacktrace below might be incorrect.",
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+]
+
+
+def test_a_printed_cuda_error_s_headline_is_its_error_line_not_torch_s_advice() -> None:
+    printed = [
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "/opt/train/model.py", line 88, in forward',
+        "[rank1]:     out = fused_gelu(x)",
+        "[rank1]: RuntimeError: CUDA error: no kernel image is available for execution on the "
+        "device",
+        *(f"[rank1]: {line}" for line in CUDA_ADVICE),
+    ]
+    said = read(printed)
+    error = "RuntimeError: CUDA error: no kernel image is available for execution on the device"
+    assert said.error == error and said.headline == error
+    # The advice is still what the rank printed, and the kind is read from the error.
+    assert said.lines[-1] == CUDA_ADVICE[-1]
+    assert _why(None, tail=printed).kind is CauseKind.NO_KERNEL_IMAGE
+
+
+def test_a_script_s_own_multi_line_message_stays_whole() -> None:
+    own = ["config invalid:", "  lr must be > 0", "Compile with care, then retry."]
+    printed = ["Traceback (most recent call last):", '  File "t.py", line 3, in <module>',
+               f"ValueError: {own[0]}", *own[1:]]
+    said = read(printed)
+    assert said.error == "\n".join(["ValueError: config invalid:", "lr must be > 0", own[2]])
+    assert said.headline == "ValueError: config invalid:"
+    assert read(["step 9", "all done"]).headline is None
+
+
 # ---------------------------------------------------------------- usage errors
 def _real_cli(tmp_path: Path, body: str, *args: str) -> tuple[list[str], int]:
     script = tmp_path / "cli.py"

@@ -131,3 +131,83 @@ def test_ranks_that_only_lost_each_other_keep_their_teardown(tmp_path: Path) -> 
     finally:
         for proc in procs:
             _end(proc)
+
+
+def _ended(run_dir: Path, rank: int, pid: int, code: int, at: float) -> None:
+    """A rank's record of an exit of its own (no exception): ``sys.exit(code)`` at ``at``."""
+    (run_dir / "ranks" / f"rank-{rank}.json").write_text(json.dumps({
+        "pid": pid, "local_rank": rank, "exit_code": code, "error": None, "traceback": None,
+        "ended_at": at,
+    }))
+
+
+@pytest.mark.parametrize(
+    ("code", "recorded", "said", "state"),
+    [
+        # recorded before xl's stop began, found after xl signalled it
+        (3, "before", "rank 1 exited with code 3", "failed"),
+        # recorded in its teardown, where xl's SIGTERM does nothing: an exit of its own
+        (3, "after", "rank 1 exited with code 3", "failed"),
+        # the exit a script's own SIGTERM handler gives: the stop's
+        (128 + signal.SIGTERM, "after", "rank 1 stopped (143)", "stopped"),
+    ],
+)
+def test_a_rank_xl_signalled_is_stopped_only_when_the_signal_ended_it(
+    tmp_path: Path, code: int, recorded: str, said: str, state: str
+) -> None:
+    run_dir = _unit_run_dir(tmp_path, grace=30.0)
+    sup = Supervisor(run_dir)
+    procs = [_fake_rank(ignore_term=True), _fake_rank(ignore_term=True)]
+    try:
+        for rank, proc in enumerate(procs):
+            sup.act(sup.ranks.hello(rank, proc.pid))
+        before = time.time()
+        _ended(run_dir, 0, procs[0].pid, 3, before)
+        sup.act(sup.ranks.scan_records())  # rank 0 failed: the stop signals rank 1
+        assert sup.stopping.state is not None and sup.ranks.by_rank[1].signalled is not None
+        _ended(run_dir, 1, procs[1].pid, code, before if recorded == "before" else time.time())
+        sup.act(sup.ranks.scan_records())
+        failure = sup.cause.decide(sup.ranks, None, sup.sink.drain)
+        assert failure is not None and failure.rank == 0
+        assert _exits(run_dir) == ["rank 0 exited with code 3", said]
+        for proc in procs:
+            _end(proc)
+        sup.act(sup.ranks.check_alive())
+        sup.torchrun.code = 1
+        assert sup.finish() is RunStatus.FAILED
+    finally:
+        for proc in procs:
+            _end(proc)
+    run = run_json(run_dir)
+    assert [(r["rank"], r["state"], r["exit_code"]) for r in run["ranks"]] == [
+        (0, "failed", 3), (1, state, code),
+    ]
+    assert run["failure"]["message"] == "rank 0 failed first: rank 0 exited with code 3"
+    assert len(_exits(run_dir)) == 2
+
+
+def test_a_healthy_rank_the_stop_killed_is_stopped(tmp_path: Path) -> None:
+    run_dir = _unit_run_dir(tmp_path, grace=30.0)
+    sup = Supervisor(run_dir)
+    own, healthy = _fake_rank(ignore_term=True), _fake_rank()
+    try:
+        sup.act(sup.ranks.hello(0, own.pid))
+        sup.act(sup.ranks.hello(1, healthy.pid))
+        _record(run_dir, 0, own.pid, 1, "ValueError: labels out of range")
+        sup.act(sup.ranks.scan_records())
+        assert healthy.wait(10) == -signal.SIGTERM
+        sup.act(sup.ranks.check_alive())
+        failure = sup.cause.decide(sup.ranks, None, sup.sink.drain)
+        assert failure is not None and failure.rank == 0
+        assert _exits(run_dir) == ["rank 0 exited with code 1", "rank 1 stopped (-15)"]
+        _end(own)
+        sup.act(sup.ranks.check_alive())
+        sup.torchrun.code = 1
+        assert sup.finish() is RunStatus.FAILED
+    finally:
+        _end(own)
+        _end(healthy)
+    run = run_json(run_dir)
+    assert [(r["rank"], r["state"], r["exit_code"]) for r in run["ranks"]] == [
+        (0, "failed", 1), (1, "stopped", -15),
+    ]
