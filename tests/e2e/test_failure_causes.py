@@ -337,7 +337,7 @@ def test_a_missing_file_and_its_cause_shown_everywhere(tmp_path: Path) -> None:
             {
                 "run_id": run_dir.name,
                 "rank": "1",
-                "hostname": run["failure"]["node"],
+                "Hostname": run["failure"]["node"],
                 "exit_code": "1",
                 "kind": "file_not_found",
                 "summary": cause["summary"],
