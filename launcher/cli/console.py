@@ -200,11 +200,12 @@ def _pause(state: RunState, quiet: bool = False) -> None:
     if not (state.ranks and all(r.exit_code is not None for r in state.ranks.values())):
         time.sleep(_QUIET_POLL_S if quiet else POLL_S)
         return
-    path = RunLayout(state.run_dir).run
-    # torchrun's teardown is mostly quiet
+    layout = RunLayout(state.run_dir)
+    # torchrun's teardown is mostly quiet; the run's end is run.json's final status, then its
+    # run_ended event
     deadline = time.monotonic() + (_QUIET_POLL_S if quiet else POLL_S)
-    before = _mtime(path)
-    while time.monotonic() < deadline and _mtime(path) == before:
+    before = (_mtime(layout.run), _mtime(layout.events))
+    while time.monotonic() < deadline and (_mtime(layout.run), _mtime(layout.events)) == before:
         time.sleep(_END_POLL_S)
 
 
@@ -213,6 +214,35 @@ def _mtime(path: Path) -> int | None:
         return os.stat(path).st_mtime_ns
     except OSError:
         return None
+
+
+# A run whose supervisor is gone was settled by another process, which writes run_ended just
+# after run.json: this long after run.json's last write, none is coming (a run of an older xl,
+# a writer killed between the two).
+_WRITER_S = 0.5
+# A supervisor that never writes run_ended after the final status (frozen, SIGSTOPped) holds the
+# view no longer than this after the end was seen.
+_ENDED_WAIT_S = 10.0
+
+
+def _ended(events: list[dict[str, Any]]) -> bool:
+    return any(ev.get("kind") == "run_ended" for ev in events)
+
+
+def _nothing_to_come(state: RunState, final_at: float) -> bool:
+    """Once run.json says the run ended, whether events.jsonl can still grow although its
+    run_ended was not read: the supervisor (or whoever settles the run) saves the final status
+    first and appends run_ended after, so a view that stopped at the status would lose it. Asked
+    before a poll, so that poll reads whatever the writer wrote before it was found gone."""
+    from xl.launcher import runprocs  # noqa: PLC0415 - the run's end only: not on the way to the start
+
+    rec = state.record
+    if rec is None or time.monotonic() - final_at > _ENDED_WAIT_S:
+        return True
+    if runprocs.supervisor_alive(rec):
+        return False
+    written = _mtime(RunLayout(state.run_dir).run)
+    return written is None or time.time() - written / 1e9 > _WRITER_S
 
 
 def watch_plain(
@@ -227,9 +257,12 @@ def watch_plain(
     plain = _Plain(state, out, lines)
     state.read_lines = False
     final_at: float | None = None
+    ended = False  # run_ended was read: every event of the run is in
     news_at = time.monotonic()
     while True:
+        drained = ended or (final_at is not None and _nothing_to_come(state, final_at))
         state.poll()
+        ended = ended or _ended(state.new_events)
         # what is known before these lines (a rank's exit waits for them)
         plain.events(state.new_events)
         moved = plain.copy()
@@ -238,11 +271,13 @@ def watch_plain(
         plain.events([])
         plain.flush()
         if state.final:
-            # One more poll after the end is seen (its last events), then until the logs settle.
+            # Polled on after the end is seen until its last event is read (run_ended, written
+            # after the final status) and the logs settle: the end table comes after every event.
             if final_at is None:
                 final_at = time.monotonic()
                 continue  # at once: a short job's end is not held up by a sleep
-            if not moved and (plain.settled() or time.monotonic() - final_at > _SETTLE_S):
+            settled = plain.settled() or time.monotonic() - final_at > _SETTLE_S
+            if not moved and (ended or drained) and settled:
                 break
         if on_tick is not None:
             on_tick()
@@ -349,18 +384,26 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
 
     console = Console()
     last = 0.0
+    final_at: float | None = None
     state.poll()
+    ended = _ended(state.new_events)
     with Live(
         render(state, width=console.width), console=console, auto_refresh=False, transient=False
     ) as live:
         while True:
+            drained = ended or (final_at is not None and _nothing_to_come(state, final_at))
             state.poll()
+            ended = ended or _ended(state.new_events)
             now = time.monotonic()
             if state.new_events or now - last >= RENDER_S or state.final:
                 live.update(render(state, width=console.width), refresh=True)
                 last = now
-            if state.final:
+            # the last frame's events end with the run's own (run_ended comes after the status)
+            if state.final and (ended or drained):
                 break
+            if state.final and final_at is None:
+                final_at = now
+                continue
             if on_tick is not None:
                 on_tick()
             time.sleep(POLL_S)
