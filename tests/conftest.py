@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,17 @@ def simnvml(
 def simnvml_gpu() -> type[_sim.SimGPU]:
     """``simnvml_gpu(model="H100", util_gpu=50, processes=[SimProcess(pid, 1024)])``."""
     return _sim.SimGPU
+
+
+@pytest.fixture(autouse=True)
+def _terminal_size_of_the_test_run() -> Iterator[None]:
+    """A Textual test puts COLUMNS/LINES into os.environ and leaves them there; every later
+    subprocess in this worker would inherit a width it never asked for (a piped `xl runs`
+    fits COLUMNS). Each test ends with the two as the run began."""
+    before = {k: os.environ.get(k) for k in ("COLUMNS", "LINES")}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value

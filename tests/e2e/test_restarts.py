@@ -197,7 +197,7 @@ def test_memory_reads_in_one_style(value: float | None, shown: str) -> None:
 
 
 def test_the_plain_view_and_the_app_format_memory_alike() -> None:
-    from xl.launcher.cli import console  # noqa: PLC0415 - the two views under comparison
+    from xl.launcher.cli import endtable  # noqa: PLC0415 - the two views under comparison
     from xl.tui import fmt  # noqa: PLC0415 - as above
 
-    assert console.mib is mib and fmt.mib is mib
+    assert endtable.mib is mib and fmt.mib is mib
