@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from xl.launcher.rundir.outcome import Cause, CauseKind, Failure, RankPhase, ran
 from xl.launcher.rundir.record import RunStatus
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.ranks import Ranks, RankState, describe_exit, signal_name
+from xl.launcher.supervisor.torchrun import TorchrunLog
 
 _STOP_CODES = (-signal.SIGTERM, -signal.SIGKILL)
 # What input() and pdb (breakpoint()) raise in a rank, whose stdin is /dev/null.
@@ -45,11 +45,6 @@ NO_STDIN = (
     "ranks have no stdin: input() and breakpoint() cannot read the terminal under xl launch "
     "(docs/launch.md)"
 )
-_SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
-_CLOSED = re.compile(r"Sending process (\d+) closing signal")
-# torchrun's word on the first failure it saw, as it sees it (before its summary, which a stop
-# that outlasts the grace may never let it print).
-_OBSERVED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)")
 # The longest a failure waits for its facts (torchrun's summary, a peer found dead) before it is
 # decided with what is known: torchrun reports within its monitor interval (0.1 s) of a rank's
 # end, and the stop that the first failure starts ends the others within the stop's grace.
@@ -74,6 +69,7 @@ class RootCause:
         self.host = host
         self.node_rank = node_rank
         self.journal = journal
+        self.torchrun_log = TorchrunLog(RunLayout(run_dir).torchrun_log)
         self.failure: Failure | None = None
         self.at: float | None = None
         self.remote = False  # another node's failure, adopted: not sent back
@@ -120,7 +116,7 @@ class RootCause:
         if self.suspected_at is None or self.failure is not None:
             return None
         self.codes_of_the_gone(ranks)
-        closed = self._closed_by_torchrun()
+        closed = self.torchrun_log.closed_pids()
         if not final and not self._ready(ranks, torchrun_code, drain, closed):
             return None
         self.suspected_at = None
@@ -283,7 +279,7 @@ class RootCause:
         if first is not None and first.after_script:
             self.blame_rank(first, drain)
             return RunStatus.FAILED
-        torchrun_tail = self._torchrun_tail()
+        torchrun_tail = self.torchrun_log.tail()
         failure = self.local(
             first.rank if first else None,
             first.exit_code if first else torchrun_code,
@@ -333,14 +329,8 @@ class RootCause:
             self._codes_from_torchrun(ranks)
 
     def _codes_from_torchrun(self, ranks: Ranks) -> None:
-        text = self._torchrun_text()
-        found = {int(m.group(1)): int(m.group(2)) for m in _SUMMARY.finditer(text)}
         by_pid = {st.pid: st.rank for st in ranks if st.pid is not None}
-        for m in _OBSERVED.finditer(text):
-            rank = by_pid.get(int(m.group(2)))
-            if rank is not None:
-                found.setdefault(rank, int(m.group(1)))
-        for rank, code in found.items():
+        for rank, code in self.torchrun_log.reported_exits(by_pid).items():
             st = ranks.get(rank)
             if st is None:
                 continue
@@ -355,24 +345,9 @@ class RootCause:
                 if self.failure is None and self.suspected_at is None:
                     self.suspected_at = time.monotonic()
 
-    def _closed_by_torchrun(self) -> frozenset[int]:
-        """The pids torchrun itself sent its closing signal (after another rank's failure)."""
-        return frozenset(int(m.group(1)) for m in _CLOSED.finditer(self._torchrun_text()))
-
-    def _torchrun_text(self) -> str:
-        try:
-            log = RunLayout(self.run_dir).torchrun_log
-            return log.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-
     def _log_lines(self, rank: int, lines: int = 40, limit: int = 16384) -> list[str]:
         """The end of logs/rank-<rank>.log (what this supervisor has written of it so far)."""
         return tail(RunLayout(self.run_dir).rank_log(rank), lines, limit)
-
-    def _torchrun_tail(self, lines: int = 25) -> str | None:
-        found = tail(RunLayout(self.run_dir).torchrun_log, lines, 32768, skip_blank=True)
-        return "\n".join(found) or None
 
 
 

@@ -14,6 +14,8 @@ attempt k (``restarted`` event, ``attempt`` in run.json). The run fails when tor
 
 from __future__ import annotations
 
+import signal
+
 from xl.launcher.rundir.events import RankExited, RankStarted, Restarted
 from xl.launcher.rundir.outcome import RankPhase, rank_outcome
 from xl.launcher.rundir.record import RunRecord
@@ -92,6 +94,10 @@ class Lifecycle:
         stopped = stop is not None and stop.ended(st, code, when)
         if not stopped:
             st.signalled = None
+        elif st.signalled is None and stop is not None and stop.reason is StopReason.REQUESTED:
+            # A stop the person asked for ended it, though torchrun's closing signal reached it
+            # before xl's own: xl stopped it all the same.
+            st.signalled = -code if code is not None and code < 0 else int(signal.SIGTERM)
         return stopped
 
     def _judge(self, st: RankState) -> None:

@@ -1,8 +1,9 @@
-"""torchrun, the supervisor's child: its process, its exit code once reaped, and the port its
-store gets on one node."""
+"""torchrun, the supervisor's child: its process, its exit code once reaped, the port its store
+gets on one node, and what its log says of the ranks (who it closed, how each ended)."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -11,6 +12,14 @@ from pathlib import Path
 from xl import cgroup as xl_cgroup
 from xl.address import LOOPBACK
 from xl.launcher import runprocs
+from xl.launcher.rundir.lastbytes import last_lines
+
+# torchrun's failure summary: a rank and the exit code it saw.
+_SUMMARY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+_CLOSED = re.compile(r"Sending process (\d+) closing signal")
+# torchrun's word on the first failure it saw, as it sees it (before its summary, which a stop
+# that outlasts the grace may never let it print).
+_OBSERVED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)")
 
 
 @dataclass
@@ -81,3 +90,37 @@ def hold_master_port(argv: list[str]) -> tuple[list[str], socket.socket | None]:
         sock.close()
         raise
     return [*argv[: i + 1], str(sock.getsockname()[1]), *argv[i + 2 :]], sock
+
+
+@dataclass(frozen=True)
+class TorchrunLog:
+    """logs/torchrun.log read for what torchrun says of its ranks; read afresh on each ask (it
+    grows while the run ends)."""
+
+    path: Path
+
+    def text(self) -> str:
+        try:
+            return self.path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def reported_exits(self, rank_of_pid: dict[int, int]) -> dict[int, int]:
+        """Each rank's exit code as torchrun reported it: its summary's, else its first word on a
+        failure it saw (which names the pid, ``rank_of_pid`` maps it)."""
+        text = self.text()
+        found = {int(m.group(1)): int(m.group(2)) for m in _SUMMARY.finditer(text)}
+        for m in _OBSERVED.finditer(text):
+            rank = rank_of_pid.get(int(m.group(2)))
+            if rank is not None:
+                found.setdefault(rank, int(m.group(1)))
+        return found
+
+    def closed_pids(self) -> frozenset[int]:
+        """The pids torchrun itself sent its closing signal (after another rank's failure)."""
+        return frozenset(int(m.group(1)) for m in _CLOSED.finditer(self.text()))
+
+    def tail(self, lines: int = 25) -> str | None:
+        """Its last non-blank lines (within its last 32 KiB), or None."""
+        text = [ln.decode("utf-8", "replace") for ln in last_lines(self.path, 32768)]
+        return "\n".join([ln for ln in text if ln.strip()][-lines:]) or None
