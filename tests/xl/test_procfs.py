@@ -270,15 +270,20 @@ def test_pss_is_read_from_smaps_rollup_and_unknown_without_it(tmp_path: Path) ->
 
 
 def test_a_real_process_s_pss_is_psutil_s() -> None:
+    # The child says when its memory is all there: read while it still grows, the two readings
+    # would be of two sizes.
     held = subprocess.Popen(
-        [sys.executable, "-c", "import time; b = bytearray(b'1') * (64 << 20); time.sleep(30)"]
+        [
+            sys.executable,
+            "-c",
+            "import time; b = bytearray(b'1') * (64 << 20); print('ready', flush=True); "
+            "time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while (
-            psutil.Process(held.pid).memory_info().rss < 64 << 20
-        ) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert held.stdout is not None and held.stdout.readline().strip() == "ready"
         mine, theirs = procfs.pss(held.pid), psutil.Process(held.pid).memory_full_info().pss
         assert mine is not None and mine >= 64 << 20 and abs(mine - theirs) < 2 << 20
     finally:
