@@ -1,8 +1,8 @@
 """The Monitor's log pane shows a rank's newest line, in a real terminal (tmux) at 80x24 and
 200x60, with real CPU ranks and the real `xl attach`: attached to a run whose log is already
 thousands of lines long, and after `s` stopped the run (the stop puts a banner and a second header
-line above the pane, which made it shorter, and the view used to stay where it was with the end
-of the log below it). No process of the run is left."""
+line above the pane and make it shorter: the view must move with the end of the log, not stay
+where it was). No process of the run is left."""
 
 from __future__ import annotations
 

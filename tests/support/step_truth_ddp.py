@@ -10,7 +10,7 @@ loss is their sum, the figure nanoGPT prints. With ``--slow math``, rank --slow-
 module (a custom loss or a metric); with ``--slow log``, it spends them after its optimizer step
 (logging, a checkpoint). Every rank sleeps ``--base-s`` after its optimizer step (its own
 logging). Each rank writes ``DIR/rank<R>.json``: its steps, each step's loss as it summed it,
-the last micro-batch's loss (what the hooks used to show) and its samples. Only rank 0 prints.
+the last micro-batch's loss (what a step's loss must not be) and its samples. Only rank 0 prints.
 """
 
 from __future__ import annotations
