@@ -18,7 +18,7 @@ from functools import cached_property
 from itertools import chain, islice
 from typing import Any, overload
 
-from xl.launcher.rundir.outcome import Cause, Failure
+from xl.launcher.rundir.outcome import DONE_STATES, Cause, Failure
 from xl.launcher.rundir.record import RunRecord, RunStatus
 from xl.launcher.rundir.timing import describe as describe_time
 from xl.stats import median
@@ -255,6 +255,12 @@ class RankView:
         if self.samples_time_s > 0:
             return self.samples_counted / self.samples_time_s
         return self.samples_per_s
+
+    @property
+    def row_samples_per_s(self) -> float | None:
+        """What the rank's row shows: its latest rate while it lives, the run's figure once it
+        ended (as the end table and `xl runs RUN` show it)."""
+        return self.run_samples_per_s if self.state in DONE_STATES else self.samples_per_s
 
     @property
     def split(self) -> dict[str, float] | None:

@@ -7,10 +7,16 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 from procs import kill_run, only_run, run_json, wait_no_processes, xl, xl_env
+
+from xl.launcher.rundir.reader import RunReader
+from xl.tui.widgets.rank_cells import rank_values
+
+SPS = 5  # the samples/s value in rank_values' row
 
 pytestmark = pytest.mark.e2e
 
@@ -121,6 +127,12 @@ def test_the_end_table_and_xl_runs_run_show_the_runs_own_figures(tmp_path: Path)
                     assert said.startswith(last.removesuffix("\u2026")[: len(said)]), cells
                     assert last.startswith("UserWarning: the sch"), cells
                 assert "xl:" not in last and "warnings.warn" not in last, cells
+        # The Monitor, opened on the ended run, shows the same figure in its samples/s column.
+        view = RunReader(run_dir).poll()
+        for rank in (0, 1):
+            own = json.loads(Path(f"{truth}.{rank}").read_text())
+            sps = rank_values(view.ranks[rank], time.time(), None)[SPS]
+            assert sps == pytest.approx(own["samples"] / own["seconds"], rel=0.1), (sps, own)
         assert shown.stdout.splitlines()[1].startswith(run_dir.name)  # its line, id whole
         assert re.search(r"xl: run \S+ succeeded after", shown.stdout), shown.stdout
         wait_no_processes(run_dir, timeout=30)

@@ -86,7 +86,7 @@ def rank_values(rv: RankView, now: float, node: str | None) -> tuple[Any, ...]:
         rv.step,
         rv.total_steps,
         rv.loss,
-        rv.samples_per_s,
+        getattr(rv, "row_samples_per_s", rv.samples_per_s),  # the run's, once the rank ended
         rv.gpu_util,
         # The rank's own memory on its GPU: the whole GPU's use is every process's, and the
         # GPU table shows it.
