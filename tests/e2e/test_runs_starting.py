@@ -25,13 +25,16 @@ while not os.path.exists(sys.argv[1]):
 print("done", flush=True)
 """
 
-# A supervisor whose interpreter takes seconds to start (a slow disk, a loaded node): its run is
-# starting all that time, and its run.json has no supervisor pid yet.
+# A supervisor whose interpreter is slow to start (a slow disk, a loaded node): it waits until the
+# test's gate file exists (bounded), so the run is starting for as long as the test looks, however
+# busy the machine.
 SLOW_SITE = """
 import os, time
 with open("/proc/self/cmdline", "rb") as fh:
     if b"xl.launcher.supervisor" in fh.read():
-        time.sleep(float(os.environ.get("XL_TEST_SLOW_START_S", "0")))
+        gate, end = os.environ.get("XL_TEST_START_GATE", ""), time.monotonic() + 120
+        while gate and not os.path.exists(gate) and time.monotonic() < end:
+            time.sleep(0.05)
 """
 
 GONE = "supervisor gone"
@@ -93,7 +96,7 @@ def test_a_run_whose_supervisor_is_slow_to_start_is_listed_starting(tmp_path: Pa
     env = xl_env(
         tmp_path / "home",
         PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
-        XL_TEST_SLOW_START_S="6",
+        XL_TEST_START_GATE=str(tmp_path / "gate"),
         OMP_NUM_THREADS="1",
     )
     run_dir = _launch(tmp_path, env, "slow")
@@ -103,7 +106,15 @@ def test_a_run_whose_supervisor_is_slow_to_start_is_listed_starting(tmp_path: Pa
         assert row.split()[2] == "starting" and GONE not in row, row
         assert obj["supervisor"] == "starting" and obj["supervisor_alive"], obj
         assert run_json(run_dir)["supervisor_pid"] is None  # it was starting all the while
+        (tmp_path / "gate").touch()
+        # Once it is up, the same run is running.
+        wait_for(
+            lambda: _listed(env, run_dir)[1]["supervisor"] == "running",
+            timeout=60,
+            what="the supervisor known",
+        )
     finally:
+        (tmp_path / "gate").touch()
         (tmp_path / "go").touch()
     procs.end_run(None, run_dir, timeout=90)
 
