@@ -6,7 +6,7 @@ Builds two finished run dirs under a temporary XL_HOME as a run leaves them: run
 (a stall, its recovery), and metrics.jsonl with a train line per rank per step (step, loss,
 samples, samples_per_s) and a sys line per rank per second (with xl.watch's wait): 6.4M train
 lines, ~0.7 GB, per run at the defaults. Then, as a run's end does, makes each run's digest and
-time accounting (xl.launcher.rundir.digest.close_run): timed once per run and printed, since a
+time accounting (xl.launcher.view.digest.close_run): timed once per run and printed, since a
 run pays it once, when it ends.
 
 What is measured: the wall time of the real command, ``xl compare A B --json`` in a fresh
@@ -124,7 +124,8 @@ def settle(run_dir: Path) -> tuple[float, float]:
     """What settling a run whose supervisor was gone does: the digest and run.json's time, from
     the whole run dir (a supervisor reads the run as it goes, and at its end only the rest).
     Wall and CPU seconds."""
-    from xl.launcher.rundir import digest, record  # noqa: PLC0415 - after sys.path is set
+    from xl.launcher.rundir import runrecord as record  # noqa: PLC0415 - after sys.path is set
+    from xl.launcher.view import digest  # noqa: PLC0415 - after sys.path is set
 
     rec = record.load(run_dir)
     assert rec is not None

@@ -39,8 +39,8 @@ import runfixtures  # noqa: E402
 from bench_reader import RANKS, chunk  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 
-from xl.launcher.rundir.reader import RunReader  # noqa: E402
-from xl.launcher.telemetry.exporter import RunsCollector  # noqa: E402
+from xl.launcher.exporter.metrics import RunsCollector  # noqa: E402
+from xl.launcher.view.reader import RunReader  # noqa: E402
 
 
 def main() -> int:

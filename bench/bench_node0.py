@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from xl import wire
-from xl.launcher.rundir import digest, record
+from xl.launcher.rundir import runrecord as record
 from xl.launcher.telemetry import diagnose
+from xl.launcher.view import digest
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = 1_700_000_000.0
@@ -145,10 +146,10 @@ def main() -> int:
     args = ap.parse_args()
     rev, n, pairs = args.base, args.ranks, args.pairs
 
-    _load(rev, "launcher/rundir/timing.py", "_base_timing")  # the old digest's
+    _load(rev, "launcher/view/timing.py", "_base_timing")  # the old digest's
     old_digest = _load(
         rev,
-        "launcher/rundir/digest.py",
+        "launcher/view/digest.py",
         "_base_digest",
         {"from xl.launcher.rundir import timing\n": "import _base_timing as timing\n"},
     )

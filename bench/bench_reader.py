@@ -15,7 +15,7 @@ the whole poll costs no more than decoding the lines one json.loads at a time).
 
 Prints the median and 90th percentile per-poll CPU time (time.process_time) and wall time, for
 the reader and the anchor, and the ratio of the medians. ``--against PATH`` times another copy
-of reader.py too (e.g. ``git show HEAD~1:launcher/rundir/reader.py > /tmp/old.py``), in the same
+of reader.py too (e.g. ``git show HEAD~1:launcher/view/reader.py > /tmp/old.py``), in the same
 run, with this tree's other modules.
 
 ``--ref REV`` compares this tree's reader with the whole package as it was at git revision REV

@@ -16,7 +16,7 @@ What runs, each in processes of its own:
   train lines, one row a rank), its ranks stepping ``--steps-per-s`` with the client's encoder
   into their node's summary (a node's ranks talk to their own node, never to node 0).
 - **the viewers**: the Monitor, as ``xl attach`` opens it, headless (bench/scale_monitor.py); and
-  the exporter's collector (``RunsCollector``, launcher/telemetry/exporter.py) in this process.
+  the exporter's collector (``RunsCollector``, launcher/exporter/metrics.py) in this process.
 
 Then, once the Monitor showed the run, ``--warmup`` s and a ``--seconds`` window in which node 0's
 supervisor process (its CPU and largest resident set; not its children, not the simulator) and the
@@ -158,7 +158,7 @@ def exporter(runs: Path) -> Any:
     """What `xl exporter` serves: its collector of every run under ``runs``, in a registry."""
     from prometheus_client import CollectorRegistry  # noqa: PLC0415 - the exporter's own dependency, loaded as `xl exporter` loads it
 
-    from xl.launcher.telemetry.exporter import RunsCollector  # noqa: PLC0415 - as above
+    from xl.launcher.exporter.metrics import RunsCollector  # noqa: PLC0415 - as above
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunsCollector(runs))

@@ -51,7 +51,7 @@ dist.destroy_process_group()
 
 
 def ask(args: argparse.Namespace, tmp: Path) -> None:
-    from xl.launcher.telemetry.gather_stacks import run_document  # noqa: PLC0415 - after sys.path is set
+    from xl.launcher.stacks.gather import run_document  # noqa: PLC0415 - after sys.path is set
 
     home = tmp / "home"
     env = xl_env(home)

@@ -99,7 +99,7 @@ def run_app(run_dir: Path, stats: Path, mode: str) -> int:
     underneath ("monitor": paused there, as in the product). Writes what it did (polls applied,
     apply times) to ``stats`` when sent SIGUSR1 (dump_stats)."""
 
-    from xl.launcher.rundir.reader import RunReader  # noqa: PLC0415 - only the measured child process loads the app
+    from xl.launcher.view.reader import RunReader  # noqa: PLC0415 - only the measured child process loads the app
     from xl.tui.app import build_app  # noqa: PLC0415 - only the measured child process loads the app
     from xl.tui.screens.gpus import GPUsScreen  # noqa: PLC0415 - only the measured child process loads the app
     from xl.tui.screens.monitor import MonitorScreen  # noqa: PLC0415 - only the measured child process loads the app

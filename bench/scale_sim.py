@@ -7,11 +7,11 @@ supervisor's **node link**, xl's own ``NodeLink`` (launcher/multinode/nodelink.p
 handshake, heartbeat, acks), carrying what a follower's journal sends: ``run_started`` and
 ``rank_started`` events, its ``ranks`` rows, its ranks' output (``log``), its answers to node 0's
 stacks requests, at the end its ranks' exits and its ``end``; and once a second what its
-telemetry forwards (``forward_records``, launcher/supervisor/telemetry_port.py): one ``sys`` line
+telemetry forwards (``forward_records``, launcher/supervisor/safe_telemetry.py): one ``sys`` line
 per rank as its sampler gives it, and its ranks' training as xl's own ``Summary``
 (launcher/multinode/summary.py) sums it up: one ``train`` row a rank standing for its steps of
 that second. Its ranks talk to their own node (they are simulated in this process): each step is
-one train line built with the client's encoder (``xl.client.records.train_line``), handed to the
+one train line built with the client's encoder (``xl.client.metricline.train_line``), handed to the
 node's summary as its collector would.
 
 Everything runs on one asyncio loop beside the links' threads: a rank costs a few microseconds a
@@ -41,11 +41,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from xl.client.records import train_line
+from xl.client.metricline import train_line
 from xl.launcher.multinode.nodelink import NodeLink
 from xl.launcher.multinode.protocol import clip_stacks
 from xl.launcher.multinode.summary import Summary
-from xl.launcher.supervisor.telemetry_port import forward_records
+from xl.launcher.supervisor.safe_telemetry import forward_records
 
 # The stack a simulated rank answers with: a training loop, the main thread in the script.
 _SCRIPT = "/work/proj/train.py"

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from xl.doctor.probes.compile import BuildResult
     from xl.doctor.status import Status
     from xl.gpu.health import Health
-    from xl.gpu.records import GPU, Driver
+    from xl.gpu.inventory import GPU, Driver
 
 _NVCC_RELEASE = re.compile(r"release (\d+)\.(\d+)")
 _NVCC_FULL = re.compile(r"\bV(\d+\.\d+\.\d+)")

@@ -25,9 +25,10 @@ from xl.errors import UsageError
 from xl.gpu import nvml
 from xl.launcher import runprocs
 from xl.launcher.plan import Plan, build_plan
-from xl.launcher.rundir import layout, record, stopmark
+from xl.launcher.rundir import layout, stopmark
+from xl.launcher.rundir import runrecord as record
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.record import RunJson, RunRecord, RunStatus
+from xl.launcher.rundir.runrecord import RunJson, RunRecord, RunStatus
 from xl.launcher.rundir.store import new_run_id, runs_root
 from xl.launcher.spec import LaunchSpec
 from xl.launcher.supervisor.stopping import grace_from_env

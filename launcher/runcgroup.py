@@ -19,8 +19,8 @@ from pathlib import Path
 
 from xl import cgroup, envnames
 from xl.launcher import runprocs
-from xl.launcher.rundir import record
-from xl.launcher.rundir.record import RunRecord
+from xl.launcher.rundir import runrecord as record
+from xl.launcher.rundir.runrecord import RunRecord
 
 # What the launch says where no cgroup could be made: how the run is kept together instead.
 FALLBACK = "its processes are followed by their process tree and environment instead"

@@ -24,7 +24,7 @@ from pathlib import Path
 from xl import envnames, procfs
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.record import RunRecord
+from xl.launcher.rundir.runrecord import RunRecord
 
 # How much lower than the training xl's own processes run once torchrun has started: the
 # supervisor, and the view of `xl launch` without the app (docs/launch.md, "How a launch starts").

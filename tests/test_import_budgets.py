@@ -43,8 +43,9 @@ PROCESSES = {
         # `--slurm`'s job submission, `--rdzv`'s and `--python`'s code load only when asked for;
         # xl.cgroup makes the run's cgroup before the fork; the plain view's rank cells are
         # endtable's (the live table and the end table are one row format) and the run's
-        # figures take their medians from xl.stats
-        105,
+        # figures take their medians from xl.stats; the plain view's reader is a package of its
+        # own (xl.launcher.view), one module more
+        106,
         90,
         # psutil once torchrun runs; pynvml only where libnvidia-ml loads; orjson for big polls
         # only, and statistics (fractions, decimal, random) never: xl.stats has the medians.
@@ -67,11 +68,11 @@ PROCESSES = {
     # and provenance, while torchrun imports torch beside them. Its CPU slows torch's import on
     # a machine with few cores, so psutil (the sampler and the checks read /proc themselves),
     # secrets (os.urandom names requests and sockets) and the thread pool that only asks ranks
-    # for their stacks are left out, as are statistics and orjson (as in the command) (today 36
-    # modules, 15-21 ms; before, 74 and 37 ms, then 53 and 21-30 ms).
+    # for their stacks are left out, as are statistics and orjson (as in the command). The digest
+    # (xl.launcher.view) and the hang capture (xl.launcher.stacks) each come with their package.
     "supervisor, once torchrun runs": Budget(
-        "import xl.launcher.telemetry.service, xl.launcher.rundir.digest, xl.launcher.provenance",
-        38,
+        "import xl.launcher.telemetry.service, xl.launcher.view.digest, xl.launcher.provenance",
+        40,
         25,
         (*UI, "psutil", "secrets", "concurrent", "tempfile", "orjson", "statistics"),
         after=LAUNCH + ", xl.launcher.supervisor.loop",
@@ -90,7 +91,7 @@ PROCESSES = {
 # before torchrun starts (each costs the start of every run: ~50 ms of CPU together).
 AFTER_TORCHRUN = (
     "xl.launcher.telemetry.service",
-    "xl.launcher.rundir.digest",
+    "xl.launcher.view.digest",
     "xl.launcher.provenance",
     "xl.launcher.supervisor.hub",
     "xl.launcher.supervisor.follower",

@@ -26,7 +26,7 @@ from textual.driver import Driver
 from textual.screen import Screen
 
 from xl.errors import EXIT_USAGE, ArgumentParser
-from xl.launcher.rundir.record import RunRecord, exit_code_for, is_final
+from xl.launcher.rundir.runrecord import RunRecord, exit_code_for, is_final
 from xl.tui import fmt
 from xl.tui.backend import Backend, LocalBackend
 from xl.tui.run_outcome import FINISHED, outcome_text

@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     from xl.gpu.nvml import Inventory
     from xl.launcher.control import RunHandle
     from xl.launcher.plan import Plan
-    from xl.launcher.rundir.comparison import Comparison
-    from xl.launcher.rundir.reader import RunReader
-    from xl.launcher.rundir.record import RunRecord
+    from xl.launcher.rundir.runrecord import RunRecord
     from xl.launcher.rundir.store import RunInfo
     from xl.launcher.spec import LaunchSpec
+    from xl.launcher.view.comparison import Comparison
+    from xl.launcher.view.reader import RunReader
 
 
 class Backend(Protocol):
@@ -163,25 +163,25 @@ class LocalBackend:
         return resolve_run(run)
 
     def reader(self, run_dir: Path) -> RunReader:
-        from xl.launcher.rundir.reader import RunReader  # noqa: PLC0415 - loads only for the Monitor
+        from xl.launcher.view.reader import RunReader  # noqa: PLC0415 - loads only for the Monitor
 
         return RunReader(run_dir)
 
     def run_status(self, run_dir: Path) -> str | None:
-        from xl.launcher.rundir.record import read_json  # noqa: PLC0415 - read once, as the app exits
+        from xl.launcher.rundir.runrecord import read_json  # noqa: PLC0415 - read once, as the app exits
 
         status = read_json(run_dir).get("status")
         return str(status) if status is not None else None
 
     def run_record(self, run_dir: Path) -> RunRecord | None:
-        from xl.launcher.rundir.record import load  # noqa: PLC0415 - read once, as the app exits
+        from xl.launcher.rundir.runrecord import load  # noqa: PLC0415 - read once, as the app exits
 
         return load(run_dir)
 
     def rank_output(
         self, run_dir: Path, rank: int, node: int, offset: int
     ) -> dict[str, Any] | None:
-        from xl.launcher.telemetry.nodestacks import ask_logs  # noqa: PLC0415 - remote ranks only
+        from xl.launcher.stacks.nodes import ask_logs  # noqa: PLC0415 - remote ranks only
 
         # Short: the Monitor's poller waits for it (RemoteLog asks a silent node rarely).
         return ask_logs(run_dir, rank, node, offset, timeout=2.0)
@@ -192,16 +192,16 @@ class LocalBackend:
         stop_run(run_dir)
 
     def stacks(self, run_dir: Path) -> dict[str, Any]:
-        from xl.launcher.telemetry.gather_stacks import run_document  # noqa: PLC0415 - loads only when stacks are asked for
+        from xl.launcher.stacks.gather import run_document  # noqa: PLC0415 - loads only when stacks are asked for
 
         return run_document(run_dir)  # every rank: the verdict is the whole run's, never one rank's
 
     def compare(self, run_a: Path, run_b: Path) -> Comparison:
-        from xl.launcher.rundir.comparison import compare  # noqa: PLC0415 - loads only when two runs are compared
+        from xl.launcher.view.comparison import compare  # noqa: PLC0415 - loads only when two runs are compared
 
         return compare(run_a, run_b)
 
     def comparison_rows(self, comparison: Comparison) -> list[tuple[str, str, str]]:
-        from xl.launcher.rundir.comparison import rows  # noqa: PLC0415 - loaded once a comparison was made
+        from xl.launcher.view.comparison import rows  # noqa: PLC0415 - loaded once a comparison was made
 
         return rows(comparison)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from rich.text import Text
 
-from xl.launcher.rundir.runview import (
+from xl.launcher.view.runview import (
     state_style as state_style,  # re-exported: one style table for states
 )
 from xl.units import mib as mib  # re-exported: one memory style for the app and the plain views

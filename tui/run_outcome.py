@@ -1,15 +1,15 @@
 """What the app leaves on the terminal as it closes on an ended run, from the run's record.
 
 Everything the Monitor draws while it is open comes from the reader's RunView
-(xl.launcher.rundir.runview), which decides the hang, the failure and each rank's state once.
+(xl.launcher.view.runview), which decides the hang, the failure and each rank's state once.
 """
 
 from __future__ import annotations
 
 from rich.text import Text
 
-from xl.launcher.rundir.record import FINAL, RunRecord
-from xl.launcher.rundir.runview import elapsed, outcome_style
+from xl.launcher.rundir.runrecord import FINAL, RunRecord
+from xl.launcher.view.runview import elapsed, outcome_style
 from xl.textsafe import visible
 
 # The record's own set of final statuses, under the name the screens use.

@@ -16,7 +16,7 @@ from xl.gpu.health import BUSY_MEM_FRACTION, BUSY_UTIL_PCT
 from xl.gpu.models import mixed_models
 
 if TYPE_CHECKING:
-    from xl.gpu.records import GPU
+    from xl.gpu.inventory import GPU
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """``xl serve``: the app in a browser, one app process per tab, behind a token (docs/serve.md).
 
 textual-serve does the serving: its aiohttp app gives each websocket its own ``python -m
-xl.tui.served`` and ends it when the tab closes. xl wraps that app, without copying it, in one
+xl.tui.tabapp`` and ends it when the tab closes. xl wraps that app, without copying it, in one
 aiohttp middleware that every request passes:
 
 - the token (``?token=`` or, after the first page load, a cookie) or HTTP 403, for the page,
@@ -269,7 +269,7 @@ def main(argv: Sequence[str]) -> int:
         raise UsageError("needs textual-serve: pip install 'xl-cluster[serve]'")
     token = token_from(TOKEN_VAR)
     os.environ.pop(TOKEN_VAR, None)  # the apps (and the runs they launch) never see it
-    command = f"exec {shlex.quote(sys.executable)} -m xl.tui.served" + (
+    command = f"exec {shlex.quote(sys.executable)} -m xl.tui.tabapp" + (
         " --read-only" if ns.read_only else ""
     )
     server = make_server(command, ns.host, ns.port, ns.public_url, token, ns.max_tabs)

@@ -49,7 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "the app in a browser: one app per tab, behind a token (--read-only for viewers)",
     ),
     "exporter": (
-        "xl.launcher.cli.exporter",
+        "xl.launcher.exporter.command",
         "every live run's ranks on /metrics for Prometheus (bearer token)",
     ),
 }

@@ -10,7 +10,7 @@ from xl.doctor.facts import Facts, parse_nvcc_version
 from xl.doctor.report import Fix
 
 if TYPE_CHECKING:
-    from xl.gpu.records import GPU
+    from xl.gpu.inventory import GPU
 
 
 def working_gpus(f: Facts) -> list[GPU]:

@@ -18,7 +18,7 @@ from xl.gpu.models import mixed_models, model_counts, models_text
 
 if TYPE_CHECKING:
     from xl.gpu.health import Problem
-    from xl.gpu.records import GPU
+    from xl.gpu.inventory import GPU
 
 _DRIVER_FIXES = {
     "version_mismatch": RELOAD,

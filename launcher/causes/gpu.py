@@ -5,7 +5,7 @@ a rank died")."""
 from __future__ import annotations
 
 from xl.launcher.causes import host, words
-from xl.launcher.causes.door import Doctor
+from xl.launcher.causes.doctor_facts import Doctor
 from xl.launcher.causes.evidence import Evidence, cause, rerun
 from xl.launcher.rundir.outcome import Cause
 

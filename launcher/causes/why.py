@@ -24,7 +24,7 @@ import time
 from xl.cgroup import format_size, is_run_cgroup
 from xl.launcher.causes import host, reading, words
 from xl.launcher.causes.distributions import DISTRIBUTIONS
-from xl.launcher.causes.door import Doctor
+from xl.launcher.causes.doctor_facts import Doctor
 from xl.launcher.causes.evidence import Evidence, cause, signame
 from xl.launcher.causes.gpu import gpu_cause, shm_cause, shm_small
 from xl.launcher.rundir.outcome import Cause, CauseKind

@@ -11,7 +11,7 @@ from xl.errors import ArgumentParser
 from xl.launcher.cli.console import watch
 from xl.launcher.cli.logs import main as follow_logs
 from xl.launcher.control import abandon_if_supervisor_gone
-from xl.launcher.rundir import record
+from xl.launcher.rundir import runrecord as record
 from xl.launcher.rundir.store import list_runs, resolve_run
 
 

@@ -3,7 +3,7 @@
 The spec (script, args, environment with secrets masked, ranks, nodes, GPUs and their models),
 the versions (torch, CUDA, driver, xl, the script's git commit), the median step time after
 warm-up and samples/s with their ratio, the loss at common steps, and both time accountings
-(xl.launcher.rundir.comparison; docs/compare.md). Text: a side-by-side table naming both runs.
+(xl.launcher.view.comparison; docs/compare.md). Text: a side-by-side table naming both runs.
 Exit 0; 2 for an unknown or damaged run, or the same run twice.
 """
 
@@ -13,8 +13,8 @@ import json
 from collections.abc import Sequence
 
 from xl.errors import ArgumentParser
-from xl.launcher.rundir import comparison
 from xl.launcher.rundir.store import resolve_run
+from xl.launcher.view import comparison
 from xl.textsafe import visible
 
 

@@ -19,8 +19,8 @@ from xl.launcher.cli.endtable import render_text  # noqa: F401 - the plain table
 from xl.launcher.cli.runstate import RunState
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Cause
-from xl.launcher.rundir.runview import RankView, hang_label, outcome_style, state_style
 from xl.launcher.rundir.tail import RankLogs
+from xl.launcher.view.runview import RankView, hang_label, outcome_style, state_style
 from xl.textsafe import bytes_for_terminal, visible
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xl.figures import PHASES
-from xl.launcher.rundir.runview import RankView
-from xl.launcher.telemetry.verdict import ranges
+from xl.launcher.stacks.verdict import ranges
+from xl.launcher.view.runview import RankView
 from xl.textsafe import visible
 
 SUMMARY_PAST = 64  # up to this many ranks the views keep a row per rank

@@ -7,9 +7,9 @@ and setting up Rich cost a run's end ~50 ms, a few percent of a short job's wall
 from __future__ import annotations
 
 from xl.launcher.cli.runstate import RunState
-from xl.launcher.rundir import timing
 from xl.launcher.rundir.outcome import Failure
-from xl.launcher.rundir.runview import RankView
+from xl.launcher.view import timing
+from xl.launcher.view.runview import RankView
 from xl.textsafe import visible
 from xl.units import mib
 

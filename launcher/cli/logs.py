@@ -2,7 +2,7 @@
 
 On node 0 of a multi-node run, another node's rank's output stays in that node's run dir: ``xl
 logs RUN --rank R`` reads it through that node while the run lives (node 0's supervisor asks it
-over its link, a piece at a time: xl.launcher.telemetry.nodestacks); once the run is over, node 0
+over its link, a piece at a time: xl.launcher.stacks.nodes); once the run is over, node 0
 has the last lines the node sent as each rank exited.
 """
 
@@ -16,12 +16,12 @@ from pathlib import Path
 
 from xl.errors import ArgumentParser, UsageError
 from xl.launcher import runprocs
-from xl.launcher.rundir import record
+from xl.launcher.rundir import runrecord as record
 from xl.launcher.rundir.layout import RunLayout, log_rank
 from xl.launcher.rundir.store import resolve_run
 from xl.launcher.rundir.tail import RankLogs, Tail
-from xl.launcher.telemetry.nodestacks import ask_logs
-from xl.launcher.telemetry.verdict import ranges
+from xl.launcher.stacks.nodes import ask_logs
+from xl.launcher.stacks.verdict import ranges
 from xl.textsafe import bytes_for_terminal
 
 

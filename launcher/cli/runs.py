@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from xl.errors import ArgumentParser, UsageError
-from xl.launcher.rundir import record, timing
+from xl.launcher.rundir import runrecord as record
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Cause
-from xl.launcher.rundir.record import RunRecord, RunStatus, read_object
+from xl.launcher.rundir.runrecord import RunRecord, RunStatus, read_object
 from xl.launcher.rundir.store import (
     GONE,
     NOT_YOURS,
@@ -26,6 +26,7 @@ from xl.launcher.rundir.store import (
     list_runs,
     resolve_run,
 )
+from xl.launcher.view import timing
 from xl.textsafe import visible
 
 

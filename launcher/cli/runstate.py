@@ -12,9 +12,9 @@ from typing import Any
 from xl.launcher.rundir.lastbytes import last_output_line, said
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Failure
-from xl.launcher.rundir.reader import RunReader
-from xl.launcher.rundir.record import RunRecord
-from xl.launcher.rundir.runview import RankView, RunView
+from xl.launcher.rundir.runrecord import RunRecord
+from xl.launcher.view.reader import RunReader
+from xl.launcher.view.runview import RankView, RunView
 from xl.textsafe import visible
 
 

@@ -32,8 +32,8 @@ from xl.launcher.cli.options import (
 )
 from xl.launcher.multinode import slurm
 from xl.launcher.plan import check_nproc, check_target, parse_rdzv
-from xl.launcher.rundir import record
-from xl.launcher.rundir.record import RunStatus
+from xl.launcher.rundir import runrecord as record
+from xl.launcher.rundir.runrecord import RunStatus
 from xl.launcher.spec import LaunchSpec, spec_to_argv
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from xl.figures import PHASES
-from xl.launcher.rundir import timing
-from xl.launcher.rundir.runview import RankView
+from xl.launcher.view import timing
+from xl.launcher.view.runview import RankView
 
 HEADERS = ("rank", "steps", "step", *PHASES)
 

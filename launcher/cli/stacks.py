@@ -1,9 +1,9 @@
 """``xl stacks RUN [--rank R] [--json]``: where every live rank is, and who the others wait for.
 
-Asks each rank of the run on this node (``xl.launcher.telemetry.gather_stacks``): its threads'
+Asks each rank of the run on this node (``xl.launcher.stacks.gather``): its threads'
 Python stacks and its collectives from PyTorch's Flight Recorder. On node 0 of a multi-node run, the
 other nodes' ranks too, through node 0's supervisor and each node's link
-(``xl.launcher.telemetry.nodestacks``). Prints ranks grouped by where they are, the verdict, then
+(``xl.launcher.stacks.nodes``). Prints ranks grouped by where they are, the verdict, then
 each group's stack once. ``--json`` prints the stacks document (docs/launch.md). ``--rank R`` shows
 that rank only; the verdict is always the whole run's, and names a culprit only when the run is
 stalled (xl.launcher.telemetry.stall). Exit 0 with stacks, 1 when the run is not running, 2 on
@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from xl.errors import EXIT_FAILED, ArgumentParser, UsageError
-from xl.launcher.rundir import record
-from xl.launcher.rundir.record import RunStatus
+from xl.launcher.rundir import runrecord as record
+from xl.launcher.rundir.runrecord import RunStatus
 from xl.launcher.rundir.store import resolve_run
-from xl.launcher.telemetry import gather_stacks as capture
-from xl.launcher.telemetry import verdict
+from xl.launcher.stacks import gather as capture
+from xl.launcher.stacks import verdict
 from xl.textsafe import visible
 
 _OWN_FILES = ("/launcher/rank/stacks.py", "/xl/client/sender.py")

@@ -9,8 +9,8 @@ from xl import paths
 from xl.errors import ArgumentParser, NotYours, UsageError
 from xl.launcher import runprocs
 from xl.launcher.control import STOPPED_WAIT_S, grace_for, stop_run, stop_unreadable, wait_for_end
-from xl.launcher.rundir import record
-from xl.launcher.rundir.record import RunStatus
+from xl.launcher.rundir import runrecord as record
+from xl.launcher.rundir.runrecord import RunStatus
 from xl.launcher.rundir.store import resolve_run
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.events import EnvDiff
-from xl.launcher.rundir.record import RunRecord
+from xl.launcher.rundir.runrecord import RunRecord
 
 if TYPE_CHECKING:
     from xl.doctor.api import Diff, Fingerprint

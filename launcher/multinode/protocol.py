@@ -34,7 +34,7 @@ import math
 from typing import Any
 
 from xl import wire
-from xl.launcher.rundir.record import is_final
+from xl.launcher.rundir.runrecord import is_final
 
 # Events of another node that node 0 records too; the rest (its diagnoses) node 0 makes itself
 # from the metrics it receives.

@@ -197,7 +197,8 @@ def _settle_if_orphaned(run_dir: str | None) -> None:
     try:
         from pathlib import Path  # noqa: PLC0415 - only when the supervisor died; ranks start light
 
-        from xl.launcher.rundir import record, settle  # noqa: PLC0415 - the supervisor died
+        from xl.launcher.rundir import runrecord as record  # noqa: PLC0415 - the supervisor died
+        from xl.launcher.rundir import settle  # noqa: PLC0415 - the supervisor died
 
         rec = record.load(Path(run_dir))
         if rec is None or rec.final or not settle.all_ranks_ended(Path(run_dir), rec):

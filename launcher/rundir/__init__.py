@@ -1,2 +1,3 @@
-"""The run directory's one owner: its record (run.json), events, metrics, the tail and JSONL
-decoding its readers share, the incremental reader, and the store (list and resolve runs)."""
+"""The run directory's contract and its one owner: the layout, run.json's typed record
+(runrecord.py), events and metrics lines, the rank outcome rule, the store (list and resolve runs)
+and settle. What viewers derive from it lives in xl.launcher.view."""

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from xl.launcher import runcgroup, runprocs
-from xl.launcher.rundir import digest, record
+from xl.launcher.rundir import runrecord as record
 from xl.launcher.rundir.events import RunEnded, append_event
 from xl.launcher.rundir.layout import RESERVE, SETTLED, RunLayout
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.rundir.outcome import Cause, Failure, rank_outcome
-from xl.launcher.rundir.record import RankReport, RunRecord, RunStatus, read_rank_reports
+from xl.launcher.rundir.runrecord import RankReport, RunRecord, RunStatus, read_rank_reports
+from xl.launcher.view import digest
 
 
 def all_ranks_ended(run_dir: Path, rec: RunRecord) -> bool:

@@ -18,8 +18,8 @@ from typing import Any
 from xl import paths
 from xl.errors import NotYours, UsageError
 from xl.launcher import runprocs
-from xl.launcher.rundir import record
-from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.rundir import runrecord as record
+from xl.launcher.rundir.runrecord import RunRecord, RunStatus
 from xl.launcher.spec import LaunchSpec
 
 

@@ -19,7 +19,7 @@ names itself ``xl-supervisor`` and runs torchrun as its child. One module a job:
 - ``stopping``: SIGTERM to every rank, SIGKILL after the grace (``XL_STOP_GRACE``, default 10);
 - ``nodes``: the other nodes behind one door: ``hub`` (node 0 of several) or ``follower`` (every
   other node), nothing on one node;
-- ``journal``: run.json (through ``xl.launcher.rundir.record``) and events.jsonl (its lines are
+- ``journal``: run.json (through ``xl.launcher.rundir.runrecord``) and events.jsonl (its lines are
   ``xl.launcher.rundir.events``'s typed events);
 - ``telemetry_port``: the guarded door to telemetry, imported once torchrun has started.
 

@@ -33,7 +33,7 @@ from xl.launcher.rundir.events import FailureEvent
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Cause, CauseKind, Failure, RankPhase, rank_outcome
-from xl.launcher.rundir.record import RunStatus
+from xl.launcher.rundir.runrecord import RunStatus
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.ranks import Ranks, RankState, describe_exit, signal_name
 from xl.launcher.supervisor.torchrun import TorchrunLog
@@ -221,7 +221,7 @@ class RootCause:
 
     def _explain(self, st: RankState, lines: list[str]) -> Cause | None:
         from xl.launcher.causes import Evidence, explain  # noqa: PLC0415 - a failure only: not on the path to torchrun
-        from xl.launcher.causes.door import Doctor  # noqa: PLC0415 - as above
+        from xl.launcher.causes.doctor_facts import Doctor  # noqa: PLC0415 - as above
 
         record = self.journal.record
         spec = record.spec or {}

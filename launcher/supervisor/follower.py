@@ -28,12 +28,12 @@ from xl.launcher.plan import parse_rdzv
 from xl.launcher.rundir.events import EventKind, NodeNotice, Notice
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Failure
+from xl.launcher.stacks import gather as capture
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.nodewatch import node_timeout
 from xl.launcher.supervisor.stopping import Stopping, StopReason
 from xl.launcher.supervisor.torchrun import Torchrun
-from xl.launcher.telemetry import gather_stacks as capture
 
 _MAX_ASKING = 4  # stacks requests answered at once; more are answered "busy"
 # What node 0 keeps of a rank's output at this node's end (every line stays here).

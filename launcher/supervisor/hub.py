@@ -37,7 +37,7 @@ from xl.launcher.rundir.outcome import (
     Failure,
     rank_outcome,
 )
-from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.rundir.runrecord import RunRecord, RunStatus
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal, say
 from xl.launcher.supervisor.logsink import LogSink

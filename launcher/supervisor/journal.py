@@ -1,7 +1,7 @@
 """What the supervisor records: events.jsonl and run.json, and on a node > 0 their copy to node 0.
 
 Events come from the loop and from telemetry's threads (its diagnoses), so appending holds a
-lock. run.json is saved whole through ``xl.launcher.rundir.record`` (its one owner), only when
+lock. run.json is saved whole through ``xl.launcher.rundir.runrecord`` (its one owner), only when
 something changed (``dirty``); a failed write leaves the previous file whole and is retried on
 the next turn. A full disk must not end the training: each kind of write failure is said once.
 """
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from xl.launcher.multinode.protocol import FORWARDED_EVENTS
 from xl.launcher.rundir import layout
-from xl.launcher.rundir import record as run_record
+from xl.launcher.rundir import runrecord as run_record
 from xl.launcher.rundir.events import Event, WriteLost, append_line, event_object, object_line
-from xl.launcher.rundir.record import RunRecord
-from xl.launcher.supervisor.guard import crash_line
+from xl.launcher.rundir.runrecord import RunRecord
+from xl.launcher.supervisor.resilience import crash_line
 
 # only a node > 0 has a link, made by the supervisor (not on a one-node run's path)
 if TYPE_CHECKING:

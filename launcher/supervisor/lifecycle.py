@@ -18,7 +18,7 @@ import signal
 
 from xl.launcher.rundir.events import RankExited, RankStarted, Restarted
 from xl.launcher.rundir.outcome import RankPhase, rank_outcome
-from xl.launcher.rundir.record import RunRecord
+from xl.launcher.rundir.runrecord import RunRecord
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.ranks import Change, RankChange, Ranks, RankState, describe_end

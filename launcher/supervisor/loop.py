@@ -1,6 +1,6 @@
 """The supervisor's loop: start torchrun, watch ranks and nodes once every tick, finish the run.
 
-run.json (through ``xl.launcher.rundir.record``, replaced atomically on every change; every key
+run.json (through ``xl.launcher.rundir.runrecord``, replaced atomically on every change; every key
 is in docs/contracts.md, "run.json")::
 
     run_id, name, status (running|succeeded|failed|stopped), spec, argv, env (what xl set), cwd,
@@ -50,16 +50,17 @@ from xl import cgroup as xl_cgroup
 from xl import envnames
 from xl.launcher import runprocs
 from xl.launcher.rundir import layout
-from xl.launcher.rundir import record as run_record
+from xl.launcher.rundir import runrecord as run_record
 from xl.launcher.rundir.events import EventKind, Notice, RunEnded
-from xl.launcher.rundir.record import DeviceRow, RunStatus
+from xl.launcher.rundir.runrecord import DeviceRow, RunStatus
 from xl.launcher.rundir.stopmark import stop_asked
 from xl.launcher.supervisor.failure import RootCause
-from xl.launcher.supervisor.guard import crash_line, private_umask, raise_fd_limit
 from xl.launcher.supervisor.journal import Journal, hold_reserve
 from xl.launcher.supervisor.logsink import LogSink
 from xl.launcher.supervisor.nodes import Nodes, resolve
 from xl.launcher.supervisor.ranks import RankChange, Ranks, become_subreaper
+from xl.launcher.supervisor.resilience import crash_line, private_umask, raise_fd_limit
+from xl.launcher.supervisor.safe_telemetry import TelemetryPort
 from xl.launcher.supervisor.stopping import (
     Stop,
     Stopping,
@@ -67,14 +68,13 @@ from xl.launcher.supervisor.stopping import (
     StopSignals,
     grace_from_env,
 )
-from xl.launcher.supervisor.telemetry_port import TelemetryPort
 from xl.launcher.supervisor.torchrun import Torchrun
 
 # imported where they are needed: after torchrun started, or on several nodes only
 if TYPE_CHECKING:
-    from xl.launcher.rundir.digest import Digester
     from xl.launcher.supervisor.escapes import Escapes
     from xl.launcher.supervisor.lifecycle import Lifecycle
+    from xl.launcher.view.digest import Digester
 
 _TICK_S = 0.1
 
@@ -195,7 +195,7 @@ class Supervisor:
     def _started(self) -> None:
         """What the run's record and the loop need once torchrun runs (its start overlaps this)."""
         from xl.launcher import provenance  # noqa: PLC0415 - after torchrun started: its start does not wait for this
-        from xl.launcher.rundir.digest import Digester  # noqa: PLC0415 - after torchrun started: its start does not wait for this
+        from xl.launcher.view.digest import Digester  # noqa: PLC0415 - after torchrun started: its start does not wait for this
 
         self.record.update(
             status=RunStatus.RUNNING,
@@ -328,7 +328,7 @@ class Supervisor:
         remote = self.nodes.remote_ranks()
         ranks = sorted(local + remote, key=lambda r: int(r.get("rank") or 0))
         if waited:
-            from xl.launcher.rundir.digest import with_waits  # noqa: PLC0415 - only the end has waits: not on the path to torchrun
+            from xl.launcher.view.digest import with_waits  # noqa: PLC0415 - only the end has waits: not on the path to torchrun
 
             ranks = with_waits(ranks, waited)
         self.journal.save(ranks, self.cause.to_json())
@@ -366,7 +366,7 @@ class Supervisor:
         self.journal.at_end(self.port.metrics_bytes_lost())
         self.record.end(status)
         # The time accounting goes in with the final status: whoever sees the end sees it too.
-        from xl.launcher.rundir.digest import close_run  # noqa: PLC0415 - the end only: not on the path to torchrun
+        from xl.launcher.view.digest import close_run  # noqa: PLC0415 - the end only: not on the path to torchrun
 
         self.save(close_run(self.run_dir, self.record, self.digester))
         self.journal.emit(RunEnded(status.value, f"run {status.value}"))

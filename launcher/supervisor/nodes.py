@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from xl import envnames
-from xl.launcher.rundir.record import RunRecord, RunStatus
+from xl.launcher.rundir.runrecord import RunRecord, RunStatus
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal, say
 from xl.launcher.supervisor.logsink import LogSink
+from xl.launcher.supervisor.safe_telemetry import TelemetryPort, forward_records
 from xl.launcher.supervisor.stopping import Stopping, StopReason
-from xl.launcher.supervisor.telemetry_port import TelemetryPort, forward_records
 from xl.launcher.supervisor.torchrun import Torchrun
 
 if TYPE_CHECKING:  # several nodes only

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from xl.launcher import runprocs
 from xl.launcher.rundir.layout import RunLayout, record_rank
 from xl.launcher.rundir.outcome import RankPhase, rank_outcome
-from xl.launcher.rundir.record import RunRecord
+from xl.launcher.rundir.runrecord import RunRecord
 from xl.procfs import read_environ
 
 # `xl launch` imports this module (for the stop grace): torchrun's is the supervisor's only

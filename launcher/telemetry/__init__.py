@@ -4,7 +4,7 @@ Here too: collector.json, the collector's counts and where it listens (docs/cont
 run directory"), read and written by these functions only. They live in the package itself,
 with the run dir's own modules as their only imports, because the supervisor reads the port
 an earlier collector of the run listened on before it imports telemetry
-(launcher/supervisor/telemetry_port.py).
+(launcher/supervisor/safe_telemetry.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from xl.atomic import write_json_atomic
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.record import read_object
+from xl.launcher.rundir.runrecord import read_object
 
 
 def read_collector_json(run_dir: Path) -> dict[str, Any] | None:

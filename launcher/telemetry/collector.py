@@ -20,7 +20,7 @@ characters drawn (xl.textsafe).
 
 ``ask_nodes`` asks every connected node for its ranks' stacks, ``ask_logs`` one node for a piece
 of a rank's output (``NodeAsks``); node 0's ``xl stacks``, ``xl logs`` and hang
-capture reach them through the door of xl.launcher.telemetry.nodestacks, opened here.
+capture reach them through the door of xl.launcher.stacks.nodes, opened here.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 from xl import handshake, wire
 from xl.launcher.multinode.protocol import check_message, reply
 from xl.launcher.rundir.metrics import MetricsWriter
-from xl.launcher.telemetry.nodestacks import Door
+from xl.launcher.stacks.nodes import Door
 from xl.launcher.telemetry.server import ACK, IDLE_S, Conn, FrameServer
 from xl.textsafe import visible
 

@@ -26,17 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 from xl import envnames, settings, wire
 from xl.address import format_address
-from xl.launcher.rundir import record
+from xl.launcher.rundir import runrecord as record
 from xl.launcher.rundir.events import Dropped, MetricsLost, Relayed, append_event
 from xl.launcher.rundir.metrics import MetricsWriter
+from xl.launcher.stacks.hang import HangCapture
 from xl.launcher.telemetry import previous_port, write_collector_json
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser, quiet_spell
-from xl.launcher.telemetry.hang import HangCapture
 from xl.launcher.telemetry.logfeed import HOLD_S, LogFeed, Printed
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
-from xl.launcher.telemetry.trouble import Trouble
+from xl.launcher.telemetry.thread_errors import Trouble
 
 if TYPE_CHECKING:
     from xl.launcher.multinode.summary import Summary

@@ -25,8 +25,8 @@ from xl.figures import number, stamp
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.stacks.verdict import BUSY_WINDOW_S, mismatch, ranges, verdict
 from xl.launcher.telemetry.diagnose import Thresholds
-from xl.launcher.telemetry.verdict import BUSY_WINDOW_S, mismatch, ranges, verdict
 from xl.stats import median
 
 # Only the end of the files is read: the newest record of each rank is what counts.

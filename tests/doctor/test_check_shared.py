@@ -25,7 +25,7 @@ from xl.doctor.checks.toolkit_choice import (
     usable,
 )
 from xl.doctor.facts import CmdResult, Facts, Toolkit, TorchInfo
-from xl.gpu.records import empty_gpu
+from xl.gpu.inventory import empty_gpu
 
 
 def facts(**kw: object) -> Facts:

@@ -12,7 +12,7 @@ import pytest
 from xl.doctor.checks.upgrade import RUNFILE, DriverHost, driver_upgrade, upgrade_command
 from xl.doctor.facts import Facts
 from xl.doctor.report import Fix
-from xl.gpu.records import empty_gpu
+from xl.gpu.inventory import empty_gpu
 
 UBUNTU = DriverHost(driver_os="ubuntu 24.04")
 

@@ -287,7 +287,7 @@ def test_a_run_whose_supervisor_was_killed_is_accounted_from_what_its_ranks_left
 
 # ------------------------------------------------------------------------- what changed, on records
 def _record(**over: Any) -> Any:
-    from xl.launcher.rundir.record import RunRecord  # noqa: PLC0415 - only these record-level tests build one
+    from xl.launcher.rundir.runrecord import RunRecord  # noqa: PLC0415 - only these record-level tests build one
 
     data: dict[str, Any] = {
         "spec": {"script": "train.py", "args": ["--lr", "0.1"], "python": None},
@@ -312,7 +312,7 @@ def _record(**over: Any) -> Any:
 
 
 def test_gpus_their_models_and_versions_are_named_when_they_change() -> None:
-    from xl.launcher.rundir.comparison import changed  # noqa: PLC0415 - a pure function of two records
+    from xl.launcher.view.comparison import changed  # noqa: PLC0415 - a pure function of two records
 
     a = _record()
     b = _record(
@@ -342,7 +342,7 @@ def test_gpus_their_models_and_versions_are_named_when_they_change() -> None:
     ],
 )
 def test_a_secret_is_masked_and_an_ordinary_variable_shown(name: str, masked: bool) -> None:
-    from xl.launcher.rundir.comparison import changed  # noqa: PLC0415 - a pure function of two records
+    from xl.launcher.view.comparison import changed  # noqa: PLC0415 - a pure function of two records
 
     got = changed(_record(env={name: "value-one"}), _record(env={name: "value-two"}))
     assert got == [

@@ -21,7 +21,7 @@ from where import FIXTURES
 from xltele import REPO
 
 from xl.launcher.cli.console import RunState, render, render_text
-from xl.launcher.rundir.reader import RunReader
+from xl.launcher.view.reader import RunReader
 from xl.tui.app import build_app
 from xl.tui.widgets.rank_table import RankTable
 

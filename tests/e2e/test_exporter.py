@@ -30,7 +30,7 @@ from runfixtures import TWONODE_HOSTS, make_run
 from servers import served
 from where import REPO
 
-from xl.launcher.telemetry.exporter import STATES, RunsCollector
+from xl.launcher.exporter.metrics import STATES, RunsCollector
 
 ROOT = REPO
 DASHBOARD = ROOT / "examples" / "grafana-dashboard.json"
@@ -531,7 +531,7 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 
 
 def test_idle_slow_and_resetting_clients_cost_no_thread_and_no_traceback(tmp_path: Path) -> None:
-    from xl.launcher.cli.scrapeserver import HEAD_S, MAX_CONNECTIONS, WORKERS  # noqa: PLC0415 - the figures under test
+    from xl.launcher.exporter.server import HEAD_S, MAX_CONNECTIONS, WORKERS  # noqa: PLC0415 - the figures under test
 
     home = tmp_path / "home"
     fixtures(home)

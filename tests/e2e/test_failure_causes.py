@@ -329,7 +329,7 @@ def test_a_missing_file_and_its_cause_shown_everywhere(tmp_path: Path) -> None:
             and failure_row.rstrip().endswith("-")
         ), failure_row
         # The exporter: the failed run's cause, kept after its end; none for the run that succeeded.
-        from xl.launcher.telemetry.exporter import RunsCollector  # noqa: PLC0415 - prometheus_client only here
+        from xl.launcher.exporter.metrics import RunsCollector  # noqa: PLC0415 - prometheus_client only here
 
         got = {f.name: f for f in RunsCollector(home / "runs", gpus=False).collect()}
         infos = [smp.labels for smp in got["xl_run_failure"].samples]
@@ -345,7 +345,7 @@ def test_a_missing_file_and_its_cause_shown_everywhere(tmp_path: Path) -> None:
             }
         ], infos
         # The Monitor's banner, drawn from the run as its reader gives it.
-        from xl.launcher.rundir.reader import RunReader  # noqa: PLC0415 - the Monitor's own path
+        from xl.launcher.view.reader import RunReader  # noqa: PLC0415 - the Monitor's own path
         from xl.tui.screens.monitor import failure_text  # noqa: PLC0415 - textual only here
 
         banner = failure_text(RunReader(run_dir).poll().failure, keep=3)

@@ -22,7 +22,7 @@ import pytest
 from procs import only_run, wait_no_processes, xl, xl_env
 from xltele import REPO
 
-from xl.launcher.rundir.reader import RunReader
+from xl.launcher.view.reader import RunReader
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ import pytest
 from procs import XL, kill_run, only_run, run_json, wait_for, wait_no_processes, xl, xl_env
 from simnvml import default_uuid
 
-from xl.launcher.rundir.reader import RunReader
+from xl.launcher.view.reader import RunReader
 from xl.tui.widgets.rank_cells import format_cells, rank_values
 from xl.units import mib
 

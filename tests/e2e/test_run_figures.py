@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from procs import kill_run, only_run, run_json, wait_no_processes, xl, xl_env
 
-from xl.launcher.rundir.reader import RunReader
+from xl.launcher.view.reader import RunReader
 from xl.tui.widgets.rank_cells import rank_values
 
 SPS = 5  # the samples/s value in rank_values' row

@@ -40,7 +40,7 @@ from servers import Served, served
 
 from xl.listen import warn_if_exposed
 from xl.tui.serve import KILL_AFTER_S, SHUTDOWN_S
-from xl.tui.served import READ_ONLY, ReadOnlyBackend
+from xl.tui.tabapp import READ_ONLY, ReadOnlyBackend
 
 pytestmark = pytest.mark.e2e
 
@@ -63,7 +63,7 @@ def apps(server: Served) -> list[psutil.Process]:
     out = []
     for proc in server.family():
         try:
-            if "xl.tui.served" in " ".join(proc.cmdline()):
+            if "xl.tui.tabapp" in " ".join(proc.cmdline()):
                 out.append(proc)
         except psutil.Error:
             continue
@@ -332,7 +332,7 @@ def test_the_served_app_speaks_first_on_stdout_with_no_terminal(tmp_path: Path) 
         ROWS="30",
     )
     proc = subprocess.Popen(
-        [*XL[:1], "-m", "xl.tui.served"],
+        [*XL[:1], "-m", "xl.tui.tabapp"],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

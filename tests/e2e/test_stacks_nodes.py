@@ -21,10 +21,10 @@ from xl import wire
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.protocol import check_message, clip_stacks
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.telemetry import gather_stacks as capture
-from xl.launcher.telemetry import nodestacks
+from xl.launcher.stacks import gather as capture
+from xl.launcher.stacks import nodes as nodestacks
+from xl.launcher.stacks.verdict import verdict
 from xl.launcher.telemetry.service import Telemetry
-from xl.launcher.telemetry.verdict import verdict
 
 TOKEN = "test-token-0123456789abcdef"
 

@@ -17,7 +17,7 @@ from procs import wait_for
 
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.protocol import clip_stacks
-from xl.launcher.telemetry import gather_stacks as capture
+from xl.launcher.stacks import gather as capture
 from xl.launcher.telemetry.service import Telemetry
 
 TOKEN = "test-token-0123456789abcdef"

@@ -21,8 +21,8 @@ import pytest
 from procs import run_json, wait_no_processes, wait_ranks_running, wait_run, xl, xl_env
 from supervised import GRACE, popen_launch
 
-from xl.launcher.rundir.reader import RunReader
-from xl.launcher.telemetry.exporter import failure_labels
+from xl.launcher.exporter.metrics import failure_labels
+from xl.launcher.view.reader import RunReader
 
 pytestmark = pytest.mark.e2e
 

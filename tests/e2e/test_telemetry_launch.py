@@ -9,7 +9,7 @@ import pytest
 from procs import only_run, run_json, wait_no_processes, xl, xl_env
 from xltele import SUPPORT
 
-from xl.launcher.rundir.reader import RunReader
+from xl.launcher.view.reader import RunReader
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from gpus import idle_gpu
 from xl.doctor.facts import Facts, TorchInfo
 from xl.gpu.nvml import Driver
 from xl.launcher.causes import Evidence, explain
-from xl.launcher.causes.door import Doctor
+from xl.launcher.causes.doctor_facts import Doctor
 from xl.launcher.rundir.outcome import Cause
 
 PY = "/opt/venv/bin/python3"

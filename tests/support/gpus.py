@@ -3,7 +3,7 @@ the model wording): an idle, healthy A100 unless told otherwise."""
 
 from __future__ import annotations
 
-from xl.gpu.records import GPU
+from xl.gpu.inventory import GPU
 
 
 def idle_gpu(

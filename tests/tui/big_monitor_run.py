@@ -18,9 +18,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rundir.reader import RunReader
-from xl.launcher.rundir.record import RunRecord
-from xl.launcher.rundir.runview import Point, Points, RankView, RunView
+from xl.launcher.rundir.runrecord import RunRecord
+from xl.launcher.view.reader import RunReader
+from xl.launcher.view.runview import Point, Points, RankView, RunView
 from xl.tui.backend import LocalBackend
 
 T0 = 1_780_000_000.0

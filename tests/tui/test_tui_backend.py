@@ -21,10 +21,10 @@ from xl.doctor.report import Check, Report
 from xl.gpu.nvml import Driver, Inventory
 from xl.launcher.control import RunHandle
 from xl.launcher.plan import Plan
-from xl.launcher.rundir.reader import RunReader
-from xl.launcher.rundir.record import RunRecord
+from xl.launcher.rundir.runrecord import RunRecord
 from xl.launcher.rundir.store import RunInfo
 from xl.launcher.spec import LaunchSpec
+from xl.launcher.view.reader import RunReader
 from xl.tui.app import build_app, exit_code
 from xl.tui.screens.monitor import MonitorScreen
 from xl.tui.widgets.text_lines import TextLines

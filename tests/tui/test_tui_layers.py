@@ -4,7 +4,7 @@ The app's one door to the domain is the Backend protocol (tui/backend.py): every
 a file, asks a process or starts a run goes through it. Screens and widgets draw what it hands
 them, so what they import from ``xl.launcher`` and ``xl.doctor`` is:
 
-- at run time, only the typed view of a run (VIEWS: ``launcher/rundir/runview.py``, where every
+- at run time, only the typed view of a run (VIEWS: ``launcher/view/runview.py``, where every
   state, hang and failure is decided once; docs/architecture.md, "Layers");
 - for type hints (under ``TYPE_CHECKING``), only the typed records the backend and the views hand
   over (TYPES).
@@ -21,13 +21,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = ("xl.launcher", "xl.doctor")
-VIEWS = frozenset({"xl.launcher.rundir.runview"})
+VIEWS = frozenset({"xl.launcher.view.runview"})
 TYPES = VIEWS | {
     "xl.doctor.report",  # Report: the doctor's verdict (Backend.doctor_report)
-    "xl.launcher.rundir.comparison",  # Comparison (Backend.compare)
+    "xl.launcher.view.comparison",  # Comparison (Backend.compare)
     "xl.launcher.rundir.outcome",  # Failure: RunView.failure
-    "xl.launcher.rundir.reader",  # RunReader: what Backend.reader hands the Monitor
-    "xl.launcher.rundir.record",  # RunRecord: RunView.record, Backend.run_record
+    "xl.launcher.view.reader",  # RunReader: what Backend.reader hands the Monitor
+    "xl.launcher.rundir.runrecord",  # RunRecord: RunView.record, Backend.run_record
     "xl.launcher.rundir.store",  # RunInfo (Backend.runs)
     "xl.launcher.plan",  # Plan: what Backend.plan shows the Launch screen, and Backend.start runs
     "xl.launcher.spec",  # LaunchSpec: what the Launch screen asks Backend.start for
@@ -67,7 +67,7 @@ def _imports(source: str) -> list[tuple[int, str, bool]]:
 
 
 def _module_of(module: str, names: list[str]) -> str:
-    """``from xl.launcher.rundir import timing`` imports the module xl.launcher.rundir.timing."""
+    """``from xl.launcher.rundir import timing`` imports the module xl.launcher.view.timing."""
     for name in names:
         if (ROOT / _path_of(name)).with_suffix(".py").exists():
             return name
@@ -96,32 +96,32 @@ def breaches(source: str) -> list[str]:
 def test_the_rule_names_what_breaks_it_and_leaves_the_views_alone() -> None:
     good = (
         "from typing import TYPE_CHECKING\n"
-        "from xl.launcher.rundir.runview import node_order\n"
+        "from xl.launcher.view.runview import node_order\n"
         "from xl.tui.backend import Backend\n"
         "from xl import units\n"
         "if TYPE_CHECKING:\n"
-        "    from xl.launcher.rundir.reader import RunReader\n"
+        "    from xl.launcher.view.reader import RunReader\n"
         "    from xl.doctor.report import Report\n"
     )
     assert breaches(good) == []
     bad = (
         "from typing import TYPE_CHECKING\n"
-        "from xl.launcher.rundir import timing\n"  # a domain module at run time
+        "from xl.launcher.view import timing\n"  # a domain module at run time
         "import xl.launcher.control\n"
         "if TYPE_CHECKING:\n"
         "    from xl.launcher.supervisor.loop import Supervisor\n"  # no typed record of the views
         "else:\n"
         "    from xl.doctor.run import run_checks\n"
         "def f():\n"
-        "    from xl.launcher.rundir.reader import RunReader  # noqa: PLC0415 - a reader made "
+        "    from xl.launcher.view.reader import RunReader  # noqa: PLC0415 - a reader made "
         "here\n"
     )
     assert breaches(bad) == [
-        "line 2: xl.launcher.rundir.timing",
+        "line 2: xl.launcher.view.timing",
         "line 3: xl.launcher.control",
         "line 5: xl.launcher.supervisor.loop (types)",
         "line 7: xl.doctor.run",
-        "line 9: xl.launcher.rundir.reader",
+        "line 9: xl.launcher.view.reader",
     ]
 
 

@@ -4,7 +4,7 @@ leave alone (no timing yet, an uneven node, a run just under the slow ratio, a f
 
 from __future__ import annotations
 
-from xl.launcher.rundir.runview import RankView, node_labels, node_order
+from xl.launcher.view.runview import RankView, node_labels, node_order
 from xl.tui.widgets.node_summary import SLOW_RATIO, is_big, phase_of, ranges, summarise
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from xl.launcher.rundir.runview import RankView
+from xl.launcher.view.runview import RankView
 from xl.tui.widgets.rank_cells import format_cells, rank_values
 
 SPS = 5  # the samples/s value in rank_values' row

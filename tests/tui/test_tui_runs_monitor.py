@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Static
 from textual.widgets._footer import FooterKey
 from where import FIXTURES
 
-from xl.launcher.rundir.reader import RunReader
+from xl.launcher.view.reader import RunReader
 from xl.tui import fmt
 from xl.tui.app import build_app, exit_code
 from xl.tui.backend import LocalBackend

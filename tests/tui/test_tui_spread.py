@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from xl.launcher.rundir.runview import RankView
+from xl.launcher.view.runview import RankView
 from xl.tui.widgets.spread import KEEP, Spread
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
-from xl.launcher.rundir.runview import Hang, HangRule
+from xl.launcher.view.runview import Hang, HangRule
 from xl.tui.screens.stacks import StacksScreen
 from xl.tui.widgets.verdict import VerdictBanner, verdict_text
 

@@ -13,7 +13,7 @@ import runfixtures
 from pilotwait import until
 from where import FIXTURES
 
-from xl.launcher.rundir.reader import RunReader
+from xl.launcher.view.reader import RunReader
 from xl.tui.app import build_app
 from xl.tui.widgets.rank_cells import bar_counts, split_cell, step_time
 from xl.tui.widgets.rank_table import COLUMNS, RankTable, fit

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from xl.atomic import write_json_atomic
-from xl.launcher.rundir.reader import RunReader
-from xl.launcher.rundir.runview import HISTORY, RankView, RunView
+from xl.launcher.view.reader import RunReader
+from xl.launcher.view.runview import HISTORY, RankView, RunView
 
 
 def _append(path: Path, *objs: dict[str, Any]) -> None:

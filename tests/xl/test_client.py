@@ -12,8 +12,8 @@ import pytest
 from xltele import assert_gone, rank_env
 
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.reader import RunReader
 from xl.launcher.telemetry.service import Telemetry
+from xl.launcher.view.reader import RunReader
 
 
 def _rank(code: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:

@@ -28,7 +28,7 @@ from xl.tui.screens.base import XLScreen
 from xl.tui.widgets.charts import draw
 
 if TYPE_CHECKING:
-    from xl.launcher.rundir.comparison import Comparison
+    from xl.launcher.view.comparison import Comparison
 
 COLOURS = {"a": "cyan", "b": "magenta"}  # run A and run B, in the table's header and the chart
 Rows = Sequence[tuple[str, str, str]]

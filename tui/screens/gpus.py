@@ -21,8 +21,8 @@ from xl.tui.widgets.gpu_history import GPUHistory
 from xl.tui.widgets.gpu_table import GPUTable
 
 if TYPE_CHECKING:
+    from xl.gpu.inventory import GPU
     from xl.gpu.nvml import Inventory
-    from xl.gpu.records import GPU
 
 NO_GPU_TEXT = """[b]No NVIDIA GPU is visible on this machine.[/b]
 {reason}

@@ -34,8 +34,8 @@ from xl.tui.widgets.verdict import VerdictBanner, straggler_text
 
 if TYPE_CHECKING:
     from xl.launcher.rundir.outcome import Failure
-    from xl.launcher.rundir.reader import RunReader
-    from xl.launcher.rundir.runview import Progress, RunView
+    from xl.launcher.view.reader import RunReader
+    from xl.launcher.view.runview import Progress, RunView
 
 RANK_KEYS = Binding.Group("Rank", compact=True)
 CHARTS_MIN_HEIGHT = 32

@@ -11,7 +11,7 @@ from rich.text import Text
 from xl.tui import fmt
 
 if TYPE_CHECKING:
-    from xl.launcher.rundir.runview import RunView
+    from xl.launcher.view.runview import RunView
 
 
 def header_text(view: RunView, dir_name: str, now: float, width: int = 0) -> Text:

@@ -28,7 +28,7 @@ from xl.tui.widgets.text_lines import TextLines
 if TYPE_CHECKING:
     from textual.screen import Screen
 
-    from xl.launcher.rundir.runview import RankView, RunView
+    from xl.launcher.view.runview import RankView, RunView
 
 
 class NodesView:

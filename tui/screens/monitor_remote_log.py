@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from xl.tui.widgets.rank_log import LogLines
 
 if TYPE_CHECKING:
-    from xl.launcher.rundir.reader import RunReader
-    from xl.launcher.rundir.runview import RunView
+    from xl.launcher.view.reader import RunReader
+    from xl.launcher.view.runview import RunView
     from xl.tui.backend import Backend
 
 FETCH_EVERY_S = 2.0  # a rank of another node is asked at most this often

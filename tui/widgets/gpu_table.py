@@ -18,7 +18,7 @@ from textual.widgets.data_table import ColumnKey, RowKey
 from xl.tui import fmt
 
 if TYPE_CHECKING:
-    from xl.gpu.records import GPU
+    from xl.gpu.inventory import GPU
 
 COLUMNS = (
     ("sel", "Use"),

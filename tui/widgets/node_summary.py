@@ -23,7 +23,7 @@ from statistics import median
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from xl.launcher.rundir.runview import RankView
+    from xl.launcher.view.runview import RankView
 
 # Past this many ranks the Monitor leads with nodes and outliers; up to it, every rank's row.
 BIG_RUN = 64

@@ -20,7 +20,7 @@ from xl.tui import fmt
 from xl.tui.widgets.text_lines import text_segments
 
 if TYPE_CHECKING:
-    from xl.launcher.rundir.runview import RankView
+    from xl.launcher.view.runview import RankView
 
 PADDING = 1  # blank columns either side of each cell
 

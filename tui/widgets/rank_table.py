@@ -27,7 +27,7 @@ from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from xl.launcher.rundir.runview import node_order
+from xl.launcher.view.runview import node_order
 from xl.tui.widgets.cursor_keys import CursorKeys
 from xl.tui.widgets.gpu_table import value_key
 from xl.tui.widgets.rank_cells import (
@@ -40,7 +40,7 @@ from xl.tui.widgets.rank_cells import (
 )
 
 if TYPE_CHECKING:
-    from xl.launcher.rundir.runview import RankView
+    from xl.launcher.view.runview import RankView
 
 # Columns in the order shown, at fixed widths (a value that outgrows its column is cut with an
 # ellipsis): no update changes the table's layout, only the terminal's width does. What does not

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from xl.tui.widgets.charts import bands
 
 if TYPE_CHECKING:
-    from xl.launcher.rundir.runview import RankView
+    from xl.launcher.view.runview import RankView
 
 Point = tuple[float, float]
 SEED_RANKS = 256  # ranks whose histories give the spread from before the Monitor opened

@@ -2,7 +2,7 @@
 force.
 
 The supervisor writes one ``hang`` event when a stall is diagnosed (with the stacks it captured);
-whether it is still in force is the model's one rule (xl.launcher.rundir.runview.HangRule). The
+whether it is still in force is the model's one rule (xl.launcher.view.runview.HangRule). The
 banner shows its verdict and says which key opens the chosen rank's stacks.
 """
 
@@ -18,7 +18,7 @@ from xl.textsafe import visible
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from xl.launcher.rundir.runview import Hang, RankView
+    from xl.launcher.view.runview import Hang, RankView
 
 # Where a straggler loses its time (its event's ``phase``), in the colour of its letter in the
 # rank table's step bar (rank_cells.PHASES).

@@ -2,7 +2,7 @@
 frames and gets them to the run's collector.
 
 It wakes ten times a second (four when torch's steps are all it sends), turns queued calls into
-record lines (``xl.client.records``), adds a ``sys`` line once a second, and sends them in
+record lines (``xl.client.metricline``), adds a ``sys`` line once a second, and sends them in
 batches over one TCP connection to ``XL_COLLECTOR`` (``xl.client.link``: the handshake, frames
 and acks). A listener that cannot prove it holds the run's token gets nothing: the records wait
 in the spool.
@@ -27,7 +27,7 @@ from typing import Any
 from xl import envnames, settings, wire
 from xl.address import split_address
 from xl.client.link import Link
-from xl.client.records import cuda_counters, drain, sys_line
+from xl.client.metricline import cuda_counters, drain, sys_line
 from xl.client.spool import Spool
 from xl.client.watch import CommWatch
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from xl.gpu.records import GPU
+from xl.gpu.inventory import GPU
 
 PCI_BUS_ID = "PCI_BUS_ID"
 FASTEST_FIRST = "FASTEST_FIRST"

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from xl.gpu.inventory import GPU, GPUProcess
 from xl.gpu.nvml import per_gpu
-from xl.gpu.records import GPU, GPUProcess
 
 # nvmlComputeMode_t (nvml.h)
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}

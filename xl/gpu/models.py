@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from xl.gpu.records import GPU
+    from xl.gpu.inventory import GPU
 
 
 def model_counts(gpus: Iterable[GPU]) -> Counter[str]:

@@ -9,7 +9,7 @@ NVML stays initialised between calls (the TUI and the run sampler poll at 1 Hz) 
 that never change while the driver is loaded (name, UUID, PCI bus id, compute capability) are
 cached per device. pynvml is imported lazily: ``import xl.gpu.nvml`` costs nothing.
 
-The records live in ``xl.gpu.records`` (re-exported here, where callers have always found them);
+The records live in ``xl.gpu.inventory`` (re-exported here, where callers have always found them);
 who each process is, in ``xl.gpu.processes``.
 """
 
@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from xl.gpu.inventory import GPU, LOST_MESSAGE, MIB, Driver, GPUProcess, Inventory, empty_gpu
 from xl.gpu.processes import identify
-from xl.gpu.records import GPU, LOST_MESSAGE, MIB, Driver, GPUProcess, Inventory, empty_gpu
 
 __all__ = [
     "GPU",

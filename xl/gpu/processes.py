@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from xl import envnames
-from xl.gpu.records import GPUProcess
+from xl.gpu.inventory import GPUProcess
 from xl.procfs import PROC, has_open, nspid_index, read_comm, read_environ
 
 # Every process with a CUDA context holds these open (/dev/nvidiactl, /dev/nvidia<N>, ...).

@@ -20,9 +20,9 @@ from deadrank import why as _why
 from gpus import idle_gpu
 
 from xl.gpu.health import Health
-from xl.gpu.records import GPUProcess
+from xl.gpu.inventory import GPUProcess
 from xl.launcher.causes import Evidence, explain, one_line, peer_loss
-from xl.launcher.causes.door import Doctor
+from xl.launcher.causes.doctor_facts import Doctor
 from xl.launcher.causes.host import oom_kill
 from xl.launcher.rundir.outcome import CauseKind
 

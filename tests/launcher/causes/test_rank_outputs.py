@@ -17,7 +17,7 @@ import pytest
 from deadrank import PY, make_doctor
 
 from xl.launcher.causes import Evidence, explain
-from xl.launcher.causes.door import Doctor
+from xl.launcher.causes.doctor_facts import Doctor
 
 CORPUS = Path(__file__).with_name("rank_outputs.txt")
 _HEADER = re.compile(r"^=== (\S+)\s+kind=(\w+)\s+exit=(-?\d+)((?:\s+\w+(?:=\w+)?)*)\s*$")

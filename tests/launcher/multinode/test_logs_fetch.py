@@ -17,8 +17,8 @@ from procs import wait_for
 
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.protocol import MAX_LOGS_DATA
+from xl.launcher.stacks.nodes import ask_logs
 from xl.launcher.supervisor.follower import read_piece
-from xl.launcher.telemetry.nodestacks import ask_logs
 from xl.launcher.telemetry.service import Telemetry
 
 TOKEN = "test-token-0123456789abcdef"

@@ -1,4 +1,4 @@
-"""What ranks say of themselves in ``ranks/rank-<r>.json`` (xl.launcher.rundir.record.RankReport),
+"""What ranks say of themselves in ``ranks/rank-<r>.json`` (runrecord.RankReport),
 and the one name per concept: a report's ``node`` is torchrun's GROUP_RANK (``group_rank``), never
 the host that run.json's ``node`` is."""
 
@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rundir import record, settle
+from xl.launcher.rundir import runrecord as record
+from xl.launcher.rundir import settle
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.record import RunRecord
+from xl.launcher.rundir.runrecord import RunRecord
 
 
 def _run(tmp_path: Path) -> Path:

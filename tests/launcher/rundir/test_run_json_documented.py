@@ -12,7 +12,7 @@ import pytest
 from where import REPO
 
 from xl.launcher.rundir.outcome import Failure
-from xl.launcher.rundir.record import DeviceRow, RankRow, RunJson
+from xl.launcher.rundir.runrecord import DeviceRow, RankRow, RunJson
 
 
 def _section(title: str) -> str:

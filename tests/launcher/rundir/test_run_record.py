@@ -1,4 +1,4 @@
-"""run.json through its one owner, xl.launcher.rundir.record: what other tools and `xl` rely on.
+"""run.json through its one owner, xl.launcher.rundir.runrecord: what other tools and `xl` rely on.
 
 run.json is a contract (docs/contracts.md, "run.json"): keys xl does not know survive every change,
 a half-written or damaged file never crashes a viewer, the statuses and exit codes are the
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from xl.launcher.rundir import record
-from xl.launcher.rundir.record import FINAL, RunRecord, RunStatus, exit_code_for, is_final
+from xl.launcher.rundir import runrecord as record
+from xl.launcher.rundir.runrecord import FINAL, RunRecord, RunStatus, exit_code_for, is_final
 
 
 def _write(run_dir: Path, text: str | bytes) -> None:

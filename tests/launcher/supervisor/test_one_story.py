@@ -19,7 +19,7 @@ from fakeranks import fake_rank as _fake_rank
 from fakeranks import unit_run_dir as _unit_run_dir
 from procs import run_json
 
-from xl.launcher.rundir.record import RunStatus
+from xl.launcher.rundir.runrecord import RunStatus
 from xl.launcher.supervisor.loop import Supervisor
 
 PEER_LOST = (

@@ -19,8 +19,8 @@ from fakeranks import fake_rank as _fake_rank
 from fakeranks import unit_run_dir as _unit_run_dir
 from procs import run_json, wait_for
 
-from xl.launcher.rundir import record as run_record
-from xl.launcher.rundir.record import RunStatus
+from xl.launcher.rundir import runrecord as run_record
+from xl.launcher.rundir.runrecord import RunStatus
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal
 from xl.launcher.supervisor.logsink import LogSink
@@ -374,7 +374,7 @@ def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_fi
     (it joined second) or 0 (it joined first). Until the rank reports, its number is only a
     guess (1) and run.json lists no row; once it reports, one row with the rank torch gave it.
     A viewer polling all along never shows a row for a rank this node does not have."""
-    from xl.launcher.rundir.reader import RunReader  # noqa: PLC0415 - the viewer, only for this test
+    from xl.launcher.view.reader import RunReader  # noqa: PLC0415 - the viewer, only for this test
 
     run_dir = _unit_run_dir(tmp_path, nproc=1)
     data = json.loads((run_dir / "run.json").read_text())

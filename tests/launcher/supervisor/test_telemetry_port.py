@@ -1,5 +1,5 @@
 """The supervisor's door to telemetry: the collector's port held before torchrun starts, and the
-typed calls that never take the run down (launcher/supervisor/telemetry_port.py)."""
+typed calls that never take the run down (launcher/supervisor/safe_telemetry.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from xl.launcher.rundir.events import Event
-from xl.launcher.supervisor.telemetry_port import TelemetryPort
+from xl.launcher.supervisor.safe_telemetry import TelemetryPort
 
 
 def test_the_ranks_get_the_collector_s_port_before_telemetry_starts_and_it_listens_there(

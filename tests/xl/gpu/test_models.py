@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from gpus import idle_gpu
 
+from xl.gpu.inventory import GPU
 from xl.gpu.models import mixed_models, model_counts, model_names, models_text
-from xl.gpu.records import GPU
 
 
 def gpu(index: int, name: str) -> GPU:

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset  # noqa: E402
 
-from xl.client.records import drain  # noqa: E402
+from xl.client.metricline import drain  # noqa: E402
 from xl.integrations import torchsteps  # noqa: E402
 from xl.integrations.stepclock import StepClock  # noqa: E402
 

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from xl.launcher.telemetry.ask_rank import parse_faulthandler
-from xl.launcher.telemetry.gather_stacks import document
-from xl.launcher.telemetry.hang import HangCapture
+from xl.launcher.stacks.ask import parse_faulthandler
+from xl.launcher.stacks.gather import document
+from xl.launcher.stacks.hang import HangCapture
+from xl.launcher.stacks.verdict import group_lines, mismatch, ranges, verdict
 from xl.launcher.telemetry.stall import Progress, judged
-from xl.launcher.telemetry.verdict import group_lines, mismatch, ranges, verdict
 
 
 def _rank(

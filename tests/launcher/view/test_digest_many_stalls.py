@@ -1,7 +1,7 @@
 """The digest of a run in which thousands of ranks stalled: the same accounting as for a few.
 
 A run of 4,096 ranks whose collector fell behind can see every rank called stalled; the digest
-(xl.launcher.rundir.digest) and the accounting (xl.launcher.rundir.timing) then hold a stall per
+(xl.launcher.view.digest) and the accounting (xl.launcher.view.timing) then hold a stall per
 rank. These tests check the figures against the scenario's own ground truth, worked out here from
 the times the scenario chose, and the sweep that decides which instants are stalled against the
 rule as docs/compare.md states it (an instant is stalled when some stall holds it).
@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from xl.launcher.rundir import digest, record, timing
-from xl.launcher.rundir.timing import Moments, account
+from xl.launcher.rundir import runrecord as record
+from xl.launcher.view import digest, timing
+from xl.launcher.view.timing import Moments, account
 
 T0 = 1_700_000_000.0
 RANKS = 4096

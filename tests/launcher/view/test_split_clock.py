@@ -10,7 +10,8 @@ from pathlib import Path
 from procs import xl, xl_env
 from runfixtures import make_run
 
-from xl.launcher.rundir import digest, record, timing
+from xl.launcher.rundir import runrecord as record
+from xl.launcher.view import digest, timing
 
 T0 = 1_780_000_000.0
 

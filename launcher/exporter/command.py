@@ -20,7 +20,7 @@ from xl import envnames, paths
 from xl.address import format_address
 from xl.atomic import write_atomic
 from xl.errors import ArgumentParser, UsageError
-from xl.launcher.cli.scrapeserver import BoundedServer, HeadFirstHandler
+from xl.launcher.exporter.server import BoundedServer, HeadFirstHandler
 from xl.listen import port_in_use, same_token, token_from, warn_if_exposed
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         from prometheus_client import CollectorRegistry  # noqa: PLC0415 - an extra
 
-        from xl.launcher.telemetry.exporter import RunsCollector  # noqa: PLC0415 - an extra
+        from xl.launcher.exporter.metrics import RunsCollector  # noqa: PLC0415 - an extra
     except ImportError:
         raise UsageError("needs prometheus-client: pip install 'xl-cluster[exporter]'") from None
     token, where = load_token()

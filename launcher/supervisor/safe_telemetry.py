@@ -23,7 +23,7 @@ from xl import envnames, wire
 from xl.address import LOOPBACK, format_address
 from xl.launcher.rundir.events import Event, Relayed
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.record import read_object
+from xl.launcher.rundir.runrecord import read_object
 from xl.launcher.supervisor.journal import Journal, say
 
 if TYPE_CHECKING:

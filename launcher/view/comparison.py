@@ -2,7 +2,7 @@
 
 ``xl compare A B --json`` prints ``Comparison.doc``; the app's Compare screen draws it with the two
 runs' series (loss and samples/s over steps). Everything comes from run.json and the runs'
-digests (xl.launcher.rundir.digest), so it answers at once whatever the runs' size.
+digests (xl.launcher.view.digest), so it answers at once whatever the runs' size.
 docs/compare.md describes every key.
 """
 
@@ -16,8 +16,9 @@ from typing import Any
 
 from xl.errors import UsageError
 from xl.figures import PHASES
-from xl.launcher.rundir import digest, record, timing
-from xl.launcher.rundir.record import RunRecord
+from xl.launcher.rundir import runrecord as record
+from xl.launcher.rundir.runrecord import RunRecord
+from xl.launcher.view import digest, timing
 
 # An environment variable whose name says it holds a secret: its value is never shown (as `ps`
 # shows no secret of a run: xl passes them in the environment, never on a command line).

@@ -26,7 +26,7 @@ on). ``over`` (no rank stalled any more) and ``join`` (the run's end) end the re
 A capture that fails with an error says it in supervisor.log (the supervisor's stderr), once per
 distinct error: a hang never named would otherwise leave no trace of why.
 
-A mismatch (two ranks in collectives that can never match: xl.launcher.telemetry.verdict's
+A mismatch (two ranks in collectives that can never match: xl.launcher.stacks.verdict's
 ``mismatch``) is certain from one look and needs no stall: once no rank has progressed for a few
 seconds (``quiet``: the diagnoser's figure, a few step times at least), every rank is asked once
 more each time that quiet spell doubles, for a mismatch only; one found is the hang, named at
@@ -43,10 +43,10 @@ from pathlib import Path
 from typing import Any
 
 from xl.launcher.rundir.events import Hang
-from xl.launcher.telemetry import gather_stacks as capture
+from xl.launcher.stacks import gather as capture
+from xl.launcher.stacks.verdict import busy, doing, position, ranges, where
 from xl.launcher.telemetry.stall import STALLED, Progress, judge
-from xl.launcher.telemetry.trouble import Trouble
-from xl.launcher.telemetry.verdict import busy, doing, position, ranges, where
+from xl.launcher.telemetry.thread_errors import Trouble
 
 Emit = Callable[[dict[str, Any]], None]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.telemetry.hang import HangCapture, said_at
+from xl.launcher.stacks.hang import HangCapture, said_at
 
 
 def _stall(t: float, rank: int, idle: float) -> dict[str, Any]:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from xl.atomic import write_json_atomic
-from xl.launcher.rundir.reader import RunReader
-from xl.launcher.rundir.record import RunRecord
-from xl.launcher.rundir.runview import (
+from xl.launcher.rundir.runrecord import RunRecord
+from xl.launcher.view.reader import RunReader
+from xl.launcher.view.runview import (
     STATE_STYLE,
     HangRule,
     RankView,

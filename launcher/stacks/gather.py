@@ -2,7 +2,7 @@
 
 Ranks are asked in parallel, each under the same deadline, so eight ranks cost what the slowest
 one costs and a rank that does not answer never holds up the others. Ranks of other nodes
-(``remote``) are asked through node 0's door (xl.launcher.telemetry.nodestacks: its collector asks
+(``remote``) are asked through node 0's door (xl.launcher.stacks.nodes: its collector asks
 each node over its link, and that node's supervisor asks its ranks), under the same deadline;
 a node that does not answer in time has its ranks listed with an ``error`` saying where to ask.
 """
@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from xl.atomic import write_json_atomic
-from xl.launcher.rundir import record
+from xl.launcher.rundir import runrecord as record
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.record import RunStatus
-from xl.launcher.telemetry import nodestacks
-from xl.launcher.telemetry.ask_rank import ask_rank
+from xl.launcher.rundir.runrecord import RunStatus
+from xl.launcher.stacks import nodes as nodestacks
+from xl.launcher.stacks.ask import ask_rank
 from xl.launcher.telemetry.stall import Progress, judge, judged, recent_cpu
 
 TIMEOUT_S = 3.0  # "a few seconds": the socket door, then faulthandler's signal door

@@ -23,9 +23,9 @@ from xl.figures import PLAIN_SYS, PLAIN_TRAIN, TIMED, number, phases, steps_of
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import DONE_STATES, rank_outcome
-from xl.launcher.rundir.record import RankRow, RunRecord, RunStatus, read_object
-from xl.launcher.rundir.runview import HangRule, History, RankView, RunView, failure_of
+from xl.launcher.rundir.runrecord import RankRow, RunRecord, RunStatus, read_object
 from xl.launcher.rundir.tail import Tail
+from xl.launcher.view.runview import HangRule, History, RankView, RunView, failure_of
 
 __all__ = ["RankView", "RunReader", "RunView"]  # the model's types, where the reader's users look
 

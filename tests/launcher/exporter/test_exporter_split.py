@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from runfixtures import make_run
 
-from xl.launcher.telemetry.exporter import RunsCollector
+from xl.launcher.exporter.metrics import RunsCollector
 
 
 def test_step_time_by_phase_per_rank(tmp_path: Path) -> None:

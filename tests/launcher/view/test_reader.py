@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from xl.atomic import write_json_atomic
+from xl.launcher.exporter.metrics import ExporterReader
 from xl.launcher.rundir import jsonl
-from xl.launcher.rundir.reader import RunReader
-from xl.launcher.rundir.runview import HISTORY, History
-from xl.launcher.telemetry.exporter import ExporterReader
+from xl.launcher.view.reader import RunReader
+from xl.launcher.view.runview import HISTORY, History
 
 
 def _append(path: Path, *objs: dict, raw: str = "") -> None:

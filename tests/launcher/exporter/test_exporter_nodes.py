@@ -19,9 +19,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from runfixtures import make_run
 
-from xl.launcher.telemetry import exporter
-from xl.launcher.telemetry.exporter import RunsCollector
-from xl.launcher.telemetry.exporter_nodes import PER_NODE_PAST
+from xl.launcher.exporter import metrics as exporter
+from xl.launcher.exporter.metrics import RunsCollector
+from xl.launcher.exporter.nodes import PER_NODE_PAST
 
 PER_RANK_FAMILIES = {
     "xl_train_step",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from xl.figures import PHASES
-from xl.launcher.rundir.runview import RankView
+from xl.launcher.view.runview import RankView
 
 # A run of more ranks than this exports per-node series unless --per-rank is given: 256 ranks are
 # ~5,000 per-rank series (about 0.5 MiB a scrape), 4,096 ranks would be ~82,000.

@@ -15,8 +15,9 @@ from runfixtures import make_run
 from xl.figures import PHASE_KEYS, PHASES
 from xl.launcher.cli import console, splittable
 from xl.launcher.cli.compare import render
-from xl.launcher.rundir import comparison, digest, record
-from xl.launcher.rundir.reader import RunReader
+from xl.launcher.rundir import runrecord as record
+from xl.launcher.view import comparison, digest
+from xl.launcher.view.reader import RunReader
 
 T0 = 1_780_000_000.0
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from procs import wait_for
 
+from xl.launcher.stacks.verdict import where
 from xl.launcher.telemetry.diagnose import Thresholds
 from xl.launcher.telemetry.stall import judge, judged
-from xl.launcher.telemetry.verdict import where
 
 NOW = 1_000_000.0
 TH = Thresholds(stall_min_s=30.0, stall_factor=10.0)
@@ -186,8 +186,8 @@ def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_l
 ) -> None:
     import time  # noqa: PLC0415 - only this test needs the wall clock
 
-    from xl.launcher.telemetry import gather_stacks as capture  # noqa: PLC0415 - patched below
-    from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
+    from xl.launcher.stacks import gather as capture  # noqa: PLC0415 - patched below
+    from xl.launcher.stacks.hang import HangCapture  # noqa: PLC0415 - as above
 
     now = time.time()
     run = _write(tmp_path / "r", _steps(0, now - 1, 0.3) + _steps(1, now - 1, 0.3))
@@ -234,8 +234,8 @@ def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(
 ) -> None:
     import time  # noqa: PLC0415 - only this test needs the wall clock
 
-    from xl.launcher.telemetry import gather_stacks as capture  # noqa: PLC0415 - patched below
-    from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
+    from xl.launcher.stacks import gather as capture  # noqa: PLC0415 - patched below
+    from xl.launcher.stacks.hang import HangCapture  # noqa: PLC0415 - as above
 
     asked: list[float] = []
 
@@ -302,9 +302,9 @@ def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_h
     evaluation, or an endless loop) it is a stall that says so; at 1% (blocked) it is a hang."""
     import time  # noqa: PLC0415 - only these tests need the wall clock
 
-    from xl.launcher.rundir.runview import HangRule, hang_label  # noqa: PLC0415 - the readers of the event
-    from xl.launcher.telemetry import gather_stacks as capture  # noqa: PLC0415 - patched below
-    from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
+    from xl.launcher.stacks import gather as capture  # noqa: PLC0415 - patched below
+    from xl.launcher.stacks.hang import HangCapture  # noqa: PLC0415 - as above
+    from xl.launcher.view.runview import HangRule, hang_label  # noqa: PLC0415 - the readers of the event
 
     now = time.time()
     run = _write(
@@ -368,8 +368,8 @@ def test_a_quiet_spell_is_looked_at_for_a_mismatch_which_is_named_before_any_sta
 ) -> None:
     import time  # noqa: PLC0415 - only this test needs the wall clock
 
-    from xl.launcher.telemetry import gather_stacks as capture  # noqa: PLC0415 - patched below
-    from xl.launcher.telemetry.hang import HangCapture  # noqa: PLC0415 - as above
+    from xl.launcher.stacks import gather as capture  # noqa: PLC0415 - patched below
+    from xl.launcher.stacks.hang import HangCapture  # noqa: PLC0415 - as above
 
     now = time.time()
     # both progressed 4 s ago

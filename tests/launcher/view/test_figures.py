@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from xl import figures, wire
-from xl.launcher.rundir import digest
-from xl.launcher.rundir.reader import RunReader
-from xl.launcher.rundir.record import RunRecord
-from xl.launcher.rundir.runview import RankView
+from xl.launcher.exporter.metrics import ExporterReader
+from xl.launcher.rundir.runrecord import RunRecord
 from xl.launcher.telemetry import stall as progress
 from xl.launcher.telemetry.diagnose import Diagnoser, Thresholds
-from xl.launcher.telemetry.exporter import ExporterReader
+from xl.launcher.view import digest
+from xl.launcher.view.reader import RunReader
+from xl.launcher.view.runview import RankView
 
 
 def _write(path: Path, *recs: dict) -> None:

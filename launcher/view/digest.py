@@ -22,10 +22,10 @@ from typing import Any
 from xl.atomic import write_json_atomic
 from xl.figures import PHASE_KEYS
 from xl.figures import finite as _finite
-from xl.launcher.rundir import timing
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.layout import EVENTS, METRICS, RunLayout
-from xl.launcher.rundir.record import RunRecord, read_object
+from xl.launcher.rundir.runrecord import RunRecord, read_object
+from xl.launcher.view import timing
 from xl.stats import median
 
 VERSION = 3  # 2: each rank's step split (``ranks``); 3: its samples/s (``rank_samples_per_s``)

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from xl.launcher.telemetry.hang import _by_rank, reword
-from xl.launcher.telemetry.verdict import mismatch, position, verdict
+from xl.launcher.stacks.hang import _by_rank, reword
+from xl.launcher.stacks.verdict import mismatch, position, verdict
 
 RANKS = 4096
 CULPRIT = 1019

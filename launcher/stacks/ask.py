@@ -19,7 +19,7 @@ from typing import Any
 
 from xl.launcher.rank.stacks import peer_is
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.telemetry.verdict import SILENT
+from xl.launcher.stacks.verdict import SILENT
 
 SOCKET_S = 1.5  # the socket door's share of the deadline; the rest goes to the signal door
 _SETTLE_S = 0.1  # faulthandler's output is complete once the file stops growing this long

@@ -1,5 +1,5 @@
-"""Where a run's time went: the accounting's rules (xl.launcher.rundir.timing) and the digest that
-reads them off a run dir (xl.launcher.rundir.digest), on run dirs written here line by line.
+"""Where a run's time went: the accounting's rules (xl.launcher.view.timing) and the digest that
+reads them off a run dir (xl.launcher.view.digest), on run dirs written here line by line.
 
 The real runs (a rank stalled for a known time, through the real `xl launch`) are in
 test_compare.py.
@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from xl.launcher.rundir import digest, record, timing
-from xl.launcher.rundir.timing import Moments, account
+from xl.launcher.rundir import runrecord as record
+from xl.launcher.view import digest, timing
+from xl.launcher.view.timing import Moments, account
 
 T0 = 1_700_000_000.0
 

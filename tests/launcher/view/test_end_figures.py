@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from xl.launcher.rundir.lastbytes import last_output_line
-from xl.launcher.rundir.reader import RunReader
+from xl.launcher.view.reader import RunReader
 
 
 def _metrics(run_dir: Path, *rows: dict) -> None:

@@ -19,8 +19,8 @@ from itertools import chain, islice
 from typing import Any, overload
 
 from xl.launcher.rundir.outcome import DONE_STATES, Cause, Failure
-from xl.launcher.rundir.record import RunRecord, RunStatus
-from xl.launcher.rundir.timing import describe as describe_time
+from xl.launcher.rundir.runrecord import RunRecord, RunStatus
+from xl.launcher.view.timing import describe as describe_time
 from xl.stats import median
 
 # How each run and rank state is drawn (a Rich style), the same in the app and the console view.
@@ -307,7 +307,7 @@ def hang_label(event: Mapping[str, Any]) -> str:
 class HangRule:
     """The one rule for "is there a hang, and is it over", fed the run's events in order.
 
-    The supervisor writes a ``hang`` event when it diagnoses a stall (launcher/telemetry/hang.py),
+    The supervisor writes a ``hang`` event when it diagnoses a stall (launcher/stacks/hang.py),
     naming its culprits. The hang is over once every culprit made progress again (a ``recovered``
     of a stall; a victim moving again ends nothing), or, for a hang that names none, once any
     rank did; and when the run ends (RunView.hang).

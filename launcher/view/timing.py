@@ -2,7 +2,7 @@
 
 Pure: it takes the moments the run dir holds (start and end from run.json, each rank's first and
 last step from metrics.jsonl, stalls and restarts from events.jsonl) and splits the run's wall
-time into parts that sum to it. ``xl.launcher.rundir.digest`` reads the files; this module only
+time into parts that sum to it. ``xl.launcher.view.digest`` reads the files; this module only
 decides. docs/compare.md says what each part means; in short, an instant belongs to the first of:
 
 - restarts: from a failure until the restarted ranks log again;

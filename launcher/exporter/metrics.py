@@ -33,13 +33,13 @@ from prometheus_client.registry import Collector
 
 from xl import figures, paths
 from xl.launcher import runprocs
-from xl.launcher.rundir import record
+from xl.launcher.exporter.gpus import GPU, Buses, clock_families
+from xl.launcher.exporter.nodes import PER_NODE_PAST, NodeSeries, per_node
+from xl.launcher.rundir import runrecord as record
 from xl.launcher.rundir.outcome import Failure
-from xl.launcher.rundir.reader import RankView, RunReader, RunView
-from xl.launcher.rundir.record import DeviceRow, RankRow, RunRecord, RunStatus
+from xl.launcher.rundir.runrecord import DeviceRow, RankRow, RunRecord, RunStatus
 from xl.launcher.rundir.store import run_owner
-from xl.launcher.telemetry.exporter_gpus import GPU, Buses, clock_families
-from xl.launcher.telemetry.exporter_nodes import PER_NODE_PAST, NodeSeries, per_node
+from xl.launcher.view.reader import RankView, RunReader, RunView
 
 R = ("run_id", "rank", "local_rank", "Hostname")
 G = (*R, *GPU)

@@ -1,4 +1,4 @@
-"""The app as `xl serve` runs it, once per browser tab: ``python -m xl.tui.served [--read-only]``.
+"""The app as `xl serve` runs it, once per browser tab: ``python -m xl.tui.tabapp [--read-only]``.
 
 textual-serve starts this with TEXTUAL_DRIVER naming its web driver, stdin and stdout pipes to the
 server, and the tab's size in COLUMNS/ROWS. So it never asks whether stdin is a terminal, never
