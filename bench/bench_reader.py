@@ -215,7 +215,9 @@ def main() -> int:
 
     t0 = time.time() - 60
     chunks = [chunk(s, t0 + 100) for s in range(args.seconds)]
-    readers = {"poll": args.root / "launcher" / "rundir" / "reader.py"}
+    # The reader lives in launcher/view/; a tree from before that package, in launcher/rundir/.
+    here = args.root / "launcher" / "view" / "reader.py"
+    readers = {"poll": here if here.exists() else args.root / "launcher" / "rundir" / "reader.py"}
     if args.against:
         readers[f"poll ({args.against})"] = args.against
     makers: dict[str, Callable[[Path], Any]] = {"json.loads": lambda d: Anchor(d / "metrics.jsonl")}
