@@ -115,7 +115,7 @@ class _Record:
     def write(self, **fields: Any) -> None:
         if self.path is None:
             return
-        with self.lock:
+        with self.lock, relay.record_locked(self.path):
             self.data.update(fields)
             self._keep_relays_count()
             try:

@@ -36,7 +36,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from xl.atomic import makedirs_private, overwrite_in_place
 
@@ -47,6 +47,7 @@ _BATCH = 64 << 10
 _GATHER_S = 0.002
 _PENDING_CAP = 8 << 20
 _RETRY_S = 1.0
+_LOCK_WAIT_S = 5.0
 _POLL_S = 0.5  # without pidfd (Linux < 5.3): how often the relay looks for its rank
 _LAST_WRITE_S = 2.0  # after the rank is gone: how long a full disk may keep the relay
 # The relay's process name (/proc/PID/comm, what ps and top show): how the sampler tells xl's
@@ -59,6 +60,35 @@ _RELAUNCH = (
     "import sys; sys.path[:0] = {path!r}; "
     "from xl.launcher.rank.relay import main; main(sys.argv[1:])"
 )
+
+
+@contextlib.contextmanager
+def record_locked(record: str) -> Iterator[None]:
+    """Hold the lock on a rank's record while it is read and written back: the rank (its start,
+    notes, end) and its relay (how much output was lost) both rewrite it, and a rewrite made
+    from an older read would drop the other's fields (the rank's exit code). The lock is on the
+    record's folder, which stays the same file when the record is replaced by a rename. A holder
+    stuck in a hung disk's fsync is waited for _LOCK_WAIT_S at most, then written past."""
+    try:
+        fd = os.open(os.path.dirname(record) or ".", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.005)
+            except OSError:
+                break
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock
 
 
 class _Relay:
@@ -142,15 +172,16 @@ class _Relay:
             "ranks",
             os.path.basename(self.path).removesuffix(".log") + ".json",
         )
-        try:
-            with open(record, "rb") as fh:
-                data = json.loads(fh.read())
-        except (OSError, ValueError):
-            return
-        if isinstance(data, dict):
-            data["log_bytes_lost"] = count
-            if overwrite_in_place(record, json.dumps(data).encode()):
-                self.told = count
+        with record_locked(record):
+            try:
+                with open(record, "rb") as fh:
+                    data = json.loads(fh.read())
+            except (OSError, ValueError):
+                return
+            if isinstance(data, dict):
+                data["log_bytes_lost"] = count
+                if overwrite_in_place(record, json.dumps(data).encode()):
+                    self.told = count
 
     def write_through(self, data: bytes) -> bytes:
         """Write ``data`` straight from the read when nothing waits before it; what could not be

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from xl.launcher.supervisor.torchrun import Torchrun
 
 _PR_SET_CHILD_SUBREAPER = 36
+# How long after its mtime a rank record may still change without its mtime changing: file times
+# come from the kernel's coarse clock (a tick of up to 10 ms), which may also lag time.time().
+_RACY_S = 0.05
 _PR_SET_NAME = 15
 
 
@@ -303,7 +306,9 @@ class Ranks:
         self._scan()
         return self._take()
 
-    def _scan(self) -> None:
+    def _scan(self, reread: RankState | None = None) -> None:
+        """``reread``: a rank found gone, whose record is read whatever its mtime says (its
+        last write may share the mtime of the one read before: see _RACY_S)."""
         folder = str(RunLayout(self.run_dir).ranks)
         try:
             names = os.listdir(folder)
@@ -319,7 +324,9 @@ class Ranks:
             except OSError:
                 continue
             st = self.by_rank.get(rank)
-            if st is not None and (mtime == st.record_mtime or self._ending(st)):
+            if st is not None and st is not reread and (
+                mtime == st.record_mtime or self._ending(st)
+            ):
                 continue  # unchanged, or read again once its end was acted on
             try:
                 with open(path, encoding="utf-8") as fh:
@@ -332,7 +339,9 @@ class Ranks:
             )
             if st is None:
                 continue
-            st.record_mtime = mtime
+            # A file's mtime is the kernel's coarse clock: a write in the same tick as the one
+            # read now keeps it, so a record this fresh is read again on the next look.
+            st.record_mtime = mtime if time.time() - mtime > _RACY_S else 0.0
             pid = int(rec.get("pid") or 0)
             if pid and (
                 runprocs.is_run_process(pid, self.record.run_id) or not runprocs.alive(pid)
@@ -358,7 +367,7 @@ class Ranks:
             if runprocs.alive(st.pid):
                 st.alive_at = time.time()
                 continue
-            self._scan()
+            self._scan(reread=st)
             if not st.done and not self._ending(st):
                 st.vanished = True
                 self._changes.append(RankChange(Change.ENDED, st, self._code_of_gone(st)))

@@ -207,3 +207,29 @@ def test_a_child_holding_the_rank_s_output_does_not_keep_the_relay(rank: Rank) -
         assert rank.text().rstrip().endswith("atexit: last words")
     finally:
         os.kill(spawned["child"], signal.SIGKILL)
+
+
+def test_the_rank_s_end_and_its_relay_s_count_both_stay_in_its_record(tmp_path: Path) -> None:
+    """The relay rewrites the rank's record (how much output a full disk cut) from what it read:
+    a rank that records its end meanwhile waits for that rewrite and keeps the relay's count,
+    and the relay's rewrite never drops the exit code."""
+    import threading  # noqa: PLC0415 - this test only
+
+    from xl.atomic import overwrite_in_place  # noqa: PLC0415 - this test only
+    from xl.launcher.rank import relay  # noqa: PLC0415 - this test only
+    from xl.launcher.rank.entry import _Record  # noqa: PLC0415 - this test only
+
+    record = _Record(str(tmp_path), 0)
+    assert record.path is not None
+    record.write_start()
+    with relay.record_locked(record.path):  # the relay has read the record
+        stale = json.loads(Path(record.path).read_bytes())
+        ending = threading.Thread(target=record.write, kwargs={"exit_code": 0, "ended_at": 1.0})
+        ending.start()
+        ending.join(0.5)
+        assert ending.is_alive()  # the rank's end waits for the relay's rewrite
+        overwrite_in_place(record.path, json.dumps({**stale, "log_bytes_lost": 4096}).encode())
+    ending.join(30)
+    assert not ending.is_alive()
+    final = json.loads(Path(record.path).read_bytes())
+    assert (final["exit_code"], final["log_bytes_lost"]) == (0, 4096)
