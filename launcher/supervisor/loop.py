@@ -40,7 +40,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
@@ -261,8 +261,16 @@ class Supervisor:
     def _turn(self) -> None:
         if self.ranks.reap(self.torchrun):
             self.record.update(torchrun_exit_code=self.torchrun.code)
-        self.act(self.ranks.scan_records())
-        self.act(self.ranks.check_alive())
+        # lazily: a rank's end found in its record is acted on before its pid is looked at
+        self.turn(look() for look in (self.ranks.scan_records, self.ranks.check_alive))
+
+    def turn(self, found: Iterable[list[RankChange]]) -> None:
+        """One turn of the loop on what the ranks' table ``found`` changed (each batch acted on,
+        in its order, before the next is taken): then other nodes, a stop asked for, torchrun's
+        death, the cause, the stop's next step, and the record. Fed typed changes, it runs with
+        no rank process at all (tests/launcher/supervisor/test_turns.py)."""
+        for changes in found:
+            self.act(changes)
         if self.nodes.poll(self.port):
             self._ranks_changed()
         if self.signals.requested and self.stopping.state is None:
