@@ -1,18 +1,20 @@
 """Diagnoses from the live metrics: stalled ranks, NaN/inf loss, GPU memory, stragglers.
 
 Fed by the collector (train records, xl.watch waits), the log parser and the sampler; ``tick()``
-runs at 1 Hz and emits events (``stalled``, ``straggler``, ``recovered``, ``nan_loss``,
-``gpu_mem_high``) through the supervisor's ``emit_event``; ``stalled`` ones go through
-``on_stall`` when given (``hang.HangCapture``: it asks every rank where it is first).
+runs at 1 Hz. Each diagnosis (``stalled``, ``straggler``, ``recovered``, ``nan_loss``,
+``gpu_mem_high``, ``supervisor_paused``) is a frozen value (diagnosis.py) until it is sent: then
+it is its events.jsonl line, handed to ``emit``; ``stalled`` ones go through ``on_stall`` when
+given (``hang.HangCapture``: it asks every rank where it is first, and words them).
 
 Stragglers. In synchronous data parallel training every rank has the same step time: they all
 wait at the gradient all-reduce. What differs is how long each rank waits there. Where the ranks'
 train lines split their steps (``data_s``, ``compute_s``, ``comm_s``, ``other_s``), the rule of
 straggler.py decides each tick's window: the culprit waits least while the others wait much, and
 its ``phase`` is where it spends more than the others. Otherwise ``xl.watch``'s waits (from "bucket
-ready on this rank" to "all-reduce done") tell the same culprit without a phase. The straggler is
-named once it is the same rank for ``XL_STRAGGLER_SUSTAIN`` ticks running; the waiting ranks are
-never named. Without either (ranks not synchronised, or nothing timed) step times are compared
+ready on this rank" to "all-reduce done") tell the same culprit without a phase. The diagnoser
+hands each tick's evidence (``Evidence``) to the votes (straggler_votes.py), which name the
+straggler once it is the same rank for ``XL_STRAGGLER_SUSTAIN`` ticks running; the waiting ranks
+are never named. Without either (ranks not synchronised, or nothing timed) step times are compared
 directly: >= 1.2x the median.
 
 Thresholds can be overridden through the environment (tests use short ones):
@@ -27,22 +29,28 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xl import envnames, settings
 from xl.figures import PHASE_KEYS, finite, number, stamp, steps_of
-from xl.launcher.rundir.events import Diagnosis, EventKind
-from xl.stats import (
-    RunningMedian,
-    TimedWindow,
-    fmean,
-    median,
-    median_low,
-    standard_error,
-    trimmed_mean,
+from xl.launcher.rundir.events import EventKind
+from xl.launcher.telemetry.diagnosis import (
+    Diagnosis,
+    Evidence,
+    GpuMemHigh,
+    NanLoss,
+    Recovered,
+    Stalled,
+    SupervisorPaused,
 )
+from xl.stats import RunningMedian, TimedWindow, fmean, median, standard_error, trimmed_mean
 
-Emit = Callable[[dict[str, Any]], None]
+if TYPE_CHECKING:
+    from xl.launcher.telemetry.straggler_votes import Stragglers
+
+# An event's line as written (events.jsonl): the hang capture and the supervisor take it so.
+EventLine = dict[str, Any]
+Emit = Callable[[EventLine], None]
 # Ticks come once a second; one this much later than the last means this process was paused.
 PAUSED_AFTER_S = 5.0
 
@@ -100,12 +108,8 @@ class _Rank:
     pending: tuple[float, float] | None = None
     alive: bool = True
     stalled: bool = False
-    straggler: bool = False
-    straggle_votes: int = 0
-    clear_votes: int = 0
     nan_reported: bool = False
     mem_high: bool = False
-    gpu_seen: dict[str, Any] | None = None  # its last sys line with its GPU's figures
 
 
 def _window_splits(ranks: dict[int, _Rank], since: float) -> dict[int, dict[str, float]]:
@@ -145,7 +149,7 @@ class Diagnoser:
         self,
         emit: Emit,
         thresholds: Thresholds | None = None,
-        on_stall: Callable[[list[dict[str, Any]]], None] | None = None,
+        on_stall: Callable[[list[EventLine]], None] | None = None,
     ) -> None:
         self._emit = emit
         # Stalled events go here instead when set: a hang capture words them with the stacks.
@@ -154,7 +158,10 @@ class Diagnoser:
         self._ranks: dict[int, _Rank] = {}
         self._lock = threading.Lock()
         self._ticked: float | None = None  # monotonic, the last tick
-        self._stragglers = Stragglers(self)
+        # The straggler votes: made at the first tick with evidence from two ranks.
+        self._stragglers: Stragglers | None = None
+        # rank -> its last sys line with its GPU's figures (what a straggler's GPU was doing)
+        self._gpu_seen: dict[int, dict[str, Any]] = {}
         # Wall clock, the end of the latest pause of this process.
         self._thawed_at: float | None = None
 
@@ -164,17 +171,16 @@ class Diagnoser:
             st = self._ranks[rank] = _Rank()
         return st
 
-    def _event(self, kind: str, rank: int | None, message: str, **extra: Any) -> None:
-        self._send(Diagnosis(EventKind(kind), rank, message, extra).to_json())
-
-    def _send(self, event: dict[str, Any]) -> None:
+    def _send(self, diagnosis: Diagnosis) -> None:
         try:
-            self._emit(event)
+            self._emit(diagnosis.event().to_json())
         except Exception:  # the supervisor's event sink failing must not stop diagnosis
             pass
 
     # -- inputs -------------------------------------------------------------------------------
 
+    # edge: metrics lines as the wire decoded them; one value made per line would cost the
+    # collector's hot path an allocation a record, and only a few figures of each are read
     def ingest(self, rank: int, records: list[dict[str, Any]]) -> None:
         """Records of ``rank`` (metrics.jsonl lines); one without a finite time is skipped, as
         every reader of the file skips it (xl.figures)."""
@@ -216,24 +222,19 @@ class Diagnoser:
             st.nan_reported = True
             key = bad[0]
             at = f" at step {step}" if step is not None else ""
-            self._event(
-                "nan_loss",
-                rank,
-                f"rank {rank}: {key} is {nonfinite[key]}{at}",
-                step=step,
-                key=key,
-            )
+            self._send(NanLoss(rank, f"rank {rank}: {key} is {nonfinite[key]}{at}", step, key))
 
-    def _progress(self, rank: int, st: _Rank, t: float, step: Any) -> None:
+    def _progress(self, rank: int, st: _Rank, t: float, step: float | None) -> None:
         st.last_progress_t = t if st.last_progress_t is None else max(st.last_progress_t, t)
         if st.stalled:
             st.stalled = False
             at = f" (step {step})" if step is not None else ""
-            self._event("recovered", rank, f"rank {rank} made progress again{at}", of="stalled")
+            message = f"rank {rank} made progress again{at}"
+            self._send(Recovered(rank, message, EventKind.STALLED))
 
     def _ingest_sys(self, rank: int, st: _Rank, t: float, rec: dict[str, Any]) -> None:
         if "gpu" in rec:
-            st.gpu_seen = rec  # what the culprit's GPU was doing, for a straggler event
+            self._gpu_seen[rank] = rec
         wait = rec.get("comm_wait_s")
         if isinstance(wait, (int, float)) and not isinstance(wait, bool):
             st.waits.append((t, float(wait)))
@@ -246,13 +247,10 @@ class Diagnoser:
             if frac > self.th.gpu_mem_high and not st.mem_high:
                 st.mem_high = True
                 gpu = rec.get("gpu")
-                self._event(
-                    "gpu_mem_high",
-                    rank,
-                    f"rank {rank}: GPU {gpu} memory at {frac:.0%} ({used:.0f} of {total:.0f} MiB)",
-                    gpu=gpu,
-                    fraction=round(frac, 4),
+                message = (
+                    f"rank {rank}: GPU {gpu} memory at {frac:.0%} ({used:.0f} of {total:.0f} MiB)"
                 )
+                self._send(GpuMemHigh(rank, message, gpu, round(frac, 4)))
             elif frac < self.th.gpu_mem_high - 0.05:
                 st.mem_high = False
 
@@ -269,7 +267,38 @@ class Diagnoser:
         with self._lock:
             self._notice_pause(now, mono)
             self._check_stalls(now)
-            self._stragglers.check(now)
+            self._check_stragglers(now)
+
+    def _check_stragglers(self, now: float) -> None:
+        evidence = self._evidence(now - self.th.straggler_window_s)
+        if self._stragglers is None:
+            if not (
+                len(evidence.splits) >= 2 or len(evidence.waits) >= 2 or len(evidence.steps) >= 2
+            ):
+                return
+            from xl.launcher.telemetry.straggler_votes import Stragglers  # noqa: PLC0415 - once two ranks give evidence: after their torch imports, not beside them
+
+            self._stragglers = Stragglers(self.th)
+        for diagnosis in self._stragglers.check(now, evidence):
+            self._send(diagnosis)
+
+    def _evidence(self, since: float) -> Evidence:
+        """The best evidence on stragglers the ranks give over the window from ``since``: their
+        timed steps, else their waits at the all-reduce, else their step times (the first that
+        two ranks give; the others left empty, never computed)."""
+        splits = _window_splits(self._ranks, since)
+        waits: dict[int, float] = {}
+        steps: dict[int, float] = {}
+        if len(splits) < 2:
+            for rank, st in self._ranks.items():
+                recent = [w for _, w in st.waits.since(since)]
+                if st.alive and recent:
+                    waits[rank] = fmean(recent)
+        if len(splits) < 2 and len(waits) < 2:
+            for rank, st in self._ranks.items():
+                if st.alive and not st.stalled and len(st.step_times) >= 3:
+                    steps[rank] = median(st.step_times.last(20))
+        return Evidence(splits, waits, steps, self._gpu_seen)
 
     def _waiting_at_collective(self, now: float) -> dict[int, float]:
         """Ranks (watched by xl.watch) stuck in an all-reduce right now, and for how long."""
@@ -291,17 +320,15 @@ class Diagnoser:
         if gap < PAUSED_AFTER_S:
             return
         self._thawed_at = now
-        self._event(
-            "supervisor_paused",
-            None,
+        message = (
             f"the supervisor itself did not run for {gap:.0f} s (stopped, or a swapping or "
-            "overloaded host); the ranks are judged by their own records' times",
-            paused_s=round(gap, 1),
+            "overloaded host); the ranks are judged by their own records' times"
         )
+        self._send(SupervisorPaused(message, round(gap, 1)))
 
     def _check_stalls(self, now: float) -> None:
         waiting: dict[int, float] | None = None
-        stalled: list[dict[str, Any]] = []
+        stalled: list[Stalled] = []
         for rank, st in sorted(self._ranks.items()):
             if not st.alive or st.stalled or st.last_progress_t is None:
                 continue
@@ -319,182 +346,60 @@ class Diagnoser:
                 waiting = self._waiting_at_collective(now)
             at = f" after step {st.last_step:g}" if st.last_step is not None else ""
             message = f"rank {rank} made no progress for {idle:.0f} s{at}"
-            extra: dict[str, Any] = {"idle_s": round(idle, 1), "step": st.last_step}
+            said = Stalled(rank, message, round(idle, 1), st.last_step)
             if rank in waiting:
                 # A victim of a hang: it sits in the all-reduce waiting for someone else.
                 message += f": waiting {waiting[rank]:.0f} s at the all-reduce for another rank"
-                extra["waiting_s"] = round(waiting[rank], 1)
+                said = Stalled(rank, message, said.idle_s, said.step, round(waiting[rank], 1))
             elif waiting and st.pending is not None:
                 # Watched, not in the all-reduce, while others wait there: the one holding up.
-                others = sorted(waiting)
+                others = tuple(sorted(waiting))
                 names = ", ".join(str(r) for r in others)
                 message += (
                     f" and is not in the all-reduce where rank{'s' if len(others) > 1 else ''} "
                     f"{names} wait{'' if len(others) > 1 else 's'} for it: "
                     f"rank {rank} is holding them up"
                 )
-                extra["holding_up"] = others
-            stalled.append(Diagnosis(EventKind.STALLED, rank, message, extra).to_json())
+                said = Stalled(rank, message, said.idle_s, said.step, holding_up=others)
+            stalled.append(said)
         if stalled and self._on_stall is not None:
-            self._on_stall(stalled)
+            self._on_stall([diagnosis.event().to_json() for diagnosis in stalled])
             return
-        for event in stalled:
-            self._send(event)
+        for diagnosis in stalled:
+            self._send(diagnosis)
 
     def any_stalled(self) -> bool:
         with self._lock:
             return any(st.stalled for st in self._ranks.values())
 
-    def state(self) -> dict[int, str]:
+    def named(self) -> dict[int, str]:
+        """Each rank named ``stalled`` or ``straggler`` now (stalled first)."""
         with self._lock:
+            stragglers = self._stragglers.named() if self._stragglers is not None else set()
             out = {}
             for rank, st in self._ranks.items():
                 if st.stalled:
                     out[rank] = "stalled"
-                elif st.straggler:
+                elif rank in stragglers:
                     out[rank] = "straggler"
             return out
 
-
-class Stragglers:
-    """The straggler half of the 1 Hz pass, on the Diagnoser's ranks and under its lock: each
-    live rank gets a vote each tick, from the best evidence the ranks give (their step split,
-    else their waits at the all-reduce, else their step times), and a rank is named a straggler
-    (and cleared again) only after ``straggler_sustain`` votes in a row."""
-
-    def __init__(self, diagnoser: Diagnoser) -> None:
-        self.d = diagnoser
-        self.now = 0.0  # the tick's
-        self.spells: Any = None  # straggler.Spells: naming and spells, made at the first vote
-
-    @property
-    def th(self) -> Thresholds:
-        return self.d.th
-
-    @property
-    def _ranks(self) -> dict[int, _Rank]:
-        return self.d._ranks
-
-    def _rank(self, rank: int) -> _Rank:
-        return self.d._rank(rank)
-
-    def _event(self, kind: str, rank: int | None, message: str, **extra: Any) -> None:
-        self.d._event(kind, rank, message, **extra)
-
-    def check(self, now: float) -> None:
-        self.now = now
-        if self.spells is not None:
-            self.spells.tick(now)
-        since = now - self.th.straggler_window_s
-        splits = _window_splits(self._ranks, since)
-        if len(splits) >= 2:
-            self._vote_by_phase(splits)
-            return
-        waits: dict[int, float] = {}
-        for rank, st in self._ranks.items():
-            recent = [w for _, w in st.waits.since(since)]
-            if st.alive and recent:
-                waits[rank] = fmean(recent)
-        if len(waits) >= 2:
-            self._vote_by_wait(waits)
-            return
-        steps: dict[int, float] = {}
-        for rank, st in self._ranks.items():
-            if st.alive and not st.stalled and len(st.step_times) >= 3:
-                steps[rank] = median(st.step_times.last(20))
-        if len(steps) >= 2:
-            self._vote_by_step_time(steps)
-
-    def _vote_by_phase(self, splits: dict[int, dict[str, float]]) -> None:
-        from xl.launcher.telemetry import straggler  # noqa: PLC0415 - once two ranks time their steps: after their torch imports, not beside them
-
-        th = self.th
-        blame = straggler.judge(
-            splits,
-            min_wait_s=th.straggler_min_wait_s,
-            wait_ratio=th.straggler_wait_ratio,
-            min_share=th.straggler_min_share,
-            step_ratio=th.step_time_ratio,
-        )
-        for rank in splits:
-            if blame is not None and blame.rank == rank:
-                self._vote(rank, True, blame.message, **blame.fields())
-            else:
-                self._not_it(rank)
-
-    def _vote_by_wait(self, waits: dict[int, float]) -> None:
-        culprit = min(waits, key=lambda r: waits[r])
-        others = [w for r, w in waits.items() if r != culprit]
-        victims_wait = median(others)
-        suspect = (
-            victims_wait >= self.th.straggler_min_wait_s
-            and waits[culprit] <= self.th.straggler_wait_ratio * victims_wait
-        )
-        for rank in waits:
-            if not (suspect and rank == culprit):
-                self._not_it(rank)  # the others' lists below made for the culprit alone
-                continue
-            self._vote(
-                rank,
-                True,
-                lambda r=rank: (  # type: ignore[misc]
-                    f"rank {r} is the straggler: it waits {waits[r] * 1000:.0f} ms per step at "
-                    f"the all-reduce while the other ranks wait {victims_wait * 1000:.0f} ms for it"
-                ),
-                method="collective_wait",
-                phase=None,  # xl.watch alone does not say where the culprit's time goes
-                wait_s=round(waits[rank], 4),
-                victims=[r for r in waits if r != rank],
-                victims_wait_s=round(victims_wait, 4),
+    def quiet_spell(self, now: float | None = None) -> tuple[float | None, float]:
+        """(seconds since any live rank progressed, None if none did; the seconds of it after
+        which a mismatch is looked for: ``mismatch_after_s``, or mismatch_steps slowest median
+        steps)."""
+        now = time.time() if now is None else now
+        with self._lock:
+            live = [
+                st for st in self._ranks.values() if st.alive and st.last_progress_t is not None
+            ]
+            step = max((st.step_times.median() for st in live if st.step_times), default=0.0)
+            idle = (
+                max(0.0, now - max(st.last_progress_t or 0.0 for st in live)) if live else None
             )
-
-    def _vote_by_step_time(self, steps: dict[int, float]) -> None:
-        typical = median_low(list(steps.values()))
-        for rank, step_s in steps.items():
-            if not (typical > 0 and step_s >= self.th.step_time_ratio * typical):
-                self._not_it(rank)
-                continue
-            self._vote(
-                rank,
-                True,
-                lambda r=rank, s=step_s: (  # type: ignore[misc]
-                    f"rank {r} is the straggler: {s * 1000:.0f} ms per step vs a median of "
-                    f"{typical * 1000:.0f} ms ({s / typical:.1f}x)"
-                ),
-                method="step_time",
-                phase=None,  # step times alone do not say where it goes
-                step_s=round(step_s, 4),
-                median_step_s=round(typical, 4),
-            )
-
-    def _not_it(self, rank: int) -> None:
-        """A vote that ``rank`` is not the straggler; nothing to count for a rank with no votes
-        and not named (most ranks, every tick: thousands of calls a second spared)."""
-        st = self._rank(rank)
-        if st.straggle_votes or st.straggler:
-            self._vote(rank, False, str)
-
-    def _vote(self, rank: int, is_it: bool, message: Callable[[], str], **extra: Any) -> None:
-        if self.spells is None:
-            from xl.launcher.telemetry.straggler import Spells  # noqa: PLC0415 - at the first vote, as straggler.judge
-
-            self.spells = Spells(
-                self.th.straggler_sustain, self.th.straggler_window_s, self._event, self._gpu
-            )
-        self.spells.vote(self._rank(rank), rank, self.now, is_it, message, extra)
-
-    def _gpu(self, rank: int, phase: str | None) -> dict[str, Any]:
-        from xl.launcher.telemetry.straggler import explain_gpu  # noqa: PLC0415 - as above
-
-        return explain_gpu(self._rank(rank).gpu_seen, phase, self.now)
+        return idle, max(self.th.mismatch_after_s, self.th.mismatch_steps * step)
 
 
 def quiet_spell(d: Diagnoser, now: float | None = None) -> tuple[float | None, float]:
-    """(seconds since any live rank progressed, None if none did; the seconds of it after which a
-    mismatch is looked for: ``mismatch_after_s``, or mismatch_steps slowest median steps)."""
-    now = time.time() if now is None else now
-    with d._lock:
-        live = [st for st in d._ranks.values() if st.alive and st.last_progress_t is not None]
-        step = max((st.step_times.median() for st in live if st.step_times), default=0.0)
-        idle = max(0.0, now - max(st.last_progress_t or 0.0 for st in live)) if live else None
-    return idle, max(d.th.mismatch_after_s, d.th.mismatch_steps * step)
+    """``d.quiet_spell(now)``: what the hang capture looks at each tick."""
+    return d.quiet_spell(now)

@@ -6,8 +6,8 @@ into a bounded queue. Parsing (``logparse``) runs on this module's thread, so no
 long or hostile, holds the loop that watches the ranks; when the queue is full, lines are counted
 and skipped (their bytes are in the logs all the same).
 
-Which records are steps (``Printed``): the log parser finds tqdm bars and log dicts in what a
-rank prints, and not all of them are training. Where the rank reports its own steps (it announced
+Which records are steps (``OutputSteps``): the log parser finds tqdm bars and log dicts in what
+a rank prints, and not all of them are training. Where the rank reports its own steps (it announced
 itself: ``"train": true`` in its frame header, sent at its first optimizer step under xl launch,
 or by xl.log and the framework integrations), nothing it prints is a step: its own records say
 more. Before that, under instrumentation (xl launch without ``--no-instrument``), a rank that will
@@ -90,8 +90,9 @@ HOLD_S = 60.0
 _HELD = 512  # per rank, the newest kept: what comes before them is not training anyway
 
 
-class Printed:
-    """``take(rank, rec, now)``: the records to store now for one record parsed from a rank's
+class OutputSteps:
+    """The steps read from the ranks' output: held back, let through or dropped, per rank.
+    ``take(rank, rec, now)``: the records to store now for one record parsed from a rank's
     output (none, the record, or the held ones and it); ``announced(rank)``: the rank reports its
     own steps from now on. Any thread."""
 

@@ -32,8 +32,8 @@ from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.stacks.hang import HangCapture
 from xl.launcher.telemetry import previous_port, write_collector_json
 from xl.launcher.telemetry.collector import Collector
-from xl.launcher.telemetry.diagnose import Diagnoser, quiet_spell
-from xl.launcher.telemetry.logfeed import HOLD_S, LogFeed, Printed
+from xl.launcher.telemetry.diagnose import Diagnoser
+from xl.launcher.telemetry.logfeed import HOLD_S, LogFeed, OutputSteps
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
 from xl.launcher.telemetry.thread_errors import Trouble
@@ -155,9 +155,9 @@ class Telemetry:
         self.roster = Roster()
         # Ranks whose train metrics come from xl.log: their printed dicts are not parsed again.
         self._client_ranks: set[int] = set()
-        # What ranks print is a step only where they do not report their own (logfeed.Printed).
+        # What ranks print is a step only where they do not report their own (OutputSteps).
         hold = settings.number(envnames.PRINTED_HOLD_S, HOLD_S, floor=0.0)
-        self.printed = Printed(instrumented=instrumented, hold_s=hold)
+        self.output_steps = OutputSteps(instrumented=instrumented, hold_s=hold)
         self.drops = Drops(self._emit)
         self.writer: MetricsWriter | None = None
         self.collector: Collector | None = None
@@ -249,12 +249,12 @@ class Telemetry:
         if rank in self._client_ranks or (
             self.collector is not None and rank in self.collector.train_ranks
         ):
-            self.printed.announced(rank)
+            self.output_steps.announced(rank)
             return
-        self._write_printed(self.printed.found(rank, found, time.time()))
+        self._write_printed(self.output_steps.found(rank, found, time.time()))
 
     def _write_printed(self, records: list[dict[str, Any]]) -> None:
-        """Train records from what ranks printed (logfeed.Printed let them through), stored and
+        """Train records from what ranks printed (logfeed.OutputSteps let them through), stored and
         diagnosed."""
         if records and self.writer is not None:
             self.writer.write_lines([wire.dumps_record(rec) for rec in records])
@@ -310,7 +310,7 @@ class Telemetry:
     def _on_records(self, rank: int, records: list[dict[str, Any]]) -> None:
         if rank not in self._client_ranks and any(r.get("kind") == "train" for r in records):
             self._client_ranks.add(rank)
-            self.printed.announced(rank)
+            self.output_steps.announced(rank)
         if self.summary is not None:
             self.summary.add(rank, records)  # node 0 diagnoses them
             return
@@ -353,11 +353,11 @@ class Telemetry:
                 self._forward(records + rows)
         for rank in dead:
             self.diagnoser.set_alive(rank, False)
-        self._write_printed(self.printed.due(time.time()))
+        self._write_printed(self.output_steps.due(time.time()))
         self.diagnoser.tick()
         if not self.diagnoser.any_stalled():
             self.hang.over()
-        self.hang.quiet(*quiet_spell(self.diagnoser))  # a mismatch is named before any stall
+        self.hang.quiet(*self.diagnoser.quiet_spell())  # a mismatch is named before any stall
         self.drops.flush()
         self.writer.maybe_flush()
 
@@ -372,7 +372,7 @@ class Telemetry:
             **self.collector.stats(),
             "spooled_records": self.spooled_records,
             "unparsed_lines": self.log_feed.skipped,
-            "printed_before_training": self.printed.dropped,
+            "printed_before_training": self.output_steps.dropped,
             "metrics_bytes_lost": self.writer.bytes_lost if self.writer is not None else 0,
         }
         write_collector_json(self.run_dir, status)

@@ -19,10 +19,11 @@ over ticks; this module only decides one window.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from xl.figures import PHASE_KEYS, PHASES
+from xl.launcher.telemetry.diagnosis import Fields, GpuPart
 from xl.stats import median
 
 # How each phase reads in a message: "210 ms of its 350 ms step waiting for data".
@@ -64,7 +65,7 @@ class Blame(NamedTuple):
             )
         return f"{own}, the others {self.others_phase_s * 1000:.0f} ms"
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> Fields:
         """The ``straggler`` event's fields besides kind, rank and message (docs/contracts.md)."""
         return {
             "method": self.method,
@@ -168,29 +169,24 @@ GPU_PHASES = ("compute", "comm", None)
 XID_RECENT_S = 300.0
 # The rank's sys line must be this recent for its GPU's state to count (the sampler's is 1 Hz).
 GPU_FRESH_S = 10.0
-# A spell held this many straggler windows in a row is chronic; a second ``straggler`` event
-# for the rank says so, with how long.
-CHRONIC_WINDOWS = 6
 
-
-def _thousands(mhz: Any) -> str:
+def _thousands(mhz: object) -> str:
     return f"{mhz:,.0f}" if isinstance(mhz, (int, float)) else "?"
 
 
-def explain_gpu(seen: Mapping[str, Any] | None, phase: str | None, now: float) -> dict[str, Any]:
-    """``gpu``, ``gpu_reason`` and ``gpu_detail`` of a straggler whose rank's last ``sys`` line
-    (with its GPU's figures) is ``seen``."""
+def _real(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def explain_gpu(seen: Mapping[str, object] | None, phase: str | None, now: float) -> GpuPart:
+    """The GPU of a straggler whose rank's last ``sys`` line (with its GPU's figures) is
+    ``seen``, and why it is held back, if it is."""
     gpu = seen.get("gpu") if seen is not None else None
-    out: dict[str, Any] = {
-        "gpu": gpu if isinstance(gpu, int) else None,
-        "gpu_reason": None,
-        "gpu_detail": None,
-    }
-    if seen is None or out["gpu"] is None or phase not in GPU_PHASES:
-        return out
-    t = seen.get("t")
-    if not isinstance(t, (int, float)) or now - t > GPU_FRESH_S:
-        return out
+    if seen is None or not isinstance(gpu, int):
+        return GpuPart(None)
+    t = _real(seen.get("t"))
+    if phase not in GPU_PHASES or t is None or now - t > GPU_FRESH_S:
+        return GpuPart(gpu)
     from xl.gpu.clocks import slowing  # noqa: PLC0415 - a straggler on a GPU only: not every supervisor's start
 
     name = f"GPU {gpu}"
@@ -200,152 +196,26 @@ def explain_gpu(seen: Mapping[str, Any] | None, phase: str | None, now: float) -
         if seen.get("sm_clock_mhz") is not None
         else ""
     )
-    reasons = slowing(seen.get("clock_event_reasons"))
-    xid, xid_t = seen.get("xid"), seen.get("xid_t")
-    ecc = seen.get("ecc_volatile")
+    bits = seen.get("clock_event_reasons")
+    reasons = slowing(bits if isinstance(bits, int) else None)
+    xid, xid_t, ecc = seen.get("xid"), _real(seen.get("xid_t")), seen.get("ecc_volatile")
     if reasons:
         reason, words = reasons[0]
-        if "thermal" in reason and isinstance(seen.get("temp_c"), (int, float)):
-            words += f" at {seen['temp_c']:.0f} °C"
-        elif reason == "sw_power_cap" and isinstance(seen.get("power_w"), (int, float)):
-            limit = seen.get("power_limit_w")
-            of = f" of {limit:,.0f}" if isinstance(limit, (int, float)) else ""
-            words += f" at {seen['power_w']:,.0f}{of} W"
-        out.update(gpu_reason=reason, gpu_detail=f"{name}: {words}{sm}")
-    elif isinstance(xid, int) and isinstance(xid_t, (int, float)) and now - xid_t <= XID_RECENT_S:
-        out.update(
-            gpu_reason="xid",
-            gpu_detail=f"{name}: XID {xid} {max(0.0, now - xid_t):.0f} s ago{sm}",
-        )
-    elif isinstance(ecc, int) and ecc > 0:
+        temp, power = _real(seen.get("temp_c")), _real(seen.get("power_w"))
+        if "thermal" in reason and temp is not None:
+            words += f" at {temp:.0f} °C"
+        elif reason == "sw_power_cap" and power is not None:
+            limit = _real(seen.get("power_limit_w"))
+            of = f" of {limit:,.0f}" if limit is not None else ""
+            words += f" at {power:,.0f}{of} W"
+        return GpuPart(gpu, reason, f"{name}: {words}{sm}")
+    if isinstance(xid, int) and xid_t is not None and now - xid_t <= XID_RECENT_S:
+        return GpuPart(gpu, "xid", f"{name}: XID {xid} {max(0.0, now - xid_t):.0f} s ago{sm}")
+    if isinstance(ecc, int) and ecc > 0:
         errors = "error" if ecc == 1 else "errors"
-        out.update(
-            gpu_reason="ecc",
-            gpu_detail=f"{name}: {ecc} uncorrectable ECC {errors} since the driver loaded{sm}",
-        )
-    return out
-
-
-def _span(seconds: float) -> str:
-    s = int(max(0.0, seconds))
-    if s < 120:
-        return f"{s} s"
-    if s < 7200:
-        return f"{s // 60} min"
-    return f"{s // 3600} h {s // 60 % 60} min"
-
-
-class Votes(Protocol):
-    """A rank's straggler votes as the diagnoser keeps them (diagnose._Rank)."""
-
-    straggler: bool
-    straggle_votes: int
-    clear_votes: int
-
-
-Emit = Callable[..., None]  # (kind, rank, message, **fields)
-GpuOf = Callable[[int, "str | None"], dict[str, Any]]  # (rank, phase) -> gpu, gpu_reason, ...
-
-
-class Spells:
-    """Naming a straggler from the 1 Hz votes, and its spells: a rank is named (a ``straggler``
-    event) after ``sustain`` votes in a row and cleared (``recovered``) after as many against.
-    The event says ``lasting``: ``transient`` until the spell has held ``CHRONIC_WINDOWS``
-    windows, when a second ``straggler`` event says ``chronic``; ``since_s``: the spell's length
-    from its first vote; ``spells``: how often the rank was named in the run, this time
-    included, over ``spells_since_s``; and its GPU's part (``explain_gpu``)."""
-
-    def __init__(self, sustain: int, window_s: float, emit: Emit, gpu: GpuOf) -> None:
-        self.sustain = sustain
-        self.chronic_s = CHRONIC_WINDOWS * window_s
-        self._emit = emit
-        self._gpu = gpu
-        self._began: dict[int, float] = {}  # rank -> first vote of its current run of votes
-        self._named: dict[int, list[float]] = {}  # rank -> when each of its spells began
-        # rank -> its spell in force: (the rule's message, the event's fields, said chronic)
-        self._said: dict[int, tuple[str, dict[str, Any], bool]] = {}
-
-    def vote(
-        self,
-        st: Votes,
-        rank: int,
-        now: float,
-        is_it: bool,
-        message: Callable[[], str],
-        extra: dict[str, Any],
-    ) -> None:
-        if is_it:
-            self._began.setdefault(rank, now)
-            st.clear_votes = 0
-            st.straggle_votes += 1
-            if not st.straggler and st.straggle_votes >= self.sustain:
-                st.straggler = True
-                said, fields = self._named_now(rank, now, message(), extra)
-                self._emit("straggler", rank, said, **fields)
-            return
-        st.straggle_votes = 0
-        if not st.straggler:
-            self._began.pop(rank, None)
-            return
-        st.clear_votes += 1
-        if st.clear_votes >= self.sustain:
-            st.straggler = False
-            st.clear_votes = 0
-            self._said.pop(rank, None)
-            self._began.pop(rank, None)
-            self._emit("recovered", rank, f"rank {rank} is no longer a straggler", of="straggler")
-
-    def _named_now(
-        self, rank: int, now: float, message: str, extra: dict[str, Any]
-    ) -> tuple[str, dict[str, Any]]:
-        began = self._began.setdefault(rank, now)
-        self._named.setdefault(rank, []).append(began)
-        fields = {**extra, **self._gpu(rank, extra.get("phase")), **self._lasting(rank, now)}
-        self._said[rank] = (message, fields, False)
-        return self._words(message, fields), fields
-
-    def tick(self, now: float) -> None:
-        """A second ``straggler`` event for each spell that has just become chronic, with its
-        GPU's part as it stands now."""
-        for rank, (message, fields, said) in list(self._said.items()):
-            if said or now - self._began.get(rank, now) < self.chronic_s:
-                continue
-            fields = {
-                **fields,
-                **self._gpu(rank, fields.get("phase")),
-                **self._lasting(rank, now, chronic=True),
-            }
-            self._said[rank] = (message, fields, True)
-            self._emit("straggler", rank, self._words(message, fields), **fields)
-
-    def _lasting(self, rank: int, now: float, *, chronic: bool = False) -> dict[str, Any]:
-        times = self._named.get(rank, [])
-        return {
-            "lasting": "chronic" if chronic else "transient",
-            "since_s": round(now - self._began.get(rank, now), 1),
-            "spells": len(times),
-            "spells_since_s": round(now - times[0], 1) if times else 0.0,
-        }
-
-    @staticmethod
-    def _words(message: str, fields: Mapping[str, Any]) -> str:
-        """The rule's message, then the GPU's detail and how long it has lasted."""
-        out = message
-        if fields.get("gpu_detail"):
-            out += f"; {fields['gpu_detail']}"
-        if fields.get("lasting") == "chronic":
-            out += f" (chronic: for {_span(fields['since_s'])})"
-        elif fields.get("spells", 0) > 1:
-            out += (
-                f" (transient: the {_ordinal(fields['spells'])} time in "
-                f"{_span(fields['spells_since_s'])})"
-            )
-        return out
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
+        detail = f"{name}: {ecc} uncorrectable ECC {errors} since the driver loaded{sm}"
+        return GpuPart(gpu, "ecc", detail)
+    return GpuPart(gpu)
 
 
 # --------------------------------------------------------------------------- what was said

@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from xl.launcher.telemetry.logfeed import Printed
+from xl.launcher.telemetry.logfeed import OutputSteps
 from xl.launcher.telemetry.service import Telemetry
 
 
@@ -17,13 +17,13 @@ def _bar(rank: int, step: int, t: float) -> dict:
 
 
 def test_without_instrumentation_every_bar_is_a_step_at_once() -> None:
-    p = Printed(instrumented=False, hold_s=60)
+    p = OutputSteps(instrumented=False, hold_s=60)
     assert p.take(0, _bar(0, 320, 1.0), 1.0) == [_bar(0, 320, 1.0)]
     assert p.due(1000.0) == []
 
 
 def test_bars_before_the_first_step_are_held_then_dropped_when_the_rank_announces() -> None:
-    p = Printed(instrumented=True, hold_s=60)
+    p = OutputSteps(instrumented=True, hold_s=60)
     assert p.take(0, _bar(0, 320, 1.0), 1.0) == []  # datasets' Map 320/320
     assert p.take(0, _bar(0, 41, 2.0), 2.0) == []  # Loading weights 41/41
     assert p.take(1, _bar(1, 320, 2.0), 2.0) == []
@@ -35,7 +35,7 @@ def test_bars_before_the_first_step_are_held_then_dropped_when_the_rank_announce
 
 
 def test_a_rank_that_never_announces_gets_its_bars_after_the_hold_in_order() -> None:
-    p = Printed(instrumented=True, hold_s=10)
+    p = OutputSteps(instrumented=True, hold_s=10)
     for i in range(1, 10):
         assert p.take(0, _bar(0, i, float(i)), float(i)) == []
     released = p.take(0, _bar(0, 11, 11.0), 11.0)
@@ -63,7 +63,7 @@ def test_telemetry_holds_bars_when_instrumented_and_stores_them_after_the_hold(
     held.start()
     held.feed_log_line(0, bar)
     held.stop()  # every line queued is parsed first
-    assert _train(tmp_path / "held") == [] and held.printed.dropped == 0
+    assert _train(tmp_path / "held") == [] and held.output_steps.dropped == 0
     plain = Telemetry(
         tmp_path / "plain", token="tok-0123456789abcdef", inventory=False, instrumented=False
     )
@@ -97,8 +97,8 @@ def test_a_rank_that_reports_its_own_steps_is_never_stepped_by_what_it_prints(
         tel.feed_log_line(0, "Loading weights: 100%|##########| 41/41 [00:00<00:00, 400.00it/s]")
         tel.log_feed.stop()  # parsed and held
         tel._on_records(0, [{"t": time.time(), "rank": 0, "kind": "train", "step": 1, "loss": 2.0}])
-        assert tel.printed.dropped == 1
-        tel.printed.hold_s = 0.0  # were they taken for steps, nothing would hold them now
+        assert tel.output_steps.dropped == 1
+        tel.output_steps.hold_s = 0.0  # were they taken for steps, nothing would hold them now
         tel.log_feed.start()
         tel.feed_log_line(0, " 50%|#####     | 5/10 [00:01<00:01,  4.00it/s]")
         tel.feed_log_line(0, "{'loss': 0.5, 'epoch': 1.0}")

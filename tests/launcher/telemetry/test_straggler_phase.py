@@ -123,11 +123,11 @@ def test_a_rank_slow_to_compute_is_named_with_phase_compute_then_recovers() -> N
     found = _stragglers(events)
     assert [(e["rank"], e["phase"], e["victims"]) for e in found] == [(0, "compute", [1])]
     assert "the other rank waits ~" in found[0]["message"] and "computing" in found[0]["message"]
-    assert diag.state() == {0: "straggler"}
+    assert diag.named() == {0: "straggler"}
     slow["on"] = False
     simulate(diag, slow_compute, 2, 40, t0=1031.0)
     assert [(e["rank"], e["of"]) for e in events if e["kind"] == "recovered"] == [(0, "straggler")]
-    assert diag.state() == {}
+    assert diag.named() == {}
 
 
 def test_a_rank_slow_in_its_own_code_is_named_with_phase_other() -> None:

@@ -34,7 +34,7 @@ def test_unsynchronised_ranks_compare_step_times() -> None:
     assert "1.3x" in events[-1]["message"]
     diag.tick(1006.0)
     assert _kinds(events, "straggler") == [2], "named once, not every tick"
-    assert diag.state() == {2: "straggler"}
+    assert diag.named() == {2: "straggler"}
 
 
 def test_equal_step_times_name_nobody() -> None:
@@ -71,7 +71,7 @@ def test_collective_waits_name_the_rank_that_waits_least_then_clear() -> None:
         t += 1
     recovered = [e for e in events if e["kind"] == "recovered"]
     assert [(e["rank"], e["of"]) for e in recovered] == [(1, "straggler")]
-    assert diag.state() == {}
+    assert diag.named() == {}
 
 
 def test_small_waits_are_not_a_straggler() -> None:
@@ -99,7 +99,7 @@ def test_stall_threshold_is_max_of_floor_and_ten_median_steps() -> None:
     # progress again clears it
     diag.ingest(0, [{"t": end_slow + 52, "rank": 0, "kind": "train", "step": 11}])
     assert [(e["rank"], e["of"]) for e in events if e["kind"] == "recovered"] == [(0, "stalled")]
-    assert diag.state() == {1: "stalled"}
+    assert diag.named() == {1: "stalled"}
 
 
 def test_exited_ranks_are_never_stalled() -> None:
