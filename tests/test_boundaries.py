@@ -12,7 +12,6 @@ Module names are compared whole: `xl.tui.app` is `xl.tui`'s, not "xl"'s.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,9 +84,9 @@ def test_nothing_imports_torch_at_module_level(package: str, skip: tuple[str, ..
 
 
 def test_import_xl_stays_cheap() -> None:
-    """docs/architecture.md: `import xl` in a training script stays under ~20 ms. Measured
-    without a timed race: the modules it adds to a bare interpreter are counted (deterministic),
-    and its cumulative `-X importtime` (best of three) is held to a bound 5x the budget."""
+    """docs/architecture.md: `import xl` in a training script stays cheap. The modules it adds to
+    a bare interpreter are counted (the same on a busy machine as on an idle one); the CPU they
+    take is bench/bench_imports.py's to print, never a test's to assert."""
     code = (
         "import sys, json\n"
         "before = set(sys.modules)\n"
@@ -102,20 +101,6 @@ def test_import_xl_stays_cheap() -> None:
     assert all(
         m == "xl" or m.startswith(("xl.", "typing", "_typing", "collections")) for m in added
     ), added
-
-    best = None
-    for _ in range(3):
-        proc = subprocess.run(
-            [sys.executable, "-X", "importtime", "-c", "import xl"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        m = re.search(r"^import time:\s+\d+ \|\s+(\d+) \| xl$", proc.stderr, re.MULTILINE)
-        assert m, proc.stderr[-2000:]
-        us = int(m.group(1))
-        best = us if best is None else min(best, us)
-    assert best is not None and best < 100_000, f"import xl took {best / 1000:.1f} ms"
 
 
 def test_repo_folders_are_not_importable_as_top_level_packages() -> None:

@@ -36,6 +36,9 @@ UI = ("rich", "textual", "torch", "numpy")
 # --rdzv's token) or a crash (traceback): never on every launch's path to torchrun.
 RARE = ("hashlib", "secrets", "difflib", "tempfile")
 PROCESSES = {
+    # A training script's `import xl` (tests/test_boundaries.py holds which modules those are):
+    # the package root exports its names lazily, so the script pays for what it calls.
+    "import xl": Budget("import xl", 15, 3, (*UI, *RARE, "psutil", "pynvml", "orjson")),
     # `xl launch --no-tui`: dispatch, the command, starting the run, the plain view (no Rich:
     # the end-of-run table is drawn without it).
     "launch": Budget(

@@ -265,8 +265,10 @@ def test_connections_that_send_nothing_valid_are_closed_after_the_idle_timeout(
             # refused at once, the others cut idle
             said = "XL-REFUSED-BAD-TOKEN" if mode == "bad_token" else "-"
             assert out.split() == ["connected", "closed", said], (mode, out, err)
+        # Never cut before the idle timeout; one the collector never cut says "open" (its own
+        # wait ran out), however late a busy machine let the collector get to it.
         took = time.monotonic() - start
-        assert idle - 0.5 <= took <= idle + 5, took
+        assert took >= idle - 0.5, took
         _out, err = rank.communicate(timeout=60)
         assert rank.returncode == 0, err
         assert not closed  # the link stayed connected throughout
