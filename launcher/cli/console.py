@@ -12,13 +12,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from xl.launcher.cli import endtable
 from xl.launcher.cli.endtable import render_text  # noqa: F401 - the plain table, where its users look
 from xl.launcher.cli.runstate import RunState
+from xl.launcher.rundir.events import EventKind, EventLine
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.outcome import Cause
 from xl.launcher.rundir.tail import RankLogs
 from xl.launcher.view.runview import RankView, hang_label, outcome_style, state_style
 from xl.textsafe import bytes_for_terminal, visible
@@ -34,19 +34,16 @@ RENDER_S = 0.25
 
 # ---------------------------------------------------------------------------------- plain lines
 # A restart is news (the run lost progress) but no failure: yellow, as a straggler is.
-_EVENT_STYLE = {"failure": "red", "restarted": "yellow"}
+_EVENT_STYLE = {EventKind.FAILURE: "red", EventKind.RESTARTED: "yellow"}
 
 
-def _plain_event(ev: dict[str, Any]) -> str:
-    stamp = time.strftime("%H:%M:%S", time.localtime(float(ev.get("t") or time.time())))
-    text = f"{stamp} xl: {ev.get('message') or ev.get('kind')}"
-    if ev.get("kind") == "hang":
-        text = (
-            f"{stamp} xl: {hang_label(ev)}: {ev.get('message')} "
-            f"(every rank's stack: {ev.get('stacks')})"
-        )
-    if ev.get("kind") == "failure":
-        cause = Cause.from_json(ev.get("cause"))
+def _plain_event(ev: EventLine) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(ev.t or time.time()))
+    text = f"{stamp} xl: {ev.said}"
+    if ev.kind is EventKind.HANG:
+        text = f"{stamp} xl: {hang_label(ev)}: {ev.message} (every rank's stack: {ev.stacks})"
+    if ev.kind is EventKind.FAILURE:
+        cause = ev.cause
         said = (
             [f"cause: {cause.summary}", *([f"fix: {cause.fix}"] if cause.fix else [])]
             if cause is not None
@@ -56,27 +53,27 @@ def _plain_event(ev: dict[str, Any]) -> str:
     return visible(text)
 
 
-def fold_env_diffs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def fold_env_diffs(events: list[EventLine]) -> list[EventLine]:
     """``events`` with each run of consecutive ``env_diff`` events (one per field in which a node
     differs, written together) made one event per node: a person reads one line per odd node,
     with every field that differs there, its value beside the others' and the fixes."""
-    if not any(ev.get("kind") == "env_diff" for ev in events):
+    if not any(ev.kind is EventKind.ENV_DIFF for ev in events):
         return events
-    out: list[dict[str, Any]] = []
-    run: list[dict[str, Any]] = []
-    for ev in [*events, {}]:
-        if ev.get("kind") == "env_diff":
+    out: list[EventLine] = []
+    run: list[EventLine] = []
+    for ev in [*events, None]:
+        if ev is not None and ev.kind is EventKind.ENV_DIFF:
             run.append(ev)
             continue
         if run:
             out += _node_events(run)
             run = []
-        if ev:
+        if ev is not None:
             out.append(ev)
     return out
 
 
-def _node_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _node_events(events: list[EventLine]) -> list[EventLine]:
     """One event per node of these ``env_diff`` events (by node rank), its message the node's
     line; its time the node's first event's."""
     from xl.doctor.api import Diff, node_lines  # noqa: PLC0415 - several nodes only
@@ -85,20 +82,15 @@ def _node_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return v if v is None or (isinstance(v, (str, int)) and not isinstance(v, bool)) else str(v)
 
     diffs: list[Diff] = []
-    first: dict[int, dict[str, Any]] = {}
+    first: dict[int, EventLine] = {}
     for ev in events:
-        node, fix = ev.get("node"), ev.get("fix")
-        node = node if isinstance(node, int) and not isinstance(node, bool) else -1
-        host, name, severity = (str(ev.get(k) or "") for k in ("host", "field", "severity"))
-        fix = fix if isinstance(fix, str) else None
-        diffs.append(
-            Diff(node, host, name, value(ev.get("value")), value(ev.get("others")), severity, fix)
-        )
+        node = ev.node if isinstance(ev.node, int) else -1
+        host, name, severity = (ev.text(k) or "" for k in ("host", "field", "severity"))
+        said, others = value(ev.data.get("value")), value(ev.data.get("others"))
+        diffs.append(Diff(node, host, name, said, others, severity, ev.text("fix")))
         first.setdefault(node, ev)
     lines = node_lines(diffs)  # one per node, by node rank
-    return [
-        {**first[node], "message": line} for node, line in zip(sorted(first), lines, strict=True)
-    ]
+    return [first[node].reworded(line) for node, line in zip(sorted(first), lines, strict=True)]
 
 
 # after the end (or a rank's exit): how long its relay may take to write its last lines
@@ -110,7 +102,8 @@ _END_POLL_S = 0.005  # once every rank has ended, run.json is looked at this oft
 _QUIET_S = 1.0
 _QUIET_POLL_S = 0.2
 _BUSY = 1 << 20  # a poll that copied this much polls again at once (a flood of output)
-_HELD = ("rank_exited", "failure")  # events about a rank that wait for its last lines
+# events about a rank that wait for its last lines
+_HELD = (EventKind.RANK_EXITED, EventKind.FAILURE)
 
 
 class _Plain:
@@ -122,7 +115,7 @@ class _Plain:
         self.logs = RankLogs(RunLayout(state.run_dir).logs) if lines else None
         # a terminal: escapes drawn
         self.binary = bytes_for_terminal(out.buffer) if hasattr(out, "buffer") else None
-        self.held: list[tuple[float, dict[str, Any]]] = []
+        self.held: list[tuple[float, EventLine]] = []
 
     def write(self, data: bytes) -> None:
         if self.binary is not None:
@@ -142,7 +135,7 @@ class _Plain:
                 self.state.last_line[rank] = text
         return moved
 
-    def events(self, new: list[dict[str, Any]], *, force: bool = False) -> None:
+    def events(self, new: list[EventLine], *, force: bool = False) -> None:
         now = time.monotonic()
         self.held += [(now, ev) for ev in new]
         ready = []
@@ -157,17 +150,17 @@ class _Plain:
         if ready:
             self.write("".join(line + "\n" for line in self._said(ready)).encode())
 
-    def _more_diffs(self, ev: dict[str, Any], now: float) -> bool:
+    def _more_diffs(self, ev: EventLine, now: float) -> bool:
         """``ev`` is an ``env_diff`` and only ``env_diff`` events are held after it: another of
         the same verdict may come in the next poll (the line of a node takes all of them), so
         they wait for another event, or _SETTLE_S after the last."""
-        if ev.get("kind") != "env_diff":
+        if ev.kind is not EventKind.ENV_DIFF:
             return False
-        if any(e.get("kind") != "env_diff" for _, e in self.held):
+        if any(e.kind is not EventKind.ENV_DIFF for _, e in self.held):
             return False
         return now - self.held[-1][0] < _SETTLE_S
 
-    def _said(self, events: list[dict[str, Any]]) -> list[str]:
+    def _said(self, events: list[EventLine]) -> list[str]:
         """A line an event, a line an odd node for its ``env_diff`` events; past 64 ranks, ranks
         that started or ended cleanly together: one."""
         events = fold_env_diffs(events)
@@ -179,9 +172,9 @@ class _Plain:
         world = max(len(self.state.ranks), (rec.world_size or 0) if rec else 0)
         return console_summary.fold_events(events, _plain_event, world)
 
-    def _ready(self, ev: dict[str, Any]) -> bool:
-        rank = ev.get("rank")
-        if self.logs is None or ev.get("kind") not in _HELD or not isinstance(rank, int):
+    def _ready(self, ev: EventLine) -> bool:
+        rank = ev.rank
+        if self.logs is None or ev.kind not in _HELD or rank is None:
             return True
         self.logs.discover()  # a log not seen yet is one not copied yet
         return self.logs.caught_up(rank)
@@ -225,8 +218,8 @@ _WRITER_S = 0.5
 _ENDED_WAIT_S = 10.0
 
 
-def _ended(events: list[dict[str, Any]]) -> bool:
-    return any(ev.get("kind") == "run_ended" for ev in events)
+def _ended(events: list[EventLine]) -> bool:
+    return any(ev.kind is EventKind.RUN_ENDED for ev in events)
 
 
 def _nothing_to_come(state: RunState, final_at: float) -> bool:
@@ -360,7 +353,8 @@ def _tail(state: RunState, events: bool, text: type[Text]) -> list[Text]:
     """Under the table: the hang verdict in force, and the last events."""
     parts = [text(f"hang: {visible(state.verdict)}", style="bold yellow")] if state.verdict else []
     for ev in fold_env_diffs(state.events[-_TAIL_FOLDED:])[-5:] if events else []:
-        parts.append(text(_plain_event(ev), style=_EVENT_STYLE.get(str(ev.get("kind")), "dim")))
+        style = _EVENT_STYLE.get(ev.kind, "dim") if ev.kind is not None else "dim"
+        parts.append(text(_plain_event(ev), style=style))
     return parts
 
 

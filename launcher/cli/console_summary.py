@@ -24,9 +24,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from xl.figures import PHASES
+from xl.launcher.rundir.events import EventKind, EventLine
 from xl.launcher.stacks.verdict import ranges
 from xl.launcher.view.runview import RankView
 from xl.textsafe import visible
@@ -204,20 +204,18 @@ def render_summary(ranks: Mapping[int, RankView], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _fold_kind(ev: dict[str, Any]) -> str | None:
+def _fold_kind(ev: EventLine) -> str | None:
     """What an event says of its rank when it is one of many alike: started, or ended cleanly."""
-    if not isinstance(ev.get("rank"), int):
+    if ev.rank is None:
         return None
-    if ev.get("kind") == "rank_started":
+    if ev.kind is EventKind.RANK_STARTED:
         return "started"
-    if ev.get("kind") == "rank_exited" and ev.get("exit_code") == 0:
+    if ev.kind is EventKind.RANK_EXITED and ev.exit_code == 0:
         return "exited with code 0"
     return None
 
 
-def fold_events(
-    events: list[dict[str, Any]], say: Callable[[dict[str, Any]], str], world: int
-) -> list[str]:
+def fold_events(events: list[EventLine], say: Callable[[EventLine], str], world: int) -> list[str]:
     """The plain view's lines for ``events`` of a run of ``world`` ranks: past SUMMARY_PAST,
     consecutive ranks that started (or exited with code 0) are one line, ``HH:MM:SS xl: ranks
     0-4095 started (4096)``; every other event is ``say(event)``, in order."""
@@ -234,11 +232,9 @@ def fold_events(
             out.append(say(events[i]))
             i += 1
             continue
-        ranks = [int(ev["rank"]) for ev in events[i:j]]
-        t = events[j - 1].get("t")
-        stamp = time.strftime(
-            "%H:%M:%S", time.localtime(float(t) if isinstance(t, (int, float)) else time.time())
-        )
+        ranks = [ev.rank for ev in events[i:j] if ev.rank is not None]  # each has one
+        t = events[j - 1].t
+        stamp = time.strftime("%H:%M:%S", time.localtime(t if t is not None else time.time()))
         out.append(f"{stamp} xl: ranks {ranges(ranks)} {kind} ({len(ranks)})")
         i = j
     return out

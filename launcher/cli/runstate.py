@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from xl.launcher.rundir.events import EventLine
 from xl.launcher.rundir.lastbytes import last_output_line, said
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Failure
@@ -50,11 +50,11 @@ class RunState:
         return self.view.ranks if self.view is not None else {}
 
     @property
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[EventLine]:
         return self.view.events[-50:] if self.view is not None else []
 
     @property
-    def new_events(self) -> list[dict[str, Any]]:
+    def new_events(self) -> list[EventLine]:
         return self.view.new_events if self.view is not None else []
 
     @property

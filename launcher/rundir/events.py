@@ -5,19 +5,27 @@ The one place an event line is made and appended, for the supervisor, its teleme
 viewers that end an orphaned run. Every kind is an ``EventKind``; each family of kinds is a
 dataclass whose ``to_json`` is the line's object, its keys in the order the page shows. A line
 gets ``t`` (now) and ``rank`` (null) when its object has none.
+
+And the one place a line is read back: ``parse_event`` makes a line's object an ``EventLine``
+(its kind an ``EventKind``, its fields typed), so every reader past it matches on the kind and
+reads typed fields; a kind xl does not write and keys it does not know stay in the line's
+``data``, so nothing another tool wrote is lost.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from xl.launcher.rundir.jsonl import decode_lines
+from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.rundir.outcome import Failure
+from xl.launcher.rundir.outcome import Cause, Failure
 
 
 class EventKind(str, Enum):
@@ -91,12 +99,8 @@ class RankStarted(Event):
     kind: EventKind = field(default=EventKind.RANK_STARTED, init=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind.value,
-            "rank": self.rank,
-            "pid": self.pid,
-            "message": self.message,
-        }
+        said = {"kind": self.kind.value, "rank": self.rank, "pid": self.pid}
+        return {**said, "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -107,12 +111,8 @@ class RankExited(Event):
     kind: EventKind = field(default=EventKind.RANK_EXITED, init=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind.value,
-            "rank": self.rank,
-            "exit_code": self.exit_code,
-            "message": self.message,
-        }
+        said = {"kind": self.kind.value, "rank": self.rank, "exit_code": self.exit_code}
+        return {**said, "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -195,13 +195,8 @@ class NodeRefused(Event):
     kind: EventKind = field(default=EventKind.NODE_REFUSED, init=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind.value,
-            "node": self.node,
-            "node_rank": self.node_rank,
-            "peer": self.peer,
-            "message": self.message,
-        }
+        said = {"kind": self.kind.value, "node": self.node, "node_rank": self.node_rank}
+        return {**said, "peer": self.peer, "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -220,17 +215,9 @@ class EnvDiff(Event):
     kind: EventKind = field(default=EventKind.ENV_DIFF, init=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind.value,
-            "node": self.node,
-            "host": self.host,
-            "field": self.name,
-            "value": self.value,
-            "others": self.others,
-            "severity": self.severity,
-            "fix": self.fix,
-            "message": self.message,
-        }
+        said: dict[str, Any] = {"kind": self.kind.value, "node": self.node, "host": self.host}
+        said.update(field=self.name, value=self.value, others=self.others)
+        return {**said, "severity": self.severity, "fix": self.fix, "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -289,15 +276,8 @@ class Hang(Event):
     kind: EventKind = field(default=EventKind.HANG, init=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "t": self.t,
-            "kind": self.kind.value,
-            "rank": self.rank,
-            "ranks": self.ranks,
-            "message": self.message,
-            "stacks": self.stacks,
-            "busy": self.busy,
-        }
+        said = {"t": self.t, "kind": self.kind.value, "rank": self.rank, "ranks": self.ranks}
+        return {**said, "message": self.message, "stacks": self.stacks, "busy": self.busy}
 
 
 @dataclass(frozen=True)
@@ -366,3 +346,149 @@ def append_line(run_dir: Path, line: str) -> None:
 def append_event(run_dir: Path, event: Event) -> None:
     """Append one event to ``run_dir``'s events.jsonl (OSError when it cannot be written)."""
     append_line(run_dir, event_line(event))
+
+
+# ------------------------------------------------------------------------------------ reading
+_KIND_OF: dict[str, EventKind] = {k.value: k for k in EventKind}
+
+
+def _int(value: object) -> int | None:
+    """A JSON integer (never a bool: ``true`` is not rank 1)."""
+    return value if type(value) is int else None
+
+
+def _ints(value: object) -> tuple[int, ...]:
+    return tuple(v for v in value if type(v) is int) if isinstance(value, list) else ()
+
+
+def _float(value: object) -> float | None:
+    """A finite JSON number, as a float."""
+    if (type(value) is float or type(value) is int) and value - value == 0:  # type: ignore[operator]
+        return float(value)  # type: ignore[arg-type]
+    return None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class EventLine:
+    """One line of events.jsonl as read (``parse_event``): the fields every line has, typed, and
+    the line's whole object in ``data``; the fields of its kind are the typed properties below
+    (None, or empty, when the line does not hold them as the contract spells them)."""
+
+    kind: EventKind | None  # None: a kind xl does not write (``name`` says which)
+    name: str  # the kind as the line spells it ("" when it has none)
+    t: float | None  # unix seconds; None when the line holds no finite time
+    rank: int | None  # the rank meant, None when none is
+    message: str  # for people ("" when the line has none)
+    data: Mapping[str, Any]  # every key of the line, as JSON read it
+
+    @property
+    def said(self) -> str:
+        """What a person reads of it: its message, else its kind's name."""
+        return self.message or self.name
+
+    # -- the fields of its kind (docs/contracts.md, "events.jsonl")
+    @property
+    def of(self) -> EventKind | None:
+        """recovered: the diagnosis it ends (stalled or straggler)."""
+        of = self.data.get("of")
+        return _KIND_OF.get(of) if isinstance(of, str) else None
+
+    @property
+    def waiting_on(self) -> tuple[int, ...]:
+        """stalled: the culprits a rank waits on in a collective (empty: it is one itself)."""
+        return _ints(self.data.get("waiting_on"))
+
+    @property
+    def phase(self) -> str | None:
+        """straggler: where the culprit loses its time (data, compute, comm or other)."""
+        phase = self.data.get("phase")
+        return phase if phase in ("data", "compute", "comm", "other") else None
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """hang: its culprits."""
+        return _ints(self.data.get("ranks"))
+
+    @property
+    def busy(self) -> tuple[int, ...]:
+        """hang: the culprits that were working on the CPU."""
+        return _ints(self.data.get("busy"))
+
+    @property
+    def stacks(self) -> str | None:
+        """hang: where every rank's stack is (``stacks/<t>.json``)."""
+        stacks = self.data.get("stacks")
+        return None if stacks is None else str(stacks)
+
+    @property
+    def exit_code(self) -> int | None:
+        """rank_exited, failure: the rank's exit code."""
+        return _int(self.data.get("exit_code"))
+
+    @property
+    def idle_s(self) -> float | None:
+        """stalled: how long the rank had made no progress."""
+        return _float(self.data.get("idle_s"))
+
+    @property
+    def status(self) -> str | None:
+        """run_ended: the run's status."""
+        return _text(self.data.get("status"))
+
+    @property
+    def cause(self) -> Cause | None:
+        """failure: why, in words a person can act on."""
+        return Cause.from_json(self.data.get("cause"))
+
+    @property
+    def node_rank(self) -> int | None:
+        return _int(self.data.get("node_rank"))
+
+    @property
+    def node(self) -> int | str | None:
+        """A node's host (another node's events on node 0), or env_diff's node rank."""
+        node = self.data.get("node")
+        return node if type(node) is int or isinstance(node, str) else None
+
+    def text(self, key: str) -> str | None:
+        """A string field of its kind (env_diff's ``host``, ``field``, ``severity``, ``fix``)."""
+        return _text(self.data.get(key))
+
+    def reworded(self, message: str) -> EventLine:
+        """The same event said in other words (its ``data`` keeps the line's)."""
+        return replace(self, message=message)
+
+    # edge: the line's object as JSON holds it, for a --json printout
+    def to_json(self) -> dict[str, Any]:
+        return {**self.data, "message": self.message} if self.message else dict(self.data)
+
+
+def parse_event(obj: object) -> EventLine | None:
+    """A decoded events.jsonl line as an EventLine; None for what is not a JSON object."""
+    if type(obj) is not dict:
+        return None
+    name = obj.get("kind")
+    name = name if isinstance(name, str) else ""
+    message = obj.get("message")
+    return EventLine(
+        _KIND_OF.get(name),
+        name,
+        _float(obj.get("t")),
+        _int(obj.get("rank")),
+        message if isinstance(message, str) else "" if message is None else str(message),
+        obj,
+    )
+
+
+def parse_lines(lines: list[bytes]) -> list[EventLine]:
+    """events.jsonl's lines (bytes, one object each) as EventLines; what is not one is skipped."""
+    return [e for e in map(parse_event, decode_lines(lines)) if e is not None]
+
+
+def newest_events(run_dir: Path, limit: int = 64 << 10) -> list[EventLine]:
+    """The events in the last ``limit`` bytes of ``run_dir``'s events.jsonl, oldest first."""
+    return parse_lines(last_lines(RunLayout(run_dir).events, limit))

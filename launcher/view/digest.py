@@ -22,6 +22,7 @@ from typing import Any
 from xl.atomic import write_json_atomic
 from xl.figures import PHASE_KEYS
 from xl.figures import finite as _finite
+from xl.launcher.rundir.events import EventKind, EventLine, parse_lines
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.layout import EVENTS, METRICS, RunLayout
 from xl.launcher.rundir.runrecord import RunRecord, read_object
@@ -35,7 +36,9 @@ _MAX_STEPS = 1_000_000  # distinct steps tracked; a file with more keeps its fir
 
 
 # The events the accounting reads; the rest of events.jsonl is passed over.
-_KINDS = frozenset({"stalled", "recovered", "rank_exited", "restarted"})
+_KINDS = frozenset(
+    {EventKind.STALLED, EventKind.RECOVERED, EventKind.RANK_EXITED, EventKind.RESTARTED}
+)
 _MAX_EVENTS = 100_000
 _MAX_QUERIES = 32  # stalls looked at per rank, and restarts: more is a broken run's noise
 
@@ -54,7 +57,7 @@ class Digester:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self._at = {EVENTS: 0, METRICS: 0}  # bytes read of each file (whole lines)
-        self.events: list[dict[str, Any]] = []
+        self.events: list[EventLine] = []  # those of _KINDS, each with its time
         self.spans: dict[int, list[float]] = {}  # rank -> [its first train line's t, its last's]
         self.waited: dict[int, float] = {}
         # rank -> [samples, seconds] of its lines that gave a count and its rate (RankView's
@@ -65,7 +68,7 @@ class Digester:
         # step -> [its latest line's t, loss sum, loss count, samples/s sum, samples/s count]
         self.steps: dict[float, list[Any]] = {}
         self.queries: list[float] = []
-        self.moments: list[dict[str, Any]] = []  # per query: its event
+        self.moments: list[EventLine] = []  # per query: its event
         self.before: list[dict[int, float]] = []  # per query: rank -> its last line at or before it
         self.after: list[dict[int, float]] = []  # per query: rank -> its first line after it
         self._of_rank: dict[int, list[int]] = {}  # a rank's stall queries
@@ -99,13 +102,8 @@ class Digester:
         """Take in what was appended since the last poll: events first, so a line after a stall
         is checked against it."""
         for lines in self._chunks(EVENTS):
-            for e in decode_lines([ln for ln in lines if ln]):
-                if (
-                    type(e) is dict
-                    and e.get("kind") in _KINDS
-                    and _finite(e.get("t"))
-                    and len(self.events) < _MAX_EVENTS
-                ):
+            for e in parse_lines([ln for ln in lines if ln]):
+                if e.kind in _KINDS and e.t is not None and len(self.events) < _MAX_EVENTS:
                     self._event(e)
         for lines in self._chunks(METRICS):
             self.feed(
@@ -114,27 +112,27 @@ class Digester:
                 )
             )
 
-    def _event(self, e: dict[str, Any]) -> None:
+    def _event(self, e: EventLine) -> None:
         self.events.append(e)
-        rank = e.get("rank")
+        rank = e.rank
         if (
-            e["kind"] == "stalled"
-            and type(rank) is int
+            e.kind is EventKind.STALLED
+            and rank is not None
             and len(self._of_rank.get(rank, ())) < _MAX_QUERIES
         ):
             self._of_rank.setdefault(rank, []).append(self._query(e, [rank]))
             # Kept as it grows (rebuilding it per event cost O(ranks^2) when thousands stall).
             self._near[rank] = [*self._of_rank[rank], *self._every]
-        elif e["kind"] == "restarted" and len(self._every) < _MAX_QUERIES:
+        elif e.kind is EventKind.RESTARTED and len(self._every) < _MAX_QUERIES:
             j = self._query(e, list(self.spans))
             self._every.append(j)
             for near in self._near.values():
                 near.append(j)
 
-    def _query(self, e: dict[str, Any], ranks: list[int]) -> int:
+    def _query(self, e: EventLine, ranks: list[int]) -> int:
         """A new moment (the event's); what was read already is its ``before`` where it came
         before it."""
-        q = float(e["t"])
+        q = e.t or 0.0  # every event kept has its time (poll)
         self.queries.append(q)
         self.moments.append(e)
         self.before.append(
@@ -253,23 +251,22 @@ class Digester:
     # ---------------------------------------------------------------- what it comes to
     def _spans(self, end: float) -> tuple[list[timing.Span], list[timing.Span]]:
         # The events each stall's end is looked for in, indexed once: a scan of every event per
-        # stall cost O(ranks^2) when thousands stalled. Only a number can equal a rank.
-        recovered: dict[Any, list[float]] = {}  # rank -> its `recovered` (of a stall) times
-        exited: dict[Any, list[float]] = {}  # rank -> its `rank_exited` times
+        # stall cost O(ranks^2) when thousands stalled.
+        recovered: dict[int, list[float]] = {}  # rank -> its `recovered` (of a stall) times
+        exited: dict[int, list[float]] = {}  # rank -> its `rank_exited` times
         restarted: list[float] = []
         failed: list[float] = []  # the times of `rank_exited` with an exit code besides 0
         for f in self.events:
-            kind, who = f["kind"], f.get("rank")
-            numbered = type(who) in (int, float, bool)
-            if kind == "recovered" and f.get("of") == "stalled" and numbered:
-                recovered.setdefault(who, []).append(f["t"])
-            elif kind == "restarted":
-                restarted.append(f["t"])
-            elif kind == "rank_exited":
-                if numbered:
-                    exited.setdefault(who, []).append(f["t"])
-                if f.get("exit_code") not in (0, None):
-                    failed.append(f["t"])
+            kind, who, t = f.kind, f.rank, f.t or 0.0
+            if kind is EventKind.RECOVERED and f.of is EventKind.STALLED and who is not None:
+                recovered.setdefault(who, []).append(t)
+            elif kind is EventKind.RESTARTED:
+                restarted.append(t)
+            elif kind is EventKind.RANK_EXITED:
+                if who is not None:
+                    exited.setdefault(who, []).append(t)
+                if f.data.get("exit_code") not in (0, None):
+                    failed.append(t)
         stalled = []
         for rank, queries in self._of_rank.items():
             for j in queries:
@@ -277,10 +274,8 @@ class Digester:
                 # event's idle_s is rounded) to its first line after (its progress again) or its
                 # end: the earliest of those after it (timing.span_end), so their order is moot.
                 seen = self.queries[j]
-                idle: Any = self.moments[j].get("idle_s")
-                since = self.before[j].get(
-                    rank, seen - (idle if _finite(idle) and idle > 0 else 0.0)
-                )
+                idle = self.moments[j].idle_s
+                since = self.before[j].get(rank, seen - (idle if idle and idle > 0 else 0.0))
                 ends: list[Any] = [self.after[j].get(rank)]
                 for times in (recovered.get(rank, ()), restarted, exited.get(rank, ())):
                     ends += [t for t in times if t >= seen]
@@ -300,7 +295,7 @@ class Digester:
         start = rec.started_at
         lasts = [s[1] for s in self.spans.values()]
         end = rec.ended_at or max(
-            [*lasts, *(float(e["t"]) for e in self.events)], default=start or 0.0
+            [*lasts, *(e.t or 0.0 for e in self.events)], default=start or 0.0
         )
         time_doc: dict[str, Any] | None = None
         if start is not None:

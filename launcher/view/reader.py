@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from xl.figures import PLAIN_SYS, PLAIN_TRAIN, TIMED, number, phases, steps_of
+from xl.launcher.rundir.events import EventKind, EventLine, parse_lines
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import DONE_STATES, rank_outcome
@@ -135,10 +136,10 @@ class RunReader:
         self._loaded = False  # run.json read once
         self._record = RunRecord.from_json({})
         self._hangs = HangRule()
-        self._failed: dict[str, Any] | None = None  # the newest failure event
+        self._failed: EventLine | None = None  # the newest failure event
         self._run_mtime: int | None = None
         self._ranks: dict[int, _Rank] = {}
-        self._event_list: list[dict[str, Any]] = []  # the newest _MAX_EVENTS, as handed out
+        self._event_list: list[EventLine] = []  # the newest _MAX_EVENTS, as handed out
         self._applied: tuple[int | None, int] | None = None  # (run.json mtime, ranks) last applied
         self._views: dict[int, RankView] = {}  # the last poll's snapshots, while nothing changed
         self._touched: dict[int, _Rank] = {}  # the ranks this poll's metrics lines touched
@@ -168,11 +169,9 @@ class RunReader:
             self._loaded = True
             self._record = RunRecord.from_json(run, self.run_dir.name)
         self._apply_metrics(decode_lines(self._metrics.read()))
-        new_events: list[dict[str, Any]] = []
-        for event in decode_lines(self._events.read()):
-            if isinstance(event, dict):
-                new_events.append(event)
-                self._apply_event(event)
+        new_events = parse_lines(self._events.read())
+        for event in new_events:
+            self._apply_event(event)
         if new_events:
             # A new list a change, not a copy a poll (of up to _MAX_EVENTS): the views share one
             # until an event comes, and nothing changes it once handed out.
@@ -318,30 +317,28 @@ class RunReader:
         if v["gpu_util"] is not None and "gpu_util" in rec:
             state.util.append((t, v["gpu_util"]))
 
-    def _apply_event(self, event: dict[str, Any]) -> None:
+    def _apply_event(self, event: EventLine) -> None:
         self._hangs.see(event)
-        if event.get("kind") == "failure":
+        kind = event.kind
+        if kind is EventKind.FAILURE:
             self._failed = event
-        rank = event.get("rank")
-        if not isinstance(rank, int):
+        rank = event.rank
+        if rank is None:
             return
-        kind = event.get("kind")
         state = self._rank(rank)
         v = state.values
-        if kind in ("stalled", "straggler"):
+        if kind is EventKind.STALLED or kind is EventKind.STRAGGLER:
             # stalled outranks straggler: a hung rank is the bigger news. A rank that waits in a
             # collective for the culprit of a hang (``waiting_on``) is its victim: "waiting".
-            flag = "waiting" if kind == "stalled" and event.get("waiting_on") else kind
-            if kind == "stalled" or state.flag not in ("stalled", "waiting"):
+            stalled = kind is EventKind.STALLED
+            flag = "waiting" if stalled and event.waiting_on else kind.value
+            if stalled or state.flag not in ("stalled", "waiting"):
                 state.flag = flag
-                v["diagnosis"] = str(event.get("message") or kind)
-                phase = event.get("phase") if kind == "straggler" else None
-                v["straggler_phase"] = (
-                    phase if phase in ("data", "compute", "comm", "other") else None
-                )
-        elif kind == "recovered" and (
-            event.get("of") == state.flag
-            or (state.flag == "waiting" and event.get("of") == "stalled")
+                v["diagnosis"] = event.said
+                v["straggler_phase"] = None if stalled else event.phase
+        elif kind is EventKind.RECOVERED and (
+            (of := event.of) is not None
+            and (of.value == state.flag or (state.flag == "waiting" and of is EventKind.STALLED))
         ):
             state.flag = None
             v["diagnosis"] = None

@@ -18,7 +18,8 @@ from functools import cached_property
 from itertools import chain, islice
 from typing import Any, overload
 
-from xl.launcher.rundir.outcome import DONE_STATES, Cause, Failure
+from xl.launcher.rundir.events import EventKind, EventLine
+from xl.launcher.rundir.outcome import DONE_STATES, Failure
 from xl.launcher.rundir.runrecord import RunRecord, RunStatus
 from xl.launcher.view.timing import describe as describe_time
 from xl.stats import median
@@ -295,13 +296,12 @@ class Hang:
     label: str = "hang"  # "stalled" when every culprit was working (hang_label)
 
 
-def hang_label(event: Mapping[str, Any]) -> str:
+def hang_label(event: EventLine) -> str:
     """How a ``hang`` event is shown: "hang", or "stalled" when every culprit it names was using
     the CPU (its ``busy``): a long computation outside the collectives stalls the others just as a
     hang does, and its message says which it may be."""
-    culprits = {r for r in event.get("ranks") or () if isinstance(r, int)}
-    working = {r for r in event.get("busy") or () if isinstance(r, int)}
-    return "stalled" if culprits and culprits <= working else "hang"
+    culprits = set(event.ranks)
+    return "stalled" if culprits and culprits <= set(event.busy) else "hang"
 
 
 class HangRule:
@@ -316,24 +316,19 @@ class HangRule:
     def __init__(self) -> None:
         self.hang: Hang | None = None
 
-    def see(self, event: Mapping[str, Any]) -> None:
-        kind, hang = event.get("kind"), self.hang
-        if kind == "hang":
-            culprits = tuple(r for r in event.get("ranks") or () if isinstance(r, int))
-            stacks = event.get("stacks")
+    def see(self, event: EventLine) -> None:
+        kind, hang = event.kind, self.hang
+        if kind is EventKind.HANG:
+            culprits = event.ranks
             self.hang = Hang(
-                str(event.get("message") or ""),
-                culprits,
-                None if stacks is None else str(stacks),
-                frozenset(culprits),
-                hang_label(event),
+                event.message, culprits, event.stacks, frozenset(culprits), hang_label(event)
             )
-        elif kind == "recovered" and event.get("of") == "stalled" and hang is not None:
-            stuck = hang.stuck - {event.get("rank")}
+        elif kind is EventKind.RECOVERED and event.of is EventKind.STALLED and hang is not None:
+            stuck = hang.stuck - {event.rank}
             self.hang = replace(hang, stuck=stuck) if stuck else None
 
 
-def failure_of(record: RunRecord, event: Mapping[str, Any] | None) -> Failure | None:
+def failure_of(record: RunRecord, event: EventLine | None) -> Failure | None:
     """The run's root cause: run.json's ``failure``, else (before the supervisor wrote it) the
     newest ``failure`` event (``event``); None while nothing failed."""
     recorded = record.failure
@@ -341,16 +336,15 @@ def failure_of(record: RunRecord, event: Mapping[str, Any] | None) -> Failure | 
         return recorded
     if event is None:
         return None
-    rank = event.get("rank")
     return Failure(
-        rank=rank if isinstance(rank, int) else None,
+        rank=event.rank,
         exit_code=None,
         traceback=None,
         error=None,
-        message=str(event.get("message") or ""),
+        message=event.message,
         host=None,
         node_rank=None,
-        cause=Cause.from_json(event.get("cause")),
+        cause=event.cause,
     )
 
 
@@ -373,8 +367,8 @@ class RunView:
 
     record: RunRecord
     ranks: dict[int, RankView]
-    events: list[dict[str, Any]]
-    new_events: list[dict[str, Any]]
+    events: list[EventLine]
+    new_events: list[EventLine]
     loaded: bool = True
     hang_found: Hang | None = None  # the hang rule's, before the run's end is taken into account
     failure: Failure | None = None  # the root cause (failure_of), once any rank failed

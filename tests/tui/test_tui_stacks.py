@@ -7,6 +7,7 @@ from typing import Any
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
+from xl.launcher.rundir.events import parse_event
 from xl.launcher.view.runview import Hang, HangRule
 from xl.tui.screens.stacks import StacksScreen
 from xl.tui.widgets.verdict import VerdictBanner, verdict_text
@@ -62,7 +63,9 @@ HANG = {
 def _hang(*events: dict[str, Any]) -> Hang | None:
     rule = HangRule()
     for event in events:
-        rule.see(event)
+        read = parse_event(event)
+        assert read is not None
+        rule.see(read)
     return rule.hang
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from xl.atomic import write_json_atomic
+from xl.launcher.rundir.events import EventKind
 from xl.launcher.view.reader import RunReader
 from xl.launcher.view.runview import HISTORY, RankView, RunView
 
@@ -57,7 +58,7 @@ def _plain(view: RunView) -> dict[str, Any]:
     return {
         "status": view.status,
         "ranks": ranks,
-        "events": [dict(e) for e in view.events],
+        "events": [e.to_json() for e in view.events],
         "hang": view.hang,
     }
 
@@ -192,7 +193,7 @@ def test_a_rank_with_nothing_new_keeps_its_snapshot_and_the_others_get_new_ones(
     assert third.ranks[0] is not second.ranks[0]
     assert (second.ranks[0].state, third.ranks[0].state) == ("running", "stalled")
     assert third.ranks[0].step == 1 and list(third.ranks) == [0, 1]
-    assert [e["kind"] for e in third.events] == ["stalled"] and second.events == []
+    assert [e.kind for e in third.events] == [EventKind.STALLED] and second.events == []
 
     # A rank seen for the first time joins the view in rank order.
     _append(metrics, _train(103.0, 2, 1, 2.0), _train(103.0, 1, 3, 1.0))

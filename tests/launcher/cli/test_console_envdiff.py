@@ -13,24 +13,33 @@ import pytest
 
 from xl.launcher.cli import console
 from xl.launcher.cli.runstate import RunState
+from xl.launcher.rundir.events import EventLine, parse_event
 
 
-def _diff(node: int, field: str, value: Any, others: Any, **kw: Any) -> dict[str, Any]:
-    return {
-        "kind": "env_diff",
-        "t": 1_800_000_000.0,
-        "node": node,
-        "host": f"h{node}",
-        "field": field,
-        "value": value,
-        "others": others,
-        "severity": kw.get("severity", "stop"),
-        "fix": kw.get("fix"),
-        "message": f"node {node} ({field} alone)",
-    }
+def _read(obj: dict[str, Any]) -> EventLine:
+    line = parse_event(obj)
+    assert line is not None
+    return line
 
 
-NOTICE = {"kind": "run_started", "t": 1_800_000_001.0, "message": "starting 1 rank on CPU"}
+def _diff(node: int, field: str, value: Any, others: Any, **kw: Any) -> EventLine:
+    return _read(
+        {
+            "kind": "env_diff",
+            "t": 1_800_000_000.0,
+            "node": node,
+            "host": f"h{node}",
+            "field": field,
+            "value": value,
+            "others": others,
+            "severity": kw.get("severity", "stop"),
+            "fix": kw.get("fix"),
+            "message": f"node {node} ({field} alone)",
+        }
+    )
+
+
+NOTICE = _read({"kind": "run_started", "t": 1_800_000_001.0, "message": "starting 1 rank on CPU"})
 TORCH = _diff(2, "torch", "2.6.0", "2.7.1", fix="pip install torch==2.7.1")
 CUDA = _diff(2, "torch_cuda", "12.4", "11.8")
 SHM = _diff(1, "shm_bytes", 1 << 30, 8 << 30, severity="warn")

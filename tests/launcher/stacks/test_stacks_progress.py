@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from procs import wait_for
 
+from xl.launcher.stacks.model import RankStacks
 from xl.launcher.stacks.verdict import where
 from xl.launcher.telemetry.diagnose import Thresholds
 from xl.launcher.telemetry.stall import judge, judged
@@ -40,6 +41,15 @@ def _steps(rank: int, last_t: float, step_s: float, n: int = 20) -> list[dict[st
         }
         for i in range(n)
     ]
+
+
+def _read(entries: list[dict[str, Any]]) -> list[RankStacks]:
+    """Entries as the stacks document holds them, read as the product reads them."""
+    return [RankStacks.from_json(e) for e in entries]
+
+
+def _one(entry: dict[str, Any]) -> RankStacks:
+    return RankStacks.from_json(entry)
 
 
 def _culprit_snapshot() -> list[dict[str, Any]]:
@@ -84,9 +94,9 @@ def _culprit_snapshot() -> list[dict[str, Any]]:
 
 def test_progressing_ranks_get_no_culprit_whatever_the_snapshot_shows(tmp_path: Path) -> None:
     run = _write(tmp_path / "r", _steps(0, NOW - 0.2, 0.3) + _steps(1, NOW - 0.5, 0.3))
-    progress = judge(run, [0, 1], _culprit_snapshot(), now=NOW, thresholds=TH)
+    progress = judge(run, [0, 1], _read(_culprit_snapshot()), now=NOW, thresholds=TH)
     assert progress.stalled is False
-    assert judged(_culprit_snapshot(), progress) == {
+    assert judged(_read(_culprit_snapshot()), progress).to_json() == {
         "ranks": [],
         "message": "no hang: every rank progressed in the last 30 s",
     }
@@ -94,9 +104,9 @@ def test_progressing_ranks_get_no_culprit_whatever_the_snapshot_shows(tmp_path: 
 
 def test_no_progress_for_the_threshold_names_the_culprit(tmp_path: Path) -> None:
     run = _write(tmp_path / "r", _steps(0, NOW - 31, 0.3) + _steps(1, NOW - 32, 0.3))
-    progress = judge(run, [0, 1], _culprit_snapshot(), now=NOW, thresholds=TH)
+    progress = judge(run, [0, 1], _read(_culprit_snapshot()), now=NOW, thresholds=TH)
     assert progress.stalled is True
-    v = judged(_culprit_snapshot(), progress)
+    v = judged(_read(_culprit_snapshot()), progress).to_json()
     assert v["ranks"] == [1] and v["message"].startswith(
         "rank 1 never entered all_reduce #12: it is in compute at train.py:21"
     )
@@ -139,11 +149,11 @@ def test_ranks_that_log_nothing_are_judged_by_their_collectives(tmp_path: Path) 
     for e in snap:
         for c in e["collectives"]:
             c["t"] = NOW - 0.4
-    assert judge(run, [0, 1], snap, now=NOW, thresholds=TH).stalled is False
-    assert judge(run, [0, 1], snap, now=NOW + 60, thresholds=TH).stalled is True
+    assert judge(run, [0, 1], _read(snap), now=NOW, thresholds=TH).stalled is False
+    assert judge(run, [0, 1], _read(snap), now=NOW + 60, thresholds=TH).stalled is True
     # Nothing at all to tell: no culprit, and the message says why.
-    unknown = judge(run, [0, 1], _culprit_snapshot(), now=NOW, thresholds=TH)
-    assert unknown.stalled is None and judged(_culprit_snapshot(), unknown)["ranks"] == []
+    unknown = judge(run, [0, 1], _read(_culprit_snapshot()), now=NOW, thresholds=TH)
+    assert unknown.stalled is None and judged(_read(_culprit_snapshot()), unknown).ranks == ()
     assert "a hang cannot be told from a slow step" in unknown.message
 
 
@@ -155,7 +165,7 @@ def test_where_names_the_persons_innermost_frame_and_what_it_calls() -> None:
         {"file": "/usr/lib/python3.11/re/__init__.py", "line": 166, "function": "match"},
     ]
     entry = {"rank": 1, "threads": [{"name": "MainThread", "frames": frames}]}
-    assert where(entry) == "parse_record at train.py:19 (calling re.match)"
+    assert where(RankStacks.from_json(entry)) == "parse_record at train.py:19 (calling re.match)"
     # A decorator's wrapper is skipped for the call the person wrote; the innermost user frame alone
     # has no call.
     torch_call = [
@@ -172,11 +182,11 @@ def test_where_names_the_persons_innermost_frame_and_what_it_calls() -> None:
         },
     ]
     assert (
-        where({"threads": [{"name": "MainThread", "frames": torch_call}]})
+        where(_one({"threads": [{"name": "MainThread", "frames": torch_call}]}))
         == "parse_record at train.py:19 (calling torch.distributed.distributed_c10d.all_reduce)"
     )
     assert (
-        where({"threads": [{"name": "MainThread", "frames": frames[:3]}]})
+        where(_one({"threads": [{"name": "MainThread", "frames": frames[:3]}]}))
         == "parse_record at train.py:19"
     )
 
@@ -191,7 +201,8 @@ def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_l
 
     now = time.time()
     run = _write(tmp_path / "r", _steps(0, now - 1, 0.3) + _steps(1, now - 1, 0.3))
-    monkeypatch.setattr(capture, "gather", lambda *a, **k: (time.time(), _culprit_snapshot()))
+    snap = _read(_culprit_snapshot())
+    monkeypatch.setattr(capture, "gather", lambda *a, **k: (time.time(), snap))
     monkeypatch.setenv("XL_STALL_MIN_S", "30")
     sent: list[dict[str, Any]] = []
     hang = HangCapture(
@@ -243,7 +254,7 @@ def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(
         asked.append(time.time())
         # both ranks keep training
         _write(run, _steps(0, time.time(), 0.3) + _steps(1, time.time(), 0.3))
-        return time.time(), _culprit_snapshot()
+        return time.time(), _read(_culprit_snapshot())
 
     run = _write(tmp_path / "r")
     monkeypatch.setattr(capture, "gather", gather)
@@ -302,6 +313,7 @@ def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_h
     evaluation, or an endless loop) it is a stall that says so; at 1% (blocked) it is a hang."""
     import time  # noqa: PLC0415 - only these tests need the wall clock
 
+    from xl.launcher.rundir.events import parse_event  # noqa: PLC0415 - the event as read back
     from xl.launcher.stacks import gather as capture  # noqa: PLC0415 - patched below
     from xl.launcher.stacks.hang import HangCapture  # noqa: PLC0415 - as above
     from xl.launcher.view.runview import HangRule, hang_label  # noqa: PLC0415 - the readers of the event
@@ -311,7 +323,8 @@ def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_h
         tmp_path / "r",
         _steps(0, now - 40, 0.3) + _steps(1, now - 40, 0.3) + _sys(0, now, 0.5) + _sys(1, now, cpu),
     )
-    monkeypatch.setattr(capture, "gather", lambda *a, **k: (time.time(), _culprit_snapshot()))
+    snap = _read(_culprit_snapshot())
+    monkeypatch.setattr(capture, "gather", lambda *a, **k: (time.time(), snap))
     monkeypatch.setenv("XL_STALL_MIN_S", "30")
     sent: list[dict[str, Any]] = []
     hang = HangCapture(
@@ -331,9 +344,10 @@ def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_h
     saved = json.loads((run / event["stacks"]).read_text())
     assert {e["rank"]: e["cpu_pct"] for e in saved["ranks"]} == {0: 0.5, 1: cpu}
     # What the plain view, `xl attach` and the Monitor's banner call it.
-    assert hang_label(event) == label
+    read = parse_event(json.loads(json.dumps(event)))
+    assert read is not None and hang_label(read) == label
     rule = HangRule()
-    rule.see(event)
+    rule.see(read)
     assert rule.hang is not None and rule.hang.label == label
 
 
@@ -379,7 +393,7 @@ def test_a_quiet_spell_is_looked_at_for_a_mismatch_which_is_named_before_any_sta
 
     def gather(*_a: Any, **_k: Any) -> tuple[float, list[dict[str, Any]]]:
         asked.append(time.time())
-        return time.time(), snapshot[0]
+        return time.time(), _read(snapshot[0])
 
     monkeypatch.setattr(capture, "gather", gather)
     sent: list[dict[str, Any]] = []

@@ -11,6 +11,7 @@ import pytest
 from xl.atomic import write_json_atomic
 from xl.launcher.exporter.metrics import ExporterReader
 from xl.launcher.rundir import jsonl
+from xl.launcher.rundir.events import EventKind
 from xl.launcher.view.reader import RunReader
 from xl.launcher.view.runview import HISTORY, History
 
@@ -96,11 +97,11 @@ def test_rank_states_from_run_json_and_diagnoses(tmp_path: Path) -> None:
     assert view.run_id == "r1" and view.status == "running"
     assert [v.state for v in view.ranks.values()] == ["running", "straggler", "stalled"]
     assert view.ranks[2].diagnosis == "rank 2 made no progress for 31 s"
-    assert [e["kind"] for e in view.new_events] == ["straggler", "stalled"]
+    assert [e.kind for e in view.new_events] == [EventKind.STRAGGLER, EventKind.STALLED]
     _append(events, {"t": 3, "kind": "recovered", "rank": 2, "of": "stalled", "message": "ok"})
     view = reader.poll()
     assert view.ranks[2].state == "running" and view.ranks[2].diagnosis is None
-    assert [e["kind"] for e in view.new_events] == ["recovered"]
+    assert [e.kind for e in view.new_events] == [EventKind.RECOVERED]
     assert len(view.events) == 3
     run["ranks"][0]["exit_code"] = 0
     run["ranks"][1]["exit_code"] = 1
@@ -218,7 +219,7 @@ def test_events_skip_bad_lines(tmp_path: Path, decoder: str) -> None:
     with open(tmp_path / "events.jsonl", "wb") as fh:
         fh.write(b'{"t": 1, "kind": "a", "rank": null}\n\xff\xfe\n[1]\n{"t": 2, "kind": "b"}\n')
     view = RunReader(tmp_path).poll()
-    assert [e["kind"] for e in view.events] == ["a", "b"]
+    assert [(e.kind, e.name) for e in view.events] == [(None, "a"), (None, "b")]
 
 
 def test_fields_follow_the_latest_line_that_has_them(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from xl.atomic import write_json_atomic
+from xl.launcher.rundir.events import EventKind, EventLine, parse_event
 from xl.launcher.rundir.runrecord import RunRecord
 from xl.launcher.view.reader import RunReader
 from xl.launcher.view.runview import (
@@ -35,10 +36,16 @@ def _recovered(rank: int, of: str = "stalled") -> dict[str, Any]:
     return {"t": 6.0, "kind": "recovered", "rank": rank, "of": of}
 
 
+def _read(event: dict[str, Any]) -> EventLine:
+    line = parse_event(event)
+    assert line is not None
+    return line
+
+
 def _seen(*events: dict[str, Any]) -> HangRule:
     rule = HangRule()
     for event in events:
-        rule.see(event)
+        rule.see(_read(event))
     return rule
 
 
@@ -60,11 +67,12 @@ def test_a_hang_lasts_until_every_culprit_moved_again() -> None:
 
 def _view(run: dict[str, Any], events: list[dict[str, Any]], **kw: Any) -> RunView:
     record = RunRecord.from_json(run, "r")
-    failed = next((e for e in reversed(events) if e.get("kind") == "failure"), None)
+    lines = [_read(e) for e in events]
+    failed = next((e for e in reversed(lines) if e.kind is EventKind.FAILURE), None)
     return RunView(
         record=record,
         ranks={},
-        events=events,
+        events=lines,
         new_events=[],
         failure=failure_of(record, failed),
         **kw,
