@@ -327,8 +327,10 @@ class Supervisor:
     def _ranks_changed(self) -> None:
         """Every rank for telemetry; other nodes' ranks are flagged ``remote`` (not sampled
         here)."""
+        from xl.launcher.telemetry.roster import from_rows  # noqa: PLC0415 - once ranks start, as telemetry: not on the path to torchrun
+
         remote = self.nodes.remote_ranks()
-        self.port.set_ranks(self.ranks.to_json() + [{**r, "remote": True} for r in remote])
+        self.port.set_ranks(from_rows(self.ranks.to_json()) + from_rows(remote, remote=True))
 
     def save(self, waited: dict[int, dict[str, float]] | None = None) -> None:
         local = self.ranks.to_json()

@@ -27,6 +27,7 @@ from xl.launcher.rundir.runrecord import read_object
 from xl.launcher.supervisor.journal import Journal, say
 
 if TYPE_CHECKING:
+    from xl.launcher.telemetry.roster import RankInfo
     from xl.launcher.telemetry.service import Telemetry
 
 T = TypeVar("T")
@@ -109,7 +110,7 @@ class TelemetryPort:
             say(f"telemetry.{what} failed: {exc!r}")
             return None
 
-    def set_ranks(self, ranks: list[dict[str, Any]]) -> None:
+    def set_ranks(self, ranks: list[RankInfo]) -> None:
         """Every rank it samples and diagnoses (other nodes' flagged ``remote``)."""
         if self.telemetry is not None:
             self._guarded("set_ranks", self.telemetry.set_ranks, ranks)

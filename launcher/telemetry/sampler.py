@@ -2,7 +2,7 @@
 
 Ranks that never call ``xl.log`` still get these. A rank's GPU is found from NVML's process
 list first (the rank's pid or one of its children holds a context there); failing that, from
-the GPU the launcher assigned (``gpu`` in set_ranks), and failing that from the rank's own
+the GPU the launcher assigned (``RankInfo.gpu``), and failing that from the rank's own
 LOCAL_RANK and CUDA_VISIBLE_DEVICES (read from /proc/<pid>/environ).
 
 A rank's memory (docs/contracts.md, ``sys`` lines): ``mem_mib`` its footprint, PSS over its
@@ -27,6 +27,7 @@ from typing import Any
 from xl import cgroup as xl_cgroup
 from xl.gpu import nvml
 from xl.launcher.rank.relay import RELAY_NAME
+from xl.launcher.telemetry.roster import RankInfo
 from xl.procfs import cpu_rss, descendants, process_tree, pss, read_comm, read_environ
 
 MIB = 1024 * 1024
@@ -88,19 +89,6 @@ def _nvml_clocks() -> Callable[[Sequence[int]], Mapping[int, Any]]:
 
 def _read_environ(pid: int) -> dict[str, str]:
     return read_environ(pid)
-
-
-def _gpu_key(gpu: Any) -> tuple[int | None, str | None]:
-    if isinstance(gpu, int):
-        return gpu, None
-    if isinstance(gpu, str):
-        if gpu.isdigit():
-            return int(gpu), None
-        return None, gpu
-    if isinstance(gpu, Mapping):
-        idx = gpu.get("index")
-        return (idx if isinstance(idx, int) else None), gpu.get("uuid")
-    return None, None
 
 
 class Sampler:
@@ -185,8 +173,9 @@ class Sampler:
         self._pss[pid] = _Pss(start, value, rss, now + wait)
         return value
 
+    # edge: the sys lines it makes are metrics.jsonl's, written and sent as they are
     def sample(
-        self, ranks: list[dict[str, Any]], cuda: Mapping[int, Mapping[str, float]] | None = None
+        self, ranks: Sequence[RankInfo], cuda: Mapping[int, Mapping[str, float]] | None = None
     ) -> tuple[list[dict[str, Any]], list[int]]:
         """One pass: a ``sys`` record per rank with a live pid, and the ranks found dead."""
         now = time.time()
@@ -209,8 +198,8 @@ class Sampler:
         tree = process_tree() if ranks else {}  # one scan of /proc for every rank's children
         node = self._cgroup_figures() if ranks else {}
         for info in ranks:
-            rank, pid = info.get("rank"), info.get("pid")
-            if not isinstance(rank, int) or not isinstance(pid, int):
+            rank, pid = info.rank, info.pid
+            if pid is None:
                 continue
             entry = self._proc(pid)
             figures = self._process_figures(entry, tree)
@@ -269,7 +258,7 @@ class Sampler:
     def _gpu_figures(
         self,
         rec: dict[str, Any],
-        info: Mapping[str, Any],
+        info: RankInfo,
         entry: _Proc,
         gpus: tuple[Any, ...],
         by_pid: Mapping[int, list[tuple[Any, Any]]],
@@ -292,16 +281,16 @@ class Sampler:
         if figures:
             rec["gpu_proc_mem_mib"] = round(float(sum(figures)), 1)
 
-    def _assigned_gpu(self, info: Mapping[str, Any], entry: _Proc, gpus: tuple[Any, ...]) -> Any:
-        index, uuid = _gpu_key(info.get("gpu"))
+    def _assigned_gpu(self, info: RankInfo, entry: _Proc, gpus: tuple[Any, ...]) -> Any:
+        assigned = info.gpu
         for gpu in gpus:
-            if (index is not None and gpu.index == index) or (uuid and gpu.uuid == uuid):
+            if assigned is not None and assigned in (gpu.index, gpu.uuid):
                 return gpu
         if entry.env is None:
             entry.env = _read_environ(entry.pid)
         env = entry.env
         try:
-            local = int(env.get("LOCAL_RANK", info.get("local_rank", "")))
+            local = int(env.get("LOCAL_RANK", "" if info.local_rank is None else info.local_rank))
         except (TypeError, ValueError):
             return None
         visible = env.get("CUDA_VISIBLE_DEVICES")

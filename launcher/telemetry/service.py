@@ -2,7 +2,7 @@
 
     t = Telemetry(run_dir, token=token, emit_event=fn)
     env = t.start()           # {"XL_COLLECTOR": "127.0.0.1:<port>", "XL_TOKEN": token}
-    t.set_ranks(ranks)        # [{"rank", "local_rank", "node", "pid", "gpu", "remote"?}, ...]
+    t.set_ranks(ranks)        # [RankInfo, ...] (roster.py)
     t.feed_log_line(rank, line)
     t.stop()
 
@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from xl.launcher.telemetry import previous_port, write_collector_json
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser
 from xl.launcher.telemetry.logfeed import HOLD_S, LogFeed, OutputSteps
+from xl.launcher.telemetry.roster import RankInfo, Roster
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
 from xl.launcher.telemetry.thread_errors import Trouble
@@ -73,38 +74,6 @@ class Drops:
             )
             message = f"rank {rank} dropped {count} records ({why})"
             self._emit(Dropped(now, rank, message, count, reason).to_json())
-
-
-class Roster:
-    """The ranks as the launcher last reported them (``set``, from the supervisor's thread), read
-    by the sampler's and the hang capture's threads: each read is a copy taken under the lock."""
-
-    def __init__(self) -> None:
-        self._ranks: list[dict[str, Any]] = []
-        self._ranks_lock = threading.Lock()
-
-    def set(self, ranks: list[dict[str, Any]]) -> None:
-        with self._ranks_lock:
-            self._ranks = [dict(r) for r in ranks]
-
-    def local(self, collector: Collector | None, multinode: bool) -> list[dict[str, Any]]:
-        """This node's live ranks, to sample."""
-        with self._ranks_lock:
-            ranks = [dict(r) for r in self._ranks]
-        known = {r.get("rank") for r in ranks if isinstance(r.get("pid"), int)}
-        # Ranks the launcher has not reported yet are still sampled from the pid they sent;
-        # not on node 0 of a multi-node run, where a peer's pid may be another machine's.
-        if collector is not None and not multinode:
-            for rank, peer in list(collector.peers.items()):
-                if rank not in known:
-                    ranks = [r for r in ranks if r.get("rank") != rank]
-                    ranks.append({"rank": rank, "pid": peer.pid})
-        return [r for r in ranks if r.get("exit_code") is None and not r.get("remote")]
-
-    def remote(self) -> list[dict[str, Any]]:
-        """Other nodes' live ranks."""
-        with self._ranks_lock:
-            return [dict(r) for r in self._ranks if r.get("remote") and r.get("exit_code") is None]
 
 
 def _run_cgroup(run_dir: Path) -> str | None:
@@ -226,13 +195,10 @@ class Telemetry:
             envnames.TOKEN: self.token,
         }
 
-    def set_ranks(self, ranks: list[dict[str, Any]]) -> None:
+    def set_ranks(self, ranks: Sequence[RankInfo]) -> None:
         self.roster.set(ranks)
         for info in ranks:
-            rank = info.get("rank")
-            if isinstance(rank, int):
-                exited = info.get("exit_code") is not None
-                self.diagnoser.set_alive(rank, not exited)
+            self.diagnoser.set_alive(info.rank, not info.ended)
 
     def feed_log_line(self, rank: int, line: str) -> None:
         """One line of rank output, parsed on the log feed's thread (any thread; never waits)."""
@@ -316,12 +282,13 @@ class Telemetry:
             return
         self.diagnoser.ingest(rank, records)
 
-    def _rank_list(self) -> list[dict[str, Any]]:
+    def _rank_list(self) -> list[RankInfo]:
         return self.roster.local(self.collector, multinode=self._on_node is not None)
 
     def _hang_ranks(self) -> list[dict[str, Any]]:
-        """This node's live ranks, and other nodes' (listed in the capture as asked there)."""
-        return self._rank_list() + self.roster.remote()
+        """This node's live ranks, and other nodes' (listed in the capture as asked there), as
+        the stacks capture takes them: run.json's keys."""
+        return [info.row() for info in self._rank_list() + self.roster.remote()]
 
     def _loop(self) -> None:
         next_status = time.monotonic() + 5

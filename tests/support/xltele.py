@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 from procs import free_port
 
+from xl.launcher.telemetry.roster import RankInfo
 from xl.launcher.telemetry.service import Telemetry
 
 SUPPORT = Path(__file__).resolve().parent
@@ -142,12 +143,7 @@ def torchrun(
             pids.update(found.values())
             if found and found != known and tel is not None:
                 known = found
-                tel.set_ranks(
-                    [
-                        {"rank": r, "local_rank": r, "node": 0, "pid": p, "gpu": None}
-                        for r, p in sorted(found.items())
-                    ]
-                )
+                tel.set_ranks([RankInfo(r, pid=p, local_rank=r) for r, p in sorted(found.items())])
 
     threads = [
         threading.Thread(target=reader, daemon=True),

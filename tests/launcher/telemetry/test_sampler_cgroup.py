@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from xl.launcher.telemetry.roster import from_rows
 from xl.launcher.telemetry.sampler import Sampler
 
 MIB = 1 << 20
@@ -21,7 +22,7 @@ MIB = 1 << 20
 def ranks() -> Iterator[list[dict[str, int]]]:
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in "ab"]
     try:
-        yield [{"rank": r, "pid": p.pid} for r, p in enumerate(procs)]
+        yield from_rows([{"rank": r, "pid": p.pid} for r, p in enumerate(procs)])
     finally:
         for p in procs:
             p.kill()

@@ -10,6 +10,7 @@ import sys
 from xltele import assert_gone, rank_env
 
 from xl.gpu.clocks import ClockReader
+from xl.launcher.telemetry.roster import from_rows
 from xl.launcher.telemetry.sampler import Sampler
 
 
@@ -40,11 +41,13 @@ def test_each_rank_s_line_carries_its_own_gpu_s_state(simnvml, simnvml_gpu) -> N
         )
         sim.add_process(0, procs[0].pid, 20000)
         sim.add_process(0, procs[1].pid, 30000)
-        ranks = [
-            {"rank": 0, "pid": procs[0].pid, "gpu": 0},
-            {"rank": 1, "pid": procs[1].pid, "gpu": 0},
-            {"rank": 2, "pid": procs[2].pid, "gpu": 1},
-        ]
+        ranks = from_rows(
+            [
+                {"rank": 0, "pid": procs[0].pid, "gpu": 0},
+                {"rank": 1, "pid": procs[1].pid, "gpu": 0},
+                {"rank": 2, "pid": procs[2].pid, "gpu": 1},
+            ]
+        )
         with sim.in_process():
             reader = ClockReader()
             records, gone = Sampler(clocks=reader.read).sample(ranks)
@@ -73,7 +76,7 @@ def test_an_xid_reaches_the_next_lines_of_the_ranks_on_that_gpu(simnvml, simnvml
     proc = _sleeper()
     try:
         sim = simnvml(gpus=[simnvml_gpu(model="A100"), simnvml_gpu(model="A100")])
-        ranks = [{"rank": 0, "pid": proc.pid, "gpu": 1}]
+        ranks = from_rows([{"rank": 0, "pid": proc.pid, "gpu": 1}])
         with sim.in_process():
             sampler = Sampler(clocks=ClockReader(min_interval_s=0).read)
             (before,), _ = sampler.sample(ranks)

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 from xltele import assert_gone, rank_env
 
+from xl.launcher.telemetry.roster import from_rows
 from xl.launcher.telemetry.sampler import Sampler
 from xl.procfs import pss
 
@@ -99,7 +100,7 @@ def test_a_rank_with_workers_counts_shared_pages_once_and_never_its_relay(tmp_pa
     try:
         mine = [proc.pid, *kids["workers"]]
         before = _pss_mib(mine)
-        (rec,), gone = Sampler(inventory=False).sample([{"rank": 0, "pid": proc.pid}])
+        (rec,), gone = Sampler(inventory=False).sample(from_rows([{"rank": 0, "pid": proc.pid}]))
         after = _pss_mib(mine)
         rss_sum = _rss_mib([*mine, kids["relay"]])
         own_rss = psutil.Process(proc.pid).memory_info().rss / MIB
@@ -124,7 +125,7 @@ def test_a_rank_without_workers_is_its_own_memory(tmp_path: Path) -> None:
     proc, kids = _start(tmp_path, held=200, workers=0, relay_mib=150)
     try:
         truth = _pss_mib([proc.pid])
-        (rec,), _ = Sampler(inventory=False).sample([{"rank": 0, "pid": proc.pid}])
+        (rec,), _ = Sampler(inventory=False).sample(from_rows([{"rank": 0, "pid": proc.pid}]))
         own_rss = psutil.Process(proc.pid).memory_info().rss / MIB
     finally:
         pids = _end(proc)
@@ -159,7 +160,7 @@ def test_gpu_proc_mem_is_the_rank_s_processes_on_its_gpu(
         sim.add_process(0, other.pid, 20000)
         sim.add_process(1, proc.pid, 300)  # a stray context on another GPU is not on its GPU
         with sim.in_process():
-            (rec,), _ = Sampler().sample([{"rank": 0, "pid": proc.pid, "gpu": None}])
+            (rec,), _ = Sampler().sample(from_rows([{"rank": 0, "pid": proc.pid, "gpu": None}]))
     finally:
         pids = _end(proc)
         other.kill()
@@ -196,7 +197,7 @@ def test_between_pss_reads_the_footprint_follows_the_rank_s_rss(
     monkeypatch.setattr(sampler_module, "_PSS_MIN_S", 3600.0)
     try:
         sampler = Sampler(inventory=False)
-        ranks = [{"rank": 0, "pid": proc.pid}]
+        ranks = from_rows([{"rank": 0, "pid": proc.pid}])
         deadline = time.monotonic() + 30
         while not (records := sampler.sample(ranks)[0]) and time.monotonic() < deadline:
             time.sleep(0.05)

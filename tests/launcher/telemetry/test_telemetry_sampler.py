@@ -11,6 +11,7 @@ from xltele import assert_gone, rank_env
 
 from xl.launcher.telemetry import sampler as sampler_module
 from xl.launcher.telemetry.diagnose import Diagnoser
+from xl.launcher.telemetry.roster import from_rows
 from xl.launcher.telemetry.sampler import Sampler
 
 
@@ -47,12 +48,14 @@ def test_each_rank_gets_its_gpu_and_process_tree(simnvml, simnvml_gpu) -> None:
             ]
         )
         sim.add_process(1, procs[0].pid, 2048)
-        ranks = [
-            {"rank": 0, "local_rank": 0, "node": 0, "pid": procs[0].pid, "gpu": None},
-            {"rank": 1, "local_rank": 1, "node": 0, "pid": procs[1].pid, "gpu": 2},
-            {"rank": 2, "local_rank": 1, "node": 0, "pid": procs[2].pid, "gpu": None},
-            {"rank": 3, "local_rank": 3, "node": 0, "pid": dead.pid, "gpu": 3},
-        ]
+        ranks = from_rows(
+            [
+                {"rank": 0, "local_rank": 0, "node": 0, "pid": procs[0].pid, "gpu": None},
+                {"rank": 1, "local_rank": 1, "node": 0, "pid": procs[1].pid, "gpu": 2},
+                {"rank": 2, "local_rank": 1, "node": 0, "pid": procs[2].pid, "gpu": None},
+                {"rank": 3, "local_rank": 3, "node": 0, "pid": dead.pid, "gpu": 3},
+            ]
+        )
         for p in procs:
             _wait_for_child(p.pid)
         events: list[dict] = []
@@ -95,7 +98,7 @@ def test_without_nvml_the_process_figures_remain(simnvml) -> None:
         _wait_for_child(proc.pid)
         sim = simnvml(gpus=2, init_error="driver_not_loaded")
         with sim.in_process():
-            records, gone = Sampler().sample([{"rank": 0, "pid": proc.pid, "gpu": 0}])
+            records, gone = Sampler().sample(from_rows([{"rank": 0, "pid": proc.pid, "gpu": 0}]))
     finally:
         for kid in psutil.Process(proc.pid).children(recursive=True):
             kid.kill()
@@ -126,7 +129,7 @@ def test_cpu_is_a_busy_rank_s_and_not_an_idle_one_s() -> None:
         env=rank_env(),
     )
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=rank_env())
-    ranks = [{"rank": 0, "pid": busy.pid}, {"rank": 1, "pid": idle.pid}]
+    ranks = from_rows([{"rank": 0, "pid": busy.pid}, {"rank": 1, "pid": idle.pid}])
     procs = (busy, idle)
     try:
         sampler = Sampler(inventory=False)
@@ -172,7 +175,7 @@ def test_a_rank_whose_pid_now_belongs_to_another_process_is_gone(monkeypatch) ->
     try:
         _wait_for_child(proc.pid)
         sampler = Sampler(inventory=False)
-        ranks = [{"rank": 0, "pid": proc.pid}]
+        ranks = from_rows([{"rank": 0, "pid": proc.pid}])
         assert sampler.sample(ranks)[1] == []
         real = sampler_module.cpu_rss
 
