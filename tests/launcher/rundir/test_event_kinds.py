@@ -11,6 +11,7 @@ from xl.launcher.rundir.events import (
     Diagnosis,
     Dropped,
     EventKind,
+    EventLine,
     FailureEvent,
     FromNode,
     Hang,
@@ -25,6 +26,8 @@ from xl.launcher.rundir.events import (
     RunEnded,
     WriteLost,
     event_line,
+    parse_event,
+    parse_lines,
 )
 from xl.launcher.rundir.outcome import Cause, CauseKind, Failure
 
@@ -182,3 +185,54 @@ def test_every_kind_is_documented_in_the_contract() -> None:
     assert {kind.value for kind in EventKind} <= named, sorted(
         {kind.value for kind in EventKind} - named
     )
+
+
+def _read(line: str) -> EventLine:
+    """A line as every reader gets it: decoded, then parsed once."""
+    [read] = parse_lines([line.rstrip("\n").encode()])
+    return read
+
+
+def test_a_written_line_reads_back_as_its_kind_with_its_fields_typed() -> None:
+    cause = Cause(CauseKind.CUDA_OOM, "CUDA out of memory", "lower the batch", ["OOM"])
+    failure = Failure(1, 1, None, None, "rank 1 failed first", "vm", 0, cause)
+    read = _read(event_line(FailureEvent(failure)))
+    assert (read.kind, read.rank, read.exit_code, read.node, read.node_rank) == (
+        EventKind.FAILURE, 1, 1, "vm", 0)
+    assert read.cause == cause and read.message == "rank 1 failed first" and read.t is not None
+    hang = _read(event_line(Hang(8.0, 1, [1, 3], "ranks 1,3 are stuck", "stacks/8.json", [3])))
+    assert (hang.kind, hang.t, hang.ranks, hang.busy, hang.stacks) == (
+        EventKind.HANG, 8.0, (1, 3), (3,), "stacks/8.json")
+    recovered = _read(event_line(Diagnosis(EventKind.RECOVERED, 2, "ok", {"of": "stalled"})))
+    assert recovered.of is EventKind.STALLED and recovered.rank == 2
+    stalled = _read(event_line(Diagnosis(
+        EventKind.STALLED, 0, "waits", {"idle_s": 31.5, "waiting_on": [1]})))
+    assert (stalled.idle_s, stalled.waiting_on, stalled.phase) == (31.5, (1,), None)
+    ended = _read(event_line(RunEnded("failed", "run failed")))
+    assert (ended.kind, ended.status, ended.rank, ended.said) == (
+        EventKind.RUN_ENDED, "failed", None, "run failed")
+    assert {_read(event_line(Notice(k, "m"))).kind for k in EventKind} == set(EventKind)
+
+
+def test_a_kind_xl_does_not_write_and_keys_it_does_not_know_are_kept() -> None:
+    """Another tool's line, or a newer xl's: nothing of it is lost, and it is no kind of ours."""
+    obj = {"t": 3.0, "kind": "checkpoint_saved", "rank": 0, "path": "/ckpt/7", "step": 7}
+    read = _read(json.dumps(obj))
+    assert (read.kind, read.name, read.rank, read.message, read.said) == (
+        None, "checkpoint_saved", 0, "", "checkpoint_saved")
+    assert read.data == obj and read.to_json() == obj
+    # Extra keys on one of ours stay too, and a reworded event keeps them.
+    ours = _read(json.dumps({"kind": "rank_exited", "rank": 1, "exit_code": 0, "host_note": "x"}))
+    assert ours.kind is EventKind.RANK_EXITED and ours.data["host_note"] == "x"
+    assert ours.reworded("rank 1 done").to_json() == {**ours.data, "message": "rank 1 done"}
+
+
+def test_values_that_are_not_what_the_contract_says_read_as_missing() -> None:
+    odd = _read(json.dumps({
+        "t": "soon", "kind": "stalled", "rank": True, "message": None, "waiting_on": "rank 1",
+        "idle_s": float("nan"), "exit_code": 1.5, "of": "nothing", "ranks": [1, "2", None],
+    }))
+    assert (odd.t, odd.rank, odd.message, odd.waiting_on, odd.idle_s) == (None, None, "", (), None)
+    assert (odd.exit_code, odd.of, odd.ranks) == (None, None, (1,))
+    assert parse_event([1, 2]) is None and parse_event("stalled") is None
+    assert [e.name for e in parse_lines([b"{broken", b"[1]", b'{"kind": 5}', b"\xff"])] == [""]
