@@ -12,6 +12,7 @@ from pilotwait import until
 
 from xl.tui.app import build_app
 from xl.tui.screens.monitor import MonitorScreen
+from xl.tui.screens.monitor_nodes import NodesView
 from xl.tui.widgets.charts import MetricChart
 from xl.tui.widgets.node_table import NodeTable
 from xl.tui.widgets.rank_log import RankLog
@@ -132,7 +133,7 @@ async def test_a_big_run_charts_the_spread_a_poll_at_a_time():
         chart = app.screen.query_one("#chart-loss", MetricChart)
         await until(pilot, lambda: len(chart._lines) == 4, "the spread and the followed rank")
         assert [label for label, _, _ in chart._lines] == ["max", "median", "min", "rank 0"]
-        spread = app.screen._node_view.spreads["loss"]
+        spread = app.screen.query_one(NodesView).spreads["loss"]
         before = len(spread.xs)
         run.tick()
         await until(pilot, lambda: len(spread.xs) == before + 1, "a point for the new step")

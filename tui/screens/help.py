@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -11,6 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
 from xl.tui.run_outcome import FINISHED
+from xl.tui.screens.monitor import MonitorScreen
 
 GPUS = """\
 # GPUs
@@ -150,28 +151,32 @@ def everywhere(*, standalone: bool, owns_run: bool, running: bool = False) -> st
     return text
 
 
-def help_for(screen: Any, *, owns_run: bool) -> str:
+def help_for(screen: object, *, owns_run: bool) -> str:
     """The help of ``screen`` (the one `?` was pressed on); ``owns_run``: it is the Monitor of the
     run `xl launch` / `xl demo` started, where ctrl+c stops that run."""
-    kind = type(screen).__name__
-    standalone = bool(getattr(screen, "standalone", False))
-    running = getattr(screen, "status", None) not in FINISHED
-    if kind == "MonitorScreen":
+    if isinstance(screen, MonitorScreen):
+        running = screen.status not in FINISHED
+        standalone = screen.standalone
         # Past 64 ranks: the nodes and outliers view (monitor_nodes.py) and its keys.
-        big = bool(getattr(getattr(screen, "_node_view", None), "active", False))
-        body = monitor_help(running=running, standalone=standalone, owns_run=owns_run, big=big)
-    else:
-        body = {
-            "GPUsScreen": GPUS,
-            "DoctorScreen": DOCTOR,
-            "LaunchScreen": LAUNCH,
-            "RunsScreen": RUNS,
-            "StacksScreen": STACKS,
-            "CompareScreen": COMPARE,
-        }.get(kind, "# xl\n")
+        body = monitor_help(
+            running=running,
+            standalone=standalone,
+            owns_run=owns_run,
+            big=screen.nodes_view.active,
+        )
+        return body + everywhere(standalone=standalone, owns_run=owns_run, running=running)
+    kind = type(screen).__name__
+    body = {
+        "GPUsScreen": GPUS,
+        "DoctorScreen": DOCTOR,
+        "LaunchScreen": LAUNCH,
+        "RunsScreen": RUNS,
+        "StacksScreen": STACKS,
+        "CompareScreen": COMPARE,
+    }.get(kind, "# xl\n")
     if kind == "StacksScreen":
         return body  # a dialog: the app's keys wait until it is closed
-    return body + everywhere(standalone=standalone, owns_run=owns_run, running=running)
+    return body + everywhere(standalone=False, owns_run=owns_run)
 
 
 class HelpScreen(ModalScreen[None]):

@@ -134,8 +134,10 @@ class LaunchScreen(XLScreen):
         # with no scrollbar (whose thumb read as a stray "▄▄" beside Mixed precision).
         compact = self.size.height < COMPACT_BELOW
         self.set_class(compact, "-compact")
-        for field in self.query("#launch-form Input, #launch-form Select"):
-            field.compact = compact  # type: ignore[attr-defined]
+        for field in self.query("#launch-form Input").results(Input):
+            field.compact = compact
+        for choice in self.query("#launch-form Select").results(Select):
+            choice.compact = compact
 
     def on_mount(self) -> None:
         self.title = "xl — Launch"

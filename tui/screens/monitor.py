@@ -22,11 +22,10 @@ from xl.tui.run_outcome import FINISHED
 from xl.tui.screens.base import XLScreen
 from xl.tui.screens.confirm import ConfirmScreen
 from xl.tui.screens.monitor_header import header_text
-from xl.tui.screens.monitor_nodes import NodesView
+from xl.tui.screens.monitor_nodes import SPREAD_CHARTS, NodesView
 from xl.tui.screens.monitor_remote_log import RemoteLog
 from xl.tui.screens.stacks import StacksScreen
 from xl.tui.widgets.charts import MetricChart
-from xl.tui.widgets.node_table import NodeTable
 from xl.tui.widgets.rank_log import LogLines, LogPane
 from xl.tui.widgets.rank_table import RankTable
 from xl.tui.widgets.text_lines import TextLines
@@ -218,7 +217,6 @@ class MonitorScreen(XLScreen):
         self._charts_chosen = False  # `c` pressed: the charts stay as the person left them
         self._close_when_done = CloseWhenDone(self)
         self._stop_run = StopRun(self)
-        self._node_view = NodesView(self)  # past BIG_RUN ranks: nodes and outliers lead
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -229,8 +227,8 @@ class MonitorScreen(XLScreen):
         # Text, not markup: a command with [brackets] must show (and copy) as it is.
         yield Static(Text(self._notice or ""), id="notice-banner")
         yield TextLines("", id="progress")
-        yield from self._node_view.compose()
-        yield RankTable(id="rank-table")
+        # A row per rank; past BIG_RUN ranks, the nodes and outliers lead.
+        yield NodesView(lambda: self.clock(), id="ranks-view")
         with Horizontal(id="monitor-lower"):
             with Vertical(id="charts"):
                 yield MetricChart("loss", id="chart-loss")
@@ -244,7 +242,6 @@ class MonitorScreen(XLScreen):
         self.query_one("#notice-banner").display = self._notice is not None
         self.query_one("#progress").display = False
         self.query_one("#straggler-banner").display = False
-        self._node_view.on_mount()
         # Charts need room; on a small terminal (80x24) they start hidden and `c` shows them.
         self.query_one("#charts").display = self.app.size.height >= CHARTS_MIN_HEIGHT
         self._poller()
@@ -265,13 +262,17 @@ class MonitorScreen(XLScreen):
     def clock(self) -> fmt.Clock:
         return self.xl.clock
 
+    @property
+    def nodes_view(self) -> NodesView:
+        return self.query_one(NodesView)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if (action in ("stop", "detach", "stacks") and self.status in FINISHED) or (
             action == "stop" and self.backend.read_only
         ):
             # Off the footer: nothing left to stop, detach from or ask; a viewer stops nothing.
             return False
-        return not (action == "back" and self.standalone and self._node_view.drilled is None)
+        return not (action == "back" and self.standalone and self.nodes_view.drilled is None)
 
     # -- polling -----------------------------------------------------------------------------
 
@@ -349,7 +350,7 @@ class MonitorScreen(XLScreen):
         self._set_text("#run-header", header_text(view, self.run_dir.name, now, width))
         self._render_banners(view)
         self._render_progress(view.progress())
-        self._node_view.render(view, now)  # every rank's row, or past BIG_RUN the nodes'
+        self.nodes_view.show_view(view, now)  # every rank's row, or past BIG_RUN the nodes'
         if self.query_one("#charts").display:
             self._render_charts(view, now)
 
@@ -358,7 +359,8 @@ class MonitorScreen(XLScreen):
         t0 = view.record.started_at or min(
             (rv.loss_history[0][0] for rv in ranks.values() if rv.loss_history), default=now
         )
-        if self._node_view.charts(view, t0, self._log_rank):
+        if self.nodes_view.update_spreads(view):
+            self._render_spreads(view, t0)
             return
         losses = {r: rv.loss_history for r, rv in ranks.items()}
         self.query_one("#chart-loss", MetricChart).set_series(
@@ -366,6 +368,19 @@ class MonitorScreen(XLScreen):
         )
         rates = {r: rv.samples_history for r, rv in ranks.items()}
         self.query_one("#chart-sps", MetricChart).set_series(rates, t0=t0, highlight=self._log_rank)
+
+    def _render_spreads(self, view: RunView, t0: float) -> None:
+        """A big run's charts: min / median / max of every rank's latest point, a point a poll,
+        and the followed rank's own line."""
+        followed = view.ranks.get(self._log_rank) if self._log_rank is not None else None
+        spreads = self.nodes_view.spreads
+        for key, _, history in SPREAD_CHARTS:
+            self.query_one(f"#chart-{key}", MetricChart).set_spread(
+                spreads[key],
+                t0=t0,
+                highlight=self._log_rank,
+                followed=list(getattr(followed, history)) if followed is not None else (),
+            )
 
     def _render_banners(self, view: RunView) -> None:
         banner = self.query_one("#failure-banner", Static)
@@ -394,11 +409,11 @@ class MonitorScreen(XLScreen):
 
     # -- ranks and log -----------------------------------------------------------------------
 
-    def on_rank_table_rank_chosen(self, message: RankTable.RankChosen) -> None:
+    def on_nodes_view_rank_chosen(self, message: NodesView.RankChosen) -> None:
         self._choose_rank(message.rank)
 
-    def on_node_table_node_moved(self, message: NodeTable.NodeMoved) -> None:
-        self._node_view.moved(message.node, message.chosen)
+    def on_nodes_view_drilled(self, message: NodesView.Drilled) -> None:
+        self.refresh_bindings()  # `escape` goes back to the nodes, or leaves the Monitor
 
     def _choose_rank(self, rank: int) -> None:
         if rank == self._log_rank:
@@ -447,7 +462,7 @@ class MonitorScreen(XLScreen):
         self.action_back()
 
     def action_back(self) -> None:
-        if self._node_view.back():  # from a node's ranks to every node
+        if self.nodes_view.back():  # from a node's ranks to every node
             return
         if not self.standalone:
             self.app.pop_screen()

@@ -7,18 +7,24 @@ per node (NodeTable); `enter` on a node shows that node's ranks in the usual ran
 `escape` comes back. The rank table always holds the chosen node's ranks (hidden until then), so
 the log follows a rank of the node under the cursor, and `k` asks about it. The charts show the
 spread of every rank's latest point, one point a poll (Spread), not bands over every history.
-docs/tui.md, 'Big runs'.
+docs/app.md, 'Past 64 ranks'.
+
+``NodesView`` owns the tables it shows (the outliers, the node table, the node's title and the rank
+table) and tells its screen what changed by message: the screen hands it each poll's view and
+draws the charts from the spreads it keeps.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.message import Message
 
 from xl.textsafe import visible
-from xl.tui.widgets.charts import MetricChart
 from xl.tui.widgets.node_summary import Summary, is_big, summarise
 from xl.tui.widgets.node_table import NodeTable, outliers_text
 from xl.tui.widgets.rank_table import RankTable
@@ -26,43 +32,65 @@ from xl.tui.widgets.spread import Spread
 from xl.tui.widgets.text_lines import TextLines
 
 if TYPE_CHECKING:
-    from textual.screen import Screen
-
     from xl.launcher.view.runview import RankView, RunView
 
+# A big run's charts: (chart key, the RankView field of the latest point, that field's history).
+SPREAD_CHARTS = (("loss", "loss", "loss_history"), ("sps", "samples_per_s", "samples_history"))
 
-class NodesView:
-    """The nodes-and-outliers half of a Monitor screen (``screen``)."""
 
-    def __init__(self, screen: Screen[Any]) -> None:
-        self.screen = screen
+class NodesView(Vertical):
+    """The Monitor's ranks: a row per rank for a small run; past BIG_RUN ranks the outliers and a
+    row per node, a node's ranks on `enter`. ``clock`` gives the time a rank's row is drawn at
+    when the node cursor moves between polls."""
+
+    class Drilled(Message):
+        """The rank table now shows ``node``'s ranks, or (None) the nodes lead again: the keys
+        the screen offers change (`escape` goes back to the nodes)."""
+
+        def __init__(self, node: str | None) -> None:
+            super().__init__()
+            self.node = node
+
+    class RankChosen(Message):
+        """The rank under the rank table's cursor is ``rank`` (the log and charts follow it),
+        whether the person moved it or a node's ranks filled the table."""
+
+        def __init__(self, rank: int) -> None:
+            super().__init__()
+            self.rank = rank
+
+    def __init__(self, clock: Callable[[], float], *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.clock = clock
         self.active = False  # the run is past BIG_RUN ranks: nodes lead
         self.drilled: str | None = None  # the node whose ranks the rank table shows
         self.summary: Summary | None = None
-        self.spreads = {"loss": Spread(), "sps": Spread()}
+        self.spreads = {key: Spread() for key, _, _ in SPREAD_CHARTS}
+        self._view: RunView | None = None  # the last poll's, for a node cursor moved meanwhile
 
     def compose(self) -> ComposeResult:
         yield TextLines("", id="outliers")
         yield NodeTable(id="node-table")
         yield TextLines("", id="node-title")
+        yield RankTable(id="rank-table")
 
     def on_mount(self) -> None:
         self._show(False)
 
     def _show(self, nodes: bool) -> None:
-        s = self.screen
-        s.query_one("#outliers").display = nodes
-        s.query_one(NodeTable).display = nodes
-        s.query_one(RankTable).display = not nodes
-        s.query_one("#node-title").display = self.active and not nodes
+        self.query_one("#outliers").display = nodes
+        self.query_one(NodeTable).display = nodes
+        self.query_one(RankTable).display = not nodes
+        self.query_one("#node-title").display = self.active and not nodes
 
     # -- each poll ---------------------------------------------------------------------------
 
-    def render(self, view: RunView, now: float) -> None:
+    def show_view(self, view: RunView, now: float) -> None:
         """Draw the tables from one poll's view: every rank's row for a small run; for a big
         one the outliers and the node rows, and the chosen node's ranks in the rank table."""
+        self._view = view
         ranks = view.ranks
-        table = self.screen.query_one(RankTable)
+        table = self.query_one(RankTable)
         if not is_big(ranks):
             if self.active:  # ranks gone from the view (a reader started over): a row each again
                 self.active, self.drilled = False, None
@@ -71,22 +99,22 @@ class NodesView:
             table.update_ranks(ranks, now, view.node_labels)
             return
         labels = view.node_labels
+        nodes = self.query_one(NodeTable)
         if not self.active:
             self.active = True
-            focused = self.screen.focused is table or self.screen.focused is None
+            focused = table.has_focus or self.screen.focused is None
             self._show(self.drilled is None)
             if focused and self.drilled is None:
-                self.screen.set_focus(self.screen.query_one(NodeTable))
+                self.screen.set_focus(nodes)
         self.summary = summary = summarise(ranks, labels, view.nodes, run_over=view.final)
-        self.screen.query_one("#outliers", TextLines).update(outliers_text(summary))
-        nodes = self.screen.query_one(NodeTable)
+        self.query_one("#outliers", TextLines).update(outliers_text(summary))
         nodes.update_nodes(summary.nodes)
         self._fill_ranks(view, now)
 
     def _fill_ranks(self, view: RunView, now: float) -> None:
         name = self.drilled
         if name is None:
-            current = self.screen.query_one(NodeTable).current
+            current = self.query_one(NodeTable).current
             name = current.node if current is not None else None
         if name is None:
             return
@@ -97,60 +125,53 @@ class NodesView:
         if row is None:
             return
         subset: dict[int, RankView] = {r: view.ranks[r] for r in row.ranks if r in view.ranks}
-        self.screen.query_one(RankTable).update_ranks(subset, now, {r: labels[r] for r in subset})
+        self.query_one(RankTable).update_ranks(subset, now, {r: labels[r] for r in subset})
 
-    def charts(self, view: RunView, t0: float, followed: int | None) -> bool:
-        """A big run's charts (True), or False: the caller draws a small run's as it always did."""
+    def update_spreads(self, view: RunView) -> bool:
+        """A big run's chart points, one a poll (True: the screen draws ``spreads``), or False:
+        the run is small and the screen draws a line per rank."""
         if not is_big(view.ranks):
             return False
-        ranks = view.ranks
-        rv = ranks.get(followed) if followed is not None else None
-        for key, value, attr in (
-            ("loss", "loss", "loss_history"),
-            ("sps", "samples_per_s", "samples_history"),
-        ):
-            spread = self.spreads[key]
-            spread.update(ranks, value, attr)
-            self.screen.query_one(f"#chart-{key}", MetricChart).set_spread(
-                spread,
-                t0=t0,
-                highlight=followed,
-                followed=list(getattr(rv, attr)) if rv is not None else (),
-            )
+        for key, value, history in SPREAD_CHARTS:
+            self.spreads[key].update(view.ranks, value, history)
         return True
 
     # -- keys --------------------------------------------------------------------------------
 
-    def moved(self, node: str, chosen: bool) -> None:
-        """The node cursor moved: the (hidden) rank table takes that node's ranks; ``chosen``:
-        they are shown."""
-        if chosen:
-            self.drill(node)
-            return
-        view = getattr(self.screen, "view", None)
-        if self.drilled is None and view is not None:
-            self._fill_ranks(view, self.screen.xl.clock())  # type: ignore[attr-defined]
+    def on_rank_table_rank_chosen(self, message: RankTable.RankChosen) -> None:
+        # Said again as this widget's own: a message the table posts while this widget handles
+        # the node cursor goes no further than this widget (Textual stops a message at the
+        # parent that caused it).
+        message.stop()
+        self.post_message(self.RankChosen(message.rank))
+
+    def on_node_table_node_moved(self, message: NodeTable.NodeMoved) -> None:
+        """The node cursor moved: the (hidden) rank table takes that node's ranks; chosen
+        (`enter`, a click): they are shown."""
+        message.stop()
+        if message.chosen:
+            self.drill(message.node)
+        elif self.drilled is None and self._view is not None:
+            self._fill_ranks(self._view, self.clock())
 
     def drill(self, node: str) -> None:
         """Show ``node``'s ranks (the rank table), `escape` back to the nodes."""
         self.drilled = node
-        view = getattr(self.screen, "view", None)
-        if view is not None:
-            self._fill_ranks(view, self.screen.xl.clock())  # type: ignore[attr-defined]
-        count = self.screen.query_one(RankTable).row_count
-        self.screen.query_one("#node-title", TextLines).update(
+        if self._view is not None:
+            self._fill_ranks(self._view, self.clock())
+        table = self.query_one(RankTable)
+        self.query_one("#node-title", TextLines).update(
             Text.assemble(
                 ("node ", "bold"),
                 (visible(node), "bold"),
-                f": its {count} ranks",
+                f": its {table.row_count} ranks",
                 ("   esc: every node", "dim"),
             )
         )
         self._show(False)
-        table = self.screen.query_one(RankTable)
         table.move_cursor(0)
         self.screen.set_focus(table)
-        self.screen.refresh_bindings()
+        self.post_message(self.Drilled(node))
 
     def back(self) -> bool:
         """Back from a node's ranks to the nodes; False when there was nothing to go back from."""
@@ -158,6 +179,6 @@ class NodesView:
             return False
         self.drilled = None
         self._show(True)
-        self.screen.set_focus(self.screen.query_one(NodeTable))
-        self.screen.refresh_bindings()
+        self.screen.set_focus(self.query_one(NodeTable))
+        self.post_message(self.Drilled(None))
         return True
