@@ -21,7 +21,6 @@ here (``set``).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -29,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rundir.events import FailureEvent
+from xl.launcher.rundir.events import EventKind, FailureEvent, newest_events
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Cause, CauseKind, Failure, RankPhase, rank_outcome
@@ -353,16 +352,9 @@ class RootCause:
 
 def latest_hang(run_dir: Path) -> str | None:
     """xl's own hang verdict, the newest, from events.jsonl (a collective timeout's culprit)."""
-    for raw in reversed(last_lines(RunLayout(run_dir).events, 65536)):
-        if b'"hang"' not in raw:
-            continue
-        try:
-            event = json.loads(raw)
-        except ValueError:
-            continue
-        if (isinstance(event, dict) and event.get("kind") == "hang"
-                and isinstance(event.get("message"), str)):
-            return str(event["message"])
+    for event in reversed(newest_events(run_dir, 65536)):
+        if event.kind is EventKind.HANG and event.message:
+            return event.message
     return None
 
 

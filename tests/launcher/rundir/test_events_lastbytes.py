@@ -10,14 +10,17 @@ import pytest
 
 from xl.launcher.rundir.events import (
     EventKind,
+    Hang,
     Notice,
     RankExited,
     Relayed,
     append_event,
     event_line,
+    newest_events,
 )
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.supervisor.failure import latest_hang
 
 
 def test_an_event_gets_its_time_and_a_null_rank_when_missing() -> None:
@@ -51,3 +54,23 @@ def test_last_lines_are_whole_within_the_limit(tmp_path: Path) -> None:
     path.write_bytes(b"x" * 100)
     assert last_lines(path, 10) == [b"x" * 10]  # nothing else there: the cut line is all there is
     assert last_lines(tmp_path / "missing", 10) == []
+
+
+def test_the_newest_events_are_read_from_the_end_of_the_file(tmp_path: Path) -> None:
+    """What the supervisor reads at a failure: the newest hang verdict, past whatever came after
+    it, and none when the run never hung (a stall's recovery is no verdict)."""
+    assert newest_events(tmp_path) == [] and latest_hang(tmp_path) is None
+    append_event(tmp_path, Notice(EventKind.RUN_STARTED, "x" * 500))
+    append_event(tmp_path, Hang(5.0, 1, [1], "rank 1 never entered all_reduce #12", "s.json", []))
+    append_event(tmp_path, RankExited(0, 1, "rank 0 exited with code 1"))
+    with RunLayout(tmp_path).events.open("a") as fh:
+        fh.write('{"kind": "hang", "t": 6.0}\n{torn')
+    kinds = [e.kind for e in newest_events(tmp_path, 400)]  # the first line is cut: left out
+    assert kinds == [EventKind.HANG, EventKind.RANK_EXITED, EventKind.HANG]
+    # the newest verdict that says something
+    assert latest_hang(tmp_path) == "rank 1 never entered all_reduce #12"
+    calm = tmp_path / "calm"
+    calm.mkdir()
+    said = {"kind": "recovered", "rank": 1, "of": "stalled", "message": "hang"}
+    append_event(calm, Relayed(said))
+    assert latest_hang(calm) is None
