@@ -73,10 +73,8 @@ def ask(args: argparse.Namespace, tmp: Path) -> None:
             t0 = time.perf_counter()
             run_document(run_dir, rank=0)
             one.append(time.perf_counter() - t0)
-        answered = sum(1 for e in doc["ranks"] if "threads" in e)
-        print(
-            f"asking: {answered}/{args.ranks} ranks answered; verdict: {doc['verdict']['message']}"
-        )
+        answered = sum(1 for e in doc.ranks if e.threads is not None)
+        print(f"asking: {answered}/{args.ranks} ranks answered; verdict: {doc.verdict.message}")
         print(
             f"  all {args.ranks} ranks: median {statistics.median(every) * 1000:.1f} ms (max "
             f"{max(every) * 1000:.1f})"

@@ -194,7 +194,8 @@ class LocalBackend:
     def stacks(self, run_dir: Path) -> dict[str, Any]:
         from xl.launcher.stacks.gather import run_document  # noqa: PLC0415 - loads only when stacks are asked for
 
-        return run_document(run_dir)  # every rank: the verdict is the whole run's, never one rank's
+        # every rank: the verdict is the whole run's, never one rank's
+        return run_document(run_dir).to_json()
 
     def compare(self, run_a: Path, run_b: Path) -> Comparison:
         from xl.launcher.view.comparison import compare  # noqa: PLC0415 - loads only when two runs are compared

@@ -21,8 +21,8 @@ from xl.launcher.rundir.layout import RunLayout, log_rank
 from xl.launcher.rundir.store import resolve_run
 from xl.launcher.rundir.tail import RankLogs, Tail
 from xl.launcher.stacks.nodes import ask_logs
-from xl.launcher.stacks.verdict import ranges
 from xl.textsafe import bytes_for_terminal
+from xl.units import ranks_text
 
 
 def _ranks(run_dir: Path) -> list[int]:
@@ -63,14 +63,14 @@ def _elsewhere(run_dir: Path) -> str | None:
     if not nodes:
         return None
     where = "; ".join(
-        f"{_ranks_text(ranks)} on node {node} ({host})"
+        f"{ranks_text(ranks)} on node {node} ({host})"
         for node, (host, ranks) in sorted(nodes.items())
     )
     first = min(min(ranks) for _, ranks in nodes.values())
     layout = RunLayout(run_dir)
     kept = sorted(r for _, ranks in nodes.values() for r in ranks if _size(layout.rank_log(r)) > 0)
     held = (
-        f" (node 0 kept only the last lines of {_ranks_text(kept)}, as they exited)"
+        f" (node 0 kept only the last lines of {ranks_text(kept)}, as they exited)"
         if kept
         else " (none of it is here)"
     )
@@ -79,10 +79,6 @@ def _elsewhere(run_dir: Path) -> str | None:
         f"xl logs: the output of {where} stays on {there}{held}; read one with: "
         f"xl logs {run_dir.name} --rank {first}"
     )
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}"
 
 
 def _size(path: Path) -> int:

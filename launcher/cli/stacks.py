@@ -15,7 +15,6 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from xl.errors import EXIT_FAILED, ArgumentParser, UsageError
 from xl.launcher.rundir import runrecord as record
@@ -23,42 +22,41 @@ from xl.launcher.rundir.runrecord import RunStatus
 from xl.launcher.rundir.store import resolve_run
 from xl.launcher.stacks import gather as capture
 from xl.launcher.stacks import verdict
+from xl.launcher.stacks.model import StacksDoc, Thread
 from xl.textsafe import visible
+from xl.units import ranks_text
 
 _OWN_FILES = ("/launcher/rank/stacks.py", "/xl/client/sender.py")
 _FRAMES_SHOWN = 12  # innermost frames of a group's main thread in the text output
 
 
-def _own_thread(thread: dict[str, Any]) -> bool:
-    """xl's own threads in the rank (log sender, the stacks door): never the news."""
-    files = [str(f.get("file")) for f in thread.get("frames") or []]
-    return str(thread.get("name")).startswith("xl-") or any(f.endswith(_OWN_FILES) for f in files)
+def _own_thread(thread: Thread) -> bool:
+    """xl's own threads in the rank (log sender, the stacks socket): never the news."""
+    return thread.name.startswith("xl-") or any(f.file.endswith(_OWN_FILES) for f in thread.frames)
 
 
-def render(doc: dict[str, Any]) -> str:
+def render(doc: StacksDoc) -> str:
     """The text `xl stacks` prints: groups, the verdict, then one stack per group."""
-    entries = doc.get("ranks") or []
+    entries = doc.ranks
     lines = verdict.group_lines(entries)
-    v = doc.get("verdict") or {}
-    lines += ["", f"verdict: {v.get('message') or 'nothing to say'}"]
-    by_rank = {e.get("rank"): e for e in entries}
+    lines += ["", f"verdict: {doc.verdict.message or 'nothing to say'}"]
+    by_rank = {e.rank: e for e in entries}
     for ranks, label in verdict.groups(entries):
-        entry = by_rank.get(ranks[0]) or {}
-        if entry.get("error"):
+        entry = by_rank.get(ranks[0])
+        if entry is None or entry.error:
             continue
-        many = len(ranks) > 1
-        lines += ["", f"rank{'s' if many else ''} {verdict.ranges(ranks)} ({label}):"]
-        if entry.get("note"):
-            lines.append(f"  ({entry['note']})")
-        for thread in entry.get("threads") or []:
+        lines += ["", f"{ranks_text(ranks)} ({label}):"]
+        if entry.note:
+            lines.append(f"  ({entry.note})")
+        for thread in entry.threads or ():
             if _own_thread(thread):
                 continue
-            frames = thread.get("frames") or []
-            lines.append(f"  thread {thread.get('name')}:")
+            frames = thread.frames
+            lines.append(f"  thread {thread.name}:")
             if len(frames) > _FRAMES_SHOWN:
                 lines.append(f"    ... {len(frames) - _FRAMES_SHOWN} outer frames")
             for f in frames[-_FRAMES_SHOWN:]:
-                lines.append(f"    {f.get('file')}:{f.get('line')} in {f.get('function')}")
+                lines.append(f"    {f.file}:{f.line} in {f.function}")
     return "\n".join(lines)
 
 
@@ -90,5 +88,5 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write(f"xl stacks: {exc}\n")
         return EXIT_FAILED
     # thread names are the rank's
-    print(json.dumps(doc, indent=1) if ns.json else visible(render(doc), lines=True))
+    print(json.dumps(doc.to_json(), indent=1) if ns.json else visible(render(doc), lines=True))
     return 0

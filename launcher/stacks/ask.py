@@ -1,9 +1,9 @@
 """Ask one rank on this node where it is (the requester's side of ``xl.launcher.rank.stacks``).
 
-First the rank's socket door: structured stacks with thread names plus the Flight Recorder's
+First the rank's socket: structured stacks with thread names plus the Flight Recorder's
 collectives. When the rank does not answer there in time (C code holds the GIL, so no Python
-thread can run), the signal door: faulthandler writes every thread's stack from a C signal
-handler, which this module reads back and parses. A rank that answers neither is reported with
+thread can run), its signal: faulthandler writes every thread's stack from a C signal handler,
+which this module reads back and parses. A rank that answers neither is reported with
 ``"error"``; nothing here waits longer than the deadline it is given.
 """
 
@@ -14,20 +14,43 @@ import os
 import re
 import socket
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from xl.launcher.rank.stacks import peer_is
 from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.stacks.model import Collective, Frame, RankStacks, Target, Thread
 from xl.launcher.stacks.verdict import SILENT
 
-SOCKET_S = 1.5  # the socket door's share of the deadline; the rest goes to the signal door
+SOCKET_S = 1.5  # the socket's share of the deadline; the rest goes to the signal
 _SETTLE_S = 0.1  # faulthandler's output is complete once the file stops growing this long
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 
 
-def _ask_socket(name: str, pid: int, timeout: float) -> dict[str, Any] | None:
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a rank's socket answers: its threads, its collectives, and why there are none."""
+
+    threads: tuple[Thread, ...]
+    collectives: tuple[Collective, ...]
+    note: str | None = None
+
+
+def parse_answer(doc: object) -> Answer | None:
+    """A rank's socket answer (JSON, xl.launcher.rank.stacks.answer) -> its values."""
+    if not isinstance(doc, dict):
+        return None
+    entry = RankStacks.from_json(
+        {"threads": doc.get("threads") or [], "collectives": doc.get("collectives") or []}
+    )
+    note = doc.get("collectives_note")
+    said = note if isinstance(note, str) and note else None
+    return Answer(entry.threads or (), entry.collectives, said)
+
+
+def _ask_socket(name: str, pid: int, timeout: float) -> Answer | None:
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
@@ -45,7 +68,7 @@ def _ask_socket(name: str, pid: int, timeout: float) -> dict[str, Any] | None:
             doc = json.loads(b"".join(chunks))
         except (OSError, ValueError):
             return None
-    return doc if isinstance(doc, dict) else None
+    return parse_answer(doc)
 
 
 def _catches(pid: int, signum: int) -> bool:
@@ -59,46 +82,45 @@ def _catches(pid: int, signum: int) -> bool:
     return False
 
 
-def _own_frame(frame: dict[str, Any]) -> bool:
-    path = str(frame.get("file") or "")
+def _own_frame(frame: Frame) -> bool:
+    path = frame.file
     return path.startswith("<frozen runpy") or path.endswith(
         ("/runpy.py", "/launcher/entry.py", "/launcher/rank/entry.py")
     )
 
 
-def trim(threads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def trim(threads: Sequence[Thread]) -> tuple[Thread, ...]:
     """Cut the outer frames of xl's rank entry and runpy: a stack starts in the user's code."""
+    out = []
     for thread in threads:
-        frames = thread.get("frames") or []
+        frames = thread.frames
         cut = 0
         while cut < len(frames) - 1 and _own_frame(frames[cut]):
             cut += 1
-        thread["frames"] = frames[cut:]
-    return threads
+        out.append(Thread(thread.name, frames[cut:]) if cut else thread)
+    return tuple(out)
 
 
-def parse_faulthandler(text: str, main_ident: int | None = None) -> list[dict[str, Any]]:
+def parse_faulthandler(text: str, main_ident: int | None = None) -> list[Thread]:
     """faulthandler's dump -> threads with frames innermost last, the main thread first."""
-    threads: list[dict[str, Any]] = []
+    found: list[tuple[bool, str, list[Frame]]] = []
     for line in text.splitlines():
         head = _THREAD.match(line)
         if head:
             ident = int(head.group(2), 16)
             name = "MainThread" if ident == main_ident else f"Thread {head.group(2)}"
-            threads.append({"name": name, "frames": [], "_main": ident == main_ident})
+            found.append((ident == main_ident, name, []))
             continue
         frame = _FRAME.match(line)
-        if frame and threads:
-            threads[-1]["frames"].insert(
-                0, {"file": frame.group(1), "line": int(frame.group(2)), "function": frame.group(3)}
-            )
-    threads.sort(key=lambda t: not t.pop("_main"))
-    return threads
+        if frame and found:
+            found[-1][2].append(Frame(frame.group(1), int(frame.group(2)), frame.group(3)))
+    found.sort(key=lambda t: not t[0])
+    return [Thread(name, tuple(reversed(frames))) for _, name, frames in found]
 
 
 def _ask_signal(
     run_dir: Path, rank: int, pid: int, signum: int, main_ident: int | None, timeout: float
-) -> list[dict[str, Any]] | None:
+) -> list[Thread] | None:
     path = RunLayout(run_dir).rank_stacks_text(rank)
     try:
         start = os.path.getsize(path)
@@ -130,41 +152,43 @@ def _ask_signal(
     return parse_faulthandler(text, main_ident)
 
 
-def ask_rank(run_dir: Path, info: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One rank's entry of the stacks document: ``info`` holds its ``rank``, ``node`` and
-    ``pid``."""
-    rank, pid = info.get("rank"), info.get("pid")
-    out: dict[str, Any] = {"rank": rank, "node": info.get("node"), "pid": pid}
-    if not isinstance(rank, int) or not isinstance(pid, int):
-        return {**out, "error": "no process recorded for this rank yet"}
+def ask_rank(run_dir: Path, target: Target, timeout: float) -> RankStacks:
+    """One rank's entry of the stacks document."""
+    rank, pid = target.rank, target.pid
+    if rank is None or pid is None:
+        return target.failed("no process recorded for this rank yet")
     try:
-        door = json.loads(RunLayout(run_dir).rank_stacks_door(rank).read_text())
+        found = json.loads(RunLayout(run_dir).rank_stacks_door(rank).read_text())
     except (OSError, ValueError):
-        door = {}
-    if not isinstance(door, dict) or door.get("pid") != pid:
-        return {
-            **out,
-            "error": "this rank has no stack handler (it was not started by xl's rank entry)",
-        }
+        found = {}
+    if not isinstance(found, dict) or found.get("pid") != pid:
+        return target.failed(
+            "this rank has no stack handler (it was not started by xl's rank entry)"
+        )
     if not Path(f"/proc/{pid}").exists():
-        return {**out, "error": "the process is gone"}
-    answer = _ask_socket(str(door.get("socket")), pid, min(SOCKET_S, timeout / 2))
+        return target.failed("the process is gone")
+    entry = RankStacks(rank, target.host, pid)
+    answer = _ask_socket(str(found.get("socket")), pid, min(SOCKET_S, timeout / 2))
     if answer is not None:
-        out["threads"] = trim(answer.get("threads") or [])
-        out["collectives"] = answer.get("collectives") or []
-        if answer.get("collectives_note"):
-            out["note"] = answer["collectives_note"]
-        return out
+        return replace(
+            entry, threads=trim(answer.threads), collectives=answer.collectives, note=answer.note
+        )
     left = max(0.2, timeout - min(SOCKET_S, timeout / 2))
+    main = found.get("main_thread")
+    signum = found.get("signal")
     threads = _ask_signal(
-        run_dir, rank, pid, int(door.get("signal") or 0), door.get("main_thread"), left
+        run_dir,
+        rank,
+        pid,
+        signum if type(signum) is int else 0,
+        main if type(main) is int else None,
+        left,
     )
     if threads is None:
-        return {**out, "error": f"{SILENT} within {timeout:g} s"}
-    out["threads"] = trim(threads)
-    out["collectives"] = []
-    out["note"] = (
-        "Python could not run in this rank (C code holds the GIL): stacks from faulthandler, no "
-        "collectives"
+        return replace(entry, error=f"{SILENT} within {timeout:g} s")
+    return replace(
+        entry,
+        threads=trim(threads),
+        note="Python could not run in this rank (C code holds the GIL): stacks from faulthandler, "
+        "no collectives",
     )
-    return out

@@ -38,17 +38,24 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from xl.launcher.rundir.events import Hang
 from xl.launcher.stacks import gather as capture
-from xl.launcher.stacks.verdict import busy, doing, position, ranges, where
+from xl.launcher.stacks.model import Json, RankStacks, RosterRank, StacksDoc, Target, targets
+from xl.launcher.stacks.verdict import busy, doing, position, where
 from xl.launcher.telemetry.stall import STALLED, Progress, judge
 from xl.launcher.telemetry.thread_errors import Trouble
+from xl.units import ranks_text
 
-Emit = Callable[[dict[str, Any]], None]
+# The diagnoser's events pass through here on their way to events.jsonl, as it wrote them.
+Event = dict[str, Any]
+Emit = Callable[[Event], None]
+# The supervisor's roster: its ranks (``remote`` for another node's), as model.targets takes them.
+Roster = Callable[[], Sequence[Json | RosterRank | Target]]
 
 
 RETRY_S = 5.0  # an inconclusive capture is asked again this often while the stall lasts ...
@@ -66,7 +73,7 @@ class HangCapture:
         self,
         run_dir: Path,
         emit: Emit,
-        ranks: Callable[[], list[dict[str, Any]]],
+        ranks: Roster,
         timeout: float = capture.TIMEOUT_S,
         *,
         retry_s: float = RETRY_S,
@@ -81,21 +88,21 @@ class HangCapture:
         self._retries = retries
         self._hold_s = hold_s
         self._lock = threading.Lock()
-        self._held: list[dict[str, Any]] = []
-        self._plain: list[dict[str, Any]] = []  # this hang's stalls sent as they came (retrying)
+        self._held: list[Event] = []
+        self._plain: list[Event] = []  # this hang's stalls sent as they came (retrying)
         # idle -> busy (capturing, stalls held) -> done (this hang's verdict is in), or ->
         # retrying (the first capture named nobody: stalls go out as they come) -> done or idle
         self._state = "idle"
-        self.doc: dict[str, Any] | None = None  # this hang's document, once captured
+        self.doc: StacksDoc | None = None  # this hang's document, once captured
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()  # this hang's retries end (over, join)
         self._trouble = Trouble()
-        self._mismatch: dict[str, Any] | None = None  # a mismatch named in this quiet spell
+        self._mismatch: StacksDoc | None = None  # a mismatch named in this quiet spell
         self._peeked_at = 0.0  # the quiet seconds at the last look for one (0: none yet)
         self._peeking: threading.Thread | None = None
         self._ended = False  # join(): the run ends, no new look starts
 
-    def on_stall(self, events: list[dict[str, Any]]) -> None:
+    def on_stall(self, events: list[Event]) -> None:
         """The diagnoser's stalled events: held until the hang's stacks are in, then sent."""
         with self._lock:
             if self._state == "idle" and self._mismatch is not None:
@@ -124,7 +131,7 @@ class HangCapture:
         (never said, as the hang's verdict is awaited) drops that stall and is dropped itself,
         so no event says a rank recovered from a stall nobody was told of."""
 
-        def gated(event: dict[str, Any]) -> None:
+        def gated(event: Event) -> None:
             if event.get("kind") == "recovered" and event.get("of") == "stalled":
                 rank = event.get("rank")
                 with self._lock:
@@ -177,11 +184,12 @@ class HangCapture:
 
     def _peek(self) -> None:
         try:
-            t, entries = capture.gather(self.run_dir, self._ranks(), timeout=self._timeout)
+            ranks = targets(self._ranks())
+            t, entries = capture.gather(self.run_dir, ranks, timeout=self._timeout)
             doc = capture.assemble(self.run_dir, self.run_dir.name, t, entries, Progress(None))
-            if not doc["verdict"].get("mismatch"):
+            if not doc.verdict.mismatch:
                 return
-            doc["file"] = capture.save(self.run_dir, doc)
+            doc = replace(doc, file=capture.save(self.run_dir, doc))
         except Exception as exc:  # the stall's capture still comes, as before
             self._trouble.say("the look for a collective mismatch failed", exc)
             return
@@ -227,48 +235,44 @@ class HangCapture:
             if self._state == "retrying" and not stop.is_set():
                 self._state = "idle"  # nobody named after its retries: the next stall asks again
 
-    def _attempt(self) -> tuple[dict[str, Any] | None, float | None]:
+    def _attempt(self) -> tuple[StacksDoc | None, float | None]:
         """Every rank's stacks, once: the hang's document, or None when it names nobody; and
         then, where some ranks still progressed, in how long the last of them is due."""
         try:
-            ranks = self._ranks()
+            ranks = targets(self._ranks())
             t, entries = capture.gather(self.run_dir, ranks, timeout=self._timeout)
             # The rule `xl stacks` follows: a culprit only when no rank progressed for the stall
             # threshold (one rank stalled while the others train on is no hang).
             progress = judge(self.run_dir, capture.rank_ids(ranks), entries, now=t)
             if progress.stalled is False:
                 return None, progress.due_s
-            if not any(not e.get("error") for e in entries):
+            if all(e.error for e in entries):
                 return None, None
             if progress.stalled is None:  # the files tell nothing: the diagnoser's stall stands
                 progress = STALLED
             doc = capture.assemble(self.run_dir, self.run_dir.name, t, entries, progress)
-            doc["file"] = capture.save(self.run_dir, {k: v for k, v in doc.items() if k != "file"})
-            return doc, None
+            return replace(doc, file=capture.save(self.run_dir, doc)), None
         except Exception as exc:  # a capture that fails leaves the stall reported as it was
             self._trouble.say("the hang capture failed", exc)
             return None, None
 
-    def _say_hang(self, doc: dict[str, Any]) -> None:
-        v = doc["verdict"]
-        culprits = list(v.get("ranks") or [])
-        entries = doc["ranks"]
-        working = [e["rank"] for e in entries if e.get("rank") in culprits and busy(e, entries)]
+    def _say_hang(self, doc: StacksDoc) -> None:
+        culprits = list(doc.verdict.ranks)
+        entries = doc.ranks
+        working = [r for e in entries if (r := e.rank) in culprits and busy(e, entries)]
         # ``busy``: the culprits that were using the CPU: shown as a stall, not a hang.
         rank = culprits[0] if len(culprits) == 1 else None
-        said = v.get("message") or ""
-        self._emit(Hang(doc["t"], rank, culprits, said, doc["file"], working).to_json())
+        said = doc.verdict.message
+        self._emit(Hang(doc.t, rank, culprits, said, doc.file or "", working).to_json())
 
-    def _send(
-        self, events: list[dict[str, Any]], doc: dict[str, Any] | None, *, late: bool = False
-    ) -> None:
+    def _send(self, events: list[Event], doc: StacksDoc | None, *, late: bool = False) -> None:
         """The stalls, reworded with the hang's verdict where there is one. Each is dated when
         it is said, never before the hang it follows (``late``: held until now), so the events
         stay in time order."""
         # Each event's rank found in one index, not by a scan of the capture's entries per event
         # (O(ranks^2) when thousands stall at once).
         entries = _by_rank(doc) if doc is not None else {}
-        floor = doc["t"] if doc is not None else (time.time() if late else None)
+        floor = doc.t if doc is not None else (time.time() if late else None)
         for event in events:
             out = reword(event, doc, entries) if doc is not None else event
             self._emit(said_at(out, floor) if floor is not None else out)
@@ -277,7 +281,7 @@ class HangCapture:
 _IDLE = re.compile(r"(no progress for )(\d+)( s)")
 
 
-def said_at(event: dict[str, Any], t: float) -> dict[str, Any]:
+def said_at(event: Event, t: float) -> Event:
     """A stall said at ``t`` rather than when it was seen (held for the hang's verdict, or said
     again after it): dated ``t``, its idle time and the message's "no progress for N s" grown by
     the wait. An event at ``t`` or later is left as it is."""
@@ -294,42 +298,32 @@ def said_at(event: dict[str, Any], t: float) -> dict[str, Any]:
     return out
 
 
-def _by_rank(doc: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+def _by_rank(doc: StacksDoc) -> dict[int, RankStacks]:
     """The capture's entries by rank, the first of each rank's kept (as a scan would find)."""
-    out: dict[Any, dict[str, Any]] = {}
-    for e in doc.get("ranks") or []:
-        rank = e.get("rank")
-        if type(rank) in (int, float, bool):  # what can equal an event's rank
-            out.setdefault(rank, e)
+    out: dict[int, RankStacks] = {}
+    for e in doc.ranks:
+        if e.rank is not None:
+            out.setdefault(e.rank, e)
     return out
 
 
-def reword(
-    event: dict[str, Any],
-    doc: dict[str, Any],
-    entries: dict[Any, dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+def reword(event: Event, doc: StacksDoc, entries: dict[int, RankStacks] | None = None) -> Event:
     """A stalled event told with the hang's verdict: the culprit stalled, the others waiting on
     it. ``entries``: the capture's entries by rank (``_by_rank``), when the caller has them."""
     rank = event.get("rank")
-    culprits = list((doc.get("verdict") or {}).get("ranks") or [])
-    if entries is not None and type(rank) is int:
-        entry = entries.get(rank)
-    else:
-        entry = next((e for e in doc.get("ranks") or [] if e.get("rank") == rank), None)
-    if entry is None or entry.get("error") or not culprits:
+    culprits = list(doc.verdict.ranks)
+    index = entries if entries is not None else _by_rank(doc)
+    entry = index.get(rank) if type(rank) is int else None
+    if entry is None or entry.error or not culprits:
         return event
     out = dict(event)
     if rank in culprits:
-        out["message"] = f"{event.get('message')}; it is in {doing(entry, doc.get('ranks') or [])}"
+        out["message"] = f"{event.get('message')}; it is in {doing(entry, doc.ranks)}"
         return out
     pos = position(entry)
     what = f"{pos.waiting[2]} #{pos.waiting[1]}" if pos.waiting else where(entry)
-    many = len(culprits) > 1
     idle = event.get("idle_s")
     since = f" (no progress for {idle:.0f} s)" if isinstance(idle, (int, float)) else ""
-    out["message"] = (
-        f"rank {rank} waits in {what} for rank{'s' if many else ''} {ranges(culprits)}{since}"
-    )
+    out["message"] = f"rank {rank} waits in {what} for {ranks_text(culprits)}{since}"
     out["waiting_on"] = culprits
     return out

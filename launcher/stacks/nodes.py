@@ -1,15 +1,16 @@
-"""Node 0's door to the other nodes' stacks: how ``xl stacks`` (a process of its own) and the hang
-capture reach the collector that holds every node's link.
+"""Node 0's socket to the other nodes' stacks: how ``xl stacks`` (a process of its own) and the
+hang capture reach the collector that holds every node's link.
 
 Node 0's collector opens an abstract Unix socket and writes ``ranks/nodes.stacks.json`` (pid,
-socket) next to the ranks' own doors. A requester connects, sends one JSON line ``{"rank",
-"timeout"}`` and reads one JSON answer ``{"ranks": [entries], "asked": [nodes]}``: the other
-nodes' entries, gathered through their links within ``timeout``; or ``{"logs": {"rank", "node",
-"offset"}, "timeout"}`` and reads ``{"logs": {"data", "offset", "size", ...} | null}``: a piece
-of a rank's output from the node that has it (``xl logs`` on node 0). As with a rank's door, the
-kernel's word on the caller's uid (SO_PEERCRED) is the lock: an abstract socket has no file
-permissions, and the run dir that names it is private. Nothing polls: the door's thread waits in
-``accept()``; each request gets a short-lived thread (a few at once, the rest are told "busy").
+socket) next to the ranks' own ``rank-<r>.stacks.json``. A requester connects, sends one JSON
+line ``{"rank", "timeout"}`` and reads one JSON answer ``{"ranks": [entries], "asked":
+[nodes]}``: the other nodes' entries, gathered through their links within ``timeout``; or
+sends ``{"logs": {"rank", "node", "offset"}, "timeout"}`` and reads ``{"logs": {"data",
+"offset", "size", ...} | null}``: a piece of a rank's output from the node that has it
+(``xl logs`` on node 0). As with a rank's socket, the kernel's word on the caller's uid
+(SO_PEERCRED) is the lock: an abstract socket has no file permissions, and the run dir that
+names it is private. Nothing polls: the server's thread waits in ``accept()``; each request gets
+a short-lived thread (a few at once, the rest are told "busy").
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from xl.atomic import write_json_atomic
 from xl.launcher.rank.stacks import peer_is
 from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.stacks.model import RankStacks
 
 _MAX_REQUEST = 4096
 _MAX_AT_ONCE = 4
@@ -43,7 +46,15 @@ def _same_user(conn: socket.socket) -> bool:
     return struct.unpack("3i", creds)[1] in (os.getuid(), 0)
 
 
-class Door:
+@dataclass(frozen=True, slots=True)
+class NodesAnswer:
+    """The other nodes' entries, and the nodes that were asked."""
+
+    entries: tuple[RankStacks, ...]
+    asked: frozenset[int]
+
+
+class NodesStacksServer:
     """The serving side, in node 0's supervisor (opened by the collector when it takes nodes)."""
 
     def __init__(self, run_dir: Path, gather: Gather, fetch_logs: FetchLogs | None = None) -> None:
@@ -126,28 +137,36 @@ class Door:
         return {"logs": self._fetch_logs(rank, node, start, limit)}
 
 
+# edge: the node's answer as it came over the link, for `xl logs` and the app to print
 def ask_logs(
     run_dir: Path, rank: int, node: int, offset: int, timeout: float = 5.0
 ) -> dict[str, Any] | None:
-    """A piece of ``rank``'s output from ``offset``, asked of ``node`` through node 0's door
-    (``{"data", "offset", "size"}``), or None (no door: the run is over; the node did not
+    """A piece of ``rank``'s output from ``offset``, asked of ``node`` through node 0's socket
+    (``{"data", "offset", "size"}``), or None (no socket: the run is over; the node did not
     answer)."""
     doc = _request(run_dir, {"logs": {"rank": rank, "node": node, "offset": offset}}, timeout)
     logs = doc.get("logs") if doc is not None else None
     return logs if isinstance(logs, dict) and isinstance(logs.get("data"), str) else None
 
 
-def ask(run_dir: Path, rank: int | None, timeout: float) -> dict[str, Any] | None:
-    """The other nodes' entries through node 0's door (None: no door, or it did not answer)."""
+def ask(run_dir: Path, rank: int | None, timeout: float) -> NodesAnswer | None:
+    """The other nodes' entries through node 0's socket (None: no socket, or no answer)."""
     doc = _request(run_dir, {"rank": rank}, timeout)
-    return doc if doc is not None and isinstance(doc.get("ranks"), list) else None
+    found = doc.get("ranks") if doc is not None else None
+    if doc is None or not isinstance(found, list):
+        return None
+    asked = doc.get("asked")
+    return NodesAnswer(
+        tuple(RankStacks.from_json(e) for e in found if isinstance(e, dict)),
+        frozenset(n for n in asked if type(n) is int) if isinstance(asked, list) else frozenset(),
+    )
 
 
 def _request(run_dir: Path, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
-    """One request through node 0's door and its answer (None: no door, or no answer)."""
+    """One request through node 0's socket and its answer (None: no socket, or no answer)."""
     try:
-        door = json.loads(RunLayout(run_dir).nodes_stacks_door.read_text())
-        name, pid = str(door["socket"]), int(door["pid"])
+        found = json.loads(RunLayout(run_dir).nodes_stacks_door.read_text())
+        name, pid = str(found["socket"]), int(found["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:

@@ -19,11 +19,12 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import xl
-from xl.figures import number
+from xl.launcher.stacks.model import Collective, Frame, RankStacks, Shapes, Verdict
 from xl.stats import median
+from xl.units import ranges as ranges  # the one wording, where callers look for it
+from xl.units import ranks_text
 
 SILENT = "did not answer"  # the start of the error of a rank that was asked and kept quiet
 # Not the person's code: installed packages, the standard library, frozen modules.
@@ -50,37 +51,20 @@ BUSY_PEER_FLOOR = 0.5
 _WRAPPERS = frozenset({"wrapper", "wrapped", "inner", "_fn", "decorate_context", "wrapper_fn"})
 
 
-def ranges(ranks: list[int]) -> str:
-    """[0, 2, 3, 4, 7] -> '0,2-4,7'."""
-    out: list[str] = []
-    nums = sorted(set(ranks))
-    i = 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(str(nums[i]) if i == j else f"{nums[i]}{',' if j == i + 1 else '-'}{nums[j]}")
-        i = j + 1
-    return ",".join(out)
+def _r(entry: RankStacks) -> int:
+    """The entry's rank (every entry asked has one; -1 stands for none)."""
+    return entry.rank if entry.rank is not None else -1
 
 
-def _main_frames(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    threads = entry.get("threads") or []
-    main = next(
-        (t for t in threads if t.get("name") == "MainThread"), threads[0] if threads else None
-    )
-    return list((main or {}).get("frames") or [])
-
-
-def _is_user(frame: dict[str, Any]) -> bool:
-    path = str(frame.get("file") or "")
+def _is_user(frame: Frame) -> bool:
+    path = frame.file
     return not any(mark in path for mark in _LIBRARY_MARKS) and not path.startswith(_XL_DIRS)
 
 
-def _qualified(frame: dict[str, Any]) -> str:
+def _qualified(frame: Frame) -> str:
     """'re.match', 'torch.distributed.distributed_c10d.all_reduce': a library function by its
     module."""
-    path, function = str(frame.get("file") or ""), str(frame.get("function"))
+    path, function = frame.file, frame.function
     for root in _PACKAGE_ROOTS:
         if root in path:
             rest = path.rsplit(root, 1)[1]
@@ -91,67 +75,55 @@ def _qualified(frame: dict[str, Any]) -> str:
     return function
 
 
-def where(entry: dict[str, Any]) -> str:
+def _at(frame: Frame) -> str:
+    return f"{frame.function} at {os.path.basename(frame.file)}:{frame.line}"
+
+
+def where(entry: RankStacks) -> str:
     """'parse_record at train.py:19 (calling re.match)': the innermost frame of the person's own
     code (not a library's, the standard library's or xl's), and the call it is in, if any."""
-    frames = _main_frames(entry)
+    frames = entry.main_frames
     if not frames:
         return "no Python frame"
     at = next((i for i in range(len(frames) - 1, -1, -1) if _is_user(frames[i])), None)
     if at is None:  # nothing of the person's (a library's own thread or entry point)
-        last = frames[-1]
-        return (f"{last.get('function')} at "
-            f"{os.path.basename(str(last.get('file')))}:{last.get('line')}")
-    user = frames[at]
+        return _at(frames[-1])
     inner = frames[at + 1 :]
-    callee = next(
-        (f for f in inner if f.get("function") not in _WRAPPERS), inner[-1] if inner else None
-    )
+    callee = next((f for f in inner if f.function not in _WRAPPERS), inner[-1] if inner else None)
     calling = f" (calling {_qualified(callee)})" if callee is not None else ""
-    return (f"{user.get('function')} at "
-        f"{os.path.basename(str(user.get('file')))}:{user.get('line')}{calling}")
+    return f"{_at(frames[at])}{calling}"
 
 
-def figure(value: Any) -> float | None:
-    """``value`` when it is a finite number (not a bool) as JSON gives it, else None."""
-    found = number(value)
-    return None if found is None else float(found)
-
-
-def busy(entry: dict[str, Any], peers: Sequence[dict[str, Any]] = ()) -> bool:
+def busy(entry: RankStacks, peers: Sequence[RankStacks] = ()) -> bool:
     """The rank was using the CPU since its last progress (``cpu_pct`` in its entry): BUSY_CPU
     or more, or several times what the other ranks of ``peers`` (the same capture) used."""
-    cpu = figure(entry.get("cpu_pct"))
+    cpu = entry.cpu_pct
     if cpu is None:
         return False
     if cpu >= BUSY_CPU:
         return True
-    others = [
-        c
-        for p in peers
-        if p.get("rank") != entry.get("rank") and (c := figure(p.get("cpu_pct"))) is not None
-    ]
+    others = [p.cpu_pct for p in peers if p.rank != entry.rank and p.cpu_pct is not None]
     if not others or cpu < BUSY_MIN_CPU:
         return False
     return cpu >= BUSY_OVER_PEERS * max(median(others), BUSY_PEER_FLOOR)
 
 
-def doing(entry: dict[str, Any], peers: Sequence[dict[str, Any]] = ()) -> str:
+def doing(entry: RankStacks, peers: Sequence[RankStacks] = ()) -> str:
     """where(), and for a rank that was using the CPU since its last progress, how much: "evaluate
     at train.py:88, working at 99% CPU (a long computation, or a loop that never ends)"."""
     if not busy(entry, peers):
         return where(entry)
-    return (f"{where(entry)}, working at {entry['cpu_pct']:.0f}% CPU (a long computation, or a "
+    return (f"{where(entry)}, working at {entry.cpu_pct:.0f}% CPU (a long computation, or a "
         f"loop that never ends)")
 
 
-def _place(entry: dict[str, Any]) -> str:
+def _place(entry: RankStacks) -> str:
     """'train.py:41': where() without the function and the call."""
     return where(entry).split(" at ", 1)[-1].split(" (calling ", 1)[0]
 
 
-def _in_distributed(entry: dict[str, Any]) -> bool:
-    return any("torch/distributed" in str(f.get("file")) for f in _main_frames(entry)[-4:])
+def _in_distributed(entry: RankStacks) -> bool:
+    return any("torch/distributed" in f.file for f in entry.main_frames[-4:])
 
 
 @dataclass
@@ -163,41 +135,41 @@ class Position:
     known: bool = False
 
 
-def position(entry: dict[str, Any]) -> Position:
-    pos = Position(known=bool(entry.get("collectives")))
-    for c in entry.get("collectives") or []:
-        pg, seq, op = _group(c), c.get("seq"), str(c.get("op"))
-        if not isinstance(seq, int):
+def position(entry: RankStacks) -> Position:
+    pos = Position(known=bool(entry.collectives))
+    for c in entry.collectives:
+        pg, seq = c.group, c.seq
+        if seq is None:
             continue
-        if c.get("state") == "completed":
+        if c.done:
             pos.done[pg] = max(pos.done.get(pg, -1), seq)
         elif pos.waiting is None or seq > pos.waiting[1]:
-            pos.waiting = (pg, seq, op)
+            pos.waiting = (pg, seq, c.op)
     return pos
 
 
-def _label(entry: dict[str, Any], pos: Position) -> str:
+def _label(entry: RankStacks, pos: Position) -> str:
     if pos.waiting is not None:
         _, seq, op = pos.waiting
         return f"wait in {op} #{seq} at {_place(entry)}"
     return f"in {where(entry)}"
 
 
-def groups(entries: list[dict[str, Any]]) -> list[tuple[list[int], str]]:
+def groups(entries: Sequence[RankStacks]) -> list[tuple[list[int], str]]:
     """Ranks with the same position and stack place, largest group first."""
     by: dict[str, list[int]] = {}
     for e in entries:
-        error = str(e.get("error") or "")
+        error = e.error or ""
         label = (
             (error if error.startswith(SILENT) else f"gave no stacks ({error})")
             if error
             else _label(e, position(e))
         )
-        by.setdefault(label, []).append(int(e["rank"]))
+        by.setdefault(label, []).append(_r(e))
     return sorted(((sorted(r), label) for label, r in by.items()), key=lambda g: (-len(g[0]), g[0]))
 
 
-def group_lines(entries: list[dict[str, Any]]) -> list[str]:
+def group_lines(entries: Sequence[RankStacks]) -> list[str]:
     """One line per group: 'ranks 0,2-7 wait in all_reduce #12 at train.py:41'."""
     out = []
     for ranks, label in groups(entries):
@@ -206,7 +178,7 @@ def group_lines(entries: list[dict[str, Any]]) -> list[str]:
             label = label if many else "waits" + label[4:]
         elif label.startswith("in "):
             label = ("are " if many else "is ") + label
-        out.append(f"rank{'s' if many else ''} {ranges(ranks)} {label}")
+        out.append(f"{ranks_text(ranks)} {label}")
     return out
 
 
@@ -216,32 +188,28 @@ _FREE_IN = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_sin
 _FREE_OUT = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_single", "gather"})
 
 
-def _signature(c: dict[str, Any]) -> tuple[str, str, str]:
-    """What every rank's record of one collective must agree on: the op and, where the op wants
-    them equal, its tensors' shapes ('' where not known)."""
-    op = str(c.get("op"))
-    ins = "" if op in _FREE_IN or "in" not in c else repr(c["in"])
-    outs = "" if op in _FREE_OUT or "out" not in c else repr(c["out"])
-    return op, ins, outs
+# What every rank's record of one collective must agree on: the op and, where the op wants them
+# equal, its tensors' shapes (None where not known).
+_Signature = tuple[str, Shapes | None, Shapes | None]
 
 
-def _agree(a: tuple[str, str, str], b: tuple[str, str, str]) -> bool:
-    return a[0] == b[0] and all(x == y or not x or not y for x, y in zip(a[1:], b[1:], strict=True))
-
-
-def _shapes(c: dict[str, Any]) -> str:
-    sizes = c.get("in") if c.get("in") else c.get("out")
+def _signature(c: Collective) -> _Signature:
     return (
-        f" of {', '.join('x'.join(map(str, s)) or 'scalar' for s in sizes)}"
-        if isinstance(sizes, list) and sizes
-        else ""
+        c.op,
+        None if c.op in _FREE_IN else c.ins,
+        None if c.op in _FREE_OUT else c.outs,
     )
 
 
-def _group(c: dict[str, Any]) -> str:
-    """Which process group a collective is of, the same on every rank: its number where the
-    document has it (two subgroups may share a name), else its name."""
-    return str(c.get("pg_id") if c.get("pg_id") is not None else c.get("pg"))
+def _agree(a: _Signature, b: _Signature) -> bool:
+    return a[0] == b[0] and all(
+        x == y or x is None or y is None for x, y in zip(a[1:], b[1:], strict=True)
+    )
+
+
+def _shapes(c: Collective) -> str:
+    sizes = c.ins if c.ins else c.outs
+    return f" of {', '.join('x'.join(map(str, s)) or 'scalar' for s in sizes)}" if sizes else ""
 
 
 def _culprits(parts: list[list[int]]) -> list[int]:
@@ -252,7 +220,7 @@ def _culprits(parts: list[list[int]]) -> list[int]:
     return sorted(r for part in parts for r in part)
 
 
-def mismatch(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+def mismatch(entries: Sequence[RankStacks]) -> Verdict | None:
     """A certain deadlock, named from one snapshot whatever the progress says, or None.
 
     - The same sequence number of one process group recorded as different collectives on two
@@ -261,19 +229,17 @@ def mismatch(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
     - Two ranks each blocked in a collective of a different process group, both of which they
       use, neither having done the other's: each waits for the other.
     Ranks merely at different numbers (one behind, or NCCL's queue ahead) are no mismatch."""
-    answered = {
-        int(e["rank"]): e for e in entries if not e.get("error") and type(e.get("rank")) is int
-    }
-    seen: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    answered = {e.rank: e for e in entries if not e.error and e.rank is not None}
+    seen: dict[tuple[str, int], dict[int, Collective]] = {}
     for rank, e in answered.items():
-        for c in e.get("collectives") or []:
-            if isinstance(c, dict) and type(c.get("seq")) is int:
-                seen.setdefault((_group(c), c["seq"]), {})[rank] = c
+        for c in e.collectives:
+            if c.seq is not None:
+                seen.setdefault((c.group, c.seq), {})[rank] = c
     for (_, seq), rows in sorted(seen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        pg = str(next(iter(rows.values())).get("pg"))
-        if len(rows) < 2 or all(c.get("state") == "completed" for c in rows.values()):
+        pg = next(iter(rows.values())).pg
+        if len(rows) < 2 or all(c.done for c in rows.values()):
             continue
-        kinds: list[tuple[tuple[str, str, str], list[int]]] = []
+        kinds: list[tuple[_Signature, list[int]]] = []
         for rank, c in sorted(rows.items()):
             sig = _signature(c)
             same = next((k for k in kinds if _agree(k[0], sig)), None)
@@ -287,41 +253,38 @@ def mismatch(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
         told = []
         for _sig, ranks in sorted(kinds, key=lambda k: (-len(k[1]), k[1])):
             c = rows[ranks[0]]
-            what = f"{c.get('op')} #{seq}{_shapes(c) if len(ops) == 1 else ''}"
+            what = f"{c.op} #{seq}{_shapes(c) if len(ops) == 1 else ''}"
             many = len(ranks) > 1
-            if c.get("state") == "completed":
+            if c.done:
                 told.append(
-                    f"rank{'s' if many else ''} {ranges(ranks)} did {what} and "
+                    f"{ranks_text(ranks)} did {what} and "
                     f"{'are' if many else 'is'} now at {_place(answered[ranks[0]])}"
                 )
             else:
                 told.append(
-                    f"rank{'s' if many else ''} {ranges(ranks)} {'are' if many else 'is'} in "
+                    f"{ranks_text(ranks)} {'are' if many else 'is'} in "
                     f"{what} at {_place(answered[ranks[0]])}"
                 )
         differ = "other tensor shapes" if len(ops) == 1 else "different collectives"
-        return {
-            "ranks": _culprits([ranks for _, ranks in kinds]),
-            "mismatch": True,
-            "message": f"mismatch at #{seq} of process group {pg} ({differ}; they can never "
+        return Verdict(
+            tuple(_culprits([ranks for _, ranks in kinds])),
+            f"mismatch at #{seq} of process group {pg} ({differ}; they can never "
             f"match): {'; '.join(told)}",
-        }
+            mismatch=True,
+        )
     return _crossed(answered)
 
 
-def _crossed(answered: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+def _crossed(answered: dict[int, RankStacks]) -> Verdict | None:
     """Two ranks blocked (their main thread inside torch.distributed) in collectives of two
     process groups, each of which both ranks use, neither having done the other's."""
-    groups = {
-        r: {_group(c) for c in e.get("collectives") or [] if isinstance(c, dict)}
-        for r, e in answered.items()
-    }
+    groups = {r: {c.group for c in e.collectives} for r, e in answered.items()}
     pos = {r: position(e) for r, e in answered.items() if _in_distributed(e)}
     blocked = sorted((r, p.waiting) for r, p in pos.items() if p.waiting is not None)
     # Only a rank blocked in another group that x uses can be its pair: found through the
-    # groups, not by a look at every later rank (thousands blocked in one all-reduce made that
-    # O(ranks^2)); the pairs are looked at in the same order, so the same pair is named.
-    by_group: dict[Any, list[int]] = {}
+    # groups, not by a look at every later rank (thousands blocked in one all-reduce would make
+    # that O(ranks^2)); the pairs are looked at in the same order, so the same pair is named.
+    by_group: dict[str, list[int]] = {}
     for j, (_, (pg, _, _)) in enumerate(blocked):
         by_group.setdefault(pg, []).append(j)
     for i, (x, (pg_x, seq_x, op_x)) in enumerate(blocked):
@@ -331,54 +294,44 @@ def _crossed(answered: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
                 continue
             if pos[x].done.get(pg_y, -1) >= seq_y or pos[y].done.get(pg_x, -1) >= seq_x:
                 continue
-            name = {
-                _group(c): str(c.get("pg"))
-                for e in answered.values()
-                for c in e.get("collectives") or []
-                if isinstance(c, dict)
-            }
-            return {
-                "ranks": [x, y],
-                "mismatch": True,
-                "message": (
-                    f"mismatch of process groups (each waits for the other): rank {x} is in "
-                    f"{op_x} #{seq_x} of "
-                    f"process group {name[pg_x]} at {_place(answered[x])}; rank {y} is in {op_y} "
-                    f"#{seq_y} of process "
-                    f"group {name[pg_y]} at {_place(answered[y])}"
-                ),
-            }
+            name = {c.group: c.pg for e in answered.values() for c in e.collectives}
+            return Verdict(
+                (x, y),
+                f"mismatch of process groups (each waits for the other): rank {x} is in "
+                f"{op_x} #{seq_x} of process group {name[pg_x]} at {_place(answered[x])}; "
+                f"rank {y} is in {op_y} #{seq_y} of process group {name[pg_y]} at "
+                f"{_place(answered[y])}",
+                mismatch=True,
+            )
     return None
 
 
-def verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """``{"ranks": [culprits], "message": ...}`` for the stacks document."""
+def verdict(entries: Sequence[RankStacks]) -> Verdict:
+    """Who the others wait for: the stacks document's ``verdict``."""
     found = mismatch(entries)
     if found is not None:
         return found
-    answered = [e for e in entries if not e.get("error")]
+    answered = [e for e in entries if not e.error]
     # Only a rank that was asked and kept quiet is suspect; one with no handler tells nothing.
-    silent = sorted(int(e["rank"]) for e in entries if str(e.get("error") or "").startswith(SILENT))
-    positions = {int(e["rank"]): position(e) for e in answered}
+    silent = sorted(_r(e) for e in entries if (e.error or "").startswith(SILENT))
+    positions = {_r(e): position(e) for e in answered}
     waits = Counter(p.waiting for p in positions.values() if p.waiting is not None)
     if not waits:
         if silent:
-            return {
-                "ranks": silent,
-                "message": f"rank{'s' if len(silent) > 1 else ''} {ranges(silent)} did not answer; "
-                "no rank waits in a collective",
-            }
+            return Verdict(
+                tuple(silent),
+                f"{ranks_text(silent)} did not answer; no rank waits in a collective",
+            )
         where_all = "; ".join(group_lines(answered))
-        return {
-            "ranks": [],
-            "message": "no rank waits in a collective" + (f": {where_all}" if where_all else ""),
-        }
+        return Verdict(
+            (), "no rank waits in a collective" + (f": {where_all}" if where_all else "")
+        )
     meet, _ = waits.most_common(1)[0]
     pg, seq, op = meet
     waiting = sorted(r for r, p in positions.items() if p.waiting == meet)
     reasons: dict[int, str] = {}
     for e in answered:
-        rank, pos = int(e["rank"]), positions[int(e["rank"])]
+        rank, pos = _r(e), positions[_r(e)]
         if pos.waiting == meet:
             continue
         if pos.waiting is not None:
@@ -387,33 +340,25 @@ def verdict(entries: list[dict[str, Any]]) -> dict[str, Any]:
         elif pos.done.get(pg, -1) < seq and (pos.known or not _in_distributed(e)):
             reasons[rank] = f"never entered {op} #{seq}: it is in {doing(e, answered)}"
     culprits = sorted(reasons) or silent
-    victims = (f"rank{'s' if len(waiting) > 1 else ''} {ranges(waiting)} "
-        f"wait{'' if len(waiting) > 1 else 's'} in {op} #{seq}")
+    victims = f"{ranks_text(waiting)} wait{'' if len(waiting) > 1 else 's'} in {op} #{seq}"
     if not culprits:
-        unasked = sorted(
-            int(e["rank"]) for e in entries if e.get("error") and int(e["rank"]) not in silent
-        )
+        unasked = sorted(_r(e) for e in entries if e.error and _r(e) not in silent)
         if unasked:
             # Every rank asked is in the collective: the one missing is among those not asked.
-            first = next(str(e["error"]) for e in entries if e.get("rank") == unasked[0])
-            them = f"rank{'s' if len(unasked) > 1 else ''} {ranges(unasked)}"
-            return {
-                "ranks": unasked,
-                "message": f"{victims} for {them}, whose stacks are not known here ({first})",
-            }
-        return {
-            "ranks": [],
-            "message": f"{victims}; every rank is there "
-            "(a collective timeout or a peer outside the group?)",
-        }
+            first = next(e.error for e in entries if e.error and _r(e) == unasked[0])
+            return Verdict(
+                tuple(unasked),
+                f"{victims} for {ranks_text(unasked)}, whose stacks are not known here ({first})",
+            )
+        return Verdict(
+            (),
+            f"{victims}; every rank is there (a collective timeout or a peer outside the group?)",
+        )
     if not reasons:
-        return {
-            "ranks": culprits,
-            "message": f"{victims} for rank{'s' if len(silent) > 1 else ''} {ranges(silent)}, "
-            "which did not answer",
-        }
+        return Verdict(
+            tuple(culprits), f"{victims} for {ranks_text(silent)}, which did not answer"
+        )
     held = "; ".join(f"rank {r} {reasons[r]}" for r in culprits)
-    return {
-        "ranks": culprits,
-        "message": f"{held}. {victims} for {'it' if len(culprits) == 1 else 'them'}",
-    }
+    return Verdict(
+        tuple(culprits), f"{held}. {victims} for {'it' if len(culprits) == 1 else 'them'}"
+    )

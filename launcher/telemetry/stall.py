@@ -19,15 +19,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from xl.figures import number, stamp
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.stacks.verdict import BUSY_WINDOW_S, mismatch, ranges, verdict
+from xl.launcher.stacks.model import RankStacks, Verdict
+from xl.launcher.stacks.verdict import BUSY_WINDOW_S, mismatch, verdict
 from xl.launcher.telemetry.diagnose import Thresholds
 from xl.stats import median
+from xl.units import ranks_text
 
 # Only the end of the files is read: the newest record of each rank is what counts.
 _METRICS_TAIL = 4 << 20
@@ -111,29 +112,20 @@ def hang_open(run_dir: Path) -> bool:
     return open_
 
 
-def _collective_times(entries: Sequence[dict[str, Any]]) -> dict[int, float]:
+def _collective_times(entries: Sequence[RankStacks]) -> dict[int, float]:
     """rank -> when its newest collective began, for ranks whose Flight Recorder tells."""
     out: dict[int, float] = {}
     for e in entries:
-        found = [c.get("t") for c in e.get("collectives") or [] if isinstance(c, dict)]
-        times = [
-            float(t)
-            for t in found
-            if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0
-        ]
-        if type(e.get("rank")) is int and times:
-            out[int(e["rank"])] = max(times)
+        times = [float(c.t) for c in e.collectives if c.t is not None and c.t > 0]
+        if e.rank is not None and times:
+            out[e.rank] = max(times)
     return out
-
-
-def _ranges(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}"
 
 
 def judge(
     run_dir: Path,
     ranks: Sequence[int],
-    entries: Sequence[dict[str, Any]] = (),
+    entries: Sequence[RankStacks] = (),
     *,
     now: float | None = None,
     thresholds: Thresholds | None = None,
@@ -175,18 +167,18 @@ def judge(
     notes = []
     quiet = sorted(r for r in idle if r not in moving)
     if quiet:
-        notes.append(f"{_ranges(quiet)}: none for {min(idle[r] for r in quiet):.0f} s")
+        notes.append(f"{ranks_text(quiet)}: none for {min(idle[r] for r in quiet):.0f} s")
     silent = sorted(r for r in ranks if r not in idle)
     if silent:
-        notes.append(f"{_ranges(silent)} report{'' if len(silent) > 1 else 's'} none")
+        notes.append(f"{ranks_text(silent)} report{'' if len(silent) > 1 else 's'} none")
     return Progress(
         False,
-        f"no hang: {_ranges(moving)} progressed in the last {window:.0f} s ({'; '.join(notes)})",
+        f"no hang: {ranks_text(moving)} progressed in the last {window:.0f} s ({'; '.join(notes)})",
         due,
     )
 
 
-def judged(entries: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
+def judged(entries: Sequence[RankStacks], progress: Progress) -> Verdict:
     """The stacks document's ``verdict``: who the others wait for only when the run is stalled,
     or at once when the collectives recorded can never match (a mismatch: no wait tells more)."""
     found = mismatch(entries)
@@ -194,4 +186,4 @@ def judged(entries: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
         return found
     if progress.stalled:
         return verdict(entries)
-    return {"ranks": [], "message": progress.message}
+    return Verdict((), progress.message)

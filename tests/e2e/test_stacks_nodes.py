@@ -19,10 +19,11 @@ from procs import wait_for
 
 from xl import wire
 from xl.launcher.multinode import nodelink
-from xl.launcher.multinode.protocol import check_message, clip_stacks
+from xl.launcher.multinode.protocol import StacksMessage, clip_stacks, parse_message
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.stacks import gather as capture
 from xl.launcher.stacks import nodes as nodestacks
+from xl.launcher.stacks.model import Frame, RankStacks, Target
 from xl.launcher.stacks.verdict import verdict
 from xl.launcher.telemetry.service import Telemetry
 
@@ -61,10 +62,10 @@ def test_node_0_gathers_a_node_s_stacks_through_its_link(tmp_path: Path) -> None
     try:
 
         def answer() -> None:  # node 1's supervisor: answer the first stacks request
-            [cmd] = wait_for(link.commands, timeout=10, what="node 0's stacks request")
-            ask = cmd["stacks"]
-            assert ask["rank"] is None and 0 < ask["timeout"] < 3.0
-            link.send({"type": "stacks", "id": ask["id"], "ranks": clip_stacks([_deep_entry(1)])})
+            [ask] = wait_for(link.commands, timeout=10, what="node 0's stacks request")
+            assert isinstance(ask, nodelink.StacksAsk)
+            assert ask.rank is None and ask.timeout is not None and 0 < ask.timeout < 3.0
+            link.send({"type": "stacks", "id": ask.id, "ranks": clip_stacks([_deep_entry(1)])})
 
         node = threading.Thread(target=answer, daemon=True)
         node.start()
@@ -73,16 +74,14 @@ def test_node_0_gathers_a_node_s_stacks_through_its_link(tmp_path: Path) -> None
     finally:
         link.close(0.1)
         tel.stop()
-    assert doc is not None and doc["asked"] == [1]
-    [entry] = doc["ranks"]
-    assert entry["rank"] == 1 and entry["node_rank"] == 1 and entry["pid"] == 4242
+    assert doc is not None and doc.asked == {1}
+    [entry] = doc.entries
+    assert entry.rank == 1 and entry.node_rank == 1 and entry.pid == 4242
     # Clipped to fit one frame, the innermost frames kept: the place it is stuck is there.
-    assert entry["threads"][0]["frames"][-1] == {
-        "file": "/src/train.py",
-        "line": 41,
-        "function": "astray",
-    }
-    assert not RunLayout(tmp_path).nodes_stacks_door.exists()  # the door closes with the collector
+    assert entry.threads is not None
+    assert entry.threads[0].frames[-1] == Frame("/src/train.py", 41, "astray")
+    # node 0's socket closes with the collector
+    assert not RunLayout(tmp_path).nodes_stacks_door.exists()
     status = json.loads((tmp_path / "collector.json").read_text())
     assert not status["rejects"], status
 
@@ -92,19 +91,15 @@ def test_a_quiet_node_costs_the_deadline_and_its_ranks_say_so(tmp_path: Path) ->
     try:
         start = time.monotonic()
         doc = capture.document(
-            tmp_path,
-            "run",
-            [{"rank": 1, "node": "node-b", "node_rank": 1, "pid": 4242, "remote": True}],
-            timeout=1.0,
+            tmp_path, "run", [Target(1, "node-b", 4242, 1, remote=True)], timeout=1.0
         )
         took = time.monotonic() - start
     finally:
         link.close(0.1)
         tel.stop()
-    [entry] = doc["ranks"]
-    assert (
-        "node 1 did not answer within 1 s" in entry["error"] and "xl stacks RUN" in entry["error"]
-    )
+    [entry] = doc.ranks
+    error = entry.error or ""
+    assert "node 1 did not answer within 1 s" in error and "xl stacks RUN" in error
     assert took < 3.0, took
     # Rank 0 waits in the all_reduce; the quiet node's rank is the one it waits for.
     near = {
@@ -114,13 +109,14 @@ def test_a_quiet_node_costs_the_deadline_and_its_ranks_say_so(tmp_path: Path) ->
         ],
         "collectives": [{"pg": "0", "seq": 5, "op": "all_reduce", "state": "started"}],
     }
-    v = verdict([near, entry])
-    assert v["ranks"] == [1] and v["message"].startswith("rank 0 waits in all_reduce #5 for rank 1")
+    v = verdict([RankStacks.from_json(near), entry])
+    assert v.ranks == (1,) and v.message.startswith("rank 0 waits in all_reduce #5 for rank 1")
 
 
 def test_node_0_refuses_stacks_it_cannot_hold() -> None:
     good = {"type": "stacks", "id": "abc", "ranks": clip_stacks([_deep_entry(3)])}
-    assert check_message(json.loads(json.dumps(good)))["ranks"][0]["rank"] == 3
+    took = parse_message(json.loads(json.dumps(good)), 1)
+    assert isinstance(took, StacksMessage) and took.ranks[0]["rank"] == 3
     # A collective's tensor shapes (the mismatch verdict compares them) cross; ill-formed ones
     # are clipped off.
     coll = {
@@ -137,7 +133,9 @@ def test_node_0_refuses_stacks_it_cannot_hold() -> None:
         "id": "abc",
         "ranks": clip_stacks([{**_deep_entry(3), "collectives": [coll, {**coll, "in": [["x"]]}]}]),
     }
-    got = check_message(json.loads(json.dumps(shaped)))["ranks"][0]["collectives"]
+    took = parse_message(json.loads(json.dumps(shaped)), 1)
+    assert isinstance(took, StacksMessage)
+    got = took.ranks[0]["collectives"]
     assert got[0]["in"] == [[4, 2]] and "in" not in got[1] and got[1]["out"] == [[4, 2]]
     for bad in (
         {
@@ -151,4 +149,4 @@ def test_node_0_refuses_stacks_it_cannot_hold() -> None:
         {"type": "stacks", "id": "abc", "ranks": [{"rank": -1}]},
     ):
         with pytest.raises(wire.FrameError):
-            check_message(bad)
+            parse_message(bad, 1)

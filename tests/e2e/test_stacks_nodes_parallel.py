@@ -18,6 +18,7 @@ from procs import wait_for
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.protocol import clip_stacks
 from xl.launcher.stacks import gather as capture
+from xl.launcher.stacks.model import Target
 from xl.launcher.telemetry.service import Telemetry
 
 TOKEN = "test-token-0123456789abcdef"
@@ -65,12 +66,12 @@ def test_every_node_is_asked_before_any_answers(tmp_path: Path) -> None:
         wait_for(lambda: len(seen) == NODES, timeout=30, what="every node's link at node 0")
 
         def answer(node: int, link: nodelink.NodeLink) -> None:
-            [cmd] = wait_for(link.commands, timeout=30, what=f"node {node}'s stacks request")
-            ask = cmd["stacks"]
+            [ask] = wait_for(link.commands, timeout=30, what=f"node {node}'s stacks request")
+            assert isinstance(ask, nodelink.StacksAsk)
             all_asked.wait()  # BrokenBarrierError: some node was never asked while this waited
             ranks = [node * RANKS_PER_NODE + i for i in range(RANKS_PER_NODE)]
             entries = clip_stacks([_entry(r, node) for r in ranks])
-            link.send({"type": "stacks", "id": ask["id"], "ranks": entries})
+            link.send({"type": "stacks", "id": ask.id, "ranks": entries})
             answered.append(node)
 
         for node, link in links:
@@ -78,13 +79,13 @@ def test_every_node_is_asked_before_any_answers(tmp_path: Path) -> None:
             t.start()
             threads.append(t)
         remote = [
-            {
-                "rank": node * RANKS_PER_NODE + i,
-                "node": f"node-{node}",
-                "node_rank": node,
-                "pid": 5000 + node * RANKS_PER_NODE + i,
-                "remote": True,
-            }
+            Target(
+                node * RANKS_PER_NODE + i,
+                f"node-{node}",
+                5000 + node * RANKS_PER_NODE + i,
+                node,
+                remote=True,
+            )
             for node in range(1, NODES + 1)
             for i in range(RANKS_PER_NODE)
         ]
@@ -96,10 +97,11 @@ def test_every_node_is_asked_before_any_answers(tmp_path: Path) -> None:
             link.close(0.1)
         tel.stop()
     assert sorted(answered) == list(range(1, NODES + 1))
-    entries = doc["ranks"]
-    assert [e["rank"] for e in entries] == [r["rank"] for r in remote]
-    assert not [e for e in entries if e.get("error")], entries
-    assert {e["node_rank"] for e in entries} == set(range(1, NODES + 1))
+    entries = doc.ranks
+    assert [e.rank for e in entries] == [r.rank for r in remote]
+    assert not [e for e in entries if e.error], entries
+    assert {e.node_rank for e in entries} == set(range(1, NODES + 1))
     # Each node's ranks came with their own stacks (the line says which node answered).
     for e in entries:
-        assert e["threads"][0]["frames"][-1]["line"] == 40 + e["node_rank"]
+        assert e.threads is not None and e.node_rank is not None
+        assert e.threads[0].frames[-1].line == 40 + e.node_rank

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from xl.launcher.stacks.hang import _by_rank, reword
+from xl.launcher.stacks.model import RankStacks, StacksDoc
 from xl.launcher.stacks.verdict import mismatch, position, verdict
 
 RANKS = 4096
@@ -47,8 +48,9 @@ def _entry(rank: int) -> dict[str, Any]:
 def test_each_of_4096_stalled_events_is_reworded_from_its_own_rank_s_entry() -> None:
     entries = [_entry(r) for r in range(RANKS)]
     entries[7] = {"rank": 7, "node": 0, "error": "did not answer within 5 s"}
-    doc = {"ranks": entries, "verdict": verdict(entries)}
-    assert doc["verdict"]["ranks"] == [CULPRIT]
+    read = [RankStacks.from_json(e) for e in entries]
+    doc = StacksDoc("run", 1.0, tuple(read), verdict(read))
+    assert doc.verdict.ranks == (CULPRIT,)
     events = [
         {
             "t": 1.0,
@@ -75,6 +77,10 @@ def test_each_of_4096_stalled_events_is_reworded_from_its_own_rank_s_entry() -> 
     assert told[7] == events[7]  # a rank that did not answer: its event as it was
 
 
+def _read(entries: list[dict[str, Any]]) -> list[RankStacks]:
+    return [RankStacks.from_json(e) for e in entries]
+
+
 def _blocked(rank: int, wait: tuple[str, int], done: dict[str, int]) -> dict[str, Any]:
     """A rank inside torch.distributed, waiting in ``wait`` (group, number), having done
     ``done`` (group -> its last number)."""
@@ -91,19 +97,19 @@ def test_two_ranks_of_4096_blocked_in_each_other_s_groups_are_named_and_no_other
     entries = [_blocked(r, ("default_pg", 12), {"default_pg": 11}) for r in range(RANKS)]
     entries[1500] = _blocked(1500, ("dp", 5), {"default_pg": 11, "tp": 4})
     entries[3500] = _blocked(3500, ("tp", 5), {"default_pg": 11, "dp": 4})
-    found = mismatch(entries)
-    assert found is not None and found["ranks"] == [1500, 3500]
-    assert "rank 1500 is in all_reduce #5 of process group dp" in found["message"]
+    found = mismatch(_read(entries))
+    assert found is not None and found.ranks == (1500, 3500)
+    assert "rank 1500 is in all_reduce #5 of process group dp" in found.message
     # Rank 3500 did dp #5 already: no deadlock, and nobody else is one.
     entries[3500] = _blocked(3500, ("tp", 5), {"default_pg": 11, "dp": 5})
-    assert mismatch(entries) is None
+    assert mismatch(_read(entries)) is None
 
 
 def _crossed_every_pair(entries: list[dict[str, Any]]) -> list[int] | None:
     """The rule, pair by pair in rank order: the first two ranks each blocked in a group the
     other uses, neither having done the other's collective."""
     groups = {e["rank"]: {c["pg"] for c in e["collectives"]} for e in entries}
-    pos = {e["rank"]: position(e) for e in entries}
+    pos = {e["rank"]: position(RankStacks.from_json(e)) for e in entries}
     blocked = sorted((r, p.waiting) for r, p in pos.items() if p.waiting is not None)
     for i, (x, (pg_x, seq_x, _)) in enumerate(blocked):
         for y, (pg_y, seq_y, _) in blocked[i + 1 :]:
@@ -125,5 +131,5 @@ def test_the_pair_named_is_the_first_pair_the_rule_finds(seed: int) -> None:
         wait = rng.choice(uses)
         done = {g: rng.randint(3, 6) for g in uses if g != wait or rng.random() < 0.5}
         entries.append(_blocked(r, (wait, 6), done))
-    found = mismatch(entries)
-    assert (found["ranks"] if found is not None else None) == _crossed_every_pair(entries)
+    found = mismatch(_read(entries))
+    assert (list(found.ranks) if found is not None else None) == _crossed_every_pair(entries)

@@ -10,11 +10,38 @@ from typing import Any
 
 import pytest
 
+from xl.launcher.stacks import verdict as typed
 from xl.launcher.stacks.ask import parse_faulthandler
 from xl.launcher.stacks.gather import document
 from xl.launcher.stacks.hang import HangCapture
-from xl.launcher.stacks.verdict import group_lines, mismatch, ranges, verdict
-from xl.launcher.telemetry.stall import Progress, judged
+from xl.launcher.stacks.model import RankStacks, Target
+from xl.launcher.telemetry import stall
+from xl.launcher.telemetry.stall import Progress
+from xl.units import ranges
+
+# The entries are written as the stacks document holds them (JSON), read as the product reads
+# them, and each verdict is compared as the document writes it.
+
+
+def _read(entries: list[dict[str, Any]]) -> list[RankStacks]:
+    return [RankStacks.from_json(e) for e in entries]
+
+
+def verdict(entries: list[dict[str, Any]]) -> dict[str, object]:
+    return typed.verdict(_read(entries)).to_json()
+
+
+def mismatch(entries: list[dict[str, Any]]) -> dict[str, object] | None:
+    found = typed.mismatch(_read(entries))
+    return None if found is None else found.to_json()
+
+
+def judged(entries: list[dict[str, Any]], progress: Progress) -> dict[str, object]:
+    return stall.judged(_read(entries), progress).to_json()
+
+
+def group_lines(entries: list[dict[str, Any]]) -> list[str]:
+    return typed.group_lines(_read(entries))
 
 
 def _rank(
@@ -303,12 +330,12 @@ def test_faulthandler_text_reads_back_innermost_last_main_first(tmp_path: Path) 
         done.set()
         other.join()
     threads = parse_faulthandler(path.read_text(), threading.main_thread().ident)
-    assert threads[0]["name"] == "MainThread"
+    assert threads[0].name == "MainThread"
     assert (
-        threads[0]["frames"][-1]["function"]
+        threads[0].frames[-1].function
         == "test_faulthandler_text_reads_back_innermost_last_main_first"
     )
-    assert any(t["frames"] and t["frames"][-1]["function"] == "wait" for t in threads[1:])
+    assert any(t.frames and t.frames[-1].function == "wait" for t in threads[1:])
 
 
 def test_stall_events_pass_unchanged_when_no_rank_can_be_asked(tmp_path: Path) -> None:
@@ -344,17 +371,11 @@ def test_a_capture_that_fails_says_why_in_the_supervisor_log_once(
 
 
 def test_ranks_on_another_node_are_listed_with_where_to_ask_them(tmp_path: Path) -> None:
-    doc = document(
-        tmp_path,
-        "run",
-        [{"rank": 2, "node": "b", "node_rank": 1, "pid": 5, "remote": True}],
-        timeout=0.2,
-    )
-    assert (
-        doc["ranks"][0]["error"].startswith("not asked: on node 1 (b)")
-        and "'xl stacks RUN'" in doc["ranks"][0]["error"]
-    )
-    v = verdict([_waiting(0), _waiting(1), doc["ranks"][0]])
+    doc = document(tmp_path, "run", [Target(2, "b", 5, 1, remote=True)], timeout=0.2)
+    entry = doc.ranks[0].to_json()
+    error = str(entry["error"])
+    assert error.startswith("not asked: on node 1 (b)") and "'xl stacks RUN'" in error
+    v = verdict([_waiting(0), _waiting(1), entry])
     assert v["ranks"] == [2] and v["message"].startswith(
         "ranks 0,1 wait in all_reduce #12 for rank 2, whose stacks are not known here (not "
         "asked: on node 1 (b)"

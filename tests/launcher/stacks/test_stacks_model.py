@@ -1,0 +1,132 @@
+"""The stacks document read into values and written back: the same bytes, and damaged values
+read as absent rather than trusted."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from xl.launcher.rank.stacks import answer
+from xl.launcher.stacks.ask import parse_answer
+from xl.launcher.stacks.model import RankStacks, StacksDoc, Target, targets
+from xl.launcher.stacks.verdict import verdict
+
+TORCH = "/v/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def _document() -> dict[str, Any]:
+    """A document with every key a capture writes: a rank that answered on its socket (a
+    collective with its group's number, shapes and start), one that answered through faulthandler
+    (a note), one that kept quiet, another node's rank (``node_rank``) and a stalled run's
+    ``cpu_pct``; the verdict of a mismatch."""
+    frames = [
+        {"file": "/home/me/train.py", "line": 41, "function": "main"},
+        {"file": TORCH, "line": 3252, "function": "all_reduce"},
+    ]
+    return {
+        "run_id": "20261207-094200-ab12",
+        "t": 1765100520.125,
+        "ranks": [
+            {
+                "rank": 0,
+                "node": "node-a",
+                "pid": 4100,
+                "threads": [
+                    {"name": "MainThread", "frames": frames},
+                    {"name": "xl-sender", "frames": []},
+                ],
+                "collectives": [
+                    {"pg": "default_pg", "seq": 11, "op": "all_reduce", "state": "completed",
+                     "pg_id": "0", "in": [[4, 1024]], "out": [[4, 1024]], "t": 1765100500.5},
+                    {"pg": "default_pg", "seq": 12, "op": "all_reduce", "state": "scheduled",
+                     "pg_id": "0", "in": [[4, 1024]], "out": [[4, 1024]], "t": 1765100501.25},
+                ],
+                "cpu_pct": 0.4,
+            },
+            {
+                "rank": 1,
+                "node": "node-a",
+                "pid": 4101,
+                "threads": [{"name": "MainThread", "frames": frames[:1]}],
+                "collectives": [],
+                "note": "Python could not run in this rank (C code holds the GIL): stacks from "
+                "faulthandler, no collectives",
+                "cpu_pct": 99.5,
+            },
+            {"rank": 2, "node": "node-a", "pid": 4102, "error": "did not answer within 3 s"},
+            {
+                "rank": 3,
+                "node": "node-b",
+                "pid": 7,
+                "threads": [{"name": "MainThread", "frames": frames}],
+                "collectives": [
+                    {"pg": "default_pg", "seq": 12, "op": "broadcast", "state": "scheduled",
+                     "pg_id": "0"},
+                ],
+                "node_rank": 1,
+                "cpu_pct": 0.2,
+            },
+        ],
+        "verdict": {
+            "ranks": [0, 3],
+            "mismatch": True,
+            "message": "mismatch at #12 of process group default_pg (different collectives; they "
+            "can never match): rank 0 is in all_reduce #12 at train.py:41; rank 3 is in broadcast "
+            "#12 at train.py:41",
+        },
+    }  # fmt: skip
+
+
+def test_a_document_read_and_written_back_is_the_same_bytes() -> None:
+    doc = _document()
+    for indent in (None, 1):  # the saved file, and `xl stacks --json`
+        again = StacksDoc.from_json(json.loads(json.dumps(doc))).to_json()
+        assert json.dumps(again, indent=indent) == json.dumps(doc, indent=indent)
+    # The verdict the values give is the one written.
+    read = StacksDoc.from_json(doc)
+    assert verdict(read.ranks).to_json() == doc["verdict"]
+
+
+def test_a_rank_s_own_answer_reads_back_as_it_was_sent() -> None:
+    sent = json.loads(json.dumps(answer()))
+    got = parse_answer(sent)
+    assert got is not None
+    assert [t.to_json() for t in got.threads] == sent["threads"]
+    assert [c.to_json() for c in got.collectives] == sent["collectives"]
+    assert got.note == sent.get("collectives_note")
+    assert parse_answer(["not", "an", "answer"]) is None
+
+
+def test_damaged_values_read_as_absent_and_claim_nothing() -> None:
+    """A number that is text, a bool or not finite is no number: the verdict does not use it."""
+    waiting = {
+        "rank": 0,
+        "threads": [{"name": "MainThread", "frames": [{"file": TORCH, "line": 1,
+                                                       "function": "all_reduce"}]}],
+        "collectives": [{"pg": "0", "seq": 12, "op": "all_reduce", "state": "scheduled"}],
+    }  # fmt: skip
+    odd = {
+        **waiting,
+        "rank": 1,
+        "collectives": [{"pg": "0", "seq": "12", "op": "broadcast", "state": "scheduled"}],
+        "cpu_pct": "99",
+        "node_rank": True,
+    }
+    read = RankStacks.from_json(odd)
+    assert read.collectives[0].seq is None and read.cpu_pct is None and read.node_rank is None
+    # With its number unreadable, rank 1's broadcast is no mismatch with rank 0's all_reduce.
+    assert not verdict([RankStacks.from_json(waiting), read]).mismatch
+    # The same broadcast with its number: a mismatch, named.
+    fine = RankStacks.from_json({**odd, "collectives": [{**odd["collectives"][0], "seq": 12}]})
+    assert verdict([RankStacks.from_json(waiting), fine]).mismatch
+
+
+def test_the_roster_reads_as_targets_whatever_its_shape() -> None:
+    class Info:  # telemetry's roster rank: ``node`` is its host
+        rank, node, pid, node_rank, remote = 5, "node-c", 9, 2, True
+
+    row = {"rank": 5, "node": "node-c", "pid": 9, "node_rank": 2, "remote": True}
+    want = Target(5, "node-c", 9, 2, remote=True)
+    assert targets([row, Info(), want]) == [want, want, want]
+    # A row of this node's rank (no ``remote``) is asked here.
+    assert targets([{"rank": 0, "pid": 1}]) == [Target(0, None, 1)]
