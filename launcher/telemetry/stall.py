@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xl.figures import number, stamp
+from xl.launcher.rundir.events import EventKind, newest_events
 from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
@@ -102,12 +103,10 @@ def recent_cpu(run_dir: Path, now: float) -> dict[int, float]:
 def hang_open(run_dir: Path) -> bool:
     """A ``hang`` event that no ``recovered`` (of a stall) has followed."""
     open_ = False
-    for event in decode_lines(last_lines(RunLayout(run_dir).events, _EVENTS_TAIL)):
-        if not isinstance(event, dict):
-            continue
-        if event.get("kind") == "hang":
+    for event in newest_events(run_dir, _EVENTS_TAIL):
+        if event.kind is EventKind.HANG:
             open_ = True
-        elif event.get("kind") == "recovered" and event.get("of") == "stalled":
+        elif event.kind is EventKind.RECOVERED and event.of is EventKind.STALLED:
             open_ = False
     return open_
 
