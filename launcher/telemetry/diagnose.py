@@ -394,9 +394,7 @@ class Diagnoser:
                 st for st in self._ranks.values() if st.alive and st.last_progress_t is not None
             ]
             step = max((st.step_times.median() for st in live if st.step_times), default=0.0)
-            idle = (
-                max(0.0, now - max(st.last_progress_t or 0.0 for st in live)) if live else None
-            )
+            idle = max(0.0, now - max(st.last_progress_t or 0.0 for st in live)) if live else None
         return idle, max(self.th.mismatch_after_s, self.th.mismatch_steps * step)
 
 

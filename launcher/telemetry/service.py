@@ -30,7 +30,7 @@ from xl.launcher.rundir import runrecord as record
 from xl.launcher.rundir.events import Dropped, MetricsLost, Relayed, append_event
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.stacks.hang import HangCapture
-from xl.launcher.telemetry import previous_port, write_collector_json
+from xl.launcher.telemetry import CollectorStatus, previous_port, write_collector_json
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser
 from xl.launcher.telemetry.logfeed import HOLD_S, LogFeed, OutputSteps
@@ -331,17 +331,24 @@ class Telemetry:
     def _write_status(self) -> None:
         if self.collector is None:
             return
-        status = {
-            "host": self.collector.host,
-            "port": self.collector.port,
-            "supervisor_pid": os.getpid(),
-            "updated": time.time(),
-            **self.collector.stats(),
-            "spooled_records": self.spooled_records,
-            "unparsed_lines": self.log_feed.skipped,
-            "printed_before_training": self.output_steps.dropped,
-            "metrics_bytes_lost": self.writer.bytes_lost if self.writer is not None else 0,
-        }
+        collector = self.collector
+        status = CollectorStatus(
+            host=collector.host,
+            port=collector.port,
+            supervisor_pid=os.getpid(),
+            updated=time.time(),
+            address=collector.address,
+            frames=collector.frames,
+            records=collector.records,
+            node_frames=collector.node_frames,
+            rank_peers=len(collector.peers),
+            duplicate_frames=collector.duplicates,
+            rejects=dict(collector.rejects),
+            spooled_records=self.spooled_records,
+            unparsed_lines=self.log_feed.skipped,
+            printed_before_training=self.output_steps.dropped,
+            metrics_bytes_lost=self.writer.bytes_lost if self.writer is not None else 0,
+        )
         write_collector_json(self.run_dir, status)
 
     def ingest_spool(self) -> int:

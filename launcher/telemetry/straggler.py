@@ -170,6 +170,7 @@ XID_RECENT_S = 300.0
 # The rank's sys line must be this recent for its GPU's state to count (the sampler's is 1 Hz).
 GPU_FRESH_S = 10.0
 
+
 def _thousands(mhz: object) -> str:
     return f"{mhz:,.0f}" if isinstance(mhz, (int, float)) else "?"
 
