@@ -228,6 +228,7 @@ def micro(args: argparse.Namespace) -> dict[str, object]:
 
     from xl.integrations import torchsteps  # noqa: PLC0415 - imports torch's hooks' module
     from xl.integrations.stepclock import StepClock  # noqa: PLC0415 - as above
+    from xl.integrations.steplines import StepLines  # noqa: PLC0415 - as above
 
     torch.set_num_threads(1)
     model: Any = nn.Sequential(
@@ -268,7 +269,7 @@ def micro(args: argparse.Namespace) -> dict[str, object]:
             on = block(args.block_steps)
         finally:
             unhook()
-        clock.collect()
+        StepLines(clock).collect()
         off = block(args.block_steps)
         ons.append(on)
         offs.append(off)

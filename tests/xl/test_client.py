@@ -217,7 +217,7 @@ def test_a_rank_whose_only_lines_are_torchs_steps_wakes_less_often(
     # line is due; an xl.log call brings back INTERVAL_S for its lines' latency, until a wake-up
     # finds nothing logged again.
     from xl.client import sender as sender_mod  # noqa: PLC0415 - the module under test, in-process
-    from xl.integrations.stepclock import LINE_EVERY_S  # noqa: PLC0415 - as above
+    from xl.integrations.steplines import LINE_EVERY_S  # noqa: PLC0415 - as above
 
     monkeypatch.delenv("XL_COLLECTOR", raising=False)
     sender = sender_mod.Sender()  # its thread is never started here

@@ -20,8 +20,8 @@ the training thread, no graph change):
   loss is a CUDA tensor, CUDA events at the same boundaries (``xl.integrations.devclock``): the
   split on the device's clock, read by the sender thread once done.
 
-Everything is read by the client's sender thread (``StepClock.collect``), one line per slot of
-a quarter-second wall-clock grid at most.
+Everything is read by the client's sender thread (``xl.integrations.steplines``), one line per
+slot of a quarter-second wall-clock grid at most.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from typing import Any
 from xl import client
 from xl.integrations.devclock import DeviceClock
 from xl.integrations.report import batch_size
-from xl.integrations.stepclock import HOLD_S, LINE_EVERY_S, StepClock
+from xl.integrations.stepclock import StepClock
+from xl.integrations.steplines import HOLD_S, LINE_EVERY_S, StepLines
 
 _clock: StepClock | None = None
 
@@ -57,7 +58,7 @@ def instrument(torch: Any) -> None:
     hook(torch, steps)
     torch._xl_steps = True
     _clock = steps
-    client.attach_steps(steps.collect, LINE_EVERY_S, HOLD_S)
+    client.attach_steps(StepLines(steps).collect, LINE_EVERY_S, HOLD_S)
 
 
 def hook(torch: Any, steps: StepClock) -> Callable[[], None]:

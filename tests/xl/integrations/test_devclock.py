@@ -7,13 +7,16 @@ whose losses are on the CPU is timed on the host exactly as before."""
 from __future__ import annotations
 
 import threading
+import weakref
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from fakecudaevents import FakeCuda
 
 from xl.integrations.devclock import MAX_EVENTS, DeviceClock, fit
-from xl.integrations.stepclock import HOLD_S, LINE_EVERY_S, StepClock
+from xl.integrations.stepclock import StepClock
+from xl.integrations.steplines import HOLD_S, LINE_EVERY_S, StepLines
 
 SYNCS = ("synchronize", "event.synchronize")
 READS = ("event.query", "event.elapsed_time")
@@ -96,10 +99,19 @@ def _step(
     fake.now += after
 
 
+# Each clock's lines, made once as the sender's are.
+_LINES: weakref.WeakKeyDictionary[StepClock, StepLines] = weakref.WeakKeyDictionary()
+
+
+def _lines(steps: StepClock) -> StepLines:
+    return _LINES.setdefault(steps, StepLines(steps))
+
+
 def _on_sender(steps: StepClock, final: bool = False) -> tuple[float, dict[str, Any]] | None:
     """``collect`` on a thread named as the sender's is, as the sender calls it."""
     got: list[Any] = []
-    thread = threading.Thread(target=lambda: got.append(steps.collect(final=final)), name="xl-log")
+    lines = _lines(steps)
+    thread = threading.Thread(target=lambda: got.append(lines.collect(final=final)), name="xl-log")
     thread.start()
     thread.join()
     return got[0]
@@ -178,7 +190,8 @@ def test_a_flush_on_the_training_thread_sends_late_steps_on_the_hosts_clock() ->
     opt = Opt()
     _warm(steps, fake, dev, opt)
     _step(steps, fake, dev, opt, fwd=5.0)
-    _t, line = steps.collect(final=True)  # xl.flush() or the rank's end, on the training thread
+    # xl.flush() or the rank's end, on the training thread
+    _t, line = _lines(steps).collect(final=True)
     assert line["step"] == 2 and "clock" not in line
     assert line["compute_s"] < 0.01  # the host's figure: it never waited for the 5 s
     main = threading.main_thread().name
@@ -192,8 +205,8 @@ def test_a_rank_whose_losses_are_on_the_cpu_is_timed_as_before() -> None:
         opt = Opt()
         for _ in range(4):
             _step(steps, fake, dev, opt, on_cuda=False)
-        rows.append([(*row[:2], row[2].value, *row[3:9]) for row in steps.ended])
-        _t, line = steps.collect()
+        rows.append([replace(row, loss=row.loss.value, timed=None) for row in steps.ended])
+        _t, line = _lines(steps).collect()
         assert "clock" not in line
         assert dev.made == 0 and not dev.calls.get((threading.main_thread().name, "Event"))
     assert rows[0] == rows[1]
@@ -266,7 +279,7 @@ def test_events_of_a_step_sent_on_the_hosts_clock_go_back_to_the_pool_once_done(
     _warm(steps, fake, dev, opt)
     for _ in range(30):
         _step(steps, fake, dev, opt, fwd=1.0, after=0.01)
-        steps.collect(final=True)  # flushed on the training thread: the device is behind
+        _lines(steps).collect(final=True)  # flushed on the training thread: the device is behind
     made = dev.made
     fake.now = dev.queued_until + 1.0
     for _ in range(30):
@@ -284,7 +297,7 @@ def test_events_cuda_cannot_compare_leave_the_step_on_the_hosts_clock() -> None:
     _warm(steps, fake, dev, opt)
     _step(steps, fake, dev, opt)
     _step(steps, fake, dev, opt)
-    broken = steps.ended[0][9]
+    broken = steps.ended[0].timed
 
     def elapsed(end: Any) -> float:
         raise RuntimeError("events recorded on different devices")

@@ -1,11 +1,13 @@
-"""The step clock's accounting on a fake clock: exact figures, no torch, no timing."""
+"""The step clock's accounting on a fake clock, and the lines the sender makes of it: exact
+figures, no torch, no timing."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
-from xl.integrations.stepclock import EVAL_EVERY_S, HOLD_S, LINE_EVERY_S, StepClock
+from xl.integrations.stepclock import StepClock
+from xl.integrations.steplines import EVAL_EVERY_S, HOLD_S, LINE_EVERY_S, StepLines
 from xl.integrations.torchsteps import _cuda_peak
 
 
@@ -17,9 +19,10 @@ class Fake:
         return self.now
 
 
-def _clock() -> tuple[StepClock, Fake]:
+def _clock() -> tuple[StepClock, Fake, StepLines]:
     fake = Fake()
-    return StepClock(clock=fake, wall=lambda: 1000.0 + fake.now), fake
+    steps = StepClock(clock=fake, wall=lambda: 1000.0 + fake.now)
+    return steps, fake, StepLines(steps)
 
 
 class Opt:
@@ -33,7 +36,7 @@ def _step(steps: StepClock, fake: Fake, opt: Any, seconds: float = 0.001) -> Non
 
 
 def test_compute_runs_from_the_batch_to_the_optimizer_less_the_waits_and_other_is_after() -> None:
-    steps, fake = _clock()
+    steps, fake, lines = _clock()
     opt = Opt()
     steps.fetched(0.0, 8)  # the first step starts here
     _step(steps, fake, opt, 0.01)
@@ -55,12 +58,17 @@ def test_compute_runs_from_the_batch_to_the_optimizer_less_the_waits_and_other_i
     steps.leave(start)
     _step(steps, fake, opt, 0.05)
     rows = list(steps.ended)
-    step_s, data, compute, comm = rows[1][4:8]
+    step_s, data, compute, comm = (
+        rows[1].step_s,
+        rows[1].data_s,
+        rows[1].compute_s,
+        rows[1].comm_s,
+    )
     assert round(step_s, 9) == 1.25
     assert (round(data, 9), round(compute, 9), round(comm, 9)) == (0.1, 0.55, 0.3)
-    steps.collect()  # the first line: step 1
+    lines.collect()  # the first line: step 1
     steps.ended.extend(rows[1:])
-    _t, line = steps.collect()
+    _t, line = lines.collect()
     assert line["step"] == 2
     assert (line["data_s"], line["compute_s"], line["comm_s"], line["other_s"]) == (
         0.1,
@@ -71,7 +79,7 @@ def test_compute_runs_from_the_batch_to_the_optimizer_less_the_waits_and_other_i
 
 
 def test_a_step_without_a_dataloader_starts_its_compute_at_its_first_forward() -> None:
-    steps, fake = _clock()
+    steps, fake, lines = _clock()
     opt = Opt()
     _step(steps, fake, opt, 0.01)
     fake.now += 0.4  # logging, a checkpoint, and the next batch made in the loop: other
@@ -80,7 +88,7 @@ def test_a_step_without_a_dataloader_starts_its_compute_at_its_first_forward() -
     steps.leave(start)
     fake.now += 0.2  # the loss computed outside the model: compute
     _step(steps, fake, opt, 0.05)
-    _t, line = steps.collect()
+    _t, line = lines.collect()
     assert line["steps"] == 2
     row = steps.ended  # consumed
     assert not row
@@ -89,7 +97,7 @@ def test_a_step_without_a_dataloader_starts_its_compute_at_its_first_forward() -
 
 
 def test_the_loss_is_the_sum_of_the_micro_batches_since_the_last_optimizer_step() -> None:
-    steps, fake = _clock()
+    steps, fake, lines = _clock()
     opt = Opt()
     for value in (0.25, 0.5, 0.125, 0.0625):  # four micro-batches, each loss / 4
         steps.backward(SimpleNamespace(ndim=0, detach=lambda v=value: Value(v)))
@@ -97,16 +105,16 @@ def test_the_loss_is_the_sum_of_the_micro_batches_since_the_last_optimizer_step(
     steps.backward(SimpleNamespace(ndim=0, detach=lambda: Value(2.0)))  # one backward: as it is
     _step(steps, fake, opt)
     rows = list(steps.ended)
-    _t, line = steps.collect()
-    assert line["loss"].item() == 2.0  # one backward: the tensor itself, read by the sender
+    _t, line = lines.collect()
+    assert line["loss"] == 2.0  # one backward: its value, read by the sender
     steps.ended.extend(rows[:1])
-    _t, line = steps.collect()
+    _t, line = lines.collect()
     assert line["loss"] == 0.9375
 
 
 def test_another_optimizers_step_starts_the_sum_again() -> None:
     # A GAN: the discriminator leads; the generator's loss belongs to the generator's step.
-    steps, fake = _clock()
+    steps, fake, lines = _clock()
     d, g = Opt(), Opt()
     for _ in range(2):
         steps.backward(SimpleNamespace(ndim=0, detach=lambda: Value(1.0)))  # errD_real
@@ -114,7 +122,7 @@ def test_another_optimizers_step_starts_the_sum_again() -> None:
         _step(steps, fake, d)
         steps.backward(SimpleNamespace(ndim=0, detach=lambda: Value(7.0)))  # errG
         _step(steps, fake, g)
-    _t, line = steps.collect()
+    _t, line = lines.collect()
     assert line["step"] == 2 and line["loss"] == 1.5  # errD, as the DCGAN tutorial prints it
 
 
@@ -136,19 +144,19 @@ class Value:
 def test_a_loop_that_never_steps_keeps_its_losses_bounded() -> None:
     from xl.integrations.stepclock import FOLD_LOSSES  # noqa: PLC0415 - beside its test
 
-    steps, fake = _clock()
+    steps, fake, lines = _clock()
     for _ in range(FOLD_LOSSES * 3 + 1):
         steps.backward(SimpleNamespace(ndim=0, detach=lambda: Value(1.0)))
     assert len(steps.loss) <= FOLD_LOSSES
     _step(steps, fake, Opt())
-    _t, line = steps.collect()
+    _t, line = lines.collect()
     assert line["loss"] == FOLD_LOSSES * 3 + 1
 
 
 def test_a_wait_in_a_later_final_callback_counts_once() -> None:
     # FSDP2: its final callback waits on the reduce-scatter (Work.wait, counted as it happens)
     # inside the tail that follows the graph: the tail counts only what is not counted yet.
-    steps, fake = _clock()
+    steps, fake, lines = _clock()
     start = steps.enter()
     fake.now += 0.1
     steps.graph_done()
@@ -158,12 +166,12 @@ def test_a_wait_in_a_later_final_callback_counts_once() -> None:
     steps.backward_done()
     steps.leave(start)
     _step(steps, fake, Opt(), 0.0)
-    _t, line = steps.collect()
+    _t, line = lines.collect()
     assert line["comm_s"] == 0.35 and line["compute_s"] == 0.1 and line["other_s"] == 0.0
 
 
 def test_a_step_that_raised_does_not_leave_its_region_open() -> None:
-    steps, fake = _clock()
+    steps, fake, _ = _clock()
     opt = Opt()
     _step(steps, fake, opt)
     steps.opt_pre()  # optimizer.step raised: its post hook never ran
@@ -176,7 +184,7 @@ def test_a_step_that_raised_does_not_leave_its_region_open() -> None:
 
 
 def test_the_leader_and_the_takeover() -> None:
-    steps, fake = _clock()
+    steps, fake, _ = _clock()
     d, g, new = Opt(), Opt(), Opt()
     for _ in range(3):
         _step(steps, fake, d)
@@ -188,23 +196,23 @@ def test_the_leader_and_the_takeover() -> None:
 
 
 def test_a_step_just_ended_waits_for_the_next_grid_point_unless_final() -> None:
-    steps, fake = _clock()  # wall 1100.0: a grid point
+    steps, fake, lines = _clock()  # wall 1100.0: a grid point
     fake.now += LINE_EVERY_S - HOLD_S / 2
     _step(steps, fake, Opt())  # ends just before the next grid point
     fake.now = 100.0 + LINE_EVERY_S + HOLD_S / 2
-    assert steps.collect(final=False) is None  # that point is not HOLD_S old yet
+    assert lines.collect(final=False) is None  # that point is not HOLD_S old yet
     fake.now += HOLD_S
-    assert steps.collect(final=False) is not None
+    assert lines.collect(final=False) is not None
     _step(steps, fake, Opt())
-    assert steps.collect(final=True) is not None
+    assert lines.collect(final=True) is not None
 
 
 def test_lines_are_cut_on_the_wall_clock_grid_and_no_step_is_lost() -> None:
     # Ranks that step together end each step within a moment of each other: whenever their
     # senders ask, their lines are cut after the same step and carry the same steps' rates.
-    lines: list[list[tuple[int, int]]] = []
+    cut: list[list[tuple[int, int]]] = []
     for phase in (0.0, 0.07, 0.19):  # when the rank's sender first asks, in its wake cycle
-        steps, fake = _clock()
+        steps, fake, lines = _clock()
         opt = Opt()
         got: list[tuple[int, int]] = []
         asked = 1100.0 + phase
@@ -213,13 +221,13 @@ def test_lines_are_cut_on_the_wall_clock_grid_and_no_step_is_lost() -> None:
             _step(steps, fake, opt, seconds=0.01)
             if 1000.0 + fake.now >= asked:
                 asked += 0.1
-                out = steps.collect(final=False)
+                out = lines.collect(final=False)
                 if out is not None:
                     got.append((out[1]["step"], out[1].get("steps", 1)))
-        lines.append(got)
-    assert lines[0] == lines[1] == lines[2], lines
+        cut.append(got)
+    assert cut[0] == cut[1] == cut[2], cut
     # One line per grid point, each holding the steps of its slot: 25 steps of 10 ms.
-    assert [n for _, n in lines[0][1:]] == [25] * (len(lines[0]) - 1)
+    assert [n for _, n in cut[0][1:]] == [25] * (len(cut[0]) - 1)
 
 
 def test_the_sender_wakes_just_after_each_line_is_due() -> None:
@@ -237,11 +245,11 @@ def test_the_sender_wakes_just_after_each_line_is_due() -> None:
 
 
 def test_keys_the_rank_gives_itself_are_left_out() -> None:
-    steps, fake = _clock()
+    steps, fake, lines = _clock()
     steps.loss = SimpleNamespace(ndim=0)
     steps.samples, steps.batches = 4, 1
     _step(steps, fake, Opt())
-    _t, line = steps.collect({"step", "loss", "samples"})
+    _t, line = lines.collect({"step", "loss", "samples"})
     assert not {"step", "loss", "samples", "samples_per_s"} & set(line)
     assert {"step_s", "data_s", "compute_s", "comm_s", "other_s"} <= set(line)
 
@@ -260,11 +268,11 @@ def test_cuda_peak_is_the_allocators_counter_reset_each_step() -> None:
         reset_peak_memory_stats=lambda: calls.append("reset"),
         synchronize=lambda: calls.append("sync"),
     )
-    steps, fake = _clock()
+    steps, fake, lines = _clock()
     steps.memory = _cuda_peak(SimpleNamespace(cuda=cuda))
     _step(steps, fake, Opt())
     _step(steps, fake, Opt())
-    _t, line = steps.collect()
+    _t, line = lines.collect()
     assert line["mem_peak_mib"] == 3072.0  # the line's steps' highest peak
     assert calls == ["max", "reset", "max", "reset"]  # host-side counters, never a sync
     idle = _cuda_peak(SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: False)))
@@ -274,43 +282,43 @@ def test_cuda_peak_is_the_allocators_counter_reset_each_step() -> None:
 def test_a_script_that_times_its_own_steps_is_not_timed_twice() -> None:
     # A script whose xl.log gives step, loss, samples and its own step_s split: the hooks' lines
     # would only repeat its steps (the digest counted each step twice), so none is sent.
-    steps, fake = _clock()
+    steps, fake, lines = _clock()
     opt = Opt()
     steps.fetched(0.0, 4)
     _step(steps, fake, opt)
     fake.now += 1.0
-    assert steps.collect({"step", "loss", "samples", "step_s"}) is None
+    assert lines.collect({"step", "loss", "samples", "step_s"}) is None
     # With only step given, the split still comes (the time split is added to the script's keys).
     steps.fetched(0.0, 4)
     _step(steps, fake, opt)
     fake.now += 1.0
-    _t, line = steps.collect({"step"})
+    _t, line = lines.collect({"step"})
     assert "step" not in line and line["step_s"] > 0
 
 
 def test_an_eval_between_steps_says_the_rank_is_alive_at_most_once_a_second_and_never_a_step() -> (
     None
 ):
-    steps, fake = _clock()
+    steps, fake, lines = _clock()
     opt = Opt()
     steps.eval_batches = 5  # an eval before training: the rank is not training yet
-    assert steps.collect() is None
+    assert lines.collect() is None
     steps.fetched(0.0, 8)
     _step(steps, fake, opt)
-    _t, line = steps.collect()
+    _t, line = lines.collect()
     assert line["step"] == 1
-    assert steps.collect() is None  # no step, no eval batch since: nothing to say
+    assert lines.collect() is None  # no step, no eval batch since: nothing to say
     steps.eval_batches += 3
-    t, line = steps.collect()
+    t, line = lines.collect()
     assert line == {"eval_batches": 8} and t == 1000.0 + fake.now
     steps.eval_batches += 3
-    assert steps.collect() is None  # within EVAL_EVERY_S of the last such line
+    assert lines.collect() is None  # within EVAL_EVERY_S of the last such line
     fake.now += EVAL_EVERY_S
-    _t, line = steps.collect()
+    _t, line = lines.collect()
     assert line == {"eval_batches": 11}
     fake.now += EVAL_EVERY_S
-    assert steps.collect() is None  # the eval ended: no batch since
+    assert lines.collect() is None  # the eval ended: no batch since
     steps.fetched(0.0, 8)
     _step(steps, fake, opt)
-    _t, line = steps.collect()
+    _t, line = lines.collect()
     assert line["step"] == 2 and "eval_batches" not in line

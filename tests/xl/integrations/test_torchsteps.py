@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from xl.client.metricline import drain  # noqa: E402
 from xl.integrations import torchsteps  # noqa: E402
-from xl.integrations.stepclock import StepClock  # noqa: E402
+from xl.integrations.stepclock import Ended, StepClock  # noqa: E402
+from xl.integrations.steplines import StepLines  # noqa: E402
 
 
 @pytest.fixture
@@ -32,12 +33,12 @@ def steps() -> Iterator[StepClock]:
         unhook()
 
 
-def _rows(clock: StepClock) -> list[tuple[Any, ...]]:
+def _rows(clock: StepClock) -> list[Ended]:
     return list(clock.ended)
 
 
-def _adds_up(row: tuple[Any, ...]) -> None:
-    step_s, data, compute, comm = row[4:8]
+def _adds_up(row: Ended) -> None:
+    step_s, data, compute, comm = row.step_s, row.data_s, row.compute_s, row.comm_s
     assert min(step_s, data, compute, comm) >= 0
     assert data + compute + comm <= step_s + 1e-6
 
@@ -62,20 +63,20 @@ def test_a_plain_loop_reports_each_step_its_loss_and_samples(steps: StepClock) -
         opt.step()
         truth.append(loss.item())
     rows = _rows(steps)
-    assert [r[1] for r in rows] == list(range(1, 9))
-    assert [r[2].item() for r in rows] == pytest.approx(truth)
-    assert [r[3] for r in rows] == [4] * 7 + [2]
+    assert [r.step for r in rows] == list(range(1, 9))
+    assert [r.loss.item() for r in rows] == pytest.approx(truth)
+    assert [r.samples for r in rows] == [4] * 7 + [2]
     for row in rows:
         _adds_up(row)
-        assert row[6] > 0  # forward, backward and the optimizer are compute
-    _t, line = steps.collect()
+        assert row.compute_s > 0  # forward, backward and the optimizer are compute
+    _t, line = StepLines(steps).collect()
     assert line["step"] == 8 and line["steps"] == 8 and line["samples"] == 30
-    assert line["loss"].item() == pytest.approx(truth[-1])
+    assert line["loss"] == pytest.approx(truth[-1])
     parts = line["data_s"] + line["compute_s"] + line["comm_s"] + line["other_s"]
     assert parts == pytest.approx(line["step_s"], abs=1e-5)
     assert line["samples_per_s"] == pytest.approx(30 / (line["step_s"] * 8), rel=1e-3)
     assert "mem_peak_mib" not in line  # no CUDA here
-    assert steps.collect() is None  # consumed
+    assert StepLines(steps).collect() is None  # consumed
 
 
 def test_gradient_accumulation_counts_optimizer_steps_and_sums_micro_batches(
@@ -96,12 +97,12 @@ def test_gradient_accumulation_counts_optimizer_steps_and_sums_micro_batches(
             last.append(loss.item())
             total = 0.0
     rows = _rows(steps)
-    assert [r[1] for r in rows] == [1, 2, 3, 4]
-    assert [r[3] for r in rows] == [12] * 4
+    assert [r.step for r in rows] == [1, 2, 3, 4]
+    assert [r.samples for r in rows] == [12] * 4
     for row, want, wrong in zip(rows, printed, last, strict=True):
         steps.ended.clear()
         steps.ended.append(row)
-        _t, line = steps.collect()
+        _t, line = StepLines(steps).collect()
         assert line["loss"] == pytest.approx(want, rel=1e-6)
         assert line["loss"] != pytest.approx(wrong, rel=1e-3)  # not the last micro-batch's
 
@@ -116,8 +117,8 @@ def test_no_dataloader_counts_the_models_batch(steps: StepClock) -> None:
         opt.step()
         opt.zero_grad()
     rows = _rows(steps)
-    assert [r[3] for r in rows] == [6] * 5
-    assert all(r[5] == 0 for r in rows)  # no DataLoader: no data time
+    assert [r.samples for r in rows] == [6] * 5
+    assert all(r.data_s == 0 for r in rows)  # no DataLoader: no data time
 
 
 def test_an_iterable_dataset_counts_its_batches(steps: StepClock) -> None:
@@ -131,7 +132,7 @@ def test_an_iterable_dataset_counts_its_batches(steps: StepClock) -> None:
     for batch in DataLoader(Stream(), batch_size=5):
         model(batch["x"]).mean().backward()
         opt.step()
-    assert [r[3] for r in _rows(steps)] == [5, 5, 5, 5]
+    assert [r.samples for r in _rows(steps)] == [5, 5, 5, 5]
 
 
 def test_several_optimizers_the_first_to_step_leads(steps: StepClock) -> None:
@@ -151,10 +152,10 @@ def test_several_optimizers_the_first_to_step_leads(steps: StepClock) -> None:
         opt_g.step()
         opt_g.zero_grad()
     rows = _rows(steps)
-    assert [r[1] for r in rows] == list(range(1, 7))  # the discriminator's steps, once each
+    assert [r.step for r in rows] == list(range(1, 7))  # the discriminator's steps, once each
     # The generator's step falls inside the next step, before the discriminator's backward:
     # each step's loss is the discriminator's.
-    assert [r[2].item() for r in rows] == pytest.approx(d_losses)
+    assert [r.loss.item() for r in rows] == pytest.approx(d_losses)
 
 
 def test_an_optimizer_that_replaces_the_leader_takes_over(steps: StepClock) -> None:
@@ -165,7 +166,7 @@ def test_an_optimizer_that_replaces_the_leader_takes_over(steps: StepClock) -> N
         model(torch.randn(2, 8)).mean().backward()
         opt.step()
     # Its first step is not one (it might be the leader's partner); from its second on, it leads.
-    assert [r[1] for r in _rows(steps)] == [1, 2, 3, 4, 5, 6]
+    assert [r.step for r in _rows(steps)] == [1, 2, 3, 4, 5, 6]
 
 
 def test_lbfgs_with_a_closure_is_one_step_whose_loss_is_the_first_inside(steps: StepClock) -> None:
@@ -188,12 +189,12 @@ def test_lbfgs_with_a_closure_is_one_step_whose_loss_is_the_first_inside(steps: 
         assert len(evaluations) > 1  # LBFGS evaluated it several times in one step
         firsts.append(evaluations[0])
     rows = _rows(steps)
-    assert [r[1] for r in rows] == [1, 2, 3]
-    assert [r[2].item() for r in rows] == pytest.approx(firsts)
-    assert [r[3] for r in rows] == [16, 16, 16]
+    assert [r.step for r in rows] == [1, 2, 3]
+    assert [r.loss.item() for r in rows] == pytest.approx(firsts)
+    assert [r.samples for r in rows] == [16, 16, 16]
     for row in rows:
         _adds_up(row)
-        assert row[6] > 0  # the closure's forward and backward, inside step(): compute
+        assert row.compute_s > 0  # the closure's forward and backward, inside step(): compute
 
 
 def test_amp_gradscaler_reports_the_unscaled_loss_and_a_skipped_step_is_no_step(
@@ -216,9 +217,9 @@ def test_amp_gradscaler_reports_the_unscaled_loss_and_a_skipped_step_is_no_step(
         if i != 2:
             truth.append(loss.item())
     rows = _rows(steps)
-    assert [r[1] for r in rows] == [1, 2, 3, 4]
-    assert [r[2].item() for r in rows] == pytest.approx(truth)  # not 1024x
-    assert [r[3] for r in rows] == [4, 4, 8, 4]  # the skipped step's batch falls in the next
+    assert [r.step for r in rows] == [1, 2, 3, 4]
+    assert [r.loss.item() for r in rows] == pytest.approx(truth)  # not 1024x
+    assert [r.samples for r in rows] == [4, 4, 8, 4]  # the skipped step's batch falls in the next
 
 
 def test_an_eval_loop_between_steps_is_not_a_step_nor_samples_nor_data(steps: StepClock) -> None:
@@ -237,11 +238,11 @@ def test_an_eval_loop_between_steps_is_not_a_step_nor_samples_nor_data(steps: St
                     time.sleep(0.02)
             model.train()
     rows = _rows(steps)
-    assert [r[1] for r in rows] == [1, 2, 3, 4]
-    assert [r[3] for r in rows] == [4, 4, 4, 4]
+    assert [r.step for r in rows] == [1, 2, 3, 4]
+    assert [r.samples for r in rows] == [4, 4, 4, 4]
     evaluated = rows[2]  # the eval ran between steps 2 and 3: the script's own time
-    other = evaluated[4] - sum(evaluated[5:8])
-    assert other >= 0.08 and evaluated[5] < other
+    other = evaluated.step_s - evaluated.data_s + evaluated.compute_s + evaluated.comm_s
+    assert other >= 0.08 and evaluated.data_s < other
     assert steps.eval_batches == 4  # the val loader's 4 batches under no_grad: a sign of life
 
 
@@ -257,9 +258,9 @@ def test_two_losses_in_one_step_report_their_sum(steps: StepClock) -> None:
     b.backward()
     opt.step()
     (row,) = _rows(steps)
-    _t, line = steps.collect()
+    _t, line = StepLines(steps).collect()
     assert line["loss"] == pytest.approx(a.item() + b.item(), rel=1e-6)
-    assert row[3] == 8  # two forwards of the model on a batch of 4
+    assert row.samples == 8  # two forwards of the model on a batch of 4
 
 
 def test_a_slow_dataset_is_data_time_and_a_slow_forward_is_compute(steps: StepClock) -> None:
@@ -293,14 +294,16 @@ def test_a_slow_dataset_is_data_time_and_a_slow_forward_is_compute(steps: StepCl
         steps.ended.clear()
         for row in rows:
             _adds_up(row)
-            data, compute = row[5], row[6]
+            data, compute = row.data_s, row.compute_s
             # The sleeps are lower bounds whatever the machine's load: the slow part is the
             # largest part of the step.
             if want == "data":
-                assert data >= 0.2 and data > max(compute, row[7], row[4] - data - compute - row[7])
+                assert data >= 0.2 and data > max(
+                    compute, row.comm_s, row.step_s - data - compute - row.comm_s
+                )
             else:
                 assert compute >= 0.2 and compute > max(
-                    data, row[7], row[4] - data - compute - row[7]
+                    data, row.comm_s, row.step_s - data - compute - row.comm_s
                 )
 
 
@@ -322,8 +325,8 @@ def test_torch_compile_steps_are_counted(steps: StepClock) -> None:
         opt.zero_grad()
         truth.append(loss.item())
     rows = _rows(steps)[-4:]
-    assert [r[2].item() for r in rows] == pytest.approx(truth)
-    assert [r[3] for r in rows] == [2, 2, 2, 2]
+    assert [r.loss.item() for r in rows] == pytest.approx(truth)
+    assert [r.samples for r in rows] == [2, 2, 2, 2]
 
 
 def test_what_the_script_logs_itself_is_left_out_of_the_steps_line(steps: StepClock) -> None:
@@ -337,7 +340,7 @@ def test_what_the_script_logs_itself_is_left_out_of_the_steps_line(steps: StepCl
         loss.backward()
         opt.step()
         queue.append((time.time(), {"step": step, "loss": loss.detach(), "lr": 0.01}))
-    lines, dropped = drain(queue, 0, rates, given, steps.collect)
+    lines, dropped = drain(queue, 0, rates, given, StepLines(steps).collect)
     recs = [json.loads(line) for line in lines]
     assert dropped == 0 and given == {"step", "loss"}
     assert [r.get("step") for r in recs] == [1, 2, 3, None]
@@ -350,11 +353,11 @@ def test_what_the_script_logs_itself_is_left_out_of_the_steps_line(steps: StepCl
         abs_tol=1e-5,
     )
     # A framework says so before its first step: nothing of its keys from the first line on.
-    steps.collect()
+    StepLines(steps).collect()
     given.update(("samples",))
     model(torch.randn(4, 8)).mean().backward()
     opt.step()
-    lines, _ = drain(deque(), 0, rates, given, steps.collect)
+    lines, _ = drain(deque(), 0, rates, given, StepLines(steps).collect)
     assert not {"step", "loss", "samples", "samples_per_s"} & set(json.loads(lines[0]))
 
 
@@ -402,8 +405,13 @@ def test_what_the_script_does_between_epochs_is_other_not_the_next_steps_compute
     finally:
         unhook()
     rows = _rows(steps)
-    assert [r[1] for r in rows] == [1, 2, 3, 4]
+    assert [r.step for r in rows] == [1, 2, 3, 4]
     first_of_epoch_2 = rows[2]
-    step_s, data, compute, comm = first_of_epoch_2[4:8]
+    step_s, data, compute, comm = (
+        first_of_epoch_2.step_s,
+        first_of_epoch_2.data_s,
+        first_of_epoch_2.compute_s,
+        first_of_epoch_2.comm_s,
+    )
     assert step_s == pytest.approx(4.75) and compute == pytest.approx(0.25)
     assert step_s - data - compute - comm == pytest.approx(4.5)
