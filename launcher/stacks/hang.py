@@ -51,9 +51,8 @@ from xl.launcher.telemetry.stall import STALLED, Progress, judge
 from xl.launcher.telemetry.thread_errors import Trouble
 from xl.units import ranks_text
 
-# The diagnoser's events pass through here on their way to events.jsonl, as it wrote them.
-Event = dict[str, Any]
-Emit = Callable[[Event], None]
+# The diagnoser's events pass through here as their events.jsonl lines, on their way to the file.
+Emit = Callable[[dict[str, Any]], None]
 # The supervisor's roster: its ranks (``remote`` for another node's), as model.targets takes them.
 Roster = Callable[[], Sequence[Json | RosterRank | Target]]
 
@@ -88,8 +87,8 @@ class HangCapture:
         self._retries = retries
         self._hold_s = hold_s
         self._lock = threading.Lock()
-        self._held: list[Event] = []
-        self._plain: list[Event] = []  # this hang's stalls sent as they came (retrying)
+        self._held: list[dict[str, Any]] = []
+        self._plain: list[dict[str, Any]] = []  # this hang's stalls sent as they came (retrying)
         # idle -> busy (capturing, stalls held) -> done (this hang's verdict is in), or ->
         # retrying (the first capture named nobody: stalls go out as they come) -> done or idle
         self._state = "idle"
@@ -102,7 +101,8 @@ class HangCapture:
         self._peeking: threading.Thread | None = None
         self._ended = False  # join(): the run ends, no new look starts
 
-    def on_stall(self, events: list[Event]) -> None:
+    # edge: the diagnoser's stalled events as their events.jsonl lines, held or reworded here
+    def on_stall(self, events: list[dict[str, Any]]) -> None:
         """The diagnoser's stalled events: held until the hang's stacks are in, then sent."""
         with self._lock:
             if self._state == "idle" and self._mismatch is not None:
@@ -131,7 +131,7 @@ class HangCapture:
         (never said, as the hang's verdict is awaited) drops that stall and is dropped itself,
         so no event says a rank recovered from a stall nobody was told of."""
 
-        def gated(event: Event) -> None:
+        def gated(event: dict[str, Any]) -> None:
             if event.get("kind") == "recovered" and event.get("of") == "stalled":
                 rank = event.get("rank")
                 with self._lock:
@@ -265,7 +265,9 @@ class HangCapture:
         said = doc.verdict.message
         self._emit(Hang(doc.t, rank, culprits, said, doc.file or "", working).to_json())
 
-    def _send(self, events: list[Event], doc: StacksDoc | None, *, late: bool = False) -> None:
+    def _send(
+        self, events: list[dict[str, Any]], doc: StacksDoc | None, *, late: bool = False
+    ) -> None:
         """The stalls, reworded with the hang's verdict where there is one. Each is dated when
         it is said, never before the hang it follows (``late``: held until now), so the events
         stay in time order."""
@@ -281,7 +283,8 @@ class HangCapture:
 _IDLE = re.compile(r"(no progress for )(\d+)( s)")
 
 
-def said_at(event: Event, t: float) -> Event:
+# edge: an events.jsonl line on its way to the file, dated anew
+def said_at(event: dict[str, Any], t: float) -> dict[str, Any]:
     """A stall said at ``t`` rather than when it was seen (held for the hang's verdict, or said
     again after it): dated ``t``, its idle time and the message's "no progress for N s" grown by
     the wait. An event at ``t`` or later is left as it is."""
@@ -307,7 +310,10 @@ def _by_rank(doc: StacksDoc) -> dict[int, RankStacks]:
     return out
 
 
-def reword(event: Event, doc: StacksDoc, entries: dict[int, RankStacks] | None = None) -> Event:
+# edge: an events.jsonl line on its way to the file, its message told anew
+def reword(
+    event: dict[str, Any], doc: StacksDoc, entries: dict[int, RankStacks] | None = None
+) -> dict[str, Any]:
     """A stalled event told with the hang's verdict: the culprit stalled, the others waiting on
     it. ``entries``: the capture's entries by rank (``_by_rank``), when the caller has them."""
     rank = event.get("rank")
