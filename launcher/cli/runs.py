@@ -167,12 +167,11 @@ def _json(r: RunInfo) -> dict[str, Any]:
 
 
 def _stragglers(r: RunInfo) -> list[dict[str, Any]]:
-    from xl.launcher.rundir.jsonl import decode_lines  # noqa: PLC0415 - --json only
+    from xl.launcher.rundir.events import parse_lines  # noqa: PLC0415 - --json only
     from xl.launcher.rundir.tail import Tail  # noqa: PLC0415 - as above
     from xl.launcher.telemetry.straggler import said  # noqa: PLC0415 - as above
 
-    events = decode_lines(Tail(RunLayout(r.run_dir).events).read())
-    return said([e for e in events if type(e) is dict])
+    return said(parse_lines(Tail(RunLayout(r.run_dir).events).read()))
 
 
 def _one(token: str, as_json: bool) -> int:

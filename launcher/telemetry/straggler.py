@@ -19,10 +19,11 @@ over ticks; this module only decides one window.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from xl.figures import PHASE_KEYS, PHASES
+from xl.launcher.rundir.events import EventKind, EventLine
 from xl.launcher.telemetry.diagnosis import Fields, GpuPart
 from xl.stats import median
 
@@ -225,21 +226,22 @@ def explain_gpu(seen: Mapping[str, object] | None, phase: str | None, now: float
 SAID = ("rank", "phase", "gpu", "gpu_reason", "gpu_detail", "lasting", "since_s", "spells")
 
 
-def said(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+# edge: each rank's object as `xl runs RUN --json` prints it, its values as the lines held them
+def said(events: Iterable[EventLine]) -> list[dict[str, Any]]:
     """Each named rank's last straggler event's fields, with ``t``, ``message`` and
     ``recovered`` (a ``recovered`` event of ``straggler`` came after it), by rank."""
     last: dict[int, dict[str, Any]] = {}
     for event in events:
-        rank, kind = event.get("rank"), event.get("kind")
-        if type(rank) is not int:
+        rank, kind, data = event.rank, event.kind, event.data
+        if rank is None:
             continue
-        if kind == "straggler":
+        if kind is EventKind.STRAGGLER:
             last[rank] = {
-                **{key: event.get(key) for key in SAID},
-                "t": event.get("t"),
-                "message": event.get("message"),
+                **{key: data.get(key) for key in SAID},
+                "t": data.get("t"),
+                "message": data.get("message"),
                 "recovered": False,
             }
-        elif kind == "recovered" and event.get("of") == "straggler" and rank in last:
+        elif kind is EventKind.RECOVERED and event.of is EventKind.STRAGGLER and rank in last:
             last[rank]["recovered"] = True
     return [last[rank] for rank in sorted(last)]

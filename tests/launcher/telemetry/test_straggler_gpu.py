@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from xl.launcher.rundir.events import parse_event
 from xl.launcher.telemetry.diagnose import Diagnoser, Thresholds
 from xl.launcher.telemetry.straggler import said
 
@@ -167,7 +168,7 @@ def test_what_was_said_is_each_rank_s_last_straggler_event_and_whether_it_recove
 
     events: list[dict[str, Any]] = []
     simulate(Diagnoser(events.append, TH), work, gpu, 100)
-    got = said(events)
+    got = said(e for e in map(parse_event, events) if e is not None)
     assert [(s["rank"], s["recovered"], s["gpu_reason"]) for s in got] == [
         (1, True, None),
         (2, False, "hw_thermal_slowdown"),
