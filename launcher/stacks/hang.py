@@ -43,7 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from xl.launcher.rundir.events import Hang
+from xl.launcher.rundir.events import EventKind, Hang
 from xl.launcher.stacks import gather as capture
 from xl.launcher.stacks.model import Json, RankStacks, RosterRank, StacksDoc, Target, targets
 from xl.launcher.stacks.verdict import busy, doing, position, where
@@ -132,7 +132,7 @@ class HangCapture:
         so no event says a rank recovered from a stall nobody was told of."""
 
         def gated(event: dict[str, Any]) -> None:
-            if event.get("kind") == "recovered" and event.get("of") == "stalled":
+            if event.get("kind") == EventKind.RECOVERED and event.get("of") == EventKind.STALLED:
                 rank = event.get("rank")
                 with self._lock:
                     held = [e for e in self._held if e.get("rank") != rank]
