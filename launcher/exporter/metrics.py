@@ -36,6 +36,7 @@ from xl.launcher import runprocs
 from xl.launcher.exporter.gpus import GPU, Buses, clock_families
 from xl.launcher.exporter.nodes import PER_NODE_PAST, NodeSeries, per_node
 from xl.launcher.rundir import runrecord as record
+from xl.launcher.rundir.events import EventKind, EventLine
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.runrecord import DeviceRow, RankRow, RunRecord, RunStatus
 from xl.launcher.rundir.store import run_owner
@@ -51,6 +52,8 @@ MIB = 1 << 20
 # A failed run's failure stays exported this long after its end, so that a scrape every minute
 # or so (and an alert on it) sees it; then it is gone as every ended run is.
 FAILED_KEPT_S = 900.0
+# The straggler event's fields that label xl_rank_straggler (docs/exporter.md).
+STRAGGLER_LABELS = ("phase", "gpu", "gpu_reason", "gpu_detail", "lasting")
 
 
 class ExporterReader(RunReader):
@@ -64,16 +67,17 @@ class ExporterReader(RunReader):
         self.samples_total: dict[int, float] = {}
         self.last_step_t: dict[int, float] = {}
         self.clock_reasons: dict[int, tuple[int, int]] = {}  # rank -> (its GPU, the bitmask)
-        self.straggling: dict[int, dict[str, Any]] = {}  # rank -> its straggler event in force
+        # rank -> the labels of its straggler event in force
+        self.straggling: dict[int, dict[str, str]] = {}
 
-    def _apply_event(self, event: dict[str, Any]) -> None:
+    def _apply_event(self, event: EventLine) -> None:
         super()._apply_event(event)
-        rank, kind = event.get("rank"), event.get("kind")
-        if type(rank) is not int:
+        rank = event.rank
+        if rank is None:
             return
-        if kind == "straggler":
-            self.straggling[rank] = event
-        elif kind == "recovered" and event.get("of") == "straggler":
+        if event.kind is EventKind.STRAGGLER:
+            self.straggling[rank] = {k: _text(event.data.get(k)) for k in STRAGGLER_LABELS}
+        elif event.kind is EventKind.RECOVERED and event.of is EventKind.STRAGGLER:
             self.straggling.pop(rank, None)
 
     def _apply_metrics(self, records: list[Any]) -> None:
@@ -101,13 +105,13 @@ class ExporterReader(RunReader):
         super()._apply_metrics(records)
 
 
-def latest_lines(records: list[Any]) -> list[Any]:
+def latest_lines(records: list[object]) -> list[object]:
     """Of each rank's lines of one kind and the same keys, the last, in the file's order: what a
     big run's figures are made of at a scrape (4,096 ranks: ~12,000 of 184,000 lines between two
     scrapes 15 s apart, the reader's work cut as much). Every key's last value is on the last line
     that has it, and that line is kept, so each figure the exporter shows is the one the whole
     read would give; what it does not show (histories, phase totals) is not kept whole."""
-    last: dict[tuple[Any, Any, tuple[str, ...]], int] = {}
+    last: dict[tuple[object, object, tuple[str, ...]], int] = {}
     for i, rec in enumerate(records):
         if type(rec) is dict:
             last[(rec.get("rank"), rec.get("kind"), tuple(rec))] = i
@@ -387,10 +391,7 @@ class RunsCollector(Collector):
                 )
                 named = run.reader.straggling.get(rank)
                 if named is not None and view.state == "straggler":
-                    straggler.add_metric(labels, {
-                        k: _text(named.get(k))
-                        for k in ("phase", "gpu", "gpu_reason", "gpu_detail", "lasting")
-                    })  # fmt: skip
+                    straggler.add_metric(labels, named)
                 if view.mem_mib is not None:
                     host_mem.add_metric(labels, view.mem_mib * MIB)
                 seen = run.reader.clock_reasons.get(rank)
