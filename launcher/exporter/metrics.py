@@ -17,7 +17,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,7 +152,7 @@ def _family(key: str) -> str:
     return family
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return "" if value is None else str(value)
 
 
@@ -179,7 +179,7 @@ class RunsCollector(Collector):
         runs_root: Path | None = None,
         *,
         gpus: bool = True,
-        clock: Any = time.time,
+        clock: Callable[[], float] = time.time,
         per_rank: bool = False,
     ) -> None:
         self.runs_root = runs_root

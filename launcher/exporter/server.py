@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
-from typing import Any, TextIO
+from typing import TextIO
 
 MAX_CONNECTIONS = 256  # open at once: far above what scrapers need, far below the fd limit
 WORKERS = 4  # threads that answer requests (a scrape renders in milliseconds)
@@ -39,7 +39,7 @@ SAY_FULL_S = 60.0  # "connections at the cap" is said at most this often
 @dataclass
 class _Conn:
     sock: socket.socket
-    address: Any
+    address: tuple[str, int]  # the peer's (host, port)
     since: float  # monotonic, when accepted
     head: bytearray = field(default_factory=bytearray)
 
