@@ -16,7 +16,12 @@ from typing import Any, Generic, TypeVar
 
 def median(values: Iterable[float]) -> float:
     """As ``statistics.median``: the middle value, or the mean of the two middle ones."""
-    data = sorted(values)
+    return median_sorted(sorted(values))
+
+
+def median_sorted(data: Sequence[float]) -> float:
+    """``median`` of values already sorted (a caller that sorts them for more than the median
+    sorts them once)."""
     n = len(data)
     if not n:
         raise ValueError("no median for empty data")
@@ -129,11 +134,7 @@ class RunningMedian:
         data = self._ordered
         if data is None:
             data = self._ordered = sorted(self.values)
-        n = len(data)
-        if not n:
-            raise ValueError("no median for empty data")
-        mid = n // 2
-        return data[mid] if n % 2 else (data[mid - 1] + data[mid]) / 2
+        return median_sorted(data)
 
     def last(self, n: int) -> list[float]:
         """The newest ``n`` values, newest first."""

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from xl.figures import PHASES
 from xl.launcher.view.runview import RankView
+from xl.stats import median_sorted
 
 # A run of more ranks than this exports per-node series unless --per-rank is given: 256 ranks are
 # ~5,000 per-rank series (about 0.5 MiB a scrape), 4,096 ranks would be ~82,000.
@@ -28,9 +29,7 @@ PHASE_STATS = ("median", "max")  # where the node's typical rank and its worst l
 def spread(values: list[float]) -> dict[str, float]:
     """min, median and max of ``values`` (not empty)."""
     ordered = sorted(values)
-    n = len(ordered)
-    mid = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
-    return {"min": ordered[0], "median": mid, "max": ordered[-1]}
+    return {"min": ordered[0], "median": median_sorted(ordered), "max": ordered[-1]}
 
 
 @dataclass

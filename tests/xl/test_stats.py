@@ -18,6 +18,7 @@ def test_median_median_low_and_fmean_are_the_statistics_module_s(n: int) -> None
         assert stats.median_low(values) == statistics.median_low(values)
         assert stats.fmean(values) == pytest.approx(statistics.fmean(values), rel=1e-12)
         assert stats.median(iter(values)) == statistics.median(values)  # any iterable, once
+        assert stats.median_sorted(sorted(values)) == statistics.median(values)
 
 
 def test_no_values_is_an_error_as_in_the_statistics_module() -> None:
