@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 
 from xl.figures import PHASES
 from xl.launcher.rundir.events import EventKind, EventLine
-from xl.launcher.stacks.verdict import ranges
 from xl.launcher.view.runview import RankView
+from xl.stats import median
 from xl.textsafe import visible
+from xl.units import ranges, ranks_text
 
 SUMMARY_PAST = 64  # up to this many ranks the views keep a row per rank
 ROWS = 64  # node rows at most; more nodes are shown in groups of consecutive nodes
@@ -38,14 +39,6 @@ SLOWEST_SHOWN = 3
 NAMED = 8  # slow ranks, and diagnoses of ranks not running, named one a line at most
 HEADERS = ("node", "host", "ranks", "ok", "step", "step time min / median / max", *PHASES)
 HEADERS_RIGHT = {0, 2, 3}
-
-
-def median(values: list[float]) -> float:
-    """The median of ``values`` (not empty): statistics' own costs its import ~5 ms at a run's
-    start, and this module is imported with the view."""
-    ordered = sorted(values)
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def summarised(ranks: Mapping[int, RankView]) -> bool:
@@ -175,7 +168,7 @@ def not_running_lines(ranks: Mapping[int, RankView]) -> list[str]:
         for r in views:
             codes.setdefault(r.exit_code, []).append(r.rank)
         said = "; ".join(
-            f"rank{'s' if len(ids) > 1 else ''} {ranges(ids)}"
+            ranks_text(ids)
             + ("" if code is None else f" (exit {code})")
             for code, ids in codes.items()
         )
