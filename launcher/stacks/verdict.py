@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import xl
 from xl.launcher.stacks.model import Collective, Frame, RankStacks, Shapes, Verdict
 from xl.stats import median
-from xl.units import ranges as ranges  # the one wording, where callers look for it
 from xl.units import ranks_text
 
 SILENT = "did not answer"  # the start of the error of a rank that was asked and kept quiet
