@@ -25,6 +25,8 @@ from rich.style import Style
 from textual.strip import Strip
 from textual.widget import Widget
 
+from xl.stats import median_sorted
+
 if TYPE_CHECKING:
     from xl.tui.widgets.spread import Spread
 
@@ -75,10 +77,9 @@ def bands(
         if not vals:
             continue
         vals.sort()
-        n = len(vals)
         xs.append(t_lo + (b + 0.5) * width)
         lo.append(vals[0])
-        mid.append(vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2)
+        mid.append(median_sorted(vals))
         hi.append(vals[-1])
     return xs, lo, mid, hi
 

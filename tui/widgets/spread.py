@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
+from xl.stats import median_sorted
 from xl.tui.widgets.charts import bands
 
 if TYPE_CHECKING:
@@ -50,9 +51,7 @@ class Spread:
         if not values or latest is None or (self.xs and latest <= self.xs[-1]):
             return False
         values.sort()
-        n = len(values)
-        mid = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
-        self._add(latest, values[0], mid, values[-1])
+        self._add(latest, values[0], median_sorted(values), values[-1])
         self.version += 1
         return True
 
