@@ -32,11 +32,13 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from xl import handshake, wire
 from xl.address import format_address
-from xl.launcher.multinode.protocol import MAX_LOG_CHUNK, clip_failure
+from xl.launcher.multinode.protocol import MAX_LOG_CHUNK, MAX_STACKS_ID, clip_failure
+from xl.launcher.rundir.outcome import Failure
 
 # Node 0 closes a connection that sent no valid frame within collector.IDLE_S (30 s) of opening,
 # and declares a node lost after XL_NODE_TIMEOUT (>= 2 s) without a frame: a link's first
@@ -47,6 +49,70 @@ _IO_TIMEOUT_S = 5.0
 _MAX_PENDING = 64 << 20  # bytes waiting to be sent before new messages are dropped
 _MAX_UNACKED = 64
 _FRAME_BUDGET = wire.MAX_FRAME // 4
+
+
+@dataclass(frozen=True, slots=True)
+class StopCommand:
+    """Node 0 ends the run: asked for (``xl stop`` there, or on another node), or it failed."""
+
+    requested: bool
+    failure: Failure | None  # the run's root cause, as node 0 has it (a failure only)
+
+
+@dataclass(frozen=True, slots=True)
+class StacksAsk:
+    id: str
+    rank: int | None  # None: every rank of this node
+    timeout: float | None  # seconds node 0 waits (None: not said)
+
+
+@dataclass(frozen=True, slots=True)
+class LogsAsk:
+    id: str
+    rank: int
+    offset: int  # from where in its output file
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Not from node 0's replies: the link's word that node 0 refused this node's token."""
+
+    reason: str
+
+
+Command = StopCommand | StacksAsk | LogsAsk | Refused
+
+
+# edge: one reply frame of node 0, as JSON decoded it
+def parse_command(msg: dict[str, Any]) -> Command | None:
+    """What node 0 asks in a reply frame (``{"stacks": ...}``, ``{"logs": ...}``,
+    ``{"stop": ...}``), None for anything else (an ack, or what this xl does not know)."""
+    ask = msg.get("stacks")
+    if isinstance(ask, dict):
+        ident, rank, timeout = _ident(ask), ask.get("rank"), ask.get("timeout")
+        if not ident or not (rank is None or type(rank) is int):
+            return None
+        if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+            timeout = None
+        return StacksAsk(ident, rank, None if timeout is None else float(timeout))
+    ask = msg.get("logs")
+    if isinstance(ask, dict):
+        ident, rank, offset = _ident(ask), ask.get("rank"), ask.get("offset")
+        if not ident or type(rank) is not int:
+            return None
+        return LogsAsk(ident, rank, offset if type(offset) is int and offset >= 0 else 0)
+    stop = msg.get("stop")
+    if isinstance(stop, dict):
+        failure = stop.get("failure")
+        return StopCommand(
+            stop.get("reason") == "requested",
+            Failure.from_json(failure) if isinstance(failure, dict) else None,
+        )
+    return None
+
+
+def _ident(ask: dict[str, Any]) -> str:
+    return str(ask.get("id") or "")[:MAX_STACKS_ID]
 
 
 class NodeLink:
@@ -66,7 +132,7 @@ class NodeLink:
         self._pending: deque[bytes] = deque()
         self._pending_bytes = 0
         self._unacked: deque[tuple[int, bytes]] = deque()
-        self._commands: list[dict[str, Any]] = []
+        self._commands: list[Command] = []
         self._seq = 0
         self._sock: socket.socket | None = None
         self._inbuf = b""
@@ -110,7 +176,7 @@ class NodeLink:
         for i in range(0, len(text), MAX_LOG_CHUNK):
             self.send({"type": "log", "rank": rank, "data": text[i : i + MAX_LOG_CHUNK]})
 
-    def commands(self) -> list[dict[str, Any]]:
+    def commands(self) -> list[Command]:
         with self._lock:
             out, self._commands = self._commands, []
         return out
@@ -288,14 +354,14 @@ class NodeLink:
                 if type(ack) is int:
                     while self._unacked and self._unacked[0][0] <= ack:
                         self._unacked.popleft()
-                elif any(isinstance(msg.get(k), dict) for k in ("stop", "stacks", "logs")):
-                    self._commands.append(msg)
+                elif (command := parse_command(msg)) is not None:
+                    self._commands.append(command)
         self._inbuf = buf
 
     def _refuse(self, reason: str) -> None:
         """Node 0 refused this node (lock held): stop sending for good, tell the supervisor."""
         self.refused = reason
-        self._commands.append({"refused": reason})
+        self._commands.append(Refused(reason))
         self._pending.clear()
         self._pending_bytes = 0
         self._unacked.clear()

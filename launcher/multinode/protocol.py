@@ -25,16 +25,22 @@ A node frame is a wire frame whose header names the node instead of a rank
 Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"stacks": {...}}``,
 ``{"logs": {...}}``). The
 sending side is xl.launcher.multinode.nodelink; the receiving side is the collector
-(xl.launcher.telemetry.collector), which calls check_message on every body line. """
+(xl.launcher.telemetry.collector), which calls ``parse_message`` on every body line: it checks
+the line and returns one frozen value per type (``RanksMessage`` ... ``LogsMessage``), which is
+all node 0 reads past it. What it keeps as JSON (a rank's row, an event, a fingerprint, a stacks
+entry, a train row) is written as it came, to run.json, events.jsonl, the run dir or the wire. """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from xl import wire
-from xl.launcher.rundir.runrecord import is_final
+from xl.launcher.rundir.events import EventKind
+from xl.launcher.rundir.outcome import Failure
+from xl.launcher.rundir.runrecord import RunStatus, is_final
 
 # Events of another node that node 0 records too; the rest (its diagnoses) node 0 makes itself
 # from the metrics it receives.
@@ -107,53 +113,145 @@ def _time(value: Any) -> float:
     return float(value)
 
 
-def check_message(obj: object) -> dict[str, Any]:
-    """Validate one body line of a node frame (already JSON-decoded); FrameError when bad."""
+@dataclass(frozen=True, slots=True)
+class RanksMessage:
+    ranks: list[dict[str, Any]]  # its ranks' rows as its run.json has them: node 0's has them too
+
+
+@dataclass(frozen=True, slots=True)
+class LogMessage:
+    rank: int
+    data: str  # a piece of its output, bytes that are not UTF-8 escaped (surrogateescape)
+
+
+@dataclass(frozen=True, slots=True)
+class EventMessage:
+    kind: EventKind  # one of FORWARDED_EVENTS
+    event: dict[str, Any]  # as it sent it: events.jsonl takes it with the node's name
+
+
+@dataclass(frozen=True, slots=True)
+class FailureMessage:
+    failure: Failure  # its root cause
+    at: float  # when it happened (unix s)
+    own: bool  # it names the node that sent it (or no node): not node 0's own, coming back
+
+
+@dataclass(frozen=True, slots=True)
+class EndMessage:
+    status: RunStatus  # a final one
+    failure: FailureMessage | None  # its root cause, when it failed
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RecMessage:
+    rank: int
+    line: str  # a metrics.jsonl line, checked as a rank's own where it is stored
+
+
+@dataclass(frozen=True, slots=True)
+class TrainMessage:
+    rows: list[dict[str, Any]]  # train rows, each checked as a rank's record where it is stored
+
+
+@dataclass(frozen=True, slots=True)
+class StacksMessage:
+    id: str
+    ranks: list[dict[str, Any]]  # entries of the stacks document, as the asker serves them
+
+
+@dataclass(frozen=True, slots=True)
+class FingerprintMessage:
+    fingerprint: dict[str, Any]  # as the run dir's fingerprints file keeps it
+
+
+@dataclass(frozen=True, slots=True)
+class LogsMessage:
+    id: str
+    rank: int
+    offset: int
+    data: str | None  # None: the file could not be read
+    size: int  # the file's
+
+    # edge: the answer as `xl logs` on node 0 reads it off the stacks socket
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "logs", "id": self.id, "rank": self.rank, "offset": self.offset,
+                "data": self.data, "size": self.size}
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedMessage:
+    """Not on the wire: the collector's word that a node tried to join with a wrong token."""
+
+    reason: str
+    peer: str  # its address
+
+
+NodeMessage = (
+    RanksMessage | LogMessage | EventMessage | FailureMessage | EndMessage | RecMessage
+    | TrainMessage | StacksMessage | FingerprintMessage | LogsMessage | RefusedMessage
+)
+
+
+# edge: one body line of a node frame, as JSON decoded it
+def parse_message(obj: object, node: int) -> NodeMessage:
+    """One body line of node ``node``'s frame (already JSON-decoded), checked, as its typed
+    message; FrameError when bad."""
     if type(obj) is not dict or obj.get("type") not in MESSAGE_TYPES:
         raise wire.FrameError("bad_node_message")
     kind = obj["type"]
     if kind == "log":
-        _rank(obj.get("rank"))
+        rank = _rank(obj.get("rank"))
         data = obj.get("data")
         if type(data) is not str or len(data) > MAX_LOG_CHUNK:
             raise wire.FrameError("bad_value")
-    elif kind == "rec":
-        _rank(obj.get("rank"))
+        return LogMessage(rank, data)
+    if kind == "rec":
+        rank = _rank(obj.get("rank"))
         line = obj.get("line")
         if type(line) is not str or len(line) > wire.MAX_RECORD:
             raise wire.FrameError("record_too_large")
-    elif kind == "train":
+        return RecMessage(rank, line)
+    if kind == "train":
         # each row is checked as a rank's record is (wire.parse_record) where it is stored
         rows = _list(obj.get("rows"), MAX_TRAIN_ROWS)
         if not all(type(row) is dict and row.get("kind") == "train" for row in rows):
             raise wire.FrameError("bad_kind")
-    elif kind == "event":
+        return TrainMessage(rows)
+    if kind == "event":
         event = _check_fields(obj.get("event"))
         if event.get("kind") not in FORWARDED_EVENTS:
             raise wire.FrameError("bad_kind")
-    elif kind == "ranks":
+        return EventMessage(EventKind(event["kind"]), event)
+    if kind == "ranks":
         ranks = obj.get("ranks")
         if type(ranks) is not list or len(ranks) > MAX_RANKS:
             raise wire.FrameError("bad_node_message")
         for info in ranks:
             _rank(_check_fields(info).get("rank"))
-    elif kind == "stacks":
-        _check_stacks(obj)
-    elif kind == "logs":
-        _check_logs(obj)
-    elif kind == "fingerprint":
+        return RanksMessage(ranks)
+    if kind == "stacks":
+        return _check_stacks(obj)
+    if kind == "logs":
+        return _check_logs(obj)
+    if kind == "fingerprint":
         _check_fingerprint(obj.get("fingerprint"))
-    elif kind == "failure":
-        _check_failure(obj.get("failure"))
-        _time(obj.get("at"))
-    else:  # end
-        status = obj.get("status")
-        if type(status) is not str or not is_final(status):  # a list would not even hash
-            raise wire.FrameError("bad_value")
-        if obj.get("failure") is not None:
-            _check_failure(obj["failure"])
-        _time(obj.get("at"))
-    return obj
+        return FingerprintMessage(obj["fingerprint"])
+    if kind == "failure":
+        return _failure(obj.get("failure"), _time(obj.get("at")), node)
+    status = obj.get("status")  # end
+    if type(status) is not str or not is_final(status):  # a list would not even hash
+        raise wire.FrameError("bad_value")
+    at = _time(obj.get("at"))
+    failure = obj.get("failure")
+    return EndMessage(RunStatus(status), None if failure is None else _failure(failure, at, node),
+                      at)
+
+
+def _failure(obj: Any, at: float, node: int) -> FailureMessage:
+    _check_failure(obj)
+    return FailureMessage(Failure.from_json(obj), at, obj.get("node_rank", node) == node)
 
 
 _MAX_EVIDENCE = 16
@@ -215,25 +313,27 @@ def _check_fingerprint(obj: Any) -> None:
         _check_value(value, _MAX_TEXT if key == "ld_library_path" else _MAX_FIELD_TEXT)
 
 
-def _check_logs(obj: dict[str, Any]) -> None:
+def _check_logs(obj: dict[str, Any]) -> LogsMessage:
     """A node's answer to a logs request: a piece of one rank's output file."""
     ident, data = obj.get("id"), obj.get("data")
     if type(ident) is not str or not 0 < len(ident) <= MAX_STACKS_ID:
         raise wire.FrameError("bad_value")
-    _rank(obj.get("rank"))
+    rank = _rank(obj.get("rank"))
     if data is not None and (type(data) is not str or len(data) > MAX_LOGS_DATA):
         raise wire.FrameError("bad_value")
     for key in ("offset", "size"):
         if type(obj.get(key)) is not int or not 0 <= obj[key] < 1 << 62:
             raise wire.FrameError("bad_value")
+    return LogsMessage(ident, rank, obj["offset"], data, obj["size"])
 
 
-def _check_stacks(obj: dict[str, Any]) -> None:
+def _check_stacks(obj: dict[str, Any]) -> StacksMessage:
     """A node's answer to a stacks request: entries as the stacks document has them, capped."""
     ident = obj.get("id")
     if type(ident) is not str or not 0 < len(ident) <= MAX_STACKS_ID:
         raise wire.FrameError("bad_value")
-    for entry in _list(obj.get("ranks"), MAX_RANKS):
+    entries = _list(obj.get("ranks"), MAX_RANKS)
+    for entry in entries:
         if type(entry) is not dict:
             raise wire.FrameError("bad_node_message")
         rest = {k: v for k, v in entry.items() if k not in ("threads", "collectives")}
@@ -253,6 +353,7 @@ def _check_stacks(obj: dict[str, Any]) -> None:
             for key in _SHAPE_KEYS:
                 if key in coll and not _is_shapes(coll[key]):
                     raise wire.FrameError("bad_value")
+    return StacksMessage(ident, entries)
 
 
 def _is_shapes(value: Any) -> bool:

@@ -16,8 +16,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from xl import envnames, settings
 from xl.errors import UsageError
@@ -94,33 +94,29 @@ class Follower:
         self._check_node_0()
         self.send_tails(exited_only=True)
         for cmd in self.link.commands():
-            if cmd.get("refused"):
+            if isinstance(cmd, nodelink.Refused):
                 self._token_refused()
-                continue
-            if isinstance(cmd.get("stacks"), dict):
-                self._stacks(cmd["stacks"])
-                continue
-            if isinstance(cmd.get("logs"), dict):
-                self._logs(cmd["logs"])
-                continue
-            stop = cmd.get("stop")
-            if not isinstance(stop, dict) or self.stopping.state is not None:
-                continue
-            if stop.get("reason") == StopReason.REQUESTED.value:
-                self.journal.emit(Notice(EventKind.STOP_REQUESTED, "node 0 stopped the run"))
-                self.journal.record.update(stop_requested_at=time.time())
-                self.stopping.begin(StopReason.REQUESTED)
-                continue
-            given = stop.get("failure")
-            failure: dict[str, Any] = given if isinstance(given, dict) else {}
-            if self.cause.failure is None:
-                node = failure.get("node_rank")
-                where = node if node is not None else "?"
-                said = failure.get("message") or "see node 0"
-                message = f"the run failed on node {where}: {said}"
-                self.cause.remote = True
-                self.cause.set(Failure.from_json({**failure, "message": message}), time.time())
-            self.stopping.begin(StopReason.FAILURE)
+            elif isinstance(cmd, nodelink.StacksAsk):
+                self._stacks(cmd)
+            elif isinstance(cmd, nodelink.LogsAsk):
+                self._logs(cmd)
+            elif self.stopping.state is None:
+                self._stop(cmd)
+
+    def _stop(self, stop: nodelink.StopCommand) -> None:
+        """Node 0 ends the run: asked for, or it failed (its failure is this node's too)."""
+        if stop.requested:
+            self.journal.emit(Notice(EventKind.STOP_REQUESTED, "node 0 stopped the run"))
+            self.journal.record.update(stop_requested_at=time.time())
+            self.stopping.begin(StopReason.REQUESTED)
+            return
+        if self.cause.failure is None:
+            failure = stop.failure or Failure.from_json({})
+            where = failure.node_rank if failure.node_rank is not None else "?"
+            message = f"the run failed on node {where}: {failure.message or 'see node 0'}"
+            self.cause.remote = True
+            self.cause.set(replace(failure, message=message), time.time())
+        self.stopping.begin(StopReason.FAILURE)
 
     def wait_for_node_0(self, rdzv: str, stop_came: Callable[[float], bool]) -> None:
         """Before torchrun starts: wait until node 0's rendezvous (its torchrun's c10d store)
@@ -222,54 +218,41 @@ class Follower:
             self.cause.set(self.cause.local(None, None, None, None, message), time.time())
         self.stopping.begin(StopReason.FAILURE)
 
-    def _stacks(self, ask: dict[str, Any]) -> None:
+    def _stacks(self, ask: nodelink.StacksAsk) -> None:
         """Node 0 wants this node's ranks' stacks: ask them off the loop's thread (it takes up to
         the deadline node 0 gave) and answer with one ``stacks`` message."""
-        ident, rank, timeout = str(ask.get("id") or "")[:64], ask.get("rank"), ask.get("timeout")
-        if not ident:
-            return
-        limit = (
-            min(float(timeout), capture.TIMEOUT_S)
-            if isinstance(timeout, (int, float)) and timeout > 0
-            else capture.TIMEOUT_S
-        )
+        ident, rank, timeout = ask.id, ask.rank, ask.timeout
+        limit = min(timeout, capture.TIMEOUT_S) if timeout is not None else capture.TIMEOUT_S
         ranks = [
             r
             for r in capture.live_ranks(self.journal.record)
-            if rank is None or r.get("rank") == rank
+            if rank is None or r.rank == rank
         ]
         if not self._asking.acquire(blocking=False):
-            busy = [
-                {
-                    "rank": r.get("rank"),
-                    "node": r.get("node"),
-                    "pid": r.get("pid"),
-                    "error": "this node is busy with other stacks requests",
-                }
-                for r in ranks
-            ]
+            why = "this node is busy with other stacks requests"
+            busy = [r.failed(why).to_json() for r in ranks]
             self.journal.send({"type": "stacks", "id": ident, "ranks": busy})
             return
 
         def answer() -> None:
             try:
                 entries = capture.local_entries(self.journal.run_dir, ranks, max(0.2, limit))
-                self.journal.send({"type": "stacks", "id": ident, "ranks": clip_stacks(entries)})
+                said = clip_stacks([e.to_json() for e in entries])
+                self.journal.send({"type": "stacks", "id": ident, "ranks": said})
             finally:
                 self._asking.release()
 
         threading.Thread(target=answer, name="xl-node-stacks", daemon=True).start()
 
-    def _mine(self, rank: Any) -> bool:
-        return type(rank) is int and any(r.rank == rank for r in self.journal.record.ranks)
+    def _mine(self, rank: int) -> bool:
+        return any(r.rank == rank for r in self.journal.record.ranks)
 
-    def _logs(self, ask: dict[str, Any]) -> None:
+    def _logs(self, ask: nodelink.LogsAsk) -> None:
         """Node 0 wants a piece of one of this node's ranks' output (``xl logs`` there): up to
         MAX_LOGS_DATA bytes of its file from ``offset``, and the file's size."""
-        ident, rank, offset = str(ask.get("id") or "")[:64], ask.get("rank"), ask.get("offset")
-        if not ident or type(rank) is not int or not self._mine(rank):
+        ident, rank, start = ask.id, ask.rank, ask.offset
+        if not self._mine(rank):
             return
-        start = offset if type(offset) is int and offset >= 0 else 0
         data, size = read_piece(RunLayout(self.journal.run_dir).rank_log(rank), start)
         self.journal.send(
             {"type": "logs", "id": ident, "rank": rank, "offset": start, "data": data, "size": size}

@@ -17,7 +17,7 @@ import os
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from xl import envnames, settings
@@ -27,6 +27,16 @@ from xl.launcher.multinode.join import (
     hub_address,
     listen_host,
     valid_token,
+)
+from xl.launcher.multinode.protocol import (
+    EndMessage,
+    EventMessage,
+    FailureMessage,
+    FingerprintMessage,
+    LogMessage,
+    NodeMessage,
+    RanksMessage,
+    RefusedMessage,
 )
 from xl.launcher.rundir.events import EventKind, FromNode, NodeNotice, NodeRefused, Notice
 from xl.launcher.rundir.outcome import (
@@ -67,7 +77,7 @@ def _node_end_wait() -> float:
 # address: a peer cannot fill events.jsonl with them (collector.json counts every one).
 _MAX_REFUSED_EVENTS = 16
 
-Inbox = queue.SimpleQueue[tuple[int, str, list[dict[str, Any]] | None, float]]
+Inbox = queue.SimpleQueue[tuple[int, str, list[NodeMessage] | None, float]]
 
 
 def resolve_hub(record: RunRecord, token: str) -> tuple[tuple[str, int] | None, str]:
@@ -112,7 +122,7 @@ class RemoteNode:
     ranks: list[dict[str, Any]] = field(default_factory=list)
     seen: float = 0.0  # monotonic
     closed_at: float | None = None  # monotonic; its link closed without its end
-    status: str | None = None  # its run ended with this
+    status: RunStatus | None = None  # its run ended with this
     lost: bool = False
     partial: dict[int, bytes] = field(default_factory=dict)
     idle_since: float | None = None  # monotonic; when node 0 learnt that none of its ranks runs
@@ -227,8 +237,8 @@ class Hub:
                 node, host, msgs, when = self.inbox.get_nowait()
             except queue.Empty:
                 return ranks_changed
-            if msgs and msgs[0].get("type") == "refused":
-                self._refused(node, host, msgs[0])  # not a node of this run: no RemoteNode
+            if msgs and isinstance(refused := msgs[0], RefusedMessage):
+                self._refused(node, host, refused)  # not a node of this run: no RemoteNode
                 continue
             remote = self.nodes.get(node)
             if remote is None:
@@ -242,27 +252,22 @@ class Hub:
             remote.seen, remote.closed_at = time.monotonic(), None
             remote.joined = remote.joined or bool(msgs)
             for msg in msgs:
-                try:
-                    ranks_changed = self._message(remote, msg) or ranks_changed
-                # checked by the collector; belt and braces
-                except (KeyError, TypeError, ValueError) as exc:
-                    say(f"node {node} sent {msg.get('type')!r} xl cannot use: {exc!r}")
+                ranks_changed = self._message(remote, msg) or ranks_changed
 
-    def _refused(self, node: int, host: str, refused: dict[str, Any]) -> None:
+    def _refused(self, node: int, host: str, refused: RefusedMessage) -> None:
         """A node with a wrong XL_TOKEN tried to join: say so; the run waits on for the right one
         (a node of this run)."""
-        peer = str(refused.get("peer") or "")
+        peer = refused.peer
         key = (node, host, peer)
         if key in self.refused_seen or len(self.refused_seen) >= _MAX_REFUSED_EVENTS:
             return
         self.refused_seen.add(key)
         self.journal.emit(refused_event(node, host, peer))
 
-    def _message(self, remote: RemoteNode, msg: dict[str, Any]) -> bool:
+    def _message(self, remote: RemoteNode, msg: NodeMessage) -> bool:
         """Act on one message of ``remote``; True when it brought that node's ranks."""
-        kind = msg["type"]
-        if kind == "log":
-            rank = int(msg["rank"])
+        if isinstance(msg, LogMessage):
+            rank = msg.rank
             if not any(r.get("rank") == rank for r in remote.ranks):
                 # Only the ranks it has: a peer with the token once sent 25,000 made-up ones, a
                 # file each.
@@ -271,63 +276,60 @@ class Hub:
                     say(f"node {remote.node} sent output of rank {rank}, which it does not have; "
                         "dropped (and any more such)")
                 return False
-            data = str(msg["data"]).encode("utf-8", "surrogateescape")
+            data = msg.data.encode("utf-8", "surrogateescape")
             remote.partial[rank] = self.sink.append(rank, data, remote.partial.get(rank, b""))
-        elif kind == "ranks":
-            remote.take_ranks(msg["ranks"])
+        elif isinstance(msg, RanksMessage):
+            remote.take_ranks(msg.ranks)
             self.journal.changed()
             return True
-        elif kind == "event":
+        elif isinstance(msg, EventMessage):
             # The run's own run_started/run_ended are node 0's; another node's are its part's.
-            event = FromNode(dict(msg["event"]), remote.host, remote.node)
-            self.journal.emit(event)
-            if event.kind == EventKind.STOP_REQUESTED and self.stopping.state is None:
+            self.journal.emit(FromNode(dict(msg.event), remote.host, remote.node))
+            if msg.kind is EventKind.STOP_REQUESTED and self.stopping.state is None:
                 # Someone stopped that node: its collectives are gone, so is the run.
                 self.journal.record.update(stop_requested_at=time.time())
                 self.stopping.begin(StopReason.REQUESTED)
-        elif kind == "fingerprint":
-            remote.fingerprint = dict(msg["fingerprint"])
-        elif kind == "failure":
-            self._failure(remote, msg["failure"], float(msg["at"]))
-        elif kind == "end":
-            remote.status = str(msg["status"])
-            if msg.get("failure") and remote.status == RunStatus.FAILED.value:
-                self._failure(remote, msg["failure"], float(msg["at"]))
+        elif isinstance(msg, FingerprintMessage):
+            remote.fingerprint = dict(msg.fingerprint)
+        elif isinstance(msg, FailureMessage):
+            self._failure(remote, msg)
+        elif isinstance(msg, EndMessage):
+            remote.status = msg.status
+            if msg.failure is not None and msg.status is RunStatus.FAILED:
+                self._failure(remote, msg.failure)
             self.journal.changed()
         return False
 
-    def _failure(self, remote: RemoteNode, failure: dict[str, Any], at: float) -> None:
+    def _failure(self, remote: RemoteNode, msg: FailureMessage) -> None:
         """Another node's root cause becomes the run's when it came first."""
-        if failure.get("node_rank", remote.node) != remote.node:
+        if not msg.own:
             return  # a failure node 0 told it about, coming back
         if self.stopping.requested:
             return
-        where = f"node {remote.node} ({failure.get('node') or remote.host})"
-        message = f"{where}: {failure.get('message') or 'failed'}"
+        failure = msg.failure
+        where = f"node {remote.node} ({failure.host or remote.host})"
+        message = f"{where}: {failure.message or 'failed'}"
         current = self.cause.failure
         if current is not None and current.node_rank == remote.node and current.rank is not None:
             # That node's root cause already, completed by its last word (e.g. the signal that
             # killed the rank, read from its torchrun's summary at its end).
-            for key in ("rank", "exit_code", "traceback", "error"):
-                if failure.get(key) is not None:
-                    setattr(current, key, failure[key])
+            if failure.rank is not None:
+                current.rank = failure.rank
+            if failure.exit_code is not None:
+                current.exit_code = failure.exit_code
+            if failure.traceback is not None:
+                current.traceback = failure.traceback
+            if failure.error is not None:
+                current.error = failure.error
             current.message = message
-            current.cause = Cause.from_json(failure.get("cause")) or current.cause
+            current.cause = failure.cause or current.cause
             self.journal.changed()
             return
-        if current is not None and (self.cause.at is None or at >= self.cause.at):
+        if current is not None and (self.cause.at is None or msg.at >= self.cause.at):
             return
-        adopted = Failure(
-            rank=failure.get("rank"),
-            exit_code=failure.get("exit_code"),
-            traceback=failure.get("traceback"),
-            error=failure.get("error"),
-            message=message,
-            host=failure.get("node") or remote.host,
-            node_rank=remote.node,
-            cause=Cause.from_json(failure.get("cause")),
-        )
-        self.cause.set(adopted, at)
+        adopted = replace(failure, message=message, host=failure.host or remote.host,
+                          node_rank=remote.node)
+        self.cause.set(adopted, msg.at)
         self.stopping.begin(StopReason.FAILURE)
 
     # ---------------------------------------------------------------- each turn
@@ -357,18 +359,10 @@ class Hub:
                        "(killed, or its machine went down)")
             lost = NodeNotice(EventKind.NODE_LOST, remote.node, message, node=remote.host)
             self.journal.emit(lost)
-            failure = {
-                "rank": None,
-                "exit_code": None,
-                "traceback": None,
-                "error": None,
-                "message": message,
-                "node": remote.host,
-                "node_rank": remote.node,
-                "cause": Cause(CauseKind.KILLED, f"node {remote.node}'s supervisor is gone: {how}",
-                               None, [message]).to_json(),
-            }
-            self._failure(remote, failure, time.time() - (now - since))
+            cause = Cause(CauseKind.KILLED, f"node {remote.node}'s supervisor is gone: {how}",
+                          None, [message])
+            failure = Failure(None, None, None, None, message, remote.host, remote.node, cause)
+            self._failure(remote, FailureMessage(failure, time.time() - (now - since), own=True))
             self.journal.changed()
 
     def _judged(self, remote: RemoteNode, verdict: Verdict) -> None:

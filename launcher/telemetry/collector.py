@@ -13,8 +13,8 @@ On node 0 of a multi-node run it also takes node frames from the other nodes' su
 (``train``) are stored here like a rank's records, the rest goes to ``on_node`` for the
 supervisor, and ``stop_nodes`` tells every node to end its part of the run.
 A node link whose handshake proves a wrong token (a node started with a mistyped XL_TOKEN) is
-answered REFUSED, so that node can say why and stop; ``on_node`` gets ``[{"type": "refused",
-...}]`` for it, with the node number it claimed and the address the kernel gave, never text of
+answered REFUSED, so that node can say why and stop; ``on_node`` gets ``[RefusedMessage]``
+for it, with the node number it claimed and the address the kernel gave, never text of
 its own. A node's ``host`` (from a peer that proved the token) is recorded with its control
 characters drawn (xl.textsafe).
 
@@ -36,7 +36,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xl import handshake, wire
-from xl.launcher.multinode.protocol import check_message, reply
+from xl.launcher.multinode.protocol import (
+    LogsMessage,
+    NodeMessage,
+    RecMessage,
+    RefusedMessage,
+    StacksMessage,
+    TrainMessage,
+    parse_message,
+    reply,
+)
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.stacks.nodes import Door
 from xl.launcher.telemetry.server import ACK, IDLE_S, Conn, FrameServer
@@ -80,7 +89,7 @@ class _Ask:
     ask: dict[str, Any]
     node: int | None = None  # None: every node
     asked: set[int] | None = None  # set by the collector's thread once it is sent
-    answers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    answers: dict[int, StacksMessage | LogsMessage] = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -97,7 +106,7 @@ class NodeAsks(FrameServer):
 
     def _ask(
         self, what: str, body: dict[str, Any], node: int | None, timeout: float
-    ) -> tuple[dict[int, dict[str, Any]], list[int]]:
+    ) -> tuple[dict[int, StacksMessage | LogsMessage], list[int]]:
         # a request's name, no secret: secrets' imports cost the supervisor's start ~5 ms
         ident = os.urandom(8).hex()
         deadline = time.monotonic() + timeout
@@ -119,7 +128,10 @@ class NodeAsks(FrameServer):
         body = {"rank": rank, "timeout": round(max(0.2, timeout - _TRAVEL_S), 2)}
         answers, asked = self._ask("stacks", body, None, timeout)
         entries = [
-            {**e, "node_rank": node} for node in sorted(answers) for e in answers[node]["ranks"]
+            {**e, "node_rank": node}
+            for node in sorted(answers)
+            if isinstance(answer := answers[node], StacksMessage)
+            for e in answer.ranks
         ]
         return entries, asked
 
@@ -128,7 +140,8 @@ class NodeAsks(FrameServer):
         ``offset``, ``size``), or None when that node is not connected or did not answer in
         time (any thread)."""
         answers, _ = self._ask("logs", {"rank": rank, "offset": offset}, node, timeout)
-        return answers.get(node)
+        answer = answers.get(node)
+        return answer.to_json() if isinstance(answer, LogsMessage) else None
 
     def _deliver_asks(self) -> None:
         if not self._asks:
@@ -147,12 +160,13 @@ class NodeAsks(FrameServer):
             if not nodes:
                 a.done.set()  # no node to ask
 
-    def _answered(self, node: int, msg: dict[str, Any]) -> None:
+    def _answered(self, node: int, msg: StacksMessage | LogsMessage) -> None:
         with self._asks_lock:
-            ask = self._asks.get(msg["id"])
+            ask = self._asks.get(msg.id)
             if ask is None or ask.asked is None or node not in ask.asked:
                 return  # too late, or not asked
-            if msg["type"] != ask.what or (ask.what == "logs" and msg["rank"] != ask.ask["rank"]):
+            what = "logs" if isinstance(msg, LogsMessage) else "stacks"
+            if what != ask.what or (isinstance(msg, LogsMessage) and msg.rank != ask.ask["rank"]):
                 return
             ask.answers[node] = msg
             if set(ask.answers) >= ask.asked:
@@ -186,7 +200,7 @@ class Collector(NodeAsks):
         port: int = 0,
         on_records: Callable[[int, list[dict[str, Any]]], None] | None = None,
         on_dropped: Callable[[int, int, str], None] | None = None,
-        on_node: Callable[[int, str, list[dict[str, Any]]], None] | None = None,
+        on_node: Callable[[int, str, list[NodeMessage]], None] | None = None,
         on_node_closed: Callable[[int], None] | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         idle_s: float = IDLE_S,
@@ -240,7 +254,7 @@ class Collector(NodeAsks):
         conn.role, conn.who = hello.role, hello.who
         if not hello.ok and hello.role == handshake.ROLE_NODE and self._on_node is not None:
             # A node with another token: say so (once per connection; its number and address only).
-            refused = {"type": "refused", "reason": "bad_token", "peer": conn.peer}
+            refused = RefusedMessage("bad_token", conn.peer)
             try:
                 self._on_node(hello.who, "", [refused])
             except Exception:
@@ -347,20 +361,20 @@ class Collector(NodeAsks):
         if header.seq > self._node_seq.get(key, 0):
             self._node_seq[key] = header.seq
             self.node_frames += 1
-            msgs: list[dict[str, Any]] = []
+            msgs: list[NodeMessage] = []
             for raw in body:
                 try:
-                    msg = check_message(json.loads(raw))
-                    if msg["type"] in ("stacks", "logs"):
+                    msg = parse_message(json.loads(raw), header.node)
+                    if isinstance(msg, (StacksMessage, LogsMessage)):
                         self._answered(header.node, msg)
                         continue
-                    if msg["type"] == "rec":
-                        line = msg["line"].encode()
-                        rank = msg["rank"]
+                    if isinstance(msg, RecMessage):
+                        line = msg.line.encode()
+                        rank = msg.rank
                         self._node_records([(rank, line, wire.parse_record(line, rank))], lines)
                         continue
-                    if msg["type"] == "train":
-                        self._node_records(checked_rows(msg["rows"], self.rejects), lines)
+                    if isinstance(msg, TrainMessage):
+                        self._node_records(checked_rows(msg.rows, self.rejects), lines)
                         continue
                 except wire.FrameError as exc:
                     self.rejects[exc.reason] += 1

@@ -40,6 +40,7 @@ from xl.launcher.telemetry.spool import ingest_spool
 from xl.launcher.telemetry.thread_errors import Trouble
 
 if TYPE_CHECKING:
+    from xl.launcher.multinode.protocol import NodeMessage
     from xl.launcher.multinode.summary import Summary
 
 
@@ -94,7 +95,7 @@ class Telemetry:
         advertise: str | None = None,
         sample_interval: float = 1.0,
         inventory: Callable[[], Any] | bool | None = True,
-        on_node: Callable[[int, str, list[dict[str, Any]]], None] | None = None,
+        on_node: Callable[[int, str, list[NodeMessage]], None] | None = None,
         on_node_closed: Callable[[int], None] | None = None,
         forward: Callable[[list[dict[str, Any]]], None] | None = None,
         instrumented: bool = False,

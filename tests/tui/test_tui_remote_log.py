@@ -213,16 +213,15 @@ async def test_this_machine_s_backend_asks_through_node_0_s_real_door(run_dir: P
 
     def answer() -> None:
         while not stop.is_set():
-            for cmd in link.commands():
-                ask: dict[str, Any] = cmd.get("logs") or {}
-                if ask.get("rank") == 5:
-                    data, size = read_piece(node1_log, int(ask["offset"]))
+            for ask in link.commands():
+                if isinstance(ask, nodelink.LogsAsk) and ask.rank == 5:
+                    data, size = read_piece(node1_log, ask.offset)
                     link.send(
                         {
                             "type": "logs",
-                            "id": ask["id"],
+                            "id": ask.id,
                             "rank": 5,
-                            "offset": ask["offset"],
+                            "offset": ask.offset,
                             "data": data,
                             "size": size,
                         }

@@ -461,7 +461,12 @@ def test_a_failure_s_cause_crosses_the_node_link_clipped_and_a_malformed_one_is_
     texts clipped as the link clips them); a cause that is not the object is refused."""
     import json  # noqa: PLC0415 - this test only
 
-    from xl.launcher.multinode.protocol import check_message, clip_failure  # noqa: PLC0415 - this test only
+    from xl.launcher.multinode.protocol import (  # noqa: PLC0415 - this test only
+        EndMessage,
+        FailureMessage,
+        clip_failure,
+        parse_message,
+    )
     from xl.wire import FrameError  # noqa: PLC0415 - this test only
 
     cause = {"kind": "cuda_oom", "summary": "s" * 9000, "fix": None, "evidence": ["x" * 9000] * 40}
@@ -482,11 +487,17 @@ def test_a_failure_s_cause_crosses_the_node_link_clipped_and_a_malformed_one_is_
             "at": 1.0,
             **({"status": "failed"} if kind == "end" else {}),
         }
-        took = check_message(json.loads(json.dumps(msg)))["failure"]["cause"]
+        parsed = parse_message(json.loads(json.dumps(msg)), 1)
+        if isinstance(parsed, EndMessage):
+            assert parsed.failure is not None
+            parsed = parsed.failure
+        assert isinstance(parsed, FailureMessage)
+        took = parsed.failure.cause
         assert (
-            took["kind"] == "cuda_oom"
-            and len(took["summary"]) <= 4096
-            and len(took["evidence"]) == 16
+            took is not None
+            and took.kind is CauseKind.CUDA_OOM
+            and len(took.summary) <= 4096
+            and len(took.evidence) == 16
         )
     for bad in (
         {"kind": "x", "summary": "s", "evidence": [{"a": 1}]},
@@ -494,7 +505,7 @@ def test_a_failure_s_cause_crosses_the_node_link_clipped_and_a_malformed_one_is_
         ["kind"],
     ):
         with pytest.raises(FrameError):
-            check_message({"type": "failure", "failure": {**failure, "cause": bad}, "at": 1.0})
+            parse_message({"type": "failure", "failure": {**failure, "cause": bad}, "at": 1.0}, 1)
 
 
 def test_the_doctor_door_reads_the_gpus_as_the_doctor_does(simnvml: Any) -> None:

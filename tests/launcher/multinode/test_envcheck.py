@@ -16,7 +16,7 @@ from xl.doctor.fingerprint import Fingerprint, gather
 from xl.errors import UsageError
 from xl.launcher.cli.options import launch_parser
 from xl.launcher.multinode import envcheck, petenv
-from xl.launcher.multinode.protocol import check_message
+from xl.launcher.multinode.protocol import FingerprintMessage, parse_message
 from xl.launcher.rundir.events import event_line
 
 FIELDS: dict[str, Any] = {"torch": "2.7.1+cu128", "torch_cuda": "12.8", "nccl": "2.26.2"}
@@ -74,7 +74,8 @@ def test_the_env_diff_line_holds_the_contract_s_keys_in_order() -> None:
 
 def test_a_real_fingerprint_passes_node_0_s_check_and_a_made_up_one_does_not() -> None:
     real = envcheck.message(gather(sys.executable, dict(os.environ)))
-    assert check_message(json.loads(json.dumps(real))) == real
+    took = parse_message(json.loads(json.dumps(real)), 1)
+    assert isinstance(took, FingerprintMessage) and took.fingerprint == real["fingerprint"]
     for bad in (
         {"fields": {"torch": ["2.7"]}},
         {"fields": "torch"},
@@ -84,7 +85,7 @@ def test_a_real_fingerprint_passes_node_0_s_check_and_a_made_up_one_does_not() -
         {"host": "x" * 5000},
     ):
         with pytest.raises(wire.FrameError):
-            check_message({"type": "fingerprint", "fingerprint": bad})
+            parse_message({"type": "fingerprint", "fingerprint": bad}, 1)
 
 
 def _ns(argv: list[str], env: dict[str, str]) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from procs import wait_for
 
@@ -29,17 +28,16 @@ def _answering(link: nodelink.NodeLink, logs: Path, stop: threading.Event) -> th
 
     def run() -> None:
         while not stop.is_set():
-            for cmd in link.commands():
-                ask: dict[str, Any] = cmd.get("logs") or {}
-                if ask.get("rank") != 5:
+            for ask in link.commands():
+                if not isinstance(ask, nodelink.LogsAsk) or ask.rank != 5:
                     continue
-                data, size = read_piece(logs, int(ask["offset"]))
+                data, size = read_piece(logs, ask.offset)
                 link.send(
                     {
                         "type": "logs",
-                        "id": ask["id"],
+                        "id": ask.id,
                         "rank": 5,
-                        "offset": ask["offset"],
+                        "offset": ask.offset,
                         "data": data,
                         "size": size,
                     }

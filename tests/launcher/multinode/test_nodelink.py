@@ -20,17 +20,28 @@ from procs import rdzv_port, wait_for
 
 from xl import handshake
 from xl.launcher.multinode import nodelink
+from xl.launcher.multinode.protocol import (
+    EndMessage,
+    EventMessage,
+    FailureMessage,
+    LogMessage,
+    NodeMessage,
+    RefusedMessage,
+)
+from xl.launcher.rundir.events import EventKind
 from xl.launcher.telemetry.service import Telemetry
+
+Got = list[tuple[int, str, NodeMessage]]  # (node, host, message) as node 0's supervisor gets them
 
 TOKEN = "test-token-0123456789abcdef"
 
 
-def _collector(run_dir: Path, got: list[dict[str, Any]], **kw: Any) -> tuple[Telemetry, str, int]:
+def _collector(run_dir: Path, got: Got, **kw: Any) -> tuple[Telemetry, str, int]:
     tel = Telemetry(
         run_dir,
         token=TOKEN,
         inventory=False,
-        on_node=lambda n, h, msgs: got.extend({"node": n, "host": h, **m} for m in msgs),
+        on_node=lambda n, h, msgs: got.extend((n, h, m) for m in msgs),
         **kw,
     )
     host, port = tel.start()["XL_COLLECTOR"].rsplit(":", 1)
@@ -40,7 +51,7 @@ def _collector(run_dir: Path, got: list[dict[str, Any]], **kw: Any) -> tuple[Tel
 def test_node_link_to_node_0_collector_and_back(tmp_path: Path) -> None:
     """Messages arrive in order, sampled records are stored, the stop reaches the node; bad
     messages are refused."""
-    got: list[dict[str, Any]] = []
+    got: Got = []
     tel, host, port = _collector(tmp_path, got)
     link = nodelink.NodeLink(host, port, TOKEN, 1, "node-b")
     try:
@@ -58,17 +69,24 @@ def test_node_link_to_node_0_collector_and_back(tmp_path: Path) -> None:
         link.send({"type": "event", "event": {"kind": "stalled", "rank": 1}})
         link.send({"type": "ranks", "ranks": [{"rank": "one"}]})
         wait_for(lambda: len(got) >= 2, timeout=10, what="the link's messages")
-        assert [(m["node"], m["host"], m["type"]) for m in got] == [
-            (1, "node-b", "log"),
-            (1, "node-b", "event"),
+        assert [(n, h, type(m)) for n, h, m in got] == [
+            (1, "node-b", LogMessage),
+            (1, "node-b", EventMessage),
         ]
-        assert got[0]["data"].encode("utf-8", "surrogateescape") == b"hello \xff world\n"
+        log, event = got[0][2], got[1][2]
+        assert isinstance(log, LogMessage) and log.rank == 1
+        assert log.data.encode("utf-8", "surrogateescape") == b"hello \xff world\n"
+        assert isinstance(event, EventMessage) and event.kind is EventKind.RANK_STARTED
+        assert event.event["message"] == "rank 1 started"
         assert link.heard_at is not None  # node 0 answers: the follower knows it is there
         tel.stop_nodes(
             {"reason": "failure", "failure": {"rank": 0, "node_rank": 0, "message": "boom"}}
         )
         [cmd] = wait_for(link.commands, timeout=10, what="node 0's stop")
-        assert cmd["stop"]["failure"]["message"] == "boom"
+        assert isinstance(cmd, nodelink.StopCommand) and not cmd.requested
+        assert cmd.failure is not None and (cmd.failure.message, cmd.failure.node_rank) == (
+            "boom", 0,
+        )
         assert link.close(5.0)
     finally:
         link.close(0.1)
@@ -102,7 +120,7 @@ def test_node_link_clips_a_long_failure_so_node_0_takes_it(tmp_path: Path) -> No
         "node": "node-b",
         "node_rank": 1,
     }
-    got: list[dict[str, Any]] = []
+    got: Got = []
     tel, host, port = _collector(tmp_path, got)
     link = nodelink.NodeLink(host, port, TOKEN, 1, "node-b")
     try:
@@ -114,19 +132,20 @@ def test_node_link_clips_a_long_failure_so_node_0_takes_it(tmp_path: Path) -> No
     finally:
         link.close(0.1)
         tel.stop()
-    assert [m["type"] for m in got] == ["failure", "end"]
-    for msg in got:
-        sent = msg["failure"]
-        assert len(sent["error"]) <= 4096 and error.startswith(sent["error"].removesuffix("[...]"))
-        assert len(sent["message"]) <= 4096 and sent["message"].startswith(
+    assert [type(m) for _, _, m in got] == [FailureMessage, EndMessage]
+    for _, _, msg in got:
+        took = msg.failure if isinstance(msg, EndMessage) else msg
+        assert isinstance(took, FailureMessage) and took.own  # node 1's own, of node 1
+        sent = took.failure
+        assert sent.error is not None and sent.traceback is not None
+        assert len(sent.error) <= 4096 and error.startswith(sent.error.removesuffix("[...]"))
+        assert len(sent.message) <= 4096 and sent.message.startswith(
             "rank 1 failed first: RuntimeError: Error(s)"
         )
-        assert len(sent["traceback"]) <= 64 << 10 and sent["traceback"].endswith(
-            error[-1000:] + "\n"
+        assert len(sent.traceback) <= 64 << 10 and sent.traceback.endswith(error[-1000:] + "\n")
+        assert (sent.rank, sent.exit_code, sent.host, sent.node_rank, sent.cause) == (
+            1, 1, "node-b", 1, None,
         )
-        assert {k: v for k, v in sent.items() if k not in ("error", "message", "traceback")} == {
-            "rank": 1, "exit_code": 1, "node": "node-b", "node_rank": 1,
-        }
     assert len(failure["error"]) == len(error)  # the node's own copy is whole
     status = json.loads((tmp_path / "collector.json").read_text())
     assert not status["rejects"], status
@@ -148,7 +167,7 @@ def test_what_was_sent_before_node_0_listened_arrives_once_it_does(tmp_path: Pat
     in order, once its collector is up."""
     port = rdzv_port()
     link = nodelink.NodeLink("127.0.0.1", port, TOKEN, 1, "node-b")
-    got: list[dict[str, Any]] = []
+    got: Got = []
     tel: Telemetry | None = None
     try:
         link.start()
@@ -158,7 +177,10 @@ def test_what_was_sent_before_node_0_listened_arrives_once_it_does(tmp_path: Pat
         assert link.heard_at is None
         tel, _host, _port = _collector(tmp_path, got, port=port)
         wait_for(lambda: len(got) >= 3, timeout=20, what="the early lines at node 0")
-        assert [m["data"] for m in got] == ["early 0\n", "early 1\n", "early 2\n"]
+        assert [m.data for _, _, m in got if isinstance(m, LogMessage)] == [
+            "early 0\n", "early 1\n", "early 2\n",
+        ]
+        assert len(got) == 3
         assert link.close(5.0)
     finally:
         link.close(0.1)
@@ -169,22 +191,22 @@ def test_what_was_sent_before_node_0_listened_arrives_once_it_does(tmp_path: Pat
 def test_a_wrong_token_is_refused_for_good_and_said_once(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    got: list[dict[str, Any]] = []
+    got: Got = []
     tel, host, port = _collector(tmp_path, got)
     link = nodelink.NodeLink(host, port, TOKEN[:-1] + "X", 1, "node-b")
     try:
         link.start()
         link.send_log(1, b"never sent\n")
         cmds = wait_for(link.commands, timeout=10, what="node 0's refusal")
-        assert cmds == [{"refused": "bad_token"}] and link.refused == "bad_token"
+        assert cmds == [nodelink.Refused("bad_token")] and link.refused == "bad_token"
         link.send_log(1, b"nor this\n")
         assert link.close(1.0) is False
     finally:
         link.close(0.1)
         tel.stop()
     # Node 0 hears of the attempt (to say so), and nothing the node sent.
-    assert [(m["node"], m.get("reason")) for m in got] == [(1, "bad_token")] and "data" not in got[
-        0
+    assert [(n, type(m), getattr(m, "reason", None)) for n, _, m in got] == [
+        (1, RefusedMessage, "bad_token")
     ], got
     assert json.loads((tmp_path / "collector.json").read_text())["rejects"] == {"bad_token": 1}
     err = capfd.readouterr().err
@@ -235,7 +257,7 @@ def test_node_0_s_collector_gone_for_a_while_loses_nothing_of_what_came_meanwhil
 ) -> None:
     """The connection to node 0 drops (here its collector is gone and comes back): what this node
     sent meanwhile waits and arrives once node 0 listens again, each line once, in order."""
-    got: list[dict[str, Any]] = []
+    got: Got = []
     port = rdzv_port()
     tel, host, _ = _collector(tmp_path / "first", got, port=port)
     link = nodelink.NodeLink(host, port, TOKEN, 1, "node-b")
@@ -250,13 +272,15 @@ def test_node_0_s_collector_gone_for_a_while_loses_nothing_of_what_came_meanwhil
         time.sleep(0.5)  # the link finds node 0 gone and retries
         again, _, _ = _collector(tmp_path / "again", got, port=port)
         def meanwhile() -> list[str]:
-            return [m["data"] for m in got if m["data"].startswith("meanwhile")]
+            return [m.data for _, _, m in got
+                    if isinstance(m, LogMessage) and m.data.startswith("meanwhile")]
 
         wait_for(lambda: len(meanwhile()) >= 3, timeout=20, what="the lines sent meanwhile")
         assert link.close(5.0)
         # ("before" may come twice: a collector started anew cannot know it had it, if its ack
         # had not reached this node yet.)
-        assert got[0]["data"] == "before\n" and meanwhile() == [
+        first = got[0][2]
+        assert isinstance(first, LogMessage) and first.data == "before\n" and meanwhile() == [
             "meanwhile 0\n",
             "meanwhile 1\n",
             "meanwhile 2\n",
