@@ -120,6 +120,11 @@ def _stalled_run(ranks: int) -> Path:
     return run_dir
 
 
+def _named(diag: Any) -> dict[int, str]:
+    """Each rank named stalled or straggler: ``named()``, ``state()`` at commits before it."""
+    return diag.named() if hasattr(diag, "named") else diag.state()
+
+
 def _fed(module: Any, ranks: int, seconds: int, step_s: float = 0.5) -> Any:
     """A diagnoser of ``module`` fed ``seconds`` of every rank's lines (a step each ``step_s``),
     ticked once a second."""
@@ -182,7 +187,7 @@ def main() -> int:
             clock[which] += 1
             t = clock[which]
             diag.tick(t, mono=t)
-            return module.quiet_spell(diag, t), diag.state()
+            return module.quiet_spell(diag, t), _named(diag)
 
         return run
 
@@ -203,7 +208,7 @@ def main() -> int:
             slow_clock[which] += 1
             t = slow_clock[which]
             diag.tick(t, mono=t)
-            return module.quiet_spell(diag, t), diag.state()
+            return module.quiet_spell(diag, t), _named(diag)
 
         return run
 
@@ -228,7 +233,7 @@ def main() -> int:
             done[which] += 1
             for line in lines:
                 diag.ingest(line["rank"], [line])
-            return sorted(diag.state().items())
+            return sorted(_named(diag).items())
 
         return run
 

@@ -179,8 +179,9 @@ class Diagnoser:
 
     # -- inputs -------------------------------------------------------------------------------
 
-    # edge: metrics lines as the wire decoded them; one value made per line would cost the
-    # collector's hot path an allocation a record, and only a few figures of each are read
+    # A value made per line would cost the collector's hot path an allocation a record, and
+    # only a few figures of each line are read here.
+    # edge: metrics lines as the wire decoded them
     def ingest(self, rank: int, records: list[dict[str, Any]]) -> None:
         """Records of ``rank`` (metrics.jsonl lines); one without a finite time is skipped, as
         every reader of the file skips it (xl.figures)."""

@@ -16,7 +16,6 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from xl.address import format_address
 
@@ -73,12 +72,14 @@ class Listener:
                 self._sel.unregister(sock)
             sock.close()
 
-    def accept(self) -> list[tuple[socket.socket, Any]]:
-        """The connections waiting (at most ACCEPTS_PER_TURN)."""
-        out: list[tuple[socket.socket, Any]] = []
+    def accept(self) -> list[tuple[socket.socket, str]]:
+        """The connections waiting (at most ACCEPTS_PER_TURN), each with its peer's address
+        ("host:port"; "" where the kernel gives none)."""
+        out: list[tuple[socket.socket, str]] = []
         while self.sock is not None and len(out) < ACCEPTS_PER_TURN:
             try:
-                out.append(self.sock.accept())
+                sock, addr = self.sock.accept()
+                out.append((sock, format_address(str(addr[0]), int(addr[1])) if addr else ""))
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:

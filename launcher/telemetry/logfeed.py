@@ -27,18 +27,19 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from xl import wire
-from xl.launcher.telemetry.logparse import parse_line, worth_parsing
+from xl.launcher.telemetry.logparse import Found, parse_line, worth_parsing
 
 QUEUE_LINES = 4096
+# A train record made from a line, as metrics.jsonl holds it: written, never read back here.
+Record = dict[str, object]
 
 
 class LogFeed:
     """``handle(rank, found)`` gets what ``parse_line`` found in a line, on the feed's thread."""
 
-    def __init__(self, handle: Callable[[int, dict[str, Any]], None]) -> None:
+    def __init__(self, handle: Callable[[int, Found], None]) -> None:
         self._handle = handle
         self._lines: queue.Queue[tuple[int, str] | None] = queue.Queue(QUEUE_LINES)
         self._thread: threading.Thread | None = None
@@ -101,30 +102,31 @@ class OutputSteps:
         self.hold_s = hold_s
         self._lock = threading.Lock()
         self._own: set[int] = set()  # ranks that report their own steps
-        self._held: dict[int, deque[dict[str, Any]]] = {}
+        self._held: dict[int, deque[Record]] = {}
         self._since: dict[int, float] = {}  # when a rank's first held record was printed
         self._free: set[int] = set()  # ranks whose printed steps are theirs (the hold ran out)
         self.dropped = 0  # records held and then dropped: printed before the rank's first step
         self._bar_step: dict[int, int] = {}  # each rank's last bar step stored or held
 
-    def found(self, rank: int, found: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    def found(self, rank: int, found: Found, now: float) -> list[Record]:
         """What the log parser found in a line of ``rank``'s output (logparse.parse_line) as its
         train record, through ``take``: a Trainer's summary is none, a bar one per new step (not
         one per redraw)."""
         if found.pop("summary", False):
             return []
         if "loss" not in found and "lr" not in found:
-            step = found.get("step")
+            step = found.get("step")  # an int where the parser found one (logparse)
             with self._lock:
-                if step is not None and self._bar_step.get(rank) == step:
+                if isinstance(step, int) and self._bar_step.get(rank) == step:
                     return []
-                if step is not None:
+                if isinstance(step, int):
                     self._bar_step[rank] = step
-        rec: dict[str, Any] = {"t": round(now, 3), "rank": rank, "kind": "train"}
+        t = round(now, 3)
+        rec: Record = {"t": t, "rank": rank, "kind": "train"}
         for key, value in found.items():
             rec.setdefault(key if key not in wire.RESERVED else f"user_{key}", value)
         rec["source"] = "log"
-        return self.take(rank, rec, rec["t"])
+        return self.take(rank, rec, t)
 
     def announced(self, rank: int) -> None:
         with self._lock:
@@ -134,7 +136,7 @@ class OutputSteps:
             self.dropped += len(self._held.pop(rank, ()))
             self._since.pop(rank, None)
 
-    def take(self, rank: int, rec: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    def take(self, rank: int, rec: Record, now: float) -> list[Record]:
         with self._lock:
             if rank in self._own:
                 return []
@@ -149,7 +151,7 @@ class OutputSteps:
                 return []
             return self._release(rank)
 
-    def due(self, now: float) -> list[dict[str, Any]]:
+    def due(self, now: float) -> list[Record]:
         """The held records of every rank whose hold ran out by ``now`` (the 1 Hz loop asks: a
         bar-only script that stopped printing, hung or not, still gets its steps)."""
         with self._lock:
@@ -159,7 +161,7 @@ class OutputSteps:
                 for rec in self._release(rank)
             ]
 
-    def _release(self, rank: int) -> list[dict[str, Any]]:
+    def _release(self, rank: int) -> list[Record]:
         self._free.add(rank)
         held = self._held.pop(rank)
         del self._since[rank]

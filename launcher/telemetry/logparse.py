@@ -53,6 +53,10 @@ _POSTFIX_LOSS = re.compile(
 )
 _STEP_KEYS = ("step", "global_step")
 
+# What a line gives, in its order: train figures (None where not finite), ``step``, ``summary``
+# (a Trainer's end-of-training dict), ``nonfinite`` (figure -> "nan", "inf" or "-inf").
+Found = dict[str, float | int | bool | dict[str, str] | None]
+
 
 def _number(value: Any) -> float | int | None:
     if isinstance(value, bool):
@@ -84,7 +88,7 @@ def _dict_text(text: str) -> str | None:
     return text[start : end + 1]
 
 
-def parse_hf_dict(text: str) -> dict[str, Any] | None:
+def parse_hf_dict(text: str) -> Found | None:
     found = _dict_text(text)
     if found is None:
         return None
@@ -94,7 +98,7 @@ def parse_hf_dict(text: str) -> dict[str, Any] | None:
         return None
     if not isinstance(obj, dict):
         return None
-    out: dict[str, Any] = {}
+    out: Found = {}
     nonfinite: dict[str, str] = {}
     for key, value in obj.items():
         num = _number(value)
@@ -113,14 +117,17 @@ def parse_hf_dict(text: str) -> dict[str, Any] | None:
         out["summary"] = True
     for key in _STEP_KEYS:
         if key in out:
-            out["step"] = int(out.pop(key))
+            step = out.pop(key)
+            if not isinstance(step, (int, float)):  # not finite: no step to count from
+                raise TypeError(f"step {step!r}")
+            out["step"] = int(step)
             break
     if nonfinite:
         out["nonfinite"] = nonfinite
     return out
 
 
-def _training_log(found: dict[str, Any]) -> bool:
+def _training_log(found: Found) -> bool:
     """A dict reads as a training log when it gives a loss (``loss``, ``train_loss``,
     ``eval_loss``, ...) or an ``epoch``, as every dict HF's Trainer prints does; a printed config
     (``{'eos_token_id': 0, 'bos_token_id': 0}``, ``{'lr': 3e-4, 'batch_size': 64}``) does not."""
@@ -131,7 +138,7 @@ def _is_loss(key: str) -> bool:
     return key == "loss" or key.endswith("_loss") or key.startswith("loss_")
 
 
-def parse_tqdm(text: str) -> dict[str, Any] | None:
+def parse_tqdm(text: str) -> Found | None:
     # The last carriage-return segment is what the terminal would show.
     for segment in reversed(text.split("\r")):
         if "|" not in segment and "it/s" not in segment and "s/it" not in segment:
@@ -143,13 +150,14 @@ def parse_tqdm(text: str) -> dict[str, Any] | None:
         head = segment[: match.start()].lstrip()
         if head.startswith(_NOT_TRAINING):
             return None
-        out: dict[str, Any] = {"step": int(match.group("n"))}
+        step = int(match.group("n"))
+        out: Found = {"step": step}
         total = match.group("total")
         epoch = _EPOCH.match(head)
         if epoch is not None and total != "?":
             # Lightning's count starts again each epoch: the step counts on across epochs.
             out["epoch"] = int(epoch.group("epoch"))
-            out["step"] += out["epoch"] * int(total)
+            out["step"] = step + int(epoch.group("epoch")) * int(total)
         elif total != "?":
             out["total_steps"] = int(total)
         inside = match.group("inside")
@@ -184,7 +192,7 @@ def worth_parsing(line: str) -> bool:
     )
 
 
-def parse_line(line: str) -> dict[str, Any] | None:
+def parse_line(line: str) -> Found | None:
     """Train scalars found in one line of rank output, or None (the common, cheap case)."""
     if "{'" in line:
         found = parse_hf_dict(line)

@@ -291,7 +291,7 @@ class FrameServer:
         return len(events)
 
     def _accept(self) -> None:
-        for sock, addr in self._listener.accept():
+        for sock, peer in self._listener.accept():
             if len(self._sel.get_map()) >= self.max_connections:
                 self.rejects["too_many_connections"] += 1
                 sock.close()
@@ -299,7 +299,7 @@ class FrameServer:
             sock.setblocking(False)
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Conn(sock, peer=format_address(str(addr[0]), int(addr[1])) if addr else "")
+            conn = Conn(sock, peer=peer)
             conn.nonce, first = handshake.challenge()
             conn.out += first
             self._fresh[id(conn)] = conn

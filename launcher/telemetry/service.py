@@ -33,7 +33,8 @@ from xl.launcher.stacks.hang import HangCapture
 from xl.launcher.telemetry import CollectorStatus, previous_port, write_collector_json
 from xl.launcher.telemetry.collector import Collector
 from xl.launcher.telemetry.diagnose import Diagnoser
-from xl.launcher.telemetry.logfeed import HOLD_S, LogFeed, OutputSteps
+from xl.launcher.telemetry.logfeed import HOLD_S, LogFeed, OutputSteps, Record
+from xl.launcher.telemetry.logparse import Found
 from xl.launcher.telemetry.roster import RankInfo, Roster
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
@@ -210,7 +211,7 @@ class Telemetry:
         """Whether a line of ``text`` may be worth ``feed_log_line`` (any thread; linear)."""
         return self.writer is not None and self.log_feed.wants(text)
 
-    def _log_found(self, rank: int, found: dict[str, Any]) -> None:
+    def _log_found(self, rank: int, found: Found) -> None:
         if self.writer is None:
             return
         if rank in self._client_ranks or (
@@ -220,17 +221,20 @@ class Telemetry:
             return
         self._write_printed(self.output_steps.found(rank, found, time.time()))
 
-    def _write_printed(self, records: list[dict[str, Any]]) -> None:
-        """Train records from what ranks printed (logfeed.OutputSteps let them through), stored and
+    def _write_printed(self, records: list[Record]) -> None:
+        """Train records from what ranks printed (OutputSteps let them through), stored and
         diagnosed."""
         if records and self.writer is not None:
             self.writer.write_lines([wire.dumps_record(rec) for rec in records])
             for rec in records:
+                rank = rec["rank"]
+                assert isinstance(rank, int)  # OutputSteps makes each record with its rank
                 if self.summary is not None:
-                    self.summary.add(rec["rank"], [rec])  # node 0 diagnoses them
+                    self.summary.add(rank, [rec])  # node 0 diagnoses them
                 else:
-                    self.diagnoser.ingest(rec["rank"], [rec])
+                    self.diagnoser.ingest(rank, [rec])
 
+    # edge: the stop message as the node links carry it
     def stop_nodes(self, stop: dict[str, Any]) -> None:
         """Node 0: tell every other node to end its part of the run."""
         if self.collector is not None:

@@ -20,6 +20,7 @@ from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.runprocs import alive
 
 
+# edge: a spool file's metrics lines, handed on decoded as the collector hands the wire's
 def ingest_spool(
     run_dir: Path,
     writer: MetricsWriter,

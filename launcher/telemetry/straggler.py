@@ -168,7 +168,7 @@ def judge(
 # as it was set to: no reason. A straggler waiting for data, or in its own code, is not its GPU's.
 GPU_PHASES = ("compute", "comm", None)
 XID_RECENT_S = 300.0
-# The rank's sys line must be this recent for its GPU's state to count (the sampler's is 1 Hz).
+# The rank's sys line must be this recent for its GPU's figures to count (the sampler's is 1 Hz).
 GPU_FRESH_S = 10.0
 
 

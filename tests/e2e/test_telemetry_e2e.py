@@ -26,7 +26,7 @@ def test_a_hung_rank_is_named_stalled_and_holding_up_the_rank_waiting_for_it(
 
     def until_both_stalled(tel, proc) -> None:
         deadline = time.monotonic() + 90
-        while tel.diagnoser.state() != {0: "stalled", 1: "stalled"}:
+        while tel.diagnoser.named() != {0: "stalled", 1: "stalled"}:
             assert proc.poll() is None, "the run ended before the hang was diagnosed"
             assert time.monotonic() < deadline, "no stall diagnosed"
             time.sleep(0.2)
