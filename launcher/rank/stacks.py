@@ -1,10 +1,10 @@
 """Inside every rank: say where it is when asked, at no cost while nobody asks.
 
-``install(run_dir, rank)`` runs before user code (from the rank entry). It sets up two doors, and
-nothing in the rank polls:
+``install(run_dir, rank)`` runs before user code (from the rank entry). It sets up two ways to
+ask, and nothing in the rank polls:
 
 - a daemon thread blocked in ``accept()`` on an abstract Unix socket with an unpredictable name
-  (another user cannot bind it first, as they could the old name made from the pid alone), known
+  (another user cannot bind it first, as they could a name made from the pid alone), known
   to requesters only through the rank's private ``ranks/rank-<r>.stacks.json``. Each side checks
   the other with SO_PEERCRED (``peer_is``): a requester of the same user that connects gets one
   JSON answer: every thread's Python stack (``sys._current_frames``)
@@ -14,7 +14,7 @@ nothing in the rank polls:
   stack to ``ranks/rank-<r>.stacks.txt`` without taking the GIL, so a rank whose C code holds the
   GIL (a regex with catastrophic backtracking, a C extension spinning) still tells where it is.
 
-``ranks/rank-<r>.stacks.json`` says both doors are open (pid, signal, socket, main thread id);
+``ranks/rank-<r>.stacks.json`` says both are set up (pid, signal, socket, main thread id);
 requesters read it before they signal, so a process without the handler is never sent the signal
 (whose default action would end it). Stdlib only; torch is used only if the script imported it.
 """
@@ -89,7 +89,7 @@ def _frames(frame: FrameType | None) -> list[dict[str, Any]]:
 
 
 def threads() -> list[dict[str, Any]]:
-    """Every thread's stack but this door's own, the main thread first."""
+    """Every thread's stack but the socket's own, the main thread first."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
     main = threading.main_thread().ident
@@ -150,7 +150,7 @@ def collectives() -> tuple[list[dict[str, Any]], str | None]:
 
 
 def answer() -> dict[str, Any]:
-    """What the socket door sends: this rank's threads and collectives."""
+    """What the socket sends: this rank's threads and collectives."""
     colls, why = collectives()
     doc: dict[str, Any] = {"pid": os.getpid(), "threads": threads(), "collectives": colls}
     if why:
@@ -177,7 +177,8 @@ def _serve(server: socket.socket) -> None:
 
 
 def install(run_dir: str | None, rank: int) -> bool:
-    """Open both doors for this rank; False (and the rank runs on untouched) when it cannot."""
+    """Set up the socket and the signal for this rank; False (and the rank runs on untouched)
+    when it cannot."""
     if not run_dir or _state:
         return False
     # Gloo and NCCL record into the Flight Recorder only with a buffer; set before torch starts.
@@ -205,7 +206,7 @@ def install(run_dir: str | None, rank: int) -> bool:
         "since": time.time(),
     }
     try:
-        write_unsynced(str(layout.rank_stacks_door(rank)), json.dumps(info).encode())
+        write_unsynced(str(layout.rank_stacks_socket(rank)), json.dumps(info).encode())
     except OSError:
         return False
     return True

@@ -40,7 +40,7 @@ LOGS = "logs"
 RANKS = "ranks"
 STACKS = "stacks"
 TORCHRUN_LOG = "torchrun.log"  # in LOGS
-NODES_STACKS_DOOR = "nodes.stacks.json"  # in RANKS, node 0 of a multi-node run
+NODES_STACKS_SOCKET = "nodes.stacks.json"  # in RANKS, node 0 of a multi-node run
 
 # The folders ``xl launch`` makes with the run dir, before the supervisor starts.
 MADE_FOLDERS = (LOGS, RANKS)
@@ -71,8 +71,8 @@ def log_rank(name: str) -> int | None:
 
 
 def record_rank(name: str) -> int | None:
-    """The rank whose record ``name`` (a file in ``ranks/``) is; None for any other file (its
-    stacks door ``rank-<r>.stacks.json`` included)."""
+    """The rank whose record ``name`` (a file in ``ranks/``) is; None for any other file (the one
+    naming its stacks socket, ``rank-<r>.stacks.json``, included)."""
     return _number(_between(name, ".json"))
 
 
@@ -162,8 +162,8 @@ class RunLayout:
         """What rank ``rank``'s entry reported of itself: pid, then exit code and traceback."""
         return self.root / RANKS / rank_record_name(rank)
 
-    def rank_stacks_door(self, rank: int) -> Path:
-        """Where rank ``rank``'s stacks door is described (pid, signal, socket)."""
+    def rank_stacks_socket(self, rank: int) -> Path:
+        """Where rank ``rank``'s stacks socket is described (pid, signal, socket name)."""
         return self.root / RANKS / f"rank-{rank}.stacks.json"
 
     def rank_stacks_text(self, rank: int) -> Path:
@@ -171,8 +171,8 @@ class RunLayout:
         return self.root / RANKS / f"rank-{rank}.stacks.txt"
 
     @property
-    def nodes_stacks_door(self) -> Path:
-        return self.root / RANKS / NODES_STACKS_DOOR
+    def nodes_stacks_socket(self) -> Path:
+        return self.root / RANKS / NODES_STACKS_SOCKET
 
     def spool_file(self, rank: int, pid: int) -> Path:
         """Where rank process ``pid`` spools lines while the collector cannot be reached."""

@@ -158,7 +158,7 @@ def ask_rank(run_dir: Path, target: Target, timeout: float) -> RankStacks:
     if rank is None or pid is None:
         return target.failed("no process recorded for this rank yet")
     try:
-        found = json.loads(RunLayout(run_dir).rank_stacks_door(rank).read_text())
+        found = json.loads(RunLayout(run_dir).rank_stacks_socket(rank).read_text())
     except (OSError, ValueError):
         found = {}
     if not isinstance(found, dict) or found.get("pid") != pid:

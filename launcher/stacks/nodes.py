@@ -73,7 +73,7 @@ class NodesStacksServer:
         self._sock = sock
         layout = RunLayout(self.run_dir)
         layout.ranks.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_json_atomic(layout.nodes_stacks_door, {"pid": os.getpid(), "socket": self._name})
+        write_json_atomic(layout.nodes_stacks_socket, {"pid": os.getpid(), "socket": self._name})
         threading.Thread(
             target=self._serve, args=(sock,), name="xl-nodes-stacks", daemon=True
         ).start()
@@ -85,7 +85,7 @@ class NodesStacksServer:
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
             with contextlib.suppress(OSError):
-                RunLayout(self.run_dir).nodes_stacks_door.unlink()
+                RunLayout(self.run_dir).nodes_stacks_socket.unlink()
 
     def _serve(self, sock: socket.socket) -> None:
         while True:
@@ -165,7 +165,7 @@ def ask(run_dir: Path, rank: int | None, timeout: float) -> NodesAnswer | None:
 def _request(run_dir: Path, request: dict[str, Any], timeout: float) -> dict[str, Any] | None:
     """One request through node 0's socket and its answer (None: no socket, or no answer)."""
     try:
-        found = json.loads(RunLayout(run_dir).nodes_stacks_door.read_text())
+        found = json.loads(RunLayout(run_dir).nodes_stacks_socket.read_text())
         name, pid = str(found["socket"]), int(found["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -81,7 +81,7 @@ def test_node_0_gathers_a_node_s_stacks_through_its_link(tmp_path: Path) -> None
     assert entry.threads is not None
     assert entry.threads[0].frames[-1] == Frame("/src/train.py", 41, "astray")
     # node 0's socket closes with the collector
-    assert not RunLayout(tmp_path).nodes_stacks_door.exists()
+    assert not RunLayout(tmp_path).nodes_stacks_socket.exists()
     status = json.loads((tmp_path / "collector.json").read_text())
     assert not status["rejects"], status
 

@@ -46,7 +46,7 @@ def _report(run_dir: Path, rank: int, **fields: Any) -> None:
 def test_only_rank_records_are_read_and_typed(tmp_path: Path) -> None:
     run_dir = _run(tmp_path)
     _report(run_dir, 3, exit_code=-9, node=2, error=7)
-    RunLayout(run_dir).rank_stacks_door(3).write_text("{}")
+    RunLayout(run_dir).rank_stacks_socket(3).write_text("{}")
     (RunLayout(run_dir).ranks / "rank-4.json").write_text("not json")
     reports = record.read_rank_reports(run_dir)
     assert list(reports) == [3]

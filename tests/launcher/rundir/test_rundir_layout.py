@@ -25,7 +25,7 @@ def test_a_plain_run_s_files_are_all_named_here(tmp_path: Path) -> None:
             for r in (0, 1)
             for p in (
                 run.rank_log(r), run.rank_record(r),
-                run.rank_stacks_door(r), run.rank_stacks_text(r),
+                run.rank_stacks_socket(r), run.rank_stacks_text(r),
             )
         ),
     }  # fmt: skip
@@ -36,7 +36,8 @@ def test_a_plain_run_s_files_are_all_named_here(tmp_path: Path) -> None:
 def test_the_files_a_cause_leaves_are_named_as_documented(tmp_path: Path) -> None:
     run = RunLayout(tmp_path)
     docs = (REPO / "docs" / "contracts.md").read_text()
-    for path in (run.escaped, run.stop, run.settled, run.nodes_stacks_door, run.spool_file(3, 42)):
+    nodes = run.nodes_stacks_socket
+    for path in (run.escaped, run.stop, run.settled, nodes, run.spool_file(3, 42)):
         rel = str(path.relative_to(tmp_path)).replace("3-42", "<r>-<pid>")
         assert f"`{rel}`" in docs, rel
     assert run.stacks_capture(1795569985.76) == "stacks/1795569985.json"
