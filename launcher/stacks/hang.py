@@ -48,7 +48,7 @@ from xl.launcher.stacks import gather as capture
 from xl.launcher.stacks.model import Json, RankStacks, RosterRank, StacksDoc, Target, targets
 from xl.launcher.stacks.verdict import busy, doing, position, where
 from xl.launcher.telemetry.stall import STALLED, Progress, judge
-from xl.launcher.telemetry.thread_errors import Trouble
+from xl.launcher.telemetry.thread_errors import ThreadErrors
 from xl.units import ranks_text
 
 # The diagnoser's events pass through here as their events.jsonl lines, on their way to the file.
@@ -95,7 +95,7 @@ class HangCapture:
         self.doc: StacksDoc | None = None  # this hang's document, once captured
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()  # this hang's retries end (over, join)
-        self._trouble = Trouble()
+        self._errors = ThreadErrors()
         self._mismatch: StacksDoc | None = None  # a mismatch named in this quiet spell
         self._peeked_at = 0.0  # the quiet seconds at the last look for one (0: none yet)
         self._peeking: threading.Thread | None = None
@@ -191,7 +191,7 @@ class HangCapture:
                 return
             doc = replace(doc, file=capture.save(self.run_dir, doc))
         except Exception as exc:  # the stall's capture still comes, as before
-            self._trouble.say("the look for a collective mismatch failed", exc)
+            self._errors.say("the look for a collective mismatch failed", exc)
             return
         with self._lock:
             if self._state != "idle" or self._mismatch is not None or self._ended:
@@ -253,7 +253,7 @@ class HangCapture:
             doc = capture.assemble(self.run_dir, self.run_dir.name, t, entries, progress)
             return replace(doc, file=capture.save(self.run_dir, doc)), None
         except Exception as exc:  # a capture that fails leaves the stall reported as it was
-            self._trouble.say("the hang capture failed", exc)
+            self._errors.say("the hang capture failed", exc)
             return None, None
 
     def _say_hang(self, doc: StacksDoc) -> None:

@@ -38,7 +38,7 @@ from xl.launcher.telemetry.logparse import Found
 from xl.launcher.telemetry.roster import RankInfo, Roster
 from xl.launcher.telemetry.sampler import Sampler
 from xl.launcher.telemetry.spool import ingest_spool
-from xl.launcher.telemetry.thread_errors import Trouble
+from xl.launcher.telemetry.thread_errors import ThreadErrors
 
 if TYPE_CHECKING:
     from xl.launcher.multinode.protocol import NodeMessage
@@ -139,7 +139,7 @@ class Telemetry:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.spooled_records = 0
-        self._trouble = Trouble()
+        self._errors = ThreadErrors()
         # Rank output is parsed on a thread of its own: the supervisor's loop only queues lines.
         self.log_feed = LogFeed(self._log_found)
 
@@ -301,7 +301,7 @@ class Telemetry:
             try:
                 self._sample_once()
             except Exception as exc:  # sampling trouble must never take the supervisor down
-                self._trouble.say(
+                self._errors.say(
                     "telemetry's sample failed (stall detection waits for the next one)", exc
                 )
             if time.monotonic() >= next_status:

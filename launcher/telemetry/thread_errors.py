@@ -11,7 +11,10 @@ import contextlib
 import os
 
 
-class Trouble:
+class ThreadErrors:
+    """The errors one thread caught and carries on after: ``say`` writes each distinct one to
+    stderr once, ``limit`` of them at most."""
+
     def __init__(self, limit: int = 16) -> None:
         self._said: set[str] = set()
         self._limit = limit
