@@ -1,7 +1,7 @@
 """The collector's listening socket, opened again when it dies under it.
 
 ``ss -K`` (or any SOCK_DESTROY) can close a listening socket from outside: ``accept`` then fails
-with EINVAL for good and the selector keeps calling it readable, so before, no rank could connect
+with EINVAL for good and the selector keeps calling it readable: left so, no rank could connect
 again for the rest of the run. ``Listener.accept`` tells that apart from a failure of one
 connection (out of descriptors, aborted), drops the dead socket and listens again on the same
 address (REOPEN_S apart while the port is taken), and says so through ``event``.

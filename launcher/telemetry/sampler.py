@@ -185,7 +185,7 @@ class Sampler:
                 inv = self._inventory()
                 gpus = tuple(getattr(inv, "gpus", ()) or ())
                 self.nvml_error = getattr(getattr(inv, "driver", None), "error", None)
-            except Exception as exc:  # NVML trouble degrades to "no GPU figures"
+            except Exception as exc:  # an NVML error degrades to "no GPU figures"
                 self.nvml_error = str(exc)
                 gpus = ()
         by_pid: dict[int, list[tuple[Any, Any]]] = {}
@@ -248,7 +248,7 @@ class Sampler:
             return
         try:
             read = self._clocks(indices)
-        except Exception:  # NVML trouble: the lines go out without these figures
+        except Exception:  # an NVML error: the lines go out without these figures
             return
         for rec in records:
             got = read.get(rec.get("gpu"))  # type: ignore[arg-type]
