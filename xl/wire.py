@@ -92,8 +92,9 @@ class Header:
     ) -> None:
         self.rank, self.pid, self.seq = rank, pid, seq
         self.dropped, self.cuda = dropped, cuda
-        # True once the rank sends its own train metrics (xl.log or an integration): its
-        # printed log dicts are then not parsed a second time.
+        # The rank reports its own train records (xl.log, a framework integration, or torch's
+        # hooks from its first optimizer step: the client's metricline.OwnTrain): what it
+        # prints is then not taken for its steps (the collector's train_ranks).
         self.train = train
         # The sender is flushing (xl.flush, exit) and waits for this ack: send it at once
         # instead of batching it with later ones.

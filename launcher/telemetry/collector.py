@@ -333,7 +333,11 @@ class Collector(NodeAsks):
             peer = PeerInfo(header.rank, header.pid, time.time())
             self.peers[header.rank] = peer
         peer.last_seen = time.time()
-        if header.train:
+        if header.rank not in self.train_ranks and (
+            header.train or any(rec.get("kind") == "train" for rec in good)
+        ):
+            # The rank reports its own train records (its client's OwnTrain, on the wire as the
+            # header's "train"): decided here only; what it prints is then not its steps.
             self.train_ranks.add(header.rank)
         if header.cuda is not None:
             peer.cuda = header.cuda

@@ -124,8 +124,6 @@ class Telemetry:
 
             self.summary = Summary()
         self.roster = Roster()
-        # Ranks whose train metrics come from xl.log: their printed dicts are not parsed again.
-        self._client_ranks: set[int] = set()
         # What ranks print is a step only where they do not report their own (OutputSteps).
         hold = settings.number(envnames.PRINTED_HOLD_S, HOLD_S, floor=0.0)
         self.output_steps = OutputSteps(instrumented=instrumented, hold_s=hold)
@@ -214,9 +212,7 @@ class Telemetry:
     def _log_found(self, rank: int, found: Found) -> None:
         if self.writer is None:
             return
-        if rank in self._client_ranks or (
-            self.collector is not None and rank in self.collector.train_ranks
-        ):
+        if self.collector is not None and rank in self.collector.train_ranks:
             self.output_steps.announced(rank)
             return
         self._write_printed(self.output_steps.found(rank, found, time.time()))
@@ -279,9 +275,8 @@ class Telemetry:
     # -- internals ------------------------------------------------------------------------
 
     def _on_records(self, rank: int, records: list[dict[str, Any]]) -> None:
-        if rank not in self._client_ranks and any(r.get("kind") == "train" for r in records):
-            self._client_ranks.add(rank)
-            self.output_steps.announced(rank)
+        if self.collector is not None and rank in self.collector.train_ranks:
+            self.output_steps.announced(rank)  # what it printed and is held is not its steps
         if self.summary is not None:
             self.summary.add(rank, records)  # node 0 diagnoses them
             return

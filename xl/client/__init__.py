@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from xl import envnames
+from xl.client.metricline import StepSource
 from xl.client.sender import Sender
 
 __all__ = ["active", "announce", "attach_steps", "flush", "log", "watch"]
@@ -79,12 +80,11 @@ def announce(*keys: str) -> None:
     to ``xl.log`` counts too, from the call that gives it)."""
     sender = _sender
     if sender is not None:
-        sender.given.update(keys)
-        sender.owns_train = True
+        sender.own.announce(keys)
         sender.wake.set()
 
 
-def attach_steps(source: Any, every: float = 0.0, hold: float = 0.0) -> bool:
+def attach_steps(source: StepSource, every: float = 0.0, hold: float = 0.0) -> bool:
     """Have the sender thread call ``source(given, final)`` at each wake-up for the scalars of one
     ``train`` line (``(t, scalars)`` or None): the steps torch's hooks counted since
     (``xl.integrations.stepclock``). ``every``: the wall-clock grid its lines are cut on, due

@@ -10,17 +10,55 @@ from __future__ import annotations
 
 import math
 import sys
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from xl import wire
 
-# Keys that, once the script gives them, the steps' line leaves out (no double counting).
+# The train keys a framework integration reports for the rank itself (xl.client.announce).
+OWN_KEYS = ("step", "loss", "samples")
 # Keys a script may give itself that torch's step hooks would also report: once it gave one, the
 # hooks' lines leave it out ("step_s" stands for the whole split: a script that times its own
 # steps is not timed twice).
-OWNED = ("step", "loss", "samples", "step_s")
+OWNED = (*OWN_KEYS, "step_s")
 # (count key, rate key): ``samples=`` is what was processed since the previous call that gave it.
 _RATES = (("samples", "samples_per_s"), ("tokens", "tokens_per_s"))
+
+
+class OwnTrain:
+    """Who sends this rank's train keys, decided here and nowhere else in the rank's process:
+    ``reports`` once the rank reports its own train records (an ``xl.log`` call, a framework
+    integration, or torch's hooks at the first optimizer step), which goes on the wire as the
+    frame header's ``"train": true`` (xl.wire); ``keys``: the keys of OWNED the rank gives
+    itself, which the steps' lines leave out. Any thread: its updates are single set updates."""
+
+    __slots__ = ("_keys", "reports")
+
+    def __init__(self) -> None:
+        self._keys: set[str] = set()
+        self.reports = False
+
+    def announce(self, keys: Iterable[str] = ()) -> None:
+        """The rank reports its own train records from now on, and gives ``keys`` itself before
+        it has logged them (a framework integration says so before its first step)."""
+        self._keys.update(keys)
+        self.reports = True
+
+    def logged(self, scalars: Mapping[str, object]) -> None:
+        """An ``xl.log`` call's scalars (on the sender thread, as they are turned into lines)."""
+        self.reports = True
+        if len(self._keys) < len(OWNED):
+            self._keys.update(k for k in OWNED if k in scalars)
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(self._keys)
+
+
+# What gives one line's scalars for the steps torch's hooks counted (xl.client.attach_steps):
+# called with the keys the rank gives itself and whether every step goes out now.
+StepSource = Callable[[Collection[str], bool], tuple[float, Mapping[str, object]] | None]
 
 
 class _Skip:
@@ -54,7 +92,7 @@ def scalar(value: Any) -> Any:
 
 
 def train_line(
-    t: float, scalars: dict[str, Any], rank: int, last_rate_t: dict[str, float]
+    t: float, scalars: Mapping[str, object], rank: int, last_rate_t: dict[str, float]
 ) -> bytes | None:
     """One queued call as a ``train`` line, or None when it cannot be sent (the caller counts
     it as dropped). ``last_rate_t`` holds when each count was last given, for the rates."""
@@ -96,19 +134,19 @@ def train_line(
 
 
 def drain(
-    queue: Any,
+    queue: deque[tuple[float, dict[str, Any]]],
     rank: int,
     last_rate_t: dict[str, float],
-    given: set[str],
-    source: Any,
+    own: OwnTrain,
+    source: StepSource | None,
     final: bool = True,
 ) -> tuple[list[bytes], int]:
     """The queued ``xl.log`` calls as ``train`` lines, then one line for the steps torch's hooks
     counted since (``source``, xl.client.attach_steps; ``final``: all of them, even the steps
     that just ended); and how many calls could not be sent.
 
-    ``given`` gathers the keys of OWNED the script logged itself: the steps' line leaves them
-    out from then on (after the queue, so a key logged for these very steps is already there)."""
+    ``own`` learns the keys of OWNED the script logged itself: the steps' line leaves them out
+    from then on (after the queue, so a key logged for these very steps is already there)."""
     out: list[bytes] = []
     dropped = 0
     while queue:
@@ -116,8 +154,7 @@ def drain(
             t, scalars = queue.popleft()
         except IndexError:
             break
-        if len(given) < len(OWNED):
-            given.update(k for k in OWNED if k in scalars)
+        own.logged(scalars)
         line = train_line(t, scalars, rank, last_rate_t)
         if line is None:
             dropped += 1
@@ -125,7 +162,7 @@ def drain(
             out.append(line)
     if source is not None:
         try:
-            got = source(given, final)
+            got = source(own.keys, final)
         except Exception:  # the step source must never stop the sender
             got = None
         line = train_line(got[0], got[1], rank, last_rate_t) if got is not None else None

@@ -27,7 +27,7 @@ from typing import Any
 from xl import envnames, settings, wire
 from xl.address import split_address
 from xl.client.link import Link
-from xl.client.metricline import cuda_counters, drain, sys_line
+from xl.client.metricline import OwnTrain, StepSource, cuda_counters, drain, sys_line
 from xl.client.spool import Spool
 from xl.client.watch import CommWatch
 
@@ -79,9 +79,8 @@ class Sender:
         self.max_queue = max(1, _env_int(envnames.LOG_QUEUE, MAX_QUEUE))
         self.comm = CommWatch()
         self.dropped = 0
-        self.owns_train = False
-        self.given: set[str] = set()  # train keys the rank gives itself (records.drain)
-        self.step_source: Any = None  # xl.client.attach_steps
+        self.own = OwnTrain()  # who sends the rank's train keys (metricline.OwnTrain)
+        self.step_source: StepSource | None = None  # xl.client.attach_steps
         self.step_grid = (STEPS_ONLY_INTERVAL_S, 0.0)  # its lines' slot and hold (attach_steps)
         self.logged = False  # the last wake-up found xl.log calls queued
         self.spooled_live = False  # lines went to the spool since it was last claimed
@@ -103,8 +102,7 @@ class Sender:
         self.spool.reset_after_fork(self.pid)
         self.link.reset_after_fork()  # the parent's connection; the child must not write to it
         self.dropped = 0
-        self.owns_train = False
-        self.given, self.step_source = set(), None  # the parent's steps are the parent's
+        self.own, self.step_source = OwnTrain(), None  # the parent's steps are the parent's
         self.last_rate_t = {}
         self.io_lock = threading.Lock()
         self.wake = threading.Event()
@@ -163,7 +161,7 @@ class Sender:
                 lines.append(line)
         link = self.link
         # Connect only with something to say: a forked worker that never logs opens nothing.
-        wants = lines or link.unacked or self.owns_train or self.spool.replay is not None
+        wants = lines or link.unacked or self.own.reports or self.spool.replay is not None
         if link.sock is None and wants and now >= link.next_connect:
             self._connect()
         if (
@@ -189,11 +187,9 @@ class Sender:
 
     def _drain_queue(self) -> list[bytes]:
         self.logged = bool(self.queue)
-        if self.logged:
-            self.owns_train = True
         final = self.flushing or self.stopping  # every step, even one that just ended
         out, dropped = drain(
-            self.queue, self.rank, self.last_rate_t, self.given, self.step_source, final
+            self.queue, self.rank, self.last_rate_t, self.own, self.step_source, final
         )
         self.dropped += dropped  # counted, so the run's events say so
         return out
@@ -208,7 +204,7 @@ class Sender:
             "seq": seq,
             "dropped": self.dropped,
         }
-        if self.owns_train:
+        if self.own.reports:
             header["train"] = True
         if self.flushing:
             header["ack"] = True
@@ -217,7 +213,7 @@ class Sender:
     def _connect(self) -> None:
         if not self.link.connect():
             return
-        if self.owns_train:
+        if self.own.reports:
             self.link.send([], False)  # hello: the collector learns this rank logs itself
         self.spool.claim()
 

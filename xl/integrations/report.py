@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-T = TypeVar("T")
+from xl.client.metricline import OWN_KEYS
 
-# What a framework integration reports for the rank itself: torch's own step records
-# (xl.integrations.torchsteps) leave these keys out once one is there.
-OWN_KEYS = ("step", "loss", "samples")
+__all__ = ["OWN_KEYS", "batch_size", "claim", "state_of"]
+
+T = TypeVar("T")
 
 _LEVEL = {"deepspeed": 1, "accelerate": 2, "transformers": 3, "lightning": 3}
 _owner: str | None = None

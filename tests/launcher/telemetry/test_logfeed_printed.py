@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+from xl import wire
 from xl.launcher.telemetry.logfeed import OutputSteps
 from xl.launcher.telemetry.service import Telemetry
 
@@ -96,7 +97,11 @@ def test_a_rank_that_reports_its_own_steps_is_never_stepped_by_what_it_prints(
     try:
         tel.feed_log_line(0, "Loading weights: 100%|##########| 41/41 [00:00<00:00, 400.00it/s]")
         tel.log_feed.stop()  # parsed and held
-        tel._on_records(0, [{"t": time.time(), "rank": 0, "kind": "train", "step": 1, "loss": 2.0}])
+        # The rank's first frame with its own train line, as the collector takes it.
+        assert tel.collector is not None
+        own = wire.Header(0, 1234, 1, 0, None, train=True)
+        rec = {"t": time.time(), "rank": 0, "kind": "train", "step": 1, "loss": 2.0}
+        tel.collector._note_peer(own, [rec])
         assert tel.output_steps.dropped == 1
         tel.output_steps.hold_s = 0.0  # were they taken for steps, nothing would hold them now
         tel.log_feed.start()
@@ -105,3 +110,19 @@ def test_a_rank_that_reports_its_own_steps_is_never_stepped_by_what_it_prints(
     finally:
         tel.stop()
     assert _train(tmp_path) == []  # the rank's own line went through the collector, not here
+
+
+def test_a_rank_that_sends_only_its_figures_keeps_its_printed_steps(tmp_path: Path) -> None:
+    """A rank whose frames say it reports no train records of its own (no "train" in the
+    header, only sys lines: a script run with --no-instrument that never calls xl.log) has its
+    printed bars as its steps."""
+    tel = Telemetry(tmp_path, token="tok-0123456789abcdef", inventory=False, instrumented=False)
+    tel.start()
+    try:
+        assert tel.collector is not None
+        figures = wire.Header(0, 1234, 1, 0, None, train=False)
+        tel.collector._note_peer(figures, [{"t": time.time(), "rank": 0, "kind": "sys"}])
+        tel.feed_log_line(0, " 50%|#####     | 5/10 [00:01<00:01,  4.00it/s]")
+    finally:
+        tel.stop()
+    assert [rec["step"] for rec in _train(tmp_path)] == [5]

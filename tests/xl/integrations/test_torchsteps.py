@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset  # noqa: E402
 
-from xl.client.metricline import drain  # noqa: E402
+from xl.client.metricline import OwnTrain, drain  # noqa: E402
 from xl.integrations import torchsteps  # noqa: E402
 from xl.integrations.stepclock import Ended, StepClock  # noqa: E402
 from xl.integrations.steplines import StepLines  # noqa: E402
@@ -333,16 +333,16 @@ def test_what_the_script_logs_itself_is_left_out_of_the_steps_line(steps: StepCl
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     queue: deque = deque()
-    given: set[str] = set()
+    own = OwnTrain()
     rates: dict[str, float] = {}
     for step in range(1, 4):
         loss = model(torch.randn(4, 8)).mean()
         loss.backward()
         opt.step()
         queue.append((time.time(), {"step": step, "loss": loss.detach(), "lr": 0.01}))
-    lines, dropped = drain(queue, 0, rates, given, StepLines(steps).collect)
+    lines, dropped = drain(queue, 0, rates, own, StepLines(steps).collect)
     recs = [json.loads(line) for line in lines]
-    assert dropped == 0 and given == {"step", "loss"}
+    assert dropped == 0 and own.keys == {"step", "loss"} and own.reports
     assert [r.get("step") for r in recs] == [1, 2, 3, None]
     ours = recs[-1]
     assert "loss" not in ours and ours["samples"] == 12 and ours["steps"] == 3
@@ -354,10 +354,10 @@ def test_what_the_script_logs_itself_is_left_out_of_the_steps_line(steps: StepCl
     )
     # A framework says so before its first step: nothing of its keys from the first line on.
     StepLines(steps).collect()
-    given.update(("samples",))
+    own.announce(("samples",))
     model(torch.randn(4, 8)).mean().backward()
     opt.step()
-    lines, _ = drain(deque(), 0, rates, given, StepLines(steps).collect)
+    lines, _ = drain(deque(), 0, rates, own, StepLines(steps).collect)
     assert not {"step", "loss", "samples", "samples_per_s"} & set(json.loads(lines[0]))
 
 
