@@ -44,6 +44,7 @@ from xl.launcher.telemetry.diagnosis import (
     SupervisorPaused,
 )
 from xl.stats import RunningMedian, TimedWindow, fmean, median, standard_error, trimmed_mean
+from xl.units import ranks_text
 
 if TYPE_CHECKING:
     from xl.launcher.telemetry.straggler_votes import Stragglers
@@ -355,11 +356,9 @@ class Diagnoser:
             elif waiting and st.pending is not None:
                 # Watched, not in the all-reduce, while others wait there: the one holding up.
                 others = tuple(sorted(waiting))
-                names = ", ".join(str(r) for r in others)
                 message += (
-                    f" and is not in the all-reduce where rank{'s' if len(others) > 1 else ''} "
-                    f"{names} wait{'' if len(others) > 1 else 's'} for it: "
-                    f"rank {rank} is holding them up"
+                    f" and is not in the all-reduce where {ranks_text(others)} "
+                    f"wait{'' if len(others) > 1 else 's'} for it: rank {rank} is holding them up"
                 )
                 said = Stalled(rank, message, said.idle_s, said.step, holding_up=others)
             stalled.append(said)
