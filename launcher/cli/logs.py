@@ -22,7 +22,7 @@ from xl.launcher.rundir.store import resolve_run
 from xl.launcher.rundir.tail import RankLogs, Tail
 from xl.launcher.stacks.nodes import ask_logs
 from xl.textsafe import bytes_for_terminal
-from xl.units import ranks_text
+from xl.units import ranges, ranks_text
 
 
 def _ranks(run_dir: Path) -> list[int]:
@@ -133,7 +133,7 @@ def main(argv: Sequence[str]) -> int:
     ranks = _ranks(run_dir)
     if ns.rank is not None:
         if ns.rank not in ranks:
-            known = ", ".join(map(str, ranks)) or "none yet"
+            known = ranges(ranks) or "none yet"
             raise UsageError(f"run {run_dir.name} has no rank {ns.rank} (ranks: {known})")
         ranks = [ns.rank]
     if ns.rank is not None:

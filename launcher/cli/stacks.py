@@ -24,7 +24,7 @@ from xl.launcher.stacks import gather as capture
 from xl.launcher.stacks import verdict
 from xl.launcher.stacks.model import StacksDoc, Thread
 from xl.textsafe import visible
-from xl.units import ranks_text
+from xl.units import ranges, ranks_text
 
 _OWN_FILES = ("/launcher/rank/stacks.py", "/xl/client/sender.py")
 _FRAMES_SHOWN = 12  # innermost frames of a group's main thread in the text output
@@ -80,7 +80,7 @@ def main(argv: Sequence[str]) -> int:
     ):
         raise UsageError(
             f"run {run_dir.name} has no rank {ns.rank} (ranks: "
-            f"{', '.join(map(str, known)) or 'none yet'})"
+            f"{ranges(known) or 'none yet'})"
         )
     try:
         doc = capture.run_document(run_dir, ns.rank)
