@@ -110,6 +110,16 @@ def oom_kill(pids: set[int], lines: list[str] | None = None) -> OomKill | None:
     return found
 
 
+def oom_chosen(pids: set[int], lines: list[str]) -> bool:
+    """Whether the OOM killer's report names one of ``pids`` as its victim: its one-line summary
+    ("oom-kill:constraint=...,pid=N,") is logged before the kill, its "Killed process" after."""
+    for line in lines:
+        c = _CONSTRAINT.search(line)
+        if c is not None and int(c.group(3)) in pids:
+            return True
+    return False
+
+
 def memory_limit(cgroup: str) -> int | None:
     """A memory cgroup's limit in bytes (v1 ``memory.limit_in_bytes``, v2 ``memory.max``);
     None when it has none or it is gone."""

@@ -30,8 +30,12 @@ from xl.launcher.causes.gpu import gpu_cause, shm_cause, shm_small
 from xl.launcher.rundir.outcome import Cause, CauseKind
 
 _SIGNALS = {-signal.SIGSEGV: "Segmentation fault", -signal.SIGBUS: "Bus error"}
-OOM_LOG_S = 0.3  # after a SIGKILL, the longest the OOM killer's line is waited for (the kernel
-# logs it right after sending the signal, in the same call)
+# A SIGKILL the kernel's log has no word of: how long after the death its OOM killer's line is
+# looked for (a rate-limited OOM killer skips its report and logs only the kill, right after it).
+OOM_LOG_S = 0.3
+# A SIGKILL whose rank the OOM killer's report names as its victim (the report is logged before
+# the signal is sent): the longest its "Killed process" line is waited for, on a busy machine.
+OOM_CHOSEN_S = 15.0
 # Most specific first: a CUDA error's own words before the generic one, NCCL's shared memory and
 # CUDA failures before NCCL's error.
 _GPU_READERS = (
@@ -94,16 +98,8 @@ def _signal(
     kernel = host.kernel_lines() if read_here else kernel
     if code in (None, -signal.SIGKILL):
         oom = host.oom_kill(ev.pids, kernel) if ev.pids else None
-        # The OOM killer sends its SIGKILL before it logs "Killed process": on a busy machine the
-        # rank can be dead and reaped first. A SIGKILL the log does not explain yet is looked
-        # for again until OOM_LOG_S after the death before it is called a kill from outside (a
-        # death found later costs no wait: the run's end waits for this).
-        until = (ev.died_at or time.time()) + OOM_LOG_S
-        while oom is None and read_here and code == -signal.SIGKILL and ev.pids:
-            if time.time() >= until:
-                break
-            time.sleep(0.1)
-            oom = host.oom_kill(ev.pids, host.kernel_lines())
+        if oom is None and read_here and code == -signal.SIGKILL and ev.pids:
+            oom = _oom_logged(ev, kernel)
         if oom is not None:
             return _host_oom(oom, ev)
     # A C++ abort after a watchdog's or NCCL's own message, a CUDA error: their words first.
@@ -145,6 +141,25 @@ def _signal(
         None,
         [f"exit code {code} ({name})"],
     )
+
+
+def _oom_logged(ev: Evidence, kernel: list[str]) -> host.OomKill | None:
+    """The OOM killer's kill of ``ev``'s SIGKILLed rank once the kernel's log says it. The killer
+    sends its SIGKILL before it logs "Killed process", so on a busy machine the rank can be dead
+    and reaped first: its line is waited for while the killer's report names the rank as its
+    victim (up to OOM_CHOSEN_S), else until OOM_LOG_S after the death (a death found later costs
+    no wait: the run's end waits for this)."""
+    quiet_until = (ev.died_at or time.time()) + OOM_LOG_S
+    chosen_until = time.monotonic() + OOM_CHOSEN_S
+    while True:
+        chosen = host.oom_chosen(ev.pids, kernel)
+        if time.time() >= quiet_until and (not chosen or time.monotonic() >= chosen_until):
+            return None
+        time.sleep(0.1)
+        kernel = host.kernel_lines()
+        oom = host.oom_kill(ev.pids, kernel)
+        if oom is not None:
+            return oom
 
 
 def _who(tail: str) -> tuple[str, str | None, str] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from gpus import idle_gpu
 from xl.gpu.health import Health
 from xl.gpu.inventory import GPUProcess
 from xl.launcher.causes import Evidence, explain, one_line, peer_loss
+from xl.launcher.causes import why as why_module
 from xl.launcher.causes.doctor_facts import Doctor
 from xl.launcher.causes.host import oom_kill
 from xl.launcher.rundir.outcome import CauseKind
@@ -291,6 +293,36 @@ def test_the_oom_killer_in_a_memory_cgroup_from_the_kernel_s_own_lines() -> None
     ]
     machine = _why(None, code=-9, pids={4321}, kernel=whole)
     assert machine.kind is CauseKind.HOST_OOM and "the machine ran out of memory" in machine.summary
+
+
+def _kernel_reads(monkeypatch: pytest.MonkeyPatch, reads: list[list[str]]) -> list[int]:
+    """The kernel log as it reads on each look (the last read repeats); returns the look count."""
+    looks = [0]
+
+    def read(path: str = "/dev/kmsg") -> list[str]:
+        looks[0] += 1
+        return reads[min(looks[0], len(reads)) - 1]
+
+    monkeypatch.setattr(why_module.host, "kernel_lines", read)
+    monkeypatch.setattr(why_module.time, "sleep", lambda s: None)
+    return looks
+
+
+def test_a_sigkill_the_oom_killer_chose_waits_for_its_killed_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A busy machine reaps the rank before the kernel logs "Killed process": its report already
+    names the rank as the victim, so the kill line is waited for, long after the death."""
+    report, killed = KERNEL[:3], KERNEL
+    looks = _kernel_reads(monkeypatch, [report, report, report, killed])
+    ev = Evidence(rank=1, exit_code=-9, pids={10513}, died_at=time.time() - 60)
+    cause = explain(ev)
+    assert cause.kind is CauseKind.HOST_OOM and "has a limit of 64 MiB" in cause.summary
+    assert looks[0] == 4
+    # Another rank's SIGKILL in the same log: a kill from outside, read once, nothing waited for.
+    looks = _kernel_reads(monkeypatch, [report])
+    other = explain(Evidence(rank=0, exit_code=-9, pids={777}, died_at=time.time() - 60))
+    assert other.kind is CauseKind.KILLED and looks[0] == 1
 
 
 def test_a_dataloader_worker_the_oom_killer_ended() -> None:
