@@ -203,7 +203,7 @@ class NodeLink:
     # -- the thread ---------------------------------------------------------------------------
 
     def _say(self, what: str) -> None:
-        if what not in self._said:  # once per kind of trouble, in supervisor.log
+        if what not in self._said:  # once per kind of failure, in supervisor.log
             self._said.add(what)
             print(
                 f"xl supervisor: node 0 at {format_address(*self.address)}: {what}",

@@ -272,7 +272,7 @@ class RankOutput:
         return (st.st_dev, st.st_ino) == self.pipe
 
     def _guarded(self) -> None:
-        # a helper's trouble is never printed into the rank's output
+        # a helper's failure is never printed into the rank's output
         with contextlib.suppress(Exception):
             self._watch()
 

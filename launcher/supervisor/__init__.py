@@ -13,15 +13,16 @@ names itself ``xl-supervisor`` and runs torchrun as its child. One module a job:
 - ``lifecycle``: what a rank's start, restart or end means (events, restarts, the stop);
 - ``logsink``: every rank's ``logs/rank-<r>.log`` (written by the rank's own relay), read as it
   grows and parsed; nothing a rank prints waits on the supervisor;
-- ``guard``: descriptors raised to the hard limit, a private run dir, a crash that says so;
+- ``resilience``: descriptors raised to the hard limit, a private run dir, a crash that says so;
 - ``escapes``: the run's descendants that left its environment, recorded for ``xl stop``;
 - ``failure``: the root cause, the first failing rank and why;
 - ``stopping``: SIGTERM to every rank, SIGKILL after the grace (``XL_STOP_GRACE``, default 10);
-- ``nodes``: the other nodes behind one door: ``hub`` (node 0 of several) or ``follower`` (every
-  other node), nothing on one node;
+- ``nodes``: the other nodes, as the loop asks the same of them on every node: ``hub`` (node 0 of
+  several) or ``follower`` (every other node), nothing on one node;
 - ``journal``: run.json (through ``xl.launcher.rundir.runrecord``) and events.jsonl (its lines are
   ``xl.launcher.rundir.events``'s typed events);
-- ``telemetry_port``: the guarded door to telemetry, imported once torchrun has started.
+- ``safe_telemetry``: every call into telemetry made safely (``SafeTelemetry``), telemetry
+  imported once torchrun has started.
 
 Only what starts torchrun is imported before it starts (tests/test_import_budgets.py): the rest
 of the loop loads during torchrun's own start (docs/launch.md, "How a launch starts").

@@ -34,7 +34,7 @@ from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.outcome import Cause, CauseKind, Failure, RankPhase, rank_outcome
 from xl.launcher.rundir.runrecord import RunStatus
 from xl.launcher.supervisor.journal import Journal
-from xl.launcher.supervisor.ranks import Ranks, RankState, describe_exit, signal_name
+from xl.launcher.supervisor.ranks import RankRow, Ranks, describe_exit, signal_name
 from xl.launcher.supervisor.torchrun import TorchrunLog
 
 _STOP_CODES = (-signal.SIGTERM, -signal.SIGKILL)
@@ -102,7 +102,7 @@ class RootCause:
             self.journal.send({"type": "failure", "failure": failure.to_json(), "at": at})
 
     # ---------------------------------------------------------------- which rank
-    def suspect(self, st: RankState) -> None:
+    def suspect(self, st: RankRow) -> None:
         """``st`` failed and nothing had before: the run failed (the loop stops it); which rank
         is the cause is ``decide``'s, once the facts are in."""
         if self.failure is None and self.suspected_at is None:
@@ -155,7 +155,7 @@ class RootCause:
         return not suspects or not all(self.peer_lost(st, drain) for st in suspects)
 
     @staticmethod
-    def _suspects(ranks: Ranks, closed: frozenset[int]) -> list[RankState]:
+    def _suspects(ranks: Ranks, closed: frozenset[int]) -> list[RankRow]:
         """Ranks that ended badly on their own: not ended by xl's stop (it signalled them), nor
         by torchrun's own closing signal, nor never started."""
         return [
@@ -167,14 +167,14 @@ class RootCause:
             and (st.exit_code is not None or st.vanished)
         ]
 
-    def _order(self, st: RankState, drain: Callable[[int], None]) -> tuple[bool, bool, float]:
+    def _order(self, st: RankRow, drain: Callable[[int], None]) -> tuple[bool, bool, float]:
         """Who died first: a rank that lost a peer comes after every rank that died; then by
         time (a killed rank died before the last time it was not seen alive)."""
         when = (st.alive_at if st.vanished else None) or st.ended_at or time.time()
         # SIGTERM is a stop (a scheduler's, a person's): after ranks that died of their own.
         return self.peer_lost(st, drain), st.exit_code == -signal.SIGTERM, when
 
-    def peer_lost(self, st: RankState, drain: Callable[[int], None]) -> bool:
+    def peer_lost(self, st: RankRow, drain: Callable[[int], None]) -> bool:
         from xl.launcher.causes import peer_loss  # noqa: PLC0415 - a failure only: not on the path to torchrun
 
         if st.error or st.traceback:
@@ -185,7 +185,7 @@ class RootCause:
         return False
 
     # ---------------------------------------------------------------- why
-    def blame_rank(self, st: RankState, drain: Callable[[int], None]) -> Failure:
+    def blame_rank(self, st: RankRow, drain: Callable[[int], None]) -> Failure:
         """``st`` failed first: it is the run's cause."""
         from xl.launcher.causes import one_line, reading  # noqa: PLC0415 - a failure only: not on the path to torchrun
 
@@ -218,7 +218,7 @@ class RootCause:
         self.set(failure, at)
         return failure
 
-    def _explain(self, st: RankState, lines: list[str]) -> Cause | None:
+    def _explain(self, st: RankRow, lines: list[str]) -> Cause | None:
         from xl.launcher.causes import Evidence, explain  # noqa: PLC0415 - a failure only: not on the path to torchrun
         from xl.launcher.causes.doctor_facts import Doctor  # noqa: PLC0415 - as above
 
@@ -308,7 +308,7 @@ class RootCause:
 
     def fill_from_torchrun_log(self, ranks: Ranks, torchrun_code: int | None = None) -> None:
         """Exit codes of ranks killed by a signal, from torchrun's own failure summary; also of a
-        rank whose script ended well but whose process did not (``RankState.after_script``).
+        rank whose script ended well but whose process did not (``RankRow.after_script``).
         The cause itself is ``decide``'s."""
         if torchrun_code == 0 and all(st.exit_code is not None for st in ranks):
             return
@@ -358,7 +358,7 @@ def latest_hang(run_dir: Path) -> str | None:
     return None
 
 
-def what_of(st: RankState) -> str:
+def what_of(st: RankRow) -> str:
     if st.exit_code is None:
         return f"rank {st.rank} died"
     return describe_exit(st.rank, st.exit_code)

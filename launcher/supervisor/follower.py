@@ -100,7 +100,7 @@ class Follower:
                 self._stacks(cmd)
             elif isinstance(cmd, nodelink.LogsAsk):
                 self._logs(cmd)
-            elif self.stopping.state is None:
+            elif self.stopping.current is None:
                 self._stop(cmd)
 
     def _stop(self, stop: nodelink.StopCommand) -> None:
@@ -149,7 +149,7 @@ class Follower:
             if stop_came(0.5):
                 return
             self.poll()  # node 0 may end the run first (the nodes' environments differ)
-            if self.stopping.state is not None:
+            if self.stopping.current is not None:
                 return
 
     def _check_node_0(self) -> None:
@@ -182,7 +182,7 @@ class Follower:
             silent
             and self.give_up_s is not None
             and quiet > self.give_up_s
-            and self.stopping.state is None
+            and self.stopping.current is None
         ):
             self._give_up(quiet)
         elif not silent and self.node_0_silent:

@@ -8,7 +8,7 @@ ends its part when another node fails or is lost, tells the others to end theirs
 their ends before finishing.
 
 The collector's thread puts what arrives in ``inbox``; the supervisor's loop takes it out each
-turn (``poll``), so the state here is only ever touched by the loop.
+turn (``poll``), so what is kept here is only ever touched by the loop.
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ class Hub:
         elif isinstance(msg, EventMessage):
             # The run's own run_started/run_ended are node 0's; another node's are its part's.
             self.journal.emit(FromNode(dict(msg.event), remote.host, remote.node))
-            if msg.kind is EventKind.STOP_REQUESTED and self.stopping.state is None:
+            if msg.kind is EventKind.STOP_REQUESTED and self.stopping.current is None:
                 # Someone stopped that node: its collectives are gone, so is the run.
                 self.journal.record.update(stop_requested_at=time.time())
                 self.stopping.begin(StopReason.REQUESTED)
@@ -404,7 +404,7 @@ class Hub:
         over = {n for n, r in self.nodes.items() if r.over}
         waiting = [n for n in range(1, self.nnodes) if n not in over]
         never = [n for n in waiting if n not in self.nodes]
-        if never and self.stopping.state is not None:
+        if never and self.stopping.current is not None:
             waiting = [n for n in waiting if n in self.nodes]
             if not self.never_said:
                 self.never_said = True
@@ -414,7 +414,7 @@ class Hub:
         limit = self.stopping.grace + _node_end_wait()
         for n in waiting:
             remote = self.nodes.get(n)
-            if remote is not None and remote.busy and self.stopping.state is None:
+            if remote is not None and remote.busy and self.stopping.current is None:
                 return True
             since = self.local_done_at
             if remote is not None:
@@ -436,7 +436,7 @@ class Hub:
         them, when the stop was asked for or the run failed (the stop the collector sends every
         node, once; None when there is none to send). A stray process left after a clean finish
         is no reason to fail the other nodes."""
-        stop = self.stopping.state
+        stop = self.stopping.current
         if self.told or stop is None:
             return None
         if stop.reason is not StopReason.REQUESTED and self.cause.failure is None:

@@ -21,7 +21,7 @@ from xl.launcher.rundir.outcome import RankPhase, rank_outcome
 from xl.launcher.rundir.runrecord import RunRecord
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal
-from xl.launcher.supervisor.ranks import Change, RankChange, Ranks, RankState, describe_end
+from xl.launcher.supervisor.ranks import Change, RankChange, RankRow, Ranks, describe_end
 from xl.launcher.supervisor.stopping import Stopping, StopReason
 from xl.launcher.supervisor.torchrun import Torchrun
 
@@ -42,7 +42,7 @@ class Lifecycle:
         self.cause, self.stopping = cause, stopping
         self.attempt = 0  # torchrun's restarts so far (the highest attempt any rank reached)
         self.restart_reason: str | None = None  # the failure that will make torchrun restart
-        self.held: list[RankState] = []  # ended; their end is said once it is known
+        self.held: list[RankRow] = []  # ended; their end is said once it is known
         cause.on_decided = self.say_held  # the decision's states, before its failure event
 
     def act(self, changes: list[RankChange]) -> bool:
@@ -73,24 +73,24 @@ class Lifecycle:
         """A rank failed while torchrun has restarts left: its ranks come back (keep telemetry)."""
         return self.restart_reason is not None and self.torchrun.code is None
 
-    def _started(self, st: RankState) -> None:
+    def _started(self, st: RankRow) -> None:
         gpu = f", GPU {st.gpu}" if st.gpu is not None else ""
         self.journal.emit(
             RankStarted(st.rank, st.pid, f"rank {st.rank} started (pid {st.pid}{gpu})")
         )
         self.stopping.catch_up(st)
 
-    def _ended(self, st: RankState, code: int | None, when: float | None) -> None:
+    def _ended(self, st: RankRow, code: int | None, when: float | None) -> None:
         st.end(code, when, stopped=self._stopped(st, code, when))
         self._judge(st)
         self.held.append(st)
         self._say_known()
 
-    def _stopped(self, st: RankState, code: int | None, when: float | None) -> bool:
+    def _stopped(self, st: RankRow, code: int | None, when: float | None) -> bool:
         """xl's stop ended ``st``: otherwise its end is its own, and a signal xl sent it after
         that end (or that did not make it) is forgotten, so it is said by its exit and may be
         the cause."""
-        stop = self.stopping.state
+        stop = self.stopping.current
         stopped = stop is not None and stop.ended(st, code, when)
         if not stopped:
             st.signalled = None
@@ -100,13 +100,13 @@ class Lifecycle:
             st.signalled = -code if code is not None and code < 0 else int(signal.SIGTERM)
         return stopped
 
-    def _judge(self, st: RankState) -> None:
+    def _judge(self, st: RankRow) -> None:
         """What ``st``'s end means for the run: a restart to come, or a failure (suspected now,
         decided by ``RootCause.decide``; the stop begins at once)."""
         if (
             st.state is not RankPhase.FAILED
             or self.cause.failure is not None
-            or self.stopping.state is not None
+            or self.stopping.current is not None
         ):
             return
         if st.attempt < self.ranks.max_restarts and self.torchrun.code is None:
@@ -150,7 +150,7 @@ class Lifecycle:
         for st in held:
             self.journal.emit(RankExited(st.rank, st.exit_code, describe_end(st)))
 
-    def _restarted(self, st: RankState) -> None:
+    def _restarted(self, st: RankRow) -> None:
         """torchrun started ``st`` again: its first rank of a new attempt announces the restart."""
         if st.attempt <= self.attempt:
             return

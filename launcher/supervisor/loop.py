@@ -23,7 +23,7 @@ read here (``LogSink``): training never waits on the supervisor.
 
 Each job is a collaborator: ``Ranks`` (who is who, how each ended), ``Lifecycle`` (what a rank's
 start or end means), ``LogSink`` (rank output), ``RootCause`` (the failure), ``Stopping`` (the
-stop), ``Hub`` / ``Follower`` (other nodes), ``Journal`` (run.json, events), ``TelemetryPort``,
+stop), ``Hub`` / ``Follower`` (other nodes), ``Journal`` (run.json, events), ``SafeTelemetry``,
 ``Escapes``. Each turn the loop takes what its parts return and acts on it: what ``Ranks``
 found changed goes to ``Lifecycle``, a stop begun (by whichever part) is saved in run.json, the
 writes the disk refused (``Escapes``, ``LogSink``) go to the journal, which says each once. It
@@ -60,7 +60,7 @@ from xl.launcher.supervisor.logsink import LogSink
 from xl.launcher.supervisor.nodes import Nodes, resolve
 from xl.launcher.supervisor.ranks import RankChange, Ranks, become_subreaper
 from xl.launcher.supervisor.resilience import crash_line, private_umask, raise_fd_limit
-from xl.launcher.supervisor.safe_telemetry import TelemetryPort
+from xl.launcher.supervisor.safe_telemetry import SafeTelemetry
 from xl.launcher.supervisor.stopping import (
     Stop,
     Stopping,
@@ -90,8 +90,9 @@ def _starting(count: int, devices: Sequence[DeviceRow]) -> str:
 
 
 class Phase(str, Enum):
-    """Where the supervisor is. A stop (a failure, `xl stop`, torchrun's death) is ``Stopping``'s
-    own state, beside this: the run goes on RUNNING until torchrun and its ranks are over."""
+    """Where the supervisor is. A stop (a failure, `xl stop`, torchrun's death) is kept by
+    ``Stopping`` (``Stopping.current``), beside this: the run goes on RUNNING until torchrun and
+    its ranks are over."""
 
     STARTING = "starting"  # torchrun not started (after ``start``: never, a stop came first)
     RUNNING = "running"  # torchrun started; ranks come, go, fail, are stopped
@@ -128,13 +129,15 @@ class Supervisor:
         self.sel = selectors.DefaultSelector()
         self.signals = StopSignals()
         self.torchrun = Torchrun()
-        self.port = TelemetryPort(self.token)
+        self.telemetry = SafeTelemetry(self.token)
         self.journal = Journal(run_dir, record, link)  # node > 0: every record goes to node 0 too
         self.ranks = Ranks(run_dir, record)
         # Every line goes to telemetry's parser (nothing while it is not running). A node > 0's
         # output stays in its run dir: node 0 asks for it (xl logs there) and takes its ranks'
         # last lines as each exits (Follower.send_tails).
-        self.sink = LogSink(run_dir, on_line=self.port.feed_log_line, wants=self.port.wants_lines)
+        self.sink = LogSink(
+            run_dir, on_line=self.telemetry.feed_log_line, wants=self.telemetry.wants_lines
+        )
         self.cause = RootCause(run_dir, self.host, self.node_rank, self.journal)
         # reads the run as it goes, from torchrun's start: its end reads only the rest
         self.digester: Digester | None = None
@@ -146,7 +149,7 @@ class Supervisor:
     # ---------------------------------------------------------------- startup
     def start(self) -> None:
         """Start torchrun as early as it can be: on one node, before telemetry is even imported
-        (its port is held for it, ``TelemetryPort.reserve``); what the loop needs beyond that
+        (its port is held for it, ``SafeTelemetry.reserve``); what the loop needs beyond that
         loads while torchrun starts (~2 s). Several nodes: telemetry first, as node 0's collector
         must listen on its fixed port before any node's ranks start."""
         _debug("supervisor start")
@@ -164,15 +167,15 @@ class Supervisor:
         env.update(self.record.rank_env)
         one_node = self.nodes.alone
         _debug("before telemetry")
-        env.update(self.port.reserve(self.run_dir) if one_node else self._start_telemetry())
+        env.update(self.telemetry.reserve(self.run_dir) if one_node else self._start_telemetry())
         _debug("after telemetry")
         env.update({envnames.RUN_ID: self.run_id, envnames.RUN_DIR: str(self.run_dir),
                     envnames.SUPERVISOR_PID: str(os.getpid())})
         rdzv = str(self.record.spec.get("rdzv") or "")
-        env.update(self.nodes.ranks_env(rdzv, self._stop_came, self.port))
+        env.update(self.nodes.ranks_env(rdzv, self._stop_came, self.telemetry))
         # asked while telemetry started, or node 0 was awaited; or the nodes' environments
         # differ where a run cannot work (Nodes.check_env): it ends before torchrun starts
-        if self._stopped_before_start() or self.stopping.state is not None:
+        if self._stopped_before_start() or self.stopping.current is not None:
             return
         # The record's command as it is (a broken one fails here as it always did: test_resilience),
         # with the port torchrun's store gets on one node (Torchrun.start).
@@ -230,15 +233,17 @@ class Supervisor:
         self.journal.emit(Notice(EventKind.STOP_REQUESTED, said))
         self.record.update(stop_requested_at=time.time())
         self.stopping.begin(StopReason.REQUESTED)
-        self.nodes.tell(self.port)
+        self.nodes.tell(self.telemetry)
         return True
 
     def _start_telemetry(self) -> dict[str, str]:
         instrumented = _instrumented({**os.environ, **self.record.rank_env})
         hooks = self.nodes.telemetry_hooks(self.journal)
-        env = self.port.start(self.run_dir, self.journal.emit, instrumented=instrumented, **hooks)
+        env = self.telemetry.start(
+            self.run_dir, self.journal.emit, instrumented=instrumented, **hooks
+        )
         _debug("telemetry started")
-        self.nodes.telemetry_failed(self.port)
+        self.nodes.telemetry_failed(self.telemetry)
         return env
 
     # ---------------------------------------------------------------- the loop
@@ -254,7 +259,7 @@ class Supervisor:
             if self.phase is Phase.DRAINING:
                 self.sink.drain()
                 leftovers = self.stopping.leftovers(self.signals.requested is not None)
-                self.nodes.tell(self.port)
+                self.nodes.tell(self.telemetry)
                 if not leftovers and not self.nodes.pending():
                     return
 
@@ -271,37 +276,38 @@ class Supervisor:
         no rank process at all (tests/launcher/supervisor/test_turns.py)."""
         for changes in found:
             self.act(changes)
-        if self.nodes.poll(self.port):
+        if self.nodes.poll(self.telemetry):
             self._ranks_changed()
-        if self.signals.requested and self.stopping.state is None:
+        if self.signals.requested and self.stopping.current is None:
             said = f"stop requested ({self.signals.requested})"
             self.journal.emit(Notice(EventKind.STOP_REQUESTED, said))
             self.record.update(stop_requested_at=time.time())
             self.stopping.begin(StopReason.REQUESTED)
-        if self.torchrun.code is not None and self.stopping.state is None and not self._all_done():
+        if (self.torchrun.code is not None and self.stopping.current is None
+                and not self._all_done()):
             # torchrun is gone but ranks are not: it was killed. End them.
             self.cause.torchrun_died(self.torchrun.code)
             self.stopping.begin(StopReason.TORCHRUN_DIED)
         self.cause.decide(self.ranks, self.torchrun.code, self.sink.drain)
         # A stop begun this turn, or the failure it began at once decided: the other nodes hear
         # it, with its cause.
-        self.nodes.tell(self.port)
+        self.nodes.tell(self.telemetry)
         self.stopping.advance()
         self.journal.refused(self.escapes.scan())
         self.journal.refused(self.sink.refused())  # other nodes' output, written here
         if (ended := self.stopping.end_exit_barrier(self.nodes.busy())) is not None:
             self.journal.emit(ended)
-        if self.journal.dirty or self.stopping.state is not self.saved_stop:  # a stop began
-            self.saved_stop = self.stopping.state
+        if self.journal.dirty or self.stopping.current is not self.saved_stop:  # a stop began
+            self.saved_stop = self.stopping.current
             self.save()
-        if (self.port.running and self.ranks.gone() and not self.nodes.pending()
+        if (self.telemetry.running and self.ranks.gone() and not self.nodes.pending()
                 and not self.life.restart_due):
             # Every rank process is gone, so nothing can log any more: flush telemetry now,
             # while torchrun tears down (~0.5 s), not after it.
-            self.port.stop()
+            self.telemetry.stop()
 
     def _all_done(self) -> bool:
-        return self.ranks.all_done(self.torchrun.code, self.stopping.state is not None)
+        return self.ranks.all_done(self.torchrun.code, self.stopping.current is not None)
 
     @cached_property
     def escapes(self) -> Escapes:
@@ -330,7 +336,7 @@ class Supervisor:
         from xl.launcher.telemetry.roster import from_rows  # noqa: PLC0415 - once ranks start, as telemetry: not on the path to torchrun
 
         remote = self.nodes.remote_ranks()
-        self.port.set_ranks(from_rows(self.ranks.to_json()) + from_rows(remote, remote=True))
+        self.telemetry.set_ranks(from_rows(self.ranks.to_json()) + from_rows(remote, remote=True))
 
     def save(self, waited: dict[int, dict[str, float]] | None = None) -> None:
         local = self.ranks.to_json()
@@ -350,7 +356,7 @@ class Supervisor:
         Descriptors go first (out of them may be why it crashed): the rest needs a few."""
         self.sink.close_all()
         with contextlib.suppress(Exception):
-            self.port.stop()
+            self.telemetry.stop()
         runprocs.kill_all(runprocs.find_run_pids(self.run_id))
         if self.torchrun.proc is not None:
             runprocs.signal_pid(self.torchrun.proc.pid, signal.SIGKILL)
@@ -369,11 +375,11 @@ class Supervisor:
         self.ranks.settle(stopped=status is RunStatus.STOPPED)
         self.nodes.settle(status)
         _debug("finish start")
-        self.port.stop()
+        self.telemetry.stop()
         _debug("telemetry stopped")
         self.sink.close_logs()
         self.journal.refused(self.sink.refused())
-        self.journal.at_end(self.port.metrics_bytes_lost())
+        self.journal.at_end(self.telemetry.metrics_bytes_lost())
         self.record.end(status)
         # The time accounting goes in with the final status: whoever sees the end sees it too.
         from xl.launcher.view.digest import close_run  # noqa: PLC0415 - the end only: not on the path to torchrun

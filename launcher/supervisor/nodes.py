@@ -17,7 +17,7 @@ from xl.launcher.rundir.runrecord import RunRecord, RunStatus
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal, say
 from xl.launcher.supervisor.logsink import LogSink
-from xl.launcher.supervisor.safe_telemetry import TelemetryPort, forward_records
+from xl.launcher.supervisor.safe_telemetry import SafeTelemetry, forward_records
 from xl.launcher.supervisor.stopping import Stopping, StopReason
 from xl.launcher.supervisor.torchrun import Torchrun
 
@@ -108,13 +108,13 @@ class Nodes:
             return {"forward": forward_records(journal)}
         return {}
 
-    def telemetry_failed(self, port: TelemetryPort) -> None:
+    def telemetry_failed(self, telemetry: SafeTelemetry) -> None:
         """Node 0's collector is a must: every node sends to it."""
-        if port.telemetry is None and self.hub is not None:
-            raise RuntimeError(self.hub.collector_failed(port.error))
+        if telemetry.service is None and self.hub is not None:
+            raise RuntimeError(self.hub.collector_failed(telemetry.error))
 
     def ranks_env(
-        self, rdzv: str, stop_came: Callable[[float], bool], port: TelemetryPort
+        self, rdzv: str, stop_came: Callable[[float], bool], telemetry: SafeTelemetry
     ) -> dict[str, str]:
         """Node > 0: its ranks send their xl.log frames to this node's own collector (loopback),
         whose summary goes to node 0 over the link, and know node 0's collector for when this
@@ -123,7 +123,7 @@ class Nodes:
         (``Follower.wait_for_node_0``). Node 0 compares the nodes' environments first
         (``check_env``)."""
         if self.hub is not None:
-            self.check_env(stop_came, port)
+            self.check_env(stop_came, telemetry)
         if self.follower is None:
             return {}
         from xl.launcher.multinode.join import format_address  # noqa: PLC0415 - several nodes only
@@ -131,13 +131,13 @@ class Nodes:
         node_0 = format_address(*self.follower.hub)
         env = (
             {envnames.COLLECTOR_NODE_0: node_0}
-            if port.running
+            if telemetry.running
             else {envnames.COLLECTOR: node_0}
         )
         self.follower.wait_for_node_0(rdzv, stop_came)
         return env
 
-    def check_env(self, stop_came: Callable[[float], bool], port: TelemetryPort) -> None:
+    def check_env(self, stop_came: Callable[[float], bool], telemetry: SafeTelemetry) -> None:
         """Node 0, before torchrun starts (no rank anywhere starts before it does: it serves the
         rendezvous): wait for every other node to join, up to XL_NODE_TIMEOUT (a node that cannot
         reach this collector trains on all the same; one that joins later is judged as it comes,
@@ -162,14 +162,14 @@ class Nodes:
                     hub.journal.emit(never_joined(never))
                 return
             hub.poll()
-        if not self._judge_env(port):
+        if not self._judge_env(telemetry):
             return
         came, deadline = joined(hub.nodes), time.monotonic() + _ENV_TOLD_S
         while not ended(hub.nodes, came) and time.monotonic() < deadline:  # they hear it first
             stop_came(_ENV_POLL_S)
             hub.poll()
 
-    def _judge_env(self, port: TelemetryPort) -> bool:
+    def _judge_env(self, telemetry: SafeTelemetry) -> bool:
         """Node 0's verdict on the fingerprints so far: the differences not said before become
         events, run.json's and the run dir's records are brought up to date, and a new one that
         breaks the run ends it (True)."""
@@ -189,16 +189,16 @@ class Nodes:
             say(f"the nodes' fingerprints could not be written: {exc}")
         stops = any(e.severity == "stop" for e in new)
         allowed = hub.journal.record.spec.get("allow_env_diff")
-        if not stops or allowed or hub.stopping.state is not None:
+        if not stops or allowed or hub.stopping.current is not None:
             return False
         failure = hub.cause.local(None, None, None, None, verdict.failure_message())
         hub.cause.set(failure, time.time())
         hub.stopping.begin(StopReason.FAILURE)
-        self.tell(port)
+        self.tell(telemetry)
         return True
 
     # ---------------------------------------------------------------- each turn
-    def poll(self, port: TelemetryPort) -> bool:
+    def poll(self, telemetry: SafeTelemetry) -> bool:
         """What the other nodes (or node 0) said since the last turn; True when another node's
         ranks changed."""
         if self.follower is not None:
@@ -210,15 +210,15 @@ class Nodes:
         from xl.launcher.supervisor.hub import fingerprints  # noqa: PLC0415 - node 0 of several only
 
         if self.env is not None and self.env.waiting(fingerprints(self.hub.nodes)):
-            self._judge_env(port)  # a node that joined late
-        self.hub.check_nodes(port.rank_frames)
+            self._judge_env(telemetry)  # a node that joined late
+        self.hub.check_nodes(telemetry.rank_frames)
         return changed
 
-    def tell(self, port: TelemetryPort) -> None:
+    def tell(self, telemetry: SafeTelemetry) -> None:
         """Node 0 of several: once the run stops or fails, the other nodes are told (once)."""
         stop = self.hub.tell_nodes() if self.hub is not None else None
         if stop is not None:
-            port.stop_nodes(stop)
+            telemetry.stop_nodes(stop)
 
     def busy(self) -> bool:
         """Another node is heard from and still has ranks running."""

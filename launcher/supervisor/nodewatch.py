@@ -53,7 +53,7 @@ def judge(
     ranks_heard: float | None,
     timeout: float,
 ) -> Verdict:
-    """The node's state from when its link was last heard (``link_seen``), when it closed (None:
+    """The node's verdict from when its link was last heard (``link_seen``), when it closed (None:
     open) and when any of its ranks last sent a frame (None: never)."""
     closed_for = None if link_closed_at is None else now - link_closed_at
     if (closed_for is None and now - link_seen <= LINK_SILENT_S) or (

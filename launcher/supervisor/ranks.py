@@ -64,7 +64,7 @@ def describe_exit(rank: int, code: int | None) -> str:
     return f"rank {rank} exited with code {code}"
 
 
-def describe_end(st: RankState) -> str:
+def describe_end(st: RankRow) -> str:
     """A rank's end as the rank table shows it: a rank xl stopped (it sent it a signal) reads
     "stopped (-15)"; any other rank its exit ("was killed by SIGKILL", "exited with code 1"),
     never "stopped": xl did not stop it, whatever its outcome in the table."""
@@ -77,7 +77,7 @@ def describe_end(st: RankState) -> str:
 
 
 @dataclass
-class RankState:
+class RankRow:
     rank: int
     local_rank: int
     host: str  # run.json's key is node (docs/contracts.md)
@@ -170,7 +170,7 @@ class Change(str, Enum):
 @dataclass(frozen=True)
 class RankChange:
     change: Change
-    st: RankState | None  # None only for a world_size RENUMBERED
+    st: RankRow | None  # None only for a world_size RENUMBERED
     code: int | None = None
     when: float | None = None
 
@@ -182,7 +182,7 @@ class Ranks:
         self.run_dir = run_dir
         self.record = record
         self._changes: list[RankChange] = []  # found since the last time they were handed out
-        self.by_rank: dict[int, RankState] = {}
+        self.by_rank: dict[int, RankRow] = {}
         self.by_pid: dict[int, int] = {}
         self.reparented: dict[int, int] = {}  # pid -> exit code of a rank this process reaped
         self.multi_node = record.nnodes >= 2
@@ -196,7 +196,7 @@ class Ranks:
         for local in range(nproc):
             rank = node_rank * nproc + local
             dev = devices[local] if local < len(devices) else None
-            self.by_rank[rank] = RankState(
+            self.by_rank[rank] = RankRow(
                 rank=rank,
                 local_rank=local,
                 host=host,
@@ -205,13 +205,13 @@ class Ranks:
                 node_rank=node_rank,
             )
 
-    def __iter__(self) -> Iterator[RankState]:
+    def __iter__(self) -> Iterator[RankRow]:
         return iter(self.by_rank.values())
 
     def __len__(self) -> int:
         return len(self.by_rank)
 
-    def get(self, rank: int) -> RankState | None:
+    def get(self, rank: int) -> RankRow | None:
         return self.by_rank.get(rank)
 
     def to_json(self) -> list[dict[str, Any]]:
@@ -238,12 +238,12 @@ class Ranks:
         changes, self._changes = self._changes, []
         return changes
 
-    def _ending(self, st: RankState) -> bool:
+    def _ending(self, st: RankRow) -> bool:
         """Its end was found and is not acted on yet."""
         return any(c.change is Change.ENDED and c.st is st for c in self._changes)
 
-    def slot(self, rank: int, pid: int, local_rank: int | None = None) -> RankState | None:
-        """The RankState of global ``rank``, from the first word of that rank.
+    def slot(self, rank: int, pid: int, local_rank: int | None = None) -> RankRow | None:
+        """The RankRow of global ``rank``, from the first word of that rank.
 
         Ranks start as guesses, node_rank * nproc + local_rank, often wrong: under c10d torch
         numbers nodes in the order they join (GROUP_RANK, not xl's node_rank) and ranks node after
@@ -306,7 +306,7 @@ class Ranks:
         self._scan()
         return self._take()
 
-    def _scan(self, reread: RankState | None = None) -> None:
+    def _scan(self, reread: RankRow | None = None) -> None:
         """``reread``: a rank found gone, whose record is read whatever its mtime says (its
         last write may share the mtime of the one read before: see _RACY_S)."""
         folder = str(RunLayout(self.run_dir).ranks)
@@ -373,7 +373,7 @@ class Ranks:
                 self._changes.append(RankChange(Change.ENDED, st, self._code_of_gone(st)))
         return self._take()
 
-    def _code_of_gone(self, st: RankState) -> int | None:
+    def _code_of_gone(self, st: RankRow) -> int | None:
         """How a rank gone without a record ended, while that can still be read: its zombie
         (torchrun has not reaped it yet), else the signal xl sent it; None: torchrun's log will
         say (``RootCause``)."""

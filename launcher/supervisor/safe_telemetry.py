@@ -1,8 +1,9 @@
-"""The supervisor's one door to telemetry (collector, sampler, log parsing, diagnoses).
+"""The supervisor's calls into telemetry (collector, sampler, log parsing, diagnoses), each made
+safely: ``SafeTelemetry``.
 
-Telemetry must never take the run down with it: each of its calls goes through the port, which
-says what failed in supervisor.log and carries on. Without telemetry (it did not start) the run
-goes on with its logs and lifecycle only.
+Telemetry must never take the run down with it: each of its calls goes through
+``SafeTelemetry``, which says what failed in supervisor.log and carries on. Without telemetry (it
+did not start) the run goes on with its logs and lifecycle only.
 
 Telemetry is imported as it starts: on one node that is after torchrun started, so its imports
 (the collector, the diagnoses, the sampler: ~30 ms of CPU, 50-90 ms on a busy machine) overlap
@@ -33,17 +34,19 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class TelemetryPort:
+class SafeTelemetry:
+    """Telemetry as the loop calls it: started after torchrun on one node, every call safe."""
+
     def __init__(self, token: str) -> None:
         self.token = token
-        self.telemetry: Telemetry | None = None
+        self.service: Telemetry | None = None
         self.stopped = False
         self.error = ""  # why it did not start
         self._held: socket.socket | None = None  # the port reserved for the collector
 
     @property
     def running(self) -> bool:
-        return self.telemetry is not None and not self.stopped
+        return self.service is not None and not self.stopped
 
     def reserve(self, run_dir: Path) -> dict[str, str]:
         """One node: hold the collector's loopback port and return the ranks' XL_COLLECTOR and
@@ -80,10 +83,10 @@ class TelemetryPort:
         try:
             from xl.launcher.telemetry.service import Telemetry  # noqa: PLC0415 - ~30 ms of imports that overlap torchrun's start (module docstring)
 
-            self.telemetry = Telemetry(
+            self.service = Telemetry(
                 run_dir, token=self.token, emit_event=lambda obj: emit(Relayed(obj)), **where
             )
-            env = dict(self.telemetry.start())
+            env = dict(self.service.start())
         except Exception as exc:
             say(f"telemetry did not start: {exc!r}")
             self.error = (
@@ -91,7 +94,7 @@ class TelemetryPort:
                 or str(exc)
                 or type(exc).__name__
             )
-            self.telemetry = None
+            self.service = None
             return {envnames.TOKEN: self.token}
         finally:
             self._release()
@@ -103,7 +106,7 @@ class TelemetryPort:
         if held is not None:
             held.close()
 
-    def _guarded(self, what: str, call: Callable[..., T], *args: Any) -> T | None:
+    def _safely(self, what: str, call: Callable[..., T], *args: Any) -> T | None:
         try:
             return call(*args)
         except Exception as exc:  # telemetry must never take the run down with it
@@ -112,30 +115,28 @@ class TelemetryPort:
 
     def set_ranks(self, ranks: list[RankInfo]) -> None:
         """Every rank it samples and diagnoses (other nodes' flagged ``remote``)."""
-        if self.telemetry is not None:
-            self._guarded("set_ranks", self.telemetry.set_ranks, ranks)
+        if self.service is not None:
+            self._safely("set_ranks", self.service.set_ranks, ranks)
 
     def feed_log_line(self, rank: int, line: str) -> None:
         """A line of rank output to parse (nothing while telemetry is not running)."""
-        if self.telemetry is not None:
-            self._guarded("feed_log_line", self.telemetry.feed_log_line, rank, line)
+        if self.service is not None:
+            self._safely("feed_log_line", self.service.feed_log_line, rank, line)
 
     def wants_lines(self, text: str) -> bool:
         """Whether a line of ``text`` (a chunk of rank output) may be worth feeding: never while
         telemetry is not running."""
-        telemetry = self.telemetry
-        return telemetry is not None and bool(
-            self._guarded("wants_lines", telemetry.wants_lines, text)
-        )
+        service = self.service
+        return service is not None and bool(self._safely("wants_lines", service.wants_lines, text))
 
     def stop_nodes(self, stop: dict[str, Any]) -> None:
         """Node 0 of several: every other node is told to end its part of the run."""
-        if self.telemetry is not None:
-            self._guarded("stop_nodes", self.telemetry.stop_nodes, stop)
+        if self.service is not None:
+            self._safely("stop_nodes", self.service.stop_nodes, stop)
 
     def rank_frames(self) -> dict[int, float]:
         """When each rank's last xl.log frame reached this node's collector (unix time)."""
-        collector = self.telemetry.collector if self.telemetry is not None else None
+        collector = self.service.collector if self.service is not None else None
         if collector is None:
             return {}
         return {rank: peer.last_seen for rank, peer in list(collector.peers.items())}
@@ -143,7 +144,7 @@ class TelemetryPort:
     def metrics_bytes_lost(self) -> int:
         """Bytes of metrics lines a full disk made the collector cut (its ``metrics_lost``
         event)."""
-        writer = self.telemetry.writer if self.telemetry is not None else None
+        writer = self.service.writer if self.service is not None else None
         return writer.bytes_lost if writer is not None else 0
 
     def stop(self) -> None:
@@ -151,8 +152,8 @@ class TelemetryPort:
         self._release()
         if not self.stopped:
             self.stopped = True
-            if self.telemetry is not None:
-                self._guarded("stop", self.telemetry.stop)
+            if self.service is not None:
+                self._safely("stop", self.service.stop)
 
 
 def forward_records(journal: Journal) -> Callable[[list[dict[str, Any]]], None]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from xl import envnames, settings
 from xl.launcher import runprocs
-from xl.launcher.supervisor.ranks import Ranks, RankState
+from xl.launcher.supervisor.ranks import RankRow, Ranks
 
 # `xl launch` imports this module (for the stop grace): torchrun's is the supervisor's only
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class Stop:
         that was stopped first."""
         return code is None or code < 0 or self.reason is StopReason.REQUESTED
 
-    def ended(self, st: RankState, code: int | None, when: float | None) -> bool:
+    def ended(self, st: RankRow, code: int | None, when: float | None) -> bool:
         """This stop ended ``st`` (its end: ``code``, ``when`` by its record): not a rank that
         recorded its own end before the stop began, nor a rank xl signalled whose end is not the
         one its signal gives (a rank that recorded its own exit ignores SIGTERM through its
@@ -122,40 +122,40 @@ class Stopping:
         self.ranks = ranks
         self.torchrun = torchrun
         # The stop in force (None: none). A new one is a change of the run's record: the loop
-        # compares it with the one it last saved (``Supervisor._turn``), wherever it began.
-        self.state: Stop | None = None
+        # compares it with the one it last saved (``Supervisor.turn``), wherever it began.
+        self.current: Stop | None = None
         self.barrier_since: float | None = None  # multi-node: when torchrun outlived its ranks
         self.barrier_ended = False  # xl ended torchrun stuck at its exit barrier
 
     @property
     def requested(self) -> bool:
-        return self.state is not None and self.state.reason is StopReason.REQUESTED
+        return self.current is not None and self.current.reason is StopReason.REQUESTED
 
     def begin(self, reason: StopReason) -> bool:
         """Stop the run for ``reason``; False when a stop was already under way (it stays)."""
-        if self.state is not None:
+        if self.current is not None:
             return False
-        self.state = Stop(reason=reason, since=time.monotonic())
+        self.current = Stop(reason=reason, since=time.monotonic())
         if reason is StopReason.REQUESTED:
             self.torchrun.signal(signal.SIGTERM)
         for st in self.ranks:
             st.signal(signal.SIGTERM)
         # Ranks that never reported (e.g. still importing) are found by their environment, and
         # what left a rank's session or environment as this subreaper's descendant.
-        self.state.extra = self._unknown_pids()
-        for pid in self.state.extra:
+        self.current.extra = self._unknown_pids()
+        for pid in self.current.extra:
             runprocs.signal_rank(pid, signal.SIGTERM)
         return True
 
-    def catch_up(self, st: RankState) -> None:
+    def catch_up(self, st: RankRow) -> None:
         """A rank that started while everything is being stopped gets the same treatment."""
-        if self.state is not None:
-            st.signal(signal.SIGKILL if self.state.killed else signal.SIGTERM)
+        if self.current is not None:
+            st.signal(signal.SIGKILL if self.current.killed else signal.SIGTERM)
 
     def advance(self) -> None:
         """SIGKILL for every rank left once the grace has passed; for torchrun a moment later
         (``TORCHRUN_AFTER_S``), if it has not ended by then."""
-        stop = self.state
+        stop = self.current
         if stop is None or stop.torchrun_killed:
             return
         now = time.monotonic()
@@ -178,12 +178,12 @@ class Stopping:
         lets a stop's SIGTERM pass in a rank's teardown so that a rank's own failure prints
         whole; that one keeps its teardown until the grace. Asked as soon as ends are known
         (``Lifecycle``), before anything is explained, and on each turn of the stop."""
-        stop = self.state
+        stop = self.current
         if stop is None or stop.reason is not StopReason.FAILURE or stop.killed:
             return
         from xl.launcher.causes.words import peer_loss  # noqa: PLC0415 - a failure only
 
-        def lost_peer(st: RankState) -> bool:
+        def lost_peer(st: RankRow) -> bool:
             return peer_loss(f"{st.error or ''}\n{st.traceback or ''}") is not None
 
         died = any(
@@ -206,10 +206,10 @@ class Stopping:
         )
         if not pids:
             return False
-        if self.state is None:
+        if self.current is None:
             self.begin(StopReason.REQUESTED if signalled else StopReason.TORCHRUN_DIED)
             return True
-        if self.state.killed:
+        if self.current.killed:
             runprocs.kill_all(pids)
         return True
 
@@ -226,7 +226,7 @@ class Stopping:
         lose its store and kill them. Its barrier is ended only once no node is busy
         (``nodes_busy``). Returns the event that says so, the turn it ends it, for the loop to
         record."""
-        if not self.ranks.multi_node or self.state is not None or self.torchrun.proc is None:
+        if not self.ranks.multi_node or self.current is not None or self.torchrun.proc is None:
             return None
         if self.torchrun.code is not None or not self.ranks.gone() or nodes_busy:
             self.barrier_since = None

@@ -139,11 +139,11 @@ def test_each_failure_with_restarts_left_is_an_attempt_and_the_last_one_is_the_c
         sup.act([RankChange(Change.ENDED, st, 1)])
         if attempt < 2:
             # torchrun has restarts left: no cause, no stop.
-            assert sup.cause.failure is None and sup.stopping.state is None
+            assert sup.cause.failure is None and sup.stopping.current is None
     # The last attempt's failure: the stop at once, the cause on the loop's next look.
     assert sup.cause.decide(sup.ranks, None, sup.sink.drain) is not None
     assert sup.cause.failure is not None and sup.cause.failure.rank == 0
-    assert sup.stopping.state is not None and sup.stopping.state.reason is StopReason.FAILURE
+    assert sup.stopping.current is not None and sup.stopping.current.reason is StopReason.FAILURE
     sup.save()
     run = json.loads((run_dir / "run.json").read_text())
     assert run["attempt"] == 2 and run["ranks"][0]["attempt"] == 2

@@ -55,7 +55,7 @@ def test_the_killed_rank_is_the_cause_and_each_end_is_said_once_known(
         found = [sup.ranks.check_alive, sup.ranks.scan_records]
         for look in found if killed_found_first else found[::-1]:
             sup.act(look())
-        assert sup.stopping.state is not None  # the run stops at once
+        assert sup.stopping.current is not None  # the run stops at once
         # Neither end is said while the cause is not decided: the killed rank's signal is not
         # known yet (torchrun has not reported it).
         assert sup.cause.decide(sup.ranks, None, sup.sink.drain) is None
@@ -102,7 +102,7 @@ def test_a_rank_s_own_failure_keeps_its_teardown_until_the_grace(tmp_path: Path)
         _record(run_dir, 0, own.pid, 1, "ValueError: labels out of range")
         _record(run_dir, 1, peer.pid, 1, PEER_LOST)
         sup.act(sup.ranks.scan_records())
-        assert sup.stopping.state is not None
+        assert sup.stopping.current is not None
         time.sleep(0.5)  # far from the grace
         sup.stopping.advance()
         # the peer that only lost rank 0 is ended; rank 0's own teardown goes on
@@ -124,7 +124,7 @@ def test_ranks_that_only_lost_each_other_keep_their_teardown(tmp_path: Path) -> 
             sup.act(sup.ranks.hello(rank, proc.pid))
             _record(run_dir, rank, proc.pid, 1, PEER_LOST)
         sup.act(sup.ranks.scan_records())
-        assert sup.stopping.state is not None
+        assert sup.stopping.current is not None
         time.sleep(0.5)  # far from the grace
         sup.stopping.advance()
         assert [p.poll() for p in procs] == [None, None]
@@ -164,7 +164,7 @@ def test_a_rank_xl_signalled_is_stopped_only_when_the_signal_ended_it(
         before = time.time()
         _ended(run_dir, 0, procs[0].pid, 3, before)
         sup.act(sup.ranks.scan_records())  # rank 0 failed: the stop signals rank 1
-        assert sup.stopping.state is not None and sup.ranks.by_rank[1].signalled is not None
+        assert sup.stopping.current is not None and sup.ranks.by_rank[1].signalled is not None
         _ended(run_dir, 1, procs[1].pid, code, before if recorded == "before" else time.time())
         sup.act(sup.ranks.scan_records())
         failure = sup.cause.decide(sup.ranks, None, sup.sink.drain)

@@ -62,7 +62,7 @@ def test_a_gone_rank_s_end_written_within_its_records_mtime_is_read(tmp_path: Pa
 def test_a_running_rank_s_fresh_record_is_read_again_in_the_next_look(tmp_path: Path) -> None:
     """A record written this tick may change again within it: it is read again next time, and
     the end written meanwhile is found while the rank's process still tears down (it is this
-    test's own process, alive). One read long after its write is trusted."""
+    test's own process, alive)."""
     run_dir, ranks = _ranks(tmp_path)
     ranks.hello(0, os.getpid())
     now = time.time_ns()
@@ -71,9 +71,15 @@ def test_a_running_rank_s_fresh_record_is_read_again_in_the_next_look(tmp_path: 
     _write(run_dir, 0, now, pid=os.getpid(), exit_code=0, ended_at=time.time())
     found = ranks.scan_records()
     assert [(c.change, c.code) for c in found] == [(Change.ENDED, 0)]
-    # rank 1's record, written long ago and read once, is not read again while unchanged
+
+
+def test_a_record_read_long_after_its_write_is_not_read_again_while_its_mtime_stays(
+    tmp_path: Path,
+) -> None:
+    run_dir, ranks = _ranks(tmp_path)
     ranks.hello(1, os.getpid())
-    _write(run_dir, 1, now - 10**9, pid=os.getpid())
-    ranks.scan_records()
-    st1 = ranks.get(1)
-    assert st1 is not None and st1.record_mtime == (now - 10**9) / 1e9
+    old = time.time_ns() - 10**9
+    _write(run_dir, 1, old, pid=os.getpid())
+    assert ranks.scan_records() == []
+    _write(run_dir, 1, old, pid=os.getpid(), exit_code=0, ended_at=time.time())
+    assert ranks.scan_records() == []  # trusted: the look costs a stat, not a read

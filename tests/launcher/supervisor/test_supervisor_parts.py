@@ -54,7 +54,8 @@ def test_first_failing_rank_is_the_cause_and_a_rank_ignoring_sigterm_is_killed(
             )
         )
         sup.act(sup.ranks.scan_records())
-        assert sup.stopping.state is not None and sup.stopping.state.reason is StopReason.FAILURE
+        stop = sup.stopping.current
+        assert stop is not None and stop.reason is StopReason.FAILURE
         # what the loop's turn does next
         assert sup.cause.decide(sup.ranks, None, sup.sink.drain) is not None
         time.sleep(0.1)

@@ -92,8 +92,8 @@ def test_a_stop_begun_by_another_part_is_saved_on_the_loop_s_turn(tmp_path: Path
         saved = os.stat(run_dir / "run.json").st_ino
         sup._turn()  # the same stop: nothing to save for it again
         assert os.stat(run_dir / "run.json").st_ino == saved
-        assert sup.stopping.state is not None
-        assert sup.stopping.state.reason is StopReason.REQUESTED
+        assert sup.stopping.current is not None
+        assert sup.stopping.current.reason is StopReason.REQUESTED
     finally:
         _end(rank)
     sup.finish()

@@ -63,10 +63,10 @@ def test_a_rank_s_own_failure_stops_the_run_and_is_its_cause(tmp_path: Path) -> 
     sup = _supervisor(tmp_path)
     sup.turn([_started(sup, 0, _no_pid(0)) + _started(sup, 1, _no_pid(1))])
     assert [k for k, _ in _said(sup)] == ["rank_started", "rank_started"]
-    assert sup.stopping.state is None
+    assert sup.stopping.current is None
 
     sup.turn([[_ended(sup, 1, 3, "ValueError: labels out of range")]])
-    stop = sup.stopping.state
+    stop = sup.stopping.current
     assert stop is not None and stop.reason is StopReason.FAILURE  # the stop begins at once
     assert sup.cause.failure is None  # decided once rank 0's end is in, or torchrun's
     assert [k for k, _ in _said(sup)].count("rank_exited") == 0  # its end waits for that
@@ -97,7 +97,7 @@ def test_a_rank_that_finished_as_its_peer_failed_is_exited_not_stopped(tmp_path:
     sup = _supervisor(tmp_path)
     sup.turn([_started(sup, 0, _no_pid(0)) + _started(sup, 1, _no_pid(1))])
     sup.turn([[_ended(sup, 1, 3, "ValueError: labels out of range")]])
-    assert sup.stopping.state is not None
+    assert sup.stopping.current is not None
     sup.turn([[_ended(sup, 0, 0)]])
     failure = sup.cause.failure
     assert failure is not None and failure.rank == 1
@@ -116,7 +116,7 @@ def test_a_failure_torchrun_restarts_after_is_no_cause_and_the_run_succeeds(
     sup = _supervisor(tmp_path, max_restarts=1)
     sup.turn([_started(sup, 0, _no_pid(0)) + _started(sup, 1, _no_pid(1))])
     sup.turn([[_ended(sup, 1, 3, "ValueError: labels out of range")], [_ended(sup, 0, -15)]])
-    assert sup.stopping.state is None and sup.cause.failure is None
+    assert sup.stopping.current is None and sup.cause.failure is None
     assert sup.life.restart_due
     again = _started(sup, 0, _no_pid(2)) + _started(sup, 1, _no_pid(3))
     assert [c.change for c in again] == [Change.RESTARTED, Change.STARTED] * 2
