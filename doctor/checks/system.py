@@ -278,12 +278,15 @@ def check_cgroup(f: Facts) -> Finding:
     """A run's cgroup (docs/launch.md, "A run's cgroup"): without one, a process a rank starts in
     a session of its own with a clean environment can outlive a run whose supervisor died."""
     if f.cgroup_parent is None:
-        unset = "XL_CGROUP_ROOT" in (f.cgroup_reason or "")
-        return warn(
+        said = (
             f"runs get no cgroup here ({f.cgroup_reason}): xl follows their processes by process "
-            "tree and environment, and --memory-limit cannot be used",
-            fix="unset XL_CGROUP_ROOT" if unset else "",
+            "tree and environment, and --memory-limit cannot be used"
         )
+        if "XL_CGROUP_ROOT" in (f.cgroup_reason or ""):
+            return warn(said, fix="unset XL_CGROUP_ROOT")
+        # Root, a delegated v2 subtree or a mounted cgroup filesystem is the machine's owner's to
+        # give: no command of this user's makes one, and the warning says so instead of a fix.
+        return warn(f"{said}; no command run here gives runs one", fix="")
     memory = (
         "with the memory controller (--memory-limit works)"
         if f.cgroup_memory

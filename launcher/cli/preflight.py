@@ -43,8 +43,9 @@ def check_launch(spec: LaunchSpec, plan: Plan, inv: Inventory, *, gpus_given: bo
         wrong = api.torch_for_gpus(python, {**os.environ, **spec.env}, driver_cuda)
         if wrong is not None:
             if wrong.status is api.Status.FAIL:
-                raise UsageError(f"--gpus {spec.gpus}: {wrong.detail}; fix: {wrong.fix}")
-            plan.warnings.append(f"{wrong.detail} (fix: {wrong.fix})")
+                said = f"{wrong.detail}; fix: {wrong.fix}" if wrong.fix else wrong.detail
+                raise UsageError(f"--gpus {spec.gpus}: {said}")
+            plan.warnings.append(_with_fix(wrong.detail, wrong.fix))
     from xl.gpu import health  # noqa: PLC0415 - only a launch on GPUs reads their health
 
     chosen = [g.index for g in plan.devices[: plan.nproc]]
@@ -57,7 +58,12 @@ def check_launch(spec: LaunchSpec, plan: Plan, inv: Inventory, *, gpus_given: bo
             continue
         for p in verdicts.get(index, []):
             prefix = "xl doctor calls this a failure: " if p.status == "fail" else ""
-            plan.warnings.append(f"{prefix}{p.detail} (fix: {p.fix})")
+            plan.warnings.append(_with_fix(prefix + p.detail, p.fix))
         busy = health.busy(g)
         if busy and not g.processes:
             plan.warnings.append(f"{busy}: ranks will share it")
+
+
+def _with_fix(detail: str, fix: str) -> str:
+    """A warning and its fix in brackets; a warning with no command is its own words alone."""
+    return f"{detail} (fix: {fix})" if fix else detail

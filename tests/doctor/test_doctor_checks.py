@@ -275,6 +275,8 @@ def test_cgroup_says_where_runs_get_one_and_warns_where_none_can_be() -> None:
     user = "this process's cgroup /sys/fs/cgroup/memory/u is not writable by this user"
     none = check_cgroup(facts(cgroup_reason=user))
     assert none.status == "warn" and user in none.detail and not none.fix
+    assert none.detail.endswith("; no command run here gives runs one")
+    assert "no command" not in root.detail  # a warning with a fix says none of that
 
 
 def test_gpus_mixed_models_and_lost() -> None:

@@ -406,3 +406,41 @@ def test_json_mode_stays_lean(tmp_path: Path) -> None:
     assert "xl.doctor.run" in modules
     assert not loaded & {"rich", "textual", "torch"}, loaded & {"rich", "textual", "torch"}
     assert not {m for m in modules if m == "xl.tui" or m.startswith("xl.tui.")}
+
+
+def _cgroup_lines(out: str) -> list[str]:
+    """The run cgroup check's line and the fix line under it, when there is one."""
+    lines = out.splitlines()
+    at = next(i for i, ln in enumerate(lines) if "run cgroup:" in ln)
+    return lines[at : at + 2]
+
+
+def test_a_cgroup_warning_prints_its_command_or_says_none_can_be_made(tmp_path: Path) -> None:
+    """XL_CGROUP_ROOT at a folder that is no cgroup: the warning's fix is the command that undoes
+    it. No cgroup filesystem at all (a mount namespace without them): no command of this user's
+    makes one, the warning says so, and no fix line is printed."""
+    env = {**os.environ, "XL_CGROUP_ROOT": str(tmp_path)}
+    given = run_doctor(env)
+    assert "Traceback" not in given.stderr, given.stderr
+    warned, fix = _cgroup_lines(given.stdout)
+    assert "WARN" in warned and f"XL_CGROUP_ROOT: {tmp_path} is not a cgroup folder" in warned
+    assert fix.split() == ["fix:", "unset", "XL_CGROUP_ROOT"]
+    assert "no command" not in warned
+    umount = "umount -l /sys/fs/cgroup/memory 2>/dev/null; umount -l /sys/fs/cgroup/unified"
+    no_mount = f"{umount} 2>/dev/null; umount -l /sys/fs/cgroup 2>/dev/null; "
+    if os.geteuid() != 0 or subprocess.run(
+        ["unshare", "-m", "true"], capture_output=True, timeout=30
+    ).returncode != 0:
+        pytest.skip("needs root and unshare -m")
+    env = {k: v for k, v in os.environ.items() if k != "XL_CGROUP_ROOT"}
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f'{no_mount}exec "$0" -m xl doctor', sys.executable],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    warned, after = _cgroup_lines(proc.stdout)
+    assert "WARN" in warned and "no cgroup filesystem" in warned, proc.stdout
+    assert warned.endswith("; no command run here gives runs one")
+    assert "fix:" not in after and "fix:" not in "".join(
+        ln for ln in proc.stdout.splitlines() if "cgroup" in ln
+    )
