@@ -100,7 +100,9 @@ def test_a_quiet_node_costs_the_deadline_and_its_ranks_say_so(tmp_path: Path) ->
     [entry] = doc.ranks
     error = entry.error or ""
     assert "node 1 did not answer within 1 s" in error and "xl stacks RUN" in error
-    assert took < 3.0, took
+    # The asker is back once the deadline passed, not after the 30 s node 0 allows a request:
+    # 20 s leaves a busy machine its slack.
+    assert took < 20.0, took
     # Rank 0 waits in the all_reduce; the quiet node's rank is the one it waits for.
     near = {
         "rank": 0,
