@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from xl.doctor.fingerprint import Diff, Fingerprint, compare, gather
+from xl.doctor.fingerprint import Diff, Fingerprint, compare, gather, node_lines
 from xl.doctor.probes.commands import run_cmd
 from xl.errors import UsageError
 
@@ -87,10 +87,10 @@ def ask_all(hosts: Sequence[str], python: str | None) -> list[Asked]:
 
 
 def report(asked: list[Asked], diffs: list[Diff]) -> str:
-    """The comparison for a person: one line a difference (which node, what it has, what the
-    others have, the fix), one a host that did not answer, then the verdict."""
+    """The comparison for a person, as a launch prints it: one line a node that differs (what it
+    has, what the others have, its fixes), one a host that did not answer, then the verdict."""
     lines = [f"node {a.node} ({a.host}): {a.error}" for a in asked if a.error]
-    lines += [d.line() for d in diffs]
+    lines += node_lines(diffs)
     got = [a for a in asked if a.fingerprint is not None]
     if any(d.severity == "stop" for d in diffs):
         lines.append("a run across these nodes cannot work until the differences marked so go")

@@ -76,15 +76,13 @@ def test_the_odd_host_is_named_with_its_difference_and_fix(tmp_path: Path) -> No
     )
     got = _doctor(env, "gpu-a", "gpu-b", "gpu-c")
     assert got.returncode == 1, got.stdout + got.stderr
-    lines = got.stdout.splitlines()
-    torch = [line for line in lines if "torch 2.12.1+cpu" in line]
-    assert len(torch) == 1 and torch[0].startswith("node 2 (gpu-c): torch 2.12.1+cpu where "), lines
-    assert "(the run cannot work so); fix there: " in torch[0] and "pip install" in torch[0]
-    assert (
-        "node 2 (gpu-c): NCCL_ALGO Tree where the others have unset; fix there: unset NCCL_ALGO"
-        in lines
-    )
-    assert not any("gpu-a" in line or "gpu-b" in line for line in lines), lines
+    # One line for the odd node, all it differs in: as `xl launch` prints it.
+    node, verdict = got.stdout.splitlines()
+    odd = "node 2 (gpu-c) differs [stops the run]: torch 2.12.1+cpu (others "
+    assert node.startswith(odd), node
+    assert ", NCCL_ALGO Tree (others unset); fix there: " in node and "pip install" in node
+    assert node.endswith("; unset NCCL_ALGO"), node
+    assert verdict.startswith("a run across these nodes cannot work")
     # every host asked non-interactively, with a connection timeout
     calls = (tmp_path / "hosts" / "calls").read_text().splitlines()
     assert len(calls) == 3 and all("-o BatchMode=yes -o ConnectTimeout=10 --" in c for c in calls)
@@ -104,10 +102,32 @@ def test_alike_hosts_say_so_and_exit_0_and_a_warning_alone_exits_0(tmp_path: Pat
     assert got.stdout == "2 nodes alike in everything a run needs to match\n"
     (tmp_path / "hosts" / "c.env").write_text("NCCL_IB_DISABLE=1\n")
     warned = _doctor(env, "a", "b", "c")
-    assert (
-        warned.returncode == 0
-        and "node 2 (c): NCCL_IB_DISABLE 1 where the others have unset" in warned.stdout
+    assert warned.returncode == 0 and warned.stdout.splitlines()[0] == (
+        "node 2 (c) differs [warning]: NCCL_IB_DISABLE 1 (others unset); "
+        "fix there: unset NCCL_IB_DISABLE"
+    ), warned.stdout
+
+
+def test_each_odd_node_is_one_line_with_all_it_differs_in(tmp_path: Path) -> None:
+    """Two odd nodes of four: a line each, by node, the one with two differences on one line;
+    the nodes alike are not named."""
+    env = _hosts(
+        tmp_path,
+        {
+            "n0": {},
+            "n1": {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"},
+            "n2": {},
+            "n3": {"NCCL_IB_DISABLE": "1"},
+        },
     )
+    got = _doctor(env, "n0", "n1", "n2", "n3")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert got.stdout.splitlines() == [
+        "node 1 (n1) differs [warning]: NCCL_ALGO Tree (others unset), NCCL_PROTO Simple "
+        "(others unset); fix there: unset NCCL_ALGO; unset NCCL_PROTO",
+        "node 3 (n3) differs [warning]: NCCL_IB_DISABLE 1 (others unset); "
+        "fix there: unset NCCL_IB_DISABLE",
+    ], got.stdout
 
 
 def test_a_host_that_cannot_be_reached_is_said_and_fails(tmp_path: Path) -> None:
@@ -125,7 +145,7 @@ def test_inside_an_allocation_its_nodes_are_asked(tmp_path: Path) -> None:
     env.update(SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="gpu[07-08]", FAKE_ALLOCATION="gpu07 gpu08")
     got = _doctor(env)
     assert got.returncode == 0, got.stdout + got.stderr
-    assert "node 1 (gpu08): NCCL_ALGO Ring where the others have unset" in got.stdout
+    assert "node 1 (gpu08) differs [warning]: NCCL_ALGO Ring (others unset)" in got.stdout
     outside = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
     refused = _doctor(outside)
     assert refused.returncode == 2 and refused.stderr.strip() == (
