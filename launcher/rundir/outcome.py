@@ -9,9 +9,9 @@ They all apply :func:`rank_outcome`, so a rank reads the same in run.json, in th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 
 class RankPhase(str, Enum):
@@ -95,7 +95,7 @@ class Cause:
     fix: str | None = None
     evidence: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "kind": self.kind.value,
             "summary": self.summary,
@@ -107,7 +107,10 @@ class Cause:
     def from_json(cls, data: object) -> Cause | None:
         """A stored ``cause``; None when it is missing or not one (an unknown kind reads as
         ``exception``: kinds may be added, a reader must not break on them)."""
-        if not isinstance(data, dict) or not isinstance(data.get("summary"), str):
+        if not isinstance(data, Mapping):
+            return None
+        summary = data.get("summary")
+        if not isinstance(summary, str):
             return None
         try:
             kind = CauseKind(data.get("kind"))
@@ -116,7 +119,7 @@ class Cause:
         fix = data.get("fix")
         evidence = data.get("evidence")
         lines = [str(x) for x in evidence] if isinstance(evidence, list) else []
-        return cls(kind, data["summary"], fix if isinstance(fix, str) else None, lines)
+        return cls(kind, summary, fix if isinstance(fix, str) else None, lines)
 
 
 @dataclass
@@ -134,7 +137,7 @@ class Failure:
     node_rank: int | None
     cause: Cause | None = None  # why, in words a person can act on (``xl.launcher.causes``)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "rank": self.rank,
             "exit_code": self.exit_code,
@@ -147,7 +150,7 @@ class Failure:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Failure:
+    def from_json(cls, data: Mapping[str, object]) -> Failure:
         """run.json's (or a node frame's) ``failure``; a value of the wrong type reads as None."""
         ints = {
             k: v if isinstance(v, int) and not isinstance(v, bool) else None
@@ -169,5 +172,5 @@ class Failure:
         )
 
 
-def _values(data: dict[str, Any], *keys: str) -> list[tuple[str, Any]]:
+def _values(data: Mapping[str, object], *keys: str) -> list[tuple[str, object]]:
     return [(k, data.get(k)) for k in keys]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 
 def as_int(value: object) -> int | None:
@@ -37,7 +37,9 @@ class Row:
     type reads as None), and the object as read kept in ``source``, so that writing the row back
     keeps another tool's keys, the order and every value xl did not change."""
 
-    source: Mapping[str, Any] = field(default_factory=dict, kw_only=True, repr=False, compare=False)
+    source: Mapping[str, object] = field(
+        default_factory=dict, kw_only=True, repr=False, compare=False
+    )
     _KEYS: ClassVar[_Keys] = ()
 
     @classmethod
@@ -46,10 +48,10 @@ class Row:
         return tuple(key for _, key, _ in cls._KEYS)
 
     @classmethod
-    def from_json(cls: type[_R], data: Mapping[str, Any]) -> _R:
+    def from_json(cls: type[_R], data: Mapping[str, object]) -> _R:
         return cls(**{attr: decode(data.get(key)) for attr, key, decode in cls._KEYS}, source=data)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The row as run.json holds it: as read, with what changed since written over it; a row
         made here (no ``source``) writes every key xl knows."""
         out = dict(self.source)

@@ -53,7 +53,7 @@ class RankReport:
         return self.exit_code is not None
 
     @classmethod
-    def from_json(cls, rank: int, data: dict[str, Any]) -> RankReport:
+    def from_json(cls, rank: int, data: Mapping[str, object]) -> RankReport:
         text = {
             k: v if isinstance(v, str) else None
             for k, v in ((k, data.get(k)) for k in ("traceback", "error"))
@@ -225,6 +225,7 @@ class RunRecord:
     def nproc_per_node(self) -> int | None:
         return as_int(self.data.get("nproc_per_node"))
 
+    # edge: LaunchSpec's JSON as the launching xl wrote it: each caller reads the keys it knows
     @property
     def spec(self) -> dict[str, Any]:
         """What was asked (``launcher.spec.LaunchSpec`` as JSON); {} when missing."""
@@ -309,21 +310,22 @@ class RunRecord:
         return Failure.from_json(failure) if isinstance(failure, dict) and failure else None
 
     @property
-    def failure_json(self) -> dict[str, Any] | None:
+    def failure_json(self) -> dict[str, object] | None:
         """``failure`` exactly as run.json holds it, for outputs that pass it on (``xl runs
         --json``); None when it is not an object."""
         failure = self.data.get("failure")
         return failure if isinstance(failure, dict) else None
 
     @property
-    def versions(self) -> dict[str, Any]:
+    def versions(self) -> Mapping[str, object]:
         """What the run was made with (``xl``, ``torch``, ...); {} when missing."""
         versions = self.data.get("versions")
         return versions if isinstance(versions, dict) else {}
 
     @property
-    def time(self) -> dict[str, Any] | None:
-        """Where the run's time went, once it ended (``timing``); None before."""
+    def time(self) -> Mapping[str, object] | None:
+        """Where the run's time went, once it ended (``launcher/view/timing.py`` reads it); None
+        before."""
         spent = self.data.get("time")
         return spent if isinstance(spent, dict) else None
 
@@ -358,6 +360,7 @@ class RunRecord:
         self.data["ended_at"] = time.time() if at is None else at
 
     # ---------------------------------------------------------------- JSON
+    # edge: run.json as written, another tool's keys and values as they were read
     def to_json(self) -> dict[str, Any]:
         fresh: dict[str, Any] = {"run_id": self.run_id}
         # A new record's order: run_id, then the keys as given, with status after name.
@@ -374,7 +377,7 @@ class RunRecord:
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], fallback_id: str = "") -> RunRecord:
+    def from_json(cls, data: Mapping[str, object], fallback_id: str = "") -> RunRecord:
         rest = {k: v for k, v in data.items() if k not in ("run_id", "status")}
         status = data.get("status")
         record = cls(
@@ -399,6 +402,7 @@ def run_file(run_dir: Path) -> Path:
     return RunLayout(run_dir).run
 
 
+# edge: a JSON file of the run dir as read; its reader checks each key it knows
 def read_object(path: Path) -> dict[str, Any] | None:
     """A JSON object file of the run dir (run.json, collector.json); None while it is missing,
     damaged or not an object (a reader tries again on its next poll)."""
@@ -409,7 +413,7 @@ def read_object(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def read_json(run_dir: Path) -> dict[str, Any]:
+def read_json(run_dir: Path) -> dict[str, object]:
     """run.json of ``run_dir`` as a plain dict ({} while it cannot be read)."""
     return read_object(run_file(run_dir)) or {}
 

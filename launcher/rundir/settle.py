@@ -23,6 +23,7 @@ from xl.launcher.rundir.events import RunEnded, append_event
 from xl.launcher.rundir.layout import RESERVE, SETTLED, RunLayout
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.rundir.outcome import Cause, Failure, rank_outcome
+from xl.launcher.rundir.rows import as_int
 from xl.launcher.rundir.runrecord import RankReport, RunRecord, RunStatus, read_rank_reports
 from xl.launcher.view import digest
 
@@ -60,7 +61,7 @@ def _ranks(rec: RunRecord, left: dict[int, RankReport], stopped: bool) -> list[d
             row.update(exit_code=report.exit_code, ended_at=report.ended_at)
     for row in by_rank.values():
         row["state"] = rank_outcome(
-            row.get("exit_code"), stopped=stopped, recorded=row.get("state")
+            as_int(row.get("exit_code")), stopped=stopped, recorded=row.get("state")
         ).value
     return [by_rank[r] for r in sorted(by_rank)]
 

@@ -41,6 +41,7 @@ class RunInfo:
     # supervisor that was there is gone) while the run runs; None once it ended.
     supervisor: str | None = None
 
+    # edge: a line of `xl runs --json`
     def to_json(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
@@ -60,7 +61,7 @@ class RunInfo:
     def of(cls, run_dir: Path, rec: RunRecord) -> RunInfo:
         spec = rec.spec
         target = spec.get("script") or (f"-m {spec['module']}" if spec.get("module") else "?")
-        supervisor = supervisor_state(run_dir, rec)
+        supervisor = supervisor_presence(run_dir, rec)
         return cls(
             run_id=rec.run_id,
             run_dir=run_dir,
@@ -84,7 +85,7 @@ STARTING, SUPERVISED, GONE = "starting", "running", "gone"
 START_UNSEEN_S = 30.0
 
 
-def supervisor_state(run_dir: Path, rec: RunRecord) -> str | None:
+def supervisor_presence(run_dir: Path, rec: RunRecord) -> str | None:
     """Whether a running run's supervisor is ``starting`` (launched, not yet known by pid: its
     process, found by its cwd, or a launch too recent for it to show), ``running`` or ``gone``;
     None for a run that ended. Only a running run is asked about (a PID check; a /proc scan only
