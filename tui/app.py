@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypedDict
 
 from rich.console import RenderableType
 from textual import work
@@ -34,6 +34,8 @@ from xl.tui.selection import DeviceSelection
 from xl.tui.terminal import NOT_A_TERMINAL, interactive
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
+
     from xl.tui.screens.monitor import MonitorScreen
 
 # After Ctrl-C in `xl launch` / `xl demo`: how long the app waits for the run to end (the
@@ -118,7 +120,7 @@ class XLApp(App[None]):
         self.poll_interval = poll_interval
         # The one GPU selection: the picker and the Launch form's GPUs field both edit it. It
         # starts empty: a script's remembered GPUs are its own, brought back with it by the
-        # Launch form (they used to be picked at start, for whatever was launched next).
+        # Launch form, never picked at start for whatever is launched next.
         self.selection = DeviceSelection()
         self._interrupted = False
         # Set when the app closes before the stopped run ended: the thread waiting for it quits.
@@ -168,8 +170,8 @@ class XLApp(App[None]):
 
     async def action_screen(self, mode: str) -> None:
         # Awaited, from a priority binding: the keys typed right after `3` wait until the screen
-        # is mounted and its field has the focus; they used to reach the screen being left, which
-        # dropped them (or took a `q` among them for quit).
+        # is mounted and its field has the focus; not awaited, they would reach the screen being
+        # left, which drops them (or takes a `q` among them for quit).
         await self.switch_mode(mode)
 
     def action_help(self) -> None:
@@ -335,16 +337,27 @@ class XLApp(App[None]):
 
 def _freeze_startup_objects() -> None:
     """Take everything made so far (Textual, Rich, the screens: ~10^5 long-lived objects) out of
-    the garbage collector's sight. Every full collection used to walk them all again while the
-    Monitor makes thousands of short-lived objects a second; measured in bench_tui's setup, the
-    Monitor's CPU fell by about 15% (1.75% -> 1.5% of a core)."""
+    the garbage collector's sight, so that a full collection does not walk them all again while
+    the Monitor makes thousands of short-lived objects a second; measured in bench_tui's setup,
+    it takes the Monitor's CPU down by about 15% (1.75% -> 1.5% of a core)."""
     gc.collect()
     gc.freeze()
 
 
-def build_app(backend: Backend | None = None, **kwargs: Any) -> XLApp:
+class AppOptions(TypedDict, total=False):
+    """XLApp's options past its backend (XLApp.__init__ says each)."""
+
+    monitor_run_dir: Path | None
+    attach_only: bool
+    clock: fmt.Clock | None
+    poll_interval: float
+    notice: str | None
+    close_after_end_s: float | None
+
+
+def build_app(backend: Backend | None = None, **options: Unpack[AppOptions]) -> XLApp:
     """The one factory the CLI and the tests use: this machine's backend unless one is given."""
-    return XLApp(backend if backend is not None else LocalBackend(), **kwargs)
+    return XLApp(backend if backend is not None else LocalBackend(), **options)
 
 
 def exit_code(app: XLApp) -> int:

@@ -1,4 +1,4 @@
-"""The app's one door to the domain: GPUs, the doctor, the launcher and the run directories.
+"""The app's one way to the domain: GPUs, the doctor, the launcher and the run directories.
 
 Screens never import xl.gpu, xl.doctor or xl.launcher; they ask the app's ``Backend``. The app is
 built with ``LocalBackend`` (this machine) by ``xl.tui.app.build_app``; tests hand it a fake, as
@@ -12,6 +12,7 @@ used, so the app starts fast and each screen pays only for what it shows.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,6 +28,15 @@ if TYPE_CHECKING:
     from xl.launcher.spec import LaunchSpec
     from xl.launcher.view.comparison import Comparison
     from xl.launcher.view.reader import RunReader
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPiece:
+    """A piece of a rank's output asked of another node: its bytes from the offset asked, and
+    the whole output's size as that node saw it."""
+
+    data: bytes
+    size: int
 
 
 class Backend(Protocol):
@@ -78,11 +88,10 @@ class Backend(Protocol):
 
     def rank_output(
         self, run_dir: Path, rank: int, node: int, offset: int
-    ) -> dict[str, Any] | None:
-        """A piece of another node's rank's output from ``offset`` (``{"data", "offset",
-        "size"}``, at most 64 KiB), asked of ``node`` through node 0's supervisor, as ``xl logs
-        RUN --rank R`` does; None when it cannot answer (the node is unreachable, the run is
-        over). Waits at most a few seconds."""
+    ) -> OutputPiece | None:
+        """A piece of another node's rank's output from ``offset`` (at most 64 KiB), asked of
+        ``node`` through node 0's supervisor, as ``xl logs RUN --rank R`` does; None when it
+        cannot answer (the node is unreachable, the run is over). Waits at most a few seconds."""
         ...
 
     def stop(self, run_dir: Path) -> None:
@@ -180,11 +189,19 @@ class LocalBackend:
 
     def rank_output(
         self, run_dir: Path, rank: int, node: int, offset: int
-    ) -> dict[str, Any] | None:
+    ) -> OutputPiece | None:
         from xl.launcher.stacks.nodes import ask_logs  # noqa: PLC0415 - remote ranks only
 
         # Short: the Monitor's poller waits for it (RemoteLog asks a silent node rarely).
-        return ask_logs(run_dir, rank, node, offset, timeout=2.0)
+        piece = ask_logs(run_dir, rank, node, offset, timeout=2.0)
+        if piece is None:
+            return None
+        size = piece.get("size")
+        return OutputPiece(
+            # The node sends the bytes as text, undecodable ones as surrogates: the same bytes.
+            str(piece.get("data") or "").encode("utf-8", "surrogateescape"),
+            size if isinstance(size, int) and not isinstance(size, bool) else 0,
+        )
 
     def stop(self, run_dir: Path) -> None:
         from xl.launcher.control import stop_run  # noqa: PLC0415 - the launcher loads only once a run is stopped

@@ -1,4 +1,4 @@
-"""Small text formatters shared by the screens (durations, sizes, meters, states)."""
+"""Small text formatters shared by the screens (durations, sizes, meters, a status in colour)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ from xl.units import mib as mib  # re-exported: one memory style for the app and
 # Tests and snapshots replace this to get a fixed "now" (deterministic elapsed / last seen).
 Clock = Callable[[], float]
 default_clock: Clock = time.time
+
+# What a table's cell shows: plain text, or rich Text where it has styles of its own.
+Cell = str | Text
 
 
 
@@ -84,6 +87,7 @@ def meter(
     return text
 
 
-def state(name: str | None) -> Text:
+def coloured(name: str | None) -> Text:
+    """A run's status or a rank's state, in its colour (state_style)."""
     name = name or "-"
     return Text(name, style=state_style(name))

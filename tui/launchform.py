@@ -9,6 +9,7 @@ mixed-precision choices, the --env rule) from xl.launcher.spec.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -39,7 +40,7 @@ class LaunchForm:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LaunchForm:
+    def from_dict(cls, data: Mapping[str, object]) -> LaunchForm:
         known = {f.name for f in fields(cls)}
         return cls(**{k: str(v) for k, v in data.items() if k in known and v is not None})
 
@@ -48,7 +49,7 @@ class LaunchForm:
         return {k: v for k, v in self.to_dict().items() if k not in MULTI_NODE}
 
     @classmethod
-    def recalled(cls, data: dict[str, Any]) -> LaunchForm:
+    def recalled(cls, data: Mapping[str, object]) -> LaunchForm:
         """The form a script's remembered settings fill in: single-node, whatever an older xl
         remembered."""
         return cls.from_dict({k: v for k, v in data.items() if k not in MULTI_NODE})

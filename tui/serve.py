@@ -28,7 +28,7 @@ import shlex
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 import psutil
@@ -37,6 +37,9 @@ from xl import envnames
 from xl.address import format_address, url_host
 from xl.errors import ArgumentParser, UsageError
 from xl.listen import is_loopback, port_in_use, same_token, token_from, warn_if_exposed
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 PROG = "xl serve"
 TOKEN_VAR = envnames.SERVE_TOKEN
@@ -74,9 +77,22 @@ def origins(host: str, port: int, public_url: str | None) -> set[str]:
     return out
 
 
+class TabServer(Protocol):
+    """What `xl serve` uses of the textual-serve server that make_server builds: one app process
+    per browser tab, behind the token and the Origin check."""
+
+    port: int
+    public_url: str
+    allowed: set[str]  # the Origins a websocket may come from
+
+    def initialize_logging(self) -> None: ...
+
+    async def _make_app(self) -> web.Application: ...
+
+
 def make_server(
     command: str, host: str, port: int, public_url: str | None, token: str, max_tabs: int = MAX_TABS
-) -> Any:
+) -> TabServer:
     from aiohttp import web  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
     from textual_serve.server import Server  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
 
@@ -146,7 +162,9 @@ def make_server(
     return server
 
 
-async def serve(server: Any, host: str, port: int, public_url: str | None, token: str) -> int:
+async def serve(
+    server: TabServer, host: str, port: int, public_url: str | None, token: str
+) -> int:
     from aiohttp import web  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
 
     server.initialize_logging()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +34,17 @@ def last_target() -> str | None:
     return value if isinstance(value, str) else None
 
 
-def recall(target: str) -> dict[str, Any] | None:
+def recall(target: str) -> dict[str, object] | None:
     """The form values last launched with ``target`` (a script path or ``-m module``)."""
     value = _load()["scripts"].get(target)
     return value if isinstance(value, dict) else None
 
 
-def remember(target: str, values: dict[str, Any]) -> None:
+def remember(target: str, values: Mapping[str, str]) -> None:
     data = _load()
     scripts: dict[str, Any] = data["scripts"]
     scripts.pop(target, None)
-    scripts[target] = values  # insertion order = recency
+    scripts[target] = dict(values)  # insertion order = recency
     while len(scripts) > MAX_SCRIPTS:
         scripts.pop(next(iter(scripts)))
     data["last"] = target

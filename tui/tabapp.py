@@ -13,13 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from textual.widget import AwaitMount
 
 from xl.errors import ArgumentParser
-from xl.tui.app import XLApp, build_app
+from xl.tui.app import AppOptions, XLApp, build_app
 from xl.tui.backend import LocalBackend
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
+
+    from xl.launcher.control import RunHandle
+    from xl.launcher.plan import Plan
+    from xl.launcher.spec import LaunchSpec
 
 READ_ONLY = ("Read-only: this app was served with `xl serve --read-only`; launching and stopping "
     "runs are off")
@@ -30,7 +37,7 @@ class ReadOnlyBackend(LocalBackend):
 
     read_only = True
 
-    def start(self, spec: Any, plan: Any = None) -> Any:
+    def start(self, spec: LaunchSpec, plan: Plan | None = None) -> tuple[RunHandle, str | None]:
         raise PermissionError(READ_ONLY)
 
     def stop(self, run_dir: Path) -> None:
@@ -41,8 +48,8 @@ class ViewerApp(XLApp):
     """The app for viewers: the Launch screen is never shown (its key is hidden; the GPUs screen's
     Launch button says why it does nothing)."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(ReadOnlyBackend(), **kwargs)
+    def __init__(self, **options: Unpack[AppOptions]) -> None:
+        super().__init__(ReadOnlyBackend(), **options)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "screen" and parameters[:1] == ("launch",):

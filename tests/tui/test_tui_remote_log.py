@@ -26,7 +26,7 @@ from xl.launcher.multinode import nodelink
 from xl.launcher.supervisor.follower import read_piece
 from xl.launcher.telemetry.service import Telemetry
 from xl.tui.app import build_app
-from xl.tui.backend import LocalBackend
+from xl.tui.backend import LocalBackend, OutputPiece
 from xl.tui.screens.monitor import LOG_TAIL
 from xl.tui.widgets.rank_log import RankLog
 from xl.tui.widgets.rank_table import RankTable
@@ -50,14 +50,13 @@ class Nodes(LocalBackend):
 
     def rank_output(
         self, run_dir: Path, rank: int, node: int, offset: int
-    ) -> dict[str, Any] | None:
+    ) -> OutputPiece | None:
         with self.lock:
             self.asked.append((rank, node, offset))
             if self.outputs is None or node != 1 or rank not in self.outputs:
                 return None
             out = self.outputs[rank]
-        data = out[offset : offset + PIECE].decode("utf-8", "surrogateescape")
-        return {"data": data, "offset": offset, "size": len(out)}
+        return OutputPiece(out[offset : offset + PIECE], len(out))
 
     def add(self, rank: int, more: bytes) -> None:
         with self.lock:

@@ -22,6 +22,6 @@ class XLScreen(Screen[None]):
 
     @property
     def backend(self) -> Backend:
-        """The app's door to GPUs, the doctor, the launcher and the run store (may block: call it
+        """The app's way to GPUs, the doctor, the launcher and the run store (may block: call it
         from a thread worker)."""
         return self.xl.backend

@@ -8,7 +8,7 @@ scrolls above it; ``escape`` goes back to Runs. docs/compare.md says what each f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -59,12 +59,12 @@ def table_text(rows: Rows, width: int) -> Text:
 Point = tuple[float, float]
 
 
-def points(series: dict[str, list[Any]], key: str) -> list[Point]:
+def points(series: Mapping[str, Sequence[object]], key: str) -> list[Point]:
     """(step, value) of one run's series, the steps that have a value."""
     return [
         (float(s), float(v))
         for s, v in zip(series.get("steps") or [], series.get(key) or [], strict=False)
-        if isinstance(v, (int, float))
+        if isinstance(v, (int, float)) and isinstance(s, (int, float))
     ]
 
 
@@ -77,7 +77,9 @@ class CompareChart(Widget):
         self.panes: list[tuple[str, list[tuple[str, str, list[Point]]]]] = []
         self._strips: list[Strip] | None = None
 
-    def show(self, series: dict[str, dict[str, list[Any]]], names: dict[str, str]) -> None:
+    def show(
+        self, series: Mapping[str, Mapping[str, Sequence[object]]], names: Mapping[str, str]
+    ) -> None:
         self.panes = [
             (
                 title,

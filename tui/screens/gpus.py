@@ -124,7 +124,8 @@ class GPUsScreen(XLScreen):
     @work(thread=True, exclusive=True, group="gpus-poll")
     def _poller(self) -> None:
         # One thread for the screen's life, not a worker per poll: a worker costs a thread-pool job
-        # and a few state messages each time, which at 1 Hz is a visible part of an idle screen.
+        # and a few Worker.StateChanged messages each time, which at 1 Hz is a visible part of an
+        # idle screen.
         worker = get_current_worker()
         while not (self._stopped or worker.is_cancelled):
             if self._active:

@@ -10,7 +10,7 @@ from rich.text import Text
 from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.message import Message
 from textual.timer import Timer
 from textual.widgets import Footer, Header, Static
@@ -22,10 +22,10 @@ from xl.tui.run_outcome import FINISHED
 from xl.tui.screens.base import XLScreen
 from xl.tui.screens.confirm import ConfirmScreen
 from xl.tui.screens.monitor_header import header_text
-from xl.tui.screens.monitor_nodes import SPREAD_CHARTS, NodesView
+from xl.tui.screens.monitor_nodes import NodesView
 from xl.tui.screens.monitor_remote_log import RemoteLog
 from xl.tui.screens.stacks import StacksScreen
-from xl.tui.widgets.charts import MetricChart
+from xl.tui.widgets.charts import RunCharts
 from xl.tui.widgets.rank_log import LogLines, LogPane
 from xl.tui.widgets.rank_table import RankTable
 from xl.tui.widgets.text_lines import TextLines
@@ -230,9 +230,7 @@ class MonitorScreen(XLScreen):
         # A row per rank; past BIG_RUN ranks, the nodes and outliers lead.
         yield NodesView(lambda: self.clock(), id="ranks-view")
         with Horizontal(id="monitor-lower"):
-            with Vertical(id="charts"):
-                yield MetricChart("loss", id="chart-loss")
-                yield MetricChart("samples/s", id="chart-sps")
+            yield RunCharts(id="charts")
             yield LogPane(id="log-pane")
         yield Footer()
 
@@ -284,7 +282,7 @@ class MonitorScreen(XLScreen):
     @work(thread=True, exclusive=True, group="monitor-poll")
     def _poller(self) -> None:
         # One thread for the screen's life, as on the GPUs screen: a worker and a timer per poll
-        # cost a thread-pool job, a timer task and a few state messages each second.
+        # cost a thread-pool job, a timer task and a few Worker.StateChanged messages each second.
         worker = get_current_worker()
 
         def ended() -> bool:
@@ -359,28 +357,12 @@ class MonitorScreen(XLScreen):
         t0 = view.record.started_at or min(
             (rv.loss_history[0][0] for rv in ranks.values() if rv.loss_history), default=now
         )
-        if self.nodes_view.update_spreads(view):
-            self._render_spreads(view, t0)
-            return
-        losses = {r: rv.loss_history for r, rv in ranks.items()}
-        self.query_one("#chart-loss", MetricChart).set_series(
-            losses, t0=t0, highlight=self._log_rank
-        )
-        rates = {r: rv.samples_history for r, rv in ranks.items()}
-        self.query_one("#chart-sps", MetricChart).set_series(rates, t0=t0, highlight=self._log_rank)
-
-    def _render_spreads(self, view: RunView, t0: float) -> None:
-        """A big run's charts: min / median / max of every rank's latest point, a point a poll,
-        and the followed rank's own line."""
-        followed = view.ranks.get(self._log_rank) if self._log_rank is not None else None
-        spreads = self.nodes_view.spreads
-        for key, _, history in SPREAD_CHARTS:
-            self.query_one(f"#chart-{key}", MetricChart).set_spread(
-                spreads[key],
-                t0=t0,
-                highlight=self._log_rank,
-                followed=list(getattr(followed, history)) if followed is not None else (),
-            )
+        charts, rank = self.query_one(RunCharts), self._log_rank
+        if self.nodes_view.update_spreads(view):  # past BIG_RUN ranks: the spreads
+            followed = ranks.get(rank) if rank is not None else None
+            charts.show_spreads(self.nodes_view.spreads, followed, t0=t0, highlight=rank)
+        else:
+            charts.show_ranks(ranks, t0=t0, highlight=rank)
 
     def _render_banners(self, view: RunView) -> None:
         banner = self.query_one("#failure-banner", Static)

@@ -25,6 +25,7 @@ from textual.containers import Vertical
 from textual.message import Message
 
 from xl.textsafe import visible
+from xl.tui.widgets.charts import RUN_CHARTS
 from xl.tui.widgets.node_summary import Summary, is_big, summarise
 from xl.tui.widgets.node_table import NodeTable, outliers_text
 from xl.tui.widgets.rank_table import RankTable
@@ -33,10 +34,6 @@ from xl.tui.widgets.text_lines import TextLines
 
 if TYPE_CHECKING:
     from xl.launcher.view.runview import RankView, RunView
-
-# A big run's charts: (chart key, the RankView field of the latest point, that field's history).
-SPREAD_CHARTS = (("loss", "loss", "loss_history"), ("sps", "samples_per_s", "samples_history"))
-
 
 class NodesView(Vertical):
     """The Monitor's ranks: a row per rank for a small run; past BIG_RUN ranks the outliers and a
@@ -65,7 +62,7 @@ class NodesView(Vertical):
         self.active = False  # the run is past BIG_RUN ranks: nodes lead
         self.drilled: str | None = None  # the node whose ranks the rank table shows
         self.summary: Summary | None = None
-        self.spreads = {key: Spread() for key, _, _ in SPREAD_CHARTS}
+        self.spreads = {key: Spread() for key, _, _ in RUN_CHARTS}
         self._view: RunView | None = None  # the last poll's, for a node cursor moved meanwhile
 
     def compose(self) -> ComposeResult:
@@ -132,7 +129,7 @@ class NodesView(Vertical):
         the run is small and the screen draws a line per rank."""
         if not is_big(view.ranks):
             return False
-        for key, value, history in SPREAD_CHARTS:
+        for key, value, history in RUN_CHARTS:
             self.spreads[key].update(view.ranks, value, history)
         return True
 

@@ -3,7 +3,7 @@
 Such a rank's output stays in its own node's run dir (docs/multinode.md, "Node 0 is the run's one
 view"); node 0 holds at most the last lines its node sent as the rank exited. So while the run
 lives, the pane of the rank the person follows asks its node for it through node 0's supervisor
-(``Backend.rank_output``, the door ``xl logs RUN --rank R`` uses): the last KEEP_BYTES first, then
+(``Backend.rank_output``, the way ``xl logs RUN --rank R`` asks): the last KEEP_BYTES first, then
 what the rank adds, by offset, at most every FETCH_EVERY_S, one piece (64 KiB at most) a time.
 Only the followed rank is asked, on the Monitor's poller thread, never the event loop. When the
 node cannot answer (unreachable, or the run is over) the pane shows the lines node 0 kept, or
@@ -117,56 +117,56 @@ class RemoteLog:
         def local(reset: bool) -> list[str]:
             return self.read_local(reader, rank, reset, self.tailed)
 
-        state = self._asking
-        if reset or state is None or state.rank != rank:
+        asking = self._asking
+        if reset or asking is None or asking.rank != rank:
             where = remote_node(view, rank)
             if where is None:
                 self._asking = None
                 return local(reset)
-            state = self._asking = _Asking(rank, *where)
+            asking = self._asking = _Asking(rank, *where)
             reset = True
-        if state.local:
+        if asking.local:
             return local(reset)
         now = self.clock()
-        if not reset and now < state.next_at:
+        if not reset and now < asking.next_at:
             return []
-        piece = None if view.final else self._fetch(backend, state)
+        piece = None if view.final else self._fetch(backend, asking)
         if piece is not None:
-            state.next_at, state.told = now + FETCH_EVERY_S, False
+            asking.next_at, asking.told = now + FETCH_EVERY_S, False
             if not reset:
                 return piece
             # Its first line says what was left out, when anything was.
-            note = skipped_note(self.run, rank, state.node, state.host)
+            note = skipped_note(self.run, rank, asking.node, asking.host)
             cut = bool(piece) and piece[0] == note
             body = piece[1:] if cut else piece
             if cut or len(body) > self.tail:
                 return LogLines([note, *body[-self.tail :]])
             return LogLines(body)
-        state.next_at = now + RETRY_S
+        asking.next_at = now + RETRY_S
         if reader.log_path(rank).is_file():
             # The run is over (or the node is gone) and node 0 kept the rank's last lines.
-            state.local = True
+            asking.local = True
             kept = local(True)
             return LogLines(
-                [kept_note(rank, state.node, state.host), *kept],
+                [kept_note(rank, asking.node, asking.host), *kept],
                 skipped=getattr(kept, "skipped", 0),
                 path=getattr(kept, "path", None),
             )
-        if view.final and state.told:
+        if view.final and asking.told:
             return []
-        line = where_line(self.run, rank, state.node, state.host)
+        line = where_line(self.run, rank, asking.node, asking.host)
         if reset:
-            state.told = True
+            asking.told = True
             return LogLines([line])
-        if state.told:
+        if asking.told:
             return []
-        state.told = True
+        asking.told = True
         return [line]
 
-    def _fetch(self, backend: Backend, state: _Asking) -> list[str] | None:
+    def _fetch(self, backend: Backend, asking: _Asking) -> list[str] | None:
         """The next piece's whole lines (None: the node did not answer)."""
-        start = state.offset or 0
-        answer = self._piece(backend, state, start)
+        start = asking.offset or 0
+        answer = self._piece(backend, asking, start)
         if answer is None:
             return None
         data, size = answer
@@ -175,29 +175,22 @@ class RemoteLog:
             # More than KEEP_BYTES behind (the first ask, or a rank writing faster than the pane
             # reads): start again at the output's last KEEP_BYTES, from its next line.
             start = size - KEEP_BYTES
-            answer = self._piece(backend, state, start)
+            answer = self._piece(backend, asking, start)
             if answer is None:
                 return None
             data, size = answer
-            state.offset, state.partial = start + len(data), b""
+            asking.offset, asking.partial = start + len(data), b""
             data = data[data.find(b"\n") + 1 :]
-            notes.append(skipped_note(self.run, state.rank, state.node, state.host))
+            notes.append(skipped_note(self.run, asking.rank, asking.node, asking.host))
         else:
-            state.offset = start + len(data)
-        *whole, state.partial = (state.partial + data).split(b"\n")
-        if len(state.partial) > KEEP_BYTES:  # a line without end: shown as it is so far
-            whole.append(state.partial)
-            state.partial = b""
+            asking.offset = start + len(data)
+        *whole, asking.partial = (asking.partial + data).split(b"\n")
+        if len(asking.partial) > KEEP_BYTES:  # a line without end: shown as it is so far
+            whole.append(asking.partial)
+            asking.partial = b""
         return notes + [line.decode("utf-8", "replace") for line in whole]
 
-    def _piece(self, backend: Backend, state: _Asking, offset: int) -> tuple[bytes, int] | None:
+    def _piece(self, backend: Backend, asking: _Asking, offset: int) -> tuple[bytes, int] | None:
         """A piece of the rank's output from ``offset``, as bytes, and the output's size."""
-        piece = backend.rank_output(self.run_dir, state.rank, state.node, offset)
-        if piece is None:
-            return None
-        data = str(piece.get("data") or "")
-        return data.encode("utf-8", "surrogateescape"), _int(piece.get("size"))
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+        piece = backend.rank_output(self.run_dir, asking.rank, asking.node, offset)
+        return None if piece is None else (piece.data, piece.size)

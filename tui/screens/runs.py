@@ -40,13 +40,13 @@ FULL_WIDTH = 100
 MIN_WIDTH = {"status": 9, "dur": 7}
 
 
-def run_cells(info: RunInfo, now: float) -> dict[str, Any]:
+def run_cells(info: RunInfo, now: float) -> dict[str, fmt.Cell]:
     start, end = info.started_at, info.ended_at
     status = info.status or "?"
-    cell = fmt.state(status)
+    cell = fmt.coloured(status)
     if status == "running" and not info.supervisor_alive:
         # run.json says running but its supervisor is gone (machine rebooted, kill -9).
-        cell = fmt.state("orphaned")
+        cell = fmt.coloured("orphaned")
     return {
         "status": cell,
         "start": time.strftime("%Y-%m-%d %H:%M", time.localtime(start)) if start else "-",

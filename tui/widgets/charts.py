@@ -1,9 +1,9 @@
 """Loss / throughput over time: one line per rank, or min/median/max bands for wide runs.
 
 A line-API widget that draws with braille dots (2 x 4 per cell) under a title with the legend,
-a y axis on the left and the x axis (seconds since the run started) at the bottom. It used to be
-a plotext plot: building one took ~15 ms (plotext's canvas, then its ANSI output parsed back into
-Rich text), for every chart at every refresh where data changed, which made the charts the
+a y axis on the left and the x axis (seconds since the run started) at the bottom. Not a plotext
+plot: building one takes ~15 ms (plotext's canvas, then its ANSI output parsed back into Rich
+text), for every chart at every refresh where data changed, which would make the charts the
 costliest part of the Monitor. This one draws the same picture from at most two points per dot
 column in well under a millisecond, and only when its data or size changed. Wide runs redraw
 every few seconds, so the drawing itself is kept lean too: the finite points and the bounds are
@@ -22,14 +22,19 @@ from typing import TYPE_CHECKING, Any
 
 from rich.segment import Segment
 from rich.style import Style
+from textual.app import ComposeResult
+from textual.containers import Vertical
 from textual.strip import Strip
 from textual.widget import Widget
 
 from xl.stats import median_sorted
 
 if TYPE_CHECKING:
+    from xl.launcher.view.runview import RankView
     from xl.tui.widgets.spread import Spread
 
+# The Monitor's charts: (chart key, the RankView field of a rank's latest point, its history).
+RUN_CHARTS = (("loss", "loss", "loss_history"), ("sps", "samples_per_s", "samples_history"))
 # Past this many ranks, per-rank lines become an unreadable tangle: draw the spread instead.
 BAND_THRESHOLD = 8
 BINS = 60
@@ -372,3 +377,35 @@ def _style(cache: dict[str | None, Style], base: Style, colour: str | None) -> S
     if style is None:
         style = cache[colour] = base if colour is None else base + Style(color=colour)
     return style
+
+
+class RunCharts(Vertical):
+    """The Monitor's two charts, loss and samples/s: a line per rank (bands past BAND_THRESHOLD
+    ranks), or for a big run the spreads of every rank's latest point (Spread)."""
+
+    def compose(self) -> ComposeResult:
+        yield MetricChart("loss", id="chart-loss")
+        yield MetricChart("samples/s", id="chart-sps")
+
+    def show_ranks(
+        self, ranks: Mapping[int, RankView], *, t0: float, highlight: int | None
+    ) -> None:
+        for key, _, history in RUN_CHARTS:
+            series = {r: getattr(rv, history) for r, rv in ranks.items()}
+            self.query_one(f"#chart-{key}", MetricChart).set_series(
+                series, t0=t0, highlight=highlight
+            )
+
+    def show_spreads(
+        self, spreads: Mapping[str, Spread], followed: RankView | None, *, t0: float,
+        highlight: int | None,
+    ) -> None:
+        """A big run's charts: min / median / max, a point a poll, and the followed rank's
+        own line."""
+        for key, _, history in RUN_CHARTS:
+            self.query_one(f"#chart-{key}", MetricChart).set_spread(
+                spreads[key],
+                t0=t0,
+                highlight=highlight,
+                followed=list(getattr(followed, history)) if followed is not None else (),
+            )

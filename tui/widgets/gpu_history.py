@@ -1,8 +1,8 @@
 """Per-GPU utilization history: one sparkline per GPU, fed a sample each poll.
 
-One line-API widget draws every GPU's label and sparkline. It used to be a row of Label + Sparkline
-widgets per GPU; each poll then re-rendered 8 sparklines through Rich plus every container under
-them, which was most of the GPUs screen's CPU. Same picture, a fraction of the work.
+One line-API widget draws every GPU's label and sparkline: a Label + Sparkline per GPU would
+render 8 sparklines through Rich, and every container under them, on each poll (most of the GPUs
+screen's CPU, measured); the same picture drawn a line at a time costs a fraction of that.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.color import Color
 from rich.segment import Segment
@@ -19,6 +19,9 @@ from textual.geometry import Size
 from textual.renderables._blend_colors import blend_colors
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+
+if TYPE_CHECKING:
+    from xl.gpu.inventory import GPU
 
 HISTORY = 60  # samples kept per GPU: one minute at the 1 s poll
 BARS = "▁▂▃▄▅▆▇█"
@@ -98,7 +101,7 @@ class GPUHistory(ScrollView):
         super().notify_style_update()
         self._colors = None
 
-    def update_gpus(self, gpus: Sequence[Any]) -> None:
+    def update_gpus(self, gpus: Sequence[GPU]) -> None:
         order = [g.index for g in gpus]
         for gpu in gpus:
             samples = self.samples.get(gpu.index)

@@ -16,6 +16,7 @@ from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey, RowKey
 
 from xl.tui import fmt
+from xl.tui.fmt import Cell
 
 if TYPE_CHECKING:
     from xl.gpu.inventory import GPU
@@ -53,7 +54,7 @@ _CACHES = (
 )
 
 
-def value_key(value: Any) -> Any:
+def value_key(value: Cell) -> tuple[object, ...]:
     """A hashable stand-in for a cell value (rich Text is mutable, so not hashable)."""
     if isinstance(value, Text):
         spans = tuple((sp.start, sp.end, str(sp.style)) for sp in value.spans)
@@ -84,7 +85,7 @@ def _procs(gpu: GPU, compact: bool = False) -> str:
     return " ".join(parts) or "-"
 
 
-def gpu_cells(gpu: GPU, position: int | None, compact: bool = False) -> dict[str, Any]:
+def gpu_cells(gpu: GPU, position: int | None, compact: bool = False) -> dict[str, Cell]:
     """A GPU's row; ``compact``: the model without "NVIDIA " and half-width meters."""
     bar = 4 if compact else 8
     if gpu.lost:
@@ -295,7 +296,7 @@ class GPUTable(LiveTable):
         if self.row_count:
             self.move_cursor(row=min(cursor, self.row_count - 1))
 
-    def update_gpus(self, gpus: Sequence[Any], order: Sequence[int]) -> None:
+    def update_gpus(self, gpus: Sequence[GPU], order: Sequence[int]) -> None:
         self._last = (gpus, list(order))
         present = {str(g.index) for g in gpus}
         for key in [k for k in self._cells if k not in present]:

@@ -1,4 +1,5 @@
-"""A big run in a few lines: a row per node and the ranks that stand out (docs/app.md, 'Past 64 ranks').
+"""A big run in a few lines: a row per node and the ranks that stand out (docs/app.md, 'Past 64
+ranks').
 
 Past BIG_RUN ranks a table of every rank is more than a person reads, and more than a refresh
 should cost; the Monitor leads instead with what this module works out from one poll's RankViews:

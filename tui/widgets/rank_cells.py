@@ -8,7 +8,7 @@ then comes from the widget's cache.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.cells import cell_len, set_cell_size
 from rich.console import Console
@@ -17,6 +17,7 @@ from rich.style import Style
 from rich.text import Text
 
 from xl.tui import fmt
+from xl.tui.fmt import Cell
 from xl.tui.widgets.text_lines import text_segments
 
 if TYPE_CHECKING:
@@ -75,18 +76,27 @@ def split_cell(step_s: float | None, parts: tuple[float, ...] | None, cells: int
     return text
 
 
-def rank_values(rv: RankView, now: float, node: str | None) -> tuple[Any, ...]:
+# A rank's row as plain values (rank_values), in format_cells' order: rank, state, step, total
+# steps, loss, samples/s, GPU util, its memory on its GPU, the GPU's total, RSS, GPU, node, last
+# seen, eval loss, eval epoch, step time, the step's split, its footprint.
+_N = float | None
+RankValues = tuple[
+    int, str, _N, _N, _N, _N, _N, _N, _N, _N, int | str | None, str | None, str, _N, _N, _N,
+    tuple[float, ...] | None, _N,
+]
+
+
+def rank_values(rv: RankView, now: float, node: str | None) -> RankValues:
     """What a rank's row shows, as plain values: cheap to compare with what the row showed last
     (a row is drawn again only when they differ)."""
-    # Read with getattr: a RunView from before the step split (an older reader) has no such fields.
-    split = getattr(rv, "split", None)
+    split = rv.split
     return (
         rv.rank,
         rv.state,
         rv.step,
         rv.total_steps,
         rv.loss,
-        getattr(rv, "row_samples_per_s", rv.samples_per_s),  # the run's, once the rank ended
+        rv.row_samples_per_s,  # the run's, once the rank ended
         rv.gpu_util,
         # The rank's own memory on its GPU: the whole GPU's use is every process's, and the
         # GPU table shows it.
@@ -97,14 +107,14 @@ def rank_values(rv: RankView, now: float, node: str | None) -> tuple[Any, ...]:
         node,
         fmt.ago(rv.last_seen, now),
         rv.eval_loss,
-        getattr(rv, "eval_epoch", None),  # the eval's own epoch, not where training is now
-        getattr(rv, "step_s", None),
+        rv.eval_epoch,  # the eval's own epoch, not where training is now
+        rv.step_s,
         None if split is None else tuple(split[key] for key, _, _, _ in PHASES),
-        getattr(rv, "mem_mib", None),
+        rv.mem_mib,
     )
 
 
-def format_cells(values: tuple[Any, ...], bar: int = 6) -> dict[str, Any]:
+def format_cells(values: RankValues, bar: int = 6) -> dict[str, Cell]:
     """The row's cells (str or rich Text) from rank_values; ``bar``: the cells of the step's bar."""
     (
         rank,
@@ -126,7 +136,7 @@ def format_cells(values: tuple[Any, ...], bar: int = 6) -> dict[str, Any]:
         split,
         footprint,
     ) = values
-    mem: Any
+    mem: Cell
     if gpu is not None:  # what the rank's processes hold on its GPU, against the GPU's size
         mem = "-" if own is None else fmt.meter(own / total if total else None, 4, fmt.mib(own))
     elif footprint is not None:
@@ -150,7 +160,7 @@ def format_cells(values: tuple[Any, ...], bar: int = 6) -> dict[str, Any]:
         "sps": fmt.rate(sps),
         "loss": fmt.number(loss),
         "seen": seen,
-        "state": fmt.state(state),
+        "state": fmt.coloured(state),
         "eval": eval_cell(evl, eval_epoch),
     }
 
@@ -163,7 +173,7 @@ def eval_cell(eval_loss: float | None, epoch: float | None) -> str:
 
 
 def cell_segments(
-    value: Any, width: int, under: Style, over: Style, console: Console
+    value: Cell, width: int, under: Style, over: Style, console: Console
 ) -> list[Segment]:
     """A cell as drawn in a row: padding, then its text cut or padded to ``width``, in the row's
     style under the cell's own and the cursor's colour over both."""

@@ -1,11 +1,11 @@
 """The selected rank's output, following the end of its log, long lines wrapped as a terminal
 wraps them (a traceback's last line, the one that says what went wrong, is often the longest).
 
-Following is a state of the view, not of its scroll position at the moment lines come: it shows
+Following is a mode of the view, not its scroll position at the moment lines come: it shows
 the newest line whatever happens around it (a log already long when the view opens, a banner or
 a second header line that makes the pane shorter, a narrower terminal), until the person scrolls
 back; scrolled to the end again (or ``follow_end``, the Monitor's `f`), it follows again. Each
-change of the state is posted (``RankLog.Following``) so the pane's title can say it.
+change of it is posted (``RankLog.Following``) so the pane's title can say it.
 
 The view holds a rank's last lines only: when it starts at a log's end, or more lines come than it
 keeps, its first line says how many of the log's lines are not in it and where they all are

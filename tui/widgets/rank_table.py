@@ -28,11 +28,13 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from xl.launcher.view.runview import node_order
+from xl.tui.fmt import Cell
 from xl.tui.widgets.cursor_keys import CursorKeys
 from xl.tui.widgets.gpu_table import value_key
 from xl.tui.widgets.rank_cells import (
     PADDING,
     TIME_WIDTH,
+    RankValues,
     cell_segments,
     format_cells,
     join_row,
@@ -182,8 +184,8 @@ class RankTable(CursorKeys, ScrollView, can_focus=True):
         self._rows: list[int] = []  # ranks in row order
         self._index: dict[int, int] = {}  # rank -> row
         # rank -> (rank_values, whether it is the first row of its node)
-        self._values: dict[int, tuple[tuple[Any, ...], bool]] = {}
-        self._cells: dict[int, dict[str, Any]] = {}  # rank -> formatted cells, once drawn
+        self._values: dict[int, tuple[RankValues, bool]] = {}
+        self._cells: dict[int, dict[str, Cell]] = {}  # rank -> formatted cells, once drawn
         self._cell_keys: dict[int, dict[str, Any]] = {}  # rank -> column -> value_key of its cell
         self._version: dict[int, int] = {}  # rank -> bumped whenever one of its cells changes
         self._strips: dict[int, tuple[Any, Strip]] = {}  # rank -> (what it was drawn from, line)
@@ -215,22 +217,22 @@ class RankTable(CursorKeys, ScrollView, can_focus=True):
     def current_rank(self) -> int | None:
         return self._rows[self.cursor_row] if self._rows else None
 
-    def cell(self, rank: int, column: str) -> Any:
+    def cell(self, rank: int, column: str) -> Cell:
         """What the row of ``rank`` shows in ``column`` (a str or a rich Text)."""
         return self._cells_of(rank)[column]
 
-    def column(self, column: str) -> list[Any]:
+    def column(self, column: str) -> list[Cell]:
         """Every row's value in ``column``, top to bottom."""
         return [self._cells_of(rank)[column] for rank in self._rows]
 
-    def _cells_of(self, rank: int) -> dict[str, Any]:
+    def _cells_of(self, rank: int) -> dict[str, Cell]:
         cells = self._cells.get(rank)
         if cells is None:
             values, first = self._values[rank]
             time = next((w for key, _, w in self._columns if key == "time"), 12)
             cells = self._cells[rank] = format_cells(values, bar=time - TIME_WIDTH - 1)
             if self.grouped:
-                cells["node"] = Text(cells["node"], style="bold" if first else "dim")
+                cells["node"] = Text(str(cells["node"]), style="bold" if first else "dim")
             self._cell_keys[rank] = {col: value_key(value) for col, value in cells.items()}
         return cells
 
@@ -306,7 +308,7 @@ class RankTable(CursorKeys, ScrollView, can_focus=True):
         """Show ``ranks`` (the RunView's) as of ``now``, each on the node ``labels`` names
         (RunView.node_labels)."""
         nodes = node_order(labels)
-        timed = any(getattr(rv, "step_s", None) is not None for rv in ranks.values())
+        timed = any(rv.step_s is not None for rv in ranks.values())
         columns = self._layout(nodes, any(rv.eval_loss is not None for rv in ranks.values()), timed)
         # A second node appeared (or a longer node name, or an eval): every line drawn again, once.
         relayout = self._relayout(columns)
