@@ -20,13 +20,15 @@ import atexit
 import contextlib
 import os
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from xl import envnames
 from xl.client.metricline import StepSource
 from xl.client.sender import Sender
 
 __all__ = ["active", "announce", "attach_steps", "flush", "log", "watch"]
+
+M = TypeVar("M")  # the script's model, handed back as it came
 
 EXIT_WAIT_S = 2.0
 
@@ -38,13 +40,13 @@ def active() -> bool:
     return _sender is not None
 
 
-def _noop_log(*args: Any, **scalars: Any) -> None:
+def _noop_log(*args: object, **scalars: object) -> None:
     return None
 
 
-def _positional(args: tuple[Any, ...], scalars: dict[str, Any]) -> dict[str, Any]:
+def _positional(args: tuple[object, ...], scalars: dict[str, object]) -> dict[str, object]:
     # xl.log({"loss": x}) (the wandb.log habit) works too: dicts are merged, keywords win.
-    merged: dict[str, Any] = {}
+    merged: dict[str, object] = {}
     for arg in args:
         if isinstance(arg, dict):
             merged.update((k, v) for k, v in arg.items() if isinstance(k, str))
@@ -59,7 +61,7 @@ def _make_log(sender: Sender) -> Any:
     now = time.time
     limit = sender.max_queue
 
-    def log(*args: Any, **scalars: Any) -> None:
+    def log(*args: object, **scalars: object) -> None:
         """Record scalars for this rank (e.g. ``step``, ``loss``, ``samples``); returns at once."""
         if args:
             scalars = _positional(args, scalars)
@@ -109,7 +111,7 @@ def flush(timeout: float = 5.0) -> bool:
         return False
 
 
-def watch(model: Any, process_group: Any = None) -> Any:
+def watch(model: M, process_group: object = None) -> M:
     """Time this rank's wait at DDP's gradient all-reduce (to name stragglers); returns model.
 
     A no-op for models that are not DistributedDataParallel and outside an xl run.

@@ -65,9 +65,10 @@ class _Skip:
     """A value that cannot be stored: its key is left out of the record."""
 
 
-SKIP: Any = _Skip()
+SKIP = _Skip()
 
 
+# edge: the script's own values, read as they are turned into the wire's line
 def scalar(value: Any) -> Any:
     """The JSON scalar stored for ``value``, or SKIP; never raises (the script's objects may)."""
     kind = type(value)
@@ -134,7 +135,7 @@ def train_line(
 
 
 def drain(
-    queue: deque[tuple[float, dict[str, Any]]],
+    queue: deque[tuple[float, dict[str, object]]],
     rank: int,
     last_rate_t: dict[str, float],
     own: OwnTrain,

@@ -19,6 +19,7 @@ socket, and one with something sends it in one frame.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections import deque
@@ -74,7 +75,7 @@ class Sender:
             self.link.ack_stale_s = min(self.link.ack_stale_s, max(1.0, node_timeout / 4))
         self.link.on_acked = self._replay_acked
         self.spool = Spool(os.environ.get(envnames.RUN_DIR), self.rank, self.pid)
-        self.queue: deque[tuple[float, dict[str, Any]]] = deque()
+        self.queue: deque[tuple[float, dict[str, object]]] = deque()
         # Overridable so tests can make the queue overflow on purpose.
         self.max_queue = max(1, _env_int(envnames.LOG_QUEUE, MAX_QUEUE))
         self.comm = CommWatch()
@@ -112,7 +113,7 @@ class Sender:
 
     # What tests and failure messages read: the link's state.
     @property
-    def sock(self) -> Any:
+    def sock(self) -> socket.socket | None:
         return self.link.sock
 
     @property

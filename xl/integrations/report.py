@@ -32,7 +32,7 @@ def claim(name: str) -> bool:
     return _owner == name
 
 
-def state_of(owner: Any, factory: Callable[[], T]) -> T:
+def state_of(owner: object, factory: Callable[[], T]) -> T:
     """xl's state for ``owner`` (an Accelerator, a DeepSpeed engine), made on first use and kept
     in the object's own ``__dict__``: its class's properties and slots are never touched."""
     state = owner.__dict__.get("_xl_steps")
@@ -41,7 +41,7 @@ def state_of(owner: Any, factory: Callable[[], T]) -> T:
     return state
 
 
-def batch_size(batch: Any, depth: int = 0) -> int:
+def batch_size(batch: object, depth: int = 0) -> int:
     """The leading dimension of the first tensor in ``batch`` (a tensor, a mapping, a sequence);
     0 when none is found. Reads shapes only: never waits for the device."""
     if depth > 3 or batch is None:
@@ -49,8 +49,9 @@ def batch_size(batch: Any, depth: int = 0) -> int:
     shape = getattr(batch, "shape", None)
     if shape is not None:
         return int(shape[0]) if len(shape) else 0
-    if callable(getattr(batch, "values", None)):  # dicts, HF's BatchEncoding
-        items: Any = batch.values()
+    values = getattr(batch, "values", None)
+    if callable(values):  # dicts, HF's BatchEncoding
+        items: Any = values()
     elif isinstance(batch, (list, tuple)):
         items = batch
     else:

@@ -35,9 +35,9 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from xl.integrations.devclock import DeviceClock, Timed
+from xl.integrations.devclock import DeviceClock, Event, Timed
 from xl.integrations.report import batch_size
 
 # A non-leading optimizer that steps this many times while the leader does not takes the lead
@@ -50,7 +50,11 @@ FOLD_LOSSES = 64
 
 
 class Loss(Protocol):
-    """A loss as the clock keeps it: a 0-d tensor, read only on the sender thread."""
+    """A loss as the clock keeps it: a 0-d tensor (torch is not imported here), read only on the
+    sender thread."""
+
+    @property
+    def ndim(self) -> int: ...
 
     def detach(self) -> Loss: ...
 
@@ -125,7 +129,7 @@ class StepClock:
         self.cuda_clock: DeviceClock | None = None
         self.device: DeviceClock | None = None
         self.wants_device = False
-        self.dev_mark: object = None  # the event at the end of the autograd graph
+        self.dev_mark: Event | None = None  # the event at the end of the autograd graph
         # Ended steps waiting for the sender (xl.integrations.steplines).
         self.ended: deque[Ended] = deque(maxlen=100_000)
         # DataLoader batches handed out with grad disabled (an eval loop), counted by the hook;
@@ -193,7 +197,7 @@ class StepClock:
             return
         self.fwd_samples += batch_size(args) or batch_size(kwargs)
 
-    def backward(self, tensor: Any) -> None:  # a tensor; torch is not imported here
+    def backward(self, tensor: Loss) -> None:
         """backward() begins on ``tensor``: the step's loss is the sum of those before the step
         (its micro-batches), or the first one inside it (LBFGS's closure)."""
         if getattr(tensor, "ndim", None) != 0:
@@ -218,7 +222,7 @@ class StepClock:
         else:
             self.loss = [loss, value.detach()]
 
-    def scale(self, out: object, loss: Any) -> None:  # GradScaler's output and its input
+    def scale(self, out: object, loss: Loss) -> None:
         if getattr(loss, "ndim", None) == 0:
             try:
                 self.scaled = (weakref.ref(out), loss)

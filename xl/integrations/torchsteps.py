@@ -30,6 +30,7 @@ import functools
 import importlib
 import threading
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from xl import client
@@ -46,7 +47,7 @@ def clock() -> StepClock | None:
     return _clock
 
 
-def instrument(torch: Any) -> None:
+def instrument(torch: ModuleType) -> None:
     """Hook ``torch`` (just imported) so this rank reports its steps; once per process."""
     global _clock
     if _clock is not None or getattr(torch, "_xl_steps", False):
@@ -56,12 +57,12 @@ def instrument(torch: Any) -> None:
     steps = StepClock()
     steps.on_first_step = client.announce
     hook(torch, steps)
-    torch._xl_steps = True
+    torch.__dict__["_xl_steps"] = True  # the module's own attribute: instrumented once
     _clock = steps
     client.attach_steps(StepLines(steps).collect, LINE_EVERY_S, HOLD_S)
 
 
-def hook(torch: Any, steps: StepClock) -> Callable[[], None]:
+def hook(torch: ModuleType, steps: StepClock) -> Callable[[], None]:
     """Put the patches in place for ``steps``; returns what takes them out again (tests)."""
     undo = [_patch_optimizer(torch, steps)]  # without the steps there is nothing: may raise
     for patch in (_patch_backward, _patch_scaler, _patch_dataloader, _patch_module, _patch_wait):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from types import ModuleType
 from typing import Any
 
 from transformers import TrainerCallback
@@ -141,7 +142,7 @@ def _attach(trainer: Any) -> None:
     claim("transformers")  # its Accelerator's backward is the Trainer's, not the script's
 
 
-def instrument(module: Any) -> None:
+def instrument(module: ModuleType) -> None:
     """Every Trainer (subclasses too) made after ``transformers.trainer`` loads gets a callback."""
     cls = module.Trainer
     if getattr(cls, "_xl_instrumented", False):
