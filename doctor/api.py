@@ -1,4 +1,4 @@
-"""The doctor's one door for the launcher: what `xl launch` and a failed run's causes ask it.
+"""The doctor's API for the launcher: what `xl launch` and a failed run's causes ask it.
 
 The launcher imports nothing else of `xl.doctor` (tests/test_layout.py holds it to that), so what
 the doctor knows (its facts, its checks, its fixes tried before they are printed) can move about

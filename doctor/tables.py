@@ -57,7 +57,7 @@ def compiler_max_from_table(kind: str, cuda_version: str | None) -> int | None:
 def parse_host_config(text: str) -> tuple[int | None, int | None, int | None, int | None]:
     """(gcc_min, gcc_max, clang_min, clang_max) from include/crt/host_config.h.
 
-    The header guards each compiler with `#if <condition>` followed by `#error -- unsupported GNU
+    The header checks each compiler with `#if <condition>` followed by `#error -- unsupported GNU
     version!` / `#error -- unsupported clang version!`; the condition names the bounds.
     """
     gcc_min = gcc_max = clang_min = clang_max = None

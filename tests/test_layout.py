@@ -5,8 +5,8 @@ tests enforce"):
   ``if TYPE_CHECKING:`` excepted: they never run);
 - each layer imports only what the layer table (LAYERS) lets it: the lowest layer (``xl``)
   nothing of doctor/, launcher/ or tui/; the doctor neither the launcher nor the app; the
-  launcher the doctor only through its door, ``xl.doctor.api`` (type-only imports count here:
-  types come through the door too); and the training-side client reaches none of them,
+  launcher the doctor only through the doctor's API, ``xl.doctor.api`` (type-only imports count
+  here: types come through the API too); and the training-side client reaches none of them,
   directly or through another module;
 - no module over 500 lines, no class over 300;
 - an import inside a function says why (``# noqa: PLC0415 - <reason>``);
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # folder -> import name of the package it holds (pyproject.toml's package-dir)
 FOLDERS = {"xl": "xl", "doctor": "xl.doctor", "launcher": "xl.launcher", "tui": "xl.tui"}
 # The layer table (docs/architecture.md, "Layers"): each layer, and what its modules may import:
-# a layer named here (any of its modules) or one module of another layer (that layer's door).
+# a layer named here (any of its modules) or one module of another layer (that layer's API).
 # A module belongs to the longest layer name its own name starts with.
 LAYERS: dict[str, tuple[str, ...]] = {
     "xl": ("xl",),
@@ -40,7 +40,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "xl.launcher": ("xl", "xl.launcher", "xl.doctor.api"),
     "xl.tui": ("xl", "xl.doctor", "xl.launcher", "xl.tui"),
 }
-# Modules that still cross the table, each with the way through the door it is to take. An entry
+# Modules that still cross the table, each with the way through the API it is to take. An entry
 # that no longer crosses fails too, so this list only shrinks.
 CROSSING: dict[str, str] = {}
 MAX_MODULE_LINES = 500
@@ -245,7 +245,7 @@ def _imports_by_module() -> dict[str, list[tuple[int, str, set[str]]]]:
 
 def test_the_layer_checker_names_the_import_that_crosses() -> None:
     """The checker on made-up imports: a doctor module reaching the launcher or the app, and a
-    launcher module reaching past the doctor's door, are named with their line; the door itself,
+    launcher module reaching past the doctor's API, are named with their line; the API itself,
     the lowest layer and the app's reach everywhere pass."""
     made_up = {
         "xl.doctor.checks.gpu": [
@@ -274,7 +274,7 @@ def test_the_layer_checker_names_the_import_that_crosses() -> None:
 
 def test_each_layer_imports_only_what_the_layer_table_allows() -> None:
     imports = _imports_by_module()
-    assert "xl.doctor.api" in imports, "the doctor's door, xl.doctor.api, is gone"
+    assert "xl.doctor.api" in imports, "the doctor's API, xl.doctor.api, is gone"
     found = crossings(imports)
     crossing = {line.partition(":")[0] for line in found}
     gone = sorted(set(CROSSING) - crossing)

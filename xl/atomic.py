@@ -46,8 +46,9 @@ def write_json_atomic(path: str | os.PathLike[str], obj: object) -> None:
 
 def write_unsynced(path: str, data: bytes) -> None:
     """Replace ``path`` atomically with a private (0600) file holding ``data``, without waiting for
-    the disk: a rank's start files (its PID, this door) say how to reach a live process, which no
-    power cut outlives; an fsync here held every rank's start 5-12 ms on a busy machine."""
+    the disk: a rank's start files (its PID, its stacks socket) say how to reach a live process,
+    which no power cut outlives; an fsync here held every rank's start 5-12 ms on a busy
+    machine."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)

@@ -6,8 +6,8 @@ docs/contracts.md).
 - ``words``: what torch's, NCCL's, Python's and the command-line libraries' messages mean (pure
   text);
 - ``host``: what the machine says (the kernel's OOM killer, memory cgroups, who holds a port);
-- ``door``: the doctor's checks and fixes (wheels and arch lists, shared memory, NCCL, compute
-  mode), the one way a cause reaches them;
+- ``doctor_facts``: the doctor's checks and fixes (wheels and arch lists, shared memory, NCCL,
+  compute mode), the one way a cause reaches them;
 - ``evidence``: what is known of a dead rank, and what every cause is made of;
 - ``gpu``: the GPU's, NCCL's and shared memory's causes, with the doctor's fixes;
 - ``why``: the evidence of one dead rank as a ``Cause`` (``explain``).
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["Evidence", "explain", "one_line", "peer_loss"]
 
 # Exported lazily: the supervisor reads a zombie's exit (``host``) and a peer's loss (``words``)
-# the moment a rank dies, before anything is explained; ``explain`` and the doctor's door load
+# the moment a rank dies, before anything is explained; ``explain`` and the doctor's API load
 # only when a cause is made.
 _HOMES = {
     "Evidence": "evidence",

@@ -1,4 +1,4 @@
-"""The doctor's facts and fixes for a cause: the one door through which a failed run asks
+"""The doctor's facts and fixes for a cause: the one way a failed run asks
 `xl doctor` (docs/launch.md, "Why a rank died").
 
 What "no kernel image" means for this torch wheel and these GPUs, what a GPU's compute mode

@@ -1,6 +1,6 @@
-"""The doctor's door for the launcher (xl.doctor.api): a failed run's causes get the registry's
+"""The doctor's API for the launcher (xl.doctor.api): a failed run's causes get the registry's
 own checks and fixes on facts read for a failure, and those facts are this machine's. The launch's
-preflight through the same door is run end to end in tests/doctor/test_doctor_one_fix.py and
+preflight through the same API is run end to end in tests/doctor/test_doctor_one_fix.py and
 tests/e2e/test_doctor_health.py."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _facts(**kw: object) -> Facts:
     return Facts(**{"env": {}, "python": sys.executable, **kw})  # type: ignore[arg-type]
 
 
-def test_a_check_through_the_door_is_the_registrys_own() -> None:
+def test_a_check_through_the_api_is_the_registrys_own() -> None:
     small = _facts(shm_total=64 * MIB, shm_free=60 * MIB, shm_path="/mnt/shm")
     roomy = _facts(shm_total=16 << 30, shm_free=16 << 30)
     for f in (small, roomy):

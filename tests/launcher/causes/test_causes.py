@@ -540,9 +540,9 @@ def test_a_failure_s_cause_crosses_the_node_link_clipped_and_a_malformed_one_is_
             parse_message({"type": "failure", "failure": {**failure, "cause": bad}, "at": 1.0}, 1)
 
 
-def test_the_doctor_door_reads_the_gpus_as_the_doctor_does(simnvml: Any) -> None:
-    # The door reads NVML's inventory, health and fabric as the doctor's own probe gives them; a
-    # change of that probe's shape once left every cause without its GPU facts, silently.
+def test_the_doctor_s_facts_read_the_gpus_as_the_doctor_does(simnvml: Any) -> None:
+    # The doctor's API reads NVML's inventory, health and fabric as the doctor's own probe gives
+    # them: a cause whose probe answers in another shape has no GPU facts, and says nothing.
     with simnvml(gpus=2).in_process():
         facts = Doctor(python=sys.executable).facts()
     assert facts.nvml_problem in (None, "") and len(facts.gpus) == 2 and facts.driver is not None
