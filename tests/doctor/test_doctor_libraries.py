@@ -65,8 +65,8 @@ def test_an_older_cudnn_first_on_ld_library_path_fails_and_the_fix_works(
     assert "cuDNN version incompatibility" in c["detail"]
     # The one LD_LIBRARY_PATH every fix sets: without the old cuDNN, with the toolkit's lib64.
     assert c["fix"] == f"export LD_LIBRARY_PATH={tk / 'lib64'}:{sim.library_dir}"
-    # Said once: the LD_LIBRARY_PATH check refers to it (no longer "no conflicting CUDA
-    # libraries") and gives no second fix.
+    # Said once: the LD_LIBRARY_PATH check refers to it (not "no conflicting CUDA libraries")
+    # and gives no second fix.
     ld = by_id(report)["ld_library_path"]
     assert ld["status"] == "ok" and not ld["fix"], ld
     assert "no conflicting" not in ld["detail"] and f"{old}/libcudnn.so.9 (9.1.0)" in ld["detail"]
