@@ -22,6 +22,7 @@ from __future__ import annotations
 from enum import Enum
 
 from xl import envnames, settings
+from xl.units import ranks_text
 
 NODE_TIMEOUT_S = 30.0  # XL_NODE_TIMEOUT's default: silent this long, a node (or node 0) is gone
 # A link that closed without the node's end: lost after this long unless its ranks speak on.
@@ -73,9 +74,10 @@ def judge(
 
 def supervisor_gone_message(node: int, host: str, closed: bool, ranks: list[int]) -> str:
     how = "is gone (its connection closed)" if closed else "does not answer (frozen?)"
-    which = ", ".join(map(str, ranks)) or "?"
+    which = f"{ranks_text(ranks)} still send{'s' if len(set(ranks)) == 1 else ''}"
     return (
-        f"node {node} ({host or '?'}): its supervisor {how}, but its rank(s) {which} still send: "
+        f"node {node} ({host or '?'}): its supervisor {how}, but its "
+        f"{which if ranks else 'ranks still send'}: "
         "training goes on (their metrics still come here; their output is in "
         f"node {node}'s own run dir, and its last lines no longer come here at the end)"
     )
