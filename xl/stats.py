@@ -111,7 +111,7 @@ class RunningMedian:
     many values came since it was last read: the supervisor's diagnoses read each rank's median
     every second (the quiet spell; the stall rule past its least threshold), while the values
     come with the collector's records, up to ten a second a rank (sorting them at each of two
-    reads a second was most of the diagnoses' work at thousands of ranks)."""
+    reads a second would be most of the diagnoses' work at thousands of ranks)."""
 
     __slots__ = ("_ordered", "values")
 

@@ -4,7 +4,7 @@ The diagnoser hands its ``stalled`` events here instead of emitting them (``Diag
 The first stall of a hang starts one capture on a thread of its own (the sampler never waits on
 it); it writes ``stacks/<t>.json`` and one ``hang`` event naming the culprit(s), then the held
 ``stalled`` events go out reworded: a culprit's says where it is, a victim's says what it waits in
-and for whom (``waiting_on``), so the two no longer read alike. Stalls that come later in the same
+and for whom (``waiting_on``), so the two read apart. Stalls that come later in the same
 hang reuse its verdict. With no usable stacks (ranks not started by xl's entry), the events go out
 unchanged. A stall is a hang only by the rule `xl stacks` follows (xl.launcher.telemetry.stall):
 while another rank still progresses, the events go out unchanged.
@@ -190,7 +190,7 @@ class HangCapture:
             if not doc.verdict.mismatch:
                 return
             doc = replace(doc, file=capture.save(self.run_dir, doc))
-        except Exception as exc:  # the stall's capture still comes, as before
+        except Exception as exc:  # the stall's own capture comes all the same
             self._errors.say("the look for a collective mismatch failed", exc)
             return
         with self._lock:
@@ -230,7 +230,7 @@ class HangCapture:
                     plain, self._plain = self._plain, []
             if doc is not None:
                 self._say_hang(doc)
-                self._send(plain, doc)  # the stalls said before it, now with the hang's verdict
+                self._send(plain, doc)  # the stalls said before it, said again with its verdict
         with self._lock:
             if self._state == "retrying" and not stop.is_set():
                 self._state = "idle"  # nobody named after its retries: the next stall asks again
