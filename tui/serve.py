@@ -96,7 +96,7 @@ def make_server(
     from aiohttp import web  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
     from textual_serve.server import Server  # noqa: PLC0415 - an extra (xl-cluster[serve]); main() checked it
 
-    class GuardedServer(Server):
+    class TokenServer(Server):
         """textual-serve's server with every request behind the token, the websocket behind the
         Origin check, and nothing of its own on stdout."""
 
@@ -114,11 +114,11 @@ def make_server(
 
         async def _make_app(self) -> web.Application:
             app = await super()._make_app()
-            app.middlewares.append(self.guard)
+            app.middlewares.append(self.check_request)
             return app
 
         @web.middleware
-        async def guard(
+        async def check_request(
             self,
             request: web.Request,
             handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
@@ -157,7 +157,7 @@ def make_server(
             response.headers.setdefault("Referrer-Policy", "no-referrer")
             return response
 
-    server = GuardedServer(command, host=host, port=port, title="xl", public_url=public_url)
+    server = TokenServer(command, host=host, port=port, title="xl", public_url=public_url)
     server.allowed = origins(host, port, public_url)
     return server
 

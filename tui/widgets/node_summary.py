@@ -32,7 +32,7 @@ BIG_RUN = 64
 SLOW_RATIO = 1.25
 SLOWEST_SHOWN = 3
 # Stepping states: a straggler still steps, a rank waiting in a hang's collective is the hang
-# banner's (it names whom they wait for), not one rank's trouble.
+# banner's (it names whom they wait for), not one rank's fault.
 STEPPING = frozenset({"running", "straggler", "waiting"})
 # Not running, whether or not the run is over: the ranks a person looks for first.
 DOWN = ("failed", "stalled", "stopped", "exited")
