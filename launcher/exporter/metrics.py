@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -37,6 +36,7 @@ from xl.launcher.exporter.gpus import GPU, Buses, clock_families
 from xl.launcher.exporter.nodes import PER_NODE_PAST, NodeSeries, per_node
 from xl.launcher.rundir import runrecord as record
 from xl.launcher.rundir.events import EventKind, EventLine
+from xl.launcher.rundir.metrics import MetricKind, MetricsRow
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.rundir.runrecord import DeviceRow, RankRow, RunRecord, RunStatus
 from xl.launcher.rundir.store import run_owner
@@ -80,42 +80,36 @@ class ExporterReader(RunReader):
         elif event.kind is EventKind.RECOVERED and event.of is EventKind.STRAGGLER:
             self.straggling.pop(rank, None)
 
-    def _apply_metrics(self, records: list[Any]) -> None:
-        for rec in records:
-            kind = rec.get("kind") if type(rec) is dict else None
-            if kind == "sys":  # stamped only where they carry a GPU's reasons
-                reasons, gpu, rank = rec.get("clock_event_reasons"), rec.get("gpu"), rec.get("rank")
-                if type(reasons) is int and type(gpu) is int and type(rank) is int:
+    def _apply_metrics(self, rows: list[MetricsRow]) -> None:
+        for rank, t, kind, rec in rows:
+            if kind is MetricKind.SYS:  # stamped only where they carry a GPU's reasons
+                reasons, gpu = rec.get("clock_event_reasons"), rec.get("gpu")
+                if type(reasons) is int and type(gpu) is int:
                     self.clock_reasons[rank] = (gpu, reasons)
                 continue
             # train lines only (a third of a big run's lines are sys lines: not stamped at all)
-            if kind != "train":
+            if kind is not MetricKind.TRAIN:
                 continue
-            head = figures.stamp(rec)  # the one rule for a line (a line with no finite t is none)
-            if head is None:
-                continue
-            rank, t = head
             samples = figures.number(rec.get("samples"))
             if samples is not None and samples >= 0:
                 self.samples_total[rank] = self.samples_total.get(rank, 0.0) + samples
             if "step" in rec and t > self.last_step_t.get(rank, float("-inf")):
                 self.last_step_t[rank] = float(t)
         if len(self.last_step_t) > PER_NODE_PAST:
-            records = latest_lines(records)
-        super()._apply_metrics(records)
+            rows = latest_lines(rows)
+        super()._apply_metrics(rows)
 
 
-def latest_lines(records: list[object]) -> list[object]:
+def latest_lines(rows: list[MetricsRow]) -> list[MetricsRow]:
     """Of each rank's lines of one kind and the same keys, the last, in the file's order: what a
     big run's figures are made of at a scrape (4,096 ranks: ~12,000 of 184,000 lines between two
     scrapes 15 s apart, the reader's work cut as much). Every key's last value is on the last line
     that has it, and that line is kept, so each figure the exporter shows is the one the whole
     read would give; what it does not show (histories, phase totals) is not kept whole."""
-    last: dict[tuple[object, object, tuple[str, ...]], int] = {}
-    for i, rec in enumerate(records):
-        if type(rec) is dict:
-            last[(rec.get("rank"), rec.get("kind"), tuple(rec))] = i
-    return [records[i] for i in sorted(last.values())]
+    last: dict[tuple[int, MetricKind | None, tuple[str, ...]], int] = {}
+    for i, (rank, _t, kind, said) in enumerate(rows):
+        last[(rank, kind, tuple(said))] = i
+    return [rows[i] for i in sorted(last.values())]
 
 
 @dataclass

@@ -15,14 +15,15 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from xl.figures import PLAIN_SYS, PLAIN_TRAIN, TIMED, number, phases, steps_of
 from xl.launcher.rundir.events import EventKind, EventLine, parse_lines
-from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.rundir.metrics import MetricKind, MetricsRow, read_rows
 from xl.launcher.rundir.outcome import DONE_STATES, rank_outcome
 from xl.launcher.rundir.runrecord import RankRow, RunRecord, RunStatus, read_object
 from xl.launcher.rundir.tail import Tail
@@ -83,7 +84,7 @@ class _Rank:
         self.steps: deque[tuple[float, float]] = deque(maxlen=64)
         self.flag: str | None = None  # the stalled/straggler/waiting diagnosis in force
 
-    def took(self, t: float, rec: dict[str, Any]) -> None:
+    def took(self, t: float, rec: Mapping[str, Any]) -> None:
         """A line with ``step_s``: its history, and its phases added to the totals."""
         step_s = self.values["step_s"]
         if step_s is not None:
@@ -168,7 +169,7 @@ class RunReader:
             self._run_mtime = mtime
             self._loaded = True
             self._record = RunRecord.from_json(run, self.run_dir.name)
-        self._apply_metrics(decode_lines(self._metrics.read()))
+        self._apply_metrics(read_rows(self._metrics.read()))
         new_events = parse_lines(self._events.read())
         for event in new_events:
             self._apply_event(event)
@@ -200,23 +201,17 @@ class RunReader:
             failure=failure_of(self._record, self._failed),
         )
 
-    def _apply_metrics(self, records: list[Any]) -> None:
-        """The records onto their ranks; ``_touched`` is then the ranks they touched (by rank).
-        A subclass may see the records first (the exporter's reader does), then call this."""
-        # The per-record hot path (640 records a second on a 64-rank run). Lines are decoded by
-        # the one rule of xl.figures (no finite t or int rank: skipped), inlined here: a finite
-        # float, what nearly every figure is, is taken without a call to number(). The ranks
-        # touched are the lookup table itself: a miss only on a rank's first line of the poll.
+    def _apply_metrics(self, rows: list[MetricsRow]) -> None:
+        """The rows onto their ranks; ``_touched`` is then the ranks they touched (by rank).
+        A subclass may see the rows first (the exporter's reader does), then call this."""
+        # The per-row hot path (640 rows a second on a 64-rank run): a finite float, what nearly
+        # every figure is, is taken without a call to number(). The ranks touched are the lookup
+        # table itself: a miss only on a rank's first line of the poll.
         ranks = self._ranks
         touched: dict[int, _Rank] = {}
         self._touched = touched
-        for rec in records:
-            if type(rec) is not dict and not isinstance(rec, dict):
-                continue
-            rank = rec.get("rank")
-            t = rec.get("t")
-            if (type(t) is not float and type(t) is not int) or t - t != 0 or type(rank) is not int:
-                continue  # JSON's ints are exactly int (`true` is not rank 1); finite t only
+        sys_kind = MetricKind.SYS
+        for rank, t, kind, rec in rows:
             state = touched.get(rank)
             if state is None:
                 state = touched[rank] = ranks.get(rank) or self._rank(rank)
@@ -224,7 +219,7 @@ class RunReader:
             last_seen = v["last_seen"]
             if last_seen is None or t > last_seen:
                 v["last_seen"] = t
-            if rec.get("kind") == "sys":
+            if kind is sys_kind:
                 self._apply_sys(state, t, rec)
                 continue
             # Each figure below is taken as it is when it is a finite int or float (what JSON
@@ -275,7 +270,7 @@ class RunReader:
                 self._apply_rarer(state, t, rec)
 
     @staticmethod
-    def _apply_rarer(state: _Rank, t: float, rec: dict[str, Any]) -> None:
+    def _apply_rarer(state: _Rank, t: float, rec: Mapping[str, Any]) -> None:
         """The train figures that fewer lines carry (each sets fields of its own)."""
         v = state.values
         for key in ("eval_loss", "epoch"):
@@ -300,7 +295,7 @@ class RunReader:
             state.took(t, rec)
 
     @staticmethod
-    def _apply_sys(state: _Rank, t: float, rec: dict[str, Any]) -> None:
+    def _apply_sys(state: _Rank, t: float, rec: Mapping[str, Any]) -> None:
         v = state.values
         for key, attr in PLAIN_SYS:
             if key in rec:

@@ -12,6 +12,7 @@ from xl.atomic import write_json_atomic
 from xl.launcher.exporter.metrics import ExporterReader
 from xl.launcher.rundir import jsonl
 from xl.launcher.rundir.events import EventKind
+from xl.launcher.rundir.metrics import MetricKind, read_rows
 from xl.launcher.view.reader import RunReader
 from xl.launcher.view.runview import HISTORY, History
 
@@ -369,3 +370,31 @@ def test_each_poll_shows_the_new_lines_of_the_ranks_they_came_for(tmp_path: Path
     assert first.ranks[1].step == 1
     if isinstance(r, ExporterReader):
         assert r.samples_total == {0: 4.0, 1: 12.0} and r.last_step_t[1] == 103.0
+
+
+def test_a_metrics_line_is_read_once_into_a_typed_row() -> None:
+    """metrics.jsonl's one parse: the rank, time and kind typed, the figures kept as the line
+    gave them; a line without an int rank or a finite time is no row for anyone."""
+    lines = [
+        b'{"t": 10.5, "rank": 0, "kind": "train", "step": 3, "loss": 2.5}',
+        b'{"t": 11, "rank": 1, "kind": "sys", "gpu_util": 40, "gpu": "MIG-1"}',
+        b'{"t": 12.0, "rank": 2, "kind": "checkpoint", "path": "/c"}',  # a kind xl does not write
+        b'{"t": 13.0, "rank": 3}',  # no kind at all: the reader takes it as the rank's own line
+        b'{"t": 1.0, "rank": true, "kind": "train"}',
+        b'{"t": NaN, "rank": 0, "kind": "train"}',
+        b'{"t": "now", "rank": 0, "kind": "train"}',
+        b'{"rank": 0, "kind": "train", "step": 9}',
+        b'{"t": 2.0, "rank": 0, "kind": ["train"]}',
+        b"[1, 2]",
+        b"{torn",
+    ]
+    rows = read_rows(lines)
+    assert [(rank, t, kind) for rank, t, kind, _ in rows] == [
+        (0, 10.5, MetricKind.TRAIN),
+        (1, 11, MetricKind.SYS),
+        (2, 12.0, None),
+        (3, 13.0, None),
+        (0, 2.0, None),
+    ]
+    assert rows[0][3] == {"t": 10.5, "rank": 0, "kind": "train", "step": 3, "loss": 2.5}
+    assert rows[1][3]["gpu"] == "MIG-1"  # every key of the line stays, the figures and the rest
