@@ -92,15 +92,15 @@ class Verdict:
 
 
 def judge(
-    own: Fingerprint, sent: Mapping[int, Mapping[str, Any] | None], nnodes: int
+    own: Fingerprint, sent: Mapping[int, Fingerprint | None], nnodes: int
 ) -> tuple[Verdict, dict[int, Fingerprint]]:
     """Node 0's fingerprint beside those the other nodes sent (None: joined without one)."""
-    from xl.doctor.api import Fingerprint, compare_fingerprints  # noqa: PLC0415 - several nodes only
+    from xl.doctor.api import compare_fingerprints  # noqa: PLC0415 - several nodes only
 
     prints: dict[int, Fingerprint] = {0: own}
-    for node, data in sorted(sent.items()):
-        if data is not None:
-            prints[node] = Fingerprint.from_json(data)
+    for node, theirs in sorted(sent.items()):
+        if theirs is not None:
+            prints[node] = theirs
     missing = [n for n in range(1, nnodes) if n not in prints]
     diffs = compare_fingerprints(sorted(prints.items()))
     return Verdict(diffs, sorted(prints), missing), prints
@@ -116,12 +116,12 @@ class Judge:
         self.judged: set[int] = set()  # the nodes whose word (a fingerprint or none) was judged
         self.said: set[tuple[int, str]] = set()  # (node, field) already an event
 
-    def waiting(self, sent: Mapping[int, Mapping[str, Any] | None]) -> bool:
+    def waiting(self, sent: Mapping[int, Fingerprint | None]) -> bool:
         """A node joined since the last verdict."""
         return bool(set(sent) - self.judged)
 
     def run(
-        self, sent: Mapping[int, Mapping[str, Any] | None], nnodes: int
+        self, sent: Mapping[int, Fingerprint | None], nnodes: int
     ) -> tuple[Verdict, dict[int, Fingerprint], list[EnvDiff]]:
         """The verdict on every fingerprint so far, and the events of the differences not said
         before."""

@@ -18,7 +18,7 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xl import envnames, settings
 from xl.errors import UsageError
@@ -28,6 +28,7 @@ from xl.launcher.multinode.join import (
     listen_host,
     valid_token,
 )
+from xl.launcher.multinode.nodelink import StopCommand
 from xl.launcher.multinode.protocol import (
     EndMessage,
     EventMessage,
@@ -58,7 +59,11 @@ from xl.launcher.supervisor.nodewatch import (
     quiet_message,
     supervisor_gone_message,
 )
+from xl.launcher.supervisor.safe_telemetry import NodeHooks
 from xl.launcher.supervisor.stopping import Stopping, StopReason
+
+if TYPE_CHECKING:  # its fingerprint is read as a node's first message comes
+    from xl.doctor.api import Fingerprint
 
 # A node whose link closed without its end is lost after nodewatch.LINK_CLOSED_S (a supervisor
 # that restarts its connection comes back well within it); one that went silent, after
@@ -131,7 +136,7 @@ class RemoteNode:
     strange_logs: int = 0  # output it sent for ranks it does not have (dropped)
     # Its fingerprint (its link's first message); ``joined`` once it sent that or anything else
     # (a node without one is compared without it).
-    fingerprint: dict[str, Any] | None = None
+    fingerprint: Fingerprint | None = None
     joined: bool = False
 
     @property
@@ -168,7 +173,7 @@ def joined(nodes: dict[int, RemoteNode]) -> list[int]:
     return sorted(n for n, remote in nodes.items() if remote.joined)
 
 
-def fingerprints(nodes: dict[int, RemoteNode]) -> dict[int, dict[str, Any] | None]:
+def fingerprints(nodes: dict[int, RemoteNode]) -> dict[int, Fingerprint | None]:
     """What each node that joined sent of itself (None: nothing)."""
     return {n: r.fingerprint for n, r in sorted(nodes.items()) if r.joined}
 
@@ -200,16 +205,16 @@ class Hub:
         self.never_said = False  # said which nodes never joined a run that ended first
         self.refused_seen: set[tuple[int, str, str]] = set()
 
-    def collector_hooks(self) -> dict[str, Any]:
+    def collector_hooks(self) -> NodeHooks:
         """Where telemetry's collector listens, and how it hands over what nodes send."""
         host, port = self.address
-        return {
-            "host": listen_host(host),
-            "port": port,
-            "advertise": host,
-            "on_node": lambda node, name, msgs: self.inbox.put((node, name, msgs, time.time())),
-            "on_node_closed": lambda node: self.inbox.put((node, "", None, time.time())),
-        }
+        return NodeHooks(
+            host=listen_host(host),
+            port=port,
+            advertise=host,
+            on_node=lambda node, name, msgs: self.inbox.put((node, name, msgs, time.time())),
+            on_node_closed=lambda node: self.inbox.put((node, "", None, time.time())),
+        )
 
     def collector_failed(self, error: str) -> str:
         """Every node sends to node 0's collector: without it (another program may hold its port,
@@ -290,7 +295,9 @@ class Hub:
                 self.journal.record.update(stop_requested_at=time.time())
                 self.stopping.begin(StopReason.REQUESTED)
         elif isinstance(msg, FingerprintMessage):
-            remote.fingerprint = dict(msg.fingerprint)
+            from xl.doctor.api import Fingerprint  # noqa: PLC0415 - a node's first message only
+
+            remote.fingerprint = Fingerprint.from_json(msg.fingerprint)
         elif isinstance(msg, FailureMessage):
             self._failure(remote, msg)
         elif isinstance(msg, EndMessage):
@@ -431,7 +438,7 @@ class Hub:
         self.journal.emit(Notice(EventKind.NODES_UNFINISHED, said_all))
         return False
 
-    def tell_nodes(self) -> dict[str, Any] | None:
+    def tell_nodes(self) -> StopCommand | None:
         """Collectives of the other nodes may wait for this node's ranks for many minutes: end
         them, when the stop was asked for or the run failed (the stop the collector sends every
         node, once; None when there is none to send). A stray process left after a clean finish
@@ -442,10 +449,10 @@ class Hub:
         if stop.reason is not StopReason.REQUESTED and self.cause.failure is None:
             return None
         self.told = True
-        asked = stop.reason is StopReason.REQUESTED
-        why = StopReason.REQUESTED.value if asked else StopReason.FAILURE.value
-        # A copy: the collector thread serializes it while _failure may complete ours.
-        return {"reason": why, "failure": self.cause.to_json()}
+        failure = self.cause.failure
+        # A copy: _failure may complete ours once it is on its way.
+        return StopCommand(stop.reason is StopReason.REQUESTED,
+                           None if failure is None else replace(failure))
 
     def settle(self, status: RunStatus) -> None:
         """At the end: the running ranks of a lost node failed with it; those of a node whose

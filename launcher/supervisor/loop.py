@@ -239,9 +239,8 @@ class Supervisor:
     def _start_telemetry(self) -> dict[str, str]:
         instrumented = _instrumented({**os.environ, **self.record.rank_env})
         hooks = self.nodes.telemetry_hooks(self.journal)
-        env = self.telemetry.start(
-            self.run_dir, self.journal.emit, instrumented=instrumented, **hooks
-        )
+        env = self.telemetry.start(self.run_dir, self.journal.emit, hooks,
+                                   instrumented=instrumented)
         _debug("telemetry started")
         self.nodes.telemetry_failed(self.telemetry)
         return env

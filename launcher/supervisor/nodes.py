@@ -17,7 +17,7 @@ from xl.launcher.rundir.runrecord import RunRecord, RunStatus
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal, say
 from xl.launcher.supervisor.logsink import LogSink
-from xl.launcher.supervisor.safe_telemetry import SafeTelemetry, forward_records
+from xl.launcher.supervisor.safe_telemetry import NodeHooks, SafeTelemetry, forward_records
 from xl.launcher.supervisor.stopping import Stopping, StopReason
 from xl.launcher.supervisor.torchrun import Torchrun
 
@@ -100,13 +100,13 @@ class Nodes:
             self.follower.link.send(envcheck.message(fingerprint))
         self.follower.link.start()
 
-    def telemetry_hooks(self, journal: Journal) -> dict[str, Any]:
+    def telemetry_hooks(self, journal: Journal) -> NodeHooks:
         """Where this node's collector listens and what it does with what nodes send."""
         if self.hub is not None:
             return self.hub.collector_hooks()
         if self.follower is not None:
-            return {"forward": forward_records(journal)}
-        return {}
+            return NodeHooks(forward=forward_records(journal))
+        return NodeHooks()
 
     def telemetry_failed(self, telemetry: SafeTelemetry) -> None:
         """Node 0's collector is a must: every node sends to it."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,10 +29,26 @@ from xl.launcher.rundir.runrecord import read_object
 from xl.launcher.supervisor.journal import Journal, say
 
 if TYPE_CHECKING:
+    from xl.launcher.multinode.nodelink import StopCommand
+    from xl.launcher.multinode.protocol import NodeMessage
     from xl.launcher.telemetry.roster import RankInfo
     from xl.launcher.telemetry.service import Telemetry
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHooks:
+    """Where this node's collector listens and what it does with what the other nodes send
+    (``Hub.collector_hooks`` on node 0 of several, ``forward_records`` on another node); on one
+    node, none: loopback, on the port ``reserve`` holds."""
+
+    host: str = LOOPBACK
+    port: int | None = None
+    advertise: str | None = None
+    on_node: Callable[[int, str, list[NodeMessage]], None] | None = None
+    on_node_closed: Callable[[int], None] | None = None
+    forward: Callable[[list[dict[str, Any]]], None] | None = None
 
 
 class SafeTelemetry:
@@ -74,17 +91,34 @@ class SafeTelemetry:
             }
         return {envnames.TOKEN: self.token}
 
-    def start(self, run_dir: Path, emit: Callable[[Event], None], **where: Any) -> dict[str, str]:
+    def start(
+        self,
+        run_dir: Path,
+        emit: Callable[[Event], None],
+        hooks: NodeHooks = NodeHooks(),
+        *,
+        instrumented: bool = False,
+    ) -> dict[str, str]:
         """Start it (on the port ``reserve`` holds, if it holds one); returns what the ranks'
         environment needs (XL_COLLECTOR, XL_TOKEN). Its diagnoses come as the objects it made
         (``Relayed``)."""
-        if self._held is not None:
-            where = {"port": self._held.getsockname()[1], **where}
+        port = hooks.port
+        if port is None and self._held is not None:
+            port = self._held.getsockname()[1]
         try:
             from xl.launcher.telemetry.service import Telemetry  # noqa: PLC0415 - ~30 ms of imports that overlap torchrun's start (module docstring)
 
             self.service = Telemetry(
-                run_dir, token=self.token, emit_event=lambda obj: emit(Relayed(obj)), **where
+                run_dir,
+                token=self.token,
+                emit_event=lambda obj: emit(Relayed(obj)),
+                host=hooks.host,
+                port=port,
+                advertise=hooks.advertise,
+                on_node=hooks.on_node,
+                on_node_closed=hooks.on_node_closed,
+                forward=hooks.forward,
+                instrumented=instrumented,
             )
             env = dict(self.service.start())
         except Exception as exc:
@@ -129,10 +163,13 @@ class SafeTelemetry:
         service = self.service
         return service is not None and bool(self._safely("wants_lines", service.wants_lines, text))
 
-    def stop_nodes(self, stop: dict[str, Any]) -> None:
-        """Node 0 of several: every other node is told to end its part of the run."""
+    def stop_nodes(self, stop: StopCommand) -> None:
+        """Node 0 of several: every other node is told to end its part of the run (the reply
+        frame ``{"stop": {"reason", "failure"}}``, made here, in the loop's thread)."""
+        failure = stop.failure.to_json() if stop.failure is not None else None
+        frame = {"reason": "requested" if stop.requested else "failure", "failure": failure}
         if self.service is not None:
-            self._safely("stop_nodes", self.service.stop_nodes, stop)
+            self._safely("stop_nodes", self.service.stop_nodes, frame)
 
     def rank_frames(self) -> dict[int, float]:
         """When each rank's last xl.log frame reached this node's collector (unix time)."""

@@ -26,8 +26,13 @@ def _fp(host: str, **fields: Any) -> Fingerprint:
     return Fingerprint(host=host, fields={**FIELDS, **fields}, python="/venv/bin/python")
 
 
+def _sent(host: str, **fields: Any) -> Fingerprint:
+    """A node's fingerprint as node 0 reads it off the link."""
+    return Fingerprint.from_json(json.loads(json.dumps(_fp(host, **fields).to_json())))
+
+
 def test_node_0_names_the_odd_node_and_the_ones_that_sent_nothing() -> None:
-    sent = {1: _fp("b").to_json(), 2: _fp("c", nccl="2.21.5").to_json(), 3: None}
+    sent = {1: _sent("b"), 2: _sent("c", nccl="2.21.5"), 3: None}
     verdict, prints = envcheck.judge(_fp("a"), sent, 5)
     assert sorted(prints) == [0, 1, 2] and verdict.compared == [0, 1, 2]
     assert verdict.missing == [3, 4]
@@ -42,12 +47,12 @@ def test_node_0_names_the_odd_node_and_the_ones_that_sent_nothing() -> None:
 
 
 def test_alike_nodes_make_no_event() -> None:
-    verdict, _ = envcheck.judge(_fp("a"), {1: _fp("b").to_json()}, 2)
+    verdict, _ = envcheck.judge(_fp("a"), {1: _sent("b")}, 2)
     assert verdict.diffs == [] and verdict.events() == [] and verdict.missing == []
 
 
 def test_the_env_diff_line_holds_the_contract_s_keys_in_order() -> None:
-    sent = {1: _fp("b", torch="2.6.0+cu128").to_json()}
+    sent = {1: _sent("b", torch="2.6.0+cu128")}
     [event] = envcheck.judge(_fp("a"), sent, 2)[0].events()
     obj = json.loads(event_line(event))
     assert list(obj) == [

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from xl.launcher.multinode.nodelink import StopCommand
 from xl.launcher.rundir.events import Event
 from xl.launcher.supervisor.safe_telemetry import SafeTelemetry
 
@@ -53,7 +54,7 @@ def test_without_telemetry_every_call_is_a_no_op(tmp_path: Path) -> None:
     telemetry = SafeTelemetry("t" * 32)
     telemetry.set_ranks([{"rank": 0}])
     telemetry.feed_log_line(0, "loss=1")
-    telemetry.stop_nodes({"reason": "failure"})
+    telemetry.stop_nodes(StopCommand(requested=False, failure=None))
     assert telemetry.rank_frames() == {}
     telemetry.stop()
     assert not telemetry.running and telemetry.service is None
