@@ -49,6 +49,23 @@ SCRIPT = textwrap.dedent(
         steps.flush()
         time.sleep(0.05)
     xl.flush(timeout=5)
+    if rank == 0:
+        with open(os.path.join(here, "done-0.tmp"), "w") as fh:
+            fh.write(str(os.getpid()))
+        os.replace(os.path.join(here, "done-0.tmp"), os.path.join(here, "done-0"))
+    elif int(sys.argv[2]):
+        # Rank 1 fails once rank 0 has ended: the stop a failure begins ends a rank still
+        # training (its true exit is then -15), and these tests hold each rank's own exit.
+        for _ in range(2400):
+            try:
+                with open(os.path.join(here, "done-0")) as fh:
+                    stat = open(f"/proc/{int(fh.read())}/stat").read()
+                if stat[stat.rfind(")") + 2] == "Z":
+                    break
+            except FileNotFoundError as exc:
+                if exc.filename != os.path.join(here, "done-0"):
+                    break  # rank 0's process is gone
+            time.sleep(0.05)
     sys.exit(int(sys.argv[2]) if rank == 1 else 0)
     """
 )
