@@ -43,6 +43,7 @@ def gather_here(record: RunRecord) -> Fingerprint:
     return api.gather_fingerprint(ranks_python(record), env, nproc=record.nproc_per_node or 0)
 
 
+# edge: the fingerprint message as the link carries it
 def message(fingerprint: Fingerprint) -> dict[str, Any]:
     """The link's message that carries it (xl.launcher.multinode.protocol checks it)."""
     return {"type": "fingerprint", "fingerprint": fingerprint.to_json()}
@@ -82,6 +83,7 @@ class Verdict:
             f"as node 0 says, or start anyway with {ALLOW_OPTION}"
         )
 
+    # edge: run.json's env, as it is written
     def to_json(self) -> dict[str, Any]:
         return {
             "diffs": [d.to_json() for d in self.diffs],

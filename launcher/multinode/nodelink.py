@@ -151,6 +151,7 @@ class NodeLink:
     def start(self) -> None:
         self._thread.start()
 
+    # edge: a message, as its JSON line goes on the wire
     def send(self, msg: dict[str, Any]) -> None:
         if msg.get("type") in ("failure", "end") and isinstance(msg.get("failure"), dict):
             # Too long a text would have node 0 reject the whole message (a load_state_dict

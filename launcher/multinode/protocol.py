@@ -378,6 +378,7 @@ def _clip_text(value: Any) -> Any:
     return value
 
 
+# edge: stacks entries as the wire carries them
 def clip_stacks(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """This node's entries within what node 0 takes (check_message): the first threads (the main
     thread leads), each one's innermost frames, the newest collectives. When they are still too
@@ -426,6 +427,7 @@ def _clip_collective(c: dict[str, Any]) -> dict[str, Any]:
     return {k: _clip_text(v) for k, v in c.items() if k not in _SHAPE_KEYS or _is_shapes(v)}
 
 
+# edge: a failure's JSON as node 0's check takes it
 def clip_failure(failure: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``failure`` within what node 0 takes (check_message): the head of long texts
     (message, error), the tail of the traceback (where the exception is)."""
@@ -456,5 +458,6 @@ def _clip(text: str) -> str:
     )
 
 
+# edge: node 0's reply frame, as it goes on the wire
 def reply(obj: dict[str, Any]) -> bytes:
     return wire.encode_frame(json.dumps(obj, separators=(",", ":")).encode())

@@ -102,6 +102,7 @@ class Summary:
         self._lock = threading.Lock()
         self._ranks: dict[int, _Rank] = {}
 
+    # edge: telemetry's records, as the collector parsed them
     def add(self, rank: int, records: list[dict[str, Any]]) -> None:
         with self._lock:
             acc = self._ranks.get(rank)
@@ -110,6 +111,7 @@ class Summary:
             for rec in records:
                 acc.add(rec)
 
+    # edge: the train rows, as the link carries them
     def take(self) -> list[dict[str, Any]]:
         """Each rank's rows since the last call, rank by rank."""
         with self._lock:

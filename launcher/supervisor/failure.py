@@ -82,6 +82,7 @@ class RootCause:
         """A rank failed and which rank is the cause is not decided yet."""
         return self.suspected_at is not None and self.failure is None
 
+    # edge: run.json's failure, as it is written
     def to_json(self) -> dict[str, Any] | None:
         return self.failure.to_json() if self.failure is not None else None
 

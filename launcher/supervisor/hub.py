@@ -151,6 +151,7 @@ class RemoteNode:
     def rank_numbers(self) -> list[int]:
         return sorted(int(r["rank"]) for r in self.ranks if isinstance(r.get("rank"), int))
 
+    # edge: another node's run.json rows, as its link sent them
     def take_ranks(self, ranks: list[dict[str, Any]]) -> None:
         """Its ranks as it sent them, each with its node; idle once none starts or runs."""
         node = {"node_rank": self.node}
@@ -229,6 +230,7 @@ class Hub:
         self.cause.set(self.cause.local(None, None, None, None, message, cause), time.time())
         return message
 
+    # edge: the other nodes' run.json rows, as their links sent them
     def remote_ranks(self) -> list[dict[str, Any]]:
         return [r for node in self.nodes.values() for r in node.ranks]
 

@@ -136,6 +136,7 @@ class Journal:
         listed = ", ".join(f"{name} {n} bytes" for name, n in lost.items())
         self.emit(WriteLost(lost, f"the disk refused writes: never written: {listed}"))
 
+    # edge: a message for node 0's link, as it goes on the wire
     def send(self, msg: dict[str, Any]) -> None:
         """To node 0, when this is a node > 0 of a multi-node run (else nothing)."""
         if self.link is not None:
@@ -145,6 +146,7 @@ class Journal:
         if self.link is not None:
             self.link.send_log(rank, data)
 
+    # edge: run.json's rank rows and failure, as they are written
     def save(self, ranks: list[dict[str, Any]], failure: dict[str, Any] | None) -> None:
         self.dirty = False
         self.record.update(ranks=ranks, failure=failure)

@@ -228,6 +228,7 @@ class Nodes:
         """Node 0, its own ranks done: it still waits for another node's end."""
         return self.hub is not None and self.hub.pending()
 
+    # edge: the other nodes' run.json rows, as their links sent them
     def remote_ranks(self) -> list[dict[str, Any]]:
         return self.hub.remote_ranks() if self.hub is not None else []
 

@@ -98,6 +98,7 @@ class RankRow:
     attempt: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT for the process now in this row
     after_script: bool = False  # its script returned, then its process died (torchrun's summary)
 
+    # edge: a rank's row of run.json, as it is written
     def to_json(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
@@ -214,6 +215,7 @@ class Ranks:
     def get(self, rank: int) -> RankRow | None:
         return self.by_rank.get(rank)
 
+    # edge: the rank rows of run.json, as they are written
     def to_json(self) -> list[dict[str, Any]]:
         """The rows of run.json. Several nodes: a rank that has not reported yet is left out, as
         its number is only a guess (torch numbers nodes in the order they join): a viewer that

@@ -193,6 +193,7 @@ class SafeTelemetry:
                 self._safely("stop", self.service.stop)
 
 
+# edge: telemetry's records, as metrics lines and train rows go on the wire
 def forward_records(journal: Journal) -> Callable[[list[dict[str, Any]]], None]:
     """Node > 0: what its telemetry samples goes to node 0 over the link as metrics lines, and
     its ranks' summary rows (xl.launcher.multinode.summary) as ``train`` messages."""
