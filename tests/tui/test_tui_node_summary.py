@@ -5,7 +5,8 @@ leave alone (no timing yet, an uneven node, a run just under the slow ratio, a f
 from __future__ import annotations
 
 from xl.launcher.view.runview import RankView, node_labels, node_order
-from xl.tui.widgets.node_summary import SLOW_RATIO, is_big, phase_of, ranges, summarise
+from xl.tui.widgets.node_summary import SLOW_RATIO, is_big, phase_of, summarise
+from xl.units import ranges
 
 
 def rank(
@@ -86,7 +87,8 @@ def test_ranks_not_running_while_the_run_goes_on_and_once_it_ended():
 
 
 def test_ranges_phase_and_size():
-    assert ranges([7, 0, 1, 2, 5, 3]) == "0-3, 5, 7"
+    # As every rank list reads (verdicts, events, xl logs): Slurm's way, a pair not joined.
+    assert ranges([7, 0, 1, 2, 5, 3, 9, 10]) == "0-3,5,7,9,10"
     assert ranges([]) == ""
     assert phase_of({"data_s": 0.0, "compute_s": 0.0}) == (None, None)
     assert phase_of({"comm_s": 3.0, "compute_s": 1.0}) == ("comm", 0.75)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from statistics import median
 from typing import TYPE_CHECKING
+
+from xl.stats import median
 
 if TYPE_CHECKING:
     from xl.launcher.view.runview import RankView
@@ -218,17 +219,3 @@ def summarise(
         ratio = -minus / run_median if run_median else None
         slowest.append(Slow(rank, labels.get(rank), -minus, ratio, phase))
     return Summary(rows, slowest, down, run_median)
-
-
-def ranges(ranks: Iterable[int]) -> str:
-    """``0-7, 12, 14-15``: sorted ranks with runs of neighbours joined."""
-    out: list[str] = []
-    ordered = sorted(set(ranks))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ", ".join(out)

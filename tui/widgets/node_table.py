@@ -21,10 +21,11 @@ from textual.strip import Strip
 
 from xl.textsafe import visible
 from xl.tui.widgets.cursor_keys import CursorKeys
-from xl.tui.widgets.node_summary import NAMED_PER_STATE, NodeRow, Summary, ranges
+from xl.tui.widgets.node_summary import NAMED_PER_STATE, NodeRow, Summary
 from xl.tui.widgets.rank_cells import step_time
 from xl.tui.widgets.text_lines import text_segments
 from xl.tui.widgets.verdict import PHASE_STYLE
+from xl.units import ranges
 
 PADDING = 1
 NODE_WIDTH = (4, 20)
