@@ -380,7 +380,7 @@ def _clip_text(value: Any) -> Any:
 
 # edge: stacks entries as the wire carries them
 def clip_stacks(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """This node's entries within what node 0 takes (check_message): the first threads (the main
+    """This node's entries within what node 0 takes (parse_message): the first threads (the main
     thread leads), each one's innermost frames, the newest collectives. When they are still too
     big for one frame, the main thread alone, then no frames at all (the entry says so)."""
     out: list[dict[str, Any]] = []
@@ -429,7 +429,7 @@ def _clip_collective(c: dict[str, Any]) -> dict[str, Any]:
 
 # edge: a failure's JSON as node 0's check takes it
 def clip_failure(failure: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``failure`` within what node 0 takes (check_message): the head of long texts
+    """A copy of ``failure`` within what node 0 takes (parse_message): the head of long texts
     (message, error), the tail of the traceback (where the exception is)."""
     out = dict(failure)
     for key, value in failure.items():
