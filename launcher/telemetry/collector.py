@@ -20,7 +20,7 @@ characters drawn (xl.textsafe).
 
 ``ask_nodes`` asks every connected node for its ranks' stacks, ``ask_logs`` one node for a piece
 of a rank's output (``NodeAsks``); node 0's ``xl stacks``, ``xl logs`` and hang
-capture reach them through the door of xl.launcher.stacks.nodes, opened here.
+capture reach them through the socket of xl.launcher.stacks.nodes, opened here.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ from xl.launcher.multinode.protocol import (
     reply,
 )
 from xl.launcher.rundir.metrics import MetricsWriter
-from xl.launcher.stacks.nodes import Door
+from xl.launcher.stacks.nodes import NodesStacksServer
 from xl.launcher.telemetry.server import ACK, IDLE_S, Conn, FrameServer
 from xl.textsafe import visible
 
@@ -57,6 +57,7 @@ __all__ = ["ACK", "IDLE_S", "Collector", "PeerInfo"]
 MAX_SEQ_KEYS = 1 << 16
 
 
+# edge: another node's rows as its link sent them, each made a metrics.jsonl line
 def checked_rows(
     rows: list[dict[str, Any]], rejects: Counter[str]
 ) -> list[tuple[int, bytes, dict[str, Any]]]:
@@ -122,6 +123,7 @@ class NodeAsks(FrameServer):
                 answers, asked = dict(ask.answers), sorted(ask.asked or ())
         return answers, asked
 
+    # edge: the stacks entries as the nodes' links answered, handed to the stacks document
     def ask_nodes(self, rank: int | None, timeout: float) -> tuple[list[dict[str, Any]], list[int]]:
         """Every connected node's answer to a stacks request within ``timeout`` (any thread): the
         entries, and the nodes asked."""
@@ -135,6 +137,7 @@ class NodeAsks(FrameServer):
         ]
         return entries, asked
 
+    # edge: the logs message as the node's link answered, handed to `xl logs`
     def ask_logs(self, rank: int, node: int, offset: int, timeout: float) -> dict[str, Any] | None:
         """A piece of ``rank``'s output from ``node`` (its ``logs`` message: ``data`` from
         ``offset``, ``size``), or None when that node is not connected or did not answer in
@@ -216,39 +219,28 @@ class Collector(NodeAsks):
         self.frames = 0
         self.node_frames = 0
         self._node_seq: dict[tuple[int, int], int] = {}
-        self._node_stop: dict[str, Any] | None = None
+        self._node_stop: Mapping[str, object] | None = None
         self.records = 0
         self.peers: dict[int, PeerInfo] = {}
         self.train_ranks: set[int] = set()
         self._asks_init()
-        self._door: Door | None = None
+        self._stacks_server: NodesStacksServer | None = None
 
     def start(self) -> None:
         super().start()
         if self._on_node is not None:  # node 0 of several: its other nodes' stacks
-            door = Door(self.writer.path.parent, self.ask_nodes, self.ask_logs)
+            server = NodesStacksServer(self.writer.path.parent, self.ask_nodes, self.ask_logs)
             try:
-                door.open()
+                server.open()
             except OSError:
                 self.rejects["stacks_door"] += 1  # xl stacks then names those ranks as not asked
             else:
-                self._door = door
+                self._stacks_server = server
 
     def stop(self) -> None:
-        if self._door is not None:
-            self._door.close()
+        if self._stacks_server is not None:
+            self._stacks_server.close()
         super().stop()
-
-    def stats(self) -> dict[str, Any]:
-        return {
-            "address": self.address,
-            "frames": self.frames,
-            "records": self.records,
-            "node_frames": self.node_frames,
-            "rank_peers": len(self.peers),
-            "duplicate_frames": self.duplicates,
-            "rejects": dict(self.rejects),
-        }
 
     def _hello(self, conn: Conn, hello: handshake.Hello) -> None:
         conn.role, conn.who = hello.role, hello.who
@@ -408,7 +400,7 @@ class Collector(NodeAsks):
             if self._on_records is not None:
                 self._on_records(rank, [rec])
 
-    def stop_nodes(self, stop: dict[str, Any]) -> None:
+    def stop_nodes(self, stop: Mapping[str, object]) -> None:
         """Tell every node (connected now or later) to end its part of the run; any thread."""
         if self._node_stop is not None:
             return

@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -230,9 +230,9 @@ class Telemetry:
                 else:
                     self.diagnoser.ingest(rank, [rec])
 
-    # edge: the stop message as the node links carry it
-    def stop_nodes(self, stop: dict[str, Any]) -> None:
-        """Node 0: tell every other node to end its part of the run."""
+    def stop_nodes(self, stop: Mapping[str, object]) -> None:
+        """Node 0: tell every other node to end its part of the run (``stop``: the reply frame's
+        ``stop``, sent as it is)."""
         if self.collector is not None:
             self.collector.stop_nodes(stop)
 
