@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 from xl.launcher.rundir.events import EventKind, Hang
-from xl.launcher.stacks import gather as capture
 from xl.launcher.stacks.model import Json, RankStacks, RosterRank, StacksDoc, Target, targets
 from xl.launcher.stacks.verdict import busy, doing, position, where
 from xl.launcher.telemetry.stall import STALLED, Progress, judge
@@ -73,7 +72,7 @@ class HangCapture:
         run_dir: Path,
         emit: Emit,
         ranks: Roster,
-        timeout: float = capture.TIMEOUT_S,
+        timeout: float | None = None,  # gather.TIMEOUT_S
         *,
         retry_s: float = RETRY_S,
         retries: int = RETRIES,
@@ -185,7 +184,11 @@ class HangCapture:
     def _peek(self) -> None:
         try:
             ranks = targets(self._ranks())
-            t, entries = capture.gather(self.run_dir, ranks, timeout=self._timeout)
+            # Loaded at the first look: every run's start goes without the code that asks ranks.
+            from xl.launcher.stacks import gather as capture  # noqa: PLC0415 - see above
+
+            within = self._timeout if self._timeout is not None else capture.TIMEOUT_S
+            t, entries = capture.gather(self.run_dir, ranks, timeout=within)
             doc = capture.assemble(self.run_dir, self.run_dir.name, t, entries, Progress(None))
             if not doc.verdict.mismatch:
                 return
@@ -240,7 +243,11 @@ class HangCapture:
         then, where some ranks still progressed, in how long the last of them is due."""
         try:
             ranks = targets(self._ranks())
-            t, entries = capture.gather(self.run_dir, ranks, timeout=self._timeout)
+            # Loaded at the first look: every run's start goes without the code that asks ranks.
+            from xl.launcher.stacks import gather as capture  # noqa: PLC0415 - see above
+
+            within = self._timeout if self._timeout is not None else capture.TIMEOUT_S
+            t, entries = capture.gather(self.run_dir, ranks, timeout=within)
             # The rule `xl stacks` follows: a culprit only when no rank progressed for the stall
             # threshold (one rank stalled while the others train on is no hang).
             progress = judge(self.run_dir, capture.rank_ids(ranks), entries, now=t)
