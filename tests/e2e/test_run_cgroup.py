@@ -24,14 +24,12 @@ from typing import Any
 import psutil
 import pytest
 from procs import (
-    XL,
-    kill_run,
+    launched_run,
     run_json,
     wait_final,
     wait_for,
     wait_no_processes,
     wait_ranks_running,
-    wait_run,
     xl,
     xl_env,
 )
@@ -94,35 +92,22 @@ def bystander() -> Iterator[psutil.Process]:
         proc.wait(timeout=30)
 
 
-def _launch(tmp_path: Path, body: str, env: dict[str, str], *opts: str) -> tuple[Path, str]:
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(PRELUDE) + textwrap.dedent(body))
-    done = subprocess.run(
-        [*XL, "launch", "--detach", "--nproc", "2", *opts, str(script), str(tmp_path / "go")],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return wait_run(Path(env["XL_HOME"])), done.stderr
-
-
 @contextlib.contextmanager
 def _launched(
     tmp_path: Path, body: str, env: dict[str, str], *opts: str
 ) -> Iterator[tuple[Path, str, list[psutil.Process]]]:
-    """`_launch`'s run and the list its test keeps the sidecars in: whatever is left of them and
-    of the run is killed when the test ends, however it ends."""
-    run_dir, said = _launch(tmp_path, body, env, *opts)
+    """Two ranks of PRELUDE + ``body`` launched with --detach: the run dir, what the launch said
+    on stderr, and the list the test keeps the sidecars in. No process of the run is left when
+    the test ends, and whatever is left of the sidecars is killed, however it ends."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(PRELUDE) + textwrap.dedent(body))
+    args = ["--nproc", "2", *opts, str(script), str(tmp_path / "go")]
     sidecars: list[psutil.Process] = []
     try:
-        yield run_dir, said, sidecars
+        with launched_run(args, env, cwd=tmp_path, how="detach") as launched:
+            yield launched.run_dir, launched.result.stderr, sidecars
     finally:
         _kill(sidecars)
-        kill_run(run_dir)
 
 
 def _kill(procs: list[psutil.Process]) -> None:

@@ -7,20 +7,14 @@ traceback, or the signal that killed it. Every test checks that no process of th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
 from pathlib import Path
 
 import pytest
-from procs import (
-    kill_run,
-    run_json,
-    wait_no_processes,
-    wait_run,
-    xl,
-    xl_env,
-)
+from procs import launched_run, run_json, wait_no_processes, xl_env
 from supervised import GRACE, write_script
 
 pytestmark = pytest.mark.e2e
@@ -74,17 +68,12 @@ def test_run_succeeds_with_separate_rank_logs_and_busy_port_29500(tmp_path: Path
         busy.listen(1)
     except OSError:
         pass  # something else already holds it: busy all the same
-    try:
-        proc = xl(
-            ["launch", "--no-tui", "--nproc", "2", "--env", "FOO=bar", str(script), "--x", "1"],
-            xl_env(home),
-            cwd=tmp_path,
-            timeout=90,
-        )
-    finally:
-        busy.close()
-    run_dir = wait_run(home)
-    try:
+    args = ["--nproc", "2", "--env", "FOO=bar", str(script), "--x", "1"]
+    with (
+        contextlib.closing(busy),
+        launched_run(args, xl_env(home), cwd=tmp_path, how="to_end") as launched,
+    ):
+        proc, run_dir = launched.result, launched.run_dir
         assert proc.returncode == 0, proc.stdout + proc.stderr
         run = run_json(run_dir)
         assert run["status"] == "succeeded"
@@ -127,18 +116,15 @@ def test_run_succeeds_with_separate_rank_logs_and_busy_port_29500(tmp_path: Path
             and took.endswith(" s (not split into startup and training: no rank logged a step)")
         ), (outcome, took)
         wait_no_processes(run_dir, timeout=GRACE + 2)
-    finally:
-        kill_run(run_dir)
 
 
 def test_failing_rank_without_record_is_root_cause_with_traceback(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = write_script(tmp_path, "fail.py", FAILER)
-    proc = xl(
-        ["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90
-    )
-    run_dir = wait_run(home)
-    try:
+    with launched_run(
+        ["--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, how="to_end"
+    ) as launched:
+        proc, run_dir = launched.result, launched.run_dir
         assert proc.returncode == 1, proc.stdout + proc.stderr
         run = run_json(run_dir)
         assert run["status"] == "failed"
@@ -158,26 +144,21 @@ def test_failing_rank_without_record_is_root_cause_with_traceback(tmp_path: Path
         assert len(failures) == 1 and failures[0]["rank"] == 1
         assert "ValueError: boom from rank 1" in proc.stdout
         wait_no_processes(run_dir, timeout=GRACE + 2)
-    finally:
-        kill_run(run_dir)
 
 
 def test_rank_exiting_without_a_traceback_is_explained_by_its_last_lines(tmp_path: Path) -> None:
     home = tmp_path / "home"
     script = write_script(tmp_path, "exiter.py", EXITER)
-    proc = xl(
-        ["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90
-    )
-    run_dir = wait_run(home)
-    try:
+    with launched_run(
+        ["--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, how="to_end"
+    ) as launched:
+        proc, run_dir = launched.result, launched.run_dir
         assert proc.returncode == 1, proc.stdout + proc.stderr
         failure = run_json(run_dir)["failure"]
         assert failure["rank"] == 1 and failure["exit_code"] == 2
         assert failure["message"].endswith("error: unrecognized arguments: --lr-warmup")
         assert "unrecognized arguments: --lr-warmup" in failure["traceback"]
         wait_no_processes(run_dir, timeout=GRACE + 2)
-    finally:
-        kill_run(run_dir)
 
 
 def test_rank_killed_by_a_signal_is_named_with_it(tmp_path: Path) -> None:
@@ -190,11 +171,10 @@ def test_rank_killed_by_a_signal_is_named_with_it(tmp_path: Path) -> None:
             os.kill(os.getpid(), signal.SIGSEGV)
         time.sleep(120)
     """)
-    proc = xl(
-        ["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90
-    )
-    run_dir = wait_run(home)
-    try:
+    with launched_run(
+        ["--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, how="to_end"
+    ) as launched:
+        proc, run_dir = launched.result, launched.run_dir
         assert proc.returncode == 1, proc.stdout + proc.stderr
         run = run_json(run_dir)
         assert run["status"] == "failed"
@@ -203,8 +183,6 @@ def test_rank_killed_by_a_signal_is_named_with_it(tmp_path: Path) -> None:
         ranks = {r["rank"]: (r["state"], r["exit_code"]) for r in run["ranks"]}
         assert ranks == {0: ("stopped", -signal.SIGTERM), 1: ("failed", -signal.SIGSEGV)}
         wait_no_processes(run_dir, timeout=GRACE + 2)
-    finally:
-        kill_run(run_dir)
 
 
 @pytest.mark.parametrize("teardown", ["aborts", "prints"])
@@ -227,11 +205,10 @@ def test_a_rank_that_aborts_after_its_script_returned_is_the_cause(
         print("trained", flush=True)
         time.sleep(0.3 if os.environ["RANK"] == "1" else 0)
     """)
-    proc = xl(
-        ["launch", "--no-tui", "--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, timeout=90
-    )
-    run_dir = wait_run(home)
-    try:
+    with launched_run(
+        ["--nproc", "2", str(script)], xl_env(home), cwd=tmp_path, how="to_end"
+    ) as launched:
+        proc, run_dir = launched.result, launched.run_dir
         run = run_json(run_dir)
         if teardown == "prints":
             assert proc.returncode == 0 and run["status"] == "succeeded", proc.stdout + proc.stderr
@@ -265,5 +242,3 @@ def test_a_rank_that_aborts_after_its_script_returned_is_the_cause(
                 and end[-2] == f"cause: {cause['summary']}"
             )
         wait_no_processes(run_dir, timeout=GRACE + 2)
-    finally:
-        kill_run(run_dir)

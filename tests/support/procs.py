@@ -3,6 +3,9 @@
 A run's processes are found the way a person would check for orphans: every process whose
 environment carries the run's ``XL_RUN_ID`` (torchrun and every rank, whatever their parent),
 plus the supervisor recorded in run.json. Exit codes are never trusted for this.
+
+``launched_run(...)`` is the one way an e2e test launches a run, waits for what it asks and, at
+the end, checks that no process of the run is left (and kills what is).
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psutil
 
@@ -228,6 +232,135 @@ def end_run(
             wait_no_processes(run_dir, timeout=timeout)
         finally:
             kill_run(run_dir)
+
+
+@dataclass
+class Launched:
+    """A run ``launched_run`` started: its home, environment and run dir; the foreground
+    ``xl launch`` while it runs (``launch``), and what a launch that ended printed (``done``:
+    the whole run's output, or `--detach`'s run id)."""
+
+    home: Path
+    env: dict[str, str]
+    run_dir: Path
+    launch: subprocess.Popen[str] | None = None
+    done: subprocess.CompletedProcess[str] | None = None
+
+    @property
+    def result(self) -> subprocess.CompletedProcess[str]:
+        """What the launch that ended printed, and its exit code."""
+        assert self.done is not None, "the launch has not ended: finish() it"
+        return self.done
+
+    def run(self) -> dict[str, Any]:
+        return run_json(self.run_dir)
+
+    def ranks_running(self, n: int = 2, *, timeout: float = 90) -> dict[str, Any]:
+        return wait_ranks_running(self.run_dir, n, timeout=timeout)
+
+    def final(self, *, timeout: float = 90) -> dict[str, Any]:
+        return wait_final(self.run_dir, timeout=timeout)
+
+    def finish(self, *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """The foreground launch waited on to its end: its exit code and output in ``done``."""
+        assert self.launch is not None, "finish() is for a foreground launch"
+        out, err = self.launch.communicate(timeout=timeout)
+        self.done = subprocess.CompletedProcess(self.launch.args, self.launch.returncode, out, err)
+        return self.done
+
+    def xl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Another `xl` command (`stop`, `runs`, `attach`...) with the run's environment."""
+        return xl(args, self.env, timeout=timeout)
+
+
+How = Literal["foreground", "detach", "to_end"]
+
+
+@contextlib.contextmanager
+def launched_run(
+    args: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    cwd: Path,
+    how: How = "foreground",
+    ranks: int = 0,
+    timeout: float = 90,
+    gone_within: float = 60,
+    merge_stderr: bool = False,
+    **popen: Any,
+) -> Iterator[Launched]:
+    """`xl launch ARGS` (its plain view: output piped), waited on until the run dir exists and
+    ``ranks`` ranks printed "ready"; ``how``: "foreground" keeps the command running (``launch``),
+    "detach" launches with --detach, "to_end" waits for the command to end (``done``).
+
+    When the test's block ends, every process of the run must be gone within ``gone_within``
+    seconds (a generous wait: the check is that they go, on a machine however busy); whatever is
+    left is killed either way. A block that raised has its run killed at once, its error kept.
+    """
+    home = Path(env["XL_HOME"])
+    before = set(run_dirs(home))
+    mode = ["--detach"] if how == "detach" else ["--no-tui"]
+    command = [*XL, "launch", *mode, *args]
+    stderr = subprocess.STDOUT if merge_stderr else subprocess.PIPE
+    launch: subprocess.Popen[str] | None = None
+    done: subprocess.CompletedProcess[str] | None = None
+    if how == "foreground":
+        launch = subprocess.Popen(
+            command,
+            env=dict(env),
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            **popen,
+        )
+    else:
+        done = subprocess.run(
+            command,
+            env=dict(env),
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            timeout=timeout,
+            **popen,
+        )
+
+    def said() -> str:
+        if launch is not None and launch.poll() is not None:
+            return "xl launch ended: " + "".join(o or "" for o in launch.communicate())[-3000:]
+        return f"xl launch: {done}" if done else ""
+
+    run_dir: Path | None = None
+    try:
+        if how == "detach":
+            assert done is not None and done.returncode == 0, f"{done}"
+            run_dir = home / "runs" / done.stdout.strip()
+        else:
+            run_dir = wait_for(
+                lambda: next(iter(sorted(set(run_dirs(home)) - before)), None),
+                timeout=timeout,
+                what="the run dir",
+                explain=said,
+            )
+        launched = Launched(home, dict(env), run_dir, launch, done)
+        if ranks:
+            launched.ranks_running(ranks, timeout=timeout)
+        yield launched
+    except BaseException:
+        _kill_launch(launch)
+        if run_dir is not None:
+            kill_run(run_dir)
+        raise
+    _kill_launch(launch)
+    end_run(None, run_dir, timeout=gone_within)
+
+
+def _kill_launch(launch: subprocess.Popen[str] | None) -> None:
+    if launch is not None:
+        if launch.poll() is None:
+            launch.kill()
+        launch.communicate(timeout=30)
 
 
 def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
