@@ -88,7 +88,7 @@ class Fingerprint:
     ifname: str | None = None  # NCCL_SOCKET_IFNAME as the ranks get it
     ld_library_path: str = ""  # the ranks' (a fix takes a folder out of it)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "host": self.host,
             "fields": dict(self.fields),
@@ -101,7 +101,7 @@ class Fingerprint:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Fingerprint:
+    def from_json(cls, data: Mapping[str, object]) -> Fingerprint:
         """The fingerprint another node sent (checked on the wire: flat scalars and strings)."""
         fields = data.get("fields")
         env = data.get("env")
@@ -135,7 +135,7 @@ class Diff:
     severity: str  # STOP | WARN
     fix: str | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "node": self.node,
             "host": self.host,

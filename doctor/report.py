@@ -51,7 +51,7 @@ def clean_text(value: str) -> str:
             return value.encode("utf-8", "replace").decode("utf-8")
 
 
-def clean(value: Any) -> Any:
+def clean(value: object) -> object:
     """clean_text over a JSON-like tree."""
     if isinstance(value, str):
         return clean_text(value)
@@ -80,10 +80,10 @@ class Check:
         self.title = clean_text(self.title)
         self.detail = " ".join(clean_text(self.detail).split())
         self.fix = " ".join(clean_text(self.fix).split())
-        self.data = clean(self.data)
+        self.data = {clean_text(str(k)): clean(v) for k, v in self.data.items()}
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {
             "id": self.id,
             "status": self.status.value,
             "title": self.title,
@@ -129,7 +129,7 @@ class Report:
         parts = [f"{n} {s}" for s, n in counts.items() if n]
         return f"{len(self.checks)} checks: " + ", ".join(parts)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "status": self.status.value,
             "checks": [c.to_json() for c in self.checks],

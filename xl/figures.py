@@ -18,7 +18,8 @@ dataclasses), and ``import xl.client`` must not grow.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple, TypeGuard
 
 # A line's parts of a step, in the order they are shown (and summed: they add up to step_s).
 PHASES = ("data", "compute", "comm", "other")
@@ -233,13 +234,13 @@ PLAIN_TRAIN = tuple(
 PLAIN_SYS = tuple((f.key, f.field) for f in FIGURES if f.kind == "sys" and f.field)
 
 
-def finite(value: Any) -> bool:
+def finite(value: object) -> TypeGuard[float]:
     """A finite int or float, not a bool: ``v - v`` is 0 only then (inf - inf and nan - nan are
     nan)."""
     return (type(value) is float or type(value) is int) and value - value == 0
 
 
-def number(value: Any) -> float | int | None:
+def number(value: object) -> float | int | None:
     """``value`` when it is a figure (finite, not a bool), else None."""
     if type(value) is float or type(value) is int:  # what JSON numbers are: the fast path
         return value if value - value == 0 else None
@@ -248,7 +249,7 @@ def number(value: Any) -> float | int | None:
     return value if math.isfinite(value) else None
 
 
-def stamp(rec: Any) -> tuple[int, float] | None:
+def stamp(rec: object) -> tuple[int, float] | None:
     """(rank, t) of a metrics.jsonl line, or None when it has no int rank or no finite time: such
     a line is skipped (see the module's docstring)."""
     if type(rec) is not dict:
@@ -256,7 +257,7 @@ def stamp(rec: Any) -> tuple[int, float] | None:
     rank, t = rec.get("rank"), rec.get("t")
     if type(rank) is not int or not finite(t):  # JSON's ints are exactly int; `true` is not rank 1
         return None
-    return rank, t  # type: ignore[return-value]  # finite(t): an int or a float
+    return rank, t
 
 
 class Line:
@@ -279,10 +280,10 @@ class Line:
         return self.values.get(key)
 
 
-def decode(rec: Any) -> Line | None:
+def decode(rec: object) -> Line | None:
     """A metrics.jsonl record as a Line, or None when it is not one (see ``stamp``)."""
     head = stamp(rec)
-    if head is None:
+    if head is None or type(rec) is not dict:
         return None
     kind = rec.get("kind")
     return Line(
@@ -294,7 +295,7 @@ def decode(rec: Any) -> Line | None:
     )
 
 
-def phases(values: Any) -> dict[str, float] | None:
+def phases(values: Mapping[str, object]) -> dict[str, float] | None:
     """A line's step split, {"data_s": ..., ...} (per step), when it gives all four parts."""
     out = {}
     for key in PHASE_KEYS:
@@ -305,7 +306,7 @@ def phases(values: Any) -> dict[str, float] | None:
     return out
 
 
-def steps_of(values: Any) -> int:
+def steps_of(values: Mapping[str, object]) -> int:
     """How many steps a line stands for (``steps``; 1 when it does not say or says nonsense)."""
     n = values.get("steps")
     return int(n) if finite(n) and n >= 1 else 1

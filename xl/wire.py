@@ -28,6 +28,7 @@ import json
 import math
 import os
 import struct
+from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from xl.figures import KEYS as FIGURE_KEYS
@@ -105,13 +106,13 @@ def encode_frame(payload: bytes) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def encode_batch(header: dict[str, Any], lines: list[bytes]) -> bytes:
+def encode_batch(header: Mapping[str, object], lines: list[bytes]) -> bytes:
     """One frame from a header dict and already-encoded record lines (no newlines inside)."""
     head = _encode_header(header).encode()
     return encode_frame(b"\n".join([head, *lines]))
 
 
-def dumps_record(record: dict[str, Any]) -> bytes:
+def dumps_record(record: Mapping[str, object]) -> bytes:
     # allow_nan=False: metrics.jsonl stays strict JSON (jq, browsers); callers map non-finite
     # floats to null beforehand and say so in the record's "nonfinite" field.
     return _encode_record(record).encode()
@@ -169,6 +170,7 @@ def _node_header(obj: dict[str, Any]) -> NodeHeader:
     return NodeHeader(node, pid, seq, host)
 
 
+# edge: a record from the wire, checked here and read by the collector key by key
 def parse_record(line: bytes, rank: int) -> dict[str, Any]:
     """Validate one record line for ``rank``; return the parsed dict or raise FrameError."""
     if len(line) > MAX_RECORD:

@@ -5,6 +5,7 @@ A check decides only status, detail, fix and data; its id, title and area come f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,22 +31,22 @@ class Finding:
             self.detail = f"{self.detail}; {note}"
 
 
-def ok(detail: str, *, data: dict[str, Any] | None = None) -> Finding:
-    return Finding(status=Status.OK, detail=detail, data=data or {})
+def ok(detail: str, *, data: Mapping[str, object] | None = None) -> Finding:
+    return Finding(status=Status.OK, detail=detail, data=dict(data or {}))
 
 
-def skip(detail: str, *, fix: str = "", data: dict[str, Any] | None = None) -> Finding:
-    return Finding(status=Status.SKIP, detail=detail, fix=fix, data=data or {})
+def skip(detail: str, *, fix: str = "", data: Mapping[str, object] | None = None) -> Finding:
+    return Finding(status=Status.SKIP, detail=detail, fix=fix, data=dict(data or {}))
 
 
-def warn(detail: str, *, fix: str, data: dict[str, Any] | None = None) -> Finding:
-    return Finding(status=Status.WARN, detail=detail, fix=fix, data=data or {})
+def warn(detail: str, *, fix: str, data: Mapping[str, object] | None = None) -> Finding:
+    return Finding(status=Status.WARN, detail=detail, fix=fix, data=dict(data or {}))
 
 
-def fail(detail: str, *, fix: str, data: dict[str, Any] | None = None) -> Finding:
-    return Finding(status=Status.FAIL, detail=detail, fix=fix, data=data or {})
+def fail(detail: str, *, fix: str, data: Mapping[str, object] | None = None) -> Finding:
+    return Finding(status=Status.FAIL, detail=detail, fix=fix, data=dict(data or {}))
 
 
-def error(detail: str, *, fix: str, data: dict[str, Any] | None = None) -> Finding:
+def error(detail: str, *, fix: str, data: Mapping[str, object] | None = None) -> Finding:
     """The check could not decide (a probe failed): less certain than a found problem."""
-    return Finding(status=Status.ERROR, detail=detail, fix=fix, data=data or {})
+    return Finding(status=Status.ERROR, detail=detail, fix=fix, data=dict(data or {}))

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import sys
-from typing import Any
 
 
 def dists(site: str, prefix: str) -> list[str]:
@@ -32,13 +31,13 @@ def version_of(dist_info: str) -> str:
     return dist_info[: -len(".dist-info")].split("-", 1)[1]
 
 
-def read_literals(path: str) -> dict[str, Any]:
+def read_literals(path: str) -> dict[str, object]:
     """The module-level `NAME = <literal>` assignments of a Python file, without running it."""
     if os.path.exists(path) and not os.path.isfile(path):  # open() on a FIFO blocks forever
         raise OSError("not a regular file")
     with open(path, "rb") as fh:
         tree = ast.parse(fh.read().decode("utf-8", "replace"))
-    vals: dict[str, Any] = {}
+    vals: dict[str, object] = {}
     for node in tree.body:
         targets: list[ast.expr]
         value: ast.expr | None
@@ -178,8 +177,8 @@ def nccl_required(metadata: str) -> list[str] | None:
     return [m.group(1), m.group(2)] if m else None
 
 
-def probe() -> dict[str, Any]:
-    out: dict[str, Any] = {"python": sys.executable, "bin_dir": os.path.dirname(sys.executable)}
+def probe() -> dict[str, object]:
+    out: dict[str, object] = {"python": sys.executable, "bin_dir": os.path.dirname(sys.executable)}
     try:
         spec = importlib.util.find_spec("torch")
     except Exception as e:
@@ -189,7 +188,7 @@ def probe() -> dict[str, Any]:
         return out
     d = os.path.dirname(spec.origin)
     out["location"] = d
-    vals: dict[str, Any] = {}
+    vals: dict[str, object] = {}
     version_py = os.path.join(d, "version.py")
     try:
         vals = read_literals(version_py)

@@ -99,7 +99,7 @@ def _signal(
     if code in (None, -signal.SIGKILL):
         oom = host.oom_kill(ev.pids, kernel) if ev.pids else None
         if oom is None and read_here and code == -signal.SIGKILL and ev.pids:
-            oom = _oom_logged(ev, kernel)
+            oom = _oom_logged(ev, kernel or [])
         if oom is not None:
             return _host_oom(oom, ev)
     # A C++ abort after a watchdog's or NCCL's own message, a CUDA error: their words first.

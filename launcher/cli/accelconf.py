@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,9 +56,9 @@ def _scalar(text: str) -> Any:
         return text
 
 
-def parse_flat_yaml(text: str) -> dict[str, Any]:
+def parse_flat_yaml(text: str) -> dict[str, object]:
     """Top-level ``key: scalar`` pairs of a YAML mapping; nested blocks are ignored."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for raw in text.splitlines():
         if not raw.strip() or raw.lstrip().startswith("#") or raw[0] in " \t-":
             continue
@@ -67,7 +68,7 @@ def parse_flat_yaml(text: str) -> dict[str, Any]:
     return out
 
 
-def load_config(path: Path) -> dict[str, Any]:
+def load_config(path: Path) -> dict[str, object]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -95,11 +96,13 @@ def load_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def _int(data: dict[str, Any], key: str, path: Path) -> int | None:
+def _int(data: Mapping[str, object], key: str, path: Path) -> int | None:
     value = data.get(key)
     if value is None:
         return None
     try:
+        if not isinstance(value, (int, float, str)):
+            raise TypeError(key)
         return int(value)
     except (TypeError, ValueError):
         raise UsageError(

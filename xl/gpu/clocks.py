@@ -55,9 +55,9 @@ class Clocks:
     xid: int | None = None  # the last XID seen
     xid_t: float | None = None  # unix time it was seen
 
-    def to_fields(self) -> dict[str, Any]:
+    def to_fields(self) -> dict[str, int | float]:
         """The ``sys`` line's keys for this GPU, those NVML answered."""
-        out: dict[str, Any] = {}
+        out: dict[str, int | float] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if value is not None:

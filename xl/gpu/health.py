@@ -39,7 +39,7 @@ class Health:
     retired_pages: int | None = None  # pages retired so far (single + double bit)
     retired_pending: bool | None = None  # a retirement waits for a GPU reset
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return dict(self.__dict__)
 
 

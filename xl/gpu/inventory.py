@@ -7,7 +7,6 @@ field names here are kept exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 MIB = 1024 * 1024
 
@@ -31,7 +30,7 @@ class GPUProcess:
     local_rank: int | None
     run_id: str | None  # XL_RUN_ID of the run the process belongs to, when readable
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "pid": self.pid,
             "used_mib": whole_mib(self.used_mib),
@@ -63,7 +62,7 @@ class GPU:
     error: str | None = None  # why values are missing, beyond "not supported here"
     memory_reserved_mib: float | None = None  # the driver's own share (v2 memory struct only)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "index": self.index,
             "uuid": self.uuid,
@@ -96,7 +95,7 @@ class Driver:
         None  # library_not_found|driver_not_loaded|version_mismatch|no_permission|other
     )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "version": self.version,
             "cuda_version": self.cuda_version,
@@ -110,7 +109,7 @@ class Inventory:
     driver: Driver
     gpus: tuple[GPU, ...] = field(default_factory=tuple)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"driver": self.driver.to_json(), "gpus": [g.to_json() for g in self.gpus]}
 
 

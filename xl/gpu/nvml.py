@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from xl.gpu.inventory import GPU, LOST_MESSAGE, MIB, Driver, GPUProcess, Inventory, empty_gpu
 from xl.gpu.processes import identify
@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 # nvmlReturn_t values (nvml.h); kept here so importing this module never imports pynvml.
 _NO_PERMISSION = 4
@@ -394,9 +395,14 @@ def inventory(*, processes: bool = True) -> Inventory:
         )
 
 
-def per_gpu(
-    read: Callable[[Callable[..., Any], Any, int], T], indices: Sequence[int]
-) -> dict[int, T]:
+class Query(Protocol):
+    """NVML's choke point as a per-GPU reader gets it: ``query(fn, *args)`` is fn's value, or
+    None when the GPU or the driver does not provide it."""
+
+    def __call__(self, fn: Callable[..., R], *args: object) -> R | None: ...
+
+
+def per_gpu(read: Callable[[Query, object, int], T], indices: Sequence[int]) -> dict[int, T]:
     """``read(query, handle, index)`` for each GPU index, under NVML's lock and through its choke
     point (``query(fn, *args)``: a value, or None when the GPU or driver does not provide it). A
     lost GPU, one that can't be opened, or NVML that can't start, is left out. Never raises."""
