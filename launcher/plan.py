@@ -19,7 +19,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xl import envnames
 from xl.address import LOOPBACK, format_address
@@ -48,7 +48,7 @@ class Plan:
     # doctor warns about, GPUs of different models): `xl launch` prints them on stderr.
     warnings: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, list[str] | dict[str, str]]:
         """What `--dry-run --json` prints: the command and only the variables xl sets."""
         return {"argv": list(self.argv), "env": dict(self.env)}
 

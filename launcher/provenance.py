@@ -14,6 +14,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from xl._version import __version__
@@ -93,14 +94,19 @@ def driver_version(gpu_run: bool) -> str | None:
         return None
 
 
-def collect(spec: dict[str, Any], gpu_run: bool) -> dict[str, str | None]:
-    """run.json's ``versions`` for a run of ``spec`` (run.json's ``spec``)."""
-    torch, cuda = torch_versions(torch_origin(spec.get("python")))
-    script = spec.get("script")
+def collect(spec: Mapping[str, object], gpu_run: bool) -> dict[str, str | None]:
+    """run.json's ``versions`` for a run of ``spec`` (run.json's ``spec``, as another tool may
+    have written it: a value that is not text is taken as absent)."""
+
+    def text(key: str) -> str | None:
+        value = spec.get(key)
+        return value if isinstance(value, str) else None
+
+    torch, cuda = torch_versions(torch_origin(text("python")))
     return {
         "xl": __version__,
         "torch": torch,
         "cuda": cuda,
         "driver": driver_version(gpu_run),
-        "git": git_commit(script if isinstance(script, str) else None, spec.get("cwd")),
+        "git": git_commit(text("script"), text("cwd")),
     }

@@ -49,9 +49,10 @@ class LaunchSpec:
     # several nodes: start even when the nodes' environments differ where a run cannot work
     allow_env_diff: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
+    # edge: run.json's spec as read from the file; the keys this class does not know are left out
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LaunchSpec:
         known = {f.name for f in fields(cls)}
