@@ -65,7 +65,7 @@ class EventKind(str, Enum):
     ENV_DIFF = "env_diff"
 
 
-def _timed(t: float, kind: EventKind, rank: int | None, message: str) -> dict[str, Any]:
+def _timed(t: float, kind: EventKind, rank: int | None, message: str) -> dict[str, object]:
     """The head of a line that telemetry times itself."""
     return {"t": t, "kind": kind.value, "rank": rank, "message": message}
 
@@ -75,7 +75,7 @@ class Event:
 
     kind: EventKind | str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         raise NotImplementedError
 
 
@@ -87,7 +87,7 @@ class Notice(Event):
     kind: EventKind
     message: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"kind": self.kind.value, "message": self.message}
 
 
@@ -98,7 +98,7 @@ class RankStarted(Event):
     message: str
     kind: EventKind = field(default=EventKind.RANK_STARTED, init=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         said = {"kind": self.kind.value, "rank": self.rank, "pid": self.pid}
         return {**said, "message": self.message}
 
@@ -110,7 +110,7 @@ class RankExited(Event):
     message: str
     kind: EventKind = field(default=EventKind.RANK_EXITED, init=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         said = {"kind": self.kind.value, "rank": self.rank, "exit_code": self.exit_code}
         return {**said, "message": self.message}
 
@@ -123,7 +123,7 @@ class FailureEvent(Event):
     failure: Failure
     kind: EventKind = field(default=EventKind.FAILURE, init=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         failure = self.failure
         return {
             "kind": self.kind.value,
@@ -142,7 +142,7 @@ class Restarted(Event):
     message: str
     kind: EventKind = field(default=EventKind.RESTARTED, init=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"kind": self.kind.value, "attempt": self.attempt, "message": self.message}
 
 
@@ -152,7 +152,7 @@ class RunEnded(Event):
     message: str
     kind: EventKind = field(default=EventKind.RUN_ENDED, init=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"kind": self.kind.value, "status": self.status, "message": self.message}
 
 
@@ -162,7 +162,7 @@ class WriteLost(Event):
     message: str
     kind: EventKind = field(default=EventKind.WRITE_LOST, init=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"kind": self.kind.value, "rank": None, "files": self.files, "message": self.message}
 
 
@@ -176,8 +176,8 @@ class NodeNotice(Event):
     message: str
     node: str | None = None  # the other node's host, when known
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind.value}
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"kind": self.kind.value}
         if self.node is not None:
             out["node"] = self.node
         out.update(node_rank=self.node_rank, message=self.message)
@@ -194,7 +194,7 @@ class NodeRefused(Event):
     message: str
     kind: EventKind = field(default=EventKind.NODE_REFUSED, init=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         said = {"kind": self.kind.value, "node": self.node, "node_rank": self.node_rank}
         return {**said, "peer": self.peer, "message": self.message}
 
@@ -214,7 +214,7 @@ class EnvDiff(Event):
     message: str
     kind: EventKind = field(default=EventKind.ENV_DIFF, init=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         said: dict[str, Any] = {"kind": self.kind.value, "node": self.node, "host": self.host}
         said.update(field=self.name, value=self.value, others=self.others)
         return {**said, "severity": self.severity, "fix": self.fix, "message": self.message}
@@ -239,7 +239,7 @@ class FromNode(Event):
         }
         return renamed.get(kind, kind)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         out = dict(self.event)
         kind = self.kind
         out["kind"] = kind.value if isinstance(kind, EventKind) else kind
@@ -259,7 +259,7 @@ class Diagnosis(Event):
     extra: dict[str, Any] = field(default_factory=dict)
     t: float = field(default_factory=time.time)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {**_timed(self.t, self.kind, self.rank, self.message), **self.extra}
 
 
@@ -275,7 +275,7 @@ class Hang(Event):
     busy: list[int]
     kind: EventKind = field(default=EventKind.HANG, init=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         said = {"t": self.t, "kind": self.kind.value, "rank": self.rank, "ranks": self.ranks}
         return {**said, "message": self.message, "stacks": self.stacks, "busy": self.busy}
 
@@ -289,7 +289,7 @@ class Dropped(Event):
     reason: str
     kind: EventKind = field(default=EventKind.DROPPED, init=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         said = _timed(self.t, self.kind, self.rank, self.message)
         return {**said, "count": self.count, "reason": self.reason}
 
@@ -300,7 +300,7 @@ class MetricsLost(Event):
     message: str
     kind: EventKind = field(default=EventKind.METRICS_LOST, init=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"kind": self.kind.value, "rank": None, "bytes": self.bytes, "message": self.message}
 
 
@@ -315,11 +315,11 @@ class Relayed(Event):
     def kind(self) -> EventKind | str:  # type: ignore[override]
         return str(self.event.get("kind"))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return dict(self.event)
 
 
-def event_object(event: Event) -> dict[str, Any]:
+def event_object(event: Event) -> dict[str, object]:
     """``event``'s object as its line holds it: ``t`` (now) and ``rank`` (None) filled in when
     missing."""
     out = event.to_json()
@@ -328,7 +328,7 @@ def event_object(event: Event) -> dict[str, Any]:
     return out
 
 
-def object_line(obj: dict[str, Any]) -> str:
+def object_line(obj: dict[str, object]) -> str:
     return json.dumps(obj, default=str) + "\n"
 
 
@@ -462,8 +462,8 @@ class EventLine:
         """The same event said in other words (its ``data`` keeps the line's)."""
         return replace(self, message=message)
 
-    # edge: the line's object as JSON holds it, for a --json printout
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
+        """The line's object as JSON holds it (its message as reworded)."""
         return {**self.data, "message": self.message} if self.message else dict(self.data)
 
 

@@ -29,6 +29,7 @@ def _fast() -> Callable[[bytes], Any] | None:
     return loads
 
 
+# edge: JSON values as the lines hold them, whatever they are; events.py and metrics.py type them
 def decode_lines(lines: list[bytes]) -> list[Any]:
     """The value of each line that is JSON, as ``json.loads(line)`` gives it; other lines skipped.
 
@@ -53,6 +54,7 @@ def decode_lines(lines: list[bytes]) -> list[Any]:
     return values
 
 
+# edge: as decode_lines
 def decode_lines_json(lines: list[bytes]) -> list[Any]:
     """decode_lines with the json module alone.
 

@@ -34,11 +34,11 @@ def _target(rec: RunRecord) -> str | None:
     return f"-m {spec['module']}" if spec.get("module") else None
 
 
-def facts(rec: RunRecord) -> dict[str, Any]:
+def facts(rec: RunRecord) -> dict[str, object]:
     """What ``changed`` compares, by its name there (``env.K`` one entry per variable)."""
     spec = rec.spec
     versions = rec.versions
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "script": _target(rec),
         "args": [str(a) for a in spec.get("args") or []],
         "nproc": rec.nproc_per_node,
@@ -55,7 +55,7 @@ def facts(rec: RunRecord) -> dict[str, Any]:
     return out
 
 
-def changed(a: RunRecord, b: RunRecord) -> list[dict[str, Any]]:
+def changed(a: RunRecord, b: RunRecord) -> list[dict[str, object]]:
     """Each fact that differs; a secret that differs is listed with both values masked."""
     fa, fb = facts(a), facts(b)
     names = list(fa) + [k for k in fb if k not in fa]

@@ -284,6 +284,7 @@ class Digester:
             before = at
         return stalled, restarts
 
+    # edge: digest.json's document, written to the file and read back by load
     def doc(self, rec: RunRecord) -> dict[str, Any]:
         """The digest of what was read, for the run ``rec`` (a run still going: up to now)."""
         start = rec.started_at
@@ -346,6 +347,7 @@ def _speed(at: dict[float, list[Any]]) -> dict[str, float | None]:
     return {"step_s": step_s, "samples_per_s": median(rates) if rates else None}
 
 
+# edge: digest.json's document (doc)
 def build(run_dir: Path, rec: RunRecord) -> dict[str, Any]:
     """The digest of ``run_dir`` as it is now, read whole."""
     digester = Digester(run_dir)
@@ -384,6 +386,7 @@ def _whole(doc: dict[str, Any]) -> bool:
     return time_ok and isinstance(waited, dict) and all(_finite(w) for w in waited.values())
 
 
+# edge: digest.json's document, as the file holds it (checked whole)
 def load(run_dir: Path, rec: RunRecord) -> dict[str, Any]:
     """digest.json of a finished run, made (and kept, if the run is over) when it is missing."""
     kept = read_object(RunLayout(run_dir).digest)
@@ -423,6 +426,7 @@ def close_run(run_dir: Path, rec: RunRecord, digester: Digester | None = None) -
     return out
 
 
+# edge: run.json's rank rows as the file holds them
 def with_waits(ranks: list[dict[str, Any]], figures: RankFigures) -> list[dict[str, Any]]:
     """run.json's rank rows, each with what the end measured of it (close_run)."""
     return [{**row, **figures.get(row.get("rank", -1), {})} for row in ranks]

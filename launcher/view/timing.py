@@ -108,6 +108,7 @@ def _rounded(parts: dict[str, float]) -> dict[str, float]:
     return {"total_s": round(sum(out.values()), 3), **out}
 
 
+# edge: run.json's (or digest.json's) ``time`` object, checked: its figures as the file holds them
 def valid(time: object) -> dict[str, Any] | None:
     """run.json's ``time`` when it is whole (every part a number), else None; its ``phases``
     kept when they are whole too."""
