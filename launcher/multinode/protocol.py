@@ -45,7 +45,14 @@ from xl.launcher.rundir.runrecord import RunStatus, is_final
 # Events of another node that node 0 records too; the rest (its diagnoses) node 0 makes itself
 # from the metrics it receives.
 FORWARDED_EVENTS = frozenset(
-    {"run_started", "rank_started", "rank_exited", "stop_requested", "run_ended", "exit_barrier"}
+    {
+        EventKind.RUN_STARTED,
+        EventKind.RANK_STARTED,
+        EventKind.RANK_EXITED,
+        EventKind.STOP_REQUESTED,
+        EventKind.RUN_ENDED,
+        EventKind.EXIT_BARRIER,
+    }
 )
 MESSAGE_TYPES = frozenset(
     {"ranks", "log", "event", "failure", "end", "rec", "stacks", "train", "logs", "fingerprint"}
