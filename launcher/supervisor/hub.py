@@ -61,6 +61,7 @@ from xl.launcher.supervisor.nodewatch import (
 )
 from xl.launcher.supervisor.safe_telemetry import NodeHooks
 from xl.launcher.supervisor.stopping import Stopping, StopReason
+from xl.units import ranks_text
 
 if TYPE_CHECKING:  # its fingerprint is read as a node's first message comes
     from xl.doctor.api import Fingerprint
@@ -363,7 +364,7 @@ class Hub:
             running = [int(r["rank"]) for r in remote.ranks if r.get("state") in LIVE_STATES]
             silent = f"nothing came from it for {self.timeout:g}s"
             how = "its supervisor's connection closed" if closed else silent
-            ranks = f" with rank(s) {', '.join(map(str, running))} running" if running else ""
+            ranks = f" with {ranks_text(running)} running" if running else ""
             message = (f"node {remote.node} ({remote.host or '?'}) was lost{ranks}: {how} "
                        "(killed, or its machine went down)")
             lost = NodeNotice(EventKind.NODE_LOST, remote.node, message, node=remote.host)
