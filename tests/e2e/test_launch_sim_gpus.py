@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from procs import XL, kill_run, only_run, run_json, wait_for, wait_no_processes, xl, xl_env
+from procs import launched_run, run_json, wait_for, wait_no_processes, xl, xl_env
 from simnvml import default_uuid
 
 from xl.launcher.view.reader import RunReader
@@ -29,14 +28,9 @@ def test_ranks_get_the_gpus_in_the_order_given(tmp_path: Path, simnvml) -> None:
     home = tmp_path / "home"
     (tmp_path / "gpu.py").write_text(SCRIPT)
     env = xl_env(home, **sim.env)
-    proc = xl(
-        ["launch", "--no-tui", "--gpus", f"3,{default_uuid(1)}", "gpu.py"],
-        env,
-        cwd=tmp_path,
-        timeout=90,
-    )
-    run_dir = only_run(home)
-    try:
+    args = ["--gpus", f"3,{default_uuid(1)}", "gpu.py"]
+    with launched_run(args, env, cwd=tmp_path, how="to_end") as launched:
+        proc, run_dir = launched.result, launched.run_dir
         assert proc.returncode == 0, proc.stdout + proc.stderr
         run = run_json(run_dir)
         assert [(d["index"], d["uuid"]) for d in run["devices"]] == [
@@ -59,8 +53,6 @@ def test_ranks_get_the_gpus_in_the_order_given(tmp_path: Path, simnvml) -> None:
                 "LOCAL_RANK": str(rank),
             }
         wait_no_processes(run_dir, timeout=3)
-    finally:
-        kill_run(run_dir)
 
 
 def test_fewer_ranks_than_gpus_expose_only_the_gpus_the_ranks_use(tmp_path: Path, simnvml) -> None:
@@ -70,9 +62,8 @@ def test_fewer_ranks_than_gpus_expose_only_the_gpus_the_ranks_use(tmp_path: Path
     home = tmp_path / "home"
     (tmp_path / "gpu.py").write_text(SCRIPT)
     env = xl_env(home, **sim.env)
-    proc = xl(["launch", "--no-tui", "--nproc", "2", "gpu.py"], env, cwd=tmp_path, timeout=90)
-    run_dir = only_run(home)
-    try:
+    with launched_run(["--nproc", "2", "gpu.py"], env, cwd=tmp_path, how="to_end") as launched:
+        proc, run_dir = launched.result, launched.run_dir
         assert proc.returncode == 0, proc.stdout + proc.stderr
         run = run_json(run_dir)
         assert [d["index"] for d in run["devices"]] == [0, 1]
@@ -95,8 +86,6 @@ def test_fewer_ranks_than_gpus_expose_only_the_gpus_the_ranks_use(tmp_path: Path
         )
         assert json.loads(dry.stdout)["env"]["CUDA_VISIBLE_DEVICES"] == "3,1"
         wait_no_processes(run_dir, timeout=3)
-    finally:
-        kill_run(run_dir)
 
 
 HOLD = """
@@ -133,22 +122,13 @@ def test_each_rank_shows_its_own_gpu_memory_not_the_gpu_s(
     home = tmp_path / "home"
     (tmp_path / "hold.py").write_text(HOLD)
     env = xl_env(home, **sim.env)
-    proc = subprocess.Popen(
-        [*XL, "launch", "--no-tui", "--nproc", "3", "hold.py", str(tmp_path)],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    run_dir: Path | None = None
-    try:
+    with launched_run(["--nproc", "3", "hold.py", str(tmp_path)], env, cwd=tmp_path) as launched:
+        run_dir = launched.run_dir
         for rank in (0, 1):
             pid_file = tmp_path / f"pid-{rank}"
             wait_for(pid_file.exists, timeout=90, what=f"rank {rank}'s pid")
             sim.add_process(rank, int(pid_file.read_text()), 1000 + 100 * rank)
         wait_for((tmp_path / "pid-2").exists, timeout=90, what="rank 2's pid")
-        run_dir = only_run(home)
 
         def own_figures() -> set[tuple[int, float]]:
             seen = set()
@@ -170,8 +150,9 @@ def test_each_rank_shows_its_own_gpu_memory_not_the_gpu_s(
             what="each rank's own GPU memory in its sys lines",
         )
         (tmp_path / "stop").touch()
-        out, err = proc.communicate(timeout=90)
-        assert proc.returncode == 0, out + err
+        done = launched.finish(timeout=90)
+        out = done.stdout
+        assert done.returncode == 0, out + done.stderr
         want = {"0": "1.0G/80.0G", "1": "1.1G/80.0G", "2": ""}
         assert _mem_cells(out) == want, out
         shown = xl(["runs", run_dir.name], env).stdout
@@ -184,12 +165,6 @@ def test_each_rank_shows_its_own_gpu_memory_not_the_gpu_s(
         }
         assert monitor == {0: "1.0G", 1: "1.1G", 2: "-"}, monitor
         wait_no_processes(run_dir, timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        if run_dir is not None:
-            kill_run(run_dir)
 
 
 def test_cpu_ranks_show_their_host_memory(tmp_path: Path) -> None:
@@ -198,18 +173,9 @@ def test_cpu_ranks_show_their_host_memory(tmp_path: Path) -> None:
     home = tmp_path / "home"
     (tmp_path / "hold.py").write_text(HOLD)
     env = xl_env(home)
-    proc = subprocess.Popen(
-        [*XL, "launch", "--no-tui", "--nproc", "2", "hold.py", str(tmp_path)],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    run_dir: Path | None = None
-    try:
+    with launched_run(["--nproc", "2", "hold.py", str(tmp_path)], env, cwd=tmp_path) as launched:
+        run_dir = launched.run_dir
         wait_for((tmp_path / "pid-1").exists, timeout=90, what="rank 1's pid")
-        run_dir = only_run(home)
 
         def footprints() -> set[int]:
             lines = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -221,8 +187,9 @@ def test_cpu_ranks_show_their_host_memory(tmp_path: Path) -> None:
 
         wait_for(lambda: footprints() == {0, 1}, timeout=60, what="each rank's footprint")
         (tmp_path / "stop").touch()
-        out, err = proc.communicate(timeout=90)
-        assert proc.returncode == 0, out + err
+        done = launched.finish(timeout=90)
+        out = done.stdout
+        assert done.returncode == 0, out + done.stderr
         view = RunReader(run_dir).poll()
         want = {str(r): mib(rv.mem_mib) for r, rv in view.ranks.items()}
         assert len(want) == 2 and all(m.endswith("M") for m in want.values()), want
@@ -235,9 +202,3 @@ def test_cpu_ranks_show_their_host_memory(tmp_path: Path) -> None:
         }
         assert monitor == want, monitor
         wait_no_processes(run_dir, timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        if run_dir is not None:
-            kill_run(run_dir)

@@ -1,4 +1,6 @@
-"""Every line a rank prints arrives, whole and in order, and the output relay never ends training.
+"""Every line a rank prints arrives, whole and in order, and the output relay never ends training:
+binary output is kept byte for byte, and huge digit lines hold up neither the records nor
+`xl stop`.
 
 Real `xl launch --no-tui` with real torchrun and CPU ranks (gloo where ranks talk), stdout into
 a file as in a batch job. Each test checks that no process of the run is left.
@@ -17,13 +19,16 @@ import psutil
 import pytest
 from procs import (
     XL,
+    end_run,
     kill_run,
     only_run,
     run_json,
+    wait_final,
     wait_for,
     wait_no_processes,
     wait_ranks_running,
     wait_run,
+    xl,
     xl_env,
 )
 
@@ -309,3 +314,139 @@ def test_a_bar_s_latest_redraw_is_parsed_while_the_rank_hangs_mid_line(tmp_path:
             proc.kill()
             proc.wait(timeout=30)
         kill_run(run_dir)
+
+
+BINARY = textwrap.dedent(
+    """
+    import os, random, sys
+    rng = random.Random(int(os.environ["RANK"]) + 7)
+    sent = bytearray()
+    for i in range(200):
+        chunk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))
+        if i % 17 == 0:
+            chunk += b"\\x1b]52;c;aGVsbG8=\\x07\\x00\\xff\\xfe\\r"
+        os.write(1, chunk)
+        sent += chunk
+    os.write(1, b"\\nthe end\\n")
+    sent += b"\\nthe end\\n"
+    with open(sys.argv[1] + os.environ["RANK"], "wb") as fh:
+        fh.write(sent)
+    """
+)
+
+
+def test_binary_output_from_ranks_is_kept_byte_for_byte_and_ends_nothing(tmp_path: Path) -> None:
+    """Random bytes, NULs, invalid UTF-8 and escapes on a rank's stdout: the run succeeds, each
+    rank's log holds exactly what it wrote (the script's own copy is the truth), and `xl logs`
+    to a pipe gives those bytes back."""
+    home = tmp_path / "home"
+    env = xl_env(home)
+    (tmp_path / "train.py").write_text(BINARY)
+    truth = tmp_path / "sent-"
+    # To a pipe the plain view passes the ranks' bytes on as they are (not text: bytes).
+    done = subprocess.run(
+        [*XL, "launch", "--no-tui", "--nproc", "2", "train.py", str(truth)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=180,
+    )
+    run_dir = wait_run(home)
+    try:
+        assert done.returncode == 0, (done.stdout[-2000:] + done.stderr[-2000:]).decode(
+            errors="replace"
+        )
+        assert b"Traceback" not in done.stdout + done.stderr
+        assert run_json(run_dir)["status"] == "succeeded"
+        for rank in (0, 1):
+            sent = (tmp_path / f"sent-{rank}").read_bytes()
+            log = (run_dir / "logs" / f"rank-{rank}.log").read_bytes()
+            assert sent in log, (
+                f"rank {rank}: {len(sent)} bytes sent, the log does not hold them as sent"
+            )
+        piped = subprocess.run(
+            [*XL, "logs", run_dir.name, "--rank", "1"], env=env, capture_output=True, timeout=60
+        )
+        assert piped.returncode == 0, piped.stderr
+        assert (tmp_path / "sent-1").read_bytes() in piped.stdout
+        wait_no_processes(run_dir, timeout=60)
+    finally:
+        kill_run(run_dir)
+
+
+HOSTILE_LINES = textwrap.dedent(
+    """
+    import os, sys, time
+    import xl
+    rank = int(os.environ["RANK"])
+    here = sys.argv[1]
+    print("ready", flush=True)
+    step = 0
+    while not os.path.exists(os.path.join(here, "go")):
+        step += 1
+        if rank == 0:
+            # The shapes that once held the supervisor's loop for seconds each.
+            print("1" * 60_000 + " it/s", flush=True)
+            print("x" * 32_000 + " it/s", flush=True)
+            print("{'loss': " + "9" * 20_000, flush=True)
+        else:
+            xl.log(step=step, loss=1.0 / step)
+        with open(os.path.join(here, f"steps-{rank}"), "a") as fh:
+            fh.write(f"{step}\\n")
+        time.sleep(0.05)
+    """
+)
+
+
+def _steps(path: Path) -> int:
+    return len(path.read_text().split()) if path.exists() else 0
+
+
+def _stored_steps(run_dir: Path, rank: int) -> int:
+    text = (run_dir / "metrics.jsonl").read_text(errors="replace")
+    steps = [
+        json.loads(line).get("step")
+        for line in text.splitlines()
+        if f'"rank": {rank}' in line or f'"rank":{rank}' in line
+    ]
+    return max([s for s in steps if isinstance(s, int)], default=0)
+
+
+def test_a_rank_that_prints_huge_digit_lines_holds_up_neither_the_records_nor_xl_stop(
+    tmp_path: Path,
+) -> None:
+    """60,000 digits then " it/s" once held the supervisor's loop 19 s a line. Rank 0 prints such
+    lines without end while rank 1 logs steps: rank 1's records are stored as they come, and
+    `xl stop` ends the run; rank 0's log keeps its lines whole."""
+    home = tmp_path / "home"
+    env = xl_env(home)
+    (tmp_path / "train.py").write_text(HOSTILE_LINES)
+    done = xl(
+        ["launch", "--detach", "--nproc", "2", "train.py", str(tmp_path)],
+        env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = wait_run(home)
+    try:
+        wait_ranks_running(run_dir, 2, timeout=90)
+        wait_for(
+            lambda: _steps(tmp_path / "steps-0") >= 100,
+            timeout=120,
+            what="300 hostile lines from rank 0",
+        )
+        now = _steps(tmp_path / "steps-1")
+        wait_for(
+            lambda: _stored_steps(run_dir, 1) >= now, timeout=60, what=f"rank 1's step {now} stored"
+        )
+        stopped = xl(["stop", run_dir.name], env, timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert wait_final(run_dir, timeout=90)["status"] == "stopped"
+        with open(run_dir / "logs" / "rank-0.log", "rb") as fh:
+            whole = sum(1 for line in fh if line == b"1" * 60_000 + b" it/s\n")
+        assert whole >= 100, whole
+        wait_no_processes(run_dir, timeout=60)
+    finally:
+        (tmp_path / "go").touch()
+        end_run(None, run_dir, timeout=30)

@@ -1,30 +1,36 @@
 """The supervisor with real processes (torchrun, CPU ranks, the real `xl`): stops and lost parts.
 
-Ctrl-C, `xl stop`, a SIGKILLed torchrun leave no process of the run (XL_STOP_GRACE=1 keeps stops
-short); a view gone with SIGHUP leaves training going, and the record is told true afterwards;
-`xl attach` and `xl logs -f` follow a run to its end; the library's start_run runs a whole run
-too. (A supervisor that dies or freezes is in test_supervisor_dies.py.)
+Ctrl-C, `xl stop` (of a run with a SIGSTOPped rank, and two at once while `xl attach` follows),
+a SIGKILLed torchrun leave no process of the run (XL_STOP_GRACE=1 keeps stops short); a view
+gone with SIGHUP leaves training going, and the record is told true afterwards; `xl attach` and
+`xl logs -f` follow a run to its end; the library's start_run runs a whole run too. (A
+supervisor that dies or freezes is in test_supervisor_dies.py.)
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 from procs import (
     XL,
+    end_run,
     kill_run,
     launched_run,
     run_json,
     wait_final,
     wait_for,
     wait_no_processes,
+    wait_ranks_running,
+    wait_run,
     xl,
     xl_env,
 )
@@ -113,7 +119,13 @@ def test_sighup_to_foreground_launch_leaves_the_run_going(tmp_path: Path) -> Non
         "print('done', flush=True)\n"
     )
     args = ["--nproc", "2", "-m", "mypkg.train", str(tmp_path / "go")]
-    with launched_run(args, xl_env(home), cwd=tmp_path, ranks=2) as launched:
+
+    def hangup_ends_it() -> None:  # as in a terminal: a test run under nohup ignores SIGHUP
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+    with launched_run(
+        args, xl_env(home), cwd=tmp_path, ranks=2, preexec_fn=hangup_ends_it
+    ) as launched:
         run_dir, proc = launched.run_dir, launched.launch
         assert proc is not None
         proc.send_signal(signal.SIGHUP)
@@ -184,3 +196,105 @@ def test_start_run_api_spawns_a_detached_supervisor(tmp_path: Path) -> None:
         wait_no_processes(run_dir, timeout=GRACE + 2)
     finally:
         kill_run(run_dir)
+
+
+STEPPING = textwrap.dedent(
+    """
+    import os, sys, time
+    import xl
+    rank = int(os.environ["RANK"])
+    print("ready", flush=True)
+    step = 0
+    while True:
+        step += 1
+        xl.log(step=step, loss=1.0 / step)
+        with open(f"{sys.argv[1]}-{rank}", "a") as fh:
+            fh.write(f"{step}\\n")
+        time.sleep(0.05)
+    """
+)
+
+
+def _steps(path: Path) -> int:
+    return len(path.read_text().split()) if path.exists() else 0
+
+
+def test_a_stopped_rank_is_ended_by_xl_stop_with_the_rest_and_the_run_says_stopped(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP one rank (a debugger's breakpoint, a job-control mistake): the other trains on;
+    `xl stop` ends both, the frozen one too (SIGTERM alone never reaches it), and nothing is
+    left."""
+    home = tmp_path / "home"
+    env = xl_env(home)
+    (tmp_path / "train.py").write_text(STEPPING)
+    steps = tmp_path / "steps"
+    done = xl(
+        ["launch", "--detach", "--nproc", "2", "train.py", str(steps)],
+        env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = wait_run(home)
+    try:
+        run = wait_ranks_running(run_dir, 2, timeout=90)
+        pid1 = next(r["pid"] for r in run["ranks"] if r["rank"] == 1)
+        wait_for(lambda: _steps(Path(f"{steps}-1")) >= 5, timeout=60, what="rank 1's steps")
+        os.kill(pid1, signal.SIGSTOP)
+        at_stop = _steps(Path(f"{steps}-1"))
+        before = _steps(Path(f"{steps}-0"))
+        wait_for(
+            lambda: _steps(Path(f"{steps}-0")) >= before + 40, timeout=60, what="rank 0 going on"
+        )
+        assert _steps(Path(f"{steps}-1")) == at_stop, "rank 1 is stopped"
+        stopped = xl(["stop", run_dir.name], env, timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        rec = wait_final(run_dir, timeout=90)
+        assert rec["status"] == "stopped", rec
+        wait_no_processes(run_dir, timeout=60)
+    finally:
+        end_run(None, run_dir, timeout=30)
+
+
+def test_xl_stop_while_xl_attach_follows_the_run_ends_both_truthfully(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = xl_env(home)
+    (tmp_path / "train.py").write_text(STEPPING)
+    done = xl(
+        ["launch", "--detach", "--nproc", "2", "train.py", str(tmp_path / "steps")],
+        env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = wait_run(home)
+    attach = subprocess.Popen(
+        [*XL, "attach", "--no-tui", run_dir.name],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_ranks_running(run_dir, 2, timeout=90)
+        wait_for(lambda: _steps(tmp_path / "steps-0") >= 10, timeout=60, what="steps")
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            stops = list(pool.map(lambda _: xl(["stop", run_dir.name], env, timeout=120), range(2)))
+        assert all(s.returncode == 0 for s in stops), [s.stdout + s.stderr for s in stops]
+        out, _ = attach.communicate(timeout=120)
+        shown = out.decode(errors="replace")
+        assert attach.returncode != 0 and "stopped" in shown, shown[-2000:]
+        assert "Traceback" not in shown
+        assert run_json(run_dir)["status"] == "stopped"
+        events = [
+            json.loads(line)
+            for line in (run_dir / "events.jsonl").read_text().splitlines()
+            if line.strip()
+        ]
+        assert [e["status"] for e in events if e["kind"] == "run_ended"] == ["stopped"], events
+        wait_no_processes(run_dir, timeout=60)
+    finally:
+        if attach.poll() is None:
+            attach.kill()
+            attach.wait(timeout=30)
+        end_run(None, run_dir, timeout=30)
