@@ -1,6 +1,6 @@
 """Screens and widgets reach the domain only through typed views and the backend.
 
-The app's one door to the domain is the Backend protocol (tui/backend.py): everything that reads
+The app's one way to the domain is the Backend protocol (tui/backend.py): everything that reads
 a file, asks a process or starts a run goes through it. Screens and widgets draw what it hands
 them, so what they import from ``xl.launcher`` and ``xl.doctor`` is:
 
@@ -141,3 +141,51 @@ def test_screens_and_widgets_reach_the_domain_only_through_typed_views() -> None
 def test_every_module_the_rule_allows_exists() -> None:
     for module in TYPES:
         assert (ROOT / _path_of(module)).with_suffix(".py").exists(), module
+
+
+def reaches_out(source: str) -> list[str]:
+    """Where a widget of ``source`` queries widgets that are not its own: ``self.screen.query*``
+    or ``self.app.query*`` (a widget draws its own children and tells its screen by message)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("query", "query_one", "query_exactly_one")
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr in ("screen", "app", "parent")
+            and isinstance(node.value.value, ast.Name)
+            and node.value.value.id == "self"
+        ):
+            found.append((node.lineno, f"line {node.lineno}: self.{node.value.attr}.{node.attr}"))
+    return [text for _, text in sorted(found)]
+
+
+def test_reaching_out_is_named_and_own_children_are_left_alone() -> None:
+    own = "class W:\n    def f(self):\n        self.query_one(T).display = False\n"
+    assert reaches_out(own) == []
+    out = (
+        "class W:\n"
+        "    def f(self):\n"
+        "        self.screen.query_one(T).display = False\n"
+        "        self.app.query('#x')\n"
+    )
+    assert reaches_out(out) == ["line 3: self.screen.query_one", "line 4: self.app.query"]
+
+
+def test_widgets_own_what_they_draw() -> None:
+    """A widget never queries its screen's widgets, and no attribute of another object is reached
+    past the type checker (``type: ignore[attr-defined]``)."""
+    widgets = [*(ROOT / "tui" / "widgets").rglob("*.py"), ROOT / "tui/screens/monitor_nodes.py"]
+    found = {
+        str(path.relative_to(ROOT)): hits
+        for path in widgets
+        if (hits := reaches_out(path.read_text(encoding="utf-8")))
+    }
+    assert not found, found
+    ignored = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in (ROOT / "tui").rglob("*.py")
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "type: ignore[attr-defined]" in line
+    ]
+    assert not ignored, ignored
