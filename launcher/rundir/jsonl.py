@@ -19,6 +19,11 @@ _DECODER = json.JSONDecoder()
 FAST_FROM = 256
 
 
+def fast_loads(lines: int) -> Callable[[bytes], Any] | None:
+    """orjson's loads for a poll of ``lines`` lines when it pays (FAST_FROM), else None."""
+    return _fast() if lines >= FAST_FROM else None
+
+
 @functools.cache
 def _fast() -> Callable[[bytes], Any] | None:
     """orjson's loads, imported on the first poll big enough for it to pay."""
@@ -39,7 +44,7 @@ def decode_lines(lines: list[bytes]) -> list[Any]:
     beyond 64 bits comes back from orjson as a float. """
     if not lines:
         return []
-    fast = _fast() if len(lines) >= FAST_FROM else None
+    fast = fast_loads(len(lines))
     if fast is None:
         return decode_lines_json(lines)
     values = []

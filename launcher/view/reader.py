@@ -224,7 +224,11 @@ class RunReader:
                 continue
             # Each figure below is taken as it is when it is a finite int or float (what JSON
             # numbers nearly always are) and through number() only otherwise: a call less each.
+            # ``known`` counts the line's keys read here (t, rank, its kind when it names one):
+            # a line with no other key holds none of the rarer figures.
+            known = 2 if kind is None else 3
             if "step" in rec:
+                known += 1
                 step = rec["step"]
                 if (type(step) is not float and type(step) is not int) or step - step != 0:
                     step = number(step)
@@ -237,12 +241,14 @@ class RunReader:
                         steps.clear()
                         steps.append((t, step))
             if "total_steps" in rec:
+                known += 1
                 total = rec["total_steps"]
                 if (type(total) is not float and type(total) is not int) or total - total != 0:
                     total = number(total)
                 if total is not None:
                     v["total_steps"] = total
             if "loss" in rec and "eval_loss" not in rec:
+                known += 1
                 loss = rec["loss"]
                 if (type(loss) is not float and type(loss) is not int) or loss - loss != 0:
                     loss = number(loss)
@@ -254,6 +260,7 @@ class RunReader:
                     named = nonfinite.get("loss") if isinstance(nonfinite, dict) else None
                     v["loss"] = float(named) if named in _NONFINITE else None
             if "samples_per_s" in rec:
+                known += 1
                 samples = rec["samples_per_s"]
                 if (
                     type(samples) is not float and type(samples) is not int
@@ -266,7 +273,7 @@ class RunReader:
                     if samples > 0 and (type(count) is int or type(count) is float) and count > 0:
                         v["samples_counted"] += count
                         v["samples_time_s"] += count / samples
-            if not _RARER.isdisjoint(rec):  # one test for most lines, not one a figure
+            if len(rec) > known and not _RARER.isdisjoint(rec):  # one test, not one a figure
                 self._apply_rarer(state, t, rec)
 
     @staticmethod

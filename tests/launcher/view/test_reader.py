@@ -398,3 +398,23 @@ def test_a_metrics_line_is_read_once_into_a_typed_row() -> None:
     ]
     assert rows[0][3] == {"t": 10.5, "rank": 0, "kind": "train", "step": 3, "loss": 2.5}
     assert rows[1][3]["gpu"] == "MIG-1"  # every key of the line stays, the figures and the rest
+
+
+def test_the_rarer_figures_are_read_whatever_else_a_line_holds(
+    tmp_path: Path, decoder: str
+) -> None:
+    """A line's eval loss, learning rate and step time are read whether it names its kind or not
+    (a hand-written line, another tool's kind), and a plain line after them keeps them shown."""
+    metrics = tmp_path / "metrics.jsonl"
+    _append(
+        metrics,
+        {"t": 1.0, "rank": 0, "eval_loss": 1.5},  # no kind, no other figure
+        {"t": 2.0, "rank": 1, "kind": "mine", "lr": 0.01, "step": 3},  # a kind xl does not write
+        {"t": 3.0, "rank": 2, "kind": "train", "step": 4, "loss": 2.0, "step_s": 0.25},
+        {"t": 4.0, "rank": 2, "kind": "train", "step": 5, "loss": 1.9, "samples_per_s": 8.0},
+    )
+    view = RunReader(tmp_path).poll()
+    assert view.ranks[0].eval_loss == 1.5 and view.ranks[0].loss is None
+    assert (view.ranks[1].lr, view.ranks[1].step) == (0.01, 3)
+    r2 = view.ranks[2]
+    assert (r2.step_s, r2.step, r2.loss, r2.samples_per_s) == (0.25, 5, 1.9, 8.0)
