@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from xl import envnames
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from xl.launcher.rundir.runrecord import RunRecord
     from xl.launcher.rundir.store import RunInfo
     from xl.launcher.spec import LaunchSpec
+    from xl.launcher.stacks.model import StacksDoc
     from xl.launcher.view.comparison import Comparison
     from xl.launcher.view.reader import RunReader
 
@@ -98,7 +99,7 @@ class Backend(Protocol):
         """Stop the run: SIGTERM to every rank, SIGKILL after the grace period."""
         ...
 
-    def stacks(self, run_dir: Path) -> dict[str, Any]:
+    def stacks(self, run_dir: Path) -> StacksDoc:
         """Ask every rank of the running run where it is now: the stacks document, with the
         whole run's verdict (raises with a one-line message when the run is not running)."""
         ...
@@ -208,11 +209,11 @@ class LocalBackend:
 
         stop_run(run_dir)
 
-    def stacks(self, run_dir: Path) -> dict[str, Any]:
+    def stacks(self, run_dir: Path) -> StacksDoc:
         from xl.launcher.stacks.gather import run_document  # noqa: PLC0415 - loads only when stacks are asked for
 
         # every rank: the verdict is the whole run's, never one rank's
-        return run_document(run_dir).to_json()
+        return run_document(run_dir)
 
     def compare(self, run_a: Path, run_b: Path) -> Comparison:
         from xl.launcher.view.comparison import compare  # noqa: PLC0415 - loads only when two runs are compared

@@ -35,6 +35,7 @@ from procs import (
 )
 
 from xl.launcher.rundir.outcome import Failure
+from xl.launcher.stacks.model import StacksDoc
 from xl.textsafe import visible
 from xl.tui.screens.monitor import failure_text
 from xl.tui.screens.stacks import stacks_text
@@ -223,7 +224,7 @@ def test_the_apps_banners_and_stacks_draw_control_characters() -> None:
             }
         ]
     }
-    text = stacks_text(doc, 0).plain
+    text = stacks_text(StacksDoc.from_json(doc), 0).plain
     assert "\x1b" not in text and "thread ␛]0;pwned␇" in text and "a␛[2J.py:1 in f" in text
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 import runfixtures
@@ -24,6 +23,7 @@ from xl.launcher.plan import Plan
 from xl.launcher.rundir.runrecord import RunRecord
 from xl.launcher.rundir.store import RunInfo
 from xl.launcher.spec import LaunchSpec
+from xl.launcher.stacks.model import StacksDoc
 from xl.launcher.view.reader import RunReader
 from xl.tui.app import build_app, exit_code
 from xl.tui.screens.monitor import MonitorScreen
@@ -102,10 +102,10 @@ class FakeBackend:
     def stop(self, run_dir: Path) -> None:
         self.stopped.append(run_dir)
 
-    def stacks(self, run_dir: Path) -> dict[str, Any]:
+    def stacks(self, run_dir: Path) -> StacksDoc:
         self.asked_stacks.append(run_dir)
         frames = [{"file": "train.py", "line": 41, "function": "load_batch"}]
-        return {
+        return StacksDoc.from_json({
             "run_id": run_dir.name,
             "t": NOW,
             "ranks": [
@@ -119,7 +119,7 @@ class FakeBackend:
                 for rank in (0, 1)
             ],
             "verdict": {"ranks": [1], "message": "the others wait for rank 1"},
-        }
+        })
 
 
 @pytest.fixture

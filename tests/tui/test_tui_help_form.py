@@ -17,6 +17,7 @@ from textual.widgets._footer import FooterKey
 from where import FIXTURES
 
 from xl.doctor.report import Report
+from xl.launcher.stacks.model import StacksDoc
 from xl.tui import settings
 from xl.tui.app import build_app
 from xl.tui.backend import LocalBackend
@@ -41,10 +42,10 @@ class Backend(LocalBackend):
     def doctor_report(self) -> Report:
         return Report(checks=[])
 
-    def stacks(self, run_dir: Path) -> dict[str, Any]:
+    def stacks(self, run_dir: Path) -> StacksDoc:
         self.asked.append(run_dir)
         frames = {0: ("train.py", 41, "main"), 1: ("data.py", 30, "load")}
-        return {
+        return StacksDoc.from_json({
             "run_id": run_dir.name,
             "t": NOW,
             "ranks": [
@@ -62,7 +63,7 @@ class Backend(LocalBackend):
                 "ranks": [1],
                 "message": "rank 1 never entered all_reduce #12: it is in load at data.py:30",
             },
-        }
+        })
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ TYPES = VIEWS | {
     "xl.launcher.rundir.store",  # RunInfo (Backend.runs)
     "xl.launcher.plan",  # Plan: what Backend.plan shows the Launch screen, and Backend.start runs
     "xl.launcher.spec",  # LaunchSpec: what the Launch screen asks Backend.start for
+    "xl.launcher.stacks.model",  # StacksDoc: what Backend.stacks hands the stacks screen
 }
 
 

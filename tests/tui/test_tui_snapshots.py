@@ -19,6 +19,7 @@ from textual.widgets._footer import FooterKey
 from where import FIXTURES, REPO
 
 from xl.doctor.report import Check, Report
+from xl.launcher.stacks.model import StacksDoc
 from xl.tui.app import build_app
 from xl.tui.backend import LocalBackend
 from xl.tui.run_outcome import FINISHED
@@ -222,7 +223,7 @@ def test_stacks_80x24(snap_compare, _env):
 
     class FixedStacks(LocalBackend):
         def stacks(self, run_dir):
-            return _stacks_doc(30)
+            return StacksDoc.from_json(_stacks_doc(30))
 
     app = build_app(
         FixedStacks(),

@@ -8,6 +8,7 @@ from textual.app import App, ComposeResult
 from textual.widgets import Static
 
 from xl.launcher.rundir.events import parse_event
+from xl.launcher.stacks.model import StacksDoc
 from xl.launcher.view.runview import Hang, HangRule
 from xl.tui.screens.stacks import StacksScreen
 from xl.tui.widgets.verdict import VerdictBanner, verdict_text
@@ -92,9 +93,9 @@ class _Host(App[None]):
 async def test_the_stacks_screen_shows_the_chosen_rank_and_asks_again() -> None:
     asked: list[int] = []
 
-    def fetch() -> dict[str, Any]:
+    def fetch() -> StacksDoc:
         asked.append(1)
-        return DOC
+        return StacksDoc.from_json(DOC)
 
     app = _Host()
     async with app.run_test(size=(120, 40)) as pilot:

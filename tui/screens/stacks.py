@@ -9,7 +9,7 @@ closes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual import work
@@ -22,48 +22,46 @@ from textual.widgets import Footer, Static
 
 from xl.textsafe import visible
 
-Fetch = Callable[[], dict[str, Any]]
+if TYPE_CHECKING:
+    from xl.launcher.stacks.model import StacksDoc
+
+Fetch = Callable[[], "StacksDoc"]
 
 
-def doc_ranks(doc: dict[str, Any]) -> list[int]:
+def doc_ranks(doc: StacksDoc) -> list[int]:
     """The ranks the document has an entry for, in rank order."""
-    return sorted(e["rank"] for e in doc.get("ranks") or [] if isinstance(e.get("rank"), int))
+    return sorted(e.rank for e in doc.ranks if e.rank is not None)
 
 
-def stacks_text(doc: dict[str, Any], rank: int) -> Text:
+def stacks_text(doc: StacksDoc, rank: int) -> Text:
     """The whole run's verdict, then ``rank``'s collectives and each thread's frames, innermost
     last."""
     out = Text()
-    verdict = (doc.get("verdict") or {}).get("message")
+    verdict = doc.verdict.message
     if verdict:
         asked = len(doc_ranks(doc))
         out.append(
             f"verdict (all {asked} rank{'s' if asked != 1 else ''}): {verdict}\n\n",
             style="bold yellow",
         )
-    entry = next((e for e in doc.get("ranks") or [] if e.get("rank") == rank), None)
+    entry = next((e for e in doc.ranks if e.rank == rank), None)
     if entry is None:
         out.append(f"rank {rank} is not running here", style="bold")
         return out
-    out.append(f"rank {rank}  pid {entry.get('pid')}\n", style="bold")
-    if entry.get("error"):
-        out.append(f"no stacks: {entry['error']}\n", style="red")
+    out.append(f"rank {rank}  pid {entry.pid}\n", style="bold")
+    if entry.error:
+        out.append(f"no stacks: {entry.error}\n", style="red")
         return out
-    if entry.get("note"):
-        out.append(f"({entry['note']})\n", style="dim")
-    for c in entry.get("collectives") or []:
-        style = "" if c.get("state") == "completed" else "bold"
-        out.append(
-            f"  {c.get('pg')} #{c.get('seq')} {c.get('op')}: {c.get('state')}\n", style=style
-        )
-    for thread in entry.get("threads") or []:
-        out.append(
-            visible(f"\nthread {thread.get('name')}\n", lines=True), style="bold"
-        )  # the rank's names
-        for f in thread.get("frames") or []:
-            out.append(
-                visible(f"  {f.get('file')}:{f.get('line')} in {f.get('function')}\n", lines=True)
-            )
+    if entry.note:
+        out.append(f"({entry.note})\n", style="dim")
+    for c in entry.collectives:
+        style = "" if c.done else "bold"
+        out.append(f"  {c.pg} #{c.seq} {c.op}: {c.state}\n", style=style)
+    for thread in entry.threads or ():
+        # the rank's own names: control characters drawn
+        out.append(visible(f"\nthread {thread.name}\n", lines=True), style="bold")
+        for f in thread.frames:
+            out.append(visible(f"  {f.file}:{f.line} in {f.function}\n", lines=True))
     return out
 
 
@@ -81,7 +79,7 @@ class StacksScreen(ModalScreen[None]):
     ]
 
     class Fetched(Message):
-        def __init__(self, doc: dict[str, Any] | None, error: str | None) -> None:
+        def __init__(self, doc: StacksDoc | None, error: str | None) -> None:
             super().__init__()
             self.doc = doc
             self.error = error
@@ -90,7 +88,7 @@ class StacksScreen(ModalScreen[None]):
         super().__init__(id="stacks")
         self.rank = rank
         self._fetch = fetch
-        self.doc: dict[str, Any] | None = None
+        self.doc: StacksDoc | None = None
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="stacks-scroll"):
@@ -133,7 +131,7 @@ class StacksScreen(ModalScreen[None]):
             body.update(stacks_text(message.doc, self.rank))
 
     def action_rank(self, delta: int) -> None:
-        ranks = doc_ranks(self.doc or {})
+        ranks = doc_ranks(self.doc) if self.doc is not None else []
         if not ranks or self.doc is None:
             return
         at = ranks.index(self.rank) if self.rank in ranks else -delta
