@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from xl.doctor.api import Facts
 
 
-@dataclass
+@dataclass(frozen=True)
 class Answer:
     """A doctor's check on the facts of now: ``status`` (ok, warn, fail, skip, error), its
     ``detail`` and its ``fix`` ("" when none)."""

@@ -12,7 +12,7 @@ from xl.launcher.causes import words
 from xl.launcher.rundir.outcome import Cause, CauseKind
 
 
-@dataclass
+@dataclass(frozen=True)
 class Evidence:
     """What is known of a rank that died, for ``explain``."""
 

@@ -32,7 +32,7 @@ _CGROUP_ROOTS = ("/sys/fs/cgroup/memory", "/sys/fs/cgroup")
 _NO_LIMIT = 1 << 62  # v1's "unlimited" is PAGE_COUNTER_MAX pages, about 2**63
 
 
-@dataclass
+@dataclass(frozen=True)
 class OomKill:
     """The kernel's OOM killer ended ``pid``: in a memory cgroup (``memcg``, its ``limit``) or
     because the whole machine ran out; ``rss`` its resident memory then (bytes)."""

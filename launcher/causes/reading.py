@@ -66,7 +66,7 @@ _TRAILER = re.compile(
 _ERROR_LINES = 40  # an exception's text: its line and what follows it in the block, at most
 
 
-@dataclass
+@dataclass(frozen=True)
 class Said:
     """What a rank's output says, read: ``error`` (its last exception's text, None when it
     printed none), ``library`` (lines libraries wrote) and ``lines`` (all of it, prefixes off)."""
@@ -119,14 +119,14 @@ def clean(line: str) -> tuple[str, bool]:
 
 def read(lines: list[str]) -> Said:
     """The rank's last lines, read (see the module's docstring)."""
-    said = Said()
+    texts: list[str] = []
+    library_lines: list[str] = []
     for raw in lines:
         text, library = clean(raw)
-        said.lines.append(text)
+        texts.append(text)
         if library and text.strip():
-            said.library.append(text.strip())
-    said.error = _last_error(said.lines)
-    return said
+            library_lines.append(text.strip())
+    return Said(_last_error(texts), library_lines, texts)
 
 
 def _last_error(lines: list[str]) -> str | None:

@@ -52,7 +52,7 @@ def peer_loss(text: str) -> str | None:
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Found:
     """What a reader found: the kind, what it read (``facts``, for the summary and the fix),
     and the lines it read them from."""
