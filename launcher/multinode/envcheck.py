@@ -16,9 +16,10 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xl.atomic import write_json_atomic
+from xl.launcher.multinode.protocol import FingerprintMessage
 from xl.launcher.rundir.events import EnvDiff
 from xl.launcher.rundir.runrecord import RunRecord
 
@@ -43,10 +44,9 @@ def gather_here(record: RunRecord) -> Fingerprint:
     return api.gather_fingerprint(ranks_python(record), env, nproc=record.nproc_per_node or 0)
 
 
-# edge: the fingerprint message as the link carries it
-def message(fingerprint: Fingerprint) -> dict[str, Any]:
+def message(fingerprint: Fingerprint) -> FingerprintMessage:
     """The link's message that carries it (xl.launcher.multinode.protocol checks it)."""
-    return {"type": "fingerprint", "fingerprint": fingerprint.to_json()}
+    return FingerprintMessage(fingerprint.to_json())
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,8 @@ class Verdict:
             f"as node 0 says, or start anyway with {ALLOW_OPTION}"
         )
 
-    # edge: run.json's env, as it is written
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
+        """run.json's ``env``, as it is written."""
         return {
             "diffs": [d.to_json() for d in self.diffs],
             "fingerprints": FINGERPRINTS,

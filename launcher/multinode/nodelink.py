@@ -32,12 +32,19 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from xl import handshake, wire
 from xl.address import format_address
-from xl.launcher.multinode.protocol import MAX_LOG_CHUNK, MAX_STACKS_ID, clip_failure
+from xl.launcher.multinode.protocol import (
+    MAX_LOG_CHUNK,
+    MAX_STACKS_ID,
+    LogMessage,
+    Outgoing,
+    clip_failure,
+)
 from xl.launcher.rundir.outcome import Failure
 
 # Node 0 closes a connection that sent no valid frame within collector.IDLE_S (30 s) of opening,
@@ -83,8 +90,7 @@ class Refused:
 Command = StopCommand | StacksAsk | LogsAsk | Refused
 
 
-# edge: one reply frame of node 0, as JSON decoded it
-def parse_command(msg: dict[str, Any]) -> Command | None:
+def parse_command(msg: Mapping[str, object]) -> Command | None:
     """What node 0 asks in a reply frame (``{"stacks": ...}``, ``{"logs": ...}``,
     ``{"stop": ...}``), None for anything else (an ack, or what this xl does not know)."""
     ask = msg.get("stacks")
@@ -151,14 +157,17 @@ class NodeLink:
     def start(self) -> None:
         self._thread.start()
 
-    # edge: a message, as its JSON line goes on the wire
-    def send(self, msg: dict[str, Any]) -> None:
-        if msg.get("type") in ("failure", "end") and isinstance(msg.get("failure"), dict):
+    def send(self, msg: Outgoing | Mapping[str, object]) -> None:
+        """A message to node 0, made its JSON line here; a mapping is sent as the line it is (a
+        test forges lines node 0 must refuse)."""
+        obj = msg if isinstance(msg, Mapping) else msg.to_json()
+        failure = obj.get("failure")
+        if obj.get("type") in ("failure", "end") and isinstance(failure, Mapping):
             # Too long a text would have node 0 reject the whole message (a load_state_dict
             # error easily is).
-            msg = {**msg, "failure": clip_failure(msg["failure"])}
+            obj = {**obj, "failure": clip_failure(failure)}
         try:
-            line = json.dumps(msg, separators=(",", ":"), default=str, allow_nan=False).encode()
+            line = json.dumps(obj, separators=(",", ":"), default=str, allow_nan=False).encode()
         except (TypeError, ValueError):
             return
         with self._lock:
@@ -175,7 +184,7 @@ class NodeLink:
         # surrogateescape: bytes that are not UTF-8 travel as escapes and come out unchanged.
         text = data.decode("utf-8", "surrogateescape")
         for i in range(0, len(text), MAX_LOG_CHUNK):
-            self.send({"type": "log", "rank": rank, "data": text[i : i + MAX_LOG_CHUNK]})
+            self.send(LogMessage(rank, text[i : i + MAX_LOG_CHUNK]))
 
     def commands(self) -> list[Command]:
         with self._lock:

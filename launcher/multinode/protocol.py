@@ -24,36 +24,33 @@ A node frame is a wire frame whose header names the node instead of a rank
 
 Node 0 answers with reply frames (``{"ack": seq}``, ``{"stop": {...}}``, ``{"stacks": {...}}``,
 ``{"logs": {...}}``). The
-sending side is xl.launcher.multinode.nodelink; the receiving side is the collector
-(xl.launcher.telemetry.collector), which calls ``parse_message`` on every body line: it checks
-the line and returns one frozen value per type (``RanksMessage`` ... ``LogsMessage``), which is
-all node 0 reads past it. What it keeps as JSON (a rank's row, an event, a fingerprint, a stacks
-entry, a train row) is written as it came, to run.json, events.jsonl, the run dir or the wire. """
+sending side (xl.launcher.multinode.nodelink) sends these values, each made its line as it is
+written; the receiving side, the collector (xl.launcher.telemetry.collector), calls
+``parse_message`` on every body line: it checks the line and returns one frozen value per type
+(``RanksMessage`` ... ``LogsMessage``), all node 0 reads past it. A rank's row is run.json's typed
+row, written back with what it came with; what stays JSON (an event, a fingerprint, a stacks
+entry, a train row) is written as it came, to events.jsonl, the run dir or the wire. """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from xl import wire
 from xl.launcher.rundir.events import EventKind
 from xl.launcher.rundir.outcome import Failure
+from xl.launcher.rundir.rows import RankRow
 from xl.launcher.rundir.runrecord import RunStatus, is_final
 
 # Events of another node that node 0 records too; the rest (its diagnoses) node 0 makes itself
 # from the metrics it receives.
-FORWARDED_EVENTS = frozenset(
-    {
-        EventKind.RUN_STARTED,
-        EventKind.RANK_STARTED,
-        EventKind.RANK_EXITED,
-        EventKind.STOP_REQUESTED,
-        EventKind.RUN_ENDED,
-        EventKind.EXIT_BARRIER,
-    }
-)
+FORWARDED_EVENTS = frozenset({
+    EventKind.RUN_STARTED, EventKind.RANK_STARTED, EventKind.RANK_EXITED, EventKind.STOP_REQUESTED,
+    EventKind.RUN_ENDED, EventKind.EXIT_BARRIER,
+})
 MESSAGE_TYPES = frozenset(
     {"ranks", "log", "event", "failure", "end", "rec", "stacks", "train", "logs", "fingerprint"}
 )
@@ -120,9 +117,14 @@ def _time(value: Any) -> float:
     return float(value)
 
 
+# Each message a node sends is one of these values; its ``to_json`` (its body line) is called
+# only by NodeLink.send, as the line is written to the link.
 @dataclass(frozen=True, slots=True)
 class RanksMessage:
-    ranks: list[dict[str, Any]]  # its ranks' rows as its run.json has them: node 0's has them too
+    ranks: tuple[RankRow, ...]  # its ranks' rows as its run.json has them: node 0's has them too
+
+    def to_json(self) -> dict[str, object]:
+        return {"type": "ranks", "ranks": [row.to_json() for row in self.ranks]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,18 +132,27 @@ class LogMessage:
     rank: int
     data: str  # a piece of its output, bytes that are not UTF-8 escaped (surrogateescape)
 
+    def to_json(self) -> dict[str, object]:
+        return {"type": "log", "rank": self.rank, "data": self.data}
+
 
 @dataclass(frozen=True, slots=True)
 class EventMessage:
     kind: EventKind  # one of FORWARDED_EVENTS
-    event: dict[str, Any]  # as it sent it: events.jsonl takes it with the node's name
+    event: Mapping[str, object]  # as it sent it: events.jsonl takes it with the node's name
+
+    def to_json(self) -> dict[str, object]:
+        return {"type": "event", "event": self.event}
 
 
 @dataclass(frozen=True, slots=True)
 class FailureMessage:
     failure: Failure  # its root cause
     at: float  # when it happened (unix s)
-    own: bool  # it names the node that sent it (or no node): not node 0's own, coming back
+    own: bool = True  # it names the node that sent it (or no node): not node 0's own, coming back
+
+    def to_json(self) -> dict[str, object]:
+        return {"type": "failure", "failure": self.failure.to_json(), "at": self.at}
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,27 +161,45 @@ class EndMessage:
     failure: FailureMessage | None  # its root cause, when it failed
     at: float
 
+    def to_json(self) -> dict[str, object]:
+        failure = None if self.failure is None else self.failure.failure.to_json()
+        return {"type": "end", "status": self.status.value, "failure": failure, "at": self.at}
+
 
 @dataclass(frozen=True, slots=True)
 class RecMessage:
     rank: int
     line: str  # a metrics.jsonl line, checked as a rank's own where it is stored
 
+    def to_json(self) -> dict[str, object]:
+        return {"type": "rec", "rank": self.rank, "line": self.line}
+
 
 @dataclass(frozen=True, slots=True)
 class TrainMessage:
-    rows: list[dict[str, Any]]  # train rows, each checked as a rank's record where it is stored
+    # train rows as telemetry records them, each checked as a rank's record where it is stored
+    rows: Sequence[Mapping[str, object]]
+
+    def to_json(self) -> dict[str, object]:
+        return {"type": "train", "rows": list(self.rows)}
 
 
 @dataclass(frozen=True, slots=True)
 class StacksMessage:
     id: str
-    ranks: list[dict[str, Any]]  # entries of the stacks document, as the asker serves them
+    # entries of the stacks document, as the asker serves them
+    ranks: Sequence[Mapping[str, object]]
+
+    def to_json(self) -> dict[str, object]:
+        return {"type": "stacks", "id": self.id, "ranks": list(self.ranks)}
 
 
 @dataclass(frozen=True, slots=True)
 class FingerprintMessage:
-    fingerprint: dict[str, Any]  # as the run dir's fingerprints file keeps it
+    fingerprint: Mapping[str, object]  # as the run dir's fingerprints file keeps it
+
+    def to_json(self) -> dict[str, object]:
+        return {"type": "fingerprint", "fingerprint": self.fingerprint}
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +210,7 @@ class LogsMessage:
     data: str | None  # None: the file could not be read
     size: int  # the file's
 
-    # edge: the answer as `xl logs` on node 0 reads it off the stacks socket
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:  # on node 0 also what `xl logs` reads off its socket
         return {"type": "logs", "id": self.id, "rank": self.rank, "offset": self.offset,
                 "data": self.data, "size": self.size}
 
@@ -195,10 +223,9 @@ class RefusedMessage:
     peer: str  # its address
 
 
-NodeMessage = (
-    RanksMessage | LogMessage | EventMessage | FailureMessage | EndMessage | RecMessage
-    | TrainMessage | StacksMessage | FingerprintMessage | LogsMessage | RefusedMessage
-)
+Outgoing = (RanksMessage | LogMessage | EventMessage | FailureMessage | EndMessage | RecMessage
+            | TrainMessage | StacksMessage | FingerprintMessage | LogsMessage)
+NodeMessage = Outgoing | RefusedMessage
 
 
 # edge: one body line of a node frame, as JSON decoded it
@@ -237,7 +264,7 @@ def parse_message(obj: object, node: int) -> NodeMessage:
             raise wire.FrameError("bad_node_message")
         for info in ranks:
             _rank(_check_fields(info).get("rank"))
-        return RanksMessage(ranks)
+        return RanksMessage(tuple(RankRow.from_json(info) for info in ranks))
     if kind == "stacks":
         return _check_stacks(obj)
     if kind == "logs":
@@ -385,14 +412,13 @@ def _clip_text(value: Any) -> Any:
     return value
 
 
-# edge: stacks entries as the wire carries them
-def clip_stacks(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def clip_stacks(entries: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
     """This node's entries within what node 0 takes (parse_message): the first threads (the main
     thread leads), each one's innermost frames, the newest collectives. When they are still too
     big for one frame, the main thread alone, then no frames at all (the entry says so)."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, Any]] = []  # JSON values, as the wire carries them
     for entry in entries:
-        clipped = {
+        clipped: dict[str, Any] = {
             k: _clip_text(v)
             for k, v in entry.items()
             if k not in ("threads", "collectives") and type(v) is not dict
@@ -406,10 +432,10 @@ def clip_stacks(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         for f in (t.get("frames") or [])[-_MAX_FRAMES:]
                     ],
                 }
-                for t in (entry.get("threads") or [])[:_MAX_THREADS]
+                for t in _items(entry.get("threads"))[:_MAX_THREADS]
             ]
             clipped["collectives"] = [
-                _clip_collective(c) for c in (entry.get("collectives") or [])[-_MAX_COLLECTIVES:]
+                _clip_collective(c) for c in _items(entry.get("collectives"))[-_MAX_COLLECTIVES:]
             ]
         out.append(clipped)
     for keep in (_MAX_THREADS, 1, 0):
@@ -425,7 +451,11 @@ def clip_stacks(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "its stacks were too big to send to node 0; 'xl stacks RUN' on its node "
                         "shows them"
                     )
-    return out
+    return list(out)
+
+
+def _items(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _clip_collective(c: dict[str, Any]) -> dict[str, Any]:
@@ -434,8 +464,7 @@ def _clip_collective(c: dict[str, Any]) -> dict[str, Any]:
     return {k: _clip_text(v) for k, v in c.items() if k not in _SHAPE_KEYS or _is_shapes(v)}
 
 
-# edge: a failure's JSON as node 0's check takes it
-def clip_failure(failure: dict[str, Any]) -> dict[str, Any]:
+def clip_failure(failure: Mapping[str, object]) -> dict[str, object]:
     """A copy of ``failure`` within what node 0 takes (parse_message): the head of long texts
     (message, error), the tail of the traceback (where the exception is)."""
     out = dict(failure)
@@ -449,13 +478,14 @@ def clip_failure(failure: dict[str, Any]) -> dict[str, Any]:
             out[key] = value[: _MAX_FIELD_TEXT - len(_CLIPPED)] + _CLIPPED
     cause = failure.get("cause")
     if isinstance(cause, dict):  # its texts and its evidence as _check_failure takes them
-        out["cause"] = {
+        clipped: dict[str, object] = {
             k: (_clip(v) if isinstance(v, str) else v) for k, v in cause.items() if k != "evidence"
         }
         evidence = cause.get("evidence")
-        out["cause"]["evidence"] = (
+        clipped["evidence"] = (
             [_clip(str(x)) for x in evidence[:_MAX_EVIDENCE]] if isinstance(evidence, list) else []
         )
+        out["cause"] = clipped
     return out
 
 
@@ -465,6 +495,6 @@ def _clip(text: str) -> str:
     )
 
 
-# edge: node 0's reply frame, as it goes on the wire
-def reply(obj: dict[str, Any]) -> bytes:
+def reply(obj: Mapping[str, object]) -> bytes:
+    """Node 0's reply frame, as it goes on the wire."""
     return wire.encode_frame(json.dumps(obj, separators=(",", ":")).encode())

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +43,7 @@ HOOKS = {
 }
 
 
-def enabled(env: Any = None) -> bool:
+def enabled(env: Mapping[str, str] | None = None) -> bool:
     """Inside an xl run (a collector to send to) and not turned off with XL_INSTRUMENT=0."""
     env = os.environ if env is None else env
     if not env.get(envnames.COLLECTOR):

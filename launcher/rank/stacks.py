@@ -77,8 +77,8 @@ _PASS_THROUGH = tuple(
 )
 
 
-def _frames(frame: FrameType | None) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _frames(frame: FrameType | None) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
     while frame is not None and len(out) < MAX_FRAMES:
         code = frame.f_code
         if not code.co_filename.endswith(_PASS_THROUGH):
@@ -88,7 +88,7 @@ def _frames(frame: FrameType | None) -> list[dict[str, Any]]:
     return out
 
 
-def threads() -> list[dict[str, Any]]:
+def threads() -> list[dict[str, object]]:
     """Every thread's stack but the socket's own, the main thread first."""
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
@@ -101,7 +101,7 @@ def threads() -> list[dict[str, Any]]:
     ]
 
 
-def collectives() -> tuple[list[dict[str, Any]], str | None]:
+def collectives() -> tuple[list[dict[str, object]], str | None]:
     """The Flight Recorder's newest entries per process group, and why there are none if so."""
     torch = sys.modules.get("torch")
     if torch is None:
@@ -118,7 +118,7 @@ def collectives() -> tuple[list[dict[str, Any]], str | None]:
         entries = json.loads(dump(True, False)).get("entries") or []
     except Exception as exc:  # a torch error must never reach the rank's own code
         return [], f"Flight Recorder dump failed: {exc}"
-    per_pg: dict[str, list[dict[str, Any]]] = {}
+    per_pg: dict[str, list[dict[str, object]]] = {}
     for e in entries:
         if e.get("is_p2p"):
             continue
@@ -131,7 +131,8 @@ def collectives() -> tuple[list[dict[str, Any]], str | None]:
             else str(e.get("state") or "?")
         )
         began = e.get("time_created_ns")
-        row = {"pg": name, "seq": e.get("collective_seq_id"), "op": op, "state": state}
+        seq = e.get("collective_seq_id")
+        row: dict[str, object] = {"pg": name, "seq": seq, "op": op, "state": state}
         if isinstance(pg, list) and pg:
             # Groups are numbered in the order every rank creates them, the same on every rank;
             # their names need not differ (torch calls each subgroup without a name "undefined").
@@ -142,17 +143,22 @@ def collectives() -> tuple[list[dict[str, Any]], str | None]:
         if isinstance(began, int) and began > 0:
             row["t"] = round(began / 1e9, 3)  # when it began: progress for ranks that log nothing
         per_pg.setdefault(name, []).append(row)
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for rows in per_pg.values():
-        rows.sort(key=lambda r: r["seq"] if isinstance(r["seq"], int) else -1)
+        rows.sort(key=_seq)
         out.extend(rows[-MAX_COLLECTIVES:])
     return out, None
 
 
-def answer() -> dict[str, Any]:
-    """What the socket sends: this rank's threads and collectives."""
+def _seq(row: dict[str, object]) -> int:
+    seq = row["seq"]
+    return seq if isinstance(seq, int) else -1
+
+
+def answer() -> dict[str, object]:
+    """What the socket sends, as JSON: this rank's threads and collectives."""
     colls, why = collectives()
-    doc: dict[str, Any] = {"pid": os.getpid(), "threads": threads(), "collectives": colls}
+    doc: dict[str, object] = {"pid": os.getpid(), "threads": threads(), "collectives": colls}
     if why:
         doc["collectives_note"] = why
     return doc

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from xl.launcher.multinode.protocol import FailureMessage
 from xl.launcher.rundir.events import EventKind, FailureEvent, newest_events
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
@@ -82,10 +83,6 @@ class RootCause:
         """A rank failed and which rank is the cause is not decided yet."""
         return self.suspected_at is not None and self.failure is None
 
-    # edge: run.json's failure, as it is written
-    def to_json(self) -> dict[str, Any] | None:
-        return self.failure.to_json() if self.failure is not None else None
-
     def local(self, rank: int | None, exit_code: int | None, traceback: str | None,
               error: str | None, message: str, cause: Cause | None = None) -> Failure:
         """A failure of this node."""
@@ -100,7 +97,7 @@ class RootCause:
         self.journal.changed()
         self.journal.emit(FailureEvent(failure))
         if not self.remote:
-            self.journal.send({"type": "failure", "failure": failure.to_json(), "at": at})
+            self.journal.send(FailureMessage(failure, at))
 
     # ---------------------------------------------------------------- which rank
     def suspect(self, st: RankRow) -> None:

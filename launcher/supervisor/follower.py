@@ -23,7 +23,12 @@ from xl import envnames, settings
 from xl.errors import UsageError
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.join import TOKEN_VAR, format_address
-from xl.launcher.multinode.protocol import MAX_LOGS_DATA, clip_stacks
+from xl.launcher.multinode.protocol import (
+    MAX_LOGS_DATA,
+    LogsMessage,
+    StacksMessage,
+    clip_stacks,
+)
 from xl.launcher.plan import parse_rdzv
 from xl.launcher.rundir.events import EventKind, NodeNotice, Notice
 from xl.launcher.rundir.layout import RunLayout
@@ -231,14 +236,14 @@ class Follower:
         if not self._asking.acquire(blocking=False):
             why = "this node is busy with other stacks requests"
             busy = [r.failed(why).to_json() for r in ranks]
-            self.journal.send({"type": "stacks", "id": ident, "ranks": busy})
+            self.journal.send(StacksMessage(ident, busy))
             return
 
         def answer() -> None:
             try:
                 entries = capture.local_entries(self.journal.run_dir, ranks, max(0.2, limit))
                 said = clip_stacks([e.to_json() for e in entries])
-                self.journal.send({"type": "stacks", "id": ident, "ranks": said})
+                self.journal.send(StacksMessage(ident, said))
             finally:
                 self._asking.release()
 
@@ -254,9 +259,7 @@ class Follower:
         if not self._mine(rank):
             return
         data, size = read_piece(RunLayout(self.journal.run_dir).rank_log(rank), start)
-        self.journal.send(
-            {"type": "logs", "id": ident, "rank": rank, "offset": start, "data": data, "size": size}
-        )
+        self.journal.send(LogsMessage(ident, rank, start, data, size))
 
     def send_tails(self, *, exited_only: bool = False) -> None:
         """The last lines of each of this node's ranks' output go to node 0, which keeps them

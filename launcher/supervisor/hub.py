@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xl import envnames, settings
 from xl.errors import UsageError
@@ -48,6 +48,7 @@ from xl.launcher.rundir.outcome import (
     Failure,
     rank_outcome,
 )
+from xl.launcher.rundir.rows import RankRow
 from xl.launcher.rundir.runrecord import RunRecord, RunStatus
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal, say
@@ -125,7 +126,7 @@ class RemoteNode:
 
     node: int
     host: str = ""
-    ranks: list[dict[str, Any]] = field(default_factory=list)
+    ranks: list[RankRow] = field(default_factory=list)
     seen: float = 0.0  # monotonic
     closed_at: float | None = None  # monotonic; its link closed without its end
     status: RunStatus | None = None  # its run ended with this
@@ -150,14 +151,12 @@ class RemoteNode:
         return self.status is not None or self.lost or self.quiet
 
     def rank_numbers(self) -> list[int]:
-        return sorted(int(r["rank"]) for r in self.ranks if isinstance(r.get("rank"), int))
+        return sorted(r.rank for r in self.ranks if r.rank is not None)
 
-    # edge: another node's run.json rows, as its link sent them
-    def take_ranks(self, ranks: list[dict[str, Any]]) -> None:
+    def take_ranks(self, ranks: Iterable[RankRow]) -> None:
         """Its ranks as it sent them, each with its node; idle once none starts or runs."""
-        node = {"node_rank": self.node}
-        self.ranks = [{**info, "node": info.get("node") or self.host, **node} for info in ranks]
-        if any(r.get("state") in LIVE_STATES for r in self.ranks):
+        self.ranks = [replace(r, host=r.host or self.host, node_rank=self.node) for r in ranks]
+        if any(r.state in LIVE_STATES for r in self.ranks):
             self.idle_since = None
         elif self.idle_since is None:
             self.idle_since = time.monotonic()
@@ -231,8 +230,8 @@ class Hub:
         self.cause.set(self.cause.local(None, None, None, None, message, cause), time.time())
         return message
 
-    # edge: the other nodes' run.json rows, as their links sent them
-    def remote_ranks(self) -> list[dict[str, Any]]:
+    def remote_ranks(self) -> list[RankRow]:
+        """The other nodes' rows of run.json, as their links sent them."""
         return [r for node in self.nodes.values() for r in node.ranks]
 
     # ---------------------------------------------------------------- what came in
@@ -276,7 +275,7 @@ class Hub:
         """Act on one message of ``remote``; True when it brought that node's ranks."""
         if isinstance(msg, LogMessage):
             rank = msg.rank
-            if not any(r.get("rank") == rank for r in remote.ranks):
+            if not any(r.rank == rank for r in remote.ranks):
                 # Only the ranks it has: a peer with the token once sent 25,000 made-up ones, a
                 # file each.
                 remote.strange_logs += 1
@@ -361,7 +360,8 @@ class Hub:
             closed = remote.closed_at is not None
             remote.lost = True
             since = remote.closed_at if remote.closed_at is not None else remote.seen
-            running = [int(r["rank"]) for r in remote.ranks if r.get("state") in LIVE_STATES]
+            running = [r.rank for r in remote.ranks
+                       if r.rank is not None and r.state in LIVE_STATES]
             silent = f"nothing came from it for {self.timeout:g}s"
             how = "its supervisor's connection closed" if closed else silent
             ranks = f" with {ranks_text(running)} running" if running else ""
@@ -464,8 +464,7 @@ class Hub:
             0 if status is RunStatus.SUCCEEDED else None, stopped=status is RunStatus.STOPPED
         )
         for node in self.nodes.values():
-            for info in node.ranks:
-                if (node.lost or node.quiet) and info.get("state") not in DONE_STATES:
-                    info["state"] = (
-                        rank_outcome(None, stopped=False) if node.lost else ended
-                    ).value
+            if node.lost or node.quiet:
+                state = (rank_outcome(None, stopped=False) if node.lost else ended).value
+                node.ranks = [r if r.state in DONE_STATES else replace(r, state=state)
+                              for r in node.ranks]

@@ -11,15 +11,24 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from xl.launcher.multinode.protocol import FORWARDED_EVENTS
+from xl.launcher.multinode.protocol import FORWARDED_EVENTS, EventMessage, Outgoing
 from xl.launcher.rundir import layout
 from xl.launcher.rundir import runrecord as run_record
-from xl.launcher.rundir.events import Event, WriteLost, append_line, event_object, object_line
+from xl.launcher.rundir.events import (
+    Event,
+    EventKind,
+    WriteLost,
+    append_line,
+    event_object,
+    object_line,
+)
+from xl.launcher.rundir.outcome import Failure
+from xl.launcher.rundir.rows import RankRow
 from xl.launcher.rundir.runrecord import RunRecord
 from xl.launcher.supervisor.resilience import crash_line
 
@@ -97,7 +106,7 @@ class Journal:
                 cut = self._held.pop(0)
                 self.lost[layout.EVENTS] = self.lost.get(layout.EVENTS, 0) + len(cut.encode())
         if event.kind in FORWARDED_EVENTS:
-            self.send({"type": "event", "event": obj})
+            self.send(EventMessage(EventKind(event.kind), obj))
 
     def _write_held(self) -> None:
         while self._held:
@@ -136,8 +145,7 @@ class Journal:
         listed = ", ".join(f"{name} {n} bytes" for name, n in lost.items())
         self.emit(WriteLost(lost, f"the disk refused writes: never written: {listed}"))
 
-    # edge: a message for node 0's link, as it goes on the wire
-    def send(self, msg: dict[str, Any]) -> None:
+    def send(self, msg: Outgoing) -> None:
         """To node 0, when this is a node > 0 of a multi-node run (else nothing)."""
         if self.link is not None:
             self.link.send(msg)
@@ -146,10 +154,10 @@ class Journal:
         if self.link is not None:
             self.link.send_log(rank, data)
 
-    # edge: run.json's rank rows and failure, as they are written
-    def save(self, ranks: list[dict[str, Any]], failure: dict[str, Any] | None) -> None:
+    def save(self, ranks: Sequence[RankRow], failure: Failure | None) -> None:
+        """run.json with these rows and this failure, written as their JSON."""
         self.dirty = False
-        self.record.update(ranks=ranks, failure=failure)
+        self.record.update(ranks=list(ranks), failure=failure)
         try:
             run_record.save(self.run_dir, self.record)
         except OSError as exc:

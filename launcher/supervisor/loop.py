@@ -41,6 +41,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from enum import Enum
 from functools import cached_property
 from pathlib import Path
@@ -49,9 +50,11 @@ from typing import TYPE_CHECKING, Any
 from xl import cgroup as xl_cgroup
 from xl import envnames
 from xl.launcher import runprocs
+from xl.launcher.multinode.protocol import RanksMessage
 from xl.launcher.rundir import layout
 from xl.launcher.rundir import runrecord as run_record
 from xl.launcher.rundir.events import EventKind, Notice, RunEnded
+from xl.launcher.rundir.rows import RankRow
 from xl.launcher.rundir.runrecord import DeviceRow, RunStatus
 from xl.launcher.rundir.stopmark import stop_asked
 from xl.launcher.supervisor.failure import RootCause
@@ -74,7 +77,7 @@ from xl.launcher.supervisor.torchrun import Torchrun
 if TYPE_CHECKING:
     from xl.launcher.supervisor.escapes import Escapes
     from xl.launcher.supervisor.lifecycle import Lifecycle
-    from xl.launcher.view.digest import Digester
+    from xl.launcher.view.digest import Digester, RankFigures
 
 _TICK_S = 0.1
 
@@ -99,6 +102,14 @@ class Phase(str, Enum):
     # torchrun and every rank ended: their last output, leftovers, other nodes
     DRAINING = "draining"
     ENDED = "ended"  # ``finish`` recorded the outcome
+
+
+def _with_figures(row: RankRow, figures: dict[str, float] | None) -> RankRow:
+    """``row`` with what the end measured of its rank (close_run), where it measured it."""
+    if not figures:
+        return row
+    return replace(row, waited_s=figures.get("waited_s", row.waited_s),
+                   samples_per_s=figures.get("samples_per_s", row.samples_per_s))
 
 
 def _instrumented(ranks_env: dict[str, Any]) -> bool:
@@ -332,21 +343,20 @@ class Supervisor:
     def _ranks_changed(self) -> None:
         """Every rank for telemetry; other nodes' ranks are flagged ``remote`` (not sampled
         here)."""
-        from xl.launcher.telemetry.roster import from_rows  # noqa: PLC0415 - once ranks start, as telemetry: not on the path to torchrun
+        from xl.launcher.telemetry.roster import RankInfo  # noqa: PLC0415 - once ranks start, as telemetry: not on the path to torchrun
 
-        remote = self.nodes.remote_ranks()
-        self.telemetry.set_ranks(from_rows(self.ranks.to_json()) + from_rows(remote, remote=True))
+        infos = [RankInfo.of(row) for row in self.ranks.rows()]
+        infos += [RankInfo.of(row, remote=True) for row in self.nodes.remote_ranks()]
+        self.telemetry.set_ranks([info for info in infos if info is not None])
 
-    def save(self, waited: dict[int, dict[str, float]] | None = None) -> None:
-        local = self.ranks.to_json()
-        self.journal.send({"type": "ranks", "ranks": local})
-        remote = self.nodes.remote_ranks()
-        ranks = sorted(local + remote, key=lambda r: int(r.get("rank") or 0))
-        if waited:
-            from xl.launcher.view.digest import with_waits  # noqa: PLC0415 - only the end has waits: not on the path to torchrun
-
-            ranks = with_waits(ranks, waited)
-        self.journal.save(ranks, self.cause.to_json())
+    def save(self, waited: RankFigures | None = None) -> None:
+        local = self.ranks.rows()
+        self.journal.send(RanksMessage(tuple(local)))
+        ranks = sorted(local + self.nodes.remote_ranks(), key=lambda r: r.rank or 0)
+        if waited:  # what the end measured of each rank
+            ranks = [_with_figures(row, waited.get(row.rank)) if row.rank is not None else row
+                     for row in ranks]
+        self.journal.save(ranks, self.cause.failure)
 
     # ---------------------------------------------------------------- the end
     def abort(self, exc: BaseException) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xl import envnames
+from xl.launcher.multinode.protocol import EndMessage, FailureMessage
+from xl.launcher.rundir.rows import RankRow
 from xl.launcher.rundir.runrecord import RunRecord, RunStatus
 from xl.launcher.supervisor.failure import RootCause
 from xl.launcher.supervisor.journal import Journal, say
@@ -228,8 +230,8 @@ class Nodes:
         """Node 0, its own ranks done: it still waits for another node's end."""
         return self.hub is not None and self.hub.pending()
 
-    # edge: the other nodes' run.json rows, as their links sent them
-    def remote_ranks(self) -> list[dict[str, Any]]:
+    def remote_ranks(self) -> list[RankRow]:
+        """The other nodes' rows of run.json, as their links sent them."""
         return self.hub.remote_ranks() if self.hub is not None else []
 
     # ---------------------------------------------------------------- the end
@@ -244,14 +246,8 @@ class Nodes:
             return
         link = self.follower.link
         self.follower.send_tails()
-        failure = None if cause.remote else cause.to_json()
-        link.send(
-            {
-                "type": "end",
-                "status": status.value,
-                "failure": failure,
-                "at": cause.at or time.time(),
-            }
-        )
+        at = cause.at or time.time()
+        failure = cause.failure if not cause.remote else None
+        link.send(EndMessage(status, None if failure is None else FailureMessage(failure, at), at))
         if not link.close(_LINK_CLOSE_S):
             say("node 0 did not take this node's last records; they are here")

@@ -29,9 +29,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from xl.launcher import runprocs
+from xl.launcher.rundir import rows as run_rows
 from xl.launcher.rundir.layout import RunLayout, record_rank
 from xl.launcher.rundir.outcome import RankPhase, rank_outcome
 from xl.launcher.rundir.runrecord import RunRecord
@@ -46,6 +48,12 @@ _PR_SET_CHILD_SUBREAPER = 36
 # come from the kernel's coarse clock (a tick of up to 10 ms), which may also lag time.time().
 _RACY_S = 0.05
 _PR_SET_NAME = 15
+# The keys a row this supervisor makes writes, in their order, null or not (docs/contracts.md,
+# "run.json"); the figures the end measures (waited_s, samples_per_s) follow once it has them.
+_WRITTEN = MappingProxyType(dict.fromkeys((
+    "rank", "local_rank", "node", "node_rank", "pid", "gpu", "gpu_uuid", "state", "exit_code",
+    "started_at", "ended_at", "attempt",
+)))
 
 
 def signal_name(code: int) -> str:
@@ -98,22 +106,23 @@ class RankRow:
     attempt: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT for the process now in this row
     after_script: bool = False  # its script returned, then its process died (torchrun's summary)
 
-    # edge: a rank's row of run.json, as it is written
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "node": self.host,
-            "node_rank": self.node_rank,
-            "pid": self.pid,
-            "gpu": self.gpu,
-            "gpu_uuid": self.gpu_uuid,
-            "state": self.state.value,
-            "exit_code": self.exit_code,
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-            "attempt": self.attempt,
-        }
+    def row(self) -> run_rows.RankRow:
+        """Its row of run.json (and of the ``ranks`` message to node 0), as it stands now."""
+        return run_rows.RankRow(
+            rank=self.rank,
+            local_rank=self.local_rank,
+            host=self.host,
+            node_rank=self.node_rank,
+            pid=self.pid,
+            gpu=self.gpu,
+            gpu_uuid=self.gpu_uuid,
+            state=self.state.value,
+            exit_code=self.exit_code,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            attempt=self.attempt,
+            source=_WRITTEN,
+        )
 
     @property
     def done(self) -> bool:
@@ -215,13 +224,12 @@ class Ranks:
     def get(self, rank: int) -> RankRow | None:
         return self.by_rank.get(rank)
 
-    # edge: the rank rows of run.json, as they are written
-    def to_json(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[run_rows.RankRow]:
         """The rows of run.json. Several nodes: a rank that has not reported yet is left out, as
         its number is only a guess (torch numbers nodes in the order they join): a viewer that
         saw it would keep a row for a rank this node never had."""
-        rows = sorted(self.by_rank.values(), key=lambda r: r.rank)
-        return [r.to_json() for r in rows if not (self.multi_node and r.pid is None and not r.done)]
+        ranks = sorted(self.by_rank.values(), key=lambda r: r.rank)
+        return [r.row() for r in ranks if not (self.multi_node and r.pid is None and not r.done)]
 
     def known_pids(self) -> set[int]:
         return {st.pid for st in self if st.pid}

@@ -16,13 +16,14 @@ that would spool and send later, as it does whenever the collector cannot be rea
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from xl import envnames, wire
 from xl.address import LOOPBACK, format_address
+from xl.launcher.multinode.protocol import RecMessage, TrainMessage
 from xl.launcher.rundir.events import Event, Relayed
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.runrecord import read_object
@@ -48,7 +49,7 @@ class NodeHooks:
     advertise: str | None = None
     on_node: Callable[[int, str, list[NodeMessage]], None] | None = None
     on_node_closed: Callable[[int], None] | None = None
-    forward: Callable[[list[dict[str, Any]]], None] | None = None
+    forward: Callable[[Sequence[Mapping[str, object]]], None] | None = None
 
 
 class SafeTelemetry:
@@ -193,19 +194,18 @@ class SafeTelemetry:
                 self._safely("stop", self.service.stop)
 
 
-# edge: telemetry's records, as metrics lines and train rows go on the wire
-def forward_records(journal: Journal) -> Callable[[list[dict[str, Any]]], None]:
+def forward_records(journal: Journal) -> Callable[[Sequence[Mapping[str, object]]], None]:
     """Node > 0: what its telemetry samples goes to node 0 over the link as metrics lines, and
     its ranks' summary rows (xl.launcher.multinode.summary) as ``train`` messages."""
     from xl.launcher.multinode.summary import ROWS_PER_MESSAGE  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
 
-    def forward(records: list[dict[str, Any]]) -> None:
+    def forward(records: Sequence[Mapping[str, object]]) -> None:
         rows = [rec for rec in records if rec.get("kind") == "train"]
         for rec in records:
-            if rec.get("kind") != "train":
-                line = wire.dumps_record(rec).decode()
-                journal.send({"type": "rec", "rank": rec["rank"], "line": line})
+            rank = rec.get("rank")
+            if rec.get("kind") != "train" and isinstance(rank, int):
+                journal.send(RecMessage(rank, wire.dumps_record(rec).decode()))
         for i in range(0, len(rows), ROWS_PER_MESSAGE):
-            journal.send({"type": "train", "rows": rows[i : i + ROWS_PER_MESSAGE]})
+            journal.send(TrainMessage(rows[i : i + ROWS_PER_MESSAGE]))
 
     return forward

@@ -31,7 +31,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +59,7 @@ MAX_SEQ_KEYS = 1 << 16
 
 # edge: another node's rows as its link sent them, each made a metrics.jsonl line
 def checked_rows(
-    rows: list[dict[str, Any]], rejects: Counter[str]
+    rows: Sequence[Mapping[str, object]], rejects: Counter[str]
 ) -> list[tuple[int, bytes, dict[str, Any]]]:
     """Another node's summary rows (a ``train`` message): each one a metrics.jsonl train line,
     checked as a rank's line is; a bad row is counted in ``rejects`` and the others kept."""

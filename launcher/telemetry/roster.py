@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from xl.launcher.rundir.rows import RankRow
     from xl.launcher.telemetry.collector import Collector
 
 
@@ -66,6 +67,16 @@ class RankInfo:
             ended=row.get("exit_code") is not None,
             remote=remote or bool(row.get("remote")),
         )
+
+    @classmethod
+    def of(cls, row: RankRow, *, remote: bool = False) -> RankInfo | None:
+        """The rank of one typed row (the supervisor's own, and other nodes' as their links
+        sent them), as ``from_row`` reads it; None for a row without a rank number."""
+        if row.rank is None:
+            return None
+        return cls(row.rank, pid=row.pid, local_rank=row.local_rank, node=row.host,
+                   node_rank=row.node_rank, gpu=_gpu(row.gpu), ended=row.exit_code is not None,
+                   remote=remote)
 
     def row(self) -> dict[str, object]:
         """As the stacks capture lists a rank to ask (run.json's keys)."""

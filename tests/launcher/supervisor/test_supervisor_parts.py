@@ -386,7 +386,7 @@ def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_fi
     journal = Journal(run_dir, record)
     ranks = Ranks(run_dir, record)
     reader = RunReader(run_dir)
-    journal.save(ranks.to_json(), None)
+    journal.save(ranks.rows(), None)
     assert run_json(run_dir)["ranks"] == [] and reader.poll().ranks == {}
     env = {
         **os.environ,
@@ -409,7 +409,7 @@ def test_node_1_s_rows_show_only_the_rank_torch_gave_it_whichever_node_joined_fi
             json.dumps({"rank": given, "local_rank": 0, "pid": rank.pid, "started_at": time.time()})
         )
         changes = ranks.scan_records()
-        journal.save(ranks.to_json(), None)
+        journal.save(ranks.rows(), None)
         rows = run_json(run_dir)["ranks"]
         assert [(r["rank"], r["pid"], r["state"]) for r in rows] == [
             (given, rank.pid, "running")
