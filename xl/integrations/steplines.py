@@ -24,7 +24,7 @@ EVAL_EVERY_S = 1.0
 # The steps' line covers the steps that ended in one slot of a wall-clock grid this wide (the
 # last steps go at once when the rank flushes or ends). Every line costs the rank's sender thread
 # a wake-up with the GIL, a frame and a system call, and the collector a record, on cores the
-# ranks themselves keep busy: at ten lines a second that was of the size of the hooks' own cost
+# ranks themselves keep busy: at ten lines a second that is of the size of the hooks' own cost
 # per step. The Monitor reads once a second, and the stall and straggler rules judge windows of
 # seconds. The grid is the same for every rank (wall time), so ranks that step together cut their
 # lines after the same step and average their rates over the same steps; the sender wakes just
