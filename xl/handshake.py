@@ -2,9 +2,9 @@
 the run's token, and the token itself never travels (docs/security.md): a squatter on the port
 learns nothing it could replay.
 
-Before, each frame header carried ``XL_TOKEN`` in clear: whoever listened on the collector's port
-(another local user who took it while node 0's collector could not bind) read it from the first
-frame. Now the collector speaks first, and nothing of the run is sent before it proved itself:
+A token carried in clear would be read by whoever listens on the collector's port (another local
+user who took it while node 0's collector could not bind), from the first frame. So the collector
+speaks first, and nothing of the run is sent before it proved itself:
 
 1. collector -> peer: ``CHALLENGE`` = ``MAGIC`` + a random 16-byte nonce Ns;
 2. peer -> collector: ``HELLO`` = role (``r`` a rank, ``n`` a node link) + who (rank or node, 4
