@@ -31,7 +31,7 @@ from xl.errors import UsageError
 from xl.launcher.plan import parse_rdzv
 from xl.launcher.spec import LaunchSpec, spec_to_argv
 
-TOKEN_VAR = envnames.TOKEN  # the old name, still used by the supervisor's hub and follower
+TOKEN_VAR = envnames.TOKEN  # the name the follower says it by (envnames holds every XL_* name)
 _TOKEN = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")
 
 
