@@ -22,7 +22,6 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from xl.doctor import wheels
 from xl.doctor.facts import TorchInfo, major_minor, vtuple
@@ -403,7 +402,11 @@ def _absolute(prints: Sequence[tuple[int, Fingerprint]]) -> list[Diff]:
 
 
 def _fix(
-    name: str, value: Value, others: Value, fp: Fingerprint, prints: Sequence[tuple[int, Any]]
+    name: str,
+    value: Value,
+    others: Value,
+    fp: Fingerprint,
+    prints: Sequence[tuple[int, Fingerprint]],
 ) -> str | None:
     """The command that makes this node alike, run there; None when no command does."""
     python = shlex.quote(fp.python or "python")
