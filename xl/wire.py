@@ -56,7 +56,7 @@ def spool_file(run_dir: str, rank: int, pid: int) -> str:
 
 
 # One decoder, called directly: json.loads re-detects the encoding of bytes on every call,
-# which was a tenth of the collector's time per record.
+# which is a tenth of the collector's time per record.
 _decoder = json.JSONDecoder()
 _decode = _decoder.decode
 # Its scanner alone reads a line that is one JSON value from its first character to its last

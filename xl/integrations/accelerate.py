@@ -67,9 +67,9 @@ class XLTracker(GeneralTracker):
     def finish(self) -> None:
         # Nothing to wait for here: the client sends what is left when the process exits (and
         # spools it if it cannot). Accelerate calls finish on the main process only, just before
-        # it destroys the process group; a flush here held rank 0 back while the other ranks
-        # tore down gloo and left, and gloo could then abort one of them ("terminate called
-        # without an active exception"), failing a run that had trained fine.
+        # it destroys the process group; a flush here would hold rank 0 back while the other
+        # ranks tear down gloo and leave, and gloo can then abort one of them ("terminate called
+        # without an active exception"), failing a run that trained fine.
         return
 
 
