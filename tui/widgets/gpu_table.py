@@ -148,7 +148,7 @@ class LiveTable(DataTable):
         """Put new values in some rows' cells and repaint just those rows.
 
         DataTable.update_cell bumps a table-wide counter that voids every cached cell and repaints
-        the whole table: at one poll a second that was most of the GPUs screen's CPU. Here only the
+        the whole table: at one poll a second that is most of the GPUs screen's CPU. Here only the
         changed cells' cache entries go and only the changed rows' lines are repainted.
         ``pending`` maps row key -> {column key: new value}.
         """

@@ -5,7 +5,7 @@ node (nodes in the order of their lowest rank, as torch numbers them) then rank,
 first row names it in bold (the rest in dim), so 4 nodes x 16 ranks read as four blocks.
 
 Why not a DataTable: with 64 ranks nearly every visible cell changes each second, and DataTable
-renders each changed cell through Rich (Styled(Padding(Text))) and reassembles its rows; that was
+renders each changed cell through Rich (Styled(Padding(Text))) and reassembles its rows; that is
 the biggest share of the Monitor's CPU (bench/bench_tui.py). Here a cell value becomes segments
 once (rank_cells.py; values such as states, meters and "0s ago" recur, so most come from a cache),
 a row is its cells' segments under the row's style, and only rows whose cells changed are repainted.
