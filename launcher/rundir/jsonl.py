@@ -1,6 +1,6 @@
 """Decoding JSONL fast: metrics.jsonl and events.jsonl lines as json.loads reads them, for less.
 
-The viewers' hot path: a 64-rank run appends ~700 lines a second, and decoding them was most of a
+The viewers' hot path: a 64-rank run appends ~700 lines a second, and decoding them is most of a
 poll's cost (bench/bench_reader.py measures it).
 """
 
