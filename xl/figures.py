@@ -223,8 +223,8 @@ KEYS = frozenset(BY_KEY)
 _OWN_RULE = frozenset(
     {"step", "total_steps", "loss", "lr", "learning_rate", "samples_per_s", "eval_loss", "epoch"}
 )
-# The step split comes whole with its step_s (TIMED: read only from a line with step_s, which keeps
-# the reader's per-line cost for untimed lines as it was); the rest of the train figures, PLAIN.
+# The step split comes whole with its step_s (TIMED: read only from a line with step_s, so an
+# untimed line costs the reader nothing for it); the rest of the train figures, PLAIN.
 TIMED = ("step_s", *PHASE_KEYS)
 PLAIN_TRAIN = tuple(
     (f.key, f.field)
