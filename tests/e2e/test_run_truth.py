@@ -33,6 +33,7 @@ from procs import (
     xl,
     xl_env,
 )
+from slowstart import start_slow
 from smalldisk import fill, tmpfs
 
 pytestmark = pytest.mark.e2e
@@ -181,46 +182,9 @@ def test_makedirs_private_makes_every_missing_folder_0700_whatever_the_umask(
     assert _mode(tmp_path) == 0o755  # a folder that was there is left as it was
 
 
-# A supervisor that is slow to start (a busy machine, a slow NFS home): its interpreter waits in
-# sitecustomize, before it imports anything of xl, until the test's gate file exists (bounded),
-# so it is starting for as long as the test looks, however busy the machine. The library path
-# the app uses.
-SLOW_SITE = """
-import os, time
-with open("/proc/self/cmdline", "rb") as fh:
-    if b"xl.launcher.supervisor" in fh.read():
-        gate, end = os.environ.get("XL_TEST_START_GATE", ""), time.monotonic() + 120
-        while gate and not os.path.exists(gate) and time.monotonic() < end:
-            time.sleep(0.05)
-"""
-
-
 def _start_slow(tmp_path: Path, env: dict[str, str]) -> tuple[Path, dict[str, str]]:
     """A run started through the library, its supervisor held at the gate (tmp_path/gate)."""
-    site = tmp_path / "site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(SLOW_SITE)
-    env = {
-        **env,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])),
-        "XL_TEST_START_GATE": str(tmp_path / "gate"),
-    }
-    code = (
-        "import sys; from xl.launcher.control import start_run; from xl.launcher.spec import "
-        "LaunchSpec\n"
-        "print(start_run(LaunchSpec(script=sys.argv[1], args=[sys.argv[2]], nproc=2)).run_id)\n"
-    )
-    done = subprocess.run(
-        [*XL[:1], "-c", code, str(_script(tmp_path)), str(tmp_path / "go")],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return Path(env["XL_HOME"]) / "runs" / done.stdout.strip(), env
+    return start_slow(tmp_path, env, _script(tmp_path), str(tmp_path / "go"))
 
 
 def _starting_supervisor(run_dir: Path) -> psutil.Process:

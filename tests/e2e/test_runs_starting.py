@@ -4,9 +4,6 @@ real `xl runs`). A run whose supervisor is gone: test_supervisor_dies.py."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -14,6 +11,7 @@ from typing import Any
 import procs
 import pytest
 from procs import run_json, wait_for, xl, xl_env
+from slowstart import start_slow
 
 pytestmark = pytest.mark.e2e
 
@@ -24,19 +22,6 @@ print("ready", flush=True)
 while not os.path.exists(sys.argv[1]):
     time.sleep(0.02)
 print("done", flush=True)
-"""
-
-# A supervisor whose interpreter is slow to start (a slow disk, a loaded node): it waits until the
-# test's gate file exists (bounded), so the run is starting for as long as the test looks, however
-# busy the machine. Only a supervisor started in an interpreter of its own reads it: the library
-# path the app uses (`xl launch` forks its supervisor, which has its interpreter already).
-SLOW_SITE = """
-import os, time
-with open("/proc/self/cmdline", "rb") as fh:
-    if b"xl.launcher.supervisor" in fh.read():
-        gate, end = os.environ.get("XL_TEST_START_GATE", ""), time.monotonic() + 120
-        while gate and not os.path.exists(gate) and time.monotonic() < end:
-            time.sleep(0.05)
 """
 
 GONE = "supervisor gone"
@@ -92,33 +77,10 @@ def test_a_run_just_launched_is_starting_never_supervisor_gone(tmp_path: Path) -
 
 
 def test_a_run_whose_supervisor_is_slow_to_start_is_listed_starting(tmp_path: Path) -> None:
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SLOW_SITE)
-    env = xl_env(
-        tmp_path / "home",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
-        XL_TEST_START_GATE=str(tmp_path / "gate"),
-        OMP_NUM_THREADS="1",
-    )
+    env = xl_env(tmp_path / "home", OMP_NUM_THREADS="1")
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    code = (
-        "import sys; from xl.launcher.control import start_run; from xl.launcher.spec import "
-        "LaunchSpec\n"
-        "print(start_run(LaunchSpec(script=sys.argv[1], args=[sys.argv[2]], nproc=2)).run_id)\n"
-    )
-    started = subprocess.run(
-        [sys.executable, "-c", code, str(script), str(tmp_path / "go")],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert started.returncode == 0, started.stderr
-    run_dir = tmp_path / "home" / "runs" / started.stdout.strip()
+    run_dir, env = start_slow(tmp_path, env, script, str(tmp_path / "go"))
     try:
         assert run_json(run_dir)["supervisor_pid"] is None
         row, obj = _listed(env, run_dir)

@@ -304,27 +304,11 @@ def launched_run(
     stderr = subprocess.STDOUT if merge_stderr else subprocess.PIPE
     launch: subprocess.Popen[str] | None = None
     done: subprocess.CompletedProcess[str] | None = None
+    io: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": stderr, "text": True, **popen}
     if how == "foreground":
-        launch = subprocess.Popen(
-            command,
-            env=dict(env),
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            **popen,
-        )
+        launch = subprocess.Popen(command, env=dict(env), cwd=cwd, **io)
     else:
-        done = subprocess.run(
-            command,
-            env=dict(env),
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            timeout=timeout,
-            **popen,
-        )
+        done = subprocess.run(command, env=dict(env), cwd=cwd, timeout=timeout, **io)
 
     def said() -> str:
         if launch is not None and launch.poll() is not None:
