@@ -81,3 +81,18 @@ async def test_a_name_the_run_id_does_not_carry_is_shown_beside_it(tmp_path, mon
         first = header.text.plain.split("\n")[0]  # the second: where a finished run's time went
         assert first.startswith("bert-finetune  [20260530-healthy]  ") and len(first) <= 120
         assert "world size 2 on localhost" in first and first.endswith("devices GPU 1,0")
+
+
+async def test_at_80_columns_the_header_is_one_line_with_the_run_id_whole(run_dir):
+    text, rows = await header_at(run_dir, (80, 24))
+    assert rows == 1 and len(text) <= 80, text
+    assert f"[{RUN_ID}]" in text and "running" in text, text
+    # the figures lose their words before anything goes; what is left is still so
+    assert "2m10s" in text, text
+
+
+async def test_a_narrow_terminal_keeps_every_figure_that_fits(run_dir):
+    text, rows = await header_at(run_dir, (100, 30))
+    assert rows == 1 and len(text) <= 100, text
+    assert f"[{RUN_ID}]" in text and "running" in text and "2m10s" in text, text
+    assert "2 ranks" in text and "GPU 0-7" in text, text

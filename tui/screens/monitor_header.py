@@ -31,7 +31,9 @@ def header_text(view: RunView, dir_name: str, now: float, width: int = 0) -> Tex
         short_devices = devices
     else:  # the model(s) after the indices, as RunView.devices_text says them
         devices = short_devices + devices[devices.index(" (") :] if " (" in devices else devices
-    def line(name: str | None, gap: str, host: str, devices: str) -> Text:
+    def line(name: str | None, gap: str, host: str, devices: str, terse: int = 0) -> Text:
+        """``terse``: 1 drops the words before the figures, 2 the devices too (the GPUs
+        screen lists them), 3 the world size too (the rank table shows every rank)."""
         header = Text()
         if name:
             header.append(name, style="bold")
@@ -39,17 +41,28 @@ def header_text(view: RunView, dir_name: str, now: float, width: int = 0) -> Tex
         header.append(f"[{run_id}]", style="dim" if name else "bold")
         header.append(gap)
         header.append(rec.status, style=fmt.state_style(rec.status, "bold"))
-        header.append(f"{gap}elapsed {fmt.duration(view.elapsed(now))}")
-        header.append(f"{gap}world size {view.world_size}{where or host}")
-        header.append(f"{gap}devices {devices}")
+        elapsed = fmt.duration(view.elapsed(now))
+        header.append(f"{gap}{elapsed}" if terse else f"{gap}elapsed {elapsed}")
+        if not terse:
+            header.append(f"{gap}world size {view.world_size}{where or host}")
+            header.append(f"{gap}devices {devices}")
+            return header
+        if terse < 3:
+            ranks = "rank" if view.world_size == 1 else "ranks"
+            header.append(f"{gap}{view.world_size} {ranks}{where}")
+        if terse < 2:
+            header.append(f"{gap}{devices}")
         return header
 
     tries = [
-        (name, "   ", host, devices),
-        (name, "  ", host, devices),
-        (name, "  ", host, short_devices),
-        (name, "  ", "", short_devices),
+        (name, "   ", host, devices, 0),
+        (name, "  ", host, devices, 0),
+        (name, "  ", host, short_devices, 0),
+        (name, "  ", "", short_devices, 0),
     ]
+    # A narrow terminal: the run id stays whole, the figures lose their words first, the
+    # name (a name the id does not carry) goes last.
+    narrow = [(who, "  ", "", short_devices, terse) for who in (name, None) for terse in (1, 2, 3)]
     for shown in tries:
         header = line(*shown)
         if not width or header.cell_len <= width:
@@ -57,6 +70,11 @@ def header_text(view: RunView, dir_name: str, now: float, width: int = 0) -> Tex
     over = header.cell_len - width if width else 0
     if over > 0 and name and len(name) - over - 1 >= 4:  # the name's end goes last (not all of it)
         header = line(name[: len(name) - over - 1] + "…", *tries[-1][1:])
+    elif over > 0:
+        for shown in narrow:
+            header = line(*shown)
+            if header.cell_len <= width:
+                break
     spent = view.time_spent
     if spent:  # a finished run: where its time went (docs/compare.md)
         header.append(f"\n{spent}", style="dim")
