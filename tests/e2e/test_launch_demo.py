@@ -139,5 +139,7 @@ def test_the_demo_with_seconds_sizes_its_steps_from_this_machine(tmp_path: Path)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
         assert run_json(run_dir)["spec"]["args"] == ["--seconds", "1.0"]
         totals = _total_steps(run_dir)
-        assert totals[0] == totals[1] and 25 <= totals[0] < 2500, totals
+        # Sized from the warm-up (5 steps + at least 20), then again at step 20 from the time
+        # left (at least one step more): 21 where a busy machine used the second up by then.
+        assert totals[0] == totals[1] and 21 <= totals[0] < 2500, totals
         wait_no_processes(run_dir, timeout=10)
