@@ -47,8 +47,9 @@ PROCESSES = {
         # xl.cgroup makes the run's cgroup before the fork; the plain view's rank cells are
         # endtable's (the live table and the end table are one row format) and the run's
         # figures take their medians from xl.stats; the plain view's reader is a package of its
-        # own (xl.launcher.view), one module more
-        106,
+        # own (xl.launcher.view) and parses events and metrics lines into typed values
+        # (rundir/events.py, rundir/metrics.py)
+        108,
         90,
         # psutil once torchrun runs; pynvml only where libnvidia-ml loads; orjson for big polls
         # only, and statistics (fractions, decimal, random) never: xl.stats has the medians.
@@ -59,23 +60,26 @@ PROCESSES = {
     # several nodes only (launcher/supervisor/loop.py, Supervisor.start); xl.cgroup starts
     # torchrun in the run's cgroup.
     "supervisor": Budget(
-        "import xl.launcher.supervisor.loop", 76, 40, (*UI, *RARE, "traceback", "psutil")
+        # (events.py parses its lines with the run dir's one JSONL decoder, rundir/jsonl.py)
+        "import xl.launcher.supervisor.loop", 77, 40, (*UI, *RARE, "traceback", "psutil")
     ),
     # ... and forked from `xl launch` (what it imported is there already): what it adds before
     # torchrun starts, on the path from the command to the first step. The typed events
     # (rundir/events.py) load here, not in `xl launch`, which writes none.
     "supervisor, forked": Budget(
-        "import xl.launcher.supervisor.loop", 14, 15, (*UI, "psutil"), after=LAUNCH
+        "import xl.launcher.supervisor.loop", 15, 15, (*UI, "psutil"), after=LAUNCH
     ),
     # ... and once torchrun runs: telemetry (the collector, the sampler, the parsers), the digest
     # and provenance, while torchrun imports torch beside them. Its CPU slows torch's import on
     # a machine with few cores, so psutil (the sampler and the checks read /proc themselves),
     # secrets (os.urandom names requests and sockets) and the thread pool that only asks ranks
     # for their stacks are left out, as are statistics and orjson (as in the command). The digest
-    # (xl.launcher.view) and the hang capture (xl.launcher.stacks) each come with their package.
+    # (xl.launcher.view) and the hang capture (xl.launcher.stacks) each come with their package;
+    # a diagnosis (telemetry/diagnosis.py), the roster (telemetry/roster.py) and a rank's stacks
+    # (stacks/model.py) are typed values of modules of their own.
     "supervisor, once torchrun runs": Budget(
         "import xl.launcher.telemetry.service, xl.launcher.view.digest, xl.launcher.provenance",
-        40,
+        41,
         25,
         (*UI, "psutil", "secrets", "concurrent", "tempfile", "orjson", "statistics"),
         after=LAUNCH + ", xl.launcher.supervisor.loop",
