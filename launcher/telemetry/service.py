@@ -295,7 +295,7 @@ class Telemetry:
         while not self._stop.wait(self._interval):
             try:
                 self._sample_once()
-            except Exception as exc:  # sampling trouble must never take the supervisor down
+            except Exception as exc:  # a failed sample must never take the supervisor down
                 self._errors.say(
                     "telemetry's sample failed (stall detection waits for the next one)", exc
                 )
