@@ -42,8 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from xl.client.metricline import train_line
+from xl.launcher.multinode.clip import clip_stacks
 from xl.launcher.multinode.nodelink import NodeLink
-from xl.launcher.multinode.protocol import clip_stacks
 from xl.launcher.multinode.summary import Summary
 from xl.launcher.supervisor.safe_telemetry import forward_records
 

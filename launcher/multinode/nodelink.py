@@ -38,12 +38,12 @@ from typing import Any
 
 from xl import handshake, wire
 from xl.address import format_address
+from xl.launcher.multinode.clip import clip_failure
 from xl.launcher.multinode.protocol import (
     MAX_LOG_CHUNK,
     MAX_STACKS_ID,
     LogMessage,
     Outgoing,
-    clip_failure,
 )
 from xl.launcher.rundir.outcome import Failure
 

@@ -60,22 +60,22 @@ MAX_LOG_CHUNK = 16 << 10
 # where they are not UTF-8, so one JSON line stays well within a frame.
 MAX_LOGS_DATA = 64 << 10
 MAX_TRAIN_ROWS = 256  # rows of one train message (summary.ROWS_PER_MESSAGE)
-_MAX_TEXT = 64 << 10  # a traceback
-_MAX_FIELD_TEXT = 4096  # any other text of an event, rank or failure
-_CLIPPED = "[...]"
+MAX_TEXT = 64 << 10  # a traceback
+MAX_FIELD_TEXT = 4096  # any other text of an event, rank or failure
+CLIPPED = "[...]"
 _MAX_FIELDS = 32
 _RANK_LIMIT = 1 << 20
 # A stacks answer is one body line, so it must fit in one frame (wire.MAX_FRAME) with room to
 # spare: clip_stacks keeps each rank's entry within these, the innermost frames first.
 MAX_STACKS_ID = 64
-_MAX_THREADS = 16
-_MAX_FRAMES = 64
-_MAX_COLLECTIVES = 64
-_MAX_STACKS_TEXT = 512
-_MAX_STACKS_LINE = wire.MAX_FRAME // 2
+MAX_THREADS = 16
+MAX_FRAMES = 64
+MAX_COLLECTIVES = 64
+MAX_STACKS_TEXT = 512
+MAX_STACKS_LINE = wire.MAX_FRAME // 2
 # A collective's tensor shapes (xl.launcher.rank.stacks: "in"/"out", which the collective-mismatch
 # verdict compares): the only values of a collective that are not scalars.
-_SHAPE_KEYS = ("in", "out")
+SHAPE_KEYS = ("in", "out")
 _MAX_SHAPES = 32  # tensors (the rank keeps up to its MAX_SIZES)
 _MAX_DIMS = 64  # dimensions of one tensor
 
@@ -93,7 +93,7 @@ def _check_value(value: Any, max_text: int) -> None:
 
 
 def _check_fields(
-    obj: Any, *, max_text: int = _MAX_FIELD_TEXT, text_keys: frozenset[str] = frozenset()
+    obj: Any, *, max_text: int = MAX_FIELD_TEXT, text_keys: frozenset[str] = frozenset()
 ) -> dict[str, Any]:
     """A flat dict of scalars (strings capped), as events, ranks and failures are."""
     if type(obj) is not dict or len(obj) > _MAX_FIELDS:
@@ -101,7 +101,7 @@ def _check_fields(
     for key, value in obj.items():
         if type(key) is not str or len(key) > wire.MAX_KEY_LEN:
             raise wire.FrameError("bad_key")
-        _check_value(value, _MAX_TEXT if key in text_keys else max_text)
+        _check_value(value, MAX_TEXT if key in text_keys else max_text)
     return obj
 
 
@@ -288,7 +288,7 @@ def _failure(obj: Any, at: float, node: int) -> FailureMessage:
     return FailureMessage(Failure.from_json(obj), at, obj.get("node_rank", node) == node)
 
 
-_MAX_EVIDENCE = 16
+MAX_EVIDENCE = 16
 
 
 def _check_failure(obj: Any) -> None:
@@ -304,12 +304,12 @@ def _check_failure(obj: Any) -> None:
         return
     if type(cause) is not dict or set(cause) - {"kind", "summary", "fix", "evidence"}:
         raise wire.FrameError("bad_value")
-    evidence = _list(cause.get("evidence", []), _MAX_EVIDENCE)
+    evidence = _list(cause.get("evidence", []), MAX_EVIDENCE)
     _check_fields({k: v for k, v in cause.items() if k != "evidence"})
     for line in evidence:
         if type(line) is not str:
             raise wire.FrameError("bad_value")
-        _check_value(line, _MAX_FIELD_TEXT)
+        _check_value(line, MAX_FIELD_TEXT)
 
 
 def _list(value: Any, cap: int) -> list[Any]:
@@ -338,13 +338,13 @@ def _check_fingerprint(obj: Any) -> None:
     for key, value in (*fields.items(), *env.items()):
         if type(key) is not str or len(key) > wire.MAX_KEY_LEN:
             raise wire.FrameError("bad_key")
-        _check_value(value, _MAX_FIELD_TEXT)
+        _check_value(value, MAX_FIELD_TEXT)
     for key in env.values():
         if type(key) is not str:
             raise wire.FrameError("bad_value")
     rest = {k: v for k, v in obj.items() if k not in ("fields", "env")}
     for key, value in rest.items():
-        _check_value(value, _MAX_TEXT if key == "ld_library_path" else _MAX_FIELD_TEXT)
+        _check_value(value, MAX_TEXT if key == "ld_library_path" else MAX_FIELD_TEXT)
 
 
 def _check_logs(obj: dict[str, Any]) -> LogsMessage:
@@ -371,26 +371,26 @@ def _check_stacks(obj: dict[str, Any]) -> StacksMessage:
         if type(entry) is not dict:
             raise wire.FrameError("bad_node_message")
         rest = {k: v for k, v in entry.items() if k not in ("threads", "collectives")}
-        _rank(_check_fields(rest, max_text=_MAX_FIELD_TEXT).get("rank"))
-        for thread in _list(entry.get("threads", []), _MAX_THREADS):
+        _rank(_check_fields(rest, max_text=MAX_FIELD_TEXT).get("rank"))
+        for thread in _list(entry.get("threads", []), MAX_THREADS):
             if type(thread) is not dict or set(thread) - {"name", "frames"}:
                 raise wire.FrameError("bad_node_message")
-            _check_value(thread.get("name"), _MAX_STACKS_TEXT)
-            for frame in _list(thread.get("frames", []), _MAX_FRAMES):
-                _check_fields(frame, max_text=_MAX_STACKS_TEXT)
-        for coll in _list(entry.get("collectives", []), _MAX_COLLECTIVES):
+            _check_value(thread.get("name"), MAX_STACKS_TEXT)
+            for frame in _list(thread.get("frames", []), MAX_FRAMES):
+                _check_fields(frame, max_text=MAX_STACKS_TEXT)
+        for coll in _list(entry.get("collectives", []), MAX_COLLECTIVES):
             if type(coll) is not dict:
                 raise wire.FrameError("bad_node_message")
             _check_fields(
-                {k: v for k, v in coll.items() if k not in _SHAPE_KEYS}, max_text=_MAX_STACKS_TEXT
+                {k: v for k, v in coll.items() if k not in SHAPE_KEYS}, max_text=MAX_STACKS_TEXT
             )
-            for key in _SHAPE_KEYS:
-                if key in coll and not _is_shapes(coll[key]):
+            for key in SHAPE_KEYS:
+                if key in coll and not is_shapes(coll[key]):
                     raise wire.FrameError("bad_value")
     return StacksMessage(ident, entries)
 
 
-def _is_shapes(value: Any) -> bool:
+def is_shapes(value: Any) -> bool:
     """A collective's tensor shapes (``in``/``out``): a list of up to _MAX_SHAPES tensors, each a
     list of up to _MAX_DIMS non-negative ints."""
     return (
@@ -402,96 +402,6 @@ def _is_shapes(value: Any) -> bool:
             and all(type(n) is int and 0 <= n < 1 << 63 for n in shape)
             for shape in value
         )
-    )
-
-
-def _clip_text(value: Any) -> Any:
-    if type(value) is str and len(value) > _MAX_STACKS_TEXT:
-        # a path's tail names it
-        return _CLIPPED + value[len(value) - (_MAX_STACKS_TEXT - len(_CLIPPED)) :]
-    return value
-
-
-def clip_stacks(entries: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
-    """This node's entries within what node 0 takes (parse_message): the first threads (the main
-    thread leads), each one's innermost frames, the newest collectives. When they are still too
-    big for one frame, the main thread alone, then no frames at all (the entry says so)."""
-    out: list[dict[str, Any]] = []  # JSON values, as the wire carries them
-    for entry in entries:
-        clipped: dict[str, Any] = {
-            k: _clip_text(v)
-            for k, v in entry.items()
-            if k not in ("threads", "collectives") and type(v) is not dict
-        }
-        if "threads" in entry:
-            clipped["threads"] = [
-                {
-                    "name": _clip_text(str(t.get("name"))),
-                    "frames": [
-                        {k: _clip_text(v) for k, v in f.items()}
-                        for f in (t.get("frames") or [])[-_MAX_FRAMES:]
-                    ],
-                }
-                for t in _items(entry.get("threads"))[:_MAX_THREADS]
-            ]
-            clipped["collectives"] = [
-                _clip_collective(c) for c in _items(entry.get("collectives"))[-_MAX_COLLECTIVES:]
-            ]
-        out.append(clipped)
-    for keep in (_MAX_THREADS, 1, 0):
-        if len(json.dumps(out, default=str)) <= _MAX_STACKS_LINE:
-            break
-        for entry in out:
-            if "threads" in entry:
-                entry["threads"] = entry["threads"][:keep]
-                if not keep:
-                    entry.pop("threads")
-                    entry.pop("collectives", None)
-                    entry["error"] = (
-                        "its stacks were too big to send to node 0; 'xl stacks RUN' on its node "
-                        "shows them"
-                    )
-    return list(out)
-
-
-def _items(value: object) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _clip_collective(c: dict[str, Any]) -> dict[str, Any]:
-    """A collective as node 0 takes it: texts clipped, shapes kept only when node 0 can hold them
-    (without them the verdict compares the op alone)."""
-    return {k: _clip_text(v) for k, v in c.items() if k not in _SHAPE_KEYS or _is_shapes(v)}
-
-
-def clip_failure(failure: Mapping[str, object]) -> dict[str, object]:
-    """A copy of ``failure`` within what node 0 takes (parse_message): the head of long texts
-    (message, error), the tail of the traceback (where the exception is)."""
-    out = dict(failure)
-    for key, value in failure.items():
-        if type(value) is not str:
-            continue
-        if key == "traceback":
-            if len(value) > _MAX_TEXT:
-                out[key] = _CLIPPED + value[len(value) - (_MAX_TEXT - len(_CLIPPED)) :]
-        elif len(value) > _MAX_FIELD_TEXT:
-            out[key] = value[: _MAX_FIELD_TEXT - len(_CLIPPED)] + _CLIPPED
-    cause = failure.get("cause")
-    if isinstance(cause, dict):  # its texts and its evidence as _check_failure takes them
-        clipped: dict[str, object] = {
-            k: (_clip(v) if isinstance(v, str) else v) for k, v in cause.items() if k != "evidence"
-        }
-        evidence = cause.get("evidence")
-        clipped["evidence"] = (
-            [_clip(str(x)) for x in evidence[:_MAX_EVIDENCE]] if isinstance(evidence, list) else []
-        )
-        out["cause"] = clipped
-    return out
-
-
-def _clip(text: str) -> str:
-    return (
-        text if len(text) <= _MAX_FIELD_TEXT else text[: _MAX_FIELD_TEXT - len(_CLIPPED)] + _CLIPPED
     )
 
 

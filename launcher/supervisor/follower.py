@@ -22,12 +22,12 @@ from pathlib import Path
 from xl import envnames, settings
 from xl.errors import UsageError
 from xl.launcher.multinode import nodelink
+from xl.launcher.multinode.clip import clip_stacks
 from xl.launcher.multinode.join import TOKEN_VAR, format_address
 from xl.launcher.multinode.protocol import (
     MAX_LOGS_DATA,
     LogsMessage,
     StacksMessage,
-    clip_stacks,
 )
 from xl.launcher.plan import parse_rdzv
 from xl.launcher.rundir.events import EventKind, NodeNotice, Notice

@@ -19,7 +19,8 @@ from procs import wait_for
 
 from xl import wire
 from xl.launcher.multinode import nodelink
-from xl.launcher.multinode.protocol import StacksMessage, clip_stacks, parse_message
+from xl.launcher.multinode.clip import clip_stacks
+from xl.launcher.multinode.protocol import StacksMessage, parse_message
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.stacks import gather as capture
 from xl.launcher.stacks import nodes as nodestacks

@@ -16,7 +16,7 @@ from typing import Any
 from procs import wait_for
 
 from xl.launcher.multinode import nodelink
-from xl.launcher.multinode.protocol import clip_stacks
+from xl.launcher.multinode.clip import clip_stacks
 from xl.launcher.stacks import gather as capture
 from xl.launcher.stacks.model import Target
 from xl.launcher.telemetry.service import Telemetry

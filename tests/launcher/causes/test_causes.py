@@ -493,10 +493,10 @@ def test_a_failure_s_cause_crosses_the_node_link_clipped_and_a_malformed_one_is_
     texts clipped as the link clips them); a cause that is not the object is refused."""
     import json  # noqa: PLC0415 - this test only
 
+    from xl.launcher.multinode.clip import clip_failure  # noqa: PLC0415 - this test only
     from xl.launcher.multinode.protocol import (  # noqa: PLC0415 - this test only
         EndMessage,
         FailureMessage,
-        clip_failure,
         parse_message,
     )
     from xl.wire import FrameError  # noqa: PLC0415 - this test only
