@@ -188,8 +188,8 @@ class Supervisor:
         # differ where a run cannot work (Nodes.check_env): it ends before torchrun starts
         if self._stopped_before_start() or self.stopping.current is not None:
             return
-        # The record's command as it is (a broken one fails here and is said as the run's failure),
-        # with the port torchrun's store gets on one node (Torchrun.start).
+        # The record's command as it is, with the port torchrun's store gets on one node
+        # (Torchrun.start).
         cgroup = self.record.cgroup
         argv = self.torchrun.start(self.record.argv, cwd=self.record.cwd, env=env,
                                    log=self.layout.torchrun_log, umask=self.user_umask,
