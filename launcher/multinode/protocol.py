@@ -390,7 +390,7 @@ def _check_stacks(obj: dict[str, Any]) -> StacksMessage:
     return StacksMessage(ident, entries)
 
 
-def is_shapes(value: Any) -> bool:
+def is_shapes(value: object) -> bool:
     """A collective's tensor shapes (``in``/``out``): a list of up to _MAX_SHAPES tensors, each a
     list of up to _MAX_DIMS non-negative ints."""
     return (

@@ -40,14 +40,17 @@ class XLTracker(GeneralTracker):
         self.run_name = run_name
         client.announce()
 
+    # edge: Accelerate's GeneralTracker API: its `tracker` is whatever the backend is
     @property
     def tracker(self) -> Any:
         return client
 
+    # edge: Accelerate's GeneralTracker API: the config as the user's script passed it
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         # Hyperparameters are not metrics; the run's spec already records the launch.
         return None
 
+    # edge: Accelerate's GeneralTracker API: the values as the user's script logged them
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         scalars: dict[str, Any] = {}
         for key, value in values.items():

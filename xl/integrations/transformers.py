@@ -43,6 +43,7 @@ class XLCallback(TrainerCallback):
         self._bound: Any = None  # the Trainer whose training_step this callback reads
         client.announce(*OWN_KEYS)
 
+    # edge: the HF Trainer instance (transformers is not imported here)
     def bind(self, trainer: Any) -> None:
         """Read this rank's loss from ``trainer.training_step``: the value the Trainer adds to the
         loss it logs (the instance's method is wrapped; the class and other Trainers are not)."""
@@ -67,6 +68,7 @@ class XLCallback(TrainerCallback):
         if ids is not None and hasattr(ids, "numel"):
             self._tokens += int(ids.numel())  # the shape, not the data: padding included, no sync
 
+    # edge: TrainerCallback's signature: transformers' own types, not imported here
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         per_device = getattr(args, "per_device_train_batch_size", 0) or 0
         accum = getattr(args, "gradient_accumulation_steps", 1) or 1
@@ -77,6 +79,7 @@ class XLCallback(TrainerCallback):
                 self.bind(trainer)
         claim("transformers")
 
+    # edge: TrainerCallback's signature: transformers' own types, not imported here
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         scalars: dict[str, Any] = {"step": state.global_step}
         if self._loss is not None:
@@ -93,6 +96,7 @@ class XLCallback(TrainerCallback):
             scalars["epoch"] = state.epoch
         xl.log(**scalars)
 
+    # edge: TrainerCallback's signature: transformers' own types, not imported here
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
@@ -111,6 +115,7 @@ class XLCallback(TrainerCallback):
         if scalars:
             xl.log(step=state.global_step, **scalars)
 
+    # edge: TrainerCallback's signature: transformers' own types, not imported here
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         xl.flush(timeout=2.0)
 
