@@ -372,9 +372,10 @@ def test_each_poll_shows_the_new_lines_of_the_ranks_they_came_for(tmp_path: Path
         assert r.samples_total == {0: 4.0, 1: 12.0} and r.last_step_t[1] == 103.0
 
 
-def test_a_metrics_line_is_read_once_into_a_typed_row() -> None:
+def test_a_metrics_line_is_read_once_into_a_typed_row(decoder: str) -> None:
     """metrics.jsonl's one parse: the rank, time and kind typed, the figures kept as the line
-    gave them; a line without an int rank or a finite time is no row for anyone."""
+    gave them; a line without an int rank or a finite time is no row for anyone (the lines of
+    the shape xl writes and every other shape, by either decoder)."""
     lines = [
         b'{"t": 10.5, "rank": 0, "kind": "train", "step": 3, "loss": 2.5}',
         b'{"t": 11, "rank": 1, "kind": "sys", "gpu_util": 40, "gpu": "MIG-1"}',
@@ -387,6 +388,16 @@ def test_a_metrics_line_is_read_once_into_a_typed_row() -> None:
         b'{"t": 2.0, "rank": 0, "kind": ["train"]}',
         b"[1, 2]",
         b"{torn",
+        b'{"t": 1e999, "rank": 0, "kind": "train"}',  # JSON's overflow: an infinite time
+        b'{"t": -Infinity, "rank": 0, "kind": "sys"}',
+        b'{"t": 4.0, "rank": 1.0, "kind": "train"}',  # a float is no rank
+        b'{"t": 5.0, "rank": "0", "kind": "sys"}',
+        b'{"t": 6.0, "kind": "sys"}',
+        b'{"t": 7.0, "rank": 4, "kind": null}',
+        b'{"t": 8.0, "rank": 5, "kind": 1}',
+        b'{"t": 9, "rank": 6, "kind": "train"}',  # an int time is a time
+        b'"train"',
+        b"null",
     ]
     rows = read_rows(lines)
     assert [(rank, t, kind) for rank, t, kind, _ in rows] == [
@@ -395,6 +406,9 @@ def test_a_metrics_line_is_read_once_into_a_typed_row() -> None:
         (2, 12.0, None),
         (3, 13.0, None),
         (0, 2.0, None),
+        (4, 7.0, None),
+        (5, 8.0, None),
+        (6, 9, MetricKind.TRAIN),
     ]
     assert rows[0][3] == {"t": 10.5, "rank": 0, "kind": "train", "step": 3, "loss": 2.5}
     assert rows[1][3]["gpu"] == "MIG-1"  # every key of the line stays, the figures and the rest
