@@ -236,3 +236,14 @@ def test_values_that_are_not_what_the_contract_says_read_as_missing() -> None:
     assert (odd.exit_code, odd.of, odd.ranks) == (None, None, (1,))
     assert parse_event([1, 2]) is None and parse_event("stalled") is None
     assert [e.name for e in parse_lines([b"{broken", b"[1]", b'{"kind": 5}', b"\xff"])] == [""]
+
+
+def test_a_time_is_any_finite_json_number_and_nothing_else() -> None:
+    """An int time reads as its float, a message that is not text as its text; a time no float
+    holds (NaN, infinity, an int past a float's range, true) reads as no time, never an error."""
+    times = [b"12", b"12.5", b"NaN", b"Infinity", b"1e999", b"1" + b"0" * 400, b"true", b'"12"']
+    read = parse_lines(
+        [b'{"kind": "stalled", "rank": 2, "message": 7, "t": %s}' % t for t in times]
+    )
+    assert [e.t for e in read] == [12.0, 12.5, None, None, None, None, None, None]
+    assert {(e.kind, e.rank, e.message) for e in read} == {(EventKind.STALLED, 2, "7")}
