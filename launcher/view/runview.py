@@ -304,6 +304,11 @@ def hang_label(event: EventLine) -> str:
     return "stalled" if culprits and culprits <= set(event.busy) else "hang"
 
 
+# The kinds the hang rule matches, as module names: every event of a run goes through it, and
+# an enum member read off its class costs a call of the enum's own attribute lookup.
+_HANG, _RECOVERED, _STALLED = EventKind.HANG, EventKind.RECOVERED, EventKind.STALLED
+
+
 class HangRule:
     """The one rule for "is there a hang, and is it over", fed the run's events in order.
 
@@ -318,12 +323,12 @@ class HangRule:
 
     def see(self, event: EventLine) -> None:
         kind, hang = event.kind, self.hang
-        if kind is EventKind.HANG:
+        if kind is _HANG:
             culprits = event.ranks
             self.hang = Hang(
                 event.message, culprits, event.stacks, frozenset(culprits), hang_label(event)
             )
-        elif kind is EventKind.RECOVERED and event.of is EventKind.STALLED and hang is not None:
+        elif kind is _RECOVERED and hang is not None and event.of is _STALLED:
             stuck = hang.stuck - {event.rank}
             self.hang = replace(hang, stuck=stuck) if stuck else None
 
