@@ -151,7 +151,7 @@ def parse_rows(values: list[object]) -> list[MetricsRow]:
             continue
         # 0.0, not 0: a float against a float is the interpreter's fast compare
         if type(rank) is int and (type(t) is float or type(t) is int) and t - t == 0.0:
-            add((rank, t, kind, rec))
+            add((rank, t, kind, rec))  # type: ignore[arg-type]  # a dict: only one has ["rank"]
     return rows
 
 
@@ -175,7 +175,7 @@ def read_rows(lines: list[bytes]) -> list[MetricsRow]:
             row = _row(rec)
         else:
             if type(rank) is int and (type(t) is float or type(t) is int) and t - t == 0.0:
-                add((rank, t, kind, rec))
+                add((rank, t, kind, rec))  # type: ignore[arg-type]  # as in parse_rows
             continue
         if row is not None:
             add(row)

@@ -198,12 +198,15 @@ def forward_records(journal: Journal) -> Callable[[Sequence[Mapping[str, object]
     """Node > 0: what its telemetry samples goes to node 0 over the link as metrics lines, and
     its ranks' summary rows (xl.launcher.multinode.summary) as ``train`` messages."""
     from xl.launcher.multinode.summary import ROWS_PER_MESSAGE  # noqa: PLC0415 - several nodes only: not on a one-node run's path to torchrun
+    from xl.launcher.rundir.metrics import MetricKind  # noqa: PLC0415 - as above
+
+    train = MetricKind.TRAIN.value  # the wire's records: their kind as the line spells it
 
     def forward(records: Sequence[Mapping[str, object]]) -> None:
-        rows = [rec for rec in records if rec.get("kind") == "train"]
+        rows = [rec for rec in records if rec.get("kind") == train]
         for rec in records:
             rank = rec.get("rank")
-            if rec.get("kind") != "train" and isinstance(rank, int):
+            if rec.get("kind") != train and isinstance(rank, int):
                 journal.send(RecMessage(rank, wire.dumps_record(rec).decode()))
         for i in range(0, len(rows), ROWS_PER_MESSAGE):
             journal.send(TrainMessage(rows[i : i + ROWS_PER_MESSAGE]))

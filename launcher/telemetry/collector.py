@@ -46,7 +46,7 @@ from xl.launcher.multinode.protocol import (
     parse_message,
     reply,
 )
-from xl.launcher.rundir.metrics import MetricsWriter
+from xl.launcher.rundir.metrics import MetricKind, MetricsWriter
 from xl.launcher.stacks.nodes import NodesStacksServer
 from xl.launcher.telemetry.server import ACK, IDLE_S, Conn, FrameServer
 from xl.textsafe import visible
@@ -55,6 +55,9 @@ __all__ = ["ACK", "IDLE_S", "Collector", "PeerInfo"]
 
 # Rank processes whose last stored sequence number is kept (for resent frames); the oldest go.
 MAX_SEQ_KEYS = 1 << 16
+# A frame's records are the wire's (xl.wire), not rows read back: their kind is matched as the
+# line spells it, MetricKind's value.
+_TRAIN = MetricKind.TRAIN.value
 
 
 # edge: another node's rows as its link sent them, each made a metrics.jsonl line
@@ -326,7 +329,7 @@ class Collector(NodeAsks):
             self.peers[header.rank] = peer
         peer.last_seen = time.time()
         if header.rank not in self.train_ranks and (
-            header.train or any(rec.get("kind") == "train" for rec in good)
+            header.train or any(rec.get("kind") == _TRAIN for rec in good)
         ):
             # The rank reports its own train records (its client's OwnTrain, on the wire as the
             # header's "train"): decided here only; what it prints is then not its steps.

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from xl import envnames, settings
 from xl.figures import PHASE_KEYS, finite, number, stamp, steps_of
 from xl.launcher.rundir.events import EventKind
+from xl.launcher.rundir.metrics import MetricKind
 from xl.launcher.telemetry.diagnosis import (
     Diagnosis,
     Evidence,
@@ -49,9 +50,13 @@ from xl.units import ranks_text
 if TYPE_CHECKING:
     from xl.launcher.telemetry.straggler_votes import Stragglers
 
-# An event's line as written (events.jsonl): the hang capture and the supervisor take it so.
-EventLine = dict[str, Any]
-Emit = Callable[[EventLine], None]
+# An event's object as its line will hold it (events.jsonl): the hang capture and the supervisor
+# take it so.
+EventObject = dict[str, Any]
+Emit = Callable[[EventObject], None]
+# The records here are the wire's (xl.wire), not rows read back: their kind is matched as the
+# line spells it, MetricKind's value.
+_SYS = MetricKind.SYS.value
 # Ticks come once a second; one this much later than the last means this process was paused.
 PAUSED_AFTER_S = 5.0
 
@@ -150,7 +155,7 @@ class Diagnoser:
         self,
         emit: Emit,
         thresholds: Thresholds | None = None,
-        on_stall: Callable[[list[EventLine]], None] | None = None,
+        on_stall: Callable[[list[EventObject]], None] | None = None,
     ) -> None:
         self._emit = emit
         # Stalled events go here instead when set: a hang capture words them with the stacks.
@@ -194,7 +199,7 @@ class Diagnoser:
                 head = stamp(rec)
                 if head is None:
                     continue
-                if rec.get("kind") == "sys":
+                if rec.get("kind") == _SYS:
                     self._ingest_sys(rank, st, head[1], rec)
                 else:
                     self._ingest_train(rank, st, head[1], rec)

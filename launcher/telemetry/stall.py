@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from xl.figures import number, stamp
+from xl.figures import number
 from xl.launcher.rundir.events import EventKind, newest_events
-from xl.launcher.rundir.jsonl import decode_lines
 from xl.launcher.rundir.lastbytes import last_lines
 from xl.launcher.rundir.layout import RunLayout
+from xl.launcher.rundir.metrics import MetricKind, read_rows
 from xl.launcher.stacks.model import RankStacks, Verdict
 from xl.launcher.stacks.verdict import BUSY_WINDOW_S, mismatch, verdict
 from xl.launcher.telemetry.diagnose import Thresholds
@@ -57,11 +57,9 @@ def _records(run_dir: Path) -> dict[int, tuple[float, float]]:
     last: dict[int, float] = {}
     steps: dict[int, tuple[float, float]] = {}
     dts: dict[int, list[float]] = {}
-    for rec in decode_lines(last_lines(RunLayout(run_dir).metrics, _METRICS_TAIL)):
-        head = stamp(rec)  # the one rule for a line (xl.figures): no finite t, no line
-        if head is None or rec.get("kind") != "train":
+    for rank, t, kind, rec in read_rows(last_lines(RunLayout(run_dir).metrics, _METRICS_TAIL)):
+        if kind is not MetricKind.TRAIN:
             continue
-        rank, t = head
         step = number(rec.get("step"))
         last[rank] = max(last.get(rank, t), t)
         if step is not None:
@@ -79,15 +77,11 @@ def recent_cpu(run_dir: Path, now: float) -> dict[int, float]:
     than 3 of them there are left out."""
     samples: dict[int, list[tuple[float, float]]] = {}
     progressed: dict[int, float] = {}
-    for rec in decode_lines(last_lines(RunLayout(run_dir).metrics, _METRICS_TAIL)):
-        head = stamp(rec)
-        if head is None:
-            continue
-        rank, t = head
-        if rec.get("kind") == "train":
+    for rank, t, kind, rec in read_rows(last_lines(RunLayout(run_dir).metrics, _METRICS_TAIL)):
+        if kind is MetricKind.TRAIN:
             progressed[rank] = max(progressed.get(rank, t), t)
         elif (
-            rec.get("kind") == "sys"
+            kind is MetricKind.SYS
             and (cpu := number(rec.get("cpu_pct"))) is not None
             and now - BUSY_WINDOW_S <= t <= now + 1
         ):
