@@ -474,23 +474,16 @@ def parse_event(obj: object) -> EventLine | None:
     if type(obj) is not dict:
         return None
     name = obj.get("kind")
-    if type(name) is not str:
-        name = name if isinstance(name, str) else ""
+    name = name if isinstance(name, str) else ""
     message = obj.get("message")
-    if type(message) is not str:
-        message = message if isinstance(message, str) else "" if message is None else str(message)
-    # _float and _int inlined: a digest parses thousands of events in one go
-    t = obj.get("t")
-    if type(t) is float:
-        t = t if t - t == 0.0 else None
-    elif type(t) is int:
-        t = float(t) if -_BIGGEST <= t <= _BIGGEST else None  # an int past a float: no time
-    else:
-        t = None
+    said = message if isinstance(message, str) else "" if message is None else str(message)
+    t = obj.get("t")  # _float inlined: a digest parses thousands of events in one go
+    if type(t) is not float or t - t != 0.0:  # an int past a float's range: no time
+        t = float(t) if type(t) is int and -_BIGGEST <= t <= _BIGGEST else None
     rank = obj.get("rank")
     return _new(
         EventLine,
-        (_KIND_OF.get(name), name, t, rank if type(rank) is int else None, message, obj),
+        (_KIND_OF.get(name), name, t, rank if type(rank) is int else None, said, obj),
     )
 
 
