@@ -24,6 +24,11 @@ unpacked into a temporary folder, and each round runs this bench once in a proce
 on this tree and once on REV's (``--rounds``, alternating, so a change of load lands on both).
 Each process reports its poll / json.loads ratio; the verdict is the median over the rounds of
 this tree's ratio over REV's, with its range (<= 1: no slower than REV).
+
+``--digest RANKS`` times the run-end digest instead (``digest.build``, CPU, median of 7) of a run
+in which every one of RANKS ranks stepped 10 times and was called stalled, half of them coming
+back and half exiting (bench_node0.py's run); with ``--ref`` each round is a pair of processes
+again, their order turning each round, and the verdict the median of this tree's ms over REV's.
 """
 
 from __future__ import annotations
@@ -137,6 +142,64 @@ def measure(
         shutil.rmtree(root, ignore_errors=True)
 
 
+def stalled_run(root: Path, ranks: int) -> Path:
+    """A run dir in which every rank steps 10 times (a second apart), is called stalled at +40 s,
+    and then either comes back (even ranks: a line at +50..56 s and a ``recovered``) or exits."""
+    t0 = 1_700_000_000.0
+    run_dir = root / "run"
+    run_dir.mkdir()
+    run = {"run_id": "run", "status": "succeeded", "started_at": t0, "ended_at": t0 + 70}
+    (run_dir / "run.json").write_text(json.dumps({**run, "ranks": []}))
+
+    def line(r: int, step: int, t: float) -> dict[str, Any]:
+        loss = 2.0 + r / 1e4
+        return {
+            "t": t,
+            "rank": r,
+            "kind": "train",
+            "step": step,
+            "loss": loss,
+            "samples_per_s": 64.0,
+        }
+
+    lines = [line(r, s, t0 + s) for s in range(1, 11) for r in range(ranks)]
+    lines += [line(r, 11, t0 + 50 + r % 7) for r in range(0, ranks, 2)]
+    events = [
+        {"t": t0 + 40 + r / ranks, "kind": "stalled", "rank": r, "idle_s": 30.0}
+        for r in range(ranks)
+    ]
+    events += [
+        {"t": t0 + 52 + r % 7, "kind": "recovered", "rank": r, "of": "stalled"}
+        for r in range(0, ranks, 2)
+    ]
+    events += [
+        {"t": t0 + 60, "kind": "rank_exited", "rank": r, "exit_code": 0} for r in range(1, ranks, 2)
+    ]
+    for name, rows in (("metrics.jsonl", lines), ("events.jsonl", events)):
+        (run_dir / name).write_text("".join(json.dumps(x) + "\n" for x in rows))
+    return run_dir
+
+
+def time_digest(ranks: int, times: int = 7) -> float:
+    """The median CPU ms of ``digest.build`` on ``stalled_run(ranks)``, with the tree's own modules
+    (the digest in launcher/view/, or launcher/rundir/ in a tree from before)."""
+    try:
+        from xl.launcher.rundir.runrecord import load  # noqa: PLC0415 - the tree being timed
+        from xl.launcher.view import digest  # noqa: PLC0415
+    except ImportError:
+        from xl.launcher.rundir import digest  # type: ignore[no-redef] # noqa: PLC0415
+        from xl.launcher.rundir.record import load  # type: ignore[no-redef] # noqa: PLC0415
+    with tempfile.TemporaryDirectory(prefix="xl-bench-digest-") as tmp:
+        run_dir = stalled_run(Path(tmp), ranks)
+        rec = load(run_dir)
+        took = []
+        for _ in range(times):
+            c0 = time.process_time()
+            digest.build(run_dir, rec)
+            took.append(time.process_time() - c0)
+    return statistics.median(took) * 1e3
+
+
 def summary(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
     return statistics.median(ordered) * 1e3, ordered[int(len(ordered) * 0.9)] * 1e3
@@ -159,14 +222,17 @@ def unpack(rev: str, into: Path) -> Path:
     return pkg.parent
 
 
-def one_run(tree: Path, pkg: Path | None, seconds: int) -> float:
+def one_run(tree: Path, pkg: Path | None, seconds: int, digest: int = 0) -> float:
     """This bench in a process of its own on ``tree`` (``pkg``: its package folder, else the
-    installed one): its poll / json.loads ratio of CPU medians."""
+    installed one): its poll / json.loads ratio of CPU medians (``digest``: the digest's ms)."""
     env = dict(os.environ)
     if pkg is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pkg), env.get("PYTHONPATH")]))
     out = subprocess.run(
-        [sys.executable, __file__, "--root", str(tree), "--seconds", str(seconds), "--json"],
+        [
+            *(sys.executable, __file__, "--root", str(tree), "--seconds", str(seconds), "--json"),
+            *(("--digest", str(digest)) if digest else ()),
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -177,24 +243,30 @@ def one_run(tree: Path, pkg: Path | None, seconds: int) -> float:
     return float(json.loads(out.stdout.splitlines()[-1])["ratio"])
 
 
-def against_rev(rev: str, rounds: int, seconds: int) -> int:
+def against_rev(rev: str, rounds: int, seconds: int, digest: int = 0) -> int:
+    unit = f"digest of {digest} stalled ranks, ms" if digest else "poll / json.loads"
     with tempfile.TemporaryDirectory(prefix="xl-bench-reader-rev-") as tmp:
         pkg = unpack(rev, Path(tmp))
         ours: list[float] = []
         theirs: list[float] = []
         for r in range(rounds):
-            ours.append(one_run(ROOT, None, seconds))
-            theirs.append(one_run(Path(tmp) / "tree", pkg, seconds))
+            # The digest's pairs turn their order each round (the poll's keep theirs, as before).
+            if digest and r % 2:
+                theirs.append(one_run(Path(tmp) / "tree", pkg, seconds, digest))
+                ours.append(one_run(ROOT, None, seconds, digest))
+            else:
+                ours.append(one_run(ROOT, None, seconds, digest))
+                theirs.append(one_run(Path(tmp) / "tree", pkg, seconds, digest))
             print(
-                f"  round {r + 1}: this tree {ours[-1]:.3f}, {rev} {theirs[-1]:.3f} "
-                f"(poll / json.loads)",
+                f"  round {r + 1}: this tree {ours[-1]:.3f}, {rev} {theirs[-1]:.3f} ({unit})",
                 flush=True,
             )
     paired = [a / b for a, b in zip(ours, theirs, strict=True)]
+    what = f"digests of {digest} stalled ranks" if digest else f"{seconds} polls"
     print(
         f"bench_reader: this tree / {rev}: {statistics.median(paired):.3f}x "
-        f"[{min(paired):.3f}, {max(paired):.3f}] over {rounds} rounds of {seconds} polls "
-        f"(poll / json.loads: {statistics.median(ours):.3f} vs {statistics.median(theirs):.3f}); "
+        f"[{min(paired):.3f}, {max(paired):.3f}] over {rounds} rounds of {what} "
+        f"({unit}: {statistics.median(ours):.3f} vs {statistics.median(theirs):.3f}); "
         f"load {os.getloadavg()[0]:.1f}"
     )
     return 0
@@ -208,9 +280,16 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=8, help="--ref: rounds, each tree once a round")
     ap.add_argument("--root", type=Path, default=ROOT, help=argparse.SUPPRESS)  # --ref's children
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--digest", type=int, default=0, metavar="RANKS", help="time the digest")
     args = ap.parse_args()
     if args.ref:
-        return against_rev(args.ref, args.rounds, args.seconds)
+        return against_rev(args.ref, args.rounds, args.seconds, args.digest)
+    if args.digest:
+        ms = time_digest(args.digest)
+        print(
+            json.dumps({"ratio": ms}) if args.json else f"digest, {args.digest} ranks: {ms:.1f} ms"
+        )
+        return 0
     sys.path.insert(0, str(args.root / "tests" / "support"))
 
     t0 = time.time() - 60
