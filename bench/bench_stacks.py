@@ -1,6 +1,7 @@
 """What `xl stacks` costs: the time to get 8 ranks' stacks, and a step's cost while nobody asks.
 
     .venv/bin/python bench/bench_stacks.py [--ranks 8] [--asks 10] [--pairs 4] [--steps 3000]
+    .venv/bin/python bench/bench_stacks.py --read REV [--read-ranks 4096] [--rounds 8]
 
 1. Asking. A real `xl launch --detach` of tests/support/hang_ddp.py on ``--ranks`` gloo CPU ranks,
    rank 1 asleep outside the collective and the others waiting in all_reduce (the hang this is
@@ -12,11 +13,21 @@
    in accept(), the Flight Recorder's buffer) or not, in A B / B A pairs; the ratio with/without
    of the mean step, median over pairs. The handler does nothing per step, so it should sit within
    the noise, as bench_overhead's whole-run figure does.
+3. Reading (``--read REV``: this part alone). The CPU to read a stacks document of
+   ``--read-ranks`` ranks and judge it, as node 0 does with every rank's answer: ``json.loads``,
+   the entries read into their values (where this tree has them) and the verdict, in a process
+   of this tree and one of REV's package (bench_reader.unpack) that take turns, the order turning
+   each round; each process reports its median of 7. Two documents: ``fr``, every rank with its
+   Flight Recorder's 8 newest entries (shapes, start times) and its main thread in a DDP step,
+   and ``sim``, the answers bench_scale's simulated nodes send (two collectives, no shapes).
+   Rank 1 is elsewhere, the others wait for it in all-reduce #12. Prints each tree's medians
+   and the median of the rounds' ratios with a bootstrap 95% interval.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -29,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from procs import XL, kill_run, wait_ranks_running, xl, xl_env  # noqa: E402
+from rounds import bootstrap  # noqa: E402
 from xltele import free_port  # noqa: E402
 
 DRIVER = """
@@ -118,14 +130,118 @@ def idle(args: argparse.Namespace, tmp: Path) -> None:
     )
 
 
+# Run in each tree's process (its package first on PYTHONPATH): a median of 7 of the CPU to read
+# and judge the document at argv[1]; this tree's typed values, or the dicts an earlier tree judged.
+READER = """
+import json, statistics, sys, time
+text = open(sys.argv[1]).read()
+try:
+    from xl.launcher.stacks.model import RankStacks
+    from xl.launcher.stacks.verdict import verdict
+    def judge(doc):
+        return verdict([RankStacks.from_json(e) for e in doc["ranks"]]).message
+except ImportError:
+    from xl.launcher.telemetry.verdict import verdict
+    def judge(doc):
+        return verdict(doc["ranks"])["message"]
+took = []
+for _ in range(7):
+    t0 = time.process_time()
+    said = judge(json.loads(text))
+    took.append(time.process_time() - t0)
+print(statistics.median(took) * 1e3)
+print(said)
+"""
+_PY = "/opt/venv/lib/python3.11/"
+_TORCH = _PY + "site-packages/torch/"
+
+
+def _entry(rank: int, shape: str) -> dict[str, object]:
+    """A rank's answer as the rank sends it: waiting in all-reduce #12 (rank 1: in its own code)."""
+    wait = rank != 1
+    code = [("<frozen runpy>", 88, "_run_code"), ("/work/proj/train.py", 120, "<module>"),
+        ("/work/proj/train.py", 97, "main"), ("/work/proj/train.py", 61, "train_step")]
+    code += [(_TORCH + "nn/parallel/distributed.py", 1637, "forward"),
+        (_TORCH + "distributed/c10d_logger.py", 81, "wrapper"),
+        (_TORCH + "distributed/distributed_c10d.py", 2806, "all_reduce")] if wait else [
+        ("/work/proj/train.py", 44, "load_batch")]  # fmt: skip
+    frames = [{"file": f, "line": n, "function": fn} for f, n, fn in code]
+    sender = [{"file": _PY + "threading.py", "line": n, "function": fn}
+        for n, fn in ((1002, "_bootstrap"), (331, "wait"))]  # fmt: skip
+    if shape == "sim":
+        colls: list[dict[str, object]] = [
+            {"pg": "0", "seq": s, "op": "allreduce", "state": "completed"} for s in (11,)
+        ] + ([{"pg": "0", "seq": 12, "op": "allreduce", "state": "scheduled"}] if wait else [])
+    else:
+        sizes = [[1024, 1024]]
+        colls = [
+            {"pg": "default_pg", "seq": s, "op": "allreduce",
+             "state": "scheduled" if s == 12 else "completed", "pg_id": "0", "in": sizes,
+             "out": sizes, "t": round(1765100000.0 + s + rank / 1e4, 3)}
+            for s in range(5 if wait else 4, 13 if wait else 12)
+        ]  # fmt: skip
+    threads = [{"name": "MainThread", "frames": frames}, {"name": "xl-log", "frames": sender}]
+    return {"rank": rank, "node": f"node-{rank // 8}", "pid": 4000 + rank, "threads": threads,
+        "collectives": colls}  # fmt: skip
+
+
+def _judged(python_path: str | None, doc: Path) -> tuple[float, str]:
+    env = dict(os.environ)
+    if python_path is not None:
+        env["PYTHONPATH"] = python_path
+    out = subprocess.run(
+        [sys.executable, "-c", READER, str(doc)],
+        capture_output=True, text=True, env=env, cwd=tempfile.gettempdir(), timeout=600,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"the reader failed: {out.stderr.strip()[-400:]}")
+    ms, said = out.stdout.split("\n", 1)
+    return float(ms), said.strip()
+
+
+def read(args: argparse.Namespace, tmp: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_reader import unpack  # noqa: PLC0415 - a bench module beside this one
+
+    (tmp / "rev").mkdir()
+    pkg = str(unpack(args.read, tmp / "rev"))
+    for shape in ("fr", "sim"):
+        doc = tmp / f"{shape}.json"
+        entries = [_entry(r, shape) for r in range(args.read_ranks)]
+        doc.write_text(json.dumps({"run_id": "bench", "t": 1765100100.0, "ranks": entries}))
+        got: dict[str, list[float]] = {"this": [], "rev": []}
+        told: dict[str, str] = {}
+        for i in range(args.rounds):
+            for side in ("this", "rev") if i % 2 == 0 else ("rev", "this"):
+                ms, told[side] = _judged(None if side == "this" else pkg, doc)
+                got[side].append(ms)
+        ours, theirs = got["this"], got["rev"]
+        ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+        lo, hi = bootstrap(ratios)
+        print(
+            f"reading + verdict, {args.read_ranks} ranks, {shape}: this tree "
+            f"{statistics.median(ours):.1f} ms, {args.read} {statistics.median(theirs):.1f} ms "
+            f"(CPU, medians of {args.rounds} rounds); this / {args.read}: "
+            f"{statistics.median(ratios):.3f}x [{lo:.3f}, {hi:.3f}]; load {os.getloadavg()[0]:.1f}"
+        )
+        same = "the same in both" if told["this"] == told["rev"] else f"{args.read}'s differs"
+        print(f"  verdict ({same}): {told['this'][:160]}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--asks", type=int, default=10)
     p.add_argument("--pairs", type=int, default=4)
     p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--read", metavar="REV", help="time reading + the verdict against REV alone")
+    p.add_argument("--read-ranks", type=int, default=4096)
+    p.add_argument("--rounds", type=int, default=8)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        if args.read:
+            read(args, Path(tmp))
+            return 0
         ask(args, Path(tmp))
         idle(args, Path(tmp))
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol, TypeVar
 
 from xl.figures import number
 
@@ -19,6 +19,7 @@ from xl.figures import number
 Shapes = tuple[tuple[int, ...], ...]
 # What JSON gives: parsed values are read from it, written back to it.
 Json = Mapping[str, object]
+_T = TypeVar("_T")
 
 
 def _text(value: object) -> str | None:
@@ -37,44 +38,155 @@ def _dicts(value: object) -> Iterable[Json]:
     return (v for v in _list(value) if isinstance(v, dict))
 
 
+# The values of a document are many (4,096 ranks send tens of thousands of frames and collectives)
+# and the verdict reads them at once: Frame and Collective are tuples, made by tuple.__new__ in the
+# loops below, which costs a third of a frozen dataclass's __init__; the loops bind their names
+# locally and test JSON's own types first. The ranks of one job share their frames, stacks and
+# tensor shapes, so an equal value already read is used again (_once): a document holds one of each,
+# and the garbage collector, which runs by the number of objects kept, stays away (reading 4,096
+# ranks' stacks kept ~190 objects a rank and spent half its time in it).
+_new = tuple.__new__
+_SEEN: dict[object, object] = {}
+_SEEN_MAX = 4096  # values kept to be shared; the dict starts again past this
+
+
+def _once(value: _T) -> _T:
+    """``value``, or an equal one read before (``value`` holds str, int and None alone, in tuples:
+    equal means the same)."""
+    seen = _SEEN.get(value)
+    if seen is not None:
+        return seen  # type: ignore[return-value]
+    if len(_SEEN) >= _SEEN_MAX:
+        _SEEN.clear()
+    _SEEN[value] = value
+    return value
+
+
 def _shapes(value: object) -> Shapes | None:
-    if not isinstance(value, list) or not all(
-        isinstance(s, list) and all(type(n) is int for n in s) for s in value
-    ):
+    if not isinstance(value, list):
         return None
-    return tuple(tuple(s) for s in value)
+    out = []
+    for s in value:
+        if not isinstance(s, list):
+            return None
+        for n in s:
+            if type(n) is not int:
+                return None
+        out.append(tuple(s))
+    return _once(tuple(out))
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
     file: str
     line: int | None
     function: str
 
     @classmethod
     def from_json(cls, obj: Json) -> Frame:
-        return cls(str(obj.get("file")), _int(obj.get("line")), str(obj.get("function")))
+        return _frames([dict(obj)])[0]
 
     def to_json(self) -> dict[str, object]:
         return {"file": self.file, "line": self.line, "function": self.function}
 
 
-@dataclass(frozen=True, slots=True)
+def _frames(value: object) -> tuple[Frame, ...]:
+    """A thread's ``frames`` list: its dicts as Frames (``file``/``function`` as text, ``line``
+    None unless an int)."""
+    if not isinstance(value, list):
+        return ()
+    out = []
+    new, frame, str_, int_, dict_, once = _new, Frame, str, int, dict, _once
+    for f in value:
+        if not isinstance(f, dict_):
+            continue
+        file, line, function = f.get("file"), f.get("line"), f.get("function")
+        out.append(
+            once(
+                new(
+                    frame,
+                    (
+                        file if type(file) is str_ else str_(file),
+                        line if type(line) is int_ else None,
+                        function if type(function) is str_ else str_(function),
+                    ),
+                )
+            )
+        )
+    return once(tuple(out))
+
+
 class Thread:
+    """A thread's name and its frames, innermost last; frozen. A thread read from JSON makes its
+    frames when they are first read: the verdict reads the main thread's of a few ranks, and a
+    document of thousands of ranks is mostly frames nobody reads before it is written back."""
+
+    __slots__ = ("_frames", "_json", "name")
     name: str
-    frames: tuple[Frame, ...]  # innermost last
+    _frames: tuple[Frame, ...] | None
+    _json: object  # the frames as JSON until they are made
+
+    def __init__(self, name: str, frames: tuple[Frame, ...]) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "_frames", frames)
+
+    @classmethod
+    def _read(cls, name: str, frames: object) -> Thread:
+        """A thread whose frames (``frames``: JSON) are made when first read."""
+        self = _new_object(cls)
+        _set_name(self, name)
+        _set_json(self, frames)
+        return self
+
+    @property
+    def frames(self) -> tuple[Frame, ...]:
+        try:
+            return self._frames  # type: ignore[return-value]
+        except AttributeError:  # read from JSON, not yet made
+            made = _frames(self._json)  # two threads that make it at once make equal values
+            object.__setattr__(self, "_frames", made)
+            return made
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Thread is frozen: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Thread is frozen: cannot delete {name}")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Thread):
+            return NotImplemented
+        return self.name == other.name and self.frames == other.frames
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.frames))
+
+    def __repr__(self) -> str:
+        return f"Thread(name={self.name!r}, frames={self.frames!r})"
 
     @classmethod
     def from_json(cls, obj: Json) -> Thread:
-        frames = tuple(Frame.from_json(f) for f in _dicts(obj.get("frames")))
-        return cls(str(obj.get("name")), frames)
+        return cls(str(obj.get("name")), _frames(obj.get("frames")))
 
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "frames": [f.to_json() for f in self.frames]}
 
 
-@dataclass(frozen=True, slots=True)
-class Collective:
+_new_object = object.__new__
+_set_name = Thread.__dict__["name"].__set__  # the slots' own setters
+_set_json = Thread.__dict__["_json"].__set__
+
+
+def _threads(value: object) -> tuple[Thread, ...]:
+    out = []
+    make, str_ = Thread._read, str
+    for t in _list(value):
+        if isinstance(t, dict):
+            name = t.get("name")
+            out.append(make(name if type(name) is str_ else str_(name), t.get("frames")))
+    return tuple(out)
+
+
+class Collective(NamedTuple):
     """One Flight Recorder entry as the rank sends it (xl.launcher.rank.stacks)."""
 
     pg: str  # the process group's name
@@ -98,18 +210,7 @@ class Collective:
 
     @classmethod
     def from_json(cls, obj: Json) -> Collective:
-        pg_id = obj.get("pg_id")
-        began = number(obj.get("t"))
-        return cls(
-            str(obj.get("pg")),
-            _int(obj.get("seq")),
-            str(obj.get("op")),
-            str(obj.get("state")),
-            None if pg_id is None else str(pg_id),
-            _shapes(obj.get("in")),
-            _shapes(obj.get("out")),
-            began,
-        )
+        return _collectives([dict(obj)])[0]
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"pg": self.pg, "seq": self.seq, "op": self.op}
@@ -123,6 +224,39 @@ class Collective:
         if self.t is not None:
             out["t"] = self.t
         return out
+
+
+def _collectives(value: object) -> tuple[Collective, ...]:
+    """A rank's ``collectives`` list: its dicts as Collectives (text as text, a ``seq`` that is no
+    int and a ``t`` that is no finite number as None, shapes only when every size is an int)."""
+    if not isinstance(value, list):
+        return ()
+    out = []
+    new, coll, str_, int_, float_, shapes = _new, Collective, str, int, float, _shapes
+    for c in value:
+        if not isinstance(c, dict):
+            continue
+        get = c.get
+        pg, seq, op, state, pg_id, began = (
+            get("pg"), get("seq"), get("op"), get("state"), get("pg_id"), get("t")
+        )
+        ins, outs = get("in"), get("out")
+        out.append(
+            new(
+                coll,
+                (
+                    pg if type(pg) is str_ else str_(pg),
+                    seq if type(seq) is int_ else None,
+                    op if type(op) is str_ else str_(op),
+                    state if type(state) is str_ else str_(state),
+                    pg_id if pg_id is None or type(pg_id) is str_ else str_(pg_id),
+                    None if ins is None else shapes(ins),
+                    None if outs is None else shapes(outs),
+                    began if type(began) is float_ and began - began == 0 else number(began),
+                ),
+            )
+        )
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,25 +278,29 @@ class RankStacks:
     @property
     def main_frames(self) -> tuple[Frame, ...]:
         """The main thread's frames (the first thread's when none is called so)."""
-        threads = self.threads or ()
-        main = next((t for t in threads if t.name == "MainThread"), threads[0] if threads else None)
-        return main.frames if main is not None else ()
+        threads = self.threads
+        if not threads:
+            return ()
+        if threads[0].name == "MainThread":  # where the rank puts it
+            return threads[0].frames
+        return next((t for t in threads if t.name == "MainThread"), threads[0]).frames
 
     @classmethod
     def from_json(cls, obj: Json) -> RankStacks:
-        cpu = number(obj.get("cpu_pct"))
+        get = obj.get
+        rank, host, pid, note = get("rank"), get("node"), get("pid"), get("note")
+        error, node_rank, cpu = get("error"), get("node_rank"), get("cpu_pct")
+        # The keys a rank's answer has are JSON's own types: tested first, inline.
         return cls(
-            _int(obj.get("rank")),
-            _text(obj.get("node")),
-            _int(obj.get("pid")),
-            tuple(Thread.from_json(t) for t in _dicts(obj.get("threads")))
-            if "threads" in obj
-            else None,
-            tuple(Collective.from_json(c) for c in _dicts(obj.get("collectives"))),
-            _text(obj.get("note")),
-            _text(obj.get("error")),
-            _int(obj.get("node_rank")),
-            cpu,
+            rank if type(rank) is int else None,
+            host if type(host) is str or host is None else _text(host),
+            pid if type(pid) is int else None,
+            _threads(get("threads")) if "threads" in obj else None,
+            _collectives(get("collectives")),
+            None if note is None else _text(note),
+            None if error is None else _text(error),
+            node_rank if type(node_rank) is int else None,
+            None if cpu is None else number(cpu),
         )
 
     def to_json(self) -> dict[str, object]:

@@ -135,16 +135,22 @@ class Position:
 
 
 def position(entry: RankStacks) -> Position:
-    pos = Position(known=bool(entry.collectives))
-    for c in entry.collectives:
-        pg, seq = c.group, c.seq
+    # Read for every rank of a capture: the fields unpacked at once, the group (Collective.group)
+    # and done-ness spelled out.
+    colls = entry.collectives
+    done: dict[str, int] = {}
+    waiting: tuple[str, int, str] | None = None
+    for pg, seq, op, state, pg_id, *_ in colls:
         if seq is None:
             continue
-        if c.done:
-            pos.done[pg] = max(pos.done.get(pg, -1), seq)
-        elif pos.waiting is None or seq > pos.waiting[1]:
-            pos.waiting = (pg, seq, c.op)
-    return pos
+        if pg_id is not None:
+            pg = pg_id
+        if state == "completed":
+            if seq > done.get(pg, -1):
+                done[pg] = seq
+        elif waiting is None or seq > waiting[1]:
+            waiting = (pg, seq, op)
+    return Position(waiting, done, bool(colls))
 
 
 def _label(entry: RankStacks, pos: Position) -> str:
@@ -228,22 +234,46 @@ def mismatch(entries: Sequence[RankStacks]) -> Verdict | None:
     - Two ranks each blocked in a collective of a different process group, both of which they
       use, neither having done the other's: each waits for the other.
     Ranks merely at different numbers (one behind, or NCCL's queue ahead) are no mismatch."""
+    return _mismatch(entries, {})
+
+
+def _mismatch(
+    entries: Sequence[RankStacks], positions: dict[int, Position]
+) -> Verdict | None:
+    """mismatch(), with the positions of ranks already found (more are added to it)."""
     answered = {e.rank: e for e in entries if not e.error and e.rank is not None}
     seen: dict[tuple[str, int], dict[int, Collective]] = {}
+    unfinished: set[tuple[str, int]] = set()  # where some rank has not done its collective
     for rank, e in answered.items():
         for c in e.collectives:
-            if c.seq is not None:
-                seen.setdefault((c.group, c.seq), {})[rank] = c
-    for (_, seq), rows in sorted(seen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            seq, pg_id = c.seq, c.pg_id
+            if seq is not None:
+                key = (c.pg if pg_id is None else pg_id, seq)
+                rows = seen.get(key)
+                if rows is None:
+                    seen[key] = rows = {}
+                rows[rank] = c
+                if c.state != "completed":
+                    unfinished.add(key)
+    for key, rows in sorted(seen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        seq = key[1]
         pg = next(iter(rows.values())).pg
-        if len(rows) < 2 or all(c.done for c in rows.values()):
+        if len(rows) < 2 or key not in unfinished or all(c.done for c in rows.values()):
             continue
         kinds: list[tuple[_Signature, list[int]]] = []
+        # A signature met before is that kind's (the kinds' first signatures never agree, so the
+        # first kind it agrees with is the one it equals): a look-up, not a scan, per rank.
+        exact: dict[_Signature, list[int]] = {}
         for rank, c in sorted(rows.items()):
             sig = _signature(c)
+            found = exact.get(sig)
+            if found is not None:
+                found.append(rank)
+                continue
             same = next((k for k in kinds if _agree(k[0], sig)), None)
             if same is None:
                 kinds.append((sig, [rank]))
+                exact[sig] = kinds[-1][1]
             else:
                 same[1].append(rank)
         if len(kinds) < 2:
@@ -271,14 +301,21 @@ def mismatch(entries: Sequence[RankStacks]) -> Verdict | None:
             f"match): {'; '.join(told)}",
             mismatch=True,
         )
-    return _crossed(answered)
+    return _crossed(answered, positions)
 
 
-def _crossed(answered: dict[int, RankStacks]) -> Verdict | None:
+def _crossed(answered: dict[int, RankStacks], positions: dict[int, Position]) -> Verdict | None:
     """Two ranks blocked (their main thread inside torch.distributed) in collectives of two
     process groups, each of which both ranks use, neither having done the other's."""
+    for r, e in answered.items():
+        if r not in positions:
+            positions[r] = position(e)
+    # Ranks blocked in one process group alone (the hang of thousands in one all-reduce) make no
+    # pair: their frames need no look.
+    if len({p.waiting[0] for p in positions.values() if p.waiting is not None}) < 2:
+        return None
     groups = {r: {c.group for c in e.collectives} for r, e in answered.items()}
-    pos = {r: position(e) for r, e in answered.items() if _in_distributed(e)}
+    pos = {r: positions[r] for r, e in answered.items() if _in_distributed(e)}
     blocked = sorted((r, p.waiting) for r, p in pos.items() if p.waiting is not None)
     # Only a rank blocked in another group that x uses can be its pair: found through the
     # groups, not by a look at every later rank (thousands blocked in one all-reduce would make
@@ -307,13 +344,14 @@ def _crossed(answered: dict[int, RankStacks]) -> Verdict | None:
 
 def verdict(entries: Sequence[RankStacks]) -> Verdict:
     """Who the others wait for: the stacks document's ``verdict``."""
-    found = mismatch(entries)
+    known: dict[int, Position] = {}
+    found = _mismatch(entries, known)
     if found is not None:
         return found
     answered = [e for e in entries if not e.error]
     # Only a rank that was asked and kept quiet is suspect; one with no handler tells nothing.
     silent = sorted(_r(e) for e in entries if (e.error or "").startswith(SILENT))
-    positions = {_r(e): position(e) for e in answered}
+    positions = {_r(e): known.get(_r(e)) or position(e) for e in answered}
     waits = Counter(p.waiting for p in positions.values() if p.waiting is not None)
     if not waits:
         if silent:

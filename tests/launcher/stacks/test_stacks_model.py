@@ -130,3 +130,37 @@ def test_the_roster_reads_as_targets_whatever_its_shape() -> None:
     assert targets([row, Info(), want]) == [want, want, want]
     # A row of this node's rank (no ``remote``) is asked here.
     assert targets([{"rank": 0, "pid": 1}]) == [Target(0, None, 1)]
+
+
+def test_threads_read_from_json_are_the_values_made_from_their_parts() -> None:
+    """A rank's threads are read with their frames made when first asked for: they equal, print
+    and write back as the values made at once, and stay frozen; a damaged frame reads as before."""
+    from xl.launcher.stacks.model import Frame, Thread  # noqa: PLC0415
+
+    doc = _document()
+    entry = RankStacks.from_json(doc["ranks"][0])
+    made = Thread(
+        "MainThread",
+        (Frame("/home/me/train.py", 41, "main"), Frame(TORCH, 3252, "all_reduce")),
+    )
+    assert entry.threads is not None
+    assert entry.threads[0] == made and hash(entry.threads[0]) == hash(made)
+    assert repr(entry.threads[0]) == repr(made)
+    assert entry.threads[1] == Thread("xl-sender", ())
+    assert entry.main_frames == made.frames
+    try:
+        entry.threads[0].name = "other"  # type: ignore[misc]
+    except AttributeError:
+        pass
+    else:
+        raise AssertionError("a thread's name was changed")
+    odd = RankStacks.from_json(
+        {"rank": 4, "threads": [
+            {"name": "MainThread", "frames": [{"file": 3, "line": "7", "function": None}, 5]},
+            {"name": 9, "frames": "none"},
+        ]}
+    )  # fmt: skip
+    assert odd.threads == (
+        Thread("MainThread", (Frame("3", None, "None"),)),
+        Thread("9", ()),
+    )
