@@ -232,7 +232,7 @@ def _collectives(value: object) -> tuple[Collective, ...]:
     if not isinstance(value, list):
         return ()
     out = []
-    new, coll, str_, int_, float_, shapes = _new, Collective, str, int, float, _shapes
+    new, coll, str_, int_, float_, shapes, once = _new, Collective, str, int, float, _shapes, _once
     for c in value:
         if not isinstance(c, dict):
             continue
@@ -241,21 +241,21 @@ def _collectives(value: object) -> tuple[Collective, ...]:
             get("pg"), get("seq"), get("op"), get("state"), get("pg_id"), get("t")
         )
         ins, outs = get("in"), get("out")
-        out.append(
-            new(
-                coll,
-                (
-                    pg if type(pg) is str_ else str_(pg),
-                    seq if type(seq) is int_ else None,
-                    op if type(op) is str_ else str_(op),
-                    state if type(state) is str_ else str_(state),
-                    pg_id if pg_id is None or type(pg_id) is str_ else str_(pg_id),
-                    None if ins is None else shapes(ins),
-                    None if outs is None else shapes(outs),
-                    began if type(began) is float_ and began - began == 0 else number(began),
-                ),
-            )
+        made = new(
+            coll,
+            (
+                pg if type(pg) is str_ else str_(pg),
+                seq if type(seq) is int_ else None,
+                op if type(op) is str_ else str_(op),
+                state if type(state) is str_ else str_(state),
+                pg_id if pg_id is None or type(pg_id) is str_ else str_(pg_id),
+                None if ins is None else shapes(ins),
+                None if outs is None else shapes(outs),
+                began if type(began) is float_ and began - began == 0 else number(began),
+            ),
         )
+        # Without its start time, one collective reads the same on every rank: kept once.
+        out.append(made if began is not None else once(made))
     return tuple(out)
 
 

@@ -153,6 +153,14 @@ def position(entry: RankStacks) -> Position:
     return Position(waiting, done, bool(colls))
 
 
+def _shared(entry: RankStacks, memo: dict[object, Position]) -> Position:
+    """position(), one value for the ranks of a capture at the same place (thousands of ranks in
+    one all-reduce are at two or three): read, never changed."""
+    pos = position(entry)
+    key = (pos.waiting, pos.known, *pos.done.items())
+    return memo.setdefault(key, pos)
+
+
 def _label(entry: RankStacks, pos: Position) -> str:
     if pos.waiting is not None:
         _, seq, op = pos.waiting
@@ -307,9 +315,10 @@ def _mismatch(
 def _crossed(answered: dict[int, RankStacks], positions: dict[int, Position]) -> Verdict | None:
     """Two ranks blocked (their main thread inside torch.distributed) in collectives of two
     process groups, each of which both ranks use, neither having done the other's."""
+    memo: dict[object, Position] = {}
     for r, e in answered.items():
         if r not in positions:
-            positions[r] = position(e)
+            positions[r] = _shared(e, memo)
     # Ranks blocked in one process group alone (the hang of thousands in one all-reduce) make no
     # pair: their frames need no look.
     if len({p.waiting[0] for p in positions.values() if p.waiting is not None}) < 2:
@@ -351,7 +360,8 @@ def verdict(entries: Sequence[RankStacks]) -> Verdict:
     answered = [e for e in entries if not e.error]
     # Only a rank that was asked and kept quiet is suspect; one with no handler tells nothing.
     silent = sorted(_r(e) for e in entries if (e.error or "").startswith(SILENT))
-    positions = {_r(e): known.get(_r(e)) or position(e) for e in answered}
+    memo: dict[object, Position] = {}
+    positions = {_r(e): known.get(_r(e)) or _shared(e, memo) for e in answered}
     waits = Counter(p.waiting for p in positions.values() if p.waiting is not None)
     if not waits:
         if silent:
