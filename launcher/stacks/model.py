@@ -163,6 +163,9 @@ class Thread:
     def __repr__(self) -> str:
         return f"Thread(name={self.name!r}, frames={self.frames!r})"
 
+    def __reduce__(self) -> tuple[type[Thread], tuple[str, tuple[Frame, ...]]]:
+        return (Thread, (self.name, self.frames))  # copied or pickled as made, not slot by slot
+
     @classmethod
     def from_json(cls, obj: Json) -> Thread:
         return cls(str(obj.get("name")), _frames(obj.get("frames")))

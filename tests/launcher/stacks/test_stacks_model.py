@@ -3,7 +3,9 @@ read as absent rather than trusted."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from typing import Any
 
 from xl.launcher.rank.stacks import answer
@@ -148,6 +150,7 @@ def test_threads_read_from_json_are_the_values_made_from_their_parts() -> None:
     assert repr(entry.threads[0]) == repr(made)
     assert entry.threads[1] == Thread("xl-sender", ())
     assert entry.main_frames == made.frames
+    assert copy.deepcopy(entry) == entry and pickle.loads(pickle.dumps(entry)) == entry
     try:
         entry.threads[0].name = "other"  # type: ignore[misc]
     except AttributeError:
