@@ -71,9 +71,10 @@ def _run(
         "the run",
         timeout=60,
     )
-    # The monitor shows the run while it trains (the app's alternate screen).
+    # The monitor shows the run while it trains (the app's alternate screen); at 80 columns its
+    # header says the world size without its words.
     wait_for(
-        lambda: "world size 2" in tmux.screen("w"),
+        lambda: any(said in tmux.screen("w") for said in ("world size 2", "  2 ranks")),
         "the monitor of the run",
         timeout=90,
         screen=lambda: tmux.screen("w"),
