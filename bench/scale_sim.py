@@ -43,7 +43,7 @@ from typing import Any
 
 from xl.client.metricline import train_line
 from xl.launcher.multinode.clip import clip_stacks
-from xl.launcher.multinode.nodelink import NodeLink
+from xl.launcher.multinode.nodelink import NodeLink, Refused, StacksAsk, StopCommand
 from xl.launcher.multinode.summary import Summary
 from xl.launcher.supervisor.safe_telemetry import forward_records
 
@@ -184,9 +184,9 @@ class Node:
         self.sim.rows += sum(1 for row in rows if row.get("kind") == "train")
         self.forward(records + rows)
 
-    def stacks(self, ask: dict[str, Any]) -> None:
+    def stacks(self, ask: StacksAsk) -> None:
         """Answer node 0's stacks request as a follower does: every rank's entry, one message."""
-        want = ask.get("rank")
+        want = ask.rank
         entries = []
         for r in self.ranks:
             if want is not None and r.rank != want:
@@ -221,10 +221,8 @@ class Node:
                     "collectives": colls,
                 }
             )
-        ident = ask.get("id")
-        if isinstance(ident, str):
-            self.link.send({"type": "stacks", "id": ident, "ranks": clip_stacks(entries)})
-            self.sim.stacks_answered += 1
+        self.link.send({"type": "stacks", "id": ask.id, "ranks": clip_stacks(entries)})
+        self.sim.stacks_answered += 1
 
     def end(self, status: str) -> None:
         """The node's part ends as its supervisor's does after a stop: its ranks' exits, then its
@@ -338,12 +336,12 @@ class Sim:
                     next_sample = now_m + 1.0
                 node.sample(time.time())
             for cmd in node.link.commands():
-                if isinstance(cmd.get("stacks"), dict):
+                if isinstance(cmd, StacksAsk):
                     # a follower answers on a thread of its own
-                    self.pool.submit(node.stacks, cmd["stacks"])
-                elif isinstance(cmd.get("stop"), dict):
+                    self.pool.submit(node.stacks, cmd)
+                elif isinstance(cmd, StopCommand):
                     node.end("stopped")
-                elif cmd.get("refused"):
+                elif isinstance(cmd, Refused):
                     self.refused += 1
             await asyncio.sleep(
                 max(0.0, min(next_step, next_sample, time.monotonic() + 0.2) - time.monotonic())
