@@ -87,7 +87,7 @@ def find_run_pids(run_id: str, *, exclude: Iterable[int] = ()) -> list[int]:
 def alive(pid: int) -> bool:
     """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone. Read from /proc
     directly: the supervisor asks it of every rank on every tick."""
-    return procfs.state(pid) not in (None, "Z", "X")
+    return procfs.proc_state(pid) not in (None, "Z", "X")
 
 
 def same_process(pid: int, started_at: float | None) -> bool:
@@ -147,7 +147,7 @@ def descendants(pid: int) -> list[int]:
 
 def frozen(pid: int) -> bool:
     """``pid`` is stopped (SIGSTOP, a debugger): it will not act on a signal until resumed."""
-    return procfs.state(pid) in ("T", "t")  # stopped, or stopped by a tracer
+    return procfs.proc_state(pid) in ("T", "t")  # stopped, or stopped by a tracer
 
 
 def _has_memory(pid: int) -> bool:

@@ -247,10 +247,10 @@ def pids(path: str) -> list[int]:
     for folder, _dirs, _files in os.walk(path):
         text = _read(os.path.join(folder, "cgroup.procs"), 1 << 22) or ""
         found.update(int(w) for w in text.split() if w.isdigit())
-    return sorted(p for p in found if _state(p) not in (None, "Z", "X"))
+    return sorted(p for p in found if _proc_state(p) not in (None, "Z", "X"))
 
 
-def _state(pid: int) -> str | None:
+def _proc_state(pid: int) -> str | None:
     stat = _read(f"/proc/{pid}/stat")
     if stat is None:
         return None

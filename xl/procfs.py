@@ -1,4 +1,4 @@
-"""Readers of /proc: another process's environment, name, state, start, CPU and memory, PID
+"""Readers of /proc: another process's environment, name, process state, start, CPU and memory, PID
 namespaces and open devices.
 
 How xl tells which process is which rank (its RANK / LOCAL_RANK / XL_RUN_ID), and how a PID
@@ -96,7 +96,7 @@ def _stat_fields(path: str) -> list[bytes]:
     return stat[stat.rfind(b")") + 2 :].split(b" ", 2) if stat else []
 
 
-def state(pid: int, proc: str = PROC) -> str | None:
+def proc_state(pid: int, proc: str = PROC) -> str | None:
     """The process's state letter (``R``, ``S``, ``Z`` a zombie, ...), None when there is no such
     process (or it cannot be read)."""
     fields = _stat_fields(f"{proc}/{pid}/stat")

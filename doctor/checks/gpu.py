@@ -171,7 +171,7 @@ def check_gpus(f: Facts) -> Finding:
         g = errors[0]
         return warn(
             f"{models}; GPU {g.index}: {g.error}",
-            fix=Fix(f"nvidia-smi -q -i {g.index}", "nvidia-smi -q shows the GPU's state"),
+            fix=Fix(f"nvidia-smi -q -i {g.index}", "nvidia-smi -q shows all it knows of the GPU"),
             data=data,
         )
     exclusive = [i for i, h in sorted(f.health.items()) if h.compute_mode == "exclusive_process"]

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from xl.launcher.cli import endtable
+from xl.launcher.cli.consolerun import ConsoleRun
 from xl.launcher.cli.endtable import render_text  # noqa: F401 - the plain table, where its users look
-from xl.launcher.cli.runstate import RunState
 from xl.launcher.rundir.events import EventKind, EventLine
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.tail import RankLogs
@@ -110,9 +110,9 @@ class _Plain:
     """Plain output: every rank's log copied whole and prefixed (bytes: large reads and writes), and
     the events, each printed once the lines before it are (a rank's exit after its last line)."""
 
-    def __init__(self, state: RunState, out: TextIO, lines: bool) -> None:
-        self.state, self.out = state, out
-        self.logs = RankLogs(RunLayout(state.run_dir).logs) if lines else None
+    def __init__(self, run: ConsoleRun, out: TextIO, lines: bool) -> None:
+        self.run, self.out = run, out
+        self.logs = RankLogs(RunLayout(run.run_dir).logs) if lines else None
         # a terminal: escapes drawn
         self.binary = bytes_for_terminal(out.buffer) if hasattr(out, "buffer") else None
         self.held: list[tuple[float, EventLine]] = []
@@ -128,11 +128,11 @@ class _Plain:
             return 0
         self.logs.discover()
         moved = self.logs.copy(self.write)
-        for rank, line in () if self.state.ended_lines else self.logs.last_line.items():
+        for rank, line in () if self.run.ended_lines else self.logs.last_line.items():
             # for the table's last-line column (once the run ended: each log's end, taken whole)
             text = visible(line.decode("utf-8", "replace").strip())
-            if text and rank in self.state.ranks:
-                self.state.last_line[rank] = text
+            if text and rank in self.run.ranks:
+                self.run.last_line[rank] = text
         return moved
 
     def events(self, new: list[EventLine], *, force: bool = False) -> None:
@@ -168,8 +168,8 @@ class _Plain:
             return [_plain_event(ev) for ev in events]
         from xl.launcher.cli import console_summary  # noqa: PLC0415 - not on the way to the start
 
-        rec = self.state.record
-        world = max(len(self.state.ranks), (rec.world_size or 0) if rec else 0)
+        rec = self.run.record
+        world = max(len(self.run.ranks), (rec.world_size or 0) if rec else 0)
         return console_summary.fold_events(events, _plain_event, world)
 
     def _ready(self, ev: EventLine) -> bool:
@@ -186,14 +186,14 @@ class _Plain:
         (self.binary or self.out).flush()
 
 
-def _pause(state: RunState, quiet: bool = False) -> None:
+def _pause(run: ConsoleRun, quiet: bool = False) -> None:
     """Until the next poll (``quiet``: nothing new for _QUIET_S). Once every rank has ended the
     run's end is near: run.json is looked at every 5 ms (a stat; a full poll each time cost the
     view ~0.15 s of CPU while torchrun tears down), so a short job's end is seen at once."""
-    if not (state.ranks and all(r.exit_code is not None for r in state.ranks.values())):
+    if not (run.ranks and all(r.exit_code is not None for r in run.ranks.values())):
         time.sleep(_QUIET_POLL_S if quiet else POLL_S)
         return
-    layout = RunLayout(state.run_dir)
+    layout = RunLayout(run.run_dir)
     # torchrun's teardown is mostly quiet; the run's end is run.json's final status, then its
     # run_ended event
     deadline = time.monotonic() + (_QUIET_POLL_S if quiet else POLL_S)
@@ -222,48 +222,48 @@ def _ended(events: list[EventLine]) -> bool:
     return any(ev.kind is EventKind.RUN_ENDED for ev in events)
 
 
-def _nothing_to_come(state: RunState, final_at: float) -> bool:
+def _nothing_to_come(run: ConsoleRun, final_at: float) -> bool:
     """Once run.json says the run ended, whether events.jsonl can still grow although its
     run_ended was not read: the supervisor (or whoever settles the run) saves the final status
     first and appends run_ended after, so a view that stopped at the status would lose it. Asked
     before a poll, so that poll reads whatever the writer wrote before it was found gone."""
     from xl.launcher import runprocs  # noqa: PLC0415 - the run's end only: not on the way to the start
 
-    rec = state.record
+    rec = run.record
     if rec is None or time.monotonic() - final_at > _ENDED_WAIT_S:
         return True
     if runprocs.supervisor_alive(rec):
         return False
-    written = _mtime(RunLayout(state.run_dir).run)
+    written = _mtime(RunLayout(run.run_dir).run)
     return written is None or time.time() - written / 1e9 > _WRITER_S
 
 
 def watch_plain(
-    state: RunState, out: TextIO, on_tick: Callable[[], None] | None = None, lines: bool = True
+    run: ConsoleRun, out: TextIO, on_tick: Callable[[], None] | None = None, lines: bool = True
 ) -> int:
     print(
-        f"xl: run {state.run_dir.name} ({state.run_dir}); 'xl attach {state.run_dir.name}' "
+        f"xl: run {run.run_dir.name} ({run.run_dir}); 'xl attach {run.run_dir.name}' "
         "reopens it",
         file=out,
         flush=True,
     )
-    plain = _Plain(state, out, lines)
-    state.read_lines = False
+    plain = _Plain(run, out, lines)
+    run.read_lines = False
     final_at: float | None = None
     ended = False  # run_ended was read: every event of the run is in
     news_at = time.monotonic()
     while True:
-        drained = ended or (final_at is not None and _nothing_to_come(state, final_at))
-        state.poll()
-        ended = ended or _ended(state.new_events)
+        drained = ended or (final_at is not None and _nothing_to_come(run, final_at))
+        run.poll()
+        ended = ended or _ended(run.new_events)
         # what is known before these lines (a rank's exit waits for them)
-        plain.events(state.new_events)
+        plain.events(run.new_events)
         moved = plain.copy()
-        if moved or state.new_events:
+        if moved or run.new_events:
             news_at = time.monotonic()
         plain.events([])
         plain.flush()
-        if state.final:
+        if run.final:
             # Polled on after the end is seen until its last event is read (run_ended, written
             # after the final status) and the logs settle: the end table comes after every event.
             if final_at is None:
@@ -275,15 +275,15 @@ def watch_plain(
         if on_tick is not None:
             on_tick()
         if moved < _BUSY:
-            _pause(state, quiet=time.monotonic() - news_at > _QUIET_S)
+            _pause(run, quiet=time.monotonic() - news_at > _QUIET_S)
     plain.events([], force=True)
     if plain.logs is not None:
         plain.logs.finish(plain.write)
     plain.flush()
     # Where no live table can redraw (a pipe, a file, CI's log), the table comes once, at the end:
     # every rank's state, pid, GPU, exit code and the run's figures, plain and aligned.
-    print(endtable.end_text(state, width=max(100, _width(out))), file=out, end="", flush=True)
-    return state.exit_code
+    print(endtable.end_text(run, width=max(100, _width(out))), file=out, end="", flush=True)
+    return run.exit_code
 
 
 def _width(out: TextIO) -> int:
@@ -294,7 +294,7 @@ def _width(out: TextIO) -> int:
 
 
 def render(
-    state: RunState, *, events: bool = True, ascii_only: bool = False, width: int | None = None
+    run: ConsoleRun, *, events: bool = True, ascii_only: bool = False, width: int | None = None
 ) -> Group:
     """The live view as a Rich renderable (rank table + recent events). An eval column once a
     rank has evaluated, where ``width`` (the terminal's) leaves room for it beside the loss."""
@@ -305,11 +305,11 @@ def render(
 
     from xl.launcher.cli import console_summary  # noqa: PLC0415 - as above: drawn with Rich
 
-    if console_summary.summarised(state.ranks):  # past 64 ranks: nodes and outliers, no rows
-        big = console_summary.render_summary(state.ranks, endtable.title(state)).rstrip("\n")
-        return Group(Text(big), *_tail(state, events, Text))
-    name = (state.record.name if state.record else None) or ""
-    title = f"{name}  [b]{state.title}[/b]  {state.status}  {state.elapsed():.0f}s"
+    if console_summary.summarised(run.ranks):  # past 64 ranks: nodes and outliers, no rows
+        big = console_summary.render_summary(run.ranks, endtable.title(run)).rstrip("\n")
+        return Group(Text(big), *_tail(run, events, Text))
+    name = (run.record.name if run.record else None) or ""
+    title = f"{name}  [b]{run.title}[/b]  {run.status}  {run.elapsed():.0f}s"
     table = Table(
         title=title,
         title_justify="left",
@@ -317,7 +317,7 @@ def render(
         show_lines=False,
         box=box.ASCII if ascii_only else box.HEAVY_HEAD,
     )
-    evals = endtable.has_eval(state) and (width is None or width >= _EVAL_MIN_WIDTH)
+    evals = endtable.has_eval(run) and (width is None or width >= _EVAL_MIN_WIDTH)
     for col, kw in (
         ("rank", {"justify": "right"}),
         ("state", {"no_wrap": True}),  # "failed (1)" on one line, even at 80 columns
@@ -332,16 +332,16 @@ def render(
         ("last log line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"}),
     ):
         table.add_column(col, **kw)
-    for rank in sorted(state.ranks):
-        r, last = state.ranks[rank], state.last_line.get(rank, "")
-        row = endtable.cells(r, last, evals, ended=state.final)
+    for rank in sorted(run.ranks):
+        r, last = run.ranks[rank], run.last_line.get(rank, "")
+        row = endtable.cells(r, last, evals, ended=run.final)
         table.add_row(
             row[0],
             Text(row[1], style=state_style(r.state)),
             *row[2:-1],
-            _last_line(r, last, Text, diagnosis=not state.final),
+            _last_line(r, last, Text, diagnosis=not run.final),
         )
-    return Group(table, *_tail(state, events, Text))
+    return Group(table, *_tail(run, events, Text))
 
 
 # the last events looked at for the tail's 5 lines: enough that the env_diff events of the
@@ -349,10 +349,10 @@ def render(
 _TAIL_FOLDED = 64
 
 
-def _tail(state: RunState, events: bool, text: type[Text]) -> list[Text]:
+def _tail(run: ConsoleRun, events: bool, text: type[Text]) -> list[Text]:
     """Under the table: the hang verdict in force, and the last events."""
-    parts = [text(f"hang: {visible(state.verdict)}", style="bold yellow")] if state.verdict else []
-    for ev in fold_env_diffs(state.events[-_TAIL_FOLDED:])[-5:] if events else []:
+    parts = [text(f"hang: {visible(run.verdict)}", style="bold yellow")] if run.verdict else []
+    for ev in fold_env_diffs(run.events[-_TAIL_FOLDED:])[-5:] if events else []:
         style = _EVENT_STYLE.get(ev.kind, "dim") if ev.kind is not None else "dim"
         parts.append(text(_plain_event(ev), style=style))
     return parts
@@ -371,7 +371,7 @@ def _last_line(r: RankView, last: str, text: type[Text], *, diagnosis: bool = Tr
     return out
 
 
-def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> int:
+def watch_live(run: ConsoleRun, on_tick: Callable[[], None] | None = None) -> int:
     from rich.console import Console  # noqa: PLC0415 - Rich: ~40 ms; --detach never draws
     from rich.live import Live  # noqa: PLC0415 - as above
     from rich.panel import Panel  # noqa: PLC0415 - as above
@@ -379,23 +379,23 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
     console = Console()
     last = 0.0
     final_at: float | None = None
-    state.poll()
-    ended = _ended(state.new_events)
+    run.poll()
+    ended = _ended(run.new_events)
     with Live(
-        render(state, width=console.width), console=console, auto_refresh=False, transient=False
+        render(run, width=console.width), console=console, auto_refresh=False, transient=False
     ) as live:
         while True:
-            drained = ended or (final_at is not None and _nothing_to_come(state, final_at))
-            state.poll()
-            ended = ended or _ended(state.new_events)
+            drained = ended or (final_at is not None and _nothing_to_come(run, final_at))
+            run.poll()
+            ended = ended or _ended(run.new_events)
             now = time.monotonic()
-            if state.new_events or now - last >= RENDER_S or state.final:
-                live.update(render(state, width=console.width), refresh=True)
+            if run.new_events or now - last >= RENDER_S or run.final:
+                live.update(render(run, width=console.width), refresh=True)
                 last = now
             # the last frame's events end with the run's own (run_ended comes after the status)
-            if state.final and (ended or drained):
+            if run.final and (ended or drained):
                 break
-            if state.final and final_at is None:
+            if run.final and final_at is None:
                 final_at = now
                 continue
             if on_tick is not None:
@@ -403,9 +403,9 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
             time.sleep(POLL_S)
     from xl.launcher.cli import splittable  # noqa: PLC0415 - the run's end only
 
-    if split := splittable.render(state.ranks):
+    if split := splittable.render(run.ranks):
         console.print(split, end="", highlight=False)
-    failure = state.failure
+    failure = run.failure
     if failure is not None and failure.traceback:
         console.print(
             Panel(
@@ -415,9 +415,9 @@ def watch_live(state: RunState, on_tick: Callable[[], None] | None = None) -> in
             )
         )
     console.print(
-        endtable.summary(state), style=outcome_style(state.status), highlight=False, markup=False
+        endtable.summary(run), style=outcome_style(run.status), highlight=False, markup=False
     )
-    return state.exit_code
+    return run.exit_code
 
 
 def watch(
@@ -430,9 +430,9 @@ def watch(
     """Show ``run_dir`` until it ends; returns 0 succeeded, 1 failed or stopped.
 
     ``lines=False``: events and the outcome only, no rank output (plain view)."""
-    state = RunState(run_dir)
+    run = ConsoleRun(run_dir)
     if plain is None:
         plain = not sys.stdout.isatty()
     if plain or not lines:
-        return watch_plain(state, sys.stdout, on_tick, lines)
-    return watch_live(state, on_tick)
+        return watch_plain(run, sys.stdout, on_tick, lines)
+    return watch_live(run, on_tick)

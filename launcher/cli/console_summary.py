@@ -179,7 +179,7 @@ def not_running_lines(ranks: Mapping[int, RankView]) -> list[str]:
 
 
 def render_summary(ranks: Mapping[int, RankView], title: str) -> str:
-    """The summary as text ending in a newline (``title``: the run's name, state and time)."""
+    """The summary as text ending in a newline (``title``: the run's name, status and time)."""
     nodes = node_rows(ranks)
     counts: dict[str, int] = {}
     for r in ranks.values():

@@ -6,7 +6,7 @@ and setting up Rich cost a run's end ~50 ms, a few percent of a short job's wall
 
 from __future__ import annotations
 
-from xl.launcher.cli.runstate import RunState
+from xl.launcher.cli.consolerun import ConsoleRun
 from xl.launcher.rundir.outcome import Failure
 from xl.launcher.view import timing
 from xl.launcher.view.runview import RankView
@@ -35,39 +35,39 @@ def traceback_title(failure: Failure) -> str:
     return f"{'traceback' if python else 'last lines'} of rank {failure.rank}"
 
 
-def summary(state: RunState) -> str:
-    text = f"run {state.title} {state.status} after {state.elapsed():.1f}s"
-    if state.failure:
+def summary(run: ConsoleRun) -> str:
+    text = f"run {run.title} {run.status} after {run.elapsed():.1f}s"
+    if run.failure:
         text += "".join(
             [
-                f": {visible(state.failure.message)}",
-                *(f"\n{line}" for line in cause_lines(state.failure)),
+                f": {visible(run.failure.message)}",
+                *(f"\n{line}" for line in cause_lines(run.failure)),
             ]
         )
-    spent = timing.describe(state.record.time) if state.final and state.record else None
-    phases = timing.describe_phases(state.record.time) if spent and state.record else None
+    spent = timing.describe(run.record.time) if run.final and run.record else None
+    phases = timing.describe_phases(run.record.time) if spent and run.record else None
     # where the time went (docs/compare.md), and the steps' time by phase where they were timed
     return "\n".join(x for x in (text, spent, phases) if x)
 
 
-def title(state: RunState) -> str:
-    name = (state.record.name if state.record else None) or ""
-    return f"{name}  {state.title}  {state.status}  {state.elapsed():.0f}s"
+def title(run: ConsoleRun) -> str:
+    name = (run.record.name if run.record else None) or ""
+    return f"{name}  {run.title}  {run.status}  {run.elapsed():.0f}s"
 
 
-def render_text(state: RunState, width: int = 120) -> str:
+def render_text(run: ConsoleRun, width: int = 120) -> str:
     """The rank table as plain ASCII text (no colour, no control codes): for pipes and log files.
 
     Drawn here rather than by Rich (the same look as Rich's ASCII box): importing and setting up
     Rich cost a run's end ~50 ms, a few percent of a short job's wall time."""
-    evals = has_eval(state)
+    evals = has_eval(run)
     headers = column_headers(evals)
     right = _RIGHT | ({len(headers) - 2} if evals else set())
     # The run's figures (samples / time in steps), and in the last cell only what the rank
     # printed: xl's own words were events, printed as they came.
     rows = [
-        cells(state.ranks[rank], state.last_line.get(rank, ""), evals, ended=state.final)
-        for rank in sorted(state.ranks)
+        cells(run.ranks[rank], run.last_line.get(rank, ""), evals, ended=run.final)
+        for rank in sorted(run.ranks)
     ]
     widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(headers[:-1])]
     last = max(len(headers[-1]) // 2, width - 1 - 3 * len(headers) - sum(widths))
@@ -81,7 +81,7 @@ def render_text(state: RunState, width: int = 120) -> str:
             out.append(cell.rjust(w) if i in right else cell.ljust(w))
         return "| " + " | ".join(out) + " |"
 
-    top = title(state)
+    top = title(run)
     border = "+" + "-" * (len(line(list(headers))) - 2) + "+"
     text = [top.ljust(len(border)), border, line(list(headers))]
     text.append("|" + "+".join("-" * (w + 2) for w in widths) + "|")
@@ -105,9 +105,9 @@ _HEADERS = (
 _RIGHT = {0, 2, 3, 4, 5, 6, 7, 8}  # right-justified columns (numbers)
 
 
-def has_eval(state: RunState) -> bool:
+def has_eval(run: ConsoleRun) -> bool:
     """Whether any rank has evaluated: only then do the tables have an eval column."""
-    return any(r.eval_loss is not None for r in state.ranks.values())
+    return any(r.eval_loss is not None for r in run.ranks.values())
 
 
 def column_headers(evals: bool) -> tuple[str, ...]:
@@ -165,16 +165,16 @@ def cells(r: RankView, last_line: str, evals: bool = False, *, ended: bool = Fal
     return [*cells, _eval(r), last_line] if evals else [*cells, last_line]
 
 
-def end_text(state: RunState, width: int = 120) -> str:
+def end_text(run: ConsoleRun, width: int = 120) -> str:
     """The run's end: the rank table (past 64 ranks, the summary of nodes and outliers), where
     its steps' time went, the root cause's traceback, and the outcome line."""
     from xl.launcher.cli import console_summary, splittable  # noqa: PLC0415 - the run's end only
 
-    if console_summary.summarised(state.ranks):
-        text = console_summary.render_summary(state.ranks, title(state))
+    if console_summary.summarised(run.ranks):
+        text = console_summary.render_summary(run.ranks, title(run))
     else:
-        text = render_text(state, width=width) + splittable.render(state.ranks)
-    failure = state.failure
+        text = render_text(run, width=width) + splittable.render(run.ranks)
+    failure = run.failure
     if failure is not None and failure.traceback:
         text += f"xl: {traceback_title(failure)}:\n{visible(str(failure.traceback), lines=True)}\n"
-    return text + f"xl: {summary(state)}\n"
+    return text + f"xl: {summary(run)}\n"

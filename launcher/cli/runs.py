@@ -190,13 +190,13 @@ def _one(token: str, as_json: bool) -> int:
     print("\n".join(fit([_row(info)], _width())))
     if info.status in (UNREADABLE, NOT_YOURS):
         return 0
-    from xl.launcher.cli.endtable import end_text  # noqa: PLC0415 - one run's table only
-    from xl.launcher.cli.runstate import RunState  # noqa: PLC0415 - as above
+    from xl.launcher.cli.consolerun import ConsoleRun  # noqa: PLC0415 - one run's table only
+    from xl.launcher.cli.endtable import end_text  # noqa: PLC0415 - as above
 
-    state = RunState(run_dir, read_lines=False)
-    state.poll()
-    state.take_last_lines()
-    print(end_text(state, width=max(100, _width() or 120)), end="")
+    run = ConsoleRun(run_dir, read_lines=False)
+    run.poll()
+    run.take_last_lines()
+    print(end_text(run, width=max(100, _width() or 120)), end="")
     return 0
 
 

@@ -44,11 +44,12 @@ SIGNAL = signal.SIGRTMIN + 6
 # Flight Recorder entries kept per process group: tiny, and enough to see the last ops
 FR_BUFFER = "2000"
 MAX_FRAMES = 200
-MAX_COLLECTIVES = 8  # per process group: the newest only, the state of the hang is at the end
+MAX_COLLECTIVES = 8  # per process group: the newest only, what the hang waits on is at the end
 # a collective's tensor shapes are kept up to this many tensors (coalesced ones are long)
 MAX_SIZES = 32
 
-_state: dict[str, Any] = {}  # keeps the faulthandler file and the socket alive for the rank's life
+# What install set up, kept alive for the rank's life: the faulthandler file and the socket
+_installed: dict[str, Any] = {}
 
 
 def socket_name(pid: int) -> str:
@@ -185,7 +186,7 @@ def _serve(server: socket.socket) -> None:
 def install(run_dir: str | None, rank: int) -> bool:
     """Set up the socket and the signal for this rank; False (and the rank runs on untouched)
     when it cannot."""
-    if not run_dir or _state:
+    if not run_dir or _installed:
         return False
     # Gloo and NCCL record into the Flight Recorder only with a buffer; set before torch starts.
     # under the one name this torch reads (no deprecation warning)
@@ -202,7 +203,7 @@ def install(run_dir: str | None, rank: int) -> bool:
         server.listen(8)
     except (OSError, ValueError, RuntimeError):
         return False
-    _state.update(file=out, server=server)
+    _installed.update(file=out, server=server)
     threading.Thread(target=_serve, args=(server,), name="xl-stacks", daemon=True).start()
     info = {
         "pid": os.getpid(),

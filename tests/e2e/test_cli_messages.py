@@ -16,7 +16,7 @@ from procs import run_dirs, wait_no_processes, xl, xl_env
 from rich.console import Console
 from where import FIXTURES
 
-from xl.launcher.cli.console import RunState, render
+from xl.launcher.cli.console import ConsoleRun, render
 from xl.launcher.cli.options import cpu_cores
 
 RUNS_FIXTURES = FIXTURES / "runs"
@@ -159,10 +159,10 @@ def test_runs_json_order_is_what_its_help_says_and_one_rank_reads_one_rank(work:
 
 
 def test_the_no_tui_table_keeps_each_state_on_one_line_at_80_columns() -> None:
-    state = RunState(RUNS_FIXTURES / "20260530-failed")
-    state.poll()
+    watched = ConsoleRun(RUNS_FIXTURES / "20260530-failed")
+    watched.poll()
     buf = io.StringIO()
-    Console(file=buf, width=80, color_system=None).print(render(state))
+    Console(file=buf, width=80, color_system=None).print(render(watched))
     rows = [ln for ln in buf.getvalue().splitlines() if ln.startswith("│")]
     assert len(rows) == 2, buf.getvalue()  # one line per rank: nothing wrapped onto a second
     assert "stopped (-15)" in rows[0] and "failed (1)" in rows[1]

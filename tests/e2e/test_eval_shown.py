@@ -20,7 +20,7 @@ from rich.console import Console
 from where import FIXTURES
 from xltele import REPO
 
-from xl.launcher.cli.console import RunState, render, render_text
+from xl.launcher.cli.console import ConsoleRun, render, render_text
 from xl.launcher.view.reader import RunReader
 from xl.tui.app import build_app
 from xl.tui.widgets.rank_table import RankTable
@@ -202,18 +202,19 @@ async def test_the_eval_column_appears_when_the_first_evaluation_comes(plain_run
 # -- the plain view --------------------------------------------------------------------------
 
 
-def _live(state: RunState, width: int) -> str:
+def _live(watched: ConsoleRun, width: int) -> str:
     """The live view (a terminal's) as drawn at ``width`` columns."""
     buf = io.StringIO()
-    Console(file=buf, width=width, color_system=None).print(render(state, width=width))
+    Console(file=buf, width=width, color_system=None).print(render(watched, width=width))
     return buf.getvalue()
 
 
 def _plain(run_dir: Path) -> tuple[str, str, str]:
     """The end table of the plain view, and the live view at 80 and 120 columns."""
-    state = RunState(run_dir)
-    state.poll()
-    return render_text(state, width=120), _live(state, 80), _live(state, 120)  # 120: a pipe's width
+    watched = ConsoleRun(run_dir)
+    watched.poll()
+    # 120: a pipe's width
+    return render_text(watched, width=120), _live(watched, 80), _live(watched, 120)
 
 
 def _rank_rows(live: str) -> list[str]:

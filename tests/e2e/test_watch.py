@@ -16,20 +16,20 @@ from procs import XL, xl_env
 from rich.console import Console
 from where import FIXTURES
 
-from xl.launcher.cli.console import RunState, render, render_text, watch_plain
+from xl.launcher.cli.console import ConsoleRun, render, render_text, watch_plain
 
 RUNS_FIXTURES = FIXTURES / "runs"
 
 
-def _state(name: str) -> RunState:
-    state = RunState(RUNS_FIXTURES / name)
-    state.poll()
-    return state
+def _watched(name: str) -> ConsoleRun:
+    watched = ConsoleRun(RUNS_FIXTURES / name)
+    watched.poll()
+    return watched
 
 
-def _rich(state: RunState, width: int = 160) -> str:
+def _rich(watched: ConsoleRun, width: int = 160) -> str:
     buf = io.StringIO()
-    Console(file=buf, width=width, color_system=None).print(render(state))
+    Console(file=buf, width=width, color_system=None).print(render(watched))
     return buf.getvalue()
 
 
@@ -40,7 +40,7 @@ def _row(text: str, rank: int) -> str:
 
 
 def test_live_table_names_the_straggler_with_its_figures() -> None:
-    text = _rich(_state("20260530-straggler"))
+    text = _rich(_watched("20260530-straggler"))
     assert "gpt2-ddp" in text and "running" in text.splitlines()[0]
     fast, slow = _row(text, 0), _row(text, 1)
     assert "running" in fast and "straggler" not in fast
@@ -52,26 +52,26 @@ def test_live_table_names_the_straggler_with_its_figures() -> None:
 
 
 def test_live_table_shows_the_failed_rank_and_its_exit_code() -> None:
-    text = _rich(_state("20260530-failed"))
+    text = _rich(_watched("20260530-failed"))
     assert "failed (1)" in _row(text, 1)
     assert "stopped (-15)" in _row(text, 0)
     assert "OutOfMemoryError" in _row(text, 1)
 
 
 def test_64_ranks_each_get_a_row() -> None:
-    text = _rich(_state("20260530-wide"), width=200)
+    text = _rich(_watched("20260530-wide"), width=200)
     for rank in (0, 31, 63):
         _row(text, rank)
 
 
 def test_plain_output_of_a_failed_run_ends_with_table_traceback_and_outcome() -> None:
     out = io.StringIO()
-    code = watch_plain(RunState(RUNS_FIXTURES / "20260530-failed"), out)
+    code = watch_plain(ConsoleRun(RUNS_FIXTURES / "20260530-failed"), out)
     text = out.getvalue()
     assert code == 1
     assert "\x1b[" not in text  # no control codes in a pipe or a log file
     assert "[rank 1] " in text  # each rank's output, prefixed
-    table = render_text(_state("20260530-failed"))
+    table = render_text(_watched("20260530-failed"))
     assert table in text and "failed (1)" in table and "stopped (-15)" in table
     assert "traceback of rank 1" in text and "torch.OutOfMemoryError" in text
     assert text.rstrip().splitlines()[-1].startswith("xl: run 20260530-failed failed")
@@ -79,7 +79,7 @@ def test_plain_output_of_a_failed_run_ends_with_table_traceback_and_outcome() ->
 
 def test_plain_output_of_a_healthy_run_exits_0() -> None:
     out = io.StringIO()
-    assert watch_plain(RunState(RUNS_FIXTURES / "20260530-healthy"), out) == 0
+    assert watch_plain(ConsoleRun(RUNS_FIXTURES / "20260530-healthy"), out) == 0
     assert "succeeded" in out.getvalue().splitlines()[-1]
 
 

@@ -54,16 +54,16 @@ def test_a_real_child_is_alive_until_it_exits_and_gone_once_a_zombie() -> None:
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
     )
     try:
-        assert procfs.state(child.pid) in ("R", "S") and runprocs.alive(child.pid)
+        assert procfs.proc_state(child.pid) in ("R", "S") and runprocs.alive(child.pid)
         assert child.stdin is not None
         child.stdin.close()  # it exits; not reaped yet, it is a zombie
         deadline = time.monotonic() + 30
-        while procfs.state(child.pid) != "Z" and time.monotonic() < deadline:
+        while procfs.proc_state(child.pid) != "Z" and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert procfs.state(child.pid) == "Z" and not runprocs.alive(child.pid)
+        assert procfs.proc_state(child.pid) == "Z" and not runprocs.alive(child.pid)
     finally:
         child.wait(30)
-    assert procfs.state(child.pid) is None and not runprocs.alive(child.pid)
+    assert procfs.proc_state(child.pid) is None and not runprocs.alive(child.pid)
 
 
 def test_a_pid_is_the_same_process_only_with_its_own_start_time() -> None:
@@ -121,8 +121,8 @@ def test_descendants_are_the_live_children_and_theirs() -> None:
         parent.kill()
         parent.wait(10)
     deadline = time.monotonic() + 10
-    while procfs.state(grandchild) is not None and time.monotonic() < deadline:
+    while procfs.proc_state(grandchild) is not None and time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(grandchild, os.WNOHANG)  # ours to reap where this process is a subreaper
         time.sleep(0.02)
-    assert procfs.state(parent.pid) is None and procfs.state(grandchild) is None
+    assert procfs.proc_state(parent.pid) is None and procfs.proc_state(grandchild) is None

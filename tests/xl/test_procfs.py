@@ -198,8 +198,8 @@ def test_a_pid_loop_from_reuse_during_the_scan_ends() -> None:
 def test_a_process_state_tells_a_zombie_from_a_live_one(tmp_path: Path) -> None:
     root = _proc(tmp_path, 7, stat="7 (odd) name) Z 1 7 7 0")
     _proc(tmp_path, 8, stat="8 (python3) S 1 8 8 0")
-    assert procfs.state(7, str(root)) == "Z" and procfs.state(8, str(root)) == "S"
-    assert procfs.state(9, str(root)) is None  # no such process
+    assert procfs.proc_state(7, str(root)) == "Z" and procfs.proc_state(8, str(root)) == "S"
+    assert procfs.proc_state(9, str(root)) is None  # no such process
 
 
 def _stat(pid: int, comm: str, start: int, utime: int, stime: int, rss_pages: int) -> str:

@@ -16,8 +16,8 @@ A rank of a node > 0 dials its own node's supervisor (``XL_COLLECTOR``, loopback
 hears the rank itself (docs/multinode.md, "Node links").
 
 Everything here runs on the sender thread, which holds the GIL between system calls while the
-training thread may want it: the steady state is one ``recv`` for the acks and one ``sendall``
-a wake-up, and nothing when there is nothing to send or to read.
+training thread may want it: once connected, a wake-up costs one ``recv`` for the acks and one
+``sendall``, and nothing when there is nothing to send or to read.
 """
 
 from __future__ import annotations

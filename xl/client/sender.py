@@ -111,7 +111,7 @@ class Sender:
         self.thread = threading.Thread(target=self._run, name="xl-log", daemon=True)
         self.thread.start()
 
-    # What tests and failure messages read: the link's state.
+    # What tests and failure messages read: the link's socket, its sequence and its unacked frames.
     @property
     def sock(self) -> socket.socket | None:
         return self.link.sock

@@ -193,19 +193,19 @@ def judge(g: GPU, h: Health | None, others: Sequence[int] = ()) -> list[Problem]
     return out
 
 
-def healthy(gpus: Sequence[GPU], states: dict[int, Health]) -> list[int]:
+def healthy(gpus: Sequence[GPU], by_gpu: dict[int, Health]) -> list[int]:
     """The GPUs with nothing to say against them."""
-    return [g.index for g in gpus if not g.lost and not judge(g, states.get(g.index))]
+    return [g.index for g in gpus if not g.lost and not judge(g, by_gpu.get(g.index))]
 
 
 def judge_all(
-    gpus: Sequence[GPU], states: dict[int, Health], among: Sequence[int] | None = None
+    gpus: Sequence[GPU], by_gpu: dict[int, Health], among: Sequence[int] | None = None
 ) -> dict[int, list[Problem]]:
     """Every GPU's problems; a "leave it out" fix names only GPUs with none (of `among`, when
     given: the one model a run should keep to, say)."""
     usable = [g for g in gpus if not g.lost]
-    good = [i for i in healthy(usable, states) if among is None or i in among]
-    return {g.index: judge(g, states.get(g.index), good) for g in usable}
+    good = [i for i in healthy(usable, by_gpu) if among is None or i in among]
+    return {g.index: judge(g, by_gpu.get(g.index), good) for g in usable}
 
 
 def busy(g: GPU) -> str | None:

@@ -59,7 +59,7 @@ _NOT_AVAILABLE = frozenset(
 
 
 # ---------------------------------------------------------------------------------------------
-# State shared by every caller in the process
+# The NVML session every caller in the process shares
 
 
 @dataclass
@@ -73,7 +73,7 @@ class _Static:
     compute_capability: str | None
 
 
-class _State:
+class _Session:
     def __init__(self, driver: Driver) -> None:
         self.driver = driver
         self.static: dict[int, _Static] = {}
@@ -84,7 +84,7 @@ class _State:
 
 
 _lock = threading.RLock()
-_state: _State | None = None
+_session: _Session | None = None
 
 
 class _Lost(Exception):
@@ -139,11 +139,11 @@ def _init_failure(exc: BaseException) -> Driver:
     return Driver(version=None, cuda_version=None, error=msg, error_kind=kind)
 
 
-def _ensure_init() -> _State | Driver:
-    """The live state, or a Driver describing why NVML cannot be used. Lock held."""
-    global _state
-    if _state is not None:
-        return _state
+def _ensure_init() -> _Session | Driver:
+    """The live session, or a Driver describing why NVML cannot be used. Lock held."""
+    global _session
+    if _session is not None:
+        return _session
     if not _library_loads():
         return _init_failure(_LibraryNotFound())
     try:
@@ -165,8 +165,8 @@ def _ensure_init() -> _State | Driver:
     cuda = _plain(pynvml.nvmlSystemGetCudaDriverVersion_v2)
     if cuda is None:
         cuda = _plain(pynvml.nvmlSystemGetCudaDriverVersion)
-    _state = _State(Driver(version=version, cuda_version=_cuda_version_str(cuda)))
-    return _state
+    _session = _Session(Driver(version=version, cuda_version=_cuda_version_str(cuda)))
+    return _session
 
 
 class _LibraryNotFound(Exception):
@@ -204,11 +204,11 @@ def _plain(fn: Callable[..., T], *args: Any) -> T | None:
 
 def shutdown() -> None:
     """Release NVML and forget every cached value (tests; a driver reload)."""
-    global _state
+    global _session
     with _lock:
-        if _state is None:
+        if _session is None:
             return
-        _state = None
+        _session = None
         try:
             import pynvml  # noqa: PLC0415 - pynvml loads libnvidia-ml; `import xl.gpu.nvml` stays free
 
@@ -251,10 +251,10 @@ class _Sweep:
             self.errors.append(f"{getattr(fn, '__name__', 'nvml')}: {type(exc).__name__}: {exc}")
             return None
 
-    def gpu(self, state: _State, index: int, *, processes: bool) -> GPU:
+    def gpu(self, session: _Session, index: int, *, processes: bool) -> GPU:
         nv = self.nv
         self.errors = []
-        static = state.static.get(index)
+        static = session.static.get(index)
         try:
             if static is None:
                 handle = self.query(nv.nvmlDeviceGetHandleByIndex, index)
@@ -271,24 +271,24 @@ class _Sweep:
                 )
                 # Cache only a complete read: a GPU that failed half-way is asked again.
                 if static.uuid and static.name and static.pci_bus_id:
-                    state.static[index] = static
-            return self._dynamic(state, index, static, processes=processes)
+                    session.static[index] = static
+            return self._dynamic(session, index, static, processes=processes)
         except _Lost:
             # Keep what was read before: a lost GPU is still named by its UUID in the table.
             return _lost_gpu(index, static)
         except RuntimeError as exc:
             return empty_gpu(index, error=f"cannot open GPU {index}: {exc}")
 
-    def _dynamic(self, state: _State, index: int, s: _Static, *, processes: bool) -> GPU:
+    def _dynamic(self, session: _Session, index: int, s: _Static, *, processes: bool) -> GPU:
         nv = self.nv
         h = s.handle
         total = used = free = reserved = None
         mem = None
-        if state.memory_v2:
+        if session.memory_v2:
             # v2 reports the driver's reserved memory apart; v1 counts it as used.
             mem = self.query(nv.nvmlDeviceGetMemoryInfo, h, _NVML_MEMORY_V2)
             if mem is None and self.last_code == _FUNCTION_NOT_FOUND:
-                state.memory_v2 = False  # an older driver: v1 from now on
+                session.memory_v2 = False  # an older driver: v1 from now on
             elif mem is not None:
                 reserved = mem.reserved / MIB
         if mem is None:
@@ -303,7 +303,7 @@ class _Sweep:
         power = self.query(nv.nvmlDeviceGetPowerUsage, h)
         limit = self.query(nv.nvmlDeviceGetEnforcedPowerLimit, h)
         mig = self.query(nv.nvmlDeviceGetMigMode, h)
-        procs = self._processes(state, h) if processes else ()
+        procs = self._processes(session, h) if processes else ()
         return GPU(
             index=index,
             uuid=s.uuid,
@@ -325,16 +325,16 @@ class _Sweep:
             memory_reserved_mib=reserved,
         )
 
-    def _processes(self, state: _State, h: Any) -> tuple[GPUProcess, ...]:
+    def _processes(self, session: _Session, h: Any) -> tuple[GPUProcess, ...]:
         nv = self.nv
         compute = graphics = None
-        if state.procs_v3:
+        if session.procs_v3:
             compute = self.query(nv.nvmlDeviceGetComputeRunningProcesses_v3, h)
             if compute is None and self.last_code == _FUNCTION_NOT_FOUND:
-                state.procs_v3 = False  # drivers before 510 have only _v2
+                session.procs_v3 = False  # drivers before 510 have only _v2
             else:
                 graphics = self.query(nv.nvmlDeviceGetGraphicsRunningProcesses_v3, h)
-        if not state.procs_v3:
+        if not session.procs_v3:
             compute = self.query(nv.nvmlDeviceGetComputeRunningProcesses_v2, h)
             graphics = self.query(nv.nvmlDeviceGetGraphicsRunningProcesses_v2, h)
         # A process with CUDA and graphics contexts shows in both lists: one row per pid.
@@ -376,7 +376,7 @@ def _unreadable(driver: Driver, why: str) -> Inventory:
 
 def inventory(*, processes: bool = True) -> Inventory:
     """Every GPU in nvidia-smi order with its current figures. Never raises; thread-safe."""
-    global _state
+    global _session
     with _lock:
         for _attempt in range(2):
             got = _ensure_init()
@@ -385,7 +385,7 @@ def inventory(*, processes: bool = True) -> Inventory:
             try:
                 return _sweep(got, processes=processes)
             except _Uninitialized:
-                _state = None  # initialise again, once
+                _session = None  # initialise again, once
             except Exception as exc:  # a bug or a driver gone mad: say so, never crash a caller
                 return _unreadable(
                     got.driver, f"reading the GPUs failed: {type(exc).__name__}: {exc}"
@@ -431,7 +431,7 @@ def per_gpu(read: Callable[[Query, object, int], T], indices: Sequence[int]) -> 
     return out
 
 
-def _sweep(state: _State, *, processes: bool) -> Inventory:
+def _sweep(session: _Session, *, processes: bool) -> Inventory:
     import pynvml  # noqa: PLC0415 - pynvml loads libnvidia-ml; `import xl.gpu.nvml` stays free
 
     sweep = _Sweep(pynvml)
@@ -440,9 +440,9 @@ def _sweep(state: _State, *, processes: bool) -> Inventory:
     except pynvml.NVMLError as exc:
         if _nvml_code(exc) == _UNINITIALIZED:
             raise _Uninitialized from None
-        return _unreadable(state.driver, f"cannot count the GPUs: {exc}")
-    if state.count is not None and count != state.count:
-        state.static.clear()  # GPUs came or went (driver reload, reconfigured): re-read all
-    state.count = count
-    gpus = tuple(sweep.gpu(state, i, processes=processes) for i in range(count))
-    return Inventory(driver=state.driver, gpus=gpus)
+        return _unreadable(session.driver, f"cannot count the GPUs: {exc}")
+    if session.count is not None and count != session.count:
+        session.static.clear()  # GPUs came or went (driver reload, reconfigured): re-read all
+    session.count = count
+    gpus = tuple(sweep.gpu(session, i, processes=processes) for i in range(count))
+    return Inventory(driver=session.driver, gpus=gpus)

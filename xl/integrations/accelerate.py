@@ -25,7 +25,7 @@ from accelerate.tracking import GeneralTracker
 
 import xl
 from xl import client
-from xl.integrations.report import OWN_KEYS, batch_size, claim, state_of
+from xl.integrations.report import OWN_KEYS, batch_size, claim, steps_of
 
 _RENAME = {"train_loss": "loss", "learning_rate": "lr"}
 
@@ -115,7 +115,7 @@ class _Steps:
 
 
 def _steps(accelerator: Any) -> _Steps:
-    return state_of(accelerator, _Steps)
+    return steps_of(accelerator, _Steps)
 
 
 def instrument(module: ModuleType) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import xl
 from xl import client
-from xl.integrations.report import OWN_KEYS, claim, state_of
+from xl.integrations.report import OWN_KEYS, claim, steps_of
 
 
 class _Steps:
@@ -43,7 +43,7 @@ class _Steps:
 
 
 def _steps(engine: Any) -> _Steps:
-    return state_of(engine, _Steps)
+    return steps_of(engine, _Steps)
 
 
 def instrument(module: ModuleType) -> None:

@@ -46,7 +46,7 @@ def _scalar(value: Any) -> Any:
 
 
 class _Logger:
-    """The callback's state and logic, apart from the class it must subclass (one per package)."""
+    """The callback's counts and logic, apart from the class it must subclass (one per package)."""
 
     def __init__(self) -> None:
         self.loss: Any = None

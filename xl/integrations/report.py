@@ -6,7 +6,7 @@ Trainer and Lightning over Accelerate, Accelerate over DeepSpeed. A layer asks `
 it logs; the first call of a higher layer takes the rank over for good.
 
 Also the helpers every integration shares: a batch's size, read from its shape (no sync), and
-the step state kept on a framework's own object.
+the step counters kept on a framework's own object.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from xl.client.metricline import OWN_KEYS
 
-__all__ = ["OWN_KEYS", "batch_size", "claim", "state_of"]
+__all__ = ["OWN_KEYS", "batch_size", "claim", "steps_of"]
 
 T = TypeVar("T")
 
@@ -32,13 +32,13 @@ def claim(name: str) -> bool:
     return _owner == name
 
 
-def state_of(owner: object, factory: Callable[[], T]) -> T:
-    """xl's state for ``owner`` (an Accelerator, a DeepSpeed engine), made on first use and kept
-    in the object's own ``__dict__``: its class's properties and slots are never touched."""
-    state = owner.__dict__.get("_xl_steps")
-    if state is None:
-        state = owner.__dict__["_xl_steps"] = factory()
-    return state
+def steps_of(owner: object, factory: Callable[[], T]) -> T:
+    """xl's step counters for ``owner`` (an Accelerator, a DeepSpeed engine), made on first use and
+    kept in the object's own ``__dict__``: its class's properties and slots are never touched."""
+    steps = owner.__dict__.get("_xl_steps")
+    if steps is None:
+        steps = owner.__dict__["_xl_steps"] = factory()
+    return steps
 
 
 def batch_size(batch: object, depth: int = 0) -> int:

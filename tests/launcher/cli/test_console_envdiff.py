@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from xl.launcher.cli import console
-from xl.launcher.cli.runstate import RunState
+from xl.launcher.cli.consolerun import ConsoleRun
 from xl.launcher.rundir.events import EventLine, parse_event
 
 
@@ -49,7 +49,7 @@ IB = _diff(3, "env.NCCL_IB_DISABLE", None, "1", severity="warn", fix="export NCC
 def _plain(tmp_path: Path) -> tuple[console._Plain, io.StringIO]:
     (tmp_path / "run.json").write_text(json.dumps({"run_id": "r", "status": "running"}))
     out = io.StringIO()
-    return console._Plain(RunState(tmp_path), out, lines=False), out
+    return console._Plain(ConsoleRun(tmp_path), out, lines=False), out
 
 
 def _said(out: io.StringIO) -> list[str]:

@@ -16,12 +16,12 @@ from rich.console import Console
 
 from xl.launcher.cli import console, endtable
 from xl.launcher.cli.console_summary import render_summary
-from xl.launcher.cli.runstate import RunState
+from xl.launcher.cli.consolerun import ConsoleRun
 
 
 def end_view(run_dir: Path) -> str:
     out = io.StringIO()
-    console.watch_plain(RunState(run_dir), out, lines=False)
+    console.watch_plain(ConsoleRun(run_dir), out, lines=False)
     return out.getvalue()
 
 
@@ -89,12 +89,12 @@ def test_64_ranks_keep_a_row_each_and_65_are_summarised(tmp_path: Path) -> None:
 
 def test_the_live_view_draws_the_summary_past_64_ranks(tmp_path: Path) -> None:
     run = make_big_run(tmp_path, 300, t0=time.time() - 30, seconds=2, failed=[5])
-    state = RunState(run)
-    state.poll()
+    watched = ConsoleRun(run)
+    watched.poll()
     shown = Console(width=140, record=True, file=io.StringIO())
-    shown.print(console.render(state, width=140))
+    shown.print(console.render(watched, width=140))
     text = shown.export_text()
-    assert text.rstrip("\n").startswith(render_summary(state.ranks, endtable.title(state))[:40])
+    assert text.rstrip("\n").startswith(render_summary(watched.ranks, endtable.title(watched))[:40])
     assert "failed (1): rank 5 (exit 1)" in text
     assert len(text.splitlines()) < 60
 
@@ -124,9 +124,9 @@ def _add_events(run_dir: Path, events: list[dict]) -> None:
 
 
 def _live_summary(run_dir: Path) -> list[str]:
-    state = RunState(run_dir)
-    state.poll()
-    return render_summary(state.ranks, endtable.title(state)).splitlines()
+    watched = ConsoleRun(run_dir)
+    watched.poll()
+    return render_summary(watched.ranks, endtable.title(watched)).splitlines()
 
 
 def test_a_hang_names_its_culprit_first_and_its_waiting_ranks_as_ranges(tmp_path: Path) -> None:

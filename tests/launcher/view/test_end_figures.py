@@ -119,20 +119,20 @@ def test_an_indented_last_line_that_no_warning_echoes_is_kept(tmp_path: Path) ->
 
 
 def test_the_live_views_last_line_skips_a_warnings_echo_and_xls_notes(tmp_path: Path) -> None:
-    from xl.launcher.cli.runstate import RunState  # noqa: PLC0415 - the console's model, here only
+    from xl.launcher.cli.consolerun import ConsoleRun  # noqa: PLC0415 - the console's model, here only
 
     _metrics(tmp_path, _train(100, 1, loss=1.0))
     (tmp_path / "logs").mkdir()
     log = tmp_path / "logs" / "rank-0.log"
     log.write_text("step 1\n")
-    state = RunState(tmp_path)
-    state.poll()
-    assert not state.final and state.last_line[0] == "step 1"
+    watched = ConsoleRun(tmp_path)
+    watched.poll()
+    assert not watched.final and watched.last_line[0] == "step 1"
     with log.open("a") as fh:
         fh.write("/w/train.py:7: UserWarning: lr is 0\n  warnings.warn(\n[xl: a note]\n")
-    state.poll()
-    assert state.last_line[0] == "UserWarning: lr is 0 (train.py:7)"
+    watched.poll()
+    assert watched.last_line[0] == "UserWarning: lr is 0 (train.py:7)"
     with log.open("a") as fh:
         fh.write("  indented, said by the script\n")
-    state.poll()
-    assert state.last_line[0] == "indented, said by the script"
+    watched.poll()
+    assert watched.last_line[0] == "indented, said by the script"

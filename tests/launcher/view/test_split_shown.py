@@ -83,7 +83,7 @@ def test_the_end_table_shows_each_ranks_step_split(tmp_path: Path) -> None:
 def test_the_plain_view_ends_with_the_split_table(tmp_path: Path) -> None:
     _timed_run(tmp_path, "20260530-120000-a", {1: "compute"}, 2)
     out = io.StringIO()
-    console.watch_plain(console.RunState(tmp_path / "20260530-120000-a"), out, lines=False)
+    console.watch_plain(console.ConsoleRun(tmp_path / "20260530-120000-a"), out, lines=False)
     text = out.getvalue()
     assert "where the step time went (per step)" in text
     # before the outcome line

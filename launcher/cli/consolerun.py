@@ -19,7 +19,7 @@ from xl.textsafe import visible
 
 
 @dataclass
-class RunState:
+class ConsoleRun:
     """The console view's run: the reader's RunView (the one model every view draws), plus what
     only this view shows, each rank's last line of output."""
 
@@ -86,7 +86,7 @@ class RunState:
         self.new_lines = []
         for rank in sorted(self.ranks) if self.read_lines else ():
             for text in self.reader.new_log_lines(rank):
-                # a tqdm redraw: its latest state, shown safely
+                # a tqdm redraw: its latest text, shown safely
                 text = visible(text.rsplit("\r", 1)[-1])
                 self.new_lines.append((rank, text))
                 shown = said(text, self._before.get(rank, ""))
