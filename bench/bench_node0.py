@@ -130,7 +130,8 @@ def _fed(module: Any, ranks: int, seconds: int, step_s: float = 0.5) -> Any:
     ticked once a second."""
     th = module.Thresholds(stall_min_s=30, straggler_window_s=10, straggler_sustain=5)
     events: list[dict[str, Any]] = []
-    diag = module.Diagnoser(events.append, th)
+    # Its events as their lines' objects: a value (``to_json``) now, the object at older commits.
+    diag = module.Diagnoser(lambda e: events.append(e if isinstance(e, dict) else e.to_json()), th)
     tick = T0 + 1
     for step in range(1, int(seconds / step_s) + 1):
         t = T0 + step * step_s

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -41,7 +41,7 @@ class EventKind(str, Enum):
     EXIT_BARRIER = "exit_barrier"
     RUN_ENDED = "run_ended"
     WRITE_LOST = "write_lost"
-    # telemetry's diagnoses and losses
+    # telemetry's diagnoses and losses, and its collector's listening socket
     STALLED = "stalled"
     HANG = "hang"
     STRAGGLER = "straggler"
@@ -51,6 +51,8 @@ class EventKind(str, Enum):
     GPU_MEM_HIGH = "gpu_mem_high"
     DROPPED = "dropped"
     METRICS_LOST = "metrics_lost"
+    COLLECTOR_REOPENED = "collector_reopened"  # it listens again after it was closed under it
+    COLLECTOR_UNAVAILABLE = "collector_unavailable"  # it cannot, yet
     # several nodes: node 0's view of the others, and a node > 0's of node 0
     NODE_STARTED = "node_started"
     NODE_ENDED = "node_ended"
@@ -82,13 +84,16 @@ class Event:
 @dataclass(frozen=True)
 class Notice(Event):
     """A kind with a message only: run_started, stop_requested, exit_barrier,
-    waiting_for_node_0, nodes_unfinished, nodes_never_joined."""
+    waiting_for_node_0, nodes_unfinished, nodes_never_joined; collector_reopened and
+    collector_unavailable are timed by the collector (``t`` first, as telemetry's lines)."""
 
     kind: EventKind
     message: str
+    t: float | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {"kind": self.kind.value, "message": self.message}
+        said: dict[str, object] = {"kind": self.kind.value, "message": self.message}
+        return said if self.t is None else {"t": self.t, **said}
 
 
 @dataclass(frozen=True)
@@ -251,13 +256,23 @@ class FromNode(Event):
 @dataclass(frozen=True)
 class Diagnosis(Event):
     """Telemetry's word on a rank: stalled, straggler, recovered, nan_loss, gpu_mem_high,
-    supervisor_paused (``rank`` null); ``extra`` holds the fields of its kind."""
+    supervisor_paused (``rank`` null); ``extra`` holds the fields of its kind, in line order."""
 
     kind: EventKind
     rank: int | None
     message: str
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
     t: float = field(default_factory=time.time)
+
+    @property
+    def idle_s(self) -> float | None:
+        """stalled: how long the rank had made no progress."""
+        return _float(self.extra.get("idle_s"))
+
+    @property
+    def of(self) -> EventKind | None:
+        """recovered: the diagnosis it ends (stalled or straggler)."""
+        return _KIND_OF.get(str(self.extra.get("of")))  # no kind is spelt as another value
 
     def to_json(self) -> dict[str, object]:
         return {**_timed(self.t, self.kind, self.rank, self.message), **self.extra}
@@ -304,19 +319,7 @@ class MetricsLost(Event):
         return {"kind": self.kind.value, "rank": None, "bytes": self.bytes, "message": self.message}
 
 
-@dataclass(frozen=True)
-class Relayed(Event):
-    """An event another part already made as its object (telemetry's diagnoses pass through
-    its callback as objects, reworded there once a hang is named)."""
-
-    event: dict[str, Any]
-
-    @property
-    def kind(self) -> EventKind | str:  # type: ignore[override]
-        return str(self.event.get("kind"))
-
-    def to_json(self) -> dict[str, object]:
-        return dict(self.event)
+Emit = Callable[[Event], None]  # telemetry's events on their way: made a line at the file only
 
 
 def event_object(event: Event) -> dict[str, object]:

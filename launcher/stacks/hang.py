@@ -40,18 +40,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from enum import Enum
 from pathlib import Path
-from typing import Any
 
-from xl.launcher.rundir.events import EventKind, Hang
+from xl.launcher.rundir.events import Diagnosis, Emit, Event, EventKind, Hang
 from xl.launcher.stacks.model import Json, RankStacks, RosterRank, StacksDoc, Target, targets
 from xl.launcher.stacks.verdict import busy, doing, position, where
 from xl.launcher.telemetry.stall import STALLED, Progress, judge
 from xl.launcher.telemetry.thread_errors import ThreadErrors
 from xl.units import ranks_text
 
-# The diagnoser's events pass through here as their events.jsonl lines, on their way to the file.
-Emit = Callable[[dict[str, Any]], None]
 # The supervisor's roster: its ranks (``remote`` for another node's), as model.targets takes them.
 Roster = Callable[[], Sequence[Json | RosterRank | Target]]
 
@@ -64,6 +62,17 @@ RETRIES = 12  # ... at most this many times (a minute): each asks every rank for
 # and a few seconds, in one line, instead of a "made no progress" line a rank first.
 HOLD_S = 4.0
 _DUE_MARGIN_S = 0.25  # asked this long after the last rank is due (the sampler's tick is 1 s)
+
+
+class Capture(Enum):
+    """Where this hang's capture is: IDLE (none; the next stall starts one) -> BUSY (capturing,
+    stalls held) -> DONE (this hang's verdict is in), or -> RETRYING (the first capture named
+    nobody: stalls go out as they come) -> DONE or IDLE."""
+
+    IDLE = "idle"
+    BUSY = "busy"
+    DONE = "done"
+    RETRYING = "retrying"
 
 
 class HangCapture:
@@ -86,11 +95,9 @@ class HangCapture:
         self._retries = retries
         self._hold_s = hold_s
         self._lock = threading.Lock()
-        self._held: list[dict[str, Any]] = []
-        self._plain: list[dict[str, Any]] = []  # this hang's stalls sent as they came (retrying)
-        # idle -> busy (capturing, stalls held) -> done (this hang's verdict is in), or ->
-        # retrying (the first capture named nobody: stalls go out as they come) -> done or idle
-        self._state = "idle"
+        self._held: list[Diagnosis] = []
+        self._plain: list[Diagnosis] = []  # this hang's stalls sent as they came (RETRYING)
+        self._capture = Capture.IDLE
         self.doc: StacksDoc | None = None  # this hang's document, once captured
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()  # this hang's retries end (over, join)
@@ -100,20 +107,20 @@ class HangCapture:
         self._peeking: threading.Thread | None = None
         self._ended = False  # join(): the run ends, no new look starts
 
-    # edge: the diagnoser's stalled events as their events.jsonl lines, held or reworded here
-    def on_stall(self, events: list[dict[str, Any]]) -> None:
+    def on_stall(self, events: list[Diagnosis]) -> None:
         """The diagnoser's stalled events: held until the hang's stacks are in, then sent."""
         with self._lock:
-            if self._state == "idle" and self._mismatch is not None:
-                self._state = "done"  # the mismatch named before the stall is this hang's verdict
+            if self._capture is Capture.IDLE and self._mismatch is not None:
+                # the mismatch named before the stall is this hang's verdict
+                self._capture = Capture.DONE
                 self.doc = self._mismatch
-            if self._state in ("idle", "busy"):
+            if self._capture in (Capture.IDLE, Capture.BUSY):
                 self._held.extend(events)
-                if self._state == "idle":
-                    self._state = "busy"
+                if self._capture is Capture.IDLE:
+                    self._capture = Capture.BUSY
                     self._stop = threading.Event()
                     self._thread = threading.Thread(
-                        target=self._capture,
+                        target=self._run,
                         args=(self._stop,),
                         name="xl-hang-capture",
                         daemon=True,
@@ -130,11 +137,15 @@ class HangCapture:
         (never said, as the hang's verdict is awaited) drops that stall and is dropped itself,
         so no event says a rank recovered from a stall nobody was told of."""
 
-        def gated(event: dict[str, Any]) -> None:
-            if event.get("kind") == EventKind.RECOVERED and event.get("of") == EventKind.STALLED:
-                rank = event.get("rank")
+        def gated(event: Event) -> None:
+            if (
+                isinstance(event, Diagnosis)
+                and event.kind is EventKind.RECOVERED
+                and event.of is EventKind.STALLED
+            ):
+                rank = event.rank
                 with self._lock:
-                    held = [e for e in self._held if e.get("rank") != rank]
+                    held = [e for e in self._held if e.rank != rank]
                     dropped, self._held = len(held) < len(self._held), held
                 if dropped:
                     return
@@ -145,8 +156,8 @@ class HangCapture:
     def over(self) -> None:
         """No rank is stalled any more: the next stall is a new hang, with a capture of its own."""
         with self._lock:
-            if self._state in ("done", "retrying"):
-                self._state, self.doc = "idle", None
+            if self._capture in (Capture.DONE, Capture.RETRYING):
+                self._capture, self.doc = Capture.IDLE, None
                 self._stop.set()
 
     def join(self, timeout: float) -> None:
@@ -168,7 +179,7 @@ class HangCapture:
         with self._lock:
             if (
                 idle_s < 2 * self._peeked_at
-                or self._state != "idle"
+                or self._capture is not Capture.IDLE
                 or self._mismatch is not None
                 or self._ended
             ):
@@ -197,12 +208,12 @@ class HangCapture:
             self._errors.say("the look for a collective mismatch failed", exc)
             return
         with self._lock:
-            if self._state != "idle" or self._mismatch is not None or self._ended:
+            if self._capture is not Capture.IDLE or self._mismatch is not None or self._ended:
                 return  # a stall's capture came first: its verdict (the same mismatch) is said
             self._mismatch = doc
         self._say_hang(doc)
 
-    def _capture(self, stop: threading.Event) -> None:
+    def _run(self, stop: threading.Event) -> None:
         doc, due = self._attempt()
         # The other ranks are not stalled yet, but will be soon if this is a hang: asked again as
         # the last of them is due, the stalls held meanwhile (HOLD_S).
@@ -215,7 +226,8 @@ class HangCapture:
         ):
             doc, due = self._attempt()
         with self._lock:
-            self.doc, self._state = doc, "done" if doc is not None else "retrying"
+            self.doc = doc
+            self._capture = Capture.DONE if doc is not None else Capture.RETRYING
             held, self._held = self._held, []
             self._plain = [] if doc is not None else list(held)
         if doc is not None:
@@ -229,14 +241,15 @@ class HangCapture:
                 if stop.is_set():  # over() came while it asked: a later stall asks anew
                     return
                 if doc is not None:
-                    self.doc, self._state = doc, "done"
+                    self.doc, self._capture = doc, Capture.DONE
                     plain, self._plain = self._plain, []
             if doc is not None:
                 self._say_hang(doc)
                 self._send(plain, doc)  # the stalls said before it, said again with its verdict
         with self._lock:
-            if self._state == "retrying" and not stop.is_set():
-                self._state = "idle"  # nobody named after its retries: the next stall asks again
+            # Nobody named after its retries: the next stall asks again.
+            if self._capture is Capture.RETRYING and not stop.is_set():
+                self._capture = Capture.IDLE
 
     def _attempt(self) -> tuple[StacksDoc | None, float | None]:
         """Every rank's stacks, once: the hang's document, or None when it names nobody; and
@@ -270,11 +283,9 @@ class HangCapture:
         # ``busy``: the culprits that were using the CPU: shown as a stall, not a hang.
         rank = culprits[0] if len(culprits) == 1 else None
         said = doc.verdict.message
-        self._emit(Hang(doc.t, rank, culprits, said, doc.file or "", working).to_json())
+        self._emit(Hang(doc.t, rank, culprits, said, doc.file or "", working))
 
-    def _send(
-        self, events: list[dict[str, Any]], doc: StacksDoc | None, *, late: bool = False
-    ) -> None:
+    def _send(self, events: list[Diagnosis], doc: StacksDoc | None, *, late: bool = False) -> None:
         """The stalls, reworded with the hang's verdict where there is one. Each is dated when
         it is said, never before the hang it follows (``late``: held until now), so the events
         stay in time order."""
@@ -290,22 +301,19 @@ class HangCapture:
 _IDLE = re.compile(r"(no progress for )(\d+)( s)")
 
 
-# edge: an events.jsonl line on its way to the file, dated anew
-def said_at(event: dict[str, Any], t: float) -> dict[str, Any]:
+def said_at(event: Diagnosis, t: float) -> Diagnosis:
     """A stall said at ``t`` rather than when it was seen (held for the hang's verdict, or said
     again after it): dated ``t``, its idle time and the message's "no progress for N s" grown by
     the wait. An event at ``t`` or later is left as it is."""
-    seen = event.get("t")
-    if not isinstance(seen, (int, float)) or isinstance(seen, bool) or t <= seen:
+    seen = event.t
+    if t <= seen:
         return event
-    out = {**event, "t": round(t, 6)}
-    idle = event.get("idle_s")
-    if isinstance(idle, (int, float)) and not isinstance(idle, bool):
-        out["idle_s"] = round(idle + (t - seen), 1)
-        message = event.get("message")
-        if isinstance(message, str):
-            out["message"] = _IDLE.sub(lambda m: f"{m[1]}{out['idle_s']:.0f}{m[3]}", message)
-    return out
+    idle = event.idle_s
+    if idle is None:
+        return replace(event, t=round(t, 6))
+    grown = round(idle + (t - seen), 1)
+    message = _IDLE.sub(lambda m: f"{m[1]}{grown:.0f}{m[3]}", event.message)
+    return replace(event, t=round(t, 6), message=message, extra={**event.extra, "idle_s": grown})
 
 
 def _by_rank(doc: StacksDoc) -> dict[int, RankStacks]:
@@ -317,26 +325,22 @@ def _by_rank(doc: StacksDoc) -> dict[int, RankStacks]:
     return out
 
 
-# edge: an events.jsonl line on its way to the file, its message told anew
 def reword(
-    event: dict[str, Any], doc: StacksDoc, entries: dict[int, RankStacks] | None = None
-) -> dict[str, Any]:
+    event: Diagnosis, doc: StacksDoc, entries: dict[int, RankStacks] | None = None
+) -> Diagnosis:
     """A stalled event told with the hang's verdict: the culprit stalled, the others waiting on
     it. ``entries``: the capture's entries by rank (``_by_rank``), when the caller has them."""
-    rank = event.get("rank")
+    rank = event.rank
     culprits = list(doc.verdict.ranks)
     index = entries if entries is not None else _by_rank(doc)
-    entry = index.get(rank) if type(rank) is int else None
+    entry = index.get(rank) if rank is not None else None
     if entry is None or entry.error or not culprits:
         return event
-    out = dict(event)
     if rank in culprits:
-        out["message"] = f"{event.get('message')}; it is in {doing(entry, doc.ranks)}"
-        return out
+        return replace(event, message=f"{event.message}; it is in {doing(entry, doc.ranks)}")
     pos = position(entry)
     what = f"{pos.waiting[2]} #{pos.waiting[1]}" if pos.waiting else where(entry)
-    idle = event.get("idle_s")
-    since = f" (no progress for {idle:.0f} s)" if isinstance(idle, (int, float)) else ""
-    out["message"] = f"rank {rank} waits in {what} for {ranks_text(culprits)}{since}"
-    out["waiting_on"] = culprits
-    return out
+    idle = event.idle_s
+    since = f" (no progress for {idle:.0f} s)" if idle is not None else ""
+    message = f"rank {rank} waits in {what} for {ranks_text(culprits)}{since}"
+    return replace(event, message=message, extra={**event.extra, "waiting_on": culprits})

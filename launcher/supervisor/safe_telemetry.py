@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from xl import envnames, wire
 from xl.address import LOOPBACK, format_address
 from xl.launcher.multinode.protocol import RecMessage, TrainMessage
-from xl.launcher.rundir.events import Event, Relayed
+from xl.launcher.rundir.events import Emit
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.runrecord import read_object
 from xl.launcher.supervisor.journal import Journal, say
@@ -95,14 +95,14 @@ class SafeTelemetry:
     def start(
         self,
         run_dir: Path,
-        emit: Callable[[Event], None],
+        emit: Emit,
         hooks: NodeHooks = NodeHooks(),
         *,
         instrumented: bool = False,
     ) -> dict[str, str]:
         """Start it (on the port ``reserve`` holds, if it holds one); returns what the ranks'
-        environment needs (XL_COLLECTOR, XL_TOKEN). Its diagnoses come as the objects it made
-        (``Relayed``)."""
+        environment needs (XL_COLLECTOR, XL_TOKEN). Its events (diagnoses, hangs, drops) reach
+        ``emit`` as the values it made."""
         port = hooks.port
         if port is None and self._held is not None:
             port = self._held.getsockname()[1]
@@ -112,7 +112,7 @@ class SafeTelemetry:
             self.service = Telemetry(
                 run_dir,
                 token=self.token,
-                emit_event=lambda obj: emit(Relayed(obj)),
+                emit_event=emit,
                 host=hooks.host,
                 port=port,
                 advertise=hooks.advertise,

@@ -46,6 +46,7 @@ from xl.launcher.multinode.protocol import (
     parse_message,
     reply,
 )
+from xl.launcher.rundir.events import Emit, EventKind, Notice
 from xl.launcher.rundir.metrics import MetricKind, MetricsWriter
 from xl.launcher.stacks.nodes import NodesStacksServer
 from xl.launcher.telemetry.server import ACK, IDLE_S, Conn, FrameServer
@@ -208,7 +209,7 @@ class Collector(NodeAsks):
         on_dropped: Callable[[int, int, str], None] | None = None,
         on_node: Callable[[int, str, list[NodeMessage]], None] | None = None,
         on_node_closed: Callable[[int], None] | None = None,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_event: Emit | None = None,
         idle_s: float = IDLE_S,
     ) -> None:
         super().__init__(writer, host, port, idle_s, token.encode())
@@ -258,7 +259,7 @@ class Collector(NodeAsks):
     def _listener_event(self, kind: str, message: str) -> None:
         if self._on_event is not None:
             with contextlib.suppress(Exception):
-                self._on_event({"t": time.time(), "kind": kind, "message": message})
+                self._on_event(Notice(EventKind(kind), message, time.time()))
 
     # -- rank frames ------------------------------------------------------------------------
 

@@ -3,8 +3,8 @@
 Fed by the collector (train records, xl.watch waits), the log parser and the sampler; ``tick()``
 runs at 1 Hz. Each diagnosis (``stalled``, ``straggler``, ``recovered``, ``nan_loss``,
 ``gpu_mem_high``, ``supervisor_paused``) is a frozen value (diagnosis.py) until it is sent: then
-it is its events.jsonl line, handed to ``emit``; ``stalled`` ones go through ``on_stall`` when
-given (``hang.HangCapture``: it asks every rank where it is first, and words them).
+it is its event (events.Diagnosis), handed to ``emit``; ``stalled`` ones go through ``on_stall``
+when given (``hang.HangCapture``: it asks every rank where it is first, and words them).
 
 Stragglers. In synchronous data parallel training every rank has the same step time: they all
 wait at the gradient all-reduce. What differs is how long each rank waits there. Where the ranks'
@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from xl import envnames, settings
 from xl.figures import PHASE_KEYS, finite, number, stamp, steps_of
-from xl.launcher.rundir.events import EventKind
+from xl.launcher.rundir.events import Diagnosis as DiagnosisEvent
+from xl.launcher.rundir.events import Emit, EventKind
 from xl.launcher.rundir.metrics import MetricKind
 from xl.launcher.telemetry.diagnosis import (
     Diagnosis,
@@ -50,10 +51,6 @@ from xl.units import ranks_text
 if TYPE_CHECKING:
     from xl.launcher.telemetry.straggler_votes import Stragglers
 
-# An event's object as its line will hold it (events.jsonl): the hang capture and the supervisor
-# take it so.
-EventObject = dict[str, Any]
-Emit = Callable[[EventObject], None]
 # The records here are the wire's (xl.wire), not rows read back: their kind is matched as the
 # line spells it, MetricKind's value.
 _SYS = MetricKind.SYS.value
@@ -155,7 +152,7 @@ class Diagnoser:
         self,
         emit: Emit,
         thresholds: Thresholds | None = None,
-        on_stall: Callable[[list[EventObject]], None] | None = None,
+        on_stall: Callable[[list[DiagnosisEvent]], None] | None = None,
     ) -> None:
         self._emit = emit
         # Stalled events go here instead when set: a hang capture words them with the stacks.
@@ -179,7 +176,7 @@ class Diagnoser:
 
     def _send(self, diagnosis: Diagnosis) -> None:
         try:
-            self._emit(diagnosis.event().to_json())
+            self._emit(diagnosis.event())
         except Exception:  # the supervisor's event sink failing must not stop diagnosis
             pass
 
@@ -368,7 +365,7 @@ class Diagnoser:
                 said = Stalled(rank, message, said.idle_s, said.step, holding_up=others)
             stalled.append(said)
         if stalled and self._on_stall is not None:
-            self._on_stall([diagnosis.event().to_json() for diagnosis in stalled])
+            self._on_stall([diagnosis.event() for diagnosis in stalled])
             return
         for diagnosis in stalled:
             self._send(diagnosis)

@@ -2,8 +2,8 @@
 
 The diagnoser (diagnose.py) and the straggler votes (straggler_votes.py) make these; ``event()``
 turns one into events.jsonl's ``Diagnosis`` (launcher/rundir/events.py), the fields in the order
-docs/contracts.md ("events.jsonl") shows them. Nothing past ``event()`` reads a diagnosis's
-fields by name.
+docs/contracts.md ("events.jsonl") shows them, and that value is what is sent on. Past
+``event()`` only the hang capture reads one, through ``Diagnosis``'s typed properties.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from xl import envnames, settings, wire
 from xl.address import format_address
 from xl.launcher.rundir import runrecord as record
-from xl.launcher.rundir.events import Dropped, MetricsLost, Relayed, append_event
+from xl.launcher.rundir.events import Dropped, Emit, Event, MetricsLost, append_event
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.stacks.hang import HangCapture
 from xl.launcher.telemetry import CollectorStatus, previous_port, write_collector_json
@@ -50,7 +50,7 @@ class Drops:
     counted from any thread and said as ``dropped`` events: one per rank and reason at most every
     5 s, so a flood of drops is one line."""
 
-    def __init__(self, emit: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, emit: Emit) -> None:
         self._emit = emit
         self._dropped_lock = threading.Lock()
         self._dropped_pending: dict[tuple[int, str], int] = {}
@@ -75,7 +75,7 @@ class Drops:
                 else f"the collector rejected them: {reason}"
             )
             message = f"rank {rank} dropped {count} records ({why})"
-            self._emit(Dropped(now, rank, message, count, reason).to_json())
+            self._emit(Dropped(now, rank, message, count, reason))
 
 
 def _run_cgroup(run_dir: Path) -> str | None:
@@ -90,7 +90,7 @@ class Telemetry:
         run_dir: str | os.PathLike[str],
         *,
         token: str,
-        emit_event: Callable[[dict[str, Any]], None] | None = None,
+        emit_event: Emit | None = None,
         host: str = "127.0.0.1",
         port: int | None = None,
         advertise: str | None = None,
@@ -143,13 +143,13 @@ class Telemetry:
 
     # -- events ---------------------------------------------------------------------------
 
-    def _emit(self, event: dict[str, Any]) -> None:
+    def _emit(self, event: Event) -> None:
         if self._emit_external is not None:
             self._emit_external(event)
             return
         # Standalone use (tests, tools): append to events.jsonl ourselves.
         with self._events_lock:
-            append_event(self.run_dir, Relayed(event))
+            append_event(self.run_dir, event)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -269,7 +269,7 @@ class Telemetry:
                 writer.bytes_lost,
                 f"{writer.bytes_lost} bytes of metrics lines were lost while the disk refused "
                 f"them{why}",
-            ).to_json()
+            )
         )
 
     # -- internals ------------------------------------------------------------------------

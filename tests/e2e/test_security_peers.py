@@ -37,6 +37,8 @@ from procs import (
 from xltele import assert_gone, rank_env
 
 from xl.launcher.multinode import nodelink
+from xl.launcher.multinode.protocol import LogMessage, RanksMessage
+from xl.launcher.rundir.rows import RankRow
 from xl.launcher.supervisor.logsink import LogSink
 from xl.launcher.telemetry.service import Telemetry
 
@@ -114,6 +116,7 @@ def test_killed_connections_and_listener_store_every_record_once_and_listen_agai
     ), status
     reopened = [e for e in _events(tmp_path) if e["kind"] == "collector_reopened"]
     assert reopened and f"127.0.0.1:{port}" in reopened[0]["message"], _events(tmp_path)
+    assert list(reopened[0]) == ["t", "kind", "message", "rank"] and reopened[0]["rank"] is None
     assert_gone({proc.pid})
 
 
@@ -153,22 +156,18 @@ def test_node_0_takes_output_only_for_ranks_a_node_has(tmp_path: Path) -> None:
         )
         link = nodelink.NodeLink("127.0.0.1", rdzv + 1, TOKEN, 1, "node-b\x1b]52;c;SGk=\x07")
         link.start()
-        link.send(
-            {
-                "type": "ranks",
-                "ranks": [{"rank": 1, "local_rank": 0, "state": "running", "pid": 4242}],
-            }
-        )
+        row = {"rank": 1, "local_rank": 0, "state": "running", "pid": 4242}
+        link.send(RanksMessage((RankRow.from_json(row),)))
         # Node 0 starts its torchrun once every node joined (this one sent no fingerprint).
         sup = psutil.Process(
             wait_for(
                 lambda: run_json(run_dir).get("supervisor_pid"), timeout=60, what="the supervisor"
             )
         )
-        link.send({"type": "log", "rank": 1, "data": "rank 1 is real\n"})
+        link.send(LogMessage(1, "rank 1 is real\n"))
         for rank in range(2, 25_002):  # made up: this node has rank 1 only
-            link.send({"type": "log", "rank": rank, "data": f"rank {rank} made up\n"})
-        link.send({"type": "log", "rank": 1, "data": "rank 1 after the flood\n"})
+            link.send(LogMessage(rank, f"rank {rank} made up\n"))
+        link.send(LogMessage(1, "rank 1 after the flood\n"))
         log1 = run_dir / "logs" / "rank-1.log"
         wait_for(
             lambda: log1.exists() and "after the flood" in log1.read_text(),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from eventlines import Lines
 from procs import free_port
 
 from xl.launcher.telemetry.roster import RankInfo
@@ -96,11 +97,11 @@ def torchrun(
 ) -> Run:
     """Run ``script`` on ``nproc`` CPU ranks under torchrun with telemetry; wait for the end."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    events: list[dict[str, Any]] = []
+    events = Lines()
     tel = None
     extra = dict(env or {})
     if telemetry:
-        tel = Telemetry(run_dir, token="test-token", emit_event=events.append, inventory=inventory)
+        tel = Telemetry(run_dir, token="test-token", emit_event=events, inventory=inventory)
         extra.update(tel.start())
         extra.update({"XL_RUN_DIR": str(run_dir), "XL_RUN_ID": run_dir.name})
     argv = [

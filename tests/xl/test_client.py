@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from eventlines import Lines
 from xltele import assert_gone, rank_env
 
 from xl.launcher.rundir.layout import RunLayout
@@ -63,8 +64,8 @@ def test_outside_a_run_log_is_a_no_op_without_threads_or_sockets() -> None:
 
 @pytest.mark.e2e
 def test_every_record_stored_with_tensors_rates_and_nonfinite_loss(tmp_path: Path) -> None:
-    events: list[dict] = []
-    tel = Telemetry(tmp_path, token="tok", emit_event=events.append, inventory=False)
+    events = Lines()
+    tel = Telemetry(tmp_path, token="tok", emit_event=events, inventory=False)
     env = tel.start()
     code = (
         "import math, time, torch, xl\n"
@@ -127,8 +128,8 @@ def test_unreachable_collector_spools_and_the_supervisor_stores_it(tmp_path: Pat
 
 @pytest.mark.e2e
 def test_a_full_queue_drops_are_counted_and_reported(tmp_path: Path) -> None:
-    events: list[dict] = []
-    tel = Telemetry(tmp_path, token="tok", emit_event=events.append, inventory=False)
+    events = Lines()
+    tel = Telemetry(tmp_path, token="tok", emit_event=events, inventory=False)
     env = tel.start()
     # flush() says True while everything was stored, and False once anything was dropped.
     code = (

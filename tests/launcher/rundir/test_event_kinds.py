@@ -21,7 +21,6 @@ from xl.launcher.rundir.events import (
     Notice,
     RankExited,
     RankStarted,
-    Relayed,
     Restarted,
     RunEnded,
     WriteLost,
@@ -171,11 +170,18 @@ def test_telemetry_lines_keep_their_time_first() -> None:
         "bytes": 12,
         "message": "12 bytes",
     }
-    made = {"t": 1.0, "kind": "recovered", "rank": 0, "message": "m", "of": "stalled"}
-    relayed = Relayed(made)
-    assert (
-        relayed.kind == "recovered" and relayed.to_json() == made and relayed.to_json() is not made
-    )
+    notice = Notice(EventKind.COLLECTOR_REOPENED, "it listens again", 10.0)
+    assert list(json.loads(event_line(notice)).items()) == [
+        ("t", 10.0),
+        ("kind", "collector_reopened"),
+        ("message", "it listens again"),
+        ("rank", None),
+    ]
+    # What the hang capture reads of a diagnosis, typed: its idle time, what a recovery ends.
+    assert (stalled.idle_s, stalled.of) == (30.0, None)
+    recovered = Diagnosis(EventKind.RECOVERED, 0, "m", {"of": "stalled"}, t=1.0)
+    assert (recovered.of, recovered.idle_s) == (EventKind.STALLED, None)
+    assert Diagnosis(EventKind.RECOVERED, 0, "m", {"of": "paused"}).of is None
 
 
 def test_every_kind_is_documented_in_the_contract() -> None:

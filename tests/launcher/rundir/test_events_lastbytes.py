@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from xl.launcher.rundir.events import (
+    Diagnosis,
     EventKind,
     Hang,
     Notice,
     RankExited,
-    Relayed,
     append_event,
     event_line,
     newest_events,
@@ -28,9 +28,7 @@ def test_an_event_gets_its_time_and_a_null_rank_when_missing() -> None:
     event = json.loads(line)
     assert line.endswith("\n") and line.count("\n") == 1
     assert event["rank"] is None and isinstance(event["t"], float)
-    given = json.loads(
-        event_line(Relayed({"kind": "rank_exited", "rank": 1, "t": 5.0, "exit_code": 1}))
-    )
+    given = json.loads(event_line(Diagnosis(EventKind.NAN_LOSS, 1, "rank 1: loss is nan", t=5.0)))
     assert (given["rank"], given["t"]) == (1, 5.0)
 
 
@@ -71,6 +69,5 @@ def test_the_newest_events_are_read_from_the_end_of_the_file(tmp_path: Path) -> 
     assert latest_hang(tmp_path) == "rank 1 never entered all_reduce #12"
     calm = tmp_path / "calm"
     calm.mkdir()
-    said = {"kind": "recovered", "rank": 1, "of": "stalled", "message": "hang"}
-    append_event(calm, Relayed(said))
+    append_event(calm, Diagnosis(EventKind.RECOVERED, 1, "hang", {"of": "stalled"}))
     assert latest_hang(calm) is None

@@ -13,6 +13,7 @@ import random
 from typing import Any
 
 import pytest
+from eventlines import stall
 
 from xl.launcher.stacks.hang import _by_rank, reword
 from xl.launcher.stacks.model import RankStacks, StacksDoc
@@ -52,27 +53,20 @@ def test_each_of_4096_stalled_events_is_reworded_from_its_own_rank_s_entry() -> 
     doc = StacksDoc("run", 1.0, tuple(read), verdict(read))
     assert doc.verdict.ranks == (CULPRIT,)
     events = [
-        {
-            "t": 1.0,
-            "kind": "stalled",
-            "rank": r,
-            "message": f"rank {r} made no progress for 31 s",
-            "idle_s": 31.0,
-        }
-        for r in range(RANKS)
+        stall(r, f"rank {r} made no progress for 31 s", 1.0, idle_s=31.0) for r in range(RANKS)
     ]
     index = _by_rank(doc)
     told = [reword(e, doc, index) for e in events]
     # The same words as found by looking through the entries for each event.
     assert told == [reword(e, doc) for e in events]
-    assert told[CULPRIT]["message"] == (
+    assert told[CULPRIT].message == (
         f"rank {CULPRIT} made no progress for 31 s; it is in load at data.py:30"
     )
-    assert told[0]["message"] == (
+    assert told[0].message == (
         f"rank 0 waits in all_reduce #12 for rank {CULPRIT} (no progress for 31 s)"
     )
     assert all(
-        e.get("waiting_on") == [CULPRIT] for r, e in enumerate(told) if r not in (7, CULPRIT)
+        e.extra.get("waiting_on") == [CULPRIT] for r, e in enumerate(told) if r not in (7, CULPRIT)
     )
     assert told[7] == events[7]  # a rank that did not answer: its event as it was
 

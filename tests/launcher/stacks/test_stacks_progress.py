@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eventlines import Lines, stall
 from procs import wait_for
 
 from xl.launcher.stacks.model import RankStacks
@@ -204,21 +205,22 @@ def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_l
     snap = _read(_culprit_snapshot())
     monkeypatch.setattr(capture, "gather", lambda *a, **k: (time.time(), snap))
     monkeypatch.setenv("XL_STALL_MIN_S", "30")
-    sent: list[dict[str, Any]] = []
+    sent = Lines()
     hang = HangCapture(
         run,
-        sent.append,
+        sent,
         lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}],
         timeout=0.5,
         retry_s=0.1,
         retries=100,
     )
-    stalled = {"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 31 s"}
+    stalled = stall(1, "rank 1 made no progress for 31 s")
+    said = [("stalled", 1, stalled.message)]
     hang.on_stall([stalled])
     # Rank 0 still progresses: no hang event, no stacks file, the stall as the diagnoser said it.
-    wait_for(lambda: sent == [stalled], timeout=10, what="the stall, unchanged")
+    wait_for(lambda: _said(sent) == said, timeout=10, what="the stall, unchanged")
     time.sleep(0.3)
-    assert sent == [stalled] and not (run / "stacks").exists()
+    assert _said(sent) == said and not (run / "stacks").exists()
     # Nothing moves any more: a retry names the hang with no new stall (the diagnoser says a
     # stall once; a loaded machine's first look can come while a rank has just begun its op).
     _write(run, _steps(0, now - 40, 0.3) + _steps(1, now - 40, 0.3))
@@ -232,9 +234,9 @@ def test_the_hang_capture_follows_the_same_rule_and_asks_again_while_the_stall_l
     assert (
         sent[2]["kind"] == "stalled"
         and sent[2]["rank"] == 1
-        and sent[2]["message"].startswith(stalled["message"] + "; it is in ")
+        and sent[2]["message"].startswith(stalled.message + "; it is in ")
     )
-    hang.on_stall([{**stalled, "rank": 0}])  # later stalls of the same hang take its verdict
+    hang.on_stall([stall(0, stalled.message)])  # later stalls of the same hang take its verdict
     hang.join(5)
     assert [e["kind"] for e in sent] == ["stalled", "hang", "stalled", "stalled"]
     assert sent[3]["waiting_on"] == [1] and sent[3]["message"].startswith("rank 0 waits in ")
@@ -259,16 +261,17 @@ def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(
     run = _write(tmp_path / "r")
     monkeypatch.setattr(capture, "gather", gather)
     monkeypatch.setenv("XL_STALL_MIN_S", "30")
-    sent: list[dict[str, Any]] = []
+    sent = Lines()
     ranks = lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}]  # noqa: E731 - a one-line table
-    stalled = {"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 31 s"}
-    hang = HangCapture(run, sent.append, ranks, timeout=0.5, retry_s=0.02, retries=3)
+    stalled = stall(1, "rank 1 made no progress for 31 s")
+    hang = HangCapture(run, sent, ranks, timeout=0.5, retry_s=0.02, retries=3)
     hang.on_stall([stalled])
     wait_for(lambda: len(asked) == 4, timeout=10, what="the first capture and its 3 retries")
     time.sleep(0.2)
-    assert len(asked) == 4 and sent == [stalled] and not (run / "stacks").exists()
+    said = [("stalled", 1, stalled.message)]
+    assert len(asked) == 4 and _said(sent) == said and not (run / "stacks").exists()
     # The run recovers (no rank stalled): the retries of a hang that is over end at once.
-    hang = HangCapture(run, sent.append, ranks, timeout=0.5, retry_s=0.05, retries=1000)
+    hang = HangCapture(run, sent, ranks, timeout=0.5, retry_s=0.05, retries=1000)
     asked.clear()
     hang.on_stall([stalled])
     wait_for(lambda: len(asked) >= 2, timeout=10, what="a retry")
@@ -278,6 +281,11 @@ def test_a_stall_that_is_no_hang_is_asked_again_a_bounded_number_of_times(
     time.sleep(0.3)
     assert len(asked) == count and [e["kind"] for e in sent] == ["stalled", "stalled"]
     hang.join(5)
+
+
+def _said(sent: Lines) -> list[tuple[object, object, object]]:
+    """What each line sent says: its kind, its rank and its message."""
+    return [(e["kind"], e["rank"], e["message"]) for e in sent]
 
 
 def _sys(rank: int, now: float, cpu: float, n: int = 12) -> list[dict[str, Any]]:
@@ -326,19 +334,19 @@ def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_h
     snap = _read(_culprit_snapshot())
     monkeypatch.setattr(capture, "gather", lambda *a, **k: (time.time(), snap))
     monkeypatch.setenv("XL_STALL_MIN_S", "30")
-    sent: list[dict[str, Any]] = []
+    sent = Lines()
     hang = HangCapture(
-        run, sent.append, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5
+        run, sent, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5
     )
-    hang.on_stall([{"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 40 s"}])
+    hang.on_stall([stall(1, "rank 1 made no progress for 40 s")])
     wait_for(lambda: len(sent) == 2, timeout=10, what="the hang and the stall")
     hang.join(5)
-    event, stall = sent
+    event, stalled = sent
     working = f"working at {cpu:.0f}% CPU (a long computation, or a loop that never ends)"
     assert event["kind"] == "hang" and event["ranks"] == [1]
     assert event["busy"] == ([1] if label == "stalled" else [])
     assert (working in event["message"]) == (label == "stalled") and (
-        working in stall["message"]
+        working in stalled["message"]
     ) == (label == "stalled")
     assert "it is in compute at train.py:21" in event["message"]
     saved = json.loads((run / event["stacks"]).read_text())
@@ -396,9 +404,9 @@ def test_a_quiet_spell_is_looked_at_for_a_mismatch_which_is_named_before_any_sta
         return time.time(), _read(snapshot[0])
 
     monkeypatch.setattr(capture, "gather", gather)
-    sent: list[dict[str, Any]] = []
+    sent = Lines()
     hang = HangCapture(
-        run, sent.append, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5
+        run, sent, lambda: [{"rank": 0, "pid": 1}, {"rank": 1, "pid": 2}], timeout=0.5
     )
 
     def look(idle: float | None) -> None:
@@ -421,7 +429,7 @@ def test_a_quiet_spell_is_looked_at_for_a_mismatch_which_is_named_before_any_sta
     )
     assert json.loads((run / sent[0]["stacks"]).read_text())["verdict"]["mismatch"] is True
     # The stall that comes later takes its verdict: no second capture, no second hang event.
-    hang.on_stall([{"kind": "stalled", "rank": 1, "message": "rank 1 made no progress for 31 s"}])
+    hang.on_stall([stall(1, "rank 1 made no progress for 31 s")])
     hang.join(5)
     assert len(asked) == 4 and [e["kind"] for e in sent] == ["hang", "stalled"]
     assert sent[1]["message"].startswith(

@@ -5,11 +5,13 @@ from __future__ import annotations
 import faulthandler
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from xl.launcher.rundir.events import Diagnosis, Event, EventKind
 from xl.launcher.stacks import verdict as typed
 from xl.launcher.stacks.ask import parse_faulthandler
 from xl.launcher.stacks.gather import document
@@ -339,18 +341,20 @@ def test_faulthandler_text_reads_back_innermost_last_main_first(tmp_path: Path) 
 
 
 def test_stall_events_pass_unchanged_when_no_rank_can_be_asked(tmp_path: Path) -> None:
-    sent: list[dict[str, Any]] = []
+    sent: list[Event] = []
     hang = HangCapture(tmp_path, sent.append, lambda: [{"rank": 0, "pid": 1}], timeout=0.5)
-    stalled = {"kind": "stalled", "rank": 0, "message": "rank 0 made no progress for 31 s"}
+    stalled = Diagnosis(EventKind.STALLED, 0, "rank 0 made no progress for 31 s")
     hang.on_stall([stalled])
     hang.join(5)
-    assert sent == [stalled] and not (tmp_path / "stacks").exists()
+    assert len(sent) == 1 and isinstance(sent[0], Diagnosis) and sent[0].t >= stalled.t
+    assert sent == [replace(stalled, t=sent[0].t)]  # as it was, dated when said
+    assert not (tmp_path / "stacks").exists()
 
 
 def test_a_capture_that_fails_says_why_in_the_supervisor_log_once(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    sent: list[dict[str, Any]] = []
+    sent: list[Event] = []
     asked: list[float] = []
 
     def ranks() -> list[dict[str, Any]]:
@@ -358,14 +362,15 @@ def test_a_capture_that_fails_says_why_in_the_supervisor_log_once(
         raise RuntimeError("run.json unreadable")
 
     hang = HangCapture(tmp_path, sent.append, ranks, timeout=0.5, retry_s=0.01, retries=3)
-    stalled = {"kind": "stalled", "rank": 0, "message": "rank 0 made no progress for 31 s"}
+    stalled = Diagnosis(EventKind.STALLED, 0, "rank 0 made no progress for 31 s")
     hang.on_stall([stalled])
     deadline = time.monotonic() + 10
     while len(asked) < 4 and time.monotonic() < deadline:  # the capture and its 3 retries
         time.sleep(0.01)
     hang.join(5)
     assert len(asked) == 4
-    assert sent == [stalled]  # the stall still goes out, as it was
+    # the stall still goes out, as it was (dated when said)
+    assert len(sent) == 1 and sent == [replace(stalled, t=sent[0].t)]
     err = capfd.readouterr().err
     assert err.count("xl: the hang capture failed: RuntimeError('run.json unreadable')") == 1, err
 

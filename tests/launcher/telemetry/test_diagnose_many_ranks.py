@@ -13,6 +13,7 @@ import random
 from typing import Any
 
 import pytest
+from eventlines import Lines
 
 from xl.figures import phases
 from xl.launcher.telemetry.diagnose import Diagnoser, Thresholds
@@ -36,8 +37,8 @@ def _run(
     """Synchronous steps of every rank, one train line a step (its split when ``split``), the
     diagnoser ticked once a second; ``work``: a rank's (data, compute, other) when not the even
     one; ``stops``: rank -> the time after which it logs nothing. Returns the events."""
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
     rng = random.Random(7)
     stops = stops or {}
     t, step, next_tick = T0, 0, T0 + 1
@@ -116,8 +117,8 @@ def test_a_slow_rank_of_4096_unsynchronised_ones_is_named_by_its_step_time() -> 
 def test_xl_watch_waits_of_4096_ranks_name_the_one_the_others_wait_for(culprit: int | None) -> None:
     """Without a step split, xl.watch's waits at the all-reduce: the rank that waits least while
     the others wait much is named, with every other rank as its victim; even waits, nobody."""
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
     for second in range(1, 12):
         t = T0 + second
         for r in range(RANKS):

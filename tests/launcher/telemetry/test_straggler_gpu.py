@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from eventlines import Lines
+
 from xl.launcher.rundir.events import parse_event
 from xl.launcher.telemetry.diagnose import Diagnoser, Thresholds
 from xl.launcher.telemetry.straggler import said
@@ -72,8 +74,8 @@ def simulate(diag: Diagnoser, work: Work, gpu: Gpu, seconds: float, t0: float = 
 
 
 def run(work: Work, gpu: Gpu, seconds: float = 40) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    simulate(Diagnoser(events.append, TH), work, gpu, seconds)
+    events = Lines()
+    simulate(Diagnoser(events, TH), work, gpu, seconds)
     return [e for e in events if e["kind"] in ("straggler", "recovered")]
 
 
@@ -166,8 +168,8 @@ def test_what_was_said_is_each_rank_s_last_straggler_event_and_whether_it_recove
     def gpu(rank: int, t: float) -> dict[str, Any]:
         return HOT if rank == 2 else HEALTHY
 
-    events: list[dict[str, Any]] = []
-    simulate(Diagnoser(events.append, TH), work, gpu, 100)
+    events = Lines()
+    simulate(Diagnoser(events, TH), work, gpu, 100)
     got = said(e for e in map(parse_event, events) if e is not None)
     assert [(s["rank"], s["recovered"], s["gpu_reason"]) for s in got] == [
         (1, True, None),

@@ -13,6 +13,8 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from eventlines import Lines
+
 from xl.launcher.telemetry.diagnose import Diagnoser, Thresholds
 from xl.launcher.telemetry.straggler import judge
 
@@ -84,8 +86,8 @@ def _stragglers(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_an_even_run_with_ordinary_jitter_has_no_straggler() -> None:
     for ranks in (2, 4, 8):
         for seed in range(8):
-            events: list[dict[str, Any]] = []
-            simulate(Diagnoser(events.append, TH), even, ranks, 120, seed=seed)
+            events = Lines()
+            simulate(Diagnoser(events, TH), even, ranks, 120, seed=seed)
             assert events == [], (ranks, seed, events)
 
 
@@ -94,8 +96,8 @@ def test_a_rank_slow_to_load_data_is_named_with_phase_data() -> None:
         data, compute, other = even(rank, rng)
         return (data + _jitter(rng, 0.200) if rank == 1 else data), compute, other
 
-    events: list[dict[str, Any]] = []
-    simulate(Diagnoser(events.append, TH), slow_data, 4, 30)
+    events = Lines()
+    simulate(Diagnoser(events, TH), slow_data, 4, 30)
     found = _stragglers(events)
     assert [e["rank"] for e in found] == [1], events
     e = found[0]
@@ -117,8 +119,8 @@ def test_a_rank_slow_to_compute_is_named_with_phase_compute_then_recovers() -> N
         data, compute, other = even(rank, rng)
         return data, compute * (2.5 if rank == 0 and slow["on"] else 1), other
 
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
     simulate(diag, slow_compute, 2, 30)
     found = _stragglers(events)
     assert [(e["rank"], e["phase"], e["victims"]) for e in found] == [(0, "compute", [1])]
@@ -135,8 +137,8 @@ def test_a_rank_slow_in_its_own_code_is_named_with_phase_other() -> None:
         data, compute, other = even(rank, rng)
         return data, compute, other + (_jitter(rng, 0.06) if rank == 2 else 0.0)
 
-    events: list[dict[str, Any]] = []
-    simulate(Diagnoser(events.append, TH), logs_a_lot, 3, 30)
+    events = Lines()
+    simulate(Diagnoser(events, TH), logs_a_lot, 3, 30)
     assert [(e["rank"], e["phase"]) for e in _stragglers(events)] == [(2, "other")]
 
 
@@ -150,8 +152,8 @@ def test_every_rank_slow_to_load_data_is_no_straggler() -> None:
 
     for ranks in (2, 4, 8):
         for seed in range(8):
-            events: list[dict[str, Any]] = []
-            simulate(Diagnoser(events.append, TH), all_slow, ranks, 120, seed=seed)
+            events = Lines()
+            simulate(Diagnoser(events, TH), all_slow, ranks, 120, seed=seed)
             assert events == [], (ranks, seed, events)
 
 
@@ -170,8 +172,8 @@ def test_a_brief_slow_patch_is_not_a_straggler() -> None:
             other += 0.3
         return data, compute, other
 
-    events: list[dict[str, Any]] = []
-    simulate(Diagnoser(events.append, TH), blips, 4, 60)
+    events = Lines()
+    simulate(Diagnoser(events, TH), blips, 4, 60)
     assert calls["n"] // 4 > 400
     assert _stragglers(events) == []
 

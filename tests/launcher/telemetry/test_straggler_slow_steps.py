@@ -14,6 +14,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from eventlines import Lines
+
 from xl.launcher.telemetry.diagnose import Diagnoser, Thresholds
 
 TH = Thresholds(stall_min_s=300, straggler_window_s=10, straggler_sustain=5)
@@ -46,8 +48,8 @@ def _run(
             }
             lines.append((t, rank, rec))
     lines.sort(key=lambda x: x[0])
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
     tick = t0 + 1
     for t, rank, rec in lines:
         while tick <= t:

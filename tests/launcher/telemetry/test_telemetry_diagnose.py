@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from eventlines import Lines
+
 from xl.launcher.telemetry.diagnose import Diagnoser, Thresholds
 
 TH = Thresholds(stall_min_s=30, straggler_window_s=10, straggler_sustain=3)
@@ -22,8 +24,8 @@ def _kinds(events: list[dict[str, Any]], kind: str) -> list[int]:
 
 
 def test_unsynchronised_ranks_compare_step_times() -> None:
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
     for rank, step_s in ((0, 0.10), (1, 0.10), (2, 0.13)):  # 1.3x the median
         _steps(diag, rank, step_s, 30)
     for tick in range(2):
@@ -38,8 +40,8 @@ def test_unsynchronised_ranks_compare_step_times() -> None:
 
 
 def test_equal_step_times_name_nobody() -> None:
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
     for rank in range(4):
         _steps(diag, rank, 0.1 + rank * 0.005, 30)  # within 1.2x
     for tick in range(10):
@@ -53,8 +55,8 @@ def _waits(diag: Diagnoser, waits: dict[int, float], t: float) -> None:
 
 
 def test_collective_waits_name_the_rank_that_waits_least_then_clear() -> None:
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
     t = 2000.0
     for _ in range(4):
         _waits(diag, {0: 0.08, 1: 0.002, 2: 0.09, 3: 0.07}, t)
@@ -75,8 +77,8 @@ def test_collective_waits_name_the_rank_that_waits_least_then_clear() -> None:
 
 
 def test_small_waits_are_not_a_straggler() -> None:
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
     for i in range(10):
         _waits(diag, {0: 0.004, 1: 0.0005}, 3000.0 + i)  # 8x apart but only 4 ms
         diag.tick(3000.0 + i)
@@ -84,8 +86,8 @@ def test_small_waits_are_not_a_straggler() -> None:
 
 
 def test_stall_threshold_is_max_of_floor_and_ten_median_steps() -> None:
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
     end_fast = _steps(diag, 0, 0.5, 10)  # 10 x 0.5 s = 5 s < 30 s floor
     end_slow = _steps(diag, 1, 5.0, 10)  # 10 x 5 s = 50 s
     diag.tick(end_fast + 29)
@@ -103,8 +105,8 @@ def test_stall_threshold_is_max_of_floor_and_ten_median_steps() -> None:
 
 
 def test_exited_ranks_are_never_stalled() -> None:
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
     end = _steps(diag, 0, 0.1, 5)
     diag.set_alive(0, False)
     diag.tick(end + 1000)
@@ -112,8 +114,8 @@ def test_exited_ranks_are_never_stalled() -> None:
 
 
 def test_nan_loss_reported_once_per_rank() -> None:
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
     for step in (7, 8):
         rec = {
             "t": 1.0,
@@ -133,8 +135,8 @@ def test_nan_loss_reported_once_per_rank() -> None:
 
 
 def test_gpu_memory_high_once_until_it_drops() -> None:
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
 
     def mem(used: float) -> None:
         diag.ingest(
@@ -158,8 +160,8 @@ def test_gpu_memory_high_once_until_it_drops() -> None:
 
 
 def test_a_paused_supervisor_judges_ranks_by_their_own_records_after_it() -> None:
-    events: list[dict[str, Any]] = []
-    diag = Diagnoser(events.append, TH)
+    events = Lines()
+    diag = Diagnoser(events, TH)
     _steps(diag, 1, 0.1, 50)
     end = _steps(diag, 0, 0.1, 50)  # both ranks' last step at 1004.9
     diag.tick(1005.0, mono=10.0)

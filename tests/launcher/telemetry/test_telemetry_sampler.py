@@ -7,6 +7,7 @@ import sys
 import time
 
 import psutil
+from eventlines import Lines
 from xltele import assert_gone, rank_env
 
 from xl.launcher.telemetry import sampler as sampler_module
@@ -58,8 +59,8 @@ def test_each_rank_gets_its_gpu_and_process_tree(simnvml, simnvml_gpu) -> None:
         )
         for p in procs:
             _wait_for_child(p.pid)
-        events: list[dict] = []
-        diag = Diagnoser(events.append)
+        events = Lines()
+        diag = Diagnoser(events)
         with sim.in_process():
             sampler = Sampler()
             sampler.sample(ranks)

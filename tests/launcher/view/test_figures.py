@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from eventlines import Lines
 
 from xl import figures, wire
 from xl.launcher.exporter.metrics import ExporterReader
@@ -82,8 +83,8 @@ def test_a_line_without_a_time_is_skipped_by_every_reader(tmp_path: Path) -> Non
     )
     assert doc["steps"] == [1] and list(doc["ranks"]) == ["0"]
     assert progress._records(tmp_path) == {0: (100.0, 0.0)}
-    events: list[dict] = []
-    diag = Diagnoser(events.append, Thresholds(stall_min_s=30))
+    events = Lines()
+    diag = Diagnoser(events, Thresholds(stall_min_s=30))
     diag.ingest(1, bad)
     diag.ingest(0, [good])
     diag.tick(100.0 + 31)
