@@ -44,7 +44,11 @@ from typing import Any
 from xl.client.metricline import train_line
 from xl.launcher.multinode.clip import clip_stacks
 from xl.launcher.multinode.nodelink import NodeLink, Refused, StacksAsk, StopCommand
+from xl.launcher.multinode.protocol import EndMessage, EventMessage, RanksMessage, StacksMessage
 from xl.launcher.multinode.summary import Summary
+from xl.launcher.rundir.events import EventKind
+from xl.launcher.rundir.rows import RankRow
+from xl.launcher.rundir.runrecord import RunStatus
 from xl.launcher.supervisor.safe_telemetry import forward_records
 
 # The stack a simulated rank answers with: a training loop, the main thread in the script.
@@ -110,52 +114,54 @@ class Node:
         self.started = time.time()
         self.ended = False
 
-    def rows(self, state: str = "running", code: int | None = None) -> list[dict[str, Any]]:
-        return [
-            {
-                "rank": r.rank,
-                "local_rank": r.local,
-                "node": self.host,
-                "node_rank": self.node,
-                "pid": r.pid,
-                "gpu": r.local,
-                "gpu_uuid": None,
-                "state": state,
-                "exit_code": code,
-                "started_at": self.started,
-                "ended_at": None if code is None else time.time(),
-                "attempt": 0,
-            }
+    def rows(self, state: str = "running", code: int | None = None) -> tuple[RankRow, ...]:
+        return tuple(
+            RankRow.from_json(
+                {
+                    "rank": r.rank,
+                    "local_rank": r.local,
+                    "node": self.host,
+                    "node_rank": self.node,
+                    "pid": r.pid,
+                    "gpu": r.local,
+                    "gpu_uuid": None,
+                    "state": state,
+                    "exit_code": code,
+                    "started_at": self.started,
+                    "ended_at": None if code is None else time.time(),
+                    "attempt": 0,
+                }
+            )
             for r in self.ranks
-        ]
+        )
 
     def begin(self) -> None:
         self.link.start()
         now = time.time()
         self.link.send(
-            {
-                "type": "event",
-                "event": {
+            EventMessage(
+                EventKind.RUN_STARTED,
+                {
                     "t": now,
                     "kind": "run_started",
                     "message": f"starting {len(self.ranks)} ranks on GPUs 0-{len(self.ranks) - 1}",
                 },
-            }
+            )
         )
         for r in self.ranks:
             self.link.send(
-                {
-                    "type": "event",
-                    "event": {
+                EventMessage(
+                    EventKind.RANK_STARTED,
+                    {
                         "t": now,
                         "kind": "rank_started",
                         "rank": r.rank,
                         "pid": r.pid,
                         "message": f"rank {r.rank} started (pid {r.pid}, GPU {r.local})",
                     },
-                }
+                )
             )
-        self.link.send({"type": "ranks", "ranks": self.rows()})
+        self.link.send(RanksMessage(self.rows()))
 
     def sample(self, now: float) -> None:
         """What the node's telemetry forwards each second (xl's forward_records): a sys line per
@@ -221,7 +227,7 @@ class Node:
                     "collectives": colls,
                 }
             )
-        self.link.send({"type": "stacks", "id": ask.id, "ranks": clip_stacks(entries)})
+        self.link.send(StacksMessage(ask.id, clip_stacks(entries)))
         self.sim.stacks_answered += 1
 
     def end(self, status: str) -> None:
@@ -236,30 +242,25 @@ class Node:
         for r in self.ranks:
             r.stopped = True
             self.link.send(
-                {
-                    "type": "event",
-                    "event": {
+                EventMessage(
+                    EventKind.RANK_EXITED,
+                    {
                         "t": now,
                         "kind": "rank_exited",
                         "rank": r.rank,
                         "exit_code": code,
                         "message": f"rank {r.rank} {state}",
                     },
-                }
+                )
             )
-        self.link.send({"type": "ranks", "ranks": self.rows(state, code)})
+        self.link.send(RanksMessage(self.rows(state, code)))
         self.link.send(
-            {
-                "type": "event",
-                "event": {
-                    "t": now,
-                    "kind": "run_ended",
-                    "status": status,
-                    "message": f"run {status}",
-                },
-            }
+            EventMessage(
+                EventKind.RUN_ENDED,
+                {"t": now, "kind": "run_ended", "status": status, "message": f"run {status}"},
+            )
         )
-        self.link.send({"type": "end", "status": status, "failure": None, "at": now})
+        self.link.send(EndMessage(RunStatus(status), None, now))
 
 
 class Sim:

@@ -42,6 +42,8 @@ from xl.launcher.multinode.clip import clip_failure
 from xl.launcher.multinode.protocol import (
     MAX_LOG_CHUNK,
     MAX_STACKS_ID,
+    EndMessage,
+    FailureMessage,
     LogMessage,
     Outgoing,
 )
@@ -157,19 +159,22 @@ class NodeLink:
     def start(self) -> None:
         self._thread.start()
 
-    def send(self, msg: Outgoing | Mapping[str, object]) -> None:
-        """A message to node 0, made its JSON line here; a mapping is sent as the line it is (a
-        test forges lines node 0 must refuse)."""
-        obj = msg if isinstance(msg, Mapping) else msg.to_json()
+    def send(self, msg: Outgoing) -> None:
+        """A message to node 0, made its JSON line here."""
+        obj = msg.to_json()
         failure = obj.get("failure")
-        if obj.get("type") in ("failure", "end") and isinstance(failure, Mapping):
+        if isinstance(msg, (FailureMessage, EndMessage)) and isinstance(failure, Mapping):
             # Too long a text would have node 0 reject the whole message (a load_state_dict
             # error easily is).
-            obj = {**obj, "failure": clip_failure(failure)}
+            obj["failure"] = clip_failure(failure)
         try:
             line = json.dumps(obj, separators=(",", ":"), default=str, allow_nan=False).encode()
         except (TypeError, ValueError):
             return
+        self.send_line(line)
+
+    def send_line(self, line: bytes) -> None:
+        """One body line to node 0 as it is, unchecked: what ``send`` makes of a message."""
         with self._lock:
             if self.refused is not None:
                 return  # node 0 takes nothing from this node; its own run dir has it all

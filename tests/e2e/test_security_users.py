@@ -50,6 +50,7 @@ from procs import (
 from where import REPO
 
 from xl.launcher.multinode import nodelink
+from xl.launcher.multinode.protocol import LogMessage
 from xl.launcher.rank.stacks import peer_is
 
 PYTHON = shutil.which(
@@ -469,7 +470,7 @@ def test_node_0_fails_loudly_when_another_user_takes_its_collector_port(
         # Node 1's link meets the squatter: it sends no token and no record, and says why.
         link = nodelink.NodeLink("127.0.0.1", rdzv + 1, TOKEN, 1, "node-b")
         link.start()
-        link.send({"type": "log", "rank": 1, "data": "secret training output\n"})
+        link.send(LogMessage(1, "secret training output\n"))
         time.sleep(2.0)
         assert not link.close(0.5)  # nothing was acknowledged
         assert link.refused is None  # a squatter is not node 0 refusing the token

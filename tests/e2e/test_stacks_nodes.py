@@ -20,7 +20,8 @@ from procs import wait_for
 from xl import wire
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.clip import clip_stacks
-from xl.launcher.multinode.protocol import StacksMessage, parse_message
+from xl.launcher.multinode.protocol import EventMessage, StacksMessage, parse_message
+from xl.launcher.rundir.events import EventKind
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.stacks import gather as capture
 from xl.launcher.stacks import nodes as nodestacks
@@ -41,7 +42,9 @@ def _node_1(tmp_path: Path) -> tuple[Telemetry, nodelink.NodeLink]:
     link = nodelink.NodeLink(host, int(port), TOKEN, 1, "node-b")
     link.start()
     link.send(
-        {"type": "event", "event": {"kind": "rank_started", "rank": 1, "message": "rank 1 started"}}
+        EventMessage(
+            EventKind.RANK_STARTED, {"kind": "rank_started", "rank": 1, "message": "rank 1 started"}
+        )
     )
     wait_for(lambda: got, timeout=10, what="node 1's link at node 0")
     return tel, link
@@ -66,7 +69,7 @@ def test_node_0_gathers_a_node_s_stacks_through_its_link(tmp_path: Path) -> None
             [ask] = wait_for(link.commands, timeout=10, what="node 0's stacks request")
             assert isinstance(ask, nodelink.StacksAsk)
             assert ask.rank is None and ask.timeout is not None and 0 < ask.timeout < 3.0
-            link.send({"type": "stacks", "id": ask.id, "ranks": clip_stacks([_deep_entry(1)])})
+            link.send(StacksMessage(ask.id, clip_stacks([_deep_entry(1)])))
 
         node = threading.Thread(target=answer, daemon=True)
         node.start()

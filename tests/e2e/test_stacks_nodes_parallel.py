@@ -17,6 +17,8 @@ from procs import wait_for
 
 from xl.launcher.multinode import nodelink
 from xl.launcher.multinode.clip import clip_stacks
+from xl.launcher.multinode.protocol import EventMessage, StacksMessage
+from xl.launcher.rundir.events import EventKind
 from xl.launcher.stacks import gather as capture
 from xl.launcher.stacks.model import Target
 from xl.launcher.telemetry.service import Telemetry
@@ -57,10 +59,10 @@ def test_every_node_is_asked_before_any_answers(tmp_path: Path) -> None:
             link = nodelink.NodeLink(host, int(port), TOKEN, node, f"node-{node}")
             link.start()
             link.send(
-                {
-                    "type": "event",
-                    "event": {"kind": "rank_started", "rank": node, "message": "started"},
-                }
+                EventMessage(
+                    EventKind.RANK_STARTED,
+                    {"kind": "rank_started", "rank": node, "message": "started"},
+                )
             )
             links.append((node, link))
         wait_for(lambda: len(seen) == NODES, timeout=30, what="every node's link at node 0")
@@ -71,7 +73,7 @@ def test_every_node_is_asked_before_any_answers(tmp_path: Path) -> None:
             all_asked.wait()  # BrokenBarrierError: some node was never asked while this waited
             ranks = [node * RANKS_PER_NODE + i for i in range(RANKS_PER_NODE)]
             entries = clip_stacks([_entry(r, node) for r in ranks])
-            link.send({"type": "stacks", "id": ask.id, "ranks": entries})
+            link.send(StacksMessage(ask.id, entries))
             answered.append(node)
 
         for node, link in links:

@@ -23,6 +23,7 @@ from procs import wait_for
 from where import FIXTURES
 
 from xl.launcher.multinode import nodelink
+from xl.launcher.multinode.protocol import LogsMessage
 from xl.launcher.supervisor.follower import read_piece
 from xl.launcher.telemetry.service import Telemetry
 from xl.tui.app import build_app
@@ -215,16 +216,7 @@ async def test_this_machine_s_backend_asks_through_node_0_s_real_door(run_dir: P
             for ask in link.commands():
                 if isinstance(ask, nodelink.LogsAsk) and ask.rank == 5:
                     data, size = read_piece(node1_log, ask.offset)
-                    link.send(
-                        {
-                            "type": "logs",
-                            "id": ask.id,
-                            "rank": 5,
-                            "offset": ask.offset,
-                            "data": data,
-                            "size": size,
-                        }
-                    )
+                    link.send(LogsMessage(ask.id, 5, ask.offset, data, size))
             stop.wait(0.05)
 
     answering = threading.Thread(target=answer, daemon=True)

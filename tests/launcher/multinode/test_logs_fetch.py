@@ -15,7 +15,7 @@ from pathlib import Path
 from procs import wait_for
 
 from xl.launcher.multinode import nodelink
-from xl.launcher.multinode.protocol import MAX_LOGS_DATA
+from xl.launcher.multinode.protocol import MAX_LOGS_DATA, LogsMessage
 from xl.launcher.stacks.nodes import ask_logs
 from xl.launcher.supervisor.follower import read_piece
 from xl.launcher.telemetry.service import Telemetry
@@ -32,16 +32,7 @@ def _answering(link: nodelink.NodeLink, logs: Path, stop: threading.Event) -> th
                 if not isinstance(ask, nodelink.LogsAsk) or ask.rank != 5:
                     continue
                 data, size = read_piece(logs, ask.offset)
-                link.send(
-                    {
-                        "type": "logs",
-                        "id": ask.id,
-                        "rank": 5,
-                        "offset": ask.offset,
-                        "data": data,
-                        "size": size,
-                    }
-                )
+                link.send(LogsMessage(ask.id, 5, ask.offset, data, size))
             time.sleep(0.05)
 
     thread = threading.Thread(target=run, daemon=True)

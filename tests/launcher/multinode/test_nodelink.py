@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from nodelines import forge
 from procs import rdzv_port, wait_for
 
 from xl import handshake
@@ -26,9 +27,12 @@ from xl.launcher.multinode.protocol import (
     FailureMessage,
     LogMessage,
     NodeMessage,
+    RecMessage,
     RefusedMessage,
 )
 from xl.launcher.rundir.events import EventKind
+from xl.launcher.rundir.outcome import Failure
+from xl.launcher.rundir.runrecord import RunStatus
 from xl.launcher.telemetry.service import Telemetry
 
 Got = list[tuple[int, str, NodeMessage]]  # (node, host, message) as node 0's supervisor gets them
@@ -58,16 +62,16 @@ def test_node_link_to_node_0_collector_and_back(tmp_path: Path) -> None:
         link.start()
         link.send_log(1, b"hello \xff world\n")
         rec = {"t": time.time(), "rank": 1, "kind": "sys", "rss_mib": 12.5}
-        link.send({"type": "rec", "rank": 1, "line": json.dumps(rec)})
+        link.send(RecMessage(1, json.dumps(rec)))
         link.send(
-            {
-                "type": "event",
-                "event": {"kind": "rank_started", "rank": 1, "message": "rank 1 started"},
-            }
+            EventMessage(
+                EventKind.RANK_STARTED,
+                {"kind": "rank_started", "rank": 1, "message": "rank 1 started"},
+            )
         )
         # not a forwarded kind
-        link.send({"type": "event", "event": {"kind": "stalled", "rank": 1}})
-        link.send({"type": "ranks", "ranks": [{"rank": "one"}]})
+        forge(link, {"type": "event", "event": {"kind": "stalled", "rank": 1}})
+        forge(link, {"type": "ranks", "ranks": [{"rank": "one"}]})
         wait_for(lambda: len(got) >= 2, timeout=10, what="the link's messages")
         assert [(n, h, type(m)) for n, h, m in got] == [
             (1, "node-b", LogMessage),
@@ -125,8 +129,9 @@ def test_node_link_clips_a_long_failure_so_node_0_takes_it(tmp_path: Path) -> No
     link = nodelink.NodeLink(host, port, TOKEN, 1, "node-b")
     try:
         link.start()
-        link.send({"type": "failure", "failure": failure, "at": time.time()})
-        link.send({"type": "end", "status": "failed", "failure": failure, "at": time.time()})
+        failed = FailureMessage(Failure.from_json(failure), time.time())
+        link.send(failed)
+        link.send(EndMessage(RunStatus.FAILED, failed, time.time()))
         wait_for(lambda: len(got) >= 2, timeout=10, what="the failure and the end at node 0")
         assert link.close(5.0)
     finally:

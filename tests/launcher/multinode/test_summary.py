@@ -16,6 +16,7 @@ import pytest
 from procs import wait_for
 
 from xl.launcher.multinode import nodelink
+from xl.launcher.multinode.protocol import TrainMessage
 from xl.launcher.multinode.summary import Summary
 from xl.launcher.telemetry.service import Telemetry
 
@@ -73,8 +74,8 @@ def test_node_0_stores_the_rows_as_train_lines_and_counts_a_bad_one(tmp_path: Pa
     try:
         link.start()
         good = _step(9, 0.2, steps=10, t=time.time())
-        link.send({"type": "train", "rows": [good, {**good, "rank": "three"}]})
-        link.send({"type": "train", "rows": [{**good, "kind": "sys"}]})  # not a train row
+        link.send(TrainMessage([good, {**good, "rank": "three"}]))
+        link.send(TrainMessage([{**good, "kind": "sys"}]))  # not a train row
         wait_for(lambda: seen, timeout=10, what="the row at node 0")
         assert link.close(5.0)
     finally:
