@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_overhead import median_ci  # bench/ is sys.path[0] when run as a script
+from bench_overhead import median_ci, mlp, step_cpu_s  # bench/ is sys.path[0] when run as a script
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,6 @@ REPO = Path(__file__).resolve().parent.parent
 def child(args: argparse.Namespace) -> dict[str, list[float]]:
     """The blocks, in this process: per-step thread CPU seconds, hooks on and off."""
     import torch  # noqa: PLC0415 - only the child needs torch
-    from torch import nn  # noqa: PLC0415 - as above
     from torch.utils.data import DataLoader, TensorDataset  # noqa: PLC0415 - as above
 
     from xl.integrations import stepclock, torchsteps  # noqa: PLC0415 - the side's own tree
@@ -53,16 +52,7 @@ def child(args: argparse.Namespace) -> dict[str, list[float]]:
 
     torch.set_num_threads(1)
     width = args.width
-    model: Any = nn.Sequential(
-        nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)
-    )
-    if args.ddp:
-        import torch.distributed as dist  # noqa: PLC0415 - as above
-
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-        model = nn.parallel.DistributedDataParallel(model)
+    model = mlp(width, args.ddp)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     batch = args.batch
     x = torch.randn((max(200, args.block_steps) + 1) * batch, width)
@@ -75,15 +65,7 @@ def child(args: argparse.Namespace) -> dict[str, list[float]]:
         return make(clock).collect if make is not None else clock.collect
 
     def block(n: int) -> float:
-        batches = iter(loader)
-        start = time.thread_time()
-        for _ in range(n):
-            xb, yb = next(batches)
-            loss = nn.functional.mse_loss(model(xb), yb)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        return (time.thread_time() - start) / n
+        return step_cpu_s(model, opt, loader, n)
 
     def reader(collect: Any, stop: threading.Event) -> None:
         # As the rank's sender: wake just after each grid point is ``hold`` old, read the steps.

@@ -29,11 +29,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
-from bench_overhead import median_ci, pct  # bench/ is sys.path[0] when run as a script
+# bench/ is sys.path[0] when run as a script
+from bench_overhead import median_ci, mlp, pct, step_cpu_s
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -223,7 +222,6 @@ def launch_pairs(args: argparse.Namespace) -> dict[str, object]:
 
 def micro(args: argparse.Namespace) -> dict[str, object]:
     import torch  # noqa: PLC0415 - only the micro benchmark needs torch in this process
-    from torch import nn  # noqa: PLC0415 - as above
     from torch.utils.data import DataLoader, TensorDataset  # noqa: PLC0415 - as above
 
     from xl.integrations import torchsteps  # noqa: PLC0415 - imports torch's hooks' module
@@ -231,34 +229,13 @@ def micro(args: argparse.Namespace) -> dict[str, object]:
     from xl.integrations.steplines import StepLines  # noqa: PLC0415 - as above
 
     torch.set_num_threads(1)
-    model: Any = nn.Sequential(
-        nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1)
-    )
-    if args.micro_ddp:
-        # A one-rank gloo group and DDP: the backward hook then also watches the loss's node
-        # for the wait on DDP's buckets, as in a real run.
-        import torch.distributed as dist  # noqa: PLC0415 - as above
-
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
-        dist.init_process_group("gloo", rank=0, world_size=1)
-        model = nn.parallel.DistributedDataParallel(model)
+    model = mlp(16, args.micro_ddp)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(4096 * 8, 16)
     loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=8)
 
     def block(n: int) -> float:
-        batches = iter(loader)
-        # CPU time of this thread: what the hooks add to the training thread, far less moved
-        # by other processes on a shared machine than the wall clock.
-        start = time.thread_time()
-        for _ in range(n):
-            xb, yb = next(batches)
-            loss = nn.functional.mse_loss(model(xb), yb)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        return (time.thread_time() - start) / n
+        return step_cpu_s(model, opt, loader, n)
 
     block(200)
     diffs, ons, offs = [], [], []

@@ -47,7 +47,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from overhead_ranks import AB_DRIVER, DRIVER  # bench/ is sys.path[0] when run as a script
 
@@ -179,6 +182,42 @@ def median_ci(xs: list[float], rounds: int = 4000) -> tuple[float, float]:
 
 def pct(ratio: float) -> str:
     return f"{(ratio - 1) * 100:+.2f}%"
+
+
+def mlp(width: int, ddp: bool) -> Any:
+    """The in-process benches' model: a 3-layer MLP; ``ddp``: in a one-rank gloo group under
+    DistributedDataParallel, so that backward also watches the loss's node for the wait on DDP's
+    buckets, as in a real run."""
+    from torch import nn  # noqa: PLC0415 - the in-process benches only; the launch benches never load torch here
+
+    model: Any = nn.Sequential(
+        nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)
+    )
+    if ddp:
+        import torch.distributed as dist  # noqa: PLC0415 - as above
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        model = nn.parallel.DistributedDataParallel(model)
+    return model
+
+
+def step_cpu_s(model: Any, opt: Any, loader: Iterable[Any], n: int) -> float:
+    """CPU seconds of this thread per training step, over ``n`` steps of ``model`` on ``loader``'s
+    (input, target) batches: what hooks add to the training thread, far less moved by other
+    processes on a shared machine than the wall clock."""
+    from torch import nn  # noqa: PLC0415 - as above
+
+    batches = iter(loader)
+    start = time.thread_time()
+    for _ in range(n):
+        xb, yb = next(batches)
+        loss = nn.functional.mse_loss(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return (time.thread_time() - start) / n
 
 
 def main() -> int:

@@ -36,7 +36,14 @@ import psutil
 from xl import envnames
 from xl.address import format_address, url_host
 from xl.errors import ArgumentParser, UsageError
-from xl.listen import is_loopback, port_in_use, same_token, token_from, warn_if_exposed
+from xl.listen import (
+    add_listen_options,
+    is_loopback,
+    port_in_use,
+    same_token,
+    token_from,
+    warn_if_exposed,
+)
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -253,12 +260,7 @@ def main(argv: Sequence[str]) -> int:
     p = ArgumentParser(
         prog=PROG, description="Serve the xl app in a browser: one app per tab, behind a token."
     )
-    p.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1: this machine only)",
-    )
-    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    add_listen_options(p, 8765)
     p.add_argument(
         "--public-url",
         metavar="URL",

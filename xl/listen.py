@@ -9,10 +9,26 @@ import ipaddress
 import os
 import secrets
 import sys
+from typing import TYPE_CHECKING
 
 from xl.address import format_address
 
+if TYPE_CHECKING:
+    from argparse import ArgumentParser
+
 LOOPBACK_NAMES = ("localhost", "ip6-localhost")
+
+
+def add_listen_options(p: ArgumentParser, port: int) -> None:
+    """``--host`` (this machine only unless asked) and ``--port`` (``port``; 0 a free one)."""
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only)",
+    )
+    p.add_argument(
+        "--port", type=int, default=port, help=f"port (default {port}; 0 picks a free one)"
+    )
 
 
 def is_loopback(host: str) -> bool:

@@ -21,7 +21,7 @@ from xl.address import format_address
 from xl.atomic import write_atomic
 from xl.errors import ArgumentParser, UsageError
 from xl.launcher.exporter.server import BoundedServer, HeadFirstHandler
-from xl.listen import port_in_use, same_token, token_from, warn_if_exposed
+from xl.listen import add_listen_options, port_in_use, same_token, token_from, warn_if_exposed
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -105,17 +105,7 @@ def main(argv: Sequence[str]) -> int:
     p = ArgumentParser(
         prog=PROG, description="Serve every live run's ranks on /metrics for Prometheus."
     )
-    p.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1: this machine only)",
-    )
-    p.add_argument(
-        "--port",
-        type=int,
-        default=DEFAULT_PORT,
-        help=f"port (default {DEFAULT_PORT}; 0 picks a free one)",
-    )
+    add_listen_options(p, DEFAULT_PORT)
     p.add_argument(
         "--no-gpus",
         action="store_true",

@@ -6,7 +6,7 @@ import pytest
 from gpus import idle_gpu
 
 from xl.gpu.devices import find_gpu, judge_visible_devices, resolve_visible_devices
-from xl.gpu.nvml import GPU
+from xl.gpu.inventory import GPU, LOST_MESSAGE, empty_gpu
 
 UUIDS = (
     "GPU-aa11f00d-0000-4000-8000-000000000000",
@@ -136,23 +136,7 @@ def test_ignored_and_duplicates_are_listed():
     assert resolve_visible_devices(SAME, {"CUDA_VISIBLE_DEVICES": "2,2"}).duplicates == ("2",)
 
 
-LOST = GPU(
-    index=4,
-    uuid="",
-    name="",
-    pci_bus_id="",
-    memory_total_mib=None,
-    memory_used_mib=None,
-    memory_free_mib=None,
-    util_gpu=None,
-    util_mem=None,
-    temperature_c=None,
-    power_w=None,
-    power_limit_w=None,
-    compute_capability=None,
-    mig_mode=None,
-    lost=True,
-)
+LOST = empty_gpu(4, error=LOST_MESSAGE, lost=True)  # as NVML's sweep makes a GPU lost mid-way
 
 
 @pytest.mark.parametrize(
