@@ -20,7 +20,8 @@ from pathlib import Path
 
 from xl.launcher.rank.stacks import peer_is
 from xl.launcher.rundir.layout import RunLayout
-from xl.launcher.stacks.model import Collective, Frame, RankStacks, Target, Thread
+from xl.launcher.stacks.collectives import Collectives
+from xl.launcher.stacks.model import Frame, RankStacks, Target, Thread
 from xl.launcher.stacks.verdict import SILENT
 
 SOCKET_S = 1.5  # the socket's share of the deadline; the rest goes to the signal
@@ -33,8 +34,8 @@ _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 class Answer:
     """What a rank's socket answers: its threads, its collectives, and why there are none."""
 
-    threads: tuple[Thread, ...]
-    collectives: tuple[Collective, ...]
+    threads: Sequence[Thread]
+    collectives: Collectives
     note: str | None = None
 
 

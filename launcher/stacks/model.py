@@ -9,17 +9,15 @@ type reads as absent, as run.json's rows do.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, Protocol, overload
 
 from xl.figures import number
+from xl.launcher.stacks.collectives import NO_COLLECTIVES, Collectives, once, read_collectives
 
-# One tensor's shape per tensor of a collective (the Flight Recorder's input/output sizes).
-Shapes = tuple[tuple[int, ...], ...]
 # What JSON gives: parsed values are read from it, written back to it.
 Json = Mapping[str, object]
-_T = TypeVar("_T")
 
 
 def _text(value: object) -> str | None:
@@ -38,42 +36,13 @@ def _dicts(value: object) -> Iterable[Json]:
     return (v for v in _list(value) if isinstance(v, dict))
 
 
-# The values of a document are many (4,096 ranks send tens of thousands of frames and collectives)
-# and the verdict reads them at once: Frame and Collective are tuples, made by tuple.__new__ in the
-# loops below, which costs a third of a frozen dataclass's __init__; the loops bind their names
-# locally and test JSON's own types first. The ranks of one job share their frames, stacks and
-# tensor shapes, so an equal value already read is used again (_once): a document holds one of each,
-# and the garbage collector, which runs by the number of objects kept, stays away (reading 4,096
-# ranks' stacks kept ~190 objects a rank and spent half its time in it).
+# The values of a document are many (4,096 ranks send tens of thousands of frames) and the verdict
+# reads them at once: a Frame is a tuple made by tuple.__new__ in the loop below, which costs a
+# third of a frozen dataclass's __init__; the loop binds its names locally and tests JSON's own
+# types first. The ranks of one job share their frames and stacks: an equal one already read is
+# used again (once, as the collectives' columns are).
 _new = tuple.__new__
-_SEEN: dict[object, object] = {}
-_SEEN_MAX = 4096  # values kept to be shared; the dict starts again past this
-
-
-def _once(value: _T) -> _T:
-    """``value``, or an equal one read before (``value`` holds str, int and None alone, in tuples:
-    equal means the same)."""
-    seen = _SEEN.get(value)
-    if seen is not None:
-        return seen  # type: ignore[return-value]
-    if len(_SEEN) >= _SEEN_MAX:
-        _SEEN.clear()
-    _SEEN[value] = value
-    return value
-
-
-def _shapes(value: object) -> Shapes | None:
-    if not isinstance(value, list):
-        return None
-    out = []
-    for s in value:
-        if not isinstance(s, list):
-            return None
-        for n in s:
-            if type(n) is not int:
-                return None
-        out.append(tuple(s))
-    return _once(tuple(out))
+_new_object = object.__new__
 
 
 class Frame(NamedTuple):
@@ -95,13 +64,13 @@ def _frames(value: object) -> tuple[Frame, ...]:
     if not isinstance(value, list):
         return ()
     out = []
-    new, frame, str_, int_, dict_, once = _new, Frame, str, int, dict, _once
+    new, frame, str_, int_, dict_, keep = _new, Frame, str, int, dict, once
     for f in value:
         if not isinstance(f, dict_):
             continue
         file, line, function = f.get("file"), f.get("line"), f.get("function")
         out.append(
-            once(
+            keep(
                 new(
                     frame,
                     (
@@ -174,7 +143,6 @@ class Thread:
         return {"name": self.name, "frames": [f.to_json() for f in self.frames]}
 
 
-_new_object = object.__new__
 _set_name = Thread.__dict__["name"].__set__  # the slots' own setters
 _set_json = Thread.__dict__["_json"].__set__
 
@@ -189,77 +157,76 @@ def _threads(value: object) -> tuple[Thread, ...]:
     return tuple(out)
 
 
-class Collective(NamedTuple):
-    """One Flight Recorder entry as the rank sends it (xl.launcher.rank.stacks)."""
+class Threads(Sequence[Thread]):
+    """A rank's threads, as it lists them; frozen. Read from JSON, they are made when first read:
+    the verdict reads the main thread of a few ranks, and a document of thousands of ranks then
+    keeps one object a rank for them, not a tuple and a Thread per thread for the garbage
+    collector to count (see Collectives)."""
 
-    pg: str  # the process group's name
-    seq: int | None
-    op: str
-    state: str  # "completed", "scheduled", "started", ...
-    pg_id: str | None = None  # the group's number, the same on every rank
-    ins: Shapes | None = None  # JSON "in": the input tensors' shapes
-    outs: Shapes | None = None  # JSON "out"
-    t: float | None = None  # when it began
+    __slots__ = ("_json", "_made")
+    _made: tuple[Thread, ...]
+    _json: object  # the threads as JSON until they are made
 
-    @property
-    def group(self) -> str:
-        """Which process group it is of, the same on every rank: its number where known (two
-        subgroups may share a name), else its name."""
-        return self.pg_id if self.pg_id is not None else self.pg
-
-    @property
-    def done(self) -> bool:
-        return self.state == "completed"
+    def __init__(self, threads: Iterable[Thread] = ()) -> None:
+        _set_made(self, tuple(threads))
 
     @classmethod
-    def from_json(cls, obj: Json) -> Collective:
-        return _collectives([dict(obj)])[0]
+    def _read(cls, value: object) -> Threads:
+        """The threads of ``value`` (JSON), made when first read."""
+        self = _new_object(cls)
+        _set_threads_json(self, value)
+        return self
 
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {"pg": self.pg, "seq": self.seq, "op": self.op}
-        out["state"] = self.state
-        if self.pg_id is not None:
-            out["pg_id"] = self.pg_id
-        if self.ins is not None:
-            out["in"] = [list(s) for s in self.ins]
-        if self.outs is not None:
-            out["out"] = [list(s) for s in self.outs]
-        if self.t is not None:
-            out["t"] = self.t
-        return out
+    @property
+    def _all(self) -> tuple[Thread, ...]:
+        try:
+            return self._made
+        except AttributeError:  # read from JSON, not yet made
+            made = _threads(self._json)  # two threads that make it at once make equal values
+            _set_made(self, made)
+            return made
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    @overload
+    def __getitem__(self, i: int) -> Thread: ...
+    @overload
+    def __getitem__(self, i: slice) -> Threads: ...
+    def __getitem__(self, i: int | slice) -> Thread | Threads:
+        if isinstance(i, slice):
+            return Threads(self._all[i])
+        return self._all[i]
+
+    def __iter__(self) -> Iterator[Thread]:
+        return iter(self._all)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Threads):
+            return self._all == other._all
+        if isinstance(other, tuple):
+            return self._all == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._all)  # as the tuple of its threads, which it equals
+
+    def __repr__(self) -> str:
+        return f"Threads({self._all!r})"
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Threads is frozen: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Threads is frozen: cannot delete {name}")
+
+    def __reduce__(self) -> tuple[type[Threads], tuple[tuple[Thread, ...]]]:
+        return (Threads, (self._all,))  # copied or pickled as made, not slot by slot
 
 
-def _collectives(value: object) -> tuple[Collective, ...]:
-    """A rank's ``collectives`` list: its dicts as Collectives (text as text, a ``seq`` that is no
-    int and a ``t`` that is no finite number as None, shapes only when every size is an int)."""
-    if not isinstance(value, list):
-        return ()
-    out = []
-    new, coll, str_, int_, float_, shapes, once = _new, Collective, str, int, float, _shapes, _once
-    for c in value:
-        if not isinstance(c, dict):
-            continue
-        get = c.get
-        pg, seq, op, state, pg_id, began = (
-            get("pg"), get("seq"), get("op"), get("state"), get("pg_id"), get("t")
-        )
-        ins, outs = get("in"), get("out")
-        made = new(
-            coll,
-            (
-                pg if type(pg) is str_ else str_(pg),
-                seq if type(seq) is int_ else None,
-                op if type(op) is str_ else str_(op),
-                state if type(state) is str_ else str_(state),
-                pg_id if pg_id is None or type(pg_id) is str_ else str_(pg_id),
-                None if ins is None else shapes(ins),
-                None if outs is None else shapes(outs),
-                began if type(began) is float_ and began - began == 0 else number(began),
-            ),
-        )
-        # Without its start time, one collective reads the same on every rank: kept once.
-        out.append(made if began is not None else once(made))
-    return tuple(out)
+_read_threads = Threads._read
+_set_made = Threads.__dict__["_made"].__set__
+_set_threads_json = Threads.__dict__["_json"].__set__
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,8 +238,8 @@ class RankStacks:
     rank: int | None
     host: str | None = None
     pid: int | None = None
-    threads: tuple[Thread, ...] | None = None  # None: no stacks (see ``error``)
-    collectives: tuple[Collective, ...] = ()
+    threads: Sequence[Thread] | None = None  # None: no stacks (see ``error``)
+    collectives: Collectives = NO_COLLECTIVES
     note: str | None = None
     error: str | None = None
     node_rank: int | None = None
@@ -298,8 +265,8 @@ class RankStacks:
             rank if type(rank) is int else None,
             host if type(host) is str or host is None else _text(host),
             pid if type(pid) is int else None,
-            _threads(get("threads")) if "threads" in obj else None,
-            _collectives(get("collectives")),
+            _read_threads(get("threads")) if "threads" in obj else None,
+            read_collectives(get("collectives")),
             None if note is None else _text(note),
             None if error is None else _text(error),
             node_rank if type(node_rank) is int else None,
@@ -311,14 +278,12 @@ class RankStacks:
         if self.threads is not None:
             out["threads"] = [t.to_json() for t in self.threads]
             out["collectives"] = [c.to_json() for c in self.collectives]
-        if self.note is not None:
-            out["note"] = self.note
-        if self.error is not None:
-            out["error"] = self.error
-        if self.node_rank is not None:
-            out["node_rank"] = self.node_rank
-        if self.cpu_pct is not None:
-            out["cpu_pct"] = self.cpu_pct
+        for key, value in (
+            ("note", self.note), ("error", self.error), ("node_rank", self.node_rank),
+            ("cpu_pct", self.cpu_pct),
+        ):  # fmt: skip
+            if value is not None:  # written only when known, in this order
+                out[key] = value
         return out
 
 

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import xl
-from xl.launcher.stacks.model import Collective, Frame, RankStacks, Shapes, Verdict
+from xl.launcher.stacks.collectives import Collective, Columns, Shapes
+from xl.launcher.stacks.model import Frame, RankStacks, Verdict
 from xl.stats import median
 from xl.units import ranks_text
 
@@ -135,30 +136,36 @@ class Position:
 
 
 def position(entry: RankStacks) -> Position:
-    # Read for every rank of a capture: the fields unpacked at once, the group (Collective.group)
-    # and done-ness spelled out.
-    colls = entry.collectives
+    # Read for every rank of a capture: the columns read side by side, the group
+    # (Collective.group) and done-ness spelled out.
+    pgs, seqs, ops, stages, pg_ids, _, _ = entry.collectives.columns
     done: dict[str, int] = {}
     waiting: tuple[str, int, str] | None = None
-    for pg, seq, op, state, pg_id, *_ in colls:
+    for pg, seq, op, stage, pg_id in zip(pgs, seqs, ops, stages, pg_ids, strict=True):
         if seq is None:
             continue
         if pg_id is not None:
             pg = pg_id
-        if state == "completed":
+        if stage == "completed":
             if seq > done.get(pg, -1):
                 done[pg] = seq
         elif waiting is None or seq > waiting[1]:
             waiting = (pg, seq, op)
-    return Position(waiting, done, bool(colls))
+    return Position(waiting, done, bool(seqs))
 
 
 def _shared(entry: RankStacks, memo: dict[object, Position]) -> Position:
     """position(), one value for the ranks of a capture at the same place (thousands of ranks in
-    one all-reduce are at two or three): read, never changed."""
-    pos = position(entry)
-    key = (pos.waiting, pos.known, *pos.done.items())
-    return memo.setdefault(key, pos)
+    one all-reduce are at two or three): read, never changed. Ranks that recorded the same
+    collectives hold one Columns (the document keeps them once): found by its identity, which
+    lasts as long as the entries the memo is used with."""
+    columns = entry.collectives.columns
+    pos = memo.get(id(columns))
+    if pos is None:
+        pos = position(entry)
+        pos = memo.setdefault((pos.waiting, pos.known, *pos.done.items()), pos)
+        memo[id(columns)] = pos
+    return pos
 
 
 def _label(entry: RankStacks, pos: Position) -> str:
@@ -250,23 +257,42 @@ def _mismatch(
 ) -> Verdict | None:
     """mismatch(), with the positions of ranks already found (more are added to it)."""
     answered = {e.rank: e for e in entries if not e.error and e.rank is not None}
-    seen: dict[tuple[str, int], dict[int, Collective]] = {}
-    unfinished: set[tuple[str, int]] = set()  # where some rank has not done its collective
+    # The ranks that recorded the same collectives hold one Columns (see _shared): each is read
+    # once, and a rank's Collective is made only where some rank has not done it.
+    alike: dict[int, tuple[Columns, list[int]]] = {}
     for rank, e in answered.items():
-        for c in e.collectives:
-            seq, pg_id = c.seq, c.pg_id
+        columns = e.collectives.columns
+        group = alike.get(id(columns))
+        if group is None:
+            alike[id(columns)] = (columns, [rank])
+        else:
+            group[1].append(rank)
+    seen: dict[tuple[str, int], list[tuple[list[int], int]]] = {}  # where: (ranks, index)
+    unfinished: set[tuple[str, int]] = set()  # where some rank has not done its collective
+    for columns, ranks in alike.values():
+        for i, (pg, seq, pg_id, stage) in enumerate(
+            zip(columns.pg, columns.seq, columns.pg_id, columns.stage, strict=True)
+        ):
             if seq is not None:
-                key = (c.pg if pg_id is None else pg_id, seq)
-                rows = seen.get(key)
-                if rows is None:
-                    seen[key] = rows = {}
-                rows[rank] = c
-                if c.state != "completed":
+                key = (pg if pg_id is None else pg_id, seq)
+                places = seen.get(key)
+                if places is None:
+                    seen[key] = places = []
+                places.append((ranks, i))
+                if stage != "completed":
                     unfinished.add(key)
-    for key, rows in sorted(seen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    order = {rank: n for n, rank in enumerate(answered)}
+    for key, places in sorted(seen.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         seq = key[1]
-        pg = next(iter(rows.values())).pg
-        if len(rows) < 2 or key not in unfinished or all(c.done for c in rows.values()):
+        if key not in unfinished:
+            continue
+        # A rank's later record of one number is the one read, as in the rank's own order.
+        at = {rank: i for ranks, i in places for rank in ranks}
+        if len(at) < 2:
+            continue
+        rows = {rank: answered[rank].collectives[i] for rank, i in at.items()}
+        pg = rows[min(rows, key=order.__getitem__)].pg
+        if all(c.done for c in rows.values()):
             continue
         kinds: list[tuple[_Signature, list[int]]] = []
         # A signature met before is that kind's (the kinds' first signatures never agree, so the

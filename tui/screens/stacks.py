@@ -56,7 +56,7 @@ def stacks_text(doc: StacksDoc, rank: int) -> Text:
         out.append(f"({entry.note})\n", style="dim")
     for c in entry.collectives:
         style = "" if c.done else "bold"
-        out.append(f"  {c.pg} #{c.seq} {c.op}: {c.state}\n", style=style)
+        out.append(f"  {c.pg} #{c.seq} {c.op}: {c.stage}\n", style=style)
     for thread in entry.threads or ():
         # the rank's own names: control characters drawn
         out.append(visible(f"\nthread {thread.name}\n", lines=True), style="bold")

@@ -167,3 +167,82 @@ def test_threads_read_from_json_are_the_values_made_from_their_parts() -> None:
         Thread("MainThread", (Frame("3", None, "None"),)),
         Thread("9", ()),
     )
+
+
+def test_a_rank_s_collectives_read_as_the_entries_it_sent() -> None:
+    """Kept as columns, a rank's collectives still read entry by entry: by index, from the end,
+    by slice and in order, equal to (and hashed as) the values made from their parts, frozen,
+    and copied or pickled as themselves."""
+    from xl.launcher.stacks.collectives import Collective, Collectives  # noqa: PLC0415
+
+    entry = RankStacks.from_json(_document()["ranks"][0])
+    shapes = ((4, 1024),)
+    made = (
+        Collective("default_pg", 11, "all_reduce", "completed", "0", shapes, shapes, 1765100500.5),
+        Collective("default_pg", 12, "all_reduce", "scheduled", "0", shapes, shapes, 1765100501.25),
+    )
+    got = entry.collectives
+    assert len(got) == 2 and tuple(got) == made and got == made and hash(got) == hash(made)
+    assert got[0] == made[0] and got[-1] == made[1] and not got[-1].done and got[0].done
+    assert got[1:] == made[1:] and Collectives(made) == got
+    assert got.t == (1765100500.5, 1765100501.25)
+    assert copy.deepcopy(got) == got and pickle.loads(pickle.dumps(got)) == got
+    try:
+        got.t = ()  # type: ignore[misc]
+    except AttributeError:
+        pass
+    else:
+        raise AssertionError("a rank's collectives were changed")
+    # A rank with none, and one whose entries are not all dicts: only the dicts are entries.
+    assert len(RankStacks.from_json({"rank": 5, "threads": []}).collectives) == 0
+    odd = RankStacks.from_json({"rank": 6, "collectives": [7, {"pg": 1, "seq": 3}]})
+    assert tuple(odd.collectives) == (Collective("1", 3, "None", "None"),)
+
+
+def _fr_entry(rank: int, ranks: int) -> dict[str, Any]:
+    """A rank of a job in all-reduce #12 with its Flight Recorder's 8 newest entries (each rank's
+    start times its own), rank 1 behind in its own code."""
+    sizes = [[1024, 1024]]
+    first = 4 if rank == 1 else 5
+    return {
+        "rank": rank, "node": f"node-{rank // 8}", "pid": 4000 + rank,
+        "threads": [{"name": "MainThread", "frames": [
+            {"file": "/work/train.py", "line": 44 if rank == 1 else 61, "function": "step"},
+            *([] if rank == 1 else [{"file": TORCH, "line": 2806, "function": "all_reduce"}]),
+        ]}],
+        "collectives": [
+            {"pg": "default_pg", "seq": s, "op": "allreduce",
+             "state": "scheduled" if s == 12 else "completed", "pg_id": "0", "in": sizes,
+             "out": sizes, "t": 1765100000.0 + s + rank / ranks}
+            for s in range(first, first + 8)
+        ],
+    }  # fmt: skip
+
+
+def test_many_ranks_keep_few_objects_for_the_garbage_collector() -> None:
+    """A document of many ranks, each with its Flight Recorder's entries, is read keeping three
+    objects a rank that the garbage collector tracks (its entry, its threads and its
+    collectives), not one per collective: the collector's full passes run by that count, over
+    everything json.loads made, and made reading 4,096 ranks cost more than judging the dicts.
+    The verdict read from them is the one the ranks' places give."""
+    import gc  # noqa: PLC0415
+
+    ranks = 512
+    sent = {"run_id": "r", "t": 1.0, "ranks": [_fr_entry(r, ranks) for r in range(ranks)]}
+    doc = json.loads(json.dumps(sent))
+    gc.collect()
+    before = len(gc.get_objects())
+    read = StacksDoc.from_json(doc)
+    gc.collect()
+    kept = len(gc.get_objects()) - before
+    assert kept <= 3 * ranks + 64, f"{kept} objects tracked for {ranks} ranks"
+    assert read.to_json() == {**doc, "verdict": read.verdict.to_json()}
+    said = verdict(read.ranks)
+    assert said.ranks == (1,), said
+    assert said.message.startswith(
+        "rank 1 never entered allreduce #12: it is in step at train.py:44"
+    )
+    # Every rank's start times are its own, though the ranks share the rest.
+    assert {e.collectives[-1].t for e in read.ranks} == {
+        1765100000.0 + (11 if r == 1 else 12) + r / ranks for r in range(ranks)
+    }
