@@ -54,6 +54,19 @@ def _shapes(value: object) -> Shapes | None:
     return once(tuple(out))
 
 
+class Frozen:
+    """A value whose slots its maker sets once (through the slots' own setters): none is set or
+    deleted after."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot set {name}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen: cannot delete {name}")
+
+
 class Collective(NamedTuple):
     """One Flight Recorder entry as the rank sends it (xl.launcher.rank.stacks)."""
 
@@ -107,7 +120,7 @@ class Columns(NamedTuple):
     outs: tuple[Shapes | None, ...]
 
 
-class Collectives(Sequence[Collective]):
+class Collectives(Frozen, Sequence[Collective]):
     """A rank's Flight Recorder entries, oldest first: a sequence of Collective kept as columns,
     those the ranks share (``columns``, kept once for a document) and the start times (``t``).
     Frozen; a Collective is made when an entry is read (``[i]``, iteration).
@@ -160,12 +173,6 @@ class Collectives(Sequence[Collective]):
 
     def __repr__(self) -> str:
         return f"Collectives({tuple(self)!r})"
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"Collectives is frozen: cannot set {name}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"Collectives is frozen: cannot delete {name}")
 
     def __reduce__(self) -> tuple[type[Collectives], tuple[tuple[Collective, ...]]]:
         return (Collectives, (tuple(self),))  # copied or pickled as its entries

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol, overload
 
 from xl.figures import number
-from xl.launcher.stacks.collectives import NO_COLLECTIVES, Collectives, once, read_collectives
+from xl.launcher.stacks.collectives import (
+    NO_COLLECTIVES,
+    Collectives,
+    Frozen,
+    once,
+    read_collectives,
+)
 
 # What JSON gives: parsed values are read from it, written back to it.
 Json = Mapping[str, object]
@@ -84,7 +90,7 @@ def _frames(value: object) -> tuple[Frame, ...]:
     return once(tuple(out))
 
 
-class Thread:
+class Thread(Frozen):
     """A thread's name and its frames, innermost last; frozen. A thread read from JSON makes its
     frames when they are first read: the verdict reads the main thread's of a few ranks, and a
     document of thousands of ranks is mostly frames nobody reads before it is written back."""
@@ -114,12 +120,6 @@ class Thread:
             made = _frames(self._json)  # two threads that make it at once make equal values
             object.__setattr__(self, "_frames", made)
             return made
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"Thread is frozen: cannot set {name}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"Thread is frozen: cannot delete {name}")
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Thread):
@@ -157,7 +157,7 @@ def _threads(value: object) -> tuple[Thread, ...]:
     return tuple(out)
 
 
-class Threads(Sequence[Thread]):
+class Threads(Frozen, Sequence[Thread]):
     """A rank's threads, as it lists them; frozen. Read from JSON, they are made when first read:
     the verdict reads the main thread of a few ranks, and a document of thousands of ranks then
     keeps one object a rank for them, not a tuple and a Thread per thread for the garbage
@@ -213,12 +213,6 @@ class Threads(Sequence[Thread]):
 
     def __repr__(self) -> str:
         return f"Threads({self._all!r})"
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"Threads is frozen: cannot set {name}")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"Threads is frozen: cannot delete {name}")
 
     def __reduce__(self) -> tuple[type[Threads], tuple[tuple[Thread, ...]]]:
         return (Threads, (self._all,))  # copied or pickled as made, not slot by slot

@@ -213,12 +213,8 @@ _FREE_OUT = frozenset({"all_to_all", "alltoall", "alltoall_base", "all_to_all_si
 _Signature = tuple[str, Shapes | None, Shapes | None]
 
 
-def _signature(c: Collective) -> _Signature:
-    return (
-        c.op,
-        None if c.op in _FREE_IN else c.ins,
-        None if c.op in _FREE_OUT else c.outs,
-    )
+def _signature(op: str, ins: Shapes | None, outs: Shapes | None) -> _Signature:
+    return (op, None if op in _FREE_IN else ins, None if op in _FREE_OUT else outs)
 
 
 def _agree(a: _Signature, b: _Signature) -> bool:
@@ -267,7 +263,8 @@ def _mismatch(
             alike[id(columns)] = (columns, [rank])
         else:
             group[1].append(rank)
-    seen: dict[tuple[str, int], list[tuple[list[int], int]]] = {}  # where: (ranks, index)
+    # Where each (group, number) is recorded: the Columns, the ranks holding it, the index.
+    seen: dict[tuple[str, int], list[tuple[Columns, list[int], int]]] = {}
     unfinished: set[tuple[str, int]] = set()  # where some rank has not done its collective
     for columns, ranks in alike.values():
         for i, (pg, seq, pg_id, stage) in enumerate(
@@ -278,7 +275,7 @@ def _mismatch(
                 places = seen.get(key)
                 if places is None:
                     seen[key] = places = []
-                places.append((ranks, i))
+                places.append((columns, ranks, i))
                 if stage != "completed":
                     unfinished.add(key)
     order = {rank: n for n, rank in enumerate(answered)}
@@ -286,20 +283,23 @@ def _mismatch(
         seq = key[1]
         if key not in unfinished:
             continue
-        # A rank's later record of one number is the one read, as in the rank's own order.
-        at = {rank: i for ranks, i in places for rank in ranks}
+        # Each rank's place (a rank's later record of one number is the one read, as in its own
+        # order): thousands of ranks share a few, each read once.
+        at = {rank: k for k, (_, ranks, _) in enumerate(places) for rank in ranks}
         if len(at) < 2:
             continue
-        rows = {rank: answered[rank].collectives[i] for rank, i in at.items()}
-        pg = rows[min(rows, key=order.__getitem__)].pg
-        if all(c.done for c in rows.values()):
+        columns, _, i = places[at[min(at, key=order.__getitem__)]]
+        pg = columns.pg[i]
+        if all(places[k][0].stage[places[k][2]] == "completed" for k in set(at.values())):
             continue
+        sigs = [_signature(columns.op[i], columns.ins[i], columns.outs[i])
+                for columns, _, i in places]  # fmt: skip
         kinds: list[tuple[_Signature, list[int]]] = []
         # A signature met before is that kind's (the kinds' first signatures never agree, so the
         # first kind it agrees with is the one it equals): a look-up, not a scan, per rank.
         exact: dict[_Signature, list[int]] = {}
-        for rank, c in sorted(rows.items()):
-            sig = _signature(c)
+        for rank in sorted(at):
+            sig = sigs[at[rank]]
             found = exact.get(sig)
             if found is not None:
                 found.append(rank)
@@ -315,7 +315,7 @@ def _mismatch(
         ops = {sig[0] for sig, _ in kinds}
         told = []
         for _sig, ranks in sorted(kinds, key=lambda k: (-len(k[1]), k[1])):
-            c = rows[ranks[0]]
+            c = answered[ranks[0]].collectives[places[at[ranks[0]]][2]]
             what = f"{c.op} #{seq}{_shapes(c) if len(ops) == 1 else ''}"
             many = len(ranks) > 1
             if c.done:
