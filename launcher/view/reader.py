@@ -153,10 +153,10 @@ class RunReader:
         self._log_tails: dict[int, Tail] = {}
 
     def _rank(self, rank: int) -> _Rank:
-        state = self._ranks.get(rank)
-        if state is None:
-            state = self._ranks[rank] = _Rank(rank)
-        return state
+        kept = self._ranks.get(rank)
+        if kept is None:
+            kept = self._ranks[rank] = _Rank(rank)
+        return kept
 
     @staticmethod
     def _changed(path: Path, last_mtime: int | None) -> tuple[bool, int | None]:
@@ -195,8 +195,8 @@ class RunReader:
             # Only the ranks whose lines came have changed: the others' snapshots still say it
             # all (frozen, so two RunViews may share them). No new rank here, so the order holds.
             views = self._views
-            for r, state in self._touched.items():
-                views[r] = state.view()
+            for r, kept in self._touched.items():
+                views[r] = kept.view()
         return RunView(
             record=self._record,
             ranks=dict(self._views),
@@ -218,18 +218,20 @@ class RunReader:
         self._touched = touched
         sys_kind = _SYS
         for rank, t, kind, rec in rows:
-            state = touched.get(rank)
-            if state is None:
-                state = touched[rank] = ranks.get(rank) or self._rank(rank)
-            v = state.values
+            kept = touched.get(rank)
+            if kept is None:
+                kept = touched[rank] = ranks.get(rank) or self._rank(rank)
+            v = kept.values
             last_seen = v["last_seen"]
             if last_seen is None or t > last_seen:
                 v["last_seen"] = t
             if kind is sys_kind:
-                self._apply_sys(state, t, rec)
+                self._apply_sys(kept, t, rec)
                 continue
             # Each figure below is taken as it is when it is a finite int or float (what JSON
             # numbers nearly always are) and through number() only otherwise: a call less each.
+            # The test is written out in each block, not a function of its own: that call a
+            # figure costs this loop 10-18% (bench_reader's rows, in-process).
             # ``known`` counts the line's keys read here (t, rank, its kind when it names one):
             # a line with no other key holds none of the rarer figures.
             known = 2 if kind is None else 3
@@ -240,7 +242,7 @@ class RunReader:
                     step = number(step)
                 if step is not None:
                     v["step"] = step
-                    steps = state.steps
+                    steps = kept.steps
                     if not steps or step > steps[-1][1]:
                         steps.append((t, step))
                     elif step < steps[-1][1]:  # a new run phase restarted the count
@@ -261,7 +263,7 @@ class RunReader:
                     loss = number(loss)
                 if loss is not None:
                     v["loss"] = loss
-                    state.loss.append((t, loss))
+                    kept.loss.append((t, loss))
                 else:  # xl.log writes a nan / inf loss as null plus "nonfinite": shown as such
                     nonfinite = rec.get("nonfinite")
                     named = nonfinite.get("loss") if isinstance(nonfinite, dict) else None
@@ -275,18 +277,18 @@ class RunReader:
                     samples = number(samples)
                 v["samples_per_s"] = samples
                 if samples is not None:
-                    state.samples.append((t, samples))
+                    kept.samples.append((t, samples))
                     count = rec.get("samples")
                     if samples > 0 and (type(count) is int or type(count) is float) and count > 0:
                         v["samples_counted"] += count
                         v["samples_time_s"] += count / samples
             if len(rec) > known and not _RARER.isdisjoint(rec):  # one test, not one a figure
-                self._apply_rarer(state, t, rec)
+                self._apply_rarer(kept, t, rec)
 
     @staticmethod
-    def _apply_rarer(state: _Rank, t: float, rec: Mapping[str, Any]) -> None:
+    def _apply_rarer(kept: _Rank, t: float, rec: Mapping[str, Any]) -> None:
         """The train figures that fewer lines carry (each sets fields of its own)."""
-        v = state.values
+        v = kept.values
         for key in ("eval_loss", "epoch"):
             if key in rec:
                 value = number(rec[key])
@@ -306,11 +308,11 @@ class RunReader:
         if "step_s" in rec:  # a timed step: its split comes with it (xl.figures.TIMED)
             for key in TIMED:
                 v[key] = number(rec.get(key))
-            state.took(t, rec)
+            kept.took(t, rec)
 
     @staticmethod
-    def _apply_sys(state: _Rank, t: float, rec: Mapping[str, Any]) -> None:
-        v = state.values
+    def _apply_sys(kept: _Rank, t: float, rec: Mapping[str, Any]) -> None:
+        v = kept.values
         for key, attr in PLAIN_SYS:
             if key in rec:
                 value = rec[key]  # a finite int or float as it is, as in _apply_metrics
@@ -324,7 +326,7 @@ class RunReader:
         if isinstance(rec.get("pid"), int) and v["pid"] is None:
             v["pid"] = rec["pid"]
         if v["gpu_util"] is not None and "gpu_util" in rec:
-            state.util.append((t, v["gpu_util"]))
+            kept.util.append((t, v["gpu_util"]))
 
     def _apply_event(self, event: EventLine) -> None:
         self._hangs.see(event)
@@ -334,22 +336,22 @@ class RunReader:
         rank = event.rank
         if rank is None:
             return
-        state = self._rank(rank)
-        v = state.values
+        kept = self._rank(rank)
+        v = kept.values
         if kind is _STALLED or kind is _STRAGGLER:
             # stalled outranks straggler: a hung rank is the bigger news. A rank that waits in a
             # collective for the culprit of a hang (``waiting_on``) is its victim: "waiting".
             stalled = kind is _STALLED
             flag = "waiting" if stalled and event.waiting_on else kind.value
-            if stalled or state.flag not in ("stalled", "waiting"):
-                state.flag = flag
+            if stalled or kept.flag not in ("stalled", "waiting"):
+                kept.flag = flag
                 v["diagnosis"] = event.said
                 v["straggler_phase"] = None if stalled else event.phase
         elif kind is _RECOVERED and (
             (of := event.of) is not None
-            and (of.value == state.flag or (state.flag == "waiting" and of is _STALLED))
+            and (of.value == kept.flag or (kept.flag == "waiting" and of is _STALLED))
         ):
-            state.flag = None
+            kept.flag = None
             v["diagnosis"] = None
             v["straggler_phase"] = None
 
@@ -361,12 +363,12 @@ class RunReader:
         for row in self._record.ranks:
             if row.rank is None:
                 continue
-            state = self._rank(row.rank)
-            _take_row(state.values, row)
-            recorded[state.rank] = row.state
-        for state in self._ranks.values():
-            v = state.values
-            said = recorded.get(state.rank)
+            kept = self._rank(row.rank)
+            _take_row(kept.values, row)
+            recorded[kept.rank] = row.state
+        for kept in self._ranks.values():
+            v = kept.values
+            said = recorded.get(kept.rank)
             if (
                 v["exit_code"] is not None
                 or stopped
@@ -375,14 +377,14 @@ class RunReader:
                 # Ended (or ended by the run's stop): the one rank-outcome rule. A rank the
                 # supervisor ended because another one failed was stopped; only the root cause
                 # failed.
-                blamed = not isinstance(culprit, int) or state.rank == culprit
+                blamed = not isinstance(culprit, int) or kept.rank == culprit
                 v["state"] = rank_outcome(
                     v["exit_code"], stopped=stopped, recorded=said, blamed=blamed
                 ).value
             else:
                 # Alive: a diagnosis in force, else what run.json says ("starting" until the
                 # supervisor learned its pid), else running.
-                v["state"] = state.flag or ("starting" if said == "starting" else "running")
+                v["state"] = kept.flag or ("starting" if said == "starting" else "running")
 
     # -- logs -------------------------------------------------------------------------------
 
@@ -426,12 +428,9 @@ def _gpu(value: Any) -> int | str | None:
 
 def _take_row(v: dict[str, Any], row: RankRow) -> None:
     """A rank's row of run.json onto its figures: where it runs, its pid and how it ended."""
-    if row.host is not None:
-        v["host"] = row.host
-    if row.node_rank is not None:
-        v["node_rank"] = row.node_rank
-    if row.gpu is not None:
-        v["gpu"] = row.gpu
-    if row.pid is not None:
-        v["pid"] = row.pid
+    for key, value in (
+        ("host", row.host), ("node_rank", row.node_rank), ("gpu", row.gpu), ("pid", row.pid)
+    ):
+        if value is not None:  # a row that does not say keeps what the rank's lines said
+            v[key] = value
     v["exit_code"] = row.exit_code

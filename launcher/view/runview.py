@@ -4,8 +4,8 @@ The reader (reader.py) builds one per poll: run.json as the typed record, each r
 (its state decided by the one rank-outcome rule, outcome.py), the hang in force and the run's
 root-cause failure. Each is decided here or in the reader, once per read; the Monitor and its
 widgets, the console view (launcher/cli/console.py) and the exporter draw what it says and decide
-none of it again. STATE_STYLE is the one table of how a state looks, and OUTCOME_STYLE of how
-the run's last line does, in every view.
+none of it again. STATE_STYLE is the one table of how a rank's state or the run's status looks,
+and OUTCOME_STYLE of how the run's last line does, in every view.
 
 Standard library only (no Rich): the console view loads it before it knows it will draw.
 """
@@ -24,9 +24,8 @@ from xl.launcher.rundir.runrecord import RunRecord, RunStatus
 from xl.launcher.view.timing import describe as describe_time
 from xl.stats import median
 
-# How each run and rank state is drawn (a Rich style), the same in the app and the console view.
-# Where the two views once differed, the app's colours won (the console showed exited in cyan
-# and stopped in yellow): an ended rank is quiet, only a failure stands out.
+# How each rank state and run status is drawn (a Rich style), the same in the app and the console
+# view: an ended rank is quiet, only a failure stands out.
 STATE_STYLE: dict[str, str] = {
     "starting": "dim",
     "running": "green",
@@ -44,9 +43,10 @@ HISTORY = 600  # points kept per series and rank, spread over the whole run
 Point = tuple[float, float]  # (t, value)
 
 
-def state_style(state: str | None, default: str = "") -> str:
-    """The style a state is drawn in (``default`` for a state the table does not know)."""
-    return STATE_STYLE.get(state or "", default)
+def state_style(name: str | None, default: str = "") -> str:
+    """The style a rank's state or the run's status is drawn in (``default`` for one the table
+    does not know)."""
+    return STATE_STYLE.get(name or "", default)
 
 
 # The line a view ends on ("run ... succeeded after 12.3s"), by the run's status: in the app's
