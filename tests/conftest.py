@@ -1,4 +1,5 @@
-"""Shared fixtures: the simulated NVML driver (see tests/support/simnvml.py)."""
+"""Shared fixtures: the simulated NVML driver (see tests/support/simnvml.py); and the order in
+which the test files reach the two xdist workers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,27 @@ from pathlib import Path
 
 import pytest
 import simnvml as _sim
+
+
+# The file that compiles DeepSpeed's CPU communication op on a fresh machine (minutes of one
+# worker), then the other end-to-end files, which wait on real processes for most of their time.
+_FIRST = ("tests/e2e/test_frameworks_deepspeed.py",)
+_LONG = "tests/e2e/"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files go first. `--dist loadfile` hands whole files to the two workers in
+    collection order (pyproject's `--no-loadscope-reorder` keeps it; by default xdist would send
+    the files with the fewest tests, the long single-run ones, last), so a long file started last
+    runs alone at the end while the other worker idles. Started first, the long files overlap
+    each other and the many short unit-test files fill in behind them. Each file's tests stay
+    together and in their own order."""
+
+    def rank(item: pytest.Item) -> int:
+        path = Path(str(item.path)).relative_to(config.rootpath).as_posix()
+        return 0 if path in _FIRST else 1 if path.startswith(_LONG) else 2
+
+    items.sort(key=rank)  # stable: the order within each rank is the collection order
 
 
 @pytest.fixture(scope="session")
