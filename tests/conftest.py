@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import simnvml as _sim
 
-
 # The file that compiles DeepSpeed's CPU communication op on a fresh machine (minutes of one
 # worker), then the other end-to-end files, which wait on real processes for most of their time.
 _FIRST = ("tests/e2e/test_frameworks_deepspeed.py",)
