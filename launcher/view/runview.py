@@ -190,8 +190,8 @@ class Points(Sequence[Point]):
 @dataclass(frozen=True)
 class RankView:
     """One rank as one read of the run found it: a snapshot that nothing changes afterwards, so a
-    view may draw it on any thread while the reader goes on reading (reader.py keeps the live
-    state and hands out one of these per rank and poll)."""
+    view may draw it on any thread while the reader goes on reading (reader.py keeps each rank's
+    live figures and hands out one of these per rank and poll)."""
 
     rank: int
     host: str | None = None  # the machine it runs on (run.json's key ``node``)
