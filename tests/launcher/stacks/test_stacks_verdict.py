@@ -393,3 +393,32 @@ def test_no_rank_in_a_collective_says_where_each_group_is() -> None:
         "ranks": [],
         "message": "no rank waits in a collective: ranks 0-2 are in load at data.py:30",
     }
+
+
+def test_ranks_that_share_their_records_and_ranks_that_do_not_are_judged_alike() -> None:
+    """The ranks at one place share their collectives' columns and are read once; ranks whose
+    records all differ (each one's own side group) are judged as they would be alone."""
+    late = _rank(1, ("/home/me/data.py", 30, "load"), [(11, "all_reduce", "completed")])
+    shared = [_waiting(r) for r in (0, 2, 3)] + [late]
+
+    def own(entry: dict[str, Any]) -> dict[str, Any]:
+        side = {"pg": "side", "seq": 100 + entry["rank"], "op": "barrier", "state": "completed"}
+        return {**entry, "collectives": [side, *entry["collectives"]]}
+
+    said = (
+        "rank 1 never entered all_reduce #12: it is in load at data.py:30. ranks 0,2,3 wait in "
+        "all_reduce #12 for it"
+    )
+    assert verdict(shared)["message"] == said
+    assert verdict([own(e) for e in shared])["message"] == said
+    # A mismatch reads the same either way, and a rank's later record of one number is its own.
+    clash = [_waiting(0), _waiting(2), _rank(1, ("/home/me/train.py", 41, "broadcast"),
+             [(11, "all_reduce", "completed"), (12, "all_reduce", "completed"),
+              (12, "broadcast", "scheduled")])]  # fmt: skip
+    told = (
+        "mismatch at #12 of process group default_pg (different collectives; they can never "
+        "match): ranks 0,2 are in all_reduce #12 at train.py:41; rank 1 is in broadcast #12 at "
+        "train.py:41"
+    )
+    assert verdict(clash) == {"ranks": [1], "mismatch": True, "message": told}
+    assert verdict([own(e) for e in clash]) == {"ranks": [1], "mismatch": True, "message": told}
