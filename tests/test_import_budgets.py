@@ -75,11 +75,13 @@ PROCESSES = {
     # secrets (os.urandom names requests and sockets) and the thread pool that only asks ranks
     # for their stacks are left out, as are statistics and orjson (as in the command). The digest
     # (xl.launcher.view) and the hang capture (xl.launcher.stacks) each come with their package;
-    # a diagnosis (telemetry/diagnosis.py), the roster (telemetry/roster.py) and a rank's stacks
-    # (stacks/model.py) are typed values of modules of their own.
+    # a diagnosis (telemetry/diagnosis.py), the roster (telemetry/roster.py), a rank's stacks
+    # (stacks/model.py) and its collectives (stacks/collectives.py: columns shared across ranks,
+    # so a 4,096-rank document leaves the garbage collector few objects) are typed values of
+    # modules of their own.
     "supervisor, once torchrun runs": Budget(
         "import xl.launcher.telemetry.service, xl.launcher.view.digest, xl.launcher.provenance",
-        41,
+        42,
         25,
         (*UI, "psutil", "secrets", "concurrent", "tempfile", "orjson", "statistics"),
         after=LAUNCH + ", xl.launcher.supervisor.loop",
