@@ -9,7 +9,7 @@ from collections.abc import Callable
 from rich.text import Text
 
 from xl.launcher.view.runview import (
-    state_style as state_style,  # re-exported: one style table for states
+    lifecycle_style as lifecycle_style,  # re-exported: rank states, run statuses
 )
 from xl.units import mib as mib  # re-exported: one memory style for the app and the plain views
 
@@ -88,6 +88,6 @@ def meter(
 
 
 def coloured(name: str | None) -> Text:
-    """A run's status or a rank's state, in its colour (state_style)."""
+    """A run's status or a rank's state, in its colour (lifecycle_style)."""
     name = name or "-"
-    return Text(name, style=state_style(name))
+    return Text(name, style=lifecycle_style(name))

@@ -20,7 +20,7 @@ from xl.launcher.cli.endtable import render_text  # noqa: F401 - the plain table
 from xl.launcher.rundir.events import EventKind, EventLine
 from xl.launcher.rundir.layout import RunLayout
 from xl.launcher.rundir.tail import RankLogs
-from xl.launcher.view.runview import RankView, hang_label, outcome_style, state_style
+from xl.launcher.view.runview import RankView, hang_label, lifecycle_style, outcome_style
 from xl.textsafe import bytes_for_terminal, visible
 
 if TYPE_CHECKING:
@@ -337,7 +337,7 @@ def render(
         row = endtable.cells(r, last, evals, ended=run.final)
         table.add_row(
             row[0],
-            Text(row[1], style=state_style(r.state)),
+            Text(row[1], style=lifecycle_style(r.state)),
             *row[2:-1],
             _last_line(r, last, Text, diagnosis=not run.final),
         )

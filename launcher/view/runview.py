@@ -4,7 +4,7 @@ The reader (reader.py) builds one per poll: run.json as the typed record, each r
 (its state decided by the one rank-outcome rule, outcome.py), the hang in force and the run's
 root-cause failure. Each is decided here or in the reader, once per read; the Monitor and its
 widgets, the console view (launcher/cli/console.py) and the exporter draw what it says and decide
-none of it again. STATE_STYLE is the one table of how a rank's state or the run's status looks,
+none of it again. LIFECYCLE_STYLE is the one table of how a rank's state or the run's status looks,
 and OUTCOME_STYLE of how the run's last line does, in every view.
 
 Standard library only (no Rich): the console view loads it before it knows it will draw.
@@ -26,7 +26,7 @@ from xl.stats import median
 
 # How each rank state and run status is drawn (a Rich style), the same in the app and the console
 # view: an ended rank is quiet, only a failure stands out.
-STATE_STYLE: dict[str, str] = {
+LIFECYCLE_STYLE: dict[str, str] = {
     "starting": "dim",
     "running": "green",
     "straggler": "yellow",
@@ -43,10 +43,10 @@ HISTORY = 600  # points kept per series and rank, spread over the whole run
 Point = tuple[float, float]  # (t, value)
 
 
-def state_style(name: str | None, default: str = "") -> str:
+def lifecycle_style(name: str | None, default: str = "") -> str:
     """The style a rank's state or the run's status is drawn in (``default`` for one the table
     does not know)."""
-    return STATE_STYLE.get(name or "", default)
+    return LIFECYCLE_STYLE.get(name or "", default)
 
 
 # The line a view ends on ("run ... succeeded after 12.3s"), by the run's status: in the app's

@@ -40,7 +40,7 @@ def header_text(view: RunView, dir_name: str, now: float, width: int = 0) -> Tex
             header.append("  ")
         header.append(f"[{run_id}]", style="dim" if name else "bold")
         header.append(gap)
-        header.append(rec.status, style=fmt.state_style(rec.status, "bold"))
+        header.append(rec.status, style=fmt.lifecycle_style(rec.status, "bold"))
         elapsed = fmt.duration(view.elapsed(now))
         header.append(f"{gap}{elapsed}" if terse else f"{gap}elapsed {elapsed}")
         if not terse:

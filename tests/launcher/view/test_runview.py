@@ -12,14 +12,14 @@ from xl.launcher.rundir.events import EventKind, EventLine, parse_event
 from xl.launcher.rundir.runrecord import RunRecord
 from xl.launcher.view.reader import RunReader
 from xl.launcher.view.runview import (
-    STATE_STYLE,
+    LIFECYCLE_STYLE,
     HangRule,
     RankView,
     RunView,
     failure_of,
+    lifecycle_style,
     node_labels,
     outcome_style,
-    state_style,
 )
 
 HANG = {
@@ -106,10 +106,10 @@ def test_the_failure_is_run_json_s_else_the_newest_failure_event() -> None:
 
 def test_one_style_table_for_states() -> None:
     assert (
-        state_style("failed") == "bold red"
-        and state_style("exited") == state_style("stopped") == "dim"
+        lifecycle_style("failed") == "bold red"
+        and lifecycle_style("exited") == lifecycle_style("stopped") == "dim"
     )
-    assert state_style("nonsense") == "" and state_style(None, "bold") == "bold"
+    assert lifecycle_style("nonsense") == "" and lifecycle_style(None, "bold") == "bold"
     # The run's last line, the same in the app and the console view: only success and failure stand
     # out.
     assert (outcome_style("succeeded"), outcome_style("failed"), outcome_style("stopped")) == (
@@ -127,7 +127,7 @@ def test_one_style_table_for_states() -> None:
         "failed",
         "stopped",
         "succeeded",
-    } <= set(STATE_STYLE)
+    } <= set(LIFECYCLE_STYLE)
 
 
 def test_two_nodes_on_one_host_are_told_apart() -> None:
