@@ -256,10 +256,10 @@ class Collector(NodeAsks):
             except Exception:
                 self.rejects["internal_error"] += 1
 
-    def _listener_event(self, kind: str, message: str) -> None:
+    def _listener_event(self, kind: EventKind, message: str) -> None:
         if self._on_event is not None:
             with contextlib.suppress(Exception):
-                self._on_event(Notice(EventKind(kind), message, time.time()))
+                self._on_event(Notice(kind, message, time.time()))
 
     # -- rank frames ------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from xl.address import format_address
+from xl.launcher.rundir.events import EventKind
 
 REOPEN_S = 0.5
 ACCEPTS_PER_TURN = 64
@@ -50,7 +51,7 @@ class Listener:
     """One listening socket on ``host:port`` (port 0: any), registered in ``sel`` with data None."""
 
     def __init__(self, sel: selectors.BaseSelector, host: str, port: int, rejects: Counter[str],
-                 event: Callable[[str, str], None]) -> None:
+                 event: Callable[[EventKind, str], None]) -> None:
         self._sel, self._rejects, self._event = sel, rejects, event
         self.sock: socket.socket | None = listen(host, port)
         self.host, self.port = self.sock.getsockname()[:2]
@@ -102,7 +103,7 @@ class Listener:
             self._rejects["listener_reopen_failed"] += 1
             if self._rejects["listener_reopen_failed"] == 1:
                 self._event(
-                    "collector_unavailable",
+                    EventKind.COLLECTOR_UNAVAILABLE,
                     f"the collector cannot listen on {self.where} again ({exc.strerror or exc}); "
                     f"retrying every {REOPEN_S:g} s",
                 )
@@ -111,7 +112,7 @@ class Listener:
         self.register()
         self._rejects["listener_reopened"] += 1
         self._event(
-            "collector_reopened",
+            EventKind.COLLECTOR_REOPENED,
             f"the collector's socket on {self.where} was closed under it; it listens again and "
             f"the ranks reconnect",
         )

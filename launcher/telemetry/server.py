@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from xl import handshake, wire
 from xl.address import format_address
+from xl.launcher.rundir.events import EventKind
 from xl.launcher.rundir.metrics import MetricsWriter
 from xl.launcher.telemetry.listener import Listener
 
@@ -166,7 +167,7 @@ class FrameServer:
     def _hello(self, conn: Conn, hello: handshake.Hello) -> None:
         """``conn`` finished the handshake (``hello.ok``: with the run's token)."""
 
-    def _listener_event(self, kind: str, message: str) -> None:
+    def _listener_event(self, kind: EventKind, message: str) -> None:
         """The listening socket died, or was opened again."""
 
     def _closed(self, conn: Conn) -> None:
