@@ -541,10 +541,11 @@ def test_sigterm_to_serve_leaves_a_run_launched_from_a_tab_training(tmp_path: Pa
             wait_for(
                 lambda: (
                     len(run_processes(run_dir)) >= 3
-                    and all(r.get("pid") for r in run_json(run_dir).get("ranks") or [{}])
+                    and len(rows := run_json(run_dir).get("ranks") or []) == 2
+                    and all(r.get("pid") for r in rows)
                 ),
                 timeout=90,
-                what="the run's supervisor and its two ranks",
+                what="the run's supervisor and its two ranks, each with its pid in run.json",
             )
             supervisor = psutil.Process(run_json(run_dir)["supervisor_pid"])
             ranks = [psutil.Process(r["pid"]) for r in run_json(run_dir)["ranks"]]
