@@ -47,6 +47,13 @@ TAKEOVER = 2
 # (an asynchronous tensor add, once per this many backward calls): a loop that never calls an
 # optimizer (parameters updated by hand) must not keep every loss it ever had.
 FOLD_LOSSES = 64
+# On the host's clock, the wait after backward's graph (DDP's buckets) is timed on one backward
+# call in this many seconds at most: watching one costs ~20 us of the training thread (a hook on
+# the loss's node and a final callback, each a call into Python from inside the autograd engine),
+# 2% of a 1 ms step. The calls in between are given the mean wait of the watched ones in their
+# line (xl.integrations.steplines); a step slower than this is watched every time. On the
+# device's clock every call is watched (its events are the figure).
+WATCH_EVERY_S = 0.05
 
 
 class Loss(Protocol):
@@ -63,7 +70,7 @@ class Loss(Protocol):
     def __add__(self, other: Loss, /) -> Loss: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen one's __init__ costs the training thread 1 us more
 class Ended:
     """One optimizer step as it ended on the training thread: its wall time, its number, the
     loss backward ran on (a detached tensor, a list of them, or None), samples (None: not
@@ -80,6 +87,11 @@ class Ended:
     comm_s: float
     mem_mib: float | None
     timed: Timed | None
+    # The wait after backward's graph on the host's clock: its seconds over the backward calls
+    # watched (in comm_s already), and how many calls were not watched (counted as compute).
+    tail_s: float = 0.0
+    watched: int = 0
+    unwatched: int = 0
 
 
 class StepClock:
@@ -130,6 +142,11 @@ class StepClock:
         self.device: DeviceClock | None = None
         self.wants_device = False
         self.dev_mark: Event | None = None  # the event at the end of the autograd graph
+        # The backward calls whose wait after the graph was timed (WATCH_EVERY_S): when the last
+        # one was, and this step's watched wait, watched calls and calls not watched.
+        self.watched_at = float("-inf")
+        self.tail = 0.0
+        self.watched = self.unwatched = 0
         # Ended steps waiting for the sender (xl.integrations.steplines).
         self.ended: deque[Ended] = deque(maxlen=100_000)
         # DataLoader batches handed out with grad disabled (an eval loop), counted by the hook;
@@ -242,7 +259,10 @@ class StepClock:
         if mark is not None:
             self.mark = None
             # A Work.wait() in a later final callback (FSDP2's reduce-scatter) counted already.
-            self.waited(self.clock() - mark - (self.waits - self.mark_waits), data=False)
+            wait = self.clock() - mark - (self.waits - self.mark_waits)
+            self.waited(wait, data=False)
+            self.tail += max(0.0, wait)
+            self.watched += 1
             if self.device is not None:
                 self.device.waited(self.dev_mark)
                 self.dev_mark = None
@@ -325,8 +345,12 @@ class StepClock:
                 self.comm,
                 mem,
                 timed,
+                self.tail,
+                self.watched,
+                self.unwatched,
             )
         )
+        self.tail, self.watched, self.unwatched = 0.0, 0, 0
         self.data = self.comm = 0.0
         self.samples = self.batches = self.fwd_samples = 0
         self.loss = None

@@ -91,6 +91,9 @@ class StepLines:
         self.line_cut = 0.0  # the grid point the last steps' line was cut at (LINE_EVERY_S)
         self.eval_told = 0
         self.eval_told_at = 0.0
+        # The mean wait after backward's graph of the watched backward calls (stepclock's
+        # WATCH_EVERY_S), the latest line's that had one: what the calls not watched are given.
+        self.tail_per_call: float | None = None
 
     def collect(
         self, given: Collection[str] = frozenset(), final: bool = True
@@ -112,7 +115,10 @@ class StepLines:
         rows = _take(ended, newest, final)
         if not rows:
             return self._evaluating()
-        line = row_of(rows).scalars(given)
+        watched = sum(row.watched for row, timed in rows if not timed)
+        if watched:
+            self.tail_per_call = sum(row.tail_s for row, timed in rows if not timed) / watched
+        line = row_of(rows, self.tail_per_call).scalars(given)
         return (rows[-1][0].wall, line) if line else None
 
     def _evaluating(self) -> tuple[float, Scalars] | None:
@@ -133,11 +139,14 @@ class StepLines:
         return now, {"eval_batches": count}
 
 
-def row_of(rows: list[tuple[Ended, bool]]) -> StepRow:
-    """One line's row for ``rows`` (each step and whether it was timed on the device). This
-    runs on the sender thread, which holds the GIL meanwhile (the training thread waits for it),
-    a few times a second: one pass, in locals."""
+def row_of(rows: list[tuple[Ended, bool]], tail_per_call: float | None = None) -> StepRow:
+    """One line's row for ``rows`` (each step and whether it was timed on the device). A backward
+    call whose wait after the graph was not watched (on the host's clock) is given
+    ``tail_per_call`` of it as communication rather than compute. This runs on the sender thread,
+    which holds the GIL meanwhile (the training thread waits for it), a few times a second: one
+    pass, in locals."""
     step_s = data = compute = comm = 0.0
+    unwatched = 0
     samples = 0
     counted = False
     loss: Loss | list[Loss] | None = None
@@ -157,6 +166,12 @@ def row_of(rows: list[tuple[Ended, bool]]) -> StepRow:
             mem = row.mem_mib
         if timed:
             on_device += 1
+        else:
+            unwatched += row.unwatched
+    if unwatched and tail_per_call:
+        moved = min(tail_per_call * unwatched, compute)
+        compute -= moved
+        comm += moved
     n = len(rows)
     return StepRow(
         t=rows[-1][0].wall,

@@ -6,6 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from xl.integrations.stepclock import StepClock
 from xl.integrations.steplines import EVAL_EVERY_S, HOLD_S, LINE_EVERY_S, StepLines
 from xl.integrations.torchsteps import _cuda_peak
@@ -322,3 +324,55 @@ def test_an_eval_between_steps_says_the_rank_is_alive_at_most_once_a_second_and_
     _step(steps, fake, opt)
     _t, line = lines.collect()
     assert line["step"] == 2 and "eval_batches" not in line
+
+
+def test_backward_calls_not_watched_get_the_watched_ones_mean_wait_as_comm() -> None:
+    # A fast DDP loop: only one backward call in WATCH_EVERY_S is watched for the wait after
+    # its graph; the others' tails count as compute on the training thread and are moved to
+    # comm on the sender, at the watched calls' mean. The five figures still add up.
+    steps, fake, lines = _clock()
+    opt = Opt()
+
+    def step(watched: bool, tail: float) -> None:
+        start = steps.enter()
+        fake.now += 0.004  # the graph
+        if watched:
+            steps.graph_done()
+        else:
+            steps.unwatched += 1
+        fake.now += tail  # DDP's buckets
+        if watched:
+            steps.backward_done()
+        steps.leave(start)
+        _step(steps, fake, opt, 0.001)
+
+    steps.fetched(0.0, 8)
+    step(True, 0.003)
+    step(False, 0.005)
+    step(False, 0.005)
+    step(True, 0.001)
+    _t, line = lines.collect()
+    # two watched waits, 0.004 s in all: the two others are given 0.002 s each
+    assert line["comm_s"] == pytest.approx((0.004 + 2 * 0.002) / 4)
+    assert line["compute_s"] == pytest.approx((0.005 + 0.010 + 0.010 + 0.005 - 2 * 0.002) / 4)
+    parts = sum(line[k] for k in ("data_s", "compute_s", "comm_s", "other_s"))
+    assert parts == pytest.approx(line["step_s"])
+    # A line with no watched call (steps slower than the line) keeps the last mean.
+    step(False, 0.005)
+    _t, line = lines.collect()
+    assert line["comm_s"] == pytest.approx(0.002)
+
+
+def test_a_line_whose_calls_were_all_watched_moves_nothing() -> None:
+    steps, fake, lines = _clock()
+    steps.fetched(0.0, 8)
+    for _ in range(3):
+        start = steps.enter()
+        fake.now += 0.01
+        steps.graph_done()
+        fake.now += 0.02
+        steps.backward_done()
+        steps.leave(start)
+        _step(steps, fake, Opt(), 0.001)
+    _t, line = lines.collect()
+    assert line["comm_s"] == pytest.approx(0.02) and line["compute_s"] == pytest.approx(0.011)

@@ -415,3 +415,52 @@ def test_what_the_script_does_between_epochs_is_other_not_the_next_steps_compute
     )
     assert step_s == pytest.approx(4.75) and compute == pytest.approx(0.25)
     assert step_s - data - compute - comm == pytest.approx(4.5)
+
+
+def test_a_fast_ddp_loop_watches_one_backward_in_watch_every_s_and_a_slow_one_every_call(
+    steps: StepClock,
+) -> None:
+    # Watching the wait after backward's graph costs the training thread a hook and a final
+    # callback: on the host's clock a loop faster than WATCH_EVERY_S has it timed on some calls,
+    # spaced so, and the others are counted; a loop slower than it is watched on every call.
+    import torch.distributed as dist  # noqa: PLC0415 - only this test needs a process group
+
+    from xl.integrations.stepclock import WATCH_EVERY_S  # noqa: PLC0415 - as above
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = nn.parallel.DistributedDataParallel(_model())
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def loop(pause: float, n: int) -> list[Ended]:
+            steps.ended.clear()
+            for xb, yb in _loader(4 * n):
+                loss = nn.functional.mse_loss(model(xb), yb)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                time.sleep(pause)
+            return _rows(steps)
+
+        start = time.perf_counter()
+        fast = loop(0.0, 200)
+        took = time.perf_counter() - start
+        assert all(row.watched + row.unwatched == 1 for row in fast)
+        watched = sum(row.watched for row in fast)
+        # at least one call in each WATCH_EVERY_S, at most one more than those fit in the time
+        assert 1 <= watched <= took / WATCH_EVERY_S + 2 and watched < len(fast), (watched, took)
+        tails = sum(row.tail_s for row in fast if row.watched)
+        assert tails > 0
+        # the line: the calls not watched carry the watched ones' mean wait as comm
+        _t, line = StepLines(steps).collect()
+        n = len(fast)
+        given = tails / watched * (n - watched)
+        mean = (sum(row.comm_s for row in fast) + given) / n
+        assert line["comm_s"] == pytest.approx(mean, abs=2e-6)  # the line rounds to 1 us
+        parts = sum(line[k] for k in ("data_s", "compute_s", "comm_s", "other_s"))
+        assert parts == pytest.approx(line["step_s"], abs=5e-6)
+        time.sleep(WATCH_EVERY_S)
+        slow = loop(WATCH_EVERY_S, 5)
+        assert [row.watched for row in slow] == [1] * 5
+    finally:
+        dist.destroy_process_group()
