@@ -98,7 +98,9 @@ def _signal(
     kernel = host.kernel_lines() if read_here else kernel
     if code in (None, -signal.SIGKILL):
         oom = host.oom_kill(ev.pids, kernel) if ev.pids else None
-        if oom is None and read_here and code == -signal.SIGKILL and ev.pids:
+        # A rank gone before its exit code is known (torchrun reaped it and has not reported
+        # yet, as on a busy machine) may be the OOM killer's too: its report says so.
+        if oom is None and read_here and ev.pids:
             oom = _oom_logged(ev, kernel or [])
         if oom is not None:
             return _host_oom(oom, ev)

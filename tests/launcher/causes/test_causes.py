@@ -325,6 +325,26 @@ def test_a_sigkill_the_oom_killer_chose_waits_for_its_killed_line(
     assert other.kind is CauseKind.KILLED and looks[0] == 1
 
 
+def test_a_rank_gone_before_its_exit_code_is_known_waits_for_the_oom_killer_s_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a busy machine torchrun reaps the killed rank and reports its code later: the cause is
+    asked with no exit code yet, and the OOM killer's report names the rank, so its kill line is
+    waited for as for a SIGKILL."""
+    report, killed = KERNEL[:3], KERNEL
+    looks = _kernel_reads(monkeypatch, [report, report, killed])
+    ev = Evidence(rank=1, exit_code=None, pids={10513}, vanished=True, died_at=time.time() - 60)
+    cause = explain(ev)
+    assert cause.kind is CauseKind.HOST_OOM and "has a limit of 64 MiB" in cause.summary
+    assert looks[0] == 3
+    # A rank gone without a code whom no report names: read once, nothing waited for.
+    looks = _kernel_reads(monkeypatch, [report])
+    other = explain(
+        Evidence(rank=0, exit_code=None, pids={777}, vanished=True, died_at=time.time() - 60)
+    )
+    assert other.kind is CauseKind.KILLED and looks[0] == 1
+
+
 def test_a_dataloader_worker_the_oom_killer_ended() -> None:
     said = "RuntimeError: DataLoader worker (pid 10513) is killed by signal: Killed. "
     assert _why(said, kernel=KERNEL).kind is CauseKind.HOST_OOM
