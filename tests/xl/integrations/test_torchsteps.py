@@ -464,3 +464,16 @@ def test_a_fast_ddp_loop_watches_one_backward_in_watch_every_s_and_a_slow_one_ev
         assert [row.watched for row in slow] == [1] * 5
     finally:
         dist.destroy_process_group()
+
+
+def test_a_batch_s_size_is_its_first_tensor_s_leading_dimension_that_is_not_zero() -> None:
+    from xl.integrations.report import batch_size  # noqa: PLC0415 - the function alone
+
+    x, y = torch.zeros(8, 3), torch.zeros(8)
+    assert batch_size([x, y]) == 8 and batch_size((x, y)) == 8
+    assert batch_size({"input_ids": torch.zeros(4, 16), "labels": y}) == 4
+    # a 0-d or empty first tensor is no size: the next one's is
+    assert batch_size((torch.tensor(1.0), x)) == 8
+    assert batch_size([torch.zeros(0, 3), torch.zeros(5, 3)]) == 5
+    assert batch_size([[x, y], y]) == 8  # nested
+    assert batch_size([]) == 0 and batch_size(["text", 3]) == 0 and batch_size(None) == 0
