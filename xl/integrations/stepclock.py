@@ -50,8 +50,8 @@ FOLD_LOSSES = 64
 # On the host's clock, the wait after backward's graph (DDP's buckets) is timed on one backward
 # call in this many seconds at most: watching one costs ~20 us of the training thread (a hook on
 # the loss's node and a final callback, each a call into Python from inside the autograd engine),
-# 2% of a 1 ms step. The calls in between are given the mean wait of the watched ones in their
-# line (xl.integrations.steplines); a step slower than this is watched every time. On the
+# 2% of a 1 ms step. The calls in between are given the median wait of the watched ones in
+# their line (xl.integrations.steplines); a step slower than this is watched every time. On the
 # device's clock every call is watched (its events are the figure).
 WATCH_EVERY_S = 0.05
 

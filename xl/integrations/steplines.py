@@ -91,8 +91,10 @@ class StepLines:
         self.line_cut = 0.0  # the grid point the last steps' line was cut at (LINE_EVERY_S)
         self.eval_told = 0
         self.eval_told_at = 0.0
-        # The mean wait after backward's graph of the watched backward calls (stepclock's
+        # The median wait after backward's graph of the watched backward calls (stepclock's
         # WATCH_EVERY_S), the latest line's that had one: what the calls not watched are given.
+        # The median: one watched call preempted on a busy machine must not make every other
+        # call of its line wait as long.
         self.tail_per_call: float | None = None
 
     def collect(
@@ -115,9 +117,9 @@ class StepLines:
         rows = _take(ended, newest, final)
         if not rows:
             return self._evaluating()
-        watched = sum(row.watched for row, timed in rows if not timed)
+        watched = [row.tail_s / row.watched for row, timed in rows if not timed and row.watched]
         if watched:
-            self.tail_per_call = sum(row.tail_s for row, timed in rows if not timed) / watched
+            self.tail_per_call = _median(watched)
         line = row_of(rows, self.tail_per_call).scalars(given)
         return (rows[-1][0].wall, line) if line else None
 
@@ -188,6 +190,12 @@ def row_of(rows: list[tuple[Ended, bool]], tail_per_call: float | None = None) -
         on_device=on_device * 2 > n,
         mem_peak_mib=mem,
     )
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def _value(loss: Loss | list[Loss] | None) -> float | None:

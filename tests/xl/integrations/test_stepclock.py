@@ -363,6 +363,27 @@ def test_backward_calls_not_watched_get_the_watched_ones_mean_wait_as_comm() -> 
     assert line["comm_s"] == pytest.approx(0.002)
 
 
+def test_one_watched_call_preempted_does_not_make_its_line_s_other_calls_wait_as_long() -> None:
+    # On a busy machine one watched call's tail held 50 ms (the rank lost its core): the calls
+    # not watched get the watched calls' median, 1 ms, not their mean.
+    steps, fake, lines = _clock()
+    steps.fetched(0.0, 8)
+    for i in range(25):
+        start = steps.enter()
+        fake.now += 0.004
+        if i % 5 == 0:
+            steps.graph_done()
+            fake.now += 0.05 if i == 10 else 0.001
+            steps.backward_done()
+        else:
+            steps.unwatched += 1
+            fake.now += 0.001
+        steps.leave(start)
+        _step(steps, fake, Opt(), 0.001)
+    _t, line = lines.collect()
+    assert line["comm_s"] == pytest.approx((4 * 0.001 + 0.05 + 20 * 0.001) / 25)
+
+
 def test_a_line_whose_calls_were_all_watched_moves_nothing() -> None:
     steps, fake, lines = _clock()
     steps.fetched(0.0, 8)

@@ -449,14 +449,16 @@ def test_a_fast_ddp_loop_watches_one_backward_in_watch_every_s_and_a_slow_one_ev
         watched = sum(row.watched for row in fast)
         # at least one call in each WATCH_EVERY_S, at most one more than those fit in the time
         assert 1 <= watched <= took / WATCH_EVERY_S + 2 and watched < len(fast), (watched, took)
-        tails = sum(row.tail_s for row in fast if row.watched)
-        assert tails > 0
-        # the line: the calls not watched carry the watched ones' mean wait as comm
+        tails = sorted(row.tail_s for row in fast if row.watched)
+        assert tails[-1] > 0
+        # the line: the calls not watched carry at most the watched ones' median wait as comm,
+        # taken from their compute
         _t, line = StepLines(steps).collect()
         n = len(fast)
-        given = tails / watched * (n - watched)
-        mean = (sum(row.comm_s for row in fast) + given) / n
-        assert line["comm_s"] == pytest.approx(mean, abs=2e-6)  # the line rounds to 1 us
+        watched_only = sum(row.comm_s for row in fast) / n
+        most = watched_only + tails[len(tails) // 2] * (n - watched) / n
+        assert watched_only - 2e-6 <= line["comm_s"] <= most + 2e-6  # the line rounds to 1 us
+        assert line["comm_s"] > watched_only + 1e-6
         parts = sum(line[k] for k in ("data_s", "compute_s", "comm_s", "other_s"))
         assert parts == pytest.approx(line["step_s"], abs=5e-6)
         time.sleep(WATCH_EVERY_S)
