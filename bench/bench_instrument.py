@@ -46,14 +46,8 @@ from bench_overhead import median_ci, mlp, pct, step_cpu_s
 
 REPO = Path(__file__).resolve().parent.parent
 
-SCRIPT = """
-import os, sys, time, json, threading
-import torch, torch.distributed as dist
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-steps, skip, width, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-if os.environ.get("XL_BENCH_PIN"):  # each rank on a core of its own (--pin)
-    os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
+# Both launch scripts' model, data and per-thread CPU reading.
+_SETUP = """
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -88,6 +82,17 @@ def cpu_by_thread():
         ticks = [int(v) for v in fh.readline().split()[1:]]
     got["machine"] = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
     return got
+"""
+
+SCRIPT = """
+import os, sys, time, json, threading
+import torch, torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+steps, skip, width, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+if os.environ.get("XL_BENCH_PIN"):  # each rank on a core of its own (--pin)
+    os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % os.cpu_count()})
+""" + _SETUP + """
 marks = []
 for i, (xb, yb) in enumerate(loader):
     if i == skip + 1:
@@ -141,28 +146,7 @@ def hooks(on):
         table.clear()
         if on:
             table.update(saved)
-torch.set_num_threads(1)
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(rank)
-model = nn.parallel.DistributedDataParallel(
-    nn.Sequential(
-        nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)
-    )
-)
-opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-x = torch.randn(steps * 32, width)
-loader = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=32)
-def cpu():
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    got = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as fh:
-                got[names.get(int(tid), tid)] = int(fh.read().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            pass
-    return got
+""" + _SETUP + """
 blocks = []  # (on, seconds a step, training thread CPU a step, sender CPU a step)
 mark = None
 for i, (xb, yb) in enumerate(loader):
@@ -170,13 +154,13 @@ for i, (xb, yb) in enumerate(loader):
         # Pairs of blocks, on then off, then off then on: the same step on both ranks.
         k = (i - skip) // block
         on = (k % 2 == 0) == ((k // 2) % 2 == 0)
-        now, got = time.perf_counter(), cpu()
+        now, got = time.perf_counter(), cpu_by_thread()
         if mark is not None:
             blocks.append((mark[0], (now - mark[1]) / block,
                            (got["MainThread"] - mark[2]["MainThread"]) / block,
                            (got.get("xl-log", 0.0) - mark[2].get("xl-log", 0.0)) / block))
         hooks(on)
-        mark = (on, time.perf_counter(), cpu())
+        mark = (on, time.perf_counter(), cpu_by_thread())
     loss = nn.functional.mse_loss(model(xb), yb)
     opt.zero_grad()
     loss.backward()
