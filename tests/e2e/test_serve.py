@@ -489,13 +489,20 @@ def test_sigterm_ends_the_server_and_every_app_at_once(tmp_path: Path, tabs: int
     assert SHUTDOWN_S + 2 * KILL_AFTER_S <= 2.0
 
 
+# Trains until the test lets it end (RELEASE exists), so a loaded machine that is slow to show the
+# run's processes cannot see it finish before SIGTERM is sent.
 TRAIN = """
-import time
+import os, sys, time
 import xl
 
-for step in range(1, 41):
+step = 0
+deadline = time.monotonic() + 300
+while step < 40 or not os.path.exists(sys.argv[1]):
+    step += 1
     time.sleep(0.25)
-    xl.log(step=step, total_steps=40, loss=1.0 / step)
+    xl.log(step=step, loss=1.0 / step)
+    if time.monotonic() > deadline:
+        sys.exit("never released")
 print("trained to the last step", flush=True)
 """
 
@@ -524,8 +531,11 @@ def test_sigterm_to_serve_leaves_a_run_launched_from_a_tab_training(tmp_path: Pa
         since = tab.press("3")
         tab.wait_text("xl — Launch", since)
         since = tab.mark()
+        release = tmp_path / "release"
         type_text(tab, str(tmp_path / "train.py"))  # the Script field has the focus
-        for _ in range(3):  # Args, GPUs, then Processes/node
+        tab.press("Tab")
+        type_text(tab, str(release))  # Args
+        for _ in range(2):  # GPUs, then Processes/node
             tab.press("Tab")
         type_text(tab, "2")
         tab.wait_text("✓ ready: 2 process(es)", since)
@@ -546,6 +556,7 @@ def test_sigterm_to_serve_leaves_a_run_launched_from_a_tab_training(tmp_path: Pa
                 ),
                 timeout=90,
                 what="the run's supervisor and its two ranks, each with its pid in run.json",
+                explain=lambda: f"{run_processes(run_dir)}; run.json: {run_json(run_dir)}",
             )
             supervisor = psutil.Process(run_json(run_dir)["supervisor_pid"])
             ranks = [psutil.Process(r["pid"]) for r in run_json(run_dir)["ranks"]]
@@ -560,6 +571,7 @@ def test_sigterm_to_serve_leaves_a_run_launched_from_a_tab_training(tmp_path: Pa
             assert all(_running(p) for p in (supervisor, *ranks)), (
                 "SIGTERM to xl serve ended the run"
             )
+            release.touch()
             wait_for(
                 lambda: run_json(run_dir).get("status") not in (None, "running", "starting"),
                 timeout=120,

@@ -28,14 +28,21 @@ XL = [sys.executable, "-m", "xl"]
 
 
 def xl_env(home: Path, **extra: str) -> dict[str, str]:
-    """The environment for an `xl` subprocess: XL_HOME in a tmp dir, a short stop grace."""
+    """The environment for an `xl` subprocess: XL_HOME in a tmp dir, and its settings (the
+    Launch form's memory) there too, so that no test's form opens filled in by another's run;
+    a short stop grace."""
     env = dict(os.environ)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     # A Textual test earlier in this worker leaves COLUMNS/LINES in os.environ; an `xl` whose
     # output is piped fits COLUMNS, so a test sees the width it asks for, or none.
     env.pop("COLUMNS", None)
     env.pop("LINES", None)
-    env.update({"XL_HOME": str(home), "XL_STOP_GRACE": "1", "PYTHONUNBUFFERED": "1"})
+    env.update({
+        "XL_HOME": str(home),
+        "XL_CONFIG_HOME": str(home / "config"),
+        "XL_STOP_GRACE": "1",
+        "PYTHONUNBUFFERED": "1",
+    })
     env.update(extra)
     return env
 
