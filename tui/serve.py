@@ -191,14 +191,15 @@ async def serve(
     server.public_url = (public_url or f"http://{format_address(host, bound)}").rstrip("/")
     server.allowed = origins(host, bound, public_url)
     warn_if_exposed(PROG, host)
-    print(f"xl: serving the app at {server.public_url}/?token={token}", flush=True)
-    # One line on stdout: what the apps write to stderr, textual-serve copies to stdout.
-    sys.stdout = sys.stderr
-
+    # Ready for SIGINT and SIGTERM before the address is said: whoever reads it may stop the
+    # server at once, and that stop is the same clean one.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    print(f"xl: serving the app at {server.public_url}/?token={token}", flush=True)
+    # One line on stdout: what the apps write to stderr, textual-serve copies to stdout.
+    sys.stdout = sys.stderr
     await stop.wait()
     # The tabs' apps are ended first, not asked to quit through their pipes: asked, one open tab
     # held `xl serve` 12 s (each app's own exit, then its websocket's close). Ended, each tab's
