@@ -489,8 +489,8 @@ def test_sigterm_ends_the_server_and_every_app_at_once(tmp_path: Path, tabs: int
     assert SHUTDOWN_S + 2 * KILL_AFTER_S <= 2.0
 
 
-# Trains until the test lets it end (RELEASE exists), so a loaded machine that is slow to show the
-# run's processes cannot see it finish before SIGTERM is sent.
+# Trains until the test lets it end (the file its first argument names exists), so a loaded
+# machine that is slow to show the run's processes cannot see it finish before SIGTERM is sent.
 TRAIN = """
 import os, sys, time
 import xl
