@@ -156,22 +156,25 @@ class StepClock:
     # -- regions -------------------------------------------------------------------------------
 
     def enter(self) -> float:
-        """A region begins; returns its start when it is the outermost one, else -1."""
+        """A region begins; returns 0 or more when it is the outermost one, else -1. The clock
+        is read only when the region begins the step's work: most regions come after the
+        step's batch, and each read is one more call on the training thread."""
         depth = self.depth
         self.depth = depth + 1
         if depth:
             return -1.0
-        now = self.clock()
         device = self.device
         if self.work_at is None:
+            now = self.clock()
             if self.started is None:
                 self.started = now
             self.work_at, self.work_waits = now, self.waits
             if device is not None:
                 device.begin(False)
-        elif device is not None and device.copying:
+            return now
+        if device is not None and device.copying:
             device.region()
-        return now
+        return 0.0
 
     def leave(self, start: float) -> None:
         self.depth -= 1
@@ -212,7 +215,8 @@ class StepClock:
                 return
         elif model() is not module:
             return
-        self.fwd_samples += batch_size(args) or batch_size(kwargs)
+        if not self.samples:  # the DataLoader's batch counted already: its count is the one
+            self.fwd_samples += batch_size(args) or batch_size(kwargs)
 
     def backward(self, tensor: Loss) -> None:
         """backward() begins on ``tensor``: the step's loss is the sum of those before the step

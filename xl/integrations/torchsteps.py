@@ -71,7 +71,8 @@ def hook(torch: ModuleType, steps: StepClock) -> Callable[[], None]:
         except Exception:  # a torch we do not know: that part of the split stays empty
             pass
     steps.memory = _cuda_peak(torch)
-    if getattr(torch.cuda, "Event", None) is not None:  # used once a loss is a CUDA tensor
+    if not _without_gpu(torch) and getattr(torch.cuda, "Event", None) is not None:
+        # used once a loss is a CUDA tensor
         steps.cuda_clock = DeviceClock(torch.cuda)
 
     def unhook() -> None:
@@ -123,7 +124,7 @@ def _patch_backward(torch: Any, steps: StepClock) -> Callable[[], None]:
     get_ident, tid = threading.get_ident, steps.tid
     now = steps.clock
     graph_done, on_backward = steps.graph_done, steps.backward
-    enter, leave, backward_done = steps.enter, steps.leave, steps.backward_done
+    enter, backward_done = steps.enter, steps.backward_done
     dist: Any = getattr(torch, "distributed", None)
     initialized = dist.is_initialized if dist is not None and dist.is_available() else None
 
@@ -159,20 +160,16 @@ def _patch_backward(torch: Any, steps: StepClock) -> Callable[[], None]:
         if root is not None:
             on_backward(root)
             # Only a process group's final callbacks (DDP's reducer, FSDP) wait after the graph:
-            # without one, no hook. On the host's clock one call in WATCH_EVERY_S is watched.
-            if (
-                initialized is not None
-                and initialized()
-                and getattr(root, "requires_grad", False)
-                and root.grad_fn is not None
-            ):
+            # without one, no hook. On the host's clock one call in WATCH_EVERY_S is watched, and
+            # the calls in between (most of them) are told apart first, by the clock alone.
+            if initialized is not None and initialized():
                 at = now()
-                if steps.device is not None or at - steps.watched_at >= WATCH_EVERY_S:
+                if steps.device is None and at - steps.watched_at < WATCH_EVERY_S:
+                    steps.unwatched += 1
+                elif getattr(root, "requires_grad", False) and root.grad_fn is not None:
                     steps.watched_at = at
                     watch = watch_root(root)
-                else:
-                    steps.unwatched += 1
-        start = enter()
+        enter()
         steps.mark = None
         try:
             return original(tensors, *args, **kwargs)
@@ -180,7 +177,7 @@ def _patch_backward(torch: Any, steps: StepClock) -> Callable[[], None]:
             if watch is not None:
                 backward_done()
                 watch.remove()
-            leave(start)
+            steps.depth -= 1  # the region's end (StepClock.leave), without a call
 
     autograd.backward = backward
     return _restore(autograd, "backward", original)
@@ -254,7 +251,7 @@ def _patch_module(torch: Any, steps: StepClock) -> Callable[[], None]:
     grad_enabled = torch.is_grad_enabled
     compiling = torch.compiler.is_compiling
     get_ident, tid = threading.get_ident, steps.tid
-    enter, leave, forward = steps.enter, steps.leave, steps.forward
+    enter, forward = steps.enter, steps.forward
     # torch's own __call__ (``_wrapped_call_impl``) only picks the module's compiled call or its
     # ``_call_impl``: where it is the one we know, nested calls do that here, in this frame, so
     # that every layer of the model costs no second Python frame.
@@ -270,12 +267,12 @@ def _patch_module(torch: Any, steps: StepClock) -> Callable[[], None]:
                     return compiled(*args, **kwargs)
                 return self._call_impl(*args, **kwargs)
             return original(self, *args, **kwargs)
-        start = enter()
+        enter()
         try:
             forward(self, args, kwargs)
             return original(self, *args, **kwargs)
         finally:
-            leave(start)
+            steps.depth -= 1  # the region's end (StepClock.leave), without a call
 
     cls.__call__ = __call__
     return _restore(cls, "__call__", original)
@@ -306,7 +303,20 @@ def _patch_wait(torch: Any, steps: StepClock) -> Callable[[], None]:
     return _restore(cls, "wait", original)
 
 
+def _without_gpu(torch: Any) -> bool:
+    """A torch built for neither CUDA nor ROCm: no tensor of it is ever on a GPU, so nothing of
+    the device's need be asked on its steps."""
+    version = getattr(torch, "version", None)
+    return (
+        version is not None
+        and not getattr(version, "cuda", None)
+        and not getattr(version, "hip", None)
+    )
+
+
 def _cuda_peak(torch: Any) -> Any:
+    if _without_gpu(torch):
+        return None  # no allocator peak, and no call on every step
     cuda = torch.cuda
     mib = 1024.0 * 1024.0
 

@@ -279,6 +279,12 @@ def test_cuda_peak_is_the_allocators_counter_reset_each_step() -> None:
     assert calls == ["max", "reset", "max", "reset"]  # host-side counters, never a sync
     idle = _cuda_peak(SimpleNamespace(cuda=SimpleNamespace(is_initialized=lambda: False)))
     assert idle() is None  # a rank that never used CUDA: no key
+    # A torch built without CUDA (or ROCm) has no allocator peak to read: nothing is called
+    # on its steps, and a line has no key.
+    cpu_build = SimpleNamespace(version=SimpleNamespace(cuda=None, hip=None), cuda=cuda)
+    assert _cuda_peak(cpu_build) is None
+    rocm = SimpleNamespace(version=SimpleNamespace(cuda=None, hip="6.2"), cuda=cuda)
+    assert _cuda_peak(rocm) is not None
 
 
 def test_a_script_that_times_its_own_steps_is_not_timed_twice() -> None:
