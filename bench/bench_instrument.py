@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_instrument.py [--pairs 8] [--steps 600] [--skip 100] [--width 384]
     .venv/bin/python bench/bench_instrument.py --before 6ed9b41 --pairs 10 --width 720
     .venv/bin/python bench/bench_instrument.py --micro-only
-    .venv/bin/python bench/bench_instrument.py --toggle 50 --block-pairs 400 --width 610
+    .venv/bin/python bench/bench_instrument.py --toggle 50 --block-pairs 400 --width 700
 
 1. Launch pairs. Both sides run the same plain script (2 CPU ranks, gloo DDP, a DataLoader, a
    ~10 ms step at the default width on a quiet 2-core machine) under the real `xl launch --no-tui`;
