@@ -74,7 +74,12 @@ def _records(run_dir: Path) -> dict[int, tuple[float, float]]:
 def recent_cpu(run_dir: Path, now: float) -> dict[int, float]:
     """rank -> its mean CPU (percent of one core, with its children) since its last progress, over
     the BUSY_WINDOW_S before ``now`` at most, from the sampler's ``sys`` records; ranks with fewer
-    than 3 of them there are left out."""
+    than 3 of them there are left out.
+
+    A record's figure is the CPU used since the record before it, so a record counts only when
+    that one is no older than the last progress: the first record after a rank's last step
+    still holds the step's work, and a rank that went to sleep right after it must not read as
+    working (at a stall threshold of a few seconds it would be a third of the mean)."""
     samples: dict[int, list[tuple[float, float]]] = {}
     progressed: dict[int, float] = {}
     for rank, t, kind, rec in read_rows(last_lines(RunLayout(run_dir).metrics, _METRICS_TAIL)):
@@ -83,12 +88,18 @@ def recent_cpu(run_dir: Path, now: float) -> dict[int, float]:
         elif (
             kind is MetricKind.SYS
             and (cpu := number(rec.get("cpu_pct"))) is not None
-            and now - BUSY_WINDOW_S <= t <= now + 1
+            and t <= now + 1
         ):
             samples.setdefault(rank, []).append((t, cpu))
     out = {}
     for rank, seen in samples.items():
-        since = [cpu for t, cpu in seen if t > progressed.get(rank, 0.0)]
+        seen.sort()
+        last = progressed.get(rank, float("-inf"))
+        since = [
+            cpu
+            for (before, _), (t, cpu) in zip([(float("-inf"), 0.0), *seen], seen, strict=False)
+            if before >= last and t >= now - BUSY_WINDOW_S
+        ]
         if len(since) >= 3:
             out[rank] = round(sum(since) / len(since), 1)
     return out

@@ -313,6 +313,26 @@ def test_recent_cpu_is_the_mean_of_the_last_ten_seconds_and_needs_three_samples(
     assert recent_cpu(run, NOW) == {0: 2.0}
 
 
+def test_a_rank_asleep_right_after_its_last_step_is_not_working(tmp_path: Path) -> None:
+    # The sampler's record just after the last step still holds that step's work (its figure is
+    # the CPU since the record before): left out, the rank that went to sleep reads ~0, not the
+    # ~30% a mean with it said (a sleeping rank called "working" at a 3 s stall threshold).
+    from xl.launcher.telemetry.stall import recent_cpu  # noqa: PLC0415 - as above
+
+    training = [{**r, "cpu_pct": 100.0} for r in _sys(1, NOW - 4, 0.0, n=6)]  # up to NOW-5
+    straddling = _sys(1, NOW - 3, 90.0, n=1)  # NOW-4: its second held the last step at NOW-4.5
+    asleep = _sys(1, NOW, 0.4, n=3)  # NOW-3 .. NOW-1
+    run = _write(tmp_path / "r", [*training, *_steps(1, NOW - 4.5, 0.3), *straddling, *asleep])
+    assert recent_cpu(run, NOW) == {1: 0.4}
+    # Still working after its last step: every record since says so.
+    working = _sys(1, NOW, 97.0, n=3)
+    run = _write(tmp_path / "r", [*training, *_steps(1, NOW - 4.5, 0.3), *straddling, *working])
+    assert recent_cpu(run, NOW) == {1: 97.0}
+    # Two whole seconds since the last step are too few to say.
+    run = _write(tmp_path / "r", [*training, *_steps(1, NOW - 4.5, 0.3), *straddling, *asleep[1:]])
+    assert recent_cpu(run, NOW) == {}
+
+
 @pytest.mark.parametrize(("cpu", "label"), [(97.0, "stalled"), (1.0, "hang")])
 def test_a_culprit_working_on_the_cpu_is_shown_as_a_stall_and_one_blocked_as_a_hang(
     tmp_path: Path, monkeypatch: Any, cpu: float, label: str
