@@ -240,3 +240,31 @@ async def test_typing_past_a_remembered_script_keeps_every_key(simnvml, home):
                 lambda: app.screen.query_one("#args", Input).value == "lr=0.1",
                 "train.py's settings",
             )
+
+
+async def test_a_field_typed_while_a_script_change_waits_stays_the_persons(simnvml, home):
+    """The person retypes a remembered value (Processes/node "2") while the Script field's change
+    is still queued: when that change is handled, the old script's settings leave, but the value
+    the person typed is theirs, equal to the old memory's or not."""
+    remembered = LaunchForm(target="train.py", nproc="2", args="lr=0.1").remembered()
+    settings.remember("train.py", remembered)
+    (home / "new.py").write_text("print('hi')\n")
+    sim = simnvml(gpus=2)
+    with sim.in_process():
+        app = build_app(Backend(), clock=lambda: NOW, poll_interval=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("3")
+            await until(pilot, lambda: app.screen.id == "launch", "Launch")
+            nproc = app.screen.query_one("#nproc", Input)
+            args = app.screen.query_one("#args", Input)
+            assert nproc.value == "2" and args.value == "lr=0.1"  # train.py's memory
+            # In one tick, before any message is handled: a new script, and "2" typed again.
+            app.screen.query_one("#target", Input).value = "new.py"
+            nproc.value = ""
+            nproc.value = "2"
+            await until(pilot, lambda: args.value == "", "train.py's Args to leave with it")
+            await pilot.pause()
+            assert nproc.value == "2"
+            assert "ready: 2 process(es)" in str(
+                app.screen.query_one("#launch-validation", Static).render()
+            )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -144,7 +145,20 @@ class LaunchScreen(XLScreen):
         self.query_one(
             "#launch-command", Static
         ).border_title = "equivalent command (ctrl+y copies)"
+        # A field the person changes is theirs from that moment: watched as its value is set, not
+        # from its Changed message, which a Script change queued before it may precede (and
+        # that change takes the old script's values away).
+        for name in SCRIPT_FIELDS:
+            field = self.query_one(f"#{name}", Select if name == "mixed_precision" else Input)
+            self.watch(field, "value", self._typed(name), init=False)
         self.validate()
+
+    def _typed(self, name: str) -> Callable[[], None]:
+        def typed() -> None:
+            if not self._filling:
+                self._recalled.pop(name, None)
+
+        return typed
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "leave_field":
