@@ -5,6 +5,8 @@ remembered settings never undo what is being typed. Pilot drives the real app.""
 from __future__ import annotations
 
 import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,18 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("print('hi')\n")
     return tmp_path
+
+
+@asynccontextmanager
+async def _on_launch(simnvml: Any) -> AsyncIterator[tuple[Any, Any]]:
+    """The app on two simulated GPUs, on its Launch screen: (app, pilot)."""
+    sim = simnvml(gpus=2)
+    with sim.in_process():
+        app = build_app(Backend(), clock=lambda: NOW, poll_interval=0.2)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("3")
+            await until(pilot, lambda: app.screen.id == "launch", "Launch")
+            yield app, pilot
 
 
 async def _help(pilot: Any, key: str = "question_mark") -> str:
@@ -175,36 +189,31 @@ async def test_a_multi_node_launch_is_not_remembered_for_its_script(simnvml, hom
             ).to_dict()
         },
     )
-    sim = simnvml(gpus=2)
-    with sim.in_process():
-        app = build_app(Backend(), clock=lambda: NOW, poll_interval=0.2)
-        async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("3")
-            await until(pilot, lambda: app.screen.id == "launch", "Launch")
-            launch = app.screen
-            # the last script, at start
-            assert launch.query_one("#target", Input).value == "train.py"
-            assert launch.query_one("#args", Input).value == "lr=0.1"
-            assert (
-                launch.query_one("#nnodes", Input).value == "1"
-                and launch.query_one("#rdzv", Input).value == ""
-            )
-            await until(pilot, lambda: launch.valid, "a valid form")
-            assert "of 2" not in str(launch.query_one("#launch-validation", Static).render())
+    async with _on_launch(simnvml) as (app, pilot):
+        launch = app.screen
+        # the last script, at start
+        assert launch.query_one("#target", Input).value == "train.py"
+        assert launch.query_one("#args", Input).value == "lr=0.1"
+        assert (
+            launch.query_one("#nnodes", Input).value == "1"
+            and launch.query_one("#rdzv", Input).value == ""
+        )
+        await until(pilot, lambda: launch.valid, "a valid form")
+        assert "of 2" not in str(launch.query_one("#launch-validation", Static).render())
 
-            # A multi-node form says so where it shows at 80x24, not only in the collapsed section.
-            launch.query_one("#nnodes", Input).value = "2"
-            launch.query_one("#rdzv", Input).value = "10.0.0.1:29400"
-            await until(
-                pilot,
-                lambda: (
-                    "node 0 of 2" in str(launch.query_one("#launch-validation", Static).render())
-                ),
-                "the ready line names the nodes",
-            )
-            assert "waits for the others at 10.0.0.1:29400" in str(
-                launch.query_one("#launch-validation", Static).render()
-            )
+        # A multi-node form says so where it shows at 80x24, not only in the collapsed section.
+        launch.query_one("#nnodes", Input).value = "2"
+        launch.query_one("#rdzv", Input).value = "10.0.0.1:29400"
+        await until(
+            pilot,
+            lambda: (
+                "node 0 of 2" in str(launch.query_one("#launch-validation", Static).render())
+            ),
+            "the ready line names the nodes",
+        )
+        assert "waits for the others at 10.0.0.1:29400" in str(
+            launch.query_one("#launch-validation", Static).render()
+        )
     form = LaunchForm(target="train.py", nnodes="2", node_rank="0", rdzv="10.0.0.1:29400")
     assert {"nnodes", "node_rank", "rdzv"}.isdisjoint(form.remembered())
     assert form.remembered()["target"] == "train.py"
@@ -216,30 +225,25 @@ async def test_typing_past_a_remembered_script_keeps_every_key(simnvml, home):
     settings.remember("train.py", LaunchForm(target="train.py", args="lr=0.1").remembered())
     # the last one: the form opens on it
     settings.remember("other.py", LaunchForm(target="other.py").remembered())
-    sim = simnvml(gpus=2)
-    with sim.in_process():
-        app = build_app(Backend(), clock=lambda: NOW, poll_interval=0.2)
-        async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("3")
-            await until(pilot, lambda: app.screen.id == "launch", "Launch")
-            target = app.screen.query_one("#target", Input)
-            target.value = ""
-            await pilot.pause()
-            for key in ("t", "r", "a", "i", "n", ".", "p", "y", "_", "v", "2"):
-                target.post_message(events.Key(key, key))  # queued at once, as a fast typist's keys
-            await until(
-                pilot,
-                lambda: target.value == "train.py_v2",
-                f"every key, in order: {target.value!r}",
-            )
-            # train.py's settings came on the way and left with it: train.py_v2 has none.
-            assert app.screen.query_one("#args", Input).value == ""
-            target.value = "train.py"
-            await until(
-                pilot,
-                lambda: app.screen.query_one("#args", Input).value == "lr=0.1",
-                "train.py's settings",
-            )
+    async with _on_launch(simnvml) as (app, pilot):
+        target = app.screen.query_one("#target", Input)
+        target.value = ""
+        await pilot.pause()
+        for key in ("t", "r", "a", "i", "n", ".", "p", "y", "_", "v", "2"):
+            target.post_message(events.Key(key, key))  # queued at once, as a fast typist's keys
+        await until(
+            pilot,
+            lambda: target.value == "train.py_v2",
+            f"every key, in order: {target.value!r}",
+        )
+        # train.py's settings came on the way and left with it: train.py_v2 has none.
+        assert app.screen.query_one("#args", Input).value == ""
+        target.value = "train.py"
+        await until(
+            pilot,
+            lambda: app.screen.query_one("#args", Input).value == "lr=0.1",
+            "train.py's settings",
+        )
 
 
 async def test_a_field_typed_while_a_script_change_waits_stays_the_persons(simnvml, home):
@@ -249,22 +253,17 @@ async def test_a_field_typed_while_a_script_change_waits_stays_the_persons(simnv
     remembered = LaunchForm(target="train.py", nproc="2", args="lr=0.1").remembered()
     settings.remember("train.py", remembered)
     (home / "new.py").write_text("print('hi')\n")
-    sim = simnvml(gpus=2)
-    with sim.in_process():
-        app = build_app(Backend(), clock=lambda: NOW, poll_interval=0.2)
-        async with app.run_test(size=SIZE) as pilot:
-            await pilot.press("3")
-            await until(pilot, lambda: app.screen.id == "launch", "Launch")
-            nproc = app.screen.query_one("#nproc", Input)
-            args = app.screen.query_one("#args", Input)
-            assert nproc.value == "2" and args.value == "lr=0.1"  # train.py's memory
-            # In one tick, before any message is handled: a new script, and "2" typed again.
-            app.screen.query_one("#target", Input).value = "new.py"
-            nproc.value = ""
-            nproc.value = "2"
-            await until(pilot, lambda: args.value == "", "train.py's Args to leave with it")
-            await pilot.pause()
-            assert nproc.value == "2"
-            assert "ready: 2 process(es)" in str(
-                app.screen.query_one("#launch-validation", Static).render()
-            )
+    async with _on_launch(simnvml) as (app, pilot):
+        nproc = app.screen.query_one("#nproc", Input)
+        args = app.screen.query_one("#args", Input)
+        assert nproc.value == "2" and args.value == "lr=0.1"  # train.py's memory
+        # In one tick, before any message is handled: a new script, and "2" typed again.
+        app.screen.query_one("#target", Input).value = "new.py"
+        nproc.value = ""
+        nproc.value = "2"
+        await until(pilot, lambda: args.value == "", "train.py's Args to leave with it")
+        await pilot.pause()
+        assert nproc.value == "2"
+        assert "ready: 2 process(es)" in str(
+            app.screen.query_one("#launch-validation", Static).render()
+        )
